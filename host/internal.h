@@ -1,0 +1,226 @@
+/* Structures and helpers shared inside the library; never installed. */
+#ifndef CLATTN_INTERNAL_H
+#define CLATTN_INTERNAL_H
+
+#include "clattn.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+
+/* The kernel sources; each op file owns one. common.cl is prepended to every program. */
+typedef enum clattn_source {
+    CLATTN_SRC_MATMUL = 0,
+    CLATTN_SRC_SOFTMAX,
+    CLATTN_SRC_HEADS,
+    CLATTN_SRC_COUNT
+} clattn_source;
+
+typedef enum clattn_kernel_id {
+    CLATTN_K_MATMUL = 0,
+    CLATTN_K_SOFTMAX_ROWS,
+    CLATTN_K_MOVE_HEADS,
+    CLATTN_K_MEAN_HEADS,
+    CLATTN_K_COUNT
+} clattn_kernel_id;
+
+/* Device-memory scratch owned by the context, reused across calls and grown on demand.
+ * Host-API staging buffers live here too. */
+typedef enum clattn_ws_slot {
+    CLATTN_WS_Q_PROJ = 0, /* (B, Lq, qk_dim), or the packed (B, L, 3E) projection */
+    CLATTN_WS_K_PROJ,
+    CLATTN_WS_V_PROJ,
+    CLATTN_WS_Q_HEADS, /* (B, H, Lq, dk) */
+    CLATTN_WS_K_HEADS,
+    CLATTN_WS_V_HEADS,
+    CLATTN_WS_SCORES,    /* (B, H, Lq, Lk) when the caller does not want the weights */
+    CLATTN_WS_O_HEADS,   /* (B, H, Lq, dv) */
+    CLATTN_WS_CONCAT,    /* (B, Lq, v_dim) before the output projection */
+    CLATTN_WS_HOST_IN0,  /* host API: query / q */
+    CLATTN_WS_HOST_IN1,  /* key / k */
+    CLATTN_WS_HOST_IN2,  /* value / v */
+    CLATTN_WS_HOST_OUT,  /* out */
+    CLATTN_WS_HOST_ATTN, /* attention weights */
+    CLATTN_WS_HOST_MASK, /* additive mask */
+    CLATTN_WS_HOST_KPM,  /* key padding mask */
+    CLATTN_WS_HOST_W,    /* all weights and biases, packed one after another */
+    CLATTN_WS_COUNT
+} clattn_ws_slot;
+
+typedef struct clattn_device_info {
+    cl_device_type type;
+    char name[256];
+    char vendor[128];
+    size_t max_work_group_size;
+    size_t max_item_sizes[3];
+    cl_ulong local_mem_size;
+    cl_ulong max_alloc_size;
+    cl_ulong global_mem_size;
+    cl_uint compute_units;
+} clattn_device_info;
+
+/* Tile parameters chosen from the device's limits; passed to the kernels as -D defines. */
+typedef struct clattn_tuning {
+    unsigned tile_m, tile_n, tile_k, wpt_m, wpt_n;
+    unsigned softmax_wg;
+    unsigned heads_wg;
+} clattn_tuning;
+
+struct clattn_ctx {
+    cl_context context;
+    cl_device_id device;
+    cl_command_queue queue;
+    clattn_device_info info;
+    clattn_tuning tuning;
+    char build_options[512];
+    cl_program programs[CLATTN_SRC_COUNT];
+    cl_kernel kernels[CLATTN_K_COUNT];
+    cl_mem workspace[CLATTN_WS_COUNT];
+    size_t workspace_bytes[CLATTN_WS_COUNT];
+    char message[2048];
+};
+
+/* --- status.c ------------------------------------------------------------------------------ */
+
+/* Records a formatted message on ctx (when not NULL) and returns status. */
+clattn_status clattn__fail(clattn_ctx *ctx, clattn_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Records "<what>: <CL error name> (<code>)" and returns the OpenCL code as a status. */
+clattn_status clattn__cl_fail(clattn_ctx *ctx, cl_int err, const char *what);
+const char *clattn__cl_error_name(cl_int err);
+void clattn__clear_error(clattn_ctx *ctx);
+void clattn__copy_message(char *dst, size_t dst_size, const char *src);
+
+/* Evaluates an OpenCL call; on failure records it and jumps to the function's `done` label with
+ * `status` set. The only control-flow macro in the library. */
+#define CL_CHECK(ctx, call, what)                                                              \
+    do {                                                                                       \
+        cl_int cl_check_err_ = (call);                                                         \
+        if (cl_check_err_ != CL_SUCCESS) {                                                     \
+            status = clattn__cl_fail((ctx), cl_check_err_, (what));                            \
+            goto done;                                                                         \
+        }                                                                                      \
+    } while (0)
+
+/* --- size arithmetic (overflow-checked) ---------------------------------------------------- */
+
+static inline bool clattn__mul(size_t a, size_t b, size_t *out)
+{
+    if (a != 0 && b > SIZE_MAX / a)
+        return false;
+    *out = a * b;
+    return true;
+}
+
+static inline bool clattn__add(size_t a, size_t b, size_t *out)
+{
+    if (b > SIZE_MAX - a)
+        return false;
+    *out = a + b;
+    return true;
+}
+
+/* *out = product of count sizes; false on overflow. */
+bool clattn__product(size_t *out, int count, ...);
+
+/* --- runtime.c ----------------------------------------------------------------------------- */
+
+/* The kernel for id, building its program on first use. */
+clattn_status clattn__kernel(clattn_ctx *ctx, clattn_kernel_id id, cl_kernel *out);
+
+/* A kernel argument: size and pointer to its value (value NULL with size sizeof(cl_mem) passes a
+ * NULL buffer). */
+typedef struct clattn_arg {
+    size_t size;
+    const void *value;
+} clattn_arg;
+#define CLATTN_ARG(x) ((clattn_arg){sizeof(x), &(x)})
+
+/* Sets the arguments of kernel `id` and enqueues it over `dims` dimensions. global sizes must
+ * already be multiples of local sizes. `name` appears in error messages. */
+clattn_status clattn__launch(clattn_ctx *ctx, clattn_kernel_id id, const char *name,
+                             const clattn_arg *args, cl_uint num_args, cl_uint dims,
+                             const size_t *global, const size_t *local, cl_uint num_wait,
+                             const cl_event *wait, cl_event *event);
+
+/* A device buffer of at least `bytes` in workspace slot `slot` (grown, never shrunk); `op`
+ * names the caller in messages. */
+clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot slot,
+                                size_t bytes, cl_mem *out);
+
+/* Rounds value up to a multiple of step (step > 0); false on overflow. */
+bool clattn__round_up(size_t value, size_t step, size_t *out);
+
+/* --- validation (runtime.c) ---------------------------------------------------------------- */
+
+/* Checks that tensor `t` (named `name` in messages of op `op`) is present when required, and
+ * that its buffer holds `offset + elems` elements of `elem_size` bytes. An absent optional
+ * tensor passes. */
+clattn_status clattn__check_tensor(clattn_ctx *ctx, const char *op, const char *name,
+                                   clattn_tensor t, size_t elems, size_t elem_size,
+                                   bool required);
+
+/* Elements a batched strided matrix spans: (batch-1)*stride + (rows-1)*ld + cols;
+ * false on overflow. */
+bool clattn__matrix_extent(size_t batch, size_t stride, size_t rows, size_t cols, size_t ld,
+                           size_t *out);
+
+/* Event chaining for multi-kernel plans: each step waits for the previous one, so plans work
+ * on out-of-order queues too. The first step waits for the caller's list. */
+typedef struct clattn_chain {
+    cl_uint num_wait;
+    const cl_event *wait;
+    cl_event last;
+} clattn_chain;
+
+void clattn__chain_init(clattn_chain *chain, cl_uint num_wait, const cl_event *wait);
+/* Makes `event` (a step's completion event) the one the next step waits for. */
+void clattn__chain_push(clattn_chain *chain, cl_event event);
+/* Hands the final event to the caller (or releases it when out == NULL) and resets. */
+void clattn__chain_finish(clattn_chain *chain, cl_event *out);
+
+#define CHAIN_WAIT(chain) (chain)->num_wait, (chain)->wait
+
+/* --- ops: unchecked enqueue paths used by the attention plans ------------------------------ */
+
+clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn_matmul_desc *desc,
+                                     clattn_tensor a, clattn_tensor b, clattn_tensor bias,
+                                     clattn_tensor c, cl_uint num_wait, const cl_event *wait,
+                                     cl_event *event);
+clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn_softmax_desc *desc,
+                                      clattn_tensor scores, clattn_tensor out, cl_uint num_wait,
+                                      const cl_event *wait, cl_event *event);
+clattn_status clattn__move_heads_enqueue(clattn_ctx *ctx, const clattn_heads_desc *desc,
+                                         int to_head_major, clattn_tensor src,
+                                         clattn_tensor dst, cl_uint num_wait,
+                                         const cl_event *wait, cl_event *event);
+clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, size_t batch, size_t heads,
+                                         size_t plane, clattn_tensor src, clattn_tensor dst,
+                                         cl_uint num_wait, const cl_event *wait,
+                                         cl_event *event);
+
+/* Validates masks for a (batch, seq_q, seq_k) problem. */
+clattn_status clattn__check_masks(clattn_ctx *ctx, const char *op, const clattn_masks *masks,
+                                  size_t batch, size_t seq_q, size_t seq_k);
+
+/* attention.c: shape validation shared by the device and host entry points. */
+typedef struct clattn_attention_sizes {
+    size_t q, k, v, out, scores; /* elements */
+    size_t attn_mask, key_padding; /* elements */
+} clattn_attention_sizes;
+clattn_status clattn__attention_shapes(clattn_ctx *ctx, const clattn_attention_desc *desc,
+                                       clattn_attention_sizes *sizes);
+
+typedef struct clattn_mha_sizes {
+    size_t kdim, vdim, qk_dim, v_dim, out_dim; /* defaults resolved */
+    size_t query, key, value, out, weights;   /* elements; weights per need_weights */
+    size_t wq, wk, wv, wo, in_proj;           /* parameter elements */
+    size_t attn_mask, key_padding;
+} clattn_mha_sizes;
+/* has_out_weight / has_in_proj: what the caller supplies (the host API passes pointers). */
+clattn_status clattn__mha_shapes(clattn_ctx *ctx, const clattn_mha_desc *desc, bool has_in_proj,
+                                 bool has_out_weight, clattn_mha_sizes *sizes);
+
+#endif

@@ -1,0 +1,136 @@
+/* Batched strided matmul: argument checks and launch geometry for kernels/matmul.cl. */
+#include "internal.h"
+
+/* NVIDIA's OpenCL maps global dimension 2 onto a grid dimension limited to 65535 blocks. */
+#define MAX_BATCH_PER_LAUNCH 65535u
+
+static size_t stored_cols(size_t rows_of_op, size_t cols_of_op, int trans)
+{
+    return trans ? rows_of_op : cols_of_op;
+}
+
+clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn_matmul_desc *desc,
+                                     clattn_tensor a, clattn_tensor b, clattn_tensor bias,
+                                     clattn_tensor c, cl_uint num_wait, const cl_event *wait,
+                                     cl_event *event)
+{
+    const clattn_tuning *t = &ctx->tuning;
+    const size_t batch = desc->batch ? desc->batch : 1;
+    const cl_uint m = (cl_uint)desc->m, n = (cl_uint)desc->n, k = (cl_uint)desc->k;
+    const cl_ulong lda = desc->lda ? desc->lda : stored_cols(desc->m, desc->k, desc->trans_a);
+    const cl_ulong ldb = desc->ldb ? desc->ldb : stored_cols(desc->k, desc->n, desc->trans_b);
+    const cl_ulong ldc = desc->ldc ? desc->ldc : desc->n;
+    const cl_ulong stride_a = batch > 1 ? desc->stride_a : 0;
+    const cl_ulong stride_b = batch > 1 ? desc->stride_b : 0;
+    const cl_ulong stride_c = batch > 1 ? desc->stride_c : 0;
+    const cl_int trans_a = desc->trans_a != 0, trans_b = desc->trans_b != 0;
+    const cl_float alpha = desc->alpha, beta = desc->beta;
+    const cl_int has_bias = bias.mem != NULL;
+    const cl_ulong bias_offset = bias.offset;
+    cl_mem bias_mem = bias.mem ? bias.mem : a.mem; /* any valid buffer; never read */
+
+    const size_t local[3] = {t->tile_n / t->wpt_n, t->tile_m / t->wpt_m, 1};
+    size_t global[3] = {((desc->n + t->tile_n - 1) / t->tile_n) * local[0],
+                        ((desc->m + t->tile_m - 1) / t->tile_m) * local[1], 1};
+
+    clattn_chain chain;
+    clattn__chain_init(&chain, num_wait, wait);
+    clattn_status status = CLATTN_SUCCESS;
+    for (size_t first = 0; first < batch && status == CLATTN_SUCCESS;
+         first += MAX_BATCH_PER_LAUNCH) {
+        const size_t count = batch - first < MAX_BATCH_PER_LAUNCH ? batch - first
+                                                                  : MAX_BATCH_PER_LAUNCH;
+        const cl_ulong a_offset = a.offset + first * stride_a;
+        const cl_ulong b_offset = b.offset + first * stride_b;
+        const cl_ulong c_offset = c.offset + first * stride_c;
+        const clattn_arg args[] = {
+            CLATTN_ARG(m),        CLATTN_ARG(n),        CLATTN_ARG(k),
+            CLATTN_ARG(a.mem),    CLATTN_ARG(a_offset), CLATTN_ARG(lda),
+            CLATTN_ARG(stride_a), CLATTN_ARG(trans_a),  CLATTN_ARG(b.mem),
+            CLATTN_ARG(b_offset), CLATTN_ARG(ldb),      CLATTN_ARG(stride_b),
+            CLATTN_ARG(trans_b),  CLATTN_ARG(c.mem),    CLATTN_ARG(c_offset),
+            CLATTN_ARG(ldc),      CLATTN_ARG(stride_c), CLATTN_ARG(alpha),
+            CLATTN_ARG(beta),     CLATTN_ARG(bias_mem), CLATTN_ARG(bias_offset),
+            CLATTN_ARG(has_bias),
+        };
+        global[2] = count;
+        cl_event step = NULL;
+        status = clattn__launch(ctx, CLATTN_K_MATMUL, "matmul", args,
+                                sizeof args / sizeof args[0], 3, global, local,
+                                CHAIN_WAIT(&chain), &step);
+        if (status == CLATTN_SUCCESS)
+            clattn__chain_push(&chain, step);
+    }
+    clattn__chain_finish(&chain, status == CLATTN_SUCCESS ? event : NULL);
+    return status;
+}
+
+/* Checks one operand: its leading dimension and that its buffer holds the batched extent. */
+static clattn_status check_operand(clattn_ctx *ctx, const char *name, clattn_tensor t,
+                                   size_t batch, size_t stride, size_t rows, size_t cols,
+                                   size_t ld, bool required)
+{
+    if (t.mem == NULL)
+        return clattn__check_tensor(ctx, "matmul", name, t, 0, sizeof(float), required);
+    if (ld == 0)
+        ld = cols;
+    if (ld < cols)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "matmul: ld of %s is %zu but %s has %zu columns as stored", name, ld,
+                            name, cols);
+    size_t extent = 0;
+    if (!clattn__matrix_extent(batch, stride, rows, cols, ld, &extent))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                            "matmul: %s (%zu batches of %zu x %zu, ld %zu, stride %zu) overflows "
+                            "size_t",
+                            name, batch, rows, cols, ld, stride);
+    return clattn__check_tensor(ctx, "matmul", name, t, extent, sizeof(float), required);
+}
+
+clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, clattn_tensor a,
+                            clattn_tensor b, clattn_tensor bias, clattn_tensor c,
+                            cl_uint num_wait, const cl_event *wait, cl_event *event)
+{
+    if (event)
+        *event = NULL;
+    if (ctx == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn__clear_error(ctx);
+    if (desc == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "matmul: desc is NULL");
+    if ((num_wait > 0) != (wait != NULL))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "matmul: num_wait=%u does not match wait list %s", (unsigned)num_wait,
+                            wait ? "given" : "NULL");
+    const size_t batch = desc->batch ? desc->batch : 1;
+    const size_t dims[3] = {desc->m, desc->n, desc->k};
+    const char *dim_names[3] = {"m", "n", "k"};
+    for (int i = 0; i < 3; ++i) {
+        if (dims[i] == 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                "matmul: %s=0: every dimension must be at least 1", dim_names[i]);
+        if (dims[i] > CL_UINT_MAX)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "matmul: %s=%zu exceeds the kernels' 32-bit dimension limit",
+                                dim_names[i], dims[i]);
+    }
+    const size_t a_rows = desc->trans_a ? desc->k : desc->m;
+    const size_t a_cols = desc->trans_a ? desc->m : desc->k;
+    const size_t b_rows = desc->trans_b ? desc->n : desc->k;
+    const size_t b_cols = desc->trans_b ? desc->k : desc->n;
+    const size_t sa = batch > 1 ? desc->stride_a : 0, sb = batch > 1 ? desc->stride_b : 0;
+    const size_t sc = batch > 1 ? desc->stride_c : 0;
+    clattn_status status;
+    if ((status = check_operand(ctx, "a", a, batch, sa, a_rows, a_cols, desc->lda, true)) ||
+        (status = check_operand(ctx, "b", b, batch, sb, b_rows, b_cols, desc->ldb, true)) ||
+        (status = check_operand(ctx, "c", c, batch, sc, desc->m, desc->n, desc->ldc, true)) ||
+        (status = clattn__check_tensor(ctx, "matmul", "bias", bias, desc->n, sizeof(float),
+                                       false)))
+        return status;
+    if (batch > 1 && sc == 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "matmul: stride_c=0 with batch=%zu would write every batch entry to "
+                            "the same C",
+                            batch);
+    return clattn__matmul_enqueue(ctx, desc, a, b, bias, c, num_wait, wait, event);
+}
