@@ -161,10 +161,10 @@ clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attention_desc *des
             return status;
     }
     clattn_chain chain;
-    clattn__chain_init(&chain, num_wait, wait);
-    status = attention_enqueue(ctx, desc, q, k, v, out, scores, &chain);
-    clattn__chain_finish(&chain, status == CLATTN_SUCCESS ? event : NULL);
-    return status;
+    status = clattn__begin(ctx, op, &chain, num_wait, wait);
+    if (status == CLATTN_SUCCESS)
+        status = attention_enqueue(ctx, desc, q, k, v, out, scores, &chain);
+    return clattn__end(ctx, &chain, status, event);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -480,9 +480,9 @@ clattn_status clattn_mha_forward(clattn_ctx *ctx, const clattn_mha_desc *desc,
     if (status != CLATTN_SUCCESS)
         return status;
     clattn_chain chain;
-    clattn__chain_init(&chain, num_wait, wait);
-    status = mha_enqueue(ctx, desc, weights, &sizes, query, key, value, out, attn_weights,
-                         &chain);
-    clattn__chain_finish(&chain, status == CLATTN_SUCCESS ? event : NULL);
-    return status;
+    status = clattn__begin(ctx, op, &chain, num_wait, wait);
+    if (status == CLATTN_SUCCESS)
+        status = mha_enqueue(ctx, desc, weights, &sizes, query, key, value, out, attn_weights,
+                             &chain);
+    return clattn__end(ctx, &chain, status, event);
 }

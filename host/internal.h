@@ -17,6 +17,8 @@ typedef enum clattn_source {
 
 typedef enum clattn_kernel_id {
     CLATTN_K_MATMUL = 0,
+    CLATTN_K_MATMUL_VEC,
+    CLATTN_K_TRANSPOSE,
     CLATTN_K_SOFTMAX_ROWS,
     CLATTN_K_MOVE_HEADS,
     CLATTN_K_MEAN_HEADS,
@@ -43,6 +45,7 @@ typedef enum clattn_ws_slot {
     CLATTN_WS_HOST_MASK, /* additive mask */
     CLATTN_WS_HOST_KPM,  /* key padding mask */
     CLATTN_WS_HOST_W,    /* all weights and biases, packed one after another */
+    CLATTN_WS_MATMUL_BT, /* matmul_vec: a transposed copy of B */
     CLATTN_WS_COUNT
 } clattn_ws_slot;
 
@@ -60,6 +63,8 @@ typedef struct clattn_device_info {
 
 /* Tile parameters chosen from the device's limits; passed to the kernels as -D defines. */
 typedef struct clattn_tuning {
+    bool matmul_vec; /* CPUs: the register-blocked float16 kernel instead of local tiles */
+    unsigned vec_rm, vec_wg, transpose_wg;
     unsigned tile_m, tile_n, tile_k, wpt_m, wpt_n;
     unsigned softmax_wg;
     unsigned heads_wg;
@@ -74,6 +79,8 @@ struct clattn_ctx {
     char build_options[512];
     cl_program programs[CLATTN_SRC_COUNT];
     cl_kernel kernels[CLATTN_K_COUNT];
+    bool out_of_order;   /* the queue may run commands out of order */
+    cl_event last_event; /* out-of-order queues: the end of the previous call's work */
     cl_mem workspace[CLATTN_WS_COUNT];
     size_t workspace_bytes[CLATTN_WS_COUNT];
     char message[2048];
@@ -182,6 +189,24 @@ void clattn__chain_push(clattn_chain *chain, cl_event event);
 void clattn__chain_finish(clattn_chain *chain, cl_event *out);
 
 #define CHAIN_WAIT(chain) (chain)->num_wait, (chain)->wait
+
+/* Public entry points wrap their work in begin/end. On an out-of-order queue, begin makes the
+ * call's first step also wait for the previous call's work (the workspace is shared), and end
+ * remembers the call's last event. end hands the final event to `event` on success and
+ * returns status. */
+clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain,
+                            cl_uint num_wait, const cl_event *wait);
+clattn_status clattn__end(clattn_ctx *ctx, clattn_chain *chain, clattn_status status,
+                          cl_event *event);
+/* Pushes a step's event (read through the pointer after the step ran) when the step
+ * succeeded; returns status. */
+static inline clattn_status clattn__step(clattn_chain *chain, clattn_status status,
+                                         const cl_event *step)
+{
+    if (status == CLATTN_SUCCESS)
+        clattn__chain_push(chain, *step);
+    return status;
+}
 
 /* --- ops: unchecked enqueue paths used by the attention plans ------------------------------ */
 

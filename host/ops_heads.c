@@ -99,7 +99,14 @@ static clattn_status move_heads(clattn_ctx *ctx, const char *op, const clattn_he
     if ((status = clattn__check_tensor(ctx, op, "src", src, src_elems, sizeof(float), true)) ||
         (status = clattn__check_tensor(ctx, op, "dst", dst, dst_elems, sizeof(float), true)))
         return status;
-    return clattn__move_heads_enqueue(ctx, desc, to_head_major, src, dst, num_wait, wait, event);
+    clattn_chain chain;
+    cl_event step = NULL;
+    status = clattn__begin(ctx, op, &chain, num_wait, wait);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__step(&chain, clattn__move_heads_enqueue(ctx, desc, to_head_major, src,
+                                                                 dst, CHAIN_WAIT(&chain), &step),
+                              &step);
+    return clattn__end(ctx, &chain, status, event);
 }
 
 clattn_status clattn_split_heads(clattn_ctx *ctx, const clattn_heads_desc *desc,

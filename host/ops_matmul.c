@@ -4,9 +4,19 @@
 /* NVIDIA's OpenCL maps global dimension 2 onto a grid dimension limited to 65535 blocks. */
 #define MAX_BATCH_PER_LAUNCH 65535u
 
-static size_t stored_cols(size_t rows_of_op, size_t cols_of_op, int trans)
+/* Enqueues dst = the transpose of each of `batch` N x K matrices of b (row stride ldb). */
+static clattn_status transpose_b(clattn_ctx *ctx, size_t batch, cl_uint n, cl_uint k,
+                                 clattn_tensor b, cl_ulong ldb, cl_ulong stride_b, cl_mem dst,
+                                 cl_uint num_wait, const cl_event *wait, cl_event *event)
 {
-    return trans ? rows_of_op : cols_of_op;
+    const cl_ulong offset = b.offset;
+    const size_t local[3] = {ctx->tuning.transpose_wg, 1, 1};
+    const size_t global[3] = {((k + local[0] - 1) / local[0]) * local[0], n, batch};
+    const clattn_arg args[] = {CLATTN_ARG(n),   CLATTN_ARG(k),        CLATTN_ARG(b.mem),
+                               CLATTN_ARG(offset), CLATTN_ARG(ldb),   CLATTN_ARG(stride_b),
+                               CLATTN_ARG(dst)};
+    return clattn__launch(ctx, CLATTN_K_TRANSPOSE, "matmul (transpose B)", args,
+                          sizeof args / sizeof args[0], 3, global, local, num_wait, wait, event);
 }
 
 clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn_matmul_desc *desc,
@@ -15,27 +25,56 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn_matmul_desc *
                                      cl_event *event)
 {
     const clattn_tuning *t = &ctx->tuning;
+    const bool vec = t->matmul_vec;
     const size_t batch = desc->batch ? desc->batch : 1;
     const cl_uint m = (cl_uint)desc->m, n = (cl_uint)desc->n, k = (cl_uint)desc->k;
-    const cl_ulong lda = desc->lda ? desc->lda : stored_cols(desc->m, desc->k, desc->trans_a);
-    const cl_ulong ldb = desc->ldb ? desc->ldb : stored_cols(desc->k, desc->n, desc->trans_b);
+    const cl_ulong lda = desc->lda ? desc->lda : (desc->trans_a ? desc->m : desc->k);
+    cl_ulong ldb = desc->ldb ? desc->ldb : (desc->trans_b ? desc->k : desc->n);
     const cl_ulong ldc = desc->ldc ? desc->ldc : desc->n;
     const cl_ulong stride_a = batch > 1 ? desc->stride_a : 0;
-    const cl_ulong stride_b = batch > 1 ? desc->stride_b : 0;
+    cl_ulong stride_b = batch > 1 ? desc->stride_b : 0;
     const cl_ulong stride_c = batch > 1 ? desc->stride_c : 0;
-    const cl_int trans_a = desc->trans_a != 0, trans_b = desc->trans_b != 0;
+    const cl_int trans_a = desc->trans_a != 0;
+    cl_int trans_b = desc->trans_b != 0;
     const cl_float alpha = desc->alpha, beta = desc->beta;
     const cl_int has_bias = bias.mem != NULL;
     const cl_ulong bias_offset = bias.offset;
     cl_mem bias_mem = bias.mem ? bias.mem : a.mem; /* any valid buffer; never read */
 
-    const size_t local[3] = {t->tile_n / t->wpt_n, t->tile_m / t->wpt_m, 1};
-    size_t global[3] = {((desc->n + t->tile_n - 1) / t->tile_n) * local[0],
-                        ((desc->m + t->tile_m - 1) / t->tile_m) * local[1], 1};
-
     clattn_chain chain;
     clattn__chain_init(&chain, num_wait, wait);
     clattn_status status = CLATTN_SUCCESS;
+    cl_event step = NULL;
+    if (vec && trans_b) {
+        /* matmul_vec reads rows of a K x N B: transpose once (once in all if broadcast). */
+        const size_t copies = stride_b == 0 ? 1 : batch;
+        cl_mem transposed = NULL;
+        status = clattn__workspace(ctx, "matmul", CLATTN_WS_MATMUL_BT,
+                                   copies * desc->n * desc->k * sizeof(float), &transposed);
+        if (status == CLATTN_SUCCESS)
+            status = transpose_b(ctx, copies, n, k, b, ldb, stride_b, transposed,
+                                 CHAIN_WAIT(&chain), &step);
+        if (status != CLATTN_SUCCESS) {
+            clattn__chain_finish(&chain, NULL);
+            return status;
+        }
+        clattn__chain_push(&chain, step);
+        b = (clattn_tensor){transposed, 0};
+        ldb = n;
+        stride_b = stride_b == 0 ? 0 : (cl_ulong)n * k;
+        trans_b = 0;
+    }
+
+    size_t local[3], global[3];
+    if (vec) {
+        local[0] = t->vec_wg, local[1] = 1, local[2] = 1;
+        global[0] = (((desc->n + 31) / 32 + local[0] - 1) / local[0]) * local[0];
+        global[1] = (desc->m + t->vec_rm - 1) / t->vec_rm;
+    } else {
+        local[0] = t->tile_n / t->wpt_n, local[1] = t->tile_m / t->wpt_m, local[2] = 1;
+        global[0] = ((desc->n + t->tile_n - 1) / t->tile_n) * local[0];
+        global[1] = ((desc->m + t->tile_m - 1) / t->tile_m) * local[1];
+    }
     for (size_t first = 0; first < batch && status == CLATTN_SUCCESS;
          first += MAX_BATCH_PER_LAUNCH) {
         const size_t count = batch - first < MAX_BATCH_PER_LAUNCH ? batch - first
@@ -43,7 +82,8 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn_matmul_desc *
         const cl_ulong a_offset = a.offset + first * stride_a;
         const cl_ulong b_offset = b.offset + first * stride_b;
         const cl_ulong c_offset = c.offset + first * stride_c;
-        const clattn_arg args[] = {
+        /* The two kernels share their signature except matmul's trans_b flag. */
+        const clattn_arg tiled_args[] = {
             CLATTN_ARG(m),        CLATTN_ARG(n),        CLATTN_ARG(k),
             CLATTN_ARG(a.mem),    CLATTN_ARG(a_offset), CLATTN_ARG(lda),
             CLATTN_ARG(stride_a), CLATTN_ARG(trans_a),  CLATTN_ARG(b.mem),
@@ -53,11 +93,17 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn_matmul_desc *
             CLATTN_ARG(beta),     CLATTN_ARG(bias_mem), CLATTN_ARG(bias_offset),
             CLATTN_ARG(has_bias),
         };
+        clattn_arg vec_args[sizeof tiled_args / sizeof tiled_args[0] - 1];
+        for (size_t i = 0, j = 0; i < sizeof tiled_args / sizeof tiled_args[0]; ++i)
+            if (i != 12)
+                vec_args[j++] = tiled_args[i];
         global[2] = count;
-        cl_event step = NULL;
-        status = clattn__launch(ctx, CLATTN_K_MATMUL, "matmul", args,
-                                sizeof args / sizeof args[0], 3, global, local,
-                                CHAIN_WAIT(&chain), &step);
+        status = vec ? clattn__launch(ctx, CLATTN_K_MATMUL_VEC, "matmul_vec", vec_args,
+                                      sizeof vec_args / sizeof vec_args[0], 3, global, local,
+                                      CHAIN_WAIT(&chain), &step)
+                     : clattn__launch(ctx, CLATTN_K_MATMUL, "matmul", tiled_args,
+                                      sizeof tiled_args / sizeof tiled_args[0], 3, global, local,
+                                      CHAIN_WAIT(&chain), &step);
         if (status == CLATTN_SUCCESS)
             clattn__chain_push(&chain, step);
     }
@@ -132,5 +178,12 @@ clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, cla
                             "matmul: stride_c=0 with batch=%zu would write every batch entry to "
                             "the same C",
                             batch);
-    return clattn__matmul_enqueue(ctx, desc, a, b, bias, c, num_wait, wait, event);
+    clattn_chain chain;
+    cl_event step = NULL;
+    status = clattn__begin(ctx, "matmul", &chain, num_wait, wait);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__step(&chain, clattn__matmul_enqueue(ctx, desc, a, b, bias, c,
+                                                             CHAIN_WAIT(&chain), &step),
+                              &step);
+    return clattn__end(ctx, &chain, status, event);
 }

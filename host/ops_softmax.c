@@ -92,5 +92,12 @@ clattn_status clattn_softmax_rows(clattn_ctx *ctx, const clattn_softmax_desc *de
         (status = clattn__check_masks(ctx, op, &desc->masks, desc->batch, desc->seq_q,
                                       desc->seq_k)))
         return status;
-    return clattn__softmax_enqueue(ctx, desc, scores, out, num_wait, wait, event);
+    clattn_chain chain;
+    cl_event step = NULL;
+    status = clattn__begin(ctx, op, &chain, num_wait, wait);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__step(&chain, clattn__softmax_enqueue(ctx, desc, scores, out,
+                                                              CHAIN_WAIT(&chain), &step),
+                              &step);
+    return clattn__end(ctx, &chain, status, event);
 }

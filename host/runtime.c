@@ -227,11 +227,22 @@ static clattn_status choose_tuning(clattn_ctx *ctx)
     const size_t max_1d = max_wg < max_x ? max_wg : max_x;
     ctx->tuning.softmax_wg = pow2_at_most(max_1d, is_cpu ? 64 : 256);
     ctx->tuning.heads_wg = pow2_at_most(max_1d, 256);
+    ctx->tuning.transpose_wg = pow2_at_most(max_1d, 16);
+    /* CPUs get the vector kernel; CLATTN_MATMUL=tiled|vec overrides (tests run both). */
+    const char *choice = getenv("CLATTN_MATMUL");
+    ctx->tuning.matmul_vec = is_cpu;
+    if (choice && strcmp(choice, "tiled") == 0)
+        ctx->tuning.matmul_vec = false;
+    else if (choice && strcmp(choice, "vec") == 0)
+        ctx->tuning.matmul_vec = true;
+    ctx->tuning.vec_rm = 6;
+    ctx->tuning.vec_wg = pow2_at_most(max_1d, 8);
     snprintf(ctx->build_options, sizeof ctx->build_options,
              "-cl-std=CL1.2 -DTILE_M=%u -DTILE_N=%u -DTILE_K=%u -DWPT_M=%u -DWPT_N=%u "
-             "-DSOFTMAX_WG=%u -DHEADS_WG=%u",
+             "-DVEC_RM=%u -DVEC_WG=%u -DTRANSPOSE_WG=%u -DSOFTMAX_WG=%u -DHEADS_WG=%u",
              ctx->tuning.tile_m, ctx->tuning.tile_n, ctx->tuning.tile_k, ctx->tuning.wpt_m,
-             ctx->tuning.wpt_n, ctx->tuning.softmax_wg, ctx->tuning.heads_wg);
+             ctx->tuning.wpt_n, ctx->tuning.vec_rm, ctx->tuning.vec_wg, ctx->tuning.transpose_wg,
+             ctx->tuning.softmax_wg, ctx->tuning.heads_wg);
     return CLATTN_SUCCESS;
 }
 
@@ -323,6 +334,10 @@ clattn_status clattn_ctx_create_from_queue(cl_command_queue queue, clattn_ctx **
     }
     ctx->queue = queue;
     ctx->device = device;
+    cl_command_queue_properties properties = 0;
+    err = clGetCommandQueueInfo(queue, CL_QUEUE_PROPERTIES, sizeof properties, &properties, NULL);
+    ctx->out_of_order = err != CL_SUCCESS ||
+                        (properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0;
     err = clRetainContext(context);
     if (err != CL_SUCCESS) {
         if (message)
@@ -341,6 +356,8 @@ void clattn_ctx_release(clattn_ctx *ctx)
         return;
     if (ctx->queue)
         clFinish(ctx->queue);
+    if (ctx->last_event)
+        clReleaseEvent(ctx->last_event);
     for (int i = 0; i < CLATTN_K_COUNT; ++i)
         if (ctx->kernels[i])
             clReleaseKernel(ctx->kernels[i]);
@@ -393,6 +410,8 @@ typedef struct kernel_entry {
 
 static const kernel_entry kernel_table[CLATTN_K_COUNT] = {
     [CLATTN_K_MATMUL] = {CLATTN_SRC_MATMUL, "matmul"},
+    [CLATTN_K_MATMUL_VEC] = {CLATTN_SRC_MATMUL, "matmul_vec"},
+    [CLATTN_K_TRANSPOSE] = {CLATTN_SRC_MATMUL, "transpose"},
     [CLATTN_K_SOFTMAX_ROWS] = {CLATTN_SRC_SOFTMAX, "softmax_rows"},
     [CLATTN_K_MOVE_HEADS] = {CLATTN_SRC_HEADS, "move_heads"},
     [CLATTN_K_MEAN_HEADS] = {CLATTN_SRC_HEADS, "mean_heads"},
@@ -533,7 +552,7 @@ static const char *const workspace_names[CLATTN_WS_COUNT] = {
     [CLATTN_WS_HOST_IN1] = "host input 1",    [CLATTN_WS_HOST_IN2] = "host input 2",
     [CLATTN_WS_HOST_OUT] = "host output",     [CLATTN_WS_HOST_ATTN] = "host weights output",
     [CLATTN_WS_HOST_MASK] = "host attn_mask", [CLATTN_WS_HOST_KPM] = "host key_padding_mask",
-    [CLATTN_WS_HOST_W] = "host parameters",
+    [CLATTN_WS_HOST_W] = "host parameters",  [CLATTN_WS_MATMUL_BT] = "transposed B",
 };
 
 clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot slot,
@@ -662,4 +681,39 @@ void clattn__chain_finish(clattn_chain *chain, cl_event *out)
     chain->last = NULL;
     chain->num_wait = 0;
     chain->wait = NULL;
+}
+
+clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain,
+                            cl_uint num_wait, const cl_event *wait)
+{
+    clattn__chain_init(chain, num_wait, wait);
+    if (!ctx->out_of_order || ctx->last_event == NULL)
+        return CLATTN_SUCCESS;
+    cl_event *list = malloc((num_wait + 1) * sizeof *list);
+    if (list == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
+    for (cl_uint i = 0; i < num_wait; ++i)
+        list[i] = wait[i];
+    list[num_wait] = ctx->last_event;
+    cl_event marker = NULL;
+    cl_int err = clEnqueueMarkerWithWaitList(ctx->queue, num_wait + 1, list, &marker);
+    free(list);
+    if (err != CL_SUCCESS)
+        return clattn__fail(ctx, (clattn_status)err, "%s: clEnqueueMarkerWithWaitList: %s (%d)",
+                            op, clattn__cl_error_name(err), (int)err);
+    clattn__chain_push(chain, marker);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__end(clattn_ctx *ctx, clattn_chain *chain, clattn_status status,
+                          cl_event *event)
+{
+    if (status == CLATTN_SUCCESS && ctx->out_of_order && chain->last) {
+        if (ctx->last_event)
+            clReleaseEvent(ctx->last_event);
+        clRetainEvent(chain->last);
+        ctx->last_event = chain->last;
+    }
+    clattn__chain_finish(chain, status == CLATTN_SUCCESS ? event : NULL);
+    return status;
 }
