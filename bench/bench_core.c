@@ -105,6 +105,18 @@ static clattn_status run_matmul(bench *b, void *p, cl_uint nw, const cl_event *w
                          (clattn_tensor){0}, (clattn_tensor){m->c, 0}, nw, w, e);
 }
 
+typedef struct softmax_args {
+    clattn_softmax_desc desc;
+    cl_mem scores, out;
+} softmax_args;
+
+static clattn_status run_softmax(bench *b, void *p, cl_uint nw, const cl_event *w, cl_event *e)
+{
+    softmax_args *s = p;
+    return clattn_softmax_rows(b->ctx, &s->desc, (clattn_tensor){s->scores, 0},
+                               (clattn_tensor){s->out, 0}, nw, w, e);
+}
+
 typedef struct attention_args {
     clattn_attention_desc desc;
     cl_mem q, k, v, o;
@@ -145,6 +157,21 @@ static void bench_matmul(bench *b, size_t m, size_t n, size_t k)
     clReleaseMemObject(args.a);
     clReleaseMemObject(args.b);
     clReleaseMemObject(args.c);
+}
+
+static void bench_softmax(bench *b, size_t heads, size_t seq, int causal)
+{
+    softmax_args args = {.desc = {.batch = 1, .heads = heads, .seq_q = seq, .seq_k = seq,
+                                  .scale = 0.125f, .masks = {.causal = causal}}};
+    const size_t elems = heads * seq * seq;
+    args.scores = random_buffer(b, elems);
+    args.out = random_buffer(b, elems);
+    double dev = 0, wall = 0;
+    if (args.scores && args.out && measure(b, run_softmax, &args, &dev, &wall))
+        printf("%-10s H=%-2zu L=%-5zu causal=%d              %10.3f %10.3f %9.1f GB/s\n",
+               "softmax", heads, seq, causal, dev, wall, 2.0 * elems * sizeof(float) / dev / 1e6);
+    clReleaseMemObject(args.scores);
+    clReleaseMemObject(args.out);
 }
 
 static void bench_attention(bench *b, size_t batch, size_t heads, size_t seq, size_t dim)
@@ -232,6 +259,8 @@ int main(int argc, char **argv)
                             {4096, 64, 4096}, {1024, 1024, 64}};
     for (size_t i = 0; i < (quick ? 2 : sizeof mm / sizeof mm[0]); ++i)
         bench_matmul(&b, mm[i][0], mm[i][1], mm[i][2]);
+    bench_softmax(&b, 8, quick ? 128 : 512, 0);
+    bench_softmax(&b, 8, quick ? 128 : 512, 1);
     bench_attention(&b, 1, 8, quick ? 128 : 512, 64);
     if (!quick)
         bench_attention(&b, 1, 8, 1024, 64);

@@ -10,7 +10,8 @@
  *
  * One work-group of SOFTMAX_WG work-items per row (group id = row = (b*heads + h)*seq_q + q);
  * work-item l handles columns l, l + SOFTMAX_WG, ... and the group reduces through local
- * memory. out may alias S: each element is read and then written by the same work-item.
+ * memory. out may alias S: each element is read and then written by the same work-item, and
+ * the last pass reads only out.
  */
 #ifndef SOFTMAX_WG
 #define SOFTMAX_WG 128 /* work-items per row; a power of two */
@@ -84,15 +85,15 @@ void softmax_rows(__global const float *scores, const ulong scores_offset,
         return;
     }
 
+    /* exp once per element: keep the numerators in out, then scale them. */
     float partial_sum = 0.0f;
-    for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
-        partial_sum += exp(masked_score(scores, row_base, c, q, scale, causal, attn_mask,
-                                        has_mask, key_padding, has_key_padding) - row_max);
-    const float inv_sum = 1.0f / wg_reduce_sum(scratch, partial_sum, lid, SOFTMAX_WG);
-
     for (uint c = lid; c < seq_k; c += SOFTMAX_WG) {
-        const float s = masked_score(scores, row_base, c, q, scale, causal, attn_mask, has_mask,
-                                     key_padding, has_key_padding);
-        out[row_base + c] = exp(s - row_max) * inv_sum;
+        const float e = exp(masked_score(scores, row_base, c, q, scale, causal, attn_mask,
+                                         has_mask, key_padding, has_key_padding) - row_max);
+        out[row_base + c] = e;
+        partial_sum += e;
     }
+    const float inv_sum = 1.0f / wg_reduce_sum(scratch, partial_sum, lid, SOFTMAX_WG);
+    for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
+        out[row_base + c] *= inv_sum;
 }
