@@ -18,30 +18,14 @@ static clattn_status check_common(clattn_ctx *ctx, const char *op, const void *d
                             op, (int)norm);
     if ((num_wait > 0) != (wait != NULL))
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: num_wait=%u does not match wait list %s", op,
-                            (unsigned)num_wait, wait ? "given" : "NULL");
-    return CLATTN_SUCCESS;
-}
-
-static clattn_status check_dims(clattn_ctx *ctx, const char *op, const size_t *dims,
-                                const char *const *names, int count)
-{
-    for (int i = 0; i < count; ++i) {
-        if (dims[i] == 0)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                                "%s: %s=0: every dimension must be at least 1", op, names[i]);
-        if (dims[i] > CL_UINT_MAX)
-            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                                "%s: %s=%zu exceeds the kernels' 32-bit dimension limit", op,
-                                names[i], dims[i]);
-    }
+                            "%s: num_wait=%u does not match wait list %s", op, (unsigned)num_wait,
+                            wait ? "given" : "NULL");
     return CLATTN_SUCCESS;
 }
 
 static clattn_status overflow(clattn_ctx *ctx, const char *op, const char *what)
 {
-    return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the size of %s overflows size_t", op,
-                        what);
+    return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the size of %s overflows size_t", op, what);
 }
 
 /* Elements times sizeof(float) must fit too, or no buffer could be described. */
@@ -59,11 +43,11 @@ clattn_status clattn__attention_shapes(clattn_ctx *ctx, const clattn_attention_d
                                        clattn_attention_sizes *sizes)
 {
     static const char op[] = "attention";
-    static const char *const names[6] = {"batch",  "heads",       "seq_q",
-                                         "seq_k",  "head_dim_qk", "head_dim_v"};
-    const size_t dims[6] = {desc->batch,  desc->heads,       desc->seq_q,
-                            desc->seq_k,  desc->head_dim_qk, desc->head_dim_v};
-    clattn_status status = check_dims(ctx, op, dims, names, 6);
+    static const char *const names[6] = {"batch", "heads",       "seq_q",
+                                         "seq_k", "head_dim_qk", "head_dim_v"};
+    const size_t dims[6] = {desc->batch, desc->heads,       desc->seq_q,
+                            desc->seq_k, desc->head_dim_qk, desc->head_dim_v};
+    clattn_status status = clattn__check_dims(ctx, op, dims, names, 6, false);
     if (status != CLATTN_SUCCESS)
         return status;
     const size_t b = desc->batch, h = desc->heads;
@@ -80,32 +64,48 @@ clattn_status clattn__attention_shapes(clattn_ctx *ctx, const clattn_attention_d
     if (!tensor_elems(&sizes->attn_mask, 1, 1, desc->seq_q, desc->seq_k) ||
         !tensor_elems(&sizes->key_padding, 1, 1, b, desc->seq_k))
         return overflow(ctx, op, "the masks");
-    return CLATTN_SUCCESS;
+    return clattn__check_dims(ctx, op, dims, names, 6, true);
 }
 
 /* Enqueues S = Q Kᵀ, P = normalise(scale S + masks) into `scores`, O = P V. */
 static clattn_status attention_enqueue(clattn_ctx *ctx, const clattn_attention_desc *desc,
                                        clattn_tensor q, clattn_tensor k, clattn_tensor v,
-                                       clattn_tensor out, clattn_tensor scores,
-                                       clattn_chain *chain)
+                                       clattn_tensor out, clattn_tensor scores, clattn_chain *chain)
 {
     const size_t bh = desc->batch * desc->heads;
     const size_t lq = desc->seq_q, lk = desc->seq_k;
     const size_t dk = desc->head_dim_qk, dv = desc->head_dim_v;
     const clattn_matmul_desc qk = {
-        .batch = bh, .m = lq, .n = lk, .k = dk, .trans_b = 1,
-        .stride_a = lq * dk, .stride_b = lk * dk, .stride_c = lq * lk,
-        .alpha = 1.0f, .beta = 0.0f,
+        .batch = bh,
+        .m = lq,
+        .n = lk,
+        .k = dk,
+        .trans_b = 1,
+        .stride_a = lq * dk,
+        .stride_b = lk * dk,
+        .stride_c = lq * lk,
+        .alpha = 1.0f,
+        .beta = 0.0f,
     };
     const clattn_softmax_desc norm = {
-        .batch = desc->batch, .heads = desc->heads, .seq_q = lq, .seq_k = lk,
+        .batch = desc->batch,
+        .heads = desc->heads,
+        .seq_q = lq,
+        .seq_k = lk,
         .scale = desc->scale != 0.0f ? desc->scale : (float)(1.0 / sqrt((double)dk)),
-        .norm = desc->norm, .masks = desc->masks,
+        .norm = desc->norm,
+        .masks = desc->masks,
     };
     const clattn_matmul_desc pv = {
-        .batch = bh, .m = lq, .n = dv, .k = lk,
-        .stride_a = lq * lk, .stride_b = lk * dv, .stride_c = lq * dv,
-        .alpha = 1.0f, .beta = 0.0f,
+        .batch = bh,
+        .m = lq,
+        .n = dv,
+        .k = lk,
+        .stride_a = lq * lk,
+        .stride_b = lk * dv,
+        .stride_c = lq * dv,
+        .alpha = 1.0f,
+        .beta = 0.0f,
     };
     const clattn_tensor none = {0};
     cl_event step = NULL;
@@ -125,10 +125,10 @@ static clattn_status attention_enqueue(clattn_ctx *ctx, const clattn_attention_d
     return CLATTN_SUCCESS;
 }
 
-clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attention_desc *desc,
-                               clattn_tensor q, clattn_tensor k, clattn_tensor v,
-                               clattn_tensor out, clattn_tensor weights, cl_uint num_wait,
-                               const cl_event *wait, cl_event *event)
+clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attention_desc *desc, clattn_tensor q,
+                               clattn_tensor k, clattn_tensor v, clattn_tensor out,
+                               clattn_tensor weights, cl_uint num_wait, const cl_event *wait,
+                               cl_event *event)
 {
     static const char op[] = "attention";
     if (event)
@@ -148,15 +148,15 @@ clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attention_desc *des
         (status = clattn__check_tensor(ctx, op, "out", out, sizes.out, sizeof(float), true)) ||
         (status = clattn__check_tensor(ctx, op, "weights", weights, sizes.scores, sizeof(float),
                                        false)) ||
-        (status = clattn__check_masks(ctx, op, &desc->masks, desc->batch, desc->seq_q,
-                                      desc->seq_k)))
+        (status =
+             clattn__check_masks(ctx, op, &desc->masks, desc->batch, desc->seq_q, desc->seq_k)))
         return status;
 
     clattn_tensor scores = weights;
     if (scores.mem == NULL) {
         scores.offset = 0;
-        status = clattn__workspace(ctx, op, CLATTN_WS_SCORES, sizes.scores * sizeof(float),
-                                   &scores.mem);
+        status =
+            clattn__workspace(ctx, op, CLATTN_WS_SCORES, sizes.scores * sizeof(float), &scores.mem);
         if (status != CLATTN_SUCCESS)
             return status;
     }
@@ -178,7 +178,7 @@ clattn_status clattn__mha_shapes(clattn_ctx *ctx, const clattn_mha_desc *desc, b
     static const char *const names[5] = {"batch", "seq_q", "seq_k", "embed_dim", "num_heads"};
     const size_t dims[5] = {desc->batch, desc->seq_q, desc->seq_k, desc->embed_dim,
                             desc->num_heads};
-    clattn_status status = check_dims(ctx, op, dims, names, 5);
+    clattn_status status = clattn__check_dims(ctx, op, dims, names, 5, false);
     if (status != CLATTN_SUCCESS)
         return status;
     if (desc->layout != CLATTN_LAYOUT_XW && desc->layout != CLATTN_LAYOUT_TORCH)
@@ -198,7 +198,7 @@ clattn_status clattn__mha_shapes(clattn_ctx *ctx, const clattn_mha_desc *desc, b
     s->out_dim = has_out_weight ? e : s->v_dim;
     const size_t more[4] = {s->kdim, s->vdim, s->qk_dim, s->v_dim};
     static const char *const more_names[4] = {"kdim", "vdim", "qk_dim", "v_dim"};
-    if ((status = check_dims(ctx, op, more, more_names, 4)) != CLATTN_SUCCESS)
+    if ((status = clattn__check_dims(ctx, op, more, more_names, 4, false)) != CLATTN_SUCCESS)
         return status;
     if (s->qk_dim % h != 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
@@ -229,9 +229,10 @@ clattn_status clattn__mha_shapes(clattn_ctx *ctx, const clattn_mha_desc *desc, b
         return overflow(ctx, op, "value (batch, seq_k, vdim)");
     if (!tensor_elems(&s->out, b, lq, s->out_dim, 1))
         return overflow(ctx, op, "out (batch, seq_q, out features)");
-    if (!tensor_elems(&s->wq, e, s->qk_dim, 1, 1) || !tensor_elems(&s->wk, s->kdim, s->qk_dim, 1, 1) ||
-        !tensor_elems(&s->wv, s->vdim, s->v_dim, 1, 1) || !tensor_elems(&s->wo, s->v_dim, e, 1, 1) ||
-        !tensor_elems(&s->in_proj, 3, e, e, 1))
+    if (!tensor_elems(&s->wq, e, s->qk_dim, 1, 1) ||
+        !tensor_elems(&s->wk, s->kdim, s->qk_dim, 1, 1) ||
+        !tensor_elems(&s->wv, s->vdim, s->v_dim, 1, 1) ||
+        !tensor_elems(&s->wo, s->v_dim, e, 1, 1) || !tensor_elems(&s->in_proj, 3, e, e, 1))
         return overflow(ctx, op, "the weights");
     size_t scores = 0;
     if (!tensor_elems(&scores, b, h, lq, lk))
@@ -245,7 +246,9 @@ clattn_status clattn__mha_shapes(clattn_ctx *ctx, const clattn_mha_desc *desc, b
     size_t ws = 0;
     if (!tensor_elems(&ws, b, lq > lk ? lq : lk, s->qk_dim > s->v_dim ? s->qk_dim : s->v_dim, 3))
         return overflow(ctx, op, "the projections");
-    return CLATTN_SUCCESS;
+    if ((status = clattn__check_dims(ctx, op, dims, names, 5, true)) != CLATTN_SUCCESS)
+        return status;
+    return clattn__check_dims(ctx, op, more, more_names, 4, true);
 }
 
 /* Where a projection reads its weight and bias, and how. */
@@ -260,24 +263,29 @@ static clattn_status project(clattn_ctx *ctx, const clattn_mha_desc *desc, const
                              clattn_chain *chain)
 {
     const clattn_matmul_desc mm = {
-        .batch = 1, .m = rows, .n = p->out_features, .k = p->in_features,
-        .trans_b = desc->layout == CLATTN_LAYOUT_TORCH, .ldc = ldc,
-        .alpha = 1.0f, .beta = 0.0f,
+        .batch = 1,
+        .m = rows,
+        .n = p->out_features,
+        .k = p->in_features,
+        .trans_b = desc->layout == CLATTN_LAYOUT_TORCH,
+        .ldc = ldc,
+        .alpha = 1.0f,
+        .beta = 0.0f,
     };
     cl_event step = NULL;
-    clattn_status status = clattn__matmul_enqueue(ctx, &mm, src, p->weight, p->bias, dst,
-                                                  CHAIN_WAIT(chain), &step);
+    clattn_status status =
+        clattn__matmul_enqueue(ctx, &mm, src, p->weight, p->bias, dst, CHAIN_WAIT(chain), &step);
     if (status == CLATTN_SUCCESS)
         clattn__chain_push(chain, step);
     return status;
 }
 
-static clattn_status split(clattn_ctx *ctx, size_t batch, size_t seq, size_t heads,
-                           size_t head_dim, size_t row_stride, clattn_tensor src,
-                           clattn_tensor dst, clattn_chain *chain)
+static clattn_status split(clattn_ctx *ctx, size_t batch, size_t seq, size_t heads, size_t head_dim,
+                           size_t row_stride, clattn_tensor src, clattn_tensor dst,
+                           clattn_chain *chain)
 {
-    const clattn_heads_desc hd = {.batch = batch, .seq = seq, .heads = heads,
-                                  .head_dim = head_dim, .row_stride = row_stride};
+    const clattn_heads_desc hd = {
+        .batch = batch, .seq = seq, .heads = heads, .head_dim = head_dim, .row_stride = row_stride};
     cl_event step = NULL;
     clattn_status status =
         clattn__move_heads_enqueue(ctx, &hd, 1, src, dst, CHAIN_WAIT(chain), &step);
@@ -288,9 +296,8 @@ static clattn_status split(clattn_ctx *ctx, size_t batch, size_t seq, size_t hea
 
 static clattn_status check_mha_tensors(clattn_ctx *ctx, const clattn_mha_desc *desc,
                                        const clattn_mha_weights *w, const clattn_mha_sizes *s,
-                                       clattn_tensor query, clattn_tensor key,
-                                       clattn_tensor value, clattn_tensor out,
-                                       clattn_tensor attn_weights)
+                                       clattn_tensor query, clattn_tensor key, clattn_tensor value,
+                                       clattn_tensor out, clattn_tensor attn_weights)
 {
     static const char op[] = "mha_forward";
     const bool packed = w->in_proj_weight.mem != NULL;
@@ -316,8 +323,8 @@ static clattn_status check_mha_tensors(clattn_ctx *ctx, const clattn_mha_desc *d
                                        desc->need_weights != CLATTN_WEIGHTS_NONE)) ||
         (status = clattn__check_tensor(ctx, op, "out_weight", w->out_weight, s->wo, 4, false)) ||
         (status = clattn__check_tensor(ctx, op, "out_bias", w->out_bias, e, 4, false)) ||
-        (status = clattn__check_masks(ctx, op, &desc->masks, desc->batch, desc->seq_q,
-                                      desc->seq_k)))
+        (status =
+             clattn__check_masks(ctx, op, &desc->masks, desc->batch, desc->seq_q, desc->seq_k)))
         return status;
     if (packed)
         return (status = clattn__check_tensor(ctx, op, "in_proj_weight", w->in_proj_weight,
@@ -349,8 +356,7 @@ static clattn_tensor at(clattn_tensor t, size_t elems)
 static clattn_status mha_enqueue(clattn_ctx *ctx, const clattn_mha_desc *desc,
                                  const clattn_mha_weights *w, const clattn_mha_sizes *s,
                                  clattn_tensor query, clattn_tensor key, clattn_tensor value,
-                                 clattn_tensor out, clattn_tensor attn_weights,
-                                 clattn_chain *chain)
+                                 clattn_tensor out, clattn_tensor attn_weights, clattn_chain *chain)
 {
     static const char op[] = "mha_forward";
     const size_t b = desc->batch, lq = desc->seq_q, lk = desc->seq_k, h = desc->num_heads;
@@ -363,7 +369,10 @@ static clattn_status mha_enqueue(clattn_ctx *ctx, const clattn_mha_desc *desc,
 
     /* Workspace sizes: projections, head-major copies, scores, output heads, concat. */
     const size_t q_proj = fused ? b * lq * 3 * e : b * lq * s->qk_dim;
-    const struct { clattn_ws_slot slot; size_t elems; } need[] = {
+    const struct {
+        clattn_ws_slot slot;
+        size_t elems;
+    } need[] = {
         {CLATTN_WS_Q_PROJ, q_proj},
         {CLATTN_WS_K_PROJ, fused ? 0 : b * lk * s->qk_dim},
         {CLATTN_WS_V_PROJ, fused ? 0 : b * lk * s->v_dim},
@@ -392,8 +401,8 @@ static clattn_status mha_enqueue(clattn_ctx *ctx, const clattn_mha_desc *desc,
             const clattn_ws_slot dst = part == 0   ? CLATTN_WS_Q_HEADS
                                        : part == 1 ? CLATTN_WS_K_HEADS
                                                    : CLATTN_WS_V_HEADS;
-            status = split(ctx, b, lq, h, dk, 3 * e, at(WS(CLATTN_WS_Q_PROJ), part * e),
-                           WS(dst), chain);
+            status =
+                split(ctx, b, lq, h, dk, 3 * e, at(WS(CLATTN_WS_Q_PROJ), part * e), WS(dst), chain);
             if (status != CLATTN_SUCCESS)
                 return status;
         }
@@ -403,24 +412,30 @@ static clattn_status mha_enqueue(clattn_ctx *ctx, const clattn_mha_desc *desc,
         const projection pk = {packed ? at(w->in_proj_weight, e * e) : w->k_weight,
                                packed ? at(w->in_proj_bias, e) : w->k_bias, s->kdim, s->qk_dim};
         const projection pv = {packed ? at(w->in_proj_weight, 2 * e * e) : w->v_weight,
-                               packed ? at(w->in_proj_bias, 2 * e) : w->v_bias, s->vdim,
-                               s->v_dim};
+                               packed ? at(w->in_proj_bias, 2 * e) : w->v_bias, s->vdim, s->v_dim};
         if ((status = project(ctx, desc, &pq, b * lq, query, WS(CLATTN_WS_Q_PROJ), 0, chain)) ||
             (status = project(ctx, desc, &pk, b * lk, key, WS(CLATTN_WS_K_PROJ), 0, chain)) ||
             (status = project(ctx, desc, &pv, b * lk, value, WS(CLATTN_WS_V_PROJ), 0, chain)) ||
-            (status = split(ctx, b, lq, h, dk, 0, WS(CLATTN_WS_Q_PROJ), WS(CLATTN_WS_Q_HEADS),
-                            chain)) ||
-            (status = split(ctx, b, lk, h, dk, 0, WS(CLATTN_WS_K_PROJ), WS(CLATTN_WS_K_HEADS),
-                            chain)) ||
-            (status = split(ctx, b, lk, h, dv, 0, WS(CLATTN_WS_V_PROJ), WS(CLATTN_WS_V_HEADS),
-                            chain)))
+            (status =
+                 split(ctx, b, lq, h, dk, 0, WS(CLATTN_WS_Q_PROJ), WS(CLATTN_WS_Q_HEADS), chain)) ||
+            (status =
+                 split(ctx, b, lk, h, dk, 0, WS(CLATTN_WS_K_PROJ), WS(CLATTN_WS_K_HEADS), chain)) ||
+            (status =
+                 split(ctx, b, lk, h, dv, 0, WS(CLATTN_WS_V_PROJ), WS(CLATTN_WS_V_HEADS), chain)))
             return status;
     }
 
     /* 3. Attention per head. */
     const clattn_attention_desc attn = {
-        .batch = b, .heads = h, .seq_q = lq, .seq_k = lk, .head_dim_qk = dk, .head_dim_v = dv,
-        .scale = desc->scale, .norm = desc->norm, .masks = desc->masks,
+        .batch = b,
+        .heads = h,
+        .seq_q = lq,
+        .seq_k = lk,
+        .head_dim_qk = dk,
+        .head_dim_v = dv,
+        .scale = desc->scale,
+        .norm = desc->norm,
+        .masks = desc->masks,
     };
     const clattn_tensor scores =
         desc->need_weights == CLATTN_WEIGHTS_PER_HEAD ? attn_weights : WS(CLATTN_WS_SCORES);
@@ -456,8 +471,8 @@ static clattn_status mha_enqueue(clattn_ctx *ctx, const clattn_mha_desc *desc,
 clattn_status clattn_mha_forward(clattn_ctx *ctx, const clattn_mha_desc *desc,
                                  const clattn_mha_weights *weights, clattn_tensor query,
                                  clattn_tensor key, clattn_tensor value, clattn_tensor out,
-                                 clattn_tensor attn_weights, cl_uint num_wait,
-                                 const cl_event *wait, cl_event *event)
+                                 clattn_tensor attn_weights, cl_uint num_wait, const cl_event *wait,
+                                 cl_event *event)
 {
     static const char op[] = "mha_forward";
     if (event)
@@ -475,14 +490,14 @@ clattn_status clattn_mha_forward(clattn_ctx *ctx, const clattn_mha_desc *desc,
     status = clattn__mha_shapes(ctx, desc, weights->in_proj_weight.mem != NULL,
                                 weights->out_weight.mem != NULL, &sizes);
     if (status == CLATTN_SUCCESS)
-        status = check_mha_tensors(ctx, desc, weights, &sizes, query, key, value, out,
-                                   attn_weights);
+        status =
+            check_mha_tensors(ctx, desc, weights, &sizes, query, key, value, out, attn_weights);
     if (status != CLATTN_SUCCESS)
         return status;
     clattn_chain chain;
     status = clattn__begin(ctx, op, &chain, num_wait, wait);
     if (status == CLATTN_SUCCESS)
-        status = mha_enqueue(ctx, desc, weights, &sizes, query, key, value, out, attn_weights,
-                             &chain);
+        status =
+            mha_enqueue(ctx, desc, weights, &sizes, query, key, value, out, attn_weights, &chain);
     return clattn__end(ctx, &chain, status, event);
 }

@@ -15,8 +15,9 @@ static clattn_status upload(clattn_ctx *ctx, const char *op, clattn_ws_slot slot
     out->offset = offset;
     char what[64];
     snprintf(what, sizeof what, "%s: clEnqueueWriteBuffer", op);
-    CL_CHECK(ctx, clEnqueueWriteBuffer(ctx->queue, out->mem, CL_TRUE, offset * elem_size,
-                                       elems * elem_size, src, 0, NULL, NULL),
+    CL_CHECK(ctx,
+             clEnqueueWriteBuffer(ctx->queue, out->mem, CL_TRUE, offset * elem_size,
+                                  elems * elem_size, src, 0, NULL, NULL),
              what);
 done:
     return status;
@@ -28,9 +29,10 @@ static clattn_status download(clattn_ctx *ctx, const char *op, clattn_tensor src
     clattn_status status = CLATTN_SUCCESS;
     char what[64];
     snprintf(what, sizeof what, "%s: clEnqueueReadBuffer", op);
-    CL_CHECK(ctx, clEnqueueReadBuffer(ctx->queue, src.mem, CL_TRUE, src.offset * sizeof(float),
-                                      elems * sizeof(float), dst, after ? 1 : 0,
-                                      after ? &after : NULL, NULL),
+    CL_CHECK(ctx,
+             clEnqueueReadBuffer(ctx->queue, src.mem, CL_TRUE, src.offset * sizeof(float),
+                                 elems * sizeof(float), dst, after ? 1 : 0, after ? &after : NULL,
+                                 NULL),
              what);
 done:
     return status;
@@ -57,8 +59,8 @@ static clattn_status stage_masks(clattn_ctx *ctx, const char *op, const clattn_h
     masks->causal = hm->causal;
     if (hm->attn_mask &&
         ((status = reserve(ctx, op, CLATTN_WS_HOST_MASK, mask_elems, sizeof(float))) ||
-         (status = upload(ctx, op, CLATTN_WS_HOST_MASK, 0, hm->attn_mask, mask_elems,
-                          sizeof(float), &masks->attn_mask))))
+         (status = upload(ctx, op, CLATTN_WS_HOST_MASK, 0, hm->attn_mask, mask_elems, sizeof(float),
+                          &masks->attn_mask))))
         return status;
     if (hm->key_padding_mask &&
         ((status = reserve(ctx, op, CLATTN_WS_HOST_KPM, padding_elems, 1)) ||
@@ -93,19 +95,18 @@ clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_desc
         (status = reserve(ctx, op, CLATTN_WS_HOST_IN1, sizes.k, sizeof(float))) ||
         (status = reserve(ctx, op, CLATTN_WS_HOST_IN2, sizes.v, sizeof(float))) ||
         (status = reserve(ctx, op, CLATTN_WS_HOST_OUT, sizes.out, sizeof(float))) ||
-        (weights && (status = reserve(ctx, op, CLATTN_WS_HOST_ATTN, sizes.scores,
-                                      sizeof(float)))) ||
+        (weights &&
+         (status = reserve(ctx, op, CLATTN_WS_HOST_ATTN, sizes.scores, sizeof(float)))) ||
         (status = upload(ctx, op, CLATTN_WS_HOST_IN0, 0, q, sizes.q, sizeof(float), &tq)) ||
         (status = upload(ctx, op, CLATTN_WS_HOST_IN1, 0, k, sizes.k, sizeof(float), &tk)) ||
         (status = upload(ctx, op, CLATTN_WS_HOST_IN2, 0, v, sizes.v, sizeof(float), &tv)) ||
-        (status = stage_masks(ctx, op, masks, sizes.attn_mask, sizes.key_padding,
-                              &device_desc.masks)))
+        (status =
+             stage_masks(ctx, op, masks, sizes.attn_mask, sizes.key_padding, &device_desc.masks)))
         return status;
     tout.mem = ctx->workspace[CLATTN_WS_HOST_OUT];
     if (weights)
         tweights.mem = ctx->workspace[CLATTN_WS_HOST_ATTN];
-    status = clattn_attention(ctx, &device_desc, tq, tk, tv, tout, tweights, 0, NULL,
-                              &done_event);
+    status = clattn_attention(ctx, &device_desc, tq, tk, tv, tout, tweights, 0, NULL, &done_event);
     if (status == CLATTN_SUCCESS)
         status = download(ctx, op, tout, out, sizes.out, done_event);
     if (status == CLATTN_SUCCESS && weights)
@@ -164,9 +165,9 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_desc *de
         weights->v_weight,       weights->q_bias,       weights->k_bias,   weights->v_bias,
         weights->out_weight,     weights->out_bias,
     };
-    const size_t counts[P_COUNT] = {s.in_proj, 3 * desc->embed_dim, s.wq, s.wk, s.wv,
-                                    s.qk_dim,  s.qk_dim,            s.v_dim, s.wo,
-                                    desc->embed_dim};
+    const size_t counts[P_COUNT] = {
+        s.in_proj, 3 * desc->embed_dim, s.wq, s.wk, s.wv, s.qk_dim, s.qk_dim, s.v_dim,
+        s.wo,      desc->embed_dim};
     size_t offsets[P_COUNT] = {0}, total = 0;
     for (int i = 0; i < P_COUNT; ++i) {
         offsets[i] = total;
@@ -175,10 +176,9 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_desc *de
     }
     clattn_mha_weights dw;
     memset(&dw, 0, sizeof dw);
-    clattn_tensor *slots[P_COUNT] = {&dw.in_proj_weight, &dw.in_proj_bias, &dw.q_weight,
-                                     &dw.k_weight,       &dw.v_weight,     &dw.q_bias,
-                                     &dw.k_bias,         &dw.v_bias,       &dw.out_weight,
-                                     &dw.out_bias};
+    clattn_tensor *slots[P_COUNT] = {
+        &dw.in_proj_weight, &dw.in_proj_bias, &dw.q_weight, &dw.k_weight,   &dw.v_weight,
+        &dw.q_bias,         &dw.k_bias,       &dw.v_bias,   &dw.out_weight, &dw.out_bias};
     if ((status = reserve(ctx, op, CLATTN_WS_HOST_W, total, sizeof(float))))
         return status;
     for (int i = 0; i < P_COUNT; ++i)
@@ -205,8 +205,7 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_desc *de
     clattn_mha_desc device_desc = *desc;
     if ((status = stage_masks(ctx, op, masks, s.attn_mask, s.key_padding, &device_desc.masks)) ||
         (status = reserve(ctx, op, CLATTN_WS_HOST_OUT, s.out, sizeof(float))) ||
-        (s.weights &&
-         (status = reserve(ctx, op, CLATTN_WS_HOST_ATTN, s.weights, sizeof(float)))))
+        (s.weights && (status = reserve(ctx, op, CLATTN_WS_HOST_ATTN, s.weights, sizeof(float)))))
         return status;
     tout.mem = ctx->workspace[CLATTN_WS_HOST_OUT];
     if (s.weights)

@@ -59,12 +59,13 @@ typedef struct clattn_device_info {
     cl_ulong max_alloc_size;
     cl_ulong global_mem_size;
     cl_uint compute_units;
+    cl_uint preferred_float_width;
 } clattn_device_info;
 
 /* Tile parameters chosen from the device's limits; passed to the kernels as -D defines. */
 typedef struct clattn_tuning {
     bool matmul_vec; /* CPUs: the register-blocked float16 kernel instead of local tiles */
-    unsigned vec_rm, vec_wg, transpose_wg;
+    unsigned vec_rm, vec_width, vec_wg, transpose_wg;
     unsigned tile_m, tile_n, tile_k, wpt_m, wpt_n;
     unsigned softmax_wg;
     unsigned heads_wg;
@@ -102,13 +103,13 @@ void clattn__copy_message(char *dst, size_t dst_size, const char *src);
 
 /* Evaluates an OpenCL call; on failure records it and jumps to the function's `done` label with
  * `status` set. The only control-flow macro in the library. */
-#define CL_CHECK(ctx, call, what)                                                              \
-    do {                                                                                       \
-        cl_int cl_check_err_ = (call);                                                         \
-        if (cl_check_err_ != CL_SUCCESS) {                                                     \
-            status = clattn__cl_fail((ctx), cl_check_err_, (what));                            \
-            goto done;                                                                         \
-        }                                                                                      \
+#define CL_CHECK(ctx, call, what)                                                                  \
+    do {                                                                                           \
+        cl_int cl_check_err_ = (call);                                                             \
+        if (cl_check_err_ != CL_SUCCESS) {                                                         \
+            status = clattn__cl_fail((ctx), cl_check_err_, (what));                                \
+            goto done;                                                                             \
+        }                                                                                          \
     } while (0)
 
 /* --- size arithmetic (overflow-checked) ---------------------------------------------------- */
@@ -154,8 +155,13 @@ clattn_status clattn__launch(clattn_ctx *ctx, clattn_kernel_id id, const char *n
 
 /* A device buffer of at least `bytes` in workspace slot `slot` (grown, never shrunk); `op`
  * names the caller in messages. */
-clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot slot,
-                                size_t bytes, cl_mem *out);
+clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot slot, size_t bytes,
+                                cl_mem *out);
+
+/* Checks that no dimension is 0 (limits false), or, once the sizes are known not to overflow,
+ * that each fits the kernels' 32-bit indices (limits true). */
+clattn_status clattn__check_dims(clattn_ctx *ctx, const char *op, const size_t *dims,
+                                 const char *const *names, int count, bool limits);
 
 /* Rounds value up to a multiple of step (step > 0); false on overflow. */
 bool clattn__round_up(size_t value, size_t step, size_t *out);
@@ -166,8 +172,7 @@ bool clattn__round_up(size_t value, size_t step, size_t *out);
  * that its buffer holds `offset + elems` elements of `elem_size` bytes. An absent optional
  * tensor passes. */
 clattn_status clattn__check_tensor(clattn_ctx *ctx, const char *op, const char *name,
-                                   clattn_tensor t, size_t elems, size_t elem_size,
-                                   bool required);
+                                   clattn_tensor t, size_t elems, size_t elem_size, bool required);
 
 /* Elements a batched strided matrix spans: (batch-1)*stride + (rows-1)*ld + cols;
  * false on overflow. */
@@ -194,8 +199,8 @@ void clattn__chain_finish(clattn_chain *chain, cl_event *out);
  * call's first step also wait for the previous call's work (the workspace is shared), and end
  * remembers the call's last event. end hands the final event to `event` on success and
  * returns status. */
-clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain,
-                            cl_uint num_wait, const cl_event *wait);
+clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain, cl_uint num_wait,
+                            const cl_event *wait);
 clattn_status clattn__end(clattn_ctx *ctx, clattn_chain *chain, clattn_status status,
                           cl_event *event);
 /* Pushes a step's event (read through the pointer after the step ran) when the step
@@ -218,13 +223,11 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn_softmax_desc
                                       clattn_tensor scores, clattn_tensor out, cl_uint num_wait,
                                       const cl_event *wait, cl_event *event);
 clattn_status clattn__move_heads_enqueue(clattn_ctx *ctx, const clattn_heads_desc *desc,
-                                         int to_head_major, clattn_tensor src,
-                                         clattn_tensor dst, cl_uint num_wait,
+                                         int to_head_major, clattn_tensor src, clattn_tensor dst,
+                                         cl_uint num_wait, const cl_event *wait, cl_event *event);
+clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, size_t batch, size_t heads, size_t plane,
+                                         clattn_tensor src, clattn_tensor dst, cl_uint num_wait,
                                          const cl_event *wait, cl_event *event);
-clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, size_t batch, size_t heads,
-                                         size_t plane, clattn_tensor src, clattn_tensor dst,
-                                         cl_uint num_wait, const cl_event *wait,
-                                         cl_event *event);
 
 /* Validates masks for a (batch, seq_q, seq_k) problem. */
 clattn_status clattn__check_masks(clattn_ctx *ctx, const char *op, const clattn_masks *masks,
@@ -232,7 +235,7 @@ clattn_status clattn__check_masks(clattn_ctx *ctx, const char *op, const clattn_
 
 /* attention.c: shape validation shared by the device and host entry points. */
 typedef struct clattn_attention_sizes {
-    size_t q, k, v, out, scores; /* elements */
+    size_t q, k, v, out, scores;   /* elements */
     size_t attn_mask, key_padding; /* elements */
 } clattn_attention_sizes;
 clattn_status clattn__attention_shapes(clattn_ctx *ctx, const clattn_attention_desc *desc,
@@ -240,8 +243,8 @@ clattn_status clattn__attention_shapes(clattn_ctx *ctx, const clattn_attention_d
 
 typedef struct clattn_mha_sizes {
     size_t kdim, vdim, qk_dim, v_dim, out_dim; /* defaults resolved */
-    size_t query, key, value, out, weights;   /* elements; weights per need_weights */
-    size_t wq, wk, wv, wo, in_proj;           /* parameter elements */
+    size_t query, key, value, out, weights;    /* elements; weights per need_weights */
+    size_t wq, wk, wv, wo, in_proj;            /* parameter elements */
     size_t attn_mask, key_padding;
 } clattn_mha_sizes;
 /* has_out_weight / has_in_proj: what the caller supplies (the host API passes pointers). */

@@ -12,8 +12,8 @@ static clattn_status transpose_b(clattn_ctx *ctx, size_t batch, cl_uint n, cl_ui
     const cl_ulong offset = b.offset;
     const size_t local[3] = {ctx->tuning.transpose_wg, 1, 1};
     const size_t global[3] = {((k + local[0] - 1) / local[0]) * local[0], n, batch};
-    const clattn_arg args[] = {CLATTN_ARG(n),   CLATTN_ARG(k),        CLATTN_ARG(b.mem),
-                               CLATTN_ARG(offset), CLATTN_ARG(ldb),   CLATTN_ARG(stride_b),
+    const clattn_arg args[] = {CLATTN_ARG(n),      CLATTN_ARG(k),   CLATTN_ARG(b.mem),
+                               CLATTN_ARG(offset), CLATTN_ARG(ldb), CLATTN_ARG(stride_b),
                                CLATTN_ARG(dst)};
     return clattn__launch(ctx, CLATTN_K_TRANSPOSE, "matmul (transpose B)", args,
                           sizeof args / sizeof args[0], 3, global, local, num_wait, wait, event);
@@ -68,7 +68,8 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn_matmul_desc *
     size_t local[3], global[3];
     if (vec) {
         local[0] = t->vec_wg, local[1] = 1, local[2] = 1;
-        global[0] = (((desc->n + 31) / 32 + local[0] - 1) / local[0]) * local[0];
+        const size_t cols = 2 * (size_t)t->vec_width; /* per work-item */
+        global[0] = (((desc->n + cols - 1) / cols + local[0] - 1) / local[0]) * local[0];
         global[1] = (desc->m + t->vec_rm - 1) / t->vec_rm;
     } else {
         local[0] = t->tile_n / t->wpt_n, local[1] = t->tile_m / t->wpt_m, local[2] = 1;
@@ -77,8 +78,8 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn_matmul_desc *
     }
     for (size_t first = 0; first < batch && status == CLATTN_SUCCESS;
          first += MAX_BATCH_PER_LAUNCH) {
-        const size_t count = batch - first < MAX_BATCH_PER_LAUNCH ? batch - first
-                                                                  : MAX_BATCH_PER_LAUNCH;
+        const size_t count =
+            batch - first < MAX_BATCH_PER_LAUNCH ? batch - first : MAX_BATCH_PER_LAUNCH;
         const cl_ulong a_offset = a.offset + first * stride_a;
         const cl_ulong b_offset = b.offset + first * stride_b;
         const cl_ulong c_offset = c.offset + first * stride_c;
@@ -112,9 +113,9 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn_matmul_desc *
 }
 
 /* Checks one operand: its leading dimension and that its buffer holds the batched extent. */
-static clattn_status check_operand(clattn_ctx *ctx, const char *name, clattn_tensor t,
-                                   size_t batch, size_t stride, size_t rows, size_t cols,
-                                   size_t ld, bool required)
+static clattn_status check_operand(clattn_ctx *ctx, const char *name, clattn_tensor t, size_t batch,
+                                   size_t stride, size_t rows, size_t cols, size_t ld,
+                                   bool required)
 {
     if (t.mem == NULL)
         return clattn__check_tensor(ctx, "matmul", name, t, 0, sizeof(float), required);
@@ -134,8 +135,8 @@ static clattn_status check_operand(clattn_ctx *ctx, const char *name, clattn_ten
 }
 
 clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, clattn_tensor a,
-                            clattn_tensor b, clattn_tensor bias, clattn_tensor c,
-                            cl_uint num_wait, const cl_event *wait, cl_event *event)
+                            clattn_tensor b, clattn_tensor bias, clattn_tensor c, cl_uint num_wait,
+                            const cl_event *wait, cl_event *event)
 {
     if (event)
         *event = NULL;
@@ -150,28 +151,22 @@ clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, cla
                             wait ? "given" : "NULL");
     const size_t batch = desc->batch ? desc->batch : 1;
     const size_t dims[3] = {desc->m, desc->n, desc->k};
-    const char *dim_names[3] = {"m", "n", "k"};
-    for (int i = 0; i < 3; ++i) {
-        if (dims[i] == 0)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                                "matmul: %s=0: every dimension must be at least 1", dim_names[i]);
-        if (dims[i] > CL_UINT_MAX)
-            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                                "matmul: %s=%zu exceeds the kernels' 32-bit dimension limit",
-                                dim_names[i], dims[i]);
-    }
+    static const char *const dim_names[3] = {"m", "n", "k"};
+    clattn_status status = clattn__check_dims(ctx, "matmul", dims, dim_names, 3, false);
+    if (status != CLATTN_SUCCESS)
+        return status;
     const size_t a_rows = desc->trans_a ? desc->k : desc->m;
     const size_t a_cols = desc->trans_a ? desc->m : desc->k;
     const size_t b_rows = desc->trans_b ? desc->n : desc->k;
     const size_t b_cols = desc->trans_b ? desc->k : desc->n;
     const size_t sa = batch > 1 ? desc->stride_a : 0, sb = batch > 1 ? desc->stride_b : 0;
     const size_t sc = batch > 1 ? desc->stride_c : 0;
-    clattn_status status;
     if ((status = check_operand(ctx, "a", a, batch, sa, a_rows, a_cols, desc->lda, true)) ||
         (status = check_operand(ctx, "b", b, batch, sb, b_rows, b_cols, desc->ldb, true)) ||
         (status = check_operand(ctx, "c", c, batch, sc, desc->m, desc->n, desc->ldc, true)) ||
-        (status = clattn__check_tensor(ctx, "matmul", "bias", bias, desc->n, sizeof(float),
-                                       false)))
+        (status =
+             clattn__check_tensor(ctx, "matmul", "bias", bias, desc->n, sizeof(float), false)) ||
+        (status = clattn__check_dims(ctx, "matmul", dims, dim_names, 3, true)))
         return status;
     if (batch > 1 && sc == 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
@@ -182,8 +177,8 @@ clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, cla
     cl_event step = NULL;
     status = clattn__begin(ctx, "matmul", &chain, num_wait, wait);
     if (status == CLATTN_SUCCESS)
-        status = clattn__step(&chain, clattn__matmul_enqueue(ctx, desc, a, b, bias, c,
-                                                             CHAIN_WAIT(&chain), &step),
-                              &step);
+        status = clattn__step(
+            &chain, clattn__matmul_enqueue(ctx, desc, a, b, bias, c, CHAIN_WAIT(&chain), &step),
+            &step);
     return clattn__end(ctx, &chain, status, event);
 }

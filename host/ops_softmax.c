@@ -23,16 +23,15 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn_softmax_desc
     const cl_ulong mask_offset = masks->attn_mask.offset;
     const cl_ulong key_padding_offset = masks->key_padding_mask.offset;
     const clattn_arg args[] = {
-        CLATTN_ARG(scores.mem),  CLATTN_ARG(scores_offset),      CLATTN_ARG(out.mem),
-        CLATTN_ARG(out_offset),  CLATTN_ARG(heads),              CLATTN_ARG(seq_q),
-        CLATTN_ARG(seq_k),       CLATTN_ARG(scale),              CLATTN_ARG(norm_relu),
-        CLATTN_ARG(causal),      CLATTN_ARG(mask_mem),           CLATTN_ARG(mask_offset),
-        CLATTN_ARG(has_mask),    CLATTN_ARG(key_padding_mem),    CLATTN_ARG(key_padding_offset),
+        CLATTN_ARG(scores.mem),      CLATTN_ARG(scores_offset),   CLATTN_ARG(out.mem),
+        CLATTN_ARG(out_offset),      CLATTN_ARG(heads),           CLATTN_ARG(seq_q),
+        CLATTN_ARG(seq_k),           CLATTN_ARG(scale),           CLATTN_ARG(norm_relu),
+        CLATTN_ARG(causal),          CLATTN_ARG(mask_mem),        CLATTN_ARG(mask_offset),
+        CLATTN_ARG(has_mask),        CLATTN_ARG(key_padding_mem), CLATTN_ARG(key_padding_offset),
         CLATTN_ARG(has_key_padding),
     };
     return clattn__launch(ctx, CLATTN_K_SOFTMAX_ROWS, "softmax_rows", args,
-                          sizeof args / sizeof args[0], 1, &global, &local, num_wait, wait,
-                          event);
+                          sizeof args / sizeof args[0], 1, &global, &local, num_wait, wait, event);
 }
 
 clattn_status clattn__check_masks(clattn_ctx *ctx, const char *op, const clattn_masks *masks,
@@ -41,8 +40,8 @@ clattn_status clattn__check_masks(clattn_ctx *ctx, const char *op, const clattn_
     size_t mask_elems = 0, padding_elems = 0;
     if (!clattn__mul(seq_q, seq_k, &mask_elems) || !clattn__mul(batch, seq_k, &padding_elems))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: mask sizes overflow size_t", op);
-    clattn_status status = clattn__check_tensor(ctx, op, "attn_mask", masks->attn_mask,
-                                                mask_elems, sizeof(float), false);
+    clattn_status status = clattn__check_tensor(ctx, op, "attn_mask", masks->attn_mask, mask_elems,
+                                                sizeof(float), false);
     if (status == CLATTN_SUCCESS)
         status = clattn__check_tensor(ctx, op, "key_padding_mask", masks->key_padding_mask,
                                       padding_elems, sizeof(cl_uchar), false);
@@ -63,22 +62,16 @@ clattn_status clattn_softmax_rows(clattn_ctx *ctx, const clattn_softmax_desc *de
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: desc is NULL", op);
     if ((num_wait > 0) != (wait != NULL))
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: num_wait=%u does not match wait list %s", op,
-                            (unsigned)num_wait, wait ? "given" : "NULL");
+                            "%s: num_wait=%u does not match wait list %s", op, (unsigned)num_wait,
+                            wait ? "given" : "NULL");
     if (desc->norm != CLATTN_NORM_SOFTMAX && desc->norm != CLATTN_NORM_RELU)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: norm=%d is not a clattn_norm",
                             op, (int)desc->norm);
     const size_t dims[4] = {desc->batch, desc->heads, desc->seq_q, desc->seq_k};
-    const char *names[4] = {"batch", "heads", "seq_q", "seq_k"};
-    for (int i = 0; i < 4; ++i) {
-        if (dims[i] == 0)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                                "%s: %s=0: every dimension must be at least 1", op, names[i]);
-        if (dims[i] > CL_UINT_MAX)
-            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                                "%s: %s=%zu exceeds the kernels' 32-bit dimension limit", op,
-                                names[i], dims[i]);
-    }
+    static const char *const names[4] = {"batch", "heads", "seq_q", "seq_k"};
+    clattn_status status = clattn__check_dims(ctx, op, dims, names, 4, false);
+    if (status != CLATTN_SUCCESS)
+        return status;
     size_t elems = 0, rows = 0, global = 0;
     if (!clattn__product(&rows, 3, desc->batch, desc->heads, desc->seq_q) ||
         !clattn__mul(rows, desc->seq_k, &elems) ||
@@ -86,18 +79,18 @@ clattn_status clattn_softmax_rows(clattn_ctx *ctx, const clattn_softmax_desc *de
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
                             "%s: %zu x %zu x %zu x %zu scores overflow size_t", op, desc->batch,
                             desc->heads, desc->seq_q, desc->seq_k);
-    clattn_status status;
-    if ((status = clattn__check_tensor(ctx, op, "scores", scores, elems, sizeof(float), true)) ||
+    if ((status = clattn__check_dims(ctx, op, dims, names, 4, true)) ||
+        (status = clattn__check_tensor(ctx, op, "scores", scores, elems, sizeof(float), true)) ||
         (status = clattn__check_tensor(ctx, op, "out", out, elems, sizeof(float), true)) ||
-        (status = clattn__check_masks(ctx, op, &desc->masks, desc->batch, desc->seq_q,
-                                      desc->seq_k)))
+        (status =
+             clattn__check_masks(ctx, op, &desc->masks, desc->batch, desc->seq_q, desc->seq_k)))
         return status;
     clattn_chain chain;
     cl_event step = NULL;
     status = clattn__begin(ctx, op, &chain, num_wait, wait);
     if (status == CLATTN_SUCCESS)
-        status = clattn__step(&chain, clattn__softmax_enqueue(ctx, desc, scores, out,
-                                                              CHAIN_WAIT(&chain), &step),
-                              &step);
+        status = clattn__step(
+            &chain, clattn__softmax_enqueue(ctx, desc, scores, out, CHAIN_WAIT(&chain), &step),
+            &step);
     return clattn__end(ctx, &chain, status, event);
 }

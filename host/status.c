@@ -9,7 +9,10 @@ typedef struct name_entry {
     const char *name;
 } name_entry;
 
-#define NAME(code) {code, #code}
+#define NAME(code)                                                                                 \
+    {                                                                                              \
+        code, #code                                                                                \
+    }
 
 /* OpenCL 1.2 error codes (and the few 2.x/3.x ones a newer ICD may pass back). */
 static const name_entry cl_error_names[] = {
@@ -80,15 +83,9 @@ static const name_entry cl_error_names[] = {
 };
 
 static const name_entry status_names[] = {
-    NAME(CLATTN_SUCCESS),
-    NAME(CLATTN_ERR_INVALID_ARGUMENT),
-    NAME(CLATTN_ERR_INVALID_SHAPE),
-    NAME(CLATTN_ERR_OVERFLOW),
-    NAME(CLATTN_ERR_BUFFER_TOO_SMALL),
-    NAME(CLATTN_ERR_NO_DEVICE),
-    NAME(CLATTN_ERR_BUILD),
-    NAME(CLATTN_ERR_HOST_MEMORY),
-    NAME(CLATTN_ERR_UNSUPPORTED),
+    NAME(CLATTN_SUCCESS),       NAME(CLATTN_ERR_INVALID_ARGUMENT), NAME(CLATTN_ERR_INVALID_SHAPE),
+    NAME(CLATTN_ERR_OVERFLOW),  NAME(CLATTN_ERR_BUFFER_TOO_SMALL), NAME(CLATTN_ERR_NO_DEVICE),
+    NAME(CLATTN_ERR_BUILD),     NAME(CLATTN_ERR_HOST_MEMORY),      NAME(CLATTN_ERR_UNSUPPORTED),
     NAME(CLATTN_ERR_TOO_LARGE),
 };
 
@@ -113,8 +110,8 @@ const char *clattn_status_string(clattn_status status)
         find_name(status_names, sizeof status_names / sizeof status_names[0], (cl_int)status);
     if (name)
         return name;
-    name = find_name(cl_error_names, sizeof cl_error_names / sizeof cl_error_names[0],
-                     (cl_int)status);
+    name =
+        find_name(cl_error_names, sizeof cl_error_names / sizeof cl_error_names[0], (cl_int)status);
     return name ? name : "CLATTN_UNKNOWN_STATUS";
 }
 
@@ -144,8 +141,8 @@ clattn_status clattn__fail(clattn_ctx *ctx, clattn_status status, const char *fm
 
 clattn_status clattn__cl_fail(clattn_ctx *ctx, cl_int err, const char *what)
 {
-    return clattn__fail(ctx, (clattn_status)err, "%s: %s (%d)", what,
-                        clattn__cl_error_name(err), (int)err);
+    return clattn__fail(ctx, (clattn_status)err, "%s: %s (%d)", what, clattn__cl_error_name(err),
+                        (int)err);
 }
 
 const char *clattn_last_error(const clattn_ctx *ctx)

@@ -123,22 +123,32 @@ void matmul(const uint M, const uint N, const uint K,
 
 /*
  * matmul_vec: the same product for CPUs (PoCL), where a work-group is a loop that LLVM
- * vectorises and local memory is ordinary cache. Each work-item owns a VEC_RM x 32 block of C
- * and keeps it in 2*VEC_RM float16 accumulators: per k it broadcasts one A value per row and
- * multiplies it with two float16 vectors of the B row (vload16). B must be stored K x N (the
- * host transposes a B given N x K first). Blocks that cross the edge of C take a scalar path.
+ * vectorises and local memory is ordinary cache. Each work-item owns a VEC_RM x (2*VEC_W) block
+ * of C and keeps it in 2*VEC_RM vector accumulators of VEC_W floats: per k it broadcasts one A
+ * value per row and multiplies it with two vectors of the B row. B must be stored K x N (the host
+ * transposes a B given N x K first). Blocks that cross the edge of C take a scalar path.
  *
- *        n0 = 32*gid0 .. +32
- *   m0 = VEC_RM*gid1 +----------+   work-item (gid0, gid1, batch): C[m0.., n0..]
- *                    |  acc0 acc1 |  acc0 = columns n0..n0+15, acc1 = n0+16..n0+31
- *                    +----------+
+ *        n0 = VEC_N*gid0 .. +VEC_N
+ *   m0 = VEC_RM*gid1 +-----------+   work-item (gid0, gid1, batch): C[m0.., n0..]
+ *                    | acc0 acc1 |   acc0 = columns n0..n0+VEC_W-1, acc1 = the next VEC_W
+ *                    +-----------+
  */
 #ifndef VEC_RM
 #define VEC_RM 6 /* rows of C per work-item */
 #endif
+#ifndef VEC_W
+#define VEC_W 8 /* floats per vector: the device's preferred float vector width (4, 8 or 16) */
+#endif
 #ifndef VEC_WG
 #define VEC_WG 8 /* work-items per work-group, along N */
 #endif
+
+#define VEC_N (2 * VEC_W) /* columns of C per work-item */
+#define VEC_CAT_(a, b) a##b
+#define VEC_CAT(a, b) VEC_CAT_(a, b)
+#define vec_t VEC_CAT(float, VEC_W)
+#define vec_load VEC_CAT(vload, VEC_W)
+#define vec_store VEC_CAT(vstore, VEC_W)
 
 __kernel __attribute__((reqd_work_group_size(VEC_WG, 1, 1)))
 void matmul_vec(const uint M, const uint N, const uint K,
@@ -150,7 +160,7 @@ void matmul_vec(const uint M, const uint N, const uint K,
                 const float alpha, const float beta,
                 __global const float *bias, const ulong bias_offset, const int has_bias)
 {
-    const uint n0 = get_global_id(0) * 32;
+    const uint n0 = get_global_id(0) * VEC_N;
     const uint m0 = get_global_id(1) * VEC_RM;
     const ulong batch = get_global_id(2);
     if (n0 >= N || m0 >= M)
@@ -158,42 +168,42 @@ void matmul_vec(const uint M, const uint N, const uint K,
     A += a_offset + batch * a_stride;
     B += b_offset + batch * b_stride;
     C += c_offset + batch * c_stride;
-    /* Element (m, k) of op(A). */
+    /* Element (m, k) of op(A) is A[m * a_row_step + k * a_k_step]. */
     const ulong a_row_step = trans_a ? 1 : lda, a_k_step = trans_a ? lda : 1;
 
-    if (n0 + 32 <= N && m0 + VEC_RM <= M) {
-        float16 acc0[VEC_RM], acc1[VEC_RM];
+    if (n0 + VEC_N <= N && m0 + VEC_RM <= M) {
+        vec_t acc0[VEC_RM], acc1[VEC_RM];
         for (uint i = 0; i < VEC_RM; ++i) {
-            acc0[i] = (float16)(0.0f);
-            acc1[i] = (float16)(0.0f);
+            acc0[i] = (vec_t)(0.0f);
+            acc1[i] = (vec_t)(0.0f);
         }
         __global const float *a_col = A + m0 * a_row_step;
         __global const float *b_row = B + n0;
         for (uint k = 0; k < K; ++k) {
-            const float16 b0 = vload16(0, b_row);
-            const float16 b1 = vload16(0, b_row + 16);
+            const vec_t b0 = vec_load(0, b_row);
+            const vec_t b1 = vec_load(0, b_row + VEC_W);
             for (uint i = 0; i < VEC_RM; ++i) {
-                const float a = a_col[i * a_row_step];
-                acc0[i] = mad((float16)(a), b0, acc0[i]);
-                acc1[i] = mad((float16)(a), b1, acc1[i]);
+                const vec_t a = (vec_t)(a_col[i * a_row_step]);
+                acc0[i] = mad(a, b0, acc0[i]);
+                acc1[i] = mad(a, b1, acc1[i]);
             }
             a_col += a_k_step;
             b_row += ldb;
         }
-        float16 bias0 = (float16)(0.0f), bias1 = (float16)(0.0f);
+        vec_t bias0 = (vec_t)(0.0f), bias1 = (vec_t)(0.0f);
         if (has_bias) {
-            bias0 = vload16(0, bias + bias_offset + n0);
-            bias1 = vload16(0, bias + bias_offset + n0 + 16);
+            bias0 = vec_load(0, bias + bias_offset + n0);
+            bias1 = vec_load(0, bias + bias_offset + n0 + VEC_W);
         }
         for (uint i = 0; i < VEC_RM; ++i) {
             __global float *c_row = C + (m0 + i) * ldc + n0;
-            float16 v0 = alpha * acc0[i], v1 = alpha * acc1[i];
+            vec_t v0 = alpha * acc0[i], v1 = alpha * acc1[i];
             if (beta != 0.0f) {
-                v0 = mad((float16)(beta), vload16(0, c_row), v0);
-                v1 = mad((float16)(beta), vload16(0, c_row + 16), v1);
+                v0 = mad((vec_t)(beta), vec_load(0, c_row), v0);
+                v1 = mad((vec_t)(beta), vec_load(0, c_row + VEC_W), v1);
             }
-            vstore16(v0 + bias0, 0, c_row);
-            vstore16(v1 + bias1, 0, c_row + 16);
+            vec_store(v0 + bias0, 0, c_row);
+            vec_store(v1 + bias1, 0, c_row + VEC_W);
         }
         return;
     }
@@ -201,7 +211,7 @@ void matmul_vec(const uint M, const uint N, const uint K,
     /* Edge block: one dot product per element that exists. */
     for (uint i = 0; i < VEC_RM && m0 + i < M; ++i) {
         __global const float *a_row = A + (m0 + i) * a_row_step;
-        for (uint j = 0; j < 32 && n0 + j < N; ++j) {
+        for (uint j = 0; j < VEC_N && n0 + j < N; ++j) {
             float sum = 0.0f;
             for (uint k = 0; k < K; ++k)
                 sum = mad(a_row[k * a_k_step], B[k * ldb + n0 + j], sum);

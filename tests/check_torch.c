@@ -1,0 +1,272 @@
+/*
+ * clattn_mha_forward(_host) against PyTorch's nn.MultiheadAttention(batch_first=True) in eval
+ * mode: tests/fixtures/torch_mha.txt holds inputs, state_dicts, outputs and attention weights
+ * that tests/fixtures/gen_torch_mha.py recorded from PyTorch. PyTorch is not needed to run this.
+ * The fixture path is the first argument (CMake passes it).
+ */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_TENSORS 16
+#define MAX_CASES 8
+
+typedef struct fixture_tensor {
+    char name[64];
+    int ndim;
+    size_t dims[4];
+    size_t count;
+    double *values;
+} fixture_tensor;
+
+typedef struct fixture_case {
+    char name[64];
+    size_t embed_dim, num_heads;
+    int self_attention, average;
+    fixture_tensor tensors[MAX_TENSORS];
+    int num_tensors;
+} fixture_case;
+
+static fixture_case cases[MAX_CASES];
+static int num_cases;
+static const char *fixture_path;
+
+/* Reads the whole fixture; returns 0 on any format error (the test then fails). */
+static int load_fixture(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    char word[64];
+    int ok = 1;
+    fixture_case *c = NULL;
+    while (ok && fscanf(f, "%63s", word) == 1) {
+        if (word[0] == '#') {
+            int ch;
+            while ((ch = fgetc(f)) != '\n' && ch != EOF) {
+            }
+        } else if (strcmp(word, "case") == 0) {
+            ok = num_cases < MAX_CASES;
+            if (ok) {
+                c = &cases[num_cases++];
+                ok = fscanf(f, "%63s", c->name) == 1;
+            }
+        } else if (strcmp(word, "param") == 0 && c) {
+            char key[64];
+            long value = 0;
+            ok = fscanf(f, "%63s %ld", key, &value) == 2;
+            if (strcmp(key, "embed_dim") == 0)
+                c->embed_dim = (size_t)value;
+            else if (strcmp(key, "num_heads") == 0)
+                c->num_heads = (size_t)value;
+            else if (strcmp(key, "self_attention") == 0)
+                c->self_attention = (int)value;
+            else if (strcmp(key, "average") == 0)
+                c->average = (int)value;
+        } else if (c && c->num_tensors < MAX_TENSORS) {
+            fixture_tensor *t = &c->tensors[c->num_tensors++];
+            snprintf(t->name, sizeof t->name, "%s", word);
+            ok = fscanf(f, "%d", &t->ndim) == 1 && t->ndim >= 1 && t->ndim <= 4;
+            t->count = 1;
+            for (int d = 0; ok && d < t->ndim; ++d) {
+                ok = fscanf(f, "%zu", &t->dims[d]) == 1;
+                t->count *= t->dims[d];
+            }
+            t->values = ok ? calloc(t->count, sizeof(double)) : NULL;
+            ok = ok && t->values;
+            for (size_t i = 0; ok && i < t->count; ++i) {
+                char number[64];
+                ok = fscanf(f, "%63s", number) == 1;
+                t->values[i] = strcmp(number, "-inf") == 0 ? -INFINITY : strtod(number, NULL);
+            }
+        } else {
+            ok = 0;
+        }
+    }
+    fclose(f);
+    return ok && num_cases > 0;
+}
+
+static void free_fixture(void)
+{
+    for (int i = 0; i < num_cases; ++i)
+        for (int t = 0; t < cases[i].num_tensors; ++t)
+            free(cases[i].tensors[t].values);
+}
+
+static const fixture_tensor *find(const fixture_case *c, const char *name)
+{
+    for (int t = 0; t < c->num_tensors; ++t)
+        if (strcmp(c->tensors[t].name, name) == 0)
+            return &c->tensors[t];
+    return NULL;
+}
+
+/* A float copy of a fixture tensor (NULL when absent); the caller frees it. */
+static float *floats_of(const fixture_case *c, const char *name)
+{
+    const fixture_tensor *t = find(c, name);
+    if (t == NULL)
+        return NULL;
+    float *values = tu_floats(t->count);
+    for (size_t i = 0; i < t->count; ++i)
+        values[i] = (float)t->values[i];
+    return values;
+}
+
+/* Runs case i through the host API (device = 0) or the device API on our own buffers. */
+static void run_case(int index, int device)
+{
+    const fixture_case *c = &cases[index];
+    const fixture_tensor *query = find(c, "query"), *key = find(c, "key");
+    const fixture_tensor *value = find(c, "value"), *want_out = find(c, "out");
+    const fixture_tensor *want_weights = find(c, "weights");
+    tu_set_case("%s via %s API", c->name, device ? "device" : "host");
+    if (!tu_expect(query && want_out && want_weights, "fixture case lacks query/out/weights"))
+        return;
+    const size_t batch = query->dims[0], seq_q = query->dims[1];
+    const size_t seq_k = key ? key->dims[1] : seq_q;
+    clattn_mha_desc desc = {
+        .batch = batch, .seq_q = seq_q, .seq_k = seq_k, .embed_dim = c->embed_dim,
+        .num_heads = c->num_heads, .kdim = key ? key->dims[2] : 0,
+        .vdim = value ? value->dims[2] : 0, .layout = CLATTN_LAYOUT_TORCH,
+        .need_weights = c->average ? CLATTN_WEIGHTS_AVERAGED : CLATTN_WEIGHTS_PER_HEAD,
+    };
+    float *host[12] = {0};
+    enum { IN_W, IN_B, QW, KW, VW, OW, OB, QUERY, KEY, VALUE, MASK, KPM_F };
+    static const char *const names[12] = {
+        "in_proj_weight", "in_proj_bias",  "q_proj_weight", "k_proj_weight",
+        "v_proj_weight",  "out_proj.weight", "out_proj.bias", "query",
+        "key",            "value",         "attn_mask",     "key_padding_mask"};
+    for (int i = 0; i < 12; ++i)
+        host[i] = floats_of(c, names[i]);
+    uint8_t *kpm = NULL;
+    if (host[KPM_F]) {
+        kpm = tu_bytes(batch * seq_k);
+        for (size_t i = 0; i < batch * seq_k; ++i)
+            kpm[i] = host[KPM_F][i] != 0.0f;
+    }
+    /* PyTorch's MultiheadAttention has a single in_proj_bias even with separate q/k/v weights. */
+    const fixture_tensor *in_bias = find(c, "in_proj_bias");
+    const size_t e = c->embed_dim;
+    const size_t out_count = want_out->count, weights_count = want_weights->count;
+    float *out = tu_nan_floats(out_count), *weights = tu_nan_floats(weights_count);
+    clattn_status status;
+
+    if (!device) {
+        clattn_mha_host_weights w = {.out_weight = host[OW], .out_bias = host[OB]};
+        if (host[IN_W]) {
+            w.in_proj_weight = host[IN_W];
+            w.in_proj_bias = host[IN_B];
+        } else {
+            w.q_weight = host[QW], w.k_weight = host[KW], w.v_weight = host[VW];
+            if (in_bias)
+                w.q_bias = host[IN_B], w.k_bias = host[IN_B] + e, w.v_bias = host[IN_B] + 2 * e;
+        }
+        clattn_host_masks masks = {.attn_mask = host[MASK], .key_padding_mask = kpm};
+        status = clattn_mha_forward_host(tu_ctx(), &desc, &w, host[QUERY], host[KEY],
+                                         host[VALUE], &masks, out, weights);
+        tu_expect_status(status, CLATTN_SUCCESS, "clattn_mha_forward_host");
+    } else {
+        /* Every parameter and input in its own buffer at a nonzero offset, NaN around it. */
+        cl_mem mems[12] = {0}, kpm_mem = NULL;
+        clattn_tensor t[12];
+        for (int i = 0; i < 12; ++i) {
+            const fixture_tensor *ft = find(c, names[i]);
+            t[i] = (clattn_tensor){0};
+            if (ft && i != KPM_F) {
+                mems[i] = tu_upload_padded(host[i], ft->count, 3, 5);
+                t[i] = tu_tensor(mems[i], 3);
+            }
+        }
+        clattn_mha_weights w = {.out_weight = t[OW], .out_bias = t[OB]};
+        if (host[IN_W]) {
+            w.in_proj_weight = t[IN_W];
+            w.in_proj_bias = t[IN_B];
+        } else {
+            w.q_weight = t[QW], w.k_weight = t[KW], w.v_weight = t[VW];
+            if (in_bias) {
+                w.q_bias = t[IN_B];
+                w.k_bias = tu_tensor(t[IN_B].mem, t[IN_B].offset + e);
+                w.v_bias = tu_tensor(t[IN_B].mem, t[IN_B].offset + 2 * e);
+            }
+        }
+        if (kpm) {
+            kpm_mem = tu_upload_bytes(kpm, batch * seq_k);
+            desc.masks.key_padding_mask = tu_tensor(kpm_mem, 0);
+        }
+        desc.masks.attn_mask = t[MASK];
+        cl_mem out_mem = tu_nan_buffer(out_count), weights_mem = tu_nan_buffer(weights_count);
+        clattn_tensor q_t = t[QUERY];
+        clattn_tensor k_t = c->self_attention ? q_t : t[KEY];
+        clattn_tensor v_t = c->self_attention ? q_t : t[VALUE];
+        status = clattn_mha_forward(tu_ctx(), &desc, &w, q_t, k_t, v_t, tu_tensor(out_mem, 0),
+                                    tu_tensor(weights_mem, 0), 0, NULL, NULL);
+        tu_expect_status(status, CLATTN_SUCCESS, "clattn_mha_forward");
+        if (status == CLATTN_SUCCESS) {
+            tu_read_floats(out_mem, 0, out_count, out);
+            tu_read_floats(weights_mem, 0, weights_count, weights);
+        }
+        for (int i = 0; i < 12; ++i)
+            tu_release_mem(mems[i]);
+        tu_release_mem(kpm_mem);
+        tu_release_mem(out_mem);
+        tu_release_mem(weights_mem);
+    }
+    if (status == CLATTN_SUCCESS) {
+        tu_expect_close("out vs PyTorch", out, want_out->values, out_count, TU_TOL);
+        tu_expect_close("attention weights vs PyTorch", weights, want_weights->values,
+                        weights_count, TU_TOL);
+    }
+    for (int i = 0; i < 12; ++i)
+        free(host[i]);
+    free(kpm);
+    free(out);
+    free(weights);
+}
+
+START_TEST(test_fixture_loaded)
+{
+    TU_BEGIN_TEST();
+    tu_expect(num_cases >= 5, "fixture %s: %d cases parsed, expected 5", fixture_path,
+              num_cases);
+    TU_END_TEST();
+}
+END_TEST
+
+START_TEST(test_torch_host)
+{
+    TU_BEGIN_TEST();
+    run_case(_i, 0);
+    TU_END_TEST();
+}
+END_TEST
+
+START_TEST(test_torch_device)
+{
+    TU_BEGIN_TEST();
+    run_case(_i, 1);
+    TU_END_TEST();
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+    fixture_path = argc > 1 ? argv[1] : "tests/fixtures/torch_mha.txt";
+    tu_suite_begin("check_torch");
+    if (!load_fixture(fixture_path))
+        fprintf(stderr, "check_torch: cannot parse fixture %s\n", fixture_path);
+    Suite *suite = suite_create("torch");
+    TCase *tc = tcase_create("nn.MultiheadAttention");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_fixture_loaded);
+    tcase_add_loop_test(tc, test_torch_host, 0, num_cases);
+    tcase_add_loop_test(tc, test_torch_device, 0, num_cases);
+    suite_add_tcase(suite, tc);
+    int result = tu_run_suite(suite);
+    free_fixture();
+    return result;
+}
