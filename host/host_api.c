@@ -53,10 +53,12 @@ static clattn_status stage_masks(clattn_ctx *ctx, const char *op, const clattn_h
                                  size_t mask_elems, size_t padding_elems, clattn_masks *masks)
 {
     clattn_status status = CLATTN_SUCCESS;
+    const int causal = masks->causal; /* from the desc: either place may ask for it */
     memset(masks, 0, sizeof *masks);
+    masks->causal = causal;
     if (hm == NULL)
         return CLATTN_SUCCESS;
-    masks->causal = hm->causal;
+    masks->causal = causal || hm->causal;
     if (hm->attn_mask &&
         ((status = reserve(ctx, op, CLATTN_WS_HOST_MASK, mask_elems, sizeof(float))) ||
          (status = upload(ctx, op, CLATTN_WS_HOST_MASK, 0, hm->attn_mask, mask_elems, sizeof(float),

@@ -3,7 +3,10 @@
  *
  * Conventions
  * - Every matrix is row-major float32. Sizes are size_t; offsets into cl_mem buffers are counted
- *   in elements (floats, or bytes for uint8 masks), never in bytes.
+ *   in elements (floats, or bytes for uint8 masks), never in bytes. Each single dimension must
+ *   fit in 32 bits (the kernels index with cl_uint within a matrix); larger ones give
+ *   CLATTN_ERR_UNSUPPORTED, and sizes whose element or byte counts overflow size_t give
+ *   CLATTN_ERR_OVERFLOW.
  * - Every fallible call returns clattn_status (CLATTN_SUCCESS = 0). Negative values above
  *   CLATTN_ERROR_BASE are OpenCL's own error codes passed through; the library's own codes lie
  *   at and below CLATTN_ERROR_BASE. clattn_last_error(ctx) holds a message naming the argument or
@@ -131,7 +134,8 @@ typedef struct clattn_tensor {
  * op(A) is m x k: A is stored m x k, or k x m when trans_a (and likewise B: k x n or n x k).
  * ld* is the row stride of the matrix as stored (0 = packed: the stored column count).
  * stride_* is the element distance between consecutive batch entries (0 = the same matrix
- * for every entry; ignored when batch == 1). With beta == 0, C is not read (it may hold NaN).
+ * for every entry; ignored when batch == 1; stride_c must be nonzero when batch > 1).
+ * With beta == 0, C is not read (it may hold NaN).
  * bias, when present, holds n floats added to every row of C. */
 typedef struct clattn_matmul_desc {
     size_t batch; /* 0 is treated as 1 */
@@ -279,7 +283,9 @@ typedef struct clattn_host_masks {
     const uint8_t *key_padding_mask;
 } clattn_host_masks;
 
-/* Same shapes as clattn_attention; q/k/v/out are packed host arrays. weights may be NULL. */
+/* Same shapes as clattn_attention; q/k/v/out are packed host arrays. weights may be NULL.
+ * Masks come from `masks` (may be NULL); desc->masks' cl_mem fields are ignored, and the mask is
+ * causal when either desc->masks.causal or masks->causal is set. */
 CLATTN_API clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_desc *desc,
                                                const float *q, const float *k, const float *v,
                                                const clattn_host_masks *masks, float *out,
@@ -294,7 +300,7 @@ typedef struct clattn_mha_host_weights {
 
 /* Same shapes as clattn_mha_forward. key NULL means the query (self-attention); value NULL
  * means the key. Passing the same pointer for query, key and value is self-attention too.
- * desc->masks' cl_mem fields are ignored; masks come from `masks` (may be NULL).
+ * Masks as for clattn_attention_host.
  * attn_weights may be NULL when desc->need_weights is NONE. */
 CLATTN_API clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_desc *desc,
                                                  const clattn_mha_host_weights *weights,

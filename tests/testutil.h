@@ -1,0 +1,133 @@
+/*
+ * Shared helpers of the clattn check suites: a seeded random generator, NaN poisoning, cl_mem
+ * helpers on one shared context, error measurement against the float64 reference, and a
+ * per-test failure collector.
+ *
+ * Reproducing a failure: every suite prints its seed at start and every failure message carries
+ * it. Each test reseeds the generator from (suite seed, test name, loop index), so
+ * `CLATTN_TEST_SEED=<seed> CK_RUN_CASE=<case> ./check_<unit>` replays the same inputs.
+ *
+ * Failures are collected (tu_expect*) rather than asserted at once, so a test can release what it
+ * allocated before TU_END_TEST() turns the collected failures into one check failure. (With
+ * CK_FORK=no a failing ck_assert leaves the test through longjmp and would leak.)
+ */
+#ifndef CLATTN_TESTUTIL_H
+#define CLATTN_TESTUTIL_H
+
+#include <check.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "clattn.h"
+
+/* Relative tolerance of every float32 result against the float64 reference. */
+#define TU_TOL 1e-4
+
+/* --- suite and test life cycle ------------------------------------------------------------ */
+
+/* Picks the seed (CLATTN_TEST_SEED, else time and pid), prints it, creates the shared context
+ * (exits 77 when there is no device). Call first in main. */
+void tu_suite_begin(const char *suite_name);
+
+/* Runs the suite in this process (CK_NOFORK, whatever CK_FORK says: OpenCL does not survive
+ * fork) with CK_NORMAL output, prints the worst error seen, releases the shared context and
+ * returns the process exit status (0 all passed, 1 otherwise). */
+int tu_run_suite(Suite *suite);
+
+/* Reseeds the generator for this test and clears the failure collector and case label. */
+void tu_test_begin(const char *test_name, int loop_index);
+#define TU_BEGIN_TEST() tu_test_begin(__func__, _i)
+
+/* Describes the case being run (sizes, flags); it is part of every failure message. */
+void tu_set_case(const char *format, ...) CK_ATTRIBUTE_FORMAT(printf, 1, 2);
+
+/* "seed=... test=... i=... case=..." for messages. */
+const char *tu_where(void);
+uint64_t tu_seed(void);
+
+/* --- failure collector -------------------------------------------------------------------- */
+
+/* Records a failure (with tu_where()) when ok is false; returns ok. */
+int tu_expect(int ok, const char *format, ...) CK_ATTRIBUTE_FORMAT(printf, 2, 3);
+
+/* Records a failure when got != want, naming both statuses and the context's last error. */
+int tu_expect_status(clattn_status got, clattn_status want, const char *call);
+
+/* Relative error of got vs ref (see tu_rel_error), counted in the suite's worst-error tracker;
+ * records a failure when it exceeds tol. Returns the error. */
+double tu_expect_close(const char *what, const float *got, const double *ref, size_t count,
+                       double tol);
+
+/* Records a failure unless every float outside [offset, offset + count) of a buffer of `total`
+ * floats is NaN (the buffer was poisoned with NaN, so anything else is a stray write). */
+int tu_expect_nan_outside(const char *what, const float *buffer, size_t total, size_t offset,
+                          size_t count);
+
+/* Records a failure unless every value is finite. */
+int tu_expect_finite(const char *what, const float *values, size_t count);
+
+int tu_failed(void);
+const char *tu_failure_text(void);
+
+/* Ends a test: one check failure carrying all collected messages. */
+#define TU_END_TEST() ck_assert_msg(!tu_failed(), "%s", tu_failure_text())
+
+/* err = max_i |got_i - ref_i| / max(max_i |ref_i|, 1e-30); INFINITY when got holds NaN or Inf
+ * where ref is finite. */
+double tu_rel_error(const float *got, const double *ref, size_t count);
+
+/* Max absolute difference; INFINITY on a non-finite got. */
+double tu_abs_error(const float *got, const double *ref, size_t count);
+
+/* Counts one comparison towards the suite's "max relative error over N comparisons" line. */
+void tu_track_error(double err);
+
+/* --- random numbers ----------------------------------------------------------------------- */
+
+uint64_t tu_rand_u64(void);
+double tu_rand_unit(void);          /* [0, 1) */
+size_t tu_rand_below(size_t bound); /* [0, bound), bound > 0 */
+void tu_fill_uniform(float *values, size_t count, float low, float high); /* [low, high) */
+void tu_fill_nan(float *values, size_t count);
+
+/* --- host memory (aborts the test when out of memory; count 0 allocates one element) ------- */
+
+float *tu_floats(size_t count);        /* uninitialised */
+float *tu_random_floats(size_t count); /* uniform [-1, 1) */
+float *tu_nan_floats(size_t count);
+double *tu_doubles(size_t count); /* zeroed */
+uint8_t *tu_bytes(size_t count);  /* zeroed */
+float *tu_copy_floats(const float *values, size_t count);
+
+/* --- device ------------------------------------------------------------------------------- */
+
+/* The shared context, created with clattn_ctx_create(NULL, ...) (CLATTN_DEVICE picks the device).
+ * No device: prints why and exits 77. */
+clattn_ctx *tu_ctx(void);
+void tu_ctx_release(void);
+
+/* Buffers on the shared context. A float buffer of pad_before + count + pad_after floats holding
+ * NaN in the pads, so reads outside the tensor show up as NaN. */
+cl_mem tu_upload_padded(const float *values, size_t count, size_t pad_before, size_t pad_after);
+cl_mem tu_upload_floats(const float *values, size_t count);
+cl_mem tu_upload_bytes(const void *bytes, size_t count);
+cl_mem tu_nan_buffer(size_t count); /* count floats, all NaN */
+void tu_write_floats(cl_mem mem, size_t offset, const float *values, size_t count);
+/* Waits for the shared context's queued work, then reads `count` floats from element `offset`. */
+void tu_read_floats(cl_mem mem, size_t offset, size_t count, float *dst);
+void tu_release_mem(cl_mem mem); /* NULL is a no-op */
+
+/* A tensor view of a buffer. */
+clattn_tensor tu_tensor(cl_mem mem, size_t offset);
+
+/* --- small conversions -------------------------------------------------------------------- */
+
+void tu_floats_to_doubles(const float *src, size_t count, double *dst);
+
+/* 1 when `word` occurs in text, case-insensitively, not as part of a longer identifier. */
+int tu_mentions_word(const char *text, const char *word);
+
+/* 1 when text starts with prefix. */
+int tu_starts_with(const char *text, const char *prefix);
+
+#endif /* CLATTN_TESTUTIL_H */
