@@ -109,20 +109,17 @@ static clattn_status attention_enqueue(clattn_ctx *ctx, const clattn_attention_d
     };
     const clattn_tensor none = {0};
     cl_event step = NULL;
-    clattn_status status =
-        clattn__matmul_enqueue(ctx, &qk, q, k, none, scores, CHAIN_WAIT(chain), &step);
-    if (status != CLATTN_SUCCESS)
+    clattn_status status;
+    if ((status = clattn__step(
+             chain, clattn__matmul_enqueue(ctx, &qk, q, k, none, scores, CHAIN_WAIT(chain), &step),
+             &step)) ||
+        (status = clattn__step(
+             chain, clattn__softmax_enqueue(ctx, &norm, scores, scores, CHAIN_WAIT(chain), &step),
+             &step)))
         return status;
-    clattn__chain_push(chain, step);
-    status = clattn__softmax_enqueue(ctx, &norm, scores, scores, CHAIN_WAIT(chain), &step);
-    if (status != CLATTN_SUCCESS)
-        return status;
-    clattn__chain_push(chain, step);
-    status = clattn__matmul_enqueue(ctx, &pv, scores, v, none, out, CHAIN_WAIT(chain), &step);
-    if (status != CLATTN_SUCCESS)
-        return status;
-    clattn__chain_push(chain, step);
-    return CLATTN_SUCCESS;
+    return clattn__step(
+        chain, clattn__matmul_enqueue(ctx, &pv, scores, v, none, out, CHAIN_WAIT(chain), &step),
+        &step);
 }
 
 clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attention_desc *desc, clattn_tensor q,
@@ -273,25 +270,24 @@ static clattn_status project(clattn_ctx *ctx, const clattn_mha_desc *desc, const
         .beta = 0.0f,
     };
     cl_event step = NULL;
-    clattn_status status =
-        clattn__matmul_enqueue(ctx, &mm, src, p->weight, p->bias, dst, CHAIN_WAIT(chain), &step);
-    if (status == CLATTN_SUCCESS)
-        clattn__chain_push(chain, step);
-    return status;
+    return clattn__step(
+        chain,
+        clattn__matmul_enqueue(ctx, &mm, src, p->weight, p->bias, dst, CHAIN_WAIT(chain), &step),
+        &step);
 }
 
-static clattn_status split(clattn_ctx *ctx, size_t batch, size_t seq, size_t heads, size_t head_dim,
-                           size_t row_stride, clattn_tensor src, clattn_tensor dst,
-                           clattn_chain *chain)
+/* Splits (to_head_major) or concatenates heads as one step of the chain. */
+static clattn_status move_heads(clattn_ctx *ctx, int to_head_major, size_t batch, size_t seq,
+                                size_t heads, size_t head_dim, size_t row_stride, clattn_tensor src,
+                                clattn_tensor dst, clattn_chain *chain)
 {
     const clattn_heads_desc hd = {
         .batch = batch, .seq = seq, .heads = heads, .head_dim = head_dim, .row_stride = row_stride};
     cl_event step = NULL;
-    clattn_status status =
-        clattn__move_heads_enqueue(ctx, &hd, 1, src, dst, CHAIN_WAIT(chain), &step);
-    if (status == CLATTN_SUCCESS)
-        clattn__chain_push(chain, step);
-    return status;
+    return clattn__step(
+        chain,
+        clattn__move_heads_enqueue(ctx, &hd, to_head_major, src, dst, CHAIN_WAIT(chain), &step),
+        &step);
 }
 
 static clattn_status check_mha_tensors(clattn_ctx *ctx, const clattn_mha_desc *desc,
@@ -401,8 +397,8 @@ static clattn_status mha_enqueue(clattn_ctx *ctx, const clattn_mha_desc *desc,
             const clattn_ws_slot dst = part == 0   ? CLATTN_WS_Q_HEADS
                                        : part == 1 ? CLATTN_WS_K_HEADS
                                                    : CLATTN_WS_V_HEADS;
-            status =
-                split(ctx, b, lq, h, dk, 3 * e, at(WS(CLATTN_WS_Q_PROJ), part * e), WS(dst), chain);
+            status = move_heads(ctx, 1, b, lq, h, dk, 3 * e, at(WS(CLATTN_WS_Q_PROJ), part * e),
+                                WS(dst), chain);
             if (status != CLATTN_SUCCESS)
                 return status;
         }
@@ -416,12 +412,12 @@ static clattn_status mha_enqueue(clattn_ctx *ctx, const clattn_mha_desc *desc,
         if ((status = project(ctx, desc, &pq, b * lq, query, WS(CLATTN_WS_Q_PROJ), 0, chain)) ||
             (status = project(ctx, desc, &pk, b * lk, key, WS(CLATTN_WS_K_PROJ), 0, chain)) ||
             (status = project(ctx, desc, &pv, b * lk, value, WS(CLATTN_WS_V_PROJ), 0, chain)) ||
-            (status =
-                 split(ctx, b, lq, h, dk, 0, WS(CLATTN_WS_Q_PROJ), WS(CLATTN_WS_Q_HEADS), chain)) ||
-            (status =
-                 split(ctx, b, lk, h, dk, 0, WS(CLATTN_WS_K_PROJ), WS(CLATTN_WS_K_HEADS), chain)) ||
-            (status =
-                 split(ctx, b, lk, h, dv, 0, WS(CLATTN_WS_V_PROJ), WS(CLATTN_WS_V_HEADS), chain)))
+            (status = move_heads(ctx, 1, b, lq, h, dk, 0, WS(CLATTN_WS_Q_PROJ),
+                                 WS(CLATTN_WS_Q_HEADS), chain)) ||
+            (status = move_heads(ctx, 1, b, lk, h, dk, 0, WS(CLATTN_WS_K_PROJ),
+                                 WS(CLATTN_WS_K_HEADS), chain)) ||
+            (status = move_heads(ctx, 1, b, lk, h, dv, 0, WS(CLATTN_WS_V_PROJ),
+                                 WS(CLATTN_WS_V_HEADS), chain)))
             return status;
     }
 
@@ -444,22 +440,18 @@ static clattn_status mha_enqueue(clattn_ctx *ctx, const clattn_mha_desc *desc,
     if (status != CLATTN_SUCCESS)
         return status;
     cl_event step = NULL;
-    if (desc->need_weights == CLATTN_WEIGHTS_AVERAGED) {
-        status = clattn__mean_heads_enqueue(ctx, b, h, lq * lk, scores, attn_weights,
-                                            CHAIN_WAIT(chain), &step);
-        if (status != CLATTN_SUCCESS)
-            return status;
-        clattn__chain_push(chain, step);
-    }
+    if (desc->need_weights == CLATTN_WEIGHTS_AVERAGED &&
+        (status = clattn__step(chain,
+                               clattn__mean_heads_enqueue(ctx, b, h, lq * lk, scores, attn_weights,
+                                                          CHAIN_WAIT(chain), &step),
+                               &step)))
+        return status;
 
     /* 4. Concat heads, 5. output projection. */
-    const clattn_heads_desc concat = {.batch = b, .seq = lq, .heads = h, .head_dim = dv};
     const clattn_tensor concat_dst = w->out_weight.mem ? WS(CLATTN_WS_CONCAT) : out;
-    status = clattn__move_heads_enqueue(ctx, &concat, 0, WS(CLATTN_WS_O_HEADS), concat_dst,
-                                        CHAIN_WAIT(chain), &step);
+    status = move_heads(ctx, 0, b, lq, h, dv, 0, WS(CLATTN_WS_O_HEADS), concat_dst, chain);
     if (status != CLATTN_SUCCESS)
         return status;
-    clattn__chain_push(chain, step);
     if (w->out_weight.mem) {
         const projection po = {w->out_weight, w->out_bias, s->v_dim, e};
         status = project(ctx, desc, &po, b * lq, WS(CLATTN_WS_CONCAT), out, 0, chain);
