@@ -859,6 +859,79 @@ START_TEST(test_own_context_lifecycle)
 }
 END_TEST
 
+/* Writes text to dir/name; 1 on success. */
+static int write_text(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return 0;
+    int ok = fputs(text, f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
+/* Runs a 1x1x1 matmul on a fresh context made while CLATTN_KERNEL_DIR=dir; returns its status
+ * and copies the context's last error into message. */
+static clattn_status matmul_with_kernel_dir(const char *dir, char *message, size_t size)
+{
+    setenv("CLATTN_KERNEL_DIR", dir, 1);
+    clattn_ctx *ctx = NULL;
+    clattn_status status = clattn_ctx_create(NULL, &ctx, message, size);
+    if (status == CLATTN_SUCCESS) {
+        cl_int err = CL_SUCCESS;
+        cl_mem one = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE, sizeof(float),
+                                    NULL, &err);
+        const clattn_matmul_desc desc = {.m = 1, .n = 1, .k = 1, .alpha = 1.0f};
+        status = clattn_matmul(ctx, &desc, tu_tensor(one, 0), tu_tensor(one, 0), (clattn_tensor){0},
+                               tu_tensor(one, 0), 0, NULL, NULL);
+        snprintf(message, size, "%s", clattn_last_error(ctx));
+        clReleaseMemObject(one);
+        clattn_ctx_release(ctx);
+    }
+    unsetenv("CLATTN_KERNEL_DIR");
+    return status;
+}
+
+/* A kernel that fails to compile gives CLATTN_ERR_BUILD with the compiler's log in the
+ * message; an unreadable CLATTN_KERNEL_DIR names the file. (CLATTN_KERNEL_DIR loads the .cl
+ * files from disk instead of the embedded copies.) */
+START_TEST(test_build_failure_reports_log)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("CLATTN_KERNEL_DIR with a broken matmul.cl, and a missing directory");
+    char dir[] = "/tmp/clattn-kernels-XXXXXX";
+    char message[4096] = "";
+    tu_expect(mkdtemp(dir) != NULL, "mkdtemp failed");
+    tu_expect(
+        write_text(dir, "common.cl", "/* empty */\n") &&
+            write_text(dir, "matmul.cl",
+                       "__kernel void matmul(__global float *x) { x[0] = undeclared_name; }\n"),
+        "cannot write kernel files into %s", dir);
+    clattn_status status = matmul_with_kernel_dir(dir, message, sizeof message);
+    tu_expect(status == CLATTN_ERR_BUILD, "broken kernel: got %s, want CLATTN_ERR_BUILD",
+              clattn_status_string(status));
+    tu_expect(strstr(message, "clBuildProgram(matmul.cl") != NULL,
+              "message does not name the program: '%s'", message);
+    tu_expect(strstr(message, "undeclared_name") != NULL,
+              "message lacks the build log (which names the bad identifier): '%s'", message);
+
+    char missing[600];
+    snprintf(missing, sizeof missing, "%s/does-not-exist", dir);
+    status = matmul_with_kernel_dir(missing, message, sizeof message);
+    tu_expect(status == CLATTN_ERR_BUILD && strstr(message, "cannot read") != NULL,
+              "missing kernel dir: got %s '%s'", clattn_status_string(status), message);
+
+    char path[600];
+    snprintf(path, sizeof path, "%s/common.cl", dir);
+    remove(path);
+    snprintf(path, sizeof path, "%s/matmul.cl", dir);
+    remove(path);
+    rmdir(dir);
+    TU_END_TEST();
+}
+END_TEST
+
 static Suite *runtime_suite(void)
 {
     Suite *suite = suite_create("runtime");
@@ -876,6 +949,7 @@ static Suite *runtime_suite(void)
     tcase_add_test(contexts, test_accessors_and_two_contexts);
     tcase_add_test(contexts, test_own_context_lifecycle);
     tcase_add_test(contexts, test_contexts_on_threads);
+    tcase_add_test(contexts, test_build_failure_reports_log);
     suite_add_tcase(suite, contexts);
     return suite;
 }
