@@ -1,0 +1,292 @@
+/* The clattn command: attention on OpenCL devices from the shell.
+ *   clattn devices | demo | run | bench   (each with --help) */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: clattn <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  devices   list OpenCL platforms and devices; mark the default\n"
+    "  demo      the textbook self-attention example on the device\n"
+    "  run       multi-head or single-head attention on .npy / .safetensors files\n"
+    "  bench     time matmul, softmax, attention and MHA forward on the device\n"
+    "\n"
+    "Each command takes --help. The device is chosen by --device SPEC or the environment\n"
+    "variable CLATTN_DEVICE: gpu, cpu, or P:D (platform and device index, see `clattn\n"
+    "devices`); by default the first GPU, else the first CPU device.\n"
+    "clattn " CLATTN_VERSION_STRING "\n";
+
+/* ---------------------------------------------------------------------------------------------
+ * clattn devices
+ * ------------------------------------------------------------------------------------------- */
+
+static const char devices_usage[] =
+    "usage: clattn devices [--device SPEC]\n"
+    "Lists every OpenCL platform and device: index P:D, type, compute units, global and local\n"
+    "memory, max work-group size, fp16/fp64 support. '*' marks the device clattn uses by\n"
+    "default (or the one --device / CLATTN_DEVICE selects).\n";
+
+static bool has_extension(cl_device_id device, const char *name)
+{
+    size_t size = 0;
+    if (clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, 0, NULL, &size) != CL_SUCCESS)
+        return false;
+    char *text = malloc(size + 1);
+    bool found = false;
+    if (text && clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, size, text, NULL) == CL_SUCCESS) {
+        text[size] = '\0';
+        for (char *at = strstr(text, name); at && !found; at = strstr(at + 1, name)) {
+            const char after = at[strlen(name)];
+            found = (at == text || at[-1] == ' ') && (after == ' ' || after == '\0');
+        }
+    }
+    free(text);
+    return found;
+}
+
+static const char *type_name(cl_device_type type)
+{
+    return (type & CL_DEVICE_TYPE_GPU)           ? "GPU"
+           : (type & CL_DEVICE_TYPE_CPU)         ? "CPU"
+           : (type & CL_DEVICE_TYPE_ACCELERATOR) ? "accelerator"
+                                                 : "other";
+}
+
+int cmd_devices(int argc, char **argv)
+{
+    cli_args args = {argc, argv, 1, NULL, NULL, "devices"};
+    const char *device_spec = NULL;
+    while (cli_next(&args)) {
+        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
+            fputs(devices_usage, stdout);
+            return CLI_OK;
+        } else if (cli_is(&args, "--device")) {
+            if (!(device_spec = cli_value(&args)))
+                return CLI_BAD_INPUT;
+        } else {
+            return cli_fail("devices", CLI_BAD_INPUT, "unknown option '%s' (see --help)",
+                            args.name);
+        }
+    }
+    cl_platform_id platforms[16];
+    cl_uint num_platforms = 0;
+    cl_int err = clGetPlatformIDs(16, platforms, &num_platforms);
+    if (err != CL_SUCCESS || num_platforms == 0) {
+        printf("no OpenCL platform found: install an ICD (pocl-opencl-icd for CPUs, or the GPU "
+               "vendor's OpenCL driver)\n");
+        return CLI_FAILED;
+    }
+    if (num_platforms > 16)
+        num_platforms = 16;
+
+    /* The device clattn would pick, to mark it. */
+    cl_device_id chosen = NULL;
+    clattn_ctx *ctx = NULL;
+    char message[512] = "";
+    if (clattn_ctx_create(device_spec, &ctx, message, sizeof message) == CLATTN_SUCCESS)
+        chosen = clattn_ctx_device(ctx);
+
+    for (cl_uint p = 0; p < num_platforms; ++p) {
+        char name[256] = "", version[256] = "";
+        clGetPlatformInfo(platforms[p], CL_PLATFORM_NAME, sizeof name - 1, name, NULL);
+        clGetPlatformInfo(platforms[p], CL_PLATFORM_VERSION, sizeof version - 1, version, NULL);
+        printf("platform %u: %s (%s)\n", (unsigned)p, name, version);
+        cl_device_id devices[64];
+        cl_uint num_devices = 0;
+        if (clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, 64, devices, &num_devices) !=
+            CL_SUCCESS)
+            num_devices = 0;
+        if (num_devices > 64)
+            num_devices = 64;
+        for (cl_uint d = 0; d < num_devices; ++d) {
+            cl_device_id dev = devices[d];
+            char dev_name[256] = "";
+            cl_device_type type = 0;
+            cl_uint units = 0;
+            cl_ulong global = 0, local = 0, max_alloc = 0;
+            size_t max_wg = 0;
+            cl_device_fp_config fp64 = 0;
+            clGetDeviceInfo(dev, CL_DEVICE_NAME, sizeof dev_name - 1, dev_name, NULL);
+            clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+            clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units, &units, NULL);
+            clGetDeviceInfo(dev, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global, NULL);
+            clGetDeviceInfo(dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
+            clGetDeviceInfo(dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc,
+                            NULL);
+            clGetDeviceInfo(dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof max_wg, &max_wg, NULL);
+            clGetDeviceInfo(dev, CL_DEVICE_DOUBLE_FP_CONFIG, sizeof fp64, &fp64, NULL);
+            printf("%c %u:%u  %s  [%s]\n", dev == chosen ? '*' : ' ', (unsigned)p, (unsigned)d,
+                   dev_name, type_name(type));
+            printf("      compute units %u, global memory %.1f GiB (largest buffer %.1f GiB), "
+                   "local memory %llu KiB\n",
+                   (unsigned)units, global / 1073741824.0, max_alloc / 1073741824.0,
+                   (unsigned long long)(local / 1024));
+            printf("      max work-group size %zu, fp16 %s, fp64 %s\n", max_wg,
+                   has_extension(dev, "cl_khr_fp16") ? "yes" : "no",
+                   fp64 != 0 || has_extension(dev, "cl_khr_fp64") ? "yes" : "no");
+        }
+    }
+    printf("\n* = the device clattn uses");
+    if (chosen == NULL)
+        printf(": none (%s)", message);
+    printf(".\nCLATTN_DEVICE (or --device) chooses it: 'gpu' (first GPU), 'cpu' (first CPU "
+           "device), or 'P:D' (platform P, device D as listed above); unset: the first GPU, "
+           "else the first CPU device.\n");
+    clattn_ctx_release(ctx);
+    return chosen ? CLI_OK : CLI_FAILED;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * clattn demo
+ * ------------------------------------------------------------------------------------------- */
+
+static const char demo_usage[] =
+    "usage: clattn demo [--device SPEC]\n"
+    "Computes the textbook self-attention example on the device, every step with clattn's\n"
+    "kernels: X (3 x 4) times Wq, Wk, Wv (4 x 4) gives Q, K, V; scores = Q·Kᵀ; weights =\n"
+    "softmax(scores / sqrt(4)) row by row; Z = weights·V. Prints each matrix.\n";
+
+enum { DEMO_L = 3, DEMO_D = 4 };
+
+/* Runs the demo's device steps on buffers of ctx; fills the host matrices. */
+static clattn_status demo_compute(clattn_ctx *ctx, const float *x, const float *const w[3],
+                                  float *qkv[3], float *scores, float *weights, float *z)
+{
+    cl_context context = clattn_ctx_cl_context(ctx);
+    cl_command_queue queue = clattn_ctx_queue(ctx);
+    enum { X, WQ, WK, WV, Q, K, V, S, P, Z, COUNT };
+    const size_t sizes[COUNT] = {12, 16, 16, 16, 12, 12, 12, 9, 9, 12};
+    cl_mem mem[COUNT] = {0};
+    clattn_status status = CLATTN_SUCCESS;
+    for (int i = 0; i < COUNT && status == CLATTN_SUCCESS; ++i) {
+        cl_int err = CL_SUCCESS;
+        mem[i] = clCreateBuffer(context, CL_MEM_READ_WRITE, sizes[i] * sizeof(float), NULL, &err);
+        status = (clattn_status)err;
+    }
+    const float *inputs[4] = {x, w[0], w[1], w[2]};
+    for (int i = X; i <= WV && status == CLATTN_SUCCESS; ++i)
+        status = (clattn_status)clEnqueueWriteBuffer(queue, mem[i], CL_TRUE, 0,
+                                                     sizes[i] * sizeof(float), inputs[i], 0,
+                                                     NULL, NULL);
+    const clattn_tensor none = {0};
+    const clattn_matmul_desc project = {.m = DEMO_L, .n = DEMO_D, .k = DEMO_D, .alpha = 1.0f};
+    for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i)
+        status = clattn_matmul(ctx, &project, (clattn_tensor){mem[X], 0},
+                               (clattn_tensor){mem[WQ + i], 0}, none,
+                               (clattn_tensor){mem[Q + i], 0}, 0, NULL, NULL);
+    const clattn_matmul_desc qk = {
+        .m = DEMO_L, .n = DEMO_L, .k = DEMO_D, .trans_b = 1, .alpha = 1.0f};
+    const clattn_softmax_desc softmax = {
+        .batch = 1, .heads = 1, .seq_q = DEMO_L, .seq_k = DEMO_L, .scale = 0.5f};
+    const clattn_matmul_desc pv = {.m = DEMO_L, .n = DEMO_D, .k = DEMO_L, .alpha = 1.0f};
+    if (status == CLATTN_SUCCESS)
+        status = clattn_matmul(ctx, &qk, (clattn_tensor){mem[Q], 0}, (clattn_tensor){mem[K], 0},
+                               none, (clattn_tensor){mem[S], 0}, 0, NULL, NULL);
+    if (status == CLATTN_SUCCESS)
+        status = clattn_softmax_rows(ctx, &softmax, (clattn_tensor){mem[S], 0},
+                                     (clattn_tensor){mem[P], 0}, 0, NULL, NULL);
+    if (status == CLATTN_SUCCESS)
+        status = clattn_matmul(ctx, &pv, (clattn_tensor){mem[P], 0}, (clattn_tensor){mem[V], 0},
+                               none, (clattn_tensor){mem[Z], 0}, 0, NULL, NULL);
+    float *outputs[6] = {qkv[0], qkv[1], qkv[2], scores, weights, z};
+    for (int i = 0; i < 6 && status == CLATTN_SUCCESS; ++i)
+        status = (clattn_status)clEnqueueReadBuffer(queue, mem[Q + i], CL_TRUE, 0,
+                                                    sizes[Q + i] * sizeof(float), outputs[i], 0,
+                                                    NULL, NULL);
+    for (int i = 0; i < COUNT; ++i)
+        if (mem[i])
+            clReleaseMemObject(mem[i]);
+    return status;
+}
+
+int cmd_demo(int argc, char **argv)
+{
+    cli_args args = {argc, argv, 1, NULL, NULL, "demo"};
+    const char *device_spec = NULL;
+    while (cli_next(&args)) {
+        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
+            fputs(demo_usage, stdout);
+            return CLI_OK;
+        } else if (cli_is(&args, "--device")) {
+            if (!(device_spec = cli_value(&args)))
+                return CLI_BAD_INPUT;
+        } else {
+            return cli_fail("demo", CLI_BAD_INPUT, "unknown option '%s' (see --help)",
+                            args.name);
+        }
+    }
+    static const float x[12] = {1, 0, 1, 0, 0, 1, 0, 1, 1, 1, 1, 1};
+    static const float wq[16] = {1, 0, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0};
+    static const float wk[16] = {0, 1, 0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 1, 0, 0, 1};
+    static const float wv[16] = {1, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 1, 1, 0, 0};
+    const float *const w[3] = {wq, wk, wv};
+    float q[12], k[12], v[12], scores[9], weights[9], z[12];
+    float *qkv[3] = {q, k, v};
+
+    clattn_ctx *ctx = cli_context("demo", device_spec);
+    if (ctx == NULL)
+        return CLI_FAILED;
+    clattn_status status = demo_compute(ctx, x, w, qkv, scores, weights, z);
+    if (status != CLATTN_SUCCESS) {
+        int code = cli_fail("demo", CLI_FAILED, "%s: %s", clattn_status_string(status),
+                            clattn_last_error(ctx));
+        clattn_ctx_release(ctx);
+        return code;
+    }
+    cli_print_device(stdout, clattn_ctx_device(ctx));
+    printf("\n");
+    cli_print_matrix("X (3 inputs of d_model = 4)", x, 3, 4);
+    cli_print_matrix("Wq", wq, 4, 4);
+    cli_print_matrix("Wk", wk, 4, 4);
+    cli_print_matrix("Wv", wv, 4, 4);
+    cli_print_matrix("Q = X·Wq", q, 3, 4);
+    cli_print_matrix("K = X·Wk", k, 3, 4);
+    cli_print_matrix("V = X·Wv", v, 3, 4);
+    cli_print_matrix("scores = Q·Kᵀ", scores, 3, 3);
+    cli_print_matrix("weights = softmax(scores / sqrt(d_k)), d_k = 4", weights, 3, 3);
+    cli_print_matrix("Z = weights·V", z, 3, 4);
+    clattn_ctx_release(ctx);
+    return CLI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * main
+ * ------------------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return CLI_BAD_INPUT;
+    }
+    const char *command = argv[1];
+    if (strcmp(command, "--help") == 0 || strcmp(command, "-h") == 0 ||
+        strcmp(command, "help") == 0) {
+        fputs(usage, stdout);
+        return CLI_OK;
+    }
+    if (strcmp(command, "--version") == 0) {
+        printf("clattn %s\n", CLATTN_VERSION_STRING);
+        return CLI_OK;
+    }
+    static const struct {
+        const char *name;
+        int (*run)(int, char **);
+    } commands[] = {
+        {"devices", cmd_devices},
+        {"demo", cmd_demo},
+        {"run", cmd_run},
+        {"bench", cmd_bench},
+    };
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; ++i)
+        if (strcmp(command, commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "clattn: unknown command '%s' (commands: devices, demo, run, bench; see "
+                    "clattn --help)\n",
+            command);
+    return CLI_BAD_INPUT;
+}

@@ -1,0 +1,115 @@
+/*
+ * clattn_io: the file formats of the clattn command, usable by C callers too (library
+ * `clattn_io`, installed with clattn): .npy read/write, safetensors read, PNG heatmaps of
+ * attention weights.
+ *
+ * Every reader checks each size it is told by a file against the file's real length before it
+ * allocates, so a malformed, truncated or hostile file gives a status and a message (what was
+ * expected, what was found), never a crash or an oversized allocation. Functions write their
+ * message to `msg` (at most msg_size bytes, NUL-terminated; msg may be NULL).
+ * No global state; thread-safe on distinct objects.
+ */
+#ifndef CLATTN_IO_H
+#define CLATTN_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && !defined(_WIN32)
+#define CLATTN_IO_API __attribute__((visibility("default")))
+#else
+#define CLATTN_IO_API
+#endif
+
+typedef enum clattn_io_status {
+    CLATTN_IO_OK = 0,
+    CLATTN_IO_ERR_OPEN = 1,        /* cannot open / read / create the file */
+    CLATTN_IO_ERR_FORMAT = 2,      /* malformed: bad magic, header, truncated, offsets past end */
+    CLATTN_IO_ERR_UNSUPPORTED = 3, /* well-formed but not supported: dtype, Fortran order, ... */
+    CLATTN_IO_ERR_TOO_LARGE = 4,   /* a size overflows, or exceeds a documented limit */
+    CLATTN_IO_ERR_MEMORY = 5,      /* malloc failed */
+    CLATTN_IO_ERR_NOT_FOUND = 6,   /* safetensors: no tensor of that name */
+    CLATTN_IO_ERR_ARGUMENT = 7     /* NULL or inconsistent argument */
+} clattn_io_status;
+
+CLATTN_IO_API const char *clattn_io_status_string(clattn_io_status status);
+
+#define CLATTN_IO_MAX_DIMS 8
+
+/* Where an array's values came from. */
+typedef enum clattn_io_dtype {
+    CLATTN_IO_F32 = 0, /* float32 (also float64, F16 and BF16 after conversion) */
+    CLATTN_IO_BOOL = 1 /* bool or uint8 (values are 0.0f / 1.0f, or the byte value for uint8) */
+} clattn_io_dtype;
+
+/* A dense C-order array of float32 values. */
+typedef struct clattn_array {
+    int ndim;                       /* 0 (scalar) .. CLATTN_IO_MAX_DIMS */
+    size_t shape[CLATTN_IO_MAX_DIMS];
+    size_t count;                   /* product of shape (1 for a scalar) */
+    clattn_io_dtype source;         /* the dtype in the file */
+    float *data;                    /* malloc'd, count floats; free with clattn_array_free */
+} clattn_array;
+
+/* Frees data and zeroes the struct. NULL is a no-op. */
+CLATTN_IO_API void clattn_array_free(clattn_array *array);
+
+/* --- .npy (format versions 1.0, 2.0, 3.0) ------------------------------------------------ */
+
+/* Reads little-endian, C-order float32 ('<f4'), float64 ('<f8', converted), bool ('|b1') or
+ * uint8 ('|u1') arrays. Fortran order, big-endian, other dtypes, object arrays: UNSUPPORTED,
+ * with a message saying what was found. Limit: the data must match the file's remaining length
+ * exactly (FORMAT otherwise); header at most 1 MiB. */
+CLATTN_IO_API clattn_io_status clattn_npy_read(const char *path, clattn_array *out, char *msg,
+                                               size_t msg_size);
+
+/* Writes count = product(shape) float32 values as a version 1.0 '<f4' C-order .npy. */
+CLATTN_IO_API clattn_io_status clattn_npy_write(const char *path, const float *data, int ndim,
+                                                const size_t *shape, char *msg, size_t msg_size);
+
+/* --- safetensors ------------------------------------------------------------------------- */
+
+typedef struct clattn_safetensors clattn_safetensors;
+
+/* Opens a .safetensors file and parses its JSON header (with libcjson). Every tensor's dtype,
+ * shape and data_offsets are validated against each other and the file length at open:
+ * offsets inside the data section, end - begin == product(shape) * dtype size, no overflow.
+ * Header length at most 100 MiB. Tensors of dtypes other than F32/F16/BF16 are allowed in the
+ * file but cannot be read (UNSUPPORTED from clattn_safetensors_read). */
+CLATTN_IO_API clattn_io_status clattn_safetensors_open(const char *path,
+                                                       clattn_safetensors **out, char *msg,
+                                                       size_t msg_size);
+CLATTN_IO_API void clattn_safetensors_close(clattn_safetensors *file); /* NULL: no-op */
+
+CLATTN_IO_API size_t clattn_safetensors_count(const clattn_safetensors *file);
+/* Name of tensor i (0 <= i < count), in header order; NULL when out of range. */
+CLATTN_IO_API const char *clattn_safetensors_name(const clattn_safetensors *file, size_t i);
+/* 1 when a tensor of that name exists. */
+CLATTN_IO_API int clattn_safetensors_has(const clattn_safetensors *file, const char *name);
+
+/* Reads tensor `name` converted to float32 (F32, F16, BF16). NOT_FOUND when absent. */
+CLATTN_IO_API clattn_io_status clattn_safetensors_read(const clattn_safetensors *file,
+                                                       const char *name, clattn_array *out,
+                                                       char *msg, size_t msg_size);
+
+/* --- PNG heatmaps ------------------------------------------------------------------------ */
+
+/* Writes attention weights (heads, rows, cols) (row = query position, col = key position,
+ * values normally in [0, 1]) as one RGB PNG: one panel per head side by side (wrapping into
+ * a grid when many), each titled "head N", with labelled axes ("query" down, "key" across)
+ * and tick numbers, a colour scale from 0 to the largest weight, and a colour bar. Each cell is
+ * drawn as a square of several pixels for small maps; large maps are downsampled (the maximum
+ * over the cells each pixel covers). Image size is limited (TOO_LARGE past 16384 x 16384). */
+CLATTN_IO_API clattn_io_status clattn_png_write_heatmap(const char *path, const float *weights,
+                                                        size_t heads, size_t rows, size_t cols,
+                                                        char *msg, size_t msg_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CLATTN_IO_H */

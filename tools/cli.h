@@ -1,0 +1,63 @@
+/* Shared pieces of the clattn command: exit codes, messages, option parsing, the context. */
+#ifndef CLATTN_CLI_H
+#define CLATTN_CLI_H
+
+#include "clattn.h"
+#include "clattn_io.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+/* Exit codes: 0 success, 1 the device or the library failed, 2 bad input (options, files). */
+enum { CLI_OK = 0, CLI_FAILED = 1, CLI_BAD_INPUT = 2 };
+
+/* Prints "clattn <command>: <message>" as one line on stderr; returns code. */
+int cli_fail(const char *command, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Walks argv of a sub-command. Options are `--name value` or `--name=value`. */
+typedef struct cli_args {
+    int argc;
+    char **argv;
+    int index;          /* next argument to read */
+    const char *name;   /* the current option, without its value */
+    const char *inline_value; /* the part after '=' when given as --name=value */
+    const char *command;
+} cli_args;
+
+/* Moves to the next argument; false at the end. Sets args->name. */
+bool cli_next(cli_args *args);
+/* True when the current option is `option` (e.g. "--query"). */
+bool cli_is(const cli_args *args, const char *option);
+/* The current option's value; NULL (after printing the error) when it has none. */
+const char *cli_value(cli_args *args);
+
+/* Strict number parsing: the whole text must be a number in range; prints an error naming the
+ * option and returns false otherwise. */
+bool cli_parse_size(const char *command, const char *option, const char *text, size_t min,
+                    size_t *out);
+bool cli_parse_float(const char *command, const char *option, const char *text, float *out);
+/* A comma-separated list of sizes (at most max_count), e.g. "512,1024". */
+bool cli_parse_size_list(const char *command, const char *option, const char *text, size_t *out,
+                         size_t max_count, size_t *count);
+
+/* A context on `device` (NULL: CLATTN_DEVICE or the default); prints the error on failure. */
+clattn_ctx *cli_context(const char *command, const char *device);
+
+/* Prints the device's name and type on one line. */
+void cli_print_device(FILE *out, cl_device_id device);
+
+/* Prints a rows x cols matrix with a title, aligned. */
+void cli_print_matrix(const char *title, const float *values, size_t rows, size_t cols);
+
+/* The sub-commands. argv[0] is the sub-command's name. */
+int cmd_devices(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

@@ -1,0 +1,506 @@
+/* clattn run: multi-head or single-head attention on .npy / .safetensors files. */
+#include "cli.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char run_usage[] =
+    "usage: clattn run --query Q.npy [--key K.npy] [--value V.npy]\n"
+    "                  (--weights W.safetensors --heads H | --wq WQ.npy --wk WK.npy --wv WV.npy\n"
+    "                   [--wo WO.npy] [--heads H])\n"
+    "                  [--causal] [--attn-mask M.npy] [--key-padding-mask P.npy]\n"
+    "                  [--scale S] [--norm softmax|relu]\n"
+    "                  [--out O.npy] [--attn-out A.npy] [--attn-png A.png] [--device SPEC]\n"
+    "\n"
+    "Inputs: the query is (L, E) or (B, L, E) float32/float64; key and value default to the\n"
+    "query (self-attention) and value defaults to the key; they are (S, kdim) / (S, vdim) with\n"
+    "the query's batching.\n"
+    "Weights, either:\n"
+    "  --weights: a PyTorch nn.MultiheadAttention state_dict saved as safetensors\n"
+    "    (in_proj_weight (3E, E) [+ in_proj_bias], or q_proj_weight (E, E), k_proj_weight\n"
+    "    (E, kdim), v_proj_weight (E, vdim) [+ in_proj_bias]; out_proj.weight (E, E)\n"
+    "    [+ out_proj.bias]; F32, F16 or BF16), with --heads H; or\n"
+    "  --wq/--wk/--wv[/--wo]: textbook single-head weights in the X·W layout, Wq (E, dk),\n"
+    "    Wk (kdim, dk), Wv (vdim, dv), optional Wo (dv, E); --heads splits dk and dv (default 1).\n"
+    "Masks: --causal (query i sees keys j <= i); --attn-mask (L, S): float, added to the scaled\n"
+    "scores (-inf masks), or bool/uint8, true = masked (as PyTorch); --key-padding-mask (B, S)\n"
+    "(or (S) unbatched), bool or 0/1, true = ignore that key. A fully masked row gives zeros.\n"
+    "--scale: default 1/sqrt(head dim). --norm: softmax (default) or relu (relu(s)/sum).\n"
+    "Outputs: --out O.npy, with the query's batching ((L, E) or (B, L, E)); without --out the\n"
+    "output is printed. --attn-out A.npy: the per-head weights (B, H, L, S), or (H, L, S)\n"
+    "unbatched. --attn-png A.png: heatmap of the weights of batch 0, one panel per head\n"
+    "(query position down, key position across).\n"
+    "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
+
+typedef struct run_options {
+    const char *device, *query, *key, *value, *weights, *wq, *wk, *wv, *wo;
+    const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png;
+    size_t heads;
+    bool heads_given, causal;
+    float scale;
+    clattn_norm norm;
+} run_options;
+
+/* Everything loaded from files; freed by run_free. */
+typedef struct run_data {
+    clattn_array query, key, value, mask, padding;
+    clattn_array param[8];
+    clattn_safetensors *safetensors;
+    float *mask_additive;
+    uint8_t *padding_bytes;
+    float *out, *weights;
+} run_data;
+
+enum { P_IN_W, P_IN_B, P_Q, P_K, P_V, P_OUT_W, P_OUT_B, P_COUNT };
+
+static void run_free(run_data *d)
+{
+    clattn_array_free(&d->query);
+    clattn_array_free(&d->key);
+    clattn_array_free(&d->value);
+    clattn_array_free(&d->mask);
+    clattn_array_free(&d->padding);
+    for (int i = 0; i < P_COUNT; ++i)
+        clattn_array_free(&d->param[i]);
+    clattn_safetensors_close(d->safetensors);
+    free(d->mask_additive);
+    free(d->padding_bytes);
+    free(d->out);
+    free(d->weights);
+}
+
+static int parse_options(int argc, char **argv, run_options *o)
+{
+    cli_args args = {argc, argv, 1, NULL, NULL, "run"};
+    struct {
+        const char *option;
+        const char **target;
+    } paths[] = {
+        {"--device", &o->device},   {"--query", &o->query},
+        {"--key", &o->key},         {"--value", &o->value},
+        {"--weights", &o->weights}, {"--wq", &o->wq},
+        {"--wk", &o->wk},           {"--wv", &o->wv},
+        {"--wo", &o->wo},           {"--attn-mask", &o->attn_mask},
+        {"--key-padding-mask", &o->key_padding_mask},
+        {"--out", &o->out},         {"--attn-out", &o->attn_out},
+        {"--attn-png", &o->attn_png},
+    };
+    while (cli_next(&args)) {
+        bool matched = false;
+        for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !matched; ++i) {
+            if (cli_is(&args, paths[i].option)) {
+                matched = true;
+                if (!(*paths[i].target = cli_value(&args)))
+                    return CLI_BAD_INPUT;
+            }
+        }
+        if (matched)
+            continue;
+        const char *value = NULL;
+        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
+            fputs(run_usage, stdout);
+            return -1;
+        } else if (cli_is(&args, "--causal")) {
+            o->causal = true;
+        } else if (cli_is(&args, "--heads")) {
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_size("run", "--heads", value, 1, &o->heads))
+                return CLI_BAD_INPUT;
+            o->heads_given = true;
+        } else if (cli_is(&args, "--scale")) {
+            if (!(value = cli_value(&args)) || !cli_parse_float("run", "--scale", value, &o->scale))
+                return CLI_BAD_INPUT;
+            if (o->scale == 0.0f)
+                return cli_fail("run", CLI_BAD_INPUT, "--scale: 0 would ignore the scores");
+        } else if (cli_is(&args, "--norm")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "softmax") == 0)
+                o->norm = CLATTN_NORM_SOFTMAX;
+            else if (strcmp(value, "relu") == 0)
+                o->norm = CLATTN_NORM_RELU;
+            else
+                return cli_fail("run", CLI_BAD_INPUT, "--norm: '%s' is not softmax or relu",
+                                value);
+        } else {
+            return cli_fail("run", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
+        }
+    }
+    if (!o->query)
+        return cli_fail("run", CLI_BAD_INPUT, "--query Q.npy is required (see --help)");
+    const bool textbook = o->wq || o->wk || o->wv || o->wo;
+    if (o->weights && textbook)
+        return cli_fail("run", CLI_BAD_INPUT, "give --weights or --wq/--wk/--wv, not both");
+    if (!o->weights && !textbook)
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "weights needed: --weights W.safetensors --heads H, or --wq --wk --wv");
+    if (textbook && !(o->wq && o->wk && o->wv))
+        return cli_fail("run", CLI_BAD_INPUT, "--wq, --wk and --wv go together");
+    if (o->weights && !o->heads_given)
+        return cli_fail("run", CLI_BAD_INPUT, "--weights needs --heads H");
+    if (!o->heads_given)
+        o->heads = 1;
+    return CLI_OK;
+}
+
+static int load_npy(const char *path, clattn_array *out)
+{
+    char msg[1024];
+    clattn_io_status s = clattn_npy_read(path, out, msg, sizeof msg);
+    return s == CLATTN_IO_OK ? CLI_OK : cli_fail("run", CLI_BAD_INPUT, "%s", msg);
+}
+
+/* "(2, 3, 4)" */
+static const char *shape_text(const clattn_array *a, char *buffer, size_t size)
+{
+    size_t used = (size_t)snprintf(buffer, size, "(");
+    for (int i = 0; i < a->ndim && used < size; ++i)
+        used += (size_t)snprintf(buffer + used, size - used, "%s%zu", i ? ", " : "",
+                                 a->shape[i]);
+    if (used < size)
+        snprintf(buffer + used, size - used, a->ndim == 1 ? ",)" : ")");
+    return buffer;
+}
+
+/* Requires a 2-D array of shape (rows, cols); 0 means "any". */
+static int expect_matrix(const char *what, const clattn_array *a, size_t rows, size_t cols)
+{
+    char text[128];
+    if (a->ndim != 2 || (rows && a->shape[0] != rows) || (cols && a->shape[1] != cols)) {
+        char want[96];
+        snprintf(want, sizeof want, "(%s, %s)", rows ? "" : "any", cols ? "" : "any");
+        if (rows && cols)
+            snprintf(want, sizeof want, "(%zu, %zu)", rows, cols);
+        else if (rows)
+            snprintf(want, sizeof want, "(%zu, any)", rows);
+        else if (cols)
+            snprintf(want, sizeof want, "(any, %zu)", cols);
+        return cli_fail("run", CLI_BAD_INPUT, "%s has shape %s, expected %s", what,
+                        shape_text(a, text, sizeof text), want);
+    }
+    return CLI_OK;
+}
+
+/* Inputs as (B, L, features): a 2-D array is one unbatched sequence. */
+static int sequence_dims(const char *path, const clattn_array *a, size_t *batch, size_t *seq,
+                         size_t *features)
+{
+    char text[128];
+    if (a->ndim == 2) {
+        *batch = 1, *seq = a->shape[0], *features = a->shape[1];
+    } else if (a->ndim == 3) {
+        *batch = a->shape[0], *seq = a->shape[1], *features = a->shape[2];
+    } else {
+        return cli_fail("run", CLI_BAD_INPUT, "%s has shape %s, expected (L, E) or (B, L, E)",
+                        path, shape_text(a, text, sizeof text));
+    }
+    if (*batch == 0 || *seq == 0 || *features == 0)
+        return cli_fail("run", CLI_BAD_INPUT, "%s has shape %s: no dimension may be 0", path,
+                        shape_text(a, text, sizeof text));
+    return CLI_OK;
+}
+
+static int read_tensor(run_data *d, const char *path, const char *name, clattn_array *out,
+                       bool required)
+{
+    char msg[1024];
+    clattn_io_status s = clattn_safetensors_read(d->safetensors, name, out, msg, sizeof msg);
+    if (s == CLATTN_IO_ERR_NOT_FOUND && !required)
+        return CLI_OK;
+    if (s == CLATTN_IO_ERR_NOT_FOUND)
+        return cli_fail("run", CLI_BAD_INPUT, "%s: no tensor '%s' (an nn.MultiheadAttention "
+                        "state_dict has in_proj_weight or q/k/v_proj_weight)", path, name);
+    return s == CLATTN_IO_OK ? CLI_OK : cli_fail("run", CLI_BAD_INPUT, "%s", msg);
+}
+
+/* Loads a PyTorch state_dict; fills desc dims and the parameters. */
+static int load_torch_weights(const run_options *o, run_data *d, clattn_mha_desc *desc)
+{
+    char msg[1024], text[128];
+    const char *path = o->weights;
+    if (clattn_safetensors_open(path, &d->safetensors, msg, sizeof msg) != CLATTN_IO_OK)
+        return cli_fail("run", CLI_BAD_INPUT, "%s", msg);
+    if (clattn_safetensors_has(d->safetensors, "bias_k") ||
+        clattn_safetensors_has(d->safetensors, "bias_v"))
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "%s: bias_k/bias_v (add_bias_kv=True) are not supported", path);
+    int rc;
+    clattn_array *p = d->param;
+    const bool packed = clattn_safetensors_has(d->safetensors, "in_proj_weight");
+    if (packed) {
+        if ((rc = read_tensor(d, path, "in_proj_weight", &p[P_IN_W], true)))
+            return rc;
+        if (p[P_IN_W].ndim != 2 || p[P_IN_W].shape[0] != 3 * p[P_IN_W].shape[1])
+            return cli_fail("run", CLI_BAD_INPUT, "%s: in_proj_weight has shape %s, expected "
+                            "(3E, E)", path, shape_text(&p[P_IN_W], text, sizeof text));
+        desc->embed_dim = p[P_IN_W].shape[1];
+    } else {
+        if ((rc = read_tensor(d, path, "q_proj_weight", &p[P_Q], true)) ||
+            (rc = read_tensor(d, path, "k_proj_weight", &p[P_K], true)) ||
+            (rc = read_tensor(d, path, "v_proj_weight", &p[P_V], true)))
+            return rc;
+        desc->embed_dim = p[P_Q].ndim == 2 ? p[P_Q].shape[1] : 0;
+        const size_t e = desc->embed_dim;
+        if ((rc = expect_matrix("q_proj_weight", &p[P_Q], e, e)) ||
+            (rc = expect_matrix("k_proj_weight", &p[P_K], e, 0)) ||
+            (rc = expect_matrix("v_proj_weight", &p[P_V], e, 0)))
+            return rc;
+        desc->kdim = p[P_K].shape[1];
+        desc->vdim = p[P_V].shape[1];
+    }
+    const size_t e = desc->embed_dim;
+    if ((rc = read_tensor(d, path, "in_proj_bias", &p[P_IN_B], false)) ||
+        (rc = read_tensor(d, path, "out_proj.weight", &p[P_OUT_W], false)) ||
+        (rc = read_tensor(d, path, "out_proj.bias", &p[P_OUT_B], false)))
+        return rc;
+    if (p[P_IN_B].data && (p[P_IN_B].ndim != 1 || p[P_IN_B].shape[0] != 3 * e))
+        return cli_fail("run", CLI_BAD_INPUT, "%s: in_proj_bias has shape %s, expected (%zu,)",
+                        path, shape_text(&p[P_IN_B], text, sizeof text), 3 * e);
+    if (p[P_OUT_W].data && (rc = expect_matrix("out_proj.weight", &p[P_OUT_W], e, e)))
+        return rc;
+    if (p[P_OUT_B].data && (p[P_OUT_B].ndim != 1 || p[P_OUT_B].shape[0] != e))
+        return cli_fail("run", CLI_BAD_INPUT, "%s: out_proj.bias has shape %s, expected (%zu,)",
+                        path, shape_text(&p[P_OUT_B], text, sizeof text), e);
+    if (p[P_OUT_B].data && !p[P_OUT_W].data)
+        return cli_fail("run", CLI_BAD_INPUT, "%s: out_proj.bias without out_proj.weight", path);
+    if (e % o->heads != 0)
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "--heads %zu does not divide embed_dim %zu (from %s)", o->heads, e, path);
+    desc->layout = CLATTN_LAYOUT_TORCH;
+    return CLI_OK;
+}
+
+/* Loads the textbook X·W weights. */
+static int load_textbook_weights(const run_options *o, run_data *d, clattn_mha_desc *desc,
+                                 size_t embed_dim)
+{
+    int rc;
+    clattn_array *p = d->param;
+    if ((rc = load_npy(o->wq, &p[P_Q])) || (rc = load_npy(o->wk, &p[P_K])) ||
+        (rc = load_npy(o->wv, &p[P_V])) || (o->wo && (rc = load_npy(o->wo, &p[P_OUT_W]))))
+        return rc;
+    if ((rc = expect_matrix(o->wq, &p[P_Q], embed_dim, 0)))
+        return rc;
+    const size_t dk = p[P_Q].shape[1];
+    if ((rc = expect_matrix(o->wk, &p[P_K], 0, dk)) || (rc = expect_matrix(o->wv, &p[P_V], 0, 0)))
+        return rc;
+    const size_t dv = p[P_V].shape[1];
+    if (o->wo && (rc = expect_matrix(o->wo, &p[P_OUT_W], dv, embed_dim)))
+        return rc;
+    if (dk % o->heads != 0 || dv % o->heads != 0)
+        return cli_fail("run", CLI_BAD_INPUT, "--heads %zu does not divide dk=%zu and dv=%zu",
+                        o->heads, dk, dv);
+    desc->embed_dim = embed_dim;
+    desc->kdim = p[P_K].shape[0];
+    desc->vdim = p[P_V].shape[0];
+    desc->qk_dim = dk;
+    desc->v_dim = dv;
+    desc->layout = CLATTN_LAYOUT_XW;
+    return CLI_OK;
+}
+
+/* Loads and converts the masks into what the host API takes. */
+static int load_masks(const run_options *o, run_data *d, const clattn_mha_desc *desc,
+                      bool batched)
+{
+    int rc;
+    char text[128];
+    if (o->attn_mask) {
+        if ((rc = load_npy(o->attn_mask, &d->mask)) ||
+            (rc = expect_matrix(o->attn_mask, &d->mask, desc->seq_q, desc->seq_k)))
+            return rc;
+        d->mask_additive = malloc(d->mask.count * sizeof(float));
+        if (d->mask_additive == NULL)
+            return cli_fail("run", CLI_FAILED, "out of memory");
+        for (size_t i = 0; i < d->mask.count; ++i)
+            d->mask_additive[i] = d->mask.source == CLATTN_IO_BOOL
+                                      ? (d->mask.data[i] != 0.0f ? -INFINITY : 0.0f)
+                                      : d->mask.data[i];
+    }
+    if (o->key_padding_mask) {
+        if ((rc = load_npy(o->key_padding_mask, &d->padding)))
+            return rc;
+        const bool ok = batched ? d->padding.ndim == 2 && d->padding.shape[0] == desc->batch &&
+                                      d->padding.shape[1] == desc->seq_k
+                                : d->padding.ndim == 1 && d->padding.shape[0] == desc->seq_k;
+        if (!ok) {
+            char want[64];
+            if (batched)
+                snprintf(want, sizeof want, "(%zu, %zu)", desc->batch, desc->seq_k);
+            else
+                snprintf(want, sizeof want, "(%zu,)", desc->seq_k);
+            return cli_fail("run", CLI_BAD_INPUT, "%s has shape %s, expected %s",
+                            o->key_padding_mask, shape_text(&d->padding, text, sizeof text),
+                            want);
+        }
+        d->padding_bytes = malloc(d->padding.count ? d->padding.count : 1);
+        if (d->padding_bytes == NULL)
+            return cli_fail("run", CLI_FAILED, "out of memory");
+        for (size_t i = 0; i < d->padding.count; ++i)
+            d->padding_bytes[i] = d->padding.data[i] != 0.0f;
+    }
+    return CLI_OK;
+}
+
+/* Prints the output when no --out was given. */
+static void print_output(const float *out, size_t batch, size_t seq, size_t features)
+{
+    if (batch * seq * features > 4096) {
+        printf("output: (%zu, %zu, %zu) floats; use --out O.npy to save it\n", batch, seq,
+               features);
+        return;
+    }
+    for (size_t b = 0; b < batch; ++b) {
+        char title[64];
+        snprintf(title, sizeof title, batch > 1 ? "output[%zu]" : "output", b);
+        cli_print_matrix(title, out + b * seq * features, seq, features);
+    }
+}
+
+static int write_npy(const char *path, const float *data, int ndim, const size_t *shape)
+{
+    char msg[1024];
+    return clattn_npy_write(path, data, ndim, shape, msg, sizeof msg) == CLATTN_IO_OK
+               ? CLI_OK
+               : cli_fail("run", CLI_FAILED, "%s", msg);
+}
+
+static int run(const run_options *o, run_data *d)
+{
+    int rc;
+    size_t batch, seq_q, embed, kb, seq_k, kdim, vb, seq_v, vdim;
+    if ((rc = load_npy(o->query, &d->query)) ||
+        (rc = sequence_dims(o->query, &d->query, &batch, &seq_q, &embed)))
+        return rc;
+    const clattn_array *key = &d->query, *value = &d->query;
+    const char *key_path = o->query, *value_path = o->query;
+    if (o->key) {
+        if ((rc = load_npy(o->key, &d->key)))
+            return rc;
+        key = &d->key, key_path = o->key;
+    }
+    value = key, value_path = key_path;
+    if (o->value) {
+        if ((rc = load_npy(o->value, &d->value)))
+            return rc;
+        value = &d->value, value_path = o->value;
+    }
+    if ((rc = sequence_dims(key_path, key, &kb, &seq_k, &kdim)) ||
+        (rc = sequence_dims(value_path, value, &vb, &seq_v, &vdim)))
+        return rc;
+    if (key->ndim != d->query.ndim || value->ndim != d->query.ndim || kb != batch || vb != batch)
+        return cli_fail("run", CLI_BAD_INPUT, "%s, %s and %s must all be (L, features) or all "
+                        "(B, L, features) with the same B", o->query, key_path, value_path);
+    if (seq_v != seq_k)
+        return cli_fail("run", CLI_BAD_INPUT, "%s has %zu positions but %s has %zu", value_path,
+                        seq_v, key_path, seq_k);
+
+    clattn_mha_desc desc = {.batch = batch, .seq_q = seq_q, .seq_k = seq_k,
+                            .num_heads = o->heads, .scale = o->scale, .norm = o->norm,
+                            .masks = {.causal = o->causal}};
+    if ((rc = o->weights ? load_torch_weights(o, d, &desc)
+                         : load_textbook_weights(o, d, &desc, embed)))
+        return rc;
+    const size_t want_kdim = desc.kdim ? desc.kdim : desc.embed_dim;
+    const size_t want_vdim = desc.vdim ? desc.vdim : desc.embed_dim;
+    if (embed != desc.embed_dim)
+        return cli_fail("run", CLI_BAD_INPUT, "%s has %zu features but the weights expect "
+                        "embed_dim %zu", o->query, embed, desc.embed_dim);
+    if (kdim != want_kdim)
+        return cli_fail("run", CLI_BAD_INPUT, "%s has %zu features but the weights expect "
+                        "kdim %zu", key_path, kdim, want_kdim);
+    if (vdim != want_vdim)
+        return cli_fail("run", CLI_BAD_INPUT, "%s has %zu features but the weights expect "
+                        "vdim %zu", value_path, vdim, want_vdim);
+    const bool batched = d->query.ndim == 3;
+    if ((rc = load_masks(o, d, &desc, batched)))
+        return rc;
+
+    const bool want_weights = o->attn_out || o->attn_png;
+    desc.need_weights = want_weights ? CLATTN_WEIGHTS_PER_HEAD : CLATTN_WEIGHTS_NONE;
+    const size_t out_features = d->param[P_OUT_W].data ? desc.embed_dim
+                                : desc.v_dim           ? desc.v_dim
+                                                       : desc.embed_dim;
+    const size_t out_count = batch * seq_q * out_features; /* fits: inputs were read */
+    size_t weights_count = 0;
+    if (want_weights) {
+        const double count = (double)batch * o->heads * seq_q * seq_k;
+        if (count * sizeof(float) > 64.0 * 1073741824.0)
+            return cli_fail("run", CLI_BAD_INPUT, "the attention weights (%zu x %zu x %zu x "
+                            "%zu) are too large to return", batch, o->heads, seq_q, seq_k);
+        weights_count = batch * o->heads * seq_q * seq_k;
+    }
+    d->out = malloc(out_count * sizeof(float));
+    d->weights = want_weights ? malloc(weights_count * sizeof(float)) : NULL;
+    if (!d->out || (want_weights && !d->weights))
+        return cli_fail("run", CLI_FAILED, "out of memory for the outputs");
+
+    const clattn_array *p = d->param;
+    const size_t e = desc.embed_dim;
+    clattn_mha_host_weights w = {.in_proj_weight = p[P_IN_W].data,
+                                 .q_weight = p[P_Q].data,
+                                 .k_weight = p[P_K].data,
+                                 .v_weight = p[P_V].data,
+                                 .out_weight = p[P_OUT_W].data,
+                                 .out_bias = p[P_OUT_B].data};
+    if (p[P_IN_B].data && p[P_IN_W].data)
+        w.in_proj_bias = p[P_IN_B].data;
+    else if (p[P_IN_B].data) /* PyTorch keeps one in_proj_bias even with separate weights */
+        w.q_bias = p[P_IN_B].data, w.k_bias = p[P_IN_B].data + e, w.v_bias = p[P_IN_B].data + 2 * e;
+    const clattn_host_masks masks = {.causal = o->causal, .attn_mask = d->mask_additive,
+                                     .key_padding_mask = d->padding_bytes};
+
+    clattn_ctx *ctx = cli_context("run", o->device);
+    if (ctx == NULL)
+        return CLI_FAILED;
+    clattn_status status = clattn_mha_forward_host(ctx, &desc, &w, d->query.data,
+                                                   o->key ? d->key.data : NULL,
+                                                   o->value ? d->value.data : NULL, &masks,
+                                                   d->out, d->weights);
+    if (status != CLATTN_SUCCESS) {
+        const bool input_error = status == CLATTN_ERR_INVALID_ARGUMENT ||
+                                 status == CLATTN_ERR_INVALID_SHAPE ||
+                                 status == CLATTN_ERR_OVERFLOW || status == CLATTN_ERR_TOO_LARGE;
+        rc = cli_fail("run", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s: %s",
+                      clattn_status_string(status), clattn_last_error(ctx));
+        clattn_ctx_release(ctx);
+        return rc;
+    }
+    clattn_ctx_release(ctx);
+
+    const size_t out_shape[3] = {batch, seq_q, out_features};
+    if (o->out) {
+        if ((rc = write_npy(o->out, d->out, batched ? 3 : 2, batched ? out_shape : out_shape + 1)))
+            return rc;
+    } else {
+        print_output(d->out, batch, seq_q, out_features);
+    }
+    if (o->attn_out) {
+        const size_t shape[4] = {batch, o->heads, seq_q, seq_k};
+        if ((rc = write_npy(o->attn_out, d->weights, batched ? 4 : 3, batched ? shape : shape + 1)))
+            return rc;
+    }
+    if (o->attn_png) {
+        char msg[1024];
+        if (clattn_png_write_heatmap(o->attn_png, d->weights, o->heads, seq_q, seq_k, msg,
+                                     sizeof msg) != CLATTN_IO_OK)
+            return cli_fail("run", CLI_FAILED, "%s", msg);
+    }
+    return CLI_OK;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    run_options options = {.norm = CLATTN_NORM_SOFTMAX};
+    int rc = parse_options(argc, argv, &options);
+    if (rc != CLI_OK)
+        return rc < 0 ? CLI_OK : rc;
+    run_data data;
+    memset(&data, 0, sizeof data);
+    rc = run(&options, &data);
+    run_free(&data);
+    return rc;
+}
