@@ -6,8 +6,11 @@
  * Every reader checks each size it is told by a file against the file's real length before it
  * allocates, so a malformed, truncated or hostile file gives a status and a message (what was
  * expected, what was found), never a crash or an oversized allocation. Functions write their
- * message to `msg` (at most msg_size bytes, NUL-terminated; msg may be NULL).
- * No global state; thread-safe on distinct objects.
+ * message to `msg` (at most msg_size bytes, NUL-terminated, "" on success; msg may be NULL).
+ * On error, outputs are zeroed (*out NULL for safetensors); an array's data is never NULL after
+ * success, even when count is 0.
+ * Thread safety: distinct objects may be used from distinct threads; one clattn_safetensors
+ * shares one file handle, so read from it on one thread at a time.
  */
 #ifndef CLATTN_IO_H
 #define CLATTN_IO_H
