@@ -35,6 +35,35 @@ static bool tensor_elems(size_t *out, size_t a, size_t b, size_t c, size_t d)
     return clattn__product(out, 4, a, b, c, d) && clattn__mul(*out, sizeof(float), &bytes);
 }
 
+/* Whether to run the fused kernel; fails when the path asked for cannot be honoured. */
+static clattn_status choose_fused(clattn_ctx *ctx, const char *op, clattn_path path,
+                                  bool want_weights, size_t dk, size_t dv, bool *fused)
+{
+    const bool supported = clattn__flash_supports(dk, dv);
+    switch (path) {
+    case CLATTN_PATH_AUTO:
+        *fused = !want_weights && supported;
+        return CLATTN_SUCCESS;
+    case CLATTN_PATH_UNFUSED:
+        *fused = false;
+        return CLATTN_SUCCESS;
+    case CLATTN_PATH_FUSED:
+        if (want_weights)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: path=FUSED cannot return the attention weights (the fused "
+                                "kernel never forms them): use AUTO or UNFUSED",
+                                op);
+        if (!supported)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: path=FUSED takes head sizes up to 256 (got %zu, %zu)", op, dk,
+                                dv);
+        *fused = true;
+        return CLATTN_SUCCESS;
+    }
+    return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: path=%d is not a clattn_path", op,
+                        (int)path);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Scaled dot-product attention
  * ------------------------------------------------------------------------------------------- */
@@ -149,6 +178,21 @@ clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attention_desc *des
              clattn__check_masks(ctx, op, &desc->masks, desc->batch, desc->seq_q, desc->seq_k)))
         return status;
 
+    bool fused = false;
+    if ((status = choose_fused(ctx, op, desc->path, weights.mem != NULL, desc->head_dim_qk,
+                               desc->head_dim_v, &fused)))
+        return status;
+    clattn_chain chain;
+    if (fused) {
+        cl_event step = NULL;
+        status = clattn__begin(ctx, op, &chain, num_wait, wait);
+        if (status == CLATTN_SUCCESS)
+            status = clattn__step(&chain,
+                                  clattn__flash_enqueue(ctx, desc, q, k, v, out, (clattn_tensor){0},
+                                                        CHAIN_WAIT(&chain), &step),
+                                  &step);
+        return clattn__end(ctx, &chain, status, event);
+    }
     clattn_tensor scores = weights;
     if (scores.mem == NULL) {
         scores.offset = 0;
@@ -157,7 +201,6 @@ clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attention_desc *des
         if (status != CLATTN_SUCCESS)
             return status;
     }
-    clattn_chain chain;
     status = clattn__begin(ctx, op, &chain, num_wait, wait);
     if (status == CLATTN_SUCCESS)
         status = attention_enqueue(ctx, desc, q, k, v, out, scores, &chain);
@@ -352,30 +395,34 @@ static clattn_tensor at(clattn_tensor t, size_t elems)
 static clattn_status mha_enqueue(clattn_ctx *ctx, const clattn_mha_desc *desc,
                                  const clattn_mha_weights *w, const clattn_mha_sizes *s,
                                  clattn_tensor query, clattn_tensor key, clattn_tensor value,
-                                 clattn_tensor out, clattn_tensor attn_weights, clattn_chain *chain)
+                                 clattn_tensor out, clattn_tensor attn_weights, bool flash,
+                                 clattn_chain *chain)
 {
     static const char op[] = "mha_forward";
     const size_t b = desc->batch, lq = desc->seq_q, lk = desc->seq_k, h = desc->num_heads;
     const size_t e = desc->embed_dim, dk = s->qk_dim / h, dv = s->v_dim / h;
     const bool packed = w->in_proj_weight.mem != NULL;
-    const bool fused = packed && lq == lk && same_tensor(query, key) && same_tensor(key, value);
+    /* Self-attention with PyTorch's packed weights: one (B*L, 3E) projection for q, k and v. */
+    const bool packed_qkv =
+        packed && lq == lk && same_tensor(query, key) && same_tensor(key, value);
     const size_t f = sizeof(float);
     clattn_status status;
     cl_mem ws[CLATTN_WS_COUNT] = {0};
 
     /* Workspace sizes: projections, head-major copies, scores, output heads, concat. */
-    const size_t q_proj = fused ? b * lq * 3 * e : b * lq * s->qk_dim;
+    const size_t q_proj = packed_qkv ? b * lq * 3 * e : b * lq * s->qk_dim;
     const struct {
         clattn_ws_slot slot;
         size_t elems;
     } need[] = {
         {CLATTN_WS_Q_PROJ, q_proj},
-        {CLATTN_WS_K_PROJ, fused ? 0 : b * lk * s->qk_dim},
-        {CLATTN_WS_V_PROJ, fused ? 0 : b * lk * s->v_dim},
+        {CLATTN_WS_K_PROJ, packed_qkv ? 0 : b * lk * s->qk_dim},
+        {CLATTN_WS_V_PROJ, packed_qkv ? 0 : b * lk * s->v_dim},
         {CLATTN_WS_Q_HEADS, b * lq * s->qk_dim},
         {CLATTN_WS_K_HEADS, b * lk * s->qk_dim},
         {CLATTN_WS_V_HEADS, b * lk * s->v_dim},
-        {CLATTN_WS_SCORES, desc->need_weights == CLATTN_WEIGHTS_PER_HEAD ? 0 : b * h * lq * lk},
+        {CLATTN_WS_SCORES,
+         flash || desc->need_weights == CLATTN_WEIGHTS_PER_HEAD ? 0 : b * h * lq * lk},
         {CLATTN_WS_O_HEADS, b * lq * s->v_dim},
         {CLATTN_WS_CONCAT, w->out_weight.mem ? b * lq * s->v_dim : 0},
     };
@@ -389,7 +436,7 @@ static clattn_status mha_enqueue(clattn_ctx *ctx, const clattn_mha_desc *desc,
 #define WS(slot) ((clattn_tensor){ws[slot], 0})
 
     /* 1. Input projections, then 2. split into heads. */
-    if (fused) {
+    if (packed_qkv) {
         const projection qkv = {w->in_proj_weight, w->in_proj_bias, e, 3 * e};
         if ((status = project(ctx, desc, &qkv, b * lq, query, WS(CLATTN_WS_Q_PROJ), 0, chain)))
             return status;
@@ -435,11 +482,19 @@ static clattn_status mha_enqueue(clattn_ctx *ctx, const clattn_mha_desc *desc,
     };
     const clattn_tensor scores =
         desc->need_weights == CLATTN_WEIGHTS_PER_HEAD ? attn_weights : WS(CLATTN_WS_SCORES);
-    status = attention_enqueue(ctx, &attn, WS(CLATTN_WS_Q_HEADS), WS(CLATTN_WS_K_HEADS),
-                               WS(CLATTN_WS_V_HEADS), WS(CLATTN_WS_O_HEADS), scores, chain);
+    cl_event step = NULL;
+    if (flash)
+        status = clattn__step(chain,
+                              clattn__flash_enqueue(ctx, &attn, WS(CLATTN_WS_Q_HEADS),
+                                                    WS(CLATTN_WS_K_HEADS), WS(CLATTN_WS_V_HEADS),
+                                                    WS(CLATTN_WS_O_HEADS), (clattn_tensor){0},
+                                                    CHAIN_WAIT(chain), &step),
+                              &step);
+    else
+        status = attention_enqueue(ctx, &attn, WS(CLATTN_WS_Q_HEADS), WS(CLATTN_WS_K_HEADS),
+                                   WS(CLATTN_WS_V_HEADS), WS(CLATTN_WS_O_HEADS), scores, chain);
     if (status != CLATTN_SUCCESS)
         return status;
-    cl_event step = NULL;
     if (desc->need_weights == CLATTN_WEIGHTS_AVERAGED &&
         (status = clattn__step(chain,
                                clattn__mean_heads_enqueue(ctx, b, h, lq * lk, scores, attn_weights,
@@ -484,12 +539,17 @@ clattn_status clattn_mha_forward(clattn_ctx *ctx, const clattn_mha_desc *desc,
     if (status == CLATTN_SUCCESS)
         status =
             check_mha_tensors(ctx, desc, weights, &sizes, query, key, value, out, attn_weights);
+    bool flash = false;
+    if (status == CLATTN_SUCCESS)
+        status =
+            choose_fused(ctx, op, desc->path, desc->need_weights != CLATTN_WEIGHTS_NONE,
+                         sizes.qk_dim / desc->num_heads, sizes.v_dim / desc->num_heads, &flash);
     if (status != CLATTN_SUCCESS)
         return status;
     clattn_chain chain;
     status = clattn__begin(ctx, op, &chain, num_wait, wait);
     if (status == CLATTN_SUCCESS)
-        status =
-            mha_enqueue(ctx, desc, weights, &sizes, query, key, value, out, attn_weights, &chain);
+        status = mha_enqueue(ctx, desc, weights, &sizes, query, key, value, out, attn_weights,
+                             flash, &chain);
     return clattn__end(ctx, &chain, status, event);
 }

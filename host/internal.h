@@ -12,6 +12,7 @@ typedef enum clattn_source {
     CLATTN_SRC_MATMUL = 0,
     CLATTN_SRC_SOFTMAX,
     CLATTN_SRC_HEADS,
+    CLATTN_SRC_FLASH,
     CLATTN_SRC_COUNT
 } clattn_source;
 
@@ -71,6 +72,15 @@ typedef struct clattn_tuning {
     unsigned heads_wg;
 } clattn_tuning;
 
+/* A program built with extra -D options (e.g. per head size) and its one kernel. */
+typedef struct clattn_variant {
+    clattn_source source;
+    char name[32];
+    char options[192];
+    cl_program program;
+    cl_kernel kernel;
+} clattn_variant;
+
 struct clattn_ctx {
     cl_context context;
     cl_device_id device;
@@ -80,8 +90,11 @@ struct clattn_ctx {
     char build_options[512];
     cl_program programs[CLATTN_SRC_COUNT];
     cl_kernel kernels[CLATTN_K_COUNT];
-    bool out_of_order;   /* the queue may run commands out of order */
-    cl_event last_event; /* out-of-order queues: the end of the previous call's work */
+    clattn_variant *variants;
+    size_t num_variants, variant_capacity;
+    size_t workspace_limit; /* 0: only the device's limits */
+    bool out_of_order;      /* the queue may run commands out of order */
+    cl_event last_event;    /* out-of-order queues: the end of the previous call's work */
     cl_mem workspace[CLATTN_WS_COUNT];
     size_t workspace_bytes[CLATTN_WS_COUNT];
     char message[2048];
@@ -152,6 +165,15 @@ clattn_status clattn__launch(clattn_ctx *ctx, clattn_kernel_id id, const char *n
                              const clattn_arg *args, cl_uint num_args, cl_uint dims,
                              const size_t *global, const size_t *local, cl_uint num_wait,
                              const cl_event *wait, cl_event *event);
+
+/* The kernel `name` of `source` built with the extra options `extra`, cached per context. */
+clattn_status clattn__variant_kernel(clattn_ctx *ctx, clattn_source source, const char *name,
+                                     const char *extra, cl_kernel *out);
+/* As clattn__launch, for a kernel already at hand. */
+clattn_status clattn__launch_kernel(clattn_ctx *ctx, cl_kernel kernel, const char *name,
+                                    const clattn_arg *args, cl_uint num_args, cl_uint dims,
+                                    const size_t *global, const size_t *local, cl_uint num_wait,
+                                    const cl_event *wait, cl_event *event);
 
 /* A device buffer of at least `bytes` in workspace slot `slot` (grown, never shrunk); `op`
  * names the caller in messages. */
@@ -225,6 +247,14 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn_softmax_desc
 clattn_status clattn__move_heads_enqueue(clattn_ctx *ctx, const clattn_heads_desc *desc,
                                          int to_head_major, clattn_tensor src, clattn_tensor dst,
                                          cl_uint num_wait, const cl_event *wait, cl_event *event);
+/* Fused attention (ops_flash.c); the caller has validated desc. lse may be absent. */
+clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn_attention_desc *desc,
+                                    clattn_tensor q, clattn_tensor k, clattn_tensor v,
+                                    clattn_tensor out, clattn_tensor lse, cl_uint num_wait,
+                                    const cl_event *wait, cl_event *event);
+/* Whether the fused kernel handles these head sizes. */
+bool clattn__flash_supports(size_t head_dim_qk, size_t head_dim_v);
+
 clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, size_t batch, size_t heads, size_t plane,
                                          clattn_tensor src, clattn_tensor dst, cl_uint num_wait,
                                          const cl_event *wait, cl_event *event);

@@ -114,9 +114,8 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn_matmul_desc *
 
 /* Checks one operand: its leading dimension and that its buffer holds the batched extent. */
 static clattn_status check_operand(clattn_ctx *ctx, const char *name, const char *ld_name,
-                                   clattn_tensor t, size_t batch,
-                                   size_t stride, size_t rows, size_t cols, size_t ld,
-                                   bool required)
+                                   clattn_tensor t, size_t batch, size_t stride, size_t rows,
+                                   size_t cols, size_t ld, bool required)
 {
     if (t.mem == NULL)
         return clattn__check_tensor(ctx, "matmul", name, t, 0, sizeof(float), required);
@@ -124,8 +123,8 @@ static clattn_status check_operand(clattn_ctx *ctx, const char *name, const char
         ld = cols;
     if (ld < cols)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                            "matmul: %s=%zu but %s has %zu columns as stored", ld_name, ld,
-                            name, cols);
+                            "matmul: %s=%zu but %s has %zu columns as stored", ld_name, ld, name,
+                            cols);
     size_t extent = 0;
     if (!clattn__matrix_extent(batch, stride, rows, cols, ld, &extent))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
@@ -164,7 +163,8 @@ clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, cla
     const size_t sc = batch > 1 ? desc->stride_c : 0;
     if ((status = check_operand(ctx, "a", "lda", a, batch, sa, a_rows, a_cols, desc->lda, true)) ||
         (status = check_operand(ctx, "b", "ldb", b, batch, sb, b_rows, b_cols, desc->ldb, true)) ||
-        (status = check_operand(ctx, "c", "ldc", c, batch, sc, desc->m, desc->n, desc->ldc, true)) ||
+        (status =
+             check_operand(ctx, "c", "ldc", c, batch, sc, desc->m, desc->n, desc->ldc, true)) ||
         (status =
              clattn__check_tensor(ctx, "matmul", "bias", bias, desc->n, sizeof(float), false)) ||
         (status = clattn__check_dims(ctx, "matmul", dims, dim_names, 3, true)))

@@ -387,6 +387,11 @@ void clattn_ctx_release(clattn_ctx *ctx)
     for (int i = 0; i < CLATTN_SRC_COUNT; ++i)
         if (ctx->programs[i])
             clReleaseProgram(ctx->programs[i]);
+    for (size_t i = 0; i < ctx->num_variants; ++i) {
+        clReleaseKernel(ctx->variants[i].kernel);
+        clReleaseProgram(ctx->variants[i].program);
+    }
+    free(ctx->variants);
     for (int i = 0; i < CLATTN_WS_COUNT; ++i)
         if (ctx->workspace[i])
             clReleaseMemObject(ctx->workspace[i]);
@@ -408,6 +413,14 @@ cl_command_queue clattn_ctx_queue(const clattn_ctx *ctx)
 cl_device_id clattn_ctx_device(const clattn_ctx *ctx)
 {
     return ctx ? ctx->device : NULL;
+}
+
+clattn_status clattn_ctx_set_workspace_limit(clattn_ctx *ctx, size_t bytes)
+{
+    if (ctx == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    ctx->workspace_limit = bytes;
+    return CLATTN_SUCCESS;
 }
 
 clattn_status clattn_finish(clattn_ctx *ctx)
@@ -433,6 +446,7 @@ static const source_entry sources[CLATTN_SRC_COUNT] = {
     [CLATTN_SRC_MATMUL] = {"matmul.cl", clattn_kernel_matmul},
     [CLATTN_SRC_SOFTMAX] = {"softmax.cl", clattn_kernel_softmax},
     [CLATTN_SRC_HEADS] = {"heads.cl", clattn_kernel_heads},
+    [CLATTN_SRC_FLASH] = {"flash_attention.cl", clattn_kernel_flash_attention},
 };
 
 typedef struct kernel_entry {
@@ -474,7 +488,9 @@ static char *read_text_file(const char *dir, const char *file)
     return text;
 }
 
-static clattn_status build_program(clattn_ctx *ctx, clattn_source source)
+/* Builds `source` with the context's options plus `extra` (may be ""). */
+static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const char *extra,
+                                   cl_program *out)
 {
     clattn_status status = CLATTN_SUCCESS;
     const char *kernel_dir = getenv("CLATTN_KERNEL_DIR");
@@ -496,7 +512,9 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source)
     }
     program = clCreateProgramWithSource(ctx->context, 2, texts, NULL, &err);
     CL_CHECK(ctx, err, "clCreateProgramWithSource");
-    err = clBuildProgram(program, 1, &ctx->device, ctx->build_options, NULL, NULL);
+    char options[sizeof ctx->build_options + 256];
+    snprintf(options, sizeof options, "%s %s", ctx->build_options, extra);
+    err = clBuildProgram(program, 1, &ctx->device, options, NULL, NULL);
     if (err != CL_SUCCESS) {
         /* The log may be longer than the message keeps: fetch it whole, keep its start. */
         size_t log_size = 0;
@@ -514,7 +532,7 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source)
         free(log);
         goto done;
     }
-    ctx->programs[source] = program;
+    *out = program;
     program = NULL;
 done:
     if (program)
@@ -533,7 +551,7 @@ clattn_status clattn__kernel(clattn_ctx *ctx, clattn_kernel_id id, cl_kernel *ou
     }
     const kernel_entry *entry = &kernel_table[id];
     if (ctx->programs[entry->source] == NULL) {
-        status = build_program(ctx, entry->source);
+        status = build_program(ctx, entry->source, "", &ctx->programs[entry->source]);
         if (status != CLATTN_SUCCESS)
             return status;
     }
@@ -547,15 +565,11 @@ clattn_status clattn__kernel(clattn_ctx *ctx, clattn_kernel_id id, cl_kernel *ou
     return status;
 }
 
-clattn_status clattn__launch(clattn_ctx *ctx, clattn_kernel_id id, const char *name,
-                             const clattn_arg *args, cl_uint num_args, cl_uint dims,
-                             const size_t *global, const size_t *local, cl_uint num_wait,
-                             const cl_event *wait, cl_event *event)
+clattn_status clattn__launch_kernel(clattn_ctx *ctx, cl_kernel kernel, const char *name,
+                                    const clattn_arg *args, cl_uint num_args, cl_uint dims,
+                                    const size_t *global, const size_t *local, cl_uint num_wait,
+                                    const cl_event *wait, cl_event *event)
 {
-    cl_kernel kernel = NULL;
-    clattn_status status = clattn__kernel(ctx, id, &kernel);
-    if (status != CLATTN_SUCCESS)
-        return status;
     for (cl_uint i = 0; i < num_args; ++i) {
         cl_int err = clSetKernelArg(kernel, i, args[i].size, args[i].value);
         if (err != CL_SUCCESS)
@@ -567,6 +581,60 @@ clattn_status clattn__launch(clattn_ctx *ctx, clattn_kernel_id id, const char *n
     if (err != CL_SUCCESS)
         return clattn__fail(ctx, (clattn_status)err, "clEnqueueNDRangeKernel(%s): %s (%d)", name,
                             clattn__cl_error_name(err), (int)err);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__launch(clattn_ctx *ctx, clattn_kernel_id id, const char *name,
+                             const clattn_arg *args, cl_uint num_args, cl_uint dims,
+                             const size_t *global, const size_t *local, cl_uint num_wait,
+                             const cl_event *wait, cl_event *event)
+{
+    cl_kernel kernel = NULL;
+    clattn_status status = clattn__kernel(ctx, id, &kernel);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    return clattn__launch_kernel(ctx, kernel, name, args, num_args, dims, global, local, num_wait,
+                                 wait, event);
+}
+
+clattn_status clattn__variant_kernel(clattn_ctx *ctx, clattn_source source, const char *name,
+                                     const char *extra, cl_kernel *out)
+{
+    for (size_t i = 0; i < ctx->num_variants; ++i) {
+        const clattn_variant *v = &ctx->variants[i];
+        if (v->source == source && strcmp(v->options, extra) == 0 && strcmp(v->name, name) == 0) {
+            *out = v->kernel;
+            return CLATTN_SUCCESS;
+        }
+    }
+    if (strlen(extra) >= sizeof ctx->variants[0].options)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: build options too long", name);
+    if (ctx->num_variants == ctx->variant_capacity) {
+        const size_t capacity = ctx->variant_capacity ? 2 * ctx->variant_capacity : 8;
+        clattn_variant *grown = realloc(ctx->variants, capacity * sizeof *grown);
+        if (grown == NULL)
+            return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", name);
+        ctx->variants = grown;
+        ctx->variant_capacity = capacity;
+    }
+    cl_program program = NULL;
+    clattn_status status = build_program(ctx, source, extra, &program);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    cl_int err = CL_SUCCESS;
+    cl_kernel kernel = clCreateKernel(program, name, &err);
+    if (err != CL_SUCCESS) {
+        clReleaseProgram(program);
+        return clattn__fail(ctx, (clattn_status)err, "clCreateKernel(%s): %s (%d)", name,
+                            clattn__cl_error_name(err), (int)err);
+    }
+    clattn_variant *v = &ctx->variants[ctx->num_variants++];
+    v->source = source;
+    snprintf(v->name, sizeof v->name, "%s", name);
+    snprintf(v->options, sizeof v->options, "%s", extra);
+    v->program = program;
+    v->kernel = kernel;
+    *out = kernel;
     return CLATTN_SUCCESS;
 }
 
@@ -604,6 +672,11 @@ clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot 
         *out = ctx->workspace[slot];
         return CLATTN_SUCCESS;
     }
+    if (ctx->workspace_limit && bytes > ctx->workspace_limit)
+        return clattn__fail(ctx, CLATTN_ERR_TOO_LARGE,
+                            "%s: the %s workspace needs %zu bytes, more than the context's "
+                            "workspace limit (%zu bytes)",
+                            op, workspace_names[slot], bytes, ctx->workspace_limit);
     if (bytes > ctx->info.max_alloc_size)
         return clattn__fail(ctx, CLATTN_ERR_TOO_LARGE,
                             "%s: the %s workspace needs %zu bytes, more than the device's largest "

@@ -116,6 +116,11 @@ CLATTN_API cl_context clattn_ctx_cl_context(const clattn_ctx *ctx);
 CLATTN_API cl_command_queue clattn_ctx_queue(const clattn_ctx *ctx);
 CLATTN_API cl_device_id clattn_ctx_device(const clattn_ctx *ctx);
 
+/* Caps every device workspace buffer the context allocates at `bytes` (0: only the device's
+ * own limits). A call whose workspace would exceed it fails with CLATTN_ERR_TOO_LARGE, naming
+ * the size; the fused attention path needs no workspace. */
+CLATTN_API clattn_status clattn_ctx_set_workspace_limit(clattn_ctx *ctx, size_t bytes);
+
 /* Waits for all work enqueued through this context. */
 CLATTN_API clattn_status clattn_finish(clattn_ctx *ctx);
 
@@ -200,6 +205,16 @@ CLATTN_API clattn_status clattn_concat_heads(clattn_ctx *ctx, const clattn_heads
                                              cl_uint num_wait, const cl_event *wait,
                                              cl_event *event);
 
+/* Which attention kernels run. AUTO: the fused (flash) kernel whenever the caller does not ask
+ * for the attention weights and the head sizes are at most 256, else the unfused path
+ * (matmul, softmax over the materialised scores, matmul). FUSED: always fused (asking for the
+ * weights, or a head size over 256, is then an error). UNFUSED: always unfused. */
+typedef enum clattn_path {
+    CLATTN_PATH_AUTO = 0,
+    CLATTN_PATH_FUSED = 1,
+    CLATTN_PATH_UNFUSED = 2
+} clattn_path;
+
 /* ---------------------------------------------------------------------------------------------
  * Scaled dot-product attention on device buffers
  *   Q (batch, heads, seq_q, head_dim_qk), K (batch, heads, seq_k, head_dim_qk),
@@ -212,6 +227,7 @@ typedef struct clattn_attention_desc {
     float scale; /* 0 means 1/sqrt(head_dim_qk) */
     clattn_norm norm;
     clattn_masks masks;
+    clattn_path path;
 } clattn_attention_desc;
 
 CLATTN_API clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attention_desc *desc,
@@ -219,6 +235,18 @@ CLATTN_API clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attentio
                                           clattn_tensor out, clattn_tensor weights,
                                           cl_uint num_wait, const cl_event *wait,
                                           cl_event *event);
+
+/* The fused kernel alone (what clattn_attention runs on the fused path), with desc->path
+ * ignored: extra device memory is only the optional lse, never the (seq_q x seq_k) scores.
+ * lse, when present, receives (batch, heads, seq_q) floats: the log-sum-exp of each row's
+ * masked, scaled scores (m + log sum exp(s - m)), -INFINITY for a fully masked row; with the
+ * relu normalisation, the log of the row's normaliser. Head sizes 1 .. 256. */
+CLATTN_API clattn_status clattn_flash_attention(clattn_ctx *ctx,
+                                                const clattn_attention_desc *desc,
+                                                clattn_tensor q, clattn_tensor k, clattn_tensor v,
+                                                clattn_tensor out, clattn_tensor lse,
+                                                cl_uint num_wait, const cl_event *wait,
+                                                cl_event *event);
 
 /* ---------------------------------------------------------------------------------------------
  * Multi-head attention forward
@@ -252,6 +280,7 @@ typedef struct clattn_mha_desc {
     clattn_norm norm;
     clattn_masks masks;
     clattn_need_weights need_weights;
+    clattn_path path; /* AUTO: fused unless need_weights asks for the weights */
 } clattn_mha_desc;
 
 /* Weights on the device. Either in_proj_weight (PyTorch's packed (3E x E) matrix, layout TORCH

@@ -101,7 +101,7 @@ static attention_data make_data(const attention_case *ac)
         }
     }
     clattn_attention_desc desc = {ac->batch,      ac->heads, ac->seq_q, ac->seq_k, ac->head_dim_qk,
-                                  ac->head_dim_v, ac->scale, ac->norm,  {0}};
+                                  ac->head_dim_v, ac->scale, ac->norm,  {0}, CLATTN_PATH_AUTO};
     clattn_host_masks masks = {ac->causal, data.attn_mask, data.padding};
     data.out_ref = tu_doubles(data.out_count);
     data.weights_ref = tu_doubles(data.weights_count);
@@ -136,7 +136,7 @@ static void run_device(const attention_case *ac, const attention_data *data)
     cl_mem mask_mem = NULL, padding_mem = NULL;
 
     clattn_attention_desc desc = {ac->batch,      ac->heads, ac->seq_q, ac->seq_k, ac->head_dim_qk,
-                                  ac->head_dim_v, ac->scale, ac->norm,  {0}};
+                                  ac->head_dim_v, ac->scale, ac->norm,  {0}, CLATTN_PATH_AUTO};
     desc.masks.causal = ac->causal;
     if (data->attn_mask != NULL) {
         mask_mem = tu_upload_padded(data->attn_mask, ac->seq_q * ac->seq_k, mask_offset, 1);
@@ -186,7 +186,7 @@ static void run_host(const attention_case *ac, const attention_data *data)
 {
     describe("host", ac);
     clattn_attention_desc desc = {ac->batch,      ac->heads, ac->seq_q, ac->seq_k, ac->head_dim_qk,
-                                  ac->head_dim_v, ac->scale, ac->norm,  {0}};
+                                  ac->head_dim_v, ac->scale, ac->norm,  {0}, CLATTN_PATH_AUTO};
     clattn_host_masks masks = {ac->causal, data->attn_mask, data->padding};
     float *out = tu_nan_floats(data->out_count);
     float *weights = ac->want_weights ? tu_nan_floats(data->weights_count) : NULL;
@@ -456,7 +456,7 @@ START_TEST(test_textbook_attention_host)
             v[row * 4 + col] = v_sum;
         }
     }
-    clattn_attention_desc desc = {1, 1, 3, 3, 4, 4, 0.5f, CLATTN_NORM_SOFTMAX, {0}};
+    clattn_attention_desc desc = {1, 1, 3, 3, 4, 4, 0.5f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
     float z[12], weights[9];
     tu_fill_nan(z, 12);
     tu_fill_nan(weights, 9);

@@ -353,7 +353,7 @@ START_TEST(test_attention_errors)
     cl_mem weights_mem = tu_nan_buffer(weights_count - 1);
     clattn_tensor q = {q_mem, 0}, k = {k_mem, 0}, v = {v_mem, 0}, out = {out_mem, 0};
     const clattn_attention_desc good = {
-        batch, heads, seq_q, seq_k, dk, dv, 0.0f, CLATTN_NORM_SOFTMAX, {0}};
+        batch, heads, seq_q, seq_k, dk, dv, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
     clattn_attention_desc desc;
     clattn_status status;
 
@@ -422,7 +422,7 @@ START_TEST(test_attention_host_errors)
     TU_BEGIN_TEST();
     tu_set_case("attention host errors");
     clattn_ctx *ctx = tu_ctx();
-    const clattn_attention_desc good = {1, 2, 3, 4, 5, 6, 0.0f, CLATTN_NORM_SOFTMAX, {0}};
+    const clattn_attention_desc good = {1, 2, 3, 4, 5, 6, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
     float *q = tu_random_floats(2 * 3 * 5), *k = tu_random_floats(2 * 4 * 5);
     float *v = tu_random_floats(2 * 4 * 6), *out = tu_nan_floats(2 * 3 * 6);
     clattn_attention_desc desc;
@@ -829,7 +829,7 @@ START_TEST(test_host_too_large)
     tu_set_case("attention host with a 2^34-element q");
     float q[4] = {0}, k[4] = {0}, v[4] = {0}, out[4] = {0};
     clattn_attention_desc desc = {(size_t)1 << 20,     1,  (size_t)1 << 12, 1, 4, 1, 0.0f,
-                                  CLATTN_NORM_SOFTMAX, {0}};
+                                  CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
     clattn_status status = clattn_attention_host(tu_ctx(), &desc, q, k, v, NULL, out, NULL);
     if (status == CLATTN_ERR_HOST_MEMORY || status == CLATTN_ERR_UNSUPPORTED) {
         status = CLATTN_ERR_TOO_LARGE; /* acceptable too; the message is still checked */

@@ -454,7 +454,7 @@ START_TEST(test_mha_host_workspace_reuse)
         free_data(&data);
     }
     /* Attention host calls share the context's workspace too. */
-    clattn_attention_desc attention = {2, 3, 5, 9, 4, 6, 0.0f, CLATTN_NORM_SOFTMAX, {0}};
+    clattn_attention_desc attention = {2, 3, 5, 9, 4, 6, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
     size_t q_count = 2 * 3 * 5 * 4, kv_count = 2 * 3 * 9 * 4, v_count = 2 * 3 * 9 * 6;
     size_t out_count = 2 * 3 * 5 * 6;
     float *q = tu_random_floats(q_count), *k = tu_random_floats(kv_count);

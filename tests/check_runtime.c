@@ -189,7 +189,7 @@ typedef struct attention_problem {
 static attention_problem make_problem(void)
 {
     attention_problem p;
-    clattn_attention_desc desc = {2, 3, 5, 7, 8, 4, 0.0f, CLATTN_NORM_SOFTMAX, {0}};
+    clattn_attention_desc desc = {2, 3, 5, 7, 8, 4, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
     p.desc = desc;
     p.q_count = 2 * 3 * 5 * 8;
     p.k_count = 2 * 3 * 7 * 8;
@@ -359,7 +359,7 @@ static void run_event_chain(int out_of_order)
     clattn_heads_desc heads_desc = {batch, seq, heads, head_dim, 3 * embed};
     clattn_heads_desc concat_desc = {batch, seq, heads, head_dim, 0};
     clattn_attention_desc attention_desc = {
-        batch, heads, seq, seq, head_dim, head_dim, 0.0f, CLATTN_NORM_SOFTMAX, {0}};
+        batch, heads, seq, seq, head_dim, head_dim, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
     attention_desc.masks.causal = 1;
     clattn_status status =
         ctx != NULL && err == CL_SUCCESS ? CLATTN_SUCCESS : CLATTN_ERR_INVALID_ARGUMENT;
@@ -595,7 +595,7 @@ static void run_independent_calls(int out_of_order)
         b_mem[call] = own_buffer(&own, b[call], 2 * md.n * md.k * sizeof(float));
         c_mem[call] = own_nan_buffer(&own, 2 * md.m * md.n);
         /* Self-attention of q with itself: q = k = v, (1, 2, size, 8). */
-        clattn_attention_desc ad = {1, 2, size, size, 8, 8, 0.0f, CLATTN_NORM_SOFTMAX, {0}};
+        clattn_attention_desc ad = {1, 2, size, size, 8, 8, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
         ad.masks.causal = call % 2;
         attention_desc[call] = ad;
         q[call] = tu_random_floats(2 * size * 8);
@@ -714,7 +714,7 @@ START_TEST(test_contexts_on_threads)
         memset(&work[t], 0, sizeof work[t]);
         clattn_attention_desc desc = {
             2,  1 + (size_t)t, 17 + 8 * (size_t)t, 33, 8, 4 + (size_t)t, 0.0f, CLATTN_NORM_SOFTMAX,
-            {0}};
+            {0}, CLATTN_PATH_AUTO};
         work[t].desc = desc;
         size_t heads_total = desc.batch * desc.heads;
         size_t q_count = heads_total * desc.seq_q * desc.head_dim_qk;
