@@ -1,0 +1,434 @@
+/*
+ * check_flash: the fused (flash) attention kernel. clattn_flash_attention and the fused path of
+ * clattn_attention / clattn_mha_forward against the float64 reference and against the unfused
+ * path, on fresh random inputs at awkward sizes, every mask kind, causal with seq_q != seq_k,
+ * head sizes 1 .. 256 (d_k != d_v), batch and heads, relu, fully masked rows, with the
+ * log-sum-exp of each row; outputs poisoned with NaN first. A long sequence that the unfused
+ * path cannot run under a workspace cap is checked on sampled rows.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reference.h"
+#include "testutil.h"
+
+typedef struct flash_case {
+    size_t batch, heads, seq_q, seq_k, dk, dv;
+    int causal, mask, padding, relu;
+    int fully_masked; /* 1: padding masks every key of batch 0; 2: the mask kills row 0 */
+    float scale;
+} flash_case;
+
+/* clang-format off */
+static const flash_case cases[] = {
+    /* batch heads  Lq   Lk   dk   dv  causal mask pad relu full scale */
+    {1, 1,   1,   1,   1,   1, 0, 0, 0, 0, 0, 0.0f},
+    {1, 1,   3,  17,   7,   7, 0, 0, 0, 0, 0, 0.0f},
+    {2, 3,  17,  63,  64,  64, 0, 1, 0, 0, 0, 0.0f},
+    {1, 2,  65,  65,  64,  64, 1, 0, 0, 0, 0, 0.0f},
+    {2, 2, 127,  17,  64, 100, 1, 0, 1, 0, 0, 0.3f},
+    {1, 4,  17, 129, 100,  64, 1, 1, 1, 0, 0, 0.0f},
+    {2, 1, 129, 127, 128, 128, 0, 1, 1, 0, 0, 0.0f},
+    {1, 2,  63,  65, 256, 256, 1, 0, 0, 0, 0, 0.0f},
+    {1, 1,  33,  40, 256, 128, 0, 1, 0, 0, 0, 0.0f},
+    {3, 2,  31,  37,   7,   1, 0, 0, 1, 0, 1, 0.0f},
+    {1, 3,  29,  29,  64,  64, 0, 1, 0, 0, 2, 0.0f},
+    {2, 2,  65,  33,  64,  64, 1, 1, 1, 1, 0, 0.0f},
+    {1, 16, 40,  40,  16,  16, 0, 0, 0, 1, 2, 0.5f},
+    {2, 8, 100, 300,  64,  64, 1, 1, 1, 0, 0, 0.0f},
+};
+/* clang-format on */
+
+typedef struct flash_data {
+    clattn_attention_desc desc;
+    size_t q_count, k_count, v_count, out_count, rows;
+    float *q, *k, *v, *mask;
+    uint8_t *padding;
+    clattn_host_masks host_masks;
+} flash_data;
+
+static void make_data(const flash_case *c, flash_data *d)
+{
+    memset(d, 0, sizeof *d);
+    d->desc = (clattn_attention_desc){.batch = c->batch, .heads = c->heads, .seq_q = c->seq_q,
+                                      .seq_k = c->seq_k, .head_dim_qk = c->dk,
+                                      .head_dim_v = c->dv, .scale = c->scale,
+                                      .norm = c->relu ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX};
+    d->rows = c->batch * c->heads * c->seq_q;
+    d->q_count = d->rows * c->dk;
+    d->k_count = c->batch * c->heads * c->seq_k * c->dk;
+    d->v_count = c->batch * c->heads * c->seq_k * c->dv;
+    d->out_count = d->rows * c->dv;
+    d->q = tu_random_floats(d->q_count);
+    d->k = tu_random_floats(d->k_count);
+    d->v = tu_random_floats(d->v_count);
+    /* Spread the scores so that the softmax is not flat. */
+    for (size_t i = 0; i < d->q_count; ++i)
+        d->q[i] *= 3.0f;
+    d->host_masks.causal = c->causal;
+    if (c->mask || c->fully_masked == 2) {
+        d->mask = tu_floats(c->seq_q * c->seq_k);
+        for (size_t i = 0; i < c->seq_q * c->seq_k; ++i)
+            d->mask[i] = !c->mask ? 0.0f : tu_rand_unit() < 0.2 ? -INFINITY
+                                                               : (float)tu_rand_unit() - 0.5f;
+        if (c->fully_masked == 2)
+            for (size_t j = 0; j < c->seq_k; ++j)
+                d->mask[j] = -INFINITY;
+        d->host_masks.attn_mask = d->mask;
+    }
+    if (c->padding || c->fully_masked == 1) {
+        d->padding = tu_bytes(c->batch * c->seq_k);
+        for (size_t i = 0; i < c->batch * c->seq_k; ++i)
+            d->padding[i] = c->padding && tu_rand_unit() < 0.25;
+        if (c->fully_masked == 1)
+            memset(d->padding, 1, c->seq_k);
+        d->host_masks.key_padding_mask = d->padding;
+    }
+}
+
+static void free_data(flash_data *d)
+{
+    free(d->q);
+    free(d->k);
+    free(d->v);
+    free(d->mask);
+    free(d->padding);
+}
+
+/* Log-sum-exp (softmax) or log of the relu normaliser of one row, in float64. */
+static double ref_row_lse(const flash_data *d, size_t bh, size_t row)
+{
+    const clattn_attention_desc *desc = &d->desc;
+    const size_t b = bh / desc->heads;
+    const double scale =
+        desc->scale != 0.0f ? desc->scale : 1.0 / sqrt((double)desc->head_dim_qk);
+    const float *q = d->q + (bh * desc->seq_q + row) * desc->head_dim_qk;
+    double max = -INFINITY, sum = 0.0;
+    double *s = tu_doubles(desc->seq_k);
+    for (size_t j = 0; j < desc->seq_k; ++j) {
+        const float *k = d->k + (bh * desc->seq_k + j) * desc->head_dim_qk;
+        double dot = 0.0;
+        for (size_t c = 0; c < desc->head_dim_qk; ++c)
+            dot += (double)q[c] * k[c];
+        dot = dot * scale + (d->mask ? d->mask[row * desc->seq_k + j] : 0.0);
+        if ((d->host_masks.causal && j > row) || (d->padding && d->padding[b * desc->seq_k + j]))
+            dot = -INFINITY;
+        s[j] = dot;
+        max = dot > max ? dot : max;
+    }
+    for (size_t j = 0; j < desc->seq_k; ++j)
+        sum += desc->norm == CLATTN_NORM_RELU ? (s[j] > 0 ? s[j] : 0.0)
+                                              : (max == -INFINITY ? 0.0 : exp(s[j] - max));
+    free(s);
+    if (sum <= 0.0)
+        return -INFINITY;
+    return desc->norm == CLATTN_NORM_RELU ? log(sum) : max + log(sum);
+}
+
+/* Compares log-sum-exps; both -inf counts as equal. */
+static void expect_lse(const float *got, const double *want, size_t count)
+{
+    double worst = 0.0;
+    for (size_t i = 0; i < count; ++i) {
+        if (isinf(want[i]) && want[i] < 0) {
+            tu_expect(isinf(got[i]) && got[i] < 0, "lse[%zu] = %g, want -inf", i, got[i]);
+            continue;
+        }
+        const double err = fabs(got[i] - want[i]) / (fabs(want[i]) > 1.0 ? fabs(want[i]) : 1.0);
+        worst = err > worst || isnan(err) ? err : worst;
+    }
+    tu_track_error(worst);
+    tu_expect(worst <= TU_TOL, "lse: relative error %.3g > %.0e", worst, TU_TOL);
+}
+
+START_TEST(test_flash_vs_reference_and_unfused)
+{
+    TU_BEGIN_TEST();
+    const flash_case *c = &cases[_i];
+    tu_set_case("B=%zu H=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu causal=%d mask=%d pad=%d relu=%d "
+                "fully_masked=%d scale=%g",
+                c->batch, c->heads, c->seq_q, c->seq_k, c->dk, c->dv, c->causal, c->mask,
+                c->padding, c->relu, c->fully_masked, (double)c->scale);
+    flash_data d;
+    make_data(c, &d);
+    double *want = tu_doubles(d.out_count), *want_lse = tu_doubles(d.rows);
+    ref_attention(&d.desc, &d.host_masks, d.q, d.k, d.v, want, NULL);
+    for (size_t bh = 0; bh < c->batch * c->heads; ++bh)
+        for (size_t row = 0; row < c->seq_q; ++row)
+            want_lse[bh * c->seq_q + row] = ref_row_lse(&d, bh, row);
+
+    /* Inputs at offsets inside NaN padding; outputs NaN-poisoned. */
+    cl_mem q = tu_upload_padded(d.q, d.q_count, 5, 3), k = tu_upload_padded(d.k, d.k_count, 2, 7);
+    cl_mem v = tu_upload_padded(d.v, d.v_count, 1, 1);
+    cl_mem out = tu_nan_buffer(d.out_count + 4), lse = tu_nan_buffer(d.rows + 3);
+    cl_mem unfused = tu_nan_buffer(d.out_count), auto_out = tu_nan_buffer(d.out_count);
+    cl_mem mask = d.mask ? tu_upload_floats(d.mask, c->seq_q * c->seq_k) : NULL;
+    cl_mem padding = d.padding ? tu_upload_bytes(d.padding, c->batch * c->seq_k) : NULL;
+    clattn_attention_desc desc = d.desc;
+    desc.masks = (clattn_masks){.causal = c->causal, .attn_mask = {mask, 0},
+                                .key_padding_mask = {padding, 0}};
+    const clattn_tensor tq = tu_tensor(q, 5), tk = tu_tensor(k, 2), tv = tu_tensor(v, 1);
+
+    clattn_status status = clattn_flash_attention(tu_ctx(), &desc, tq, tk, tv, tu_tensor(out, 2),
+                                                  tu_tensor(lse, 1), 0, NULL, NULL);
+    tu_expect_status(status, CLATTN_SUCCESS, "clattn_flash_attention");
+    desc.path = CLATTN_PATH_UNFUSED;
+    clattn_status unfused_status = clattn_attention(tu_ctx(), &desc, tq, tk, tv,
+                                                    tu_tensor(unfused, 0), (clattn_tensor){0}, 0,
+                                                    NULL, NULL);
+    tu_expect_status(unfused_status, CLATTN_SUCCESS, "clattn_attention(UNFUSED)");
+    desc.path = CLATTN_PATH_AUTO;
+    clattn_status auto_status = clattn_attention(tu_ctx(), &desc, tq, tk, tv,
+                                                 tu_tensor(auto_out, 0), (clattn_tensor){0}, 0,
+                                                 NULL, NULL);
+    tu_expect_status(auto_status, CLATTN_SUCCESS, "clattn_attention(AUTO)");
+
+    float *got = tu_floats(d.out_count + 4), *got_lse = tu_floats(d.rows + 3);
+    float *got_unfused = tu_floats(d.out_count), *got_auto = tu_floats(d.out_count);
+    if (status == CLATTN_SUCCESS && unfused_status == CLATTN_SUCCESS &&
+        auto_status == CLATTN_SUCCESS) {
+        tu_read_floats(out, 0, d.out_count + 4, got);
+        tu_read_floats(lse, 0, d.rows + 3, got_lse);
+        tu_read_floats(unfused, 0, d.out_count, got_unfused);
+        tu_read_floats(auto_out, 0, d.out_count, got_auto);
+        tu_expect_close("fused out vs reference", got + 2, want, d.out_count, TU_TOL);
+        tu_expect_nan_outside("out buffer", got, d.out_count + 4, 2, d.out_count);
+        expect_lse(got_lse + 1, want_lse, d.rows);
+        tu_expect_nan_outside("lse buffer", got_lse, d.rows + 3, 1, d.rows);
+        double *unfused_ref = tu_doubles(d.out_count);
+        tu_floats_to_doubles(got_unfused, d.out_count, unfused_ref);
+        tu_expect_close("fused vs unfused", got + 2, unfused_ref, d.out_count, TU_TOL);
+        free(unfused_ref);
+        tu_expect(memcmp(got + 2, got_auto, d.out_count * sizeof(float)) == 0,
+                  "AUTO without weights did not run the fused kernel bit for bit");
+        if (c->fully_masked) {
+            /* Fully masked rows: exact zeros. */
+            const size_t rows = c->fully_masked == 1 ? c->heads * c->seq_q : 1;
+            for (size_t r = 0; r < rows; ++r) {
+                const size_t row = c->fully_masked == 1 ? r : 0; /* row 0 of every (b, h) */
+                for (size_t bh = 0; bh < (c->fully_masked == 1 ? 1 : c->batch * c->heads); ++bh)
+                    for (size_t x = 0; x < c->dv; ++x) {
+                        const float value = got[2 + ((bh * c->seq_q) + row) * c->dv + x];
+                        tu_expect(value == 0.0f, "fully masked row %zu: %g, want 0", row,
+                                  (double)value);
+                    }
+            }
+        }
+    }
+    free(got);
+    free(got_lse);
+    free(got_unfused);
+    free(got_auto);
+    free(want);
+    free(want_lse);
+    tu_release_mem(q);
+    tu_release_mem(k);
+    tu_release_mem(v);
+    tu_release_mem(out);
+    tu_release_mem(lse);
+    tu_release_mem(unfused);
+    tu_release_mem(auto_out);
+    tu_release_mem(mask);
+    tu_release_mem(padding);
+    free_data(&d);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Path choices that cannot be honoured are refused with a message. */
+START_TEST(test_path_errors)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("FUSED with weights, FUSED with head size 300, AUTO with head size 300");
+    clattn_ctx *ctx = tu_ctx();
+    const flash_case c = {1, 1, 3, 5, 300, 8, 0, 0, 0, 0, 0, 0.0f};
+    flash_data d;
+    make_data(&c, &d);
+    cl_mem q = tu_upload_floats(d.q, d.q_count), k = tu_upload_floats(d.k, d.k_count);
+    cl_mem v = tu_upload_floats(d.v, d.v_count), out = tu_nan_buffer(d.out_count);
+    cl_mem weights = tu_nan_buffer(3 * 5);
+    clattn_attention_desc desc = d.desc;
+    desc.path = CLATTN_PATH_FUSED;
+    clattn_status status = clattn_attention(ctx, &desc, tu_tensor(q, 0), tu_tensor(k, 0),
+                                            tu_tensor(v, 0), tu_tensor(out, 0),
+                                            tu_tensor(weights, 0), 0, NULL, NULL);
+    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "FUSED with weights");
+    tu_expect(strstr(clattn_last_error(ctx), "attention: path=FUSED") != NULL,
+              "message: %s", clattn_last_error(ctx));
+    status = clattn_attention(ctx, &desc, tu_tensor(q, 0), tu_tensor(k, 0), tu_tensor(v, 0),
+                              tu_tensor(out, 0), (clattn_tensor){0}, 0, NULL, NULL);
+    tu_expect_status(status, CLATTN_ERR_UNSUPPORTED, "FUSED with head size 300");
+    status = clattn_flash_attention(ctx, &desc, tu_tensor(q, 0), tu_tensor(k, 0),
+                                    tu_tensor(v, 0), tu_tensor(out, 0), (clattn_tensor){0}, 0,
+                                    NULL, NULL);
+    tu_expect_status(status, CLATTN_ERR_UNSUPPORTED, "clattn_flash_attention, head size 300");
+    desc.path = (clattn_path)7;
+    status = clattn_attention(ctx, &desc, tu_tensor(q, 0), tu_tensor(k, 0), tu_tensor(v, 0),
+                              tu_tensor(out, 0), (clattn_tensor){0}, 0, NULL, NULL);
+    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "path=7");
+    desc.path = CLATTN_PATH_AUTO; /* falls back to the unfused path */
+    status = clattn_attention(ctx, &desc, tu_tensor(q, 0), tu_tensor(k, 0), tu_tensor(v, 0),
+                              tu_tensor(out, 0), (clattn_tensor){0}, 0, NULL, NULL);
+    tu_expect_status(status, CLATTN_SUCCESS, "AUTO with head size 300");
+    if (status == CLATTN_SUCCESS) {
+        double *want = tu_doubles(d.out_count);
+        float *got = tu_floats(d.out_count);
+        ref_attention(&d.desc, NULL, d.q, d.k, d.v, want, NULL);
+        tu_read_floats(out, 0, d.out_count, got);
+        tu_expect_close("AUTO, head size 300", got, want, d.out_count, TU_TOL);
+        free(want);
+        free(got);
+    }
+    tu_release_mem(q);
+    tu_release_mem(k);
+    tu_release_mem(v);
+    tu_release_mem(out);
+    tu_release_mem(weights);
+    free_data(&d);
+    TU_END_TEST();
+}
+END_TEST
+
+/* MHA forward, fused and unfused, against the reference. */
+START_TEST(test_mha_paths)
+{
+    TU_BEGIN_TEST();
+    const int causal = _i;
+    tu_set_case("MHA B=2 L=37 S=53 E=48 H=4 causal=%d, FUSED vs UNFUSED vs reference", causal);
+    const size_t batch = 2, seq_q = 37, seq_k = 53, e = 48;
+    float *query = tu_random_floats(batch * seq_q * e), *kv = tu_random_floats(batch * seq_k * e);
+    float *w_in = tu_random_floats(3 * e * e), *b_in = tu_random_floats(3 * e);
+    float *w_out = tu_random_floats(e * e), *b_out = tu_random_floats(e);
+    const clattn_mha_host_weights w = {.in_proj_weight = w_in, .in_proj_bias = b_in,
+                                       .out_weight = w_out, .out_bias = b_out};
+    clattn_mha_desc desc = {.batch = batch, .seq_q = seq_q, .seq_k = seq_k, .embed_dim = e,
+                            .num_heads = 4, .layout = CLATTN_LAYOUT_TORCH};
+    const clattn_host_masks masks = {.causal = causal};
+    const size_t count = batch * seq_q * e;
+    double *want = tu_doubles(count);
+    ref_mha_forward(&desc, &w, query, kv, kv, &masks, want, NULL);
+    const clattn_path paths[2] = {CLATTN_PATH_FUSED, CLATTN_PATH_UNFUSED};
+    for (int p = 0; p < 2; ++p) {
+        float *got = tu_nan_floats(count);
+        desc.path = paths[p];
+        clattn_status status =
+            clattn_mha_forward_host(tu_ctx(), &desc, &w, query, kv, kv, &masks, got, NULL);
+        tu_expect_status(status, CLATTN_SUCCESS, p ? "mha UNFUSED" : "mha FUSED");
+        if (status == CLATTN_SUCCESS)
+            tu_expect_close(p ? "mha UNFUSED" : "mha FUSED", got, want, count, TU_TOL);
+        free(got);
+    }
+    desc.path = CLATTN_PATH_FUSED;
+    desc.need_weights = CLATTN_WEIGHTS_AVERAGED;
+    float *got = tu_nan_floats(count), *weights = tu_nan_floats(batch * seq_q * seq_k);
+    clattn_status status =
+        clattn_mha_forward_host(tu_ctx(), &desc, &w, query, kv, kv, &masks, got, weights);
+    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "mha FUSED with need_weights");
+    free(got);
+    free(weights);
+    free(want);
+    free(query);
+    free(kv);
+    free(w_in);
+    free(b_in);
+    free(w_out);
+    free(b_out);
+    TU_END_TEST();
+}
+END_TEST
+
+/* B=1, H=2, L=8192, d=64 under a 64 MiB workspace cap: the unfused path needs 512 MiB of
+ * scores and is refused; the fused path runs and is checked on sampled rows. */
+START_TEST(test_long_sequence_under_cap)
+{
+    TU_BEGIN_TEST();
+    const size_t seq = 8192, dim = 64, heads = 2, cap = (size_t)64 << 20;
+    tu_set_case("B=1 H=2 L=%zu d=%zu causal=%d, workspace cap %zu MiB", seq, dim, _i, cap >> 20);
+    const flash_case c = {1, heads, seq, seq, dim, dim, _i, 0, 0, 0, 0, 0.0f};
+    flash_data d;
+    make_data(&c, &d);
+    char message[512];
+    clattn_ctx *ctx = NULL;
+    clattn_status status = clattn_ctx_create(NULL, &ctx, message, sizeof message);
+    tu_expect(status == CLATTN_SUCCESS, "context: %s", message);
+    if (ctx) {
+        clattn_ctx_set_workspace_limit(ctx, cap);
+        cl_int err = CL_SUCCESS;
+        cl_context context = clattn_ctx_cl_context(ctx);
+        cl_mem mem[4];
+        const size_t counts[4] = {d.q_count, d.k_count, d.v_count, d.out_count};
+        const float *hosts[3] = {d.q, d.k, d.v};
+        for (int i = 0; i < 4; ++i)
+            mem[i] = clCreateBuffer(context, CL_MEM_READ_WRITE | (i < 3 ? CL_MEM_COPY_HOST_PTR : 0),
+                                    counts[i] * sizeof(float), i < 3 ? (void *)hosts[i] : NULL,
+                                    &err);
+        clattn_attention_desc desc = d.desc;
+        desc.masks.causal = c.causal;
+        desc.path = CLATTN_PATH_UNFUSED;
+        status = clattn_attention(ctx, &desc, (clattn_tensor){mem[0], 0},
+                                  (clattn_tensor){mem[1], 0}, (clattn_tensor){mem[2], 0},
+                                  (clattn_tensor){mem[3], 0}, (clattn_tensor){0}, 0, NULL, NULL);
+        tu_expect(status == CLATTN_ERR_TOO_LARGE && strstr(clattn_last_error(ctx), "scores"),
+                  "unfused under the cap: %s: %s", clattn_status_string(status),
+                  clattn_last_error(ctx));
+        desc.path = CLATTN_PATH_AUTO;
+        status = clattn_attention(ctx, &desc, (clattn_tensor){mem[0], 0},
+                                  (clattn_tensor){mem[1], 0}, (clattn_tensor){mem[2], 0},
+                                  (clattn_tensor){mem[3], 0}, (clattn_tensor){0}, 0, NULL, NULL);
+        tu_expect(status == CLATTN_SUCCESS, "fused under the cap: %s: %s",
+                  clattn_status_string(status), clattn_last_error(ctx));
+        float *got = tu_floats(d.out_count);
+        if (status == CLATTN_SUCCESS &&
+            clEnqueueReadBuffer(clattn_ctx_queue(ctx), mem[3], CL_TRUE, 0,
+                                d.out_count * sizeof(float), got, 0, NULL, NULL) == CL_SUCCESS) {
+            /* 24 sampled rows per head, first and last included, against float64. */
+            for (size_t bh = 0; bh < heads; ++bh)
+                for (size_t s = 0; s < 24; ++s) {
+                    const size_t row = s == 0 ? 0 : s == 23 ? seq - 1 : tu_rand_below(seq);
+                    flash_data one = d;
+                    one.desc.batch = 1, one.desc.heads = 1, one.desc.seq_q = 1;
+                    one.q = d.q + (bh * seq + row) * dim;
+                    one.k = d.k + bh * seq * dim;
+                    one.v = d.v + bh * seq * dim;
+                    /* Causal for one row: mask keys past `row` with an additive mask. */
+                    float *row_mask = NULL;
+                    clattn_host_masks m = {0};
+                    if (c.causal) {
+                        row_mask = tu_floats(seq);
+                        for (size_t j = 0; j < seq; ++j)
+                            row_mask[j] = j > row ? -INFINITY : 0.0f;
+                        m.attn_mask = row_mask;
+                    }
+                    double want[64];
+                    ref_attention(&one.desc, &m, one.q, one.k, one.v, want, NULL);
+                    tu_expect_close("sampled row", got + (bh * seq + row) * dim, want, dim,
+                                    TU_TOL);
+                    free(row_mask);
+                }
+        }
+        free(got);
+        for (int i = 0; i < 4; ++i)
+            tu_release_mem(mem[i]);
+        clattn_ctx_release(ctx);
+    }
+    free_data(&d);
+    TU_END_TEST();
+}
+END_TEST
+
+int main(void)
+{
+    tu_suite_begin("check_flash");
+    Suite *suite = suite_create("flash");
+    TCase *tc = tcase_create("fused attention");
+    tcase_set_timeout(tc, 900);
+    tcase_add_loop_test(tc, test_flash_vs_reference_and_unfused, 0,
+                        (int)(sizeof cases / sizeof cases[0]));
+    tcase_add_test(tc, test_path_errors);
+    tcase_add_loop_test(tc, test_mha_paths, 0, 2);
+    tcase_add_loop_test(tc, test_long_sequence_under_cap, 0, 2);
+    suite_add_tcase(suite, tc);
+    return tu_run_suite(suite);
+}
