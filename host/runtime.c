@@ -423,6 +423,14 @@ clattn_status clattn_ctx_set_workspace_limit(clattn_ctx *ctx, size_t bytes)
     return CLATTN_SUCCESS;
 }
 
+size_t clattn_ctx_workspace_bytes(const clattn_ctx *ctx)
+{
+    size_t total = 0;
+    for (int i = 0; ctx && i < CLATTN_WS_COUNT; ++i)
+        total += ctx->workspace[i] ? ctx->workspace_bytes[i] : 0;
+    return total;
+}
+
 clattn_status clattn_finish(clattn_ctx *ctx)
 {
     if (ctx == NULL)

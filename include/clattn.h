@@ -121,6 +121,10 @@ CLATTN_API cl_device_id clattn_ctx_device(const clattn_ctx *ctx);
  * the size; the fused attention path needs no workspace. */
 CLATTN_API clattn_status clattn_ctx_set_workspace_limit(clattn_ctx *ctx, size_t bytes);
 
+/* Bytes of device workspace the context holds now (it grows to the largest call's need and is
+ * kept for reuse until clattn_ctx_release). */
+CLATTN_API size_t clattn_ctx_workspace_bytes(const clattn_ctx *ctx);
+
 /* Waits for all work enqueued through this context. */
 CLATTN_API clattn_status clattn_finish(clattn_ctx *ctx);
 

@@ -34,6 +34,31 @@
 #ifndef BLOCK_K
 #define BLOCK_K 32 /* keys per tile staged in local memory */
 #endif
+#ifndef FLASH_VW
+#define FLASH_VW 1 /* floats per vector in the row loops: 1, 4 or 8 (divides both head sizes) */
+#endif
+
+/* Row vectors of FLASH_VW floats: explicit vectors let CPU compilers use SIMD within a row. */
+#if FLASH_VW == 8
+typedef float8 row_t;
+#define row_load(i, p) vload8((i), (p))
+#define row_sum(x) (dot((x).lo, (float4)(1.0f)) + dot((x).hi, (float4)(1.0f)))
+#elif FLASH_VW == 4
+typedef float4 row_t;
+#define row_load(i, p) vload4((i), (p))
+#define row_sum(x) dot((x), (float4)(1.0f))
+#else
+typedef float row_t;
+#define row_load(i, p) ((p)[(i)])
+#define row_sum(x) (x)
+#endif
+#if FLASH_VW == 8
+#define VEC_STORE(x, i, p) vstore8((x), (i), (p))
+#elif FLASH_VW == 4
+#define VEC_STORE(x, i, p) vstore4((x), (i), (p))
+#endif
+#define QK_VECS (HEAD_DIM_QK / FLASH_VW)
+#define V_VECS (HEAD_DIM_V / FLASH_VW)
 
 __kernel __attribute__((reqd_work_group_size(BLOCK_Q, 1, 1)))
 void flash_attention(__global const float *Q, const ulong q_offset,
@@ -66,13 +91,13 @@ void flash_attention(__global const float *Q, const ulong q_offset,
     if (has_key_padding)
         key_padding += key_padding_offset + b * seq_k;
 
-    float q[HEAD_DIM_QK];
-    for (uint d = 0; d < HEAD_DIM_QK; ++d)
-        q[d] = valid ? Q[d] * scale : 0.0f;
-    float acc[HEAD_DIM_V];
-    for (uint d = 0; d < HEAD_DIM_V; ++d)
-        acc[d] = 0.0f;
-    float row_max = NEG_INF, row_sum = 0.0f;
+    row_t q[QK_VECS];
+    for (uint d = 0; d < QK_VECS; ++d)
+        q[d] = valid ? row_load(d, Q) * scale : (row_t)(0.0f);
+    row_t acc[V_VECS];
+    for (uint d = 0; d < V_VECS; ++d)
+        acc[d] = (row_t)(0.0f);
+    float row_max = NEG_INF, total = 0.0f; /* running max and sum of the row */
 
     /* Keys past the group's last row are all causally masked: stop there (uniform bound). */
     const uint last_row = min(seq_q, first_row + BLOCK_Q) - 1;
@@ -93,35 +118,36 @@ void flash_attention(__global const float *Q, const ulong q_offset,
         float tile_max = NEG_INF;
         for (uint j = 0; j < BLOCK_K; ++j) {
             const uint key = k0 + j;
-            float dot = 0.0f;
-            for (uint d = 0; d < HEAD_DIM_QK; ++d)
-                dot = mad(q[d], k_tile[j][d], dot);
+            row_t partial = (row_t)(0.0f);
+            for (uint d = 0; d < QK_VECS; ++d)
+                partial = mad(q[d], row_load(d, k_tile[j]), partial);
+            float score = row_sum(partial);
             if (has_mask && key < seq_k)
-                dot += attn_mask[key];
+                score += attn_mask[key];
             const bool masked = key >= seq_k || (causal && key > row) ||
                                 (has_key_padding && key_padding[key] != 0);
-            s[j] = masked ? NEG_INF : dot;
+            s[j] = masked ? NEG_INF : score;
             tile_max = fmax(tile_max, s[j]);
         }
 
         if (norm_relu) {
             for (uint j = 0; j < BLOCK_K; ++j) {
                 const float p = fmax(s[j], 0.0f);
-                row_sum += p;
-                for (uint d = 0; d < HEAD_DIM_V; ++d)
-                    acc[d] = mad(p, v_tile[j][d], acc[d]);
+                total += p;
+                for (uint d = 0; d < V_VECS; ++d)
+                    acc[d] = mad((row_t)(p), row_load(d, v_tile[j]), acc[d]);
             }
         } else if (tile_max != NEG_INF) {
             const float new_max = fmax(row_max, tile_max);
             const float correction = exp(row_max - new_max); /* 0 while row_max is -inf */
-            row_sum *= correction;
-            for (uint d = 0; d < HEAD_DIM_V; ++d)
+            total *= correction;
+            for (uint d = 0; d < V_VECS; ++d)
                 acc[d] *= correction;
             for (uint j = 0; j < BLOCK_K; ++j) {
                 const float p = exp(s[j] - new_max);
-                row_sum += p;
-                for (uint d = 0; d < HEAD_DIM_V; ++d)
-                    acc[d] = mad(p, v_tile[j][d], acc[d]);
+                total += p;
+                for (uint d = 0; d < V_VECS; ++d)
+                    acc[d] = mad((row_t)(p), row_load(d, v_tile[j]), acc[d]);
             }
             row_max = new_max;
         }
@@ -130,13 +156,19 @@ void flash_attention(__global const float *Q, const ulong q_offset,
 
     if (!valid)
         return;
-    const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
     __global float *out = O + o_offset + (bh * seq_q + row) * HEAD_DIM_V;
-    for (uint d = 0; d < HEAD_DIM_V; ++d)
-        out[d] = acc[d] * inv;
+    for (uint d = 0; d < V_VECS; ++d) {
+        const row_t value = acc[d] * inv;
+#if FLASH_VW == 1
+        out[d] = value;
+#else
+        VEC_STORE(value, d, out);
+#endif
+    }
     if (has_lse) {
-        const float value = norm_relu ? (row_sum > 0.0f ? log(row_sum) : NEG_INF)
-                                      : (row_sum > 0.0f ? row_max + log(row_sum) : NEG_INF);
+        const float value = norm_relu ? (total > 0.0f ? log(total) : NEG_INF)
+                                      : (total > 0.0f ? row_max + log(total) : NEG_INF);
         lse[lse_offset + bh * seq_q + row] = value;
     }
 }

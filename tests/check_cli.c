@@ -95,6 +95,7 @@ static const torch_case torch_cases[] = {
     {"cross", 3, "--key %s/cross_key.npy --value %s/cross_value.npy"},
     {"causal", 4, "--causal"},
     {"half", 2, ""},
+    {"self", 2, "--key-padding-mask %s/self_kpm.npy --attn-mask %s/self_mask.npy --path unfused"},
     {"bfloat", 2, ""},
 };
 
@@ -119,6 +120,20 @@ START_TEST(test_run_matches_pytorch)
         expect_npy_close(out, want, TU_TOL);
         snprintf(want, sizeof want, "%s_attn.npy", c->name);
         expect_npy_close(attn, want, TU_TOL);
+    }
+    /* Without --attn-out the fused kernel runs: the same output. */
+    if (strstr(c->extra, "--path") == NULL) {
+        snprintf(args, sizeof args,
+                 "run --query %s/%s_query.npy --weights %s/%s.safetensors --heads %d %s "
+                 "--path fused --out %s",
+                 fixtures, c->name, fixtures, c->name, c->heads, extra, out);
+        status = run_cli(args);
+        tu_expect(status == 0, "--path fused: exit status %d, stderr: %s", status,
+                  captured("stderr"));
+        char want[128];
+        snprintf(want, sizeof want, "%s_out.npy", c->name);
+        if (status == 0)
+            expect_npy_close(out, want, TU_TOL);
     }
     TU_END_TEST();
 }
@@ -204,11 +219,15 @@ START_TEST(test_bench_json)
                          "--heads 2 --head-dim 8 --embed 16");
     const char *out = captured("stdout");
     tu_expect(status == 0, "bench: status %d: %s", status, captured("stderr"));
-    tu_expect(count_lines(out) == 5, "expected 5 JSON lines (2 matmul, softmax, attention, "
-                                     "mha), got: %s", out);
+    tu_expect(count_lines(out) == 7, "expected 7 JSON lines (2 matmul, softmax, attention and "
+                                     "mha fused and unfused), got: %s", out);
+    tu_expect(strstr(out, "\"op\": \"attention\", \"path\": \"fused\"") &&
+                  strstr(out, "\"op\": \"mha\", \"path\": \"unfused\"") &&
+                  strstr(out, "\"device_mib\": ") && strstr(out, "\"peak_rss_mib\": "),
+              "lines lack path or memory fields: %s", out);
     tu_expect(strstr(out, "{\"op\": \"matmul\", \"m\": 17, \"n\": 33, \"k\": 65") != NULL,
               "matmul line lacks its sizes: %s", out);
-    tu_expect(strstr(out, "\"op\": \"attention\", \"batch\": 1, \"heads\": 2, \"seq_q\": 33, "
+    tu_expect(strstr(out, "\"path\": \"fused\", \"batch\": 1, \"heads\": 2, \"seq_q\": 33, "
                           "\"seq_k\": 17, \"head_dim\": 8") != NULL,
               "attention line lacks its sizes: %s", out);
     for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
@@ -261,6 +280,11 @@ static const bad_case bad_cases[] = {
      "--key %1$s/cross_key.npy", "same B"},
     {"run --query %1$s/self_attn.npy --weights %1$s/self.safetensors --heads 2", "(L, E)"},
     {"bench --mnk 3x4", "--mnk"},
+    {"bench --path sideways", "--path"},
+    {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 --path fused "
+     "--attn-out %2$s/a.npy", "--path fused"},
+    {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 --path warp",
+     "--path"},
     {"bench --runs 0", "--runs"},
     {"bench --op sort", "sort"},
     {"devices --bogus", "unknown option"},

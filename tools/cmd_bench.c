@@ -5,12 +5,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 static const char bench_usage[] =
     "usage: clattn bench [--op matmul,softmax,attention,mha] [--runs N] [--warmup N] [--json]\n"
     "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--seq L,...] [--seq-k S]\n"
-    "                    [--head-dim D] [--embed E] [--device SPEC]\n"
+    "                    [--head-dim D] [--embed E] [--path fused,unfused] [--device SPEC]\n"
     "\n"
     "Times each op on the device: the median of --runs runs (default 10) after --warmup runs\n"
     "(default 1, which also compiles the kernels). Device time comes from OpenCL profiling\n"
@@ -21,6 +22,12 @@ static const char bench_usage[] =
     "--head-dim 64); mha over --batch, --seq and --embed 512 with --heads.\n"
     "Rates: matmul 2MNK flop; attention 2·B·H·Lq·Lk·(dk+dv); mha adds the 4 projections\n"
     "(8·B·L·E²); softmax in GB/s of scores read and written.\n"
+    "--path: attention and mha run on the fused (flash) kernel, the unfused path (scores\n"
+    "materialised), or both (default). A path the device refuses (e.g. scores larger than the\n"
+    "device's largest buffer) is reported as refused, not as a failure.\n"
+    "Memory: 'dev MiB' is what the case holds on the device (inputs, outputs and clattn's\n"
+    "workspace); 'rss MiB' is the process's peak resident memory so far (run one case per\n"
+    "process to attribute it).\n"
     "--json prints one JSON object per line per case instead of the table. A progress line goes\n"
     "to stderr while a case runs longer than a second.\n";
 
@@ -34,6 +41,7 @@ typedef struct bench_options {
     size_t mnk[MAX_SIZES][3], num_mnk;
     size_t batch, heads, head_dim, embed, seq_k;
     size_t seq[MAX_SIZES], num_seq;
+    bool paths[2]; /* fused, unfused */
 } bench_options;
 
 static const char *const op_names[4] = {"matmul", "softmax", "attention", "mha"};
@@ -68,32 +76,29 @@ static double median(double *values, size_t count)
     return count % 2 ? values[count / 2] : 0.5 * (values[count / 2 - 1] + values[count / 2]);
 }
 
-/* Runs fn warmup + runs times; medians in ms. Prints progress after the first second. */
-static int measure(bench_state *b, const char *label, bench_fn fn, void *args, double *device_ms,
-                   double *wall_ms)
+/* Runs fn warmup + runs times; medians in ms. Prints progress after the first second.
+ * Returns the first failing call's status (with the context's message in b->ctx). */
+static clattn_status measure(bench_state *b, const char *label, bench_fn fn, void *args,
+                             double *device_ms, double *wall_ms)
 {
     const size_t runs = b->options->runs, total = b->options->warmup + runs;
     double *device = calloc(runs, sizeof *device), *wall = calloc(runs, sizeof *wall);
     if (!device || !wall) {
         free(device);
         free(wall);
-        return cli_fail("bench", CLI_FAILED, "out of memory");
+        return CLATTN_ERR_HOST_MEMORY;
     }
     const double started = now_s();
     double last_progress = started;
-    int rc = CLI_OK;
-    for (size_t r = 0; r < total && rc == CLI_OK; ++r) {
+    clattn_status status = CLATTN_SUCCESS;
+    for (size_t r = 0; r < total && status == CLATTN_SUCCESS; ++r) {
         cl_event start = NULL, end = NULL;
         const double t0 = now_s();
         cl_int err = clEnqueueMarkerWithWaitList(b->queue, 0, NULL, &start);
-        clattn_status status = err == CL_SUCCESS ? fn(b, args, 1, &start, &end)
-                                                 : (clattn_status)err;
+        status = err == CL_SUCCESS ? fn(b, args, 1, &start, &end) : (clattn_status)err;
         if (status == CLATTN_SUCCESS)
             status = (clattn_status)clWaitForEvents(1, &end);
-        if (status != CLATTN_SUCCESS) {
-            rc = cli_fail("bench", CLI_FAILED, "%s: %s: %s", label, clattn_status_string(status),
-                          clattn_last_error(b->ctx));
-        } else if (r >= b->options->warmup) {
+        if (status == CLATTN_SUCCESS && r >= b->options->warmup) {
             cl_ulong begin_ns = 0, end_ns = 0;
             clGetEventProfilingInfo(start, CL_PROFILING_COMMAND_END, sizeof begin_ns, &begin_ns,
                                     NULL);
@@ -112,13 +117,33 @@ static int measure(bench_state *b, const char *label, bench_fn fn, void *args, d
             last_progress = now;
         }
     }
-    if (rc == CLI_OK) {
+    if (status == CLATTN_SUCCESS) {
         *device_ms = median(device, runs);
         *wall_ms = median(wall, runs);
     }
     free(device);
     free(wall);
-    return rc;
+    return status;
+}
+
+/* A fresh clattn context on the profiling queue for each case, so that its workspace belongs
+ * to that case alone. */
+static int fresh_context(bench_state *b)
+{
+    clattn_ctx_release(b->ctx);
+    b->ctx = NULL;
+    char message[512];
+    clattn_status status = clattn_ctx_create_from_queue(b->queue, &b->ctx, message,
+                                                        sizeof message);
+    return status == CLATTN_SUCCESS
+               ? CLI_OK
+               : cli_fail("bench", CLI_FAILED, "%s: %s", clattn_status_string(status), message);
+}
+
+static double peak_rss_mib(void)
+{
+    struct rusage usage;
+    return getrusage(RUSAGE_SELF, &usage) == 0 ? usage.ru_maxrss / 1024.0 : 0.0;
 }
 
 /* A device buffer of `count` floats, uniform in [-1, 1). */
@@ -154,18 +179,58 @@ static bool all_made(const cl_mem *mems, size_t count)
     return true;
 }
 
-static void report(const bench_state *b, const char *op, const char *size_json,
-                   const char *size_text, double device_ms, double wall_ms, const char *unit,
-                   double rate)
+typedef struct case_result {
+    const char *op, *path; /* path NULL for ops without one */
+    char size_json[256], size_text[128];
+    double device_ms, wall_ms, rate, device_mib;
+    const char *unit; /* "gflops" or "gbps" */
+} case_result;
+
+/* Prints a measured case, or (status != success) why the device refused it. Failures other
+ * than a refusal end the run. */
+static int report(bench_state *b, case_result *r, clattn_status status, size_t buffer_bytes)
 {
-    if (b->options->json)
-        printf("{\"op\": \"%s\", %s, \"runs\": %zu, \"median_ms\": %.6f, \"wall_ms\": %.6f, "
-               "\"%s\": %.3f}\n",
-               op, size_json, b->options->runs, device_ms, wall_ms, unit, rate);
+    const bench_options *o = b->options;
+    char label[160];
+    snprintf(label, sizeof label, "%s%s%s", r->op, r->path ? "/" : "", r->path ? r->path : "");
+    const bool refused = status == CLATTN_ERR_TOO_LARGE || status == CL_OUT_OF_RESOURCES ||
+                         status == CL_MEM_OBJECT_ALLOCATION_FAILURE ||
+                         status == CLATTN_ERR_HOST_MEMORY;
+    if (status != CLATTN_SUCCESS && !refused)
+        return cli_fail("bench", CLI_FAILED, "%s %s: %s: %s", label, r->size_text,
+                        clattn_status_string(status), b->ctx ? clattn_last_error(b->ctx) : "");
+    char path_json[64] = "";
+    if (r->path)
+        snprintf(path_json, sizeof path_json, ", \"path\": \"%s\"", r->path);
+    if (refused) {
+        const char *why = b->ctx && clattn_last_error(b->ctx)[0] ? clattn_last_error(b->ctx)
+                                                                  : clattn_status_string(status);
+        if (o->json) {
+            printf("{\"op\": \"%s\"%s, %s, \"refused\": \"", r->op, path_json, r->size_json);
+            for (const char *c = why; *c; ++c)
+                if (*c != '"' && *c != '\\' && (unsigned char)*c >= 0x20)
+                    putchar(*c);
+            printf("\"}\n");
+        } else {
+            printf("%-18s %-32s refused: %s\n", label, r->size_text, why);
+        }
+        fflush(stdout);
+        return CLI_OK;
+    }
+    size_t workspace = b->ctx ? clattn_ctx_workspace_bytes(b->ctx) : 0;
+    r->device_mib = (double)(buffer_bytes + workspace) / 1048576.0;
+    const double rss = peak_rss_mib();
+    if (o->json)
+        printf("{\"op\": \"%s\"%s, %s, \"runs\": %zu, \"median_ms\": %.6f, "
+               "\"wall_ms\": %.6f, \"%s\": %.3f, \"device_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
+               r->op, path_json, r->size_json, o->runs, r->device_ms, r->wall_ms, r->unit,
+               r->rate, r->device_mib, rss);
     else
-        printf("%-10s %-40s %11.3f %11.3f %10.2f %s\n", op, size_text, device_ms, wall_ms, rate,
-               strcmp(unit, "gbps") == 0 ? "GB/s" : "GFLOP/s");
+        printf("%-18s %-32s %10.3f %10.3f %9.2f %-7s %9.1f %9.1f\n", label, r->size_text,
+               r->device_ms, r->wall_ms, r->rate, strcmp(r->unit, "gbps") == 0 ? "GB/s" : "GFLOP/s",
+               r->device_mib, rss);
     fflush(stdout);
+    return CLI_OK;
 }
 
 /* --- matmul --------------------------------------------------------------------------------- */
@@ -187,18 +252,20 @@ static clattn_status run_matmul(bench_state *b, void *p, cl_uint nw, const cl_ev
 static int bench_matmul(bench_state *b, size_t m, size_t n, size_t k)
 {
     matmul_case c = {.desc = {.m = m, .n = n, .k = k, .alpha = 1.0f}};
+    case_result r = {.op = "matmul", .unit = "gflops"};
+    snprintf(r.size_json, sizeof r.size_json, "\"m\": %zu, \"n\": %zu, \"k\": %zu", m, n, k);
+    snprintf(r.size_text, sizeof r.size_text, "m=%zu n=%zu k=%zu", m, n, k);
+    int rc = fresh_context(b);
+    if (rc != CLI_OK)
+        return rc;
     c.mem[0] = random_buffer(b, m * k, 1);
     c.mem[1] = random_buffer(b, k * n, 2);
     c.mem[2] = random_buffer(b, m * n, 3);
-    char json[160], text[80];
-    snprintf(json, sizeof json, "\"m\": %zu, \"n\": %zu, \"k\": %zu", m, n, k);
-    snprintf(text, sizeof text, "m=%zu n=%zu k=%zu", m, n, k);
-    double device_ms = 0, wall_ms = 0;
-    int rc = all_made(c.mem, 3) ? measure(b, text, run_matmul, &c, &device_ms, &wall_ms)
-                                : cli_fail("bench", CLI_FAILED, "%s: cannot allocate", text);
-    if (rc == CLI_OK)
-        report(b, "matmul", json, text, device_ms, wall_ms, "gflops",
-               2.0 * m * n * k / device_ms / 1e6);
+    clattn_status status =
+        all_made(c.mem, 3) ? measure(b, r.size_text, run_matmul, &c, &r.device_ms, &r.wall_ms)
+                           : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    r.rate = status == CLATTN_SUCCESS ? 2.0 * m * n * k / r.device_ms / 1e6 : 0.0;
+    rc = report(b, &r, status, (m * k + k * n + m * n) * sizeof(float));
     release_all(c.mem, 3);
     return rc;
 }
@@ -228,14 +295,13 @@ static clattn_status run_attention(bench_state *b, void *p, cl_uint nw, const cl
                             (clattn_tensor){c->mem[3], 0}, (clattn_tensor){0}, nw, w, e);
 }
 
-static void attention_size(const clattn_attention_desc *d, char *json, size_t json_size,
-                           char *text, size_t text_size)
+static void attention_size(const clattn_attention_desc *d, case_result *r)
 {
-    snprintf(json, json_size,
+    snprintf(r->size_json, sizeof r->size_json,
              "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"head_dim\": %zu",
              d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim_qk);
-    snprintf(text, text_size, "B=%zu H=%zu Lq=%zu Lk=%zu d=%zu", d->batch, d->heads, d->seq_q,
-             d->seq_k, d->head_dim_qk);
+    snprintf(r->size_text, sizeof r->size_text, "B=%zu H=%zu Lq=%zu Lk=%zu d=%zu", d->batch,
+             d->heads, d->seq_q, d->seq_k, d->head_dim_qk);
 }
 
 static int bench_softmax(bench_state *b, size_t seq_q, size_t seq_k)
@@ -245,40 +311,48 @@ static int bench_softmax(bench_state *b, size_t seq_q, size_t seq_k)
                                     .seq_k = seq_k, .scale = 0.125f}};
     c.attention = (clattn_attention_desc){.batch = o->batch, .heads = o->heads, .seq_q = seq_q,
                                           .seq_k = seq_k, .head_dim_qk = o->head_dim};
+    case_result r = {.op = "softmax", .unit = "gbps"};
+    attention_size(&c.attention, &r);
+    int rc = fresh_context(b);
+    if (rc != CLI_OK)
+        return rc;
     const size_t count = o->batch * o->heads * seq_q * seq_k;
     c.mem[0] = random_buffer(b, count, 4);
     c.mem[1] = random_buffer(b, count, 5);
-    char json[200], text[100];
-    attention_size(&c.attention, json, sizeof json, text, sizeof text);
-    double device_ms = 0, wall_ms = 0;
-    int rc = all_made(c.mem, 2) ? measure(b, text, run_softmax, &c, &device_ms, &wall_ms)
-                                : cli_fail("bench", CLI_FAILED, "%s: cannot allocate", text);
-    if (rc == CLI_OK)
-        report(b, "softmax", json, text, device_ms, wall_ms, "gbps",
-               2.0 * count * sizeof(float) / device_ms / 1e6);
+    clattn_status status =
+        all_made(c.mem, 2) ? measure(b, r.size_text, run_softmax, &c, &r.device_ms, &r.wall_ms)
+                           : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    r.rate = status == CLATTN_SUCCESS ? 2.0 * count * sizeof(float) / r.device_ms / 1e6 : 0.0;
+    rc = report(b, &r, status, 2 * count * sizeof(float));
     release_all(c.mem, 2);
     return rc;
 }
 
-static int bench_attention(bench_state *b, size_t seq_q, size_t seq_k)
+static int bench_attention(bench_state *b, size_t seq_q, size_t seq_k, clattn_path path)
 {
     const bench_options *o = b->options;
     attention_case c = {.attention = {.batch = o->batch, .heads = o->heads, .seq_q = seq_q,
                                       .seq_k = seq_k, .head_dim_qk = o->head_dim,
-                                      .head_dim_v = o->head_dim}};
+                                      .head_dim_v = o->head_dim, .path = path}};
+    case_result r = {.op = "attention", .unit = "gflops",
+                     .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
+    attention_size(&c.attention, &r);
+    int rc = fresh_context(b);
+    if (rc != CLI_OK)
+        return rc;
     const size_t bh = o->batch * o->heads;
-    c.mem[0] = random_buffer(b, bh * seq_q * o->head_dim, 6);
-    c.mem[1] = random_buffer(b, bh * seq_k * o->head_dim, 7);
-    c.mem[2] = random_buffer(b, bh * seq_k * o->head_dim, 8);
-    c.mem[3] = random_buffer(b, bh * seq_q * o->head_dim, 9);
-    char json[200], text[100];
-    attention_size(&c.attention, json, sizeof json, text, sizeof text);
-    double device_ms = 0, wall_ms = 0;
-    int rc = all_made(c.mem, 4) ? measure(b, text, run_attention, &c, &device_ms, &wall_ms)
-                                : cli_fail("bench", CLI_FAILED, "%s: cannot allocate", text);
-    if (rc == CLI_OK)
-        report(b, "attention", json, text, device_ms, wall_ms, "gflops",
-               4.0 * bh * seq_q * seq_k * o->head_dim / device_ms / 1e6);
+    const size_t q_count = bh * seq_q * o->head_dim, kv_count = bh * seq_k * o->head_dim;
+    c.mem[0] = random_buffer(b, q_count, 6);
+    c.mem[1] = random_buffer(b, kv_count, 7);
+    c.mem[2] = random_buffer(b, kv_count, 8);
+    c.mem[3] = random_buffer(b, q_count, 9);
+    clattn_status status =
+        all_made(c.mem, 4) ? measure(b, r.size_text, run_attention, &c, &r.device_ms, &r.wall_ms)
+                           : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    r.rate = status == CLATTN_SUCCESS
+                 ? 4.0 * bh * seq_q * seq_k * o->head_dim / r.device_ms / 1e6
+                 : 0.0;
+    rc = report(b, &r, status, (2 * q_count + 2 * kv_count) * sizeof(float));
     release_all(c.mem, 4);
     return rc;
 }
@@ -301,29 +375,38 @@ static clattn_status run_mha(bench_state *b, void *p, cl_uint nw, const cl_event
                               (clattn_tensor){0}, nw, w, e);
 }
 
-static int bench_mha(bench_state *b, size_t seq)
+static int bench_mha(bench_state *b, size_t seq, clattn_path path)
 {
     const bench_options *o = b->options;
     const size_t e = o->embed;
     mha_case c = {.desc = {.batch = o->batch, .seq_q = seq, .seq_k = seq, .embed_dim = e,
-                           .num_heads = o->heads, .layout = CLATTN_LAYOUT_TORCH}};
-    const size_t counts[6] = {o->batch * seq * e, o->batch * seq * e, 3 * e * e, 3 * e, e * e, e};
-    for (int i = 0; i < 6; ++i)
-        c.mem[i] = random_buffer(b, counts[i], 10 + (unsigned)i);
-    char json[200], text[100];
-    snprintf(json, sizeof json,
+                           .num_heads = o->heads, .layout = CLATTN_LAYOUT_TORCH, .path = path}};
+    case_result r = {.op = "mha", .unit = "gflops",
+                     .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
+    snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"head_dim\": %zu, "
              "\"embed_dim\": %zu",
              o->batch, o->heads, seq, seq, e / o->heads, e);
-    snprintf(text, sizeof text, "B=%zu H=%zu L=%zu E=%zu", o->batch, o->heads, seq, e);
-    double device_ms = 0, wall_ms = 0;
-    int rc = e % o->heads ? cli_fail("bench", CLI_BAD_INPUT, "--embed %zu is not divisible by "
-                                     "--heads %zu", e, o->heads)
-             : all_made(c.mem, 6) ? measure(b, text, run_mha, &c, &device_ms, &wall_ms)
-                                  : cli_fail("bench", CLI_FAILED, "%s: cannot allocate", text);
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu", o->batch, o->heads, seq,
+             e);
+    if (e % o->heads)
+        return cli_fail("bench", CLI_BAD_INPUT, "--embed %zu is not divisible by --heads %zu", e,
+                        o->heads);
+    int rc = fresh_context(b);
+    if (rc != CLI_OK)
+        return rc;
+    const size_t counts[6] = {o->batch * seq * e, o->batch * seq * e, 3 * e * e, 3 * e, e * e, e};
+    size_t bytes = 0;
+    for (int i = 0; i < 6; ++i) {
+        c.mem[i] = random_buffer(b, counts[i], 10 + (unsigned)i);
+        bytes += counts[i] * sizeof(float);
+    }
+    clattn_status status =
+        all_made(c.mem, 6) ? measure(b, r.size_text, run_mha, &c, &r.device_ms, &r.wall_ms)
+                           : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     const double flops = 8.0 * o->batch * seq * e * e + 4.0 * o->batch * seq * seq * e;
-    if (rc == CLI_OK)
-        report(b, "mha", json, text, device_ms, wall_ms, "gflops", flops / device_ms / 1e6);
+    r.rate = status == CLATTN_SUCCESS ? flops / r.device_ms / 1e6 : 0.0;
+    rc = report(b, &r, status, bytes);
     release_all(c.mem, 6);
     return rc;
 }
@@ -384,6 +467,23 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
                     memset(o->ops, 0, sizeof o->ops);
                 o->ops[found] = any_op = true;
             }
+        } else if (cli_is(&args, "--path")) {
+            o->paths[0] = o->paths[1] = false;
+            char buffer[64];
+            snprintf(buffer, sizeof buffer, "%s", value);
+            char *save = NULL;
+            for (char *item = strtok_r(buffer, ",", &save); item;
+                 item = strtok_r(NULL, ",", &save)) {
+                if (strcmp(item, "fused") == 0)
+                    o->paths[0] = true;
+                else if (strcmp(item, "unfused") == 0)
+                    o->paths[1] = true;
+                else
+                    return cli_fail("bench", CLI_BAD_INPUT,
+                                    "--path: '%s' is not fused or unfused", item);
+            }
+            if (!o->paths[0] && !o->paths[1])
+                return cli_fail("bench", CLI_BAD_INPUT, "--path: empty list");
         } else if (cli_is(&args, "--mnk")) {
             if (!parse_mnk(value, o))
                 return cli_fail("bench", CLI_BAD_INPUT, "--mnk: '%s' is not a list of MxNxK "
@@ -422,7 +522,7 @@ int cmd_bench(int argc, char **argv)
     bench_options o = {.ops = {true, true, true, true}, .runs = 10, .warmup = 1,
                        .mnk = {{512, 512, 512}, {1024, 1024, 1024}, {4096, 64, 4096}},
                        .num_mnk = 3, .batch = 1, .heads = 8, .head_dim = 64, .embed = 512,
-                       .seq = {512, 1024}, .num_seq = 2};
+                       .seq = {512, 1024}, .num_seq = 2, .paths = {true, true}};
     int rc = parse_bench_options(argc, argv, &o);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
@@ -435,23 +535,27 @@ int cmd_bench(int argc, char **argv)
     cl_int err = CL_SUCCESS;
     b.queue = clCreateCommandQueue(b.context, clattn_ctx_device(probe),
                                    CL_QUEUE_PROFILING_ENABLE, &err);
-    char message[512];
-    if (err != CL_SUCCESS ||
-        clattn_ctx_create_from_queue(b.queue, &b.ctx, message, sizeof message) != CLATTN_SUCCESS)
-        rc = cli_fail("bench", CLI_FAILED, "cannot make a profiling queue (%d)", (int)err);
+    if (err != CL_SUCCESS)
+        rc = cli_fail("bench", CLI_FAILED, "clCreateCommandQueue(profiling): %d", (int)err);
     if (rc == CLI_OK && !o.json) {
         cli_print_device(stdout, clattn_ctx_device(probe));
         printf("median of %zu runs after %zu warm-up run(s)\n", o.runs, o.warmup);
-        printf("%-10s %-40s %11s %11s %18s\n", "op", "size", "device ms", "wall ms", "rate");
+        printf("%-18s %-32s %10s %10s %17s %9s %9s\n", "op", "size", "device ms", "wall ms",
+               "rate", "dev MiB", "rss MiB");
     }
+    static const clattn_path paths[2] = {CLATTN_PATH_FUSED, CLATTN_PATH_UNFUSED};
     for (size_t i = 0; rc == CLI_OK && o.ops[0] && i < o.num_mnk; ++i)
         rc = bench_matmul(&b, o.mnk[i][0], o.mnk[i][1], o.mnk[i][2]);
     for (size_t i = 0; rc == CLI_OK && o.ops[1] && i < o.num_seq; ++i)
         rc = bench_softmax(&b, o.seq[i], o.seq_k ? o.seq_k : o.seq[i]);
     for (size_t i = 0; rc == CLI_OK && o.ops[2] && i < o.num_seq; ++i)
-        rc = bench_attention(&b, o.seq[i], o.seq_k ? o.seq_k : o.seq[i]);
+        for (int p = 0; rc == CLI_OK && p < 2; ++p)
+            if (o.paths[p])
+                rc = bench_attention(&b, o.seq[i], o.seq_k ? o.seq_k : o.seq[i], paths[p]);
     for (size_t i = 0; rc == CLI_OK && o.ops[3] && i < o.num_seq; ++i)
-        rc = bench_mha(&b, o.seq[i]);
+        for (int p = 0; rc == CLI_OK && p < 2; ++p)
+            if (o.paths[p])
+                rc = bench_mha(&b, o.seq[i], paths[p]);
     clattn_ctx_release(b.ctx);
     if (b.queue)
         clReleaseCommandQueue(b.queue);

@@ -12,7 +12,7 @@ static const char run_usage[] =
     "                  (--weights W.safetensors --heads H | --wq WQ.npy --wk WK.npy --wv WV.npy\n"
     "                   [--wo WO.npy] [--heads H])\n"
     "                  [--causal] [--attn-mask M.npy] [--key-padding-mask P.npy]\n"
-    "                  [--scale S] [--norm softmax|relu]\n"
+    "                  [--scale S] [--norm softmax|relu] [--path auto|fused|unfused]\n"
     "                  [--out O.npy] [--attn-out A.npy] [--attn-png A.png] [--device SPEC]\n"
     "\n"
     "Inputs: the query is (L, E) or (B, L, E) float32/float64; key and value default to the\n"
@@ -29,6 +29,8 @@ static const char run_usage[] =
     "scores (-inf masks), or bool/uint8, true = masked (as PyTorch); --key-padding-mask (B, S)\n"
     "(or (S) unbatched), bool or 0/1, true = ignore that key. A fully masked row gives zeros.\n"
     "--scale: default 1/sqrt(head dim). --norm: softmax (default) or relu (relu(s)/sum).\n"
+    "--path: auto (default: the fused kernel, which never forms the L x S scores, unless the\n"
+    "weights are asked for), fused, or unfused.\n"
     "Outputs: --out O.npy, with the query's batching ((L, E) or (B, L, E)); without --out the\n"
     "output is printed. --attn-out A.npy: the per-head weights (B, H, L, S), or (H, L, S)\n"
     "unbatched. --attn-png A.png: heatmap of the weights of batch 0, one panel per head\n"
@@ -42,6 +44,7 @@ typedef struct run_options {
     bool heads_given, causal;
     float scale;
     clattn_norm norm;
+    clattn_path path;
 } run_options;
 
 /* Everything loaded from files; freed by run_free. */
@@ -115,6 +118,18 @@ static int parse_options(int argc, char **argv, run_options *o)
                 return CLI_BAD_INPUT;
             if (o->scale == 0.0f)
                 return cli_fail("run", CLI_BAD_INPUT, "--scale: 0 would ignore the scores");
+        } else if (cli_is(&args, "--path")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "auto") == 0)
+                o->path = CLATTN_PATH_AUTO;
+            else if (strcmp(value, "fused") == 0)
+                o->path = CLATTN_PATH_FUSED;
+            else if (strcmp(value, "unfused") == 0)
+                o->path = CLATTN_PATH_UNFUSED;
+            else
+                return cli_fail("run", CLI_BAD_INPUT,
+                                "--path: '%s' is not auto, fused or unfused", value);
         } else if (cli_is(&args, "--norm")) {
             if (!(value = cli_value(&args)))
                 return CLI_BAD_INPUT;
@@ -139,6 +154,9 @@ static int parse_options(int argc, char **argv, run_options *o)
                         "weights needed: --weights W.safetensors --heads H, or --wq --wk --wv");
     if (textbook && !(o->wq && o->wk && o->wv))
         return cli_fail("run", CLI_BAD_INPUT, "--wq, --wk and --wv go together");
+    if (o->path == CLATTN_PATH_FUSED && (o->attn_out || o->attn_png))
+        return cli_fail("run", CLI_BAD_INPUT, "--path fused never forms the attention weights: "
+                        "drop --attn-out/--attn-png or use --path auto");
     if (o->weights && !o->heads_given)
         return cli_fail("run", CLI_BAD_INPUT, "--weights needs --heads H");
     if (!o->heads_given)
@@ -400,7 +418,7 @@ static int run(const run_options *o, run_data *d)
 
     clattn_mha_desc desc = {.batch = batch, .seq_q = seq_q, .seq_k = seq_k,
                             .num_heads = o->heads, .scale = o->scale, .norm = o->norm,
-                            .masks = {.causal = o->causal}};
+                            .masks = {.causal = o->causal}, .path = o->path};
     if ((rc = o->weights ? load_torch_weights(o, d, &desc)
                          : load_textbook_weights(o, d, &desc, embed)))
         return rc;
