@@ -60,4 +60,9 @@ int cmd_demo(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
+/* `clattn run` up to the device: parses the options, reads every file and checks every shape,
+ * printing the one-line error on failure; returns the exit code. The argument-validation fuzz
+ * target calls it. */
+int cmd_run_check(int argc, char **argv);
+
 #endif

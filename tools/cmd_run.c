@@ -386,7 +386,8 @@ static int write_npy(const char *path, const float *data, int ndim, const size_t
                : cli_fail("run", CLI_FAILED, "%s", msg);
 }
 
-static int run(const run_options *o, run_data *d)
+/* Loads and validates everything; with check_only, stops before the device. */
+static int run(const run_options *o, run_data *d, bool check_only)
 {
     int rc;
     size_t batch, seq_q, embed, kb, seq_k, kdim, vb, seq_v, vdim;
@@ -471,6 +472,8 @@ static int run(const run_options *o, run_data *d)
     const clattn_host_masks masks = {.causal = o->causal, .attn_mask = d->mask_additive,
                                      .key_padding_mask = d->padding_bytes};
 
+    if (check_only)
+        return CLI_OK;
     clattn_ctx *ctx = cli_context("run", o->device);
     if (ctx == NULL)
         return CLI_FAILED;
@@ -510,7 +513,7 @@ static int run(const run_options *o, run_data *d)
     return CLI_OK;
 }
 
-int cmd_run(int argc, char **argv)
+static int run_command(int argc, char **argv, bool check_only)
 {
     run_options options = {.norm = CLATTN_NORM_SOFTMAX};
     int rc = parse_options(argc, argv, &options);
@@ -518,7 +521,17 @@ int cmd_run(int argc, char **argv)
         return rc < 0 ? CLI_OK : rc;
     run_data data;
     memset(&data, 0, sizeof data);
-    rc = run(&options, &data);
+    rc = run(&options, &data, check_only);
     run_free(&data);
     return rc;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    return run_command(argc, argv, false);
+}
+
+int cmd_run_check(int argc, char **argv)
+{
+    return run_command(argc, argv, true);
 }
