@@ -191,7 +191,7 @@ clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attention_desc *des
                                   clattn__flash_enqueue(ctx, desc, q, k, v, out, (clattn_tensor){0},
                                                         CHAIN_WAIT(&chain), &step),
                                   &step);
-        return clattn__end(ctx, &chain, status, event);
+        return clattn__end(ctx, op, &chain, status, event);
     }
     clattn_tensor scores = weights;
     if (scores.mem == NULL) {
@@ -204,7 +204,7 @@ clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attention_desc *des
     status = clattn__begin(ctx, op, &chain, num_wait, wait);
     if (status == CLATTN_SUCCESS)
         status = attention_enqueue(ctx, desc, q, k, v, out, scores, &chain);
-    return clattn__end(ctx, &chain, status, event);
+    return clattn__end(ctx, op, &chain, status, event);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -551,5 +551,5 @@ clattn_status clattn_mha_forward(clattn_ctx *ctx, const clattn_mha_desc *desc,
     if (status == CLATTN_SUCCESS)
         status = mha_enqueue(ctx, desc, weights, &sizes, query, key, value, out, attn_weights,
                              flash, &chain);
-    return clattn__end(ctx, &chain, status, event);
+    return clattn__end(ctx, op, &chain, status, event);
 }

@@ -125,6 +125,29 @@ void clattn__copy_message(char *dst, size_t dst_size, const char *src);
         }                                                                                          \
     } while (0)
 
+/* --- fault injection (test builds only) ----------------------------------------------------
+ * Built with -DCLATTN_FAULT_INJECTION (the clattn_fault test library, never the shipped one),
+ * the N-th device allocation, command enqueue or program build after clattn__fault_arm fails
+ * as if the OpenCL call had. Process-wide counters: a test-only exception to "no global
+ * state". */
+typedef enum clattn_fault_kind {
+    CLATTN_FAULT_ALLOC = 0, /* clCreateBuffer */
+    CLATTN_FAULT_ENQUEUE,   /* clEnqueueNDRangeKernel, read/write buffer, marker */
+    CLATTN_FAULT_BUILD,     /* clBuildProgram */
+    CLATTN_FAULT_KINDS
+} clattn_fault_kind;
+
+#ifdef CLATTN_FAULT_INJECTION
+/* True when this call of `kind` is the one armed to fail. */
+bool clattn__fault(clattn_fault_kind kind);
+/* Arms `kind` to fail its n-th call from now (n = 0: never) and resets its counter. */
+CLATTN_API void clattn__fault_arm(clattn_fault_kind kind, long n);
+/* Calls of `kind` since it was last armed. */
+CLATTN_API long clattn__fault_calls(clattn_fault_kind kind);
+#else
+#define clattn__fault(kind) false
+#endif
+
 /* --- size arithmetic (overflow-checked) ---------------------------------------------------- */
 
 static inline bool clattn__mul(size_t a, size_t b, size_t *out)
@@ -220,11 +243,12 @@ void clattn__chain_finish(clattn_chain *chain, cl_event *out);
 /* Public entry points wrap their work in begin/end. On an out-of-order queue, begin makes the
  * call's first step also wait for the previous call's work (the workspace is shared), and end
  * remembers the call's last event. end hands the final event to `event` on success and
- * returns status. */
+ * returns status; on failure it makes sure the message starts with `op`, so that an error
+ * from an inner step still names the call the user made. */
 clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain, cl_uint num_wait,
                             const cl_event *wait);
-clattn_status clattn__end(clattn_ctx *ctx, clattn_chain *chain, clattn_status status,
-                          cl_event *event);
+clattn_status clattn__end(clattn_ctx *ctx, const char *op, clattn_chain *chain,
+                          clattn_status status, cl_event *event);
 /* Pushes a step's event (read through the pointer after the step ran) when the step
  * succeeded; returns status. */
 static inline clattn_status clattn__step(clattn_chain *chain, clattn_status status,

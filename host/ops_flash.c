@@ -179,5 +179,5 @@ clattn_status clattn_flash_attention(clattn_ctx *ctx, const clattn_attention_des
         status = clattn__step(
             &chain, clattn__flash_enqueue(ctx, desc, q, k, v, out, lse, CHAIN_WAIT(&chain), &step),
             &step);
-    return clattn__end(ctx, &chain, status, event);
+    return clattn__end(ctx, op, &chain, status, event);
 }

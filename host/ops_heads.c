@@ -97,7 +97,7 @@ static clattn_status move_heads(clattn_ctx *ctx, const char *op, const clattn_he
                               clattn__move_heads_enqueue(ctx, desc, to_head_major, src, dst,
                                                          CHAIN_WAIT(&chain), &step),
                               &step);
-    return clattn__end(ctx, &chain, status, event);
+    return clattn__end(ctx, op, &chain, status, event);
 }
 
 clattn_status clattn_split_heads(clattn_ctx *ctx, const clattn_heads_desc *desc, clattn_tensor src,

@@ -181,5 +181,5 @@ clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, cla
         status = clattn__step(
             &chain, clattn__matmul_enqueue(ctx, desc, a, b, bias, c, CHAIN_WAIT(&chain), &step),
             &step);
-    return clattn__end(ctx, &chain, status, event);
+    return clattn__end(ctx, "matmul", &chain, status, event);
 }

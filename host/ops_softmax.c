@@ -92,5 +92,5 @@ clattn_status clattn_softmax_rows(clattn_ctx *ctx, const clattn_softmax_desc *de
         status = clattn__step(
             &chain, clattn__softmax_enqueue(ctx, desc, scores, out, CHAIN_WAIT(&chain), &step),
             &step);
-    return clattn__end(ctx, &chain, status, event);
+    return clattn__end(ctx, op, &chain, status, event);
 }

@@ -522,7 +522,9 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
     CL_CHECK(ctx, err, "clCreateProgramWithSource");
     char options[sizeof ctx->build_options + 256];
     snprintf(options, sizeof options, "%s %s", ctx->build_options, extra);
-    err = clBuildProgram(program, 1, &ctx->device, options, NULL, NULL);
+    err = clattn__fault(CLATTN_FAULT_BUILD)
+              ? CL_BUILD_PROGRAM_FAILURE
+              : clBuildProgram(program, 1, &ctx->device, options, NULL, NULL);
     if (err != CL_SUCCESS) {
         /* The log may be longer than the message keeps: fetch it whole, keep its start. */
         size_t log_size = 0;
@@ -535,7 +537,7 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
             log[0] = '\0';
         status = clattn__fail(
             ctx, err == CL_BUILD_PROGRAM_FAILURE ? CLATTN_ERR_BUILD : (clattn_status)err,
-            "clBuildProgram(%s, %s): %s (%d)\n%s", sources[source].file, ctx->build_options,
+            "clBuildProgram(%s, %s): %s (%d)\n%s", sources[source].file, options,
             clattn__cl_error_name(err), (int)err, log ? log : "(no build log)");
         free(log);
         goto done;
@@ -584,7 +586,9 @@ clattn_status clattn__launch_kernel(clattn_ctx *ctx, cl_kernel kernel, const cha
             return clattn__fail(ctx, (clattn_status)err, "clSetKernelArg(%s, %u): %s (%d)", name,
                                 (unsigned)i, clattn__cl_error_name(err), (int)err);
     }
-    cl_int err = clEnqueueNDRangeKernel(ctx->queue, kernel, dims, NULL, global, local, num_wait,
+    cl_int err = clattn__fault(CLATTN_FAULT_ENQUEUE)
+                     ? CL_OUT_OF_RESOURCES
+                     : clEnqueueNDRangeKernel(ctx->queue, kernel, dims, NULL, global, local, num_wait,
                                         num_wait ? wait : NULL, event);
     if (err != CL_SUCCESS)
         return clattn__fail(ctx, (clattn_status)err, "clEnqueueNDRangeKernel(%s): %s (%d)", name,
@@ -685,6 +689,14 @@ clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot 
                             "%s: the %s workspace needs %zu bytes, more than the context's "
                             "workspace limit (%zu bytes)",
                             op, workspace_names[slot], bytes, ctx->workspace_limit);
+    /* The other slots stay allocated: all of it together must fit the device's memory. */
+    const size_t others = clattn_ctx_workspace_bytes(ctx) - ctx->workspace_bytes[slot];
+    if ((cl_ulong)others + bytes > ctx->info.global_mem_size)
+        return clattn__fail(ctx, CLATTN_ERR_TOO_LARGE,
+                            "%s: the %s workspace needs %zu bytes; with the %zu bytes already "
+                            "held that exceeds the device's global memory (%llu bytes)",
+                            op, workspace_names[slot], bytes, others,
+                            (unsigned long long)ctx->info.global_mem_size);
     if (bytes > ctx->info.max_alloc_size)
         return clattn__fail(ctx, CLATTN_ERR_TOO_LARGE,
                             "%s: the %s workspace needs %zu bytes, more than the device's largest "
@@ -692,7 +704,11 @@ clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot 
                             op, workspace_names[slot], bytes,
                             (unsigned long long)ctx->info.max_alloc_size);
     cl_int err = CL_SUCCESS;
-    cl_mem mem = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    cl_mem mem = NULL;
+    if (clattn__fault(CLATTN_FAULT_ALLOC))
+        err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    else
+        mem = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
     if (err != CL_SUCCESS)
         return clattn__fail(ctx, (clattn_status)err, "%s: clCreateBuffer(%s, %zu bytes): %s (%d)",
                             op, workspace_names[slot], bytes, clattn__cl_error_name(err), (int)err);
@@ -829,7 +845,9 @@ clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain
         list[i] = wait[i];
     list[num_wait] = ctx->last_event;
     cl_event marker = NULL;
-    cl_int err = clEnqueueMarkerWithWaitList(ctx->queue, num_wait + 1, list, &marker);
+    cl_int err = clattn__fault(CLATTN_FAULT_ENQUEUE)
+                     ? CL_OUT_OF_RESOURCES
+                     : clEnqueueMarkerWithWaitList(ctx->queue, num_wait + 1, list, &marker);
     free(list);
     if (err != CL_SUCCESS)
         return clattn__fail(ctx, (clattn_status)err, "%s: clEnqueueMarkerWithWaitList: %s (%d)", op,
@@ -838,9 +856,23 @@ clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain
     return CLATTN_SUCCESS;
 }
 
-clattn_status clattn__end(clattn_ctx *ctx, clattn_chain *chain, clattn_status status,
-                          cl_event *event)
+clattn_status clattn__end(clattn_ctx *ctx, const char *op, clattn_chain *chain,
+                          clattn_status status, cl_event *event)
 {
+    const size_t op_length = strlen(op);
+    if (status != CLATTN_SUCCESS &&
+        !(strncmp(ctx->message, op, op_length) == 0 && ctx->message[op_length] == ':')) {
+        /* Shift the message right and write "op: " in front, truncating its end. */
+        const size_t prefix = op_length + 2;
+        size_t inner = strlen(ctx->message);
+        if (inner > sizeof ctx->message - 1 - prefix)
+            inner = sizeof ctx->message - 1 - prefix;
+        memmove(ctx->message + prefix, ctx->message, inner);
+        memcpy(ctx->message, op, op_length);
+        ctx->message[op_length] = ':';
+        ctx->message[op_length + 1] = ' ';
+        ctx->message[prefix + inner] = '\0';
+    }
     if (status == CLATTN_SUCCESS && ctx->out_of_order && chain->last) {
         if (ctx->last_event)
             clReleaseEvent(ctx->last_event);
@@ -850,3 +882,24 @@ clattn_status clattn__end(clattn_ctx *ctx, clattn_chain *chain, clattn_status st
     clattn__chain_finish(chain, status == CLATTN_SUCCESS ? event : NULL);
     return status;
 }
+
+#ifdef CLATTN_FAULT_INJECTION
+static long fault_target[CLATTN_FAULT_KINDS];
+static long fault_calls[CLATTN_FAULT_KINDS];
+
+bool clattn__fault(clattn_fault_kind kind)
+{
+    return ++fault_calls[kind] == fault_target[kind];
+}
+
+void clattn__fault_arm(clattn_fault_kind kind, long n)
+{
+    fault_target[kind] = n;
+    fault_calls[kind] = 0;
+}
+
+long clattn__fault_calls(clattn_fault_kind kind)
+{
+    return fault_calls[kind];
+}
+#endif
