@@ -279,6 +279,13 @@ static const bad_case bad_cases[] = {
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 "
      "--key %1$s/cross_key.npy", "same B"},
     {"run --query %1$s/self_attn.npy --weights %1$s/self.safetensors --heads 2", "(L, E)"},
+    /* Zero-width weights (found by fuzz_cli_args): refused, not read as "default width". */
+    {"run --query %1$s/textbook_x.npy --wq %1$s/../../fuzz/corpus/npy/zero_width.npy "
+     "--wk %1$s/../../fuzz/corpus/npy/zero_width.npy "
+     "--wv %1$s/../../fuzz/corpus/npy/zero_width.npy --heads 100000000", "no dimension may be 0"},
+    {"run --query %1$s/textbook_x.npy --heads 2 "
+     "--weights %1$s/../../fuzz/corpus/safetensors/cli_zero_vdim.safetensors",
+     "no dimension may be 0"},
     {"bench --mnk 3x4", "--mnk"},
     {"bench --path sideways", "--path"},
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 --path fused "

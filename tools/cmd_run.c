@@ -183,10 +183,15 @@ static const char *shape_text(const clattn_array *a, char *buffer, size_t size)
     return buffer;
 }
 
-/* Requires a 2-D array of shape (rows, cols); 0 means "any". */
+/* Requires a 2-D array of shape (rows, cols) with no zero dimension; rows or cols 0 means
+ * "any". (A zero-width weight would reach the library as qk_dim/v_dim = 0, which means
+ * "embed_dim" there: found by fuzz_cli_args.) */
 static int expect_matrix(const char *what, const clattn_array *a, size_t rows, size_t cols)
 {
     char text[128];
+    if (a->ndim == 2 && (a->shape[0] == 0 || a->shape[1] == 0))
+        return cli_fail("run", CLI_BAD_INPUT, "%s has shape %s: no dimension may be 0", what,
+                        shape_text(a, text, sizeof text));
     if (a->ndim != 2 || (rows && a->shape[0] != rows) || (cols && a->shape[1] != cols)) {
         char want[96];
         snprintf(want, sizeof want, "(%s, %s)", rows ? "" : "any", cols ? "" : "any");
@@ -251,7 +256,8 @@ static int load_torch_weights(const run_options *o, run_data *d, clattn_mha_desc
     if (packed) {
         if ((rc = read_tensor(d, path, "in_proj_weight", &p[P_IN_W], true)))
             return rc;
-        if (p[P_IN_W].ndim != 2 || p[P_IN_W].shape[0] != 3 * p[P_IN_W].shape[1])
+        if (p[P_IN_W].ndim != 2 || p[P_IN_W].shape[1] == 0 ||
+            p[P_IN_W].shape[0] != 3 * p[P_IN_W].shape[1])
             return cli_fail("run", CLI_BAD_INPUT, "%s: in_proj_weight has shape %s, expected "
                             "(3E, E)", path, shape_text(&p[P_IN_W], text, sizeof text));
         desc->embed_dim = p[P_IN_W].shape[1];
