@@ -8,21 +8,6 @@
  * Shared checks
  * ------------------------------------------------------------------------------------------- */
 
-static clattn_status check_common(clattn_ctx *ctx, const char *op, const void *desc,
-                                  clattn_norm norm, cl_uint num_wait, const cl_event *wait)
-{
-    if (desc == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: desc is NULL", op);
-    if (norm != CLATTN_NORM_SOFTMAX && norm != CLATTN_NORM_RELU)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: norm=%d is not a clattn_norm",
-                            op, (int)norm);
-    if ((num_wait > 0) != (wait != NULL))
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: num_wait=%u does not match wait list %s", op, (unsigned)num_wait,
-                            wait ? "given" : "NULL");
-    return CLATTN_SUCCESS;
-}
-
 static clattn_status overflow(clattn_ctx *ctx, const char *op, const char *what)
 {
     return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the size of %s overflows size_t", op, what);
@@ -157,13 +142,9 @@ clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attention_desc *des
                                cl_event *event)
 {
     static const char op[] = "attention";
-    if (event)
-        *event = NULL;
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    clattn_status status =
-        check_common(ctx, op, desc, desc ? desc->norm : CLATTN_NORM_SOFTMAX, num_wait, wait);
+    clattn_status status = clattn__entry(ctx, op, desc, num_wait, wait, event);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__check_norm(ctx, op, desc->norm);
     if (status != CLATTN_SUCCESS)
         return status;
     clattn_attention_sizes sizes;
@@ -522,13 +503,9 @@ clattn_status clattn_mha_forward(clattn_ctx *ctx, const clattn_mha_desc *desc,
                                  cl_event *event)
 {
     static const char op[] = "mha_forward";
-    if (event)
-        *event = NULL;
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    clattn_status status =
-        check_common(ctx, op, desc, desc ? desc->norm : CLATTN_NORM_SOFTMAX, num_wait, wait);
+    clattn_status status = clattn__entry(ctx, op, desc, num_wait, wait, event);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__check_norm(ctx, op, desc->norm);
     if (status != CLATTN_SUCCESS)
         return status;
     if (weights == NULL)

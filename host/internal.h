@@ -203,6 +203,12 @@ clattn_status clattn__launch_kernel(clattn_ctx *ctx, cl_kernel kernel, const cha
 clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot slot, size_t bytes,
                                 cl_mem *out);
 
+/* The first checks of every public device call: clears *event and the last error, and refuses
+ * a NULL ctx or desc and a wait list that does not match num_wait. */
+clattn_status clattn__entry(clattn_ctx *ctx, const char *op, const void *desc, cl_uint num_wait,
+                            const cl_event *wait, cl_event *event);
+clattn_status clattn__check_norm(clattn_ctx *ctx, const char *op, clattn_norm norm);
+
 /* Checks that no dimension is 0 (limits false), or, once the sizes are known not to overflow,
  * that each fits the kernels' 32-bit indices (limits true). */
 clattn_status clattn__check_dims(clattn_ctx *ctx, const char *op, const size_t *dims,

@@ -140,22 +140,13 @@ clattn_status clattn_flash_attention(clattn_ctx *ctx, const clattn_attention_des
                                      const cl_event *wait, cl_event *event)
 {
     static const char op[] = "flash_attention";
-    if (event)
-        *event = NULL;
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    if (desc == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: desc is NULL", op);
-    if (desc->norm != CLATTN_NORM_SOFTMAX && desc->norm != CLATTN_NORM_RELU)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: norm=%d is not a clattn_norm",
-                            op, (int)desc->norm);
-    if ((num_wait > 0) != (wait != NULL))
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: num_wait=%u does not match wait list %s", op, (unsigned)num_wait,
-                            wait ? "given" : "NULL");
+    clattn_status status = clattn__entry(ctx, op, desc, num_wait, wait, event);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__check_norm(ctx, op, desc->norm);
+    if (status != CLATTN_SUCCESS)
+        return status;
     clattn_attention_sizes sizes;
-    clattn_status status = clattn__attention_shapes(ctx, desc, &sizes);
+    status = clattn__attention_shapes(ctx, desc, &sizes);
     if (status != CLATTN_SUCCESS)
         return status;
     if (!clattn__flash_supports(desc->head_dim_qk, desc->head_dim_v))

@@ -53,20 +53,12 @@ static clattn_status move_heads(clattn_ctx *ctx, const char *op, const clattn_he
                                 int to_head_major, clattn_tensor src, clattn_tensor dst,
                                 cl_uint num_wait, const cl_event *wait, cl_event *event)
 {
-    if (event)
-        *event = NULL;
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    if (desc == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: desc is NULL", op);
-    if ((num_wait > 0) != (wait != NULL))
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: num_wait=%u does not match wait list %s", op, (unsigned)num_wait,
-                            wait ? "given" : "NULL");
+    clattn_status status = clattn__entry(ctx, op, desc, num_wait, wait, event);
+    if (status != CLATTN_SUCCESS)
+        return status;
     const size_t dims[4] = {desc->batch, desc->seq, desc->heads, desc->head_dim};
     static const char *const names[4] = {"batch", "seq", "heads", "head_dim"};
-    clattn_status status = clattn__check_dims(ctx, op, dims, names, 4, false);
+    status = clattn__check_dims(ctx, op, dims, names, 4, false);
     if (status != CLATTN_SUCCESS)
         return status;
     size_t width = 0, packed = 0, strided = 0;

@@ -138,21 +138,13 @@ clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, cla
                             clattn_tensor b, clattn_tensor bias, clattn_tensor c, cl_uint num_wait,
                             const cl_event *wait, cl_event *event)
 {
-    if (event)
-        *event = NULL;
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    if (desc == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "matmul: desc is NULL");
-    if ((num_wait > 0) != (wait != NULL))
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "matmul: num_wait=%u does not match wait list %s", (unsigned)num_wait,
-                            wait ? "given" : "NULL");
+    clattn_status status = clattn__entry(ctx, "matmul", desc, num_wait, wait, event);
+    if (status != CLATTN_SUCCESS)
+        return status;
     const size_t batch = desc->batch ? desc->batch : 1;
     const size_t dims[3] = {desc->m, desc->n, desc->k};
     static const char *const dim_names[3] = {"m", "n", "k"};
-    clattn_status status = clattn__check_dims(ctx, "matmul", dims, dim_names, 3, false);
+    status = clattn__check_dims(ctx, "matmul", dims, dim_names, 3, false);
     if (status != CLATTN_SUCCESS)
         return status;
     const size_t a_rows = desc->trans_a ? desc->k : desc->m;

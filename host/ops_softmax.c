@@ -53,23 +53,14 @@ clattn_status clattn_softmax_rows(clattn_ctx *ctx, const clattn_softmax_desc *de
                                   const cl_event *wait, cl_event *event)
 {
     static const char op[] = "softmax_rows";
-    if (event)
-        *event = NULL;
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    if (desc == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: desc is NULL", op);
-    if ((num_wait > 0) != (wait != NULL))
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: num_wait=%u does not match wait list %s", op, (unsigned)num_wait,
-                            wait ? "given" : "NULL");
-    if (desc->norm != CLATTN_NORM_SOFTMAX && desc->norm != CLATTN_NORM_RELU)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: norm=%d is not a clattn_norm",
-                            op, (int)desc->norm);
+    clattn_status status = clattn__entry(ctx, op, desc, num_wait, wait, event);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__check_norm(ctx, op, desc->norm);
+    if (status != CLATTN_SUCCESS)
+        return status;
     const size_t dims[4] = {desc->batch, desc->heads, desc->seq_q, desc->seq_k};
     static const char *const names[4] = {"batch", "heads", "seq_q", "seq_k"};
-    clattn_status status = clattn__check_dims(ctx, op, dims, names, 4, false);
+    status = clattn__check_dims(ctx, op, dims, names, 4, false);
     if (status != CLATTN_SUCCESS)
         return status;
     size_t elems = 0, rows = 0, global = 0;

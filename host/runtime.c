@@ -721,6 +721,31 @@ clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot 
     return CLATTN_SUCCESS;
 }
 
+clattn_status clattn__entry(clattn_ctx *ctx, const char *op, const void *desc, cl_uint num_wait,
+                            const cl_event *wait, cl_event *event)
+{
+    if (event)
+        *event = NULL;
+    if (ctx == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn__clear_error(ctx);
+    if (desc == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: desc is NULL", op);
+    if ((num_wait > 0) != (wait != NULL))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: num_wait=%u does not match wait list %s", op, (unsigned)num_wait,
+                            wait ? "given" : "NULL");
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__check_norm(clattn_ctx *ctx, const char *op, clattn_norm norm)
+{
+    if (norm != CLATTN_NORM_SOFTMAX && norm != CLATTN_NORM_RELU)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: norm=%d is not a clattn_norm",
+                            op, (int)norm);
+    return CLATTN_SUCCESS;
+}
+
 clattn_status clattn__check_dims(clattn_ctx *ctx, const char *op, const size_t *dims,
                                  const char *const *names, int count, bool limits)
 {
