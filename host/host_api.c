@@ -16,9 +16,10 @@ static clattn_status upload(clattn_ctx *ctx, const char *op, clattn_ws_slot slot
     char what[64];
     snprintf(what, sizeof what, "%s: clEnqueueWriteBuffer", op);
     CL_CHECK(ctx,
-             clattn__fault(CLATTN_FAULT_ENQUEUE) ? CL_OUT_OF_RESOURCES :
-             clEnqueueWriteBuffer(ctx->queue, out->mem, CL_TRUE, offset * elem_size,
-                                  elems * elem_size, src, 0, NULL, NULL),
+             clattn__fault(CLATTN_FAULT_ENQUEUE)
+                 ? CL_OUT_OF_RESOURCES
+                 : clEnqueueWriteBuffer(ctx->queue, out->mem, CL_TRUE, offset * elem_size,
+                                        elems * elem_size, src, 0, NULL, NULL),
              what);
 done:
     return status;
@@ -31,10 +32,11 @@ static clattn_status download(clattn_ctx *ctx, const char *op, clattn_tensor src
     char what[64];
     snprintf(what, sizeof what, "%s: clEnqueueReadBuffer", op);
     CL_CHECK(ctx,
-             clattn__fault(CLATTN_FAULT_ENQUEUE) ? CL_OUT_OF_RESOURCES :
-             clEnqueueReadBuffer(ctx->queue, src.mem, CL_TRUE, src.offset * sizeof(float),
-                                 elems * sizeof(float), dst, after ? 1 : 0, after ? &after : NULL,
-                                 NULL),
+             clattn__fault(CLATTN_FAULT_ENQUEUE)
+                 ? CL_OUT_OF_RESOURCES
+                 : clEnqueueReadBuffer(ctx->queue, src.mem, CL_TRUE, src.offset * sizeof(float),
+                                       elems * sizeof(float), dst, after ? 1 : 0,
+                                       after ? &after : NULL, NULL),
              what);
 done:
     return status;

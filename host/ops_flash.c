@@ -42,9 +42,10 @@ static clattn_status flash_kernel(clattn_ctx *ctx, size_t dk, size_t dv, cl_kern
      * 16 rows 12.7, 64 rows 16.5; 128 no better. */
     unsigned rows = floor_pow2(max_1d, 64);
     /* CPUs: explicit vectors along the row; GPUs: scalars (a work-item is one SIMD lane). */
-    const unsigned vw = !is_cpu ? 1 : (dk % 8 == 0 && dv % 8 == 0) ? 8
-                                  : (dk % 4 == 0 && dv % 4 == 0)   ? 4
-                                                                   : 1;
+    const unsigned vw = !is_cpu                        ? 1
+                        : (dk % 8 == 0 && dv % 8 == 0) ? 8
+                        : (dk % 4 == 0 && dv % 4 == 0) ? 4
+                                                       : 1;
     for (;;) {
         char extra[160];
         snprintf(extra, sizeof extra,

@@ -588,8 +588,8 @@ clattn_status clattn__launch_kernel(clattn_ctx *ctx, cl_kernel kernel, const cha
     }
     cl_int err = clattn__fault(CLATTN_FAULT_ENQUEUE)
                      ? CL_OUT_OF_RESOURCES
-                     : clEnqueueNDRangeKernel(ctx->queue, kernel, dims, NULL, global, local, num_wait,
-                                        num_wait ? wait : NULL, event);
+                     : clEnqueueNDRangeKernel(ctx->queue, kernel, dims, NULL, global, local,
+                                              num_wait, num_wait ? wait : NULL, event);
     if (err != CL_SUCCESS)
         return clattn__fail(ctx, (clattn_status)err, "clEnqueueNDRangeKernel(%s): %s (%d)", name,
                             clattn__cl_error_name(err), (int)err);

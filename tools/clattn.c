@@ -115,8 +115,7 @@ int cmd_devices(int argc, char **argv)
             clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units, &units, NULL);
             clGetDeviceInfo(dev, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global, NULL);
             clGetDeviceInfo(dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
-            clGetDeviceInfo(dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc,
-                            NULL);
+            clGetDeviceInfo(dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
             clGetDeviceInfo(dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof max_wg, &max_wg, NULL);
             clGetDeviceInfo(dev, CL_DEVICE_DOUBLE_FP_CONFIG, sizeof fp64, &fp64, NULL);
             printf("%c %u:%u  %s  [%s]\n", dev == chosen ? '*' : ' ', (unsigned)p, (unsigned)d,
@@ -169,9 +168,8 @@ static clattn_status demo_compute(clattn_ctx *ctx, const float *x, const float *
     }
     const float *inputs[4] = {x, w[0], w[1], w[2]};
     for (int i = X; i <= WV && status == CLATTN_SUCCESS; ++i)
-        status = (clattn_status)clEnqueueWriteBuffer(queue, mem[i], CL_TRUE, 0,
-                                                     sizes[i] * sizeof(float), inputs[i], 0,
-                                                     NULL, NULL);
+        status = (clattn_status)clEnqueueWriteBuffer(
+            queue, mem[i], CL_TRUE, 0, sizes[i] * sizeof(float), inputs[i], 0, NULL, NULL);
     const clattn_tensor none = {0};
     const clattn_matmul_desc project = {.m = DEMO_L, .n = DEMO_D, .k = DEMO_D, .alpha = 1.0f};
     for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i)
@@ -194,9 +192,8 @@ static clattn_status demo_compute(clattn_ctx *ctx, const float *x, const float *
                                none, (clattn_tensor){mem[Z], 0}, 0, NULL, NULL);
     float *outputs[6] = {qkv[0], qkv[1], qkv[2], scores, weights, z};
     for (int i = 0; i < 6 && status == CLATTN_SUCCESS; ++i)
-        status = (clattn_status)clEnqueueReadBuffer(queue, mem[Q + i], CL_TRUE, 0,
-                                                    sizes[Q + i] * sizeof(float), outputs[i], 0,
-                                                    NULL, NULL);
+        status = (clattn_status)clEnqueueReadBuffer(
+            queue, mem[Q + i], CL_TRUE, 0, sizes[Q + i] * sizeof(float), outputs[i], 0, NULL, NULL);
     for (int i = 0; i < COUNT; ++i)
         if (mem[i])
             clReleaseMemObject(mem[i]);
@@ -215,8 +212,7 @@ int cmd_demo(int argc, char **argv)
             if (!(device_spec = cli_value(&args)))
                 return CLI_BAD_INPUT;
         } else {
-            return cli_fail("demo", CLI_BAD_INPUT, "unknown option '%s' (see --help)",
-                            args.name);
+            return cli_fail("demo", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
         }
     }
     static const float x[12] = {1, 0, 1, 0, 0, 1, 0, 1, 1, 1, 1, 1};
@@ -285,8 +281,9 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; ++i)
         if (strcmp(command, commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "clattn: unknown command '%s' (commands: devices, demo, run, bench; see "
-                    "clattn --help)\n",
+    fprintf(stderr,
+            "clattn: unknown command '%s' (commands: devices, demo, run, bench; see "
+            "clattn --help)\n",
             command);
     return CLI_BAD_INPUT;
 }

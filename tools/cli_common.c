@@ -66,8 +66,8 @@ bool cli_parse_size(const char *command, const char *option, const char *text, s
     char *end = NULL;
     errno = 0;
     unsigned long long value = strtoull(text, &end, 10);
-    if (text[0] == '-' || text[0] == '\0' || *end != '\0' || errno == ERANGE ||
-        value > SIZE_MAX || value < min) {
+    if (text[0] == '-' || text[0] == '\0' || *end != '\0' || errno == ERANGE || value > SIZE_MAX ||
+        value < min) {
         cli_fail(command, CLI_BAD_INPUT, "%s: '%s' is not a whole number >= %zu", option, text,
                  min);
         return false;
@@ -123,8 +123,7 @@ clattn_ctx *cli_context(const char *command, const char *device)
     char message[1024];
     clattn_status status = clattn_ctx_create(device, &ctx, message, sizeof message);
     if (status != CLATTN_SUCCESS) {
-        cli_fail(command, CLI_FAILED, "no device: %s: %s", clattn_status_string(status),
-                 message);
+        cli_fail(command, CLI_FAILED, "no device: %s: %s", clattn_status_string(status), message);
         return NULL;
     }
     return ctx;

@@ -133,8 +133,7 @@ static int fresh_context(bench_state *b)
     clattn_ctx_release(b->ctx);
     b->ctx = NULL;
     char message[512];
-    clattn_status status = clattn_ctx_create_from_queue(b->queue, &b->ctx, message,
-                                                        sizeof message);
+    clattn_status status = clattn_ctx_create_from_queue(b->queue, &b->ctx, message, sizeof message);
     return status == CLATTN_SUCCESS
                ? CLI_OK
                : cli_fail("bench", CLI_FAILED, "%s: %s", clattn_status_string(status), message);
@@ -204,7 +203,7 @@ static int report(bench_state *b, case_result *r, clattn_status status, size_t b
         snprintf(path_json, sizeof path_json, ", \"path\": \"%s\"", r->path);
     if (refused) {
         const char *why = b->ctx && clattn_last_error(b->ctx)[0] ? clattn_last_error(b->ctx)
-                                                                  : clattn_status_string(status);
+                                                                 : clattn_status_string(status);
         if (o->json) {
             printf("{\"op\": \"%s\"%s, %s, \"refused\": \"", r->op, path_json, r->size_json);
             for (const char *c = why; *c; ++c)
@@ -223,8 +222,8 @@ static int report(bench_state *b, case_result *r, clattn_status status, size_t b
     if (o->json)
         printf("{\"op\": \"%s\"%s, %s, \"runs\": %zu, \"median_ms\": %.6f, "
                "\"wall_ms\": %.6f, \"%s\": %.3f, \"device_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
-               r->op, path_json, r->size_json, o->runs, r->device_ms, r->wall_ms, r->unit,
-               r->rate, r->device_mib, rss);
+               r->op, path_json, r->size_json, o->runs, r->device_ms, r->wall_ms, r->unit, r->rate,
+               r->device_mib, rss);
     else
         printf("%-18s %-32s %10.3f %10.3f %9.2f %-7s %9.1f %9.1f\n", label, r->size_text,
                r->device_ms, r->wall_ms, r->rate, strcmp(r->unit, "gbps") == 0 ? "GB/s" : "GFLOP/s",
@@ -240,8 +239,7 @@ typedef struct matmul_case {
     cl_mem mem[3];
 } matmul_case;
 
-static clattn_status run_matmul(bench_state *b, void *p, cl_uint nw, const cl_event *w,
-                                cl_event *e)
+static clattn_status run_matmul(bench_state *b, void *p, cl_uint nw, const cl_event *w, cl_event *e)
 {
     matmul_case *c = p;
     return clattn_matmul(b->ctx, &c->desc, (clattn_tensor){c->mem[0], 0},
@@ -261,9 +259,9 @@ static int bench_matmul(bench_state *b, size_t m, size_t n, size_t k)
     c.mem[0] = random_buffer(b, m * k, 1);
     c.mem[1] = random_buffer(b, k * n, 2);
     c.mem[2] = random_buffer(b, m * n, 3);
-    clattn_status status =
-        all_made(c.mem, 3) ? measure(b, r.size_text, run_matmul, &c, &r.device_ms, &r.wall_ms)
-                           : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    clattn_status status = all_made(c.mem, 3)
+                               ? measure(b, r.size_text, run_matmul, &c, &r.device_ms, &r.wall_ms)
+                               : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     r.rate = status == CLATTN_SUCCESS ? 2.0 * m * n * k / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, (m * k + k * n + m * n) * sizeof(float));
     release_all(c.mem, 3);
@@ -307,10 +305,14 @@ static void attention_size(const clattn_attention_desc *d, case_result *r)
 static int bench_softmax(bench_state *b, size_t seq_q, size_t seq_k)
 {
     const bench_options *o = b->options;
-    attention_case c = {.softmax = {.batch = o->batch, .heads = o->heads, .seq_q = seq_q,
-                                    .seq_k = seq_k, .scale = 0.125f}};
-    c.attention = (clattn_attention_desc){.batch = o->batch, .heads = o->heads, .seq_q = seq_q,
-                                          .seq_k = seq_k, .head_dim_qk = o->head_dim};
+    attention_case c = {
+        .softmax = {
+            .batch = o->batch, .heads = o->heads, .seq_q = seq_q, .seq_k = seq_k, .scale = 0.125f}};
+    c.attention = (clattn_attention_desc){.batch = o->batch,
+                                          .heads = o->heads,
+                                          .seq_q = seq_q,
+                                          .seq_k = seq_k,
+                                          .head_dim_qk = o->head_dim};
     case_result r = {.op = "softmax", .unit = "gbps"};
     attention_size(&c.attention, &r);
     int rc = fresh_context(b);
@@ -319,9 +321,9 @@ static int bench_softmax(bench_state *b, size_t seq_q, size_t seq_k)
     const size_t count = o->batch * o->heads * seq_q * seq_k;
     c.mem[0] = random_buffer(b, count, 4);
     c.mem[1] = random_buffer(b, count, 5);
-    clattn_status status =
-        all_made(c.mem, 2) ? measure(b, r.size_text, run_softmax, &c, &r.device_ms, &r.wall_ms)
-                           : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    clattn_status status = all_made(c.mem, 2)
+                               ? measure(b, r.size_text, run_softmax, &c, &r.device_ms, &r.wall_ms)
+                               : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     r.rate = status == CLATTN_SUCCESS ? 2.0 * count * sizeof(float) / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, 2 * count * sizeof(float));
     release_all(c.mem, 2);
@@ -331,10 +333,15 @@ static int bench_softmax(bench_state *b, size_t seq_q, size_t seq_k)
 static int bench_attention(bench_state *b, size_t seq_q, size_t seq_k, clattn_path path)
 {
     const bench_options *o = b->options;
-    attention_case c = {.attention = {.batch = o->batch, .heads = o->heads, .seq_q = seq_q,
-                                      .seq_k = seq_k, .head_dim_qk = o->head_dim,
-                                      .head_dim_v = o->head_dim, .path = path}};
-    case_result r = {.op = "attention", .unit = "gflops",
+    attention_case c = {.attention = {.batch = o->batch,
+                                      .heads = o->heads,
+                                      .seq_q = seq_q,
+                                      .seq_k = seq_k,
+                                      .head_dim_qk = o->head_dim,
+                                      .head_dim_v = o->head_dim,
+                                      .path = path}};
+    case_result r = {.op = "attention",
+                     .unit = "gflops",
                      .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
     attention_size(&c.attention, &r);
     int rc = fresh_context(b);
@@ -349,9 +356,8 @@ static int bench_attention(bench_state *b, size_t seq_q, size_t seq_k, clattn_pa
     clattn_status status =
         all_made(c.mem, 4) ? measure(b, r.size_text, run_attention, &c, &r.device_ms, &r.wall_ms)
                            : CL_MEM_OBJECT_ALLOCATION_FAILURE;
-    r.rate = status == CLATTN_SUCCESS
-                 ? 4.0 * bh * seq_q * seq_k * o->head_dim / r.device_ms / 1e6
-                 : 0.0;
+    r.rate =
+        status == CLATTN_SUCCESS ? 4.0 * bh * seq_q * seq_k * o->head_dim / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, (2 * q_count + 2 * kv_count) * sizeof(float));
     release_all(c.mem, 4);
     return rc;
@@ -367,9 +373,10 @@ typedef struct mha_case {
 static clattn_status run_mha(bench_state *b, void *p, cl_uint nw, const cl_event *w, cl_event *e)
 {
     mha_case *c = p;
-    const clattn_mha_weights weights = {
-        .in_proj_weight = {c->mem[2], 0}, .in_proj_bias = {c->mem[3], 0},
-        .out_weight = {c->mem[4], 0}, .out_bias = {c->mem[5], 0}};
+    const clattn_mha_weights weights = {.in_proj_weight = {c->mem[2], 0},
+                                        .in_proj_bias = {c->mem[3], 0},
+                                        .out_weight = {c->mem[4], 0},
+                                        .out_bias = {c->mem[5], 0}};
     const clattn_tensor x = {c->mem[0], 0};
     return clattn_mha_forward(b->ctx, &c->desc, &weights, x, x, x, (clattn_tensor){c->mem[1], 0},
                               (clattn_tensor){0}, nw, w, e);
@@ -379,10 +386,15 @@ static int bench_mha(bench_state *b, size_t seq, clattn_path path)
 {
     const bench_options *o = b->options;
     const size_t e = o->embed;
-    mha_case c = {.desc = {.batch = o->batch, .seq_q = seq, .seq_k = seq, .embed_dim = e,
-                           .num_heads = o->heads, .layout = CLATTN_LAYOUT_TORCH, .path = path}};
-    case_result r = {.op = "mha", .unit = "gflops",
-                     .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
+    mha_case c = {.desc = {.batch = o->batch,
+                           .seq_q = seq,
+                           .seq_k = seq,
+                           .embed_dim = e,
+                           .num_heads = o->heads,
+                           .layout = CLATTN_LAYOUT_TORCH,
+                           .path = path}};
+    case_result r = {
+        .op = "mha", .unit = "gflops", .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"head_dim\": %zu, "
              "\"embed_dim\": %zu",
@@ -401,9 +413,9 @@ static int bench_mha(bench_state *b, size_t seq, clattn_path path)
         c.mem[i] = random_buffer(b, counts[i], 10 + (unsigned)i);
         bytes += counts[i] * sizeof(float);
     }
-    clattn_status status =
-        all_made(c.mem, 6) ? measure(b, r.size_text, run_mha, &c, &r.device_ms, &r.wall_ms)
-                           : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    clattn_status status = all_made(c.mem, 6)
+                               ? measure(b, r.size_text, run_mha, &c, &r.device_ms, &r.wall_ms)
+                               : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     const double flops = 8.0 * o->batch * seq * e * e + 4.0 * o->batch * seq * seq * e;
     r.rate = status == CLATTN_SUCCESS ? flops / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, bytes);
@@ -461,8 +473,10 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
                     if (strcmp(item, op_names[i]) == 0)
                         found = i;
                 if (found < 0)
-                    return cli_fail("bench", CLI_BAD_INPUT, "--op: unknown op '%s' (matmul, "
-                                    "softmax, attention, mha)", item);
+                    return cli_fail("bench", CLI_BAD_INPUT,
+                                    "--op: unknown op '%s' (matmul, "
+                                    "softmax, attention, mha)",
+                                    item);
                 if (!any_op)
                     memset(o->ops, 0, sizeof o->ops);
                 o->ops[found] = any_op = true;
@@ -479,15 +493,17 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
                 else if (strcmp(item, "unfused") == 0)
                     o->paths[1] = true;
                 else
-                    return cli_fail("bench", CLI_BAD_INPUT,
-                                    "--path: '%s' is not fused or unfused", item);
+                    return cli_fail("bench", CLI_BAD_INPUT, "--path: '%s' is not fused or unfused",
+                                    item);
             }
             if (!o->paths[0] && !o->paths[1])
                 return cli_fail("bench", CLI_BAD_INPUT, "--path: empty list");
         } else if (cli_is(&args, "--mnk")) {
             if (!parse_mnk(value, o))
-                return cli_fail("bench", CLI_BAD_INPUT, "--mnk: '%s' is not a list of MxNxK "
-                                "sizes (each 1 .. 1048576)", value);
+                return cli_fail("bench", CLI_BAD_INPUT,
+                                "--mnk: '%s' is not a list of MxNxK "
+                                "sizes (each 1 .. 1048576)",
+                                value);
         } else if (cli_is(&args, "--seq")) {
             if (!cli_parse_size_list("bench", "--seq", value, o->seq, MAX_SIZES, &o->num_seq))
                 return CLI_BAD_INPUT;
@@ -496,8 +512,8 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
                 const char *option;
                 size_t *target;
                 size_t min;
-            } sizes[] = {{"--runs", &o->runs, 1},        {"--warmup", &o->warmup, 0},
-                         {"--batch", &o->batch, 1},      {"--heads", &o->heads, 1},
+            } sizes[] = {{"--runs", &o->runs, 1},         {"--warmup", &o->warmup, 0},
+                         {"--batch", &o->batch, 1},       {"--heads", &o->heads, 1},
                          {"--head-dim", &o->head_dim, 1}, {"--embed", &o->embed, 1},
                          {"--seq-k", &o->seq_k, 1}};
             bool matched = false;
@@ -519,10 +535,18 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
 
 int cmd_bench(int argc, char **argv)
 {
-    bench_options o = {.ops = {true, true, true, true}, .runs = 10, .warmup = 1,
+    bench_options o = {.ops = {true, true, true, true},
+                       .runs = 10,
+                       .warmup = 1,
                        .mnk = {{512, 512, 512}, {1024, 1024, 1024}, {4096, 64, 4096}},
-                       .num_mnk = 3, .batch = 1, .heads = 8, .head_dim = 64, .embed = 512,
-                       .seq = {512, 1024}, .num_seq = 2, .paths = {true, true}};
+                       .num_mnk = 3,
+                       .batch = 1,
+                       .heads = 8,
+                       .head_dim = 64,
+                       .embed = 512,
+                       .seq = {512, 1024},
+                       .num_seq = 2,
+                       .paths = {true, true}};
     int rc = parse_bench_options(argc, argv, &o);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
@@ -533,15 +557,15 @@ int cmd_bench(int argc, char **argv)
         return CLI_FAILED;
     bench_state b = {.options = &o, .context = clattn_ctx_cl_context(probe)};
     cl_int err = CL_SUCCESS;
-    b.queue = clCreateCommandQueue(b.context, clattn_ctx_device(probe),
-                                   CL_QUEUE_PROFILING_ENABLE, &err);
+    b.queue =
+        clCreateCommandQueue(b.context, clattn_ctx_device(probe), CL_QUEUE_PROFILING_ENABLE, &err);
     if (err != CL_SUCCESS)
         rc = cli_fail("bench", CLI_FAILED, "clCreateCommandQueue(profiling): %d", (int)err);
     if (rc == CLI_OK && !o.json) {
         cli_print_device(stdout, clattn_ctx_device(probe));
         printf("median of %zu runs after %zu warm-up run(s)\n", o.runs, o.warmup);
-        printf("%-18s %-32s %10s %10s %17s %9s %9s\n", "op", "size", "device ms", "wall ms",
-               "rate", "dev MiB", "rss MiB");
+        printf("%-18s %-32s %10s %10s %17s %9s %9s\n", "op", "size", "device ms", "wall ms", "rate",
+               "dev MiB", "rss MiB");
     }
     static const clattn_path paths[2] = {CLATTN_PATH_FUSED, CLATTN_PATH_UNFUSED};
     for (size_t i = 0; rc == CLI_OK && o.ops[0] && i < o.num_mnk; ++i)

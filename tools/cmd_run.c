@@ -82,13 +82,19 @@ static int parse_options(int argc, char **argv, run_options *o)
         const char *option;
         const char **target;
     } paths[] = {
-        {"--device", &o->device},   {"--query", &o->query},
-        {"--key", &o->key},         {"--value", &o->value},
-        {"--weights", &o->weights}, {"--wq", &o->wq},
-        {"--wk", &o->wk},           {"--wv", &o->wv},
-        {"--wo", &o->wo},           {"--attn-mask", &o->attn_mask},
+        {"--device", &o->device},
+        {"--query", &o->query},
+        {"--key", &o->key},
+        {"--value", &o->value},
+        {"--weights", &o->weights},
+        {"--wq", &o->wq},
+        {"--wk", &o->wk},
+        {"--wv", &o->wv},
+        {"--wo", &o->wo},
+        {"--attn-mask", &o->attn_mask},
         {"--key-padding-mask", &o->key_padding_mask},
-        {"--out", &o->out},         {"--attn-out", &o->attn_out},
+        {"--out", &o->out},
+        {"--attn-out", &o->attn_out},
         {"--attn-png", &o->attn_png},
     };
     while (cli_next(&args)) {
@@ -128,8 +134,8 @@ static int parse_options(int argc, char **argv, run_options *o)
             else if (strcmp(value, "unfused") == 0)
                 o->path = CLATTN_PATH_UNFUSED;
             else
-                return cli_fail("run", CLI_BAD_INPUT,
-                                "--path: '%s' is not auto, fused or unfused", value);
+                return cli_fail("run", CLI_BAD_INPUT, "--path: '%s' is not auto, fused or unfused",
+                                value);
         } else if (cli_is(&args, "--norm")) {
             if (!(value = cli_value(&args)))
                 return CLI_BAD_INPUT;
@@ -138,8 +144,7 @@ static int parse_options(int argc, char **argv, run_options *o)
             else if (strcmp(value, "relu") == 0)
                 o->norm = CLATTN_NORM_RELU;
             else
-                return cli_fail("run", CLI_BAD_INPUT, "--norm: '%s' is not softmax or relu",
-                                value);
+                return cli_fail("run", CLI_BAD_INPUT, "--norm: '%s' is not softmax or relu", value);
         } else {
             return cli_fail("run", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
         }
@@ -155,7 +160,8 @@ static int parse_options(int argc, char **argv, run_options *o)
     if (textbook && !(o->wq && o->wk && o->wv))
         return cli_fail("run", CLI_BAD_INPUT, "--wq, --wk and --wv go together");
     if (o->path == CLATTN_PATH_FUSED && (o->attn_out || o->attn_png))
-        return cli_fail("run", CLI_BAD_INPUT, "--path fused never forms the attention weights: "
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "--path fused never forms the attention weights: "
                         "drop --attn-out/--attn-png or use --path auto");
     if (o->weights && !o->heads_given)
         return cli_fail("run", CLI_BAD_INPUT, "--weights needs --heads H");
@@ -176,8 +182,7 @@ static const char *shape_text(const clattn_array *a, char *buffer, size_t size)
 {
     size_t used = (size_t)snprintf(buffer, size, "(");
     for (int i = 0; i < a->ndim && used < size; ++i)
-        used += (size_t)snprintf(buffer + used, size - used, "%s%zu", i ? ", " : "",
-                                 a->shape[i]);
+        used += (size_t)snprintf(buffer + used, size - used, "%s%zu", i ? ", " : "", a->shape[i]);
     if (used < size)
         snprintf(buffer + used, size - used, a->ndim == 1 ? ",)" : ")");
     return buffer;
@@ -217,8 +222,8 @@ static int sequence_dims(const char *path, const clattn_array *a, size_t *batch,
     } else if (a->ndim == 3) {
         *batch = a->shape[0], *seq = a->shape[1], *features = a->shape[2];
     } else {
-        return cli_fail("run", CLI_BAD_INPUT, "%s has shape %s, expected (L, E) or (B, L, E)",
-                        path, shape_text(a, text, sizeof text));
+        return cli_fail("run", CLI_BAD_INPUT, "%s has shape %s, expected (L, E) or (B, L, E)", path,
+                        shape_text(a, text, sizeof text));
     }
     if (*batch == 0 || *seq == 0 || *features == 0)
         return cli_fail("run", CLI_BAD_INPUT, "%s has shape %s: no dimension may be 0", path,
@@ -234,8 +239,10 @@ static int read_tensor(run_data *d, const char *path, const char *name, clattn_a
     if (s == CLATTN_IO_ERR_NOT_FOUND && !required)
         return CLI_OK;
     if (s == CLATTN_IO_ERR_NOT_FOUND)
-        return cli_fail("run", CLI_BAD_INPUT, "%s: no tensor '%s' (an nn.MultiheadAttention "
-                        "state_dict has in_proj_weight or q/k/v_proj_weight)", path, name);
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "%s: no tensor '%s' (an nn.MultiheadAttention "
+                        "state_dict has in_proj_weight or q/k/v_proj_weight)",
+                        path, name);
     return s == CLATTN_IO_OK ? CLI_OK : cli_fail("run", CLI_BAD_INPUT, "%s", msg);
 }
 
@@ -258,8 +265,10 @@ static int load_torch_weights(const run_options *o, run_data *d, clattn_mha_desc
             return rc;
         if (p[P_IN_W].ndim != 2 || p[P_IN_W].shape[1] == 0 ||
             p[P_IN_W].shape[0] != 3 * p[P_IN_W].shape[1])
-            return cli_fail("run", CLI_BAD_INPUT, "%s: in_proj_weight has shape %s, expected "
-                            "(3E, E)", path, shape_text(&p[P_IN_W], text, sizeof text));
+            return cli_fail("run", CLI_BAD_INPUT,
+                            "%s: in_proj_weight has shape %s, expected "
+                            "(3E, E)",
+                            path, shape_text(&p[P_IN_W], text, sizeof text));
         desc->embed_dim = p[P_IN_W].shape[1];
     } else {
         if ((rc = read_tensor(d, path, "q_proj_weight", &p[P_Q], true)) ||
@@ -291,8 +300,8 @@ static int load_torch_weights(const run_options *o, run_data *d, clattn_mha_desc
     if (p[P_OUT_B].data && !p[P_OUT_W].data)
         return cli_fail("run", CLI_BAD_INPUT, "%s: out_proj.bias without out_proj.weight", path);
     if (e % o->heads != 0)
-        return cli_fail("run", CLI_BAD_INPUT,
-                        "--heads %zu does not divide embed_dim %zu (from %s)", o->heads, e, path);
+        return cli_fail("run", CLI_BAD_INPUT, "--heads %zu does not divide embed_dim %zu (from %s)",
+                        o->heads, e, path);
     desc->layout = CLATTN_LAYOUT_TORCH;
     return CLI_OK;
 }
@@ -327,8 +336,7 @@ static int load_textbook_weights(const run_options *o, run_data *d, clattn_mha_d
 }
 
 /* Loads and converts the masks into what the host API takes. */
-static int load_masks(const run_options *o, run_data *d, const clattn_mha_desc *desc,
-                      bool batched)
+static int load_masks(const run_options *o, run_data *d, const clattn_mha_desc *desc, bool batched)
 {
     int rc;
     char text[128];
@@ -357,8 +365,7 @@ static int load_masks(const run_options *o, run_data *d, const clattn_mha_desc *
             else
                 snprintf(want, sizeof want, "(%zu,)", desc->seq_k);
             return cli_fail("run", CLI_BAD_INPUT, "%s has shape %s, expected %s",
-                            o->key_padding_mask, shape_text(&d->padding, text, sizeof text),
-                            want);
+                            o->key_padding_mask, shape_text(&d->padding, text, sizeof text), want);
         }
         d->padding_bytes = malloc(d->padding.count ? d->padding.count : 1);
         if (d->padding_bytes == NULL)
@@ -417,29 +424,42 @@ static int run(const run_options *o, run_data *d, bool check_only)
         (rc = sequence_dims(value_path, value, &vb, &seq_v, &vdim)))
         return rc;
     if (key->ndim != d->query.ndim || value->ndim != d->query.ndim || kb != batch || vb != batch)
-        return cli_fail("run", CLI_BAD_INPUT, "%s, %s and %s must all be (L, features) or all "
-                        "(B, L, features) with the same B", o->query, key_path, value_path);
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "%s, %s and %s must all be (L, features) or all "
+                        "(B, L, features) with the same B",
+                        o->query, key_path, value_path);
     if (seq_v != seq_k)
         return cli_fail("run", CLI_BAD_INPUT, "%s has %zu positions but %s has %zu", value_path,
                         seq_v, key_path, seq_k);
 
-    clattn_mha_desc desc = {.batch = batch, .seq_q = seq_q, .seq_k = seq_k,
-                            .num_heads = o->heads, .scale = o->scale, .norm = o->norm,
-                            .masks = {.causal = o->causal}, .path = o->path};
+    clattn_mha_desc desc = {.batch = batch,
+                            .seq_q = seq_q,
+                            .seq_k = seq_k,
+                            .num_heads = o->heads,
+                            .scale = o->scale,
+                            .norm = o->norm,
+                            .masks = {.causal = o->causal},
+                            .path = o->path};
     if ((rc = o->weights ? load_torch_weights(o, d, &desc)
                          : load_textbook_weights(o, d, &desc, embed)))
         return rc;
     const size_t want_kdim = desc.kdim ? desc.kdim : desc.embed_dim;
     const size_t want_vdim = desc.vdim ? desc.vdim : desc.embed_dim;
     if (embed != desc.embed_dim)
-        return cli_fail("run", CLI_BAD_INPUT, "%s has %zu features but the weights expect "
-                        "embed_dim %zu", o->query, embed, desc.embed_dim);
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "%s has %zu features but the weights expect "
+                        "embed_dim %zu",
+                        o->query, embed, desc.embed_dim);
     if (kdim != want_kdim)
-        return cli_fail("run", CLI_BAD_INPUT, "%s has %zu features but the weights expect "
-                        "kdim %zu", key_path, kdim, want_kdim);
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "%s has %zu features but the weights expect "
+                        "kdim %zu",
+                        key_path, kdim, want_kdim);
     if (vdim != want_vdim)
-        return cli_fail("run", CLI_BAD_INPUT, "%s has %zu features but the weights expect "
-                        "vdim %zu", value_path, vdim, want_vdim);
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "%s has %zu features but the weights expect "
+                        "vdim %zu",
+                        value_path, vdim, want_vdim);
     const bool batched = d->query.ndim == 3;
     if ((rc = load_masks(o, d, &desc, batched)))
         return rc;
@@ -454,8 +474,10 @@ static int run(const run_options *o, run_data *d, bool check_only)
     if (want_weights) {
         const double count = (double)batch * o->heads * seq_q * seq_k;
         if (count * sizeof(float) > 64.0 * 1073741824.0)
-            return cli_fail("run", CLI_BAD_INPUT, "the attention weights (%zu x %zu x %zu x "
-                            "%zu) are too large to return", batch, o->heads, seq_q, seq_k);
+            return cli_fail("run", CLI_BAD_INPUT,
+                            "the attention weights (%zu x %zu x %zu x "
+                            "%zu) are too large to return",
+                            batch, o->heads, seq_q, seq_k);
         weights_count = batch * o->heads * seq_q * seq_k;
     }
     d->out = malloc(out_count * sizeof(float));
@@ -475,18 +497,17 @@ static int run(const run_options *o, run_data *d, bool check_only)
         w.in_proj_bias = p[P_IN_B].data;
     else if (p[P_IN_B].data) /* PyTorch keeps one in_proj_bias even with separate weights */
         w.q_bias = p[P_IN_B].data, w.k_bias = p[P_IN_B].data + e, w.v_bias = p[P_IN_B].data + 2 * e;
-    const clattn_host_masks masks = {.causal = o->causal, .attn_mask = d->mask_additive,
-                                     .key_padding_mask = d->padding_bytes};
+    const clattn_host_masks masks = {
+        .causal = o->causal, .attn_mask = d->mask_additive, .key_padding_mask = d->padding_bytes};
 
     if (check_only)
         return CLI_OK;
     clattn_ctx *ctx = cli_context("run", o->device);
     if (ctx == NULL)
         return CLI_FAILED;
-    clattn_status status = clattn_mha_forward_host(ctx, &desc, &w, d->query.data,
-                                                   o->key ? d->key.data : NULL,
-                                                   o->value ? d->value.data : NULL, &masks,
-                                                   d->out, d->weights);
+    clattn_status status =
+        clattn_mha_forward_host(ctx, &desc, &w, d->query.data, o->key ? d->key.data : NULL,
+                                o->value ? d->value.data : NULL, &masks, d->out, d->weights);
     if (status != CLATTN_SUCCESS) {
         const bool input_error = status == CLATTN_ERR_INVALID_ARGUMENT ||
                                  status == CLATTN_ERR_INVALID_SHAPE ||
