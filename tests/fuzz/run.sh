@@ -111,4 +111,10 @@ done
 
 echo "== summary"
 printf '%s\n' "${summary[@]}"
+# The closing line CI reads: targets that ran clean vs. targets that failed or were missing.
+bad=0
+for line in "${summary[@]}"; do
+  case "$line" in *"no findings") ;; *) bad=$((bad + 1)) ;; esac
+done
+echo "fuzz: $(( ${#summary[@]} - bad )) passed, $bad failed"
 exit $failed
