@@ -264,6 +264,23 @@ START_TEST(test_path_errors)
                                     tu_tensor(v, 0), tu_tensor(out, 0), (clattn_tensor){0}, 0,
                                     NULL, NULL);
     tu_expect_status(status, CLATTN_ERR_UNSUPPORTED, "clattn_flash_attention, head size 300");
+    /* The fused op's own argument checks. */
+    clattn_attention_desc small = d.desc;
+    small.head_dim_qk = small.head_dim_v = 8;
+    status = clattn_flash_attention(ctx, NULL, tu_tensor(q, 0), tu_tensor(k, 0), tu_tensor(v, 0),
+                                    tu_tensor(out, 0), (clattn_tensor){0}, 0, NULL, NULL);
+    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "clattn_flash_attention(desc NULL)");
+    cl_mem tiny = tu_nan_buffer(2); /* lse needs 3 floats (B*H*Lq) */
+    status = clattn_flash_attention(ctx, &small, tu_tensor(q, 0), tu_tensor(k, 0),
+                                    tu_tensor(v, 0), tu_tensor(out, 0), tu_tensor(tiny, 0), 0,
+                                    NULL, NULL);
+    tu_expect(status == CLATTN_ERR_BUFFER_TOO_SMALL &&
+                  strncmp(clattn_last_error(ctx), "flash_attention: lse", 20) == 0,
+              "lse too small: %s: %s", clattn_status_string(status), clattn_last_error(ctx));
+    tu_release_mem(tiny);
+    tu_expect(clattn_ctx_set_workspace_limit(NULL, 1) == CLATTN_ERR_INVALID_ARGUMENT &&
+                  clattn_ctx_workspace_bytes(NULL) == 0,
+              "NULL context accepted by the workspace calls");
     desc.path = (clattn_path)7;
     status = clattn_attention(ctx, &desc, tu_tensor(q, 0), tu_tensor(k, 0), tu_tensor(v, 0),
                               tu_tensor(out, 0), (clattn_tensor){0}, 0, NULL, NULL);
