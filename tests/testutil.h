@@ -25,8 +25,9 @@
 
 /* --- suite and test life cycle ------------------------------------------------------------ */
 
-/* Picks the seed (CLATTN_TEST_SEED, else time and pid), prints it, creates the shared context
- * (exits 77 when there is no device). Call first in main. */
+/* Picks the seed (CLATTN_TEST_SEED; else a fixed one per suite; CLATTN_TEST_SEED=random: from
+ * the clock), prints it, creates the shared context. No device: exits 77 (skipped, said loudly),
+ * or 1 under CI=true. Call first in main. */
 void tu_suite_begin(const char *suite_name);
 
 /* Runs the suite in this process (CK_NOFORK, whatever CK_FORK says: OpenCL does not survive
