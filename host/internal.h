@@ -65,6 +65,7 @@ typedef struct clattn_device_info {
 
 /* Tile parameters chosen from the device's limits; passed to the kernels as -D defines. */
 typedef struct clattn_tuning {
+    bool cpu_params; /* CPU-class parameters (the device's type, or CLATTN_PARAMS) */
     bool matmul_vec; /* CPUs: the register-blocked float16 kernel instead of local tiles */
     unsigned vec_rm, vec_width, vec_wg, transpose_wg;
     unsigned tile_m, tile_n, tile_k, wpt_m, wpt_n;

@@ -28,7 +28,7 @@ static unsigned floor_pow2(size_t value, unsigned cap)
 static clattn_status flash_kernel(clattn_ctx *ctx, size_t dk, size_t dv, cl_kernel *kernel,
                                   unsigned *block_q)
 {
-    const bool is_cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
+    const bool is_cpu = ctx->tuning.cpu_params;
     const cl_ulong local_budget = ctx->info.local_mem_size > 16384 ? ctx->info.local_mem_size - 1024
                                                                    : ctx->info.local_mem_size;
     const cl_ulong tile_budget = local_budget < 32768 ? local_budget : 32768;

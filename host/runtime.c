@@ -210,7 +210,14 @@ static clattn_status choose_tuning(clattn_ctx *ctx)
         {8, 8, 8, 1, 1},
         {1, 1, 1, 1, 1},
     };
-    const bool is_cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
+    /* CLATTN_PARAMS=gpu|cpu picks the other class's parameters (tests run the GPU kernels'
+     * work-group sizes, vector widths and tiles on a CPU device); unset: the device's type. */
+    const char *params = getenv("CLATTN_PARAMS");
+    const bool is_cpu = params && strcmp(params, "gpu") == 0 ? false
+                        : params && strcmp(params, "cpu") == 0
+                            ? true
+                            : (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
+    ctx->tuning.cpu_params = is_cpu;
     const tile *list = is_cpu ? cpu_tiles : gpu_tiles;
     const size_t count =
         is_cpu ? sizeof cpu_tiles / sizeof cpu_tiles[0] : sizeof gpu_tiles / sizeof gpu_tiles[0];
