@@ -143,16 +143,19 @@ static void expect_lse(const float *got, const double *want, size_t count)
     tu_expect(worst <= TU_TOL, "lse: relative error %.3g > %.0e", worst, TU_TOL);
 }
 
-START_TEST(test_flash_vs_reference_and_unfused)
+static void describe_case(const char *what, const flash_case *c)
 {
-    TU_BEGIN_TEST();
-    const flash_case *c = &cases[_i];
-    tu_set_case("B=%zu H=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu causal=%d mask=%d pad=%d relu=%d "
+    tu_set_case("%sB=%zu H=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu causal=%d mask=%d pad=%d relu=%d "
                 "fully_masked=%d scale=%g",
-                c->batch, c->heads, c->seq_q, c->seq_k, c->dk, c->dv, c->causal, c->mask,
+                what, c->batch, c->heads, c->seq_q, c->seq_k, c->dk, c->dv, c->causal, c->mask,
                 c->padding, c->relu, c->fully_masked, (double)c->scale);
-    flash_data d;
-    make_data(c, &d);
+}
+
+/* clattn_flash_attention (with the log-sum-exp), clattn_attention UNFUSED and AUTO on case c
+ * with the inputs in d, against the float64 reference and each other. */
+static void check_fused_case(const flash_case *c, flash_data *d_in)
+{
+    flash_data d = *d_in;
     double *want = tu_doubles(d.out_count), *want_lse = tu_doubles(d.rows);
     ref_attention(&d.desc, &d.host_masks, d.q, d.k, d.v, want, NULL);
     for (size_t bh = 0; bh < c->batch * c->heads; ++bh)
@@ -232,6 +235,66 @@ START_TEST(test_flash_vs_reference_and_unfused)
     tu_release_mem(auto_out);
     tu_release_mem(mask);
     tu_release_mem(padding);
+}
+
+START_TEST(test_flash_vs_reference_and_unfused)
+{
+    TU_BEGIN_TEST();
+    const flash_case *c = &cases[_i];
+    describe_case("", c);
+    flash_data d;
+    make_data(c, &d);
+    check_fused_case(c, &d);
+    free_data(&d);
+    TU_END_TEST();
+}
+END_TEST
+
+/* clang-format off */
+static const flash_case large_cases[] = {
+    /* batch heads  Lq   Lk   dk   dv  causal mask pad relu full scale */
+    {1, 2,  70, 200,  64,  64, 0, 0, 0, 0, 0, 4.0f},
+    {2, 1, 129,  97,  64,  32, 1, 0, 1, 0, 0, 4.0f},
+    {1, 1,  17, 300,   7,   5, 0, 1, 0, 0, 0, 8.0f},
+    {1, 3,  65,  65,  16,  16, 1, 1, 0, 0, 0, 2.0f},
+};
+/* clang-format on */
+
+/* Scores of several hundred, far past float's exp overflow (88.7), rising and falling from
+ * key tile to key tile: the online softmax must subtract its running max and rescale when it
+ * grows. Small-integer inputs and a power-of-two scale make every score exact in float32, so
+ * the float64 reference stays within the usual tolerance. */
+START_TEST(test_flash_large_scores)
+{
+    TU_BEGIN_TEST();
+    const flash_case *c = &large_cases[_i];
+    describe_case("large scores: ", c);
+    flash_data d;
+    make_data(c, &d);
+    for (size_t i = 0; i < d.q_count; ++i)
+        d.q[i] = (float)((int)tu_rand_below(7) - 3);
+    for (size_t i = 0; i < d.k_count; ++i)
+        d.k[i] = (float)((int)tu_rand_below(7) - 3);
+    /* A few keys per row far above the rest, at random places, so the running max jumps. */
+    for (size_t i = 0; i < d.k_count / c->dk; i += 1 + tu_rand_below(40))
+        for (size_t x = 0; x < c->dk; ++x)
+            d.k[i * c->dk + x] *= 4.0f;
+    check_fused_case(c, &d);
+    free_data(&d);
+    TU_END_TEST();
+}
+END_TEST
+
+/* batch * heads above 65535: the fused kernel is launched in slices of at most 65535 (a GPU
+ * grid limit), each with its own base; every slice must land on its own (batch, head). */
+START_TEST(test_flash_many_heads_split)
+{
+    TU_BEGIN_TEST();
+    const flash_case c = {2, 32771, 3, 5, 2, 3, _i, 0, _i, 0, 0, 0.0f};
+    describe_case("launch split: ", &c);
+    flash_data d;
+    make_data(&c, &d);
+    check_fused_case(&c, &d);
     free_data(&d);
     TU_END_TEST();
 }
@@ -356,6 +419,87 @@ START_TEST(test_mha_paths)
 }
 END_TEST
 
+/* MHA with path AUTO and no weights asked for must take the fused path: on a context whose
+ * workspace cap is one byte short of the score matrix, UNFUSED is refused naming the scores
+ * and AUTO runs, matching the reference. _i: the device API (0) or the host API (1). */
+START_TEST(test_mha_auto_is_fused)
+{
+    TU_BEGIN_TEST();
+    const size_t batch = 2, seq_q = 61, seq_k = 97, e = 32, heads = 4;
+    const size_t scores_bytes = batch * heads * seq_q * seq_k * sizeof(float);
+    tu_set_case("MHA B=2 Lq=61 Lk=97 E=32 H=4, cap %zu bytes, %s API", scores_bytes - 1,
+                _i ? "host" : "device");
+    float *query = tu_random_floats(batch * seq_q * e), *kv = tu_random_floats(batch * seq_k * e);
+    float *w_in = tu_random_floats(3 * e * e), *b_in = tu_random_floats(3 * e);
+    float *w_out = tu_random_floats(e * e), *b_out = tu_random_floats(e);
+    const clattn_mha_host_weights w = {.in_proj_weight = w_in, .in_proj_bias = b_in,
+                                       .out_weight = w_out, .out_bias = b_out};
+    clattn_mha_desc desc = {.batch = batch, .seq_q = seq_q, .seq_k = seq_k, .embed_dim = e,
+                            .num_heads = heads, .layout = CLATTN_LAYOUT_TORCH};
+    const clattn_host_masks masks = {.causal = 1};
+    const size_t count = batch * seq_q * e;
+    double *want = tu_doubles(count);
+    ref_mha_forward(&desc, &w, query, kv, kv, &masks, want, NULL);
+    char message[512];
+    clattn_ctx *ctx = NULL;
+    clattn_status status = clattn_ctx_create(NULL, &ctx, message, sizeof message);
+    tu_expect(status == CLATTN_SUCCESS, "context: %s", message);
+    float *got = tu_nan_floats(count);
+    cl_mem mem[7] = {NULL};
+    if (ctx) {
+        clattn_ctx_set_workspace_limit(ctx, scores_bytes - 1);
+        const clattn_path paths[2] = {CLATTN_PATH_UNFUSED, CLATTN_PATH_AUTO};
+        cl_int err = CL_SUCCESS;
+        const float *hosts[6] = {query, kv, w_in, b_in, w_out, b_out};
+        const size_t counts[7] = {batch * seq_q * e, batch * seq_k * e, 3 * e * e, 3 * e,
+                                  e * e, e, count};
+        for (int i = 0; i < 7 && !_i; ++i)
+            mem[i] = clCreateBuffer(clattn_ctx_cl_context(ctx),
+                                    CL_MEM_READ_WRITE | (i < 6 ? CL_MEM_COPY_HOST_PTR : 0),
+                                    counts[i] * sizeof(float), i < 6 ? (void *)hosts[i] : NULL,
+                                    &err);
+        for (int p = 0; p < 2; ++p) {
+            desc.path = paths[p];
+            desc.masks.causal = 1;
+            if (_i) {
+                status = clattn_mha_forward_host(ctx, &desc, &w, query, kv, kv, &masks, got, NULL);
+            } else {
+                const clattn_mha_weights dw = {.in_proj_weight = {mem[2], 0},
+                                               .in_proj_bias = {mem[3], 0},
+                                               .out_weight = {mem[4], 0},
+                                               .out_bias = {mem[5], 0}};
+                status = clattn_mha_forward(ctx, &desc, &dw, (clattn_tensor){mem[0], 0},
+                                            (clattn_tensor){mem[1], 0}, (clattn_tensor){mem[1], 0},
+                                            (clattn_tensor){mem[6], 0}, (clattn_tensor){0}, 0, NULL,
+                                            NULL);
+                if (status == CLATTN_SUCCESS)
+                    clEnqueueReadBuffer(clattn_ctx_queue(ctx), mem[6], CL_TRUE, 0,
+                                        count * sizeof(float), got, 0, NULL, NULL);
+            }
+            if (p == 0)
+                tu_expect(status == CLATTN_ERR_TOO_LARGE && strstr(clattn_last_error(ctx), "scores"),
+                          "UNFUSED under the cap: %s: %s", clattn_status_string(status),
+                          clattn_last_error(ctx));
+            else if (tu_expect(status == CLATTN_SUCCESS, "AUTO under the cap (must be fused): %s: %s",
+                               clattn_status_string(status), clattn_last_error(ctx)))
+                tu_expect_close("mha AUTO", got, want, count, TU_TOL);
+        }
+        for (int i = 0; i < 7; ++i)
+            tu_release_mem(mem[i]);
+        clattn_ctx_release(ctx);
+    }
+    free(got);
+    free(want);
+    free(query);
+    free(kv);
+    free(w_in);
+    free(b_in);
+    free(w_out);
+    free(b_out);
+    TU_END_TEST();
+}
+END_TEST
+
 /* B=1, H=2, L=8192, d=64 under a 64 MiB workspace cap: the unfused path needs 512 MiB of
  * scores and is refused; the fused path runs and is checked on sampled rows. */
 START_TEST(test_long_sequence_under_cap)
@@ -443,8 +587,12 @@ int main(void)
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, test_flash_vs_reference_and_unfused, 0,
                         (int)(sizeof cases / sizeof cases[0]));
+    tcase_add_loop_test(tc, test_flash_large_scores, 0,
+                        (int)(sizeof large_cases / sizeof large_cases[0]));
+    tcase_add_loop_test(tc, test_flash_many_heads_split, 0, 2);
     tcase_add_test(tc, test_path_errors);
     tcase_add_loop_test(tc, test_mha_paths, 0, 2);
+    tcase_add_loop_test(tc, test_mha_auto_is_fused, 0, 2);
     tcase_add_loop_test(tc, test_long_sequence_under_cap, 0, 2);
     suite_add_tcase(suite, tc);
     return tu_run_suite(suite);

@@ -579,6 +579,121 @@ START_TEST(test_mha_random)
 }
 END_TEST
 
+/* Inputs that share storage in some places but not others, each against the float64 reference
+ * with explicit arrays:
+ *   - host API, key given and value NULL: the value is the key (as the header says);
+ *   - host API, key is the query pointer but value differs: not self-attention, so the packed
+ *     (B, L, 3E) shortcut must not be taken;
+ *   - device API, query and key the same tensor, value another: likewise;
+ *   - device API, key and value one tensor (cross-attention), the ordinary case.
+ * _i: 0 PyTorch's packed in_proj weights, 1 separate q/k/v weights (X·W layout). */
+START_TEST(test_mha_shared_inputs)
+{
+    TU_BEGIN_TEST();
+    const int packed = _i == 0;
+    const size_t batch = 2, seq = 13, e = 24, heads = 3;
+    tu_set_case("B=%zu L=%zu E=%zu H=%zu %s weights", batch, seq, e, heads,
+                packed ? "packed in_proj" : "separate");
+    const size_t count = batch * seq * e;
+    float *query = tu_random_floats(count), *other = tu_random_floats(count);
+    float *w_in = tu_random_floats(3 * e * e), *b_in = tu_random_floats(3 * e);
+    float *w_out = tu_random_floats(e * e), *b_out = tu_random_floats(e);
+    clattn_mha_host_weights w = {.out_weight = w_out, .out_bias = b_out};
+    if (packed) {
+        w.in_proj_weight = w_in;
+        w.in_proj_bias = b_in;
+    } else {
+        w.q_weight = w_in, w.k_weight = w_in + e * e, w.v_weight = w_in + 2 * e * e;
+        w.q_bias = b_in, w.k_bias = b_in + e, w.v_bias = b_in + 2 * e;
+    }
+    clattn_mha_desc desc = {.batch = batch, .seq_q = seq, .seq_k = seq, .embed_dim = e,
+                            .num_heads = heads,
+                            .layout = packed ? CLATTN_LAYOUT_TORCH : CLATTN_LAYOUT_XW,
+                            .need_weights = CLATTN_WEIGHTS_PER_HEAD};
+    const size_t weights_count = batch * heads * seq * seq;
+    /* want[0]: (query, other, other); want[1]: (query, query, other). */
+    double *want[2] = {tu_doubles(count), tu_doubles(count)};
+    double *want_weights[2] = {tu_doubles(weights_count), tu_doubles(weights_count)};
+    ref_mha_forward(&desc, &w, query, other, other, NULL, want[0], want_weights[0]);
+    ref_mha_forward(&desc, &w, query, query, other, NULL, want[1], want_weights[1]);
+
+    float *out = tu_floats(count), *attn = tu_floats(weights_count);
+    const char *host_names[2] = {"host: key given, value NULL", "host: key = query, value differs"};
+    const float *host_keys[2] = {other, query}, *host_values[2] = {NULL, other};
+    for (int v = 0; v < 2; ++v) {
+        tu_fill_nan(out, count);
+        tu_fill_nan(attn, weights_count);
+        clattn_status status = clattn_mha_forward_host(tu_ctx(), &desc, &w, query, host_keys[v],
+                                                       host_values[v], NULL, out, attn);
+        if (tu_expect_status(status, CLATTN_SUCCESS, host_names[v])) {
+            tu_expect_close(host_names[v], out, want[v], count, TU_TOL);
+            tu_expect_close(host_names[v], attn, want_weights[v], weights_count, TU_TOL);
+        }
+    }
+
+    /* Device API: the inputs in one buffer at NaN-separated offsets. */
+    const size_t query_at = 3, other_at = count + 5, total = 2 * count + 8;
+    float *inputs = tu_nan_floats(total);
+    memcpy(inputs + query_at, query, count * sizeof(float));
+    memcpy(inputs + other_at, other, count * sizeof(float));
+    cl_mem in_mem = tu_upload_floats(inputs, total);
+    cl_mem w_mem = tu_upload_floats(w_in, 3 * e * e), b_mem = tu_upload_floats(b_in, 3 * e);
+    cl_mem wo_mem = tu_upload_floats(w_out, e * e), bo_mem = tu_upload_floats(b_out, e);
+    cl_mem out_mem = tu_nan_buffer(count), attn_mem = tu_nan_buffer(weights_count);
+    clattn_mha_weights dw = {.out_weight = tu_tensor(wo_mem, 0), .out_bias = tu_tensor(bo_mem, 0)};
+    if (packed) {
+        dw.in_proj_weight = tu_tensor(w_mem, 0);
+        dw.in_proj_bias = tu_tensor(b_mem, 0);
+    } else {
+        dw.q_weight = tu_tensor(w_mem, 0), dw.k_weight = tu_tensor(w_mem, e * e);
+        dw.v_weight = tu_tensor(w_mem, 2 * e * e);
+        dw.q_bias = tu_tensor(b_mem, 0), dw.k_bias = tu_tensor(b_mem, e);
+        dw.v_bias = tu_tensor(b_mem, 2 * e);
+    }
+    const char *device_names[2] = {"device: key = value tensor", "device: query = key tensor"};
+    const clattn_tensor q_t = tu_tensor(in_mem, query_at), o_t = tu_tensor(in_mem, other_at);
+    const clattn_tensor keys[2] = {o_t, q_t};
+    for (int v = 0; v < 2; ++v) {
+        if (v == 1) {
+            float *nan = tu_nan_floats(weights_count > count ? weights_count : count);
+            tu_write_floats(out_mem, 0, nan, count);
+            tu_write_floats(attn_mem, 0, nan, weights_count);
+            free(nan);
+        }
+        clattn_status status =
+            clattn_mha_forward(tu_ctx(), &desc, &dw, q_t, keys[v], o_t, tu_tensor(out_mem, 0),
+                               tu_tensor(attn_mem, 0), 0, NULL, NULL);
+        if (tu_expect_status(status, CLATTN_SUCCESS, device_names[v])) {
+            tu_read_floats(out_mem, 0, count, out);
+            tu_read_floats(attn_mem, 0, weights_count, attn);
+            tu_expect_close(device_names[v], out, want[v], count, TU_TOL);
+            tu_expect_close(device_names[v], attn, want_weights[v], weights_count, TU_TOL);
+        }
+    }
+    tu_release_mem(in_mem);
+    tu_release_mem(w_mem);
+    tu_release_mem(b_mem);
+    tu_release_mem(wo_mem);
+    tu_release_mem(bo_mem);
+    tu_release_mem(out_mem);
+    tu_release_mem(attn_mem);
+    free(inputs);
+    free(out);
+    free(attn);
+    for (int v = 0; v < 2; ++v) {
+        free(want[v]);
+        free(want_weights[v]);
+    }
+    free(query);
+    free(other);
+    free(w_in);
+    free(b_in);
+    free(w_out);
+    free(b_out);
+    TU_END_TEST();
+}
+END_TEST
+
 static Suite *mha_suite(void)
 {
     Suite *suite = suite_create("mha");
@@ -588,6 +703,7 @@ static Suite *mha_suite(void)
     tcase_add_loop_test(forward, test_mha_need_weights_modes, 0, 3);
     tcase_add_loop_test(forward, test_mha_heads_and_batches, 0, 10);
     tcase_add_loop_test(forward, test_mha_random, 0, 24);
+    tcase_add_loop_test(forward, test_mha_shared_inputs, 0, 2);
     suite_add_tcase(suite, forward);
 
     TCase *workspace = tcase_create("workspace");

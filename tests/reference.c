@@ -369,7 +369,7 @@ void ref_mha_forward(const clattn_mha_desc *desc, const clattn_mha_host_weights 
         v_bias = weights->in_proj_bias ? weights->in_proj_bias + 2 * embed_dim : NULL;
     }
     key = key != NULL ? key : query;
-    value = value != NULL ? value : query;
+    value = value != NULL ? value : key; /* as clattn_mha_forward_host: value NULL is the key */
 
     double *query_d = to_doubles(query, rows_q * embed_dim);
     double *key_d = to_doubles(key, rows_k * kdim);

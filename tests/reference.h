@@ -44,8 +44,8 @@ void ref_concat_heads(const clattn_heads_desc *desc, const float *src, double *d
 void ref_attention(const clattn_attention_desc *desc, const clattn_host_masks *masks,
                    const float *q, const float *k, const float *v, double *out, double *weights);
 
-/* Multi-head attention forward with the semantics of clattn_mha_forward_host: key or value NULL
- * means "same as query". attn_weights receives what desc->need_weights selects (may be NULL for
+/* Multi-head attention forward with the semantics of clattn_mha_forward_host: key NULL means
+ * the query, value NULL the key. attn_weights receives what desc->need_weights selects (may be NULL for
  * NONE). out has (batch, seq_q, embed_dim) elements with an out weight, else (.., v_dim). */
 void ref_mha_forward(const clattn_mha_desc *desc, const clattn_mha_host_weights *weights,
                      const float *query, const float *key, const float *value,
