@@ -117,14 +117,56 @@ static float *floats_of(const fixture_case *c, const char *name)
     return values;
 }
 
-/* Runs case i through the host API (device = 0) or the device API on our own buffers. */
-static void run_case(int index, int device)
+/* How a case is run. */
+typedef enum run_mode {
+    MODE_HOST = 0,    /* host API, the weights PyTorch returned (unfused) */
+    MODE_DEVICE,      /* device API on our own buffers (unfused) */
+    MODE_FUSED,       /* host API, no weights, path FUSED: the fused kernel vs PyTorch's out */
+    MODE_OTHER_FORM,  /* host API, the other weights form: averaged from per-head fixtures, per
+                         head for averaged fixtures (their mean over heads must match) */
+    MODE_COUNT
+} run_mode;
+static const char *const mode_names[MODE_COUNT] = {"host API", "device API",
+                                                   "host API, fused path",
+                                                   "host API, other weights form"};
+
+/* Where PyTorch's weight is exactly 0 (a masked key), ours must be exactly 0 too. */
+static void expect_masked_zeros(const float *got, const double *want, size_t count)
 {
+    size_t zeros = 0, wrong = 0, first = 0;
+    for (size_t i = 0; i < count; ++i) {
+        if (want[i] != 0.0)
+            continue;
+        ++zeros;
+        if (got[i] != 0.0f && wrong++ == 0)
+            first = i;
+    }
+    tu_expect(wrong == 0, "%zu of %zu masked weights are not exactly 0 (first at [%zu]: %g)",
+              wrong, zeros, first, wrong ? (double)got[first] : 0.0);
+}
+
+/* Mean over heads of per-head weights (batch, heads, plane) -> (batch, plane). */
+static void mean_over_heads(const double *per_head, size_t batch, size_t heads, size_t plane,
+                            double *out)
+{
+    for (size_t b = 0; b < batch; ++b)
+        for (size_t i = 0; i < plane; ++i) {
+            double sum = 0.0;
+            for (size_t h = 0; h < heads; ++h)
+                sum += per_head[(b * heads + h) * plane + i];
+            out[b * plane + i] = sum / (double)heads;
+        }
+}
+
+/* Runs case i in one of the modes. */
+static void run_case(int index, run_mode mode)
+{
+    const int device = mode == MODE_DEVICE;
     const fixture_case *c = &cases[index];
     const fixture_tensor *query = find(c, "query"), *key = find(c, "key");
     const fixture_tensor *value = find(c, "value"), *want_out = find(c, "out");
     const fixture_tensor *want_weights = find(c, "weights");
-    tu_set_case("%s via %s API", c->name, device ? "device" : "host");
+    tu_set_case("%s via %s", c->name, mode_names[mode]);
     if (!tu_expect(query && want_out && want_weights, "fixture case lacks query/out/weights"))
         return;
     const size_t batch = query->dims[0], seq_q = query->dims[1];
@@ -135,6 +177,12 @@ static void run_case(int index, int device)
         .vdim = value ? value->dims[2] : 0, .layout = CLATTN_LAYOUT_TORCH,
         .need_weights = c->average ? CLATTN_WEIGHTS_AVERAGED : CLATTN_WEIGHTS_PER_HEAD,
     };
+    if (mode == MODE_FUSED) {
+        desc.need_weights = CLATTN_WEIGHTS_NONE;
+        desc.path = CLATTN_PATH_FUSED;
+    } else if (mode == MODE_OTHER_FORM) {
+        desc.need_weights = c->average ? CLATTN_WEIGHTS_PER_HEAD : CLATTN_WEIGHTS_AVERAGED;
+    }
     float *host[12] = {0};
     enum { IN_W, IN_B, QW, KW, VW, OW, OB, QUERY, KEY, VALUE, MASK, KPM_F };
     static const char *const names[12] = {
@@ -152,7 +200,12 @@ static void run_case(int index, int device)
     /* PyTorch's MultiheadAttention has a single in_proj_bias even with separate q/k/v weights. */
     const fixture_tensor *in_bias = find(c, "in_proj_bias");
     const size_t e = c->embed_dim;
-    const size_t out_count = want_out->count, weights_count = want_weights->count;
+    const size_t out_count = want_out->count, plane = seq_q * seq_k;
+    const size_t heads = c->num_heads;
+    /* What this mode asks for: PyTorch's form, the other one, or none. */
+    const size_t weights_count = mode != MODE_OTHER_FORM ? want_weights->count
+                                 : c->average           ? batch * heads * plane
+                                                        : batch * plane;
     float *out = tu_nan_floats(out_count), *weights = tu_nan_floats(weights_count);
     clattn_status status;
 
@@ -168,7 +221,8 @@ static void run_case(int index, int device)
         }
         clattn_host_masks masks = {.attn_mask = host[MASK], .key_padding_mask = kpm};
         status = clattn_mha_forward_host(tu_ctx(), &desc, &w, host[QUERY], host[KEY],
-                                         host[VALUE], &masks, out, weights);
+                                         host[VALUE], &masks, out,
+                                         mode == MODE_FUSED ? NULL : weights);
         tu_expect_status(status, CLATTN_SUCCESS, "clattn_mha_forward_host");
     } else {
         /* Every parameter and input in its own buffer at a nonzero offset, NaN around it. */
@@ -218,8 +272,30 @@ static void run_case(int index, int device)
     }
     if (status == CLATTN_SUCCESS) {
         tu_expect_close("out vs PyTorch", out, want_out->values, out_count, TU_TOL);
-        tu_expect_close("attention weights vs PyTorch", weights, want_weights->values,
-                        weights_count, TU_TOL);
+        if (mode == MODE_HOST || mode == MODE_DEVICE) {
+            tu_expect_close("attention weights vs PyTorch", weights, want_weights->values,
+                            weights_count, TU_TOL);
+            expect_masked_zeros(weights, want_weights->values, weights_count);
+        } else if (mode == MODE_OTHER_FORM) {
+            double *ours = tu_doubles(weights_count), *want = tu_doubles(batch * plane);
+            tu_floats_to_doubles(weights, weights_count, ours);
+            if (c->average) { /* our per-head weights, averaged here, vs PyTorch's average */
+                mean_over_heads(ours, batch, heads, plane, want);
+                float *mean = tu_floats(batch * plane);
+                for (size_t i = 0; i < batch * plane; ++i)
+                    mean[i] = (float)want[i];
+                tu_expect_close("mean of per-head weights vs PyTorch's averaged weights", mean,
+                                want_weights->values, batch * plane, TU_TOL);
+                free(mean);
+            } else { /* our averaged weights vs PyTorch's per-head weights, averaged here */
+                mean_over_heads(want_weights->values, batch, heads, plane, want);
+                tu_expect_close("averaged weights vs PyTorch's per-head mean", weights, want,
+                                batch * plane, TU_TOL);
+                expect_masked_zeros(weights, want, batch * plane);
+            }
+            free(want);
+            free(ours);
+        }
     }
     for (int i = 0; i < 12; ++i)
         free(host[i]);
@@ -237,18 +313,11 @@ START_TEST(test_fixture_loaded)
 }
 END_TEST
 
-START_TEST(test_torch_host)
+/* _i: case * MODE_COUNT + mode. */
+START_TEST(test_torch_cases)
 {
     TU_BEGIN_TEST();
-    run_case(_i, 0);
-    TU_END_TEST();
-}
-END_TEST
-
-START_TEST(test_torch_device)
-{
-    TU_BEGIN_TEST();
-    run_case(_i, 1);
+    run_case(_i / MODE_COUNT, (run_mode)(_i % MODE_COUNT));
     TU_END_TEST();
 }
 END_TEST
@@ -263,8 +332,7 @@ int main(int argc, char **argv)
     TCase *tc = tcase_create("nn.MultiheadAttention");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_fixture_loaded);
-    tcase_add_loop_test(tc, test_torch_host, 0, num_cases);
-    tcase_add_loop_test(tc, test_torch_device, 0, num_cases);
+    tcase_add_loop_test(tc, test_torch_cases, 0, num_cases * MODE_COUNT);
     suite_add_tcase(suite, tc);
     int result = tu_run_suite(suite);
     free_fixture();
