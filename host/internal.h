@@ -47,6 +47,7 @@ typedef enum clattn_ws_slot {
     CLATTN_WS_HOST_KPM,  /* key padding mask */
     CLATTN_WS_HOST_W,    /* all weights and biases, packed one after another */
     CLATTN_WS_MATMUL_BT, /* matmul_vec: a transposed copy of B */
+    CLATTN_WS_FLASH_LSE, /* fused kernel in key parts (loop-limited devices): (B, H, Lq) */
     CLATTN_WS_COUNT
 } clattn_ws_slot;
 
@@ -71,6 +72,7 @@ typedef struct clattn_tuning {
     unsigned tile_m, tile_n, tile_k, wpt_m, wpt_n;
     unsigned softmax_wg;
     unsigned heads_wg;
+    unsigned loop_trip_limit; /* 0, or the loop iterations a work-item may make in all (quirks) */
 } clattn_tuning;
 
 /* A program built with extra -D options (e.g. per head size) and its one kernel. */

@@ -22,11 +22,29 @@ static unsigned floor_pow2(size_t value, unsigned cap)
     return v;
 }
 
+/* Keys per launch where the device caps the loop iterations of a work-item in all
+ * (tuning.loop_trip_limit, from the quirks table in runtime.c): whole tiles whose loop trips,
+ * counted as if no loop were unrolled, stay within half the limit. 0: all keys in one launch. */
+static size_t keys_per_launch(const clattn_ctx *ctx, size_t dk, size_t dv, unsigned rows,
+                              unsigned block_k, unsigned vw)
+{
+    const size_t limit = ctx->tuning.loop_trip_limit;
+    if (limit == 0)
+        return 0;
+    const size_t qk_vecs = dk / vw, v_vecs = dv / vw;
+    /* Per tile: staging K and V, scoring, rescaling, accumulating; outside: q, acc, output. */
+    const size_t per_tile = (block_k * dk + rows - 1) / rows + (block_k * dv + rows - 1) / rows +
+                            block_k * (1 + qk_vecs) + v_vecs + block_k * (1 + v_vecs) + 1;
+    const size_t outside = qk_vecs + 3 * v_vecs;
+    const size_t tiles = limit / 2 > outside + per_tile ? (limit / 2 - outside) / per_tile : 1;
+    return tiles * block_k;
+}
+
 /* The kernel variant for these head sizes: BLOCK_K from the local memory the K and V tiles
  * need, BLOCK_Q from the work-group size, shrunk while the compiled kernel cannot run that
- * many work-items (register pressure at large head sizes). */
+ * many work-items (register pressure at large head sizes); *part_keys from keys_per_launch. */
 static clattn_status flash_kernel(clattn_ctx *ctx, size_t dk, size_t dv, cl_kernel *kernel,
-                                  unsigned *block_q)
+                                  unsigned *block_q, size_t *part_keys)
 {
     const bool is_cpu = ctx->tuning.cpu_params;
     const cl_ulong local_budget = ctx->info.local_mem_size > 16384 ? ctx->info.local_mem_size - 1024
@@ -62,6 +80,7 @@ static clattn_status flash_kernel(clattn_ctx *ctx, size_t dk, size_t dv, cl_kern
             return clattn__cl_fail(ctx, err, "clGetKernelWorkGroupInfo(flash_attention)");
         if (kernel_max >= rows) {
             *block_q = rows;
+            *part_keys = keys_per_launch(ctx, dk, dv, rows, block_k, vw);
             return CLATTN_SUCCESS;
         }
         if (rows == 1)
@@ -80,10 +99,24 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn_attention_desc
 {
     cl_kernel kernel = NULL;
     unsigned block_q = 1;
+    size_t part_keys = 0;
     clattn_status status =
-        flash_kernel(ctx, desc->head_dim_qk, desc->head_dim_v, &kernel, &block_q);
+        flash_kernel(ctx, desc->head_dim_qk, desc->head_dim_v, &kernel, &block_q, &part_keys);
     if (status != CLATTN_SUCCESS)
         return status;
+    /* Keys in parts (devices with a loop limit): each launch resumes from the output and
+     * log-sum-exp of the one before, kept in the caller's lse or one float per row of ours. */
+    if (part_keys == 0 || part_keys > desc->seq_k)
+        part_keys = desc->seq_k;
+    const size_t parts = (desc->seq_k + part_keys - 1) / part_keys;
+    if (parts > 1 && lse.mem == NULL) {
+        lse.offset = 0;
+        status =
+            clattn__workspace(ctx, "flash_attention", CLATTN_WS_FLASH_LSE,
+                              desc->batch * desc->heads * desc->seq_q * sizeof(float), &lse.mem);
+        if (status != CLATTN_SUCCESS)
+            return status;
+    }
     const clattn_masks *masks = &desc->masks;
     const cl_ulong q_offset = q.offset, k_offset = k.offset, v_offset = v.offset;
     const cl_ulong o_offset = out.offset, lse_offset = lse.offset;
@@ -106,9 +139,14 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn_attention_desc
 
     clattn_chain chain;
     clattn__chain_init(&chain, num_wait, wait);
-    for (size_t first = 0; first < bh_total && status == CLATTN_SUCCESS;
-         first += MAX_BH_PER_LAUNCH) {
+    const size_t bh_parts = (bh_total + MAX_BH_PER_LAUNCH - 1) / MAX_BH_PER_LAUNCH;
+    for (size_t launch = 0; launch < parts * bh_parts && status == CLATTN_SUCCESS; ++launch) {
+        const size_t first = (launch % bh_parts) * MAX_BH_PER_LAUNCH;
         const cl_ulong bh_base = first;
+        const cl_uint key_begin = (cl_uint)((launch / bh_parts) * part_keys);
+        const cl_uint key_stop =
+            (cl_uint)(desc->seq_k - key_begin < part_keys ? desc->seq_k : key_begin + part_keys);
+        const cl_int resume = key_begin > 0;
         const clattn_arg args[] = {
             CLATTN_ARG(q.mem),           CLATTN_ARG(q_offset),
             CLATTN_ARG(k.mem),           CLATTN_ARG(k_offset),
@@ -122,6 +160,8 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn_attention_desc
             CLATTN_ARG(mask_offset),     CLATTN_ARG(has_mask),
             CLATTN_ARG(key_padding_mem), CLATTN_ARG(key_padding_offset),
             CLATTN_ARG(has_key_padding), CLATTN_ARG(bh_base),
+            CLATTN_ARG(key_begin),       CLATTN_ARG(key_stop),
+            CLATTN_ARG(resume),
         };
         global[1] = bh_total - first < MAX_BH_PER_LAUNCH ? bh_total - first : MAX_BH_PER_LAUNCH;
         cl_event step = NULL;

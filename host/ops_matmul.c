@@ -76,23 +76,35 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn_matmul_desc *
         global[0] = ((desc->n + t->tile_n - 1) / t->tile_n) * local[0];
         global[1] = ((desc->m + t->tile_m - 1) / t->tile_m) * local[1];
     }
-    for (size_t first = 0; first < batch && status == CLATTN_SUCCESS;
-         first += MAX_BATCH_PER_LAUNCH) {
+    /* A device that caps the loop iterations of a work-item (loop_trip_limit, from the quirks
+     * table in runtime.c) gets K in parts accumulated onto C: the first part with the caller's
+     * beta and bias, the others with beta = 1 and no bias. A quarter of the limit leaves room
+     * for the tiled kernel's ~2 trips per k and the loops outside its K loop. */
+    const cl_uint k_step = t->loop_trip_limit ? t->loop_trip_limit / 4 : k;
+    const size_t k_parts = (k + (size_t)k_step - 1) / k_step;
+    const size_t batch_parts = (batch + MAX_BATCH_PER_LAUNCH - 1) / MAX_BATCH_PER_LAUNCH;
+    for (size_t part = 0; part < k_parts * batch_parts && status == CLATTN_SUCCESS; ++part) {
+        const cl_uint k0 = (cl_uint)(part / batch_parts) * k_step;
+        const size_t first = (part % batch_parts) * MAX_BATCH_PER_LAUNCH;
         const size_t count =
             batch - first < MAX_BATCH_PER_LAUNCH ? batch - first : MAX_BATCH_PER_LAUNCH;
-        const cl_ulong a_offset = a.offset + first * stride_a;
-        const cl_ulong b_offset = b.offset + first * stride_b;
+        const cl_uint k_part = k - k0 < k_step ? k - k0 : k_step;
+        const cl_float beta_part = k0 == 0 ? beta : 1.0f;
+        const cl_int bias_part = k0 == 0 ? has_bias : 0;
+        /* Element k0 of op(A)'s rows and of op(B)'s columns. */
+        const cl_ulong a_offset = a.offset + first * stride_a + k0 * (trans_a ? lda : 1);
+        const cl_ulong b_offset = b.offset + first * stride_b + k0 * (trans_b ? 1 : ldb);
         const cl_ulong c_offset = c.offset + first * stride_c;
         /* The two kernels share their signature except matmul's trans_b flag. */
         const clattn_arg tiled_args[] = {
-            CLATTN_ARG(m),        CLATTN_ARG(n),        CLATTN_ARG(k),
-            CLATTN_ARG(a.mem),    CLATTN_ARG(a_offset), CLATTN_ARG(lda),
-            CLATTN_ARG(stride_a), CLATTN_ARG(trans_a),  CLATTN_ARG(b.mem),
-            CLATTN_ARG(b_offset), CLATTN_ARG(ldb),      CLATTN_ARG(stride_b),
-            CLATTN_ARG(trans_b),  CLATTN_ARG(c.mem),    CLATTN_ARG(c_offset),
-            CLATTN_ARG(ldc),      CLATTN_ARG(stride_c), CLATTN_ARG(alpha),
-            CLATTN_ARG(beta),     CLATTN_ARG(bias_mem), CLATTN_ARG(bias_offset),
-            CLATTN_ARG(has_bias),
+            CLATTN_ARG(m),         CLATTN_ARG(n),        CLATTN_ARG(k_part),
+            CLATTN_ARG(a.mem),     CLATTN_ARG(a_offset), CLATTN_ARG(lda),
+            CLATTN_ARG(stride_a),  CLATTN_ARG(trans_a),  CLATTN_ARG(b.mem),
+            CLATTN_ARG(b_offset),  CLATTN_ARG(ldb),      CLATTN_ARG(stride_b),
+            CLATTN_ARG(trans_b),   CLATTN_ARG(c.mem),    CLATTN_ARG(c_offset),
+            CLATTN_ARG(ldc),       CLATTN_ARG(stride_c), CLATTN_ARG(alpha),
+            CLATTN_ARG(beta_part), CLATTN_ARG(bias_mem), CLATTN_ARG(bias_offset),
+            CLATTN_ARG(bias_part),
         };
         clattn_arg vec_args[sizeof tiled_args / sizeof tiled_args[0] - 1];
         for (size_t i = 0, j = 0; i < sizeof tiled_args / sizeof tiled_args[0]; ++i)

@@ -192,6 +192,40 @@ static unsigned pow2_at_most(size_t limit, unsigned cap)
     return v;
 }
 
+/* Known defects of OpenCL implementations that clattn routes around: data, one row per
+ * implementation, matched on prefixes of CL_DEVICE_VENDOR and CL_DEVICE_NAME. Add a row here,
+ * not a branch in the code. */
+typedef struct device_quirk {
+    const char *vendor, *name;
+    unsigned loop_trip_limit; /* loop iterations a work-item may make in all; 0: no limit */
+} device_quirk;
+
+static const device_quirk device_quirks[] = {
+    /* Mesa's llvmpipe (rusticl; measured on Mesa 22.3.6 with LLVM 15): gallivm gives each
+     * invocation one loop counter shared by all its loops (LP_MAX_TGSI_LOOP_ITERATIONS = 65535,
+     * decremented on every back-edge in lp_exec_endloop) and leaves the loop when it reaches
+     * zero, silently: the kernel completes with truncated sums. Reproducer: a kernel whose one
+     * loop is `for (uint i = 0; i < n; ++i) x = x * 1664525u + 1013904223u;` stores x after
+     * 65535 steps for every n > 65535 (PoCL: after n); nested loops of 100 x 700 stop after
+     * 65349 inner steps. It made matmul_vec's edge blocks (then VEC_RM * VEC_N trips per k)
+     * wrong from 5 x 7 x 2000, and the fused kernel from seq_k ~ 1000 (GPU parameters, d = 64).
+     * So ops_matmul.c splits K and ops_flash.c the keys into launches that stay under the
+     * limit. Not split: softmax rows (about 3 * seq_k / SOFTMAX_WG trips, so with CPU
+     * parameters rows longer than ~80000 keys). */
+    {"Mesa", "llvmpipe", 65535},
+};
+
+static const device_quirk *find_quirk(const clattn_device_info *info)
+{
+    for (size_t i = 0; i < sizeof device_quirks / sizeof device_quirks[0]; ++i) {
+        const device_quirk *q = &device_quirks[i];
+        if (strncmp(info->vendor, q->vendor, strlen(q->vendor)) == 0 &&
+            strncmp(info->name, q->name, strlen(q->name)) == 0)
+            return q;
+    }
+    return NULL;
+}
+
 /* Picks tile parameters from the device's limits. Candidates are ordered from the one that
  * wins on that class of device down to one that fits anything. */
 static clattn_status choose_tuning(clattn_ctx *ctx)
@@ -259,6 +293,8 @@ static clattn_status choose_tuning(clattn_ctx *ctx)
         ctx->tuning.matmul_vec = false;
     else if (choice && strcmp(choice, "vec") == 0)
         ctx->tuning.matmul_vec = true;
+    const device_quirk *quirk = find_quirk(&ctx->info);
+    ctx->tuning.loop_trip_limit = quirk ? quirk->loop_trip_limit : 0;
     ctx->tuning.vec_rm = 6;
     /* Vectors of twice the preferred width (two registers per accumulator) measured faster
      * than one register on AVX2 PoCL: 1024^3 matmul 20 vs 15.5 GFLOP/s. */
@@ -491,7 +527,8 @@ static char *read_text_file(const char *dir, const char *file)
     long length = -1;
     if (fseek(f, 0, SEEK_END) == 0)
         length = ftell(f);
-    if (length >= 0 && fseek(f, 0, SEEK_SET) == 0)
+    /* A folder opens too, and its "length" is LONG_MAX on Linux: no kernel source is 64 MiB. */
+    if (length >= 0 && length < (64L << 20) && fseek(f, 0, SEEK_SET) == 0)
         text = malloc((size_t)length + 1);
     if (text && fread(text, 1, (size_t)length, f) == (size_t)length) {
         text[length] = '\0';
@@ -680,6 +717,7 @@ static const char *const workspace_names[CLATTN_WS_COUNT] = {
     [CLATTN_WS_HOST_KPM] = "host key_padding_mask",
     [CLATTN_WS_HOST_W] = "host parameters",
     [CLATTN_WS_MATMUL_BT] = "transposed B",
+    [CLATTN_WS_FLASH_LSE] = "log-sum-exp",
 };
 
 clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot slot, size_t bytes,

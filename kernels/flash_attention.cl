@@ -21,6 +21,11 @@
  * same for the whole group, so every work-item meets the same barriers). A row with every key
  * masked is written as zeros and its log-sum-exp as -inf. Extra memory: the optional
  * log-sum-exp, one float per row (m + log l), the statistic that merges partial results.
+ *
+ * Key parts: one launch covers keys key_begin .. key_stop (key_begin a multiple of BLOCK_K,
+ * key_stop too or seq_k); with resume set it starts from the output row and log-sum-exp that
+ * the launch before it wrote (the same state, written as (m = lse, l = 1, acc = O)). The host splits the keys only
+ * on devices that cap a work-item's loop iterations (Mesa's llvmpipe; see host/runtime.c).
  */
 #ifndef HEAD_DIM_QK
 #define HEAD_DIM_QK 64 /* d_k, fixed per program variant */
@@ -71,7 +76,8 @@ void flash_attention(__global const float *Q, const ulong q_offset,
                      __global const float *attn_mask, const ulong attn_mask_offset,
                      const int has_mask,
                      __global const uchar *key_padding, const ulong key_padding_offset,
-                     const int has_key_padding, const ulong bh_base)
+                     const int has_key_padding, const ulong bh_base, const uint key_begin,
+                     const uint key_stop, const int resume)
 {
     __local float k_tile[BLOCK_K][HEAD_DIM_QK];
     __local float v_tile[BLOCK_K][HEAD_DIM_V];
@@ -98,12 +104,22 @@ void flash_attention(__global const float *Q, const ulong q_offset,
     for (uint d = 0; d < V_VECS; ++d)
         acc[d] = (row_t)(0.0f);
     float row_max = NEG_INF, total = 0.0f; /* running max and sum of the row */
+    __global float *out = O + o_offset + (bh * seq_q + (valid ? row : 0)) * HEAD_DIM_V;
+    if (resume && valid) {
+        const float previous = lse[lse_offset + bh * seq_q + row];
+        if (previous != NEG_INF) { /* else no key so far counted: the initial state */
+            total = norm_relu ? exp(previous) : 1.0f;
+            row_max = norm_relu ? NEG_INF : previous;
+            for (uint d = 0; d < V_VECS; ++d)
+                acc[d] = row_load(d, out) * total;
+        }
+    }
 
     /* Keys past the group's last row are all causally masked: stop there (uniform bound). */
     const uint last_row = min(seq_q, first_row + BLOCK_Q) - 1;
-    const uint key_end = causal ? min(seq_k, last_row + 1) : seq_k;
+    const uint key_end = min(key_stop, causal ? min(seq_k, last_row + 1) : seq_k);
 
-    for (uint k0 = 0; k0 < key_end; k0 += BLOCK_K) {
+    for (uint k0 = key_begin; k0 < key_end; k0 += BLOCK_K) {
         for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
             const uint j = e / HEAD_DIM_QK, d = e % HEAD_DIM_QK;
             k_tile[j][d] = k0 + j < seq_k ? K[(ulong)(k0 + j) * HEAD_DIM_QK + d] : 0.0f;
@@ -157,7 +173,6 @@ void flash_attention(__global const float *Q, const ulong q_offset,
     if (!valid)
         return;
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    __global float *out = O + o_offset + (bh * seq_q + row) * HEAD_DIM_V;
     for (uint d = 0; d < V_VECS; ++d) {
         const row_t value = acc[d] * inv;
 #if FLASH_VW == 1

@@ -126,7 +126,8 @@ void matmul(const uint M, const uint N, const uint K,
  * vectorises and local memory is ordinary cache. Each work-item owns a VEC_RM x (2*VEC_W) block
  * of C and keeps it in 2*VEC_RM vector accumulators of VEC_W floats: per k it broadcasts one A
  * value per row and multiplies it with two vectors of the B row. B must be stored K x N (the host
- * transposes a B given N x K first). Blocks that cross the edge of C take a scalar path.
+ * transposes a B given N x K first). Blocks that cross the edge of C take the same single pass
+ * over K with bounds-checked loads and stores.
  *
  *        n0 = VEC_N*gid0 .. +VEC_N
  *   m0 = VEC_RM*gid1 +-----------+   work-item (gid0, gid1, batch): C[m0.., n0..]
@@ -208,20 +209,44 @@ void matmul_vec(const uint M, const uint N, const uint K,
         return;
     }
 
-    /* Edge block: one dot product per element that exists. */
-    for (uint i = 0; i < VEC_RM && m0 + i < M; ++i) {
-        __global const float *a_row = A + (m0 + i) * a_row_step;
-        for (uint j = 0; j < VEC_N && n0 + j < N; ++j) {
-            float sum = 0.0f;
-            for (uint k = 0; k < K; ++k)
-                sum = mad(a_row[k * a_k_step], B[k * ldb + n0 + j], sum);
-            float value = alpha * sum;
-            __global float *c = C + (m0 + i) * ldc + n0 + j;
+    /* Edge block (the last rows or columns of C): the same single pass over K, with the rows
+     * and columns past C's edge loaded as zeros and never stored. One pass, not one dot
+     * product per element, also keeps a work-item's loop trip count near K: Mesa's llvmpipe
+     * (rusticl) silently ends every loop once a work-item's loops together have iterated
+     * 65535 times (see the quirks table in host/runtime.c). */
+    const uint rows = min((uint)VEC_RM, M - m0), cols = min((uint)VEC_N, N - n0);
+    vec_t acc0[VEC_RM], acc1[VEC_RM];
+    for (uint i = 0; i < VEC_RM; ++i) {
+        acc0[i] = (vec_t)(0.0f);
+        acc1[i] = (vec_t)(0.0f);
+    }
+    __global const float *a_col = A + m0 * a_row_step;
+    __global const float *b_row = B + n0;
+    for (uint k = 0; k < K; ++k) {
+        float b_part[VEC_N];
+        for (uint j = 0; j < VEC_N; ++j)
+            b_part[j] = j < cols ? b_row[j] : 0.0f;
+        const vec_t b0 = vec_load(0, b_part), b1 = vec_load(0, b_part + VEC_W);
+        for (uint i = 0; i < VEC_RM; ++i) {
+            const vec_t a = (vec_t)(i < rows ? a_col[i * a_row_step] : 0.0f);
+            acc0[i] = mad(a, b0, acc0[i]);
+            acc1[i] = mad(a, b1, acc1[i]);
+        }
+        a_col += a_k_step;
+        b_row += ldb;
+    }
+    for (uint i = 0; i < rows; ++i) {
+        float c_part[VEC_N];
+        vec_store(acc0[i], 0, c_part);
+        vec_store(acc1[i], 0, c_part + VEC_W);
+        __global float *c_row = C + (m0 + i) * ldc + n0;
+        for (uint j = 0; j < cols; ++j) {
+            float value = alpha * c_part[j];
             if (beta != 0.0f)
-                value = mad(beta, *c, value);
+                value = mad(beta, c_row[j], value);
             if (has_bias)
                 value += bias[bias_offset + n0 + j];
-            *c = value;
+            c_row[j] = value;
         }
     }
 }

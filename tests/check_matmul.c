@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "reference.h"
 #include "testutil.h"
@@ -278,10 +279,12 @@ START_TEST(test_matmul_full_grid)
 }
 END_TEST
 
-/* Long K (blocked on CPUs), wide N or tall M beyond any tile, and a larger cube. */
+/* Long K (blocked on CPUs), wide N or tall M beyond any tile, and a larger cube. K = 70000
+ * passes llvmpipe's 65535 loop iterations per work-item (K split there, see runtime.c). */
 /* clang-format off */
 static const mnk extreme_sizes[] = {
     {1, 1, 5000}, {5, 7, 4099}, {2, 1025, 3}, {1025, 2, 3}, {33, 2049, 17}, {300, 300, 300},
+    {3, 17, 70000},
 };
 /* clang-format on */
 
@@ -539,15 +542,94 @@ START_TEST(test_matmul_event_chain)
 }
 END_TEST
 
+/* stride_c = 0 with batch > 1 would write every batch entry to one C: refused before anything
+ * is enqueued (C keeps its NaN), with a message naming stride_c. The same call with a real
+ * stride, and batch 1 with stride_c = 0 (the stride is ignored), compute the reference. */
+START_TEST(test_matmul_stride_c_zero)
+{
+    TU_BEGIN_TEST();
+    const size_t m = 17, n = 9, k = 5;
+    for (size_t batch = 2; batch <= 3; ++batch) {
+        tu_set_case("batch=%zu m=%zu n=%zu k=%zu stride_c=0", batch, m, n, k);
+        const clattn_matmul_desc desc = {.batch = batch,
+                                         .m = m,
+                                         .n = n,
+                                         .k = k,
+                                         .stride_a = m * k,
+                                         .stride_b = k * n,
+                                         .stride_c = 0,
+                                         .alpha = 1.0f};
+        float *a_host = tu_random_floats(batch * m * k), *b_host = tu_random_floats(batch * k * n);
+        cl_mem a_mem = tu_upload_floats(a_host, batch * m * k);
+        cl_mem b_mem = tu_upload_floats(b_host, batch * k * n);
+        cl_mem c_mem = tu_nan_buffer(batch * m * n);
+        clattn_status status =
+            clattn_matmul(tu_ctx(), &desc, tu_tensor(a_mem, 0), tu_tensor(b_mem, 0),
+                          tu_tensor(NULL, 0), tu_tensor(c_mem, 0), 0, NULL, NULL);
+        if (tu_expect_status(status, CLATTN_ERR_INVALID_SHAPE, "matmul(stride_c = 0)")) {
+            const char *message = clattn_last_error(tu_ctx());
+            tu_expect(tu_starts_with(message, "matmul:") && tu_mentions_word(message, "stride_c"),
+                      "message '%s' does not start with 'matmul:' and name stride_c", message);
+        }
+        float *c_got = tu_floats(batch * m * n);
+        tu_read_floats(c_mem, 0, batch * m * n, c_got);
+        tu_expect_nan_outside("C after the refused call", c_got, batch * m * n, 0, 0);
+        free(c_got);
+        tu_release_mem(c_mem);
+        tu_release_mem(b_mem);
+        tu_release_mem(a_mem);
+        free(b_host);
+        free(a_host);
+
+        matmul_case mc = plain_case(m, n, k, 0, 0);
+        mc.desc.batch = batch;
+        mc.desc.stride_a = m * k;
+        mc.desc.stride_b = k * n;
+        mc.desc.stride_c = m * n;
+        run_matmul_case(&mc);
+    }
+    matmul_case single = plain_case(m, n, k, 1, 1);
+    single.desc.stride_a = 0;
+    single.desc.stride_b = 0;
+    single.desc.stride_c = 0;
+    run_matmul_case(&single);
+    TU_END_TEST();
+}
+END_TEST
+
+/* A reduced run (CLATTN_TEST_SCALE=small) leaves out the products of more than this many
+ * multiply-adds (256 x 192 x 320 and 300^3), naming them in not_run_. */
+#define SMALL_MAX_MACS 4000000u
+static char not_run_[512];
+
+static void add_size_loop(TCase *tcase, const TTest *test, const char *name, const mnk *sizes,
+                          int count)
+{
+    for (int i = 0; i < count; ++i) {
+        if (tu_small() && sizes[i].m * sizes[i].n * sizes[i].k > SMALL_MAX_MACS) {
+            size_t used = strlen(not_run_);
+            snprintf(not_run_ + used, sizeof not_run_ - used, "%s%s case %d (%zux%zux%zu)",
+                     used ? ", " : "", name, i, sizes[i].m, sizes[i].n, sizes[i].k);
+            continue;
+        }
+        tcase_add_loop_test(tcase, test, i, i + 1);
+    }
+}
+
 static Suite *matmul_suite(void)
 {
     Suite *suite = suite_create("matmul");
     TCase *sizes = tcase_create("sizes");
     tcase_set_timeout(sizes, 600);
     tcase_add_loop_test(sizes, test_matmul_awkward_sizes, 0, COUNT_OF(awkward_sizes));
-    tcase_add_loop_test(sizes, test_matmul_primes_and_large, 0, COUNT_OF(prime_and_large_sizes));
+    add_size_loop(sizes, test_matmul_primes_and_large, "test_matmul_primes_and_large",
+                  prime_and_large_sizes, COUNT_OF(prime_and_large_sizes));
     tcase_add_loop_test(sizes, test_matmul_full_grid, 0, GRID_SIDE * GRID_SIDE * GRID_SIDE);
-    tcase_add_loop_test(sizes, test_matmul_extremes, 0, COUNT_OF(extreme_sizes));
+    add_size_loop(sizes, test_matmul_extremes, "test_matmul_extremes", extreme_sizes,
+                  COUNT_OF(extreme_sizes));
+    if (not_run_[0] != '\0')
+        tu_not_run("%s: over a minute each on Oclgrind; every tile edge is in the smaller sizes",
+                   not_run_);
     tcase_add_test(sizes, test_matmul_many_batches);
     suite_add_tcase(suite, sizes);
 
@@ -561,6 +643,7 @@ static Suite *matmul_suite(void)
     tcase_add_loop_test(options, test_matmul_random_combinations, 0, 4);
     tcase_add_test(options, test_matmul_batch_zero_and_one);
     tcase_add_test(options, test_matmul_event_chain);
+    tcase_add_test(options, test_matmul_stride_c_zero);
     suite_add_tcase(suite, options);
     return suite;
 }
