@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 199309L
 #include "cli.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,11 @@ static const char bench_usage[] =
     "Times each op on the device: the median of --runs runs (default 10) after --warmup runs\n"
     "(default 1, which also compiles the kernels). Device time comes from OpenCL profiling\n"
     "events (from a marker enqueued before the call to the call's last kernel); wall time is the\n"
-    "host's clock around enqueue and wait.\n"
+    "host's clock around enqueue and wait, with clFinish before and after each run.\n"
+    "Where the device's profiling timestamps are unusable (zero, placeholders, or a span longer\n"
+    "than the run's wall time; e.g. Mesa 22.3's rusticl), the median and the rates are wall\n"
+    "time instead: the table marks them 'wall' (with a note on stderr), --json says\n"
+    "\"timer\": \"wall\" (else \"device\"). CLATTN_BENCH_TIMER=wall forces wall time.\n"
     "Sizes: matmul over --mnk (default 512x512x512,1024x1024x1024,4096x64x4096); softmax and\n"
     "attention over (--batch 1, --heads 8, --seq 512,1024 (= seq_q), --seq-k (default = seq),\n"
     "--head-dim 64); mha over --batch, --seq and --embed 512 with --heads.\n"
@@ -51,6 +56,7 @@ typedef struct bench_state {
     cl_context context;
     cl_command_queue queue;
     const bench_options *options;
+    bool wall_noted; /* the text output's note on wall-clock timing is printed */
 } bench_state;
 
 /* One measured call, enqueued after a marker event and returning its final event. */
@@ -77,10 +83,15 @@ static double median(double *values, size_t count)
 }
 
 /* Runs fn warmup + runs times; medians in ms. Prints progress after the first second.
- * Returns the first failing call's status (with the context's message in b->ctx). */
+ * *device_ms is the median device time, or, where any run's profiling span is unusable (some
+ * implementations return zeros or placeholders) or CLATTN_BENCH_TIMER=wall, the median wall
+ * time, and *wall_timer says which. Returns the first failing call's status (with the
+ * context's message in b->ctx). */
 static clattn_status measure(bench_state *b, const char *label, bench_fn fn, void *args,
-                             double *device_ms, double *wall_ms)
+                             double *device_ms, double *wall_ms, bool *wall_timer)
 {
+    const char *timer = getenv("CLATTN_BENCH_TIMER");
+    bool use_wall = timer && strcmp(timer, "wall") == 0;
     const size_t runs = b->options->runs, total = b->options->warmup + runs;
     double *device = calloc(runs, sizeof *device), *wall = calloc(runs, sizeof *wall);
     if (!device || !wall) {
@@ -93,18 +104,30 @@ static clattn_status measure(bench_state *b, const char *label, bench_fn fn, voi
     clattn_status status = CLATTN_SUCCESS;
     for (size_t r = 0; r < total && status == CLATTN_SUCCESS; ++r) {
         cl_event start = NULL, end = NULL;
+        cl_int err = clFinish(b->queue);
         const double t0 = now_s();
-        cl_int err = clEnqueueMarkerWithWaitList(b->queue, 0, NULL, &start);
+        if (err == CL_SUCCESS)
+            err = clEnqueueMarkerWithWaitList(b->queue, 0, NULL, &start);
         status = err == CL_SUCCESS ? fn(b, args, 1, &start, &end) : (clattn_status)err;
         if (status == CLATTN_SUCCESS)
             status = (clattn_status)clWaitForEvents(1, &end);
+        if (status == CLATTN_SUCCESS)
+            status = (clattn_status)clFinish(b->queue);
         if (status == CLATTN_SUCCESS && r >= b->options->warmup) {
+            const double wall_run = (now_s() - t0) * 1e3;
             cl_ulong begin_ns = 0, end_ns = 0;
-            clGetEventProfilingInfo(start, CL_PROFILING_COMMAND_END, sizeof begin_ns, &begin_ns,
-                                    NULL);
-            clGetEventProfilingInfo(end, CL_PROFILING_COMMAND_END, sizeof end_ns, &end_ns, NULL);
-            device[r - b->options->warmup] = (double)(end_ns - begin_ns) / 1e6;
-            wall[r - b->options->warmup] = (now_s() - t0) * 1e3;
+            const bool queried =
+                clGetEventProfilingInfo(start, CL_PROFILING_COMMAND_END, sizeof begin_ns, &begin_ns,
+                                        NULL) == CL_SUCCESS &&
+                clGetEventProfilingInfo(end, CL_PROFILING_COMMAND_END, sizeof end_ns, &end_ns,
+                                        NULL) == CL_SUCCESS;
+            const double span = end_ns > begin_ns ? (double)(end_ns - begin_ns) / 1e6 : 0.0;
+            /* The commands ran inside the wall bracket: a longer span (one timestamp zero)
+             * or none at all (placeholder timestamps) is no measurement. */
+            if (!queried || span <= 0.0 || span > 2.0 * wall_run + 1.0)
+                use_wall = true;
+            device[r - b->options->warmup] = span;
+            wall[r - b->options->warmup] = wall_run;
         }
         if (start)
             clReleaseEvent(start);
@@ -118,8 +141,9 @@ static clattn_status measure(bench_state *b, const char *label, bench_fn fn, voi
         }
     }
     if (status == CLATTN_SUCCESS) {
-        *device_ms = median(device, runs);
         *wall_ms = median(wall, runs);
+        *device_ms = use_wall ? *wall_ms : median(device, runs);
+        *wall_timer = use_wall;
     }
     free(device);
     free(wall);
@@ -181,9 +205,20 @@ static bool all_made(const cl_mem *mems, size_t count)
 typedef struct case_result {
     const char *op, *path; /* path NULL for ops without one */
     char size_json[256], size_text[128];
-    double device_ms, wall_ms, rate, device_mib;
+    double device_ms, wall_ms, rate, device_mib; /* device_ms: wall time if wall_timer */
+    bool wall_timer;
     const char *unit; /* "gflops" or "gbps" */
 } case_result;
+
+/* A JSON number, or null for inf and nan (which JSON cannot hold). */
+static const char *json_number(char *buffer, size_t size, const char *format, double value)
+{
+    if (isfinite(value))
+        snprintf(buffer, size, format, value);
+    else
+        snprintf(buffer, size, "null");
+    return buffer;
+}
 
 /* Prints a measured case, or (status != success) why the device refused it. Failures other
  * than a refusal end the run. */
@@ -219,15 +254,30 @@ static int report(bench_state *b, case_result *r, clattn_status status, size_t b
     size_t workspace = b->ctx ? clattn_ctx_workspace_bytes(b->ctx) : 0;
     r->device_mib = (double)(buffer_bytes + workspace) / 1048576.0;
     const double rss = peak_rss_mib();
-    if (o->json)
-        printf("{\"op\": \"%s\"%s, %s, \"runs\": %zu, \"median_ms\": %.6f, "
-               "\"wall_ms\": %.6f, \"%s\": %.3f, \"device_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
-               r->op, path_json, r->size_json, o->runs, r->device_ms, r->wall_ms, r->unit, r->rate,
+    if (o->json) {
+        char median_text[32], wall_text[32], rate_text[32];
+        printf("{\"op\": \"%s\"%s, %s, \"runs\": %zu, \"median_ms\": %s, \"timer\": \"%s\", "
+               "\"wall_ms\": %s, \"%s\": %s, \"device_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
+               r->op, path_json, r->size_json, o->runs,
+               json_number(median_text, sizeof median_text, "%.6f", r->device_ms),
+               r->wall_timer ? "wall" : "device",
+               json_number(wall_text, sizeof wall_text, "%.6f", r->wall_ms), r->unit,
+               json_number(rate_text, sizeof rate_text, "%.3f", r->rate), r->device_mib, rss);
+    } else {
+        if (r->wall_timer && !b->wall_noted) {
+            fprintf(stderr,
+                    "clattn bench: note: times marked 'wall' are wall-clock (clFinish before and "
+                    "after each run): %s\n",
+                    getenv("CLATTN_BENCH_TIMER")
+                        ? "CLATTN_BENCH_TIMER=wall"
+                        : "this device's profiling timestamps are unusable");
+            b->wall_noted = true;
+        }
+        printf("%-18s %-32s %10.3f%-5s %10.3f %9.2f %-7s %9.1f %9.1f\n", label, r->size_text,
+               r->device_ms, r->wall_timer ? " wall" : "", r->wall_ms,
+               isfinite(r->rate) ? r->rate : 0.0, strcmp(r->unit, "gbps") == 0 ? "GB/s" : "GFLOP/s",
                r->device_mib, rss);
-    else
-        printf("%-18s %-32s %10.3f %10.3f %9.2f %-7s %9.1f %9.1f\n", label, r->size_text,
-               r->device_ms, r->wall_ms, r->rate, strcmp(r->unit, "gbps") == 0 ? "GB/s" : "GFLOP/s",
-               r->device_mib, rss);
+    }
     fflush(stdout);
     return CLI_OK;
 }
@@ -259,9 +309,9 @@ static int bench_matmul(bench_state *b, size_t m, size_t n, size_t k)
     c.mem[0] = random_buffer(b, m * k, 1);
     c.mem[1] = random_buffer(b, k * n, 2);
     c.mem[2] = random_buffer(b, m * n, 3);
-    clattn_status status = all_made(c.mem, 3)
-                               ? measure(b, r.size_text, run_matmul, &c, &r.device_ms, &r.wall_ms)
-                               : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    clattn_status status = all_made(c.mem, 3) ? measure(b, r.size_text, run_matmul, &c,
+                                                        &r.device_ms, &r.wall_ms, &r.wall_timer)
+                                              : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     r.rate = status == CLATTN_SUCCESS ? 2.0 * m * n * k / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, (m * k + k * n + m * n) * sizeof(float));
     release_all(c.mem, 3);
@@ -321,9 +371,9 @@ static int bench_softmax(bench_state *b, size_t seq_q, size_t seq_k)
     const size_t count = o->batch * o->heads * seq_q * seq_k;
     c.mem[0] = random_buffer(b, count, 4);
     c.mem[1] = random_buffer(b, count, 5);
-    clattn_status status = all_made(c.mem, 2)
-                               ? measure(b, r.size_text, run_softmax, &c, &r.device_ms, &r.wall_ms)
-                               : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    clattn_status status = all_made(c.mem, 2) ? measure(b, r.size_text, run_softmax, &c,
+                                                        &r.device_ms, &r.wall_ms, &r.wall_timer)
+                                              : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     r.rate = status == CLATTN_SUCCESS ? 2.0 * count * sizeof(float) / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, 2 * count * sizeof(float));
     release_all(c.mem, 2);
@@ -353,9 +403,9 @@ static int bench_attention(bench_state *b, size_t seq_q, size_t seq_k, clattn_pa
     c.mem[1] = random_buffer(b, kv_count, 7);
     c.mem[2] = random_buffer(b, kv_count, 8);
     c.mem[3] = random_buffer(b, q_count, 9);
-    clattn_status status =
-        all_made(c.mem, 4) ? measure(b, r.size_text, run_attention, &c, &r.device_ms, &r.wall_ms)
-                           : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    clattn_status status = all_made(c.mem, 4) ? measure(b, r.size_text, run_attention, &c,
+                                                        &r.device_ms, &r.wall_ms, &r.wall_timer)
+                                              : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     r.rate =
         status == CLATTN_SUCCESS ? 4.0 * bh * seq_q * seq_k * o->head_dim / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, (2 * q_count + 2 * kv_count) * sizeof(float));
@@ -413,9 +463,9 @@ static int bench_mha(bench_state *b, size_t seq, clattn_path path)
         c.mem[i] = random_buffer(b, counts[i], 10 + (unsigned)i);
         bytes += counts[i] * sizeof(float);
     }
-    clattn_status status = all_made(c.mem, 6)
-                               ? measure(b, r.size_text, run_mha, &c, &r.device_ms, &r.wall_ms)
-                               : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    clattn_status status = all_made(c.mem, 6) ? measure(b, r.size_text, run_mha, &c, &r.device_ms,
+                                                        &r.wall_ms, &r.wall_timer)
+                                              : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     const double flops = 8.0 * o->batch * seq * e * e + 4.0 * o->batch * seq * seq * e;
     r.rate = status == CLATTN_SUCCESS ? flops / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, bytes);
@@ -564,8 +614,8 @@ int cmd_bench(int argc, char **argv)
     if (rc == CLI_OK && !o.json) {
         cli_print_device(stdout, clattn_ctx_device(probe));
         printf("median of %zu runs after %zu warm-up run(s)\n", o.runs, o.warmup);
-        printf("%-18s %-32s %10s %10s %17s %9s %9s\n", "op", "size", "device ms", "wall ms", "rate",
-               "dev MiB", "rss MiB");
+        printf("%-18s %-32s %10s%5s %10s %17s %9s %9s\n", "op", "size", "device ms", "", "wall ms",
+               "rate", "dev MiB", "rss MiB");
     }
     static const clattn_path paths[2] = {CLATTN_PATH_FUSED, CLATTN_PATH_UNFUSED};
     for (size_t i = 0; rc == CLI_OK && o.ops[0] && i < o.num_mnk; ++i)
