@@ -8,13 +8,20 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <dirent.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "clattn_io.h"
+#include "reference.h"
 #include "testutil.h"
 
 static const char *clattn_bin;
@@ -194,9 +201,41 @@ START_TEST(test_demo_devices_help)
 
     status = run_cli("devices");
     out = captured("stdout");
-    tu_expect(status == 0 && strstr(out, "* 0:") != NULL && strstr(out, "CLATTN_DEVICE"),
-              "devices: status %d, no default marked or no CLATTN_DEVICE explanation: %s", status,
-              out);
+    tu_expect(status == 0 && strstr(out, "CLATTN_DEVICE"),
+              "devices: status %d, no CLATTN_DEVICE explanation: %s", status, out);
+    /* Exactly one device is marked, and it is the one clattn uses: CLATTN_DEVICE's choice (the
+     * shared test context honours it), or the default when it is unset. */
+    char chosen[32] = "";
+    cl_platform_id platforms[16];
+    cl_uint num_platforms = 0;
+    if (clGetPlatformIDs(16, platforms, &num_platforms) != CL_SUCCESS)
+        num_platforms = 0;
+    for (cl_uint p = 0; p < num_platforms && p < 16; ++p) {
+        cl_device_id devices[64];
+        cl_uint num_devices = 0;
+        if (clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, 64, devices, &num_devices) !=
+            CL_SUCCESS)
+            num_devices = 0;
+        for (cl_uint d = 0; d < num_devices && d < 64; ++d)
+            if (devices[d] == clattn_ctx_device(tu_ctx()))
+                snprintf(chosen, sizeof chosen, "%u:%u", (unsigned)p, (unsigned)d);
+    }
+    const char *spec = getenv("CLATTN_DEVICE");
+    if (spec && strchr(spec, ':'))
+        tu_expect(strcmp(chosen, spec) == 0, "CLATTN_DEVICE=%s but the context uses %s", spec,
+                  chosen);
+    size_t marked = 0;
+    char marked_label[32] = "";
+    for (const char *line = out; *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : "") {
+        unsigned p = 0, d = 0;
+        if (line[0] == '*' && sscanf(line, "* %u:%u ", &p, &d) == 2) {
+            ++marked;
+            snprintf(marked_label, sizeof marked_label, "%u:%u", p, d);
+        }
+    }
+    tu_expect(chosen[0] != '\0' && marked == 1 && strcmp(marked_label, chosen) == 0,
+              "devices: %zu device(s) marked (last %s), want exactly %s: %s", marked, marked_label,
+              chosen, out);
     tu_expect(strstr(out, "compute units") && strstr(out, "fp64") && strstr(out, "fp16"),
               "devices output lacks a field: %s", out);
 
@@ -313,6 +352,581 @@ START_TEST(test_bad_input_exits_2)
 }
 END_TEST
 
+/* --- --norm relu, --path auto, --opt=value: against the float64 reference -------------------- */
+
+/* A PyTorch fixture run with options the recorded outputs do not cover (relu normalisation);
+ * the expected numbers come from the float64 reference on the fixture's own inputs. */
+typedef struct reference_case {
+    const char *name;
+    int heads, causal, key_padding, cross;
+} reference_case;
+
+static const reference_case reference_cases[] = {
+    {"self", 2, 1, 1, 0},  /* packed in_proj, batch 2, causal + key padding */
+    {"cross", 3, 0, 0, 1}, /* q/k/v_proj_weight with kdim 5, vdim 3, unbatched */
+    {"causal", 4, 1, 0, 0},
+};
+
+/* The reference output and per-head weights of `clattn run` on case c with norm. */
+typedef struct reference_result {
+    double *out, *attn;
+    size_t out_count, attn_count;
+    int ndim;        /* of the query: 2 unbatched, 3 batched */
+    size_t shape[4]; /* out: shape[0..ndim-1]; attn: (B,) H, L, S */
+    size_t attn_shape[4];
+} reference_result;
+
+static clattn_array fixture_npy(const char *name, const char *suffix)
+{
+    char path[512], msg[512];
+    snprintf(path, sizeof path, "%s/%s_%s.npy", fixtures, name, suffix);
+    clattn_array array = {0};
+    tu_expect(clattn_npy_read(path, &array, msg, sizeof msg) == CLATTN_IO_OK, "%s: %s", path, msg);
+    return array;
+}
+
+static int reference_run(const reference_case *c, clattn_norm norm, float scale,
+                         reference_result *r)
+{
+    char path[512], msg[512];
+    memset(r, 0, sizeof *r);
+    clattn_array query = fixture_npy(c->name, "query"), key = {0}, value = {0}, kpm = {0};
+    if (c->cross) {
+        key = fixture_npy(c->name, "key");
+        value = fixture_npy(c->name, "value");
+    }
+    if (c->key_padding)
+        kpm = fixture_npy(c->name, "kpm");
+    snprintf(path, sizeof path, "%s/%s.safetensors", fixtures, c->name);
+    clattn_safetensors *file = NULL;
+    tu_expect(clattn_safetensors_open(path, &file, msg, sizeof msg) == CLATTN_IO_OK, "%s: %s", path,
+              msg);
+    static const char *const names[7] = {"in_proj_weight", "in_proj_bias",  "q_proj_weight",
+                                         "k_proj_weight",  "v_proj_weight", "out_proj.weight",
+                                         "out_proj.bias"};
+    clattn_array p[7];
+    memset(p, 0, sizeof p);
+    for (int i = 0; file && i < 7; ++i)
+        if (clattn_safetensors_has(file, names[i]))
+            tu_expect(clattn_safetensors_read(file, names[i], &p[i], msg, sizeof msg) ==
+                          CLATTN_IO_OK,
+                      "%s: %s: %s", path, names[i], msg);
+    int ok = !tu_failed() && query.data && (query.ndim == 2 || query.ndim == 3);
+    if (ok) {
+        const int batched = query.ndim == 3;
+        const size_t batch = batched ? query.shape[0] : 1;
+        const size_t seq_q = query.shape[query.ndim - 2], embed = query.shape[query.ndim - 1];
+        const clattn_array *k = c->cross ? &key : &query, *v = c->cross ? &value : &query;
+        const size_t seq_k = k->shape[k->ndim - 2];
+        clattn_mha_desc desc = {.batch = batch,
+                                .seq_q = seq_q,
+                                .seq_k = seq_k,
+                                .embed_dim = embed,
+                                .num_heads = (size_t)c->heads,
+                                .kdim = k->shape[k->ndim - 1],
+                                .vdim = v->shape[v->ndim - 1],
+                                .layout = CLATTN_LAYOUT_TORCH,
+                                .scale = scale,
+                                .norm = norm,
+                                .need_weights = CLATTN_WEIGHTS_PER_HEAD};
+        clattn_mha_host_weights w = {.out_weight = p[5].data, .out_bias = p[6].data};
+        if (p[0].data) {
+            w.in_proj_weight = p[0].data;
+            w.in_proj_bias = p[1].data;
+        } else {
+            w.q_weight = p[2].data, w.k_weight = p[3].data, w.v_weight = p[4].data;
+            if (p[1].data)
+                w.q_bias = p[1].data, w.k_bias = p[1].data + embed,
+                w.v_bias = p[1].data + 2 * embed;
+        }
+        uint8_t *padding = kpm.data ? tu_bytes(kpm.count) : NULL;
+        for (size_t i = 0; padding && i < kpm.count; ++i)
+            padding[i] = kpm.data[i] != 0.0f;
+        const clattn_host_masks masks = {.causal = c->causal, .key_padding_mask = padding};
+        r->out_count = batch * seq_q * embed;
+        r->attn_count = batch * (size_t)c->heads * seq_q * seq_k;
+        r->out = tu_doubles(r->out_count);
+        r->attn = tu_doubles(r->attn_count);
+        ref_mha_forward(&desc, &w, query.data, k->data, v->data, &masks, r->out, r->attn);
+        r->ndim = query.ndim;
+        const size_t out_shape[3] = {batch, seq_q, embed};
+        const size_t attn_shape[4] = {batch, (size_t)c->heads, seq_q, seq_k};
+        memcpy(r->shape, batched ? out_shape : out_shape + 1, (size_t)r->ndim * sizeof(size_t));
+        memcpy(r->attn_shape, batched ? attn_shape : attn_shape + 1,
+               (size_t)(r->ndim + 1) * sizeof(size_t));
+        free(padding);
+    }
+    for (int i = 0; i < 7; ++i)
+        clattn_array_free(&p[i]);
+    clattn_safetensors_close(file);
+    clattn_array_free(&kpm);
+    clattn_array_free(&value);
+    clattn_array_free(&key);
+    clattn_array_free(&query);
+    return ok;
+}
+
+static void reference_free(reference_result *r)
+{
+    free(r->out);
+    free(r->attn);
+}
+
+/* Compares an .npy the command wrote with the reference, shape included. */
+static void expect_npy_reference(const char *got_path, const char *what, const double *ref,
+                                 size_t count, int ndim, const size_t *shape)
+{
+    char msg[512];
+    clattn_array got = {0};
+    if (tu_expect(clattn_npy_read(got_path, &got, msg, sizeof msg) == CLATTN_IO_OK,
+                  "%s: reading %s: %s", what, got_path, msg)) {
+        int same_shape = got.ndim == ndim && got.count == count;
+        for (int i = 0; same_shape && i < ndim; ++i)
+            same_shape = got.shape[i] == shape[i];
+        tu_expect(same_shape, "%s: %s has ndim %d and %zu values, want ndim %d and %zu", what,
+                  got_path, got.ndim, got.count, ndim, count);
+        if (same_shape)
+            tu_expect_close(what, got.data, ref, count, TU_TOL);
+    }
+    clattn_array_free(&got);
+}
+
+/* The fixture's input options (%s: fixture dir), in the spelling `equals` picks. */
+static void fixture_args(const reference_case *c, int equals, char *args, size_t size)
+{
+    const char *sep = equals ? "=" : " ";
+    int used = snprintf(args, size,
+                        "--query%s%s/%s_query.npy --weights%s%s/%s.safetensors "
+                        "--heads%s%d",
+                        sep, fixtures, c->name, sep, fixtures, c->name, sep, c->heads);
+    if (c->cross)
+        used += snprintf(args + used, size - (size_t)used,
+                         " --key%s%s/%s_key.npy --value%s%s/%s_value.npy", sep, fixtures, c->name,
+                         sep, fixtures, c->name);
+    if (c->key_padding)
+        used += snprintf(args + used, size - (size_t)used, " --key-padding-mask%s%s/%s_kpm.npy",
+                         sep, fixtures, c->name);
+    if (c->causal)
+        snprintf(args + used, size - (size_t)used, " --causal");
+}
+
+/* --norm relu with --path auto: with --attn-out the unfused path (which returns the weights),
+ * without it the fused kernel; both against the float64 reference. */
+START_TEST(test_run_relu_auto_matches_reference)
+{
+    TU_BEGIN_TEST();
+    const reference_case *c = &reference_cases[_i];
+    tu_set_case("clattn run --norm relu --path auto on the '%s' fixture", c->name);
+    reference_result r;
+    if (reference_run(c, CLATTN_NORM_RELU, 0.0f, &r)) {
+        char inputs[2048], args[4096], out[512], attn[512];
+        fixture_args(c, 0, inputs, sizeof inputs);
+        snprintf(out, sizeof out, "%s/relu_out.npy", scratch);
+        snprintf(attn, sizeof attn, "%s/relu_attn.npy", scratch);
+        snprintf(args, sizeof args, "run %s --norm relu --path auto --out %s --attn-out %s", inputs,
+                 out, attn);
+        int status = run_cli(args);
+        tu_expect(status == 0, "unfused: exit status %d, stderr: %s", status, captured("stderr"));
+        if (status == 0) {
+            expect_npy_reference(out, "relu out (auto, weights asked)", r.out, r.out_count, r.ndim,
+                                 r.shape);
+            expect_npy_reference(attn, "relu weights", r.attn, r.attn_count, r.ndim + 1,
+                                 r.attn_shape);
+        }
+        remove(out);
+        snprintf(args, sizeof args, "run %s --norm relu --path auto --out %s", inputs, out);
+        status = run_cli(args);
+        tu_expect(status == 0, "fused: exit status %d, stderr: %s", status, captured("stderr"));
+        if (status == 0)
+            expect_npy_reference(out, "relu out (auto, fused)", r.out, r.out_count, r.ndim,
+                                 r.shape);
+        /* The softmax default is not what relu gives: the comparison can tell them apart. */
+        reference_result softmax;
+        if (reference_run(c, CLATTN_NORM_SOFTMAX, 0.0f, &softmax)) {
+            double largest = 0.0;
+            for (size_t i = 0; i < r.out_count && i < softmax.out_count; ++i) {
+                const double diff = fabs(softmax.out[i] - r.out[i]);
+                largest = diff > largest ? diff : largest;
+            }
+            tu_expect(largest > 1e-2, "relu and softmax references agree to %g", largest);
+            reference_free(&softmax);
+        }
+        reference_free(&r);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* --opt=value is the same as --opt value: the same numbers, for every option kind (paths,
+ * sizes, words, flags without a value). */
+START_TEST(test_run_option_equals_syntax)
+{
+    TU_BEGIN_TEST();
+    const reference_case *c = &reference_cases[0];
+    tu_set_case("clattn run --opt=value on the '%s' fixture", c->name);
+    reference_result r;
+    if (reference_run(c, CLATTN_NORM_RELU, 0.3f, &r)) {
+        char inputs[2048], args[4096], out[512], attn[512];
+        fixture_args(c, 1, inputs, sizeof inputs);
+        snprintf(out, sizeof out, "%s/equals_out.npy", scratch);
+        snprintf(attn, sizeof attn, "%s/equals_attn.npy", scratch);
+        snprintf(args, sizeof args,
+                 "run %s --norm=relu --path=unfused --scale=0 --out=%s --attn-out=%s", inputs, out,
+                 attn);
+        /* --scale=0 is refused (it would ignore the scores): the value was read from '='. */
+        int status = run_cli(args);
+        tu_expect(status == 2 && strstr(captured("stderr"), "--scale"),
+                  "--scale=0: exit status %d, stderr: %s", status, captured("stderr"));
+        snprintf(args, sizeof args,
+                 "run %s --norm=relu --path=unfused --scale=0.3 --out=%s --attn-out=%s", inputs,
+                 out, attn);
+        status = run_cli(args);
+        tu_expect(status == 0, "exit status %d, stderr: %s", status, captured("stderr"));
+        if (status == 0) {
+            expect_npy_reference(out, "out (--opt=value)", r.out, r.out_count, r.ndim, r.shape);
+            expect_npy_reference(attn, "weights (--opt=value)", r.attn, r.attn_count, r.ndim + 1,
+                                 r.attn_shape);
+        }
+        reference_free(&r);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* Bad values given with '=': exit 2, one line naming the option. */
+static const bad_case bad_equals_cases[] = {
+    {"run --query %1$s/self_query.npy --weights=%1$s/self.safetensors --heads=", "--heads"},
+    {"run --query %1$s/self_query.npy --weights=%1$s/self.safetensors --heads=two", "--heads"},
+    {"run --query %1$s/self_query.npy --weights=%1$s/self.safetensors --heads=2 --norm=max",
+     "--norm"},
+    {"run --query %1$s/self_query.npy --weights=%1$s/self.safetensors --heads=2 --path=warp",
+     "--path"},
+    {"run --query=%2$s/missing.npy --weights=%1$s/self.safetensors --heads=2", "missing.npy"},
+    {"run --bogus=1", "unknown option '--bogus'"},
+    {"run --query", "--query needs a value"},
+    {"bench --runs=0", "--runs"},
+    {"bench --op=matmul,sort", "sort"},
+    {"bench --seq=", "--seq"},
+    {"bench --seq=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", "--seq"},
+    {"bench --embed=6 --heads=4 --op=mha --seq=4", "--embed"},
+    {"bench --warmup", "--warmup needs a value"},
+};
+
+START_TEST(test_bad_equals_exits_2)
+{
+    TU_BEGIN_TEST();
+    char args[4096];
+    snprintf(args, sizeof args, bad_equals_cases[_i].args, fixtures, scratch);
+    tu_set_case("clattn %s", args);
+    int status = run_cli(args);
+    const char *err = captured("stderr");
+    tu_expect(status == 2, "exit status %d, want 2; stderr: %s", status, err);
+    tu_expect(count_lines(err) == 1, "stderr has %zu lines, want 1: %s", count_lines(err), err);
+    tu_expect(strncmp(err, "clattn", 6) == 0 && strstr(err, bad_equals_cases[_i].needle) != NULL,
+              "stderr does not name '%s': %s", bad_equals_cases[_i].needle, err);
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- bench: op lists, the table, refused cases ---------------------------------------------- */
+
+/* The "op" (and "path") of each JSON line of the captured stdout, joined by spaces. */
+static void json_ops(const char *text, char *ops, size_t size)
+{
+    size_t used = 0;
+    ops[0] = '\0';
+    for (const char *line = text; *line && used < size;) {
+        const char *op = strstr(line, "{\"op\": \"");
+        const char *end = strchr(line, '\n');
+        if (op == NULL || (end && op > end))
+            break;
+        const char *path = strstr(line, "\"path\": \"");
+        int length = (int)strcspn(op + 8, "\"");
+        used +=
+            (size_t)snprintf(ops + used, size - used, "%s%.*s", used ? " " : "", length, op + 8);
+        if (path && (!end || path < end) && used < size)
+            used += (size_t)snprintf(ops + used, size - used, "/%.*s", (int)strcspn(path + 9, "\""),
+                                     path + 9);
+        if (end == NULL)
+            break;
+        line = end + 1;
+    }
+}
+
+typedef struct bench_list_case {
+    const char *args, *ops; /* the op/path of each line, in order */
+} bench_list_case;
+
+static const bench_list_case bench_list_cases[] = {
+    {"--op softmax,matmul --mnk 9x7x5 --seq 12", "matmul softmax"},
+    {"--op=mha --path=fused --seq=8,12 --embed=8", "mha/fused mha/fused"},
+    {"--op attention,attention --path unfused,fused --seq 6", "attention/fused attention/unfused"},
+    {"--op matmul --op mha --path unfused --mnk 3x3x3,5x5x5 --seq 4 --embed 8",
+     "matmul matmul mha/unfused"},
+    {"--op softmax,attention,mha --path fused --seq 4,6 --seq-k 5 --embed 8",
+     "softmax softmax attention/fused attention/fused mha/fused mha/fused"},
+};
+
+/* --op picks the ops (in the driver's order, each once), --path the paths, --seq the sizes:
+ * exactly those JSON lines, each with a positive time. */
+START_TEST(test_bench_op_lists)
+{
+    TU_BEGIN_TEST();
+    const bench_list_case *c = &bench_list_cases[_i];
+    char args[1024], ops[512];
+    snprintf(args, sizeof args, "bench --json --runs 2 --warmup 0 --heads 2 --head-dim 4 %s",
+             c->args);
+    tu_set_case("clattn %s", args);
+    int status = run_cli(args);
+    const char *out = captured("stdout");
+    tu_expect(status == 0, "status %d: %s", status, captured("stderr"));
+    json_ops(out, ops, sizeof ops);
+    tu_expect(strcmp(ops, c->ops) == 0, "lines are '%s', want '%s': %s", ops, c->ops, out);
+    size_t want_lines = 1;
+    for (const char *s = c->ops; *s; ++s)
+        want_lines += *s == ' ';
+    tu_expect(count_lines(out) == want_lines, "%zu lines, want %zu: %s", count_lines(out),
+              want_lines, out);
+    static const char median_key[] = "\"median_ms\": ";
+    for (const char *at = strstr(out, median_key); at; at = strstr(at + 1, median_key))
+        tu_expect(strtod(at + 13, NULL) > 0.0, "a median is not positive: %.80s", at);
+    TU_END_TEST();
+}
+END_TEST
+
+/* The table: a device line, a header, one row per case with its rate unit. */
+START_TEST(test_bench_table)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("clattn bench (table) --op matmul,softmax");
+    int status = run_cli("bench --op matmul,softmax --mnk 9x7x5 --seq 12 --heads 2 --runs 3 "
+                         "--warmup 1");
+    const char *out = captured("stdout");
+    tu_expect(status == 0, "status %d: %s", status, captured("stderr"));
+    tu_expect(tu_starts_with(out, "device: ") && strstr(out, "median of 3 runs after 1 warm-up"),
+              "no device or runs line: %s", out);
+    tu_expect(strstr(out, "device ms") && strstr(out, "dev MiB") && strstr(out, "rss MiB"),
+              "no header: %s", out);
+    const char *matmul = strstr(out, "\nmatmul ");
+    const char *softmax = strstr(out, "\nsoftmax ");
+    tu_expect(matmul && strstr(matmul, "m=9 n=7 k=5") && strstr(matmul, "GFLOP/s"),
+              "no matmul row with its size and GFLOP/s: %s", out);
+    tu_expect(softmax && softmax > matmul && strstr(softmax, "B=1 H=2 Lq=12 Lk=12") &&
+                  strstr(softmax, "GB/s"),
+              "no softmax row after matmul with its size and GB/s: %s", out);
+    tu_expect(count_lines(out) == 5, "%zu lines, want 5: %s", count_lines(out), out);
+    TU_END_TEST();
+}
+END_TEST
+
+/* A case whose workspace no device can hold (the unfused path's scores at L = 2^20: 4 TiB)
+ * is reported as refused, with the library's reason, and the run goes on and exits 0; in the
+ * table and in JSON. */
+START_TEST(test_bench_refused)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("clattn bench at L = 2^20 on the unfused path");
+    static const char sizes[] = "--op attention,mha --path unfused --seq 1048576 --heads 1 "
+                                "--head-dim 1 --embed 1 --runs 1 --warmup 0";
+    char args[512], ops[256];
+    snprintf(args, sizeof args, "bench --json %s", sizes);
+    int status = run_cli(args);
+    const char *out = captured("stdout");
+    tu_expect(status == 0, "--json: status %d: %s", status, captured("stderr"));
+    json_ops(out, ops, sizeof ops);
+    tu_expect(strcmp(ops, "attention/unfused mha/unfused") == 0 && count_lines(out) == 2,
+              "--json: lines are '%s': %s", ops, out);
+    tu_expect(strstr(out, "\"seq_q\": 1048576, \"seq_k\": 1048576") != NULL,
+              "--json: no sizes in the lines: %s", out);
+    /* 2^40 scores of 4 bytes. */
+    const char *first = strstr(out, "\"refused\": \"attention: the scores workspace needs "
+                                    "4398046511104 bytes");
+    const char *second = strstr(out, "\"refused\": \"mha_forward: ");
+    tu_expect(first != NULL && second != NULL && strstr(second, "4398046511104 bytes"),
+              "--json: refusals lack the library's reason: %s", out);
+    tu_expect(strstr(out, "median_ms") == NULL, "--json: a refused case has a time: %s", out);
+
+    snprintf(args, sizeof args, "bench %s", sizes);
+    status = run_cli(args);
+    out = captured("stdout");
+    tu_expect(status == 0, "table: status %d: %s", status, captured("stderr"));
+    const char *row = strstr(out, "\nattention/unfused ");
+    tu_expect(row && strstr(row, "B=1 H=1 Lq=1048576 Lk=1048576 d=1") &&
+                  strstr(row, "refused: attention: the scores workspace needs"),
+              "table: no refused attention row: %s", out);
+    row = strstr(out, "\nmha/unfused ");
+    tu_expect(row && strstr(row, "refused: mha_forward: "), "table: no refused mha row: %s", out);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Every line of `clattn bench --json` (with CLATTN_BENCH_TIMER=wall when force_wall) is a JSON
+ * object that cJSON parses (no inf or nan), with a positive median, a rate, and "timer": "wall"
+ * or "device" ("wall" when forced). Returns the number of lines checked. */
+static size_t expect_bench_json_lines(bool force_wall)
+{
+    char command[4096];
+    snprintf(command, sizeof command,
+             "%s'%s' bench --json --runs 2 --mnk 5x7x33 --seq 9 --heads 1 --head-dim 8 "
+             "--embed 8 >'%s/stdout' 2>'%s/stderr'",
+             force_wall ? "CLATTN_BENCH_TIMER=wall " : "", clattn_bin, scratch, scratch);
+    int status = system(command);
+    status = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    tu_expect(status == 0, "bench: status %d: %s", status, captured("stderr"));
+    const char *out = captured("stdout");
+    size_t lines = 0;
+    for (const char *line = out; *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : "") {
+        const char *newline = strchr(line, '\n');
+        const size_t length = newline ? (size_t)(newline - line) : strlen(line);
+        cJSON *json = cJSON_ParseWithLength(line, length);
+        ++lines;
+        tu_expect(json != NULL && cJSON_IsObject(json), "not a JSON object: %.*s", (int)length,
+                  line);
+        if (json == NULL)
+            continue;
+        const cJSON *median = cJSON_GetObjectItemCaseSensitive(json, "median_ms");
+        const cJSON *timer = cJSON_GetObjectItemCaseSensitive(json, "timer");
+        const cJSON *rate = cJSON_GetObjectItemCaseSensitive(json, "gflops");
+        if (rate == NULL)
+            rate = cJSON_GetObjectItemCaseSensitive(json, "gbps");
+        tu_expect(cJSON_IsNumber(median) && median->valuedouble > 0.0 && cJSON_IsNumber(rate) &&
+                      rate->valuedouble > 0.0,
+                  "median_ms or rate missing or not positive: %.*s", (int)length, line);
+        const char *timer_name = cJSON_IsString(timer) ? timer->valuestring : "";
+        tu_expect(force_wall ? strcmp(timer_name, "wall") == 0
+                             : strcmp(timer_name, "wall") == 0 || strcmp(timer_name, "device") == 0,
+                  "\"timer\" is '%s'%s: %.*s", timer_name,
+                  force_wall ? " under CLATTN_BENCH_TIMER=wall" : "", (int)length, line);
+        cJSON_Delete(json);
+    }
+    return lines;
+}
+
+START_TEST(test_bench_json_timer)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("clattn bench --json: parsable lines naming their timer");
+    size_t lines = expect_bench_json_lines(false);
+    tu_expect(lines == 6, "expected 6 JSON lines, got %zu", lines);
+    tu_set_case("clattn bench --json with CLATTN_BENCH_TIMER=wall");
+    lines = expect_bench_json_lines(true);
+    tu_expect(lines == 6, "expected 6 JSON lines under CLATTN_BENCH_TIMER=wall, got %zu", lines);
+    /* The table marks wall-clock times and says why on stderr. */
+    char command[4096];
+    snprintf(command, sizeof command,
+             "CLATTN_BENCH_TIMER=wall '%s' bench --op matmul --runs 2 --mnk 5x7x33 >'%s/stdout' "
+             "2>'%s/stderr'",
+             clattn_bin, scratch, scratch);
+    int status = system(command);
+    tu_expect(status == 0 && strstr(captured("stdout"), " wall ") &&
+                  strstr(captured("stderr"), "note: times marked 'wall' are wall-clock"),
+              "bench table under CLATTN_BENCH_TIMER=wall lacks the mark or the note: %s%s",
+              captured("stdout"), captured("stderr"));
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- no OpenCL platform, no device: exit 1 with the library's reason -------------------------- */
+
+/* Copies the file at `from` to `to`; 1 on success. */
+static int copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    char buffer[4096];
+    size_t got = 0;
+    int ok = in != NULL && out != NULL;
+    while (ok && (got = fread(buffer, 1, sizeof buffer, in)) > 0)
+        ok = fwrite(buffer, 1, got, out) == got;
+    if (in)
+        fclose(in);
+    if (out && fclose(out) != 0)
+        ok = 0;
+    return ok;
+}
+
+/* Runs `clattn ARGS` and expects exit 1 and one stderr line containing needle. */
+static void expect_no_device(const char *args, const char *needle)
+{
+    tu_set_case("OCL_ICD_VENDORS=%s clattn %s", getenv("OCL_ICD_VENDORS"), args);
+    int status = run_cli(args);
+    const char *err = captured("stderr");
+    tu_expect(status == 1 && count_lines(err) == 1 && strstr(err, needle) != NULL,
+              "exit status %d (want 1), stderr (want one line with '%s'): %s", status, needle, err);
+}
+
+/* The OpenCL loader reads OCL_ICD_VENDORS (a folder of .icd files) in the child: an empty
+ * folder means no platform; a folder holding one ICD whose platform lists no device (Mesa's,
+ * on a machine without a GPU it drives) means no device, whatever the spec asks for. */
+START_TEST(test_no_platform_or_device)
+{
+    TU_BEGIN_TEST();
+    char vendors[] = "/tmp/clattn-icd-XXXXXX", path[1024], icd[1024];
+    if (!tu_expect(mkdtemp(vendors) != NULL, "mkdtemp failed")) {
+        TU_END_TEST();
+        return;
+    }
+    const char *saved = getenv("OCL_ICD_VENDORS"), *saved_device = getenv("CLATTN_DEVICE");
+    char *saved_copy = saved ? strdup(saved) : NULL;
+    char *saved_device_copy = saved_device ? strdup(saved_device) : NULL;
+    const char *system_vendors = saved ? saved_copy : "/etc/OpenCL/vendors";
+    setenv("OCL_ICD_VENDORS", vendors, 1);
+    unsetenv("CLATTN_DEVICE");
+
+    expect_no_device("demo", "clattn demo: no device: CLATTN_ERR_NO_DEVICE: no OpenCL platform "
+                             "found: install an ICD");
+
+    /* Look for an installed ICD whose platform has no device. */
+    int found = 0;
+    DIR *folder = opendir(system_vendors);
+    for (struct dirent *entry = folder ? readdir(folder) : NULL; entry && !found;
+         entry = readdir(folder)) {
+        const size_t length = strlen(entry->d_name);
+        if (length < 5 || strcmp(entry->d_name + length - 4, ".icd") != 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", system_vendors, entry->d_name);
+        snprintf(icd, sizeof icd, "%s/%s", vendors, entry->d_name);
+        if (!copy_file(path, icd))
+            continue;
+        found = run_cli("demo") == 1 &&
+                strstr(captured("stderr"), "no OpenCL device found on any platform") != NULL;
+        if (!found)
+            remove(icd);
+    }
+    if (folder)
+        closedir(folder);
+    if (found) {
+        expect_no_device("demo", "clattn demo: no device: CLATTN_ERR_NO_DEVICE: no OpenCL device "
+                                 "found on any platform");
+        expect_no_device("demo --device cpu",
+                         "device_spec=cpu: no CPU device on any of 1 platform(s)");
+        expect_no_device("demo --device gpu",
+                         "device_spec=gpu: no GPU device on any of 1 platform(s)");
+        expect_no_device("demo --device 0:0",
+                         "device_spec=0:0: platform 0 has no device 0 (0 device(s))");
+        expect_no_device("demo --device 1:0",
+                         "device_spec=1:0: platform 1 does not exist (1 platform(s))");
+        setenv("CLATTN_DEVICE", "cpu", 1);
+        expect_no_device("demo", "CLATTN_DEVICE=cpu: no CPU device on any of 1 platform(s)");
+        unsetenv("CLATTN_DEVICE");
+        remove(icd);
+    } else {
+        printf("check_cli: NOT RUN: no installed ICD lists a platform without devices; the "
+               "no-device cases of test_no_platform_or_device did not run\n");
+    }
+
+    if (saved_copy)
+        setenv("OCL_ICD_VENDORS", saved_copy, 1);
+    else
+        unsetenv("OCL_ICD_VENDORS");
+    if (saved_device_copy)
+        setenv("CLATTN_DEVICE", saved_device_copy, 1);
+    free(saved_device_copy);
+    free(saved_copy);
+    rmdir(vendors);
+    TU_END_TEST();
+}
+END_TEST
+
 /* Broken files the bad-input cases read. */
 static void write_broken_files(void)
 {
@@ -368,8 +982,19 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_run_textbook_and_png);
     tcase_add_test(tc, test_demo_devices_help);
     tcase_add_test(tc, test_bench_json);
+    tcase_add_test(tc, test_bench_json_timer);
     tcase_add_loop_test(tc, test_bad_input_exits_2, 0,
                         (int)(sizeof bad_cases / sizeof bad_cases[0]));
+    tcase_add_loop_test(tc, test_run_relu_auto_matches_reference, 0,
+                        (int)(sizeof reference_cases / sizeof reference_cases[0]));
+    tcase_add_test(tc, test_run_option_equals_syntax);
+    tcase_add_loop_test(tc, test_bad_equals_exits_2, 0,
+                        (int)(sizeof bad_equals_cases / sizeof bad_equals_cases[0]));
+    tcase_add_loop_test(tc, test_bench_op_lists, 0,
+                        (int)(sizeof bench_list_cases / sizeof bench_list_cases[0]));
+    tcase_add_test(tc, test_bench_table);
+    tcase_add_test(tc, test_bench_refused);
+    tcase_add_test(tc, test_no_platform_or_device);
     suite_add_tcase(suite, tc);
     int result = tu_run_suite(suite);
     remove_scratch();

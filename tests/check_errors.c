@@ -840,6 +840,575 @@ START_TEST(test_host_too_large)
 }
 END_TEST
 
+/* --- buffers of another cl_context ---------------------------------------------------------- */
+
+/* Records a failure unless the count floats of mem are all still NaN (nothing was written). */
+static void expect_untouched(cl_mem mem, size_t count, const char *call)
+{
+    float *got = tu_floats(count);
+    tu_read_floats(mem, 0, count, got);
+    char what[160];
+    snprintf(what, sizeof what, "%s: the output", call);
+    tu_expect_nan_outside(what, got, count, 0, 0);
+    free(got);
+}
+
+/* A cl_mem made in a second cl_context (same device) passed as each tensor of each op: refused
+ * with CLATTN_ERR_INVALID_ARGUMENT and a message naming the tensor and the other cl_context,
+ * before anything is enqueued (the outputs keep their NaN). */
+START_TEST(test_foreign_buffers)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("tensors from another cl_context");
+    clattn_ctx *ctx = tu_ctx();
+    cl_device_id device = clattn_ctx_device(ctx);
+    cl_int err = CL_SUCCESS;
+    cl_context other = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
+    if (!tu_expect(err == CL_SUCCESS, "clCreateContext: %s",
+                   clattn_status_string((clattn_status)err))) {
+        TU_END_TEST();
+        return;
+    }
+    enum { FLOATS = 4096 };
+    cl_mem foreign_mem =
+        clCreateBuffer(other, CL_MEM_READ_WRITE, FLOATS * sizeof(float), NULL, &err);
+    tu_expect(err == CL_SUCCESS, "clCreateBuffer in the other context: %d", (int)err);
+    const clattn_tensor foreign = {foreign_mem, 0};
+    cl_mem in_mem = tu_nan_buffer(FLOATS), out_mem = tu_nan_buffer(FLOATS);
+    const clattn_tensor in = {in_mem, 0}, out = {out_mem, 0};
+    clattn_status status;
+
+    /* matmul: each of a, b, bias and c. */
+    const clattn_matmul_desc mm = {.m = 4, .n = 5, .k = 3, .alpha = 1.0f};
+    status = clattn_matmul(ctx, &mm, foreign, in, absent, out, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "a", "matmul(foreign a)");
+    status = clattn_matmul(ctx, &mm, in, foreign, absent, out, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "b", "matmul(foreign b)");
+    status = clattn_matmul(ctx, &mm, in, in, foreign, out, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "bias", "matmul(foreign bias)");
+    tu_expect(strstr(clattn_last_error(ctx), "another cl_context") != NULL,
+              "matmul(foreign bias): message '%s' does not say 'another cl_context'",
+              clattn_last_error(ctx));
+    expect_untouched(out_mem, FLOATS, "matmul(foreign a, b, bias)");
+    status = clattn_matmul(ctx, &mm, in, in, absent, foreign, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "c", "matmul(foreign c)");
+
+    /* softmax_rows: scores, out, and the additive mask. */
+    clattn_softmax_desc sm = {.batch = 1, .heads = 2, .seq_q = 3, .seq_k = 4};
+    status = clattn_softmax_rows(ctx, &sm, foreign, out, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "softmax_rows", "scores",
+                 "softmax(foreign scores)");
+    status = clattn_softmax_rows(ctx, &sm, in, foreign, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "softmax_rows", "out",
+                 "softmax(foreign out)");
+    sm.masks.attn_mask = foreign;
+    status = clattn_softmax_rows(ctx, &sm, in, out, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "softmax_rows", "attn_mask",
+                 "softmax(foreign attn_mask)");
+    expect_untouched(out_mem, FLOATS, "softmax(foreign scores, attn_mask)");
+
+    /* split / concat heads. */
+    const clattn_heads_desc hd = {.batch = 2, .seq = 3, .heads = 2, .head_dim = 4};
+    status = clattn_split_heads(ctx, &hd, foreign, out, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "split_heads", "src",
+                 "split_heads(foreign src)");
+    status = clattn_concat_heads(ctx, &hd, in, foreign, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "concat_heads", "dst",
+                 "concat_heads(foreign dst)");
+
+    /* attention (both paths), the fused op, and its optional tensors. */
+    const clattn_attention_desc ad = {
+        1, 2, 3, 4, 5, 6, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
+    status = clattn_attention(ctx, &ad, foreign, in, in, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "q", "attention(foreign q)");
+    status = clattn_attention(ctx, &ad, in, in, foreign, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "v", "attention(foreign v)");
+    status = clattn_attention(ctx, &ad, in, in, in, out, foreign, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "weights",
+                 "attention(foreign weights)");
+    clattn_attention_desc masked = ad;
+    masked.masks.key_padding_mask = foreign;
+    status = clattn_attention(ctx, &masked, in, in, in, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "key_padding_mask",
+                 "attention(foreign key_padding_mask)");
+    status = clattn_flash_attention(ctx, &ad, in, foreign, in, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "flash_attention", "k",
+                 "flash_attention(foreign k)");
+    status = clattn_flash_attention(ctx, &ad, in, in, in, out, foreign, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "flash_attention", "lse",
+                 "flash_attention(foreign lse)");
+    expect_untouched(out_mem, FLOATS, "attention(foreign q, v, weights, masks, k, lse)");
+
+    /* mha_forward: an input and a weight. */
+    const clattn_mha_desc md = {.batch = 1,
+                                .seq_q = 3,
+                                .seq_k = 3,
+                                .embed_dim = 4,
+                                .num_heads = 2,
+                                .layout = CLATTN_LAYOUT_TORCH};
+    const clattn_mha_weights mw = {.in_proj_weight = in, .out_weight = foreign};
+    status = clattn_mha_forward(ctx, &md, &mw, in, in, in, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "out_weight",
+                 "mha_forward(foreign out_weight)");
+    const clattn_mha_weights packed = {.in_proj_weight = in};
+    status =
+        clattn_mha_forward(ctx, &md, &packed, in, foreign, foreign, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "key",
+                 "mha_forward(foreign key)");
+    expect_untouched(out_mem, FLOATS, "mha_forward(foreign out_weight, key)");
+
+    tu_release_mem(out_mem);
+    tu_release_mem(in_mem);
+    tu_release_mem(foreign_mem);
+    clReleaseContext(other);
+    expect_context_still_works();
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- the kernels' 32-bit dimension limit ---------------------------------------------------- */
+
+/* A single dimension above UINT32_MAX (no size overflowing size_t) is refused with
+ * CLATTN_ERR_UNSUPPORTED naming it, before any buffer is looked at; UINT32_MAX itself passes that
+ * check and is refused only because the (small) buffers cannot hold it. */
+START_TEST(test_dimension_limit)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("dimensions of 2^32 - 1 and 2^32");
+    if (SIZE_MAX <= UINT32_MAX) {
+        TU_END_TEST(); /* 32-bit size_t: no such dimension can be described */
+        return;
+    }
+    clattn_ctx *ctx = tu_ctx();
+    const size_t limit = UINT32_MAX, over = (size_t)UINT32_MAX + 1;
+    cl_mem mem = tu_nan_buffer(64);
+    const clattn_tensor t = {mem, 0};
+    clattn_status status;
+
+    const clattn_softmax_desc sm = {.batch = 1, .heads = 1, .seq_q = 1, .seq_k = 1};
+    clattn_softmax_desc sd = sm;
+    sd.seq_q = over;
+    status = clattn_softmax_rows(ctx, &sd, t, t, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_UNSUPPORTED, "softmax_rows", "seq_q", "softmax seq_q = 2^32");
+    tu_expect(strstr(clattn_last_error(ctx), "seq_q=4294967296") != NULL &&
+                  strstr(clattn_last_error(ctx), "32-bit") != NULL,
+              "softmax seq_q = 2^32: message '%s' lacks 'seq_q=4294967296' or '32-bit'",
+              clattn_last_error(ctx));
+    sd = sm, sd.seq_k = over;
+    status = clattn_softmax_rows(ctx, &sd, t, t, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_UNSUPPORTED, "softmax_rows", "seq_k", "softmax seq_k = 2^32");
+    sd = sm, sd.seq_k = limit;
+    status = clattn_softmax_rows(ctx, &sd, t, t, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "softmax_rows", "scores",
+                 "softmax seq_k = 2^32 - 1");
+
+    const clattn_heads_desc hm = {.batch = 1, .seq = 1, .heads = 1, .head_dim = 1};
+    clattn_heads_desc hd = hm;
+    hd.seq = over;
+    status = clattn_split_heads(ctx, &hd, t, t, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_UNSUPPORTED, "split_heads", "seq", "split_heads seq = 2^32");
+    hd = hm, hd.head_dim = over;
+    status = clattn_concat_heads(ctx, &hd, t, t, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_UNSUPPORTED, "concat_heads", "head_dim",
+                 "concat_heads head_dim = 2^32");
+
+    const clattn_attention_desc am = {
+        1, 1, 1, 1, 1, 1, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
+    clattn_attention_desc ad = am;
+    ad.seq_k = over;
+    status = clattn_attention(ctx, &ad, t, t, t, t, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_UNSUPPORTED, "attention", "seq_k", "attention seq_k = 2^32");
+    ad = am, ad.heads = over;
+    status = clattn_attention(ctx, &ad, t, t, t, t, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_UNSUPPORTED, "attention", "heads", "attention heads = 2^32");
+    ad = am, ad.head_dim_v = limit;
+    status = clattn_attention(ctx, &ad, t, t, t, t, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "attention", "v|out",
+                 "attention head_dim_v = 2^32 - 1");
+    float one[1] = {0.0f}, result[1];
+    ad = am, ad.seq_q = over;
+    status = clattn_attention_host(ctx, &ad, one, one, one, NULL, result, NULL);
+    expect_error(status, CLATTN_ERR_UNSUPPORTED, "attention", "seq_q",
+                 "attention host seq_q = 2^32");
+
+    const clattn_mha_desc mm = {.batch = 1,
+                                .seq_q = 1,
+                                .seq_k = 1,
+                                .embed_dim = 2,
+                                .num_heads = 1,
+                                .layout = CLATTN_LAYOUT_XW};
+    const clattn_mha_weights mw = {.q_weight = t, .k_weight = t, .v_weight = t};
+    clattn_mha_desc md = mm;
+    md.seq_k = over;
+    status = clattn_mha_forward(ctx, &md, &mw, t, t, t, t, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_UNSUPPORTED, "mha_forward", "seq_k", "mha seq_k = 2^32");
+    md = mm, md.kdim = over;
+    status = clattn_mha_forward(ctx, &md, &mw, t, t, t, t, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_UNSUPPORTED, "mha_forward", "kdim", "mha kdim = 2^32");
+
+    /* matmul checks its operands' buffers first: a 2^32-row A needs a 16 GiB buffer, so the
+     * small one is what is refused. */
+    const clattn_matmul_desc mat = {.m = over, .n = 1, .k = 1, .alpha = 1.0f};
+    status = clattn_matmul(ctx, &mat, t, t, absent, t, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "matmul", "a", "matmul m = 2^32");
+
+    float *left = tu_floats(64);
+    tu_read_floats(mem, 0, 64, left);
+    tu_expect_nan_outside("buffer after the refused calls", left, 64, 0, 0);
+    free(left);
+    tu_release_mem(mem);
+    expect_context_still_works();
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- multi-head weight combinations and self-attention shapes -------------------------------- */
+
+/* Combinations of weights that contradict each other, and host calls whose omitted key/value
+ * (self-attention) contradict the description. */
+START_TEST(test_mha_weight_combinations)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("mha_forward weight combinations");
+    clattn_ctx *ctx = tu_ctx();
+    const size_t batch = 1, seq = 3, embed = 4;
+    cl_mem big = tu_nan_buffer(256), out_mem = tu_nan_buffer(batch * seq * embed);
+    const clattn_tensor t = {big, 0}, out = {out_mem, 0};
+    const clattn_mha_desc good = {.batch = batch,
+                                  .seq_q = seq,
+                                  .seq_k = seq,
+                                  .embed_dim = embed,
+                                  .num_heads = 2,
+                                  .layout = CLATTN_LAYOUT_TORCH};
+    const clattn_mha_weights packed = {.in_proj_weight = t};
+    const clattn_mha_weights separate = {.q_weight = t, .k_weight = t, .v_weight = t};
+    clattn_mha_weights w;
+    clattn_mha_desc desc;
+    clattn_status status;
+
+    w = packed, w.k_bias = t;
+    status = clattn_mha_forward(ctx, &good, &w, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_bias",
+                 "in_proj_weight with k_bias");
+    w = separate, w.in_proj_bias = t;
+    status = clattn_mha_forward(ctx, &good, &w, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_bias",
+                 "in_proj_bias without in_proj_weight");
+    w = separate, w.out_bias = t;
+    status = clattn_mha_forward(ctx, &good, &w, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "out_bias|out_weight",
+                 "out_bias without out_weight");
+    desc = good, desc.v_dim = 3;
+    status = clattn_mha_forward(ctx, &desc, &separate, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "v_dim",
+                 "v_dim = 3 not divisible by 2 heads");
+    desc = good, desc.vdim = 2;
+    status = clattn_mha_forward(ctx, &desc, &packed, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "in_proj_weight|vdim",
+                 "in_proj_weight with vdim != E");
+    w = separate, w.v_weight = absent;
+    status = clattn_mha_forward(ctx, &good, &w, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "v_weight",
+                 "q_weight and k_weight without v_weight");
+    w = separate, w.q_bias = tu_tensor(big, 255);
+    status = clattn_mha_forward(ctx, &good, &w, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "mha_forward", "q_bias",
+                 "q_bias past the end of its buffer");
+    expect_untouched(out_mem, batch * seq * embed, "mha_forward(contradicting weights)");
+
+    /* Host calls: key omitted (self-attention) with a kdim, or with seq_k != seq_q. */
+    float *query = tu_random_floats(batch * 5 * embed), *weight = tu_random_floats(embed * embed);
+    float *host_out = tu_nan_floats(batch * 5 * embed);
+    const clattn_mha_host_weights hw = {.q_weight = weight, .k_weight = weight, .v_weight = weight};
+    desc = good, desc.kdim = 2;
+    status = clattn_mha_forward_host(ctx, &desc, &hw, query, NULL, NULL, NULL, host_out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "kdim|key",
+                 "host key omitted with kdim = 2");
+    desc = good, desc.vdim = 2;
+    status = clattn_mha_forward_host(ctx, &desc, &hw, query, query, NULL, NULL, host_out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "vdim|value",
+                 "host value omitted with vdim = 2");
+    desc = good, desc.seq_k = 5;
+    status = clattn_mha_forward_host(ctx, &desc, &hw, query, NULL, NULL, NULL, host_out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "seq_k",
+                 "host key omitted with seq_k != seq_q");
+    tu_expect_nan_outside("host out after the refused calls", host_out, batch * 5 * embed, 0, 0);
+
+    free(host_out);
+    free(weight);
+    free(query);
+    tu_release_mem(out_mem);
+    tu_release_mem(big);
+    expect_context_still_works();
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- every size computation's overflow, one at a time ---------------------------------------- */
+
+/* Each size the library computes, made to overflow alone while every size computed before it
+ * fits: CLATTN_ERR_OVERFLOW with a message naming that size (not a later BUFFER_TOO_SMALL from
+ * a wrapped-around product). The buffers are tiny; nothing may be enqueued. */
+START_TEST(test_overflow_each_size)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("overflow of each size in turn");
+    if (SIZE_MAX <= UINT32_MAX) {
+        TU_END_TEST(); /* the sizes below assume a 64-bit size_t */
+        return;
+    }
+    clattn_ctx *ctx = tu_ctx();
+    const size_t big = (size_t)1 << 31, huge = (size_t)1 << 40;
+    cl_mem mem = tu_nan_buffer(64);
+    const clattn_tensor t = {mem, 0};
+    clattn_status status;
+
+    /* attention: k, out and the scores (q, v: test_attention_errors). */
+    const clattn_attention_desc one = {
+        1, 1, 1, 1, 1, 1, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_UNFUSED};
+    clattn_attention_desc ad = one;
+    ad.seq_k = SIZE_MAX / 2;
+    status = clattn_attention(ctx, &ad, t, t, t, t, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "attention", "k", "attention k overflows");
+    ad = one, ad.seq_q = big, ad.head_dim_v = big;
+    status = clattn_attention(ctx, &ad, t, t, t, t, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "attention", "out", "attention out overflows");
+    ad = one, ad.seq_q = big, ad.seq_k = big;
+    status = clattn_attention(ctx, &ad, t, t, t, t, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "attention", "scores", "attention scores overflow");
+
+    /* mha_forward: inputs, output, each weight, the weights returned, the projections. */
+    const clattn_mha_desc unit = {.batch = 1,
+                                  .seq_q = 1,
+                                  .seq_k = 1,
+                                  .embed_dim = 1,
+                                  .num_heads = 1,
+                                  .layout = CLATTN_LAYOUT_XW};
+    const clattn_mha_weights separate = {.q_weight = t, .k_weight = t, .v_weight = t};
+    static const struct {
+        size_t seq_q, seq_k, embed_dim, kdim, vdim, qk_dim, v_dim;
+        const char *names, *label;
+    } mha_cases[] = {
+        {1, huge, 1, huge, 0, 0, 0, "key", "key (seq_k * kdim)"},
+        {1, huge, 1, 1, huge, 0, 0, "value", "value (seq_k * vdim)"},
+        {big, 1, 1, 0, 0, 0, big, "out", "out (seq_q * v_dim, no out weight)"},
+        {1, 1, big, 0, 0, big, 1, "weights", "q_weight (embed_dim * qk_dim)"},
+        {1, 1, 1, big, 0, big, 1, "weights", "k_weight (kdim * qk_dim)"},
+        {1, 1, 1, 0, big, 1, big, "weights", "v_weight (vdim * v_dim)"},
+        {big, big, 1, 0, 0, 0, 0, "weights", "the weights returned (seq_q * seq_k)"},
+        {big, 1, 1, 0, 0, (size_t)1 << 30, 1, "projections", "the projections"},
+    };
+    for (int i = 0; i < COUNT_OF(mha_cases); ++i) {
+        clattn_mha_desc md = unit;
+        md.seq_q = mha_cases[i].seq_q, md.seq_k = mha_cases[i].seq_k;
+        md.embed_dim = mha_cases[i].embed_dim, md.kdim = mha_cases[i].kdim;
+        md.vdim = mha_cases[i].vdim, md.qk_dim = mha_cases[i].qk_dim;
+        md.v_dim = mha_cases[i].v_dim;
+        status = clattn_mha_forward(ctx, &md, &separate, t, t, t, t, absent, 0, NULL, NULL);
+        expect_error(status, CLATTN_ERR_OVERFLOW, "mha_forward", mha_cases[i].names,
+                     mha_cases[i].label);
+    }
+    /* out_weight (v_dim * embed_dim) with every other weight small, and in_proj (3 E^2). */
+    clattn_mha_desc md = unit;
+    md.embed_dim = big, md.kdim = 1, md.vdim = 1, md.qk_dim = 1, md.v_dim = big;
+    clattn_mha_weights with_out = separate;
+    with_out.out_weight = t;
+    status = clattn_mha_forward(ctx, &md, &with_out, t, t, t, t, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "mha_forward", "weights", "out_weight overflows");
+    md = unit, md.embed_dim = 1518500250, md.layout = CLATTN_LAYOUT_TORCH; /* E^2 fits, 3E^2 not */
+    const clattn_mha_weights packed = {.in_proj_weight = t};
+    status = clattn_mha_forward(ctx, &md, &packed, t, t, t, t, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "mha_forward", "weights", "in_proj overflows");
+
+    /* Host API: the sum of the parameters to stage overflows, though each of them fits (the
+     * four weights just under 2^62 elements each, plus the biases). */
+    float dummy[4] = {0};
+    const clattn_mha_host_weights all = {.in_proj_bias = dummy,
+                                         .q_weight = dummy,
+                                         .k_weight = dummy,
+                                         .v_weight = dummy,
+                                         .q_bias = dummy,
+                                         .k_bias = dummy,
+                                         .v_bias = dummy,
+                                         .out_weight = dummy,
+                                         .out_bias = dummy};
+    md = unit;
+    md.embed_dim = md.kdim = md.vdim = 1239850262;
+    md.qk_dim = md.v_dim = 3719550787u;
+    status = clattn_mha_forward_host(ctx, &md, &all, dummy, NULL, NULL, NULL, dummy, NULL);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "mha_forward", "weights",
+                 "host: the staged parameters overflow together");
+
+    /* Heads: heads * head_dim, and the strided extent. */
+    clattn_heads_desc hd = {.batch = 1, .seq = 1, .heads = huge, .head_dim = huge};
+    status = clattn_split_heads(ctx, &hd, t, t, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "split_heads", NULL, "heads * head_dim");
+    hd = (clattn_heads_desc){
+        .batch = 1, .seq = 3, .heads = 1, .head_dim = 1, .row_stride = SIZE_MAX / 2 + 1};
+    status = clattn_concat_heads(ctx, &hd, t, t, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "concat_heads", "row_stride", "row_stride extent");
+
+    /* softmax: rows * seq_k, and rows * the work-group width (seq_k = 1). */
+    clattn_softmax_desc sd = {.batch = 1, .heads = 1, .seq_q = 4, .seq_k = SIZE_MAX / 2};
+    status = clattn_softmax_rows(ctx, &sd, t, t, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "softmax_rows", "scores", "rows * seq_k");
+    sd = (clattn_softmax_desc){.batch = 1, .heads = 1, .seq_q = SIZE_MAX / 2 + 1, .seq_k = 1};
+    status = clattn_softmax_rows(ctx, &sd, t, t, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "softmax_rows", "scores", "rows * work-group");
+
+    /* A tensor offset so large that offset + elements wraps around. */
+    const clattn_matmul_desc mm = {.m = 2, .n = 2, .k = 2, .alpha = 1.0f};
+    status = clattn_matmul(ctx, &mm, t, t, absent, tu_tensor(mem, SIZE_MAX - 1), 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "matmul", "c", "c offset SIZE_MAX - 1");
+
+    float *left = tu_floats(64);
+    tu_read_floats(mem, 0, 64, left);
+    tu_expect_nan_outside("buffer after the refused calls", left, 64, 0, 0);
+    free(left);
+    tu_release_mem(mem);
+    expect_context_still_works();
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- argument combinations not covered above ----------------------------------------------- */
+
+START_TEST(test_more_argument_errors)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("wait lists, packed weights, self-attention shapes, NULL handles");
+    clattn_ctx *ctx = tu_ctx();
+    cl_mem mem = tu_nan_buffer(256), out_mem = tu_nan_buffer(64);
+    const clattn_tensor t = {mem, 0}, out = {out_mem, 0};
+    clattn_status status;
+
+    /* A wait list given with num_wait = 0. */
+    cl_event marker = NULL;
+    cl_int err = clEnqueueMarkerWithWaitList(clattn_ctx_queue(ctx), 0, NULL, &marker);
+    tu_expect(err == CL_SUCCESS, "clEnqueueMarkerWithWaitList: %d", (int)err);
+    const clattn_matmul_desc mm = {.m = 2, .n = 2, .k = 2, .alpha = 1.0f};
+    status = clattn_matmul(ctx, &mm, t, t, absent, out, 0, &marker, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "num_wait",
+                 "matmul(num_wait 0, wait given)");
+    tu_expect(strstr(clattn_last_error(ctx), "num_wait=0") &&
+                  strstr(clattn_last_error(ctx), "given"),
+              "num_wait 0 with a list: message '%s'", clattn_last_error(ctx));
+    if (marker != NULL) {
+        clWaitForEvents(1, &marker);
+        clReleaseEvent(marker);
+    }
+
+    /* in_proj_weight with a separate v_weight or v_bias; qk_dim or v_dim with in_proj. */
+    const clattn_mha_desc md = {.batch = 1,
+                                .seq_q = 2,
+                                .seq_k = 2,
+                                .embed_dim = 4,
+                                .num_heads = 2,
+                                .layout = CLATTN_LAYOUT_TORCH};
+    clattn_mha_weights w = {.in_proj_weight = t, .v_weight = t};
+    status = clattn_mha_forward(ctx, &md, &w, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_weight|v_weight",
+                 "in_proj_weight with v_weight");
+    w = (clattn_mha_weights){.in_proj_weight = t, .v_bias = t};
+    status = clattn_mha_forward(ctx, &md, &w, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_bias",
+                 "in_proj_weight with v_bias");
+    w = (clattn_mha_weights){.in_proj_weight = t, .k_weight = t};
+    status = clattn_mha_forward(ctx, &md, &w, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_weight|k_weight",
+                 "in_proj_weight with k_weight");
+    w = (clattn_mha_weights){.in_proj_weight = t, .q_bias = t};
+    status = clattn_mha_forward(ctx, &md, &w, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_bias",
+                 "in_proj_weight with q_bias");
+    w = (clattn_mha_weights){
+        .q_weight = t, .k_weight = t, .v_weight = t, .q_bias = t, .k_bias = tu_tensor(mem, 255)};
+    status = clattn_mha_forward(ctx, &md, &w, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "mha_forward", "k_bias",
+                 "k_bias past the end (q_bias fits)");
+    w = (clattn_mha_weights){.in_proj_weight = t};
+    clattn_mha_desc desc = md;
+    desc.qk_dim = 2;
+    status = clattn_mha_forward(ctx, &desc, &w, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "in_proj_weight",
+                 "in_proj_weight with qk_dim 2");
+    desc = md, desc.v_dim = 2;
+    status = clattn_mha_forward(ctx, &desc, &w, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "in_proj_weight",
+                 "in_proj_weight with v_dim 2");
+    /* embed_dim 5 over 2 heads with qk_dim 4: the message names embed_dim as the v width. */
+    desc = md, desc.embed_dim = 5, desc.qk_dim = 4, desc.layout = CLATTN_LAYOUT_XW;
+    const clattn_mha_weights separate = {.q_weight = t, .k_weight = t, .v_weight = t};
+    status = clattn_mha_forward(ctx, &desc, &separate, t, t, t, out, absent, 0, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "embed_dim",
+                 "v width embed_dim 5 over 2 heads");
+
+    /* The fused op: each tensor one element short (its own offset past the fit). */
+    const clattn_attention_desc fd = {
+        1, 2, 4, 4, 8, 8, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_FUSED};
+    static const char *const fused_names[] = {"q", "k", "v", "out", "lse"};
+    /* q, k, v (1, 2, 4, 8) in the 256-float buffer, out in the 64-float one, lse (8 rows). */
+    static const size_t short_offsets[] = {256 - 64 + 1, 256 - 64 + 1, 256 - 64 + 1, 1, 64 - 8 + 1};
+    for (int i = 0; i < 5; ++i) {
+        clattn_tensor args[5] = {t, t, t, out, tu_tensor(out_mem, 0)};
+        args[i].offset = short_offsets[i];
+        status = clattn_flash_attention(ctx, &fd, args[0], args[1], args[2], args[3], args[4], 0,
+                                        NULL, NULL);
+        char call[64];
+        snprintf(call, sizeof call, "flash_attention(%s one short)", fused_names[i]);
+        expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "flash_attention", fused_names[i], call);
+    }
+
+    /* Host: value is the query but key is not, with seq_k != seq_q. */
+    float *query = tu_random_floats(64), *key = tu_random_floats(64), *host_out = tu_nan_floats(64);
+    const clattn_mha_host_weights hw = {.q_weight = query, .k_weight = query, .v_weight = query};
+    desc = md, desc.seq_k = 3, desc.layout = CLATTN_LAYOUT_XW;
+    status = clattn_mha_forward_host(ctx, &desc, &hw, query, key, query, NULL, host_out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "seq_k",
+                 "host value = query with seq_k != seq_q");
+    tu_expect_nan_outside("host out after the refused call", host_out, 64, 0, 0);
+
+    /* NULL handles on the accessors; from_queue with out NULL. */
+    tu_expect(clattn_ctx_cl_context(NULL) == NULL && clattn_ctx_queue(NULL) == NULL &&
+                  clattn_ctx_device(NULL) == NULL,
+              "an accessor of a NULL context is not NULL");
+    char message[128] = "";
+    status = clattn_ctx_create_from_queue(clattn_ctx_queue(ctx), NULL, message, sizeof message);
+    tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && strstr(message, "out is NULL"),
+              "from_queue(queue, out NULL): %s '%s'", clattn_status_string(status), message);
+    status = clattn_ctx_create_from_queue(NULL, NULL, message, sizeof message);
+    tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && strstr(message, "out is NULL"),
+              "from_queue(NULL, out NULL): %s '%s'", clattn_status_string(status), message);
+    /* A message buffer of size 0 is not written at all. */
+    memset(message, 'x', sizeof message);
+    clattn_ctx *none = NULL;
+    status = clattn_ctx_create("x:y", &none, message, 0);
+    tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && none == NULL && message[0] == 'x',
+              "create('x:y', message size 0): %s, first byte %d", clattn_status_string(status),
+              message[0]);
+    /* No message buffer at all, for each kind of refused spec. */
+    static const char *const specs[] = {"x:y", "99999:0", "0:99999"};
+    for (int i = 0; i < COUNT_OF(specs); ++i) {
+        status = clattn_ctx_create(specs[i], &none, NULL, 0);
+        tu_expect((status == CLATTN_ERR_INVALID_ARGUMENT) == (i == 0) &&
+                      (status == CLATTN_ERR_NO_DEVICE) == (i > 0) && none == NULL,
+                  "create('%s', NULL message): %s", specs[i], clattn_status_string(status));
+    }
+
+    free(host_out);
+    free(key);
+    free(query);
+    float *left = tu_floats(64);
+    tu_read_floats(out_mem, 0, 64, left);
+    tu_expect_nan_outside("out after the refused calls", left, 64, 0, 0);
+    free(left);
+    tu_release_mem(out_mem);
+    tu_release_mem(mem);
+    expect_context_still_works();
+    TU_END_TEST();
+}
+END_TEST
+
 static Suite *errors_suite(void)
 {
     Suite *suite = suite_create("errors");
@@ -852,6 +1421,7 @@ static Suite *errors_suite(void)
     tcase_add_test(ops, test_attention_host_errors);
     tcase_add_test(ops, test_mha_errors);
     tcase_add_test(ops, test_mha_host_errors);
+    tcase_add_test(ops, test_mha_weight_combinations);
     suite_add_tcase(suite, ops);
 
     TCase *runtime = tcase_create("runtime");
@@ -859,6 +1429,10 @@ static Suite *errors_suite(void)
     tcase_add_test(runtime, test_context_errors);
     tcase_add_test(runtime, test_status_strings);
     tcase_add_test(runtime, test_host_too_large);
+    tcase_add_test(runtime, test_foreign_buffers);
+    tcase_add_test(runtime, test_dimension_limit);
+    tcase_add_test(runtime, test_overflow_each_size);
+    tcase_add_test(runtime, test_more_argument_errors);
     suite_add_tcase(suite, runtime);
     return suite;
 }

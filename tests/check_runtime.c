@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -921,6 +922,505 @@ START_TEST(test_build_failure_reports_log)
 }
 END_TEST
 
+/* --- device choice: gpu, cpu, P:D, CLATTN_DEVICE ------------------------------------------- */
+
+#define SPEC_MAX_PLATFORMS 16
+#define SPEC_MAX_DEVICES 64
+
+/* The platforms and devices as OpenCL lists them: what every spec is checked against. */
+typedef struct device_list {
+    cl_uint num_platforms;
+    cl_uint num_devices[SPEC_MAX_PLATFORMS];
+    cl_device_id devices[SPEC_MAX_PLATFORMS][SPEC_MAX_DEVICES];
+} device_list;
+
+static void list_devices(device_list *list)
+{
+    cl_platform_id platforms[SPEC_MAX_PLATFORMS];
+    memset(list, 0, sizeof *list);
+    if (clGetPlatformIDs(SPEC_MAX_PLATFORMS, platforms, &list->num_platforms) != CL_SUCCESS) {
+        list->num_platforms = 0;
+    }
+    if (list->num_platforms > SPEC_MAX_PLATFORMS) {
+        list->num_platforms = SPEC_MAX_PLATFORMS;
+    }
+    for (cl_uint p = 0; p < list->num_platforms; ++p) {
+        cl_uint count = 0;
+        if (clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, SPEC_MAX_DEVICES, list->devices[p],
+                           &count) != CL_SUCCESS) {
+            count = 0;
+        }
+        list->num_devices[p] = count < SPEC_MAX_DEVICES ? count : SPEC_MAX_DEVICES;
+    }
+}
+
+/* The first device of `type` in platform order, or NULL. */
+static cl_device_id first_device_of_type(const device_list *list, cl_device_type type)
+{
+    for (cl_uint p = 0; p < list->num_platforms; ++p) {
+        for (cl_uint d = 0; d < list->num_devices[p]; ++d) {
+            cl_device_type got = 0;
+            clGetDeviceInfo(list->devices[p][d], CL_DEVICE_TYPE, sizeof got, &got, NULL);
+            if (got & type) {
+                return list->devices[p][d];
+            }
+        }
+    }
+    return NULL;
+}
+
+/* clattn_ctx_create(spec) must give `want`. On success the context must be on `device`; on
+ * failure *out must be NULL and the message must contain each non-NULL needle. Returns the
+ * context when it succeeded (the caller releases it). */
+static clattn_ctx *expect_spec(const char *spec, clattn_status want, cl_device_id device,
+                               const char *needle, const char *second_needle)
+{
+    char message[512];
+    memset(message, 'x', sizeof message);
+    message[sizeof message - 1] = '\0';
+    clattn_ctx *ctx = (clattn_ctx *)message; /* must be overwritten */
+    const char *shown = spec != NULL ? spec : "(NULL)";
+    const char *env = getenv("CLATTN_DEVICE");
+    tu_set_case("clattn_ctx_create('%s') with CLATTN_DEVICE=%s", shown, env ? env : "(unset)");
+    clattn_status status = clattn_ctx_create(spec, &ctx, message, sizeof message);
+    tu_expect(status == want, "clattn_ctx_create('%s') = %s, want %s: '%s'", shown,
+              clattn_status_string(status), clattn_status_string(want), message);
+    if (status != CLATTN_SUCCESS) {
+        tu_expect(ctx == NULL, "clattn_ctx_create('%s') failed but *out is not NULL", shown);
+        ctx = NULL;
+        const char *needles[2] = {needle, second_needle};
+        for (int i = 0; i < 2; ++i) {
+            tu_expect(needles[i] == NULL || strstr(message, needles[i]) != NULL,
+                      "clattn_ctx_create('%s'): message '%s' lacks '%s'", shown, message,
+                      needles[i]);
+        }
+        return NULL;
+    }
+    tu_expect(message[0] == '\0', "clattn_ctx_create('%s') succeeded with message '%s'", shown,
+              message);
+    tu_expect(clattn_ctx_device(ctx) == device, "clattn_ctx_create('%s') chose another device",
+              shown);
+    if (want != CLATTN_SUCCESS) {
+        clattn_ctx_release(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+/* An m x n x k matmul with bias and beta on ctx (buffers of its own cl_context) against the
+ * reference. */
+static void expect_product_on(clattn_ctx *ctx, size_t m, size_t n, size_t k)
+{
+    float *a = tu_random_floats(m * k), *b = tu_random_floats(k * n), *c = tu_random_floats(m * n);
+    float *bias = tu_random_floats(n);
+    double *ref = tu_doubles(m * n);
+    tu_floats_to_doubles(c, m * n, ref);
+    const clattn_matmul_desc desc = {.m = m, .n = n, .k = k, .alpha = 1.0f, .beta = 0.5f};
+    ref_matmul(&desc, a, b, bias, ref);
+    cl_int err_a = CL_SUCCESS, err_b = CL_SUCCESS, err_c = CL_SUCCESS, err_bias = CL_SUCCESS;
+    cl_context context = clattn_ctx_cl_context(ctx);
+    cl_mem a_mem = clCreateBuffer(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                  m * k * sizeof(float), a, &err_a);
+    cl_mem b_mem = clCreateBuffer(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                  k * n * sizeof(float), b, &err_b);
+    cl_mem c_mem = clCreateBuffer(context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                  m * n * sizeof(float), c, &err_c);
+    cl_mem bias_mem = clCreateBuffer(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                     n * sizeof(float), bias, &err_bias);
+    if (tu_expect(err_a == CL_SUCCESS && err_b == CL_SUCCESS && err_c == CL_SUCCESS &&
+                      err_bias == CL_SUCCESS,
+                  "clCreateBuffer on the chosen device failed")) {
+        clattn_status status =
+            clattn_matmul(ctx, &desc, tu_tensor(a_mem, 0), tu_tensor(b_mem, 0),
+                          tu_tensor(bias_mem, 0), tu_tensor(c_mem, 0), 0, NULL, NULL);
+        if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_matmul on the chosen device") &&
+            tu_expect(clEnqueueReadBuffer(clattn_ctx_queue(ctx), c_mem, CL_TRUE, 0,
+                                          m * n * sizeof(float), c, 0, NULL, NULL) == CL_SUCCESS,
+                      "clEnqueueReadBuffer failed")) {
+            tu_expect_close("C on the chosen device", c, ref, m * n, TU_TOL);
+        }
+    }
+    tu_release_mem(bias_mem);
+    tu_release_mem(c_mem);
+    tu_release_mem(b_mem);
+    tu_release_mem(a_mem);
+    free(ref);
+    free(bias);
+    free(c);
+    free(b);
+    free(a);
+}
+
+static void expect_matmul_on(clattn_ctx *ctx)
+{
+    expect_product_on(ctx, 7, 5, 3);
+}
+
+static void set_device_env(const char *value)
+{
+    if (value != NULL) {
+        setenv("CLATTN_DEVICE", value, 1);
+    } else {
+        unsetenv("CLATTN_DEVICE");
+    }
+}
+
+/* Every spec form, valid and not, through device_spec and through CLATTN_DEVICE; the chosen
+ * device is compared with what clGetPlatformIDs / clGetDeviceIDs list. */
+START_TEST(test_device_specs)
+{
+    TU_BEGIN_TEST();
+    device_list list;
+    list_devices(&list);
+    const char *saved = getenv("CLATTN_DEVICE");
+    char *saved_copy = saved != NULL ? strdup(saved) : NULL;
+    unsetenv("CLATTN_DEVICE");
+    char spec[64], needle[128], expected[192];
+
+    /* Valid P:D: the listed device, computing correct products. On the other devices (another
+     * OpenCL implementation, e.g. Mesa's rusticl under RUSTICL_ENABLE=llvmpipe: the
+     * runtime_rusticl test) a product with a long k too, which devices with a kernel loop limit
+     * compute in several passes. */
+    cl_device_id shared = clattn_ctx_device(tu_ctx());
+    char shared_spec[64] = "";
+    for (cl_uint p = 0; p < list.num_platforms; ++p) {
+        for (cl_uint d = 0; d < list.num_devices[p] && d < 2; ++d) {
+            snprintf(spec, sizeof spec, "%u:%u", (unsigned)p, (unsigned)d);
+            clattn_ctx *ctx = expect_spec(spec, CLATTN_SUCCESS, list.devices[p][d], NULL, NULL);
+            if (ctx != NULL && list.devices[p][d] == shared) {
+                snprintf(shared_spec, sizeof shared_spec, "%s", spec);
+                expect_matmul_on(ctx);
+            } else if (ctx != NULL) {
+                expect_matmul_on(ctx);
+                expect_product_on(ctx, 3, 2, 70001);
+            }
+            clattn_ctx_release(ctx);
+        }
+    }
+    tu_expect(shared_spec[0] != '\0', "the suite's device is not among the listed P:D");
+
+    /* Device index out of range on each platform (a platform may have none at all). */
+    for (cl_uint p = 0; p < list.num_platforms; ++p) {
+        const unsigned count = list.num_devices[p];
+        snprintf(spec, sizeof spec, "%u:%u", (unsigned)p, count);
+        snprintf(needle, sizeof needle, "device_spec=%s: platform %u has no device %u", spec,
+                 (unsigned)p, count);
+        snprintf(expected, sizeof expected, "(%u device(s))", count);
+        expect_spec(spec, CLATTN_ERR_NO_DEVICE, NULL, needle, expected);
+        snprintf(spec, sizeof spec, "%u:99999999999999999999999", (unsigned)p);
+        expect_spec(spec, CLATTN_ERR_NO_DEVICE, NULL, "has no device", NULL);
+    }
+
+    /* Platform index out of range. */
+    const unsigned platforms = list.num_platforms;
+    snprintf(spec, sizeof spec, "%u:0", platforms);
+    snprintf(needle, sizeof needle, "device_spec=%s: platform %u does not exist (%u platform(s))",
+             spec, platforms, platforms);
+    expect_spec(spec, CLATTN_ERR_NO_DEVICE, NULL, needle, NULL);
+    if (platforms <= 99) {
+        expect_spec("99:0", CLATTN_ERR_NO_DEVICE, NULL, "device_spec=99:0: platform 99 does not",
+                    NULL);
+    }
+    expect_spec("4294967296:0", CLATTN_ERR_NO_DEVICE, NULL, "does not exist", NULL);
+    expect_spec("99999999999999999999999:0", CLATTN_ERR_NO_DEVICE, NULL, "does not exist", NULL);
+
+    /* Malformed specs: refused as such, naming the spec and the accepted forms. */
+    static const char *const malformed[] = {
+        "0:",   ":0",    "x:y",  ":",    "0",     "12",   "0:x",  "x:0",     "-1:0",
+        "0:-1", "+0:0",  "0:+0", " 0:0", "0: 0",  "0:0 ", "0::0", "0:0:0",   "0.0:0",
+        "0:0x", "0x0:0", "GPU",  "Cpu",  "gpu:0", "cpu ", "gpus", "default", "0;0",
+    };
+    for (size_t i = 0; i < sizeof malformed / sizeof malformed[0]; ++i) {
+        snprintf(needle, sizeof needle, "device_spec='%s'", malformed[i]);
+        expect_spec(malformed[i], CLATTN_ERR_INVALID_ARGUMENT, NULL, needle,
+                    "expected gpu, cpu or P:D (platform:device)");
+    }
+
+    /* gpu and cpu: the first listed device of that type, or a NO_DEVICE naming the type. */
+    static const struct {
+        const char *spec, *type_name;
+        cl_device_type type;
+    } kinds[] = {{"gpu", "GPU", CL_DEVICE_TYPE_GPU}, {"cpu", "CPU", CL_DEVICE_TYPE_CPU}};
+    for (int i = 0; i < 2; ++i) {
+        cl_device_id first = first_device_of_type(&list, kinds[i].type);
+        snprintf(needle, sizeof needle, "device_spec=%s: no %s device on any of %u platform(s)",
+                 kinds[i].spec, kinds[i].type_name, platforms);
+        clattn_ctx *ctx =
+            expect_spec(kinds[i].spec, first != NULL ? CLATTN_SUCCESS : CLATTN_ERR_NO_DEVICE, first,
+                        needle, NULL);
+        clattn_ctx_release(ctx);
+        ctx = NULL;
+        clattn_status status = clattn_ctx_create(kinds[i].spec, &ctx, NULL, 0);
+        tu_expect(status == (first != NULL ? CLATTN_SUCCESS : CLATTN_ERR_NO_DEVICE),
+                  "clattn_ctx_create('%s', NULL message) = %s", kinds[i].spec,
+                  clattn_status_string(status));
+        clattn_ctx_release(ctx);
+    }
+
+    /* CLATTN_DEVICE: used when device_spec is NULL or "", named in messages, and overridden by
+     * a device_spec. */
+    if (shared_spec[0] != '\0') {
+        set_device_env(shared_spec);
+        clattn_ctx_release(expect_spec(NULL, CLATTN_SUCCESS, shared, NULL, NULL));
+        clattn_ctx_release(expect_spec("", CLATTN_SUCCESS, shared, NULL, NULL));
+        set_device_env("x:y");
+        clattn_ctx_release(expect_spec(shared_spec, CLATTN_SUCCESS, shared, NULL, NULL));
+    }
+    /* Empty: the default (the first GPU, else the first CPU device, else any), which is the
+     * suite's device only when the suite runs without CLATTN_DEVICE. */
+    set_device_env("");
+    cl_device_id default_device = first_device_of_type(&list, CL_DEVICE_TYPE_GPU);
+    if (default_device == NULL)
+        default_device = first_device_of_type(&list, CL_DEVICE_TYPE_CPU);
+    if (default_device == NULL)
+        default_device = first_device_of_type(&list, CL_DEVICE_TYPE_ALL);
+    clattn_ctx_release(expect_spec(NULL, CLATTN_SUCCESS, default_device, NULL, NULL));
+    set_device_env("x:y");
+    expect_spec(NULL, CLATTN_ERR_INVALID_ARGUMENT, NULL, "CLATTN_DEVICE='x:y': expected gpu", NULL);
+    set_device_env("0:");
+    expect_spec("", CLATTN_ERR_INVALID_ARGUMENT, NULL, "CLATTN_DEVICE='0:'", NULL);
+    snprintf(spec, sizeof spec, "%u:0", platforms);
+    set_device_env(spec);
+    snprintf(needle, sizeof needle, "CLATTN_DEVICE=%s: platform %u does not exist", spec,
+             platforms);
+    expect_spec(NULL, CLATTN_ERR_NO_DEVICE, NULL, needle, NULL);
+
+    set_device_env(saved_copy);
+    free(saved_copy);
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- CLATTN_KERNEL_DIR files that cannot be used ------------------------------------------- */
+
+/* dir/name made a folder holding common.cl and `file` with the given texts (text NULL: `file`
+ * is made a folder itself). Returns 1 on success; path receives dir/name. */
+static int kernel_folder(const char *dir, const char *name, const char *file, const char *text,
+                         char *path, size_t size)
+{
+    snprintf(path, size, "%s/%s", dir, name);
+    if (mkdir(path, 0700) != 0) {
+        return 0;
+    }
+    if (text == NULL) {
+        char sub[700];
+        snprintf(sub, sizeof sub, "%s/%s", path, file);
+        return mkdir(sub, 0700) == 0 && write_text(path, "other.cl", "/* unused */\n");
+    }
+    return write_text(path, "common.cl", "/* empty */\n") && write_text(path, file, text);
+}
+
+/* Device buffers of `count` floats on ctx's own cl_context (NaN-filled). */
+static cl_mem ctx_nan_buffer(clattn_ctx *ctx, size_t count)
+{
+    float *nan = tu_nan_floats(count);
+    cl_int err = CL_SUCCESS;
+    cl_mem mem =
+        clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                       count * sizeof(float), nan, &err);
+    free(nan);
+    tu_expect(err == CL_SUCCESS, "clCreateBuffer: %d", (int)err);
+    return err == CL_SUCCESS ? mem : NULL;
+}
+
+typedef enum kernel_dir_op { DIR_MATMUL, DIR_FLASH, DIR_SOFTMAX } kernel_dir_op;
+
+/* Runs one small op on a fresh context while CLATTN_KERNEL_DIR=dir; returns its status and
+ * copies the last error into message. */
+static clattn_status op_with_kernel_dir(const char *dir, kernel_dir_op op, char *message,
+                                        size_t size)
+{
+    setenv("CLATTN_KERNEL_DIR", dir, 1);
+    clattn_ctx *ctx = NULL;
+    clattn_status status = clattn_ctx_create(NULL, &ctx, message, size);
+    if (status == CLATTN_SUCCESS) {
+        cl_mem mem = ctx_nan_buffer(ctx, 64);
+        const clattn_tensor t = {mem, 0};
+        if (op == DIR_MATMUL) {
+            const clattn_matmul_desc desc = {.m = 2, .n = 2, .k = 2, .alpha = 1.0f};
+            status = clattn_matmul(ctx, &desc, t, t, tu_tensor(NULL, 0), t, 0, NULL, NULL);
+        } else if (op == DIR_FLASH) {
+            const clattn_attention_desc desc = {
+                1, 1, 2, 2, 4, 4, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_FUSED};
+            status =
+                clattn_flash_attention(ctx, &desc, t, t, t, t, tu_tensor(NULL, 0), 0, NULL, NULL);
+        } else {
+            const clattn_softmax_desc desc = {.batch = 1, .heads = 1, .seq_q = 2, .seq_k = 2};
+            status = clattn_softmax_rows(ctx, &desc, t, t, 0, NULL, NULL);
+        }
+        snprintf(message, size, "%s", clattn_last_error(ctx));
+        tu_release_mem(mem);
+        clattn_ctx_release(ctx);
+    }
+    unsetenv("CLATTN_KERNEL_DIR");
+    return status;
+}
+
+/* Each way a kernel folder can be unusable gives its own status and a message naming the file
+ * or kernel: an unreadable path or file, a program without the kernel, a kernel with other
+ * arguments, a build log longer than the message (cut to fit after the op's name). An empty
+ * CLATTN_KERNEL_DIR means the embedded kernels. */
+START_TEST(test_kernel_dir_failures)
+{
+    TU_BEGIN_TEST();
+    char dir[] = "/tmp/clattn-kernels-XXXXXX", path[600], message[4096];
+    clattn_status status;
+    if (!tu_expect(mkdtemp(dir) != NULL, "mkdtemp failed")) {
+        TU_END_TEST();
+        return;
+    }
+
+    tu_set_case("CLATTN_KERNEL_DIR=''");
+    setenv("CLATTN_KERNEL_DIR", "", 1);
+    clattn_ctx *ctx = NULL;
+    status = clattn_ctx_create(NULL, &ctx, message, sizeof message);
+    if (tu_expect(status == CLATTN_SUCCESS, "create: %s: %s", clattn_status_string(status),
+                  message)) {
+        expect_matmul_on(ctx);
+    }
+    clattn_ctx_release(ctx);
+    unsetenv("CLATTN_KERNEL_DIR");
+
+    tu_set_case("CLATTN_KERNEL_DIR longer than a path");
+    char long_dir[5000];
+    memset(long_dir, 'a', sizeof long_dir - 1);
+    long_dir[sizeof long_dir - 1] = '\0';
+    memcpy(long_dir, "/tmp/", 5);
+    status = op_with_kernel_dir(long_dir, DIR_MATMUL, message, sizeof message);
+    tu_expect(status == CLATTN_ERR_BUILD &&
+                  tu_starts_with(message, "matmul: CLATTN_KERNEL_DIR=/tmp/aaa"),
+              "got %s '%.200s'", clattn_status_string(status), message);
+
+    tu_set_case("CLATTN_KERNEL_DIR whose common.cl is a folder");
+    if (tu_expect(kernel_folder(dir, "folder", "common.cl", NULL, path, sizeof path),
+                  "cannot make %s", path)) {
+        status = op_with_kernel_dir(path, DIR_MATMUL, message, sizeof message);
+        tu_expect(status == CLATTN_ERR_BUILD && strstr(message, "cannot read common.cl"),
+                  "got %s '%s'", clattn_status_string(status), message);
+    }
+
+    tu_set_case("a folder with common.cl but no matmul.cl");
+    if (tu_expect(kernel_folder(dir, "nosource", "other.cl", "/* unused */\n", path, sizeof path),
+                  "cannot write %s", path)) {
+        status = op_with_kernel_dir(path, DIR_MATMUL, message, sizeof message);
+        tu_expect(status == CLATTN_ERR_BUILD && strstr(message, "cannot read matmul.cl"),
+                  "got %s '%s'", clattn_status_string(status), message);
+    }
+
+    tu_set_case("matmul.cl without the matmul kernels");
+    if (tu_expect(kernel_folder(dir, "noname", "matmul.cl",
+                                "__kernel void other(__global float *x) { x[0] = 1.0f; }\n", path,
+                                sizeof path),
+                  "cannot write %s", path)) {
+        status = op_with_kernel_dir(path, DIR_MATMUL, message, sizeof message);
+        tu_expect(status == (clattn_status)CL_INVALID_KERNEL_NAME &&
+                      tu_starts_with(message, "matmul: clCreateKernel(matmul"),
+                  "got %s '%s'", clattn_status_string(status), message);
+    }
+
+    tu_set_case("matmul.cl whose kernels take no arguments");
+    if (tu_expect(kernel_folder(dir, "noargs", "matmul.cl",
+                                "__kernel void matmul(void) { }\n"
+                                "__kernel void matmul_vec(void) { }\n"
+                                "__kernel void transpose(void) { }\n",
+                                path, sizeof path),
+                  "cannot write %s", path)) {
+        status = op_with_kernel_dir(path, DIR_MATMUL, message, sizeof message);
+        tu_expect(status == (clattn_status)CL_INVALID_ARG_INDEX &&
+                      tu_starts_with(message, "matmul: clSetKernelArg(") &&
+                      strstr(message, ", 0): CL_INVALID_ARG_INDEX"),
+                  "got %s '%s'", clattn_status_string(status), message);
+    }
+
+    tu_set_case("flash_attention.cl without the kernel");
+    if (tu_expect(kernel_folder(dir, "noflash", "flash_attention.cl",
+                                "__kernel void other(__global float *x) { x[0] = 1.0f; }\n", path,
+                                sizeof path),
+                  "cannot write %s", path)) {
+        status = op_with_kernel_dir(path, DIR_FLASH, message, sizeof message);
+        tu_expect(status == (clattn_status)CL_INVALID_KERNEL_NAME &&
+                      tu_starts_with(message, "flash_attention: clCreateKernel(flash_attention)"),
+                  "got %s '%s'", clattn_status_string(status), message);
+    }
+
+    tu_set_case("softmax.cl with a build log longer than the message");
+    char broken[8192];
+    size_t used = 0;
+    for (int i = 0; i < 100 && used < sizeof broken - 128; ++i) {
+        used += (size_t)snprintf(broken + used, sizeof broken - used,
+                                 "__kernel void k%d(__global float *x) { x[0] = undeclared_%d; }\n",
+                                 i, i);
+    }
+    if (tu_expect(kernel_folder(dir, "longlog", "softmax.cl", broken, path, sizeof path),
+                  "cannot write %s", path)) {
+        status = op_with_kernel_dir(path, DIR_SOFTMAX, message, sizeof message);
+        const size_t length = strlen(message);
+        tu_expect(status == CLATTN_ERR_BUILD &&
+                      tu_starts_with(message, "softmax_rows: clBuildProgram(softmax.cl") &&
+                      strstr(message, "undeclared_0") && length >= 1024 && length < 2048,
+                  "got %s, %zu characters: '%.300s'", clattn_status_string(status), length,
+                  message);
+    }
+
+    snprintf(path, sizeof path, "rm -rf '%s'", dir);
+    tu_expect(system(path) == 0, "could not remove %s", dir);
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- CLATTN_PARAMS and CLATTN_MATMUL: every override computes the same numbers ----------- */
+
+/* The device class's parameters (CLATTN_PARAMS=gpu|cpu) and the matmul kernel
+ * (CLATTN_MATMUL=tiled|vec), each combination and unknown values (ignored: the device's own
+ * choice), give correct products; the override is read when the context is made. */
+START_TEST(test_params_overrides)
+{
+    TU_BEGIN_TEST();
+    static const char *const params[] = {NULL, "cpu", "gpu", "fpga"};
+    static const char *const kernels[] = {NULL, "tiled", "vec", "simd"};
+    const char *saved_params = getenv("CLATTN_PARAMS"), *saved_matmul = getenv("CLATTN_MATMUL");
+    char *params_copy = saved_params ? strdup(saved_params) : NULL;
+    char *matmul_copy = saved_matmul ? strdup(saved_matmul) : NULL;
+    for (int p = 0; p < 4; ++p) {
+        for (int k = 0; k < 4; ++k) {
+            tu_set_case("CLATTN_PARAMS=%s CLATTN_MATMUL=%s", params[p] ? params[p] : "(unset)",
+                        kernels[k] ? kernels[k] : "(unset)");
+            if (params[p]) {
+                setenv("CLATTN_PARAMS", params[p], 1);
+            } else {
+                unsetenv("CLATTN_PARAMS");
+            }
+            if (kernels[k]) {
+                setenv("CLATTN_MATMUL", kernels[k], 1);
+            } else {
+                unsetenv("CLATTN_MATMUL");
+            }
+            clattn_ctx *ctx = NULL;
+            char message[512] = "";
+            clattn_status status = clattn_ctx_create(NULL, &ctx, message, sizeof message);
+            if (tu_expect(status == CLATTN_SUCCESS, "create: %s: %s", clattn_status_string(status),
+                          message)) {
+                expect_matmul_on(ctx);
+            }
+            clattn_ctx_release(ctx);
+        }
+    }
+    if (params_copy) {
+        setenv("CLATTN_PARAMS", params_copy, 1);
+    } else {
+        unsetenv("CLATTN_PARAMS");
+    }
+    if (matmul_copy) {
+        setenv("CLATTN_MATMUL", matmul_copy, 1);
+    } else {
+        unsetenv("CLATTN_MATMUL");
+    }
+    free(matmul_copy);
+    free(params_copy);
+    TU_END_TEST();
+}
+END_TEST
+
 static Suite *runtime_suite(void)
 {
     Suite *suite = suite_create("runtime");
@@ -947,6 +1447,9 @@ static Suite *runtime_suite(void)
     tcase_add_test(contexts, test_own_context_lifecycle);
     tcase_add_test(contexts, test_contexts_on_threads);
     tcase_add_test(contexts, test_build_failure_reports_log);
+    tcase_add_test(contexts, test_device_specs);
+    tcase_add_test(contexts, test_kernel_dir_failures);
+    tcase_add_test(contexts, test_params_overrides);
     suite_add_tcase(suite, contexts);
     return suite;
 }
