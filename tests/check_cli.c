@@ -610,6 +610,12 @@ static const bad_case bad_equals_cases[] = {
     {"bench --seq=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", "--seq"},
     {"bench --embed=6 --heads=4 --op=mha --seq=4", "--embed"},
     {"bench --warmup", "--warmup needs a value"},
+    /* Flags take no value: --causal=no must not mean causal. */
+    {"run --query %1$s/self_query.npy --weights=%1$s/self.safetensors --heads=2 --causal=no",
+     "--causal takes no value"},
+    {"bench --json=1", "--json takes no value"},
+    {"bench --op=,", "--op: no op"},
+    {"bench --op ,,", "--op: no op"},
 };
 
 START_TEST(test_bad_equals_exits_2)

@@ -33,6 +33,9 @@ typedef struct cli_args {
 bool cli_next(cli_args *args);
 /* True when the current option is `option` (e.g. "--query"). */
 bool cli_is(const cli_args *args, const char *option);
+/* For an option that takes no value: 1 when the current option is `option`, 0 when it is not,
+ * -1 (after printing why) when it is but was given one (--causal=no must not mean causal). */
+int cli_flag(const cli_args *args, const char *option);
 /* The current option's value; NULL (after printing the error) when it has none. */
 const char *cli_value(cli_args *args);
 

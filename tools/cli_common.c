@@ -49,6 +49,18 @@ bool cli_is(const cli_args *args, const char *option)
     return strcmp(args->name, option) == 0;
 }
 
+int cli_flag(const cli_args *args, const char *option)
+{
+    if (!cli_is(args, option))
+        return 0;
+    if (args->inline_value) {
+        cli_fail(args->command, CLI_BAD_INPUT, "%s takes no value (got '%s=%s')", option, option,
+                 args->inline_value);
+        return -1;
+    }
+    return 1;
+}
+
 const char *cli_value(cli_args *args)
 {
     if (args->inline_value)

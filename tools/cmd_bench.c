@@ -501,10 +501,13 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
     const char *value = NULL;
     bool any_op = false;
     while (cli_next(&args)) {
+        int flag = 0;
         if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
             fputs(bench_usage, stdout);
             return -1;
-        } else if (cli_is(&args, "--json")) {
+        } else if ((flag = cli_flag(&args, "--json")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
             o->json = true;
             continue;
         }
@@ -531,6 +534,9 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
                     memset(o->ops, 0, sizeof o->ops);
                 o->ops[found] = any_op = true;
             }
+            if (!any_op)
+                return cli_fail("bench", CLI_BAD_INPUT,
+                                "--op: no op in '%s' (matmul, softmax, attention, mha)", value);
         } else if (cli_is(&args, "--path")) {
             o->paths[0] = o->paths[1] = false;
             char buffer[64];

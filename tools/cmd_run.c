@@ -109,10 +109,13 @@ static int parse_options(int argc, char **argv, run_options *o)
         if (matched)
             continue;
         const char *value = NULL;
+        int flag = 0;
         if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
             fputs(run_usage, stdout);
             return -1;
-        } else if (cli_is(&args, "--causal")) {
+        } else if ((flag = cli_flag(&args, "--causal")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
             o->causal = true;
         } else if (cli_is(&args, "--heads")) {
             if (!(value = cli_value(&args)) ||
