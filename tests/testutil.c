@@ -501,3 +501,30 @@ int tu_starts_with(const char *text, const char *prefix)
 {
     return text != NULL && strncmp(text, prefix, strlen(prefix)) == 0;
 }
+
+/* --- reduced runs ------------------------------------------------------------------------- */
+
+int tu_small(void)
+{
+    const char *scale = getenv("CLATTN_TEST_SCALE");
+    if (scale == NULL || scale[0] == '\0' || strcmp(scale, "full") == 0) {
+        return 0;
+    }
+    if (strcmp(scale, "small") == 0) {
+        return 1;
+    }
+    fprintf(stderr, "%s: ignoring unknown CLATTN_TEST_SCALE='%s' (small or full): running all\n",
+            suite_name_, scale);
+    return 0;
+}
+
+void tu_not_run(const char *format, ...)
+{
+    char what[1024];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(what, sizeof what, format, args);
+    va_end(args);
+    printf("%s: NOT RUN (CLATTN_TEST_SCALE=small): %s\n", suite_name_, what);
+    fflush(stdout);
+}

@@ -131,4 +131,16 @@ int tu_mentions_word(const char *text, const char *word);
 /* 1 when text starts with prefix. */
 int tu_starts_with(const char *text, const char *prefix);
 
+/* --- reduced runs ------------------------------------------------------------------------- */
+
+/* 1 when CLATTN_TEST_SCALE=small: a suite then does not register its heaviest cases (huge
+ * sequences, grids past 65535 work-groups), for slow simulators such as Oclgrind
+ * (tests/oclgrind_lane.sh). Every kernel and kernel variant still runs. Unset or "full": 0;
+ * any other value is reported on stderr and treated as full. */
+int tu_small(void);
+
+/* Prints one loud line, "<suite>: NOT RUN (CLATTN_TEST_SCALE=small): <what>", naming the cases
+ * a reduced run leaves unregistered and why. */
+void tu_not_run(const char *format, ...) CK_ATTRIBUTE_FORMAT(printf, 1, 2);
+
 #endif /* CLATTN_TESTUTIL_H */
