@@ -528,3 +528,17 @@ void tu_not_run(const char *format, ...)
     printf("%s: NOT RUN (CLATTN_TEST_SCALE=small): %s\n", suite_name_, what);
     fflush(stdout);
 }
+
+void tu_add_loop_except(TCase *tcase, const TTest *test, int start, int end, const int *skip,
+                        int skip_count)
+{
+    for (int i = start; i < end; ++i) {
+        int skipped = 0;
+        for (int s = 0; s < skip_count; ++s) {
+            skipped |= skip[s] == i;
+        }
+        if (!skipped) {
+            tcase_add_loop_test(tcase, test, i, i + 1);
+        }
+    }
+}

@@ -143,4 +143,9 @@ int tu_small(void);
  * a reduced run leaves unregistered and why. */
 void tu_not_run(const char *format, ...) CK_ATTRIBUTE_FORMAT(printf, 1, 2);
 
+/* Registers `test` for the loop indices [start, end) except the skip_count ones in `skip`: how
+ * a reduced run leaves single heavy rows of a case table out (and names them in tu_not_run). */
+void tu_add_loop_except(TCase *tcase, const TTest *test, int start, int end, const int *skip,
+                        int skip_count);
+
 #endif /* CLATTN_TESTUTIL_H */
