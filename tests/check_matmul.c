@@ -636,8 +636,8 @@ static Suite *matmul_suite(void)
                   COUNT_OF(extreme_sizes));
     if (small)
         tu_not_run("%s; test_matmul_full_grid but every %dth product; test_matmul_many_batches "
-                   "(66000 batch entries): minutes each on Oclgrind; every tile edge is in the "
-                   "other sizes",
+                   "(66000 batch entries); test_matmul_random_combinations 2-3: minutes on "
+                   "Oclgrind; every tile edge is in the other sizes",
                    not_run_, SMALL_GRID_STRIDE);
     else
         tcase_add_test(sizes, test_matmul_many_batches);
@@ -650,7 +650,7 @@ static Suite *matmul_suite(void)
     tcase_add_test(options, test_matmul_batched_strides);
     tcase_add_test(options, test_matmul_broadcast);
     tcase_add_test(options, test_matmul_leading_dims_and_offsets);
-    tcase_add_loop_test(options, test_matmul_random_combinations, 0, 4);
+    tcase_add_loop_test(options, test_matmul_random_combinations, 0, small ? 2 : 4);
     tcase_add_test(options, test_matmul_batch_zero_and_one);
     tcase_add_test(options, test_matmul_event_chain);
     tcase_add_test(options, test_matmul_stride_c_zero);
