@@ -16,28 +16,11 @@ typedef enum clattn_source {
     CLATTN_SRC_COUNT
 } clattn_source;
 
-typedef enum clattn_kernel_id {
-    CLATTN_K_MATMUL = 0,
-    CLATTN_K_MATMUL_VEC,
-    CLATTN_K_TRANSPOSE,
-    CLATTN_K_SOFTMAX_ROWS,
-    CLATTN_K_MOVE_HEADS,
-    CLATTN_K_MEAN_HEADS,
-    CLATTN_K_COUNT
-} clattn_kernel_id;
 
 /* Device-memory scratch owned by the context, reused across calls and grown on demand.
  * Host-API staging buffers live here too. */
 typedef enum clattn_ws_slot {
-    CLATTN_WS_Q_PROJ = 0, /* (B, Lq, qk_dim), or the packed (B, L, 3E) projection */
-    CLATTN_WS_K_PROJ,
-    CLATTN_WS_V_PROJ,
-    CLATTN_WS_Q_HEADS, /* (B, H, Lq, dk) */
-    CLATTN_WS_K_HEADS,
-    CLATTN_WS_V_HEADS,
-    CLATTN_WS_SCORES,    /* (B, H, Lq, Lk) when the caller does not want the weights */
-    CLATTN_WS_O_HEADS,   /* (B, H, Lq, dv) */
-    CLATTN_WS_CONCAT,    /* (B, Lq, v_dim) before the output projection */
+    CLATTN_WS_PLAN = 0, /* plan executions without a workspace of the caller's */
     CLATTN_WS_HOST_IN0,  /* host API: query / q */
     CLATTN_WS_HOST_IN1,  /* key / k */
     CLATTN_WS_HOST_IN2,  /* value / v */
@@ -47,7 +30,6 @@ typedef enum clattn_ws_slot {
     CLATTN_WS_HOST_KPM,  /* key padding mask */
     CLATTN_WS_HOST_W,    /* all weights and biases, packed one after another */
     CLATTN_WS_MATMUL_BT, /* matmul_vec: a transposed copy of B */
-    CLATTN_WS_FLASH_LSE, /* fused kernel in key parts (loop-limited devices): (B, H, Lq) */
     CLATTN_WS_COUNT
 } clattn_ws_slot;
 
@@ -64,16 +46,25 @@ typedef struct clattn_device_info {
     cl_uint preferred_float_width;
 } clattn_device_info;
 
-/* Tile parameters chosen from the device's limits; passed to the kernels as -D defines. */
+/* Kernel parameters: the default row computed from the device's limits, then the rows of the
+ * tuning table (host/tuning/table.h, and CLATTN_TUNING=FILE) that match the device, in order.
+ * Each field is a key of the table's text format (host/core/tuning.c). */
 typedef struct clattn_tuning {
-    bool cpu_params; /* CPU-class parameters (the device's type, or CLATTN_PARAMS) */
-    bool matmul_vec; /* CPUs: the register-blocked float16 kernel instead of local tiles */
+    bool cpu_params; /* CPU-class rows apply (the device's type, or CLATTN_PARAMS) */
+    unsigned matmul_vec; /* 1: the register-blocked vector matmul (CPUs), 0: local tiles */
     unsigned vec_rm, vec_width, vec_wg, transpose_wg;
     unsigned tile_m, tile_n, tile_k, wpt_m, wpt_n;
     unsigned softmax_wg;
     unsigned heads_wg;
+    unsigned flash_rows; /* query rows (work-items) per fused work-group, upper bound */
+    unsigned flash_vw;   /* vector width along a row in the fused kernel (1, 4, 8), upper bound */
     unsigned loop_trip_limit; /* 0, or the loop iterations a work-item may make in all (quirks) */
+    char rows[256];           /* which table rows applied (for `clattn info` and tests) */
 } clattn_tuning;
+
+/* --- tuning.c ------------------------------------------------------------------------------ */
+/* Fills ctx->tuning and ctx->build_options for ctx->info. */
+clattn_status clattn__choose_tuning(clattn_ctx *ctx);
 
 /* A program built with extra -D options (e.g. per head size) and its one kernel. */
 typedef struct clattn_variant {
@@ -88,20 +79,28 @@ struct clattn_ctx {
     cl_context context;
     cl_device_id device;
     cl_command_queue queue;
+    cl_command_queue exec_queue; /* set during clattn_plan_execute on another queue, else NULL */
+    bool exec_out_of_order;      /* exec_queue may run commands out of order */
     clattn_device_info info;
     clattn_tuning tuning;
     char build_options[512];
-    cl_program programs[CLATTN_SRC_COUNT];
-    cl_kernel kernels[CLATTN_K_COUNT];
     clattn_variant *variants;
     size_t num_variants, variant_capacity;
     size_t workspace_limit; /* 0: only the device's limits */
     bool out_of_order;      /* the queue may run commands out of order */
-    cl_event last_event;    /* out-of-order queues: the end of the previous call's work */
+    cl_event last_event;    /* the end of the previous call's work on the context's workspace */
+    cl_command_queue last_queue; /* the queue last_event was enqueued on */
+    bool private_workspace; /* this call uses only the caller's workspace: no ordering needed */
     cl_mem workspace[CLATTN_WS_COUNT];
     size_t workspace_bytes[CLATTN_WS_COUNT];
     char message[2048];
 };
+
+/* The queue the current call enqueues on. */
+static inline cl_command_queue clattn__queue(const clattn_ctx *ctx)
+{
+    return ctx->exec_queue ? ctx->exec_queue : ctx->queue;
+}
 
 /* --- status.c ------------------------------------------------------------------------------ */
 
@@ -174,9 +173,6 @@ bool clattn__product(size_t *out, int count, ...);
 
 /* --- runtime.c ----------------------------------------------------------------------------- */
 
-/* The kernel for id, building its program on first use. */
-clattn_status clattn__kernel(clattn_ctx *ctx, clattn_kernel_id id, cl_kernel *out);
-
 /* A kernel argument: size and pointer to its value (value NULL with size sizeof(cl_mem) passes a
  * NULL buffer). */
 typedef struct clattn_arg {
@@ -184,13 +180,6 @@ typedef struct clattn_arg {
     const void *value;
 } clattn_arg;
 #define CLATTN_ARG(x) ((clattn_arg){sizeof(x), &(x)})
-
-/* Sets the arguments of kernel `id` and enqueues it over `dims` dimensions. global sizes must
- * already be multiples of local sizes. `name` appears in error messages. */
-clattn_status clattn__launch(clattn_ctx *ctx, clattn_kernel_id id, const char *name,
-                             const clattn_arg *args, cl_uint num_args, cl_uint dims,
-                             const size_t *global, const size_t *local, cl_uint num_wait,
-                             const cl_event *wait, cl_event *event);
 
 /* The kernel `name` of `source` built with the extra options `extra`, cached per context. */
 clattn_status clattn__variant_kernel(clattn_ctx *ctx, clattn_source source, const char *name,
@@ -258,6 +247,8 @@ clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain
                             const cl_event *wait);
 clattn_status clattn__end(clattn_ctx *ctx, const char *op, clattn_chain *chain,
                           clattn_status status, cl_event *event);
+/* On failure, makes sure the message starts with "op: "; returns status. */
+clattn_status clattn__end_message(clattn_ctx *ctx, const char *op, clattn_status status);
 /* Pushes a step's event (read through the pointer after the step ran) when the step
  * succeeded; returns status. */
 static inline clattn_status clattn__step(clattn_chain *chain, clattn_status status,
@@ -267,51 +258,5 @@ static inline clattn_status clattn__step(clattn_chain *chain, clattn_status stat
         clattn__chain_push(chain, *step);
     return status;
 }
-
-/* --- ops: unchecked enqueue paths used by the attention plans ------------------------------ */
-
-clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn_matmul_desc *desc,
-                                     clattn_tensor a, clattn_tensor b, clattn_tensor bias,
-                                     clattn_tensor c, cl_uint num_wait, const cl_event *wait,
-                                     cl_event *event);
-clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn_softmax_desc *desc,
-                                      clattn_tensor scores, clattn_tensor out, cl_uint num_wait,
-                                      const cl_event *wait, cl_event *event);
-clattn_status clattn__move_heads_enqueue(clattn_ctx *ctx, const clattn_heads_desc *desc,
-                                         int to_head_major, clattn_tensor src, clattn_tensor dst,
-                                         cl_uint num_wait, const cl_event *wait, cl_event *event);
-/* Fused attention (ops_flash.c); the caller has validated desc. lse may be absent. */
-clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn_attention_desc *desc,
-                                    clattn_tensor q, clattn_tensor k, clattn_tensor v,
-                                    clattn_tensor out, clattn_tensor lse, cl_uint num_wait,
-                                    const cl_event *wait, cl_event *event);
-/* Whether the fused kernel handles these head sizes. */
-bool clattn__flash_supports(size_t head_dim_qk, size_t head_dim_v);
-
-clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, size_t batch, size_t heads, size_t plane,
-                                         clattn_tensor src, clattn_tensor dst, cl_uint num_wait,
-                                         const cl_event *wait, cl_event *event);
-
-/* Validates masks for a (batch, seq_q, seq_k) problem. */
-clattn_status clattn__check_masks(clattn_ctx *ctx, const char *op, const clattn_masks *masks,
-                                  size_t batch, size_t seq_q, size_t seq_k);
-
-/* attention.c: shape validation shared by the device and host entry points. */
-typedef struct clattn_attention_sizes {
-    size_t q, k, v, out, scores;   /* elements */
-    size_t attn_mask, key_padding; /* elements */
-} clattn_attention_sizes;
-clattn_status clattn__attention_shapes(clattn_ctx *ctx, const clattn_attention_desc *desc,
-                                       clattn_attention_sizes *sizes);
-
-typedef struct clattn_mha_sizes {
-    size_t kdim, vdim, qk_dim, v_dim, out_dim; /* defaults resolved */
-    size_t query, key, value, out, weights;    /* elements; weights per need_weights */
-    size_t wq, wk, wv, wo, in_proj;            /* parameter elements */
-    size_t attn_mask, key_padding;
-} clattn_mha_sizes;
-/* has_out_weight / has_in_proj: what the caller supplies (the host API passes pointers). */
-clattn_status clattn__mha_shapes(clattn_ctx *ctx, const clattn_mha_desc *desc, bool has_in_proj,
-                                 bool has_out_weight, clattn_mha_sizes *sizes);
 
 #endif

@@ -2,20 +2,24 @@
  * clattn: scaled dot-product and multi-head attention on any OpenCL 1.2+ device.
  *
  * Conventions
- * - Every matrix is row-major float32. Sizes are size_t; offsets into cl_mem buffers are counted
- *   in elements (floats, or bytes for uint8 masks), never in bytes. Each single dimension must
- *   fit in 32 bits (the kernels index with cl_uint within a matrix); larger ones give
- *   CLATTN_ERR_UNSUPPORTED, and sizes whose element or byte counts overflow size_t give
- *   CLATTN_ERR_OVERFLOW.
+ * - Tensors are strided views of cl_mem buffers (clattn_tensor): element type, rank 1 to 4,
+ *   dims, strides and the offset counted in elements of the tensor's type, never in bytes.
+ *   16-bit types (F16, BF16) are storage only; arithmetic is float32. Each single dimension
+ *   must fit in 32 bits (CLATTN_ERR_UNSUPPORTED otherwise), and sizes whose element or byte
+ *   counts overflow size_t give CLATTN_ERR_OVERFLOW.
+ * - Attention runs through plans: create a plan once from a descriptor (validation, kernel and
+ *   variant choice, program builds, workspace size), execute it many times on buffers. Every
+ *   descriptor starts with struct_size = sizeof(the struct), so fields can be appended in later
+ *   versions without breaking callers; the _init functions set it and the defaults.
  * - Every fallible call returns clattn_status (CLATTN_SUCCESS = 0). Negative values above
  *   CLATTN_ERROR_BASE are OpenCL's own error codes passed through; the library's own codes lie
  *   at and below CLATTN_ERROR_BASE. clattn_last_error(ctx) holds a message naming the argument or
  *   OpenCL call that failed.
  * - The caller owns what it passes in (queues, buffers, events). clattn retains what it keeps and
- *   releases what it retained. Device calls are asynchronous: they enqueue work on the context's
- *   queue after `num_wait` events and, when `event` is not NULL, return an event that completes
- *   when the whole call's work has finished (the caller releases it). In-order and out-of-order
- *   queues both work: clattn chains its own kernels with events.
+ *   releases what it retained. Device calls are asynchronous: they enqueue work after `num_wait`
+ *   events and, when `event` is not NULL, return an event that completes when the whole call's
+ *   work has finished (the caller releases it). In-order and out-of-order queues both work:
+ *   clattn chains its own kernels with events.
  * - Host calls (suffix _host) are synchronous: they copy float arrays in, compute, copy out and
  *   wait. Device workspace is kept in the context and reused across calls; it only grows.
  *
@@ -23,7 +27,9 @@
  * - A clattn_ctx is not thread-safe: use one context per thread, or serialise calls on a shared
  *   context yourself. Distinct contexts may be used concurrently, including contexts made from
  *   the same cl_command_queue's context. clattn has no global mutable state.
- * - clattn_status_string() is thread-safe.
+ * - A plan belongs to its context and is used under the same rule; release plans before the
+ *   context. Executions of one plan may overlap on the device when each has its own workspace.
+ * - clattn_status_string() and clattn_dtype_size() are thread-safe.
  */
 #ifndef CLATTN_H
 #define CLATTN_H
@@ -45,9 +51,9 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 1
+#define CLATTN_VERSION_MINOR 2
 #define CLATTN_VERSION_PATCH 0
-#define CLATTN_VERSION_STRING "0.1.0"
+#define CLATTN_VERSION_STRING "0.2.0"
 
 #if defined(_WIN32)
 #define CLATTN_API
@@ -129,85 +135,78 @@ CLATTN_API size_t clattn_ctx_workspace_bytes(const clattn_ctx *ctx);
 CLATTN_API clattn_status clattn_finish(clattn_ctx *ctx);
 
 /* ---------------------------------------------------------------------------------------------
- * Device operations
+ * Tensors
  * ------------------------------------------------------------------------------------------- */
 
-/* A device tensor: a buffer and the element offset at which the tensor starts.
- * mem == NULL means "absent" wherever a tensor is optional. */
+/* Element types. 16-bit types are storage only: kernels convert them to float in registers
+ * (vload_half, bit shifts), so no device needs cl_khr_fp16; arithmetic is float32.
+ * U8 is for masks (boolean attention masks, key padding masks). */
+typedef enum clattn_dtype {
+    CLATTN_DTYPE_F32 = 0,
+    CLATTN_DTYPE_F16 = 1,
+    CLATTN_DTYPE_BF16 = 2,
+    CLATTN_DTYPE_U8 = 3
+} clattn_dtype;
+
+/* Bytes per element of dtype (0 for an unknown value). */
+CLATTN_API size_t clattn_dtype_size(clattn_dtype dtype);
+
+#define CLATTN_MAX_RANK 4
+
+/* A strided view of a device buffer. rank 0 means "absent" wherever a tensor is optional.
+ * Element (i0, .., i{rank-1}) lives at element offset + sum(i_d * strides[d]) of mem, counted
+ * in elements of dtype (never bytes). strides all 0 means packed row-major. Otherwise a stride
+ * of 0 repeats one element along that dimension (inputs only). Every stride of an output must
+ * be nonzero where its dimension is above 1.
+ * Plans are created from tensors' layouts (dtype, rank, dims, strides; mem and offset are
+ * ignored there) and executed on tensors with the same layout and a buffer. */
 typedef struct clattn_tensor {
     cl_mem mem;
     size_t offset; /* in elements */
+    clattn_dtype dtype;
+    int rank;
+    size_t dims[CLATTN_MAX_RANK];
+    size_t strides[CLATTN_MAX_RANK]; /* in elements */
 } clattn_tensor;
 
-/* C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b] + bias, for b in [0, batch).
- * op(A) is m x k: A is stored m x k, or k x m when trans_a (and likewise B: k x n or n x k).
- * ld* is the row stride of the matrix as stored (0 = packed: the stored column count).
- * stride_* is the element distance between consecutive batch entries (0 = the same matrix
- * for every entry; ignored when batch == 1; stride_c must be nonzero when batch > 1).
+/* A packed row-major tensor of rank 1 .. 4 (unused dims are ignored). */
+static inline clattn_tensor clattn_tensor_make(cl_mem mem, size_t offset, clattn_dtype dtype,
+                                               int rank, size_t d0, size_t d1, size_t d2,
+                                               size_t d3)
+{
+    clattn_tensor t = {mem, offset, dtype, rank, {d0, d1, d2, d3}, {0, 0, 0, 0}};
+    return t;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Matrix product (one kernel; batched over up to two leading dimensions)
+ *   C[..] = alpha * op(A[..]) * op(B[..]) + beta * C[..] + bias
+ * a, b, c are tensors of rank 2 to 4: the last two dims are the matrix as stored (rows, cols),
+ * leading dims are batch dims. op(A) is m x k: A is stored m x k, or k x m when trans_a (and
+ * likewise B: k x n, or n x k when trans_b). C is m x n. Batch dims of A and B are 1 (one
+ * matrix for every entry) or equal C's. The last dim of A, B and C must have stride 1 (the
+ * kernels read rows); the others are free. bias (rank 1, n elements) is optional.
  * With beta == 0, C is not read (it may hold NaN).
- * bias, when present, holds n floats added to every row of C. */
+ * ------------------------------------------------------------------------------------------- */
 typedef struct clattn_matmul_desc {
-    size_t batch; /* 0 is treated as 1 */
-    size_t m, n, k;
+    size_t struct_size; /* sizeof(clattn_matmul_desc) */
     int trans_a, trans_b;
-    size_t lda, ldb, ldc;
-    size_t stride_a, stride_b, stride_c;
     float alpha, beta;
 } clattn_matmul_desc;
 
 CLATTN_API clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc,
-                                       clattn_tensor a, clattn_tensor b, clattn_tensor bias,
-                                       clattn_tensor c, cl_uint num_wait, const cl_event *wait,
-                                       cl_event *event);
+                                       const clattn_tensor *a, const clattn_tensor *b,
+                                       const clattn_tensor *bias, const clattn_tensor *c,
+                                       cl_uint num_wait, const cl_event *wait, cl_event *event);
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention plans: validate once, execute many times.
+ * ------------------------------------------------------------------------------------------- */
 
 typedef enum clattn_norm {
     CLATTN_NORM_SOFTMAX = 0, /* exp(s - max) / sum exp(s - max) */
     CLATTN_NORM_RELU = 1     /* relu(s) / sum relu(s); a row with sum 0 gives zeros */
 } clattn_norm;
-
-/* Masks applied to a (batch, heads, seq_q, seq_k) score tensor. All optional.
- * - causal: key j is masked for query i when j > i (top-left aligned, as PyTorch's is_causal).
- * - attn_mask: seq_q x seq_k floats added to the scaled scores (-INFINITY masks), broadcast over
- *   batch and heads.
- * - key_padding_mask: batch x seq_k bytes (cl_uchar), nonzero = ignore that key.
- * A row whose keys are all masked gives all-zero weights (never NaN). */
-typedef struct clattn_masks {
-    int causal;
-    clattn_tensor attn_mask;        /* float, offset in floats */
-    clattn_tensor key_padding_mask; /* uint8, offset in bytes */
-} clattn_masks;
-
-/* out = normalise(scale * scores + masks), row by row, over a packed
- * (batch, heads, seq_q, seq_k) tensor. out may be the same tensor as scores (in place). */
-typedef struct clattn_softmax_desc {
-    size_t batch, heads, seq_q, seq_k;
-    float scale; /* multiplies the scores; 0 means 1.0 here */
-    clattn_norm norm;
-    clattn_masks masks;
-} clattn_softmax_desc;
-
-CLATTN_API clattn_status clattn_softmax_rows(clattn_ctx *ctx, const clattn_softmax_desc *desc,
-                                             clattn_tensor scores, clattn_tensor out,
-                                             cl_uint num_wait, const cl_event *wait,
-                                             cl_event *event);
-
-/* Head split: (batch, seq, heads*head_dim) -> (batch, heads, seq, head_dim), packed output.
- * Head concat: the inverse. row_stride is the element distance between consecutive sequence
- * positions of the (batch, seq, ...) side (0 = heads*head_dim); it lets a split read one part
- * of a packed (batch, seq, 3E) projection: pass offset = part*E and row_stride = 3E. */
-typedef struct clattn_heads_desc {
-    size_t batch, seq, heads, head_dim;
-    size_t row_stride;
-} clattn_heads_desc;
-
-CLATTN_API clattn_status clattn_split_heads(clattn_ctx *ctx, const clattn_heads_desc *desc,
-                                            clattn_tensor src, clattn_tensor dst,
-                                            cl_uint num_wait, const cl_event *wait,
-                                            cl_event *event);
-CLATTN_API clattn_status clattn_concat_heads(clattn_ctx *ctx, const clattn_heads_desc *desc,
-                                             clattn_tensor src, clattn_tensor dst,
-                                             cl_uint num_wait, const cl_event *wait,
-                                             cl_event *event);
 
 /* Which attention kernels run. AUTO: the fused (flash) kernel whenever the caller does not ask
  * for the attention weights and the head sizes are at most 256, else the unfused path
@@ -219,47 +218,64 @@ typedef enum clattn_path {
     CLATTN_PATH_UNFUSED = 2
 } clattn_path;
 
-/* ---------------------------------------------------------------------------------------------
- * Scaled dot-product attention on device buffers
- *   Q (batch, heads, seq_q, head_dim_qk), K (batch, heads, seq_k, head_dim_qk),
- *   V (batch, heads, seq_k, head_dim_v) -> O (batch, heads, seq_q, head_dim_v),
- *   O = normalise(scale * Q Kᵀ + masks) V.
- * weights, when present, receives the attention weights (batch, heads, seq_q, seq_k).
- * ------------------------------------------------------------------------------------------- */
-typedef struct clattn_attention_desc {
-    size_t batch, heads, seq_q, seq_k, head_dim_qk, head_dim_v;
-    float scale; /* 0 means 1/sqrt(head_dim_qk) */
+/* Where the causal diagonal sits when seq_q != seq_k.
+ * TOP_LEFT: query i sees keys j <= i (PyTorch's is_causal).
+ * BOTTOM_RIGHT: query i sees keys j <= i + seq_k - seq_q (the queries are the last rows of a
+ * longer sequence, as in decoding with a KV cache). Equal when seq_q == seq_k. */
+typedef enum clattn_causal {
+    CLATTN_CAUSAL_NONE = 0,
+    CLATTN_CAUSAL_TOP_LEFT = 1,
+    CLATTN_CAUSAL_BOTTOM_RIGHT = 2
+} clattn_causal;
+
+/* The tensors of a plan, by role. Plans are created from their layouts and executed on them
+ * with buffers; a tensor absent (rank 0) at creation must be absent at execution.
+ *
+ * Masks (both optional; a row whose keys are all masked gives all-zero weights, never NaN):
+ * - attn_mask: rank 1 to 4, dims broadcast (numpy rules, right-aligned, dims of 1 repeat)
+ *   to (batch, heads, seq_q, seq_k). Float types (F32, F16, BF16) are added to the scaled
+ *   scores (-INFINITY masks); U8 is boolean: nonzero = the key takes part, 0 = masked
+ *   (PyTorch's scaled_dot_product_attention and ONNX's convention).
+ * - key_padding_mask: U8 (batch, seq_k), nonzero = ignore that key (nn.MultiheadAttention's
+ *   convention).
+ *
+ * SDPA: q (batch, heads, seq_q, head_dim_qk), k (batch, heads, seq_k, head_dim_qk),
+ *   v (batch, heads, seq_k, head_dim_v), out (batch, heads, seq_q, head_dim_v), any strides
+ *   (a (batch, seq, heads * head_dim) buffer is the view dims (B, H, L, d), strides
+ *   (L*H*d, d, H*d, 1)). weights (F32, batch, heads, seq_q, seq_k) and lse (F32, batch, heads,
+ *   seq_q: the log-sum-exp of each row's masked, scaled scores, -INFINITY for a fully masked
+ *   row; with the relu normalisation, the log of the row's normaliser) are optional outputs.
+ *
+ * MHA: query (batch, seq_q, embed_dim), key (batch, seq_k, kdim), value (batch, seq_k, vdim),
+ *   out (batch, seq_q, out_dim). Weights as matrices (see clattn_weight_layout): q_weight maps
+ *   embed_dim to qk_dim, k_weight kdim to qk_dim, v_weight vdim to v_dim, out_weight v_dim to
+ *   out_dim; biases rank 1. Or in_proj_weight (PyTorch's packed (3E, E), layout TORCH) with
+ *   in_proj_bias (3E). out_weight absent: out is the concatenated heads (out_dim = v_dim).
+ *   weights: (batch, num_heads, seq_q, seq_k) for CLATTN_WEIGHTS_PER_HEAD or
+ *   (batch, seq_q, seq_k) for CLATTN_WEIGHTS_AVERAGED, F32. The same buffer may be bound to
+ *   query, key and value (self-attention). */
+typedef struct clattn_tensors {
+    clattn_tensor q, k, v, out;
+    clattn_tensor attn_mask, key_padding_mask;
+    clattn_tensor weights, lse;
+    clattn_tensor in_proj_weight, in_proj_bias;
+    clattn_tensor q_weight, k_weight, v_weight;
+    clattn_tensor q_bias, k_bias, v_bias;
+    clattn_tensor out_weight, out_bias;
+} clattn_tensors;
+
+/* Scaled dot-product attention: out = normalise(scale * q kᵀ + masks) v, per (batch, head).
+ * Zero-initialise, then set struct_size = sizeof(clattn_sdpa_desc) and scale (NAN for the
+ * default); clattn_sdpa_desc_init does both. */
+typedef struct clattn_sdpa_desc {
+    size_t struct_size;
+    clattn_tensors tensors; /* layouts: q, k, v, out, attn_mask, key_padding_mask, weights, lse */
+    clattn_causal causal;
+    float scale; /* NAN: 1/sqrt(head_dim_qk); any other value is used as given */
     clattn_norm norm;
-    clattn_masks masks;
     clattn_path path;
-} clattn_attention_desc;
+} clattn_sdpa_desc;
 
-CLATTN_API clattn_status clattn_attention(clattn_ctx *ctx, const clattn_attention_desc *desc,
-                                          clattn_tensor q, clattn_tensor k, clattn_tensor v,
-                                          clattn_tensor out, clattn_tensor weights,
-                                          cl_uint num_wait, const cl_event *wait,
-                                          cl_event *event);
-
-/* The fused kernel alone (what clattn_attention runs on the fused path), with desc->path
- * ignored: extra device memory is only the optional lse, never the (seq_q x seq_k) scores.
- * lse, when present, receives (batch, heads, seq_q) floats: the log-sum-exp of each row's
- * masked, scaled scores (m + log sum exp(s - m)), -INFINITY for a fully masked row; with the
- * relu normalisation, the log of the row's normaliser. Head sizes 1 .. 256. */
-CLATTN_API clattn_status clattn_flash_attention(clattn_ctx *ctx,
-                                                const clattn_attention_desc *desc,
-                                                clattn_tensor q, clattn_tensor k, clattn_tensor v,
-                                                clattn_tensor out, clattn_tensor lse,
-                                                cl_uint num_wait, const cl_event *wait,
-                                                cl_event *event);
-
-/* ---------------------------------------------------------------------------------------------
- * Multi-head attention forward
- *   query (batch, seq_q, embed_dim), key (batch, seq_k, kdim), value (batch, seq_k, vdim).
- *   Q = query·Wq + bq (batch, seq_q, qk_dim); K = key·Wk + bk; V = value·Wv + bv (.., v_dim);
- *   split into heads of qk_dim/heads and v_dim/heads; attention per head; concat;
- *   out = concat·Wo + bo (batch, seq_q, embed_dim), or out = concat (.., v_dim) without Wo.
- * Self-attention passes the same tensor as query, key and value.
- * ------------------------------------------------------------------------------------------- */
 typedef enum clattn_weight_layout {
     /* Textbook: y = x·W with W stored d_in x d_out. */
     CLATTN_LAYOUT_XW = 0,
@@ -273,56 +289,98 @@ typedef enum clattn_need_weights {
     CLATTN_WEIGHTS_AVERAGED = 2  /* (batch, seq_q, seq_k), the mean over heads (PyTorch default) */
 } clattn_need_weights;
 
+/* Multi-head attention: Q = query·Wq + bq, K = key·Wk + bk, V = value·Wv + bv, heads of
+ * qk_dim/num_heads and v_dim/num_heads, attention per head, out = concat·Wo + bo. */
 typedef struct clattn_mha_desc {
-    size_t batch, seq_q, seq_k;
-    size_t embed_dim; /* E: query features, and the output features when Wo is given */
+    size_t struct_size;
+    clattn_tensors tensors; /* layouts */
     size_t num_heads;
-    size_t kdim, vdim;     /* key / value input features; 0 means embed_dim */
-    size_t qk_dim, v_dim;  /* projected q/k and v widths (all heads); 0 means embed_dim */
+    size_t num_kv_heads; /* heads of K and V; 0 means num_heads (must equal it in this version) */
     clattn_weight_layout layout;
-    float scale; /* 0 means 1/sqrt(qk_dim / num_heads) */
+    clattn_causal causal;
+    float scale; /* NAN: 1/sqrt(qk_dim / num_heads) */
     clattn_norm norm;
-    clattn_masks masks;
     clattn_need_weights need_weights;
-    clattn_path path; /* AUTO: fused unless need_weights asks for the weights */
+    clattn_path path; /* AUTO: fused unless the weights are wanted */
 } clattn_mha_desc;
 
-/* Weights on the device. Either in_proj_weight (PyTorch's packed (3E x E) matrix, layout TORCH
- * only, requires kdim = vdim = qk_dim = v_dim = E) or q/k/v_weight. Biases are optional;
- * in_proj_bias (3E) goes with in_proj_weight. out_weight absent: no output projection. */
-typedef struct clattn_mha_weights {
-    clattn_tensor in_proj_weight, in_proj_bias;
-    clattn_tensor q_weight, k_weight, v_weight;
-    clattn_tensor q_bias, k_bias, v_bias;
-    clattn_tensor out_weight, out_bias;
-} clattn_mha_weights;
+/* Fill *desc with the defaults (zeros, struct_size, scale = NAN). */
+CLATTN_API void clattn_sdpa_desc_init(clattn_sdpa_desc *desc);
+CLATTN_API void clattn_mha_desc_init(clattn_mha_desc *desc);
 
-/* attn_weights receives the weights selected by desc->need_weights (ignored for NONE). */
-CLATTN_API clattn_status clattn_mha_forward(clattn_ctx *ctx, const clattn_mha_desc *desc,
-                                            const clattn_mha_weights *weights,
-                                            clattn_tensor query, clattn_tensor key,
-                                            clattn_tensor value, clattn_tensor out,
-                                            clattn_tensor attn_weights, cl_uint num_wait,
-                                            const cl_event *wait, cl_event *event);
+typedef struct clattn_plan clattn_plan;
+
+/* Validate the descriptor once, choose kernels, variants and launch geometry, build (or fetch
+ * from the context's cache) the programs and size the workspace. The plan keeps a reference
+ * to ctx: release plans before their context. */
+CLATTN_API clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *desc,
+                                                 clattn_plan **out);
+CLATTN_API clattn_status clattn_mha_plan_create(clattn_ctx *ctx, const clattn_mha_desc *desc,
+                                                clattn_plan **out);
+/* NULL is a no-op. */
+CLATTN_API void clattn_plan_release(clattn_plan *plan);
+
+/* Bytes of device workspace an execution needs (0 when none). */
+CLATTN_API size_t clattn_plan_workspace_size(const clattn_plan *plan);
+/* Whether the plan runs the fused kernel. */
+CLATTN_API int clattn_plan_is_fused(const clattn_plan *plan);
+
+/* Enqueues the planned steps on `queue` (NULL: the context's queue; another queue must belong
+ * to the context's cl_context and device) after `num_wait` events, binding `tensors`: every
+ * tensor present in the plan must be present with the same layout and a buffer large enough
+ * for offset + the highest element its strides reach. `workspace` (NULL: the context's) holds
+ * at least clattn_plan_workspace_size bytes; executions that run concurrently need their own.
+ * When event is not NULL it receives an event for the whole execution (the caller releases
+ * it). Executions on one context are not thread-safe (as every call on a context). */
+CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensors *tensors,
+                                             cl_command_queue queue, cl_mem workspace,
+                                             cl_uint num_wait, const cl_event *wait,
+                                             cl_event *event);
 
 /* ---------------------------------------------------------------------------------------------
- * Host-pointer API: float arrays in, float arrays out; synchronous.
+ * Host-pointer API: packed float32 arrays in and out; synchronous. Built on plans.
  * ------------------------------------------------------------------------------------------- */
 
-/* Host masks: attn_mask seq_q x seq_k floats, key_padding_mask batch x seq_k bytes; NULL = none. */
+/* Host masks: attn_mask seq_q x seq_k floats (added), key_padding_mask batch x seq_k bytes
+ * (nonzero = ignore the key); NULL = none. */
 typedef struct clattn_host_masks {
-    int causal;
     const float *attn_mask;
     const uint8_t *key_padding_mask;
 } clattn_host_masks;
 
-/* Same shapes as clattn_attention; q/k/v/out are packed host arrays. weights may be NULL.
- * Masks come from `masks` (may be NULL); desc->masks' cl_mem fields are ignored, and the mask is
- * causal when either desc->masks.causal or masks->causal is set. */
-CLATTN_API clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_desc *desc,
+/* Shapes of packed (batch, heads, seq, head_dim) q, k, v, out; weights (batch, heads, seq_q,
+ * seq_k) may be NULL. struct_size = sizeof(clattn_attention_host_desc); scale NAN = default. */
+typedef struct clattn_attention_host_desc {
+    size_t struct_size;
+    size_t batch, heads, seq_q, seq_k, head_dim_qk, head_dim_v;
+    clattn_causal causal;
+    float scale;
+    clattn_norm norm;
+    clattn_path path;
+} clattn_attention_host_desc;
+
+CLATTN_API void clattn_attention_host_desc_init(clattn_attention_host_desc *desc);
+CLATTN_API clattn_status clattn_attention_host(clattn_ctx *ctx,
+                                               const clattn_attention_host_desc *desc,
                                                const float *q, const float *k, const float *v,
                                                const clattn_host_masks *masks, float *out,
                                                float *weights);
+
+/* Packed query (batch, seq_q, embed_dim), key (batch, seq_k, kdim), value (batch, seq_k, vdim),
+ * out (batch, seq_q, embed_dim), or (.., v_dim) without out_weight. Zero dims mean: kdim, vdim,
+ * qk_dim, v_dim = embed_dim. */
+typedef struct clattn_mha_host_desc {
+    size_t struct_size;
+    size_t batch, seq_q, seq_k;
+    size_t embed_dim, num_heads;
+    size_t kdim, vdim, qk_dim, v_dim;
+    clattn_weight_layout layout;
+    clattn_causal causal;
+    float scale;
+    clattn_norm norm;
+    clattn_need_weights need_weights;
+    clattn_path path;
+} clattn_mha_host_desc;
 
 typedef struct clattn_mha_host_weights {
     const float *in_proj_weight, *in_proj_bias;
@@ -331,11 +389,10 @@ typedef struct clattn_mha_host_weights {
     const float *out_weight, *out_bias;
 } clattn_mha_host_weights;
 
-/* Same shapes as clattn_mha_forward. key NULL means the query (self-attention); value NULL
- * means the key. Passing the same pointer for query, key and value is self-attention too.
- * Masks as for clattn_attention_host.
- * attn_weights may be NULL when desc->need_weights is NONE. */
-CLATTN_API clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_desc *desc,
+CLATTN_API void clattn_mha_host_desc_init(clattn_mha_host_desc *desc);
+/* key NULL means the query (self-attention); value NULL means the key. attn_weights may be
+ * NULL when need_weights is NONE. */
+CLATTN_API clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_desc *desc,
                                                  const clattn_mha_host_weights *weights,
                                                  const float *query, const float *key,
                                                  const float *value,

@@ -185,145 +185,6 @@ done:
     return status;
 }
 
-static unsigned pow2_at_most(size_t limit, unsigned cap)
-{
-    unsigned v = 1;
-    while (v * 2 <= cap && v * 2 <= limit)
-        v *= 2;
-    return v;
-}
-
-/* Known defects of OpenCL implementations that clattn routes around: data, one row per
- * implementation, matched on prefixes of CL_DEVICE_VENDOR and CL_DEVICE_NAME. Add a row here,
- * not a branch in the code. */
-typedef struct device_quirk {
-    const char *vendor, *name;
-    unsigned loop_trip_limit; /* loop iterations a work-item may make in all; 0: no limit */
-} device_quirk;
-
-static const device_quirk device_quirks[] = {
-    /* Mesa's llvmpipe (rusticl; measured on Mesa 22.3.6 with LLVM 15): gallivm gives each
-     * invocation one loop counter shared by all its loops (LP_MAX_TGSI_LOOP_ITERATIONS = 65535,
-     * decremented on every back-edge in lp_exec_endloop) and leaves the loop when it reaches
-     * zero, silently: the kernel completes with truncated sums. Reproducer: a kernel whose one
-     * loop is `for (uint i = 0; i < n; ++i) x = x * 1664525u + 1013904223u;` stores x after
-     * 65535 steps for every n > 65535 (PoCL: after n); nested loops of 100 x 700 stop after
-     * 65349 inner steps. It made matmul_vec's edge blocks (then VEC_RM * VEC_N trips per k)
-     * wrong from 5 x 7 x 2000, and the fused kernel from seq_k ~ 1000 (GPU parameters, d = 64).
-     * So ops_matmul.c splits K and ops_flash.c the keys into launches that stay under the
-     * limit. Not split: softmax rows (about 3 * seq_k / SOFTMAX_WG trips, so with CPU
-     * parameters rows longer than ~80000 keys). */
-    {"Mesa", "llvmpipe", 65535},
-};
-
-static const device_quirk *find_quirk(const clattn_device_info *info)
-{
-    for (size_t i = 0; i < sizeof device_quirks / sizeof device_quirks[0]; ++i) {
-        const device_quirk *q = &device_quirks[i];
-        if (strncmp(info->vendor, q->vendor, strlen(q->vendor)) == 0 &&
-            strncmp(info->name, q->name, strlen(q->name)) == 0)
-            return q;
-    }
-    return NULL;
-}
-
-/* Picks tile parameters from the device's limits. Candidates are ordered from the one that
- * wins on that class of device down to one that fits anything. */
-static clattn_status choose_tuning(clattn_ctx *ctx)
-{
-    typedef struct {
-        unsigned tm, tn, tk, wm, wn;
-    } tile;
-    static const tile gpu_tiles[] = {
-        {64, 64, 16, 4, 4}, {32, 32, 16, 4, 4}, {16, 16, 16, 2, 2},
-        {8, 8, 8, 1, 1},    {4, 4, 4, 1, 1},    {1, 1, 1, 1, 1},
-    };
-    /* On CPUs (PoCL) a work-group is a loop LLVM vectorises: modest groups, bigger blocks. */
-    static const tile cpu_tiles[] = {
-        {64, 64, 32, 8, 4},
-        {32, 32, 16, 4, 4},
-        {8, 8, 8, 1, 1},
-        {1, 1, 1, 1, 1},
-    };
-    /* CLATTN_PARAMS=gpu|cpu picks the other class's parameters (tests run the GPU kernels'
-     * work-group sizes, vector widths and tiles on a CPU device); unset: the device's type. */
-    const char *params = getenv("CLATTN_PARAMS");
-    const bool is_cpu = params && strcmp(params, "gpu") == 0 ? false
-                        : params && strcmp(params, "cpu") == 0
-                            ? true
-                            : (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
-    ctx->tuning.cpu_params = is_cpu;
-    const tile *list = is_cpu ? cpu_tiles : gpu_tiles;
-    const size_t count =
-        is_cpu ? sizeof cpu_tiles / sizeof cpu_tiles[0] : sizeof gpu_tiles / sizeof gpu_tiles[0];
-    const size_t max_wg = ctx->info.max_work_group_size;
-    const size_t max_x = ctx->info.max_item_sizes[0], max_y = ctx->info.max_item_sizes[1];
-    /* Leave room for the runtime's own use of local memory. */
-    const cl_ulong local_budget = ctx->info.local_mem_size > 1024 ? ctx->info.local_mem_size - 1024
-                                                                  : ctx->info.local_mem_size;
-    for (size_t i = 0; i < count; ++i) {
-        const tile *t = &list[i];
-        const size_t items_x = t->tn / t->wn, items_y = t->tm / t->wm;
-        const cl_ulong local_bytes = (cl_ulong)t->tk * (t->tm + 1 + t->tn + 1) * sizeof(float);
-        if (items_x * items_y <= max_wg && items_x <= max_x && items_y <= max_y &&
-            local_bytes <= local_budget) {
-            ctx->tuning.tile_m = t->tm;
-            ctx->tuning.tile_n = t->tn;
-            ctx->tuning.tile_k = t->tk;
-            ctx->tuning.wpt_m = t->wm;
-            ctx->tuning.wpt_n = t->wn;
-            break;
-        }
-        if (i + 1 == count)
-            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                                "device '%s': no matmul tile fits its limits (work-group %zu, "
-                                "local memory %llu bytes)",
-                                ctx->info.name, max_wg,
-                                (unsigned long long)ctx->info.local_mem_size);
-    }
-    const size_t max_1d = max_wg < max_x ? max_wg : max_x;
-    /* CPUs: short rows per work-item beat wide tree reductions under PoCL (measured: 64 was
-     * 1.5x slower than 4 on softmax over 8 x 512 x 512). */
-    ctx->tuning.softmax_wg = pow2_at_most(max_1d, is_cpu ? 4 : 256);
-    ctx->tuning.heads_wg = pow2_at_most(max_1d, 256);
-    ctx->tuning.transpose_wg = pow2_at_most(max_1d, 16);
-    /* CPUs get the vector kernel; CLATTN_MATMUL=tiled|vec overrides (tests run both). */
-    const char *choice = getenv("CLATTN_MATMUL");
-    ctx->tuning.matmul_vec = is_cpu;
-    if (choice && strcmp(choice, "tiled") == 0)
-        ctx->tuning.matmul_vec = false;
-    else if (choice && strcmp(choice, "vec") == 0)
-        ctx->tuning.matmul_vec = true;
-    const device_quirk *quirk = find_quirk(&ctx->info);
-    ctx->tuning.loop_trip_limit = quirk ? quirk->loop_trip_limit : 0;
-    /* CLATTN_LOOP_TRIP_LIMIT=N imposes such a limit on any device, so that the split launches
-     * it causes are tested where no quirk asks for them (the *_split ctest entries). */
-    const char *trip_limit = getenv("CLATTN_LOOP_TRIP_LIMIT");
-    if (trip_limit && trip_limit[0] != '\0') {
-        char *end = NULL;
-        const unsigned long value = strtoul(trip_limit, &end, 10);
-        if (*end != '\0' || value < 64 || value > UINT_MAX)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "CLATTN_LOOP_TRIP_LIMIT='%s' is not a number from 64 to %u",
-                                trip_limit, UINT_MAX);
-        ctx->tuning.loop_trip_limit = (unsigned)value;
-    }
-    ctx->tuning.vec_rm = 6;
-    /* Vectors of twice the preferred width (two registers per accumulator) measured faster
-     * than one register on AVX2 PoCL: 1024^3 matmul 20 vs 15.5 GFLOP/s. */
-    const cl_uint width = 2 * ctx->info.preferred_float_width;
-    ctx->tuning.vec_width = width >= 16 ? 16 : width >= 8 ? 8 : 4;
-    ctx->tuning.vec_wg = pow2_at_most(max_1d, 8);
-    snprintf(ctx->build_options, sizeof ctx->build_options,
-             "-cl-std=CL1.2 -DTILE_M=%u -DTILE_N=%u -DTILE_K=%u -DWPT_M=%u -DWPT_N=%u "
-             "-DVEC_RM=%u -DVEC_W=%u -DVEC_WG=%u -DTRANSPOSE_WG=%u -DSOFTMAX_WG=%u "
-             "-DHEADS_WG=%u",
-             ctx->tuning.tile_m, ctx->tuning.tile_n, ctx->tuning.tile_k, ctx->tuning.wpt_m,
-             ctx->tuning.wpt_n, ctx->tuning.vec_rm, ctx->tuning.vec_width, ctx->tuning.vec_wg,
-             ctx->tuning.transpose_wg, ctx->tuning.softmax_wg, ctx->tuning.heads_wg);
-    return CLATTN_SUCCESS;
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Context
  * ------------------------------------------------------------------------------------------- */
@@ -332,7 +193,7 @@ static clattn_status finish_create(clattn_ctx *ctx, clattn_ctx **out, char *msg,
 {
     clattn_status status = query_device(ctx);
     if (status == CLATTN_SUCCESS)
-        status = choose_tuning(ctx);
+        status = clattn__choose_tuning(ctx);
     if (status != CLATTN_SUCCESS) {
         clattn__copy_message(msg, msg_size, ctx->message);
         clattn_ctx_release(ctx);
@@ -437,12 +298,6 @@ void clattn_ctx_release(clattn_ctx *ctx)
         clFinish(ctx->queue);
     if (ctx->last_event)
         clReleaseEvent(ctx->last_event);
-    for (int i = 0; i < CLATTN_K_COUNT; ++i)
-        if (ctx->kernels[i])
-            clReleaseKernel(ctx->kernels[i]);
-    for (int i = 0; i < CLATTN_SRC_COUNT; ++i)
-        if (ctx->programs[i])
-            clReleaseProgram(ctx->programs[i]);
     for (size_t i = 0; i < ctx->num_variants; ++i) {
         clReleaseKernel(ctx->variants[i].kernel);
         clReleaseProgram(ctx->variants[i].program);
@@ -510,21 +365,7 @@ static const source_entry sources[CLATTN_SRC_COUNT] = {
     [CLATTN_SRC_MATMUL] = {"matmul.cl", clattn_kernel_matmul},
     [CLATTN_SRC_SOFTMAX] = {"softmax.cl", clattn_kernel_softmax},
     [CLATTN_SRC_HEADS] = {"heads.cl", clattn_kernel_heads},
-    [CLATTN_SRC_FLASH] = {"flash_attention.cl", clattn_kernel_flash_attention},
-};
-
-typedef struct kernel_entry {
-    clattn_source source;
-    const char *name;
-} kernel_entry;
-
-static const kernel_entry kernel_table[CLATTN_K_COUNT] = {
-    [CLATTN_K_MATMUL] = {CLATTN_SRC_MATMUL, "matmul"},
-    [CLATTN_K_MATMUL_VEC] = {CLATTN_SRC_MATMUL, "matmul_vec"},
-    [CLATTN_K_TRANSPOSE] = {CLATTN_SRC_MATMUL, "transpose"},
-    [CLATTN_K_SOFTMAX_ROWS] = {CLATTN_SRC_SOFTMAX, "softmax_rows"},
-    [CLATTN_K_MOVE_HEADS] = {CLATTN_SRC_HEADS, "move_heads"},
-    [CLATTN_K_MEAN_HEADS] = {CLATTN_SRC_HEADS, "mean_heads"},
+    [CLATTN_SRC_FLASH] = {"flash.cl", clattn_kernel_flash},
 };
 
 /* Reads dir/file into a malloc'd string; NULL on failure. */
@@ -559,23 +400,28 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
 {
     clattn_status status = CLATTN_SUCCESS;
     const char *kernel_dir = getenv("CLATTN_KERNEL_DIR");
-    char *disk_common = NULL, *disk_source = NULL;
-    const char *texts[2] = {clattn_kernel_common, sources[source].embedded};
+    /* common.cl, types.cl (dtype loads and stores) and score.cl (the score rule) precede every
+     * kernel source. */
+    static const char *const prelude_files[3] = {"common.cl", "types.cl", "score.cl"};
+    char *disk[4] = {NULL, NULL, NULL, NULL};
+    const char *texts[4] = {clattn_kernel_common, clattn_kernel_types, clattn_kernel_score,
+                            sources[source].embedded};
     cl_program program = NULL;
     cl_int err = CL_SUCCESS;
 
     if (kernel_dir && kernel_dir[0]) {
-        disk_common = read_text_file(kernel_dir, "common.cl");
-        disk_source = read_text_file(kernel_dir, sources[source].file);
-        if (!disk_common || !disk_source) {
-            status = clattn__fail(ctx, CLATTN_ERR_BUILD, "CLATTN_KERNEL_DIR=%s: cannot read %s",
-                                  kernel_dir, disk_common ? sources[source].file : "common.cl");
-            goto done;
+        for (int i = 0; i < 4; ++i) {
+            const char *file = i < 3 ? prelude_files[i] : sources[source].file;
+            disk[i] = read_text_file(kernel_dir, file);
+            if (disk[i] == NULL) {
+                status = clattn__fail(ctx, CLATTN_ERR_BUILD,
+                                      "CLATTN_KERNEL_DIR=%s: cannot read %s", kernel_dir, file);
+                goto done;
+            }
+            texts[i] = disk[i];
         }
-        texts[0] = disk_common;
-        texts[1] = disk_source;
     }
-    program = clCreateProgramWithSource(ctx->context, 2, texts, NULL, &err);
+    program = clCreateProgramWithSource(ctx->context, 4, texts, NULL, &err);
     CL_CHECK(ctx, err, "clCreateProgramWithSource");
     char options[sizeof ctx->build_options + 256];
     snprintf(options, sizeof options, "%s %s", ctx->build_options, extra);
@@ -604,31 +450,8 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
 done:
     if (program)
         clReleaseProgram(program);
-    free(disk_common);
-    free(disk_source);
-    return status;
-}
-
-clattn_status clattn__kernel(clattn_ctx *ctx, clattn_kernel_id id, cl_kernel *out)
-{
-    clattn_status status = CLATTN_SUCCESS;
-    if (ctx->kernels[id]) {
-        *out = ctx->kernels[id];
-        return CLATTN_SUCCESS;
-    }
-    const kernel_entry *entry = &kernel_table[id];
-    if (ctx->programs[entry->source] == NULL) {
-        status = build_program(ctx, entry->source, "", &ctx->programs[entry->source]);
-        if (status != CLATTN_SUCCESS)
-            return status;
-    }
-    cl_int err = CL_SUCCESS;
-    cl_kernel kernel = clCreateKernel(ctx->programs[entry->source], entry->name, &err);
-    if (err != CL_SUCCESS)
-        return clattn__fail(ctx, (clattn_status)err, "clCreateKernel(%s): %s (%d)", entry->name,
-                            clattn__cl_error_name(err), (int)err);
-    ctx->kernels[id] = kernel;
-    *out = kernel;
+    for (int i = 0; i < 4; ++i)
+        free(disk[i]);
     return status;
 }
 
@@ -645,25 +468,12 @@ clattn_status clattn__launch_kernel(clattn_ctx *ctx, cl_kernel kernel, const cha
     }
     cl_int err = clattn__fault(CLATTN_FAULT_ENQUEUE)
                      ? CL_OUT_OF_RESOURCES
-                     : clEnqueueNDRangeKernel(ctx->queue, kernel, dims, NULL, global, local,
+                     : clEnqueueNDRangeKernel(clattn__queue(ctx), kernel, dims, NULL, global, local,
                                               num_wait, num_wait ? wait : NULL, event);
     if (err != CL_SUCCESS)
         return clattn__fail(ctx, (clattn_status)err, "clEnqueueNDRangeKernel(%s): %s (%d)", name,
                             clattn__cl_error_name(err), (int)err);
     return CLATTN_SUCCESS;
-}
-
-clattn_status clattn__launch(clattn_ctx *ctx, clattn_kernel_id id, const char *name,
-                             const clattn_arg *args, cl_uint num_args, cl_uint dims,
-                             const size_t *global, const size_t *local, cl_uint num_wait,
-                             const cl_event *wait, cl_event *event)
-{
-    cl_kernel kernel = NULL;
-    clattn_status status = clattn__kernel(ctx, id, &kernel);
-    if (status != CLATTN_SUCCESS)
-        return status;
-    return clattn__launch_kernel(ctx, kernel, name, args, num_args, dims, global, local, num_wait,
-                                 wait, event);
 }
 
 clattn_status clattn__variant_kernel(clattn_ctx *ctx, clattn_source source, const char *name,
@@ -712,15 +522,7 @@ clattn_status clattn__variant_kernel(clattn_ctx *ctx, clattn_source source, cons
  * ------------------------------------------------------------------------------------------- */
 
 static const char *const workspace_names[CLATTN_WS_COUNT] = {
-    [CLATTN_WS_Q_PROJ] = "q projection",
-    [CLATTN_WS_K_PROJ] = "k projection",
-    [CLATTN_WS_V_PROJ] = "v projection",
-    [CLATTN_WS_Q_HEADS] = "q heads",
-    [CLATTN_WS_K_HEADS] = "k heads",
-    [CLATTN_WS_V_HEADS] = "v heads",
-    [CLATTN_WS_SCORES] = "scores",
-    [CLATTN_WS_O_HEADS] = "output heads",
-    [CLATTN_WS_CONCAT] = "concatenated heads",
+    [CLATTN_WS_PLAN] = "plan",
     [CLATTN_WS_HOST_IN0] = "host input 0",
     [CLATTN_WS_HOST_IN1] = "host input 1",
     [CLATTN_WS_HOST_IN2] = "host input 2",
@@ -730,7 +532,6 @@ static const char *const workspace_names[CLATTN_WS_COUNT] = {
     [CLATTN_WS_HOST_KPM] = "host key_padding_mask",
     [CLATTN_WS_HOST_W] = "host parameters",
     [CLATTN_WS_MATMUL_BT] = "transposed B",
-    [CLATTN_WS_FLASH_LSE] = "log-sum-exp",
 };
 
 clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot slot, size_t bytes,
@@ -919,7 +720,11 @@ clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain
                             const cl_event *wait)
 {
     clattn__chain_init(chain, num_wait, wait);
-    if (!ctx->out_of_order || ctx->last_event == NULL)
+    /* The previous call's work may still use the shared workspace: an in-order queue orders it
+     * by itself, another queue or an out-of-order one waits for its last event. */
+    if (ctx->last_event == NULL || ctx->private_workspace ||
+        (!(ctx->exec_queue ? ctx->exec_out_of_order : ctx->out_of_order) &&
+         ctx->last_queue == clattn__queue(ctx)))
         return CLATTN_SUCCESS;
     cl_event *list = malloc((num_wait + 1) * sizeof *list);
     if (list == NULL)
@@ -930,7 +735,7 @@ clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain
     cl_event marker = NULL;
     cl_int err = clattn__fault(CLATTN_FAULT_ENQUEUE)
                      ? CL_OUT_OF_RESOURCES
-                     : clEnqueueMarkerWithWaitList(ctx->queue, num_wait + 1, list, &marker);
+                     : clEnqueueMarkerWithWaitList(clattn__queue(ctx), num_wait + 1, list, &marker);
     free(list);
     if (err != CL_SUCCESS)
         return clattn__fail(ctx, (clattn_status)err, "%s: clEnqueueMarkerWithWaitList: %s (%d)", op,
@@ -939,8 +744,7 @@ clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain
     return CLATTN_SUCCESS;
 }
 
-clattn_status clattn__end(clattn_ctx *ctx, const char *op, clattn_chain *chain,
-                          clattn_status status, cl_event *event)
+clattn_status clattn__end_message(clattn_ctx *ctx, const char *op, clattn_status status)
 {
     const size_t op_length = strlen(op);
     if (status != CLATTN_SUCCESS &&
@@ -956,11 +760,19 @@ clattn_status clattn__end(clattn_ctx *ctx, const char *op, clattn_chain *chain,
         ctx->message[op_length + 1] = ' ';
         ctx->message[prefix + inner] = '\0';
     }
-    if (status == CLATTN_SUCCESS && ctx->out_of_order && chain->last) {
+    return status;
+}
+
+clattn_status clattn__end(clattn_ctx *ctx, const char *op, clattn_chain *chain,
+                          clattn_status status, cl_event *event)
+{
+    clattn__end_message(ctx, op, status);
+    if (status == CLATTN_SUCCESS && !ctx->private_workspace && chain->last) {
         if (ctx->last_event)
             clReleaseEvent(ctx->last_event);
         clRetainEvent(chain->last);
         ctx->last_event = chain->last;
+        ctx->last_queue = clattn__queue(ctx);
     }
     clattn__chain_finish(chain, status == CLATTN_SUCCESS ? event : NULL);
     return status;

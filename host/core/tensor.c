@@ -1,0 +1,215 @@
+/* Tensor descriptors: validation of layouts at plan creation and of bindings at execution. */
+#include "tensor.h"
+
+#include <string.h>
+
+size_t clattn_dtype_size(clattn_dtype dtype)
+{
+    switch (dtype) {
+    case CLATTN_DTYPE_F32:
+        return 4;
+    case CLATTN_DTYPE_F16:
+    case CLATTN_DTYPE_BF16:
+        return 2;
+    case CLATTN_DTYPE_U8:
+        return 1;
+    }
+    return 0;
+}
+
+const char *clattn__dtype_name(clattn_dtype dtype)
+{
+    switch (dtype) {
+    case CLATTN_DTYPE_F32:
+        return "F32";
+    case CLATTN_DTYPE_F16:
+        return "F16";
+    case CLATTN_DTYPE_BF16:
+        return "BF16";
+    case CLATTN_DTYPE_U8:
+        return "U8";
+    }
+    return "?";
+}
+
+void clattn__format_dims(char *out, size_t size, int rank, const size_t *dims)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < rank && used + 1 < size; ++i) {
+        int n = snprintf(out + used, size - used, "%s%zu", i ? ", " : "(", dims[i]);
+        if (n < 0)
+            return;
+        used += (size_t)n;
+    }
+    if (used + 1 < size)
+        snprintf(out + used, size - used, "%s", rank ? ")" : "()");
+}
+
+clattn_status clattn__layout_from(clattn_ctx *ctx, const char *op, const char *name,
+                                  const clattn_tensor *t, unsigned dtypes, bool output,
+                                  clattn__layout *out)
+{
+    memset(out, 0, sizeof *out);
+    if (t->rank == 0)
+        return CLATTN_SUCCESS;
+    if (t->rank < 0 || t->rank > CLATTN_MAX_RANK)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %s has rank %d; tensors have rank 1 to %d", op, name, t->rank,
+                            CLATTN_MAX_RANK);
+    const size_t elem = clattn_dtype_size(t->dtype);
+    if (elem == 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %s has dtype %d, which is not a clattn_dtype", op, name,
+                            (int)t->dtype);
+    if (!(dtypes & (1u << t->dtype)))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %s cannot be %s (allowed:%s%s%s%s)", op, name,
+                            clattn__dtype_name(t->dtype), dtypes & 1 ? " F32" : "",
+                            dtypes & 2 ? " F16" : "", dtypes & 4 ? " BF16" : "",
+                            dtypes & 8 ? " U8" : "");
+    bool packed = true;
+    for (int d = 0; d < t->rank; ++d) {
+        if (t->dims[d] == 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                "%s: %s has dims[%d] = 0: every dimension must be at least 1", op,
+                                name, d);
+        if (t->dims[d] > CL_UINT_MAX)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: %s has dims[%d] = %zu, over the kernels' 32-bit limit", op,
+                                name, d, t->dims[d]);
+        if (t->strides[d] != 0)
+            packed = false;
+    }
+    out->present = true;
+    out->dtype = t->dtype;
+    out->rank = t->rank;
+    size_t step = 1, extent = 1; /* extent: 1 + the highest element offset reached */
+    for (int d = t->rank - 1; d >= 0; --d) {
+        out->dims[d] = t->dims[d];
+        out->strides[d] = packed ? step : t->strides[d];
+        if (output && out->dims[d] > 1 && out->strides[d] == 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                "%s: %s (an output) has stride 0 along dims[%d] = %zu: its "
+                                "elements would overlap",
+                                op, name, d, out->dims[d]);
+        size_t reach = 0;
+        if (!clattn__mul(out->dims[d] - 1, out->strides[d], &reach) ||
+            !clattn__add(extent, reach, &extent) ||
+            (packed && !clattn__mul(step, out->dims[d], &step)))
+            return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                                "%s: the elements %s spans overflow size_t", op, name);
+    }
+    size_t bytes = 0;
+    if (!clattn__mul(extent, elem, &bytes))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the bytes %s spans overflow size_t",
+                            op, name);
+    out->extent = extent;
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__layout_expect(clattn_ctx *ctx, const char *op, const char *name,
+                                    const clattn__layout *l, int rank, const size_t *dims,
+                                    const char *what)
+{
+    bool ok = l->rank == rank;
+    for (int d = 0; ok && d < rank; ++d)
+        ok = l->dims[d] == dims[d];
+    if (ok)
+        return CLATTN_SUCCESS;
+    char want[128], got[128];
+    clattn__format_dims(want, sizeof want, rank, dims);
+    clattn__format_dims(got, sizeof got, l->rank, l->dims);
+    return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE, "%s: %s has dims %s, expected %s %s", op,
+                        name, got, want, what);
+}
+
+void clattn__view_of(const clattn__layout *l, clattn__view *v)
+{
+    memset(v, 0, sizeof *v);
+    v->dtype = l->dtype;
+    const int shift = 4 - l->rank;
+    for (int d = 0; d < 4; ++d) {
+        v->dims[d] = d < shift ? 1 : l->dims[d - shift];
+        v->strides[d] = d < shift ? 0 : l->strides[d - shift];
+    }
+}
+
+static bool same_layout(const clattn__layout *l, const clattn__layout *m)
+{
+    if (l->dtype != m->dtype || l->rank != m->rank)
+        return false;
+    for (int d = 0; d < l->rank; ++d)
+        if (l->dims[d] != m->dims[d] || (l->dims[d] > 1 && l->strides[d] != m->strides[d]))
+            return false;
+    return true;
+}
+
+clattn_status clattn__bind(clattn_ctx *ctx, const char *op, const char *name,
+                           const clattn__layout *planned, const clattn_tensor *t, cl_mem *mem,
+                           size_t *offset)
+{
+    *mem = NULL;
+    *offset = 0;
+    if (!planned->present) {
+        if (t->rank != 0 || t->mem != NULL)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: %s is bound but the plan was created without it", op, name);
+        return CLATTN_SUCCESS;
+    }
+    if (t->mem == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s has no buffer (mem is NULL)",
+                            op, name);
+    clattn__layout given;
+    clattn_status status = clattn__layout_from(ctx, op, name, t, 0xf, false, &given);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    if (!same_layout(planned, &given)) {
+        char want[128], got[128];
+        clattn__format_dims(want, sizeof want, planned->rank, planned->dims);
+        clattn__format_dims(got, sizeof got, given.rank, given.dims);
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %s is %s %s here but the plan was created for %s %s (with its "
+                            "strides)",
+                            op, name, clattn__dtype_name(given.dtype), got,
+                            clattn__dtype_name(planned->dtype), want);
+    }
+    const size_t elem = clattn_dtype_size(planned->dtype);
+    size_t end = 0, bytes = 0, have = 0;
+    if (!clattn__add(t->offset, planned->extent, &end) || !clattn__mul(end, elem, &bytes))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                            "%s: %s: offset %zu + %zu elements overflows size_t", op, name,
+                            t->offset, planned->extent);
+    cl_context owner = NULL;
+    cl_int err = clGetMemObjectInfo(t->mem, CL_MEM_SIZE, sizeof have, &have, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetMemObjectInfo(t->mem, CL_MEM_CONTEXT, sizeof owner, &owner, NULL);
+    if (err != CL_SUCCESS)
+        return clattn__fail(ctx, (clattn_status)err, "%s: %s: clGetMemObjectInfo: %s (%d)", op,
+                            name, clattn__cl_error_name(err), (int)err);
+    if (owner != ctx->context)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %s belongs to another cl_context than the clattn context's", op,
+                            name);
+    if (bytes > have)
+        return clattn__fail(ctx, CLATTN_ERR_BUFFER_TOO_SMALL,
+                            "%s: %s buffer too small: offset %zu + %zu elements (%s, through its "
+                            "strides) need %zu bytes, the buffer has %zu",
+                            op, name, t->offset, planned->extent,
+                            clattn__dtype_name(planned->dtype), bytes, have);
+    *mem = t->mem;
+    *offset = t->offset;
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__check_struct_size(clattn_ctx *ctx, const char *op, const char *type,
+                                        size_t given, size_t expected)
+{
+    if (given == expected)
+        return CLATTN_SUCCESS;
+    return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                        "%s: struct_size=%zu but sizeof(%s) is %zu in clattn %s: set "
+                        "struct_size = sizeof(%s) (or use the _init function) and rebuild "
+                        "against this header",
+                        op, given, type, expected, CLATTN_VERSION_STRING, type);
+}

@@ -1,0 +1,274 @@
+/* Kernel parameters per device: a default row computed from the device's limits, then the
+ * rows of the tuning table (host/tuning/table.h) and of CLATTN_TUNING=FILE that match. */
+#include "internal.h"
+#include "tuning/table.h"
+
+#include <ctype.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct tuning_key {
+    const char *name;
+    size_t offset;
+} tuning_key;
+
+#define KEY(field) {#field, offsetof(clattn_tuning, field)}
+static const tuning_key tuning_keys[] = {
+    KEY(matmul_vec), KEY(vec_rm),     KEY(vec_width),  KEY(vec_wg),
+    KEY(transpose_wg), KEY(tile_m),   KEY(tile_n),     KEY(tile_k),
+    KEY(wpt_m),      KEY(wpt_n),      KEY(softmax_wg), KEY(heads_wg),
+    KEY(flash_rows), KEY(flash_vw),   KEY(loop_trip_limit),
+};
+#undef KEY
+
+static unsigned pow2_at_most(size_t limit, unsigned cap)
+{
+    unsigned v = 1;
+    while (v * 2 <= cap && v * 2 <= limit)
+        v *= 2;
+    return v;
+}
+
+static size_t max_1d(const clattn_device_info *info)
+{
+    return info->max_work_group_size < info->max_item_sizes[0] ? info->max_work_group_size
+                                                               : info->max_item_sizes[0];
+}
+
+static bool tile_fits(const clattn_device_info *info, unsigned tm, unsigned tn, unsigned tk,
+                      unsigned wm, unsigned wn)
+{
+    if (tm == 0 || tn == 0 || tk == 0 || wm == 0 || wn == 0 || tm % wm || tn % wn)
+        return false;
+    const size_t items_x = tn / wn, items_y = tm / wm;
+    /* Leave room for the runtime's own use of local memory. */
+    const cl_ulong budget =
+        info->local_mem_size > 1024 ? info->local_mem_size - 1024 : info->local_mem_size;
+    const cl_ulong local_bytes = (cl_ulong)tk * (tm + 1 + tn + 1) * sizeof(float);
+    return items_x * items_y <= info->max_work_group_size && items_x <= info->max_item_sizes[0] &&
+           items_y <= info->max_item_sizes[1] && local_bytes <= budget;
+}
+
+/* The default row: the largest local-memory tile from a fixed ladder that fits the device,
+ * scalar kernels, power-of-two work-groups within its limits. It runs on any device. */
+static clattn_status default_row(clattn_ctx *ctx, clattn_tuning *t)
+{
+    static const unsigned ladder[][5] = {
+        {64, 64, 16, 4, 4}, {32, 32, 16, 4, 4}, {16, 16, 16, 2, 2},
+        {8, 8, 8, 1, 1},    {4, 4, 4, 1, 1},    {1, 1, 1, 1, 1},
+    };
+    const clattn_device_info *info = &ctx->info;
+    size_t i = 0;
+    while (i < sizeof ladder / sizeof ladder[0] &&
+           !tile_fits(info, ladder[i][0], ladder[i][1], ladder[i][2], ladder[i][3], ladder[i][4]))
+        ++i;
+    if (i == sizeof ladder / sizeof ladder[0])
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "device '%s': no matmul tile fits its limits (work-group %zu, local "
+                            "memory %llu bytes)",
+                            info->name, info->max_work_group_size,
+                            (unsigned long long)info->local_mem_size);
+    t->tile_m = ladder[i][0], t->tile_n = ladder[i][1], t->tile_k = ladder[i][2];
+    t->wpt_m = ladder[i][3], t->wpt_n = ladder[i][4];
+    const size_t wide = max_1d(info);
+    t->matmul_vec = 0;
+    t->vec_rm = 6;
+    /* Vectors of twice the preferred width (two registers per accumulator) measured faster
+     * than one register on AVX2 PoCL: 1024^3 matmul 20 vs 15.5 GFLOP/s. */
+    const cl_uint width = 2 * info->preferred_float_width;
+    t->vec_width = width >= 16 ? 16 : width >= 8 ? 8 : 4;
+    t->vec_wg = pow2_at_most(wide, 8);
+    t->transpose_wg = pow2_at_most(wide, 16);
+    t->softmax_wg = pow2_at_most(wide, 256);
+    t->heads_wg = pow2_at_most(wide, 256);
+    t->flash_rows = pow2_at_most(wide, 64);
+    t->flash_vw = 1;
+    t->loop_trip_limit = 0;
+    return CLATTN_SUCCESS;
+}
+
+static void trim(char *s)
+{
+    size_t n = strlen(s);
+    while (n > 0 && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    size_t start = 0;
+    while (isspace((unsigned char)s[start]))
+        ++start;
+    memmove(s, s + start, n - start + 1);
+}
+
+/* Applies one row (`origin` names it in messages) when it matches the device. */
+static clattn_status apply_row(clattn_ctx *ctx, const char *row, const char *origin)
+{
+    char text[1024];
+    if (strlen(row) >= sizeof text)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "tuning %s: row too long", origin);
+    strcpy(text, row);
+    char *fields[4] = {text, NULL, NULL, NULL};
+    for (int i = 1; i < 4; ++i) {
+        char *bar = fields[i - 1] ? strchr(fields[i - 1], '|') : NULL;
+        if (bar == NULL)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "tuning %s: expected 'class | vendor | name | key=value ...', "
+                                "got '%s'",
+                                origin, row);
+        *bar = '\0';
+        fields[i] = bar + 1;
+    }
+    for (int i = 0; i < 4; ++i)
+        trim(fields[i]);
+    const bool cpu = ctx->tuning.cpu_params;
+    if (strcmp(fields[0], "any") != 0 && strcmp(fields[0], "cpu") != 0 &&
+        strcmp(fields[0], "gpu") != 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "tuning %s: class '%s' is not cpu, gpu or any", origin, fields[0]);
+    /* Every row is parsed, so that a malformed row is refused on every device; only the
+     * rows that match the device apply. */
+    const bool applies =
+        !((strcmp(fields[0], "cpu") == 0 && !cpu) || (strcmp(fields[0], "gpu") == 0 && cpu)) &&
+        (strcmp(fields[1], "*") == 0 ||
+         strncmp(ctx->info.vendor, fields[1], strlen(fields[1])) == 0) &&
+        (strcmp(fields[2], "*") == 0 || strncmp(ctx->info.name, fields[2], strlen(fields[2])) == 0);
+    clattn_tuning parsed = ctx->tuning;
+    for (char *item = fields[3]; *item;) {
+        while (*item == ' ' || *item == '\t')
+            ++item;
+        if (*item == '\0')
+            break;
+        char *next = item + strcspn(item, " \t");
+        if (*next)
+            *next++ = '\0';
+        char *eq = strchr(item, '=');
+        size_t k = 0;
+        while (eq && k < sizeof tuning_keys / sizeof tuning_keys[0] &&
+               (strlen(tuning_keys[k].name) != (size_t)(eq - item) ||
+                strncmp(tuning_keys[k].name, item, (size_t)(eq - item)) != 0))
+            ++k;
+        char *end = NULL;
+        const unsigned long value = eq ? strtoul(eq + 1, &end, 10) : 0;
+        if (eq == NULL || k == sizeof tuning_keys / sizeof tuning_keys[0] || end == eq + 1 ||
+            *end != '\0' || value > UINT_MAX)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "tuning %s: '%s' is not key=number with a known key", origin,
+                                item);
+        *(unsigned *)((char *)&parsed + tuning_keys[k].offset) = (unsigned)value;
+        item = next;
+    }
+    if (!applies)
+        return CLATTN_SUCCESS;
+    ctx->tuning = parsed;
+    const size_t used = strlen(ctx->tuning.rows);
+    snprintf(ctx->tuning.rows + used, sizeof ctx->tuning.rows - used, "%s%s", used ? "; " : "",
+             origin);
+    return CLATTN_SUCCESS;
+}
+
+static clattn_status apply_file(clattn_ctx *ctx, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "CLATTN_TUNING=%s: cannot open it",
+                            path);
+    char line[1024], origin[96];
+    clattn_status status = CLATTN_SUCCESS;
+    for (int number = 1; status == CLATTN_SUCCESS && fgets(line, sizeof line, f); ++number) {
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        trim(line);
+        if (line[0] == '\0')
+            continue;
+        snprintf(origin, sizeof origin, "file line %d", number);
+        status = apply_row(ctx, line, origin);
+    }
+    /* A folder opens on Linux but cannot be read (EISDIR). */
+    if (status == CLATTN_SUCCESS && ferror(f))
+        status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                              "CLATTN_TUNING=%s: cannot read it", path);
+    fclose(f);
+    return status;
+}
+
+/* Refuses parameters that the kernels or the device cannot run. */
+static clattn_status check_row(clattn_ctx *ctx)
+{
+    const clattn_tuning *t = &ctx->tuning;
+    const size_t wide = max_1d(&ctx->info);
+    const unsigned pow2s[] = {t->vec_wg, t->transpose_wg, t->softmax_wg, t->heads_wg,
+                              t->flash_rows};
+    bool ok = tile_fits(&ctx->info, t->tile_m, t->tile_n, t->tile_k, t->wpt_m, t->wpt_n) &&
+              (t->vec_width == 4 || t->vec_width == 8 || t->vec_width == 16) && t->vec_rm >= 1 &&
+              t->vec_rm <= 16 && (t->flash_vw == 1 || t->flash_vw == 4 || t->flash_vw == 8) &&
+              t->matmul_vec <= 1 && (t->loop_trip_limit == 0 || t->loop_trip_limit >= 64);
+    for (size_t i = 0; ok && i < sizeof pow2s / sizeof pow2s[0]; ++i)
+        ok = pow2s[i] >= 1 && pow2s[i] <= wide && (pow2s[i] & (pow2s[i] - 1)) == 0;
+    if (ok)
+        return CLATTN_SUCCESS;
+    return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                        "device '%s': the tuning rows (%s) give parameters its limits or the "
+                        "kernels do not allow (work-group %zu, local memory %llu bytes)",
+                        ctx->info.name, t->rows[0] ? t->rows : "none", wide,
+                        (unsigned long long)ctx->info.local_mem_size);
+}
+
+clattn_status clattn__choose_tuning(clattn_ctx *ctx)
+{
+    clattn_tuning *t = &ctx->tuning;
+    memset(t, 0, sizeof *t);
+    /* CLATTN_PARAMS=gpu|cpu applies the other class's rows (tests run the GPU kernels'
+     * work-group sizes, vector widths and tiles on a CPU device); unset: the device's type. */
+    const char *params = getenv("CLATTN_PARAMS");
+    t->cpu_params = params && strcmp(params, "gpu") == 0   ? false
+                    : params && strcmp(params, "cpu") == 0 ? true
+                                                           : (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
+    clattn_status status = default_row(ctx, t);
+    const char *file = getenv("CLATTN_TUNING");
+    const bool only_default = file && strcmp(file, "default") == 0;
+    char origin[32];
+    for (size_t i = 0; status == CLATTN_SUCCESS && !only_default &&
+                       i < sizeof clattn_tuning_table / sizeof clattn_tuning_table[0];
+         ++i) {
+        /* A built-in row that does not fit this device (a class row on a small GPU) is
+         * skipped: the rows before it stay. */
+        const clattn_tuning before = *t;
+        snprintf(origin, sizeof origin, "table row %zu", i);
+        status = apply_row(ctx, clattn_tuning_table[i], origin);
+        if (status == CLATTN_SUCCESS && check_row(ctx) != CLATTN_SUCCESS)
+            *t = before;
+    }
+    if (status == CLATTN_SUCCESS && file && file[0] && !only_default)
+        status = apply_file(ctx, file);
+    /* CLATTN_MATMUL=tiled|vec picks the matmul kernel whatever the rows say (tests run both). */
+    const char *choice = getenv("CLATTN_MATMUL");
+    if (choice && strcmp(choice, "tiled") == 0)
+        t->matmul_vec = 0;
+    else if (choice && strcmp(choice, "vec") == 0)
+        t->matmul_vec = 1;
+    /* CLATTN_LOOP_TRIP_LIMIT=N imposes a loop limit on any device, so that the split launches
+     * it causes are tested where no row asks for them (the *_split ctest entries). */
+    const char *trip_limit = getenv("CLATTN_LOOP_TRIP_LIMIT");
+    if (status == CLATTN_SUCCESS && trip_limit && trip_limit[0] != '\0') {
+        char *end = NULL;
+        const unsigned long value = strtoul(trip_limit, &end, 10);
+        if (*end != '\0' || value < 64 || value > UINT_MAX)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "CLATTN_LOOP_TRIP_LIMIT='%s' is not a number from 64 to %u",
+                                trip_limit, UINT_MAX);
+        t->loop_trip_limit = (unsigned)value;
+    }
+    if (status == CLATTN_SUCCESS)
+        status = check_row(ctx);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    snprintf(ctx->build_options, sizeof ctx->build_options,
+             "-cl-std=CL1.2 -DTILE_M=%u -DTILE_N=%u -DTILE_K=%u -DWPT_M=%u -DWPT_N=%u "
+             "-DVEC_RM=%u -DVEC_W=%u -DVEC_WG=%u -DTRANSPOSE_WG=%u -DSOFTMAX_WG=%u "
+             "-DHEADS_WG=%u",
+             t->tile_m, t->tile_n, t->tile_k, t->wpt_m, t->wpt_n, t->vec_rm, t->vec_width,
+             t->vec_wg, t->transpose_wg, t->softmax_wg, t->heads_wg);
+    return CLATTN_SUCCESS;
+}

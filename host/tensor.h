@@ -1,0 +1,50 @@
+/* Tensor layouts inside the library: validated once at plan creation (clattn__layout), bound
+ * to buffers at execution (clattn__bind), and handed to the ops as 4-d views. */
+#ifndef CLATTN_TENSOR_H
+#define CLATTN_TENSOR_H
+
+#include "internal.h"
+#include "ops.h"
+
+#include <stdio.h>
+
+/* A validated layout: strides resolved (packed filled in), extent = 1 + the highest element
+ * offset the strides reach. present false for an absent tensor (rank 0). */
+typedef struct clattn__layout {
+    bool present;
+    clattn_dtype dtype;
+    int rank;
+    size_t dims[CLATTN_MAX_RANK];
+    size_t strides[CLATTN_MAX_RANK];
+    size_t extent;
+} clattn__layout;
+
+/* Bit sets of allowed dtypes for clattn__layout_from. */
+#define CLATTN__FLOATS ((1u << CLATTN_DTYPE_F32) | (1u << CLATTN_DTYPE_F16) | (1u << CLATTN_DTYPE_BF16))
+#define CLATTN__F32 (1u << CLATTN_DTYPE_F32)
+#define CLATTN__U8 (1u << CLATTN_DTYPE_U8)
+
+const char *clattn__dtype_name(clattn_dtype dtype);
+void clattn__format_dims(char *out, size_t size, int rank, const size_t *dims);
+
+/* Validates t's layout (dtype in `dtypes`, rank, nonzero dims, overlap-free strides when
+ * `output`, overflow). An absent tensor (rank 0) gives present = false and succeeds. */
+clattn_status clattn__layout_from(clattn_ctx *ctx, const char *op, const char *name,
+                                  const clattn_tensor *t, unsigned dtypes, bool output,
+                                  clattn__layout *out);
+/* Fails unless l has exactly `rank` dims equal to `dims`; `what` describes them in the message,
+ * e.g. "(batch, heads, seq_q, head_dim_qk)". */
+clattn_status clattn__layout_expect(clattn_ctx *ctx, const char *op, const char *name,
+                                    const clattn__layout *l, int rank, const size_t *dims,
+                                    const char *what);
+/* The 4-d right-aligned view of a layout (mem and offset left empty). */
+void clattn__view_of(const clattn__layout *l, clattn__view *v);
+/* Checks that t matches the planned layout and that its buffer holds it; sets mem/offset
+ * (NULL/0 for a tensor absent from the plan, which must be absent here too). */
+clattn_status clattn__bind(clattn_ctx *ctx, const char *op, const char *name,
+                           const clattn__layout *planned, const clattn_tensor *t, cl_mem *mem,
+                           size_t *offset);
+clattn_status clattn__check_struct_size(clattn_ctx *ctx, const char *op, const char *type,
+                                        size_t given, size_t expected);
+
+#endif
