@@ -1,0 +1,213 @@
+/* Fused (flash) attention: the program variant per head sizes and dtypes, per-device tiles,
+ * key parts and launch geometry for kernels/flash.cl. */
+#include "ops.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define FLASH_MAX_HEAD_DIM 256
+/* NVIDIA's OpenCL maps global dimension 1 onto a grid dimension of at most 65535 blocks. */
+#define MAX_BH_PER_LAUNCH 65535u
+
+bool clattn__flash_supports(size_t head_dim_qk, size_t head_dim_v)
+{
+    return head_dim_qk >= 1 && head_dim_v >= 1 && head_dim_qk <= FLASH_MAX_HEAD_DIM &&
+           head_dim_v <= FLASH_MAX_HEAD_DIM;
+}
+
+static unsigned floor_pow2(size_t value, unsigned cap)
+{
+    unsigned v = 1;
+    while (v * 2 <= cap && v * 2 <= value)
+        v *= 2;
+    return v;
+}
+
+/* Keys per launch where the device caps the loop iterations of a work-item in all
+ * (tuning.loop_trip_limit, from the quirks table in runtime.c): whole tiles whose loop trips,
+ * counted as if no loop were unrolled, stay within half the limit. 0: all keys in one launch. */
+static size_t keys_per_launch(const clattn_ctx *ctx, size_t dk, size_t dv, unsigned rows,
+                              unsigned block_k, unsigned vw)
+{
+    const size_t limit = ctx->tuning.loop_trip_limit;
+    if (limit == 0)
+        return 0;
+    const size_t qk_vecs = dk / vw, v_vecs = dv / vw;
+    /* Per tile: staging K, V and the padding, scoring, rescaling, accumulating; outside: q,
+     * acc (twice when resuming), output. */
+    const size_t per_tile = (block_k * dk + rows - 1) / rows + (block_k * dv + rows - 1) / rows +
+                            (block_k + rows - 1) / rows + block_k * (1 + qk_vecs) + v_vecs +
+                            block_k * (1 + v_vecs) + 1;
+    const size_t outside = qk_vecs + 3 * v_vecs;
+    const size_t tiles = limit / 2 > outside + per_tile ? (limit / 2 - outside) / per_tile : 1;
+    return tiles * block_k;
+}
+
+static bool float_dtype(clattn_dtype dtype)
+{
+    return dtype == CLATTN_DTYPE_F32 || dtype == CLATTN_DTYPE_F16 || dtype == CLATTN_DTYPE_BF16;
+}
+
+/* The kernel variant for the shape: BLOCK_K from the local memory the K and V tiles need,
+ * BLOCK_Q from the work-group size, shrunk while the compiled kernel cannot run that many
+ * work-items (register pressure at large head sizes). */
+clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
+                                    clattn__flash_plan *plan)
+{
+    static const char op[] = "flash_attention";
+    memset(plan, 0, sizeof *plan);
+    plan->shape = *shape;
+    const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
+    const clattn__score_shape *score = &shape->score;
+    if (!clattn__flash_supports(dk, dv))
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: head_dim_qk=%zu, head_dim_v=%zu: the fused kernel takes head "
+                            "sizes 1 to %d",
+                            op, dk, dv, FLASH_MAX_HEAD_DIM);
+    if (!float_dtype(shape->q_dtype) || !float_dtype(shape->k_dtype) ||
+        !float_dtype(shape->v_dtype) || !float_dtype(shape->out_dtype))
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: q, k, v and out must be F32, F16 or BF16", op);
+    if (score->has_mask && (unsigned)score->mask_dtype > CLATTN_DTYPE_U8)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: mask dtype %d is unknown", op,
+                            (int)score->mask_dtype);
+
+    const cl_ulong local_budget = ctx->info.local_mem_size > 16384 ? ctx->info.local_mem_size - 1024
+                                                                   : ctx->info.local_mem_size;
+    const cl_ulong tile_budget = local_budget < 32768 ? local_budget : 32768;
+    unsigned block_k = 32;
+    while (block_k > 1 && (cl_ulong)block_k * ((dk + dv) * sizeof(float) + 1) > tile_budget)
+        block_k /= 2;
+    const size_t max_1d = ctx->info.max_work_group_size < ctx->info.max_item_sizes[0]
+                              ? ctx->info.max_work_group_size
+                              : ctx->info.max_item_sizes[0];
+    /* Rows per group and the vector width along a row are upper bounds from the tuning
+     * table (CPUs: 64 rows, 8-float vectors; GPUs: 64 rows, scalars, a work-item being one
+     * SIMD lane); the width shrinks to one that divides both head sizes. */
+    unsigned rows = floor_pow2(max_1d, ctx->tuning.flash_rows);
+    unsigned vw = ctx->tuning.flash_vw >= 8 ? 8 : ctx->tuning.flash_vw >= 4 ? 4 : 1;
+    if (vw == 8 && (dk % 8 != 0 || dv % 8 != 0))
+        vw = 4;
+    if (vw == 4 && (dk % 4 != 0 || dv % 4 != 0))
+        vw = 1;
+    const int mask_dtype = score->has_mask ? (int)score->mask_dtype : 0;
+    for (;;) {
+        char extra[192];
+        snprintf(extra, sizeof extra,
+                 "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DBLOCK_Q=%u -DBLOCK_K=%u "
+                 "-DFLASH_VW=%u -DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d "
+                 "-DMASK_DTYPE=%d",
+                 dk, dv, rows, block_k, vw, (int)shape->q_dtype, (int)shape->k_dtype,
+                 (int)shape->v_dtype, (int)shape->out_dtype, mask_dtype);
+        cl_kernel kernel = NULL;
+        clattn_status status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH, op, extra, &kernel);
+        if (status != CLATTN_SUCCESS)
+            return status;
+        size_t kernel_max = 0;
+        cl_int err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE,
+                                              sizeof kernel_max, &kernel_max, NULL);
+        if (err != CL_SUCCESS)
+            return clattn__cl_fail(ctx, err, "clGetKernelWorkGroupInfo(flash_attention)");
+        if (kernel_max >= rows) {
+            plan->kernel = kernel;
+            plan->block_q = rows;
+            break;
+        }
+        if (rows == 1)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: the device runs no work-group of this kernel (head sizes "
+                                "%zu, %zu)",
+                                op, dk, dv);
+        rows /= 2;
+    }
+    /* Keys in parts (devices with a loop limit): each launch resumes from the output and
+     * log-sum-exp of the one before, kept in the caller's lse or in scratch. */
+    const size_t part_keys = keys_per_launch(ctx, dk, dv, plan->block_q, block_k, vw);
+    plan->part_keys = part_keys == 0 || part_keys > score->seq_k ? score->seq_k : part_keys;
+    if (plan->part_keys < score->seq_k && !shape->has_lse &&
+        !clattn__product(&plan->scratch_floats, 3, score->batch, score->heads, score->seq_q))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: log-sum-exp scratch overflows size_t",
+                            op);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *plan,
+                                    const clattn__view *q, const clattn__view *k,
+                                    const clattn__view *v, const clattn__view *out,
+                                    const clattn__view *lse, const clattn__score_masks *masks,
+                                    clattn__scratch scratch, cl_uint num_wait, const cl_event *wait,
+                                    cl_event *event)
+{
+    const clattn__score_shape *score = &plan->shape.score;
+    const size_t parts = (score->seq_k + plan->part_keys - 1) / plan->part_keys;
+    /* Without the caller's lse, several key parts keep theirs in scratch, packed (B, H, Lq). */
+    const bool own_lse = plan->shape.has_lse;
+    const cl_int has_lse = own_lse || parts > 1;
+    cl_mem lse_mem = own_lse ? lse->mem : parts > 1 ? scratch.mem : out->mem;
+    const cl_ulong lse_offset = own_lse ? lse->offset : parts > 1 ? scratch.offset : 0;
+    const cl_ulong lse_s0 = own_lse ? lse->strides[1] : score->heads * score->seq_q;
+    const cl_ulong lse_s1 = own_lse ? lse->strides[2] : score->seq_q;
+    const cl_ulong lse_s2 = own_lse ? lse->strides[3] : 1;
+    /* Absent masks still need a valid buffer argument; the kernel never reads it. */
+    const cl_int has_mask = score->has_mask, has_key_padding = score->has_key_padding;
+    const clattn__view *mask = has_mask ? &masks->mask : q;
+    const clattn__view *padding = has_key_padding ? &masks->key_padding : q;
+    const cl_ulong mask_s[4] = {has_mask ? mask->strides[0] : 0, has_mask ? mask->strides[1] : 0,
+                                has_mask ? mask->strides[2] : 0, has_mask ? mask->strides[3] : 0};
+    const cl_ulong padding_s[2] = {has_key_padding ? padding->strides[2] : 0,
+                                   has_key_padding ? padding->strides[3] : 0};
+    const cl_ulong q_s[4] = {q->strides[0], q->strides[1], q->strides[2], q->strides[3]};
+    const cl_ulong k_s[4] = {k->strides[0], k->strides[1], k->strides[2], k->strides[3]};
+    const cl_ulong v_s[4] = {v->strides[0], v->strides[1], v->strides[2], v->strides[3]};
+    const cl_ulong o_s[4] = {out->strides[0], out->strides[1], out->strides[2], out->strides[3]};
+    const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
+    const cl_uint seq_k = (cl_uint)score->seq_k;
+    const cl_float scale = score->scale;
+    const cl_int norm_relu = score->norm == CLATTN_NORM_RELU, causal = (cl_int)score->causal;
+    const size_t bh_total = score->batch * score->heads;
+    const size_t local[2] = {plan->block_q, 1};
+    size_t global[2] = {((score->seq_q + plan->block_q - 1) / plan->block_q) * plan->block_q, 1};
+
+    clattn_status status = CLATTN_SUCCESS;
+    clattn_chain chain;
+    clattn__chain_init(&chain, num_wait, wait);
+    const size_t bh_parts = (bh_total + MAX_BH_PER_LAUNCH - 1) / MAX_BH_PER_LAUNCH;
+    for (size_t launch = 0; launch < parts * bh_parts && status == CLATTN_SUCCESS; ++launch) {
+        const size_t first = (launch % bh_parts) * MAX_BH_PER_LAUNCH;
+        const cl_ulong bh_base = first;
+        const cl_uint key_begin = (cl_uint)((launch / bh_parts) * plan->part_keys);
+        const cl_uint key_stop =
+            (cl_uint)(score->seq_k - key_begin < plan->part_keys ? score->seq_k
+                                                                 : key_begin + plan->part_keys);
+        const cl_int resume = key_begin > 0;
+        const clattn_arg args[] = {
+            CLATTN_ARG(q->mem),       CLATTN_ARG(q->offset),    CLATTN_ARG(q_s[0]),
+            CLATTN_ARG(q_s[1]),       CLATTN_ARG(q_s[2]),       CLATTN_ARG(q_s[3]),
+            CLATTN_ARG(k->mem),       CLATTN_ARG(k->offset),    CLATTN_ARG(k_s[0]),
+            CLATTN_ARG(k_s[1]),       CLATTN_ARG(k_s[2]),       CLATTN_ARG(k_s[3]),
+            CLATTN_ARG(v->mem),       CLATTN_ARG(v->offset),    CLATTN_ARG(v_s[0]),
+            CLATTN_ARG(v_s[1]),       CLATTN_ARG(v_s[2]),       CLATTN_ARG(v_s[3]),
+            CLATTN_ARG(out->mem),     CLATTN_ARG(out->offset),  CLATTN_ARG(o_s[0]),
+            CLATTN_ARG(o_s[1]),       CLATTN_ARG(o_s[2]),       CLATTN_ARG(o_s[3]),
+            CLATTN_ARG(lse_mem),      CLATTN_ARG(lse_offset),   CLATTN_ARG(lse_s0),
+            CLATTN_ARG(lse_s1),       CLATTN_ARG(lse_s2),       CLATTN_ARG(has_lse),
+            CLATTN_ARG(mask->mem),    CLATTN_ARG(mask->offset), CLATTN_ARG(mask_s[0]),
+            CLATTN_ARG(mask_s[1]),    CLATTN_ARG(mask_s[2]),    CLATTN_ARG(mask_s[3]),
+            CLATTN_ARG(has_mask),     CLATTN_ARG(padding->mem), CLATTN_ARG(padding->offset),
+            CLATTN_ARG(padding_s[0]), CLATTN_ARG(padding_s[1]), CLATTN_ARG(has_key_padding),
+            CLATTN_ARG(heads),        CLATTN_ARG(seq_q),        CLATTN_ARG(seq_k),
+            CLATTN_ARG(scale),        CLATTN_ARG(norm_relu),    CLATTN_ARG(causal),
+            CLATTN_ARG(bh_base),      CLATTN_ARG(key_begin),    CLATTN_ARG(key_stop),
+            CLATTN_ARG(resume),
+        };
+        global[1] = bh_total - first < MAX_BH_PER_LAUNCH ? bh_total - first : MAX_BH_PER_LAUNCH;
+        cl_event step = NULL;
+        status = clattn__step(&chain,
+                              clattn__launch_kernel(ctx, plan->kernel, "flash_attention", args,
+                                                    sizeof args / sizeof args[0], 2, global, local,
+                                                    CHAIN_WAIT(&chain), &step),
+                              &step);
+    }
+    clattn__chain_finish(&chain, status == CLATTN_SUCCESS ? event : NULL);
+    return status;
+}

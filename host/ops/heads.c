@@ -1,0 +1,46 @@
+/* Attention weights averaged over heads: variant and launch for kernels/heads.cl. */
+#include "ops.h"
+
+#include <stdio.h>
+#include <string.h>
+
+clattn_status clattn__mean_heads_prepare(clattn_ctx *ctx, size_t batch, size_t heads, size_t seq_q,
+                                         size_t seq_k, clattn__mean_heads_plan *plan)
+{
+    static const char op[] = "mean_heads";
+    memset(plan, 0, sizeof *plan);
+    plan->batch = batch;
+    plan->heads = heads;
+    plan->seq_q = seq_q;
+    plan->seq_k = seq_k;
+    plan->local = ctx->tuning.heads_wg;
+    size_t total = 0;
+    if (!clattn__product(&total, 3, batch, seq_q, seq_k) ||
+        !clattn__round_up(total, plan->local, &plan->global))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu weights overflow size_t",
+                            op, batch, seq_q, seq_k);
+    char extra[32];
+    snprintf(extra, sizeof extra, "-DHEADS_WG=%u", ctx->tuning.heads_wg);
+    return clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, op, extra, &plan->kernel);
+}
+
+clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, const clattn__mean_heads_plan *plan,
+                                         const clattn__view *src, const clattn__view *dst,
+                                         cl_uint num_wait, const cl_event *wait, cl_event *event)
+{
+    const cl_ulong total = (cl_ulong)plan->batch * plan->seq_q * plan->seq_k;
+    const cl_ulong src_s[4] = {src->strides[0], src->strides[1], src->strides[2], src->strides[3]};
+    const cl_ulong dst_s[3] = {dst->strides[1], dst->strides[2], dst->strides[3]};
+    const cl_uint heads = (cl_uint)plan->heads, seq_q = (cl_uint)plan->seq_q;
+    const cl_uint seq_k = (cl_uint)plan->seq_k;
+    const clattn_arg args[] = {
+        CLATTN_ARG(src->mem), CLATTN_ARG(src->offset), CLATTN_ARG(src_s[0]),
+        CLATTN_ARG(src_s[1]), CLATTN_ARG(src_s[2]),    CLATTN_ARG(src_s[3]),
+        CLATTN_ARG(dst->mem), CLATTN_ARG(dst->offset), CLATTN_ARG(dst_s[0]),
+        CLATTN_ARG(dst_s[1]), CLATTN_ARG(dst_s[2]),    CLATTN_ARG(total),
+        CLATTN_ARG(heads),    CLATTN_ARG(seq_q),       CLATTN_ARG(seq_k),
+    };
+    return clattn__launch_kernel(ctx, plan->kernel, "mean_heads", args,
+                                 sizeof args / sizeof args[0], 1, &plan->global, &plan->local,
+                                 num_wait, wait, event);
+}

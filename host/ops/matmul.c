@@ -1,0 +1,424 @@
+/* Batched strided matmul: variant choice, launch geometry and argument packing for
+ * kernels/matmul.cl (ops.h), and the public clattn_matmul with its argument checks. */
+#include "ops.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define OP "matmul"
+
+/* NVIDIA's OpenCL maps global dimension 2 onto a grid dimension limited to 65535 blocks. */
+#define MAX_BATCH_PER_LAUNCH 65535u
+
+static bool matmul_dtype(clattn_dtype dtype)
+{
+    return dtype == CLATTN_DTYPE_F32 || dtype == CLATTN_DTYPE_F16 || dtype == CLATTN_DTYPE_BF16;
+}
+
+static const char *dtype_name(clattn_dtype dtype)
+{
+    static const char *const names[] = {"F32", "F16", "BF16", "U8"};
+    return (unsigned)dtype < sizeof names / sizeof names[0] ? names[dtype] : "?";
+}
+
+clattn_status clattn__matmul_prepare(clattn_ctx *ctx, const clattn__matmul_shape *shape,
+                                     clattn__matmul_plan *plan)
+{
+    const clattn_tuning *t = &ctx->tuning;
+    memset(plan, 0, sizeof *plan);
+    plan->shape = *shape;
+    if (!matmul_dtype(shape->a_dtype) || !matmul_dtype(shape->b_dtype) ||
+        !matmul_dtype(shape->c_dtype))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            OP ": dtypes (a %d, b %d, c %d) must each be F32, F16 or BF16",
+                            (int)shape->a_dtype, (int)shape->b_dtype, (int)shape->c_dtype);
+    const bool vec = t->matmul_vec != 0;
+    /* matmul_vec reads rows of a K x N B: a B stored N x K is first transposed into float
+     * scratch, which the kernel then reads as F32. */
+    const bool transpose = vec && shape->trans_b;
+    size_t entries = 0;
+    if (!clattn__mul(shape->batch[0], shape->batch[1], &entries) ||
+        (transpose && !clattn__product(&plan->scratch_floats, 3, entries, shape->n, shape->k)))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                            OP ": %zu x %zu batches of %zu x %zu overflow size_t", shape->batch[0],
+                            shape->batch[1], shape->n, shape->k);
+    size_t bytes = 0;
+    if (!clattn__mul(plan->scratch_floats, sizeof(float), &bytes))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                            OP ": the transposed copy of b (%zu floats) overflows size_t",
+                            plan->scratch_floats);
+
+    char options[96];
+    snprintf(options, sizeof options, "-DA_DTYPE=%d -DB_DTYPE=%d -DC_DTYPE=%d", (int)shape->a_dtype,
+             transpose ? (int)CLATTN_DTYPE_F32 : (int)shape->b_dtype, (int)shape->c_dtype);
+    clattn_status status = clattn__variant_kernel(
+        ctx, CLATTN_SRC_MATMUL, vec ? "matmul_vec" : "matmul", options, &plan->kernel);
+    if (status == CLATTN_SUCCESS && transpose) {
+        snprintf(options, sizeof options, "-DB_DTYPE=%d", (int)shape->b_dtype);
+        status =
+            clattn__variant_kernel(ctx, CLATTN_SRC_MATMUL, "transpose", options, &plan->transpose);
+    }
+    if (status != CLATTN_SUCCESS)
+        return status;
+
+    if (vec) {
+        const size_t cols = 2 * (size_t)t->vec_width; /* per work-item */
+        plan->local[0] = t->vec_wg, plan->local[1] = 1;
+        plan->global[0] =
+            (((shape->n + cols - 1) / cols + plan->local[0] - 1) / plan->local[0]) * plan->local[0];
+        plan->global[1] = (shape->m + t->vec_rm - 1) / t->vec_rm;
+    } else {
+        plan->local[0] = t->tile_n / t->wpt_n, plan->local[1] = t->tile_m / t->wpt_m;
+        plan->global[0] = ((shape->n + t->tile_n - 1) / t->tile_n) * plan->local[0];
+        plan->global[1] = ((shape->m + t->tile_m - 1) / t->tile_m) * plan->local[1];
+    }
+    plan->local[2] = 1;
+    plan->global[2] = entries; /* split into launches of MAX_BATCH_PER_LAUNCH by the enqueue */
+    /* A device that caps the loop iterations of a work-item (loop_trip_limit, from the quirks
+     * table) gets K in parts accumulated onto C: the first part with the caller's beta and
+     * bias, the others with beta = 1 and no bias. A quarter of the limit leaves room for the
+     * tiled kernel's ~2 trips per k and the loops outside its K loop. */
+    plan->k_step = t->loop_trip_limit ? t->loop_trip_limit / 4 : shape->k;
+    return CLATTN_SUCCESS;
+}
+
+/* A batch stride as the kernels take it: 0 where the operand has one matrix along that dim. */
+static cl_ulong batch_stride(const clattn__view *v, int d)
+{
+    return v->dims[d] > 1 ? (cl_ulong)v->strides[d] : 0;
+}
+
+/* Enqueues the transpose of every distinct N x K matrix of b (a batch dim of size 1 or stride
+ * 0 has one) into packed K x N floats at scratch; *bt is the view of the copy. */
+static clattn_status transpose_b(clattn_ctx *ctx, const clattn__matmul_plan *plan,
+                                 const clattn__view *b, clattn__scratch scratch, clattn__view *bt,
+                                 clattn_chain *chain)
+{
+    const cl_uint n = (cl_uint)plan->shape.n, k = (cl_uint)plan->shape.k;
+    const cl_ulong src_batch0 = batch_stride(b, 0), src_batch1 = batch_stride(b, 1);
+    const size_t copies0 = src_batch0 ? b->dims[0] : 1, copies1 = src_batch1 ? b->dims[1] : 1;
+    const cl_ulong batch1 = copies1, ld = b->strides[2], src_offset = b->offset;
+    const cl_ulong dst_offset = scratch.offset;
+    const size_t local[3] = {ctx->tuning.transpose_wg, 1, 1};
+    size_t global[3] = {((k + local[0] - 1) / local[0]) * local[0], n, 0};
+    clattn_status status = CLATTN_SUCCESS;
+    for (size_t first = 0; first < copies0 * copies1 && status == CLATTN_SUCCESS;
+         first += MAX_BATCH_PER_LAUNCH) {
+        const cl_ulong batch_base = first;
+        const size_t left = copies0 * copies1 - first;
+        global[2] = left < MAX_BATCH_PER_LAUNCH ? left : MAX_BATCH_PER_LAUNCH;
+        const clattn_arg args[] = {
+            CLATTN_ARG(n),           CLATTN_ARG(k),          CLATTN_ARG(batch1),
+            CLATTN_ARG(batch_base),  CLATTN_ARG(b->mem),     CLATTN_ARG(src_offset),
+            CLATTN_ARG(src_batch0),  CLATTN_ARG(src_batch1), CLATTN_ARG(ld),
+            CLATTN_ARG(scratch.mem), CLATTN_ARG(dst_offset),
+        };
+        cl_event step = NULL;
+        status = clattn__step(chain,
+                              clattn__launch_kernel(ctx, plan->transpose, "matmul (transpose b)",
+                                                    args, sizeof args / sizeof args[0], 3, global,
+                                                    local, CHAIN_WAIT(chain), &step),
+                              &step);
+    }
+    *bt = (clattn__view){.mem = scratch.mem, .offset = scratch.offset, .dtype = CLATTN_DTYPE_F32};
+    bt->dims[0] = copies0, bt->dims[1] = copies1, bt->dims[2] = k, bt->dims[3] = n;
+    bt->strides[0] = copies1 * n * k, bt->strides[1] = (size_t)n * k, bt->strides[2] = n;
+    bt->strides[3] = 1;
+    return status;
+}
+
+clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan *plan,
+                                     const clattn__view *a, const clattn__view *b,
+                                     const clattn__view *bias, const clattn__view *c, float alpha,
+                                     float beta, clattn__scratch scratch, cl_uint num_wait,
+                                     const cl_event *wait, cl_event *event)
+{
+    const clattn__matmul_shape *shape = &plan->shape;
+    const bool vec = ctx->tuning.matmul_vec != 0;
+    const cl_uint m = (cl_uint)shape->m, n = (cl_uint)shape->n, k = (cl_uint)shape->k;
+    const cl_ulong batch1 = shape->batch[1];
+    const size_t entries = shape->batch[0] * shape->batch[1];
+    const cl_int trans_a = shape->trans_a;
+    cl_int trans_b = shape->trans_b;
+    const cl_float alpha_arg = alpha;
+    const cl_int has_bias = shape->has_bias && bias != NULL && bias->mem != NULL;
+    const cl_ulong bias_offset = has_bias ? bias->offset : 0;
+    const cl_mem bias_mem = has_bias ? bias->mem : a->mem; /* any valid buffer; never read */
+
+    clattn_chain chain;
+    clattn__chain_init(&chain, num_wait, wait);
+    clattn_status status = CLATTN_SUCCESS;
+    clattn__view transposed;
+    if (plan->transpose) {
+        status = transpose_b(ctx, plan, b, scratch, &transposed, &chain);
+        b = &transposed;
+        trans_b = 0;
+    }
+    const cl_ulong a_batch0 = batch_stride(a, 0), a_batch1 = batch_stride(a, 1);
+    const cl_ulong b_batch0 = batch_stride(b, 0), b_batch1 = batch_stride(b, 1);
+    const cl_ulong c_batch0 = batch_stride(c, 0), c_batch1 = batch_stride(c, 1);
+    const cl_ulong lda = a->strides[2], ldb = b->strides[2], ldc = c->strides[2];
+    const cl_ulong c_offset = c->offset;
+    const size_t k_step = plan->k_step ? plan->k_step : k;
+    const size_t k_parts = (k + k_step - 1) / k_step;
+    const size_t batch_parts = (entries + MAX_BATCH_PER_LAUNCH - 1) / MAX_BATCH_PER_LAUNCH;
+    for (size_t part = 0; part < k_parts * batch_parts && status == CLATTN_SUCCESS; ++part) {
+        const cl_uint k0 = (cl_uint)((part / batch_parts) * k_step);
+        const size_t first = (part % batch_parts) * MAX_BATCH_PER_LAUNCH;
+        const cl_ulong batch_base = first;
+        const cl_uint k_part = k - k0 < k_step ? k - k0 : (cl_uint)k_step;
+        const cl_float beta_part = k0 == 0 ? beta : 1.0f;
+        const cl_int bias_part = k0 == 0 ? has_bias : 0;
+        /* Element k0 of op(A)'s rows and of op(B)'s columns. */
+        const cl_ulong a_offset = a->offset + k0 * (trans_a ? lda : 1);
+        const cl_ulong b_offset = b->offset + k0 * (trans_b ? 1 : ldb);
+        const size_t global[3] = {plan->global[0], plan->global[1],
+                                  entries - first < MAX_BATCH_PER_LAUNCH ? entries - first
+                                                                         : MAX_BATCH_PER_LAUNCH};
+        /* matmul_vec takes matmul's arguments without trans_b (index 16). */
+        const clattn_arg args[] = {
+            CLATTN_ARG(m),        CLATTN_ARG(n),           CLATTN_ARG(k_part),
+            CLATTN_ARG(batch1),   CLATTN_ARG(batch_base),  CLATTN_ARG(a->mem),
+            CLATTN_ARG(a_offset), CLATTN_ARG(a_batch0),    CLATTN_ARG(a_batch1),
+            CLATTN_ARG(lda),      CLATTN_ARG(trans_a),     CLATTN_ARG(b->mem),
+            CLATTN_ARG(b_offset), CLATTN_ARG(b_batch0),    CLATTN_ARG(b_batch1),
+            CLATTN_ARG(ldb),      CLATTN_ARG(trans_b),     CLATTN_ARG(c->mem),
+            CLATTN_ARG(c_offset), CLATTN_ARG(c_batch0),    CLATTN_ARG(c_batch1),
+            CLATTN_ARG(ldc),      CLATTN_ARG(alpha_arg),   CLATTN_ARG(beta_part),
+            CLATTN_ARG(bias_mem), CLATTN_ARG(bias_offset), CLATTN_ARG(bias_part),
+        };
+        enum { NUM_ARGS = sizeof args / sizeof args[0], TRANS_B_ARG = 16 };
+        clattn_arg vec_args[NUM_ARGS - 1];
+        for (size_t i = 0, j = 0; i < NUM_ARGS; ++i)
+            if (i != TRANS_B_ARG)
+                vec_args[j++] = args[i];
+        cl_event step = NULL;
+        status =
+            clattn__step(&chain,
+                         clattn__launch_kernel(ctx, plan->kernel, vec ? "matmul_vec" : "matmul",
+                                               vec ? vec_args : args, vec ? NUM_ARGS - 1 : NUM_ARGS,
+                                               3, global, plan->local, CHAIN_WAIT(&chain), &step),
+                         &step);
+    }
+    clattn__chain_finish(&chain, status == CLATTN_SUCCESS ? event : NULL);
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * clattn_matmul: the one-shot public call
+ * ------------------------------------------------------------------------------------------- */
+
+/* Elements a view spans: 1 + the highest element offset its strides reach; false on
+ * overflow. (Private to matmul.c until host/core/tensor.c offers the shared one.) */
+static bool view_extent(const clattn__view *v, size_t *out)
+{
+    size_t extent = 1;
+    for (int d = 0; d < 4; ++d) {
+        size_t reach = 0;
+        if (!clattn__mul(v->dims[d] - 1, v->strides[d], &reach) ||
+            !clattn__add(extent, reach, &extent))
+            return false;
+    }
+    *out = extent;
+    return true;
+}
+
+/* Resolves tensor t (named `name`, of rank min_rank .. max_rank) into a 4-d right-aligned view
+ * with explicit strides, and checks its dtype, dims, last stride and buffer extent. */
+static clattn_status operand_view(clattn_ctx *ctx, const char *name, const clattn_tensor *t,
+                                  int min_rank, int max_rank, bool any_dtype, clattn__view *v)
+{
+    if (t->rank < min_rank || t->rank > max_rank) {
+        char wanted[32];
+        if (min_rank == max_rank)
+            snprintf(wanted, sizeof wanted, "%d", min_rank);
+        else
+            snprintf(wanted, sizeof wanted, "%d to %d", min_rank, max_rank);
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            OP ": %s has rank %d; it must have rank %s", name, t->rank, wanted);
+    }
+    if (t->mem == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, OP ": %s has no buffer (mem is NULL)",
+                            name);
+    const size_t elem_size = clattn_dtype_size(t->dtype);
+    if (elem_size == 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            OP ": %s has dtype %d, which is not a clattn_dtype", name,
+                            (int)t->dtype);
+    if (any_dtype ? !matmul_dtype(t->dtype) : t->dtype != CLATTN_DTYPE_F32)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, OP ": %s has dtype %s; %s", name,
+                            dtype_name(t->dtype),
+                            any_dtype ? "matmul takes F32, F16 or BF16" : "it must be F32");
+    bool packed = true;
+    for (int d = 0; d < t->rank; ++d) {
+        if (t->dims[d] == 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                OP ": %s has dims[%d]=0: every dimension must be at least 1", name,
+                                d);
+        if (t->strides[d] != 0)
+            packed = false;
+    }
+    memset(v, 0, sizeof *v);
+    v->mem = t->mem;
+    v->offset = t->offset;
+    v->dtype = t->dtype;
+    const int shift = 4 - t->rank;
+    size_t step = 1; /* the packed stride of the dim being filled */
+    for (int d = 3; d >= 0; --d) {
+        v->dims[d] = d < shift ? 1 : t->dims[d - shift];
+        v->strides[d] = d < shift ? 0 : packed ? step : t->strides[d - shift];
+        if (packed && d >= shift && !clattn__mul(step, v->dims[d], &step))
+            return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, OP ": the elements of %s overflow size_t",
+                                name);
+    }
+    if (v->strides[3] != 1)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            OP ": %s has stride %zu along its last dim; the kernels need 1 "
+                               "(contiguous rows)",
+                            name, v->strides[3]);
+    size_t extent = 0;
+    if (!view_extent(v, &extent))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                            OP ": %s: the elements its strides reach overflow size_t", name);
+    return clattn__check_tensor(ctx, OP, name, *t, extent, elem_size, true);
+}
+
+/* Checks that the batch dims of operand v (named name) are 1 or equal C's. */
+static clattn_status check_batch(clattn_ctx *ctx, const char *name, const clattn__view *v,
+                                 const clattn__view *c)
+{
+    for (int d = 0; d < 2; ++d)
+        if (v->dims[d] != 1 && v->dims[d] != c->dims[d])
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                OP ": %s has batch dims (%zu, %zu) but c has (%zu, %zu): each must "
+                                   "be 1 (broadcast) or equal c's",
+                                name, v->dims[0], v->dims[1], c->dims[0], c->dims[1]);
+    return CLATTN_SUCCESS;
+}
+
+/* Checks that no two elements of the output c share an address along a dim: a row stride of
+ * at least n, nonzero batch strides where a batch dim is above 1. */
+static clattn_status check_output(clattn_ctx *ctx, const clattn__view *c)
+{
+    if (c->dims[2] > 1 && c->strides[2] < c->dims[3])
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            OP ": c has row stride %zu but %zu columns: its rows would overlap",
+                            c->strides[2], c->dims[3]);
+    for (int d = 0; d < 2; ++d)
+        if (c->dims[d] > 1 && c->strides[d] == 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                OP ": c has batch stride 0 along a batch dim of %zu: every entry "
+                                   "would write the same matrix",
+                                c->dims[d]);
+    return CLATTN_SUCCESS;
+}
+
+/* Validates the operands and fills the plan's shape and the four views. */
+static clattn_status check_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc,
+                                  const clattn_tensor *a, const clattn_tensor *b,
+                                  const clattn_tensor *bias, const clattn_tensor *c,
+                                  clattn__matmul_shape *shape, clattn__view views[4])
+{
+    clattn__view *va = &views[0], *vb = &views[1], *vbias = &views[2], *vc = &views[3];
+    if (desc->struct_size != sizeof(clattn_matmul_desc))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            OP ": desc->struct_size=%zu but sizeof(clattn_matmul_desc) is %zu "
+                               "in this clattn: set struct_size = sizeof(clattn_matmul_desc)",
+                            desc->struct_size, sizeof(clattn_matmul_desc));
+    const clattn_tensor *const required[3] = {a, b, c};
+    static const char *const names[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; ++i)
+        if (required[i] == NULL)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, OP ": %s is NULL", names[i]);
+    clattn_status status = CLATTN_SUCCESS;
+    if ((status = operand_view(ctx, "a", a, 2, 4, true, va)) ||
+        (status = operand_view(ctx, "b", b, 2, 4, true, vb)) ||
+        (status = operand_view(ctx, "c", c, 2, 4, true, vc)))
+        return status;
+    const bool has_bias = bias != NULL && (bias->rank != 0 || bias->mem != NULL);
+    memset(vbias, 0, sizeof *vbias);
+    if (has_bias && (status = operand_view(ctx, "bias", bias, 1, 1, false, vbias)))
+        return status;
+
+    const bool trans_a = desc->trans_a != 0, trans_b = desc->trans_b != 0;
+    const size_t m = trans_a ? va->dims[3] : va->dims[2];
+    const size_t k = trans_a ? va->dims[2] : va->dims[3];
+    const size_t b_k = trans_b ? vb->dims[3] : vb->dims[2];
+    const size_t n = trans_b ? vb->dims[2] : vb->dims[3];
+    if (b_k != k)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            OP ": b has %zu %s as stored but op(A) has k=%zu columns%s", b_k,
+                            trans_b ? "columns" : "rows", k,
+                            trans_b ? " (trans_b: b is stored n x k)" : "");
+    if (vc->dims[2] != m || vc->dims[3] != n)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            OP ": c is %zu x %zu as stored but op(A) * op(B) is m x n = %zu x %zu",
+                            vc->dims[2], vc->dims[3], m, n);
+    if (has_bias && vbias->dims[3] != n)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            OP ": bias has %zu elements but c has n=%zu columns", vbias->dims[3],
+                            n);
+    if ((status = check_batch(ctx, "a", va, vc)) || (status = check_batch(ctx, "b", vb, vc)) ||
+        (status = check_output(ctx, vc)))
+        return status;
+    const size_t dims[3] = {m, n, k};
+    static const char *const dim_names[3] = {"m", "n", "k"};
+    if ((status = clattn__check_dims(ctx, OP, dims, dim_names, 3, true)))
+        return status;
+    *shape = (clattn__matmul_shape){
+        .m = m,
+        .n = n,
+        .k = k,
+        .batch = {vc->dims[0], vc->dims[1]},
+        .trans_a = trans_a,
+        .trans_b = trans_b,
+        .a_dtype = va->dtype,
+        .b_dtype = vb->dtype,
+        .c_dtype = vc->dtype,
+        .has_bias = has_bias,
+    };
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, const clattn_tensor *a,
+                            const clattn_tensor *b, const clattn_tensor *bias,
+                            const clattn_tensor *c, cl_uint num_wait, const cl_event *wait,
+                            cl_event *event)
+{
+    clattn_status status = clattn__entry(ctx, OP, desc, num_wait, wait, event);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    clattn__matmul_shape shape;
+    clattn__view views[4];
+    status = check_matmul(ctx, desc, a, b, bias, c, &shape, views);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    clattn_chain chain;
+    cl_event step = NULL;
+    clattn__matmul_plan plan;
+    clattn__scratch scratch = {NULL, 0};
+    status = clattn__begin(ctx, OP, &chain, num_wait, wait);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__matmul_prepare(ctx, &shape, &plan);
+    if (status == CLATTN_SUCCESS && plan.transpose) {
+        /* Only b's distinct matrices are transposed: fewer than the plan's bound when b is
+         * broadcast over a batch dim. */
+        size_t floats = shape.n * shape.k, bytes = 0;
+        for (int d = 0; d < 2; ++d)
+            if (views[1].dims[d] > 1 && views[1].strides[d] != 0)
+                floats *= views[1].dims[d];
+        if (!clattn__mul(floats, sizeof(float), &bytes))
+            status = clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                                  OP ": the transposed copy of b overflows size_t");
+        else
+            status = clattn__workspace(ctx, OP, CLATTN_WS_MATMUL_BT, bytes, &scratch.mem);
+    }
+    if (status == CLATTN_SUCCESS)
+        status = clattn__step(&chain,
+                              clattn__matmul_enqueue(ctx, &plan, &views[0], &views[1],
+                                                     shape.has_bias ? &views[2] : NULL, &views[3],
+                                                     desc->alpha, desc->beta, scratch,
+                                                     CHAIN_WAIT(&chain), &step),
+                              &step);
+    return clattn__end(ctx, OP, &chain, status, event);
+}

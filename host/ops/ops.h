@@ -1,0 +1,140 @@
+/* The ops layer: one kernel family per file (host/ops/<name>.c launches kernels/<name>.cl).
+ * Each op has a prepare step (plan time: choose the program variant, build or fetch it, fix the
+ * launch geometry, size the scratch) and an enqueue step (execution time: bind buffers and
+ * launch; no validation). Ops know strides, not heads or models. */
+#ifndef CLATTN_OPS_H
+#define CLATTN_OPS_H
+
+#include "internal.h"
+
+/* A strided operand resolved for a kernel: always 4 dims, right-aligned (missing leading dims
+ * are 1 with stride 0), strides in elements of dtype. The plan fills dims, strides and dtype at
+ * creation; mem and offset at execution. */
+typedef struct clattn__view {
+    cl_mem mem;
+    cl_ulong offset;
+    clattn_dtype dtype;
+    size_t dims[4];
+    size_t strides[4];
+} clattn__view;
+
+/* Device scratch at element offset `offset` (float elements) of `mem`. */
+typedef struct clattn__scratch {
+    cl_mem mem;
+    size_t offset;
+} clattn__scratch;
+
+/* ---- matmul (ops/matmul.c, kernels/matmul.cl) ----------------------------------------------
+ * C[b0, b1] = alpha * op(A[b0, b1]) * op(B[b0, b1]) + beta * C[b0, b1] + bias, where
+ * b0 < batch[0], b1 < batch[1]; the operands' dims[0..1] are their batch dims (1 with stride 0
+ * broadcasts), dims[2..3] the matrix as stored; strides[3] == 1 for A, B, C. */
+typedef struct clattn__matmul_shape {
+    size_t m, n, k;
+    size_t batch[2];
+    bool trans_a, trans_b;
+    clattn_dtype a_dtype, b_dtype, c_dtype;
+    bool has_bias; /* bias: F32, n elements, stride 1 */
+} clattn__matmul_shape;
+
+typedef struct clattn__matmul_plan {
+    clattn__matmul_shape shape;
+    cl_kernel kernel;    /* matmul or matmul_vec variant for these dtypes */
+    cl_kernel transpose; /* matmul_vec with trans_b: B is transposed into scratch first */
+    size_t local[3], global[3];
+    size_t scratch_floats; /* floats of scratch the enqueue needs (0: none) */
+    /* ... anything else the enqueue needs (k parts under a loop limit, batch parts) */
+    size_t k_step;
+} clattn__matmul_plan;
+
+clattn_status clattn__matmul_prepare(clattn_ctx *ctx, const clattn__matmul_shape *shape,
+                                     clattn__matmul_plan *plan);
+clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan *plan,
+                                     const clattn__view *a, const clattn__view *b,
+                                     const clattn__view *bias, const clattn__view *c,
+                                     float alpha, float beta, clattn__scratch scratch,
+                                     cl_uint num_wait, const cl_event *wait, cl_event *event);
+
+/* ---- the score rule (kernels/score.cl; shared by softmax and flash) ------------------------
+ * s_ij = scale * (q_i . k_j) + float mask[b,h,i,j]; -inf where a U8 mask is 0, where
+ * key_padding[b, j] != 0, or causally (j > i, or j > i + seq_k - seq_q for BOTTOM_RIGHT);
+ * softmax or relu normalisation; a row with nothing left gives zeros. */
+typedef struct clattn__score_shape {
+    size_t batch, heads, seq_q, seq_k;
+    float scale; /* resolved: never NAN */
+    clattn_norm norm;
+    clattn_causal causal;
+    bool has_mask;
+    clattn_dtype mask_dtype; /* F32, F16, BF16 (added) or U8 (boolean keep) */
+    bool has_key_padding;    /* U8 (batch, seq_k) */
+} clattn__score_shape;
+
+/* Views of the masks at execution: mask dims broadcast to (batch, heads, seq_q, seq_k) with
+ * stride 0 on broadcast dims; key_padding as a view with dims (1, 1, batch, seq_k). */
+typedef struct clattn__score_masks {
+    clattn__view mask, key_padding;
+} clattn__score_masks;
+
+/* ---- softmax rows (ops/softmax.c, kernels/softmax.cl) --------------------------------------
+ * out[b,h,i,:] = normalise(score rule applied to raw[b,h,i,:]) where raw holds q.k dot products
+ * (F32); raw and out are (batch, heads, seq_q, seq_k) views (strides[3] == 1), possibly the
+ * same buffer (in place). */
+typedef struct clattn__softmax_plan {
+    clattn__score_shape score;
+    cl_kernel kernel;
+    size_t local, global;
+} clattn__softmax_plan;
+
+clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape *score,
+                                      clattn__softmax_plan *plan);
+clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_plan *plan,
+                                      const clattn__view *raw, const clattn__view *out,
+                                      const clattn__score_masks *masks, cl_uint num_wait,
+                                      const cl_event *wait, cl_event *event);
+
+/* ---- fused attention (ops/flash.c, kernels/flash.cl) ----------------------------------------
+ * q (batch, heads, seq_q, dk), k (batch, heads, seq_k, dk), v (batch, heads, seq_k, dv),
+ * out (batch, heads, seq_q, dv): any strides; lse (batch, heads, seq_q) F32, optional. */
+typedef struct clattn__flash_shape {
+    clattn__score_shape score;
+    size_t head_dim_qk, head_dim_v;
+    clattn_dtype q_dtype, k_dtype, v_dtype, out_dtype;
+    bool has_lse;
+} clattn__flash_shape;
+
+typedef struct clattn__flash_plan {
+    clattn__flash_shape shape;
+    cl_kernel kernel;
+    unsigned block_q;
+    size_t part_keys;      /* keys per launch (loop-limited devices), else seq_k */
+    size_t scratch_floats; /* (batch*heads*seq_q) when keys are split and no lse is wanted */
+} clattn__flash_plan;
+
+/* Whether the fused kernel takes these head sizes. */
+bool clattn__flash_supports(size_t head_dim_qk, size_t head_dim_v);
+clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
+                                    clattn__flash_plan *plan);
+clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *plan,
+                                    const clattn__view *q, const clattn__view *k,
+                                    const clattn__view *v, const clattn__view *out,
+                                    const clattn__view *lse, const clattn__score_masks *masks,
+                                    clattn__scratch scratch, cl_uint num_wait,
+                                    const cl_event *wait, cl_event *event);
+
+/* ---- mean over heads (ops/heads.c, kernels/heads.cl) ----------------------------------------
+ * dst[b, i, j] = mean_h src[b, h, i, j]; src a (batch, heads, seq_q, seq_k) F32 view,
+ * dst a (1, batch, seq_q, seq_k) F32 view. */
+typedef struct clattn__mean_heads_plan {
+    size_t batch, heads, seq_q, seq_k;
+    cl_kernel kernel;
+    size_t local, global;
+} clattn__mean_heads_plan;
+
+clattn_status clattn__mean_heads_prepare(clattn_ctx *ctx, size_t batch, size_t heads,
+                                         size_t seq_q, size_t seq_k,
+                                         clattn__mean_heads_plan *plan);
+clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, const clattn__mean_heads_plan *plan,
+                                         const clattn__view *src, const clattn__view *dst,
+                                         cl_uint num_wait, const cl_event *wait,
+                                         cl_event *event);
+
+#endif

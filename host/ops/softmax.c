@@ -1,0 +1,65 @@
+/* The score rule and normalisation over rows of raw scores: variant and launch for
+ * kernels/softmax.cl. */
+#include "ops.h"
+
+#include <stdio.h>
+#include <string.h>
+
+clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape *score,
+                                      clattn__softmax_plan *plan)
+{
+    static const char op[] = "softmax_rows";
+    memset(plan, 0, sizeof *plan);
+    plan->score = *score;
+    size_t rows = 0;
+    plan->local = ctx->tuning.softmax_wg;
+    if (!clattn__product(&rows, 3, score->batch, score->heads, score->seq_q) ||
+        !clattn__mul(rows, plan->local, &plan->global))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu rows overflow size_t",
+                            op, score->batch, score->heads, score->seq_q);
+    if (score->has_mask && (unsigned)score->mask_dtype > CLATTN_DTYPE_U8)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: mask dtype %d is unknown", op,
+                            (int)score->mask_dtype);
+    /* One variant per mask dtype (none shares F32's); the rest are kernel arguments. */
+    char extra[64];
+    snprintf(extra, sizeof extra, "-DSOFTMAX_WG=%u -DMASK_DTYPE=%d", ctx->tuning.softmax_wg,
+             score->has_mask ? (int)score->mask_dtype : 0);
+    return clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, op, extra, &plan->kernel);
+}
+
+clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_plan *plan,
+                                      const clattn__view *raw, const clattn__view *out,
+                                      const clattn__score_masks *masks, cl_uint num_wait,
+                                      const cl_event *wait, cl_event *event)
+{
+    const clattn__score_shape *score = &plan->score;
+    const cl_int has_mask = score->has_mask, has_key_padding = score->has_key_padding;
+    /* Absent masks still need a valid buffer argument; the kernel never reads it. */
+    const clattn__view *mask = has_mask ? &masks->mask : raw;
+    const clattn__view *padding = has_key_padding ? &masks->key_padding : raw;
+    const cl_ulong raw_s[3] = {raw->strides[0], raw->strides[1], raw->strides[2]};
+    const cl_ulong out_s[3] = {out->strides[0], out->strides[1], out->strides[2]};
+    const cl_ulong mask_s[4] = {has_mask ? mask->strides[0] : 0, has_mask ? mask->strides[1] : 0,
+                                has_mask ? mask->strides[2] : 0, has_mask ? mask->strides[3] : 0};
+    const cl_ulong padding_s[2] = {has_key_padding ? padding->strides[2] : 0,
+                                   has_key_padding ? padding->strides[3] : 0};
+    const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
+    const cl_uint seq_k = (cl_uint)score->seq_k;
+    const cl_float scale = score->scale;
+    const cl_int norm_relu = score->norm == CLATTN_NORM_RELU, causal = (cl_int)score->causal;
+    const clattn_arg args[] = {
+        CLATTN_ARG(raw->mem),        CLATTN_ARG(raw->offset),  CLATTN_ARG(raw_s[0]),
+        CLATTN_ARG(raw_s[1]),        CLATTN_ARG(raw_s[2]),     CLATTN_ARG(out->mem),
+        CLATTN_ARG(out->offset),     CLATTN_ARG(out_s[0]),     CLATTN_ARG(out_s[1]),
+        CLATTN_ARG(out_s[2]),        CLATTN_ARG(mask->mem),    CLATTN_ARG(mask->offset),
+        CLATTN_ARG(mask_s[0]),       CLATTN_ARG(mask_s[1]),    CLATTN_ARG(mask_s[2]),
+        CLATTN_ARG(mask_s[3]),       CLATTN_ARG(has_mask),     CLATTN_ARG(padding->mem),
+        CLATTN_ARG(padding->offset), CLATTN_ARG(padding_s[0]), CLATTN_ARG(padding_s[1]),
+        CLATTN_ARG(has_key_padding), CLATTN_ARG(heads),        CLATTN_ARG(seq_q),
+        CLATTN_ARG(seq_k),           CLATTN_ARG(scale),        CLATTN_ARG(norm_relu),
+        CLATTN_ARG(causal),
+    };
+    return clattn__launch_kernel(ctx, plan->kernel, "softmax_rows", args,
+                                 sizeof args / sizeof args[0], 1, &plan->global, &plan->local,
+                                 num_wait, wait, event);
+}

@@ -1,0 +1,253 @@
+/*
+ * flash.cl: fused scaled dot-product attention that never materialises the (seq_q x seq_k)
+ * score matrix (the FlashAttention scheme, written for OpenCL 1.2):
+ *
+ *   O[b,h,i,:] = sum_j w_ij V[b,h,j,:],  w_ij the weights of the score rule (score.cl) on
+ *   s_ij = scale * Q[b,h,i,:] . K[b,h,j,:] (+ mask, -inf where masked)
+ *
+ * Q (batch, heads, seq_q, HEAD_DIM_QK), K (.., seq_k, HEAD_DIM_QK), V (.., seq_k, HEAD_DIM_V)
+ * and O (.., seq_q, HEAD_DIM_V) are views with four element strides each and dtypes Q_DTYPE,
+ * K_DTYPE, V_DTYPE, O_DTYPE (types.cl); strides touch only the global loads and stores, the
+ * inner loops run on float tiles in local memory. The mask is a (batch, heads, seq_q, seq_k)
+ * view (stride 0 on broadcast dims) of MASK_DTYPE, key padding a U8 view with strides for b
+ * and j, lse a float32 (batch, heads, seq_q) view with three strides.
+ *
+ * Work-group (g, bh) owns query rows g*BLOCK_Q .. +BLOCK_Q of one (batch, head), one row per
+ * work-item; bh = bh_base + get_global_id(1) = b * heads + h. It streams the keys in tiles of
+ * BLOCK_K: the group copies K and V rows of the tile into local memory (as float), then every
+ * work-item scores its row against the tile, updates its running row max m and row sum l
+ * (online softmax: when the max grows, the accumulator and l are rescaled by exp(m_old - m_new))
+ * and accumulates p*V. Each output row is written once.
+ *
+ *            keys: tile 0     tile 1     ...  (K, V tiles in local memory)
+ *   rows g*BLOCK_Q  +----------+----------+
+ *     (one per      | s, p     | s, p     |   private per work-item: q row, acc row, s tile,
+ *      work-item)   +----------+----------+   m, l
+ *
+ * Causal (either alignment): tiles past the keys the group's last row sees are skipped (the
+ * bound is the same for the whole group, so every work-item meets the same barriers). A row
+ * with every key masked is written as zeros and its log-sum-exp as -inf. Extra memory: the
+ * optional log-sum-exp, one float per row (m + log l; log l for relu), the statistic that
+ * merges partial results.
+ *
+ * Key parts: one launch covers keys key_begin .. key_stop (key_begin a multiple of BLOCK_K,
+ * key_stop too or seq_k); with resume set it starts from the output row and log-sum-exp that
+ * the launch before it wrote (the same state, written as (m = lse, l = 1, acc = O)). The host
+ * splits the keys only on devices that cap a work-item's loop iterations (Mesa's llvmpipe; see
+ * host/core/runtime.c). An output of F16 or BF16 is rounded between parts.
+ */
+#ifndef HEAD_DIM_QK
+#define HEAD_DIM_QK 64 /* d_k, fixed per program variant */
+#endif
+#ifndef HEAD_DIM_V
+#define HEAD_DIM_V 64 /* d_v */
+#endif
+#ifndef BLOCK_Q
+#define BLOCK_Q 64 /* query rows (= work-items) per work-group */
+#endif
+#ifndef BLOCK_K
+#define BLOCK_K 32 /* keys per tile staged in local memory */
+#endif
+#ifndef FLASH_VW
+#define FLASH_VW 1 /* floats per vector in the row loops: 1, 4 or 8 (divides both head sizes) */
+#endif
+#ifndef Q_DTYPE
+#define Q_DTYPE 0 /* dtype codes (types.cl) of q, k, v and out */
+#endif
+#ifndef K_DTYPE
+#define K_DTYPE 0
+#endif
+#ifndef V_DTYPE
+#define V_DTYPE 0
+#endif
+#ifndef O_DTYPE
+#define O_DTYPE 0
+#endif
+
+/* Row vectors of FLASH_VW floats: explicit vectors let CPU compilers use SIMD within a row.
+ * row_gather / row_scatter move vector i of a global row whose elements are `s` apart. */
+#if FLASH_VW == 8
+typedef float8 row_t;
+#define row_load(i, p) vload8((i), (p))
+#define row_sum(x) (dot((x).lo, (float4)(1.0f)) + dot((x).hi, (float4)(1.0f)))
+#define row_gather(code, p, i, s)                                                                 \
+    (float8)(LOAD(code, p, ((i) * 8 + 0) * (s)), LOAD(code, p, ((i) * 8 + 1) * (s)),             \
+             LOAD(code, p, ((i) * 8 + 2) * (s)), LOAD(code, p, ((i) * 8 + 3) * (s)),             \
+             LOAD(code, p, ((i) * 8 + 4) * (s)), LOAD(code, p, ((i) * 8 + 5) * (s)),             \
+             LOAD(code, p, ((i) * 8 + 6) * (s)), LOAD(code, p, ((i) * 8 + 7) * (s)))
+#define row_scatter(code, x, p, i, s)                                                             \
+    do {                                                                                          \
+        STORE(code, (x).s0, p, ((i) * 8 + 0) * (s));                                              \
+        STORE(code, (x).s1, p, ((i) * 8 + 1) * (s));                                              \
+        STORE(code, (x).s2, p, ((i) * 8 + 2) * (s));                                              \
+        STORE(code, (x).s3, p, ((i) * 8 + 3) * (s));                                              \
+        STORE(code, (x).s4, p, ((i) * 8 + 4) * (s));                                              \
+        STORE(code, (x).s5, p, ((i) * 8 + 5) * (s));                                              \
+        STORE(code, (x).s6, p, ((i) * 8 + 6) * (s));                                              \
+        STORE(code, (x).s7, p, ((i) * 8 + 7) * (s));                                              \
+    } while (0)
+#elif FLASH_VW == 4
+typedef float4 row_t;
+#define row_load(i, p) vload4((i), (p))
+#define row_sum(x) dot((x), (float4)(1.0f))
+#define row_gather(code, p, i, s)                                                                 \
+    (float4)(LOAD(code, p, ((i) * 4 + 0) * (s)), LOAD(code, p, ((i) * 4 + 1) * (s)),             \
+             LOAD(code, p, ((i) * 4 + 2) * (s)), LOAD(code, p, ((i) * 4 + 3) * (s)))
+#define row_scatter(code, x, p, i, s)                                                             \
+    do {                                                                                          \
+        STORE(code, (x).s0, p, ((i) * 4 + 0) * (s));                                              \
+        STORE(code, (x).s1, p, ((i) * 4 + 1) * (s));                                              \
+        STORE(code, (x).s2, p, ((i) * 4 + 2) * (s));                                              \
+        STORE(code, (x).s3, p, ((i) * 4 + 3) * (s));                                              \
+    } while (0)
+#else
+typedef float row_t;
+#define row_load(i, p) ((p)[(i)])
+#define row_sum(x) (x)
+#define row_gather(code, p, i, s) LOAD(code, p, (i) * (s))
+#define row_scatter(code, x, p, i, s) STORE(code, x, p, (i) * (s))
+#endif
+#define QK_VECS (HEAD_DIM_QK / FLASH_VW)
+#define V_VECS (HEAD_DIM_V / FLASH_VW)
+
+__kernel __attribute__((reqd_work_group_size(BLOCK_Q, 1, 1)))
+void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ulong q_s0,
+                     const ulong q_s1, const ulong q_s2, const ulong q_s3,
+                     __global const ELEM_T(K_DTYPE) *K, const ulong k_offset, const ulong k_s0,
+                     const ulong k_s1, const ulong k_s2, const ulong k_s3,
+                     __global const ELEM_T(V_DTYPE) *V, const ulong v_offset, const ulong v_s0,
+                     const ulong v_s1, const ulong v_s2, const ulong v_s3,
+                     __global ELEM_T(O_DTYPE) *O, const ulong o_offset, const ulong o_s0,
+                     const ulong o_s1, const ulong o_s2, const ulong o_s3,
+                     __global float *lse, const ulong lse_offset, const ulong lse_s0,
+                     const ulong lse_s1, const ulong lse_s2, const int has_lse,
+                     __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_offset,
+                     const ulong mask_s0, const ulong mask_s1, const ulong mask_s2,
+                     const ulong mask_s3, const int has_mask,
+                     __global const uchar *key_padding, const ulong key_padding_offset,
+                     const ulong key_padding_s0, const ulong key_padding_s1,
+                     const int has_key_padding,
+                     const uint heads, const uint seq_q, const uint seq_k, const float scale,
+                     const int norm_relu, const int causal,
+                     const ulong bh_base, const uint key_begin, const uint key_stop,
+                     const int resume)
+{
+    __local float k_tile[BLOCK_K][HEAD_DIM_QK];
+    __local float v_tile[BLOCK_K][HEAD_DIM_V];
+    __local uchar tile_padded[BLOCK_K]; /* key padding of the tile's keys */
+
+    const uint lid = get_local_id(0);
+    const uint first_row = get_group_id(0) * BLOCK_Q;
+    const uint row = first_row + lid;
+    const bool valid = row < seq_q;
+    const uint safe_row = valid ? row : 0; /* rows past seq_q compute row 0, store nothing */
+    const ulong bh = bh_base + get_global_id(1);
+    const ulong b = bh / heads, h = bh % heads;
+
+    Q += q_offset + b * q_s0 + h * q_s1 + safe_row * q_s2;
+    K += k_offset + b * k_s0 + h * k_s1;
+    V += v_offset + b * v_s0 + h * v_s1;
+    __global ELEM_T(O_DTYPE) *out = O + o_offset + b * o_s0 + h * o_s1 + safe_row * o_s2;
+    const ulong lse_index = lse_offset + b * lse_s0 + h * lse_s1 + safe_row * lse_s2;
+    if (has_mask)
+        mask += mask_offset + b * mask_s0 + h * mask_s1 + safe_row * mask_s2;
+    if (has_key_padding)
+        key_padding += key_padding_offset + b * key_padding_s0;
+
+    row_t q[QK_VECS];
+    for (uint d = 0; d < QK_VECS; ++d)
+        q[d] = row_gather(Q_DTYPE, Q, d, q_s3) * scale;
+    row_t acc[V_VECS];
+    for (uint d = 0; d < V_VECS; ++d)
+        acc[d] = (row_t)(0.0f);
+    float row_max = NEG_INF, total = 0.0f; /* running max and sum of the row */
+    if (resume && valid) {
+        const float previous = lse[lse_index];
+        if (previous != NEG_INF) { /* else no key so far counted: the initial state */
+            total = norm_relu ? exp(previous) : 1.0f;
+            row_max = norm_relu ? NEG_INF : previous;
+            for (uint d = 0; d < V_VECS; ++d)
+                acc[d] = row_gather(O_DTYPE, out, d, o_s3) * total;
+        }
+    }
+
+    /* Keys the row sees causally; the group's last row sees the most (uniform bound). */
+    const uint row_key_end = causal_key_end(causal, safe_row, seq_q, seq_k);
+    const uint last_row = min(seq_q, first_row + BLOCK_Q) - 1;
+    const uint key_end = min(key_stop, causal_key_end(causal, last_row, seq_q, seq_k));
+
+    for (uint k0 = key_begin; k0 < key_end; k0 += BLOCK_K) {
+        /* Rows with unit stride along head_dim (every packed or (B, L, H*d) layout) skip the
+         * multiply; the branch is uniform over the work-group. */
+        if (k_s3 == 1 && v_s3 == 1) {
+            for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
+                const uint j = e / HEAD_DIM_QK, d = e % HEAD_DIM_QK;
+                k_tile[j][d] = k0 + j < seq_k ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d) : 0.0f;
+            }
+            for (uint e = lid; e < BLOCK_K * HEAD_DIM_V; e += BLOCK_Q) {
+                const uint j = e / HEAD_DIM_V, d = e % HEAD_DIM_V;
+                v_tile[j][d] = k0 + j < seq_k ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d) : 0.0f;
+            }
+        } else {
+            for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
+                const uint j = e / HEAD_DIM_QK, d = e % HEAD_DIM_QK;
+                k_tile[j][d] =
+                    k0 + j < seq_k ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
+            }
+            for (uint e = lid; e < BLOCK_K * HEAD_DIM_V; e += BLOCK_Q) {
+                const uint j = e / HEAD_DIM_V, d = e % HEAD_DIM_V;
+                v_tile[j][d] =
+                    k0 + j < seq_k ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d * v_s3) : 0.0f;
+            }
+        }
+        for (uint j = lid; j < BLOCK_K; j += BLOCK_Q) {
+            const uint key = k0 + j;
+            tile_padded[j] = key < seq_k && key_padded(has_key_padding, key_padding,
+                                                       key * key_padding_s1);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        float s[BLOCK_K];
+        float tile_max = NEG_INF;
+        for (uint j = 0; j < BLOCK_K; ++j) {
+            const uint key = k0 + j;
+            row_t partial = (row_t)(0.0f);
+            for (uint d = 0; d < QK_VECS; ++d)
+                partial = mad(q[d], row_load(d, k_tile[j]), partial);
+            s[j] = masked_score(row_sum(partial), key, row_key_end, tile_padded[j], has_mask, mask,
+                                key * mask_s3);
+            tile_max = fmax(tile_max, s[j]);
+        }
+
+        if (norm_relu) {
+            for (uint j = 0; j < BLOCK_K; ++j) {
+                const float p = relu_weight(s[j]);
+                total += p;
+                for (uint d = 0; d < V_VECS; ++d)
+                    acc[d] = mad((row_t)(p), row_load(d, v_tile[j]), acc[d]);
+            }
+        } else if (tile_max != NEG_INF) { /* a tile with every key masked changes nothing */
+            const float new_max = fmax(row_max, tile_max);
+            const float correction = exp(row_max - new_max); /* 0 while row_max is -inf */
+            total *= correction;
+            for (uint d = 0; d < V_VECS; ++d)
+                acc[d] *= correction;
+            for (uint j = 0; j < BLOCK_K; ++j) {
+                const float p = softmax_weight(s[j], new_max);
+                total += p;
+                for (uint d = 0; d < V_VECS; ++d)
+                    acc[d] = mad((row_t)(p), row_load(d, v_tile[j]), acc[d]);
+            }
+            row_max = new_max;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+    if (!valid)
+        return;
+    const float inv = inverse_total(total);
+    for (uint d = 0; d < V_VECS; ++d)
+        row_scatter(O_DTYPE, acc[d] * inv, out, d, o_s3);
+    if (has_lse)
+        lse[lse_index] = total > 0.0f ? (norm_relu ? log(total) : row_max + log(total)) : NEG_INF;
+}

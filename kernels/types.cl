@@ -1,0 +1,93 @@
+/*
+ * types.cl: element types of tensors in device memory, and float loads and stores of them.
+ * Prepended to every kernel source (after common.cl). Kernels compute in float; a tensor's
+ * dtype only changes how its elements are read and written.
+ *
+ *   code  dtype  storage (ELEM_T)  load                       store
+ *   0     F32    float             p[i]                       p[i] = v
+ *   1     F16    half              vload_half                 vstore_half_rte
+ *   2     BF16   ushort            upper 16 bits of a float   round to nearest even, NaN kept
+ *   3     U8     uchar             (float)p[i]                saturated, rounded to nearest
+ *
+ * The codes match clattn_dtype (include/clattn.h). A kernel takes a tensor's dtype as a -D
+ * number, e.g. -DQ_DTYPE=1, and writes
+ *
+ *   __global const ELEM_T(Q_DTYPE) *Q;   float x = LOAD(Q_DTYPE, Q, i);
+ *
+ * LOADn / STOREn (n = 4, 8, 16) move elements i .. i+n-1 as a floatn (no alignment needed
+ * beyond the element's own). half appears only as pointer storage, so cl_khr_fp16 is not
+ * needed (OpenCL C 1.2).
+ */
+#ifndef CLATTN_TYPES_CL
+#define CLATTN_TYPES_CL
+
+#define DTYPE_F32 0
+#define DTYPE_F16 1
+#define DTYPE_BF16 2
+#define DTYPE_U8 3
+
+/* Two levels, so that a code given as a macro (Q_DTYPE) is expanded before pasting. */
+#define ELEM_T(code) ELEM_T_(code)
+#define ELEM_T_(code) ELEM_T_##code
+#define ELEM_T_0 float
+#define ELEM_T_1 half
+#define ELEM_T_2 ushort
+#define ELEM_T_3 uchar
+
+/* float -> bfloat16 bits, rounded to nearest even; a NaN stays a (quiet) NaN. */
+inline ushort bf16_from_float(float value)
+{
+    const uint bits = as_uint(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return (ushort)((bits >> 16) | 0x40u);
+    return (ushort)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+#define BF16_FROM_FLOATN(n)                                                                    \
+    inline ushort##n bf16_from_float##n(float##n value)                                        \
+    {                                                                                          \
+        const uint##n bits = as_uint##n(value);                                                \
+        const uint##n rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;                  \
+        const uint##n quiet = (bits >> 16) | 0x40u;                                            \
+        return convert_ushort##n(select(rounded, quiet, (bits & 0x7fffffffu) > 0x7f800000u));  \
+    }
+BF16_FROM_FLOATN(4)
+BF16_FROM_FLOATN(8)
+BF16_FROM_FLOATN(16)
+
+#define LOAD(code, p, i) LOAD_(code, p, i)
+#define LOAD_(code, p, i) LOAD_##code(p, i)
+#define LOAD_0(p, i) ((p)[i])
+#define LOAD_1(p, i) vload_half((i), (p))
+#define LOAD_2(p, i) as_float((uint)(p)[i] << 16)
+#define LOAD_3(p, i) ((float)(p)[i])
+
+#define STORE(code, v, p, i) STORE_(code, v, p, i)
+#define STORE_(code, v, p, i) STORE_##code(v, p, i)
+#define STORE_0(v, p, i) ((p)[i] = (v))
+#define STORE_1(v, p, i) vstore_half_rte((v), (i), (p))
+#define STORE_2(v, p, i) ((p)[i] = bf16_from_float(v))
+#define STORE_3(v, p, i) ((p)[i] = convert_uchar_sat_rte(v))
+
+/* Vectors of n elements starting at element i (any i: vloadn at offset 0 of p + i). */
+#define LOADN_0(n, p, i) vload##n(0, (p) + (i))
+#define LOADN_1(n, p, i) vload_half##n(0, (p) + (i))
+#define LOADN_2(n, p, i) as_float##n(convert_uint##n(vload##n(0, (p) + (i))) << 16)
+#define LOADN_3(n, p, i) convert_float##n(vload##n(0, (p) + (i)))
+#define STOREN_0(n, v, p, i) vstore##n((v), 0, (p) + (i))
+#define STOREN_1(n, v, p, i) vstore_half##n##_rte((v), 0, (p) + (i))
+#define STOREN_2(n, v, p, i) vstore##n(bf16_from_float##n(v), 0, (p) + (i))
+#define STOREN_3(n, v, p, i) vstore##n(convert_uchar##n##_sat_rte(v), 0, (p) + (i))
+
+#define LOAD4(code, p, i) LOADN_(code, 4, p, i)
+#define LOAD8(code, p, i) LOADN_(code, 8, p, i)
+#define LOAD16(code, p, i) LOADN_(code, 16, p, i)
+#define LOADN_(code, n, p, i) LOADN__(code, n, p, i)
+#define LOADN__(code, n, p, i) LOADN_##code(n, p, i)
+#define STORE4(code, v, p, i) STOREN_(code, 4, v, p, i)
+#define STORE8(code, v, p, i) STOREN_(code, 8, v, p, i)
+#define STORE16(code, v, p, i) STOREN_(code, 16, v, p, i)
+#define STOREN_(code, n, v, p, i) STOREN__(code, n, v, p, i)
+#define STOREN__(code, n, v, p, i) STOREN_##code(n, v, p, i)
+
+#endif
