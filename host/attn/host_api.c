@@ -1,0 +1,406 @@
+/* Host-pointer API: stages float arrays in the context's workspace, runs the device path,
+ * reads the results back. Synchronous. */
+#include "tensor.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include <stdio.h>
+#include <string.h>
+
+/* Uploads `elems` elements of `elem_size` bytes from `src` into workspace `slot` at element
+ * offset `offset` (the slot must already be large enough) and returns the tensor. */
+static clattn_status upload(clattn_ctx *ctx, const char *op, clattn_ws_slot slot, size_t offset,
+                            const void *src, size_t elems, size_t elem_size, clattn_tensor *out)
+{
+    clattn_status status = CLATTN_SUCCESS;
+    out->mem = ctx->workspace[slot];
+    out->offset = offset;
+    char what[64];
+    snprintf(what, sizeof what, "%s: clEnqueueWriteBuffer", op);
+    CL_CHECK(ctx,
+             clattn__fault(CLATTN_FAULT_ENQUEUE)
+                 ? CL_OUT_OF_RESOURCES
+                 : clEnqueueWriteBuffer(clattn__queue(ctx), out->mem, CL_TRUE, offset * elem_size,
+                                        elems * elem_size, src, 0, NULL, NULL),
+             what);
+done:
+    return status;
+}
+
+static clattn_status download(clattn_ctx *ctx, const char *op, clattn_tensor src, void *dst,
+                              size_t elems, cl_event after)
+{
+    clattn_status status = CLATTN_SUCCESS;
+    char what[64];
+    snprintf(what, sizeof what, "%s: clEnqueueReadBuffer", op);
+    CL_CHECK(ctx,
+             clattn__fault(CLATTN_FAULT_ENQUEUE)
+                 ? CL_OUT_OF_RESOURCES
+                 : clEnqueueReadBuffer(clattn__queue(ctx), src.mem, CL_TRUE, src.offset * sizeof(float),
+                                       elems * sizeof(float), dst, after ? 1 : 0,
+                                       after ? &after : NULL, NULL),
+             what);
+done:
+    return status;
+}
+
+/* Ensures slot holds `elems` elements of `elem_size` bytes. */
+static clattn_status reserve(clattn_ctx *ctx, const char *op, clattn_ws_slot slot, size_t elems,
+                             size_t elem_size)
+{
+    size_t bytes = 0;
+    cl_mem unused = NULL;
+    if (!clattn__mul(elems, elem_size, &bytes))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: staging size overflows size_t", op);
+    return clattn__workspace(ctx, op, slot, bytes, &unused);
+}
+
+/* Stages the host masks (NULL: none) into their slots and fills the mask tensors. */
+static clattn_status stage_masks(clattn_ctx *ctx, const char *op, const clattn_host_masks *hm,
+                                 size_t batch, size_t seq_q, size_t seq_k, clattn_tensors *t)
+{
+    clattn_status status = CLATTN_SUCCESS;
+    if (hm == NULL)
+        return CLATTN_SUCCESS;
+    size_t mask_elems = 0, padding_elems = 0;
+    if (!clattn__mul(seq_q, seq_k, &mask_elems) || !clattn__mul(batch, seq_k, &padding_elems))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: mask sizes overflow size_t", op);
+    clattn_tensor staged;
+    if (hm->attn_mask) {
+        if ((status = reserve(ctx, op, CLATTN_WS_HOST_MASK, mask_elems, sizeof(float))) ||
+            (status = upload(ctx, op, CLATTN_WS_HOST_MASK, 0, hm->attn_mask, mask_elems,
+                             sizeof(float), &staged)))
+            return status;
+        t->attn_mask = clattn_tensor_make(staged.mem, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
+    }
+    if (hm->key_padding_mask) {
+        if ((status = reserve(ctx, op, CLATTN_WS_HOST_KPM, padding_elems, 1)) ||
+            (status = upload(ctx, op, CLATTN_WS_HOST_KPM, 0, hm->key_padding_mask, padding_elems,
+                             1, &staged)))
+            return status;
+        t->key_padding_mask =
+            clattn_tensor_make(staged.mem, 0, CLATTN_DTYPE_U8, 2, batch, seq_k, 0, 0);
+    }
+    return CLATTN_SUCCESS;
+}
+
+/* Mask layouts for plan creation (buffers are staged after the plan validated the shapes). */
+static void mask_layouts(const clattn_host_masks *hm, size_t batch, size_t seq_q, size_t seq_k,
+                         clattn_tensors *t)
+{
+    if (hm && hm->attn_mask)
+        t->attn_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
+    if (hm && hm->key_padding_mask)
+        t->key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, batch, seq_k, 0, 0);
+}
+
+static clattn_status check_dims(clattn_ctx *ctx, const char *op, const size_t *dims,
+                                const char *const *names, int count)
+{
+    for (int i = 0; i < count; ++i)
+        if (dims[i] == 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                "%s: %s=0: every dimension must be at least 1", op, names[i]);
+    return CLATTN_SUCCESS;
+}
+
+/* Elements of a tensor layout (packed). */
+static size_t elems_of(const clattn_tensor *t)
+{
+    size_t n = 1;
+    for (int d = 0; d < t->rank; ++d)
+        n *= t->dims[d]; /* the plan checked that this does not overflow */
+    return n;
+}
+
+void clattn_attention_host_desc_init(clattn_attention_host_desc *desc)
+{
+    if (desc == NULL)
+        return;
+    memset(desc, 0, sizeof *desc);
+    desc->struct_size = sizeof *desc;
+    desc->scale = NAN;
+}
+
+void clattn_mha_host_desc_init(clattn_mha_host_desc *desc)
+{
+    if (desc == NULL)
+        return;
+    memset(desc, 0, sizeof *desc);
+    desc->struct_size = sizeof *desc;
+    desc->scale = NAN;
+}
+
+/* Runs plan on the staged tensors and reads out (and weights) back. */
+static clattn_status run_and_read(clattn_ctx *ctx, const char *op, clattn_plan *plan,
+                                  const clattn_tensors *t, float *out, float *weights)
+{
+    cl_event done_event = NULL;
+    clattn_status status = clattn_plan_execute(plan, t, NULL, NULL, 0, NULL, &done_event);
+    if (status == CLATTN_SUCCESS)
+        status = download(ctx, op, t->out, out, elems_of(&t->out), done_event);
+    if (status == CLATTN_SUCCESS && weights && t->weights.mem)
+        status = download(ctx, op, t->weights, weights, elems_of(&t->weights), done_event);
+    if (done_event)
+        clReleaseEvent(done_event);
+    return status;
+}
+
+clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_host_desc *desc,
+                                    const float *q, const float *k, const float *v,
+                                    const clattn_host_masks *masks, float *out, float *weights)
+{
+    static const char op[] = "attention";
+    if (ctx == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn__clear_error(ctx);
+    if (desc == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: desc is NULL", op);
+    clattn_status status = clattn__check_struct_size(ctx, op, "clattn_attention_host_desc",
+                                                     desc->struct_size, sizeof *desc);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    const char *missing = !q ? "q" : !k ? "k" : !v ? "v" : !out ? "out" : NULL;
+    if (missing)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, missing);
+    static const char *const names[6] = {"batch", "heads", "seq_q", "seq_k", "head_dim_qk",
+                                         "head_dim_v"};
+    const size_t dims[6] = {desc->batch, desc->heads,       desc->seq_q,
+                            desc->seq_k, desc->head_dim_qk, desc->head_dim_v};
+    if ((status = check_dims(ctx, op, dims, names, 6)))
+        return status;
+    const size_t b = desc->batch, h = desc->heads, lq = desc->seq_q, lk = desc->seq_k;
+    clattn_sdpa_desc sd;
+    clattn_sdpa_desc_init(&sd);
+    clattn_tensors *t = &sd.tensors;
+    t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lq, desc->head_dim_qk);
+    t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lk, desc->head_dim_qk);
+    t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lk, desc->head_dim_v);
+    t->out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lq, desc->head_dim_v);
+    if (weights)
+        t->weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lq, lk);
+    mask_layouts(masks, b, lq, lk, t);
+    sd.causal = desc->causal;
+    sd.scale = desc->scale;
+    sd.norm = desc->norm;
+    sd.path = desc->path;
+    clattn_plan *plan = NULL;
+    if ((status = clattn_sdpa_plan_create(ctx, &sd, &plan)))
+        return clattn__end_message(ctx, op, status);
+    const struct {
+        clattn_tensor *tensor;
+        const float *data;
+        clattn_ws_slot slot;
+    } inputs[3] = {{&t->q, q, CLATTN_WS_HOST_IN0},
+                   {&t->k, k, CLATTN_WS_HOST_IN1},
+                   {&t->v, v, CLATTN_WS_HOST_IN2}};
+    clattn_tensor staged;
+    for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i) {
+        const size_t n = elems_of(inputs[i].tensor);
+        if ((status = reserve(ctx, op, inputs[i].slot, n, sizeof(float))) == CLATTN_SUCCESS &&
+            (status = upload(ctx, op, inputs[i].slot, 0, inputs[i].data, n, sizeof(float),
+                             &staged)) == CLATTN_SUCCESS)
+            inputs[i].tensor->mem = staged.mem;
+    }
+    if (status == CLATTN_SUCCESS &&
+        (status = reserve(ctx, op, CLATTN_WS_HOST_OUT, elems_of(&t->out), sizeof(float))) ==
+            CLATTN_SUCCESS)
+        t->out.mem = ctx->workspace[CLATTN_WS_HOST_OUT];
+    if (status == CLATTN_SUCCESS && weights &&
+        (status = reserve(ctx, op, CLATTN_WS_HOST_ATTN, elems_of(&t->weights), sizeof(float))) ==
+            CLATTN_SUCCESS)
+        t->weights.mem = ctx->workspace[CLATTN_WS_HOST_ATTN];
+    if (status == CLATTN_SUCCESS)
+        status = stage_masks(ctx, op, masks, b, lq, lk, t);
+    if (status == CLATTN_SUCCESS)
+        status = run_and_read(ctx, op, plan, t, out, weights);
+    clattn_plan_release(plan);
+    return clattn__end_message(ctx, op, status);
+}
+
+clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_desc *desc,
+                                      const clattn_mha_host_weights *weights, const float *query,
+                                      const float *key, const float *value,
+                                      const clattn_host_masks *masks, float *out,
+                                      float *attn_weights)
+{
+    static const char op[] = "mha_forward";
+    if (ctx == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn__clear_error(ctx);
+    if (desc == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: desc is NULL", op);
+    clattn_status status = clattn__check_struct_size(ctx, op, "clattn_mha_host_desc",
+                                                     desc->struct_size, sizeof *desc);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    if (weights == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: weights is NULL", op);
+    const char *missing = !query ? "query" : !out ? "out" : NULL;
+    if (missing)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, missing);
+    if (desc->need_weights != CLATTN_WEIGHTS_NONE && attn_weights == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: attn_weights is NULL but need_weights=%d asks for them", op,
+                            (int)desc->need_weights);
+    static const char *const names[5] = {"batch", "seq_q", "seq_k", "embed_dim", "num_heads"};
+    const size_t dims[5] = {desc->batch, desc->seq_q, desc->seq_k, desc->embed_dim,
+                            desc->num_heads};
+    if ((status = check_dims(ctx, op, dims, names, 5)))
+        return status;
+    const size_t e = desc->embed_dim, b = desc->batch, lq = desc->seq_q, lk = desc->seq_k;
+    const size_t kdim = desc->kdim ? desc->kdim : e, vdim = desc->vdim ? desc->vdim : e;
+    const size_t qk = desc->qk_dim ? desc->qk_dim : e, vd = desc->v_dim ? desc->v_dim : e;
+    const size_t out_dim = weights->out_weight ? e : vd;
+    if (key == NULL)
+        key = query;
+    if (value == NULL)
+        value = key;
+    if ((key == query && kdim != e) || (value == key && vdim != kdim))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: key/value omitted (self-attention) but kdim/vdim differ from "
+                            "embed_dim",
+                            op);
+    if ((key == query || value == query) && lk != lq)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: key or value is the query but seq_k=%zu != seq_q=%zu", op, lk,
+                            lq);
+    if (desc->layout != CLATTN_LAYOUT_XW && desc->layout != CLATTN_LAYOUT_TORCH)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: layout=%d is not a clattn_weight_layout", op,
+                            (int)desc->layout);
+    const bool torch = desc->layout == CLATTN_LAYOUT_TORCH;
+
+    clattn_mha_desc md;
+    clattn_mha_desc_init(&md);
+    clattn_tensors *t = &md.tensors;
+    t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lq, e, 0);
+    t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lk, kdim, 0);
+    t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lk, vdim, 0);
+    t->out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lq, out_dim, 0);
+    if (desc->need_weights == CLATTN_WEIGHTS_PER_HEAD)
+        t->weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, desc->num_heads, lq, lk);
+    else if (desc->need_weights == CLATTN_WEIGHTS_AVERAGED)
+        t->weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lq, lk, 0);
+    /* Parameters: (d_in, d_out) for XW, (d_out, d_in) for TORCH. */
+    const struct {
+        const float *data;
+        clattn_tensor *tensor;
+        size_t d_in, d_out; /* d_in 0: a bias of d_out */
+    } params[] = {
+        {weights->in_proj_weight, &t->in_proj_weight, e, 3 * e},
+        {weights->in_proj_bias, &t->in_proj_bias, 0, 3 * e},
+        {weights->q_weight, &t->q_weight, e, qk},
+        {weights->k_weight, &t->k_weight, kdim, qk},
+        {weights->v_weight, &t->v_weight, vdim, vd},
+        {weights->q_bias, &t->q_bias, 0, qk},
+        {weights->k_bias, &t->k_bias, 0, qk},
+        {weights->v_bias, &t->v_bias, 0, vd},
+        {weights->out_weight, &t->out_weight, vd, e},
+        {weights->out_bias, &t->out_bias, 0, e},
+    };
+    const size_t count = sizeof params / sizeof params[0];
+    for (size_t i = 0; i < count; ++i) {
+        if (params[i].data == NULL)
+            continue;
+        if (params[i].d_in == 0)
+            *params[i].tensor =
+                clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, params[i].d_out, 0, 0, 0);
+        else if (torch || params[i].tensor == &t->in_proj_weight)
+            *params[i].tensor = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2,
+                                                   params[i].d_out, params[i].d_in, 0, 0);
+        else
+            *params[i].tensor = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, params[i].d_in,
+                                                   params[i].d_out, 0, 0);
+    }
+    mask_layouts(masks, b, lq, lk, t);
+    md.num_heads = desc->num_heads;
+    md.layout = desc->layout;
+    md.causal = desc->causal;
+    md.scale = desc->scale;
+    md.norm = desc->norm;
+    md.need_weights = desc->need_weights;
+    md.path = desc->path;
+    clattn_plan *plan = NULL;
+    if ((status = clattn_mha_plan_create(ctx, &md, &plan)))
+        return clattn__end_message(ctx, op, status);
+
+    /* Every given parameter goes into one staging buffer, one after another. */
+    size_t offsets[sizeof params / sizeof params[0]] = {0}, total = 0, total_bytes = 0;
+    bool overflow = false;
+    for (size_t i = 0; i < count; ++i) {
+        offsets[i] = total;
+        /* Each size was checked by the plan; their sum was not. */
+        if (params[i].data && !clattn__add(total, elems_of(params[i].tensor), &total))
+            overflow = true;
+    }
+    if (overflow || !clattn__mul(total, sizeof(float), &total_bytes)) {
+        clattn_plan_release(plan);
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                            "%s: the weights and biases to stage overflow size_t together", op);
+    }
+    /* One transfer: the parameters packed on the host, then uploaded from offset 0. */
+    clattn_tensor staged;
+    float *packed = malloc((total ? total : 1) * sizeof(float));
+    if (packed == NULL) {
+        clattn_plan_release(plan);
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
+    }
+    for (size_t i = 0; i < count; ++i)
+        if (params[i].data)
+            memcpy(packed + offsets[i], params[i].data,
+                   elems_of(params[i].tensor) * sizeof(float));
+    status = reserve(ctx, op, CLATTN_WS_HOST_W, total, sizeof(float));
+    if (status == CLATTN_SUCCESS && total > 0)
+        status = upload(ctx, op, CLATTN_WS_HOST_W, 0, packed, total, sizeof(float), &staged);
+    free(packed);
+    for (size_t i = 0; i < count && status == CLATTN_SUCCESS; ++i)
+        if (params[i].data) {
+            params[i].tensor->mem = ctx->workspace[CLATTN_WS_HOST_W];
+            params[i].tensor->offset = offsets[i];
+        }
+    /* Inputs: self-attention uploads once, so that the plan can project q, k, v together. */
+    if (status == CLATTN_SUCCESS &&
+        (status = reserve(ctx, op, CLATTN_WS_HOST_IN0, elems_of(&t->q), sizeof(float))) ==
+            CLATTN_SUCCESS &&
+        (status = upload(ctx, op, CLATTN_WS_HOST_IN0, 0, query, elems_of(&t->q), sizeof(float),
+                         &staged)) == CLATTN_SUCCESS)
+        t->q.mem = staged.mem;
+    if (status == CLATTN_SUCCESS) {
+        if (key == query) {
+            t->k.mem = t->q.mem;
+        } else if ((status = reserve(ctx, op, CLATTN_WS_HOST_IN1, elems_of(&t->k),
+                                     sizeof(float))) == CLATTN_SUCCESS &&
+                   (status = upload(ctx, op, CLATTN_WS_HOST_IN1, 0, key, elems_of(&t->k),
+                                    sizeof(float), &staged)) == CLATTN_SUCCESS) {
+            t->k.mem = staged.mem;
+        }
+    }
+    if (status == CLATTN_SUCCESS) {
+        if (value == query) {
+            t->v.mem = t->q.mem;
+        } else if (value == key) {
+            t->v.mem = t->k.mem;
+        } else if ((status = reserve(ctx, op, CLATTN_WS_HOST_IN2, elems_of(&t->v),
+                                     sizeof(float))) == CLATTN_SUCCESS &&
+                   (status = upload(ctx, op, CLATTN_WS_HOST_IN2, 0, value, elems_of(&t->v),
+                                    sizeof(float), &staged)) == CLATTN_SUCCESS) {
+            t->v.mem = staged.mem;
+        }
+    }
+    if (status == CLATTN_SUCCESS &&
+        (status = reserve(ctx, op, CLATTN_WS_HOST_OUT, elems_of(&t->out), sizeof(float))) ==
+            CLATTN_SUCCESS)
+        t->out.mem = ctx->workspace[CLATTN_WS_HOST_OUT];
+    if (status == CLATTN_SUCCESS && t->weights.rank &&
+        (status = reserve(ctx, op, CLATTN_WS_HOST_ATTN, elems_of(&t->weights), sizeof(float))) ==
+            CLATTN_SUCCESS)
+        t->weights.mem = ctx->workspace[CLATTN_WS_HOST_ATTN];
+    if (status == CLATTN_SUCCESS)
+        status = stage_masks(ctx, op, masks, b, lq, lk, t);
+    if (status == CLATTN_SUCCESS)
+        status = run_and_read(ctx, op, plan, t, out, attn_weights);
+    clattn_plan_release(plan);
+    return clattn__end_message(ctx, op, status);
+}

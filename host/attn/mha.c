@@ -1,0 +1,551 @@
+/* Multi-head attention plans: projections into the workspace, attention on head views of the
+ * projections (no split or concat copies), the output projection from the heads' view. */
+#include "plan.h"
+
+#include <string.h>
+
+typedef struct mha_dims {
+    size_t batch, seq_q, seq_k, embed, kdim, vdim, qk_dim, v_dim, out_dim, heads;
+} mha_dims;
+
+/* A weight matrix's (d_in, d_out) as the caller stores it in `layout`. */
+static void weight_dims(bool trans, size_t d_in, size_t d_out, size_t *dims)
+{
+    dims[0] = trans ? d_out : d_in;
+    dims[1] = trans ? d_in : d_out;
+}
+
+static clattn_status check_weight(clattn_plan *plan, int role, const char *name, bool trans,
+                                  size_t d_in, size_t d_out, bool required)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const clattn__layout *l = &plan->layouts[role];
+    if (!l->present)
+        return required ? clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                       "%s: %s is required (rank 0 given)", plan->op, name)
+                        : CLATTN_SUCCESS;
+    size_t dims[2];
+    weight_dims(trans, d_in, d_out, dims);
+    clattn_status status =
+        clattn__layout_expect(ctx, plan->op, name, l, 2, dims,
+                              trans ? "(d_out, d_in) for layout TORCH" : "(d_in, d_out) for layout XW");
+    if (status == CLATTN_SUCCESS && l->strides[1] != 1)
+        status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                              "%s: %s must have stride 1 along its last dim (got %zu)", plan->op,
+                              name, l->strides[1]);
+    return status;
+}
+
+static clattn_status check_bias(clattn_plan *plan, int role, const char *name, size_t n)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const clattn__layout *l = &plan->layouts[role];
+    if (!l->present)
+        return CLATTN_SUCCESS;
+    clattn_status status = clattn__layout_expect(ctx, plan->op, name, l, 1, &n, "");
+    if (status == CLATTN_SUCCESS && (l->dtype != CLATTN_DTYPE_F32 || l->strides[0] != 1))
+        status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                              "%s: %s must be packed F32 (got %s, stride %zu)", plan->op, name,
+                              clattn__dtype_name(l->dtype), l->strides[0]);
+    return status;
+}
+
+/* Rows of a (batch, seq, features) input or output as matmul operands: one (batch * seq)-row
+ * matrix when the batch stride allows it, else a batch of seq-row matrices. */
+static bool flattens(const clattn__layout *l)
+{
+    return l->dims[0] == 1 || l->strides[0] == l->dims[1] * l->strides[1];
+}
+
+static clattn_status prepare_projection(clattn_plan *plan, const clattn__layout *input,
+                                        const clattn__layout *weight, size_t rows_per_batch,
+                                        size_t n, bool has_bias, clattn_dtype out_dtype,
+                                        bool input_flat, clattn__matmul_plan *mm)
+{
+    const clattn__mha *m = &plan->mha;
+    const clattn__matmul_shape shape = {
+        .m = input_flat ? m->batch * rows_per_batch : rows_per_batch,
+        .n = n,
+        .k = input->dims[2],
+        .batch = {1, input_flat ? 1 : m->batch},
+        .trans_b = m->trans_w,
+        .a_dtype = input->dtype,
+        .b_dtype = weight->dtype,
+        .c_dtype = out_dtype,
+        .has_bias = has_bias,
+    };
+    return clattn__matmul_prepare(plan->ctx, &shape, mm);
+}
+
+static clattn_status check_input(clattn_plan *plan, int role, const char *what, size_t batch,
+                                 size_t seq)
+{
+    const clattn__layout *l = &plan->layouts[role];
+    static const char *const names[4] = {"query", "key", "value", "out"};
+    if (!l->present || l->rank != 3)
+        return clattn__fail(plan->ctx, l->present ? CLATTN_ERR_INVALID_SHAPE
+                                                  : CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %s must be a rank-3 tensor %s, got rank %d", plan->op,
+                            names[role], what, l->rank);
+    if (l->dims[0] != batch || l->dims[1] != seq) {
+        char got[96];
+        clattn__format_dims(got, sizeof got, l->rank, l->dims);
+        return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: %s has dims %s, expected %s with batch=%zu, seq=%zu", plan->op,
+                            names[role], got, what, batch, seq);
+    }
+    if (l->strides[2] != 1)
+        return clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: %s must have stride 1 along its features (got %zu)", plan->op,
+                            names[role], l->strides[2]);
+    return CLATTN_SUCCESS;
+}
+
+static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
+    clattn__mha *m = &plan->mha;
+    clattn_status status;
+    if (desc->layout != CLATTN_LAYOUT_XW && desc->layout != CLATTN_LAYOUT_TORCH)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: layout=%d is not a clattn_weight_layout", op, (int)desc->layout);
+    if (desc->need_weights != CLATTN_WEIGHTS_NONE && desc->need_weights != CLATTN_WEIGHTS_PER_HEAD &&
+        desc->need_weights != CLATTN_WEIGHTS_AVERAGED)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: need_weights=%d is not a clattn_need_weights", op,
+                            (int)desc->need_weights);
+    m->trans_w = desc->layout == CLATTN_LAYOUT_TORCH;
+    m->need_weights = desc->need_weights;
+    if (!l[R_Q].present || l[R_Q].rank != 3)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: query must be a rank-3 tensor (batch, seq_q, embed_dim), got "
+                            "rank %d",
+                            op, l[R_Q].rank);
+    mha_dims d = {.batch = l[R_Q].dims[0], .seq_q = l[R_Q].dims[1], .embed = l[R_Q].dims[2]};
+    d.seq_k = l[R_K].present && l[R_K].rank == 3 ? l[R_K].dims[1] : 0;
+    d.kdim = l[R_K].present && l[R_K].rank == 3 ? l[R_K].dims[2] : 0;
+    d.vdim = l[R_V].present && l[R_V].rank == 3 ? l[R_V].dims[2] : 0;
+    if ((status = check_input(plan, R_Q, "(batch, seq_q, embed_dim)", d.batch, d.seq_q)) ||
+        (status = check_input(plan, R_K, "(batch, seq_k, kdim)", d.batch, d.seq_k)) ||
+        (status = check_input(plan, R_V, "(batch, seq_k, vdim)", d.batch, d.seq_k)))
+        return status;
+    d.heads = desc->num_heads;
+    if (d.heads == 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: num_heads=0: every dimension must be at least 1", op);
+    if (desc->num_kv_heads != 0 && desc->num_kv_heads != d.heads)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: num_kv_heads=%zu differs from num_heads=%zu (grouped-query "
+                            "attention is not in this version)",
+                            op, desc->num_kv_heads, d.heads);
+    m->packed_in_proj = l[R_IN_W].present;
+    if (m->packed_in_proj) {
+        if (!m->trans_w)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: in_proj_weight is PyTorch's packed (3E, E) matrix: it needs "
+                                "layout TORCH",
+                                op);
+        for (int role = R_QW; role <= R_VB; ++role)
+            if (l[role].present)
+                return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                    "%s: give in_proj_weight/in_proj_bias or the separate q/k/v "
+                                    "weights and biases, not both",
+                                    op);
+        if (d.kdim != d.embed || d.vdim != d.embed)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                "%s: in_proj_weight needs kdim = vdim = embed_dim = %zu (got "
+                                "kdim=%zu, vdim=%zu)",
+                                op, d.embed, d.kdim, d.vdim);
+        d.qk_dim = d.v_dim = d.embed;
+        const size_t in_dims[2] = {3 * d.embed, d.embed}, bias_dim = 3 * d.embed;
+        if ((status = clattn__layout_expect(ctx, op, "in_proj_weight", &l[R_IN_W], 2, in_dims,
+                                            "(3 * embed_dim, embed_dim)")) ||
+            (status = check_bias(plan, R_IN_B, "in_proj_bias", bias_dim)))
+            return status;
+        if (l[R_IN_W].strides[1] != 1)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: in_proj_weight must have stride 1 along its last dim", op);
+    } else {
+        if (l[R_IN_B].present)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: in_proj_bias goes with in_proj_weight", op);
+        if (!l[R_QW].present || !l[R_KW].present || !l[R_VW].present)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: q_weight, k_weight and v_weight are required (or "
+                                "in_proj_weight)",
+                                op);
+        /* The projected widths come from the weights' output dims. */
+        const int out_axis = m->trans_w ? 0 : 1;
+        d.qk_dim = l[R_QW].rank == 2 ? l[R_QW].dims[out_axis] : 0;
+        d.v_dim = l[R_VW].rank == 2 ? l[R_VW].dims[out_axis] : 0;
+        if ((status = check_weight(plan, R_QW, "q_weight", m->trans_w, d.embed, d.qk_dim, true)) ||
+            (status = check_weight(plan, R_KW, "k_weight", m->trans_w, d.kdim, d.qk_dim, true)) ||
+            (status = check_weight(plan, R_VW, "v_weight", m->trans_w, d.vdim, d.v_dim, true)) ||
+            (status = check_bias(plan, R_QB, "q_bias", d.qk_dim)) ||
+            (status = check_bias(plan, R_KB, "k_bias", d.qk_dim)) ||
+            (status = check_bias(plan, R_VB, "v_bias", d.v_dim)))
+            return status;
+    }
+    if (d.qk_dim % d.heads != 0 || d.v_dim % d.heads != 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: qk_dim=%zu and v_dim=%zu must be divisible by num_heads=%zu", op,
+                            d.qk_dim, d.v_dim, d.heads);
+    m->has_out_proj = l[R_OW].present;
+    d.out_dim = d.v_dim;
+    if (m->has_out_proj) {
+        d.out_dim = l[R_OW].rank == 2 ? l[R_OW].dims[m->trans_w ? 0 : 1] : 0;
+        if ((status = check_weight(plan, R_OW, "out_weight", m->trans_w, d.v_dim, d.out_dim,
+                                   true)) ||
+            (status = check_bias(plan, R_OB, "out_bias", d.out_dim)))
+            return status;
+    } else if (l[R_OB].present) {
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: out_bias goes with out_weight",
+                            op);
+    }
+    if (!l[R_OUT].present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: out is required", op);
+    const size_t out_dims[3] = {d.batch, d.seq_q, d.out_dim};
+    if ((status = clattn__layout_expect(ctx, op, "out", &l[R_OUT], 3, out_dims,
+                                        "(batch, seq_q, out_dim)")))
+        return status;
+    if (l[R_LSE].present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: lse is an SDPA output; MHA plans do not return it", op);
+    const bool want_weights = desc->need_weights != CLATTN_WEIGHTS_NONE;
+    if (want_weights != l[R_WEIGHTS].present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: weights is %s but need_weights=%d", op,
+                            l[R_WEIGHTS].present ? "given" : "absent", (int)desc->need_weights);
+    if (want_weights) {
+        const size_t per_head[4] = {d.batch, d.heads, d.seq_q, d.seq_k};
+        const size_t averaged[3] = {d.batch, d.seq_q, d.seq_k};
+        const bool averaged_wanted = desc->need_weights == CLATTN_WEIGHTS_AVERAGED;
+        status = averaged_wanted ? clattn__layout_expect(ctx, op, "weights", &l[R_WEIGHTS], 3,
+                                                         averaged, "(batch, seq_q, seq_k)")
+                                 : clattn__layout_expect(ctx, op, "weights", &l[R_WEIGHTS], 4,
+                                                         per_head,
+                                                         "(batch, num_heads, seq_q, seq_k)");
+        if (status == CLATTN_SUCCESS && l[R_WEIGHTS].strides[l[R_WEIGHTS].rank - 1] != 1)
+            status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                  "%s: weights must have stride 1 along seq_k", op);
+        if (status != CLATTN_SUCCESS)
+            return status;
+    }
+    m->batch = d.batch, m->seq_q = d.seq_q, m->seq_k = d.seq_k, m->heads = d.heads;
+    m->qk_dim = d.qk_dim, m->v_dim = d.v_dim;
+    m->head_dim_qk = d.qk_dim / d.heads, m->head_dim_v = d.v_dim / d.heads;
+
+    /* Workspace: the projections q | k | v one after another (so that a packed self-attention
+     * projection (B*L, 3E) is the same region), the concatenated heads, per-head weights. */
+    size_t q_size, k_size, v_size, concat = 0, scores = 0, cursor = 0;
+    if (!clattn__product(&q_size, 3, d.batch, d.seq_q, d.qk_dim) ||
+        !clattn__product(&k_size, 3, d.batch, d.seq_k, d.qk_dim) ||
+        !clattn__product(&v_size, 3, d.batch, d.seq_k, d.v_dim) ||
+        (m->has_out_proj && !clattn__product(&concat, 3, d.batch, d.seq_q, d.v_dim)) ||
+        (desc->need_weights == CLATTN_WEIGHTS_AVERAGED &&
+         !clattn__product(&scores, 4, d.batch, d.heads, d.seq_q, d.seq_k)))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                            "%s: the projections' sizes overflow size_t", op);
+    m->q_at = 0;
+    m->k_at = q_size;
+    m->v_at = q_size + k_size;
+    if (!clattn__add(m->v_at, v_size, &cursor))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t", op);
+    m->concat_at = cursor;
+    m->weights_at = cursor + concat;
+    if (!clattn__add(cursor, concat, &cursor) || !clattn__add(cursor, scores, &cursor))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t", op);
+
+    /* Projections. */
+    const bool flat_q = flattens(&l[R_Q]), flat_k = flattens(&l[R_K]);
+    const bool flat_v = flattens(&l[R_V]);
+    const clattn__layout *wq = m->packed_in_proj ? &l[R_IN_W] : &l[R_QW];
+    const clattn__layout *wk = m->packed_in_proj ? &l[R_IN_W] : &l[R_KW];
+    const clattn__layout *wv = m->packed_in_proj ? &l[R_IN_W] : &l[R_VW];
+    const bool bias_q = m->packed_in_proj ? l[R_IN_B].present : l[R_QB].present;
+    const bool bias_k = m->packed_in_proj ? l[R_IN_B].present : l[R_KB].present;
+    const bool bias_v = m->packed_in_proj ? l[R_IN_B].present : l[R_VB].present;
+    if ((status = prepare_projection(plan, &l[R_Q], wq, d.seq_q, d.qk_dim, bias_q,
+                                     CLATTN_DTYPE_F32, flat_q, &m->q_proj)) ||
+        (status = prepare_projection(plan, &l[R_K], wk, d.seq_k, d.qk_dim, bias_k,
+                                     CLATTN_DTYPE_F32, flat_k, &m->k_proj)) ||
+        (status = prepare_projection(plan, &l[R_V], wv, d.seq_k, d.v_dim, bias_v,
+                                     CLATTN_DTYPE_F32, flat_v, &m->v_proj)))
+        return status;
+    if (m->packed_in_proj && d.seq_q == d.seq_k &&
+        (status = prepare_projection(plan, &l[R_Q], &l[R_IN_W], d.seq_q, 3 * d.embed, bias_q,
+                                     CLATTN_DTYPE_F32, flat_q, &m->qkv_proj)))
+        return status;
+    if (m->has_out_proj) {
+        clattn__layout concat_layout = {
+            .present = true,
+            .dtype = CLATTN_DTYPE_F32,
+            .rank = 3,
+            .dims = {d.batch, d.seq_q, d.v_dim},
+            .strides = {d.seq_q * d.v_dim, d.v_dim, 1},
+        };
+        const bool flat_out = flattens(&l[R_OUT]);
+        if ((status = prepare_projection(plan, &concat_layout, &l[R_OW], d.seq_q, d.out_dim,
+                                         l[R_OB].present, l[R_OUT].dtype, flat_out,
+                                         &m->out_proj)))
+            return status;
+    }
+
+    clattn__score_shape score;
+    memset(&score, 0, sizeof score);
+    if ((status = clattn__plan_score(plan, desc->causal, desc->scale, desc->norm, m->head_dim_qk,
+                                     &score)) ||
+        (status = clattn__plan_masks(plan, d.batch, d.heads, d.seq_q, d.seq_k, &score)))
+        return status;
+    const clattn_dtype heads_out = m->has_out_proj ? CLATTN_DTYPE_F32 : l[R_OUT].dtype;
+    if ((status = clattn__attention_prepare(plan, &score, m->head_dim_qk, m->head_dim_v,
+                                            CLATTN_DTYPE_F32, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32,
+                                            heads_out, want_weights, false, desc->path,
+                                            &cursor)))
+        return status;
+    if (desc->need_weights == CLATTN_WEIGHTS_AVERAGED &&
+        (status = clattn__mean_heads_prepare(ctx, d.batch, d.heads, d.seq_q, d.seq_k, &m->mean)))
+        return status;
+    /* The projections' matmul scratch (a transposed weight on CPUs) after everything else. */
+    size_t scratch = 0;
+    const clattn__matmul_plan *mms[5] = {&m->q_proj, &m->k_proj, &m->v_proj, &m->qkv_proj,
+                                         &m->out_proj};
+    for (int i = 0; i < 5; ++i)
+        if (mms[i]->scratch_floats > scratch)
+            scratch = mms[i]->scratch_floats;
+    m->scratch_at = cursor;
+    if (!clattn__add(cursor, scratch, &cursor))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t", op);
+    plan->workspace_floats = cursor;
+    return clattn__plan_finish(plan, plan->attention.fused
+                                         ? "the projections"
+                                         : "the projections and the scores (batch, heads, "
+                                           "seq_q, seq_k)");
+}
+
+clattn_status clattn_mha_plan_create(clattn_ctx *ctx, const clattn_mha_desc *desc,
+                                     clattn_plan **out)
+{
+    static const char op[] = "mha";
+    if (out)
+        *out = NULL;
+    if (ctx == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn__clear_error(ctx);
+    if (desc == NULL || out == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op,
+                            desc ? "out" : "desc");
+    clattn_status status =
+        clattn__check_struct_size(ctx, op, "clattn_mha_desc", desc->struct_size, sizeof *desc);
+    clattn_plan *plan = NULL;
+    if (status == CLATTN_SUCCESS)
+        status = clattn__plan_new(ctx, CLATTN__MHA, op, &desc->tensors, &plan);
+    if (status == CLATTN_SUCCESS)
+        status = create(plan, desc);
+    if (status != CLATTN_SUCCESS) {
+        clattn_plan_release(plan);
+        return clattn__end_message(ctx, op, status); /* the message names the call */
+    }
+    *out = plan;
+    return CLATTN_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Execution
+ * ------------------------------------------------------------------------------------------- */
+
+/* A (batch, seq, features) layout as a matmul operand: (1, 1, batch*seq, f) when flat, else
+ * (1, batch, seq, f). */
+static clattn__view rows_view(const clattn__layout *l, cl_mem mem, size_t offset, bool flat)
+{
+    clattn__view v = {.mem = mem, .offset = offset, .dtype = l->dtype};
+    v.dims[0] = 1, v.strides[0] = 0;
+    v.dims[1] = flat ? 1 : l->dims[0];
+    v.strides[1] = flat ? 0 : l->strides[0];
+    v.dims[2] = flat ? l->dims[0] * l->dims[1] : l->dims[1];
+    v.strides[2] = l->strides[1];
+    v.dims[3] = l->dims[2];
+    v.strides[3] = l->strides[2];
+    return v;
+}
+
+/* A matrix (rows, cols) with row stride ld at offset, broadcast over batches. */
+static clattn__view matrix_view(cl_mem mem, size_t offset, clattn_dtype dtype, size_t rows,
+                                size_t cols, size_t ld)
+{
+    clattn__view v = {.mem = mem, .offset = offset, .dtype = dtype};
+    v.dims[0] = v.dims[1] = 1;
+    v.dims[2] = rows, v.strides[2] = ld;
+    v.dims[3] = cols, v.strides[3] = 1;
+    return v;
+}
+
+/* Heads of a (batch, seq, heads * head_dim) region with row stride `ld`: the (batch, heads,
+ * seq, head_dim) view, no copy. */
+static clattn__view heads_view(cl_mem mem, size_t offset, clattn_dtype dtype, size_t batch,
+                               size_t heads, size_t seq, size_t head_dim, size_t batch_stride,
+                               size_t ld, size_t col_stride)
+{
+    clattn__view v = {.mem = mem, .offset = offset, .dtype = dtype};
+    v.dims[0] = batch, v.strides[0] = batch_stride;
+    v.dims[1] = heads, v.strides[1] = head_dim * col_stride;
+    v.dims[2] = seq, v.strides[2] = ld;
+    v.dims[3] = head_dim, v.strides[3] = col_stride;
+    return v;
+}
+
+/* A packed (1, batch, seq, width) region of the workspace. */
+static clattn__view batch_rows(cl_mem mem, size_t offset, size_t batch, size_t seq, size_t width)
+{
+    clattn__view v = {.mem = mem, .offset = offset, .dtype = CLATTN_DTYPE_F32};
+    v.dims[0] = 1;
+    v.dims[1] = batch, v.strides[1] = seq * width;
+    v.dims[2] = seq, v.strides[2] = width;
+    v.dims[3] = width, v.strides[3] = 1;
+    return v;
+}
+
+/* A stored weight matrix, or `rows` of its rows from `first_row` on (rows 0: all). */
+static clattn__view bound_matrix(const clattn__layout *l, cl_mem mem, size_t offset,
+                                 size_t first_row, size_t rows)
+{
+    return matrix_view(mem, offset + first_row * l->strides[0], l->dtype,
+                       rows ? rows : l->dims[0], l->dims[1], l->strides[0]);
+}
+
+static clattn__view bias_view(cl_mem mem, size_t offset, size_t n)
+{
+    return matrix_view(mem, offset, CLATTN_DTYPE_F32, 1, n, n);
+}
+
+clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                  cl_mem workspace, clattn_chain *chain)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const clattn__layout *l = plan->layouts;
+    const clattn__mha *m = &plan->mha;
+    const clattn__scratch scratch = {workspace, m->scratch_at};
+    const size_t b = m->batch, lq = m->seq_q, lk = m->seq_k, h = m->heads;
+    const size_t dk = m->head_dim_qk, dv = m->head_dim_v, e = m->qk_dim;
+    const clattn__view none = {0};
+    cl_event step = NULL;
+    clattn_status status = CLATTN_SUCCESS;
+
+    /* Self-attention with PyTorch's packed weights: one (B*L, 3E) projection. */
+    const bool self_packed = m->packed_in_proj && lq == lk && mems[R_Q] == mems[R_K] &&
+                             mems[R_Q] == mems[R_V] && offsets[R_Q] == offsets[R_K] &&
+                             offsets[R_Q] == offsets[R_V] &&
+                             memcmp(&l[R_Q], &l[R_K], sizeof l[R_Q]) == 0 &&
+                             memcmp(&l[R_Q], &l[R_V], sizeof l[R_Q]) == 0;
+    const bool flat_q = flattens(&l[R_Q]), flat_k = flattens(&l[R_K]);
+    const bool flat_v = flattens(&l[R_V]);
+    size_t q_at = m->q_at, k_at = m->k_at, v_at = m->v_at, q_ld = e, kv_ld = e, v_ld = m->v_dim;
+    if (self_packed) {
+        const clattn__view x = rows_view(&l[R_Q], mems[R_Q], offsets[R_Q], flat_q);
+        const clattn__view w = bound_matrix(&l[R_IN_W], mems[R_IN_W], offsets[R_IN_W], 0, 3 * e);
+        const clattn__view bias =
+            l[R_IN_B].present ? bias_view(mems[R_IN_B], offsets[R_IN_B], 3 * e) : none;
+        const clattn__view y =
+            flat_q ? matrix_view(workspace, m->q_at, CLATTN_DTYPE_F32, b * lq, 3 * e, 3 * e)
+                   : batch_rows(workspace, m->q_at, b, lq, 3 * e);
+        status = clattn__step(chain,
+                              clattn__matmul_enqueue(ctx, &m->qkv_proj, &x, &w, &bias, &y, 1.0f,
+                                                     0.0f, scratch, CHAIN_WAIT(chain), &step),
+                              &step);
+        q_at = m->q_at, k_at = m->q_at + e, v_at = m->q_at + 2 * e;
+        q_ld = kv_ld = v_ld = 3 * e;
+    } else {
+        const int roles[3] = {R_Q, R_K, R_V};
+        const int weights[3] = {R_QW, R_KW, R_VW}, biases[3] = {R_QB, R_KB, R_VB};
+        const size_t seqs[3] = {lq, lk, lk}, widths[3] = {e, e, m->v_dim};
+        const size_t at[3] = {m->q_at, m->k_at, m->v_at};
+        const bool flat[3] = {flat_q, flat_k, flat_v};
+        const clattn__matmul_plan *mms[3] = {&m->q_proj, &m->k_proj, &m->v_proj};
+        for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i) {
+            const int r = roles[i];
+            const clattn__view x = rows_view(&l[r], mems[r], offsets[r], flat[i]);
+            clattn__view w, bias = none;
+            if (m->packed_in_proj) {
+                w = bound_matrix(&l[R_IN_W], mems[R_IN_W], offsets[R_IN_W], (size_t)i * e, e);
+                if (l[R_IN_B].present)
+                    bias = bias_view(mems[R_IN_B], offsets[R_IN_B] + (size_t)i * e, e);
+            } else {
+                w = bound_matrix(&l[weights[i]], mems[weights[i]], offsets[weights[i]], 0,
+                                 0);
+                if (l[biases[i]].present)
+                    bias = bias_view(mems[biases[i]], offsets[biases[i]], widths[i]);
+            }
+            const clattn__view y =
+                flat[i] ? matrix_view(workspace, at[i], CLATTN_DTYPE_F32, b * seqs[i], widths[i],
+                                      widths[i])
+                        : batch_rows(workspace, at[i], b, seqs[i], widths[i]);
+            status = clattn__step(chain,
+                                  clattn__matmul_enqueue(ctx, mms[i], &x, &w, &bias, &y, 1.0f,
+                                                         0.0f, scratch, CHAIN_WAIT(chain), &step),
+                                  &step);
+        }
+    }
+    if (status != CLATTN_SUCCESS)
+        return status;
+
+    /* Attention on head views of the projections; it writes the heads where the output
+     * projection reads them (or straight into out). */
+    clattn__attention_io io = {
+        .q = heads_view(workspace, q_at, CLATTN_DTYPE_F32, b, h, lq, dk, lq * q_ld, q_ld, 1),
+        .k = heads_view(workspace, k_at, CLATTN_DTYPE_F32, b, h, lk, dk, lk * kv_ld, kv_ld, 1),
+        .v = heads_view(workspace, v_at, CLATTN_DTYPE_F32, b, h, lk, dv, lk * v_ld, v_ld, 1),
+        .masks = {plan->mask_view, plan->kpm_view},
+    };
+    io.masks.mask.mem = mems[R_MASK];
+    io.masks.mask.offset = offsets[R_MASK];
+    io.masks.key_padding.mem = mems[R_KPM];
+    io.masks.key_padding.offset = offsets[R_KPM];
+    if (m->has_out_proj)
+        io.out = heads_view(workspace, m->concat_at, CLATTN_DTYPE_F32, b, h, lq, dv,
+                            lq * m->v_dim, m->v_dim, 1);
+    else
+        io.out = heads_view(mems[R_OUT], offsets[R_OUT], l[R_OUT].dtype, b, h, lq, dv,
+                            l[R_OUT].strides[0], l[R_OUT].strides[1], l[R_OUT].strides[2]);
+    if (m->need_weights == CLATTN_WEIGHTS_PER_HEAD) {
+        clattn__view_of(&l[R_WEIGHTS], &io.weights);
+        io.weights.mem = mems[R_WEIGHTS];
+        io.weights.offset = offsets[R_WEIGHTS];
+    } else if (m->need_weights == CLATTN_WEIGHTS_AVERAGED) {
+        io.weights = (clattn__view){
+            .mem = workspace,
+            .offset = m->weights_at,
+            .dtype = CLATTN_DTYPE_F32,
+            .dims = {b, h, lq, lk},
+            .strides = {h * lq * lk, lq * lk, lk, 1},
+        };
+    }
+    if ((status = clattn__attention_enqueue(plan, &io, workspace, chain)))
+        return status;
+    if (m->need_weights == CLATTN_WEIGHTS_AVERAGED) {
+        clattn__view dst;
+        clattn__view_of(&l[R_WEIGHTS], &dst);
+        dst.mem = mems[R_WEIGHTS];
+        dst.offset = offsets[R_WEIGHTS];
+        if ((status = clattn__step(chain,
+                                   clattn__mean_heads_enqueue(ctx, &m->mean, &io.weights, &dst,
+                                                              CHAIN_WAIT(chain), &step),
+                                   &step)))
+            return status;
+    }
+    if (!m->has_out_proj)
+        return CLATTN_SUCCESS;
+    const bool flat_out = flattens(&l[R_OUT]);
+    const clattn__view concat =
+        flat_out ? matrix_view(workspace, m->concat_at, CLATTN_DTYPE_F32, b * lq, m->v_dim, m->v_dim)
+                 : batch_rows(workspace, m->concat_at, b, lq, m->v_dim);
+    const clattn__view w = bound_matrix(&l[R_OW], mems[R_OW], offsets[R_OW], 0, 0);
+    const clattn__view bias =
+        l[R_OB].present ? bias_view(mems[R_OB], offsets[R_OB], l[R_OB].dims[0]) : none;
+    const clattn__view y = rows_view(&l[R_OUT], mems[R_OUT], offsets[R_OUT], flat_out);
+    return clattn__step(chain,
+                        clattn__matmul_enqueue(ctx, &m->out_proj, &concat, &w, &bias, &y, 1.0f,
+                                               0.0f, scratch, CHAIN_WAIT(chain), &step),
+                        &step);
+}

@@ -1,0 +1,419 @@
+/* What every plan shares: tensor roles, creation checks, masks, workspace and execution. */
+#include "plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const size_t role_offsets[R_COUNT] = {
+    offsetof(clattn_tensors, q),           offsetof(clattn_tensors, k),
+    offsetof(clattn_tensors, v),           offsetof(clattn_tensors, out),
+    offsetof(clattn_tensors, attn_mask),   offsetof(clattn_tensors, key_padding_mask),
+    offsetof(clattn_tensors, weights),     offsetof(clattn_tensors, lse),
+    offsetof(clattn_tensors, in_proj_weight), offsetof(clattn_tensors, in_proj_bias),
+    offsetof(clattn_tensors, q_weight),    offsetof(clattn_tensors, k_weight),
+    offsetof(clattn_tensors, v_weight),    offsetof(clattn_tensors, q_bias),
+    offsetof(clattn_tensors, k_bias),      offsetof(clattn_tensors, v_bias),
+    offsetof(clattn_tensors, out_weight),  offsetof(clattn_tensors, out_bias),
+};
+
+/* SDPA names its inputs q, k, v; MHA query, key, value. */
+static const char *const sdpa_names[R_COUNT] = {
+    "q", "k", "v", "out", "attn_mask", "key_padding_mask", "weights", "lse",
+    "in_proj_weight", "in_proj_bias", "q_weight", "k_weight", "v_weight", "q_bias", "k_bias",
+    "v_bias", "out_weight", "out_bias",
+};
+static const char *const mha_names[R_COUNT] = {
+    "query", "key", "value", "out", "attn_mask", "key_padding_mask", "weights", "lse",
+    "in_proj_weight", "in_proj_bias", "q_weight", "k_weight", "v_weight", "q_bias", "k_bias",
+    "v_bias", "out_weight", "out_bias",
+};
+
+const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role role)
+{
+    return (const clattn_tensor *)((const char *)t + role_offsets[role]);
+}
+
+static const char *role_name(const clattn_plan *plan, int role)
+{
+    return plan->kind == CLATTN__SDPA ? sdpa_names[role] : mha_names[role];
+}
+
+void clattn_sdpa_desc_init(clattn_sdpa_desc *desc)
+{
+    if (desc == NULL)
+        return;
+    memset(desc, 0, sizeof *desc);
+    desc->struct_size = sizeof *desc;
+    desc->scale = NAN;
+}
+
+void clattn_mha_desc_init(clattn_mha_desc *desc)
+{
+    if (desc == NULL)
+        return;
+    memset(desc, 0, sizeof *desc);
+    desc->struct_size = sizeof *desc;
+    desc->scale = NAN;
+}
+
+clattn_status clattn__plan_new(clattn_ctx *ctx, clattn__plan_kind kind, const char *op,
+                               const clattn_tensors *tensors, clattn_plan **out)
+{
+    clattn_plan *plan = calloc(1, sizeof *plan);
+    if (plan == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
+    plan->ctx = ctx;
+    plan->kind = kind;
+    plan->op = op;
+    clattn_status status = CLATTN_SUCCESS;
+    for (int role = 0; role < R_COUNT && status == CLATTN_SUCCESS; ++role) {
+        const bool output = role == R_OUT || role == R_WEIGHTS || role == R_LSE;
+        const unsigned dtypes = role == R_KPM                      ? CLATTN__U8
+                                : role == R_MASK                   ? CLATTN__FLOATS | CLATTN__U8
+                                : role == R_WEIGHTS || role == R_LSE ? CLATTN__F32
+                                                                   : CLATTN__FLOATS;
+        status = clattn__layout_from(ctx, op, role_name(plan, role),
+                                     clattn__tensor_of(tensors, (clattn__role)role), dtypes, output,
+                                     &plan->layouts[role]);
+    }
+    if (status != CLATTN_SUCCESS) {
+        free(plan);
+        return status;
+    }
+    *out = plan;
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__plan_score(clattn_plan *plan, clattn_causal causal, float scale,
+                                 clattn_norm norm, size_t head_dim_qk, clattn__score_shape *score)
+{
+    clattn_ctx *ctx = plan->ctx;
+    if (norm != CLATTN_NORM_SOFTMAX && norm != CLATTN_NORM_RELU)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: norm=%d is not a clattn_norm",
+                            plan->op, (int)norm);
+    if (causal != CLATTN_CAUSAL_NONE && causal != CLATTN_CAUSAL_TOP_LEFT &&
+        causal != CLATTN_CAUSAL_BOTTOM_RIGHT)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: causal=%d is not a clattn_causal", plan->op, (int)causal);
+    if (isinf(scale))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: scale=%g: give a finite scale, or NAN for 1/sqrt(head size)",
+                            plan->op, (double)scale);
+    score->causal = causal;
+    score->norm = norm;
+    score->scale = isnan(scale) ? (float)(1.0 / sqrt((double)head_dim_qk)) : scale;
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, size_t seq_q,
+                                 size_t seq_k, clattn__score_shape *score)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const size_t target[4] = {batch, heads, seq_q, seq_k};
+    score->batch = batch, score->heads = heads, score->seq_q = seq_q, score->seq_k = seq_k;
+    const clattn__layout *mask = &plan->layouts[R_MASK];
+    score->has_mask = mask->present;
+    memset(&plan->mask_view, 0, sizeof plan->mask_view);
+    memset(&plan->kpm_view, 0, sizeof plan->kpm_view);
+    if (mask->present) {
+        clattn__view_of(mask, &plan->mask_view);
+        score->mask_dtype = mask->dtype;
+        for (int d = 0; d < 4; ++d) {
+            if (plan->mask_view.dims[d] == target[d])
+                continue;
+            if (plan->mask_view.dims[d] != 1) {
+                char got[128], want[128];
+                clattn__format_dims(got, sizeof got, mask->rank, mask->dims);
+                clattn__format_dims(want, sizeof want, 4, target);
+                return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                    "%s: attn_mask has dims %s, which do not broadcast to "
+                                    "(batch, heads, seq_q, seq_k) = %s",
+                                    plan->op, got, want);
+            }
+            plan->mask_view.dims[d] = target[d];
+            plan->mask_view.strides[d] = 0;
+        }
+    }
+    const clattn__layout *kpm = &plan->layouts[R_KPM];
+    score->has_key_padding = kpm->present;
+    if (kpm->present) {
+        const size_t want[2] = {batch, seq_k};
+        clattn_status status = clattn__layout_expect(ctx, plan->op, "key_padding_mask", kpm, 2,
+                                                     want, "(batch, seq_k)");
+        if (status != CLATTN_SUCCESS)
+            return status;
+        clattn__view_of(kpm, &plan->kpm_view);
+    }
+    return CLATTN_SUCCESS;
+}
+
+static bool reserve(size_t *cursor, size_t floats, size_t *at)
+{
+    *at = *cursor;
+    return clattn__add(*cursor, floats, cursor);
+}
+
+clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_shape *score,
+                                        size_t head_dim_qk, size_t head_dim_v,
+                                        clattn_dtype q_dtype, clattn_dtype k_dtype,
+                                        clattn_dtype v_dtype, clattn_dtype out_dtype,
+                                        bool want_weights, bool want_lse, clattn_path path,
+                                        size_t *workspace_floats)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    clattn__attention *a = &plan->attention;
+    a->score = *score;
+    a->head_dim_qk = head_dim_qk;
+    a->head_dim_v = head_dim_v;
+    const bool supported = clattn__flash_supports(head_dim_qk, head_dim_v);
+    switch (path) {
+    case CLATTN_PATH_AUTO:
+        a->fused = !want_weights && supported;
+        break;
+    case CLATTN_PATH_UNFUSED:
+        a->fused = false;
+        break;
+    case CLATTN_PATH_FUSED:
+        if (want_weights)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: path=FUSED cannot return the attention weights (the fused "
+                                "kernel never forms them): use AUTO or UNFUSED",
+                                op);
+        if (!supported)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: path=FUSED takes head sizes up to 256 (got %zu, %zu)", op,
+                                head_dim_qk, head_dim_v);
+        a->fused = true;
+        break;
+    default:
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: path=%d is not a clattn_path",
+                            op, (int)path);
+    }
+    if (want_lse && !a->fused)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: lse comes from the fused kernel only: head sizes up to 256, "
+                            "path AUTO or FUSED, no weights",
+                            op);
+    if (a->fused) {
+        const clattn__flash_shape shape = {
+            .score = *score,
+            .head_dim_qk = head_dim_qk,
+            .head_dim_v = head_dim_v,
+            .q_dtype = q_dtype,
+            .k_dtype = k_dtype,
+            .v_dtype = v_dtype,
+            .out_dtype = out_dtype,
+            .has_lse = want_lse,
+        };
+        clattn_status status = clattn__flash_prepare(ctx, &shape, &a->flash);
+        if (status != CLATTN_SUCCESS)
+            return status;
+        if (!reserve(workspace_floats, a->flash.scratch_floats, &a->scratch_at))
+            return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t",
+                                op);
+        return CLATTN_SUCCESS;
+    }
+    const clattn__matmul_shape qk = {
+        .m = score->seq_q,
+        .n = score->seq_k,
+        .k = head_dim_qk,
+        .batch = {score->batch, score->heads},
+        .trans_b = true,
+        .a_dtype = q_dtype,
+        .b_dtype = k_dtype,
+        .c_dtype = CLATTN_DTYPE_F32,
+    };
+    const clattn__matmul_shape pv = {
+        .m = score->seq_q,
+        .n = head_dim_v,
+        .k = score->seq_k,
+        .batch = {score->batch, score->heads},
+        .a_dtype = CLATTN_DTYPE_F32,
+        .b_dtype = v_dtype,
+        .c_dtype = out_dtype,
+    };
+    clattn_status status;
+    if ((status = clattn__matmul_prepare(ctx, &qk, &a->qk)) ||
+        (status = clattn__softmax_prepare(ctx, score, &a->softmax)) ||
+        (status = clattn__matmul_prepare(ctx, &pv, &a->pv)))
+        return status;
+    size_t scores = 0;
+    if (!clattn__product(&scores, 4, score->batch, score->heads, score->seq_q, score->seq_k))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                            "%s: the scores (batch, heads, seq_q, seq_k) overflow size_t", op);
+    a->own_scores = !want_weights;
+    const size_t scratch = a->qk.scratch_floats > a->pv.scratch_floats ? a->qk.scratch_floats
+                                                                       : a->pv.scratch_floats;
+    if ((a->own_scores && !reserve(workspace_floats, scores, &a->scores_at)) ||
+        !reserve(workspace_floats, scratch, &a->scratch_at))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t", op);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attention_io *io,
+                                        cl_mem workspace, clattn_chain *chain)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const clattn__attention *a = &plan->attention;
+    const clattn__scratch scratch = {workspace, a->scratch_at};
+    cl_event step = NULL;
+    if (a->fused)
+        return clattn__step(chain,
+                            clattn__flash_enqueue(ctx, &a->flash, &io->q, &io->k, &io->v, &io->out,
+                                                  &io->lse, &io->masks, scratch,
+                                                  CHAIN_WAIT(chain), &step),
+                            &step);
+    clattn__view scores = io->weights;
+    if (a->own_scores) {
+        const clattn__score_shape *s = &a->score;
+        scores = (clattn__view){
+            .mem = workspace,
+            .offset = a->scores_at,
+            .dtype = CLATTN_DTYPE_F32,
+            .dims = {s->batch, s->heads, s->seq_q, s->seq_k},
+            .strides = {s->heads * s->seq_q * s->seq_k, s->seq_q * s->seq_k, s->seq_k, 1},
+        };
+    }
+    const clattn__view none = {0};
+    clattn_status status;
+    if ((status = clattn__step(chain,
+                               clattn__matmul_enqueue(ctx, &a->qk, &io->q, &io->k, &none, &scores,
+                                                      1.0f, 0.0f, scratch, CHAIN_WAIT(chain),
+                                                      &step),
+                               &step)) ||
+        (status = clattn__step(chain,
+                               clattn__softmax_enqueue(ctx, &a->softmax, &scores, &scores,
+                                                       &io->masks, CHAIN_WAIT(chain), &step),
+                               &step)))
+        return status;
+    return clattn__step(chain,
+                        clattn__matmul_enqueue(ctx, &a->pv, &scores, &io->v, &none, &io->out, 1.0f,
+                                               0.0f, scratch, CHAIN_WAIT(chain), &step),
+                        &step);
+}
+
+clattn_status clattn__plan_finish(clattn_plan *plan, const char *largest)
+{
+    clattn_ctx *ctx = plan->ctx;
+    size_t bytes = 0;
+    if (!clattn__mul(plan->workspace_floats, sizeof(float), &bytes))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t",
+                            plan->op);
+    if (ctx->workspace_limit && bytes > ctx->workspace_limit)
+        return clattn__fail(ctx, CLATTN_ERR_TOO_LARGE,
+                            "%s: the workspace (%s) needs %zu bytes, more than the context's "
+                            "workspace limit (%zu bytes)",
+                            plan->op, largest, bytes, ctx->workspace_limit);
+    if (bytes > ctx->info.max_alloc_size)
+        return clattn__fail(ctx, CLATTN_ERR_TOO_LARGE,
+                            "%s: the workspace (%s) needs %zu bytes, more than the device's "
+                            "largest allocation (CL_DEVICE_MAX_MEM_ALLOC_SIZE = %llu)",
+                            plan->op, largest, bytes,
+                            (unsigned long long)ctx->info.max_alloc_size);
+    return CLATTN_SUCCESS;
+}
+
+void clattn_plan_release(clattn_plan *plan)
+{
+    free(plan);
+}
+
+size_t clattn_plan_workspace_size(const clattn_plan *plan)
+{
+    return plan ? plan->workspace_floats * sizeof(float) : 0;
+}
+
+int clattn_plan_is_fused(const clattn_plan *plan)
+{
+    return plan && plan->attention.fused;
+}
+
+/* Checks `queue` (another queue than the context's) and makes it the execution queue. */
+static clattn_status use_queue(clattn_ctx *ctx, const char *op, cl_command_queue queue)
+{
+    cl_context owner = NULL;
+    cl_device_id device = NULL;
+    cl_command_queue_properties properties = 0;
+    cl_int err = clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof owner, &owner, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof device, &device, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetCommandQueueInfo(queue, CL_QUEUE_PROPERTIES, sizeof properties, &properties,
+                                    NULL);
+    if (err != CL_SUCCESS)
+        return clattn__fail(ctx, (clattn_status)err, "%s: queue: clGetCommandQueueInfo: %s (%d)",
+                            op, clattn__cl_error_name(err), (int)err);
+    if (owner != ctx->context || device != ctx->device)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: queue belongs to another cl_context or device than the clattn "
+                            "context's",
+                            op);
+    ctx->exec_queue = queue;
+    ctx->exec_out_of_order = (properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0;
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensors *tensors,
+                                  cl_command_queue queue, cl_mem workspace, cl_uint num_wait,
+                                  const cl_event *wait, cl_event *event)
+{
+    if (event)
+        *event = NULL;
+    if (plan == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    clattn_status status = clattn__entry(ctx, op, plan, num_wait, wait, event);
+    if (status == CLATTN_SUCCESS && tensors == NULL)
+        status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: tensors is NULL", op);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    cl_mem mems[R_COUNT];
+    size_t offsets[R_COUNT];
+    for (int role = 0; role < R_COUNT && status == CLATTN_SUCCESS; ++role)
+        status = clattn__bind(ctx, op, role_name(plan, role), &plan->layouts[role],
+                              clattn__tensor_of(tensors, (clattn__role)role), &mems[role],
+                              &offsets[role]);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    const size_t need = plan->workspace_floats * sizeof(float);
+    if (workspace != NULL) {
+        size_t have = 0;
+        cl_context owner = NULL;
+        cl_int err = clGetMemObjectInfo(workspace, CL_MEM_SIZE, sizeof have, &have, NULL);
+        if (err == CL_SUCCESS)
+            err = clGetMemObjectInfo(workspace, CL_MEM_CONTEXT, sizeof owner, &owner, NULL);
+        if (err != CL_SUCCESS)
+            return clattn__fail(ctx, (clattn_status)err,
+                                "%s: workspace: clGetMemObjectInfo: %s (%d)", op,
+                                clattn__cl_error_name(err), (int)err);
+        if (owner != ctx->context)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: workspace belongs to another cl_context than the clattn "
+                                "context's",
+                                op);
+        if (have < need)
+            return clattn__fail(ctx, CLATTN_ERR_BUFFER_TOO_SMALL,
+                                "%s: workspace has %zu bytes, the plan needs %zu "
+                                "(clattn_plan_workspace_size)",
+                                op, have, need);
+    } else if (need > 0 &&
+               (status = clattn__workspace(ctx, op, CLATTN_WS_PLAN, need, &workspace))) {
+        return status;
+    }
+    if (queue != NULL && queue != ctx->queue && (status = use_queue(ctx, op, queue)))
+        return status;
+    ctx->private_workspace = workspace != NULL && workspace != ctx->workspace[CLATTN_WS_PLAN];
+    clattn_chain chain;
+    status = clattn__begin(ctx, op, &chain, num_wait, wait);
+    if (status == CLATTN_SUCCESS)
+        status = plan->kind == CLATTN__SDPA
+                     ? clattn__sdpa_execute(plan, mems, offsets, workspace, &chain)
+                     : clattn__mha_execute(plan, mems, offsets, workspace, &chain);
+    status = clattn__end(ctx, op, &chain, status, event);
+    ctx->exec_queue = NULL;
+    ctx->private_workspace = false;
+    return status;
+}

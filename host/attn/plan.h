@@ -1,0 +1,96 @@
+/* Plans inside the library: what create decided, what execute runs. */
+#ifndef CLATTN_PLAN_H
+#define CLATTN_PLAN_H
+
+#include "ops.h"
+#include "tensor.h"
+
+/* The roles of clattn_tensors, in its field order. */
+typedef enum clattn__role {
+    R_Q = 0, R_K, R_V, R_OUT, R_MASK, R_KPM, R_WEIGHTS, R_LSE,
+    R_IN_W, R_IN_B, R_QW, R_KW, R_VW, R_QB, R_KB, R_VB, R_OW, R_OB,
+    R_COUNT
+} clattn__role;
+
+const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role role);
+
+/* Attention over (batch, heads, seq, head_dim) views: the steps both plans share. */
+typedef struct clattn__attention {
+    clattn__score_shape score;
+    size_t head_dim_qk, head_dim_v;
+    bool fused;
+    clattn__flash_plan flash;
+    clattn__matmul_plan qk, pv;
+    clattn__softmax_plan softmax;
+    bool own_scores;   /* unfused without the caller's weights: scores in the workspace */
+    size_t scores_at;  /* workspace float offset of the scores */
+    size_t scratch_at; /* workspace float offset of the ops' scratch */
+} clattn__attention;
+
+/* Everything the attention steps read at execution. */
+typedef struct clattn__attention_io {
+    clattn__view q, k, v, out;
+    clattn__view weights; /* mem NULL: not wanted */
+    clattn__view lse;     /* mem NULL: not wanted */
+    clattn__score_masks masks;
+} clattn__attention_io;
+
+typedef struct clattn__mha {
+    size_t batch, seq_q, seq_k, heads, qk_dim, v_dim, head_dim_qk, head_dim_v;
+    bool packed_in_proj;               /* in_proj_weight given (layout TORCH) */
+    clattn__matmul_plan q_proj, k_proj, v_proj, qkv_proj, out_proj;
+    bool has_out_proj;
+    size_t q_at, k_at, v_at, concat_at; /* workspace float offsets */
+    size_t weights_at;                  /* per-head weights for AVERAGED */
+    size_t scratch_at;                  /* the projections' matmul scratch */
+    clattn__mean_heads_plan mean;
+    clattn_need_weights need_weights;
+    bool trans_w; /* layout TORCH: weights stored (d_out, d_in) */
+} clattn__mha;
+
+typedef enum clattn__plan_kind { CLATTN__SDPA, CLATTN__MHA } clattn__plan_kind;
+
+struct clattn_plan {
+    clattn_ctx *ctx;
+    clattn__plan_kind kind;
+    const char *op; /* "sdpa" or "mha" */
+    clattn__layout layouts[R_COUNT];
+    clattn__view mask_view, kpm_view; /* broadcast views of the masks (mem bound at execution) */
+    clattn__attention attention;
+    clattn__mha mha;
+    size_t workspace_floats;
+};
+
+/* Builds the broadcast views of the masks from the plan's layouts (masks in roles R_MASK and
+ * R_KPM) for a (batch, heads, seq_q, seq_k) problem and fills the score shape's mask fields. */
+clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, size_t seq_q,
+                                 size_t seq_k, clattn__score_shape *score);
+/* Validates the score rule's settings and resolves scale (NAN: 1/sqrt(head_dim_qk)). */
+clattn_status clattn__plan_score(clattn_plan *plan, clattn_causal causal, float scale,
+                                 clattn_norm norm, size_t head_dim_qk, clattn__score_shape *score);
+
+/* Chooses the path and prepares the attention steps, reserving workspace from
+ * *workspace_floats on. want_weights: the caller's weights view receives the weights. */
+clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_shape *score,
+                                        size_t head_dim_qk, size_t head_dim_v,
+                                        clattn_dtype q_dtype, clattn_dtype k_dtype,
+                                        clattn_dtype v_dtype, clattn_dtype out_dtype,
+                                        bool want_weights, bool want_lse, clattn_path path,
+                                        size_t *workspace_floats);
+clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attention_io *io,
+                                        cl_mem workspace, clattn_chain *chain);
+
+/* Plan kinds' create and execute bodies (sdpa.c, mha.c). */
+clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                   cl_mem workspace, clattn_chain *chain);
+clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                  cl_mem workspace, clattn_chain *chain);
+
+/* Allocates a plan of `kind` on ctx and validates every tensor layout in `tensors` (floats,
+ * masks U8 or floats, outputs overlap-free). */
+clattn_status clattn__plan_new(clattn_ctx *ctx, clattn__plan_kind kind, const char *op,
+                               const clattn_tensors *tensors, clattn_plan **out);
+/* Finishes creation: checks the workspace against the context's limit. */
+clattn_status clattn__plan_finish(clattn_plan *plan, const char *largest);
+
+#endif
