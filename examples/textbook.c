@@ -34,10 +34,12 @@ static clattn_status project(clattn_ctx *ctx, const float *x, const float *w, fl
                                sizeof(float) * D * D, (void *)w, &err);
     cl_mem by = clCreateBuffer(context, CL_MEM_WRITE_ONLY, sizeof(float) * L * D, NULL, &err);
     if (bx && bw && by) {
-        const clattn_matmul_desc desc = {.m = L, .n = D, .k = D, .alpha = 1.0f};
-        const clattn_tensor none = {0};
-        status = clattn_matmul(ctx, &desc, (clattn_tensor){bx, 0}, (clattn_tensor){bw, 0}, none,
-                               (clattn_tensor){by, 0}, 0, NULL, NULL);
+        /* Tensors: (L, D) times (D, D) into (L, D), packed row-major float32. */
+        const clattn_matmul_desc desc = {.struct_size = sizeof desc, .alpha = 1.0f};
+        const clattn_tensor tx = clattn_tensor_make(bx, 0, CLATTN_DTYPE_F32, 2, L, D, 0, 0);
+        const clattn_tensor tw = clattn_tensor_make(bw, 0, CLATTN_DTYPE_F32, 2, D, D, 0, 0);
+        const clattn_tensor ty = clattn_tensor_make(by, 0, CLATTN_DTYPE_F32, 2, L, D, 0, 0);
+        status = clattn_matmul(ctx, &desc, &tx, &tw, NULL, &ty, 0, NULL, NULL);
         if (status == CLATTN_SUCCESS)
             status = (clattn_status)clEnqueueReadBuffer(queue, by, CL_TRUE, 0,
                                                         sizeof(float) * L * D, y, 0, NULL, NULL);
@@ -70,11 +72,17 @@ int main(void)
     clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_NAME, sizeof device - 1, device, NULL);
     printf("device: %s\n\n", device);
 
-    /* Single head, no output projection, textbook X·W layout, scale 1/sqrt(4) = 0.5. */
-    const clattn_mha_desc desc = {
-        .batch = 1, .seq_q = L, .seq_k = L, .embed_dim = D, .num_heads = 1,
-        .layout = CLATTN_LAYOUT_XW, .scale = 0.5f, .need_weights = CLATTN_WEIGHTS_PER_HEAD,
-    };
+    /* Single head, no output projection, textbook X·W layout. The scale is left at its
+     * default (NAN: 1/sqrt(d_k) = 0.5 here); the _init function sets it and struct_size. */
+    clattn_mha_host_desc desc;
+    clattn_mha_host_desc_init(&desc);
+    desc.batch = 1;
+    desc.seq_q = L;
+    desc.seq_k = L;
+    desc.embed_dim = D;
+    desc.num_heads = 1;
+    desc.layout = CLATTN_LAYOUT_XW;
+    desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
     const clattn_mha_host_weights w = {.q_weight = wq, .k_weight = wk, .v_weight = wv};
     if ((status = project(ctx, x, wq, q)) || (status = project(ctx, x, wk, k)) ||
         (status = project(ctx, x, wv, v)) ||

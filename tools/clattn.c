@@ -146,12 +146,15 @@ int cmd_devices(int argc, char **argv)
 static const char demo_usage[] =
     "usage: clattn demo [--device SPEC]\n"
     "Computes the textbook self-attention example on the device, every step with clattn's\n"
-    "kernels: X (3 x 4) times Wq, Wk, Wv (4 x 4) gives Q, K, V; scores = Q·Kᵀ; weights =\n"
-    "softmax(scores / sqrt(4)) row by row; Z = weights·V. Prints each matrix.\n";
+    "kernels: X (3 x 4) times Wq, Wk, Wv (4 x 4) gives Q, K, V (clattn_matmul); scores =\n"
+    "Q·Kᵀ (clattn_matmul); weights = softmax(scores / sqrt(4)) row by row and Z = weights·V\n"
+    "(an attention plan on the unfused path, which returns the weights). Prints each matrix.\n";
 
 enum { DEMO_L = 3, DEMO_D = 4 };
 
-/* Runs the demo's device steps on buffers of ctx; fills the host matrices. */
+/* Runs the demo's device steps on buffers of ctx; fills the host matrices. Q, K, V and the
+ * scores come from clattn_matmul; the weights and Z from an SDPA plan on the unfused path
+ * (the one that materialises the normalised scores as its `weights` output). */
 static clattn_status demo_compute(clattn_ctx *ctx, const float *x, const float *const w[3],
                                   float *qkv[3], float *scores, float *weights, float *z)
 {
@@ -160,6 +163,7 @@ static clattn_status demo_compute(clattn_ctx *ctx, const float *x, const float *
     enum { X, WQ, WK, WV, Q, K, V, S, P, Z, COUNT };
     const size_t sizes[COUNT] = {12, 16, 16, 16, 12, 12, 12, 9, 9, 12};
     cl_mem mem[COUNT] = {0};
+    clattn_plan *plan = NULL;
     clattn_status status = CLATTN_SUCCESS;
     for (int i = 0; i < COUNT && status == CLATTN_SUCCESS; ++i) {
         cl_int err = CL_SUCCESS;
@@ -170,30 +174,47 @@ static clattn_status demo_compute(clattn_ctx *ctx, const float *x, const float *
     for (int i = X; i <= WV && status == CLATTN_SUCCESS; ++i)
         status = (clattn_status)clEnqueueWriteBuffer(
             queue, mem[i], CL_TRUE, 0, sizes[i] * sizeof(float), inputs[i], 0, NULL, NULL);
-    const clattn_tensor none = {0};
-    const clattn_matmul_desc project = {.m = DEMO_L, .n = DEMO_D, .k = DEMO_D, .alpha = 1.0f};
-    for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i)
-        status = clattn_matmul(ctx, &project, (clattn_tensor){mem[X], 0},
-                               (clattn_tensor){mem[WQ + i], 0}, none,
-                               (clattn_tensor){mem[Q + i], 0}, 0, NULL, NULL);
-    const clattn_matmul_desc qk = {
-        .m = DEMO_L, .n = DEMO_L, .k = DEMO_D, .trans_b = 1, .alpha = 1.0f};
-    const clattn_softmax_desc softmax = {
-        .batch = 1, .heads = 1, .seq_q = DEMO_L, .seq_k = DEMO_L, .scale = 0.5f};
-    const clattn_matmul_desc pv = {.m = DEMO_L, .n = DEMO_D, .k = DEMO_L, .alpha = 1.0f};
+    const clattn_matmul_desc project = {.struct_size = sizeof project, .alpha = 1.0f};
+    const clattn_tensor xt =
+        clattn_tensor_make(mem[X], 0, CLATTN_DTYPE_F32, 2, DEMO_L, DEMO_D, 0, 0);
+    for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i) {
+        const clattn_tensor wt =
+            clattn_tensor_make(mem[WQ + i], 0, CLATTN_DTYPE_F32, 2, DEMO_D, DEMO_D, 0, 0);
+        const clattn_tensor yt =
+            clattn_tensor_make(mem[Q + i], 0, CLATTN_DTYPE_F32, 2, DEMO_L, DEMO_D, 0, 0);
+        status = clattn_matmul(ctx, &project, &xt, &wt, NULL, &yt, 0, NULL, NULL);
+    }
+    /* scores = Q·Kᵀ: K is stored (L, d), read transposed. */
+    const clattn_matmul_desc qk = {.struct_size = sizeof qk, .trans_b = 1, .alpha = 1.0f};
+    const clattn_tensor qt =
+        clattn_tensor_make(mem[Q], 0, CLATTN_DTYPE_F32, 2, DEMO_L, DEMO_D, 0, 0);
+    const clattn_tensor kt =
+        clattn_tensor_make(mem[K], 0, CLATTN_DTYPE_F32, 2, DEMO_L, DEMO_D, 0, 0);
+    const clattn_tensor st =
+        clattn_tensor_make(mem[S], 0, CLATTN_DTYPE_F32, 2, DEMO_L, DEMO_L, 0, 0);
     if (status == CLATTN_SUCCESS)
-        status = clattn_matmul(ctx, &qk, (clattn_tensor){mem[Q], 0}, (clattn_tensor){mem[K], 0},
-                               none, (clattn_tensor){mem[S], 0}, 0, NULL, NULL);
+        status = clattn_matmul(ctx, &qk, &qt, &kt, NULL, &st, 0, NULL, NULL);
+
+    /* weights = softmax(scores / sqrt(d_k)) and Z = weights·V: one head of one sequence. */
+    clattn_sdpa_desc attention;
+    clattn_sdpa_desc_init(&attention);
+    attention.scale = 0.5f;
+    attention.path = CLATTN_PATH_UNFUSED;
+    clattn_tensors *t = &attention.tensors;
+    t->q = clattn_tensor_make(mem[Q], 0, CLATTN_DTYPE_F32, 4, 1, 1, DEMO_L, DEMO_D);
+    t->k = clattn_tensor_make(mem[K], 0, CLATTN_DTYPE_F32, 4, 1, 1, DEMO_L, DEMO_D);
+    t->v = clattn_tensor_make(mem[V], 0, CLATTN_DTYPE_F32, 4, 1, 1, DEMO_L, DEMO_D);
+    t->out = clattn_tensor_make(mem[Z], 0, CLATTN_DTYPE_F32, 4, 1, 1, DEMO_L, DEMO_D);
+    t->weights = clattn_tensor_make(mem[P], 0, CLATTN_DTYPE_F32, 4, 1, 1, DEMO_L, DEMO_L);
     if (status == CLATTN_SUCCESS)
-        status = clattn_softmax_rows(ctx, &softmax, (clattn_tensor){mem[S], 0},
-                                     (clattn_tensor){mem[P], 0}, 0, NULL, NULL);
+        status = clattn_sdpa_plan_create(ctx, &attention, &plan);
     if (status == CLATTN_SUCCESS)
-        status = clattn_matmul(ctx, &pv, (clattn_tensor){mem[P], 0}, (clattn_tensor){mem[V], 0},
-                               none, (clattn_tensor){mem[Z], 0}, 0, NULL, NULL);
+        status = clattn_plan_execute(plan, t, NULL, NULL, 0, NULL, NULL);
     float *outputs[6] = {qkv[0], qkv[1], qkv[2], scores, weights, z};
     for (int i = 0; i < 6 && status == CLATTN_SUCCESS; ++i)
         status = (clattn_status)clEnqueueReadBuffer(
             queue, mem[Q + i], CL_TRUE, 0, sizes[Q + i] * sizeof(float), outputs[i], 0, NULL, NULL);
+    clattn_plan_release(plan);
     for (int i = 0; i < COUNT; ++i)
         if (mem[i])
             clReleaseMemObject(mem[i]);

@@ -1,8 +1,9 @@
-/* clattn bench: device-timed matmul, softmax, attention and MHA forward. */
+/* clattn bench: device-timed matmul, and executions of attention and MHA plans. */
 #define _POSIX_C_SOURCE 199309L
 #include "cli.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,24 +13,36 @@
 static const char bench_usage[] =
     "usage: clattn bench [--op matmul,softmax,attention,mha] [--runs N] [--warmup N] [--json]\n"
     "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--seq L,...] [--seq-k S]\n"
-    "                    [--head-dim D] [--embed E] [--path fused,unfused] [--device SPEC]\n"
+    "                    [--head-dim D] [--embed E] [--path fused,unfused]\n"
+    "                    [--dtype f32,f16,bf16] [--device SPEC]\n"
     "\n"
     "Times each op on the device: the median of --runs runs (default 10) after --warmup runs\n"
-    "(default 1, which also compiles the kernels). Device time comes from OpenCL profiling\n"
-    "events (from a marker enqueued before the call to the call's last kernel); wall time is the\n"
-    "host's clock around enqueue and wait, with clFinish before and after each run.\n"
+    "(default 1). softmax, attention and mha create their plan once, before any run (that\n"
+    "validates, chooses the kernels and compiles them), and time its executions only.\n"
+    "Device time comes from OpenCL profiling events (from a marker enqueued before the call to\n"
+    "the call's last kernel); wall time is the host's clock around enqueue and wait, with\n"
+    "clFinish before and after each run.\n"
     "Where the device's profiling timestamps are unusable (zero, placeholders, or a span longer\n"
     "than the run's wall time; e.g. Mesa 22.3's rusticl), the median and the rates are wall\n"
     "time instead: the table marks them 'wall' (with a note on stderr), --json says\n"
     "\"timer\": \"wall\" (else \"device\"). CLATTN_BENCH_TIMER=wall forces wall time.\n"
     "Sizes: matmul over --mnk (default 512x512x512,1024x1024x1024,4096x64x4096); softmax and\n"
     "attention over (--batch 1, --heads 8, --seq 512,1024 (= seq_q), --seq-k (default = seq),\n"
-    "--head-dim 64); mha over --batch, --seq and --embed 512 with --heads.\n"
+    "--head-dim 64); mha over --batch, --seq and --embed 512 with --heads (self-attention,\n"
+    "PyTorch's packed in_proj weights and biases, an output projection).\n"
+    "softmax: the normalisation has no entry point of its own; it times the unfused attention\n"
+    "plan that returns the attention weights (scores = Q·Kᵀ, softmax written to the weights,\n"
+    "weights·V: what replaced clattn_softmax_rows), and --json says \"timed\":\n"
+    "\"sdpa_unfused_weights\".\n"
     "Rates: matmul 2MNK flop; attention 2·B·H·Lq·Lk·(dk+dv); mha adds the 4 projections\n"
-    "(8·B·L·E²); softmax in GB/s of scores read and written.\n"
+    "(8·B·L·E²); softmax in GB/s of the float scores' traffic on that path (written, read and\n"
+    "written by the normalisation, read: 4·B·H·Lq·Lk·4 bytes).\n"
     "--path: attention and mha run on the fused (flash) kernel, the unfused path (scores\n"
     "materialised), or both (default). A path the device refuses (e.g. scores larger than the\n"
     "device's largest buffer) is reported as refused, not as a failure.\n"
+    "--dtype: the storage type of q, k, v and out for softmax and attention, and of the input\n"
+    "and the output for mha (its weights and biases stay f32): f32 (default), f16, bf16, or a\n"
+    "list. Arithmetic is float32 on every type; matmul is f32.\n"
     "Memory: 'dev MiB' is what the case holds on the device (inputs, outputs and clattn's\n"
     "workspace); 'rss MiB' is the process's peak resident memory so far (run one case per\n"
     "process to attribute it).\n"
@@ -46,10 +59,13 @@ typedef struct bench_options {
     size_t mnk[MAX_SIZES][3], num_mnk;
     size_t batch, heads, head_dim, embed, seq_k;
     size_t seq[MAX_SIZES], num_seq;
-    bool paths[2]; /* fused, unfused */
+    bool paths[2];  /* fused, unfused */
+    bool dtypes[3]; /* f32, f16, bf16 */
 } bench_options;
 
 static const char *const op_names[4] = {"matmul", "softmax", "attention", "mha"};
+static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
+static const clattn_dtype dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16};
 
 typedef struct bench_state {
     clattn_ctx *ctx;
@@ -169,21 +185,73 @@ static double peak_rss_mib(void)
     return getrusage(RUSAGE_SELF, &usage) == 0 ? usage.ru_maxrss / 1024.0 : 0.0;
 }
 
-/* A device buffer of `count` floats, uniform in [-1, 1). */
-static cl_mem random_buffer(bench_state *b, size_t count, unsigned long long seed)
+/* float32 to IEEE half, rounded to nearest even (subnormals included). */
+static uint16_t float_to_f16(float value)
 {
-    float *host = malloc(count * sizeof *host);
+    uint32_t x;
+    memcpy(&x, &value, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    x &= 0x7fffffffu;
+    if (x >= 0x47800000u) /* 2^16 and above, inf, nan */
+        return (uint16_t)(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (x < 0x33000000u) /* below 2^-25: rounds to zero */
+        return (uint16_t)sign;
+    uint32_t h, rem, half;
+    if (x < 0x38800000u) { /* below 2^-14: a subnormal half */
+        const uint32_t shift = 126u - (x >> 23), mantissa = (x & 0x7fffffu) | 0x800000u;
+        h = mantissa >> shift;
+        rem = mantissa & ((1u << shift) - 1u);
+        half = 1u << (shift - 1u);
+    } else {
+        h = (x >> 13) - (112u << 10); /* rebias the exponent from 127 to 15 */
+        rem = x & 0x1fffu;
+        half = 0x1000u;
+    }
+    if (rem > half || (rem == half && (h & 1u)))
+        ++h; /* a carry into the exponent is still the right value */
+    return (uint16_t)(sign | h);
+}
+
+/* float32 to bfloat16, rounded to nearest even (the inputs here are finite). */
+static uint16_t float_to_bf16(float value)
+{
+    uint32_t x;
+    memcpy(&x, &value, sizeof x);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+/* A device buffer of `count` elements of dtype (F32, F16 or BF16), uniform in [-1, 1). */
+static cl_mem random_buffer(bench_state *b, size_t count, clattn_dtype dtype,
+                            unsigned long long seed)
+{
+    const size_t elem = clattn_dtype_size(dtype);
+    unsigned char *host = malloc(count * elem);
     if (host == NULL)
         return NULL;
     unsigned long long state = seed * 0x9e3779b97f4a7c15ull + 1;
     for (size_t i = 0; i < count; ++i) {
         state = state * 6364136223846793005ull + 1442695040888963407ull;
-        host[i] = (float)((state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+        const float value = (float)((state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+        const uint16_t half =
+            dtype == CLATTN_DTYPE_F16 ? float_to_f16(value) : float_to_bf16(value);
+        if (dtype == CLATTN_DTYPE_F32)
+            memcpy(host + i * elem, &value, sizeof value);
+        else
+            memcpy(host + i * elem, &half, sizeof half);
     }
     cl_int err = CL_SUCCESS;
-    cl_mem mem = clCreateBuffer(b->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
-                                count * sizeof(float), host, &err);
+    cl_mem mem = clCreateBuffer(b->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, count * elem,
+                                host, &err);
     free(host);
+    return err == CL_SUCCESS ? mem : NULL;
+}
+
+/* A device buffer of `bytes` bytes for an output (its contents are overwritten). */
+static cl_mem output_buffer(bench_state *b, size_t bytes)
+{
+    cl_int err = CL_SUCCESS;
+    cl_mem mem = clCreateBuffer(b->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
     return err == CL_SUCCESS ? mem : NULL;
 }
 
@@ -227,7 +295,8 @@ static int report(bench_state *b, case_result *r, clattn_status status, size_t b
     const bench_options *o = b->options;
     char label[160];
     snprintf(label, sizeof label, "%s%s%s", r->op, r->path ? "/" : "", r->path ? r->path : "");
-    const bool refused = status == CLATTN_ERR_TOO_LARGE || status == CL_OUT_OF_RESOURCES ||
+    const bool refused = status == CLATTN_ERR_TOO_LARGE || status == CLATTN_ERR_UNSUPPORTED ||
+                         status == CL_OUT_OF_RESOURCES ||
                          status == CL_MEM_OBJECT_ALLOCATION_FAILURE ||
                          status == CLATTN_ERR_HOST_MEMORY;
     if (status != CLATTN_SUCCESS && !refused)
@@ -286,190 +355,191 @@ static int report(bench_state *b, case_result *r, clattn_status status, size_t b
 
 typedef struct matmul_case {
     clattn_matmul_desc desc;
-    cl_mem mem[3];
+    clattn_tensor a, b, c;
 } matmul_case;
 
 static clattn_status run_matmul(bench_state *b, void *p, cl_uint nw, const cl_event *w, cl_event *e)
 {
     matmul_case *c = p;
-    return clattn_matmul(b->ctx, &c->desc, (clattn_tensor){c->mem[0], 0},
-                         (clattn_tensor){c->mem[1], 0}, (clattn_tensor){0},
-                         (clattn_tensor){c->mem[2], 0}, nw, w, e);
+    return clattn_matmul(b->ctx, &c->desc, &c->a, &c->b, NULL, &c->c, nw, w, e);
 }
 
 static int bench_matmul(bench_state *b, size_t m, size_t n, size_t k)
 {
-    matmul_case c = {.desc = {.m = m, .n = n, .k = k, .alpha = 1.0f}};
+    matmul_case c = {.desc = {.struct_size = sizeof(clattn_matmul_desc), .alpha = 1.0f}};
     case_result r = {.op = "matmul", .unit = "gflops"};
-    snprintf(r.size_json, sizeof r.size_json, "\"m\": %zu, \"n\": %zu, \"k\": %zu", m, n, k);
+    snprintf(r.size_json, sizeof r.size_json,
+             "\"m\": %zu, \"n\": %zu, \"k\": %zu, \"dtype\": \"f32\"", m, n, k);
     snprintf(r.size_text, sizeof r.size_text, "m=%zu n=%zu k=%zu", m, n, k);
     int rc = fresh_context(b);
     if (rc != CLI_OK)
         return rc;
-    c.mem[0] = random_buffer(b, m * k, 1);
-    c.mem[1] = random_buffer(b, k * n, 2);
-    c.mem[2] = random_buffer(b, m * n, 3);
-    clattn_status status = all_made(c.mem, 3) ? measure(b, r.size_text, run_matmul, &c,
-                                                        &r.device_ms, &r.wall_ms, &r.wall_timer)
-                                              : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    cl_mem mem[3] = {random_buffer(b, m * k, CLATTN_DTYPE_F32, 1),
+                     random_buffer(b, k * n, CLATTN_DTYPE_F32, 2),
+                     random_buffer(b, m * n, CLATTN_DTYPE_F32, 3)};
+    c.a = clattn_tensor_make(mem[0], 0, CLATTN_DTYPE_F32, 2, m, k, 0, 0);
+    c.b = clattn_tensor_make(mem[1], 0, CLATTN_DTYPE_F32, 2, k, n, 0, 0);
+    c.c = clattn_tensor_make(mem[2], 0, CLATTN_DTYPE_F32, 2, m, n, 0, 0);
+    clattn_status status = all_made(mem, 3) ? measure(b, r.size_text, run_matmul, &c, &r.device_ms,
+                                                      &r.wall_ms, &r.wall_timer)
+                                            : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     r.rate = status == CLATTN_SUCCESS ? 2.0 * m * n * k / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, (m * k + k * n + m * n) * sizeof(float));
-    release_all(c.mem, 3);
+    release_all(mem, 3);
     return rc;
 }
 
-/* --- softmax and attention ----------------------------------------------------------------- */
+/* --- plans: softmax, attention, MHA --------------------------------------------------------- */
 
-typedef struct attention_case {
-    clattn_softmax_desc softmax;
-    clattn_attention_desc attention;
-    cl_mem mem[4];
-} attention_case;
+/* A plan created once per case and the tensors each timed execution binds. */
+typedef struct plan_case {
+    clattn_plan *plan;
+    clattn_tensors tensors;
+} plan_case;
 
-static clattn_status run_softmax(bench_state *b, void *p, cl_uint nw, const cl_event *w,
-                                 cl_event *e)
+static clattn_status run_plan(bench_state *b, void *p, cl_uint nw, const cl_event *w, cl_event *e)
 {
-    attention_case *c = p;
-    return clattn_softmax_rows(b->ctx, &c->softmax, (clattn_tensor){c->mem[0], 0},
-                               (clattn_tensor){c->mem[1], 0}, nw, w, e);
+    (void)b;
+    plan_case *c = p;
+    return clattn_plan_execute(c->plan, &c->tensors, NULL, NULL, nw, w, e);
 }
 
-static clattn_status run_attention(bench_state *b, void *p, cl_uint nw, const cl_event *w,
-                                   cl_event *e)
+/* Sets t's buffer (the layout is the plan's) and adds its bytes to *bytes. */
+static void bind(clattn_tensor *t, cl_mem mem, size_t count, size_t *bytes)
 {
-    attention_case *c = p;
-    return clattn_attention(b->ctx, &c->attention, (clattn_tensor){c->mem[0], 0},
-                            (clattn_tensor){c->mem[1], 0}, (clattn_tensor){c->mem[2], 0},
-                            (clattn_tensor){c->mem[3], 0}, (clattn_tensor){0}, nw, w, e);
+    t->mem = mem;
+    *bytes += count * clattn_dtype_size(t->dtype);
 }
 
-static void attention_size(const clattn_attention_desc *d, case_result *r)
-{
-    snprintf(r->size_json, sizeof r->size_json,
-             "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"head_dim\": %zu",
-             d->batch, d->heads, d->seq_q, d->seq_k, d->head_dim_qk);
-    snprintf(r->size_text, sizeof r->size_text, "B=%zu H=%zu Lq=%zu Lk=%zu d=%zu", d->batch,
-             d->heads, d->seq_q, d->seq_k, d->head_dim_qk);
-}
-
-static int bench_softmax(bench_state *b, size_t seq_q, size_t seq_k)
+/* softmax (the unfused plan with the weights) and attention (the plan on `path`). */
+static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, int dtype,
+                      clattn_path path)
 {
     const bench_options *o = b->options;
-    attention_case c = {
-        .softmax = {
-            .batch = o->batch, .heads = o->heads, .seq_q = seq_q, .seq_k = seq_k, .scale = 0.125f}};
-    c.attention = (clattn_attention_desc){.batch = o->batch,
-                                          .heads = o->heads,
-                                          .seq_q = seq_q,
-                                          .seq_k = seq_k,
-                                          .head_dim_qk = o->head_dim};
-    case_result r = {.op = "softmax", .unit = "gbps"};
-    attention_size(&c.attention, &r);
+    const size_t bh = o->batch * o->heads, d = o->head_dim;
+    const clattn_dtype type = dtypes[dtype];
+    case_result r = {.op = softmax ? "softmax" : "attention",
+                     .unit = softmax ? "gbps" : "gflops",
+                     .path = softmax                     ? NULL
+                             : path == CLATTN_PATH_FUSED ? "fused"
+                                                         : "unfused"};
+    snprintf(r.size_json, sizeof r.size_json,
+             "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"head_dim\": %zu, "
+             "\"dtype\": \"%s\"%s",
+             o->batch, o->heads, seq_q, seq_k, d, dtype_names[dtype],
+             softmax ? ", \"timed\": \"sdpa_unfused_weights\"" : "");
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Lq=%zu Lk=%zu d=%zu%s%s", o->batch,
+             o->heads, seq_q, seq_k, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype]);
     int rc = fresh_context(b);
     if (rc != CLI_OK)
         return rc;
-    const size_t count = o->batch * o->heads * seq_q * seq_k;
-    c.mem[0] = random_buffer(b, count, 4);
-    c.mem[1] = random_buffer(b, count, 5);
-    clattn_status status = all_made(c.mem, 2) ? measure(b, r.size_text, run_softmax, &c,
-                                                        &r.device_ms, &r.wall_ms, &r.wall_timer)
-                                              : CL_MEM_OBJECT_ALLOCATION_FAILURE;
-    r.rate = status == CLATTN_SUCCESS ? 2.0 * count * sizeof(float) / r.device_ms / 1e6 : 0.0;
-    rc = report(b, &r, status, 2 * count * sizeof(float));
-    release_all(c.mem, 2);
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    desc.path = softmax ? CLATTN_PATH_UNFUSED : path;
+    clattn_tensors *t = &desc.tensors;
+    t->q = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_q, d);
+    t->k = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_k, d);
+    t->v = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_k, d);
+    t->out = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_q, d);
+    if (softmax)
+        t->weights =
+            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, o->batch, o->heads, seq_q, seq_k);
+    plan_case c = {.tensors = desc.tensors};
+    /* The plan first: a case the device cannot hold is refused before any buffer is made. */
+    clattn_status status = clattn_sdpa_plan_create(b->ctx, &desc, &c.plan);
+    const size_t q_count = bh * seq_q * d, kv_count = bh * seq_k * d, scores = bh * seq_q * seq_k;
+    cl_mem mem[5] = {NULL};
+    size_t bytes = 0;
+    if (status == CLATTN_SUCCESS) {
+        mem[0] = random_buffer(b, q_count, type, 6);
+        mem[1] = random_buffer(b, kv_count, type, 7);
+        mem[2] = random_buffer(b, kv_count, type, 8);
+        mem[3] = output_buffer(b, q_count * clattn_dtype_size(type));
+        mem[4] = softmax ? output_buffer(b, scores * sizeof(float)) : NULL;
+        bind(&c.tensors.q, mem[0], q_count, &bytes);
+        bind(&c.tensors.k, mem[1], kv_count, &bytes);
+        bind(&c.tensors.v, mem[2], kv_count, &bytes);
+        bind(&c.tensors.out, mem[3], q_count, &bytes);
+        if (softmax)
+            bind(&c.tensors.weights, mem[4], scores, &bytes);
+        status = all_made(mem, softmax ? 5 : 4) ? measure(b, r.size_text, run_plan, &c,
+                                                          &r.device_ms, &r.wall_ms, &r.wall_timer)
+                                                : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    }
+    if (status == CLATTN_SUCCESS)
+        r.rate = softmax ? 4.0 * scores * sizeof(float) / r.device_ms / 1e6
+                         : 4.0 * bh * seq_q * seq_k * d / r.device_ms / 1e6;
+    rc = report(b, &r, status, bytes);
+    clattn_plan_release(c.plan);
+    release_all(mem, 5);
     return rc;
 }
 
-static int bench_attention(bench_state *b, size_t seq_q, size_t seq_k, clattn_path path)
-{
-    const bench_options *o = b->options;
-    attention_case c = {.attention = {.batch = o->batch,
-                                      .heads = o->heads,
-                                      .seq_q = seq_q,
-                                      .seq_k = seq_k,
-                                      .head_dim_qk = o->head_dim,
-                                      .head_dim_v = o->head_dim,
-                                      .path = path}};
-    case_result r = {.op = "attention",
-                     .unit = "gflops",
-                     .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
-    attention_size(&c.attention, &r);
-    int rc = fresh_context(b);
-    if (rc != CLI_OK)
-        return rc;
-    const size_t bh = o->batch * o->heads;
-    const size_t q_count = bh * seq_q * o->head_dim, kv_count = bh * seq_k * o->head_dim;
-    c.mem[0] = random_buffer(b, q_count, 6);
-    c.mem[1] = random_buffer(b, kv_count, 7);
-    c.mem[2] = random_buffer(b, kv_count, 8);
-    c.mem[3] = random_buffer(b, q_count, 9);
-    clattn_status status = all_made(c.mem, 4) ? measure(b, r.size_text, run_attention, &c,
-                                                        &r.device_ms, &r.wall_ms, &r.wall_timer)
-                                              : CL_MEM_OBJECT_ALLOCATION_FAILURE;
-    r.rate =
-        status == CLATTN_SUCCESS ? 4.0 * bh * seq_q * seq_k * o->head_dim / r.device_ms / 1e6 : 0.0;
-    rc = report(b, &r, status, (2 * q_count + 2 * kv_count) * sizeof(float));
-    release_all(c.mem, 4);
-    return rc;
-}
-
-/* --- MHA forward ---------------------------------------------------------------------------- */
-
-typedef struct mha_case {
-    clattn_mha_desc desc;
-    cl_mem mem[6]; /* x, out, in_proj_weight, in_proj_bias, out_weight, out_bias */
-} mha_case;
-
-static clattn_status run_mha(bench_state *b, void *p, cl_uint nw, const cl_event *w, cl_event *e)
-{
-    mha_case *c = p;
-    const clattn_mha_weights weights = {.in_proj_weight = {c->mem[2], 0},
-                                        .in_proj_bias = {c->mem[3], 0},
-                                        .out_weight = {c->mem[4], 0},
-                                        .out_bias = {c->mem[5], 0}};
-    const clattn_tensor x = {c->mem[0], 0};
-    return clattn_mha_forward(b->ctx, &c->desc, &weights, x, x, x, (clattn_tensor){c->mem[1], 0},
-                              (clattn_tensor){0}, nw, w, e);
-}
-
-static int bench_mha(bench_state *b, size_t seq, clattn_path path)
+/* Self-attention with PyTorch's packed in_proj weight and bias and an output projection. */
+static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
 {
     const bench_options *o = b->options;
     const size_t e = o->embed;
-    mha_case c = {.desc = {.batch = o->batch,
-                           .seq_q = seq,
-                           .seq_k = seq,
-                           .embed_dim = e,
-                           .num_heads = o->heads,
-                           .layout = CLATTN_LAYOUT_TORCH,
-                           .path = path}};
+    const clattn_dtype type = dtypes[dtype];
     case_result r = {
         .op = "mha", .unit = "gflops", .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"head_dim\": %zu, "
-             "\"embed_dim\": %zu",
-             o->batch, o->heads, seq, seq, e / o->heads, e);
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu", o->batch, o->heads, seq,
-             e);
+             "\"embed_dim\": %zu, \"dtype\": \"%s\"",
+             o->batch, o->heads, seq, seq, e / o->heads, e, dtype_names[dtype]);
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu%s%s", o->batch, o->heads,
+             seq, e, type == CLATTN_DTYPE_F32 ? "" : " ",
+             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype]);
     if (e % o->heads)
         return cli_fail("bench", CLI_BAD_INPUT, "--embed %zu is not divisible by --heads %zu", e,
                         o->heads);
     int rc = fresh_context(b);
     if (rc != CLI_OK)
         return rc;
-    const size_t counts[6] = {o->batch * seq * e, o->batch * seq * e, 3 * e * e, 3 * e, e * e, e};
+    clattn_mha_desc desc;
+    clattn_mha_desc_init(&desc);
+    desc.num_heads = o->heads;
+    desc.layout = CLATTN_LAYOUT_TORCH;
+    desc.path = path;
+    clattn_tensors *t = &desc.tensors;
+    t->q = clattn_tensor_make(NULL, 0, type, 3, o->batch, seq, e, 0);
+    t->k = t->q;
+    t->v = t->q;
+    t->out = t->q;
+    t->in_proj_weight = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, 3 * e, e, 0, 0);
+    t->in_proj_bias = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, 3 * e, 0, 0, 0);
+    t->out_weight = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, e, e, 0, 0);
+    t->out_bias = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, e, 0, 0, 0);
+    plan_case c = {.tensors = desc.tensors};
+    clattn_status status = clattn_mha_plan_create(b->ctx, &desc, &c.plan);
+    enum { X, OUT, IN_W, IN_B, OUT_W, OUT_B, COUNT };
+    const size_t counts[COUNT] = {
+        o->batch * seq * e, o->batch * seq * e, 3 * e * e, 3 * e, e * e, e};
+    cl_mem mem[COUNT] = {NULL};
     size_t bytes = 0;
-    for (int i = 0; i < 6; ++i) {
-        c.mem[i] = random_buffer(b, counts[i], 10 + (unsigned)i);
-        bytes += counts[i] * sizeof(float);
+    if (status == CLATTN_SUCCESS) {
+        mem[X] = random_buffer(b, counts[X], type, 10);
+        mem[OUT] = output_buffer(b, counts[OUT] * clattn_dtype_size(type));
+        for (int i = IN_W; i < COUNT; ++i)
+            mem[i] = random_buffer(b, counts[i], CLATTN_DTYPE_F32, 10 + (unsigned)i);
+        /* One buffer as query, key and value: self-attention. */
+        bind(&c.tensors.q, mem[X], counts[X], &bytes);
+        c.tensors.k.mem = c.tensors.v.mem = mem[X];
+        bind(&c.tensors.out, mem[OUT], counts[OUT], &bytes);
+        bind(&c.tensors.in_proj_weight, mem[IN_W], counts[IN_W], &bytes);
+        bind(&c.tensors.in_proj_bias, mem[IN_B], counts[IN_B], &bytes);
+        bind(&c.tensors.out_weight, mem[OUT_W], counts[OUT_W], &bytes);
+        bind(&c.tensors.out_bias, mem[OUT_B], counts[OUT_B], &bytes);
+        status = all_made(mem, COUNT) ? measure(b, r.size_text, run_plan, &c, &r.device_ms,
+                                                &r.wall_ms, &r.wall_timer)
+                                      : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     }
-    clattn_status status = all_made(c.mem, 6) ? measure(b, r.size_text, run_mha, &c, &r.device_ms,
-                                                        &r.wall_ms, &r.wall_timer)
-                                              : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     const double flops = 8.0 * o->batch * seq * e * e + 4.0 * o->batch * seq * seq * e;
     r.rate = status == CLATTN_SUCCESS ? flops / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, bytes);
-    release_all(c.mem, 6);
+    clattn_plan_release(c.plan);
+    release_all(mem, COUNT);
     return rc;
 }
 
@@ -554,6 +624,25 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             }
             if (!o->paths[0] && !o->paths[1])
                 return cli_fail("bench", CLI_BAD_INPUT, "--path: empty list");
+        } else if (cli_is(&args, "--dtype")) {
+            memset(o->dtypes, 0, sizeof o->dtypes);
+            char buffer[64];
+            snprintf(buffer, sizeof buffer, "%s", value);
+            char *save = NULL;
+            bool any = false;
+            for (char *item = strtok_r(buffer, ",", &save); item;
+                 item = strtok_r(NULL, ",", &save)) {
+                int found = -1;
+                for (int i = 0; i < 3; ++i)
+                    if (strcmp(item, dtype_names[i]) == 0)
+                        found = i;
+                if (found < 0)
+                    return cli_fail("bench", CLI_BAD_INPUT, "--dtype: '%s' is not f32, f16 or bf16",
+                                    item);
+                o->dtypes[found] = any = true;
+            }
+            if (!any)
+                return cli_fail("bench", CLI_BAD_INPUT, "--dtype: empty list");
         } else if (cli_is(&args, "--mnk")) {
             if (!parse_mnk(value, o))
                 return cli_fail("bench", CLI_BAD_INPUT,
@@ -602,7 +691,8 @@ int cmd_bench(int argc, char **argv)
                        .embed = 512,
                        .seq = {512, 1024},
                        .num_seq = 2,
-                       .paths = {true, true}};
+                       .paths = {true, true},
+                       .dtypes = {true, false, false}};
     int rc = parse_bench_options(argc, argv, &o);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
@@ -627,15 +717,20 @@ int cmd_bench(int argc, char **argv)
     for (size_t i = 0; rc == CLI_OK && o.ops[0] && i < o.num_mnk; ++i)
         rc = bench_matmul(&b, o.mnk[i][0], o.mnk[i][1], o.mnk[i][2]);
     for (size_t i = 0; rc == CLI_OK && o.ops[1] && i < o.num_seq; ++i)
-        rc = bench_softmax(&b, o.seq[i], o.seq_k ? o.seq_k : o.seq[i]);
+        for (int t = 0; rc == CLI_OK && t < 3; ++t)
+            if (o.dtypes[t])
+                rc = bench_sdpa(&b, true, o.seq[i], o.seq_k ? o.seq_k : o.seq[i], t,
+                                CLATTN_PATH_UNFUSED);
     for (size_t i = 0; rc == CLI_OK && o.ops[2] && i < o.num_seq; ++i)
-        for (int p = 0; rc == CLI_OK && p < 2; ++p)
-            if (o.paths[p])
-                rc = bench_attention(&b, o.seq[i], o.seq_k ? o.seq_k : o.seq[i], paths[p]);
+        for (int t = 0; rc == CLI_OK && t < 3; ++t)
+            for (int p = 0; rc == CLI_OK && o.dtypes[t] && p < 2; ++p)
+                if (o.paths[p])
+                    rc = bench_sdpa(&b, false, o.seq[i], o.seq_k ? o.seq_k : o.seq[i], t, paths[p]);
     for (size_t i = 0; rc == CLI_OK && o.ops[3] && i < o.num_seq; ++i)
-        for (int p = 0; rc == CLI_OK && p < 2; ++p)
-            if (o.paths[p])
-                rc = bench_mha(&b, o.seq[i], paths[p]);
+        for (int t = 0; rc == CLI_OK && t < 3; ++t)
+            for (int p = 0; rc == CLI_OK && o.dtypes[t] && p < 2; ++p)
+                if (o.paths[p])
+                    rc = bench_mha(&b, o.seq[i], t, paths[p]);
     clattn_ctx_release(b.ctx);
     if (b.queue)
         clReleaseCommandQueue(b.queue);

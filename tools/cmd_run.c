@@ -42,7 +42,7 @@ typedef struct run_options {
     const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png;
     size_t heads;
     bool heads_given, causal;
-    float scale;
+    float scale; /* NAN unless --scale was given (the library default, 1/sqrt(head dim)) */
     clattn_norm norm;
     clattn_path path;
 } run_options;
@@ -250,7 +250,7 @@ static int read_tensor(run_data *d, const char *path, const char *name, clattn_a
 }
 
 /* Loads a PyTorch state_dict; fills desc dims and the parameters. */
-static int load_torch_weights(const run_options *o, run_data *d, clattn_mha_desc *desc)
+static int load_torch_weights(const run_options *o, run_data *d, clattn_mha_host_desc *desc)
 {
     char msg[1024], text[128];
     const char *path = o->weights;
@@ -310,7 +310,7 @@ static int load_torch_weights(const run_options *o, run_data *d, clattn_mha_desc
 }
 
 /* Loads the textbook X·W weights. */
-static int load_textbook_weights(const run_options *o, run_data *d, clattn_mha_desc *desc,
+static int load_textbook_weights(const run_options *o, run_data *d, clattn_mha_host_desc *desc,
                                  size_t embed_dim)
 {
     int rc;
@@ -339,7 +339,8 @@ static int load_textbook_weights(const run_options *o, run_data *d, clattn_mha_d
 }
 
 /* Loads and converts the masks into what the host API takes. */
-static int load_masks(const run_options *o, run_data *d, const clattn_mha_desc *desc, bool batched)
+static int load_masks(const run_options *o, run_data *d, const clattn_mha_host_desc *desc,
+                      bool batched)
 {
     int rc;
     char text[128];
@@ -435,14 +436,16 @@ static int run(const run_options *o, run_data *d, bool check_only)
         return cli_fail("run", CLI_BAD_INPUT, "%s has %zu positions but %s has %zu", value_path,
                         seq_v, key_path, seq_k);
 
-    clattn_mha_desc desc = {.batch = batch,
-                            .seq_q = seq_q,
-                            .seq_k = seq_k,
-                            .num_heads = o->heads,
-                            .scale = o->scale,
-                            .norm = o->norm,
-                            .masks = {.causal = o->causal},
-                            .path = o->path};
+    clattn_mha_host_desc desc;
+    clattn_mha_host_desc_init(&desc); /* struct_size; scale NAN = 1/sqrt(head dim) */
+    desc.batch = batch;
+    desc.seq_q = seq_q;
+    desc.seq_k = seq_k;
+    desc.num_heads = o->heads;
+    desc.scale = o->scale;
+    desc.norm = o->norm;
+    desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    desc.path = o->path;
     if ((rc = o->weights ? load_torch_weights(o, d, &desc)
                          : load_textbook_weights(o, d, &desc, embed)))
         return rc;
@@ -500,8 +503,8 @@ static int run(const run_options *o, run_data *d, bool check_only)
         w.in_proj_bias = p[P_IN_B].data;
     else if (p[P_IN_B].data) /* PyTorch keeps one in_proj_bias even with separate weights */
         w.q_bias = p[P_IN_B].data, w.k_bias = p[P_IN_B].data + e, w.v_bias = p[P_IN_B].data + 2 * e;
-    const clattn_host_masks masks = {
-        .causal = o->causal, .attn_mask = d->mask_additive, .key_padding_mask = d->padding_bytes};
+    const clattn_host_masks masks = {.attn_mask = d->mask_additive,
+                                     .key_padding_mask = d->padding_bytes};
 
     if (check_only)
         return CLI_OK;
@@ -545,7 +548,7 @@ static int run(const run_options *o, run_data *d, bool check_only)
 
 static int run_command(int argc, char **argv, bool check_only)
 {
-    run_options options = {.norm = CLATTN_NORM_SOFTMAX};
+    run_options options = {.norm = CLATTN_NORM_SOFTMAX, .scale = NAN}; /* NAN: the default */
     int rc = parse_options(argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;

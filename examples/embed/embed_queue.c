@@ -92,13 +92,22 @@ int main(void)
     clattn_ctx *ctx = NULL;
     clattn_status status = clattn_ctx_create_from_queue(queue, &ctx, message, sizeof message);
     if (status == CLATTN_SUCCESS) {
-        const clattn_attention_desc desc = {.batch = BATCH, .heads = HEADS, .seq_q = SEQ_Q,
-                                            .seq_k = SEQ_K, .head_dim_qk = DIM,
-                                            .head_dim_v = DIM};
+        /* The plan is made from the tensors' layouts (packed (B, H, L, D) floats); executing
+         * it binds our buffers. */
+        clattn_sdpa_desc desc;
+        clattn_sdpa_desc_init(&desc);
+        desc.tensors.q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, BATCH, HEADS, SEQ_Q, DIM);
+        desc.tensors.k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, BATCH, HEADS, SEQ_K, DIM);
+        desc.tensors.v = desc.tensors.k;
+        desc.tensors.out = desc.tensors.q;
+        clattn_plan *plan = NULL;
+        status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+        clattn_tensors tensors = desc.tensors;
+        tensors.q.mem = bq, tensors.k.mem = bk, tensors.v.mem = bv, tensors.out.mem = bo;
         /* Our own event gates clattn's work; clattn's event gates our read. */
-        status = clattn_attention(ctx, &desc, (clattn_tensor){bq, 0}, (clattn_tensor){bk, 0},
-                                  (clattn_tensor){bv, 0}, (clattn_tensor){bo, 0},
-                                  (clattn_tensor){0}, 1, &ready, &done);
+        if (status == CLATTN_SUCCESS)
+            status = clattn_plan_execute(plan, &tensors, NULL, NULL, 1, &ready, &done);
+        clattn_plan_release(plan);
         if (status != CLATTN_SUCCESS)
             snprintf(message, sizeof message, "%s", clattn_last_error(ctx));
     }
