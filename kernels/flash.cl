@@ -142,7 +142,9 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
     const bool valid = row < seq_q;
     const uint safe_row = valid ? row : 0; /* rows past seq_q compute row 0, store nothing */
     const ulong bh = bh_base + get_global_id(1);
-    const ulong b = bh / heads, h = bh % heads;
+    /* h as bh - b * heads, not bh % heads: a division and remainder of the same operands
+     * become an LLVM `freeze`, which Oclgrind's --uninitialized checker cannot run. */
+    const ulong b = bh / heads, h = bh - b * heads;
 
     Q += q_offset + b * q_s0 + h * q_s1 + safe_row * q_s2;
     K += k_offset + b * k_s0 + h * k_s1;
@@ -181,21 +183,21 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
          * multiply; the branch is uniform over the work-group. */
         if (k_s3 == 1 && v_s3 == 1) {
             for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
-                const uint j = e / HEAD_DIM_QK, d = e % HEAD_DIM_QK;
+                const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
                 k_tile[j][d] = k0 + j < seq_k ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d) : 0.0f;
             }
             for (uint e = lid; e < BLOCK_K * HEAD_DIM_V; e += BLOCK_Q) {
-                const uint j = e / HEAD_DIM_V, d = e % HEAD_DIM_V;
+                const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
                 v_tile[j][d] = k0 + j < seq_k ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d) : 0.0f;
             }
         } else {
             for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
-                const uint j = e / HEAD_DIM_QK, d = e % HEAD_DIM_QK;
+                const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
                 k_tile[j][d] =
                     k0 + j < seq_k ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
             }
             for (uint e = lid; e < BLOCK_K * HEAD_DIM_V; e += BLOCK_Q) {
-                const uint j = e / HEAD_DIM_V, d = e % HEAD_DIM_V;
+                const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
                 v_tile[j][d] =
                     k0 + j < seq_k ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d * v_s3) : 0.0f;
             }

@@ -21,8 +21,9 @@ void mean_heads(__global const float *src, const ulong src_offset, const ulong s
     const ulong index = get_global_id(0);
     if (index >= total)
         return;
-    const ulong c = index % seq_k, rest = index / seq_k;
-    const ulong i = rest % seq_q, b = rest / seq_q;
+    /* Remainders as x - (x / y) * y (see softmax.cl: no LLVM `freeze` for Oclgrind). */
+    const ulong rest = index / seq_k, c = index - rest * seq_k;
+    const ulong b = rest / seq_q, i = rest - b * seq_q;
     __global const float *base = src + src_offset + b * src_s0 + i * src_s2 + c * src_s3;
     float sum = 0.0f;
     for (uint h = 0; h < heads; ++h)

@@ -50,9 +50,11 @@ void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong
     __local float scratch[SOFTMAX_WG];
     const uint lid = get_local_id(0);
     const ulong row = get_group_id(0);
-    const uint i = (uint)(row % seq_q);
+    /* Remainders as x - (x / y) * y: a division and remainder of the same operands become an
+     * LLVM `freeze`, which Oclgrind's --uninitialized checker cannot run. */
     const ulong bh = row / seq_q;
-    const ulong h = bh % heads, b = bh / heads;
+    const uint i = (uint)(row - bh * seq_q);
+    const ulong b = bh / heads, h = bh - b * heads;
 
     raw += raw_offset + b * raw_s0 + h * raw_s1 + i * raw_s2;
     out += out_offset + b * out_s0 + h * out_s1 + i * out_s2;
