@@ -19,9 +19,12 @@
  * Exit status: 0 passed; 1 a forward failed, a check failed, or RSS grew by more than
  * 10% + 16 MiB from the end of the first cycle to the end; 2 bad arguments; 77 no device.
  *
- * Build (from the repository root, after building the library in build/):
- *   gcc -std=c11 -O2 -Iinclude -Itests bench/soak.c tests/reference.c -Lbuild -lclattn \
- *       -Wl,-rpath,$PWD/build -lOpenCL -lm -o soak
+ * Problems (parameters, inputs, masks, the float64 reference) come from tests/problems.h, the
+ * builder the test suites share, drawing from this program's seeded generator.
+ *
+ * Build: the `soak` target, or from the repository root after building the library in build/:
+ *   gcc -std=c11 -O2 -Iinclude -Itests bench/soak.c tests/reference.c tests/problems.c \
+ *       -Lbuild -lclattn -Wl,-rpath,$PWD/build -lOpenCL -lm -o soak
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -35,6 +38,7 @@
 #include <time.h>
 
 #include "clattn.h"
+#include "problems.h"
 #include "reference.h"
 
 #define COUNT_OF(array) ((int)(sizeof(array) / sizeof((array)[0])))
@@ -92,7 +96,7 @@ static const soak_shape shapes[] = {
 };
 /* clang-format on */
 
-/* --- random numbers (splitmix64) ---------------------------------------------------------- */
+/* --- random numbers (splitmix64) and problems.h's hooks ------------------------------------- */
 
 static uint64_t rng_state;
 static uint64_t soak_seed; /* printed with every failure */
@@ -105,214 +109,55 @@ static uint64_t rand_u64(void)
     return z ^ (z >> 31);
 }
 
-static float rand_uniform(float low, float high)
+static void problems_fail(const char *message)
 {
-    float value = (float)(low + (high - low) * ((double)(rand_u64() >> 11) * 0x1.0p-53));
-    return value < high ? value : low;
-}
-
-static void fill_uniform(float *values, size_t count, float low, float high)
-{
-    for (size_t i = 0; i < count; ++i) {
-        values[i] = rand_uniform(low, high);
-    }
-}
-
-/* --- host memory --------------------------------------------------------------------------- */
-
-static void *checked_calloc(size_t count, size_t size)
-{
-    void *memory = calloc(count ? count : 1, size);
-    if (memory == NULL) {
-        fprintf(stderr, "soak: out of host memory (%zu x %zu bytes)\n", count, size);
-        exit(1);
-    }
-    return memory;
-}
-
-static float *random_floats(size_t count, float scale)
-{
-    float *values = checked_calloc(count, sizeof(float));
-    fill_uniform(values, count, -scale, scale);
-    return values;
+    fprintf(stderr, "soak: FAIL (seed %" PRIu64 "): %s\n", soak_seed, message);
 }
 
 /* --- one shape's data ---------------------------------------------------------------------- */
 
-enum param {
-    PARAM_IN_PROJ,
-    PARAM_IN_BIAS,
-    PARAM_Q,
-    PARAM_K,
-    PARAM_V,
-    PARAM_Q_BIAS,
-    PARAM_K_BIAS,
-    PARAM_V_BIAS,
-    PARAM_OUT,
-    PARAM_OUT_BIAS,
-    PARAM_COUNT
-};
-
 typedef struct soak_job {
-    const soak_shape *shape;
-    clattn_mha_desc desc;
-    float *params[PARAM_COUNT]; /* NULL where absent */
-    clattn_mha_host_weights weights;
-    float *query, *key, *value; /* key and value NULL for self-attention */
-    size_t query_count, key_count, value_count;
-    float *attn_mask;
-    uint8_t *padding;
-    clattn_host_masks masks;
+    pb_mha_problem problem; /* parameters, inputs, masks, reference (tests/problems.h) */
     float *out, *attn;
-    size_t out_count, attn_count; /* attn_count 0 for NONE */
-    double *out_ref, *attn_ref;
 } soak_job;
-
-static void describe(const soak_job *job, char *text, size_t size)
-{
-    static const char *const weight_modes[] = {"none", "per_head", "averaged"};
-    static const char *const paths[] = {"auto", "fused", "unfused"};
-    const soak_shape *s = job->shape;
-    snprintf(text, size,
-             "batch=%zu seq_q=%zu seq_k=%zu E=%zu H=%zu kdim=%zu vdim=%zu %s %s %s "
-             "need_weights=%s path=%s causal=%d attn_mask=%d padding=%d norm=%s",
-             s->batch, s->seq_q, job->desc.seq_k, s->embed_dim, s->num_heads,
-             ref_mha_kdim(&job->desc), ref_mha_vdim(&job->desc), s->layout == XW ? "xw" : "torch",
-             s->packed ? "packed" : "separate", s->self ? "self" : "cross",
-             weight_modes[s->need_weights], paths[s->path], s->causal, s->attn_mask, s->padding,
-             s->norm == RELU ? "relu" : "softmax");
-}
 
 static void make_job(const soak_shape *shape, soak_job *job)
 {
     memset(job, 0, sizeof *job);
-    job->shape = shape;
-    const size_t embed = shape->embed_dim;
-    const size_t seq_k = shape->self ? shape->seq_q : shape->seq_k;
-    clattn_mha_desc desc = {
-        .batch = shape->batch,
-        .seq_q = shape->seq_q,
-        .seq_k = seq_k,
-        .embed_dim = embed,
-        .num_heads = shape->num_heads,
-        .kdim = shape->kdim,
-        .vdim = shape->vdim,
-        .layout = shape->layout,
-        .norm = shape->norm,
-        .need_weights = shape->need_weights,
-        .path = shape->path,
-    };
-    job->desc = desc;
-    const size_t kdim = ref_mha_kdim(&desc), vdim = ref_mha_vdim(&desc);
-
-    /* Parameters scaled by 1.5/sqrt(fan_in) keep every projection O(1). */
-    const float scale_e = 1.5f / sqrtf((float)embed);
-    if (shape->packed) {
-        job->params[PARAM_IN_PROJ] = random_floats(3 * embed * embed, scale_e);
-        job->params[PARAM_IN_BIAS] = shape->biases ? random_floats(3 * embed, scale_e) : NULL;
-    } else {
-        job->params[PARAM_Q] = random_floats(embed * embed, scale_e);
-        job->params[PARAM_K] = random_floats(kdim * embed, 1.5f / sqrtf((float)kdim));
-        job->params[PARAM_V] = random_floats(vdim * embed, 1.5f / sqrtf((float)vdim));
-        if (shape->biases) {
-            job->params[PARAM_Q_BIAS] = random_floats(embed, scale_e);
-            job->params[PARAM_K_BIAS] = random_floats(embed, scale_e);
-            job->params[PARAM_V_BIAS] = random_floats(embed, scale_e);
-        }
-    }
-    if (shape->out_proj) {
-        job->params[PARAM_OUT] = random_floats(embed * embed, scale_e);
-        job->params[PARAM_OUT_BIAS] = shape->biases ? random_floats(embed, scale_e) : NULL;
-    }
-    clattn_mha_host_weights weights = {
-        .in_proj_weight = job->params[PARAM_IN_PROJ],
-        .in_proj_bias = job->params[PARAM_IN_BIAS],
-        .q_weight = job->params[PARAM_Q],
-        .k_weight = job->params[PARAM_K],
-        .v_weight = job->params[PARAM_V],
-        .q_bias = job->params[PARAM_Q_BIAS],
-        .k_bias = job->params[PARAM_K_BIAS],
-        .v_bias = job->params[PARAM_V_BIAS],
-        .out_weight = job->params[PARAM_OUT],
-        .out_bias = job->params[PARAM_OUT_BIAS],
-    };
-    job->weights = weights;
-
-    job->query_count = shape->batch * shape->seq_q * embed;
-    job->query = random_floats(job->query_count, 1.0f);
-    if (!shape->self) {
-        job->key_count = shape->batch * seq_k * kdim;
-        job->value_count = shape->batch * seq_k * vdim;
-        job->key = random_floats(job->key_count, 1.0f);
-        job->value = random_floats(job->value_count, 1.0f);
-    }
-    if (shape->attn_mask) {
-        const size_t count = shape->seq_q * seq_k;
-        job->attn_mask = random_floats(count, 1.0f);
-        for (size_t i = 0; i < count; ++i) {
-            if (rand_u64() % 4 == 0) {
-                job->attn_mask[i] = -INFINITY;
-            }
-        }
-    }
-    if (shape->padding) {
-        job->padding = checked_calloc(shape->batch * seq_k, 1);
-        for (size_t i = 1; i < shape->batch * seq_k; ++i) {
-            job->padding[i] = rand_u64() % 4 == 0;
-        }
-        if (shape->batch > 2) {
-            memset(job->padding + 2 * seq_k, 1, seq_k); /* entry 2: every key masked */
-        }
-    }
-    clattn_host_masks masks = {shape->causal, job->attn_mask, job->padding};
-    job->masks = masks;
-
-    job->out_count = shape->batch * shape->seq_q * ref_mha_out_dim(&desc, shape->out_proj);
-    if (shape->need_weights != NONE) {
-        job->attn_count = shape->batch * shape->seq_q * seq_k *
-                          (shape->need_weights == PER_HEAD ? shape->num_heads : 1);
-    }
-    job->out = checked_calloc(job->out_count, sizeof(float));
-    job->attn = job->attn_count ? checked_calloc(job->attn_count, sizeof(float)) : NULL;
-    job->out_ref = checked_calloc(job->out_count, sizeof(double));
-    job->attn_ref = job->attn_count ? checked_calloc(job->attn_count, sizeof(double)) : NULL;
+    pb_mha_spec spec;
+    pb_mha_spec_init(&spec);
+    spec.batch = shape->batch;
+    spec.seq_q = shape->seq_q;
+    spec.seq_k = shape->seq_k;
+    spec.embed_dim = shape->embed_dim;
+    spec.num_heads = shape->num_heads;
+    spec.kdim = shape->kdim;
+    spec.vdim = shape->vdim;
+    spec.layout = shape->layout;
+    spec.form = shape->packed ? (shape->self ? PB_PACKED_SELF : PB_PACKED_CROSS)
+                              : (shape->self ? PB_SEPARATE_SELF : PB_SEPARATE_CROSS);
+    spec.in_biases = shape->biases;
+    spec.out_proj = shape->out_proj;
+    spec.out_bias = shape->biases;
+    spec.need_weights = shape->need_weights;
+    spec.path = shape->path;
+    spec.causal = shape->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    spec.mask = shape->attn_mask ? PB_MASK_FLOAT : PB_MASK_NONE;
+    spec.padding = shape->padding;
+    spec.norm = shape->norm;
+    pb_mha_make(&job->problem, &spec);
+    job->out = pb_nan_floats(job->problem.out_count);
+    job->attn = job->problem.attn_count ? pb_nan_floats(job->problem.attn_count) : NULL;
 }
 
 static void free_job(soak_job *job)
 {
-    free(job->attn_ref);
-    free(job->out_ref);
     free(job->attn);
     free(job->out);
-    free(job->padding);
-    free(job->attn_mask);
-    free(job->value);
-    free(job->key);
-    free(job->query);
-    for (int i = 0; i < PARAM_COUNT; ++i) {
-        free(job->params[i]);
-    }
+    pb_mha_free(&job->problem);
 }
 
 /* --- checks -------------------------------------------------------------------------------- */
-
-/* max |got - ref| / max |ref| over the finite references; INFINITY when got is not finite. */
-static double rel_error(const float *got, const double *ref, size_t count)
-{
-    double max_diff = 0.0, max_ref = 0.0;
-    for (size_t i = 0; i < count; ++i) {
-        if (!isfinite(ref[i])) {
-            continue;
-        }
-        if (!isfinite(got[i])) {
-            return INFINITY;
-        }
-        const double diff = fabs((double)got[i] - ref[i]);
-        max_diff = diff > max_diff ? diff : max_diff;
-        max_ref = fabs(ref[i]) > max_ref ? fabs(ref[i]) : max_ref;
-    }
-    return max_diff / (max_ref > 1e-30 ? max_ref : 1e-30);
-}
 
 static size_t first_non_finite(const float *values, size_t count)
 {
@@ -340,40 +185,34 @@ report_failure(soak_stats *stats, long forward, const soak_job *job, const char 
     if (stats->failures > MAX_REPORTED_FAILURES) {
         return;
     }
-    char shape[320];
-    describe(job, shape, sizeof shape);
     fprintf(stderr, "soak: FAIL forward %ld (seed %" PRIu64 "): ", forward, soak_seed);
     va_list args;
     va_start(args, format);
     vfprintf(stderr, format, args);
     va_end(args);
-    fprintf(stderr, " [%s]\n", shape);
+    fprintf(stderr, " [%s]\n", job->problem.label);
 }
 
 /* One forward: fresh inputs, NaN-poisoned outputs, finite check, reference when `check`. */
 static void run_forward(clattn_ctx *ctx, soak_job *job, long forward, int check, soak_stats *stats)
 {
-    fill_uniform(job->query, job->query_count, -1.0f, 1.0f);
-    if (job->key != NULL) {
-        fill_uniform(job->key, job->key_count, -1.0f, 1.0f);
-        fill_uniform(job->value, job->value_count, -1.0f, 1.0f);
-    }
-    for (size_t i = 0; i < job->out_count; ++i) {
+    pb_mha_problem *p = &job->problem;
+    pb_mha_redraw_inputs(p);
+    for (size_t i = 0; i < p->out_count; ++i) {
         job->out[i] = NAN;
     }
-    for (size_t i = 0; i < job->attn_count; ++i) {
+    for (size_t i = 0; i < p->attn_count; ++i) {
         job->attn[i] = NAN;
     }
-    clattn_status status =
-        clattn_mha_forward_host(ctx, &job->desc, &job->weights, job->query, job->key, job->value,
-                                &job->masks, job->out, job->attn);
+    clattn_status status = clattn_mha_forward_host(ctx, &p->desc, &p->weights, p->query, p->key,
+                                                   p->value, &p->masks, job->out, job->attn);
     if (status != CLATTN_SUCCESS) {
         report_failure(stats, forward, job, "clattn_mha_forward_host: %s (%d): %s",
                        clattn_status_string(status), (int)status, clattn_last_error(ctx));
         return;
     }
-    size_t bad = first_non_finite(job->out, job->out_count);
-    if (bad < job->out_count) {
+    size_t bad = first_non_finite(job->out, p->out_count);
+    if (bad < p->out_count) {
         report_failure(stats, forward, job, "out[%zu] is %g (not finite)", bad,
                        (double)job->out[bad]);
         return;
@@ -382,11 +221,10 @@ static void run_forward(clattn_ctx *ctx, soak_job *job, long forward, int check,
         return;
     }
     ++stats->checks;
-    ref_mha_forward(&job->desc, &job->weights, job->query, job->key, job->value, &job->masks,
-                    job->out_ref, job->attn_ref);
-    const double out_error = rel_error(job->out, job->out_ref, job->out_count);
+    pb_mha_reference(p);
+    const double out_error = pb_rel_error(job->out, p->out_ref, p->out_count);
     const double attn_error =
-        job->attn_count ? rel_error(job->attn, job->attn_ref, job->attn_count) : 0.0;
+        p->attn_count ? pb_rel_error(job->attn, p->attn_ref, p->attn_count) : 0.0;
     const double error = out_error > attn_error ? out_error : attn_error;
     if (!(error <= stats->worst_error)) {
         stats->worst_error = error;
@@ -494,6 +332,8 @@ int main(int argc, char **argv)
     }
     rng_state = seed;
     soak_seed = seed;
+    const pb_hooks hooks = {rand_u64, problems_fail, NULL};
+    pb_set_hooks(&hooks);
 
     clattn_ctx *ctx = NULL;
     char message[512] = "";

@@ -1,13 +1,15 @@
 /*
- * check_attention: scaled dot-product attention through clattn_attention (device buffers) and
- * clattn_attention_host against the float64 reference, and the textbook example of issue 2
- * checked value by value.
+ * check_attention: scaled dot-product attention through SDPA plans (device buffers at random
+ * offsets, path AUTO) and clattn_attention_host against the float64 reference, and the
+ * textbook example of issue 2 checked value by value (MHA host API, op by op with
+ * clattn_matmul and an SDPA plan, and the attention host API).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "problems.h"
 #include "reference.h"
 #include "testutil.h"
 
@@ -15,30 +17,30 @@
 
 typedef struct attention_case {
     size_t batch, heads, seq_q, seq_k, head_dim_qk, head_dim_v;
-    float scale; /* 0: the default 1/sqrt(head_dim_qk) */
+    float scale; /* as clattn takes it: NAN is the default 1/sqrt(head_dim_qk) */
     clattn_norm norm;
     int causal, use_attn_mask, use_padding, want_weights;
 } attention_case;
 
 /* clang-format off */
 static const attention_case attention_cases[] = {
-    {1, 1, 1, 1, 1, 1, 0.0f, CLATTN_NORM_SOFTMAX, 0, 0, 0, 1},
+    {1, 1, 1, 1, 1, 1, NAN, CLATTN_NORM_SOFTMAX, 0, 0, 0, 1},
     {1, 1, 3, 3, 4, 4, 0.5f, CLATTN_NORM_SOFTMAX, 0, 0, 0, 1},
-    {2, 3, 5, 17, 8, 3, 0.0f, CLATTN_NORM_SOFTMAX, 0, 0, 0, 0},
+    {2, 3, 5, 17, 8, 3, NAN, CLATTN_NORM_SOFTMAX, 0, 0, 0, 0},
     {3, 2, 17, 5, 3, 8, 0.3f, CLATTN_NORM_SOFTMAX, 1, 0, 0, 1},
-    {2, 4, 63, 65, 16, 16, 0.0f, CLATTN_NORM_SOFTMAX, 0, 1, 0, 1},
-    {1, 8, 65, 63, 32, 17, 0.0f, CLATTN_NORM_SOFTMAX, 0, 0, 1, 0},
+    {2, 4, 63, 65, 16, 16, NAN, CLATTN_NORM_SOFTMAX, 0, 1, 0, 1},
+    {1, 8, 65, 63, 32, 17, NAN, CLATTN_NORM_SOFTMAX, 0, 0, 1, 0},
     {2, 16, 9, 129, 4, 6, 0.25f, CLATTN_NORM_SOFTMAX, 1, 1, 1, 1},
-    {1, 2, 127, 127, 64, 64, 0.0f, CLATTN_NORM_SOFTMAX, 1, 0, 0, 0},
+    {1, 2, 127, 127, 64, 64, NAN, CLATTN_NORM_SOFTMAX, 1, 0, 0, 0},
     {2, 1, 129, 1, 5, 7, 1.0f, CLATTN_NORM_SOFTMAX, 0, 0, 0, 1},
-    {3, 5, 1, 33, 65, 1, 0.0f, CLATTN_NORM_SOFTMAX, 0, 1, 1, 1},
-    {2, 3, 7, 19, 8, 4, 0.0f, CLATTN_NORM_RELU, 0, 0, 0, 1},
+    {3, 5, 1, 33, 65, 1, NAN, CLATTN_NORM_SOFTMAX, 0, 1, 1, 1},
+    {2, 3, 7, 19, 8, 4, NAN, CLATTN_NORM_RELU, 0, 0, 0, 1},
     {1, 4, 17, 17, 12, 20, 0.4f, CLATTN_NORM_RELU, 1, 0, 1, 0},
-    {2, 2, 33, 65, 9, 9, 0.0f, CLATTN_NORM_RELU, 0, 1, 0, 1},
-    {2, 6, 3, 1000, 16, 8, 0.0f, CLATTN_NORM_SOFTMAX, 0, 1, 1, 1},
+    {2, 2, 33, 65, 9, 9, NAN, CLATTN_NORM_RELU, 0, 1, 0, 1},
+    {2, 6, 3, 1000, 16, 8, NAN, CLATTN_NORM_SOFTMAX, 0, 1, 1, 1},
     /* long keys, wide heads */
-    {1, 2, 5, 4097, 8, 8, 0.0f, CLATTN_NORM_SOFTMAX, 1, 0, 1, 1},
-    {2, 2, 17, 9, 256, 300, 0.0f, CLATTN_NORM_SOFTMAX, 0, 1, 0, 1},
+    {1, 2, 5, 4097, 8, 8, NAN, CLATTN_NORM_SOFTMAX, 1, 0, 1, 1},
+    {2, 2, 17, 9, 256, 300, NAN, CLATTN_NORM_SOFTMAX, 0, 1, 0, 1},
 };
 /* clang-format on */
 
@@ -51,157 +53,77 @@ static void describe(const char *api, const attention_case *ac)
                 ac->use_attn_mask, ac->use_padding, ac->want_weights);
 }
 
-/* Inputs, masks and the float64 reference of one case. */
-typedef struct attention_data {
-    size_t q_count, k_count, v_count, out_count, weights_count;
-    float *q, *k, *v;
-    float *attn_mask;
-    uint8_t *padding;
-    double *out_ref, *weights_ref;
-} attention_data;
-
-static attention_data make_data(const attention_case *ac)
+/* Inputs, masks and the float64 reference of one case: the attn_mask (seq_q, seq_k) masks
+ * every key of query 0 (its output and weights are zeros); the key padding masks every key of
+ * batch entry 1. */
+static void make_problem(pb_sdpa_problem *p, const attention_case *ac)
 {
-    attention_data data;
-    size_t heads_total = ac->batch * ac->heads;
-    data.q_count = heads_total * ac->seq_q * ac->head_dim_qk;
-    data.k_count = heads_total * ac->seq_k * ac->head_dim_qk;
-    data.v_count = heads_total * ac->seq_k * ac->head_dim_v;
-    data.out_count = heads_total * ac->seq_q * ac->head_dim_v;
-    data.weights_count = heads_total * ac->seq_q * ac->seq_k;
-    /* Scores grow with head_dim; keep them O(1..10) so softmax is neither flat nor one-hot. */
-    data.q = tu_random_floats(data.q_count);
-    data.k = tu_random_floats(data.k_count);
-    data.v = tu_random_floats(data.v_count);
-    for (size_t i = 0; i < data.q_count; ++i) {
-        data.q[i] *= 2.0f;
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = ac->batch;
+    spec.heads = ac->heads;
+    spec.seq_q = ac->seq_q;
+    spec.seq_k = ac->seq_k;
+    spec.dk = ac->head_dim_qk;
+    spec.dv = ac->head_dim_v;
+    spec.scale = ac->scale;
+    spec.norm = ac->norm;
+    spec.causal = ac->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    spec.want_weights = ac->want_weights;
+    spec.mask = ac->use_attn_mask ? PB_MASK_FLOAT : PB_MASK_NONE;
+    spec.fully_masked = ac->use_attn_mask ? 2 : 0;
+    spec.padding = ac->use_padding;
+    /* Scores grow with head_dim; q in [-2, 2) keeps them O(1..10) so softmax is neither flat
+     * nor one-hot (pb_sdpa_spec_init's q_gain). */
+    pb_sdpa_make(p, &spec);
+    if (ac->use_padding && ac->batch > 1) {
+        memset(p->padding + ac->seq_k, 1, ac->seq_k); /* batch entry 1: every key */
+        pb_sdpa_reference(p);
     }
-    data.attn_mask = NULL;
-    data.padding = NULL;
-    if (ac->use_attn_mask) {
-        data.attn_mask = tu_floats(ac->seq_q * ac->seq_k);
-        tu_fill_uniform(data.attn_mask, ac->seq_q * ac->seq_k, -1.0f, 1.0f);
-        for (size_t i = 0; i < ac->seq_q * ac->seq_k; ++i) {
-            if (tu_rand_below(4) == 0) {
-                data.attn_mask[i] = -INFINITY;
-            }
-        }
-        /* Query 0 keeps no key at all: its output and weights are zeros. */
-        for (size_t key = 0; key < ac->seq_k; ++key) {
-            data.attn_mask[key] = -INFINITY;
-        }
-    }
-    if (ac->use_padding) {
-        data.padding = tu_bytes(ac->batch * ac->seq_k);
-        for (size_t i = 0; i < ac->batch * ac->seq_k; ++i) {
-            data.padding[i] = tu_rand_below(3) == 0;
-        }
-        if (ac->batch > 1) {
-            memset(data.padding + ac->seq_k, 1, ac->seq_k); /* batch entry 1: every key */
-        }
-    }
-    clattn_attention_desc desc = {ac->batch,      ac->heads, ac->seq_q, ac->seq_k, ac->head_dim_qk,
-                                  ac->head_dim_v, ac->scale, ac->norm,  {0}, CLATTN_PATH_AUTO};
-    clattn_host_masks masks = {ac->causal, data.attn_mask, data.padding};
-    data.out_ref = tu_doubles(data.out_count);
-    data.weights_ref = tu_doubles(data.weights_count);
-    ref_attention(&desc, &masks, data.q, data.k, data.v, data.out_ref, data.weights_ref);
-    return data;
 }
 
-static void free_data(attention_data *data)
-{
-    free(data->weights_ref);
-    free(data->out_ref);
-    free(data->padding);
-    free(data->attn_mask);
-    free(data->v);
-    free(data->k);
-    free(data->q);
-}
-
-static void run_device(const attention_case *ac, const attention_data *data)
+/* The plan (path AUTO) on buffers at random offsets with NaN around every tensor. */
+static void run_device(const attention_case *ac, const pb_sdpa_problem *p)
 {
     describe("device", ac);
-    size_t q_offset = tu_rand_below(9), k_offset = tu_rand_below(9), v_offset = tu_rand_below(9);
-    size_t out_offset = tu_rand_below(9), weights_offset = tu_rand_below(9);
-    size_t mask_offset = tu_rand_below(5), padding_offset = tu_rand_below(5);
-    cl_mem q_mem = tu_upload_padded(data->q, data->q_count, q_offset, 3);
-    cl_mem k_mem = tu_upload_padded(data->k, data->k_count, k_offset, 0);
-    cl_mem v_mem = tu_upload_padded(data->v, data->v_count, v_offset, 2);
-    size_t out_total = out_offset + data->out_count + 3;
-    size_t weights_total = weights_offset + data->weights_count + 3;
-    cl_mem out_mem = tu_nan_buffer(out_total);
-    cl_mem weights_mem = ac->want_weights ? tu_nan_buffer(weights_total) : NULL;
-    cl_mem mask_mem = NULL, padding_mem = NULL;
-
-    clattn_attention_desc desc = {ac->batch,      ac->heads, ac->seq_q, ac->seq_k, ac->head_dim_qk,
-                                  ac->head_dim_v, ac->scale, ac->norm,  {0}, CLATTN_PATH_AUTO};
-    desc.masks.causal = ac->causal;
-    if (data->attn_mask != NULL) {
-        mask_mem = tu_upload_padded(data->attn_mask, ac->seq_q * ac->seq_k, mask_offset, 1);
-        desc.masks.attn_mask = tu_tensor(mask_mem, mask_offset);
-    }
-    if (data->padding != NULL) {
-        size_t count = ac->batch * ac->seq_k;
-        uint8_t *padded = tu_bytes(padding_offset + count);
-        memset(padded, 1, padding_offset);
-        memcpy(padded + padding_offset, data->padding, count);
-        padding_mem = tu_upload_bytes(padded, padding_offset + count);
-        desc.masks.key_padding_mask = tu_tensor(padding_mem, padding_offset);
-        free(padded);
-    }
-
-    clattn_status status = clattn_attention(
-        tu_ctx(), &desc, tu_tensor(q_mem, q_offset), tu_tensor(k_mem, k_offset),
-        tu_tensor(v_mem, v_offset), tu_tensor(out_mem, out_offset),
-        tu_tensor(weights_mem, ac->want_weights ? weights_offset : 0), 0, NULL, NULL);
-    if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_attention")) {
-        float *out = tu_floats(out_total);
-        tu_read_floats(out_mem, 0, out_total, out);
-        tu_expect_finite("out", out + out_offset, data->out_count);
-        tu_expect_close("out", out + out_offset, data->out_ref, data->out_count, TU_TOL);
-        tu_expect_nan_outside("out", out, out_total, out_offset, data->out_count);
-        free(out);
-        if (weights_mem != NULL) {
-            float *weights = tu_floats(weights_total);
-            tu_read_floats(weights_mem, 0, weights_total, weights);
-            tu_expect_close("weights", weights + weights_offset, data->weights_ref,
-                            data->weights_count, TU_TOL);
-            tu_expect_nan_outside("weights", weights, weights_total, weights_offset,
-                                  data->weights_count);
-            free(weights);
-        }
-    }
-    tu_release_mem(padding_mem);
-    tu_release_mem(mask_mem);
-    tu_release_mem(weights_mem);
-    tu_release_mem(out_mem);
-    tu_release_mem(v_mem);
-    tu_release_mem(k_mem);
-    tu_release_mem(q_mem);
+    clattn_status status = pb_sdpa_run(tu_ctx(), p, NULL);
+    tu_expect_status(status, CLATTN_SUCCESS, "pb_sdpa_run");
 }
 
-/* causal_in_desc: ask for causal through desc->masks.causal instead of the host masks (which
- * are still passed, with causal 0, when the case has another mask): either place counts. */
-static void run_host(const attention_case *ac, const attention_data *data, int causal_in_desc)
+/* variant 0: path AUTO; 1: the other path (UNFUSED when AUTO fuses, and the reverse where the
+ * fused kernel can run). */
+static void run_host(const attention_case *ac, const pb_sdpa_problem *p, int variant)
 {
-    describe(causal_in_desc ? "host, causal in desc->masks" : "host", ac);
-    clattn_attention_desc desc = {ac->batch,      ac->heads, ac->seq_q, ac->seq_k, ac->head_dim_qk,
-                                  ac->head_dim_v, ac->scale, ac->norm,  {0}, CLATTN_PATH_AUTO};
-    desc.masks.causal = causal_in_desc && ac->causal;
-    clattn_host_masks masks = {causal_in_desc ? 0 : ac->causal, data->attn_mask, data->padding};
-    const int host_masks = causal_in_desc ? data->attn_mask || data->padding
-                                          : ac->causal || data->attn_mask || data->padding;
-    float *out = tu_nan_floats(data->out_count);
-    float *weights = ac->want_weights ? tu_nan_floats(data->weights_count) : NULL;
-    clattn_status status = clattn_attention_host(tu_ctx(), &desc, data->q, data->k, data->v,
+    describe(variant ? "host, the other path" : "host", ac);
+    clattn_attention_host_desc desc;
+    clattn_attention_host_desc_init(&desc);
+    desc.batch = ac->batch;
+    desc.heads = ac->heads;
+    desc.seq_q = ac->seq_q;
+    desc.seq_k = ac->seq_k;
+    desc.head_dim_qk = ac->head_dim_qk;
+    desc.head_dim_v = ac->head_dim_v;
+    desc.causal = p->spec.causal;
+    desc.scale = ac->scale;
+    desc.norm = ac->norm;
+    if (variant) {
+        const int fusable =
+            !ac->want_weights && ac->head_dim_qk <= 256 && ac->head_dim_v <= 256;
+        desc.path = pb_sdpa_expect_fused(&p->spec) ? CLATTN_PATH_UNFUSED
+                    : fusable                      ? CLATTN_PATH_FUSED
+                                                   : CLATTN_PATH_AUTO;
+    }
+    const clattn_host_masks masks = {p->mask, p->padding};
+    const int host_masks = p->mask != NULL || p->padding != NULL;
+    float *out = tu_nan_floats(p->out_count);
+    float *weights = ac->want_weights ? tu_nan_floats(p->weights_count) : NULL;
+    clattn_status status = clattn_attention_host(tu_ctx(), &desc, p->q, p->k, p->v,
                                                  host_masks ? &masks : NULL, out, weights);
     if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_attention_host")) {
-        tu_expect_finite("out", out, data->out_count);
-        tu_expect_close("out", out, data->out_ref, data->out_count, TU_TOL);
+        tu_expect_finite("out", out, p->out_count);
+        tu_expect_close("out", out, p->out_ref, p->out_count, TU_TOL);
         if (weights != NULL) {
-            tu_expect_close("weights", weights, data->weights_ref, data->weights_count, TU_TOL);
+            tu_expect_close("weights", weights, p->weights_ref, p->weights_count, TU_TOL);
         }
     }
     free(weights);
@@ -212,12 +134,13 @@ START_TEST(test_attention_cases)
 {
     TU_BEGIN_TEST();
     const attention_case *ac = &attention_cases[_i];
-    attention_data data = make_data(ac);
-    run_device(ac, &data);
-    run_host(ac, &data, 0);
+    pb_sdpa_problem p;
+    make_problem(&p, ac);
+    run_device(ac, &p);
+    run_host(ac, &p, 0);
     if (ac->causal)
-        run_host(ac, &data, 1);
-    free_data(&data);
+        run_host(ac, &p, 1);
+    pb_sdpa_free(&p);
     TU_END_TEST();
 }
 END_TEST
@@ -229,11 +152,12 @@ START_TEST(test_attention_many_heads)
 {
     TU_BEGIN_TEST();
     /* clang-format off */
-    attention_case ac = {33, 2000, 2, 3, 2, 3, 0.0f, CLATTN_NORM_SOFTMAX, 1, 1, 1, 1};
+    attention_case ac = {33, 2000, 2, 3, 2, 3, NAN, CLATTN_NORM_SOFTMAX, 1, 1, 1, 1};
     /* clang-format on */
-    attention_data data = make_data(&ac);
-    run_device(&ac, &data);
-    free_data(&data);
+    pb_sdpa_problem p;
+    make_problem(&p, &ac);
+    run_device(&ac, &p);
+    pb_sdpa_free(&p);
     TU_END_TEST();
 }
 END_TEST
@@ -244,14 +168,15 @@ START_TEST(test_attention_heads)
     TU_BEGIN_TEST();
     size_t heads = (size_t)_i + 1;
     /* clang-format off */
-    attention_case ac = {2, heads, 7, 13, 8, 5, (_i % 3) ? 0.0f : 0.6f,
+    attention_case ac = {2, heads, 7, 13, 8, 5, (_i % 3) ? NAN : 0.6f,
                          _i % 5 == 4 ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX,
                          _i % 2, _i % 3 == 1, _i % 4 == 2, _i % 2 == 0};
     /* clang-format on */
-    attention_data data = make_data(&ac);
-    run_device(&ac, &data);
-    run_host(&ac, &data, 0);
-    free_data(&data);
+    pb_sdpa_problem p;
+    make_problem(&p, &ac);
+    run_device(&ac, &p);
+    run_host(&ac, &p, 0);
+    pb_sdpa_free(&p);
     TU_END_TEST();
 }
 END_TEST
@@ -269,35 +194,54 @@ START_TEST(test_attention_random)
         .seq_k = seqs[tu_rand_below(7)],
         .head_dim_qk = dims[tu_rand_below(6)],
         .head_dim_v = dims[tu_rand_below(6)],
-        .scale = tu_rand_below(2) ? 0.0f : (float)(0.05 + tu_rand_unit()),
+        .scale = tu_rand_below(2) ? NAN : (float)(0.05 + tu_rand_unit()),
         .norm = tu_rand_below(4) == 0 ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX,
         .causal = (int)tu_rand_below(2),
         .use_attn_mask = (int)tu_rand_below(2),
         .use_padding = (int)tu_rand_below(2),
         .want_weights = (int)tu_rand_below(2),
     };
-    attention_data data = make_data(&ac);
-    run_device(&ac, &data);
-    run_host(&ac, &data, _i % 2);
-    free_data(&data);
+    pb_sdpa_problem p;
+    make_problem(&p, &ac);
+    run_device(&ac, &p);
+    run_host(&ac, &p, _i % 2);
+    pb_sdpa_free(&p);
     TU_END_TEST();
 }
 END_TEST
 
-/* scale 0 means 1/sqrt(head_dim_qk): it gives the same result as that scale passed explicitly. */
+/* scale NAN means 1/sqrt(head_dim_qk): it gives the same result as that scale passed
+ * explicitly. And scale 0 means 0 (it was "the default" before plans): every kept key gets
+ * the same weight. */
 START_TEST(test_attention_default_scale)
 {
     TU_BEGIN_TEST();
     /* clang-format off */
-    attention_case ac = {2, 3, 9, 11, 16, 7, 0.0f, CLATTN_NORM_SOFTMAX, 0, 0, 0, 1};
+    attention_case ac = {2, 3, 9, 11, 16, 7, NAN, CLATTN_NORM_SOFTMAX, 0, 0, 0, 1};
     /* clang-format on */
-    attention_data data = make_data(&ac);
+    pb_sdpa_problem p;
+    make_problem(&p, &ac);
     attention_case explicit_case = ac;
     explicit_case.scale = 0.25f;
-    run_host(&explicit_case, &data, 0); /* the reference of scale 0 is the target of both */
-    run_host(&ac, &data, 0);
-    run_device(&explicit_case, &data);
-    free_data(&data);
+    run_host(&explicit_case, &p, 0); /* the reference of NAN is the target of both */
+    run_host(&ac, &p, 0);
+    run_device(&ac, &p);
+    pb_sdpa_free(&p);
+
+    attention_case zero_case = ac;
+    zero_case.scale = 0.0f;
+    zero_case.use_padding = 1;
+    make_problem(&p, &zero_case);
+    run_device(&zero_case, &p);
+    run_host(&zero_case, &p, 0);
+    /* uniform weights over the kept keys: check the reference itself once */
+    size_t kept = 0;
+    for (size_t key = 0; key < zero_case.seq_k; ++key)
+        kept += p.padding[key] == 0;
+    tu_expect(kept == 0 || fabs(p.weights_ref[0] - (p.padding[0] ? 0.0 : 1.0 / (double)kept)) <
+                               1e-12,
+              "reference of scale 0: weight %g, want 1/%zu", p.weights_ref[0], kept);
+    pb_sdpa_free(&p);
     TU_END_TEST();
 }
 END_TEST
@@ -342,18 +286,18 @@ START_TEST(test_textbook_mha_host)
     TU_BEGIN_TEST();
     for (int variant = 0; variant < 3; ++variant) {
         tu_set_case("textbook mha host variant=%d (0 self, 1 explicit k/v, 2 averaged)", variant);
-        clattn_mha_desc desc = {
-            .batch = 1,
-            .seq_q = 3,
-            .seq_k = 3,
-            .embed_dim = 4,
-            .num_heads = 1,
-            .qk_dim = 4,
-            .v_dim = 4,
-            .layout = CLATTN_LAYOUT_XW,
-            .scale = 0.5f,
-            .need_weights = variant == 2 ? CLATTN_WEIGHTS_AVERAGED : CLATTN_WEIGHTS_PER_HEAD,
-        };
+        clattn_mha_host_desc desc;
+        clattn_mha_host_desc_init(&desc);
+        desc.batch = 1;
+        desc.seq_q = 3;
+        desc.seq_k = 3;
+        desc.embed_dim = 4;
+        desc.num_heads = 1;
+        desc.qk_dim = 4;
+        desc.v_dim = 4;
+        desc.layout = CLATTN_LAYOUT_XW;
+        desc.scale = 0.5f;
+        desc.need_weights = variant == 2 ? CLATTN_WEIGHTS_AVERAGED : CLATTN_WEIGHTS_PER_HEAD;
         clattn_mha_host_weights weights = {0};
         weights.q_weight = textbook_wq;
         weights.k_weight = textbook_wk;
@@ -379,56 +323,75 @@ START_TEST(test_textbook_mha_host)
 }
 END_TEST
 
-/* The same example op by op on the device: Q = X·Wq, K = X·Wk, V = X·Wv,
- * scores = Q·Kᵀ (checked against [[2,6,8],[6,2,8],[8,8,16]]), softmax with scale 1/2,
- * Z = weights·V. */
+/* The same example op by op on the device: Q = X·Wq, K = X·Wk, V = X·Wv (clattn_matmul),
+ * scores = Q·Kᵀ (checked against [[2,6,8],[6,2,8],[8,8,16]]), weights and Z from an unfused
+ * SDPA plan with scale 1/2, and Z again as weights·V (clattn_matmul). */
 START_TEST(test_textbook_ops)
 {
     TU_BEGIN_TEST();
     tu_set_case("textbook op by op");
     clattn_ctx *ctx = tu_ctx();
-    clattn_tensor none = {NULL, 0};
     cl_mem x_mem = tu_upload_floats(textbook_x, 12);
     cl_mem wq_mem = tu_upload_floats(textbook_wq, 16);
     cl_mem wk_mem = tu_upload_floats(textbook_wk, 16);
     cl_mem wv_mem = tu_upload_floats(textbook_wv, 16);
     cl_mem q_mem = tu_nan_buffer(12), k_mem = tu_nan_buffer(12), v_mem = tu_nan_buffer(12);
     cl_mem scores_mem = tu_nan_buffer(9), weights_mem = tu_nan_buffer(9);
-    cl_mem z_mem = tu_nan_buffer(12);
+    cl_mem z_mem = tu_nan_buffer(12), z2_mem = tu_nan_buffer(12);
+    const clattn_dtype f32 = CLATTN_DTYPE_F32;
+    const clattn_tensor x = clattn_tensor_make(x_mem, 0, f32, 2, 3, 4, 0, 0);
+    const clattn_tensor wq = clattn_tensor_make(wq_mem, 0, f32, 2, 4, 4, 0, 0);
+    const clattn_tensor wk = clattn_tensor_make(wk_mem, 0, f32, 2, 4, 4, 0, 0);
+    const clattn_tensor wv = clattn_tensor_make(wv_mem, 0, f32, 2, 4, 4, 0, 0);
+    const clattn_tensor q = clattn_tensor_make(q_mem, 0, f32, 2, 3, 4, 0, 0);
+    const clattn_tensor k = clattn_tensor_make(k_mem, 0, f32, 2, 3, 4, 0, 0);
+    const clattn_tensor v = clattn_tensor_make(v_mem, 0, f32, 2, 3, 4, 0, 0);
+    const clattn_tensor scores = clattn_tensor_make(scores_mem, 0, f32, 2, 3, 3, 0, 0);
+    const clattn_tensor weights_2d = clattn_tensor_make(weights_mem, 0, f32, 2, 3, 3, 0, 0);
+    const clattn_tensor z2 = clattn_tensor_make(z2_mem, 0, f32, 2, 3, 4, 0, 0);
 
-    clattn_matmul_desc project = {.m = 3, .n = 4, .k = 4, .alpha = 1.0f};
-    clattn_matmul_desc qk = {.m = 3, .n = 3, .k = 4, .trans_b = 1, .alpha = 1.0f};
-    clattn_matmul_desc weighted_sum = {.m = 3, .n = 4, .k = 3, .alpha = 1.0f};
-    clattn_softmax_desc softmax = {.batch = 1, .heads = 1, .seq_q = 3, .seq_k = 3, .scale = 0.5f};
-
-    clattn_status status = clattn_matmul(ctx, &project, tu_tensor(x_mem, 0), tu_tensor(wq_mem, 0),
-                                         none, tu_tensor(q_mem, 0), 0, NULL, NULL);
+    const clattn_matmul_desc project = {sizeof(clattn_matmul_desc), 0, 0, 1.0f, 0.0f};
+    const clattn_matmul_desc qk = {sizeof(clattn_matmul_desc), 0, 1, 1.0f, 0.0f};
+    clattn_status status = clattn_matmul(ctx, &project, &x, &wq, NULL, &q, 0, NULL, NULL);
     tu_expect_status(status, CLATTN_SUCCESS, "clattn_matmul (Q)");
-    status = clattn_matmul(ctx, &project, tu_tensor(x_mem, 0), tu_tensor(wk_mem, 0), none,
-                           tu_tensor(k_mem, 0), 0, NULL, NULL);
+    status = clattn_matmul(ctx, &project, &x, &wk, NULL, &k, 0, NULL, NULL);
     tu_expect_status(status, CLATTN_SUCCESS, "clattn_matmul (K)");
-    status = clattn_matmul(ctx, &project, tu_tensor(x_mem, 0), tu_tensor(wv_mem, 0), none,
-                           tu_tensor(v_mem, 0), 0, NULL, NULL);
+    status = clattn_matmul(ctx, &project, &x, &wv, NULL, &v, 0, NULL, NULL);
     tu_expect_status(status, CLATTN_SUCCESS, "clattn_matmul (V)");
-    status = clattn_matmul(ctx, &qk, tu_tensor(q_mem, 0), tu_tensor(k_mem, 0), none,
-                           tu_tensor(scores_mem, 0), 0, NULL, NULL);
+    status = clattn_matmul(ctx, &qk, &q, &k, NULL, &scores, 0, NULL, NULL);
     tu_expect_status(status, CLATTN_SUCCESS, "clattn_matmul (scores)");
-    status = clattn_softmax_rows(ctx, &softmax, tu_tensor(scores_mem, 0), tu_tensor(weights_mem, 0),
-                                 0, NULL, NULL);
-    tu_expect_status(status, CLATTN_SUCCESS, "clattn_softmax_rows");
-    status = clattn_matmul(ctx, &weighted_sum, tu_tensor(weights_mem, 0), tu_tensor(v_mem, 0), none,
-                           tu_tensor(z_mem, 0), 0, NULL, NULL);
+
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    desc.tensors.q = clattn_tensor_make(q_mem, 0, f32, 4, 1, 1, 3, 4);
+    desc.tensors.k = clattn_tensor_make(k_mem, 0, f32, 4, 1, 1, 3, 4);
+    desc.tensors.v = clattn_tensor_make(v_mem, 0, f32, 4, 1, 1, 3, 4);
+    desc.tensors.out = clattn_tensor_make(z_mem, 0, f32, 4, 1, 1, 3, 4);
+    desc.tensors.weights = clattn_tensor_make(weights_mem, 0, f32, 4, 1, 1, 3, 3);
+    desc.scale = 0.5f;
+    desc.path = CLATTN_PATH_UNFUSED;
+    clattn_plan *plan = NULL;
+    status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_sdpa_plan_create")) {
+        status = clattn_plan_execute(plan, &desc.tensors, NULL, NULL, 0, NULL, NULL);
+        tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute");
+    }
+    clattn_plan_release(plan);
+    status = clattn_matmul(ctx, &project, &weights_2d, &v, NULL, &z2, 0, NULL, NULL);
     tu_expect_status(status, CLATTN_SUCCESS, "clattn_matmul (Z)");
 
     if (!tu_failed()) {
-        float scores[9], weights[9], z[12];
-        tu_read_floats(scores_mem, 0, 9, scores);
+        float scores_got[9], weights[9], z[12];
+        tu_read_floats(scores_mem, 0, 9, scores_got);
         tu_read_floats(weights_mem, 0, 9, weights);
-        tu_read_floats(z_mem, 0, 12, z);
-        expect_textbook("scores", scores, textbook_scores, 9);
+        expect_textbook("scores", scores_got, textbook_scores, 9);
         expect_textbook("weights", weights, textbook_weights, 9);
-        expect_textbook("Z", z, textbook_z, 12);
+        tu_read_floats(z_mem, 0, 12, z);
+        expect_textbook("Z (plan)", z, textbook_z, 12);
+        tu_read_floats(z2_mem, 0, 12, z);
+        expect_textbook("Z (weights·V)", z, textbook_z, 12);
     }
+    tu_release_mem(z2_mem);
     tu_release_mem(z_mem);
     tu_release_mem(weights_mem);
     tu_release_mem(scores_mem);
@@ -443,11 +406,11 @@ START_TEST(test_textbook_ops)
 }
 END_TEST
 
-/* And through clattn_attention on the projected Q, K, V the host computes. */
+/* And through clattn_attention_host on the projected Q, K, V the host computes, both paths
+ * (the fused one cannot return the weights). */
 START_TEST(test_textbook_attention_host)
 {
     TU_BEGIN_TEST();
-    tu_set_case("textbook clattn_attention_host");
     float q[12], k[12], v[12];
     for (size_t row = 0; row < 3; ++row) {
         for (size_t col = 0; col < 4; ++col) {
@@ -462,14 +425,25 @@ START_TEST(test_textbook_attention_host)
             v[row * 4 + col] = v_sum;
         }
     }
-    clattn_attention_desc desc = {1, 1, 3, 3, 4, 4, 0.5f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
-    float z[12], weights[9];
-    tu_fill_nan(z, 12);
-    tu_fill_nan(weights, 9);
-    clattn_status status = clattn_attention_host(tu_ctx(), &desc, q, k, v, NULL, z, weights);
-    if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_attention_host")) {
-        expect_textbook("weights", weights, textbook_weights, 9);
-        expect_textbook("Z", z, textbook_z, 12);
+    for (int fused = 0; fused < 2; ++fused) {
+        tu_set_case("textbook clattn_attention_host path=%s", fused ? "FUSED" : "AUTO");
+        clattn_attention_host_desc desc;
+        clattn_attention_host_desc_init(&desc);
+        desc.batch = desc.heads = 1;
+        desc.seq_q = desc.seq_k = 3;
+        desc.head_dim_qk = desc.head_dim_v = 4;
+        desc.scale = 0.5f;
+        desc.path = fused ? CLATTN_PATH_FUSED : CLATTN_PATH_AUTO;
+        float z[12], weights[9];
+        tu_fill_nan(z, 12);
+        tu_fill_nan(weights, 9);
+        clattn_status status = clattn_attention_host(tu_ctx(), &desc, q, k, v, NULL, z,
+                                                     fused ? NULL : weights);
+        if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_attention_host")) {
+            if (!fused)
+                expect_textbook("weights", weights, textbook_weights, 9);
+            expect_textbook("Z", z, textbook_z, 12);
+        }
     }
     TU_END_TEST();
 }

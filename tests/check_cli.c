@@ -267,9 +267,15 @@ START_TEST(test_bench_json)
     tu_expect(strstr(out, "{\"op\": \"matmul\", \"m\": 17, \"n\": 33, \"k\": 65") != NULL,
               "matmul line lacks its sizes: %s", out);
     tu_expect(strstr(out, "\"path\": \"fused\", \"batch\": 1, \"heads\": 2, \"seq_q\": 33, "
-                          "\"seq_k\": 17, \"head_dim\": 8") != NULL,
-              "attention line lacks its sizes: %s", out);
-    for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+                          "\"seq_k\": 17, \"head_dim\": 8, \"dtype\": \"f32\"") != NULL,
+              "attention line lacks its sizes or dtype: %s", out);
+    /* softmax has no entry point of its own: the line says what it timed. */
+    const char *softmax = strstr(out, "{\"op\": \"softmax\"");
+    tu_expect(softmax && strstr(softmax, "\"timed\": \"sdpa_unfused_weights\"") &&
+                  strstr(softmax, "\"timed\"") < strchr(softmax, '\n'),
+              "softmax line does not say what it timed: %s", out);
+    for (const char *line = out; line && *line;
+         line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
         if (*line == '\0')
             break;
         double median = -1.0;
@@ -333,6 +339,7 @@ static const bad_case bad_cases[] = {
      "--path"},
     {"bench --runs 0", "--runs"},
     {"bench --op sort", "sort"},
+    {"bench --dtype f64", "--dtype: 'f64' is not f32, f16 or bf16"},
     {"devices --bogus", "unknown option"},
 };
 
@@ -385,6 +392,7 @@ static clattn_array fixture_npy(const char *name, const char *suffix)
     return array;
 }
 
+/* scale NAN: the default, 1/sqrt(head dim). */
 static int reference_run(const reference_case *c, clattn_norm norm, float scale,
                          reference_result *r)
 {
@@ -418,17 +426,20 @@ static int reference_run(const reference_case *c, clattn_norm norm, float scale,
         const size_t seq_q = query.shape[query.ndim - 2], embed = query.shape[query.ndim - 1];
         const clattn_array *k = c->cross ? &key : &query, *v = c->cross ? &value : &query;
         const size_t seq_k = k->shape[k->ndim - 2];
-        clattn_mha_desc desc = {.batch = batch,
-                                .seq_q = seq_q,
-                                .seq_k = seq_k,
-                                .embed_dim = embed,
-                                .num_heads = (size_t)c->heads,
-                                .kdim = k->shape[k->ndim - 1],
-                                .vdim = v->shape[v->ndim - 1],
-                                .layout = CLATTN_LAYOUT_TORCH,
-                                .scale = scale,
-                                .norm = norm,
-                                .need_weights = CLATTN_WEIGHTS_PER_HEAD};
+        clattn_mha_host_desc desc;
+        clattn_mha_host_desc_init(&desc);
+        desc.batch = batch;
+        desc.seq_q = seq_q;
+        desc.seq_k = seq_k;
+        desc.embed_dim = embed;
+        desc.num_heads = (size_t)c->heads;
+        desc.kdim = k->shape[k->ndim - 1];
+        desc.vdim = v->shape[v->ndim - 1];
+        desc.layout = CLATTN_LAYOUT_TORCH;
+        desc.causal = c->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+        desc.scale = scale;
+        desc.norm = norm;
+        desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
         clattn_mha_host_weights w = {.out_weight = p[5].data, .out_bias = p[6].data};
         if (p[0].data) {
             w.in_proj_weight = p[0].data;
@@ -442,7 +453,7 @@ static int reference_run(const reference_case *c, clattn_norm norm, float scale,
         uint8_t *padding = kpm.data ? tu_bytes(kpm.count) : NULL;
         for (size_t i = 0; padding && i < kpm.count; ++i)
             padding[i] = kpm.data[i] != 0.0f;
-        const clattn_host_masks masks = {.causal = c->causal, .key_padding_mask = padding};
+        const clattn_host_masks masks = {.key_padding_mask = padding};
         r->out_count = batch * seq_q * embed;
         r->attn_count = batch * (size_t)c->heads * seq_q * seq_k;
         r->out = tu_doubles(r->out_count);
@@ -518,7 +529,7 @@ START_TEST(test_run_relu_auto_matches_reference)
     const reference_case *c = &reference_cases[_i];
     tu_set_case("clattn run --norm relu --path auto on the '%s' fixture", c->name);
     reference_result r;
-    if (reference_run(c, CLATTN_NORM_RELU, 0.0f, &r)) {
+    if (reference_run(c, CLATTN_NORM_RELU, NAN, &r)) {
         char inputs[2048], args[4096], out[512], attn[512];
         fixture_args(c, 0, inputs, sizeof inputs);
         snprintf(out, sizeof out, "%s/relu_out.npy", scratch);
@@ -542,7 +553,7 @@ START_TEST(test_run_relu_auto_matches_reference)
                                  r.shape);
         /* The softmax default is not what relu gives: the comparison can tell them apart. */
         reference_result softmax;
-        if (reference_run(c, CLATTN_NORM_SOFTMAX, 0.0f, &softmax)) {
+        if (reference_run(c, CLATTN_NORM_SOFTMAX, NAN, &softmax)) {
             double largest = 0.0;
             for (size_t i = 0; i < r.out_count && i < softmax.out_count; ++i) {
                 const double diff = fabs(softmax.out[i] - r.out[i]);
@@ -615,6 +626,8 @@ static const bad_case bad_equals_cases[] = {
      "--causal takes no value"},
     {"bench --json=1", "--json takes no value"},
     {"bench --op=,", "--op: no op"},
+    {"bench --dtype=", "--dtype: empty list"},
+    {"bench --dtype=f16,half", "'half'"},
     {"bench --op ,,", "--op: no op"},
 };
 
@@ -700,6 +713,41 @@ START_TEST(test_bench_op_lists)
 }
 END_TEST
 
+/* --dtype: softmax, attention and mha on 16-bit storage, one line per type in the order
+ * f32, f16, bf16 whatever the order given, each naming its type; the table marks the type. */
+START_TEST(test_bench_dtype)
+{
+    TU_BEGIN_TEST();
+    static const char args[] = "bench --json --runs 2 --warmup 0 --op softmax,attention,mha "
+                               "--dtype bf16,f16 --path fused --seq 5 --seq-k 7 --heads 2 "
+                               "--head-dim 4 --embed 8";
+    tu_set_case("clattn %s", args);
+    int status = run_cli(args);
+    const char *out = captured("stdout");
+    char ops[512];
+    tu_expect(status == 0, "status %d: %s", status, captured("stderr"));
+    json_ops(out, ops, sizeof ops);
+    tu_expect(strcmp(ops, "softmax softmax attention/fused attention/fused mha/fused mha/fused") ==
+                  0,
+              "lines are '%s': %s", ops, out);
+    const char *line = out;
+    for (int i = 0; i < 6 && line && *line; ++i) {
+        const char *want = i % 2 ? "\"dtype\": \"bf16\"" : "\"dtype\": \"f16\"";
+        const char *end = strchr(line, '\n');
+        const char *at = strstr(line, want);
+        tu_expect(at && (!end || at < end), "line %d lacks %s: %.200s", i + 1, want, line);
+        line = end ? end + 1 : NULL;
+    }
+    status = run_cli("bench --op attention --dtype f16 --path unfused --seq 5 --heads 2 "
+                     "--head-dim 4 --runs 2 --warmup 0");
+    out = captured("stdout");
+    tu_expect(status == 0 && strstr(out, "\nattention/unfused ") &&
+                  strstr(out, "B=1 H=2 Lq=5 Lk=5 d=4 f16"),
+              "table: status %d, no f16 attention row: %s", status, out);
+    TU_END_TEST();
+}
+END_TEST
+
 /* The table: a device line, a header, one row per case with its rate unit. */
 START_TEST(test_bench_table)
 {
@@ -744,12 +792,17 @@ START_TEST(test_bench_refused)
               "--json: lines are '%s': %s", ops, out);
     tu_expect(strstr(out, "\"seq_q\": 1048576, \"seq_k\": 1048576") != NULL,
               "--json: no sizes in the lines: %s", out);
-    /* 2^40 scores of 4 bytes. */
-    const char *first = strstr(out, "\"refused\": \"attention: the scores workspace needs "
-                                    "4398046511104 bytes");
-    const char *second = strstr(out, "\"refused\": \"mha_forward: ");
-    tu_expect(first != NULL && second != NULL && strstr(second, "4398046511104 bytes"),
-              "--json: refusals lack the library's reason: %s", out);
+    /* 2^40 scores of 4 bytes (and a little more): refused when the plan is created, before
+     * any buffer is made, with the size the library computed. */
+    const char *first = strstr(out, "\"refused\": \"sdpa: the workspace (the scores (batch, "
+                                    "heads, seq_q, seq_k)) needs ");
+    const char *second = strstr(out, "\"refused\": \"mha: the workspace (the projections and "
+                                     "the scores");
+    const char *first_size = first ? strstr(first, "needs ") : NULL;
+    const char *second_size = second ? strstr(second, "needs ") : NULL;
+    tu_expect(first_size && second_size && strtod(first_size + 6, NULL) >= 4398046511104.0 &&
+                  strtod(second_size + 6, NULL) >= 4398046511104.0,
+              "--json: refusals lack the library's reason and size: %s", out);
     tu_expect(strstr(out, "median_ms") == NULL, "--json: a refused case has a time: %s", out);
 
     snprintf(args, sizeof args, "bench %s", sizes);
@@ -758,10 +811,10 @@ START_TEST(test_bench_refused)
     tu_expect(status == 0, "table: status %d: %s", status, captured("stderr"));
     const char *row = strstr(out, "\nattention/unfused ");
     tu_expect(row && strstr(row, "B=1 H=1 Lq=1048576 Lk=1048576 d=1") &&
-                  strstr(row, "refused: attention: the scores workspace needs"),
+                  strstr(row, "refused: sdpa: the workspace (the scores"),
               "table: no refused attention row: %s", out);
     row = strstr(out, "\nmha/unfused ");
-    tu_expect(row && strstr(row, "refused: mha_forward: "), "table: no refused mha row: %s", out);
+    tu_expect(row && strstr(row, "refused: mha: "), "table: no refused mha row: %s", out);
     TU_END_TEST();
 }
 END_TEST
@@ -998,6 +1051,7 @@ int main(int argc, char **argv)
                         (int)(sizeof bad_equals_cases / sizeof bad_equals_cases[0]));
     tcase_add_loop_test(tc, test_bench_op_lists, 0,
                         (int)(sizeof bench_list_cases / sizeof bench_list_cases[0]));
+    tcase_add_test(tc, test_bench_dtype);
     tcase_add_test(tc, test_bench_table);
     tcase_add_test(tc, test_bench_refused);
     tcase_add_test(tc, test_no_platform_or_device);

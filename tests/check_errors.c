@@ -1,7 +1,11 @@
 /*
- * check_errors: every documented error path returns the right status, leaves a message that
- * starts with the operation's name and names the offending argument, and leaves the context
- * usable: after the failing calls a correct call on the same context gives correct output.
+ * check_errors: every documented error path of the public API returns the right status, leaves a
+ * message that starts with the operation's name and names the offending argument (and, for
+ * shapes, the expected dims), never writes an output, and leaves the context usable: after the
+ * failing calls a correct call on the same context gives correct output.
+ *
+ * Operation names in messages: "matmul" (clattn_matmul), "sdpa" and "mha" (plan creation and
+ * execution), "attention" and "mha_forward" (the host API).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -10,18 +14,74 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "problems.h"
 #include "reference.h"
 #include "testutil.h"
 
 #define COUNT_OF(array) ((int)(sizeof(array) / sizeof((array)[0])))
 
-static const clattn_tensor absent = {NULL, 0};
+static const clattn_tensor absent; /* rank 0: absent */
 
-/* `names` lists acceptable argument names separated by '|'; NULL skips the name check.
- * alternative is a second acceptable status (CLATTN_SUCCESS: none). */
-static void expect_error_either(clattn_status got, clattn_status want, clattn_status alternative,
-                                const char *op, const char *names, const char *call)
+/* --- tensors ------------------------------------------------------------------------------ */
+
+static clattn_tensor f32_4(cl_mem mem, size_t d0, size_t d1, size_t d2, size_t d3)
+{
+    return clattn_tensor_make(mem, 0, CLATTN_DTYPE_F32, 4, d0, d1, d2, d3);
+}
+
+static clattn_tensor f32_3(cl_mem mem, size_t d0, size_t d1, size_t d2)
+{
+    return clattn_tensor_make(mem, 0, CLATTN_DTYPE_F32, 3, d0, d1, d2, 0);
+}
+
+static clattn_tensor f32_2(cl_mem mem, size_t d0, size_t d1)
+{
+    return clattn_tensor_make(mem, 0, CLATTN_DTYPE_F32, 2, d0, d1, 0, 0);
+}
+
+static clattn_tensor f32_1(cl_mem mem, size_t d0)
+{
+    return clattn_tensor_make(mem, 0, CLATTN_DTYPE_F32, 1, d0, 0, 0, 0);
+}
+
+static clattn_tensor with_dtype(clattn_tensor t, clattn_dtype dtype)
+{
+    t.dtype = dtype;
+    return t;
+}
+
+static clattn_tensor with_offset(clattn_tensor t, size_t offset)
+{
+    t.offset = offset;
+    return t;
+}
+
+static clattn_tensor with_strides(clattn_tensor t, size_t s0, size_t s1, size_t s2, size_t s3)
+{
+    t.strides[0] = s0, t.strides[1] = s1, t.strides[2] = s2, t.strides[3] = s3;
+    return t;
+}
+
+/* A device buffer of `bytes` bytes on the shared context, every byte 0xff (NaN as floats). */
+static cl_mem nan_bytes(size_t bytes)
+{
+    uint8_t *poison = tu_bytes(bytes);
+    memset(poison, 0xff, bytes);
+    cl_mem mem = tu_upload_bytes(poison, bytes);
+    free(poison);
+    return mem;
+}
+
+/* --- expectations ------------------------------------------------------------------------- */
+
+/* `names` lists acceptable argument names separated by '|' (NULL skips the name check);
+ * `needle`, when not NULL, must occur in the message. alternative is a second acceptable status
+ * (CLATTN_SUCCESS: none). */
+static void expect_error_full(clattn_status got, clattn_status want, clattn_status alternative,
+                              const char *op, const char *names, const char *needle,
+                              const char *call)
 {
     clattn_ctx *ctx = tu_ctx();
     if (alternative != CLATTN_SUCCESS && got == alternative) {
@@ -34,8 +94,12 @@ static void expect_error_either(clattn_status got, clattn_status want, clattn_st
     if (!tu_expect(message != NULL && message[0] != '\0', "%s: empty last error", call)) {
         return;
     }
-    tu_expect(tu_starts_with(message, op), "%s: message '%s' does not start with '%s'", call,
-              message, op);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "%s:", op);
+    tu_expect(tu_starts_with(message, prefix), "%s: message '%s' does not start with '%s'", call,
+              message, prefix);
+    tu_expect(needle == NULL || strstr(message, needle) != NULL,
+              "%s: message '%s' does not contain '%s'", call, message, needle);
     if (names == NULL) {
         return;
     }
@@ -56,7 +120,33 @@ static void expect_error_either(clattn_status got, clattn_status want, clattn_st
 static void expect_error(clattn_status got, clattn_status want, const char *op, const char *names,
                          const char *call)
 {
-    expect_error_either(got, want, CLATTN_SUCCESS, op, names, call);
+    expect_error_full(got, want, CLATTN_SUCCESS, op, names, NULL, call);
+}
+
+static void expect_error_text(clattn_status got, clattn_status want, const char *op,
+                              const char *names, const char *needle, const char *call)
+{
+    expect_error_full(got, want, CLATTN_SUCCESS, op, names, needle, call);
+}
+
+/* A call made with a NULL context: INVALID_ARGUMENT, and clattn_last_error(NULL) says why. */
+static void expect_null_ctx(clattn_status got, const char *call)
+{
+    tu_expect(got == CLATTN_ERR_INVALID_ARGUMENT, "%s: got %s, want CLATTN_ERR_INVALID_ARGUMENT",
+              call, clattn_status_string(got));
+    tu_expect(tu_mentions_word(clattn_last_error(NULL), "ctx"),
+              "clattn_last_error(NULL) = '%s' does not name ctx", clattn_last_error(NULL));
+}
+
+/* Records a failure unless the `count` floats of mem are all still NaN (nothing was written). */
+static void expect_untouched(cl_mem mem, size_t count, const char *call)
+{
+    float *got = tu_floats(count);
+    tu_read_floats(mem, 0, count, got);
+    char what[160];
+    snprintf(what, sizeof what, "%s: the output", call);
+    tu_expect_nan_outside(what, got, count, 0, 0);
+    free(got);
 }
 
 /* A correct small matmul (with bias, alpha, beta) on the shared context still works. */
@@ -65,15 +155,16 @@ static void expect_context_still_works(void)
     const size_t m = 5, n = 7, k = 3;
     float *a = tu_random_floats(m * k), *b = tu_random_floats(k * n);
     float *bias = tu_random_floats(n), *c = tu_random_floats(m * n);
-    clattn_matmul_desc desc = {.m = m, .n = n, .k = k, .alpha = 0.5f, .beta = 2.0f};
+    const clattn_matmul_desc desc = {.struct_size = sizeof desc, .alpha = 0.5f, .beta = 2.0f};
     double *ref = tu_doubles(m * n);
     tu_floats_to_doubles(c, m * n, ref);
-    ref_matmul(&desc, a, b, bias, ref);
     cl_mem a_mem = tu_upload_floats(a, m * k), b_mem = tu_upload_floats(b, k * n);
     cl_mem bias_mem = tu_upload_floats(bias, n), c_mem = tu_upload_floats(c, m * n);
-    clattn_status status =
-        clattn_matmul(tu_ctx(), &desc, tu_tensor(a_mem, 0), tu_tensor(b_mem, 0),
-                      tu_tensor(bias_mem, 0), tu_tensor(c_mem, 0), 0, NULL, NULL);
+    const clattn_tensor ta = f32_2(a_mem, m, k), tb = f32_2(b_mem, k, n);
+    const clattn_tensor tbias = f32_1(bias_mem, n), tc = f32_2(c_mem, m, n);
+    const ref_matmul_shape shape = {.m = m, .n = n, .k = k, .alpha = 0.5f, .beta = 2.0f};
+    ref_matmul(&shape, a, b, bias, ref);
+    clattn_status status = clattn_matmul(tu_ctx(), &desc, &ta, &tb, &tbias, &tc, 0, NULL, NULL);
     if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_matmul after the errors")) {
         tu_read_floats(c_mem, 0, m * n, c);
         tu_expect_close("matmul after the errors", c, ref, m * n, TU_TOL);
@@ -98,87 +189,196 @@ START_TEST(test_matmul_errors)
     clattn_ctx *ctx = tu_ctx();
     const size_t m = 5, n = 7, k = 3;
     cl_mem a_mem = tu_nan_buffer(m * k), b_mem = tu_nan_buffer(k * n);
-    cl_mem c_mem = tu_nan_buffer(m * n), bias_mem = tu_nan_buffer(n);
+    cl_mem c_mem = tu_nan_buffer(2 * m * n), bias_mem = tu_nan_buffer(n);
     cl_mem short_mem = tu_nan_buffer(m * k - 1), short_bias_mem = tu_nan_buffer(n - 1);
-    clattn_tensor a = {a_mem, 0}, b = {b_mem, 0}, c = {c_mem, 0};
-    const clattn_matmul_desc good = {.m = m, .n = n, .k = k, .alpha = 1.0f};
+    /* Large enough for every shape below, so that shapes are refused as shapes. */
+    cl_mem big_mem = tu_nan_buffer(4096);
+    const clattn_tensor a = f32_2(a_mem, m, k), b = f32_2(b_mem, k, n), c = f32_2(c_mem, m, n);
+    const clattn_tensor bias = f32_1(bias_mem, n);
+    const clattn_matmul_desc good = {.struct_size = sizeof good, .alpha = 1.0f};
     clattn_matmul_desc desc;
+    clattn_tensor t;
     clattn_status status;
+    cl_event event = (cl_event)&event; /* must be cleared on failure */
 
-    status = clattn_matmul(NULL, &good, a, b, absent, c, 0, NULL, NULL);
-    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "clattn_matmul(NULL ctx)");
-    status = clattn_matmul(ctx, NULL, a, b, absent, c, 0, NULL, NULL);
+#define MM(desc_ptr, ta, tb, tbias, tc)                                                            \
+    clattn_matmul(ctx, (desc_ptr), (ta), (tb), (tbias), (tc), 0, NULL, &event)
+
+    /* NULL pointers. */
+    status = clattn_matmul(NULL, &good, &a, &b, NULL, &c, 0, NULL, &event);
+    expect_null_ctx(status, "matmul(NULL ctx)");
+    tu_expect(event == NULL, "matmul(NULL ctx) left *event set");
+    status = MM(NULL, &a, &b, NULL, &c);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "desc", "matmul(NULL desc)");
-    status = clattn_matmul(ctx, &good, absent, b, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "a", "matmul(a absent)");
-    status = clattn_matmul(ctx, &good, a, absent, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "b", "matmul(b absent)");
-    status = clattn_matmul(ctx, &good, a, b, absent, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "c", "matmul(c absent)");
+    status = MM(&good, NULL, &b, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "a", "matmul(a NULL)");
+    status = MM(&good, &a, NULL, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "b", "matmul(b NULL)");
+    status = MM(&good, &a, &b, NULL, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "c", "matmul(c NULL)");
+    tu_expect(event == NULL, "a refused matmul left *event set");
 
-    desc = good, desc.m = 0;
-    status = clattn_matmul(ctx, &desc, a, b, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "m", "matmul(m = 0)");
-    desc = good, desc.n = 0;
-    status = clattn_matmul(ctx, &desc, a, b, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "n", "matmul(n = 0)");
-    desc = good, desc.k = 0;
-    status = clattn_matmul(ctx, &desc, a, b, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "k", "matmul(k = 0)");
+    /* The descriptor. */
+    desc = good, desc.struct_size = 0;
+    status = MM(&desc, &a, &b, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "struct_size",
+                 "matmul(struct_size 0)");
+    desc = good, desc.struct_size = sizeof desc + 8;
+    status = MM(&desc, &a, &b, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "struct_size",
+                 "matmul(struct_size too large)");
 
-    /* Leading dimensions shorter than the stored rows. */
-    desc = good, desc.lda = k - 1;
-    status = clattn_matmul(ctx, &desc, a, b, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "lda|ld", "matmul(lda < k)");
-    desc = good, desc.trans_a = 1, desc.lda = m - 1;
-    status = clattn_matmul(ctx, &desc, a, b, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "lda|ld", "matmul(trans_a, lda < m)");
-    desc = good, desc.ldb = n - 1;
-    status = clattn_matmul(ctx, &desc, a, b, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "ldb|ld", "matmul(ldb < n)");
-    desc = good, desc.trans_b = 1, desc.ldb = k - 1;
-    status = clattn_matmul(ctx, &desc, a, b, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "ldb|ld", "matmul(trans_b, ldb < k)");
-    desc = good, desc.ldc = n - 1;
-    status = clattn_matmul(ctx, &desc, a, b, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "ldc|ld", "matmul(ldc < n)");
+    /* Absent operands, ranks, dtypes, missing buffers. */
+    status = MM(&good, &absent, &b, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "a", "matmul(a rank 0)");
+    status = MM(&good, &a, &absent, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "b", "matmul(b rank 0)");
+    status = MM(&good, &a, &b, NULL, &absent);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "c", "matmul(c rank 0)");
+    t = a, t.rank = 1;
+    status = MM(&good, &t, &b, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "a", "matmul(a rank 1)");
+    t = c, t.rank = 5;
+    status = MM(&good, &a, &b, NULL, &t);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "c", "matmul(c rank 5)");
+    t = b, t.rank = -1;
+    status = MM(&good, &a, &t, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "b", "matmul(b rank -1)");
+    t = bias, t.rank = 2, t.dims[1] = 1;
+    status = MM(&good, &a, &b, &t, &c);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "bias", "matmul(bias rank 2)");
+    t = a, t.mem = NULL;
+    status = MM(&good, &t, &b, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "a", "matmul(a without buffer)");
+    t = c, t.mem = NULL;
+    status = MM(&good, &a, &b, NULL, &t);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "c", "matmul(c without buffer)");
+    t = with_dtype(a, CLATTN_DTYPE_U8);
+    status = MM(&good, &t, &b, NULL, &c);
+    expect_error_text(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "a", "U8", "matmul(a U8)");
+    t = with_dtype(c, CLATTN_DTYPE_U8);
+    status = MM(&good, &a, &b, NULL, &t);
+    expect_error_text(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "c", "U8", "matmul(c U8)");
+    t = with_dtype(b, (clattn_dtype)9);
+    status = MM(&good, &a, &t, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "b", "matmul(b dtype 9)");
+    t = with_dtype(bias, CLATTN_DTYPE_F16);
+    status = MM(&good, &a, &b, &t, &c);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "bias", "matmul(bias F16)");
+
+    /* Shapes: zero dims, mismatched operands, batch dims that do not broadcast. */
+    t = a, t.dims[0] = 0;
+    status = MM(&good, &t, &b, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "a", "matmul(a dims[0] = 0)");
+    t = b, t.dims[1] = 0;
+    status = MM(&good, &a, &t, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "b", "matmul(b dims[1] = 0)");
+    t = f32_2(big_mem, k + 1, n);
+    status = MM(&good, &a, &t, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "b", "matmul(b has k+1 rows)");
+    desc = good, desc.trans_b = 1;
+    status = MM(&desc, &a, &b, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "b", "matmul(trans_b, b k x n)");
+    t = f32_2(c_mem, m, n + 1);
+    status = MM(&good, &a, &b, NULL, &t);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "c", "matmul(c m x n+1)");
+    desc = good, desc.trans_a = 1;
+    status = MM(&desc, &a, &b, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "b|c", "matmul(trans_a, a m x k)");
+    t = f32_1(bias_mem, n - 1);
+    status = MM(&good, &a, &b, &t, &c);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "bias", "matmul(bias n-1)");
+    {
+        const clattn_tensor a3 = f32_3(big_mem, 3, m, k), c2 = f32_3(c_mem, 2, m, n);
+        status = MM(&good, &a3, &b, NULL, &c2);
+        expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "a",
+                     "matmul(a batch 3, c batch 2)");
+        const clattn_tensor b4 = f32_4(big_mem, 2, 1, k, n), c4 = f32_4(c_mem, 1, 2, m, n);
+        status = MM(&good, &a, &b4, NULL, &c4);
+        expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "b",
+                     "matmul(b batch (2, 1), c batch (1, 2))");
+    }
+    /* The kernels read rows: the last stride must be 1. */
+    t = with_strides(a, k, 2, 0, 0);
+    status = MM(&good, &t, &b, NULL, &c);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "a", "matmul(a column stride 2)");
+
+    /* Outputs whose elements would overlap. */
+    t = with_strides(c, n - 1, 1, 0, 0);
+    status = MM(&good, &a, &b, NULL, &t);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "c", "matmul(c row stride n-1)");
+    t = with_strides(c, 0, 1, 0, 0);
+    status = MM(&good, &a, &b, NULL, &t);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "c", "matmul(c row stride 0)");
+    for (size_t batch = 2; batch <= 3; ++batch) {
+        /* The old stride_c = 0 with batch > 1: every entry would write one matrix. */
+        const clattn_tensor a3 = f32_3(a_mem, batch, m, k);
+        const clattn_tensor c3 = with_strides(f32_3(c_mem, batch, m, n), 0, n, 1, 0);
+        const clattn_tensor a3_broadcast = with_strides(a3, 0, k, 1, 0);
+        status = MM(&good, &a3_broadcast, &b, NULL, &c3);
+        char call[64];
+        snprintf(call, sizeof call, "matmul(batch %zu, c batch stride 0)", batch);
+        expect_error(status, CLATTN_ERR_INVALID_SHAPE, "matmul", "c", call);
+    }
 
     /* Buffers too small for the shape, or offsets past the end. */
-    status = clattn_matmul(ctx, &good, tu_tensor(short_mem, 0), b, absent, c, 0, NULL, NULL);
+    t = f32_2(short_mem, m, k);
+    status = MM(&good, &t, &b, NULL, &c);
     expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "matmul", "a", "matmul(a one float short)");
-    status = clattn_matmul(ctx, &good, a, tu_tensor(b_mem, 1), absent, c, 0, NULL, NULL);
+    t = with_offset(b, 1);
+    status = MM(&good, &a, &t, NULL, &c);
     expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "matmul", "b", "matmul(b offset 1)");
-    status = clattn_matmul(ctx, &good, a, b, absent, tu_tensor(c_mem, m * n), 0, NULL, NULL);
+    t = with_offset(c, 2 * m * n);
+    status = MM(&good, &a, &b, NULL, &t);
     expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "matmul", "c", "matmul(c offset at end)");
-    status = clattn_matmul(ctx, &good, a, b, absent, tu_tensor(c_mem, SIZE_MAX / 2), 0, NULL, NULL);
-    expect_error_either(status, CLATTN_ERR_BUFFER_TOO_SMALL, CLATTN_ERR_OVERFLOW, "matmul", "c",
-                        "matmul(c offset SIZE_MAX/2)");
-    status = clattn_matmul(ctx, &good, a, b, tu_tensor(short_bias_mem, 0), c, 0, NULL, NULL);
+    t = with_offset(c, SIZE_MAX / 2);
+    status = MM(&good, &a, &b, NULL, &t);
+    expect_error_full(status, CLATTN_ERR_BUFFER_TOO_SMALL, CLATTN_ERR_OVERFLOW, "matmul", "c", NULL,
+                      "matmul(c offset SIZE_MAX/2)");
+    t = f32_1(short_bias_mem, n);
+    status = MM(&good, &a, &b, &t, &c);
     expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "matmul", "bias",
                  "matmul(bias one float short)");
-    desc = good, desc.batch = 2, desc.stride_a = m * k, desc.stride_b = 0, desc.stride_c = m * n;
-    status = clattn_matmul(ctx, &desc, a, b, tu_tensor(bias_mem, 0), c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "matmul", "a|c",
-                 "matmul(batch 2 on single-matrix buffers)");
+    /* Row strides (the old lda) larger than the packed ones need a larger buffer. */
+    t = with_strides(a, k + 1, 1, 0, 0);
+    status = MM(&good, &t, &b, NULL, &c);
+    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "matmul", "a", "matmul(a row stride k+1)");
+    {
+        const clattn_tensor a3 = f32_3(a_mem, 2, m, k), c3 = f32_3(c_mem, 2, m, n);
+        status = MM(&good, &a3, &b, &bias, &c3);
+        expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "matmul", "a",
+                     "matmul(batch 2 on a one-matrix a)");
+    }
 
-    /* Sizes whose byte counts overflow size_t. */
-    desc = good, desc.m = SIZE_MAX / 2, desc.n = SIZE_MAX / 2, desc.k = 1;
-    status = clattn_matmul(ctx, &desc, a, b, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "matmul", NULL, "matmul(m = n = SIZE_MAX/2)");
-    desc = good, desc.m = SIZE_MAX / 4 + 1, desc.n = 1, desc.k = 1;
-    status = clattn_matmul(ctx, &desc, a, b, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "matmul", NULL, "matmul(m*4 bytes overflow)");
-    desc = good, desc.batch = SIZE_MAX / 2, desc.stride_a = 16, desc.stride_b = 16,
-    desc.stride_c = 16;
-    status = clattn_matmul(ctx, &desc, a, b, absent, c, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "matmul", NULL, "matmul(batch*stride overflow)");
+    /* Sizes and strides whose extent overflows size_t. */
+    t = f32_2(a_mem, SIZE_MAX / 2, SIZE_MAX / 2);
+    status = MM(&good, &t, &b, NULL, &c);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "matmul", "a", "matmul(a SIZE_MAX/2 squared)");
+    t = with_strides(f32_3(a_mem, 3, m, k), SIZE_MAX / 2, k, 1, 0);
+    status = MM(&good, &t, &b, NULL, &c);
+    expect_error_full(status, CLATTN_ERR_OVERFLOW, CLATTN_ERR_INVALID_SHAPE, "matmul", "a", NULL,
+                      "matmul(a batch stride SIZE_MAX/2)");
+    t = f32_3(big_mem, 3, m, k);
+    {
+        const clattn_tensor c3 = with_strides(f32_3(c_mem, 3, m, n), SIZE_MAX / 2, n, 1, 0);
+        status = MM(&good, &t, &b, NULL, &c3);
+        expect_error(status, CLATTN_ERR_OVERFLOW, "matmul", "c",
+                     "matmul(c batch stride SIZE_MAX/2)");
+    }
+    t = with_offset(c, SIZE_MAX - 1);
+    status = MM(&good, &a, &b, NULL, &t);
+    expect_error(status, CLATTN_ERR_OVERFLOW, "matmul", "c", "matmul(c offset SIZE_MAX - 1)");
 
-    /* A wait list of one event given as NULL. */
-    status = clattn_matmul(ctx, &good, a, b, absent, c, 1, NULL, NULL);
-    expect_error_either(status, CLATTN_ERR_INVALID_ARGUMENT,
-                        (clattn_status)CL_INVALID_EVENT_WAIT_LIST, "matmul", NULL,
-                        "matmul(num_wait 1, wait NULL)");
+    /* Wait lists that do not match num_wait. */
+    status = clattn_matmul(ctx, &good, &a, &b, NULL, &c, 1, NULL, NULL);
+    expect_error_full(status, CLATTN_ERR_INVALID_ARGUMENT,
+                      (clattn_status)CL_INVALID_EVENT_WAIT_LIST, "matmul", "num_wait|wait", NULL,
+                      "matmul(num_wait 1, wait NULL)");
+#undef MM
+    tu_expect(event == NULL, "a refused matmul left *event set");
 
+    expect_untouched(c_mem, 2 * m * n, "matmul (refused calls)");
+    tu_release_mem(big_mem);
     tu_release_mem(short_bias_mem);
     tu_release_mem(short_mem);
     tu_release_mem(bias_mem);
@@ -190,246 +390,884 @@ START_TEST(test_matmul_errors)
 }
 END_TEST
 
-/* --- softmax ------------------------------------------------------------------------------ */
+/* --- SDPA plans: creation ------------------------------------------------------------------ */
 
-START_TEST(test_softmax_errors)
+/* batch 2, heads 2, seq_q 3, seq_k 4, head_dim_qk 5, head_dim_v 6 */
+enum { SB = 2, SH = 2, SQ = 3, SK = 4, SDK = 5, SDV = 6 };
+
+static clattn_sdpa_desc sdpa_good(void)
+{
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    desc.tensors.q = f32_4(NULL, SB, SH, SQ, SDK);
+    desc.tensors.k = f32_4(NULL, SB, SH, SK, SDK);
+    desc.tensors.v = f32_4(NULL, SB, SH, SK, SDV);
+    desc.tensors.out = f32_4(NULL, SB, SH, SQ, SDV);
+    return desc;
+}
+
+/* Creates a plan from desc and expects it refused. */
+static void expect_sdpa_refused(const clattn_sdpa_desc *desc, clattn_status want,
+                                clattn_status alternative, const char *names, const char *needle,
+                                const char *call)
+{
+    clattn_plan *plan = (clattn_plan *)&plan; /* must be overwritten with NULL */
+    clattn_status status = clattn_sdpa_plan_create(tu_ctx(), desc, &plan);
+    expect_error_full(status, want, alternative, "sdpa", names, needle, call);
+    tu_expect(status == CLATTN_SUCCESS || plan == NULL, "%s: failed but *out is not NULL", call);
+    if (status == CLATTN_SUCCESS) {
+        clattn_plan_release(plan);
+    }
+}
+
+/* Creates a plan from desc and expects success; returns it (the caller releases it). */
+static clattn_plan *expect_sdpa_created(const clattn_sdpa_desc *desc, const char *call)
+{
+    clattn_plan *plan = NULL;
+    clattn_status status = clattn_sdpa_plan_create(tu_ctx(), desc, &plan);
+    tu_expect(status == CLATTN_SUCCESS && plan != NULL, "%s: %s: %s", call,
+              clattn_status_string(status), clattn_last_error(tu_ctx()));
+    return status == CLATTN_SUCCESS ? plan : NULL;
+}
+
+START_TEST(test_sdpa_create_errors)
 {
     TU_BEGIN_TEST();
-    tu_set_case("softmax_rows errors");
+    tu_set_case("sdpa plan creation errors");
     clattn_ctx *ctx = tu_ctx();
-    const size_t batch = 2, heads = 3, seq_q = 4, seq_k = 5;
-    const size_t count = batch * heads * seq_q * seq_k;
-    cl_mem scores_mem = tu_nan_buffer(count), out_mem = tu_nan_buffer(count);
-    cl_mem mask_mem = tu_nan_buffer(seq_q * seq_k - 1);
-    uint8_t padding[2 * 5] = {0};
-    cl_mem padding_mem = tu_upload_bytes(padding, batch * seq_k - 1);
-    clattn_tensor scores = {scores_mem, 0}, out = {out_mem, 0};
-    const clattn_softmax_desc good = {
-        .batch = batch, .heads = heads, .seq_q = seq_q, .seq_k = seq_k};
-    clattn_softmax_desc desc;
+    const clattn_sdpa_desc good = sdpa_good();
+    clattn_sdpa_desc desc;
+    clattn_plan *plan = (clattn_plan *)&plan;
     clattn_status status;
 
-    status = clattn_softmax_rows(NULL, &good, scores, out, 0, NULL, NULL);
-    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "clattn_softmax_rows(NULL ctx)");
-    status = clattn_softmax_rows(ctx, NULL, scores, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "softmax_rows", "desc", "NULL desc");
-    status = clattn_softmax_rows(ctx, &good, absent, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "softmax_rows", "scores", "scores absent");
-    status = clattn_softmax_rows(ctx, &good, scores, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "softmax_rows", "out", "out absent");
+    /* NULL pointers. */
+    status = clattn_sdpa_plan_create(NULL, &good, &plan);
+    expect_null_ctx(status, "sdpa_plan_create(NULL ctx)");
+    tu_expect(plan == NULL, "sdpa_plan_create(NULL ctx) left *out set");
+    status = clattn_sdpa_plan_create(ctx, NULL, &plan);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "sdpa", "desc", "sdpa(NULL desc)");
+    status = clattn_sdpa_plan_create(ctx, &good, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "sdpa", "out", "sdpa(NULL out)");
+
+    /* struct_size. */
+    desc = good, desc.struct_size = 0;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "struct_size", NULL,
+                        "sdpa(struct_size 0)");
+    desc = good, desc.struct_size = sizeof desc - 4;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "struct_size", "clattn_sdpa_desc",
+                        "sdpa(struct_size from an older header)");
+
+    /* Bad enum values and scale. */
     desc = good, desc.norm = (clattn_norm)7;
-    status = clattn_softmax_rows(ctx, &desc, scores, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "softmax_rows", "norm", "norm = 7");
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "norm", NULL, "sdpa(norm 7)");
+    desc = good, desc.norm = (clattn_norm)-1;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "norm", NULL, "sdpa(norm -1)");
+    desc = good, desc.causal = (clattn_causal)3;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "sdpa(causal 3)");
+    desc = good, desc.causal = (clattn_causal)-2;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "sdpa(causal -2)");
+    desc = good, desc.path = (clattn_path)5;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "path", NULL, "sdpa(path 5)");
+    desc = good, desc.scale = INFINITY;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "scale", NULL, "sdpa(scale inf)");
+    desc = good, desc.tensors.q.dtype = (clattn_dtype)7;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "q", "dtype", "sdpa(q dtype 7)");
+    desc = good, desc.tensors.out.dtype = (clattn_dtype)-1;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "out", "dtype",
+                        "sdpa(out dtype -1)");
 
-    desc = good, desc.batch = 0;
-    status = clattn_softmax_rows(ctx, &desc, scores, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "softmax_rows", "batch", "batch = 0");
-    desc = good, desc.heads = 0;
-    status = clattn_softmax_rows(ctx, &desc, scores, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "softmax_rows", "heads", "heads = 0");
-    desc = good, desc.seq_q = 0;
-    status = clattn_softmax_rows(ctx, &desc, scores, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "softmax_rows", "seq_q", "seq_q = 0");
-    desc = good, desc.seq_k = 0;
-    status = clattn_softmax_rows(ctx, &desc, scores, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "softmax_rows", "seq_k", "seq_k = 0");
-
-    desc = good, desc.seq_k = seq_k + 1;
-    status = clattn_softmax_rows(ctx, &desc, scores, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "softmax_rows", "scores|out",
-                 "seq_k one more than the buffers hold");
-    status = clattn_softmax_rows(ctx, &good, scores, tu_tensor(out_mem, 1), 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "softmax_rows", "out", "out offset 1");
-    desc = good, desc.masks.attn_mask = tu_tensor(mask_mem, 0);
-    status = clattn_softmax_rows(ctx, &desc, scores, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "softmax_rows", "attn_mask",
-                 "attn_mask one float short");
-    desc = good, desc.masks.key_padding_mask = tu_tensor(padding_mem, 0);
-    status = clattn_softmax_rows(ctx, &desc, scores, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "softmax_rows", "key_padding_mask",
-                 "key_padding_mask one byte short");
-
-    desc = good, desc.seq_q = SIZE_MAX / 2, desc.seq_k = 3;
-    status = clattn_softmax_rows(ctx, &desc, scores, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "softmax_rows", NULL, "seq_q = SIZE_MAX/2");
-    desc = good, desc.batch = (size_t)1 << (sizeof(size_t) * 4),
-    desc.heads = (size_t)1 << (sizeof(size_t) * 4);
-    status = clattn_softmax_rows(ctx, &desc, scores, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "softmax_rows", NULL, "batch*heads = 2^64");
-
-    tu_release_mem(padding_mem);
-    tu_release_mem(mask_mem);
-    tu_release_mem(out_mem);
-    tu_release_mem(scores_mem);
-    expect_context_still_works();
-    TU_END_TEST();
-}
-END_TEST
-
-/* --- heads -------------------------------------------------------------------------------- */
-
-typedef clattn_status (*heads_op)(clattn_ctx *, const clattn_heads_desc *, clattn_tensor,
-                                  clattn_tensor, cl_uint, const cl_event *, cl_event *);
-
-START_TEST(test_heads_errors)
-{
-    TU_BEGIN_TEST();
-    static const char *const op_names[] = {"split_heads", "concat_heads"};
-    const heads_op ops[] = {clattn_split_heads, clattn_concat_heads};
-    const char *op = op_names[_i];
-    heads_op call = ops[_i];
-    tu_set_case("%s errors", op);
-    clattn_ctx *ctx = tu_ctx();
-    const size_t batch = 2, seq = 3, heads = 4, head_dim = 5;
-    const size_t count = batch * seq * heads * head_dim;
-    cl_mem src_mem = tu_nan_buffer(count), dst_mem = tu_nan_buffer(count);
-    cl_mem short_mem = tu_nan_buffer(count - 1);
-    clattn_tensor src = {src_mem, 0}, dst = {dst_mem, 0};
-    const clattn_heads_desc good = {batch, seq, heads, head_dim, 0};
-    clattn_heads_desc desc;
-    clattn_status status;
-    /* The (batch, seq, ...) side is src for split and dst for concat. */
-    const char *strided_name = _i == 0 ? "src" : "dst";
-
-    status = call(NULL, &good, src, dst, 0, NULL, NULL);
-    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "NULL ctx");
-    status = call(ctx, NULL, src, dst, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, op, "desc", "NULL desc");
-    status = call(ctx, &good, absent, dst, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, op, "src", "src absent");
-    status = call(ctx, &good, src, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, op, "dst", "dst absent");
-
-    desc = good, desc.batch = 0;
-    status = call(ctx, &desc, src, dst, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, op, "batch", "batch = 0");
-    desc = good, desc.seq = 0;
-    status = call(ctx, &desc, src, dst, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, op, "seq", "seq = 0");
-    desc = good, desc.heads = 0;
-    status = call(ctx, &desc, src, dst, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, op, "heads", "heads = 0");
-    desc = good, desc.head_dim = 0;
-    status = call(ctx, &desc, src, dst, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, op, "head_dim", "head_dim = 0");
-    desc = good, desc.row_stride = heads * head_dim - 1;
-    status = call(ctx, &desc, src, dst, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, op, "row_stride", "row_stride < heads*dim");
-
-    status = call(ctx, &good, tu_tensor(short_mem, 0), dst, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, op, "src", "src one float short");
-    status = call(ctx, &good, src, tu_tensor(dst_mem, 1), 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, op, "dst", "dst offset 1");
-    desc = good, desc.row_stride = heads * head_dim + 1;
-    status = call(ctx, &desc, src, dst, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, op, strided_name,
-                 "row_stride larger than the strided buffer allows");
-
-    desc = good, desc.seq = SIZE_MAX / 2;
-    status = call(ctx, &desc, src, dst, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, op, NULL, "seq = SIZE_MAX/2");
-
-    tu_release_mem(short_mem);
-    tu_release_mem(dst_mem);
-    tu_release_mem(src_mem);
-    expect_context_still_works();
-    TU_END_TEST();
-}
-END_TEST
-
-/* --- attention ---------------------------------------------------------------------------- */
-
-START_TEST(test_attention_errors)
-{
-    TU_BEGIN_TEST();
-    tu_set_case("attention errors");
-    clattn_ctx *ctx = tu_ctx();
-    const size_t batch = 2, heads = 2, seq_q = 3, seq_k = 4, dk = 5, dv = 6;
-    const size_t q_count = batch * heads * seq_q * dk, k_count = batch * heads * seq_k * dk;
-    const size_t v_count = batch * heads * seq_k * dv, out_count = batch * heads * seq_q * dv;
-    const size_t weights_count = batch * heads * seq_q * seq_k;
-    cl_mem q_mem = tu_nan_buffer(q_count), k_mem = tu_nan_buffer(k_count);
-    cl_mem v_mem = tu_nan_buffer(v_count), out_mem = tu_nan_buffer(out_count);
-    cl_mem weights_mem = tu_nan_buffer(weights_count - 1);
-    clattn_tensor q = {q_mem, 0}, k = {k_mem, 0}, v = {v_mem, 0}, out = {out_mem, 0};
-    const clattn_attention_desc good = {
-        batch, heads, seq_q, seq_k, dk, dv, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
-    clattn_attention_desc desc;
-    clattn_status status;
-
-    status = clattn_attention(NULL, &good, q, k, v, out, absent, 0, NULL, NULL);
-    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "clattn_attention(NULL ctx)");
-    status = clattn_attention(ctx, NULL, q, k, v, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "desc", "NULL desc");
-    status = clattn_attention(ctx, &good, absent, k, v, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "q", "q absent");
-    status = clattn_attention(ctx, &good, q, absent, v, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "k", "k absent");
-    status = clattn_attention(ctx, &good, q, k, absent, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "v", "v absent");
-    status = clattn_attention(ctx, &good, q, k, v, absent, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "out", "out absent");
-    desc = good, desc.norm = (clattn_norm)3;
-    status = clattn_attention(ctx, &desc, q, k, v, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "norm", "norm = 3");
-
-    static const char *const field_names[] = {"batch", "heads",       "seq_q",
-                                              "seq_k", "head_dim_qk", "head_dim_v"};
-    for (int field = 0; field < 6; ++field) {
+    /* Required tensors absent, ranks 0, 3 and 5, MHA tensors. */
+    static const char *const required[4] = {"q", "k", "v", "out"};
+    for (int i = 0; i < 4; ++i) {
+        char call[64];
         desc = good;
-        size_t *fields[] = {&desc.batch, &desc.heads,       &desc.seq_q,
-                            &desc.seq_k, &desc.head_dim_qk, &desc.head_dim_v};
-        *fields[field] = 0;
-        status = clattn_attention(ctx, &desc, q, k, v, out, absent, 0, NULL, NULL);
-        expect_error(status, CLATTN_ERR_INVALID_SHAPE, "attention", field_names[field],
-                     field_names[field]);
+        clattn_tensor *tensors[4] = {&desc.tensors.q, &desc.tensors.k, &desc.tensors.v,
+                                     &desc.tensors.out};
+        *tensors[i] = absent;
+        snprintf(call, sizeof call, "sdpa(%s absent)", required[i]);
+        expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, required[i], NULL, call);
+        desc = good;
+        tensors[i]->rank = 3;
+        snprintf(call, sizeof call, "sdpa(%s rank 3)", required[i]);
+        expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, required[i], "rank", call);
+        desc = good;
+        tensors[i]->rank = 5;
+        snprintf(call, sizeof call, "sdpa(%s rank 5)", required[i]);
+        expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, required[i], "rank", call);
+        desc = good;
+        tensors[i]->dims[i] = 0;
+        snprintf(call, sizeof call, "sdpa(%s dims[%d] = 0)", required[i], i);
+        expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, required[i], NULL, call);
+    }
+    desc = good, desc.tensors.q_weight = f32_2(NULL, SDK, SDK);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "q_weight", NULL,
+                        "sdpa(q_weight given)");
+    desc = good, desc.tensors.out_bias = f32_1(NULL, SDV);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "out_bias", NULL,
+                        "sdpa(out_bias given)");
+
+    /* Mismatched dims: the message names the tensor and the dims expected. */
+    desc = good, desc.tensors.k.dims[3] = SDK + 1;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k", "(2, 2, 4, 5)",
+                        "sdpa(k head_dim 6, q 5)");
+    desc = good, desc.tensors.k.dims[0] = SB + 1;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k", "(2, 2, 4, 5)",
+                        "sdpa(k batch 3, q 2)");
+    desc = good, desc.tensors.k.dims[1] = 1;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k", "(2, 2, 4, 5)",
+                        "sdpa(k heads 1, q 2)");
+    desc = good, desc.tensors.v.dims[2] = SK + 1;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "v", "(2, 2, 4, 6)",
+                        "sdpa(v seq_k 5, k 4)");
+    desc = good, desc.tensors.out.dims[3] = SDV - 1;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out", "(2, 2, 3, 6)",
+                        "sdpa(out head_dim 5, v 6)");
+    desc = good, desc.tensors.out.dims[2] = SK;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out", "(2, 2, 3, 6)",
+                        "sdpa(out seq 4, q 3)");
+    desc = good, desc.tensors.weights = f32_4(NULL, SB, SH, SQ, SK + 1);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "weights", "(2, 2, 3, 4)",
+                        "sdpa(weights seq_k 5)");
+    desc = good, desc.tensors.weights = f32_3(NULL, SB, SQ, SK);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "weights", "(2, 2, 3, 4)",
+                        "sdpa(weights rank 3)");
+    desc = good, desc.tensors.lse = f32_3(NULL, SB, SH, SK);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "lse", "(2, 2, 3)", "sdpa(lse seq 4)");
+
+    /* Masks that do not broadcast to (batch, heads, seq_q, seq_k). */
+    static const struct {
+        int rank;
+        size_t dims[4];
+        const char *label;
+    } bad_masks[] = {
+        {2, {SQ, SK + 1}, "attn_mask (3, 5)"},
+        {2, {SQ + 1, SK}, "attn_mask (4, 4)"},
+        {1, {SK - 1}, "attn_mask (3)"},
+        {4, {3, SH, SQ, SK}, "attn_mask batch 3"},
+        {3, {SH + 1, SQ, SK}, "attn_mask heads 3"},
+        {4, {SB, SH, SQ, 2}, "attn_mask seq_k 2"},
+    };
+    for (int i = 0; i < COUNT_OF(bad_masks); ++i) {
+        desc = good;
+        desc.tensors.attn_mask =
+            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, bad_masks[i].rank, bad_masks[i].dims[0],
+                               bad_masks[i].dims[1], bad_masks[i].dims[2], bad_masks[i].dims[3]);
+        char call[96];
+        snprintf(call, sizeof call, "sdpa(%s)", bad_masks[i].label);
+        expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "attn_mask", "(2, 2, 3, 4)", call);
+    }
+    desc = good, desc.tensors.attn_mask = f32_4(NULL, 1, 1, 1, 1);
+    desc.tensors.attn_mask.rank = 5;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "attn_mask", "rank",
+                        "sdpa(attn_mask rank 5)");
+    desc = good;
+    desc.tensors.key_padding_mask =
+        clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, SB, SK + 1, 0, 0);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "key_padding_mask", "(2, 4)",
+                        "sdpa(key_padding_mask (2, 5))");
+    desc = good;
+    desc.tensors.key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 1, SK, 0, 0, 0);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "key_padding_mask", "(2, 4)",
+                        "sdpa(key_padding_mask rank 1)");
+    desc = good;
+    desc.tensors.key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 3, SB, 1, SK, 0);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "key_padding_mask", "(2, 4)",
+                        "sdpa(key_padding_mask rank 3)");
+
+    /* U8 where floats are needed, and floats where U8 is. */
+    static const struct {
+        size_t field;
+        const char *name;
+        clattn_dtype dtype;
+    } bad_dtypes[] = {
+        {offsetof(clattn_tensors, q), "q", CLATTN_DTYPE_U8},
+        {offsetof(clattn_tensors, k), "k", CLATTN_DTYPE_U8},
+        {offsetof(clattn_tensors, v), "v", CLATTN_DTYPE_U8},
+        {offsetof(clattn_tensors, out), "out", CLATTN_DTYPE_U8},
+    };
+    for (int i = 0; i < COUNT_OF(bad_dtypes); ++i) {
+        desc = good;
+        clattn_tensor *tensor = (clattn_tensor *)((char *)&desc.tensors + bad_dtypes[i].field);
+        tensor->dtype = bad_dtypes[i].dtype;
+        char call[64];
+        snprintf(call, sizeof call, "sdpa(%s U8)", bad_dtypes[i].name);
+        expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, bad_dtypes[i].name, "U8", call);
+    }
+    desc = good, desc.tensors.key_padding_mask = f32_2(NULL, SB, SK);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "key_padding_mask", "F32",
+                        "sdpa(key_padding_mask F32)");
+    desc = good;
+    desc.tensors.key_padding_mask = with_dtype(f32_2(NULL, SB, SK), CLATTN_DTYPE_F16);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "key_padding_mask", "F16",
+                        "sdpa(key_padding_mask F16)");
+    desc = good, desc.tensors.weights = with_dtype(f32_4(NULL, SB, SH, SQ, SK), CLATTN_DTYPE_F16);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights", "F16",
+                        "sdpa(weights F16)");
+    desc = good, desc.tensors.weights = with_dtype(f32_4(NULL, SB, SH, SQ, SK), CLATTN_DTYPE_U8);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights", "U8", "sdpa(weights U8)");
+    desc = good, desc.tensors.lse = with_dtype(f32_3(NULL, SB, SH, SQ), CLATTN_DTYPE_BF16);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "lse", "BF16", "sdpa(lse BF16)");
+
+    /* Outputs with stride 0 along a dimension above 1 (elements would overlap); inputs may. */
+    desc = good, desc.tensors.out = with_strides(desc.tensors.out, SH * SQ * SDV, 0, SDV, 1);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out", "stride 0",
+                        "sdpa(out heads stride 0)");
+    desc = good, desc.tensors.out = with_strides(desc.tensors.out, SH * SQ * SDV, SQ * SDV, SDV, 0);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out", "stride 0",
+                        "sdpa(out head_dim stride 0)");
+    desc = good, desc.tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
+    desc.tensors.weights = with_strides(desc.tensors.weights, 0, SQ * SK, SK, 1);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "weights", "stride 0",
+                        "sdpa(weights batch stride 0)");
+    desc = good, desc.tensors.lse = with_strides(f32_3(NULL, SB, SH, SQ), SH * SQ, SQ, 0, 0);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "lse", "stride 0",
+                        "sdpa(lse seq stride 0)");
+    desc = good, desc.tensors.k = with_strides(desc.tensors.k, SK * SDK, 0, SDK, 1);
+    desc.tensors.v = with_strides(desc.tensors.v, 0, 0, SDV, 1);
+    plan = expect_sdpa_created(&desc, "sdpa(k and v broadcast over heads by stride 0)");
+    clattn_plan_release(plan);
+
+    /* Sizes and strides whose extent overflows size_t; single dims over 32 bits. */
+    const size_t big = (size_t)1 << 31, over = (size_t)UINT32_MAX + 1;
+    if (SIZE_MAX > UINT32_MAX) {
+        desc = good, desc.tensors.q = f32_4(NULL, big, big, big, SDK);
+        expect_sdpa_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "q", NULL, "sdpa(q 2^93 elements)");
+        desc = good, desc.tensors.k = with_strides(desc.tensors.k, SIZE_MAX / 2, SK * SDK, SDK, 1);
+        expect_sdpa_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "k", NULL,
+                            "sdpa(k batch stride SIZE_MAX/2)");
+        desc = good, desc.tensors.v = with_strides(desc.tensors.v, 1, 1, SIZE_MAX / 4, 1);
+        expect_sdpa_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "v", NULL,
+                            "sdpa(v seq stride SIZE_MAX/4)");
+        /* 2^63 elements fit size_t; their 2^65 bytes do not. */
+        desc = good, desc.tensors.q = f32_4(NULL, big, big, 2, 1);
+        desc.tensors.k = f32_4(NULL, big, big, SK, 1);
+        expect_sdpa_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "q", "bytes", "sdpa(q 2^65 bytes)");
+        desc = good, desc.tensors.q.dims[2] = over;
+        expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "q", "32-bit", "sdpa(seq_q 2^32)");
+        desc = good, desc.tensors.k.dims[2] = over, desc.tensors.v.dims[2] = over;
+        expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "k", "32-bit", "sdpa(seq_k 2^32)");
+        desc = good, desc.tensors.q.dims[1] = over;
+        expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "q", "32-bit", "sdpa(heads 2^32)");
+        desc = good, desc.tensors.lse = f32_3(NULL, SB, over, SQ);
+        expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "lse", "32-bit",
+                            "sdpa(lse heads 2^32)");
+        /* The scores of the unfused path overflow though every tensor fits. */
+        const size_t side = (size_t)1 << 20;
+        desc = good, desc.path = CLATTN_PATH_UNFUSED;
+        desc.tensors.q = f32_4(NULL, side, side, side, 1);
+        desc.tensors.k = f32_4(NULL, side, side, side, 1);
+        desc.tensors.v = f32_4(NULL, side, side, side, 1);
+        desc.tensors.out = f32_4(NULL, side, side, side, 1);
+        expect_sdpa_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "scores|rows", NULL,
+                            "sdpa(unfused scores 2^80)");
+        /* ... or fit size_t but not the device. */
+        desc = good, desc.path = CLATTN_PATH_UNFUSED;
+        desc.tensors.q = f32_4(NULL, 1024, 1, 4096, 1);
+        desc.tensors.k = f32_4(NULL, 1024, 1, 4096, 1);
+        desc.tensors.v = f32_4(NULL, 1024, 1, 4096, 1);
+        desc.tensors.out = f32_4(NULL, 1024, 1, 4096, 1);
+        expect_sdpa_refused(&desc, CLATTN_ERR_TOO_LARGE, 0, "scores", NULL,
+                            "sdpa(unfused scores of 16 GiB)");
     }
 
-    status = clattn_attention(ctx, &good, tu_tensor(q_mem, 1), k, v, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "attention", "q", "q offset 1");
-    status = clattn_attention(ctx, &good, q, tu_tensor(k_mem, 2), v, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "attention", "k", "k offset 2");
-    desc = good, desc.head_dim_v = dv + 1;
-    status = clattn_attention(ctx, &desc, q, k, v, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "attention", "v|out",
-                 "head_dim_v one more than v holds");
-    status =
-        clattn_attention(ctx, &good, q, k, v, tu_tensor(out_mem, out_count), absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "attention", "out", "out offset at end");
-    status = clattn_attention(ctx, &good, q, k, v, out, tu_tensor(weights_mem, 0), 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "attention", "weights",
-                 "weights one float short");
+    /* Paths: FUSED cannot return weights nor take head sizes over 256; lse needs the fused
+     * kernel. */
+    desc = good, desc.path = CLATTN_PATH_FUSED;
+    desc.tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights", "FUSED",
+                        "sdpa(FUSED with weights)");
+    static const size_t large_heads[][2] = {{257, SDV}, {SDK, 257}, {300, 300}};
+    for (int i = 0; i < COUNT_OF(large_heads); ++i) {
+        desc = good, desc.path = CLATTN_PATH_FUSED;
+        desc.tensors.q.dims[3] = desc.tensors.k.dims[3] = large_heads[i][0];
+        desc.tensors.v.dims[3] = desc.tensors.out.dims[3] = large_heads[i][1];
+        char call[64];
+        snprintf(call, sizeof call, "sdpa(FUSED, head sizes %zu, %zu)", large_heads[i][0],
+                 large_heads[i][1]);
+        expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "FUSED", "256", call);
+        desc.path = CLATTN_PATH_AUTO;
+        plan = expect_sdpa_created(&desc, "sdpa(AUTO, head size over 256)");
+        tu_expect(plan == NULL || !clattn_plan_is_fused(plan),
+                  "AUTO with a head size over 256 chose the fused kernel");
+        clattn_plan_release(plan);
+        desc.tensors.lse = f32_3(NULL, SB, SH, SQ);
+        expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "lse", NULL,
+                            "sdpa(AUTO, head size over 256, lse)");
+    }
+    desc = good, desc.path = CLATTN_PATH_UNFUSED, desc.tensors.lse = f32_3(NULL, SB, SH, SQ);
+    expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "lse", "fused", "sdpa(UNFUSED with lse)");
+    desc = good, desc.tensors.lse = f32_3(NULL, SB, SH, SQ);
+    desc.tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
+    expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "lse", NULL,
+                        "sdpa(AUTO with weights and lse)");
 
-    desc = good, desc.seq_q = SIZE_MAX / 2;
-    status = clattn_attention(ctx, &desc, q, k, v, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "attention", NULL, "seq_q = SIZE_MAX/2");
-    desc = good, desc.head_dim_v = SIZE_MAX / 4 + 1, desc.batch = 1, desc.heads = 1, desc.seq_k = 1;
-    status = clattn_attention(ctx, &desc, q, k, v, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "attention", NULL, "head_dim_v*4 bytes overflow");
+    /* The unfused path reads rows: head_dim strides of 1; the weights' seq_k stride 1. */
+    desc = good, desc.path = CLATTN_PATH_UNFUSED;
+    desc.tensors.q = with_strides(desc.tensors.q, SH * SQ * SDK * 2, SQ * SDK * 2, SDK * 2, 2);
+    expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "q", "stride",
+                        "sdpa(UNFUSED, q head_dim stride 2)");
+    desc.path = CLATTN_PATH_AUTO;
+    plan = expect_sdpa_created(&desc, "sdpa(AUTO, q head_dim stride 2)");
+    clattn_plan_release(plan);
+    desc = good, desc.tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
+    desc.tensors.weights = with_strides(desc.tensors.weights, SH * SK * SQ, SK * SQ, 1, SQ);
+    expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "weights", "stride",
+                        "sdpa(weights transposed)");
 
-    tu_release_mem(weights_mem);
-    tu_release_mem(out_mem);
-    tu_release_mem(v_mem);
-    tu_release_mem(k_mem);
-    tu_release_mem(q_mem);
+    /* Everything refused above left the context as it was. */
+    plan = expect_sdpa_created(&good, "sdpa(good)");
+    tu_expect(plan == NULL || clattn_plan_is_fused(plan), "AUTO without weights is not fused");
+    clattn_plan_release(plan);
     expect_context_still_works();
     TU_END_TEST();
 }
 END_TEST
+
+/* --- SDPA plans: execution ----------------------------------------------------------------- */
+
+typedef struct sdpa_buffers {
+    cl_mem q, k, v, out, weights, mask, kpm;
+} sdpa_buffers;
+
+static void release_sdpa_buffers(sdpa_buffers *b)
+{
+    cl_mem all[] = {b->q, b->k, b->v, b->out, b->weights, b->mask, b->kpm};
+    for (int i = 0; i < COUNT_OF(all); ++i) {
+        tu_release_mem(all[i]);
+    }
+}
+
+/* Executes plan on tensors and expects it refused without touching the outputs. */
+static void expect_execute_refused(clattn_plan *plan, const clattn_tensors *tensors,
+                                   cl_command_queue queue, cl_mem workspace, clattn_status want,
+                                   clattn_status alternative, const char *op, const char *names,
+                                   const char *needle, const char *call)
+{
+    cl_event event = (cl_event)&event;
+    clattn_status status = clattn_plan_execute(plan, tensors, queue, workspace, 0, NULL, &event);
+    expect_error_full(status, want, alternative, op, names, needle, call);
+    tu_expect(event == NULL, "%s: *event not cleared on failure", call);
+    if (status == CLATTN_SUCCESS && event != NULL) {
+        clWaitForEvents(1, &event);
+        clReleaseEvent(event);
+    }
+}
+
+START_TEST(test_sdpa_execute_errors)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("sdpa plan execution errors");
+    clattn_ctx *ctx = tu_ctx();
+    const size_t q_count = SB * SH * SQ * SDK, k_count = SB * SH * SK * SDK;
+    const size_t v_count = SB * SH * SK * SDV, out_count = SB * SH * SQ * SDV;
+    const size_t weights_count = SB * SH * SQ * SK;
+    sdpa_buffers buf = {
+        .q = tu_nan_buffer(q_count),
+        .k = tu_nan_buffer(k_count),
+        .v = tu_nan_buffer(v_count),
+        .out = tu_nan_buffer(out_count),
+        .weights = tu_nan_buffer(weights_count),
+        .mask = tu_nan_buffer(SQ * SK),
+        .kpm = nan_bytes(SB * SK),
+    };
+    /* An unfused plan with weights, an additive mask and a padding mask: every role bound. */
+    clattn_sdpa_desc desc = sdpa_good();
+    desc.path = CLATTN_PATH_UNFUSED;
+    desc.tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
+    desc.tensors.attn_mask = f32_2(NULL, SQ, SK);
+    desc.tensors.key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, SB, SK, 0, 0);
+    clattn_plan *plan = expect_sdpa_created(&desc, "sdpa(unfused, weights, masks)");
+    clattn_tensors good = desc.tensors;
+    good.q.mem = buf.q, good.k.mem = buf.k, good.v.mem = buf.v, good.out.mem = buf.out;
+    good.weights.mem = buf.weights, good.attn_mask.mem = buf.mask;
+    good.key_padding_mask.mem = buf.kpm;
+    clattn_tensors t;
+    cl_event event = (cl_event)&event;
+    clattn_status status;
+    if (plan == NULL) {
+        release_sdpa_buffers(&buf);
+        TU_END_TEST();
+        return;
+    }
+    const size_t need = clattn_plan_workspace_size(plan);
+
+    /* NULL plan and tensors. */
+    status = clattn_plan_execute(NULL, &good, NULL, NULL, 0, NULL, &event);
+    tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && event == NULL,
+              "execute(NULL plan): %s, event %p", clattn_status_string(status), (void *)event);
+    expect_execute_refused(plan, NULL, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa",
+                           "tensors", NULL, "execute(NULL tensors)");
+
+    /* Tensors that differ from the plan, or lack a buffer. */
+    t = good, t.q.mem = NULL;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa", "q", NULL,
+                           "execute(q without buffer)");
+    t = good, t.out = absent;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa", "out",
+                           NULL, "execute(out absent)");
+    t = good, t.k.dims[2] = SK - 1;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa", "k", NULL,
+                           "execute(k seq_k 3, planned 4)");
+    t = good, t.v = with_strides(t.v, SH * SK * SDV, SK * SDV, SDV + 1, 1);
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa", "v",
+                           "strides", "execute(v with other strides)");
+    t = good, t.q.dtype = CLATTN_DTYPE_F16;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa", "q", "F16",
+                           "execute(q F16, planned F32)");
+    t = good, t.q.rank = 5;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa", "q", NULL,
+                           "execute(q rank 5)");
+    t = good, t.lse = f32_3(buf.out, SB, SH, SQ);
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa", "lse",
+                           NULL, "execute(lse bound, not planned)");
+    t = good, t.q_weight = f32_2(buf.q, SDK, SDK);
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa", "q_weight",
+                           NULL, "execute(q_weight bound)");
+
+    /* Buffers too small: one element short, offsets, strides larger than packed. */
+    t = good, t.q.offset = 1;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "sdpa", "q", NULL,
+                           "execute(q offset 1)");
+    t = good, t.k.offset = 2;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "sdpa", "k", NULL,
+                           "execute(k offset 2)");
+    t = good, t.out.offset = out_count;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "sdpa", "out",
+                           NULL, "execute(out offset at end)");
+    t = good, t.weights.offset = 1;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "sdpa", "weights",
+                           NULL, "execute(weights offset 1)");
+    t = good, t.attn_mask.offset = 1;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "sdpa",
+                           "attn_mask", NULL, "execute(attn_mask offset 1)");
+    t = good, t.key_padding_mask.offset = 1;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "sdpa",
+                           "key_padding_mask", NULL, "execute(key_padding_mask offset 1)");
+    t = good, t.q.offset = SIZE_MAX / 2;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, CLATTN_ERR_OVERFLOW,
+                           "sdpa", "q", NULL, "execute(q offset SIZE_MAX/2)");
+    t = good, t.q.offset = SIZE_MAX - 3;
+    expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_OVERFLOW, 0, "sdpa", "q", NULL,
+                           "execute(q offset SIZE_MAX - 3)");
+    {
+        /* A plan whose k has a row stride one larger than packed: the packed buffer is too
+         * small through the strides. */
+        clattn_sdpa_desc strided = desc;
+        strided.tensors.k =
+            with_strides(strided.tensors.k, SH * SK * (SDK + 1), SK * (SDK + 1), SDK + 1, 1);
+        clattn_plan *strided_plan = expect_sdpa_created(&strided, "sdpa(k row stride 6)");
+        t = good, t.k = strided.tensors.k, t.k.mem = buf.k;
+        if (strided_plan != NULL)
+            expect_execute_refused(strided_plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0,
+                                   "sdpa", "k", "strides",
+                                   "execute(k row stride 6, packed buffer)");
+        clattn_plan_release(strided_plan);
+    }
+
+    /* The caller's workspace too small; a queue of another context; wait lists. */
+    if (need > 0) {
+        cl_mem small = tu_nan_buffer(need / sizeof(float) - 1);
+        expect_execute_refused(plan, &good, NULL, small, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "sdpa",
+                               "workspace", NULL, "execute(workspace 4 bytes short)");
+        tu_release_mem(small);
+    }
+    status = clattn_plan_execute(plan, &good, NULL, NULL, 1, NULL, &event);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "sdpa", "num_wait",
+                 "execute(num_wait 1, wait NULL)");
+    tu_expect(event == NULL, "execute(num_wait 1, wait NULL) left *event set");
+    cl_event marker = NULL;
+    cl_int err = clEnqueueMarkerWithWaitList(clattn_ctx_queue(ctx), 0, NULL, &marker);
+    tu_expect(err == CL_SUCCESS, "clEnqueueMarkerWithWaitList: %d", (int)err);
+    status = clattn_plan_execute(plan, &good, NULL, NULL, 0, &marker, &event);
+    expect_error_text(status, CLATTN_ERR_INVALID_ARGUMENT, "sdpa", "num_wait", "given",
+                      "execute(num_wait 0, wait given)");
+    if (marker != NULL) {
+        clWaitForEvents(1, &marker);
+        clReleaseEvent(marker);
+    }
+
+    expect_untouched(buf.out, out_count, "execute (refused calls)");
+    expect_untouched(buf.weights, weights_count, "execute (refused calls), weights");
+    clattn_plan_release(plan);
+    release_sdpa_buffers(&buf);
+    expect_context_still_works();
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- MHA plans ----------------------------------------------------------------------------- */
+
+/* batch 2, seq 3, embed 8, heads 2; PyTorch layout, packed in_proj, out projection. */
+enum { MB = 2, MS = 3, ME = 8, MH = 2 };
+
+static clattn_mha_desc mha_good(void)
+{
+    clattn_mha_desc desc;
+    clattn_mha_desc_init(&desc);
+    desc.num_heads = MH;
+    desc.layout = CLATTN_LAYOUT_TORCH;
+    desc.tensors.q = f32_3(NULL, MB, MS, ME);
+    desc.tensors.k = f32_3(NULL, MB, MS, ME);
+    desc.tensors.v = f32_3(NULL, MB, MS, ME);
+    desc.tensors.out = f32_3(NULL, MB, MS, ME);
+    desc.tensors.in_proj_weight = f32_2(NULL, 3 * ME, ME);
+    desc.tensors.in_proj_bias = f32_1(NULL, 3 * ME);
+    desc.tensors.out_weight = f32_2(NULL, ME, ME);
+    desc.tensors.out_bias = f32_1(NULL, ME);
+    return desc;
+}
+
+/* The same description with separate XW weights (q, k, v: ME -> ME) and no packed ones. */
+static clattn_mha_desc mha_separate(void)
+{
+    clattn_mha_desc desc = mha_good();
+    desc.layout = CLATTN_LAYOUT_XW;
+    desc.tensors.in_proj_weight = absent;
+    desc.tensors.in_proj_bias = absent;
+    desc.tensors.q_weight = f32_2(NULL, ME, ME);
+    desc.tensors.k_weight = f32_2(NULL, ME, ME);
+    desc.tensors.v_weight = f32_2(NULL, ME, ME);
+    return desc;
+}
+
+static void expect_mha_refused(const clattn_mha_desc *desc, clattn_status want,
+                               clattn_status alternative, const char *names, const char *needle,
+                               const char *call)
+{
+    clattn_plan *plan = (clattn_plan *)&plan;
+    clattn_status status = clattn_mha_plan_create(tu_ctx(), desc, &plan);
+    expect_error_full(status, want, alternative, "mha", names, needle, call);
+    tu_expect(status == CLATTN_SUCCESS || plan == NULL, "%s: failed but *out is not NULL", call);
+    if (status == CLATTN_SUCCESS) {
+        clattn_plan_release(plan);
+    }
+}
+
+static clattn_plan *expect_mha_created(const clattn_mha_desc *desc, const char *call)
+{
+    clattn_plan *plan = NULL;
+    clattn_status status = clattn_mha_plan_create(tu_ctx(), desc, &plan);
+    tu_expect(status == CLATTN_SUCCESS && plan != NULL, "%s: %s: %s", call,
+              clattn_status_string(status), clattn_last_error(tu_ctx()));
+    return status == CLATTN_SUCCESS ? plan : NULL;
+}
+
+START_TEST(test_mha_create_errors)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("mha plan creation errors");
+    clattn_ctx *ctx = tu_ctx();
+    const clattn_mha_desc good = mha_good(), separate = mha_separate();
+    clattn_mha_desc desc;
+    clattn_plan *plan = (clattn_plan *)&plan;
+    clattn_status status;
+
+    status = clattn_mha_plan_create(NULL, &good, &plan);
+    expect_null_ctx(status, "mha_plan_create(NULL ctx)");
+    tu_expect(plan == NULL, "mha_plan_create(NULL ctx) left *out set");
+    status = clattn_mha_plan_create(ctx, NULL, &plan);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha", "desc", "mha(NULL desc)");
+    status = clattn_mha_plan_create(ctx, &good, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha", "out", "mha(NULL out)");
+    desc = good, desc.struct_size = sizeof(clattn_sdpa_desc);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "struct_size", "clattn_mha_desc",
+                       "mha(struct_size of the SDPA desc)");
+
+    /* Inputs and outputs absent. */
+    desc = good, desc.tensors.q = absent;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "query", NULL, "mha(query absent)");
+    desc = good, desc.tensors.k = absent;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "key", NULL, "mha(key absent)");
+    desc = good, desc.tensors.v = absent;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "value", NULL, "mha(value absent)");
+    desc = good, desc.tensors.out = absent;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "out", NULL, "mha(out absent)");
+    desc = good, desc.tensors.q.rank = 4, desc.tensors.q.dims[3] = 1;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, CLATTN_ERR_INVALID_SHAPE, "query",
+                       "rank", "mha(query rank 4)");
+    desc = good, desc.tensors.q.rank = 0, desc.tensors.q.mem = NULL;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "query", NULL, "mha(query rank 0)");
+    desc = good, desc.tensors.k.rank = 5;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "key", "rank", "mha(key rank 5)");
+
+    /* Weights: none, packed with XW, packed and separate, half a set, biases without their
+     * weights. */
+    desc = good, desc.tensors.in_proj_weight = absent, desc.tensors.in_proj_bias = absent;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "q_weight|in_proj_weight", NULL,
+                       "mha(no projection weights)");
+    desc = good, desc.layout = CLATTN_LAYOUT_XW;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "in_proj_weight|layout", NULL,
+                       "mha(in_proj_weight with layout XW)");
+    static const struct {
+        size_t field;
+        const char *name;
+    } with_packed[] = {
+        {offsetof(clattn_tensors, q_weight), "q_weight"},
+        {offsetof(clattn_tensors, k_weight), "k_weight"},
+        {offsetof(clattn_tensors, v_weight), "v_weight"},
+        {offsetof(clattn_tensors, q_bias), "q_bias"},
+        {offsetof(clattn_tensors, k_bias), "k_bias"},
+        {offsetof(clattn_tensors, v_bias), "v_bias"},
+    };
+    for (int i = 0; i < COUNT_OF(with_packed); ++i) {
+        desc = good;
+        clattn_tensor *extra = (clattn_tensor *)((char *)&desc.tensors + with_packed[i].field);
+        *extra = i < 3 ? f32_2(NULL, ME, ME) : f32_1(NULL, ME);
+        char call[64];
+        snprintf(call, sizeof call, "mha(in_proj_weight and %s)", with_packed[i].name);
+        expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "in_proj_weight|in_proj_bias",
+                           NULL, call);
+    }
+    desc = separate, desc.tensors.k_weight = absent;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "k_weight", NULL,
+                       "mha(q_weight and v_weight without k_weight)");
+    desc = separate, desc.tensors.v_weight = absent;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "v_weight", NULL,
+                       "mha(q_weight and k_weight without v_weight)");
+    desc = separate, desc.tensors.in_proj_bias = f32_1(NULL, 3 * ME);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "in_proj_bias", NULL,
+                       "mha(in_proj_bias without in_proj_weight)");
+    desc = good, desc.tensors.out_weight = absent;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "out_bias|out_weight", NULL,
+                       "mha(out_bias without out_weight)");
+
+    /* Enums. */
+    desc = good, desc.layout = (clattn_weight_layout)5;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "layout", NULL, "mha(layout 5)");
+    desc = good, desc.norm = (clattn_norm)9;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "norm", NULL, "mha(norm 9)");
+    desc = good, desc.causal = (clattn_causal)7;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "mha(causal 7)");
+    desc = good, desc.path = (clattn_path)-1;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "path", NULL, "mha(path -1)");
+    desc = good, desc.need_weights = (clattn_need_weights)4;
+    desc.tensors.weights = f32_4(NULL, MB, MH, MS, MS);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "need_weights", NULL,
+                       "mha(need_weights 4)");
+
+    /* The weights returned: wanted but absent, given but not wanted, wrong shape, FUSED. */
+    desc = good, desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights", NULL,
+                       "mha(PER_HEAD without the weights tensor)");
+    desc = good, desc.tensors.weights = f32_3(NULL, MB, MS, MS);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights|need_weights", NULL,
+                       "mha(weights given, need_weights NONE)");
+    desc = good, desc.need_weights = CLATTN_WEIGHTS_AVERAGED;
+    desc.tensors.weights = f32_4(NULL, MB, MH, MS, MS);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "weights", "(2, 3, 3)",
+                       "mha(AVERAGED with per-head weights)");
+    desc = good, desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
+    desc.tensors.weights = f32_3(NULL, MB, MS, MS);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "weights", "(2, 2, 3, 3)",
+                       "mha(PER_HEAD with averaged weights)");
+    desc = good, desc.need_weights = CLATTN_WEIGHTS_AVERAGED, desc.path = CLATTN_PATH_FUSED;
+    desc.tensors.weights = f32_3(NULL, MB, MS, MS);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights", "FUSED",
+                       "mha(FUSED with need_weights)");
+    desc = good, desc.tensors.lse = f32_3(NULL, MB, MH, MS);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "lse", NULL, "mha(lse given)");
+
+    /* Shapes. */
+    desc = good, desc.num_heads = 3;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "num_heads", NULL,
+                       "mha(E = 8 not divisible by H = 3)");
+    desc = good, desc.num_heads = 0;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "num_heads", NULL, "mha(num_heads 0)");
+    desc = good, desc.num_kv_heads = 1;
+    expect_mha_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "num_kv_heads", NULL,
+                       "mha(num_kv_heads 1, num_heads 2)");
+    desc = good, desc.tensors.q.dims[2] = 0;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "query", NULL, "mha(embed_dim 0)");
+    desc = good, desc.tensors.k.dims[1] = 0, desc.tensors.v.dims[1] = 0;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "key", NULL, "mha(seq_k 0)");
+    desc = good, desc.tensors.q.dims[0] = 0;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "query", NULL, "mha(batch 0)");
+    desc = good, desc.tensors.k.dims[0] = MB + 1, desc.tensors.v.dims[0] = MB + 1;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "key", "batch=2",
+                       "mha(key batch 3, query 2)");
+    desc = good, desc.tensors.v.dims[1] = MS + 1;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "value", "seq=3",
+                       "mha(value seq 4, key 3)");
+    desc = good, desc.tensors.out.dims[2] = ME + 1;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out", "(2, 3, 8)", "mha(out width 9)");
+    desc = good, desc.tensors.k.dims[2] = ME / 2, desc.tensors.v.dims[2] = ME / 2;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, CLATTN_ERR_INVALID_ARGUMENT,
+                       "kdim|in_proj_weight", NULL, "mha(in_proj_weight with kdim 4)");
+    desc = good, desc.tensors.in_proj_weight = f32_2(NULL, 3 * ME, ME + 1);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "in_proj_weight", "(24, 8)",
+                       "mha(in_proj_weight (24, 9))");
+    desc = good, desc.tensors.in_proj_bias = f32_1(NULL, 3 * ME - 1);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "in_proj_bias", "(24)",
+                       "mha(in_proj_bias 23)");
+    desc = good, desc.tensors.out_bias = f32_1(NULL, ME + 1);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out_bias", "(8)", "mha(out_bias 9)");
+    desc = good, desc.tensors.out_weight = f32_2(NULL, ME, ME - 1);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out_weight|out", NULL,
+                       "mha(out_weight (8, 7))");
+    desc = separate, desc.tensors.k_weight = f32_2(NULL, ME, ME / 2);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k_weight", "(8, 8)",
+                       "mha(k_weight width 4, q_weight 8)");
+    desc = separate, desc.num_heads = 4, desc.tensors.q_weight = f32_2(NULL, ME, 6);
+    desc.tensors.k_weight = f32_2(NULL, ME, 6);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "qk_dim|num_heads", NULL,
+                       "mha(qk_dim 6 not divisible by 4 heads)");
+    desc = separate, desc.tensors.v_weight = f32_2(NULL, ME, 3);
+    desc.tensors.out_weight = f32_2(NULL, 3, ME);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "v_dim|num_heads", NULL,
+                       "mha(v_dim 3 not divisible by 2 heads)");
+
+    /* Dtypes. */
+    desc = good, desc.tensors.q.dtype = CLATTN_DTYPE_U8;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "query", "U8", "mha(query U8)");
+    desc = good, desc.tensors.in_proj_weight.dtype = CLATTN_DTYPE_U8;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "in_proj_weight", "U8",
+                       "mha(in_proj_weight U8)");
+    desc = good, desc.tensors.key_padding_mask = f32_2(NULL, MB, MS);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "key_padding_mask", "F32",
+                       "mha(key_padding_mask F32)");
+    desc = separate, desc.tensors.q_bias = with_dtype(f32_1(NULL, ME), CLATTN_DTYPE_F16);
+    expect_mha_refused(&desc, CLATTN_ERR_UNSUPPORTED, CLATTN_ERR_INVALID_ARGUMENT, "q_bias", "F16",
+                       "mha(q_bias F16)");
+    desc = good, desc.tensors.attn_mask = f32_2(NULL, MS + 1, MS);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "attn_mask", "(2, 2, 3, 3)",
+                       "mha(attn_mask (4, 3))");
+
+    /* Overflow of the sizes computed from the layouts. */
+    if (SIZE_MAX > UINT32_MAX) {
+        const size_t limit = UINT32_MAX;
+        desc = good, desc.tensors.k = f32_3(NULL, MB, limit, limit);
+        desc.tensors.v = f32_3(NULL, MB, limit, ME);
+        expect_mha_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "key", NULL,
+                           "mha(key 2 x (2^32-1)^2 elements)");
+        /* Every tensor fits, the projections (batch * seq_q * qk_dim) do not. */
+        const size_t rows = (size_t)1 << 30, seq = (size_t)1 << 31;
+        desc = separate, desc.tensors.out_weight = absent, desc.tensors.out_bias = absent;
+        desc.num_heads = 1;
+        desc.tensors.q = f32_3(NULL, rows, seq, 1);
+        desc.tensors.k = f32_3(NULL, rows, 1, 1);
+        desc.tensors.v = f32_3(NULL, rows, 1, 1);
+        desc.tensors.q_weight = f32_2(NULL, 1, limit);
+        desc.tensors.k_weight = f32_2(NULL, 1, limit);
+        desc.tensors.v_weight = f32_2(NULL, 1, 1);
+        desc.tensors.out = f32_3(NULL, rows, seq, 1);
+        expect_mha_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "projections", NULL,
+                           "mha(projections overflow)");
+        desc = good, desc.tensors.q.dims[1] = (size_t)UINT32_MAX + 1;
+        expect_mha_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "query", "32-bit", "mha(seq_q 2^32)");
+    }
+
+    /* The workspace of the unfused path (per-head weights of 2 x 2 x 32768^2 floats) is
+     * more than any device allocates at once. */
+    desc = good, desc.need_weights = CLATTN_WEIGHTS_AVERAGED;
+    desc.tensors.q = f32_3(NULL, MB, 32768, ME), desc.tensors.out = f32_3(NULL, MB, 32768, ME);
+    desc.tensors.k = f32_3(NULL, MB, 32768, ME), desc.tensors.v = f32_3(NULL, MB, 32768, ME);
+    desc.tensors.weights = f32_3(NULL, MB, 32768, 32768);
+    expect_mha_refused(&desc, CLATTN_ERR_TOO_LARGE, 0, "scores|workspace", NULL,
+                       "mha(16 GiB of per-head weights)");
+
+    plan = expect_mha_created(&good, "mha(good)");
+    clattn_plan_release(plan);
+    plan = expect_mha_created(&separate, "mha(separate weights)");
+    clattn_plan_release(plan);
+    expect_context_still_works();
+    TU_END_TEST();
+}
+END_TEST
+
+typedef struct mha_buffers {
+    cl_mem query, out, weights, in_proj, in_bias, out_weight, out_bias, small;
+} mha_buffers;
+
+START_TEST(test_mha_execute_errors)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("mha plan execution errors");
+    mha_buffers buf = {
+        .query = tu_nan_buffer(MB * MS * ME),
+        .out = tu_nan_buffer(MB * MS * ME),
+        .weights = tu_nan_buffer(MB * MS * MS),
+        .in_proj = tu_nan_buffer(3 * ME * ME),
+        .in_bias = tu_nan_buffer(3 * ME),
+        .out_weight = tu_nan_buffer(ME * ME),
+        .out_bias = tu_nan_buffer(ME),
+        .small = tu_nan_buffer(ME - 1),
+    };
+    clattn_mha_desc desc = mha_good();
+    desc.need_weights = CLATTN_WEIGHTS_AVERAGED;
+    desc.tensors.weights = f32_3(NULL, MB, MS, MS);
+    clattn_plan *plan = expect_mha_created(&desc, "mha(averaged weights)");
+    clattn_tensors good = desc.tensors, t;
+    good.q.mem = good.k.mem = good.v.mem = buf.query;
+    good.out.mem = buf.out, good.weights.mem = buf.weights;
+    good.in_proj_weight.mem = buf.in_proj, good.in_proj_bias.mem = buf.in_bias;
+    good.out_weight.mem = buf.out_weight, good.out_bias.mem = buf.out_bias;
+    if (plan != NULL) {
+        t = good, t.out.offset = 1;
+        expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "mha", "out",
+                               NULL, "mha execute(out offset 1)");
+        t = good, t.q.offset = 2;
+        expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "mha", "query",
+                               NULL, "mha execute(query offset 2)");
+        t = good, t.v.offset = 1;
+        expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "mha", "value",
+                               NULL, "mha execute(value offset 1)");
+        t = good, t.in_proj_weight.offset = 1;
+        expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "mha",
+                               "in_proj_weight", NULL, "mha execute(in_proj_weight offset 1)");
+        t = good, t.in_proj_bias.mem = buf.small;
+        expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "mha",
+                               "in_proj_bias", NULL, "mha execute(in_proj_bias too small)");
+        t = good, t.out_bias.mem = buf.small;
+        expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "mha",
+                               "out_bias", NULL, "mha execute(out_bias one float short)");
+        t = good, t.out_weight.offset = 3;
+        expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "mha",
+                               "out_weight", NULL, "mha execute(out_weight offset 3)");
+        t = good, t.weights.offset = 1;
+        expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "mha",
+                               "weights", NULL, "mha execute(weights offset 1)");
+        t = good, t.weights = absent;
+        expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "mha",
+                               "weights", NULL, "mha execute(weights absent)");
+        t = good, t.out_weight.dims[0] = ME - 1;
+        expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "mha",
+                               "out_weight", NULL, "mha execute(out_weight (7, 8))");
+        t = good, t.q_bias = f32_1(buf.out_bias, ME);
+        expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "mha",
+                               "q_bias", NULL, "mha execute(q_bias bound, not planned)");
+        expect_untouched(buf.out, MB * MS * ME, "mha execute (refused calls)");
+        expect_untouched(buf.weights, MB * MS * MS, "mha execute (refused calls), weights");
+    }
+    clattn_plan_release(plan);
+    cl_mem all[] = {buf.query,   buf.out,        buf.weights,  buf.in_proj,
+                    buf.in_bias, buf.out_weight, buf.out_bias, buf.small};
+    for (int i = 0; i < COUNT_OF(all); ++i) {
+        tu_release_mem(all[i]);
+    }
+    expect_context_still_works();
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- the host API ------------------------------------------------------------------------- */
 
 START_TEST(test_attention_host_errors)
 {
     TU_BEGIN_TEST();
     tu_set_case("attention host errors");
     clattn_ctx *ctx = tu_ctx();
-    const clattn_attention_desc good = {1, 2, 3, 4, 5, 6, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
+    clattn_attention_host_desc good;
+    clattn_attention_host_desc_init(&good);
+    good.batch = 1, good.heads = 2, good.seq_q = 3, good.seq_k = 4;
+    good.head_dim_qk = 5, good.head_dim_v = 6;
     float *q = tu_random_floats(2 * 3 * 5), *k = tu_random_floats(2 * 4 * 5);
     float *v = tu_random_floats(2 * 4 * 6), *out = tu_nan_floats(2 * 3 * 6);
-    clattn_attention_desc desc;
+    float *weights = tu_nan_floats(2 * 3 * 4);
+    clattn_attention_host_desc desc;
     clattn_status status;
 
     status = clattn_attention_host(NULL, &good, q, k, v, NULL, out, NULL);
-    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "clattn_attention_host(NULL ctx)");
+    expect_null_ctx(status, "clattn_attention_host(NULL ctx)");
     status = clattn_attention_host(ctx, NULL, q, k, v, NULL, out, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "desc", "host NULL desc");
     status = clattn_attention_host(ctx, &good, NULL, k, v, NULL, out, NULL);
@@ -440,196 +1278,58 @@ START_TEST(test_attention_host_errors)
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "v", "host v NULL");
     status = clattn_attention_host(ctx, &good, q, k, v, NULL, NULL, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "out", "host out NULL");
-    desc = good, desc.seq_k = 0;
+    desc = good, desc.struct_size = sizeof desc / 2;
     status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "attention", "seq_k", "host seq_k = 0");
-    desc = good, desc.seq_q = SIZE_MAX / 2;
-    status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "attention", NULL, "host seq_q = SIZE_MAX/2");
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "struct_size",
+                 "host struct_size");
 
+    static const char *const field_names[] = {"batch", "heads",       "seq_q",
+                                              "seq_k", "head_dim_qk", "head_dim_v"};
+    for (int field = 0; field < 6; ++field) {
+        desc = good;
+        size_t *fields[] = {&desc.batch, &desc.heads,       &desc.seq_q,
+                            &desc.seq_k, &desc.head_dim_qk, &desc.head_dim_v};
+        *fields[field] = 0;
+        char call[64];
+        snprintf(call, sizeof call, "host %s = 0", field_names[field]);
+        status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL);
+        expect_error(status, CLATTN_ERR_INVALID_SHAPE, "attention", field_names[field], call);
+    }
+    desc = good, desc.norm = (clattn_norm)3;
+    status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "norm", "host norm 3");
+    desc = good, desc.causal = (clattn_causal)9;
+    status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "causal", "host causal 9");
+    desc = good, desc.path = (clattn_path)3;
+    status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "path", "host path 3");
+    desc = good, desc.path = CLATTN_PATH_FUSED;
+    status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, weights);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "weights",
+                 "host FUSED with weights");
+    desc = good, desc.scale = -INFINITY;
+    status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "scale", "host scale -inf");
+    if (SIZE_MAX > UINT32_MAX) {
+        desc = good, desc.seq_q = (size_t)UINT32_MAX + 1;
+        status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL);
+        expect_error_text(status, CLATTN_ERR_UNSUPPORTED, "attention", "seq_q|q", "32-bit",
+                          "host seq_q = 2^32");
+        desc = good, desc.batch = (size_t)1 << 31, desc.heads = (size_t)1 << 31;
+        desc.seq_q = (size_t)1 << 31;
+        status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL);
+        expect_error(status, CLATTN_ERR_OVERFLOW, "attention", "q|seq_q",
+                     "host q of 2^93 * 5 elements");
+    }
+    tu_expect_nan_outside("host out after the refused calls", out, 2 * 3 * 6, 0, 0);
+    tu_expect_nan_outside("host weights after the refused calls", weights, 2 * 3 * 4, 0, 0);
+
+    free(weights);
     free(out);
     free(v);
     free(k);
     free(q);
-    expect_context_still_works();
-    TU_END_TEST();
-}
-END_TEST
-
-/* --- multi-head attention ----------------------------------------------------------------- */
-
-typedef struct mha_buffers {
-    cl_mem query, out, attn, in_proj, in_bias, out_weight, out_bias, q_weight, small;
-} mha_buffers;
-
-START_TEST(test_mha_errors)
-{
-    TU_BEGIN_TEST();
-    tu_set_case("mha_forward errors");
-    clattn_ctx *ctx = tu_ctx();
-    const size_t batch = 2, seq = 3, embed = 8, heads = 2;
-    mha_buffers buf = {
-        .query = tu_nan_buffer(batch * seq * embed),
-        .out = tu_nan_buffer(batch * seq * embed),
-        .attn = tu_nan_buffer(batch * heads * seq * seq),
-        .in_proj = tu_nan_buffer(3 * embed * embed),
-        .in_bias = tu_nan_buffer(3 * embed),
-        .out_weight = tu_nan_buffer(embed * embed),
-        .out_bias = tu_nan_buffer(embed),
-        .q_weight = tu_nan_buffer(embed * embed),
-        .small = tu_nan_buffer(embed - 1),
-    };
-    clattn_tensor query = {buf.query, 0}, out = {buf.out, 0}, attn = {buf.attn, 0};
-    const clattn_mha_desc good = {.batch = batch,
-                                  .seq_q = seq,
-                                  .seq_k = seq,
-                                  .embed_dim = embed,
-                                  .num_heads = heads,
-                                  .layout = CLATTN_LAYOUT_TORCH};
-    const clattn_mha_weights good_weights = {
-        .in_proj_weight = {buf.in_proj, 0},
-        .in_proj_bias = {buf.in_bias, 0},
-        .out_weight = {buf.out_weight, 0},
-        .out_bias = {buf.out_bias, 0},
-    };
-    clattn_mha_desc desc;
-    clattn_mha_weights weights;
-    clattn_status status;
-
-#define MHA_CALL(desc_ptr, weights_ptr, out_tensor, attn_tensor)                                   \
-    clattn_mha_forward(ctx, (desc_ptr), (weights_ptr), query, query, query, (out_tensor),          \
-                       (attn_tensor), 0, NULL, NULL)
-
-    status = clattn_mha_forward(NULL, &good, &good_weights, query, query, query, out, absent, 0,
-                                NULL, NULL);
-    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "clattn_mha_forward(NULL ctx)");
-    status = MHA_CALL(NULL, &good_weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "desc", "NULL desc");
-    status = MHA_CALL(&good, NULL, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "weights", "NULL weights");
-    status = clattn_mha_forward(ctx, &good, &good_weights, absent, query, query, out, absent, 0,
-                                NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "query", "query absent");
-    status = clattn_mha_forward(ctx, &good, &good_weights, query, absent, query, out, absent, 0,
-                                NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "key", "key absent");
-    status = clattn_mha_forward(ctx, &good, &good_weights, query, query, absent, out, absent, 0,
-                                NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "value", "value absent");
-    status = MHA_CALL(&good, &good_weights, absent, absent);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "out", "out absent");
-
-    /* Weights: none, in_proj with the XW layout, in_proj plus separate weights, half a set. */
-    weights = good_weights, weights.in_proj_weight = absent, weights.in_proj_bias = absent;
-    status = MHA_CALL(&good, &weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward",
-                 "q_weight|in_proj_weight|weight|weights", "no projection weights");
-    desc = good, desc.layout = CLATTN_LAYOUT_XW;
-    status = MHA_CALL(&desc, &good_weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_weight|layout",
-                 "in_proj_weight with layout XW");
-    weights = good_weights, weights.q_weight = tu_tensor(buf.q_weight, 0);
-    status = MHA_CALL(&good, &weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_weight|q_weight",
-                 "in_proj_weight and q_weight both given");
-    weights = good_weights, weights.in_proj_weight = absent, weights.in_proj_bias = absent;
-    weights.q_weight = tu_tensor(buf.q_weight, 0);
-    status = MHA_CALL(&good, &weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "k_weight|v_weight",
-                 "q_weight without k_weight and v_weight");
-    desc = good, desc.layout = (clattn_weight_layout)5;
-    status = MHA_CALL(&desc, &good_weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "layout", "layout = 5");
-    desc = good, desc.norm = (clattn_norm)9;
-    status = MHA_CALL(&desc, &good_weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "norm", "norm = 9");
-    desc = good, desc.need_weights = (clattn_need_weights)4;
-    status = MHA_CALL(&desc, &good_weights, out, attn);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "need_weights",
-                 "need_weights = 4");
-    desc = good, desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
-    status = MHA_CALL(&desc, &good_weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "attn_weights",
-                 "need_weights PER_HEAD without attn_weights");
-
-    /* Shapes. */
-    desc = good, desc.num_heads = 3;
-    status = MHA_CALL(&desc, &good_weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward",
-                 "num_heads|heads|embed_dim|qk_dim", "E = 8 not divisible by H = 3");
-    desc = good, desc.num_heads = 0;
-    status = MHA_CALL(&desc, &good_weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "num_heads|heads",
-                 "num_heads = 0");
-    desc = good, desc.embed_dim = 0;
-    status = MHA_CALL(&desc, &good_weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "embed_dim", "embed_dim = 0");
-    desc = good, desc.seq_k = 0;
-    status = MHA_CALL(&desc, &good_weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "seq_k", "seq_k = 0");
-    desc = good, desc.batch = 0;
-    status = MHA_CALL(&desc, &good_weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "batch", "batch = 0");
-    desc = good, desc.kdim = embed / 2;
-    status = MHA_CALL(&desc, &good_weights, out, absent);
-    expect_error_either(status, CLATTN_ERR_INVALID_SHAPE, CLATTN_ERR_INVALID_ARGUMENT,
-                        "mha_forward", "kdim|in_proj_weight", "in_proj_weight with kdim != E");
-    desc = good, desc.qk_dim = 6, desc.v_dim = 6, desc.layout = CLATTN_LAYOUT_XW;
-    desc.num_heads = 4;
-    weights = good_weights, weights.in_proj_weight = absent, weights.in_proj_bias = absent;
-    weights.q_weight = tu_tensor(buf.q_weight, 0);
-    weights.k_weight = tu_tensor(buf.q_weight, 0);
-    weights.v_weight = tu_tensor(buf.q_weight, 0);
-    weights.out_weight = absent, weights.out_bias = absent;
-    status = MHA_CALL(&desc, &weights, out, absent);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "qk_dim|num_heads|heads",
-                 "qk_dim = 6 not divisible by 4 heads (E = 8 is)");
-
-    /* Buffers too small. */
-    status = MHA_CALL(&good, &good_weights, tu_tensor(buf.out, 1), absent);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "mha_forward", "out", "out offset 1");
-    status = clattn_mha_forward(ctx, &good, &good_weights, tu_tensor(buf.query, 2), query, query,
-                                out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "mha_forward", "query", "query offset 2");
-    weights = good_weights, weights.in_proj_weight = tu_tensor(buf.in_proj, 1);
-    status = MHA_CALL(&good, &weights, out, absent);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "mha_forward", "in_proj_weight",
-                 "in_proj_weight offset 1");
-    weights = good_weights, weights.in_proj_bias = tu_tensor(buf.small, 0);
-    status = MHA_CALL(&good, &weights, out, absent);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "mha_forward", "in_proj_bias",
-                 "in_proj_bias too small");
-    weights = good_weights, weights.out_bias = tu_tensor(buf.small, 0);
-    status = MHA_CALL(&good, &weights, out, absent);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "mha_forward", "out_bias",
-                 "out_bias one float short");
-    weights = good_weights, weights.out_weight = tu_tensor(buf.out_weight, 3);
-    status = MHA_CALL(&good, &weights, out, absent);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "mha_forward", "out_weight",
-                 "out_weight offset 3");
-    desc = good, desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
-    status = MHA_CALL(&desc, &good_weights, out, tu_tensor(buf.attn, 1));
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "mha_forward", "attn_weights",
-                 "attn_weights offset 1");
-
-    /* Overflow. */
-    desc = good, desc.seq_q = SIZE_MAX / 2;
-    status = MHA_CALL(&desc, &good_weights, out, absent);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "mha_forward", NULL, "seq_q = SIZE_MAX/2");
-    desc = good, desc.embed_dim = SIZE_MAX / 2 + 1, desc.num_heads = 1;
-    status = MHA_CALL(&desc, &good_weights, out, absent);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "mha_forward", NULL, "embed_dim = SIZE_MAX/2+1");
-#undef MHA_CALL
-
-    tu_release_mem(buf.small);
-    tu_release_mem(buf.q_weight);
-    tu_release_mem(buf.out_bias);
-    tu_release_mem(buf.out_weight);
-    tu_release_mem(buf.in_bias);
-    tu_release_mem(buf.in_proj);
-    tu_release_mem(buf.attn);
-    tu_release_mem(buf.out);
-    tu_release_mem(buf.query);
     expect_context_still_works();
     TU_END_TEST();
 }
@@ -641,22 +1341,23 @@ START_TEST(test_mha_host_errors)
     tu_set_case("mha_forward_host errors");
     clattn_ctx *ctx = tu_ctx();
     const size_t batch = 1, seq = 3, embed = 4;
-    float *query = tu_random_floats(batch * seq * embed);
+    float *query = tu_random_floats(batch * 5 * embed);
+    float *key = tu_random_floats(batch * 5 * embed);
     float *weight = tu_random_floats(3 * embed * embed);
-    float *out = tu_nan_floats(batch * seq * embed);
-    const clattn_mha_desc good = {.batch = batch,
-                                  .seq_q = seq,
-                                  .seq_k = seq,
-                                  .embed_dim = embed,
-                                  .num_heads = 2,
-                                  .layout = CLATTN_LAYOUT_TORCH};
+    float *out = tu_nan_floats(batch * 5 * embed);
+    clattn_mha_host_desc good;
+    clattn_mha_host_desc_init(&good);
+    good.batch = batch, good.seq_q = seq, good.seq_k = seq, good.embed_dim = embed;
+    good.num_heads = 2, good.layout = CLATTN_LAYOUT_TORCH;
     clattn_mha_host_weights weights = {0};
     weights.in_proj_weight = weight;
-    clattn_mha_desc desc;
+    const clattn_mha_host_weights separate = {
+        .q_weight = weight, .k_weight = weight, .v_weight = weight};
+    clattn_mha_host_desc desc;
     clattn_status status;
 
     status = clattn_mha_forward_host(NULL, &good, &weights, query, NULL, NULL, NULL, out, NULL);
-    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "clattn_mha_forward_host(NULL ctx)");
+    expect_null_ctx(status, "clattn_mha_forward_host(NULL ctx)");
     status = clattn_mha_forward_host(ctx, NULL, &weights, query, NULL, NULL, NULL, out, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "desc", "host NULL desc");
     status = clattn_mha_forward_host(ctx, &good, NULL, query, NULL, NULL, NULL, out, NULL);
@@ -666,25 +1367,120 @@ START_TEST(test_mha_host_errors)
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "query", "host NULL query");
     status = clattn_mha_forward_host(ctx, &good, &weights, query, NULL, NULL, NULL, NULL, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "out", "host NULL out");
+    desc = good, desc.struct_size = 0;
+    status = clattn_mha_forward_host(ctx, &desc, &weights, query, NULL, NULL, NULL, out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "struct_size",
+                 "host struct_size 0");
     desc = good, desc.need_weights = CLATTN_WEIGHTS_AVERAGED;
     status = clattn_mha_forward_host(ctx, &desc, &weights, query, NULL, NULL, NULL, out, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "attn_weights",
                  "host AVERAGED without attn_weights");
+    desc = good, desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
+    status = clattn_mha_forward_host(ctx, &desc, &weights, query, NULL, NULL, NULL, out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "attn_weights",
+                 "host PER_HEAD without attn_weights");
+    static const char *const field_names[] = {"batch", "seq_q", "seq_k", "embed_dim", "num_heads"};
+    for (int field = 0; field < 5; ++field) {
+        desc = good;
+        size_t *fields[] = {&desc.batch, &desc.seq_q, &desc.seq_k, &desc.embed_dim,
+                            &desc.num_heads};
+        *fields[field] = 0;
+        char call[64];
+        snprintf(call, sizeof call, "host %s = 0", field_names[field]);
+        status = clattn_mha_forward_host(ctx, &desc, &weights, query, key, key, NULL, out, NULL);
+        expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", field_names[field], call);
+    }
     desc = good, desc.num_heads = 3;
     status = clattn_mha_forward_host(ctx, &desc, &weights, query, NULL, NULL, NULL, out, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward",
-                 "num_heads|heads|embed_dim|qk_dim", "host E = 4 not divisible by H = 3");
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "num_heads",
+                 "host E = 4 not divisible by H = 3");
     desc = good, desc.layout = CLATTN_LAYOUT_XW;
     status = clattn_mha_forward_host(ctx, &desc, &weights, query, NULL, NULL, NULL, out, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_weight|layout",
                  "host in_proj_weight with layout XW");
-    desc = good, desc.seq_q = SIZE_MAX / 2;
+    desc = good, desc.layout = (clattn_weight_layout)7;
     status = clattn_mha_forward_host(ctx, &desc, &weights, query, NULL, NULL, NULL, out, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "mha_forward", NULL, "host seq_q = SIZE_MAX/2");
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "layout", "host layout 7");
+    desc = good, desc.need_weights = (clattn_need_weights)5;
+    status = clattn_mha_forward_host(ctx, &desc, &weights, query, NULL, NULL, NULL, out, out);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "need_weights",
+                 "host need_weights 5");
+    desc = good, desc.norm = (clattn_norm)2;
+    status = clattn_mha_forward_host(ctx, &desc, &weights, query, NULL, NULL, NULL, out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "norm", "host norm 2");
+
+    /* Self-attention: key or value omitted (or the query itself) contradicting the desc. */
+    desc = good, desc.kdim = 2, desc.layout = CLATTN_LAYOUT_XW;
+    status = clattn_mha_forward_host(ctx, &desc, &separate, query, NULL, NULL, NULL, out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "kdim|key",
+                 "host key omitted with kdim = 2");
+    desc = good, desc.vdim = 2, desc.layout = CLATTN_LAYOUT_XW;
+    status = clattn_mha_forward_host(ctx, &desc, &separate, query, key, NULL, NULL, out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "vdim|value",
+                 "host value omitted with vdim = 2");
+    desc = good, desc.seq_k = 5;
+    status = clattn_mha_forward_host(ctx, &desc, &weights, query, NULL, NULL, NULL, out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "seq_k",
+                 "host key omitted with seq_k != seq_q");
+    desc = good, desc.seq_k = 5, desc.layout = CLATTN_LAYOUT_XW;
+    status = clattn_mha_forward_host(ctx, &desc, &separate, query, key, query, NULL, out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "seq_k",
+                 "host value = query with seq_k != seq_q");
+
+    /* Overflow: a dim over 32 bits, and the parameters to stage overflowing together though
+     * each fits (four weights just under 2^62 elements each, plus the biases). With every dim
+     * under 2^32 that needs projections of 4 x 2^30 floats, so a device that cannot allocate
+     * them refuses the workspace first (TOO_LARGE): either way a clean refusal. */
+    if (SIZE_MAX > UINT32_MAX) {
+        desc = good, desc.seq_q = desc.seq_k = (size_t)UINT32_MAX + 1;
+        status = clattn_mha_forward_host(ctx, &desc, &weights, query, NULL, NULL, NULL, out, NULL);
+        expect_error_text(status, CLATTN_ERR_UNSUPPORTED, "mha_forward", "seq_q|query", "32-bit",
+                          "host seq_q = 2^32");
+        float dummy[4] = {0};
+        const clattn_mha_host_weights all = {.q_weight = dummy,
+                                             .k_weight = dummy,
+                                             .v_weight = dummy,
+                                             .q_bias = dummy,
+                                             .k_bias = dummy,
+                                             .v_bias = dummy,
+                                             .out_weight = dummy,
+                                             .out_bias = dummy};
+        desc = good, desc.layout = CLATTN_LAYOUT_XW, desc.num_heads = 1, desc.seq_q = 1;
+        desc.seq_k = 1, desc.embed_dim = desc.kdim = desc.vdim = UINT32_MAX;
+        desc.qk_dim = desc.v_dim = (size_t)1 << 30;
+        status = clattn_mha_forward_host(ctx, &desc, &all, dummy, dummy, dummy, NULL, dummy, NULL);
+        expect_error_full(status, CLATTN_ERR_OVERFLOW, CLATTN_ERR_TOO_LARGE, "mha_forward",
+                          "weights|parameters|workspace", NULL,
+                          "host: the staged parameters overflow together");
+    }
+    tu_expect_nan_outside("host out after the refused calls", out, batch * 5 * embed, 0, 0);
 
     free(out);
     free(weight);
+    free(key);
     free(query);
+    expect_context_still_works();
+    TU_END_TEST();
+}
+END_TEST
+
+/* A host call so large that its device buffers exceed what the device can hold, though no size
+ * overflows: a clean error (TOO_LARGE; HOST_MEMORY or UNSUPPORTED for a library limit), never a
+ * crash or a read of the (small) inputs. */
+START_TEST(test_host_too_large)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("attention host with a 2^34-element q");
+    float q[4] = {0}, k[4] = {0}, v[4] = {0}, out[4] = {0};
+    clattn_attention_host_desc desc;
+    clattn_attention_host_desc_init(&desc);
+    desc.batch = (size_t)1 << 20, desc.heads = 1, desc.seq_q = (size_t)1 << 12;
+    desc.seq_k = 1, desc.head_dim_qk = 4, desc.head_dim_v = 1;
+    clattn_status status = clattn_attention_host(tu_ctx(), &desc, q, k, v, NULL, out, NULL);
+    if (status == CLATTN_ERR_HOST_MEMORY || status == CLATTN_ERR_UNSUPPORTED) {
+        status = CLATTN_ERR_TOO_LARGE; /* acceptable too; the message is still checked */
+    }
+    expect_error(status, CLATTN_ERR_TOO_LARGE, "attention", NULL, "attention host 2^34 floats");
     expect_context_still_works();
     TU_END_TEST();
 }
@@ -706,7 +1502,9 @@ START_TEST(test_context_errors)
                   "clattn_ctx_create('%s') returned %s", bad_specs[i],
                   clattn_status_string(status));
         tu_expect(ctx == NULL, "clattn_ctx_create('%s') failed but *out is not NULL", bad_specs[i]);
-        tu_expect(message[0] != '\0', "clattn_ctx_create('%s') left no message", bad_specs[i]);
+        tu_expect(strstr(message, bad_specs[i]) != NULL,
+                  "clattn_ctx_create('%s'): message '%s' does not name the spec", bad_specs[i],
+                  message);
         if (status == CLATTN_SUCCESS) {
             clattn_ctx_release(ctx);
         }
@@ -722,7 +1520,8 @@ START_TEST(test_context_errors)
     tu_expect(status == CLATTN_ERR_NO_DEVICE || status == CLATTN_ERR_INVALID_ARGUMENT,
               "CLATTN_DEVICE=banana: clattn_ctx_create(NULL) returned %s",
               clattn_status_string(status));
-    tu_expect(message[0] != '\0', "CLATTN_DEVICE=banana: no message");
+    tu_expect(strstr(message, "CLATTN_DEVICE") != NULL, "CLATTN_DEVICE=banana: message '%s'",
+              message);
     clattn_ctx_release(from_env);
     if (saved_copy != NULL) {
         setenv("CLATTN_DEVICE", saved_copy, 1);
@@ -744,9 +1543,11 @@ START_TEST(test_context_errors)
     ctx = NULL;
     status = clattn_ctx_create("banana", &ctx, NULL, 0);
     tu_expect(status != CLATTN_SUCCESS && ctx == NULL, "clattn_ctx_create('banana', NULL msg)");
-    status = clattn_ctx_create("banana", NULL, NULL, 0);
-    tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT || status == CLATTN_ERR_NO_DEVICE,
-              "clattn_ctx_create(out NULL) returned %s", clattn_status_string(status));
+    char out_message[128] = "";
+    status = clattn_ctx_create("banana", NULL, out_message, sizeof out_message);
+    tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && tu_mentions_word(out_message, "out"),
+              "clattn_ctx_create(out NULL) returned %s '%s'", clattn_status_string(status),
+              out_message);
     status = clattn_ctx_create(NULL, NULL, NULL, 0);
     tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT,
               "clattn_ctx_create(NULL, out NULL) returned %s", clattn_status_string(status));
@@ -758,14 +1559,49 @@ START_TEST(test_context_errors)
     tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT, "from_queue(NULL) returned %s",
               clattn_status_string(status));
     tu_expect(ctx == NULL, "from_queue(NULL) failed but *out is not NULL");
-    tu_expect(queue_message[0] != '\0', "from_queue(NULL) left no message");
+    tu_expect(tu_mentions_word(queue_message, "queue"), "from_queue(NULL): message '%s'",
+              queue_message);
 
     tu_set_case("NULL handles");
     clattn_ctx_release(NULL);
-    const char *null_message = clattn_last_error(NULL);
-    tu_expect(null_message != NULL, "clattn_last_error(NULL) is NULL");
+    clattn_plan_release(NULL);
+    clattn_sdpa_desc_init(NULL);
+    clattn_mha_desc_init(NULL);
+    clattn_attention_host_desc_init(NULL);
+    clattn_mha_host_desc_init(NULL);
+    tu_expect(clattn_last_error(NULL) != NULL, "clattn_last_error(NULL) is NULL");
     tu_expect(clattn_finish(NULL) == CLATTN_ERR_INVALID_ARGUMENT, "clattn_finish(NULL) returned %s",
               clattn_status_string(clattn_finish(NULL)));
+    tu_expect(clattn_ctx_set_workspace_limit(NULL, 1) == CLATTN_ERR_INVALID_ARGUMENT,
+              "clattn_ctx_set_workspace_limit(NULL) is not INVALID_ARGUMENT");
+    tu_expect(clattn_ctx_workspace_bytes(NULL) == 0, "clattn_ctx_workspace_bytes(NULL) != 0");
+    tu_expect(clattn_plan_workspace_size(NULL) == 0, "clattn_plan_workspace_size(NULL) != 0");
+    tu_expect(clattn_plan_is_fused(NULL) == 0, "clattn_plan_is_fused(NULL) != 0");
+    tu_expect(clattn_ctx_cl_context(NULL) == NULL && clattn_ctx_queue(NULL) == NULL &&
+                  clattn_ctx_device(NULL) == NULL,
+              "an accessor of a NULL context is not NULL");
+
+    tu_set_case("clattn_dtype_size");
+    tu_expect(
+        clattn_dtype_size(CLATTN_DTYPE_F32) == 4 && clattn_dtype_size(CLATTN_DTYPE_F16) == 2 &&
+            clattn_dtype_size(CLATTN_DTYPE_BF16) == 2 && clattn_dtype_size(CLATTN_DTYPE_U8) == 1,
+        "clattn_dtype_size of the dtypes is not 4, 2, 2, 1");
+    tu_expect(clattn_dtype_size((clattn_dtype)4) == 0 && clattn_dtype_size((clattn_dtype)-1) == 0,
+              "clattn_dtype_size of an unknown dtype is not 0");
+
+    tu_set_case("descriptor initialisers");
+    clattn_sdpa_desc sdpa;
+    memset(&sdpa, 0x5a, sizeof sdpa);
+    clattn_sdpa_desc_init(&sdpa);
+    tu_expect(sdpa.struct_size == sizeof sdpa && isnan(sdpa.scale) && sdpa.tensors.q.rank == 0 &&
+                  sdpa.path == CLATTN_PATH_AUTO && sdpa.causal == CLATTN_CAUSAL_NONE,
+              "clattn_sdpa_desc_init: struct_size %zu, scale %g", sdpa.struct_size,
+              (double)sdpa.scale);
+    clattn_mha_host_desc host;
+    memset(&host, 0x5a, sizeof host);
+    clattn_mha_host_desc_init(&host);
+    tu_expect(host.struct_size == sizeof host && isnan(host.scale) && host.kdim == 0,
+              "clattn_mha_host_desc_init: struct_size %zu", host.struct_size);
 
     expect_context_still_works();
     TU_END_TEST();
@@ -820,21 +1656,65 @@ START_TEST(test_status_strings)
 }
 END_TEST
 
-/* A host call so large that its device buffers exceed what the device can hold, though no size
- * overflows: a clean error (TOO_LARGE; HOST_MEMORY or UNSUPPORTED for a library limit), never a
- * crash or a read of the (small) inputs. */
-START_TEST(test_host_too_large)
+/* --- the context's workspace limit ---------------------------------------------------------- */
+
+/* A workspace limit below the unfused path's scores: an UNFUSED plan is refused at creation
+ * (TOO_LARGE, naming the scores), AUTO picks the fused kernel and computes the reference. */
+START_TEST(test_workspace_limit)
 {
     TU_BEGIN_TEST();
-    tu_set_case("attention host with a 2^34-element q");
-    float q[4] = {0}, k[4] = {0}, v[4] = {0}, out[4] = {0};
-    clattn_attention_desc desc = {(size_t)1 << 20,     1,  (size_t)1 << 12, 1, 4, 1, 0.0f,
-                                  CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
-    clattn_status status = clattn_attention_host(tu_ctx(), &desc, q, k, v, NULL, out, NULL);
-    if (status == CLATTN_ERR_HOST_MEMORY || status == CLATTN_ERR_UNSUPPORTED) {
-        status = CLATTN_ERR_TOO_LARGE; /* acceptable too; the message is still checked */
+    tu_set_case("clattn_ctx_set_workspace_limit(1024)");
+    clattn_ctx *ctx = tu_ctx();
+    tu_expect(clattn_ctx_set_workspace_limit(ctx, 1024) == CLATTN_SUCCESS,
+              "clattn_ctx_set_workspace_limit failed");
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = 1, spec.heads = 2, spec.seq_q = 37, spec.seq_k = 41, spec.dk = spec.dv = 8;
+    spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    spec.mask = PB_MASK_BOOL;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    desc.path = CLATTN_PATH_UNFUSED;
+    expect_sdpa_refused(&desc, CLATTN_ERR_TOO_LARGE, 0, "scores", "limit",
+                        "sdpa(UNFUSED over the workspace limit)");
+    clattn_mha_desc mha = mha_good();
+    mha.need_weights = CLATTN_WEIGHTS_PER_HEAD;
+    mha.tensors.q = mha.tensors.k = mha.tensors.v = mha.tensors.out = f32_3(NULL, MB, 40, ME);
+    mha.tensors.weights = f32_4(NULL, MB, MH, 40, 40);
+    expect_mha_refused(&mha, CLATTN_ERR_TOO_LARGE, 0, "scores|projections", "limit",
+                       "mha(PER_HEAD over the workspace limit)");
+
+    /* AUTO: the fused kernel, which needs no workspace, computes the reference. */
+    desc.path = CLATTN_PATH_AUTO;
+    clattn_plan *plan = expect_sdpa_created(&desc, "sdpa(AUTO under the workspace limit)");
+    if (plan != NULL) {
+        tu_expect(clattn_plan_is_fused(plan), "AUTO under the limit did not pick the fused path");
+        tu_expect(clattn_plan_workspace_size(plan) <= 1024, "AUTO plan needs %zu bytes",
+                  clattn_plan_workspace_size(plan));
     }
-    expect_error(status, CLATTN_ERR_TOO_LARGE, "attention", NULL, "attention host 2^34 floats");
+    clattn_plan_release(plan);
+    clattn_status status = pb_sdpa_run(ctx, &p, NULL);
+    tu_expect_status(status, CLATTN_SUCCESS, "AUTO plan run under the workspace limit");
+    pb_sdpa_free(&p);
+
+    /* The host API stages its arrays in the context's workspace: refused too. */
+    clattn_attention_host_desc host;
+    clattn_attention_host_desc_init(&host);
+    host.batch = 1, host.heads = 4, host.seq_q = 64, host.seq_k = 64;
+    host.head_dim_qk = host.head_dim_v = 8;
+    float *zeros = tu_nan_floats(4 * 64 * 8), *host_out = tu_nan_floats(4 * 64 * 8);
+    status = clattn_attention_host(ctx, &host, zeros, zeros, zeros, NULL, host_out, NULL);
+    expect_error_text(status, CLATTN_ERR_TOO_LARGE, "attention", "workspace", "limit",
+                      "host attention over the workspace limit");
+    free(host_out);
+    free(zeros);
+    tu_expect(clattn_ctx_set_workspace_limit(ctx, 0) == CLATTN_SUCCESS,
+              "clattn_ctx_set_workspace_limit(0) failed");
+    desc.path = CLATTN_PATH_UNFUSED;
+    plan = expect_sdpa_created(&desc, "sdpa(UNFUSED after the limit is lifted)");
+    clattn_plan_release(plan);
     expect_context_still_works();
     TU_END_TEST();
 }
@@ -842,20 +1722,10 @@ END_TEST
 
 /* --- buffers of another cl_context ---------------------------------------------------------- */
 
-/* Records a failure unless the count floats of mem are all still NaN (nothing was written). */
-static void expect_untouched(cl_mem mem, size_t count, const char *call)
-{
-    float *got = tu_floats(count);
-    tu_read_floats(mem, 0, count, got);
-    char what[160];
-    snprintf(what, sizeof what, "%s: the output", call);
-    tu_expect_nan_outside(what, got, count, 0, 0);
-    free(got);
-}
-
-/* A cl_mem made in a second cl_context (same device) passed as each tensor of each op: refused
- * with CLATTN_ERR_INVALID_ARGUMENT and a message naming the tensor and the other cl_context,
- * before anything is enqueued (the outputs keep their NaN). */
+/* A cl_mem made in a second cl_context (same device) passed as each tensor: refused with
+ * CLATTN_ERR_INVALID_ARGUMENT and a message naming the tensor and the other cl_context, before
+ * anything is enqueued (the outputs keep their NaN). So are a workspace and a queue of the other
+ * context. */
 START_TEST(test_foreign_buffers)
 {
     TU_BEGIN_TEST();
@@ -873,93 +1743,124 @@ START_TEST(test_foreign_buffers)
     cl_mem foreign_mem =
         clCreateBuffer(other, CL_MEM_READ_WRITE, FLOATS * sizeof(float), NULL, &err);
     tu_expect(err == CL_SUCCESS, "clCreateBuffer in the other context: %d", (int)err);
-    const clattn_tensor foreign = {foreign_mem, 0};
+    cl_command_queue foreign_queue = clCreateCommandQueue(other, device, 0, &err);
+    tu_expect(err == CL_SUCCESS, "clCreateCommandQueue in the other context: %d", (int)err);
     cl_mem in_mem = tu_nan_buffer(FLOATS), out_mem = tu_nan_buffer(FLOATS);
-    const clattn_tensor in = {in_mem, 0}, out = {out_mem, 0};
     clattn_status status;
 
     /* matmul: each of a, b, bias and c. */
-    const clattn_matmul_desc mm = {.m = 4, .n = 5, .k = 3, .alpha = 1.0f};
-    status = clattn_matmul(ctx, &mm, foreign, in, absent, out, 0, NULL, NULL);
+    const clattn_matmul_desc mm = {.struct_size = sizeof mm, .alpha = 1.0f};
+    const clattn_tensor a = f32_2(in_mem, 4, 3), b = f32_2(in_mem, 3, 5);
+    const clattn_tensor bias = f32_1(in_mem, 5), c = f32_2(out_mem, 4, 5);
+    clattn_tensor t;
+    t = a, t.mem = foreign_mem;
+    status = clattn_matmul(ctx, &mm, &t, &b, NULL, &c, 0, NULL, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "a", "matmul(foreign a)");
-    status = clattn_matmul(ctx, &mm, in, foreign, absent, out, 0, NULL, NULL);
+    t = b, t.mem = foreign_mem;
+    status = clattn_matmul(ctx, &mm, &a, &t, NULL, &c, 0, NULL, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "b", "matmul(foreign b)");
-    status = clattn_matmul(ctx, &mm, in, in, foreign, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "bias", "matmul(foreign bias)");
-    tu_expect(strstr(clattn_last_error(ctx), "another cl_context") != NULL,
-              "matmul(foreign bias): message '%s' does not say 'another cl_context'",
-              clattn_last_error(ctx));
-    expect_untouched(out_mem, FLOATS, "matmul(foreign a, b, bias)");
-    status = clattn_matmul(ctx, &mm, in, in, absent, foreign, 0, NULL, NULL);
+    t = bias, t.mem = foreign_mem;
+    status = clattn_matmul(ctx, &mm, &a, &b, &t, &c, 0, NULL, NULL);
+    expect_error_text(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "bias", "another cl_context",
+                      "matmul(foreign bias)");
+    t = c, t.mem = foreign_mem;
+    status = clattn_matmul(ctx, &mm, &a, &b, NULL, &t, 0, NULL, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "c", "matmul(foreign c)");
+    expect_untouched(out_mem, FLOATS, "matmul(foreign a, b, bias)");
 
-    /* softmax_rows: scores, out, and the additive mask. */
-    clattn_softmax_desc sm = {.batch = 1, .heads = 2, .seq_q = 3, .seq_k = 4};
-    status = clattn_softmax_rows(ctx, &sm, foreign, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "softmax_rows", "scores",
-                 "softmax(foreign scores)");
-    status = clattn_softmax_rows(ctx, &sm, in, foreign, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "softmax_rows", "out",
-                 "softmax(foreign out)");
-    sm.masks.attn_mask = foreign;
-    status = clattn_softmax_rows(ctx, &sm, in, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "softmax_rows", "attn_mask",
-                 "softmax(foreign attn_mask)");
-    expect_untouched(out_mem, FLOATS, "softmax(foreign scores, attn_mask)");
+    /* SDPA execution: q, v, the weights, both masks, lse; the workspace; the queue. */
+    clattn_sdpa_desc unfused = sdpa_good();
+    unfused.path = CLATTN_PATH_UNFUSED;
+    unfused.tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
+    unfused.tensors.attn_mask = f32_2(NULL, SQ, SK);
+    unfused.tensors.key_padding_mask =
+        clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, SB, SK, 0, 0);
+    clattn_sdpa_desc fused = sdpa_good();
+    fused.path = CLATTN_PATH_FUSED;
+    fused.tensors.lse = f32_3(NULL, SB, SH, SQ);
+    clattn_plan *unfused_plan = expect_sdpa_created(&unfused, "sdpa(unfused, masks, weights)");
+    clattn_plan *fused_plan = expect_sdpa_created(&fused, "sdpa(fused, lse)");
+    clattn_tensors good_unfused = unfused.tensors, good_fused = fused.tensors;
+    clattn_tensor *roles[] = {&good_unfused.q,
+                              &good_unfused.k,
+                              &good_unfused.v,
+                              &good_unfused.attn_mask,
+                              &good_unfused.key_padding_mask,
+                              &good_fused.q,
+                              &good_fused.k,
+                              &good_fused.v,
+                              &good_fused.lse};
+    for (int i = 0; i < COUNT_OF(roles); ++i) {
+        roles[i]->mem = in_mem;
+    }
+    good_unfused.out.mem = good_unfused.weights.mem = out_mem;
+    good_fused.out.mem = out_mem;
+    good_fused.lse.mem = out_mem, good_fused.lse.offset = SB * SH * SQ * SDV;
+    static const struct {
+        int fused;
+        size_t field;
+        const char *name;
+    } foreign_roles[] = {
+        {0, offsetof(clattn_tensors, q), "q"},
+        {0, offsetof(clattn_tensors, v), "v"},
+        {0, offsetof(clattn_tensors, weights), "weights"},
+        {0, offsetof(clattn_tensors, attn_mask), "attn_mask"},
+        {0, offsetof(clattn_tensors, key_padding_mask), "key_padding_mask"},
+        {1, offsetof(clattn_tensors, k), "k"},
+        {1, offsetof(clattn_tensors, out), "out"},
+        {1, offsetof(clattn_tensors, lse), "lse"},
+    };
+    for (int i = 0; i < COUNT_OF(foreign_roles); ++i) {
+        clattn_plan *plan = foreign_roles[i].fused ? fused_plan : unfused_plan;
+        if (plan == NULL) {
+            continue;
+        }
+        clattn_tensors tensors = foreign_roles[i].fused ? good_fused : good_unfused;
+        ((clattn_tensor *)((char *)&tensors + foreign_roles[i].field))->mem = foreign_mem;
+        char call[96];
+        snprintf(call, sizeof call, "sdpa execute(foreign %s)", foreign_roles[i].name);
+        expect_execute_refused(plan, &tensors, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa",
+                               foreign_roles[i].name, "another cl_context", call);
+    }
+    if (unfused_plan != NULL) {
+        expect_execute_refused(unfused_plan, &good_unfused, NULL, foreign_mem,
+                               CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa", "workspace",
+                               "another cl_context", "sdpa execute(foreign workspace)");
+        expect_execute_refused(unfused_plan, &good_unfused, foreign_queue, NULL,
+                               CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa", "queue",
+                               "another cl_context", "sdpa execute(foreign queue)");
+    }
+    expect_untouched(out_mem, FLOATS, "sdpa execute(foreign tensors)");
+    clattn_plan_release(fused_plan);
+    clattn_plan_release(unfused_plan);
 
-    /* split / concat heads. */
-    const clattn_heads_desc hd = {.batch = 2, .seq = 3, .heads = 2, .head_dim = 4};
-    status = clattn_split_heads(ctx, &hd, foreign, out, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "split_heads", "src",
-                 "split_heads(foreign src)");
-    status = clattn_concat_heads(ctx, &hd, in, foreign, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "concat_heads", "dst",
-                 "concat_heads(foreign dst)");
-
-    /* attention (both paths), the fused op, and its optional tensors. */
-    const clattn_attention_desc ad = {
-        1, 2, 3, 4, 5, 6, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
-    status = clattn_attention(ctx, &ad, foreign, in, in, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "q", "attention(foreign q)");
-    status = clattn_attention(ctx, &ad, in, in, foreign, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "v", "attention(foreign v)");
-    status = clattn_attention(ctx, &ad, in, in, in, out, foreign, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "weights",
-                 "attention(foreign weights)");
-    clattn_attention_desc masked = ad;
-    masked.masks.key_padding_mask = foreign;
-    status = clattn_attention(ctx, &masked, in, in, in, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "key_padding_mask",
-                 "attention(foreign key_padding_mask)");
-    status = clattn_flash_attention(ctx, &ad, in, foreign, in, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "flash_attention", "k",
-                 "flash_attention(foreign k)");
-    status = clattn_flash_attention(ctx, &ad, in, in, in, out, foreign, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "flash_attention", "lse",
-                 "flash_attention(foreign lse)");
-    expect_untouched(out_mem, FLOATS, "attention(foreign q, v, weights, masks, k, lse)");
-
-    /* mha_forward: an input and a weight. */
-    const clattn_mha_desc md = {.batch = 1,
-                                .seq_q = 3,
-                                .seq_k = 3,
-                                .embed_dim = 4,
-                                .num_heads = 2,
-                                .layout = CLATTN_LAYOUT_TORCH};
-    const clattn_mha_weights mw = {.in_proj_weight = in, .out_weight = foreign};
-    status = clattn_mha_forward(ctx, &md, &mw, in, in, in, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "out_weight",
-                 "mha_forward(foreign out_weight)");
-    const clattn_mha_weights packed = {.in_proj_weight = in};
-    status =
-        clattn_mha_forward(ctx, &md, &packed, in, foreign, foreign, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "key",
-                 "mha_forward(foreign key)");
-    expect_untouched(out_mem, FLOATS, "mha_forward(foreign out_weight, key)");
+    /* MHA execution: an input and a weight. */
+    clattn_mha_desc md = mha_good();
+    md.tensors.in_proj_bias = absent, md.tensors.out_bias = absent;
+    clattn_plan *mha_plan = expect_mha_created(&md, "mha(packed)");
+    if (mha_plan != NULL) {
+        clattn_tensors mt = md.tensors;
+        mt.q.mem = mt.k.mem = mt.v.mem = in_mem;
+        mt.in_proj_weight.mem = mt.out_weight.mem = in_mem;
+        mt.out.mem = out_mem;
+        clattn_tensors bad = mt;
+        bad.out_weight.mem = foreign_mem;
+        expect_execute_refused(mha_plan, &bad, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "mha",
+                               "out_weight", "another cl_context",
+                               "mha execute(foreign out_weight)");
+        bad = mt, bad.k.mem = bad.v.mem = foreign_mem;
+        expect_execute_refused(mha_plan, &bad, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "mha",
+                               "key", "another cl_context", "mha execute(foreign key)");
+        expect_untouched(out_mem, FLOATS, "mha execute(foreign out_weight, key)");
+    }
+    clattn_plan_release(mha_plan);
 
     tu_release_mem(out_mem);
     tu_release_mem(in_mem);
     tu_release_mem(foreign_mem);
+    if (foreign_queue != NULL) {
+        clReleaseCommandQueue(foreign_queue);
+    }
     clReleaseContext(other);
     expect_context_still_works();
     TU_END_TEST();
@@ -969,8 +1870,8 @@ END_TEST
 /* --- the kernels' 32-bit dimension limit ---------------------------------------------------- */
 
 /* A single dimension above UINT32_MAX (no size overflowing size_t) is refused with
- * CLATTN_ERR_UNSUPPORTED naming it, before any buffer is looked at; UINT32_MAX itself passes that
- * check and is refused only because the (small) buffers cannot hold it. */
+ * CLATTN_ERR_UNSUPPORTED naming it; UINT32_MAX itself passes that check and is refused only
+ * because the (small) buffers cannot hold it. */
 START_TEST(test_dimension_limit)
 {
     TU_BEGIN_TEST();
@@ -982,291 +1883,204 @@ START_TEST(test_dimension_limit)
     clattn_ctx *ctx = tu_ctx();
     const size_t limit = UINT32_MAX, over = (size_t)UINT32_MAX + 1;
     cl_mem mem = tu_nan_buffer(64);
-    const clattn_tensor t = {mem, 0};
-    clattn_status status;
 
-    const clattn_softmax_desc sm = {.batch = 1, .heads = 1, .seq_q = 1, .seq_k = 1};
-    clattn_softmax_desc sd = sm;
-    sd.seq_q = over;
-    status = clattn_softmax_rows(ctx, &sd, t, t, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_UNSUPPORTED, "softmax_rows", "seq_q", "softmax seq_q = 2^32");
-    tu_expect(strstr(clattn_last_error(ctx), "seq_q=4294967296") != NULL &&
-                  strstr(clattn_last_error(ctx), "32-bit") != NULL,
-              "softmax seq_q = 2^32: message '%s' lacks 'seq_q=4294967296' or '32-bit'",
-              clattn_last_error(ctx));
-    sd = sm, sd.seq_k = over;
-    status = clattn_softmax_rows(ctx, &sd, t, t, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_UNSUPPORTED, "softmax_rows", "seq_k", "softmax seq_k = 2^32");
-    sd = sm, sd.seq_k = limit;
-    status = clattn_softmax_rows(ctx, &sd, t, t, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "softmax_rows", "scores",
-                 "softmax seq_k = 2^32 - 1");
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    desc.tensors.q = f32_4(NULL, 1, 1, 1, 1);
+    desc.tensors.k = f32_4(NULL, 1, 1, over, 1);
+    desc.tensors.v = f32_4(NULL, 1, 1, over, 1);
+    desc.tensors.out = f32_4(NULL, 1, 1, 1, 1);
+    expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "k", "dims[2] = 4294967296",
+                        "sdpa(seq_k 2^32)");
+    tu_expect(strstr(clattn_last_error(ctx), "32-bit") != NULL,
+              "seq_k = 2^32: message '%s' lacks '32-bit'", clattn_last_error(ctx));
+    desc.tensors.k.dims[2] = desc.tensors.v.dims[2] = limit;
+    clattn_plan *plan = expect_sdpa_created(&desc, "sdpa(seq_k 2^32 - 1)");
+    if (plan != NULL) {
+        clattn_tensors t = desc.tensors;
+        t.q.mem = t.k.mem = t.v.mem = t.out.mem = mem;
+        expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "sdpa", "k",
+                               NULL, "sdpa execute(seq_k 2^32 - 1 on a small buffer)");
+    }
+    clattn_plan_release(plan);
 
-    const clattn_heads_desc hm = {.batch = 1, .seq = 1, .heads = 1, .head_dim = 1};
-    clattn_heads_desc hd = hm;
-    hd.seq = over;
-    status = clattn_split_heads(ctx, &hd, t, t, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_UNSUPPORTED, "split_heads", "seq", "split_heads seq = 2^32");
-    hd = hm, hd.head_dim = over;
-    status = clattn_concat_heads(ctx, &hd, t, t, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_UNSUPPORTED, "concat_heads", "head_dim",
-                 "concat_heads head_dim = 2^32");
-
-    const clattn_attention_desc am = {
-        1, 1, 1, 1, 1, 1, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_AUTO};
-    clattn_attention_desc ad = am;
-    ad.seq_k = over;
-    status = clattn_attention(ctx, &ad, t, t, t, t, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_UNSUPPORTED, "attention", "seq_k", "attention seq_k = 2^32");
-    ad = am, ad.heads = over;
-    status = clattn_attention(ctx, &ad, t, t, t, t, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_UNSUPPORTED, "attention", "heads", "attention heads = 2^32");
-    ad = am, ad.head_dim_v = limit;
-    status = clattn_attention(ctx, &ad, t, t, t, t, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "attention", "v|out",
-                 "attention head_dim_v = 2^32 - 1");
-    float one[1] = {0.0f}, result[1];
-    ad = am, ad.seq_q = over;
-    status = clattn_attention_host(ctx, &ad, one, one, one, NULL, result, NULL);
-    expect_error(status, CLATTN_ERR_UNSUPPORTED, "attention", "seq_q",
-                 "attention host seq_q = 2^32");
-
-    const clattn_mha_desc mm = {.batch = 1,
-                                .seq_q = 1,
-                                .seq_k = 1,
-                                .embed_dim = 2,
-                                .num_heads = 1,
-                                .layout = CLATTN_LAYOUT_XW};
-    const clattn_mha_weights mw = {.q_weight = t, .k_weight = t, .v_weight = t};
-    clattn_mha_desc md = mm;
-    md.seq_k = over;
-    status = clattn_mha_forward(ctx, &md, &mw, t, t, t, t, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_UNSUPPORTED, "mha_forward", "seq_k", "mha seq_k = 2^32");
-    md = mm, md.kdim = over;
-    status = clattn_mha_forward(ctx, &md, &mw, t, t, t, t, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_UNSUPPORTED, "mha_forward", "kdim", "mha kdim = 2^32");
+    clattn_mha_desc md = mha_separate();
+    md.tensors.out_weight = md.tensors.out_bias = absent;
+    md.tensors.k = f32_3(NULL, MB, over, ME);
+    md.tensors.v = f32_3(NULL, MB, over, ME);
+    expect_mha_refused(&md, CLATTN_ERR_UNSUPPORTED, 0, "key", "32-bit", "mha(seq_k 2^32)");
+    md = mha_separate();
+    md.tensors.k = f32_3(NULL, MB, MS, over);
+    md.tensors.k_weight = f32_2(NULL, over, ME);
+    expect_mha_refused(&md, CLATTN_ERR_UNSUPPORTED, 0, "key|k_weight", "32-bit", "mha(kdim 2^32)");
 
     /* matmul checks its operands' buffers first: a 2^32-row A needs a 16 GiB buffer, so the
      * small one is what is refused. */
-    const clattn_matmul_desc mat = {.m = over, .n = 1, .k = 1, .alpha = 1.0f};
-    status = clattn_matmul(ctx, &mat, t, t, absent, t, 0, NULL, NULL);
+    const clattn_matmul_desc mat = {.struct_size = sizeof mat, .alpha = 1.0f};
+    const clattn_tensor a = f32_2(mem, over, 1), b = f32_2(mem, 1, 1), c = f32_2(mem, over, 1);
+    clattn_status status = clattn_matmul(ctx, &mat, &a, &b, NULL, &c, 0, NULL, NULL);
     expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "matmul", "a", "matmul m = 2^32");
 
-    float *left = tu_floats(64);
-    tu_read_floats(mem, 0, 64, left);
-    tu_expect_nan_outside("buffer after the refused calls", left, 64, 0, 0);
-    free(left);
+    expect_untouched(mem, 64, "the refused calls");
     tu_release_mem(mem);
     expect_context_still_works();
     TU_END_TEST();
 }
 END_TEST
 
-/* --- multi-head weight combinations and self-attention shapes -------------------------------- */
+/* --- tuning and loop-limit environment ------------------------------------------------------ */
 
-/* Combinations of weights that contradict each other, and host calls whose omitted key/value
- * (self-attention) contradict the description. */
-START_TEST(test_mha_weight_combinations)
+/* Sets (value non-NULL) or unsets an environment variable; returns a copy of the old value. */
+static char *swap_env(const char *name, const char *value)
 {
-    TU_BEGIN_TEST();
-    tu_set_case("mha_forward weight combinations");
-    clattn_ctx *ctx = tu_ctx();
-    const size_t batch = 1, seq = 3, embed = 4;
-    cl_mem big = tu_nan_buffer(256), out_mem = tu_nan_buffer(batch * seq * embed);
-    const clattn_tensor t = {big, 0}, out = {out_mem, 0};
-    const clattn_mha_desc good = {.batch = batch,
-                                  .seq_q = seq,
-                                  .seq_k = seq,
-                                  .embed_dim = embed,
-                                  .num_heads = 2,
-                                  .layout = CLATTN_LAYOUT_TORCH};
-    const clattn_mha_weights packed = {.in_proj_weight = t};
-    const clattn_mha_weights separate = {.q_weight = t, .k_weight = t, .v_weight = t};
-    clattn_mha_weights w;
-    clattn_mha_desc desc;
-    clattn_status status;
-
-    w = packed, w.k_bias = t;
-    status = clattn_mha_forward(ctx, &good, &w, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_bias",
-                 "in_proj_weight with k_bias");
-    w = separate, w.in_proj_bias = t;
-    status = clattn_mha_forward(ctx, &good, &w, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_bias",
-                 "in_proj_bias without in_proj_weight");
-    w = separate, w.out_bias = t;
-    status = clattn_mha_forward(ctx, &good, &w, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "out_bias|out_weight",
-                 "out_bias without out_weight");
-    desc = good, desc.v_dim = 3;
-    status = clattn_mha_forward(ctx, &desc, &separate, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "v_dim",
-                 "v_dim = 3 not divisible by 2 heads");
-    desc = good, desc.vdim = 2;
-    status = clattn_mha_forward(ctx, &desc, &packed, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "in_proj_weight|vdim",
-                 "in_proj_weight with vdim != E");
-    w = separate, w.v_weight = absent;
-    status = clattn_mha_forward(ctx, &good, &w, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "v_weight",
-                 "q_weight and k_weight without v_weight");
-    w = separate, w.q_bias = tu_tensor(big, 255);
-    status = clattn_mha_forward(ctx, &good, &w, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "mha_forward", "q_bias",
-                 "q_bias past the end of its buffer");
-    expect_untouched(out_mem, batch * seq * embed, "mha_forward(contradicting weights)");
-
-    /* Host calls: key omitted (self-attention) with a kdim, or with seq_k != seq_q. */
-    float *query = tu_random_floats(batch * 5 * embed), *weight = tu_random_floats(embed * embed);
-    float *host_out = tu_nan_floats(batch * 5 * embed);
-    const clattn_mha_host_weights hw = {.q_weight = weight, .k_weight = weight, .v_weight = weight};
-    desc = good, desc.kdim = 2;
-    status = clattn_mha_forward_host(ctx, &desc, &hw, query, NULL, NULL, NULL, host_out, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "kdim|key",
-                 "host key omitted with kdim = 2");
-    desc = good, desc.vdim = 2;
-    status = clattn_mha_forward_host(ctx, &desc, &hw, query, query, NULL, NULL, host_out, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "vdim|value",
-                 "host value omitted with vdim = 2");
-    desc = good, desc.seq_k = 5;
-    status = clattn_mha_forward_host(ctx, &desc, &hw, query, NULL, NULL, NULL, host_out, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "seq_k",
-                 "host key omitted with seq_k != seq_q");
-    tu_expect_nan_outside("host out after the refused calls", host_out, batch * 5 * embed, 0, 0);
-
-    free(host_out);
-    free(weight);
-    free(query);
-    tu_release_mem(out_mem);
-    tu_release_mem(big);
-    expect_context_still_works();
-    TU_END_TEST();
+    const char *old = getenv(name);
+    char *copy = old != NULL ? strdup(old) : NULL;
+    if (value != NULL) {
+        setenv(name, value, 1);
+    } else {
+        unsetenv(name);
+    }
+    return copy;
 }
-END_TEST
 
-/* --- every size computation's overflow, one at a time ---------------------------------------- */
-
-/* Each size the library computes, made to overflow alone while every size computed before it
- * fits: CLATTN_ERR_OVERFLOW with a message naming that size (not a later BUFFER_TOO_SMALL from
- * a wrapped-around product). The buffers are tiny; nothing may be enqueued. */
-START_TEST(test_overflow_each_size)
+static void restore_env(const char *name, char *copy)
 {
-    TU_BEGIN_TEST();
-    tu_set_case("overflow of each size in turn");
-    if (SIZE_MAX <= UINT32_MAX) {
-        TU_END_TEST(); /* the sizes below assume a 64-bit size_t */
+    if (copy != NULL) {
+        setenv(name, copy, 1);
+    } else {
+        unsetenv(name);
+    }
+    free(copy);
+}
+
+/* Creates a context with `name`=`value`; expects `want` and, on failure, *out NULL and a message
+ * containing each non-NULL needle. On success the context runs a correct matmul. */
+static void expect_env_create(const char *name, const char *value, clattn_status want,
+                              const char *needle, const char *second_needle)
+{
+    tu_set_case("clattn_ctx_create with %s='%s'", name, value ? value : "(unset)");
+    char *saved = swap_env(name, value);
+    char message[1024] = "";
+    clattn_ctx *ctx = (clattn_ctx *)message;
+    clattn_status status = clattn_ctx_create(NULL, &ctx, message, sizeof message);
+    restore_env(name, saved);
+    tu_expect(status == want, "%s='%s': clattn_ctx_create = %s, want %s: '%s'", name, value,
+              clattn_status_string(status), clattn_status_string(want), message);
+    if (status != CLATTN_SUCCESS) {
+        tu_expect(ctx == NULL, "%s='%s': failed but *out is not NULL", name, value);
+        const char *needles[2] = {needle, second_needle};
+        for (int i = 0; i < 2; ++i) {
+            tu_expect(needles[i] == NULL || strstr(message, needles[i]) != NULL,
+                      "%s='%s': message '%s' lacks '%s'", name, value, message, needles[i]);
+        }
         return;
     }
-    clattn_ctx *ctx = tu_ctx();
-    const size_t big = (size_t)1 << 31, huge = (size_t)1 << 40;
-    cl_mem mem = tu_nan_buffer(64);
-    const clattn_tensor t = {mem, 0};
-    clattn_status status;
-
-    /* attention: k, out and the scores (q, v: test_attention_errors). */
-    const clattn_attention_desc one = {
-        1, 1, 1, 1, 1, 1, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_UNFUSED};
-    clattn_attention_desc ad = one;
-    ad.seq_k = SIZE_MAX / 2;
-    status = clattn_attention(ctx, &ad, t, t, t, t, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "attention", "k", "attention k overflows");
-    ad = one, ad.seq_q = big, ad.head_dim_v = big;
-    status = clattn_attention(ctx, &ad, t, t, t, t, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "attention", "out", "attention out overflows");
-    ad = one, ad.seq_q = big, ad.seq_k = big;
-    status = clattn_attention(ctx, &ad, t, t, t, t, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "attention", "scores", "attention scores overflow");
-
-    /* mha_forward: inputs, output, each weight, the weights returned, the projections. */
-    const clattn_mha_desc unit = {.batch = 1,
-                                  .seq_q = 1,
-                                  .seq_k = 1,
-                                  .embed_dim = 1,
-                                  .num_heads = 1,
-                                  .layout = CLATTN_LAYOUT_XW};
-    const clattn_mha_weights separate = {.q_weight = t, .k_weight = t, .v_weight = t};
-    static const struct {
-        size_t seq_q, seq_k, embed_dim, kdim, vdim, qk_dim, v_dim;
-        const char *names, *label;
-    } mha_cases[] = {
-        {1, huge, 1, huge, 0, 0, 0, "key", "key (seq_k * kdim)"},
-        {1, huge, 1, 1, huge, 0, 0, "value", "value (seq_k * vdim)"},
-        {big, 1, 1, 0, 0, 0, big, "out", "out (seq_q * v_dim, no out weight)"},
-        {1, 1, big, 0, 0, big, 1, "weights", "q_weight (embed_dim * qk_dim)"},
-        {1, 1, 1, big, 0, big, 1, "weights", "k_weight (kdim * qk_dim)"},
-        {1, 1, 1, 0, big, 1, big, "weights", "v_weight (vdim * v_dim)"},
-        {big, big, 1, 0, 0, 0, 0, "weights", "the weights returned (seq_q * seq_k)"},
-        {big, 1, 1, 0, 0, (size_t)1 << 30, 1, "projections", "the projections"},
-    };
-    for (int i = 0; i < COUNT_OF(mha_cases); ++i) {
-        clattn_mha_desc md = unit;
-        md.seq_q = mha_cases[i].seq_q, md.seq_k = mha_cases[i].seq_k;
-        md.embed_dim = mha_cases[i].embed_dim, md.kdim = mha_cases[i].kdim;
-        md.vdim = mha_cases[i].vdim, md.qk_dim = mha_cases[i].qk_dim;
-        md.v_dim = mha_cases[i].v_dim;
-        status = clattn_mha_forward(ctx, &md, &separate, t, t, t, t, absent, 0, NULL, NULL);
-        expect_error(status, CLATTN_ERR_OVERFLOW, "mha_forward", mha_cases[i].names,
-                     mha_cases[i].label);
+    const size_t m = 9, n = 70, k = 33;
+    float *a = tu_random_floats(m * k), *b = tu_random_floats(k * n), *c = tu_floats(m * n);
+    double *ref = tu_doubles(m * n);
+    cl_int err = CL_SUCCESS;
+    cl_context context = clattn_ctx_cl_context(ctx);
+    cl_mem a_mem = clCreateBuffer(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                  m * k * sizeof(float), a, &err);
+    cl_mem b_mem = clCreateBuffer(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                  k * n * sizeof(float), b, &err);
+    cl_mem c_mem = clCreateBuffer(context, CL_MEM_READ_WRITE, m * n * sizeof(float), NULL, &err);
+    const clattn_matmul_desc desc = {.struct_size = sizeof desc, .trans_b = 0, .alpha = 1.0f};
+    const clattn_tensor ta = f32_2(a_mem, m, k), tb = f32_2(b_mem, k, n), tc = f32_2(c_mem, m, n);
+    const ref_matmul_shape shape = {.m = m, .n = n, .k = k, .alpha = 1.0f};
+    ref_matmul(&shape, a, b, NULL, ref);
+    status = clattn_matmul(ctx, &desc, &ta, &tb, NULL, &tc, 0, NULL, NULL);
+    if (tu_expect_status(status, CLATTN_SUCCESS, "matmul on the context") &&
+        tu_expect(clEnqueueReadBuffer(clattn_ctx_queue(ctx), c_mem, CL_TRUE, 0,
+                                      m * n * sizeof(float), c, 0, NULL, NULL) == CL_SUCCESS,
+                  "clEnqueueReadBuffer failed")) {
+        tu_expect_close("C", c, ref, m * n, TU_TOL);
     }
-    /* out_weight (v_dim * embed_dim) with every other weight small, and in_proj (3 E^2). */
-    clattn_mha_desc md = unit;
-    md.embed_dim = big, md.kdim = 1, md.vdim = 1, md.qk_dim = 1, md.v_dim = big;
-    clattn_mha_weights with_out = separate;
-    with_out.out_weight = t;
-    status = clattn_mha_forward(ctx, &md, &with_out, t, t, t, t, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "mha_forward", "weights", "out_weight overflows");
-    md = unit, md.embed_dim = 1518500250, md.layout = CLATTN_LAYOUT_TORCH; /* E^2 fits, 3E^2 not */
-    const clattn_mha_weights packed = {.in_proj_weight = t};
-    status = clattn_mha_forward(ctx, &md, &packed, t, t, t, t, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "mha_forward", "weights", "in_proj overflows");
+    tu_release_mem(c_mem);
+    tu_release_mem(b_mem);
+    tu_release_mem(a_mem);
+    clattn_ctx_release(ctx);
+    free(ref);
+    free(c);
+    free(b);
+    free(a);
+}
 
-    /* Host API: the sum of the parameters to stage overflows, though each of them fits (the
-     * four weights just under 2^62 elements each, plus the biases). */
-    float dummy[4] = {0};
-    const clattn_mha_host_weights all = {.in_proj_bias = dummy,
-                                         .q_weight = dummy,
-                                         .k_weight = dummy,
-                                         .v_weight = dummy,
-                                         .q_bias = dummy,
-                                         .k_bias = dummy,
-                                         .v_bias = dummy,
-                                         .out_weight = dummy,
-                                         .out_bias = dummy};
-    md = unit;
-    md.embed_dim = md.kdim = md.vdim = 1239850262;
-    md.qk_dim = md.v_dim = 3719550787u;
-    status = clattn_mha_forward_host(ctx, &md, &all, dummy, NULL, NULL, NULL, dummy, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "mha_forward", "weights",
-                 "host: the staged parameters overflow together");
+/* Writes text to a fresh file under dir; path receives its name. */
+static int write_file(const char *dir, const char *name, const char *text, char *path, size_t size)
+{
+    snprintf(path, size, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        return 0;
+    }
+    int ok = fputs(text, f) >= 0;
+    return fclose(f) == 0 && ok;
+}
 
-    /* Heads: heads * head_dim, and the strided extent. */
-    clattn_heads_desc hd = {.batch = 1, .seq = 1, .heads = huge, .head_dim = huge};
-    status = clattn_split_heads(ctx, &hd, t, t, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "split_heads", NULL, "heads * head_dim");
-    hd = (clattn_heads_desc){
-        .batch = 1, .seq = 3, .heads = 1, .head_dim = 1, .row_stride = SIZE_MAX / 2 + 1};
-    status = clattn_concat_heads(ctx, &hd, t, t, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "concat_heads", "row_stride", "row_stride extent");
+/* CLATTN_TUNING naming a missing or malformed file, or a row the device cannot run: context
+ * creation fails with a message naming the variable or the row; CLATTN_LOOP_TRIP_LIMIT outside
+ * 64 .. 2^32-1 or not a number likewise. Good values give working contexts. */
+START_TEST(test_tuning_environment)
+{
+    TU_BEGIN_TEST();
+    char dir[] = "/tmp/clattn-tuning-XXXXXX", path[600], missing[600];
+    if (!tu_expect(mkdtemp(dir) != NULL, "mkdtemp failed")) {
+        TU_END_TEST();
+        return;
+    }
+    snprintf(missing, sizeof missing, "%s/does-not-exist.txt", dir);
+    expect_env_create("CLATTN_TUNING", missing, CLATTN_ERR_INVALID_ARGUMENT, "CLATTN_TUNING",
+                      "does-not-exist.txt");
+    expect_env_create("CLATTN_TUNING", dir, CLATTN_ERR_INVALID_ARGUMENT, "CLATTN_TUNING", NULL);
+    static const struct {
+        const char *name, *text, *needle, *second;
+        clattn_status want;
+    } files[] = {
+        {"no-bars.txt", "any matmul_vec=1\n", "line 1", "class | vendor",
+         CLATTN_ERR_INVALID_ARGUMENT},
+        {"bad-class.txt", "# comment\n\nfpga | * | * | vec_wg=8\n", "line 3", "fpga",
+         CLATTN_ERR_INVALID_ARGUMENT},
+        {"bad-key.txt", "any | * | * | no_such_key=4\n", "line 1", "no_such_key",
+         CLATTN_ERR_INVALID_ARGUMENT},
+        {"bad-value.txt", "any | * | * | vec_wg=eight\n", "line 1", "vec_wg=eight",
+         CLATTN_ERR_INVALID_ARGUMENT},
+        {"no-value.txt", "any | * | * | vec_wg\n", "line 1", "vec_wg", CLATTN_ERR_INVALID_ARGUMENT},
+        {"huge-value.txt", "any | * | * | vec_wg=99999999999\n", "line 1", "vec_wg",
+         CLATTN_ERR_INVALID_ARGUMENT},
+        {"unfit.txt", "any | * | * | vec_width=5\n", "tuning rows", "line 1",
+         CLATTN_ERR_UNSUPPORTED},
+        {"unfit-wg.txt", "any | * | * | softmax_wg=3\n", "tuning rows", "line 1",
+         CLATTN_ERR_UNSUPPORTED},
+        {"other-class-bad-key.txt", "cpu | * | * | vec_wg=8\ngpu | * | * | no_such_key=1\n",
+         "line 2", "no_such_key", CLATTN_ERR_INVALID_ARGUMENT},
+        {"other-device-bad-value.txt", "any | NoSuchVendor | * | vec_wg=x\n", "line 1", "vec_wg=x",
+         CLATTN_ERR_INVALID_ARGUMENT},
+        {"good.txt", "# a valid row for every device\nany | * | * | softmax_wg=4 flash_vw=4\n",
+         NULL, NULL, CLATTN_SUCCESS},
+        {"other-device.txt", "any | NoSuchVendor | * | vec_width=5\n", NULL, NULL, CLATTN_SUCCESS},
+        {"empty.txt", "", NULL, NULL, CLATTN_SUCCESS},
+    };
+    for (int i = 0; i < COUNT_OF(files); ++i) {
+        if (!tu_expect(write_file(dir, files[i].name, files[i].text, path, sizeof path),
+                       "cannot write %s", path)) {
+            continue;
+        }
+        expect_env_create("CLATTN_TUNING", path, files[i].want, files[i].needle, files[i].second);
+        remove(path);
+    }
+    expect_env_create("CLATTN_TUNING", "default", CLATTN_SUCCESS, NULL, NULL);
+    expect_env_create("CLATTN_TUNING", "", CLATTN_SUCCESS, NULL, NULL);
+    rmdir(dir);
 
-    /* softmax: rows * seq_k, and rows * the work-group width (seq_k = 1). */
-    clattn_softmax_desc sd = {.batch = 1, .heads = 1, .seq_q = 4, .seq_k = SIZE_MAX / 2};
-    status = clattn_softmax_rows(ctx, &sd, t, t, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "softmax_rows", "scores", "rows * seq_k");
-    sd = (clattn_softmax_desc){.batch = 1, .heads = 1, .seq_q = SIZE_MAX / 2 + 1, .seq_k = 1};
-    status = clattn_softmax_rows(ctx, &sd, t, t, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "softmax_rows", "scores", "rows * work-group");
-
-    /* A tensor offset so large that offset + elements wraps around. */
-    const clattn_matmul_desc mm = {.m = 2, .n = 2, .k = 2, .alpha = 1.0f};
-    status = clattn_matmul(ctx, &mm, t, t, absent, tu_tensor(mem, SIZE_MAX - 1), 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_OVERFLOW, "matmul", "c", "c offset SIZE_MAX - 1");
-
-    float *left = tu_floats(64);
-    tu_read_floats(mem, 0, 64, left);
-    tu_expect_nan_outside("buffer after the refused calls", left, 64, 0, 0);
-    free(left);
-    tu_release_mem(mem);
-    expect_context_still_works();
+    static const char *const bad_limits[] = {
+        "abc", "63", "0", "-1", "100x", "4294967296", "99999999999999999999999", " ", "1e6"};
+    for (int i = 0; i < COUNT_OF(bad_limits); ++i) {
+        expect_env_create("CLATTN_LOOP_TRIP_LIMIT", bad_limits[i], CLATTN_ERR_INVALID_ARGUMENT,
+                          "CLATTN_LOOP_TRIP_LIMIT", NULL);
+    }
+    expect_env_create("CLATTN_LOOP_TRIP_LIMIT", "64", CLATTN_SUCCESS, NULL, NULL);
+    expect_env_create("CLATTN_LOOP_TRIP_LIMIT", "", CLATTN_SUCCESS, NULL, NULL);
     TU_END_TEST();
 }
 END_TEST
@@ -1276,18 +2090,18 @@ END_TEST
 START_TEST(test_more_argument_errors)
 {
     TU_BEGIN_TEST();
-    tu_set_case("wait lists, packed weights, self-attention shapes, NULL handles");
+    tu_set_case("wait lists, from_queue, message buffers");
     clattn_ctx *ctx = tu_ctx();
     cl_mem mem = tu_nan_buffer(256), out_mem = tu_nan_buffer(64);
-    const clattn_tensor t = {mem, 0}, out = {out_mem, 0};
     clattn_status status;
 
     /* A wait list given with num_wait = 0. */
     cl_event marker = NULL;
     cl_int err = clEnqueueMarkerWithWaitList(clattn_ctx_queue(ctx), 0, NULL, &marker);
     tu_expect(err == CL_SUCCESS, "clEnqueueMarkerWithWaitList: %d", (int)err);
-    const clattn_matmul_desc mm = {.m = 2, .n = 2, .k = 2, .alpha = 1.0f};
-    status = clattn_matmul(ctx, &mm, t, t, absent, out, 0, &marker, NULL);
+    const clattn_matmul_desc mm = {.struct_size = sizeof mm, .alpha = 1.0f};
+    const clattn_tensor t = f32_2(mem, 2, 2), out = f32_2(out_mem, 2, 2);
+    status = clattn_matmul(ctx, &mm, &t, &t, NULL, &out, 0, &marker, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "matmul", "num_wait",
                  "matmul(num_wait 0, wait given)");
     tu_expect(strstr(clattn_last_error(ctx), "num_wait=0") &&
@@ -1298,80 +2112,7 @@ START_TEST(test_more_argument_errors)
         clReleaseEvent(marker);
     }
 
-    /* in_proj_weight with a separate v_weight or v_bias; qk_dim or v_dim with in_proj. */
-    const clattn_mha_desc md = {.batch = 1,
-                                .seq_q = 2,
-                                .seq_k = 2,
-                                .embed_dim = 4,
-                                .num_heads = 2,
-                                .layout = CLATTN_LAYOUT_TORCH};
-    clattn_mha_weights w = {.in_proj_weight = t, .v_weight = t};
-    status = clattn_mha_forward(ctx, &md, &w, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_weight|v_weight",
-                 "in_proj_weight with v_weight");
-    w = (clattn_mha_weights){.in_proj_weight = t, .v_bias = t};
-    status = clattn_mha_forward(ctx, &md, &w, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_bias",
-                 "in_proj_weight with v_bias");
-    w = (clattn_mha_weights){.in_proj_weight = t, .k_weight = t};
-    status = clattn_mha_forward(ctx, &md, &w, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_weight|k_weight",
-                 "in_proj_weight with k_weight");
-    w = (clattn_mha_weights){.in_proj_weight = t, .q_bias = t};
-    status = clattn_mha_forward(ctx, &md, &w, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha_forward", "in_proj_bias",
-                 "in_proj_weight with q_bias");
-    w = (clattn_mha_weights){
-        .q_weight = t, .k_weight = t, .v_weight = t, .q_bias = t, .k_bias = tu_tensor(mem, 255)};
-    status = clattn_mha_forward(ctx, &md, &w, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "mha_forward", "k_bias",
-                 "k_bias past the end (q_bias fits)");
-    w = (clattn_mha_weights){.in_proj_weight = t};
-    clattn_mha_desc desc = md;
-    desc.qk_dim = 2;
-    status = clattn_mha_forward(ctx, &desc, &w, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "in_proj_weight",
-                 "in_proj_weight with qk_dim 2");
-    desc = md, desc.v_dim = 2;
-    status = clattn_mha_forward(ctx, &desc, &w, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "in_proj_weight",
-                 "in_proj_weight with v_dim 2");
-    /* embed_dim 5 over 2 heads with qk_dim 4: the message names embed_dim as the v width. */
-    desc = md, desc.embed_dim = 5, desc.qk_dim = 4, desc.layout = CLATTN_LAYOUT_XW;
-    const clattn_mha_weights separate = {.q_weight = t, .k_weight = t, .v_weight = t};
-    status = clattn_mha_forward(ctx, &desc, &separate, t, t, t, out, absent, 0, NULL, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "embed_dim",
-                 "v width embed_dim 5 over 2 heads");
-
-    /* The fused op: each tensor one element short (its own offset past the fit). */
-    const clattn_attention_desc fd = {
-        1, 2, 4, 4, 8, 8, 0.0f, CLATTN_NORM_SOFTMAX, {0}, CLATTN_PATH_FUSED};
-    static const char *const fused_names[] = {"q", "k", "v", "out", "lse"};
-    /* q, k, v (1, 2, 4, 8) in the 256-float buffer, out in the 64-float one, lse (8 rows). */
-    static const size_t short_offsets[] = {256 - 64 + 1, 256 - 64 + 1, 256 - 64 + 1, 1, 64 - 8 + 1};
-    for (int i = 0; i < 5; ++i) {
-        clattn_tensor args[5] = {t, t, t, out, tu_tensor(out_mem, 0)};
-        args[i].offset = short_offsets[i];
-        status = clattn_flash_attention(ctx, &fd, args[0], args[1], args[2], args[3], args[4], 0,
-                                        NULL, NULL);
-        char call[64];
-        snprintf(call, sizeof call, "flash_attention(%s one short)", fused_names[i]);
-        expect_error(status, CLATTN_ERR_BUFFER_TOO_SMALL, "flash_attention", fused_names[i], call);
-    }
-
-    /* Host: value is the query but key is not, with seq_k != seq_q. */
-    float *query = tu_random_floats(64), *key = tu_random_floats(64), *host_out = tu_nan_floats(64);
-    const clattn_mha_host_weights hw = {.q_weight = query, .k_weight = query, .v_weight = query};
-    desc = md, desc.seq_k = 3, desc.layout = CLATTN_LAYOUT_XW;
-    status = clattn_mha_forward_host(ctx, &desc, &hw, query, key, query, NULL, host_out, NULL);
-    expect_error(status, CLATTN_ERR_INVALID_SHAPE, "mha_forward", "seq_k",
-                 "host value = query with seq_k != seq_q");
-    tu_expect_nan_outside("host out after the refused call", host_out, 64, 0, 0);
-
-    /* NULL handles on the accessors; from_queue with out NULL. */
-    tu_expect(clattn_ctx_cl_context(NULL) == NULL && clattn_ctx_queue(NULL) == NULL &&
-                  clattn_ctx_device(NULL) == NULL,
-              "an accessor of a NULL context is not NULL");
+    /* from_queue with out NULL. */
     char message[128] = "";
     status = clattn_ctx_create_from_queue(clattn_ctx_queue(ctx), NULL, message, sizeof message);
     tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && strstr(message, "out is NULL"),
@@ -1395,13 +2136,33 @@ START_TEST(test_more_argument_errors)
                   "create('%s', NULL message): %s", specs[i], clattn_status_string(status));
     }
 
-    free(host_out);
-    free(key);
-    free(query);
-    float *left = tu_floats(64);
-    tu_read_floats(out_mem, 0, 64, left);
-    tu_expect_nan_outside("out after the refused calls", left, 64, 0, 0);
-    free(left);
+    /* The fused path: each tensor one element short (its own offset past the fit). */
+    clattn_sdpa_desc fd;
+    clattn_sdpa_desc_init(&fd);
+    fd.path = CLATTN_PATH_FUSED;
+    fd.tensors.q = f32_4(NULL, 1, 2, 4, 8);
+    fd.tensors.k = f32_4(NULL, 1, 2, 4, 8);
+    fd.tensors.v = f32_4(NULL, 1, 2, 4, 8);
+    fd.tensors.out = f32_4(NULL, 1, 2, 4, 8);
+    fd.tensors.lse = f32_3(NULL, 1, 2, 4);
+    clattn_plan *plan = expect_sdpa_created(&fd, "sdpa(fused with lse)");
+    static const char *const fused_names[] = {"q", "k", "v", "out", "lse"};
+    /* q, k, v (64 floats) in the 256-float buffer, out in the 64-float one, lse (8 rows). */
+    static const size_t short_offsets[] = {256 - 64 + 1, 256 - 64 + 1, 256 - 64 + 1, 1, 64 - 8 + 1};
+    for (int i = 0; i < 5 && plan != NULL; ++i) {
+        clattn_tensors args = fd.tensors;
+        args.q.mem = args.k.mem = args.v.mem = mem;
+        args.out.mem = args.lse.mem = out_mem;
+        clattn_tensor *roles[5] = {&args.q, &args.k, &args.v, &args.out, &args.lse};
+        roles[i]->offset = short_offsets[i];
+        char call[64];
+        snprintf(call, sizeof call, "sdpa execute(%s one short)", fused_names[i]);
+        expect_execute_refused(plan, &args, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "sdpa",
+                               fused_names[i], NULL, call);
+    }
+    clattn_plan_release(plan);
+
+    expect_untouched(out_mem, 64, "out after the refused calls");
     tu_release_mem(out_mem);
     tu_release_mem(mem);
     expect_context_still_works();
@@ -1415,13 +2176,12 @@ static Suite *errors_suite(void)
     TCase *ops = tcase_create("ops");
     tcase_set_timeout(ops, 600);
     tcase_add_test(ops, test_matmul_errors);
-    tcase_add_test(ops, test_softmax_errors);
-    tcase_add_loop_test(ops, test_heads_errors, 0, 2);
-    tcase_add_test(ops, test_attention_errors);
+    tcase_add_test(ops, test_sdpa_create_errors);
+    tcase_add_test(ops, test_sdpa_execute_errors);
+    tcase_add_test(ops, test_mha_create_errors);
+    tcase_add_test(ops, test_mha_execute_errors);
     tcase_add_test(ops, test_attention_host_errors);
-    tcase_add_test(ops, test_mha_errors);
     tcase_add_test(ops, test_mha_host_errors);
-    tcase_add_test(ops, test_mha_weight_combinations);
     suite_add_tcase(suite, ops);
 
     TCase *runtime = tcase_create("runtime");
@@ -1429,9 +2189,10 @@ static Suite *errors_suite(void)
     tcase_add_test(runtime, test_context_errors);
     tcase_add_test(runtime, test_status_strings);
     tcase_add_test(runtime, test_host_too_large);
+    tcase_add_test(runtime, test_workspace_limit);
     tcase_add_test(runtime, test_foreign_buffers);
     tcase_add_test(runtime, test_dimension_limit);
-    tcase_add_test(runtime, test_overflow_each_size);
+    tcase_add_test(runtime, test_tuning_environment);
     tcase_add_test(runtime, test_more_argument_errors);
     suite_add_tcase(suite, runtime);
     return suite;

@@ -1,16 +1,17 @@
 /*
- * check_flash: the fused (flash) attention kernel. clattn_flash_attention and the fused path of
- * clattn_attention / clattn_mha_forward against the float64 reference and against the unfused
- * path, on fresh random inputs at awkward sizes, every mask kind, causal with seq_q != seq_k,
- * head sizes 1 .. 256 (d_k != d_v), batch and heads, relu, fully masked rows, with the
- * log-sum-exp of each row; outputs poisoned with NaN first. A long sequence that the unfused
- * path cannot run under a workspace cap is checked on sampled rows.
+ * check_flash: the fused (flash) attention kernel. SDPA plans with path FUSED (with the
+ * log-sum-exp output), UNFUSED and AUTO, and MHA plans and the MHA host API on both paths,
+ * against the float64 reference and against each other, on fresh random inputs at awkward
+ * sizes, every mask kind, causal with seq_q != seq_k, head sizes 1 .. 256 (d_k != d_v), batch
+ * and heads, relu, fully masked rows; outputs poisoned with NaN first. A long sequence that
+ * the unfused path cannot run under a workspace cap is checked on sampled rows.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "problems.h"
 #include "reference.h"
 #include "testutil.h"
 
@@ -18,130 +19,28 @@ typedef struct flash_case {
     size_t batch, heads, seq_q, seq_k, dk, dv;
     int causal, mask, padding, relu;
     int fully_masked; /* 1: padding masks every key of batch 0; 2: the mask kills row 0 */
-    float scale;
+    float scale;      /* NAN: the default */
 } flash_case;
 
 /* clang-format off */
 static const flash_case cases[] = {
     /* batch heads  Lq   Lk   dk   dv  causal mask pad relu full scale */
-    {1, 1,   1,   1,   1,   1, 0, 0, 0, 0, 0, 0.0f},
-    {1, 1,   3,  17,   7,   7, 0, 0, 0, 0, 0, 0.0f},
-    {2, 3,  17,  63,  64,  64, 0, 1, 0, 0, 0, 0.0f},
-    {1, 2,  65,  65,  64,  64, 1, 0, 0, 0, 0, 0.0f},
+    {1, 1,   1,   1,   1,   1, 0, 0, 0, 0, 0, NAN},
+    {1, 1,   3,  17,   7,   7, 0, 0, 0, 0, 0, NAN},
+    {2, 3,  17,  63,  64,  64, 0, 1, 0, 0, 0, NAN},
+    {1, 2,  65,  65,  64,  64, 1, 0, 0, 0, 0, NAN},
     {2, 2, 127,  17,  64, 100, 1, 0, 1, 0, 0, 0.3f},
-    {1, 4,  17, 129, 100,  64, 1, 1, 1, 0, 0, 0.0f},
-    {2, 1, 129, 127, 128, 128, 0, 1, 1, 0, 0, 0.0f},
-    {1, 2,  63,  65, 256, 256, 1, 0, 0, 0, 0, 0.0f},
-    {1, 1,  33,  40, 256, 128, 0, 1, 0, 0, 0, 0.0f},
-    {3, 2,  31,  37,   7,   1, 0, 0, 1, 0, 1, 0.0f},
-    {1, 3,  29,  29,  64,  64, 0, 1, 0, 0, 2, 0.0f},
-    {2, 2,  65,  33,  64,  64, 1, 1, 1, 1, 0, 0.0f},
+    {1, 4,  17, 129, 100,  64, 1, 1, 1, 0, 0, NAN},
+    {2, 1, 129, 127, 128, 128, 0, 1, 1, 0, 0, NAN},
+    {1, 2,  63,  65, 256, 256, 1, 0, 0, 0, 0, NAN},
+    {1, 1,  33,  40, 256, 128, 0, 1, 0, 0, 0, NAN},
+    {3, 2,  31,  37,   7,   1, 0, 0, 1, 0, 1, NAN},
+    {1, 3,  29,  29,  64,  64, 0, 1, 0, 0, 2, NAN},
+    {2, 2,  65,  33,  64,  64, 1, 1, 1, 1, 0, NAN},
     {1, 16, 40,  40,  16,  16, 0, 0, 0, 1, 2, 0.5f},
-    {2, 8, 100, 300,  64,  64, 1, 1, 1, 0, 0, 0.0f},
+    {2, 8, 100, 300,  64,  64, 1, 1, 1, 0, 0, NAN},
 };
 /* clang-format on */
-
-typedef struct flash_data {
-    clattn_attention_desc desc;
-    size_t q_count, k_count, v_count, out_count, rows;
-    float *q, *k, *v, *mask;
-    uint8_t *padding;
-    clattn_host_masks host_masks;
-} flash_data;
-
-static void make_data(const flash_case *c, flash_data *d)
-{
-    memset(d, 0, sizeof *d);
-    d->desc = (clattn_attention_desc){.batch = c->batch, .heads = c->heads, .seq_q = c->seq_q,
-                                      .seq_k = c->seq_k, .head_dim_qk = c->dk,
-                                      .head_dim_v = c->dv, .scale = c->scale,
-                                      .norm = c->relu ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX};
-    d->rows = c->batch * c->heads * c->seq_q;
-    d->q_count = d->rows * c->dk;
-    d->k_count = c->batch * c->heads * c->seq_k * c->dk;
-    d->v_count = c->batch * c->heads * c->seq_k * c->dv;
-    d->out_count = d->rows * c->dv;
-    d->q = tu_random_floats(d->q_count);
-    d->k = tu_random_floats(d->k_count);
-    d->v = tu_random_floats(d->v_count);
-    /* Spread the scores so that the softmax is not flat. */
-    for (size_t i = 0; i < d->q_count; ++i)
-        d->q[i] *= 3.0f;
-    d->host_masks.causal = c->causal;
-    if (c->mask || c->fully_masked == 2) {
-        d->mask = tu_floats(c->seq_q * c->seq_k);
-        for (size_t i = 0; i < c->seq_q * c->seq_k; ++i)
-            d->mask[i] = !c->mask ? 0.0f : tu_rand_unit() < 0.2 ? -INFINITY
-                                                               : (float)tu_rand_unit() - 0.5f;
-        if (c->fully_masked == 2)
-            for (size_t j = 0; j < c->seq_k; ++j)
-                d->mask[j] = -INFINITY;
-        d->host_masks.attn_mask = d->mask;
-    }
-    if (c->padding || c->fully_masked == 1) {
-        d->padding = tu_bytes(c->batch * c->seq_k);
-        for (size_t i = 0; i < c->batch * c->seq_k; ++i)
-            d->padding[i] = c->padding && tu_rand_unit() < 0.25;
-        if (c->fully_masked == 1)
-            memset(d->padding, 1, c->seq_k);
-        d->host_masks.key_padding_mask = d->padding;
-    }
-}
-
-static void free_data(flash_data *d)
-{
-    free(d->q);
-    free(d->k);
-    free(d->v);
-    free(d->mask);
-    free(d->padding);
-}
-
-/* Log-sum-exp (softmax) or log of the relu normaliser of one row, in float64. */
-static double ref_row_lse(const flash_data *d, size_t bh, size_t row)
-{
-    const clattn_attention_desc *desc = &d->desc;
-    const size_t b = bh / desc->heads;
-    const double scale =
-        desc->scale != 0.0f ? desc->scale : 1.0 / sqrt((double)desc->head_dim_qk);
-    const float *q = d->q + (bh * desc->seq_q + row) * desc->head_dim_qk;
-    double max = -INFINITY, sum = 0.0;
-    double *s = tu_doubles(desc->seq_k);
-    for (size_t j = 0; j < desc->seq_k; ++j) {
-        const float *k = d->k + (bh * desc->seq_k + j) * desc->head_dim_qk;
-        double dot = 0.0;
-        for (size_t c = 0; c < desc->head_dim_qk; ++c)
-            dot += (double)q[c] * k[c];
-        dot = dot * scale + (d->mask ? d->mask[row * desc->seq_k + j] : 0.0);
-        if ((d->host_masks.causal && j > row) || (d->padding && d->padding[b * desc->seq_k + j]))
-            dot = -INFINITY;
-        s[j] = dot;
-        max = dot > max ? dot : max;
-    }
-    for (size_t j = 0; j < desc->seq_k; ++j)
-        sum += desc->norm == CLATTN_NORM_RELU ? (s[j] > 0 ? s[j] : 0.0)
-                                              : (max == -INFINITY ? 0.0 : exp(s[j] - max));
-    free(s);
-    if (sum <= 0.0)
-        return -INFINITY;
-    return desc->norm == CLATTN_NORM_RELU ? log(sum) : max + log(sum);
-}
-
-/* Compares log-sum-exps; both -inf counts as equal. */
-static void expect_lse(const float *got, const double *want, size_t count)
-{
-    double worst = 0.0;
-    for (size_t i = 0; i < count; ++i) {
-        if (isinf(want[i]) && want[i] < 0) {
-            tu_expect(isinf(got[i]) && got[i] < 0, "lse[%zu] = %g, want -inf", i, got[i]);
-            continue;
-        }
-        const double err = fabs(got[i] - want[i]) / (fabs(want[i]) > 1.0 ? fabs(want[i]) : 1.0);
-        worst = err > worst || isnan(err) ? err : worst;
-    }
-    tu_track_error(worst);
-    tu_expect(worst <= TU_TOL, "lse: relative error %.3g > %.0e", worst, TU_TOL);
-}
 
 static void describe_case(const char *what, const flash_case *c)
 {
@@ -151,90 +50,91 @@ static void describe_case(const char *what, const flash_case *c)
                 c->padding, c->relu, c->fully_masked, (double)c->scale);
 }
 
-/* clattn_flash_attention (with the log-sum-exp), clattn_attention UNFUSED and AUTO on case c
- * with the inputs in d, against the float64 reference and each other. */
-static void check_fused_case(const flash_case *c, flash_data *d_in)
+/* The problem of a case: q spread to [-3, 3) so that the softmax is not flat. */
+static void make_problem(pb_sdpa_problem *p, const flash_case *c, int skip_reference)
 {
-    flash_data d = *d_in;
-    double *want = tu_doubles(d.out_count), *want_lse = tu_doubles(d.rows);
-    ref_attention(&d.desc, &d.host_masks, d.q, d.k, d.v, want, NULL);
-    for (size_t bh = 0; bh < c->batch * c->heads; ++bh)
-        for (size_t row = 0; row < c->seq_q; ++row)
-            want_lse[bh * c->seq_q + row] = ref_row_lse(&d, bh, row);
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = c->batch;
+    spec.heads = c->heads;
+    spec.seq_q = c->seq_q;
+    spec.seq_k = c->seq_k;
+    spec.dk = c->dk;
+    spec.dv = c->dv;
+    spec.scale = c->scale;
+    spec.norm = c->relu ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
+    spec.causal = c->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    spec.path = CLATTN_PATH_FUSED;
+    spec.want_lse = 1;
+    spec.mask = c->mask ? PB_MASK_FLOAT : PB_MASK_NONE;
+    spec.padding = c->padding;
+    spec.fully_masked = c->fully_masked;
+    spec.q_gain = 3.0f;
+    spec.skip_reference = skip_reference;
+    pb_sdpa_make(p, &spec);
+}
 
-    /* Inputs at offsets inside NaN padding; outputs NaN-poisoned. */
-    cl_mem q = tu_upload_padded(d.q, d.q_count, 5, 3), k = tu_upload_padded(d.k, d.k_count, 2, 7);
-    cl_mem v = tu_upload_padded(d.v, d.v_count, 1, 1);
-    cl_mem out = tu_nan_buffer(d.out_count + 4), lse = tu_nan_buffer(d.rows + 3);
-    cl_mem unfused = tu_nan_buffer(d.out_count), auto_out = tu_nan_buffer(d.out_count);
-    cl_mem mask = d.mask ? tu_upload_floats(d.mask, c->seq_q * c->seq_k) : NULL;
-    cl_mem padding = d.padding ? tu_upload_bytes(d.padding, c->batch * c->seq_k) : NULL;
-    clattn_attention_desc desc = d.desc;
-    desc.masks = (clattn_masks){.causal = c->causal, .attn_mask = {mask, 0},
-                                .key_padding_mask = {padding, 0}};
-    const clattn_tensor tq = tu_tensor(q, 5), tk = tu_tensor(k, 2), tv = tu_tensor(v, 1);
-
-    clattn_status status = clattn_flash_attention(tu_ctx(), &desc, tq, tk, tv, tu_tensor(out, 2),
-                                                  tu_tensor(lse, 1), 0, NULL, NULL);
-    tu_expect_status(status, CLATTN_SUCCESS, "clattn_flash_attention");
-    desc.path = CLATTN_PATH_UNFUSED;
-    clattn_status unfused_status = clattn_attention(tu_ctx(), &desc, tq, tk, tv,
-                                                    tu_tensor(unfused, 0), (clattn_tensor){0}, 0,
-                                                    NULL, NULL);
-    tu_expect_status(unfused_status, CLATTN_SUCCESS, "clattn_attention(UNFUSED)");
-    desc.path = CLATTN_PATH_AUTO;
-    clattn_status auto_status = clattn_attention(tu_ctx(), &desc, tq, tk, tv,
-                                                 tu_tensor(auto_out, 0), (clattn_tensor){0}, 0,
-                                                 NULL, NULL);
-    tu_expect_status(auto_status, CLATTN_SUCCESS, "clattn_attention(AUTO)");
-
-    float *got = tu_floats(d.out_count + 4), *got_lse = tu_floats(d.rows + 3);
-    float *got_unfused = tu_floats(d.out_count), *got_auto = tu_floats(d.out_count);
-    if (status == CLATTN_SUCCESS && unfused_status == CLATTN_SUCCESS &&
-        auto_status == CLATTN_SUCCESS) {
-        tu_read_floats(out, 0, d.out_count + 4, got);
-        tu_read_floats(lse, 0, d.rows + 3, got_lse);
-        tu_read_floats(unfused, 0, d.out_count, got_unfused);
-        tu_read_floats(auto_out, 0, d.out_count, got_auto);
-        tu_expect_close("fused out vs reference", got + 2, want, d.out_count, TU_TOL);
-        tu_expect_nan_outside("out buffer", got, d.out_count + 4, 2, d.out_count);
-        expect_lse(got_lse + 1, want_lse, d.rows);
-        tu_expect_nan_outside("lse buffer", got_lse, d.rows + 3, 1, d.rows);
-        double *unfused_ref = tu_doubles(d.out_count);
-        tu_floats_to_doubles(got_unfused, d.out_count, unfused_ref);
-        tu_expect_close("fused vs unfused", got + 2, unfused_ref, d.out_count, TU_TOL);
-        free(unfused_ref);
-        tu_expect(memcmp(got + 2, got_auto, d.out_count * sizeof(float)) == 0,
-                  "AUTO without weights did not run the fused kernel bit for bit");
-        if (c->fully_masked) {
-            /* Fully masked rows: exact zeros. */
-            const size_t rows = c->fully_masked == 1 ? c->heads * c->seq_q : 1;
-            for (size_t r = 0; r < rows; ++r) {
-                const size_t row = c->fully_masked == 1 ? r : 0; /* row 0 of every (b, h) */
-                for (size_t bh = 0; bh < (c->fully_masked == 1 ? 1 : c->batch * c->heads); ++bh)
-                    for (size_t x = 0; x < c->dv; ++x) {
-                        const float value = got[2 + ((bh * c->seq_q) + row) * c->dv + x];
-                        tu_expect(value == 0.0f, "fully masked row %zu: %g, want 0", row,
-                                  (double)value);
-                    }
-            }
-        }
+/* Runs p's inputs through a plan of `path` (lse when asked), checks the outputs against the
+ * reference (pb_sdpa_check) and returns out in `got` (logical packed). p is viewed through a
+ * shallow copy with the path changed. */
+static clattn_status run_path(const pb_sdpa_problem *p, clattn_path path, int with_lse,
+                              float *got)
+{
+    pb_sdpa_problem view = *p;
+    view.spec.path = path;
+    view.spec.want_lse = with_lse;
+    if (!with_lse)
+        memset(&view.layouts.lse, 0, sizeof view.layouts.lse);
+    snprintf(view.label, sizeof view.label, "%.300s [run with path=%s lse=%d]", p->label,
+             path == CLATTN_PATH_FUSED ? "FUSED" : path == CLATTN_PATH_UNFUSED ? "UNFUSED" : "AUTO",
+             with_lse);
+    clattn_ctx *ctx = tu_ctx();
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&view, &desc);
+    clattn_plan *plan = NULL;
+    clattn_tensors bound;
+    memset(&bound, 0, sizeof bound);
+    clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    if (!tu_expect_status(status, CLATTN_SUCCESS, view.label))
+        return status;
+    tu_expect(!clattn_plan_is_fused(plan) == !pb_sdpa_expect_fused(&view.spec),
+              "%s: the plan's path is %s", view.label,
+              clattn_plan_is_fused(plan) ? "fused" : "unfused");
+    if (pb_sdpa_upload(ctx, &view, &bound) != CL_SUCCESS) {
+        clattn_plan_release(plan);
+        return CLATTN_ERR_HOST_MEMORY;
     }
-    free(got);
-    free(got_lse);
-    free(got_unfused);
-    free(got_auto);
-    free(want);
-    free(want_lse);
-    tu_release_mem(q);
-    tu_release_mem(k);
-    tu_release_mem(v);
-    tu_release_mem(out);
-    tu_release_mem(lse);
-    tu_release_mem(unfused);
-    tu_release_mem(auto_out);
-    tu_release_mem(mask);
-    tu_release_mem(padding);
+    status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+    if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute")) {
+        pb_sdpa_check(ctx, NULL, &view, &bound);
+        pb_download(ctx, NULL, &bound.out, got, NULL);
+    }
+    pb_release_tensors(&bound);
+    clattn_plan_release(plan);
+    return status;
+}
+
+/* FUSED (with the log-sum-exp), UNFUSED and AUTO on one problem, against the float64
+ * reference and each other: AUTO without weights is the fused kernel, bit for bit. */
+static void check_fused_case(const pb_sdpa_problem *p)
+{
+    float *fused = tu_nan_floats(p->out_count), *unfused = tu_nan_floats(p->out_count);
+    float *automatic = tu_nan_floats(p->out_count);
+    const clattn_status fused_status = run_path(p, CLATTN_PATH_FUSED, 1, fused);
+    const clattn_status unfused_status = run_path(p, CLATTN_PATH_UNFUSED, 0, unfused);
+    const clattn_status auto_status = run_path(p, CLATTN_PATH_AUTO, 0, automatic);
+    if (fused_status == CLATTN_SUCCESS && unfused_status == CLATTN_SUCCESS &&
+        auto_status == CLATTN_SUCCESS) {
+        double *unfused_ref = tu_doubles(p->out_count);
+        tu_floats_to_doubles(unfused, p->out_count, unfused_ref);
+        tu_expect_close("fused vs unfused", fused, unfused_ref, p->out_count, TU_TOL);
+        free(unfused_ref);
+        tu_expect(memcmp(fused, automatic, p->out_count * sizeof(float)) == 0,
+                  "AUTO without weights did not run the fused kernel bit for bit");
+    }
+    free(automatic);
+    free(unfused);
+    free(fused);
 }
 
 START_TEST(test_flash_vs_reference_and_unfused)
@@ -242,10 +142,10 @@ START_TEST(test_flash_vs_reference_and_unfused)
     TU_BEGIN_TEST();
     const flash_case *c = &cases[_i];
     describe_case("", c);
-    flash_data d;
-    make_data(c, &d);
-    check_fused_case(c, &d);
-    free_data(&d);
+    pb_sdpa_problem p;
+    make_problem(&p, c, 0);
+    check_fused_case(&p);
+    pb_sdpa_free(&p);
     TU_END_TEST();
 }
 END_TEST
@@ -269,18 +169,19 @@ START_TEST(test_flash_large_scores)
     TU_BEGIN_TEST();
     const flash_case *c = &large_cases[_i];
     describe_case("large scores: ", c);
-    flash_data d;
-    make_data(c, &d);
-    for (size_t i = 0; i < d.q_count; ++i)
-        d.q[i] = (float)((int)tu_rand_below(7) - 3);
-    for (size_t i = 0; i < d.k_count; ++i)
-        d.k[i] = (float)((int)tu_rand_below(7) - 3);
+    pb_sdpa_problem p;
+    make_problem(&p, c, 1);
+    for (size_t i = 0; i < p.q_count; ++i)
+        p.q[i] = (float)((int)tu_rand_below(7) - 3);
+    for (size_t i = 0; i < p.k_count; ++i)
+        p.k[i] = (float)((int)tu_rand_below(7) - 3);
     /* A few keys per row far above the rest, at random places, so the running max jumps. */
-    for (size_t i = 0; i < d.k_count / c->dk; i += 1 + tu_rand_below(40))
+    for (size_t i = 0; i < p.k_count / c->dk; i += 1 + tu_rand_below(40))
         for (size_t x = 0; x < c->dk; ++x)
-            d.k[i * c->dk + x] *= 4.0f;
-    check_fused_case(c, &d);
-    free_data(&d);
+            p.k[i * c->dk + x] *= 4.0f;
+    pb_sdpa_reference(&p);
+    check_fused_case(&p);
+    pb_sdpa_free(&p);
     TU_END_TEST();
 }
 END_TEST
@@ -290,235 +191,197 @@ END_TEST
 START_TEST(test_flash_many_heads_split)
 {
     TU_BEGIN_TEST();
-    const flash_case c = {2, 32771, 3, 5, 2, 3, _i, 0, _i, 0, 0, 0.0f};
+    const flash_case c = {2, 32771, 3, 5, 2, 3, _i, 0, _i, 0, 0, NAN};
     describe_case("launch split: ", &c);
-    flash_data d;
-    make_data(&c, &d);
-    check_fused_case(&c, &d);
-    free_data(&d);
+    pb_sdpa_problem p;
+    make_problem(&p, &c, 0);
+    check_fused_case(&p);
+    pb_sdpa_free(&p);
     TU_END_TEST();
 }
 END_TEST
+
+/* Creates an SDPA plan from desc and expects `want`, and a message containing `needle`. */
+static void expect_plan_error(clattn_ctx *ctx, const clattn_sdpa_desc *desc, clattn_status want,
+                              const char *needle, const char *what)
+{
+    clattn_plan *plan = NULL;
+    clattn_status status = clattn_sdpa_plan_create(ctx, desc, &plan);
+    tu_expect_status(status, want, what);
+    tu_expect(plan == NULL, "%s: a plan was returned with an error", what);
+    tu_expect(needle == NULL || strstr(clattn_last_error(ctx), needle) != NULL,
+              "%s: message '%s' does not mention '%s'", what, clattn_last_error(ctx), needle);
+    clattn_plan_release(plan);
+}
 
 /* Path choices that cannot be honoured are refused with a message. */
 START_TEST(test_path_errors)
 {
     TU_BEGIN_TEST();
-    tu_set_case("FUSED with weights, FUSED with head size 300, AUTO with head size 300");
+    tu_set_case("FUSED with weights, FUSED with head size 300, lse unfused, AUTO with 300");
     clattn_ctx *ctx = tu_ctx();
-    const flash_case c = {1, 1, 3, 5, 300, 8, 0, 0, 0, 0, 0, 0.0f};
-    flash_data d;
-    make_data(&c, &d);
-    cl_mem q = tu_upload_floats(d.q, d.q_count), k = tu_upload_floats(d.k, d.k_count);
-    cl_mem v = tu_upload_floats(d.v, d.v_count), out = tu_nan_buffer(d.out_count);
-    cl_mem weights = tu_nan_buffer(3 * 5);
-    clattn_attention_desc desc = d.desc;
+    const flash_case c = {1, 1, 3, 5, 300, 8, 0, 0, 0, 0, 0, NAN};
+    pb_sdpa_problem p;
+    make_problem(&p, &c, 0);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    memset(&desc.tensors.lse, 0, sizeof desc.tensors.lse);
+    const size_t w_dims[4] = {1, 1, 3, 5};
+    pb_make_layout(&desc.tensors.weights, CLATTN_DTYPE_F32, 4, w_dims, PB_PACKED);
     desc.path = CLATTN_PATH_FUSED;
-    clattn_status status = clattn_attention(ctx, &desc, tu_tensor(q, 0), tu_tensor(k, 0),
-                                            tu_tensor(v, 0), tu_tensor(out, 0),
-                                            tu_tensor(weights, 0), 0, NULL, NULL);
-    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "FUSED with weights");
-    tu_expect(strstr(clattn_last_error(ctx), "attention: path=FUSED") != NULL,
-              "message: %s", clattn_last_error(ctx));
-    status = clattn_attention(ctx, &desc, tu_tensor(q, 0), tu_tensor(k, 0), tu_tensor(v, 0),
-                              tu_tensor(out, 0), (clattn_tensor){0}, 0, NULL, NULL);
-    tu_expect_status(status, CLATTN_ERR_UNSUPPORTED, "FUSED with head size 300");
-    status = clattn_flash_attention(ctx, &desc, tu_tensor(q, 0), tu_tensor(k, 0),
-                                    tu_tensor(v, 0), tu_tensor(out, 0), (clattn_tensor){0}, 0,
-                                    NULL, NULL);
-    tu_expect_status(status, CLATTN_ERR_UNSUPPORTED, "clattn_flash_attention, head size 300");
-    /* The fused op's own argument checks. */
-    clattn_attention_desc small = d.desc;
-    small.head_dim_qk = small.head_dim_v = 8;
-    status = clattn_flash_attention(ctx, NULL, tu_tensor(q, 0), tu_tensor(k, 0), tu_tensor(v, 0),
-                                    tu_tensor(out, 0), (clattn_tensor){0}, 0, NULL, NULL);
-    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "clattn_flash_attention(desc NULL)");
-    cl_mem tiny = tu_nan_buffer(2); /* lse needs 3 floats (B*H*Lq) */
-    status = clattn_flash_attention(ctx, &small, tu_tensor(q, 0), tu_tensor(k, 0),
-                                    tu_tensor(v, 0), tu_tensor(out, 0), tu_tensor(tiny, 0), 0,
-                                    NULL, NULL);
-    tu_expect(status == CLATTN_ERR_BUFFER_TOO_SMALL &&
-                  strncmp(clattn_last_error(ctx), "flash_attention: lse", 20) == 0,
-              "lse too small: %s: %s", clattn_status_string(status), clattn_last_error(ctx));
-    tu_release_mem(tiny);
+    expect_plan_error(ctx, &desc, CLATTN_ERR_INVALID_ARGUMENT, "path=FUSED", "FUSED with weights");
+    memset(&desc.tensors.weights, 0, sizeof desc.tensors.weights);
+    expect_plan_error(ctx, &desc, CLATTN_ERR_UNSUPPORTED, "256", "FUSED with head size 300");
+    desc.tensors.lse = p.layouts.lse;
+    desc.path = CLATTN_PATH_AUTO;
+    expect_plan_error(ctx, &desc, CLATTN_ERR_UNSUPPORTED, "lse", "lse, head size 300 (AUTO)");
+    desc.path = CLATTN_PATH_UNFUSED;
+    expect_plan_error(ctx, &desc, CLATTN_ERR_UNSUPPORTED, "lse", "lse with path UNFUSED");
+    desc.path = (clattn_path)7;
+    memset(&desc.tensors.lse, 0, sizeof desc.tensors.lse);
+    expect_plan_error(ctx, &desc, CLATTN_ERR_INVALID_ARGUMENT, "path", "path=7");
+    clattn_plan *plan = NULL;
+    tu_expect_status(clattn_sdpa_plan_create(ctx, NULL, &plan), CLATTN_ERR_INVALID_ARGUMENT,
+                     "clattn_sdpa_plan_create(desc NULL)");
     tu_expect(clattn_ctx_set_workspace_limit(NULL, 1) == CLATTN_ERR_INVALID_ARGUMENT &&
                   clattn_ctx_workspace_bytes(NULL) == 0,
               "NULL context accepted by the workspace calls");
-    desc.path = (clattn_path)7;
-    status = clattn_attention(ctx, &desc, tu_tensor(q, 0), tu_tensor(k, 0), tu_tensor(v, 0),
-                              tu_tensor(out, 0), (clattn_tensor){0}, 0, NULL, NULL);
-    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "path=7");
-    desc.path = CLATTN_PATH_AUTO; /* falls back to the unfused path */
-    status = clattn_attention(ctx, &desc, tu_tensor(q, 0), tu_tensor(k, 0), tu_tensor(v, 0),
-                              tu_tensor(out, 0), (clattn_tensor){0}, 0, NULL, NULL);
-    tu_expect_status(status, CLATTN_SUCCESS, "AUTO with head size 300");
-    if (status == CLATTN_SUCCESS) {
-        double *want = tu_doubles(d.out_count);
-        float *got = tu_floats(d.out_count);
-        ref_attention(&d.desc, NULL, d.q, d.k, d.v, want, NULL);
-        tu_read_floats(out, 0, d.out_count, got);
-        tu_expect_close("AUTO, head size 300", got, want, d.out_count, TU_TOL);
-        free(want);
-        free(got);
+
+    /* AUTO falls back to the unfused path, and matches the reference */
+    pb_sdpa_problem unfused = p;
+    unfused.spec.path = CLATTN_PATH_AUTO;
+    unfused.spec.want_lse = 0;
+    memset(&unfused.layouts.lse, 0, sizeof unfused.layouts.lse);
+    tu_expect_status(pb_sdpa_run(ctx, &unfused, NULL), CLATTN_SUCCESS, "AUTO with head size 300");
+
+    /* lse too small: the plan is made for 3 rows (B*H*Lq), the buffer holds 2 */
+    const flash_case small_case = {1, 1, 3, 5, 8, 8, 0, 0, 0, 0, 0, NAN};
+    pb_sdpa_problem small;
+    make_problem(&small, &small_case, 0);
+    pb_sdpa_desc(&small, &desc);
+    clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    clattn_tensors bound;
+    if (tu_expect_status(status, CLATTN_SUCCESS, "plan with lse") &&
+        pb_sdpa_upload(ctx, &small, &bound) == CL_SUCCESS) {
+        cl_int err = CL_SUCCESS;
+        cl_mem tiny = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE,
+                                     2 * sizeof(float), NULL, &err);
+        clattn_tensors with_tiny = bound;
+        with_tiny.lse.mem = tiny;
+        with_tiny.lse.offset = 0;
+        status = clattn_plan_execute(plan, &with_tiny, NULL, NULL, 0, NULL, NULL);
+        tu_expect(status == CLATTN_ERR_BUFFER_TOO_SMALL &&
+                      strncmp(clattn_last_error(ctx), "sdpa: lse", 9) == 0,
+                  "lse too small: %s: %s", clattn_status_string(status), clattn_last_error(ctx));
+        if (tiny != NULL)
+            clReleaseMemObject(tiny);
+        pb_release_tensors(&bound);
     }
-    tu_release_mem(q);
-    tu_release_mem(k);
-    tu_release_mem(v);
-    tu_release_mem(out);
-    tu_release_mem(weights);
-    free_data(&d);
+    clattn_plan_release(plan);
+    pb_sdpa_free(&small);
+    pb_sdpa_free(&p);
     TU_END_TEST();
 }
 END_TEST
 
-/* A cross-attention MHA problem with PyTorch's packed weights and its float64 reference. */
-typedef struct mha_problem {
-    clattn_mha_desc desc;
-    float *query, *kv, *w_in, *b_in, *w_out, *b_out;
-    clattn_mha_host_weights w;
-    clattn_host_masks masks;
-    size_t count; /* output elements */
-    double *want;
-} mha_problem;
-
-static void make_mha_problem(mha_problem *p, size_t batch, size_t seq_q, size_t seq_k, size_t e,
-                             size_t heads, int causal)
+/* A cross-attention MHA problem with PyTorch's packed weights. */
+static void make_mha_problem(pb_mha_problem *p, size_t batch, size_t seq_q, size_t seq_k,
+                             size_t embed, size_t heads, int causal, clattn_path path)
 {
-    p->query = tu_random_floats(batch * seq_q * e);
-    p->kv = tu_random_floats(batch * seq_k * e);
-    p->w_in = tu_random_floats(3 * e * e);
-    p->b_in = tu_random_floats(3 * e);
-    p->w_out = tu_random_floats(e * e);
-    p->b_out = tu_random_floats(e);
-    p->w = (clattn_mha_host_weights){.in_proj_weight = p->w_in, .in_proj_bias = p->b_in,
-                                     .out_weight = p->w_out, .out_bias = p->b_out};
-    p->desc = (clattn_mha_desc){.batch = batch, .seq_q = seq_q, .seq_k = seq_k, .embed_dim = e,
-                                .num_heads = heads, .layout = CLATTN_LAYOUT_TORCH};
-    p->desc.masks.causal = causal;
-    p->masks = (clattn_host_masks){.causal = causal};
-    p->count = batch * seq_q * e;
-    p->want = tu_doubles(p->count);
-    ref_mha_forward(&p->desc, &p->w, p->query, p->kv, p->kv, &p->masks, p->want, NULL);
+    pb_mha_spec spec;
+    pb_mha_spec_init(&spec);
+    spec.batch = batch;
+    spec.seq_q = seq_q;
+    spec.seq_k = seq_k;
+    spec.embed_dim = embed;
+    spec.num_heads = heads;
+    spec.form = PB_PACKED_CROSS;
+    spec.in_biases = spec.out_proj = spec.out_bias = 1;
+    spec.causal = causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    spec.path = path;
+    pb_mha_make(p, &spec);
 }
 
-static void free_mha_problem(mha_problem *p)
-{
-    free(p->want);
-    free(p->query);
-    free(p->kv);
-    free(p->w_in);
-    free(p->b_in);
-    free(p->w_out);
-    free(p->b_out);
-}
-
-/* MHA forward, fused and unfused, against the reference. */
+/* MHA forward, fused and unfused, against the reference (host API and plans). */
 START_TEST(test_mha_paths)
 {
     TU_BEGIN_TEST();
     const int causal = _i;
     tu_set_case("MHA B=2 L=37 S=53 E=48 H=4 causal=%d, FUSED vs UNFUSED vs reference", causal);
-    const size_t batch = 2, seq_q = 37, seq_k = 53;
-    mha_problem mp;
-    make_mha_problem(&mp, batch, seq_q, seq_k, 48, 4, causal);
-    clattn_mha_desc desc = mp.desc;
-    const clattn_mha_host_weights w = mp.w;
-    const clattn_host_masks masks = mp.masks;
-    const float *query = mp.query, *kv = mp.kv;
-    const double *want = mp.want;
-    const size_t count = mp.count;
     const clattn_path paths[2] = {CLATTN_PATH_FUSED, CLATTN_PATH_UNFUSED};
-    for (int p = 0; p < 2; ++p) {
-        float *got = tu_nan_floats(count);
-        desc.path = paths[p];
-        clattn_status status =
-            clattn_mha_forward_host(tu_ctx(), &desc, &w, query, kv, kv, &masks, got, NULL);
-        tu_expect_status(status, CLATTN_SUCCESS, p ? "mha UNFUSED" : "mha FUSED");
+    for (int path = 0; path < 2; ++path) {
+        pb_mha_problem mp;
+        make_mha_problem(&mp, 2, 37, 53, 48, 4, causal, paths[path]);
+        float *got = tu_nan_floats(mp.out_count);
+        clattn_status status = clattn_mha_forward_host(tu_ctx(), &mp.desc, &mp.weights, mp.query,
+                                                       mp.key, mp.value, &mp.masks, got, NULL);
+        tu_expect_status(status, CLATTN_SUCCESS, path ? "mha UNFUSED" : "mha FUSED");
         if (status == CLATTN_SUCCESS)
-            tu_expect_close(p ? "mha UNFUSED" : "mha FUSED", got, want, count, TU_TOL);
+            tu_expect_close(path ? "mha UNFUSED" : "mha FUSED", got, mp.out_ref, mp.out_count,
+                            TU_TOL);
+        tu_expect_status(pb_mha_run(tu_ctx(), &mp, NULL), CLATTN_SUCCESS, "pb_mha_run");
+        if (path == 0) {
+            clattn_mha_host_desc desc = mp.desc;
+            desc.need_weights = CLATTN_WEIGHTS_AVERAGED;
+            float *weights = tu_nan_floats(2 * 37 * 53);
+            status = clattn_mha_forward_host(tu_ctx(), &desc, &mp.weights, mp.query, mp.key,
+                                             mp.value, &mp.masks, got, weights);
+            tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "mha FUSED with need_weights");
+            free(weights);
+        }
         free(got);
+        pb_mha_free(&mp);
     }
-    desc.path = CLATTN_PATH_FUSED;
-    desc.need_weights = CLATTN_WEIGHTS_AVERAGED;
-    float *got = tu_nan_floats(count), *weights = tu_nan_floats(batch * seq_q * seq_k);
-    clattn_status status =
-        clattn_mha_forward_host(tu_ctx(), &desc, &w, query, kv, kv, &masks, got, weights);
-    tu_expect_status(status, CLATTN_ERR_INVALID_ARGUMENT, "mha FUSED with need_weights");
-    free(got);
-    free(weights);
-    free_mha_problem(&mp);
     TU_END_TEST();
 }
 END_TEST
 
 /* MHA with path AUTO and no weights asked for must take the fused path: on a context whose
  * workspace cap is one byte short of the score matrix, UNFUSED is refused naming the scores
- * and AUTO runs, matching the reference. _i: the device API (0) or the host API (1). */
+ * and AUTO runs, matching the reference. _i: the plan API (0) or the host API (1). */
 START_TEST(test_mha_auto_is_fused)
 {
     TU_BEGIN_TEST();
     const size_t batch = 2, seq_q = 61, seq_k = 97, e = 32, heads = 4;
     const size_t scores_bytes = batch * heads * seq_q * seq_k * sizeof(float);
     tu_set_case("MHA B=2 Lq=61 Lk=97 E=32 H=4, cap %zu bytes, %s API", scores_bytes - 1,
-                _i ? "host" : "device");
-    mha_problem mp;
-    make_mha_problem(&mp, batch, seq_q, seq_k, e, heads, 1);
-    clattn_mha_desc desc = mp.desc;
-    const clattn_mha_host_weights w = mp.w;
-    const clattn_host_masks masks = mp.masks;
-    float *query = mp.query, *kv = mp.kv, *w_in = mp.w_in, *b_in = mp.b_in;
-    float *w_out = mp.w_out, *b_out = mp.b_out;
-    const double *want = mp.want;
-    const size_t count = mp.count;
+                _i ? "host" : "plan");
+    pb_mha_problem mp;
+    make_mha_problem(&mp, batch, seq_q, seq_k, e, heads, 1, CLATTN_PATH_UNFUSED);
     char message[512];
     clattn_ctx *ctx = NULL;
     clattn_status status = clattn_ctx_create(NULL, &ctx, message, sizeof message);
     tu_expect(status == CLATTN_SUCCESS, "context: %s", message);
-    float *got = tu_nan_floats(count);
-    cl_mem mem[7] = {NULL};
+    float *got = tu_nan_floats(mp.out_count);
     if (ctx) {
         clattn_ctx_set_workspace_limit(ctx, scores_bytes - 1);
         const clattn_path paths[2] = {CLATTN_PATH_UNFUSED, CLATTN_PATH_AUTO};
-        cl_int err = CL_SUCCESS;
-        const float *hosts[6] = {query, kv, w_in, b_in, w_out, b_out};
-        const size_t counts[7] = {batch * seq_q * e, batch * seq_k * e, 3 * e * e, 3 * e,
-                                  e * e, e, count};
-        for (int i = 0; i < 7 && !_i; ++i)
-            mem[i] = clCreateBuffer(clattn_ctx_cl_context(ctx),
-                                    CL_MEM_READ_WRITE | (i < 6 ? CL_MEM_COPY_HOST_PTR : 0),
-                                    counts[i] * sizeof(float), i < 6 ? (void *)hosts[i] : NULL,
-                                    &err);
         for (int p = 0; p < 2; ++p) {
-            desc.path = paths[p];
+            mp.spec.path = mp.desc.path = paths[p];
             if (_i) {
-                status = clattn_mha_forward_host(ctx, &desc, &w, query, kv, kv, &masks, got, NULL);
+                status = clattn_mha_forward_host(ctx, &mp.desc, &mp.weights, mp.query, mp.key,
+                                                 mp.value, &mp.masks, got, NULL);
+            } else if (p == 0) {
+                clattn_mha_desc desc;
+                pb_mha_desc(&mp, &desc);
+                clattn_plan *plan = NULL;
+                status = clattn_mha_plan_create(ctx, &desc, &plan);
+                clattn_plan_release(plan);
             } else {
-                const clattn_mha_weights dw = {.in_proj_weight = {mem[2], 0},
-                                               .in_proj_bias = {mem[3], 0},
-                                               .out_weight = {mem[4], 0},
-                                               .out_bias = {mem[5], 0}};
-                status = clattn_mha_forward(ctx, &desc, &dw, (clattn_tensor){mem[0], 0},
-                                            (clattn_tensor){mem[1], 0}, (clattn_tensor){mem[1], 0},
-                                            (clattn_tensor){mem[6], 0}, (clattn_tensor){0}, 0, NULL,
-                                            NULL);
-                if (status == CLATTN_SUCCESS)
-                    clEnqueueReadBuffer(clattn_ctx_queue(ctx), mem[6], CL_TRUE, 0,
-                                        count * sizeof(float), got, 0, NULL, NULL);
+                status = pb_mha_run(ctx, &mp, NULL);
             }
             if (p == 0)
                 tu_expect(status == CLATTN_ERR_TOO_LARGE && strstr(clattn_last_error(ctx), "scores"),
                           "UNFUSED under the cap: %s: %s", clattn_status_string(status),
                           clattn_last_error(ctx));
             else if (tu_expect(status == CLATTN_SUCCESS, "AUTO under the cap (must be fused): %s: %s",
-                               clattn_status_string(status), clattn_last_error(ctx)))
-                tu_expect_close("mha AUTO", got, want, count, TU_TOL);
+                               clattn_status_string(status), clattn_last_error(ctx)) && _i)
+                tu_expect_close("mha AUTO", got, mp.out_ref, mp.out_count, TU_TOL);
         }
-        for (int i = 0; i < 7; ++i)
-            tu_release_mem(mem[i]);
         clattn_ctx_release(ctx);
     }
     free(got);
-    free_mha_problem(&mp);
+    pb_mha_free(&mp);
     TU_END_TEST();
 }
 END_TEST
@@ -530,74 +393,61 @@ START_TEST(test_long_sequence_under_cap)
     TU_BEGIN_TEST();
     const size_t seq = 8192, dim = 64, heads = 2, cap = (size_t)64 << 20;
     tu_set_case("B=1 H=2 L=%zu d=%zu causal=%d, workspace cap %zu MiB", seq, dim, _i, cap >> 20);
-    const flash_case c = {1, heads, seq, seq, dim, dim, _i, 0, 0, 0, 0, 0.0f};
-    flash_data d;
-    make_data(&c, &d);
+    const flash_case c = {1, heads, seq, seq, dim, dim, _i, 0, 0, 0, 0, NAN};
+    pb_sdpa_problem p;
+    make_problem(&p, &c, 1);
+    p.spec.want_lse = 0;
+    memset(&p.layouts.lse, 0, sizeof p.layouts.lse);
     char message[512];
     clattn_ctx *ctx = NULL;
     clattn_status status = clattn_ctx_create(NULL, &ctx, message, sizeof message);
     tu_expect(status == CLATTN_SUCCESS, "context: %s", message);
-    if (ctx) {
+    clattn_tensors bound;
+    if (ctx && pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS) {
         clattn_ctx_set_workspace_limit(ctx, cap);
-        cl_int err = CL_SUCCESS;
-        cl_context context = clattn_ctx_cl_context(ctx);
-        cl_mem mem[4];
-        const size_t counts[4] = {d.q_count, d.k_count, d.v_count, d.out_count};
-        const float *hosts[3] = {d.q, d.k, d.v};
-        for (int i = 0; i < 4; ++i)
-            mem[i] = clCreateBuffer(context, CL_MEM_READ_WRITE | (i < 3 ? CL_MEM_COPY_HOST_PTR : 0),
-                                    counts[i] * sizeof(float), i < 3 ? (void *)hosts[i] : NULL,
-                                    &err);
-        clattn_attention_desc desc = d.desc;
-        desc.masks.causal = c.causal;
+        clattn_sdpa_desc desc;
+        pb_sdpa_desc(&p, &desc);
         desc.path = CLATTN_PATH_UNFUSED;
-        status = clattn_attention(ctx, &desc, (clattn_tensor){mem[0], 0},
-                                  (clattn_tensor){mem[1], 0}, (clattn_tensor){mem[2], 0},
-                                  (clattn_tensor){mem[3], 0}, (clattn_tensor){0}, 0, NULL, NULL);
+        clattn_plan *plan = NULL;
+        status = clattn_sdpa_plan_create(ctx, &desc, &plan);
         tu_expect(status == CLATTN_ERR_TOO_LARGE && strstr(clattn_last_error(ctx), "scores"),
                   "unfused under the cap: %s: %s", clattn_status_string(status),
                   clattn_last_error(ctx));
+        clattn_plan_release(plan);
+        plan = NULL;
         desc.path = CLATTN_PATH_AUTO;
-        status = clattn_attention(ctx, &desc, (clattn_tensor){mem[0], 0},
-                                  (clattn_tensor){mem[1], 0}, (clattn_tensor){mem[2], 0},
-                                  (clattn_tensor){mem[3], 0}, (clattn_tensor){0}, 0, NULL, NULL);
+        status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+        if (status == CLATTN_SUCCESS)
+            status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
         tu_expect(status == CLATTN_SUCCESS, "fused under the cap: %s: %s",
                   clattn_status_string(status), clattn_last_error(ctx));
-        float *got = tu_floats(d.out_count);
-        if (status == CLATTN_SUCCESS &&
-            clEnqueueReadBuffer(clattn_ctx_queue(ctx), mem[3], CL_TRUE, 0,
-                                d.out_count * sizeof(float), got, 0, NULL, NULL) == CL_SUCCESS) {
+        float *got = tu_floats(p.out_count);
+        if (status == CLATTN_SUCCESS && pb_download(ctx, NULL, &bound.out, got, NULL) == CL_SUCCESS) {
             /* 24 sampled rows per head, first and last included, against float64. */
+            float *row_mask = tu_floats(seq);
             for (size_t bh = 0; bh < heads; ++bh)
                 for (size_t s = 0; s < 24; ++s) {
                     const size_t row = s == 0 ? 0 : s == 23 ? seq - 1 : tu_rand_below(seq);
-                    flash_data one = d;
-                    one.desc.batch = 1, one.desc.heads = 1, one.desc.seq_q = 1;
-                    one.q = d.q + (bh * seq + row) * dim;
-                    one.k = d.k + bh * seq * dim;
-                    one.v = d.v + bh * seq * dim;
-                    /* Causal for one row: mask keys past `row` with an additive mask. */
-                    float *row_mask = NULL;
-                    clattn_host_masks m = {0};
-                    if (c.causal) {
-                        row_mask = tu_floats(seq);
-                        for (size_t j = 0; j < seq; ++j)
-                            row_mask[j] = j > row ? -INFINITY : 0.0f;
-                        m.attn_mask = row_mask;
-                    }
+                    /* One query row; causal as an additive mask on keys past `row`. */
+                    const ref_sdpa_shape one = {1, 1, 1, seq, dim, dim,
+                                                ref_resolve_scale(NAN, dim), CLATTN_NORM_SOFTMAX,
+                                                CLATTN_CAUSAL_NONE};
+                    for (size_t j = 0; j < seq; ++j)
+                        row_mask[j] = c.causal && j > row ? -INFINITY : 0.0f;
                     double want[64];
-                    ref_attention(&one.desc, &m, one.q, one.k, one.v, want, NULL);
+                    ref_sdpa(&one, p.q + (bh * seq + row) * dim, p.k + bh * seq * dim,
+                             p.v + bh * seq * dim, row_mask, NULL, want, NULL, NULL);
                     tu_expect_close("sampled row", got + (bh * seq + row) * dim, want, dim,
                                     TU_TOL);
-                    free(row_mask);
                 }
+            free(row_mask);
         }
         free(got);
-        for (int i = 0; i < 4; ++i)
-            tu_release_mem(mem[i]);
-        clattn_ctx_release(ctx);
+        clattn_plan_release(plan);
+        pb_release_tensors(&bound);
     }
-    free_data(&d);
+    clattn_ctx_release(ctx);
+    pb_sdpa_free(&p);
     TU_END_TEST();
 }
 END_TEST

@@ -1,21 +1,24 @@
 /*
  * check_threads: the thread-safety contract of clattn.h and run-to-run determinism.
  *
- * Concurrency. Four threads run the same ten awkward MHA forwards (host API; fused and unfused
- * paths, all need_weights modes, masks, Lq != Lk, head sizes 4, 7, 8, 16), each starting at a
+ * Concurrency. Four threads run the same ten awkward MHA forwards (fused and unfused paths,
+ * all need_weights modes, masks, Lq != Lk, head sizes 4, 7, 8, 16), each starting at a
  * different job so that different shapes run at the same time:
- *   - each thread with its own context from clattn_ctx_create (made concurrently);
+ *   - each thread with its own context from clattn_ctx_create (made concurrently), host API;
  *   - each thread with its own context from clattn_ctx_create_from_queue on a queue it made from
  *     ONE cl_context the test shares (in-order and, where the device has them, out-of-order
  *     queues; two threads release their queue right after creating the context, which retains
- *     it);
+ *     it): half the jobs through the host API, the other half (fused and unfused) through MHA
+ *     plans that each thread creates on its own context and executes on input buffers all
+ *     threads share (made once in the shared cl_context) and output buffers of its own;
  *   - all threads on ONE context, each call serialised by a mutex (the contract's "serialise
- *     calls on a shared context yourself").
+ *     calls on a shared context yourself"), host API.
  * Every output is checked against the float64 reference, and the four threads' outputs of a job
  * must be bit-identical. check's assertions are not thread-safe: workers only record statuses
  * and outputs in their own struct, and the main thread checks them after pthread_join. Workers
- * call nothing of testutil (its generator and failure collector are process-global): all inputs
- * are drawn and all memory is allocated before the threads start.
+ * call nothing of testutil, and of problems.h only pb_mha_desc, which reads the problem (their
+ * generator and failure collector are process-global): all problems are drawn
+ * (tests/problems.h) and all memory is allocated before the threads start.
  *
  * Determinism. Attention (fused and unfused), MHA forward (fused, unfused, with weights) and
  * matmul run three times on the suite's context and once on a fresh one; every output must be
@@ -30,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "problems.h"
 #include "reference.h"
 #include "testutil.h"
 
@@ -89,184 +93,67 @@ static const mha_shape perturbing_shape =
     {3, 97, 129, 64, 4, 0, 0, TORCH, 1, 0, 1, 1, PER_HEAD, AUTO, 0, 1, 1, SOFTMAX};
 /* clang-format on */
 
-enum param {
-    PARAM_IN_PROJ,
-    PARAM_IN_BIAS,
-    PARAM_Q,
-    PARAM_K,
-    PARAM_V,
-    PARAM_Q_BIAS,
-    PARAM_K_BIAS,
-    PARAM_V_BIAS,
-    PARAM_OUT,
-    PARAM_OUT_BIAS,
-    PARAM_COUNT
-};
-
-typedef struct mha_job {
-    mha_shape shape;
-    clattn_mha_desc desc;
-    float *params[PARAM_COUNT]; /* NULL where absent */
-    clattn_mha_host_weights weights;
-    float *query, *key, *value; /* key and value NULL for self-attention */
-    float *attn_mask;
-    uint8_t *padding;
-    clattn_host_masks masks;
-    size_t out_count, attn_count; /* attn_count 0 for NONE */
-    double *out_ref, *attn_ref;
-    char label[256];
-} mha_job;
-
-/* Parameters scaled by 1.5/sqrt(fan_in) keep every projection O(1), as nn.Linear's init does. */
-static float *random_params(size_t count, size_t fan_in)
+/* Draws the shape's problem (main thread only: the generator is global) and its reference. */
+static void make_job(const mha_shape *shape, pb_mha_problem *job)
 {
-    float *values = tu_random_floats(count);
-    const float scale = 1.5f / sqrtf((float)fan_in);
-    for (size_t i = 0; i < count; ++i) {
-        values[i] *= scale;
-    }
-    return values;
-}
-
-static void label_job(mha_job *job)
-{
-    static const char *const weight_modes[] = {"none", "per_head", "averaged"};
-    static const char *const paths[] = {"auto", "fused", "unfused"};
-    const mha_shape *s = &job->shape;
-    snprintf(job->label, sizeof job->label,
-             "batch=%zu seq_q=%zu seq_k=%zu E=%zu H=%zu kdim=%zu vdim=%zu %s %s %s biases=%d "
-             "out_proj=%d need_weights=%s path=%s causal=%d attn_mask=%d padding=%d norm=%s",
-             s->batch, s->seq_q, job->desc.seq_k, s->embed_dim, s->num_heads,
-             ref_mha_kdim(&job->desc), ref_mha_vdim(&job->desc), s->layout == XW ? "xw" : "torch",
-             s->packed ? "packed" : "separate", s->self ? "self" : "cross", s->biases, s->out_proj,
-             weight_modes[s->need_weights], paths[s->path], s->causal, s->attn_mask, s->padding,
-             s->norm == RELU ? "relu" : "softmax");
-}
-
-/* Draws the job's inputs (main thread only: the generator is global) and its reference. */
-static void make_job(const mha_shape *shape, mha_job *job)
-{
-    memset(job, 0, sizeof *job);
-    job->shape = *shape;
-    const size_t embed = shape->embed_dim;
-    const size_t seq_k = shape->self ? shape->seq_q : shape->seq_k;
-    clattn_mha_desc desc = {
-        .batch = shape->batch,
-        .seq_q = shape->seq_q,
-        .seq_k = seq_k,
-        .embed_dim = embed,
-        .num_heads = shape->num_heads,
-        .kdim = shape->kdim,
-        .vdim = shape->vdim,
-        .layout = shape->layout,
-        .norm = shape->norm,
-        .need_weights = shape->need_weights,
-        .path = shape->path,
-    };
-    job->desc = desc;
-    const size_t kdim = ref_mha_kdim(&desc), vdim = ref_mha_vdim(&desc);
-    label_job(job);
-
-    if (shape->packed) {
-        job->params[PARAM_IN_PROJ] = random_params(3 * embed * embed, embed);
-        job->params[PARAM_IN_BIAS] = shape->biases ? random_params(3 * embed, embed) : NULL;
-    } else {
-        job->params[PARAM_Q] = random_params(embed * embed, embed);
-        job->params[PARAM_K] = random_params(kdim * embed, kdim);
-        job->params[PARAM_V] = random_params(vdim * embed, vdim);
-        if (shape->biases) {
-            job->params[PARAM_Q_BIAS] = random_params(embed, embed);
-            job->params[PARAM_K_BIAS] = random_params(embed, embed);
-            job->params[PARAM_V_BIAS] = random_params(embed, embed);
-        }
-    }
-    if (shape->out_proj) {
-        job->params[PARAM_OUT] = random_params(embed * embed, embed);
-        job->params[PARAM_OUT_BIAS] = shape->biases ? random_params(embed, embed) : NULL;
-    }
-    clattn_mha_host_weights weights = {
-        .in_proj_weight = job->params[PARAM_IN_PROJ],
-        .in_proj_bias = job->params[PARAM_IN_BIAS],
-        .q_weight = job->params[PARAM_Q],
-        .k_weight = job->params[PARAM_K],
-        .v_weight = job->params[PARAM_V],
-        .q_bias = job->params[PARAM_Q_BIAS],
-        .k_bias = job->params[PARAM_K_BIAS],
-        .v_bias = job->params[PARAM_V_BIAS],
-        .out_weight = job->params[PARAM_OUT],
-        .out_bias = job->params[PARAM_OUT_BIAS],
-    };
-    job->weights = weights;
-
-    job->query = tu_random_floats(shape->batch * shape->seq_q * embed);
-    if (!shape->self) {
-        job->key = tu_random_floats(shape->batch * seq_k * kdim);
-        job->value = tu_random_floats(shape->batch * seq_k * vdim);
-    }
-    if (shape->attn_mask) {
-        const size_t count = shape->seq_q * seq_k;
-        job->attn_mask = tu_floats(count);
-        tu_fill_uniform(job->attn_mask, count, -1.0f, 1.0f);
-        for (size_t i = 0; i < count; ++i) {
-            if (tu_rand_below(4) == 0) {
-                job->attn_mask[i] = -INFINITY;
-            }
-        }
-    }
-    if (shape->padding) {
-        job->padding = tu_bytes(shape->batch * seq_k);
-        for (size_t i = 0; i < shape->batch * seq_k; ++i) {
-            job->padding[i] = tu_rand_below(4) == 0;
-        }
-        job->padding[0] = 0; /* batch entry 0 keeps key 0 */
-        if (shape->batch > 2) {
-            memset(job->padding + 2 * seq_k, 1, seq_k); /* entry 2: every key masked */
-        }
-    }
-    clattn_host_masks masks = {shape->causal, job->attn_mask, job->padding};
-    job->masks = masks;
-
-    job->out_count = shape->batch * shape->seq_q * ref_mha_out_dim(&desc, shape->out_proj);
-    if (shape->need_weights != NONE) {
-        job->attn_count = shape->batch * shape->seq_q * seq_k *
-                          (shape->need_weights == PER_HEAD ? shape->num_heads : 1);
-    }
-    job->out_ref = tu_doubles(job->out_count);
-    job->attn_ref = job->attn_count ? tu_doubles(job->attn_count) : NULL;
-    ref_mha_forward(&job->desc, &job->weights, job->query, job->key, job->value, &job->masks,
-                    job->out_ref, job->attn_ref);
-}
-
-static void free_job(mha_job *job)
-{
-    free(job->attn_ref);
-    free(job->out_ref);
-    free(job->padding);
-    free(job->attn_mask);
-    free(job->value);
-    free(job->key);
-    free(job->query);
-    for (int i = 0; i < PARAM_COUNT; ++i) {
-        free(job->params[i]);
-    }
-    memset(job, 0, sizeof *job);
+    pb_mha_spec spec;
+    pb_mha_spec_init(&spec);
+    spec.batch = shape->batch;
+    spec.seq_q = shape->seq_q;
+    spec.seq_k = shape->seq_k;
+    spec.embed_dim = shape->embed_dim;
+    spec.num_heads = shape->num_heads;
+    spec.kdim = shape->kdim;
+    spec.vdim = shape->vdim;
+    spec.layout = shape->layout;
+    spec.form = shape->packed ? (shape->self ? PB_PACKED_SELF : PB_PACKED_CROSS)
+                              : (shape->self ? PB_SEPARATE_SELF : PB_SEPARATE_CROSS);
+    spec.in_biases = shape->biases;
+    spec.out_proj = shape->out_proj;
+    spec.out_bias = shape->biases;
+    spec.need_weights = shape->need_weights;
+    spec.path = shape->path;
+    spec.causal = shape->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    spec.mask = shape->attn_mask ? PB_MASK_FLOAT : PB_MASK_NONE;
+    spec.padding = shape->padding;
+    spec.norm = shape->norm;
+    pb_mha_make(job, &spec);
 }
 
 /* Safe from any thread on a context that thread may use: touches only ctx and the job. */
-static clattn_status run_job(clattn_ctx *ctx, const mha_job *job, float *out, float *attn)
+static clattn_status run_job(clattn_ctx *ctx, const pb_mha_problem *job, float *out, float *attn)
 {
     return clattn_mha_forward_host(ctx, &job->desc, &job->weights, job->query, job->key, job->value,
                                    &job->masks, out, job->attn_count ? attn : NULL);
 }
 
-/* Main thread: output (and weights) against the reference. */
-static void expect_job_close(const mha_job *job, const float *out, const float *attn)
+/* Safe from any thread: an MHA plan on ctx, executed on `bound` (inputs shared with other
+ * threads, outputs this thread's own), waited for. */
+static clattn_status run_job_plan(clattn_ctx *ctx, const pb_mha_problem *job,
+                                  const clattn_tensors *bound)
 {
-    tu_expect_finite("out", out, job->out_count);
-    tu_expect_close("out", out, job->out_ref, job->out_count, TU_TOL);
-    if (job->attn_count) {
-        tu_expect_close("attn_weights", attn, job->attn_ref, job->attn_count, TU_TOL);
+    clattn_mha_desc desc;
+    pb_mha_desc(job, &desc);
+    clattn_plan *plan = NULL;
+    clattn_status status = clattn_mha_plan_create(ctx, &desc, &plan);
+    cl_event done = NULL;
+    if (status == CLATTN_SUCCESS) {
+        status = clattn_plan_execute(plan, bound, NULL, NULL, 0, NULL, &done);
     }
+    if (status == CLATTN_SUCCESS) {
+        status = (clattn_status)clWaitForEvents(1, &done);
+    }
+    if (done != NULL) {
+        clReleaseEvent(done);
+    }
+    clattn_plan_release(plan);
+    return status;
+}
+
+/* Main thread: output (and weights) against the reference. */
+static void expect_job_close(const pb_mha_problem *job, const float *out, const float *attn)
+{
+    pb_mha_check_host(job, out, job->attn_count ? attn : NULL);
 }
 
 /* Records a failure unless got and want hold the same bits. */
@@ -322,7 +209,7 @@ typedef enum context_source {
 typedef struct worker {
     int index;
     context_source source;
-    const mha_job *jobs;
+    const pb_mha_problem *jobs;
     int job_count;
     start_gate *gate;
 
@@ -331,6 +218,9 @@ typedef struct worker {
     cl_device_id device;
     cl_command_queue_properties queue_properties;
     int release_queue_early; /* the clattn context retains the queue; drop ours at once */
+    /* Jobs run through a plan (NULL bound: through the host API): the shared inputs and this
+     * worker's outputs, in the shared cl_context. */
+    const clattn_tensors *bound[MAX_JOBS];
 
     /* SHARED_LOCKED */
     clattn_ctx *shared_ctx;
@@ -401,7 +291,8 @@ static void *worker_main(void *arg)
         if (w->shared_lock != NULL) {
             pthread_mutex_lock(w->shared_lock);
         }
-        w->status[j] = run_job(ctx, &w->jobs[j], w->out[j], w->attn[j]);
+        w->status[j] = w->bound[j] != NULL ? run_job_plan(ctx, &w->jobs[j], w->bound[j])
+                                           : run_job(ctx, &w->jobs[j], w->out[j], w->attn[j]);
         w->ran[j] = 1;
         if (w->status[j] != CLATTN_SUCCESS && w->first_error[0] == '\0') {
             snprintf(w->first_error, sizeof w->first_error, "%s", clattn_last_error(ctx));
@@ -425,16 +316,89 @@ typedef struct thread_setup {
     cl_device_id device;
     cl_command_queue_properties out_of_order; /* 0 when the device has no out-of-order queues */
     clattn_ctx *shared_ctx;                   /* SHARED_LOCKED */
+    /* SHARED_CL_CONTEXT: a clattn context on the shared cl_context through which the main
+     * thread makes and reads the plan jobs' buffers. */
+    clattn_ctx *buffer_ctx;
 } thread_setup;
+
+/* Plan jobs (SHARED_CL_CONTEXT): half of them, fused and unfused (jobs 0, 1, 4, 5, 8, 9). */
+static int is_plan_job(const thread_setup *setup, int job)
+{
+    return setup->source == SHARED_CL_CONTEXT && job % 4 < 2;
+}
+
+/* Main thread, before the threads start: the plan jobs' inputs, uploaded once, and each
+ * worker's own poisoned outputs. */
+static int upload_plan_jobs(const thread_setup *setup, const pb_mha_problem *jobs, int job_count,
+                            clattn_tensors *inputs,
+                            clattn_tensors (*outputs)[COUNT_OF(thread_shapes)])
+{
+    for (int j = 0; j < job_count; ++j) {
+        if (!is_plan_job(setup, j)) {
+            continue;
+        }
+        if (pb_mha_upload(setup->buffer_ctx, &jobs[j], &inputs[j]) != CL_SUCCESS) {
+            return 0;
+        }
+        for (int t = 0; t < THREAD_COUNT; ++t) {
+            clattn_tensors *own = &outputs[t][j];
+            *own = inputs[j];
+            own->out = jobs[j].layouts.out;
+            own->weights = jobs[j].layouts.weights;
+            if (pb_upload(setup->buffer_ctx, &own->out, 1 + (size_t)t, NULL) != CL_SUCCESS ||
+                (own->weights.rank != 0 &&
+                 pb_upload(setup->buffer_ctx, &own->weights, 2, NULL) != CL_SUCCESS)) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* Main thread, after the threads: reads a worker's plan outputs, expecting no stray write. */
+static void download_plan_job(clattn_ctx *buffer_ctx, const clattn_tensors *own,
+                              const pb_mha_problem *job, float *out, float *attn)
+{
+    size_t stray = 0;
+    if (pb_download(buffer_ctx, NULL, &own->out, out, &stray) == CL_SUCCESS) {
+        tu_expect(stray == 0, "out: %zu stray writes", stray);
+    }
+    if (job->attn_count &&
+        pb_download(buffer_ctx, NULL, &own->weights, attn, &stray) == CL_SUCCESS) {
+        tu_expect(stray == 0, "attn_weights: %zu stray writes", stray);
+    }
+}
+
+/* Releases the plan jobs' buffers (inputs once; each worker's outputs). */
+static void release_plan_jobs(clattn_tensors *inputs,
+                              clattn_tensors (*outputs)[COUNT_OF(thread_shapes)], int job_count)
+{
+    for (int j = 0; j < job_count; ++j) {
+        for (int t = 0; t < THREAD_COUNT; ++t) {
+            clattn_tensors own;
+            memset(&own, 0, sizeof own);
+            own.out = outputs[t][j].out;
+            own.weights = outputs[t][j].weights;
+            pb_release_tensors(&own);
+        }
+        pb_release_tensors(&inputs[j]);
+    }
+}
 
 /* Runs every job of the table on THREAD_COUNT threads and checks all results. */
 static void run_threads(const thread_setup *setup)
 {
     const int job_count = COUNT_OF(thread_shapes);
-    mha_job jobs[COUNT_OF(thread_shapes)];
+    pb_mha_problem jobs[COUNT_OF(thread_shapes)];
     for (int j = 0; j < job_count; ++j) {
         make_job(&thread_shapes[j], &jobs[j]);
     }
+    static clattn_tensors inputs[COUNT_OF(thread_shapes)];
+    static clattn_tensors outputs[THREAD_COUNT][COUNT_OF(thread_shapes)];
+    memset(inputs, 0, sizeof inputs);
+    memset(outputs, 0, sizeof outputs);
+    const int uploaded = upload_plan_jobs(setup, jobs, job_count, inputs, outputs);
+    tu_expect(uploaded, "uploading the plan jobs' buffers failed");
 
     start_gate gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
     pthread_mutex_t shared_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -442,7 +406,7 @@ static void run_threads(const thread_setup *setup)
     pthread_t threads[THREAD_COUNT];
     int started[THREAD_COUNT] = {0};
     memset(workers, 0, sizeof workers);
-    for (int t = 0; t < THREAD_COUNT; ++t) {
+    for (int t = 0; t < THREAD_COUNT && uploaded; ++t) {
         worker *w = &workers[t];
         w->index = t;
         w->source = setup->source;
@@ -458,9 +422,10 @@ static void run_threads(const thread_setup *setup)
         for (int j = 0; j < job_count; ++j) {
             w->out[j] = tu_nan_floats(jobs[j].out_count);
             w->attn[j] = jobs[j].attn_count ? tu_nan_floats(jobs[j].attn_count) : NULL;
+            w->bound[j] = is_plan_job(setup, j) ? &outputs[t][j] : NULL;
         }
     }
-    for (int t = 0; t < THREAD_COUNT; ++t) {
+    for (int t = 0; t < THREAD_COUNT && uploaded; ++t) {
         started[t] = pthread_create(&threads[t], NULL, worker_main, &workers[t]) == 0;
     }
     gate_open(&gate);
@@ -471,8 +436,8 @@ static void run_threads(const thread_setup *setup)
     }
 
     /* All threads have finished: check from here only. */
-    for (int t = 0; t < THREAD_COUNT; ++t) {
-        const worker *w = &workers[t];
+    for (int t = 0; t < THREAD_COUNT && uploaded; ++t) {
+        worker *w = &workers[t];
         tu_set_case("%s, thread %d%s", source_name(setup->source), t,
                     w->queue_properties ? " (out-of-order queue)" : "");
         if (!tu_expect(started[t], "pthread_create failed") ||
@@ -483,13 +448,19 @@ static void run_threads(const thread_setup *setup)
             tu_expect(w->context_matches, "clattn_ctx_cl_context is not the shared cl_context");
         }
         for (int j = 0; j < job_count; ++j) {
-            tu_set_case("%s, thread %d%s, job %d: %s", source_name(setup->source), t,
-                        w->queue_properties ? " (out-of-order queue)" : "", j, jobs[j].label);
+            const int plan = is_plan_job(setup, j);
+            tu_set_case("%s, thread %d%s, job %d through %s: %s", source_name(setup->source), t,
+                        w->queue_properties ? " (out-of-order queue)" : "", j,
+                        plan ? "a plan" : "the host API", jobs[j].label);
             if (!tu_expect(w->ran[j], "job did not run") ||
-                !tu_expect(w->status[j] == CLATTN_SUCCESS,
-                           "clattn_mha_forward_host returned %s (%d); first error: '%s'",
+                !tu_expect(w->status[j] == CLATTN_SUCCESS, "%s returned %s (%d); first error: '%s'",
+                           plan ? "the plan" : "clattn_mha_forward_host",
                            clattn_status_string(w->status[j]), (int)w->status[j], w->first_error)) {
                 continue;
+            }
+            if (plan) {
+                download_plan_job(setup->buffer_ctx, &outputs[t][j], &jobs[j], w->out[j],
+                                  w->attn[j]);
             }
             expect_job_close(&jobs[j], w->out[j], w->attn[j]);
             const worker *first = &workers[0];
@@ -509,8 +480,9 @@ static void run_threads(const thread_setup *setup)
             free(workers[t].out[j]);
         }
     }
+    release_plan_jobs(inputs, outputs, job_count);
     for (int j = 0; j < job_count; ++j) {
-        free_job(&jobs[j]);
+        pb_mha_free(&jobs[j]);
     }
 }
 
@@ -542,14 +514,35 @@ START_TEST(test_threads_contexts_from_shared_cl_context)
         shared = clCreateContext(properties, 1, &device, NULL, NULL, &err);
         tu_expect(err == CL_SUCCESS && shared != NULL, "clCreateContext failed (%d)", (int)err);
     }
+    /* The main thread's own clattn context on the shared cl_context, for the plan jobs'
+     * buffers. */
+    cl_command_queue buffer_queue = NULL;
+    clattn_ctx *buffer_ctx = NULL;
     if (shared != NULL) {
+        buffer_queue = clCreateCommandQueue(shared, device, 0, &err);
+        char message[512] = "";
+        if (tu_expect(err == CL_SUCCESS, "clCreateCommandQueue failed (%d)", (int)err)) {
+            clattn_status status =
+                clattn_ctx_create_from_queue(buffer_queue, &buffer_ctx, message, sizeof message);
+            tu_expect(status == CLATTN_SUCCESS, "clattn_ctx_create_from_queue: %s: %s",
+                      clattn_status_string(status), message);
+        }
+    }
+    if (buffer_ctx != NULL) {
         thread_setup setup = {
             .source = SHARED_CL_CONTEXT,
             .cl_context = shared,
             .device = device,
             .out_of_order = queue_properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE,
+            .buffer_ctx = buffer_ctx,
         };
         run_threads(&setup);
+    }
+    clattn_ctx_release(buffer_ctx);
+    if (buffer_queue != NULL) {
+        clReleaseCommandQueue(buffer_queue);
+    }
+    if (shared != NULL) {
         clReleaseContext(shared);
     }
     TU_END_TEST();
@@ -596,14 +589,14 @@ static clattn_ctx *fresh_context(void)
 static clattn_ctx *context_for_run(int run, clattn_ctx *fresh)
 {
     if (run == 2) {
-        mha_job job;
+        pb_mha_problem job;
         make_job(&perturbing_shape, &job);
         float *out = tu_nan_floats(job.out_count), *attn = tu_nan_floats(job.attn_count);
         tu_expect_status(run_job(tu_ctx(), &job, out, attn), CLATTN_SUCCESS,
                          "clattn_mha_forward_host (perturbing forward)");
         free(attn);
         free(out);
-        free_job(&job);
+        pb_mha_free(&job);
     }
     return run < 3 ? tu_ctx() : fresh;
 }
@@ -638,9 +631,9 @@ START_TEST(test_determinism_mha)
     mha_shape shape = {2, 37, 70, 48, 4, 0, 0, TORCH, 1, 0, 1, 1, NONE, AUTO, 1, 1, 1, SOFTMAX};
     shape.need_weights = mha_determinism_modes[_i].need_weights;
     shape.path = mha_determinism_modes[_i].path;
-    mha_job job;
+    pb_mha_problem job;
     make_job(&shape, &job);
-    tu_set_case("mha %s", job.label);
+    tu_set_case("%s", job.label);
     clattn_ctx *fresh = fresh_context();
     float *out[DETERMINISM_RUNS], *attn[DETERMINISM_RUNS];
     int ok[DETERMINISM_RUNS] = {0};
@@ -665,144 +658,150 @@ START_TEST(test_determinism_mha)
         free(out[run]);
     }
     clattn_ctx_release(fresh);
-    free_job(&job);
+    pb_mha_free(&job);
     TU_END_TEST();
 }
 END_TEST
 
-/* Attention on the fused and the unfused path (the unfused one also returns the weights). */
+/* Attention (host API) on the fused and the unfused path (the unfused one also returns the
+ * weights), causal with a float mask and key padding. */
 START_TEST(test_determinism_attention)
 {
     TU_BEGIN_TEST();
     const clattn_path path = _i == 0 ? FUSED : UNFUSED;
-    clattn_attention_desc desc = {
-        .batch = 2,
-        .heads = 3,
-        .seq_q = 37,
-        .seq_k = 70,
-        .head_dim_qk = 24,
-        .head_dim_v = 20,
-        .norm = SOFTMAX,
-        .path = path,
-    };
-    tu_set_case("attention batch=2 heads=3 seq_q=37 seq_k=70 dk=24 dv=20 causal attn_mask "
-                "padding path=%s",
-                path == FUSED ? "fused" : "unfused");
-    const size_t rows_q = desc.batch * desc.heads * desc.seq_q;
-    const size_t rows_k = desc.batch * desc.heads * desc.seq_k;
-    const size_t out_count = rows_q * desc.head_dim_v, weights_count = rows_q * desc.seq_k;
-    float *q = tu_random_floats(rows_q * desc.head_dim_qk);
-    float *k = tu_random_floats(rows_k * desc.head_dim_qk);
-    float *v = tu_random_floats(rows_k * desc.head_dim_v);
-    float *attn_mask = tu_floats(desc.seq_q * desc.seq_k);
-    tu_fill_uniform(attn_mask, desc.seq_q * desc.seq_k, -2.0f, 2.0f);
-    for (size_t i = 0; i < desc.seq_q * desc.seq_k; ++i) {
-        if (tu_rand_below(5) == 0) {
-            attn_mask[i] = -INFINITY;
-        }
-    }
-    uint8_t *padding = tu_bytes(desc.batch * desc.seq_k);
-    for (size_t i = 1; i < desc.batch * desc.seq_k; ++i) {
-        padding[i] = tu_rand_below(3) == 0;
-    }
-    clattn_host_masks masks = {1, attn_mask, padding};
-    double *out_ref = tu_doubles(out_count), *weights_ref = tu_doubles(weights_count);
-    ref_attention(&desc, &masks, q, k, v, out_ref, weights_ref);
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = 2, spec.heads = 3, spec.seq_q = 37, spec.seq_k = 70;
+    spec.dk = 24, spec.dv = 20;
+    spec.causal = CLATTN_CAUSAL_TOP_LEFT;
+    spec.path = path;
+    spec.mask = PB_MASK_FLOAT; /* (Lq, Lk), as the host API takes it */
+    spec.padding = 1;
+    spec.want_weights = path == UNFUSED;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("attention host: %s", p.label);
+    clattn_attention_host_desc desc;
+    clattn_attention_host_desc_init(&desc);
+    desc.batch = spec.batch, desc.heads = spec.heads, desc.seq_q = spec.seq_q;
+    desc.seq_k = spec.seq_k, desc.head_dim_qk = spec.dk, desc.head_dim_v = spec.dv;
+    desc.causal = spec.causal;
+    desc.path = path;
+    const clattn_host_masks masks = {p.mask, p.padding};
 
     clattn_ctx *fresh = fresh_context();
     float *out[DETERMINISM_RUNS], *weights[DETERMINISM_RUNS];
     int ok[DETERMINISM_RUNS] = {0};
     for (int run = 0; run < DETERMINISM_RUNS; ++run) {
-        out[run] = tu_nan_floats(out_count);
-        weights[run] = tu_nan_floats(weights_count);
+        out[run] = tu_nan_floats(p.out_count);
+        weights[run] = tu_nan_floats(p.weights_count);
         clattn_ctx *ctx = context_for_run(run, fresh);
         if (ctx != NULL) {
-            clattn_status status = clattn_attention_host(ctx, &desc, q, k, v, &masks, out[run],
-                                                         path == UNFUSED ? weights[run] : NULL);
+            clattn_status status = clattn_attention_host(
+                ctx, &desc, p.q, p.k, p.v, &masks, out[run], path == UNFUSED ? weights[run] : NULL);
             expect_run_ok(ctx, status, run, "clattn_attention_host", &ok[run]);
         }
     }
     if (ok[0]) {
-        tu_expect_close("out", out[0], out_ref, out_count, TU_TOL);
+        tu_expect_close("out", out[0], p.out_ref, p.out_count, TU_TOL);
         if (path == UNFUSED) {
-            tu_expect_close("weights", weights[0], weights_ref, weights_count, TU_TOL);
+            tu_expect_close("weights", weights[0], p.weights_ref, p.weights_count, TU_TOL);
         }
     }
-    expect_runs_identical("out", out, ok, out_count);
+    expect_runs_identical("out", out, ok, p.out_count);
     if (path == UNFUSED) {
-        expect_runs_identical("weights", weights, ok, weights_count);
+        expect_runs_identical("weights", weights, ok, p.weights_count);
     }
     for (int run = 0; run < DETERMINISM_RUNS; ++run) {
         free(weights[run]);
         free(out[run]);
     }
     clattn_ctx_release(fresh);
-    free(weights_ref);
-    free(out_ref);
-    free(padding);
-    free(attn_mask);
-    free(v);
-    free(k);
-    free(q);
+    pb_sdpa_free(&p);
     TU_END_TEST();
 }
 END_TEST
 
-/* Matmul on device buffers made in each run's own context. */
+/* Matmul on device buffers made in each run's own context: A, B and C with batch strides and
+ * row strides (ld) of their own, as stored (op(A) = A, or Aᵀ when trans_a). */
 typedef struct matmul_case {
-    clattn_matmul_desc desc;
+    size_t batch, m, n, k;
+    int trans_a, trans_b;
+    size_t lda, ldb, ldc;                /* 0: packed rows */
+    size_t stride_a, stride_b, stride_c; /* 0: packed matrices */
+    float alpha, beta;
     int bias;
 } matmul_case;
 
 /* clang-format off */
 static const matmul_case matmul_cases[] = {
-    /* batch m n k trans_a trans_b lda ldb ldc stride_a stride_b stride_c alpha beta; bias */
-    {{1, 256, 320, 384, 0, 0, 0, 0, 0, 0, 0, 0, 1.0f, 0.0f}, 0},
-    {{3, 67, 45, 131, 0, 1, 0, 0, 0, 67 * 131, 45 * 131, 67 * 45, 0.7f, 0.5f}, 1},
-    {{2, 33, 129, 70, 1, 0, 40, 131, 130, 2801, 9170, 4293, -1.25f, 0.0f}, 1},
+    /* batch m n k trans_a trans_b lda ldb ldc stride_a stride_b stride_c alpha beta bias */
+    {1, 256, 320, 384, 0, 0, 0, 0, 0, 0, 0, 0, 1.0f, 0.0f, 0},
+    {3, 67, 45, 131, 0, 1, 0, 0, 0, 67 * 131, 45 * 131, 67 * 45, 0.7f, 0.5f, 1},
+    {2, 33, 129, 70, 1, 0, 40, 131, 130, 2801, 9170, 4293, -1.25f, 0.0f, 1},
 };
 /* clang-format on */
 
-/* Uploads count floats into a new buffer of ctx's cl_context (count 0: one NaN-free float). */
-static cl_mem buffer_on(clattn_ctx *ctx, const float *values, size_t count, cl_int *err)
+/* A (batch, rows, cols) layout with row stride ld and batch stride `stride` (0: packed). */
+static clattn_tensor matrix_layout(size_t batch, size_t rows, size_t cols, size_t ld, size_t stride)
 {
-    float zero = 0.0f;
-    return clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
-                          (count ? count : 1) * sizeof(float), count ? (void *)values : &zero, err);
+    clattn_tensor t = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, batch, rows, cols, 0);
+    t.strides[2] = 1;
+    t.strides[1] = ld ? ld : cols;
+    t.strides[0] = stride ? stride : rows * t.strides[1];
+    return t;
 }
 
+typedef struct matmul_operands {
+    clattn_tensor a, b, bias, c;
+} matmul_operands;
+
+static matmul_operands matmul_layouts(const matmul_case *mc)
+{
+    matmul_operands t;
+    t.a = matrix_layout(mc->batch, mc->trans_a ? mc->k : mc->m, mc->trans_a ? mc->m : mc->k,
+                        mc->lda, mc->stride_a);
+    t.b = matrix_layout(mc->batch, mc->trans_b ? mc->n : mc->k, mc->trans_b ? mc->k : mc->n,
+                        mc->ldb, mc->stride_b);
+    t.c = matrix_layout(mc->batch, mc->m, mc->n, mc->ldc, mc->stride_c);
+    t.bias = mc->bias ? clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, mc->n, 0, 0, 0)
+                      : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 0, 0, 0, 0, 0);
+    return t;
+}
+
+/* One run on ctx: uploads (buffers of ctx's cl_context), clattn_matmul, reads C back. */
 static clattn_status run_matmul(clattn_ctx *ctx, const matmul_case *mc, const float *a,
                                 const float *b, const float *bias, const float *c_before,
                                 float *c_out)
 {
-    const clattn_matmul_desc *desc = &mc->desc;
-    const size_t extent_c = ref_matmul_extent_c(desc);
-    cl_int err_a = CL_SUCCESS, err_b = CL_SUCCESS, err_bias = CL_SUCCESS, err_c = CL_SUCCESS;
-    cl_mem mem_a = buffer_on(ctx, a, ref_matmul_extent_a(desc), &err_a);
-    cl_mem mem_b = buffer_on(ctx, b, ref_matmul_extent_b(desc), &err_b);
-    cl_mem mem_bias = mc->bias ? buffer_on(ctx, bias, desc->n, &err_bias) : NULL;
-    cl_mem mem_c = buffer_on(ctx, c_before, extent_c, &err_c);
-    clattn_status status = (clattn_status)(err_a      ? err_a
-                                           : err_b    ? err_b
-                                           : err_bias ? err_bias
-                                                      : err_c);
+    matmul_operands t = matmul_layouts(mc);
+    clattn_status status = (clattn_status)pb_upload(ctx, &t.a, 1, a);
     if (status == CLATTN_SUCCESS) {
-        clattn_tensor ta = {mem_a, 0}, tb = {mem_b, 0}, tbias = {mem_bias, 0}, tc = {mem_c, 0};
-        status = clattn_matmul(ctx, desc, ta, tb, tbias, tc, 0, NULL, NULL);
+        status = (clattn_status)pb_upload(ctx, &t.b, 2, b);
+    }
+    if (status == CLATTN_SUCCESS && mc->bias) {
+        status = (clattn_status)pb_upload(ctx, &t.bias, 3, bias);
     }
     if (status == CLATTN_SUCCESS) {
-        status = clattn_finish(ctx);
+        /* beta != 0 reads C: give it values; else poison, which the kernel must not read. */
+        status = (clattn_status)pb_upload(ctx, &t.c, 4, mc->beta != 0.0f ? c_before : NULL);
     }
     if (status == CLATTN_SUCCESS) {
-        status = (clattn_status)clEnqueueReadBuffer(clattn_ctx_queue(ctx), mem_c, CL_TRUE, 0,
-                                                    extent_c * sizeof(float), c_out, 0, NULL, NULL);
+        const clattn_matmul_desc desc = {sizeof desc, mc->trans_a, mc->trans_b, mc->alpha,
+                                         mc->beta};
+        status = clattn_matmul(ctx, &desc, &t.a, &t.b, &t.bias, &t.c, 0, NULL, NULL);
     }
-    cl_mem mems[] = {mem_c, mem_bias, mem_b, mem_a};
-    for (int i = 0; i < COUNT_OF(mems); ++i) {
-        if (mems[i] != NULL) {
-            clReleaseMemObject(mems[i]);
-        }
+    size_t stray = 0;
+    if (status == CLATTN_SUCCESS) {
+        status = (clattn_status)pb_download(ctx, NULL, &t.c, c_out, &stray);
     }
+    if (status == CLATTN_SUCCESS) {
+        tu_expect(stray == 0, "c: %zu stray writes outside C", stray);
+    }
+    clattn_tensors all;
+    memset(&all, 0, sizeof all);
+    all.q = t.a, all.k = t.b, all.v = t.bias, all.out = t.c;
+    pb_release_tensors(&all);
     return status;
 }
 
@@ -810,26 +809,30 @@ START_TEST(test_determinism_matmul)
 {
     TU_BEGIN_TEST();
     const matmul_case *mc = &matmul_cases[_i];
-    const clattn_matmul_desc *desc = &mc->desc;
     tu_set_case("matmul batch=%zu m=%zu n=%zu k=%zu trans_a=%d trans_b=%d lda=%zu ldb=%zu "
-                "ldc=%zu alpha=%g beta=%g bias=%d",
-                desc->batch, desc->m, desc->n, desc->k, desc->trans_a, desc->trans_b, desc->lda,
-                desc->ldb, desc->ldc, (double)desc->alpha, (double)desc->beta, mc->bias);
-    const size_t extent_c = ref_matmul_extent_c(desc);
-    float *a = tu_random_floats(ref_matmul_extent_a(desc));
-    float *b = tu_random_floats(ref_matmul_extent_b(desc));
-    float *bias = tu_random_floats(desc->n);
-    /* beta != 0 reads C: give it values; else NaN, which the kernel must not read. */
-    float *c_before = desc->beta != 0.0f ? tu_random_floats(extent_c) : tu_nan_floats(extent_c);
-    double *c_ref = tu_doubles(extent_c);
-    tu_floats_to_doubles(c_before, extent_c, c_ref);
-    ref_matmul(desc, a, b, mc->bias ? bias : NULL, c_ref);
+                "ldc=%zu stride_a=%zu stride_b=%zu stride_c=%zu alpha=%g beta=%g bias=%d",
+                mc->batch, mc->m, mc->n, mc->k, mc->trans_a, mc->trans_b, mc->lda, mc->ldb, mc->ldc,
+                mc->stride_a, mc->stride_b, mc->stride_c, (double)mc->alpha, (double)mc->beta,
+                mc->bias);
+    const size_t count_a = mc->batch * mc->m * mc->k, count_b = mc->batch * mc->k * mc->n;
+    const size_t count_c = mc->batch * mc->m * mc->n;
+    float *a = tu_random_floats(count_a), *b = tu_random_floats(count_b);
+    float *bias = tu_random_floats(mc->n), *c_before = tu_random_floats(count_c);
+    double *c_ref = tu_doubles(count_c);
+    tu_floats_to_doubles(c_before, count_c, c_ref);
+    ref_matmul_shape shape;
+    memset(&shape, 0, sizeof shape);
+    shape.batch[0] = shape.a_batch[0] = shape.b_batch[0] = mc->batch;
+    shape.m = mc->m, shape.n = mc->n, shape.k = mc->k;
+    shape.trans_a = mc->trans_a, shape.trans_b = mc->trans_b;
+    shape.alpha = mc->alpha, shape.beta = mc->beta;
+    ref_matmul(&shape, a, b, mc->bias ? bias : NULL, c_ref);
 
     clattn_ctx *fresh = fresh_context();
     float *c[DETERMINISM_RUNS];
     int ok[DETERMINISM_RUNS] = {0};
     for (int run = 0; run < DETERMINISM_RUNS; ++run) {
-        c[run] = tu_nan_floats(extent_c);
+        c[run] = tu_nan_floats(count_c);
         clattn_ctx *ctx = context_for_run(run, fresh);
         if (ctx != NULL) {
             expect_run_ok(ctx, run_matmul(ctx, mc, a, b, bias, c_before, c[run]), run,
@@ -837,9 +840,9 @@ START_TEST(test_determinism_matmul)
         }
     }
     if (ok[0]) {
-        tu_expect_close("c", c[0], c_ref, extent_c, TU_TOL);
+        tu_expect_close("c", c[0], c_ref, count_c, TU_TOL);
     }
-    expect_runs_identical("c", c, ok, extent_c);
+    expect_runs_identical("c", c, ok, count_c);
     for (int run = 0; run < DETERMINISM_RUNS; ++run) {
         free(c[run]);
     }

@@ -1,9 +1,10 @@
 /*
- * clattn_mha_forward(_host) against PyTorch's nn.MultiheadAttention(batch_first=True) in eval
- * mode: tests/fixtures/torch_mha.txt holds inputs, state_dicts, outputs and attention weights
- * that tests/fixtures/gen_torch_mha.py recorded from PyTorch. PyTorch is not needed to run this.
- * The fixture path is the first argument (CMake passes it).
+ * MHA plans and clattn_mha_forward_host against PyTorch's nn.MultiheadAttention(batch_first=True)
+ * in eval mode: tests/fixtures/torch_mha.txt holds inputs, state_dicts, outputs and attention
+ * weights that tests/fixtures/gen_torch_mha.py recorded from PyTorch. PyTorch is not needed to run
+ * this. The fixture path is the first argument (CMake passes it).
  */
+#include "problems.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -119,15 +120,14 @@ static float *floats_of(const fixture_case *c, const char *name)
 
 /* How a case is run. */
 typedef enum run_mode {
-    MODE_HOST = 0,    /* host API, the weights PyTorch returned (unfused) */
-    MODE_DEVICE,      /* device API on our own buffers (unfused) */
-    MODE_FUSED,       /* host API, no weights, path FUSED: the fused kernel vs PyTorch's out */
-    MODE_OTHER_FORM,  /* host API, the other weights form: averaged from per-head fixtures, per
-                         head for averaged fixtures (their mean over heads must match) */
+    MODE_HOST = 0,   /* host API, the weights PyTorch returned (unfused) */
+    MODE_DEVICE,     /* an MHA plan on our own buffers (unfused) */
+    MODE_FUSED,      /* host API, no weights, path FUSED: the fused kernel vs PyTorch's out */
+    MODE_OTHER_FORM, /* host API, the other weights form: averaged from per-head fixtures, per
+                        head for averaged fixtures (their mean over heads must match) */
     MODE_COUNT
 } run_mode;
-static const char *const mode_names[MODE_COUNT] = {"host API", "device API",
-                                                   "host API, fused path",
+static const char *const mode_names[MODE_COUNT] = {"host API", "MHA plan", "host API, fused path",
                                                    "host API, other weights form"};
 
 /* Where PyTorch's weight is exactly 0 (a masked key), ours must be exactly 0 too. */
@@ -141,8 +141,8 @@ static void expect_masked_zeros(const float *got, const double *want, size_t cou
         if (got[i] != 0.0f && wrong++ == 0)
             first = i;
     }
-    tu_expect(wrong == 0, "%zu of %zu masked weights are not exactly 0 (first at [%zu]: %g)",
-              wrong, zeros, first, wrong ? (double)got[first] : 0.0);
+    tu_expect(wrong == 0, "%zu of %zu masked weights are not exactly 0 (first at [%zu]: %g)", wrong,
+              zeros, first, wrong ? (double)got[first] : 0.0);
 }
 
 /* Mean over heads of per-head weights (batch, heads, plane) -> (batch, plane). */
@@ -158,6 +158,23 @@ static void mean_over_heads(const double *per_head, size_t batch, size_t heads, 
         }
 }
 
+/* A packed tensor of the fixture tensor's dims (mem NULL). */
+static clattn_tensor layout_of(const fixture_tensor *t, clattn_dtype dtype)
+{
+    clattn_tensor layout =
+        clattn_tensor_make(NULL, 0, dtype, t->ndim, t->dims[0], t->dims[1], t->dims[2], t->dims[3]);
+    return layout;
+}
+
+/* Downloads a whole output tensor, expecting no write outside it. */
+static int download_output(const clattn_tensor *t, const char *what, float *values)
+{
+    size_t stray = 0;
+    if (pb_download(tu_ctx(), NULL, t, values, &stray) != CL_SUCCESS)
+        return 0;
+    return tu_expect(stray == 0, "%s: %zu stray writes outside the tensor", what, stray);
+}
+
 /* Runs case i in one of the modes. */
 static void run_case(int index, run_mode mode)
 {
@@ -171,12 +188,13 @@ static void run_case(int index, run_mode mode)
         return;
     const size_t batch = query->dims[0], seq_q = query->dims[1];
     const size_t seq_k = key ? key->dims[1] : seq_q;
-    clattn_mha_desc desc = {
-        .batch = batch, .seq_q = seq_q, .seq_k = seq_k, .embed_dim = c->embed_dim,
-        .num_heads = c->num_heads, .kdim = key ? key->dims[2] : 0,
-        .vdim = value ? value->dims[2] : 0, .layout = CLATTN_LAYOUT_TORCH,
-        .need_weights = c->average ? CLATTN_WEIGHTS_AVERAGED : CLATTN_WEIGHTS_PER_HEAD,
-    };
+    clattn_mha_host_desc desc;
+    clattn_mha_host_desc_init(&desc);
+    desc.batch = batch, desc.seq_q = seq_q, desc.seq_k = seq_k, desc.embed_dim = c->embed_dim;
+    desc.num_heads = c->num_heads, desc.kdim = key ? key->dims[2] : 0;
+    desc.vdim = value ? value->dims[2] : 0, desc.layout = CLATTN_LAYOUT_TORCH;
+    desc.need_weights = c->average ? CLATTN_WEIGHTS_AVERAGED : CLATTN_WEIGHTS_PER_HEAD;
+    /* The host and device modes run whatever AUTO picks with weights: the unfused path. */
     if (mode == MODE_FUSED) {
         desc.need_weights = CLATTN_WEIGHTS_NONE;
         desc.path = CLATTN_PATH_FUSED;
@@ -185,10 +203,10 @@ static void run_case(int index, run_mode mode)
     }
     float *host[12] = {0};
     enum { IN_W, IN_B, QW, KW, VW, OW, OB, QUERY, KEY, VALUE, MASK, KPM_F };
-    static const char *const names[12] = {
-        "in_proj_weight", "in_proj_bias",  "q_proj_weight", "k_proj_weight",
-        "v_proj_weight",  "out_proj.weight", "out_proj.bias", "query",
-        "key",            "value",         "attn_mask",     "key_padding_mask"};
+    static const char *const names[12] = {"in_proj_weight", "in_proj_bias",  "q_proj_weight",
+                                          "k_proj_weight",  "v_proj_weight", "out_proj.weight",
+                                          "out_proj.bias",  "query",         "key",
+                                          "value",          "attn_mask",     "key_padding_mask"};
     for (int i = 0; i < 12; ++i)
         host[i] = floats_of(c, names[i]);
     uint8_t *kpm = NULL;
@@ -204,8 +222,8 @@ static void run_case(int index, run_mode mode)
     const size_t heads = c->num_heads;
     /* What this mode asks for: PyTorch's form, the other one, or none. */
     const size_t weights_count = mode != MODE_OTHER_FORM ? want_weights->count
-                                 : c->average           ? batch * heads * plane
-                                                        : batch * plane;
+                                 : c->average            ? batch * heads * plane
+                                                         : batch * plane;
     float *out = tu_nan_floats(out_count), *weights = tu_nan_floats(weights_count);
     clattn_status status;
 
@@ -220,55 +238,77 @@ static void run_case(int index, run_mode mode)
                 w.q_bias = host[IN_B], w.k_bias = host[IN_B] + e, w.v_bias = host[IN_B] + 2 * e;
         }
         clattn_host_masks masks = {.attn_mask = host[MASK], .key_padding_mask = kpm};
-        status = clattn_mha_forward_host(tu_ctx(), &desc, &w, host[QUERY], host[KEY],
-                                         host[VALUE], &masks, out,
-                                         mode == MODE_FUSED ? NULL : weights);
+        status = clattn_mha_forward_host(tu_ctx(), &desc, &w, host[QUERY], host[KEY], host[VALUE],
+                                         &masks, out, mode == MODE_FUSED ? NULL : weights);
         tu_expect_status(status, CLATTN_SUCCESS, "clattn_mha_forward_host");
     } else {
-        /* Every parameter and input in its own buffer at a nonzero offset, NaN around it. */
-        cl_mem mems[12] = {0}, kpm_mem = NULL;
-        clattn_tensor t[12];
-        for (int i = 0; i < 12; ++i) {
+        /* An MHA plan; every parameter and input in its own buffer at a nonzero offset,
+         * poison around it; self-attention binds one buffer to query, key and value. */
+        clattn_mha_desc plan_desc;
+        clattn_mha_desc_init(&plan_desc);
+        clattn_tensors bound;
+        memset(&bound, 0, sizeof bound);
+        clattn_tensor *roles[12] = {&bound.in_proj_weight,
+                                    &bound.in_proj_bias,
+                                    &bound.q_weight,
+                                    &bound.k_weight,
+                                    &bound.v_weight,
+                                    &bound.out_weight,
+                                    &bound.out_bias,
+                                    &bound.q,
+                                    &bound.k,
+                                    &bound.v,
+                                    &bound.attn_mask,
+                                    &bound.key_padding_mask};
+        cl_int err = CL_SUCCESS;
+        for (int i = 0; i < 12 && err == CL_SUCCESS; ++i) {
             const fixture_tensor *ft = find(c, names[i]);
-            t[i] = (clattn_tensor){0};
-            if (ft && i != KPM_F) {
-                mems[i] = tu_upload_padded(host[i], ft->count, 3, 5);
-                t[i] = tu_tensor(mems[i], 3);
+            if (ft == NULL || (i == IN_B && !host[IN_W]))
+                continue; /* separate weights: in_proj_bias is split below */
+            *roles[i] = layout_of(ft, i == KPM_F ? CLATTN_DTYPE_U8 : CLATTN_DTYPE_F32);
+            err = pb_upload(tu_ctx(), roles[i], 3, host[i]);
+        }
+        if (err == CL_SUCCESS && !host[IN_W] && in_bias) {
+            /* q, k, v biases: three views of one buffer. */
+            clattn_tensor packed = layout_of(in_bias, CLATTN_DTYPE_F32);
+            err = pb_upload(tu_ctx(), &packed, 3, host[IN_B]);
+            clattn_tensor *biases[3] = {&bound.q_bias, &bound.k_bias, &bound.v_bias};
+            for (int part = 0; part < 3 && err == CL_SUCCESS; ++part) {
+                *biases[part] = clattn_tensor_make(packed.mem, packed.offset + (size_t)part * e,
+                                                   CLATTN_DTYPE_F32, 1, e, 0, 0, 0);
             }
         }
-        clattn_mha_weights w = {.out_weight = t[OW], .out_bias = t[OB]};
-        if (host[IN_W]) {
-            w.in_proj_weight = t[IN_W];
-            w.in_proj_bias = t[IN_B];
-        } else {
-            w.q_weight = t[QW], w.k_weight = t[KW], w.v_weight = t[VW];
-            if (in_bias) {
-                w.q_bias = t[IN_B];
-                w.k_bias = tu_tensor(t[IN_B].mem, t[IN_B].offset + e);
-                w.v_bias = tu_tensor(t[IN_B].mem, t[IN_B].offset + 2 * e);
-            }
+        if (c->self_attention) {
+            bound.k = bound.q;
+            bound.v = bound.q;
         }
-        if (kpm) {
-            kpm_mem = tu_upload_bytes(kpm, batch * seq_k);
-            desc.masks.key_padding_mask = tu_tensor(kpm_mem, 0);
-        }
-        desc.masks.attn_mask = t[MASK];
-        cl_mem out_mem = tu_nan_buffer(out_count), weights_mem = tu_nan_buffer(weights_count);
-        clattn_tensor q_t = t[QUERY];
-        clattn_tensor k_t = c->self_attention ? q_t : t[KEY];
-        clattn_tensor v_t = c->self_attention ? q_t : t[VALUE];
-        status = clattn_mha_forward(tu_ctx(), &desc, &w, q_t, k_t, v_t, tu_tensor(out_mem, 0),
-                                    tu_tensor(weights_mem, 0), 0, NULL, NULL);
-        tu_expect_status(status, CLATTN_SUCCESS, "clattn_mha_forward");
+        bound.out = layout_of(want_out, CLATTN_DTYPE_F32);
+        if (err == CL_SUCCESS)
+            err = pb_upload(tu_ctx(), &bound.out, 2, NULL);
+        bound.weights =
+            c->average
+                ? clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, batch, seq_q, seq_k, 0)
+                : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, heads, seq_q, seq_k);
+        if (err == CL_SUCCESS)
+            err = pb_upload(tu_ctx(), &bound.weights, 1, NULL);
+        plan_desc.tensors = bound;
+        plan_desc.num_heads = heads;
+        plan_desc.layout = CLATTN_LAYOUT_TORCH;
+        plan_desc.need_weights = desc.need_weights;
+        clattn_plan *plan = NULL;
+        status = err != CL_SUCCESS ? (clattn_status)err
+                                   : clattn_mha_plan_create(tu_ctx(), &plan_desc, &plan);
+        tu_expect_status(status, CLATTN_SUCCESS, "clattn_mha_plan_create");
         if (status == CLATTN_SUCCESS) {
-            tu_read_floats(out_mem, 0, out_count, out);
-            tu_read_floats(weights_mem, 0, weights_count, weights);
+            tu_expect(!clattn_plan_is_fused(plan), "a plan returning weights is fused");
+            status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+            tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute");
         }
-        for (int i = 0; i < 12; ++i)
-            tu_release_mem(mems[i]);
-        tu_release_mem(kpm_mem);
-        tu_release_mem(out_mem);
-        tu_release_mem(weights_mem);
+        if (status == CLATTN_SUCCESS && !(download_output(&bound.out, "out", out) &&
+                                          download_output(&bound.weights, "weights", weights)))
+            status = CLATTN_ERR_INVALID_ARGUMENT; /* the failure is recorded */
+        clattn_plan_release(plan);
+        pb_release_tensors(&bound);
     }
     if (status == CLATTN_SUCCESS) {
         tu_expect_close("out vs PyTorch", out, want_out->values, out_count, TU_TOL);
@@ -307,8 +347,7 @@ static void run_case(int index, run_mode mode)
 START_TEST(test_fixture_loaded)
 {
     TU_BEGIN_TEST();
-    tu_expect(num_cases >= 5, "fixture %s: %d cases parsed, expected 5", fixture_path,
-              num_cases);
+    tu_expect(num_cases >= 5, "fixture %s: %d cases parsed, expected 5", fixture_path, num_cases);
     TU_END_TEST();
 }
 END_TEST

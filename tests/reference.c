@@ -14,236 +14,148 @@ static void *ref_alloc(size_t count, size_t size)
     return memory;
 }
 
+static size_t at_least_one(size_t value)
+{
+    return value ? value : 1;
+}
+
 /* --- matmul ------------------------------------------------------------------------------- */
 
-static size_t matmul_batch(const clattn_matmul_desc *desc)
-{
-    return desc->batch ? desc->batch : 1;
-}
-
-size_t ref_matmul_lda(const clattn_matmul_desc *desc)
-{
-    return desc->lda ? desc->lda : (desc->trans_a ? desc->m : desc->k);
-}
-
-size_t ref_matmul_ldb(const clattn_matmul_desc *desc)
-{
-    return desc->ldb ? desc->ldb : (desc->trans_b ? desc->k : desc->n);
-}
-
-size_t ref_matmul_ldc(const clattn_matmul_desc *desc)
-{
-    return desc->ldc ? desc->ldc : desc->n;
-}
-
-static size_t matrix_extent(size_t batch, size_t stride, size_t rows, size_t cols, size_t ld)
-{
-    return (batch > 1 ? (batch - 1) * stride : 0) + (rows - 1) * ld + cols;
-}
-
-size_t ref_matmul_extent_a(const clattn_matmul_desc *desc)
-{
-    size_t rows = desc->trans_a ? desc->k : desc->m;
-    size_t cols = desc->trans_a ? desc->m : desc->k;
-    return matrix_extent(matmul_batch(desc), desc->stride_a, rows, cols, ref_matmul_lda(desc));
-}
-
-size_t ref_matmul_extent_b(const clattn_matmul_desc *desc)
-{
-    size_t rows = desc->trans_b ? desc->n : desc->k;
-    size_t cols = desc->trans_b ? desc->k : desc->n;
-    return matrix_extent(matmul_batch(desc), desc->stride_b, rows, cols, ref_matmul_ldb(desc));
-}
-
-size_t ref_matmul_extent_c(const clattn_matmul_desc *desc)
-{
-    return matrix_extent(matmul_batch(desc), desc->stride_c, desc->m, desc->n,
-                         ref_matmul_ldc(desc));
-}
-
-void ref_matmul(const clattn_matmul_desc *desc, const float *a, const float *b, const float *bias,
+void ref_matmul(const ref_matmul_shape *shape, const float *a, const float *b, const float *bias,
                 double *c)
 {
-    size_t batch = matmul_batch(desc);
-    size_t lda = ref_matmul_lda(desc), ldb = ref_matmul_ldb(desc), ldc = ref_matmul_ldc(desc);
-    for (size_t entry = 0; entry < batch; ++entry) {
-        const float *a_entry = a + (batch > 1 ? entry * desc->stride_a : 0);
-        const float *b_entry = b + (batch > 1 ? entry * desc->stride_b : 0);
-        double *c_entry = c + (batch > 1 ? entry * desc->stride_c : 0);
-        for (size_t row = 0; row < desc->m; ++row) {
-            for (size_t col = 0; col < desc->n; ++col) {
-                double sum = 0.0;
-                for (size_t inner = 0; inner < desc->k; ++inner) {
-                    double a_value =
-                        desc->trans_a ? a_entry[inner * lda + row] : a_entry[row * lda + inner];
-                    double b_value =
-                        desc->trans_b ? b_entry[col * ldb + inner] : b_entry[inner * ldb + col];
-                    sum += a_value * b_value;
+    const size_t m = shape->m, n = shape->n, k = shape->k;
+    const size_t outer = at_least_one(shape->batch[0]), inner_count = at_least_one(shape->batch[1]);
+    const size_t a_outer = at_least_one(shape->a_batch[0]), a_inner = at_least_one(shape->a_batch[1]);
+    const size_t b_outer = at_least_one(shape->b_batch[0]), b_inner = at_least_one(shape->b_batch[1]);
+    const size_t lda = shape->trans_a ? m : k, ldb = shape->trans_b ? k : n;
+    for (size_t i0 = 0; i0 < outer; ++i0) {
+        for (size_t i1 = 0; i1 < inner_count; ++i1) {
+            const size_t a_index = (a_outer > 1 ? i0 : 0) * a_inner + (a_inner > 1 ? i1 : 0);
+            const size_t b_index = (b_outer > 1 ? i0 : 0) * b_inner + (b_inner > 1 ? i1 : 0);
+            const float *a_entry = a + a_index * m * k;
+            const float *b_entry = b + b_index * k * n;
+            double *c_entry = c + (i0 * inner_count + i1) * m * n;
+            for (size_t row = 0; row < m; ++row) {
+                for (size_t col = 0; col < n; ++col) {
+                    double sum = 0.0;
+                    for (size_t x = 0; x < k; ++x) {
+                        double a_value =
+                            shape->trans_a ? a_entry[x * lda + row] : a_entry[row * lda + x];
+                        double b_value =
+                            shape->trans_b ? b_entry[col * ldb + x] : b_entry[x * ldb + col];
+                        sum += a_value * b_value;
+                    }
+                    double result = (double)shape->alpha * sum;
+                    if (shape->beta != 0.0f) {
+                        result += (double)shape->beta * c_entry[row * n + col];
+                    }
+                    if (bias != NULL) {
+                        result += bias[col];
+                    }
+                    c_entry[row * n + col] = result;
                 }
-                double result = (double)desc->alpha * sum;
-                if (desc->beta != 0.0f) {
-                    result += (double)desc->beta * c_entry[row * ldc + col];
-                }
-                if (bias != NULL) {
-                    result += bias[col];
-                }
-                c_entry[row * ldc + col] = result;
             }
         }
     }
 }
 
-/* --- normalisation of score rows ---------------------------------------------------------- */
+/* --- scaled dot-product attention --------------------------------------------------------- */
 
-/* row[j] = scale * score + additive mask on entry; keep[j] is cleared for masked keys. */
-static void mask_row(const clattn_host_masks *masks, size_t batch_index, size_t query_index,
-                     size_t seq_k, double *row, unsigned char *keep)
+double ref_resolve_scale(float scale, size_t head_dim_qk)
 {
-    for (size_t key = 0; key < seq_k; ++key) {
-        keep[key] = 1;
-        if (masks == NULL) {
-            continue;
-        }
-        if (masks->causal && key > query_index) {
-            keep[key] = 0;
-        }
-        if (masks->key_padding_mask != NULL && masks->key_padding_mask[batch_index * seq_k + key]) {
-            keep[key] = 0;
-        }
-        if (masks->attn_mask != NULL) {
-            row[key] += masks->attn_mask[query_index * seq_k + key];
-        }
-        if (row[key] == -INFINITY) {
-            keep[key] = 0;
-        }
-    }
+    return isnan(scale) ? 1.0 / sqrt((double)head_dim_qk) : (double)scale;
 }
 
-static void normalise_row(double *row, const unsigned char *keep, size_t seq_k, clattn_norm norm)
+/* Whether the causal rule lets query i see key j. */
+static int causal_keeps(clattn_causal causal, size_t seq_q, size_t seq_k, size_t query,
+                        size_t key)
 {
-    double sum = 0.0;
+    if (causal == CLATTN_CAUSAL_TOP_LEFT) {
+        return key <= query;
+    }
+    if (causal == CLATTN_CAUSAL_BOTTOM_RIGHT) {
+        /* key <= query + seq_k - seq_q, without going below zero */
+        return key + seq_q <= query + seq_k;
+    }
+    return 1;
+}
+
+/* Normalises one row of scores in place over the kept keys; returns the row's log-sum-exp
+ * (softmax) or log normaliser (relu), -INFINITY when nothing is kept. */
+static double normalise_row(double *row, const unsigned char *keep, size_t seq_k, clattn_norm norm)
+{
+    double sum = 0.0, max = -INFINITY;
     if (norm == CLATTN_NORM_RELU) {
         for (size_t key = 0; key < seq_k; ++key) {
             row[key] = keep[key] && row[key] > 0.0 ? row[key] : 0.0;
             sum += row[key];
         }
     } else {
-        int any_kept = 0;
-        double max = -INFINITY;
         for (size_t key = 0; key < seq_k; ++key) {
-            if (keep[key]) {
-                any_kept = 1;
-                max = row[key] > max ? row[key] : max;
+            if (keep[key] && row[key] > max) {
+                max = row[key];
             }
         }
         for (size_t key = 0; key < seq_k; ++key) {
-            row[key] = any_kept && keep[key] ? exp(row[key] - max) : 0.0;
+            row[key] = max != -INFINITY && keep[key] ? exp(row[key] - max) : 0.0;
             sum += row[key];
         }
     }
     for (size_t key = 0; key < seq_k; ++key) {
         row[key] = sum > 0.0 ? row[key] / sum : 0.0;
     }
-}
-
-void ref_softmax_rows(const clattn_softmax_desc *desc, const clattn_host_masks *masks,
-                      const float *scores, double *out)
-{
-    double scale = desc->scale != 0.0f ? (double)desc->scale : 1.0;
-    unsigned char *keep = ref_alloc(desc->seq_k, 1);
-    for (size_t batch_index = 0; batch_index < desc->batch; ++batch_index) {
-        for (size_t head = 0; head < desc->heads; ++head) {
-            for (size_t query = 0; query < desc->seq_q; ++query) {
-                size_t row_start =
-                    ((batch_index * desc->heads + head) * desc->seq_q + query) * desc->seq_k;
-                double *row = out + row_start;
-                for (size_t key = 0; key < desc->seq_k; ++key) {
-                    row[key] = scale * (double)scores[row_start + key];
-                }
-                mask_row(masks, batch_index, query, desc->seq_k, row, keep);
-                normalise_row(row, keep, desc->seq_k, desc->norm);
-            }
-        }
+    if (!(sum > 0.0)) {
+        return -INFINITY;
     }
-    free(keep);
+    return norm == CLATTN_NORM_RELU ? log(sum) : max + log(sum);
 }
 
-/* --- heads -------------------------------------------------------------------------------- */
-
-static size_t heads_row_stride(const clattn_heads_desc *desc)
+/* Attention on double inputs (shared with the MHA reference). */
+static void sdpa_double(const ref_sdpa_shape *shape, const double *q, const double *k,
+                        const double *v, const float *mask, const uint8_t *key_padding,
+                        double *out, double *weights, double *lse)
 {
-    return desc->row_stride ? desc->row_stride : desc->heads * desc->head_dim;
-}
-
-void ref_split_heads(const clattn_heads_desc *desc, const float *src, double *dst)
-{
-    size_t row_stride = heads_row_stride(desc);
-    for (size_t b = 0; b < desc->batch; ++b) {
-        for (size_t h = 0; h < desc->heads; ++h) {
-            for (size_t pos = 0; pos < desc->seq; ++pos) {
-                for (size_t x = 0; x < desc->head_dim; ++x) {
-                    size_t from = (b * desc->seq + pos) * row_stride + h * desc->head_dim + x;
-                    size_t to = ((b * desc->heads + h) * desc->seq + pos) * desc->head_dim + x;
-                    dst[to] = src[from];
-                }
-            }
-        }
-    }
-}
-
-void ref_concat_heads(const clattn_heads_desc *desc, const float *src, double *dst)
-{
-    size_t row_stride = heads_row_stride(desc);
-    for (size_t b = 0; b < desc->batch; ++b) {
-        for (size_t h = 0; h < desc->heads; ++h) {
-            for (size_t pos = 0; pos < desc->seq; ++pos) {
-                for (size_t x = 0; x < desc->head_dim; ++x) {
-                    size_t from = ((b * desc->heads + h) * desc->seq + pos) * desc->head_dim + x;
-                    size_t to = (b * desc->seq + pos) * row_stride + h * desc->head_dim + x;
-                    dst[to] = src[from];
-                }
-            }
-        }
-    }
-}
-
-/* --- attention ---------------------------------------------------------------------------- */
-
-static void attention_double(const clattn_attention_desc *desc, const clattn_host_masks *masks,
-                             const double *q, const double *k, const double *v, double *out,
-                             double *weights)
-{
-    size_t dk = desc->head_dim_qk, dv = desc->head_dim_v;
-    double scale = desc->scale != 0.0f ? (double)desc->scale : 1.0 / sqrt((double)dk);
-    double *row = ref_alloc(desc->seq_k, sizeof(double));
-    unsigned char *keep = ref_alloc(desc->seq_k, 1);
-    for (size_t b = 0; b < desc->batch; ++b) {
-        for (size_t h = 0; h < desc->heads; ++h) {
-            size_t head_index = b * desc->heads + h;
-            const double *q_head = q + head_index * desc->seq_q * dk;
-            const double *k_head = k + head_index * desc->seq_k * dk;
-            const double *v_head = v + head_index * desc->seq_k * dv;
-            for (size_t query = 0; query < desc->seq_q; ++query) {
-                for (size_t key = 0; key < desc->seq_k; ++key) {
+    const size_t dk = shape->dk, dv = shape->dv, seq_q = shape->seq_q, seq_k = shape->seq_k;
+    double *row = ref_alloc(seq_k, sizeof(double));
+    unsigned char *keep = ref_alloc(seq_k, 1);
+    for (size_t b = 0; b < shape->batch; ++b) {
+        for (size_t h = 0; h < shape->heads; ++h) {
+            const size_t head_index = b * shape->heads + h;
+            const double *q_head = q + head_index * seq_q * dk;
+            const double *k_head = k + head_index * seq_k * dk;
+            const double *v_head = v + head_index * seq_k * dv;
+            for (size_t query = 0; query < seq_q; ++query) {
+                const size_t row_index = head_index * seq_q + query;
+                for (size_t key = 0; key < seq_k; ++key) {
                     double dot = 0.0;
                     for (size_t x = 0; x < dk; ++x) {
                         dot += q_head[query * dk + x] * k_head[key * dk + x];
                     }
-                    row[key] = scale * dot;
-                }
-                mask_row(masks, b, query, desc->seq_k, row, keep);
-                normalise_row(row, keep, desc->seq_k, desc->norm);
-                double *out_row = out + (head_index * desc->seq_q + query) * dv;
-                for (size_t x = 0; x < dv; ++x) {
-                    double sum = 0.0;
-                    for (size_t key = 0; key < desc->seq_k; ++key) {
-                        sum += row[key] * v_head[key * dv + x];
+                    row[key] = shape->scale * dot;
+                    if (mask != NULL) {
+                        row[key] += mask[row_index * seq_k + key];
                     }
-                    out_row[x] = sum;
+                    keep[key] = causal_keeps(shape->causal, seq_q, seq_k, query, key) &&
+                                !(key_padding != NULL && key_padding[b * seq_k + key]) &&
+                                row[key] != -INFINITY;
+                }
+                const double row_lse = normalise_row(row, keep, seq_k, shape->norm);
+                if (lse != NULL) {
+                    lse[row_index] = row_lse;
+                }
+                if (out != NULL) {
+                    double *out_row = out + row_index * dv;
+                    for (size_t x = 0; x < dv; ++x) {
+                        double sum = 0.0;
+                        for (size_t key = 0; key < seq_k; ++key) {
+                            sum += row[key] * v_head[key * dv + x];
+                        }
+                        out_row[x] = sum;
+                    }
                 }
                 if (weights != NULL) {
-                    memcpy(weights + (head_index * desc->seq_q + query) * desc->seq_k, row,
-                           desc->seq_k * sizeof(double));
+                    memcpy(weights + row_index * seq_k, row, seq_k * sizeof(double));
                 }
             }
         }
@@ -261,14 +173,15 @@ static double *to_doubles(const float *values, size_t count)
     return result;
 }
 
-void ref_attention(const clattn_attention_desc *desc, const clattn_host_masks *masks,
-                   const float *q, const float *k, const float *v, double *out, double *weights)
+void ref_sdpa(const ref_sdpa_shape *shape, const float *q, const float *k, const float *v,
+              const float *mask, const uint8_t *key_padding, double *out, double *weights,
+              double *lse)
 {
-    size_t heads_total = desc->batch * desc->heads;
-    double *q_double = to_doubles(q, heads_total * desc->seq_q * desc->head_dim_qk);
-    double *k_double = to_doubles(k, heads_total * desc->seq_k * desc->head_dim_qk);
-    double *v_double = to_doubles(v, heads_total * desc->seq_k * desc->head_dim_v);
-    attention_double(desc, masks, q_double, k_double, v_double, out, weights);
+    const size_t heads_total = shape->batch * shape->heads;
+    double *q_double = to_doubles(q, heads_total * shape->seq_q * shape->dk);
+    double *k_double = to_doubles(k, heads_total * shape->seq_k * shape->dk);
+    double *v_double = to_doubles(v, heads_total * shape->seq_k * shape->dv);
+    sdpa_double(shape, q_double, k_double, v_double, mask, key_padding, out, weights, lse);
     free(v_double);
     free(k_double);
     free(q_double);
@@ -276,27 +189,27 @@ void ref_attention(const clattn_attention_desc *desc, const clattn_host_masks *m
 
 /* --- multi-head attention ----------------------------------------------------------------- */
 
-size_t ref_mha_kdim(const clattn_mha_desc *desc)
+size_t ref_mha_kdim(const clattn_mha_host_desc *desc)
 {
     return desc->kdim ? desc->kdim : desc->embed_dim;
 }
 
-size_t ref_mha_vdim(const clattn_mha_desc *desc)
+size_t ref_mha_vdim(const clattn_mha_host_desc *desc)
 {
     return desc->vdim ? desc->vdim : desc->embed_dim;
 }
 
-size_t ref_mha_qk_dim(const clattn_mha_desc *desc)
+size_t ref_mha_qk_dim(const clattn_mha_host_desc *desc)
 {
     return desc->qk_dim ? desc->qk_dim : desc->embed_dim;
 }
 
-size_t ref_mha_v_dim(const clattn_mha_desc *desc)
+size_t ref_mha_v_dim(const clattn_mha_host_desc *desc)
 {
     return desc->v_dim ? desc->v_dim : desc->embed_dim;
 }
 
-size_t ref_mha_out_dim(const clattn_mha_desc *desc, int has_out_weight)
+size_t ref_mha_out_dim(const clattn_mha_host_desc *desc, int has_out_weight)
 {
     return has_out_weight ? desc->embed_dim : ref_mha_v_dim(desc);
 }
@@ -346,15 +259,15 @@ static void concat_double(const double *src, size_t batch, size_t seq, size_t he
     }
 }
 
-void ref_mha_forward(const clattn_mha_desc *desc, const clattn_mha_host_weights *weights,
+void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_weights *weights,
                      const float *query, const float *key, const float *value,
                      const clattn_host_masks *masks, double *out, double *attn_weights)
 {
-    size_t embed_dim = desc->embed_dim, heads = desc->num_heads;
-    size_t kdim = ref_mha_kdim(desc), vdim = ref_mha_vdim(desc);
-    size_t qk_dim = ref_mha_qk_dim(desc), v_dim = ref_mha_v_dim(desc);
-    size_t batch = desc->batch, seq_q = desc->seq_q, seq_k = desc->seq_k;
-    size_t rows_q = batch * seq_q, rows_k = batch * seq_k;
+    const size_t embed_dim = desc->embed_dim, heads = desc->num_heads;
+    const size_t kdim = ref_mha_kdim(desc), vdim = ref_mha_vdim(desc);
+    const size_t qk_dim = ref_mha_qk_dim(desc), v_dim = ref_mha_v_dim(desc);
+    const size_t batch = desc->batch, seq_q = desc->seq_q, seq_k = desc->seq_k;
+    const size_t rows_q = batch * seq_q, rows_k = batch * seq_k;
 
     const float *q_weight = weights->q_weight, *k_weight = weights->k_weight;
     const float *v_weight = weights->v_weight;
@@ -370,6 +283,7 @@ void ref_mha_forward(const clattn_mha_desc *desc, const clattn_mha_host_weights 
     }
     key = key != NULL ? key : query;
     value = value != NULL ? value : key; /* as clattn_mha_forward_host: value NULL is the key */
+    const clattn_weight_layout layout = desc->layout; /* in_proj_weight needs TORCH */
 
     double *query_d = to_doubles(query, rows_q * embed_dim);
     double *key_d = to_doubles(key, rows_k * kdim);
@@ -377,11 +291,11 @@ void ref_mha_forward(const clattn_mha_desc *desc, const clattn_mha_host_weights 
     double *q_proj = ref_alloc(rows_q * qk_dim, sizeof(double));
     double *k_proj = ref_alloc(rows_k * qk_dim, sizeof(double));
     double *v_proj = ref_alloc(rows_k * v_dim, sizeof(double));
-    project(query_d, rows_q, embed_dim, qk_dim, q_weight, q_bias, desc->layout, q_proj);
-    project(key_d, rows_k, kdim, qk_dim, k_weight, k_bias, desc->layout, k_proj);
-    project(value_d, rows_k, vdim, v_dim, v_weight, v_bias, desc->layout, v_proj);
+    project(query_d, rows_q, embed_dim, qk_dim, q_weight, q_bias, layout, q_proj);
+    project(key_d, rows_k, kdim, qk_dim, k_weight, k_bias, layout, k_proj);
+    project(value_d, rows_k, vdim, v_dim, v_weight, v_bias, layout, v_proj);
 
-    size_t head_dim_qk = qk_dim / heads, head_dim_v = v_dim / heads;
+    const size_t head_dim_qk = qk_dim / heads, head_dim_v = v_dim / heads;
     double *q_heads = ref_alloc(rows_q * qk_dim, sizeof(double));
     double *k_heads = ref_alloc(rows_k * qk_dim, sizeof(double));
     double *v_heads = ref_alloc(rows_k * v_dim, sizeof(double));
@@ -389,25 +303,35 @@ void ref_mha_forward(const clattn_mha_desc *desc, const clattn_mha_host_weights 
     split_double(k_proj, batch, seq_k, heads, head_dim_qk, k_heads);
     split_double(v_proj, batch, seq_k, heads, head_dim_v, v_heads);
 
-    clattn_attention_desc attention = {
+    /* The host masks' (seq_q, seq_k) attn_mask, expanded over (batch, heads). */
+    float *mask = NULL;
+    if (masks != NULL && masks->attn_mask != NULL) {
+        mask = ref_alloc(batch * heads * seq_q * seq_k, sizeof(float));
+        for (size_t bh = 0; bh < batch * heads; ++bh) {
+            memcpy(mask + bh * seq_q * seq_k, masks->attn_mask, seq_q * seq_k * sizeof(float));
+        }
+    }
+    const ref_sdpa_shape shape = {
         .batch = batch,
         .heads = heads,
         .seq_q = seq_q,
         .seq_k = seq_k,
-        .head_dim_qk = head_dim_qk,
-        .head_dim_v = head_dim_v,
-        .scale = desc->scale,
+        .dk = head_dim_qk,
+        .dv = head_dim_v,
+        .scale = ref_resolve_scale(desc->scale, head_dim_qk),
         .norm = desc->norm,
+        .causal = desc->causal,
     };
     double *o_heads = ref_alloc(rows_q * v_dim, sizeof(double));
     double *head_weights = ref_alloc(batch * heads * seq_q * seq_k, sizeof(double));
-    attention_double(&attention, masks, q_heads, k_heads, v_heads, o_heads, head_weights);
+    sdpa_double(&shape, q_heads, k_heads, v_heads, mask,
+                masks != NULL ? masks->key_padding_mask : NULL, o_heads, head_weights, NULL);
 
     double *concat = ref_alloc(rows_q * v_dim, sizeof(double));
     concat_double(o_heads, batch, seq_q, heads, head_dim_v, concat);
     if (weights->out_weight != NULL) {
-        project(concat, rows_q, v_dim, embed_dim, weights->out_weight, weights->out_bias,
-                desc->layout, out);
+        project(concat, rows_q, v_dim, embed_dim, weights->out_weight, weights->out_bias, layout,
+                out);
     } else {
         memcpy(out, concat, rows_q * v_dim * sizeof(double));
     }
@@ -429,6 +353,7 @@ void ref_mha_forward(const clattn_mha_desc *desc, const clattn_mha_host_weights 
     free(concat);
     free(head_weights);
     free(o_heads);
+    free(mask);
     free(v_heads);
     free(k_heads);
     free(q_heads);

@@ -1,9 +1,12 @@
 /*
  * float64 CPU reference of every clattn operation (tests only).
  *
- * Inputs are the float arrays that were uploaded; all arithmetic is in double. Shapes and
- * conventions are exactly those documented in clattn.h; pointers are already advanced to the
- * tensor's offset.
+ * Every input is a LOGICAL PACKED float array (row-major over the tensor's dims, no gaps, no
+ * offset), holding the values as the device stores them (already rounded to F16/BF16 where the
+ * device tensor has that dtype: see pb_round_array in problems.h). Layouts (strides, offsets,
+ * dtypes) are the business of problems.c, which converts between device tensors and these
+ * arrays. All arithmetic is in double. Shapes and conventions are those of clattn.h.
+ * Nothing here needs an OpenCL device, check, or testutil: bench/soak.c links it alone.
  */
 #ifndef CLATTN_REFERENCE_H
 #define CLATTN_REFERENCE_H
@@ -13,50 +16,71 @@
 
 #include "clattn.h"
 
-/* The stored row strides clattn_matmul uses (ld 0 = packed). */
-size_t ref_matmul_lda(const clattn_matmul_desc *desc);
-size_t ref_matmul_ldb(const clattn_matmul_desc *desc);
-size_t ref_matmul_ldc(const clattn_matmul_desc *desc);
+/* --- matmul -------------------------------------------------------------------------------- */
 
-/* Elements a buffer needs past the tensor's offset: (batch-1)*stride + (rows-1)*ld + cols,
- * with the stride counted only when batch > 1. */
-size_t ref_matmul_extent_a(const clattn_matmul_desc *desc);
-size_t ref_matmul_extent_b(const clattn_matmul_desc *desc);
-size_t ref_matmul_extent_c(const clattn_matmul_desc *desc);
+/* C[b] = alpha * op(A[b]) op(B[b]) + beta * C[b] + bias, for the b of C's up to two leading
+ * (batch) dims. Zero dims count as 1. */
+typedef struct ref_matmul_shape {
+    size_t batch[2];   /* C's leading dims (C holds batch[0] * batch[1] matrices) */
+    size_t a_batch[2]; /* A's leading dims: each 1 (one matrix repeated) or equal to C's */
+    size_t b_batch[2]; /* B's likewise */
+    size_t m, n, k;
+    int trans_a, trans_b; /* A stored m x k (k x m when trans_a); B k x n (n x k when trans_b) */
+    float alpha, beta;
+} ref_matmul_shape;
 
-/* C[b] = alpha * op(A[b]) op(B[b]) + beta * C[b] + bias. c holds the prior contents of the C
- * buffer (read only when beta != 0) and receives the result; elements between rows (ldc > n)
- * are left as they are. bias may be NULL. */
-void ref_matmul(const clattn_matmul_desc *desc, const float *a, const float *b, const float *bias,
+/* a, b: packed matrices of A's / B's batch (each stored as the trans flags say); c: packed
+ * (batch..., m, n), holding C's prior contents (read only when beta != 0) and receiving the
+ * result; bias: n floats or NULL. */
+void ref_matmul(const ref_matmul_shape *shape, const float *a, const float *b, const float *bias,
                 double *c);
 
-/* out = normalise(scale * scores + masks) over packed (batch, heads, seq_q, seq_k) rows.
- * masks may be NULL; desc->masks' cl_mem fields are ignored. */
-void ref_softmax_rows(const clattn_softmax_desc *desc, const clattn_host_masks *masks,
-                      const float *scores, double *out);
+/* --- scaled dot-product attention ---------------------------------------------------------- */
 
-/* (batch, seq, row_stride) -> packed (batch, heads, seq, head_dim), and the inverse. Concat
- * writes only the heads*head_dim columns of each row of dst. */
-void ref_split_heads(const clattn_heads_desc *desc, const float *src, double *dst);
-void ref_concat_heads(const clattn_heads_desc *desc, const float *src, double *dst);
+/* scale as clattn_sdpa_desc gives it (NAN: 1/sqrt(head_dim_qk)) resolved to the value used. */
+double ref_resolve_scale(float scale, size_t head_dim_qk);
 
-/* O = normalise(scale * Q Kᵀ + masks) V; weights (batch, heads, seq_q, seq_k) may be NULL. */
-void ref_attention(const clattn_attention_desc *desc, const clattn_host_masks *masks,
-                   const float *q, const float *k, const float *v, double *out, double *weights);
+typedef struct ref_sdpa_shape {
+    size_t batch, heads, seq_q, seq_k, dk, dv;
+    double scale; /* resolved (never NAN): see ref_resolve_scale */
+    clattn_norm norm;
+    clattn_causal causal; /* TOP_LEFT: key j <= query i; BOTTOM_RIGHT: j <= i + seq_k - seq_q */
+} ref_sdpa_shape;
 
-/* Multi-head attention forward with the semantics of clattn_mha_forward_host: key NULL means
- * the query, value NULL the key. attn_weights receives what desc->need_weights selects (may be NULL for
- * NONE). out has (batch, seq_q, embed_dim) elements with an out weight, else (.., v_dim). */
-void ref_mha_forward(const clattn_mha_desc *desc, const clattn_mha_host_weights *weights,
+/* Per (batch, head): s = scale * q kᵀ + mask; keys masked by the causal rule, by key_padding
+ * (nonzero = ignore) or by a -inf score drop out; out = normalise(s) v.
+ *   q (B, H, Lq, dk), k (B, H, Lk, dk), v (B, H, Lk, dv): packed logical floats.
+ *   mask: the EXPANDED additive mask (B, H, Lq, Lk) (-INFINITY = masked; boolean masks become
+ *         0 / -INFINITY; pb_expand_mask builds it from any broadcast shape), or NULL.
+ *   key_padding: (B, Lk) bytes, nonzero = ignore the key, or NULL.
+ * Outputs (each may be NULL): out (B, H, Lq, dv); weights (B, H, Lq, Lk), the normalised
+ * scores (a row with no kept key, or relu with no positive score: all zeros); lse (B, H, Lq):
+ * softmax: the log-sum-exp of the row's kept scaled+masked scores, -INFINITY when none is
+ * kept; relu: the log of the row's normaliser (-INFINITY when it is 0). */
+void ref_sdpa(const ref_sdpa_shape *shape, const float *q, const float *k, const float *v,
+              const float *mask, const uint8_t *key_padding, double *out, double *weights,
+              double *lse);
+
+/* --- multi-head attention ------------------------------------------------------------------ */
+
+/* Multi-head attention forward with the semantics of clattn_mha_forward_host: query (batch,
+ * seq_q, embed_dim), key (batch, seq_k, kdim) or NULL (= query), value (batch, seq_k, vdim) or
+ * NULL (= key); weights as clattn_mha_host_weights (in_proj_weight packs q, k, v in PyTorch's
+ * order); causal, scale (NAN: 1/sqrt(qk_dim / num_heads)), norm and need_weights from desc;
+ * masks->attn_mask (seq_q, seq_k) additive floats, masks->key_padding_mask (batch, seq_k)
+ * bytes; masks may be NULL. out: (batch, seq_q, ref_mha_out_dim). attn_weights receives what
+ * desc->need_weights selects ((batch, heads, seq_q, seq_k) or the head mean (batch, seq_q,
+ * seq_k)); may be NULL. */
+void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_weights *weights,
                      const float *query, const float *key, const float *value,
                      const clattn_host_masks *masks, double *out, double *attn_weights);
 
 /* Resolved widths of an MHA description (0 = embed_dim). */
-size_t ref_mha_kdim(const clattn_mha_desc *desc);
-size_t ref_mha_vdim(const clattn_mha_desc *desc);
-size_t ref_mha_qk_dim(const clattn_mha_desc *desc);
-size_t ref_mha_v_dim(const clattn_mha_desc *desc);
+size_t ref_mha_kdim(const clattn_mha_host_desc *desc);
+size_t ref_mha_vdim(const clattn_mha_host_desc *desc);
+size_t ref_mha_qk_dim(const clattn_mha_host_desc *desc);
+size_t ref_mha_v_dim(const clattn_mha_host_desc *desc);
 /* Width of each output row: embed_dim with an out weight, v_dim without. */
-size_t ref_mha_out_dim(const clattn_mha_desc *desc, int has_out_weight);
+size_t ref_mha_out_dim(const clattn_mha_host_desc *desc, int has_out_weight);
 
 #endif /* CLATTN_REFERENCE_H */

@@ -2,6 +2,8 @@
 
 #include "testutil.h"
 
+#include "problems.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -97,6 +99,8 @@ static uint64_t seed_from_environment(void)
 
 /* --- suite and test life cycle ------------------------------------------------------------ */
 
+static void record_failure(const char *message);
+
 void tu_suite_begin(const char *suite_name)
 {
     suite_name_ = suite_name;
@@ -105,6 +109,9 @@ void tu_suite_begin(const char *suite_name)
     printf("%s: seed %" PRIu64 " (rerun with CLATTN_TEST_SEED=%" PRIu64 ")\n", suite_name,
            suite_seed_, suite_seed_);
     fflush(stdout);
+    /* problems.c draws from this generator and reports through this collector. */
+    const pb_hooks hooks = {tu_rand_u64, record_failure, tu_track_error};
+    pb_set_hooks(&hooks);
     (void)tu_ctx();
 }
 
@@ -453,12 +460,6 @@ void tu_release_mem(cl_mem mem)
     if (mem != NULL) {
         clReleaseMemObject(mem);
     }
-}
-
-clattn_tensor tu_tensor(cl_mem mem, size_t offset)
-{
-    clattn_tensor tensor = {mem, offset};
-    return tensor;
 }
 
 /* --- small conversions -------------------------------------------------------------------- */

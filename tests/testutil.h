@@ -7,6 +7,9 @@
  * it. Each test reseeds the generator from (suite seed, test name, loop index), so
  * `CLATTN_TEST_SEED=<seed> CK_RUN_CASE=<case> ./check_<unit>` replays the same inputs.
  *
+ * tu_suite_begin also installs the hooks of tests/problems.h: the problem builders draw from
+ * the per-test generator and report into the failure collector.
+ *
  * Failures are collected (tu_expect*) rather than asserted at once, so a test can release what it
  * allocated before TU_END_TEST() turns the collected failures into one check failure. (With
  * CK_FORK=no a failing ck_assert leaves the test through longjmp and would leak.)
@@ -118,8 +121,8 @@ void tu_write_floats(cl_mem mem, size_t offset, const float *values, size_t coun
 void tu_read_floats(cl_mem mem, size_t offset, size_t count, float *dst);
 void tu_release_mem(cl_mem mem); /* NULL is a no-op */
 
-/* A tensor view of a buffer. */
-clattn_tensor tu_tensor(cl_mem mem, size_t offset);
+/* (Tensors: clattn_tensor_make for packed ones; tests/problems.h for strided typed layouts,
+ * uploads and downloads.) */
 
 /* --- small conversions -------------------------------------------------------------------- */
 

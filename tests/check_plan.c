@@ -1,0 +1,1095 @@
+/*
+ * check_plan: SDPA and MHA plans on what the typed strided tensors allow, against the float64
+ * reference of the (rounded) inputs: strided views of q, k, v and out (a (B, L, H*d) buffer
+ * read as heads, padded strides, offsets), F16 and BF16 storage on both paths, every mask
+ * broadcast shape (float and bool) on both paths, both causal alignments with seq_q != seq_k,
+ * plan reuse over many executions, a second queue (in order, and out of order where the device
+ * has one), a caller's workspace, the lse output, descriptors with a wrong struct_size, the
+ * bindings checked at execution, the tuning table's CLATTN_TUNING file, and MHA plans on
+ * strided and F16 activations. Problems come from tests/problems.c; outputs are NaN-poisoned
+ * and every element of every buffer outside a tensor must stay poison.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "problems.h"
+#include "reference.h"
+#include "testutil.h"
+
+#define COUNT_OF(array) ((int)(sizeof(array) / sizeof((array)[0])))
+
+static void run_sdpa(const pb_sdpa_spec *spec, const pb_run_options *options)
+{
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, spec);
+    tu_set_case("%s", p.label);
+    clattn_status status = pb_sdpa_run(tu_ctx(), &p, options);
+    tu_expect_status(status, CLATTN_SUCCESS, "pb_sdpa_run");
+    pb_sdpa_free(&p);
+}
+
+static pb_sdpa_spec base_spec(size_t batch, size_t heads, size_t seq_q, size_t seq_k, size_t dk,
+                              size_t dv)
+{
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = batch;
+    spec.heads = heads;
+    spec.seq_q = seq_q;
+    spec.seq_k = seq_k;
+    spec.dk = dk;
+    spec.dv = dv;
+    return spec;
+}
+
+/* --- host conversions ------------------------------------------------------------------------ */
+
+/* float -> F16 / BF16 round to nearest even, and back: the conversions every typed upload and
+ * download in these suites relies on. */
+START_TEST(test_dtype_conversions)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("F16 and BF16 conversions");
+    static const struct {
+        float value;
+        uint16_t f16, bf16;
+    } known[] = {
+        {0.0f, 0x0000, 0x0000},
+        {-0.0f, 0x8000, 0x8000},
+        {1.0f, 0x3c00, 0x3f80},
+        {-2.0f, 0xc000, 0xc000},
+        {65504.0f, 0x7bff, 0x4780},
+        {65520.0f, 0x7c00, 0x4780}, /* halfway to 65536: ties to even, infinity */
+        {65519.0f, 0x7bff, 0x4780},
+        {0x1.0p-24f, 0x0001, 0x3380},            /* smallest F16 subnormal */
+        {0x1.8p-25f, 0x0001, 0x3340},            /* 0.75 units: rounds up */
+        {0x1.0p-25f, 0x0000, 0x3300},            /* half a unit: ties to even (0) */
+        {0x1.8p-24f, 0x0002, 0x33c0},            /* 1.5 units: ties to even (2) */
+        {0x1.ff8p-15f, 0x03ff, 0x3880},          /* largest subnormal: 1023 units */
+        {0x1.ffcp-15f, 0x0400, 0x3880},          /* 1023.5 units: ties to even (1024) */
+        {0x1.0p-14f, 0x0400, 0x3880},            /* smallest normal */
+        {1.0f + 0x1.0p-11f, 0x3c00, 0x3f80},     /* half an F16 ulp above 1: to even (down) */
+        {1.0f + 0x1.8p-10f, 0x3c02, 0x3f80},     /* 1.5 ulp: to even (up) */
+        {1.0f + 0x1.0p-8f, 0x3c04, 0x3f80},      /* half a BF16 ulp: to even (down) */
+        {1.0f + 0x1.8p-7f, 0x3c0c, 0x3f82},      /* 1.5 BF16 ulp: to even (up) */
+        {INFINITY, 0x7c00, 0x7f80},
+        {-INFINITY, 0xfc00, 0xff80},
+        {3.0e38f, 0x7c00, 0x7f62},
+    };
+    for (int i = 0; i < COUNT_OF(known); ++i) {
+        const uint16_t f16 = pb_f16_from_float(known[i].value);
+        const uint16_t bf16 = pb_bf16_from_float(known[i].value);
+        tu_expect(f16 == known[i].f16, "F16(%a) = 0x%04x, want 0x%04x", (double)known[i].value,
+                  f16, known[i].f16);
+        tu_expect(bf16 == known[i].bf16, "BF16(%a) = 0x%04x, want 0x%04x",
+                  (double)known[i].value, bf16, known[i].bf16);
+    }
+    tu_expect(isnan(pb_f16_to_float(pb_f16_from_float(NAN))) &&
+                  isnan(pb_bf16_to_float(pb_bf16_from_float(NAN))),
+              "NaN did not survive a round trip");
+    /* Every F16 and BF16 value converts to float and back unchanged (NaN payloads aside). */
+    for (uint32_t bits = 0; bits <= 0xffff; ++bits) {
+        const float f16 = pb_f16_to_float((uint16_t)bits);
+        const float bf16 = pb_bf16_to_float((uint16_t)bits);
+        if (!isnan(f16) && !tu_expect(pb_f16_from_float(f16) == bits,
+                                      "F16 0x%04x -> %a -> 0x%04x", (unsigned)bits, (double)f16,
+                                      pb_f16_from_float(f16)))
+            break;
+        if (!isnan(bf16) && !tu_expect(pb_bf16_from_float(bf16) == bits,
+                                       "BF16 0x%04x -> %a -> 0x%04x", (unsigned)bits,
+                                       (double)bf16, pb_bf16_from_float(bf16)))
+            break;
+    }
+    /* Random values: the result is one of the two neighbours and the nearer one. */
+    for (int i = 0; i < 100000; ++i) {
+        const float value = (float)((tu_rand_unit() - 0.5) * pow(2.0, (double)tu_rand_below(35) -
+                                                                          20.0));
+        const float rounded = pb_round(CLATTN_DTYPE_F16, value);
+        const double ulp = fabs(value) < 0x1.0p-14 ? 0x1.0p-24
+                                                   : pow(2.0, floor(log2(fabs(value)))) * 0x1.0p-10;
+        if (!tu_expect(fabs((double)rounded - value) <= ulp / 2, "F16 rounding of %a gave %a",
+                       (double)value, (double)rounded))
+            break;
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+#define F32 CLATTN_DTYPE_F32
+#define F16 CLATTN_DTYPE_F16
+#define BF16 CLATTN_DTYPE_BF16
+
+/* --- strided views ---------------------------------------------------------------------------- */
+
+static const pb_layout view_layouts[] = {PB_PACKED_STRIDES, PB_SEQ_MAJOR, PB_SEQ_MAJOR_PADDED,
+                                         PB_PADDED, PB_STRIDED_LAST};
+static const char *const role_names[] = {"q", "k", "v", "out"};
+
+static void set_layout(pb_sdpa_spec *spec, int role, pb_layout layout)
+{
+    pb_layout *layouts[4] = {&spec->q_layout, &spec->k_layout, &spec->v_layout,
+                             &spec->out_layout};
+    *layouts[role] = layout;
+}
+
+/* One of q, k, v, out as a strided view (i / 5: the role, i % 5: the layout), then all four
+ * at once as views of (B, L, H*d) buffers and as padded views; each on both paths. A view
+ * with stride 2 along head_dim runs fused; the unfused path refuses it, naming the stride. */
+START_TEST(test_views)
+{
+    TU_BEGIN_TEST();
+    const int all = _i >= 20;
+    const int role = _i / 5;
+    const pb_layout layout = all ? (_i == 20 ? PB_SEQ_MAJOR : PB_PADDED) : view_layouts[_i % 5];
+    const clattn_path paths[2] = {CLATTN_PATH_FUSED, CLATTN_PATH_UNFUSED};
+    for (int path = 0; path < 2; ++path) {
+        pb_sdpa_spec spec = base_spec(2, 3, 17, 33, 12, 7);
+        spec.causal = CLATTN_CAUSAL_TOP_LEFT;
+        spec.padding = 1;
+        spec.path = paths[path];
+        spec.want_weights = path == 1;
+        spec.want_lse = path == 0;
+        for (int r = 0; r < 4; ++r)
+            if (all || r == role)
+                set_layout(&spec, r, layout);
+        if (layout == PB_STRIDED_LAST && path == 1) {
+            pb_sdpa_problem p;
+            pb_sdpa_make(&p, &spec);
+            tu_set_case("%s (%s with stride 2 along head_dim, UNFUSED: refused)", p.label,
+                        role_names[role]);
+            clattn_sdpa_desc desc;
+            pb_sdpa_desc(&p, &desc);
+            clattn_plan *plan = NULL;
+            clattn_status status = clattn_sdpa_plan_create(tu_ctx(), &desc, &plan);
+            tu_expect_status(status, CLATTN_ERR_UNSUPPORTED, "UNFUSED with a head_dim stride 2");
+            tu_expect(strstr(clattn_last_error(tu_ctx()), role_names[role]) != NULL &&
+                          strstr(clattn_last_error(tu_ctx()), "stride") != NULL,
+                      "message '%s' does not name %s and its stride",
+                      clattn_last_error(tu_ctx()), role_names[role]);
+            clattn_plan_release(plan);
+            pb_sdpa_free(&p);
+            continue;
+        }
+        run_sdpa(&spec, NULL);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* q, k and v as views of one (B, L, 3·H·d) buffer, as a packed projection writes them (the
+ * former split of a packed qkv projection): offsets 0, H·d and 2·H·d, row stride 3·H·d; out a
+ * (B, L, H·d) view (the former concat of heads). Both paths. */
+START_TEST(test_packed_qkv_views)
+{
+    TU_BEGIN_TEST();
+    static const size_t shapes[][4] = {{2, 17, 4, 3}, {1, 65, 2, 16}, {3, 5, 16, 1}};
+    const size_t batch = shapes[_i][0], seq = shapes[_i][1], heads = shapes[_i][2];
+    const size_t head_dim = shapes[_i][3], embed = heads * head_dim;
+    clattn_ctx *ctx = tu_ctx();
+    for (int path = 0; path < 2; ++path) {
+        pb_sdpa_spec spec = base_spec(batch, heads, seq, seq, head_dim, head_dim);
+        spec.path = path ? CLATTN_PATH_UNFUSED : CLATTN_PATH_FUSED;
+        spec.causal = CLATTN_CAUSAL_TOP_LEFT;
+        spec.out_layout = PB_SEQ_MAJOR;
+        pb_sdpa_problem p;
+        pb_sdpa_make(&p, &spec);
+        clattn_tensor *qkv[3] = {&p.layouts.q, &p.layouts.k, &p.layouts.v};
+        const float *values[3] = {p.q, p.k, p.v};
+        const size_t total = batch * seq * 3 * embed;
+        float *staging = tu_nan_floats(total);
+        for (int part = 0; part < 3; ++part) {
+            const size_t strides[4] = {seq * 3 * embed, head_dim, 3 * embed, 1};
+            memcpy(qkv[part]->strides, strides, sizeof strides);
+            for (size_t i = 0; i < p.q_count; ++i) {
+                const size_t x = i % head_dim, pos = (i / head_dim) % seq;
+                const size_t h = (i / head_dim / seq) % heads, b = i / head_dim / seq / heads;
+                staging[part * embed + b * strides[0] + h * strides[1] + pos * strides[2] + x] =
+                    values[part][i];
+            }
+        }
+        tu_set_case("%s, q/k/v in one (B, L, 3E) buffer", p.label);
+        clattn_sdpa_desc desc;
+        pb_sdpa_desc(&p, &desc);
+        clattn_plan *plan = NULL;
+        clattn_tensors bound;
+        memset(&bound, 0, sizeof bound);
+        clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+        bound.out = p.layouts.out;
+        if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_sdpa_plan_create") &&
+            pb_upload(ctx, &bound.out, 2, NULL) == CL_SUCCESS) {
+            cl_mem packed = tu_upload_floats(staging, total);
+            for (int part = 0; part < 3; ++part) {
+                clattn_tensor *t = part == 0 ? &bound.q : part == 1 ? &bound.k : &bound.v;
+                *t = *qkv[part];
+                t->mem = packed;
+                t->offset = (size_t)part * embed;
+            }
+            status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+            if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute"))
+                pb_sdpa_check(ctx, NULL, &p, &bound);
+            /* the inputs' buffer is read only: unchanged */
+            float *after = tu_floats(total);
+            tu_read_floats(packed, 0, total, after);
+            size_t changed = 0;
+            for (size_t i = 0; i < total; ++i)
+                changed += !(after[i] == staging[i] || (isnan(after[i]) && isnan(staging[i])));
+            tu_expect(changed == 0, "%zu elements of the packed q/k/v buffer changed", changed);
+            free(after);
+        }
+        pb_release_tensors(&bound);
+        clattn_plan_release(plan);
+        free(staging);
+        pb_sdpa_free(&p);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* k and v shared by every head (stride 0 along heads, as multi-query attention stores them)
+ * and by every batch entry: a stride of 0 repeats an input. */
+START_TEST(test_broadcast_inputs)
+{
+    TU_BEGIN_TEST();
+    const clattn_path paths[2] = {CLATTN_PATH_FUSED, CLATTN_PATH_UNFUSED};
+    for (int path = 0; path < 2; ++path) {
+        pb_sdpa_spec spec = base_spec(3, 4, 9, 21, 8, 5);
+        spec.path = paths[path];
+        spec.mask = PB_MASK_FLOAT;
+        pb_sdpa_problem p;
+        pb_sdpa_make(&p, &spec);
+        const size_t k_head = spec.seq_k * spec.dk, v_head = spec.seq_k * spec.dv;
+        const size_t heads_total = spec.batch * spec.heads;
+        for (size_t bh = 1; bh < heads_total; ++bh) {
+            /* _i 0: shared over heads (per batch entry); 1: one k and v for everything */
+            const size_t source = _i == 0 ? (bh / spec.heads) * spec.heads : 0;
+            memcpy(p.k + bh * k_head, p.k + source * k_head, k_head * sizeof(float));
+            memcpy(p.v + bh * v_head, p.v + source * v_head, v_head * sizeof(float));
+        }
+        clattn_tensor *kv[2] = {&p.layouts.k, &p.layouts.v};
+        for (int t = 0; t < 2; ++t) {
+            const size_t d = kv[t]->dims[3];
+            kv[t]->strides[3] = 1;
+            kv[t]->strides[2] = d;
+            kv[t]->strides[1] = 0;
+            kv[t]->strides[0] = _i == 0 ? spec.seq_k * d + 3 : 0;
+        }
+        pb_sdpa_reference(&p);
+        tu_set_case("%s, k and v with stride 0 along heads%s", p.label,
+                    _i == 0 ? "" : " and batch");
+        tu_expect_status(pb_sdpa_run(tu_ctx(), &p, NULL), CLATTN_SUCCESS, "pb_sdpa_run");
+        pb_sdpa_free(&p);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- storage dtypes ------------------------------------------------------------------------- */
+
+/* F16 and BF16 storage of q, k, v and out (each combination on both paths) against the
+ * reference of the rounded inputs; outputs within the tolerance of their storage. */
+START_TEST(test_dtypes)
+{
+    TU_BEGIN_TEST();
+    static const clattn_dtype combos[][4] = {
+        {F16, F16, F16, F16},  {BF16, BF16, BF16, BF16}, {F16, BF16, F32, F16},
+        {F32, F32, F32, BF16}, {BF16, F16, F16, F32},    {F32, F16, BF16, F16},
+    };
+    static const size_t shapes[][6] = {{2, 3, 17, 33, 16, 16}, {1, 2, 65, 63, 64, 32},
+                                       {3, 1, 1, 129, 8, 17},  {2, 2, 33, 7, 128, 64},
+                                       {1, 4, 63, 65, 7, 9},   {2, 1, 129, 127, 32, 32}};
+    const clattn_path paths[2] = {CLATTN_PATH_FUSED, CLATTN_PATH_UNFUSED};
+    for (int path = 0; path < 2; ++path) {
+        const size_t *s = shapes[_i];
+        pb_sdpa_spec spec = base_spec(s[0], s[1], s[2], s[3], s[4], s[5]);
+        spec.q_dtype = combos[_i][0];
+        spec.k_dtype = combos[_i][1];
+        spec.v_dtype = combos[_i][2];
+        spec.out_dtype = combos[_i][3];
+        spec.path = paths[path];
+        spec.causal = _i % 2 ? CLATTN_CAUSAL_BOTTOM_RIGHT : CLATTN_CAUSAL_NONE;
+        spec.mask = _i % 3 == 0 ? PB_MASK_FLOAT : _i % 3 == 1 ? PB_MASK_BOOL : PB_MASK_NONE;
+        spec.mask_dtype = combos[_i][0];
+        spec.padding = _i % 2 == 0;
+        spec.want_weights = path == 1 && _i % 2 == 0;
+        spec.want_lse = path == 0;
+        spec.q_layout = _i % 2 ? PB_SEQ_MAJOR : PB_PACKED;
+        spec.out_layout = _i % 3 == 2 ? PB_PADDED : PB_PACKED;
+        run_sdpa(&spec, NULL);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- masks ------------------------------------------------------------------------------------ */
+
+/* The mask shapes: rank 4 with any dims 1 (16), rank 3 (H, Lq, Lk) (8), rank 2 (Lq, Lk) (4),
+ * rank 1 (Lk) (2). */
+static void mask_shape_of(int index, int *rank, unsigned *ones)
+{
+    if (index < 16) {
+        *rank = 4, *ones = (unsigned)index;
+    } else if (index < 24) {
+        *rank = 3, *ones = (unsigned)(index - 16) << 1;
+    } else if (index < 28) {
+        *rank = 2, *ones = (unsigned)(index - 24) << 2;
+    } else {
+        *rank = 1, *ones = (unsigned)(index - 28) << 3;
+    }
+}
+#define MASK_SHAPES 30
+
+/* Every broadcast shape of the attn_mask, float (F32, F16 or BF16) and bool, on both paths;
+ * rank-4 masks also with stride-0 dims instead of dims of 1. */
+START_TEST(test_mask_shapes)
+{
+    TU_BEGIN_TEST();
+    int rank = 0;
+    unsigned ones = 0;
+    mask_shape_of(_i, &rank, &ones);
+    static const clattn_dtype float_dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16,
+                                                 CLATTN_DTYPE_BF16};
+    for (int kind = 0; kind < 2; ++kind) {
+        for (int path = 0; path < 2; ++path) {
+            pb_sdpa_spec spec = base_spec(2, 3, 5, 17, 8, 6);
+            spec.mask = kind ? PB_MASK_BOOL : PB_MASK_FLOAT;
+            spec.mask_dtype = kind ? CLATTN_DTYPE_U8 : float_dtypes[_i % 3];
+            spec.mask_rank = rank;
+            spec.mask_ones = ones;
+            spec.mask_zero_strides = rank == 4 && ones != 0 && (_i + kind) % 2 == 1;
+            spec.mask_layout = (_i + path) % 3 == 0 ? PB_PADDED : PB_PACKED;
+            spec.path = path ? CLATTN_PATH_UNFUSED : CLATTN_PATH_FUSED;
+            spec.want_weights = path == 1;
+            spec.want_lse = path == 0;
+            spec.padding = _i % 4 == 1;
+            spec.causal = _i % 5 == 2 ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+            spec.norm = _i % 7 == 3 ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
+            run_sdpa(&spec, NULL);
+        }
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* A mask whose dims do not broadcast to (B, H, Lq, Lk) is refused at plan creation. */
+START_TEST(test_mask_shape_errors)
+{
+    TU_BEGIN_TEST();
+    pb_sdpa_spec spec = base_spec(2, 3, 5, 17, 8, 6);
+    spec.mask = PB_MASK_FLOAT;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    static const size_t bad[][4] = {{5, 16, 0, 0}, {3, 5, 17, 0}, {2, 2, 5, 17}, {4, 3, 5, 17}};
+    static const int ranks[] = {2, 3, 4, 4};
+    for (int i = 0; i < 4; ++i) {
+        tu_set_case("attn_mask rank %d dims (%zu, %zu, %zu, %zu) on (2, 3, 5, 17)", ranks[i],
+                    bad[i][0], bad[i][1], bad[i][2], bad[i][3]);
+        clattn_sdpa_desc desc;
+        pb_sdpa_desc(&p, &desc);
+        pb_make_layout(&desc.tensors.attn_mask, CLATTN_DTYPE_F32, ranks[i], bad[i], PB_PACKED);
+        if (i == 1) /* (3, 5, 17) is (H, Lq, Lk): fine; make H wrong instead */
+            desc.tensors.attn_mask.dims[0] = 2;
+        clattn_plan *plan = NULL;
+        clattn_status status = clattn_sdpa_plan_create(tu_ctx(), &desc, &plan);
+        tu_expect(status == CLATTN_ERR_INVALID_SHAPE, "got %s: %s", clattn_status_string(status),
+                  clattn_last_error(tu_ctx()));
+        tu_expect(tu_mentions_word(clattn_last_error(tu_ctx()), "attn_mask"),
+                  "message '%s' does not name attn_mask", clattn_last_error(tu_ctx()));
+        clattn_plan_release(plan);
+    }
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- causal alignments ---------------------------------------------------------------------- */
+
+/* TOP_LEFT and BOTTOM_RIGHT with seq_q < seq_k, seq_q > seq_k (BOTTOM_RIGHT: the first rows
+ * see no key at all) and seq_q == seq_k, on both paths, with lse (fused) and weights
+ * (unfused). */
+START_TEST(test_causal_alignments)
+{
+    TU_BEGIN_TEST();
+    static const size_t seqs[3][2] = {{17, 65}, {65, 17}, {33, 33}};
+    const clattn_causal causal = _i < 3 ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_BOTTOM_RIGHT;
+    const size_t *seq = seqs[_i % 3];
+    const clattn_path paths[2] = {CLATTN_PATH_FUSED, CLATTN_PATH_UNFUSED};
+    for (int path = 0; path < 2; ++path) {
+        for (int masks = 0; masks < 2; ++masks) {
+            pb_sdpa_spec spec = base_spec(2, 2, seq[0], seq[1], 16, 24);
+            spec.causal = causal;
+            spec.path = paths[path];
+            spec.want_lse = path == 0;
+            spec.want_weights = path == 1;
+            spec.mask = masks ? PB_MASK_BOOL : PB_MASK_NONE;
+            spec.padding = masks;
+            spec.norm = masks && _i % 2 ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
+            run_sdpa(&spec, NULL);
+        }
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* The log-sum-exp output of the fused path against the reference: softmax and relu, masks,
+ * both causal alignments, fully masked rows (-inf), F16 inputs. */
+START_TEST(test_lse)
+{
+    TU_BEGIN_TEST();
+    static const size_t seq_q[] = {1, 17, 65, 129, 33, 7, 64, 100};
+    static const size_t seq_k[] = {1, 63, 17, 129, 300, 65, 64, 1};
+    pb_sdpa_spec spec = base_spec(1 + (size_t)_i % 3, 1 + (size_t)_i % 4, seq_q[_i], seq_k[_i],
+                                  _i % 2 ? 64 : 17, _i % 3 ? 32 : 8);
+    spec.path = _i % 2 ? CLATTN_PATH_FUSED : CLATTN_PATH_AUTO;
+    spec.want_lse = 1;
+    spec.norm = _i % 4 == 3 ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
+    spec.causal = (clattn_causal)(_i % 3);
+    spec.mask = (pb_mask_kind)(_i % 3);
+    spec.padding = _i % 2 == 0;
+    spec.fully_masked = _i % 4 == 2 ? 1 : _i == 5 ? 2 : 0;
+    spec.q_dtype = spec.k_dtype = _i == 6 ? CLATTN_DTYPE_F16 : CLATTN_DTYPE_F32;
+    spec.scale = _i == 7 ? 0.0f : NAN;
+    spec.q_gain = 4.0f;
+    run_sdpa(&spec, NULL);
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- plan reuse, queues, workspace -------------------------------------------------------- */
+
+/* One plan, many executions on fresh buffers at new offsets each time, both paths. */
+START_TEST(test_plan_reuse)
+{
+    TU_BEGIN_TEST();
+    pb_sdpa_spec spec = base_spec(2, 3, 17, 31, 16, 16);
+    spec.path = _i ? CLATTN_PATH_UNFUSED : CLATTN_PATH_FUSED;
+    spec.mask = PB_MASK_FLOAT;
+    spec.mask_rank = 4;
+    spec.mask_ones = PB_MASK_ONES_H;
+    spec.padding = 1;
+    spec.want_weights = _i;
+    spec.want_lse = !_i;
+    spec.q_layout = PB_SEQ_MAJOR;
+    spec.out_dtype = CLATTN_DTYPE_F16;
+    const pb_run_options options = {.executions = tu_small() ? 3 : 7};
+    run_sdpa(&spec, &options);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Executions on a second queue of the context's cl_context and device (in order, and out of
+ * order where the device has it), with and without a caller's workspace. */
+START_TEST(test_second_queue)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    cl_command_queue_properties supported = 0;
+    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_QUEUE_PROPERTIES, sizeof supported,
+                    &supported, NULL);
+    const int out_of_order = _i == 1;
+    if (out_of_order && !(supported & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)) {
+        printf("check_plan: the device has no out-of-order queues: test_second_queue 1 checks "
+               "an in-order queue again\n");
+    }
+    const cl_command_queue_properties props =
+        out_of_order ? (supported & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) : 0;
+    cl_int err = CL_SUCCESS;
+    cl_command_queue queue =
+        clCreateCommandQueue(clattn_ctx_cl_context(ctx), clattn_ctx_device(ctx), props, &err);
+    if (tu_expect(err == CL_SUCCESS && queue != NULL, "clCreateCommandQueue: %d", err)) {
+        for (int path = 0; path < 2; ++path) {
+            pb_sdpa_spec spec = base_spec(2, 2, 33, 65, 32, 16);
+            spec.path = path ? CLATTN_PATH_UNFUSED : CLATTN_PATH_FUSED;
+            spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+            spec.mask = PB_MASK_BOOL;
+            spec.want_weights = path;
+            spec.want_lse = !path;
+            const pb_run_options options = {
+                .queue = queue, .executions = tu_small() ? 1 : 3, .caller_workspace = _i};
+            run_sdpa(&spec, &options);
+        }
+        clReleaseCommandQueue(queue);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* A caller's workspace of clattn_plan_workspace_size bytes (the fused path needs none), and
+ * one a byte short, refused at execution. */
+START_TEST(test_caller_workspace)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    pb_sdpa_spec spec = base_spec(2, 3, 17, 33, 8, 8);
+    spec.path = _i ? CLATTN_PATH_UNFUSED : CLATTN_PATH_FUSED;
+    spec.want_weights = 0;
+    spec.mask = PB_MASK_FLOAT;
+    const pb_run_options options = {.caller_workspace = 1, .executions = 2};
+    run_sdpa(&spec, &options);
+
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("%s: workspace size and a workspace one byte short", p.label);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    clattn_plan *plan = NULL;
+    clattn_tensors bound;
+    memset(&bound, 0, sizeof bound);
+    clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_sdpa_plan_create")) {
+        const size_t bytes = clattn_plan_workspace_size(plan);
+        const size_t scores = spec.batch * spec.heads * spec.seq_q * spec.seq_k * sizeof(float);
+        if (_i) {
+            tu_expect(bytes >= scores, "unfused workspace %zu bytes < the scores' %zu", bytes,
+                      scores);
+        } else {
+            tu_expect(bytes == 0, "the fused plan needs %zu bytes of workspace", bytes);
+        }
+        cl_int err = CL_SUCCESS;
+        cl_mem short_ws = bytes > 1 ? clCreateBuffer(clattn_ctx_cl_context(ctx),
+                                                     CL_MEM_READ_WRITE, bytes - 1, NULL, &err)
+                                    : NULL;
+        if (short_ws != NULL && pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS) {
+            status = clattn_plan_execute(plan, &bound, NULL, short_ws, 0, NULL, NULL);
+            tu_expect(status == CLATTN_ERR_BUFFER_TOO_SMALL &&
+                          tu_mentions_word(clattn_last_error(ctx), "workspace"),
+                      "a workspace one byte short: %s: %s", clattn_status_string(status),
+                      clattn_last_error(ctx));
+            float *out = tu_floats(p.out_count);
+            size_t stray = 0;
+            pb_download(ctx, NULL, &bound.out, out, &stray);
+            size_t written = 0;
+            for (size_t i = 0; i < p.out_count; ++i)
+                written += !isnan(out[i]);
+            tu_expect(written == 0 && stray == 0, "a refused execution wrote %zu elements",
+                      written + stray);
+            free(out);
+        }
+        if (short_ws != NULL)
+            clReleaseMemObject(short_ws);
+    }
+    pb_release_tensors(&bound);
+    clattn_plan_release(plan);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- descriptors and bindings ----------------------------------------------------------------- */
+
+static void expect_struct_size_error(clattn_status status, const char *call, size_t given)
+{
+    tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && strstr(clattn_last_error(tu_ctx()),
+                                                              "struct_size") != NULL,
+              "%s with struct_size %zu: %s: '%s' (want CLATTN_ERR_INVALID_ARGUMENT naming "
+              "struct_size)",
+              call, given, clattn_status_string(status), clattn_last_error(tu_ctx()));
+}
+
+/* Every descriptor with struct_size sizeof - 8, sizeof + 8 and 0 is refused, naming
+ * struct_size; nothing runs. */
+START_TEST(test_struct_size)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    pb_sdpa_spec spec = base_spec(1, 2, 3, 5, 4, 4);
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    pb_mha_spec mspec;
+    pb_mha_spec_init(&mspec);
+    mspec.batch = 1, mspec.seq_q = 3, mspec.embed_dim = 8, mspec.num_heads = 2;
+    mspec.form = PB_PACKED_SELF;
+    pb_mha_problem mp;
+    pb_mha_make(&mp, &mspec);
+    float out[64];
+    for (int wrong = 0; wrong < 3; ++wrong) {
+        tu_set_case("struct_size: %s", wrong == 0 ? "sizeof - 8" : wrong == 1 ? "sizeof + 8" : "0");
+#define WRONG_SIZE(type) (wrong == 0 ? sizeof(type) - 8 : wrong == 1 ? sizeof(type) + 8 : 0)
+        clattn_plan *plan = NULL;
+        clattn_sdpa_desc sdpa;
+        pb_sdpa_desc(&p, &sdpa);
+        sdpa.struct_size = WRONG_SIZE(clattn_sdpa_desc);
+        expect_struct_size_error(clattn_sdpa_plan_create(ctx, &sdpa, &plan),
+                                 "clattn_sdpa_plan_create", sdpa.struct_size);
+        tu_expect(plan == NULL, "clattn_sdpa_plan_create returned a plan");
+        clattn_plan_release(plan);
+        plan = NULL;
+
+        clattn_mha_desc mha;
+        pb_mha_desc(&mp, &mha);
+        mha.struct_size = WRONG_SIZE(clattn_mha_desc);
+        expect_struct_size_error(clattn_mha_plan_create(ctx, &mha, &plan),
+                                 "clattn_mha_plan_create", mha.struct_size);
+        tu_expect(plan == NULL, "clattn_mha_plan_create returned a plan");
+        clattn_plan_release(plan);
+
+        clattn_attention_host_desc host;
+        clattn_attention_host_desc_init(&host);
+        host.batch = 1, host.heads = 2, host.seq_q = 3, host.seq_k = 5;
+        host.head_dim_qk = host.head_dim_v = 4;
+        host.struct_size = WRONG_SIZE(clattn_attention_host_desc);
+        expect_struct_size_error(clattn_attention_host(ctx, &host, p.q, p.k, p.v, NULL, out, NULL),
+                                 "clattn_attention_host", host.struct_size);
+
+        clattn_mha_host_desc mha_host = mp.desc;
+        mha_host.struct_size = WRONG_SIZE(clattn_mha_host_desc);
+        expect_struct_size_error(clattn_mha_forward_host(ctx, &mha_host, &mp.weights, mp.query,
+                                                         NULL, NULL, NULL, out, NULL),
+                                 "clattn_mha_forward_host", mha_host.struct_size);
+
+        clattn_tensors bound;
+        if (pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS) {
+            /* q (1, 2, 3, 4) times k (1, 2, 5, 4)ᵀ into a (1, 2, 3, 5) buffer */
+            cl_int err = CL_SUCCESS;
+            cl_mem c_mem = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE,
+                                          30 * sizeof(float), NULL, &err);
+            const clattn_tensor c = clattn_tensor_make(c_mem, 0, CLATTN_DTYPE_F32, 4, 1, 2, 3, 5);
+            clattn_matmul_desc matmul = {WRONG_SIZE(clattn_matmul_desc), 0, 1, 1.0f, 0.0f};
+            expect_struct_size_error(
+                clattn_matmul(ctx, &matmul, &bound.q, &bound.k, NULL, &c, 0, NULL, NULL),
+                "clattn_matmul", matmul.struct_size);
+            if (c_mem != NULL)
+                clReleaseMemObject(c_mem);
+            pb_release_tensors(&bound);
+        }
+#undef WRONG_SIZE
+    }
+    pb_mha_free(&mp);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Executes plan on `tensors` and expects `want` with a message naming `name`; the outputs
+ * (poisoned) must stay untouched when the binding is refused. */
+static void expect_binding_error(clattn_plan *plan, const pb_sdpa_problem *p,
+                                 const clattn_tensors *tensors, const clattn_tensors *bound,
+                                 clattn_status want, const char *name, const char *what)
+{
+    clattn_ctx *ctx = tu_ctx();
+    clattn_status status = clattn_plan_execute(plan, tensors, NULL, NULL, 0, NULL, NULL);
+    tu_expect(status == want && tu_mentions_word(clattn_last_error(ctx), name),
+              "%s: %s: '%s' (want %s naming %s)", what, clattn_status_string(status),
+              clattn_last_error(ctx), clattn_status_string(want), name);
+    float *out = tu_floats(p->out_count);
+    size_t stray = 0, written = 0;
+    pb_download(ctx, NULL, &bound->out, out, &stray);
+    for (size_t i = 0; i < p->out_count; ++i)
+        written += !isnan(out[i]);
+    tu_expect(written == 0 && stray == 0, "%s: a refused execution wrote %zu elements", what,
+              written + stray);
+    free(out);
+}
+
+/* The bindings checked at execution: dtype, dims and strides against the plan, buffers too
+ * small through the strides or the offset, a buffer of another cl_context, a tensor the plan
+ * has left absent, a tensor the plan lacks bound; an equivalent layout (packed spelled out)
+ * is accepted. */
+START_TEST(test_bindings)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    pb_sdpa_spec spec = base_spec(2, 3, 9, 17, 8, 6);
+    spec.path = _i ? CLATTN_PATH_UNFUSED : CLATTN_PATH_FUSED;
+    spec.mask = PB_MASK_FLOAT;
+    spec.padding = 1;
+    spec.want_weights = _i;
+    spec.want_lse = !_i;
+    spec.out_layout = PB_PADDED;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("bindings: %s", p.label);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    clattn_plan *plan = NULL;
+    clattn_tensors bound;
+    memset(&bound, 0, sizeof bound);
+    clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    if (!tu_expect_status(status, CLATTN_SUCCESS, "clattn_sdpa_plan_create") ||
+        pb_sdpa_upload(ctx, &p, &bound) != CL_SUCCESS) {
+        clattn_plan_release(plan);
+        pb_sdpa_free(&p);
+        TU_END_TEST();
+        return;
+    }
+    clattn_tensors t;
+    cl_int err = CL_SUCCESS;
+
+    t = bound;
+    t.q.dtype = CLATTN_DTYPE_F16;
+    expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_INVALID_ARGUMENT, "q", "q as F16");
+    t = bound;
+    t.k.dims[2] = 16;
+    expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_INVALID_ARGUMENT, "k", "k dims");
+    t = bound;
+    t.v.rank = 3;
+    expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_INVALID_ARGUMENT, "v", "v rank 3");
+    t = bound;
+    pb_tensor_strides(&bound.v, t.v.strides);
+    t.v.strides[2] += 1; /* a row gap the plan does not have */
+    expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_INVALID_ARGUMENT, "v", "v strides");
+    t = bound;
+    t.attn_mask.dtype = CLATTN_DTYPE_U8;
+    expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_INVALID_ARGUMENT, "attn_mask",
+                         "attn_mask as U8");
+
+    /* out is padded: a buffer with room for its elements packed, not for its strides */
+    const size_t out_extent = pb_tensor_extent(&bound.out);
+    cl_mem packed_size = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE,
+                                        p.out_count * sizeof(float), NULL, &err);
+    t = bound;
+    t.out.mem = packed_size;
+    t.out.offset = 0;
+    tu_expect(out_extent > p.out_count, "out is not padded (extent %zu)", out_extent);
+    expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_BUFFER_TOO_SMALL, "out",
+                         "out too small through its strides");
+    t = bound;
+    t.out.offset += 4; /* the buffer has 3 elements after the tensor */
+    expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_BUFFER_TOO_SMALL, "out",
+                         "out's offset past the buffer");
+    t = bound;
+    t.key_padding_mask.offset += 4;
+    expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_BUFFER_TOO_SMALL, "key_padding_mask",
+                         "key_padding_mask's offset past the buffer");
+    if (packed_size != NULL)
+        clReleaseMemObject(packed_size);
+
+    /* absent where the plan has it; bound where the plan lacks it */
+    t = bound;
+    memset(&t.key_padding_mask, 0, sizeof t.key_padding_mask);
+    expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_INVALID_ARGUMENT, "key_padding_mask",
+                         "key_padding_mask absent");
+    t = bound;
+    t.attn_mask.mem = NULL;
+    expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_INVALID_ARGUMENT, "attn_mask",
+                         "attn_mask without a buffer");
+    t = bound;
+    if (_i) {
+        t.lse = clattn_tensor_make(bound.q.mem, 0, CLATTN_DTYPE_F32, 3, 2, 3, 9, 0);
+        expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_INVALID_ARGUMENT, "lse",
+                             "lse bound, the plan has none");
+    } else {
+        t.weights = clattn_tensor_make(bound.q.mem, 0, CLATTN_DTYPE_F32, 4, 2, 3, 9, 17);
+        expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_INVALID_ARGUMENT, "weights",
+                             "weights bound, the plan has none");
+    }
+
+    /* a buffer of another cl_context */
+    char message[256];
+    clattn_ctx *other = NULL;
+    if (clattn_ctx_create(NULL, &other, message, sizeof message) == CLATTN_SUCCESS) {
+        clattn_tensor foreign = bound.k;
+        if (pb_upload(other, &foreign, bound.k.offset, p.k) == CL_SUCCESS) {
+            t = bound;
+            t.k = foreign;
+            expect_binding_error(plan, &p, &t, &bound, CLATTN_ERR_INVALID_ARGUMENT, "k",
+                                 "k from another cl_context");
+            clReleaseMemObject(foreign.mem);
+        }
+        clattn_ctx_release(other);
+    }
+
+    /* the same layout with its packed strides spelled out: accepted, right numbers */
+    t = bound;
+    pb_tensor_strides(&bound.q, t.q.strides);
+    status = clattn_plan_execute(plan, &t, NULL, NULL, 0, NULL, NULL);
+    if (tu_expect_status(status, CLATTN_SUCCESS, "q with its packed strides spelled out"))
+        pb_sdpa_check(ctx, NULL, &p, &bound);
+
+    /* NULL arguments */
+    tu_expect_status(clattn_plan_execute(NULL, &bound, NULL, NULL, 0, NULL, NULL),
+                     CLATTN_ERR_INVALID_ARGUMENT, "clattn_plan_execute(NULL plan)");
+    tu_expect_status(clattn_plan_execute(plan, NULL, NULL, NULL, 0, NULL, NULL),
+                     CLATTN_ERR_INVALID_ARGUMENT, "clattn_plan_execute(NULL tensors)");
+    tu_expect(clattn_plan_workspace_size(NULL) == 0 && clattn_plan_is_fused(NULL) == 0,
+              "NULL plan queries");
+    clattn_plan_release(NULL);
+
+    pb_release_tensors(&bound);
+    clattn_plan_release(plan);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- the tuning table --------------------------------------------------------------------- */
+
+/* Runs p on ctx (any context) and returns out (logical packed) in got. */
+static clattn_status run_on(clattn_ctx *ctx, const pb_sdpa_problem *p, float *got)
+{
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(p, &desc);
+    clattn_plan *plan = NULL;
+    clattn_tensors bound;
+    clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    if (status == CLATTN_SUCCESS && pb_sdpa_upload(ctx, p, &bound) == CL_SUCCESS) {
+        status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+        if (status == CLATTN_SUCCESS) {
+            pb_sdpa_check(ctx, NULL, p, &bound);
+            pb_download(ctx, NULL, &bound.out, got, NULL);
+        }
+        pb_release_tensors(&bound);
+    }
+    if (status != CLATTN_SUCCESS)
+        tu_expect(0, "%s: %s: %s", p->label, clattn_status_string(status),
+                  clattn_last_error(ctx));
+    clattn_plan_release(plan);
+    return status;
+}
+
+/* Creates a context with CLATTN_TUNING naming a file holding `rows` (NULL: a file that does
+ * not exist); returns its status and message. */
+static clattn_status ctx_with_tuning(const char *rows, clattn_ctx **ctx, char *message,
+                                     size_t size)
+{
+    char path[] = "/tmp/check_plan_tuning_XXXXXX";
+    const int fd = mkstemp(path);
+    FILE *file = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (file == NULL) {
+        tu_expect(0, "cannot create a temporary tuning file");
+        *ctx = NULL;
+        return CLATTN_ERR_HOST_MEMORY;
+    }
+    fputs(rows ? rows : "", file);
+    fclose(file);
+    const char *before = getenv("CLATTN_TUNING");
+    char *saved = before ? strdup(before) : NULL;
+    setenv("CLATTN_TUNING", rows ? path : "/nonexistent/clattn_tuning", 1);
+    clattn_status status = clattn_ctx_create(NULL, ctx, message, size);
+    if (saved) {
+        setenv("CLATTN_TUNING", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("CLATTN_TUNING");
+    }
+    remove(path);
+    return status;
+}
+
+/* CLATTN_TUNING=FILE: a row that matches no device changes nothing (bit for bit), a valid row
+ * that changes parameters still gives the reference's numbers; malformed files fail context
+ * creation with a message naming the file's line and what is wrong. */
+START_TEST(test_tuning_file)
+{
+    TU_BEGIN_TEST();
+    pb_sdpa_spec spec = base_spec(2, 3, 33, 65, 16, 16);
+    spec.mask = PB_MASK_FLOAT;
+    spec.causal = CLATTN_CAUSAL_TOP_LEFT;
+    for (int path = 0; path < (tu_small() ? 1 : 2); ++path) {
+        spec.path = path ? CLATTN_PATH_UNFUSED : CLATTN_PATH_FUSED;
+        spec.want_weights = path;
+        pb_sdpa_problem p;
+        pb_sdpa_make(&p, &spec);
+        tu_set_case("tuning rows: %s", p.label);
+        float *plain = tu_nan_floats(p.out_count), *tuned = tu_nan_floats(p.out_count);
+        char message[1024] = "";
+        clattn_ctx *ctx = NULL;
+        /* the baseline: the built-in rows and an empty file (the suite may run with
+         * CLATTN_TUNING=default, which drops the built-in rows) */
+        clattn_status status = ctx_with_tuning("", &ctx, message, sizeof message);
+        if (tu_expect(status == CLATTN_SUCCESS, "an empty tuning file: %s", message))
+            run_on(ctx, &p, plain);
+        clattn_ctx_release(ctx);
+        status = ctx_with_tuning("# rows for no device\n"
+                                               "gpu | NoSuchVendor | * | softmax_wg=1\n"
+                                               "cpu | * | NoSuchDevice | flash_rows=1\n",
+                                               &ctx, message, sizeof message);
+        if (tu_expect(status == CLATTN_SUCCESS, "unmatched rows: %s", message) &&
+            run_on(ctx, &p, tuned) == CLATTN_SUCCESS)
+            tu_expect(memcmp(plain, tuned, p.out_count * sizeof(float)) == 0,
+                      "rows matching no device changed the results");
+        clattn_ctx_release(ctx);
+        status = ctx_with_tuning("any | * | * | softmax_wg=16 flash_rows=32 # applies\n", &ctx,
+                                 message, sizeof message);
+        if (tu_expect(status == CLATTN_SUCCESS, "a valid row: %s", message))
+            run_on(ctx, &p, tuned);
+        clattn_ctx_release(ctx);
+        free(tuned);
+        free(plain);
+        pb_sdpa_free(&p);
+    }
+
+    static const struct {
+        const char *rows, *needle;
+        clattn_status want;
+    } malformed[] = {
+        {"any | * | * | softmax_wg=abc\n", "line 1", CLATTN_ERR_INVALID_ARGUMENT},
+        {"# comment\n\nany | * | * | no_such_key=4\n", "line 3", CLATTN_ERR_INVALID_ARGUMENT},
+        {"just some words\n", "class | vendor | name", CLATTN_ERR_INVALID_ARGUMENT},
+        {"tpu | * | * | softmax_wg=4\n", "tpu", CLATTN_ERR_INVALID_ARGUMENT},
+        {"any | * | * | softmax_wg=3\n", "tuning", CLATTN_ERR_UNSUPPORTED},
+        {NULL, "cannot open", CLATTN_ERR_INVALID_ARGUMENT},
+    };
+    for (int i = 0; i < COUNT_OF(malformed); ++i) {
+        tu_set_case("malformed tuning file %d: '%s'", i,
+                    malformed[i].rows ? malformed[i].rows : "(missing file)");
+        char message[1024] = "";
+        clattn_ctx *ctx = NULL;
+        clattn_status status = ctx_with_tuning(malformed[i].rows, &ctx, message, sizeof message);
+        tu_expect(status == malformed[i].want && ctx == NULL &&
+                      strstr(message, malformed[i].needle) != NULL,
+                  "got %s, ctx %p, message '%s' (want %s mentioning '%s')",
+                  clattn_status_string(status), (void *)ctx, message,
+                  clattn_status_string(malformed[i].want), malformed[i].needle);
+        clattn_ctx_release(ctx);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- MHA plans on strided and typed activations --------------------------------------------- */
+
+/* MHA plans whose query, key, value and out are views with row strides above their widths,
+ * F16 and BF16 storage, on both paths (the unfused one with the attention weights). */
+START_TEST(test_mha_views)
+{
+    TU_BEGIN_TEST();
+    pb_mha_spec spec;
+    pb_mha_spec_init(&spec);
+    switch (_i) {
+    case 0: /* PyTorch packed self-attention, query rows of E + 5 */
+        spec.batch = 2, spec.seq_q = 17, spec.embed_dim = 32, spec.num_heads = 4;
+        spec.form = PB_PACKED_SELF;
+        spec.in_biases = spec.out_proj = spec.out_bias = 1;
+        spec.query_row_gap = 5;
+        spec.causal = CLATTN_CAUSAL_TOP_LEFT;
+        break;
+    case 1: /* separate weights, kdim/vdim != E, every activation typed and padded */
+        spec.batch = 3, spec.seq_q = 9, spec.seq_k = 13, spec.embed_dim = 24;
+        spec.num_heads = 3, spec.kdim = 20, spec.vdim = 12;
+        spec.layout = CLATTN_LAYOUT_XW;
+        spec.form = PB_SEPARATE_CROSS;
+        spec.in_biases = spec.out_proj = 1;
+        spec.query_dtype = F16, spec.key_dtype = BF16, spec.value_dtype = F32;
+        spec.out_dtype = F16;
+        spec.query_row_gap = 3, spec.key_row_gap = 1, spec.out_row_gap = 7;
+        spec.mask = PB_MASK_FLOAT;
+        spec.padding = 1;
+        break;
+    case 2: /* packed cross-attention, F16 query and out, bottom-right causal, bool mask */
+        spec.batch = 2, spec.seq_q = 7, spec.seq_k = 19, spec.embed_dim = 16;
+        spec.num_heads = 2;
+        spec.form = PB_PACKED_CROSS;
+        spec.in_biases = spec.out_proj = spec.out_bias = 1;
+        spec.query_dtype = F16, spec.out_dtype = F16;
+        spec.query_row_gap = 16, spec.out_row_gap = 2;
+        spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        spec.mask = PB_MASK_BOOL;
+        break;
+    default: /* separate self-attention, BF16 query (one buffer for q, k, v), no out proj */
+        spec.batch = 1, spec.seq_q = 33, spec.embed_dim = 20, spec.num_heads = 5;
+        spec.qk_dim = 10, spec.v_dim = 15;
+        spec.form = PB_SEPARATE_SELF;
+        spec.query_dtype = BF16, spec.out_dtype = BF16;
+        spec.query_row_gap = 4, spec.out_row_gap = 1;
+        spec.padding = 1;
+        spec.norm = CLATTN_NORM_RELU;
+        break;
+    }
+    for (int path = 0; path < 2; ++path) {
+        spec.path = path ? CLATTN_PATH_UNFUSED : CLATTN_PATH_FUSED;
+        spec.need_weights = path == 0 ? CLATTN_WEIGHTS_NONE
+                            : _i % 2  ? CLATTN_WEIGHTS_AVERAGED
+                                      : CLATTN_WEIGHTS_PER_HEAD;
+        pb_mha_problem p;
+        pb_mha_make(&p, &spec);
+        tu_set_case("%s", p.label);
+        tu_expect_status(pb_mha_run(tu_ctx(), &p, NULL), CLATTN_SUCCESS, "pb_mha_run");
+        pb_mha_free(&p);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- random problems ------------------------------------------------------------------------ */
+
+/* Random problems over every option the plans take: shapes, dtypes, layouts, masks. */
+START_TEST(test_random_problems)
+{
+    TU_BEGIN_TEST();
+    pb_sdpa_spec spec;
+    pb_sdpa_random_spec(&spec, PB_RANDOM_ALL | (tu_small() ? PB_RANDOM_SMALL : 0));
+    run_sdpa(&spec, NULL);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Registers `test` for the loop indices in `keep` only (a reduced run's subset). */
+static void add_loop_only(TCase *tcase, const TTest *test, const int *keep, int count)
+{
+    for (int i = 0; i < count; ++i)
+        tcase_add_loop_test(tcase, test, keep[i], keep[i] + 1);
+}
+
+int main(void)
+{
+    tu_suite_begin("check_plan");
+    Suite *suite = suite_create("plan");
+    /* A reduced run (CLATTN_TEST_SCALE=small, for Oclgrind: 8 s per plan problem there) keeps
+     * a subset of each table: every role, layout, dtype, mask rank and causal alignment still
+     * runs, in fewer combinations. */
+    const int small = tu_small();
+    static const int views_small[] = {0, 4, 6, 12, 18, 20, 21};
+    static const int dtypes_small[] = {0, 1, 5};
+    static const int masks_small[] = {0, 3, 6, 9, 12, 15, 17, 22, 25, 29};
+    static const int causal_small[] = {1, 3, 4};
+    static const int lse_small[] = {0, 1, 2, 4, 5, 6};
+    if (small)
+        tu_not_run("test_views 1-3, 5, 7-11, 13-17, 19; test_broadcast_inputs 1; test_dtypes "
+                   "2-4; test_packed_qkv_views 1-2; test_mask_shapes 1, 2, 4, 5, 7, 8, 10, 11, 13, 14, 16, 18-21, 23, 24, "
+                   "26-28; test_causal_alignments 0, 2, 5; test_lse 3, 7; fewer executions in "
+                   "test_plan_reuse and test_second_queue, one path in test_tuning_file, "
+                   "smaller random problems: 8 s per plan problem on Oclgrind");
+
+    TCase *host = tcase_create("host");
+    tcase_add_test(host, test_dtype_conversions);
+    suite_add_tcase(suite, host);
+
+    TCase *layouts = tcase_create("layouts");
+    tcase_set_timeout(layouts, 900);
+    if (small) {
+        add_loop_only(layouts, test_views, views_small, COUNT_OF(views_small));
+        tcase_add_loop_test(layouts, test_broadcast_inputs, 0, 1);
+        add_loop_only(layouts, test_dtypes, dtypes_small, COUNT_OF(dtypes_small));
+    } else {
+        tcase_add_loop_test(layouts, test_views, 0, 22);
+        tcase_add_loop_test(layouts, test_broadcast_inputs, 0, 2);
+        tcase_add_loop_test(layouts, test_dtypes, 0, 6);
+    }
+    tcase_add_loop_test(layouts, test_packed_qkv_views, 0, small ? 1 : 3);
+    tcase_add_loop_test(layouts, test_mha_views, 0, 4);
+    suite_add_tcase(suite, layouts);
+
+    TCase *masks = tcase_create("masks");
+    tcase_set_timeout(masks, 900);
+    if (small) {
+        add_loop_only(masks, test_mask_shapes, masks_small, COUNT_OF(masks_small));
+        add_loop_only(masks, test_causal_alignments, causal_small, COUNT_OF(causal_small));
+        add_loop_only(masks, test_lse, lse_small, COUNT_OF(lse_small));
+    } else {
+        tcase_add_loop_test(masks, test_mask_shapes, 0, MASK_SHAPES);
+        tcase_add_loop_test(masks, test_causal_alignments, 0, 6);
+        tcase_add_loop_test(masks, test_lse, 0, 8);
+    }
+    tcase_add_test(masks, test_mask_shape_errors);
+    suite_add_tcase(suite, masks);
+
+    TCase *execution = tcase_create("execution");
+    tcase_set_timeout(execution, 900);
+    tcase_add_loop_test(execution, test_plan_reuse, 0, 2);
+    tcase_add_loop_test(execution, test_second_queue, 0, 2);
+    tcase_add_loop_test(execution, test_caller_workspace, 0, 2);
+    tcase_add_test(execution, test_struct_size);
+    tcase_add_loop_test(execution, test_bindings, 0, 2);
+    tcase_add_test(execution, test_tuning_file);
+    suite_add_tcase(suite, execution);
+
+    TCase *problems = tcase_create("problems");
+    tcase_set_timeout(problems, 900);
+    tcase_add_loop_test(problems, test_random_problems, 0, small ? 8 : 32);
+    suite_add_tcase(suite, problems);
+    return tu_run_suite(suite);
+}

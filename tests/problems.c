@@ -1,0 +1,1663 @@
+#include "problems.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --- hooks ---------------------------------------------------------------------------------- */
+
+static uint64_t default_state_ = 1;
+
+static uint64_t default_rand_u64(void)
+{
+    uint64_t z = (default_state_ += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+static void default_fail(const char *message)
+{
+    fprintf(stderr, "FAIL %s\n", message);
+}
+
+static pb_hooks hooks_ = {default_rand_u64, default_fail, NULL};
+
+void pb_set_hooks(const pb_hooks *hooks)
+{
+    hooks_.rand_u64 = hooks && hooks->rand_u64 ? hooks->rand_u64 : default_rand_u64;
+    hooks_.fail = hooks && hooks->fail ? hooks->fail : default_fail;
+    hooks_.track_error = hooks ? hooks->track_error : NULL;
+}
+
+uint64_t pb_rand_u64(void)
+{
+    return hooks_.rand_u64();
+}
+
+double pb_rand_unit(void)
+{
+    return (double)(pb_rand_u64() >> 11) * 0x1.0p-53;
+}
+
+size_t pb_rand_below(size_t bound)
+{
+    return (size_t)(pb_rand_u64() % (uint64_t)bound);
+}
+
+void pb_fill_uniform(float *values, size_t count, float low, float high)
+{
+    for (size_t i = 0; i < count; ++i) {
+        float value = (float)(low + (high - low) * pb_rand_unit());
+        values[i] = value < high ? value : low;
+    }
+}
+
+int pb_fail(const char *format, ...)
+{
+    char message[1536];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(message, sizeof message, format, args);
+    va_end(args);
+    hooks_.fail(message);
+    return 0;
+}
+
+static void track(double error)
+{
+    if (hooks_.track_error != NULL) {
+        hooks_.track_error(error);
+    }
+}
+
+void *pb_calloc(size_t count, size_t size)
+{
+    void *memory = calloc(count ? count : 1, size ? size : 1);
+    if (memory == NULL) {
+        fprintf(stderr, "problems: out of host memory (%zu x %zu bytes)\n", count, size);
+        abort();
+    }
+    return memory;
+}
+
+float *pb_nan_floats(size_t count)
+{
+    float *values = pb_calloc(count, sizeof(float));
+    for (size_t i = 0; i < count; ++i) {
+        values[i] = NAN;
+    }
+    return values;
+}
+
+static float *uniform_floats(size_t count, float low, float high)
+{
+    float *values = pb_calloc(count, sizeof(float));
+    pb_fill_uniform(values, count, low, high);
+    return values;
+}
+
+/* --- dtypes --------------------------------------------------------------------------------- */
+
+static uint32_t float_bits(float value)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+static float bits_float(uint32_t bits)
+{
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+uint16_t pb_f16_from_float(float value)
+{
+    const uint32_t bits = float_bits(value);
+    const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    const uint32_t magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) {
+        return (uint16_t)(sign | 0x7e00u); /* NaN */
+    }
+    if (magnitude >= 0x477ff000u) {
+        return (uint16_t)(sign | 0x7c00u); /* 65520 and above round to infinity */
+    }
+    if (magnitude < 0x38800000u) {
+        /* Below 2^-14: a subnormal half, in units of 2^-24 (exact in double; rint rounds to
+         * nearest even). 1024 units is the smallest normal, whose encoding is the same. */
+        const double units = rint((double)bits_float(magnitude) * 16777216.0);
+        return (uint16_t)(sign | (uint16_t)units);
+    }
+    const uint32_t mantissa = magnitude & 0x7fffffu;
+    const uint32_t exponent = (magnitude >> 23) - 127 + 15;
+    uint32_t half = (exponent << 10) | (mantissa >> 13);
+    const uint32_t rest = mantissa & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) {
+        ++half; /* a carry into the exponent is still the right value */
+    }
+    return (uint16_t)(sign | half);
+}
+
+float pb_f16_to_float(uint16_t bits)
+{
+    const uint32_t sign = (uint32_t)(bits & 0x8000u) << 16;
+    const uint32_t exponent = (bits >> 10) & 0x1fu;
+    const uint32_t mantissa = bits & 0x3ffu;
+    if (exponent == 0) {
+        const float value = (float)mantissa * 0x1.0p-24f;
+        return sign ? -value : value;
+    }
+    if (exponent == 31) {
+        return bits_float(sign | 0x7f800000u | (mantissa << 13));
+    }
+    return bits_float(sign | ((exponent - 15 + 127) << 23) | (mantissa << 13));
+}
+
+uint16_t pb_bf16_from_float(float value)
+{
+    uint32_t bits = float_bits(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return (uint16_t)((bits >> 16) | 0x40u); /* quiet NaN */
+    }
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+float pb_bf16_to_float(uint16_t bits)
+{
+    return bits_float((uint32_t)bits << 16);
+}
+
+static uint8_t u8_of(float value)
+{
+    if (value == 0.0f) {
+        return 0;
+    }
+    if (!(value >= 1.0f)) {
+        return value < 0.0f || isnan(value) ? 255 : 1;
+    }
+    return value >= 255.0f ? 255 : (uint8_t)value;
+}
+
+float pb_round(clattn_dtype dtype, float value)
+{
+    switch (dtype) {
+    case CLATTN_DTYPE_F16:
+        return pb_f16_to_float(pb_f16_from_float(value));
+    case CLATTN_DTYPE_BF16:
+        return pb_bf16_to_float(pb_bf16_from_float(value));
+    case CLATTN_DTYPE_U8:
+        return (float)u8_of(value);
+    default:
+        return value;
+    }
+}
+
+void pb_round_array(clattn_dtype dtype, float *values, size_t count)
+{
+    if (dtype == CLATTN_DTYPE_F32 || values == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < count; ++i) {
+        values[i] = pb_round(dtype, values[i]);
+    }
+}
+
+const char *pb_dtype_name(clattn_dtype dtype)
+{
+    switch (dtype) {
+    case CLATTN_DTYPE_F32:
+        return "F32";
+    case CLATTN_DTYPE_F16:
+        return "F16";
+    case CLATTN_DTYPE_BF16:
+        return "BF16";
+    case CLATTN_DTYPE_U8:
+        return "U8";
+    }
+    return "?";
+}
+
+double pb_tolerance(clattn_dtype stored)
+{
+    switch (stored) {
+    case CLATTN_DTYPE_F16:
+        return 2e-3;
+    case CLATTN_DTYPE_BF16:
+        return 1.6e-2;
+    default:
+        return 1e-4;
+    }
+}
+
+/* --- layouts -------------------------------------------------------------------------------- */
+
+const char *pb_layout_name(pb_layout layout)
+{
+    static const char *const names[PB_LAYOUT_COUNT] = {
+        "packed", "packed_strides", "seq_major", "seq_major_padded", "padded", "strided_last"};
+    return (unsigned)layout < PB_LAYOUT_COUNT ? names[layout] : "?";
+}
+
+void pb_make_layout(clattn_tensor *t, clattn_dtype dtype, int rank, const size_t *dims,
+                    pb_layout layout)
+{
+    memset(t, 0, sizeof *t);
+    t->dtype = dtype;
+    t->rank = rank;
+    for (int d = 0; d < rank; ++d) {
+        t->dims[d] = dims[d];
+    }
+    if (layout == PB_PACKED) {
+        return;
+    }
+    if ((layout == PB_SEQ_MAJOR || layout == PB_SEQ_MAJOR_PADDED) && rank == 4) {
+        /* (B, H, L, d) inside a (B, L, H*d + gap) buffer. */
+        const size_t gap = layout == PB_SEQ_MAJOR_PADDED ? 1 + pb_rand_below(7) : 0;
+        const size_t row = dims[1] * dims[3] + gap;
+        t->strides[0] = dims[2] * row;
+        t->strides[1] = dims[3];
+        t->strides[2] = row;
+        t->strides[3] = 1;
+        return;
+    }
+    size_t step = layout == PB_STRIDED_LAST ? 2 : 1;
+    for (int d = rank - 1; d >= 0; --d) {
+        t->strides[d] = step;
+        const size_t gap = (layout == PB_PADDED || layout == PB_STRIDED_LAST) && d > 0
+                               ? 1 + pb_rand_below(5)
+                               : 0;
+        step = step * dims[d] + gap;
+    }
+}
+
+size_t pb_tensor_count(const clattn_tensor *t)
+{
+    if (t->rank == 0) {
+        return 0;
+    }
+    size_t count = 1;
+    for (int d = 0; d < t->rank; ++d) {
+        count *= t->dims[d];
+    }
+    return count;
+}
+
+void pb_tensor_strides(const clattn_tensor *t, size_t strides[CLATTN_MAX_RANK])
+{
+    int packed = 1;
+    for (int d = 0; d < CLATTN_MAX_RANK; ++d) {
+        strides[d] = 0;
+    }
+    for (int d = 0; d < t->rank; ++d) {
+        packed &= t->strides[d] == 0;
+    }
+    size_t step = 1;
+    for (int d = t->rank - 1; d >= 0; --d) {
+        strides[d] = packed ? step : t->strides[d];
+        step *= t->dims[d];
+    }
+}
+
+size_t pb_tensor_extent(const clattn_tensor *t)
+{
+    if (t->rank == 0) {
+        return 0;
+    }
+    size_t strides[CLATTN_MAX_RANK];
+    pb_tensor_strides(t, strides);
+    size_t extent = 1;
+    for (int d = 0; d < t->rank; ++d) {
+        extent += (t->dims[d] - 1) * strides[d];
+    }
+    return extent;
+}
+
+/* Element offset (from t->offset) of the logical element `index`. */
+static size_t element_at(const clattn_tensor *t, const size_t *strides, size_t index)
+{
+    size_t at = 0;
+    for (int d = t->rank - 1; d >= 0; --d) {
+        at += (index % t->dims[d]) * strides[d];
+        index /= t->dims[d];
+    }
+    return at;
+}
+
+/* --- device buffers ------------------------------------------------------------------------- */
+
+static void poison_bytes(clattn_dtype dtype, unsigned char *bytes, size_t elements)
+{
+    const size_t size = clattn_dtype_size(dtype);
+    for (size_t i = 0; i < elements; ++i) {
+        unsigned char *e = bytes + i * size;
+        uint16_t half;
+        uint32_t word;
+        switch (dtype) {
+        case CLATTN_DTYPE_F16:
+            half = 0x7e00u;
+            memcpy(e, &half, 2);
+            break;
+        case CLATTN_DTYPE_BF16:
+            half = 0x7fc0u;
+            memcpy(e, &half, 2);
+            break;
+        case CLATTN_DTYPE_U8:
+            *e = (i & 1u) ? 0xffu : 0x00u;
+            break;
+        default:
+            word = 0x7fc00000u;
+            memcpy(e, &word, 4);
+            break;
+        }
+    }
+}
+
+static void store_element(clattn_dtype dtype, unsigned char *bytes, size_t element, float value)
+{
+    uint16_t half;
+    switch (dtype) {
+    case CLATTN_DTYPE_F16:
+        half = pb_f16_from_float(value);
+        memcpy(bytes + 2 * element, &half, 2);
+        break;
+    case CLATTN_DTYPE_BF16:
+        half = pb_bf16_from_float(value);
+        memcpy(bytes + 2 * element, &half, 2);
+        break;
+    case CLATTN_DTYPE_U8:
+        bytes[element] = u8_of(value);
+        break;
+    default:
+        memcpy(bytes + 4 * element, &value, 4);
+        break;
+    }
+}
+
+static float load_element(clattn_dtype dtype, const unsigned char *bytes, size_t element)
+{
+    uint16_t half;
+    float value;
+    switch (dtype) {
+    case CLATTN_DTYPE_F16:
+        memcpy(&half, bytes + 2 * element, 2);
+        return pb_f16_to_float(half);
+    case CLATTN_DTYPE_BF16:
+        memcpy(&half, bytes + 2 * element, 2);
+        return pb_bf16_to_float(half);
+    case CLATTN_DTYPE_U8:
+        return (float)bytes[element];
+    default:
+        memcpy(&value, bytes + 4 * element, 4);
+        return value;
+    }
+}
+
+/* Whether element i of a buffer still holds the poison poison_bytes wrote. */
+static int is_poison(clattn_dtype dtype, const unsigned char *bytes, size_t i)
+{
+    unsigned char expected[4];
+    const size_t size = clattn_dtype_size(dtype);
+    /* poison_bytes' pattern depends on the element's parity for U8 only */
+    unsigned char pair[8];
+    poison_bytes(dtype, pair, 2);
+    memcpy(expected, pair + (i & 1u) * size, size);
+    if (dtype == CLATTN_DTYPE_U8) {
+        return bytes[i] == expected[0];
+    }
+    return isnan(load_element(dtype, bytes, i));
+}
+
+/* The host image of t's buffer: poison, then the values at t's positions. */
+static unsigned char *host_image(const clattn_tensor *t, size_t elements, const float *values)
+{
+    const size_t size = clattn_dtype_size(t->dtype);
+    unsigned char *bytes = pb_calloc(elements, size);
+    poison_bytes(t->dtype, bytes, elements);
+    if (values != NULL) {
+        size_t strides[CLATTN_MAX_RANK];
+        pb_tensor_strides(t, strides);
+        const size_t count = pb_tensor_count(t);
+        for (size_t i = 0; i < count; ++i) {
+            store_element(t->dtype, bytes, t->offset + element_at(t, strides, i), values[i]);
+        }
+    }
+    return bytes;
+}
+
+cl_int pb_upload(clattn_ctx *ctx, clattn_tensor *t, size_t offset, const float *values)
+{
+    const size_t size = clattn_dtype_size(t->dtype);
+    const size_t elements = offset + pb_tensor_extent(t) + 3;
+    t->offset = offset;
+    t->mem = NULL;
+    unsigned char *bytes = host_image(t, elements, values);
+    cl_int err = CL_SUCCESS;
+    t->mem = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                            elements * size, bytes, &err);
+    free(bytes);
+    if (err != CL_SUCCESS || t->mem == NULL) {
+        pb_fail("clCreateBuffer(%zu bytes) failed: %s (%d)", elements * size,
+                clattn_status_string((clattn_status)err), (int)err);
+        t->mem = NULL;
+        return err != CL_SUCCESS ? err : CL_OUT_OF_RESOURCES;
+    }
+    return CL_SUCCESS;
+}
+
+static size_t buffer_elements(const clattn_tensor *t, cl_int *err)
+{
+    size_t bytes = 0;
+    *err = clGetMemObjectInfo(t->mem, CL_MEM_SIZE, sizeof bytes, &bytes, NULL);
+    return bytes / clattn_dtype_size(t->dtype);
+}
+
+static cl_int wait_all(clattn_ctx *ctx, cl_command_queue queue)
+{
+    cl_int err = (cl_int)clattn_finish(ctx);
+    if (err == CL_SUCCESS && queue != NULL) {
+        err = clFinish(queue);
+    }
+    return err;
+}
+
+cl_int pb_rewrite(clattn_ctx *ctx, cl_command_queue queue, const clattn_tensor *t,
+                  const float *values)
+{
+    cl_int err = wait_all(ctx, queue);
+    const size_t elements = err == CL_SUCCESS ? buffer_elements(t, &err) : 0;
+    if (err == CL_SUCCESS) {
+        unsigned char *bytes = host_image(t, elements, values);
+        err = clEnqueueWriteBuffer(clattn_ctx_queue(ctx), t->mem, CL_TRUE, 0,
+                                   elements * clattn_dtype_size(t->dtype), bytes, 0, NULL, NULL);
+        free(bytes);
+    }
+    if (err != CL_SUCCESS) {
+        pb_fail("rewriting a buffer failed: %s (%d)", clattn_status_string((clattn_status)err),
+                (int)err);
+    }
+    return err;
+}
+
+cl_int pb_download(clattn_ctx *ctx, cl_command_queue queue, const clattn_tensor *t, float *values,
+                   size_t *stray)
+{
+    if (stray != NULL) {
+        *stray = 0;
+    }
+    cl_int err = wait_all(ctx, queue);
+    const size_t elements = err == CL_SUCCESS ? buffer_elements(t, &err) : 0;
+    const size_t size = clattn_dtype_size(t->dtype);
+    unsigned char *bytes = pb_calloc(elements, size);
+    if (err == CL_SUCCESS) {
+        err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), t->mem, CL_TRUE, 0, elements * size,
+                                  bytes, 0, NULL, NULL);
+    }
+    if (err != CL_SUCCESS) {
+        pb_fail("reading a buffer failed: %s (%d)", clattn_status_string((clattn_status)err),
+                (int)err);
+        free(bytes);
+        return err;
+    }
+    size_t strides[CLATTN_MAX_RANK];
+    pb_tensor_strides(t, strides);
+    const size_t count = pb_tensor_count(t);
+    unsigned char *inside = pb_calloc(elements, 1);
+    for (size_t i = 0; i < count; ++i) {
+        const size_t at = t->offset + element_at(t, strides, i);
+        values[i] = load_element(t->dtype, bytes, at);
+        inside[at] = 1;
+    }
+    if (stray != NULL) {
+        for (size_t i = 0; i < elements; ++i) {
+            *stray += !inside[i] && !is_poison(t->dtype, bytes, i);
+        }
+    }
+    free(inside);
+    free(bytes);
+    return CL_SUCCESS;
+}
+
+void pb_release_tensors(clattn_tensors *tensors)
+{
+    clattn_tensor *all = (clattn_tensor *)tensors;
+    const size_t count = sizeof *tensors / sizeof(clattn_tensor);
+    for (size_t i = 0; i < count; ++i) {
+        cl_mem mem = all[i].mem;
+        if (mem == NULL) {
+            continue;
+        }
+        for (size_t j = i; j < count; ++j) {
+            if (all[j].mem == mem) {
+                all[j].mem = NULL;
+            }
+        }
+        clReleaseMemObject(mem);
+    }
+}
+
+/* --- comparisons ---------------------------------------------------------------------------- */
+
+double pb_rel_error(const float *got, const double *want, size_t count)
+{
+    double max_want = 0.0, max_diff = 0.0;
+    for (size_t i = 0; i < count; ++i) {
+        if (!isfinite(want[i])) {
+            continue;
+        }
+        if (!isfinite(got[i])) {
+            return INFINITY;
+        }
+        const double diff = fabs((double)got[i] - want[i]);
+        max_diff = diff > max_diff ? diff : max_diff;
+        max_want = fabs(want[i]) > max_want ? fabs(want[i]) : max_want;
+    }
+    return max_diff / (max_want > 1e-30 ? max_want : 1e-30);
+}
+
+int pb_expect_close(const char *label, const char *what, const float *got, const double *want,
+                    size_t count, double tol)
+{
+    const double error = pb_rel_error(got, want, count);
+    track(error);
+    if (error <= tol) {
+        return 1;
+    }
+    size_t worst = 0;
+    double worst_diff = -1.0;
+    for (size_t i = 0; i < count; ++i) {
+        const double diff = isfinite(got[i]) ? fabs((double)got[i] - want[i]) : INFINITY;
+        if (isfinite(want[i]) && diff > worst_diff) {
+            worst_diff = diff;
+            worst = i;
+        }
+    }
+    return pb_fail("%s: %s: relative error %.3g > %.2g (worst at [%zu]: got %.9g, want %.9g)",
+                   label, what, error, tol, worst, count ? (double)got[worst] : 0.0,
+                   count ? want[worst] : 0.0);
+}
+
+static int expect_finite(const char *label, const char *what, const float *values, size_t count)
+{
+    for (size_t i = 0; i < count; ++i) {
+        if (!isfinite(values[i])) {
+            return pb_fail("%s: %s[%zu] is %g (not finite)", label, what, i, (double)values[i]);
+        }
+    }
+    return 1;
+}
+
+/* lse within 1e-4 relative to max(|want|, 1); -inf where want is -inf. */
+static int expect_lse(const char *label, const float *got, const double *want, size_t count)
+{
+    double worst = 0.0;
+    int ok = 1;
+    for (size_t i = 0; i < count; ++i) {
+        if (want[i] == -INFINITY) {
+            if (!(got[i] == -INFINITY) && ok) {
+                ok = pb_fail("%s: lse[%zu] = %g, want -inf (no kept key)", label, i,
+                             (double)got[i]);
+            }
+            continue;
+        }
+        const double scale = fabs(want[i]) > 1.0 ? fabs(want[i]) : 1.0;
+        const double error = isfinite(got[i]) ? fabs(got[i] - want[i]) / scale : INFINITY;
+        worst = error > worst ? error : worst;
+    }
+    track(worst);
+    if (!(worst <= 1e-4)) {
+        ok = pb_fail("%s: lse: relative error %.3g > 1e-4", label, worst);
+    }
+    return ok;
+}
+
+/* Rows (of `width` elements) whose lse_ref is -inf (no kept key, or a relu row summing to 0)
+ * must be exact zeros. */
+static int expect_zero_rows(const char *label, const char *what, const float *got,
+                            const double *lse_ref, size_t rows, size_t width)
+{
+    for (size_t row = 0; row < rows; ++row) {
+        if (lse_ref[row] != -INFINITY) {
+            continue;
+        }
+        for (size_t x = 0; x < width; ++x) {
+            if (got[row * width + x] != 0.0f) {
+                return pb_fail("%s: %s row %zu has no kept key but element %zu is %g, not 0",
+                               label, what, row, x, (double)got[row * width + x]);
+            }
+        }
+    }
+    return 1;
+}
+
+static int expect_no_stray(const char *label, const char *what, size_t stray)
+{
+    if (stray == 0) {
+        return 1;
+    }
+    return pb_fail("%s: %s: %zu element(s) of the buffer outside the tensor were written", label,
+                   what, stray);
+}
+
+/* --- masks ---------------------------------------------------------------------------------- */
+
+/* count additive mask values: uniform [-1, 1), about one in four -inf. */
+static float *float_mask_values(size_t count)
+{
+    float *values = uniform_floats(count, -1.0f, 1.0f);
+    for (size_t i = 0; i < count; ++i) {
+        if (pb_rand_below(4) == 0) {
+            values[i] = -INFINITY;
+        }
+    }
+    return values;
+}
+
+/* count boolean mask values: about one in four 0 (masked), else 1 or (one in eight) 255. */
+static float *bool_mask_values(size_t count)
+{
+    float *values = pb_calloc(count, sizeof(float));
+    for (size_t i = 0; i < count; ++i) {
+        const size_t draw = pb_rand_below(8);
+        values[i] = draw < 2 ? 0.0f : draw == 2 ? 255.0f : 1.0f;
+    }
+    return values;
+}
+
+/* (B, Lk) key padding: about 3 in 10 ignored (1 or 255). */
+static uint8_t *padding_values(size_t batch, size_t seq_k)
+{
+    uint8_t *padding = pb_calloc(batch * seq_k, 1);
+    for (size_t i = 0; i < batch * seq_k; ++i) {
+        const size_t draw = pb_rand_below(10);
+        padding[i] = draw < 3 ? (uint8_t)(draw == 0 ? 255 : 1) : 0;
+    }
+    return padding;
+}
+
+/* --- SDPA problems -------------------------------------------------------------------------- */
+
+void pb_sdpa_spec_init(pb_sdpa_spec *spec)
+{
+    memset(spec, 0, sizeof *spec);
+    spec->scale = NAN;
+    spec->q_gain = 2.0f;
+}
+
+ref_sdpa_shape pb_sdpa_ref_shape(const pb_sdpa_spec *spec)
+{
+    ref_sdpa_shape shape = {
+        .batch = spec->batch,
+        .heads = spec->heads,
+        .seq_q = spec->seq_q,
+        .seq_k = spec->seq_k,
+        .dk = spec->dk,
+        .dv = spec->dv,
+        .scale = ref_resolve_scale(spec->scale, spec->dk),
+        .norm = spec->norm,
+        .causal = spec->causal,
+    };
+    return shape;
+}
+
+int pb_sdpa_expect_fused(const pb_sdpa_spec *spec)
+{
+    if (spec->path == CLATTN_PATH_FUSED) {
+        return 1;
+    }
+    if (spec->path == CLATTN_PATH_UNFUSED) {
+        return 0;
+    }
+    return !spec->want_weights && spec->dk <= 256 && spec->dv <= 256;
+}
+
+static const char *causal_name(clattn_causal causal)
+{
+    return causal == CLATTN_CAUSAL_TOP_LEFT       ? "top_left"
+           : causal == CLATTN_CAUSAL_BOTTOM_RIGHT ? "bottom_right"
+                                                   : "none";
+}
+
+static const char *path_name(clattn_path path)
+{
+    return path == CLATTN_PATH_FUSED ? "fused" : path == CLATTN_PATH_UNFUSED ? "unfused" : "auto";
+}
+
+static void describe_sdpa(pb_sdpa_problem *p)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    char mask[160] = "none";
+    if (s->mask != PB_MASK_NONE) {
+        char dims[64] = "";
+        size_t used = 0;
+        for (int d = 0; d < p->mask_rank; ++d) {
+            used += (size_t)snprintf(dims + used, sizeof dims - used, "%s%zu", d ? "," : "",
+                                     p->mask_dims[d]);
+        }
+        snprintf(mask, sizeof mask, "%s/%s(%s)%s/%s", s->mask == PB_MASK_BOOL ? "bool" : "float",
+                 pb_dtype_name(s->mask_dtype), dims, s->mask_zero_strides ? "zero_strides" : "",
+                 pb_layout_name(s->mask_layout));
+    }
+    snprintf(p->label, sizeof p->label,
+             "sdpa B=%zu H=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu scale=%g norm=%s causal=%s path=%s "
+             "q=%s/%s k=%s/%s v=%s/%s out=%s/%s mask=%s padding=%d fully_masked=%d weights=%d "
+             "lse=%d",
+             s->batch, s->heads, s->seq_q, s->seq_k, s->dk, s->dv, (double)s->scale,
+             s->norm == CLATTN_NORM_RELU ? "relu" : "softmax", causal_name(s->causal),
+             path_name(s->path), pb_dtype_name(s->q_dtype), pb_layout_name(s->q_layout),
+             pb_dtype_name(s->k_dtype), pb_layout_name(s->k_layout), pb_dtype_name(s->v_dtype),
+             pb_layout_name(s->v_layout), pb_dtype_name(s->out_dtype),
+             pb_layout_name(s->out_layout), mask, s->padding, s->fully_masked, s->want_weights,
+             s->want_lse);
+}
+
+/* The mask's dims (right-aligned on (B, H, Lq, Lk)) as uploaded, and the compact dims (the
+ * broadcast dims 1) its distinct values span. */
+static void mask_shape(const pb_sdpa_spec *s, int *rank, size_t dims[4], size_t compact[4])
+{
+    const size_t full[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
+    *rank = s->mask_rank;
+    for (int d = 0; d < 4; ++d) {
+        const int in_mask = d >= 4 - *rank;
+        compact[d] = in_mask && !(s->mask_ones & (1u << d)) ? full[d] : 1;
+    }
+    for (int m = 0; m < *rank; ++m) {
+        const int d = 4 - *rank + m;
+        dims[m] = s->mask_zero_strides ? full[d] : compact[d];
+    }
+}
+
+static void make_sdpa_mask(pb_sdpa_problem *p)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    size_t compact[4];
+    mask_shape(s, &p->mask_rank, p->mask_dims, compact);
+    const size_t compact_count = compact[0] * compact[1] * compact[2] * compact[3];
+    float *values = s->mask == PB_MASK_BOOL ? bool_mask_values(compact_count)
+                                            : float_mask_values(compact_count);
+    if (s->fully_masked == 2) {
+        /* every key of query 0 (of every broadcast copy) masked */
+        for (size_t i = 0; i < compact_count; ++i) {
+            if ((i / compact[3]) % compact[2] == 0) {
+                values[i] = s->mask == PB_MASK_BOOL ? 0.0f : -INFINITY;
+            }
+        }
+    }
+    pb_round_array(s->mask_dtype, values, compact_count);
+    p->mask_count = 1;
+    for (int m = 0; m < p->mask_rank; ++m) {
+        p->mask_count *= p->mask_dims[m];
+    }
+    if (!s->mask_zero_strides) {
+        p->mask = values;
+        return;
+    }
+    /* Full dims with repeated values (the upload writes each repeat to the same element). */
+    p->mask = pb_calloc(p->mask_count, sizeof(float));
+    for (size_t i = 0; i < p->mask_count; ++i) {
+        size_t rest = i, at = 0, step = 1;
+        for (int d = 3; d >= 0; --d) {
+            const int m = d - (4 - p->mask_rank);
+            const size_t dim = m >= 0 ? p->mask_dims[m] : 1;
+            const size_t coord = rest % dim;
+            rest /= dim;
+            at += (compact[d] > 1 ? coord : 0) * step;
+            step *= compact[d];
+        }
+        p->mask[i] = values[at];
+    }
+    free(values);
+}
+
+static void make_sdpa_layouts(pb_sdpa_problem *p)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    clattn_tensors *t = &p->layouts;
+    memset(t, 0, sizeof *t);
+    const size_t q_dims[4] = {s->batch, s->heads, s->seq_q, s->dk};
+    const size_t k_dims[4] = {s->batch, s->heads, s->seq_k, s->dk};
+    const size_t v_dims[4] = {s->batch, s->heads, s->seq_k, s->dv};
+    const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
+    const size_t w_dims[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
+    pb_make_layout(&t->q, s->q_dtype, 4, q_dims, s->q_layout);
+    pb_make_layout(&t->k, s->k_dtype, 4, k_dims, s->k_layout);
+    pb_make_layout(&t->v, s->v_dtype, 4, v_dims, s->v_layout);
+    pb_make_layout(&t->out, s->out_dtype, 4, o_dims, s->out_layout);
+    if (s->want_weights) {
+        pb_make_layout(&t->weights, CLATTN_DTYPE_F32, 4, w_dims, PB_PACKED);
+    }
+    if (s->want_lse) {
+        pb_make_layout(&t->lse, CLATTN_DTYPE_F32, 3, w_dims, PB_PACKED);
+    }
+    if (s->mask != PB_MASK_NONE) {
+        if (s->mask_zero_strides) {
+            pb_make_layout(&t->attn_mask, s->mask_dtype, p->mask_rank, p->mask_dims,
+                           PB_PACKED_STRIDES);
+            size_t step = 1;
+            for (int m = p->mask_rank - 1; m >= 0; --m) {
+                const int d = 4 - p->mask_rank + m;
+                if (s->mask_ones & (1u << d)) {
+                    t->attn_mask.strides[m] = 0;
+                } else {
+                    t->attn_mask.strides[m] = step;
+                    step *= p->mask_dims[m];
+                }
+            }
+        } else {
+            pb_make_layout(&t->attn_mask, s->mask_dtype, p->mask_rank, p->mask_dims,
+                           s->mask_layout);
+        }
+    }
+    if (s->padding) {
+        const size_t kpm_dims[2] = {s->batch, s->seq_k};
+        pb_make_layout(&t->key_padding_mask, CLATTN_DTYPE_U8, 2, kpm_dims,
+                       s->mask_layout == PB_PADDED ? PB_PADDED : PB_PACKED);
+    }
+}
+
+void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
+{
+    memset(p, 0, sizeof *p);
+    p->spec = *spec;
+    pb_sdpa_spec *s = &p->spec;
+    if (s->fully_masked == 1) {
+        s->padding = 1;
+    }
+    if (s->fully_masked == 2 && s->mask == PB_MASK_NONE) {
+        s->mask = PB_MASK_FLOAT;
+    }
+    if (s->mask != PB_MASK_NONE && s->mask_rank == 0) {
+        s->mask_rank = 2;
+    }
+    if (s->mask_rank != 4) {
+        s->mask_zero_strides = 0;
+    }
+    if (s->mask == PB_MASK_BOOL) {
+        s->mask_dtype = CLATTN_DTYPE_U8;
+    }
+    const float gain = s->q_gain > 0.0f ? s->q_gain : 1.0f;
+    const size_t heads_total = s->batch * s->heads;
+    p->q_count = heads_total * s->seq_q * s->dk;
+    p->k_count = heads_total * s->seq_k * s->dk;
+    p->v_count = heads_total * s->seq_k * s->dv;
+    p->out_count = heads_total * s->seq_q * s->dv;
+    p->weights_count = heads_total * s->seq_q * s->seq_k;
+    p->lse_count = heads_total * s->seq_q;
+    p->q = uniform_floats(p->q_count, -gain, gain);
+    p->k = uniform_floats(p->k_count, -1.0f, 1.0f);
+    p->v = uniform_floats(p->v_count, -1.0f, 1.0f);
+    if (s->mask != PB_MASK_NONE) {
+        make_sdpa_mask(p);
+    }
+    if (s->padding) {
+        p->padding = padding_values(s->batch, s->seq_k);
+        if (s->fully_masked == 1) {
+            memset(p->padding, 1, s->seq_k);
+        }
+    }
+    make_sdpa_layouts(p);
+    describe_sdpa(p);
+    if (!s->skip_reference) {
+        pb_sdpa_reference(p);
+    }
+}
+
+float *pb_expand_mask(const pb_sdpa_problem *p)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    if (p->mask == NULL) {
+        return NULL;
+    }
+    const size_t full[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
+    const size_t count = full[0] * full[1] * full[2] * full[3];
+    float *expanded = pb_calloc(count, sizeof(float));
+    /* packed strides of the logical mask, right-aligned, 0 where its dim is 1 or absent */
+    size_t strides[4] = {0, 0, 0, 0}, step = 1;
+    for (int m = p->mask_rank - 1; m >= 0; --m) {
+        const int d = 4 - p->mask_rank + m;
+        strides[d] = p->mask_dims[m] > 1 ? step : 0;
+        step *= p->mask_dims[m];
+    }
+    size_t i = 0;
+    for (size_t b = 0; b < full[0]; ++b) {
+        for (size_t h = 0; h < full[1]; ++h) {
+            for (size_t q = 0; q < full[2]; ++q) {
+                for (size_t k = 0; k < full[3]; ++k, ++i) {
+                    const float value = p->mask[b * strides[0] + h * strides[1] +
+                                                q * strides[2] + k * strides[3]];
+                    expanded[i] =
+                        s->mask == PB_MASK_BOOL ? (value != 0.0f ? 0.0f : -INFINITY) : value;
+                }
+            }
+        }
+    }
+    return expanded;
+}
+
+void pb_sdpa_reference(pb_sdpa_problem *p)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    pb_round_array(s->q_dtype, p->q, p->q_count);
+    pb_round_array(s->k_dtype, p->k, p->k_count);
+    pb_round_array(s->v_dtype, p->v, p->v_count);
+    if (p->mask != NULL) {
+        pb_round_array(s->mask_dtype, p->mask, p->mask_count);
+    }
+    if (p->out_ref == NULL) {
+        p->out_ref = pb_calloc(p->out_count, sizeof(double));
+        p->lse_ref = pb_calloc(p->lse_count, sizeof(double));
+        if (s->want_weights) {
+            p->weights_ref = pb_calloc(p->weights_count, sizeof(double));
+        }
+    }
+    const ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
+    float *mask = pb_expand_mask(p);
+    ref_sdpa(&shape, p->q, p->k, p->v, mask, p->padding, p->out_ref, p->weights_ref, p->lse_ref);
+    free(mask);
+}
+
+void pb_sdpa_free(pb_sdpa_problem *p)
+{
+    free(p->q);
+    free(p->k);
+    free(p->v);
+    free(p->mask);
+    free(p->padding);
+    free(p->out_ref);
+    free(p->weights_ref);
+    free(p->lse_ref);
+    memset(p, 0, sizeof *p);
+}
+
+void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
+{
+    clattn_sdpa_desc_init(desc);
+    desc->tensors = p->layouts;
+    desc->causal = p->spec.causal;
+    desc->scale = p->spec.scale;
+    desc->norm = p->spec.norm;
+    desc->path = p->spec.path;
+}
+
+static const char *mode_names_[3] = {"none", "float", "bool"};
+
+void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags)
+{
+    static const size_t seqs[] = {1, 3, 17, 63, 65, 127, 129};
+    static const size_t dims[] = {1, 3, 8, 16, 17, 64};
+    pb_sdpa_spec_init(spec);
+    /* PB_RANDOM_SMALL: the first four sequence lengths and head dims, up to 4 heads */
+    const size_t small = (flags & PB_RANDOM_SMALL) != 0;
+    spec->batch = 1 + pb_rand_below(3);
+    spec->heads = 1 + pb_rand_below(small ? 4 : 16);
+    spec->seq_q = seqs[pb_rand_below(small ? 4 : 7)];
+    spec->seq_k = seqs[pb_rand_below(small ? 4 : 7)];
+    spec->dk = dims[pb_rand_below(small ? 4 : 6)];
+    spec->dv = dims[pb_rand_below(small ? 4 : 6)];
+    if (flags & PB_RANDOM_OPTIONS) {
+        spec->scale = pb_rand_below(2) ? NAN : (float)(0.05 + pb_rand_unit());
+        spec->norm = pb_rand_below(4) == 0 ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
+        spec->causal = (clattn_causal)pb_rand_below(3);
+        spec->padding = (int)pb_rand_below(2);
+        spec->want_lse = (int)pb_rand_below(2);
+        spec->path = (clattn_path)pb_rand_below(3);
+        spec->want_weights = spec->path != CLATTN_PATH_FUSED && pb_rand_below(2);
+        spec->want_lse = spec->want_lse && pb_sdpa_expect_fused(spec); /* fused only */
+    }
+    if (flags & PB_RANDOM_DTYPES) {
+        static const clattn_dtype floats[] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16,
+                                              CLATTN_DTYPE_BF16};
+        spec->q_dtype = floats[pb_rand_below(3)];
+        spec->k_dtype = floats[pb_rand_below(3)];
+        spec->v_dtype = floats[pb_rand_below(3)];
+        spec->out_dtype = floats[pb_rand_below(3)];
+        spec->mask_dtype = floats[pb_rand_below(3)];
+    }
+    if (flags & PB_RANDOM_LAYOUTS) {
+        const int fused = pb_sdpa_expect_fused(spec);
+        const size_t choices = fused ? PB_LAYOUT_COUNT : PB_STRIDED_LAST;
+        spec->q_layout = (pb_layout)pb_rand_below(choices);
+        spec->k_layout = (pb_layout)pb_rand_below(choices);
+        spec->v_layout = (pb_layout)pb_rand_below(choices);
+        spec->out_layout = (pb_layout)pb_rand_below(choices);
+        spec->mask_layout = pb_rand_below(2) ? PB_PADDED : PB_PACKED;
+    }
+    if (flags & PB_RANDOM_MASKS) {
+        spec->mask = (pb_mask_kind)pb_rand_below(3);
+        spec->mask_rank = 1 + (int)pb_rand_below(4);
+        spec->mask_ones = (unsigned)pb_rand_below(16);
+        spec->mask_zero_strides = spec->mask_rank == 4 && pb_rand_below(2);
+        if (spec->mask == PB_MASK_BOOL) {
+            spec->mask_dtype = CLATTN_DTYPE_U8;
+        }
+    }
+}
+
+/* Uploads t's values at a random offset into bound's tensor of the same role. */
+static cl_int upload_role(clattn_ctx *ctx, const clattn_tensor *layout, clattn_tensor *bound,
+                          const float *values)
+{
+    *bound = *layout;
+    if (layout->rank == 0) {
+        return CL_SUCCESS;
+    }
+    return pb_upload(ctx, bound, pb_rand_below(9), values);
+}
+
+cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors *bound)
+{
+    memset(bound, 0, sizeof *bound);
+    const clattn_tensors *l = &p->layouts;
+    float *padding = NULL;
+    if (p->padding != NULL) {
+        const size_t count = p->spec.batch * p->spec.seq_k;
+        padding = pb_calloc(count, sizeof(float));
+        for (size_t i = 0; i < count; ++i) {
+            padding[i] = p->padding[i];
+        }
+    }
+    cl_int err = CL_SUCCESS;
+    if ((err = upload_role(ctx, &l->q, &bound->q, p->q)) ||
+        (err = upload_role(ctx, &l->k, &bound->k, p->k)) ||
+        (err = upload_role(ctx, &l->v, &bound->v, p->v)) ||
+        (err = upload_role(ctx, &l->out, &bound->out, NULL)) ||
+        (err = upload_role(ctx, &l->attn_mask, &bound->attn_mask, p->mask)) ||
+        (err = upload_role(ctx, &l->key_padding_mask, &bound->key_padding_mask, padding)) ||
+        (err = upload_role(ctx, &l->weights, &bound->weights, NULL)) ||
+        (err = upload_role(ctx, &l->lse, &bound->lse, NULL))) {
+        pb_release_tensors(bound);
+    }
+    free(padding);
+    return err;
+}
+
+cl_int pb_sdpa_poison(clattn_ctx *ctx, cl_command_queue queue, const clattn_tensors *bound)
+{
+    const clattn_tensor *outputs[3] = {&bound->out, &bound->weights, &bound->lse};
+    cl_int err = CL_SUCCESS;
+    for (int i = 0; i < 3 && err == CL_SUCCESS; ++i) {
+        if (outputs[i]->mem != NULL) {
+            err = pb_rewrite(ctx, queue, outputs[i], NULL);
+        }
+    }
+    return err;
+}
+
+int pb_sdpa_check(clattn_ctx *ctx, cl_command_queue queue, const pb_sdpa_problem *p,
+                  const clattn_tensors *bound)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t rows = p->lse_count;
+    int ok = 1;
+    size_t stray = 0;
+    float *out = pb_nan_floats(p->out_count);
+    if (pb_download(ctx, queue, &bound->out, out, &stray) != CL_SUCCESS) {
+        free(out);
+        return 0;
+    }
+    ok &= expect_finite(p->label, "out", out, p->out_count);
+    ok &= pb_expect_close(p->label, "out", out, p->out_ref, p->out_count,
+                          pb_tolerance(s->out_dtype));
+    ok &= expect_zero_rows(p->label, "out", out, p->lse_ref, rows, s->dv);
+    ok &= expect_no_stray(p->label, "out", stray);
+    free(out);
+    if (bound->weights.mem != NULL && p->weights_ref != NULL) {
+        float *weights = pb_nan_floats(p->weights_count);
+        if (pb_download(ctx, queue, &bound->weights, weights, &stray) == CL_SUCCESS) {
+            ok &= expect_finite(p->label, "weights", weights, p->weights_count);
+            ok &= pb_expect_close(p->label, "weights", weights, p->weights_ref, p->weights_count,
+                                  1e-4);
+            ok &= expect_zero_rows(p->label, "weights", weights, p->lse_ref, rows, s->seq_k);
+            ok &= expect_no_stray(p->label, "weights", stray);
+        } else {
+            ok = 0;
+        }
+        free(weights);
+    }
+    if (bound->lse.mem != NULL) {
+        float *lse = pb_nan_floats(rows);
+        if (pb_download(ctx, queue, &bound->lse, lse, &stray) == CL_SUCCESS) {
+            ok &= expect_lse(p->label, lse, p->lse_ref, rows);
+            ok &= expect_no_stray(p->label, "lse", stray);
+        } else {
+            ok = 0;
+        }
+        free(lse);
+    }
+    return ok;
+}
+
+/* Executes plan on bound (events waited for and released). */
+static clattn_status execute(clattn_ctx *ctx, clattn_plan *plan, const clattn_tensors *bound,
+                             cl_command_queue queue, cl_mem workspace, const char *label)
+{
+    cl_event done = NULL;
+    clattn_status status = clattn_plan_execute(plan, bound, queue, workspace, 0, NULL, &done);
+    if (status != CLATTN_SUCCESS) {
+        pb_fail("%s: clattn_plan_execute: %s (%d): %s", label, clattn_status_string(status),
+                (int)status, clattn_last_error(ctx));
+        return status;
+    }
+    if (done == NULL) {
+        pb_fail("%s: clattn_plan_execute returned no event", label);
+        return CLATTN_SUCCESS;
+    }
+    cl_int err = clWaitForEvents(1, &done);
+    clReleaseEvent(done);
+    if (err != CL_SUCCESS) {
+        pb_fail("%s: clWaitForEvents: %d", label, (int)err);
+        return (clattn_status)err;
+    }
+    return CLATTN_SUCCESS;
+}
+
+typedef cl_int (*upload_fn)(clattn_ctx *ctx, const void *problem, clattn_tensors *bound);
+typedef int (*check_fn)(clattn_ctx *ctx, cl_command_queue queue, const void *problem,
+                        const clattn_tensors *bound);
+
+static cl_int sdpa_upload_any(clattn_ctx *ctx, const void *problem, clattn_tensors *bound)
+{
+    return pb_sdpa_upload(ctx, problem, bound);
+}
+
+static int sdpa_check_any(clattn_ctx *ctx, cl_command_queue queue, const void *problem,
+                          const clattn_tensors *bound)
+{
+    return pb_sdpa_check(ctx, queue, problem, bound);
+}
+
+/* Executes a created plan `executions` times, on fresh buffers each time, checking each. */
+static clattn_status run_plan(clattn_ctx *ctx, clattn_plan *plan, const void *problem,
+                              const char *label, int expect_fused, const pb_run_options *options,
+                              upload_fn upload, check_fn check)
+{
+    const pb_run_options defaults = {0};
+    if (options == NULL) {
+        options = &defaults;
+    }
+    clattn_status status = CLATTN_SUCCESS;
+    if (!clattn_plan_is_fused(plan) != !expect_fused) {
+        pb_fail("%s: the plan is %s, expected %s", label,
+                clattn_plan_is_fused(plan) ? "fused" : "unfused",
+                expect_fused ? "fused" : "unfused");
+    }
+    cl_mem workspace = NULL;
+    if (options->caller_workspace) {
+        const size_t bytes = clattn_plan_workspace_size(plan);
+        cl_int err = CL_SUCCESS;
+        workspace = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE,
+                                   bytes ? bytes : 16, NULL, &err);
+        if (err != CL_SUCCESS) {
+            pb_fail("%s: workspace of %zu bytes: clCreateBuffer %d", label, bytes, (int)err);
+            return (clattn_status)err;
+        }
+    }
+    const int executions = options->executions > 0 ? options->executions : 1;
+    for (int e = 0; e < executions && status == CLATTN_SUCCESS; ++e) {
+        clattn_tensors bound;
+        cl_int err = upload(ctx, problem, &bound);
+        if (err != CL_SUCCESS) {
+            status = (clattn_status)err;
+            break;
+        }
+        status = execute(ctx, plan, &bound, options->queue, workspace, label);
+        if (status == CLATTN_SUCCESS) {
+            check(ctx, options->queue, problem, &bound);
+        }
+        pb_release_tensors(&bound);
+    }
+    if (workspace != NULL) {
+        clReleaseMemObject(workspace);
+    }
+    return status;
+}
+
+clattn_status pb_sdpa_run(clattn_ctx *ctx, const pb_sdpa_problem *p,
+                          const pb_run_options *options)
+{
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(p, &desc);
+    clattn_plan *plan = NULL;
+    clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    if (status != CLATTN_SUCCESS) {
+        pb_fail("%s: clattn_sdpa_plan_create: %s (%d): %s", p->label,
+                clattn_status_string(status), (int)status, clattn_last_error(ctx));
+        return status;
+    }
+    status = run_plan(ctx, plan, p, p->label, pb_sdpa_expect_fused(&p->spec), options,
+                      sdpa_upload_any, sdpa_check_any);
+    clattn_plan_release(plan);
+    return status;
+}
+
+/* --- MHA problems --------------------------------------------------------------------------- */
+
+void pb_mha_spec_init(pb_mha_spec *spec)
+{
+    memset(spec, 0, sizeof *spec);
+    spec->scale = NAN;
+}
+
+static int mha_is_self(const pb_mha_spec *s)
+{
+    return s->form == PB_PACKED_SELF || s->form == PB_SEPARATE_SELF;
+}
+
+static int mha_is_packed(const pb_mha_spec *s)
+{
+    return s->form == PB_PACKED_SELF || s->form == PB_PACKED_CROSS;
+}
+
+static void describe_mha(pb_mha_problem *p)
+{
+    static const char *const forms[] = {"packed_self", "packed_cross", "separate_self",
+                                        "separate_cross"};
+    static const char *const modes[] = {"none", "per_head", "averaged"};
+    const pb_mha_spec *s = &p->spec;
+    snprintf(p->label, sizeof p->label,
+             "mha B=%zu Lq=%zu Lk=%zu E=%zu H=%zu kdim=%zu vdim=%zu qk_dim=%zu v_dim=%zu %s %s "
+             "in_biases=%d out_proj=%d out_bias=%d need_weights=%s causal=%s mask=%s padding=%d "
+             "scale=%g norm=%s path=%s query=%s+%zu key=%s+%zu value=%s+%zu out=%s+%zu",
+             s->batch, s->seq_q, s->seq_k, s->embed_dim, s->num_heads, s->kdim, s->vdim,
+             s->qk_dim, s->v_dim, s->layout == CLATTN_LAYOUT_XW ? "xw" : "torch",
+             forms[s->form], s->in_biases, s->out_proj, s->out_bias, modes[s->need_weights],
+             causal_name(s->causal), mode_names_[s->mask], s->padding, (double)s->scale,
+             s->norm == CLATTN_NORM_RELU ? "relu" : "softmax", path_name(s->path),
+             pb_dtype_name(s->query_dtype), s->query_row_gap, pb_dtype_name(s->key_dtype),
+             s->key_row_gap, pb_dtype_name(s->value_dtype), s->value_row_gap,
+             pb_dtype_name(s->out_dtype), s->out_row_gap);
+}
+
+/* A (batch, seq, width) activation layout with `gap` elements after each row. */
+static void row_layout(clattn_tensor *t, clattn_dtype dtype, size_t batch, size_t seq,
+                       size_t width, size_t gap)
+{
+    const size_t dims[3] = {batch, seq, width};
+    pb_make_layout(t, dtype, 3, dims, PB_PACKED);
+    if (gap != 0) {
+        t->strides[2] = 1;
+        t->strides[1] = width + gap;
+        t->strides[0] = seq * (width + gap);
+    }
+}
+
+static void mha_param(pb_mha_problem *p, enum pb_mha_param which, size_t rows, size_t cols,
+                      size_t fan_in)
+{
+    const size_t count = rows * (cols ? cols : 1);
+    const float bound = 1.5f / sqrtf((float)fan_in);
+    p->params[which] = uniform_floats(count, -bound, bound);
+    p->param_dims[which][0] = rows;
+    p->param_dims[which][1] = cols;
+}
+
+static void make_mha_layouts(pb_mha_problem *p)
+{
+    const pb_mha_spec *s = &p->spec;
+    clattn_tensors *t = &p->layouts;
+    memset(t, 0, sizeof *t);
+    row_layout(&t->q, s->query_dtype, s->batch, s->seq_q, s->embed_dim, s->query_row_gap);
+    if (mha_is_self(s)) {
+        t->k = t->q;
+        t->v = t->q;
+    } else {
+        row_layout(&t->k, s->key_dtype, s->batch, s->seq_k, s->kdim, s->key_row_gap);
+        row_layout(&t->v, s->value_dtype, s->batch, s->seq_k, s->vdim, s->value_row_gap);
+    }
+    row_layout(&t->out, s->out_dtype, s->batch, s->seq_q, p->out_dim, s->out_row_gap);
+    if (s->mask != PB_MASK_NONE) {
+        const size_t dims[2] = {s->seq_q, s->seq_k};
+        pb_make_layout(&t->attn_mask,
+                       s->mask == PB_MASK_BOOL ? CLATTN_DTYPE_U8 : CLATTN_DTYPE_F32, 2, dims,
+                       PB_PACKED);
+    }
+    if (s->padding) {
+        const size_t dims[2] = {s->batch, s->seq_k};
+        pb_make_layout(&t->key_padding_mask, CLATTN_DTYPE_U8, 2, dims, PB_PACKED);
+    }
+    if (s->need_weights == CLATTN_WEIGHTS_PER_HEAD) {
+        const size_t dims[4] = {s->batch, s->num_heads, s->seq_q, s->seq_k};
+        pb_make_layout(&t->weights, CLATTN_DTYPE_F32, 4, dims, PB_PACKED);
+    } else if (s->need_weights == CLATTN_WEIGHTS_AVERAGED) {
+        const size_t dims[3] = {s->batch, s->seq_q, s->seq_k};
+        pb_make_layout(&t->weights, CLATTN_DTYPE_F32, 3, dims, PB_PACKED);
+    }
+    clattn_tensor *roles[PB_PARAM_COUNT] = {&t->in_proj_weight, &t->in_proj_bias, &t->q_weight,
+                                            &t->k_weight,       &t->v_weight,     &t->q_bias,
+                                            &t->k_bias,         &t->v_bias,       &t->out_weight,
+                                            &t->out_bias};
+    for (int i = 0; i < PB_PARAM_COUNT; ++i) {
+        if (p->params[i] != NULL) {
+            const int rank = p->param_dims[i][1] ? 2 : 1;
+            pb_make_layout(roles[i], CLATTN_DTYPE_F32, rank, p->param_dims[i], PB_PACKED);
+        }
+    }
+}
+
+static void draw_mha_inputs(pb_mha_problem *p)
+{
+    const pb_mha_spec *s = &p->spec;
+    free(p->query);
+    free(p->key);
+    free(p->value);
+    p->query = uniform_floats(p->query_count, -1.0f, 1.0f);
+    pb_round_array(s->query_dtype, p->query, p->query_count);
+    p->key = p->value = NULL;
+    if (!mha_is_self(s)) {
+        p->key = uniform_floats(p->key_count, -1.0f, 1.0f);
+        p->value = uniform_floats(p->value_count, -1.0f, 1.0f);
+        pb_round_array(s->key_dtype, p->key, p->key_count);
+        pb_round_array(s->value_dtype, p->value, p->value_count);
+    }
+}
+
+void pb_mha_make(pb_mha_problem *p, const pb_mha_spec *spec)
+{
+    memset(p, 0, sizeof *p);
+    p->spec = *spec;
+    pb_mha_spec *s = &p->spec;
+    const size_t embed = s->embed_dim;
+    if (mha_is_self(s)) {
+        s->seq_k = s->seq_q;
+        s->kdim = s->vdim = embed;
+        s->key_dtype = s->value_dtype = s->query_dtype;
+        s->key_row_gap = s->value_row_gap = s->query_row_gap;
+    }
+    if (mha_is_packed(s)) {
+        s->kdim = s->vdim = s->qk_dim = s->v_dim = embed;
+        s->layout = CLATTN_LAYOUT_TORCH;
+    }
+    s->kdim = s->kdim ? s->kdim : embed;
+    s->vdim = s->vdim ? s->vdim : embed;
+    s->qk_dim = s->qk_dim ? s->qk_dim : embed;
+    s->v_dim = s->v_dim ? s->v_dim : embed;
+    if (!s->out_proj) {
+        s->out_bias = 0;
+    }
+
+    clattn_mha_host_desc_init(&p->desc);
+    p->desc.batch = s->batch;
+    p->desc.seq_q = s->seq_q;
+    p->desc.seq_k = s->seq_k;
+    p->desc.embed_dim = embed;
+    p->desc.num_heads = s->num_heads;
+    p->desc.kdim = s->kdim;
+    p->desc.vdim = s->vdim;
+    p->desc.qk_dim = s->qk_dim;
+    p->desc.v_dim = s->v_dim;
+    p->desc.layout = s->layout;
+    p->desc.causal = s->causal;
+    p->desc.scale = s->scale;
+    p->desc.norm = s->norm;
+    p->desc.need_weights = s->need_weights;
+    p->desc.path = s->path;
+
+    /* Parameters scaled by 1.5/sqrt(fan_in) keep every projection O(1), as nn.Linear's init
+     * does. Matrices as stored: (d_in, d_out) for XW, (d_out, d_in) for TORCH. */
+    const int torch = s->layout == CLATTN_LAYOUT_TORCH;
+    if (mha_is_packed(s)) {
+        mha_param(p, PB_IN_PROJ_W, 3 * embed, embed, embed);
+        if (s->in_biases) {
+            mha_param(p, PB_IN_PROJ_B, 3 * embed, 0, embed);
+        }
+    } else {
+        mha_param(p, PB_Q_W, torch ? s->qk_dim : embed, torch ? embed : s->qk_dim, embed);
+        mha_param(p, PB_K_W, torch ? s->qk_dim : s->kdim, torch ? s->kdim : s->qk_dim, s->kdim);
+        mha_param(p, PB_V_W, torch ? s->v_dim : s->vdim, torch ? s->vdim : s->v_dim, s->vdim);
+        if (s->in_biases) {
+            mha_param(p, PB_Q_B, s->qk_dim, 0, embed);
+            mha_param(p, PB_K_B, s->qk_dim, 0, s->kdim);
+            mha_param(p, PB_V_B, s->v_dim, 0, s->vdim);
+        }
+    }
+    if (s->out_proj) {
+        mha_param(p, PB_OUT_W, torch ? embed : s->v_dim, torch ? s->v_dim : embed, s->v_dim);
+        if (s->out_bias) {
+            mha_param(p, PB_OUT_B, embed, 0, s->v_dim);
+        }
+    }
+    clattn_mha_host_weights weights = {
+        .in_proj_weight = p->params[PB_IN_PROJ_W],
+        .in_proj_bias = p->params[PB_IN_PROJ_B],
+        .q_weight = p->params[PB_Q_W],
+        .k_weight = p->params[PB_K_W],
+        .v_weight = p->params[PB_V_W],
+        .q_bias = p->params[PB_Q_B],
+        .k_bias = p->params[PB_K_B],
+        .v_bias = p->params[PB_V_B],
+        .out_weight = p->params[PB_OUT_W],
+        .out_bias = p->params[PB_OUT_B],
+    };
+    p->weights = weights;
+
+    p->query_count = s->batch * s->seq_q * embed;
+    p->key_count = s->batch * s->seq_k * s->kdim;
+    p->value_count = s->batch * s->seq_k * s->vdim;
+    draw_mha_inputs(p);
+
+    const size_t mask_count = s->seq_q * s->seq_k;
+    if (s->mask == PB_MASK_FLOAT) {
+        p->attn_mask = float_mask_values(mask_count);
+    } else if (s->mask == PB_MASK_BOOL) {
+        float *values = bool_mask_values(mask_count);
+        p->bool_mask = pb_calloc(mask_count, 1);
+        p->attn_mask = pb_calloc(mask_count, sizeof(float));
+        for (size_t i = 0; i < mask_count; ++i) {
+            p->bool_mask[i] = u8_of(values[i]);
+            p->attn_mask[i] = values[i] != 0.0f ? 0.0f : -INFINITY;
+        }
+        free(values);
+    }
+    if (s->padding) {
+        p->padding = pb_calloc(s->batch * s->seq_k, 1);
+        for (size_t i = 0; i < s->batch * s->seq_k; ++i) {
+            p->padding[i] = pb_rand_below(4) == 0;
+        }
+        p->padding[0] = 0; /* batch entry 0 keeps key 0 */
+        if (s->batch > 2) {
+            memset(p->padding + 2 * s->seq_k, 1, s->seq_k); /* entry 2: every key masked */
+        }
+    }
+    p->masks.attn_mask = p->attn_mask;
+    p->masks.key_padding_mask = p->padding;
+
+    p->out_dim = s->out_proj ? embed : s->v_dim;
+    p->out_count = s->batch * s->seq_q * p->out_dim;
+    if (s->need_weights != CLATTN_WEIGHTS_NONE) {
+        p->attn_count = s->batch * s->seq_q * s->seq_k *
+                        (s->need_weights == CLATTN_WEIGHTS_PER_HEAD ? s->num_heads : 1);
+    }
+    make_mha_layouts(p);
+    describe_mha(p);
+    pb_mha_reference(p);
+}
+
+void pb_mha_redraw_inputs(pb_mha_problem *p)
+{
+    draw_mha_inputs(p);
+}
+
+void pb_mha_reference(pb_mha_problem *p)
+{
+    if (p->out_ref == NULL) {
+        p->out_ref = pb_calloc(p->out_count, sizeof(double));
+        p->attn_ref = p->attn_count ? pb_calloc(p->attn_count, sizeof(double)) : NULL;
+    }
+    ref_mha_forward(&p->desc, &p->weights, p->query, p->key, p->value, &p->masks, p->out_ref,
+                    p->attn_ref);
+}
+
+void pb_mha_free(pb_mha_problem *p)
+{
+    for (int i = 0; i < PB_PARAM_COUNT; ++i) {
+        free(p->params[i]);
+    }
+    free(p->query);
+    free(p->key);
+    free(p->value);
+    free(p->attn_mask);
+    free(p->bool_mask);
+    free(p->padding);
+    free(p->out_ref);
+    free(p->attn_ref);
+    memset(p, 0, sizeof *p);
+}
+
+void pb_mha_desc(const pb_mha_problem *p, clattn_mha_desc *desc)
+{
+    clattn_mha_desc_init(desc);
+    desc->tensors = p->layouts;
+    desc->num_heads = p->spec.num_heads;
+    desc->layout = p->spec.layout;
+    desc->causal = p->spec.causal;
+    desc->scale = p->spec.scale;
+    desc->norm = p->spec.norm;
+    desc->need_weights = p->spec.need_weights;
+    desc->path = p->spec.path;
+}
+
+static float *bytes_as_floats(const uint8_t *bytes, size_t count)
+{
+    if (bytes == NULL) {
+        return NULL;
+    }
+    float *values = pb_calloc(count, sizeof(float));
+    for (size_t i = 0; i < count; ++i) {
+        values[i] = bytes[i];
+    }
+    return values;
+}
+
+cl_int pb_mha_upload(clattn_ctx *ctx, const pb_mha_problem *p, clattn_tensors *bound)
+{
+    const pb_mha_spec *s = &p->spec;
+    const clattn_tensors *l = &p->layouts;
+    memset(bound, 0, sizeof *bound);
+    float *mask = s->mask == PB_MASK_BOOL
+                      ? bytes_as_floats(p->bool_mask, s->seq_q * s->seq_k)
+                      : NULL;
+    float *padding = bytes_as_floats(p->padding, s->batch * s->seq_k);
+    const clattn_tensor *param_layouts[PB_PARAM_COUNT] = {
+        &l->in_proj_weight, &l->in_proj_bias, &l->q_weight, &l->k_weight, &l->v_weight,
+        &l->q_bias,         &l->k_bias,       &l->v_bias,   &l->out_weight, &l->out_bias};
+    clattn_tensor *param_bound[PB_PARAM_COUNT] = {
+        &bound->in_proj_weight, &bound->in_proj_bias, &bound->q_weight, &bound->k_weight,
+        &bound->v_weight,       &bound->q_bias,       &bound->k_bias,   &bound->v_bias,
+        &bound->out_weight,     &bound->out_bias};
+    cl_int err = upload_role(ctx, &l->q, &bound->q, p->query);
+    if (err == CL_SUCCESS && mha_is_self(s)) {
+        bound->k = bound->q;
+        bound->v = bound->q;
+    } else if (err == CL_SUCCESS) {
+        if ((err = upload_role(ctx, &l->k, &bound->k, p->key)) == CL_SUCCESS) {
+            err = upload_role(ctx, &l->v, &bound->v, p->value);
+        }
+    }
+    if (err == CL_SUCCESS) {
+        err = upload_role(ctx, &l->out, &bound->out, NULL);
+    }
+    if (err == CL_SUCCESS) {
+        err = upload_role(ctx, &l->attn_mask, &bound->attn_mask, mask ? mask : p->attn_mask);
+    }
+    if (err == CL_SUCCESS) {
+        err = upload_role(ctx, &l->key_padding_mask, &bound->key_padding_mask, padding);
+    }
+    if (err == CL_SUCCESS) {
+        err = upload_role(ctx, &l->weights, &bound->weights, NULL);
+    }
+    for (int i = 0; i < PB_PARAM_COUNT && err == CL_SUCCESS; ++i) {
+        err = upload_role(ctx, param_layouts[i], param_bound[i], p->params[i]);
+    }
+    if (err != CL_SUCCESS) {
+        pb_release_tensors(bound);
+    }
+    free(padding);
+    free(mask);
+    return err;
+}
+
+cl_int pb_mha_poison(clattn_ctx *ctx, cl_command_queue queue, const clattn_tensors *bound)
+{
+    cl_int err = pb_rewrite(ctx, queue, &bound->out, NULL);
+    if (err == CL_SUCCESS && bound->weights.mem != NULL) {
+        err = pb_rewrite(ctx, queue, &bound->weights, NULL);
+    }
+    return err;
+}
+
+int pb_mha_check(clattn_ctx *ctx, cl_command_queue queue, const pb_mha_problem *p,
+                 const clattn_tensors *bound)
+{
+    int ok = 1;
+    size_t stray = 0;
+    float *out = pb_nan_floats(p->out_count);
+    if (pb_download(ctx, queue, &bound->out, out, &stray) != CL_SUCCESS) {
+        free(out);
+        return 0;
+    }
+    ok &= expect_finite(p->label, "out", out, p->out_count);
+    ok &= pb_expect_close(p->label, "out", out, p->out_ref, p->out_count,
+                          pb_tolerance(p->spec.out_dtype));
+    ok &= expect_no_stray(p->label, "out", stray);
+    free(out);
+    if (bound->weights.mem != NULL && p->attn_ref != NULL) {
+        float *attn = pb_nan_floats(p->attn_count);
+        if (pb_download(ctx, queue, &bound->weights, attn, &stray) == CL_SUCCESS) {
+            ok &= expect_finite(p->label, "attn_weights", attn, p->attn_count);
+            ok &= pb_expect_close(p->label, "attn_weights", attn, p->attn_ref, p->attn_count,
+                                  1e-4);
+            ok &= expect_no_stray(p->label, "attn_weights", stray);
+        } else {
+            ok = 0;
+        }
+        free(attn);
+    }
+    return ok;
+}
+
+int pb_mha_check_host(const pb_mha_problem *p, const float *out, const float *attn)
+{
+    int ok = expect_finite(p->label, "out", out, p->out_count);
+    ok &= pb_expect_close(p->label, "out", out, p->out_ref, p->out_count, 1e-4);
+    if (attn != NULL && p->attn_ref != NULL) {
+        ok &= expect_finite(p->label, "attn_weights", attn, p->attn_count);
+        ok &= pb_expect_close(p->label, "attn_weights", attn, p->attn_ref, p->attn_count, 1e-4);
+    }
+    return ok;
+}
+
+static cl_int mha_upload_any(clattn_ctx *ctx, const void *problem, clattn_tensors *bound)
+{
+    return pb_mha_upload(ctx, problem, bound);
+}
+
+static int mha_check_any(clattn_ctx *ctx, cl_command_queue queue, const void *problem,
+                         const clattn_tensors *bound)
+{
+    return pb_mha_check(ctx, queue, problem, bound);
+}
+
+clattn_status pb_mha_run(clattn_ctx *ctx, const pb_mha_problem *p, const pb_run_options *options)
+{
+    clattn_mha_desc desc;
+    pb_mha_desc(p, &desc);
+    clattn_plan *plan = NULL;
+    clattn_status status = clattn_mha_plan_create(ctx, &desc, &plan);
+    if (status != CLATTN_SUCCESS) {
+        pb_fail("%s: clattn_mha_plan_create: %s (%d): %s", p->label, clattn_status_string(status),
+                (int)status, clattn_last_error(ctx));
+        return status;
+    }
+    const pb_mha_spec *s = &p->spec;
+    const size_t dk = s->qk_dim / s->num_heads, dv = s->v_dim / s->num_heads;
+    const int fused = s->path == CLATTN_PATH_FUSED ||
+                      (s->path == CLATTN_PATH_AUTO && s->need_weights == CLATTN_WEIGHTS_NONE &&
+                       dk <= 256 && dv <= 256);
+    status = run_plan(ctx, plan, p, p->label, fused, options, mha_upload_any, mha_check_any);
+    clattn_plan_release(plan);
+    return status;
+}
