@@ -361,12 +361,14 @@ START_TEST(test_softmax_events)
     clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
     if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_sdpa_plan_create") &&
         pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS) {
-        /* q is packed F32 here: overwrite it with NaN, then write the scores asynchronously */
+        /* q is packed F32 here: overwrite it with NaN, then write the scores asynchronously
+         * (the whole buffer from offset 0, NaN around the tensor) */
         tu_expect(pb_rewrite(ctx, NULL, &bound.q, NULL) == CL_SUCCESS, "poisoning q failed");
-        staging = tu_copy_floats(p.q, p.q_count);
-        cl_int err = clEnqueueWriteBuffer(clattn_ctx_queue(ctx), bound.q.mem, CL_FALSE,
-                                          bound.q.offset * sizeof(float),
-                                          p.q_count * sizeof(float), staging, 0, NULL, &written);
+        const size_t total = bound.q.offset + p.q_count + 3; /* pb_upload's buffer size */
+        staging = tu_nan_floats(total);
+        memcpy(staging + bound.q.offset, p.q, p.q_count * sizeof(float));
+        cl_int err = clEnqueueWriteBuffer(clattn_ctx_queue(ctx), bound.q.mem, CL_FALSE, 0,
+                                          total * sizeof(float), staging, 0, NULL, &written);
         tu_expect(err == CL_SUCCESS, "clEnqueueWriteBuffer: %d", err);
         status = clattn_plan_execute(plan, &bound, NULL, NULL, 1, &written, &done);
         if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute") &&

@@ -103,7 +103,9 @@ size_t pb_tensor_extent(const clattn_tensor *t);
 /* Creates a buffer of offset + extent + 3 elements of t->dtype on ctx's cl_context, holding
  * the logical packed `values` (pb_tensor_count(t) floats, converted to t->dtype) at t's
  * strided positions and poison everywhere else; values NULL: poison only (an output). Sets
- * t->mem and t->offset. Returns CL_SUCCESS or the OpenCL error (also reported as a failure). */
+ * t->mem and t->offset. Along a stride-0 dim every repeat lands on one element: the logical
+ * values must repeat there too. Returns CL_SUCCESS or the OpenCL error (also reported as a
+ * failure). */
 cl_int pb_upload(clattn_ctx *ctx, clattn_tensor *t, size_t offset, const float *values);
 /* Rewrites t's whole existing buffer: poison, then values (NULL: poison only). Blocking, on
  * queue (NULL: the context's) after the context's queued work. */
@@ -234,7 +236,9 @@ typedef struct pb_run_options {
 } pb_run_options;
 
 /* Creates the plan (checking clattn_plan_is_fused against pb_sdpa_expect_fused), uploads,
- * executes, checks (pb_sdpa_check), releases. options may be NULL. Returns the first
+ * executes, checks (pb_sdpa_check), releases. options may be NULL. With CLATTN_TEST_TRACE
+ * set, prints "problems: running <label>" to stderr first (to match a simulator's reports,
+ * printed as they happen, to their problem). Returns the first
  * failing clattn status (CLATTN_SUCCESS when every call succeeded; the numbers may still
  * have failed: see the fail hook). */
 clattn_status pb_sdpa_run(clattn_ctx *ctx, const pb_sdpa_problem *p,
