@@ -242,6 +242,12 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx)
     }
     if (status == CLATTN_SUCCESS && file && file[0] && !only_default)
         status = apply_file(ctx, file);
+    for (size_t i = 0; status == CLATTN_SUCCESS &&
+                       i < sizeof clattn_quirk_table / sizeof clattn_quirk_table[0];
+         ++i) {
+        snprintf(origin, sizeof origin, "quirk row %zu", i);
+        status = apply_row(ctx, clattn_quirk_table[i], origin);
+    }
     /* CLATTN_MATMUL=tiled|vec picks the matmul kernel whatever the rows say (tests run both). */
     const char *choice = getenv("CLATTN_MATMUL");
     if (choice && strcmp(choice, "tiled") == 0)

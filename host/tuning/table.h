@@ -27,6 +27,11 @@ static const char *const clattn_tuning_table[] = {
      * lane per query row in the fused kernel. */
     "gpu | * | * | matmul_vec=0 tile_m=64 tile_n=64 tile_k=16 wpt_m=4 wpt_n=4 softmax_wg=256 "
     "flash_rows=64 flash_vw=1",
+};
+
+/* Device quirks: rows that route around defects, so they apply even under
+ * CLATTN_TUNING=default (they are about correctness, not speed). Same format. */
+static const char *const clattn_quirk_table[] = {
     /* Mesa's llvmpipe (rusticl; Mesa 22.3.6, LLVM 15): gallivm gives each invocation one loop
      * counter shared by all its loops (LP_MAX_TGSI_LOOP_ITERATIONS = 65535, decremented on
      * every back-edge in lp_exec_endloop) and leaves the loop when it reaches zero, silently:
