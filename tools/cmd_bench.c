@@ -331,7 +331,7 @@ static int report(bench_state *b, case_result *r, clattn_status status, size_t b
                json_number(median_text, sizeof median_text, "%.6f", r->device_ms),
                r->wall_timer ? "wall" : "device",
                json_number(wall_text, sizeof wall_text, "%.6f", r->wall_ms), r->unit,
-               json_number(rate_text, sizeof rate_text, "%.3f", r->rate), r->device_mib, rss);
+               json_number(rate_text, sizeof rate_text, "%.6g", r->rate), r->device_mib, rss);
     } else {
         if (r->wall_timer && !b->wall_noted) {
             fprintf(stderr,
