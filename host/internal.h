@@ -13,6 +13,8 @@ typedef enum clattn_source {
     CLATTN_SRC_SOFTMAX,
     CLATTN_SRC_HEADS,
     CLATTN_SRC_FLASH,
+    CLATTN_SRC_FLASH_CPU,
+    CLATTN_SRC_FLASH_GPU,
     CLATTN_SRC_COUNT
 } clattn_source;
 
@@ -29,7 +31,7 @@ typedef enum clattn_ws_slot {
     CLATTN_WS_HOST_MASK, /* additive mask */
     CLATTN_WS_HOST_KPM,  /* key padding mask */
     CLATTN_WS_HOST_W,    /* all weights and biases, packed one after another */
-    CLATTN_WS_MATMUL_BT, /* matmul_vec: a transposed copy of B */
+    CLATTN_WS_MATMUL_BT, /* matmul_vec: B packed into panels */
     CLATTN_WS_COUNT
 } clattn_ws_slot;
 
@@ -53,18 +55,33 @@ typedef struct clattn_tuning {
     bool cpu_params; /* CPU-class rows apply (the device's type, or CLATTN_PARAMS) */
     unsigned matmul_vec; /* 1: the register-blocked vector matmul (CPUs), 0: local tiles */
     unsigned vec_rm, vec_width, vec_wg, transpose_wg;
+    unsigned vec_nv; /* matmul_vec: vectors per micro-tile row (panel = vec_nv * vec_width) */
+    unsigned vec_rb; /* matmul_vec: micro-tiles (vec_rm rows each) per work-item */
+    unsigned vec_kc; /* matmul_vec: depth of a K block */
+    unsigned vec_stream; /* matmul_vec: KiB of F32 C per launch from which it is written with
+                          * nontemporal stores (0: never) */
     unsigned tile_m, tile_n, tile_k, wpt_m, wpt_n;
     unsigned softmax_wg;
+    unsigned softmax_rows; /* 0: a work-group per softmax row; N: a work-item per row, N rows
+                            * per group, float16 vectors (CPUs) */
     unsigned heads_wg;
     unsigned flash_rows; /* query rows (work-items) per fused work-group, upper bound */
     unsigned flash_vw;   /* vector width along a row in the fused kernel (1, 4, 8), upper bound */
+    unsigned flash_cpu;    /* 1: the fused kernel for CPUs (flash_cpu.cl), 0: flash.cl */
+    unsigned flash_cpu_rb; /* flash_cpu: query rows per register block (1 .. 8) */
+    unsigned flash_cpu_nb; /* flash_cpu: register blocks per work-group sharing a key tile */
+    unsigned flash_gpu;    /* 1: the cooperative fused kernel for GPUs (flash_gpu.cl) */
+    unsigned fg_bq, fg_bk, fg_tx, fg_ty; /* flash_gpu: rows, keys per tile, work-items */
     unsigned loop_trip_limit; /* 0, or the loop iterations a work-item may make in all (quirks) */
     char rows[256];           /* which table rows applied (for `clattn info` and tests) */
+    char summary[1536];       /* clattn_ctx_tuning(): rows, file, ignored rows, parameters */
 } clattn_tuning;
 
 /* --- tuning.c ------------------------------------------------------------------------------ */
-/* Fills ctx->tuning and ctx->build_options for ctx->info. */
-clattn_status clattn__choose_tuning(clattn_ctx *ctx);
+/* Fills ctx->tuning and ctx->build_options for ctx->info. tuning_file and tuning_rows are
+ * the clattn_ctx_desc fields of those names (NULL: the environment's choice; none). */
+clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
+                                    const char *tuning_rows);
 
 /* A program built with extra -D options (e.g. per head size) and its one kernel. */
 typedef struct clattn_variant {

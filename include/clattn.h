@@ -110,6 +110,45 @@ CLATTN_API clattn_status clattn_ctx_create(const char *device_spec, clattn_ctx *
 CLATTN_API clattn_status clattn_ctx_create_from_queue(cl_command_queue queue, clattn_ctx **out,
                                                       char *message, size_t message_size);
 
+/* Kernel parameters come from the tuning table: rows `class | vendor prefix | device-name
+ * prefix | key=value ...` applied in order on a default computed from the device's limits:
+ * the built-in rows, then the tuning cache that `clattn tune` writes
+ * ($XDG_CACHE_HOME/clattn/tuning, else ~/.cache/clattn/tuning), then device quirks.
+ * The environment variable CLATTN_TUNING=FILE reads FILE instead of the cache (a malformed row
+ * there, or one the device cannot run, fails context creation); CLATTN_TUNING=default applies
+ * no row at all (quirks excepted). A row of the cache that is malformed, stale (a key this
+ * version does not know) or that the device cannot run is ignored, whole, and listed by
+ * clattn_ctx_tuning: rerun `clattn tune` or delete the file. */
+
+/* Context options: zero-initialise and set struct_size = sizeof(clattn_ctx_desc), or call
+ * clattn_ctx_desc_init; later versions may append fields. */
+typedef struct clattn_ctx_desc {
+    size_t struct_size;
+    const char *device_spec; /* as clattn_ctx_create's (NULL: CLATTN_DEVICE or the default) */
+    cl_command_queue queue;  /* not NULL: as clattn_ctx_create_from_queue (device_spec unused) */
+    /* NULL: as the environment says (CLATTN_TUNING, else the cache); "": built-in rows only,
+     * no file; "default": no row at all; else a file read as CLATTN_TUNING=FILE. */
+    const char *tuning_file;
+    /* NULL, or rows in the table's format (one per line, # comments) applied after all others
+     * but the quirks; a malformed row, or values the device cannot run, fail creation
+     * (CLATTN_ERR_INVALID_ARGUMENT, CLATTN_ERR_UNSUPPORTED). `clattn tune` tries its
+     * candidates this way. */
+    const char *tuning_rows;
+} clattn_ctx_desc;
+
+CLATTN_API void clattn_ctx_desc_init(clattn_ctx_desc *desc);
+/* Creates a context with the options of desc. Errors as clattn_ctx_create. */
+CLATTN_API clattn_status clattn_ctx_create_desc(const clattn_ctx_desc *desc, clattn_ctx **out,
+                                                char *message, size_t message_size);
+
+/* Which tuning rows the context applied, as text for people and tools, four lines:
+ *   rows: table row 0; cache line 3         (or "none")
+ *   file: PATH (the tuning cache)           (", absent"; or the CLATTN_TUNING file; "none ...")
+ *   ignored: cache line 5 (why)             (or "none")
+ *   parameters: key=value ...               (every key, as the kernels get them)
+ * Valid as long as the context. NULL ctx gives a static message. */
+CLATTN_API const char *clattn_ctx_tuning(const clattn_ctx *ctx);
+
 /* Releases everything the context holds. NULL is a no-op. Waits for the context's queued
  * work to finish first. */
 CLATTN_API void clattn_ctx_release(clattn_ctx *ctx);

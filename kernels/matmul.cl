@@ -23,14 +23,15 @@
  * Out-of-range elements of A and B load as zero and out-of-range C elements are not stored,
  * so any M, N, K >= 1 works. With beta == 0, C is never read.
  *
- * Tunables: TILE_M, TILE_N, TILE_K, WPT_M, WPT_N (matmul); VEC_RM, VEC_W, VEC_WG (matmul_vec);
- * TRANSPOSE_WG (transpose); A_DTYPE, B_DTYPE, C_DTYPE (element types of the variant).
+ * Tunables: TILE_M, TILE_N, TILE_K, WPT_M, WPT_N (matmul); VEC_RM, VEC_W, VEC_NV, VEC_RB,
+ * VEC_KC, VEC_WG (matmul_vec, pack_b);
+ * A_DTYPE, B_DTYPE, C_DTYPE (element types of the variant).
  */
 #ifndef A_DTYPE
 #define A_DTYPE 0 /* element type of A: 0 F32, 1 F16, 2 BF16 */
 #endif
 #ifndef B_DTYPE
-#define B_DTYPE 0 /* element type of B (of the transpose's source) */
+#define B_DTYPE 0 /* element type of B (of pack_b's source) */
 #endif
 #ifndef C_DTYPE
 #define C_DTYPE 0 /* element type of C */
@@ -156,30 +157,54 @@ void matmul(const uint M, const uint N, const uint K, const ulong batch1, const 
 }
 
 /*
- * matmul_vec: the same product for CPUs (PoCL), where a work-group is a loop that LLVM
- * vectorises and local memory is ordinary cache. Each work-item owns a VEC_RM x (2*VEC_W) block
- * of C and keeps it in 2*VEC_RM vector accumulators of VEC_W floats: per k it broadcasts one A
- * value per row and multiplies it with two vectors of the B row. B must be stored K x N (the host
- * transposes a B given N x K into float scratch first). Blocks that cross the edge of C take the
- * same single pass over K with bounds-checked loads and stores. The arguments are matmul's
- * without trans_b.
+ * matmul_vec: the same product for CPUs (PoCL), where a work-group is a loop over its
+ * work-items and local memory is ordinary cache; register blocking in the way of GotoBLAS.
+ * B is first packed (pack_b, below) into panels of VEC_N = VEC_NV * VEC_W columns, each panel
+ * K rows of VEC_N contiguous floats, zero past column N; that also converts F16/BF16 and
+ * transposes a B stored N x K, so the inner loop has one form. (A F32 B stored K x N whose N
+ * is a multiple of VEC_N may be read in place: ldb is then its row stride and b_panel VEC_N.)
  *
- *        n0 = VEC_N*gid0 .. +VEC_N
- *   m0 = VEC_RM*gid1 +-----------+   work-item (gid0, gid1, batch): C[m0.., n0..]
- *                    | acc0 acc1 |   acc0 = columns n0..n0+VEC_W-1, acc1 = the next VEC_W
- *                    +-----------+
+ * A work-item owns VEC_RB micro-tiles of VEC_RM rows x VEC_N columns of C, stacked along M,
+ * in one B panel (work-item (gid0, gid1): rows from gid0 * VEC_RM * VEC_RB, panel gid1). K is
+ * walked in blocks of VEC_KC; within a block every micro-tile runs in VEC_RM * VEC_NV vector
+ * accumulators (6 x 4 float16 = 24 of AVX-512's 32 registers), so the block's slice of the
+ * B panel (VEC_KC * VEC_N floats: 64 KiB) stays in L1/L2 while the VEC_RB tiles use it.
+ * Per k a tile broadcasts one A element per row and multiplies it with the VEC_NV vectors of
+ * the B row: mad, built with -cl-mad-enable (PoCL, LLVM 15, makes an FMA instruction of it
+ * only then, and fma() would be a slow library call on a device without FMA). The tiles' sums
+ * wait between K blocks in a private array (L1). Work-items next to each other along gid0
+ * share the B panel, so the threads that run neighbouring work-groups share it in cache.
+ *
+ *                 n0 = VEC_N * gid1 .. + VEC_N
+ *   m0          +-------------------------+  tile 0: VEC_RM x VEC_NV accumulators
+ *   m0+VEC_RM   +-------------------------+  tile 1
+ *               :                         :  ... VEC_RB tiles
+ *
+ * Rows past M read A's last row (their sums are never stored); columns past N come from the
+ * panel's zero padding and are not stored. The arguments are matmul's with trans_b replaced by
+ * b_panel (floats from one panel to the next), ldb the floats from one k to the next, and
+ * stream_c (nonzero: an F32 C may be written with nontemporal stores).
  */
 #ifndef VEC_RM
-#define VEC_RM 6 /* rows of C per work-item */
+#define VEC_RM 6 /* rows of a micro-tile */
 #endif
 #ifndef VEC_W
-#define VEC_W 8 /* floats per vector: the device's preferred float vector width (4, 8 or 16) */
+#define VEC_W 16 /* floats per vector (4, 8 or 16) */
+#endif
+#ifndef VEC_NV
+#define VEC_NV 4 /* vectors per micro-tile row */
+#endif
+#ifndef VEC_RB
+#define VEC_RB 4 /* micro-tiles per work-item, along M */
+#endif
+#ifndef VEC_KC
+#define VEC_KC 256 /* depth of a K block */
 #endif
 #ifndef VEC_WG
-#define VEC_WG 8 /* work-items per work-group, along N */
+#define VEC_WG 1 /* work-items per work-group, along M */
 #endif
 
-#define VEC_N (2 * VEC_W) /* columns of C per work-item */
+#define VEC_N (VEC_NV * VEC_W) /* columns of a panel */
 #define VEC_CAT_(a, b) a##b
 #define VEC_CAT(a, b) VEC_CAT_(a, b)
 #define vec_t VEC_CAT(float, VEC_W)
@@ -194,120 +219,150 @@ void matmul_vec(const uint M, const uint N, const uint K, const ulong batch1,
                 const ulong batch_base,
                 __global const a_elem_t *A, const ulong a_offset, const ulong a_batch0,
                 const ulong a_batch1, const ulong lda, const int trans_a,
-                __global const b_elem_t *B, const ulong b_offset, const ulong b_batch0,
-                const ulong b_batch1, const ulong ldb,
+                __global const float *B, const ulong b_offset, const ulong b_batch0,
+                const ulong b_batch1, const ulong ldb, const ulong b_panel,
                 __global c_elem_t *C, const ulong c_offset, const ulong c_batch0,
                 const ulong c_batch1, const ulong ldc,
                 const float alpha, const float beta,
-                __global const float *bias, const ulong bias_offset, const int has_bias)
+                __global const float *bias, const ulong bias_offset, const int has_bias,
+                const int stream_c)
 {
-    const uint n0 = get_global_id(0) * VEC_N;
-    const uint m0 = get_global_id(1) * VEC_RM;
-    if (n0 >= N || m0 >= M)
+    const uint m_first = get_global_id(0) * (VEC_RM * VEC_RB);
+    const uint n0 = get_global_id(1) * VEC_N;
+    if (m_first >= M)
         return; /* no barriers in this kernel */
     A += a_offset + batch_start(batch_base, batch1, a_batch0, a_batch1);
-    B += b_offset + batch_start(batch_base, batch1, b_batch0, b_batch1);
+    B += b_offset + batch_start(batch_base, batch1, b_batch0, b_batch1) +
+         get_global_id(1) * b_panel;
     C += c_offset + batch_start(batch_base, batch1, c_batch0, c_batch1);
     /* Element (m, k) of op(A) is A[m * a_row_step + k * a_k_step]. */
     const ulong a_row_step = trans_a ? 1 : lda, a_k_step = trans_a ? lda : 1;
+    const uint tiles = min((uint)VEC_RB, (M - m_first + VEC_RM - 1) / VEC_RM);
 
-    if (n0 + VEC_N <= N && m0 + VEC_RM <= M) {
-        vec_t acc0[VEC_RM], acc1[VEC_RM];
-        for (uint i = 0; i < VEC_RM; ++i) {
-            acc0[i] = (vec_t)(0.0f);
-            acc1[i] = (vec_t)(0.0f);
-        }
-        __global const a_elem_t *a_col = A + m0 * a_row_step;
-        __global const b_elem_t *b_row = B + n0;
-        for (uint k = 0; k < K; ++k) {
-            const vec_t b0 = LOAD_VEC(B_DTYPE, b_row, 0);
-            const vec_t b1 = LOAD_VEC(B_DTYPE, b_row, VEC_W);
+    vec_t sums[VEC_RB][VEC_RM][VEC_NV]; /* the tiles' sums between K blocks */
+    for (uint k0 = 0; k0 < K; k0 += VEC_KC) {
+        const uint depth = min((uint)VEC_KC, K - k0);
+        for (uint t = 0; t < tiles; ++t) {
+            vec_t acc[VEC_RM][VEC_NV];
+            __global const a_elem_t *a_row[VEC_RM];
+#pragma unroll
             for (uint i = 0; i < VEC_RM; ++i) {
-                const vec_t a = (vec_t)(LOAD(A_DTYPE, a_col, i * a_row_step));
-                acc0[i] = mad(a, b0, acc0[i]);
-                acc1[i] = mad(a, b1, acc1[i]);
+                const uint m = min(m_first + t * VEC_RM + i, M - 1);
+                a_row[i] = A + m * a_row_step + k0 * a_k_step;
+#pragma unroll
+                for (uint v = 0; v < VEC_NV; ++v)
+                    acc[i][v] = k0 == 0 ? (vec_t)(0.0f) : sums[t][i][v];
             }
-            a_col += a_k_step;
-            b_row += ldb;
-        }
-        vec_t bias0 = (vec_t)(0.0f), bias1 = (vec_t)(0.0f);
-        if (has_bias) {
-            bias0 = vec_load(0, bias + bias_offset + n0);
-            bias1 = vec_load(0, bias + bias_offset + n0 + VEC_W);
-        }
-        for (uint i = 0; i < VEC_RM; ++i) {
-            __global c_elem_t *c_row = C + (m0 + i) * ldc + n0;
-            vec_t v0 = alpha * acc0[i], v1 = alpha * acc1[i];
-            if (beta != 0.0f) {
-                v0 = mad((vec_t)(beta), LOAD_VEC(C_DTYPE, c_row, 0), v0);
-                v1 = mad((vec_t)(beta), LOAD_VEC(C_DTYPE, c_row, VEC_W), v1);
+            __global const float *b_row = B + (ulong)k0 * ldb;
+            ulong a_at = 0;
+            for (uint k = 0; k < depth; ++k) {
+                vec_t b[VEC_NV];
+#pragma unroll
+                for (uint v = 0; v < VEC_NV; ++v)
+                    b[v] = vec_load(v, b_row);
+#pragma unroll
+                for (uint i = 0; i < VEC_RM; ++i) {
+                    const vec_t a = (vec_t)(LOAD(A_DTYPE, a_row[i], a_at));
+#pragma unroll
+                    for (uint v = 0; v < VEC_NV; ++v)
+                        acc[i][v] += a * b[v];
+                }
+                a_at += a_k_step;
+                b_row += ldb;
             }
-            STORE_VEC(C_DTYPE, v0 + bias0, c_row, 0);
-            STORE_VEC(C_DTYPE, v1 + bias1, c_row, VEC_W);
+#pragma unroll
+            for (uint i = 0; i < VEC_RM; ++i)
+#pragma unroll
+                for (uint v = 0; v < VEC_NV; ++v)
+                    sums[t][i][v] = acc[i][v];
         }
-        return;
     }
 
-    /* Edge block (the last rows or columns of C): the same single pass over K, with the rows
-     * and columns past C's edge loaded as zeros and never stored. One pass, not one dot
-     * product per element, also keeps a work-item's loop trip count near K: Mesa's llvmpipe
-     * (rusticl) silently ends every loop once a work-item's loops together have iterated
-     * 65535 times (see the quirks table in host/core/). */
-    const uint rows = min((uint)VEC_RM, M - m0), cols = min((uint)VEC_N, N - n0);
-    vec_t acc0[VEC_RM], acc1[VEC_RM];
-    for (uint i = 0; i < VEC_RM; ++i) {
-        acc0[i] = (vec_t)(0.0f);
-        acc1[i] = (vec_t)(0.0f);
-    }
-    __global const a_elem_t *a_col = A + m0 * a_row_step;
-    __global const b_elem_t *b_row = B + n0;
-    for (uint k = 0; k < K; ++k) {
-        float b_part[VEC_N];
-        for (uint j = 0; j < VEC_N; ++j)
-            b_part[j] = j < cols ? LOAD(B_DTYPE, b_row, j) : 0.0f;
-        const vec_t b0 = vec_load(0, b_part), b1 = vec_load(0, b_part + VEC_W);
+    const bool full = n0 + VEC_N <= N;
+    vec_t bias_v[VEC_NV];
+    for (uint v = 0; v < VEC_NV; ++v)
+        bias_v[v] = has_bias && full ? vec_load(v, bias + bias_offset + n0) : (vec_t)(0.0f);
+    /* A large F32 C (the host's choice) whose rows are aligned to vectors is written with
+     * streaming stores, past the caches: its lines are not read first (4096 x 4096 x 64:
+     * 1.8x). */
+    const bool stream = stream_c && (ldc % VEC_W) == 0 &&
+                        ((ulong)(C + n0) % (VEC_W * sizeof(float))) == 0;
+    for (uint t = 0; t < tiles; ++t) {
         for (uint i = 0; i < VEC_RM; ++i) {
-            const vec_t a = (vec_t)(i < rows ? LOAD(A_DTYPE, a_col, i * a_row_step) : 0.0f);
-            acc0[i] = mad(a, b0, acc0[i]);
-            acc1[i] = mad(a, b1, acc1[i]);
-        }
-        a_col += a_k_step;
-        b_row += ldb;
-    }
-    for (uint i = 0; i < rows; ++i) {
-        float c_part[VEC_N];
-        vec_store(acc0[i], 0, c_part);
-        vec_store(acc1[i], 0, c_part + VEC_W);
-        __global c_elem_t *c_row = C + (m0 + i) * ldc + n0;
-        for (uint j = 0; j < cols; ++j) {
-            float value = alpha * c_part[j];
-            if (beta != 0.0f)
-                value = mad(beta, LOAD(C_DTYPE, c_row, j), value);
-            if (has_bias)
-                value += bias[bias_offset + n0 + j];
-            STORE(C_DTYPE, value, c_row, j);
+            const uint m = m_first + t * VEC_RM + i;
+            if (m >= M)
+                break;
+            __global c_elem_t *c_row = C + (ulong)m * ldc + n0;
+            if (full) {
+                for (uint v = 0; v < VEC_NV; ++v) {
+                    vec_t value = alpha * sums[t][i][v];
+                    if (beta != 0.0f)
+                        value = mad((vec_t)(beta), LOAD_VEC(C_DTYPE, c_row, v * VEC_W), value);
+#if C_DTYPE == 0 && defined(__clang__)
+                    if (stream)
+                        __builtin_nontemporal_store(value + bias_v[v],
+                                                    (__global vec_t *)(c_row + v * VEC_W));
+                    else
+#endif
+                    STORE_VEC(C_DTYPE, value + bias_v[v], c_row, v * VEC_W);
+                }
+                continue;
+            }
+            /* The last panel: only its columns below N. */
+            float part[VEC_N];
+            for (uint v = 0; v < VEC_NV; ++v)
+                vec_store(sums[t][i][v], v, part);
+            for (uint j = 0; j < N - n0; ++j) {
+                float value = alpha * part[j];
+                if (beta != 0.0f)
+                    value = mad(beta, LOAD(C_DTYPE, c_row, j), value);
+                if (has_bias)
+                    value += bias[bias_offset + n0 + j];
+                STORE(C_DTYPE, value, c_row, j);
+            }
         }
     }
 }
 
-/* dst[dst_offset + entry*N*K + k*N + n] = src[n, k] of batch entry `entry` (as in matmul:
- * batch_base + get_global_id(2), split by batch1): batches of N x K matrices of B_DTYPE (row
- * stride ld) into packed K x N float, so that matmul_vec can read B rows. One work-item per
- * element; global size (K rounded up to TRANSPOSE_WG, N, entries). */
-#ifndef TRANSPOSE_WG
-#define TRANSPOSE_WG 16 /* work-items per work-group, along K */
-#endif
+/* Packs op(B) of every batch entry (as in matmul: batch_base + get_global_id(2), split by
+ * batch1) into matmul_vec's panels of float: element (k, n) of entry `entry` goes to
+ * dst[dst_offset + entry * panels * VEC_N * K + ((n / VEC_N) * K + k) * VEC_N + n % VEC_N],
+ * with zeros for N <= n < panels * VEC_N. src holds B_DTYPE, K x N (trans 0) or N x K (trans
+ * 1) with row stride ld. A work-item packs PACK_K rows of one panel, reading along src's
+ * contiguous dimension; global size (K / PACK_K rounded up, panels, entries). */
+#define PACK_K 16
 
-__kernel __attribute__((reqd_work_group_size(TRANSPOSE_WG, 1, 1)))
-void transpose(const uint N, const uint K, const ulong batch1, const ulong batch_base,
-               __global const b_elem_t *src, const ulong src_offset, const ulong src_batch0,
-               const ulong src_batch1, const ulong ld, __global float *dst,
-               const ulong dst_offset)
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void pack_b(const uint N, const uint K, const ulong batch1, const ulong batch_base,
+            __global const b_elem_t *src, const ulong src_offset, const ulong src_batch0,
+            const ulong src_batch1, const ulong ld, const int trans, __global float *dst,
+            const ulong dst_offset)
 {
-    const uint k = get_global_id(0), n = get_global_id(1);
-    if (k >= K)
+    const uint k0 = get_global_id(0) * PACK_K, panel = get_global_id(1);
+    if (k0 >= K)
         return;
+    const uint n0 = panel * VEC_N, depth = min((uint)PACK_K, K - k0);
+    const uint cols = min((uint)VEC_N, N - n0), panels = (N + VEC_N - 1) / VEC_N;
     const ulong entry = batch_base + get_global_id(2);
     src += src_offset + batch_start(batch_base, batch1, src_batch0, src_batch1);
-    dst[dst_offset + entry * N * K + (ulong)k * N + n] = LOAD(B_DTYPE, src, (ulong)n * ld + k);
+    dst += dst_offset + entry * panels * VEC_N * K + ((ulong)panel * K + k0) * VEC_N;
+    if (trans) { /* column n of op(B) is row n of src */
+        for (uint j = 0; j < VEC_N; ++j) {
+            __global const b_elem_t *row = src + (ulong)min(n0 + j, N - 1) * ld + k0;
+            for (uint kk = 0; kk < depth; ++kk)
+                dst[kk * VEC_N + j] = j < cols ? LOAD(B_DTYPE, row, kk) : 0.0f;
+        }
+    } else if (cols == VEC_N) {
+        for (uint kk = 0; kk < depth; ++kk) {
+            __global const b_elem_t *row = src + (ulong)(k0 + kk) * ld + n0;
+            for (uint v = 0; v < VEC_NV; ++v)
+                vec_store(LOAD_VEC(B_DTYPE, row, v * VEC_W), v, dst + kk * VEC_N);
+        }
+    } else {
+        for (uint kk = 0; kk < depth; ++kk) {
+            __global const b_elem_t *row = src + (ulong)(k0 + kk) * ld + n0;
+            for (uint j = 0; j < VEC_N; ++j)
+                dst[kk * VEC_N + j] = j < cols ? LOAD(B_DTYPE, row, j) : 0.0f;
+        }
+    }
 }

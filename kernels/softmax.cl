@@ -12,13 +12,38 @@
  * last pass reads only out. The mask is a (batch, heads, seq_q, seq_k) view with stride 0 on
  * broadcast dims, dtype MASK_DTYPE; key padding a U8 view with strides for b and c.
  *
+ * Two variants of one kernel, chosen by SOFTMAX_VEC (the tuning table's softmax_vec):
+ *
+ * SOFTMAX_VEC 0 (GPUs): a work-group per row, reduced in local memory.
  *   group g = row = (b * heads + h) * seq_q + i
  *   +---------------------------------------------+
  *   | l0 l1 .. lW-1 | l0 l1 .. lW-1 | ...          |   work-item l: columns l, l + W, ...
  *   +---------------------------------------------+   (W = SOFTMAX_WG), reduced in local memory
+ *
+ * SOFTMAX_VEC 1 (CPUs): a work-item per row, SOFTMAX_ROWS rows per group, the row streamed
+ * in float16 vectors (vload16; masks and key padding gathered when their key stride is not 1)
+ * and a polynomial exp on those vectors (PoCL's exp is scalar). Three passes over the row, of
+ * which only the first comes from memory (a row of 4096 keys is 16 KiB, in L1 for the next):
+ * max; exp, store, sum; scale. Keys at and after the causal end are written as zeros without
+ * reading raw.
+ *   work-item g = row = (b * heads + h) * seq_q + i
+ *   +---------------------------------------------+
+ *   | c0..c15 | c16..c31 | ...        | tail      |   one work-item, 16 keys a step, then
+ *   +---------------------------------------------+   the last seq_k % 16 keys one by one
  */
+#ifndef SOFTMAX_VEC
+#define SOFTMAX_VEC 0 /* 1: a work-item per row in float16 vectors (CPUs); 0: a group per row */
+#endif
 #ifndef SOFTMAX_WG
-#define SOFTMAX_WG 128 /* work-items per row; a power of two */
+#define SOFTMAX_WG 128 /* SOFTMAX_VEC 0: work-items per row; a power of two */
+#endif
+#ifndef SOFTMAX_ROWS
+#define SOFTMAX_ROWS 4 /* SOFTMAX_VEC 1: rows (work-items) per work-group */
+#endif
+#if SOFTMAX_VEC
+#define SOFTMAX_GROUP SOFTMAX_ROWS
+#else
+#define SOFTMAX_GROUP SOFTMAX_WG
 #endif
 
 /* The score of column c of the row (masked_score's rule, reading raw only for kept keys). */
@@ -33,7 +58,161 @@ inline float row_score(__global const float *raw, const uint c, const float scal
     return add_mask(scale * raw[c], has_mask, mask, c * mask_s3);
 }
 
-__kernel __attribute__((reqd_work_group_size(SOFTMAX_WG, 1, 1)))
+#if SOFTMAX_VEC
+/* exp(x) on float vectors (Cephes' expf): x = k ln 2 + r, |r| <= ln 2 / 2, k rounded by adding
+ * 1.5 * 2^23 (PoCL's rint() is a slow branchy call), a degree-6 polynomial for exp(r), 2^k put
+ * into the exponent bits. Within 2 ulp; exp(0) = 1 exactly; x <= -88 (and -inf) gives 0 (k =
+ * -127: exponent bits 0; results below 2^-126 are flushed); NaN stays NaN. For x <= 88. */
+#define EXP_POLY(n)                                                                               \
+    inline float##n exp_poly##n(float##n x)                                                       \
+    {                                                                                             \
+        const float##n magic = (float##n)(12582912.0f);                                           \
+        x = select(x, (float##n)(-88.0f), x < (float##n)(-88.0f));                                \
+        const float##n t = fma(x, (float##n)(1.44269504088896341f), magic);                       \
+        const float##n k = t - magic;                                                             \
+        float##n r = fma(k, (float##n)(-0.693359375f), x);                                        \
+        r = fma(k, (float##n)(2.12194440e-4f), r);                                                \
+        float##n p = fma((float##n)(1.9875691500e-4f), r, (float##n)(1.3981999507e-3f));          \
+        p = fma(p, r, (float##n)(8.3334519073e-3f));                                              \
+        p = fma(p, r, (float##n)(4.1665795894e-2f));                                              \
+        p = fma(p, r, (float##n)(1.6666665459e-1f));                                              \
+        p = fma(p, r, (float##n)(5.0000001201e-1f));                                              \
+        const float##n y = fma(p, r * r, r) + (float##n)(1.0f);                                   \
+        /* t's low mantissa bits hold k: 2^k = (k + 127) << 23 as float bits */                   \
+        return y * as_float##n((as_int##n(t) - (0x4b400000 - 127)) << 23);                        \
+    }
+EXP_POLY()
+EXP_POLY(16)
+#undef EXP_POLY
+
+inline float max16(const float16 v)
+{
+    const float8 a = fmax(v.lo, v.hi);
+    const float4 b = fmax(a.lo, a.hi);
+    return fmax(fmax(b.x, b.y), fmax(b.z, b.w));
+}
+
+inline float sum16(const float16 v)
+{
+    const float8 a = v.lo + v.hi;
+    const float4 b = a.lo + a.hi;
+    return (b.x + b.y) + (b.z + b.w);
+}
+
+/* The scores of keys c .. c + 15 of the row, every one of them before key_end (the rule of
+ * row_score): one vector load of raw; the mask and the key padding are vector loads when their
+ * key stride is 1, else gathered element by element (stride 0: a broadcast key dim). Unlike
+ * row_score it reads raw and the mask at padded keys too (in the row; the result is -inf). */
+inline float16 row_scores16(__global const float *raw, const uint c, const float scale,
+                            const int has_mask, __global const ELEM_T(MASK_DTYPE) *mask,
+                            const ulong mask_s3, const int has_key_padding,
+                            __global const uchar *key_padding, const ulong key_padding_s1)
+{
+    float16 s = scale * vload16(0, raw + c);
+    if (has_mask) {
+        float16 term;
+        if (mask_s3 == 1) {
+#if MASK_DTYPE == DTYPE_U8
+            term = select((float16)(0.0f), (float16)(NEG_INF),
+                          convert_int16(vload16(0, mask + c)) == 0);
+#else
+            term = LOAD16(MASK_DTYPE, mask, c);
+#endif
+        } else {
+            float gathered[16];
+#pragma unroll
+            for (uint j = 0; j < 16; ++j)
+                gathered[j] = mask_term(mask, (ulong)(c + j) * mask_s3);
+            term = vload16(0, gathered);
+        }
+        s += term;
+    }
+    if (has_key_padding) {
+        uchar16 padding;
+        if (key_padding_s1 == 1) {
+            padding = vload16(0, key_padding + c);
+        } else {
+            uchar gathered[16];
+#pragma unroll
+            for (uint j = 0; j < 16; ++j)
+                gathered[j] = key_padding[(ulong)(c + j) * key_padding_s1];
+            padding = vload16(0, gathered);
+        }
+        s = select(s, (float16)(NEG_INF), convert_int16(padding) != 0);
+    }
+    return s;
+}
+
+/* One row by one work-item: keys [0, vec_end) in vectors of 16, [vec_end, key_end) one by one,
+ * [key_end, seq_k) zeros (causally masked: raw is not read there). Always inlined, so that a
+ * call with has_mask and has_key_padding 0 compiles to loops without their tests. */
+__attribute__((always_inline)) inline void
+softmax_row_vec(__global const float *raw, __global float *out, const float scale,
+                const uint key_end, const uint seq_k, const int has_mask,
+                __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_s3,
+                const int has_key_padding, __global const uchar *key_padding,
+                const ulong key_padding_s1, const int norm_relu)
+{
+#define SCORES16(c)                                                                               \
+    row_scores16(raw, (c), scale, has_mask, mask, mask_s3, has_key_padding, key_padding,         \
+                 key_padding_s1)
+#define SCORE(c)                                                                                  \
+    row_score(raw, (c), scale, key_end, has_mask, mask, mask_s3, has_key_padding, key_padding,   \
+              key_padding_s1)
+    const uint vec_end = key_end - key_end % 16;
+    float inv;
+    if (norm_relu) {
+        float16 sums = 0.0f;
+        for (uint c = 0; c < vec_end; c += 16)
+            sums += fmax(SCORES16(c), 0.0f);
+        float total = sum16(sums);
+        for (uint c = vec_end; c < key_end; ++c)
+            total += relu_weight(SCORE(c));
+        inv = inverse_total(total);
+        for (uint c = 0; c < vec_end; c += 16)
+            vstore16(fmax(SCORES16(c), 0.0f) * inv, 0, out + c);
+        for (uint c = vec_end; c < key_end; ++c)
+            out[c] = relu_weight(SCORE(c)) * inv;
+    } else {
+        /* max, not fmax: no NaN test per lane (a row with a NaN score comes out as NaNs
+         * and zeros either way: its sum is NaN, inverse_total gives 0) */
+        float16 maxima = NEG_INF;
+        for (uint c = 0; c < vec_end; c += 16)
+            maxima = max(maxima, SCORES16(c));
+        float row_max = max16(maxima);
+        for (uint c = vec_end; c < key_end; ++c)
+            row_max = fmax(row_max, SCORE(c));
+        const float shift = softmax_shift(row_max);
+        /* exp once per element: keep the numerators in out, then scale them. */
+        float16 sums = 0.0f;
+        for (uint c = 0; c < vec_end; c += 16) {
+            const float16 e = exp_poly16(SCORES16(c) - shift);
+            vstore16(e, 0, out + c);
+            sums += e;
+        }
+        float total = sum16(sums);
+        for (uint c = vec_end; c < key_end; ++c) {
+            const float e = exp_poly(SCORE(c) - shift);
+            out[c] = e;
+            total += e;
+        }
+        inv = inverse_total(total);
+        for (uint c = 0; c < vec_end; c += 16)
+            vstore16(vload16(0, out + c) * inv, 0, out + c);
+        for (uint c = vec_end; c < key_end; ++c)
+            out[c] *= inv;
+    }
+    uint c = key_end;
+    for (; c + 16 <= seq_k; c += 16)
+        vstore16((float16)(0.0f), 0, out + c);
+    for (; c < seq_k; ++c)
+        out[c] = 0.0f;
+#undef SCORES16
+#undef SCORE
+}
+#endif
+
+__kernel __attribute__((reqd_work_group_size(SOFTMAX_GROUP, 1, 1)))
 void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong raw_s0,
                   const ulong raw_s1, const ulong raw_s2,
                   __global float *out, const ulong out_offset, const ulong out_s0,
@@ -45,11 +224,18 @@ void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong
                   const ulong key_padding_s0, const ulong key_padding_s1,
                   const int has_key_padding,
                   const uint heads, const uint seq_q, const uint seq_k, const float scale,
-                  const int norm_relu, const int causal)
+                  const int norm_relu, const int causal, const ulong rows)
 {
+#if SOFTMAX_VEC
+    /* No barriers here: the work-items past the last row leave at once. */
+    const ulong row = get_global_id(0);
+    if (row >= rows)
+        return;
+#else
     __local float scratch[SOFTMAX_WG];
     const uint lid = get_local_id(0);
-    const ulong row = get_group_id(0);
+    const ulong row = get_group_id(0); /* the grid holds exactly `rows` groups */
+#endif
     /* Remainders as x - (x / y) * y: a division and remainder of the same operands become an
      * LLVM `freeze`, which Oclgrind's --uninitialized checker cannot run. */
     const ulong bh = row / seq_q;
@@ -63,6 +249,14 @@ void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong
     if (has_key_padding)
         key_padding += key_padding_offset + b * key_padding_s0;
     const uint key_end = causal_key_end(causal, i, seq_q, seq_k);
+#if SOFTMAX_VEC
+    if (has_mask || has_key_padding)
+        softmax_row_vec(raw, out, scale, key_end, seq_k, has_mask, mask, mask_s3,
+                        has_key_padding, key_padding, key_padding_s1, norm_relu);
+    else
+        softmax_row_vec(raw, out, scale, key_end, seq_k, 0, mask, 0, 0, key_padding, 0,
+                        norm_relu);
+#else
 #define SCORE(c)                                                                                  \
     row_score(raw, (c), scale, key_end, has_mask, mask, mask_s3, has_key_padding, key_padding,   \
               key_padding_s1)
@@ -94,4 +288,5 @@ void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong
     for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
         out[c] *= inv;
 #undef SCORE
+#endif
 }

@@ -4,7 +4,10 @@
  * against the float64 reference and against each other, on fresh random inputs at awkward
  * sizes, every mask kind, causal with seq_q != seq_k, head sizes 1 .. 256 (d_k != d_v), batch
  * and heads, relu, fully masked rows; outputs poisoned with NaN first. A long sequence that
- * the unfused path cannot run under a workspace cap is checked on sampled rows.
+ * the unfused path cannot run under a workspace cap is checked on sampled rows. CPUs run
+ * kernels/flash_cpu.cl (flash_gpu_params and flash_default_tuning run flash.cl there);
+ * test_flash_cpu_variants runs each of its compile-time variants at sizes around its block
+ * and tile edges, with every dtype, strided layouts and mask broadcasts.
  */
 #include <math.h>
 #include <stdio.h>
@@ -149,6 +152,118 @@ START_TEST(test_flash_vs_reference_and_unfused)
     TU_END_TEST();
 }
 END_TEST
+
+/* Sizes for the CPU kernel (flash_cpu.cl: 6-row blocks, 8 blocks a group, 64-key tiles, V
+ * rows padded to 16 floats), run with the default tuning rows: rows and keys 1 short of, at
+ * and 1 past the block and tile edges, Lq != Lk both ways, head sizes that are not multiples
+ * of 16 (d_k != d_v). */
+typedef struct cpu_size {
+    size_t seq_q, seq_k, dk, dv;
+} cpu_size;
+
+/* clang-format off */
+static const cpu_size cpu_sizes[] = {
+    /*  Lq   Lk   dk   dv */
+    {   1,   1,   1,   1},
+    {   3,   3,   3,  17},
+    {  17,  17,  17,   3},
+    {  63,  65,  64,  64},
+    {  65,  63,  80,  80},
+    { 127, 129, 128, 128},
+    { 129, 127,  64,  80},
+    {   1, 129, 256, 256},
+    { 129,   1,  17,  64},
+    {  49, 200,  64,  17},
+    {   3,  64, 256,  64},
+    {  64,   3,  80, 256},
+};
+/* clang-format on */
+#define CPU_SIZES (sizeof cpu_sizes / sizeof cpu_sizes[0])
+
+/* Every variant switch of the CPU kernel (causal alignment, mask dtype and broadcast, key
+ * padding, relu, fully masked rows, dtypes, strided layouts, lse) on every size: case
+ * _i = variant * CPU_SIZES + size, the variant's switches fixed, the size's awkward. The
+ * reference alone (no unfused run: strided layouts are fused-only). */
+START_TEST(test_flash_cpu_variants)
+{
+    TU_BEGIN_TEST();
+    const cpu_size *z = &cpu_sizes[(size_t)_i % CPU_SIZES];
+    const int variant = _i / (int)CPU_SIZES;
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = 1 + (size_t)(_i % 2);
+    spec.heads = 1 + (size_t)(_i % 3);
+    spec.seq_q = z->seq_q;
+    spec.seq_k = z->seq_k;
+    spec.dk = z->dk;
+    spec.dv = z->dv;
+    spec.path = CLATTN_PATH_FUSED;
+    spec.want_lse = variant != 0;
+    spec.q_gain = 3.0f;
+    switch (variant) {
+    case 0: /* plain */
+        break;
+    case 1: /* causal top-left, F16 storage, strided last dims */
+        spec.causal = CLATTN_CAUSAL_TOP_LEFT;
+        spec.q_dtype = spec.k_dtype = spec.v_dtype = spec.out_dtype = CLATTN_DTYPE_F16;
+        spec.q_layout = spec.v_layout = PB_STRIDED_LAST;
+        spec.k_layout = PB_SEQ_MAJOR_PADDED;
+        break;
+    case 2: /* causal bottom-right with key padding, BF16 k and out */
+        spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        spec.padding = 1;
+        spec.k_dtype = spec.out_dtype = CLATTN_DTYPE_BF16;
+        spec.out_layout = PB_STRIDED_LAST;
+        break;
+    case 3: /* key padding, every key of batch 0 padded */
+        spec.padding = 1;
+        spec.fully_masked = 1;
+        spec.k_layout = PB_STRIDED_LAST;
+        break;
+    case 4: /* float mask (F16) broadcast over batch and heads, row 0 fully masked */
+        spec.mask = PB_MASK_FLOAT;
+        spec.mask_dtype = CLATTN_DTYPE_F16;
+        spec.mask_rank = 4;
+        spec.mask_ones = PB_MASK_ONES_B | PB_MASK_ONES_H;
+        spec.fully_masked = 2;
+        break;
+    case 5: /* bool mask of zero strides, causal top-left, padding */
+        spec.mask = PB_MASK_BOOL;
+        spec.mask_rank = 4;
+        spec.mask_ones = PB_MASK_ONES_H;
+        spec.mask_zero_strides = 1;
+        spec.causal = CLATTN_CAUSAL_TOP_LEFT;
+        spec.padding = 1;
+        break;
+    case 6: /* BF16 mask broadcast along the rows, bottom-right causal */
+        spec.mask = PB_MASK_FLOAT;
+        spec.mask_dtype = CLATTN_DTYPE_BF16;
+        spec.mask_rank = 1;
+        spec.mask_layout = PB_PADDED;
+        spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        break;
+    case 7: /* relu */
+        spec.norm = CLATTN_NORM_RELU;
+        spec.scale = 0.5f;
+        break;
+    default: /* relu with causal, padding and an F32 mask */
+        spec.norm = CLATTN_NORM_RELU;
+        spec.causal = CLATTN_CAUSAL_TOP_LEFT;
+        spec.padding = 1;
+        spec.mask = PB_MASK_FLOAT;
+        break;
+    }
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("CPU variant %d: %s", variant, p.label);
+    float *got = tu_nan_floats(p.out_count);
+    run_path(&p, CLATTN_PATH_FUSED, spec.want_lse, got);
+    free(got);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+#define CPU_VARIANTS 9
 
 /* clang-format off */
 static const flash_case large_cases[] = {
@@ -477,6 +592,8 @@ int main(void)
                         (int)(sizeof large_cases / sizeof large_cases[0]));
     if (!small)
         tcase_add_loop_test(tc, test_flash_many_heads_split, 0, 2);
+    if (!small)
+        tcase_add_loop_test(tc, test_flash_cpu_variants, 0, (int)(CPU_VARIANTS * CPU_SIZES));
     tcase_add_test(tc, test_path_errors);
     tcase_add_loop_test(tc, test_mha_paths, 0, 2);
     tcase_add_loop_test(tc, test_mha_auto_is_fused, 0, 2);

@@ -844,6 +844,133 @@ START_TEST(test_matmul_k_split_private_context)
 }
 END_TEST
 
+/* The CPU kernel's blocks at their edges (with the table's CPU row: work-items of 4 tiles of
+ * 6 rows, panels of 64 columns, K blocks of 256): M, N, K each one below, at and one above a
+ * block, B read in place (F32 K x N, N a multiple of the panel, short rows) and packed, batches
+ * with broadcast B and gaps, alpha, beta, bias, 16-bit operands. On other devices these are
+ * more awkward sizes. */
+/* CLATTN_TEST_SCALE=small (Oclgrind) runs test_matmul_cpu_blocks' sizes up to this many
+ * multiply-adds only (still across a K block and a partial tile). */
+#define SMALL_BLOCK_MACS 500000u
+
+START_TEST(test_matmul_cpu_blocks)
+{
+    TU_BEGIN_TEST();
+    /* clang-format off */
+    static const mnk sizes[] = {
+        {23, 64, 255}, {24, 128, 256}, {25, 64, 257}, {47, 128, 512}, {49, 192, 513},
+        {6, 63, 1},    {7, 65, 2},     {145, 64, 33}, {5, 127, 300},  {73, 129, 17},
+    };
+    /* clang-format on */
+    static const clattn_dtype dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16};
+    for (int s = 0; s < COUNT_OF(sizes); ++s) {
+        if (tu_small() && sizes[s].m * sizes[s].n * sizes[s].k > SMALL_BLOCK_MACS)
+            continue; /* named in the NOT RUN line */
+        for (int trans = 0; trans < 4; ++trans) {
+            matmul_case mc =
+                plain_case(sizes[s].m, sizes[s].n, sizes[s].k, trans & 1, (trans >> 1) & 1);
+            if (s % 3 == 1) {
+                set_batch(&mc, 0, 3);
+                mc.b.zero_stride = (unsigned)(trans & 1) << 1; /* B broadcast by stride 0 */
+                mc.a.batch_gap = 2, mc.c.batch_gap = 5;
+            }
+            if (s % 4 == 2)
+                mc.b.row_gap = (size_t)trans; /* in place with a longer row, or packed */
+            mc.alpha = s % 2 ? 0.5f : 1.0f;
+            mc.beta = trans == 1 ? -0.75f : 0.0f;
+            mc.use_bias = (s + trans) % 3 == 0;
+            if (s >= 8)
+                mc.a.dtype = dtypes[trans % 3], mc.b.dtype = dtypes[(trans + 1) % 3],
+                mc.c.dtype = dtypes[(trans + 2) % 3];
+            run_matmul_case(&mc);
+        }
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* A C of 16 MiB, which the CPU row writes with streaming stores, aligned (offset 0, the row
+ * stride a multiple of the vector) and not (offset 3, stored as usual), with beta and bias. */
+START_TEST(test_matmul_cpu_stream)
+{
+    TU_BEGIN_TEST();
+    for (int variant = 0; variant < 2; ++variant) {
+        matmul_case mc = plain_case(2048, 2048, 3, variant, 0);
+        mc.c.offset = variant ? 3 : 0;
+        mc.beta = variant ? 0.5f : 0.0f;
+        mc.use_bias = variant;
+        run_matmul_case(&mc);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* The CPU kernel with other parameters, on a private context whose tuning file selects it on
+ * any device: vector widths 4, 8, 16 with 1 to 3 vectors a row, tiles of 1 to 7 rows, K blocks
+ * of 7 to 1000, several work-items a group, streaming stores from 1 KiB of C. */
+START_TEST(test_matmul_vec_parameters)
+{
+    TU_BEGIN_TEST();
+    static const char *const rows[] = {
+        "any | * | * | matmul_vec=1 vec_width=8 vec_nv=2 vec_rm=5 vec_rb=3 vec_kc=7 vec_stream=1",
+        "any | * | * | matmul_vec=1 vec_width=4 vec_nv=3 vec_rm=1 vec_rb=1 vec_kc=64 vec_wg=4",
+        "any | * | * | matmul_vec=1 vec_width=16 vec_nv=1 vec_rm=7 vec_rb=2 vec_kc=1000 "
+        "vec_stream=1",
+    };
+    /* clang-format off */
+    static const mnk sizes[] = {
+        {1, 1, 1}, {23, 16, 257}, {50, 32, 30}, {7, 12, 100}, {65, 129, 17}, {31, 48, 64},
+    };
+    /* clang-format on */
+    const char *row = rows[_i];
+    tu_set_case("tuning row '%s'", row);
+    char path[] = "/tmp/check_matmul_rowXXXXXX";
+    const int fd = mkstemp(path);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!tu_expect(f != NULL, "cannot write a tuning file in /tmp")) {
+        TU_END_TEST();
+        return;
+    }
+    fprintf(f, "%s\n", row);
+    fclose(f);
+    const char *saved = getenv("CLATTN_TUNING");
+    char *saved_copy = saved ? strdup(saved) : NULL;
+    setenv("CLATTN_TUNING", path, 1);
+    clattn_ctx *ctx = NULL;
+    char message[512] = "";
+    clattn_status status = clattn_ctx_create(NULL, &ctx, message, sizeof message);
+    if (saved_copy)
+        setenv("CLATTN_TUNING", saved_copy, 1);
+    else
+        unsetenv("CLATTN_TUNING");
+    free(saved_copy);
+    remove(path);
+    static const clattn_dtype dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16};
+    if (tu_expect(status == CLATTN_SUCCESS, "clattn_ctx_create: %s: %s",
+                  clattn_status_string(status), message)) {
+        for (int s = 0; s < COUNT_OF(sizes); ++s) {
+            for (int trans = 0; trans < 4; ++trans) {
+                matmul_case mc =
+                    plain_case(sizes[s].m, sizes[s].n, sizes[s].k, trans & 1, (trans >> 1) & 1);
+                if (s % 2) {
+                    set_batch(&mc, 0, 2);
+                    mc.b.zero_stride = (unsigned)(trans & 1) << 1;
+                }
+                mc.alpha = trans == 2 ? -1.5f : 1.0f;
+                mc.beta = trans == 3 ? 0.25f : 0.0f;
+                mc.use_bias = (s + trans) % 2;
+                if (s == 4)
+                    mc.a.dtype = dtypes[trans % 3], mc.b.dtype = dtypes[(trans + 2) % 3],
+                    mc.c.dtype = dtypes[(trans + 1) % 3];
+                run_case_on(ctx, &mc);
+            }
+        }
+    }
+    clattn_ctx_release(ctx);
+    TU_END_TEST();
+}
+END_TEST
+
 /* A reduced run (CLATTN_TEST_SCALE=small, for Oclgrind) leaves out the products of more than
  * this many multiply-adds or with a longer K (minutes each there with GPU tiles: 256 x 192 x
  * 320, 300^3, K = 4099, 5000, 70000), naming them in not_run_. */
@@ -915,6 +1042,14 @@ static Suite *matmul_suite(void)
     tcase_add_test(options, test_matmul_stride_c_zero);
     if (!small)
         tcase_add_test(options, test_matmul_k_split_private_context);
+    tcase_add_test(options, test_matmul_cpu_blocks);
+    tcase_add_loop_test(options, test_matmul_vec_parameters, 0, 3);
+    if (small)
+        tu_not_run("test_matmul_cpu_stream (a 2048 x 2048 C); test_matmul_cpu_blocks' sizes "
+                   "of more than %u multiply-adds",
+                   SMALL_BLOCK_MACS);
+    else
+        tcase_add_test(options, test_matmul_cpu_stream);
     suite_add_tcase(suite, options);
     return suite;
 }

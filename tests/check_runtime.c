@@ -1769,7 +1769,7 @@ START_TEST(test_kernel_dir_failures)
     if (tu_expect(kernel_folder(dir, "noargs", "matmul.cl",
                                 "__kernel void matmul(void) { }\n"
                                 "__kernel void matmul_vec(void) { }\n"
-                                "__kernel void transpose(void) { }\n",
+                                "__kernel void pack_b(void) { }\n",
                                 path, sizeof path),
                   "cannot write %s", path)) {
         status = op_with_kernel_dir(path, DIR_MATMUL, message, sizeof message);
@@ -1779,15 +1779,19 @@ START_TEST(test_kernel_dir_failures)
                   "got %s '%s'", clattn_status_string(status), message);
     }
 
+    /* The fused kernel's source is flash.cl, flash_cpu.cl (CPU rows) or flash_gpu.cl (GPU
+     * rows): the same text goes into all three. */
+    static const char *const no_flash = "__kernel void other(__global float *x) { x[0] = 1.0f; }\n";
     tu_set_case("flash.cl without the kernel");
-    if (tu_expect(kernel_folder(dir, "noflash", "flash.cl",
-                                "__kernel void other(__global float *x) { x[0] = 1.0f; }\n", path,
-                                sizeof path),
+    if (tu_expect(kernel_folder(dir, "noflash", "flash.cl", no_flash, path, sizeof path) &&
+                      write_text(path, "flash_cpu.cl", no_flash) &&
+                      write_text(path, "flash_gpu.cl", no_flash),
                   "cannot write %s", path)) {
         status = op_with_kernel_dir(path, DIR_FLASH, message, sizeof message);
         tu_expect(status == (clattn_status)CL_INVALID_KERNEL_NAME &&
                       tu_starts_with(message, "sdpa: ") &&
-                      strstr(message, "clCreateKernel(flash_attention)") != NULL,
+                      (strstr(message, "clCreateKernel(flash_attention)") != NULL ||
+                       strstr(message, "clCreateKernel(flash_cpu)") != NULL),
                   "got %s '%s'", clattn_status_string(status), message);
     }
 
@@ -1799,12 +1803,16 @@ START_TEST(test_kernel_dir_failures)
                                  "__kernel void k%d(__global float *x) { x[0] = undeclared_%d; }\n",
                                  i, i);
     }
-    if (tu_expect(kernel_folder(dir, "longlog", "flash.cl", broken, path, sizeof path),
+    if (tu_expect(kernel_folder(dir, "longlog", "flash.cl", broken, path, sizeof path) &&
+                      write_text(path, "flash_cpu.cl", broken) &&
+                      write_text(path, "flash_gpu.cl", broken),
                   "cannot write %s", path)) {
         status = op_with_kernel_dir(path, DIR_FLASH, message, sizeof message);
         const size_t length = strlen(message);
         tu_expect(status == CLATTN_ERR_BUILD &&
-                      tu_starts_with(message, "sdpa: clBuildProgram(flash.cl") &&
+                      (tu_starts_with(message, "sdpa: clBuildProgram(flash.cl") ||
+                       tu_starts_with(message, "sdpa: clBuildProgram(flash_cpu.cl") ||
+                       tu_starts_with(message, "sdpa: clBuildProgram(flash_gpu.cl")) &&
                       strstr(message, "undeclared_0") && length >= 1024 && length < 2048,
                   "got %s, %zu characters: '%.300s'", clattn_status_string(status), length,
                   message);

@@ -2,7 +2,9 @@
  * check_softmax: the normalisation of score rows (the softmax_rows kernel) through SDPA plans
  * with path UNFUSED and the weights output (the normalised scores), against the float64
  * reference: scale, causal, additive and key-padding masks, fully masked rows, relu
- * normalisation, large scores, packed and strided weights, awkward row lengths.
+ * normalisation, large scores, packed and strided weights, awkward row lengths; and the edges of
+ * the per-row vector kernel (CPU parameters): row lengths around 16, every mask dtype, masks
+ * and key padding read through key strides 0 and 2, both causal alignments.
  *
  * The scores are chosen exactly: up to 129 keys, q holds the scores and k is the identity
  * (dk = seq_k, one identity matrix shared by every (batch, head) through stride-0 dims), so
@@ -108,7 +110,19 @@ static int identity_scores(const softmax_case *sc)
     return sc->seq_k <= IDENTITY_MAX_KEYS && !tu_small();
 }
 
-static void make_problem(pb_sdpa_problem *p, const softmax_case *sc, int force_identity)
+/* What the per-row CPU kernel (tuning softmax_rows > 0) switches on beyond a softmax_case:
+ * mask dtype, a mask broadcast along the keys (key stride 0), masks and key padding read with
+ * key stride 2 (its gather path), the causal alignment. */
+typedef struct softmax_switches {
+    pb_mask_kind mask; /* PB_MASK_NONE: as the case says */
+    clattn_dtype mask_dtype;
+    unsigned mask_ones;      /* PB_MASK_ONES_*: broadcast dims of a rank-4 mask */
+    int strided_masks;       /* attn_mask and key padding with key stride 2 */
+    clattn_causal causal;    /* NONE: as the case says */
+} softmax_switches;
+
+static void make_problem_with(pb_sdpa_problem *p, const softmax_case *sc, int force_identity,
+                              const softmax_switches *sw)
 {
     pb_sdpa_spec spec;
     pb_sdpa_spec_init(&spec);
@@ -131,7 +145,27 @@ static void make_problem(pb_sdpa_problem *p, const softmax_case *sc, int force_i
     spec.fully_masked = sc->fully_masked == FULLY_MASKED_BY_PADDING     ? 1
                         : sc->fully_masked == FULLY_MASKED_BY_ATTN_MASK ? 2
                                                                         : 0;
+    if (sw != NULL && sw->mask != PB_MASK_NONE) {
+        spec.mask = sw->mask;
+        spec.mask_dtype = sw->mask_dtype;
+        spec.mask_rank = 4;
+        spec.mask_ones = sw->mask_ones;
+    }
+    if (sw != NULL && sw->causal != CLATTN_CAUSAL_NONE) {
+        spec.causal = sw->causal;
+    }
     pb_sdpa_make(p, &spec);
+    if (sw != NULL && sw->strided_masks) {
+        if (p->mask != NULL) {
+            pb_make_layout(&p->layouts.attn_mask, p->spec.mask_dtype, p->mask_rank, p->mask_dims,
+                           PB_STRIDED_LAST);
+        }
+        if (p->padding != NULL) {
+            const size_t dims[2] = {sc->batch, sc->seq_k};
+            pb_make_layout(&p->layouts.key_padding_mask, CLATTN_DTYPE_U8, 2, dims,
+                           PB_STRIDED_LAST);
+        }
+    }
     set_scores(p, sc, identity);
     if (sc->fully_masked == FULLY_MASKED_BY_CAUSAL) {
         for (size_t b = 0; b < sc->batch; ++b) {
@@ -145,14 +179,24 @@ static void make_problem(pb_sdpa_problem *p, const softmax_case *sc, int force_i
     pb_sdpa_reference(p);
 }
 
-static void run_softmax_case(const softmax_case *sc)
+static void make_problem(pb_sdpa_problem *p, const softmax_case *sc, int force_identity)
+{
+    make_problem_with(p, sc, force_identity, NULL);
+}
+
+static void run_softmax_case_with(const softmax_case *sc, const softmax_switches *sw)
 {
     describe(sc);
     pb_sdpa_problem p;
-    make_problem(&p, sc, 0);
+    make_problem_with(&p, sc, 0, sw);
     clattn_status status = pb_sdpa_run(tu_ctx(), &p, NULL);
     tu_expect_status(status, CLATTN_SUCCESS, "pb_sdpa_run (UNFUSED, weights)");
     pb_sdpa_free(&p);
+}
+
+static void run_softmax_case(const softmax_case *sc)
+{
+    run_softmax_case_with(sc, NULL);
 }
 
 /* --- tables ------------------------------------------------------------------------------- */
@@ -215,6 +259,9 @@ static const softmax_case large_score_cases[] = {
     {2, 1, 4, 1000, 0.0f, CLATTN_NORM_SOFTMAX, 1, 0, 1, 0, 1e4f, FULLY_MASKED_NONE},
     {1, 1, 7, 129, 2.0f, CLATTN_NORM_SOFTMAX, 0, 0, 0, 0, 3e4f, FULLY_MASKED_NONE},
     {1, 2, 4, 63, 0.25f, CLATTN_NORM_RELU, 0, 0, 0, 0, 1e4f, FULLY_MASKED_NONE},
+    /* rows longer than 256 keys without masks: the max is wherever it falls, so a reduction
+     * that misses lanes of a 256-wide group (GPU parameters) overflows */
+    {1, 2, 5, 257, 1.0f, CLATTN_NORM_SOFTMAX, 0, 0, 0, 0, 1e4f, FULLY_MASKED_NONE},
 };
 /* clang-format on */
 
@@ -262,6 +309,48 @@ START_TEST(test_softmax_all_masks_both_placements)
     run_softmax_case(&sc);
     sc.strided_weights = 1;
     run_softmax_case(&sc);
+    TU_END_TEST();
+}
+END_TEST
+
+/* The per-row vector kernel's edges: row lengths around its 16-key vectors (whole vectors, a
+ * tail, a tail only), 1 and 7 rows per (batch, head), under each switch it has: mask dtypes,
+ * a key-broadcast mask (stride 0) and masks read with key stride 2 (gathered), key padding,
+ * both causal alignments (BOTTOM_RIGHT with seq_q > seq_k leaves rows empty), relu, fully
+ * masked rows, in place and strided weights. (On GPU parameters they run the group kernel.) */
+static const size_t vec_lengths[] = {1, 3, 15, 16, 17, 63, 65, 127, 129, 1031};
+#define VEC_CONFIGS 8
+
+START_TEST(test_softmax_vec_edges)
+{
+    TU_BEGIN_TEST();
+    const size_t seq_k = vec_lengths[_i / VEC_CONFIGS];
+    const int config = _i % VEC_CONFIGS;
+    /* clang-format off */
+    static const softmax_case base[VEC_CONFIGS] = {
+        {2, 1, 7, 0, 0.5f, CLATTN_NORM_SOFTMAX, 0, 0, 1, 0, 6.0f, FULLY_MASKED_NONE},
+        {1, 1, 1, 0, 0.0f, CLATTN_NORM_SOFTMAX, 0, 0, 0, 1, 4.0f, FULLY_MASKED_NONE},
+        {1, 2, 7, 0, NAN, CLATTN_NORM_SOFTMAX, 0, 0, 1, 0, 8.0f, FULLY_MASKED_NONE},
+        {2, 1, 7, 0, 0.7f, CLATTN_NORM_RELU, 0, 0, 0, 1, 1.0f, FULLY_MASKED_NONE},
+        {1, 3, 1, 0, 1.0f, CLATTN_NORM_SOFTMAX, 0, 0, 1, 0, 20.0f, FULLY_MASKED_NONE},
+        {1, 1, 7, 0, 0.3f, CLATTN_NORM_RELU, 0, 0, 0, 1, 1.0f, FULLY_MASKED_NONE},
+        {2, 1, 7, 0, 0.0f, CLATTN_NORM_SOFTMAX, 0, 0, 1, 0, 3.0f, FULLY_MASKED_BY_ATTN_MASK},
+        {2, 2, 1, 0, 2.0f, CLATTN_NORM_SOFTMAX, 0, 0, 0, 1, 1e4f, FULLY_MASKED_BY_PADDING},
+    };
+    static const softmax_switches switches[VEC_CONFIGS] = {
+        {PB_MASK_FLOAT, CLATTN_DTYPE_F32, 0, 0, CLATTN_CAUSAL_NONE},
+        {PB_MASK_FLOAT, CLATTN_DTYPE_F16, PB_MASK_ONES_LK, 0, CLATTN_CAUSAL_TOP_LEFT},
+        {PB_MASK_FLOAT, CLATTN_DTYPE_BF16, 0, 1, CLATTN_CAUSAL_BOTTOM_RIGHT},
+        {PB_MASK_BOOL, CLATTN_DTYPE_U8, PB_MASK_ONES_B, 0, CLATTN_CAUSAL_NONE},
+        {PB_MASK_BOOL, CLATTN_DTYPE_U8, PB_MASK_ONES_H, 1, CLATTN_CAUSAL_NONE},
+        {PB_MASK_NONE, CLATTN_DTYPE_F32, 0, 0, CLATTN_CAUSAL_BOTTOM_RIGHT},
+        {PB_MASK_FLOAT, CLATTN_DTYPE_F32, PB_MASK_ONES_H, 1, CLATTN_CAUSAL_NONE},
+        {PB_MASK_FLOAT, CLATTN_DTYPE_F16, PB_MASK_ONES_LQ, 0, CLATTN_CAUSAL_TOP_LEFT},
+    };
+    /* clang-format on */
+    softmax_case sc = base[config];
+    sc.seq_k = seq_k;
+    run_softmax_case_with(&sc, &switches[config]);
     TU_END_TEST();
 }
 END_TEST
@@ -411,7 +500,8 @@ static Suite *softmax_suite(void)
         tu_not_run("test_softmax_awkward 8, 9, 13, test_softmax_all_masks_both_placements 7, "
                    "test_softmax_fully_masked 7, test_softmax_large_scores 2 (1000 keys), "
                    "test_softmax_long (4097 and 20000 keys, 69300 and 70000 rows), "
-                   "test_softmax_random with 1000 keys, 129 queries or more than 2 heads: "
+                   "test_softmax_random with 1000 keys, 129 queries or more than 2 heads, "
+                   "test_softmax_vec_edges with 1031 keys: "
                    "minutes each on Oclgrind");
     TCase *shapes = tcase_create("shapes");
     tcase_set_timeout(shapes, 600);
@@ -419,6 +509,9 @@ static Suite *softmax_suite(void)
                        small ? COUNT_OF(awkward_heavy) : 0);
     tcase_add_loop_test(shapes, test_softmax_all_masks_both_placements, 0, small ? 7 : 8);
     tcase_add_loop_test(shapes, test_softmax_random, 0, 24);
+    /* the 1031-key rows (the last VEC_CONFIGS) are left out of reduced runs */
+    tcase_add_loop_test(shapes, test_softmax_vec_edges, 0,
+                        (COUNT_OF(vec_lengths) - (small ? 1 : 0)) * VEC_CONFIGS);
     if (!small)
         tcase_add_loop_test(shapes, test_softmax_long, 0, COUNT_OF(long_cases));
     suite_add_tcase(suite, shapes);

@@ -1,5 +1,5 @@
 /* The clattn command: attention on OpenCL devices from the shell.
- *   clattn devices | demo | run | bench   (each with --help) */
+ *   clattn devices | info | demo | run | bench | tune   (each with --help) */
 #include "cli.h"
 
 #include <stdio.h>
@@ -11,9 +11,11 @@ static const char usage[] =
     "\n"
     "commands:\n"
     "  devices   list OpenCL platforms and devices; mark the default\n"
+    "  info      the device clattn uses and the tuning rows that apply to it\n"
     "  demo      the textbook self-attention example on the device\n"
     "  run       multi-head or single-head attention on .npy / .safetensors files\n"
     "  bench     time matmul, softmax, attention and MHA forward on the device\n"
+    "  tune      search the kernel parameters on the device; write them to the tuning cache\n"
     "\n"
     "Each command takes --help. The device is chosen by --device SPEC or the environment\n"
     "variable CLATTN_DEVICE: gpu, cpu, or P:D (platform and device index, see `clattn\n"
@@ -137,6 +139,43 @@ int cmd_devices(int argc, char **argv)
            "else the first CPU device.\n");
     clattn_ctx_release(ctx);
     return chosen ? CLI_OK : CLI_FAILED;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * clattn info
+ * ------------------------------------------------------------------------------------------- */
+
+static const char info_usage[] =
+    "usage: clattn info [--device SPEC]\n"
+    "Prints the device clattn uses and its tuning: which rows of the built-in table and of the\n"
+    "tuning cache (`clattn tune`, $XDG_CACHE_HOME/clattn/tuning) or of CLATTN_TUNING=FILE\n"
+    "applied, the cache rows ignored (malformed, stale, or values the device cannot run: rerun\n"
+    "`clattn tune` or delete the file), and the parameters the kernels get.\n";
+
+int cmd_info(int argc, char **argv)
+{
+    cli_args args = {argc, argv, 1, NULL, NULL, "info"};
+    const char *device_spec = NULL;
+    while (cli_next(&args)) {
+        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
+            fputs(info_usage, stdout);
+            return CLI_OK;
+        } else if (cli_is(&args, "--device")) {
+            if (!(device_spec = cli_value(&args)))
+                return CLI_BAD_INPUT;
+        } else {
+            return cli_fail("info", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
+        }
+    }
+    clattn_ctx *ctx = cli_context("info", device_spec);
+    if (ctx == NULL)
+        return CLI_FAILED;
+    char vendor[256] = "";
+    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_VENDOR, sizeof vendor - 1, vendor, NULL);
+    cli_print_device(stdout, clattn_ctx_device(ctx));
+    printf("vendor: %s\nclattn: %s\n%s\n", vendor, CLATTN_VERSION_STRING, clattn_ctx_tuning(ctx));
+    clattn_ctx_release(ctx);
+    return CLI_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -295,16 +334,18 @@ int main(int argc, char **argv)
         int (*run)(int, char **);
     } commands[] = {
         {"devices", cmd_devices},
+        {"info", cmd_info},
         {"demo", cmd_demo},
         {"run", cmd_run},
         {"bench", cmd_bench},
+        {"tune", cmd_tune},
     };
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; ++i)
         if (strcmp(command, commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr,
-            "clattn: unknown command '%s' (commands: devices, demo, run, bench; see "
-            "clattn --help)\n",
+            "clattn: unknown command '%s' (commands: devices, info, demo, run, bench, tune; "
+            "see clattn --help)\n",
             command);
     return CLI_BAD_INPUT;
 }

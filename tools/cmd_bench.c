@@ -14,7 +14,8 @@ static const char bench_usage[] =
     "usage: clattn bench [--op matmul,softmax,attention,mha] [--runs N] [--warmup N] [--json]\n"
     "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--seq L,...] [--seq-k S]\n"
     "                    [--head-dim D] [--embed E] [--path fused,unfused]\n"
-    "                    [--dtype f32,f16,bf16] [--device SPEC]\n"
+    "                    [--dtype f32,f16,bf16] [--causal] [--mask none,padding,additive]\n"
+    "                    [--device SPEC]\n"
     "\n"
     "Times each op on the device: the median of --runs runs (default 10) after --warmup runs\n"
     "(default 1). softmax, attention and mha create their plan once, before any run (that\n"
@@ -33,13 +34,22 @@ static const char bench_usage[] =
     "softmax: the normalisation has no entry point of its own; it times the unfused attention\n"
     "plan that returns the attention weights (scores = Q·Kᵀ, softmax written to the weights,\n"
     "weights·V: what replaced clattn_softmax_rows), and --json says \"timed\":\n"
-    "\"sdpa_unfused_weights\".\n"
+    "\"sdpa_unfused_weights\". The same case then times the two products alone (clattn_matmul)\n"
+    "and a device copy of the scores (clEnqueueCopyBuffer): the softmax step is the\n"
+    "difference (\"step_ms\"; \"step_gbps\" of the 2·B·H·Lq·Lk·4 bytes it reads and writes in\n"
+    "place), next to the copy's rate of the same bytes (\"copy_gbps\", \"step_vs_copy\"; the\n"
+    "table's row ends with them). A difference of medians: noisy where the products dominate.\n"
     "Rates: matmul 2MNK flop; attention 2·B·H·Lq·Lk·(dk+dv); mha adds the 4 projections\n"
     "(8·B·L·E²); softmax in GB/s of the float scores' traffic on that path (written, read and\n"
     "written by the normalisation, read: 4·B·H·Lq·Lk·4 bytes).\n"
     "--path: attention and mha run on the fused (flash) kernel, the unfused path (scores\n"
     "materialised), or both (default). A path the device refuses (e.g. scores larger than the\n"
     "device's largest buffer) is reported as refused, not as a failure.\n"
+    "--causal (attention): PyTorch's is_causal (query i sees keys j <= i); the rate still counts\n"
+    "every score (4·B·H·Lq·Lk·d, as peers are compared). --mask (attention): padding, a U8\n"
+    "key_padding_mask (batch, seq_k) ignoring the last seq_k/8 keys; additive, a float32\n"
+    "(seq_q, seq_k) attn_mask of values in [-1, 1) added to the scores. JSON lines name them\n"
+    "(\"causal\": true, \"mask\": ...) when set.\n"
     "--dtype: the storage type of q, k, v and out for softmax and attention, and of the input\n"
     "and the output for mha (its weights and biases stay f32): f32 (default), f16, bf16, or a\n"
     "list. Arithmetic is float32 on every type; matmul is f32.\n"
@@ -61,7 +71,11 @@ typedef struct bench_options {
     size_t seq[MAX_SIZES], num_seq;
     bool paths[2];  /* fused, unfused */
     bool dtypes[3]; /* f32, f16, bf16 */
+    bool causal;    /* attention: top-left causal */
+    int mask;       /* attention: 0 none, 1 key padding (U8), 2 additive (F32) */
 } bench_options;
+
+static const char *const mask_names[3] = {"none", "padding", "additive"};
 
 static const char *const op_names[4] = {"matmul", "softmax", "attention", "mha"};
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
@@ -276,6 +290,7 @@ typedef struct case_result {
     double device_ms, wall_ms, rate, device_mib; /* device_ms: wall time if wall_timer */
     bool wall_timer;
     const char *unit; /* "gflops" or "gbps" */
+    char extra_json[256], extra_text[96]; /* more fields after the standard ones (softmax) */
 } case_result;
 
 /* A JSON number, or null for inf and nan (which JSON cannot hold). */
@@ -326,12 +341,13 @@ static int report(bench_state *b, case_result *r, clattn_status status, size_t b
     if (o->json) {
         char median_text[32], wall_text[32], rate_text[32];
         printf("{\"op\": \"%s\"%s, %s, \"runs\": %zu, \"median_ms\": %s, \"timer\": \"%s\", "
-               "\"wall_ms\": %s, \"%s\": %s, \"device_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
+               "\"wall_ms\": %s, \"%s\": %s, \"device_mib\": %.1f, \"peak_rss_mib\": %.1f%s}\n",
                r->op, path_json, r->size_json, o->runs,
                json_number(median_text, sizeof median_text, "%.6f", r->device_ms),
                r->wall_timer ? "wall" : "device",
                json_number(wall_text, sizeof wall_text, "%.6f", r->wall_ms), r->unit,
-               json_number(rate_text, sizeof rate_text, "%.6g", r->rate), r->device_mib, rss);
+               json_number(rate_text, sizeof rate_text, "%.6g", r->rate), r->device_mib, rss,
+               r->extra_json);
     } else {
         if (r->wall_timer && !b->wall_noted) {
             fprintf(stderr,
@@ -342,10 +358,10 @@ static int report(bench_state *b, case_result *r, clattn_status status, size_t b
                         : "this device's profiling timestamps are unusable");
             b->wall_noted = true;
         }
-        printf("%-18s %-32s %10.3f%-5s %10.3f %9.2f %-7s %9.1f %9.1f\n", label, r->size_text,
+        printf("%-18s %-32s %10.3f%-5s %10.3f %9.2f %-7s %9.1f %9.1f%s\n", label, r->size_text,
                r->device_ms, r->wall_timer ? " wall" : "", r->wall_ms,
                isfinite(r->rate) ? r->rate : 0.0, strcmp(r->unit, "gbps") == 0 ? "GB/s" : "GFLOP/s",
-               r->device_mib, rss);
+               r->device_mib, rss, r->extra_text);
     }
     fflush(stdout);
     return CLI_OK;
@@ -404,6 +420,80 @@ static clattn_status run_plan(bench_state *b, void *p, cl_uint nw, const cl_even
     return clattn_plan_execute(c->plan, &c->tensors, NULL, NULL, nw, w, e);
 }
 
+/* The softmax step of the unfused plan, and a copy of as many bytes, timed in the same case:
+ * the two products alone (clattn_matmul on the plan's tensors: scores = q·kᵀ into the weights,
+ * out = weights·v) and a device copy of the scores (clEnqueueCopyBuffer: reads and writes
+ * B·H·Lq·Lk floats, as the in-place softmax does). */
+typedef struct step_case {
+    const clattn_tensors *t;
+    clattn_matmul_desc qk, pv;
+    cl_mem copy_to;
+    size_t copy_bytes;
+} step_case;
+
+static clattn_status run_products(bench_state *b, void *p, cl_uint nw, const cl_event *w,
+                                  cl_event *e)
+{
+    step_case *c = p;
+    cl_event scores = NULL;
+    clattn_status status =
+        clattn_matmul(b->ctx, &c->qk, &c->t->q, &c->t->k, NULL, &c->t->weights, nw, w, &scores);
+    if (status == CLATTN_SUCCESS)
+        status = clattn_matmul(b->ctx, &c->pv, &c->t->weights, &c->t->v, NULL, &c->t->out, 1,
+                               &scores, e);
+    if (scores)
+        clReleaseEvent(scores);
+    return status;
+}
+
+static clattn_status run_copy(bench_state *b, void *p, cl_uint nw, const cl_event *w, cl_event *e)
+{
+    step_case *c = p;
+    return (clattn_status)clEnqueueCopyBuffer(b->queue, c->t->weights.mem, c->copy_to, 0, 0,
+                                              c->copy_bytes, nw, w, e);
+}
+
+/* Adds to r (the softmax case, measured): "products_ms", the softmax step's time as the plan's
+ * median less the products' ("step_ms", "step_gbps" of 2·B·H·Lq·Lk·4 bytes), "copy_gbps" and
+ * "step_vs_copy". Leaves r as it is where a part cannot run (e.g. 16-bit q on clattn_matmul). */
+static void measure_softmax_step(bench_state *b, const clattn_tensors *t, size_t scores,
+                                 case_result *r)
+{
+    step_case c = {.t = t,
+                   .qk = {.struct_size = sizeof(clattn_matmul_desc), .trans_b = 1, .alpha = 1.0f},
+                   .pv = {.struct_size = sizeof(clattn_matmul_desc), .alpha = 1.0f},
+                   .copy_bytes = scores * sizeof(float)};
+    double products_ms = 0.0, copy_ms = 0.0, wall_ms = 0.0;
+    bool wall_timer = false;
+    c.copy_to = output_buffer(b, c.copy_bytes);
+    if (c.copy_to == NULL ||
+        measure(b, "softmax step: products", run_products, &c, &products_ms, &wall_ms,
+                &wall_timer) != CLATTN_SUCCESS ||
+        wall_timer != r->wall_timer ||
+        measure(b, "softmax step: copy", run_copy, &c, &copy_ms, &wall_ms, &wall_timer) !=
+            CLATTN_SUCCESS ||
+        wall_timer != r->wall_timer) {
+        if (c.copy_to)
+            clReleaseMemObject(c.copy_to);
+        return;
+    }
+    clReleaseMemObject(c.copy_to);
+    const double bytes = 2.0 * scores * sizeof(float), step_ms = r->device_ms - products_ms;
+    const double step_gbps = bytes / step_ms / 1e6, copy_gbps = bytes / copy_ms / 1e6;
+    char products_text[32], step_text[32], step_rate[32], copy_rate[32], ratio[32];
+    snprintf(r->extra_json, sizeof r->extra_json,
+             ", \"products_ms\": %s, \"step_ms\": %s, \"step_gbps\": %s, \"copy_gbps\": %s, "
+             "\"step_vs_copy\": %s",
+             json_number(products_text, sizeof products_text, "%.6f", products_ms),
+             json_number(step_text, sizeof step_text, "%.6f", step_ms),
+             json_number(step_rate, sizeof step_rate, "%.6g", step_ms > 0.0 ? step_gbps : NAN),
+             json_number(copy_rate, sizeof copy_rate, "%.6g", copy_gbps),
+             json_number(ratio, sizeof ratio, "%.3f", step_ms > 0.0 ? step_gbps / copy_gbps : NAN));
+    if (step_ms > 0.0)
+        snprintf(r->extra_text, sizeof r->extra_text, "  step %.2f GB/s = %.2fx copy %.2f GB/s",
+                 step_gbps, step_gbps / copy_gbps, copy_gbps);
+}
+
 /* Sets t's buffer (the layout is the plan's) and adds its bytes to *bytes. */
 static void bind(clattn_tensor *t, cl_mem mem, size_t count, size_t *bytes)
 {
@@ -425,18 +515,25 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
                                                          : "unfused"};
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"head_dim\": %zu, "
-             "\"dtype\": \"%s\"%s",
+             "\"dtype\": \"%s\"%s%s%s%s%s",
              o->batch, o->heads, seq_q, seq_k, d, dtype_names[dtype],
-             softmax ? ", \"timed\": \"sdpa_unfused_weights\"" : "");
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Lq=%zu Lk=%zu d=%zu%s%s", o->batch,
+             softmax ? ", \"timed\": \"sdpa_unfused_weights\"" : "",
+             !softmax && o->causal ? ", \"causal\": true" : "",
+             !softmax && o->mask ? ", \"mask\": \"" : "",
+             !softmax && o->mask ? mask_names[o->mask] : "", !softmax && o->mask ? "\"" : "");
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Lq=%zu Lk=%zu d=%zu%s%s%s%s%s", o->batch,
              o->heads, seq_q, seq_k, d, type == CLATTN_DTYPE_F32 ? "" : " ",
-             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype]);
+             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype],
+             !softmax && o->causal ? " causal" : "", !softmax && o->mask ? " mask=" : "",
+             !softmax && o->mask ? mask_names[o->mask] : "");
     int rc = fresh_context(b);
     if (rc != CLI_OK)
         return rc;
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
     desc.path = softmax ? CLATTN_PATH_UNFUSED : path;
+    const int mask = softmax ? 0 : o->mask;
+    desc.causal = !softmax && o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
     clattn_tensors *t = &desc.tensors;
     t->q = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_q, d);
     t->k = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_k, d);
@@ -445,11 +542,16 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
     if (softmax)
         t->weights =
             clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, o->batch, o->heads, seq_q, seq_k);
+    if (mask == 1)
+        t->key_padding_mask =
+            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, o->batch, seq_k, 0, 0);
+    if (mask == 2)
+        t->attn_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
     plan_case c = {.tensors = desc.tensors};
     /* The plan first: a case the device cannot hold is refused before any buffer is made. */
     clattn_status status = clattn_sdpa_plan_create(b->ctx, &desc, &c.plan);
     const size_t q_count = bh * seq_q * d, kv_count = bh * seq_k * d, scores = bh * seq_q * seq_k;
-    cl_mem mem[5] = {NULL};
+    cl_mem mem[6] = {NULL};
     size_t bytes = 0;
     if (status == CLATTN_SUCCESS) {
         mem[0] = random_buffer(b, q_count, type, 6);
@@ -463,16 +565,35 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         bind(&c.tensors.out, mem[3], q_count, &bytes);
         if (softmax)
             bind(&c.tensors.weights, mem[4], scores, &bytes);
-        status = all_made(mem, softmax ? 5 : 4) ? measure(b, r.size_text, run_plan, &c,
-                                                          &r.device_ms, &r.wall_ms, &r.wall_timer)
-                                                : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+        if (mask == 1) { /* the last seq_k/8 keys of every batch are padding */
+            unsigned char *pad = malloc(o->batch * seq_k);
+            for (size_t i = 0; pad && i < o->batch * seq_k; ++i)
+                pad[i] = i % seq_k >= seq_k - seq_k / 8;
+            cl_int err = CL_SUCCESS;
+            mem[5] = pad ? clCreateBuffer(b->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                          o->batch * seq_k, pad, &err)
+                         : NULL;
+            free(pad);
+            if (err != CL_SUCCESS)
+                mem[5] = NULL;
+            bind(&c.tensors.key_padding_mask, mem[5], o->batch * seq_k, &bytes);
+        } else if (mask == 2) {
+            mem[5] = random_buffer(b, seq_q * seq_k, CLATTN_DTYPE_F32, 9);
+            bind(&c.tensors.attn_mask, mem[5], seq_q * seq_k, &bytes);
+        }
+        status =
+            all_made(mem, softmax ? 5 : 4) && (mask == 0 || mem[5])
+                ? measure(b, r.size_text, run_plan, &c, &r.device_ms, &r.wall_ms, &r.wall_timer)
+                : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     }
     if (status == CLATTN_SUCCESS)
         r.rate = softmax ? 4.0 * scores * sizeof(float) / r.device_ms / 1e6
                          : 4.0 * bh * seq_q * seq_k * d / r.device_ms / 1e6;
+    if (status == CLATTN_SUCCESS && softmax)
+        measure_softmax_step(b, &c.tensors, scores, &r);
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.plan);
-    release_all(mem, 5);
+    release_all(mem, 6);
     return rc;
 }
 
@@ -580,6 +701,11 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
                 return CLI_BAD_INPUT;
             o->json = true;
             continue;
+        } else if ((flag = cli_flag(&args, "--causal")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            o->causal = true;
+            continue;
         }
         if (!(value = cli_value(&args)))
             return CLI_BAD_INPUT;
@@ -643,6 +769,14 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             }
             if (!any)
                 return cli_fail("bench", CLI_BAD_INPUT, "--dtype: empty list");
+        } else if (cli_is(&args, "--mask")) {
+            o->mask = -1;
+            for (int i = 0; i < 3; ++i)
+                if (strcmp(value, mask_names[i]) == 0)
+                    o->mask = i;
+            if (o->mask < 0)
+                return cli_fail("bench", CLI_BAD_INPUT,
+                                "--mask: '%s' is not none, padding or additive", value);
         } else if (cli_is(&args, "--mnk")) {
             if (!parse_mnk(value, o))
                 return cli_fail("bench", CLI_BAD_INPUT,

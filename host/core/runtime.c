@@ -189,11 +189,13 @@ done:
  * Context
  * ------------------------------------------------------------------------------------------- */
 
-static clattn_status finish_create(clattn_ctx *ctx, clattn_ctx **out, char *msg, size_t msg_size)
+static clattn_status finish_create(clattn_ctx *ctx, const clattn_ctx_desc *desc, clattn_ctx **out,
+                                   char *msg, size_t msg_size)
 {
     clattn_status status = query_device(ctx);
     if (status == CLATTN_SUCCESS)
-        status = clattn__choose_tuning(ctx);
+        status = clattn__choose_tuning(ctx, desc ? desc->tuning_file : NULL,
+                                       desc ? desc->tuning_rows : NULL);
     if (status != CLATTN_SUCCESS) {
         clattn__copy_message(msg, msg_size, ctx->message);
         clattn_ctx_release(ctx);
@@ -204,8 +206,8 @@ static clattn_status finish_create(clattn_ctx *ctx, clattn_ctx **out, char *msg,
     return CLATTN_SUCCESS;
 }
 
-clattn_status clattn_ctx_create(const char *device_spec, clattn_ctx **out, char *message,
-                                size_t message_size)
+static clattn_status create_on_device(const char *device_spec, const clattn_ctx_desc *desc,
+                                      clattn_ctx **out, char *message, size_t message_size)
 {
     clattn__copy_message(message, message_size, "");
     if (out == NULL) {
@@ -236,11 +238,11 @@ clattn_status clattn_ctx_create(const char *device_spec, clattn_ctx **out, char 
         clattn_ctx_release(ctx);
         return (clattn_status)err;
     }
-    return finish_create(ctx, out, message, message_size);
+    return finish_create(ctx, desc, out, message, message_size);
 }
 
-clattn_status clattn_ctx_create_from_queue(cl_command_queue queue, clattn_ctx **out, char *message,
-                                           size_t message_size)
+static clattn_status create_on_queue(cl_command_queue queue, const clattn_ctx_desc *desc,
+                                     clattn_ctx **out, char *message, size_t message_size)
 {
     clattn__copy_message(message, message_size, "");
     if (out)
@@ -287,7 +289,57 @@ clattn_status clattn_ctx_create_from_queue(cl_command_queue queue, clattn_ctx **
         return (clattn_status)err;
     }
     ctx->context = context;
-    return finish_create(ctx, out, message, message_size);
+    return finish_create(ctx, desc, out, message, message_size);
+}
+
+clattn_status clattn_ctx_create(const char *device_spec, clattn_ctx **out, char *message,
+                                size_t message_size)
+{
+    return create_on_device(device_spec, NULL, out, message, message_size);
+}
+
+clattn_status clattn_ctx_create_from_queue(cl_command_queue queue, clattn_ctx **out, char *message,
+                                           size_t message_size)
+{
+    return create_on_queue(queue, NULL, out, message, message_size);
+}
+
+void clattn_ctx_desc_init(clattn_ctx_desc *desc)
+{
+    if (desc) {
+        memset(desc, 0, sizeof *desc);
+        desc->struct_size = sizeof *desc;
+    }
+}
+
+clattn_status clattn_ctx_create_desc(const clattn_ctx_desc *desc, clattn_ctx **out,
+                                     char *message, size_t message_size)
+{
+    clattn__copy_message(message, message_size, "");
+    if (out)
+        *out = NULL;
+    if (desc == NULL || out == NULL) {
+        clattn__copy_message(message, message_size,
+                             desc ? "clattn_ctx_create_desc: out is NULL"
+                                  : "clattn_ctx_create_desc: desc is NULL");
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    }
+    if (desc->struct_size != sizeof(clattn_ctx_desc)) {
+        if (message)
+            snprintf(message, message_size,
+                     "clattn_ctx_create_desc: struct_size=%zu but sizeof(clattn_ctx_desc) is %zu "
+                     "in clattn %s: set struct_size = sizeof(clattn_ctx_desc) (or use "
+                     "clattn_ctx_desc_init) and rebuild against this header",
+                     desc->struct_size, sizeof(clattn_ctx_desc), CLATTN_VERSION_STRING);
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    }
+    return desc->queue ? create_on_queue(desc->queue, desc, out, message, message_size)
+                       : create_on_device(desc->device_spec, desc, out, message, message_size);
+}
+
+const char *clattn_ctx_tuning(const clattn_ctx *ctx)
+{
+    return ctx ? ctx->tuning.summary : "clattn_ctx_tuning: ctx is NULL";
 }
 
 void clattn_ctx_release(clattn_ctx *ctx)
@@ -366,6 +418,8 @@ static const source_entry sources[CLATTN_SRC_COUNT] = {
     [CLATTN_SRC_SOFTMAX] = {"softmax.cl", clattn_kernel_softmax},
     [CLATTN_SRC_HEADS] = {"heads.cl", clattn_kernel_heads},
     [CLATTN_SRC_FLASH] = {"flash.cl", clattn_kernel_flash},
+    [CLATTN_SRC_FLASH_CPU] = {"flash_cpu.cl", clattn_kernel_flash_cpu},
+    [CLATTN_SRC_FLASH_GPU] = {"flash_gpu.cl", clattn_kernel_flash_gpu},
 };
 
 /* Reads dir/file into a malloc'd string; NULL on failure. */

@@ -1,9 +1,11 @@
 /* Kernel parameters per device: a default row computed from the device's limits, then the
- * rows of the tuning table (host/tuning/table.h) and of CLATTN_TUNING=FILE that match. */
+ * rows of the tuning table (host/tuning/table.h), of the tuning cache written by `clattn tune`
+ * (or of CLATTN_TUNING=FILE instead), of the context descriptor, and the quirks, that match. */
 #include "internal.h"
 #include "tuning/table.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -20,7 +22,10 @@ static const tuning_key tuning_keys[] = {
     KEY(matmul_vec), KEY(vec_rm),     KEY(vec_width),  KEY(vec_wg),
     KEY(transpose_wg), KEY(tile_m),   KEY(tile_n),     KEY(tile_k),
     KEY(wpt_m),      KEY(wpt_n),      KEY(softmax_wg), KEY(heads_wg),
-    KEY(flash_rows), KEY(flash_vw),   KEY(loop_trip_limit),
+    KEY(flash_rows), KEY(flash_vw),   KEY(loop_trip_limit), KEY(softmax_rows),
+    KEY(flash_cpu),  KEY(flash_cpu_rb), KEY(flash_cpu_nb), KEY(flash_gpu),
+    KEY(fg_bq),      KEY(fg_bk),      KEY(fg_tx),      KEY(fg_ty),
+    KEY(vec_nv),     KEY(vec_rb),     KEY(vec_kc),     KEY(vec_stream),
 };
 #undef KEY
 
@@ -76,16 +81,26 @@ static clattn_status default_row(clattn_ctx *ctx, clattn_tuning *t)
     const size_t wide = max_1d(info);
     t->matmul_vec = 0;
     t->vec_rm = 6;
-    /* Vectors of twice the preferred width (two registers per accumulator) measured faster
-     * than one register on AVX2 PoCL: 1024^3 matmul 20 vs 15.5 GFLOP/s. */
-    const cl_uint width = 2 * info->preferred_float_width;
+    /* matmul_vec: one register per vector; 4 vectors per micro-tile row where vectors are
+     * 16 wide (AVX-512: 6 x 4 accumulators of its 32 registers), else 2 (AVX2 has 16). */
+    const cl_uint width = info->preferred_float_width;
     t->vec_width = width >= 16 ? 16 : width >= 8 ? 8 : 4;
-    t->vec_wg = pow2_at_most(wide, 8);
+    t->vec_nv = t->vec_width >= 16 ? 4 : 2;
+    t->vec_rb = 4;
+    t->vec_kc = 256;
+    t->vec_stream = 0;
+    t->vec_wg = 1;
     t->transpose_wg = pow2_at_most(wide, 16);
     t->softmax_wg = pow2_at_most(wide, 256);
+    t->softmax_rows = 0;
     t->heads_wg = pow2_at_most(wide, 256);
     t->flash_rows = pow2_at_most(wide, 64);
     t->flash_vw = 1;
+    t->flash_cpu = 0;
+    t->flash_cpu_rb = 6;
+    t->flash_cpu_nb = 32;
+    t->flash_gpu = 0;
+    t->fg_bq = 64, t->fg_bk = 32, t->fg_tx = 16, t->fg_ty = 8;
     t->loop_trip_limit = 0;
     return CLATTN_SUCCESS;
 }
@@ -203,7 +218,18 @@ static clattn_status check_row(clattn_ctx *ctx)
     bool ok = tile_fits(&ctx->info, t->tile_m, t->tile_n, t->tile_k, t->wpt_m, t->wpt_n) &&
               (t->vec_width == 4 || t->vec_width == 8 || t->vec_width == 16) && t->vec_rm >= 1 &&
               t->vec_rm <= 16 && (t->flash_vw == 1 || t->flash_vw == 4 || t->flash_vw == 8) &&
-              t->matmul_vec <= 1 && (t->loop_trip_limit == 0 || t->loop_trip_limit >= 64);
+              t->matmul_vec <= 1 && (t->loop_trip_limit == 0 || t->loop_trip_limit >= 64) &&
+              t->softmax_rows <= wide && (t->softmax_rows & (t->softmax_rows - 1)) == 0 &&
+              t->flash_cpu <= 1 && t->flash_cpu_rb >= 1 && t->flash_cpu_rb <= 8 &&
+              t->flash_cpu_nb >= 1 && t->flash_cpu_nb <= 64 && t->vec_nv >= 1 && t->vec_nv <= 8 &&
+              /* flash_gpu's shape (whether the device runs fg_tx * fg_ty work-items is
+               * checked when a plan builds it; flash.cl runs where it does not) */
+              t->flash_gpu <= 1 && t->fg_tx >= 1 && t->fg_ty >= 1 && t->fg_bq <= 256 &&
+              t->fg_bk <= 256 && t->fg_bq >= t->fg_ty && t->fg_bk >= t->fg_tx &&
+              t->fg_bq % t->fg_ty == 0 && t->fg_bk % t->fg_tx == 0 &&
+              t->vec_rb >= 1 && t->vec_rb <= 64 && t->vec_kc >= 1 && t->vec_kc <= 65536 &&
+              /* matmul_vec's private sums: at most 64 KiB */
+              (size_t)t->vec_rb * t->vec_rm * t->vec_nv * t->vec_width <= 16384;
     for (size_t i = 0; ok && i < sizeof pow2s / sizeof pow2s[0]; ++i)
         ok = pow2s[i] >= 1 && pow2s[i] <= wide && (pow2s[i] & (pow2s[i] - 1)) == 0;
     if (ok)
@@ -215,7 +241,106 @@ static clattn_status check_row(clattn_ctx *ctx)
                         (unsigned long long)ctx->info.local_mem_size);
 }
 
-clattn_status clattn__choose_tuning(clattn_ctx *ctx)
+/* Appends a formatted note to buf (size bytes), separated by "; ". */
+static void add_note(char *buf, size_t size, const char *fmt, const char *a, const char *b)
+{
+    const size_t used = strlen(buf);
+    if (used + 1 < size)
+        snprintf(buf + used, size - used, fmt, used ? "; " : "", a, b);
+}
+
+/* The tuning cache `clattn tune` writes: $XDG_CACHE_HOME/clattn/tuning, or
+ * $HOME/.cache/clattn/tuning (XDG: a relative XDG_CACHE_HOME is ignored); false if neither. */
+static bool cache_path(char *path, size_t size)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int n = -1;
+    if (xdg && xdg[0] == '/')
+        n = snprintf(path, size, "%s/clattn/tuning", xdg);
+    else if (home && home[0])
+        n = snprintf(path, size, "%s/.cache/clattn/tuning", home);
+    return n > 0 && (size_t)n < size;
+}
+
+/* The cache is a disposable file that every program reads: a row in it that is malformed
+ * (or names a key this version does not know) or that gives values the device cannot run is
+ * ignored, whole, and noted in `ignored` (clattn_ctx_tuning, `clattn info`), never an error.
+ * A missing file is no row (returns false). */
+static bool apply_cache(clattn_ctx *ctx, const char *path, char *ignored, size_t ignored_size)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        if (errno != ENOENT)
+            add_note(ignored, ignored_size, "%s%s: %s", path, "cannot open it");
+        return errno != ENOENT;
+    }
+    char line[1024], origin[48];
+    for (int number = 1; fgets(line, sizeof line, f); ++number) {
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        trim(line);
+        if (line[0] == '\0')
+            continue;
+        snprintf(origin, sizeof origin, "cache line %d", number);
+        const clattn_tuning before = ctx->tuning;
+        if (apply_row(ctx, line, origin) != CLATTN_SUCCESS) {
+            add_note(ignored, ignored_size, "%s%s%.240s", "", ctx->message);
+        } else if (check_row(ctx) != CLATTN_SUCCESS) {
+            ctx->tuning = before;
+            add_note(ignored, ignored_size, "%s%s: %s", origin,
+                     "values this device or the kernels cannot run");
+        }
+    }
+    if (ferror(f))
+        add_note(ignored, ignored_size, "%s%s: %s", path, "cannot read it");
+    fclose(f);
+    return true;
+}
+
+/* Rows given as text (the context descriptor's tuning_rows), one per line, # comments; a
+ * malformed row fails, as CLATTN_TUNING=FILE's do. */
+static clattn_status apply_text(clattn_ctx *ctx, const char *text)
+{
+    char line[1024], origin[48];
+    clattn_status status = CLATTN_SUCCESS;
+    for (int number = 1; status == CLATTN_SUCCESS && *text; ++number) {
+        const size_t length = strcspn(text, "\n");
+        if (length >= sizeof line)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "tuning_rows line %d: row too long", number);
+        memcpy(line, text, length);
+        line[length] = '\0';
+        text += length + (text[length] == '\n');
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        trim(line);
+        if (line[0] == '\0')
+            continue;
+        snprintf(origin, sizeof origin, "tuning_rows line %d", number);
+        status = apply_row(ctx, line, origin);
+    }
+    return status;
+}
+
+/* What clattn_ctx_tuning reports: where the rows came from, which ignored, the parameters. */
+static void summarise(clattn_ctx *ctx, const char *source, const char *ignored)
+{
+    clattn_tuning *t = &ctx->tuning;
+    int n = snprintf(t->summary, sizeof t->summary,
+                     "rows: %s\nfile: %s\nignored: %s\nparameters:", t->rows[0] ? t->rows : "none",
+                     source, ignored[0] ? ignored : "none");
+    for (size_t k = 0; n > 0 && (size_t)n < sizeof t->summary &&
+                       k < sizeof tuning_keys / sizeof tuning_keys[0];
+         ++k)
+        n += snprintf(t->summary + n, sizeof t->summary - (size_t)n, " %s=%u",
+                      tuning_keys[k].name,
+                      *(const unsigned *)((const char *)t + tuning_keys[k].offset));
+}
+
+clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
+                                    const char *tuning_rows)
 {
     clattn_tuning *t = &ctx->tuning;
     memset(t, 0, sizeof *t);
@@ -226,8 +351,11 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx)
                     : params && strcmp(params, "cpu") == 0 ? true
                                                            : (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
     clattn_status status = default_row(ctx, t);
-    const char *file = getenv("CLATTN_TUNING");
+    /* tuning_file (the descriptor's): NULL: CLATTN_TUNING's choice, or the cache when that is
+     * unset or empty; "": no file; "default": no row at all; else that file. */
+    const char *file = tuning_file ? tuning_file : getenv("CLATTN_TUNING");
     const bool only_default = file && strcmp(file, "default") == 0;
+    char cache[512] = "", ignored[512] = "", source[600] = "none";
     char origin[32];
     for (size_t i = 0; status == CLATTN_SUCCESS && !only_default &&
                        i < sizeof clattn_tuning_table / sizeof clattn_tuning_table[0];
@@ -240,8 +368,19 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx)
         if (status == CLATTN_SUCCESS && check_row(ctx) != CLATTN_SUCCESS)
             *t = before;
     }
-    if (status == CLATTN_SUCCESS && file && file[0] && !only_default)
+    if (status == CLATTN_SUCCESS && file && file[0] && !only_default) {
         status = apply_file(ctx, file);
+        snprintf(source, sizeof source, "%s", file);
+    } else if (status == CLATTN_SUCCESS && !only_default && tuning_file == NULL &&
+               cache_path(cache, sizeof cache)) {
+        const bool present = apply_cache(ctx, cache, ignored, sizeof ignored);
+        snprintf(source, sizeof source, "%s (the tuning cache%s)", cache,
+                 present ? "" : ", absent");
+    } else if (only_default) {
+        snprintf(source, sizeof source, "none (CLATTN_TUNING=default: no row applies)");
+    }
+    if (status == CLATTN_SUCCESS && tuning_rows)
+        status = apply_text(ctx, tuning_rows);
     for (size_t i = 0; status == CLATTN_SUCCESS &&
                        i < sizeof clattn_quirk_table / sizeof clattn_quirk_table[0];
          ++i) {
@@ -270,6 +409,7 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx)
         status = check_row(ctx);
     if (status != CLATTN_SUCCESS)
         return status;
+    summarise(ctx, source, ignored);
     snprintf(ctx->build_options, sizeof ctx->build_options,
              "-cl-std=CL1.2 -DTILE_M=%u -DTILE_N=%u -DTILE_K=%u -DWPT_M=%u -DWPT_N=%u "
              "-DVEC_RM=%u -DVEC_W=%u -DVEC_WG=%u -DTRANSPOSE_WG=%u -DSOFTMAX_WG=%u "

@@ -1,5 +1,7 @@
 /* Fused (flash) attention: the program variant per head sizes and dtypes, per-device tiles,
- * key parts and launch geometry for kernels/flash.cl. */
+ * key parts and launch geometry for kernels/flash.cl (wherever neither variant below runs),
+ * kernels/flash_cpu.cl (CPUs: tuning key flash_cpu=1) and kernels/flash_gpu.cl (GPUs:
+ * flash_gpu=1; its tiles are chosen in ops/flash_gpu.c). */
 #include "ops.h"
 
 #include <stdio.h>
@@ -48,6 +50,82 @@ static bool float_dtype(clattn_dtype dtype)
     return dtype == CLATTN_DTYPE_F32 || dtype == CLATTN_DTYPE_F16 || dtype == CLATTN_DTYPE_BF16;
 }
 
+#define FC_KT 64 /* keys per tile in flash_cpu.cl */
+
+/* flash_cpu's loop trips per 64-key tile and outside the tiles, counted as if no loop were
+ * unrolled (keys_per_launch's rule), for rb rows per block and nb blocks per group. */
+static size_t cpu_trips_per_tile(const clattn__score_shape *score, size_t dk, size_t dv,
+                                 unsigned rb, unsigned nb)
+{
+    const size_t dvv = (dv + 15) / 16, chunks = (dvv + 3) / 4;
+    const size_t pack = dk * (1 + FC_KT) + FC_KT * (3 + dv + (dvv * 16 - dv));
+    const size_t qk = 4 * rb + dk * (1 + rb);
+    const size_t rule = (score->has_mask ? rb * (1 + FC_KT) + 8 * rb : 0) + 5 * rb + rb;
+    const size_t softmax = rb * (1 + 4 + 4 + 4);
+    const size_t pv = chunks * (10 * rb + FC_KT * (5 + 5 * rb));
+    return pack + nb * (1 + qk + rule + softmax + pv) + 1;
+}
+
+/* flash_cpu.cl for the shape, when the tuning asks for it and the device has the local memory;
+ * plan->cpu stays false otherwise (flash.cl then). */
+static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *shape,
+                                 clattn__flash_plan *plan)
+{
+    const clattn__score_shape *score = &shape->score;
+    const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v, dvp = (dv + 15) / 16 * 16;
+    if (!ctx->tuning.flash_cpu || score->seq_k == 0 || score->seq_q == 0)
+        return CLATTN_SUCCESS;
+    const unsigned rb = ctx->tuning.flash_cpu_rb;
+    /* Under a loop limit one block per group keeps a tile's trips small. Else flash_cpu_nb
+     * blocks share a key tile, fewer while that would leave under 4 groups per compute unit. */
+    unsigned nb = ctx->tuning.loop_trip_limit ? 1 : ctx->tuning.flash_cpu_nb;
+    const size_t bh = score->batch * score->heads;
+    while (nb > 1 && (score->seq_q + (size_t)rb * nb - 1) / ((size_t)rb * nb) * bh <
+                         4 * (size_t)ctx->info.compute_units)
+        nb /= 2;
+    const cl_ulong local_budget = ctx->info.local_mem_size > 16384 ? ctx->info.local_mem_size - 1024
+                                                                   : ctx->info.local_mem_size;
+#define CPU_LOCAL(nb)                                                                              \
+    (((cl_ulong)rb * (nb) * (dk + dvp + 2) + (cl_ulong)FC_KT * (rb + dk + dvp + 1)) * sizeof(float))
+    while (nb > 1 && CPU_LOCAL(nb) > local_budget)
+        nb /= 2;
+    if (CPU_LOCAL(nb) > local_budget)
+        return CLATTN_SUCCESS;
+#undef CPU_LOCAL
+    /* Keys in parts under a loop limit: whole tiles whose trips stay within half of it; a
+     * shape whose one tile does not fit runs flash.cl (finer key tiles) instead. */
+    const size_t tiles = (score->seq_k + FC_KT - 1) / FC_KT;
+    const size_t limit = ctx->tuning.loop_trip_limit;
+    const size_t outside = (size_t)rb * nb * (dk + 2 * dvp + 2 * dv + 4);
+    const size_t per_tile = cpu_trips_per_tile(score, dk, dv, rb, nb);
+    if (limit != 0 && limit / 2 <= outside + per_tile)
+        return CLATTN_SUCCESS;
+    const size_t part_tiles = limit == 0 ? tiles : (limit / 2 - outside) / per_tile;
+    const int mask_dtype = score->has_mask ? (int)score->mask_dtype : 0;
+    char extra[192];
+    snprintf(extra, sizeof extra,
+             "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFC_RB=%u -DFC_NB=%u -DQ_DTYPE=%d -DK_DTYPE=%d "
+             "-DV_DTYPE=%d -DO_DTYPE=%d -DMASK_DTYPE=%d -DFC_MASK=%d -DFC_KPAD=%d -DFC_CAUSAL=%d "
+             "-DFC_RELU=%d",
+             dk, dv, rb, nb, (int)shape->q_dtype, (int)shape->k_dtype, (int)shape->v_dtype,
+             (int)shape->out_dtype, mask_dtype, (int)score->has_mask, (int)score->has_key_padding,
+             (int)score->causal, (int)(score->norm == CLATTN_NORM_RELU));
+    clattn_status status =
+        clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_CPU, "flash_cpu", extra, &plan->kernel);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    plan->cpu = true;
+    plan->block_q = rb * nb;
+    plan->part_keys = part_tiles >= tiles ? score->seq_k : part_tiles * FC_KT;
+    size_t lse_floats = 0;
+    if (plan->part_keys < score->seq_k && !shape->has_lse &&
+        !clattn__product(&lse_floats, 3, score->batch, score->heads, score->seq_q))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                            "flash_attention: log-sum-exp scratch overflows size_t");
+    plan->scratch_floats = lse_floats;
+    return CLATTN_SUCCESS;
+}
+
 /* The kernel variant for the shape: BLOCK_K from the local memory the K and V tiles need,
  * BLOCK_Q from the work-group size, shrunk while the compiled kernel cannot run that many
  * work-items (register pressure at large head sizes). */
@@ -71,6 +149,16 @@ clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *
     if (score->has_mask && (unsigned)score->mask_dtype > CLATTN_DTYPE_U8)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: mask dtype %d is unknown", op,
                             (int)score->mask_dtype);
+    clattn_status cpu_status = prepare_cpu(ctx, shape, plan);
+    if (cpu_status != CLATTN_SUCCESS || plan->cpu)
+        return cpu_status;
+    if (ctx->tuning.flash_gpu) {
+        const clattn_status status = clattn__flash_gpu_prepare(ctx, shape, plan);
+        if (status != CLATTN_SUCCESS)
+            return status;
+        if (plan->kernel != NULL)
+            goto key_parts; /* flash_gpu.cl set block_q, group_items and part_keys */
+    }
 
     const cl_ulong local_budget = ctx->info.local_mem_size > 16384 ? ctx->info.local_mem_size - 1024
                                                                    : ctx->info.local_mem_size;
@@ -111,6 +199,7 @@ clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *
         if (kernel_max >= rows) {
             plan->kernel = kernel;
             plan->block_q = rows;
+            plan->group_items = rows;
             break;
         }
         if (rows == 1)
@@ -124,11 +213,90 @@ clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *
      * log-sum-exp of the one before, kept in the caller's lse or in scratch. */
     const size_t part_keys = keys_per_launch(ctx, dk, dv, plan->block_q, block_k, vw);
     plan->part_keys = part_keys == 0 || part_keys > score->seq_k ? score->seq_k : part_keys;
+key_parts:
     if (plan->part_keys < score->seq_k && !shape->has_lse &&
         !clattn__product(&plan->scratch_floats, 3, score->batch, score->heads, score->seq_q))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: log-sum-exp scratch overflows size_t",
                             op);
     return CLATTN_SUCCESS;
+}
+
+/* flash_cpu.cl: one work-item per block_q rows of a (b, h), per key part and (b, h) range. */
+static clattn_status enqueue_cpu(clattn_ctx *ctx, const clattn__flash_plan *plan,
+                                 const clattn__view *q, const clattn__view *k,
+                                 const clattn__view *v, const clattn__view *out,
+                                 const clattn__view *lse, const clattn__score_masks *masks,
+                                 clattn__scratch scratch, cl_uint num_wait, const cl_event *wait,
+                                 cl_event *event)
+{
+    const clattn__score_shape *score = &plan->shape.score;
+    const size_t parts = (score->seq_k + plan->part_keys - 1) / plan->part_keys;
+    const bool own_lse = plan->shape.has_lse;
+    const cl_int has_lse = own_lse || parts > 1;
+    cl_mem lse_mem = own_lse ? lse->mem : parts > 1 ? scratch.mem : out->mem;
+    const cl_ulong lse_offset = own_lse ? lse->offset : parts > 1 ? scratch.offset : 0;
+    const cl_ulong lse_s0 = own_lse ? lse->strides[1] : score->heads * score->seq_q;
+    const cl_ulong lse_s1 = own_lse ? lse->strides[2] : score->seq_q;
+    const cl_ulong lse_s2 = own_lse ? lse->strides[3] : 1;
+    const cl_int has_mask = score->has_mask, has_key_padding = score->has_key_padding;
+    const clattn__view *mask = has_mask ? &masks->mask : q;
+    const clattn__view *padding = has_key_padding ? &masks->key_padding : q;
+    const cl_ulong mask_s[4] = {has_mask ? mask->strides[0] : 0, has_mask ? mask->strides[1] : 0,
+                                has_mask ? mask->strides[2] : 0, has_mask ? mask->strides[3] : 0};
+    const cl_ulong padding_s[2] = {has_key_padding ? padding->strides[2] : 0,
+                                   has_key_padding ? padding->strides[3] : 0};
+    const cl_ulong q_s[4] = {q->strides[0], q->strides[1], q->strides[2], q->strides[3]};
+    const cl_ulong k_s[4] = {k->strides[0], k->strides[1], k->strides[2], k->strides[3]};
+    const cl_ulong v_s[4] = {v->strides[0], v->strides[1], v->strides[2], v->strides[3]};
+    const cl_ulong o_s[4] = {out->strides[0], out->strides[1], out->strides[2], out->strides[3]};
+    const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
+    const cl_uint seq_k = (cl_uint)score->seq_k;
+    const cl_float scale = score->scale;
+    const size_t bh_total = score->batch * score->heads;
+    const size_t bh_parts = (bh_total + MAX_BH_PER_LAUNCH - 1) / MAX_BH_PER_LAUNCH;
+
+    clattn_status status = CLATTN_SUCCESS;
+    clattn_chain chain;
+    clattn__chain_init(&chain, num_wait, wait);
+    const size_t groups = (score->seq_q + plan->block_q - 1) / plan->block_q;
+    for (size_t launch = 0; launch < parts * bh_parts && status == CLATTN_SUCCESS; ++launch) {
+        const cl_ulong bh_base = (launch % bh_parts) * MAX_BH_PER_LAUNCH;
+        const cl_uint key_begin = (cl_uint)((launch / bh_parts) * plan->part_keys);
+        const cl_uint key_stop =
+            (cl_uint)(score->seq_k - key_begin < plan->part_keys ? score->seq_k
+                                                                 : key_begin + plan->part_keys);
+        const cl_int resume = key_begin != 0; /* a later part: from the one before */
+        const clattn_arg args[] = {
+            CLATTN_ARG(q->mem),       CLATTN_ARG(q->offset),       CLATTN_ARG(q_s[0]),
+            CLATTN_ARG(q_s[1]),       CLATTN_ARG(q_s[2]),          CLATTN_ARG(q_s[3]),
+            CLATTN_ARG(k->mem),       CLATTN_ARG(k->offset),       CLATTN_ARG(k_s[0]),
+            CLATTN_ARG(k_s[1]),       CLATTN_ARG(k_s[2]),          CLATTN_ARG(k_s[3]),
+            CLATTN_ARG(v->mem),       CLATTN_ARG(v->offset),       CLATTN_ARG(v_s[0]),
+            CLATTN_ARG(v_s[1]),       CLATTN_ARG(v_s[2]),          CLATTN_ARG(v_s[3]),
+            CLATTN_ARG(out->mem),     CLATTN_ARG(out->offset),     CLATTN_ARG(o_s[0]),
+            CLATTN_ARG(o_s[1]),       CLATTN_ARG(o_s[2]),          CLATTN_ARG(o_s[3]),
+            CLATTN_ARG(lse_mem),      CLATTN_ARG(lse_offset),      CLATTN_ARG(lse_s0),
+            CLATTN_ARG(lse_s1),       CLATTN_ARG(lse_s2),          CLATTN_ARG(has_lse),
+            CLATTN_ARG(mask->mem),    CLATTN_ARG(mask->offset),    CLATTN_ARG(mask_s[0]),
+            CLATTN_ARG(mask_s[1]),    CLATTN_ARG(mask_s[2]),       CLATTN_ARG(mask_s[3]),
+            CLATTN_ARG(padding->mem), CLATTN_ARG(padding->offset), CLATTN_ARG(padding_s[0]),
+            CLATTN_ARG(padding_s[1]), CLATTN_ARG(heads),           CLATTN_ARG(seq_q),
+            CLATTN_ARG(seq_k),        CLATTN_ARG(scale),           CLATTN_ARG(bh_base),
+            CLATTN_ARG(key_begin),    CLATTN_ARG(key_stop),        CLATTN_ARG(resume),
+        };
+        const size_t global[2] = {groups, bh_total - bh_base < MAX_BH_PER_LAUNCH
+                                              ? bh_total - bh_base
+                                              : MAX_BH_PER_LAUNCH};
+        const size_t local[2] = {1, 1};
+        cl_event step = NULL;
+        status = clattn__step(&chain,
+                              clattn__launch_kernel(ctx, plan->kernel, "flash_cpu", args,
+                                                    sizeof args / sizeof args[0], 2, global, local,
+                                                    CHAIN_WAIT(&chain), &step),
+                              &step);
+    }
+    clattn__chain_finish(&chain, status == CLATTN_SUCCESS ? event : NULL);
+    return status;
 }
 
 clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *plan,
@@ -138,6 +306,8 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
                                     clattn__scratch scratch, cl_uint num_wait, const cl_event *wait,
                                     cl_event *event)
 {
+    if (plan->cpu)
+        return enqueue_cpu(ctx, plan, q, k, v, out, lse, masks, scratch, num_wait, wait, event);
     const clattn__score_shape *score = &plan->shape.score;
     const size_t parts = (score->seq_k + plan->part_keys - 1) / plan->part_keys;
     /* Without the caller's lse, several key parts keep theirs in scratch, packed (B, H, Lq). */
@@ -165,8 +335,9 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
     const cl_float scale = score->scale;
     const cl_int norm_relu = score->norm == CLATTN_NORM_RELU, causal = (cl_int)score->causal;
     const size_t bh_total = score->batch * score->heads;
-    const size_t local[2] = {plan->block_q, 1};
-    size_t global[2] = {((score->seq_q + plan->block_q - 1) / plan->block_q) * plan->block_q, 1};
+    const size_t local[2] = {plan->group_items, 1};
+    size_t global[2] = {((score->seq_q + plan->block_q - 1) / plan->block_q) * plan->group_items,
+                        1};
 
     clattn_status status = CLATTN_SUCCESS;
     clattn_chain chain;

@@ -2,6 +2,7 @@
  * kernels/matmul.cl (ops.h), and the public clattn_matmul with its argument checks. */
 #include "ops.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -33,40 +34,46 @@ clattn_status clattn__matmul_prepare(clattn_ctx *ctx, const clattn__matmul_shape
                             OP ": dtypes (a %d, b %d, c %d) must each be F32, F16 or BF16",
                             (int)shape->a_dtype, (int)shape->b_dtype, (int)shape->c_dtype);
     const bool vec = t->matmul_vec != 0;
-    /* matmul_vec reads rows of a K x N B: a B stored N x K is first transposed into float
-     * scratch, which the kernel then reads as F32. */
-    const bool transpose = vec && shape->trans_b;
-    size_t entries = 0;
-    if (!clattn__mul(shape->batch[0], shape->batch[1], &entries) ||
-        (transpose && !clattn__product(&plan->scratch_floats, 3, entries, shape->n, shape->k)))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
-                            OP ": %zu x %zu batches of %zu x %zu overflow size_t", shape->batch[0],
-                            shape->batch[1], shape->n, shape->k);
-    size_t bytes = 0;
-    if (!clattn__mul(plan->scratch_floats, sizeof(float), &bytes))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
-                            OP ": the transposed copy of b (%zu floats) overflows size_t",
-                            plan->scratch_floats);
+    /* matmul_vec reads B as panels of float (pack_b writes them into scratch; see
+     * read_b_in_place for the one case it reads B itself). */
+    plan->panel = vec ? (size_t)t->vec_nv * t->vec_width : 0;
+    const size_t panels = vec ? (shape->n + plan->panel - 1) / plan->panel : 0;
+    size_t entries = 0, bytes = 0;
+    if (!clattn__mul(shape->batch[0], shape->batch[1], &entries))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, OP ": %zu x %zu batches overflow size_t",
+                            shape->batch[0], shape->batch[1]);
+    /* A bound too large for size_t (in bytes) is left to the caller's workspace arithmetic
+     * to refuse, which names what the workspace holds. */
+    if (vec &&
+        (!clattn__product(&plan->scratch_floats, 4, entries, panels, plan->panel, shape->k) ||
+         !clattn__mul(plan->scratch_floats, sizeof(float), &bytes)))
+        plan->scratch_floats = SIZE_MAX;
 
-    char options[96];
-    snprintf(options, sizeof options, "-DA_DTYPE=%d -DB_DTYPE=%d -DC_DTYPE=%d", (int)shape->a_dtype,
-             transpose ? (int)CLATTN_DTYPE_F32 : (int)shape->b_dtype, (int)shape->c_dtype);
+    char options[160];
+    if (vec)
+        snprintf(options, sizeof options,
+                 "-DA_DTYPE=%d -DB_DTYPE=0 -DC_DTYPE=%d -DVEC_NV=%u -DVEC_RB=%u -DVEC_KC=%u "
+                 "-cl-mad-enable",
+                 (int)shape->a_dtype, (int)shape->c_dtype, t->vec_nv, t->vec_rb, t->vec_kc);
+    else
+        snprintf(options, sizeof options, "-DA_DTYPE=%d -DB_DTYPE=%d -DC_DTYPE=%d",
+                 (int)shape->a_dtype, (int)shape->b_dtype, (int)shape->c_dtype);
     clattn_status status = clattn__variant_kernel(
         ctx, CLATTN_SRC_MATMUL, vec ? "matmul_vec" : "matmul", options, &plan->kernel);
-    if (status == CLATTN_SUCCESS && transpose) {
-        snprintf(options, sizeof options, "-DB_DTYPE=%d", (int)shape->b_dtype);
-        status =
-            clattn__variant_kernel(ctx, CLATTN_SRC_MATMUL, "transpose", options, &plan->transpose);
+    if (status == CLATTN_SUCCESS && vec) {
+        snprintf(options, sizeof options, "-DB_DTYPE=%d -DVEC_NV=%u", (int)shape->b_dtype,
+                 t->vec_nv);
+        status = clattn__variant_kernel(ctx, CLATTN_SRC_MATMUL, "pack_b", options, &plan->pack);
     }
     if (status != CLATTN_SUCCESS)
         return status;
 
     if (vec) {
-        const size_t cols = 2 * (size_t)t->vec_width; /* per work-item */
+        const size_t rows = (size_t)t->vec_rm * t->vec_rb; /* per work-item */
         plan->local[0] = t->vec_wg, plan->local[1] = 1;
         plan->global[0] =
-            (((shape->n + cols - 1) / cols + plan->local[0] - 1) / plan->local[0]) * plan->local[0];
-        plan->global[1] = (shape->m + t->vec_rm - 1) / t->vec_rm;
+            (((shape->m + rows - 1) / rows + plan->local[0] - 1) / plan->local[0]) * plan->local[0];
+        plan->global[1] = panels;
     } else {
         plan->local[0] = t->tile_n / t->wpt_n, plan->local[1] = t->tile_m / t->wpt_m;
         plan->global[0] = ((shape->n + t->tile_n - 1) / t->tile_n) * plan->local[0];
@@ -77,8 +84,14 @@ clattn_status clattn__matmul_prepare(clattn_ctx *ctx, const clattn__matmul_shape
     /* A device that caps the loop iterations of a work-item (loop_trip_limit, from the quirks
      * table) gets K in parts accumulated onto C: the first part with the caller's beta and
      * bias, the others with beta = 1 and no bias. A quarter of the limit leaves room for the
-     * tiled kernel's ~2 trips per k and the loops outside its K loop. */
-    plan->k_step = t->loop_trip_limit ? t->loop_trip_limit / 4 : shape->k;
+     * tiled kernel's ~2 trips per k and the loops outside its K loop; matmul_vec walks K once
+     * per micro-tile (vec_rb times), with room for 2 trips per k. */
+    plan->k_step = shape->k;
+    if (t->loop_trip_limit) {
+        plan->k_step = t->loop_trip_limit / (vec ? 8 * t->vec_rb : 4);
+        if (plan->k_step == 0)
+            plan->k_step = 1;
+    }
     return CLATTN_SUCCESS;
 }
 
@@ -88,19 +101,37 @@ static cl_ulong batch_stride(const clattn__view *v, int d)
     return v->dims[d] > 1 ? (cl_ulong)v->strides[d] : 0;
 }
 
-/* Enqueues the transpose of every distinct N x K matrix of b (a batch dim of size 1 or stride
- * 0 has one) into packed K x N floats at scratch; *bt is the view of the copy. */
-static clattn_status transpose_b(clattn_ctx *ctx, const clattn__matmul_plan *plan,
-                                 const clattn__view *b, clattn__scratch scratch, clattn__view *bt,
-                                 clattn_chain *chain)
+/* Whether matmul_vec reads b where it lies instead of a packed copy: an F32 B stored K x N
+ * whose columns fill whole panels and whose rows are short enough (at most two panels apart)
+ * that a panel's rows do not fall on the same cache sets. */
+static bool read_b_in_place(const clattn__matmul_plan *plan, const clattn__view *b)
+{
+    return b->dtype == CLATTN_DTYPE_F32 && !plan->shape.trans_b &&
+           plan->shape.n % plan->panel == 0 && b->strides[2] <= 2 * plan->panel;
+}
+
+/* The number of distinct matrices of b (a batch dim of size 1 or stride 0 has one). */
+static size_t distinct_b(const clattn__view *b)
+{
+    return (batch_stride(b, 0) ? b->dims[0] : 1) * (batch_stride(b, 1) ? b->dims[1] : 1);
+}
+
+/* Enqueues pack_b for every distinct matrix of b into panels of float at scratch; *bp is the
+ * view of the copy (dims[2], dims[3] = K, N; strides[2] = the panel width, the floats from one
+ * k to the next). */
+static clattn_status pack_b(clattn_ctx *ctx, const clattn__matmul_plan *plan, const clattn__view *b,
+                            clattn__scratch scratch, clattn__view *bp, clattn_chain *chain)
 {
     const cl_uint n = (cl_uint)plan->shape.n, k = (cl_uint)plan->shape.k;
+    const cl_int trans = plan->shape.trans_b;
     const cl_ulong src_batch0 = batch_stride(b, 0), src_batch1 = batch_stride(b, 1);
     const size_t copies0 = src_batch0 ? b->dims[0] : 1, copies1 = src_batch1 ? b->dims[1] : 1;
     const cl_ulong batch1 = copies1, ld = b->strides[2], src_offset = b->offset;
     const cl_ulong dst_offset = scratch.offset;
-    const size_t local[3] = {ctx->tuning.transpose_wg, 1, 1};
-    size_t global[3] = {((k + local[0] - 1) / local[0]) * local[0], n, 0};
+    const size_t panel = plan->panel, padded = ((n + panel - 1) / panel) * panel;
+    enum { PACK_K = 16 }; /* rows of a panel per work-item (kernels/matmul.cl) */
+    const size_t local[3] = {1, 1, 1};
+    size_t global[3] = {(k + PACK_K - 1) / PACK_K, padded / panel, 0};
     clattn_status status = CLATTN_SUCCESS;
     for (size_t first = 0; first < copies0 * copies1 && status == CLATTN_SUCCESS;
          first += MAX_BATCH_PER_LAUNCH) {
@@ -108,22 +139,22 @@ static clattn_status transpose_b(clattn_ctx *ctx, const clattn__matmul_plan *pla
         const size_t left = copies0 * copies1 - first;
         global[2] = left < MAX_BATCH_PER_LAUNCH ? left : MAX_BATCH_PER_LAUNCH;
         const clattn_arg args[] = {
-            CLATTN_ARG(n),           CLATTN_ARG(k),          CLATTN_ARG(batch1),
-            CLATTN_ARG(batch_base),  CLATTN_ARG(b->mem),     CLATTN_ARG(src_offset),
-            CLATTN_ARG(src_batch0),  CLATTN_ARG(src_batch1), CLATTN_ARG(ld),
-            CLATTN_ARG(scratch.mem), CLATTN_ARG(dst_offset),
+            CLATTN_ARG(n),          CLATTN_ARG(k),           CLATTN_ARG(batch1),
+            CLATTN_ARG(batch_base), CLATTN_ARG(b->mem),      CLATTN_ARG(src_offset),
+            CLATTN_ARG(src_batch0), CLATTN_ARG(src_batch1),  CLATTN_ARG(ld),
+            CLATTN_ARG(trans),      CLATTN_ARG(scratch.mem), CLATTN_ARG(dst_offset),
         };
         cl_event step = NULL;
         status = clattn__step(chain,
-                              clattn__launch_kernel(ctx, plan->transpose, "matmul (transpose b)",
-                                                    args, sizeof args / sizeof args[0], 3, global,
-                                                    local, CHAIN_WAIT(chain), &step),
+                              clattn__launch_kernel(ctx, plan->pack, "matmul (pack b)", args,
+                                                    sizeof args / sizeof args[0], 3, global, local,
+                                                    CHAIN_WAIT(chain), &step),
                               &step);
     }
-    *bt = (clattn__view){.mem = scratch.mem, .offset = scratch.offset, .dtype = CLATTN_DTYPE_F32};
-    bt->dims[0] = copies0, bt->dims[1] = copies1, bt->dims[2] = k, bt->dims[3] = n;
-    bt->strides[0] = copies1 * n * k, bt->strides[1] = (size_t)n * k, bt->strides[2] = n;
-    bt->strides[3] = 1;
+    *bp = (clattn__view){.mem = scratch.mem, .offset = scratch.offset, .dtype = CLATTN_DTYPE_F32};
+    bp->dims[0] = copies0, bp->dims[1] = copies1, bp->dims[2] = k, bp->dims[3] = n;
+    bp->strides[0] = copies1 * padded * k, bp->strides[1] = padded * k, bp->strides[2] = panel;
+    bp->strides[3] = 1;
     return status;
 }
 
@@ -134,7 +165,7 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
                                      const cl_event *wait, cl_event *event)
 {
     const clattn__matmul_shape *shape = &plan->shape;
-    const bool vec = ctx->tuning.matmul_vec != 0;
+    const bool vec = plan->panel != 0;
     const cl_uint m = (cl_uint)shape->m, n = (cl_uint)shape->n, k = (cl_uint)shape->k;
     const cl_ulong batch1 = shape->batch[1];
     const size_t entries = shape->batch[0] * shape->batch[1];
@@ -148,12 +179,16 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
     clattn_chain chain;
     clattn__chain_init(&chain, num_wait, wait);
     clattn_status status = CLATTN_SUCCESS;
-    clattn__view transposed;
-    if (plan->transpose) {
-        status = transpose_b(ctx, plan, b, scratch, &transposed, &chain);
-        b = &transposed;
-        trans_b = 0;
+    clattn__view packed;
+    /* matmul_vec: floats from one panel of B to the next (in place: the panel's width). */
+    cl_ulong b_panel = plan->panel;
+    if (vec && !read_b_in_place(plan, b)) {
+        status = pack_b(ctx, plan, b, scratch, &packed, &chain);
+        b = &packed;
+        b_panel = (cl_ulong)plan->panel * k;
     }
+    if (vec)
+        trans_b = 0;
     const cl_ulong a_batch0 = batch_stride(a, 0), a_batch1 = batch_stride(a, 1);
     const cl_ulong b_batch0 = batch_stride(b, 0), b_batch1 = batch_stride(b, 1);
     const cl_ulong c_batch0 = batch_stride(c, 0), c_batch1 = batch_stride(c, 1);
@@ -175,7 +210,7 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
         const size_t global[3] = {plan->global[0], plan->global[1],
                                   entries - first < MAX_BATCH_PER_LAUNCH ? entries - first
                                                                          : MAX_BATCH_PER_LAUNCH};
-        /* matmul_vec takes matmul's arguments without trans_b (index 16). */
+        /* matmul_vec takes b_panel where matmul takes trans_b (index 16), and stream_c. */
         const clattn_arg args[] = {
             CLATTN_ARG(m),        CLATTN_ARG(n),           CLATTN_ARG(k_part),
             CLATTN_ARG(batch1),   CLATTN_ARG(batch_base),  CLATTN_ARG(a->mem),
@@ -188,15 +223,19 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
             CLATTN_ARG(bias_mem), CLATTN_ARG(bias_offset), CLATTN_ARG(bias_part),
         };
         enum { NUM_ARGS = sizeof args / sizeof args[0], TRANS_B_ARG = 16 };
-        clattn_arg vec_args[NUM_ARGS - 1];
-        for (size_t i = 0, j = 0; i < NUM_ARGS; ++i)
-            if (i != TRANS_B_ARG)
-                vec_args[j++] = args[i];
+        /* matmul_vec streams an F32 C of at least vec_stream KiB per launch past the caches. */
+        const size_t launch_kib = (size_t)m * n / 256 * global[2];
+        const cl_int stream_c = vec && shape->c_dtype == CLATTN_DTYPE_F32 &&
+                                ctx->tuning.vec_stream != 0 && launch_kib >= ctx->tuning.vec_stream;
+        clattn_arg vec_args[NUM_ARGS + 1];
+        for (size_t i = 0; i < NUM_ARGS; ++i)
+            vec_args[i] = i == TRANS_B_ARG ? CLATTN_ARG(b_panel) : args[i];
+        vec_args[NUM_ARGS] = CLATTN_ARG(stream_c);
         cl_event step = NULL;
         status =
             clattn__step(&chain,
                          clattn__launch_kernel(ctx, plan->kernel, vec ? "matmul_vec" : "matmul",
-                                               vec ? vec_args : args, vec ? NUM_ARGS - 1 : NUM_ARGS,
+                                               vec ? vec_args : args, vec ? NUM_ARGS + 1 : NUM_ARGS,
                                                3, global, plan->local, CHAIN_WAIT(&chain), &step),
                          &step);
     }
@@ -400,16 +439,14 @@ clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, con
     status = clattn__begin(ctx, OP, &chain, num_wait, wait);
     if (status == CLATTN_SUCCESS)
         status = clattn__matmul_prepare(ctx, &shape, &plan);
-    if (status == CLATTN_SUCCESS && plan.transpose) {
-        /* Only b's distinct matrices are transposed: fewer than the plan's bound when b is
+    if (status == CLATTN_SUCCESS && plan.panel != 0 && !read_b_in_place(&plan, &views[1])) {
+        /* Only b's distinct matrices are packed: fewer than the plan's bound when b is
          * broadcast over a batch dim. */
-        size_t floats = shape.n * shape.k, bytes = 0;
-        for (int d = 0; d < 2; ++d)
-            if (views[1].dims[d] > 1 && views[1].strides[d] != 0)
-                floats *= views[1].dims[d];
-        if (!clattn__mul(floats, sizeof(float), &bytes))
+        const size_t padded = ((shape.n + plan.panel - 1) / plan.panel) * plan.panel;
+        size_t bytes = 0;
+        if (!clattn__product(&bytes, 4, distinct_b(&views[1]), padded, shape.k, sizeof(float)))
             status = clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
-                                  OP ": the transposed copy of b overflows size_t");
+                                  OP ": the packed copy of b overflows size_t");
         else
             status = clattn__workspace(ctx, OP, CLATTN_WS_MATMUL_BT, bytes, &scratch.mem);
     }

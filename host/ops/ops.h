@@ -38,10 +38,11 @@ typedef struct clattn__matmul_shape {
 
 typedef struct clattn__matmul_plan {
     clattn__matmul_shape shape;
-    cl_kernel kernel;    /* matmul or matmul_vec variant for these dtypes */
-    cl_kernel transpose; /* matmul_vec with trans_b: B is transposed into scratch first */
+    cl_kernel kernel; /* matmul or matmul_vec variant for these dtypes */
+    cl_kernel pack;   /* matmul_vec: pack_b, B into panels of float in scratch first */
+    size_t panel;     /* matmul_vec: columns of a B panel (vec_nv * vec_width); else 0 */
     size_t local[3], global[3];
-    size_t scratch_floats; /* floats of scratch the enqueue needs (0: none) */
+    size_t scratch_floats; /* floats of scratch the enqueue needs at most (0: none) */
     /* ... anything else the enqueue needs (k parts under a loop limit, batch parts) */
     size_t k_step;
 } clattn__matmul_plan;
@@ -80,7 +81,9 @@ typedef struct clattn__score_masks {
  * same buffer (in place). */
 typedef struct clattn__softmax_plan {
     clattn__score_shape score;
-    cl_kernel kernel;
+    cl_kernel kernel; /* softmax_rows: a work-group per row, or (tuning softmax_rows > 0) a
+                       * work-item per row in float16 vectors */
+    size_t rows;      /* batch * heads * seq_q */
     size_t local, global;
 } clattn__softmax_plan;
 
@@ -91,7 +94,7 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_pla
                                       const clattn__score_masks *masks, cl_uint num_wait,
                                       const cl_event *wait, cl_event *event);
 
-/* ---- fused attention (ops/flash.c, kernels/flash.cl) ----------------------------------------
+/* ---- fused attention (ops/flash.c, kernels/flash.cl; CPUs: kernels/flash_cpu.cl) ----------
  * q (batch, heads, seq_q, dk), k (batch, heads, seq_k, dk), v (batch, heads, seq_k, dv),
  * out (batch, heads, seq_q, dv): any strides; lse (batch, heads, seq_q) F32, optional. */
 typedef struct clattn__flash_shape {
@@ -104,7 +107,9 @@ typedef struct clattn__flash_shape {
 typedef struct clattn__flash_plan {
     clattn__flash_shape shape;
     cl_kernel kernel;
-    unsigned block_q;
+    bool cpu;              /* kernel is flash_cpu.cl's (tuning flash_cpu), else flash.cl's */
+    unsigned block_q;      /* query rows per work-group */
+    unsigned group_items;  /* work-items per work-group (flash.cl, flash_gpu.cl) */
     size_t part_keys;      /* keys per launch (loop-limited devices), else seq_k */
     size_t scratch_floats; /* (batch*heads*seq_q) when keys are split and no lse is wanted */
 } clattn__flash_plan;
@@ -113,6 +118,12 @@ typedef struct clattn__flash_plan {
 bool clattn__flash_supports(size_t head_dim_qk, size_t head_dim_v);
 clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
                                     clattn__flash_plan *plan);
+/* The cooperative GPU variant (ops/flash_gpu.c, kernels/flash_gpu.cl), where the tuning asks
+ * for it (flash_gpu=1) and it fits the device: sets plan->kernel, block_q, group_items and
+ * part_keys; leaves plan->kernel NULL (and succeeds) where it does not apply. It takes
+ * flash.cl's arguments, so clattn__flash_enqueue launches either. */
+clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
+                                        clattn__flash_plan *plan);
 clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *plan,
                                     const clattn__view *q, const clattn__view *k,
                                     const clattn__view *v, const clattn__view *out,

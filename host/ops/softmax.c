@@ -11,19 +11,37 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
     static const char op[] = "softmax_rows";
     memset(plan, 0, sizeof *plan);
     plan->score = *score;
-    size_t rows = 0;
-    plan->local = ctx->tuning.softmax_wg;
-    if (!clattn__product(&rows, 3, score->batch, score->heads, score->seq_q) ||
-        !clattn__mul(rows, plan->local, &plan->global))
+    if (!clattn__product(&plan->rows, 3, score->batch, score->heads, score->seq_q))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu rows overflow size_t",
                             op, score->batch, score->heads, score->seq_q);
     if (score->has_mask && (unsigned)score->mask_dtype > CLATTN_DTYPE_U8)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: mask dtype %d is unknown", op,
                             (int)score->mask_dtype);
+    const int mask_dtype = score->has_mask ? (int)score->mask_dtype : 0;
     /* One variant per mask dtype (none shares F32's); the rest are kernel arguments. */
-    char extra[64];
-    snprintf(extra, sizeof extra, "-DSOFTMAX_WG=%u -DMASK_DTYPE=%d", ctx->tuning.softmax_wg,
-             score->has_mask ? (int)score->mask_dtype : 0);
+    char extra[96];
+    if (ctx->tuning.softmax_rows > 0) {
+        /* A work-item per row: smaller groups while there are too few of them to keep two
+         * threads per compute unit busy (each group size is its own build). */
+        size_t local = ctx->tuning.softmax_rows;
+        while (local > 1 && plan->rows / local < 2 * (size_t)ctx->info.compute_units)
+            local /= 2;
+        plan->local = local;
+        plan->global = (plan->rows + local - 1) / local * local;
+        if (plan->global < plan->rows)
+            return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu rows overflow size_t", op,
+                                plan->rows);
+        snprintf(extra, sizeof extra, "-DSOFTMAX_VEC=1 -DSOFTMAX_ROWS=%zu -DMASK_DTYPE=%d", local,
+                 mask_dtype);
+    } else {
+        plan->local = ctx->tuning.softmax_wg;
+        if (!clattn__mul(plan->rows, plan->local, &plan->global))
+            return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                                "%s: %zu x %zu x %zu rows overflow size_t", op, score->batch,
+                                score->heads, score->seq_q);
+        snprintf(extra, sizeof extra, "-DSOFTMAX_WG=%u -DMASK_DTYPE=%d", ctx->tuning.softmax_wg,
+                 mask_dtype);
+    }
     return clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, op, extra, &plan->kernel);
 }
 
@@ -47,6 +65,7 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_pla
     const cl_uint seq_k = (cl_uint)score->seq_k;
     const cl_float scale = score->scale;
     const cl_int norm_relu = score->norm == CLATTN_NORM_RELU, causal = (cl_int)score->causal;
+    const cl_ulong rows = plan->rows;
     const clattn_arg args[] = {
         CLATTN_ARG(raw->mem),        CLATTN_ARG(raw->offset),  CLATTN_ARG(raw_s[0]),
         CLATTN_ARG(raw_s[1]),        CLATTN_ARG(raw_s[2]),     CLATTN_ARG(out->mem),
@@ -57,7 +76,7 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_pla
         CLATTN_ARG(padding->offset), CLATTN_ARG(padding_s[0]), CLATTN_ARG(padding_s[1]),
         CLATTN_ARG(has_key_padding), CLATTN_ARG(heads),        CLATTN_ARG(seq_q),
         CLATTN_ARG(seq_k),           CLATTN_ARG(scale),        CLATTN_ARG(norm_relu),
-        CLATTN_ARG(causal),
+        CLATTN_ARG(causal),          CLATTN_ARG(rows),
     };
     return clattn__launch_kernel(ctx, plan->kernel, "softmax_rows", args,
                                  sizeof args / sizeof args[0], 1, &plan->global, &plan->local,

@@ -1,0 +1,87 @@
+/* The cooperative fused kernel for GPUs (kernels/flash_gpu.cl): its tile sizes from the
+ * tuning row (fg_bq, fg_bk, fg_tx, fg_ty) shrunk to the device's local memory and to what the
+ * compiled kernel can run, and its key parts on loop-limited devices. It takes the same
+ * arguments as flash.cl, so ops/flash.c launches it. */
+#include "ops.h"
+
+#include <stdio.h>
+
+/* Local memory the variant declares (kernels/flash_gpu.cl: q_tile, kv_tile, p_tile, the three
+ * row arrays, tile_padded). */
+static cl_ulong local_bytes(size_t dk, size_t dv, unsigned bq, unsigned bk)
+{
+    const size_t widest = dk > dv ? dk : dv;
+    return (cl_ulong)(bq * (dk + 1) + bk * (widest + 1) + bq * (bk + 1) + 3 * bq) *
+               sizeof(float) +
+           bk;
+}
+
+/* Loop trips of one work-item per key tile and outside the tiles, counted as if no loop were
+ * unrolled, over-estimated; for devices that cap them (tuning.loop_trip_limit). */
+static size_t keys_per_launch(const clattn_ctx *ctx, size_t dk, size_t dv, unsigned bq,
+                              unsigned bk, unsigned tx, unsigned ty)
+{
+    const size_t limit = ctx->tuning.loop_trip_limit;
+    if (limit == 0)
+        return 0;
+    const size_t items = (size_t)tx * ty, rm = bq / ty, rn = bk / tx, rd = (dv + tx - 1) / tx;
+    const size_t rows_per_item = (bq + items - 1) / items;
+    const size_t per_tile = (bk * dk + items - 1) / items + 1 + rm * rn +
+                            dk * (1 + rm + rn + rm * rn) + rm * (1 + rn) +
+                            rows_per_item * (1 + 3 * bk) + (bk * dv + items - 1) / items +
+                            rm * (1 + rd) + bk * (1 + rd + rm * (1 + rd)) + 1;
+    const size_t outside = (bq * dk + items - 1) / items + 2 * rows_per_item + rm * (1 + rd) * 2;
+    const size_t tiles = limit / 2 > outside + per_tile ? (limit / 2 - outside) / per_tile : 1;
+    return tiles * bk;
+}
+
+clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
+                                        clattn__flash_plan *plan)
+{
+    static const char op[] = "flash_attention";
+    const clattn_tuning *t = &ctx->tuning;
+    const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
+    const clattn__score_shape *score = &shape->score;
+    unsigned tx = t->fg_tx, ty = t->fg_ty, bq = t->fg_bq, bk = t->fg_bk;
+    if (tx == 0 || ty == 0 || bq < ty || bk < tx || bq % ty != 0 || bk % tx != 0)
+        return CLATTN_SUCCESS; /* no usable row: the caller keeps flash.cl */
+    /* No bigger than the problem needs (fewer idle rows for short sequences). */
+    while (bq / 2 >= ty && bq / 2 % ty == 0 && bq / 2 >= score->seq_q)
+        bq /= 2;
+    const cl_ulong budget = ctx->info.local_mem_size > 1024 ? ctx->info.local_mem_size - 1024
+                                                            : ctx->info.local_mem_size;
+    while (local_bytes(dk, dv, bq, bk) > budget) {
+        if (bk / 2 >= tx && bk / 2 % tx == 0)
+            bk /= 2;
+        else if (bq / 2 >= ty && bq / 2 % ty == 0)
+            bq /= 2;
+        else
+            return CLATTN_SUCCESS;
+    }
+    if ((size_t)tx * ty > ctx->info.max_work_group_size || (size_t)tx * ty > ctx->info.max_item_sizes[0])
+        return CLATTN_SUCCESS;
+    const int mask_dtype = score->has_mask ? (int)score->mask_dtype : 0;
+    char extra[192];
+    snprintf(extra, sizeof extra,
+             "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFG_BQ=%u -DFG_BK=%u -DFG_TX=%u -DFG_TY=%u "
+             "-DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d -DMASK_DTYPE=%d",
+             dk, dv, bq, bk, tx, ty, (int)shape->q_dtype, (int)shape->k_dtype,
+             (int)shape->v_dtype, (int)shape->out_dtype, mask_dtype);
+    cl_kernel kernel = NULL;
+    clattn_status status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_GPU, op, extra, &kernel);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    size_t kernel_max = 0;
+    cl_int err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE,
+                                          sizeof kernel_max, &kernel_max, NULL);
+    if (err != CL_SUCCESS)
+        return clattn__cl_fail(ctx, err, "clGetKernelWorkGroupInfo(flash_attention)");
+    if (kernel_max < (size_t)tx * ty)
+        return CLATTN_SUCCESS; /* too many registers for this many work-items: flash.cl */
+    plan->kernel = kernel;
+    plan->block_q = bq;
+    plan->group_items = tx * ty;
+    const size_t part_keys = keys_per_launch(ctx, dk, dv, bq, bk, tx, ty);
+    plan->part_keys = part_keys == 0 || part_keys > score->seq_k ? score->seq_k : part_keys;
+    return CLATTN_SUCCESS;
+}

@@ -1,0 +1,414 @@
+/*
+ * flash_cpu.cl: fused scaled dot-product attention for CPU devices (PoCL), the same operation
+ * and arguments' meaning as flash.cl (read its header for the score rule, key parts, resume
+ * and the all-masked row), written for a CPU core instead of a GPU's lanes:
+ *
+ * A work-group of one work-item owns FC_ROWS = FC_RB * FC_NB query rows of one (b, h) and
+ * streams the keys in tiles of FC_KT = 64. It packs each tile once into local memory, as float
+ * (any dtype, any strides), in the layouts the inner loops want:
+ *     kt [d][64]       K transposed;   vt [64][FC_DVP]  V rows padded with zeros to a multiple
+ *     of 16;   kb [64]  0, or -inf for a key the rule drops in every row (key_masked: key
+ *     padding, or past seq_k; such keys are packed as zeros)
+ * then loops over its FC_NB row blocks, which all use the tile while it is in L1/L2 (the pack
+ * costs 1/FC_ROWS of the tile's arithmetic). A block of FC_RB rows against the tile is a
+ * register-blocked microkernel: FC_RB x 4 float16 scores, each step broadcasting q[r][d]
+ * times the 16-key vectors kt[d][..] with fma(); then the online softmax on those vectors
+ * (vectorised exp below; the rescale of the row's accumulator is folded into the P.V step, a
+ * factor 1 unless the row's max grew), then P.V in registers the same way: FC_RB x 4 float16
+ * accumulators of 64 output columns at a time, broadcasting p[r][j] times the V row j.
+ * Accumulators, row max and row sum live in local memory between tiles.
+ *
+ *       tile of 64 keys (kt: d x 64)        V tile (vt: 64 x FC_DVP)
+ *   block r0..r0+FC_RB  s[FC_RB][4] float16  ->  p  ->  acc[FC_RB][4] float16 per 64 columns
+ *
+ * Compile-time variants keep the plain case free of extras: FC_MASK (a mask of MASK_DTYPE,
+ * applied per score with score.cl's masked_score), FC_KPAD (key padding: the KB bias on every
+ * tile), FC_CAUSAL (0, or CAUSAL_TOP_LEFT / CAUSAL_BOTTOM_RIGHT: tiles past a block's last
+ * visible key are skipped, the keys past each row's causal_key_end dropped only on tiles that
+ * cross the diagonal), FC_RELU (relu normalisation instead of softmax). lse and resume are
+ * arguments, used outside the tile loop. Local memory: FC_ROWS * (HEAD_DIM_QK + FC_DVP + 2)
+ * + 64 * (FC_RB + HEAD_DIM_QK + FC_DVP + 1) floats (96 rows at d = 256: 324 KiB); the host
+ * checks the device's size.
+ */
+#ifndef HEAD_DIM_QK
+#define HEAD_DIM_QK 64
+#endif
+#ifndef HEAD_DIM_V
+#define HEAD_DIM_V 64
+#endif
+#ifndef FC_RB
+#define FC_RB 6 /* query rows per register block */
+#endif
+#ifndef FC_NB
+#define FC_NB 32 /* register blocks per work-group: they share each key tile while it is cached */
+#endif
+#ifndef FC_MASK
+#define FC_MASK 0
+#endif
+#ifndef FC_KPAD
+#define FC_KPAD 0
+#endif
+#ifndef FC_CAUSAL
+#define FC_CAUSAL 0
+#endif
+#ifndef FC_RELU
+#define FC_RELU 0
+#endif
+#ifndef Q_DTYPE
+#define Q_DTYPE 0
+#endif
+#ifndef K_DTYPE
+#define K_DTYPE 0
+#endif
+#ifndef V_DTYPE
+#define V_DTYPE 0
+#endif
+#ifndef O_DTYPE
+#define O_DTYPE 0
+#endif
+
+#define FC_KT 64                         /* keys per tile: 4 vectors of 16 */
+#define FC_DVV ((HEAD_DIM_V + 15) / 16)  /* float16 vectors per V row */
+#define FC_DVP (FC_DVV * 16)             /* V row length in the packed layout */
+#define FC_ROWS (FC_RB * FC_NB)
+
+/* exp on 16 floats for x <= 0 (what softmax takes): exp(-inf) = 0, NaN stays NaN. Cephes'
+ * expf: n = round(x / ln 2) by adding 1.5 * 2^23 (the rounding the float add does; PoCL's
+ * rint() is a slow branchy call), x - n ln 2 in two parts, a degree-7 polynomial, times 2^n
+ * built in the exponent bits. Below -87 (weights under 2^-125 of the row's largest) it gives 0:
+ * no subnormal scale is needed. Within 2 ulp of exp on [-87, 0]. */
+inline float16 fc_exp16(const float16 x)
+{
+    const float16 xc = fmax(x, (float16)(-87.0f));
+    const float16 t = fma(xc, (float16)(1.44269504088896341f), (float16)(12582912.0f));
+    const float16 n = t - (float16)(12582912.0f);
+    float16 r = fma(n, (float16)(-0.693359375f), xc);
+    r = fma(n, (float16)(2.12194440e-4f), r);
+    float16 y = (float16)(1.9875691500e-4f);
+    y = fma(y, r, (float16)(1.3981999507e-3f));
+    y = fma(y, r, (float16)(8.3334519073e-3f));
+    y = fma(y, r, (float16)(4.1665795894e-2f));
+    y = fma(y, r, (float16)(1.6666665459e-1f));
+    y = fma(y, r, (float16)(5.0000001201e-1f));
+    y = fma(y, r * r, r + (float16)(1.0f));
+    const int16 e = (as_int16(t) - (int16)(0x4B400000 - 127)) << 23;
+    y *= as_float16(e);
+    y = select((float16)(0.0f), y, x >= (float16)(-87.0f));
+    return select(y, x, isnan(x));
+}
+
+/* mask_term (score.cl) of 16 consecutive mask elements from p. */
+inline float16 fc_mask_term16(__global const ELEM_T(MASK_DTYPE) *p)
+{
+#if MASK_DTYPE == DTYPE_U8
+    return select((float16)(NEG_INF), (float16)(0.0f), convert_int16(vload16(0, p)) != 0);
+#else
+    return LOAD16(MASK_DTYPE, p, 0);
+#endif
+}
+
+inline float fc_hmax(const float16 v)
+{
+    const float8 a = fmax(v.lo, v.hi);
+    const float4 b = fmax(a.lo, a.hi);
+    const float2 c = fmax(b.lo, b.hi);
+    return fmax(c.x, c.y);
+}
+
+inline float fc_hsum(const float16 v)
+{
+    const float8 a = v.lo + v.hi;
+    const float4 b = a.lo + a.hi;
+    const float2 c = b.lo + b.hi;
+    return c.x + c.y;
+}
+
+/* acc[r][c0*16 ..] += sum_j p[r][j] V[j][c0*16 ..] for NV vectors of columns, the accumulator
+ * first scaled by corr[r] (the online-softmax rescale, 1 unless the row's max grew). */
+inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
+                  __local float (*vt)[FC_DVP], const float *corr, const uint c0, const uint nv)
+{
+    float16 o[FC_RB][4];
+#pragma unroll
+    for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+        for (uint v = 0; v < 4; ++v)
+            if (v < nv)
+                o[r][v] = vload16(c0 + v, acc[r]) * corr[r];
+    }
+    for (uint j = 0; j < FC_KT; ++j) {
+        float16 vv[4];
+#pragma unroll
+        for (uint v = 0; v < 4; ++v)
+            if (v < nv)
+                vv[v] = vload16(c0 + v, vt[j]);
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+            const float16 p = (float16)(pt[r][j]);
+#pragma unroll
+            for (uint v = 0; v < 4; ++v)
+                if (v < nv)
+                    o[r][v] = fma(p, vv[v], o[r][v]);
+        }
+    }
+#pragma unroll
+    for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+        for (uint v = 0; v < 4; ++v)
+            if (v < nv)
+                vstore16(o[r][v], c0 + v, acc[r]);
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ulong q_s0,
+               const ulong q_s1, const ulong q_s2, const ulong q_s3,
+               __global const ELEM_T(K_DTYPE) *K, const ulong k_offset, const ulong k_s0,
+               const ulong k_s1, const ulong k_s2, const ulong k_s3,
+               __global const ELEM_T(V_DTYPE) *V, const ulong v_offset, const ulong v_s0,
+               const ulong v_s1, const ulong v_s2, const ulong v_s3,
+               __global ELEM_T(O_DTYPE) *O, const ulong o_offset, const ulong o_s0,
+               const ulong o_s1, const ulong o_s2, const ulong o_s3,
+               __global float *lse, const ulong lse_offset, const ulong lse_s0,
+               const ulong lse_s1, const ulong lse_s2, const int has_lse,
+               __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_offset,
+               const ulong mask_s0, const ulong mask_s1, const ulong mask_s2,
+               const ulong mask_s3, __global const uchar *key_padding,
+               const ulong key_padding_offset, const ulong key_padding_s0,
+               const ulong key_padding_s1, const uint heads, const uint seq_q, const uint seq_k,
+               const float scale, const ulong bh_base, const uint key_begin,
+               const uint key_stop, const int resume)
+{
+    __local float qs[FC_ROWS][HEAD_DIM_QK]; /* the group's q rows, times scale */
+    __local float acc[FC_ROWS][FC_DVP];     /* unnormalised output rows */
+    __local float row_max[FC_ROWS], total[FC_ROWS];
+    __local float pt[FC_RB][FC_KT]; /* a block's weights on the current tile */
+    __local float kt[HEAD_DIM_QK][FC_KT]; /* the tile's keys, transposed */
+    __local float vt[FC_KT][FC_DVP];      /* the tile's values, rows padded with zeros */
+    __local float kb[FC_KT]; /* 0, or -inf for a key the rule drops in every row */
+
+    const uint first_row = get_group_id(0) * FC_ROWS;
+    const ulong bh = bh_base + get_global_id(1);
+    const ulong b = bh / heads, h = bh - b * heads;
+    Q += q_offset + b * q_s0 + h * q_s1;
+    K += k_offset + b * k_s0 + h * k_s1;
+    V += v_offset + b * v_s0 + h * v_s1;
+#if FC_KPAD
+    key_padding += key_padding_offset + b * key_padding_s0;
+#endif
+    O += o_offset + b * o_s0 + h * o_s1;
+    lse += lse_offset + b * lse_s0 + h * lse_s1;
+#if FC_MASK
+    mask += mask_offset + b * mask_s0 + h * mask_s1;
+#endif
+
+    for (uint i = 0; i < FC_ROWS; ++i) {
+        const uint row = first_row + i;
+        const bool valid = row < seq_q;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d)
+            qs[i][d] = valid ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale : 0.0f;
+        for (uint d = 0; d < FC_DVP; ++d)
+            acc[i][d] = 0.0f;
+        row_max[i] = NEG_INF;
+        total[i] = 0.0f;
+        if (resume && valid) { /* the state the previous key part left (flash.cl) */
+            const float previous = lse[row * lse_s2];
+            if (previous != NEG_INF) {
+                total[i] = FC_RELU ? exp(previous) : 1.0f;
+                row_max[i] = FC_RELU ? NEG_INF : previous;
+                for (uint d = 0; d < HEAD_DIM_V; ++d)
+                    acc[i][d] = LOAD(O_DTYPE, O, row * o_s2 + d * o_s3) * total[i];
+            }
+        }
+    }
+
+    const uint last_row = min(seq_q, first_row + FC_ROWS) - 1;
+    const uint key_end = min(key_stop, causal_key_end(FC_CAUSAL, last_row, seq_q, seq_k));
+    const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+
+    for (uint k0 = key_begin; k0 < key_end; k0 += FC_KT) {
+        const bool edge = k0 + FC_KT > seq_k; /* the last tile: keys past seq_k */
+        /* Pack the tile: K transposed (d, key) and V rows as float, zeros past seq_k. */
+        if (!edge && k_s3 == 1) {
+            for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                for (uint j = 0; j < FC_KT; ++j)
+                    kt[d][j] = LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d);
+        } else {
+            for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                for (uint j = 0; j < FC_KT; ++j)
+                    kt[d][j] = k0 + j < seq_k ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
+        }
+        for (uint j = 0; j < FC_KT; ++j) {
+            const bool real = k0 + j < seq_k;
+            if (real && v_s3 == 1) {
+                for (uint d = 0; d < HEAD_DIM_V; ++d)
+                    vt[j][d] = LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d);
+            } else {
+                for (uint d = 0; d < HEAD_DIM_V; ++d)
+                    vt[j][d] = real ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d * v_s3) : 0.0f;
+            }
+            for (uint d = HEAD_DIM_V; d < FC_DVP; ++d)
+                vt[j][d] = 0.0f;
+            /* key_masked for keys past seq_k and padded keys */
+            const uint key = k0 + j;
+            kb[j] = key_masked(key, seq_k,
+                               real && key_padded(FC_KPAD, key_padding, key * key_padding_s1))
+                        ? NEG_INF
+                        : 0.0f;
+        }
+        for (uint blk = 0; blk < FC_NB; ++blk) {
+            const uint r0 = blk * FC_RB, row0 = first_row + r0;
+            if (row0 >= seq_q)
+                break;
+#if FC_CAUSAL
+            const uint block_last = min(seq_q, row0 + FC_RB) - 1;
+            if (k0 >= causal_key_end(FC_CAUSAL, block_last, seq_q, seq_k))
+                continue; /* the block sees no key of this tile */
+            const bool diagonal = k0 + FC_KT > causal_key_end(FC_CAUSAL, row0, seq_q, seq_k);
+#endif
+            /* s = (q * scale) . k for FC_RB rows x 64 keys */
+            float16 s[FC_RB][4];
+#pragma unroll
+            for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+                for (uint v = 0; v < 4; ++v)
+                    s[r][v] = (float16)(0.0f);
+            }
+            for (uint d = 0; d < HEAD_DIM_QK; ++d) {
+                const float16 k_0 = vload16(0, kt[d]), k_1 = vload16(1, kt[d]);
+                const float16 k_2 = vload16(2, kt[d]), k_3 = vload16(3, kt[d]);
+#pragma unroll
+                for (uint r = 0; r < FC_RB; ++r) {
+                    const float16 q = (float16)(qs[r0 + r][d]);
+                    s[r][0] = fma(q, k_0, s[r][0]);
+                    s[r][1] = fma(q, k_1, s[r][1]);
+                    s[r][2] = fma(q, k_2, s[r][2]);
+                    s[r][3] = fma(q, k_3, s[r][3]);
+                }
+            }
+
+            /* The score rule on the tile (score.cl): only where something can be dropped. */
+#if FC_MASK
+            if (!edge && mask_s3 == 1) {
+                /* masked_score on 16 keys at a time (a tile inside seq_k, a mask row of unit
+                 * stride): the mask term, and -inf for padded keys (kb); the causal bound
+                 * below */
+#pragma unroll
+                for (uint r = 0; r < FC_RB; ++r) {
+                    const uint row = row0 + r;
+                    __global const ELEM_T(MASK_DTYPE) *mask_row =
+                        mask + (row < seq_q ? row : 0) * mask_s2 + k0;
+#pragma unroll
+                    for (uint v = 0; v < 4; ++v)
+                        s[r][v] = select(s[r][v] + fc_mask_term16(mask_row + 16 * v),
+                                         (float16)(NEG_INF), vload16(v, kb) != (float16)(0.0f));
+                }
+            } else {
+                /* every score through masked_score: the mask term, the causal bound, the key
+                 * padding and seq_k (kb says which keys are padded or past seq_k) */
+#pragma unroll
+                for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+                    for (uint v = 0; v < 4; ++v)
+                        vstore16(s[r][v], v, pt[r]);
+                }
+                for (uint r = 0; r < FC_RB; ++r) {
+                    const uint row = row0 + r;
+                    const uint safe_row = row < seq_q ? row : 0;
+                    const uint row_end = causal_key_end(FC_CAUSAL, safe_row, seq_q, seq_k);
+                    __global const ELEM_T(MASK_DTYPE) *mask_row = mask + safe_row * mask_s2;
+                    for (uint j = 0; j < FC_KT; ++j) {
+                        const uint key = k0 + j;
+                        pt[r][j] = masked_score(pt[r][j], key, row_end, kb[j] != 0.0f, 1,
+                                                mask_row, key * mask_s3);
+                    }
+                }
+#pragma unroll
+                for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+                    for (uint v = 0; v < 4; ++v)
+                        s[r][v] = vload16(v, pt[r]);
+                }
+            }
+#else
+            if (FC_KPAD || edge) { /* key_masked for padding and keys past seq_k: KB */
+                const float16 b_0 = vload16(0, kb), b_1 = vload16(1, kb);
+                const float16 b_2 = vload16(2, kb), b_3 = vload16(3, kb);
+#pragma unroll
+                for (uint r = 0; r < FC_RB; ++r) {
+                    s[r][0] += b_0;
+                    s[r][1] += b_1;
+                    s[r][2] += b_2;
+                    s[r][3] += b_3;
+                }
+            }
+#endif
+#if FC_CAUSAL
+            if (diagonal) { /* key_masked(key, causal_key_end(row)) on 16 keys at a time */
+#pragma unroll
+                for (uint r = 0; r < FC_RB; ++r) {
+                    const int16 row_end =
+                        (int16)((int)causal_key_end(FC_CAUSAL, row0 + r, seq_q, seq_k));
+#pragma unroll
+                    for (uint v = 0; v < 4; ++v)
+                        s[r][v] = select(s[r][v], (float16)(NEG_INF),
+                                         (int16)((int)(k0 + 16 * v)) + lane >= row_end);
+                }
+            }
+#endif
+
+            /* Weights of the tile, the row sums, and each row's rescale factor. */
+            float corr[FC_RB];
+#pragma unroll
+            for (uint r = 0; r < FC_RB; ++r) {
+#if FC_RELU
+                corr[r] = 1.0f;
+                float16 p[4];
+#pragma unroll
+                for (uint v = 0; v < 4; ++v)
+                    p[v] = fmax(s[r][v], (float16)(0.0f)); /* relu_weight */
+#else
+                const float old_max = row_max[r0 + r];
+                const float new_max = fmax(
+                    old_max, fc_hmax(fmax(fmax(s[r][0], s[r][1]), fmax(s[r][2], s[r][3]))));
+                /* softmax_weight(s, softmax_shift(max)) on 16 scores at a time */
+                const float16 shift = (float16)(softmax_shift(new_max));
+                float16 p[4];
+#pragma unroll
+                for (uint v = 0; v < 4; ++v)
+                    p[v] = fc_exp16(s[r][v] - shift);
+                corr[r] = 1.0f;
+                if (new_max > old_max) { /* 0 while the row had no key */
+                    corr[r] = fc_exp16((float16)(old_max - new_max)).s0;
+                    row_max[r0 + r] = new_max;
+                }
+#endif
+                total[r0 + r] = total[r0 + r] * corr[r] + fc_hsum((p[0] + p[1]) + (p[2] + p[3]));
+#pragma unroll
+                for (uint v = 0; v < 4; ++v)
+                    vstore16(p[v], v, pt[r]);
+            }
+
+            /* acc = acc * corr + p . V, 64 output columns at a time */
+            for (uint c0 = 0; c0 + 4 <= FC_DVV; c0 += 4)
+                fc_pv(acc + r0, pt, vt, corr, c0, 4);
+#if FC_DVV % 4 != 0
+            fc_pv(acc + r0, pt, vt, corr, FC_DVV - FC_DVV % 4, FC_DVV % 4);
+#endif
+        }
+    }
+
+    for (uint i = 0; i < FC_ROWS; ++i) {
+        const uint row = first_row + i;
+        if (row >= seq_q)
+            break;
+        const float inv = inverse_total(total[i]);
+        for (uint d = 0; d < HEAD_DIM_V; ++d)
+            STORE(O_DTYPE, acc[i][d] * inv, O, row * o_s2 + d * o_s3);
+        if (has_lse)
+            lse[row * lse_s2] = total[i] > 0.0f
+                                    ? (FC_RELU ? log(total[i]) : row_max[i] + log(total[i]))
+                                    : NEG_INF;
+    }
+}
+

@@ -1,0 +1,303 @@
+/*
+ * flash_gpu.cl: fused scaled dot-product attention for GPUs, shaped like FlashAttention-2: a
+ * work-group owns a block of FG_BQ query rows of one (batch, head) and its FG_TX x FG_TY
+ * work-items cooperate on every tile, so no work-item holds a whole row of q or of the output
+ * (flash.cl gives each work-item one row, which spills at head sizes of 128 and 256).
+ *
+ * Same arguments, same score rule (score.cl) and same results as flash.cl, which documents
+ * them: Q, K, V, O views with four strides and dtypes, mask, key padding, causal alignment,
+ * relu, log-sum-exp, key parts (key_begin .. key_stop, resume).
+ *
+ * Per key tile of FG_BK keys (four barriers, and one for PoCL, see step 3):
+ *   1. the group stages K (as float) in kv_tile and the tile's key padding;
+ *   2. S = Q K^T: work-item (tx, ty) computes FG_RM x FG_RN scores in registers, rows
+ *      ty + i*FG_TY and keys tx + j*FG_TX (strided, so neighbouring work-items read
+ *      neighbouring local words), from q_tile (staged once, scaled) and kv_tile; the masked
+ *      scores go to p_tile;
+ *   3. one work-item per row turns its row of p_tile into weights (online softmax: the running
+ *      max m and sum l of the row live in local memory, the rescale factor of the accumulator
+ *      goes to row_c) while the group stages V over K in kv_tile;
+ *   4. O = O * c + P V: work-item (tx, ty) keeps FG_RM x FG_RD output elements in registers,
+ *      rows ty + i*FG_TY and dims tx + c*FG_TX.
+ *
+ *            keys k0 .. k0+FG_BK          dims 0 .. HEAD_DIM_V
+ *   rows   +-------------------+         +-------------------+
+ *   (FG_BQ)| S, P: item (tx,ty)|    x V  | O: item (tx,ty)   |  registers: FG_RM x FG_RN (S)
+ *          | rows ty+i*TY,     |  ---->  | rows ty+i*TY,     |             FG_RM x FG_RD (O)
+ *          | keys tx+j*TX      |         | dims tx+c*TX      |
+ *          +-------------------+         +-------------------+
+ *
+ * Budget on paper, for a GPU compute unit with 64 K 32-bit registers and 48 KiB of local
+ * memory (float32; the host shrinks FG_BK, then FG_BQ, until the local arrays fit):
+ *   d = 64:  BQ 64, BK 32, TX 16, TY 8 (128 items): S 8x2 + O 8x4 + operands 10 = ~60
+ *            registers; local (64*65 + 32*65 + 64*33 + 3*64)*4 + 32 = 33.7 KiB:
+ *            1 group (4 warps) per CU by local memory, 8 by registers.
+ *   d = 128: BQ 32, BK 32, TX 16, TY 8: S 4x2 + O 4x8 + 6 = ~50 registers; local
+ *            (32*129 + 32*129 + 32*33 + 96)*4 + 32 = 37.5 KiB: 1 group per CU.
+ *   d = 256: BQ 32, BK 16, TX 16, TY 8: S 4x1 + O 4x16 + 5 = ~75 registers; local
+ *            (32*257 + 16*257 + 32*17 + 96)*4 + 16 = 50.8 KiB > 48: the host halves BQ to
+ *            16 (TY 8: 2 rows per item): 33.5 KiB.
+ * Occupancy is bounded by local memory (q_tile dominates); a smaller FG_BQ in the tuning table
+ * trades q reuse for more groups per CU.
+ *
+ * Rows past seq_q are computed from zero queries and never stored; keys past seq_k load as
+ * zeros and are masked by the score rule.
+ */
+#ifndef HEAD_DIM_QK
+#define HEAD_DIM_QK 64 /* d_k, fixed per program variant */
+#endif
+#ifndef HEAD_DIM_V
+#define HEAD_DIM_V 64 /* d_v */
+#endif
+#ifndef FG_BQ
+#define FG_BQ 64 /* query rows per work-group (a multiple of FG_TY) */
+#endif
+#ifndef FG_BK
+#define FG_BK 32 /* keys per tile (a multiple of FG_TX) */
+#endif
+#ifndef FG_TX
+#define FG_TX 16 /* work-items along the keys of S and the dims of O */
+#endif
+#ifndef FG_TY
+#define FG_TY 8 /* work-items along the rows */
+#endif
+#ifndef Q_DTYPE
+#define Q_DTYPE 0 /* dtype codes (types.cl) of q, k, v and out */
+#endif
+#ifndef K_DTYPE
+#define K_DTYPE 0
+#endif
+#ifndef V_DTYPE
+#define V_DTYPE 0
+#endif
+#ifndef O_DTYPE
+#define O_DTYPE 0
+#endif
+
+#if FG_BQ % FG_TY != 0 || FG_BK % FG_TX != 0
+#error "flash_gpu.cl: FG_BQ must be a multiple of FG_TY and FG_BK of FG_TX"
+#endif
+
+#define FG_THREADS (FG_TX * FG_TY)
+#define FG_RM (FG_BQ / FG_TY)                      /* rows per work-item */
+#define FG_RN (FG_BK / FG_TX)                      /* keys per work-item in S */
+#define FG_RD ((HEAD_DIM_V + FG_TX - 1) / FG_TX)   /* output dims per work-item */
+#define QK_PAD (HEAD_DIM_QK + 1)                   /* padded rows: no bank conflicts */
+#define V_PAD (HEAD_DIM_V + 1)
+#define P_PAD (FG_BK + 1)
+#define KV_WORDS (FG_BK * (QK_PAD > V_PAD ? QK_PAD : V_PAD))
+
+__kernel __attribute__((reqd_work_group_size(FG_THREADS, 1, 1)))
+void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ulong q_s0,
+                     const ulong q_s1, const ulong q_s2, const ulong q_s3,
+                     __global const ELEM_T(K_DTYPE) *K, const ulong k_offset, const ulong k_s0,
+                     const ulong k_s1, const ulong k_s2, const ulong k_s3,
+                     __global const ELEM_T(V_DTYPE) *V, const ulong v_offset, const ulong v_s0,
+                     const ulong v_s1, const ulong v_s2, const ulong v_s3,
+                     __global ELEM_T(O_DTYPE) *O, const ulong o_offset, const ulong o_s0,
+                     const ulong o_s1, const ulong o_s2, const ulong o_s3,
+                     __global float *lse, const ulong lse_offset, const ulong lse_s0,
+                     const ulong lse_s1, const ulong lse_s2, const int has_lse,
+                     __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_offset,
+                     const ulong mask_s0, const ulong mask_s1, const ulong mask_s2,
+                     const ulong mask_s3, const int has_mask,
+                     __global const uchar *key_padding, const ulong key_padding_offset,
+                     const ulong key_padding_s0, const ulong key_padding_s1,
+                     const int has_key_padding,
+                     const uint heads, const uint seq_q, const uint seq_k, const float scale,
+                     const int norm_relu, const int causal,
+                     const ulong bh_base, const uint key_begin, const uint key_stop,
+                     const int resume)
+{
+    __local float q_tile[FG_BQ * QK_PAD];
+    __local float kv_tile[KV_WORDS];
+    __local float p_tile[FG_BQ * P_PAD];
+    __local float row_m[FG_BQ], row_l[FG_BQ], row_c[FG_BQ]; /* running max, sum, rescale */
+    __local uchar tile_padded[FG_BK];
+
+    const uint lid = get_local_id(0);
+    const uint tx = lid % FG_TX, ty = lid / FG_TX;
+    const uint first_row = get_group_id(0) * FG_BQ;
+    const ulong bh = bh_base + get_global_id(1);
+    const ulong b = bh / heads, h = bh - b * heads; /* not %: see flash.cl */
+
+    Q += q_offset + b * q_s0 + h * q_s1;
+    K += k_offset + b * k_s0 + h * k_s1;
+    V += v_offset + b * v_s0 + h * v_s1;
+    O += o_offset + b * o_s0 + h * o_s1;
+    const ulong lse_base = lse_offset + b * lse_s0 + h * lse_s1;
+    if (has_mask)
+        mask += mask_offset + b * mask_s0 + h * mask_s1;
+    if (has_key_padding)
+        key_padding += key_padding_offset + b * key_padding_s0;
+
+    /* The query block, scaled; rows past seq_q are zeros. */
+    for (uint e = lid; e < FG_BQ * HEAD_DIM_QK; e += FG_THREADS) {
+        const uint r = e / HEAD_DIM_QK, d = e - r * HEAD_DIM_QK;
+        const uint row = first_row + r;
+        q_tile[r * QK_PAD + d] = row < seq_q ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale
+                                             : 0.0f;
+    }
+    /* Row state: the initial one, or the state the previous key part left (m = lse, l = 1;
+     * relu: l = exp(lse)). */
+    for (uint r = lid; r < FG_BQ; r += FG_THREADS) {
+        const uint row = first_row + r;
+        float m = NEG_INF, l = 0.0f;
+        if (resume && row < seq_q) {
+            const float previous = lse[lse_base + row * lse_s2];
+            if (previous != NEG_INF) {
+                l = norm_relu ? exp(previous) : 1.0f;
+                m = norm_relu ? NEG_INF : previous;
+            }
+        }
+        row_m[r] = m;
+        row_l[r] = l;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    float acc[FG_RM][FG_RD];
+    for (uint i = 0; i < FG_RM; ++i) {
+        const uint r = ty + i * FG_TY, row = first_row + r;
+        const float l = row_l[r];
+        for (uint c = 0; c < FG_RD; ++c) {
+            const uint dim = tx + c * FG_TX;
+            acc[i][c] = resume && l > 0.0f && row < seq_q && dim < HEAD_DIM_V
+                            ? LOAD(O_DTYPE, O, row * o_s2 + dim * o_s3) * l
+                            : 0.0f;
+        }
+    }
+
+    /* Keys the group needs: its last row sees the most (a bound uniform over the group). */
+    const uint last_row = min(seq_q, first_row + FG_BQ) - 1;
+    const uint key_end = min(key_stop, causal_key_end(causal, last_row, seq_q, seq_k));
+
+    for (uint k0 = key_begin; k0 < key_end; k0 += FG_BK) {
+        /* 1. K tile and key padding. */
+        for (uint e = lid; e < FG_BK * HEAD_DIM_QK; e += FG_THREADS) {
+            const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
+            kv_tile[j * QK_PAD + d] =
+                k0 + j < seq_k ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
+        }
+        for (uint j = lid; j < FG_BK; j += FG_THREADS) {
+            const uint key = k0 + j;
+            tile_padded[j] = key < seq_k && key_padded(has_key_padding, key_padding,
+                                                       key * key_padding_s1);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        /* 2. Scores of this item's FG_RM x FG_RN block, masked, into p_tile. */
+        float s[FG_RM][FG_RN];
+        for (uint i = 0; i < FG_RM; ++i)
+            for (uint j = 0; j < FG_RN; ++j)
+                s[i][j] = 0.0f;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d) {
+            float a[FG_RM], k[FG_RN];
+            for (uint i = 0; i < FG_RM; ++i)
+                a[i] = q_tile[(ty + i * FG_TY) * QK_PAD + d];
+            for (uint j = 0; j < FG_RN; ++j)
+                k[j] = kv_tile[(tx + j * FG_TX) * QK_PAD + d];
+            for (uint i = 0; i < FG_RM; ++i)
+                for (uint j = 0; j < FG_RN; ++j)
+                    s[i][j] = fma(a[i], k[j], s[i][j]);
+        }
+        for (uint i = 0; i < FG_RM; ++i) {
+            const uint r = ty + i * FG_TY, row = first_row + r;
+            const uint safe_row = row < seq_q ? row : 0;
+            const uint row_key_end = causal_key_end(causal, safe_row, seq_q, seq_k);
+            for (uint j = 0; j < FG_RN; ++j) {
+                const uint jj = tx + j * FG_TX, key = k0 + jj;
+                p_tile[r * P_PAD + jj] =
+                    masked_score(s[i][j], key, row_key_end, tile_padded[jj], has_mask, mask,
+                                 safe_row * mask_s2 + key * mask_s3);
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        /* 3. Weights, one work-item per row, while the group stages V over K. */
+        for (uint r = lid; r < FG_BQ; r += FG_THREADS) {
+            __local float *p = p_tile + r * P_PAD;
+            float m = row_m[r], l = row_l[r], c = 1.0f;
+            if (norm_relu) {
+                for (uint j = 0; j < FG_BK; ++j) {
+                    const float w = relu_weight(p[j]);
+                    p[j] = w;
+                    l += w;
+                }
+            } else {
+                float tile_max = NEG_INF;
+                for (uint j = 0; j < FG_BK; ++j)
+                    tile_max = fmax(tile_max, p[j]);
+                if (tile_max == NEG_INF) { /* every key of the tile masked: nothing changes */
+                    for (uint j = 0; j < FG_BK; ++j)
+                        p[j] = 0.0f;
+                } else {
+                    const float new_max = fmax(m, tile_max);
+                    c = exp(m - new_max); /* 0 while m is -inf */
+                    l *= c;
+                    for (uint j = 0; j < FG_BK; ++j) {
+                        const float w = softmax_weight(p[j], new_max);
+                        p[j] = w;
+                        l += w;
+                    }
+                    m = new_max;
+                }
+            }
+            row_m[r] = m;
+            row_l[r] = l;
+            row_c[r] = c;
+        }
+        /* A barrier the algorithm does not need (the V staging below touches none of the row
+         * pass's data), but PoCL 3.1 computes wrong weights without it: seen as NaN outputs
+         * on the CPU with more than one work-item per group; Oclgrind is clean either way. */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (uint e = lid; e < FG_BK * HEAD_DIM_V; e += FG_THREADS) {
+            const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
+            kv_tile[j * V_PAD + d] =
+                k0 + j < seq_k ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d * v_s3) : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        /* 4. O = O * c + P V on this item's FG_RM x FG_RD block. */
+        for (uint i = 0; i < FG_RM; ++i) {
+            const float c = row_c[ty + i * FG_TY];
+            for (uint cc = 0; cc < FG_RD; ++cc)
+                acc[i][cc] *= c;
+        }
+        for (uint j = 0; j < FG_BK; ++j) {
+            float v[FG_RD];
+            for (uint cc = 0; cc < FG_RD; ++cc) {
+                const uint dim = tx + cc * FG_TX;
+                v[cc] = dim < HEAD_DIM_V ? kv_tile[j * V_PAD + dim] : 0.0f;
+            }
+            for (uint i = 0; i < FG_RM; ++i) {
+                const float p = p_tile[(ty + i * FG_TY) * P_PAD + j];
+                for (uint cc = 0; cc < FG_RD; ++cc)
+                    acc[i][cc] = fma(p, v[cc], acc[i][cc]);
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+    /* Normalise and store; the log-sum-exp by the row owners. */
+    for (uint r = lid; r < FG_BQ; r += FG_THREADS) {
+        const uint row = first_row + r;
+        const float l = row_l[r];
+        row_c[r] = inverse_total(l);
+        if (has_lse && row < seq_q)
+            lse[lse_base + row * lse_s2] =
+                l > 0.0f ? (norm_relu ? log(l) : row_m[r] + log(l)) : NEG_INF;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint i = 0; i < FG_RM; ++i) {
+        const uint r = ty + i * FG_TY, row = first_row + r;
+        if (row >= seq_q)
+            continue;
+        const float inv = row_c[r];
+        for (uint cc = 0; cc < FG_RD; ++cc) {
+            const uint dim = tx + cc * FG_TX;
+            if (dim < HEAD_DIM_V)
+                STORE(O_DTYPE, acc[i][cc] * inv, O, row * o_s2 + dim * o_s3);
+        }
+    }
+}

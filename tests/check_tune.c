@@ -1,0 +1,474 @@
+/*
+ * check_tune: `clattn tune` and the tuning cache, run as a user runs them. A quick tune writes
+ * rows for the device (with their comments) into $XDG_CACHE_HOME/clattn/tuning; a new context
+ * (`clattn info`) applies them, CLATTN_TUNING=default and CLATTN_TUNING=FILE do not; tuning one
+ * op again replaces that op's rows only and keeps other devices' rows; --dry-run writes
+ * nothing; a garbage cache is ignored row by row (contexts still work, `clattn info` lists the
+ * ignored lines); bad options exit 2. The cache the quick tune wrote is copied to the folder
+ * given as the third argument, where the *_tuned ctest entries (XDG_CACHE_HOME) read it: the
+ * suites must pass with the tuned rows too.
+ * Arguments: the clattn binary, that folder.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+static const char *clattn_bin;
+static const char *tuned_dir;
+static char scratch[] = "/tmp/clattn-tune-XXXXXX";
+
+/* Runs `ENV clattn ARGS` with stdout and stderr captured; returns the exit status. */
+static int run_cli(const char *env, const char *args)
+{
+    char command[4096];
+    snprintf(command, sizeof command, "env %s '%s' %s >'%s/stdout' 2>'%s/stderr'", env, clattn_bin,
+             args, scratch, scratch);
+    int status = system(command);
+    return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* A file's text (one static buffer per slot, valid until that slot is read again). */
+static const char *read_text(const char *path, int slot)
+{
+    static char buffers[3][1 << 16];
+    char *text = buffers[slot];
+    FILE *f = fopen(path, "r");
+    size_t used = f ? fread(text, 1, sizeof buffers[0] - 1, f) : 0;
+    text[used] = '\0';
+    if (f)
+        fclose(f);
+    return f ? text : NULL;
+}
+
+static const char *captured(const char *which)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", scratch, which);
+    const char *text = read_text(path, strcmp(which, "stdout") == 0 ? 0 : 1);
+    return text ? text : "";
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (tu_expect(f != NULL, "cannot write %s", path)) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* The value of `line` ("rows:", "parameters:") in `clattn info`'s output, up to its end. */
+static void info_line(const char *info, const char *line, char *out, size_t size)
+{
+    const char *at = strstr(info, line);
+    out[0] = '\0';
+    if (at) {
+        at += strlen(line);
+        snprintf(out, size, "%.*s", (int)strcspn(at, "\n"), at);
+    }
+}
+
+/* Rows of the file (lines that are neither comments nor blank) naming `name`; each must
+ * follow a `# clattn tune` comment. Collects their key=value parts into keys. */
+static int device_rows(const char *text, const char *name, char *keys, size_t keys_size)
+{
+    int rows = 0;
+    keys[0] = '\0';
+    const char *previous = "";
+    for (const char *line = text; line && *line;) {
+        const char *end = strchr(line, '\n');
+        const size_t length = end ? (size_t)(end - line) : strlen(line);
+        char row[1024];
+        snprintf(row, sizeof row, "%.*s", (int)length, line);
+        if (row[0] != '#' && row[0] != '\0' && strstr(row, name)) {
+            ++rows;
+            tu_expect(tu_starts_with(row, "cpu | ") || tu_starts_with(row, "gpu | "),
+                      "row '%s' has no device class", row);
+            tu_expect(tu_starts_with(previous, "# clattn tune "),
+                      "row '%s' follows '%s', not its comment", row, previous);
+            const char *bar = strrchr(row, '|');
+            const size_t used = strlen(keys);
+            snprintf(keys + used, keys_size - used, "%s%s", used ? " " : "", bar ? bar + 2 : "");
+        }
+        static char saved[1024];
+        snprintf(saved, sizeof saved, "%s", row);
+        previous = saved;
+        line = end ? end + 1 : NULL;
+    }
+    return rows;
+}
+
+/* The device's name as `clattn info` prints it ("device: NAME (CPU)"). */
+static void device_name(const char *info, char *name, size_t size)
+{
+    info_line(info, "device: ", name, size);
+    char *paren = strrchr(name, '(');
+    if (paren && paren > name)
+        paren[-1] = '\0';
+}
+
+START_TEST(test_quick_tune_writes_rows_that_apply)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("clattn tune --quick --op all");
+    char env[1024], cache[700], info[4096], name[256], rows[1024], params[2048];
+    snprintf(env, sizeof env, "XDG_CACHE_HOME='%s/xdg'", scratch);
+    snprintf(cache, sizeof cache, "%s/xdg/clattn/tuning", scratch);
+    if (!tu_expect(run_cli(env, "info") == 0, "clattn info failed: %s", captured("stderr")))
+        goto done;
+    snprintf(info, sizeof info, "%s", captured("stdout"));
+    device_name(info, name, sizeof name);
+    info_line(info, "rows: ", rows, sizeof rows);
+    tu_expect(strstr(rows, "cache") == NULL, "rows from an absent cache: %s", rows);
+    /* A negative --min-gain keeps any candidate within 10x of the best, so that the run
+     * writes rows whatever the machine's load (a real run keeps only gains). */
+    const int code = run_cli(env, "tune --quick --op all --min-gain=-90");
+    if (!tu_expect(code == 0, "tune exited %d: %s", code, captured("stderr")))
+        goto done;
+    tu_expect(strstr(captured("stdout"), "rows written") != NULL, "tune said: %s",
+              captured("stdout"));
+    const char *text = read_text(cache, 2);
+    if (!tu_expect(text != NULL, "tune wrote no %s", cache))
+        goto done;
+    char keys[1024];
+    const int count = device_rows(text, name, keys, sizeof keys);
+    tu_expect(count >= 1 && count <= 3, "%d rows for '%s' in:\n%s", count, name, text);
+    printf("check_tune: the quick tune wrote:\n%s", text);
+
+    /* A new context applies them: `clattn info` names cache lines and shows their values. */
+    tu_expect(run_cli(env, "info") == 0, "clattn info failed: %s", captured("stderr"));
+    snprintf(info, sizeof info, "%s", captured("stdout"));
+    info_line(info, "rows: ", rows, sizeof rows);
+    info_line(info, "parameters:", params, sizeof params);
+    tu_expect(strstr(rows, "cache line") != NULL, "no cache row applied: %s", info);
+    char *save = NULL;
+    for (char *kv = strtok_r(keys, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
+        char needle[128];
+        snprintf(needle, sizeof needle, " %s", kv);
+        tu_expect(strstr(params, needle) != NULL, "'%s' not in the parameters: %s", kv, params);
+    }
+    /* CLATTN_TUNING=default applies no row; CLATTN_TUNING=FILE reads FILE instead. */
+    char other[2048];
+    snprintf(other, sizeof other, "%s CLATTN_TUNING=default", env);
+    tu_expect(run_cli(other, "info") == 0, "info failed: %s", captured("stderr"));
+    info_line(captured("stdout"), "rows: ", rows, sizeof rows);
+    tu_expect(strcmp(rows, "none") == 0, "CLATTN_TUNING=default applied: %s", rows);
+    char empty[600];
+    snprintf(empty, sizeof empty, "%s/empty", scratch);
+    write_text(empty, "");
+    snprintf(other, sizeof other, "%s CLATTN_TUNING='%s'", env, empty);
+    tu_expect(run_cli(other, "info") == 0, "info failed: %s", captured("stderr"));
+    info_line(captured("stdout"), "rows: ", rows, sizeof rows);
+    tu_expect(strstr(rows, "cache") == NULL && strstr(rows, "table row") != NULL,
+              "CLATTN_TUNING=FILE: rows %s", rows);
+
+    /* The *_tuned ctest entries read this cache. */
+    if (tuned_dir) {
+        char command[2048];
+        snprintf(command, sizeof command, "mkdir -p '%s/clattn' && cp '%s' '%s/clattn/tuning'",
+                 tuned_dir, cache, tuned_dir);
+        tu_expect(system(command) == 0, "%s failed", command);
+    }
+
+    /* Tuning one op again replaces that op's rows only; another device's row stays. */
+    char appended[70000];
+    snprintf(appended, sizeof appended,
+             "%s# by hand\ngpu | NoSuchVendor | NoSuchGPU | "
+             "softmax_wg=64\n",
+             text);
+    write_text(cache, appended);
+    char before[1024];
+    snprintf(before, sizeof before, "%s", keys);
+    tu_expect(run_cli(env, "tune --quick --op softmax --min-gain=-90") == 0, "tune failed: %s",
+              captured("stderr"));
+    text = read_text(cache, 2);
+    tu_expect(text && strstr(text, "# by hand\ngpu | NoSuchVendor | NoSuchGPU | softmax_wg=64\n"),
+              "the other device's row was lost:\n%s", text ? text : "");
+    const char *matmul_row = strstr(appended, "# clattn tune matmul");
+    if (matmul_row) {
+        char row[2048];
+        snprintf(row, sizeof row, "%.*s",
+                 (int)(strchr(strchr(matmul_row, '\n') + 1, '\n') - matmul_row + 1), matmul_row);
+        tu_expect(text && strstr(text, row), "the matmul rows changed:\n%s", text ? text : "");
+    }
+    int softmax_comments = 0;
+    for (const char *at = text ? strstr(text, "# clattn tune softmax") : NULL; at;
+         at = strstr(at + 1, "# clattn tune softmax"))
+        ++softmax_comments;
+    tu_expect(softmax_comments <= 1, "%d softmax rows:\n%s", softmax_comments, text);
+done:
+    TU_END_TEST();
+}
+END_TEST
+
+START_TEST(test_garbage_cache_is_ignored)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("garbage in the cache");
+    char env[1024], dir[700], cache[800], plain[2048], params[2048], ignored[2048];
+    snprintf(dir, sizeof dir, "%s/garbage/clattn", scratch);
+    snprintf(cache, sizeof cache, "%s/tuning", dir);
+    char command[2048];
+    snprintf(command, sizeof command, "mkdir -p '%s'", dir);
+    tu_expect(system(command) == 0, "%s failed", command);
+    snprintf(env, sizeof env, "XDG_CACHE_HOME='%s/garbage'", scratch);
+    tu_expect(run_cli(env, "info") == 0, "info failed: %s", captured("stderr"));
+    info_line(captured("stdout"), "parameters:", plain, sizeof plain);
+    write_text(cache, "this is not a row\n"
+                      "cpu | * | * | no_such_key=1\n"
+                      "gpu | * | * | vec_wg=many\n"
+                      "any | * | * | vec_width=5\n"
+                      "\x01\x02\xff garbage | | |\n");
+    tu_expect(run_cli(env, "info") == 0, "info failed on a garbage cache: %s", captured("stderr"));
+    info_line(captured("stdout"), "parameters:", params, sizeof params);
+    info_line(captured("stdout"), "ignored: ", ignored, sizeof ignored);
+    tu_expect(strcmp(plain, params) == 0, "garbage changed the parameters:\n%s\n%s", plain, params);
+    for (int line = 1; line <= 5; ++line) {
+        char needle[32];
+        snprintf(needle, sizeof needle, "cache line %d", line);
+        tu_expect(strstr(ignored, needle) != NULL, "'%s' not ignored: %s", needle, ignored);
+    }
+    /* A computation runs and is right (the demo prints the textbook's Z). */
+    tu_expect(run_cli(env, "demo") == 0, "demo failed: %s", captured("stderr"));
+    tu_expect(strstr(captured("stdout"), "1.9297") && strstr(captured("stdout"), "1.9646"),
+              "demo: %s", captured("stdout"));
+    /* A folder where the file should be. */
+    remove(cache);
+    mkdir(cache, 0755);
+    tu_expect(run_cli(env, "info") == 0, "info failed on a folder: %s", captured("stderr"));
+    info_line(captured("stdout"), "ignored: ", ignored, sizeof ignored);
+    tu_expect(strstr(ignored, "cannot read") != NULL, "a folder as the cache: %s", ignored);
+    rmdir(cache);
+    TU_END_TEST();
+}
+END_TEST
+
+typedef struct bad_case {
+    const char *env, *args, *needle;
+} bad_case;
+
+static const bad_case bad_cases[] = {
+    {"", "tune --op attention", "--op"},
+    {"", "tune --min-gain=abc", "--min-gain"},
+    {"", "tune --min-gain=100", "--min-gain"},
+    {"", "tune --quick=yes", "--quick"},
+    {"", "tune --frobnicate", "unknown option"},
+    {"", "tune --out", "--out"},
+    {"CLATTN_PARAMS=gpu", "tune --quick --dry-run", "CLATTN_PARAMS"},
+    {"CLATTN_MATMUL=tiled", "tune --quick --dry-run", "CLATTN_MATMUL"},
+    {"", "info --frobnicate", "unknown option"},
+};
+
+START_TEST(test_bad_options_exit_2)
+{
+    TU_BEGIN_TEST();
+    const bad_case *c = &bad_cases[_i];
+    tu_set_case("%s clattn %s", c->env, c->args);
+    char env[1024];
+    snprintf(env, sizeof env, "XDG_CACHE_HOME='%s/bad' %s", scratch, c->env);
+    const int code = run_cli(env, c->args);
+    const char *err = captured("stderr");
+    tu_expect(code == 2, "exit %d, stderr: %s", code, err);
+    tu_expect(strstr(err, c->needle) != NULL, "stderr does not name %s: %s", c->needle, err);
+    tu_expect(strchr(err, '\n') == err + strlen(err) - 1, "not one line: %s", err);
+    char path[700];
+    snprintf(path, sizeof path, "%s/bad", scratch);
+    tu_expect(access(path, F_OK) != 0, "a failed tune created %s", path);
+    TU_END_TEST();
+}
+END_TEST
+
+START_TEST(test_dry_run_and_out)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("--dry-run, --out, --help");
+    char env[1024], args[1024], out[700];
+    snprintf(env, sizeof env, "XDG_CACHE_HOME='%s/dry'", scratch);
+    tu_expect(run_cli(env, "tune --quick --op flash --dry-run") == 0, "dry run failed: %s",
+              captured("stderr"));
+    tu_expect(strstr(captured("stdout"), "nothing written") != NULL, "dry run said: %s",
+              captured("stdout"));
+    snprintf(out, sizeof out, "%s/dry", scratch);
+    tu_expect(access(out, F_OK) != 0, "--dry-run created %s", out);
+    /* --out into a folder that does not exist yet. */
+    snprintf(out, sizeof out, "%s/new/folder/rows.txt", scratch);
+    snprintf(args, sizeof args, "tune --quick --op flash --min-gain=-90 --out '%s'", out);
+    tu_expect(run_cli(env, args) == 0, "--out failed: %s", captured("stderr"));
+    tu_expect(read_text(out, 2) != NULL, "--out wrote no %s", out);
+    tu_expect(run_cli(env, "tune --help") == 0 && strstr(captured("stdout"), "usage: clattn tune"),
+              "tune --help: %s", captured("stdout"));
+    tu_expect(run_cli(env, "--help") == 0 && strstr(captured("stdout"), "tune "),
+              "clattn --help does not list tune: %s", captured("stdout"));
+    TU_END_TEST();
+}
+END_TEST
+
+/* The library side: clattn_ctx_create_desc with tuning_rows and tuning_file, the cache read
+ * (or not) by each, clattn_ctx_tuning's report, and the descriptor's errors. */
+START_TEST(test_ctx_desc)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("clattn_ctx_create_desc");
+    char dir[700], cache[800], message[1024];
+    snprintf(dir, sizeof dir, "%s/lib", scratch);
+    snprintf(cache, sizeof cache, "%s/clattn/tuning", dir);
+    char command[2048];
+    snprintf(command, sizeof command, "mkdir -p '%s/clattn'", dir);
+    tu_expect(system(command) == 0, "%s failed", command);
+    write_text(cache, "# a cache row for every device\nany | * | * | softmax_wg=8\n"
+                      "any | * | * | no_such_key=1\n");
+    const char *saved = getenv("XDG_CACHE_HOME");
+    char *saved_copy = saved ? strdup(saved) : NULL;
+    setenv("XDG_CACHE_HOME", dir, 1);
+    const char *saved_tuning = getenv("CLATTN_TUNING");
+    char *saved_tuning_copy = saved_tuning ? strdup(saved_tuning) : NULL;
+    unsetenv("CLATTN_TUNING");
+
+    clattn_ctx_desc desc;
+    clattn_ctx_desc_init(&desc);
+    clattn_ctx *ctx = NULL;
+    tu_expect_status(clattn_ctx_create_desc(&desc, &ctx, message, sizeof message), CLATTN_SUCCESS,
+                     "clattn_ctx_create_desc (defaults)");
+    const char *report = clattn_ctx_tuning(ctx);
+    tu_expect(strstr(report, "cache line 2") && strstr(report, " softmax_wg=8"),
+              "the cache row did not apply: %s", report);
+    tu_expect(strstr(report, "ignored: tuning cache line 3") != NULL,
+              "the stale cache row is not reported: %s", report);
+    clattn_ctx_release(ctx);
+    ctx = NULL;
+
+    /* Rows of the descriptor apply last, after the cache; "" reads no file. */
+    desc.tuning_rows = "any | * | * | softmax_wg=16\n# comment\n\nany | * | * | flash_rows=32";
+    tu_expect_status(clattn_ctx_create_desc(&desc, &ctx, message, sizeof message), CLATTN_SUCCESS,
+                     "clattn_ctx_create_desc (rows)");
+    report = clattn_ctx_tuning(ctx);
+    tu_expect(strstr(report, "cache line 2; tuning_rows line 1; tuning_rows line 4") &&
+                  strstr(report, " softmax_wg=16") && strstr(report, " flash_rows=32"),
+              "rows: %s", report);
+    clattn_ctx_release(ctx);
+    ctx = NULL;
+    desc.tuning_file = "";
+    tu_expect_status(clattn_ctx_create_desc(&desc, &ctx, message, sizeof message), CLATTN_SUCCESS,
+                     "clattn_ctx_create_desc (no file)");
+    report = clattn_ctx_tuning(ctx);
+    tu_expect(strstr(report, "cache") == NULL && strstr(report, "tuning_rows line 1"),
+              "tuning_file \"\": %s", report);
+    clattn_ctx_release(ctx);
+    ctx = NULL;
+    desc.tuning_file = "default";
+    desc.tuning_rows = NULL;
+    tu_expect_status(clattn_ctx_create_desc(&desc, &ctx, message, sizeof message), CLATTN_SUCCESS,
+                     "clattn_ctx_create_desc (default)");
+    tu_expect(strncmp(clattn_ctx_tuning(ctx), "rows: none\n", 11) == 0, "default: %s",
+              clattn_ctx_tuning(ctx));
+    /* On the caller's queue. */
+    clattn_ctx *on_queue = NULL;
+    clattn_ctx_desc queue_desc;
+    clattn_ctx_desc_init(&queue_desc);
+    queue_desc.queue = clattn_ctx_queue(ctx);
+    queue_desc.device_spec = "no such device spec: unused with a queue";
+    tu_expect_status(clattn_ctx_create_desc(&queue_desc, &on_queue, message, sizeof message),
+                     CLATTN_SUCCESS, "clattn_ctx_create_desc (queue)");
+    tu_expect(on_queue && clattn_ctx_queue(on_queue) == clattn_ctx_queue(ctx),
+              "not on the caller's queue");
+    clattn_ctx_release(on_queue);
+    clattn_ctx_release(ctx);
+    ctx = NULL;
+
+    /* CLATTN_TUNING=default drops the cache (and the built-in rows) for desc.tuning_file NULL. */
+    setenv("CLATTN_TUNING", "default", 1);
+    clattn_ctx_desc_init(&desc);
+    tu_expect_status(clattn_ctx_create_desc(&desc, &ctx, message, sizeof message), CLATTN_SUCCESS,
+                     "CLATTN_TUNING=default");
+    tu_expect(ctx && strncmp(clattn_ctx_tuning(ctx), "rows: none\n", 11) == 0,
+              "CLATTN_TUNING=default: %s", clattn_ctx_tuning(ctx));
+    clattn_ctx_release(ctx);
+    ctx = NULL;
+    unsetenv("CLATTN_TUNING");
+
+    /* Errors: a malformed row, values the device cannot run, the struct, NULLs. */
+    static const struct {
+        const char *rows, *needle;
+        clattn_status want;
+    } bad[] = {
+        {"not a row", "tuning_rows line 1", CLATTN_ERR_INVALID_ARGUMENT},
+        {"# ok\nany | * | * | no_such_key=3", "tuning_rows line 2", CLATTN_ERR_INVALID_ARGUMENT},
+        {"any | * | * | vec_width=5", "tuning_rows line 1", CLATTN_ERR_UNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        desc.tuning_rows = bad[i].rows;
+        message[0] = '\0';
+        tu_expect_status(clattn_ctx_create_desc(&desc, &ctx, message, sizeof message), bad[i].want,
+                         bad[i].rows);
+        tu_expect(ctx == NULL && strstr(message, bad[i].needle), "'%s': %s", bad[i].rows, message);
+        clattn_ctx_release(ctx);
+        ctx = NULL;
+    }
+    desc.tuning_rows = NULL;
+    desc.struct_size = sizeof desc - 1;
+    tu_expect_status(clattn_ctx_create_desc(&desc, &ctx, message, sizeof message),
+                     CLATTN_ERR_INVALID_ARGUMENT, "struct_size");
+    tu_expect(strstr(message, "struct_size") != NULL, "struct_size: %s", message);
+    tu_expect_status(clattn_ctx_create_desc(NULL, &ctx, message, sizeof message),
+                     CLATTN_ERR_INVALID_ARGUMENT, "desc NULL");
+    clattn_ctx_desc_init(&desc);
+    tu_expect_status(clattn_ctx_create_desc(&desc, NULL, message, sizeof message),
+                     CLATTN_ERR_INVALID_ARGUMENT, "out NULL");
+    tu_expect(strstr(clattn_ctx_tuning(NULL), "NULL") != NULL, "clattn_ctx_tuning(NULL)");
+    clattn_ctx_desc_init(NULL);
+
+    if (saved_copy)
+        setenv("XDG_CACHE_HOME", saved_copy, 1);
+    else
+        unsetenv("XDG_CACHE_HOME");
+    if (saved_tuning_copy)
+        setenv("CLATTN_TUNING", saved_tuning_copy, 1);
+    free(saved_copy);
+    free(saved_tuning_copy);
+    TU_END_TEST();
+}
+END_TEST
+
+static void remove_scratch(void)
+{
+    char command[600];
+    snprintf(command, sizeof command, "rm -rf '%s'", scratch);
+    if (system(command) != 0)
+        fprintf(stderr, "check_tune: could not remove %s\n", scratch);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: check_tune CLATTN_BINARY [TUNED_CACHE_DIR]\n");
+        return 1;
+    }
+    clattn_bin = argv[1];
+    tuned_dir = argc > 2 ? argv[2] : NULL;
+    tu_suite_begin("check_tune"); /* exits 77 without an OpenCL device */
+    if (mkdtemp(scratch) == NULL) {
+        fprintf(stderr, "check_tune: mkdtemp failed\n");
+        return 1;
+    }
+    Suite *suite = suite_create("tune");
+    TCase *tc = tcase_create("clattn tune");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_quick_tune_writes_rows_that_apply);
+    tcase_add_test(tc, test_garbage_cache_is_ignored);
+    tcase_add_loop_test(tc, test_bad_options_exit_2, 0,
+                        (int)(sizeof bad_cases / sizeof bad_cases[0]));
+    tcase_add_test(tc, test_dry_run_and_out);
+    tcase_add_test(tc, test_ctx_desc);
+    suite_add_tcase(suite, tc);
+    const int failed = tu_run_suite(suite);
+    remove_scratch();
+    return failed ? 1 : 0;
+}

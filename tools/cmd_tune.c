@@ -1,0 +1,861 @@
+/* clattn tune: searches the tuning keys of each op on the present device (tools/tune_space.h),
+ * checks every candidate's outputs, times it, and writes the winners as tuning-table rows to
+ * the cache the library reads at context creation (host/core/tuning.c). */
+#define _POSIX_C_SOURCE 200809L
+#include "cli.h"
+#include "tune_space.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char tune_usage[] =
+    "usage: clattn tune [--op matmul|softmax|flash|all] [--quick] [--out FILE] [--dry-run]\n"
+    "                   [--min-gain PCT] [--device SPEC]\n"
+    "Searches the kernel parameters of each op (default all) on the device: coordinate descent\n"
+    "from the built-in table's values, one key at a time over its candidates (tools/\n"
+    "tune_space.h), each candidate in a fresh context. A candidate's outputs must match the\n"
+    "defaults' (themselves checked against a float64 reference) on the same random inputs, at\n"
+    "awkward sizes and at the timed sizes; one the device refuses or that computes wrongly is\n"
+    "reported and skipped. Times are wall-clock medians after a warm-up:\n"
+    "  matmul   1024x1024x1024 and 4096x4096x64 (A·Bᵀ, the QKᵀ shape)\n"
+    "  softmax  the unfused attention path with its weights, B=1 H=8 L=1024 d=16\n"
+    "  flash    the fused attention kernel, B=1 H=8 L=1024 d=64\n"
+    "--quick shrinks the sizes and the candidates (seconds on a CPU). A winner must beat the\n"
+    "current best by --min-gain percent (default 3) and hold that in a paired re-measurement\n"
+    "against the defaults. The winners' keys that differ from the defaults are written as rows\n"
+    "`class | vendor | device name | key=value ...`, with a comment, to --out FILE or the\n"
+    "tuning cache $XDG_CACHE_HOME/clattn/tuning (~/.cache/clattn/tuning), replacing earlier\n"
+    "rows of this device for the tuned ops and keeping the rest; --dry-run prints them only.\n"
+    "Every context reads the cache; CLATTN_TUNING=FILE reads FILE instead, and\n"
+    "CLATTN_TUNING=default applies no row. `clattn info` shows which rows apply.\n";
+
+enum { MAX_KEYS = sizeof tune_space / sizeof tune_space[0] };
+
+typedef struct tune_options {
+    const char *device, *out, *op;
+    bool quick, dry_run;
+    double min_gain; /* percent */
+} tune_options;
+
+/* --- problems: one matmul or attention call, its inputs, its outputs ---------------------- */
+
+typedef enum { CASE_MATMUL, CASE_FUSED, CASE_UNFUSED } case_kind;
+
+typedef struct tune_case {
+    case_kind kind;
+    size_t m, n, k;                              /* matmul: C (m x n) = A · op(B) */
+    int trans_b;                                 /* B stored n x k */
+    size_t batch, heads, seq_q, seq_k, head_dim; /* attention */
+    clattn_causal causal;
+    bool timed; /* timed (else checked only, and against float64 for the defaults) */
+} tune_case;
+
+typedef struct case_data {
+    float *in[3]; /* matmul: A, B; attention: Q, K, V */
+    size_t in_count[3];
+    float *expected; /* the defaults' outputs */
+    size_t out_count;
+    double base_ms; /* the defaults' median (timed cases) */
+} case_data;
+
+static void case_label(const tune_case *c, char *text, size_t size)
+{
+    if (c->kind == CASE_MATMUL)
+        snprintf(text, size, "%zux%zux%zu%s", c->m, c->n, c->k, c->trans_b ? " (A·Bᵀ)" : "");
+    else
+        snprintf(text, size, "B=%zu H=%zu Lq=%zu Lk=%zu d=%zu%s%s", c->batch, c->heads, c->seq_q,
+                 c->seq_k, c->head_dim, c->causal ? " causal" : "",
+                 c->kind == CASE_UNFUSED ? " unfused+weights" : "");
+}
+
+static uint64_t next_random(uint64_t *state)
+{
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return *state >> 33;
+}
+
+static float *random_floats(size_t count, uint64_t seed)
+{
+    float *values = malloc((count ? count : 1) * sizeof *values);
+    uint64_t state = seed * 2654435761ull + 1;
+    for (size_t i = 0; values && i < count; ++i)
+        values[i] = (float)((double)next_random(&state) / 2147483648.0 * 2.0 - 1.0);
+    return values;
+}
+
+static bool case_make(const tune_case *c, case_data *d, uint64_t seed)
+{
+    memset(d, 0, sizeof *d);
+    if (c->kind == CASE_MATMUL) {
+        d->in_count[0] = c->m * c->k;
+        d->in_count[1] = c->k * c->n;
+        d->out_count = c->m * c->n;
+    } else {
+        const size_t bh = c->batch * c->heads;
+        d->in_count[0] = bh * c->seq_q * c->head_dim;
+        d->in_count[1] = d->in_count[2] = bh * c->seq_k * c->head_dim;
+        d->out_count =
+            bh * c->seq_q * c->head_dim + (c->kind == CASE_UNFUSED ? bh * c->seq_q * c->seq_k : 0);
+    }
+    for (int i = 0; i < 3; ++i)
+        if (d->in_count[i] && !(d->in[i] = random_floats(d->in_count[i], seed + (uint64_t)i)))
+            return false;
+    return (d->expected = malloc(d->out_count * sizeof(float))) != NULL;
+}
+
+static void case_free(case_data *d)
+{
+    for (int i = 0; i < 3; ++i)
+        free(d->in[i]);
+    free(d->expected);
+}
+
+/* float64 reference of a case into ref (out_count doubles). */
+static void case_reference(const tune_case *c, const case_data *d, double *ref)
+{
+    if (c->kind == CASE_MATMUL) {
+        for (size_t i = 0; i < c->m; ++i)
+            for (size_t j = 0; j < c->n; ++j) {
+                double sum = 0.0;
+                for (size_t p = 0; p < c->k; ++p)
+                    sum += (double)d->in[0][i * c->k + p] *
+                           d->in[1][c->trans_b ? j * c->k + p : p * c->n + j];
+                ref[i * c->n + j] = sum;
+            }
+        return;
+    }
+    const size_t dim = c->head_dim, lq = c->seq_q, lk = c->seq_k;
+    const double scale = 1.0 / sqrt((double)dim);
+    double *p = malloc(lk * sizeof *p);
+    if (p == NULL)
+        return;
+    double *weights = ref + c->batch * c->heads * lq * dim;
+    for (size_t bh = 0; bh < c->batch * c->heads; ++bh)
+        for (size_t i = 0; i < lq; ++i) {
+            const float *q = d->in[0] + (bh * lq + i) * dim;
+            double max = -INFINITY, sum = 0.0;
+            for (size_t j = 0; j < lk; ++j) {
+                const float *k = d->in[1] + (bh * lk + j) * dim;
+                double s = 0.0;
+                for (size_t e = 0; e < dim; ++e)
+                    s += (double)q[e] * k[e];
+                p[j] = c->causal && j > i ? -INFINITY : s * scale;
+                max = p[j] > max ? p[j] : max;
+            }
+            for (size_t j = 0; j < lk; ++j)
+                sum += (p[j] = p[j] == -INFINITY ? 0.0 : exp(p[j] - max));
+            double *out = ref + (bh * lq + i) * dim;
+            for (size_t e = 0; e < dim; ++e)
+                out[e] = 0.0;
+            for (size_t j = 0; j < lk; ++j) {
+                p[j] /= sum;
+                const float *v = d->in[2] + (bh * lk + j) * dim;
+                for (size_t e = 0; e < dim; ++e)
+                    out[e] += p[j] * v[e];
+                if (c->kind == CASE_UNFUSED)
+                    weights[(bh * lq + i) * lk + j] = p[j];
+            }
+        }
+    free(p);
+}
+
+/* The largest |got - want| relative to max(1, max |want|); infinity for a NaN. */
+static double max_error(const float *got, const float *want_f, const double *want_d, size_t count)
+{
+    double err = 0.0, scale = 1.0;
+    for (size_t i = 0; i < count; ++i) {
+        const double want = want_f ? want_f[i] : want_d[i];
+        scale = fabs(want) > scale ? fabs(want) : scale;
+    }
+    for (size_t i = 0; i < count; ++i) {
+        const double want = want_f ? want_f[i] : want_d[i];
+        const double diff = fabs((double)got[i] - want);
+        if (!(diff <= err)) /* NaN compares false */
+            err = isnan(diff) ? INFINITY : diff;
+    }
+    return err / scale;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int compare_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Runs case c on ctx: once, or 1 warm-up + `runs` times (median wall ms in *ms); the outputs
+ * (poisoned with NaN first) into out. */
+static clattn_status case_run(clattn_ctx *ctx, const tune_case *c, const case_data *d, float *out,
+                              int runs, double *ms)
+{
+    cl_context context = clattn_ctx_cl_context(ctx);
+    cl_command_queue queue = clattn_ctx_queue(ctx);
+    const size_t bh = c->batch * c->heads;
+    const size_t out_counts[2] = {c->kind == CASE_MATMUL ? d->out_count
+                                                         : bh * c->seq_q * c->head_dim,
+                                  c->kind == CASE_UNFUSED ? bh * c->seq_q * c->seq_k : 0};
+    cl_mem in[3] = {NULL}, outs[2] = {NULL};
+    clattn_plan *plan = NULL;
+    double *times = calloc((size_t)runs + 1, sizeof *times);
+    cl_int err = times ? CL_SUCCESS : CL_OUT_OF_HOST_MEMORY;
+    for (int i = 0; i < 3 && err == CL_SUCCESS; ++i)
+        if (d->in_count[i])
+            in[i] = clCreateBuffer(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                   d->in_count[i] * sizeof(float), d->in[i], &err);
+    const float nan_pattern = NAN;
+    for (int i = 0; i < 2 && err == CL_SUCCESS; ++i)
+        if (out_counts[i]) {
+            outs[i] = clCreateBuffer(context, CL_MEM_READ_WRITE, out_counts[i] * sizeof(float),
+                                     NULL, &err);
+            if (err == CL_SUCCESS)
+                err = clEnqueueFillBuffer(queue, outs[i], &nan_pattern, sizeof nan_pattern, 0,
+                                          out_counts[i] * sizeof(float), 0, NULL, NULL);
+        }
+    clattn_status status = (clattn_status)err;
+    clattn_matmul_desc mm = {.struct_size = sizeof mm, .trans_b = c->trans_b, .alpha = 1.0f};
+    clattn_tensor a = {0}, b = {0}, cc = {0};
+    clattn_sdpa_desc sdpa;
+    clattn_sdpa_desc_init(&sdpa);
+    if (c->kind == CASE_MATMUL) {
+        a = clattn_tensor_make(in[0], 0, CLATTN_DTYPE_F32, 2, c->m, c->k, 0, 0);
+        b = c->trans_b ? clattn_tensor_make(in[1], 0, CLATTN_DTYPE_F32, 2, c->n, c->k, 0, 0)
+                       : clattn_tensor_make(in[1], 0, CLATTN_DTYPE_F32, 2, c->k, c->n, 0, 0);
+        cc = clattn_tensor_make(outs[0], 0, CLATTN_DTYPE_F32, 2, c->m, c->n, 0, 0);
+    } else if (status == CLATTN_SUCCESS) {
+        clattn_tensors *t = &sdpa.tensors;
+        t->q = clattn_tensor_make(in[0], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads, c->seq_q,
+                                  c->head_dim);
+        t->k = clattn_tensor_make(in[1], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads, c->seq_k,
+                                  c->head_dim);
+        t->v = clattn_tensor_make(in[2], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads, c->seq_k,
+                                  c->head_dim);
+        t->out = clattn_tensor_make(outs[0], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads, c->seq_q,
+                                    c->head_dim);
+        if (c->kind == CASE_UNFUSED)
+            t->weights = clattn_tensor_make(outs[1], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads,
+                                            c->seq_q, c->seq_k);
+        sdpa.causal = c->causal;
+        sdpa.path = c->kind == CASE_FUSED ? CLATTN_PATH_FUSED : CLATTN_PATH_UNFUSED;
+        status = clattn_sdpa_plan_create(ctx, &sdpa, &plan);
+    }
+    const int total = runs > 0 ? runs + 1 : 1;
+    for (int r = 0; r < total && status == CLATTN_SUCCESS; ++r) {
+        status = (clattn_status)clFinish(queue);
+        const double start = now_ms();
+        if (status == CLATTN_SUCCESS)
+            status = c->kind == CASE_MATMUL
+                         ? clattn_matmul(ctx, &mm, &a, &b, NULL, &cc, 0, NULL, NULL)
+                         : clattn_plan_execute(plan, &sdpa.tensors, NULL, NULL, 0, NULL, NULL);
+        if (status == CLATTN_SUCCESS)
+            status = (clattn_status)clFinish(queue);
+        times[r] = now_ms() - start;
+    }
+    if (status == CLATTN_SUCCESS && runs > 0) {
+        qsort(times + 1, (size_t)runs, sizeof *times, compare_double);
+        *ms = runs % 2 ? times[1 + runs / 2] : 0.5 * (times[runs / 2] + times[1 + runs / 2]);
+    }
+    for (int i = 0; i < 2 && status == CLATTN_SUCCESS; ++i)
+        if (out_counts[i])
+            status = (clattn_status)clEnqueueReadBuffer(
+                queue, outs[i], CL_TRUE, 0, out_counts[i] * sizeof(float),
+                out + (i ? out_counts[0] : 0), 0, NULL, NULL);
+    clattn_plan_release(plan);
+    for (int i = 0; i < 3; ++i)
+        if (in[i])
+            clReleaseMemObject(in[i]);
+    for (int i = 0; i < 2; ++i)
+        if (outs[i])
+            clReleaseMemObject(outs[i]);
+    free(times);
+    return status;
+}
+
+/* --- the ops ------------------------------------------------------------------------------ */
+
+typedef struct tune_op {
+    const char *name;
+    tune_case full[4], quick[4]; /* .kind 0 with m == 0 ends a list */
+} tune_op;
+
+#define MM(M, N, K, T, TIMED)                                                                      \
+    {                                                                                              \
+        CASE_MATMUL, M, N, K, T, 0, 0, 0, 0, 0, CLATTN_CAUSAL_NONE, TIMED                          \
+    }
+#define ATT(KIND, B, H, LQ, LK, D, CAUSAL, TIMED)                                                  \
+    {                                                                                              \
+        KIND, 0, 0, 0, 0, B, H, LQ, LK, D, CAUSAL, TIMED                                           \
+    }
+
+static const tune_op tune_ops[] = {
+    {"matmul",
+     {MM(129, 127, 65, 0, false), MM(65, 129, 64, 1, false), MM(1024, 1024, 1024, 0, true),
+      MM(4096, 4096, 64, 1, true)},
+     {MM(129, 127, 65, 0, false), MM(65, 129, 64, 1, false), MM(256, 256, 256, 0, true),
+      MM(512, 512, 64, 1, true)}},
+    {"softmax",
+     {ATT(CASE_UNFUSED, 1, 2, 129, 65, 16, CLATTN_CAUSAL_NONE, false),
+      ATT(CASE_UNFUSED, 1, 1, 65, 129, 16, CLATTN_CAUSAL_TOP_LEFT, false),
+      ATT(CASE_UNFUSED, 1, 8, 1024, 1024, 16, CLATTN_CAUSAL_NONE, true)},
+     {ATT(CASE_UNFUSED, 1, 2, 129, 65, 16, CLATTN_CAUSAL_NONE, false),
+      ATT(CASE_UNFUSED, 1, 1, 65, 129, 16, CLATTN_CAUSAL_TOP_LEFT, false),
+      ATT(CASE_UNFUSED, 1, 4, 256, 256, 16, CLATTN_CAUSAL_NONE, true)}},
+    {"flash",
+     {ATT(CASE_FUSED, 1, 2, 129, 65, 64, CLATTN_CAUSAL_NONE, false),
+      ATT(CASE_FUSED, 1, 1, 65, 129, 64, CLATTN_CAUSAL_TOP_LEFT, false),
+      ATT(CASE_FUSED, 1, 8, 1024, 1024, 64, CLATTN_CAUSAL_NONE, true)},
+     {ATT(CASE_FUSED, 1, 2, 129, 65, 64, CLATTN_CAUSAL_NONE, false),
+      ATT(CASE_FUSED, 1, 1, 65, 129, 64, CLATTN_CAUSAL_TOP_LEFT, false),
+      ATT(CASE_FUSED, 1, 2, 256, 256, 64, CLATTN_CAUSAL_NONE, true)}},
+};
+
+static bool case_present(const tune_case *c)
+{
+    return c->kind != CASE_MATMUL || c->m != 0;
+}
+
+/* --- the search --------------------------------------------------------------------------- */
+
+typedef struct tune_state {
+    const tune_options *options;
+    bool cpu; /* the device's class */
+    char vendor[256], name[256];
+    char base_params[2048]; /* the "parameters:" line of the defaults' context */
+    unsigned base[MAX_KEYS], value[MAX_KEYS];
+    bool known[MAX_KEYS]; /* the library knows the key (it is in base_params) */
+} tune_state;
+
+/* The value of key in a "parameters: k=v k=v" text; false if absent. */
+static bool param_value(const char *params, const char *key, unsigned *out)
+{
+    const size_t length = strlen(key);
+    for (const char *at = strstr(params, key); at; at = strstr(at + 1, key))
+        if ((at == params || at[-1] == ' ') && at[length] == '=') {
+            char *end = NULL;
+            const unsigned long v = strtoul(at + length + 1, &end, 10);
+            *out = (unsigned)v;
+            return end != at + length + 1;
+        }
+    return false;
+}
+
+/* A context with the built-in rows (no cache, no CLATTN_TUNING file) and `rows` last. */
+static clattn_status tune_context(const tune_state *s, const char *rows, clattn_ctx **ctx,
+                                  char *message, size_t size)
+{
+    clattn_ctx_desc desc;
+    clattn_ctx_desc_init(&desc);
+    desc.device_spec = s->options->device;
+    desc.tuning_file = "";
+    desc.tuning_rows = rows;
+    return clattn_ctx_create_desc(&desc, ctx, message, size);
+}
+
+/* The keys of `values` that differ from the defaults, as "k=v k=v" ("" when none). */
+static void diff_keys(const tune_state *s, const unsigned *values, const char *op, char *text,
+                      size_t size)
+{
+    text[0] = '\0';
+    for (size_t i = 0; i < MAX_KEYS; ++i) {
+        const size_t used = strlen(text);
+        if (s->known[i] && values[i] != s->base[i] && (!op || !strcmp(tune_space[i].op, op)))
+            snprintf(text + used, size - used, "%s%s=%u", used ? " " : "", tune_space[i].key,
+                     values[i]);
+    }
+}
+
+static bool class_matches(const tune_state *s, const char *class_name)
+{
+    return strcmp(class_name, "any") == 0 || strcmp(class_name, s->cpu ? "cpu" : "gpu") == 0;
+}
+
+/* Whether a "key=value" condition holds for the current values ("" always does). */
+static bool when_holds(const tune_state *s, const unsigned *values, const char *when)
+{
+    if (when[0] == '\0')
+        return true;
+    const char *eq = strchr(when, '=');
+    const unsigned want = (unsigned)strtoul(eq + 1, NULL, 10);
+    for (size_t i = 0; i < MAX_KEYS; ++i)
+        if (strlen(tune_space[i].key) == (size_t)(eq - when) &&
+            strncmp(tune_space[i].key, when, (size_t)(eq - when)) == 0)
+            return s->known[i] && values[i] == want;
+    return false;
+}
+
+typedef enum { TRY_OK, TRY_REFUSED, TRY_WRONG } try_result;
+
+/* Checks the op's cases on ctx. expect: ctx has the defaults: their outputs become the
+ * expected ones, and the checked (untimed) cases are compared with float64; otherwise the
+ * outputs are compared with the defaults'. */
+static try_result check_cases(clattn_ctx *ctx, const tune_case *cases, case_data *data,
+                              size_t count, bool expect, char *why, size_t why_size)
+{
+    try_result result = TRY_OK;
+    for (size_t i = 0; i < count && result == TRY_OK; ++i) {
+        const tune_case *c = &cases[i];
+        float *out = malloc(data[i].out_count * sizeof *out);
+        double *ref = expect && !c->timed ? malloc(data[i].out_count * sizeof *ref) : NULL;
+        char label[128];
+        case_label(c, label, sizeof label);
+        double ms = 0.0;
+        const clattn_status status = out && (ref || !expect || c->timed)
+                                         ? case_run(ctx, c, &data[i], out, 0, &ms)
+                                         : CLATTN_ERR_HOST_MEMORY;
+        double err = 0.0;
+        if (status != CLATTN_SUCCESS) {
+            snprintf(why, why_size, "%s: %s: %s", label, clattn_status_string(status),
+                     clattn_last_error(ctx));
+            result = TRY_REFUSED;
+        } else if (!expect) {
+            err = max_error(out, data[i].expected, NULL, data[i].out_count);
+        } else {
+            memcpy(data[i].expected, out, data[i].out_count * sizeof *out);
+            if (ref) {
+                case_reference(c, &data[i], ref);
+                err = max_error(out, NULL, ref, data[i].out_count);
+            }
+        }
+        if (result == TRY_OK && !(err <= 1e-4)) {
+            snprintf(why, why_size, "%s: outputs differ from %s by %.3g (relative)", label,
+                     expect ? "the float64 reference" : "the defaults'", err);
+            result = TRY_WRONG;
+        }
+        free(out);
+        free(ref);
+    }
+    return result;
+}
+
+/* Times ctx against `against` in alternation (A B A B ..., rounds of medians of a few runs
+ * after a warm-up): the geometric mean over the timed cases of the ratio of the medians,
+ * against's time / ctx's (above 1: ctx is faster); 0 when a run fails (why says it). */
+static double paired_speedup(const tune_state *s, clattn_ctx *ctx, clattn_ctx *against,
+                             const tune_case *cases, case_data *data, size_t count, char *why,
+                             size_t why_size)
+{
+    enum { MAX_ROUNDS = 5 };
+    const int rounds = s->options->quick ? 2 : 3, runs = s->options->quick ? 3 : 5;
+    double log_sum = 0.0;
+    size_t timed = 0;
+    for (size_t i = 0; i < count; ++i) {
+        if (!cases[i].timed)
+            continue;
+        double ms[2][MAX_ROUNDS];
+        float *out = malloc(data[i].out_count * sizeof *out);
+        clattn_status status = out ? CLATTN_SUCCESS : CLATTN_ERR_HOST_MEMORY;
+        for (int round = 0; round < rounds && status == CLATTN_SUCCESS; ++round)
+            for (int which = 0; which < 2 && status == CLATTN_SUCCESS; ++which) {
+                clattn_ctx *on = which ? ctx : against;
+                status = case_run(on, &cases[i], &data[i], out, runs, &ms[which][round]);
+                if (status != CLATTN_SUCCESS)
+                    snprintf(why, why_size, "%s: %s", clattn_status_string(status),
+                             clattn_last_error(on));
+            }
+        free(out);
+        if (status != CLATTN_SUCCESS)
+            return 0.0;
+        qsort(ms[0], (size_t)rounds, sizeof(double), compare_double);
+        qsort(ms[1], (size_t)rounds, sizeof(double), compare_double);
+        const double a = rounds % 2 ? ms[0][rounds / 2] : 0.5 * (ms[0][0] + ms[0][1]);
+        const double b = rounds % 2 ? ms[1][rounds / 2] : 0.5 * (ms[1][0] + ms[1][1]);
+        log_sum += log(a / b);
+        ++timed;
+    }
+    return timed ? exp(log_sum / (double)timed) : 1.0;
+}
+
+/* One op: the defaults, then coordinate descent; each candidate timed in pairs against the
+ * current best. Writes the row's keys ("" when the defaults won) and its comment. Returns
+ * CLI_OK, or CLI_FAILED when the defaults themselves fail. */
+static int tune_op_search(tune_state *s, const tune_op *op, char *keys, size_t keys_size,
+                          char *comment, size_t comment_size)
+{
+    const tune_case *cases = s->options->quick ? op->quick : op->full;
+    size_t count = 0;
+    while (count < 4 && case_present(&cases[count]))
+        ++count;
+    case_data data[4];
+    memset(data, 0, sizeof data);
+    keys[0] = comment[0] = '\0';
+    int rc = CLI_OK;
+    for (size_t i = 0; i < count && rc == CLI_OK; ++i)
+        if (!case_make(&cases[i], &data[i], 1000 * (uint64_t)(op - tune_ops) + 10 * i))
+            rc = cli_fail("tune", CLI_FAILED, "out of host memory");
+    char why[1024] = "", sizes[512] = "", message[1024] = "";
+    for (size_t i = 0; i < count; ++i)
+        if (cases[i].timed) {
+            char label[128];
+            case_label(&cases[i], label, sizeof label);
+            const size_t used = strlen(sizes);
+            snprintf(sizes + used, sizeof sizes - used, "%s%s", used ? ", " : "", label);
+        }
+    printf("%s (timed at %s):\n", op->name, sizes);
+    fflush(stdout);
+    clattn_ctx *defaults = NULL, *best = NULL;
+    if (rc == CLI_OK) {
+        clattn_status status = tune_context(s, NULL, &defaults, message, sizeof message);
+        if (status != CLATTN_SUCCESS)
+            rc = cli_fail("tune", CLI_FAILED, "%s: %s", clattn_status_string(status), message);
+        else if (check_cases(defaults, cases, data, count, true, why, sizeof why) != TRY_OK)
+            rc = cli_fail("tune", CLI_FAILED, "%s with the default parameters: %s", op->name, why);
+    }
+    for (size_t i = 0; i < MAX_KEYS; ++i)
+        s->value[i] = s->base[i];
+    best = defaults;
+    const double accept = 1.0 + s->options->min_gain / 100.0;
+    unsigned tried = 0, refused = 0;
+    for (size_t i = 0; i < MAX_KEYS && rc == CLI_OK; ++i) {
+        const tune_space_key *key = &tune_space[i];
+        if (strcmp(key->op, op->name) != 0 || !class_matches(s, key->class_name) ||
+            !when_holds(s, s->value, key->when))
+            continue;
+        const char *values = s->options->quick ? key->quick : key->values;
+        if (values[0] && !s->known[i]) {
+            printf("  %s: not a key of this clattn, skipped\n", key->key);
+            continue;
+        }
+        for (const char *at = values; *at;) {
+            char *end = NULL;
+            const unsigned long candidate = strtoul(at, &end, 10);
+            if (end == at)
+                break;
+            at = end + strspn(end, " ");
+            if (candidate == s->value[i])
+                continue;
+            unsigned trial[MAX_KEYS];
+            memcpy(trial, s->value, sizeof trial);
+            trial[i] = (unsigned)candidate;
+            char trial_keys[512], rows[600];
+            diff_keys(s, trial, NULL, trial_keys, sizeof trial_keys);
+            snprintf(rows, sizeof rows, "any | * | * | %s", trial_keys);
+            ++tried;
+            clattn_ctx *ctx = NULL;
+            const clattn_status status = tune_context(s, rows, &ctx, message, sizeof message);
+            try_result result = TRY_REFUSED;
+            double speedup = 0.0;
+            if (status != CLATTN_SUCCESS)
+                snprintf(why, sizeof why, "%s: %s", clattn_status_string(status), message);
+            else
+                result = check_cases(ctx, cases, data, count, false, why, sizeof why);
+            if (result == TRY_OK && (speedup = paired_speedup(s, ctx, best, cases, data, count, why,
+                                                              sizeof why)) == 0.0)
+                result = TRY_REFUSED;
+            if (result != TRY_OK) {
+                ++refused;
+                printf("  %s=%lu: %s: %s\n", key->key, candidate,
+                       result == TRY_WRONG ? "WRONG, skipped" : "refused", why);
+                clattn_ctx_release(ctx);
+            } else {
+                const bool better = speedup >= accept;
+                printf("  %s=%lu: %.3fx the speed of the best so far%s\n", key->key, candidate,
+                       speedup, better ? " (new best)" : "");
+                if (better) {
+                    if (best != defaults)
+                        clattn_ctx_release(best);
+                    best = ctx;
+                    memcpy(s->value, trial, sizeof trial);
+                } else {
+                    clattn_ctx_release(ctx);
+                }
+            }
+            fflush(stdout);
+        }
+    }
+    if (rc == CLI_OK)
+        diff_keys(s, s->value, op->name, keys, keys_size);
+    if (rc == CLI_OK && keys[0]) {
+        const double speedup =
+            paired_speedup(s, best, defaults, cases, data, count, why, sizeof why);
+        if (speedup < accept) {
+            printf("  %s: %.3fx the defaults' speed re-measured in pairs: not kept\n", keys,
+                   speedup);
+            keys[0] = '\0';
+        } else {
+            time_t now = time(NULL);
+            struct tm utc;
+            char date[32] = "";
+            if (gmtime_r(&now, &utc))
+                strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", &utc);
+            snprintf(comment, comment_size,
+                     "# clattn tune %s, %s, clattn %s%s: %s: %.2fx the defaults' speed "
+                     "(coordinate descent, %u candidates, %u refused)",
+                     op->name, date, CLATTN_VERSION_STRING, s->options->quick ? ", --quick" : "",
+                     sizes, speedup, tried, refused);
+        }
+    }
+    if (rc == CLI_OK)
+        printf("  -> %s\n", keys[0] ? keys : "the defaults");
+    if (best != defaults)
+        clattn_ctx_release(best);
+    clattn_ctx_release(defaults);
+    for (size_t i = 0; i < count; ++i)
+        case_free(&data[i]);
+    return rc;
+}
+
+/* --- the file ----------------------------------------------------------------------------- */
+
+static void trim(char *text)
+{
+    size_t n = strlen(text);
+    while (n > 0 && (text[n - 1] == ' ' || text[n - 1] == '\t' || text[n - 1] == '\n' ||
+                     text[n - 1] == '\r'))
+        text[--n] = '\0';
+    const size_t start = strspn(text, " \t");
+    memmove(text, text + start, n - start + 1);
+}
+
+/* Whether a row (a line without its comment) belongs to this device and sets a key of one of
+ * the ops being tuned (or no key at all): such rows are replaced. */
+static bool replaced_row(const tune_state *s, const char *line, const bool *ops)
+{
+    char text[2048];
+    snprintf(text, sizeof text, "%s", line);
+    char *hash = strchr(text, '#');
+    if (hash)
+        *hash = '\0';
+    char *fields[4] = {text, NULL, NULL, NULL};
+    for (int i = 1; i < 4; ++i) {
+        char *bar = strchr(fields[i - 1], '|');
+        if (bar == NULL)
+            return false;
+        *bar = '\0';
+        fields[i] = bar + 1;
+    }
+    for (int i = 0; i < 4; ++i)
+        trim(fields[i]);
+    if (strcmp(fields[0], s->cpu ? "cpu" : "gpu") || strcmp(fields[1], s->vendor) ||
+        strcmp(fields[2], s->name))
+        return false;
+    if (fields[3][0] == '\0')
+        return true;
+    char *save = NULL;
+    for (char *item = strtok_r(fields[3], " \t", &save); item;
+         item = strtok_r(NULL, " \t", &save)) {
+        const size_t length = strcspn(item, "=");
+        for (size_t k = 0; k < MAX_KEYS; ++k)
+            if (strlen(tune_space[k].key) == length && !strncmp(tune_space[k].key, item, length))
+                for (size_t o = 0; o < sizeof tune_ops / sizeof tune_ops[0]; ++o)
+                    if (ops[o] && !strcmp(tune_ops[o].name, tune_space[k].op))
+                        return true;
+    }
+    return false;
+}
+
+static int make_dirs(const char *path)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    for (char *slash = strchr(dir + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+        *slash = '\0';
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *slash = '/';
+    }
+    return 0;
+}
+
+/* Rewrites `path` atomically (a temporary file in its folder, then rename): its lines except
+ * the replaced rows (and the `# clattn tune` comments just above them), then `added`. */
+static int write_rows(const tune_state *s, const char *path, const bool *ops, const char *added)
+{
+    if (make_dirs(path) != 0)
+        return cli_fail("tune", CLI_FAILED, "cannot create the folder of %s: %s", path,
+                        strerror(errno));
+    char temp[1100];
+    snprintf(temp, sizeof temp, "%s.XXXXXX", path);
+    const int fd = mkstemp(temp);
+    FILE *out = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (out == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return cli_fail("tune", CLI_FAILED, "cannot write next to %s: %s", path, strerror(errno));
+    }
+    FILE *in = fopen(path, "r");
+    char pending[8192] = ""; /* `# clattn tune` comment lines waiting for their row */
+    char line[2048];
+    while (in && fgets(line, sizeof line, in)) {
+        if (strncmp(line, "# clattn tune ", 14) == 0) {
+            if (strlen(pending) + strlen(line) < sizeof pending)
+                strcat(pending, line);
+            continue;
+        }
+        if (!replaced_row(s, line, ops))
+            fputs(pending, out), fputs(line, out);
+        pending[0] = '\0';
+    }
+    fputs(pending, out);
+    if (in)
+        fclose(in);
+    fputs(added, out);
+    const bool ok = fflush(out) == 0 && fsync(fd) == 0;
+    if (fclose(out) != 0 || !ok || rename(temp, path) != 0) {
+        const int code = errno;
+        remove(temp);
+        return cli_fail("tune", CLI_FAILED, "cannot write %s: %s", path, strerror(code));
+    }
+    return CLI_OK;
+}
+
+/* The cache path the library reads (host/core/tuning.c, cache_path): keep the two alike. */
+static bool default_cache_path(char *path, size_t size)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int n = -1;
+    if (xdg && xdg[0] == '/')
+        n = snprintf(path, size, "%s/clattn/tuning", xdg);
+    else if (home && home[0])
+        n = snprintf(path, size, "%s/.cache/clattn/tuning", home);
+    return n > 0 && (size_t)n < size;
+}
+
+/* --- the command -------------------------------------------------------------------------- */
+
+static int parse_options(int argc, char **argv, tune_options *o)
+{
+    cli_args args = {argc, argv, 1, NULL, NULL, "tune"};
+    while (cli_next(&args)) {
+        int flag;
+        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
+            fputs(tune_usage, stdout);
+            return -1;
+        } else if ((flag = cli_flag(&args, "--quick")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            o->quick = true;
+        } else if ((flag = cli_flag(&args, "--dry-run")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            o->dry_run = true;
+        } else if (cli_is(&args, "--op") || cli_is(&args, "--out") || cli_is(&args, "--device") ||
+                   cli_is(&args, "--min-gain")) {
+            const char *name = args.name;
+            const char *value = cli_value(&args);
+            if (value == NULL)
+                return CLI_BAD_INPUT;
+            if (strcmp(name, "--op") == 0) {
+                bool found = strcmp(value, "all") == 0;
+                for (size_t i = 0; i < sizeof tune_ops / sizeof tune_ops[0]; ++i)
+                    found = found || strcmp(value, tune_ops[i].name) == 0;
+                if (!found)
+                    return cli_fail("tune", CLI_BAD_INPUT,
+                                    "--op '%s': expected matmul, softmax, flash or all", value);
+                o->op = value;
+            } else if (strcmp(name, "--out") == 0) {
+                if (value[0] == '\0')
+                    return cli_fail("tune", CLI_BAD_INPUT, "--out: empty path");
+                o->out = value;
+            } else if (strcmp(name, "--device") == 0) {
+                o->device = value;
+            } else {
+                float gain = 0.0f;
+                if (!cli_parse_float("tune", "--min-gain", value, &gain))
+                    return CLI_BAD_INPUT;
+                if (gain <= -100.0f || gain >= 100.0f)
+                    return cli_fail("tune", CLI_BAD_INPUT,
+                                    "--min-gain %s: expected a percentage above -100 and below "
+                                    "100",
+                                    value);
+                o->min_gain = gain;
+            }
+        } else {
+            return cli_fail("tune", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
+        }
+    }
+    return CLI_OK;
+}
+
+int cmd_tune(int argc, char **argv)
+{
+    tune_options o = {.op = "all", .min_gain = 3.0};
+    const int parsed = parse_options(argc, argv, &o);
+    if (parsed != CLI_OK)
+        return parsed < 0 ? CLI_OK : parsed;
+    /* These override the rows in every context, the tuner's included: what it measured would
+     * not be what the rows give. */
+    static const char *const overrides[] = {"CLATTN_PARAMS", "CLATTN_MATMUL",
+                                            "CLATTN_LOOP_TRIP_LIMIT"};
+    for (size_t i = 0; i < sizeof overrides / sizeof overrides[0]; ++i) {
+        const char *set = getenv(overrides[i]);
+        if (set && set[0])
+            return cli_fail("tune", CLI_BAD_INPUT,
+                            "%s=%s overrides the tuning rows: unset it to tune", overrides[i], set);
+    }
+    char path[1024];
+    if (o.out)
+        snprintf(path, sizeof path, "%s", o.out);
+    else if (!default_cache_path(path, sizeof path) && !o.dry_run)
+        return cli_fail("tune", CLI_BAD_INPUT,
+                        "neither XDG_CACHE_HOME (absolute) nor HOME is set: give --out FILE");
+
+    tune_state s = {.options = &o};
+    clattn_ctx *ctx = NULL;
+    char message[1024] = "";
+    clattn_status status = tune_context(&s, NULL, &ctx, message, sizeof message);
+    if (status != CLATTN_SUCCESS)
+        return cli_fail("tune", CLI_FAILED, "no device: %s: %s", clattn_status_string(status),
+                        message);
+    cl_device_type type = 0;
+    cl_device_id device = clattn_ctx_device(ctx);
+    cl_int err = clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetDeviceInfo(device, CL_DEVICE_VENDOR, sizeof s.vendor - 1, s.vendor, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetDeviceInfo(device, CL_DEVICE_NAME, sizeof s.name - 1, s.name, NULL);
+    const char *params = strstr(clattn_ctx_tuning(ctx), "parameters:");
+    snprintf(s.base_params, sizeof s.base_params, "%s", params ? params + 11 : "");
+    clattn_ctx_release(ctx);
+    if (err != CL_SUCCESS)
+        return cli_fail("tune", CLI_FAILED, "clGetDeviceInfo: %d", (int)err);
+    trim(s.vendor);
+    trim(s.name);
+    if (strpbrk(s.vendor, "|#\n") || strpbrk(s.name, "|#\n") || !s.vendor[0] || !s.name[0])
+        return cli_fail("tune", CLI_FAILED,
+                        "device '%s' of '%s': a name the tuning table cannot hold ('|', '#')",
+                        s.name, s.vendor);
+    s.cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
+    for (size_t i = 0; i < MAX_KEYS; ++i)
+        s.known[i] = param_value(s.base_params, tune_space[i].key, &s.base[i]);
+    printf("device: %s (%s, %s)%s\n", s.name, s.vendor, s.cpu ? "CPU" : "GPU",
+           o.quick ? ", --quick" : "");
+
+    bool ops[sizeof tune_ops / sizeof tune_ops[0]];
+    char added[8192] = "";
+    int rc = CLI_OK;
+    for (size_t i = 0; i < sizeof tune_ops / sizeof tune_ops[0] && rc == CLI_OK; ++i) {
+        ops[i] = strcmp(o.op, "all") == 0 || strcmp(o.op, tune_ops[i].name) == 0;
+        if (!ops[i])
+            continue;
+        char keys[512], comment[1024];
+        rc = tune_op_search(&s, &tune_ops[i], keys, sizeof keys, comment, sizeof comment);
+        const size_t used = strlen(added);
+        if (rc == CLI_OK && keys[0])
+            snprintf(added + used, sizeof added - used, "%s\n%s | %s | %s | %s\n", comment,
+                     s.cpu ? "cpu" : "gpu", s.vendor, s.name, keys);
+    }
+    if (rc != CLI_OK)
+        return rc;
+    if (o.dry_run) {
+        printf("\nrows (--dry-run: nothing written):\n%s", added[0] ? added : "none\n");
+        return CLI_OK;
+    }
+    rc = write_rows(&s, path, ops, added);
+    if (rc == CLI_OK)
+        printf("\n%s: %s", path, added[0] ? "rows written:\n" : "no row (the defaults won)\n");
+    if (rc == CLI_OK)
+        fputs(added, stdout);
+    return rc;
+}
