@@ -1,0 +1,589 @@
+#!/usr/bin/env python3
+"""clattn against its peers on one machine, in one run, on the same sizes (issue 10).
+
+Times, with 2 threads for every peer (--threads):
+  clattn    `clattn bench --json` (OpenCL profiling time; --clattn or $CLATTN_BIN);
+  PyTorch   torch.nn.functional.scaled_dot_product_attention, nn.MultiheadAttention (eval,
+            no_grad, need_weights=False, batch_first=True), torch.mm, Tensor.copy_;
+            torch.set_num_threads(2);
+  numpy     a @ b on OpenBLAS (OPENBLAS_NUM_THREADS=2), np.copyto;
+  CLBlast   SGEMM on the same PoCL device (bench/peer_clblast, CMake -DCLATTN_BENCH_CLBLAST=ON;
+            --clblast or $CLBLAST_BENCH), with the parameters of CLBlast's own tuner when
+            --clblast-tuned names the folder of its JSON files (see bench/peers.sh); every
+            size on both CLBlast paths (XgemmDirect, and Xgemm with its pad/transpose
+            helpers, forced through GemmRoutine's XGEMM_MIN_INDIRECT_SIZE), the faster kept,
+            which is the choice CLBlast's routine tuner makes by timing both.
+Prints one markdown table (sizes, rates, ours/peer, the issue's target and whether it is met),
+the growth exponents over L (least squares of log time on log L) with a flag on any pair of
+neighbouring sizes whose local exponent is more than 0.25 from the expected one, and the
+machine, versions, threads and load average. Progress goes to stderr.
+
+Rates: attention 4·B·H·Lq·Lk·d (causal and masked counted the same as unmasked, as is
+conventional when comparing with peers), MHA 8·B·L·E² + 4·B·L²·E, matmul 2·M·N·K: the
+definitions of `clattn bench`, whose own rates are used for clattn. Softmax: clattn bench's
+GB/s (4·B·H·Lq·Lk·4 bytes of score traffic over the unfused attention plan that returns the
+weights; see `clattn bench --help`) against the copy bandwidth (bytes read + written).
+
+Run through bench/peers.sh (it sets the thread variables before numpy and torch load):
+    bench/peers.sh [--quick] [--runs N] [--clattn build/clattn] [--clblast build/peer_clblast]
+                   [--clblast-tuned DIR] [--only attention,mha,matmul,softmax]
+                   [--markdown FILE] [--json FILE] [--no-torch]
+Needs: numpy and threadpoolctl (else no numpy column), torch (else no PyTorch column); the
+virtual environment bench/peers.sh uses is /work/venv-peers (PEERS_VENV). Not part of CI.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+
+def log(message):
+    print(f"peers: {message}", file=sys.stderr, flush=True)
+
+
+# --- sizes ----------------------------------------------------------------------------------
+
+def plan(quick):
+    """The cases: (group, key, clattn bench arguments) per clattn invocation, and the peers'
+    sizes derive from the same keys."""
+    if quick:
+        attn_l = [512, 1024, 2048]
+        attn_extra_l = [1024]
+        mha = [(512, 1, [512, 1024])]
+        mm = [(1024, 1024, 1024), (4096, 1536, 512), (4096, 64, 4096), (4096, 4096, 64)]
+        proj_l = [512, 1024, 2048]
+        softmax_l = 2048
+    else:
+        attn_l = [512, 1024, 2048, 4096, 8192]
+        attn_extra_l = attn_l
+        mha = [(e, b, [512, 1024, 2048, 4096]) for e in (512, 1024) for b in (1, 4)]
+        mm = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 1536, 512), (4096, 64, 4096),
+              (4096, 4096, 64)]
+        proj_l = [512, 1024, 2048, 4096]
+        softmax_l = 4096
+    attention = [  # (variant, head_dim, causal, mask, L list)
+        ("plain", 64, False, "none", attn_l),
+        ("causal", 64, True, "none", attn_l),
+        ("d128", 128, False, "none", attn_extra_l),
+        ("padding", 64, False, "padding", attn_extra_l),
+        ("additive", 64, False, "additive", attn_extra_l),
+    ]
+    # The projection shape over L: x (L, E) · W_inᵀ (E, 3E), E = 512 (expected exponent 1).
+    proj = [(l, 1536, 512) for l in proj_l]
+    return attention, mha, mm, proj, softmax_l
+
+
+TARGETS = {  # (peer, minimum ours/peer)
+    "attention plain": ("torch", 1.3),
+    "attention causal": ("torch", 1.5),
+    "attention d128": ("torch", 1.0),
+    "attention padding": ("torch", 1.0),
+    "attention additive": ("torch", 1.0),
+}
+
+
+# --- clattn ---------------------------------------------------------------------------------
+
+def run_clattn(binary, args, runs, warmup):
+    command = [binary, "bench", "--json", "--runs", str(runs), "--warmup", str(warmup)] + args
+    log("$ " + " ".join(command))
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=None, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"peers: clattn bench failed ({done.returncode}): {' '.join(command)}")
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    for line in lines:
+        if "refused" in line:
+            log(f"clattn refused {line}")
+    return [line for line in lines if "refused" not in line]
+
+
+def clattn_rate(line):
+    return line.get("gflops", line.get("gbps"))
+
+
+# --- peers ----------------------------------------------------------------------------------
+
+def median_ms(fn, runs, warmup):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    n = len(times)
+    return times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
+
+
+class Torch:
+    def __init__(self, threads):
+        import torch
+        self.torch = torch
+        torch.set_num_threads(threads)
+        torch.manual_seed(0)
+
+    def rand(self, *shape):
+        return self.torch.rand(*shape, dtype=self.torch.float32) * 2 - 1
+
+    def settle(self):
+        time.sleep(0.3)  # let OpenMP workers stop spinning before the next timed program
+
+    def sdpa(self, l, d, causal, mask, runs, warmup):
+        t = self.torch
+        q, k, v = self.rand(1, 8, l, d), self.rand(1, 8, l, d), self.rand(1, 8, l, d)
+        attn_mask = None
+        if mask == "padding":  # True = takes part; the last l/8 keys are padding (as clattn)
+            attn_mask = (t.arange(l) < l - l // 8).reshape(1, 1, 1, l)
+        elif mask == "additive":
+            attn_mask = self.rand(l, l)
+        f = t.nn.functional.scaled_dot_product_attention
+        with t.inference_mode():
+            return median_ms(lambda: f(q, k, v, attn_mask=attn_mask, is_causal=causal), runs,
+                             warmup)
+
+    def mha(self, e, b, l, runs, warmup):
+        t = self.torch
+        module = t.nn.MultiheadAttention(e, 8, batch_first=True).eval()
+        x = self.rand(b, l, e)
+        with t.inference_mode():
+            return median_ms(lambda: module(x, x, x, need_weights=False), runs, warmup)
+
+    def mm(self, m, n, k, runs, warmup):
+        a, b = self.rand(m, k), self.rand(k, n)
+        with self.torch.inference_mode():
+            return median_ms(lambda: self.torch.mm(a, b), runs, warmup)
+
+    def copy(self, count, runs, warmup):
+        src, dst = self.rand(count), self.torch.empty(count)
+        return median_ms(lambda: dst.copy_(src), runs, warmup)
+
+
+class Numpy:
+    def __init__(self):
+        import numpy as np
+        self.np = np
+        self.rng = np.random.default_rng(0)
+
+    def rand(self, *shape):
+        return self.rng.uniform(-1, 1, shape).astype(self.np.float32)
+
+    def mm(self, m, n, k, runs, warmup):
+        a, b = self.rand(m, k), self.rand(k, n)
+        return median_ms(lambda: a @ b, runs, warmup)
+
+    def copy(self, count, runs, warmup):
+        src, dst = self.rand(count), self.np.empty(count, self.np.float32)
+        return median_ms(lambda: self.np.copyto(dst, src), runs, warmup)
+
+
+def clblast_overrides(folder):
+    """The best of CLBlast's tuner JSON files (clblast_xgemm_*_32.json) in folder, as
+    peer_clblast --override arguments; (args, description)."""
+    best = {}
+    for path in sorted(glob.glob(os.path.join(folder, "clblast_*_32.json"))):
+        with open(path) as f:
+            data = json.load(f)
+        kernel = data.get("best_kernel") or data.get("kernel_family")
+        # The tuners name the kernel family (xgemm_1, xgemm_2, ..); the parameters belong to
+        # the kernel CLBlast looks up: Xgemm for every xgemm_* family.
+        family = data.get("kernel_family", "")
+        name = "Xgemm" if family.startswith("xgemm_") and "direct" not in family else \
+               "XgemmDirect" if family.startswith("xgemm_direct") else kernel
+        params = data.get("best_parameters", "")
+        if isinstance(params, str):
+            pairs = dict(p.split("=") for p in params.split() if "=" in p)
+        else:
+            pairs = {str(key): str(value) for key, value in params.items()}
+        pairs.pop("PRECISION", None)
+        # Files tuned at different sizes compare by rate, not time.
+        flops = 2.0 * float(data.get("arg_m", 1)) * float(data.get("arg_n", 1)) * \
+            float(data.get("arg_k", 1))
+        score = float(data.get("best_time", "inf")) / flops
+        if name not in best or score < best[name][0]:
+            best[name] = (score, pairs, os.path.basename(path))
+    args, notes = [], []
+    for name, (score, pairs, source) in sorted(best.items()):
+        args += ["--override", name + ":" + ",".join(f"{k}={v}" for k, v in sorted(pairs.items()))]
+        notes.append(f"{name} from {source} ({1e-6 / score:.1f} GFLOP/s at the tuner's size): "
+                     + " ".join(f"{k}={v}" for k, v in sorted(pairs.items())))
+    return args, notes
+
+
+def run_clblast(binary, sizes, runs, warmup, overrides):
+    command = [binary, "--runs", str(runs), "--warmup", str(warmup)] + overrides + \
+        [f"{m}x{n}x{k}" for m, n, k in sizes]
+    log("$ " + " ".join(command[:5]) + (" --override ..." if overrides else "") + " " +
+        " ".join(command[len(command) - len(sizes):]))
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    if done.returncode != 0:
+        log(f"peer_clblast failed ({done.returncode}): no CLBlast column")
+        return {}
+    out = {}
+    for line in done.stdout.splitlines():
+        j = json.loads(line)
+        out[(j["m"], j["n"], j["k"])] = j["median_ms"]
+    return out
+
+
+# --- description of the machine -------------------------------------------------------------
+
+def command_output(command):
+    try:
+        return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine(threads):
+    lines = []
+    lscpu = command_output(["lscpu"])
+    model = re.search(r"Model name:\s*(.*)", lscpu)
+    cpus = re.search(r"^CPU\(s\):\s*(\d+)", lscpu, re.M)
+    flags = re.search(r"Flags:\s*(.*)", lscpu)
+    isa = [f for f in ("avx2", "fma", "avx512f") if flags and f in flags.group(1).split()]
+    lines.append(f"machine: {model.group(1) if model else platform.processor()}, "
+                 f"{cpus.group(1) if cpus else os.cpu_count()} CPUs ({', '.join(isa)}), "
+                 f"{platform.system()} {platform.release()}")
+    versions = [f"Python {platform.python_version()}"]
+    try:
+        import numpy
+        versions.append(f"numpy {numpy.__version__}")
+    except ImportError:
+        pass
+    try:
+        import torch
+        versions.append(f"torch {torch.__version__} (CPU, float32)")
+    except ImportError:
+        pass
+    try:
+        from threadpoolctl import threadpool_info
+        for pool in threadpool_info():
+            details = [pool.get("prefix"), pool.get("architecture"),
+                       f"{pool.get('num_threads')} threads"]
+            name = f"{pool.get('internal_api')} {pool.get('version') or ''}".strip()
+            versions.append(f"{name} ({', '.join(str(d) for d in details if d)})")
+    except ImportError:
+        versions.append("threadpoolctl missing: BLAS versions unknown")
+    for package in ("libclblast1", "libpocl2", "pocl-opencl-icd"):
+        v = command_output(["dpkg-query", "-W", "-f", "${Version}", package]).strip()
+        if v:
+            versions.append(f"{package} {v}")
+    lines.append("versions: " + "; ".join(versions))
+    lines.append(f"threads: {threads} for every peer (torch.set_num_threads, OPENBLAS_NUM_THREADS,"
+                 f" OMP_NUM_THREADS); PoCL runs on all {os.cpu_count()} CPUs "
+                 f"(POCL_MAX_CPU_CU_COUNT={os.environ.get('POCL_MAX_CPU_CU_COUNT', 'unset')})")
+    return lines
+
+
+def loadavg():
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "?"
+
+
+# --- the table ------------------------------------------------------------------------------
+
+def ratio(ours, peer):
+    return ours / peer if ours and peer else None
+
+
+def fmt(value, digits=1):
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def fit_exponent(ls, ts):
+    """Least-squares slope of log t on log L."""
+    xs, ys = [math.log(l) for l in ls], [math.log(t) for t in ts]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else float("nan")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer sizes, 3 runs (a few minutes on 2 cores)")
+    parser.add_argument("--runs", type=int, help="timed runs per case (default 5, --quick 3)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--clattn", default=os.environ.get("CLATTN_BIN", "build/clattn"))
+    parser.add_argument("--clblast", default=os.environ.get("CLBLAST_BENCH", ""),
+                        help="bench/peer_clblast binary (none: no CLBlast column)")
+    parser.add_argument("--clblast-tuned", default=os.environ.get("CLBLAST_TUNED", ""),
+                        help="folder with CLBlast tuner JSON (clblast_xgemm_*_32.json)")
+    parser.add_argument("--only", default="attention,mha,matmul,softmax",
+                        help="the groups to run (comma-separated; default all)")
+    parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--markdown", help="also write the report to this file")
+    parser.add_argument("--json", help="write every measurement to this file")
+    args = parser.parse_args()
+    runs = args.runs or (3 if args.quick else 5)
+    started = time.time()
+    load_start = loadavg()
+    log(f"load average at start: {load_start}")
+    if not shutil.which(args.clattn) and not os.path.exists(args.clattn):
+        raise SystemExit(f"peers: no clattn binary at '{args.clattn}' (--clattn, CLATTN_BIN)")
+
+    torch_peer = None
+    if not args.no_torch:
+        try:
+            torch_peer = Torch(args.threads)
+        except ImportError:
+            log("torch is not installed: no PyTorch column")
+    try:
+        numpy_peer = Numpy()
+    except ImportError:
+        numpy_peer = None
+        log("numpy is not installed: no numpy column")
+
+    attention, mha, mm, proj, softmax_l = plan(args.quick)
+    only = set(args.only.split(","))
+    if only - {"attention", "mha", "matmul", "softmax"}:
+        raise SystemExit(f"peers: --only: unknown group in '{args.only}'")
+    attention = attention if "attention" in only else []
+    mha = mha if "mha" in only else []
+    if "matmul" not in only:
+        mm, proj = [], []
+    rows = []  # dicts: group, size, unit, ours, torch, numpy, clblast, copy, target
+    series = []  # (name, expected kind, [(L, ours ms, torch ms, flops)])
+
+    # Attention: fused kernel, B=1, H=8.
+    for variant, d, causal, mask, ls in attention:
+        extra = ["--causal"] if causal else []
+        if mask != "none":
+            extra += ["--mask", mask]
+        lines = run_clattn(args.clattn, ["--op", "attention", "--path", "fused", "--batch", "1",
+                                         "--heads", "8", "--head-dim", str(d), "--seq",
+                                         ",".join(map(str, ls))] + extra, runs, args.warmup)
+        points = []
+        for line in lines:
+            l = line["seq_q"]
+            flops = 4.0 * 8 * l * l * d
+            peer_ms = None
+            if torch_peer:
+                log(f"torch sdpa {variant} L={l} d={d}")
+                peer_ms = torch_peer.sdpa(l, d, causal, mask, runs, args.warmup)
+                torch_peer.settle()
+            rows.append({"group": f"attention {variant}",
+                         "size": f"B=1 H=8 L={l} d={d}" + (" causal" if causal else "") +
+                                 (f" mask={mask}" if mask != "none" else ""),
+                         "unit": "GFLOP/s", "ours": clattn_rate(line),
+                         "torch": flops / peer_ms / 1e6 if peer_ms else None})
+            points.append((l, line["median_ms"], peer_ms, flops))
+        if len(points) > 1:
+            series.append((f"attention {variant} (d={d})", points))
+
+    # MHA forward: self-attention, packed in_proj, output projection, H = 8.
+    for e, b, ls in mha:
+        lines = run_clattn(args.clattn, ["--op", "mha", "--path", "fused", "--batch", str(b),
+                                         "--heads", "8", "--embed", str(e), "--seq",
+                                         ",".join(map(str, ls))], runs, args.warmup)
+        points = []
+        for line in lines:
+            l = line["seq_q"]
+            flops = 8.0 * b * l * e * e + 4.0 * b * l * l * e
+            peer_ms = None
+            if torch_peer:
+                log(f"torch mha E={e} B={b} L={l}")
+                peer_ms = torch_peer.mha(e, b, l, runs, args.warmup)
+                torch_peer.settle()
+            rows.append({"group": "mha", "size": f"B={b} H=8 L={l} E={e}", "unit": "GFLOP/s",
+                         "ours": clattn_rate(line),
+                         "torch": flops / peer_ms / 1e6 if peer_ms else None,
+                         "target": ("torch", 1.5 if l >= 1024 else 1.0)})
+            points.append((l, line["median_ms"], peer_ms, flops))
+        if len(points) > 1:
+            series.append((f"mha E={e} B={b}", points))
+
+    # Matmul, and the projection shape over L.
+    all_mm = mm + [s for s in proj if s not in mm]
+    lines = [] if not all_mm else run_clattn(args.clattn, ["--op", "matmul", "--mnk",
+                                     ",".join(f"{m}x{n}x{k}" for m, n, k in all_mm)],
+                       runs, args.warmup)
+    ours_mm = {(j["m"], j["n"], j["k"]): j for j in lines}
+    clblast_ms, clblast_notes = {}, []
+    if args.clblast and mm:
+        overrides = []
+        if args.clblast_tuned:
+            overrides, clblast_notes = clblast_overrides(args.clblast_tuned)
+            if not overrides:
+                clblast_notes = [f"no tuner JSON in {args.clblast_tuned}: built-in parameters"]
+        else:
+            clblast_notes = ["built-in parameters (no --clblast-tuned)"]
+        # CLBlast picks its direct kernel (XgemmDirect) below XGEMM_MIN_INDIRECT_SIZE³ and the
+        # tuned Xgemm (with pad/transpose helpers) above; its routine tuner sets that threshold
+        # by timing both. We time both paths at every size and keep the faster.
+        paths = {"indirect (Xgemm)": ["--override", "GemmRoutine:XGEMM_MIN_INDIRECT_SIZE=0"],
+                 "direct (XgemmDirect)": ["--override",
+                                          "GemmRoutine:XGEMM_MIN_INDIRECT_SIZE=1000000"]}
+        for path, force in paths.items():
+            log(f"CLBlast SGEMM, {path}")
+            for size, ms in run_clblast(args.clblast, mm, runs, args.warmup,
+                                        overrides + force).items():
+                if size not in clblast_ms or ms < clblast_ms[size][0]:
+                    clblast_ms[size] = (ms, path)
+        clblast_notes.append("each size on both CLBlast paths, the faster kept: " + ", ".join(
+            f"{m}x{n}x{k} {path}" for (m, n, k), (_, path) in clblast_ms.items()))
+        clblast_ms = {size: ms for size, (ms, _) in clblast_ms.items()}
+    proj_points = []
+    for m, n, k in all_mm:
+        line = ours_mm.get((m, n, k))
+        if line is None:
+            continue
+        flops = 2.0 * m * n * k
+        t_ms = n_ms = None
+        if torch_peer:
+            log(f"torch mm {m}x{n}x{k}")
+            t_ms = torch_peer.mm(m, n, k, runs, args.warmup)
+            torch_peer.settle()
+        if numpy_peer:
+            log(f"numpy matmul {m}x{n}x{k}")
+            n_ms = numpy_peer.mm(m, n, k, runs, args.warmup)
+        if (m, n, k) in mm:
+            c_ms = clblast_ms.get((m, n, k))
+            rows.append({"group": "matmul", "size": f"{m} x {n} x {k}", "unit": "GFLOP/s",
+                         "ours": clattn_rate(line),
+                         "torch": flops / t_ms / 1e6 if t_ms else None,
+                         "numpy": flops / n_ms / 1e6 if n_ms else None,
+                         "clblast": flops / c_ms / 1e6 if c_ms else None})
+        if (m, n, k) in proj:
+            proj_points.append((m, line["median_ms"], t_ms, flops))
+    if len(proj_points) > 1:
+        series.append(("matmul L x 1536 x 512 (projection)", sorted(proj_points)))
+
+    # Softmax against the copy bandwidth at 8 x L x L floats.
+    softmax_lines = [] if "softmax" not in only else run_clattn(args.clattn, ["--op", "softmax", "--batch", "1", "--heads", "8",
+                                             "--seq", str(softmax_l)], runs, args.warmup)
+    count = 8 * softmax_l * softmax_l
+    copies = {}
+    # Newer clattn bench lines carry the softmax step alone ("step_gbps": the plan less its
+    # two products, 2·B·H·L²·4 bytes) and a device copy of the scores ("copy_gbps").
+    step = [j for j in softmax_lines if j.get("step_gbps") is not None]
+    for j in softmax_lines:
+        if j.get("copy_gbps"):
+            copies["clEnqueueCopyBuffer on the device"] = j["copy_gbps"]
+    if numpy_peer and softmax_lines:
+        log("numpy copy")
+        ms = numpy_peer.copy(count, runs, args.warmup)
+        copies["numpy copyto (1 thread)"] = 2 * 4 * count / ms / 1e6
+    if torch_peer and softmax_lines:
+        log("torch copy_")
+        ms = torch_peer.copy(count, runs, args.warmup)
+        copies[f"torch copy_ ({args.threads} threads)"] = 2 * 4 * count / ms / 1e6
+    reference = max(copies.items(), key=lambda kv: kv[1]) if copies else None
+    for line in softmax_lines:
+        rows.append({"group": "softmax", "size": f"8 x {softmax_l} x {softmax_l}" +
+                     (" (step)" if step else " (whole unfused plan)"), "unit": "GB/s",
+                     "ours": line["step_gbps"] if step else clattn_rate(line),
+                     "copy": reference[1] if reference else None})
+
+    load_end = loadavg()
+    log(f"load average at end: {load_end} ({time.time() - started:.0f} s)")
+
+    # --- report ---
+    out = []
+    out.append(f"clattn vs peers, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}"
+               f"{' (--quick)' if args.quick else ''}: median of {runs} runs after "
+               f"{args.warmup} warm-up, one run back to back")
+    out.append("")
+    for line in machine(args.threads):
+        out.append(f"- {line}")
+    listing = command_output([args.clattn, "devices"]).splitlines()
+    used = [i for i, line in enumerate(listing) if line.startswith("* ")]
+    if used:  # the device clattn uses, and its platform (the nearest line above it)
+        platform_line = next((listing[i] for i in range(used[0], -1, -1)
+                              if listing[i].startswith("platform")), "")
+        out.append(f"- clattn: {args.clattn} on {listing[used[0]][2:].strip()}, "
+                   f"{platform_line.strip()}")
+    out.append("- CLBlast: " + ("; ".join(clblast_notes) if args.clblast else "not run"))
+    out.append(f"- load average (1, 5, 15 min) at start {load_start}, at end {load_end}")
+    if reference:
+        out.append("- copy reference (bytes read + written): " +
+                   ", ".join(f"{k} {v:.1f} GB/s" for k, v in copies.items()) +
+                   f"; the softmax ratio uses the highest ({reference[0]}). clattn's softmax: " +
+                   ("the step alone (the unfused plan's time less its two products, "
+                    "2·B·H·L²·4 bytes)" if step else
+                    "this clattn bench has no step time: the whole unfused plan's rate "
+                    "(4·B·H·L²·4 bytes over products and softmax)"))
+    out.append("- flops: attention 4·B·H·L²·d (causal and masked counted as full), "
+               "MHA 8·B·L·E² + 4·B·L²·E, matmul 2·M·N·K (M x N x K: A is M x K)")
+    out.append("")
+    out.append("| op | size | clattn | torch | clattn/torch | numpy | clattn/numpy "
+               "| CLBlast | clattn/CLBlast | target | met |")
+    out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    for r in rows:
+        target = r.get("target") or TARGETS.get(r["group"])
+        checks = []
+        if r["group"] == "matmul":
+            target_text = "0.9x numpy, 3x CLBlast"
+            checks = [ratio(r["ours"], r.get("numpy")), 0.9,
+                      ratio(r["ours"], r.get("clblast")), 3.0]
+        elif r["group"] == "softmax":
+            target_text = "0.8x copy"
+            checks = [ratio(r["ours"], r.get("copy")), 0.8]
+        else:
+            target_text = f"{target[1]}x {target[0]}" if target else ""
+            checks = [ratio(r["ours"], r.get(target[0])), target[1]] if target else []
+        verdicts = []
+        names = ["numpy", "CLBlast"] if r["group"] == "matmul" else [""]
+        for i in range(0, len(checks), 2):
+            if checks[i] is not None:
+                verdict = "yes" if checks[i] >= checks[i + 1] else "**no**"
+                verdicts.append(f"{names[i // 2]}: {verdict}" if names[i // 2] else verdict)
+        met = ", ".join(verdicts) if verdicts else "n/a"
+        unit = "GB/s" if r["unit"] == "GB/s" else ""
+        peer_copy = r.get("copy")
+        out.append(
+            f"| {r['group']} | {r['size']} | {fmt(r['ours'])}{' ' + unit if unit else ''} "
+            f"| {fmt(r.get('torch'))} | {fmt(ratio(r['ours'], r.get('torch')), 2)} "
+            f"| {fmt(r.get('numpy'))} | {fmt(ratio(r['ours'], r.get('numpy')), 2)} "
+            f"| {fmt(r.get('clblast'))} | {fmt(ratio(r['ours'], r.get('clblast')), 2)} "
+            f"| {target_text}"
+            + (f" ({fmt(peer_copy)} GB/s: {fmt(ratio(r['ours'], peer_copy), 2)}x)"
+               if peer_copy else "") + f" | {met} |")
+    out.append("")
+    out.append("Rates in GFLOP/s unless marked. Growth over L: least-squares exponent of log "
+               "time on log L; expected = the exponent the flop count implies (2 for attention, "
+               "1 for the projection, between for MHA); a local exponent (between neighbouring "
+               "sizes) more than 0.25 from the expected one is flagged.")
+    out.append("")
+    out.append("| series | L | clattn exponent | torch exponent | expected | local (clattn) "
+               "| flagged |")
+    out.append("|---|---|---:|---:|---:|---|---|")
+    for name, points in series:
+        ls = [p[0] for p in points]
+        ours = fit_exponent(ls, [p[1] for p in points])
+        theirs = fit_exponent(ls, [p[2] for p in points]) if all(p[2] for p in points) else None
+        expected = fit_exponent(ls, [p[3] for p in points])
+        local, flags = [], []
+        for (l0, t0, _, f0), (l1, t1, _, f1) in zip(points, points[1:]):
+            e = math.log(t1 / t0) / math.log(l1 / l0)
+            want = math.log(f1 / f0) / math.log(l1 / l0)
+            local.append(f"{l0}-{l1}: {e:.2f}")
+            if abs(e - want) > 0.25:
+                flags.append(f"{l0}-{l1} ({e:.2f} vs {want:.2f})")
+        out.append(f"| {name} | {', '.join(map(str, ls))} | {ours:.2f} | {fmt(theirs, 2)} "
+                   f"| {expected:.2f} | {'; '.join(local)} | {'; '.join(flags) or 'none'} |")
+    report = "\n".join(out)
+    print(report)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(report + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "series": series, "load": [load_start, load_end]}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
