@@ -221,84 +221,6 @@ key_parts:
     return CLATTN_SUCCESS;
 }
 
-/* flash_cpu.cl: one work-item per block_q rows of a (b, h), per key part and (b, h) range. */
-static clattn_status enqueue_cpu(clattn_ctx *ctx, const clattn__flash_plan *plan,
-                                 const clattn__view *q, const clattn__view *k,
-                                 const clattn__view *v, const clattn__view *out,
-                                 const clattn__view *lse, const clattn__score_masks *masks,
-                                 clattn__scratch scratch, cl_uint num_wait, const cl_event *wait,
-                                 cl_event *event)
-{
-    const clattn__score_shape *score = &plan->shape.score;
-    const size_t parts = (score->seq_k + plan->part_keys - 1) / plan->part_keys;
-    const bool own_lse = plan->shape.has_lse;
-    const cl_int has_lse = own_lse || parts > 1;
-    cl_mem lse_mem = own_lse ? lse->mem : parts > 1 ? scratch.mem : out->mem;
-    const cl_ulong lse_offset = own_lse ? lse->offset : parts > 1 ? scratch.offset : 0;
-    const cl_ulong lse_s0 = own_lse ? lse->strides[1] : score->heads * score->seq_q;
-    const cl_ulong lse_s1 = own_lse ? lse->strides[2] : score->seq_q;
-    const cl_ulong lse_s2 = own_lse ? lse->strides[3] : 1;
-    const cl_int has_mask = score->has_mask, has_key_padding = score->has_key_padding;
-    const clattn__view *mask = has_mask ? &masks->mask : q;
-    const clattn__view *padding = has_key_padding ? &masks->key_padding : q;
-    const cl_ulong mask_s[4] = {has_mask ? mask->strides[0] : 0, has_mask ? mask->strides[1] : 0,
-                                has_mask ? mask->strides[2] : 0, has_mask ? mask->strides[3] : 0};
-    const cl_ulong padding_s[2] = {has_key_padding ? padding->strides[2] : 0,
-                                   has_key_padding ? padding->strides[3] : 0};
-    const cl_ulong q_s[4] = {q->strides[0], q->strides[1], q->strides[2], q->strides[3]};
-    const cl_ulong k_s[4] = {k->strides[0], k->strides[1], k->strides[2], k->strides[3]};
-    const cl_ulong v_s[4] = {v->strides[0], v->strides[1], v->strides[2], v->strides[3]};
-    const cl_ulong o_s[4] = {out->strides[0], out->strides[1], out->strides[2], out->strides[3]};
-    const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
-    const cl_uint seq_k = (cl_uint)score->seq_k;
-    const cl_float scale = score->scale;
-    const size_t bh_total = score->batch * score->heads;
-    const size_t bh_parts = (bh_total + MAX_BH_PER_LAUNCH - 1) / MAX_BH_PER_LAUNCH;
-
-    clattn_status status = CLATTN_SUCCESS;
-    clattn_chain chain;
-    clattn__chain_init(&chain, num_wait, wait);
-    const size_t groups = (score->seq_q + plan->block_q - 1) / plan->block_q;
-    for (size_t launch = 0; launch < parts * bh_parts && status == CLATTN_SUCCESS; ++launch) {
-        const cl_ulong bh_base = (launch % bh_parts) * MAX_BH_PER_LAUNCH;
-        const cl_uint key_begin = (cl_uint)((launch / bh_parts) * plan->part_keys);
-        const cl_uint key_stop =
-            (cl_uint)(score->seq_k - key_begin < plan->part_keys ? score->seq_k
-                                                                 : key_begin + plan->part_keys);
-        const cl_int resume = key_begin != 0; /* a later part: from the one before */
-        const clattn_arg args[] = {
-            CLATTN_ARG(q->mem),       CLATTN_ARG(q->offset),       CLATTN_ARG(q_s[0]),
-            CLATTN_ARG(q_s[1]),       CLATTN_ARG(q_s[2]),          CLATTN_ARG(q_s[3]),
-            CLATTN_ARG(k->mem),       CLATTN_ARG(k->offset),       CLATTN_ARG(k_s[0]),
-            CLATTN_ARG(k_s[1]),       CLATTN_ARG(k_s[2]),          CLATTN_ARG(k_s[3]),
-            CLATTN_ARG(v->mem),       CLATTN_ARG(v->offset),       CLATTN_ARG(v_s[0]),
-            CLATTN_ARG(v_s[1]),       CLATTN_ARG(v_s[2]),          CLATTN_ARG(v_s[3]),
-            CLATTN_ARG(out->mem),     CLATTN_ARG(out->offset),     CLATTN_ARG(o_s[0]),
-            CLATTN_ARG(o_s[1]),       CLATTN_ARG(o_s[2]),          CLATTN_ARG(o_s[3]),
-            CLATTN_ARG(lse_mem),      CLATTN_ARG(lse_offset),      CLATTN_ARG(lse_s0),
-            CLATTN_ARG(lse_s1),       CLATTN_ARG(lse_s2),          CLATTN_ARG(has_lse),
-            CLATTN_ARG(mask->mem),    CLATTN_ARG(mask->offset),    CLATTN_ARG(mask_s[0]),
-            CLATTN_ARG(mask_s[1]),    CLATTN_ARG(mask_s[2]),       CLATTN_ARG(mask_s[3]),
-            CLATTN_ARG(padding->mem), CLATTN_ARG(padding->offset), CLATTN_ARG(padding_s[0]),
-            CLATTN_ARG(padding_s[1]), CLATTN_ARG(heads),           CLATTN_ARG(seq_q),
-            CLATTN_ARG(seq_k),        CLATTN_ARG(scale),           CLATTN_ARG(bh_base),
-            CLATTN_ARG(key_begin),    CLATTN_ARG(key_stop),        CLATTN_ARG(resume),
-        };
-        const size_t global[2] = {groups, bh_total - bh_base < MAX_BH_PER_LAUNCH
-                                              ? bh_total - bh_base
-                                              : MAX_BH_PER_LAUNCH};
-        const size_t local[2] = {1, 1};
-        cl_event step = NULL;
-        status = clattn__step(&chain,
-                              clattn__launch_kernel(ctx, plan->kernel, "flash_cpu", args,
-                                                    sizeof args / sizeof args[0], 2, global, local,
-                                                    CHAIN_WAIT(&chain), &step),
-                              &step);
-    }
-    clattn__chain_finish(&chain, status == CLATTN_SUCCESS ? event : NULL);
-    return status;
-}
-
 clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *plan,
                                     const clattn__view *q, const clattn__view *k,
                                     const clattn__view *v, const clattn__view *out,
@@ -306,8 +228,6 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
                                     clattn__scratch scratch, cl_uint num_wait, const cl_event *wait,
                                     cl_event *event)
 {
-    if (plan->cpu)
-        return enqueue_cpu(ctx, plan, q, k, v, out, lse, masks, scratch, num_wait, wait, event);
     const clattn__score_shape *score = &plan->shape.score;
     const size_t parts = (score->seq_k + plan->part_keys - 1) / plan->part_keys;
     /* Without the caller's lse, several key parts keep theirs in scratch, packed (B, H, Lq). */
@@ -335,9 +255,12 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
     const cl_float scale = score->scale;
     const cl_int norm_relu = score->norm == CLATTN_NORM_RELU, causal = (cl_int)score->causal;
     const size_t bh_total = score->batch * score->heads;
-    const size_t local[2] = {plan->group_items, 1};
-    size_t global[2] = {((score->seq_q + plan->block_q - 1) / plan->block_q) * plan->group_items,
-                        1};
+    /* flash_cpu.cl: one work-item per group, the masks' presence, causal alignment and
+     * normalisation compiled in (so not arguments); flash.cl and flash_gpu.cl: group_items. */
+    const size_t items = plan->cpu ? 1 : plan->group_items;
+    const size_t local[2] = {items, 1};
+    size_t global[2] = {((score->seq_q + plan->block_q - 1) / plan->block_q) * items, 1};
+    const char *name = plan->cpu ? "flash_cpu" : "flash_attention";
 
     clattn_status status = CLATTN_SUCCESS;
     clattn_chain chain;
@@ -350,33 +273,32 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
         const cl_uint key_stop =
             (cl_uint)(score->seq_k - key_begin < plan->part_keys ? score->seq_k
                                                                  : key_begin + plan->part_keys);
-        const cl_int resume = key_begin > 0;
-        const clattn_arg args[] = {
-            CLATTN_ARG(q->mem),       CLATTN_ARG(q->offset),    CLATTN_ARG(q_s[0]),
-            CLATTN_ARG(q_s[1]),       CLATTN_ARG(q_s[2]),       CLATTN_ARG(q_s[3]),
-            CLATTN_ARG(k->mem),       CLATTN_ARG(k->offset),    CLATTN_ARG(k_s[0]),
-            CLATTN_ARG(k_s[1]),       CLATTN_ARG(k_s[2]),       CLATTN_ARG(k_s[3]),
-            CLATTN_ARG(v->mem),       CLATTN_ARG(v->offset),    CLATTN_ARG(v_s[0]),
-            CLATTN_ARG(v_s[1]),       CLATTN_ARG(v_s[2]),       CLATTN_ARG(v_s[3]),
-            CLATTN_ARG(out->mem),     CLATTN_ARG(out->offset),  CLATTN_ARG(o_s[0]),
-            CLATTN_ARG(o_s[1]),       CLATTN_ARG(o_s[2]),       CLATTN_ARG(o_s[3]),
-            CLATTN_ARG(lse_mem),      CLATTN_ARG(lse_offset),   CLATTN_ARG(lse_s0),
-            CLATTN_ARG(lse_s1),       CLATTN_ARG(lse_s2),       CLATTN_ARG(has_lse),
-            CLATTN_ARG(mask->mem),    CLATTN_ARG(mask->offset), CLATTN_ARG(mask_s[0]),
-            CLATTN_ARG(mask_s[1]),    CLATTN_ARG(mask_s[2]),    CLATTN_ARG(mask_s[3]),
-            CLATTN_ARG(has_mask),     CLATTN_ARG(padding->mem), CLATTN_ARG(padding->offset),
-            CLATTN_ARG(padding_s[0]), CLATTN_ARG(padding_s[1]), CLATTN_ARG(has_key_padding),
-            CLATTN_ARG(heads),        CLATTN_ARG(seq_q),        CLATTN_ARG(seq_k),
-            CLATTN_ARG(scale),        CLATTN_ARG(norm_relu),    CLATTN_ARG(causal),
-            CLATTN_ARG(bh_base),      CLATTN_ARG(key_begin),    CLATTN_ARG(key_stop),
-            CLATTN_ARG(resume),
-        };
+        const cl_int resume = key_begin > 0; /* a later part: from the one before */
+        clattn_arg args[52];
+        cl_uint n = 0;
+#define ADD(x) (args[n++] = CLATTN_ARG(x))
+        ADD(q->mem), ADD(q->offset), ADD(q_s[0]), ADD(q_s[1]), ADD(q_s[2]), ADD(q_s[3]);
+        ADD(k->mem), ADD(k->offset), ADD(k_s[0]), ADD(k_s[1]), ADD(k_s[2]), ADD(k_s[3]);
+        ADD(v->mem), ADD(v->offset), ADD(v_s[0]), ADD(v_s[1]), ADD(v_s[2]), ADD(v_s[3]);
+        ADD(out->mem), ADD(out->offset), ADD(o_s[0]), ADD(o_s[1]), ADD(o_s[2]), ADD(o_s[3]);
+        ADD(lse_mem), ADD(lse_offset), ADD(lse_s0), ADD(lse_s1), ADD(lse_s2), ADD(has_lse);
+        ADD(mask->mem), ADD(mask->offset), ADD(mask_s[0]), ADD(mask_s[1]), ADD(mask_s[2]);
+        ADD(mask_s[3]);
+        if (!plan->cpu)
+            ADD(has_mask);
+        ADD(padding->mem), ADD(padding->offset), ADD(padding_s[0]), ADD(padding_s[1]);
+        if (!plan->cpu)
+            ADD(has_key_padding);
+        ADD(heads), ADD(seq_q), ADD(seq_k), ADD(scale);
+        if (!plan->cpu)
+            ADD(norm_relu), ADD(causal);
+        ADD(bh_base), ADD(key_begin), ADD(key_stop), ADD(resume);
+#undef ADD
         global[1] = bh_total - first < MAX_BH_PER_LAUNCH ? bh_total - first : MAX_BH_PER_LAUNCH;
         cl_event step = NULL;
         status = clattn__step(&chain,
-                              clattn__launch_kernel(ctx, plan->kernel, "flash_attention", args,
-                                                    sizeof args / sizeof args[0], 2, global, local,
-                                                    CHAIN_WAIT(&chain), &step),
+                              clattn__launch_kernel(ctx, plan->kernel, name, args, n, 2, global,
+                                                    local, CHAIN_WAIT(&chain), &step),
                               &step);
     }
     clattn__chain_finish(&chain, status == CLATTN_SUCCESS ? event : NULL);
