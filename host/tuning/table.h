@@ -56,6 +56,12 @@ static const char *const clattn_quirk_table[] = {
      * 3 * seq_k / 16 trips per work-item with CPU parameters, so rows longer than ~340000
      * keys; 3 * seq_k / softmax_wg with GPU ones). */
     "any | Mesa | llvmpipe | loop_trip_limit=65535",
+    /* Under that limit the register-blocked CPU fused kernel runs one 6-row block per group
+     * and few key tiles per launch, and the vector softmax's many variants each go through
+     * Mesa's slow compiler: check_softmax took 250 s and check_attention over 15 minutes on
+     * llvmpipe, against about a minute with the kernels below (correct either way). Until
+     * that is profiled, llvmpipe keeps flash.cl (split keys) and the work-group softmax. */
+    "any | Mesa | llvmpipe | flash_cpu=0 softmax_rows=0",
 };
 
 #endif
