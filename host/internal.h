@@ -70,6 +70,7 @@ typedef struct clattn_tuning {
     unsigned flash_cpu;    /* 1: the fused kernel for CPUs (flash_cpu.cl), 0: flash.cl */
     unsigned flash_cpu_rb; /* flash_cpu: query rows per register block (1 .. 8) */
     unsigned flash_cpu_nb; /* flash_cpu: register blocks per work-group sharing a key tile */
+    unsigned flash_cpu_kv; /* flash_cpu: float16 vectors per block row (1, 2, 4) */
     unsigned flash_gpu;    /* 1: the cooperative fused kernel for GPUs (flash_gpu.cl) */
     unsigned fg_bq, fg_bk, fg_tx, fg_ty; /* flash_gpu: rows, keys per tile, work-items */
     unsigned loop_trip_limit; /* 0, or the loop iterations a work-item may make in all (quirks) */

@@ -11,11 +11,12 @@
  *     padding, or past seq_k; such keys are packed as zeros)
  * then loops over its FC_NB row blocks, which all use the tile while it is in L1/L2 (the pack
  * costs 1/FC_ROWS of the tile's arithmetic). A block of FC_RB rows against the tile is a
- * register-blocked microkernel: FC_RB x 4 float16 scores, each step broadcasting q[r][d]
+ * register-blocked microkernel: FC_RB x FC_KV float16 scores (FC_KV = 4 where the device has
+ * 32 vector registers, AVX-512; 1 where it has 16, AVX2), each step broadcasting q[r][d]
  * times the 16-key vectors kt[d][..] with fma(); then the online softmax on those vectors
  * (vectorised exp below; the rescale of the row's accumulator is folded into the P.V step, a
- * factor 1 unless the row's max grew), then P.V in registers the same way: FC_RB x 4 float16
- * accumulators of 64 output columns at a time, broadcasting p[r][j] times the V row j.
+ * factor 1 unless the row's max grew), then P.V in registers the same way: FC_RB x FC_KV float16
+ * accumulators of 16 * FC_KV output columns at a time, broadcasting p[r][j] times the V row j.
  * Accumulators, row max and row sum live in local memory between tiles.
  *
  *       tile of 64 keys (kt: d x 64)        V tile (vt: 64 x FC_DVP)
@@ -41,6 +42,9 @@
 #endif
 #ifndef FC_NB
 #define FC_NB 32 /* register blocks per work-group: they share each key tile while it is cached */
+#endif
+#ifndef FC_KV
+#define FC_KV 4 /* float16 vectors per register-block row: 4 (32 registers), 1 (16: AVX2) */
 #endif
 #ifndef FC_MASK
 #define FC_MASK 0
@@ -266,24 +270,36 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
                 continue; /* the block sees no key of this tile */
             const bool diagonal = k0 + FC_KT > causal_key_end(FC_CAUSAL, row0, seq_q, seq_k);
 #endif
-            /* s = (q * scale) . k for FC_RB rows x 64 keys */
+            /* s = (q * scale) . k for FC_RB rows x 64 keys, FC_KV vectors of 16 keys at a
+             * time (FC_RB x FC_KV float16 accumulators held in registers over d) */
             float16 s[FC_RB][4];
 #pragma unroll
-            for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-                for (uint v = 0; v < 4; ++v)
-                    s[r][v] = (float16)(0.0f);
-            }
-            for (uint d = 0; d < HEAD_DIM_QK; ++d) {
-                const float16 k_0 = vload16(0, kt[d]), k_1 = vload16(1, kt[d]);
-                const float16 k_2 = vload16(2, kt[d]), k_3 = vload16(3, kt[d]);
+            for (uint v0 = 0; v0 < 4; v0 += FC_KV) {
+                float16 a[FC_RB][FC_KV];
 #pragma unroll
                 for (uint r = 0; r < FC_RB; ++r) {
-                    const float16 q = (float16)(qs[r0 + r][d]);
-                    s[r][0] = fma(q, k_0, s[r][0]);
-                    s[r][1] = fma(q, k_1, s[r][1]);
-                    s[r][2] = fma(q, k_2, s[r][2]);
-                    s[r][3] = fma(q, k_3, s[r][3]);
+#pragma unroll
+                    for (uint w = 0; w < FC_KV; ++w)
+                        a[r][w] = (float16)(0.0f);
+                }
+                for (uint d = 0; d < HEAD_DIM_QK; ++d) {
+                    float16 k[FC_KV];
+#pragma unroll
+                    for (uint w = 0; w < FC_KV; ++w)
+                        k[w] = vload16(v0 + w, kt[d]);
+#pragma unroll
+                    for (uint r = 0; r < FC_RB; ++r) {
+                        const float16 q = (float16)(qs[r0 + r][d]);
+#pragma unroll
+                        for (uint w = 0; w < FC_KV; ++w)
+                            a[r][w] = fma(q, k[w], a[r][w]);
+                    }
+                }
+#pragma unroll
+                for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+                    for (uint w = 0; w < FC_KV; ++w)
+                        s[r][v0 + w] = a[r][w];
                 }
             }
 
@@ -389,11 +405,11 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
                     vstore16(p[v], v, pt[r]);
             }
 
-            /* acc = acc * corr + p . V, 64 output columns at a time */
-            for (uint c0 = 0; c0 + 4 <= FC_DVV; c0 += 4)
-                fc_pv(acc + r0, pt, vt, corr, c0, 4);
-#if FC_DVV % 4 != 0
-            fc_pv(acc + r0, pt, vt, corr, FC_DVV - FC_DVV % 4, FC_DVV % 4);
+            /* acc = acc * corr + p . V, 16 * FC_KV output columns at a time */
+            for (uint c0 = 0; c0 + FC_KV <= FC_DVV; c0 += FC_KV)
+                fc_pv(acc + r0, pt, vt, corr, c0, FC_KV);
+#if FC_DVV % FC_KV != 0
+            fc_pv(acc + r0, pt, vt, corr, FC_DVV - FC_DVV % FC_KV, FC_DVV % FC_KV);
 #endif
         }
     }

@@ -80,8 +80,8 @@ static void make_problem(pb_sdpa_problem *p, const flash_case *c, int skip_refer
 /* Runs p's inputs through a plan of `path` (lse when asked), checks the outputs against the
  * reference (pb_sdpa_check) and returns out in `got` (logical packed). p is viewed through a
  * shallow copy with the path changed. */
-static clattn_status run_path(const pb_sdpa_problem *p, clattn_path path, int with_lse,
-                              float *got)
+static clattn_status run_path_on(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_path path,
+                                 int with_lse, float *got)
 {
     pb_sdpa_problem view = *p;
     view.spec.path = path;
@@ -91,7 +91,6 @@ static clattn_status run_path(const pb_sdpa_problem *p, clattn_path path, int wi
     snprintf(view.label, sizeof view.label, "%.300s [run with path=%s lse=%d]", p->label,
              path == CLATTN_PATH_FUSED ? "FUSED" : path == CLATTN_PATH_UNFUSED ? "UNFUSED" : "AUTO",
              with_lse);
-    clattn_ctx *ctx = tu_ctx();
     clattn_sdpa_desc desc;
     pb_sdpa_desc(&view, &desc);
     clattn_plan *plan = NULL;
@@ -115,6 +114,28 @@ static clattn_status run_path(const pb_sdpa_problem *p, clattn_path path, int wi
     pb_release_tensors(&bound);
     clattn_plan_release(plan);
     return status;
+}
+
+static clattn_status run_path(const pb_sdpa_problem *p, clattn_path path, int with_lse,
+                              float *got)
+{
+    return run_path_on(tu_ctx(), p, path, with_lse, got);
+}
+
+/* A second context on the suite's queue with the tuning row `row` on top (its plans run on
+ * the suite's buffers); NULL after a failure, which is recorded. Release it after use. */
+static clattn_ctx *ctx_with_row(const char *row)
+{
+    clattn_ctx_desc desc;
+    clattn_ctx_desc_init(&desc);
+    desc.queue = clattn_ctx_queue(tu_ctx());
+    desc.tuning_rows = row;
+    clattn_ctx *ctx = NULL;
+    char message[512] = "";
+    if (!tu_expect_status(clattn_ctx_create_desc(&desc, &ctx, message, sizeof message),
+                          CLATTN_SUCCESS, row))
+        return NULL;
+    return ctx;
 }
 
 /* FUSED (with the log-sum-exp), UNFUSED and AUTO on one problem, against the float64
@@ -183,7 +204,9 @@ static const cpu_size cpu_sizes[] = {
 /* Every variant switch of the CPU kernel (causal alignment, mask dtype and broadcast, key
  * padding, relu, fully masked rows, dtypes, strided layouts, lse) on every size: case
  * _i = variant * CPU_SIZES + size, the variant's switches fixed, the size's awkward. The
- * reference alone (no unfused run: strided layouts are fused-only). */
+ * reference alone (no unfused run: strided layouts are fused-only). Each case also takes one
+ * of the register-block widths (flash_cpu_kv = 1, 2, 4: AVX2's, between, AVX-512's) by
+ * (variant + size) % 3, so every variant and every size meets all three. */
 START_TEST(test_flash_cpu_variants)
 {
     TU_BEGIN_TEST();
@@ -255,9 +278,16 @@ START_TEST(test_flash_cpu_variants)
     }
     pb_sdpa_problem p;
     pb_sdpa_make(&p, &spec);
-    tu_set_case("CPU variant %d: %s", variant, p.label);
+    static const unsigned kvs[] = {1, 2, 4};
+    const unsigned kv = kvs[((size_t)variant + (size_t)_i % CPU_SIZES) % 3];
+    char row[64];
+    snprintf(row, sizeof row, "any | * | * | flash_cpu_kv=%u", kv);
+    tu_set_case("CPU variant %d, flash_cpu_kv=%u: %s", variant, kv, p.label);
+    clattn_ctx *ctx = ctx_with_row(row);
     float *got = tu_nan_floats(p.out_count);
-    run_path(&p, CLATTN_PATH_FUSED, spec.want_lse, got);
+    if (ctx != NULL)
+        run_path_on(ctx, &p, CLATTN_PATH_FUSED, spec.want_lse, got);
+    clattn_ctx_release(ctx);
     free(got);
     pb_sdpa_free(&p);
     TU_END_TEST();

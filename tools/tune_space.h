@@ -43,6 +43,7 @@ static const tune_space_key tune_space[] = {
     {"flash", "any", "", "flash_cpu", "0 1", ""},
     {"flash", "any", "flash_cpu=1", "flash_cpu_rb", "2 3 4 5 6 7 8", "4"},
     {"flash", "any", "flash_cpu=1", "flash_cpu_nb", "1 2 4 8 16 32", "4"},
+    {"flash", "any", "flash_cpu=1", "flash_cpu_kv", "1 2 4", ""},
     {"flash", "gpu", "flash_cpu=0", "flash_gpu", "0 1", ""},
     {"flash", "gpu", "flash_gpu=1", "fg_bq", "16 32 64 128", ""},
     {"flash", "gpu", "flash_gpu=1", "fg_bk", "16 32 64", ""},

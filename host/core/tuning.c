@@ -26,6 +26,7 @@ static const tuning_key tuning_keys[] = {
     KEY(flash_cpu),  KEY(flash_cpu_rb), KEY(flash_cpu_nb), KEY(flash_gpu),
     KEY(fg_bq),      KEY(fg_bk),      KEY(fg_tx),      KEY(fg_ty),
     KEY(vec_nv),     KEY(vec_rb),     KEY(vec_kc),     KEY(vec_stream),
+    KEY(flash_cpu_kv),
 };
 #undef KEY
 
@@ -99,6 +100,9 @@ static clattn_status default_row(clattn_ctx *ctx, clattn_tuning *t)
     t->flash_cpu = 0;
     t->flash_cpu_rb = 6;
     t->flash_cpu_nb = 32;
+    /* flash_cpu: 6 rows x 4 float16 accumulators need AVX-512's 32 registers; with AVX2's 16
+     * one float16 per row (6 x 2 ymm) does not spill (measured on a 2-core EPYC, AVX2). */
+    t->flash_cpu_kv = t->vec_width >= 16 ? 4 : 1;
     t->flash_gpu = 0;
     t->fg_bq = 64, t->fg_bk = 32, t->fg_tx = 16, t->fg_ty = 8;
     t->loop_trip_limit = 0;
@@ -221,7 +225,8 @@ static clattn_status check_row(clattn_ctx *ctx)
               t->matmul_vec <= 1 && (t->loop_trip_limit == 0 || t->loop_trip_limit >= 64) &&
               t->softmax_rows <= wide && (t->softmax_rows & (t->softmax_rows - 1)) == 0 &&
               t->flash_cpu <= 1 && t->flash_cpu_rb >= 1 && t->flash_cpu_rb <= 8 &&
-              t->flash_cpu_nb >= 1 && t->flash_cpu_nb <= 64 && t->vec_nv >= 1 && t->vec_nv <= 8 &&
+              t->flash_cpu_nb >= 1 && t->flash_cpu_nb <= 64 &&
+              (t->flash_cpu_kv == 1 || t->flash_cpu_kv == 2 || t->flash_cpu_kv == 4) && t->vec_nv >= 1 && t->vec_nv <= 8 &&
               /* flash_gpu's shape (whether the device runs fg_tx * fg_ty work-items is
                * checked when a plan builds it; flash.cl runs where it does not) */
               t->flash_gpu <= 1 && t->fg_tx >= 1 && t->fg_ty >= 1 && t->fg_bq <= 256 &&

@@ -102,12 +102,12 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
         return CLATTN_SUCCESS;
     const size_t part_tiles = limit == 0 ? tiles : (limit / 2 - outside) / per_tile;
     const int mask_dtype = score->has_mask ? (int)score->mask_dtype : 0;
-    char extra[192];
+    char extra[256];
     snprintf(extra, sizeof extra,
-             "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFC_RB=%u -DFC_NB=%u -DQ_DTYPE=%d -DK_DTYPE=%d "
+             "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFC_RB=%u -DFC_NB=%u -DFC_KV=%u -DQ_DTYPE=%d -DK_DTYPE=%d "
              "-DV_DTYPE=%d -DO_DTYPE=%d -DMASK_DTYPE=%d -DFC_MASK=%d -DFC_KPAD=%d -DFC_CAUSAL=%d "
              "-DFC_RELU=%d",
-             dk, dv, rb, nb, (int)shape->q_dtype, (int)shape->k_dtype, (int)shape->v_dtype,
+             dk, dv, rb, nb, ctx->tuning.flash_cpu_kv, (int)shape->q_dtype, (int)shape->k_dtype, (int)shape->v_dtype,
              (int)shape->out_dtype, mask_dtype, (int)score->has_mask, (int)score->has_key_padding,
              (int)score->causal, (int)(score->norm == CLATTN_NORM_RELU));
     clattn_status status =
