@@ -123,7 +123,7 @@ static clattn_status run_path(const pb_sdpa_problem *p, clattn_path path, int wi
 }
 
 /* A second context on the suite's queue with the tuning row `row` on top (its plans run on
- * the suite's buffers); NULL after a failure, which is recorded. Release it after use. */
+ * the suite's buffers); NULL after a failure, which is recorded. */
 static clattn_ctx *ctx_with_row(const char *row)
 {
     clattn_ctx_desc desc;
@@ -200,6 +200,18 @@ static const cpu_size cpu_sizes[] = {
 };
 /* clang-format on */
 #define CPU_SIZES (sizeof cpu_sizes / sizeof cpu_sizes[0])
+
+/* The contexts of test_flash_cpu_variants (flash_cpu_kv = 1, 2, 4), made on first use and
+ * released after the test case (they use the suite's queue). */
+static clattn_ctx *kv_ctxs[3];
+
+static void release_kv_ctxs(void)
+{
+    for (size_t i = 0; i < 3; ++i) {
+        clattn_ctx_release(kv_ctxs[i]);
+        kv_ctxs[i] = NULL;
+    }
+}
 
 /* Every variant switch of the CPU kernel (causal alignment, mask dtype and broadcast, key
  * padding, relu, fully masked rows, dtypes, strided layouts, lse) on every size: case
@@ -278,16 +290,17 @@ START_TEST(test_flash_cpu_variants)
     }
     pb_sdpa_problem p;
     pb_sdpa_make(&p, &spec);
-    static const unsigned kvs[] = {1, 2, 4};
-    const unsigned kv = kvs[((size_t)variant + (size_t)_i % CPU_SIZES) % 3];
-    char row[64];
-    snprintf(row, sizeof row, "any | * | * | flash_cpu_kv=%u", kv);
+    const size_t which = ((size_t)variant + (size_t)_i % CPU_SIZES) % 3;
+    const unsigned kv = 1u << which; /* 1, 2, 4 */
     tu_set_case("CPU variant %d, flash_cpu_kv=%u: %s", variant, kv, p.label);
-    clattn_ctx *ctx = ctx_with_row(row);
+    if (kv_ctxs[which] == NULL) {
+        char row[64];
+        snprintf(row, sizeof row, "any | * | * | flash_cpu_kv=%u", kv);
+        kv_ctxs[which] = ctx_with_row(row);
+    }
     float *got = tu_nan_floats(p.out_count);
-    if (ctx != NULL)
-        run_path_on(ctx, &p, CLATTN_PATH_FUSED, spec.want_lse, got);
-    clattn_ctx_release(ctx);
+    if (kv_ctxs[which] != NULL)
+        run_path_on(kv_ctxs[which], &p, CLATTN_PATH_FUSED, spec.want_lse, got);
     free(got);
     pb_sdpa_free(&p);
     TU_END_TEST();
@@ -622,8 +635,10 @@ int main(void)
                         (int)(sizeof large_cases / sizeof large_cases[0]));
     if (!small)
         tcase_add_loop_test(tc, test_flash_many_heads_split, 0, 2);
-    if (!small)
+    if (!small) {
         tcase_add_loop_test(tc, test_flash_cpu_variants, 0, (int)(CPU_VARIANTS * CPU_SIZES));
+        tcase_add_unchecked_fixture(tc, NULL, release_kv_ctxs);
+    }
     tcase_add_test(tc, test_path_errors);
     tcase_add_loop_test(tc, test_mha_paths, 0, 2);
     tcase_add_loop_test(tc, test_mha_auto_is_fused, 0, 2);
