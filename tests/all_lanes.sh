@@ -31,11 +31,24 @@ lane_pocl() {
         cmake --build build -j"$jobs" &&
         (cd build && ctest --output-on-failure)
 }
+# The asan lane loads every installed OpenCL implementation but Clover (mesa.icd): on AMD CPUs
+# Clover's gallium pipe driver (pipe_swrast.so, dlclose'd at exit) leaves 128 bytes from a
+# realloc that LeakSanitizer can then name only as "<unknown module>", so no suppression by
+# library can match it (measured on a Zen 3 EPYC; the Xeon runs did not show it). PoCL and
+# rusticl stay loaded; clattn's own leaks are still reported (leak_canary).
 lane_asan() {
+    local vendors
+    vendors=$(mktemp -d)
+    for icd in /etc/OpenCL/vendors/*.icd; do
+        [ -e "$icd" ] && [ "$(basename "$icd")" != mesa.icd ] && cp "$icd" "$vendors/"
+    done
     cmake -S . -B build-asan -DCLATTN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
         -DCLATTN_TEST_POCL_CACHE="$cache" &&
         cmake --build build-asan -j"$jobs" &&
-        (cd build-asan && ctest --output-on-failure -E '^runtime_rusticl$')
+        (cd build-asan && OCL_ICD_VENDORS="$vendors" ctest --output-on-failure -E '^runtime_rusticl$')
+    local status=$?
+    rm -rf "$vendors"
+    return $status
 }
 lane_fuzz() {
     CC=clang cmake -S . -B build-fuzz -DCLATTN_FUZZ=ON -DCLATTN_BUILD_TESTS=OFF &&
