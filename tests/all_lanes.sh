@@ -2,17 +2,32 @@
 # Every test lane of clattn, one after another, each timed; what README's test command (and so
 # .ci/run) runs after installing the packages. From the repository root:
 #
-#   tests/all_lanes.sh [LANE...]      lanes: pocl asan fuzz rusticl oclgrind mutants (default: all)
+#   tests/all_lanes.sh [--full] [LANE...]
+#         lanes: pocl asan fuzz rusticl oclgrind mutants (default: pocl asan fuzz rusticl oclgrind;
+#         with --full, all six)
 #
-#   pocl      the ctest suite on PoCL (the default device), build/
-#   asan      the same suite built with ASan + UBSan (LeakSanitizer on), build-asan/, less
-#             runtime_rusticl (Mesa's compiler under ASan's allocator took 441 s of the lane's
-#             713; the rusticl lane runs that suite on rusticl, and the pocl lane runs it too)
-#   fuzz      each libFuzzer target for FUZZ_SECONDS (default 60), build-fuzz/ (clang)
+# Two tiers. The default is the CI tier, sized to stay near 45 minutes on the 2-core CI machine
+# (the times are in README); --full runs every lane at full scale (about 2.5 hours there).
+#
+#   pocl      the whole ctest suite on PoCL (the default device), build/; the same in both tiers
+#   asan      the ctest suite built with ASan + UBSan (LeakSanitizer on, -O2 -g), build-asan/,
+#             less runtime_rusticl (Mesa's compiler under ASan's allocator took 441 s of the
+#             lane's 713; the rusticl lane runs that suite on rusticl, and the pocl lane runs it
+#             too). Only PoCL's ICD is loaded (see lane_asan). CI tier: CLATTN_TEST_SCALE=small,
+#             and not the entries that rerun a suite with other kernel parameters (_tiled,
+#             _gpu_params, _default_tuning, _split, _tuned): they run the same host code as their
+#             suite, which is what the sanitizers instrument (PoCL's kernels are not).
+#   fuzz      each libFuzzer target for FUZZ_SECONDS (default 60; CI tier 30), build-fuzz/ (clang)
 #   rusticl   the ctest suite again on Mesa's rusticl (tests/rusticl_lane.sh), build/, less the
-#             entries that only change parameters or test host-side code (rusticl_skip below)
-#   oclgrind  the kernel suites' reduced set under Oclgrind --data-races (tests/oclgrind_lane.sh)
-#   mutants   every mutant of tests/mutants/mutants.txt must be killed (tests/mutants/run.sh)
+#             entries that only change parameters or test host-side code (rusticl_skip below);
+#             CI tier: CLATTN_TEST_SCALE=small and not flash_cpu_split (every kernel variant still
+#             compiles and runs through Mesa; the pocl lane runs the heavy cases)
+#   oclgrind  the kernel suites' reduced set under Oclgrind --data-races (tests/oclgrind_lane.sh);
+#             CI tier: the canary and the attention, mha and flash suites, which between them run
+#             every GPU kernel (tiled matmul, softmax rows, head split/concat, half storage, the
+#             fused kernel); --full adds the softmax, matmul, plan and runtime suites
+#   mutants   every mutant of tests/mutants/mutants.txt must be killed (tests/mutants/run.sh);
+#             --full only (about 15 minutes: each mutant reruns the suites that should kill it)
 #
 # Every lane runs even when an earlier one failed (the table at the end says which); the exit
 # status is 1 when any failed. The build trees share one PoCL kernel cache (build/pocl-cache),
@@ -20,8 +35,17 @@
 set -u -o pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+full=0
+if [ "${1:-}" = --full ]; then
+    full=1
+    shift
+fi
 lanes=("$@")
-[ ${#lanes[@]} -gt 0 ] || lanes=(pocl asan fuzz rusticl oclgrind mutants)
+if [ ${#lanes[@]} -eq 0 ]; then
+    lanes=(pocl asan fuzz rusticl oclgrind)
+    [ "$full" -eq 1 ] && lanes+=(mutants)
+fi
+echo "all_lanes: $([ "$full" -eq 1 ] && echo full || echo CI) tier: ${lanes[*]}"
 jobs=$(nproc 2>/dev/null || echo 2)
 cache=$PWD/build/pocl-cache
 mkdir -p "$cache"
@@ -31,21 +55,30 @@ lane_pocl() {
         cmake --build build -j"$jobs" &&
         (cd build && ctest --output-on-failure)
 }
-# The asan lane loads every installed OpenCL implementation but Clover (mesa.icd): on AMD CPUs
-# Clover's gallium pipe driver (pipe_swrast.so, dlclose'd at exit) leaves 128 bytes from a
-# realloc that LeakSanitizer can then name only as "<unknown module>", so no suppression by
-# library can match it (measured on a Zen 3 EPYC; the Xeon runs did not show it). PoCL and
-# rusticl stay loaded; clattn's own leaks are still reported (leak_canary).
+# The asan lane loads PoCL's ICD only (OCL_ICD_VENDORS: a folder with pocl.icd). Clover
+# (mesa.icd), on AMD CPUs: its gallium pipe driver (pipe_swrast.so, dlclose'd at exit) leaves 128
+# bytes from a realloc that LeakSanitizer can then name only as "<unknown module>", so no
+# suppression by library can match it (measured on a Zen 3 EPYC; the Xeon runs did not show
+# it). rusticl: not needed here (runtime_rusticl is left out), and one check_plan run whose
+# process had it loaded ended in "Tracer caught signal 11" from LeakSanitizer's stop-the-world
+# tracer after every test had passed. clattn's own leaks are still reported (leak_canary).
 lane_asan() {
-    local vendors
+    local vendors scale=small exclude='^runtime_rusticl$|_(tiled|gpu_params|default_tuning|split|tuned)$'
+    if [ "$full" -eq 1 ]; then
+        scale=full
+        exclude='^runtime_rusticl$'
+    fi
     vendors=$(mktemp -d)
-    for icd in /etc/OpenCL/vendors/*.icd; do
-        [ -e "$icd" ] && [ "$(basename "$icd")" != mesa.icd ] && cp "$icd" "$vendors/"
-    done
-    cmake -S . -B build-asan -DCLATTN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
+    if [ -e /etc/OpenCL/vendors/pocl.icd ]; then
+        cp /etc/OpenCL/vendors/pocl.icd "$vendors/"
+    else
+        cp /etc/OpenCL/vendors/*.icd "$vendors/" 2>/dev/null
+    fi
+    cmake -S . -B build-asan -DCLATTN_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DCLATTN_TEST_POCL_CACHE="$cache" &&
         cmake --build build-asan -j"$jobs" &&
-        (cd build-asan && OCL_ICD_VENDORS="$vendors" ctest --output-on-failure -E '^runtime_rusticl$')
+        (cd build-asan && OCL_ICD_VENDORS="$vendors" CLATTN_TEST_SCALE=$scale \
+            ctest --output-on-failure -E "$exclude")
     local status=$?
     rm -rf "$vendors"
     return $status
@@ -53,7 +86,7 @@ lane_asan() {
 lane_fuzz() {
     CC=clang cmake -S . -B build-fuzz -DCLATTN_FUZZ=ON -DCLATTN_BUILD_TESTS=OFF &&
         cmake --build build-fuzz -j"$jobs" &&
-        tests/fuzz/run.sh build-fuzz "${FUZZ_SECONDS:-60}"
+        tests/fuzz/run.sh build-fuzz "${FUZZ_SECONDS:-$([ "$full" -eq 1 ] && echo 60 || echo 30)}"
 }
 ensure_build() {
     cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" >/dev/null &&
@@ -63,8 +96,21 @@ ensure_build() {
 # is slow; the lane runs each suite with the parameters rusticl gets (and the default row, and the
 # forced key splits), not the variants the pocl lane already runs with other parameters.
 rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl)$'
-lane_rusticl() { ensure_build && tests/rusticl_lane.sh build -E "$rusticl_skip"; }
-lane_oclgrind() { ensure_build && tests/oclgrind_lane.sh build; }
+lane_rusticl() {
+    if [ "$full" -eq 1 ]; then
+        ensure_build && tests/rusticl_lane.sh build -E "$rusticl_skip"
+    else
+        ensure_build && CLATTN_TEST_SCALE=small \
+            tests/rusticl_lane.sh build -E "$rusticl_skip|^flash_cpu_split$"
+    fi
+}
+lane_oclgrind() {
+    if [ "$full" -eq 1 ]; then
+        ensure_build && tests/oclgrind_lane.sh build
+    else
+        ensure_build && tests/oclgrind_lane.sh build attention mha flash
+    fi
+}
 lane_mutants() { ensure_build && tests/mutants/run.sh build; }
 
 names=() results=() times=()
