@@ -278,10 +278,12 @@ typedef enum clattn_causal {
  * - key_padding_mask: U8 (batch, seq_k), nonzero = ignore that key (nn.MultiheadAttention's
  *   convention).
  *
- * SDPA: q (batch, heads, seq_q, head_dim_qk), k (batch, heads, seq_k, head_dim_qk),
- *   v (batch, heads, seq_k, head_dim_v), out (batch, heads, seq_q, head_dim_v), any strides
+ * SDPA: q (batch, heads, seq_q, head_dim_qk), k (batch, kv_heads, seq_k, head_dim_qk),
+ *   v (batch, kv_heads, seq_k, head_dim_v), out (batch, heads, seq_q, head_dim_v), any strides
  *   (a (batch, seq, heads * head_dim) buffer is the view dims (B, H, L, d), strides
- *   (L*H*d, d, H*d, 1)). weights (F32, batch, heads, seq_q, seq_k) and lse (F32, batch, heads,
+ *   (L*H*d, d, H*d, 1)). kv_heads = heads, or a divisor of it (grouped-query attention; 1 is
+ *   multi-query): query head h then attends with k/v head h / (heads / kv_heads), read where it
+ *   lies (never copied). weights (F32, batch, heads, seq_q, seq_k) and lse (F32, batch, heads,
  *   seq_q: the log-sum-exp of each row's masked, scaled scores, -INFINITY for a fully masked
  *   row; with the relu normalisation, the log of the row's normaliser) are optional outputs.
  *
@@ -290,6 +292,10 @@ typedef enum clattn_causal {
  *   embed_dim to qk_dim, k_weight kdim to qk_dim, v_weight vdim to v_dim, out_weight v_dim to
  *   out_dim; biases rank 1. Or in_proj_weight (PyTorch's packed (3E, E), layout TORCH) with
  *   in_proj_bias (3E). out_weight absent: out is the concatenated heads (out_dim = v_dim).
+ *   Grouped-query projections (num_kv_heads = G, a divisor of num_heads, separate weights):
+ *   k_weight maps kdim to qk_dim / num_heads * G and v_weight vdim to v_dim / num_heads * G
+ *   (Llama's k_proj and v_proj); qk_dim and v_dim stay the query side's widths, and query
+ *   head h attends with k/v head h / (num_heads / G).
  *   weights: (batch, num_heads, seq_q, seq_k) for CLATTN_WEIGHTS_PER_HEAD or
  *   (batch, seq_q, seq_k) for CLATTN_WEIGHTS_AVERAGED, F32. The same buffer may be bound to
  *   query, key and value (self-attention). */
@@ -334,7 +340,8 @@ typedef struct clattn_mha_desc {
     size_t struct_size;
     clattn_tensors tensors; /* layouts */
     size_t num_heads;
-    size_t num_kv_heads; /* heads of K and V; 0 means num_heads (must equal it in this version) */
+    size_t num_kv_heads; /* heads of K and V (grouped-query attention): a divisor of num_heads;
+                          * 0 means num_heads. Other than num_heads: separate weights only */
     clattn_weight_layout layout;
     clattn_causal causal;
     float scale; /* NAN: 1/sqrt(qk_dim / num_heads) */
@@ -414,6 +421,7 @@ typedef struct clattn_mha_host_desc {
     size_t embed_dim, num_heads;
     size_t kdim, vdim, qk_dim, v_dim;
     clattn_weight_layout layout;
+    size_t num_kv_heads; /* 0: num_heads; else grouped-query projections (see clattn_mha_desc) */
     clattn_causal causal;
     float scale;
     clattn_norm norm;

@@ -13,7 +13,9 @@
  * and j, lse a float32 (batch, heads, seq_q) view with three strides.
  *
  * Work-group (g, bh) owns query rows g*BLOCK_Q .. +BLOCK_Q of one (batch, head), one row per
- * work-item; bh = bh_base + get_global_id(1) = b * heads + h. It streams the keys in tiles of
+ * work-item; bh = bh_base + get_global_id(1) = b * heads + h. Grouped-query attention: K and
+ * V have heads / kv_group heads, and query head h reads K/V head h / kv_group (1: one each; the
+ * shared head is indexed, never copied). It streams the keys in tiles of
  * BLOCK_K: the group copies K and V rows of the tile into local memory (as float), then every
  * work-item scores its row against the tile, updates its running row max m and row sum l
  * (online softmax: when the max grows, the accumulator and l are rescaled by exp(m_old - m_new))
@@ -130,7 +132,8 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
                      const uint heads, const uint seq_q, const uint seq_k, const float scale,
                      const int norm_relu, const int causal,
                      const ulong bh_base, const uint key_begin, const uint key_stop,
-                     const int resume)
+                     const int resume,
+                     const uint kv_group)
 {
     __local float k_tile[BLOCK_K][HEAD_DIM_QK];
     __local float v_tile[BLOCK_K][HEAD_DIM_V];
@@ -147,8 +150,8 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
     const ulong b = bh / heads, h = bh - b * heads;
 
     Q += q_offset + b * q_s0 + h * q_s1 + safe_row * q_s2;
-    K += k_offset + b * k_s0 + h * k_s1;
-    V += v_offset + b * v_s0 + h * v_s1;
+    K += k_offset + b * k_s0 + (h / kv_group) * k_s1; /* grouped-query: a shared head */
+    V += v_offset + b * v_s0 + (h / kv_group) * v_s1;
     __global ELEM_T(O_DTYPE) *out = O + o_offset + b * o_s0 + h * o_s1 + safe_row * o_s2;
     const ulong lse_index = lse_offset + b * lse_s0 + h * lse_s1 + safe_row * lse_s2;
     if (has_mask)

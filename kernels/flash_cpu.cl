@@ -181,7 +181,8 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
                const ulong key_padding_offset, const ulong key_padding_s0,
                const ulong key_padding_s1, const uint heads, const uint seq_q, const uint seq_k,
                const float scale, const ulong bh_base, const uint key_begin,
-               const uint key_stop, const int resume)
+               const uint key_stop, const int resume,
+               const uint kv_group)
 {
     __local float qs[FC_ROWS][HEAD_DIM_QK]; /* the group's q rows, times scale */
     __local float acc[FC_ROWS][FC_DVP];     /* unnormalised output rows */
@@ -195,8 +196,8 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
     const ulong bh = bh_base + get_global_id(1);
     const ulong b = bh / heads, h = bh - b * heads;
     Q += q_offset + b * q_s0 + h * q_s1;
-    K += k_offset + b * k_s0 + h * k_s1;
-    V += v_offset + b * v_s0 + h * v_s1;
+    K += k_offset + b * k_s0 + (h / kv_group) * k_s1; /* grouped-query: a shared head */
+    V += v_offset + b * v_s0 + (h / kv_group) * v_s1;
 #if FC_KPAD
     key_padding += key_padding_offset + b * key_padding_s0;
 #endif

@@ -107,7 +107,8 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
                      const uint heads, const uint seq_q, const uint seq_k, const float scale,
                      const int norm_relu, const int causal,
                      const ulong bh_base, const uint key_begin, const uint key_stop,
-                     const int resume)
+                     const int resume,
+                     const uint kv_group)
 {
     __local float q_tile[FG_BQ * QK_PAD];
     __local float kv_tile[KV_WORDS];
@@ -122,8 +123,8 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
     const ulong b = bh / heads, h = bh - b * heads; /* not %: see flash.cl */
 
     Q += q_offset + b * q_s0 + h * q_s1;
-    K += k_offset + b * k_s0 + h * k_s1;
-    V += v_offset + b * v_s0 + h * v_s1;
+    K += k_offset + b * k_s0 + (h / kv_group) * k_s1; /* grouped-query: a shared head */
+    V += v_offset + b * v_s0 + (h / kv_group) * v_s1;
     O += o_offset + b * o_s0 + h * o_s1;
     const ulong lse_base = lse_offset + b * lse_s0 + h * lse_s1;
     if (has_mask)

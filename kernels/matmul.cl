@@ -70,6 +70,16 @@ inline ulong batch_start(const ulong batch_base, const ulong batch1, const ulong
     return b0 * stride0 + b1 * stride1;
 }
 
+/* The same for B, whose second batch index is b1 / b_group: b_group consecutive entries share
+ * one matrix (grouped-query attention: the query heads of a group read one k/v head). */
+inline ulong batch_start_grouped(const ulong batch_base, const ulong batch1, const ulong stride0,
+                                 const ulong stride1, const ulong b_group)
+{
+    const ulong entry = batch_base + get_global_id(2);
+    const ulong b0 = entry / batch1, b1 = entry - b0 * batch1;
+    return b0 * stride0 + (b1 / b_group) * stride1;
+}
+
 __kernel __attribute__((reqd_work_group_size(LOCAL_X, LOCAL_Y, 1)))
 void matmul(const uint M, const uint N, const uint K, const ulong batch1, const ulong batch_base,
             __global const a_elem_t *A, const ulong a_offset, const ulong a_batch0,
@@ -79,7 +89,8 @@ void matmul(const uint M, const uint N, const uint K, const ulong batch1, const 
             __global c_elem_t *C, const ulong c_offset, const ulong c_batch0,
             const ulong c_batch1, const ulong ldc,
             const float alpha, const float beta,
-            __global const float *bias, const ulong bias_offset, const int has_bias)
+            __global const float *bias, const ulong bias_offset, const int has_bias,
+            const ulong b_group)
 {
     __local float a_tile[TILE_K][TILE_M + 1]; /* a_tile[k][m]; +1 staggers the banks */
     __local float b_tile[TILE_K][TILE_N + 1]; /* b_tile[k][n] */
@@ -91,7 +102,7 @@ void matmul(const uint M, const uint N, const uint K, const ulong batch1, const 
     const uint m0 = get_group_id(1) * TILE_M;
 
     A += a_offset + batch_start(batch_base, batch1, a_batch0, a_batch1);
-    B += b_offset + batch_start(batch_base, batch1, b_batch0, b_batch1);
+    B += b_offset + batch_start_grouped(batch_base, batch1, b_batch0, b_batch1, b_group);
     C += c_offset + batch_start(batch_base, batch1, c_batch0, c_batch1);
 
     float acc[WPT_M][WPT_N];
@@ -225,14 +236,14 @@ void matmul_vec(const uint M, const uint N, const uint K, const ulong batch1,
                 const ulong c_batch1, const ulong ldc,
                 const float alpha, const float beta,
                 __global const float *bias, const ulong bias_offset, const int has_bias,
-                const int stream_c)
+                const int stream_c, const ulong b_group)
 {
     const uint m_first = get_global_id(0) * (VEC_RM * VEC_RB);
     const uint n0 = get_global_id(1) * VEC_N;
     if (m_first >= M)
         return; /* no barriers in this kernel */
     A += a_offset + batch_start(batch_base, batch1, a_batch0, a_batch1);
-    B += b_offset + batch_start(batch_base, batch1, b_batch0, b_batch1) +
+    B += b_offset + batch_start_grouped(batch_base, batch1, b_batch0, b_batch1, b_group) +
          get_global_id(1) * b_panel;
     C += c_offset + batch_start(batch_base, batch1, c_batch0, c_batch1);
     /* Element (m, k) of op(A) is A[m * a_row_step + k * a_k_step]. */

@@ -185,6 +185,86 @@ START_TEST(test_run_textbook_and_png)
 }
 END_TEST
 
+static void expect_npy_reference(const char *got_path, const char *what, const double *ref,
+                                 size_t count, int ndim, const size_t *shape);
+
+/* Writes a fresh random (rows, cols) .npy in the scratch folder; returns the values. */
+static float *scratch_npy(const char *name, size_t rows, size_t cols, char *path, size_t size)
+{
+    char msg[512];
+    float *values = tu_random_floats(rows * cols);
+    const size_t shape[2] = {rows, cols};
+    snprintf(path, size, "%s/%s", scratch, name);
+    tu_expect(clattn_npy_write(path, values, 2, shape, msg, sizeof msg) == CLATTN_IO_OK,
+              "writing %s: %s", path, msg);
+    return values;
+}
+
+/* --kv-heads: grouped-query attention with textbook X·W weights (Wk and Wv project to G heads
+ * of the query heads' sizes), against the float64 reference; then the refusals. */
+START_TEST(test_run_kv_heads)
+{
+    TU_BEGIN_TEST();
+    enum { L = 17, E = 12, H = 4, G = 2, DK = 8, DV_KV = 6, DV = DV_KV / G * H };
+    tu_set_case("clattn run --heads %d --kv-heads %d (textbook weights, causal)", H, G);
+    char x_path[512], wq_path[512], wk_path[512], wv_path[512], wo_path[512], out[512];
+    char args[4096];
+    float *x = scratch_npy("gqa_x.npy", L, E, x_path, sizeof x_path);
+    float *wq = scratch_npy("gqa_wq.npy", E, DK, wq_path, sizeof wq_path);
+    float *wk = scratch_npy("gqa_wk.npy", E, DK / H * G, wk_path, sizeof wk_path);
+    float *wv = scratch_npy("gqa_wv.npy", E, DV_KV, wv_path, sizeof wv_path);
+    float *wo = scratch_npy("gqa_wo.npy", DV, E, wo_path, sizeof wo_path);
+    snprintf(out, sizeof out, "%s/gqa_out.npy", scratch);
+
+    clattn_mha_host_desc desc;
+    clattn_mha_host_desc_init(&desc);
+    desc.batch = 1, desc.seq_q = L, desc.seq_k = L, desc.embed_dim = E, desc.num_heads = H;
+    desc.num_kv_heads = G, desc.qk_dim = DK, desc.v_dim = DV, desc.layout = CLATTN_LAYOUT_XW;
+    desc.causal = CLATTN_CAUSAL_TOP_LEFT;
+    const clattn_mha_host_weights w = {
+        .q_weight = wq, .k_weight = wk, .v_weight = wv, .out_weight = wo};
+    const clattn_host_masks masks = {0};
+    double *ref = tu_doubles((size_t)L * E);
+    ref_mha_forward(&desc, &w, x, x, x, &masks, ref, NULL);
+
+    snprintf(args, sizeof args,
+             "run --query %s --wq %s --wk %s --wv %s --wo %s --heads %d --kv-heads %d --causal "
+             "--out %s",
+             x_path, wq_path, wk_path, wv_path, wo_path, H, G, out);
+    int status = run_cli(args);
+    tu_expect(status == 0, "exit status %d, stderr: %s", status, captured("stderr"));
+    const size_t shape[2] = {L, E};
+    if (status == 0)
+        expect_npy_reference(out, "grouped-query out", ref, (size_t)L * E, 2, shape);
+    /* Without --kv-heads the same Wk is the wrong width for 4 heads of 2. */
+    snprintf(args, sizeof args, "run --query %s --wq %s --wk %s --wv %s --heads %d", x_path,
+             wq_path, wk_path, wv_path, H);
+    status = run_cli(args);
+    tu_expect(status == 2 && strstr(captured("stderr"), "gqa_wk.npy"),
+              "Wk of 2 heads without --kv-heads: status %d, stderr: %s", status,
+              captured("stderr"));
+    snprintf(args, sizeof args, "run --query %s --wq %s --wk %s --wv %s --heads %d --kv-heads 3",
+             x_path, wq_path, wk_path, wv_path, H);
+    status = run_cli(args);
+    tu_expect(status == 2 && strstr(captured("stderr"), "--kv-heads 3 does not divide"),
+              "--kv-heads 3 with 4 heads: status %d, stderr: %s", status, captured("stderr"));
+    snprintf(args, sizeof args,
+             "run --query %s/self_query.npy --weights %s/self.safetensors --heads 2 --kv-heads 1",
+             fixtures, fixtures);
+    status = run_cli(args);
+    tu_expect(status == 2 && strstr(captured("stderr"), "in_proj_weight"),
+              "--kv-heads with a packed in_proj_weight: status %d, stderr: %s", status,
+              captured("stderr"));
+    free(ref);
+    free(wo);
+    free(wv);
+    free(wk);
+    free(wq);
+    free(x);
+    TU_END_TEST();
+}
+END_TEST
+
 START_TEST(test_demo_devices_help)
 {
     TU_BEGIN_TEST();
@@ -1076,6 +1156,7 @@ int main(int argc, char **argv)
     tcase_add_loop_test(tc, test_run_matches_pytorch, 0,
                         (int)(sizeof torch_cases / sizeof torch_cases[0]));
     tcase_add_test(tc, test_run_textbook_and_png);
+    tcase_add_test(tc, test_run_kv_heads);
     tcase_add_test(tc, test_demo_devices_help);
     tcase_add_test(tc, test_bench_json);
     tcase_add_test(tc, test_bench_json_timer);

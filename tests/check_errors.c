@@ -513,9 +513,14 @@ START_TEST(test_sdpa_create_errors)
     desc = good, desc.tensors.k.dims[0] = SB + 1;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k", "(2, 2, 4, 5)",
                         "sdpa(k batch 3, q 2)");
+    /* k and v may have fewer heads than q (grouped-query), a divisor of q's, both the same. */
+    desc = good, desc.tensors.k.dims[1] = 3;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k",
+                        "has 3 heads (dim 1), which must divide q's 2 heads",
+                        "sdpa(k heads 3, q 2)");
     desc = good, desc.tensors.k.dims[1] = 1;
-    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k", "(2, 2, 4, 5)",
-                        "sdpa(k heads 1, q 2)");
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "v", "(2, 1, 4, 6)",
+                        "sdpa(k heads 1, v 2)");
     desc = good, desc.tensors.v.dims[2] = SK + 1;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "v", "(2, 2, 4, 6)",
                         "sdpa(v seq_k 5, k 4)");
@@ -1074,8 +1079,22 @@ START_TEST(test_mha_create_errors)
     desc = good, desc.num_heads = 0;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "num_heads", NULL, "mha(num_heads 0)");
     desc = good, desc.num_kv_heads = 1;
-    expect_mha_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "num_kv_heads", NULL,
-                       "mha(num_kv_heads 1, num_heads 2)");
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "num_kv_heads|in_proj_weight",
+                       "separate", "mha(num_kv_heads 1 with the packed in_proj_weight)");
+    desc = separate, desc.num_kv_heads = 3;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "num_kv_heads|num_heads",
+                       "must divide", "mha(num_kv_heads 3, num_heads 2)");
+    desc = separate, desc.num_kv_heads = 1; /* k_weight still E x E: its heads' width is E / 2 */
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k_weight", "(8, 4)",
+                       "mha(num_kv_heads 1, k_weight 8 x 8)");
+    desc = separate, desc.num_kv_heads = 1;
+    desc.tensors.q_weight = f32_2(NULL, ME, 3), desc.tensors.k_weight = f32_2(NULL, ME, 1);
+    desc.tensors.v_weight = f32_2(NULL, ME, ME / MH);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "q_weight", "divisible",
+                       "mha(num_kv_heads 1, q_weight 8 x 3: not whole heads)");
+    desc = separate, desc.num_kv_heads = 1;
+    desc.tensors.k_weight = f32_2(NULL, ME, ME / MH), desc.tensors.v_weight = f32_2(NULL, ME, ME / MH);
+    clattn_plan_release(expect_mha_created(&desc, "mha(num_kv_heads 1: k/v weights 8 x 4)"));
     desc = good, desc.tensors.q.dims[2] = 0;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "query", NULL, "mha(embed_dim 0)");
     desc = good, desc.tensors.k.dims[1] = 0, desc.tensors.v.dims[1] = 0;

@@ -7,7 +7,7 @@
  * need_weights PER_HEAD and AVERAGED (the mean-over-heads kernel), float and boolean masks, key
  * padding, both causal alignments, relu, paths AUTO/FUSED/UNFUSED; strided views of the inputs
  * (rows with gaps, q/k/v as three views of one (B, L, 3E) buffer), F16/BF16 storage of the
- * activations, rank-4 broadcast masks, and the workspace of a fused plan (the projections only:
+ * activations, rank-4 broadcast masks, grouped-query projections (num_kv_heads), and the workspace of a fused plan (the projections only:
  * heads are views, never copies).
  *
  * Problems come from tests/problems.h (the shared builder); outputs are NaN-poisoned and every
@@ -189,6 +189,45 @@ START_TEST(test_mha_cases)
 }
 END_TEST
 
+/* Grouped-query projections (num_kv_heads a divisor of num_heads, 1 = multi-query): k_weight
+ * and v_weight project to num_kv_heads heads, query head h attends with k/v head
+ * h / (num_heads / num_kv_heads). Separate weights only, both layouts, both paths, every
+ * need_weights mode, masks, padding, causal alignments, qk_dim != v_dim, kdim/vdim != E. */
+typedef struct gqa_case {
+    mha_case base;
+    size_t num_kv_heads;
+} gqa_case;
+
+/* clang-format off */
+static const gqa_case gqa_cases[] = {
+    {{2, 9, 9, 32, 4, 0, 0, 0, 0, XW, SEP_SELF, 1, 1, 1, NONE, AUTO, 1, 0, 0, DEF, SMAX}, 2},
+    {{1, 17, 13, 48, 6, 20, 12, 0, 0, TORCH, SEP_CROSS, 1, 1, 0, PER_HEAD, UNFUSED, 0, 1, 1, DEF,
+      SMAX}, 3},
+    {{3, 5, 7, 16, 8, 0, 0, 0, 0, XW, SEP_CROSS, 0, 1, 1, AVERAGED, AUTO, 2, 2, 0, DEF, SMAX}, 1},
+    {{2, 65, 65, 64, 8, 0, 0, 0, 0, TORCH, SEP_SELF, 1, 1, 1, NONE, FUSED, 1, 0, 1, DEF, SMAX}, 2},
+    {{1, 6, 10, 16, 4, 0, 0, 12, 20, XW, SEP_CROSS, 1, 0, 0, PER_HEAD, AUTO, 0, 0, 0, DEF, RELU},
+     2},
+    {{2, 3, 3, 8, 2, 0, 0, 0, 0, XW, SEP_SELF, 0, 1, 0, NONE, UNFUSED, 0, 2, 1, 0.7f, SMAX}, 1},
+    {{1, 129, 127, 32, 4, 0, 0, 0, 0, TORCH, SEP_CROSS, 1, 1, 1, NONE, FUSED, 2, 1, 0, DEF, SMAX},
+     1},
+};
+/* clang-format on */
+
+START_TEST(test_mha_grouped_query)
+{
+    TU_BEGIN_TEST();
+    pb_mha_spec spec;
+    spec_of(&gqa_cases[_i].base, &spec);
+    spec.num_kv_heads = gqa_cases[_i].num_kv_heads;
+    pb_mha_problem p;
+    pb_mha_make(&p, &spec);
+    run_device(&p, 2);
+    run_host_unless_reduced(&p, 0);
+    pb_mha_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 /* The three need_weights modes on one case: the output must not depend on the choice. Each
  * plan runs twice, on new buffers at new offsets (plan reuse). */
 START_TEST(test_mha_need_weights_modes)
@@ -362,6 +401,11 @@ START_TEST(test_mha_random)
         if (spec.layout == XW && tu_rand_below(2)) {
             spec.qk_dim = spec.num_heads * (1 + tu_rand_below(6));
             spec.v_dim = spec.num_heads * (1 + tu_rand_below(6));
+        }
+        if (tu_rand_below(3) == 0) { /* grouped-query: a divisor of num_heads */
+            do {
+                spec.num_kv_heads = 1 + tu_rand_below(spec.num_heads);
+            } while (spec.num_heads % spec.num_kv_heads != 0);
         }
     }
     spec.in_biases = (int)tu_rand_below(2);
@@ -724,7 +768,7 @@ static void reference_with_head_mask(pb_mha_problem *p, const float *mask)
     float *qh = split_heads(q, b, lq, h, dk), *kh = split_heads(k, b, lk, h, dk);
     float *vh = split_heads(v, b, lk, h, dv);
     const ref_sdpa_shape shape = {
-        b, h, lq, lk, dk, dv, ref_resolve_scale(s->scale, dk), s->norm, s->causal};
+        b, h, lq, lk, dk, dv, ref_resolve_scale(s->scale, dk), s->norm, s->causal, 0};
     double *heads_out = tu_doubles(b * h * lq * dv), *weights = tu_doubles(b * h * lq * lk);
     ref_sdpa(&shape, qh, kh, vh, mask, p->padding, heads_out, weights, NULL);
     float *concat = tu_floats(b * lq * vd);
@@ -959,6 +1003,7 @@ static Suite *mha_suite(void)
     static const int shared_skip[] = {1};
     static const int half_skip[] = {1, 2, 4, 7};
     static const int bottom_right_skip[] = {4, 5, 6, 7};
+    static const int gqa_skip[] = {3, 6};
     const int small = tu_small();
     reduced = small;
     if (small)
@@ -967,11 +1012,15 @@ static Suite *mha_suite(void)
                    "test_mha_host_workspace_reuse, test_mha_shared_inputs 1 (separate weights), "
                    "test_mha_half_storage 1, 2, 4, 7 (F16 and BF16 still run on both paths and "
                    "forms), test_mha_bottom_right_causal 4..7 (Lq = 1, Lq = Lk), "
-                   "test_mha_workspace_is_projections 1, 3, and the host API's second run of "
+                   "test_mha_workspace_is_projections 1, 3, test_mha_grouped_query 3, 6 (65 and 129 "
+                   "queries; grouped heads still run on both paths and layouts), and the host "
+                   "API's second run of "
                    "problems a plan ran (the same kernels): minutes on Oclgrind");
     tu_add_loop_except(forward, test_mha_cases, 0, COUNT_OF(mha_cases), heavy_cases,
                        small ? COUNT_OF(heavy_cases) : 0);
     tcase_add_loop_test(forward, test_mha_need_weights_modes, 0, 3);
+    tu_add_loop_except(forward, test_mha_grouped_query, 0, COUNT_OF(gqa_cases), gqa_skip,
+                       small ? COUNT_OF(gqa_skip) : 0);
     if (!small) {
         tcase_add_loop_test(forward, test_mha_heads_and_batches, 0, 10);
         tcase_add_loop_test(forward, test_mha_random, 0, 24);

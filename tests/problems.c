@@ -708,6 +708,7 @@ ref_sdpa_shape pb_sdpa_ref_shape(const pb_sdpa_spec *spec)
         .scale = ref_resolve_scale(spec->scale, spec->dk),
         .norm = spec->norm,
         .causal = spec->causal,
+        .kv_heads = spec->kv_heads,
     };
     return shape;
 }
@@ -751,10 +752,11 @@ static void describe_sdpa(pb_sdpa_problem *p)
                  pb_layout_name(s->mask_layout));
     }
     snprintf(p->label, sizeof p->label,
-             "sdpa B=%zu H=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu scale=%g norm=%s causal=%s path=%s "
+             "sdpa B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu scale=%g norm=%s causal=%s path=%s "
              "q=%s/%s k=%s/%s v=%s/%s out=%s/%s mask=%s padding=%d fully_masked=%d weights=%d "
              "lse=%d",
-             s->batch, s->heads, s->seq_q, s->seq_k, s->dk, s->dv, (double)s->scale,
+             s->batch, s->heads, s->kv_heads ? s->kv_heads : s->heads, s->seq_q, s->seq_k, s->dk,
+             s->dv, (double)s->scale,
              s->norm == CLATTN_NORM_RELU ? "relu" : "softmax", causal_name(s->causal),
              path_name(s->path), pb_dtype_name(s->q_dtype), pb_layout_name(s->q_layout),
              pb_dtype_name(s->k_dtype), pb_layout_name(s->k_layout), pb_dtype_name(s->v_dtype),
@@ -827,8 +829,9 @@ static void make_sdpa_layouts(pb_sdpa_problem *p)
     clattn_tensors *t = &p->layouts;
     memset(t, 0, sizeof *t);
     const size_t q_dims[4] = {s->batch, s->heads, s->seq_q, s->dk};
-    const size_t k_dims[4] = {s->batch, s->heads, s->seq_k, s->dk};
-    const size_t v_dims[4] = {s->batch, s->heads, s->seq_k, s->dv};
+    const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
+    const size_t k_dims[4] = {s->batch, kv_heads, s->seq_k, s->dk};
+    const size_t v_dims[4] = {s->batch, kv_heads, s->seq_k, s->dv};
     const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
     const size_t w_dims[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
     pb_make_layout(&t->q, s->q_dtype, 4, q_dims, s->q_layout);
@@ -890,8 +893,9 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
     const float gain = s->q_gain > 0.0f ? s->q_gain : 1.0f;
     const size_t heads_total = s->batch * s->heads;
     p->q_count = heads_total * s->seq_q * s->dk;
-    p->k_count = heads_total * s->seq_k * s->dk;
-    p->v_count = heads_total * s->seq_k * s->dv;
+    const size_t kv_total = s->batch * (s->kv_heads ? s->kv_heads : s->heads);
+    p->k_count = kv_total * s->seq_k * s->dk;
+    p->v_count = kv_total * s->seq_k * s->dv;
     p->out_count = heads_total * s->seq_q * s->dv;
     p->weights_count = heads_total * s->seq_q * s->seq_k;
     p->lse_count = heads_total * s->seq_q;
@@ -1041,6 +1045,18 @@ void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags)
         spec->mask_zero_strides = spec->mask_rank == 4 && pb_rand_below(2);
         if (spec->mask == PB_MASK_BOOL) {
             spec->mask_dtype = CLATTN_DTYPE_U8;
+        }
+    }
+    if (flags & PB_RANDOM_GQA) {
+        /* Half the problems share k/v heads: a random divisor of heads (1 = multi-query). */
+        size_t divisors[16], count = 0;
+        for (size_t d = 1; d <= spec->heads; ++d) {
+            if (spec->heads % d == 0) {
+                divisors[count++] = d;
+            }
+        }
+        if (pb_rand_below(2)) {
+            spec->kv_heads = divisors[pb_rand_below(count)];
         }
     }
 }
@@ -1279,10 +1295,11 @@ static void describe_mha(pb_mha_problem *p)
     static const char *const modes[] = {"none", "per_head", "averaged"};
     const pb_mha_spec *s = &p->spec;
     snprintf(p->label, sizeof p->label,
-             "mha B=%zu Lq=%zu Lk=%zu E=%zu H=%zu kdim=%zu vdim=%zu qk_dim=%zu v_dim=%zu %s %s "
+             "mha B=%zu Lq=%zu Lk=%zu E=%zu H=%zu Hkv=%zu kdim=%zu vdim=%zu qk_dim=%zu v_dim=%zu %s %s "
              "in_biases=%d out_proj=%d out_bias=%d need_weights=%s causal=%s mask=%s padding=%d "
              "scale=%g norm=%s path=%s query=%s+%zu key=%s+%zu value=%s+%zu out=%s+%zu",
-             s->batch, s->seq_q, s->seq_k, s->embed_dim, s->num_heads, s->kdim, s->vdim,
+             s->batch, s->seq_q, s->seq_k, s->embed_dim, s->num_heads,
+             s->num_kv_heads ? s->num_kv_heads : s->num_heads, s->kdim, s->vdim,
              s->qk_dim, s->v_dim, s->layout == CLATTN_LAYOUT_XW ? "xw" : "torch",
              forms[s->form], s->in_biases, s->out_proj, s->out_bias, modes[s->need_weights],
              causal_name(s->causal), mode_names_[s->mask], s->padding, (double)s->scale,
@@ -1409,6 +1426,7 @@ void pb_mha_make(pb_mha_problem *p, const pb_mha_spec *spec)
     p->desc.vdim = s->vdim;
     p->desc.qk_dim = s->qk_dim;
     p->desc.v_dim = s->v_dim;
+    p->desc.num_kv_heads = s->num_kv_heads;
     p->desc.layout = s->layout;
     p->desc.causal = s->causal;
     p->desc.scale = s->scale;
@@ -1425,13 +1443,15 @@ void pb_mha_make(pb_mha_problem *p, const pb_mha_spec *spec)
             mha_param(p, PB_IN_PROJ_B, 3 * embed, 0, embed);
         }
     } else {
+        const size_t kv = s->num_kv_heads ? s->num_kv_heads : s->num_heads;
+        const size_t kq = s->qk_dim / s->num_heads * kv, kvd = s->v_dim / s->num_heads * kv;
         mha_param(p, PB_Q_W, torch ? s->qk_dim : embed, torch ? embed : s->qk_dim, embed);
-        mha_param(p, PB_K_W, torch ? s->qk_dim : s->kdim, torch ? s->kdim : s->qk_dim, s->kdim);
-        mha_param(p, PB_V_W, torch ? s->v_dim : s->vdim, torch ? s->vdim : s->v_dim, s->vdim);
+        mha_param(p, PB_K_W, torch ? kq : s->kdim, torch ? s->kdim : kq, s->kdim);
+        mha_param(p, PB_V_W, torch ? kvd : s->vdim, torch ? s->vdim : kvd, s->vdim);
         if (s->in_biases) {
             mha_param(p, PB_Q_B, s->qk_dim, 0, embed);
-            mha_param(p, PB_K_B, s->qk_dim, 0, s->kdim);
-            mha_param(p, PB_V_B, s->v_dim, 0, s->vdim);
+            mha_param(p, PB_K_B, kq, 0, s->kdim);
+            mha_param(p, PB_V_B, kvd, 0, s->vdim);
         }
     }
     if (s->out_proj) {
@@ -1532,6 +1552,7 @@ void pb_mha_desc(const pb_mha_problem *p, clattn_mha_desc *desc)
     clattn_mha_desc_init(desc);
     desc->tensors = p->layouts;
     desc->num_heads = p->spec.num_heads;
+    desc->num_kv_heads = p->spec.num_kv_heads;
     desc->layout = p->spec.layout;
     desc->causal = p->spec.causal;
     desc->scale = p->spec.scale;

@@ -156,6 +156,7 @@ typedef struct pb_sdpa_spec {
     float q_gain; /* q is uniform in [-q_gain, q_gain) (0: 1) to spread the scores */
     int skip_reference; /* leave out_ref, weights_ref and lse_ref NULL (huge problems that a
                          * test checks on sampled rows itself) */
+    size_t kv_heads; /* heads of k and v (0: heads; must divide heads): grouped-query attention */
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u
@@ -172,7 +173,8 @@ void pb_sdpa_spec_init(pb_sdpa_spec *spec);
 #define PB_RANDOM_DTYPES 2u   /* F16 / BF16 storage of q, k, v, out and float masks */
 #define PB_RANDOM_LAYOUTS 4u  /* every layout (PB_STRIDED_LAST only where the path is FUSED) */
 #define PB_RANDOM_MASKS 8u    /* every mask kind, rank and broadcast */
-#define PB_RANDOM_ALL 15u
+#define PB_RANDOM_GQA 32u     /* kv_heads a random divisor of heads (drawn last) */
+#define PB_RANDOM_ALL 47u
 #define PB_RANDOM_SMALL 16u   /* sizes for simulators: seq up to 63, head dims up to 16,
                                * heads up to 4 (combine with the others) */
 void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags);
@@ -272,6 +274,9 @@ typedef struct pb_mha_spec {
      * packed. Self forms bind one buffer to query, key and value (query's layout). */
     clattn_dtype query_dtype, key_dtype, value_dtype, out_dtype;
     size_t query_row_gap, key_row_gap, value_row_gap, out_row_gap;
+    /* Grouped-query projections (separate forms only): k and v heads (0: num_heads); k_weight
+     * then has qk_dim / num_heads * num_kv_heads outputs, v_weight v_dim / num_heads * ... */
+    size_t num_kv_heads;
 } pb_mha_spec;
 
 /* Zeros, then scale = NAN. */

@@ -119,12 +119,15 @@ static void sdpa_double(const ref_sdpa_shape *shape, const double *q, const doub
     const size_t dk = shape->dk, dv = shape->dv, seq_q = shape->seq_q, seq_k = shape->seq_k;
     double *row = ref_alloc(seq_k, sizeof(double));
     unsigned char *keep = ref_alloc(seq_k, 1);
+    const size_t kv_heads = shape->kv_heads ? shape->kv_heads : shape->heads;
+    const size_t group = shape->heads / kv_heads;
     for (size_t b = 0; b < shape->batch; ++b) {
         for (size_t h = 0; h < shape->heads; ++h) {
             const size_t head_index = b * shape->heads + h;
+            const size_t kv_index = b * kv_heads + h / group;
             const double *q_head = q + head_index * seq_q * dk;
-            const double *k_head = k + head_index * seq_k * dk;
-            const double *v_head = v + head_index * seq_k * dv;
+            const double *k_head = k + kv_index * seq_k * dk;
+            const double *v_head = v + kv_index * seq_k * dv;
             for (size_t query = 0; query < seq_q; ++query) {
                 const size_t row_index = head_index * seq_q + query;
                 for (size_t key = 0; key < seq_k; ++key) {
@@ -178,9 +181,10 @@ void ref_sdpa(const ref_sdpa_shape *shape, const float *q, const float *k, const
               double *lse)
 {
     const size_t heads_total = shape->batch * shape->heads;
+    const size_t kv_total = shape->batch * (shape->kv_heads ? shape->kv_heads : shape->heads);
     double *q_double = to_doubles(q, heads_total * shape->seq_q * shape->dk);
-    double *k_double = to_doubles(k, heads_total * shape->seq_k * shape->dk);
-    double *v_double = to_doubles(v, heads_total * shape->seq_k * shape->dv);
+    double *k_double = to_doubles(k, kv_total * shape->seq_k * shape->dk);
+    double *v_double = to_doubles(v, kv_total * shape->seq_k * shape->dv);
     sdpa_double(shape, q_double, k_double, v_double, mask, key_padding, out, weights, lse);
     free(v_double);
     free(k_double);
@@ -268,6 +272,9 @@ void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_wei
     const size_t qk_dim = ref_mha_qk_dim(desc), v_dim = ref_mha_v_dim(desc);
     const size_t batch = desc->batch, seq_q = desc->seq_q, seq_k = desc->seq_k;
     const size_t rows_q = batch * seq_q, rows_k = batch * seq_k;
+    /* Grouped-query projections: k and v have kv_heads heads of the query side's head sizes. */
+    const size_t kv_heads = desc->num_kv_heads ? desc->num_kv_heads : heads;
+    const size_t kv_qk_dim = qk_dim / heads * kv_heads, kv_v_dim = v_dim / heads * kv_heads;
 
     const float *q_weight = weights->q_weight, *k_weight = weights->k_weight;
     const float *v_weight = weights->v_weight;
@@ -289,19 +296,19 @@ void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_wei
     double *key_d = to_doubles(key, rows_k * kdim);
     double *value_d = to_doubles(value, rows_k * vdim);
     double *q_proj = ref_alloc(rows_q * qk_dim, sizeof(double));
-    double *k_proj = ref_alloc(rows_k * qk_dim, sizeof(double));
-    double *v_proj = ref_alloc(rows_k * v_dim, sizeof(double));
+    double *k_proj = ref_alloc(rows_k * kv_qk_dim, sizeof(double));
+    double *v_proj = ref_alloc(rows_k * kv_v_dim, sizeof(double));
     project(query_d, rows_q, embed_dim, qk_dim, q_weight, q_bias, layout, q_proj);
-    project(key_d, rows_k, kdim, qk_dim, k_weight, k_bias, layout, k_proj);
-    project(value_d, rows_k, vdim, v_dim, v_weight, v_bias, layout, v_proj);
+    project(key_d, rows_k, kdim, kv_qk_dim, k_weight, k_bias, layout, k_proj);
+    project(value_d, rows_k, vdim, kv_v_dim, v_weight, v_bias, layout, v_proj);
 
     const size_t head_dim_qk = qk_dim / heads, head_dim_v = v_dim / heads;
     double *q_heads = ref_alloc(rows_q * qk_dim, sizeof(double));
-    double *k_heads = ref_alloc(rows_k * qk_dim, sizeof(double));
-    double *v_heads = ref_alloc(rows_k * v_dim, sizeof(double));
+    double *k_heads = ref_alloc(rows_k * kv_qk_dim, sizeof(double));
+    double *v_heads = ref_alloc(rows_k * kv_v_dim, sizeof(double));
     split_double(q_proj, batch, seq_q, heads, head_dim_qk, q_heads);
-    split_double(k_proj, batch, seq_k, heads, head_dim_qk, k_heads);
-    split_double(v_proj, batch, seq_k, heads, head_dim_v, v_heads);
+    split_double(k_proj, batch, seq_k, kv_heads, head_dim_qk, k_heads);
+    split_double(v_proj, batch, seq_k, kv_heads, head_dim_v, v_heads);
 
     /* The host masks' (seq_q, seq_k) attn_mask, expanded over (batch, heads). */
     float *mask = NULL;
@@ -321,6 +328,7 @@ void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_wei
         .scale = ref_resolve_scale(desc->scale, head_dim_qk),
         .norm = desc->norm,
         .causal = desc->causal,
+        .kv_heads = kv_heads,
     };
     double *o_heads = ref_alloc(rows_q * v_dim, sizeof(double));
     double *head_weights = ref_alloc(batch * heads * seq_q * seq_k, sizeof(double));

@@ -45,11 +45,14 @@ typedef struct ref_sdpa_shape {
     double scale; /* resolved (never NAN): see ref_resolve_scale */
     clattn_norm norm;
     clattn_causal causal; /* TOP_LEFT: key j <= query i; BOTTOM_RIGHT: j <= i + seq_k - seq_q */
+    size_t kv_heads;      /* heads of k and v (0: heads); query head h reads k/v head
+                           * h / (heads / kv_heads) (grouped-query attention) */
 } ref_sdpa_shape;
 
 /* Per (batch, head): s = scale * q kᵀ + mask; keys masked by the causal rule, by key_padding
  * (nonzero = ignore) or by a -inf score drop out; out = normalise(s) v.
- *   q (B, H, Lq, dk), k (B, H, Lk, dk), v (B, H, Lk, dv): packed logical floats.
+ *   q (B, H, Lq, dk), k (B, Hkv, Lk, dk), v (B, Hkv, Lk, dv): packed logical floats
+ *   (Hkv = shape->kv_heads, or H when 0).
  *   mask: the EXPANDED additive mask (B, H, Lq, Lk) (-INFINITY = masked; boolean masks become
  *         0 / -INFINITY; pb_expand_mask builds it from any broadcast shape), or NULL.
  *   key_padding: (B, Lk) bytes, nonzero = ignore the key, or NULL.

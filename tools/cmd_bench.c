@@ -12,7 +12,8 @@
 
 static const char bench_usage[] =
     "usage: clattn bench [--op matmul,softmax,attention,mha] [--runs N] [--warmup N] [--json]\n"
-    "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--seq L,...] [--seq-k S]\n"
+    "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--kv-heads H]\n"
+    "                    [--seq L,...] [--seq-k S]\n"
     "                    [--head-dim D] [--embed E] [--path fused,unfused]\n"
     "                    [--dtype f32,f16,bf16] [--causal] [--mask none,padding,additive]\n"
     "                    [--device SPEC]\n"
@@ -31,6 +32,9 @@ static const char bench_usage[] =
     "attention over (--batch 1, --heads 8, --seq 512,1024 (= seq_q), --seq-k (default = seq),\n"
     "--head-dim 64); mha over --batch, --seq and --embed 512 with --heads (self-attention,\n"
     "PyTorch's packed in_proj weights and biases, an output projection).\n"
+    "--kv-heads H (attention): grouped-query attention, k and v with H heads (a divisor of\n"
+    "--heads; 1 = multi-query), shared by --heads / H query heads each; the rate counts every\n"
+    "query head's work as without it.\n"
     "softmax: the normalisation has no entry point of its own; it times the unfused attention\n"
     "plan that returns the attention weights (scores = Q·Kᵀ, softmax written to the weights,\n"
     "weights·V: what replaced clattn_softmax_rows), and --json says \"timed\":\n"
@@ -68,6 +72,7 @@ typedef struct bench_options {
     bool json;
     size_t mnk[MAX_SIZES][3], num_mnk;
     size_t batch, heads, head_dim, embed, seq_k;
+    size_t kv_heads; /* attention: heads of k and v (0: --heads): grouped-query attention */
     size_t seq[MAX_SIZES], num_seq;
     bool paths[2];  /* fused, unfused */
     bool dtypes[3]; /* f32, f16, bf16 */
@@ -507,7 +512,13 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
 {
     const bench_options *o = b->options;
     const size_t bh = o->batch * o->heads, d = o->head_dim;
+    const size_t kv_heads = !softmax && o->kv_heads ? o->kv_heads : o->heads;
     const clattn_dtype type = dtypes[dtype];
+    char kv_json[48] = "", kv_text[32] = "";
+    if (kv_heads != o->heads) {
+        snprintf(kv_json, sizeof kv_json, ", \"kv_heads\": %zu", kv_heads);
+        snprintf(kv_text, sizeof kv_text, " Hkv=%zu", kv_heads);
+    }
     case_result r = {.op = softmax ? "softmax" : "attention",
                      .unit = softmax ? "gbps" : "gflops",
                      .path = softmax                     ? NULL
@@ -515,14 +526,14 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
                                                          : "unfused"};
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"head_dim\": %zu, "
-             "\"dtype\": \"%s\"%s%s%s%s%s",
-             o->batch, o->heads, seq_q, seq_k, d, dtype_names[dtype],
+             "\"dtype\": \"%s\"%s%s%s%s%s%s",
+             o->batch, o->heads, seq_q, seq_k, d, dtype_names[dtype], kv_json,
              softmax ? ", \"timed\": \"sdpa_unfused_weights\"" : "",
              !softmax && o->causal ? ", \"causal\": true" : "",
              !softmax && o->mask ? ", \"mask\": \"" : "",
              !softmax && o->mask ? mask_names[o->mask] : "", !softmax && o->mask ? "\"" : "");
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Lq=%zu Lk=%zu d=%zu%s%s%s%s%s", o->batch,
-             o->heads, seq_q, seq_k, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu%s Lq=%zu Lk=%zu d=%zu%s%s%s%s%s",
+             o->batch, o->heads, kv_text, seq_q, seq_k, d, type == CLATTN_DTYPE_F32 ? "" : " ",
              type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype],
              !softmax && o->causal ? " causal" : "", !softmax && o->mask ? " mask=" : "",
              !softmax && o->mask ? mask_names[o->mask] : "");
@@ -536,8 +547,8 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
     desc.causal = !softmax && o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
     clattn_tensors *t = &desc.tensors;
     t->q = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_q, d);
-    t->k = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_k, d);
-    t->v = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_k, d);
+    t->k = clattn_tensor_make(NULL, 0, type, 4, o->batch, kv_heads, seq_k, d);
+    t->v = clattn_tensor_make(NULL, 0, type, 4, o->batch, kv_heads, seq_k, d);
     t->out = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_q, d);
     if (softmax)
         t->weights =
@@ -550,7 +561,8 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
     plan_case c = {.tensors = desc.tensors};
     /* The plan first: a case the device cannot hold is refused before any buffer is made. */
     clattn_status status = clattn_sdpa_plan_create(b->ctx, &desc, &c.plan);
-    const size_t q_count = bh * seq_q * d, kv_count = bh * seq_k * d, scores = bh * seq_q * seq_k;
+    const size_t q_count = bh * seq_q * d, kv_count = o->batch * kv_heads * seq_k * d;
+    const size_t scores = bh * seq_q * seq_k;
     cl_mem mem[6] = {NULL};
     size_t bytes = 0;
     if (status == CLATTN_SUCCESS) {
@@ -794,7 +806,7 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             } sizes[] = {{"--runs", &o->runs, 1},         {"--warmup", &o->warmup, 0},
                          {"--batch", &o->batch, 1},       {"--heads", &o->heads, 1},
                          {"--head-dim", &o->head_dim, 1}, {"--embed", &o->embed, 1},
-                         {"--seq-k", &o->seq_k, 1}};
+                         {"--seq-k", &o->seq_k, 1},       {"--kv-heads", &o->kv_heads, 1}};
             bool matched = false;
             for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && !matched; ++i) {
                 if (cli_is(&args, sizes[i].option)) {

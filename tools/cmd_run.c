@@ -10,7 +10,7 @@
 static const char run_usage[] =
     "usage: clattn run --query Q.npy [--key K.npy] [--value V.npy]\n"
     "                  (--weights W.safetensors --heads H | --wq WQ.npy --wk WK.npy --wv WV.npy\n"
-    "                   [--wo WO.npy] [--heads H])\n"
+    "                   [--wo WO.npy] [--heads H]) [--kv-heads G]\n"
     "                  [--causal] [--attn-mask M.npy] [--key-padding-mask P.npy]\n"
     "                  [--scale S] [--norm softmax|relu] [--path auto|fused|unfused]\n"
     "                  [--out O.npy] [--attn-out A.npy] [--attn-png A.png] [--device SPEC]\n"
@@ -25,6 +25,11 @@ static const char run_usage[] =
     "    [+ out_proj.bias]; F32, F16 or BF16), with --heads H; or\n"
     "  --wq/--wk/--wv[/--wo]: textbook single-head weights in the X·W layout, Wq (E, dk),\n"
     "    Wk (kdim, dk), Wv (vdim, dv), optional Wo (dv, E); --heads splits dk and dv (default 1).\n"
+    "--kv-heads G: grouped-query attention (G divides H; 1 = multi-query): K and V have G heads\n"
+    "  of the query heads' sizes and query head h attends with K/V head h / (H / G). Wk is then\n"
+    "  (kdim, dk / H * G) and Wv (vdim, dv_kv) with dv = dv_kv / G * H; with --weights the\n"
+    "  separate k_proj_weight and v_proj_weight are (E / H * G, kdim / vdim) and in_proj_bias,\n"
+    "  if any, (E + 2 * E / H * G) (a packed in_proj_weight cannot hold them).\n"
     "Masks: --causal (query i sees keys j <= i); --attn-mask (L, S): float, added to the scaled\n"
     "scores (-inf masks), or bool/uint8, true = masked (as PyTorch); --key-padding-mask (B, S)\n"
     "(or (S) unbatched), bool or 0/1, true = ignore that key. A fully masked row gives zeros.\n"
@@ -40,7 +45,7 @@ static const char run_usage[] =
 typedef struct run_options {
     const char *device, *query, *key, *value, *weights, *wq, *wk, *wv, *wo;
     const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png;
-    size_t heads;
+    size_t heads, kv_heads; /* kv_heads 0: heads */
     bool heads_given, causal;
     float scale; /* NAN unless --scale was given (the library default, 1/sqrt(head dim)) */
     clattn_norm norm;
@@ -122,6 +127,10 @@ static int parse_options(int argc, char **argv, run_options *o)
                 !cli_parse_size("run", "--heads", value, 1, &o->heads))
                 return CLI_BAD_INPUT;
             o->heads_given = true;
+        } else if (cli_is(&args, "--kv-heads")) {
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_size("run", "--kv-heads", value, 1, &o->kv_heads))
+                return CLI_BAD_INPUT;
         } else if (cli_is(&args, "--scale")) {
             if (!(value = cli_value(&args)) || !cli_parse_float("run", "--scale", value, &o->scale))
                 return CLI_BAD_INPUT;
@@ -170,6 +179,9 @@ static int parse_options(int argc, char **argv, run_options *o)
         return cli_fail("run", CLI_BAD_INPUT, "--weights needs --heads H");
     if (!o->heads_given)
         o->heads = 1;
+    if (o->kv_heads && o->heads % o->kv_heads != 0)
+        return cli_fail("run", CLI_BAD_INPUT, "--kv-heads %zu does not divide --heads %zu",
+                        o->kv_heads, o->heads);
     return CLI_OK;
 }
 
@@ -263,6 +275,12 @@ static int load_torch_weights(const run_options *o, run_data *d, clattn_mha_host
     int rc;
     clattn_array *p = d->param;
     const bool packed = clattn_safetensors_has(d->safetensors, "in_proj_weight");
+    size_t kv_rows = 0; /* k/v projections' outputs (separate weights) */
+    if (packed && o->kv_heads && o->kv_heads != o->heads)
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "%s: --kv-heads %zu needs separate q/k/v_proj_weight (in_proj_weight "
+                        "packs three (E, E) matrices)",
+                        path, o->kv_heads);
     if (packed) {
         if ((rc = read_tensor(d, path, "in_proj_weight", &p[P_IN_W], true)))
             return rc;
@@ -280,21 +298,27 @@ static int load_torch_weights(const run_options *o, run_data *d, clattn_mha_host
             return rc;
         desc->embed_dim = p[P_Q].ndim == 2 ? p[P_Q].shape[1] : 0;
         const size_t e = desc->embed_dim;
-        if ((rc = expect_matrix("q_proj_weight", &p[P_Q], e, e)) ||
-            (rc = expect_matrix("k_proj_weight", &p[P_K], e, 0)) ||
-            (rc = expect_matrix("v_proj_weight", &p[P_V], e, 0)))
+        if ((rc = expect_matrix("q_proj_weight", &p[P_Q], e, e)))
+            return rc;
+        if (e % o->heads != 0)
+            return cli_fail("run", CLI_BAD_INPUT,
+                            "--heads %zu does not divide embed_dim %zu (from %s)", o->heads, e,
+                            path);
+        kv_rows = o->kv_heads ? e / o->heads * o->kv_heads : e;
+        if ((rc = expect_matrix("k_proj_weight", &p[P_K], kv_rows, 0)) ||
+            (rc = expect_matrix("v_proj_weight", &p[P_V], kv_rows, 0)))
             return rc;
         desc->kdim = p[P_K].shape[1];
         desc->vdim = p[P_V].shape[1];
     }
-    const size_t e = desc->embed_dim;
+    const size_t e = desc->embed_dim, bias_count = packed ? 3 * e : e + 2 * kv_rows;
     if ((rc = read_tensor(d, path, "in_proj_bias", &p[P_IN_B], false)) ||
         (rc = read_tensor(d, path, "out_proj.weight", &p[P_OUT_W], false)) ||
         (rc = read_tensor(d, path, "out_proj.bias", &p[P_OUT_B], false)))
         return rc;
-    if (p[P_IN_B].data && (p[P_IN_B].ndim != 1 || p[P_IN_B].shape[0] != 3 * e))
+    if (p[P_IN_B].data && (p[P_IN_B].ndim != 1 || p[P_IN_B].shape[0] != bias_count))
         return cli_fail("run", CLI_BAD_INPUT, "%s: in_proj_bias has shape %s, expected (%zu,)",
-                        path, shape_text(&p[P_IN_B], text, sizeof text), 3 * e);
+                        path, shape_text(&p[P_IN_B], text, sizeof text), bias_count);
     if (p[P_OUT_W].data && (rc = expect_matrix("out_proj.weight", &p[P_OUT_W], e, e)))
         return rc;
     if (p[P_OUT_B].data && (p[P_OUT_B].ndim != 1 || p[P_OUT_B].shape[0] != e))
@@ -321,14 +345,21 @@ static int load_textbook_weights(const run_options *o, run_data *d, clattn_mha_h
     if ((rc = expect_matrix(o->wq, &p[P_Q], embed_dim, 0)))
         return rc;
     const size_t dk = p[P_Q].shape[1];
-    if ((rc = expect_matrix(o->wk, &p[P_K], 0, dk)) || (rc = expect_matrix(o->wv, &p[P_V], 0, 0)))
+    if (dk % o->heads != 0)
+        return cli_fail("run", CLI_BAD_INPUT, "--heads %zu does not divide dk=%zu (from %s)",
+                        o->heads, dk, o->wq);
+    /* Grouped-query: Wk and Wv have kv_heads heads of the query heads' sizes. */
+    const size_t kv_heads = o->kv_heads ? o->kv_heads : o->heads;
+    if ((rc = expect_matrix(o->wk, &p[P_K], 0, dk / o->heads * kv_heads)) ||
+        (rc = expect_matrix(o->wv, &p[P_V], 0, 0)))
         return rc;
-    const size_t dv = p[P_V].shape[1];
+    const size_t dv_kv = p[P_V].shape[1];
+    if (dv_kv % kv_heads != 0)
+        return cli_fail("run", CLI_BAD_INPUT, "%s %zu does not divide dv=%zu (from %s)",
+                        o->kv_heads ? "--kv-heads" : "--heads", kv_heads, dv_kv, o->wv);
+    const size_t dv = dv_kv / kv_heads * o->heads;
     if (o->wo && (rc = expect_matrix(o->wo, &p[P_OUT_W], dv, embed_dim)))
         return rc;
-    if (dk % o->heads != 0 || dv % o->heads != 0)
-        return cli_fail("run", CLI_BAD_INPUT, "--heads %zu does not divide dk=%zu and dv=%zu",
-                        o->heads, dk, dv);
     desc->embed_dim = embed_dim;
     desc->kdim = p[P_K].shape[0];
     desc->vdim = p[P_V].shape[0];
@@ -442,6 +473,7 @@ static int run(const run_options *o, run_data *d, bool check_only)
     desc.seq_q = seq_q;
     desc.seq_k = seq_k;
     desc.num_heads = o->heads;
+    desc.num_kv_heads = o->kv_heads;
     desc.scale = o->scale;
     desc.norm = o->norm;
     desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
@@ -501,8 +533,11 @@ static int run(const run_options *o, run_data *d, bool check_only)
                                  .out_bias = p[P_OUT_B].data};
     if (p[P_IN_B].data && p[P_IN_W].data)
         w.in_proj_bias = p[P_IN_B].data;
-    else if (p[P_IN_B].data) /* PyTorch keeps one in_proj_bias even with separate weights */
-        w.q_bias = p[P_IN_B].data, w.k_bias = p[P_IN_B].data + e, w.v_bias = p[P_IN_B].data + 2 * e;
+    else if (p[P_IN_B].data) { /* PyTorch keeps one in_proj_bias even with separate weights */
+        const size_t kv_rows = p[P_K].shape[0]; /* TORCH layout: (outputs, kdim) */
+        w.q_bias = p[P_IN_B].data, w.k_bias = p[P_IN_B].data + e;
+        w.v_bias = p[P_IN_B].data + e + kv_rows;
+    }
     const clattn_host_masks masks = {.attn_mask = d->mask_additive,
                                      .key_padding_mask = d->padding_bytes};
 

@@ -253,6 +253,11 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
     const size_t kdim = desc->kdim ? desc->kdim : e, vdim = desc->vdim ? desc->vdim : e;
     const size_t qk = desc->qk_dim ? desc->qk_dim : e, vd = desc->v_dim ? desc->v_dim : e;
     const size_t out_dim = weights->out_weight ? e : vd;
+    /* Grouped-query projections: k and v project to num_kv_heads heads of the query side's
+     * head sizes (the plan reports a num_kv_heads that does not divide num_heads). */
+    const size_t h = desc->num_heads, kv = desc->num_kv_heads ? desc->num_kv_heads : h;
+    const bool grouped = kv != h && h % kv == 0 && qk % h == 0 && vd % h == 0;
+    const size_t kv_qk = grouped ? qk / h * kv : qk, kv_vd = grouped ? vd / h * kv : vd;
     if (key == NULL)
         key = query;
     if (value == NULL)
@@ -292,11 +297,11 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
         {weights->in_proj_weight, &t->in_proj_weight, e, 3 * e},
         {weights->in_proj_bias, &t->in_proj_bias, 0, 3 * e},
         {weights->q_weight, &t->q_weight, e, qk},
-        {weights->k_weight, &t->k_weight, kdim, qk},
-        {weights->v_weight, &t->v_weight, vdim, vd},
+        {weights->k_weight, &t->k_weight, kdim, kv_qk},
+        {weights->v_weight, &t->v_weight, vdim, kv_vd},
         {weights->q_bias, &t->q_bias, 0, qk},
-        {weights->k_bias, &t->k_bias, 0, qk},
-        {weights->v_bias, &t->v_bias, 0, vd},
+        {weights->k_bias, &t->k_bias, 0, kv_qk},
+        {weights->v_bias, &t->v_bias, 0, kv_vd},
         {weights->out_weight, &t->out_weight, vd, e},
         {weights->out_bias, &t->out_bias, 0, e},
     };
@@ -316,6 +321,7 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
     }
     mask_layouts(masks, b, lq, lk, t);
     md.num_heads = desc->num_heads;
+    md.num_kv_heads = desc->num_kv_heads;
     md.layout = desc->layout;
     md.causal = desc->causal;
     md.scale = desc->scale;

@@ -6,6 +6,7 @@
 
 typedef struct mha_dims {
     size_t batch, seq_q, seq_k, embed, kdim, vdim, qk_dim, v_dim, out_dim, heads;
+    size_t kv_heads, kv_qk_dim, kv_v_dim; /* k/v heads and the k, v projections' widths */
 } mha_dims;
 
 /* A weight matrix's (d_in, d_out) as the caller stores it in `layout`. */
@@ -135,12 +136,20 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
     if (d.heads == 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
                             "%s: num_heads=0: every dimension must be at least 1", op);
-    if (desc->num_kv_heads != 0 && desc->num_kv_heads != d.heads)
-        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                            "%s: num_kv_heads=%zu differs from num_heads=%zu (grouped-query "
-                            "attention is not in this version)",
-                            op, desc->num_kv_heads, d.heads);
+    d.kv_heads = desc->num_kv_heads ? desc->num_kv_heads : d.heads;
+    if (d.heads % d.kv_heads != 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: num_kv_heads=%zu must divide num_heads=%zu (grouped-query "
+                            "attention: query head h attends with k/v head "
+                            "h / (num_heads / num_kv_heads))",
+                            op, d.kv_heads, d.heads);
     m->packed_in_proj = l[R_IN_W].present;
+    if (m->packed_in_proj && d.kv_heads != d.heads)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: num_kv_heads=%zu with in_proj_weight: grouped-query projections "
+                            "need separate q/k/v weights (in_proj_weight packs three E x E "
+                            "matrices)",
+                            op, d.kv_heads);
     if (m->packed_in_proj) {
         if (!m->trans_w)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
@@ -158,7 +167,7 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
                                 "%s: in_proj_weight needs kdim = vdim = embed_dim = %zu (got "
                                 "kdim=%zu, vdim=%zu)",
                                 op, d.embed, d.kdim, d.vdim);
-        d.qk_dim = d.v_dim = d.embed;
+        d.qk_dim = d.v_dim = d.kv_qk_dim = d.kv_v_dim = d.embed;
         const size_t in_dims[2] = {3 * d.embed, d.embed}, bias_dim = 3 * d.embed;
         if ((status = clattn__layout_expect(ctx, op, "in_proj_weight", &l[R_IN_W], 2, in_dims,
                                             "(3 * embed_dim, embed_dim)")) ||
@@ -176,16 +185,28 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
                                 "%s: q_weight, k_weight and v_weight are required (or "
                                 "in_proj_weight)",
                                 op);
-        /* The projected widths come from the weights' output dims. */
+        /* The projected widths come from the weights' output dims: q_weight's is qk_dim,
+         * v_weight's the k/v heads' width (v_dim without grouped-query heads). */
         const int out_axis = m->trans_w ? 0 : 1;
         d.qk_dim = l[R_QW].rank == 2 ? l[R_QW].dims[out_axis] : 0;
-        d.v_dim = l[R_VW].rank == 2 ? l[R_VW].dims[out_axis] : 0;
+        d.kv_v_dim = l[R_VW].rank == 2 ? l[R_VW].dims[out_axis] : 0;
+        if (d.kv_heads != d.heads && (d.qk_dim % d.heads != 0 || d.kv_v_dim % d.kv_heads != 0))
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                "%s: q_weight's %zu outputs must be divisible by num_heads=%zu "
+                                "and v_weight's %zu by num_kv_heads=%zu",
+                                op, d.qk_dim, d.heads, d.kv_v_dim, d.kv_heads);
+        d.kv_qk_dim = d.qk_dim / d.heads * d.kv_heads;
+        d.v_dim = d.kv_v_dim / d.kv_heads * d.heads;
+        if (d.kv_heads == d.heads)
+            d.kv_qk_dim = d.qk_dim, d.v_dim = d.kv_v_dim;
         if ((status = check_weight(plan, R_QW, "q_weight", m->trans_w, d.embed, d.qk_dim, true)) ||
-            (status = check_weight(plan, R_KW, "k_weight", m->trans_w, d.kdim, d.qk_dim, true)) ||
-            (status = check_weight(plan, R_VW, "v_weight", m->trans_w, d.vdim, d.v_dim, true)) ||
+            (status = check_weight(plan, R_KW, "k_weight", m->trans_w, d.kdim, d.kv_qk_dim,
+                                   true)) ||
+            (status = check_weight(plan, R_VW, "v_weight", m->trans_w, d.vdim, d.kv_v_dim,
+                                   true)) ||
             (status = check_bias(plan, R_QB, "q_bias", d.qk_dim)) ||
-            (status = check_bias(plan, R_KB, "k_bias", d.qk_dim)) ||
-            (status = check_bias(plan, R_VB, "v_bias", d.v_dim)))
+            (status = check_bias(plan, R_KB, "k_bias", d.kv_qk_dim)) ||
+            (status = check_bias(plan, R_VB, "v_bias", d.kv_v_dim)))
             return status;
     }
     if (d.qk_dim % d.heads != 0 || d.v_dim % d.heads != 0)
@@ -236,13 +257,14 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
     m->batch = d.batch, m->seq_q = d.seq_q, m->seq_k = d.seq_k, m->heads = d.heads;
     m->qk_dim = d.qk_dim, m->v_dim = d.v_dim;
     m->head_dim_qk = d.qk_dim / d.heads, m->head_dim_v = d.v_dim / d.heads;
+    m->kv_heads = d.kv_heads, m->kv_qk_dim = d.kv_qk_dim, m->kv_v_dim = d.kv_v_dim;
 
     /* Workspace: the projections q | k | v one after another (so that a packed self-attention
      * projection (B*L, 3E) is the same region), the concatenated heads, per-head weights. */
     size_t q_size, k_size, v_size, concat = 0, scores = 0, cursor = 0;
     if (!clattn__product(&q_size, 3, d.batch, d.seq_q, d.qk_dim) ||
-        !clattn__product(&k_size, 3, d.batch, d.seq_k, d.qk_dim) ||
-        !clattn__product(&v_size, 3, d.batch, d.seq_k, d.v_dim) ||
+        !clattn__product(&k_size, 3, d.batch, d.seq_k, d.kv_qk_dim) ||
+        !clattn__product(&v_size, 3, d.batch, d.seq_k, d.kv_v_dim) ||
         (m->has_out_proj && !clattn__product(&concat, 3, d.batch, d.seq_q, d.v_dim)) ||
         (desc->need_weights == CLATTN_WEIGHTS_AVERAGED &&
          !clattn__product(&scores, 4, d.batch, d.heads, d.seq_q, d.seq_k)))
@@ -269,9 +291,9 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
     const bool bias_v = m->packed_in_proj ? l[R_IN_B].present : l[R_VB].present;
     if ((status = prepare_projection(plan, &l[R_Q], wq, d.seq_q, d.qk_dim, bias_q,
                                      CLATTN_DTYPE_F32, flat_q, &m->q_proj)) ||
-        (status = prepare_projection(plan, &l[R_K], wk, d.seq_k, d.qk_dim, bias_k,
+        (status = prepare_projection(plan, &l[R_K], wk, d.seq_k, d.kv_qk_dim, bias_k,
                                      CLATTN_DTYPE_F32, flat_k, &m->k_proj)) ||
-        (status = prepare_projection(plan, &l[R_V], wv, d.seq_k, d.v_dim, bias_v,
+        (status = prepare_projection(plan, &l[R_V], wv, d.seq_k, d.kv_v_dim, bias_v,
                                      CLATTN_DTYPE_F32, flat_v, &m->v_proj)))
         return status;
     if (m->packed_in_proj && d.seq_q == d.seq_k &&
@@ -299,6 +321,7 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
                                      &score)) ||
         (status = clattn__plan_masks(plan, d.batch, d.heads, d.seq_q, d.seq_k, &score)))
         return status;
+    score.kv_group = d.heads / d.kv_heads;
     const clattn_dtype heads_out = m->has_out_proj ? CLATTN_DTYPE_F32 : l[R_OUT].dtype;
     if ((status = clattn__attention_prepare(plan, &score, m->head_dim_qk, m->head_dim_v,
                                             CLATTN_DTYPE_F32, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32,
@@ -441,7 +464,8 @@ clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const s
                              memcmp(&l[R_Q], &l[R_V], sizeof l[R_Q]) == 0;
     const bool flat_q = flattens(&l[R_Q]), flat_k = flattens(&l[R_K]);
     const bool flat_v = flattens(&l[R_V]);
-    size_t q_at = m->q_at, k_at = m->k_at, v_at = m->v_at, q_ld = e, kv_ld = e, v_ld = m->v_dim;
+    size_t q_at = m->q_at, k_at = m->k_at, v_at = m->v_at, q_ld = e, kv_ld = m->kv_qk_dim;
+    size_t v_ld = m->kv_v_dim;
     if (self_packed) {
         const clattn__view x = rows_view(&l[R_Q], mems[R_Q], offsets[R_Q], flat_q);
         const clattn__view w = bound_matrix(&l[R_IN_W], mems[R_IN_W], offsets[R_IN_W], 0, 3 * e);
@@ -459,7 +483,7 @@ clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const s
     } else {
         const int roles[3] = {R_Q, R_K, R_V};
         const int weights[3] = {R_QW, R_KW, R_VW}, biases[3] = {R_QB, R_KB, R_VB};
-        const size_t seqs[3] = {lq, lk, lk}, widths[3] = {e, e, m->v_dim};
+        const size_t seqs[3] = {lq, lk, lk}, widths[3] = {e, m->kv_qk_dim, m->kv_v_dim};
         const size_t at[3] = {m->q_at, m->k_at, m->v_at};
         const bool flat[3] = {flat_q, flat_k, flat_v};
         const clattn__matmul_plan *mms[3] = {&m->q_proj, &m->k_proj, &m->v_proj};
@@ -494,8 +518,10 @@ clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const s
      * projection reads them (or straight into out). */
     clattn__attention_io io = {
         .q = heads_view(workspace, q_at, CLATTN_DTYPE_F32, b, h, lq, dk, lq * q_ld, q_ld, 1),
-        .k = heads_view(workspace, k_at, CLATTN_DTYPE_F32, b, h, lk, dk, lk * kv_ld, kv_ld, 1),
-        .v = heads_view(workspace, v_at, CLATTN_DTYPE_F32, b, h, lk, dv, lk * v_ld, v_ld, 1),
+        .k = heads_view(workspace, k_at, CLATTN_DTYPE_F32, b, m->kv_heads, lk, dk, lk * kv_ld,
+                        kv_ld, 1),
+        .v = heads_view(workspace, v_at, CLATTN_DTYPE_F32, b, m->kv_heads, lk, dv, lk * v_ld,
+                        v_ld, 1),
         .masks = {plan->mask_view, plan->kpm_view},
     };
     io.masks.mask.mem = mems[R_MASK];

@@ -221,6 +221,7 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
         .k = head_dim_qk,
         .batch = {score->batch, score->heads},
         .trans_b = true,
+        .b_group = score->kv_group, /* grouped-query: k's heads are shared */
         .a_dtype = q_dtype,
         .b_dtype = k_dtype,
         .c_dtype = CLATTN_DTYPE_F32,
@@ -230,6 +231,7 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
         .n = head_dim_v,
         .k = score->seq_k,
         .batch = {score->batch, score->heads},
+        .b_group = score->kv_group,
         .a_dtype = CLATTN_DTYPE_F32,
         .b_dtype = v_dtype,
         .c_dtype = out_dtype,

@@ -37,6 +37,7 @@ typedef struct clattn__attention_io {
 
 typedef struct clattn__mha {
     size_t batch, seq_q, seq_k, heads, qk_dim, v_dim, head_dim_qk, head_dim_v;
+    size_t kv_heads, kv_qk_dim, kv_v_dim; /* grouped-query: k/v heads and projected widths */
     bool packed_in_proj;               /* in_proj_weight given (layout TORCH) */
     clattn__matmul_plan q_proj, k_proj, v_proj, qkv_proj, out_proj;
     bool has_out_proj;

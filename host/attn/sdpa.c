@@ -45,13 +45,25 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
         goto done;
     const size_t batch = l[R_Q].dims[0], heads = l[R_Q].dims[1], seq_q = l[R_Q].dims[2];
     const size_t dk = l[R_Q].dims[3], seq_k = l[R_K].dims[2], dv = l[R_V].dims[3];
-    const size_t k_dims[4] = {batch, heads, seq_k, dk}, v_dims[4] = {batch, heads, seq_k, dv};
+    /* Grouped-query (and multi-query) attention: k and v may have fewer heads than q, a divisor
+     * of q's; query head h then reads k/v head h / (heads / kv_heads). */
+    const size_t kv_heads = l[R_K].dims[1];
+    if (kv_heads == 0 || heads % kv_heads != 0) {
+        status = clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                              "%s: k has %zu heads (dim 1), which must divide q's %zu heads "
+                              "(grouped-query attention: query head h reads k/v head "
+                              "h / (q heads / k heads))",
+                              op, kv_heads, heads);
+        goto done;
+    }
+    const size_t k_dims[4] = {batch, kv_heads, seq_k, dk};
+    const size_t v_dims[4] = {batch, kv_heads, seq_k, dv};
     const size_t o_dims[4] = {batch, heads, seq_q, dv};
     const size_t w_dims[4] = {batch, heads, seq_q, seq_k};
     if ((status = clattn__layout_expect(ctx, op, "k", &l[R_K], 4, k_dims,
-                                        "(batch, heads, seq_k, head_dim_qk) from q")) ||
+                                        "(batch, kv_heads, seq_k, head_dim_qk) from q")) ||
         (status = clattn__layout_expect(ctx, op, "v", &l[R_V], 4, v_dims,
-                                        "(batch, heads, seq_k, head_dim_v) from q and k")) ||
+                                        "(batch, kv_heads, seq_k, head_dim_v) from q and k")) ||
         (status = clattn__layout_expect(ctx, op, "out", &l[R_OUT], 4, o_dims,
                                         "(batch, heads, seq_q, head_dim_v)")) ||
         (l[R_WEIGHTS].present &&
@@ -71,6 +83,7 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
     if ((status = clattn__plan_score(plan, desc->causal, desc->scale, desc->norm, dk, &score)) ||
         (status = clattn__plan_masks(plan, batch, heads, seq_q, seq_k, &score)))
         goto done;
+    score.kv_group = heads / kv_heads;
     status = clattn__attention_prepare(plan, &score, dk, dv, l[R_Q].dtype, l[R_K].dtype,
                                        l[R_V].dtype, l[R_OUT].dtype, l[R_WEIGHTS].present,
                                        l[R_LSE].present, desc->path, &plan->workspace_floats);

@@ -255,6 +255,7 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
     const cl_float scale = score->scale;
     const cl_int norm_relu = score->norm == CLATTN_NORM_RELU, causal = (cl_int)score->causal;
     const size_t bh_total = score->batch * score->heads;
+    const cl_uint kv_group = score->kv_group > 1 ? (cl_uint)score->kv_group : 1u;
     /* flash_cpu.cl: one work-item per group, the masks' presence, causal alignment and
      * normalisation compiled in (so not arguments); flash.cl and flash_gpu.cl: group_items. */
     const size_t items = plan->cpu ? 1 : plan->group_items;
@@ -292,7 +293,7 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
         ADD(heads), ADD(seq_q), ADD(seq_k), ADD(scale);
         if (!plan->cpu)
             ADD(norm_relu), ADD(causal);
-        ADD(bh_base), ADD(key_begin), ADD(key_stop), ADD(resume);
+        ADD(bh_base), ADD(key_begin), ADD(key_stop), ADD(resume), ADD(kv_group);
 #undef ADD
         global[1] = bh_total - first < MAX_BH_PER_LAUNCH ? bh_total - first : MAX_BH_PER_LAUNCH;
         cl_event step = NULL;

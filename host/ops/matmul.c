@@ -168,6 +168,7 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
     const bool vec = plan->panel != 0;
     const cl_uint m = (cl_uint)shape->m, n = (cl_uint)shape->n, k = (cl_uint)shape->k;
     const cl_ulong batch1 = shape->batch[1];
+    const cl_ulong b_group = shape->b_group > 1 ? shape->b_group : 1;
     const size_t entries = shape->batch[0] * shape->batch[1];
     const cl_int trans_a = shape->trans_a;
     cl_int trans_b = shape->trans_b;
@@ -210,7 +211,8 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
         const size_t global[3] = {plan->global[0], plan->global[1],
                                   entries - first < MAX_BATCH_PER_LAUNCH ? entries - first
                                                                          : MAX_BATCH_PER_LAUNCH};
-        /* matmul_vec takes b_panel where matmul takes trans_b (index 16), and stream_c. */
+        /* matmul_vec takes b_panel where matmul takes trans_b (index 16), and stream_c before
+         * b_group. */
         const clattn_arg args[] = {
             CLATTN_ARG(m),        CLATTN_ARG(n),           CLATTN_ARG(k_part),
             CLATTN_ARG(batch1),   CLATTN_ARG(batch_base),  CLATTN_ARG(a->mem),
@@ -221,6 +223,7 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
             CLATTN_ARG(c_offset), CLATTN_ARG(c_batch0),    CLATTN_ARG(c_batch1),
             CLATTN_ARG(ldc),      CLATTN_ARG(alpha_arg),   CLATTN_ARG(beta_part),
             CLATTN_ARG(bias_mem), CLATTN_ARG(bias_offset), CLATTN_ARG(bias_part),
+            CLATTN_ARG(b_group),
         };
         enum { NUM_ARGS = sizeof args / sizeof args[0], TRANS_B_ARG = 16 };
         /* matmul_vec streams an F32 C of at least vec_stream KiB per launch past the caches. */
@@ -228,9 +231,10 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
         const cl_int stream_c = vec && shape->c_dtype == CLATTN_DTYPE_F32 &&
                                 ctx->tuning.vec_stream != 0 && launch_kib >= ctx->tuning.vec_stream;
         clattn_arg vec_args[NUM_ARGS + 1];
-        for (size_t i = 0; i < NUM_ARGS; ++i)
+        for (size_t i = 0; i < NUM_ARGS - 1; ++i)
             vec_args[i] = i == TRANS_B_ARG ? CLATTN_ARG(b_panel) : args[i];
-        vec_args[NUM_ARGS] = CLATTN_ARG(stream_c);
+        vec_args[NUM_ARGS - 1] = CLATTN_ARG(stream_c);
+        vec_args[NUM_ARGS] = args[NUM_ARGS - 1]; /* b_group, last in both kernels */
         cl_event step = NULL;
         status =
             clattn__step(&chain,

@@ -34,6 +34,8 @@ typedef struct clattn__matmul_shape {
     bool trans_a, trans_b;
     clattn_dtype a_dtype, b_dtype, c_dtype;
     bool has_bias; /* bias: F32, n elements, stride 1 */
+    size_t b_group; /* B's second batch index is b1 / b_group (0 or 1: b1), so that b_group
+                     * consecutive entries share one B (grouped-query attention's k and v) */
 } clattn__matmul_shape;
 
 typedef struct clattn__matmul_plan {
@@ -61,6 +63,8 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
  * softmax or relu normalisation; a row with nothing left gives zeros. */
 typedef struct clattn__score_shape {
     size_t batch, heads, seq_q, seq_k;
+    size_t kv_group; /* grouped-query attention: query head h reads k/v head h / kv_group (k and
+                      * v have heads / kv_group heads); 0 or 1: a k/v head per query head */
     float scale; /* resolved: never NAN */
     clattn_norm norm;
     clattn_causal causal;
@@ -95,8 +99,9 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_pla
                                       const cl_event *wait, cl_event *event);
 
 /* ---- fused attention (ops/flash.c, kernels/flash.cl; CPUs: kernels/flash_cpu.cl) ----------
- * q (batch, heads, seq_q, dk), k (batch, heads, seq_k, dk), v (batch, heads, seq_k, dv),
- * out (batch, heads, seq_q, dv): any strides; lse (batch, heads, seq_q) F32, optional. */
+ * q (batch, heads, seq_q, dk), k (batch, kv_heads, seq_k, dk), v (batch, kv_heads, seq_k, dv)
+ * (kv_heads = heads / score.kv_group), out (batch, heads, seq_q, dv): any strides; lse (batch,
+ * heads, seq_q) F32, optional. */
 typedef struct clattn__flash_shape {
     clattn__score_shape score;
     size_t head_dim_qk, head_dim_v;
