@@ -26,7 +26,7 @@ weights; see `clattn bench --help`) against the copy bandwidth (bytes read + wri
 
 Run through bench/peers.sh (it sets the thread variables before numpy and torch load):
     bench/peers.sh [--quick] [--runs N] [--clattn build/clattn] [--clblast build/peer_clblast]
-                   [--clblast-tuned DIR] [--only attention,mha,matmul,softmax]
+                   [--clblast-tuned DIR] [--only attention,gqa,mha,matmul,softmax]
                    [--markdown FILE] [--json FILE] [--no-torch]
 Needs: numpy and threadpoolctl (else no numpy column), torch (else no PyTorch column); the
 virtual environment bench/peers.sh uses is /work/venv-peers (PEERS_VENV). Not part of CI.
@@ -75,6 +75,14 @@ def plan(quick):
         ("padding", 64, False, "padding", attn_extra_l),
         ("additive", 64, False, "additive", attn_extra_l),
     ]
+    # Grouped-query attention (group "gqa", not in the default --only): k/v with 2 heads (4
+    # query heads each), and multi-query (1 k/v head), against torch's enable_gqa=True.
+    gqa = [  # (variant, head_dim, causal, mask, L list, kv heads)
+        ("gqa kv=2", 64, False, "none", attn_extra_l, 2),
+        ("gqa kv=2 causal", 64, True, "none", attn_extra_l, 2),
+        ("mqa kv=1", 64, False, "none", attn_extra_l, 1),
+    ]
+    attention = [a + (8,) for a in attention] + [("gqa",) + g for g in gqa]
     # The projection shape over L: x (L, E) · W_inᵀ (E, 3E), E = 512 (expected exponent 1).
     proj = [(l, 1536, 512) for l in proj_l]
     return attention, mha, mm, proj, softmax_l
@@ -136,9 +144,10 @@ class Torch:
     def settle(self):
         time.sleep(0.3)  # let OpenMP workers stop spinning before the next timed program
 
-    def sdpa(self, l, d, causal, mask, runs, warmup):
+    def sdpa(self, l, d, causal, mask, runs, warmup, kv_heads=8):
         t = self.torch
-        q, k, v = self.rand(1, 8, l, d), self.rand(1, 8, l, d), self.rand(1, 8, l, d)
+        q, k, v = self.rand(1, 8, l, d), self.rand(1, kv_heads, l, d), self.rand(1, kv_heads, l, d)
+        gqa = {"enable_gqa": True} if kv_heads != 8 else {}
         attn_mask = None
         if mask == "padding":  # True = takes part; the last l/8 keys are padding (as clattn)
             attn_mask = (t.arange(l) < l - l // 8).reshape(1, 1, 1, l)
@@ -146,8 +155,8 @@ class Torch:
             attn_mask = self.rand(l, l)
         f = t.nn.functional.scaled_dot_product_attention
         with t.inference_mode():
-            return median_ms(lambda: f(q, k, v, attn_mask=attn_mask, is_causal=causal), runs,
-                             warmup)
+            return median_ms(lambda: f(q, k, v, attn_mask=attn_mask, is_causal=causal, **gqa),
+                             runs, warmup)
 
     def mha(self, e, b, l, runs, warmup):
         t = self.torch
@@ -322,7 +331,8 @@ def main():
     parser.add_argument("--clblast-tuned", default=os.environ.get("CLBLAST_TUNED", ""),
                         help="folder with CLBlast tuner JSON (clblast_xgemm_*_32.json)")
     parser.add_argument("--only", default="attention,mha,matmul,softmax",
-                        help="the groups to run (comma-separated; default all)")
+                        help="the groups to run (comma-separated; default all but gqa: "
+                             "grouped-query attention against torch's enable_gqa)")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--markdown", help="also write the report to this file")
     parser.add_argument("--json", help="write every measurement to this file")
@@ -348,20 +358,23 @@ def main():
 
     attention, mha, mm, proj, softmax_l = plan(args.quick)
     only = set(args.only.split(","))
-    if only - {"attention", "mha", "matmul", "softmax"}:
+    if only - {"attention", "gqa", "mha", "matmul", "softmax"}:
         raise SystemExit(f"peers: --only: unknown group in '{args.only}'")
-    attention = attention if "attention" in only else []
+    attention = [a[1:] for a in attention if a[0] == "gqa" and "gqa" in only] + \
+                [a for a in attention if a[0] != "gqa" and "attention" in only]
     mha = mha if "mha" in only else []
     if "matmul" not in only:
         mm, proj = [], []
     rows = []  # dicts: group, size, unit, ours, torch, numpy, clblast, copy, target
     series = []  # (name, expected kind, [(L, ours ms, torch ms, flops)])
 
-    # Attention: fused kernel, B=1, H=8.
-    for variant, d, causal, mask, ls in attention:
+    # Attention: fused kernel, B=1, H=8 (k/v heads kv: 8, or grouped-query).
+    for variant, d, causal, mask, ls, kv in attention:
         extra = ["--causal"] if causal else []
         if mask != "none":
             extra += ["--mask", mask]
+        if kv != 8:
+            extra += ["--kv-heads", str(kv)]
         lines = run_clattn(args.clattn, ["--op", "attention", "--path", "fused", "--batch", "1",
                                          "--heads", "8", "--head-dim", str(d), "--seq",
                                          ",".join(map(str, ls))] + extra, runs, args.warmup)
@@ -372,10 +385,11 @@ def main():
             peer_ms = None
             if torch_peer:
                 log(f"torch sdpa {variant} L={l} d={d}")
-                peer_ms = torch_peer.sdpa(l, d, causal, mask, runs, args.warmup)
+                peer_ms = torch_peer.sdpa(l, d, causal, mask, runs, args.warmup, kv)
                 torch_peer.settle()
             rows.append({"group": f"attention {variant}",
-                         "size": f"B=1 H=8 L={l} d={d}" + (" causal" if causal else "") +
+                         "size": f"B=1 H=8 L={l} d={d}" + (f" Hkv={kv}" if kv != 8 else "") +
+                                 (" causal" if causal else "") +
                                  (f" mask={mask}" if mask != "none" else ""),
                          "unit": "GFLOP/s", "ours": clattn_rate(line),
                          "torch": flops / peer_ms / 1e6 if peer_ms else None})

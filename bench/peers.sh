@@ -3,7 +3,7 @@
 # same sizes, 2 threads for every peer (issue 10). Prints one markdown table with the ratios,
 # the targets met or not, and the growth exponents over L. Progress goes to stderr.
 #
-#   bench/peers.sh [--quick] [--runs N] [--only attention,mha,matmul,softmax] [--markdown FILE]
+#   bench/peers.sh [--quick] [--runs N] [--only attention,gqa,mha,matmul,softmax] [--markdown FILE]
 #                  [--json FILE] [--clattn BIN] [--clblast BIN] [--clblast-tuned DIR]
 #
 # --quick: fewer sizes, 3 runs (a few minutes on 2 cores); default: the issue's sizes, median
