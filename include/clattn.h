@@ -283,7 +283,8 @@ typedef enum clattn_causal {
  *   (a (batch, seq, heads * head_dim) buffer is the view dims (B, H, L, d), strides
  *   (L*H*d, d, H*d, 1)). kv_heads = heads, or a divisor of it (grouped-query attention; 1 is
  *   multi-query): query head h then attends with k/v head h / (heads / kv_heads), read where it
- *   lies (never copied). weights (F32, batch, heads, seq_q, seq_k) and lse (F32, batch, heads,
+ *   lies (never copied). softcap > 0 caps each scaled score s to softcap * tanh(s / softcap) before
+ *   the masks (clattn_sdpa_desc.softcap). weights (F32, batch, heads, seq_q, seq_k) and lse (F32, batch, heads,
  *   seq_q: the log-sum-exp of each row's masked, scaled scores, -INFINITY for a fully masked
  *   row; with the relu normalisation, the log of the row's normaliser) are optional outputs.
  *
@@ -319,6 +320,9 @@ typedef struct clattn_sdpa_desc {
     float scale; /* NAN: 1/sqrt(head_dim_qk); any other value is used as given */
     clattn_norm norm;
     clattn_path path;
+    float softcap; /* 0: off; > 0: each scaled score s becomes softcap * tanh(s / softcap)
+                    * before the masks (Gemma 2's attention soft-capping, ONNX Attention's
+                    * softcap attribute). Finite, >= 0. */
 } clattn_sdpa_desc;
 
 typedef enum clattn_weight_layout {

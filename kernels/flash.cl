@@ -133,7 +133,7 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
                      const int norm_relu, const int causal,
                      const ulong bh_base, const uint key_begin, const uint key_stop,
                      const int resume,
-                     const uint kv_group)
+                     const uint kv_group, const float softcap)
 {
     __local float k_tile[BLOCK_K][HEAD_DIM_QK];
     __local float v_tile[BLOCK_K][HEAD_DIM_V];
@@ -219,7 +219,7 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
             row_t partial = (row_t)(0.0f);
             for (uint d = 0; d < QK_VECS; ++d)
                 partial = mad(q[d], row_load(d, k_tile[j]), partial);
-            s[j] = masked_score(row_sum(partial), key, row_key_end, tile_padded[j], has_mask, mask,
+            s[j] = masked_score(soft_cap(row_sum(partial), softcap), key, row_key_end, tile_padded[j], has_mask, mask,
                                 key * mask_s3);
             tile_max = fmax(tile_max, s[j]);
         }

@@ -182,7 +182,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
                const ulong key_padding_s1, const uint heads, const uint seq_q, const uint seq_k,
                const float scale, const ulong bh_base, const uint key_begin,
                const uint key_stop, const int resume,
-               const uint kv_group)
+               const uint kv_group, const float softcap)
 {
     __local float qs[FC_ROWS][HEAD_DIM_QK]; /* the group's q rows, times scale */
     __local float acc[FC_ROWS][FC_DVP];     /* unnormalised output rows */
@@ -301,6 +301,16 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
 #pragma unroll
                     for (uint w = 0; w < FC_KV; ++w)
                         s[r][v0 + w] = a[r][w];
+                }
+            }
+
+            /* Soft-capping (score.cl), before any mask: a uniform branch. */
+            if (softcap > 0.0f) {
+#pragma unroll
+                for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+                    for (uint v = 0; v < 4; ++v)
+                        s[r][v] = soft_cap16(s[r][v], softcap);
                 }
             }
 

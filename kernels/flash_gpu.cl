@@ -108,7 +108,7 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
                      const int norm_relu, const int causal,
                      const ulong bh_base, const uint key_begin, const uint key_stop,
                      const int resume,
-                     const uint kv_group)
+                     const uint kv_group, const float softcap)
 {
     __local float q_tile[FG_BQ * QK_PAD];
     __local float kv_tile[KV_WORDS];
@@ -208,7 +208,7 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
             for (uint j = 0; j < FG_RN; ++j) {
                 const uint jj = tx + j * FG_TX, key = k0 + jj;
                 p_tile[r * P_PAD + jj] =
-                    masked_score(s[i][j], key, row_key_end, tile_padded[jj], has_mask, mask,
+                    masked_score(soft_cap(s[i][j], softcap), key, row_key_end, tile_padded[jj], has_mask, mask,
                                  safe_row * mask_s2 + key * mask_s3);
             }
         }

@@ -4,7 +4,9 @@
  * (scores from a matmul) and flash.cl (scores computed in place) both apply it through these
  * helpers only.
  *
- *   s_ij = scale * (q_i . k_j) + mask[b,h,i,j]       float masks (F32, F16, BF16) are added
+ *   s_ij = cap(scale * (q_i . k_j)) + mask[b,h,i,j]  float masks (F32, F16, BF16) are added
+ *   cap(x) = softcap * tanh(x / softcap)               soft-capping (Gemma 2, ONNX Attention's
+ *                                                      softcap), when softcap > 0; else x
  *   s_ij = -inf  where a U8 mask[b,h,i,j] is 0        (U8: nonzero = the key takes part)
  *              or key_padding[b, j] != 0               (nonzero = ignore the key)
  *              or j >= causal_key_end(i)               TOP_LEFT: j > i
@@ -63,6 +65,19 @@ inline float mask_term(__global const ELEM_T(MASK_DTYPE) *mask, const ulong inde
 inline bool key_masked(const uint key, const uint key_end, const bool padded)
 {
     return key >= key_end || padded;
+}
+
+/* Soft-capping of a scaled dot product: softcap * tanh(x / softcap), before any mask (so that
+ * masked keys stay masked), or x when softcap is 0 (off). The float16 form for the CPU kernels'
+ * tiles. */
+inline float soft_cap(const float x, const float softcap)
+{
+    return softcap > 0.0f ? softcap * tanh(x / softcap) : x;
+}
+
+inline float16 soft_cap16(const float16 x, const float softcap)
+{
+    return softcap * tanh(x * (1.0f / softcap));
 }
 
 /* The scaled dot product plus the mask term at element mask_index of `mask` (when there is a

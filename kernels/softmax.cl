@@ -48,14 +48,14 @@
 
 /* The score of column c of the row (masked_score's rule, reading raw only for kept keys). */
 inline float row_score(__global const float *raw, const uint c, const float scale,
-                       const uint key_end, const int has_mask,
+                       const float softcap, const uint key_end, const int has_mask,
                        __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_s3,
                        const int has_key_padding, __global const uchar *key_padding,
                        const ulong key_padding_s1)
 {
     if (key_masked(c, key_end, key_padded(has_key_padding, key_padding, c * key_padding_s1)))
         return NEG_INF;
-    return add_mask(scale * raw[c], has_mask, mask, c * mask_s3);
+    return add_mask(soft_cap(scale * raw[c], softcap), has_mask, mask, c * mask_s3);
 }
 
 #if SOFTMAX_VEC
@@ -104,11 +104,13 @@ inline float sum16(const float16 v)
  * key stride is 1, else gathered element by element (stride 0: a broadcast key dim). Unlike
  * row_score it reads raw and the mask at padded keys too (in the row; the result is -inf). */
 inline float16 row_scores16(__global const float *raw, const uint c, const float scale,
-                            const int has_mask, __global const ELEM_T(MASK_DTYPE) *mask,
+                            const float softcap, const int has_mask, __global const ELEM_T(MASK_DTYPE) *mask,
                             const ulong mask_s3, const int has_key_padding,
                             __global const uchar *key_padding, const ulong key_padding_s1)
 {
     float16 s = scale * vload16(0, raw + c);
+    if (softcap > 0.0f)
+        s = soft_cap16(s, softcap);
     if (has_mask) {
         float16 term;
         if (mask_s3 == 1) {
@@ -148,17 +150,17 @@ inline float16 row_scores16(__global const float *raw, const uint c, const float
  * call with has_mask and has_key_padding 0 compiles to loops without their tests. */
 __attribute__((always_inline)) inline void
 softmax_row_vec(__global const float *raw, __global float *out, const float scale,
-                const uint key_end, const uint seq_k, const int has_mask,
+                const float softcap, const uint key_end, const uint seq_k, const int has_mask,
                 __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_s3,
                 const int has_key_padding, __global const uchar *key_padding,
                 const ulong key_padding_s1, const int norm_relu)
 {
 #define SCORES16(c)                                                                               \
-    row_scores16(raw, (c), scale, has_mask, mask, mask_s3, has_key_padding, key_padding,         \
+    row_scores16(raw, (c), scale, softcap, has_mask, mask, mask_s3, has_key_padding, key_padding,\
                  key_padding_s1)
 #define SCORE(c)                                                                                  \
-    row_score(raw, (c), scale, key_end, has_mask, mask, mask_s3, has_key_padding, key_padding,   \
-              key_padding_s1)
+    row_score(raw, (c), scale, softcap, key_end, has_mask, mask, mask_s3, has_key_padding,       \
+              key_padding, key_padding_s1)
     const uint vec_end = key_end - key_end % 16;
     float inv;
     if (norm_relu) {
@@ -224,7 +226,7 @@ void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong
                   const ulong key_padding_s0, const ulong key_padding_s1,
                   const int has_key_padding,
                   const uint heads, const uint seq_q, const uint seq_k, const float scale,
-                  const int norm_relu, const int causal, const ulong rows)
+                  const int norm_relu, const int causal, const ulong rows, const float softcap)
 {
 #if SOFTMAX_VEC
     /* No barriers here: the work-items past the last row leave at once. */
@@ -251,15 +253,15 @@ void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong
     const uint key_end = causal_key_end(causal, i, seq_q, seq_k);
 #if SOFTMAX_VEC
     if (has_mask || has_key_padding)
-        softmax_row_vec(raw, out, scale, key_end, seq_k, has_mask, mask, mask_s3,
+        softmax_row_vec(raw, out, scale, softcap, key_end, seq_k, has_mask, mask, mask_s3,
                         has_key_padding, key_padding, key_padding_s1, norm_relu);
     else
-        softmax_row_vec(raw, out, scale, key_end, seq_k, 0, mask, 0, 0, key_padding, 0,
+        softmax_row_vec(raw, out, scale, softcap, key_end, seq_k, 0, mask, 0, 0, key_padding, 0,
                         norm_relu);
 #else
 #define SCORE(c)                                                                                  \
-    row_score(raw, (c), scale, key_end, has_mask, mask, mask_s3, has_key_padding, key_padding,   \
-              key_padding_s1)
+    row_score(raw, (c), scale, softcap, key_end, has_mask, mask, mask_s3, has_key_padding,       \
+              key_padding, key_padding_s1)
 
     /* norm_relu is uniform over the group: every work-item meets the same barriers. */
     if (norm_relu) {

@@ -470,6 +470,15 @@ START_TEST(test_sdpa_create_errors)
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "path", NULL, "sdpa(path 5)");
     desc = good, desc.scale = INFINITY;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "scale", NULL, "sdpa(scale inf)");
+    static const float bad_caps[] = {-1.0f, -0.0001f, NAN, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof bad_caps / sizeof bad_caps[0]; ++i) {
+        char call[64];
+        snprintf(call, sizeof call, "sdpa(softcap %g)", (double)bad_caps[i]);
+        desc = good, desc.softcap = bad_caps[i];
+        expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "softcap", NULL, call);
+    }
+    desc = good, desc.softcap = 1e-30f; /* tiny but positive: a valid (extreme) cap */
+    clattn_plan_release(expect_sdpa_created(&desc, "sdpa(softcap 1e-30)"));
     desc = good, desc.tensors.q.dtype = (clattn_dtype)7;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "q", "dtype", "sdpa(q dtype 7)");
     desc = good, desc.tensors.out.dtype = (clattn_dtype)-1;

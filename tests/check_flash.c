@@ -24,40 +24,49 @@ typedef struct flash_case {
     int fully_masked; /* 1: padding masks every key of batch 0; 2: the mask kills row 0 */
     float scale;      /* NAN: the default */
     size_t kv_heads;  /* heads of k and v (0: heads): grouped-query attention */
+    float softcap;    /* 0: off; else softcap * tanh(s / softcap) before the masks */
 } flash_case;
 
 /* clang-format off */
 static const flash_case cases[] = {
-    /* batch heads  Lq   Lk   dk   dv  causal mask pad relu full scale kv_heads */
-    {1, 1,   1,   1,   1,   1, 0, 0, 0, 0, 0, NAN, 0},
-    {1, 1,   3,  17,   7,   7, 0, 0, 0, 0, 0, NAN, 0},
-    {2, 3,  17,  63,  64,  64, 0, 1, 0, 0, 0, NAN, 0},
-    {1, 2,  65,  65,  64,  64, 1, 0, 0, 0, 0, NAN, 0},
-    {2, 2, 127,  17,  64, 100, 1, 0, 1, 0, 0, 0.3f, 0},
-    {1, 4,  17, 129, 100,  64, 1, 1, 1, 0, 0, NAN, 0},
-    {2, 1, 129, 127, 128, 128, 0, 1, 1, 0, 0, NAN, 0},
-    {1, 2,  63,  65, 256, 256, 1, 0, 0, 0, 0, NAN, 0},
-    {1, 1,  33,  40, 256, 128, 0, 1, 0, 0, 0, NAN, 0},
-    {3, 2,  31,  37,   7,   1, 0, 0, 1, 0, 1, NAN, 0},
-    {1, 3,  29,  29,  64,  64, 0, 1, 0, 0, 2, NAN, 0},
-    {2, 2,  65,  33,  64,  64, 1, 1, 1, 1, 0, NAN, 0},
-    {1, 16, 40,  40,  16,  16, 0, 0, 0, 1, 2, 0.5f, 0},
-    {2, 8, 100, 300,  64,  64, 1, 1, 1, 0, 0, NAN, 0},
+    /* batch heads  Lq   Lk   dk   dv  causal mask pad relu full scale kv_heads softcap */
+    {1, 1,   1,   1,   1,   1, 0, 0, 0, 0, 0, NAN, 0, 0},
+    {1, 1,   3,  17,   7,   7, 0, 0, 0, 0, 0, NAN, 0, 0},
+    {2, 3,  17,  63,  64,  64, 0, 1, 0, 0, 0, NAN, 0, 0},
+    {1, 2,  65,  65,  64,  64, 1, 0, 0, 0, 0, NAN, 0, 0},
+    {2, 2, 127,  17,  64, 100, 1, 0, 1, 0, 0, 0.3f, 0, 0},
+    {1, 4,  17, 129, 100,  64, 1, 1, 1, 0, 0, NAN, 0, 0},
+    {2, 1, 129, 127, 128, 128, 0, 1, 1, 0, 0, NAN, 0, 0},
+    {1, 2,  63,  65, 256, 256, 1, 0, 0, 0, 0, NAN, 0, 0},
+    {1, 1,  33,  40, 256, 128, 0, 1, 0, 0, 0, NAN, 0, 0},
+    {3, 2,  31,  37,   7,   1, 0, 0, 1, 0, 1, NAN, 0, 0},
+    {1, 3,  29,  29,  64,  64, 0, 1, 0, 0, 2, NAN, 0, 0},
+    {2, 2,  65,  33,  64,  64, 1, 1, 1, 1, 0, NAN, 0, 0},
+    {1, 16, 40,  40,  16,  16, 0, 0, 0, 1, 2, 0.5f, 0, 0},
+    {2, 8, 100, 300,  64,  64, 1, 1, 1, 0, 0, NAN, 0, 0},
     /* grouped-query attention (last column: k/v heads): groups of 4, 8 (multi-query), 2, 2 */
-    {2, 8,  17,  63,  64,  64, 1, 1, 1, 0, 0, NAN, 2},
-    {1, 8,  65,  33,   3,   5, 0, 0, 0, 0, 0, NAN, 1},
-    {3, 6,   1, 129, 128,  64, 0, 0, 1, 0, 0, NAN, 3},
-    {1, 4,  63,  65,   1,   1, 1, 0, 0, 1, 0, NAN, 2},
+    {2, 8,  17,  63,  64,  64, 1, 1, 1, 0, 0, NAN, 2, 0},
+    {1, 8,  65,  33,   3,   5, 0, 0, 0, 0, 0, NAN, 1, 0},
+    {3, 6,   1, 129, 128,  64, 0, 0, 1, 0, 0, NAN, 3, 0},
+    {1, 4,  63,  65,   1,   1, 1, 0, 0, 1, 0, NAN, 2, 0},
+    /* soft-capping (last column): with a mask, causal and padding under grouped heads, relu,
+     * a fully masked row, a cap far above the scores (nearly a no-op) and a 0.2 cap
+     * that flattens them */
+    {2, 3,  17,  63,  64,  64, 0, 1, 0, 0, 0, NAN, 0, 2.0f},
+    {1, 8,  65,  33,   3,   5, 1, 0, 1, 0, 0, NAN, 2, 0.7f},
+    {1, 2,  33,  70, 128,  64, 0, 0, 0, 1, 0, NAN, 0, 1.5f},
+    {2, 4,   1,  65,  64,  64, 0, 1, 1, 0, 1, NAN, 0, 50.0f},
+    {1, 1, 129, 127,  16,  16, 1, 1, 1, 0, 2, 0.3f, 0, 0.2f},
 };
 /* clang-format on */
 
 static void describe_case(const char *what, const flash_case *c)
 {
     tu_set_case("%sB=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu causal=%d mask=%d pad=%d "
-                "relu=%d fully_masked=%d scale=%g",
+                "relu=%d fully_masked=%d scale=%g softcap=%g",
                 what, c->batch, c->heads, c->kv_heads ? c->kv_heads : c->heads, c->seq_q,
                 c->seq_k, c->dk, c->dv, c->causal, c->mask, c->padding, c->relu, c->fully_masked,
-                (double)c->scale);
+                (double)c->scale, (double)c->softcap);
 }
 
 /* The problem of a case: q spread to [-3, 3) so that the softmax is not flat. */
@@ -68,6 +77,7 @@ static void make_problem(pb_sdpa_problem *p, const flash_case *c, int skip_refer
     spec.batch = c->batch;
     spec.heads = c->heads;
     spec.kv_heads = c->kv_heads;
+    spec.softcap = c->softcap;
     spec.seq_q = c->seq_q;
     spec.seq_k = c->seq_k;
     spec.dk = c->dk;
@@ -252,8 +262,9 @@ START_TEST(test_flash_cpu_variants)
         spec.q_layout = spec.v_layout = PB_STRIDED_LAST;
         spec.k_layout = PB_SEQ_MAJOR_PADDED;
         break;
-    case 2: /* causal bottom-right with key padding, BF16 k and out */
+    case 2: /* causal bottom-right with key padding, BF16 k and out, soft-capping */
         spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        spec.softcap = 1.5f;
         spec.padding = 1;
         spec.k_dtype = spec.out_dtype = CLATTN_DTYPE_BF16;
         spec.out_layout = PB_STRIDED_LAST;
@@ -263,7 +274,8 @@ START_TEST(test_flash_cpu_variants)
         spec.fully_masked = 1;
         spec.k_layout = PB_STRIDED_LAST;
         break;
-    case 4: /* float mask (F16) broadcast over batch and heads, row 0 fully masked */
+    case 4: /* float mask (F16) broadcast over batch and heads, row 0 fully masked, capped */
+        spec.softcap = 0.8f;
         spec.mask = PB_MASK_FLOAT;
         spec.mask_dtype = CLATTN_DTYPE_F16;
         spec.mask_rank = 4;
@@ -289,8 +301,9 @@ START_TEST(test_flash_cpu_variants)
         spec.norm = CLATTN_NORM_RELU;
         spec.scale = 0.5f;
         break;
-    default: /* relu with causal, padding and an F32 mask */
+    default: /* relu with causal, padding and an F32 mask, capped */
         spec.norm = CLATTN_NORM_RELU;
+        spec.softcap = 2.5f;
         spec.causal = CLATTN_CAUSAL_TOP_LEFT;
         spec.padding = 1;
         spec.mask = PB_MASK_FLOAT;
@@ -330,11 +343,11 @@ END_TEST
 
 /* clang-format off */
 static const flash_case large_cases[] = {
-    /* batch heads  Lq   Lk   dk   dv  causal mask pad relu full scale kv_heads */
-    {1, 2,  70, 200,  64,  64, 0, 0, 0, 0, 0, 4.0f, 0},
-    {2, 1, 129,  97,  64,  32, 1, 0, 1, 0, 0, 4.0f, 0},
-    {1, 1,  17, 300,   7,   5, 0, 1, 0, 0, 0, 8.0f, 0},
-    {1, 3,  65,  65,  16,  16, 1, 1, 0, 0, 0, 2.0f, 0},
+    /* batch heads  Lq   Lk   dk   dv  causal mask pad relu full scale kv_heads softcap */
+    {1, 2,  70, 200,  64,  64, 0, 0, 0, 0, 0, 4.0f, 0, 0},
+    {2, 1, 129,  97,  64,  32, 1, 0, 1, 0, 0, 4.0f, 0, 0},
+    {1, 1,  17, 300,   7,   5, 0, 1, 0, 0, 0, 8.0f, 0, 0},
+    {1, 3,  65,  65,  16,  16, 1, 1, 0, 0, 0, 2.0f, 0, 0},
 };
 /* clang-format on */
 
@@ -369,7 +382,7 @@ END_TEST
 START_TEST(test_flash_many_heads_split)
 {
     TU_BEGIN_TEST();
-    const flash_case c = {2, 32771, 3, 5, 2, 3, _i, 0, _i, 0, 0, NAN, 0};
+    const flash_case c = {2, 32771, 3, 5, 2, 3, _i, 0, _i, 0, 0, NAN, 0, 0};
     describe_case("launch split: ", &c);
     pb_sdpa_problem p;
     make_problem(&p, &c, 0);
@@ -398,7 +411,7 @@ START_TEST(test_path_errors)
     TU_BEGIN_TEST();
     tu_set_case("FUSED with weights, FUSED with head size 300, lse unfused, AUTO with 300");
     clattn_ctx *ctx = tu_ctx();
-    const flash_case c = {1, 1, 3, 5, 300, 8, 0, 0, 0, 0, 0, NAN, 0};
+    const flash_case c = {1, 1, 3, 5, 300, 8, 0, 0, 0, 0, 0, NAN, 0, 0};
     pb_sdpa_problem p;
     make_problem(&p, &c, 0);
     clattn_sdpa_desc desc;
@@ -433,7 +446,7 @@ START_TEST(test_path_errors)
     tu_expect_status(pb_sdpa_run(ctx, &unfused, NULL), CLATTN_SUCCESS, "AUTO with head size 300");
 
     /* lse too small: the plan is made for 3 rows (B*H*Lq), the buffer holds 2 */
-    const flash_case small_case = {1, 1, 3, 5, 8, 8, 0, 0, 0, 0, 0, NAN, 0};
+    const flash_case small_case = {1, 1, 3, 5, 8, 8, 0, 0, 0, 0, 0, NAN, 0, 0};
     pb_sdpa_problem small;
     make_problem(&small, &small_case, 0);
     pb_sdpa_desc(&small, &desc);
@@ -572,7 +585,7 @@ START_TEST(test_long_sequence_under_cap)
     TU_BEGIN_TEST();
     const size_t seq = 8192, dim = 64, heads = 2, cap = (size_t)64 << 20;
     tu_set_case("B=1 H=2 L=%zu d=%zu causal=%d, workspace cap %zu MiB", seq, dim, _i, cap >> 20);
-    const flash_case c = {1, heads, seq, seq, dim, dim, _i, 0, 0, 0, 0, NAN, 0};
+    const flash_case c = {1, heads, seq, seq, dim, dim, _i, 0, 0, 0, 0, NAN, 0, 0};
     pb_sdpa_problem p;
     make_problem(&p, &c, 1);
     p.spec.want_lse = 0;
@@ -610,7 +623,7 @@ START_TEST(test_long_sequence_under_cap)
                     /* One query row; causal as an additive mask on keys past `row`. */
                     const ref_sdpa_shape one = {1, 1, 1, seq, dim, dim,
                                                 ref_resolve_scale(NAN, dim), CLATTN_NORM_SOFTMAX,
-                                                CLATTN_CAUSAL_NONE, 0};
+                                                CLATTN_CAUSAL_NONE, 0, 0};
                     for (size_t j = 0; j < seq; ++j)
                         row_mask[j] = c.causal && j > row ? -INFINITY : 0.0f;
                     double want[64];

@@ -709,6 +709,7 @@ ref_sdpa_shape pb_sdpa_ref_shape(const pb_sdpa_spec *spec)
         .norm = spec->norm,
         .causal = spec->causal,
         .kv_heads = spec->kv_heads,
+        .softcap = spec->softcap,
     };
     return shape;
 }
@@ -754,7 +755,7 @@ static void describe_sdpa(pb_sdpa_problem *p)
     snprintf(p->label, sizeof p->label,
              "sdpa B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu scale=%g norm=%s causal=%s path=%s "
              "q=%s/%s k=%s/%s v=%s/%s out=%s/%s mask=%s padding=%d fully_masked=%d weights=%d "
-             "lse=%d",
+             "lse=%d softcap=%g",
              s->batch, s->heads, s->kv_heads ? s->kv_heads : s->heads, s->seq_q, s->seq_k, s->dk,
              s->dv, (double)s->scale,
              s->norm == CLATTN_NORM_RELU ? "relu" : "softmax", causal_name(s->causal),
@@ -762,7 +763,7 @@ static void describe_sdpa(pb_sdpa_problem *p)
              pb_dtype_name(s->k_dtype), pb_layout_name(s->k_layout), pb_dtype_name(s->v_dtype),
              pb_layout_name(s->v_layout), pb_dtype_name(s->out_dtype),
              pb_layout_name(s->out_layout), mask, s->padding, s->fully_masked, s->want_weights,
-             s->want_lse);
+             s->want_lse, (double)s->softcap);
 }
 
 /* The mask's dims (right-aligned on (B, H, Lq, Lk)) as uploaded, and the compact dims (the
@@ -993,6 +994,7 @@ void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
     desc->scale = p->spec.scale;
     desc->norm = p->spec.norm;
     desc->path = p->spec.path;
+    desc->softcap = p->spec.softcap;
 }
 
 static const char *mode_names_[3] = {"none", "float", "bool"};
@@ -1058,6 +1060,9 @@ void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags)
         if (pb_rand_below(2)) {
             spec->kv_heads = divisors[pb_rand_below(count)];
         }
+    }
+    if ((flags & PB_RANDOM_SOFTCAP) && pb_rand_below(2)) {
+        spec->softcap = (float)(0.5 + 4.0 * pb_rand_unit());
     }
 }
 

@@ -157,6 +157,7 @@ typedef struct pb_sdpa_spec {
     int skip_reference; /* leave out_ref, weights_ref and lse_ref NULL (huge problems that a
                          * test checks on sampled rows itself) */
     size_t kv_heads; /* heads of k and v (0: heads; must divide heads): grouped-query attention */
+    float softcap;   /* 0: off; else scores capped as softcap * tanh(s / softcap) */
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u
@@ -173,8 +174,9 @@ void pb_sdpa_spec_init(pb_sdpa_spec *spec);
 #define PB_RANDOM_DTYPES 2u   /* F16 / BF16 storage of q, k, v, out and float masks */
 #define PB_RANDOM_LAYOUTS 4u  /* every layout (PB_STRIDED_LAST only where the path is FUSED) */
 #define PB_RANDOM_MASKS 8u    /* every mask kind, rank and broadcast */
-#define PB_RANDOM_GQA 32u     /* kv_heads a random divisor of heads (drawn last) */
-#define PB_RANDOM_ALL 47u
+#define PB_RANDOM_GQA 32u     /* kv_heads a random divisor of heads */
+#define PB_RANDOM_SOFTCAP 64u /* softcap in [0.5, 4.5) on half the problems (drawn last) */
+#define PB_RANDOM_ALL 111u
 #define PB_RANDOM_SMALL 16u   /* sizes for simulators: seq up to 63, head dims up to 16,
                                * heads up to 4 (combine with the others) */
 void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags);

@@ -136,6 +136,9 @@ static void sdpa_double(const ref_sdpa_shape *shape, const double *q, const doub
                         dot += q_head[query * dk + x] * k_head[key * dk + x];
                     }
                     row[key] = shape->scale * dot;
+                    if (shape->softcap > 0.0) { /* soft-capping, before the mask */
+                        row[key] = shape->softcap * tanh(row[key] / shape->softcap);
+                    }
                     if (mask != NULL) {
                         row[key] += mask[row_index * seq_k + key];
                     }

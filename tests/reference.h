@@ -47,9 +47,10 @@ typedef struct ref_sdpa_shape {
     clattn_causal causal; /* TOP_LEFT: key j <= query i; BOTTOM_RIGHT: j <= i + seq_k - seq_q */
     size_t kv_heads;      /* heads of k and v (0: heads); query head h reads k/v head
                            * h / (heads / kv_heads) (grouped-query attention) */
+    double softcap;       /* 0: off; else s = softcap * tanh(s / softcap) before the mask */
 } ref_sdpa_shape;
 
-/* Per (batch, head): s = scale * q kᵀ + mask; keys masked by the causal rule, by key_padding
+/* Per (batch, head): s = cap(scale * q kᵀ) + mask (cap: softcap); keys masked by the causal rule, by key_padding
  * (nonzero = ignore) or by a -inf score drop out; out = normalise(s) v.
  *   q (B, H, Lq, dk), k (B, Hkv, Lk, dk), v (B, Hkv, Lk, dv): packed logical floats
  *   (Hkv = shape->kv_heads, or H when 0).

@@ -13,6 +13,7 @@
 static const char bench_usage[] =
     "usage: clattn bench [--op matmul,softmax,attention,mha] [--runs N] [--warmup N] [--json]\n"
     "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--kv-heads H]\n"
+    "                    [--softcap C]\n"
     "                    [--seq L,...] [--seq-k S]\n"
     "                    [--head-dim D] [--embed E] [--path fused,unfused]\n"
     "                    [--dtype f32,f16,bf16] [--causal] [--mask none,padding,additive]\n"
@@ -35,6 +36,7 @@ static const char bench_usage[] =
     "--kv-heads H (attention): grouped-query attention, k and v with H heads (a divisor of\n"
     "--heads; 1 = multi-query), shared by --heads / H query heads each; the rate counts every\n"
     "query head's work as without it.\n"
+    "--softcap C (attention): soft-capped scores, C * tanh(s / C) (C > 0).\n"
     "softmax: the normalisation has no entry point of its own; it times the unfused attention\n"
     "plan that returns the attention weights (scores = Q·Kᵀ, softmax written to the weights,\n"
     "weights·V: what replaced clattn_softmax_rows), and --json says \"timed\":\n"
@@ -73,6 +75,7 @@ typedef struct bench_options {
     size_t mnk[MAX_SIZES][3], num_mnk;
     size_t batch, heads, head_dim, embed, seq_k;
     size_t kv_heads; /* attention: heads of k and v (0: --heads): grouped-query attention */
+    float softcap;   /* attention: 0 or the cap */
     size_t seq[MAX_SIZES], num_seq;
     bool paths[2];  /* fused, unfused */
     bool dtypes[3]; /* f32, f16, bf16 */
@@ -514,10 +517,16 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
     const size_t bh = o->batch * o->heads, d = o->head_dim;
     const size_t kv_heads = !softmax && o->kv_heads ? o->kv_heads : o->heads;
     const clattn_dtype type = dtypes[dtype];
-    char kv_json[48] = "", kv_text[32] = "";
+    char kv_json[96] = "", kv_text[64] = "";
     if (kv_heads != o->heads) {
         snprintf(kv_json, sizeof kv_json, ", \"kv_heads\": %zu", kv_heads);
         snprintf(kv_text, sizeof kv_text, " Hkv=%zu", kv_heads);
+    }
+    const float softcap = softmax ? 0.0f : o->softcap;
+    if (softcap > 0.0f) {
+        const size_t used = strlen(kv_json), used_text = strlen(kv_text);
+        snprintf(kv_json + used, sizeof kv_json - used, ", \"softcap\": %g", (double)softcap);
+        snprintf(kv_text + used_text, sizeof kv_text - used_text, " cap=%g", (double)softcap);
     }
     case_result r = {.op = softmax ? "softmax" : "attention",
                      .unit = softmax ? "gbps" : "gflops",
@@ -543,6 +552,7 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
     desc.path = softmax ? CLATTN_PATH_UNFUSED : path;
+    desc.softcap = softcap;
     const int mask = softmax ? 0 : o->mask;
     desc.causal = !softmax && o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
     clattn_tensors *t = &desc.tensors;
@@ -798,6 +808,12 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
         } else if (cli_is(&args, "--seq")) {
             if (!cli_parse_size_list("bench", "--seq", value, o->seq, MAX_SIZES, &o->num_seq))
                 return CLI_BAD_INPUT;
+        } else if (cli_is(&args, "--softcap")) {
+            if (!cli_parse_float("bench", "--softcap", value, &o->softcap))
+                return CLI_BAD_INPUT;
+            if (!(o->softcap > 0.0f))
+                return cli_fail("bench", CLI_BAD_INPUT, "--softcap: %s is not a positive cap",
+                                value);
         } else {
             struct {
                 const char *option;

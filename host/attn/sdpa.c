@@ -1,6 +1,7 @@
 /* Scaled dot-product attention plans over (batch, heads, seq, head_dim) tensors. */
 #include "plan.h"
 
+#include <float.h>
 #include <string.h>
 
 clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *desc,
@@ -84,6 +85,13 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
         (status = clattn__plan_masks(plan, batch, heads, seq_q, seq_k, &score)))
         goto done;
     score.kv_group = heads / kv_heads;
+    if (!(desc->softcap >= 0.0f && desc->softcap <= FLT_MAX)) {
+        status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                              "%s: softcap=%g: must be 0 (off) or a finite positive cap", op,
+                              (double)desc->softcap);
+        goto done;
+    }
+    score.softcap = desc->softcap;
     status = clattn__attention_prepare(plan, &score, dk, dv, l[R_Q].dtype, l[R_K].dtype,
                                        l[R_V].dtype, l[R_OUT].dtype, l[R_WEIGHTS].present,
                                        l[R_LSE].present, desc->path, &plan->workspace_floats);

@@ -252,7 +252,7 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
     const cl_ulong o_s[4] = {out->strides[0], out->strides[1], out->strides[2], out->strides[3]};
     const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
     const cl_uint seq_k = (cl_uint)score->seq_k;
-    const cl_float scale = score->scale;
+    const cl_float scale = score->scale, softcap = score->softcap;
     const cl_int norm_relu = score->norm == CLATTN_NORM_RELU, causal = (cl_int)score->causal;
     const size_t bh_total = score->batch * score->heads;
     const cl_uint kv_group = score->kv_group > 1 ? (cl_uint)score->kv_group : 1u;
@@ -275,7 +275,7 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
             (cl_uint)(score->seq_k - key_begin < plan->part_keys ? score->seq_k
                                                                  : key_begin + plan->part_keys);
         const cl_int resume = key_begin > 0; /* a later part: from the one before */
-        clattn_arg args[64]; /* 53 on flash.cl and flash_gpu.cl, 49 on flash_cpu.cl */
+        clattn_arg args[64]; /* 54 on flash.cl and flash_gpu.cl, 50 on flash_cpu.cl */
         cl_uint n = 0;
 #define ADD(x) (args[n++] = CLATTN_ARG(x))
         ADD(q->mem), ADD(q->offset), ADD(q_s[0]), ADD(q_s[1]), ADD(q_s[2]), ADD(q_s[3]);
@@ -293,7 +293,7 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
         ADD(heads), ADD(seq_q), ADD(seq_k), ADD(scale);
         if (!plan->cpu)
             ADD(norm_relu), ADD(causal);
-        ADD(bh_base), ADD(key_begin), ADD(key_stop), ADD(resume), ADD(kv_group);
+        ADD(bh_base), ADD(key_begin), ADD(key_stop), ADD(resume), ADD(kv_group), ADD(softcap);
 #undef ADD
         global[1] = bh_total - first < MAX_BH_PER_LAUNCH ? bh_total - first : MAX_BH_PER_LAUNCH;
         cl_event step = NULL;

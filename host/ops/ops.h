@@ -58,14 +58,16 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
                                      cl_uint num_wait, const cl_event *wait, cl_event *event);
 
 /* ---- the score rule (kernels/score.cl; shared by softmax and flash) ------------------------
- * s_ij = scale * (q_i . k_j) + float mask[b,h,i,j]; -inf where a U8 mask is 0, where
+ * s_ij = cap(scale * (q_i . k_j)) + float mask[b,h,i,j] (cap(x) = softcap * tanh(x / softcap)
+ * when softcap > 0); -inf where a U8 mask is 0, where
  * key_padding[b, j] != 0, or causally (j > i, or j > i + seq_k - seq_q for BOTTOM_RIGHT);
  * softmax or relu normalisation; a row with nothing left gives zeros. */
 typedef struct clattn__score_shape {
     size_t batch, heads, seq_q, seq_k;
     size_t kv_group; /* grouped-query attention: query head h reads k/v head h / kv_group (k and
                       * v have heads / kv_group heads); 0 or 1: a k/v head per query head */
-    float scale; /* resolved: never NAN */
+    float scale;   /* resolved: never NAN */
+    float softcap; /* 0: off */
     clattn_norm norm;
     clattn_causal causal;
     bool has_mask;

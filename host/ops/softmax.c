@@ -63,7 +63,7 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_pla
                                    has_key_padding ? padding->strides[3] : 0};
     const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
     const cl_uint seq_k = (cl_uint)score->seq_k;
-    const cl_float scale = score->scale;
+    const cl_float scale = score->scale, softcap = score->softcap;
     const cl_int norm_relu = score->norm == CLATTN_NORM_RELU, causal = (cl_int)score->causal;
     const cl_ulong rows = plan->rows;
     const clattn_arg args[] = {
@@ -76,7 +76,7 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_pla
         CLATTN_ARG(padding->offset), CLATTN_ARG(padding_s[0]), CLATTN_ARG(padding_s[1]),
         CLATTN_ARG(has_key_padding), CLATTN_ARG(heads),        CLATTN_ARG(seq_q),
         CLATTN_ARG(seq_k),           CLATTN_ARG(scale),        CLATTN_ARG(norm_relu),
-        CLATTN_ARG(causal),          CLATTN_ARG(rows),
+        CLATTN_ARG(causal),          CLATTN_ARG(rows),         CLATTN_ARG(softcap),
     };
     return clattn__launch_kernel(ctx, plan->kernel, "softmax_rows", args,
                                  sizeof args / sizeof args[0], 1, &plan->global, &plan->local,
