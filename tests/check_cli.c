@@ -265,6 +265,193 @@ START_TEST(test_run_kv_heads)
 }
 END_TEST
 
+/* Writes a bool .npy ('|b1') of the given shape in the scratch folder. */
+static void write_bool_npy(const char *path, const unsigned char *values, int ndim,
+                           const size_t *shape)
+{
+    char header[256], dims[128] = "";
+    size_t count = 1;
+    int used = 0;
+    for (int i = 0; i < ndim; ++i) {
+        used += snprintf(dims + used, sizeof dims - (size_t)used, "%zu, ", shape[i]);
+        count *= shape[i];
+    }
+    int length = snprintf(header, sizeof header,
+                          "{'descr': '|b1', 'fortran_order': False, 'shape': (%s), }", dims);
+    while ((10 + length + 1) % 64 != 0)
+        header[length++] = ' ';
+    header[length++] = '\n';
+    FILE *f = fopen(path, "wb");
+    if (!tu_expect(f != NULL, "cannot write %s", path))
+        return;
+    const unsigned char prefix[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+                                      (unsigned char)(length & 0xff), (unsigned char)(length >> 8)};
+    fwrite(prefix, 1, sizeof prefix, f);
+    fwrite(header, 1, (size_t)length, f);
+    for (size_t i = 0; i < count; ++i)
+        fputc(values[i] ? 1 : 0, f);
+    fclose(f);
+}
+
+/* Writes fresh random values of any shape as a float32 .npy; returns them. */
+static float *scratch_array(const char *name, int ndim, const size_t *shape, char *path,
+                            size_t size)
+{
+    char msg[512];
+    size_t count = 1;
+    for (int i = 0; i < ndim; ++i)
+        count *= shape[i];
+    float *values = tu_random_floats(count);
+    snprintf(path, size, "%s/%s", scratch, name);
+    tu_expect(clattn_npy_write(path, values, ndim, shape, msg, sizeof msg) == CLATTN_IO_OK,
+              "writing %s: %s", path, msg);
+    return values;
+}
+
+/* clattn sdpa on rank-4 files (grouped-query heads, a bool mask shorter than Lk that ONNX pads
+ * as masked, soft-capping, bottom-right causal) and on the same data as rank-3
+ * (B, L, H * d) files, against the float64 reference; then the refusals. */
+START_TEST(test_sdpa_command)
+{
+    TU_BEGIN_TEST();
+    enum { B = 2, H = 6, G = 3, LQ = 17, LK = 29, D = 16, DV = 8, MW = 25 };
+    tu_set_case("clattn sdpa: B=%d Hq=%d Hkv=%d Lq=%d Lk=%d d=%d dv=%d", B, H, G, LQ, LK, D, DV);
+    char q_path[512], k_path[512], v_path[512], m_path[512], out[512], args[4096];
+    const size_t q_shape[4] = {B, H, LQ, D}, k_shape[4] = {B, G, LK, D};
+    const size_t v_shape[4] = {B, G, LK, DV}, m_shape[2] = {LQ, MW};
+    float *q = scratch_array("sdpa_q.npy", 4, q_shape, q_path, sizeof q_path);
+    float *k = scratch_array("sdpa_k.npy", 4, k_shape, k_path, sizeof k_path);
+    float *v = scratch_array("sdpa_v.npy", 4, v_shape, v_path, sizeof v_path);
+    unsigned char *keep = tu_bytes(LQ * MW);
+    for (size_t i = 0; i < LQ * MW; ++i)
+        keep[i] = tu_rand_below(10) < 7; /* True = attend (ONNX) */
+    snprintf(m_path, sizeof m_path, "%s/sdpa_mask.npy", scratch);
+    write_bool_npy(m_path, keep, 2, m_shape);
+    snprintf(out, sizeof out, "%s/sdpa_y.npy", scratch);
+
+    /* The reference: the mask expanded to (B, H, Lq, Lk), keys past MW masked. */
+    float *mask = tu_floats((size_t)B * H * LQ * LK);
+    for (size_t bh = 0; bh < B * H; ++bh)
+        for (size_t i = 0; i < LQ; ++i)
+            for (size_t j = 0; j < LK; ++j)
+                mask[(bh * LQ + i) * LK + j] = j < MW && keep[i * MW + j] ? 0.0f : -INFINITY;
+    const ref_sdpa_shape shape = {.batch = B, .heads = H, .seq_q = LQ, .seq_k = LK, .dk = D,
+                                  .dv = DV, .scale = ref_resolve_scale(NAN, D),
+                                  .norm = CLATTN_NORM_SOFTMAX,
+                                  .causal = CLATTN_CAUSAL_BOTTOM_RIGHT, .kv_heads = G,
+                                  .softcap = 2.5};
+    const size_t out_count = (size_t)B * H * LQ * DV;
+    double *ref = tu_doubles(out_count);
+    ref_sdpa(&shape, q, k, v, mask, NULL, ref, NULL, NULL);
+    const char *paths[2] = {"auto", "unfused"};
+    for (int p = 0; p < 2; ++p) {
+        snprintf(args, sizeof args,
+                 "sdpa --q %s --k %s --v %s --attn-mask %s --causal --causal-align bottom-right "
+                 "--softcap 2.5 --path %s --out %s",
+                 q_path, k_path, v_path, m_path, paths[p], out);
+        const int status = run_cli(args);
+        tu_expect(status == 0, "rank 4, path %s: exit status %d, stderr: %s", paths[p], status,
+                  captured("stderr"));
+        if (status == 0)
+            expect_npy_reference(out, paths[p][0] == 'a' ? "sdpa rank 4 (auto)"
+                                                          : "sdpa rank 4 (unfused)",
+                                 ref, out_count, 4, (const size_t[]){B, H, LQ, DV});
+    }
+
+    /* The same numbers as (B, L, H * d) files: transposed inputs, transposed output. */
+    char q3_path[512], k3_path[512], v3_path[512], msg[512];
+    float *q3 = tu_floats((size_t)B * H * LQ * D), *k3 = tu_floats((size_t)B * G * LK * D);
+    float *v3 = tu_floats((size_t)B * G * LK * DV);
+    double *ref3 = tu_doubles(out_count);
+    for (size_t b = 0; b < B; ++b)
+        for (size_t h = 0; h < H; ++h)
+            for (size_t l = 0; l < LQ; ++l) {
+                for (size_t x = 0; x < D; ++x)
+                    q3[((b * LQ + l) * H + h) * D + x] = q[((b * H + h) * LQ + l) * D + x];
+                for (size_t x = 0; x < DV; ++x)
+                    ref3[((b * LQ + l) * H + h) * DV + x] = ref[((b * H + h) * LQ + l) * DV + x];
+            }
+    for (size_t b = 0; b < B; ++b)
+        for (size_t g = 0; g < G; ++g)
+            for (size_t l = 0; l < LK; ++l) {
+                for (size_t x = 0; x < D; ++x)
+                    k3[((b * LK + l) * G + g) * D + x] = k[((b * G + g) * LK + l) * D + x];
+                for (size_t x = 0; x < DV; ++x)
+                    v3[((b * LK + l) * G + g) * DV + x] = v[((b * G + g) * LK + l) * DV + x];
+            }
+    const size_t q3_shape[3] = {B, LQ, H * D}, k3_shape[3] = {B, LK, G * D};
+    const size_t v3_shape[3] = {B, LK, G * DV};
+    snprintf(q3_path, sizeof q3_path, "%s/sdpa_q3.npy", scratch);
+    snprintf(k3_path, sizeof k3_path, "%s/sdpa_k3.npy", scratch);
+    snprintf(v3_path, sizeof v3_path, "%s/sdpa_v3.npy", scratch);
+    tu_expect(clattn_npy_write(q3_path, q3, 3, q3_shape, msg, sizeof msg) == CLATTN_IO_OK &&
+                  clattn_npy_write(k3_path, k3, 3, k3_shape, msg, sizeof msg) == CLATTN_IO_OK &&
+                  clattn_npy_write(v3_path, v3, 3, v3_shape, msg, sizeof msg) == CLATTN_IO_OK,
+              "writing the rank-3 files: %s", msg);
+    snprintf(args, sizeof args,
+             "sdpa --q %s --k %s --v %s --q-heads %d --kv-heads %d --attn-mask %s --causal "
+             "--causal-align bottom-right --softcap 2.5 --out %s",
+             q3_path, k3_path, v3_path, H, G, m_path, out);
+    int status = run_cli(args);
+    tu_expect(status == 0, "rank 3: exit status %d, stderr: %s", status, captured("stderr"));
+    if (status == 0)
+        expect_npy_reference(out, "sdpa rank 3", ref3, out_count, 3,
+                             (const size_t[]){B, LQ, H * DV});
+
+    /* Refusals: one line, exit 2, naming what is wrong. Q K V: the rank-4 files, q k v the
+     * rank-3 ones, M the bool mask. */
+    static const struct {
+        const char *args, *needle;
+    } bad[] = {
+        {"--q Q --k K", "--v"},
+        {"--q q --k k --v v", "--q-heads"},
+        {"--q Q --k K --v V --q-heads 4", "--q-heads is 4"},
+        {"--q Q --k K --v V --softcap -1", "--softcap"},
+        {"--q Q --k K --v V --causal-align left --causal", "--causal-align"},
+        {"--q Q --k K --v V --causal-align bottom-right", "--causal"},
+        {"--q K --k Q --v Q", "must divide"},
+        {"--q Q --k K --v Q", "v has 6 heads"},
+        {"--q q --k k --v v --q-heads 5 --kv-heads 3", "not --q-heads=5"},
+        {"--q Q --k K --v V --attn-mask K", "does not broadcast"},
+        {"--q M --k K --v V", "bool/uint8"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        int used = snprintf(args, sizeof args, "sdpa");
+        char words[256];
+        snprintf(words, sizeof words, "%s", bad[i].args);
+        char *save = NULL;
+        for (char *w = strtok_r(words, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+            const char *path = strcmp(w, "Q") == 0    ? q_path
+                               : strcmp(w, "K") == 0  ? k_path
+                               : strcmp(w, "V") == 0  ? v_path
+                               : strcmp(w, "q") == 0  ? q3_path
+                               : strcmp(w, "k") == 0  ? k3_path
+                               : strcmp(w, "v") == 0  ? v3_path
+                               : strcmp(w, "M") == 0  ? m_path
+                                                      : w;
+            used += snprintf(args + used, sizeof args - (size_t)used, " %s", path);
+        }
+        status = run_cli(args);
+        const char *err = captured("stderr");
+        tu_expect(status == 2 && strstr(err, bad[i].needle) != NULL &&
+                      strchr(err, '\n') == strrchr(err, '\n'),
+                  "%s: status %d, want 2 and one line with '%s'; stderr: %s", args, status,
+                  bad[i].needle, err);
+    }
+    free(ref3);
+    free(v3);
+    free(k3);
+    free(q3);
+    free(ref);
+    free(mask);
+    free(keep);
+    free(v);
+    free(k);
+    free(q);
+    TU_END_TEST();
+}
+END_TEST
+
 START_TEST(test_demo_devices_help)
 {
     TU_BEGIN_TEST();
@@ -1157,6 +1344,7 @@ int main(int argc, char **argv)
                         (int)(sizeof torch_cases / sizeof torch_cases[0]));
     tcase_add_test(tc, test_run_textbook_and_png);
     tcase_add_test(tc, test_run_kv_heads);
+    tcase_add_test(tc, test_sdpa_command);
     tcase_add_test(tc, test_demo_devices_help);
     tcase_add_test(tc, test_bench_json);
     tcase_add_test(tc, test_bench_json_timer);

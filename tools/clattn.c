@@ -14,6 +14,7 @@ static const char usage[] =
     "  info      the device clattn uses and the tuning rows that apply to it\n"
     "  demo      the textbook self-attention example on the device\n"
     "  run       multi-head or single-head attention on .npy / .safetensors files\n"
+    "  sdpa      scaled dot-product attention on .npy files (ONNX Attention's core)\n"
     "  bench     time matmul, softmax, attention and MHA forward on the device\n"
     "  tune      search the kernel parameters on the device; write them to the tuning cache\n"
     "\n"
@@ -337,6 +338,7 @@ int main(int argc, char **argv)
         {"info", cmd_info},
         {"demo", cmd_demo},
         {"run", cmd_run},
+        {"sdpa", cmd_sdpa},
         {"bench", cmd_bench},
         {"tune", cmd_tune},
     };
@@ -344,7 +346,7 @@ int main(int argc, char **argv)
         if (strcmp(command, commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr,
-            "clattn: unknown command '%s' (commands: devices, info, demo, run, bench, tune; "
+            "clattn: unknown command '%s' (commands: devices, info, demo, run, sdpa, bench, tune; "
             "see clattn --help)\n",
             command);
     return CLI_BAD_INPUT;

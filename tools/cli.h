@@ -61,6 +61,7 @@ void cli_print_matrix(const char *title, const float *values, size_t rows, size_
 int cmd_devices(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_sdpa(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
 int cmd_info(int argc, char **argv);

@@ -1,0 +1,440 @@
+/* clattn sdpa: scaled dot-product attention on .npy files, no projections (the core of ONNX's
+ * Attention operator and of torch.nn.functional.scaled_dot_product_attention). */
+#include "cli.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char sdpa_usage[] =
+    "usage: clattn sdpa --q Q.npy --k K.npy --v V.npy [--q-heads H] [--kv-heads H]\n"
+    "                   [--attn-mask M.npy] [--causal] [--causal-align onnx|top-left|bottom-right]\n"
+    "                   [--softcap C] [--scale S] [--norm softmax|relu]\n"
+    "                   [--path auto|fused|unfused] [--out Y.npy] [--device SPEC]\n"
+    "\n"
+    "Attention with no projections, as ONNX's Attention operator computes it:\n"
+    "  Y = softmax(cap(scale * Q Kᵀ) + mask) V,  cap(s) = C tanh(s / C) with --softcap C.\n"
+    "Inputs (float32 or float64 .npy), all of rank 4 or all of rank 3:\n"
+    "  rank 4: Q (B, Hq, Lq, d), K (B, Hkv, Lk, d), V (B, Hkv, Lk, dv);\n"
+    "  rank 3: Q (B, Lq, Hq * d), K (B, Lk, Hkv * d), V (B, Lk, Hkv * dv) with --q-heads Hq and\n"
+    "          --kv-heads Hkv (default Hq).\n"
+    "Grouped-query attention: Hkv divides Hq; query head h attends with K/V head h / (Hq / Hkv).\n"
+    "--attn-mask: bool (True = attend, as ONNX) or float (added to the scores), of rank 2..4,\n"
+    "  broadcast (right-aligned, dims of 1) to (B, Hq, Lq, Lk); a last dim shorter than Lk is\n"
+    "  padded as masked (ONNX's rule). A row with every key masked gives zeros.\n"
+    "--causal: query i attends to key j only if j <= i + offset; --causal-align onnx (default)\n"
+    "  and top-left: offset 0 (ONNX's rule without a KV cache); bottom-right: offset Lk - Lq\n"
+    "  (the queries are the last rows of the sequence, PyTorch's causal_lower_right).\n"
+    "--scale: default 1/sqrt(d). --norm relu: relu(s) / sum (instead of softmax).\n"
+    "--path: auto (fused, never forming the Lq x Lk scores), fused or unfused.\n"
+    "Output: Y with Q's rank, (B, Hq, Lq, dv) or (B, Lq, Hq * dv), written to --out as float32,\n"
+    "or printed when small. Not supported yet (ONNX Attention): past/present key and value,\n"
+    "nonpad_kv_seqlen, the score outputs, double-precision softmax.\n"
+    "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
+
+typedef struct sdpa_options {
+    const char *device, *q, *k, *v, *mask, *out;
+    size_t q_heads, kv_heads; /* 0: not given */
+    bool causal, bottom_right;
+    float scale, softcap; /* scale NAN: the default */
+    clattn_norm norm;
+    clattn_path path;
+} sdpa_options;
+
+typedef struct sdpa_data {
+    clattn_array q, k, v, mask;
+    float *mask_f32;    /* the mask as added floats, padded to Lk (float masks) */
+    uint8_t *mask_keep; /* the mask as keep bytes, padded to Lk (bool masks) */
+    float *out;
+    cl_mem mem[5]; /* q, k, v, mask, out */
+} sdpa_data;
+
+static void sdpa_free(sdpa_data *d)
+{
+    for (int i = 0; i < 5; ++i)
+        if (d->mem[i])
+            clReleaseMemObject(d->mem[i]);
+    clattn_array_free(&d->q);
+    clattn_array_free(&d->k);
+    clattn_array_free(&d->v);
+    clattn_array_free(&d->mask);
+    free(d->mask_f32);
+    free(d->mask_keep);
+    free(d->out);
+}
+
+static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
+{
+    cli_args args = {.argc = argc, .argv = argv, .index = 1, .command = "sdpa"};
+    const struct {
+        const char *option;
+        const char **target;
+    } paths[] = {{"--q", &o->q},           {"--k", &o->k},     {"--v", &o->v},
+                 {"--attn-mask", &o->mask}, {"--out", &o->out}, {"--device", &o->device}};
+    while (cli_next(&args)) {
+        bool matched = false;
+        for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !matched; ++i) {
+            if (cli_is(&args, paths[i].option)) {
+                matched = true;
+                if (!(*paths[i].target = cli_value(&args)))
+                    return CLI_BAD_INPUT;
+            }
+        }
+        if (matched)
+            continue;
+        const char *value = NULL;
+        int flag = 0;
+        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
+            fputs(sdpa_usage, stdout);
+            return -1;
+        } else if ((flag = cli_flag(&args, "--causal")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            o->causal = true;
+        } else if (cli_is(&args, "--q-heads") || cli_is(&args, "--kv-heads")) {
+            const bool q = cli_is(&args, "--q-heads");
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_size("sdpa", q ? "--q-heads" : "--kv-heads", value, 1,
+                                q ? &o->q_heads : &o->kv_heads))
+                return CLI_BAD_INPUT;
+        } else if (cli_is(&args, "--causal-align")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "onnx") == 0 || strcmp(value, "top-left") == 0)
+                o->bottom_right = false;
+            else if (strcmp(value, "bottom-right") == 0)
+                o->bottom_right = true;
+            else
+                return cli_fail("sdpa", CLI_BAD_INPUT,
+                                "--causal-align: '%s' is not onnx, top-left or bottom-right",
+                                value);
+        } else if (cli_is(&args, "--scale") || cli_is(&args, "--softcap")) {
+            const bool scale = cli_is(&args, "--scale");
+            float *target = scale ? &o->scale : &o->softcap;
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_float("sdpa", scale ? "--scale" : "--softcap", value, target))
+                return CLI_BAD_INPUT;
+            if (!scale && !(o->softcap > 0.0f))
+                return cli_fail("sdpa", CLI_BAD_INPUT, "--softcap: %s is not a positive cap",
+                                value);
+        } else if (cli_is(&args, "--norm")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "softmax") == 0)
+                o->norm = CLATTN_NORM_SOFTMAX;
+            else if (strcmp(value, "relu") == 0)
+                o->norm = CLATTN_NORM_RELU;
+            else
+                return cli_fail("sdpa", CLI_BAD_INPUT, "--norm: '%s' is not softmax or relu",
+                                value);
+        } else if (cli_is(&args, "--path")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "auto") == 0)
+                o->path = CLATTN_PATH_AUTO;
+            else if (strcmp(value, "fused") == 0)
+                o->path = CLATTN_PATH_FUSED;
+            else if (strcmp(value, "unfused") == 0)
+                o->path = CLATTN_PATH_UNFUSED;
+            else
+                return cli_fail("sdpa", CLI_BAD_INPUT,
+                                "--path: '%s' is not auto, fused or unfused", value);
+        } else {
+            return cli_fail("sdpa", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
+        }
+    }
+    if (!o->q || !o->k || !o->v)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "--q, --k and --v are required (see --help)");
+    if (o->bottom_right && !o->causal)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "--causal-align needs --causal");
+    return CLI_OK;
+}
+
+static int load(const char *path, clattn_array *out, bool mask)
+{
+    char msg[1024];
+    if (clattn_npy_read(path, out, msg, sizeof msg) != CLATTN_IO_OK)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s", msg);
+    if (!mask && out->source != CLATTN_IO_F32)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s: a bool/uint8 array; expected float32/64",
+                        path);
+    return CLI_OK;
+}
+
+static const char *shape_text(const clattn_array *a, char *buffer, size_t size)
+{
+    int used = snprintf(buffer, size, "(");
+    for (int i = 0; i < a->ndim && used > 0 && (size_t)used < size; ++i)
+        used += snprintf(buffer + used, size - (size_t)used, i ? ", %zu" : "%zu", a->shape[i]);
+    if (used > 0 && (size_t)used < size)
+        snprintf(buffer + used, size - (size_t)used, a->ndim == 1 ? ",)" : ")");
+    return buffer;
+}
+
+/* The logical (B, H, L, d) dims of an input and its strides over the packed file. */
+typedef struct sdpa_view {
+    size_t dims[4], strides[4];
+} sdpa_view;
+
+static int view_of(const char *what, const char *path, const clattn_array *a, size_t heads,
+                   const char *heads_option, sdpa_view *view)
+{
+    char text[128];
+    for (int i = 0; i < a->ndim; ++i)
+        if (a->shape[i] == 0)
+            return cli_fail("sdpa", CLI_BAD_INPUT, "%s: %s has shape %s: no dimension may be 0",
+                            path, what, shape_text(a, text, sizeof text));
+    if (a->ndim == 4) {
+        if (heads && heads != a->shape[1])
+            return cli_fail("sdpa", CLI_BAD_INPUT, "%s: %s has %zu heads (dim 1) but %s is %zu",
+                            path, what, a->shape[1], heads_option, heads);
+        for (int i = 0; i < 4; ++i)
+            view->dims[i] = a->shape[i];
+        view->strides[3] = 1;
+        for (int i = 2; i >= 0; --i)
+            view->strides[i] = view->strides[i + 1] * view->dims[i + 1];
+        return CLI_OK;
+    }
+    if (a->ndim != 3)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "%s: %s has shape %s; expected rank 4 (B, H, L, d) or rank 3 "
+                        "(B, L, H * d)",
+                        path, what, shape_text(a, text, sizeof text));
+    if (heads == 0)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s: %s is rank 3 (B, L, H * d): give %s", path,
+                        what, heads_option);
+    if (a->shape[2] % heads != 0)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s: %s's last dim %zu is not %s=%zu heads", path,
+                        what, a->shape[2], heads_option, heads);
+    const size_t b = a->shape[0], l = a->shape[1], d = a->shape[2] / heads;
+    /* (B, L, H * d) seen as (B, H, L, d): strides (L * H * d, d, H * d, 1). */
+    view->dims[0] = b, view->dims[1] = heads, view->dims[2] = l, view->dims[3] = d;
+    view->strides[0] = l * heads * d, view->strides[1] = d, view->strides[2] = heads * d;
+    view->strides[3] = 1;
+    return CLI_OK;
+}
+
+/* The mask, padded along its last dim to seq_k with masked entries (ONNX), as keep bytes (bool
+ * masks) or added floats; checks it broadcasts to (B, Hq, Lq, Lk). */
+static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4],
+                        clattn_tensor *t)
+{
+    char text[128];
+    const clattn_array *m = &d->mask;
+    if (m->ndim < 2 || m->ndim > 4)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "%s: the mask has shape %s; expected rank 2..4 broadcasting to "
+                        "(%zu, %zu, %zu, %zu)",
+                        o->mask, shape_text(m, text, sizeof text), full[0], full[1], full[2],
+                        full[3]);
+    size_t dims[4];
+    const int lead = 4 - m->ndim;
+    for (int i = 0; i < m->ndim; ++i) {
+        const size_t want = full[lead + i], got = m->shape[i];
+        const bool last = i == m->ndim - 1;
+        if (got == 0 || (last ? got > want : (got != 1 && got != want)))
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "%s: the mask has shape %s, which does not broadcast to "
+                            "(%zu, %zu, %zu, %zu) (dims of 1 or full; the last at most Lk)",
+                            o->mask, shape_text(m, text, sizeof text), full[0], full[1],
+                            full[2], full[3]);
+        dims[i] = last ? want : got;
+    }
+    const size_t width = m->shape[m->ndim - 1], seq_k = full[3];
+    const size_t rows = m->count / width; /* fits: the file held m->count values */
+    const bool keep = m->source == CLATTN_IO_BOOL;
+    if (rows > SIZE_MAX / seq_k / sizeof(float))
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s: the padded mask is too large", o->mask);
+    const size_t padded = rows * seq_k; /* at least 1: no dim is 0 */
+    if (keep)
+        d->mask_keep = malloc(padded);
+    else
+        d->mask_f32 = malloc(padded * sizeof(float));
+    if (keep ? d->mask_keep == NULL : d->mask_f32 == NULL)
+        return cli_fail("sdpa", CLI_FAILED, "out of memory for the mask");
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t c = 0; c < seq_k; ++c) {
+            const float value = c < width ? m->data[r * width + c] : 0.0f;
+            if (keep)
+                d->mask_keep[r * seq_k + c] = c < width && value != 0.0f; /* True = attend */
+            else
+                d->mask_f32[r * seq_k + c] = c < width ? value : -INFINITY;
+        }
+    *t = clattn_tensor_make(NULL, 0, keep ? CLATTN_DTYPE_U8 : CLATTN_DTYPE_F32, m->ndim, 0, 0, 0,
+                            0);
+    for (int i = 0; i < m->ndim; ++i)
+        t->dims[i] = dims[i];
+    return CLI_OK;
+}
+
+static int write_npy(const char *path, const float *data, int ndim, const size_t *shape)
+{
+    char msg[1024];
+    return clattn_npy_write(path, data, ndim, shape, msg, sizeof msg) == CLATTN_IO_OK
+               ? CLI_OK
+               : cli_fail("sdpa", CLI_FAILED, "%s", msg);
+}
+
+static cl_mem upload(clattn_ctx *ctx, const void *data, size_t bytes, cl_mem_flags flags,
+                     cl_int *err)
+{
+    return clCreateBuffer(clattn_ctx_cl_context(ctx), flags | (data ? CL_MEM_COPY_HOST_PTR : 0),
+                          bytes ? bytes : 1, (void *)data, err);
+}
+
+static int run_sdpa(const sdpa_options *o, sdpa_data *d)
+{
+    int rc;
+    char a[128], b[128];
+    if ((rc = load(o->q, &d->q, false)) || (rc = load(o->k, &d->k, false)) ||
+        (rc = load(o->v, &d->v, false)) || (o->mask && (rc = load(o->mask, &d->mask, true))))
+        return rc;
+    if (d->q.ndim != d->k.ndim || d->q.ndim != d->v.ndim)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "q %s, k %s and v %s must all be rank 4 or all rank 3",
+                        shape_text(&d->q, a, sizeof a), shape_text(&d->k, b, sizeof b),
+                        d->v.ndim == 4 ? "(rank 4)" : "(rank 3)");
+    const size_t kv_option = o->kv_heads ? o->kv_heads : o->q_heads;
+    sdpa_view q, k, v;
+    if ((rc = view_of("q", o->q, &d->q, o->q_heads, "--q-heads", &q)) ||
+        (rc = view_of("k", o->k, &d->k, kv_option, "--kv-heads", &k)) ||
+        (rc = view_of("v", o->v, &d->v, kv_option, "--kv-heads", &v)))
+        return rc;
+    if (k.dims[0] != q.dims[0] || v.dims[0] != q.dims[0])
+        return cli_fail("sdpa", CLI_BAD_INPUT, "batch: q has %zu, k %zu, v %zu", q.dims[0],
+                        k.dims[0], v.dims[0]);
+    if (v.dims[1] != k.dims[1] || v.dims[2] != k.dims[2])
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "%s: v has %zu heads and %zu keys; k has %zu and %zu", o->v, v.dims[1],
+                        v.dims[2], k.dims[1], k.dims[2]);
+    if (k.dims[3] != q.dims[3])
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s: k's head size is %zu but q's is %zu", o->k,
+                        k.dims[3], q.dims[3]);
+    if (q.dims[1] % k.dims[1] != 0)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "k/v have %zu heads, which must divide q's %zu (grouped-query "
+                        "attention)",
+                        k.dims[1], q.dims[1]);
+    const size_t batch = q.dims[0], heads = q.dims[1], seq_q = q.dims[2], seq_k = k.dims[2];
+    const size_t dv = v.dims[3];
+    const bool rank3 = d->q.ndim == 3;
+    sdpa_view out = {{batch, heads, seq_q, dv}, {heads * seq_q * dv, seq_q * dv, dv, 1}};
+    if (rank3) {
+        out.strides[1] = dv, out.strides[2] = heads * dv;
+    }
+    if (heads > SIZE_MAX / batch / seq_q / dv / sizeof(float))
+        return cli_fail("sdpa", CLI_BAD_INPUT, "the output is too large");
+    const size_t out_count = batch * heads * seq_q * dv;
+
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    desc.scale = o->scale;
+    desc.softcap = o->softcap;
+    desc.norm = o->norm;
+    desc.path = o->path;
+    desc.causal = !o->causal          ? CLATTN_CAUSAL_NONE
+                  : o->bottom_right ? CLATTN_CAUSAL_BOTTOM_RIGHT
+                                    : CLATTN_CAUSAL_TOP_LEFT;
+    clattn_tensors *t = &desc.tensors;
+    clattn_tensor *roles[4] = {&t->q, &t->k, &t->v, &t->out};
+    const sdpa_view *views[4] = {&q, &k, &v, &out};
+    for (int r = 0; r < 4; ++r) {
+        *roles[r] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, 0, 0, 0, 0);
+        for (int i = 0; i < 4; ++i) {
+            roles[r]->dims[i] = views[r]->dims[i];
+            roles[r]->strides[i] = views[r]->strides[i];
+        }
+    }
+    if (o->mask) {
+        const size_t full[4] = {batch, heads, seq_q, seq_k};
+        if ((rc = prepare_mask(o, d, full, &t->attn_mask)))
+            return rc;
+    }
+    d->out = malloc(out_count * sizeof(float));
+    if (d->out == NULL)
+        return cli_fail("sdpa", CLI_FAILED, "out of memory for the output");
+
+    clattn_ctx *ctx = cli_context("sdpa", o->device);
+    if (ctx == NULL)
+        return CLI_FAILED;
+    clattn_plan *plan = NULL;
+    clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    cl_int err = CL_SUCCESS;
+    if (status == CLATTN_SUCCESS) {
+        const size_t mask_count = o->mask ? d->mask.count / d->mask.shape[d->mask.ndim - 1] *
+                                                seq_k
+                                          : 0;
+        d->mem[0] = upload(ctx, d->q.data, d->q.count * sizeof(float), CL_MEM_READ_ONLY, &err);
+        if (err == CL_SUCCESS)
+            d->mem[1] =
+                upload(ctx, d->k.data, d->k.count * sizeof(float), CL_MEM_READ_ONLY, &err);
+        if (err == CL_SUCCESS)
+            d->mem[2] =
+                upload(ctx, d->v.data, d->v.count * sizeof(float), CL_MEM_READ_ONLY, &err);
+        if (err == CL_SUCCESS && o->mask)
+            d->mem[3] = d->mask_keep
+                            ? upload(ctx, d->mask_keep, mask_count, CL_MEM_READ_ONLY, &err)
+                            : upload(ctx, d->mask_f32, mask_count * sizeof(float),
+                                     CL_MEM_READ_ONLY, &err);
+        if (err == CL_SUCCESS)
+            d->mem[4] = upload(ctx, NULL, out_count * sizeof(float), CL_MEM_WRITE_ONLY, &err);
+        if (err == CL_SUCCESS) {
+            clattn_tensors bound = desc.tensors;
+            bound.q.mem = d->mem[0], bound.k.mem = d->mem[1], bound.v.mem = d->mem[2];
+            bound.attn_mask.mem = d->mem[3], bound.out.mem = d->mem[4];
+            status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+        }
+        if (err == CL_SUCCESS && status == CLATTN_SUCCESS)
+            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[4], CL_TRUE, 0,
+                                      out_count * sizeof(float), d->out, 0, NULL, NULL);
+    }
+    if (status != CLATTN_SUCCESS) {
+        const bool input_error = status == CLATTN_ERR_INVALID_ARGUMENT ||
+                                 status == CLATTN_ERR_INVALID_SHAPE ||
+                                 status == CLATTN_ERR_OVERFLOW || status == CLATTN_ERR_TOO_LARGE;
+        rc = cli_fail("sdpa", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s: %s",
+                      clattn_status_string(status), clattn_last_error(ctx));
+    } else if (err != CL_SUCCESS) {
+        rc = cli_fail("sdpa", CLI_FAILED, "OpenCL error %d moving the data", (int)err);
+    }
+    clattn_plan_release(plan);
+    for (int i = 0; i < 5; ++i)
+        if (d->mem[i])
+            clReleaseMemObject(d->mem[i]);
+    memset(d->mem, 0, sizeof d->mem);
+    clattn_ctx_release(ctx);
+    if (rc != CLI_OK)
+        return rc;
+
+    const size_t shape4[4] = {batch, heads, seq_q, dv}, shape3[3] = {batch, seq_q, heads * dv};
+    if (o->out)
+        return write_npy(o->out, d->out, rank3 ? 3 : 4, rank3 ? shape3 : shape4);
+    if (out_count > 4096) {
+        printf("output: %s floats; use --out Y.npy to save it\n",
+               rank3 ? "(B, Lq, Hq * dv)" : "(B, Hq, Lq, dv)");
+        return CLI_OK;
+    }
+    /* Printed as (B * Hq) matrices of (Lq, dv) (rank 4) or B matrices of (Lq, Hq * dv). */
+    const size_t matrices = rank3 ? batch : batch * heads, cols = rank3 ? heads * dv : dv;
+    for (size_t m = 0; m < matrices; ++m) {
+        char title[64];
+        snprintf(title, sizeof title, "Y[%zu]", m);
+        cli_print_matrix(title, d->out + m * seq_q * cols, seq_q, cols);
+    }
+    return CLI_OK;
+}
+
+int cmd_sdpa(int argc, char **argv)
+{
+    sdpa_options options = {.scale = NAN, .norm = CLATTN_NORM_SOFTMAX};
+    int rc = parse_sdpa_options(argc, argv, &options);
+    if (rc != CLI_OK)
+        return rc < 0 ? CLI_OK : rc;
+    sdpa_data data;
+    memset(&data, 0, sizeof data);
+    rc = run_sdpa(&options, &data);
+    sdpa_free(&data);
+    return rc;
+}
