@@ -284,9 +284,10 @@ static void write_bool_npy(const char *path, const unsigned char *values, int nd
     FILE *f = fopen(path, "wb");
     if (!tu_expect(f != NULL, "cannot write %s", path))
         return;
-    const unsigned char prefix[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
-                                      (unsigned char)(length & 0xff), (unsigned char)(length >> 8)};
-    fwrite(prefix, 1, sizeof prefix, f);
+    const unsigned char length_le[2] = {(unsigned char)(length & 0xff),
+                                        (unsigned char)(length >> 8)};
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f); /* magic, version 1.0 */
+    fwrite(length_le, 1, 2, f);
     fwrite(header, 1, (size_t)length, f);
     for (size_t i = 0; i < count; ++i)
         fputc(values[i] ? 1 : 0, f);
@@ -335,10 +336,16 @@ START_TEST(test_sdpa_command)
         for (size_t i = 0; i < LQ; ++i)
             for (size_t j = 0; j < LK; ++j)
                 mask[(bh * LQ + i) * LK + j] = j < MW && keep[i * MW + j] ? 0.0f : -INFINITY;
-    const ref_sdpa_shape shape = {.batch = B, .heads = H, .seq_q = LQ, .seq_k = LK, .dk = D,
-                                  .dv = DV, .scale = ref_resolve_scale(NAN, D),
+    const ref_sdpa_shape shape = {.batch = B,
+                                  .heads = H,
+                                  .seq_q = LQ,
+                                  .seq_k = LK,
+                                  .dk = D,
+                                  .dv = DV,
+                                  .scale = ref_resolve_scale(NAN, D),
                                   .norm = CLATTN_NORM_SOFTMAX,
-                                  .causal = CLATTN_CAUSAL_BOTTOM_RIGHT, .kv_heads = G,
+                                  .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
+                                  .kv_heads = G,
                                   .softcap = 2.5};
     const size_t out_count = (size_t)B * H * LQ * DV;
     double *ref = tu_doubles(out_count);
@@ -353,9 +360,9 @@ START_TEST(test_sdpa_command)
         tu_expect(status == 0, "rank 4, path %s: exit status %d, stderr: %s", paths[p], status,
                   captured("stderr"));
         if (status == 0)
-            expect_npy_reference(out, paths[p][0] == 'a' ? "sdpa rank 4 (auto)"
-                                                          : "sdpa rank 4 (unfused)",
-                                 ref, out_count, 4, (const size_t[]){B, H, LQ, DV});
+            expect_npy_reference(
+                out, paths[p][0] == 'a' ? "sdpa rank 4 (auto)" : "sdpa rank 4 (unfused)", ref,
+                out_count, 4, (const size_t[]){B, H, LQ, DV});
     }
 
     /* The same numbers as (B, L, H * d) files: transposed inputs, transposed output. */
@@ -421,14 +428,14 @@ START_TEST(test_sdpa_command)
         snprintf(words, sizeof words, "%s", bad[i].args);
         char *save = NULL;
         for (char *w = strtok_r(words, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
-            const char *path = strcmp(w, "Q") == 0    ? q_path
-                               : strcmp(w, "K") == 0  ? k_path
-                               : strcmp(w, "V") == 0  ? v_path
-                               : strcmp(w, "q") == 0  ? q3_path
-                               : strcmp(w, "k") == 0  ? k3_path
-                               : strcmp(w, "v") == 0  ? v3_path
-                               : strcmp(w, "M") == 0  ? m_path
-                                                      : w;
+            const char *path = strcmp(w, "Q") == 0   ? q_path
+                               : strcmp(w, "K") == 0 ? k_path
+                               : strcmp(w, "V") == 0 ? v_path
+                               : strcmp(w, "q") == 0 ? q3_path
+                               : strcmp(w, "k") == 0 ? k3_path
+                               : strcmp(w, "v") == 0 ? v3_path
+                               : strcmp(w, "M") == 0 ? m_path
+                                                     : w;
             used += snprintf(args + used, sizeof args - (size_t)used, " %s", path);
         }
         status = run_cli(args);

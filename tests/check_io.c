@@ -376,6 +376,24 @@ START_TEST(test_npy_dtypes)
                (double)array.data[0], (double)array.data[1]);
     clattn_array_free(&array);
 
+    /* float16: exact, subnormals and infinities included */
+    const uint16_t halves[] = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x3555, 0x7c00};
+    const float want_f2[] = {1.0f, -2.0f, 65504.0f, 0x1p-24f, 0.333251953125f, INFINITY};
+    npy_dict(header, sizeof header, "<f2", "False", "(2, 3)", 1);
+    put_npy_header(&file, 1, header);
+    for (int i = 0; i < COUNT_OF(halves); ++i)
+        put_le(&file, halves[i], 2);
+    write_file(path, file.data, file.length);
+    bytes_free(&file);
+    status = clattn_npy_read(path, &array, msg, MSG_SIZE);
+    if (expect_status("<f2", status, CLATTN_IO_OK, msg, path, NULL)) {
+        expect(array.source == CLATTN_IO_F32 && array.count == 6, "<f2: source/count");
+        for (int i = 0; i < 6; ++i)
+            expect(bits_of(array.data[i]) == bits_of(want_f2[i]), "<f2: value %d is %a, want %a", i,
+                   (double)array.data[i], (double)want_f2[i]);
+    }
+    clattn_array_free(&array);
+
     /* bool: any non-zero byte is true */
     const unsigned char bools[] = {0, 1, 2, 255, 0, 1};
     npy_dict(header, sizeof header, "|b1", "False", "(3, 2)", 1);
@@ -521,15 +539,19 @@ static const bad_npy bad_npys[] = {
      24, NULL, 0, 0, CLATTN_IO_ERR_UNSUPPORTED, "Fortran order"},
     {"int64", BODY_DATA, 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }\n", 24, NULL,
      0, 0, CLATTN_IO_ERR_UNSUPPORTED,
-     "descr '<i8' is not supported: use float32, float64, bool or uint8"},
+     "descr '<i8' is not supported: use float32, float64, float16, bool or uint8"},
     {"big-endian float32", BODY_DATA, 1,
      "{'descr': '>f4', 'fortran_order': False, 'shape': (3,), }\n", 12, NULL, 0, 0,
      CLATTN_IO_ERR_UNSUPPORTED, "big-endian"},
     {"big-endian float64", BODY_DATA, 1,
      "{'descr': '>f8', 'fortran_order': False, 'shape': (3,), }\n", 24, NULL, 0, 0,
      CLATTN_IO_ERR_UNSUPPORTED, "'>f8' is big-endian"},
-    {"float16", BODY_DATA, 1, "{'descr': '<f2', 'fortran_order': False, 'shape': (3,), }\n", 6,
-     NULL, 0, 0, CLATTN_IO_ERR_UNSUPPORTED, "'<f2'"},
+    {"big-endian float16", BODY_DATA, 1,
+     "{'descr': '>f2', 'fortran_order': False, 'shape': (3,), }\n", 6, NULL, 0, 0,
+     CLATTN_IO_ERR_UNSUPPORTED, "'>f2' is big-endian"},
+    {"float16 data short", BODY_DATA, 1,
+     "{'descr': '<f2', 'fortran_order': False, 'shape': (3,), }\n", 5, NULL, 0, 0,
+     CLATTN_IO_ERR_FORMAT, "needs 6"},
     {"object array", BODY_DATA, 1, "{'descr': '|O', 'fortran_order': False, 'shape': (3,), }\n", 24,
      NULL, 0, 0, CLATTN_IO_ERR_UNSUPPORTED, "'|O'"},
     {"structured dtype", BODY_DATA, 1,

@@ -588,7 +588,7 @@ static clattn_io_status npy_check_dtype(const npy_header *header, npy_dtype *dty
     if (header->descr_is_list)
         return fail(msg, msg_size, CLATTN_IO_ERR_UNSUPPORTED, path,
                     "descr is a structured dtype (a list of fields): use a plain float32, "
-                    "float64, bool or uint8 array");
+                    "float64, float16, bool or uint8 array");
     if (header->descr_length == 3) {
         const char *kind = descr + 1;
         int any_order = descr[0] == '<' || descr[0] == '>' || descr[0] == '|' || descr[0] == '=';
@@ -600,6 +600,10 @@ static clattn_io_status npy_check_dtype(const npy_header *header, npy_dtype *dty
             *dtype = (npy_dtype){8, convert_f64, CLATTN_IO_F32};
             return CLATTN_IO_OK;
         }
+        if (descr[0] == '<' && strcmp(kind, "f2") == 0) {
+            *dtype = (npy_dtype){2, convert_f16, CLATTN_IO_F32};
+            return CLATTN_IO_OK;
+        }
         if (any_order && strcmp(kind, "b1") == 0) {
             *dtype = (npy_dtype){1, convert_bool, CLATTN_IO_BOOL};
             return CLATTN_IO_OK;
@@ -608,7 +612,8 @@ static clattn_io_status npy_check_dtype(const npy_header *header, npy_dtype *dty
             *dtype = (npy_dtype){1, convert_u8, CLATTN_IO_BOOL};
             return CLATTN_IO_OK;
         }
-        if (descr[0] == '>' && (strcmp(kind, "f4") == 0 || strcmp(kind, "f8") == 0))
+        if (descr[0] == '>' &&
+            (strcmp(kind, "f4") == 0 || strcmp(kind, "f8") == 0 || strcmp(kind, "f2") == 0))
             return fail(msg, msg_size, CLATTN_IO_ERR_UNSUPPORTED, path,
                         "descr '%s' is big-endian: only little-endian files are supported "
                         "(numpy: a.astype('<f4'))",
@@ -619,7 +624,7 @@ static clattn_io_status npy_check_dtype(const npy_header *header, npy_dtype *dty
     if (header->descr_length >= NPY_DESCR_MAX && strlen(shown) >= 3)
         memcpy(shown + strlen(shown) - 3, "...", 3);
     return fail(msg, msg_size, CLATTN_IO_ERR_UNSUPPORTED, path,
-                "descr '%s' is not supported: use float32, float64, bool or uint8", shown);
+                "descr '%s' is not supported: use float32, float64, float16, bool or uint8", shown);
 }
 
 /* Reads magic, version and header length; leaves the file at the start of the header. */

@@ -63,8 +63,8 @@ CLATTN_IO_API void clattn_array_free(clattn_array *array);
 
 /* --- .npy (format versions 1.0, 2.0, 3.0) ------------------------------------------------ */
 
-/* Reads little-endian, C-order float32 ('<f4'), float64 ('<f8', converted), bool ('|b1') or
- * uint8 ('|u1') arrays. Fortran order, big-endian, other dtypes, object arrays: UNSUPPORTED,
+/* Reads little-endian, C-order float32 ('<f4'), float64 ('<f8', converted), float16 ('<f2',
+ * converted exactly), bool ('|b1') or uint8 ('|u1') arrays. Fortran order, big-endian, other dtypes, object arrays: UNSUPPORTED,
  * with a message saying what was found. Limit: the data must match the file's remaining length
  * exactly (FORMAT otherwise); header at most 1 MiB. */
 CLATTN_IO_API clattn_io_status clattn_npy_read(const char *path, clattn_array *out, char *msg,

@@ -10,13 +10,14 @@
 
 static const char sdpa_usage[] =
     "usage: clattn sdpa --q Q.npy --k K.npy --v V.npy [--q-heads H] [--kv-heads H]\n"
-    "                   [--attn-mask M.npy] [--causal] [--causal-align onnx|top-left|bottom-right]\n"
+    "                   [--attn-mask M.npy] [--causal] [--causal-align "
+    "onnx|top-left|bottom-right]\n"
     "                   [--softcap C] [--scale S] [--norm softmax|relu]\n"
     "                   [--path auto|fused|unfused] [--out Y.npy] [--device SPEC]\n"
     "\n"
     "Attention with no projections, as ONNX's Attention operator computes it:\n"
     "  Y = softmax(cap(scale * Q Kᵀ) + mask) V,  cap(s) = C tanh(s / C) with --softcap C.\n"
-    "Inputs (float32 or float64 .npy), all of rank 4 or all of rank 3:\n"
+    "Inputs (float32, float64 or float16 .npy), all of rank 4 or all of rank 3:\n"
     "  rank 4: Q (B, Hq, Lq, d), K (B, Hkv, Lk, d), V (B, Hkv, Lk, dv);\n"
     "  rank 3: Q (B, Lq, Hq * d), K (B, Lk, Hkv * d), V (B, Lk, Hkv * dv) with --q-heads Hq and\n"
     "          --kv-heads Hkv (default Hq).\n"
@@ -71,8 +72,9 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
     const struct {
         const char *option;
         const char **target;
-    } paths[] = {{"--q", &o->q},           {"--k", &o->k},     {"--v", &o->v},
-                 {"--attn-mask", &o->mask}, {"--out", &o->out}, {"--device", &o->device}};
+    } paths[] = {{"--q", &o->q},     {"--k", &o->k},
+                 {"--v", &o->v},     {"--attn-mask", &o->mask},
+                 {"--out", &o->out}, {"--device", &o->device}};
     while (cli_next(&args)) {
         bool matched = false;
         for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !matched; ++i) {
@@ -139,8 +141,8 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
             else if (strcmp(value, "unfused") == 0)
                 o->path = CLATTN_PATH_UNFUSED;
             else
-                return cli_fail("sdpa", CLI_BAD_INPUT,
-                                "--path: '%s' is not auto, fused or unfused", value);
+                return cli_fail("sdpa", CLI_BAD_INPUT, "--path: '%s' is not auto, fused or unfused",
+                                value);
         } else {
             return cli_fail("sdpa", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
         }
@@ -158,8 +160,8 @@ static int load(const char *path, clattn_array *out, bool mask)
     if (clattn_npy_read(path, out, msg, sizeof msg) != CLATTN_IO_OK)
         return cli_fail("sdpa", CLI_BAD_INPUT, "%s", msg);
     if (!mask && out->source != CLATTN_IO_F32)
-        return cli_fail("sdpa", CLI_BAD_INPUT, "%s: a bool/uint8 array; expected float32/64",
-                        path);
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "%s: a bool/uint8 array; expected float32, float64 or float16", path);
     return CLI_OK;
 }
 
@@ -218,8 +220,7 @@ static int view_of(const char *what, const char *path, const clattn_array *a, si
 
 /* The mask, padded along its last dim to seq_k with masked entries (ONNX), as keep bytes (bool
  * masks) or added floats; checks it broadcasts to (B, Hq, Lq, Lk). */
-static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4],
-                        clattn_tensor *t)
+static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4], clattn_tensor *t)
 {
     char text[128];
     const clattn_array *m = &d->mask;
@@ -238,8 +239,8 @@ static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4
             return cli_fail("sdpa", CLI_BAD_INPUT,
                             "%s: the mask has shape %s, which does not broadcast to "
                             "(%zu, %zu, %zu, %zu) (dims of 1 or full; the last at most Lk)",
-                            o->mask, shape_text(m, text, sizeof text), full[0], full[1],
-                            full[2], full[3]);
+                            o->mask, shape_text(m, text, sizeof text), full[0], full[1], full[2],
+                            full[3]);
         dims[i] = last ? want : got;
     }
     const size_t width = m->shape[m->ndim - 1], seq_k = full[3];
@@ -262,8 +263,8 @@ static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4
             else
                 d->mask_f32[r * seq_k + c] = c < width ? value : -INFINITY;
         }
-    *t = clattn_tensor_make(NULL, 0, keep ? CLATTN_DTYPE_U8 : CLATTN_DTYPE_F32, m->ndim, 0, 0, 0,
-                            0);
+    *t =
+        clattn_tensor_make(NULL, 0, keep ? CLATTN_DTYPE_U8 : CLATTN_DTYPE_F32, m->ndim, 0, 0, 0, 0);
     for (int i = 0; i < m->ndim; ++i)
         t->dims[i] = dims[i];
     return CLI_OK;
@@ -334,7 +335,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     desc.softcap = o->softcap;
     desc.norm = o->norm;
     desc.path = o->path;
-    desc.causal = !o->causal          ? CLATTN_CAUSAL_NONE
+    desc.causal = !o->causal        ? CLATTN_CAUSAL_NONE
                   : o->bottom_right ? CLATTN_CAUSAL_BOTTOM_RIGHT
                                     : CLATTN_CAUSAL_TOP_LEFT;
     clattn_tensors *t = &desc.tensors;
@@ -363,21 +364,17 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
     cl_int err = CL_SUCCESS;
     if (status == CLATTN_SUCCESS) {
-        const size_t mask_count = o->mask ? d->mask.count / d->mask.shape[d->mask.ndim - 1] *
-                                                seq_k
-                                          : 0;
+        const size_t mask_count =
+            o->mask ? d->mask.count / d->mask.shape[d->mask.ndim - 1] * seq_k : 0;
         d->mem[0] = upload(ctx, d->q.data, d->q.count * sizeof(float), CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS)
-            d->mem[1] =
-                upload(ctx, d->k.data, d->k.count * sizeof(float), CL_MEM_READ_ONLY, &err);
+            d->mem[1] = upload(ctx, d->k.data, d->k.count * sizeof(float), CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS)
-            d->mem[2] =
-                upload(ctx, d->v.data, d->v.count * sizeof(float), CL_MEM_READ_ONLY, &err);
+            d->mem[2] = upload(ctx, d->v.data, d->v.count * sizeof(float), CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS && o->mask)
-            d->mem[3] = d->mask_keep
-                            ? upload(ctx, d->mask_keep, mask_count, CL_MEM_READ_ONLY, &err)
-                            : upload(ctx, d->mask_f32, mask_count * sizeof(float),
-                                     CL_MEM_READ_ONLY, &err);
+            d->mem[3] = d->mask_keep ? upload(ctx, d->mask_keep, mask_count, CL_MEM_READ_ONLY, &err)
+                                     : upload(ctx, d->mask_f32, mask_count * sizeof(float),
+                                              CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS)
             d->mem[4] = upload(ctx, NULL, out_count * sizeof(float), CL_MEM_WRITE_ONLY, &err);
         if (err == CL_SUCCESS) {
