@@ -23,6 +23,7 @@ typedef struct clattn__layout {
 #define CLATTN__FLOATS ((1u << CLATTN_DTYPE_F32) | (1u << CLATTN_DTYPE_F16) | (1u << CLATTN_DTYPE_BF16))
 #define CLATTN__F32 (1u << CLATTN_DTYPE_F32)
 #define CLATTN__U8 (1u << CLATTN_DTYPE_U8)
+#define CLATTN__I32 (1u << CLATTN_DTYPE_I32)
 
 const char *clattn__dtype_name(clattn_dtype dtype);
 void clattn__format_dims(char *out, size_t size, int rank, const size_t *dims);

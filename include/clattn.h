@@ -51,9 +51,9 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 2
+#define CLATTN_VERSION_MINOR 3
 #define CLATTN_VERSION_PATCH 0
-#define CLATTN_VERSION_STRING "0.2.0"
+#define CLATTN_VERSION_STRING "0.3.0"
 
 #if defined(_WIN32)
 #define CLATTN_API
@@ -179,12 +179,14 @@ CLATTN_API clattn_status clattn_finish(clattn_ctx *ctx);
 
 /* Element types. 16-bit types are storage only: kernels convert them to float in registers
  * (vload_half, bit shifts), so no device needs cl_khr_fp16; arithmetic is float32.
- * U8 is for masks (boolean attention masks, key padding masks). */
+ * U8 is for masks (boolean attention masks, key padding masks); I32 for key counts
+ * (clattn_tensors.kv_seqlen). */
 typedef enum clattn_dtype {
     CLATTN_DTYPE_F32 = 0,
     CLATTN_DTYPE_F16 = 1,
     CLATTN_DTYPE_BF16 = 2,
-    CLATTN_DTYPE_U8 = 3
+    CLATTN_DTYPE_U8 = 3,
+    CLATTN_DTYPE_I32 = 4
 } clattn_dtype;
 
 /* Bytes per element of dtype (0 for an unknown value). */
@@ -257,14 +259,19 @@ typedef enum clattn_path {
     CLATTN_PATH_UNFUSED = 2
 } clattn_path;
 
-/* Where the causal diagonal sits when seq_q != seq_k.
- * TOP_LEFT: query i sees keys j <= i (PyTorch's is_causal).
- * BOTTOM_RIGHT: query i sees keys j <= i + seq_k - seq_q (the queries are the last rows of a
- * longer sequence, as in decoding with a KV cache). Equal when seq_q == seq_k. */
+/* Where the causal diagonal sits when seq_q != seq_k: query i sees keys j <= i + offset.
+ * TOP_LEFT: offset 0 (PyTorch's is_causal).
+ * BOTTOM_RIGHT: offset n - seq_q, n = the batch's key count (kv_seqlen[b] when given, else
+ * seq_k): the queries are the last rows of the sequence, as in decoding with a KV cache
+ * (PyTorch's causal_lower_right, FlashAttention's causal).
+ * ONNX (SDPA plans only): ONNX Attention's rule: offset = the past length P when past_k is
+ * given, else kv_seqlen[b] - seq_q when kv_seqlen is given, else 0.
+ * The sliding window (clattn_sdpa_desc.window_align) takes the same offsets. */
 typedef enum clattn_causal {
     CLATTN_CAUSAL_NONE = 0,
     CLATTN_CAUSAL_TOP_LEFT = 1,
-    CLATTN_CAUSAL_BOTTOM_RIGHT = 2
+    CLATTN_CAUSAL_BOTTOM_RIGHT = 2,
+    CLATTN_CAUSAL_ONNX = 3
 } clattn_causal;
 
 /* The tensors of a plan, by role. Plans are created from their layouts and executed on them
@@ -284,9 +291,17 @@ typedef enum clattn_causal {
  *   (L*H*d, d, H*d, 1)). kv_heads = heads, or a divisor of it (grouped-query attention; 1 is
  *   multi-query): query head h then attends with k/v head h / (heads / kv_heads), read where it
  *   lies (never copied). softcap > 0 caps each scaled score s to softcap * tanh(s / softcap) before
- *   the masks (clattn_sdpa_desc.softcap). weights (F32, batch, heads, seq_q, seq_k) and lse (F32, batch, heads,
- *   seq_q: the log-sum-exp of each row's masked, scaled scores, -INFINITY for a fully masked
- *   row; with the relu normalisation, the log of the row's normaliser) are optional outputs.
+ *   the masks (clattn_sdpa_desc.softcap). weights (F32, batch, heads, seq_q, seq_k) and lse (F32,
+ * batch, heads, seq_q: the log-sum-exp of each row's masked, scaled scores, -INFINITY for a fully
+ * masked row; with the relu normalisation, the log of the row's normaliser) are optional outputs.
+ *   kv_seqlen (optional, I32, (batch)): the keys of batch b are 0 .. kv_seqlen[b] - 1 (ONNX's
+ *   nonpad_kv_seqlen; a static KV cache's fill level), read on the device at execution, so a
+ *   plan made for a cache's capacity serves every step; values are clamped to [0, seq_k].
+ *   past_k (batch, kv_heads, P, head_dim_qk) and past_v (batch, kv_heads, P, head_dim_v)
+ *   (optional, together; ONNX's past_key/past_value): the keys and values before k and v.
+ *   present_k/present_v (batch, kv_heads, P + seq_k, ...) then receive past and new, written
+ *   on the device, and attention runs over all P + seq_k keys (seq_k in the rule above means
+ *   that total). present_k/present_v may be given without past (a copy of k and v).
  *
  * MHA: query (batch, seq_q, embed_dim), key (batch, seq_k, kdim), value (batch, seq_k, vdim),
  *   out (batch, seq_q, out_dim). Weights as matrices (see clattn_weight_layout): q_weight maps
@@ -308,7 +323,21 @@ typedef struct clattn_tensors {
     clattn_tensor q_weight, k_weight, v_weight;
     clattn_tensor q_bias, k_bias, v_bias;
     clattn_tensor out_weight, out_bias;
+    /* SDPA only (see above): per-batch key counts, and the KV cache's past and present. */
+    clattn_tensor kv_seqlen;
+    clattn_tensor past_k, past_v, present_k, present_v;
+    clattn_tensor scores; /* SDPA only: the scores before normalisation (clattn_scores) */
 } clattn_tensors;
+
+/* What the optional SDPA output `scores` (F32, (batch, heads, seq_q, keys), unfused path
+ * only) receives: ONNX Attention's qk_matmul_output, modes 0 to 2 (mode 3, the probabilities,
+ * is the `weights` output). */
+typedef enum clattn_scores {
+    CLATTN_SCORES_SCALED = 0, /* scale * q kᵀ */
+    CLATTN_SCORES_CAPPED = 1, /* after soft-capping (= SCALED without softcap) */
+    CLATTN_SCORES_MASKED = 2  /* after soft-capping, the masks and the key rules (-inf where a
+                               * key is dropped): what the normalisation takes */
+} clattn_scores;
 
 /* Scaled dot-product attention: out = normalise(scale * q kᵀ + masks) v, per (batch, head).
  * Zero-initialise, then set struct_size = sizeof(clattn_sdpa_desc) and scale (NAN for the
@@ -323,6 +352,13 @@ typedef struct clattn_sdpa_desc {
     float softcap; /* 0: off; > 0: each scaled score s becomes softcap * tanh(s / softcap)
                     * before the masks (Gemma 2's attention soft-capping, ONNX Attention's
                     * softcap attribute). Finite, >= 0. */
+    /* Sliding window (Mistral, Gemma; ONNX's left_window_size/right_window_size): with
+     * window_align other than NONE, query i sees keys j with p - window_left <= j and
+     * j <= p + window_right, p = i + the alignment's offset (clattn_causal); a negative size
+     * leaves that side unbounded. With causal too, both must use the same alignment. */
+    clattn_causal window_align;
+    long long window_left, window_right;
+    clattn_scores scores_mode; /* what tensors.scores receives, when it is given */
 } clattn_sdpa_desc;
 
 typedef enum clattn_weight_layout {

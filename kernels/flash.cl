@@ -130,10 +130,10 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
                      const ulong key_padding_s0, const ulong key_padding_s1,
                      const int has_key_padding,
                      const uint heads, const uint seq_q, const uint seq_k, const float scale,
-                     const int norm_relu, const int causal,
+                     const int norm_relu,
                      const ulong bh_base, const uint key_begin, const uint key_stop,
                      const int resume,
-                     const uint kv_group, const float softcap)
+                     const uint kv_group, const float softcap, BAND_ARGS)
 {
     __local float k_tile[BLOCK_K][HEAD_DIM_QK];
     __local float v_tile[BLOCK_K][HEAD_DIM_V];
@@ -176,12 +176,18 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
         }
     }
 
-    /* Keys the row sees causally; the group's last row sees the most (uniform bound). */
-    const uint row_key_end = causal_key_end(causal, safe_row, seq_q, seq_k);
+    /* The row's key band; the group needs keys from its first row's begin to its last row's
+     * end (uniform bounds), the tiles before the begin skipped whole. */
+    const key_band band = BAND_OF(b);
+    const uint row_key_begin = band_begin(band, safe_row), row_key_end = band_end(band, safe_row);
     const uint last_row = min(seq_q, first_row + BLOCK_Q) - 1;
-    const uint key_end = min(key_stop, causal_key_end(causal, last_row, seq_q, seq_k));
+    const uint key_end = min(key_stop, band_end(band, last_row));
+    const uint group_begin = band_begin(band, first_row);
+    const uint key_first =
+        group_begin > key_begin ? key_begin + (group_begin - key_begin) / BLOCK_K * BLOCK_K
+                                : key_begin;
 
-    for (uint k0 = key_begin; k0 < key_end; k0 += BLOCK_K) {
+    for (uint k0 = key_first; k0 < key_end; k0 += BLOCK_K) {
         /* Rows with unit stride along head_dim (every packed or (B, L, H*d) layout) skip the
          * multiply; the branch is uniform over the work-group. */
         if (k_s3 == 1 && v_s3 == 1) {
@@ -219,8 +225,8 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
             row_t partial = (row_t)(0.0f);
             for (uint d = 0; d < QK_VECS; ++d)
                 partial = mad(q[d], row_load(d, k_tile[j]), partial);
-            s[j] = masked_score(soft_cap(row_sum(partial), softcap), key, row_key_end, tile_padded[j], has_mask, mask,
-                                key * mask_s3);
+            s[j] = masked_score(soft_cap(row_sum(partial), softcap), key, row_key_begin,
+                                row_key_end, tile_padded[j], has_mask, mask, key * mask_s3);
             tile_max = fmax(tile_max, s[j]);
         }
 

@@ -24,9 +24,9 @@
  *
  * Compile-time variants keep the plain case free of extras: FC_MASK (a mask of MASK_DTYPE,
  * applied per score with score.cl's masked_score), FC_KPAD (key padding: the KB bias on every
- * tile), FC_CAUSAL (0, or CAUSAL_TOP_LEFT / CAUSAL_BOTTOM_RIGHT: tiles past a block's last
- * visible key are skipped, the keys past each row's causal_key_end dropped only on tiles that
- * cross the diagonal), FC_RELU (relu normalisation instead of softmax). lse and resume are
+ * tile), FC_BAND (1 when the key band has a diagonal bound, causal or a sliding window:
+ * tiles outside a block's band are skipped, and the keys outside each row's band dropped only
+ * on tiles that cross one of its edges; the band's values are arguments), FC_RELU (relu normalisation instead of softmax). lse and resume are
  * arguments, used outside the tile loop. Local memory: FC_ROWS * (HEAD_DIM_QK + FC_DVP + 2)
  * + 64 * (FC_RB + HEAD_DIM_QK + FC_DVP + 1) floats (96 rows at d = 256: 324 KiB); the host
  * checks the device's size.
@@ -52,8 +52,8 @@
 #ifndef FC_KPAD
 #define FC_KPAD 0
 #endif
-#ifndef FC_CAUSAL
-#define FC_CAUSAL 0
+#ifndef FC_BAND
+#define FC_BAND 0
 #endif
 #ifndef FC_RELU
 #define FC_RELU 0
@@ -182,7 +182,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
                const ulong key_padding_s1, const uint heads, const uint seq_q, const uint seq_k,
                const float scale, const ulong bh_base, const uint key_begin,
                const uint key_stop, const int resume,
-               const uint kv_group, const float softcap)
+               const uint kv_group, const float softcap, BAND_ARGS)
 {
     __local float qs[FC_ROWS][HEAD_DIM_QK]; /* the group's q rows, times scale */
     __local float acc[FC_ROWS][FC_DVP];     /* unnormalised output rows */
@@ -227,12 +227,18 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
         }
     }
 
+    const key_band band = BAND_OF(b);
     const uint last_row = min(seq_q, first_row + FC_ROWS) - 1;
-    const uint key_end = min(key_stop, causal_key_end(FC_CAUSAL, last_row, seq_q, seq_k));
+    const uint key_end = min(key_stop, band_end(band, last_row));
+    const uint group_begin = band_begin(band, first_row);
+    const uint key_first =
+        group_begin > key_begin ? key_begin + (group_begin - key_begin) / FC_KT * FC_KT
+                                : key_begin;
     const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 
-    for (uint k0 = key_begin; k0 < key_end; k0 += FC_KT) {
-        const bool edge = k0 + FC_KT > seq_k; /* the last tile: keys past seq_k */
+    for (uint k0 = key_first; k0 < key_end; k0 += FC_KT) {
+        const bool edge = k0 + FC_KT > seq_k;        /* the last tile: keys past seq_k */
+        const bool kedge = k0 + FC_KT > band.limit; /* keys past the batch's key count */
         /* Pack the tile: K transposed (d, key) and V rows as float, zeros past seq_k. */
         if (!edge && k_s3 == 1) {
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
@@ -254,9 +260,9 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
             }
             for (uint d = HEAD_DIM_V; d < FC_DVP; ++d)
                 vt[j][d] = 0.0f;
-            /* key_masked for keys past seq_k and padded keys */
+            /* key_masked for keys past the key count and padded keys */
             const uint key = k0 + j;
-            kb[j] = key_masked(key, seq_k,
+            kb[j] = key_masked(key, 0, band.limit,
                                real && key_padded(FC_KPAD, key_padding, key * key_padding_s1))
                         ? NEG_INF
                         : 0.0f;
@@ -265,11 +271,12 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
             const uint r0 = blk * FC_RB, row0 = first_row + r0;
             if (row0 >= seq_q)
                 break;
-#if FC_CAUSAL
+#if FC_BAND
             const uint block_last = min(seq_q, row0 + FC_RB) - 1;
-            if (k0 >= causal_key_end(FC_CAUSAL, block_last, seq_q, seq_k))
+            if (k0 >= band_end(band, block_last) || k0 + FC_KT <= band_begin(band, row0))
                 continue; /* the block sees no key of this tile */
-            const bool diagonal = k0 + FC_KT > causal_key_end(FC_CAUSAL, row0, seq_q, seq_k);
+            const bool diagonal =
+                k0 + FC_KT > band_end(band, row0) || k0 < band_begin(band, block_last);
 #endif
             /* s = (q * scale) . k for FC_RB rows x 64 keys, FC_KV vectors of 16 keys at a
              * time (FC_RB x FC_KV float16 accumulators held in registers over d) */
@@ -318,7 +325,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
 #if FC_MASK
             if (!edge && mask_s3 == 1) {
                 /* masked_score on 16 keys at a time (a tile inside seq_k, a mask row of unit
-                 * stride): the mask term, and -inf for padded keys (kb); the causal bound
+                 * stride): the mask term, and -inf for padded keys (kb); the band's diagonal bounds
                  * below */
 #pragma unroll
                 for (uint r = 0; r < FC_RB; ++r) {
@@ -331,7 +338,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
                                          (float16)(NEG_INF), vload16(v, kb) != (float16)(0.0f));
                 }
             } else {
-                /* every score through masked_score: the mask term, the causal bound, the key
+                /* every score through masked_score: the mask term, the band, the key
                  * padding and seq_k (kb says which keys are padded or past seq_k) */
 #pragma unroll
                 for (uint r = 0; r < FC_RB; ++r) {
@@ -342,12 +349,13 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
                 for (uint r = 0; r < FC_RB; ++r) {
                     const uint row = row0 + r;
                     const uint safe_row = row < seq_q ? row : 0;
-                    const uint row_end = causal_key_end(FC_CAUSAL, safe_row, seq_q, seq_k);
+                    const uint row_begin = band_begin(band, safe_row);
+                    const uint row_end = band_end(band, safe_row);
                     __global const ELEM_T(MASK_DTYPE) *mask_row = mask + safe_row * mask_s2;
                     for (uint j = 0; j < FC_KT; ++j) {
                         const uint key = k0 + j;
-                        pt[r][j] = masked_score(pt[r][j], key, row_end, kb[j] != 0.0f, 1,
-                                                mask_row, key * mask_s3);
+                        pt[r][j] = masked_score(pt[r][j], key, row_begin, row_end, kb[j] != 0.0f,
+                                                1, mask_row, key * mask_s3);
                     }
                 }
 #pragma unroll
@@ -358,7 +366,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
                 }
             }
 #else
-            if (FC_KPAD || edge) { /* key_masked for padding and keys past seq_k: KB */
+            if (FC_KPAD || kedge) { /* key_masked for padding and keys past the count: KB */
                 const float16 b_0 = vload16(0, kb), b_1 = vload16(1, kb);
                 const float16 b_2 = vload16(2, kb), b_3 = vload16(3, kb);
 #pragma unroll
@@ -370,16 +378,19 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
                 }
             }
 #endif
-#if FC_CAUSAL
-            if (diagonal) { /* key_masked(key, causal_key_end(row)) on 16 keys at a time */
+#if FC_BAND
+            if (diagonal) { /* key_masked(key, the row's band) on 16 keys at a time */
 #pragma unroll
                 for (uint r = 0; r < FC_RB; ++r) {
-                    const int16 row_end =
-                        (int16)((int)causal_key_end(FC_CAUSAL, row0 + r, seq_q, seq_k));
+                    const uint row = row0 + r < seq_q ? row0 + r : row0;
+                    const int16 row_begin = (int16)((int)band_begin(band, row));
+                    const int16 row_end = (int16)((int)band_end(band, row));
 #pragma unroll
-                    for (uint v = 0; v < 4; ++v)
+                    for (uint v = 0; v < 4; ++v) {
+                        const int16 key = (int16)((int)(k0 + 16 * v)) + lane;
                         s[r][v] = select(s[r][v], (float16)(NEG_INF),
-                                         (int16)((int)(k0 + 16 * v)) + lane >= row_end);
+                                         key >= row_end || key < row_begin);
+                    }
                 }
             }
 #endif

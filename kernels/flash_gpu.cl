@@ -5,7 +5,7 @@
  * (flash.cl gives each work-item one row, which spills at head sizes of 128 and 256).
  *
  * Same arguments, same score rule (score.cl) and same results as flash.cl, which documents
- * them: Q, K, V, O views with four strides and dtypes, mask, key padding, causal alignment,
+ * them: Q, K, V, O views with four strides and dtypes, mask, key padding, key band,
  * relu, log-sum-exp, key parts (key_begin .. key_stop, resume).
  *
  * Per key tile of FG_BK keys (four barriers, and one for PoCL, see step 3):
@@ -105,10 +105,10 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
                      const ulong key_padding_s0, const ulong key_padding_s1,
                      const int has_key_padding,
                      const uint heads, const uint seq_q, const uint seq_k, const float scale,
-                     const int norm_relu, const int causal,
+                     const int norm_relu,
                      const ulong bh_base, const uint key_begin, const uint key_stop,
                      const int resume,
-                     const uint kv_group, const float softcap)
+                     const uint kv_group, const float softcap, BAND_ARGS)
 {
     __local float q_tile[FG_BQ * QK_PAD];
     __local float kv_tile[KV_WORDS];
@@ -168,11 +168,17 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
         }
     }
 
-    /* Keys the group needs: its last row sees the most (a bound uniform over the group). */
+    /* Keys the group needs: from its first row's band begin to its last row's band end
+     * (bounds uniform over the group). */
+    const key_band band = BAND_OF(b);
     const uint last_row = min(seq_q, first_row + FG_BQ) - 1;
-    const uint key_end = min(key_stop, causal_key_end(causal, last_row, seq_q, seq_k));
+    const uint key_end = min(key_stop, band_end(band, last_row));
+    const uint group_begin = band_begin(band, first_row);
+    const uint key_first =
+        group_begin > key_begin ? key_begin + (group_begin - key_begin) / FG_BK * FG_BK
+                                : key_begin;
 
-    for (uint k0 = key_begin; k0 < key_end; k0 += FG_BK) {
+    for (uint k0 = key_first; k0 < key_end; k0 += FG_BK) {
         /* 1. K tile and key padding. */
         for (uint e = lid; e < FG_BK * HEAD_DIM_QK; e += FG_THREADS) {
             const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
@@ -204,12 +210,13 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
         for (uint i = 0; i < FG_RM; ++i) {
             const uint r = ty + i * FG_TY, row = first_row + r;
             const uint safe_row = row < seq_q ? row : 0;
-            const uint row_key_end = causal_key_end(causal, safe_row, seq_q, seq_k);
+            const uint row_key_begin = band_begin(band, safe_row);
+            const uint row_key_end = band_end(band, safe_row);
             for (uint j = 0; j < FG_RN; ++j) {
                 const uint jj = tx + j * FG_TX, key = k0 + jj;
-                p_tile[r * P_PAD + jj] =
-                    masked_score(soft_cap(s[i][j], softcap), key, row_key_end, tile_padded[jj], has_mask, mask,
-                                 safe_row * mask_s2 + key * mask_s3);
+                p_tile[r * P_PAD + jj] = masked_score(
+                    soft_cap(s[i][j], softcap), key, row_key_begin, row_key_end, tile_padded[jj],
+                    has_mask, mask, safe_row * mask_s2 + key * mask_s3);
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);

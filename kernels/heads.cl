@@ -1,5 +1,5 @@
 /*
- * heads.cl: attention weights averaged over heads,
+ * heads.cl: attention weights averaged over heads, and a strided copy (copy4d, below),
  *
  *   dst[b, i, c] = (1 / heads) * sum_h src[b, h, i, c]
  *
@@ -29,4 +29,36 @@ void mean_heads(__global const float *src, const ulong src_offset, const ulong s
     for (uint h = 0; h < heads; ++h)
         sum += base[h * src_s1];
     dst[dst_offset + b * dst_s0 + i * dst_s1 + c * dst_s2] = sum / (float)heads;
+}
+
+/*
+ * copy4d: dst[i0, i1, i2, i3] = src[i0, i1, i2, i3] over a (d0, d1, d2, d3) box, any strides,
+ * converting SRC_DTYPE to DST_DTYPE through float (types.cl); the KV cache's concatenation
+ * of past and new keys and values into present. One work-item per element, numbered in
+ * row-major order; work-items past the end do nothing.
+ */
+#ifndef SRC_DTYPE
+#define SRC_DTYPE 0
+#endif
+#ifndef DST_DTYPE
+#define DST_DTYPE 0
+#endif
+
+__kernel __attribute__((reqd_work_group_size(HEADS_WG, 1, 1)))
+void copy4d(__global const ELEM_T(SRC_DTYPE) *src, const ulong src_offset, const ulong src_s0,
+            const ulong src_s1, const ulong src_s2, const ulong src_s3,
+            __global ELEM_T(DST_DTYPE) *dst, const ulong dst_offset, const ulong dst_s0,
+            const ulong dst_s1, const ulong dst_s2, const ulong dst_s3,
+            const ulong total, const uint d1, const uint d2, const uint d3)
+{
+    const ulong index = get_global_id(0);
+    if (index >= total)
+        return;
+    /* Remainders as x - (x / y) * y (see softmax.cl: no LLVM `freeze` for Oclgrind). */
+    const ulong r3 = index / d3, i3 = index - r3 * d3;
+    const ulong r2 = r3 / d2, i2 = r3 - r2 * d2;
+    const ulong i0 = r2 / d1, i1 = r2 - i0 * d1;
+    const float value =
+        LOAD(SRC_DTYPE, src, src_offset + i0 * src_s0 + i1 * src_s1 + i2 * src_s2 + i3 * src_s3);
+    STORE(DST_DTYPE, value, dst, dst_offset + i0 * dst_s0 + i1 * dst_s1 + i2 * dst_s2 + i3 * dst_s3);
 }

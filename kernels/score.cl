@@ -9,16 +9,29 @@
  *                                                      softcap), when softcap > 0; else x
  *   s_ij = -inf  where a U8 mask[b,h,i,j] is 0        (U8: nonzero = the key takes part)
  *              or key_padding[b, j] != 0               (nonzero = ignore the key)
- *              or j >= causal_key_end(i)               TOP_LEFT: j > i
- *                                                      BOTTOM_RIGHT: j > i + seq_k - seq_q
+ *              or j is outside the row's key band      (key_band below: key counts per batch,
+ *                                                      causal, sliding window)
  *   softmax: w_ij = exp(s_ij - m_i) / sum_j exp(s_ij - m_i),  m_i = max_j s_ij
  *   relu:    w_ij = relu(s_ij) / sum_j relu(s_ij)
  *   a row whose sum is 0 (every key masked, or relu of nothing positive) gives zeros, not NaN.
  *
  * Compile-time switch: MASK_DTYPE, the dtype code of the mask (types.cl); it only matters in
- * programs launched with a mask. Whether a mask or key padding is present, the causal
- * alignment and the normalisation are kernel arguments: uniform branches, so each program
- * serves every combination and the variants stay few.
+ * programs launched with a mask. Whether a mask or key padding is present, the key band and
+ * the normalisation are kernel arguments: uniform branches, so each program serves every
+ * combination and the variants stay few.
+ *
+ * The key band of row i of batch b: keys j with
+ *   j < limit            limit = kv_len[b] clamped to [0, seq_k] (per-batch key counts, ONNX's
+ *                        nonpad_kv_seqlen, a static KV cache's fill), or seq_k
+ *   j <= p + upper       when upper >= 0 (causal: 0; a window's right size)
+ *   j >= p - lower       when lower >= 0 (a window's left size)
+ * where p = i + diag_b is the row's position among the keys and diag_b = diag (+ kv_len[b] when
+ * diag_kv): TOP_LEFT 0, BOTTOM_RIGHT seq_k - seq_q (kv_len[b] - seq_q), ONNX's rule the past
+ * length (kv_len[b] - seq_q). The host computes diag, upper and lower (ops.h). Both ends are
+ * nondecreasing in i, so a block's first and last rows bound the keys the block needs.
+ * Kernels take the band as the arguments
+ *   __global const int *kv_len, ulong kv_len_offset, ulong kv_len_s0, int has_kv_len,
+ *   long diag, int diag_kv, long upper, long lower
  */
 #ifndef CLATTN_SCORE_CL
 #define CLATTN_SCORE_CL
@@ -27,20 +40,50 @@
 #define MASK_DTYPE 0 /* dtype code of the attention mask (F32 when there is none) */
 #endif
 
-#define CAUSAL_NONE 0
-#define CAUSAL_TOP_LEFT 1
-#define CAUSAL_BOTTOM_RIGHT 2
+/* A row's key band (see above) without its row: per batch. */
+typedef struct key_band {
+    uint limit; /* keys at and past it are dropped */
+    long diag;  /* row i sits at key position i + diag */
+    long upper; /* j <= i + diag + upper; < 0: no bound */
+    long lower; /* j >= i + diag - lower; < 0: no bound */
+} key_band;
 
-/* Keys 0 .. causal_key_end - 1 are causally visible from query row `row`: min(seq_k, row + 1)
- * for TOP_LEFT, row + 1 + seq_k - seq_q clamped to [0, seq_k] for BOTTOM_RIGHT, seq_k when not
- * causal. Nondecreasing in row, so a block's last row bounds the keys the block needs. */
-inline uint causal_key_end(const int causal, const uint row, const uint seq_q, const uint seq_k)
+#define BAND_ARGS                                                                                 \
+    __global const int *kv_len, const ulong kv_len_offset, const ulong kv_len_s0,                 \
+        const int has_kv_len, const long band_diag, const int band_diag_kv,                      \
+        const long band_upper, const long band_lower
+#define BAND_OF(b)                                                                                \
+    make_band(kv_len, kv_len_offset + (b) * kv_len_s0, has_kv_len, seq_k, band_diag,              \
+              band_diag_kv, band_upper, band_lower)
+
+inline key_band make_band(__global const int *kv_len, const ulong index, const int has_kv_len,
+                          const uint seq_k, const long diag, const int diag_kv, const long upper,
+                          const long lower)
 {
-    if (causal == CAUSAL_NONE)
-        return seq_k;
-    const long shift = causal == CAUSAL_BOTTOM_RIGHT ? (long)seq_k - (long)seq_q : 0;
-    const long end = (long)row + 1 + shift;
-    return end <= 0 ? 0u : end >= (long)seq_k ? seq_k : (uint)end;
+    key_band band;
+    const long n = has_kv_len ? (long)kv_len[index] : (long)seq_k;
+    band.limit = n <= 0 ? 0u : n >= (long)seq_k ? seq_k : (uint)n;
+    band.diag = diag + (diag_kv ? n : 0);
+    band.upper = upper;
+    band.lower = lower;
+    return band;
+}
+
+/* Keys band_begin(row) .. band_end(row) - 1 are in the row's band (empty when begin >= end). */
+inline uint band_end(const key_band band, const uint row)
+{
+    if (band.upper < 0)
+        return band.limit;
+    const long end = (long)row + band.diag + band.upper + 1;
+    return end <= 0 ? 0u : end >= (long)band.limit ? band.limit : (uint)end;
+}
+
+inline uint band_begin(const key_band band, const uint row)
+{
+    if (band.lower < 0)
+        return 0u;
+    const long begin = (long)row + band.diag - band.lower;
+    return begin <= 0 ? 0u : begin >= (long)band.limit ? band.limit : (uint)begin;
 }
 
 /* Whether key padding drops the key at element `index` of the padding row. */
@@ -60,11 +103,12 @@ inline float mask_term(__global const ELEM_T(MASK_DTYPE) *mask, const ulong inde
 #endif
 }
 
-/* Whether the rule drops key `key` from a row: past the row's causal_key_end (which is at
- * most seq_k, so keys past seq_k are dropped too) or `padded`. */
-inline bool key_masked(const uint key, const uint key_end, const bool padded)
+/* Whether the rule drops key `key` from a row: outside the row's band [key_begin, key_end)
+ * (key_end is at most seq_k, so keys past seq_k are dropped too) or `padded`. */
+inline bool key_masked(const uint key, const uint key_begin, const uint key_end,
+                       const bool padded)
 {
-    return key >= key_end || padded;
+    return key < key_begin || key >= key_end || padded;
 }
 
 /* Soft-capping of a scaled dot product: softcap * tanh(x / softcap), before any mask (so that
@@ -89,11 +133,11 @@ inline float add_mask(const float scaled_dot, const int has_mask,
 }
 
 /* The score of key `key` from the scaled dot product: -inf where key_masked, else add_mask. */
-inline float masked_score(const float scaled_dot, const uint key, const uint key_end,
-                          const bool padded, const int has_mask,
+inline float masked_score(const float scaled_dot, const uint key, const uint key_begin,
+                          const uint key_end, const bool padded, const int has_mask,
                           __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_index)
 {
-    if (key_masked(key, key_end, padded))
+    if (key_masked(key, key_begin, key_end, padded))
         return NEG_INF;
     return add_mask(scaled_dot, has_mask, mask, mask_index);
 }

@@ -2,7 +2,7 @@
  * softmax.cl: the score rule (score.cl) over rows of raw dot products: for each row
  * (b, h, i) of raw (batch, heads, seq_q, seq_k), float32,
  *
- *   s_c = masked_score(scale * raw[b,h,i,c], ...)         (scale, mask, key padding, causal)
+ *   s_c = masked_score(scale * raw[b,h,i,c], ...)         (scale, mask, key padding, key band)
  *   softmax: out[b,h,i,c] = exp(s_c - max) / sum exp(s - max)   (max subtracted: no overflow)
  *   relu:    out[b,h,i,c] = relu(s_c) / sum relu(s)
  *   a row with nothing left is written as zeros.
@@ -24,7 +24,7 @@
  * in float16 vectors (vload16; masks and key padding gathered when their key stride is not 1)
  * and a polynomial exp on those vectors (PoCL's exp is scalar). Three passes over the row, of
  * which only the first comes from memory (a row of 4096 keys is 16 KiB, in L1 for the next):
- * max; exp, store, sum; scale. Keys at and after the causal end are written as zeros without
+ * max; exp, store, sum; scale. Keys at and after the band's end are written as zeros without
  * reading raw.
  *   work-item g = row = (b * heads + h) * seq_q + i
  *   +---------------------------------------------+
@@ -48,12 +48,13 @@
 
 /* The score of column c of the row (masked_score's rule, reading raw only for kept keys). */
 inline float row_score(__global const float *raw, const uint c, const float scale,
-                       const float softcap, const uint key_end, const int has_mask,
-                       __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_s3,
-                       const int has_key_padding, __global const uchar *key_padding,
-                       const ulong key_padding_s1)
+                       const float softcap, const uint key_begin, const uint key_end,
+                       const int has_mask, __global const ELEM_T(MASK_DTYPE) *mask,
+                       const ulong mask_s3, const int has_key_padding,
+                       __global const uchar *key_padding, const ulong key_padding_s1)
 {
-    if (key_masked(c, key_end, key_padded(has_key_padding, key_padding, c * key_padding_s1)))
+    if (key_masked(c, key_begin, key_end,
+                   key_padded(has_key_padding, key_padding, c * key_padding_s1)))
         return NEG_INF;
     return add_mask(soft_cap(scale * raw[c], softcap), has_mask, mask, c * mask_s3);
 }
@@ -102,15 +103,21 @@ inline float sum16(const float16 v)
 /* The scores of keys c .. c + 15 of the row, every one of them before key_end (the rule of
  * row_score): one vector load of raw; the mask and the key padding are vector loads when their
  * key stride is 1, else gathered element by element (stride 0: a broadcast key dim). Unlike
- * row_score it reads raw and the mask at padded keys too (in the row; the result is -inf). */
+ * row_score it reads raw and the mask at padded keys too (in the row; the result is -inf), and
+ * keys before key_begin (a sliding window's left edge) come out -inf. */
 inline float16 row_scores16(__global const float *raw, const uint c, const float scale,
-                            const float softcap, const int has_mask, __global const ELEM_T(MASK_DTYPE) *mask,
-                            const ulong mask_s3, const int has_key_padding,
-                            __global const uchar *key_padding, const ulong key_padding_s1)
+                            const float softcap, const uint key_begin, const int has_mask,
+                            __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_s3,
+                            const int has_key_padding, __global const uchar *key_padding,
+                            const ulong key_padding_s1)
 {
     float16 s = scale * vload16(0, raw + c);
     if (softcap > 0.0f)
         s = soft_cap16(s, softcap);
+    if (c < key_begin) {
+        const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        s = select(s, (float16)(NEG_INF), (int16)((int)c) + lane < (int16)((int)key_begin));
+    }
     if (has_mask) {
         float16 term;
         if (mask_s3 == 1) {
@@ -146,21 +153,23 @@ inline float16 row_scores16(__global const float *raw, const uint c, const float
 }
 
 /* One row by one work-item: keys [0, vec_end) in vectors of 16, [vec_end, key_end) one by one,
- * [key_end, seq_k) zeros (causally masked: raw is not read there). Always inlined, so that a
- * call with has_mask and has_key_padding 0 compiles to loops without their tests. */
+ * [key_end, seq_k) zeros (outside the band: raw is not read there); keys before key_begin
+ * come out 0 through their -inf scores. Always inlined, so that a call with has_mask and
+ * has_key_padding 0 compiles to loops without their tests. */
 __attribute__((always_inline)) inline void
 softmax_row_vec(__global const float *raw, __global float *out, const float scale,
-                const float softcap, const uint key_end, const uint seq_k, const int has_mask,
+                const float softcap, const uint key_begin, const uint key_end, const uint seq_k,
+                const int has_mask,
                 __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_s3,
                 const int has_key_padding, __global const uchar *key_padding,
                 const ulong key_padding_s1, const int norm_relu)
 {
 #define SCORES16(c)                                                                               \
-    row_scores16(raw, (c), scale, softcap, has_mask, mask, mask_s3, has_key_padding, key_padding,\
-                 key_padding_s1)
+    row_scores16(raw, (c), scale, softcap, key_begin, has_mask, mask, mask_s3, has_key_padding,   \
+                 key_padding, key_padding_s1)
 #define SCORE(c)                                                                                  \
-    row_score(raw, (c), scale, softcap, key_end, has_mask, mask, mask_s3, has_key_padding,       \
-              key_padding, key_padding_s1)
+    row_score(raw, (c), scale, softcap, key_begin, key_end, has_mask, mask, mask_s3,             \
+              has_key_padding, key_padding, key_padding_s1)
     const uint vec_end = key_end - key_end % 16;
     float inv;
     if (norm_relu) {
@@ -226,7 +235,7 @@ void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong
                   const ulong key_padding_s0, const ulong key_padding_s1,
                   const int has_key_padding,
                   const uint heads, const uint seq_q, const uint seq_k, const float scale,
-                  const int norm_relu, const int causal, const ulong rows, const float softcap)
+                  const int norm_relu, const ulong rows, const float softcap, BAND_ARGS)
 {
 #if SOFTMAX_VEC
     /* No barriers here: the work-items past the last row leave at once. */
@@ -250,18 +259,19 @@ void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong
         mask += mask_offset + b * mask_s0 + h * mask_s1 + i * mask_s2;
     if (has_key_padding)
         key_padding += key_padding_offset + b * key_padding_s0;
-    const uint key_end = causal_key_end(causal, i, seq_q, seq_k);
+    const key_band band = BAND_OF(b);
+    const uint key_begin = band_begin(band, i), key_end = band_end(band, i);
 #if SOFTMAX_VEC
     if (has_mask || has_key_padding)
-        softmax_row_vec(raw, out, scale, softcap, key_end, seq_k, has_mask, mask, mask_s3,
-                        has_key_padding, key_padding, key_padding_s1, norm_relu);
+        softmax_row_vec(raw, out, scale, softcap, key_begin, key_end, seq_k, has_mask, mask,
+                        mask_s3, has_key_padding, key_padding, key_padding_s1, norm_relu);
     else
-        softmax_row_vec(raw, out, scale, softcap, key_end, seq_k, 0, mask, 0, 0, key_padding, 0,
-                        norm_relu);
+        softmax_row_vec(raw, out, scale, softcap, key_begin, key_end, seq_k, 0, mask, 0, 0,
+                        key_padding, 0, norm_relu);
 #else
 #define SCORE(c)                                                                                  \
-    row_score(raw, (c), scale, softcap, key_end, has_mask, mask, mask_s3, has_key_padding,       \
-              key_padding, key_padding_s1)
+    row_score(raw, (c), scale, softcap, key_begin, key_end, has_mask, mask, mask_s3,             \
+              has_key_padding, key_padding, key_padding_s1)
 
     /* norm_relu is uniform over the group: every work-item meets the same barriers. */
     if (norm_relu) {
@@ -291,4 +301,50 @@ void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong
         out[c] *= inv;
 #undef SCORE
 #endif
+}
+
+/*
+ * score_copy: the scores before normalisation into their own output (ONNX Attention's
+ * qk_matmul_output, modes 0 to 2), from the raw dot products:
+ *   mode 0: scale * raw          mode 1: cap(scale * raw)
+ *   mode 2: the score rule's s: cap(scale * raw) + the mask term, -inf outside the row's key
+ *           band or for a padded key (masked_score)
+ * One work-item per element, numbered (b, h, i, c) row-major; work-items past the end leave.
+ */
+__kernel void score_copy(__global const float *raw, const ulong raw_offset, const ulong raw_s0,
+                         const ulong raw_s1, const ulong raw_s2,
+                         __global float *dst, const ulong dst_offset, const ulong dst_s0,
+                         const ulong dst_s1, const ulong dst_s2, const ulong dst_s3,
+                         __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_offset,
+                         const ulong mask_s0, const ulong mask_s1, const ulong mask_s2,
+                         const ulong mask_s3, const int has_mask,
+                         __global const uchar *key_padding, const ulong key_padding_offset,
+                         const ulong key_padding_s0, const ulong key_padding_s1,
+                         const int has_key_padding,
+                         const uint heads, const uint seq_q, const uint seq_k, const float scale,
+                         const float softcap, const int mode, const ulong total, BAND_ARGS)
+{
+    const ulong index = get_global_id(0);
+    if (index >= total)
+        return;
+    /* Remainders as x - (x / y) * y (no LLVM `freeze` for Oclgrind, as above). */
+    const ulong row = index / seq_k;
+    const uint c = (uint)(index - row * seq_k);
+    const ulong bh = row / seq_q;
+    const uint i = (uint)(row - bh * seq_q);
+    const ulong b = bh / heads, h = bh - b * heads;
+    float s = scale * raw[raw_offset + b * raw_s0 + h * raw_s1 + i * raw_s2 + c];
+    if (mode >= 1)
+        s = soft_cap(s, softcap);
+    if (mode == 2) {
+        const key_band band = BAND_OF(b);
+        const bool padded =
+            has_key_padding &&
+            key_padding[key_padding_offset + b * key_padding_s0 + c * key_padding_s1] != 0;
+        s = masked_score(s, c, band_begin(band, i), band_end(band, i), padded, has_mask,
+                         mask + (has_mask ? mask_offset + b * mask_s0 + h * mask_s1 + i * mask_s2
+                                          : 0),
+                         c * mask_s3);
+    }
+    dst[dst_offset + b * dst_s0 + h * dst_s1 + i * dst_s2 + c * dst_s3] = s;
 }

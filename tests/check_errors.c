@@ -462,12 +462,63 @@ START_TEST(test_sdpa_create_errors)
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "norm", NULL, "sdpa(norm 7)");
     desc = good, desc.norm = (clattn_norm)-1;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "norm", NULL, "sdpa(norm -1)");
-    desc = good, desc.causal = (clattn_causal)3;
-    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "sdpa(causal 3)");
+    desc = good, desc.causal = (clattn_causal)4;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "sdpa(causal 4)");
     desc = good, desc.causal = (clattn_causal)-2;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "sdpa(causal -2)");
     desc = good, desc.path = (clattn_path)5;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "path", NULL, "sdpa(path 5)");
+
+    /* The key rules: windows, key counts, the KV cache, the scores. */
+    desc = good, desc.window_align = (clattn_causal)4;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "window_align", NULL,
+                        "sdpa(window_align 4)");
+    desc = good, desc.causal = CLATTN_CAUSAL_TOP_LEFT;
+    desc.window_align = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", "same alignment",
+                        "sdpa(causal and window aligned apart)");
+    desc = good, desc.tensors.kv_seqlen = f32_1(NULL, SB);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "kv_seqlen", "I32",
+                        "sdpa(kv_seqlen F32)");
+    desc = good, desc.tensors.kv_seqlen = with_dtype(f32_1(NULL, SB + 1), CLATTN_DTYPE_I32);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "kv_seqlen", "(batch)",
+                        "sdpa(kv_seqlen of 3 batches)");
+    desc = good, desc.tensors.past_k = f32_4(NULL, SB, SH, 7, SDK);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "past_v", "together",
+                        "sdpa(past_k without past_v)");
+    desc.tensors.past_v = f32_4(NULL, SB, SH, 7, SDV);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "present_k", "written",
+                        "sdpa(past without present)");
+    desc.tensors.present_k = f32_4(NULL, SB, SH, 7 + SK, SDK);
+    desc.tensors.present_v = f32_4(NULL, SB, SH, 7 + SK, SDV);
+    clattn_plan *cached = expect_sdpa_created(&desc, "sdpa(past and present)");
+    clattn_plan_release(cached);
+    desc.tensors.present_v = f32_4(NULL, SB, SH, 7 + SK - 1, SDV);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "present_v", "past + seq_k",
+                        "sdpa(present_v one key short)");
+    desc.tensors.present_v = f32_4(NULL, SB, SH, 7 + SK, SDV);
+    desc.tensors.past_v = f32_4(NULL, SB, SH, 6, SDV);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "past_v", "past",
+                        "sdpa(past_v shorter than past_k)");
+    desc.tensors.past_v = f32_4(NULL, SB, SH, 7, SDV);
+    desc.tensors.kv_seqlen = with_dtype(f32_1(NULL, SB), CLATTN_DTYPE_I32);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "kv_seqlen", "past",
+                        "sdpa(kv_seqlen with a past)");
+    desc = good, desc.tensors.scores = f32_4(NULL, SB, SH, SQ, SK);
+    desc.path = CLATTN_PATH_FUSED;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "path", "scores",
+                        "sdpa(FUSED with scores)");
+    desc.path = CLATTN_PATH_AUTO, desc.scores_mode = (clattn_scores)3;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "scores_mode", "weights",
+                        "sdpa(scores_mode 3)");
+    desc.scores_mode = CLATTN_SCORES_MASKED;
+    desc.tensors.scores = f32_4(NULL, SB, SH, SQ, SK + 1);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "scores", NULL,
+                        "sdpa(scores one key too many)");
+    desc.tensors.scores = f32_4(NULL, SB, SH, SQ, SK);
+    cached = expect_sdpa_created(&desc, "sdpa(AUTO with scores)");
+    tu_expect(cached == NULL || !clattn_plan_is_fused(cached), "AUTO with scores is fused");
+    clattn_plan_release(cached);
     desc = good, desc.scale = INFINITY;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "scale", NULL, "sdpa(scale inf)");
     static const float bad_caps[] = {-1.0f, -0.0001f, NAN, INFINITY, -INFINITY};
@@ -1052,6 +1103,8 @@ START_TEST(test_mha_create_errors)
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "norm", NULL, "mha(norm 9)");
     desc = good, desc.causal = (clattn_causal)7;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "mha(causal 7)");
+    desc = good, desc.causal = CLATTN_CAUSAL_ONNX; /* SDPA only: MHA has no cache */
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", "MHA", "mha(causal ONNX)");
     desc = good, desc.path = (clattn_path)-1;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "path", NULL, "mha(path -1)");
     desc = good, desc.need_weights = (clattn_need_weights)4;
@@ -1614,7 +1667,8 @@ START_TEST(test_context_errors)
         clattn_dtype_size(CLATTN_DTYPE_F32) == 4 && clattn_dtype_size(CLATTN_DTYPE_F16) == 2 &&
             clattn_dtype_size(CLATTN_DTYPE_BF16) == 2 && clattn_dtype_size(CLATTN_DTYPE_U8) == 1,
         "clattn_dtype_size of the dtypes is not 4, 2, 2, 1");
-    tu_expect(clattn_dtype_size((clattn_dtype)4) == 0 && clattn_dtype_size((clattn_dtype)-1) == 0,
+    tu_expect(clattn_dtype_size(CLATTN_DTYPE_I32) == 4, "clattn_dtype_size(I32) is not 4");
+    tu_expect(clattn_dtype_size((clattn_dtype)5) == 0 && clattn_dtype_size((clattn_dtype)-1) == 0,
               "clattn_dtype_size of an unknown dtype is not 0");
 
     tu_set_case("descriptor initialisers");

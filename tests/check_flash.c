@@ -192,6 +192,158 @@ START_TEST(test_flash_vs_reference_and_unfused)
 }
 END_TEST
 
+/* ONNX Attention's key rules on both paths: per-batch key counts (kv_seqlen, with the count
+ * of batch 0 set to 0 and of the last to seq_k), ONNX's causal offset (the past length, or
+ * kv_seqlen[b] - Lq), bottom-right by the batch's count, sliding windows (one side, both, the
+ * diagonal alone) and a KV cache's past (present = past + new, written by the plan), with
+ * grouped heads, masks, padding, soft-capping and relu mixed in. */
+typedef struct rule_case {
+    size_t batch, heads, kv_heads, seq_q, seq_k, dk, dv;
+    clattn_causal causal;
+    int kv_len;
+    size_t past;
+    clattn_causal window_align;
+    long long left, right;
+    int mask, padding, relu;
+    float softcap;
+} rule_case;
+
+#define TL CLATTN_CAUSAL_TOP_LEFT
+#define BR CLATTN_CAUSAL_BOTTOM_RIGHT
+#define ONNX CLATTN_CAUSAL_ONNX
+#define NONE CLATTN_CAUSAL_NONE
+/* clang-format off */
+static const rule_case rule_cases[] = {
+    /* B  H Hkv  Lq   Lk   dk   dv causal kv_len past window left right mask pad relu cap */
+    {2, 3, 0,  17,  63,  64,  64, BR,   1,   0, NONE, 0, 0,   0, 0, 0, 0},
+    {3, 2, 0,   4, 129,  16,  16, ONNX, 1,   0, NONE, 0, 0,   1, 0, 0, 0},
+    {2, 8, 2,   1, 127,  64,  64, ONNX, 1,   0, NONE, 0, 0,   0, 0, 0, 2.0f},
+    {1, 2, 0,  65,  65,  64,  64, TL,   0,   0, TL,  17, -1,  0, 0, 0, 0},
+    {1, 1, 0,   5,   5,   1,   1, NONE, 0,   0, TL,   1, 2,   0, 0, 0, 0},
+    {2, 3, 0,  17, 129,  17,  33, ONNX, 0, 100, ONNX, 3, -1,  0, 0, 0, 0},
+    {2, 4, 2,  63, 129, 128,  64, BR,   0,  66, NONE, 0, 0,   1, 1, 0, 0},
+    {1, 2, 0, 129,  65,  64,  64, NONE, 1,   0, BR,   0, 0,   0, 0, 0, 0},
+    {2, 2, 0, 127, 127, 256, 256, TL,   0,   0, TL,  63, -1,  0, 1, 0, 0},
+    {3, 1, 0, 200, 300,   8,   8, ONNX, 1,   0, ONNX, 70, -1, 1, 0, 1, 0},
+    {2, 6, 3,   3,  70,   3,   5, ONNX, 0,  67, ONNX, -1, 1,  0, 0, 0, 0.5f},
+    {1, 3, 1,  40,  90,  64,  64, NONE, 0,  50, ONNX, 5,  5,  1, 0, 0, 0},
+};
+/* clang-format on */
+#undef TL
+#undef BR
+#undef ONNX
+#undef NONE
+
+START_TEST(test_key_rules)
+{
+    TU_BEGIN_TEST();
+    const rule_case *c = &rule_cases[_i];
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = c->batch;
+    spec.heads = c->heads;
+    spec.kv_heads = c->kv_heads;
+    spec.seq_q = c->seq_q;
+    spec.seq_k = c->seq_k;
+    spec.dk = c->dk;
+    spec.dv = c->dv;
+    spec.causal = c->causal;
+    spec.kv_len = c->kv_len;
+    spec.past = c->past;
+    spec.window_align = c->window_align;
+    spec.window_left = c->left;
+    spec.window_right = c->right;
+    spec.mask = c->mask ? PB_MASK_FLOAT : PB_MASK_NONE;
+    spec.padding = c->padding;
+    spec.norm = c->relu ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
+    spec.softcap = c->softcap;
+    spec.q_gain = 3.0f;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    if (c->kv_len && c->batch > 1) { /* an empty batch, and a full one */
+        p.kv_len[0] = 0;
+        p.kv_len[c->batch - 1] = (int32_t)c->seq_k;
+        pb_sdpa_reference(&p);
+    }
+    tu_set_case("%s", p.label);
+    check_fused_case(&p);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+/* The scores output (ONNX's qk_matmul_output modes 0 to 2) on the unfused path, against the
+ * float64 scores of the same rule, on the key-rule cases (masks, padding, windows, key counts,
+ * a past): every element, -inf exactly where a key is dropped (mode 2). */
+START_TEST(test_scores_output)
+{
+    TU_BEGIN_TEST();
+    const rule_case *c = &rule_cases[_i / 3];
+    const int mode = _i % 3;
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = c->batch, spec.heads = c->heads, spec.kv_heads = c->kv_heads;
+    spec.seq_q = c->seq_q, spec.seq_k = c->seq_k, spec.dk = c->dk, spec.dv = c->dv;
+    spec.causal = c->causal, spec.kv_len = c->kv_len, spec.past = c->past;
+    spec.window_align = c->window_align, spec.window_left = c->left, spec.window_right = c->right;
+    spec.mask = c->mask ? PB_MASK_FLOAT : PB_MASK_NONE;
+    spec.padding = c->padding;
+    spec.softcap = c->softcap > 0.0f ? c->softcap : 1.5f; /* modes 0 and 1 then differ */
+    spec.path = CLATTN_PATH_UNFUSED;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("scores mode %d: %s", mode, p.label);
+    const size_t count = p.weights_count;
+    const size_t dims[4] = {spec.batch, spec.heads, spec.seq_q, spec.seq_k};
+    pb_make_layout(&p.layouts.scores, CLATTN_DTYPE_F32, 4, dims, _i % 2 ? PB_PADDED : PB_PACKED);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    desc.scores_mode = (clattn_scores)mode;
+    clattn_plan *plan = NULL;
+    clattn_tensors bound;
+    memset(&bound, 0, sizeof bound);
+    if (tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &desc, &plan), CLATTN_SUCCESS,
+                         "create") &&
+        pb_sdpa_upload(tu_ctx(), &p, &bound) == CL_SUCCESS) {
+        bound.scores = p.layouts.scores;
+        if (pb_upload(tu_ctx(), &bound.scores, 3, NULL) == CL_SUCCESS &&
+            tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+                             CLATTN_SUCCESS, "execute")) {
+            pb_sdpa_check(tu_ctx(), NULL, &p, &bound); /* out, present: as ever */
+            float *got = tu_nan_floats(count);
+            size_t stray = 0;
+            double *want = tu_doubles(count);
+            ref_sdpa_shape shape = pb_sdpa_ref_shape(&spec);
+            shape.kv_len = p.kv_len;
+            float *mask = pb_expand_mask(&p);
+            ref_sdpa_scores(&shape, p.q, p.k, mask, p.padding, mode, want);
+            free(mask);
+            if (pb_download(tu_ctx(), NULL, &bound.scores, got, &stray) == CL_SUCCESS) {
+                size_t wrong = 0, first = count;
+                for (size_t e = 0; e < count; ++e) {
+                    const int dropped = isinf(want[e]) && want[e] < 0;
+                    const int ok =
+                        dropped ? (isinf(got[e]) && got[e] < 0)
+                                : fabs((double)got[e] - want[e]) <= 1e-4 * (1.0 + fabs(want[e]));
+                    if (!ok && wrong++ == 0)
+                        first = e;
+                }
+                tu_expect(wrong == 0, "%zu of %zu scores wrong; the first, %zu: got %.9g want %.9g",
+                          wrong, count, first, first < count ? (double)got[first] : 0.0,
+                          first < count ? want[first] : 0.0);
+                tu_expect(stray == 0, "%zu elements written outside the scores", stray);
+            }
+            free(want);
+            free(got);
+        }
+    }
+    pb_release_tensors(&bound);
+    clattn_plan_release(plan);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 /* Sizes for the CPU kernel (flash_cpu.cl: 6-row blocks, 8 blocks a group, 64-key tiles, V
  * rows padded to 16 floats), run with the default tuning rows: rows and keys 1 short of, at
  * and 1 past the block and tile edges, Lq != Lk both ways, head sizes that are not multiples
@@ -621,9 +773,23 @@ START_TEST(test_long_sequence_under_cap)
                 for (size_t s = 0; s < 24; ++s) {
                     const size_t row = s == 0 ? 0 : s == 23 ? seq - 1 : tu_rand_below(seq);
                     /* One query row; causal as an additive mask on keys past `row`. */
-                    const ref_sdpa_shape one = {1, 1, 1, seq, dim, dim,
-                                                ref_resolve_scale(NAN, dim), CLATTN_NORM_SOFTMAX,
-                                                CLATTN_CAUSAL_NONE, 0, 0};
+                    const ref_sdpa_shape one = {1,
+                                                1,
+                                                1,
+                                                seq,
+                                                dim,
+                                                dim,
+                                                ref_resolve_scale(NAN, dim),
+                                                CLATTN_NORM_SOFTMAX,
+                                                CLATTN_CAUSAL_NONE,
+                                                0,
+                                                0,
+                                                NULL,
+                                                0,
+                                                0,
+                                                CLATTN_CAUSAL_NONE,
+                                                0,
+                                                0};
                     for (size_t j = 0; j < seq; ++j)
                         row_mask[j] = c.causal && j > row ? -INFINITY : 0.0f;
                     double want[64];
@@ -672,6 +838,9 @@ int main(void)
         tcase_add_loop_test(tc, test_flash_cpu_variants, 0, (int)(CPU_VARIANTS * CPU_SIZES));
         tcase_add_unchecked_fixture(tc, NULL, release_kv_ctxs);
     }
+    tcase_add_loop_test(tc, test_key_rules, 0, (int)(sizeof rule_cases / sizeof rule_cases[0]));
+    tcase_add_loop_test(tc, test_scores_output, 0,
+                        (int)(3 * (sizeof rule_cases / sizeof rule_cases[0])));
     tcase_add_test(tc, test_path_errors);
     tcase_add_loop_test(tc, test_mha_paths, 0, 2);
     tcase_add_loop_test(tc, test_mha_auto_is_fused, 0, 2);

@@ -767,8 +767,23 @@ static void reference_with_head_mask(pb_mha_problem *p, const float *mask)
     float *v = project(value, b * lk, s->vdim, wv, bv, vd, torch);
     float *qh = split_heads(q, b, lq, h, dk), *kh = split_heads(k, b, lk, h, dk);
     float *vh = split_heads(v, b, lk, h, dv);
-    const ref_sdpa_shape shape = {
-        b, h, lq, lk, dk, dv, ref_resolve_scale(s->scale, dk), s->norm, s->causal, 0, 0};
+    const ref_sdpa_shape shape = {b,
+                                  h,
+                                  lq,
+                                  lk,
+                                  dk,
+                                  dv,
+                                  ref_resolve_scale(s->scale, dk),
+                                  s->norm,
+                                  s->causal,
+                                  0,
+                                  0,
+                                  NULL,
+                                  0,
+                                  0,
+                                  CLATTN_CAUSAL_NONE,
+                                  0,
+                                  0};
     double *heads_out = tu_doubles(b * h * lq * dv), *weights = tu_doubles(b * h * lq * lk);
     ref_sdpa(&shape, qh, kh, vh, mask, p->padding, heads_out, weights, NULL);
     float *concat = tu_floats(b * lq * vd);

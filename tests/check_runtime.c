@@ -446,7 +446,14 @@ static void run_event_chain(int out_of_order)
                                     ref_resolve_scale(NAN, head_dim),
                                     CLATTN_NORM_SOFTMAX,
                                     CLATTN_CAUSAL_TOP_LEFT,
-                                    0, 0};
+                                    0,
+                                    0,
+                                    NULL,
+                                    0,
+                                    0,
+                                    CLATTN_CAUSAL_NONE,
+                                    0,
+                                    0};
             double *o_ref = tu_doubles(part_count), *concat = tu_doubles(part_count);
             double *expected = tu_doubles(part_count);
             ref_sdpa(&shape, qkv[0], qkv[1], qkv[2], NULL, NULL, o_ref, NULL, NULL);
@@ -1068,7 +1075,14 @@ START_TEST(test_plan_lifetimes)
                                           ref_resolve_scale(NAN, 3),
                                           CLATTN_NORM_SOFTMAX,
                                           CLATTN_CAUSAL_NONE,
-                                          0, 0};
+                                          0,
+                                          0,
+                                          NULL,
+                                          0,
+                                          0,
+                                          CLATTN_CAUSAL_NONE,
+                                          0,
+                                          0};
             ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
             status = clattn_attention_host(ctx, &host, q, k, v, NULL, out, NULL);
             if (tu_expect_status(status, CLATTN_SUCCESS, "host call in between")) {
@@ -1158,7 +1172,14 @@ START_TEST(test_contexts_on_threads)
                                       ref_resolve_scale(NAN, desc->head_dim_qk),
                                       CLATTN_NORM_SOFTMAX,
                                       desc->causal,
-                                      0, 0};
+                                      0,
+                                      0,
+                                      NULL,
+                                      0,
+                                      0,
+                                      CLATTN_CAUSAL_NONE,
+                                      0,
+                                      0};
         ref_sdpa(&shape, work[t].q, work[t].k, work[t].v, NULL, NULL, refs[t], NULL, NULL);
     }
     for (int t = 0; t < THREAD_COUNT; ++t) {

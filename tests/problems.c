@@ -218,6 +218,8 @@ const char *pb_dtype_name(clattn_dtype dtype)
         return "BF16";
     case CLATTN_DTYPE_U8:
         return "U8";
+    case CLATTN_DTYPE_I32:
+        return "I32";
     }
     return "?";
 }
@@ -349,6 +351,10 @@ static void poison_bytes(clattn_dtype dtype, unsigned char *bytes, size_t elemen
         case CLATTN_DTYPE_U8:
             *e = (i & 1u) ? 0xffu : 0x00u;
             break;
+        case CLATTN_DTYPE_I32:
+            word = 0x7fc00000u; /* a huge count: a read of it would show */
+            memcpy(e, &word, 4);
+            break;
         default:
             word = 0x7fc00000u;
             memcpy(e, &word, 4);
@@ -372,6 +378,11 @@ static void store_element(clattn_dtype dtype, unsigned char *bytes, size_t eleme
     case CLATTN_DTYPE_U8:
         bytes[element] = u8_of(value);
         break;
+    case CLATTN_DTYPE_I32: {
+        const int32_t count = (int32_t)value;
+        memcpy(bytes + 4 * element, &count, 4);
+        break;
+    }
     default:
         memcpy(bytes + 4 * element, &value, 4);
         break;
@@ -391,6 +402,11 @@ static float load_element(clattn_dtype dtype, const unsigned char *bytes, size_t
         return pb_bf16_to_float(half);
     case CLATTN_DTYPE_U8:
         return (float)bytes[element];
+    case CLATTN_DTYPE_I32: {
+        int32_t count;
+        memcpy(&count, bytes + 4 * element, 4);
+        return (float)count;
+    }
     default:
         memcpy(&value, bytes + 4 * element, 4);
         return value;
@@ -406,8 +422,8 @@ static int is_poison(clattn_dtype dtype, const unsigned char *bytes, size_t i)
     unsigned char pair[8];
     poison_bytes(dtype, pair, 2);
     memcpy(expected, pair + (i & 1u) * size, size);
-    if (dtype == CLATTN_DTYPE_U8) {
-        return bytes[i] == expected[0];
+    if (dtype == CLATTN_DTYPE_U8 || dtype == CLATTN_DTYPE_I32) {
+        return memcmp(bytes + i * size, expected, size) == 0;
     }
     return isnan(load_element(dtype, bytes, i));
 }
@@ -710,6 +726,11 @@ ref_sdpa_shape pb_sdpa_ref_shape(const pb_sdpa_spec *spec)
         .causal = spec->causal,
         .kv_heads = spec->kv_heads,
         .softcap = spec->softcap,
+        .has_past = spec->past > 0,
+        .past = spec->past,
+        .window_align = spec->window_align,
+        .window_left = spec->window_left,
+        .window_right = spec->window_right,
     };
     return shape;
 }
@@ -729,7 +750,8 @@ static const char *causal_name(clattn_causal causal)
 {
     return causal == CLATTN_CAUSAL_TOP_LEFT       ? "top_left"
            : causal == CLATTN_CAUSAL_BOTTOM_RIGHT ? "bottom_right"
-                                                   : "none";
+           : causal == CLATTN_CAUSAL_ONNX         ? "onnx"
+                                                  : "none";
 }
 
 static const char *path_name(clattn_path path)
@@ -752,18 +774,18 @@ static void describe_sdpa(pb_sdpa_problem *p)
                  pb_dtype_name(s->mask_dtype), dims, s->mask_zero_strides ? "zero_strides" : "",
                  pb_layout_name(s->mask_layout));
     }
-    snprintf(p->label, sizeof p->label,
-             "sdpa B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu scale=%g norm=%s causal=%s path=%s "
-             "q=%s/%s k=%s/%s v=%s/%s out=%s/%s mask=%s padding=%d fully_masked=%d weights=%d "
-             "lse=%d softcap=%g",
-             s->batch, s->heads, s->kv_heads ? s->kv_heads : s->heads, s->seq_q, s->seq_k, s->dk,
-             s->dv, (double)s->scale,
-             s->norm == CLATTN_NORM_RELU ? "relu" : "softmax", causal_name(s->causal),
-             path_name(s->path), pb_dtype_name(s->q_dtype), pb_layout_name(s->q_layout),
-             pb_dtype_name(s->k_dtype), pb_layout_name(s->k_layout), pb_dtype_name(s->v_dtype),
-             pb_layout_name(s->v_layout), pb_dtype_name(s->out_dtype),
-             pb_layout_name(s->out_layout), mask, s->padding, s->fully_masked, s->want_weights,
-             s->want_lse, (double)s->softcap);
+    snprintf(
+        p->label, sizeof p->label,
+        "sdpa B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu scale=%g norm=%s causal=%s path=%s "
+        "q=%s/%s k=%s/%s v=%s/%s out=%s/%s mask=%s padding=%d fully_masked=%d weights=%d "
+        "lse=%d softcap=%g kv_len=%d past=%zu window=%s(%lld,%lld)",
+        s->batch, s->heads, s->kv_heads ? s->kv_heads : s->heads, s->seq_q, s->seq_k, s->dk, s->dv,
+        (double)s->scale, s->norm == CLATTN_NORM_RELU ? "relu" : "softmax", causal_name(s->causal),
+        path_name(s->path), pb_dtype_name(s->q_dtype), pb_layout_name(s->q_layout),
+        pb_dtype_name(s->k_dtype), pb_layout_name(s->k_layout), pb_dtype_name(s->v_dtype),
+        pb_layout_name(s->v_layout), pb_dtype_name(s->out_dtype), pb_layout_name(s->out_layout),
+        mask, s->padding, s->fully_masked, s->want_weights, s->want_lse, (double)s->softcap,
+        s->kv_len, s->past, causal_name(s->window_align), s->window_left, s->window_right);
 }
 
 /* The mask's dims (right-aligned on (B, H, Lq, Lk)) as uploaded, and the compact dims (the
@@ -831,8 +853,23 @@ static void make_sdpa_layouts(pb_sdpa_problem *p)
     memset(t, 0, sizeof *t);
     const size_t q_dims[4] = {s->batch, s->heads, s->seq_q, s->dk};
     const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
-    const size_t k_dims[4] = {s->batch, kv_heads, s->seq_k, s->dk};
-    const size_t v_dims[4] = {s->batch, kv_heads, s->seq_k, s->dv};
+    /* k and v hold the new keys (after the past ones); present all of them */
+    const size_t k_dims[4] = {s->batch, kv_heads, s->seq_k - s->past, s->dk};
+    const size_t v_dims[4] = {s->batch, kv_heads, s->seq_k - s->past, s->dv};
+    if (s->past > 0) {
+        const size_t pk_dims[4] = {s->batch, kv_heads, s->past, s->dk};
+        const size_t pv_dims[4] = {s->batch, kv_heads, s->past, s->dv};
+        const size_t all_k[4] = {s->batch, kv_heads, s->seq_k, s->dk};
+        const size_t all_v[4] = {s->batch, kv_heads, s->seq_k, s->dv};
+        pb_make_layout(&t->past_k, s->k_dtype, 4, pk_dims, s->k_layout);
+        pb_make_layout(&t->past_v, s->v_dtype, 4, pv_dims, s->v_layout);
+        pb_make_layout(&t->present_k, s->k_dtype, 4, all_k, s->k_layout);
+        pb_make_layout(&t->present_v, s->v_dtype, 4, all_v, s->v_layout);
+    }
+    if (s->kv_len) {
+        const size_t n_dims[1] = {s->batch};
+        pb_make_layout(&t->kv_seqlen, CLATTN_DTYPE_I32, 1, n_dims, PB_PACKED);
+    }
     const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
     const size_t w_dims[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
     pb_make_layout(&t->q, s->q_dtype, 4, q_dims, s->q_layout);
@@ -912,6 +949,16 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
             memset(p->padding, 1, s->seq_k);
         }
     }
+    if (s->kv_len) {
+        /* Counts 0 .. seq_k, the ends included now and then. */
+        p->kv_len = pb_calloc(s->batch, sizeof(int32_t));
+        for (size_t b = 0; b < s->batch; ++b) {
+            const size_t pick = pb_rand_below(4);
+            p->kv_len[b] = (int32_t)(pick == 0   ? s->seq_k
+                                     : pick == 1 ? pb_rand_below(2)
+                                                 : pb_rand_below(s->seq_k + 1));
+        }
+    }
     make_sdpa_layouts(p);
     describe_sdpa(p);
     if (!s->skip_reference) {
@@ -967,7 +1014,8 @@ void pb_sdpa_reference(pb_sdpa_problem *p)
             p->weights_ref = pb_calloc(p->weights_count, sizeof(double));
         }
     }
-    const ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
+    ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
+    shape.kv_len = p->kv_len;
     float *mask = pb_expand_mask(p);
     ref_sdpa(&shape, p->q, p->k, p->v, mask, p->padding, p->out_ref, p->weights_ref, p->lse_ref);
     free(mask);
@@ -980,6 +1028,7 @@ void pb_sdpa_free(pb_sdpa_problem *p)
     free(p->v);
     free(p->mask);
     free(p->padding);
+    free(p->kv_len);
     free(p->out_ref);
     free(p->weights_ref);
     free(p->lse_ref);
@@ -995,6 +1044,9 @@ void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
     desc->norm = p->spec.norm;
     desc->path = p->spec.path;
     desc->softcap = p->spec.softcap;
+    desc->window_align = p->spec.window_align;
+    desc->window_left = p->spec.window_left;
+    desc->window_right = p->spec.window_right;
 }
 
 static const char *mode_names_[3] = {"none", "float", "bool"};
@@ -1064,6 +1116,31 @@ void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags)
     if ((flags & PB_RANDOM_SOFTCAP) && pb_rand_below(2)) {
         spec->softcap = (float)(0.5 + 4.0 * pb_rand_unit());
     }
+    if (flags & PB_RANDOM_BAND) {
+        pb_sdpa_random_band(spec);
+    }
+}
+
+void pb_sdpa_random_band(pb_sdpa_spec *spec)
+{
+    static const long long sizes[] = {-1, 0, 1, 3, 17};
+    const size_t pick = pb_rand_below(8);
+    /* ONNX's alignment on a quarter of the causal problems */
+    if (spec->causal != CLATTN_CAUSAL_NONE && pb_rand_below(4) == 0) {
+        spec->causal = CLATTN_CAUSAL_ONNX;
+    }
+    if (pick & 1u) { /* a sliding window, aligned as the causal bound (or any way) */
+        spec->window_align = spec->causal != CLATTN_CAUSAL_NONE
+                                 ? spec->causal
+                                 : (clattn_causal)(1 + pb_rand_below(3));
+        spec->window_left = sizes[pb_rand_below(5)];
+        spec->window_right = sizes[pb_rand_below(5)];
+    }
+    if ((pick >> 1) == 1) {
+        spec->kv_len = 1;
+    } else if ((pick >> 1) == 2 && spec->seq_k > 1) { /* a KV cache: past keys, then new ones */
+        spec->past = 1 + pb_rand_below(spec->seq_k - 1);
+    }
 }
 
 /* Uploads t's values at a random offset into bound's tensor of the same role. */
@@ -1077,10 +1154,32 @@ static cl_int upload_role(clattn_ctx *ctx, const clattn_tensor *layout, clattn_t
     return pb_upload(ctx, bound, pb_rand_below(9), values);
 }
 
+/* Keys from..to of packed (B * Hkv, seq_k, d) values, packed. */
+static float *key_slice(const float *all, size_t heads_total, size_t seq_k, size_t d, size_t from,
+                        size_t to)
+{
+    float *slice = pb_calloc(heads_total * (to - from) * d + 1, sizeof(float));
+    for (size_t h = 0; h < heads_total; ++h) {
+        memcpy(slice + h * (to - from) * d, all + (h * seq_k + from) * d,
+               (to - from) * d * sizeof(float));
+    }
+    return slice;
+}
+
 cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors *bound)
 {
     memset(bound, 0, sizeof *bound);
     const clattn_tensors *l = &p->layouts;
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t kv_total = s->batch * (s->kv_heads ? s->kv_heads : s->heads);
+    float *new_k = key_slice(p->k, kv_total, s->seq_k, s->dk, s->past, s->seq_k);
+    float *new_v = key_slice(p->v, kv_total, s->seq_k, s->dv, s->past, s->seq_k);
+    float *past_k = key_slice(p->k, kv_total, s->seq_k, s->dk, 0, s->past);
+    float *past_v = key_slice(p->v, kv_total, s->seq_k, s->dv, 0, s->past);
+    float *kv_len = pb_calloc(s->batch, sizeof(float));
+    for (size_t b = 0; p->kv_len != NULL && b < s->batch; ++b) {
+        kv_len[b] = (float)p->kv_len[b];
+    }
     float *padding = NULL;
     if (p->padding != NULL) {
         const size_t count = p->spec.batch * p->spec.seq_k;
@@ -1091,8 +1190,13 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
     }
     cl_int err = CL_SUCCESS;
     if ((err = upload_role(ctx, &l->q, &bound->q, p->q)) ||
-        (err = upload_role(ctx, &l->k, &bound->k, p->k)) ||
-        (err = upload_role(ctx, &l->v, &bound->v, p->v)) ||
+        (err = upload_role(ctx, &l->k, &bound->k, new_k)) ||
+        (err = upload_role(ctx, &l->v, &bound->v, new_v)) ||
+        (err = upload_role(ctx, &l->past_k, &bound->past_k, past_k)) ||
+        (err = upload_role(ctx, &l->past_v, &bound->past_v, past_v)) ||
+        (err = upload_role(ctx, &l->present_k, &bound->present_k, NULL)) ||
+        (err = upload_role(ctx, &l->present_v, &bound->present_v, NULL)) ||
+        (err = upload_role(ctx, &l->kv_seqlen, &bound->kv_seqlen, kv_len)) ||
         (err = upload_role(ctx, &l->out, &bound->out, NULL)) ||
         (err = upload_role(ctx, &l->attn_mask, &bound->attn_mask, p->mask)) ||
         (err = upload_role(ctx, &l->key_padding_mask, &bound->key_padding_mask, padding)) ||
@@ -1101,14 +1205,20 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
         pb_release_tensors(bound);
     }
     free(padding);
+    free(new_k);
+    free(new_v);
+    free(past_k);
+    free(past_v);
+    free(kv_len);
     return err;
 }
 
 cl_int pb_sdpa_poison(clattn_ctx *ctx, cl_command_queue queue, const clattn_tensors *bound)
 {
-    const clattn_tensor *outputs[3] = {&bound->out, &bound->weights, &bound->lse};
+    const clattn_tensor *outputs[5] = {&bound->out, &bound->weights, &bound->lse, &bound->present_k,
+                                       &bound->present_v};
     cl_int err = CL_SUCCESS;
-    for (int i = 0; i < 3 && err == CL_SUCCESS; ++i) {
+    for (int i = 0; i < 5 && err == CL_SUCCESS; ++i) {
         if (outputs[i]->mem != NULL) {
             err = pb_rewrite(ctx, queue, outputs[i], NULL);
         }
@@ -1146,6 +1256,30 @@ int pb_sdpa_check(clattn_ctx *ctx, cl_command_queue queue, const pb_sdpa_problem
             ok = 0;
         }
         free(weights);
+    }
+    /* present: past then new keys and values, exactly as given */
+    const clattn_tensor *present[2] = {&bound->present_k, &bound->present_v};
+    const float *want[2] = {p->k, p->v};
+    const size_t counts[2] = {p->k_count, p->v_count};
+    for (int i = 0; i < 2; ++i) {
+        if (present[i]->mem == NULL) {
+            continue;
+        }
+        float *got = pb_nan_floats(counts[i]);
+        if (pb_download(ctx, queue, present[i], got, &stray) == CL_SUCCESS) {
+            size_t wrong = 0;
+            for (size_t e = 0; e < counts[i]; ++e) {
+                wrong += !(got[e] == want[i][e]);
+            }
+            if (wrong != 0) {
+                ok = pb_fail("%s: present_%s: %zu of %zu values differ from past + new", p->label,
+                             i ? "v" : "k", wrong, counts[i]);
+            }
+            ok &= expect_no_stray(p->label, i ? "present_v" : "present_k", stray);
+        } else {
+            ok = 0;
+        }
+        free(got);
     }
     if (bound->lse.mem != NULL) {
         float *lse = pb_nan_floats(rows);

@@ -158,6 +158,14 @@ typedef struct pb_sdpa_spec {
                          * test checks on sampled rows itself) */
     size_t kv_heads; /* heads of k and v (0: heads; must divide heads): grouped-query attention */
     float softcap;   /* 0: off; else scores capped as softcap * tanh(s / softcap) */
+    /* ONNX Attention's key rules: kv_len 1: I32 key counts per batch in [0, seq_k] (kv_seqlen);
+     * past P (0 < P < seq_k): the first P keys are past_k/past_v and the rest k/v, and
+     * present_k/present_v (k's and v's dtype and layout) receive them all; a sliding window
+     * with window_align other than NONE. */
+    int kv_len;
+    size_t past;
+    clattn_causal window_align;
+    long long window_left, window_right;
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u
@@ -176,10 +184,15 @@ void pb_sdpa_spec_init(pb_sdpa_spec *spec);
 #define PB_RANDOM_MASKS 8u    /* every mask kind, rank and broadcast */
 #define PB_RANDOM_GQA 32u     /* kv_heads a random divisor of heads */
 #define PB_RANDOM_SOFTCAP 64u /* softcap in [0.5, 4.5) on half the problems (drawn last) */
-#define PB_RANDOM_ALL 111u
+#define PB_RANDOM_BAND 128u   /* pb_sdpa_random_band: ONNX causal, windows, kv_len, a past */
+#define PB_RANDOM_ALL 239u
 #define PB_RANDOM_SMALL 16u   /* sizes for simulators: seq up to 63, head dims up to 16,
                                * heads up to 4 (combine with the others) */
 void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags);
+/* Draws the key rules of a spec whose sizes and causal alignment are set: ONNX's alignment on
+ * a quarter of the causal ones; a window on half (left/right -1, 0, 1, 3 or 17); then kv_len on
+ * a quarter, or a past (1 .. seq_k - 1) on another quarter. */
+void pb_sdpa_random_band(pb_sdpa_spec *spec);
 
 typedef struct pb_sdpa_problem {
     pb_sdpa_spec spec;
@@ -192,6 +205,7 @@ typedef struct pb_sdpa_problem {
     size_t mask_dims[4];
     size_t mask_count;
     uint8_t *padding; /* (B, Lk), nonzero = ignore; NULL when none */
+    int32_t *kv_len;  /* (B) key counts (spec.kv_len), else NULL */
     /* float64 reference: out (B, H, Lq, dv), lse (B, H, Lq) and, when want_weights, weights
      * (B, H, Lq, Lk) (else NULL) */
     double *out_ref, *weights_ref, *lse_ref;

@@ -67,18 +67,76 @@ double ref_resolve_scale(float scale, size_t head_dim_qk)
     return isnan(scale) ? 1.0 / sqrt((double)head_dim_qk) : (double)scale;
 }
 
-/* Whether the causal rule lets query i see key j. */
-static int causal_keeps(clattn_causal causal, size_t seq_q, size_t seq_k, size_t query,
-                        size_t key)
+/* The offset of an alignment for batch b: query i sits at key position i + offset. */
+static long long align_offset(const ref_sdpa_shape *s, clattn_causal align, size_t b)
 {
-    if (causal == CLATTN_CAUSAL_TOP_LEFT) {
-        return key <= query;
+    const long long n = s->kv_len ? (long long)s->kv_len[b] : (long long)s->seq_k;
+    switch (align) {
+    case CLATTN_CAUSAL_BOTTOM_RIGHT:
+        return n - (long long)s->seq_q;
+    case CLATTN_CAUSAL_ONNX:
+        return s->has_past ? (long long)s->past : s->kv_len ? n - (long long)s->seq_q : 0;
+    default:
+        return 0;
     }
-    if (causal == CLATTN_CAUSAL_BOTTOM_RIGHT) {
-        /* key <= query + seq_k - seq_q, without going below zero */
-        return key + seq_q <= query + seq_k;
+}
+
+/* Whether the key rules (key count, causal, window) let query i of batch b see key j. */
+static int rules_keep(const ref_sdpa_shape *s, size_t b, size_t query, size_t key)
+{
+    const long long i = (long long)query, j = (long long)key;
+    if (s->kv_len != NULL && j >= (long long)s->kv_len[b]) {
+        return 0;
+    }
+    if (s->causal != CLATTN_CAUSAL_NONE && j > i + align_offset(s, s->causal, b)) {
+        return 0;
+    }
+    if (s->window_align != CLATTN_CAUSAL_NONE) {
+        const long long p = i + align_offset(s, s->window_align, b);
+        if ((s->window_left >= 0 && j < p - s->window_left) ||
+            (s->window_right >= 0 && j > p + s->window_right)) {
+            return 0;
+        }
     }
     return 1;
+}
+
+void ref_sdpa_scores(const ref_sdpa_shape *shape, const float *q, const float *k, const float *mask,
+                     const uint8_t *key_padding, int mode, double *scores)
+{
+    const size_t dk = shape->dk, seq_q = shape->seq_q, seq_k = shape->seq_k;
+    const size_t kv_heads = shape->kv_heads ? shape->kv_heads : shape->heads;
+    const size_t group = shape->heads / kv_heads;
+    for (size_t b = 0; b < shape->batch; ++b) {
+        for (size_t h = 0; h < shape->heads; ++h) {
+            const size_t head_index = b * shape->heads + h;
+            const float *q_head = q + head_index * seq_q * dk;
+            const float *k_head = k + (b * kv_heads + h / group) * seq_k * dk;
+            for (size_t query = 0; query < seq_q; ++query) {
+                const size_t row_index = head_index * seq_q + query;
+                for (size_t key = 0; key < seq_k; ++key) {
+                    double dot = 0.0;
+                    for (size_t x = 0; x < dk; ++x) {
+                        dot += (double)q_head[query * dk + x] * (double)k_head[key * dk + x];
+                    }
+                    double s = shape->scale * dot;
+                    if (mode >= 1 && shape->softcap > 0.0) {
+                        s = shape->softcap * tanh(s / shape->softcap);
+                    }
+                    if (mode == 2) {
+                        if (mask != NULL) {
+                            s += mask[row_index * seq_k + key];
+                        }
+                        if (!rules_keep(shape, b, query, key) ||
+                            (key_padding != NULL && key_padding[b * seq_k + key])) {
+                            s = -INFINITY;
+                        }
+                    }
+                    scores[row_index * seq_k + key] = s;
+                }
+            }
+        }
+    }
 }
 
 /* Normalises one row of scores in place over the kept keys; returns the row's log-sum-exp
@@ -142,7 +200,7 @@ static void sdpa_double(const ref_sdpa_shape *shape, const double *q, const doub
                     if (mask != NULL) {
                         row[key] += mask[row_index * seq_k + key];
                     }
-                    keep[key] = causal_keeps(shape->causal, seq_q, seq_k, query, key) &&
+                    keep[key] = rules_keep(shape, b, query, key) &&
                                 !(key_padding != NULL && key_padding[b * seq_k + key]) &&
                                 row[key] != -INFINITY;
                 }

@@ -44,10 +44,20 @@ typedef struct ref_sdpa_shape {
     size_t batch, heads, seq_q, seq_k, dk, dv;
     double scale; /* resolved (never NAN): see ref_resolve_scale */
     clattn_norm norm;
-    clattn_causal causal; /* TOP_LEFT: key j <= query i; BOTTOM_RIGHT: j <= i + seq_k - seq_q */
+    clattn_causal causal; /* TOP_LEFT: key j <= query i; BOTTOM_RIGHT: j <= i + n - seq_q (n:
+                           * kv_len[b] or seq_k); ONNX: j <= i + past, or kv_len[b] - seq_q */
     size_t kv_heads;      /* heads of k and v (0: heads); query head h reads k/v head
                            * h / (heads / kv_heads) (grouped-query attention) */
     double softcap;       /* 0: off; else s = softcap * tanh(s / softcap) before the mask */
+    /* ONNX Attention's key rules (clattn_sdpa_desc): kv_len (batch values or NULL): batch b
+     * has keys 0 .. kv_len[b] - 1; has_past/past: the first `past` keys came from a KV cache
+     * (ONNX's causal offset); window_align (NONE: no window), window_left/window_right (< 0:
+     * unbounded): query i sees keys p - left <= j <= p + right, p = i + the offset. */
+    const int32_t *kv_len;
+    int has_past;
+    size_t past;
+    clattn_causal window_align;
+    long long window_left, window_right;
 } ref_sdpa_shape;
 
 /* Per (batch, head): s = cap(scale * q kᵀ) + mask (cap: softcap); keys masked by the causal rule, by key_padding
@@ -64,6 +74,12 @@ typedef struct ref_sdpa_shape {
 void ref_sdpa(const ref_sdpa_shape *shape, const float *q, const float *k, const float *v,
               const float *mask, const uint8_t *key_padding, double *out, double *weights,
               double *lse);
+
+/* The scores before normalisation (clattn_scores): mode 0 scale * q.k, 1 soft-capped, 2 also
+ * the mask added and -INFINITY where a key rule or key_padding drops the key. Same inputs as
+ * ref_sdpa; scores (B, H, Lq, Lk). */
+void ref_sdpa_scores(const ref_sdpa_shape *shape, const float *q, const float *k, const float *mask,
+                     const uint8_t *key_padding, int mode, double *scores);
 
 /* --- multi-head attention ------------------------------------------------------------------ */
 

@@ -234,6 +234,13 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
     if (l[R_LSE].present)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: lse is an SDPA output; MHA plans do not return it", op);
+    static const char *const sdpa_only[] = {"kv_seqlen", "past_k",    "past_v",
+                                            "present_k", "present_v", "scores"};
+    for (int role = R_KVLEN; role <= R_SCORES; ++role)
+        if (l[role].present)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: %s belongs to SDPA plans; MHA plans do not take it", op,
+                                sdpa_only[role - R_KVLEN]);
     const bool want_weights = desc->need_weights != CLATTN_WEIGHTS_NONE;
     if (want_weights != l[R_WEIGHTS].present)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
@@ -317,9 +324,9 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
 
     clattn__score_shape score;
     memset(&score, 0, sizeof score);
-    if ((status = clattn__plan_score(plan, desc->causal, desc->scale, desc->norm, m->head_dim_qk,
-                                     &score)) ||
-        (status = clattn__plan_masks(plan, d.batch, d.heads, d.seq_q, d.seq_k, &score)))
+    if ((status = clattn__plan_score(plan, desc->scale, desc->norm, m->head_dim_qk, &score)) ||
+        (status = clattn__plan_masks(plan, d.batch, d.heads, d.seq_q, d.seq_k, &score)) ||
+        (status = clattn__plan_band(plan, desc->causal, CLATTN_CAUSAL_NONE, 0, 0, -1, &score)))
         return status;
     score.kv_group = d.heads / d.kv_heads;
     const clattn_dtype heads_out = m->has_out_proj ? CLATTN_DTYPE_F32 : l[R_OUT].dtype;
@@ -520,9 +527,9 @@ clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const s
         .q = heads_view(workspace, q_at, CLATTN_DTYPE_F32, b, h, lq, dk, lq * q_ld, q_ld, 1),
         .k = heads_view(workspace, k_at, CLATTN_DTYPE_F32, b, m->kv_heads, lk, dk, lk * kv_ld,
                         kv_ld, 1),
-        .v = heads_view(workspace, v_at, CLATTN_DTYPE_F32, b, m->kv_heads, lk, dv, lk * v_ld,
-                        v_ld, 1),
-        .masks = {plan->mask_view, plan->kpm_view},
+        .v = heads_view(workspace, v_at, CLATTN_DTYPE_F32, b, m->kv_heads, lk, dv, lk * v_ld, v_ld,
+                        1),
+        .masks = {plan->mask_view, plan->kpm_view, plan->kv_len_view},
     };
     io.masks.mask.mem = mems[R_MASK];
     io.masks.mask.offset = offsets[R_MASK];

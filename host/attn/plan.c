@@ -6,27 +6,64 @@
 #include <string.h>
 
 static const size_t role_offsets[R_COUNT] = {
-    offsetof(clattn_tensors, q),           offsetof(clattn_tensors, k),
-    offsetof(clattn_tensors, v),           offsetof(clattn_tensors, out),
-    offsetof(clattn_tensors, attn_mask),   offsetof(clattn_tensors, key_padding_mask),
-    offsetof(clattn_tensors, weights),     offsetof(clattn_tensors, lse),
-    offsetof(clattn_tensors, in_proj_weight), offsetof(clattn_tensors, in_proj_bias),
-    offsetof(clattn_tensors, q_weight),    offsetof(clattn_tensors, k_weight),
-    offsetof(clattn_tensors, v_weight),    offsetof(clattn_tensors, q_bias),
-    offsetof(clattn_tensors, k_bias),      offsetof(clattn_tensors, v_bias),
-    offsetof(clattn_tensors, out_weight),  offsetof(clattn_tensors, out_bias),
+    offsetof(clattn_tensors, q),
+    offsetof(clattn_tensors, k),
+    offsetof(clattn_tensors, v),
+    offsetof(clattn_tensors, out),
+    offsetof(clattn_tensors, attn_mask),
+    offsetof(clattn_tensors, key_padding_mask),
+    offsetof(clattn_tensors, weights),
+    offsetof(clattn_tensors, lse),
+    offsetof(clattn_tensors, in_proj_weight),
+    offsetof(clattn_tensors, in_proj_bias),
+    offsetof(clattn_tensors, q_weight),
+    offsetof(clattn_tensors, k_weight),
+    offsetof(clattn_tensors, v_weight),
+    offsetof(clattn_tensors, q_bias),
+    offsetof(clattn_tensors, k_bias),
+    offsetof(clattn_tensors, v_bias),
+    offsetof(clattn_tensors, out_weight),
+    offsetof(clattn_tensors, out_bias),
+    offsetof(clattn_tensors, kv_seqlen),
+    offsetof(clattn_tensors, past_k),
+    offsetof(clattn_tensors, past_v),
+    offsetof(clattn_tensors, present_k),
+    offsetof(clattn_tensors, present_v),
+    offsetof(clattn_tensors, scores),
 };
 
 /* SDPA names its inputs q, k, v; MHA query, key, value. */
 static const char *const sdpa_names[R_COUNT] = {
-    "q", "k", "v", "out", "attn_mask", "key_padding_mask", "weights", "lse",
-    "in_proj_weight", "in_proj_bias", "q_weight", "k_weight", "v_weight", "q_bias", "k_bias",
-    "v_bias", "out_weight", "out_bias",
+    "q",
+    "k",
+    "v",
+    "out",
+    "attn_mask",
+    "key_padding_mask",
+    "weights",
+    "lse",
+    "in_proj_weight",
+    "in_proj_bias",
+    "q_weight",
+    "k_weight",
+    "v_weight",
+    "q_bias",
+    "k_bias",
+    "v_bias",
+    "out_weight",
+    "out_bias",
+    "kv_seqlen",
+    "past_k",
+    "past_v",
+    "present_k",
+    "present_v",
+    "scores",
 };
 static const char *const mha_names[R_COUNT] = {
-    "query", "key", "value", "out", "attn_mask", "key_padding_mask", "weights", "lse",
-    "in_proj_weight", "in_proj_bias", "q_weight", "k_weight", "v_weight", "q_bias", "k_bias",
-    "v_bias", "out_weight", "out_bias",
+    "query",     "key",    "value",          "out",          "attn_mask",  "key_padding_mask",
+    "weights",   "lse",    "in_proj_weight", "in_proj_bias", "q_weight",   "k_weight",
+    "v_weight",  "q_bias", "k_bias",         "v_bias",       "out_weight", "out_bias",
+    "kv_seqlen", "past_k", "past_v",         "present_k",    "present_v",  "scores",
 };
 
 const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role role)
@@ -68,11 +105,14 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, clattn__plan_kind kind, const ch
     plan->op = op;
     clattn_status status = CLATTN_SUCCESS;
     for (int role = 0; role < R_COUNT && status == CLATTN_SUCCESS; ++role) {
-        const bool output = role == R_OUT || role == R_WEIGHTS || role == R_LSE;
-        const unsigned dtypes = role == R_KPM                      ? CLATTN__U8
-                                : role == R_MASK                   ? CLATTN__FLOATS | CLATTN__U8
-                                : role == R_WEIGHTS || role == R_LSE ? CLATTN__F32
-                                                                   : CLATTN__FLOATS;
+        const bool output = role == R_OUT || role == R_WEIGHTS || role == R_LSE ||
+                            role == R_PRESENT_K || role == R_PRESENT_V || role == R_SCORES;
+        const unsigned dtypes = role == R_KPM     ? CLATTN__U8
+                                : role == R_KVLEN ? CLATTN__I32
+                                : role == R_MASK  ? CLATTN__FLOATS | CLATTN__U8
+                                : role == R_WEIGHTS || role == R_LSE || role == R_SCORES
+                                    ? CLATTN__F32
+                                    : CLATTN__FLOATS;
         status = clattn__layout_from(ctx, op, role_name(plan, role),
                                      clattn__tensor_of(tensors, (clattn__role)role), dtypes, output,
                                      &plan->layouts[role]);
@@ -85,22 +125,17 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, clattn__plan_kind kind, const ch
     return CLATTN_SUCCESS;
 }
 
-clattn_status clattn__plan_score(clattn_plan *plan, clattn_causal causal, float scale,
-                                 clattn_norm norm, size_t head_dim_qk, clattn__score_shape *score)
+clattn_status clattn__plan_score(clattn_plan *plan, float scale, clattn_norm norm,
+                                 size_t head_dim_qk, clattn__score_shape *score)
 {
     clattn_ctx *ctx = plan->ctx;
     if (norm != CLATTN_NORM_SOFTMAX && norm != CLATTN_NORM_RELU)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: norm=%d is not a clattn_norm",
                             plan->op, (int)norm);
-    if (causal != CLATTN_CAUSAL_NONE && causal != CLATTN_CAUSAL_TOP_LEFT &&
-        causal != CLATTN_CAUSAL_BOTTOM_RIGHT)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: causal=%d is not a clattn_causal", plan->op, (int)causal);
     if (isinf(scale))
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: scale=%g: give a finite scale, or NAN for 1/sqrt(head size)",
                             plan->op, (double)scale);
-    score->causal = causal;
     score->norm = norm;
     score->scale = isnan(scale) ? (float)(1.0 / sqrt((double)head_dim_qk)) : scale;
     return CLATTN_SUCCESS;
@@ -148,6 +183,67 @@ clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, 
     return CLATTN_SUCCESS;
 }
 
+/* A window size as the band's bound: -1 for none; sizes past any key position reachable
+ * (positions lie within +-2^33) are unbounded too, which keeps the kernels' sums in range. */
+static long long band_bound(long long size)
+{
+    return size < 0 || size > (1LL << 34) ? -1 : size;
+}
+
+clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_causal window_align,
+                                long long window_left, long long window_right, long long past_len,
+                                clattn__score_shape *score)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const bool sdpa = plan->kind == CLATTN__SDPA;
+    const clattn_causal last = sdpa ? CLATTN_CAUSAL_ONNX : CLATTN_CAUSAL_BOTTOM_RIGHT;
+    if ((unsigned)causal > (unsigned)last)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: causal=%d is not a clattn_causal%s", plan->op, (int)causal,
+                            sdpa ? "" : " of MHA plans (NONE, TOP_LEFT, BOTTOM_RIGHT)");
+    if ((unsigned)window_align > (unsigned)last)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: window_align=%d is not a clattn_causal", plan->op,
+                            (int)window_align);
+    if (causal != CLATTN_CAUSAL_NONE && window_align != CLATTN_CAUSAL_NONE &&
+        causal != window_align)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: causal=%d and window_align=%d: the causal bound and the "
+                            "sliding window must use the same alignment",
+                            plan->op, (int)causal, (int)window_align);
+    const clattn__layout *kv_len = &plan->layouts[R_KVLEN];
+    score->has_kv_len = kv_len->present;
+    memset(&plan->kv_len_view, 0, sizeof plan->kv_len_view);
+    if (kv_len->present) {
+        const size_t want[1] = {score->batch};
+        clattn_status status = clattn__layout_expect(ctx, plan->op, "kv_seqlen", kv_len, 1, want,
+                                                     "(batch) of I32 key counts");
+        if (status != CLATTN_SUCCESS)
+            return status;
+        clattn__view_of(kv_len, &plan->kv_len_view);
+    }
+    const clattn_causal align = causal != CLATTN_CAUSAL_NONE ? causal : window_align;
+    const long long seq_q = (long long)score->seq_q, seq_k = (long long)score->seq_k;
+    score->band_diag = 0;
+    score->band_diag_kv = false;
+    if (align == CLATTN_CAUSAL_BOTTOM_RIGHT ||
+        (align == CLATTN_CAUSAL_ONNX && past_len < 0 && kv_len->present)) {
+        score->band_diag_kv = kv_len->present; /* the batch's key count - seq_q */
+        score->band_diag = kv_len->present ? -seq_q : seq_k - seq_q;
+    } else if (align == CLATTN_CAUSAL_ONNX && past_len >= 0) {
+        score->band_diag = past_len; /* ONNX: the keys before this block */
+    }
+    score->band_upper = causal != CLATTN_CAUSAL_NONE ? 0 : -1;
+    score->band_lower = -1;
+    if (window_align != CLATTN_CAUSAL_NONE) {
+        const long long right = band_bound(window_right);
+        if (right >= 0 && (score->band_upper < 0 || right < score->band_upper))
+            score->band_upper = right;
+        score->band_lower = band_bound(window_left);
+    }
+    return CLATTN_SUCCESS;
+}
+
 static bool reserve(size_t *cursor, size_t floats, size_t *at)
 {
     *at = *cursor;
@@ -170,7 +266,7 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
     const bool supported = clattn__flash_supports(head_dim_qk, head_dim_v);
     switch (path) {
     case CLATTN_PATH_AUTO:
-        a->fused = !want_weights && supported;
+        a->fused = !want_weights && !score->want_scores && supported;
         break;
     case CLATTN_PATH_UNFUSED:
         a->fused = false;
@@ -180,6 +276,11 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                                 "%s: path=FUSED cannot return the attention weights (the fused "
                                 "kernel never forms them): use AUTO or UNFUSED",
+                                op);
+        if (score->want_scores)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: path=FUSED cannot return the scores (the fused kernel never "
+                                "stores them): use AUTO or UNFUSED",
                                 op);
         if (!supported)
             return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
@@ -280,11 +381,16 @@ clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attenti
     }
     const clattn__view none = {0};
     clattn_status status;
-    if ((status = clattn__step(chain,
-                               clattn__matmul_enqueue(ctx, &a->qk, &io->q, &io->k, &none, &scores,
-                                                      1.0f, 0.0f, scratch, CHAIN_WAIT(chain),
-                                                      &step),
-                               &step)) ||
+    if ((status =
+             clattn__step(chain,
+                          clattn__matmul_enqueue(ctx, &a->qk, &io->q, &io->k, &none, &scores, 1.0f,
+                                                 0.0f, scratch, CHAIN_WAIT(chain), &step),
+                          &step)) ||
+        (a->score.want_scores &&
+         (status = clattn__step(chain,
+                                clattn__score_copy_enqueue(ctx, &a->softmax, &scores, &io->scores,
+                                                           &io->masks, CHAIN_WAIT(chain), &step),
+                                &step))) ||
         (status = clattn__step(chain,
                                clattn__softmax_enqueue(ctx, &a->softmax, &scores, &scores,
                                                        &io->masks, CHAIN_WAIT(chain), &step),

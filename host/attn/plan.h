@@ -7,8 +7,30 @@
 
 /* The roles of clattn_tensors, in its field order. */
 typedef enum clattn__role {
-    R_Q = 0, R_K, R_V, R_OUT, R_MASK, R_KPM, R_WEIGHTS, R_LSE,
-    R_IN_W, R_IN_B, R_QW, R_KW, R_VW, R_QB, R_KB, R_VB, R_OW, R_OB,
+    R_Q = 0,
+    R_K,
+    R_V,
+    R_OUT,
+    R_MASK,
+    R_KPM,
+    R_WEIGHTS,
+    R_LSE,
+    R_IN_W,
+    R_IN_B,
+    R_QW,
+    R_KW,
+    R_VW,
+    R_QB,
+    R_KB,
+    R_VB,
+    R_OW,
+    R_OB,
+    R_KVLEN,
+    R_PAST_K,
+    R_PAST_V,
+    R_PRESENT_K,
+    R_PRESENT_V,
+    R_SCORES,
     R_COUNT
 } clattn__role;
 
@@ -31,6 +53,7 @@ typedef struct clattn__attention {
 typedef struct clattn__attention_io {
     clattn__view q, k, v, out;
     clattn__view weights; /* mem NULL: not wanted */
+    clattn__view scores;  /* mem NULL: not wanted (score.want_scores) */
     clattn__view lse;     /* mem NULL: not wanted */
     clattn__score_masks masks;
 } clattn__attention_io;
@@ -49,6 +72,13 @@ typedef struct clattn__mha {
     bool trans_w; /* layout TORCH: weights stored (d_out, d_in) */
 } clattn__mha;
 
+/* SDPA's KV cache: present = concat(past, new) along the keys, by copies on the device. */
+typedef struct clattn__sdpa_cache {
+    bool has_past, has_present;
+    size_t past_len, new_len;
+    clattn__copy_plan past_k, past_v, new_k, new_v;
+} clattn__sdpa_cache;
+
 typedef enum clattn__plan_kind { CLATTN__SDPA, CLATTN__MHA } clattn__plan_kind;
 
 struct clattn_plan {
@@ -57,8 +87,10 @@ struct clattn_plan {
     const char *op; /* "sdpa" or "mha" */
     clattn__layout layouts[R_COUNT];
     clattn__view mask_view, kpm_view; /* broadcast views of the masks (mem bound at execution) */
+    clattn__view kv_len_view;         /* (1, 1, 1, batch) view of kv_seqlen */
     clattn__attention attention;
     clattn__mha mha;
+    clattn__sdpa_cache cache;
     size_t workspace_floats;
 };
 
@@ -67,8 +99,14 @@ struct clattn_plan {
 clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, size_t seq_q,
                                  size_t seq_k, clattn__score_shape *score);
 /* Validates the score rule's settings and resolves scale (NAN: 1/sqrt(head_dim_qk)). */
-clattn_status clattn__plan_score(clattn_plan *plan, clattn_causal causal, float scale,
-                                 clattn_norm norm, size_t head_dim_qk, clattn__score_shape *score);
+clattn_status clattn__plan_score(clattn_plan *plan, float scale, clattn_norm norm,
+                                 size_t head_dim_qk, clattn__score_shape *score);
+/* The key band of the score shape (batch, seq_q, seq_k set: seq_k counts past keys too) from
+ * the causal alignment, the sliding window (window_align NONE: none), the past length
+ * (-1: no past tensors) and the plan's kv_seqlen (role R_KVLEN); validates them. */
+clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_causal window_align,
+                                long long window_left, long long window_right, long long past_len,
+                                clattn__score_shape *score);
 
 /* Chooses the path and prepares the attention steps, reserving workspace from
  * *workspace_floats on. want_weights: the caller's weights view receives the weights. */

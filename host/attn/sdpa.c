@@ -24,7 +24,7 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
     static const char *const used[] = {"in_proj_weight", "in_proj_bias", "q_weight", "k_weight",
                                        "v_weight",       "q_bias",       "k_bias",   "v_bias",
                                        "out_weight",     "out_bias"};
-    for (int role = R_IN_W; role < R_COUNT; ++role)
+    for (int role = R_IN_W; role <= R_OB; ++role)
         if (clattn__tensor_of(t, (clattn__role)role)->rank != 0)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                                 "%s: %s belongs to MHA plans; SDPA takes q, k, v, out, masks, "
@@ -60,16 +60,89 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
     const size_t k_dims[4] = {batch, kv_heads, seq_k, dk};
     const size_t v_dims[4] = {batch, kv_heads, seq_k, dv};
     const size_t o_dims[4] = {batch, heads, seq_q, dv};
-    const size_t w_dims[4] = {batch, heads, seq_q, seq_k};
     if ((status = clattn__layout_expect(ctx, op, "k", &l[R_K], 4, k_dims,
                                         "(batch, kv_heads, seq_k, head_dim_qk) from q")) ||
         (status = clattn__layout_expect(ctx, op, "v", &l[R_V], 4, v_dims,
                                         "(batch, kv_heads, seq_k, head_dim_v) from q and k")) ||
         (status = clattn__layout_expect(ctx, op, "out", &l[R_OUT], 4, o_dims,
-                                        "(batch, heads, seq_q, head_dim_v)")) ||
-        (l[R_WEIGHTS].present &&
+                                        "(batch, heads, seq_q, head_dim_v)")))
+        goto done;
+    /* The KV cache: attention runs over past + new keys, written into present. */
+    clattn__sdpa_cache *cache = &plan->cache;
+    cache->has_past = l[R_PAST_K].present || l[R_PAST_V].present;
+    cache->has_present = l[R_PRESENT_K].present || l[R_PRESENT_V].present;
+    if (cache->has_past && !(l[R_PAST_K].present && l[R_PAST_V].present)) {
+        status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                              "%s: past_k and past_v go together (%s is absent)", op,
+                              l[R_PAST_K].present ? "past_v" : "past_k");
+        goto done;
+    }
+    if (cache->has_present && !(l[R_PRESENT_K].present && l[R_PRESENT_V].present)) {
+        status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                              "%s: present_k and present_v go together (%s is absent)", op,
+                              l[R_PRESENT_K].present ? "present_v" : "present_k");
+        goto done;
+    }
+    if (cache->has_past && !cache->has_present) {
+        status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                              "%s: past_k/past_v need present_k/present_v: the keys attended "
+                              "(past then new) are written there",
+                              op);
+        goto done;
+    }
+    if (cache->has_past && l[R_KVLEN].present) {
+        status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                              "%s: kv_seqlen cannot be combined with past_k/past_v (ONNX's "
+                              "rule: a static cache gives its fill as kv_seqlen, a growing one "
+                              "as past)",
+                              op);
+        goto done;
+    }
+    cache->new_len = seq_k;
+    cache->past_len = cache->has_past ? l[R_PAST_K].dims[2] : 0;
+    size_t total_k = seq_k;
+    if (cache->has_past) {
+        const size_t pk_dims[4] = {batch, kv_heads, l[R_PAST_K].dims[2], dk};
+        const size_t pv_dims[4] = {batch, kv_heads, l[R_PAST_K].dims[2], dv};
+        if ((status = clattn__layout_expect(ctx, op, "past_k", &l[R_PAST_K], 4, pk_dims,
+                                            "(batch, kv_heads, past, head_dim_qk) from q and k")) ||
+            (status = clattn__layout_expect(ctx, op, "past_v", &l[R_PAST_V], 4, pv_dims,
+                                            "(batch, kv_heads, past, head_dim_v), past from "
+                                            "past_k")))
+            goto done;
+        if (!clattn__add(cache->past_len, seq_k, &total_k) || total_k > UINT32_MAX) {
+            status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                  "%s: past (%zu) + seq_k (%zu) keys exceed 2^32 - 1", op,
+                                  cache->past_len, seq_k);
+            goto done;
+        }
+    }
+    if (cache->has_present) {
+        const size_t pk_dims[4] = {batch, kv_heads, total_k, dk};
+        const size_t pv_dims[4] = {batch, kv_heads, total_k, dv};
+        if ((status = clattn__layout_expect(ctx, op, "present_k", &l[R_PRESENT_K], 4, pk_dims,
+                                            "(batch, kv_heads, past + seq_k, head_dim_qk)")) ||
+            (status = clattn__layout_expect(ctx, op, "present_v", &l[R_PRESENT_V], 4, pv_dims,
+                                            "(batch, kv_heads, past + seq_k, head_dim_v)")))
+            goto done;
+        const size_t new_k[4] = {batch, kv_heads, seq_k, dk},
+                     new_v[4] = {batch, kv_heads, seq_k, dv};
+        if ((status = clattn__copy_prepare(ctx, new_k, l[R_K].dtype, l[R_PRESENT_K].dtype,
+                                           &cache->new_k)) ||
+            (status = clattn__copy_prepare(ctx, new_v, l[R_V].dtype, l[R_PRESENT_V].dtype,
+                                           &cache->new_v)))
+            goto done;
+        if (cache->has_past &&
+            ((status = clattn__copy_prepare(ctx, l[R_PAST_K].dims, l[R_PAST_K].dtype,
+                                            l[R_PRESENT_K].dtype, &cache->past_k)) ||
+             (status = clattn__copy_prepare(ctx, l[R_PAST_V].dims, l[R_PAST_V].dtype,
+                                            l[R_PRESENT_V].dtype, &cache->past_v))))
+            goto done;
+    }
+    const size_t w_dims[4] = {batch, heads, seq_q, total_k};
+    if ((l[R_WEIGHTS].present &&
          (status = clattn__layout_expect(ctx, op, "weights", &l[R_WEIGHTS], 4, w_dims,
-                                         "(batch, heads, seq_q, seq_k)"))) ||
+                                         "(batch, heads, seq_q, past + seq_k)"))) ||
         (l[R_LSE].present && (status = clattn__layout_expect(ctx, op, "lse", &l[R_LSE], 3, w_dims,
                                                              "(batch, heads, seq_q)"))))
         goto done;
@@ -81,8 +154,25 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
     }
     clattn__score_shape score;
     memset(&score, 0, sizeof score);
-    if ((status = clattn__plan_score(plan, desc->causal, desc->scale, desc->norm, dk, &score)) ||
-        (status = clattn__plan_masks(plan, batch, heads, seq_q, seq_k, &score)))
+    if (l[R_SCORES].present) {
+        if ((unsigned)desc->scores_mode > CLATTN_SCORES_MASKED) {
+            status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                  "%s: scores_mode=%d is not a clattn_scores (the probabilities "
+                                  "are the weights output)",
+                                  op, (int)desc->scores_mode);
+            goto done;
+        }
+        if ((status = clattn__layout_expect(ctx, op, "scores", &l[R_SCORES], 4, w_dims,
+                                            "(batch, heads, seq_q, past + seq_k)")))
+            goto done;
+        score.want_scores = true;
+        score.scores_mode = (int)desc->scores_mode;
+    }
+    if ((status = clattn__plan_score(plan, desc->scale, desc->norm, dk, &score)) ||
+        (status = clattn__plan_masks(plan, batch, heads, seq_q, total_k, &score)) ||
+        (status = clattn__plan_band(plan, desc->causal, desc->window_align, desc->window_left,
+                                    desc->window_right,
+                                    cache->has_past ? (long long)cache->past_len : -1, &score)))
         goto done;
     score.kv_group = heads / kv_heads;
     if (!(desc->softcap >= 0.0f && desc->softcap <= FLT_MAX)) {
@@ -92,17 +182,23 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
         goto done;
     }
     score.softcap = desc->softcap;
-    status = clattn__attention_prepare(plan, &score, dk, dv, l[R_Q].dtype, l[R_K].dtype,
-                                       l[R_V].dtype, l[R_OUT].dtype, l[R_WEIGHTS].present,
+    /* With a cache, the keys and values attended are present's. */
+    const int key_role = cache->has_present ? R_PRESENT_K : R_K;
+    const int value_role = cache->has_present ? R_PRESENT_V : R_V;
+    status = clattn__attention_prepare(plan, &score, dk, dv, l[R_Q].dtype, l[key_role].dtype,
+                                       l[value_role].dtype, l[R_OUT].dtype, l[R_WEIGHTS].present,
                                        l[R_LSE].present, desc->path, &plan->workspace_floats);
     if (status == CLATTN_SUCCESS && !plan->attention.fused) {
         /* The matmuls read and write rows: head_dim must be contiguous on the unfused path. */
-        for (int role = R_Q; role <= R_OUT && status == CLATTN_SUCCESS; ++role)
-            if (l[role].strides[3] != 1)
+        const int roles[4] = {R_Q, key_role, value_role, R_OUT};
+        const char *const names[4] = {"q", cache->has_present ? "present_k" : "k",
+                                      cache->has_present ? "present_v" : "v", "out"};
+        for (int i = 0; i < 4 && status == CLATTN_SUCCESS; ++i)
+            if (l[roles[i]].strides[3] != 1)
                 status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
                                       "%s: %s has stride %zu along head_dim; the unfused path "
                                       "needs stride 1 there (the fused path takes any)",
-                                      op, required[role], l[role].strides[3]);
+                                      op, names[i], l[roles[i]].strides[3]);
     }
     if (status == CLATTN_SUCCESS)
         status = clattn__plan_finish(plan, "the scores (batch, heads, seq_q, seq_k)");
@@ -124,14 +220,56 @@ static clattn__view bound(const clattn__layout *l, cl_mem mem, size_t offset)
     return v;
 }
 
+static bool same_view(const clattn__view *a, const clattn__view *b)
+{
+    return a->mem == b->mem && a->offset == b->offset && a->dtype == b->dtype &&
+           memcmp(a->strides, b->strides, sizeof a->strides) == 0;
+}
+
+/* present[:, :, at .. at + src's keys) = src, unless that is src itself (an in-place cache). */
+static clattn_status copy_into(clattn_plan *plan, const clattn__copy_plan *copy,
+                               const clattn__view *src, const clattn__view *present, size_t at,
+                               clattn_chain *chain)
+{
+    clattn__view dst = *present;
+    dst.offset += (cl_ulong)at * present->strides[2];
+    if (same_view(src, &dst))
+        return CLATTN_SUCCESS;
+    cl_event step = NULL;
+    return clattn__step(
+        chain, clattn__copy_enqueue(plan->ctx, copy, src, &dst, CHAIN_WAIT(chain), &step), &step);
+}
+
 clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                    cl_mem workspace, clattn_chain *chain)
 {
     const clattn__layout *l = plan->layouts;
+    const clattn__sdpa_cache *cache = &plan->cache;
+    clattn__view k = bound(&l[R_K], mems[R_K], offsets[R_K]);
+    clattn__view v = bound(&l[R_V], mems[R_V], offsets[R_V]);
+    if (cache->has_present) {
+        const clattn__view present_k =
+            bound(&l[R_PRESENT_K], mems[R_PRESENT_K], offsets[R_PRESENT_K]);
+        const clattn__view present_v =
+            bound(&l[R_PRESENT_V], mems[R_PRESENT_V], offsets[R_PRESENT_V]);
+        clattn_status status;
+        if (cache->has_past) {
+            const clattn__view past_k = bound(&l[R_PAST_K], mems[R_PAST_K], offsets[R_PAST_K]);
+            const clattn__view past_v = bound(&l[R_PAST_V], mems[R_PAST_V], offsets[R_PAST_V]);
+            if ((status = copy_into(plan, &cache->past_k, &past_k, &present_k, 0, chain)) ||
+                (status = copy_into(plan, &cache->past_v, &past_v, &present_v, 0, chain)))
+                return status;
+        }
+        if ((status = copy_into(plan, &cache->new_k, &k, &present_k, cache->past_len, chain)) ||
+            (status = copy_into(plan, &cache->new_v, &v, &present_v, cache->past_len, chain)))
+            return status;
+        k = present_k;
+        v = present_v;
+    }
     clattn__attention_io io = {
         .q = bound(&l[R_Q], mems[R_Q], offsets[R_Q]),
-        .k = bound(&l[R_K], mems[R_K], offsets[R_K]),
-        .v = bound(&l[R_V], mems[R_V], offsets[R_V]),
+        .k = k,
+        .v = v,
         .out = bound(&l[R_OUT], mems[R_OUT], offsets[R_OUT]),
         .weights = bound(&l[R_WEIGHTS], mems[R_WEIGHTS], offsets[R_WEIGHTS]),
         .masks = {plan->mask_view, plan->kpm_view},
@@ -144,5 +282,10 @@ clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const 
     io.masks.mask.offset = offsets[R_MASK];
     io.masks.key_padding.mem = mems[R_KPM];
     io.masks.key_padding.offset = offsets[R_KPM];
+    if (l[R_SCORES].present)
+        io.scores = bound(&l[R_SCORES], mems[R_SCORES], offsets[R_SCORES]);
+    io.masks.kv_len = plan->kv_len_view;
+    io.masks.kv_len.mem = mems[R_KVLEN];
+    io.masks.kv_len.offset = offsets[R_KVLEN];
     return clattn__attention_enqueue(plan, &io, workspace, chain);
 }

@@ -13,6 +13,8 @@ size_t clattn_dtype_size(clattn_dtype dtype)
         return 2;
     case CLATTN_DTYPE_U8:
         return 1;
+    case CLATTN_DTYPE_I32:
+        return 4;
     }
     return 0;
 }
@@ -28,6 +30,8 @@ const char *clattn__dtype_name(clattn_dtype dtype)
         return "BF16";
     case CLATTN_DTYPE_U8:
         return "U8";
+    case CLATTN_DTYPE_I32:
+        return "I32";
     }
     return "?";
 }
@@ -63,11 +67,10 @@ clattn_status clattn__layout_from(clattn_ctx *ctx, const char *op, const char *n
                             "%s: %s has dtype %d, which is not a clattn_dtype", op, name,
                             (int)t->dtype);
     if (!(dtypes & (1u << t->dtype)))
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: %s cannot be %s (allowed:%s%s%s%s)", op, name,
-                            clattn__dtype_name(t->dtype), dtypes & 1 ? " F32" : "",
-                            dtypes & 2 ? " F16" : "", dtypes & 4 ? " BF16" : "",
-                            dtypes & 8 ? " U8" : "");
+        return clattn__fail(
+            ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s cannot be %s (allowed:%s%s%s%s%s)", op, name,
+            clattn__dtype_name(t->dtype), dtypes & 1 ? " F32" : "", dtypes & 2 ? " F16" : "",
+            dtypes & 4 ? " BF16" : "", dtypes & 8 ? " U8" : "", dtypes & 16 ? " I32" : "");
     bool packed = true;
     for (int d = 0; d < t->rank; ++d) {
         if (t->dims[d] == 0)
@@ -161,7 +164,7 @@ clattn_status clattn__bind(clattn_ctx *ctx, const char *op, const char *name,
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s has no buffer (mem is NULL)",
                             op, name);
     clattn__layout given;
-    clattn_status status = clattn__layout_from(ctx, op, name, t, 0xf, false, &given);
+    clattn_status status = clattn__layout_from(ctx, op, name, t, 0x1f, false, &given);
     if (status != CLATTN_SUCCESS)
         return status;
     if (!same_layout(planned, &given)) {

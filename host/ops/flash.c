@@ -104,12 +104,14 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     const int mask_dtype = score->has_mask ? (int)score->mask_dtype : 0;
     char extra[256];
     snprintf(extra, sizeof extra,
-             "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFC_RB=%u -DFC_NB=%u -DFC_KV=%u -DQ_DTYPE=%d -DK_DTYPE=%d "
-             "-DV_DTYPE=%d -DO_DTYPE=%d -DMASK_DTYPE=%d -DFC_MASK=%d -DFC_KPAD=%d -DFC_CAUSAL=%d "
+             "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFC_RB=%u -DFC_NB=%u -DFC_KV=%u -DQ_DTYPE=%d "
+             "-DK_DTYPE=%d "
+             "-DV_DTYPE=%d -DO_DTYPE=%d -DMASK_DTYPE=%d -DFC_MASK=%d -DFC_KPAD=%d -DFC_BAND=%d "
              "-DFC_RELU=%d",
-             dk, dv, rb, nb, ctx->tuning.flash_cpu_kv, (int)shape->q_dtype, (int)shape->k_dtype, (int)shape->v_dtype,
-             (int)shape->out_dtype, mask_dtype, (int)score->has_mask, (int)score->has_key_padding,
-             (int)score->causal, (int)(score->norm == CLATTN_NORM_RELU));
+             dk, dv, rb, nb, ctx->tuning.flash_cpu_kv, (int)shape->q_dtype, (int)shape->k_dtype,
+             (int)shape->v_dtype, (int)shape->out_dtype, mask_dtype, (int)score->has_mask,
+             (int)score->has_key_padding, (int)clattn__band_diagonal(score),
+             (int)(score->norm == CLATTN_NORM_RELU));
     clattn_status status =
         clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_CPU, "flash_cpu", extra, &plan->kernel);
     if (status != CLATTN_SUCCESS)
@@ -253,11 +255,14 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
     const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
     const cl_uint seq_k = (cl_uint)score->seq_k;
     const cl_float scale = score->scale, softcap = score->softcap;
-    const cl_int norm_relu = score->norm == CLATTN_NORM_RELU, causal = (cl_int)score->causal;
+    const cl_int norm_relu = score->norm == CLATTN_NORM_RELU;
+    clattn__band_args band;
+    clattn__band_fill(score, masks, q->mem, &band);
     const size_t bh_total = score->batch * score->heads;
     const cl_uint kv_group = score->kv_group > 1 ? (cl_uint)score->kv_group : 1u;
-    /* flash_cpu.cl: one work-item per group, the masks' presence, causal alignment and
-     * normalisation compiled in (so not arguments); flash.cl and flash_gpu.cl: group_items. */
+    /* flash_cpu.cl: one work-item per group, the masks' presence, whether the band has a
+     * diagonal edge and the normalisation compiled in (so not arguments); flash.cl and
+     * flash_gpu.cl: group_items. */
     const size_t items = plan->cpu ? 1 : plan->group_items;
     const size_t local[2] = {items, 1};
     size_t global[2] = {((score->seq_q + plan->block_q - 1) / plan->block_q) * items, 1};
@@ -275,7 +280,7 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
             (cl_uint)(score->seq_k - key_begin < plan->part_keys ? score->seq_k
                                                                  : key_begin + plan->part_keys);
         const cl_int resume = key_begin > 0; /* a later part: from the one before */
-        clattn_arg args[64]; /* 54 on flash.cl and flash_gpu.cl, 50 on flash_cpu.cl */
+        clattn_arg args[72]; /* 61 on flash.cl and flash_gpu.cl, 58 on flash_cpu.cl */
         cl_uint n = 0;
 #define ADD(x) (args[n++] = CLATTN_ARG(x))
         ADD(q->mem), ADD(q->offset), ADD(q_s[0]), ADD(q_s[1]), ADD(q_s[2]), ADD(q_s[3]);
@@ -292,9 +297,10 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
             ADD(has_key_padding);
         ADD(heads), ADD(seq_q), ADD(seq_k), ADD(scale);
         if (!plan->cpu)
-            ADD(norm_relu), ADD(causal);
+            ADD(norm_relu);
         ADD(bh_base), ADD(key_begin), ADD(key_stop), ADD(resume), ADD(kv_group), ADD(softcap);
 #undef ADD
+        clattn__band_add(&band, args, &n);
         global[1] = bh_total - first < MAX_BH_PER_LAUNCH ? bh_total - first : MAX_BH_PER_LAUNCH;
         cl_event step = NULL;
         status = clattn__step(&chain,

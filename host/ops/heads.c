@@ -44,3 +44,42 @@ clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, const clattn__mean_hea
                                  sizeof args / sizeof args[0], 1, &plan->global, &plan->local,
                                  num_wait, wait, event);
 }
+
+clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype src_dtype,
+                                   clattn_dtype dst_dtype, clattn__copy_plan *plan)
+{
+    static const char op[] = "copy4d";
+    memset(plan, 0, sizeof *plan);
+    memcpy(plan->dims, dims, sizeof plan->dims);
+    plan->local = ctx->tuning.heads_wg;
+    size_t total = 0;
+    if (!clattn__product(&total, 4, dims[0], dims[1], dims[2], dims[3]) ||
+        !clattn__round_up(total, plan->local, &plan->global))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu x %zu overflow size_t",
+                            op, dims[0], dims[1], dims[2], dims[3]);
+    char extra[64];
+    snprintf(extra, sizeof extra, "-DHEADS_WG=%u -DSRC_DTYPE=%d -DDST_DTYPE=%d",
+             ctx->tuning.heads_wg, (int)src_dtype, (int)dst_dtype);
+    return clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, op, extra, &plan->kernel);
+}
+
+clattn_status clattn__copy_enqueue(clattn_ctx *ctx, const clattn__copy_plan *plan,
+                                   const clattn__view *src, const clattn__view *dst,
+                                   cl_uint num_wait, const cl_event *wait, cl_event *event)
+{
+    const cl_ulong total = (cl_ulong)plan->dims[0] * plan->dims[1] * plan->dims[2] * plan->dims[3];
+    const cl_ulong src_s[4] = {src->strides[0], src->strides[1], src->strides[2], src->strides[3]};
+    const cl_ulong dst_s[4] = {dst->strides[0], dst->strides[1], dst->strides[2], dst->strides[3]};
+    const cl_uint d1 = (cl_uint)plan->dims[1], d2 = (cl_uint)plan->dims[2];
+    const cl_uint d3 = (cl_uint)plan->dims[3];
+    const clattn_arg args[] = {
+        CLATTN_ARG(src->mem), CLATTN_ARG(src->offset), CLATTN_ARG(src_s[0]),
+        CLATTN_ARG(src_s[1]), CLATTN_ARG(src_s[2]),    CLATTN_ARG(src_s[3]),
+        CLATTN_ARG(dst->mem), CLATTN_ARG(dst->offset), CLATTN_ARG(dst_s[0]),
+        CLATTN_ARG(dst_s[1]), CLATTN_ARG(dst_s[2]),    CLATTN_ARG(dst_s[3]),
+        CLATTN_ARG(total),    CLATTN_ARG(d1),          CLATTN_ARG(d2),
+        CLATTN_ARG(d3),
+    };
+    return clattn__launch_kernel(ctx, plan->kernel, "copy4d", args, sizeof args / sizeof args[0], 1,
+                                 &plan->global, &plan->local, num_wait, wait, event);
+}

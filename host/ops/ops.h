@@ -59,8 +59,10 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
 
 /* ---- the score rule (kernels/score.cl; shared by softmax and flash) ------------------------
  * s_ij = cap(scale * (q_i . k_j)) + float mask[b,h,i,j] (cap(x) = softcap * tanh(x / softcap)
- * when softcap > 0); -inf where a U8 mask is 0, where
- * key_padding[b, j] != 0, or causally (j > i, or j > i + seq_k - seq_q for BOTTOM_RIGHT);
+ * when softcap > 0); -inf where a U8 mask is 0, where key_padding[b, j] != 0, or outside the
+ * row's key band: j >= n_b (n_b = kv_len[b] clamped to [0, seq_k] with has_kv_len, else
+ * seq_k), j > i + diag_b + band_upper (band_upper >= 0), j < i + diag_b - band_lower
+ * (band_lower >= 0), diag_b = band_diag + (band_diag_kv ? kv_len[b] : 0);
  * softmax or relu normalisation; a row with nothing left gives zeros. */
 typedef struct clattn__score_shape {
     size_t batch, heads, seq_q, seq_k;
@@ -69,17 +71,68 @@ typedef struct clattn__score_shape {
     float scale;   /* resolved: never NAN */
     float softcap; /* 0: off */
     clattn_norm norm;
-    clattn_causal causal;
+    bool has_kv_len; /* I32 key counts per batch (clattn__score_masks.kv_len) */
+    long long band_diag;
+    bool band_diag_kv;
+    long long band_upper, band_lower; /* < 0: that side unbounded (causal: upper 0) */
+    bool want_scores; /* unfused: score_copy writes the scores before normalisation */
+    int scores_mode;  /* 0 scale * q.k, 1 capped, 2 the score rule's s (clattn_scores) */
     bool has_mask;
     clattn_dtype mask_dtype; /* F32, F16, BF16 (added) or U8 (boolean keep) */
     bool has_key_padding;    /* U8 (batch, seq_k) */
 } clattn__score_shape;
 
 /* Views of the masks at execution: mask dims broadcast to (batch, heads, seq_q, seq_k) with
- * stride 0 on broadcast dims; key_padding as a view with dims (1, 1, batch, seq_k). */
+ * stride 0 on broadcast dims; key_padding as a view with dims (1, 1, batch, seq_k); kv_len as
+ * a view with dims (1, 1, 1, batch). */
 typedef struct clattn__score_masks {
-    clattn__view mask, key_padding;
+    clattn__view mask, key_padding, kv_len;
 } clattn__score_masks;
+
+/* Whether the band has a diagonal edge (causal or a sliding window). */
+static inline bool clattn__band_diagonal(const clattn__score_shape *score)
+{
+    return score->band_upper >= 0 || score->band_lower >= 0;
+}
+
+/* The key band's kernel arguments (score.cl's BAND_ARGS), held for clattn__band_add. */
+typedef struct clattn__band_args {
+    cl_mem kv_len;
+    cl_ulong offset, stride;
+    cl_int has_kv_len;
+    cl_long diag;
+    cl_int diag_kv;
+    cl_long upper, lower;
+} clattn__band_args;
+
+/* Fills *band from the score shape and masks; `fallback` is any valid buffer (the kernel
+ * never reads kv_len without has_kv_len). */
+static inline void clattn__band_fill(const clattn__score_shape *score,
+                                     const clattn__score_masks *masks, cl_mem fallback,
+                                     clattn__band_args *band)
+{
+    band->has_kv_len = score->has_kv_len;
+    band->kv_len = score->has_kv_len ? masks->kv_len.mem : fallback;
+    band->offset = score->has_kv_len ? masks->kv_len.offset : 0;
+    band->stride = score->has_kv_len ? masks->kv_len.strides[3] : 0;
+    band->diag = score->band_diag;
+    band->diag_kv = score->band_diag_kv;
+    band->upper = score->band_upper;
+    band->lower = score->band_lower;
+}
+
+/* Appends the 8 band arguments to args[*n ..]. */
+static inline void clattn__band_add(const clattn__band_args *band, clattn_arg *args, cl_uint *n)
+{
+    args[(*n)++] = CLATTN_ARG(band->kv_len);
+    args[(*n)++] = CLATTN_ARG(band->offset);
+    args[(*n)++] = CLATTN_ARG(band->stride);
+    args[(*n)++] = CLATTN_ARG(band->has_kv_len);
+    args[(*n)++] = CLATTN_ARG(band->diag);
+    args[(*n)++] = CLATTN_ARG(band->diag_kv);
+    args[(*n)++] = CLATTN_ARG(band->upper);
+    args[(*n)++] = CLATTN_ARG(band->lower);
+}
 
 /* ---- softmax rows (ops/softmax.c, kernels/softmax.cl) --------------------------------------
  * out[b,h,i,:] = normalise(score rule applied to raw[b,h,i,:]) where raw holds q.k dot products
@@ -91,6 +144,8 @@ typedef struct clattn__softmax_plan {
                        * work-item per row in float16 vectors */
     size_t rows;      /* batch * heads * seq_q */
     size_t local, global;
+    cl_kernel copy; /* score_copy, when score.want_scores */
+    size_t copy_local, copy_global;
 } clattn__softmax_plan;
 
 clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape *score,
@@ -99,6 +154,12 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_pla
                                       const clattn__view *raw, const clattn__view *out,
                                       const clattn__score_masks *masks, cl_uint num_wait,
                                       const cl_event *wait, cl_event *event);
+/* dst (batch, heads, seq_q, seq_k) F32, any strides = the scores of raw before normalisation,
+ * as score.scores_mode says (softmax.cl's score_copy). */
+clattn_status clattn__score_copy_enqueue(clattn_ctx *ctx, const clattn__softmax_plan *plan,
+                                         const clattn__view *raw, const clattn__view *dst,
+                                         const clattn__score_masks *masks, cl_uint num_wait,
+                                         const cl_event *wait, cl_event *event);
 
 /* ---- fused attention (ops/flash.c, kernels/flash.cl; CPUs: kernels/flash_cpu.cl) ----------
  * q (batch, heads, seq_q, dk), k (batch, kv_heads, seq_k, dk), v (batch, kv_heads, seq_k, dv)
@@ -154,5 +215,20 @@ clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, const clattn__mean_hea
                                          const clattn__view *src, const clattn__view *dst,
                                          cl_uint num_wait, const cl_event *wait,
                                          cl_event *event);
+
+/* ---- strided copy (ops/heads.c, kernels/heads.cl's copy4d) ----------------------------------
+ * dst[i] = src[i] over a box of `dims` (4 dims), any strides, converting src_dtype to
+ * dst_dtype (floats) through float. */
+typedef struct clattn__copy_plan {
+    size_t dims[4];
+    cl_kernel kernel;
+    size_t local, global;
+} clattn__copy_plan;
+
+clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype src_dtype,
+                                   clattn_dtype dst_dtype, clattn__copy_plan *plan);
+clattn_status clattn__copy_enqueue(clattn_ctx *ctx, const clattn__copy_plan *plan,
+                                   const clattn__view *src, const clattn__view *dst,
+                                   cl_uint num_wait, const cl_event *wait, cl_event *event);
 
 #endif

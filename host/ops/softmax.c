@@ -42,7 +42,78 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
         snprintf(extra, sizeof extra, "-DSOFTMAX_WG=%u -DMASK_DTYPE=%d", ctx->tuning.softmax_wg,
                  mask_dtype);
     }
-    return clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, op, extra, &plan->kernel);
+    clattn_status status =
+        clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, op, extra, &plan->kernel);
+    if (status != CLATTN_SUCCESS || !score->want_scores)
+        return status;
+    /* score_copy: the same program; groups of up to 64 work-items. */
+    size_t elements = 0;
+    if (!clattn__mul(plan->rows, score->seq_k, &elements))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the scores overflow size_t", op);
+    plan->copy_local = ctx->info.max_work_group_size < 64 ? ctx->info.max_work_group_size : 64;
+    if (!clattn__round_up(elements, plan->copy_local, &plan->copy_global))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the scores overflow size_t", op);
+    return clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, "score_copy", extra, &plan->copy);
+}
+
+clattn_status clattn__score_copy_enqueue(clattn_ctx *ctx, const clattn__softmax_plan *plan,
+                                         const clattn__view *raw, const clattn__view *dst,
+                                         const clattn__score_masks *masks, cl_uint num_wait,
+                                         const cl_event *wait, cl_event *event)
+{
+    const clattn__score_shape *score = &plan->score;
+    const cl_int has_mask = score->has_mask, has_key_padding = score->has_key_padding;
+    const clattn__view *mask = has_mask ? &masks->mask : raw;
+    const clattn__view *padding = has_key_padding ? &masks->key_padding : raw;
+    const cl_ulong raw_s[3] = {raw->strides[0], raw->strides[1], raw->strides[2]};
+    const cl_ulong dst_s[4] = {dst->strides[0], dst->strides[1], dst->strides[2], dst->strides[3]};
+    const cl_ulong mask_s[4] = {has_mask ? mask->strides[0] : 0, has_mask ? mask->strides[1] : 0,
+                                has_mask ? mask->strides[2] : 0, has_mask ? mask->strides[3] : 0};
+    const cl_ulong padding_s[2] = {has_key_padding ? padding->strides[2] : 0,
+                                   has_key_padding ? padding->strides[3] : 0};
+    const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
+    const cl_uint seq_k = (cl_uint)score->seq_k;
+    const cl_float scale = score->scale, softcap = score->softcap;
+    const cl_int mode = score->scores_mode;
+    const cl_ulong total = (cl_ulong)plan->rows * score->seq_k;
+    clattn__band_args band;
+    clattn__band_fill(score, masks, raw->mem, &band);
+    clattn_arg args[40] = {
+        CLATTN_ARG(raw->mem),
+        CLATTN_ARG(raw->offset),
+        CLATTN_ARG(raw_s[0]),
+        CLATTN_ARG(raw_s[1]),
+        CLATTN_ARG(raw_s[2]),
+        CLATTN_ARG(dst->mem),
+        CLATTN_ARG(dst->offset),
+        CLATTN_ARG(dst_s[0]),
+        CLATTN_ARG(dst_s[1]),
+        CLATTN_ARG(dst_s[2]),
+        CLATTN_ARG(dst_s[3]),
+        CLATTN_ARG(mask->mem),
+        CLATTN_ARG(mask->offset),
+        CLATTN_ARG(mask_s[0]),
+        CLATTN_ARG(mask_s[1]),
+        CLATTN_ARG(mask_s[2]),
+        CLATTN_ARG(mask_s[3]),
+        CLATTN_ARG(has_mask),
+        CLATTN_ARG(padding->mem),
+        CLATTN_ARG(padding->offset),
+        CLATTN_ARG(padding_s[0]),
+        CLATTN_ARG(padding_s[1]),
+        CLATTN_ARG(has_key_padding),
+        CLATTN_ARG(heads),
+        CLATTN_ARG(seq_q),
+        CLATTN_ARG(seq_k),
+        CLATTN_ARG(scale),
+        CLATTN_ARG(softcap),
+        CLATTN_ARG(mode),
+        CLATTN_ARG(total),
+    };
+    cl_uint n = 30;
+    clattn__band_add(&band, args, &n);
+    return clattn__launch_kernel(ctx, plan->copy, "score_copy", args, n, 1, &plan->copy_global,
+                                 &plan->copy_local, num_wait, wait, event);
 }
 
 clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_plan *plan,
@@ -64,21 +135,29 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_pla
     const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
     const cl_uint seq_k = (cl_uint)score->seq_k;
     const cl_float scale = score->scale, softcap = score->softcap;
-    const cl_int norm_relu = score->norm == CLATTN_NORM_RELU, causal = (cl_int)score->causal;
+    const cl_int norm_relu = score->norm == CLATTN_NORM_RELU;
     const cl_ulong rows = plan->rows;
-    const clattn_arg args[] = {
-        CLATTN_ARG(raw->mem),        CLATTN_ARG(raw->offset),  CLATTN_ARG(raw_s[0]),
-        CLATTN_ARG(raw_s[1]),        CLATTN_ARG(raw_s[2]),     CLATTN_ARG(out->mem),
-        CLATTN_ARG(out->offset),     CLATTN_ARG(out_s[0]),     CLATTN_ARG(out_s[1]),
-        CLATTN_ARG(out_s[2]),        CLATTN_ARG(mask->mem),    CLATTN_ARG(mask->offset),
-        CLATTN_ARG(mask_s[0]),       CLATTN_ARG(mask_s[1]),    CLATTN_ARG(mask_s[2]),
-        CLATTN_ARG(mask_s[3]),       CLATTN_ARG(has_mask),     CLATTN_ARG(padding->mem),
-        CLATTN_ARG(padding->offset), CLATTN_ARG(padding_s[0]), CLATTN_ARG(padding_s[1]),
-        CLATTN_ARG(has_key_padding), CLATTN_ARG(heads),        CLATTN_ARG(seq_q),
-        CLATTN_ARG(seq_k),           CLATTN_ARG(scale),        CLATTN_ARG(norm_relu),
-        CLATTN_ARG(causal),          CLATTN_ARG(rows),         CLATTN_ARG(softcap),
+    clattn__band_args band;
+    clattn__band_fill(score, masks, raw->mem, &band);
+    clattn_arg args[38] = {
+        CLATTN_ARG(raw->mem),        CLATTN_ARG(raw->offset),
+        CLATTN_ARG(raw_s[0]),        CLATTN_ARG(raw_s[1]),
+        CLATTN_ARG(raw_s[2]),        CLATTN_ARG(out->mem),
+        CLATTN_ARG(out->offset),     CLATTN_ARG(out_s[0]),
+        CLATTN_ARG(out_s[1]),        CLATTN_ARG(out_s[2]),
+        CLATTN_ARG(mask->mem),       CLATTN_ARG(mask->offset),
+        CLATTN_ARG(mask_s[0]),       CLATTN_ARG(mask_s[1]),
+        CLATTN_ARG(mask_s[2]),       CLATTN_ARG(mask_s[3]),
+        CLATTN_ARG(has_mask),        CLATTN_ARG(padding->mem),
+        CLATTN_ARG(padding->offset), CLATTN_ARG(padding_s[0]),
+        CLATTN_ARG(padding_s[1]),    CLATTN_ARG(has_key_padding),
+        CLATTN_ARG(heads),           CLATTN_ARG(seq_q),
+        CLATTN_ARG(seq_k),           CLATTN_ARG(scale),
+        CLATTN_ARG(norm_relu),       CLATTN_ARG(rows),
+        CLATTN_ARG(softcap),
     };
-    return clattn__launch_kernel(ctx, plan->kernel, "softmax_rows", args,
-                                 sizeof args / sizeof args[0], 1, &plan->global, &plan->local,
-                                 num_wait, wait, event);
+    cl_uint n = 29;
+    clattn__band_add(&band, args, &n);
+    return clattn__launch_kernel(ctx, plan->kernel, "softmax_rows", args, n, 1, &plan->global,
+                                 &plan->local, num_wait, wait, event);
 }
