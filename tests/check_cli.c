@@ -309,6 +309,221 @@ static float *scratch_array(const char *name, int ndim, const size_t *shape, cha
     return values;
 }
 
+/* An int64 .npy of a vector (ONNX's nonpad_kv_seqlen). */
+static void write_i64_npy(const char *path, const long long *values, size_t count)
+{
+    char header[128];
+    int length = snprintf(header, sizeof header,
+                          "{'descr': '<i8', 'fortran_order': False, 'shape': (%zu,), }", count);
+    while ((10 + length + 1) % 64 != 0)
+        header[length++] = ' ';
+    header[length++] = '\n';
+    FILE *f = fopen(path, "wb");
+    if (!tu_expect(f != NULL, "cannot write %s", path))
+        return;
+    const unsigned char magic[10] = {0x93,
+                                     'N',
+                                     'U',
+                                     'M',
+                                     'P',
+                                     'Y',
+                                     1,
+                                     0,
+                                     (unsigned char)(length & 0xff),
+                                     (unsigned char)(length >> 8)};
+    fwrite(magic, 1, sizeof magic, f);
+    fwrite(header, 1, (size_t)length, f);
+    for (size_t i = 0; i < count; ++i) {
+        unsigned char bytes[8];
+        for (int b = 0; b < 8; ++b)
+            bytes[b] = (unsigned char)((unsigned long long)values[i] >> (8 * b));
+        fwrite(bytes, 1, 8, f);
+    }
+    fclose(f);
+}
+
+/* clattn sdpa with ONNX's KV cache (--past-key/--past-value, --present-*-out), the window, the
+ * scores (--qk-out, modes 2 and 3) and a static cache's fill (--nonpad-kv-seqlen), against the
+ * float64 reference with ONNX's rules; then the refusals. */
+START_TEST(test_sdpa_cache_command)
+{
+    TU_BEGIN_TEST();
+    enum { B = 2, H = 4, G = 2, LQ = 3, LN = 5, P = 7, D = 8, DV = 6 };
+    enum { LK = P + LN };
+    tu_set_case("clattn sdpa cache: B=%d Hq=%d Hkv=%d Lq=%d past=%d new=%d", B, H, G, LQ, P, LN);
+    char q_path[512], k_path[512], v_path[512], pk_path[512], pv_path[512], n_path[512];
+    char out[512], present_k[512], present_v[512], scores[512], args[8192], msg[512];
+    const size_t q_shape[4] = {B, H, LQ, D}, k_shape[4] = {B, G, LN, D},
+                 v_shape[4] = {B, G, LN, DV};
+    const size_t pk_shape[4] = {B, G, P, D}, pv_shape[4] = {B, G, P, DV};
+    float *q = scratch_array("cache_q.npy", 4, q_shape, q_path, sizeof q_path);
+    float *k = scratch_array("cache_k.npy", 4, k_shape, k_path, sizeof k_path);
+    float *v = scratch_array("cache_v.npy", 4, v_shape, v_path, sizeof v_path);
+    float *pk = scratch_array("cache_pk.npy", 4, pk_shape, pk_path, sizeof pk_path);
+    float *pv = scratch_array("cache_pv.npy", 4, pv_shape, pv_path, sizeof pv_path);
+    snprintf(out, sizeof out, "%s/cache_y.npy", scratch);
+    snprintf(present_k, sizeof present_k, "%s/cache_present_k.npy", scratch);
+    snprintf(present_v, sizeof present_v, "%s/cache_present_v.npy", scratch);
+    snprintf(scores, sizeof scores, "%s/cache_scores.npy", scratch);
+    /* present = past then new, per (b, g) */
+    float *all_k = tu_floats((size_t)B * G * LK * D), *all_v = tu_floats((size_t)B * G * LK * DV);
+    for (size_t bg = 0; bg < B * G; ++bg) {
+        memcpy(all_k + bg * LK * D, pk + bg * P * D, P * D * sizeof(float));
+        memcpy(all_k + (bg * LK + P) * D, k + bg * LN * D, LN * D * sizeof(float));
+        memcpy(all_v + bg * LK * DV, pv + bg * P * DV, P * DV * sizeof(float));
+        memcpy(all_v + (bg * LK + P) * DV, v + bg * LN * DV, LN * DV * sizeof(float));
+    }
+    ref_sdpa_shape shape = {.batch = B,
+                            .heads = H,
+                            .seq_q = LQ,
+                            .seq_k = LK,
+                            .dk = D,
+                            .dv = DV,
+                            .scale = ref_resolve_scale(NAN, D),
+                            .norm = CLATTN_NORM_SOFTMAX,
+                            .causal = CLATTN_CAUSAL_ONNX,
+                            .kv_heads = G,
+                            .has_past = 1,
+                            .past = P,
+                            .window_align = CLATTN_CAUSAL_ONNX,
+                            .window_left = 2,
+                            .window_right = -1};
+    const size_t out_count = (size_t)B * H * LQ * DV, s_count = (size_t)B * H * LQ * LK;
+    double *ref = tu_doubles(out_count), *weights = tu_doubles(s_count);
+    double *ref_scores = tu_doubles(s_count);
+    ref_sdpa(&shape, q, all_k, all_v, NULL, NULL, ref, weights, NULL);
+    ref_sdpa_scores(&shape, q, all_k, NULL, NULL, 2, ref_scores);
+    double *all_k64 = tu_doubles((size_t)B * G * LK * D),
+           *all_v64 = tu_doubles((size_t)B * G * LK * DV);
+    tu_floats_to_doubles(all_k, (size_t)B * G * LK * D, all_k64);
+    tu_floats_to_doubles(all_v, (size_t)B * G * LK * DV, all_v64);
+    const char *paths[2] = {"auto", "unfused"};
+    for (int p = 0; p < 2; ++p) {
+        snprintf(args, sizeof args,
+                 "sdpa --q %s --k %s --v %s --past-key %s --past-value %s --causal --window 2,-1 "
+                 "--present-key-out %s --present-value-out %s --path %s --out %s%s%s",
+                 q_path, k_path, v_path, pk_path, pv_path, present_k, present_v, paths[p], out,
+                 p ? " --qk-output-mode 2 --qk-out " : "", p ? scores : "");
+        const int status = run_cli(args);
+        tu_expect(status == 0, "cache, path %s: exit status %d, stderr: %s", paths[p], status,
+                  captured("stderr"));
+        if (status != 0)
+            continue;
+        expect_npy_reference(out, "cache Y", ref, out_count, 4, (const size_t[]){B, H, LQ, DV});
+        expect_npy_reference(present_k, "present_k", all_k64, (size_t)B * G * LK * D, 4,
+                             (const size_t[]){B, G, LK, D});
+        expect_npy_reference(present_v, "present_v", all_v64, (size_t)B * G * LK * DV, 4,
+                             (const size_t[]){B, G, LK, DV});
+        if (p == 0)
+            continue;
+        clattn_array got = {0};
+        if (tu_expect(clattn_npy_read(scores, &got, msg, sizeof msg) == CLATTN_IO_OK &&
+                          got.count == s_count,
+                      "reading the scores: %s", msg)) {
+            size_t wrong = 0;
+            for (size_t i = 0; i < s_count; ++i)
+                wrong += isinf(ref_scores[i]) ? !(isinf(got.data[i]) && got.data[i] < 0)
+                                              : !(fabs(got.data[i] - ref_scores[i]) <= 1e-4);
+            tu_expect(wrong == 0, "--qk-output-mode 2: %zu of %zu scores wrong", wrong, s_count);
+        }
+        clattn_array_free(&got);
+    }
+    /* Mode 3: the probabilities. */
+    snprintf(args, sizeof args,
+             "sdpa --q %s --k %s --v %s --past-key %s --past-value %s --causal --window 2,-1 "
+             "--qk-output-mode 3 --qk-out %s --out %s",
+             q_path, k_path, v_path, pk_path, pv_path, scores, out);
+    int status = run_cli(args);
+    tu_expect(status == 0, "mode 3: exit status %d, stderr: %s", status, captured("stderr"));
+    if (status == 0)
+        expect_npy_reference(scores, "--qk-output-mode 3", weights, s_count, 4,
+                             (const size_t[]){B, H, LQ, LK});
+
+    /* A static cache: all LK keys in k/v, batch b filled to n[b]; causal at n[b] - Lq. */
+    char ak_path[512], av_path[512];
+    snprintf(ak_path, sizeof ak_path, "%s/cache_all_k.npy", scratch);
+    snprintf(av_path, sizeof av_path, "%s/cache_all_v.npy", scratch);
+    tu_expect(clattn_npy_write(ak_path, all_k, 4, (const size_t[]){B, G, LK, D}, msg, sizeof msg) ==
+                      CLATTN_IO_OK &&
+                  clattn_npy_write(av_path, all_v, 4, (const size_t[]){B, G, LK, DV}, msg,
+                                   sizeof msg) == CLATTN_IO_OK,
+              "writing the caches: %s", msg);
+    const long long fill[B] = {LK, 4};
+    const int32_t fill32[B] = {LK, 4};
+    snprintf(n_path, sizeof n_path, "%s/cache_nonpad.npy", scratch);
+    write_i64_npy(n_path, fill, B);
+    ref_sdpa_shape static_shape = shape;
+    static_shape.has_past = 0, static_shape.past = 0, static_shape.kv_len = fill32;
+    static_shape.window_align = CLATTN_CAUSAL_NONE;
+    ref_sdpa(&static_shape, q, all_k, all_v, NULL, NULL, ref, NULL, NULL);
+    for (int p = 0; p < 2; ++p) {
+        snprintf(args, sizeof args,
+                 "sdpa --q %s --k %s --v %s --nonpad-kv-seqlen %s --causal --path %s --out %s",
+                 q_path, ak_path, av_path, n_path, paths[p], out);
+        status = run_cli(args);
+        tu_expect(status == 0, "nonpad, path %s: exit status %d, stderr: %s", paths[p], status,
+                  captured("stderr"));
+        if (status == 0)
+            expect_npy_reference(out, "nonpad Y", ref, out_count, 4,
+                                 (const size_t[]){B, H, LQ, DV});
+    }
+
+    static const struct {
+        const char *args, *needle;
+    } bad[] = {
+        {"--q Q --k K --v V --past-key PK", "go together"},
+        {"--q Q --k K --v V --past-key PK --past-value PK", "past key"},
+        {"--q Q --k K --v V --nonpad-kv-seqlen Q", "int64"},
+        {"--q Q --k K --v V --nonpad-kv-seqlen N --past-key PK --past-value PV", "ONNX"},
+        {"--q Q --k K --v V --window 3", "--window"},
+        {"--q Q --k K --v V --window 1,-2", "--window"},
+        {"--q Q --k K --v V --qk-output-mode 2", "--qk-out"},
+        {"--q Q --k K --v V --qk-output-mode 4 --qk-out S", "--qk-output-mode"},
+        {"--q Q --k K --v V --softmax-precision 11", "double"},
+        {"--q Q --k K --v V --qk-out S --path fused", "scores"},
+        {"--q Q --k AK --v AV --nonpad-kv-seqlen N --present-key-out PK", "go together"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        int used = snprintf(args, sizeof args, "sdpa");
+        char words[256];
+        snprintf(words, sizeof words, "%s", bad[i].args);
+        char *save = NULL;
+        for (char *w = strtok_r(words, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+            const char *path = strcmp(w, "Q") == 0    ? q_path
+                               : strcmp(w, "K") == 0  ? k_path
+                               : strcmp(w, "V") == 0  ? v_path
+                               : strcmp(w, "PK") == 0 ? pk_path
+                               : strcmp(w, "PV") == 0 ? pv_path
+                               : strcmp(w, "AK") == 0 ? ak_path
+                               : strcmp(w, "AV") == 0 ? av_path
+                               : strcmp(w, "N") == 0  ? n_path
+                               : strcmp(w, "S") == 0  ? scores
+                                                      : w;
+            used += snprintf(args + used, sizeof args - (size_t)used, " %s", path);
+        }
+        status = run_cli(args);
+        const char *err = captured("stderr");
+        tu_expect(status == 2 && strstr(err, bad[i].needle) != NULL &&
+                      strchr(err, '\n') == strrchr(err, '\n'),
+                  "%s: status %d, want 2 and one line with '%s'; stderr: %s", args, status,
+                  bad[i].needle, err);
+    }
+    free(all_v64);
+    free(all_k64);
+    free(ref_scores);
+    free(weights);
+    free(ref);
+    free(all_v);
+    free(all_k);
+    free(pv);
+    free(pk);
+    free(v);
+    free(k);
+    free(q);
+    TU_END_TEST();
+}
+END_TEST
+
 /* clattn sdpa on rank-4 files (grouped-query heads, a bool mask shorter than Lk that ONNX pads
  * as masked, soft-capping, bottom-right causal) and on the same data as rank-3
  * (B, L, H * d) files, against the float64 reference; then the refusals. */
@@ -1352,6 +1567,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_run_textbook_and_png);
     tcase_add_test(tc, test_run_kv_heads);
     tcase_add_test(tc, test_sdpa_command);
+    tcase_add_test(tc, test_sdpa_cache_command);
     tcase_add_test(tc, test_demo_devices_help);
     tcase_add_test(tc, test_bench_json);
     tcase_add_test(tc, test_bench_json_timer);

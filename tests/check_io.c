@@ -387,12 +387,55 @@ START_TEST(test_npy_dtypes)
     bytes_free(&file);
     status = clattn_npy_read(path, &array, msg, MSG_SIZE);
     if (expect_status("<f2", status, CLATTN_IO_OK, msg, path, NULL)) {
-        expect(array.source == CLATTN_IO_F32 && array.count == 6, "<f2: source/count");
+        expect(array.source == CLATTN_IO_F16 && array.count == 6, "<f2: source/count");
         for (int i = 0; i < 6; ++i)
             expect(bits_of(array.data[i]) == bits_of(want_f2[i]), "<f2: value %d is %a, want %a", i,
                    (double)array.data[i], (double)want_f2[i]);
     }
     clattn_array_free(&array);
+
+    /* bfloat16 as numpy saves ml_dtypes.bfloat16 ('<V2'), exact */
+    const uint16_t brains[] = {0x3f80, 0xc000, 0x7f7f, 0x0001, 0x3eab, 0xff80};
+    const float want_bf[] = {1.0f, -2.0f, 0x1.fep127f, 0x1p-133f, 0.333984375f, -INFINITY};
+    const char *v2_descrs[] = {"<V2", "|V2"};
+    for (int k = 0; k < 2; ++k) {
+        npy_dict(header, sizeof header, v2_descrs[k], "False", "(6,)", 1);
+        put_npy_header(&file, 1, header);
+        for (int i = 0; i < COUNT_OF(brains); ++i)
+            put_le(&file, brains[i], 2);
+        write_file(path, file.data, file.length);
+        bytes_free(&file);
+        status = clattn_npy_read(path, &array, msg, MSG_SIZE);
+        if (expect_status(v2_descrs[k], status, CLATTN_IO_OK, msg, path, NULL)) {
+            expect(array.source == CLATTN_IO_BF16 && array.count == 6, "%s: source/count",
+                   v2_descrs[k]);
+            for (int i = 0; i < 6; ++i)
+                expect(bits_of(array.data[i]) == bits_of(want_bf[i]), "%s: value %d is %a, want %a",
+                       v2_descrs[k], i, (double)array.data[i], (double)want_bf[i]);
+        }
+        clattn_array_free(&array);
+    }
+
+    /* int64 and int32: signed, exact below 2^24 */
+    const int64_t ints[] = {0, 1, -1, 16777216, -7, 123456};
+    const char *int_descrs[] = {"<i8", "<i4"};
+    for (int k = 0; k < 2; ++k) {
+        npy_dict(header, sizeof header, int_descrs[k], "False", "(3, 2)", 1);
+        put_npy_header(&file, 1, header);
+        for (int i = 0; i < COUNT_OF(ints); ++i)
+            put_le(&file, (uint64_t)ints[i], k == 0 ? 8 : 4);
+        write_file(path, file.data, file.length);
+        bytes_free(&file);
+        status = clattn_npy_read(path, &array, msg, MSG_SIZE);
+        if (expect_status(int_descrs[k], status, CLATTN_IO_OK, msg, path, NULL)) {
+            expect(array.source == CLATTN_IO_INT && array.count == 6, "%s: source/count",
+                   int_descrs[k]);
+            for (int i = 0; i < 6; ++i)
+                expect(array.data[i] == (float)ints[i], "%s: value %d is %g, want %lld",
+                       int_descrs[k], i, (double)array.data[i], (long long)ints[i]);
+        }
+        clattn_array_free(&array);
+    }
 
     /* bool: any non-zero byte is true */
     const unsigned char bools[] = {0, 1, 2, 255, 0, 1};
@@ -537,9 +580,10 @@ static const bad_npy bad_npys[] = {
      "shape () of <f4 needs 4"},
     {"Fortran order", BODY_DATA, 1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }\n",
      24, NULL, 0, 0, CLATTN_IO_ERR_UNSUPPORTED, "Fortran order"},
-    {"int64", BODY_DATA, 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }\n", 24, NULL,
+    {"int16", BODY_DATA, 1, "{'descr': '<i2', 'fortran_order': False, 'shape': (3,), }\n", 6, NULL,
      0, 0, CLATTN_IO_ERR_UNSUPPORTED,
-     "descr '<i8' is not supported: use float32, float64, float16, bool or uint8"},
+     "descr '<i2' is not supported: use float32, float64, float16, bfloat16, int64, int32, bool "
+     "or uint8"},
     {"big-endian float32", BODY_DATA, 1,
      "{'descr': '>f4', 'fortran_order': False, 'shape': (3,), }\n", 12, NULL, 0, 0,
      CLATTN_IO_ERR_UNSUPPORTED, "big-endian"},
@@ -759,8 +803,15 @@ START_TEST(test_npy_numpy_files)
     } refused[] = {
         {"np_fortran.npy", CLATTN_IO_ERR_UNSUPPORTED, "Fortran"},
         {"np_big_endian.npy", CLATTN_IO_ERR_UNSUPPORTED, "big-endian"},
-        {"np_i8.npy", CLATTN_IO_ERR_UNSUPPORTED, "'<i8'"},
     };
+    /* numpy's own int64 file reads as integers */
+    fixture_path(path, sizeof path, "np_i8.npy");
+    status = clattn_npy_read(path, &array, msg, MSG_SIZE);
+    if (expect_status("np_i8", status, CLATTN_IO_OK, msg, path, NULL))
+        expect(array.source == CLATTN_IO_INT && array.count == 3 && array.data[0] == 0.0f &&
+                   array.data[1] == 1.0f && array.data[2] == 2.0f,
+               "np_i8: source %d count %zu", (int)array.source, array.count);
+    clattn_array_free(&array);
     for (int k = 0; k < COUNT_OF(refused); ++k) {
         fixture_path(path, sizeof path, refused[k].name);
         status = clattn_npy_read(path, &array, msg, MSG_SIZE);

@@ -321,6 +321,18 @@ static void convert_bf16(const unsigned char *src, size_t count, float *dst)
         dst[i] = float_from_bits((uint32_t)load_u16(src + 2 * i) << 16);
 }
 
+static void convert_i64(const unsigned char *src, size_t count, float *dst)
+{
+    for (size_t i = 0; i < count; ++i)
+        dst[i] = (float)(int64_t)load_u64(src + 8 * i);
+}
+
+static void convert_i32(const unsigned char *src, size_t count, float *dst)
+{
+    for (size_t i = 0; i < count; ++i)
+        dst[i] = (float)(int32_t)load_u32(src + 4 * i);
+}
+
 /* Reads count elements of elem_size bytes from the file's position, converting into dst. */
 static clattn_io_status read_converted(FILE *file, size_t count, size_t elem_size,
                                        convert_fn convert, float *dst, const char *path, char *msg,
@@ -601,7 +613,19 @@ static clattn_io_status npy_check_dtype(const npy_header *header, npy_dtype *dty
             return CLATTN_IO_OK;
         }
         if (descr[0] == '<' && strcmp(kind, "f2") == 0) {
-            *dtype = (npy_dtype){2, convert_f16, CLATTN_IO_F32};
+            *dtype = (npy_dtype){2, convert_f16, CLATTN_IO_F16};
+            return CLATTN_IO_OK;
+        }
+        if ((descr[0] == '<' || descr[0] == '|') && strcmp(kind, "V2") == 0) {
+            *dtype = (npy_dtype){2, convert_bf16, CLATTN_IO_BF16};
+            return CLATTN_IO_OK;
+        }
+        if (descr[0] == '<' && strcmp(kind, "i8") == 0) {
+            *dtype = (npy_dtype){8, convert_i64, CLATTN_IO_INT};
+            return CLATTN_IO_OK;
+        }
+        if (descr[0] == '<' && strcmp(kind, "i4") == 0) {
+            *dtype = (npy_dtype){4, convert_i32, CLATTN_IO_INT};
             return CLATTN_IO_OK;
         }
         if (any_order && strcmp(kind, "b1") == 0) {
@@ -624,7 +648,9 @@ static clattn_io_status npy_check_dtype(const npy_header *header, npy_dtype *dty
     if (header->descr_length >= NPY_DESCR_MAX && strlen(shown) >= 3)
         memcpy(shown + strlen(shown) - 3, "...", 3);
     return fail(msg, msg_size, CLATTN_IO_ERR_UNSUPPORTED, path,
-                "descr '%s' is not supported: use float32, float64, float16, bool or uint8", shown);
+                "descr '%s' is not supported: use float32, float64, float16, bfloat16, int64, "
+                "int32, bool or uint8",
+                shown);
 }
 
 /* Reads magic, version and header length; leaves the file at the start of the header. */

@@ -45,8 +45,12 @@ CLATTN_IO_API const char *clattn_io_status_string(clattn_io_status status);
 
 /* Where an array's values came from. */
 typedef enum clattn_io_dtype {
-    CLATTN_IO_F32 = 0, /* float32 (also float64, F16 and BF16 after conversion) */
-    CLATTN_IO_BOOL = 1 /* bool or uint8 (values are 0.0f / 1.0f, or the byte value for uint8) */
+    CLATTN_IO_F32 = 0,  /* float32, float64 (converted); safetensors' F16 and BF16 too */
+    CLATTN_IO_BOOL = 1, /* bool or uint8 (values are 0.0f / 1.0f, or the byte value for uint8) */
+    CLATTN_IO_F16 = 2,  /* .npy float16 ('<f2'), converted exactly */
+    CLATTN_IO_BF16 = 3, /* .npy bfloat16 (ml_dtypes saves it as 2-byte void, '<V2'), exactly */
+    CLATTN_IO_INT = 4   /* .npy int64 / int32 ('<i8', '<i4'): exact up to 2^24 in magnitude,
+                         * rounded to float beyond */
 } clattn_io_dtype;
 
 /* A dense C-order array of float32 values. */
@@ -64,9 +68,10 @@ CLATTN_IO_API void clattn_array_free(clattn_array *array);
 /* --- .npy (format versions 1.0, 2.0, 3.0) ------------------------------------------------ */
 
 /* Reads little-endian, C-order float32 ('<f4'), float64 ('<f8', converted), float16 ('<f2',
- * converted exactly), bool ('|b1') or uint8 ('|u1') arrays. Fortran order, big-endian, other dtypes, object arrays: UNSUPPORTED,
- * with a message saying what was found. Limit: the data must match the file's remaining length
- * exactly (FORMAT otherwise); header at most 1 MiB. */
+ * converted exactly), bfloat16 ('<V2' or '|V2': how numpy saves ml_dtypes.bfloat16; exactly),
+ * int64 / int32 ('<i8', '<i4'), bool ('|b1') or uint8 ('|u1') arrays. Fortran order, big-endian,
+ * other dtypes, object arrays: UNSUPPORTED, with a message saying what was found. Limit: the data
+ * must match the file's remaining length exactly (FORMAT otherwise); header at most 1 MiB. */
 CLATTN_IO_API clattn_io_status clattn_npy_read(const char *path, clattn_array *out, char *msg,
                                                size_t msg_size);
 

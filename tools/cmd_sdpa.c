@@ -2,6 +2,7 @@
  * Attention operator and of torch.nn.functional.scaled_dot_product_attention). */
 #include "cli.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,57 +11,99 @@
 
 static const char sdpa_usage[] =
     "usage: clattn sdpa --q Q.npy --k K.npy --v V.npy [--q-heads H] [--kv-heads H]\n"
-    "                   [--attn-mask M.npy] [--causal] [--causal-align "
+    "                   [--attn-mask M.npy] [--past-key PK.npy --past-value PV.npy]\n"
+    "                   [--nonpad-kv-seqlen N.npy] [--causal] [--causal-align "
     "onnx|top-left|bottom-right]\n"
-    "                   [--softcap C] [--scale S] [--norm softmax|relu]\n"
+    "                   [--window LEFT,RIGHT] [--softcap C] [--scale S] [--norm softmax|relu]\n"
+    "                   [--present-key-out PK.npy --present-value-out PV.npy]\n"
+    "                   [--qk-output-mode 0|1|2|3 --qk-out S.npy] [--softmax-precision 1]\n"
     "                   [--path auto|fused|unfused] [--out Y.npy] [--device SPEC]\n"
     "\n"
     "Attention with no projections, as ONNX's Attention operator computes it:\n"
     "  Y = softmax(cap(scale * Q Kᵀ) + mask) V,  cap(s) = C tanh(s / C) with --softcap C.\n"
-    "Inputs (float32, float64 or float16 .npy), all of rank 4 or all of rank 3:\n"
+    "Inputs (float32, float64, float16 or bfloat16 .npy), all of rank 4 or all of rank 3:\n"
     "  rank 4: Q (B, Hq, Lq, d), K (B, Hkv, Lk, d), V (B, Hkv, Lk, dv);\n"
     "  rank 3: Q (B, Lq, Hq * d), K (B, Lk, Hkv * d), V (B, Lk, Hkv * dv) with --q-heads Hq and\n"
     "          --kv-heads Hkv (default Hq).\n"
     "Grouped-query attention: Hkv divides Hq; query head h attends with K/V head h / (Hq / Hkv).\n"
-    "--attn-mask: bool (True = attend, as ONNX) or float (added to the scores), of rank 2..4,\n"
+    "--attn-mask: bool (True = attend, as ONNX) or float (added to the scores), of rank 1..4,\n"
     "  broadcast (right-aligned, dims of 1) to (B, Hq, Lq, Lk); a last dim shorter than Lk is\n"
     "  padded as masked (ONNX's rule). A row with every key masked gives zeros.\n"
-    "--causal: query i attends to key j only if j <= i + offset; --causal-align onnx (default)\n"
-    "  and top-left: offset 0 (ONNX's rule without a KV cache); bottom-right: offset Lk - Lq\n"
-    "  (the queries are the last rows of the sequence, PyTorch's causal_lower_right).\n"
+    "--past-key/--past-value (B, Hkv, P, d) / (B, Hkv, P, dv): a KV cache; attention runs over\n"
+    "  the P past keys then the new ones, and --present-key-out/--present-value-out write them\n"
+    "  (B, Hkv, P + Lk, d).\n"
+    "--nonpad-kv-seqlen (B) int64: batch b has keys 0 .. N[b] - 1 (a static cache's fill).\n"
+    "--causal: query i attends to key j only if j <= i + offset; --causal-align onnx (default,\n"
+    "  ONNX's rule): offset P with --past-key, else N[b] - Lq with --nonpad-kv-seqlen, else 0;\n"
+    "  top-left: 0; bottom-right: the batch's keys - Lq (the queries are the last rows of the\n"
+    "  sequence, PyTorch's causal_lower_right).\n"
+    "--window LEFT,RIGHT: query i attends to keys p - LEFT .. p + RIGHT, p = i + the offset\n"
+    "  above; -1 leaves a side unbounded (ONNX's left_window_size, right_window_size).\n"
     "--scale: default 1/sqrt(d). --norm relu: relu(s) / sum (instead of softmax).\n"
     "--path: auto (fused, never forming the Lq x Lk scores), fused or unfused.\n"
     "Output: Y with Q's rank, (B, Hq, Lq, dv) or (B, Lq, Hq * dv), written to --out as float32,\n"
-    "or printed when small. Not supported yet (ONNX Attention): past/present key and value,\n"
-    "nonpad_kv_seqlen, the score outputs, double-precision softmax.\n"
+    "or printed when small.\n"
+    "--qk-out S.npy (B, Hq, Lq, P + Lk), unfused path: the scores by --qk-output-mode (ONNX's\n"
+    "  qk_matmul_output_mode): 0 scale * Q Kᵀ, 1 after soft-capping, 2 after the masks too\n"
+    "  (-inf where a key is dropped), 3 the softmax probabilities.\n"
+    "--softmax-precision: ONNX's type code; 1 (float) is clattn's own; 11 (double), 10 and 16\n"
+    "  (16-bit) are not supported yet.\n"
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
 typedef struct sdpa_options {
     const char *device, *q, *k, *v, *mask, *out;
+    const char *past_k, *past_v, *present_k, *present_v, *nonpad, *qk_out;
+    int qk_mode; /* --qk-output-mode, 0 .. 3 */
+    bool qk_mode_given;
     size_t q_heads, kv_heads; /* 0: not given */
-    bool causal, bottom_right;
+    bool causal, align_given, window;
+    clattn_causal align; /* TOP_LEFT, BOTTOM_RIGHT or ONNX */
+    long long window_left, window_right;
     float scale, softcap; /* scale NAN: the default */
     clattn_norm norm;
     clattn_path path;
 } sdpa_options;
 
+enum {
+    M_Q,
+    M_K,
+    M_V,
+    M_MASK,
+    M_OUT,
+    M_PAST_K,
+    M_PAST_V,
+    M_PRESENT_K,
+    M_PRESENT_V,
+    M_NONPAD,
+    M_SCORES,
+    M_COUNT
+};
+
 typedef struct sdpa_data {
-    clattn_array q, k, v, mask;
+    clattn_array q, k, v, mask, past_k, past_v, nonpad;
     float *mask_f32;    /* the mask as added floats, padded to Lk (float masks) */
     uint8_t *mask_keep; /* the mask as keep bytes, padded to Lk (bool masks) */
-    float *out;
-    cl_mem mem[5]; /* q, k, v, mask, out */
+    int32_t *counts;    /* nonpad_kv_seqlen as I32 */
+    float *out, *present_k, *present_v, *scores;
+    cl_mem mem[M_COUNT];
 } sdpa_data;
 
 static void sdpa_free(sdpa_data *d)
 {
-    for (int i = 0; i < 5; ++i)
+    for (int i = 0; i < M_COUNT; ++i)
         if (d->mem[i])
             clReleaseMemObject(d->mem[i]);
     clattn_array_free(&d->q);
     clattn_array_free(&d->k);
     clattn_array_free(&d->v);
     clattn_array_free(&d->mask);
+    clattn_array_free(&d->past_k);
+    clattn_array_free(&d->past_v);
+    clattn_array_free(&d->nonpad);
+    free(d->counts);
+    free(d->present_k);
+    free(d->present_v);
+    free(d->scores);
     free(d->mask_f32);
     free(d->mask_keep);
     free(d->out);
@@ -72,9 +115,18 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
     const struct {
         const char *option;
         const char **target;
-    } paths[] = {{"--q", &o->q},     {"--k", &o->k},
-                 {"--v", &o->v},     {"--attn-mask", &o->mask},
-                 {"--out", &o->out}, {"--device", &o->device}};
+    } paths[] = {{"--q", &o->q},
+                 {"--k", &o->k},
+                 {"--v", &o->v},
+                 {"--attn-mask", &o->mask},
+                 {"--out", &o->out},
+                 {"--device", &o->device},
+                 {"--past-key", &o->past_k},
+                 {"--past-value", &o->past_v},
+                 {"--present-key-out", &o->present_k},
+                 {"--present-value-out", &o->present_v},
+                 {"--nonpad-kv-seqlen", &o->nonpad},
+                 {"--qk-out", &o->qk_out}};
     while (cli_next(&args)) {
         bool matched = false;
         for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !matched; ++i) {
@@ -104,10 +156,13 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         } else if (cli_is(&args, "--causal-align")) {
             if (!(value = cli_value(&args)))
                 return CLI_BAD_INPUT;
-            if (strcmp(value, "onnx") == 0 || strcmp(value, "top-left") == 0)
-                o->bottom_right = false;
+            o->align_given = true;
+            if (strcmp(value, "onnx") == 0)
+                o->align = CLATTN_CAUSAL_ONNX;
+            else if (strcmp(value, "top-left") == 0)
+                o->align = CLATTN_CAUSAL_TOP_LEFT;
             else if (strcmp(value, "bottom-right") == 0)
-                o->bottom_right = true;
+                o->align = CLATTN_CAUSAL_BOTTOM_RIGHT;
             else
                 return cli_fail("sdpa", CLI_BAD_INPUT,
                                 "--causal-align: '%s' is not onnx, top-left or bottom-right",
@@ -121,6 +176,45 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
             if (!scale && !(o->softcap > 0.0f))
                 return cli_fail("sdpa", CLI_BAD_INPUT, "--softcap: %s is not a positive cap",
                                 value);
+        } else if (cli_is(&args, "--qk-output-mode") || cli_is(&args, "--softmax-precision")) {
+            const bool mode = cli_is(&args, "--qk-output-mode");
+            size_t number = 0;
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_size("sdpa", mode ? "--qk-output-mode" : "--softmax-precision", value, 0,
+                                &number))
+                return CLI_BAD_INPUT;
+            if (mode && number > 3)
+                return cli_fail("sdpa", CLI_BAD_INPUT, "--qk-output-mode: %s is not 0, 1, 2 or 3",
+                                value);
+            if (mode) {
+                o->qk_mode = (int)number;
+                o->qk_mode_given = true;
+            } else if (number != 1)
+                return cli_fail("sdpa", CLI_BAD_INPUT,
+                                "--softmax-precision %s: clattn's softmax runs in float (1); %s "
+                                "is not supported yet",
+                                value,
+                                number == 11   ? "double (11)"
+                                : number == 10 ? "float16 (10)"
+                                : number == 16 ? "bfloat16 (16)"
+                                               : "that type");
+        } else if (cli_is(&args, "--window")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            char *end = NULL;
+            errno = 0;
+            const long long left = strtoll(value, &end, 10);
+            const bool comma = end != value && *end == ',';
+            const char *second = comma ? end + 1 : end;
+            const long long right = comma ? strtoll(second, &end, 10) : 0;
+            if (!comma || end == second || *end != '\0' || errno != 0 || left < -1 || right < -1)
+                return cli_fail("sdpa", CLI_BAD_INPUT,
+                                "--window: '%s' is not LEFT,RIGHT (sizes >= 0, or -1 for "
+                                "unbounded)",
+                                value);
+            o->window = true;
+            o->window_left = left;
+            o->window_right = right;
         } else if (cli_is(&args, "--norm")) {
             if (!(value = cli_value(&args)))
                 return CLI_BAD_INPUT;
@@ -149,8 +243,18 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
     }
     if (!o->q || !o->k || !o->v)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--q, --k and --v are required (see --help)");
-    if (o->bottom_right && !o->causal)
-        return cli_fail("sdpa", CLI_BAD_INPUT, "--causal-align needs --causal");
+    if (o->align_given && !o->causal && !o->window)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "--causal-align needs --causal or --window");
+    if (!o->past_k != !o->past_v)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "--past-key and --past-value go together");
+    if (!o->present_k != !o->present_v)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--present-key-out and --present-value-out go together");
+    if (o->qk_mode_given && !o->qk_out)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "--qk-output-mode needs --qk-out");
+    if (o->past_k && o->nonpad)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--nonpad-kv-seqlen cannot be combined with --past-key (ONNX's rule)");
     return CLI_OK;
 }
 
@@ -159,9 +263,12 @@ static int load(const char *path, clattn_array *out, bool mask)
     char msg[1024];
     if (clattn_npy_read(path, out, msg, sizeof msg) != CLATTN_IO_OK)
         return cli_fail("sdpa", CLI_BAD_INPUT, "%s", msg);
-    if (!mask && out->source != CLATTN_IO_F32)
+    if (!mask && (out->source == CLATTN_IO_BOOL || out->source == CLATTN_IO_INT))
         return cli_fail("sdpa", CLI_BAD_INPUT,
-                        "%s: a bool/uint8 array; expected float32, float64 or float16", path);
+                        "%s: a %s array; expected float32, float64, float16 or bfloat16", path,
+                        out->source == CLATTN_IO_INT ? "integer" : "bool/uint8");
+    if (mask && out->source == CLATTN_IO_INT)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s: an integer mask; expected bool or float", path);
     return CLI_OK;
 }
 
@@ -224,9 +331,9 @@ static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4
 {
     char text[128];
     const clattn_array *m = &d->mask;
-    if (m->ndim < 2 || m->ndim > 4)
+    if (m->ndim < 1 || m->ndim > 4)
         return cli_fail("sdpa", CLI_BAD_INPUT,
-                        "%s: the mask has shape %s; expected rank 2..4 broadcasting to "
+                        "%s: the mask has shape %s; expected rank 1..4 broadcasting to "
                         "(%zu, %zu, %zu, %zu)",
                         o->mask, shape_text(m, text, sizeof text), full[0], full[1], full[2],
                         full[3]);
@@ -290,8 +397,18 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     int rc;
     char a[128], b[128];
     if ((rc = load(o->q, &d->q, false)) || (rc = load(o->k, &d->k, false)) ||
-        (rc = load(o->v, &d->v, false)) || (o->mask && (rc = load(o->mask, &d->mask, true))))
+        (rc = load(o->v, &d->v, false)) || (o->mask && (rc = load(o->mask, &d->mask, true))) ||
+        (o->past_k && (rc = load(o->past_k, &d->past_k, false))) ||
+        (o->past_v && (rc = load(o->past_v, &d->past_v, false))))
         return rc;
+    if (o->nonpad) {
+        char msg[1024];
+        if (clattn_npy_read(o->nonpad, &d->nonpad, msg, sizeof msg) != CLATTN_IO_OK)
+            return cli_fail("sdpa", CLI_BAD_INPUT, "%s", msg);
+        if (d->nonpad.source != CLATTN_IO_INT)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "%s: nonpad_kv_seqlen must be an int64 or int32 array", o->nonpad);
+    }
     if (d->q.ndim != d->k.ndim || d->q.ndim != d->v.ndim)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "q %s, k %s and v %s must all be rank 4 or all rank 3",
@@ -318,8 +435,42 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
                         "k/v have %zu heads, which must divide q's %zu (grouped-query "
                         "attention)",
                         k.dims[1], q.dims[1]);
-    const size_t batch = q.dims[0], heads = q.dims[1], seq_q = q.dims[2], seq_k = k.dims[2];
-    const size_t dv = v.dims[3];
+    const size_t batch = q.dims[0], heads = q.dims[1], seq_q = q.dims[2], new_k = k.dims[2];
+    const size_t dv = v.dims[3], kv_heads = k.dims[1], dk = k.dims[3];
+    size_t past = 0;
+    if (o->past_k) {
+        const clattn_array *pk = &d->past_k, *pv = &d->past_v;
+        if (pk->ndim != 4 || pv->ndim != 4 || pk->shape[0] != batch || pk->shape[1] != kv_heads ||
+            pk->shape[3] != dk || pv->shape[0] != batch || pv->shape[1] != kv_heads ||
+            pv->shape[2] != pk->shape[2] || pv->shape[3] != dv || pk->shape[2] == 0)
+            return cli_fail(
+                "sdpa", CLI_BAD_INPUT,
+                "past key %s and value %s: expected (B, Hkv, P, d) = (%zu, %zu, P, %zu) "
+                "and (%zu, %zu, P, %zu), P >= 1",
+                shape_text(pk, a, sizeof a), shape_text(pv, b, sizeof b), batch, kv_heads, dk,
+                batch, kv_heads, dv);
+        past = pk->shape[2];
+        if (past > UINT32_MAX - new_k)
+            return cli_fail("sdpa", CLI_BAD_INPUT, "past + new keys exceed 2^32 - 1");
+    }
+    const size_t seq_k = past + new_k; /* the keys attended */
+    if (o->nonpad) {
+        if (d->nonpad.ndim != 1 || d->nonpad.shape[0] != batch)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "%s: nonpad_kv_seqlen has shape %s; expected (%zu,)", o->nonpad,
+                            shape_text(&d->nonpad, a, sizeof a), batch);
+        d->counts = malloc(batch * sizeof *d->counts);
+        if (d->counts == NULL)
+            return cli_fail("sdpa", CLI_FAILED, "out of memory");
+        for (size_t i = 0; i < batch; ++i) {
+            const float n = d->nonpad.data[i];
+            if (!(n >= 0.0f && n <= (float)seq_k))
+                return cli_fail("sdpa", CLI_BAD_INPUT,
+                                "%s: nonpad_kv_seqlen[%zu] = %g is not in 0 .. %zu (the keys)",
+                                o->nonpad, i, (double)n, seq_k);
+            d->counts[i] = (int32_t)n;
+        }
+    }
     const bool rank3 = d->q.ndim == 3;
     sdpa_view out = {{batch, heads, seq_q, dv}, {heads * seq_q * dv, seq_q * dv, dv, 1}};
     if (rank3) {
@@ -335,9 +486,13 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     desc.softcap = o->softcap;
     desc.norm = o->norm;
     desc.path = o->path;
-    desc.causal = !o->causal        ? CLATTN_CAUSAL_NONE
-                  : o->bottom_right ? CLATTN_CAUSAL_BOTTOM_RIGHT
-                                    : CLATTN_CAUSAL_TOP_LEFT;
+    const clattn_causal align = o->align_given ? o->align : CLATTN_CAUSAL_ONNX;
+    desc.causal = o->causal ? align : CLATTN_CAUSAL_NONE;
+    if (o->window) {
+        desc.window_align = align;
+        desc.window_left = o->window_left;
+        desc.window_right = o->window_right;
+    }
     clattn_tensors *t = &desc.tensors;
     clattn_tensor *roles[4] = {&t->q, &t->k, &t->v, &t->out};
     const sdpa_view *views[4] = {&q, &k, &v, &out};
@@ -353,6 +508,33 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         if ((rc = prepare_mask(o, d, full, &t->attn_mask)))
             return rc;
     }
+    const size_t pk_count = batch * kv_heads * seq_k * dk, pv_count = batch * kv_heads * seq_k * dv;
+    if (o->past_k) {
+        t->past_k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, past, dk);
+        t->past_v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, past, dv);
+    }
+    if (o->past_k || o->present_k) {
+        t->present_k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, seq_k, dk);
+        t->present_v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, seq_k, dv);
+        d->present_k = malloc(pk_count * sizeof(float));
+        d->present_v = malloc(pv_count * sizeof(float));
+        if (d->present_k == NULL || d->present_v == NULL)
+            return cli_fail("sdpa", CLI_FAILED, "out of memory for the present key and value");
+    }
+    if (o->nonpad)
+        t->kv_seqlen = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, batch, 0, 0, 0);
+    size_t scores_count = 0;
+    if (o->qk_out) {
+        if (seq_k > SIZE_MAX / batch / heads / seq_q / sizeof(float))
+            return cli_fail("sdpa", CLI_BAD_INPUT, "the scores are too large");
+        scores_count = batch * heads * seq_q * seq_k;
+        clattn_tensor *target = o->qk_mode == 3 ? &t->weights : &t->scores;
+        *target = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, heads, seq_q, seq_k);
+        desc.scores_mode = o->qk_mode == 3 ? CLATTN_SCORES_SCALED : (clattn_scores)o->qk_mode;
+        d->scores = malloc(scores_count * sizeof(float));
+        if (d->scores == NULL)
+            return cli_fail("sdpa", CLI_FAILED, "out of memory for the scores");
+    }
     d->out = malloc(out_count * sizeof(float));
     if (d->out == NULL)
         return cli_fail("sdpa", CLI_FAILED, "out of memory for the output");
@@ -366,26 +548,61 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     if (status == CLATTN_SUCCESS) {
         const size_t mask_count =
             o->mask ? d->mask.count / d->mask.shape[d->mask.ndim - 1] * seq_k : 0;
-        d->mem[0] = upload(ctx, d->q.data, d->q.count * sizeof(float), CL_MEM_READ_ONLY, &err);
+        d->mem[M_Q] = upload(ctx, d->q.data, d->q.count * sizeof(float), CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS)
-            d->mem[1] = upload(ctx, d->k.data, d->k.count * sizeof(float), CL_MEM_READ_ONLY, &err);
+            d->mem[M_K] =
+                upload(ctx, d->k.data, d->k.count * sizeof(float), CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS)
-            d->mem[2] = upload(ctx, d->v.data, d->v.count * sizeof(float), CL_MEM_READ_ONLY, &err);
+            d->mem[M_V] =
+                upload(ctx, d->v.data, d->v.count * sizeof(float), CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS && o->mask)
-            d->mem[3] = d->mask_keep ? upload(ctx, d->mask_keep, mask_count, CL_MEM_READ_ONLY, &err)
-                                     : upload(ctx, d->mask_f32, mask_count * sizeof(float),
-                                              CL_MEM_READ_ONLY, &err);
+            d->mem[M_MASK] =
+                d->mask_keep
+                    ? upload(ctx, d->mask_keep, mask_count, CL_MEM_READ_ONLY, &err)
+                    : upload(ctx, d->mask_f32, mask_count * sizeof(float), CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS)
-            d->mem[4] = upload(ctx, NULL, out_count * sizeof(float), CL_MEM_WRITE_ONLY, &err);
+            d->mem[M_OUT] = upload(ctx, NULL, out_count * sizeof(float), CL_MEM_WRITE_ONLY, &err);
+        if (err == CL_SUCCESS && o->past_k)
+            d->mem[M_PAST_K] = upload(ctx, d->past_k.data, d->past_k.count * sizeof(float),
+                                      CL_MEM_READ_ONLY, &err);
+        if (err == CL_SUCCESS && o->past_k)
+            d->mem[M_PAST_V] = upload(ctx, d->past_v.data, d->past_v.count * sizeof(float),
+                                      CL_MEM_READ_ONLY, &err);
+        if (err == CL_SUCCESS && d->present_k)
+            d->mem[M_PRESENT_K] =
+                upload(ctx, NULL, pk_count * sizeof(float), CL_MEM_READ_WRITE, &err);
+        if (err == CL_SUCCESS && d->present_k)
+            d->mem[M_PRESENT_V] =
+                upload(ctx, NULL, pv_count * sizeof(float), CL_MEM_READ_WRITE, &err);
+        if (err == CL_SUCCESS && o->qk_out)
+            d->mem[M_SCORES] =
+                upload(ctx, NULL, scores_count * sizeof(float), CL_MEM_READ_WRITE, &err);
+        if (err == CL_SUCCESS && o->nonpad)
+            d->mem[M_NONPAD] =
+                upload(ctx, d->counts, batch * sizeof(int32_t), CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS) {
             clattn_tensors bound = desc.tensors;
-            bound.q.mem = d->mem[0], bound.k.mem = d->mem[1], bound.v.mem = d->mem[2];
-            bound.attn_mask.mem = d->mem[3], bound.out.mem = d->mem[4];
+            bound.q.mem = d->mem[M_Q], bound.k.mem = d->mem[M_K], bound.v.mem = d->mem[M_V];
+            bound.attn_mask.mem = d->mem[M_MASK], bound.out.mem = d->mem[M_OUT];
+            bound.past_k.mem = d->mem[M_PAST_K], bound.past_v.mem = d->mem[M_PAST_V];
+            bound.present_k.mem = d->mem[M_PRESENT_K], bound.present_v.mem = d->mem[M_PRESENT_V];
+            bound.kv_seqlen.mem = d->mem[M_NONPAD];
+            bound.scores.mem = o->qk_out && o->qk_mode != 3 ? d->mem[M_SCORES] : NULL;
+            bound.weights.mem = o->qk_out && o->qk_mode == 3 ? d->mem[M_SCORES] : NULL;
             status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
         }
         if (err == CL_SUCCESS && status == CLATTN_SUCCESS)
-            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[4], CL_TRUE, 0,
+            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_OUT], CL_TRUE, 0,
                                       out_count * sizeof(float), d->out, 0, NULL, NULL);
+        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && o->qk_out)
+            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_SCORES], CL_TRUE, 0,
+                                      scores_count * sizeof(float), d->scores, 0, NULL, NULL);
+        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && d->present_k)
+            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_PRESENT_K], CL_TRUE, 0,
+                                      pk_count * sizeof(float), d->present_k, 0, NULL, NULL);
+        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && d->present_k)
+            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_PRESENT_V], CL_TRUE, 0,
+                                      pv_count * sizeof(float), d->present_v, 0, NULL, NULL);
     }
     if (status != CLATTN_SUCCESS) {
         const bool input_error = status == CLATTN_ERR_INVALID_ARGUMENT ||
@@ -397,12 +614,20 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         rc = cli_fail("sdpa", CLI_FAILED, "OpenCL error %d moving the data", (int)err);
     }
     clattn_plan_release(plan);
-    for (int i = 0; i < 5; ++i)
+    for (int i = 0; i < M_COUNT; ++i)
         if (d->mem[i])
             clReleaseMemObject(d->mem[i]);
     memset(d->mem, 0, sizeof d->mem);
     clattn_ctx_release(ctx);
     if (rc != CLI_OK)
+        return rc;
+    const size_t present_k_shape[4] = {batch, kv_heads, seq_k, dk};
+    const size_t present_v_shape[4] = {batch, kv_heads, seq_k, dv};
+    if (o->present_k && ((rc = write_npy(o->present_k, d->present_k, 4, present_k_shape)) ||
+                         (rc = write_npy(o->present_v, d->present_v, 4, present_v_shape))))
+        return rc;
+    const size_t scores_shape[4] = {batch, heads, seq_q, seq_k};
+    if (o->qk_out && (rc = write_npy(o->qk_out, d->scores, 4, scores_shape)))
         return rc;
 
     const size_t shape4[4] = {batch, heads, seq_q, dv}, shape3[3] = {batch, seq_q, heads * dv};
