@@ -3,8 +3,8 @@
 # .ci/run) runs after installing the packages. From the repository root:
 #
 #   tests/all_lanes.sh [--full] [LANE...]
-#         lanes: pocl asan fuzz rusticl oclgrind mutants (default: pocl asan fuzz rusticl oclgrind;
-#         with --full, all six)
+#         lanes: pocl asan fuzz rusticl oclgrind onnx mutants (default: pocl asan fuzz rusticl
+#         oclgrind onnx; with --full, all seven)
 #
 # Two tiers. The default is the CI tier, sized to stay near 45 minutes on the 2-core CI machine
 # (the times are in README); --full runs every lane at full scale (about 2.5 hours there).
@@ -28,6 +28,10 @@
 #             CI tier: the canary and the attention, mha and flash suites, which between them run
 #             every GPU kernel (tiled matmul, softmax rows, head split/concat, half storage, the
 #             fused kernel); --full adds the softmax, matmul, plan and runtime suites
+#   onnx      ONNX's own Attention node tests (93, from the pinned onnx package in a virtual
+#             environment, build/venv-onnx: needs python3-venv and PyPI) through `clattn sdpa`
+#             on both paths, on PoCL and under Oclgrind (tests/onnx/run.sh); the same in both
+#             tiers
 #   mutants   every mutant of tests/mutants/mutants.txt must be killed (tests/mutants/run.sh);
 #             --full only (about 15 minutes: each mutant reruns the suites that should kill it)
 #
@@ -44,7 +48,7 @@ if [ "${1:-}" = --full ]; then
 fi
 lanes=("$@")
 if [ ${#lanes[@]} -eq 0 ]; then
-    lanes=(pocl asan fuzz rusticl oclgrind)
+    lanes=(pocl asan fuzz rusticl oclgrind onnx)
     [ "$full" -eq 1 ] && lanes+=(mutants)
 fi
 echo "all_lanes: $([ "$full" -eq 1 ] && echo full || echo CI) tier: ${lanes[*]}"
@@ -114,6 +118,7 @@ lane_oclgrind() {
         ensure_build && tests/oclgrind_lane.sh build attention mha flash
     fi
 }
+lane_onnx() { ensure_build && POCL_CACHE_DIR="$cache" tests/onnx/run.sh build; }
 lane_mutants() { ensure_build && tests/mutants/run.sh build; }
 
 names=() results=() times=()
@@ -121,7 +126,7 @@ failed=0
 total_start=$(date +%s)
 for lane in "${lanes[@]}"; do
     if ! declare -F "lane_$lane" >/dev/null; then
-        echo "all_lanes: unknown lane '$lane' (pocl asan fuzz rusticl oclgrind mutants)" >&2
+        echo "all_lanes: unknown lane '$lane' (pocl asan fuzz rusticl oclgrind onnx mutants)" >&2
         exit 2
     fi
     echo
