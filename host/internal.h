@@ -46,6 +46,7 @@ typedef struct clattn_device_info {
     cl_ulong global_mem_size;
     cl_uint compute_units;
     cl_uint preferred_float_width;
+    bool has_fp64; /* CL_DEVICE_DOUBLE_FP_CONFIG != 0 (cl_khr_fp64) */
 } clattn_device_info;
 
 /* Kernel parameters: the default row computed from the device's limits, then the rows of the

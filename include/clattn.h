@@ -359,6 +359,10 @@ typedef struct clattn_sdpa_desc {
     clattn_causal window_align;
     long long window_left, window_right;
     clattn_scores scores_mode; /* what tensors.scores receives, when it is given */
+    /* 1: the normalisation runs in double precision (ONNX's softmax_precision = DOUBLE): the
+     * unfused path only (AUTO takes it; FUSED is refused), on devices with cl_khr_fp64
+     * (CLATTN_ERR_UNSUPPORTED elsewhere). 0: float. */
+    int softmax_f64;
 } clattn_sdpa_desc;
 
 typedef enum clattn_weight_layout {

@@ -479,7 +479,7 @@ START_TEST(test_sdpa_cache_command)
         {"--q Q --k K --v V --window 1,-2", "--window"},
         {"--q Q --k K --v V --qk-output-mode 2", "--qk-out"},
         {"--q Q --k K --v V --qk-output-mode 4 --qk-out S", "--qk-output-mode"},
-        {"--q Q --k K --v V --softmax-precision 11", "double"},
+        {"--q Q --k K --v V --softmax-precision 10", "float16"},
         {"--q Q --k K --v V --qk-out S --path fused", "scores"},
         {"--q Q --k AK --v AV --nonpad-kv-seqlen N --present-key-out PK", "go together"},
     };

@@ -344,6 +344,62 @@ START_TEST(test_scores_output)
 }
 END_TEST
 
+/* The normalisation in double (softmax_f64, ONNX's softmax_precision = DOUBLE) on the key-rule
+ * cases: AUTO takes the unfused path; out, weights and present against the float64 reference.
+ * Devices without doubles refuse it (CLATTN_ERR_UNSUPPORTED), which is checked instead. */
+START_TEST(test_softmax_f64)
+{
+    TU_BEGIN_TEST();
+    const rule_case *c = &rule_cases[_i];
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = c->batch, spec.heads = c->heads, spec.kv_heads = c->kv_heads;
+    spec.seq_q = c->seq_q, spec.seq_k = c->seq_k, spec.dk = c->dk, spec.dv = c->dv;
+    spec.causal = c->causal, spec.kv_len = c->kv_len, spec.past = c->past;
+    spec.window_align = c->window_align, spec.window_left = c->left, spec.window_right = c->right;
+    spec.mask = c->mask ? PB_MASK_FLOAT : PB_MASK_NONE;
+    spec.padding = c->padding;
+    spec.norm = c->relu ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
+    spec.softcap = c->softcap;
+    spec.softmax_f64 = 1;
+    spec.want_weights = _i % 2;
+    spec.q_gain = 3.0f;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("softmax_f64: %s", p.label);
+    cl_device_fp_config fp64 = 0;
+    const int has_fp64 = clGetDeviceInfo(clattn_ctx_device(tu_ctx()), CL_DEVICE_DOUBLE_FP_CONFIG,
+                                         sizeof fp64, &fp64, NULL) == CL_SUCCESS &&
+                         fp64 != 0;
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    clattn_plan *plan = NULL;
+    const clattn_status status = clattn_sdpa_plan_create(tu_ctx(), &desc, &plan);
+    if (!has_fp64) {
+        tu_expect_status(status, CLATTN_ERR_UNSUPPORTED, "softmax_f64 without cl_khr_fp64");
+    } else if (tu_expect_status(status, CLATTN_SUCCESS, "create")) {
+        tu_expect(!clattn_plan_is_fused(plan), "AUTO with softmax_f64 is fused");
+        clattn_tensors bound;
+        if (pb_sdpa_upload(tu_ctx(), &p, &bound) == CL_SUCCESS) {
+            if (tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+                                 CLATTN_SUCCESS, "execute"))
+                pb_sdpa_check(tu_ctx(), NULL, &p, &bound);
+            pb_release_tensors(&bound);
+        }
+    }
+    clattn_plan_release(plan);
+    desc.path = CLATTN_PATH_FUSED;
+    desc.tensors.weights.rank = 0;
+    plan = NULL;
+    tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &desc, &plan),
+                     has_fp64 ? CLATTN_ERR_INVALID_ARGUMENT : CLATTN_ERR_INVALID_ARGUMENT,
+                     "FUSED with softmax_f64");
+    clattn_plan_release(plan);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 /* Sizes for the CPU kernel (flash_cpu.cl: 6-row blocks, 8 blocks a group, 64-key tiles, V
  * rows padded to 16 floats), run with the default tuning rows: rows and keys 1 short of, at
  * and 1 past the block and tile edges, Lq != Lk both ways, head sizes that are not multiples
@@ -839,6 +895,7 @@ int main(void)
         tcase_add_unchecked_fixture(tc, NULL, release_kv_ctxs);
     }
     tcase_add_loop_test(tc, test_key_rules, 0, (int)(sizeof rule_cases / sizeof rule_cases[0]));
+    tcase_add_loop_test(tc, test_softmax_f64, 0, (int)(sizeof rule_cases / sizeof rule_cases[0]));
     tcase_add_loop_test(tc, test_scores_output, 0,
                         (int)(3 * (sizeof rule_cases / sizeof rule_cases[0])));
     tcase_add_test(tc, test_path_errors);

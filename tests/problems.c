@@ -743,7 +743,7 @@ int pb_sdpa_expect_fused(const pb_sdpa_spec *spec)
     if (spec->path == CLATTN_PATH_UNFUSED) {
         return 0;
     }
-    return !spec->want_weights && spec->dk <= 256 && spec->dv <= 256;
+    return !spec->want_weights && !spec->softmax_f64 && spec->dk <= 256 && spec->dv <= 256;
 }
 
 static const char *causal_name(clattn_causal causal)
@@ -1044,6 +1044,7 @@ void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
     desc->norm = p->spec.norm;
     desc->path = p->spec.path;
     desc->softcap = p->spec.softcap;
+    desc->softmax_f64 = p->spec.softmax_f64;
     desc->window_align = p->spec.window_align;
     desc->window_left = p->spec.window_left;
     desc->window_right = p->spec.window_right;

@@ -166,6 +166,7 @@ typedef struct pb_sdpa_spec {
     size_t past;
     clattn_causal window_align;
     long long window_left, window_right;
+    int softmax_f64; /* the normalisation in double (unfused only) */
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u

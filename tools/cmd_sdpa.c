@@ -46,8 +46,8 @@ static const char sdpa_usage[] =
     "--qk-out S.npy (B, Hq, Lq, P + Lk), unfused path: the scores by --qk-output-mode (ONNX's\n"
     "  qk_matmul_output_mode): 0 scale * Q Kᵀ, 1 after soft-capping, 2 after the masks too\n"
     "  (-inf where a key is dropped), 3 the softmax probabilities.\n"
-    "--softmax-precision: ONNX's type code; 1 (float) is clattn's own; 11 (double), 10 and 16\n"
-    "  (16-bit) are not supported yet.\n"
+    "--softmax-precision: ONNX's type code: 1 (float, the default) or 11 (double: the unfused\n"
+    "  path, on devices with cl_khr_fp64); 10 and 16 (16-bit) are not supported.\n"
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
 typedef struct sdpa_options {
@@ -55,6 +55,7 @@ typedef struct sdpa_options {
     const char *past_k, *past_v, *present_k, *present_v, *nonpad, *qk_out;
     int qk_mode; /* --qk-output-mode, 0 .. 3 */
     bool qk_mode_given;
+    bool softmax_f64;         /* --softmax-precision 11 */
     size_t q_heads, kv_heads; /* 0: not given */
     bool causal, align_given, window;
     clattn_causal align; /* TOP_LEFT, BOTTOM_RIGHT or ONNX */
@@ -189,15 +190,17 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
             if (mode) {
                 o->qk_mode = (int)number;
                 o->qk_mode_given = true;
-            } else if (number != 1)
+            } else if (number == 11) {
+                o->softmax_f64 = true;
+            } else if (number != 1) {
                 return cli_fail("sdpa", CLI_BAD_INPUT,
-                                "--softmax-precision %s: clattn's softmax runs in float (1); %s "
-                                "is not supported yet",
+                                "--softmax-precision %s: clattn normalises in float (1) or "
+                                "double (11); %s is not supported",
                                 value,
-                                number == 11   ? "double (11)"
-                                : number == 10 ? "float16 (10)"
+                                number == 10   ? "float16 (10)"
                                 : number == 16 ? "bfloat16 (16)"
                                                : "that type");
+            }
         } else if (cli_is(&args, "--window")) {
             if (!(value = cli_value(&args)))
                 return CLI_BAD_INPUT;
@@ -486,6 +489,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     desc.softcap = o->softcap;
     desc.norm = o->norm;
     desc.path = o->path;
+    desc.softmax_f64 = o->softmax_f64;
     const clattn_causal align = o->align_given ? o->align : CLATTN_CAUSAL_ONNX;
     desc.causal = o->causal ? align : CLATTN_CAUSAL_NONE;
     if (o->window) {

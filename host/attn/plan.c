@@ -266,7 +266,7 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
     const bool supported = clattn__flash_supports(head_dim_qk, head_dim_v);
     switch (path) {
     case CLATTN_PATH_AUTO:
-        a->fused = !want_weights && !score->want_scores && supported;
+        a->fused = !want_weights && !score->want_scores && !score->softmax_f64 && supported;
         break;
     case CLATTN_PATH_UNFUSED:
         a->fused = false;
@@ -281,6 +281,11 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                                 "%s: path=FUSED cannot return the scores (the fused kernel never "
                                 "stores them): use AUTO or UNFUSED",
+                                op);
+        if (score->softmax_f64)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: path=FUSED normalises in float; softmax_f64 runs on the "
+                                "unfused path: use AUTO or UNFUSED",
                                 op);
         if (!supported)
             return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,

@@ -168,6 +168,12 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
         score.want_scores = true;
         score.scores_mode = (int)desc->scores_mode;
     }
+    if (desc->softmax_f64 != 0 && desc->softmax_f64 != 1) {
+        status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                              "%s: softmax_f64=%d: 0 (float) or 1 (double)", op, desc->softmax_f64);
+        goto done;
+    }
+    score.softmax_f64 = desc->softmax_f64 == 1;
     if ((status = clattn__plan_score(plan, desc->scale, desc->norm, dk, &score)) ||
         (status = clattn__plan_masks(plan, batch, heads, seq_q, total_k, &score)) ||
         (status = clattn__plan_band(plan, desc->causal, desc->window_align, desc->window_left,

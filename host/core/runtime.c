@@ -177,6 +177,13 @@ static clattn_status query_device(clattn_ctx *ctx)
              clGetDeviceInfo(ctx->device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof info->compute_units,
                              &info->compute_units, NULL),
              "clGetDeviceInfo(CL_DEVICE_MAX_COMPUTE_UNITS)");
+    {
+        /* Not CL_CHECKed: a device without doubles may refuse the query instead of 0. */
+        cl_device_fp_config fp64 = 0;
+        info->has_fp64 = clGetDeviceInfo(ctx->device, CL_DEVICE_DOUBLE_FP_CONFIG, sizeof fp64,
+                                         &fp64, NULL) == CL_SUCCESS &&
+                         fp64 != 0;
+    }
     info->name[sizeof info->name - 1] = '\0';
     info->vendor[sizeof info->vendor - 1] = '\0';
     for (int d = 0; d < 3; ++d)

@@ -76,6 +76,7 @@ typedef struct clattn__score_shape {
     bool band_diag_kv;
     long long band_upper, band_lower; /* < 0: that side unbounded (causal: upper 0) */
     bool want_scores; /* unfused: score_copy writes the scores before normalisation */
+    bool softmax_f64; /* unfused: normalise in double (softmax_rows_f64; cl_khr_fp64) */
     int scores_mode;  /* 0 scale * q.k, 1 capped, 2 the score rule's s (clattn_scores) */
     bool has_mask;
     clattn_dtype mask_dtype; /* F32, F16, BF16 (added) or U8 (boolean keep) */

@@ -5,6 +5,21 @@
 #include <stdio.h>
 #include <string.h>
 
+/* score_copy (the scores output) from the program of `extra`. */
+static clattn_status prepare_copy(clattn_ctx *ctx, const clattn__score_shape *score,
+                                  clattn__softmax_plan *plan, const char *extra)
+{
+    static const char op[] = "score_copy";
+    /* score_copy: the same program; groups of up to 64 work-items. */
+    size_t elements = 0;
+    if (!clattn__mul(plan->rows, score->seq_k, &elements))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the scores overflow size_t", op);
+    plan->copy_local = ctx->info.max_work_group_size < 64 ? ctx->info.max_work_group_size : 64;
+    if (!clattn__round_up(elements, plan->copy_local, &plan->copy_global))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the scores overflow size_t", op);
+    return clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, "score_copy", extra, &plan->copy);
+}
+
 clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape *score,
                                       clattn__softmax_plan *plan)
 {
@@ -20,6 +35,24 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
     const int mask_dtype = score->has_mask ? (int)score->mask_dtype : 0;
     /* One variant per mask dtype (none shares F32's); the rest are kernel arguments. */
     char extra[96];
+    if (score->softmax_f64) {
+        if (!ctx->info.has_fp64)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: softmax_f64: the device has no double precision "
+                                "(cl_khr_fp64); normalise in float instead",
+                                op);
+        plan->local = ctx->tuning.softmax_wg;
+        if (!clattn__mul(plan->rows, plan->local, &plan->global))
+            return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu rows overflow size_t", op,
+                                plan->rows);
+        snprintf(extra, sizeof extra, "-DSOFTMAX_WG=%u -DMASK_DTYPE=%d -DSOFTMAX_F64=1",
+                 ctx->tuning.softmax_wg, mask_dtype);
+        clattn_status status = clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, "softmax_rows_f64",
+                                                      extra, &plan->kernel);
+        if (status != CLATTN_SUCCESS || !score->want_scores)
+            return status;
+        return prepare_copy(ctx, score, plan, extra);
+    }
     if (ctx->tuning.softmax_rows > 0) {
         /* A work-item per row: smaller groups while there are too few of them to keep two
          * threads per compute unit busy (each group size is its own build). */
@@ -46,14 +79,7 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
         clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, op, extra, &plan->kernel);
     if (status != CLATTN_SUCCESS || !score->want_scores)
         return status;
-    /* score_copy: the same program; groups of up to 64 work-items. */
-    size_t elements = 0;
-    if (!clattn__mul(plan->rows, score->seq_k, &elements))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the scores overflow size_t", op);
-    plan->copy_local = ctx->info.max_work_group_size < 64 ? ctx->info.max_work_group_size : 64;
-    if (!clattn__round_up(elements, plan->copy_local, &plan->copy_global))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the scores overflow size_t", op);
-    return clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, "score_copy", extra, &plan->copy);
+    return prepare_copy(ctx, score, plan, extra);
 }
 
 clattn_status clattn__score_copy_enqueue(clattn_ctx *ctx, const clattn__softmax_plan *plan,
