@@ -66,6 +66,7 @@ typedef struct clattn_tuning {
     unsigned softmax_rows; /* 0: a work-group per softmax row; N: a work-item per row, N rows
                             * per group, float16 vectors (CPUs) */
     unsigned heads_wg;
+    unsigned decode_keys; /* fused decode splits: keys per split at least (0: never split) */
     unsigned flash_rows; /* query rows (work-items) per fused work-group, upper bound */
     unsigned flash_vw;   /* vector width along a row in the fused kernel (1, 4, 8), upper bound */
     unsigned flash_cpu;    /* 1: the fused kernel for CPUs (flash_cpu.cl), 0: flash.cl */

@@ -131,9 +131,10 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
                      const int has_key_padding,
                      const uint heads, const uint seq_q, const uint seq_k, const float scale,
                      const int norm_relu,
-                     const ulong bh_base, const uint key_begin, const uint key_stop,
+                     const ulong bh_base, const uint part_begin, const uint part_stop,
                      const int resume,
-                     const uint kv_group, const float softcap, BAND_ARGS)
+                     const uint kv_group, const float softcap, BAND_ARGS,
+                     const uint split_keys, const ulong o_split, const ulong lse_split)
 {
     __local float k_tile[BLOCK_K][HEAD_DIM_QK];
     __local float v_tile[BLOCK_K][HEAD_DIM_V];
@@ -148,12 +149,18 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
     /* h as bh - b * heads, not bh % heads: a division and remainder of the same operands
      * become an LLVM `freeze`, which Oclgrind's --uninitialized checker cannot run. */
     const ulong b = bh / heads, h = bh - b * heads;
+    /* Decode splits (split_keys > 0): dimension 2 numbers the split; each takes its own
+     * split_keys keys of the part and writes its own partial output and log-sum-exp, o_split
+     * and lse_split elements on, which flash_merge (heads.cl) combines. */
+    const uint split = get_global_id(2);
+    const uint key_begin = split_keys ? part_begin + split * split_keys : part_begin;
+    const uint key_stop = split_keys ? min(part_stop, key_begin + split_keys) : part_stop;
 
     Q += q_offset + b * q_s0 + h * q_s1 + safe_row * q_s2;
     K += k_offset + b * k_s0 + (h / kv_group) * k_s1; /* grouped-query: a shared head */
     V += v_offset + b * v_s0 + (h / kv_group) * v_s1;
-    __global ELEM_T(O_DTYPE) *out = O + o_offset + b * o_s0 + h * o_s1 + safe_row * o_s2;
-    const ulong lse_index = lse_offset + b * lse_s0 + h * lse_s1 + safe_row * lse_s2;
+    __global ELEM_T(O_DTYPE) *out = O + o_offset + split * o_split + b * o_s0 + h * o_s1 + safe_row * o_s2;
+    const ulong lse_index = lse_offset + split * lse_split + b * lse_s0 + h * lse_s1 + safe_row * lse_s2;
     if (has_mask)
         mask += mask_offset + b * mask_s0 + h * mask_s1 + safe_row * mask_s2;
     if (has_key_padding)

@@ -180,9 +180,10 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
                const ulong mask_s3, __global const uchar *key_padding,
                const ulong key_padding_offset, const ulong key_padding_s0,
                const ulong key_padding_s1, const uint heads, const uint seq_q, const uint seq_k,
-               const float scale, const ulong bh_base, const uint key_begin,
-               const uint key_stop, const int resume,
-               const uint kv_group, const float softcap, BAND_ARGS)
+               const float scale, const ulong bh_base, const uint part_begin,
+               const uint part_stop, const int resume,
+               const uint kv_group, const float softcap, BAND_ARGS,
+                     const uint split_keys, const ulong o_split, const ulong lse_split)
 {
     __local float qs[FC_ROWS][HEAD_DIM_QK]; /* the group's q rows, times scale */
     __local float acc[FC_ROWS][FC_DVP];     /* unnormalised output rows */
@@ -195,14 +196,20 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
     const uint first_row = get_group_id(0) * FC_ROWS;
     const ulong bh = bh_base + get_global_id(1);
     const ulong b = bh / heads, h = bh - b * heads;
+    /* Decode splits (split_keys > 0): dimension 2 numbers the split; each takes its own
+     * split_keys keys of the part and writes its own partial output and log-sum-exp, o_split
+     * and lse_split elements on, which flash_merge (heads.cl) combines. */
+    const uint split = get_global_id(2);
+    const uint key_begin = split_keys ? part_begin + split * split_keys : part_begin;
+    const uint key_stop = split_keys ? min(part_stop, key_begin + split_keys) : part_stop;
     Q += q_offset + b * q_s0 + h * q_s1;
     K += k_offset + b * k_s0 + (h / kv_group) * k_s1; /* grouped-query: a shared head */
     V += v_offset + b * v_s0 + (h / kv_group) * v_s1;
 #if FC_KPAD
     key_padding += key_padding_offset + b * key_padding_s0;
 #endif
-    O += o_offset + b * o_s0 + h * o_s1;
-    lse += lse_offset + b * lse_s0 + h * lse_s1;
+    O += o_offset + split * o_split + b * o_s0 + h * o_s1;
+    lse += lse_offset + split * lse_split + b * lse_s0 + h * lse_s1;
 #if FC_MASK
     mask += mask_offset + b * mask_s0 + h * mask_s1;
 #endif

@@ -62,3 +62,56 @@ void copy4d(__global const ELEM_T(SRC_DTYPE) *src, const ulong src_offset, const
         LOAD(SRC_DTYPE, src, src_offset + i0 * src_s0 + i1 * src_s1 + i2 * src_s2 + i3 * src_s3);
     STORE(DST_DTYPE, value, dst, dst_offset + i0 * dst_s0 + i1 * dst_s1 + i2 * dst_s2 + i3 * dst_s3);
 }
+
+/*
+ * flash_merge: the fused kernel's decode splits combined by their log-sum-exp (each split
+ * attended its own keys of the row and left a normalised partial output o_p and its lse_p):
+ *   m = max_p lse_p,  w_p = exp(lse_p - m),  out = sum_p w_p o_p / sum_p w_p,
+ *   lse = m + log(sum_p w_p)
+ * (relu's lse is the log of the split's normaliser: the same formula). A split with no key
+ * left (lse_p = -inf) weighs 0; a row with none at all gives zeros and -inf. o_parts
+ * (splits, rows, dv) and lse_parts (splits, rows) are packed float32, rows numbered
+ * (b, h, i). One work-item per (row, d); the d = 0 ones write lse when has_lse.
+ */
+#ifndef O_DTYPE
+#define O_DTYPE 0
+#endif
+
+__kernel __attribute__((reqd_work_group_size(HEADS_WG, 1, 1)))
+void flash_merge(__global const float *o_parts, __global const float *lse_parts,
+                 const uint splits, const ulong rows, const uint dv,
+                 __global ELEM_T(O_DTYPE) *O, const ulong o_offset, const ulong o_s0,
+                 const ulong o_s1, const ulong o_s2, const ulong o_s3,
+                 __global float *lse, const ulong lse_offset, const ulong lse_s0,
+                 const ulong lse_s1, const ulong lse_s2, const int has_lse,
+                 const uint heads, const uint seq_q, const ulong o_parts_at,
+                 const ulong lse_parts_at)
+{
+    o_parts += o_parts_at; /* element offsets of the parts in the scratch buffer */
+    lse_parts += lse_parts_at;
+    const ulong index = get_global_id(0);
+    if (index >= rows * dv)
+        return;
+    /* Remainders as x - (x / y) * y (see softmax.cl: no LLVM `freeze` for Oclgrind). */
+    const ulong row = index / dv;
+    const uint d = (uint)(index - row * dv);
+    const ulong bh = row / seq_q;
+    const ulong i = row - bh * seq_q;
+    const ulong b = bh / heads, h = bh - b * heads;
+    float m = NEG_INF;
+    for (uint p = 0; p < splits; ++p)
+        m = fmax(m, lse_parts[p * rows + row]);
+    float total = 0.0f, sum = 0.0f;
+    if (m != NEG_INF) {
+        for (uint p = 0; p < splits; ++p) {
+            const float w = exp(lse_parts[p * rows + row] - m); /* 0 for a split with no key */
+            total += w;
+            sum += w * o_parts[(p * rows + row) * dv + d];
+        }
+    }
+    STORE(O_DTYPE, total > 0.0f ? sum / total : 0.0f, O,
+          o_offset + b * o_s0 + h * o_s1 + i * o_s2 + d * o_s3);
+    if (has_lse && d == 0)
+        lse[lse_offset + b * lse_s0 + h * lse_s1 + i * lse_s2] =
+            total > 0.0f ? m + log(total) : NEG_INF;
+}

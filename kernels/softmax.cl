@@ -356,44 +356,31 @@ __kernel void score_copy(__global const float *raw, const ulong raw_offset, cons
  * softmax_rows_f64: softmax_rows with the normalisation in double precision (ONNX Attention's
  * softmax_precision = DOUBLE): each score s (float, the score rule as softmax_rows) is widened
  * to double, and the row's max, exp, sum and quotient run in double; the weights are rounded
- * to float once, at the end. A work-group of SOFTMAX_WG work-items per row. Built only with
- * -DSOFTMAX_F64=1, on devices with cl_khr_fp64 (the host checks).
+ * to float once, at the end. One work-item per row, no local memory and no barriers (PoCL 3.1
+ * computed wrong sums, and with 128 work-items or more wrote outside its memory, in a
+ * work-group reduction of doubles over local memory that Oclgrind ran clean); work-items past
+ * the last row leave. Built only with -DSOFTMAX_F64=1, on devices with cl_khr_fp64.
  */
 #if SOFTMAX_F64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 
-inline double wg_reduce_f64(__local double *scratch, double value, uint lid, int is_max)
+__kernel void softmax_rows_f64(__global const float *raw, const ulong raw_offset,
+                               const ulong raw_s0, const ulong raw_s1, const ulong raw_s2,
+                               __global float *out, const ulong out_offset, const ulong out_s0,
+                               const ulong out_s1, const ulong out_s2,
+                               __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_offset,
+                               const ulong mask_s0, const ulong mask_s1, const ulong mask_s2,
+                               const ulong mask_s3, const int has_mask,
+                               __global const uchar *key_padding,
+                               const ulong key_padding_offset, const ulong key_padding_s0,
+                               const ulong key_padding_s1, const int has_key_padding,
+                               const uint heads, const uint seq_q, const uint seq_k,
+                               const float scale, const int norm_relu, const ulong rows,
+                               const float softcap, BAND_ARGS)
 {
-    scratch[lid] = value;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint span = SOFTMAX_WG / 2; span > 0; span /= 2) {
-        if (lid < span)
-            scratch[lid] = is_max ? fmax(scratch[lid], scratch[lid + span])
-                                  : scratch[lid] + scratch[lid + span];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const double result = scratch[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return result;
-}
-
-__kernel __attribute__((reqd_work_group_size(SOFTMAX_WG, 1, 1)))
-void softmax_rows_f64(__global const float *raw, const ulong raw_offset, const ulong raw_s0,
-                      const ulong raw_s1, const ulong raw_s2,
-                      __global float *out, const ulong out_offset, const ulong out_s0,
-                      const ulong out_s1, const ulong out_s2,
-                      __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_offset,
-                      const ulong mask_s0, const ulong mask_s1, const ulong mask_s2,
-                      const ulong mask_s3, const int has_mask,
-                      __global const uchar *key_padding, const ulong key_padding_offset,
-                      const ulong key_padding_s0, const ulong key_padding_s1,
-                      const int has_key_padding,
-                      const uint heads, const uint seq_q, const uint seq_k, const float scale,
-                      const int norm_relu, const ulong rows, const float softcap, BAND_ARGS)
-{
-    __local double scratch[SOFTMAX_WG];
-    const uint lid = get_local_id(0);
-    const ulong row = get_group_id(0); /* the grid holds exactly `rows` groups */
+    const ulong row = get_global_id(0);
+    if (row >= rows)
+        return;
     const ulong bh = row / seq_q;
     const uint i = (uint)(row - bh * seq_q);
     const ulong b = bh / heads, h = bh - b * heads;
@@ -409,24 +396,21 @@ void softmax_rows_f64(__global const float *raw, const ulong raw_offset, const u
     ((double)row_score(raw, (c), scale, softcap, key_begin, key_end, has_mask, mask, mask_s3,    \
                        has_key_padding, key_padding, key_padding_s1))
     if (norm_relu) {
-        double partial = 0.0;
-        for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
-            partial += fmax(SCORE64(c), 0.0);
-        const double total = wg_reduce_f64(scratch, partial, lid, 0);
-        for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
+        double total = 0.0;
+        for (uint c = 0; c < seq_k; ++c)
+            total += fmax(SCORE64(c), 0.0);
+        for (uint c = 0; c < seq_k; ++c)
             out[c] = total > 0.0 ? (float)(fmax(SCORE64(c), 0.0) / total) : 0.0f;
         return;
     }
-    double partial_max = -INFINITY;
-    for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
-        partial_max = fmax(partial_max, SCORE64(c));
-    const double row_max = wg_reduce_f64(scratch, partial_max, lid, 1);
+    double row_max = -INFINITY;
+    for (uint c = 0; c < seq_k; ++c)
+        row_max = fmax(row_max, SCORE64(c));
     const double shift = row_max == -INFINITY ? 0.0 : row_max;
-    double partial_sum = 0.0;
-    for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
-        partial_sum += exp(SCORE64(c) - shift);
-    const double total = wg_reduce_f64(scratch, partial_sum, lid, 0);
-    for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
+    double total = 0.0;
+    for (uint c = 0; c < seq_k; ++c)
+        total += exp(SCORE64(c) - shift);
+    for (uint c = 0; c < seq_k; ++c)
         out[c] = total > 0.0 ? (float)(exp(SCORE64(c) - shift) / total) : 0.0f;
 #undef SCORE64
 }

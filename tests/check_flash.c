@@ -400,6 +400,88 @@ START_TEST(test_softmax_f64)
 }
 END_TEST
 
+/* Decode splits: a few query rows against many keys, on a context whose tuning row splits at
+ * 16 keys (decode_keys=16), so the fused kernel's work-groups each take a slice of the keys
+ * and flash_merge combines them by log-sum-exp; against the float64 reference, with the
+ * key rules, masks, relu, a 16-bit output and the lse. The plan's workspace (the partial
+ * results) shows that it split. */
+typedef struct decode_case {
+    size_t batch, heads, kv_heads, seq_q, seq_k, dk, dv;
+    clattn_causal causal;
+    int kv_len, mask, relu, lse;
+    clattn_causal window_align;
+    long long left, right;
+    clattn_dtype out_dtype;
+} decode_case;
+
+static const decode_case decode_cases[] = {
+    {1, 1, 0, 1, 1000, 64, 64, CLATTN_CAUSAL_NONE, 0, 0, 0, 1, CLATTN_CAUSAL_NONE, 0, 0, 0},
+    {1, 1, 0, 3, 129, 17, 5, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0, 1, CLATTN_CAUSAL_BOTTOM_RIGHT, 40,
+     -1, CLATTN_DTYPE_F16},
+    {1, 2, 1, 1, 517, 128, 128, CLATTN_CAUSAL_ONNX, 1, 0, 0, 0, CLATTN_CAUSAL_NONE, 0, 0, 0},
+    {1, 1, 0, 2, 300, 8, 8, CLATTN_CAUSAL_NONE, 0, 1, 1, 1, CLATTN_CAUSAL_TOP_LEFT, 3, 250,
+     CLATTN_DTYPE_BF16},
+    {2, 1, 0, 1, 200, 3, 3, CLATTN_CAUSAL_BOTTOM_RIGHT, 1, 0, 0, 1, CLATTN_CAUSAL_NONE, 0, 0, 0},
+};
+
+static clattn_ctx *decode_ctx;
+
+static void release_decode_ctx(void)
+{
+    clattn_ctx_release(decode_ctx);
+    decode_ctx = NULL;
+}
+
+START_TEST(test_decode_splits)
+{
+    TU_BEGIN_TEST();
+    const decode_case *c = &decode_cases[_i];
+    if (decode_ctx == NULL)
+        decode_ctx = ctx_with_row("any | * | * | decode_keys=16");
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = c->batch, spec.heads = c->heads, spec.kv_heads = c->kv_heads;
+    spec.seq_q = c->seq_q, spec.seq_k = c->seq_k, spec.dk = c->dk, spec.dv = c->dv;
+    spec.causal = c->causal, spec.kv_len = c->kv_len;
+    spec.window_align = c->window_align, spec.window_left = c->left, spec.window_right = c->right;
+    spec.mask = c->mask ? PB_MASK_FLOAT : PB_MASK_NONE;
+    spec.norm = c->relu ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
+    spec.out_dtype = c->out_dtype;
+    spec.want_lse = c->lse;
+    spec.path = CLATTN_PATH_FUSED;
+    spec.q_gain = 3.0f;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("decode splits: %s", p.label);
+    if (decode_ctx != NULL) {
+        clattn_sdpa_desc desc;
+        pb_sdpa_desc(&p, &desc);
+        clattn_plan *plan = NULL;
+        if (tu_expect_status(clattn_sdpa_plan_create(decode_ctx, &desc, &plan), CLATTN_SUCCESS,
+                             "create")) {
+            tu_expect(clattn_plan_is_fused(plan) && clattn_plan_workspace_size(plan) > 0,
+                      "the decode plan did not split its keys (workspace %zu bytes)",
+                      clattn_plan_workspace_size(plan));
+            clattn_tensors bound;
+            if (pb_sdpa_upload(decode_ctx, &p, &bound) == CL_SUCCESS) {
+                for (int run = 0; run < 2; ++run) { /* twice: the scratch is reused */
+                    if (run == 1)
+                        pb_sdpa_poison(decode_ctx, NULL, &bound);
+                    if (tu_expect_status(
+                            clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+                            CLATTN_SUCCESS, "execute"))
+                        pb_sdpa_check(decode_ctx, NULL, &p, &bound);
+                }
+                pb_release_tensors(&bound);
+            }
+        }
+        clattn_plan_release(plan);
+    }
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 /* Sizes for the CPU kernel (flash_cpu.cl: 6-row blocks, 8 blocks a group, 64-key tiles, V
  * rows padded to 16 floats), run with the default tuning rows: rows and keys 1 short of, at
  * and 1 past the block and tile edges, Lq != Lk both ways, head sizes that are not multiples
@@ -895,6 +977,9 @@ int main(void)
         tcase_add_unchecked_fixture(tc, NULL, release_kv_ctxs);
     }
     tcase_add_loop_test(tc, test_key_rules, 0, (int)(sizeof rule_cases / sizeof rule_cases[0]));
+    tcase_add_loop_test(tc, test_decode_splits, 0,
+                        (int)(sizeof decode_cases / sizeof decode_cases[0]));
+    tcase_add_unchecked_fixture(tc, NULL, release_decode_ctx);
     tcase_add_loop_test(tc, test_softmax_f64, 0, (int)(sizeof rule_cases / sizeof rule_cases[0]));
     tcase_add_loop_test(tc, test_scores_output, 0,
                         (int)(3 * (sizeof rule_cases / sizeof rule_cases[0])));

@@ -19,14 +19,12 @@ typedef struct tuning_key {
 
 #define KEY(field) {#field, offsetof(clattn_tuning, field)}
 static const tuning_key tuning_keys[] = {
-    KEY(matmul_vec), KEY(vec_rm),     KEY(vec_width),  KEY(vec_wg),
-    KEY(transpose_wg), KEY(tile_m),   KEY(tile_n),     KEY(tile_k),
-    KEY(wpt_m),      KEY(wpt_n),      KEY(softmax_wg), KEY(heads_wg),
-    KEY(flash_rows), KEY(flash_vw),   KEY(loop_trip_limit), KEY(softmax_rows),
-    KEY(flash_cpu),  KEY(flash_cpu_rb), KEY(flash_cpu_nb), KEY(flash_gpu),
-    KEY(fg_bq),      KEY(fg_bk),      KEY(fg_tx),      KEY(fg_ty),
-    KEY(vec_nv),     KEY(vec_rb),     KEY(vec_kc),     KEY(vec_stream),
-    KEY(flash_cpu_kv),
+    KEY(matmul_vec),   KEY(vec_rm),    KEY(vec_width),    KEY(vec_wg),       KEY(transpose_wg),
+    KEY(tile_m),       KEY(tile_n),    KEY(tile_k),       KEY(wpt_m),        KEY(wpt_n),
+    KEY(softmax_wg),   KEY(heads_wg),  KEY(flash_rows),   KEY(flash_vw),     KEY(loop_trip_limit),
+    KEY(softmax_rows), KEY(flash_cpu), KEY(flash_cpu_rb), KEY(flash_cpu_nb), KEY(flash_gpu),
+    KEY(fg_bq),        KEY(fg_bk),     KEY(fg_tx),        KEY(fg_ty),        KEY(vec_nv),
+    KEY(vec_rb),       KEY(vec_kc),    KEY(vec_stream),   KEY(flash_cpu_kv), KEY(decode_keys),
 };
 #undef KEY
 
@@ -95,6 +93,8 @@ static clattn_status default_row(clattn_ctx *ctx, clattn_tuning *t)
     t->softmax_wg = pow2_at_most(wide, 256);
     t->softmax_rows = 0;
     t->heads_wg = pow2_at_most(wide, 256);
+    /* Decode splits of at least 256 keys: past that a split's tiles outweigh the merge. */
+    t->decode_keys = 256;
     t->flash_rows = pow2_at_most(wide, 64);
     t->flash_vw = 1;
     t->flash_cpu = 0;

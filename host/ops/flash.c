@@ -117,6 +117,7 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     if (status != CLATTN_SUCCESS)
         return status;
     plan->cpu = true;
+    plan->key_tile = FC_KT;
     plan->block_q = rb * nb;
     plan->part_keys = part_tiles >= tiles ? score->seq_k : part_tiles * FC_KT;
     size_t lse_floats = 0;
@@ -131,7 +132,7 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
 /* The kernel variant for the shape: BLOCK_K from the local memory the K and V tiles need,
  * BLOCK_Q from the work-group size, shrunk while the compiled kernel cannot run that many
  * work-items (register pressure at large head sizes). */
-clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
+static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *shape,
                                     clattn__flash_plan *plan)
 {
     static const char op[] = "flash_attention";
@@ -200,6 +201,7 @@ clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *
             return clattn__cl_fail(ctx, err, "clGetKernelWorkGroupInfo(flash_attention)");
         if (kernel_max >= rows) {
             plan->kernel = kernel;
+            plan->key_tile = block_k;
             plan->block_q = rows;
             plan->group_items = rows;
             break;
@@ -223,6 +225,113 @@ key_parts:
     return CLATTN_SUCCESS;
 }
 
+/* Decode splits: how many, where the fused kernel would leave the device idle (fewer row
+ * blocks x heads than twice its compute units) and the keys are many (tuning.decode_keys per
+ * split at least; 0: never). Whole key tiles per split, at most 64 splits. */
+static void choose_splits(const clattn_ctx *ctx, const clattn__flash_plan *plan, unsigned *splits,
+                          size_t *split_keys)
+{
+    const clattn__score_shape *score = &plan->shape.score;
+    *splits = 1;
+    *split_keys = 0;
+    const size_t min_keys = ctx->tuning.decode_keys;
+    if (min_keys == 0 || plan->part_keys < score->seq_k || plan->key_tile == 0)
+        return;
+    const size_t groups =
+        (score->seq_q + plan->block_q - 1) / plan->block_q * score->batch * score->heads;
+    const size_t target = 2 * (size_t)ctx->info.compute_units;
+    if (groups >= target || score->seq_k < 2 * min_keys)
+        return;
+    size_t want = (target + groups - 1) / groups;
+    const size_t most = score->seq_k / min_keys;
+    if (want > most)
+        want = most;
+    if (want > 64)
+        want = 64;
+    size_t keys = (score->seq_k + want - 1) / want;
+    keys = (keys + plan->key_tile - 1) / plan->key_tile * plan->key_tile;
+    const size_t count = (score->seq_k + keys - 1) / keys;
+    if (count < 2)
+        return;
+    *splits = (unsigned)count;
+    *split_keys = keys;
+}
+
+clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
+                                    clattn__flash_plan *plan)
+{
+    clattn_status status = prepare_kernel(ctx, shape, plan);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    plan->splits = 1;
+    unsigned splits = 1;
+    size_t split_keys = 0;
+    choose_splits(ctx, plan, &splits, &split_keys);
+    if (splits < 2)
+        return CLATTN_SUCCESS;
+    /* The splits write float32 partial outputs and their log-sum-exps: the kernel built for
+     * an F32 output (the same but for out's dtype), then flash_merge for the real one. */
+    clattn__flash_shape inner = *shape;
+    inner.out_dtype = CLATTN_DTYPE_F32;
+    inner.has_lse = true;
+    clattn__flash_plan split_plan;
+    if ((status = prepare_kernel(ctx, &inner, &split_plan)))
+        return status;
+    if (split_plan.part_keys < shape->score.seq_k || split_plan.key_tile != plan->key_tile)
+        return CLATTN_SUCCESS; /* another kernel for F32: keep the plan without splits */
+    const clattn__score_shape *score = &shape->score;
+    size_t rows = 0, floats = 0;
+    if (!clattn__product(&rows, 3, score->batch, score->heads, score->seq_q) ||
+        !clattn__product(&floats, 3, (size_t)splits, rows, shape->head_dim_v + 1))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                            "flash_attention: the decode splits' scratch overflows size_t");
+    plan->kernel = split_plan.kernel;
+    plan->splits = splits;
+    plan->split_keys = split_keys;
+    plan->scratch_floats = floats;
+    plan->merge_local = ctx->tuning.heads_wg;
+    if (!clattn__round_up(rows * shape->head_dim_v, plan->merge_local, &plan->merge_global))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "flash_merge: rows overflow size_t");
+    char extra[64];
+    snprintf(extra, sizeof extra, "-DHEADS_WG=%u -DO_DTYPE=%d", ctx->tuning.heads_wg,
+             (int)shape->out_dtype);
+    return clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, "flash_merge", extra, &plan->merge);
+}
+
+/* flash_merge over the decode splits in scratch: out and, when the plan has it, lse. */
+static clattn_status merge_splits(clattn_ctx *ctx, const clattn__flash_plan *plan,
+                                  clattn__scratch scratch, cl_ulong rows, const clattn__view *out,
+                                  const clattn__view *lse, clattn_chain *chain)
+{
+    const clattn__score_shape *score = &plan->shape.score;
+    const cl_uint splits = plan->splits, dv = (cl_uint)plan->shape.head_dim_v;
+    const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
+    const cl_ulong o_at = scratch.offset;
+    const cl_ulong lse_at = scratch.offset + (cl_ulong)splits * rows * dv;
+    const cl_ulong o_s[4] = {out->strides[0], out->strides[1], out->strides[2], out->strides[3]};
+    const cl_int has_lse = plan->shape.has_lse;
+    const cl_ulong lse_s[3] = {has_lse ? lse->strides[1] : 0, has_lse ? lse->strides[2] : 0,
+                               has_lse ? lse->strides[3] : 0};
+    const cl_mem lse_mem = has_lse ? lse->mem : out->mem;
+    const cl_ulong lse_offset = has_lse ? lse->offset : 0;
+    /* The parts as sub-buffers would need alignment; the kernel takes element offsets. */
+    const clattn_arg args[] = {
+        CLATTN_ARG(scratch.mem), CLATTN_ARG(scratch.mem), CLATTN_ARG(splits),
+        CLATTN_ARG(rows),        CLATTN_ARG(dv),          CLATTN_ARG(out->mem),
+        CLATTN_ARG(out->offset), CLATTN_ARG(o_s[0]),      CLATTN_ARG(o_s[1]),
+        CLATTN_ARG(o_s[2]),      CLATTN_ARG(o_s[3]),      CLATTN_ARG(lse_mem),
+        CLATTN_ARG(lse_offset),  CLATTN_ARG(lse_s[0]),    CLATTN_ARG(lse_s[1]),
+        CLATTN_ARG(lse_s[2]),    CLATTN_ARG(has_lse),     CLATTN_ARG(heads),
+        CLATTN_ARG(seq_q),       CLATTN_ARG(o_at),        CLATTN_ARG(lse_at),
+    };
+    cl_event step = NULL;
+    return clattn__step(chain,
+                        clattn__launch_kernel(ctx, plan->merge, "flash_merge", args,
+                                              sizeof args / sizeof args[0], 1, &plan->merge_global,
+                                              &plan->merge_local, CHAIN_WAIT(chain), &step),
+                        &step);
+}
+
 clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *plan,
                                     const clattn__view *q, const clattn__view *k,
                                     const clattn__view *v, const clattn__view *out,
@@ -232,11 +341,34 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
 {
     const clattn__score_shape *score = &plan->shape.score;
     const size_t parts = (score->seq_k + plan->part_keys - 1) / plan->part_keys;
+    const bool split = plan->splits > 1;
+    const cl_ulong rows = (cl_ulong)score->batch * score->heads * score->seq_q;
+    /* Decode splits: partial outputs (splits, B, H, Lq, dv) and lse (splits, B, H, Lq) packed
+     * float32 in scratch, for flash_merge. */
+    const cl_uint split_keys = (cl_uint)plan->split_keys;
+    const cl_ulong o_split = split ? rows * plan->shape.head_dim_v : 0;
+    const cl_ulong lse_split = split ? rows : 0;
+    const clattn__view *final_out = out;
+    clattn__view parts_out = *out;
+    if (split) {
+        const size_t dv = plan->shape.head_dim_v;
+        parts_out.mem = scratch.mem;
+        parts_out.offset = scratch.offset;
+        parts_out.dtype = CLATTN_DTYPE_F32;
+        parts_out.strides[0] = score->heads * score->seq_q * dv;
+        parts_out.strides[1] = score->seq_q * dv;
+        parts_out.strides[2] = dv;
+        parts_out.strides[3] = 1;
+        out = &parts_out;
+    }
     /* Without the caller's lse, several key parts keep theirs in scratch, packed (B, H, Lq). */
-    const bool own_lse = plan->shape.has_lse;
-    const cl_int has_lse = own_lse || parts > 1;
-    cl_mem lse_mem = own_lse ? lse->mem : parts > 1 ? scratch.mem : out->mem;
-    const cl_ulong lse_offset = own_lse ? lse->offset : parts > 1 ? scratch.offset : 0;
+    const bool own_lse = plan->shape.has_lse && !split;
+    const cl_int has_lse = own_lse || parts > 1 || split;
+    cl_mem lse_mem = own_lse ? lse->mem : parts > 1 || split ? scratch.mem : out->mem;
+    const cl_ulong lse_offset = own_lse     ? lse->offset
+                                : split     ? scratch.offset + (cl_ulong)plan->splits * o_split
+                                : parts > 1 ? scratch.offset
+                                            : 0;
     const cl_ulong lse_s0 = own_lse ? lse->strides[1] : score->heads * score->seq_q;
     const cl_ulong lse_s1 = own_lse ? lse->strides[2] : score->seq_q;
     const cl_ulong lse_s2 = own_lse ? lse->strides[3] : 1;
@@ -264,8 +396,9 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
      * diagonal edge and the normalisation compiled in (so not arguments); flash.cl and
      * flash_gpu.cl: group_items. */
     const size_t items = plan->cpu ? 1 : plan->group_items;
-    const size_t local[2] = {items, 1};
-    size_t global[2] = {((score->seq_q + plan->block_q - 1) / plan->block_q) * items, 1};
+    const size_t local[3] = {items, 1, 1};
+    size_t global[3] = {((score->seq_q + plan->block_q - 1) / plan->block_q) * items, 1,
+                        plan->splits};
     const char *name = plan->cpu ? "flash_cpu" : "flash_attention";
 
     clattn_status status = CLATTN_SUCCESS;
@@ -280,7 +413,7 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
             (cl_uint)(score->seq_k - key_begin < plan->part_keys ? score->seq_k
                                                                  : key_begin + plan->part_keys);
         const cl_int resume = key_begin > 0; /* a later part: from the one before */
-        clattn_arg args[72]; /* 61 on flash.cl and flash_gpu.cl, 58 on flash_cpu.cl */
+        clattn_arg args[72]; /* 64 on flash.cl and flash_gpu.cl, 61 on flash_cpu.cl */
         cl_uint n = 0;
 #define ADD(x) (args[n++] = CLATTN_ARG(x))
         ADD(q->mem), ADD(q->offset), ADD(q_s[0]), ADD(q_s[1]), ADD(q_s[2]), ADD(q_s[3]);
@@ -301,12 +434,19 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
         ADD(bh_base), ADD(key_begin), ADD(key_stop), ADD(resume), ADD(kv_group), ADD(softcap);
 #undef ADD
         clattn__band_add(&band, args, &n);
+        args[n++] = CLATTN_ARG(split_keys);
+        args[n++] = CLATTN_ARG(o_split);
+        args[n++] = CLATTN_ARG(lse_split);
         global[1] = bh_total - first < MAX_BH_PER_LAUNCH ? bh_total - first : MAX_BH_PER_LAUNCH;
         cl_event step = NULL;
         status = clattn__step(&chain,
-                              clattn__launch_kernel(ctx, plan->kernel, name, args, n, 2, global,
+                              clattn__launch_kernel(ctx, plan->kernel, name, args, n, 3, global,
                                                     local, CHAIN_WAIT(&chain), &step),
                               &step);
+    }
+    if (split && status == CLATTN_SUCCESS) {
+        /* flash_merge: the splits into out (and the caller's lse) */
+        status = merge_splits(ctx, plan, scratch, rows, final_out, lse, &chain);
     }
     clattn__chain_finish(&chain, status == CLATTN_SUCCESS ? event : NULL);
     return status;

@@ -79,6 +79,7 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
     if (kernel_max < (size_t)tx * ty)
         return CLATTN_SUCCESS; /* too many registers for this many work-items: flash.cl */
     plan->kernel = kernel;
+    plan->key_tile = bk;
     plan->block_q = bq;
     plan->group_items = tx * ty;
     const size_t part_keys = keys_per_launch(ctx, dk, dv, bq, bk, tx, ty);

@@ -180,7 +180,16 @@ typedef struct clattn__flash_plan {
     unsigned block_q;      /* query rows per work-group */
     unsigned group_items;  /* work-items per work-group (flash.cl, flash_gpu.cl) */
     size_t part_keys;      /* keys per launch (loop-limited devices), else seq_k */
-    size_t scratch_floats; /* (batch*heads*seq_q) when keys are split and no lse is wanted */
+    size_t scratch_floats; /* (batch*heads*seq_q) when keys are split and no lse is wanted;
+                            * decode splits: splits * (rows * dv + rows) */
+    unsigned key_tile;     /* keys per tile of the kernel: parts and splits are whole tiles */
+    /* Decode splits (few query rows against many keys, too few work-groups for the device):
+     * `splits` work-groups per row block attend split_keys keys each into scratch, partial
+     * outputs and log-sum-exps, which `merge` (heads.cl's flash_merge) combines. 1: none. */
+    unsigned splits;
+    size_t split_keys;
+    cl_kernel merge;
+    size_t merge_local, merge_global;
 } clattn__flash_plan;
 
 /* Whether the fused kernel takes these head sizes. */

@@ -41,8 +41,9 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
                                 "%s: softmax_f64: the device has no double precision "
                                 "(cl_khr_fp64); normalise in float instead",
                                 op);
-        plan->local = ctx->tuning.softmax_wg;
-        if (!clattn__mul(plan->rows, plan->local, &plan->global))
+        /* A work-item per row (softmax.cl says why), groups of up to 64. */
+        plan->local = ctx->info.max_work_group_size < 64 ? ctx->info.max_work_group_size : 64;
+        if (!clattn__round_up(plan->rows, plan->local, &plan->global))
             return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu rows overflow size_t", op,
                                 plan->rows);
         snprintf(extra, sizeof extra, "-DSOFTMAX_WG=%u -DMASK_DTYPE=%d -DSOFTMAX_F64=1",
