@@ -296,7 +296,9 @@ typedef enum clattn_causal {
  * masked row; with the relu normalisation, the log of the row's normaliser) are optional outputs.
  *   kv_seqlen (optional, I32, (batch)): the keys of batch b are 0 .. kv_seqlen[b] - 1 (ONNX's
  *   nonpad_kv_seqlen; a static KV cache's fill level), read on the device at execution, so a
- *   plan made for a cache's capacity serves every step; values are clamped to [0, seq_k].
+ *   plan made for a cache's capacity serves every step; values are clamped to [0, seq_k]. The
+ *   fused path never reads keys or values past the count; the unfused one multiplies those
+ *   values by zero weights, so they must be finite (clattn_kv_cache zero-fills its buffers).
  *   past_k (batch, kv_heads, P, head_dim_qk) and past_v (batch, kv_heads, P, head_dim_v)
  *   (optional, together; ONNX's past_key/past_value): the keys and values before k and v.
  *   present_k/present_v (batch, kv_heads, P + seq_k, ...) then receive past and new, written
@@ -426,6 +428,50 @@ CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_ten
                                              cl_command_queue queue, cl_mem workspace,
                                              cl_uint num_wait, const cl_event *wait,
                                              cl_event *event);
+
+/* ---------------------------------------------------------------------------------------------
+ * KV caches for decoding: keys and values of a fixed capacity in device buffers, appended to
+ * on the device (no reallocation while within capacity), with their fill level as a kv_seqlen
+ * tensor on the device. An SDPA plan made once from clattn_kv_cache_tensors (causal
+ * BOTTOM_RIGHT or ONNX: query i of the step sees keys up to length - seq_q + i) serves every
+ * step: the fused kernel skips the keys past the length, and with few query rows against many
+ * keys splits them over work-groups (decode splits). One fill level for every batch entry.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct clattn_kv_cache clattn_kv_cache;
+
+/* Zero-initialise and set struct_size = sizeof(clattn_kv_cache_desc) (clattn_kv_cache_desc_init
+ * does). dtype: storage of keys and values, F32, F16 or BF16 (0: F32). */
+typedef struct clattn_kv_cache_desc {
+    size_t struct_size;
+    size_t batch, kv_heads, capacity, head_dim_qk, head_dim_v;
+    clattn_dtype dtype;
+} clattn_kv_cache_desc;
+
+CLATTN_API void clattn_kv_cache_desc_init(clattn_kv_cache_desc *desc);
+/* Allocates (batch, kv_heads, capacity, head_dim) keys and values and the lengths on ctx's
+ * device; the cache starts empty. Keeps ctx: release caches before their context. */
+CLATTN_API clattn_status clattn_kv_cache_create(clattn_ctx *ctx, const clattn_kv_cache_desc *desc,
+                                                clattn_kv_cache **out);
+/* NULL is a no-op. */
+CLATTN_API void clattn_kv_cache_release(clattn_kv_cache *cache);
+/* Copies k (batch, kv_heads, n, head_dim_qk) and v (batch, kv_heads, n, head_dim_v), any float
+ * dtype and strides, after the cache's keys on the context's queue and advances the length by
+ * n (the device's copy too). More than capacity - length keys: CLATTN_ERR_INVALID_SHAPE, the
+ * cache unchanged. Asynchronous, as every device call. */
+CLATTN_API clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor *k,
+                                                const clattn_tensor *v, cl_uint num_wait,
+                                                const cl_event *wait, cl_event *event);
+/* Empties the cache (the length, on the host and the device). */
+CLATTN_API clattn_status clattn_kv_cache_reset(clattn_kv_cache *cache, cl_uint num_wait,
+                                               const cl_event *wait, cl_event *event);
+/* Keys filled so far (0 for NULL). */
+CLATTN_API size_t clattn_kv_cache_length(const clattn_kv_cache *cache);
+/* The cache as an SDPA plan's tensors (any may be NULL): k and v over the whole capacity
+ * (batch, kv_heads, capacity, head_dim) and kv_seqlen (batch), I32, the fill level. Valid as
+ * long as the cache. */
+CLATTN_API void clattn_kv_cache_tensors(const clattn_kv_cache *cache, clattn_tensor *k,
+                                        clattn_tensor *v, clattn_tensor *kv_seqlen);
 
 /* ---------------------------------------------------------------------------------------------
  * Host-pointer API: packed float32 arrays in and out; synchronous. Built on plans.

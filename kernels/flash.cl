@@ -200,22 +200,22 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
         if (k_s3 == 1 && v_s3 == 1) {
             for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
                 const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
-                k_tile[j][d] = k0 + j < seq_k ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d) : 0.0f;
+                k_tile[j][d] = k0 + j < band.limit ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d) : 0.0f;
             }
             for (uint e = lid; e < BLOCK_K * HEAD_DIM_V; e += BLOCK_Q) {
                 const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
-                v_tile[j][d] = k0 + j < seq_k ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d) : 0.0f;
+                v_tile[j][d] = k0 + j < band.limit ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d) : 0.0f;
             }
         } else {
             for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
                 const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
                 k_tile[j][d] =
-                    k0 + j < seq_k ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
+                    k0 + j < band.limit ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
             }
             for (uint e = lid; e < BLOCK_K * HEAD_DIM_V; e += BLOCK_Q) {
                 const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
                 v_tile[j][d] =
-                    k0 + j < seq_k ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d * v_s3) : 0.0f;
+                    k0 + j < band.limit ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d * v_s3) : 0.0f;
             }
         }
         for (uint j = lid; j < BLOCK_K; j += BLOCK_Q) {

@@ -244,9 +244,9 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
     const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 
     for (uint k0 = key_first; k0 < key_end; k0 += FC_KT) {
-        const bool edge = k0 + FC_KT > seq_k;        /* the last tile: keys past seq_k */
-        const bool kedge = k0 + FC_KT > band.limit; /* keys past the batch's key count */
-        /* Pack the tile: K transposed (d, key) and V rows as float, zeros past seq_k. */
+        /* a tile with keys past the batch's key count (or seq_k): never read, packed as 0 */
+        const bool edge = k0 + FC_KT > band.limit;
+        /* Pack the tile: K transposed (d, key) and V rows as float, zeros past the count. */
         if (!edge && k_s3 == 1) {
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
                 for (uint j = 0; j < FC_KT; ++j)
@@ -254,10 +254,10 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
         } else {
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
                 for (uint j = 0; j < FC_KT; ++j)
-                    kt[d][j] = k0 + j < seq_k ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
+                    kt[d][j] = k0 + j < band.limit ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
         }
         for (uint j = 0; j < FC_KT; ++j) {
-            const bool real = k0 + j < seq_k;
+            const bool real = k0 + j < band.limit;
             if (real && v_s3 == 1) {
                 for (uint d = 0; d < HEAD_DIM_V; ++d)
                     vt[j][d] = LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d);
@@ -373,7 +373,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
                 }
             }
 #else
-            if (FC_KPAD || kedge) { /* key_masked for padding and keys past the count: KB */
+            if (FC_KPAD || edge) { /* key_masked for padding and keys past the count: KB */
                 const float16 b_0 = vload16(0, kb), b_1 = vload16(1, kb);
                 const float16 b_2 = vload16(2, kb), b_3 = vload16(3, kb);
 #pragma unroll

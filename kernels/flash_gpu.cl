@@ -190,7 +190,7 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
         for (uint e = lid; e < FG_BK * HEAD_DIM_QK; e += FG_THREADS) {
             const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
             kv_tile[j * QK_PAD + d] =
-                k0 + j < seq_k ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
+                k0 + j < band.limit ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
         }
         for (uint j = lid; j < FG_BK; j += FG_THREADS) {
             const uint key = k0 + j;
@@ -269,7 +269,7 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
         for (uint e = lid; e < FG_BK * HEAD_DIM_V; e += FG_THREADS) {
             const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
             kv_tile[j * V_PAD + d] =
-                k0 + j < seq_k ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d * v_s3) : 0.0f;
+                k0 + j < band.limit ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d * v_s3) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 

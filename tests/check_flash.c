@@ -482,6 +482,171 @@ START_TEST(test_decode_splits)
 }
 END_TEST
 
+/* Generation with a KV cache: 64 steps of one token each (grouped heads, causal, soft-capping,
+ * a sliding window of 16 keys, smaller than the cache), through one SDPA plan made once from
+ * the cache's tensors (capacity, kv_seqlen), must match the full causal forward of the same
+ * sequence and the float64 reference; the cache then refuses a 65th key. Case 1 runs on the
+ * context that splits keys from 16 (decode_keys=16), one head: the decode splits at every
+ * length. Case 2 keeps the cache in F16 (compared with the F16-rounded reference). */
+START_TEST(test_generation)
+{
+    TU_BEGIN_TEST();
+    enum { STEPS = 64, D = 64, WINDOW = 16 };
+    const size_t batch = _i == 1 ? 1 : 2, heads = _i == 1 ? 1 : 8, kv_heads = _i == 1 ? 1 : 2;
+    const clattn_dtype cache_dtype = _i == 2 ? CLATTN_DTYPE_F16 : CLATTN_DTYPE_F32;
+    const float softcap = 3.0f;
+    tu_set_case("generation: B=%zu Hq=%zu Hkv=%zu steps=%d d=%d window=%d softcap=%g cache=%s",
+                batch, heads, kv_heads, STEPS, D, WINDOW, (double)softcap,
+                cache_dtype == CLATTN_DTYPE_F16 ? "F16" : "F32");
+    if (_i == 1 && decode_ctx == NULL)
+        decode_ctx = ctx_with_row("any | * | * | decode_keys=16");
+    clattn_ctx *ctx = _i == 1 ? decode_ctx : tu_ctx();
+    if (ctx == NULL) {
+        TU_END_TEST();
+        return;
+    }
+    const size_t q_count = batch * heads * STEPS * D, kv_count = batch * kv_heads * STEPS * D;
+    float *q = tu_random_floats(q_count), *k = tu_random_floats(kv_count);
+    float *v = tu_random_floats(kv_count);
+    for (size_t i = 0; i < q_count; ++i)
+        q[i] *= 3.0f;
+    cl_int err = CL_SUCCESS;
+    cl_context cl = clattn_ctx_cl_context(ctx);
+    cl_mem q_mem = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                  q_count * sizeof(float), q, &err);
+    cl_mem k_mem = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                  kv_count * sizeof(float), k, &err);
+    cl_mem v_mem = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                  kv_count * sizeof(float), v, &err);
+    float *nan = tu_nan_floats(q_count);
+    cl_mem full_mem = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                     q_count * sizeof(float), nan, &err);
+    cl_mem step_mem = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                     q_count * sizeof(float), nan, &err);
+    tu_expect(err == CL_SUCCESS, "clCreateBuffer: %d", (int)err);
+
+    /* The full forward: every position at once, causal (square: any alignment), the window. */
+    clattn_sdpa_desc full;
+    clattn_sdpa_desc_init(&full);
+    full.tensors.q = clattn_tensor_make(q_mem, 0, CLATTN_DTYPE_F32, 4, batch, heads, STEPS, D);
+    full.tensors.k = clattn_tensor_make(k_mem, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, STEPS, D);
+    full.tensors.v = clattn_tensor_make(v_mem, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, STEPS, D);
+    full.tensors.out = clattn_tensor_make(full_mem, 0, CLATTN_DTYPE_F32, 4, batch, heads, STEPS, D);
+    full.causal = CLATTN_CAUSAL_TOP_LEFT;
+    full.window_align = CLATTN_CAUSAL_TOP_LEFT;
+    full.window_left = WINDOW;
+    full.window_right = -1;
+    full.softcap = softcap;
+    clattn_plan *plan = NULL;
+    if (tu_expect_status(clattn_sdpa_plan_create(ctx, &full, &plan), CLATTN_SUCCESS, "full"))
+        tu_expect_status(clattn_plan_execute(plan, &full.tensors, NULL, NULL, 0, NULL, NULL),
+                         CLATTN_SUCCESS, "full forward");
+    clattn_plan_release(plan);
+    plan = NULL;
+
+    /* Decoding: one plan for one query row against the cache's capacity. */
+    clattn_kv_cache_desc cd;
+    clattn_kv_cache_desc_init(&cd);
+    cd.batch = batch, cd.kv_heads = kv_heads, cd.capacity = STEPS;
+    cd.head_dim_qk = D, cd.head_dim_v = D, cd.dtype = cache_dtype;
+    clattn_kv_cache *cache = NULL;
+    tu_expect_status(clattn_kv_cache_create(ctx, &cd, &cache), CLATTN_SUCCESS, "cache");
+    clattn_sdpa_desc dec;
+    clattn_sdpa_desc_init(&dec);
+    clattn_tensors *t = &dec.tensors;
+    /* row `step` of q and of the output: views of the (B, H, STEPS, D) buffers */
+    t->q = clattn_tensor_make(q_mem, 0, CLATTN_DTYPE_F32, 4, batch, heads, 1, D);
+    t->out = clattn_tensor_make(step_mem, 0, CLATTN_DTYPE_F32, 4, batch, heads, 1, D);
+    const size_t row_strides[4] = {heads * STEPS * D, STEPS * D, D, 1};
+    memcpy(t->q.strides, row_strides, sizeof row_strides);
+    memcpy(t->out.strides, row_strides, sizeof row_strides);
+    clattn_kv_cache_tensors(cache, &t->k, &t->v, &t->kv_seqlen);
+    dec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT; /* the new row is the last of the cache */
+    dec.window_align = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    dec.window_left = WINDOW;
+    dec.window_right = -1;
+    dec.softcap = softcap;
+    if (cache != NULL &&
+        tu_expect_status(clattn_sdpa_plan_create(ctx, &dec, &plan), CLATTN_SUCCESS, "decode")) {
+        const size_t kv_strides[4] = {kv_heads * STEPS * D, STEPS * D, D, 1};
+        for (size_t step = 0; step < STEPS; ++step) {
+            clattn_tensor k_new =
+                clattn_tensor_make(k_mem, step * D, CLATTN_DTYPE_F32, 4, batch, kv_heads, 1, D);
+            clattn_tensor v_new =
+                clattn_tensor_make(v_mem, step * D, CLATTN_DTYPE_F32, 4, batch, kv_heads, 1, D);
+            memcpy(k_new.strides, kv_strides, sizeof kv_strides);
+            memcpy(v_new.strides, kv_strides, sizeof kv_strides);
+            if (!tu_expect_status(clattn_kv_cache_append(cache, &k_new, &v_new, 0, NULL, NULL),
+                                  CLATTN_SUCCESS, "append"))
+                break;
+            clattn_tensors bound = dec.tensors;
+            bound.q.offset = step * D;
+            bound.out.offset = step * D;
+            if (!tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+                                  CLATTN_SUCCESS, "decode step"))
+                break;
+        }
+        tu_expect(clattn_kv_cache_length(cache) == STEPS, "the cache holds %zu keys, not %d",
+                  clattn_kv_cache_length(cache), STEPS);
+        /* Full: a 65th key is refused and changes nothing. */
+        clattn_tensor one =
+            clattn_tensor_make(k_mem, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, 1, D);
+        memcpy(one.strides, kv_strides, sizeof kv_strides);
+        const clattn_status over = clattn_kv_cache_append(cache, &one, &one, 0, NULL, NULL);
+        tu_expect(over == CLATTN_ERR_INVALID_SHAPE && strstr(clattn_last_error(ctx), "capacity") &&
+                      clattn_kv_cache_length(cache) == STEPS,
+                  "append past the capacity: %s (%d): %s", clattn_status_string(over), (int)over,
+                  clattn_last_error(ctx));
+    }
+    clattn_plan_release(plan);
+    clattn_finish(ctx);
+    float *full_out = tu_nan_floats(q_count), *step_out = tu_nan_floats(q_count);
+    clEnqueueReadBuffer(clattn_ctx_queue(ctx), full_mem, CL_TRUE, 0, q_count * sizeof(float),
+                        full_out, 0, NULL, NULL);
+    clEnqueueReadBuffer(clattn_ctx_queue(ctx), step_mem, CL_TRUE, 0, q_count * sizeof(float),
+                        step_out, 0, NULL, NULL);
+    /* The reference: the full causal forward (k and v rounded as the cache stores them for
+     * the steps; the full forward read them unrounded). */
+    const ref_sdpa_shape shape = {.batch = batch,
+                                  .heads = heads,
+                                  .seq_q = STEPS,
+                                  .seq_k = STEPS,
+                                  .dk = D,
+                                  .dv = D,
+                                  .scale = ref_resolve_scale(NAN, D),
+                                  .norm = CLATTN_NORM_SOFTMAX,
+                                  .causal = CLATTN_CAUSAL_TOP_LEFT,
+                                  .kv_heads = kv_heads,
+                                  .softcap = softcap,
+                                  .window_align = CLATTN_CAUSAL_TOP_LEFT,
+                                  .window_left = WINDOW,
+                                  .window_right = -1};
+    double *ref = tu_doubles(q_count);
+    ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
+    tu_expect_close("full forward", full_out, ref, q_count, TU_TOL);
+    if (cache_dtype == CLATTN_DTYPE_F16) {
+        pb_round_array(CLATTN_DTYPE_F16, k, kv_count);
+        pb_round_array(CLATTN_DTYPE_F16, v, kv_count);
+        ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
+    }
+    tu_expect_close("64 decode steps", step_out, ref, q_count, TU_TOL);
+    if (cache_dtype == CLATTN_DTYPE_F32) {
+        double *full64 = tu_doubles(q_count);
+        tu_floats_to_doubles(full_out, q_count, full64);
+        tu_expect_close("decode steps vs the full forward", step_out, full64, q_count, TU_TOL);
+        free(full64);
+    }
+    free(ref);
+    free(step_out);
+    free(full_out);
+    clattn_kv_cache_release(cache);
+    tu_release_mem(q_mem), tu_release_mem(k_mem), tu_release_mem(v_mem);
+    tu_release_mem(full_mem), tu_release_mem(step_mem);
+    free(nan), free(v), free(k), free(q);
+    TU_END_TEST();
+}
+END_TEST
+
 /* Sizes for the CPU kernel (flash_cpu.cl: 6-row blocks, 8 blocks a group, 64-key tiles, V
  * rows padded to 16 floats), run with the default tuning rows: rows and keys 1 short of, at
  * and 1 past the block and tile edges, Lq != Lk both ways, head sizes that are not multiples
@@ -979,6 +1144,7 @@ int main(void)
     tcase_add_loop_test(tc, test_key_rules, 0, (int)(sizeof rule_cases / sizeof rule_cases[0]));
     tcase_add_loop_test(tc, test_decode_splits, 0,
                         (int)(sizeof decode_cases / sizeof decode_cases[0]));
+    tcase_add_loop_test(tc, test_generation, 0, 3);
     tcase_add_unchecked_fixture(tc, NULL, release_decode_ctx);
     tcase_add_loop_test(tc, test_softmax_f64, 0, (int)(sizeof rule_cases / sizeof rule_cases[0]));
     tcase_add_loop_test(tc, test_scores_output, 0,

@@ -278,7 +278,7 @@ clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const 
         .v = v,
         .out = bound(&l[R_OUT], mems[R_OUT], offsets[R_OUT]),
         .weights = bound(&l[R_WEIGHTS], mems[R_WEIGHTS], offsets[R_WEIGHTS]),
-        .masks = {plan->mask_view, plan->kpm_view},
+        .masks = {plan->mask_view, plan->kpm_view, plan->kv_len_view},
     };
     if (l[R_LSE].present) {
         /* (batch, heads, seq_q) as the 4-d view (1, batch, heads, seq_q). */

@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -150,7 +151,9 @@ static inline void fuzz_check_array(const char *what, clattn_io_status status,
     }
     if (product != array->count)
         fuzz_fail("%s: count %zu but the shape's product is %zu", what, array->count, product);
-    if (array->source != CLATTN_IO_F32 && array->source != CLATTN_IO_BOOL)
+    if (array->source != CLATTN_IO_F32 && array->source != CLATTN_IO_BOOL &&
+        array->source != CLATTN_IO_F16 && array->source != CLATTN_IO_BF16 &&
+        array->source != CLATTN_IO_INT)
         fuzz_fail("%s: unknown source dtype %d", what, (int)array->source);
     for (size_t i = 0; i < array->count; ++i) {
         float value = array->data[i];
@@ -158,6 +161,9 @@ static inline void fuzz_check_array(const char *what, clattn_io_status status,
         if (array->source == CLATTN_IO_BOOL &&
             !(value >= 0.0f && value <= 255.0f && value == (float)(int)value))
             fuzz_fail("%s: a bool/uint8 array holds %g at %zu", what, (double)value, i);
+        /* integers convert to whole floats (|x| < 2^63 fits a float's range) */
+        if (array->source == CLATTN_IO_INT && !(value == floorf(value)))
+            fuzz_fail("%s: an integer array holds %g at %zu", what, (double)value, i);
     }
 }
 
