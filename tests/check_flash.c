@@ -487,15 +487,18 @@ END_TEST
  * the cache's tensors (capacity, kv_seqlen), must match the full causal forward of the same
  * sequence and the float64 reference; the cache then refuses a 65th key. Case 1 runs on the
  * context that splits keys from 16 (decode_keys=16), one head: the decode splits at every
- * length. Case 2 keeps the cache in F16 (compared with the F16-rounded reference). */
+ * length. Case 2 keeps the cache in F16 (compared with the F16-rounded reference). Case 3 has
+ * no window: each step's 4 query heads per k/v head run as the rows of that head. */
 START_TEST(test_generation)
 {
     TU_BEGIN_TEST();
-    enum { STEPS = 64, D = 64, WINDOW = 16 };
+    enum { STEPS = 64, D = 64 };
+    /* case 3: no window, so a step's query heads of a group run as rows of their k/v head */
+    const long long WINDOW = _i == 3 ? -1 : 16;
     const size_t batch = _i == 1 ? 1 : 2, heads = _i == 1 ? 1 : 8, kv_heads = _i == 1 ? 1 : 2;
     const clattn_dtype cache_dtype = _i == 2 ? CLATTN_DTYPE_F16 : CLATTN_DTYPE_F32;
     const float softcap = 3.0f;
-    tu_set_case("generation: B=%zu Hq=%zu Hkv=%zu steps=%d d=%d window=%d softcap=%g cache=%s",
+    tu_set_case("generation: B=%zu Hq=%zu Hkv=%zu steps=%d d=%d window=%lld softcap=%g cache=%s",
                 batch, heads, kv_heads, STEPS, D, WINDOW, (double)softcap,
                 cache_dtype == CLATTN_DTYPE_F16 ? "F16" : "F32");
     if (_i == 1 && decode_ctx == NULL)
@@ -1144,7 +1147,7 @@ int main(void)
     tcase_add_loop_test(tc, test_key_rules, 0, (int)(sizeof rule_cases / sizeof rule_cases[0]));
     tcase_add_loop_test(tc, test_decode_splits, 0,
                         (int)(sizeof decode_cases / sizeof decode_cases[0]));
-    tcase_add_loop_test(tc, test_generation, 0, 3);
+    tcase_add_loop_test(tc, test_generation, 0, 4);
     tcase_add_unchecked_fixture(tc, NULL, release_decode_ctx);
     tcase_add_loop_test(tc, test_softmax_f64, 0, (int)(sizeof rule_cases / sizeof rule_cases[0]));
     tcase_add_loop_test(tc, test_scores_output, 0,

@@ -11,7 +11,8 @@
 #include <time.h>
 
 static const char bench_usage[] =
-    "usage: clattn bench [--op matmul,softmax,attention,mha] [--runs N] [--warmup N] [--json]\n"
+    "usage: clattn bench [--op matmul,softmax,attention,mha,decode] [--runs N] [--warmup N]\n"
+    "                    [--json]\n"
     "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--kv-heads H]\n"
     "                    [--softcap C]\n"
     "                    [--seq L,...] [--seq-k S]\n"
@@ -36,7 +37,14 @@ static const char bench_usage[] =
     "--kv-heads H (attention): grouped-query attention, k and v with H heads (a divisor of\n"
     "--heads; 1 = multi-query), shared by --heads / H query heads each; the rate counts every\n"
     "query head's work as without it.\n"
-    "--softcap C (attention): soft-capped scores, C * tanh(s / C) (C > 0).\n"
+    "--softcap C (attention, decode): soft-capped scores, C * tanh(s / C) (C > 0).\n"
+    "decode (not in the default set): one generation step per run, as a model's attention\n"
+    "layer takes it: one new token's key and value appended to a KV cache on the device\n"
+    "(clattn_kv_cache_append), then one query row per head attending the whole cache through\n"
+    "a plan made once on the cache (causal bottom-right; fused: decode splits where the device\n"
+    "would idle). Cache lengths: --seq (default 1024,2048,4096,8192,16384,32768), the length\n"
+    "the last run attends; --batch, --heads, --kv-heads, --head-dim, --dtype (the cache's and\n"
+    "q's storage), --path. Rate: tokens/s (batch / step time); GB/s of the cache read.\n"
     "softmax: the normalisation has no entry point of its own; it times the unfused attention\n"
     "plan that returns the attention weights (scores = Q·Kᵀ, softmax written to the weights,\n"
     "weights·V: what replaced clattn_softmax_rows), and --json says \"timed\":\n"
@@ -69,7 +77,8 @@ static const char bench_usage[] =
 
 typedef struct bench_options {
     const char *device;
-    bool ops[4]; /* matmul, softmax, attention, mha */
+    bool ops[5]; /* matmul, softmax, attention, mha, decode */
+    bool seq_given;
     size_t runs, warmup;
     bool json;
     size_t mnk[MAX_SIZES][3], num_mnk;
@@ -85,7 +94,7 @@ typedef struct bench_options {
 
 static const char *const mask_names[3] = {"none", "padding", "additive"};
 
-static const char *const op_names[4] = {"matmul", "softmax", "attention", "mha"};
+static const char *const op_names[5] = {"matmul", "softmax", "attention", "mha", "decode"};
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
 static const clattn_dtype dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16};
 
@@ -368,7 +377,10 @@ static int report(bench_state *b, case_result *r, clattn_status status, size_t b
         }
         printf("%-18s %-32s %10.3f%-5s %10.3f %9.2f %-7s %9.1f %9.1f%s\n", label, r->size_text,
                r->device_ms, r->wall_timer ? " wall" : "", r->wall_ms,
-               isfinite(r->rate) ? r->rate : 0.0, strcmp(r->unit, "gbps") == 0 ? "GB/s" : "GFLOP/s",
+               isfinite(r->rate) ? r->rate : 0.0,
+               strcmp(r->unit, "gbps") == 0           ? "GB/s"
+               : strcmp(r->unit, "tokens_per_s") == 0 ? "tok/s"
+                                                      : "GFLOP/s",
                r->device_mib, rss, r->extra_text);
     }
     fflush(stdout);
@@ -619,6 +631,112 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
     return rc;
 }
 
+/* One decode step: append a token's key and value to the cache, then attend the cache. */
+typedef struct decode_case {
+    clattn_kv_cache *cache;
+    clattn_tensor k_new, v_new;
+    plan_case attend;
+} decode_case;
+
+static clattn_status run_decode(bench_state *b, void *p, cl_uint nw, const cl_event *w, cl_event *e)
+{
+    (void)b;
+    decode_case *c = p;
+    cl_event appended = NULL;
+    clattn_status status = clattn_kv_cache_append(c->cache, &c->k_new, &c->v_new, nw, w, &appended);
+    if (status == CLATTN_SUCCESS)
+        status =
+            clattn_plan_execute(c->attend.plan, &c->attend.tensors, NULL, NULL, 1, &appended, e);
+    if (appended)
+        clReleaseEvent(appended);
+    return status;
+}
+
+static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path path)
+{
+    const bench_options *o = b->options;
+    const size_t kv_heads = o->kv_heads ? o->kv_heads : o->heads, d = o->head_dim;
+    const clattn_dtype type = dtypes[dtype];
+    const size_t steps = o->warmup + o->runs;
+    case_result r = {.op = "decode",
+                     .unit = "tokens_per_s",
+                     .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
+    snprintf(r.size_json, sizeof r.size_json,
+             "\"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"cache\": %zu, "
+             "\"head_dim\": %zu, \"dtype\": \"%s\"%s",
+             o->batch, o->heads, kv_heads, length, d, dtype_names[dtype],
+             o->softcap > 0.0f ? ", \"softcap\": true" : "");
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s", o->batch,
+             o->heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype]);
+    int rc = fresh_context(b);
+    if (rc != CLI_OK)
+        return rc;
+    if (length < steps)
+        return cli_fail("bench", CLI_BAD_INPUT,
+                        "decode: a cache of %zu keys holds fewer than the "
+                        "%zu steps timed",
+                        length, steps);
+    decode_case c = {0};
+    clattn_kv_cache_desc cd;
+    clattn_kv_cache_desc_init(&cd);
+    cd.batch = o->batch, cd.kv_heads = kv_heads, cd.capacity = length;
+    cd.head_dim_qk = d, cd.head_dim_v = d, cd.dtype = type;
+    clattn_status status = clattn_kv_cache_create(b->ctx, &cd, &c.cache);
+    const size_t prefill = length - steps, q_count = o->batch * o->heads * d;
+    cl_mem mem[4] = {NULL};
+    size_t bytes = 0;
+    if (status == CLATTN_SUCCESS) {
+        /* The prompt's keys and values (random), then one token's per step. */
+        const size_t block = prefill > 0 ? prefill : 1;
+        mem[0] = random_buffer(b, o->batch * kv_heads * block * d, type, 11);
+        mem[1] = random_buffer(b, o->batch * kv_heads * d, type, 12);
+        mem[2] = random_buffer(b, q_count, type, 13);
+        mem[3] = output_buffer(b, q_count * clattn_dtype_size(type));
+        bytes = 2 * length * o->batch * kv_heads * d * clattn_dtype_size(type) +
+                2 * q_count * clattn_dtype_size(type);
+        if (!all_made(mem, 4))
+            status = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+        if (status == CLATTN_SUCCESS && prefill > 0) {
+            const clattn_tensor prompt =
+                clattn_tensor_make(mem[0], 0, type, 4, o->batch, kv_heads, prefill, d);
+            status = clattn_kv_cache_append(c.cache, &prompt, &prompt, 0, NULL, NULL);
+        }
+    }
+    if (status == CLATTN_SUCCESS) {
+        c.k_new = clattn_tensor_make(mem[1], 0, type, 4, o->batch, kv_heads, 1, d);
+        c.v_new = c.k_new;
+        clattn_sdpa_desc desc;
+        clattn_sdpa_desc_init(&desc);
+        desc.path = path;
+        desc.softcap = o->softcap;
+        desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        clattn_tensors *t = &desc.tensors;
+        t->q = clattn_tensor_make(mem[2], 0, type, 4, o->batch, o->heads, 1, d);
+        t->out = clattn_tensor_make(mem[3], 0, type, 4, o->batch, o->heads, 1, d);
+        clattn_kv_cache_tensors(c.cache, &t->k, &t->v, &t->kv_seqlen);
+        c.attend.tensors = desc.tensors;
+        status = clattn_sdpa_plan_create(b->ctx, &desc, &c.attend.plan);
+    }
+    if (status == CLATTN_SUCCESS)
+        status = measure(b, r.size_text, run_decode, &c, &r.device_ms, &r.wall_ms, &r.wall_timer);
+    if (status == CLATTN_SUCCESS) {
+        r.rate = (double)o->batch / (r.device_ms / 1e3);
+        /* the cache read per step (keys and values), as a rate */
+        const double cache_bytes =
+            2.0 * (double)length * o->batch * kv_heads * d * clattn_dtype_size(type);
+        snprintf(r.extra_json, sizeof r.extra_json, ", \"cache_gbps\": %.3f",
+                 cache_bytes / r.device_ms / 1e6);
+        snprintf(r.extra_text, sizeof r.extra_text, "  cache %.2f GB/s",
+                 cache_bytes / r.device_ms / 1e6);
+    }
+    rc = report(b, &r, status, bytes);
+    clattn_plan_release(c.attend.plan);
+    clattn_kv_cache_release(c.cache);
+    release_all(mem, 4);
+    return rc;
+}
+
 /* Self-attention with PyTorch's packed in_proj weight and bias and an output projection. */
 static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
 {
@@ -740,13 +858,13 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             for (char *item = strtok_r(buffer, ",", &save); item;
                  item = strtok_r(NULL, ",", &save)) {
                 int found = -1;
-                for (int i = 0; i < 4; ++i)
+                for (int i = 0; i < 5; ++i)
                     if (strcmp(item, op_names[i]) == 0)
                         found = i;
                 if (found < 0)
                     return cli_fail("bench", CLI_BAD_INPUT,
                                     "--op: unknown op '%s' (matmul, "
-                                    "softmax, attention, mha)",
+                                    "softmax, attention, mha, decode)",
                                     item);
                 if (!any_op)
                     memset(o->ops, 0, sizeof o->ops);
@@ -754,7 +872,8 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             }
             if (!any_op)
                 return cli_fail("bench", CLI_BAD_INPUT,
-                                "--op: no op in '%s' (matmul, softmax, attention, mha)", value);
+                                "--op: no op in '%s' (matmul, softmax, attention, mha, decode)",
+                                value);
         } else if (cli_is(&args, "--path")) {
             o->paths[0] = o->paths[1] = false;
             char buffer[64];
@@ -806,6 +925,7 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
                                 "sizes (each 1 .. 1048576)",
                                 value);
         } else if (cli_is(&args, "--seq")) {
+            o->seq_given = true;
             if (!cli_parse_size_list("bench", "--seq", value, o->seq, MAX_SIZES, &o->num_seq))
                 return CLI_BAD_INPUT;
         } else if (cli_is(&args, "--softcap")) {
@@ -842,7 +962,7 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
 
 int cmd_bench(int argc, char **argv)
 {
-    bench_options o = {.ops = {true, true, true, true},
+    bench_options o = {.ops = {true, true, true, true, false},
                        .runs = 10,
                        .warmup = 1,
                        .mnk = {{512, 512, 512}, {1024, 1024, 1024}, {4096, 64, 4096}},
@@ -893,6 +1013,14 @@ int cmd_bench(int argc, char **argv)
             for (int p = 0; rc == CLI_OK && o.dtypes[t] && p < 2; ++p)
                 if (o.paths[p])
                     rc = bench_mha(&b, o.seq[i], t, paths[p]);
+    static const size_t decode_lengths[] = {1024, 2048, 4096, 8192, 16384, 32768};
+    const size_t *lengths = o.seq_given ? o.seq : decode_lengths;
+    const size_t num_lengths = o.seq_given ? o.num_seq : 6;
+    for (size_t i = 0; rc == CLI_OK && o.ops[4] && i < num_lengths; ++i)
+        for (int t = 0; rc == CLI_OK && t < 3; ++t)
+            for (int p = 0; rc == CLI_OK && o.dtypes[t] && p < 2; ++p)
+                if (o.paths[p])
+                    rc = bench_decode(&b, lengths[i], t, paths[p]);
     clattn_ctx_release(b.ctx);
     if (b.queue)
         clReleaseCommandQueue(b.queue);

@@ -91,6 +91,7 @@ struct clattn_plan {
     clattn__attention attention;
     clattn__mha mha;
     clattn__sdpa_cache cache;
+    size_t decode_group; /* SDPA: > 1 when the group's query heads run as rows (sdpa.c) */
     size_t workspace_floats;
 };
 

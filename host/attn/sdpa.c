@@ -188,6 +188,27 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
         goto done;
     }
     score.softcap = desc->softcap;
+    /* Decoding with grouped heads: one query row per head, and every row's band ends at the
+     * batch's key count (causal bottom-right or ONNX, or none; no window). The fused kernel
+     * then takes the group's query heads as the rows of one k/v head (q viewed as (batch,
+     * kv_heads, group, d)): each key tile is read once per k/v head instead of once per query
+     * head. */
+    const bool fused_likely =
+        desc->path == CLATTN_PATH_FUSED ||
+        (desc->path == CLATTN_PATH_AUTO && !l[R_WEIGHTS].present && !score.want_scores &&
+         !score.softmax_f64 && clattn__flash_supports(dk, dv));
+    const bool ends_at_count =
+        score.band_upper < 0 ||
+        (score.band_upper == 0 &&
+         (score.band_diag_kv ? score.band_diag == -1 : score.band_diag + 1 >= (long long)total_k));
+    plan->decode_group = 1;
+    if (fused_likely && seq_q == 1 && score.kv_group > 1 && score.band_lower < 0 && ends_at_count) {
+        plan->decode_group = score.kv_group;
+        score.heads = kv_heads;
+        score.seq_q = score.kv_group;
+        score.kv_group = 1;
+        score.band_upper = -1; /* the count alone: the same for every query head */
+    }
     /* With a cache, the keys and values attended are present's. */
     const int key_role = cache->has_present ? R_PRESENT_K : R_K;
     const int value_role = cache->has_present ? R_PRESENT_V : R_V;
@@ -283,6 +304,31 @@ clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const 
     if (l[R_LSE].present) {
         /* (batch, heads, seq_q) as the 4-d view (1, batch, heads, seq_q). */
         io.lse = bound(&l[R_LSE], mems[R_LSE], offsets[R_LSE]);
+    }
+    const size_t group = plan->decode_group;
+    if (group > 1) {
+        /* One query row per head: the group's heads become the rows of their k/v head. */
+        clattn__view *heads_as_rows[2] = {&io.q, &io.out};
+        for (int i = 0; i < 2; ++i) {
+            clattn__view *view = heads_as_rows[i];
+            view->dims[1] /= group;
+            view->dims[2] = group;
+            view->strides[2] = view->strides[1];
+            view->strides[1] *= group;
+        }
+        if (l[R_LSE].present) {
+            io.lse.dims[2] /= group;
+            io.lse.dims[3] = group;
+            io.lse.strides[3] = io.lse.strides[2];
+            io.lse.strides[2] *= group;
+        }
+        if (plan->attention.score.has_mask) {
+            clattn__view *m = &io.masks.mask;
+            m->dims[1] /= group;
+            m->dims[2] = group;
+            m->strides[2] = m->strides[1];
+            m->strides[1] *= group;
+        }
     }
     io.masks.mask.mem = mems[R_MASK];
     io.masks.mask.offset = offsets[R_MASK];
