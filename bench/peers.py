@@ -158,6 +158,24 @@ class Torch:
             return median_ms(lambda: f(q, k, v, attn_mask=attn_mask, is_causal=causal, **gqa),
                              runs, warmup)
 
+    def decode(self, length, runs, warmup, heads=32, kv_heads=8, d=128):
+        """One decode step as clattn bench --op decode times it: the new token's key and value
+        written into a preallocated cache at position length - 1, then one query row per head
+        over the cache's first `length` keys (grouped-query, enable_gqa)."""
+        t = self.torch
+        k_cache, v_cache = self.rand(1, kv_heads, length, d), self.rand(1, kv_heads, length, d)
+        k_new, v_new = self.rand(1, kv_heads, 1, d), self.rand(1, kv_heads, 1, d)
+        q = self.rand(1, heads, 1, d)
+        f = t.nn.functional.scaled_dot_product_attention
+
+        def step():
+            k_cache[:, :, length - 1:length] = k_new
+            v_cache[:, :, length - 1:length] = v_new
+            return f(q, k_cache[:, :, :length], v_cache[:, :, :length], enable_gqa=True)
+
+        with t.inference_mode():
+            return median_ms(step, runs, warmup)
+
     def mha(self, e, b, l, runs, warmup):
         t = self.torch
         module = t.nn.MultiheadAttention(e, 8, batch_first=True).eval()
@@ -332,7 +350,9 @@ def main():
                         help="folder with CLBlast tuner JSON (clblast_xgemm_*_32.json)")
     parser.add_argument("--only", default="attention,mha,matmul,softmax",
                         help="the groups to run (comma-separated; default all but gqa: "
-                             "grouped-query attention against torch's enable_gqa)")
+                             "grouped-query attention against torch's enable_gqa, and decode: "
+                             "one-token steps over a KV cache, B=1 H=32 Hkv=8 d=128, 1k-32k "
+                             "keys, in tokens/s)")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--markdown", help="also write the report to this file")
     parser.add_argument("--json", help="write every measurement to this file")
@@ -358,7 +378,7 @@ def main():
 
     attention, mha, mm, proj, softmax_l = plan(args.quick)
     only = set(args.only.split(","))
-    if only - {"attention", "gqa", "mha", "matmul", "softmax"}:
+    if only - {"attention", "gqa", "mha", "matmul", "softmax", "decode"}:
         raise SystemExit(f"peers: --only: unknown group in '{args.only}'")
     attention = [a[1:] for a in attention if a[0] == "gqa" and "gqa" in only] + \
                 [a for a in attention if a[0] != "gqa" and "attention" in only]
@@ -396,6 +416,23 @@ def main():
             points.append((l, line["median_ms"], peer_ms, flops))
         if len(points) > 1:
             series.append((f"attention {variant} (d={d})", points))
+
+    # Decode steps over a KV cache (group "decode"): B=1, 32 query heads on 8 k/v heads, d=128.
+    if "decode" in only:
+        lengths = [1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
+        lines = run_clattn(args.clattn, ["--op", "decode", "--path", "fused", "--batch", "1",
+                                         "--heads", "32", "--kv-heads", "8", "--head-dim", "128",
+                                         "--seq", ",".join(map(str, lengths))], runs, args.warmup)
+        for line in lines:
+            length = line["cache"]
+            peer_ms = None
+            if torch_peer:
+                log(f"torch decode step, cache {length}")
+                peer_ms = torch_peer.decode(length, runs, args.warmup)
+                torch_peer.settle()
+            rows.append({"group": "decode", "size": f"B=1 H=32 Hkv=8 d=128 cache={length}",
+                         "unit": "tok/s", "ours": line["tokens_per_s"],
+                         "torch": 1e3 / peer_ms if peer_ms else None})
 
     # MHA forward: self-attention, packed in_proj, output projection, H = 8.
     for e, b, ls in mha:

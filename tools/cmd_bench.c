@@ -37,7 +37,9 @@ static const char bench_usage[] =
     "--kv-heads H (attention): grouped-query attention, k and v with H heads (a divisor of\n"
     "--heads; 1 = multi-query), shared by --heads / H query heads each; the rate counts every\n"
     "query head's work as without it.\n"
-    "--softcap C (attention, decode): soft-capped scores, C * tanh(s / C) (C > 0).\n"
+    "--softcap C (attention, decode): soft-capped scores, C * tanh(s / C) (C > 0).\n";
+/* Two strings: C99 compilers need only take 4095 characters in one. */
+static const char bench_usage_more[] =
     "decode (not in the default set): one generation step per run, as a model's attention\n"
     "layer takes it: one new token's key and value appended to a KV cache on the device\n"
     "(clattn_kv_cache_append), then one query row per head attending the whole cache through\n"
@@ -835,6 +837,7 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
         int flag = 0;
         if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
             fputs(bench_usage, stdout);
+            fputs(bench_usage_more, stdout);
             return -1;
         } else if ((flag = cli_flag(&args, "--json")) != 0) {
             if (flag < 0)
