@@ -1144,14 +1144,22 @@ int main(void)
         tcase_add_loop_test(tc, test_flash_cpu_variants, 0, (int)(CPU_VARIANTS * CPU_SIZES));
         tcase_add_unchecked_fixture(tc, NULL, release_kv_ctxs);
     }
-    tcase_add_loop_test(tc, test_key_rules, 0, (int)(sizeof rule_cases / sizeof rule_cases[0]));
+    /* Small scale (Oclgrind): the key-rule cases without the three largest (63 x 129 at d=128,
+     * 127 x 127 at d=256, 200 x 300), whose rules the others run at smaller sizes; the scores
+     * on the first five cases; two of the four generations (one head with decode splits, and
+     * the grouped heads run as rows). */
+    static const int heavy_rules[] = {6, 8, 9}, heavy_generations[] = {0, 2};
+    if (small)
+        tu_not_run("test_key_rules and test_softmax_f64 cases 6, 8, 9; test_scores_output past "
+                   "case 4; test_generation 0, 2 (64 steps each: minutes on Oclgrind)");
+    const int rules = (int)(sizeof rule_cases / sizeof rule_cases[0]);
+    tu_add_loop_except(tc, test_key_rules, 0, rules, heavy_rules, small ? 3 : 0);
     tcase_add_loop_test(tc, test_decode_splits, 0,
                         (int)(sizeof decode_cases / sizeof decode_cases[0]));
-    tcase_add_loop_test(tc, test_generation, 0, 4);
+    tu_add_loop_except(tc, test_generation, 0, 4, heavy_generations, small ? 2 : 0);
     tcase_add_unchecked_fixture(tc, NULL, release_decode_ctx);
-    tcase_add_loop_test(tc, test_softmax_f64, 0, (int)(sizeof rule_cases / sizeof rule_cases[0]));
-    tcase_add_loop_test(tc, test_scores_output, 0,
-                        (int)(3 * (sizeof rule_cases / sizeof rule_cases[0])));
+    tu_add_loop_except(tc, test_softmax_f64, 0, rules, heavy_rules, small ? 3 : 0);
+    tcase_add_loop_test(tc, test_scores_output, 0, small ? 15 : 3 * rules);
     tcase_add_test(tc, test_path_errors);
     tcase_add_loop_test(tc, test_mha_paths, 0, 2);
     tcase_add_loop_test(tc, test_mha_auto_is_fused, 0, 2);
