@@ -1144,22 +1144,27 @@ int main(void)
         tcase_add_loop_test(tc, test_flash_cpu_variants, 0, (int)(CPU_VARIANTS * CPU_SIZES));
         tcase_add_unchecked_fixture(tc, NULL, release_kv_ctxs);
     }
-    /* Small scale (Oclgrind): the key-rule cases without the three largest (63 x 129 at d=128,
-     * 127 x 127 at d=256, 200 x 300), whose rules the others run at smaller sizes; the scores
-     * on the first five cases; two of the four generations (one head with decode splits, and
-     * the grouped heads run as rows). */
-    static const int heavy_rules[] = {6, 8, 9}, heavy_generations[] = {0, 2};
+    /* Small scale (Oclgrind): 5 of the 12 key-rule cases (a one-row grouped decode with ONNX's
+     * offset, the bidirectional window, a past with a window, the diagonal alone over key
+     * counts, a past under a two-sided window), 2 of them in double, the scores of 2, 3 of the
+     * 5 decode-split cases and one generation (one head, decode splits, 64 steps): every rule
+     * and kernel path runs; the pocl lanes run them all. */
+    static const int heavy_rules[] = {0, 1, 3, 6, 8, 9, 10}, heavy_f64[] = {0, 1, 2, 3, 5, 6,
+                                                                             8, 9, 10, 11};
+    static const int heavy_generations[] = {0, 2, 3}, heavy_decode[] = {0, 2};
     if (small)
-        tu_not_run("test_key_rules and test_softmax_f64 cases 6, 8, 9; test_scores_output past "
-                   "case 4; test_generation 0, 2 (64 steps each: minutes on Oclgrind)");
+        tu_not_run("test_key_rules cases 0, 1, 3, 6, 8, 9, 10; test_softmax_f64 but cases 4 "
+                   "and 7; test_scores_output but cases 12-17; test_decode_splits 0, 2; "
+                   "test_generation 0, 2, 3 (minutes each on Oclgrind; PoCL runs them)");
     const int rules = (int)(sizeof rule_cases / sizeof rule_cases[0]);
-    tu_add_loop_except(tc, test_key_rules, 0, rules, heavy_rules, small ? 3 : 0);
-    tcase_add_loop_test(tc, test_decode_splits, 0,
-                        (int)(sizeof decode_cases / sizeof decode_cases[0]));
-    tu_add_loop_except(tc, test_generation, 0, 4, heavy_generations, small ? 2 : 0);
+    tu_add_loop_except(tc, test_key_rules, 0, rules, heavy_rules, small ? 7 : 0);
+    tu_add_loop_except(tc, test_decode_splits, 0,
+                       (int)(sizeof decode_cases / sizeof decode_cases[0]), heavy_decode,
+                       small ? 2 : 0);
+    tu_add_loop_except(tc, test_generation, 0, 4, heavy_generations, small ? 3 : 0);
     tcase_add_unchecked_fixture(tc, NULL, release_decode_ctx);
-    tu_add_loop_except(tc, test_softmax_f64, 0, rules, heavy_rules, small ? 3 : 0);
-    tcase_add_loop_test(tc, test_scores_output, 0, small ? 15 : 3 * rules);
+    tu_add_loop_except(tc, test_softmax_f64, 0, rules, heavy_f64, small ? 10 : 0);
+    tcase_add_loop_test(tc, test_scores_output, small ? 12 : 0, small ? 18 : 3 * rules);
     tcase_add_test(tc, test_path_errors);
     tcase_add_loop_test(tc, test_mha_paths, 0, 2);
     tcase_add_loop_test(tc, test_mha_auto_is_fused, 0, 2);
