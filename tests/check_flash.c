@@ -464,9 +464,13 @@ START_TEST(test_decode_splits)
             cl_uint units = 0;
             clGetDeviceInfo(clattn_ctx_device(decode_ctx), CL_DEVICE_MAX_COMPUTE_UNITS,
                             sizeof units, &units, NULL);
+            /* Under a loop-trip limit (flash_split, flash_cpu_split, rusticl) keys may run in
+             * sequential parts instead, which the plan prefers: no expectation there. */
+            const char *limit = strstr(clattn_ctx_tuning(decode_ctx), "loop_trip_limit=");
+            const int limited = limit != NULL && strtoul(limit + 16, NULL, 10) != 0;
             const int splits = c->batch * c->heads < 2 * (size_t)units;
             tu_expect(clattn_plan_is_fused(plan) &&
-                          (clattn_plan_workspace_size(plan) > 0) == splits,
+                          (limited || (clattn_plan_workspace_size(plan) > 0) == splits),
                       "the decode plan %s its keys (workspace %zu bytes, %u compute units)",
                       splits ? "did not split" : "split", clattn_plan_workspace_size(plan), units);
             clattn_tensors bound;
