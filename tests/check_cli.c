@@ -524,6 +524,210 @@ START_TEST(test_sdpa_cache_command)
 }
 END_TEST
 
+/* Fresh random values written as a .npy of `dtype` (CLATTN_IO_F32 with f64 set: a float64 file,
+ * built by hand); returns the values as the file holds them (rounded to its dtype). */
+static float *typed_scratch(const char *name, int ndim, const size_t *shape, clattn_io_dtype dtype,
+                            bool f64, char *path, size_t size)
+{
+    char msg[512];
+    size_t count = 1;
+    for (int i = 0; i < ndim; ++i)
+        count *= shape[i];
+    float *values = tu_random_floats(count);
+    snprintf(path, size, "%s/%s", scratch, name);
+    if (f64) {
+        char header[128];
+        int length = snprintf(header, sizeof header,
+                              "{'descr': '<f8', 'fortran_order': False, 'shape': (%zu, %zu, %zu, "
+                              "%zu), }",
+                              shape[0], shape[1], shape[2], shape[3]);
+        while ((10 + length + 1) % 64 != 0)
+            header[length++] = ' ';
+        header[length++] = '\n';
+        FILE *f = fopen(path, "wb");
+        if (!tu_expect(f != NULL && ndim == 4, "cannot write %s", path))
+            return values;
+        const unsigned char magic[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)length,
+                                         0};
+        fwrite(magic, 1, sizeof magic, f);
+        fwrite(header, 1, (size_t)length, f);
+        for (size_t i = 0; i < count; ++i) {
+            const double value = values[i];
+            uint64_t bits;
+            memcpy(&bits, &value, sizeof bits);
+            unsigned char bytes[8];
+            for (int b = 0; b < 8; ++b)
+                bytes[b] = (unsigned char)(bits >> (8 * b));
+            fwrite(bytes, 1, 8, f);
+        }
+        fclose(f);
+        return values;
+    }
+    tu_expect(clattn_npy_write_typed(path, values, ndim, shape, dtype, msg, sizeof msg) ==
+                  CLATTN_IO_OK,
+              "writing %s: %s", path, msg);
+    clattn_array held = {0};
+    if (tu_expect(clattn_npy_read(path, &held, msg, sizeof msg) == CLATTN_IO_OK &&
+                      held.count == count && held.source == dtype,
+                  "reading back %s: %s", path, msg))
+        memcpy(values, held.data, count * sizeof *values);
+    clattn_array_free(&held);
+    return values;
+}
+
+/* An output of a typed sdpa run: the file's descr is `descr`, it reads back as `dtype` with
+ * the shape, and each value is within rel * |ref| + abs of the float64 reference (rel: half
+ * an ulp of the type, the one rounding of a float32 result; abs: float32's own error). */
+static void expect_typed_output(const char *path, const char *what, const char *descr,
+                                clattn_io_dtype dtype, const double *ref, size_t count,
+                                const size_t *shape, double rel, double abs)
+{
+    char msg[512], text[129] = {0}, want[32];
+    FILE *f = fopen(path, "rb");
+    size_t used = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f)
+        fclose(f);
+    snprintf(want, sizeof want, "'descr': '%s'", descr);
+    tu_expect(used == 128 && strstr(text + 10, want) != NULL, "%s: %s is not %s: %.118s", what,
+              path, descr, used > 10 ? text + 10 : "(short file)");
+    clattn_array got = {0};
+    if (tu_expect(clattn_npy_read(path, &got, msg, sizeof msg) == CLATTN_IO_OK,
+                  "%s: reading %s: %s", what, path, msg)) {
+        bool same = got.ndim == 4 && got.count == count && got.source == dtype;
+        for (int i = 0; same && i < 4; ++i)
+            same = got.shape[i] == shape[i];
+        if (tu_expect(same, "%s: ndim %d, %zu values, source %d; want 4, %zu, %d", what, got.ndim,
+                      got.count, (int)got.source, count, (int)dtype)) {
+            size_t wrong = 0, first = 0;
+            double worst = 0.0;
+            for (size_t i = 0; i < count; ++i) {
+                const double error = fabs(got.data[i] - ref[i]);
+                if (!(error <= rel * fabs(ref[i]) + abs) && wrong++ == 0)
+                    first = i;
+                worst = fmax(worst, error / (fabs(ref[i]) + 1e-3));
+            }
+            tu_expect(wrong == 0,
+                      "%s: %zu of %zu values off, the first [%zu] %.9g for %.9g (rel %g, abs %g)",
+                      what, wrong, count, first, wrong ? got.data[first] : 0.0,
+                      wrong ? ref[first] : 0.0, rel, abs);
+            tu_track_error(worst);
+        }
+    }
+    clattn_array_free(&got);
+}
+
+typedef struct typed_case {
+    const char *name;
+    clattn_io_dtype q, k, v; /* the inputs' file dtypes (K's for the past key, V's for the
+                              * past value) */
+    bool q_f64;              /* Q as float64 (read as CLATTN_IO_F32) */
+} typed_case;
+
+static const typed_case typed_cases[] = {
+    {"float16", CLATTN_IO_F16, CLATTN_IO_F16, CLATTN_IO_F16, false},
+    {"bfloat16", CLATTN_IO_BF16, CLATTN_IO_BF16, CLATTN_IO_BF16, false},
+    {"mixed: q bfloat16, k float16, v float32", CLATTN_IO_BF16, CLATTN_IO_F16, CLATTN_IO_F32,
+     false},
+    {"mixed: q float64, k bfloat16, v float16", CLATTN_IO_F32, CLATTN_IO_BF16, CLATTN_IO_F16, true},
+};
+
+/* clattn sdpa writes its outputs in ONNX's types: Y and the scores in Q's file dtype, the
+ * present key and value in K's and V's (float64 in: float32 out). Values against the float64
+ * reference of the inputs as their files hold them, within the one rounding to the type; the
+ * present key and value, copies of the inputs, exactly. */
+START_TEST(test_sdpa_typed_outputs)
+{
+    TU_BEGIN_TEST();
+    const typed_case *c = &typed_cases[_i];
+    enum { B = 2, H = 4, G = 2, LQ = 3, LN = 5, P = 4, D = 8, DV = 6 };
+    enum { LK = P + LN };
+    tu_set_case("clattn sdpa typed outputs, %s: B=%d Hq=%d Hkv=%d Lq=%d past=%d new=%d", c->name, B,
+                H, G, LQ, P, LN);
+    char q_path[512], k_path[512], v_path[512], pk_path[512], pv_path[512];
+    char out[512], present_k[512], present_v[512], scores[512], args[8192];
+    const size_t q_shape[4] = {B, H, LQ, D}, k_shape[4] = {B, G, LN, D},
+                 v_shape[4] = {B, G, LN, DV}, pk_shape[4] = {B, G, P, D},
+                 pv_shape[4] = {B, G, P, DV};
+    float *q = typed_scratch("typed_q.npy", 4, q_shape, c->q, c->q_f64, q_path, sizeof q_path);
+    float *k = typed_scratch("typed_k.npy", 4, k_shape, c->k, false, k_path, sizeof k_path);
+    float *v = typed_scratch("typed_v.npy", 4, v_shape, c->v, false, v_path, sizeof v_path);
+    float *pk = typed_scratch("typed_pk.npy", 4, pk_shape, c->k, false, pk_path, sizeof pk_path);
+    float *pv = typed_scratch("typed_pv.npy", 4, pv_shape, c->v, false, pv_path, sizeof pv_path);
+    snprintf(out, sizeof out, "%s/typed_y.npy", scratch);
+    snprintf(present_k, sizeof present_k, "%s/typed_present_k.npy", scratch);
+    snprintf(present_v, sizeof present_v, "%s/typed_present_v.npy", scratch);
+    snprintf(scores, sizeof scores, "%s/typed_scores.npy", scratch);
+    const size_t k_count = (size_t)B * G * LK * D, v_count = (size_t)B * G * LK * DV;
+    float *all_k = tu_floats(k_count), *all_v = tu_floats(v_count);
+    for (size_t bg = 0; bg < B * G; ++bg) {
+        memcpy(all_k + bg * LK * D, pk + bg * P * D, P * D * sizeof(float));
+        memcpy(all_k + (bg * LK + P) * D, k + bg * LN * D, LN * D * sizeof(float));
+        memcpy(all_v + bg * LK * DV, pv + bg * P * DV, P * DV * sizeof(float));
+        memcpy(all_v + (bg * LK + P) * DV, v + bg * LN * DV, LN * DV * sizeof(float));
+    }
+    const ref_sdpa_shape shape = {.batch = B,
+                                  .heads = H,
+                                  .seq_q = LQ,
+                                  .seq_k = LK,
+                                  .dk = D,
+                                  .dv = DV,
+                                  .scale = ref_resolve_scale(NAN, D),
+                                  .norm = CLATTN_NORM_SOFTMAX,
+                                  .causal = CLATTN_CAUSAL_ONNX,
+                                  .kv_heads = G,
+                                  .has_past = 1,
+                                  .past = P};
+    const size_t out_count = (size_t)B * H * LQ * DV, s_count = (size_t)B * H * LQ * LK;
+    double *ref = tu_doubles(out_count), *ref_scores = tu_doubles(s_count);
+    double *all_k64 = tu_doubles(k_count), *all_v64 = tu_doubles(v_count);
+    ref_sdpa(&shape, q, all_k, all_v, NULL, NULL, ref, NULL, NULL);
+    ref_sdpa_scores(&shape, q, all_k, NULL, NULL, 0, ref_scores);
+    tu_floats_to_doubles(all_k, k_count, all_k64);
+    tu_floats_to_doubles(all_v, v_count, all_v64);
+    /* half an ulp: 2^-11 (float16), 2^-8 (bfloat16); float32 outputs: float32's error */
+    const clattn_io_dtype types[3] = {c->q, c->k, c->v};
+    const char *descrs[3];
+    double rel[3];
+    for (int t = 0; t < 3; ++t) {
+        descrs[t] = types[t] == CLATTN_IO_F16 ? "<f2" : types[t] == CLATTN_IO_BF16 ? "<V2" : "<f4";
+        rel[t] = types[t] == CLATTN_IO_F16 ? 0x1p-11 : types[t] == CLATTN_IO_BF16 ? 0x1p-8 : 1e-5;
+    }
+    const char *paths[2] = {"auto", "unfused"};
+    for (int p = 0; p < 2; ++p) {
+        snprintf(args, sizeof args,
+                 "sdpa --q %s --k %s --v %s --past-key %s --past-value %s --causal "
+                 "--present-key-out %s --present-value-out %s --path %s --out %s%s%s",
+                 q_path, k_path, v_path, pk_path, pv_path, present_k, present_v, paths[p], out,
+                 p ? " --qk-output-mode 0 --qk-out " : "", p ? scores : "");
+        const int status = run_cli(args);
+        if (!tu_expect(status == 0, "%s, path %s: exit status %d, stderr: %s", c->name, paths[p],
+                       status, captured("stderr")))
+            continue;
+        expect_typed_output(out, "Y", descrs[0], types[0], ref, out_count,
+                            (const size_t[]){B, H, LQ, DV}, rel[0], 2e-6);
+        expect_typed_output(present_k, "present_k", descrs[1], types[1], all_k64, k_count,
+                            (const size_t[]){B, G, LK, D}, 0.0, 0.0);
+        expect_typed_output(present_v, "present_v", descrs[2], types[2], all_v64, v_count,
+                            (const size_t[]){B, G, LK, DV}, 0.0, 0.0);
+        if (p == 1)
+            expect_typed_output(scores, "qk_matmul_output", descrs[0], types[0], ref_scores,
+                                s_count, (const size_t[]){B, H, LQ, LK}, rel[0], 2e-6);
+    }
+    free(all_v64);
+    free(all_k64);
+    free(ref_scores);
+    free(ref);
+    free(all_v);
+    free(all_k);
+    free(pv);
+    free(pk);
+    free(v);
+    free(k);
+    free(q);
+    TU_END_TEST();
+}
+END_TEST
+
 /* clattn sdpa on rank-4 files (grouped-query heads, a bool mask shorter than Lk that ONNX pads
  * as masked, soft-capping, bottom-right causal) and on the same data as rank-3
  * (B, L, H * d) files, against the float64 reference; then the refusals. */
@@ -1568,6 +1772,8 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_run_kv_heads);
     tcase_add_test(tc, test_sdpa_command);
     tcase_add_test(tc, test_sdpa_cache_command);
+    tcase_add_loop_test(tc, test_sdpa_typed_outputs, 0,
+                        (int)(sizeof typed_cases / sizeof typed_cases[0]));
     tcase_add_test(tc, test_demo_devices_help);
     tcase_add_test(tc, test_bench_json);
     tcase_add_test(tc, test_bench_json_timer);

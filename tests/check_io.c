@@ -732,6 +732,280 @@ START_TEST(test_npy_write_errors)
 }
 END_TEST
 
+/* --- .npy: float16 and bfloat16 written from float32 --------------------------------------- */
+
+/* Independent decoders: a half is mantissa * 2^(exponent - 25) (hidden bit for normals), a
+ * bfloat16 is the top half of a float32. */
+static double half_value(uint16_t bits)
+{
+    const int exponent = bits >> 10 & 0x1f, mantissa = bits & 0x3ff;
+    const double sign = bits & 0x8000 ? -1.0 : 1.0;
+    if (exponent == 0x1f)
+        return mantissa ? NAN : sign * INFINITY;
+    if (exponent == 0)
+        return sign * ldexp(mantissa, -24);
+    return sign * ldexp(mantissa + 1024, exponent - 25);
+}
+
+static double bfloat16_value(uint16_t bits)
+{
+    uint32_t wide = (uint32_t)bits << 16;
+    float value;
+    memcpy(&value, &wide, sizeof value);
+    return value;
+}
+
+static float float_with_bits(uint32_t bits)
+{
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+typedef struct typed_value {
+    float value;
+    uint16_t want; /* the expected bits; 0xffff: any NaN of the value's sign */
+} typed_value;
+
+static const typed_value f16_cases[] = {
+    {0.0f, 0x0000},
+    {-0.0f, 0x8000},
+    {1.0f, 0x3c00},
+    {1.0f / 3.0f, 0x3555},
+    {-2.0f, 0xc000},
+    {65504.0f, 0x7bff},   /* the largest half */
+    {65519.996f, 0x7bff}, /* just under the midpoint to 2^16 */
+    {65520.0f, 0x7c00},   /* the midpoint: ties to even, which is infinity */
+    {-65520.0f, 0xfc00},
+    {FLT_MAX, 0x7c00},
+    {1e-7f, 0x0002}, /* 1.68 * 2^-24: a subnormal */
+    {-1e-7f, 0x8002},
+    {0x1p-24f, 0x0001},   /* the smallest subnormal */
+    {0x1p-25f, 0x0000},   /* half of it: a tie, to even (zero) */
+    {0x1.8p-25f, 0x0001}, /* 0.75 of it */
+    {0x1.8p-24f, 0x0002}, /* 1.5 of it: a tie, to even (2) */
+    {1e-8f, 0x0000},
+    {1e-40f, 0x0000},       /* a float subnormal */
+    {0x1.ffcp-15f, 0x0400}, /* 1023.5 units: a tie, to the smallest normal */
+    {0x1p-14f, 0x0400},
+    {1.0f + 0x1p-11f, 0x3c00}, /* ties between normals: to the even mantissa */
+    {1.0f + 0x3p-11f, 0x3c02},
+    {1.0f + 0x1p-11f + 0x1p-20f, 0x3c01},
+    {2049.0f, 0x6800}, /* spacing 2 from 2048 on */
+    {2051.0f, 0x6802},
+    {INFINITY, 0x7c00},
+    {-INFINITY, 0xfc00},
+    {NAN, 0xffff},
+};
+
+static const typed_value bf16_cases[] = {
+    {0.0f, 0x0000},
+    {-0.0f, 0x8000},
+    {1.0f, 0x3f80},
+    {1.0f / 3.0f, 0x3eab}, /* 0x3eaaaaab rounds up */
+    {-2.5f, 0xc020},
+    {1.0f + 0x1p-8f, 0x3f80}, /* ties: to the even mantissa */
+    {1.0f + 0x3p-8f, 0x3f82},
+    {1.0f + 0x1p-8f + 0x1p-20f, 0x3f81},
+    {65520.0f, 0x4780}, /* 65536 */
+    {3.140625f, 0x4049},
+    {FLT_MAX, 0x7f80}, /* past the midpoint above bfloat16's largest: infinity */
+    {1e-40f, 0x0001},  /* float subnormals stay subnormal */
+    {INFINITY, 0x7f80},
+    {-INFINITY, 0xff80},
+    {NAN, 0xffff},
+};
+
+static void check_typed_file(const char *what, clattn_io_dtype dtype, const typed_value *cases,
+                             int count)
+{
+    char path[300], msg[MSG_SIZE];
+    const int bf16 = dtype == CLATTN_IO_BF16;
+    temp_path(path, sizeof path, "typed.npy");
+    /* two NaNs more: a negative one, and one whose payload lies only in the low 16 bits
+     * (truncating it would give infinity) */
+    float values[64];
+    size_t n = 0;
+    for (int i = 0; i < count; ++i)
+        values[n++] = cases[i].value;
+    values[n++] = -NAN;
+    values[n++] = float_with_bits(0x7f800001u);
+    const size_t shape[2] = {1, n};
+    clattn_io_status status = clattn_npy_write_typed(path, values, 2, shape, dtype, msg, MSG_SIZE);
+    expect_status(what, status, CLATTN_IO_OK, msg, path, NULL);
+
+    size_t length = 0;
+    unsigned char *raw = read_file(path, &length);
+    uint16_t bits[64] = {0};
+    if (expect(raw != NULL && length >= 10, "%s: file missing", what)) {
+        const size_t header_length = raw[8] | (size_t)raw[9] << 8, start = 10 + header_length;
+        char dict[200];
+        snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (1, %zu), }",
+                 bf16 ? "<V2" : "<f2", n);
+        expect(start % 64 == 0 && raw[start - 1] == '\n', "%s: data starts at %zu", what, start);
+        expect(memcmp(raw + 10, dict, strlen(dict)) == 0, "%s: header is not %s", what, dict);
+        if (expect(length == start + 2 * n, "%s: file length %zu", what, length))
+            for (size_t i = 0; i < n; ++i)
+                bits[i] = (uint16_t)(raw[start + 2 * i] | raw[start + 2 * i + 1] << 8);
+    }
+    free(raw);
+    const uint16_t exponent_mask = bf16 ? 0x7f80 : 0x7c00, sign_mask = 0x8000;
+    for (int i = 0; i < count; ++i) {
+        if (cases[i].want == 0xffff)
+            expect((bits[i] & exponent_mask) == exponent_mask &&
+                       (bits[i] & 0x7fff) != exponent_mask,
+                   "%s: NaN written as 0x%04x", what, (unsigned)bits[i]);
+        else
+            expect(bits[i] == cases[i].want, "%s: %a written as 0x%04x, want 0x%04x", what,
+                   (double)cases[i].value, (unsigned)bits[i], (unsigned)cases[i].want);
+    }
+    for (size_t i = (size_t)count; i < n; ++i)
+        expect((bits[i] & exponent_mask) == exponent_mask && (bits[i] & 0x7fff) != exponent_mask &&
+                   (bits[i] & sign_mask) == (i == (size_t)count ? sign_mask : 0),
+               "%s: NaN %zu written as 0x%04x", what, i - (size_t)count, (unsigned)bits[i]);
+
+    clattn_array array;
+    status = clattn_npy_read(path, &array, msg, MSG_SIZE);
+    if (expect_status(what, status, CLATTN_IO_OK, msg, path, NULL)) {
+        expect_shape(what, &array, 2, shape);
+        expect(array.source == dtype, "%s: read back as source %d", what, (int)array.source);
+        for (size_t i = 0; i < n && i < array.count; ++i) {
+            const double want = bf16 ? bfloat16_value(bits[i]) : half_value(bits[i]);
+            expect(isnan(want) ? isnan(array.data[i])
+                               : array.data[i] == want && !signbit(array.data[i]) == !signbit(want),
+                   "%s: value %zu (0x%04x) reads as %a, want %a", what, i, (unsigned)bits[i],
+                   (double)array.data[i], want);
+        }
+    }
+    clattn_array_free(&array);
+    remove(path);
+}
+
+/* Every written value is the nearest of its type, ties to the even one: checked against the
+ * neighbours of the written bits, for values drawn across the whole range of float16 and
+ * bfloat16 (a seeded generator; the seed is the case's index). */
+static void check_typed_nearest(const char *what, clattn_io_dtype dtype)
+{
+    enum { COUNT = 20000 };
+    char path[300], msg[MSG_SIZE];
+    const int bf16 = dtype == CLATTN_IO_BF16;
+    temp_path(path, sizeof path, "nearest.npy");
+    float *values = malloc(COUNT * sizeof *values);
+    ck_assert(values != NULL);
+    uint64_t state = 0x9e3779b97f4a7c15u;
+    for (size_t i = 0; i < COUNT; ++i) {
+        state = state * 6364136223846793005u + 1442695040888963407u;
+        const uint32_t random = (uint32_t)(state >> 32);
+        /* magnitudes 2^-27 .. 2^17 for half, the whole float range for bfloat16; a quarter of
+         * them exact ties (the bits below the kept mantissa at 1000...) */
+        const int exponent = bf16 ? (int)(random % 250) - 125 : (int)(random % 45) - 27;
+        float mantissa = 1.0f + (float)(random >> 9 & 0x3fff) / 16384.0f;
+        if ((random >> 29 & 3) == 0)
+            mantissa =
+                1.0f + (float)(random >> 9 & (bf16 ? 0xff : 0x7ff)) / (bf16 ? 256.0f : 2048.0f);
+        values[i] = ldexpf(random >> 31 ? -mantissa : mantissa, exponent);
+    }
+    const size_t shape[1] = {COUNT};
+    clattn_io_status status = clattn_npy_write_typed(path, values, 1, shape, dtype, msg, MSG_SIZE);
+    size_t length = 0;
+    unsigned char *raw = read_file(path, &length);
+    if (expect_status(what, status, CLATTN_IO_OK, msg, path, NULL) &&
+        expect(raw != NULL && length == 128 + 2 * COUNT, "%s: file length %zu", what, length)) {
+        const uint16_t largest = bf16 ? 0x7f7f : 0x7bff, infinity = bf16 ? 0x7f80 : 0x7c00;
+        /* past the largest finite value: rounding reaches infinity from the midpoint to the
+         * next power of two (2^128 or 2^16) on */
+        const double next = bf16 ? 0x1p128 : 65536.0, limit = bf16 ? 0x1.fep127 : 65520.0;
+        size_t wrong = 0, ties = 0;
+        for (size_t i = 0; i < COUNT; ++i) {
+            const uint16_t bits = (uint16_t)(raw[128 + 2 * i] | raw[128 + 2 * i + 1] << 8);
+            const uint16_t magnitude = bits & 0x7fff;
+            const double x = fabs((double)values[i]);
+            int ok = (bits >> 15) == (values[i] < 0.0f);
+            if (magnitude == infinity) {
+                ok = ok && x >= limit;
+            } else if (magnitude > largest) {
+                ok = 0;
+            } else {
+                double (*value_of)(uint16_t) = bf16 ? bfloat16_value : half_value;
+                const double here = fabs(x - value_of(magnitude));
+                const double up = fabs(x - (magnitude < largest ? value_of(magnitude + 1) : next));
+                const double down = magnitude > 0 ? fabs(x - value_of(magnitude - 1)) : INFINITY;
+                ok = ok && here <= up && here <= down &&
+                     ((here != up && here != down) || (magnitude & 1) == 0);
+                ties += here == up || here == down;
+            }
+            if (!ok && wrong++ < 5)
+                expect(0, "%s: %a written as 0x%04x, not the nearest", what, (double)values[i],
+                       (unsigned)bits);
+        }
+        expect(wrong == 0, "%s: %zu of %d values not rounded to the nearest", what, wrong, COUNT);
+        expect(ties > COUNT / 20, "%s: only %zu ties drawn", what, ties);
+    }
+    free(raw);
+    free(values);
+    remove(path);
+}
+
+START_TEST(test_npy_write_typed)
+{
+    begin_test();
+    check_typed_file("float16", CLATTN_IO_F16, f16_cases, COUNT_OF(f16_cases));
+    check_typed_file("bfloat16", CLATTN_IO_BF16, bf16_cases, COUNT_OF(bf16_cases));
+    check_typed_nearest("float16 nearest", CLATTN_IO_F16);
+    check_typed_nearest("bfloat16 nearest", CLATTN_IO_BF16);
+
+    /* F32 through the typed writer: the same bytes as clattn_npy_write */
+    char path[300], other[300], msg[MSG_SIZE];
+    temp_path(path, sizeof path, "typed_f32.npy");
+    temp_path(other, sizeof other, "plain_f32.npy");
+    const float values[5] = {1.0f / 3.0f, -0.0f, NAN, 65520.0f, 1e-40f};
+    const size_t five[1] = {5};
+    clattn_io_status status =
+        clattn_npy_write_typed(path, values, 1, five, CLATTN_IO_F32, msg, MSG_SIZE);
+    expect_status("typed f32", status, CLATTN_IO_OK, msg, path, NULL);
+    status = clattn_npy_write(other, values, 1, five, msg, MSG_SIZE);
+    expect_status("plain f32", status, CLATTN_IO_OK, msg, other, NULL);
+    size_t length = 0, other_length = 0;
+    unsigned char *raw = read_file(path, &length), *other_raw = read_file(other, &other_length);
+    expect(raw != NULL && other_raw != NULL && length == 128 + 20 && length == other_length &&
+               memcmp(raw, other_raw, length) == 0,
+           "typed f32: %zu bytes differ from clattn_npy_write's %zu", length, other_length);
+    free(raw);
+    free(other_raw);
+    remove(other);
+    remove(path);
+
+    /* refusals: other dtypes, the argument checks, sizes that overflow at 2 bytes a value */
+    status = clattn_npy_write_typed(path, values, 1, five, CLATTN_IO_BOOL, msg, MSG_SIZE);
+    expect_status("bool dtype", status, CLATTN_IO_ERR_ARGUMENT, msg, path, "dtype");
+    status = clattn_npy_write_typed(path, values, 1, five, CLATTN_IO_INT, msg, MSG_SIZE);
+    expect_status("int dtype", status, CLATTN_IO_ERR_ARGUMENT, msg, path, "dtype");
+    status = clattn_npy_write_typed(path, values, 1, five, (clattn_io_dtype)42, msg, MSG_SIZE);
+    expect_status("unknown dtype", status, CLATTN_IO_ERR_ARGUMENT, msg, path, "dtype");
+    expect(!file_exists(path), "a refused write left %s", path);
+    status = clattn_npy_write_typed(path, values, 9, five, CLATTN_IO_F16, msg, MSG_SIZE);
+    expect_status("nine dims", status, CLATTN_IO_ERR_ARGUMENT, msg, path, "ndim");
+    status = clattn_npy_write_typed(path, NULL, 1, five, CLATTN_IO_BF16, msg, MSG_SIZE);
+    expect_status("NULL data", status, CLATTN_IO_ERR_ARGUMENT, msg, path, NULL);
+    const size_t bytes_overflow[1] = {SIZE_MAX / 2 + 1}, fits[1] = {SIZE_MAX / 2};
+    status = clattn_npy_write_typed(path, values, 1, bytes_overflow, CLATTN_IO_F16, msg, MSG_SIZE);
+    expect_status("f16 byte overflow", status, CLATTN_IO_ERR_TOO_LARGE, msg, path, "overflows");
+    status = clattn_npy_write_typed(path, values, 1, fits, CLATTN_IO_F32, msg, MSG_SIZE);
+    expect_status("f32 byte overflow", status, CLATTN_IO_ERR_TOO_LARGE, msg, path, "overflows");
+    const size_t zero[2] = {0, 3};
+    status = clattn_npy_write_typed(path, NULL, 2, zero, CLATTN_IO_BF16, msg, MSG_SIZE);
+    expect_status("empty bf16", status, CLATTN_IO_OK, msg, path, NULL);
+    clattn_array array;
+    status = clattn_npy_read(path, &array, msg, MSG_SIZE);
+    if (expect_status("empty bf16 read", status, CLATTN_IO_OK, msg, path, NULL))
+        expect(array.count == 0 && array.source == CLATTN_IO_BF16, "empty bf16: %zu values",
+               array.count);
+    clattn_array_free(&array);
+    remove(path);
+    END_CHECKS();
+}
+END_TEST
+
 /* --- numpy-written fixtures ---------------------------------------------------------------- */
 
 static void fixture_path(char *dst, size_t dst_size, const char *name)
@@ -1703,6 +1977,7 @@ static Suite *io_suite(void)
     tcase_add_loop_test(npy, test_npy_malformed, 0, COUNT_OF(bad_npys));
     tcase_add_test(npy, test_npy_open_errors);
     tcase_add_test(npy, test_npy_write_errors);
+    tcase_add_test(npy, test_npy_write_typed);
     tcase_add_test(npy, test_npy_numpy_files);
     suite_add_tcase(suite, npy);
 

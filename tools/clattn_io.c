@@ -801,27 +801,80 @@ done:
     return status;
 }
 
-/* Writes count floats as little-endian float32. */
-static int write_floats(FILE *file, const float *data, size_t count)
+static uint32_t bits_from_float(float value)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+/* Rounds value >> shift (1 <= shift <= 31) to the nearest integer, ties to even. */
+static uint32_t shift_round_even(uint32_t value, unsigned shift)
+{
+    const uint32_t kept = value >> shift, rest = value & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1);
+    return kept + (rest > half || (rest == half && (kept & 1u)));
+}
+
+/* IEEE binary32 -> binary16, round to nearest even: past 65504 (from the midpoint 65520 on) to
+ * +-inf, below 2^-14 to subnormals (or a signed zero under 2^-25); a NaN stays a quiet NaN with
+ * its sign and the top of its payload. */
+static uint16_t float_to_half(float value)
+{
+    const uint32_t bits = bits_from_float(value);
+    const uint16_t sign = (uint16_t)(bits >> 16 & 0x8000u);
+    const uint32_t exponent = bits >> 23 & 0xffu, mantissa = bits & 0x7fffffu;
+    if (exponent == 0xff)
+        return (uint16_t)(sign | 0x7c00u | (mantissa ? 0x200u | mantissa >> 13 : 0u));
+    if (exponent > 142) /* 2^16 and beyond */
+        return (uint16_t)(sign | 0x7c00u);
+    if (exponent >= 113) /* a normal half, 2^-14 .. 2^16; a carry may reach the exponent (inf) */
+        return (uint16_t)(sign | shift_round_even((exponent - 112) << 23 | mantissa, 13));
+    /* Subnormal half: value / 2^-24 = (2^23 + mantissa) * 2^(exponent - 126); under 2^-25
+     * (float subnormals included) it rounds to zero. A carry to 0x400 is the smallest normal. */
+    if (exponent < 102)
+        return sign;
+    return (uint16_t)(sign | shift_round_even(0x800000u | mantissa, 126 - exponent));
+}
+
+/* IEEE binary32 -> bfloat16 (its top 16 bits), round to nearest even, overflow to +-inf; a NaN
+ * stays a quiet NaN (the rounding carry could turn a NaN payload into infinity). */
+static uint16_t float_to_bfloat16(float value)
+{
+    const uint32_t bits = bits_from_float(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)(bits >> 16 | 0x40u);
+    return (uint16_t)((bits + 0x7fffu + (bits >> 16 & 1u)) >> 16);
+}
+
+/* Writes count floats as little-endian float32, float16 or bfloat16 (elem_size 4, 2, 2). */
+static int write_values(FILE *file, const float *data, size_t count, clattn_io_dtype dtype)
 {
     unsigned char chunk[CHUNK_BYTES];
-    size_t per_chunk = sizeof chunk / 4;
+    const size_t elem_size = dtype == CLATTN_IO_F32 ? 4 : 2, per_chunk = sizeof chunk / elem_size;
     for (size_t done = 0; done < count;) {
         size_t n = count - done < per_chunk ? count - done : per_chunk;
         for (size_t i = 0; i < n; ++i) {
-            uint32_t bits;
-            memcpy(&bits, &data[done + i], sizeof bits);
-            store_u32(chunk + 4 * i, bits);
+            const float value = data[done + i];
+            if (dtype == CLATTN_IO_F32) {
+                store_u32(chunk + 4 * i, bits_from_float(value));
+                continue;
+            }
+            const uint16_t bits =
+                dtype == CLATTN_IO_F16 ? float_to_half(value) : float_to_bfloat16(value);
+            chunk[2 * i] = (unsigned char)(bits & 0xff);
+            chunk[2 * i + 1] = (unsigned char)(bits >> 8);
         }
-        if (fwrite(chunk, 4, n, file) != n)
+        if (fwrite(chunk, elem_size, n, file) != n)
             return -1;
         done += n;
     }
     return 0;
 }
 
-clattn_io_status clattn_npy_write(const char *path, const float *data, int ndim,
-                                  const size_t *shape, char *msg, size_t msg_size)
+static clattn_io_status npy_write(const char *caller, const char *path, const float *data, int ndim,
+                                  const size_t *shape, clattn_io_dtype dtype, char *msg,
+                                  size_t msg_size)
 {
     clattn_io_status status = CLATTN_IO_OK;
     FILE *file = NULL;
@@ -829,26 +882,38 @@ clattn_io_status clattn_npy_write(const char *path, const float *data, int ndim,
     clear_message(msg, msg_size);
     if (path == NULL || ndim < 0 || ndim > CLATTN_IO_MAX_DIMS || (ndim > 0 && shape == NULL)) {
         status = fail(msg, msg_size, CLATTN_IO_ERR_ARGUMENT, path,
-                      "clattn_npy_write: need a path, 0 <= ndim <= %d (got %d) and a shape",
+                      "%s: need a path, 0 <= ndim <= %d (got %d) and a shape", caller,
                       CLATTN_IO_MAX_DIMS, ndim);
         goto done;
     }
-    if (shape_count(ndim, shape, &count) || mul_overflows(count, 4, &bytes)) {
+    const char *descr = dtype == CLATTN_IO_F32    ? "<f4"
+                        : dtype == CLATTN_IO_F16  ? "<f2"
+                        : dtype == CLATTN_IO_BF16 ? "<V2"
+                                                  : NULL;
+    if (descr == NULL) {
+        status = fail(msg, msg_size, CLATTN_IO_ERR_ARGUMENT, path,
+                      "%s: dtype %d is not CLATTN_IO_F32, CLATTN_IO_F16 or CLATTN_IO_BF16", caller,
+                      (int)dtype);
+        goto done;
+    }
+    if (shape_count(ndim, shape, &count) ||
+        mul_overflows(count, dtype == CLATTN_IO_F32 ? 4 : 2, &bytes)) {
         status = fail(msg, msg_size, CLATTN_IO_ERR_TOO_LARGE, path,
                       "the shape's element count overflows");
         goto done;
     }
     if (count > 0 && data == NULL) {
         status = fail(msg, msg_size, CLATTN_IO_ERR_ARGUMENT, path,
-                      "clattn_npy_write: data is NULL for %zu values", count);
+                      "%s: data is NULL for %zu values", caller, count);
         goto done;
     }
     /* numpy's layout: the dict, spaces, '\n', so that the data starts at a multiple of 64. */
     char shape_text[SHAPE_TEXT_MAX];
     char header[SHAPE_TEXT_MAX + 192];
     format_shape(shape_text, sizeof shape_text, ndim, shape);
-    int length = snprintf(header, sizeof header,
-                          "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }", shape_text);
+    int length =
+        snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
+                 descr, shape_text);
     size_t used = (size_t)length;
     size_t padding = (64 - (10 + used + 1) % 64) % 64;
     memset(header + used, ' ', padding);
@@ -864,7 +929,7 @@ clattn_io_status clattn_npy_write(const char *path, const float *data, int ndim,
         goto done;
     }
     if (fwrite(preamble, 1, sizeof preamble, file) != sizeof preamble ||
-        fwrite(header, 1, used, file) != used || write_floats(file, data, count) != 0) {
+        fwrite(header, 1, used, file) != used || write_values(file, data, count, dtype) != 0) {
         status = fail(msg, msg_size, CLATTN_IO_ERR_OPEN, path, "write error: %s", strerror(errno));
         goto done;
     }
@@ -877,6 +942,19 @@ done:
             remove(path);
     }
     return status;
+}
+
+clattn_io_status clattn_npy_write(const char *path, const float *data, int ndim,
+                                  const size_t *shape, char *msg, size_t msg_size)
+{
+    return npy_write("clattn_npy_write", path, data, ndim, shape, CLATTN_IO_F32, msg, msg_size);
+}
+
+clattn_io_status clattn_npy_write_typed(const char *path, const float *data, int ndim,
+                                        const size_t *shape, clattn_io_dtype dtype, char *msg,
+                                        size_t msg_size)
+{
+    return npy_write("clattn_npy_write_typed", path, data, ndim, shape, dtype, msg, msg_size);
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -79,6 +79,15 @@ CLATTN_IO_API clattn_io_status clattn_npy_read(const char *path, clattn_array *o
 CLATTN_IO_API clattn_io_status clattn_npy_write(const char *path, const float *data, int ndim,
                                                 const size_t *shape, char *msg, size_t msg_size);
 
+/* Writes count = product(shape) float32 values as a version 1.0 C-order .npy of `dtype`:
+ * CLATTN_IO_F32 ('<f4', as clattn_npy_write), CLATTN_IO_F16 ('<f2', IEEE half: round to nearest
+ * even, overflow to +-inf (from 65520 on), subnormals kept, NaN stays NaN) or CLATTN_IO_BF16
+ * ('<V2', as numpy saves ml_dtypes.bfloat16: round to nearest even, NaN stays NaN). Other
+ * dtypes: ARGUMENT. Together with clattn_array.source, writes an output in an input's dtype. */
+CLATTN_IO_API clattn_io_status clattn_npy_write_typed(const char *path, const float *data, int ndim,
+                                                      const size_t *shape, clattn_io_dtype dtype,
+                                                      char *msg, size_t msg_size);
+
 /* --- safetensors ------------------------------------------------------------------------- */
 
 typedef struct clattn_safetensors clattn_safetensors;

@@ -41,8 +41,10 @@ static const char sdpa_usage[] =
     "  above; -1 leaves a side unbounded (ONNX's left_window_size, right_window_size).\n"
     "--scale: default 1/sqrt(d). --norm relu: relu(s) / sum (instead of softmax).\n"
     "--path: auto (fused, never forming the Lq x Lk scores), fused or unfused.\n"
-    "Output: Y with Q's rank, (B, Hq, Lq, dv) or (B, Lq, Hq * dv), written to --out as float32,\n"
-    "or printed when small.\n"
+    "Output: Y with Q's rank, (B, Hq, Lq, dv) or (B, Lq, Hq * dv), written to --out or printed\n"
+    "  when small. Files are written in ONNX's types: Y and --qk-out in Q's dtype, the present\n"
+    "  key and value in K's and V's (float16, bfloat16, float32; float64 inputs give float32).\n"
+    "  clattn computes in float32 and rounds each output once, to nearest even.\n"
     "--qk-out S.npy (B, Hq, Lq, P + Lk), unfused path: the scores by --qk-output-mode (ONNX's\n"
     "  qk_matmul_output_mode): 0 scale * Q Kᵀ, 1 after soft-capping, 2 after the masks too\n"
     "  (-inf where a key is dropped), 3 the softmax probabilities.\n"
@@ -380,10 +382,14 @@ static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4
     return CLI_OK;
 }
 
-static int write_npy(const char *path, const float *data, int ndim, const size_t *shape)
+/* Writes an output in the file dtype of the input ONNX ties it to (float64 inputs read as
+ * CLATTN_IO_F32, so their outputs are float32). */
+static int write_npy(const char *path, const float *data, int ndim, const size_t *shape,
+                     const clattn_array *like)
 {
     char msg[1024];
-    return clattn_npy_write(path, data, ndim, shape, msg, sizeof msg) == CLATTN_IO_OK
+    return clattn_npy_write_typed(path, data, ndim, shape, like->source, msg, sizeof msg) ==
+                   CLATTN_IO_OK
                ? CLI_OK
                : cli_fail("sdpa", CLI_FAILED, "%s", msg);
 }
@@ -627,16 +633,16 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         return rc;
     const size_t present_k_shape[4] = {batch, kv_heads, seq_k, dk};
     const size_t present_v_shape[4] = {batch, kv_heads, seq_k, dv};
-    if (o->present_k && ((rc = write_npy(o->present_k, d->present_k, 4, present_k_shape)) ||
-                         (rc = write_npy(o->present_v, d->present_v, 4, present_v_shape))))
+    if (o->present_k && ((rc = write_npy(o->present_k, d->present_k, 4, present_k_shape, &d->k)) ||
+                         (rc = write_npy(o->present_v, d->present_v, 4, present_v_shape, &d->v))))
         return rc;
     const size_t scores_shape[4] = {batch, heads, seq_q, seq_k};
-    if (o->qk_out && (rc = write_npy(o->qk_out, d->scores, 4, scores_shape)))
+    if (o->qk_out && (rc = write_npy(o->qk_out, d->scores, 4, scores_shape, &d->q)))
         return rc;
 
     const size_t shape4[4] = {batch, heads, seq_q, dv}, shape3[3] = {batch, seq_q, heads * dv};
     if (o->out)
-        return write_npy(o->out, d->out, rank3 ? 3 : 4, rank3 ? shape3 : shape4);
+        return write_npy(o->out, d->out, rank3 ? 3 : 4, rank3 ? shape3 : shape4, &d->q);
     if (out_count > 4096) {
         printf("output: %s floats; use --out Y.npy to save it\n",
                rank3 ? "(B, Lq, Hq * dv)" : "(B, Hq, Lq, dv)");

@@ -17,7 +17,9 @@ ONNX's expected ones.
 status (Oclgrind's reports); --jobs runs that many tests at once.
 
 A test is one of
-    PASS         every output of every path within tolerance (float32 rtol 1e-3, atol 1e-5;
+    PASS         every output of every path of the expected output's dtype (ONNX: Y and
+                 qk_matmul_output of Q's type, present_key/present_value of K's/V's) and within
+                 tolerance (float32 rtol 1e-3, atol 1e-5;
                  float16 inputs rtol 1e-2, atol 2e-3; bfloat16 rtol 4e-2, atol 2e-2: ONNX's
                  expected values are themselves rounded to those types at several steps)
     FAIL         an output differs, or clattn crashed or exited 1 (a device or library failure)
@@ -159,9 +161,11 @@ def run_case(clattn, wrap, fail_on, name, attrs, inputs, outputs, paths, workdir
             if not os.path.exists(files[key + "_out"]):
                 return "FAIL", f"{path}: no {key} written"
             got = np.load(files[key + "_out"])
-            if str(got.dtype) == "|V2" or got.dtype == np.dtype("V2"):
+            if got.dtype == np.dtype("V2"):  # '<V2' in the header: numpy's bfloat16
                 import ml_dtypes
                 got = got.view(ml_dtypes.bfloat16)
+            if type_of(got) != type_of(want):
+                return "FAIL", f"{path}: {key} is {type_of(got)}, ONNX's is {type_of(want)}"
             want64 = want.astype(np.float64)
             got64 = got.astype(np.float64)
             if got64.shape != want64.shape:
