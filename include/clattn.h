@@ -51,9 +51,9 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 3
+#define CLATTN_VERSION_MINOR 4
 #define CLATTN_VERSION_PATCH 0
-#define CLATTN_VERSION_STRING "0.3.0"
+#define CLATTN_VERSION_STRING "0.4.0"
 
 #if defined(_WIN32)
 #define CLATTN_API
@@ -305,6 +305,13 @@ typedef enum clattn_causal {
  *   on the device, and attention runs over all P + seq_k keys (seq_k in the rule above means
  *   that total). present_k/present_v may be given without past (a copy of k and v).
  *
+ * ALiBi (SDPA and MHA; optional): alibi_slopes, F32 (heads) or (batch, heads), one slope m per
+ *   query head; the score of key j in query row i gains -m * |i + n - seq_q - j|, n = the
+ *   batch's key count (kv_seqlen[b] when given, else all keys, past included): the distance
+ *   from the row's position when the queries are the last rows (bottom-right, as
+ *   FlashAttention's alibi_slopes; with causal masking it is ALiBi's -m * (i - j)). Added with
+ *   the masks, after soft-capping. clattn_alibi_slopes gives the slopes of the ALiBi paper.
+ *
  * MHA: query (batch, seq_q, embed_dim), key (batch, seq_k, kdim), value (batch, seq_k, vdim),
  *   out (batch, seq_q, out_dim). Weights as matrices (see clattn_weight_layout): q_weight maps
  *   embed_dim to qk_dim, k_weight kdim to qk_dim, v_weight vdim to v_dim, out_weight v_dim to
@@ -329,7 +336,15 @@ typedef struct clattn_tensors {
     clattn_tensor kv_seqlen;
     clattn_tensor past_k, past_v, present_k, present_v;
     clattn_tensor scores; /* SDPA only: the scores before normalisation (clattn_scores) */
+    clattn_tensor alibi_slopes; /* ALiBi: F32 (heads) or (batch, heads) (see above) */
 } clattn_tensors;
+
+/* The ALiBi paper's slopes for `heads` heads into slopes[0 .. heads - 1]: with n the largest
+ * power of two <= heads, head h < n gets 2^(-max_bias (h + 1) / n), and the heads past n take
+ * the odd terms of the 2n-head sequence, 2^(-max_bias (2 (h - n) + 1) / (2 n)) (BLOOM's rule;
+ * max_bias 8 is the paper's and MPT's default). CLATTN_ERR_INVALID_ARGUMENT for heads 0, a NULL
+ * slopes or a max_bias that is not finite and positive. */
+CLATTN_API clattn_status clattn_alibi_slopes(size_t heads, float max_bias, float *slopes);
 
 /* What the optional SDPA output `scores` (F32, (batch, heads, seq_q, keys), unfused path
  * only) receives: ONNX Attention's qk_matmul_output, modes 0 to 2 (mode 3, the probabilities,
@@ -394,6 +409,11 @@ typedef struct clattn_mha_desc {
     clattn_norm norm;
     clattn_need_weights need_weights;
     clattn_path path; /* AUTO: fused unless the weights are wanted */
+    /* As clattn_sdpa_desc's: soft-capping and the sliding window (MHA takes the alignments
+     * NONE, TOP_LEFT and BOTTOM_RIGHT). */
+    float softcap;
+    clattn_causal window_align;
+    long long window_left, window_right;
 } clattn_mha_desc;
 
 /* Fill *desc with the defaults (zeros, struct_size, scale = NAN). */
@@ -478,10 +498,12 @@ CLATTN_API void clattn_kv_cache_tensors(const clattn_kv_cache *cache, clattn_ten
  * ------------------------------------------------------------------------------------------- */
 
 /* Host masks: attn_mask seq_q x seq_k floats (added), key_padding_mask batch x seq_k bytes
- * (nonzero = ignore the key); NULL = none. */
+ * (nonzero = ignore the key), alibi_slopes heads floats (ALiBi, see clattn_tensors); NULL =
+ * none. */
 typedef struct clattn_host_masks {
     const float *attn_mask;
     const uint8_t *key_padding_mask;
+    const float *alibi_slopes;
 } clattn_host_masks;
 
 /* Shapes of packed (batch, heads, seq, head_dim) q, k, v, out; weights (batch, heads, seq_q,
@@ -493,6 +515,9 @@ typedef struct clattn_attention_host_desc {
     float scale;
     clattn_norm norm;
     clattn_path path;
+    float softcap; /* soft-capping and the sliding window, as clattn_sdpa_desc's */
+    clattn_causal window_align;
+    long long window_left, window_right;
 } clattn_attention_host_desc;
 
 CLATTN_API void clattn_attention_host_desc_init(clattn_attention_host_desc *desc);
@@ -517,6 +542,9 @@ typedef struct clattn_mha_host_desc {
     clattn_norm norm;
     clattn_need_weights need_weights;
     clattn_path path;
+    float softcap; /* soft-capping and the sliding window, as clattn_mha_desc's */
+    clattn_causal window_align;
+    long long window_left, window_right;
 } clattn_mha_host_desc;
 
 typedef struct clattn_mha_host_weights {

@@ -185,7 +185,7 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
 
     /* The row's key band; the group needs keys from its first row's begin to its last row's
      * end (uniform bounds), the tiles before the begin skipped whole. */
-    const key_band band = BAND_OF(b);
+    const key_band band = BAND_OF(b, h);
     const uint row_key_begin = band_begin(band, safe_row), row_key_end = band_end(band, safe_row);
     const uint last_row = min(seq_q, first_row + BLOCK_Q) - 1;
     const uint key_end = min(key_stop, band_end(band, last_row));
@@ -232,8 +232,9 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
             row_t partial = (row_t)(0.0f);
             for (uint d = 0; d < QK_VECS; ++d)
                 partial = mad(q[d], row_load(d, k_tile[j]), partial);
-            s[j] = masked_score(soft_cap(row_sum(partial), softcap), key, row_key_begin,
-                                row_key_end, tile_padded[j], has_mask, mask, key * mask_s3);
+            s[j] = masked_score(
+                soft_cap(row_sum(partial), softcap) + alibi_bias(band, safe_row, key), key,
+                row_key_begin, row_key_end, tile_padded[j], has_mask, mask, key * mask_s3);
             tile_max = fmax(tile_max, s[j]);
         }
 

@@ -234,7 +234,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
         }
     }
 
-    const key_band band = BAND_OF(b);
+    const key_band band = BAND_OF(b, h);
     const uint last_row = min(seq_q, first_row + FC_ROWS) - 1;
     const uint key_end = min(key_stop, band_end(band, last_row));
     const uint group_begin = band_begin(band, first_row);
@@ -325,6 +325,15 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ul
 #pragma unroll
                     for (uint v = 0; v < 4; ++v)
                         s[r][v] = soft_cap16(s[r][v], softcap);
+                }
+            }
+            /* ALiBi (score.cl), with the cap: a uniform branch. */
+            if (band.slope != 0.0f) {
+#pragma unroll
+                for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+                    for (uint v = 0; v < 4; ++v)
+                        s[r][v] += alibi_bias16(band, row0 + r, k0 + 16 * v);
                 }
             }
 

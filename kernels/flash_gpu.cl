@@ -177,7 +177,7 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
 
     /* Keys the group needs: from its first row's band begin to its last row's band end
      * (bounds uniform over the group). */
-    const key_band band = BAND_OF(b);
+    const key_band band = BAND_OF(b, h);
     const uint last_row = min(seq_q, first_row + FG_BQ) - 1;
     const uint key_end = min(key_stop, band_end(band, last_row));
     const uint group_begin = band_begin(band, first_row);
@@ -222,8 +222,9 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
             for (uint j = 0; j < FG_RN; ++j) {
                 const uint jj = tx + j * FG_TX, key = k0 + jj;
                 p_tile[r * P_PAD + jj] = masked_score(
-                    soft_cap(s[i][j], softcap), key, row_key_begin, row_key_end, tile_padded[jj],
-                    has_mask, mask, safe_row * mask_s2 + key * mask_s3);
+                    soft_cap(s[i][j], softcap) + alibi_bias(band, safe_row, key), key,
+                    row_key_begin, row_key_end, tile_padded[jj], has_mask, mask,
+                    safe_row * mask_s2 + key * mask_s3);
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);

@@ -4,9 +4,13 @@
  * (scores from a matmul) and flash.cl (scores computed in place) both apply it through these
  * helpers only.
  *
- *   s_ij = cap(scale * (q_i . k_j)) + mask[b,h,i,j]  float masks (F32, F16, BF16) are added
+ *   s_ij = cap(scale * (q_i . k_j)) + alibi_ij + mask[b,h,i,j]
+ *                                                      float masks (F32, F16, BF16) are added
  *   cap(x) = softcap * tanh(x / softcap)               soft-capping (Gemma 2, ONNX Attention's
  *                                                      softcap), when softcap > 0; else x
+ *   alibi_ij = -slope[b,h] * |i + n_b - seq_q - j|     ALiBi (Press et al.; BLOOM, MPT), when
+ *                                                      slopes are given; else 0. n_b: the
+ *                                                      batch's key count (bottom-right distance)
  *   s_ij = -inf  where a U8 mask[b,h,i,j] is 0        (U8: nonzero = the key takes part)
  *              or key_padding[b, j] != 0               (nonzero = ignore the key)
  *              or j is outside the row's key band      (key_band below: key counts per batch,
@@ -29,9 +33,12 @@
  * diag_kv): TOP_LEFT 0, BOTTOM_RIGHT seq_k - seq_q (kv_len[b] - seq_q), ONNX's rule the past
  * length (kv_len[b] - seq_q). The host computes diag, upper and lower (ops.h). Both ends are
  * nondecreasing in i, so a block's first and last rows bound the keys the block needs.
- * Kernels take the band as the arguments
+ * Kernels take the band, and the ALiBi slopes (F32, per batch and head; strides 0 broadcast),
+ * as the arguments
  *   __global const int *kv_len, ulong kv_len_offset, ulong kv_len_s0, int has_kv_len,
- *   long diag, int diag_kv, long upper, long lower
+ *   long diag, int diag_kv, long upper, long lower,
+ *   __global const float *alibi, ulong alibi_offset, ulong alibi_s0, ulong alibi_s1,
+ *   int has_alibi
  */
 #ifndef CLATTN_SCORE_CL
 #define CLATTN_SCORE_CL
@@ -40,25 +47,31 @@
 #define MASK_DTYPE 0 /* dtype code of the attention mask (F32 when there is none) */
 #endif
 
-/* A row's key band (see above) without its row: per batch. */
+/* A row's key band (see above) without its row: per batch; and the head's ALiBi slope. */
 typedef struct key_band {
-    uint limit; /* keys at and past it are dropped */
-    long diag;  /* row i sits at key position i + diag */
-    long upper; /* j <= i + diag + upper; < 0: no bound */
-    long lower; /* j >= i + diag - lower; < 0: no bound */
+    uint limit;  /* keys at and past it are dropped */
+    long diag;   /* row i sits at key position i + diag */
+    long upper;  /* j <= i + diag + upper; < 0: no bound */
+    long lower;  /* j >= i + diag - lower; < 0: no bound */
+    float slope; /* ALiBi: the head's slope; 0: none */
+    long apos;   /* ALiBi: row i sits at key position i + apos (n_b - seq_q) */
 } key_band;
 
 #define BAND_ARGS                                                                                 \
     __global const int *kv_len, const ulong kv_len_offset, const ulong kv_len_s0,                 \
         const int has_kv_len, const long band_diag, const int band_diag_kv,                      \
-        const long band_upper, const long band_lower
-#define BAND_OF(b)                                                                                \
+        const long band_upper, const long band_lower, __global const float *alibi,              \
+        const ulong alibi_offset, const ulong alibi_s0, const ulong alibi_s1, const int has_alibi
+/* The band of batch b and the slope of head h. */
+#define BAND_OF(b, h)                                                                             \
     make_band(kv_len, kv_len_offset + (b) * kv_len_s0, has_kv_len, seq_k, band_diag,              \
-              band_diag_kv, band_upper, band_lower)
+              band_diag_kv, band_upper, band_lower, alibi,                                        \
+              alibi_offset + (b) * alibi_s0 + (h) * alibi_s1, has_alibi, seq_q)
 
 inline key_band make_band(__global const int *kv_len, const ulong index, const int has_kv_len,
                           const uint seq_k, const long diag, const int diag_kv, const long upper,
-                          const long lower)
+                          const long lower, __global const float *alibi, const ulong alibi_index,
+                          const int has_alibi, const uint seq_q)
 {
     key_band band;
     const long n = has_kv_len ? (long)kv_len[index] : (long)seq_k;
@@ -66,7 +79,26 @@ inline key_band make_band(__global const int *kv_len, const ulong index, const i
     band.diag = diag + (diag_kv ? n : 0);
     band.upper = upper;
     band.lower = lower;
+    band.slope = has_alibi ? alibi[alibi_index] : 0.0f;
+    band.apos = (long)band.limit - (long)seq_q;
     return band;
+}
+
+/* ALiBi's bias of key `key` in row `row`: -slope * |row + apos - key| (0 without slopes). The
+ * distance is exact in float up to 2^24. The float16 form for 16 keys key0 .. key0 + 15. */
+inline float alibi_bias(const key_band band, const uint row, const uint key)
+{
+    if (band.slope == 0.0f)
+        return 0.0f;
+    return -band.slope * fabs((float)((long)row + band.apos - (long)key));
+}
+
+inline float16 alibi_bias16(const key_band band, const uint row, const uint key0)
+{
+    const float16 lane = (float16)(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f,
+                                   10.0f, 11.0f, 12.0f, 13.0f, 14.0f, 15.0f);
+    const float16 distance = (float16)((float)((long)row + band.apos - (long)key0)) - lane;
+    return -band.slope * fabs(distance);
 }
 
 /* Keys band_begin(row) .. band_end(row) - 1 are in the row's band (empty when begin >= end). */

@@ -2,7 +2,7 @@
  * softmax.cl: the score rule (score.cl) over rows of raw dot products: for each row
  * (b, h, i) of raw (batch, heads, seq_q, seq_k), float32,
  *
- *   s_c = masked_score(scale * raw[b,h,i,c], ...)         (scale, mask, key padding, key band)
+ *   s_c = masked_score(scale * raw[b,h,i,c], ...)   (scale, cap, ALiBi, mask, key padding, band)
  *   softmax: out[b,h,i,c] = exp(s_c - max) / sum exp(s - max)   (max subtracted: no overflow)
  *   relu:    out[b,h,i,c] = relu(s_c) / sum relu(s)
  *   a row with nothing left is written as zeros.
@@ -51,7 +51,8 @@
 
 /* The score of column c of the row (masked_score's rule, reading raw only for kept keys). */
 inline float row_score(__global const float *raw, const uint c, const float scale,
-                       const float softcap, const uint key_begin, const uint key_end,
+                       const float softcap, const key_band band, const uint row,
+                       const uint key_begin, const uint key_end,
                        const int has_mask, __global const ELEM_T(MASK_DTYPE) *mask,
                        const ulong mask_s3, const int has_key_padding,
                        __global const uchar *key_padding, const ulong key_padding_s1)
@@ -59,7 +60,8 @@ inline float row_score(__global const float *raw, const uint c, const float scal
     if (key_masked(c, key_begin, key_end,
                    key_padded(has_key_padding, key_padding, c * key_padding_s1)))
         return NEG_INF;
-    return add_mask(soft_cap(scale * raw[c], softcap), has_mask, mask, c * mask_s3);
+    return add_mask(soft_cap(scale * raw[c], softcap) + alibi_bias(band, row, c), has_mask, mask,
+                    c * mask_s3);
 }
 
 #if SOFTMAX_VEC
@@ -109,7 +111,8 @@ inline float sum16(const float16 v)
  * row_score it reads raw and the mask at padded keys too (in the row; the result is -inf), and
  * keys before key_begin (a sliding window's left edge) come out -inf. */
 inline float16 row_scores16(__global const float *raw, const uint c, const float scale,
-                            const float softcap, const uint key_begin, const int has_mask,
+                            const float softcap, const key_band band, const uint row,
+                            const uint key_begin, const int has_mask,
                             __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_s3,
                             const int has_key_padding, __global const uchar *key_padding,
                             const ulong key_padding_s1)
@@ -117,6 +120,8 @@ inline float16 row_scores16(__global const float *raw, const uint c, const float
     float16 s = scale * vload16(0, raw + c);
     if (softcap > 0.0f)
         s = soft_cap16(s, softcap);
+    if (band.slope != 0.0f)
+        s += alibi_bias16(band, row, c);
     if (c < key_begin) {
         const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         s = select(s, (float16)(NEG_INF), (int16)((int)c) + lane < (int16)((int)key_begin));
@@ -161,17 +166,17 @@ inline float16 row_scores16(__global const float *raw, const uint c, const float
  * has_key_padding 0 compiles to loops without their tests. */
 __attribute__((always_inline)) inline void
 softmax_row_vec(__global const float *raw, __global float *out, const float scale,
-                const float softcap, const uint key_begin, const uint key_end, const uint seq_k,
+                const float softcap, const key_band band, const uint row, const uint key_begin, const uint key_end, const uint seq_k,
                 const int has_mask,
                 __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_s3,
                 const int has_key_padding, __global const uchar *key_padding,
                 const ulong key_padding_s1, const int norm_relu)
 {
 #define SCORES16(c)                                                                               \
-    row_scores16(raw, (c), scale, softcap, key_begin, has_mask, mask, mask_s3, has_key_padding,   \
-                 key_padding, key_padding_s1)
+    row_scores16(raw, (c), scale, softcap, band, row, key_begin, has_mask, mask, mask_s3,         \
+                 has_key_padding, key_padding, key_padding_s1)
 #define SCORE(c)                                                                                  \
-    row_score(raw, (c), scale, softcap, key_begin, key_end, has_mask, mask, mask_s3,             \
+    row_score(raw, (c), scale, softcap, band, row, key_begin, key_end, has_mask, mask, mask_s3,  \
               has_key_padding, key_padding, key_padding_s1)
     const uint vec_end = key_end - key_end % 16;
     float inv;
@@ -262,18 +267,18 @@ void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong
         mask += mask_offset + b * mask_s0 + h * mask_s1 + i * mask_s2;
     if (has_key_padding)
         key_padding += key_padding_offset + b * key_padding_s0;
-    const key_band band = BAND_OF(b);
+    const key_band band = BAND_OF(b, h);
     const uint key_begin = band_begin(band, i), key_end = band_end(band, i);
 #if SOFTMAX_VEC
     if (has_mask || has_key_padding)
-        softmax_row_vec(raw, out, scale, softcap, key_begin, key_end, seq_k, has_mask, mask,
-                        mask_s3, has_key_padding, key_padding, key_padding_s1, norm_relu);
+        softmax_row_vec(raw, out, scale, softcap, band, i, key_begin, key_end, seq_k, has_mask,
+                        mask, mask_s3, has_key_padding, key_padding, key_padding_s1, norm_relu);
     else
-        softmax_row_vec(raw, out, scale, softcap, key_begin, key_end, seq_k, 0, mask, 0, 0,
-                        key_padding, 0, norm_relu);
+        softmax_row_vec(raw, out, scale, softcap, band, i, key_begin, key_end, seq_k, 0, mask, 0,
+                        0, key_padding, 0, norm_relu);
 #else
 #define SCORE(c)                                                                                  \
-    row_score(raw, (c), scale, softcap, key_begin, key_end, has_mask, mask, mask_s3,             \
+    row_score(raw, (c), scale, softcap, band, i, key_begin, key_end, has_mask, mask, mask_s3,    \
               has_key_padding, key_padding, key_padding_s1)
 
     /* norm_relu is uniform over the group: every work-item meets the same barriers. */
@@ -310,8 +315,8 @@ void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong
  * score_copy: the scores before normalisation into their own output (ONNX Attention's
  * qk_matmul_output, modes 0 to 2), from the raw dot products:
  *   mode 0: scale * raw          mode 1: cap(scale * raw)
- *   mode 2: the score rule's s: cap(scale * raw) + the mask term, -inf outside the row's key
- *           band or for a padded key (masked_score)
+ *   mode 2: the score rule's s: cap(scale * raw) + ALiBi + the mask term, -inf outside the
+ *           row's key band or for a padded key (masked_score)
  * One work-item per element, numbered (b, h, i, c) row-major; work-items past the end leave.
  */
 __kernel void score_copy(__global const float *raw, const ulong raw_offset, const ulong raw_s0,
@@ -340,7 +345,8 @@ __kernel void score_copy(__global const float *raw, const ulong raw_offset, cons
     if (mode >= 1)
         s = soft_cap(s, softcap);
     if (mode == 2) {
-        const key_band band = BAND_OF(b);
+        const key_band band = BAND_OF(b, h);
+        s += alibi_bias(band, i, c);
         const bool padded =
             has_key_padding &&
             key_padding[key_padding_offset + b * key_padding_s0 + c * key_padding_s1] != 0;
@@ -390,11 +396,11 @@ __kernel void softmax_rows_f64(__global const float *raw, const ulong raw_offset
         mask += mask_offset + b * mask_s0 + h * mask_s1 + i * mask_s2;
     if (has_key_padding)
         key_padding += key_padding_offset + b * key_padding_s0;
-    const key_band band = BAND_OF(b);
+    const key_band band = BAND_OF(b, h);
     const uint key_begin = band_begin(band, i), key_end = band_end(band, i);
 #define SCORE64(c)                                                                                \
-    ((double)row_score(raw, (c), scale, softcap, key_begin, key_end, has_mask, mask, mask_s3,    \
-                       has_key_padding, key_padding, key_padding_s1))
+    ((double)row_score(raw, (c), scale, softcap, band, i, key_begin, key_end, has_mask, mask,    \
+                       mask_s3, has_key_padding, key_padding, key_padding_s1))
     if (norm_relu) {
         double total = 0.0;
         for (uint c = 0; c < seq_k; ++c)

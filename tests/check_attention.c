@@ -113,7 +113,7 @@ static void run_host(const attention_case *ac, const pb_sdpa_problem *p, int var
                     : fusable                      ? CLATTN_PATH_FUSED
                                                    : CLATTN_PATH_AUTO;
     }
-    const clattn_host_masks masks = {p->mask, p->padding};
+    const clattn_host_masks masks = {p->mask, p->padding, NULL};
     const int host_masks = p->mask != NULL || p->padding != NULL;
     float *out = tu_nan_floats(p->out_count);
     float *weights = ac->want_weights ? tu_nan_floats(p->weights_count) : NULL;

@@ -530,6 +530,46 @@ START_TEST(test_sdpa_create_errors)
     }
     desc = good, desc.softcap = 1e-30f; /* tiny but positive: a valid (extreme) cap */
     clattn_plan_release(expect_sdpa_created(&desc, "sdpa(softcap 1e-30)"));
+
+    /* ALiBi slopes: F32 (heads) or (batch, heads) only. */
+    desc = good, desc.tensors.alibi_slopes = f32_1(NULL, SH + 1);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "alibi_slopes", "(heads)",
+                        "sdpa(alibi_slopes of one head too many)");
+    desc = good, desc.tensors.alibi_slopes = f32_2(NULL, SB + 1, SH);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "alibi_slopes", "(batch, heads)",
+                        "sdpa(alibi_slopes of 3 batches)");
+    desc = good, desc.tensors.alibi_slopes = f32_4(NULL, 1, 1, SB, SH);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "alibi_slopes", NULL,
+                        "sdpa(alibi_slopes of rank 4)");
+    desc = good, desc.tensors.alibi_slopes = with_dtype(f32_1(NULL, SH), CLATTN_DTYPE_F16);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "alibi_slopes", "F32",
+                        "sdpa(alibi_slopes F16)");
+    desc = good, desc.tensors.alibi_slopes = f32_2(NULL, SB, SH);
+    clattn_plan_release(expect_sdpa_created(&desc, "sdpa(alibi_slopes (batch, heads))"));
+
+    /* clattn_alibi_slopes: refusals, and the paper's slopes (H = 8: 2^-1 .. 2^-8; H = 12:
+     * the 8-head ones, then the odd terms of the 16-head sequence, 2^-0.5, 2^-1.5, ...). */
+    float slopes[12];
+    tu_expect_status(clattn_alibi_slopes(0, 8.0f, slopes), CLATTN_ERR_INVALID_ARGUMENT,
+                     "clattn_alibi_slopes(0 heads)");
+    tu_expect_status(clattn_alibi_slopes(4, 8.0f, NULL), CLATTN_ERR_INVALID_ARGUMENT,
+                     "clattn_alibi_slopes(NULL)");
+    tu_expect_status(clattn_alibi_slopes(4, 0.0f, slopes), CLATTN_ERR_INVALID_ARGUMENT,
+                     "clattn_alibi_slopes(max_bias 0)");
+    tu_expect_status(clattn_alibi_slopes(4, NAN, slopes), CLATTN_ERR_INVALID_ARGUMENT,
+                     "clattn_alibi_slopes(max_bias NAN)");
+    if (tu_expect_status(clattn_alibi_slopes(8, 8.0f, slopes), CLATTN_SUCCESS,
+                         "clattn_alibi_slopes(8)"))
+        for (int h = 0; h < 8; ++h)
+            tu_expect(slopes[h] == ldexpf(1.0f, -(h + 1)), "8 heads: slope %d is %g, not 2^-%d", h,
+                      (double)slopes[h], h + 1);
+    if (tu_expect_status(clattn_alibi_slopes(12, 8.0f, slopes), CLATTN_SUCCESS,
+                         "clattn_alibi_slopes(12)"))
+        for (int h = 0; h < 12; ++h) {
+            const double want = h < 8 ? ldexp(1.0, -(h + 1)) : pow(2.0, -0.5 * (2 * (h - 8) + 1));
+            tu_expect(fabs(slopes[h] - want) <= 1e-7 * want, "12 heads: slope %d is %.9g, not %.9g",
+                      h, (double)slopes[h], want);
+        }
     desc = good, desc.tensors.q.dtype = (clattn_dtype)7;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "q", "dtype", "sdpa(q dtype 7)");
     desc = good, desc.tensors.out.dtype = (clattn_dtype)-1;
@@ -1034,6 +1074,26 @@ START_TEST(test_mha_create_errors)
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha", "desc", "mha(NULL desc)");
     status = clattn_mha_plan_create(ctx, &good, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha", "out", "mha(NULL out)");
+
+    /* Soft-capping, windows and ALiBi slopes (as SDPA's; ONNX's alignment is SDPA's only). */
+    desc = good, desc.softcap = -1.0f;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "softcap", NULL, "mha(softcap -1)");
+    desc = good, desc.softcap = NAN;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "softcap", NULL, "mha(softcap NAN)");
+    desc = good, desc.window_align = CLATTN_CAUSAL_ONNX;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "window_align", NULL,
+                       "mha(window_align ONNX)");
+    desc = good, desc.causal = CLATTN_CAUSAL_TOP_LEFT;
+    desc.window_align = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", "same alignment",
+                       "mha(causal and window aligned apart)");
+    desc = good, desc.tensors.alibi_slopes = f32_1(NULL, desc.num_heads + 1);
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "alibi_slopes", "(heads)",
+                       "mha(alibi_slopes of one head too many)");
+    desc = good, desc.tensors.alibi_slopes = f32_1(NULL, desc.num_heads);
+    desc.softcap = 2.0f, desc.window_align = CLATTN_CAUSAL_TOP_LEFT, desc.window_left = 3;
+    desc.window_right = -1;
+    clattn_plan_release(expect_mha_created(&desc, "mha(alibi, softcap and a window)"));
     desc = good, desc.struct_size = sizeof(clattn_sdpa_desc);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "struct_size", "clattn_mha_desc",
                        "mha(struct_size of the SDPA desc)");

@@ -196,7 +196,8 @@ END_TEST
  * of batch 0 set to 0 and of the last to seq_k), ONNX's causal offset (the past length, or
  * kv_seqlen[b] - Lq), bottom-right by the batch's count, sliding windows (one side, both, the
  * diagonal alone) and a KV cache's past (present = past + new, written by the plan), with
- * grouped heads, masks, padding, soft-capping and relu mixed in. */
+ * grouped heads, masks, padding, soft-capping, relu and ALiBi slopes (per head, or per batch
+ * and head) mixed in. */
 typedef struct rule_case {
     size_t batch, heads, kv_heads, seq_q, seq_k, dk, dv;
     clattn_causal causal;
@@ -206,6 +207,7 @@ typedef struct rule_case {
     long long left, right;
     int mask, padding, relu;
     float softcap;
+    int alibi; /* pb_sdpa_spec.alibi */
 } rule_case;
 
 #define TL CLATTN_CAUSAL_TOP_LEFT
@@ -214,19 +216,23 @@ typedef struct rule_case {
 #define NONE CLATTN_CAUSAL_NONE
 /* clang-format off */
 static const rule_case rule_cases[] = {
-    /* B  H Hkv  Lq   Lk   dk   dv causal kv_len past window left right mask pad relu cap */
-    {2, 3, 0,  17,  63,  64,  64, BR,   1,   0, NONE, 0, 0,   0, 0, 0, 0},
-    {3, 2, 0,   4, 129,  16,  16, ONNX, 1,   0, NONE, 0, 0,   1, 0, 0, 0},
-    {2, 8, 2,   1, 127,  64,  64, ONNX, 1,   0, NONE, 0, 0,   0, 0, 0, 2.0f},
-    {1, 2, 0,  65,  65,  64,  64, TL,   0,   0, TL,  17, -1,  0, 0, 0, 0},
-    {1, 1, 0,   5,   5,   1,   1, NONE, 0,   0, TL,   1, 2,   0, 0, 0, 0},
-    {2, 3, 0,  17, 129,  17,  33, ONNX, 0, 100, ONNX, 3, -1,  0, 0, 0, 0},
-    {2, 4, 2,  63, 129, 128,  64, BR,   0,  66, NONE, 0, 0,   1, 1, 0, 0},
-    {1, 2, 0, 129,  65,  64,  64, NONE, 1,   0, BR,   0, 0,   0, 0, 0, 0},
-    {2, 2, 0, 127, 127, 256, 256, TL,   0,   0, TL,  63, -1,  0, 1, 0, 0},
-    {3, 1, 0, 200, 300,   8,   8, ONNX, 1,   0, ONNX, 70, -1, 1, 0, 1, 0},
-    {2, 6, 3,   3,  70,   3,   5, ONNX, 0,  67, ONNX, -1, 1,  0, 0, 0, 0.5f},
-    {1, 3, 1,  40,  90,  64,  64, NONE, 0,  50, ONNX, 5,  5,  1, 0, 0, 0},
+    /* B  H Hkv  Lq   Lk   dk   dv causal kv_len past window left right mask pad relu cap alibi */
+    {2, 3, 0,  17,  63,  64,  64, BR,   1,   0, NONE, 0, 0,   0, 0, 0, 0, 0},
+    {3, 2, 0,   4, 129,  16,  16, ONNX, 1,   0, NONE, 0, 0,   1, 0, 0, 0, 0},
+    {2, 8, 2,   1, 127,  64,  64, ONNX, 1,   0, NONE, 0, 0,   0, 0, 0, 2.0f, 0},
+    {1, 2, 0,  65,  65,  64,  64, TL,   0,   0, TL,  17, -1,  0, 0, 0, 0, 0},
+    {1, 1, 0,   5,   5,   1,   1, NONE, 0,   0, TL,   1, 2,   0, 0, 0, 0, 0},
+    {2, 3, 0,  17, 129,  17,  33, ONNX, 0, 100, ONNX, 3, -1,  0, 0, 0, 0, 0},
+    {2, 4, 2,  63, 129, 128,  64, BR,   0,  66, NONE, 0, 0,   1, 1, 0, 0, 0},
+    {1, 2, 0, 129,  65,  64,  64, NONE, 1,   0, BR,   0, 0,   0, 0, 0, 0, 0},
+    {2, 2, 0, 127, 127, 256, 256, TL,   0,   0, TL,  63, -1,  0, 1, 0, 0, 0},
+    {3, 1, 0, 200, 300,   8,   8, ONNX, 1,   0, ONNX, 70, -1, 1, 0, 1, 0, 0},
+    {2, 6, 3,   3,  70,   3,   5, ONNX, 0,  67, ONNX, -1, 1,  0, 0, 0, 0.5f, 0},
+    {1, 3, 1,  40,  90,  64,  64, NONE, 0,  50, ONNX, 5,  5,  1, 0, 0, 0, 0},
+    {2, 4, 0,  17,  63,  64,  64, BR,   1,   0, NONE, 0, 0,   1, 0, 0, 0,    1},
+    {2, 8, 2,   1, 127,  64,  64, ONNX, 0, 100, NONE, 0, 0,   0, 0, 0, 2.0f, 2},
+    {1, 3, 0,  65, 129,  17,  33, NONE, 0,   0, BR,  17, 3,   0, 1, 0, 0,    1},
+    {2, 2, 0, 129,  65,  64,  64, TL,   0,   0, NONE, 0, 0,   1, 0, 1, 0,    2},
 };
 /* clang-format on */
 #undef TL
@@ -257,6 +263,7 @@ START_TEST(test_key_rules)
     spec.padding = c->padding;
     spec.norm = c->relu ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
     spec.softcap = c->softcap;
+    spec.alibi = c->alibi;
     spec.q_gain = 3.0f;
     pb_sdpa_problem p;
     pb_sdpa_make(&p, &spec);
@@ -289,6 +296,7 @@ START_TEST(test_scores_output)
     spec.mask = c->mask ? PB_MASK_FLOAT : PB_MASK_NONE;
     spec.padding = c->padding;
     spec.softcap = c->softcap > 0.0f ? c->softcap : 1.5f; /* modes 0 and 1 then differ */
+    spec.alibi = c->alibi;
     spec.path = CLATTN_PATH_UNFUSED;
     pb_sdpa_problem p;
     pb_sdpa_make(&p, &spec);
@@ -315,8 +323,16 @@ START_TEST(test_scores_output)
             double *want = tu_doubles(count);
             ref_sdpa_shape shape = pb_sdpa_ref_shape(&spec);
             shape.kv_len = p.kv_len;
+            float *alibi = NULL;
+            if (p.alibi != NULL) { /* (B, H) */
+                alibi = tu_floats(spec.batch * spec.heads);
+                for (size_t e = 0; e < spec.batch * spec.heads; ++e)
+                    alibi[e] = p.alibi[spec.alibi == 1 ? e % spec.heads : e];
+            }
+            shape.alibi = alibi;
             float *mask = pb_expand_mask(&p);
             ref_sdpa_scores(&shape, p.q, p.k, mask, p.padding, mode, want);
+            free(alibi);
             free(mask);
             if (pb_download(tu_ctx(), NULL, &bound.scores, got, &stray) == CL_SUCCESS) {
                 size_t wrong = 0, first = count;
@@ -361,6 +377,7 @@ START_TEST(test_softmax_f64)
     spec.padding = c->padding;
     spec.norm = c->relu ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
     spec.softcap = c->softcap;
+    spec.alibi = c->alibi;
     spec.softmax_f64 = 1;
     spec.want_weights = _i % 2;
     spec.q_gain = 3.0f;
@@ -731,8 +748,9 @@ START_TEST(test_flash_cpu_variants)
         spec.q_layout = spec.v_layout = PB_STRIDED_LAST;
         spec.k_layout = PB_SEQ_MAJOR_PADDED;
         break;
-    case 2: /* causal bottom-right with key padding, BF16 k and out, soft-capping */
+    case 2: /* causal bottom-right with key padding, BF16 k and out, soft-capping, ALiBi */
         spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        spec.alibi = 2;
         spec.softcap = 1.5f;
         spec.padding = 1;
         spec.k_dtype = spec.out_dtype = CLATTN_DTYPE_BF16;
@@ -751,7 +769,8 @@ START_TEST(test_flash_cpu_variants)
         spec.mask_ones = PB_MASK_ONES_B | PB_MASK_ONES_H;
         spec.fully_masked = 2;
         break;
-    case 5: /* bool mask of zero strides, causal top-left, padding */
+    case 5: /* bool mask of zero strides, causal top-left, padding, ALiBi per head */
+        spec.alibi = 1;
         spec.mask = PB_MASK_BOOL;
         spec.mask_rank = 4;
         spec.mask_ones = PB_MASK_ONES_H;
@@ -1106,7 +1125,8 @@ START_TEST(test_long_sequence_under_cap)
                                                 0,
                                                 CLATTN_CAUSAL_NONE,
                                                 0,
-                                                0};
+                                                0,
+                                                NULL};
                     for (size_t j = 0; j < seq; ++j)
                         row_mask[j] = c.causal && j > row ? -INFINITY : 0.0f;
                     double want[64];

@@ -330,7 +330,7 @@ START_TEST(test_mha_host_masks_only_from_argument)
     for (int variant = 0; variant < 2; ++variant) {
         tu_set_case("host, masks %s after a device plan with masks: %s",
                     variant == 0 ? "NULL" : "with NULL fields", p.label);
-        const clattn_host_masks empty = {NULL, NULL};
+        const clattn_host_masks empty = {NULL, NULL, NULL};
         float *out = tu_nan_floats(p.out_count), *attn = tu_nan_floats(p.attn_count);
         clattn_status status =
             clattn_mha_forward_host(tu_ctx(), &p.desc, &p.weights, p.query, p.key, p.value,
@@ -467,12 +467,23 @@ static void reference_for(pb_mha_problem *p, const float *query, const float *ke
 
 /* Creates a plan from `layouts` (the problem's settings), executes it once on `bound` and
  * checks the outputs against the problem's reference. */
+static void run_plan_desc(const pb_mha_problem *p, const clattn_mha_desc *desc,
+                          const clattn_tensors *bound, int expect_fused);
+
 static void run_plan_on(const pb_mha_problem *p, const clattn_tensors *layouts,
                         const clattn_tensors *bound, int expect_fused)
 {
     clattn_mha_desc desc;
     pb_mha_desc(p, &desc);
     desc.tensors = *layouts;
+    run_plan_desc(p, &desc, bound, expect_fused);
+}
+
+/* Runs an MHA plan of `desc` on bound, checks it against p's reference. */
+static void run_plan_desc(const pb_mha_problem *p, const clattn_mha_desc *desc_in,
+                          const clattn_tensors *bound, int expect_fused)
+{
+    const clattn_mha_desc desc = *desc_in;
     clattn_plan *plan = NULL;
     clattn_status status = clattn_mha_plan_create(tu_ctx(), &desc, &plan);
     if (!tu_expect_status(status, CLATTN_SUCCESS, "clattn_mha_plan_create")) {
@@ -746,9 +757,10 @@ static float *split_heads(const float *x, size_t batch, size_t seq, size_t heads
 }
 
 /* The MHA reference with an expanded (B, H, Lq, Lk) additive mask (per head, which
- * ref_mha_forward's (Lq, Lk) mask cannot say): projections, ref_sdpa per head, concatenation,
+ * ref_mha_forward's (Lq, Lk) mask cannot say) and the score rules of `rules` (softcap, the
+ * window, the ALiBi slopes; NULL: none): projections, ref_sdpa per head, concatenation,
  * output projection. Fills p->out_ref and p->attn_ref. */
-static void reference_with_head_mask(pb_mha_problem *p, const float *mask)
+static void reference_with_rules(pb_mha_problem *p, const float *mask, const ref_sdpa_shape *rules)
 {
     const pb_mha_spec *s = &p->spec;
     const size_t b = s->batch, lq = s->seq_q, lk = s->seq_k, h = s->num_heads;
@@ -783,9 +795,18 @@ static void reference_with_head_mask(pb_mha_problem *p, const float *mask)
                                   0,
                                   CLATTN_CAUSAL_NONE,
                                   0,
-                                  0};
+                                  0,
+                                  NULL};
+    ref_sdpa_shape ruled = shape;
+    if (rules != NULL) {
+        ruled.softcap = rules->softcap;
+        ruled.window_align = rules->window_align;
+        ruled.window_left = rules->window_left;
+        ruled.window_right = rules->window_right;
+        ruled.alibi = rules->alibi;
+    }
     double *heads_out = tu_doubles(b * h * lq * dv), *weights = tu_doubles(b * h * lq * lk);
-    ref_sdpa(&shape, qh, kh, vh, mask, p->padding, heads_out, weights, NULL);
+    ref_sdpa(&ruled, qh, kh, vh, mask, p->padding, heads_out, weights, NULL);
     float *concat = tu_floats(b * lq * vd);
     for (size_t bi = 0; bi < b; ++bi) {
         for (size_t hi = 0; hi < h; ++hi) {
@@ -826,6 +847,11 @@ static void reference_with_head_mask(pb_mha_problem *p, const float *mask)
     free(v);
     free(k);
     free(q);
+}
+
+static void reference_with_head_mask(pb_mha_problem *p, const float *mask)
+{
+    reference_with_rules(p, mask, NULL);
 }
 
 /* A rank-4 attn_mask broadcast to (B, H, Lq, Lk): dims of 1 (or stride 0) where it repeats.
@@ -902,7 +928,7 @@ START_TEST(test_mha_rank4_mask)
         /* (1, 1, Lq, Lk): the same mask as ref_mha_forward's (Lq, Lk) one. */
         const size_t plane = p.spec.seq_q * p.spec.seq_k;
         double *out_want = tu_doubles(p.out_count), *attn_want = tu_doubles(p.attn_count);
-        const clattn_host_masks masks = {mask_problem.mask, p.padding};
+        const clattn_host_masks masks = {mask_problem.mask, p.padding, NULL};
         ref_mha_forward(&p.desc, &p.weights, p.query, p.key, p.value, &masks, out_want, attn_want);
         reference_with_head_mask(&p, expanded);
         double worst = 0.0;
@@ -935,6 +961,104 @@ START_TEST(test_mha_rank4_mask)
     }
     free(expanded);
     pb_sdpa_free(&mask_problem);
+    pb_mha_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Soft-capping, sliding windows and ALiBi slopes on MHA plans (clattn_mha_desc's softcap,
+ * window_align/left/right, tensors.alibi_slopes), against the per-head reference with the same
+ * rules, on both paths, with causal masks, key padding and Lq != Lk. */
+typedef struct rules_case {
+    size_t seq_q, seq_k;
+    clattn_causal causal;
+    float softcap;
+    clattn_causal window_align;
+    long long left, right;
+    int alibi; /* 0 none, 1 (heads), 2 (batch, heads) */
+    clattn_path path;
+    clattn_need_weights need_weights;
+} rules_case;
+
+#define TL CLATTN_CAUSAL_TOP_LEFT
+#define BR CLATTN_CAUSAL_BOTTOM_RIGHT
+/* clang-format off */
+static const rules_case rules_cases[] = {
+    /* Lq  Lk causal cap  window left right alibi path need_weights */
+    { 17,  17, CLATTN_CAUSAL_NONE, 1.5f, CLATTN_CAUSAL_NONE, 0,  0, 0, FUSED, NONE},
+    { 13,  29, BR,     0.0f, BR,     5, -1, 0, UNFUSED, PER_HEAD},
+    { 29,  13, CLATTN_CAUSAL_NONE, 0.0f, TL,     3,  2, 0, FUSED, NONE},
+    { 17,  65, CLATTN_CAUSAL_NONE, 0.0f, CLATTN_CAUSAL_NONE, 0,  0, 1, FUSED, NONE},
+    { 17,  65, BR,     2.0f, CLATTN_CAUSAL_NONE, 0,  0, 2, UNFUSED, AVERAGED},
+    { 65,  63, TL,     0.7f, TL,    17, -1, 1, AUTO, NONE},
+    {  1, 129, BR,     0.0f, BR,    31, -1, 2, AUTO, NONE},
+};
+/* clang-format on */
+#undef TL
+#undef BR
+
+START_TEST(test_mha_score_rules)
+{
+    TU_BEGIN_TEST();
+    const rules_case *rc = &rules_cases[_i];
+    pb_mha_spec spec;
+    pb_mha_spec_init(&spec);
+    spec.batch = 2, spec.seq_q = rc->seq_q, spec.seq_k = rc->seq_k;
+    spec.embed_dim = 24, spec.num_heads = 3;
+    spec.form = _i % 2 ? SEP_CROSS : PK_CROSS;
+    spec.layout = _i % 2 ? XW : TORCH;
+    spec.in_biases = spec.out_proj = spec.out_bias = 1;
+    spec.need_weights = rc->need_weights;
+    spec.path = rc->path;
+    spec.padding = _i % 3 == 1;
+    spec.causal = rc->causal;
+    pb_mha_problem p;
+    pb_mha_make(&p, &spec);
+    const size_t b = spec.batch, h = spec.num_heads;
+    float *slopes = NULL, *expanded = NULL;
+    if (rc->alibi) {
+        slopes = tu_floats(b * h);
+        expanded = tu_floats(b * h);
+        for (size_t e = 0; e < b * h; ++e)
+            slopes[e] = (float)(0.05 + 0.4 * tu_rand_unit());
+        for (size_t e = 0; e < b * h; ++e)
+            expanded[e] = slopes[rc->alibi == 1 ? e % h : e];
+    }
+    ref_sdpa_shape rules;
+    memset(&rules, 0, sizeof rules);
+    rules.softcap = rc->softcap;
+    rules.window_align = rc->window_align;
+    rules.window_left = rc->left;
+    rules.window_right = rc->right;
+    rules.alibi = expanded;
+    reference_with_rules(&p, NULL, &rules);
+    tu_set_case("MHA rules cap=%g window=%d(%lld,%lld) alibi=%d: %s", (double)rc->softcap,
+                (int)rc->window_align, rc->left, rc->right, rc->alibi, p.label);
+
+    clattn_tensors bound;
+    if (pb_mha_upload(tu_ctx(), &p, &bound) == CL_SUCCESS) {
+        clattn_mha_desc desc;
+        pb_mha_desc(&p, &desc);
+        desc.softcap = rc->softcap;
+        desc.window_align = rc->window_align;
+        desc.window_left = rc->left;
+        desc.window_right = rc->right;
+        cl_int err = CL_SUCCESS;
+        if (rc->alibi) {
+            const size_t dims[2] = {b, h};
+            pb_make_layout(&desc.tensors.alibi_slopes, CLATTN_DTYPE_F32, rc->alibi == 1 ? 1 : 2,
+                           rc->alibi == 1 ? dims + 1 : dims, PB_PACKED);
+            bound.alibi_slopes = desc.tensors.alibi_slopes;
+            err = pb_upload(tu_ctx(), &bound.alibi_slopes, 3, slopes);
+        }
+        if (tu_expect(err == CL_SUCCESS, "upload of the slopes failed (%d)", (int)err)) {
+            const int fused = rc->path == FUSED || (rc->path == AUTO && rc->need_weights == NONE);
+            run_plan_desc(&p, &desc, &bound, fused);
+        }
+        pb_release_tensors(&bound);
+    }
+    free(expanded);
+    free(slopes);
     pb_mha_free(&p);
     TU_END_TEST();
 }
@@ -1048,6 +1172,7 @@ static Suite *mha_suite(void)
     tu_add_loop_except(forward, test_mha_bottom_right_causal, 0, 8, bottom_right_skip,
                        small ? COUNT_OF(bottom_right_skip) : 0);
     tcase_add_loop_test(forward, test_mha_rank4_mask, 0, COUNT_OF(mask4_cases));
+    tcase_add_loop_test(forward, test_mha_score_rules, 0, COUNT_OF(rules_cases));
     suite_add_tcase(suite, forward);
 
     TCase *workspace = tcase_create("workspace");

@@ -778,14 +778,15 @@ static void describe_sdpa(pb_sdpa_problem *p)
         p->label, sizeof p->label,
         "sdpa B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu scale=%g norm=%s causal=%s path=%s "
         "q=%s/%s k=%s/%s v=%s/%s out=%s/%s mask=%s padding=%d fully_masked=%d weights=%d "
-        "lse=%d softcap=%g kv_len=%d past=%zu window=%s(%lld,%lld)",
+        "lse=%d softcap=%g kv_len=%d past=%zu window=%s(%lld,%lld) alibi=%d",
         s->batch, s->heads, s->kv_heads ? s->kv_heads : s->heads, s->seq_q, s->seq_k, s->dk, s->dv,
         (double)s->scale, s->norm == CLATTN_NORM_RELU ? "relu" : "softmax", causal_name(s->causal),
         path_name(s->path), pb_dtype_name(s->q_dtype), pb_layout_name(s->q_layout),
         pb_dtype_name(s->k_dtype), pb_layout_name(s->k_layout), pb_dtype_name(s->v_dtype),
         pb_layout_name(s->v_layout), pb_dtype_name(s->out_dtype), pb_layout_name(s->out_layout),
         mask, s->padding, s->fully_masked, s->want_weights, s->want_lse, (double)s->softcap,
-        s->kv_len, s->past, causal_name(s->window_align), s->window_left, s->window_right);
+        s->kv_len, s->past, causal_name(s->window_align), s->window_left, s->window_right,
+        s->alibi);
 }
 
 /* The mask's dims (right-aligned on (B, H, Lq, Lk)) as uploaded, and the compact dims (the
@@ -869,6 +870,11 @@ static void make_sdpa_layouts(pb_sdpa_problem *p)
     if (s->kv_len) {
         const size_t n_dims[1] = {s->batch};
         pb_make_layout(&t->kv_seqlen, CLATTN_DTYPE_I32, 1, n_dims, PB_PACKED);
+    }
+    if (s->alibi) {
+        const size_t a_dims[2] = {s->batch, s->heads};
+        pb_make_layout(&t->alibi_slopes, CLATTN_DTYPE_F32, s->alibi == 1 ? 1 : 2,
+                       s->alibi == 1 ? a_dims + 1 : a_dims, PB_PACKED);
     }
     const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
     const size_t w_dims[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
@@ -959,6 +965,19 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
                                                  : pb_rand_below(s->seq_k + 1));
         }
     }
+    if (s->alibi) {
+        /* Per head: the paper's slopes (max_bias 8) or random ones; per (batch, head): random
+         * ones (so that every batch has its own). */
+        const size_t count = s->alibi == 1 ? s->heads : s->batch * s->heads;
+        p->alibi = pb_calloc(count, sizeof(float));
+        if (s->alibi == 1 && pb_rand_below(2) &&
+            clattn_alibi_slopes(s->heads, 8.0f, p->alibi) == CLATTN_SUCCESS) {
+        } else {
+            for (size_t i = 0; i < count; ++i) {
+                p->alibi[i] = (float)(0.5 * pb_rand_unit());
+            }
+        }
+    }
     make_sdpa_layouts(p);
     describe_sdpa(p);
     if (!s->skip_reference) {
@@ -1016,9 +1035,18 @@ void pb_sdpa_reference(pb_sdpa_problem *p)
     }
     ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
     shape.kv_len = p->kv_len;
+    float *alibi = NULL;
+    if (p->alibi != NULL) { /* (B, H) */
+        alibi = pb_calloc(s->batch * s->heads, sizeof(float));
+        for (size_t i = 0; i < s->batch * s->heads; ++i) {
+            alibi[i] = p->alibi[s->alibi == 1 ? i % s->heads : i];
+        }
+    }
+    shape.alibi = alibi;
     float *mask = pb_expand_mask(p);
     ref_sdpa(&shape, p->q, p->k, p->v, mask, p->padding, p->out_ref, p->weights_ref, p->lse_ref);
     free(mask);
+    free(alibi);
 }
 
 void pb_sdpa_free(pb_sdpa_problem *p)
@@ -1029,6 +1057,7 @@ void pb_sdpa_free(pb_sdpa_problem *p)
     free(p->mask);
     free(p->padding);
     free(p->kv_len);
+    free(p->alibi);
     free(p->out_ref);
     free(p->weights_ref);
     free(p->lse_ref);
@@ -1120,6 +1149,9 @@ void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags)
     if (flags & PB_RANDOM_BAND) {
         pb_sdpa_random_band(spec);
     }
+    if ((flags & PB_RANDOM_ALIBI) && pb_rand_below(3) == 0) {
+        spec->alibi = 1 + (int)pb_rand_below(2);
+    }
 }
 
 void pb_sdpa_random_band(pb_sdpa_spec *spec)
@@ -1198,6 +1230,7 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
         (err = upload_role(ctx, &l->present_k, &bound->present_k, NULL)) ||
         (err = upload_role(ctx, &l->present_v, &bound->present_v, NULL)) ||
         (err = upload_role(ctx, &l->kv_seqlen, &bound->kv_seqlen, kv_len)) ||
+        (err = upload_role(ctx, &l->alibi_slopes, &bound->alibi_slopes, p->alibi)) ||
         (err = upload_role(ctx, &l->out, &bound->out, NULL)) ||
         (err = upload_role(ctx, &l->attn_mask, &bound->attn_mask, p->mask)) ||
         (err = upload_role(ctx, &l->key_padding_mask, &bound->key_padding_mask, padding)) ||

@@ -167,6 +167,10 @@ typedef struct pb_sdpa_spec {
     clattn_causal window_align;
     long long window_left, window_right;
     int softmax_f64; /* the normalisation in double (unfused only) */
+    /* ALiBi slopes (alibi_slopes): 0 none, 1 one per head (heads), 2 per batch and head
+     * (batch, heads); drawn by pb_sdpa_make: per head the paper's slopes or uniform in
+     * [0, 0.5), per (batch, head) uniform */
+    int alibi;
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u
@@ -186,7 +190,8 @@ void pb_sdpa_spec_init(pb_sdpa_spec *spec);
 #define PB_RANDOM_GQA 32u     /* kv_heads a random divisor of heads */
 #define PB_RANDOM_SOFTCAP 64u /* softcap in [0.5, 4.5) on half the problems (drawn last) */
 #define PB_RANDOM_BAND 128u   /* pb_sdpa_random_band: ONNX causal, windows, kv_len, a past */
-#define PB_RANDOM_ALL 239u
+#define PB_RANDOM_ALIBI 256u  /* ALiBi slopes (rank 1 or 2) on a third of the problems */
+#define PB_RANDOM_ALL 495u
 #define PB_RANDOM_SMALL 16u   /* sizes for simulators: seq up to 63, head dims up to 16,
                                * heads up to 4 (combine with the others) */
 void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags);
@@ -207,6 +212,7 @@ typedef struct pb_sdpa_problem {
     size_t mask_count;
     uint8_t *padding; /* (B, Lk), nonzero = ignore; NULL when none */
     int32_t *kv_len;  /* (B) key counts (spec.kv_len), else NULL */
+    float *alibi;     /* the slopes as uploaded ((H) or (B, H); spec.alibi), else NULL */
     /* float64 reference: out (B, H, Lq, dv), lse (B, H, Lq) and, when want_weights, weights
      * (B, H, Lq, Lk) (else NULL) */
     double *out_ref, *weights_ref, *lse_ref;

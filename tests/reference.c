@@ -81,6 +81,16 @@ static long long align_offset(const ref_sdpa_shape *s, clattn_causal align, size
     }
 }
 
+/* ALiBi's bias of key j in query i of (b, h): -m * |i + n - seq_q - j|; 0 without slopes. */
+static double alibi_bias(const ref_sdpa_shape *s, size_t b, size_t h, size_t query, size_t key)
+{
+    if (s->alibi == NULL) {
+        return 0.0;
+    }
+    const double p = (double)query + (double)align_offset(s, CLATTN_CAUSAL_BOTTOM_RIGHT, b);
+    return -(double)s->alibi[b * s->heads + h] * fabs(p - (double)key);
+}
+
 /* Whether the key rules (key count, causal, window) let query i of batch b see key j. */
 static int rules_keep(const ref_sdpa_shape *s, size_t b, size_t query, size_t key)
 {
@@ -124,6 +134,7 @@ void ref_sdpa_scores(const ref_sdpa_shape *shape, const float *q, const float *k
                         s = shape->softcap * tanh(s / shape->softcap);
                     }
                     if (mode == 2) {
+                        s += alibi_bias(shape, b, h, query, key);
                         if (mask != NULL) {
                             s += mask[row_index * seq_k + key];
                         }
@@ -197,6 +208,7 @@ static void sdpa_double(const ref_sdpa_shape *shape, const double *q, const doub
                     if (shape->softcap > 0.0) { /* soft-capping, before the mask */
                         row[key] = shape->softcap * tanh(row[key] / shape->softcap);
                     }
+                    row[key] += alibi_bias(shape, b, h, query, key);
                     if (mask != NULL) {
                         row[key] += mask[row_index * seq_k + key];
                     }
@@ -379,6 +391,14 @@ void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_wei
             memcpy(mask + bh * seq_q * seq_k, masks->attn_mask, seq_q * seq_k * sizeof(float));
         }
     }
+    /* The host masks' ALiBi slopes (heads), expanded over batch. */
+    float *alibi = NULL;
+    if (masks != NULL && masks->alibi_slopes != NULL) {
+        alibi = ref_alloc(batch * heads, sizeof(float));
+        for (size_t i = 0; i < batch * heads; ++i) {
+            alibi[i] = masks->alibi_slopes[i % heads];
+        }
+    }
     const ref_sdpa_shape shape = {
         .batch = batch,
         .heads = heads,
@@ -390,6 +410,11 @@ void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_wei
         .norm = desc->norm,
         .causal = desc->causal,
         .kv_heads = kv_heads,
+        .softcap = desc->softcap,
+        .window_align = desc->window_align,
+        .window_left = desc->window_left,
+        .window_right = desc->window_right,
+        .alibi = alibi,
     };
     double *o_heads = ref_alloc(rows_q * v_dim, sizeof(double));
     double *head_weights = ref_alloc(batch * heads * seq_q * seq_k, sizeof(double));
@@ -423,6 +448,7 @@ void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_wei
     free(head_weights);
     free(o_heads);
     free(mask);
+    free(alibi);
     free(v_heads);
     free(k_heads);
     free(q_heads);

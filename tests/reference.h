@@ -58,6 +58,9 @@ typedef struct ref_sdpa_shape {
     size_t past;
     clattn_causal window_align;
     long long window_left, window_right;
+    /* ALiBi: (batch, heads) slopes m, or NULL: the score of key j in query i gains
+     * -m * |i + n - seq_q - j| (n: kv_len[b] or seq_k), with the mask (after the cap). */
+    const float *alibi;
 } ref_sdpa_shape;
 
 /* Per (batch, head): s = cap(scale * q kᵀ) + mask (cap: softcap); keys masked by the causal rule, by key_padding
@@ -76,8 +79,8 @@ void ref_sdpa(const ref_sdpa_shape *shape, const float *q, const float *k, const
               double *lse);
 
 /* The scores before normalisation (clattn_scores): mode 0 scale * q.k, 1 soft-capped, 2 also
- * the mask added and -INFINITY where a key rule or key_padding drops the key. Same inputs as
- * ref_sdpa; scores (B, H, Lq, Lk). */
+ * ALiBi and the mask added and -INFINITY where a key rule or key_padding drops the key. Same inputs
+ * as ref_sdpa; scores (B, H, Lq, Lk). */
 void ref_sdpa_scores(const ref_sdpa_shape *shape, const float *q, const float *k, const float *mask,
                      const uint8_t *key_padding, int mode, double *scores);
 
@@ -88,9 +91,9 @@ void ref_sdpa_scores(const ref_sdpa_shape *shape, const float *q, const float *k
  * NULL (= key); weights as clattn_mha_host_weights (in_proj_weight packs q, k, v in PyTorch's
  * order); causal, scale (NAN: 1/sqrt(qk_dim / num_heads)), norm and need_weights from desc;
  * masks->attn_mask (seq_q, seq_k) additive floats, masks->key_padding_mask (batch, seq_k)
- * bytes; masks may be NULL. out: (batch, seq_q, ref_mha_out_dim). attn_weights receives what
- * desc->need_weights selects ((batch, heads, seq_q, seq_k) or the head mean (batch, seq_q,
- * seq_k)); may be NULL. */
+ * bytes, masks->alibi_slopes (heads); masks may be NULL; softcap and the window from desc. out:
+ * (batch, seq_q, ref_mha_out_dim). attn_weights receives what desc->need_weights selects ((batch,
+ * heads, seq_q, seq_k) or the head mean (batch, seq_q, seq_k)); may be NULL. */
 void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_weights *weights,
                      const float *query, const float *key, const float *value,
                      const clattn_host_masks *masks, double *out, double *attn_weights);

@@ -44,6 +44,8 @@ const char *cli_value(cli_args *args);
 bool cli_parse_size(const char *command, const char *option, const char *text, size_t min,
                     size_t *out);
 bool cli_parse_float(const char *command, const char *option, const char *text, float *out);
+/* --window's LEFT,RIGHT: sizes >= 0, or -1 for an unbounded side. */
+bool cli_parse_window(const char *command, const char *text, long long *left, long long *right);
 /* A comma-separated list of sizes (at most max_count), e.g. "512,1024". */
 bool cli_parse_size_list(const char *command, const char *option, const char *text, size_t *out,
                          size_t max_count, size_t *count);

@@ -102,6 +102,24 @@ bool cli_parse_float(const char *command, const char *option, const char *text, 
     return true;
 }
 
+bool cli_parse_window(const char *command, const char *text, long long *left, long long *right)
+{
+    char *end = NULL;
+    errno = 0;
+    const long long first = strtoll(text, &end, 10);
+    const bool comma = end != text && *end == ',';
+    const char *second_text = comma ? end + 1 : end;
+    const long long second = comma ? strtoll(second_text, &end, 10) : 0;
+    if (!comma || end == second_text || *end != '\0' || errno != 0 || first < -1 || second < -1) {
+        cli_fail(command, CLI_BAD_INPUT,
+                 "--window: '%s' is not LEFT,RIGHT (sizes >= 0, or -1 for unbounded)", text);
+        return false;
+    }
+    *left = first;
+    *right = second;
+    return true;
+}
+
 bool cli_parse_size_list(const char *command, const char *option, const char *text, size_t *out,
                          size_t max_count, size_t *count)
 {

@@ -12,6 +12,7 @@ static const char run_usage[] =
     "                  (--weights W.safetensors --heads H | --wq WQ.npy --wk WK.npy --wv WV.npy\n"
     "                   [--wo WO.npy] [--heads H]) [--kv-heads G]\n"
     "                  [--causal] [--attn-mask M.npy] [--key-padding-mask P.npy]\n"
+    "                  [--softcap C] [--window LEFT,RIGHT] [--alibi | --alibi-slopes S.npy]\n"
     "                  [--scale S] [--norm softmax|relu] [--path auto|fused|unfused]\n"
     "                  [--out O.npy] [--attn-out A.npy] [--attn-png A.png] [--device SPEC]\n"
     "\n"
@@ -33,6 +34,13 @@ static const char run_usage[] =
     "Masks: --causal (query i sees keys j <= i); --attn-mask (L, S): float, added to the scaled\n"
     "scores (-inf masks), or bool/uint8, true = masked (as PyTorch); --key-padding-mask (B, S)\n"
     "(or (S) unbatched), bool or 0/1, true = ignore that key. A fully masked row gives zeros.\n"
+    "--softcap C: soft-capping (Gemma 2), each scaled score s becomes C tanh(s / C) before the\n"
+    "  masks (C > 0).\n"
+    "--window LEFT,RIGHT: sliding window (Mistral): query i sees keys i - LEFT .. i + RIGHT; -1\n"
+    "  leaves a side unbounded (with --causal, RIGHT beyond 0 changes nothing).\n"
+    "--alibi: ALiBi (BLOOM, MPT): head h adds -m_h |i + S - L - j| to the score of key j, with\n"
+    "  the paper's slopes m_h (2^(-8 (h + 1) / H) for H a power of two; BLOOM's rule otherwise);\n"
+    "  --alibi-slopes S.npy: your own slopes, (H) floats.\n"
     "--scale: default 1/sqrt(head dim). --norm: softmax (default) or relu (relu(s)/sum).\n"
     "--path: auto (default: the fused kernel, which never forms the L x S scores, unless the\n"
     "weights are asked for), fused, or unfused.\n"
@@ -44,9 +52,11 @@ static const char run_usage[] =
 
 typedef struct run_options {
     const char *device, *query, *key, *value, *weights, *wq, *wk, *wv, *wo;
-    const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png;
+    const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png, *alibi_slopes;
     size_t heads, kv_heads; /* kv_heads 0: heads */
-    bool heads_given, causal;
+    bool heads_given, causal, alibi, window;
+    float softcap;                       /* 0: off */
+    long long window_left, window_right; /* with window */
     float scale; /* NAN unless --scale was given (the library default, 1/sqrt(head dim)) */
     clattn_norm norm;
     clattn_path path;
@@ -54,7 +64,7 @@ typedef struct run_options {
 
 /* Everything loaded from files; freed by run_free. */
 typedef struct run_data {
-    clattn_array query, key, value, mask, padding;
+    clattn_array query, key, value, mask, padding, slopes;
     clattn_array param[8];
     clattn_safetensors *safetensors;
     float *mask_additive;
@@ -71,6 +81,7 @@ static void run_free(run_data *d)
     clattn_array_free(&d->value);
     clattn_array_free(&d->mask);
     clattn_array_free(&d->padding);
+    clattn_array_free(&d->slopes);
     for (int i = 0; i < P_COUNT; ++i)
         clattn_array_free(&d->param[i]);
     clattn_safetensors_close(d->safetensors);
@@ -101,6 +112,7 @@ static int parse_options(int argc, char **argv, run_options *o)
         {"--out", &o->out},
         {"--attn-out", &o->attn_out},
         {"--attn-png", &o->attn_png},
+        {"--alibi-slopes", &o->alibi_slopes},
     };
     while (cli_next(&args)) {
         bool matched = false;
@@ -122,6 +134,21 @@ static int parse_options(int argc, char **argv, run_options *o)
             if (flag < 0)
                 return CLI_BAD_INPUT;
             o->causal = true;
+        } else if ((flag = cli_flag(&args, "--alibi")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            o->alibi = true;
+        } else if (cli_is(&args, "--softcap")) {
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_float("run", "--softcap", value, &o->softcap))
+                return CLI_BAD_INPUT;
+            if (!(o->softcap > 0.0f))
+                return cli_fail("run", CLI_BAD_INPUT, "--softcap: %s is not a positive cap", value);
+        } else if (cli_is(&args, "--window")) {
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_window("run", value, &o->window_left, &o->window_right))
+                return CLI_BAD_INPUT;
+            o->window = true;
         } else if (cli_is(&args, "--heads")) {
             if (!(value = cli_value(&args)) ||
                 !cli_parse_size("run", "--heads", value, 1, &o->heads))
@@ -179,6 +206,8 @@ static int parse_options(int argc, char **argv, run_options *o)
         return cli_fail("run", CLI_BAD_INPUT, "--weights needs --heads H");
     if (!o->heads_given)
         o->heads = 1;
+    if (o->alibi && o->alibi_slopes)
+        return cli_fail("run", CLI_BAD_INPUT, "give --alibi or --alibi-slopes, not both");
     if (o->kv_heads && o->heads % o->kv_heads != 0)
         return cli_fail("run", CLI_BAD_INPUT, "--kv-heads %zu does not divide --heads %zu",
                         o->kv_heads, o->heads);
@@ -478,6 +507,12 @@ static int run(const run_options *o, run_data *d, bool check_only)
     desc.norm = o->norm;
     desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
     desc.path = o->path;
+    desc.softcap = o->softcap;
+    if (o->window) {
+        desc.window_align = CLATTN_CAUSAL_TOP_LEFT;
+        desc.window_left = o->window_left;
+        desc.window_right = o->window_right;
+    }
     if ((rc = o->weights ? load_torch_weights(o, d, &desc)
                          : load_textbook_weights(o, d, &desc, embed)))
         return rc;
@@ -538,8 +573,29 @@ static int run(const run_options *o, run_data *d, bool check_only)
         w.q_bias = p[P_IN_B].data, w.k_bias = p[P_IN_B].data + e;
         w.v_bias = p[P_IN_B].data + e + kv_rows;
     }
+    /* ALiBi: the paper's slopes, or the file's (H). */
+    if (o->alibi) {
+        d->slopes.data = malloc(o->heads * sizeof(float));
+        if (!d->slopes.data)
+            return cli_fail("run", CLI_FAILED, "out of memory for the ALiBi slopes");
+        if (clattn_alibi_slopes(o->heads, 8.0f, d->slopes.data) != CLATTN_SUCCESS)
+            return cli_fail("run", CLI_FAILED, "clattn_alibi_slopes failed for %zu heads",
+                            o->heads);
+    } else if (o->alibi_slopes) {
+        if ((rc = load_npy(o->alibi_slopes, &d->slopes)))
+            return rc;
+        if (d->slopes.ndim != 1 || d->slopes.shape[0] != o->heads)
+            return cli_fail("run", CLI_BAD_INPUT,
+                            "%s: the ALiBi slopes must be (%zu) floats, one per head",
+                            o->alibi_slopes, o->heads);
+        for (size_t h = 0; h < o->heads; ++h)
+            if (!isfinite(d->slopes.data[h]))
+                return cli_fail("run", CLI_BAD_INPUT, "%s: slope %zu is not finite",
+                                o->alibi_slopes, h);
+    }
     const clattn_host_masks masks = {.attn_mask = d->mask_additive,
-                                     .key_padding_mask = d->padding_bytes};
+                                     .key_padding_mask = d->padding_bytes,
+                                     .alibi_slopes = d->slopes.data};
 
     if (check_only)
         return CLI_OK;

@@ -58,21 +58,34 @@ static clattn_status reserve(clattn_ctx *ctx, const char *op, clattn_ws_slot slo
 
 /* Stages the host masks (NULL: none) into their slots and fills the mask tensors. */
 static clattn_status stage_masks(clattn_ctx *ctx, const char *op, const clattn_host_masks *hm,
-                                 size_t batch, size_t seq_q, size_t seq_k, clattn_tensors *t)
+                                 size_t batch, size_t heads, size_t seq_q, size_t seq_k,
+                                 clattn_tensors *t)
 {
     clattn_status status = CLATTN_SUCCESS;
     if (hm == NULL)
         return CLATTN_SUCCESS;
-    size_t mask_elems = 0, padding_elems = 0;
+    size_t mask_elems = 0, padding_elems = 0, floats = 0;
     if (!clattn__mul(seq_q, seq_k, &mask_elems) || !clattn__mul(batch, seq_k, &padding_elems))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: mask sizes overflow size_t", op);
+    /* The float slot holds the mask, then the ALiBi slopes. */
+    const size_t alibi_at = hm->attn_mask ? mask_elems : 0;
+    if (!clattn__add(alibi_at, hm->alibi_slopes ? heads : 0, &floats))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: mask sizes overflow size_t", op);
+    if (floats > 0 && (status = reserve(ctx, op, CLATTN_WS_HOST_MASK, floats, sizeof(float))))
+        return status;
     clattn_tensor staged;
     if (hm->attn_mask) {
-        if ((status = reserve(ctx, op, CLATTN_WS_HOST_MASK, mask_elems, sizeof(float))) ||
-            (status = upload(ctx, op, CLATTN_WS_HOST_MASK, 0, hm->attn_mask, mask_elems,
+        if ((status = upload(ctx, op, CLATTN_WS_HOST_MASK, 0, hm->attn_mask, mask_elems,
                              sizeof(float), &staged)))
             return status;
         t->attn_mask = clattn_tensor_make(staged.mem, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
+    }
+    if (hm->alibi_slopes) {
+        if ((status = upload(ctx, op, CLATTN_WS_HOST_MASK, alibi_at, hm->alibi_slopes, heads,
+                             sizeof(float), &staged)))
+            return status;
+        t->alibi_slopes =
+            clattn_tensor_make(staged.mem, alibi_at, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0);
     }
     if (hm->key_padding_mask) {
         if ((status = reserve(ctx, op, CLATTN_WS_HOST_KPM, padding_elems, 1)) ||
@@ -86,9 +99,11 @@ static clattn_status stage_masks(clattn_ctx *ctx, const char *op, const clattn_h
 }
 
 /* Mask layouts for plan creation (buffers are staged after the plan validated the shapes). */
-static void mask_layouts(const clattn_host_masks *hm, size_t batch, size_t seq_q, size_t seq_k,
-                         clattn_tensors *t)
+static void mask_layouts(const clattn_host_masks *hm, size_t batch, size_t heads, size_t seq_q,
+                         size_t seq_k, clattn_tensors *t)
 {
+    if (hm && hm->alibi_slopes)
+        t->alibi_slopes = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0);
     if (hm && hm->attn_mask)
         t->attn_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
     if (hm && hm->key_padding_mask)
@@ -180,11 +195,15 @@ clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_host
     t->out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lq, desc->head_dim_v);
     if (weights)
         t->weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lq, lk);
-    mask_layouts(masks, b, lq, lk, t);
+    mask_layouts(masks, b, h, lq, lk, t);
     sd.causal = desc->causal;
     sd.scale = desc->scale;
     sd.norm = desc->norm;
     sd.path = desc->path;
+    sd.softcap = desc->softcap;
+    sd.window_align = desc->window_align;
+    sd.window_left = desc->window_left;
+    sd.window_right = desc->window_right;
     clattn_plan *plan = NULL;
     if ((status = clattn_sdpa_plan_create(ctx, &sd, &plan)))
         return clattn__end_message(ctx, op, status);
@@ -212,7 +231,7 @@ clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_host
             CLATTN_SUCCESS)
         t->weights.mem = ctx->workspace[CLATTN_WS_HOST_ATTN];
     if (status == CLATTN_SUCCESS)
-        status = stage_masks(ctx, op, masks, b, lq, lk, t);
+        status = stage_masks(ctx, op, masks, b, h, lq, lk, t);
     if (status == CLATTN_SUCCESS)
         status = run_and_read(ctx, op, plan, t, out, weights);
     clattn_plan_release(plan);
@@ -319,7 +338,7 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
             *params[i].tensor = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, params[i].d_in,
                                                    params[i].d_out, 0, 0);
     }
-    mask_layouts(masks, b, lq, lk, t);
+    mask_layouts(masks, b, h, lq, lk, t);
     md.num_heads = desc->num_heads;
     md.num_kv_heads = desc->num_kv_heads;
     md.layout = desc->layout;
@@ -328,6 +347,10 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
     md.norm = desc->norm;
     md.need_weights = desc->need_weights;
     md.path = desc->path;
+    md.softcap = desc->softcap;
+    md.window_align = desc->window_align;
+    md.window_left = desc->window_left;
+    md.window_right = desc->window_right;
     clattn_plan *plan = NULL;
     if ((status = clattn_mha_plan_create(ctx, &md, &plan)))
         return clattn__end_message(ctx, op, status);
@@ -404,7 +427,7 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
             CLATTN_SUCCESS)
         t->weights.mem = ctx->workspace[CLATTN_WS_HOST_ATTN];
     if (status == CLATTN_SUCCESS)
-        status = stage_masks(ctx, op, masks, b, lq, lk, t);
+        status = stage_masks(ctx, op, masks, b, h, lq, lk, t);
     if (status == CLATTN_SUCCESS)
         status = run_and_read(ctx, op, plan, t, out, attn_weights);
     clattn_plan_release(plan);

@@ -2,6 +2,7 @@
  * projections (no split or concat copies), the output projection from the heads' view. */
 #include "plan.h"
 
+#include <float.h>
 #include <string.h>
 
 typedef struct mha_dims {
@@ -326,8 +327,15 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
     memset(&score, 0, sizeof score);
     if ((status = clattn__plan_score(plan, desc->scale, desc->norm, m->head_dim_qk, &score)) ||
         (status = clattn__plan_masks(plan, d.batch, d.heads, d.seq_q, d.seq_k, &score)) ||
-        (status = clattn__plan_band(plan, desc->causal, CLATTN_CAUSAL_NONE, 0, 0, -1, &score)))
+        (status = clattn__plan_alibi(plan, &score)) ||
+        (status = clattn__plan_band(plan, desc->causal, desc->window_align, desc->window_left,
+                                    desc->window_right, -1, &score)))
         return status;
+    if (!(desc->softcap >= 0.0f && desc->softcap <= FLT_MAX))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: softcap=%g: must be 0 (off) or a finite positive cap", op,
+                            (double)desc->softcap);
+    score.softcap = desc->softcap;
     score.kv_group = d.heads / d.kv_heads;
     const clattn_dtype heads_out = m->has_out_proj ? CLATTN_DTYPE_F32 : l[R_OUT].dtype;
     if ((status = clattn__attention_prepare(plan, &score, m->head_dim_qk, m->head_dim_v,
@@ -535,6 +543,9 @@ clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const s
     io.masks.mask.offset = offsets[R_MASK];
     io.masks.key_padding.mem = mems[R_KPM];
     io.masks.key_padding.offset = offsets[R_KPM];
+    io.masks.alibi = plan->alibi_view;
+    io.masks.alibi.mem = mems[R_ALIBI];
+    io.masks.alibi.offset = offsets[R_ALIBI];
     if (m->has_out_proj)
         io.out = heads_view(workspace, m->concat_at, CLATTN_DTYPE_F32, b, h, lq, dv,
                             lq * m->v_dim, m->v_dim, 1);

@@ -1,6 +1,7 @@
 /* What every plan shares: tensor roles, creation checks, masks, workspace and execution. */
 #include "plan.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@ static const size_t role_offsets[R_COUNT] = {
     offsetof(clattn_tensors, present_k),
     offsetof(clattn_tensors, present_v),
     offsetof(clattn_tensors, scores),
+    offsetof(clattn_tensors, alibi_slopes),
 };
 
 /* SDPA names its inputs q, k, v; MHA query, key, value. */
@@ -58,12 +60,14 @@ static const char *const sdpa_names[R_COUNT] = {
     "present_k",
     "present_v",
     "scores",
+    "alibi_slopes",
 };
 static const char *const mha_names[R_COUNT] = {
-    "query",     "key",    "value",          "out",          "attn_mask",  "key_padding_mask",
-    "weights",   "lse",    "in_proj_weight", "in_proj_bias", "q_weight",   "k_weight",
-    "v_weight",  "q_bias", "k_bias",         "v_bias",       "out_weight", "out_bias",
-    "kv_seqlen", "past_k", "past_v",         "present_k",    "present_v",  "scores",
+    "query",        "key",    "value",          "out",          "attn_mask",  "key_padding_mask",
+    "weights",      "lse",    "in_proj_weight", "in_proj_bias", "q_weight",   "k_weight",
+    "v_weight",     "q_bias", "k_bias",         "v_bias",       "out_weight", "out_bias",
+    "kv_seqlen",    "past_k", "past_v",         "present_k",    "present_v",  "scores",
+    "alibi_slopes",
 };
 
 const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role role)
@@ -107,12 +111,13 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, clattn__plan_kind kind, const ch
     for (int role = 0; role < R_COUNT && status == CLATTN_SUCCESS; ++role) {
         const bool output = role == R_OUT || role == R_WEIGHTS || role == R_LSE ||
                             role == R_PRESENT_K || role == R_PRESENT_V || role == R_SCORES;
-        const unsigned dtypes = role == R_KPM     ? CLATTN__U8
-                                : role == R_KVLEN ? CLATTN__I32
-                                : role == R_MASK  ? CLATTN__FLOATS | CLATTN__U8
-                                : role == R_WEIGHTS || role == R_LSE || role == R_SCORES
-                                    ? CLATTN__F32
-                                    : CLATTN__FLOATS;
+        const unsigned dtypes =
+            role == R_KPM     ? CLATTN__U8
+            : role == R_KVLEN ? CLATTN__I32
+            : role == R_MASK  ? CLATTN__FLOATS | CLATTN__U8
+            : role == R_WEIGHTS || role == R_LSE || role == R_SCORES || role == R_ALIBI
+                ? CLATTN__F32
+                : CLATTN__FLOATS;
         status = clattn__layout_from(ctx, op, role_name(plan, role),
                                      clattn__tensor_of(tensors, (clattn__role)role), dtypes, output,
                                      &plan->layouts[role]);
@@ -122,6 +127,45 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, clattn__plan_kind kind, const ch
         return status;
     }
     *out = plan;
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn_alibi_slopes(size_t heads, float max_bias, float *slopes)
+{
+    if (heads == 0 || slopes == NULL || !(max_bias > 0.0f && max_bias <= FLT_MAX))
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    size_t n = 1;
+    while (n <= heads / 2)
+        n *= 2;
+    for (size_t h = 0; h < heads; ++h)
+        slopes[h] =
+            h < n ? (float)exp2(-(double)max_bias * (double)(h + 1) / (double)n)
+                  : (float)exp2(-(double)max_bias * (double)(2 * (h - n) + 1) / (double)(2 * n));
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__plan_alibi(clattn_plan *plan, clattn__score_shape *score)
+{
+    const clattn__layout *alibi = &plan->layouts[R_ALIBI];
+    score->has_alibi = alibi->present;
+    memset(&plan->alibi_view, 0, sizeof plan->alibi_view);
+    if (!alibi->present)
+        return CLATTN_SUCCESS;
+    const size_t per_head[1] = {score->heads};
+    const size_t per_batch[2] = {score->batch, score->heads};
+    const bool rank1 = alibi->rank == 1;
+    clattn_status status = clattn__layout_expect(plan->ctx, plan->op, "alibi_slopes", alibi,
+                                                 rank1 ? 1 : 2, rank1 ? per_head : per_batch,
+                                                 "(heads) or (batch, heads) of F32 slopes (ALiBi)");
+    if (status != CLATTN_SUCCESS)
+        return status;
+    clattn__view *v = &plan->alibi_view;
+    v->dtype = CLATTN_DTYPE_F32;
+    v->dims[0] = v->dims[1] = 1;
+    v->dims[2] = score->batch;
+    v->strides[2] = rank1 ? 0 : alibi->strides[0];
+    v->dims[3] = score->heads;
+    v->strides[3] = alibi->strides[rank1 ? 0 : 1];
     return CLATTN_SUCCESS;
 }
 

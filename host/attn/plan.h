@@ -31,6 +31,7 @@ typedef enum clattn__role {
     R_PRESENT_K,
     R_PRESENT_V,
     R_SCORES,
+    R_ALIBI,
     R_COUNT
 } clattn__role;
 
@@ -88,6 +89,7 @@ struct clattn_plan {
     clattn__layout layouts[R_COUNT];
     clattn__view mask_view, kpm_view; /* broadcast views of the masks (mem bound at execution) */
     clattn__view kv_len_view;         /* (1, 1, 1, batch) view of kv_seqlen */
+    clattn__view alibi_view;          /* (1, 1, batch, heads) view of alibi_slopes */
     clattn__attention attention;
     clattn__mha mha;
     clattn__sdpa_cache cache;
@@ -99,6 +101,9 @@ struct clattn_plan {
  * R_KPM) for a (batch, heads, seq_q, seq_k) problem and fills the score shape's mask fields. */
 clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, size_t seq_q,
                                  size_t seq_k, clattn__score_shape *score);
+/* The ALiBi slopes (role R_ALIBI: F32 (heads) or (batch, heads)) as plan->alibi_view, and
+ * score->has_alibi; score's batch and heads set. */
+clattn_status clattn__plan_alibi(clattn_plan *plan, clattn__score_shape *score);
 /* Validates the score rule's settings and resolves scale (NAN: 1/sqrt(head_dim_qk)). */
 clattn_status clattn__plan_score(clattn_plan *plan, float scale, clattn_norm norm,
                                  size_t head_dim_qk, clattn__score_shape *score);

@@ -176,6 +176,7 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
     score.softmax_f64 = desc->softmax_f64 == 1;
     if ((status = clattn__plan_score(plan, desc->scale, desc->norm, dk, &score)) ||
         (status = clattn__plan_masks(plan, batch, heads, seq_q, total_k, &score)) ||
+        (status = clattn__plan_alibi(plan, &score)) ||
         (status = clattn__plan_band(plan, desc->causal, desc->window_align, desc->window_left,
                                     desc->window_right,
                                     cache->has_past ? (long long)cache->past_len : -1, &score)))
@@ -192,7 +193,7 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
      * batch's key count (causal bottom-right or ONNX, or none; no window). The fused kernel
      * then takes the group's query heads as the rows of one k/v head (q viewed as (batch,
      * kv_heads, group, d)): each key tile is read once per k/v head instead of once per query
-     * head. */
+     * head. (Not with ALiBi: its slope is the query head's.) */
     const bool fused_likely =
         desc->path == CLATTN_PATH_FUSED ||
         (desc->path == CLATTN_PATH_AUTO && !l[R_WEIGHTS].present && !score.want_scores &&
@@ -202,7 +203,8 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
         (score.band_upper == 0 &&
          (score.band_diag_kv ? score.band_diag == -1 : score.band_diag + 1 >= (long long)total_k));
     plan->decode_group = 1;
-    if (fused_likely && seq_q == 1 && score.kv_group > 1 && score.band_lower < 0 && ends_at_count) {
+    if (fused_likely && seq_q == 1 && score.kv_group > 1 && score.band_lower < 0 && ends_at_count &&
+        !score.has_alibi) {
         plan->decode_group = score.kv_group;
         score.heads = kv_heads;
         score.seq_q = score.kv_group;
@@ -339,5 +341,8 @@ clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const 
     io.masks.kv_len = plan->kv_len_view;
     io.masks.kv_len.mem = mems[R_KVLEN];
     io.masks.kv_len.offset = offsets[R_KVLEN];
+    io.masks.alibi = plan->alibi_view;
+    io.masks.alibi.mem = mems[R_ALIBI];
+    io.masks.alibi.offset = offsets[R_ALIBI];
     return clattn__attention_enqueue(plan, &io, workspace, chain);
 }

@@ -413,7 +413,7 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
             (cl_uint)(score->seq_k - key_begin < plan->part_keys ? score->seq_k
                                                                  : key_begin + plan->part_keys);
         const cl_int resume = key_begin > 0; /* a later part: from the one before */
-        clattn_arg args[72]; /* 64 on flash.cl and flash_gpu.cl, 61 on flash_cpu.cl */
+        clattn_arg args[72]; /* 69 on flash.cl and flash_gpu.cl, 66 on flash_cpu.cl */
         cl_uint n = 0;
 #define ADD(x) (args[n++] = CLATTN_ARG(x))
         ADD(q->mem), ADD(q->offset), ADD(q_s[0]), ADD(q_s[1]), ADD(q_s[2]), ADD(q_s[3]);

@@ -72,6 +72,7 @@ typedef struct clattn__score_shape {
     float softcap; /* 0: off */
     clattn_norm norm;
     bool has_kv_len; /* I32 key counts per batch (clattn__score_masks.kv_len) */
+    bool has_alibi;  /* F32 ALiBi slopes per (batch, head) (clattn__score_masks.alibi) */
     long long band_diag;
     bool band_diag_kv;
     long long band_upper, band_lower; /* < 0: that side unbounded (causal: upper 0) */
@@ -88,6 +89,7 @@ typedef struct clattn__score_shape {
  * a view with dims (1, 1, 1, batch). */
 typedef struct clattn__score_masks {
     clattn__view mask, key_padding, kv_len;
+    clattn__view alibi; /* dims (1, 1, batch, heads), strides 0 on broadcast dims */
 } clattn__score_masks;
 
 /* Whether the band has a diagonal edge (causal or a sliding window). */
@@ -104,6 +106,9 @@ typedef struct clattn__band_args {
     cl_long diag;
     cl_int diag_kv;
     cl_long upper, lower;
+    cl_mem alibi;
+    cl_ulong alibi_offset, alibi_s0, alibi_s1;
+    cl_int has_alibi;
 } clattn__band_args;
 
 /* Fills *band from the score shape and masks; `fallback` is any valid buffer (the kernel
@@ -120,9 +125,14 @@ static inline void clattn__band_fill(const clattn__score_shape *score,
     band->diag_kv = score->band_diag_kv;
     band->upper = score->band_upper;
     band->lower = score->band_lower;
+    band->has_alibi = score->has_alibi;
+    band->alibi = score->has_alibi ? masks->alibi.mem : fallback;
+    band->alibi_offset = score->has_alibi ? masks->alibi.offset : 0;
+    band->alibi_s0 = score->has_alibi ? masks->alibi.strides[2] : 0;
+    band->alibi_s1 = score->has_alibi ? masks->alibi.strides[3] : 0;
 }
 
-/* Appends the 8 band arguments to args[*n ..]. */
+/* Appends the 13 band arguments to args[*n ..]. */
 static inline void clattn__band_add(const clattn__band_args *band, clattn_arg *args, cl_uint *n)
 {
     args[(*n)++] = CLATTN_ARG(band->kv_len);
@@ -133,6 +143,11 @@ static inline void clattn__band_add(const clattn__band_args *band, clattn_arg *a
     args[(*n)++] = CLATTN_ARG(band->diag_kv);
     args[(*n)++] = CLATTN_ARG(band->upper);
     args[(*n)++] = CLATTN_ARG(band->lower);
+    args[(*n)++] = CLATTN_ARG(band->alibi);
+    args[(*n)++] = CLATTN_ARG(band->alibi_offset);
+    args[(*n)++] = CLATTN_ARG(band->alibi_s0);
+    args[(*n)++] = CLATTN_ARG(band->alibi_s1);
+    args[(*n)++] = CLATTN_ARG(band->has_alibi);
 }
 
 /* ---- softmax rows (ops/softmax.c, kernels/softmax.cl) --------------------------------------

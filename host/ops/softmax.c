@@ -105,7 +105,7 @@ clattn_status clattn__score_copy_enqueue(clattn_ctx *ctx, const clattn__softmax_
     const cl_ulong total = (cl_ulong)plan->rows * score->seq_k;
     clattn__band_args band;
     clattn__band_fill(score, masks, raw->mem, &band);
-    clattn_arg args[40] = {
+    clattn_arg args[48] = {
         CLATTN_ARG(raw->mem),
         CLATTN_ARG(raw->offset),
         CLATTN_ARG(raw_s[0]),
@@ -166,7 +166,7 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_pla
     const cl_ulong rows = plan->rows;
     clattn__band_args band;
     clattn__band_fill(score, masks, raw->mem, &band);
-    clattn_arg args[38] = {
+    clattn_arg args[48] = {
         CLATTN_ARG(raw->mem),        CLATTN_ARG(raw->offset),
         CLATTN_ARG(raw_s[0]),        CLATTN_ARG(raw_s[1]),
         CLATTN_ARG(raw_s[2]),        CLATTN_ARG(out->mem),
