@@ -26,7 +26,7 @@ weights; see `clattn bench --help`) against the copy bandwidth (bytes read + wri
 
 Run through bench/peers.sh (it sets the thread variables before numpy and torch load):
     bench/peers.sh [--quick] [--runs N] [--clattn build/clattn] [--clblast build/peer_clblast]
-                   [--clblast-tuned DIR] [--only attention,gqa,mha,matmul,softmax]
+                   [--clblast-tuned DIR] [--only attention,gqa,alibi,mha,matmul,softmax]
                    [--markdown FILE] [--json FILE] [--no-torch]
 Needs: numpy and threadpoolctl (else no numpy column), torch (else no PyTorch column); the
 virtual environment bench/peers.sh uses is /work/venv-peers (PEERS_VENV). Not part of CI.
@@ -83,6 +83,10 @@ def plan(quick):
         ("mqa kv=1", 64, False, "none", attn_extra_l, 1),
     ]
     attention = [a + (8,) for a in attention] + [("gqa",) + g for g in gqa]
+    # ALiBi (group "alibi", not in the default --only): clattn's slopes in the score rule
+    # against torch with the same biases as a float mask (causal folded in: torch takes
+    # attn_mask or is_causal, not both), as models without a fused ALiBi kernel run it.
+    attention += [("alibi", "alibi causal", 64, True, "alibi", attn_extra_l, 8)]
     # The projection shape over L: x (L, E) · W_inᵀ (E, 3E), E = 512 (expected exponent 1).
     proj = [(l, 1536, 512) for l in proj_l]
     return attention, mha, mm, proj, softmax_l
@@ -149,7 +153,16 @@ class Torch:
         q, k, v = self.rand(1, 8, l, d), self.rand(1, kv_heads, l, d), self.rand(1, kv_heads, l, d)
         gqa = {"enable_gqa": True} if kv_heads != 8 else {}
         attn_mask = None
-        if mask == "padding":  # True = takes part; the last l/8 keys are padding (as clattn)
+        if mask == "alibi":  # the paper's slopes for 8 heads, -m|i - j|, -inf past the row
+            slopes = t.tensor([2.0 ** -(h + 1) for h in range(8)]).reshape(8, 1, 1)
+            pos = t.arange(l)
+            attn_mask = -slopes * (pos.reshape(l, 1) - pos.reshape(1, l)).abs().float()
+            if causal:
+                attn_mask = attn_mask.masked_fill(pos.reshape(1, l) > pos.reshape(l, 1),
+                                                  float("-inf"))
+            attn_mask = attn_mask.reshape(1, 8, l, l)
+            causal = False
+        elif mask == "padding":  # True = takes part; the last l/8 keys are padding (as clattn)
             attn_mask = (t.arange(l) < l - l // 8).reshape(1, 1, 1, l)
         elif mask == "additive":
             attn_mask = self.rand(l, l)
@@ -350,7 +363,9 @@ def main():
                         help="folder with CLBlast tuner JSON (clblast_xgemm_*_32.json)")
     parser.add_argument("--only", default="attention,mha,matmul,softmax",
                         help="the groups to run (comma-separated; default all but gqa: "
-                             "grouped-query attention against torch's enable_gqa, and decode: "
+                             "grouped-query attention against torch's enable_gqa, alibi: "
+                             "ALiBi slopes against torch with the biases as a float mask, "
+                             "and decode: "
                              "one-token steps over a KV cache, B=1 H=32 Hkv=8 d=128, 1k-32k "
                              "keys, in tokens/s)")
     parser.add_argument("--no-torch", action="store_true")
@@ -378,10 +393,10 @@ def main():
 
     attention, mha, mm, proj, softmax_l = plan(args.quick)
     only = set(args.only.split(","))
-    if only - {"attention", "gqa", "mha", "matmul", "softmax", "decode"}:
+    if only - {"attention", "gqa", "alibi", "mha", "matmul", "softmax", "decode"}:
         raise SystemExit(f"peers: --only: unknown group in '{args.only}'")
-    attention = [a[1:] for a in attention if a[0] == "gqa" and "gqa" in only] + \
-                [a for a in attention if a[0] != "gqa" and "attention" in only]
+    attention = [a[1:] for a in attention if a[0] in ("gqa", "alibi") and a[0] in only] + \
+                [a for a in attention if a[0] not in ("gqa", "alibi") and "attention" in only]
     mha = mha if "mha" in only else []
     if "matmul" not in only:
         mm, proj = [], []
@@ -391,7 +406,9 @@ def main():
     # Attention: fused kernel, B=1, H=8 (k/v heads kv: 8, or grouped-query).
     for variant, d, causal, mask, ls, kv in attention:
         extra = ["--causal"] if causal else []
-        if mask != "none":
+        if mask == "alibi":
+            extra += ["--alibi"]
+        elif mask != "none":
             extra += ["--mask", mask]
         if kv != 8:
             extra += ["--kv-heads", str(kv)]

@@ -265,6 +265,103 @@ START_TEST(test_run_kv_heads)
 }
 END_TEST
 
+/* --softcap, --window, --alibi / --alibi-slopes with an additive --attn-mask and --causal
+ * (textbook weights, 3 heads), against the float64 reference; then the refusals. */
+START_TEST(test_run_score_rules)
+{
+    TU_BEGIN_TEST();
+    enum { L = 19, E = 12, H = 3, DK = 12, DV = 9 };
+    tu_set_case("clattn run --softcap --window --alibi (textbook weights, %d heads)", H);
+    char x_path[512], wq_path[512], wk_path[512], wv_path[512], m_path[512], s_path[512];
+    char out[512], args[4096];
+    float *x = scratch_npy("rules_x.npy", L, E, x_path, sizeof x_path);
+    float *wq = scratch_npy("rules_wq.npy", E, DK, wq_path, sizeof wq_path);
+    float *wk = scratch_npy("rules_wk.npy", E, DK, wk_path, sizeof wk_path);
+    float *wv = scratch_npy("rules_wv.npy", E, DV, wv_path, sizeof wv_path);
+    float *mask = scratch_npy("rules_mask.npy", L, L, m_path, sizeof m_path);
+    snprintf(out, sizeof out, "%s/rules_out.npy", scratch);
+
+    clattn_mha_host_desc desc;
+    clattn_mha_host_desc_init(&desc);
+    desc.batch = 1, desc.seq_q = L, desc.seq_k = L, desc.embed_dim = E, desc.num_heads = H;
+    desc.qk_dim = DK, desc.v_dim = DV, desc.layout = CLATTN_LAYOUT_XW;
+    desc.causal = CLATTN_CAUSAL_TOP_LEFT;
+    desc.softcap = 1.5f;
+    desc.window_align = CLATTN_CAUSAL_TOP_LEFT, desc.window_left = 4, desc.window_right = 2;
+    const clattn_mha_host_weights w = {.q_weight = wq, .k_weight = wk, .v_weight = wv};
+    float slopes[H];
+    tu_expect_status(clattn_alibi_slopes(H, 8.0f, slopes), CLATTN_SUCCESS, "clattn_alibi_slopes");
+    clattn_host_masks masks = {.attn_mask = mask, .alibi_slopes = slopes};
+    double *ref = tu_doubles((size_t)L * DV);
+    ref_mha_forward(&desc, &w, x, x, x, &masks, ref, NULL);
+    const size_t shape[2] = {L, DV};
+    for (int path = 0; path < 2; ++path) {
+        snprintf(args, sizeof args,
+                 "run --query %s --wq %s --wk %s --wv %s --heads %d --causal --attn-mask %s "
+                 "--softcap 1.5 --window 4,2 --alibi --path %s --out %s",
+                 x_path, wq_path, wk_path, wv_path, H, m_path, path ? "unfused" : "fused", out);
+        int status = run_cli(args);
+        tu_expect(status == 0, "exit status %d, stderr: %s", status, captured("stderr"));
+        if (status == 0)
+            expect_npy_reference(out, path ? "rules out (unfused)" : "rules out (fused)", ref,
+                                 (size_t)L * DV, 2, shape);
+    }
+    /* Own slopes from a file, without the mask and the window. */
+    const float own[H] = {0.75f, 0.1f, 0.0f};
+    char msg[256];
+    const size_t s_shape[1] = {H};
+    snprintf(s_path, sizeof s_path, "%s/rules_slopes.npy", scratch);
+    tu_expect(clattn_npy_write(s_path, own, 1, s_shape, msg, sizeof msg) == CLATTN_IO_OK, "%s",
+              msg);
+    desc.softcap = 0.0f, desc.window_align = CLATTN_CAUSAL_NONE;
+    masks.attn_mask = NULL, masks.alibi_slopes = own;
+    ref_mha_forward(&desc, &w, x, x, x, &masks, ref, NULL);
+    snprintf(args, sizeof args,
+             "run --query %s --wq %s --wk %s --wv %s --heads %d --causal --alibi-slopes %s "
+             "--out %s",
+             x_path, wq_path, wk_path, wv_path, H, s_path, out);
+    int status = run_cli(args);
+    tu_expect(status == 0, "--alibi-slopes: exit status %d, stderr: %s", status,
+              captured("stderr"));
+    if (status == 0)
+        expect_npy_reference(out, "rules out (own slopes)", ref, (size_t)L * DV, 2, shape);
+
+    /* Refusals: one line, exit 2, naming the option or file. */
+    static const struct {
+        const char *extra, *needle;
+    } bad[] = {
+        {"--softcap 0", "--softcap"},
+        {"--softcap -2", "--softcap"},
+        {"--window 3", "--window"},
+        {"--window 3,-2", "--window"},
+        {"--alibi --alibi-slopes SLOPES", "not both"},
+        {"--alibi-slopes MASK", "one per head"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        char extra[1100];
+        snprintf(extra, sizeof extra, "%s", bad[i].extra);
+        char *at = strstr(extra, "SLOPES");
+        if (at)
+            snprintf(at, sizeof extra - (size_t)(at - extra), "%s", s_path);
+        at = strstr(extra, "MASK");
+        if (at)
+            snprintf(at, sizeof extra - (size_t)(at - extra), "%s", m_path);
+        snprintf(args, sizeof args, "run --query %s --wq %s --wk %s --wv %s --heads %d %s", x_path,
+                 wq_path, wk_path, wv_path, H, extra);
+        status = run_cli(args);
+        tu_expect(status == 2 && strstr(captured("stderr"), bad[i].needle),
+                  "'%s': status %d, stderr: %s", bad[i].extra, status, captured("stderr"));
+    }
+    free(ref);
+    free(mask);
+    free(wv);
+    free(wk);
+    free(wq);
+    free(x);
+    TU_END_TEST();
+}
+END_TEST
+
 /* Writes a bool .npy ('|b1') of the given shape in the scratch folder. */
 static void write_bool_npy(const char *path, const unsigned char *values, int ndim,
                            const size_t *shape)
@@ -345,6 +442,77 @@ static void write_i64_npy(const char *path, const long long *values, size_t coun
 /* clattn sdpa with ONNX's KV cache (--past-key/--past-value, --present-*-out), the window, the
  * scores (--qk-out, modes 2 and 3) and a static cache's fill (--nonpad-kv-seqlen), against the
  * float64 reference with ONNX's rules; then the refusals. */
+/* --alibi (the paper's slopes, (Hq)) and --alibi-slopes ((B, Hq) from a file) with grouped
+ * heads and bottom-right causal masking, on both paths, against the float64 reference. */
+START_TEST(test_sdpa_alibi)
+{
+    TU_BEGIN_TEST();
+    enum { B = 2, H = 4, G = 2, LQ = 5, LK = 13, D = 8 };
+    tu_set_case("clattn sdpa --alibi: B=%d Hq=%d Hkv=%d Lq=%d Lk=%d", B, H, G, LQ, LK);
+    char q_path[512], k_path[512], v_path[512], s_path[512], out[512], args[8192], msg[512];
+    const size_t q_shape[4] = {B, H, LQ, D}, k_shape[4] = {B, G, LK, D};
+    float *q = scratch_array("alibi_q.npy", 4, q_shape, q_path, sizeof q_path);
+    float *k = scratch_array("alibi_k.npy", 4, k_shape, k_path, sizeof k_path);
+    float *v = scratch_array("alibi_v.npy", 4, k_shape, v_path, sizeof v_path);
+    snprintf(out, sizeof out, "%s/alibi_y.npy", scratch);
+    snprintf(s_path, sizeof s_path, "%s/alibi_slopes.npy", scratch);
+    float slopes[B * H], own[B * H];
+    tu_expect_status(clattn_alibi_slopes(H, 8.0f, slopes), CLATTN_SUCCESS, "clattn_alibi_slopes");
+    for (int i = 0; i < H; ++i)
+        slopes[H + i] = slopes[i];
+    for (int i = 0; i < B * H; ++i)
+        own[i] = (float)(0.6 * tu_rand_unit());
+    const size_t s_shape[2] = {B, H};
+    tu_expect(clattn_npy_write(s_path, own, 2, s_shape, msg, sizeof msg) == CLATTN_IO_OK, "%s",
+              msg);
+    const size_t out_count = (size_t)B * H * LQ * D;
+    double *ref = tu_doubles(out_count);
+    for (int form = 0; form < 2; ++form) {
+        const ref_sdpa_shape shape = {.batch = B,
+                                      .heads = H,
+                                      .seq_q = LQ,
+                                      .seq_k = LK,
+                                      .dk = D,
+                                      .dv = D,
+                                      .scale = ref_resolve_scale(NAN, D),
+                                      .norm = CLATTN_NORM_SOFTMAX,
+                                      .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
+                                      .kv_heads = G,
+                                      .alibi = form ? own : slopes};
+        ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
+        for (int p = 0; p < 2; ++p) {
+            snprintf(args, sizeof args,
+                     "sdpa --q %s --k %s --v %s --causal --causal-align bottom-right %s%s "
+                     "--path %s --out %s",
+                     q_path, k_path, v_path, form ? "--alibi-slopes " : "--alibi",
+                     form ? s_path : "", p ? "unfused" : "auto", out);
+            const int status = run_cli(args);
+            tu_expect(status == 0, "form %d path %d: exit status %d, stderr: %s", form, p, status,
+                      captured("stderr"));
+            if (status == 0)
+                expect_npy_reference(out, form ? "Y (own slopes)" : "Y (the paper's slopes)", ref,
+                                     out_count, 4, (const size_t[]){B, H, LQ, D});
+        }
+    }
+    /* Slopes of the wrong shape, and both forms at once: one line, exit 2. */
+    snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s --alibi-slopes %s", q_path, k_path,
+             v_path, q_path);
+    int status = run_cli(args);
+    tu_expect(status == 2 && strstr(captured("stderr"), "ALiBi slopes have shape"),
+              "slopes of Q's shape: status %d, stderr: %s", status, captured("stderr"));
+    snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s --alibi --alibi-slopes %s", q_path,
+             k_path, v_path, s_path);
+    status = run_cli(args);
+    tu_expect(status == 2 && strstr(captured("stderr"), "not both"),
+              "--alibi with --alibi-slopes: status %d, stderr: %s", status, captured("stderr"));
+    free(ref);
+    free(v);
+    free(k);
+    free(q);
+    TU_END_TEST();
+}
+END_TEST
+
 START_TEST(test_sdpa_cache_command)
 {
     TU_BEGIN_TEST();
@@ -1770,6 +1938,8 @@ int main(int argc, char **argv)
                         (int)(sizeof torch_cases / sizeof torch_cases[0]));
     tcase_add_test(tc, test_run_textbook_and_png);
     tcase_add_test(tc, test_run_kv_heads);
+    tcase_add_test(tc, test_run_score_rules);
+    tcase_add_test(tc, test_sdpa_alibi);
     tcase_add_test(tc, test_sdpa_command);
     tcase_add_test(tc, test_sdpa_cache_command);
     tcase_add_loop_test(tc, test_sdpa_typed_outputs, 0,

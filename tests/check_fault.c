@@ -144,7 +144,7 @@ static clattn_status host_call(clattn_ctx *ctx, const problem *p, int check)
         desc.seq_q = s->spec.seq_q, desc.seq_k = s->spec.seq_k;
         desc.head_dim_qk = s->spec.dk, desc.head_dim_v = s->spec.dv;
         desc.causal = s->spec.causal;
-        const clattn_host_masks masks = {s->mask, s->padding};
+        const clattn_host_masks masks = {s->mask, s->padding, NULL};
         float *out = tu_nan_floats(s->out_count), *weights = tu_nan_floats(s->weights_count);
         clattn_status status =
             clattn_attention_host(ctx, &desc, s->q, s->k, s->v, &masks, out, weights);
@@ -401,7 +401,8 @@ START_TEST(test_max_alloc_refused_or_fused)
                                         0,
                                         CLATTN_CAUSAL_NONE,
                                         0,
-                                        0};
+                                        0,
+                                        NULL};
             double want = 0.0, magnitude = 0.0;
             ref_sdpa(&one, q + rows[r], k, v, NULL, NULL, &want, NULL, NULL);
             ref_sdpa(&one, q + rows[r], k, v_abs, NULL, NULL, &magnitude, NULL, NULL);

@@ -687,7 +687,7 @@ START_TEST(test_determinism_attention)
     desc.seq_k = spec.seq_k, desc.head_dim_qk = spec.dk, desc.head_dim_v = spec.dv;
     desc.causal = spec.causal;
     desc.path = path;
-    const clattn_host_masks masks = {p.mask, p.padding};
+    const clattn_host_masks masks = {p.mask, p.padding, NULL};
 
     clattn_ctx *fresh = fresh_context();
     float *out[DETERMINISM_RUNS], *weights[DETERMINISM_RUNS];

@@ -14,7 +14,7 @@ static const char bench_usage[] =
     "usage: clattn bench [--op matmul,softmax,attention,mha,decode] [--runs N] [--warmup N]\n"
     "                    [--json]\n"
     "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--kv-heads H]\n"
-    "                    [--softcap C]\n"
+    "                    [--softcap C] [--alibi]\n"
     "                    [--seq L,...] [--seq-k S]\n"
     "                    [--head-dim D] [--embed E] [--path fused,unfused]\n"
     "                    [--dtype f32,f16,bf16] [--causal] [--mask none,padding,additive]\n"
@@ -37,7 +37,8 @@ static const char bench_usage[] =
     "--kv-heads H (attention): grouped-query attention, k and v with H heads (a divisor of\n"
     "--heads; 1 = multi-query), shared by --heads / H query heads each; the rate counts every\n"
     "query head's work as without it.\n"
-    "--softcap C (attention, decode): soft-capped scores, C * tanh(s / C) (C > 0).\n";
+    "--softcap C (attention, decode): soft-capped scores, C * tanh(s / C) (C > 0).\n"
+    "--alibi (attention): ALiBi biases with the paper's slopes (clattn_alibi_slopes).\n";
 /* Two strings: C99 compilers need only take 4095 characters in one. */
 static const char bench_usage_more[] =
     "decode (not in the default set): one generation step per run, as a model's attention\n"
@@ -91,6 +92,7 @@ typedef struct bench_options {
     bool paths[2];  /* fused, unfused */
     bool dtypes[3]; /* f32, f16, bf16 */
     bool causal;    /* attention: top-left causal */
+    bool alibi;     /* attention: ALiBi slopes (the paper's) */
     int mask;       /* attention: 0 none, 1 key padding (U8), 2 additive (F32) */
 } bench_options;
 
@@ -542,6 +544,12 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         snprintf(kv_json + used, sizeof kv_json - used, ", \"softcap\": %g", (double)softcap);
         snprintf(kv_text + used_text, sizeof kv_text - used_text, " cap=%g", (double)softcap);
     }
+    const bool alibi = !softmax && o->alibi;
+    if (alibi) {
+        const size_t used = strlen(kv_json), used_text = strlen(kv_text);
+        snprintf(kv_json + used, sizeof kv_json - used, ", \"alibi\": true");
+        snprintf(kv_text + used_text, sizeof kv_text - used_text, " alibi");
+    }
     case_result r = {.op = softmax ? "softmax" : "attention",
                      .unit = softmax ? "gbps" : "gflops",
                      .path = softmax                     ? NULL
@@ -582,14 +590,27 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
             clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, o->batch, seq_k, 0, 0);
     if (mask == 2)
         t->attn_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
+    if (alibi)
+        t->alibi_slopes = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
     plan_case c = {.tensors = desc.tensors};
     /* The plan first: a case the device cannot hold is refused before any buffer is made. */
     clattn_status status = clattn_sdpa_plan_create(b->ctx, &desc, &c.plan);
     const size_t q_count = bh * seq_q * d, kv_count = o->batch * kv_heads * seq_k * d;
     const size_t scores = bh * seq_q * seq_k;
-    cl_mem mem[6] = {NULL};
+    cl_mem mem[7] = {NULL};
     size_t bytes = 0;
     if (status == CLATTN_SUCCESS) {
+        if (alibi) {
+            float *slopes = malloc(o->heads * sizeof(float));
+            cl_int err = CL_SUCCESS;
+            if (slopes && clattn_alibi_slopes(o->heads, 8.0f, slopes) == CLATTN_SUCCESS)
+                mem[6] = clCreateBuffer(b->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                        o->heads * sizeof(float), slopes, &err);
+            free(slopes);
+            if (err != CL_SUCCESS)
+                mem[6] = NULL;
+            bind(&c.tensors.alibi_slopes, mem[6], o->heads, &bytes);
+        }
         mem[0] = random_buffer(b, q_count, type, 6);
         mem[1] = random_buffer(b, kv_count, type, 7);
         mem[2] = random_buffer(b, kv_count, type, 8);
@@ -618,7 +639,7 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
             bind(&c.tensors.attn_mask, mem[5], seq_q * seq_k, &bytes);
         }
         status =
-            all_made(mem, softmax ? 5 : 4) && (mask == 0 || mem[5])
+            all_made(mem, softmax ? 5 : 4) && (mask == 0 || mem[5]) && (!alibi || mem[6])
                 ? measure(b, r.size_text, run_plan, &c, &r.device_ms, &r.wall_ms, &r.wall_timer)
                 : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     }
@@ -629,7 +650,7 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         measure_softmax_step(b, &c.tensors, scores, &r);
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.plan);
-    release_all(mem, 6);
+    release_all(mem, 7);
     return rc;
 }
 
@@ -848,6 +869,11 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             if (flag < 0)
                 return CLI_BAD_INPUT;
             o->causal = true;
+            continue;
+        } else if ((flag = cli_flag(&args, "--alibi")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            o->alibi = true;
             continue;
         }
         if (!(value = cli_value(&args)))

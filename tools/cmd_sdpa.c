@@ -2,7 +2,6 @@
  * Attention operator and of torch.nn.functional.scaled_dot_product_attention). */
 #include "cli.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +14,7 @@ static const char sdpa_usage[] =
     "                   [--nonpad-kv-seqlen N.npy] [--causal] [--causal-align "
     "onnx|top-left|bottom-right]\n"
     "                   [--window LEFT,RIGHT] [--softcap C] [--scale S] [--norm softmax|relu]\n"
+    "                   [--alibi | --alibi-slopes S.npy]\n"
     "                   [--present-key-out PK.npy --present-value-out PV.npy]\n"
     "                   [--qk-output-mode 0|1|2|3 --qk-out S.npy] [--softmax-precision 1]\n"
     "                   [--path auto|fused|unfused] [--out Y.npy] [--device SPEC]\n"
@@ -39,6 +39,9 @@ static const char sdpa_usage[] =
     "  sequence, PyTorch's causal_lower_right).\n"
     "--window LEFT,RIGHT: query i attends to keys p - LEFT .. p + RIGHT, p = i + the offset\n"
     "  above; -1 leaves a side unbounded (ONNX's left_window_size, right_window_size).\n"
+    "--alibi: ALiBi (not an ONNX attribute): query head h adds -m_h |i + Lk - Lq - j| to the\n"
+    "  score of key j (Lk: all keys, past included; N[b] with --nonpad-kv-seqlen), the paper's\n"
+    "  slopes m_h; --alibi-slopes S.npy: your own, (Hq) or (B, Hq) floats.\n"
     "--scale: default 1/sqrt(d). --norm relu: relu(s) / sum (instead of softmax).\n"
     "--path: auto (fused, never forming the Lq x Lk scores), fused or unfused.\n"
     "Output: Y with Q's rank, (B, Hq, Lq, dv) or (B, Lq, Hq * dv), written to --out or printed\n"
@@ -54,7 +57,8 @@ static const char sdpa_usage[] =
 
 typedef struct sdpa_options {
     const char *device, *q, *k, *v, *mask, *out;
-    const char *past_k, *past_v, *present_k, *present_v, *nonpad, *qk_out;
+    const char *past_k, *past_v, *present_k, *present_v, *nonpad, *qk_out, *alibi_slopes;
+    bool alibi;  /* --alibi: the paper's slopes */
     int qk_mode; /* --qk-output-mode, 0 .. 3 */
     bool qk_mode_given;
     bool softmax_f64;         /* --softmax-precision 11 */
@@ -79,11 +83,12 @@ enum {
     M_PRESENT_V,
     M_NONPAD,
     M_SCORES,
+    M_ALIBI,
     M_COUNT
 };
 
 typedef struct sdpa_data {
-    clattn_array q, k, v, mask, past_k, past_v, nonpad;
+    clattn_array q, k, v, mask, past_k, past_v, nonpad, slopes;
     float *mask_f32;    /* the mask as added floats, padded to Lk (float masks) */
     uint8_t *mask_keep; /* the mask as keep bytes, padded to Lk (bool masks) */
     int32_t *counts;    /* nonpad_kv_seqlen as I32 */
@@ -103,6 +108,7 @@ static void sdpa_free(sdpa_data *d)
     clattn_array_free(&d->past_k);
     clattn_array_free(&d->past_v);
     clattn_array_free(&d->nonpad);
+    clattn_array_free(&d->slopes);
     free(d->counts);
     free(d->present_k);
     free(d->present_v);
@@ -129,7 +135,8 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                  {"--present-key-out", &o->present_k},
                  {"--present-value-out", &o->present_v},
                  {"--nonpad-kv-seqlen", &o->nonpad},
-                 {"--qk-out", &o->qk_out}};
+                 {"--qk-out", &o->qk_out},
+                 {"--alibi-slopes", &o->alibi_slopes}};
     while (cli_next(&args)) {
         bool matched = false;
         for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !matched; ++i) {
@@ -146,6 +153,10 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
             fputs(sdpa_usage, stdout);
             return -1;
+        } else if ((flag = cli_flag(&args, "--alibi")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            o->alibi = true;
         } else if ((flag = cli_flag(&args, "--causal")) != 0) {
             if (flag < 0)
                 return CLI_BAD_INPUT;
@@ -204,22 +215,10 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                                                : "that type");
             }
         } else if (cli_is(&args, "--window")) {
-            if (!(value = cli_value(&args)))
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_window("sdpa", value, &o->window_left, &o->window_right))
                 return CLI_BAD_INPUT;
-            char *end = NULL;
-            errno = 0;
-            const long long left = strtoll(value, &end, 10);
-            const bool comma = end != value && *end == ',';
-            const char *second = comma ? end + 1 : end;
-            const long long right = comma ? strtoll(second, &end, 10) : 0;
-            if (!comma || end == second || *end != '\0' || errno != 0 || left < -1 || right < -1)
-                return cli_fail("sdpa", CLI_BAD_INPUT,
-                                "--window: '%s' is not LEFT,RIGHT (sizes >= 0, or -1 for "
-                                "unbounded)",
-                                value);
             o->window = true;
-            o->window_left = left;
-            o->window_right = right;
         } else if (cli_is(&args, "--norm")) {
             if (!(value = cli_value(&args)))
                 return CLI_BAD_INPUT;
@@ -257,6 +256,8 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                         "--present-key-out and --present-value-out go together");
     if (o->qk_mode_given && !o->qk_out)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--qk-output-mode needs --qk-out");
+    if (o->alibi && o->alibi_slopes)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "give --alibi or --alibi-slopes, not both");
     if (o->past_k && o->nonpad)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--nonpad-kv-seqlen cannot be combined with --past-key (ONNX's rule)");
@@ -480,6 +481,30 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             d->counts[i] = (int32_t)n;
         }
     }
+    /* ALiBi: the paper's slopes (Hq), or the file's (Hq) or (B, Hq). */
+    if (o->alibi) {
+        d->slopes.data = malloc(heads * sizeof(float));
+        if (d->slopes.data == NULL)
+            return cli_fail("sdpa", CLI_FAILED, "out of memory");
+        d->slopes.ndim = 1, d->slopes.shape[0] = heads, d->slopes.count = heads;
+        if (clattn_alibi_slopes(heads, 8.0f, d->slopes.data) != CLATTN_SUCCESS)
+            return cli_fail("sdpa", CLI_FAILED, "clattn_alibi_slopes failed for %zu heads", heads);
+    } else if (o->alibi_slopes) {
+        if ((rc = load(o->alibi_slopes, &d->slopes, false)))
+            return rc;
+        const bool per_head = d->slopes.ndim == 1 && d->slopes.shape[0] == heads;
+        const bool per_batch =
+            d->slopes.ndim == 2 && d->slopes.shape[0] == batch && d->slopes.shape[1] == heads;
+        if (!per_head && !per_batch)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "%s: the ALiBi slopes have shape %s; expected (%zu,) or (%zu, %zu)",
+                            o->alibi_slopes, shape_text(&d->slopes, a, sizeof a), heads, batch,
+                            heads);
+        for (size_t i = 0; i < d->slopes.count; ++i)
+            if (!isfinite(d->slopes.data[i]))
+                return cli_fail("sdpa", CLI_BAD_INPUT, "%s: slope %zu is not finite",
+                                o->alibi_slopes, i);
+    }
     const bool rank3 = d->q.ndim == 3;
     sdpa_view out = {{batch, heads, seq_q, dv}, {heads * seq_q * dv, seq_q * dv, dv, 1}};
     if (rank3) {
@@ -533,6 +558,11 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     }
     if (o->nonpad)
         t->kv_seqlen = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, batch, 0, 0, 0);
+    if (d->slopes.data)
+        t->alibi_slopes =
+            d->slopes.ndim == 1
+                ? clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0)
+                : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, batch, heads, 0, 0);
     size_t scores_count = 0;
     if (o->qk_out) {
         if (seq_k > SIZE_MAX / batch / heads / seq_q / sizeof(float))
@@ -590,8 +620,12 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         if (err == CL_SUCCESS && o->nonpad)
             d->mem[M_NONPAD] =
                 upload(ctx, d->counts, batch * sizeof(int32_t), CL_MEM_READ_ONLY, &err);
+        if (err == CL_SUCCESS && d->slopes.data)
+            d->mem[M_ALIBI] = upload(ctx, d->slopes.data, d->slopes.count * sizeof(float),
+                                     CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS) {
             clattn_tensors bound = desc.tensors;
+            bound.alibi_slopes.mem = d->mem[M_ALIBI];
             bound.q.mem = d->mem[M_Q], bound.k.mem = d->mem[M_K], bound.v.mem = d->mem[M_V];
             bound.attn_mask.mem = d->mem[M_MASK], bound.out.mem = d->mem[M_OUT];
             bound.past_k.mem = d->mem[M_PAST_K], bound.past_v.mem = d->mem[M_PAST_V];
