@@ -22,16 +22,17 @@ typedef enum clattn_source {
 /* Device-memory scratch owned by the context, reused across calls and grown on demand.
  * Host-API staging buffers live here too. */
 typedef enum clattn_ws_slot {
-    CLATTN_WS_PLAN = 0, /* plan executions without a workspace of the caller's */
-    CLATTN_WS_HOST_IN0,  /* host API: query / q */
-    CLATTN_WS_HOST_IN1,  /* key / k */
-    CLATTN_WS_HOST_IN2,  /* value / v */
-    CLATTN_WS_HOST_OUT,  /* out */
-    CLATTN_WS_HOST_ATTN, /* attention weights */
-    CLATTN_WS_HOST_MASK, /* additive mask */
-    CLATTN_WS_HOST_KPM,  /* key padding mask */
-    CLATTN_WS_HOST_W,    /* all weights and biases, packed one after another */
-    CLATTN_WS_MATMUL_BT, /* matmul_vec: B packed into panels */
+    CLATTN_WS_PLAN = 0,   /* plan executions without a workspace of the caller's */
+    CLATTN_WS_HOST_IN0,   /* host API: query / q */
+    CLATTN_WS_HOST_IN1,   /* key / k */
+    CLATTN_WS_HOST_IN2,   /* value / v */
+    CLATTN_WS_HOST_OUT,   /* out */
+    CLATTN_WS_HOST_ATTN,  /* attention weights */
+    CLATTN_WS_HOST_MASK,  /* additive mask */
+    CLATTN_WS_HOST_KPM,   /* key padding mask */
+    CLATTN_WS_HOST_ALIBI, /* ALiBi slopes */
+    CLATTN_WS_HOST_W,     /* all weights and biases, packed one after another */
+    CLATTN_WS_MATMUL_BT,  /* matmul_vec: B packed into panels */
     CLATTN_WS_COUNT
 } clattn_ws_slot;
 

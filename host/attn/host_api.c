@@ -64,28 +64,23 @@ static clattn_status stage_masks(clattn_ctx *ctx, const char *op, const clattn_h
     clattn_status status = CLATTN_SUCCESS;
     if (hm == NULL)
         return CLATTN_SUCCESS;
-    size_t mask_elems = 0, padding_elems = 0, floats = 0;
+    size_t mask_elems = 0, padding_elems = 0;
     if (!clattn__mul(seq_q, seq_k, &mask_elems) || !clattn__mul(batch, seq_k, &padding_elems))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: mask sizes overflow size_t", op);
-    /* The float slot holds the mask, then the ALiBi slopes. */
-    const size_t alibi_at = hm->attn_mask ? mask_elems : 0;
-    if (!clattn__add(alibi_at, hm->alibi_slopes ? heads : 0, &floats))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: mask sizes overflow size_t", op);
-    if (floats > 0 && (status = reserve(ctx, op, CLATTN_WS_HOST_MASK, floats, sizeof(float))))
-        return status;
     clattn_tensor staged;
     if (hm->attn_mask) {
-        if ((status = upload(ctx, op, CLATTN_WS_HOST_MASK, 0, hm->attn_mask, mask_elems,
+        if ((status = reserve(ctx, op, CLATTN_WS_HOST_MASK, mask_elems, sizeof(float))) ||
+            (status = upload(ctx, op, CLATTN_WS_HOST_MASK, 0, hm->attn_mask, mask_elems,
                              sizeof(float), &staged)))
             return status;
         t->attn_mask = clattn_tensor_make(staged.mem, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
     }
     if (hm->alibi_slopes) {
-        if ((status = upload(ctx, op, CLATTN_WS_HOST_MASK, alibi_at, hm->alibi_slopes, heads,
+        if ((status = reserve(ctx, op, CLATTN_WS_HOST_ALIBI, heads, sizeof(float))) ||
+            (status = upload(ctx, op, CLATTN_WS_HOST_ALIBI, 0, hm->alibi_slopes, heads,
                              sizeof(float), &staged)))
             return status;
-        t->alibi_slopes =
-            clattn_tensor_make(staged.mem, alibi_at, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0);
+        t->alibi_slopes = clattn_tensor_make(staged.mem, 0, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0);
     }
     if (hm->key_padding_mask) {
         if ((status = reserve(ctx, op, CLATTN_WS_HOST_KPM, padding_elems, 1)) ||

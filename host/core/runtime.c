@@ -591,6 +591,7 @@ static const char *const workspace_names[CLATTN_WS_COUNT] = {
     [CLATTN_WS_HOST_ATTN] = "host weights output",
     [CLATTN_WS_HOST_MASK] = "host attn_mask",
     [CLATTN_WS_HOST_KPM] = "host key_padding_mask",
+    [CLATTN_WS_HOST_ALIBI] = "host alibi_slopes",
     [CLATTN_WS_HOST_W] = "host parameters",
     [CLATTN_WS_MATMUL_BT] = "transposed B",
 };
