@@ -229,8 +229,8 @@ static const rule_case rule_cases[] = {
     {3, 1, 0, 200, 300,   8,   8, ONNX, 1,   0, ONNX, 70, -1, 1, 0, 1, 0, 0},
     {2, 6, 3,   3,  70,   3,   5, ONNX, 0,  67, ONNX, -1, 1,  0, 0, 0, 0.5f, 0},
     {1, 3, 1,  40,  90,  64,  64, NONE, 0,  50, ONNX, 5,  5,  1, 0, 0, 0, 0},
-    {2, 4, 0,  17,  63,  64,  64, BR,   1,   0, NONE, 0, 0,   1, 0, 0, 0,    1},
-    {2, 8, 2,   1, 127,  64,  64, ONNX, 0, 100, NONE, 0, 0,   0, 0, 0, 2.0f, 2},
+    {3, 4, 0,  17,  63,  64,  64, NONE, 1,   0, NONE, 0, 0,   1, 0, 0, 0,    1},
+    {2, 8, 2,   1, 127,  64,  64, BR,   0, 100, NONE, 0, 0,   0, 0, 0, 2.0f, 2},
     {1, 3, 0,  65, 129,  17,  33, NONE, 0,   0, BR,  17, 3,   0, 1, 0, 0,    1},
     {2, 2, 0, 129,  65,  64,  64, TL,   0,   0, NONE, 0, 0,   1, 0, 1, 0,    2},
 };
@@ -267,9 +267,11 @@ START_TEST(test_key_rules)
     spec.q_gain = 3.0f;
     pb_sdpa_problem p;
     pb_sdpa_make(&p, &spec);
-    if (c->kv_len && c->batch > 1) { /* an empty batch, and a full one */
+    if (c->kv_len && c->batch > 1) { /* an empty batch, a full one, and a part between */
         p.kv_len[0] = 0;
         p.kv_len[c->batch - 1] = (int32_t)c->seq_k;
+        if (c->batch > 2) /* (ALiBi's distance from the count shows where keys lie both sides) */
+            p.kv_len[1] = (int32_t)(c->seq_k / 2 + 1);
         pb_sdpa_reference(&p);
     }
     tu_set_case("%s", p.label);
