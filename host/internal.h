@@ -15,9 +15,9 @@ typedef enum clattn_source {
     CLATTN_SRC_FLASH,
     CLATTN_SRC_FLASH_CPU,
     CLATTN_SRC_FLASH_GPU,
+    CLATTN_SRC_POSENC,
     CLATTN_SRC_COUNT
 } clattn_source;
-
 
 /* Device-memory scratch owned by the context, reused across calls and grown on demand.
  * Host-API staging buffers live here too. */

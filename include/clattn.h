@@ -337,6 +337,7 @@ typedef struct clattn_tensors {
     clattn_tensor past_k, past_v, present_k, present_v;
     clattn_tensor scores; /* SDPA only: the scores before normalisation (clattn_scores) */
     clattn_tensor alibi_slopes; /* ALiBi: F32 (heads) or (batch, heads) (see above) */
+    clattn_tensor pos_table;    /* positional-encoding plans: a learned table (max_len, dim) */
 } clattn_tensors;
 
 /* The ALiBi paper's slopes for `heads` heads into slopes[0 .. heads - 1]: with n the largest
@@ -448,6 +449,39 @@ CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_ten
                                              cl_command_queue queue, cl_mem workspace,
                                              cl_uint num_wait, const cl_event *wait,
                                              cl_event *event);
+
+/* ---------------------------------------------------------------------------------------------
+ * Positional encodings: self-attention has no notion of order, so position p's row gets a
+ * vector PE(p) added (Attention Is All You Need's sinusoidal table, or a table the model
+ * learned). Plans like the attention ones, executed with clattn_plan_execute.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum clattn_posenc_kind {
+    /* PE(pos, 2k) = sin(pos / base^(2k / dim)), PE(pos, 2k + 1) = cos(pos / base^(2k / dim));
+     * an odd dim ends with a sine. Positions below 2^24; the angle is reduced in extended
+     * precision, so the values are within about 1e-6 of the exact ones at any position. */
+    CLATTN_POSENC_SINUSOIDAL = 0,
+    /* PE(pos, i) = pos_table[pos, i]: a learned table (max_len, dim), any float dtype and
+     * strides; start + seq must not exceed max_len. */
+    CLATTN_POSENC_TABLE = 1
+} clattn_posenc_kind;
+
+/* out = x + PE(start + p) on each row p, or out = PE(start + p) without x.
+ * tensors.q is x (rank 2 (seq, dim), 3 (batch, seq, dim) or 4 (.., .., seq, dim); optional),
+ * tensors.out the result (x's dims, or any rank 2 to 4 without x; required; may be x itself:
+ * in place), tensors.pos_table the TABLE kind's table; no other tensor. Zero-initialise and set
+ * struct_size (clattn_posenc_desc_init). */
+typedef struct clattn_posenc_desc {
+    size_t struct_size;
+    clattn_tensors tensors;
+    clattn_posenc_kind kind;
+    size_t start; /* the position of row 0 (decoding: the tokens before this block) */
+    double base;  /* SINUSOIDAL: the wavelengths' base, 0 for 10000; finite and > 0 */
+} clattn_posenc_desc;
+
+CLATTN_API void clattn_posenc_desc_init(clattn_posenc_desc *desc);
+CLATTN_API clattn_status clattn_posenc_plan_create(clattn_ctx *ctx, const clattn_posenc_desc *desc,
+                                                   clattn_plan **out);
 
 /* ---------------------------------------------------------------------------------------------
  * KV caches for decoding: keys and values of a fixed capacity in device buffers, appended to

@@ -442,6 +442,110 @@ static void write_i64_npy(const char *path, const long long *values, size_t coun
 /* clattn sdpa with ONNX's KV cache (--past-key/--past-value, --present-*-out), the window, the
  * scores (--qk-out, modes 2 and 3) and a static cache's fill (--nonpad-kv-seqlen), against the
  * float64 reference with ONNX's rules; then the refusals. */
+/* --posenc sinusoidal (self-attention) and --posenc-table (cross-attention, key and value of
+ * another length), against the float64 reference on inputs with the encodings added; then the
+ * refusals. */
+START_TEST(test_run_posenc)
+{
+    TU_BEGIN_TEST();
+    enum { LQ = 13, LK = 21, E = 10, DK = 8, DV = 6, ROWS = 30 };
+    tu_set_case("clattn run --posenc (textbook weights, 2 heads)");
+    char x_path[512], k_path[512], v_path[512], wq_path[512], wk_path[512], wv_path[512];
+    char t_path[512], out[512], args[8192];
+    float *x = scratch_npy("pe_x.npy", LQ, E, x_path, sizeof x_path);
+    float *key = scratch_npy("pe_k.npy", LK, E, k_path, sizeof k_path);
+    float *value = scratch_npy("pe_v.npy", LK, E, v_path, sizeof v_path);
+    float *wq = scratch_npy("pe_wq.npy", E, DK, wq_path, sizeof wq_path);
+    float *wk = scratch_npy("pe_wk.npy", E, DK, wk_path, sizeof wk_path);
+    float *wv = scratch_npy("pe_wv.npy", E, DV, wv_path, sizeof wv_path);
+    float *table = scratch_npy("pe_table.npy", ROWS, E, t_path, sizeof t_path);
+    snprintf(out, sizeof out, "%s/pe_out.npy", scratch);
+    clattn_mha_host_desc desc;
+    clattn_mha_host_desc_init(&desc);
+    desc.batch = 1, desc.seq_q = LQ, desc.seq_k = LQ, desc.embed_dim = E, desc.num_heads = 2;
+    desc.qk_dim = DK, desc.v_dim = DV, desc.layout = CLATTN_LAYOUT_XW;
+    const clattn_mha_host_weights w = {.q_weight = wq, .k_weight = wk, .v_weight = wv};
+    const clattn_host_masks masks = {0};
+    double *ref = tu_doubles((size_t)LQ * DV), *pe = tu_doubles((size_t)LK * E);
+    float *xq = tu_floats((size_t)LQ * E), *xk = tu_floats((size_t)LK * E);
+    float *xv = tu_floats((size_t)LK * E);
+    const size_t shape[2] = {LQ, DV};
+
+    /* Self-attention with the sinusoid. */
+    ref_posenc_sinusoid(0, LQ, E, 10000.0, pe);
+    for (size_t e = 0; e < (size_t)LQ * E; ++e)
+        xq[e] = (float)(x[e] + pe[e]);
+    ref_mha_forward(&desc, &w, xq, NULL, NULL, &masks, ref, NULL);
+    snprintf(args, sizeof args,
+             "run --query %s --wq %s --wk %s --wv %s --heads 2 --posenc sinusoidal --out %s",
+             x_path, wq_path, wk_path, wv_path, out);
+    int status = run_cli(args);
+    tu_expect(status == 0, "--posenc sinusoidal: exit status %d, stderr: %s", status,
+              captured("stderr"));
+    if (status == 0)
+        expect_npy_reference(out, "posenc sinusoidal out", ref, (size_t)LQ * DV, 2, shape);
+
+    /* Cross-attention with a learned table: rows 0 .. LQ - 1 on the query, 0 .. LK - 1 on
+     * key and value. */
+    for (size_t e = 0; e < (size_t)LQ * E; ++e)
+        xq[e] = x[e] + table[e];
+    for (size_t e = 0; e < (size_t)LK * E; ++e) {
+        xk[e] = key[e] + table[e];
+        xv[e] = value[e] + table[e];
+    }
+    desc.seq_k = LK;
+    ref_mha_forward(&desc, &w, xq, xk, xv, &masks, ref, NULL);
+    snprintf(args, sizeof args,
+             "run --query %s --key %s --value %s --wq %s --wk %s --wv %s --heads 2 "
+             "--posenc-table %s --out %s",
+             x_path, k_path, v_path, wq_path, wk_path, wv_path, t_path, out);
+    status = run_cli(args);
+    tu_expect(status == 0, "--posenc-table: exit status %d, stderr: %s", status,
+              captured("stderr"));
+    if (status == 0)
+        expect_npy_reference(out, "posenc table out", ref, (size_t)LQ * DV, 2, shape);
+
+    /* Refusals. */
+    static const struct {
+        const char *extra, *needle;
+    } bad[] = {
+        {"--posenc learned", "sinusoidal"},
+        {"--posenc sinusoidal --posenc-table TABLE", "not both"},
+        {"--posenc-table WQ", "positional table"},
+        {"--posenc-table X", "positional table"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        char extra[1200];
+        snprintf(extra, sizeof extra, "%s", bad[i].extra);
+        static const char *const names[3] = {"TABLE", "WQ", "X"};
+        const char *paths[3] = {t_path, wq_path, x_path};
+        for (int n = 0; n < 3; ++n) {
+            char *at = strstr(extra, names[n]);
+            if (at)
+                snprintf(at, sizeof extra - (size_t)(at - extra), "%s", paths[n]);
+        }
+        snprintf(args, sizeof args, "run --query %s --key %s --wq %s --wk %s --wv %s --heads 2 %s",
+                 x_path, k_path, wq_path, wk_path, wv_path, extra);
+        status = run_cli(args);
+        tu_expect(status == 2 && strstr(captured("stderr"), bad[i].needle),
+                  "'%s': status %d, stderr: %s", bad[i].extra, status, captured("stderr"));
+    }
+    free(xv);
+    free(xk);
+    free(xq);
+    free(pe);
+    free(ref);
+    free(table);
+    free(wv);
+    free(wk);
+    free(wq);
+    free(value);
+    free(key);
+    free(x);
+    TU_END_TEST();
+}
+END_TEST
+
 /* --alibi (the paper's slopes, (Hq)) and --alibi-slopes ((B, Hq) from a file) with grouped
  * heads and bottom-right causal masking, on both paths, against the float64 reference. */
 START_TEST(test_sdpa_alibi)
@@ -1940,6 +2044,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_run_kv_heads);
     tcase_add_test(tc, test_run_score_rules);
     tcase_add_test(tc, test_sdpa_alibi);
+    tcase_add_test(tc, test_run_posenc);
     tcase_add_test(tc, test_sdpa_command);
     tcase_add_test(tc, test_sdpa_cache_command);
     tcase_add_loop_test(tc, test_sdpa_typed_outputs, 0,

@@ -336,6 +336,17 @@ static void concat_double(const double *src, size_t batch, size_t seq, size_t he
     }
 }
 
+void ref_posenc_sinusoid(size_t start, size_t seq, size_t dim, double base, double *table)
+{
+    for (size_t p = 0; p < seq; ++p) {
+        const double pos = (double)(start + p);
+        for (size_t i = 0; i < dim; ++i) {
+            const double angle = pos * pow(base, -2.0 * (double)(i / 2) / (double)dim);
+            table[p * dim + i] = i % 2 ? cos(angle) : sin(angle);
+        }
+    }
+}
+
 void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_weights *weights,
                      const float *query, const float *key, const float *value,
                      const clattn_host_masks *masks, double *out, double *attn_weights)

@@ -84,6 +84,13 @@ void ref_sdpa(const ref_sdpa_shape *shape, const float *q, const float *k, const
 void ref_sdpa_scores(const ref_sdpa_shape *shape, const float *q, const float *k, const float *mask,
                      const uint8_t *key_padding, int mode, double *scores);
 
+/* --- positional encodings ------------------------------------------------------------------ */
+
+/* The sinusoidal table of Attention Is All You Need for positions start .. start + seq - 1:
+ * table[p * dim + 2k] = sin(pos * base^(-2k / dim)), table[p * dim + 2k + 1] = cos(...), in
+ * double. */
+void ref_posenc_sinusoid(size_t start, size_t seq, size_t dim, double base, double *table);
+
 /* --- multi-head attention ------------------------------------------------------------------ */
 
 /* Multi-head attention forward with the semantics of clattn_mha_forward_host: query (batch,

@@ -13,6 +13,7 @@ static const char run_usage[] =
     "                   [--wo WO.npy] [--heads H]) [--kv-heads G]\n"
     "                  [--causal] [--attn-mask M.npy] [--key-padding-mask P.npy]\n"
     "                  [--softcap C] [--window LEFT,RIGHT] [--alibi | --alibi-slopes S.npy]\n"
+    "                  [--posenc sinusoidal | --posenc-table T.npy]\n"
     "                  [--scale S] [--norm softmax|relu] [--path auto|fused|unfused]\n"
     "                  [--out O.npy] [--attn-out A.npy] [--attn-png A.png] [--device SPEC]\n"
     "\n"
@@ -41,6 +42,11 @@ static const char run_usage[] =
     "--alibi: ALiBi (BLOOM, MPT): head h adds -m_h |i + S - L - j| to the score of key j, with\n"
     "  the paper's slopes m_h (2^(-8 (h + 1) / H) for H a power of two; BLOOM's rule otherwise);\n"
     "  --alibi-slopes S.npy: your own slopes, (H) floats.\n"
+    "--posenc sinusoidal: adds Attention Is All You Need's positional encoding (position p's\n"
+    "  row gets sin/cos of p / 10000^(2k / features)) to the query, and to the key and value\n"
+    "  when they are given, before the projections, on the device; --posenc-table T.npy: adds\n"
+    "  rows 0 .. L - 1 of a learned table (max_len, features) instead (key and value: rows\n"
+    "  0 .. S - 1; every input's width must be the table's).\n"
     "--scale: default 1/sqrt(head dim). --norm: softmax (default) or relu (relu(s)/sum).\n"
     "--path: auto (default: the fused kernel, which never forms the L x S scores, unless the\n"
     "weights are asked for), fused, or unfused.\n"
@@ -53,6 +59,8 @@ static const char run_usage[] =
 typedef struct run_options {
     const char *device, *query, *key, *value, *weights, *wq, *wk, *wv, *wo;
     const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png, *alibi_slopes;
+    const char *posenc_table; /* --posenc-table */
+    bool posenc;              /* --posenc sinusoidal */
     size_t heads, kv_heads; /* kv_heads 0: heads */
     bool heads_given, causal, alibi, window;
     float softcap;                       /* 0: off */
@@ -64,7 +72,7 @@ typedef struct run_options {
 
 /* Everything loaded from files; freed by run_free. */
 typedef struct run_data {
-    clattn_array query, key, value, mask, padding, slopes;
+    clattn_array query, key, value, mask, padding, slopes, pos_table;
     clattn_array param[8];
     clattn_safetensors *safetensors;
     float *mask_additive;
@@ -82,6 +90,7 @@ static void run_free(run_data *d)
     clattn_array_free(&d->mask);
     clattn_array_free(&d->padding);
     clattn_array_free(&d->slopes);
+    clattn_array_free(&d->pos_table);
     for (int i = 0; i < P_COUNT; ++i)
         clattn_array_free(&d->param[i]);
     clattn_safetensors_close(d->safetensors);
@@ -113,6 +122,7 @@ static int parse_options(int argc, char **argv, run_options *o)
         {"--attn-out", &o->attn_out},
         {"--attn-png", &o->attn_png},
         {"--alibi-slopes", &o->alibi_slopes},
+        {"--posenc-table", &o->posenc_table},
     };
     while (cli_next(&args)) {
         bool matched = false;
@@ -138,6 +148,15 @@ static int parse_options(int argc, char **argv, run_options *o)
             if (flag < 0)
                 return CLI_BAD_INPUT;
             o->alibi = true;
+        } else if (cli_is(&args, "--posenc")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "sinusoidal") != 0)
+                return cli_fail("run", CLI_BAD_INPUT,
+                                "--posenc: '%s' is not sinusoidal (a learned table: "
+                                "--posenc-table T.npy)",
+                                value);
+            o->posenc = true;
         } else if (cli_is(&args, "--softcap")) {
             if (!(value = cli_value(&args)) ||
                 !cli_parse_float("run", "--softcap", value, &o->softcap))
@@ -206,6 +225,8 @@ static int parse_options(int argc, char **argv, run_options *o)
         return cli_fail("run", CLI_BAD_INPUT, "--weights needs --heads H");
     if (!o->heads_given)
         o->heads = 1;
+    if (o->posenc && o->posenc_table)
+        return cli_fail("run", CLI_BAD_INPUT, "give --posenc or --posenc-table, not both");
     if (o->alibi && o->alibi_slopes)
         return cli_fail("run", CLI_BAD_INPUT, "give --alibi or --alibi-slopes, not both");
     if (o->kv_heads && o->heads % o->kv_heads != 0)
@@ -463,6 +484,57 @@ static int write_npy(const char *path, const float *data, int ndim, const size_t
                : cli_fail("run", CLI_FAILED, "%s", msg);
 }
 
+/* Adds the positional encoding (--posenc: the sinusoid; --posenc-table: rows 0.. of the
+ * table) to the rows of input `a` ((L, F) or (B, L, F)) in place, on the device. */
+static int add_posenc(clattn_ctx *ctx, const clattn_array *table, clattn_array *a, const char *path)
+{
+    clattn_posenc_desc desc;
+    clattn_posenc_desc_init(&desc);
+    desc.kind = table->data ? CLATTN_POSENC_TABLE : CLATTN_POSENC_SINUSOIDAL;
+    const size_t *shape = a->shape;
+    desc.tensors.q =
+        a->ndim == 3
+            ? clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, shape[0], shape[1], shape[2], 0)
+            : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, shape[0], shape[1], 0, 0);
+    desc.tensors.out = desc.tensors.q;
+    if (table->data)
+        desc.tensors.pos_table = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, table->shape[0],
+                                                    table->shape[1], 0, 0);
+    clattn_plan *plan = NULL;
+    clattn_status status = clattn_posenc_plan_create(ctx, &desc, &plan);
+    cl_mem mem[2] = {NULL, NULL};
+    cl_int err = CL_SUCCESS;
+    if (status == CLATTN_SUCCESS) {
+        mem[0] =
+            clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                           a->count * sizeof(float), a->data, &err);
+        if (err == CL_SUCCESS && table->data)
+            mem[1] =
+                clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                               table->count * sizeof(float), table->data, &err);
+    }
+    if (status == CLATTN_SUCCESS && err == CL_SUCCESS) {
+        clattn_tensors bound = desc.tensors;
+        bound.q.mem = bound.out.mem = mem[0];
+        bound.pos_table.mem = mem[1];
+        status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+        if (status == CLATTN_SUCCESS)
+            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), mem[0], CL_TRUE, 0,
+                                      a->count * sizeof(float), a->data, 0, NULL, NULL);
+    }
+    for (int i = 0; i < 2; ++i)
+        if (mem[i])
+            clReleaseMemObject(mem[i]);
+    clattn_plan_release(plan);
+    if (status != CLATTN_SUCCESS)
+        return cli_fail("run", CLI_FAILED, "positional encoding of %s: %s: %s", path,
+                        clattn_status_string(status), clattn_last_error(ctx));
+    if (err != CL_SUCCESS)
+        return cli_fail("run", CLI_FAILED, "positional encoding of %s: OpenCL error %d", path,
+                        (int)err);
+    return CLI_OK;
+}
+
 /* Loads and validates everything; with check_only, stops before the device. */
 static int run(const run_options *o, run_data *d, bool check_only)
 {
@@ -596,12 +668,34 @@ static int run(const run_options *o, run_data *d, bool check_only)
     const clattn_host_masks masks = {.attn_mask = d->mask_additive,
                                      .key_padding_mask = d->padding_bytes,
                                      .alibi_slopes = d->slopes.data};
+    /* A learned positional table: as wide as every input, as long as the longest. */
+    if (o->posenc_table) {
+        if ((rc = load_npy(o->posenc_table, &d->pos_table)))
+            return rc;
+        const size_t rows = d->pos_table.ndim == 2 ? d->pos_table.shape[0] : 0;
+        const size_t cols = d->pos_table.ndim == 2 ? d->pos_table.shape[1] : 0;
+        const size_t longest = seq_q > seq_k ? seq_q : seq_k;
+        if (d->pos_table.ndim != 2 || rows < longest || cols != embed || (o->key && cols != kdim) ||
+            (o->value && cols != vdim))
+            return cli_fail("run", CLI_BAD_INPUT,
+                            "%s: the positional table must be (max_len >= %zu, %zu) floats, "
+                            "as wide as every input",
+                            o->posenc_table, longest, embed);
+    }
 
     if (check_only)
         return CLI_OK;
     clattn_ctx *ctx = cli_context("run", o->device);
     if (ctx == NULL)
         return CLI_FAILED;
+    if (o->posenc || o->posenc_table) {
+        if ((rc = add_posenc(ctx, &d->pos_table, &d->query, o->query)) ||
+            (o->key && (rc = add_posenc(ctx, &d->pos_table, &d->key, o->key))) ||
+            (o->value && (rc = add_posenc(ctx, &d->pos_table, &d->value, o->value)))) {
+            clattn_ctx_release(ctx);
+            return rc;
+        }
+    }
     clattn_status status =
         clattn_mha_forward_host(ctx, &desc, &w, d->query.data, o->key ? d->key.data : NULL,
                                 o->value ? d->value.data : NULL, &masks, d->out, d->weights);

@@ -32,6 +32,7 @@ static const size_t role_offsets[R_COUNT] = {
     offsetof(clattn_tensors, present_v),
     offsetof(clattn_tensors, scores),
     offsetof(clattn_tensors, alibi_slopes),
+    offsetof(clattn_tensors, pos_table),
 };
 
 /* SDPA names its inputs q, k, v; MHA query, key, value. */
@@ -61,13 +62,14 @@ static const char *const sdpa_names[R_COUNT] = {
     "present_v",
     "scores",
     "alibi_slopes",
+    "pos_table",
 };
 static const char *const mha_names[R_COUNT] = {
-    "query",        "key",    "value",          "out",          "attn_mask",  "key_padding_mask",
-    "weights",      "lse",    "in_proj_weight", "in_proj_bias", "q_weight",   "k_weight",
-    "v_weight",     "q_bias", "k_bias",         "v_bias",       "out_weight", "out_bias",
-    "kv_seqlen",    "past_k", "past_v",         "present_k",    "present_v",  "scores",
-    "alibi_slopes",
+    "query",        "key",       "value",          "out",          "attn_mask",  "key_padding_mask",
+    "weights",      "lse",       "in_proj_weight", "in_proj_bias", "q_weight",   "k_weight",
+    "v_weight",     "q_bias",    "k_bias",         "v_bias",       "out_weight", "out_bias",
+    "kv_seqlen",    "past_k",    "past_v",         "present_k",    "present_v",  "scores",
+    "alibi_slopes", "pos_table",
 };
 
 const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role role)
@@ -77,7 +79,9 @@ const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role rol
 
 static const char *role_name(const clattn_plan *plan, int role)
 {
-    return plan->kind == CLATTN__SDPA ? sdpa_names[role] : mha_names[role];
+    if (plan->kind == CLATTN__POSENC && role == R_Q)
+        return "x";
+    return plan->kind == CLATTN__MHA ? mha_names[role] : sdpa_names[role];
 }
 
 void clattn_sdpa_desc_init(clattn_sdpa_desc *desc)
@@ -474,6 +478,8 @@ clattn_status clattn__plan_finish(clattn_plan *plan, const char *largest)
 
 void clattn_plan_release(clattn_plan *plan)
 {
+    if (plan && plan->posenc.freq)
+        clReleaseMemObject(plan->posenc.freq);
     free(plan);
 }
 
@@ -568,7 +574,9 @@ clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensors *tenso
     if (status == CLATTN_SUCCESS)
         status = plan->kind == CLATTN__SDPA
                      ? clattn__sdpa_execute(plan, mems, offsets, workspace, &chain)
-                     : clattn__mha_execute(plan, mems, offsets, workspace, &chain);
+                 : plan->kind == CLATTN__MHA
+                     ? clattn__mha_execute(plan, mems, offsets, workspace, &chain)
+                     : clattn__posenc_execute(plan, mems, offsets, &chain);
     status = clattn__end(ctx, op, &chain, status, event);
     ctx->exec_queue = NULL;
     ctx->private_workspace = false;

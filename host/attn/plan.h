@@ -32,6 +32,7 @@ typedef enum clattn__role {
     R_PRESENT_V,
     R_SCORES,
     R_ALIBI,
+    R_POS_TABLE,
     R_COUNT
 } clattn__role;
 
@@ -80,7 +81,14 @@ typedef struct clattn__sdpa_cache {
     clattn__copy_plan past_k, past_v, new_k, new_v;
 } clattn__sdpa_cache;
 
-typedef enum clattn__plan_kind { CLATTN__SDPA, CLATTN__MHA } clattn__plan_kind;
+typedef enum clattn__plan_kind { CLATTN__SDPA, CLATTN__MHA, CLATTN__POSENC } clattn__plan_kind;
+
+/* Positional encodings: the op, and the sinusoid's frequencies on the device. */
+typedef struct clattn__posenc {
+    clattn__posenc_plan op;
+    size_t start;
+    cl_mem freq; /* (dim + 1) / 2 float pairs (hi, lo); NULL for a table */
+} clattn__posenc;
 
 struct clattn_plan {
     clattn_ctx *ctx;
@@ -93,6 +101,7 @@ struct clattn_plan {
     clattn__attention attention;
     clattn__mha mha;
     clattn__sdpa_cache cache;
+    clattn__posenc posenc;
     size_t decode_group; /* SDPA: > 1 when the group's query heads run as rows (sdpa.c) */
     size_t workspace_floats;
 };
@@ -130,6 +139,8 @@ clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const 
                                    cl_mem workspace, clattn_chain *chain);
 clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                   cl_mem workspace, clattn_chain *chain);
+clattn_status clattn__posenc_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                     clattn_chain *chain);
 
 /* Allocates a plan of `kind` on ctx and validates every tensor layout in `tensors` (floats,
  * masks U8 or floats, outputs overlap-free). */

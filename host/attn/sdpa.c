@@ -30,6 +30,9 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
                                 "%s: %s belongs to MHA plans; SDPA takes q, k, v, out, masks, "
                                 "weights and lse",
                                 op, used[role - R_IN_W]);
+    if (t->pos_table.rank != 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: pos_table belongs to positional-encoding plans", op);
     clattn_plan *plan = NULL;
     if ((status = clattn__plan_new(ctx, CLATTN__SDPA, op, t, &plan)))
         return status;

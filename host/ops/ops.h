@@ -241,6 +241,24 @@ clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, const clattn__mean_hea
                                          cl_uint num_wait, const cl_event *wait,
                                          cl_event *event);
 
+/* ---- positional encodings (ops/posenc.c, kernels/posenc.cl) --------------------------------
+ * out[a, b, p, i] = x[a, b, p, i] (when x is bound) + PE(start + p, i) over a box of dims
+ * (a, b, p, i): the sinusoid from `freq` (dim / 2 rounded up float pairs hi + lo = w_k) or,
+ * when a table is bound, table[start + p, i] (a view with strides[2] rows, strides[3] cols). */
+typedef struct clattn__posenc_plan {
+    size_t dims[4];
+    cl_kernel kernel;
+    size_t local, global;
+} clattn__posenc_plan;
+
+clattn_status clattn__posenc_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype x_dtype,
+                                     clattn_dtype out_dtype, clattn_dtype table_dtype,
+                                     clattn__posenc_plan *plan);
+clattn_status clattn__posenc_enqueue(clattn_ctx *ctx, const clattn__posenc_plan *plan,
+                                     const clattn__view *x, const clattn__view *out,
+                                     const clattn__view *table, cl_mem freq, size_t start,
+                                     cl_uint num_wait, const cl_event *wait, cl_event *event);
+
 /* ---- strided copy (ops/heads.c, kernels/heads.cl's copy4d) ----------------------------------
  * dst[i] = src[i] over a box of `dims` (4 dims), any strides, converting src_dtype to
  * dst_dtype (floats) through float. */

@@ -1,0 +1,175 @@
+/* Positional-encoding plans: out = x + PE(start + p), the sinusoidal table or a learned one. */
+#include "plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void clattn_posenc_desc_init(clattn_posenc_desc *desc)
+{
+    if (desc == NULL)
+        return;
+    memset(desc, 0, sizeof *desc);
+    desc->struct_size = sizeof *desc;
+}
+
+/* The sinusoid's frequencies w_k = base^(-2k / dim), k < (dim + 1) / 2, as float pairs
+ * (hi, lo) with hi + lo = w_k to about 2^-48 (computed in double), in a device buffer. */
+static clattn_status make_frequencies(clattn_plan *plan, size_t dim, double base)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const size_t count = (dim + 1) / 2;
+    float *pairs = malloc(2 * count * sizeof(float));
+    if (pairs == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", plan->op);
+    for (size_t k = 0; k < count; ++k) {
+        const double w = pow(base, -2.0 * (double)k / (double)dim);
+        pairs[2 * k] = (float)w;
+        pairs[2 * k + 1] = (float)(w - (double)pairs[2 * k]);
+    }
+    cl_int err = CL_SUCCESS;
+    if (clattn__fault(CLATTN_FAULT_ALLOC))
+        err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    else
+        plan->posenc.freq = clCreateBuffer(ctx->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                           2 * count * sizeof(float), pairs, &err);
+    free(pairs);
+    if (err != CL_SUCCESS) {
+        if (plan->posenc.freq)
+            clReleaseMemObject(plan->posenc.freq);
+        plan->posenc.freq = NULL;
+        return clattn__fail(ctx, (clattn_status)err,
+                            "%s: clCreateBuffer (the sinusoid's %zu frequencies): %s (%d)",
+                            plan->op, count, clattn__cl_error_name(err), (int)err);
+    }
+    return CLATTN_SUCCESS;
+}
+
+static clattn_status create(clattn_plan *plan, const clattn_posenc_desc *desc)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
+    const clattn__layout *x = &l[R_Q], *out = &l[R_OUT], *table = &l[R_POS_TABLE];
+    if ((unsigned)desc->kind > CLATTN_POSENC_TABLE)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: kind=%d is not a clattn_posenc_kind", op, (int)desc->kind);
+    if (!out->present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: out is required", op);
+    if (out->rank < 2)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: out has rank %d; expected (seq, dim), (batch, seq, dim) or a "
+                            "rank-4 (.., .., seq, dim)",
+                            op, out->rank);
+    clattn_status status;
+    if (x->present &&
+        (status = clattn__layout_expect(ctx, op, "out", out, x->rank, x->dims, "x's dims")))
+        return status;
+    clattn__view view;
+    clattn__view_of(out, &view);
+    const size_t seq = view.dims[2], dim = view.dims[3];
+    size_t end = 0;
+    if (!clattn__add(desc->start, seq, &end))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: start + seq overflows size_t", op);
+    if (desc->kind == CLATTN_POSENC_SINUSOIDAL) {
+        if (table->present)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: pos_table is given but kind is SINUSOIDAL (TABLE adds it)",
+                                op);
+        if (end > ((size_t)1 << 24))
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: positions %zu .. %zu: the sinusoid takes positions below "
+                                "2^24 = 16777216",
+                                op, desc->start, end - 1);
+        const double base = desc->base == 0.0 ? 10000.0 : desc->base;
+        if (!(base > 0.0 && isfinite(base)))
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: base=%g: give a finite base > 0, or 0 for 10000", op,
+                                desc->base);
+        if ((status = make_frequencies(plan, dim, base)))
+            return status;
+    } else {
+        if (!table->present)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: kind TABLE needs pos_table (max_len, dim)", op);
+        if (table->rank != 2 || table->dims[1] != dim)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                "%s: pos_table must be (max_len, dim = %zu); it has rank %d%s", op,
+                                dim, table->rank, table->rank == 2 ? " and another dim" : "");
+        if (end > table->dims[0])
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                "%s: positions %zu .. %zu, but pos_table has %zu rows (max_len)",
+                                op, desc->start, end - 1, table->dims[0]);
+    }
+    plan->posenc.start = desc->start;
+    const clattn_dtype x_dtype = x->present ? x->dtype : CLATTN_DTYPE_F32;
+    const clattn_dtype table_dtype = table->present ? table->dtype : CLATTN_DTYPE_F32;
+    if ((status = clattn__posenc_prepare(ctx, view.dims, x_dtype, out->dtype, table_dtype,
+                                         &plan->posenc.op)))
+        return status;
+    plan->workspace_floats = 0;
+    return clattn__plan_finish(plan, "nothing");
+}
+
+clattn_status clattn_posenc_plan_create(clattn_ctx *ctx, const clattn_posenc_desc *desc,
+                                        clattn_plan **out)
+{
+    static const char op[] = "posenc";
+    if (out)
+        *out = NULL;
+    if (ctx == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn__clear_error(ctx);
+    if (desc == NULL || out == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op,
+                            desc ? "out" : "desc");
+    clattn_status status =
+        clattn__check_struct_size(ctx, op, "clattn_posenc_desc", desc->struct_size, sizeof *desc);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    for (int role = 0; role < R_COUNT; ++role)
+        if (role != R_Q && role != R_OUT && role != R_POS_TABLE &&
+            clattn__tensor_of(&desc->tensors, (clattn__role)role)->rank != 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: positional-encoding plans take x (tensors.q), out and "
+                                "pos_table only; tensor #%d of clattn_tensors is set",
+                                op, role);
+    clattn_plan *plan = NULL;
+    status = clattn__plan_new(ctx, CLATTN__POSENC, op, &desc->tensors, &plan);
+    if (status == CLATTN_SUCCESS)
+        status = create(plan, desc);
+    if (status != CLATTN_SUCCESS) {
+        clattn_plan_release(plan);
+        return clattn__end_message(ctx, op, status);
+    }
+    *out = plan;
+    return CLATTN_SUCCESS;
+}
+
+static clattn__view bound(const clattn__layout *l, cl_mem mem, size_t offset)
+{
+    clattn__view v;
+    clattn__view_of(l, &v);
+    v.mem = mem;
+    v.offset = offset;
+    return v;
+}
+
+clattn_status clattn__posenc_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                     clattn_chain *chain)
+{
+    const clattn__layout *l = plan->layouts;
+    clattn__view none;
+    memset(&none, 0, sizeof none);
+    const clattn__view x = l[R_Q].present ? bound(&l[R_Q], mems[R_Q], offsets[R_Q]) : none;
+    const clattn__view out = bound(&l[R_OUT], mems[R_OUT], offsets[R_OUT]);
+    const clattn__view table = l[R_POS_TABLE].present
+                                   ? bound(&l[R_POS_TABLE], mems[R_POS_TABLE], offsets[R_POS_TABLE])
+                                   : none;
+    cl_event step = NULL;
+    return clattn__step(chain,
+                        clattn__posenc_enqueue(plan->ctx, &plan->posenc.op, &x, &out, &table,
+                                               plan->posenc.freq, plan->posenc.start,
+                                               CHAIN_WAIT(chain), &step),
+                        &step);
+}
