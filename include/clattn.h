@@ -338,6 +338,8 @@ typedef struct clattn_tensors {
     clattn_tensor scores; /* SDPA only: the scores before normalisation (clattn_scores) */
     clattn_tensor alibi_slopes; /* ALiBi: F32 (heads) or (batch, heads) (see above) */
     clattn_tensor pos_table;    /* positional-encoding plans: a learned table (max_len, dim) */
+    /* rotary plans: cos and sin caches and I32 position ids (clattn_rope_desc) */
+    clattn_tensor rope_cos, rope_sin, position_ids;
 } clattn_tensors;
 
 /* The ALiBi paper's slopes for `heads` heads into slopes[0 .. heads - 1]: with n the largest
@@ -482,6 +484,40 @@ typedef struct clattn_posenc_desc {
 CLATTN_API void clattn_posenc_desc_init(clattn_posenc_desc *desc);
 CLATTN_API clattn_status clattn_posenc_plan_create(clattn_ctx *ctx, const clattn_posenc_desc *desc,
                                                    clattn_plan **out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Rotary position embeddings (RoPE; ONNX's RotaryEmbedding): the first rotary_dim columns of
+ * each row of q or k rotated pair by pair by angles that grow with the row's position, so
+ * that q.k depends on the positions' difference only.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum clattn_rope_style {
+    CLATTN_ROPE_HALVES = 0, /* pairs (x[j], x[j + r/2]): GPT-NeoX, Llama (ONNX interleaved 0) */
+    CLATTN_ROPE_PAIRS = 1   /* pairs (x[2j], x[2j + 1]): the RoFormer paper (interleaved 1) */
+} clattn_rope_style;
+
+/* out = RoPE(x). Row (b, h, s) at position pos = position_ids[b, s] (when given; negative
+ * ids count as 0) or start + s: pair j < r / 2 (r = rotary_dim) turns by t_j,
+ * (x1, x2) -> (x1 cos t_j - x2 sin t_j, x1 sin t_j + x2 cos t_j); columns past r are copied.
+ * t_j = pos * base^(-2j / r), computed on the device (angle reduced as the sinusoidal
+ * encoding's: within about 1e-6 for positions below 2^24), or read from caches rope_cos and
+ * rope_sin (same dims and dtype): (max_pos, r / 2) rows by position (with position_ids;
+ * positions past the last row read the last row), or (batch, seq, r / 2) per row (without).
+ * tensors: q is x, (batch, heads, seq, head_dim) any strides and float dtype (a (B, S, H*d)
+ * buffer is the view (B, H, S, d) with strides (S*H*d, d, H*d, 1)); out the same dims (may be
+ * x: in place); position_ids I32 (batch, seq). */
+typedef struct clattn_rope_desc {
+    size_t struct_size;
+    clattn_tensors tensors;
+    clattn_rope_style style;
+    size_t rotary_dim; /* 0: head_dim; else even and at most head_dim */
+    double base;       /* computed angles: 0 for 10000; finite and > 0 */
+    size_t start;      /* without position_ids: the position of row 0 */
+} clattn_rope_desc;
+
+CLATTN_API void clattn_rope_desc_init(clattn_rope_desc *desc);
+CLATTN_API clattn_status clattn_rope_plan_create(clattn_ctx *ctx, const clattn_rope_desc *desc,
+                                                 clattn_plan **out);
 
 /* ---------------------------------------------------------------------------------------------
  * KV caches for decoding: keys and values of a fixed capacity in device buffers, appended to

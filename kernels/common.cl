@@ -42,4 +42,27 @@ inline float wg_reduce_sum(__local float *scratch, float value, uint lid, uint s
     return result;
 }
 
+/* The angle pos * w reduced to about [-pi, pi] + 1 for sin and cos, accurate to a few 1e-7
+ * rad for every pos < 2^24 (positional encodings, rotary embeddings). w is given as a float
+ * pair (hi, lo), hi + lo = w to about 2^-48 (computed in double on the host). A float product
+ * would carry |pos * w| * 2^-24 of error (0.004 rad at pos = 65536, 0.5 near 2^24); instead
+ * the product is kept as a + t (t: fma's exact error term, plus pos * lo) and the multiple k
+ * of 2 pi is taken off a in three fma steps against 2 pi split into three floats (Cody-Waite:
+ * k * hi cancels a's leading bits, so the first step is exact), t added last. */
+#define TWO_PI_HI 6.28318548202514648438f
+#define TWO_PI_MID -1.74845553146951715462e-7f
+#define TWO_PI_LO -6.8604980400e-15f
+#define INV_TWO_PI 0.159154943091895335769f
+
+inline float position_angle(const ulong pos, const float2 w)
+{
+    const float p = (float)pos; /* exact below 2^24 */
+    const float a = p * w.x;
+    const float t = fma(p, w.x, -a) + p * w.y;
+    const float k = rint(a * INV_TWO_PI);
+    float r = fma(-k, TWO_PI_HI, a);
+    r = fma(-k, TWO_PI_MID, r);
+    return fma(-k, TWO_PI_LO, r) + t;
+}
+
 #endif

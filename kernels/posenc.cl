@@ -17,11 +17,10 @@
  * Accuracy of the sinusoid at large positions: pos * w_k in float would carry an absolute
  * error of about |pos * w_k| * 2^-24 (0.004 rad at pos = 65536), before sin sees it. Instead
  * the host gives each w_k as a float pair (hi, lo) (hi + lo = w_k to about 2^-48, computed in
- * double), the product is kept as a float pair (a + t, fma's exact error term), and the
- * multiple of 2 pi is taken off in three fma steps against 2 pi split into three floats
- * (Cody-Waite), so the reduced angle in [-pi, pi] is within a few 1e-7 rad of the true one
- * for every pos < 2^24; sin and cos of it are the builtins (at most 4 ulp). The tests bound
- * the whole error by 2e-6 up to pos = 65536 (tests/check_posenc.c).
+ * double), and common.cl's position_angle keeps the product as a float pair and takes the
+ * multiple of 2 pi off in three fma steps, so the reduced angle is within a few 1e-7 rad of
+ * the true one for every pos < 2^24; sin and cos of it are the builtins (at most 4 ulp). The
+ * tests bound the whole error by 2e-6 up to 2^24 (tests/check_posenc.c).
  */
 #ifndef POSENC_WG
 #define POSENC_WG 256 /* work-items per work-group */
@@ -36,24 +35,10 @@
 #define T_DTYPE 0 /* dtype code of the table */
 #endif
 
-/* 2 pi as hi + mid + lo: hi and mid are floats (mid the rounding error of hi), lo what is
- * left. */
-#define TWO_PI_HI 6.28318548202514648438f
-#define TWO_PI_MID -1.74845553146951715462e-7f
-#define TWO_PI_LO -6.8604980400e-15f
-#define INV_TWO_PI 0.159154943091895335769f
-
-/* The sinusoid's column i at position pos: sin or cos of pos * (hi + lo), range-reduced in
- * float-float (see above). */
+/* The sinusoid's column i at position pos (common.cl's position_angle). */
 inline float sinusoid(const ulong pos, const float2 w, const uint i)
 {
-    const float p = (float)pos; /* exact below 2^24 */
-    const float a = p * w.x;
-    const float t = fma(p, w.x, -a) + p * w.y; /* the product's error, and the low part */
-    const float k = rint(a * INV_TWO_PI);
-    float r = fma(-k, TWO_PI_HI, a); /* exact: a and k * hi agree in their leading bits */
-    r = fma(-k, TWO_PI_MID, r);
-    r = fma(-k, TWO_PI_LO, r) + t;
+    const float r = position_angle(pos, w);
     return (i & 1u) ? cos(r) : sin(r);
 }
 

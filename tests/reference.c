@@ -347,6 +347,30 @@ void ref_posenc_sinusoid(size_t start, size_t seq, size_t dim, double base, doub
     }
 }
 
+void ref_rope(size_t batch, size_t heads, size_t seq, size_t dim, size_t rot, int pairs,
+              const float *x, const double *cosv, const double *sinv, double *out)
+{
+    const size_t half = rot / 2;
+    for (size_t b = 0; b < batch; ++b) {
+        for (size_t h = 0; h < heads; ++h) {
+            for (size_t s = 0; s < seq; ++s) {
+                const float *row = x + ((b * heads + h) * seq + s) * dim;
+                double *dst = out + ((b * heads + h) * seq + s) * dim;
+                for (size_t i = rot; i < dim; ++i) {
+                    dst[i] = row[i];
+                }
+                for (size_t j = 0; j < half; ++j) {
+                    const size_t i1 = pairs ? 2 * j : j, i2 = pairs ? 2 * j + 1 : j + half;
+                    const double c = cosv[(b * seq + s) * half + j];
+                    const double sn = sinv[(b * seq + s) * half + j];
+                    dst[i1] = (double)row[i1] * c - (double)row[i2] * sn;
+                    dst[i2] = (double)row[i1] * sn + (double)row[i2] * c;
+                }
+            }
+        }
+    }
+}
+
 void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_weights *weights,
                      const float *query, const float *key, const float *value,
                      const clattn_host_masks *masks, double *out, double *attn_weights)

@@ -91,6 +91,12 @@ void ref_sdpa_scores(const ref_sdpa_shape *shape, const float *q, const float *k
  * double. */
 void ref_posenc_sinusoid(size_t start, size_t seq, size_t dim, double base, double *table);
 
+/* RoPE on x (batch, heads, seq, dim), packed: row (b, h, s) has pair j < rot / 2 ((2j, 2j + 1)
+ * with pairs, else (j, j + rot / 2)) turned by the angle whose cos and sin are
+ * cosv[(b * seq + s) * rot / 2 + j], sinv[...]; columns past rot copied. */
+void ref_rope(size_t batch, size_t heads, size_t seq, size_t dim, size_t rot, int pairs,
+              const float *x, const double *cosv, const double *sinv, double *out);
+
 /* --- multi-head attention ------------------------------------------------------------------ */
 
 /* Multi-head attention forward with the semantics of clattn_mha_forward_host: query (batch,

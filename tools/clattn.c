@@ -15,6 +15,7 @@ static const char usage[] =
     "  demo      the textbook self-attention example on the device\n"
     "  run       multi-head or single-head attention on .npy / .safetensors files\n"
     "  sdpa      scaled dot-product attention on .npy files (ONNX Attention's core)\n"
+    "  rope      rotary position embeddings on .npy files (ONNX RotaryEmbedding)\n"
     "  bench     time matmul, softmax, attention and MHA forward on the device\n"
     "  tune      search the kernel parameters on the device; write them to the tuning cache\n"
     "\n"
@@ -334,19 +335,15 @@ int main(int argc, char **argv)
         const char *name;
         int (*run)(int, char **);
     } commands[] = {
-        {"devices", cmd_devices},
-        {"info", cmd_info},
-        {"demo", cmd_demo},
-        {"run", cmd_run},
-        {"sdpa", cmd_sdpa},
-        {"bench", cmd_bench},
-        {"tune", cmd_tune},
+        {"devices", cmd_devices}, {"info", cmd_info}, {"demo", cmd_demo},   {"run", cmd_run},
+        {"sdpa", cmd_sdpa},       {"rope", cmd_rope}, {"bench", cmd_bench}, {"tune", cmd_tune},
     };
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; ++i)
         if (strcmp(command, commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr,
-            "clattn: unknown command '%s' (commands: devices, info, demo, run, sdpa, bench, tune; "
+            "clattn: unknown command '%s' (commands: devices, info, demo, run, sdpa, rope, bench, "
+            "tune; "
             "see clattn --help)\n",
             command);
     return CLI_BAD_INPUT;

@@ -237,9 +237,14 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
                             "%s: lse is an SDPA output; MHA plans do not return it", op);
     static const char *const sdpa_only[] = {"kv_seqlen", "past_k",    "past_v",
                                             "present_k", "present_v", "scores"};
-    if (l[R_POS_TABLE].present)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: pos_table belongs to positional-encoding plans", op);
+    for (int role = R_POS_TABLE; role <= R_POS_IDS; ++role)
+        if (l[role].present)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: %s belongs to positional-encoding and rotary plans", op,
+                                role == R_POS_TABLE  ? "pos_table"
+                                : role == R_POS_IDS  ? "position_ids"
+                                : role == R_ROPE_COS ? "rope_cos"
+                                                     : "rope_sin");
     for (int role = R_KVLEN; role <= R_SCORES; ++role)
         if (l[role].present)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,

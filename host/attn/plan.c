@@ -33,6 +33,9 @@ static const size_t role_offsets[R_COUNT] = {
     offsetof(clattn_tensors, scores),
     offsetof(clattn_tensors, alibi_slopes),
     offsetof(clattn_tensors, pos_table),
+    offsetof(clattn_tensors, rope_cos),
+    offsetof(clattn_tensors, rope_sin),
+    offsetof(clattn_tensors, position_ids),
 };
 
 /* SDPA names its inputs q, k, v; MHA query, key, value. */
@@ -63,13 +66,21 @@ static const char *const sdpa_names[R_COUNT] = {
     "scores",
     "alibi_slopes",
     "pos_table",
+    "rope_cos",
+    "rope_sin",
+    "position_ids",
 };
 static const char *const mha_names[R_COUNT] = {
-    "query",        "key",       "value",          "out",          "attn_mask",  "key_padding_mask",
-    "weights",      "lse",       "in_proj_weight", "in_proj_bias", "q_weight",   "k_weight",
-    "v_weight",     "q_bias",    "k_bias",         "v_bias",       "out_weight", "out_bias",
-    "kv_seqlen",    "past_k",    "past_v",         "present_k",    "present_v",  "scores",
-    "alibi_slopes", "pos_table",
+    "query",        "key",          "value",
+    "out",          "attn_mask",    "key_padding_mask",
+    "weights",      "lse",          "in_proj_weight",
+    "in_proj_bias", "q_weight",     "k_weight",
+    "v_weight",     "q_bias",       "k_bias",
+    "v_bias",       "out_weight",   "out_bias",
+    "kv_seqlen",    "past_k",       "past_v",
+    "present_k",    "present_v",    "scores",
+    "alibi_slopes", "pos_table",    "rope_cos",
+    "rope_sin",     "position_ids",
 };
 
 const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role role)
@@ -79,7 +90,7 @@ const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role rol
 
 static const char *role_name(const clattn_plan *plan, int role)
 {
-    if (plan->kind == CLATTN__POSENC && role == R_Q)
+    if ((plan->kind == CLATTN__POSENC || plan->kind == CLATTN__ROPE) && role == R_Q)
         return "x";
     return plan->kind == CLATTN__MHA ? mha_names[role] : sdpa_names[role];
 }
@@ -116,9 +127,9 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, clattn__plan_kind kind, const ch
         const bool output = role == R_OUT || role == R_WEIGHTS || role == R_LSE ||
                             role == R_PRESENT_K || role == R_PRESENT_V || role == R_SCORES;
         const unsigned dtypes =
-            role == R_KPM     ? CLATTN__U8
-            : role == R_KVLEN ? CLATTN__I32
-            : role == R_MASK  ? CLATTN__FLOATS | CLATTN__U8
+            role == R_KPM                          ? CLATTN__U8
+            : role == R_KVLEN || role == R_POS_IDS ? CLATTN__I32
+            : role == R_MASK                       ? CLATTN__FLOATS | CLATTN__U8
             : role == R_WEIGHTS || role == R_LSE || role == R_SCORES || role == R_ALIBI
                 ? CLATTN__F32
                 : CLATTN__FLOATS;
@@ -576,7 +587,9 @@ clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensors *tenso
                      ? clattn__sdpa_execute(plan, mems, offsets, workspace, &chain)
                  : plan->kind == CLATTN__MHA
                      ? clattn__mha_execute(plan, mems, offsets, workspace, &chain)
-                     : clattn__posenc_execute(plan, mems, offsets, &chain);
+                 : plan->kind == CLATTN__POSENC
+                     ? clattn__posenc_execute(plan, mems, offsets, &chain)
+                     : clattn__rope_execute(plan, mems, offsets, &chain);
     status = clattn__end(ctx, op, &chain, status, event);
     ctx->exec_queue = NULL;
     ctx->private_workspace = false;

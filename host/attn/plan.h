@@ -33,6 +33,9 @@ typedef enum clattn__role {
     R_SCORES,
     R_ALIBI,
     R_POS_TABLE,
+    R_ROPE_COS,
+    R_ROPE_SIN,
+    R_POS_IDS,
     R_COUNT
 } clattn__role;
 
@@ -81,7 +84,12 @@ typedef struct clattn__sdpa_cache {
     clattn__copy_plan past_k, past_v, new_k, new_v;
 } clattn__sdpa_cache;
 
-typedef enum clattn__plan_kind { CLATTN__SDPA, CLATTN__MHA, CLATTN__POSENC } clattn__plan_kind;
+typedef enum clattn__plan_kind {
+    CLATTN__SDPA,
+    CLATTN__MHA,
+    CLATTN__POSENC,
+    CLATTN__ROPE
+} clattn__plan_kind;
 
 /* Positional encodings: the op, and the sinusoid's frequencies on the device. */
 typedef struct clattn__posenc {
@@ -101,7 +109,8 @@ struct clattn_plan {
     clattn__attention attention;
     clattn__mha mha;
     clattn__sdpa_cache cache;
-    clattn__posenc posenc;
+    clattn__posenc posenc; /* also ROPE plans' freq */
+    clattn__rope_plan rope;
     size_t decode_group; /* SDPA: > 1 when the group's query heads run as rows (sdpa.c) */
     size_t workspace_floats;
 };
@@ -139,6 +148,10 @@ clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const 
                                    cl_mem workspace, clattn_chain *chain);
 clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                   cl_mem workspace, clattn_chain *chain);
+clattn_status clattn__rope_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                   clattn_chain *chain);
+/* The float pairs (hi, lo) of base^(-2k / dim), k < count, in plan->posenc.freq (posenc.c). */
+clattn_status clattn__make_frequencies(clattn_plan *plan, size_t count, size_t dim, double base);
 clattn_status clattn__posenc_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                      clattn_chain *chain);
 

@@ -13,12 +13,11 @@ void clattn_posenc_desc_init(clattn_posenc_desc *desc)
     desc->struct_size = sizeof *desc;
 }
 
-/* The sinusoid's frequencies w_k = base^(-2k / dim), k < (dim + 1) / 2, as float pairs
- * (hi, lo) with hi + lo = w_k to about 2^-48 (computed in double), in a device buffer. */
-static clattn_status make_frequencies(clattn_plan *plan, size_t dim, double base)
+/* Frequencies w_k = base^(-2k / dim), k < count, as float pairs (hi, lo) with hi + lo = w_k
+ * to about 2^-48 (computed in double), in a device buffer (the sinusoid's, RoPE's). */
+clattn_status clattn__make_frequencies(clattn_plan *plan, size_t count, size_t dim, double base)
 {
     clattn_ctx *ctx = plan->ctx;
-    const size_t count = (dim + 1) / 2;
     float *pairs = malloc(2 * count * sizeof(float));
     if (pairs == NULL)
         return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", plan->op);
@@ -39,8 +38,8 @@ static clattn_status make_frequencies(clattn_plan *plan, size_t dim, double base
             clReleaseMemObject(plan->posenc.freq);
         plan->posenc.freq = NULL;
         return clattn__fail(ctx, (clattn_status)err,
-                            "%s: clCreateBuffer (the sinusoid's %zu frequencies): %s (%d)",
-                            plan->op, count, clattn__cl_error_name(err), (int)err);
+                            "%s: clCreateBuffer (%zu frequencies): %s (%d)", plan->op, count,
+                            clattn__cl_error_name(err), (int)err);
     }
     return CLATTN_SUCCESS;
 }
@@ -86,7 +85,7 @@ static clattn_status create(clattn_plan *plan, const clattn_posenc_desc *desc)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                                 "%s: base=%g: give a finite base > 0, or 0 for 10000", op,
                                 desc->base);
-        if ((status = make_frequencies(plan, dim, base)))
+        if ((status = clattn__make_frequencies(plan, (dim + 1) / 2, dim, base)))
             return status;
     } else {
         if (!table->present)

@@ -30,9 +30,14 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
                                 "%s: %s belongs to MHA plans; SDPA takes q, k, v, out, masks, "
                                 "weights and lse",
                                 op, used[role - R_IN_W]);
-    if (t->pos_table.rank != 0)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: pos_table belongs to positional-encoding plans", op);
+    for (int role = R_POS_TABLE; role <= R_POS_IDS; ++role)
+        if (clattn__tensor_of(t, (clattn__role)role)->rank != 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: %s belongs to positional-encoding and rotary plans", op,
+                                role == R_POS_TABLE  ? "pos_table"
+                                : role == R_POS_IDS  ? "position_ids"
+                                : role == R_ROPE_COS ? "rope_cos"
+                                                     : "rope_sin");
     clattn_plan *plan = NULL;
     if ((status = clattn__plan_new(ctx, CLATTN__SDPA, op, t, &plan)))
         return status;

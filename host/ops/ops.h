@@ -259,6 +259,38 @@ clattn_status clattn__posenc_enqueue(clattn_ctx *ctx, const clattn__posenc_plan 
                                      const clattn__view *table, cl_mem freq, size_t start,
                                      cl_uint num_wait, const cl_event *wait, cl_event *event);
 
+/* ---- rotary position embeddings (ops/rope.c, kernels/rope.cl) ------------------------------
+ * out = x with the first rot columns of each row (b, h, s) rotated pair by pair (pairs: (2j,
+ * 2j + 1), else (j, j + rot / 2)) by t_j at the row's position (position_ids[b, s] when bound,
+ * else start + s): t_j from `freq` (cache_mode 0), or cos/sin caches by position (1: (rows,
+ * rot / 2) views) or by row (2: (1, batch, seq, rot / 2) views); other columns copied. */
+typedef struct clattn__rope_shape {
+    size_t batch, heads, seq, dim, rot;
+    bool pairs;
+    int cache_mode; /* 0 computed, 1 by position, 2 by row */
+    size_t start;
+} clattn__rope_shape;
+
+typedef struct clattn__rope_plan {
+    clattn__rope_shape shape;
+    cl_kernel kernel;
+    size_t local, global, total;
+} clattn__rope_plan;
+
+typedef struct clattn__rope_io {
+    clattn__view x, out;       /* (batch, heads, seq, dim) */
+    clattn__view cos, sin;     /* mem NULL: computed angles */
+    clattn__view position_ids; /* (1, 1, batch, seq) I32; mem NULL: start + s */
+    cl_mem freq;               /* cache_mode 0: rot / 2 float pairs (hi, lo) */
+} clattn__rope_io;
+
+clattn_status clattn__rope_prepare(clattn_ctx *ctx, const clattn__rope_shape *shape,
+                                   clattn_dtype x_dtype, clattn_dtype out_dtype,
+                                   clattn_dtype cache_dtype, clattn__rope_plan *plan);
+clattn_status clattn__rope_enqueue(clattn_ctx *ctx, const clattn__rope_plan *plan,
+                                   const clattn__rope_io *io, cl_uint num_wait,
+                                   const cl_event *wait, cl_event *event);
+
 /* ---- strided copy (ops/heads.c, kernels/heads.cl's copy4d) ----------------------------------
  * dst[i] = src[i] over a box of `dims` (4 dims), any strides, converting src_dtype to
  * dst_dtype (floats) through float. */

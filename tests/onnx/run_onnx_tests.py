@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ONNX's own Attention node tests, run through `clattn sdpa`.
+"""ONNX's own Attention and RotaryEmbedding node tests, run through `clattn sdpa` and `clattn rope`.
 
 The `onnx` package generates its node tests from onnx/backend/test/case/node/attention.py
 (each `expect(node, inputs, outputs, name)`); collect_testcases("Attention") returns them with
@@ -8,9 +8,12 @@ test (the `_expanded` twins run the same data through the function body, so they
 is written to .npy files, run with `clattn sdpa` on each path, and its outputs compared with
 ONNX's expected ones.
 
-    python tests/onnx/run_onnx_tests.py --clattn build/clattn [--paths fused,unfused]
-        [--only SUBSTRING] [--min-pass N] [--list] [--keep DIR] [--wrap CMD]
-        [--fail-on REGEX] [--jobs N]
+    python tests/onnx/run_onnx_tests.py --clattn build/clattn [--operator Attention]
+        [--paths fused,unfused] [--only SUBSTRING] [--min-pass N] [--list] [--keep DIR]
+        [--wrap CMD] [--fail-on REGEX] [--jobs N]
+
+--operator RotaryEmbedding runs that operator's 8 node tests through `clattn rope` (one path:
+the rotary kernel has no other).
 
 --wrap runs clattn under a command (the Oclgrind lane: "oclgrind --data-races --check-api");
 --fail-on fails a test whose clattn wrote a line matching REGEX to stderr, whatever its exit
@@ -42,15 +45,21 @@ import numpy as np
 
 INPUTS = ["Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen"]
 OUTPUTS = ["Y", "present_key", "present_value", "qk_matmul_output"]
+OPERATORS = {  # operator: (input names, output names, the input whose dtype the outputs take)
+    "Attention": (INPUTS, OUTPUTS, "Q"),
+    "RotaryEmbedding": (["input", "cos_cache", "sin_cache", "position_ids"], ["output"],
+                        "input"),
+}
 
 
-def collect():
+def collect(operator="Attention"):
     warnings.simplefilter("ignore")  # other operators' generators warn on import
     from onnx import helper, numpy_helper
     from onnx.backend.test.case.node import collect_testcases
 
+    input_names, output_names, _ = OPERATORS[operator]
     cases = []
-    for case in collect_testcases("Attention"):
+    for case in collect_testcases(operator):
         if case.name.endswith("_expanded"):
             continue
         node = case.model.graph.node[0]
@@ -64,12 +73,12 @@ def collect():
         it = iter(arrays)
         for position, name in enumerate(present_inputs):
             if name:
-                named_in[INPUTS[position]] = next(it)
+                named_in[input_names[position]] = next(it)
         named_out = {}
         it = iter([to_array(t) for t in outputs])
         for position, name in enumerate(node.output):
             if name:
-                named_out[OUTPUTS[position]] = next(it)
+                named_out[output_names[position]] = next(it)
         cases.append((case.name, attrs, named_in, named_out))
     return cases
 
@@ -127,20 +136,43 @@ def command_for(attrs, files, path):
     return args, None
 
 
-def run_case(clattn, wrap, fail_on, name, attrs, inputs, outputs, paths, workdir):
+def rope_command_for(attrs, files, path):
+    """The clattn rope arguments for a RotaryEmbedding test (path: unused, one kernel)."""
+    del path
+    args = ["rope", "--x", files["input"], "--cos", files["cos_cache"], "--sin",
+            files["sin_cache"], "--out", files["output_out"]]
+    for name in attrs:
+        if name not in {"interleaved", "rotary_embedding_dim", "num_heads"}:
+            return None, f"attribute {name}"
+    if attrs.get("interleaved", 0):
+        args += ["--interleaved"]
+    if attrs.get("rotary_embedding_dim", 0):
+        args += ["--rotary-dim", str(attrs["rotary_embedding_dim"])]
+    if attrs.get("num_heads", 0):
+        args += ["--num-heads", str(attrs["num_heads"])]
+    if "position_ids" in files:
+        args += ["--position-ids", files["position_ids"]]
+    return args, None
+
+
+def run_case(clattn, wrap, fail_on, name, attrs, inputs, outputs, paths, workdir,
+             operator="Attention"):
     files = {}
     for key, array in inputs.items():
         files[key] = os.path.join(workdir, f"{key}.npy")
         save(files[key], array)
     for key in outputs:
         files[key + "_out"] = os.path.join(workdir, f"out_{key}.npy")
-    dtype = type_of(inputs["Q"])
+    dtype = type_of(inputs[OPERATORS[operator][2]])
     rtol, atol = tolerance(dtype)
+    command = command_for if operator == "Attention" else rope_command_for
+    if operator != "Attention":
+        paths = ["rope"]
     if "qk_matmul_output" in outputs:
         paths = [p for p in paths if p != "fused"] or ["unfused"]  # scores: unfused only
     notes = []
     for path in paths:
-        args, missing = command_for(attrs, files, path)
+        args, missing = command(attrs, files, path)
         if args is None:
             return "UNSUPPORTED", f"no clattn flag for {missing}"
         for key in outputs:
@@ -182,6 +214,7 @@ def run_case(clattn, wrap, fail_on, name, attrs, inputs, outputs, paths, workdir
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clattn", default="build/clattn")
+    parser.add_argument("--operator", default="Attention", choices=sorted(OPERATORS))
     parser.add_argument("--paths", default="fused,unfused")
     parser.add_argument("--only", default="")
     parser.add_argument("--min-pass", type=int, default=0)
@@ -193,7 +226,7 @@ def main():
     options = parser.parse_args()
     import onnx
 
-    cases = [c for c in collect() if options.only in c[0]]
+    cases = [c for c in collect(options.operator) if options.only in c[0]]
     if options.list:
         for name, attrs, inputs, outputs in cases:
             print(name, attrs, {k: (v.shape, type_of(v)) for k, v in inputs.items()},
@@ -204,14 +237,16 @@ def main():
     paths = [p for p in options.paths.split(",") if p]
     totals = {"PASS": 0, "FAIL": 0, "UNSUPPORTED": 0}
     unsupported = {}
-    print(f"onnx {onnx.__version__}: {len(cases)} distinct Attention node tests; paths "
-          f"{', '.join(paths)}; clattn {clattn}")
+    print(f"onnx {onnx.__version__}: {len(cases)} distinct {options.operator} node tests; "
+          f"paths {', '.join(paths) if options.operator == 'Attention' else 'rope'}; "
+          f"clattn {clattn}")
     fail_on = re.compile(options.fail_on) if options.fail_on else None
 
     def one(case):
         name, attrs, inputs, outputs = case
         with tempfile.TemporaryDirectory(dir=options.keep or None) as workdir:
-            return run_case(clattn, wrap, fail_on, name, attrs, inputs, outputs, paths, workdir)
+            return run_case(clattn, wrap, fail_on, name, attrs, inputs, outputs, paths, workdir,
+                            options.operator)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
         results = list(pool.map(one, cases))

@@ -1,0 +1,176 @@
+/* Rotary plans: RoPE on (batch, heads, seq, head_dim) views, ONNX RotaryEmbedding's rules. */
+#include "plan.h"
+
+#include <math.h>
+#include <string.h>
+
+void clattn_rope_desc_init(clattn_rope_desc *desc)
+{
+    if (desc == NULL)
+        return;
+    memset(desc, 0, sizeof *desc);
+    desc->struct_size = sizeof *desc;
+}
+
+static bool same_layout(const clattn__layout *a, const clattn__layout *b)
+{
+    if (a->dtype != b->dtype || a->rank != b->rank)
+        return false;
+    for (int d = 0; d < a->rank; ++d)
+        if (a->dims[d] != b->dims[d] || a->strides[d] != b->strides[d])
+            return false;
+    return true;
+}
+
+static clattn_status create(clattn_plan *plan, const clattn_rope_desc *desc)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
+    const clattn__layout *x = &l[R_Q], *out = &l[R_OUT], *cos_l = &l[R_ROPE_COS];
+    const clattn__layout *sin_l = &l[R_ROPE_SIN], *ids = &l[R_POS_IDS];
+    if ((unsigned)desc->style > CLATTN_ROPE_PAIRS)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: style=%d is not a clattn_rope_style", op, (int)desc->style);
+    if (!x->present || !out->present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is required", op,
+                            x->present ? "out" : "x (tensors.q)");
+    if (x->rank != 4)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: x has rank %d; expected (batch, heads, seq, head_dim)", op,
+                            x->rank);
+    clattn_status status =
+        clattn__layout_expect(ctx, op, "out", out, 4, x->dims, "x's (batch, heads, seq, head_dim)");
+    if (status != CLATTN_SUCCESS)
+        return status;
+    clattn__rope_shape shape = {.batch = x->dims[0],
+                                .heads = x->dims[1],
+                                .seq = x->dims[2],
+                                .dim = x->dims[3],
+                                .pairs = desc->style == CLATTN_ROPE_PAIRS,
+                                .start = desc->start};
+    shape.rot = desc->rotary_dim ? desc->rotary_dim : shape.dim;
+    if (shape.rot % 2 != 0 || shape.rot > shape.dim)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: rotary_dim=%zu: must be even and at most head_dim=%zu (0: all)",
+                            op, desc->rotary_dim, shape.dim);
+    const size_t half = shape.rot / 2;
+    if (ids->present) {
+        const size_t want[2] = {shape.batch, shape.seq};
+        if ((status = clattn__layout_expect(ctx, op, "position_ids", ids, 2, want,
+                                            "(batch, seq) of I32 positions")))
+            return status;
+    }
+    if (cos_l->present != sin_l->present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: rope_cos and rope_sin go together", op);
+    if (cos_l->present) {
+        if (!same_layout(cos_l, sin_l))
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                "%s: rope_cos and rope_sin must have the same dims, strides and "
+                                "dtype",
+                                op);
+        if (ids->present) {
+            const bool ok = cos_l->rank == 2 && cos_l->dims[1] == half;
+            if (!ok)
+                return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                    "%s: with position_ids, rope_cos must be (max_pos, "
+                                    "rotary_dim / 2 = %zu)",
+                                    op, half);
+            shape.cache_mode = 1;
+        } else {
+            const size_t want[3] = {shape.batch, shape.seq, half};
+            if ((status = clattn__layout_expect(ctx, op, "rope_cos", cos_l, 3, want,
+                                                "(batch, seq, rotary_dim / 2) without "
+                                                "position_ids")))
+                return status;
+            shape.cache_mode = 2;
+        }
+    } else {
+        size_t end = 0;
+        if (!clattn__add(desc->start, shape.seq, &end))
+            return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: start + seq overflows size_t", op);
+        if (!ids->present && end > ((size_t)1 << 24))
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: positions %zu .. %zu: computed angles take positions below "
+                                "2^24 = 16777216",
+                                op, desc->start, end - 1);
+        const double base = desc->base == 0.0 ? 10000.0 : desc->base;
+        if (!(base > 0.0 && isfinite(base)))
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: base=%g: give a finite base > 0, or 0 for 10000", op,
+                                desc->base);
+        if (half > 0 && (status = clattn__make_frequencies(plan, half, shape.rot, base)))
+            return status;
+    }
+    const clattn_dtype cache_dtype = cos_l->present ? cos_l->dtype : CLATTN_DTYPE_F32;
+    if ((status =
+             clattn__rope_prepare(ctx, &shape, x->dtype, out->dtype, cache_dtype, &plan->rope)))
+        return status;
+    plan->workspace_floats = 0;
+    return clattn__plan_finish(plan, "nothing");
+}
+
+clattn_status clattn_rope_plan_create(clattn_ctx *ctx, const clattn_rope_desc *desc,
+                                      clattn_plan **out)
+{
+    static const char op[] = "rope";
+    if (out)
+        *out = NULL;
+    if (ctx == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn__clear_error(ctx);
+    if (desc == NULL || out == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op,
+                            desc ? "out" : "desc");
+    clattn_status status =
+        clattn__check_struct_size(ctx, op, "clattn_rope_desc", desc->struct_size, sizeof *desc);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    for (int role = 0; role < R_COUNT; ++role)
+        if (role != R_Q && role != R_OUT && role != R_ROPE_COS && role != R_ROPE_SIN &&
+            role != R_POS_IDS && clattn__tensor_of(&desc->tensors, (clattn__role)role)->rank != 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: rotary plans take x (tensors.q), out, rope_cos, rope_sin "
+                                "and position_ids only; tensor #%d of clattn_tensors is set",
+                                op, role);
+    clattn_plan *plan = NULL;
+    status = clattn__plan_new(ctx, CLATTN__ROPE, op, &desc->tensors, &plan);
+    if (status == CLATTN_SUCCESS)
+        status = create(plan, desc);
+    if (status != CLATTN_SUCCESS) {
+        clattn_plan_release(plan);
+        return clattn__end_message(ctx, op, status);
+    }
+    *out = plan;
+    return CLATTN_SUCCESS;
+}
+
+static clattn__view bound(const clattn__layout *l, cl_mem mem, size_t offset)
+{
+    clattn__view v;
+    clattn__view_of(l, &v);
+    v.mem = mem;
+    v.offset = offset;
+    return v;
+}
+
+clattn_status clattn__rope_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                   clattn_chain *chain)
+{
+    const clattn__layout *l = plan->layouts;
+    clattn__rope_io io;
+    memset(&io, 0, sizeof io);
+    io.x = bound(&l[R_Q], mems[R_Q], offsets[R_Q]);
+    io.out = bound(&l[R_OUT], mems[R_OUT], offsets[R_OUT]);
+    if (l[R_ROPE_COS].present) {
+        io.cos = bound(&l[R_ROPE_COS], mems[R_ROPE_COS], offsets[R_ROPE_COS]);
+        io.sin = bound(&l[R_ROPE_SIN], mems[R_ROPE_SIN], offsets[R_ROPE_SIN]);
+    }
+    if (l[R_POS_IDS].present)
+        io.position_ids = bound(&l[R_POS_IDS], mems[R_POS_IDS], offsets[R_POS_IDS]);
+    io.freq = plan->posenc.freq;
+    cl_event step = NULL;
+    return clattn__step(
+        chain, clattn__rope_enqueue(plan->ctx, &plan->rope, &io, CHAIN_WAIT(chain), &step), &step);
+}

@@ -1,0 +1,85 @@
+/*
+ * rope.cl: rotary position embeddings (RoPE, RoFormer), as ONNX's RotaryEmbedding computes
+ * them. Row (b, h, s) of x at position pos has its first `rot` columns rotated pair by pair:
+ *
+ *   (x1, x2) -> (x1 cos t_j - x2 sin t_j,  x1 sin t_j + x2 cos t_j),   j < rot / 2
+ *   pairs  (ROPE_PAIRS, RoFormer, ONNX interleaved = 1): x1 = x[2j], x2 = x[2j + 1]
+ *   halves (GPT-NeoX, Llama, ONNX interleaved = 0):     x1 = x[j],  x2 = x[j + rot / 2]
+ *
+ * and its other columns copied. The angles: t_j = pos * base^(-2j / rot) (freq: the float
+ * pairs of common.cl's position_angle), or cos t_j and sin t_j read from caches: by position
+ * (cache_mode 1: row pos, clamped to the cache's rows) or by row (cache_mode 2: [b, s, j]).
+ * pos = position_ids[b, s] (I32, clamped at 0) when given, else start + s.
+ *
+ * x, out: 4-d (batch, heads, seq, dim) views of dtypes X_DTYPE, O_DTYPE (out may be x: each
+ * work-item reads its two elements, then writes them). One work-item per (b, h, s, c),
+ * c < rot / 2 + dim - rot: c < rot / 2 rotates pair c, the rest copy column rot + (c - rot / 2);
+ * numbered row-major, the global size rounded up to ROPE_WG.
+ */
+#ifndef ROPE_WG
+#define ROPE_WG 256 /* work-items per work-group */
+#endif
+#ifndef X_DTYPE
+#define X_DTYPE 0 /* dtype code of x (types.cl) */
+#endif
+#ifndef O_DTYPE
+#define O_DTYPE 0 /* dtype code of out */
+#endif
+#ifndef C_DTYPE
+#define C_DTYPE 0 /* dtype code of the cos and sin caches */
+#endif
+
+__kernel __attribute__((reqd_work_group_size(ROPE_WG, 1, 1)))
+void rope(__global const ELEM_T(X_DTYPE) *x, const ulong x_offset, const ulong x_s0,
+          const ulong x_s1, const ulong x_s2, const ulong x_s3,
+          __global ELEM_T(O_DTYPE) *out, const ulong out_offset, const ulong out_s0,
+          const ulong out_s1, const ulong out_s2, const ulong out_s3,
+          __global const ELEM_T(C_DTYPE) *cos_cache, __global const ELEM_T(C_DTYPE) *sin_cache,
+          const ulong cos_offset, const ulong sin_offset, const ulong c_s0, const ulong c_s1,
+          const ulong c_s2, const int cache_mode, const uint cache_rows,
+          __global const int *position_ids, const ulong pos_offset, const ulong pos_s0,
+          const ulong pos_s1, const int has_position_ids,
+          __global const float2 *freq, const int pairs, const uint heads, const uint seq,
+          const uint dim, const uint rot, const ulong start, const ulong total)
+{
+    const ulong index = get_global_id(0);
+    if (index >= total)
+        return;
+    const uint half_rot = rot / 2, width = half_rot + dim - rot;
+    /* Remainders as x - (x / y) * y (no LLVM `freeze` for Oclgrind: see softmax.cl). */
+    const ulong row = index / width;
+    const uint c = (uint)(index - row * width);
+    const ulong bh = row / seq;
+    const uint s = (uint)(row - bh * seq);
+    const ulong b = bh / heads, h = bh - b * heads;
+    const ulong x_row = x_offset + b * x_s0 + h * x_s1 + s * x_s2;
+    const ulong out_row = out_offset + b * out_s0 + h * out_s1 + s * out_s2;
+    if (c >= half_rot) { /* a column past the rotation: copied */
+        const uint i = rot + (c - half_rot);
+        STORE(O_DTYPE, LOAD(X_DTYPE, x, x_row + i * x_s3), out, out_row + i * out_s3);
+        return;
+    }
+    const uint j = c;
+    ulong pos = start + s;
+    if (has_position_ids) {
+        const int id = position_ids[pos_offset + b * pos_s0 + s * pos_s1];
+        pos = id < 0 ? 0 : (ulong)id;
+    }
+    float cos_t, sin_t;
+    if (cache_mode == 0) {
+        const float t = position_angle(pos, freq[j]);
+        cos_t = cos(t);
+        sin_t = sin(t);
+    } else {
+        const ulong cache_row = cache_mode == 1 ? (pos < cache_rows ? pos : cache_rows - 1) : 0;
+        const ulong at = cache_mode == 1 ? cache_row * c_s1 + j * c_s2
+                                         : b * c_s0 + s * c_s1 + j * c_s2;
+        cos_t = LOAD(C_DTYPE, cos_cache, cos_offset + at);
+        sin_t = LOAD(C_DTYPE, sin_cache, sin_offset + at);
+    }
+    const uint i1 = pairs ? 2 * j : j, i2 = pairs ? 2 * j + 1 : j + half_rot;
+    const float x1 = LOAD(X_DTYPE, x, x_row + i1 * x_s3);
+    const float x2 = LOAD(X_DTYPE, x, x_row + i2 * x_s3);
+    STORE(O_DTYPE, x1 * cos_t - x2 * sin_t, out, out_row + i1 * out_s3);
+    STORE(O_DTYPE, x1 * sin_t + x2 * cos_t, out, out_row + i2 * out_s3);
+}

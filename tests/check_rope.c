@@ -1,0 +1,384 @@
+/*
+ * check_rope: rotary plans (clattn_rope_plan_create) against the float64 reference on fresh
+ * random inputs: both pair conventions, partial rotary dims, computed angles (from a start
+ * position or I32 position ids) and ONNX's cos/sin caches (by position, with ids clamped at
+ * both ends; by row), every float dtype, packed, (B, S, H*d) and strided layouts, in place; a
+ * decode step at offset P equal bit for bit to rows P.. of the whole sequence; computed angles
+ * near position 2^24; every refusal. Outputs are poisoned first; stray writes are counted.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "problems.h"
+#include "reference.h"
+#include "testutil.h"
+
+#define F32 CLATTN_DTYPE_F32
+#define F16 CLATTN_DTYPE_F16
+#define BF16 CLATTN_DTYPE_BF16
+#define HALVES CLATTN_ROPE_HALVES
+#define PAIRS CLATTN_ROPE_PAIRS
+
+enum { COMPUTED = 0, BY_POSITION = 1, BY_ROW = 2 };
+
+typedef struct rope_case {
+    size_t batch, heads, seq, dim, rot; /* rot 0: dim */
+    clattn_rope_style style;
+    int angles;   /* COMPUTED, BY_POSITION (caches + ids), BY_ROW (caches) */
+    int ids;      /* COMPUTED: position ids instead of start */
+    size_t start; /* COMPUTED without ids */
+    double base;  /* COMPUTED: 0 = 10000 */
+    int inplace;  /* out is x */
+    clattn_dtype x_dtype, out_dtype, cache_dtype;
+    pb_layout layout; /* of x and out */
+} rope_case;
+
+/* clang-format off */
+static const rope_case cases[] = {
+    /* B  H   S   d  rot  style  angles      ids start base inpl x     out   cache layout */
+    {1, 1,   1,  2,  0, HALVES, COMPUTED,    0,  0,   0,   0, F32,  F32,  F32, PB_PACKED},
+    {2, 4,   3,  8,  0, HALVES, BY_POSITION, 1,  0,   0,   0, F32,  F32,  F32, PB_PACKED},
+    {2, 4,   3,  8,  0, PAIRS,  BY_POSITION, 1,  0,   0,   0, F32,  F32,  F32, PB_SEQ_MAJOR},
+    {2, 4,   3,  8,  4, HALVES, BY_ROW,      0,  0,   0,   0, F32,  F32,  F32, PB_PACKED},
+    {2, 4,   3,  8,  4, PAIRS,  BY_ROW,      0,  0,   0,   1, F32,  F32,  F32, PB_PADDED},
+    {3, 2,  17, 64,  0, HALVES, COMPUTED,    0,  5,   0,   0, F32,  F32,  F32, PB_SEQ_MAJOR},
+    {1, 3,  63, 17, 16, PAIRS,  COMPUTED,    1,  0, 500,   1, F16,  F16,  F32, PB_STRIDED_LAST},
+    {2, 5, 129,128, 64, HALVES, COMPUTED,    0, 1000, 0,   0, BF16, F32,  F32, PB_SEQ_MAJOR_PADDED},
+    {1, 2,  65,  3,  2, PAIRS,  BY_POSITION, 1,  0,   0,   0, F32,  BF16, F16, PB_PACKED},
+    {2, 1,  31, 32, 32, HALVES, BY_ROW,      0,  0,   0,   1, F16,  F16,  BF16, PB_PADDED},
+};
+/* clang-format on */
+
+/* The case's position of row (b, s): its id, clamped to [0, rows - 1] with a cache by
+ * position, or start + s. */
+static size_t position(const rope_case *c, const int32_t *ids, size_t rows, size_t b, size_t s)
+{
+    if (!ids)
+        return c->start + s;
+    const int32_t id = ids[b * c->seq + s];
+    size_t pos = id < 0 ? 0 : (size_t)id;
+    if (c->angles == BY_POSITION && pos >= rows)
+        pos = rows - 1;
+    return pos;
+}
+
+START_TEST(test_rope_cases)
+{
+    TU_BEGIN_TEST();
+    const rope_case *c = &cases[_i];
+    const size_t rot = c->rot ? c->rot : c->dim, half = rot / 2;
+    const size_t rows = 23; /* a cache by position: ids drawn in [-2, rows + 2) */
+    tu_set_case("rope B=%zu H=%zu S=%zu d=%zu rot=%zu %s angles=%d ids=%d start=%zu base=%g "
+                "inplace=%d x=%s out=%s cache=%s layout=%s",
+                c->batch, c->heads, c->seq, c->dim, rot, c->style == PAIRS ? "pairs" : "halves",
+                c->angles, c->ids, c->start, c->base, c->inplace, pb_dtype_name(c->x_dtype),
+                pb_dtype_name(c->out_dtype), pb_dtype_name(c->cache_dtype),
+                pb_layout_name(c->layout));
+    const size_t count = c->batch * c->heads * c->seq * c->dim;
+    float *x = tu_random_floats(count);
+    pb_round_array(c->x_dtype, x, count);
+    int32_t *ids = NULL;
+    const int with_ids = c->angles == BY_POSITION || c->ids;
+    if (with_ids) {
+        ids = calloc(c->batch * c->seq, sizeof *ids);
+        for (size_t e = 0; e < c->batch * c->seq; ++e)
+            ids[e] = c->angles == BY_POSITION ? (int32_t)tu_rand_below(rows + 4) - 2
+                                              : (int32_t)tu_rand_below(5000);
+    }
+    /* The caches (as uploaded: rounded to their dtype) and the angles per (b, s, j). */
+    const size_t cache_count = c->angles == BY_POSITION ? rows * half : c->batch * c->seq * half;
+    float *cos_cache = NULL, *sin_cache = NULL;
+    if (c->angles != COMPUTED) {
+        cos_cache = tu_floats(cache_count);
+        sin_cache = tu_floats(cache_count);
+        for (size_t e = 0; e < cache_count; ++e) {
+            const double t = 10.0 * tu_rand_unit();
+            cos_cache[e] = (float)cos(t);
+            sin_cache[e] = (float)sin(t);
+        }
+        pb_round_array(c->cache_dtype, cos_cache, cache_count);
+        pb_round_array(c->cache_dtype, sin_cache, cache_count);
+    }
+    double *cosv = tu_doubles(c->batch * c->seq * half),
+           *sinv = tu_doubles(c->batch * c->seq * half);
+    const double base = c->base == 0.0 ? 10000.0 : c->base;
+    for (size_t b = 0; b < c->batch; ++b) {
+        for (size_t s = 0; s < c->seq; ++s) {
+            const size_t pos = position(c, ids, rows, b, s);
+            for (size_t j = 0; j < half; ++j) {
+                const size_t at = (b * c->seq + s) * half + j;
+                if (c->angles == COMPUTED) {
+                    const double t = (double)pos * pow(base, -2.0 * (double)j / (double)rot);
+                    cosv[at] = cos(t), sinv[at] = sin(t);
+                } else {
+                    const size_t from = c->angles == BY_POSITION ? pos * half + j : at;
+                    cosv[at] = cos_cache[from], sinv[at] = sin_cache[from];
+                }
+            }
+        }
+    }
+    double *want = tu_doubles(count);
+    ref_rope(c->batch, c->heads, c->seq, c->dim, rot, c->style == PAIRS, x, cosv, sinv, want);
+
+    clattn_rope_desc desc;
+    clattn_rope_desc_init(&desc);
+    desc.style = c->style;
+    desc.rotary_dim = c->rot;
+    desc.base = c->base;
+    desc.start = c->start;
+    clattn_tensors *t = &desc.tensors;
+    const size_t dims[4] = {c->batch, c->heads, c->seq, c->dim};
+    pb_make_layout(&t->q, c->x_dtype, 4, dims, c->layout);
+    if (c->inplace)
+        t->out = t->q;
+    else
+        pb_make_layout(&t->out, c->out_dtype, 4, dims, c->layout);
+    const size_t by_position[2] = {rows, half}, by_row[3] = {c->batch, c->seq, half};
+    if (c->angles != COMPUTED) {
+        pb_make_layout(&t->rope_cos, c->cache_dtype, c->angles == BY_POSITION ? 2 : 3,
+                       c->angles == BY_POSITION ? by_position : by_row, PB_PACKED);
+        t->rope_sin = t->rope_cos;
+    }
+    const size_t id_dims[2] = {c->batch, c->seq};
+    if (with_ids)
+        pb_make_layout(&t->position_ids, CLATTN_DTYPE_I32, 2, id_dims, PB_PACKED);
+
+    clattn_plan *plan = NULL;
+    if (tu_expect_status(clattn_rope_plan_create(tu_ctx(), &desc, &plan), CLATTN_SUCCESS,
+                         "clattn_rope_plan_create")) {
+        clattn_tensors bound = desc.tensors;
+        float *ids_f = NULL;
+        if (with_ids) {
+            ids_f = tu_floats(c->batch * c->seq);
+            for (size_t e = 0; e < c->batch * c->seq; ++e)
+                ids_f[e] = (float)ids[e];
+        }
+        cl_int err = pb_upload(tu_ctx(), &bound.q, tu_rand_below(5), x);
+        if (err == CL_SUCCESS && c->inplace)
+            bound.out = bound.q;
+        else if (err == CL_SUCCESS)
+            err = pb_upload(tu_ctx(), &bound.out, tu_rand_below(5), NULL);
+        if (err == CL_SUCCESS && c->angles != COMPUTED)
+            err = pb_upload(tu_ctx(), &bound.rope_cos, 0, cos_cache);
+        if (err == CL_SUCCESS && c->angles != COMPUTED)
+            err = pb_upload(tu_ctx(), &bound.rope_sin, 2, sin_cache);
+        if (err == CL_SUCCESS && with_ids)
+            err = pb_upload(tu_ctx(), &bound.position_ids, 1, ids_f);
+        if (tu_expect(err == CL_SUCCESS, "uploads failed (%d)", (int)err) &&
+            tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+                             CLATTN_SUCCESS, "clattn_plan_execute")) {
+            float *got = tu_nan_floats(count);
+            size_t stray = 0;
+            if (pb_download(tu_ctx(), NULL, &bound.out, got, &stray) == CL_SUCCESS) {
+                const clattn_dtype out_dtype = c->inplace ? c->x_dtype : c->out_dtype;
+                const double unit = out_dtype == F16    ? ldexp(1.0, -11)
+                                    : out_dtype == BF16 ? ldexp(1.0, -8)
+                                                        : ldexp(1.0, -23);
+                size_t wrong = 0, first = count;
+                for (size_t e = 0; e < count; ++e) {
+                    const double err_e = fabs((double)got[e] - want[e]);
+                    /* |x1| + |x2| <= 2: the angle's 2e-6, the products' and the output's
+                     * rounding */
+                    if (!(err_e <= 4e-6 + 2.0 * unit * (1.0 + fabs(want[e]))) && wrong++ == 0)
+                        first = e;
+                }
+                tu_expect(wrong == 0, "%zu of %zu values wrong; the first, %zu: got %.9g want %.9g",
+                          wrong, count, first, first < count ? (double)got[first] : 0.0,
+                          first < count ? want[first] : 0.0);
+                tu_expect(stray == 0, "%zu elements written outside out", stray);
+                if (out_dtype == F32)
+                    tu_track_error(tu_abs_error(got, want, count));
+            }
+            free(got);
+        }
+        pb_release_tensors(&bound);
+        free(ids_f);
+    }
+    clattn_plan_release(plan);
+    free(want);
+    free(sinv);
+    free(cosv);
+    free(sin_cache);
+    free(cos_cache);
+    free(ids);
+    free(x);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Runs a computed-angle plan on packed F32 x (b, h, s, d) from `start`; returns out. */
+static float *run_computed(const float *x, const size_t dims[4], size_t start,
+                           clattn_rope_style style)
+{
+    clattn_rope_desc desc;
+    clattn_rope_desc_init(&desc);
+    desc.style = style;
+    desc.start = start;
+    pb_make_layout(&desc.tensors.q, F32, 4, dims, PB_PACKED);
+    pb_make_layout(&desc.tensors.out, F32, 4, dims, PB_PACKED);
+    const size_t count = dims[0] * dims[1] * dims[2] * dims[3];
+    float *got = tu_nan_floats(count);
+    clattn_plan *plan = NULL;
+    if (tu_expect_status(clattn_rope_plan_create(tu_ctx(), &desc, &plan), CLATTN_SUCCESS,
+                         "clattn_rope_plan_create")) {
+        clattn_tensors bound = desc.tensors;
+        if (pb_upload(tu_ctx(), &bound.q, 0, x) == CL_SUCCESS &&
+            pb_upload(tu_ctx(), &bound.out, 0, NULL) == CL_SUCCESS &&
+            tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+                             CLATTN_SUCCESS, "clattn_plan_execute"))
+            pb_download(tu_ctx(), NULL, &bound.out, got, NULL);
+        pb_release_tensors(&bound);
+    }
+    clattn_plan_release(plan);
+    return got;
+}
+
+/* A decode step at offset P (one row, start = P) equals row P of the whole sequence (start 0)
+ * bit for bit, for each P; _i: the style. */
+START_TEST(test_rope_decode_offset)
+{
+    TU_BEGIN_TEST();
+    const clattn_rope_style style = _i ? PAIRS : HALVES;
+    enum { B = 2, H = 3, S = 40, D = 16 };
+    tu_set_case("rope decode steps against the whole sequence, %s", _i ? "pairs" : "halves");
+    const size_t dims[4] = {B, H, S, D}, one[4] = {B, H, 1, D};
+    float *x = tu_random_floats((size_t)B * H * S * D);
+    float *whole = run_computed(x, dims, 0, style);
+    float *row = tu_floats((size_t)B * H * D);
+    size_t mismatched = 0;
+    for (size_t p = 0; p < S; p += 13) {
+        for (size_t bh = 0; bh < B * H; ++bh)
+            memcpy(row + bh * D, x + (bh * S + p) * D, D * sizeof(float));
+        float *step = run_computed(row, one, p, style);
+        for (size_t bh = 0; bh < B * H; ++bh)
+            if (memcmp(step + bh * D, whole + (bh * S + p) * D, D * sizeof(float)) != 0)
+                ++mismatched;
+        free(step);
+    }
+    tu_expect(mismatched == 0, "%zu decode-step rows differ from the whole sequence's", mismatched);
+    free(row);
+    free(whole);
+    free(x);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Computed angles at the last positions below 2^24 (x = 1 in every column: each output is
+ * cos t - sin t or sin t + cos t) within 5e-6 of float64. */
+START_TEST(test_rope_far_positions)
+{
+    TU_BEGIN_TEST();
+    enum { S = 50, D = 32 };
+    const size_t start = ((size_t)1 << 24) - S;
+    tu_set_case("rope positions %zu .. %zu", start, start + S - 1);
+    const size_t dims[4] = {1, 1, S, D};
+    float *x = tu_floats((size_t)S * D);
+    for (size_t e = 0; e < (size_t)S * D; ++e)
+        x[e] = 1.0f;
+    float *got = run_computed(x, dims, start, HALVES);
+    double *cosv = tu_doubles((size_t)S * D / 2), *sinv = tu_doubles((size_t)S * D / 2);
+    for (size_t s = 0; s < S; ++s)
+        for (size_t j = 0; j < D / 2; ++j) {
+            const double t = (double)(start + s) * pow(10000.0, -2.0 * (double)j / D);
+            cosv[s * D / 2 + j] = cos(t), sinv[s * D / 2 + j] = sin(t);
+        }
+    double *want = tu_doubles((size_t)S * D);
+    ref_rope(1, 1, S, D, D, 0, x, cosv, sinv, want);
+    const double err = tu_abs_error(got, want, (size_t)S * D);
+    tu_expect(err <= 5e-6, "largest error %.3g", err);
+    printf("check_rope: positions %zu .. %zu: largest error %.3g\n", start, start + S - 1, err);
+    free(want);
+    free(sinv);
+    free(cosv);
+    free(got);
+    free(x);
+    TU_END_TEST();
+}
+END_TEST
+
+static void expect_refused(const clattn_rope_desc *desc, clattn_status want, const char *needle,
+                           const char *call)
+{
+    clattn_plan *plan = (clattn_plan *)&plan;
+    const clattn_status got = clattn_rope_plan_create(tu_ctx(), desc, &plan);
+    tu_expect_status(got, want, call);
+    tu_expect(plan == NULL, "%s: *out not NULL after a refusal", call);
+    const char *message = clattn_last_error(tu_ctx());
+    tu_expect(strstr(message, needle) != NULL && strstr(message, "rope") != NULL,
+              "%s: the message '%s' does not name '%s'", call, message, needle);
+}
+
+START_TEST(test_rope_errors)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("rope plan refusals");
+    const size_t dims[4] = {2, 3, 5, 8}, ids[2] = {2, 5}, cache[2] = {9, 4};
+    clattn_rope_desc good;
+    clattn_rope_desc_init(&good);
+    pb_make_layout(&good.tensors.q, F32, 4, dims, PB_PACKED);
+    pb_make_layout(&good.tensors.out, F32, 4, dims, PB_PACKED);
+    clattn_plan *plan = NULL;
+    tu_expect_status(clattn_rope_plan_create(tu_ctx(), &good, &plan), CLATTN_SUCCESS, "good");
+    clattn_plan_release(plan);
+    tu_expect_status(clattn_rope_plan_create(tu_ctx(), NULL, &plan), CLATTN_ERR_INVALID_ARGUMENT,
+                     "NULL desc");
+    clattn_rope_desc d = good;
+    d.struct_size = 8;
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "struct_size", "struct_size");
+    d = good, d.style = (clattn_rope_style)2;
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "style", "style 2");
+    d = good, memset(&d.tensors.out, 0, sizeof d.tensors.out);
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "out", "out absent");
+    d = good, pb_make_layout(&d.tensors.q, F32, 3, dims + 1, PB_PACKED);
+    expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "rank", "x of rank 3");
+    d = good, d.rotary_dim = 5;
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rotary_dim", "odd rotary_dim");
+    d = good, d.rotary_dim = 10;
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rotary_dim", "rotary_dim past head_dim");
+    d = good, d.base = -3.0;
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "base", "negative base");
+    d = good, d.start = ((size_t)1 << 24);
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "2^24", "positions past 2^24");
+    d = good, d.tensors.k = d.tensors.q;
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "position_ids only", "k set");
+    d = good, pb_make_layout(&d.tensors.position_ids, F32, 2, ids, PB_PACKED);
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "position_ids", "F32 position ids");
+    d = good, pb_make_layout(&d.tensors.position_ids, CLATTN_DTYPE_I32, 2, cache, PB_PACKED);
+    expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "position_ids", "ids of another shape");
+    d = good, pb_make_layout(&d.tensors.rope_cos, F32, 2, cache, PB_PACKED);
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "together", "cos without sin");
+    d.tensors.rope_sin = d.tensors.rope_cos;
+    expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "rope_cos", "a (rows, r/2) cache without ids");
+    pb_make_layout(&d.tensors.position_ids, CLATTN_DTYPE_I32, 2, ids, PB_PACKED);
+    tu_expect_status(clattn_rope_plan_create(tu_ctx(), &d, &plan), CLATTN_SUCCESS,
+                     "caches by position with ids");
+    clattn_plan_release(plan);
+    d.tensors.rope_sin.dtype = F16;
+    expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "same", "cos F32, sin F16");
+    d.tensors.rope_sin = d.tensors.rope_cos;
+    d.rotary_dim = 4; /* the cache is (9, 4): r / 2 must be 4 */
+    expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "rotary_dim / 2", "a cache for another rot");
+    TU_END_TEST();
+}
+END_TEST
+
+static Suite *rope_suite(void)
+{
+    Suite *suite = suite_create("rope");
+    TCase *tc = tcase_create("rope");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, test_rope_cases, 0, (int)(sizeof cases / sizeof cases[0]));
+    tcase_add_loop_test(tc, test_rope_decode_offset, 0, 2);
+    tcase_add_test(tc, test_rope_far_positions);
+    tcase_add_test(tc, test_rope_errors);
+    suite_add_tcase(suite, tc);
+    return suite;
+}
+
+int main(void)
+{
+    tu_suite_begin("check_rope");
+    return tu_run_suite(rope_suite());
+}
