@@ -249,6 +249,12 @@ typedef enum clattn_norm {
     CLATTN_NORM_RELU = 1     /* relu(s) / sum relu(s); a row with sum 0 gives zeros */
 } clattn_norm;
 
+/* Rotary embeddings' pairing of a row's columns (clattn_rope_desc, clattn_mha_desc.rope). */
+typedef enum clattn_rope_style {
+    CLATTN_ROPE_HALVES = 0, /* pairs (x[j], x[j + r/2]): GPT-NeoX, Llama (ONNX interleaved 0) */
+    CLATTN_ROPE_PAIRS = 1   /* pairs (x[2j], x[2j + 1]): the RoFormer paper (interleaved 1) */
+} clattn_rope_style;
+
 /* Which attention kernels run. AUTO: the fused (flash) kernel whenever the caller does not ask
  * for the attention weights and the head sizes are at most 256, else the unfused path
  * (matmul, softmax over the materialised scores, matmul). FUSED: always fused (asking for the
@@ -417,6 +423,15 @@ typedef struct clattn_mha_desc {
     float softcap;
     clattn_causal window_align;
     long long window_left, window_right;
+    /* Rotary embeddings (clattn_rope_desc's rules, angles computed) on every head of the
+     * projected q and k, before attention: rope 1 turns them on; query row i and key row j sit
+     * at positions rope_start + i and rope_start + j. rope_dims 0: the whole head;
+     * rope_base 0: 10000. */
+    int rope;
+    clattn_rope_style rope_style;
+    size_t rope_dims;
+    double rope_base;
+    size_t rope_start;
 } clattn_mha_desc;
 
 /* Fill *desc with the defaults (zeros, struct_size, scale = NAN). */
@@ -490,11 +505,6 @@ CLATTN_API clattn_status clattn_posenc_plan_create(clattn_ctx *ctx, const clattn
  * each row of q or k rotated pair by pair by angles that grow with the row's position, so
  * that q.k depends on the positions' difference only.
  * ------------------------------------------------------------------------------------------- */
-
-typedef enum clattn_rope_style {
-    CLATTN_ROPE_HALVES = 0, /* pairs (x[j], x[j + r/2]): GPT-NeoX, Llama (ONNX interleaved 0) */
-    CLATTN_ROPE_PAIRS = 1   /* pairs (x[2j], x[2j + 1]): the RoFormer paper (interleaved 1) */
-} clattn_rope_style;
 
 /* out = RoPE(x). Row (b, h, s) at position pos = position_ids[b, s] (when given; negative
  * ids count as 0) or start + s: pair j < r / 2 (r = rotary_dim) turns by t_j,
@@ -615,6 +625,11 @@ typedef struct clattn_mha_host_desc {
     float softcap; /* soft-capping and the sliding window, as clattn_mha_desc's */
     clattn_causal window_align;
     long long window_left, window_right;
+    int rope; /* rotary embeddings, as clattn_mha_desc's */
+    clattn_rope_style rope_style;
+    size_t rope_dims;
+    double rope_base;
+    size_t rope_start;
 } clattn_mha_host_desc;
 
 typedef struct clattn_mha_host_weights {

@@ -546,6 +546,67 @@ START_TEST(test_run_posenc)
 }
 END_TEST
 
+/* --rope (pairs, 4 of 6 columns, base 500; then the defaults) on textbook weights with causal
+ * masking, against the float64 reference; then the refusals. */
+START_TEST(test_run_rope)
+{
+    TU_BEGIN_TEST();
+    enum { L = 19, E = 12, H = 2, DK = 12, DV = 8 };
+    tu_set_case("clattn run --rope (textbook weights, %d heads)", H);
+    char x_path[512], wq_path[512], wk_path[512], wv_path[512], out[512], args[4096];
+    float *x = scratch_npy("rope_x.npy", L, E, x_path, sizeof x_path);
+    float *wq = scratch_npy("rope_wq.npy", E, DK, wq_path, sizeof wq_path);
+    float *wk = scratch_npy("rope_wk.npy", E, DK, wk_path, sizeof wk_path);
+    float *wv = scratch_npy("rope_wv.npy", E, DV, wv_path, sizeof wv_path);
+    snprintf(out, sizeof out, "%s/rope_out.npy", scratch);
+    clattn_mha_host_desc desc;
+    clattn_mha_host_desc_init(&desc);
+    desc.batch = 1, desc.seq_q = L, desc.seq_k = L, desc.embed_dim = E, desc.num_heads = H;
+    desc.qk_dim = DK, desc.v_dim = DV, desc.layout = CLATTN_LAYOUT_XW;
+    desc.causal = CLATTN_CAUSAL_TOP_LEFT;
+    desc.rope = 1, desc.rope_style = CLATTN_ROPE_PAIRS, desc.rope_dims = 4, desc.rope_base = 500;
+    const clattn_mha_host_weights w = {.q_weight = wq, .k_weight = wk, .v_weight = wv};
+    const clattn_host_masks masks = {0};
+    double *ref = tu_doubles((size_t)L * DV);
+    const size_t shape[2] = {L, DV};
+    for (int form = 0; form < 2; ++form) {
+        if (form == 1)
+            desc.rope_style = CLATTN_ROPE_HALVES, desc.rope_dims = 0, desc.rope_base = 0;
+        ref_mha_forward(&desc, &w, x, NULL, NULL, &masks, ref, NULL);
+        snprintf(args, sizeof args,
+                 "run --query %s --wq %s --wk %s --wv %s --heads %d --causal --rope %s --out %s",
+                 x_path, wq_path, wk_path, wv_path, H,
+                 form ? "" : "--rope-style pairs --rope-dims 4 --rope-base 500", out);
+        const int status = run_cli(args);
+        tu_expect(status == 0, "form %d: exit status %d, stderr: %s", form, status,
+                  captured("stderr"));
+        if (status == 0)
+            expect_npy_reference(out, form ? "rope out (defaults)" : "rope out (pairs, 4 dims)",
+                                 ref, (size_t)L * DV, 2, shape);
+    }
+    static const struct {
+        const char *extra, *needle;
+    } bad[] = {
+        {"--rope --rope-dims 5", "rope_dims"},          {"--rope --rope-dims 8", "rope_dims"},
+        {"--rope --rope-style spiral", "--rope-style"}, {"--rope-base 100", "go with --rope"},
+        {"--rope --rope-base -1", "--rope-base"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        snprintf(args, sizeof args, "run --query %s --wq %s --wk %s --wv %s --heads %d %s", x_path,
+                 wq_path, wk_path, wv_path, H, bad[i].extra);
+        const int status = run_cli(args);
+        tu_expect(status == 2 && strstr(captured("stderr"), bad[i].needle),
+                  "'%s': status %d, stderr: %s", bad[i].extra, status, captured("stderr"));
+    }
+    free(ref);
+    free(wv);
+    free(wk);
+    free(wq);
+    free(x);
+    TU_END_TEST();
+}
+END_TEST
+
 /* --alibi (the paper's slopes, (Hq)) and --alibi-slopes ((B, Hq) from a file) with grouped
  * heads and bottom-right causal masking, on both paths, against the float64 reference. */
 START_TEST(test_sdpa_alibi)
@@ -2045,6 +2106,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_run_score_rules);
     tcase_add_test(tc, test_sdpa_alibi);
     tcase_add_test(tc, test_run_posenc);
+    tcase_add_test(tc, test_run_rope);
     tcase_add_test(tc, test_sdpa_command);
     tcase_add_test(tc, test_sdpa_cache_command);
     tcase_add_loop_test(tc, test_sdpa_typed_outputs, 0,

@@ -228,6 +228,51 @@ START_TEST(test_mha_grouped_query)
 }
 END_TEST
 
+/* Rotary embeddings on the projected q and k (clattn_mha_desc.rope and the host call's): both
+ * conventions, partial rotary dims, a start position, another base, grouped heads, cross
+ * attention with Lq != Lk, causal masks, both paths; device plans and the host API. */
+typedef struct rope_mha_case {
+    mha_case base;
+    size_t num_kv_heads;
+    clattn_rope_style style;
+    size_t dims, start;
+    double rope_base;
+} rope_mha_case;
+
+/* clang-format off */
+static const rope_mha_case rope_mha_cases[] = {
+    {{2, 9, 9, 32, 4, 0, 0, 0, 0, TORCH, PK_SELF, 1, 1, 1, NONE, AUTO, 1, 0, 0, DEF, SMAX}, 0,
+     CLATTN_ROPE_HALVES, 0, 0, 0},
+    {{1, 17, 13, 48, 6, 20, 12, 0, 0, TORCH, SEP_CROSS, 1, 1, 0, PER_HEAD, UNFUSED, 0, 1, 1, DEF,
+      SMAX}, 3, CLATTN_ROPE_PAIRS, 4, 7, 0},
+    {{2, 65, 65, 64, 8, 0, 0, 0, 0, XW, SEP_SELF, 1, 1, 1, NONE, FUSED, 1, 0, 1, DEF, SMAX}, 2,
+     CLATTN_ROPE_HALVES, 6, 1000, 500},
+    {{3, 5, 7, 16, 2, 0, 0, 24, 8, XW, SEP_CROSS, 0, 1, 1, AVERAGED, AUTO, 2, 2, 0, DEF, SMAX}, 0,
+     CLATTN_ROPE_PAIRS, 0, 3, 0},
+};
+/* clang-format on */
+
+START_TEST(test_mha_rope)
+{
+    TU_BEGIN_TEST();
+    const rope_mha_case *rc = &rope_mha_cases[_i];
+    pb_mha_spec spec;
+    spec_of(&rc->base, &spec);
+    spec.num_kv_heads = rc->num_kv_heads;
+    spec.rope = 1;
+    spec.rope_style = rc->style;
+    spec.rope_dims = rc->dims;
+    spec.rope_start = rc->start;
+    spec.rope_base = rc->rope_base;
+    pb_mha_problem p;
+    pb_mha_make(&p, &spec);
+    run_device(&p, 1);
+    run_host_unless_reduced(&p, 0);
+    pb_mha_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 /* The three need_weights modes on one case: the output must not depend on the choice. Each
  * plan runs twice, on new buffers at new offsets (plan reuse). */
 START_TEST(test_mha_need_weights_modes)
@@ -1173,6 +1218,7 @@ static Suite *mha_suite(void)
                        small ? COUNT_OF(bottom_right_skip) : 0);
     tcase_add_loop_test(forward, test_mha_rank4_mask, 0, COUNT_OF(mask4_cases));
     tcase_add_loop_test(forward, test_mha_score_rules, 0, COUNT_OF(rules_cases));
+    tcase_add_loop_test(forward, test_mha_rope, 0, COUNT_OF(rope_mha_cases));
     suite_add_tcase(suite, forward);
 
     TCase *workspace = tcase_create("workspace");

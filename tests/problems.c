@@ -1606,6 +1606,11 @@ void pb_mha_make(pb_mha_problem *p, const pb_mha_spec *spec)
     p->desc.norm = s->norm;
     p->desc.need_weights = s->need_weights;
     p->desc.path = s->path;
+    p->desc.rope = s->rope;
+    p->desc.rope_style = s->rope_style;
+    p->desc.rope_dims = s->rope_dims;
+    p->desc.rope_base = s->rope_base;
+    p->desc.rope_start = s->rope_start;
 
     /* Parameters scaled by 1.5/sqrt(fan_in) keep every projection O(1), as nn.Linear's init
      * does. Matrices as stored: (d_in, d_out) for XW, (d_out, d_in) for TORCH. */
@@ -1732,6 +1737,11 @@ void pb_mha_desc(const pb_mha_problem *p, clattn_mha_desc *desc)
     desc->norm = p->spec.norm;
     desc->need_weights = p->spec.need_weights;
     desc->path = p->spec.path;
+    desc->rope = p->spec.rope;
+    desc->rope_style = p->spec.rope_style;
+    desc->rope_dims = p->spec.rope_dims;
+    desc->rope_base = p->spec.rope_base;
+    desc->rope_start = p->spec.rope_start;
 }
 
 static float *bytes_as_floats(const uint8_t *bytes, size_t count)

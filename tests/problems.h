@@ -300,6 +300,12 @@ typedef struct pb_mha_spec {
     /* Grouped-query projections (separate forms only): k and v heads (0: num_heads); k_weight
      * then has qk_dim / num_heads * num_kv_heads outputs, v_weight v_dim / num_heads * ... */
     size_t num_kv_heads;
+    /* Rotary embeddings on the projected q and k (clattn_mha_desc's rope fields) */
+    int rope;
+    clattn_rope_style rope_style;
+    size_t rope_dims;
+    double rope_base;
+    size_t rope_start;
 } pb_mha_spec;
 
 /* Zeros, then scale = NAN. */

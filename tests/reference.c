@@ -371,6 +371,26 @@ void ref_rope(size_t batch, size_t heads, size_t seq, size_t dim, size_t rot, in
     }
 }
 
+/* RoPE in place on `rows_of` blocks of (seq, dim) doubles, positions start + s, angles in
+ * double. */
+static void rope_double(double *x, size_t blocks, size_t seq, size_t dim, size_t rot, int pairs,
+                        size_t start, double base)
+{
+    const size_t half = rot / 2;
+    for (size_t blk = 0; blk < blocks; ++blk) {
+        for (size_t s = 0; s < seq; ++s) {
+            double *row = x + (blk * seq + s) * dim;
+            for (size_t j = 0; j < half; ++j) {
+                const double t = (double)(start + s) * pow(base, -2.0 * (double)j / (double)rot);
+                const size_t i1 = pairs ? 2 * j : j, i2 = pairs ? 2 * j + 1 : j + half;
+                const double x1 = row[i1], x2 = row[i2];
+                row[i1] = x1 * cos(t) - x2 * sin(t);
+                row[i2] = x1 * sin(t) + x2 * cos(t);
+            }
+        }
+    }
+}
+
 void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_weights *weights,
                      const float *query, const float *key, const float *value,
                      const clattn_host_masks *masks, double *out, double *attn_weights)
@@ -416,6 +436,14 @@ void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_wei
     double *v_heads = ref_alloc(rows_k * kv_v_dim, sizeof(double));
     split_double(q_proj, batch, seq_q, heads, head_dim_qk, q_heads);
     split_double(k_proj, batch, seq_k, kv_heads, head_dim_qk, k_heads);
+    if (desc->rope) { /* rotary embeddings on the projected q and k heads */
+        const size_t rot = desc->rope_dims ? desc->rope_dims : head_dim_qk;
+        const double base = desc->rope_base == 0.0 ? 10000.0 : desc->rope_base;
+        const int pairs = desc->rope_style == CLATTN_ROPE_PAIRS;
+        rope_double(q_heads, batch * heads, seq_q, head_dim_qk, rot, pairs, desc->rope_start, base);
+        rope_double(k_heads, batch * kv_heads, seq_k, head_dim_qk, rot, pairs, desc->rope_start,
+                    base);
+    }
     split_double(v_proj, batch, seq_k, kv_heads, head_dim_v, v_heads);
 
     /* The host masks' (seq_q, seq_k) attn_mask, expanded over (batch, heads). */

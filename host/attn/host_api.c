@@ -346,6 +346,11 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
     md.window_align = desc->window_align;
     md.window_left = desc->window_left;
     md.window_right = desc->window_right;
+    md.rope = desc->rope;
+    md.rope_style = desc->rope_style;
+    md.rope_dims = desc->rope_dims;
+    md.rope_base = desc->rope_base;
+    md.rope_start = desc->rope_start;
     clattn_plan *plan = NULL;
     if ((status = clattn_mha_plan_create(ctx, &md, &plan)))
         return clattn__end_message(ctx, op, status);

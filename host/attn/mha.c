@@ -3,6 +3,7 @@
 #include "plan.h"
 
 #include <float.h>
+#include <math.h>
 #include <string.h>
 
 typedef struct mha_dims {
@@ -102,6 +103,8 @@ static clattn_status check_input(clattn_plan *plan, int role, const char *what, 
                             names[role], l->strides[2]);
     return CLATTN_SUCCESS;
 }
+
+static clattn_status prepare_rope(clattn_plan *plan, const clattn_mha_desc *desc);
 
 static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
 {
@@ -354,6 +357,8 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
     if (desc->need_weights == CLATTN_WEIGHTS_AVERAGED &&
         (status = clattn__mean_heads_prepare(ctx, d.batch, d.heads, d.seq_q, d.seq_k, &m->mean)))
         return status;
+    if ((status = prepare_rope(plan, desc)))
+        return status;
     /* The projections' matmul scratch (a transposed weight on CPUs) after everything else. */
     size_t scratch = 0;
     const clattn__matmul_plan *mms[5] = {&m->q_proj, &m->k_proj, &m->v_proj, &m->qkv_proj,
@@ -369,6 +374,59 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
                                          ? "the projections"
                                          : "the projections and the scores (batch, heads, "
                                            "seq_q, seq_k)");
+}
+
+/* Rotary embeddings on the projected q and k (desc->rope): validated, frequencies made, the two
+ * in-place rotations prepared. */
+static clattn_status prepare_rope(clattn_plan *plan, const clattn_mha_desc *desc)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    clattn__mha *m = &plan->mha;
+    if (desc->rope != 0 && desc->rope != 1)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: rope=%d: 0 (off) or 1 (on)", op,
+                            desc->rope);
+    m->rope = desc->rope == 1;
+    if (!m->rope)
+        return CLATTN_SUCCESS;
+    if ((unsigned)desc->rope_style > CLATTN_ROPE_PAIRS)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: rope_style=%d is not a clattn_rope_style", op,
+                            (int)desc->rope_style);
+    const size_t dk = m->head_dim_qk, rot = desc->rope_dims ? desc->rope_dims : dk;
+    if (rot % 2 != 0 || rot > dk)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: rope_dims=%zu: must be even and at most the head size %zu (0: "
+                            "all of it)",
+                            op, desc->rope_dims, dk);
+    const size_t longest = m->seq_q > m->seq_k ? m->seq_q : m->seq_k;
+    size_t end = 0;
+    if (!clattn__add(desc->rope_start, longest, &end) || end > ((size_t)1 << 24))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: rope_start=%zu: rotary positions must stay below 2^24", op,
+                            desc->rope_start);
+    const double base = desc->rope_base == 0.0 ? 10000.0 : desc->rope_base;
+    if (!(base > 0.0 && isfinite(base)))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: rope_base=%g: give a finite base > 0, or 0 for 10000", op,
+                            desc->rope_base);
+    clattn_status status = clattn__make_frequencies(plan, rot / 2, rot, base);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    clattn__rope_shape shape = {.batch = m->batch,
+                                .heads = m->heads,
+                                .seq = m->seq_q,
+                                .dim = dk,
+                                .rot = rot,
+                                .pairs = desc->rope_style == CLATTN_ROPE_PAIRS,
+                                .start = desc->rope_start};
+    if ((status = clattn__rope_prepare(ctx, &shape, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32,
+                                       CLATTN_DTYPE_F32, &m->rope_q)))
+        return status;
+    shape.heads = m->kv_heads;
+    shape.seq = m->seq_k;
+    return clattn__rope_prepare(ctx, &shape, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32,
+                                &m->rope_k);
 }
 
 clattn_status clattn_mha_plan_create(clattn_ctx *ctx, const clattn_mha_desc *desc,
@@ -554,6 +612,18 @@ clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const s
     io.masks.alibi = plan->alibi_view;
     io.masks.alibi.mem = mems[R_ALIBI];
     io.masks.alibi.offset = offsets[R_ALIBI];
+    if (m->rope) { /* rotate the projected q and k heads in place */
+        clattn__rope_io rope = {.x = io.q, .out = io.q, .freq = plan->posenc.freq};
+        if ((status = clattn__step(
+                 chain, clattn__rope_enqueue(ctx, &m->rope_q, &rope, CHAIN_WAIT(chain), &step),
+                 &step)))
+            return status;
+        rope.x = rope.out = io.k;
+        if ((status = clattn__step(
+                 chain, clattn__rope_enqueue(ctx, &m->rope_k, &rope, CHAIN_WAIT(chain), &step),
+                 &step)))
+            return status;
+    }
     if (m->has_out_proj)
         io.out = heads_view(workspace, m->concat_at, CLATTN_DTYPE_F32, b, h, lq, dv,
                             lq * m->v_dim, m->v_dim, 1);

@@ -75,6 +75,8 @@ typedef struct clattn__mha {
     clattn__mean_heads_plan mean;
     clattn_need_weights need_weights;
     bool trans_w; /* layout TORCH: weights stored (d_out, d_in) */
+    bool rope;    /* RoPE on the projected q and k, in place (rope_q, rope_k; plan->posenc.freq) */
+    clattn__rope_plan rope_q, rope_k;
 } clattn__mha;
 
 /* SDPA's KV cache: present = concat(past, new) along the keys, by copies on the device. */
