@@ -12,9 +12,10 @@
  * pos = position_ids[b, s] (I32, clamped at 0) when given, else start + s.
  *
  * x, out: 4-d (batch, heads, seq, dim) views of dtypes X_DTYPE, O_DTYPE (out may be x: each
- * work-item reads its two elements, then writes them). One work-item per (b, h, s, c),
- * c < rot / 2 + dim - rot: c < rot / 2 rotates pair c, the rest copy column rot + (c - rot / 2);
- * numbered row-major, the global size rounded up to ROPE_WG.
+ * element is read, then written, by one work-item). One work-item per row (b, h, s), numbered
+ * row-major (the global size rounded up to ROPE_WG): it turns the row's pairs, then copies its
+ * columns past rot. A row per work-item keeps the index arithmetic (64-bit divisions) out of
+ * the loop over the columns: a work-item per element spent more time there than in memory.
  */
 #ifndef ROPE_WG
 #define ROPE_WG 256 /* work-items per work-group */
@@ -42,44 +43,40 @@ void rope(__global const ELEM_T(X_DTYPE) *x, const ulong x_offset, const ulong x
           __global const float2 *freq, const int pairs, const uint heads, const uint seq,
           const uint dim, const uint rot, const ulong start, const ulong total)
 {
-    const ulong index = get_global_id(0);
-    if (index >= total)
+    const ulong row = get_global_id(0);
+    if (row >= total)
         return;
-    const uint half_rot = rot / 2, width = half_rot + dim - rot;
+    const uint half_rot = rot / 2;
     /* Remainders as x - (x / y) * y (no LLVM `freeze` for Oclgrind: see softmax.cl). */
-    const ulong row = index / width;
-    const uint c = (uint)(index - row * width);
     const ulong bh = row / seq;
     const uint s = (uint)(row - bh * seq);
     const ulong b = bh / heads, h = bh - b * heads;
     const ulong x_row = x_offset + b * x_s0 + h * x_s1 + s * x_s2;
     const ulong out_row = out_offset + b * out_s0 + h * out_s1 + s * out_s2;
-    if (c >= half_rot) { /* a column past the rotation: copied */
-        const uint i = rot + (c - half_rot);
-        STORE(O_DTYPE, LOAD(X_DTYPE, x, x_row + i * x_s3), out, out_row + i * out_s3);
-        return;
-    }
-    const uint j = c;
     ulong pos = start + s;
     if (has_position_ids) {
         const int id = position_ids[pos_offset + b * pos_s0 + s * pos_s1];
         pos = id < 0 ? 0 : (ulong)id;
     }
-    float cos_t, sin_t;
-    if (cache_mode == 0) {
-        const float t = position_angle(pos, freq[j]);
-        cos_t = cos(t);
-        sin_t = sin(t);
-    } else {
-        const ulong cache_row = cache_mode == 1 ? (pos < cache_rows ? pos : cache_rows - 1) : 0;
-        const ulong at = cache_mode == 1 ? cache_row * c_s1 + j * c_s2
-                                         : b * c_s0 + s * c_s1 + j * c_s2;
-        cos_t = LOAD(C_DTYPE, cos_cache, cos_offset + at);
-        sin_t = LOAD(C_DTYPE, sin_cache, sin_offset + at);
+    /* The row's angles: cache rows by position (clamped) or by row, else computed. */
+    const ulong cache_row = cache_mode == 1 ? (pos < cache_rows ? pos : cache_rows - 1) : 0;
+    const ulong cache_at = cache_mode == 1 ? cache_row * c_s1 : b * c_s0 + s * c_s1;
+    for (uint j = 0; j < half_rot; ++j) {
+        float cos_t, sin_t;
+        if (cache_mode == 0) {
+            const float t = position_angle(pos, freq[j]);
+            cos_t = cos(t);
+            sin_t = sin(t);
+        } else {
+            cos_t = LOAD(C_DTYPE, cos_cache, cos_offset + cache_at + j * c_s2);
+            sin_t = LOAD(C_DTYPE, sin_cache, sin_offset + cache_at + j * c_s2);
+        }
+        const uint i1 = pairs ? 2 * j : j, i2 = pairs ? 2 * j + 1 : j + half_rot;
+        const float x1 = LOAD(X_DTYPE, x, x_row + i1 * x_s3);
+        const float x2 = LOAD(X_DTYPE, x, x_row + i2 * x_s3);
+        STORE(O_DTYPE, x1 * cos_t - x2 * sin_t, out, out_row + i1 * out_s3);
+        STORE(O_DTYPE, x1 * sin_t + x2 * cos_t, out, out_row + i2 * out_s3);
     }
-    const uint i1 = pairs ? 2 * j : j, i2 = pairs ? 2 * j + 1 : j + half_rot;
-    const float x1 = LOAD(X_DTYPE, x, x_row + i1 * x_s3);
-    const float x2 = LOAD(X_DTYPE, x, x_row + i2 * x_s3);
-    STORE(O_DTYPE, x1 * cos_t - x2 * sin_t, out, out_row + i1 * out_s3);
-    STORE(O_DTYPE, x1 * sin_t + x2 * cos_t, out, out_row + i2 * out_s3);
+    for (uint i = rot; i < dim; ++i) /* the columns past the rotation: copied */
+        STORE(O_DTYPE, LOAD(X_DTYPE, x, x_row + i * x_s3), out, out_row + i * out_s3);
 }

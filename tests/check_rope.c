@@ -4,7 +4,8 @@
  * position or I32 position ids) and ONNX's cos/sin caches (by position, with ids clamped at
  * both ends; by row), every float dtype, packed, (B, S, H*d) and strided layouts, in place; a
  * decode step at offset P equal bit for bit to rows P.. of the whole sequence; computed angles
- * near position 2^24; every refusal. Outputs are poisoned first; stray writes are counted.
+ * near position 2^24, from the host's table and from the device (a sequence too long for the
+ * table); every refusal. Outputs are poisoned first; stray writes are counted.
  */
 #include <math.h>
 #include <stdio.h>
@@ -298,6 +299,37 @@ START_TEST(test_rope_far_positions)
 }
 END_TEST
 
+/* Computed angles on the device: positions known at creation make a table of at most 2^22
+ * angles (in double on the host); past that the kernel computes them (position_angle). 33000
+ * rows of 128 pairs (4224000 angles) from position 100, against float64. */
+START_TEST(test_rope_untabled)
+{
+    TU_BEGIN_TEST();
+    enum { S = 33000, D = 256 };
+    tu_set_case("rope computed on the device: %d rows of %d columns from position 100", S, D);
+    const size_t dims[4] = {1, 1, S, D}, count = (size_t)S * D;
+    float *x = tu_random_floats(count);
+    float *got = run_computed(x, dims, 100, PAIRS);
+    double *cosv = tu_doubles(count / 2), *sinv = tu_doubles(count / 2);
+    for (size_t s = 0; s < S; ++s)
+        for (size_t j = 0; j < D / 2; ++j) {
+            const double t = (double)(100 + s) * pow(10000.0, -2.0 * (double)j / D);
+            cosv[s * D / 2 + j] = cos(t), sinv[s * D / 2 + j] = sin(t);
+        }
+    double *want = tu_doubles(count);
+    ref_rope(1, 1, S, D, D, 1, x, cosv, sinv, want);
+    const double err = tu_abs_error(got, want, count);
+    tu_expect(err <= 5e-6, "largest error %.3g", err);
+    printf("check_rope: %d rows computed on the device: largest error %.3g\n", S, err);
+    free(want);
+    free(sinv);
+    free(cosv);
+    free(got);
+    free(x);
+    TU_END_TEST();
+}
+END_TEST
+
 static void expect_refused(const clattn_rope_desc *desc, clattn_status want, const char *needle,
                            const char *call)
 {
@@ -372,6 +404,11 @@ static Suite *rope_suite(void)
     tcase_add_loop_test(tc, test_rope_cases, 0, (int)(sizeof cases / sizeof cases[0]));
     tcase_add_loop_test(tc, test_rope_decode_offset, 0, 2);
     tcase_add_test(tc, test_rope_far_positions);
+    if (tu_small())
+        tu_not_run("test_rope_untabled (8.4 million values): the device's angles still run in "
+                   "the cases with position ids");
+    else
+        tcase_add_test(tc, test_rope_untabled);
     tcase_add_test(tc, test_rope_errors);
     suite_add_tcase(suite, tc);
     return suite;

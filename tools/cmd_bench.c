@@ -14,7 +14,7 @@ static const char bench_usage[] =
     "usage: clattn bench [--op matmul,softmax,attention,mha,decode] [--runs N] [--warmup N]\n"
     "                    [--json]\n"
     "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--kv-heads H]\n"
-    "                    [--softcap C] [--alibi]\n"
+    "                    [--softcap C] [--alibi] [--rope]\n"
     "                    [--seq L,...] [--seq-k S]\n"
     "                    [--head-dim D] [--embed E] [--path fused,unfused]\n"
     "                    [--dtype f32,f16,bf16] [--causal] [--mask none,padding,additive]\n"
@@ -38,7 +38,8 @@ static const char bench_usage[] =
     "--heads; 1 = multi-query), shared by --heads / H query heads each; the rate counts every\n"
     "query head's work as without it.\n"
     "--softcap C (attention, decode): soft-capped scores, C * tanh(s / C) (C > 0).\n"
-    "--alibi (attention): ALiBi biases with the paper's slopes (clattn_alibi_slopes).\n";
+    "--alibi (attention): ALiBi biases with the paper's slopes (clattn_alibi_slopes).\n"
+    "--rope (mha): rotary embeddings on the projected q and k (clattn_mha_desc.rope).\n";
 /* Two strings: C99 compilers need only take 4095 characters in one. */
 static const char bench_usage_more[] =
     "decode (not in the default set): one generation step per run, as a model's attention\n"
@@ -93,6 +94,7 @@ typedef struct bench_options {
     bool dtypes[3]; /* f32, f16, bf16 */
     bool causal;    /* attention: top-left causal */
     bool alibi;     /* attention: ALiBi slopes (the paper's) */
+    bool rope;      /* mha: rotary embeddings on the projected q and k */
     int mask;       /* attention: 0 none, 1 key padding (U8), 2 additive (F32) */
 } bench_options;
 
@@ -770,11 +772,12 @@ static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
         .op = "mha", .unit = "gflops", .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"head_dim\": %zu, "
-             "\"embed_dim\": %zu, \"dtype\": \"%s\"",
-             o->batch, o->heads, seq, seq, e / o->heads, e, dtype_names[dtype]);
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu%s%s", o->batch, o->heads,
+             "\"embed_dim\": %zu, \"dtype\": \"%s\"%s",
+             o->batch, o->heads, seq, seq, e / o->heads, e, dtype_names[dtype],
+             o->rope ? ", \"rope\": true" : "");
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu%s%s%s", o->batch, o->heads,
              seq, e, type == CLATTN_DTYPE_F32 ? "" : " ",
-             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype]);
+             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], o->rope ? " rope" : "");
     if (e % o->heads)
         return cli_fail("bench", CLI_BAD_INPUT, "--embed %zu is not divisible by --heads %zu", e,
                         o->heads);
@@ -786,6 +789,7 @@ static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
     desc.num_heads = o->heads;
     desc.layout = CLATTN_LAYOUT_TORCH;
     desc.path = path;
+    desc.rope = o->rope;
     clattn_tensors *t = &desc.tensors;
     t->q = clattn_tensor_make(NULL, 0, type, 3, o->batch, seq, e, 0);
     t->k = t->q;
@@ -874,6 +878,11 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             if (flag < 0)
                 return CLI_BAD_INPUT;
             o->alibi = true;
+            continue;
+        } else if ((flag = cli_flag(&args, "--rope")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            o->rope = true;
             continue;
         }
         if (!(value = cli_value(&args)))

@@ -410,7 +410,12 @@ static clattn_status prepare_rope(clattn_plan *plan, const clattn_mha_desc *desc
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: rope_base=%g: give a finite base > 0, or 0 for 10000", op,
                             desc->rope_base);
-    clattn_status status = clattn__make_frequencies(plan, rot / 2, rot, base);
+    /* The angles of positions rope_start .. + longest - 1 once, in double (a table of at most
+     * CLATTN__ANGLE_TABLE_MAX entries), else computed on the device. */
+    const bool table = longest * (rot / 2) <= CLATTN__ANGLE_TABLE_MAX;
+    clattn_status status =
+        table ? clattn__make_angle_table(plan, longest, rot, desc->rope_start, base)
+              : clattn__make_frequencies(plan, rot / 2, rot, base);
     if (status != CLATTN_SUCCESS)
         return status;
     clattn__rope_shape shape = {.batch = m->batch,
@@ -419,7 +424,8 @@ static clattn_status prepare_rope(clattn_plan *plan, const clattn_mha_desc *desc
                                 .dim = dk,
                                 .rot = rot,
                                 .pairs = desc->rope_style == CLATTN_ROPE_PAIRS,
-                                .start = desc->rope_start};
+                                .cache_mode = table ? 1 : 0,
+                                .start = table ? 0 : desc->rope_start};
     if ((status = clattn__rope_prepare(ctx, &shape, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32,
                                        CLATTN_DTYPE_F32, &m->rope_q)))
         return status;
@@ -614,6 +620,8 @@ clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const s
     io.masks.alibi.offset = offsets[R_ALIBI];
     if (m->rope) { /* rotate the projected q and k heads in place */
         clattn__rope_io rope = {.x = io.q, .out = io.q, .freq = plan->posenc.freq};
+        if (plan->posenc.angles)
+            clattn__angle_views(plan, &rope.cos, &rope.sin);
         if ((status = clattn__step(
                  chain, clattn__rope_enqueue(ctx, &m->rope_q, &rope, CHAIN_WAIT(chain), &step),
                  &step)))

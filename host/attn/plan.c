@@ -491,6 +491,8 @@ void clattn_plan_release(clattn_plan *plan)
 {
     if (plan && plan->posenc.freq)
         clReleaseMemObject(plan->posenc.freq);
+    if (plan && plan->posenc.angles)
+        clReleaseMemObject(plan->posenc.angles);
     free(plan);
 }
 

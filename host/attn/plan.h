@@ -98,6 +98,10 @@ typedef struct clattn__posenc {
     clattn__posenc_plan op;
     size_t start;
     cl_mem freq; /* (dim + 1) / 2 float pairs (hi, lo); NULL for a table */
+    /* RoPE with positions known at creation: cos then sin of every (row, pair) angle,
+     * (rows, half) each, computed in double on the host (clattn__make_angle_table) */
+    cl_mem angles;
+    size_t angle_rows, angle_half;
 } clattn__posenc;
 
 struct clattn_plan {
@@ -154,6 +158,14 @@ clattn_status clattn__rope_execute(clattn_plan *plan, const cl_mem *mems, const 
                                    clattn_chain *chain);
 /* The float pairs (hi, lo) of base^(-2k / dim), k < count, in plan->posenc.freq (posenc.c). */
 clattn_status clattn__make_frequencies(clattn_plan *plan, size_t count, size_t dim, double base);
+/* RoPE's angle table for positions start .. start + rows - 1 (plan->posenc.angles): cos, then
+ * sin, of (start + r) * base^(-2j / rot), j < rot / 2, in double, rounded to float. Tables of
+ * more than CLATTN__ANGLE_TABLE_MAX entries are not made (the device computes the angles). */
+#define CLATTN__ANGLE_TABLE_MAX ((size_t)1 << 22)
+clattn_status clattn__make_angle_table(clattn_plan *plan, size_t rows, size_t rot, size_t start,
+                                       double base);
+/* The table's cos and sin as (rows, half) views (rope.c). */
+void clattn__angle_views(const clattn_plan *plan, clattn__view *cos_view, clattn__view *sin_view);
 clattn_status clattn__posenc_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                      clattn_chain *chain);
 

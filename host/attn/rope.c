@@ -2,6 +2,7 @@
 #include "plan.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 void clattn_rope_desc_init(clattn_rope_desc *desc)
@@ -20,6 +21,55 @@ static bool same_layout(const clattn__layout *a, const clattn__layout *b)
         if (a->dims[d] != b->dims[d] || a->strides[d] != b->strides[d])
             return false;
     return true;
+}
+
+clattn_status clattn__make_angle_table(clattn_plan *plan, size_t rows, size_t rot, size_t start,
+                                       double base)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const size_t half = rot / 2, count = rows * half;
+    float *values = malloc(2 * count * sizeof(float) + 1);
+    if (values == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", plan->op);
+    for (size_t j = 0; j < half; ++j) {
+        const double w = pow(base, -2.0 * (double)j / (double)rot);
+        for (size_t r = 0; r < rows; ++r) {
+            const double t = (double)(start + r) * w;
+            values[r * half + j] = (float)cos(t);
+            values[count + r * half + j] = (float)sin(t);
+        }
+    }
+    cl_int err = CL_SUCCESS;
+    if (clattn__fault(CLATTN_FAULT_ALLOC))
+        err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    else
+        plan->posenc.angles = clCreateBuffer(ctx->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                             2 * count * sizeof(float), values, &err);
+    free(values);
+    if (err != CL_SUCCESS) {
+        if (plan->posenc.angles)
+            clReleaseMemObject(plan->posenc.angles);
+        plan->posenc.angles = NULL;
+        return clattn__fail(ctx, (clattn_status)err,
+                            "%s: clCreateBuffer (the rotary angles, %zu x %zu): %s (%d)", plan->op,
+                            rows, half, clattn__cl_error_name(err), (int)err);
+    }
+    plan->posenc.angle_rows = rows;
+    plan->posenc.angle_half = half;
+    return CLATTN_SUCCESS;
+}
+
+void clattn__angle_views(const clattn_plan *plan, clattn__view *cos_view, clattn__view *sin_view)
+{
+    const size_t rows = plan->posenc.angle_rows, half = plan->posenc.angle_half;
+    clattn__view v = {.mem = plan->posenc.angles,
+                      .offset = 0,
+                      .dtype = CLATTN_DTYPE_F32,
+                      .dims = {1, 1, rows, half},
+                      .strides = {0, 0, half, 1}};
+    *cos_view = v;
+    v.offset = rows * half;
+    *sin_view = v;
 }
 
 static clattn_status create(clattn_plan *plan, const clattn_rope_desc *desc)
@@ -100,8 +150,16 @@ static clattn_status create(clattn_plan *plan, const clattn_rope_desc *desc)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                                 "%s: base=%g: give a finite base > 0, or 0 for 10000", op,
                                 desc->base);
-        if (half > 0 && (status = clattn__make_frequencies(plan, half, shape.rot, base)))
+        if (!ids->present && shape.seq * half <= CLATTN__ANGLE_TABLE_MAX) {
+            /* Positions known now: the angles once, in double (the device would recompute
+             * each for every batch entry and head). */
+            if ((status = clattn__make_angle_table(plan, shape.seq, shape.rot, desc->start, base)))
+                return status;
+            shape.cache_mode = 1;
+            shape.start = 0; /* row s of the table is position start + s */
+        } else if ((status = clattn__make_frequencies(plan, half, shape.rot, base))) {
             return status;
+        }
     }
     const clattn_dtype cache_dtype = cos_l->present ? cos_l->dtype : CLATTN_DTYPE_F32;
     if ((status =
@@ -170,6 +228,8 @@ clattn_status clattn__rope_execute(clattn_plan *plan, const cl_mem *mems, const 
     if (l[R_POS_IDS].present)
         io.position_ids = bound(&l[R_POS_IDS], mems[R_POS_IDS], offsets[R_POS_IDS]);
     io.freq = plan->posenc.freq;
+    if (plan->posenc.angles)
+        clattn__angle_views(plan, &io.cos, &io.sin);
     cl_event step = NULL;
     return clattn__step(
         chain, clattn__rope_enqueue(plan->ctx, &plan->rope, &io, CHAIN_WAIT(chain), &step), &step);

@@ -274,7 +274,7 @@ typedef struct clattn__rope_shape {
 typedef struct clattn__rope_plan {
     clattn__rope_shape shape;
     cl_kernel kernel;
-    size_t local, global, total;
+    size_t local, global, total; /* total: rows (a work-item each) */
 } clattn__rope_plan;
 
 typedef struct clattn__rope_io {

@@ -12,12 +12,11 @@ clattn_status clattn__rope_prepare(clattn_ctx *ctx, const clattn__rope_shape *sh
     memset(plan, 0, sizeof *plan);
     plan->shape = *shape;
     plan->local = ctx->tuning.heads_wg;
-    const size_t width = shape->rot / 2 + shape->dim - shape->rot;
-    size_t total = 0;
-    if (!clattn__product(&total, 4, shape->batch, shape->heads, shape->seq, width) ||
+    size_t total = 0; /* a work-item per row */
+    if (!clattn__product(&total, 3, shape->batch, shape->heads, shape->seq) ||
         !clattn__round_up(total, plan->local, &plan->global))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu x %zu overflow size_t",
-                            op, shape->batch, shape->heads, shape->seq, width);
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu rows overflow size_t",
+                            op, shape->batch, shape->heads, shape->seq);
     plan->total = total;
     char extra[96];
     snprintf(extra, sizeof extra, "-DROPE_WG=%u -DX_DTYPE=%d -DO_DTYPE=%d -DC_DTYPE=%d",
