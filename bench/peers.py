@@ -26,7 +26,8 @@ weights; see `clattn bench --help`) against the copy bandwidth (bytes read + wri
 
 Run through bench/peers.sh (it sets the thread variables before numpy and torch load):
     bench/peers.sh [--quick] [--runs N] [--clattn build/clattn] [--clblast build/peer_clblast]
-                   [--clblast-tuned DIR] [--only attention,gqa,alibi,mha,matmul,softmax]
+                   [--clblast-tuned DIR] [--only attention,gqa,alibi,mha,matmul,softmax,
+                   bahdanau]
                    [--markdown FILE] [--json FILE] [--no-torch]
 Needs: numpy and threadpoolctl (else no numpy column), torch (else no PyTorch column); the
 virtual environment bench/peers.sh uses is /work/venv-peers (PEERS_VENV). Not part of CI.
@@ -188,6 +189,32 @@ class Torch:
 
         with t.inference_mode():
             return median_ms(step, runs, warmup)
+
+    def bahdanau(self, l, e, heads, da, runs, warmup, chunk=64):
+        """Additive self-attention as clattn bench --op additive runs it, written the way PyTorch
+        users do (there is no torch op): P1 = x W1 + b1, P2 = x W2 + b2, then per block of
+        `chunk` query rows the broadcast tanh(P1_i + P2_j) (block, L, da) tensor contracted
+        with w (einsum: at L = 512 it measured 0.11 Gterm/s against 0.07-0.09 for `@ w` or
+        `(t * w).sum(-1)`), softmax, times the head's columns of x (blocks keep the tensor
+        to 8 * 64 * L * 64 floats)."""
+        t = self.torch
+        x = self.rand(1, l, e)
+        w1, w2 = self.rand(e, heads * da) / e ** 0.5, self.rand(e, heads * da) / e ** 0.5
+        b1, b2, w = self.rand(heads * da), self.rand(heads * da), self.rand(heads, da)
+
+        def forward():
+            p1 = (x @ w1 + b1).view(1, l, heads, da).transpose(1, 2)
+            p2 = (x @ w2 + b2).view(1, l, heads, da).transpose(1, 2)
+            v = x.view(1, l, heads, e // heads).transpose(1, 2)
+            outs = []
+            for i in range(0, l, chunk):
+                s = t.einsum("bhijc,hc->bhij",
+                             t.tanh(p1[:, :, i:i + chunk, None, :] + p2[:, :, None, :, :]), w)
+                outs.append(t.softmax(s, -1) @ v)
+            return t.cat(outs, 2)
+
+        with t.inference_mode():
+            return median_ms(forward, runs, warmup)
 
     def mha(self, e, b, l, runs, warmup):
         t = self.torch
@@ -365,6 +392,8 @@ def main():
                         help="the groups to run (comma-separated; default all but gqa: "
                              "grouped-query attention against torch's enable_gqa, alibi: "
                              "ALiBi slopes against torch with the biases as a float mask, "
+                             "bahdanau: additive (Bahdanau) self-attention, B=1 H=8 E=512 "
+                             "da=64, against a PyTorch implementation, "
                              "and decode: "
                              "one-token steps over a KV cache, B=1 H=32 Hkv=8 d=128, 1k-32k "
                              "keys, in tokens/s)")
@@ -393,7 +422,7 @@ def main():
 
     attention, mha, mm, proj, softmax_l = plan(args.quick)
     only = set(args.only.split(","))
-    if only - {"attention", "gqa", "alibi", "mha", "matmul", "softmax", "decode"}:
+    if only - {"attention", "gqa", "alibi", "mha", "matmul", "softmax", "decode", "bahdanau"}:
         raise SystemExit(f"peers: --only: unknown group in '{args.only}'")
     attention = [a[1:] for a in attention if a[0] in ("gqa", "alibi") and a[0] in only] + \
                 [a for a in attention if a[0] not in ("gqa", "alibi") and "attention" in only]
@@ -450,6 +479,24 @@ def main():
             rows.append({"group": "decode", "size": f"B=1 H=32 Hkv=8 d=128 cache={length}",
                          "unit": "tok/s", "ours": line["tokens_per_s"],
                          "torch": 1e3 / peer_ms if peer_ms else None})
+
+    # Additive (Bahdanau) self-attention (group "bahdanau"): B=1, H=8, E=512, da=64, fused.
+    if "bahdanau" in only:
+        ls = [256, 512] if args.quick else [256, 512, 1024, 2048]
+        lines = run_clattn(args.clattn, ["--op", "additive", "--path", "fused", "--batch", "1",
+                                         "--heads", "8", "--embed", "512", "--head-dim", "64",
+                                         "--seq", ",".join(map(str, ls))], runs, args.warmup)
+        for line in lines:
+            l = line["seq_q"]
+            terms = 8.0 * l * l * 64
+            peer_ms = None
+            if torch_peer:
+                log(f"torch additive attention L={l}")
+                peer_ms = torch_peer.bahdanau(l, 512, 8, 64, runs, args.warmup)
+                torch_peer.settle()
+            rows.append({"group": "additive (Bahdanau)", "size": f"B=1 H=8 L={l} E=512 da=64",
+                         "unit": "Gterm/s", "ours": line["gterms_per_s"],
+                         "torch": terms / peer_ms / 1e6 if peer_ms else None})
 
     # MHA forward: self-attention, packed in_proj, output projection, H = 8.
     for e, b, ls in mha:

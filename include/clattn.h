@@ -51,9 +51,9 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 4
+#define CLATTN_VERSION_MINOR 5
 #define CLATTN_VERSION_PATCH 0
-#define CLATTN_VERSION_STRING "0.4.0"
+#define CLATTN_VERSION_STRING "0.5.0"
 
 #if defined(_WIN32)
 #define CLATTN_API
@@ -249,7 +249,8 @@ typedef enum clattn_norm {
     CLATTN_NORM_RELU = 1     /* relu(s) / sum relu(s); a row with sum 0 gives zeros */
 } clattn_norm;
 
-/* Rotary embeddings' pairing of a row's columns (clattn_rope_desc, clattn_mha_desc.rope). */
+/* Rotary embeddings' pairing of a row's columns (clattn_rope_desc, clattn_mha_desc.rope,
+ * clattn_sdpa_desc.rope). */
 typedef enum clattn_rope_style {
     CLATTN_ROPE_HALVES = 0, /* pairs (x[j], x[j + r/2]): GPT-NeoX, Llama (ONNX interleaved 0) */
     CLATTN_ROPE_PAIRS = 1   /* pairs (x[2j], x[2j + 1]): the RoFormer paper (interleaved 1) */
@@ -346,6 +347,7 @@ typedef struct clattn_tensors {
     clattn_tensor pos_table;    /* positional-encoding plans: a learned table (max_len, dim) */
     /* rotary plans: cos and sin caches and I32 position ids (clattn_rope_desc) */
     clattn_tensor rope_cos, rope_sin, position_ids;
+    clattn_tensor score_weight; /* additive plans: w, the scores' final linear map */
 } clattn_tensors;
 
 /* The ALiBi paper's slopes for `heads` heads into slopes[0 .. heads - 1]: with n the largest
@@ -389,6 +391,19 @@ typedef struct clattn_sdpa_desc {
      * unfused path only (AUTO takes it; FUSED is refused), on devices with cl_khr_fp64
      * (CLATTN_ERR_UNSUPPORTED elsewhere). 0: float. */
     int softmax_f64;
+    /* Rotary embeddings (clattn_rope_desc's rules, angles computed) on every head of q and of
+     * the new keys k, before attention: rope 1 turns them on; query row i and key row j sit at
+     * positions rope_start + i and rope_start + j (a decode step after P tokens: rope_start =
+     * P). q and k are left as they are: the plan rotates copies in the workspace (F32).
+     * past_k is taken as rotated already (a cache holds rotated keys), and present_k receives
+     * past_k then the rotated new keys. Not with kv_seqlen (there k is the whole cache: rotate
+     * keys as they are appended, with a rotary plan). rope_dims 0: the whole head; else even
+     * and at most head_dim_qk; rope_base 0: 10000; positions below 2^24. */
+    int rope;
+    clattn_rope_style rope_style;
+    size_t rope_dims;
+    double rope_base;
+    size_t rope_start;
 } clattn_sdpa_desc;
 
 typedef enum clattn_weight_layout {
@@ -528,6 +543,44 @@ typedef struct clattn_rope_desc {
 CLATTN_API void clattn_rope_desc_init(clattn_rope_desc *desc);
 CLATTN_API clattn_status clattn_rope_plan_create(clattn_ctx *ctx, const clattn_rope_desc *desc,
                                                  clattn_plan **out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Additive attention (Bahdanau et al. 2015): the score of query i and key j is a small network
+ * of both rather than their dot product.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Per head h (of H = num_heads, 0 meaning 1), with P1 = q·W1_h + b1_h and P2 = k·W2_h + b2_h:
+ *
+ *   s[b,h,i,j] = sum_c w_h[c] tanh(P1[b,i,c] + P2[b,j,c]),  c < da
+ *
+ * then the masks, the causal rule and the normalisation of dot-product attention (no scale),
+ * and out[b,i,h-th block] = sum_j weights[b,h,i,j] v[b,j,h-th block], the blocks being dv / H
+ * columns of v and out (one head: all of them). The projections run once (the matmul); the
+ * scores are formed tile by tile without the (seq_q, seq_k, da) tensor, and the fused path
+ * (flash.cl's additive variant) never stores the (seq_q, seq_k) scores either.
+ * tensors:
+ *   q (batch, seq_q, dq) or (seq_q, dq), k (batch, seq_k, dk), v (batch, seq_k, dv) (ranks
+ *   equal; any float dtype; stride 1 along features), out (batch, seq_q, dv);
+ *   q_weight = W1: (dq, H * da) (head h: columns h * da ..) or (H, dq, da); k_weight = W2:
+ *   (dk, H * da) or (H, dk, da); stride 1 along their last dim;
+ *   q_bias = b1, k_bias = b2 (optional): (H * da) or (H, da), packed F32;
+ *   score_weight = w: (H * da) or (H, da), F32, any strides;
+ *   attn_mask, key_padding_mask (clattn_tensors' rules, over (batch, H, seq_q, seq_k));
+ *   weights (optional, unfused path): (batch, H, seq_q, seq_k) F32.
+ * Zero-initialise and set struct_size (clattn_additive_desc_init). */
+typedef struct clattn_additive_desc {
+    size_t struct_size;
+    clattn_tensors tensors;
+    size_t num_heads;     /* 0 or 1: one head */
+    clattn_causal causal; /* NONE, TOP_LEFT or BOTTOM_RIGHT */
+    clattn_norm norm;
+    clattn_path path; /* AUTO: fused unless the weights are wanted or da, dv / H exceed 256 */
+} clattn_additive_desc;
+
+CLATTN_API void clattn_additive_desc_init(clattn_additive_desc *desc);
+CLATTN_API clattn_status clattn_additive_plan_create(clattn_ctx *ctx,
+                                                     const clattn_additive_desc *desc,
+                                                     clattn_plan **out);
 
 /* ---------------------------------------------------------------------------------------------
  * KV caches for decoding: keys and values of a fixed capacity in device buffers, appended to

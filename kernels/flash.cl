@@ -65,6 +65,9 @@
 #ifndef O_DTYPE
 #define O_DTYPE 0
 #endif
+#ifndef ADDITIVE
+#define ADDITIVE 0 /* 1: additive attention's score (below) instead of the dot product */
+#endif
 
 /* Row vectors of FLASH_VW floats: explicit vectors let CPU compilers use SIMD within a row.
  * row_gather / row_scatter move vector i of a global row whose elements are `s` apart. */
@@ -110,6 +113,7 @@ typedef float row_t;
 #define row_scatter(code, x, p, i, s) STORE(code, x, p, (i) * (s))
 #endif
 #define QK_VECS (HEAD_DIM_QK / FLASH_VW)
+
 #define V_VECS (HEAD_DIM_V / FLASH_VW)
 
 __kernel __attribute__((reqd_work_group_size(BLOCK_Q, 1, 1)))
@@ -134,7 +138,12 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
                      const ulong bh_base, const uint part_begin, const uint part_stop,
                      const int resume,
                      const uint kv_group, const float softcap, BAND_ARGS,
-                     const uint split_keys, const ulong o_split, const ulong lse_split)
+                     const uint split_keys, const ulong o_split, const ulong lse_split
+#if ADDITIVE
+                     , __global const float *score_w, const ulong w_offset, const ulong w_s0,
+                     const ulong w_s1
+#endif
+)
 {
     __local float k_tile[BLOCK_K][HEAD_DIM_QK];
     __local float v_tile[BLOCK_K][HEAD_DIM_V];
@@ -169,6 +178,15 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
     row_t q[QK_VECS];
     for (uint d = 0; d < QK_VECS; ++d)
         q[d] = row_gather(Q_DTYPE, Q, d, q_s3) * scale;
+#if ADDITIVE
+    /* Additive attention (host/attn/additive.c): Q and K hold the projections P1 = q W1 + b1
+     * and P2 = k W2 + b2 of the head (HEAD_DIM_QK = da; scale 1), and the score of key j is
+     * sum_c w[h, c] tanh(P1[i, c] + P2[j, c]): the head's w stays in registers. */
+    row_t w_row[QK_VECS];
+    score_w += w_offset + h * w_s0;
+    for (uint d = 0; d < QK_VECS; ++d)
+        w_row[d] = row_gather(0, score_w, d, w_s1);
+#endif
     row_t acc[V_VECS];
     for (uint d = 0; d < V_VECS; ++d)
         acc[d] = (row_t)(0.0f);
@@ -230,8 +248,13 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
         for (uint j = 0; j < BLOCK_K; ++j) {
             const uint key = k0 + j;
             row_t partial = (row_t)(0.0f);
+#if ADDITIVE
+            for (uint d = 0; d < QK_VECS; ++d)
+                partial = mad(w_row[d], tanh(q[d] + row_load(d, k_tile[j])), partial);
+#else
             for (uint d = 0; d < QK_VECS; ++d)
                 partial = mad(q[d], row_load(d, k_tile[j]), partial);
+#endif
             s[j] = masked_score(
                 soft_cap(row_sum(partial), softcap) + alibi_bias(band, safe_row, key), key,
                 row_key_begin, row_key_end, tile_padded[j], has_mask, mask, key * mask_s3);

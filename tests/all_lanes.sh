@@ -25,9 +25,10 @@
 #             CI tier: CLATTN_TEST_SCALE=small and not flash_cpu_split (every kernel variant still
 #             compiles and runs through Mesa; the pocl lane runs the heavy cases)
 #   oclgrind  the kernel suites' reduced set under Oclgrind --data-races (tests/oclgrind_lane.sh);
-#             CI tier: the canary and the attention, mha, flash, posenc and rope suites, which
-#             between them run every GPU kernel (tiled matmul, softmax rows, head split/concat,
-#             half storage, the fused kernel, positional encodings, rotary embeddings); --full
+#             CI tier: the canary and the attention, mha, flash, posenc, rope and additive
+#             suites, which between them run every GPU kernel (tiled matmul, softmax rows, head
+#             split/concat, half storage, the fused kernel and its additive variant, the
+#             additive score tiles, positional encodings, rotary embeddings); --full
 #             adds the softmax, matmul, plan and runtime suites
 #   onnx      ONNX's own Attention node tests (93, from the pinned onnx package in a virtual
 #             environment, build/venv-onnx: needs python3-venv and PyPI) through `clattn sdpa`
@@ -116,7 +117,7 @@ lane_oclgrind() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/oclgrind_lane.sh build
     else
-        ensure_build && tests/oclgrind_lane.sh build attention mha flash posenc rope
+        ensure_build && tests/oclgrind_lane.sh build attention mha flash posenc rope additive
     fi
 }
 lane_onnx() { ensure_build && POCL_CACHE_DIR="$cache" tests/onnx/run.sh build; }

@@ -1,9 +1,10 @@
 /*
  * check_cli: the clattn command run as a user runs it. `clattn run` on PyTorch-exported
  * weights and inputs (tests/fixtures/cli, made by gen_cli_fixtures.py) must reproduce
- * PyTorch's outputs and attention weights to 1e-4; the textbook example to 1e-5; demo,
- * devices, bench --json and --attn-png produce what they promise; and bad input of every kind
- * exits with status 2 and exactly one line on stderr.
+ * PyTorch's outputs and attention weights to 1e-4; the textbook example to 1e-5; the demo's
+ * chapters print the numbers of a float64 computation (1e-4); devices, bench --json and
+ * --attn-png produce what they promise; and bad input of every kind exits with status 2 and
+ * exactly one line on stderr.
  * Arguments: the clattn binary, the fixture folder.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -510,14 +511,16 @@ START_TEST(test_run_posenc)
         const char *extra, *needle;
     } bad[] = {
         {"--posenc learned", "sinusoidal"},
-        {"--posenc sinusoidal --posenc-table TABLE", "not both"},
-        {"--posenc-table WQ", "positional table"},
-        {"--posenc-table X", "positional table"},
+        {"--posenc sinusoidal --posenc-table @TABLE@", "not both"},
+        {"--posenc-table @WQ@", "positional table"},
+        {"--posenc-table @X@", "positional table"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
         char extra[1200];
         snprintf(extra, sizeof extra, "%s", bad[i].extra);
-        static const char *const names[3] = {"TABLE", "WQ", "X"};
+        /* '@' placeholders: a path put in for one may hold the letters of another (mkdtemp's
+         * random names do), never an '@'. */
+        static const char *const names[3] = {"@TABLE@", "@WQ@", "@X@"};
         const char *paths[3] = {t_path, wq_path, x_path};
         for (int n = 0; n < 3; ++n) {
             char *at = strstr(extra, names[n]);
@@ -850,6 +853,185 @@ START_TEST(test_sdpa_cache_command)
     free(all_k);
     free(pv);
     free(pk);
+    free(v);
+    free(k);
+    free(q);
+    TU_END_TEST();
+}
+END_TEST
+
+/* The largest |a - b| over two .npy files of one shape (INFINITY when unreadable or shaped
+ * differently). */
+static double npy_difference(const char *a_path, const char *b_path)
+{
+    char msg[512];
+    clattn_array a = {0}, b = {0};
+    double worst = INFINITY;
+    if (clattn_npy_read(a_path, &a, msg, sizeof msg) == CLATTN_IO_OK &&
+        clattn_npy_read(b_path, &b, msg, sizeof msg) == CLATTN_IO_OK && a.ndim == b.ndim &&
+        a.count == b.count) {
+        worst = 0.0;
+        for (int i = 0; i < a.ndim; ++i)
+            worst = a.shape[i] == b.shape[i] ? worst : INFINITY;
+        for (size_t i = 0; i < a.count; ++i)
+            worst = fmax(worst, fabs((double)a.data[i] - b.data[i]));
+        worst = isnan(worst) ? INFINITY : worst;
+    }
+    clattn_array_free(&a);
+    clattn_array_free(&b);
+    return worst;
+}
+
+/* Runs `clattn ARGS`, expecting exit status 0. */
+static bool run_ok(const char *what, const char *args)
+{
+    const int status = run_cli(args);
+    return tu_expect(status == 0, "%s: exit status %d, stderr: %s", what, status,
+                     captured("stderr"));
+}
+
+/* clattn sdpa --rope (pairs on 6 of 8 columns, base 500, from position 3; grouped heads;
+ * bottom-right causal; both paths) against the float64 reference and against the same
+ * computation through files (clattn rope on Q and K, then clattn sdpa on the rotated files);
+ * a cache step at P = 7 (--past-key holding rotated keys, --rope-start 7) against the same,
+ * its present key the past then the rotated new key; then the refusals. */
+START_TEST(test_sdpa_rope_command)
+{
+    TU_BEGIN_TEST();
+    enum { B = 2, H = 4, G = 2, LQ = 5, LK = 11, D = 8, DV = 6, START = 3, P = 7 };
+    tu_set_case("clattn sdpa --rope: B=%d Hq=%d Hkv=%d Lq=%d Lk=%d d=%d", B, H, G, LQ, LK, D);
+    char q_path[512], k_path[512], v_path[512], qr_path[512], kr_path[512], files_out[512];
+    char out[512], args[8192];
+    const size_t q_shape[4] = {B, H, LQ, D}, k_shape[4] = {B, G, LK, D};
+    const size_t v_shape[4] = {B, G, LK, DV};
+    float *q = scratch_array("rope_sdpa_q.npy", 4, q_shape, q_path, sizeof q_path);
+    float *k = scratch_array("rope_sdpa_k.npy", 4, k_shape, k_path, sizeof k_path);
+    float *v = scratch_array("rope_sdpa_v.npy", 4, v_shape, v_path, sizeof v_path);
+    snprintf(qr_path, sizeof qr_path, "%s/rope_sdpa_qr.npy", scratch);
+    snprintf(kr_path, sizeof kr_path, "%s/rope_sdpa_kr.npy", scratch);
+    snprintf(files_out, sizeof files_out, "%s/rope_sdpa_files_y.npy", scratch);
+    snprintf(out, sizeof out, "%s/rope_sdpa_y.npy", scratch);
+    const ref_sdpa_shape shape = {.batch = B,
+                                  .heads = H,
+                                  .seq_q = LQ,
+                                  .seq_k = LK,
+                                  .dk = D,
+                                  .dv = DV,
+                                  .scale = ref_resolve_scale(NAN, D),
+                                  .norm = CLATTN_NORM_SOFTMAX,
+                                  .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
+                                  .kv_heads = G};
+    const ref_rope_spec rope = {.pairs = 1, .dims = 6, .start = START, .base = 500.0};
+    const size_t out_count = (size_t)B * H * LQ * DV;
+    double *ref = tu_doubles(out_count);
+    ref_sdpa_rope(&shape, &rope, q, k, v, NULL, NULL, ref, NULL, NULL);
+    /* Through files: clattn rope, then clattn sdpa without --rope. */
+    static const char rope_options[] = "--interleaved --rotary-dim 6 --base 500 --start 3";
+    snprintf(args, sizeof args, "rope --x %s %s --out %s", q_path, rope_options, qr_path);
+    bool files = run_ok("clattn rope (q)", args);
+    snprintf(args, sizeof args, "rope --x %s %s --out %s", k_path, rope_options, kr_path);
+    files = files && run_ok("clattn rope (k)", args);
+    snprintf(args, sizeof args,
+             "sdpa --q %s --k %s --v %s --causal --causal-align bottom-right --out %s", qr_path,
+             kr_path, v_path, files_out);
+    files = files && run_ok("clattn sdpa on the rotated files", args);
+    const char *paths[2] = {"auto", "unfused"};
+    for (int p = 0; p < 2; ++p) {
+        snprintf(args, sizeof args,
+                 "sdpa --q %s --k %s --v %s --causal --causal-align bottom-right --rope "
+                 "--rope-style pairs --rope-dims 6 --rope-base 500 --rope-start %d --path %s "
+                 "--out %s",
+                 q_path, k_path, v_path, START, paths[p], out);
+        if (!run_ok(paths[p], args))
+            continue;
+        expect_npy_reference(out, p ? "sdpa --rope (unfused)" : "sdpa --rope (auto)", ref,
+                             out_count, 4, (const size_t[]){B, H, LQ, DV});
+        if (files) {
+            const double difference = npy_difference(out, files_out);
+            tu_expect(difference <= 1e-5,
+                      "path %s: --rope differs from clattn rope + clattn sdpa by %.3g", paths[p],
+                      difference);
+        }
+    }
+
+    /* A cache step at P: the past keys rotated (clattn rope from 0, halves, all columns), one
+     * new query and key at position P. */
+    char pk_raw[512], pk_path[512], pv_path[512], q1_path[512], k1_path[512], v1_path[512];
+    char q1r_path[512], k1r_path[512], present_k[512], present_v[512], present_files[512];
+    const size_t pk_shape[4] = {B, G, P, D}, pv_shape[4] = {B, G, P, DV};
+    const size_t q1_shape[4] = {B, H, 1, D}, k1_shape[4] = {B, G, 1, D};
+    const size_t v1_shape[4] = {B, G, 1, DV};
+    float *raw = scratch_array("rope_cache_pk_raw.npy", 4, pk_shape, pk_raw, sizeof pk_raw);
+    float *pv = scratch_array("rope_cache_pv.npy", 4, pv_shape, pv_path, sizeof pv_path);
+    float *q1 = scratch_array("rope_cache_q.npy", 4, q1_shape, q1_path, sizeof q1_path);
+    float *k1 = scratch_array("rope_cache_k.npy", 4, k1_shape, k1_path, sizeof k1_path);
+    float *v1 = scratch_array("rope_cache_v.npy", 4, v1_shape, v1_path, sizeof v1_path);
+    snprintf(pk_path, sizeof pk_path, "%s/rope_cache_pk.npy", scratch);
+    snprintf(q1r_path, sizeof q1r_path, "%s/rope_cache_qr.npy", scratch);
+    snprintf(k1r_path, sizeof k1r_path, "%s/rope_cache_kr.npy", scratch);
+    snprintf(present_k, sizeof present_k, "%s/rope_cache_present_k.npy", scratch);
+    snprintf(present_v, sizeof present_v, "%s/rope_cache_present_v.npy", scratch);
+    snprintf(present_files, sizeof present_files, "%s/rope_cache_present_files.npy", scratch);
+    snprintf(args, sizeof args, "rope --x %s --out %s", pk_raw, pk_path);
+    files = run_ok("clattn rope (past keys)", args);
+    snprintf(args, sizeof args, "rope --x %s --start %d --out %s", q1_path, P, q1r_path);
+    files = files && run_ok("clattn rope (step query)", args);
+    snprintf(args, sizeof args, "rope --x %s --start %d --out %s", k1_path, P, k1r_path);
+    files = files && run_ok("clattn rope (step key)", args);
+    snprintf(args, sizeof args,
+             "sdpa --q %s --k %s --v %s --past-key %s --past-value %s --causal "
+             "--present-key-out %s --present-value-out %s --out %s",
+             q1r_path, k1r_path, v1_path, pk_path, pv_path, present_files, present_v, files_out);
+    files = files && run_ok("clattn sdpa on the rotated step", args);
+    if (files) {
+        snprintf(args, sizeof args,
+                 "sdpa --q %s --k %s --v %s --past-key %s --past-value %s --causal --rope "
+                 "--rope-start %d --present-key-out %s --present-value-out %s --out %s",
+                 q1_path, k1_path, v1_path, pk_path, pv_path, P, present_k, present_v, out);
+        if (run_ok("sdpa --rope with a cache", args)) {
+            double difference = npy_difference(out, files_out);
+            tu_expect(difference <= 1e-5, "cache step: --rope differs from the files by %.3g",
+                      difference);
+            difference = npy_difference(present_k, present_files);
+            tu_expect(difference <= 1e-6,
+                      "cache step: present key differs from past + the rotated key by %.3g",
+                      difference);
+        }
+    }
+
+    /* Refusals: one line, exit 2. */
+    char n_path[512];
+    snprintf(n_path, sizeof n_path, "%s/rope_sdpa_nonpad.npy", scratch);
+    const long long fill[B] = {LK, 4};
+    write_i64_npy(n_path, fill, B);
+    static const struct {
+        const char *extra, *needle;
+    } bad[] = {
+        {"--rope --rope-dims 5", "rope_dims"},   {"--rope --rope-dims 10", "rope_dims"},
+        {"--rope-start 3", "go with --rope"},    {"--rope --rope-style spiral", "--rope-style"},
+        {"--rope --rope-base 0", "--rope-base"}, {"--rope --rope-start 16777210", "2^24"},
+        {"--rope=1", "takes no value"},          {"--rope --nonpad-kv-seqlen N", "kv_seqlen"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        char extra[1024];
+        snprintf(extra, sizeof extra, "%s", bad[i].extra);
+        char *n = strstr(extra, " N");
+        if (n)
+            snprintf(n + 1, sizeof extra - (size_t)(n + 1 - extra), "%s", n_path);
+        snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s %s", q_path, k_path, v_path, extra);
+        const int status = run_cli(args);
+        const char *err = captured("stderr");
+        tu_expect(status == 2 && strstr(err, bad[i].needle) != NULL &&
+                      strchr(err, '\n') == strrchr(err, '\n'),
+                  "'%s': status %d, want 2 and one line with '%s'; stderr: %s", bad[i].extra,
+                  status, bad[i].needle, err);
+    }
+    free(v1);
+    free(k1);
+    free(q1);
+    free(pv);
+    free(raw);
+    free(ref);
     free(v);
     free(k);
     free(q);
@@ -1218,12 +1400,12 @@ START_TEST(test_demo_devices_help)
     int status = run_cli("demo");
     const char *out = captured("stdout");
     tu_expect(status == 0, "demo: exit status %d: %s", status, captured("stderr"));
-    static const char *const expected[] = {"Q = X", "K = X", "V = X", "scores", "weights",
-                                           "2.000000   6.000000   8.000000",
-                                           /* 0.7053845130 exactly: the last printed digit
-                                            * depends on the order of the device's sum. */
-                                           "0.035119   0.259496   0.70538",
-                                           "1.929762   1.481007   1.70538"};
+    /* Without a chapter: dot (test_demo_dot checks its numbers). */
+    static const char *const expected[] = {
+        "== dot:", "q^i = W^q a^i", "α_{i,j}", "b^i", "1.000000   3.000000   4.000000",
+        /* 0.7053845130 exactly: the last printed digit
+         * depends on the order of the device's sum. */
+        "0.035119   0.259496   0.70538", "1.929762   1.481007   1.70538"};
     for (size_t i = 0; i < sizeof expected / sizeof expected[0]; ++i)
         tu_expect(strstr(out, expected[i]) != NULL, "demo output lacks '%s'", expected[i]);
 
@@ -1274,6 +1456,360 @@ START_TEST(test_demo_devices_help)
         tu_expect(status == 0 && strstr(captured("stdout"), "usage: clattn"),
                   "'clattn %s': status %d", commands[i], status);
     }
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- clattn demo's chapters: the printed numbers against float64 -------------------------- */
+
+/* The example the chapters share (clattn demo's, restated): X (3 x 4) and X·W projections. */
+enum { DEMO_SEQ = 3, DEMO_DIM = 4, DEMO_DA = 3 };
+static const float demo_x[12] = {1, 0, 1, 0, 0, 1, 0, 1, 1, 1, 1, 1};
+static const float demo_wq[16] = {1, 0, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0};
+static const float demo_wk[16] = {0, 1, 0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 1, 0, 0, 1};
+static const float demo_wv[16] = {1, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 1, 1, 0, 0};
+static const float demo_wo[16] = {1, 0, 0, 1, 0, 1, 1, 0, 1, 0, -1, 0, 0, 1, 0, -1};
+static const float demo_w1[12] = {0.5f, 0, -0.5f, 0, 0.5f, 0.5f, 0.5f, -0.5f, 0, 0, 0, 0.5f};
+static const float demo_w2[12] = {0, 0.5f, 0, -0.5f, 0, 0.5f, 0, 0, -0.5f, 0.5f, -0.5f, 0};
+static const float demo_w[3] = {1, -1, 2};
+
+/* Runs `clattn demo ARGS`; expects exit 0, and each of `labels` in stdout. Returns stdout. */
+static const char *run_demo(const char *args, const char *const *labels, size_t count)
+{
+    tu_set_case("clattn demo %s", args);
+    char command[1024];
+    snprintf(command, sizeof command, "demo %s", args);
+    int status = run_cli(command);
+    tu_expect(status == 0, "exit status %d: %s", status, captured("stderr"));
+    const char *out = captured("stdout");
+    for (size_t i = 0; i < count; ++i)
+        tu_expect(strstr(out, labels[i]) != NULL, "output lacks '%s'", labels[i]);
+    return out;
+}
+
+/* The rows x cols numbers printed under the line of `text` that starts with `title`: the last
+ * cols numbers of each following line, after at most one column header. false (after recording
+ * a failure) when the title is absent or a row does not parse. */
+static bool parse_printed(const char *text, const char *title, size_t rows, size_t cols,
+                          float *values)
+{
+    const size_t length = strlen(title);
+    const char *line = text;
+    while (line && strncmp(line, title, length) != 0)
+        line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL;
+    if (!tu_expect(line != NULL, "no line starting with '%s'", title))
+        return false;
+    size_t row = 0;
+    bool header_skipped = false;
+    for (line = strchr(line, '\n'); line && row < rows; line = strchr(line + 1, '\n')) {
+        char copy[1024];
+        const char *end = strchr(line + 1, '\n');
+        size_t size = end ? (size_t)(end - line - 1) : strlen(line + 1);
+        snprintf(copy, sizeof copy, "%.*s", (int)(size < sizeof copy ? size : sizeof copy - 1),
+                 line + 1);
+        char *tokens[64];
+        size_t count = 0;
+        char *save = NULL;
+        for (char *t = strtok_r(copy, " ", &save); t && count < 64; t = strtok_r(NULL, " ", &save))
+            tokens[count++] = t;
+        bool ok = count >= cols;
+        for (size_t c = 0; ok && c < cols; ++c) {
+            char *stop = NULL;
+            values[row * cols + c] = strtof(tokens[count - cols + c], &stop);
+            ok = *stop == '\0';
+        }
+        if (ok) {
+            ++row;
+        } else if (row == 0 && !header_skipped) {
+            header_skipped = true;
+        } else {
+            return tu_expect(false, "'%s': row %zu does not hold %zu numbers", title, row, cols);
+        }
+    }
+    return tu_expect(row == rows, "'%s': %zu of %zu rows", title, row, rows);
+}
+
+/* The printed matrix under `title` against ref, to tol absolutely. */
+static void expect_printed(const char *text, const char *title, size_t rows, size_t cols,
+                           const double *ref, double tol)
+{
+    float got[128];
+    if (rows * cols <= 128 && parse_printed(text, title, rows, cols, got)) {
+        const double err = tu_abs_error(got, ref, rows * cols);
+        tu_expect(err <= tol, "'%s': off by %.3g from float64 (tolerance %.1g)", title, err, tol);
+    }
+}
+
+/* The number after the last '=' of the line holding `needle`; NAN when absent. */
+static double printed_value(const char *text, const char *needle)
+{
+    const char *at = strstr(text, needle);
+    if (!at)
+        return NAN;
+    const char *end = strchr(at, '\n');
+    const char *equals = NULL;
+    for (const char *c = at; *c && c != end; ++c)
+        if (*c == '=')
+            equals = c;
+    return equals ? strtod(equals + 1, NULL) : NAN;
+}
+
+/* y (rows x cols) = x (rows x inner) · w (inner x cols), in double. */
+static void demo_project(const float *x, const float *w, size_t rows, size_t inner, size_t cols,
+                         double *y)
+{
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t c = 0; c < cols; ++c) {
+            y[r * cols + c] = 0.0;
+            for (size_t i = 0; i < inner; ++i)
+                y[r * cols + c] += (double)x[r * inner + i] * w[i * cols + c];
+        }
+}
+
+/* Self-attention of demo_x through ref_mha_forward (X·W weights, heads, Wo when given). */
+static void demo_mha_reference(size_t heads, const float *wo, double *out, double *weights)
+{
+    clattn_mha_host_desc desc;
+    clattn_mha_host_desc_init(&desc);
+    desc.batch = 1;
+    desc.seq_q = desc.seq_k = DEMO_SEQ;
+    desc.embed_dim = DEMO_DIM;
+    desc.num_heads = heads;
+    desc.layout = CLATTN_LAYOUT_XW;
+    desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
+    const clattn_mha_host_weights w = {
+        .q_weight = demo_wq, .k_weight = demo_wk, .v_weight = demo_wv, .out_weight = wo};
+    ref_mha_forward(&desc, &w, demo_x, NULL, NULL, NULL, out, weights);
+}
+
+START_TEST(test_demo_dot)
+{
+    TU_BEGIN_TEST();
+    static const char *const labels[] = {"a^i",
+                                         "a^1",
+                                         "W^q",
+                                         "W^k",
+                                         "W^v",
+                                         "q^i = W^q a^i",
+                                         "k^i = W^k a^i",
+                                         "v^i = W^v a^i",
+                                         "α_{i,j} = q^i·k^j / sqrt(d)",
+                                         "α'_{i,j}",
+                                         "b^i = Σ_j α'_{i,j} v^j"};
+    const char *out = run_demo("dot", labels, sizeof labels / sizeof labels[0]);
+    double b[12], weights[9], q[12], alpha[9];
+    demo_mha_reference(1, NULL, b, weights);
+    demo_project(demo_x, demo_wq, DEMO_SEQ, DEMO_DIM, DEMO_DIM, q);
+    double k[12];
+    demo_project(demo_x, demo_wk, DEMO_SEQ, DEMO_DIM, DEMO_DIM, k);
+    for (size_t i = 0; i < 3; ++i)
+        for (size_t j = 0; j < 3; ++j) {
+            alpha[i * 3 + j] = 0.0;
+            for (size_t c = 0; c < 4; ++c)
+                alpha[i * 3 + j] += q[i * 4 + c] * k[j * 4 + c] / 2.0;
+        }
+    expect_printed(out, "q^i = W^q a^i", 3, 4, q, 1e-6);
+    expect_printed(out, "α_{i,j} = ", 3, 3, alpha, 1e-6);
+    expect_printed(out, "α'_{i,j} = ", 3, 3, weights, 1e-4);
+    expect_printed(out, "b^i = ", 3, 4, b, 1e-4);
+    TU_END_TEST();
+}
+END_TEST
+
+START_TEST(test_demo_multihead)
+{
+    TU_BEGIN_TEST();
+    static const char *const labels[] = {"Q = X·Wq",
+                                         "K = X·Wk",
+                                         "V = X·Wv",
+                                         "Wo",
+                                         "A_1 = Q_1·K_1ᵀ / sqrt(d_h)",
+                                         "A'_1 = softmax",
+                                         "O_1 = A'_1·V_1",
+                                         "A_2 = Q_2·K_2ᵀ",
+                                         "A'_2",
+                                         "O_2",
+                                         "concat(O_1, O_2)",
+                                         "O = concat(O_1, O_2)·Wo"};
+    const char *out = run_demo("multihead", labels, sizeof labels / sizeof labels[0]);
+    double o[12], weights[18];
+    demo_mha_reference(2, demo_wo, o, weights);
+    expect_printed(out, "A'_1 = ", 3, 3, weights, 1e-4);
+    expect_printed(out, "A'_2 = ", 3, 3, weights + 9, 1e-4);
+    expect_printed(out, "O = concat(O_1, O_2)·Wo", 3, 4, o, 1e-4);
+    /* The concatenated heads: O without Wo. */
+    double heads[12];
+    demo_mha_reference(2, NULL, heads, NULL);
+    expect_printed(out, "concat(O_1, O_2): ", 3, 4, heads, 1e-4);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Width and height from a PNG's IHDR; false unless the file starts as a PNG does. */
+static bool png_size(const char *path, uint32_t *width, uint32_t *height)
+{
+    unsigned char head[24] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(head, 1, sizeof head, f) : 0;
+    if (f)
+        fclose(f);
+    if (got != sizeof head || memcmp(head, "\x89PNG\r\n\x1a\n", 8) != 0 ||
+        memcmp(head + 12, "IHDR", 4) != 0)
+        return false;
+    *width =
+        (uint32_t)head[16] << 24 | (uint32_t)head[17] << 16 | (uint32_t)head[18] << 8 | head[19];
+    *height =
+        (uint32_t)head[20] << 24 | (uint32_t)head[21] << 16 | (uint32_t)head[22] << 8 | head[23];
+    return true;
+}
+
+START_TEST(test_demo_posenc)
+{
+    TU_BEGIN_TEST();
+    static const char *const labels[] = {"PE(pos, 2k) = sin(pos / 10000^(2k/d))", "e^i = PE(",
+                                         "e^1", "e^8", "a^i + e^i"};
+    const char *out = run_demo("posenc", labels, sizeof labels / sizeof labels[0]);
+    double table[48], added[12];
+    ref_posenc_sinusoid(0, 8, 6, 10000.0, table);
+    expect_printed(out, "e^i = PE(", 8, 6, table, 1e-6);
+    ref_posenc_sinusoid(0, 3, 4, 10000.0, added);
+    for (size_t i = 0; i < 12; ++i)
+        added[i] += demo_x[i];
+    expect_printed(out, "a^i + e^i", 3, 4, added, 1e-6);
+    tu_expect(strstr(out, "wrote") == NULL, "a PNG without --png: %s", out);
+
+    /* --png: a PNG of the 128 x 64 table, sized as the heatmap writer sizes one panel. */
+    char png[512], want_png[512], args[1200], msg[512];
+    snprintf(png, sizeof png, "%s/posenc.png", scratch);
+    snprintf(want_png, sizeof want_png, "%s/posenc_layout.png", scratch);
+    snprintf(args, sizeof args, "posenc --png %s", png);
+    out = run_demo(args, labels, 0);
+    tu_expect(strstr(out, png) != NULL, "the output does not name %s: %s", png, out);
+    float *zeros = calloc(128 * 64, sizeof(float));
+    tu_expect(zeros && clattn_png_write_heatmap(want_png, zeros, 1, 128, 64, msg, sizeof msg) ==
+                           CLATTN_IO_OK,
+              "writing the layout PNG: %s", msg);
+    free(zeros);
+    uint32_t width = 0, height = 0, want_width = 0, want_height = 0;
+    tu_expect(png_size(png, &width, &height), "%s is not a PNG file", png);
+    tu_expect(png_size(want_png, &want_width, &want_height) && width == want_width &&
+                  height == want_height,
+              "%s is %u x %u, want %u x %u (one panel of 128 x 64)", png, width, height, want_width,
+              want_height);
+
+    /* A PNG path that cannot be written: status 1, one line naming it. */
+    snprintf(args, sizeof args, "demo posenc --png %s/no-such-folder/posenc.png", scratch);
+    tu_set_case("clattn %s", args);
+    int status = run_cli(args);
+    const char *err = captured("stderr");
+    tu_expect(status == 1 && count_lines(err) == 1 && strstr(err, "--png") &&
+                  strstr(err, "no-such-folder/posenc.png"),
+              "exit status %d (want 1), stderr (want one line naming the file): %s", status, err);
+    TU_END_TEST();
+}
+END_TEST
+
+/* x (4 values) at position pos, turned by RoPE's halves pairing (d = 4), in double. */
+static void demo_rope(const double *x, double pos, double *out)
+{
+    for (size_t j = 0; j < 2; ++j) {
+        const double angle = pos * pow(10000.0, -2.0 * (double)j / 4.0);
+        out[j] = x[j] * cos(angle) - x[j + 2] * sin(angle);
+        out[j + 2] = x[j] * sin(angle) + x[j + 2] * cos(angle);
+    }
+}
+
+START_TEST(test_demo_rope)
+{
+    TU_BEGIN_TEST();
+    static const char *const labels[] = {"q^i: dot's queries", "R_m q^i",         "R_m k^i",
+                                         "R_m q · R_n k",      "(m, n) = (0, 2)", "(m, n) = (3, 5)",
+                                         "(m, n) = (7, 9)"};
+    const char *out = run_demo("rope", labels, sizeof labels / sizeof labels[0]);
+    double q[12], k[12], q_rot[12], gram[100];
+    demo_project(demo_x, demo_wq, DEMO_SEQ, DEMO_DIM, DEMO_DIM, q);
+    demo_project(demo_x, demo_wk, DEMO_SEQ, DEMO_DIM, DEMO_DIM, k);
+    for (size_t i = 0; i < 3; ++i)
+        demo_rope(q + 4 * i, (double)i, q_rot + 4 * i);
+    expect_printed(out, "R_m q^i", 3, 4, q_rot, 1e-5);
+    for (size_t m = 0; m < 10; ++m)
+        for (size_t n = 0; n < 10; ++n) {
+            double qm[4], kn[4];
+            demo_rope(q, (double)m, qm);     /* q^1 */
+            demo_rope(k + 4, (double)n, kn); /* k^2 */
+            gram[m * 10 + n] = qm[0] * kn[0] + qm[1] * kn[1] + qm[2] * kn[2] + qm[3] * kn[3];
+        }
+    expect_printed(out, "R_m q · R_n k", 10, 10, gram, 1e-3); /* printed to 3 decimals */
+    const double dots[3] = {printed_value(out, "(m, n) = (0, 2)"),
+                            printed_value(out, "(m, n) = (3, 5)"),
+                            printed_value(out, "(m, n) = (7, 9)")};
+    for (int i = 0; i < 3; ++i)
+        tu_expect(fabs(dots[i] - dots[0]) <= 1e-5 && fabs(dots[i] - gram[2]) <= 1e-5,
+                  "dot product %d is %.9g; the first %.9g, float64 %.9g", i, dots[i], dots[0],
+                  gram[2]);
+    TU_END_TEST();
+}
+END_TEST
+
+START_TEST(test_demo_additive)
+{
+    TU_BEGIN_TEST();
+    static const char *const labels[] = {"W1",       "W2",
+                                         "w:",       "q^i W1",
+                                         "k^j W2",   "α_{i,j} = wᵀ tanh(q^i W1 + k^j W2)",
+                                         "α'_{i,j}", "b^i = Σ_j α'_{i,j} v^j"};
+    const char *out = run_demo("additive", labels, sizeof labels / sizeof labels[0]);
+    /* float64: P1 = X·W1, P2 = X·W2, s = wᵀ tanh(P1_i + P2_j), α' = softmax_j, b = α'·(X·Wv). */
+    double p1[9], p2[9], v[12], weights[9], b[12];
+    demo_project(demo_x, demo_w1, DEMO_SEQ, DEMO_DIM, DEMO_DA, p1);
+    demo_project(demo_x, demo_w2, DEMO_SEQ, DEMO_DIM, DEMO_DA, p2);
+    demo_project(demo_x, demo_wv, DEMO_SEQ, DEMO_DIM, DEMO_DIM, v);
+    for (size_t i = 0; i < 3; ++i) {
+        double sum = 0.0;
+        for (size_t j = 0; j < 3; ++j) {
+            double s = 0.0;
+            for (size_t c = 0; c < 3; ++c)
+                s += demo_w[c] * tanh(p1[i * 3 + c] + p2[j * 3 + c]);
+            sum += weights[i * 3 + j] = exp(s);
+        }
+        for (size_t j = 0; j < 3; ++j)
+            weights[i * 3 + j] /= sum;
+        for (size_t c = 0; c < 4; ++c) {
+            b[i * 4 + c] = 0.0;
+            for (size_t j = 0; j < 3; ++j)
+                b[i * 4 + c] += weights[i * 3 + j] * v[j * 4 + c];
+        }
+    }
+    expect_printed(out, "q^i W1", 3, 3, p1, 1e-6);
+    expect_printed(out, "k^j W2", 3, 3, p2, 1e-6);
+    expect_printed(out, "α'_{i,j} = ", 3, 3, weights, 1e-4);
+    expect_printed(out, "b^i = ", 3, 4, b, 1e-4);
+    TU_END_TEST();
+}
+END_TEST
+
+START_TEST(test_demo_all)
+{
+    TU_BEGIN_TEST();
+    static const char *const chapters[] = {
+        "== dot:", "== multihead:", "== posenc:", "== rope:", "== additive:"};
+    const char *out = run_demo("all", chapters, sizeof chapters / sizeof chapters[0]);
+    const char *previous = out;
+    for (size_t i = 0; i < sizeof chapters / sizeof chapters[0]; ++i) {
+        const char *at = strstr(out, chapters[i]);
+        tu_expect(at && at >= previous, "'%s' is missing or out of order", chapters[i]);
+        previous = at ? at : previous;
+    }
+    const char *device = strstr(out, "device: ");
+    tu_expect(device && !strstr(device + 1, "device: "), "want one device line: %s", out);
+    /* --help documents every chapter. */
+    int status = run_cli("demo --help");
+    out = captured("stdout");
+    static const char *const names[] = {"dot",      "multihead", "posenc", "rope",
+                                        "additive", "all",       "--png"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
+        tu_expect(status == 0 && strstr(out, names[i]), "demo --help: status %d, lacks '%s'",
+                  status, names[i]);
     TU_END_TEST();
 }
 END_TEST
@@ -1335,12 +1871,13 @@ static const bad_case bad_cases[] = {
      "truncated.safetensors"},
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 3", "heads"},
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors", "--heads"},
-    {"run --query %1$s/textbook_x.npy --weights %1$s/self.safetensors --heads 2",
-     "embed_dim"},
+    {"run --query %1$s/textbook_x.npy --weights %1$s/self.safetensors --heads 2", "embed_dim"},
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 "
-     "--attn-mask %1$s/textbook_z.npy", "textbook_z.npy"},
+     "--attn-mask %1$s/textbook_z.npy",
+     "textbook_z.npy"},
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 "
-     "--key-padding-mask %1$s/self_mask.npy", "self_mask.npy"},
+     "--key-padding-mask %1$s/self_mask.npy",
+     "self_mask.npy"},
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 --norm max",
      "--norm"},
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 --scale x",
@@ -1348,21 +1885,25 @@ static const bad_case bad_cases[] = {
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 0", "--heads"},
     {"run --query %1$s/self_query.npy --wq %1$s/textbook_wq.npy", "--wv"},
     {"run --query %1$s/cross_query.npy --weights %1$s/cross.safetensors --heads 3 "
-     "--key %1$s/cross_value.npy --value %1$s/cross_value.npy", "kdim"},
+     "--key %1$s/cross_value.npy --value %1$s/cross_value.npy",
+     "kdim"},
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 "
-     "--key %1$s/cross_key.npy", "same B"},
+     "--key %1$s/cross_key.npy",
+     "same B"},
     {"run --query %1$s/self_attn.npy --weights %1$s/self.safetensors --heads 2", "(L, E)"},
     /* Zero-width weights (found by fuzz_cli_args): refused, not read as "default width". */
     {"run --query %1$s/textbook_x.npy --wq %1$s/../../fuzz/corpus/npy/zero_width.npy "
      "--wk %1$s/../../fuzz/corpus/npy/zero_width.npy "
-     "--wv %1$s/../../fuzz/corpus/npy/zero_width.npy --heads 100000000", "no dimension may be 0"},
+     "--wv %1$s/../../fuzz/corpus/npy/zero_width.npy --heads 100000000",
+     "no dimension may be 0"},
     {"run --query %1$s/textbook_x.npy --heads 2 "
      "--weights %1$s/../../fuzz/corpus/safetensors/cli_zero_vdim.safetensors",
      "no dimension may be 0"},
     {"bench --mnk 3x4", "--mnk"},
     {"bench --path sideways", "--path"},
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 --path fused "
-     "--attn-out %2$s/a.npy", "--path fused"},
+     "--attn-out %2$s/a.npy",
+     "--path fused"},
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 --path warp",
      "--path"},
     {"bench --runs 0", "--runs"},
@@ -1370,6 +1911,11 @@ static const bad_case bad_cases[] = {
     {"bench --dtype f64", "--dtype: 'f64' is not f32, f16 or bf16"},
     {"bench --mask causal", "--mask: 'causal' is not none, padding or additive"},
     {"devices --bogus", "unknown option"},
+    {"demo dotproduct", "unknown chapter 'dotproduct' (chapters: dot, multihead"},
+    {"demo posenc --png", "--png needs a value"},
+    {"demo dot --png %2$s/dot.png", "--png draws the posenc chapter's table"},
+    {"demo dot rope", "one chapter at a time"},
+    {"demo --chapter dot", "unknown option '--chapter'"},
 };
 
 START_TEST(test_bad_input_exits_2)
@@ -2109,9 +2655,16 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_run_rope);
     tcase_add_test(tc, test_sdpa_command);
     tcase_add_test(tc, test_sdpa_cache_command);
+    tcase_add_test(tc, test_sdpa_rope_command);
     tcase_add_loop_test(tc, test_sdpa_typed_outputs, 0,
                         (int)(sizeof typed_cases / sizeof typed_cases[0]));
     tcase_add_test(tc, test_demo_devices_help);
+    tcase_add_test(tc, test_demo_dot);
+    tcase_add_test(tc, test_demo_multihead);
+    tcase_add_test(tc, test_demo_posenc);
+    tcase_add_test(tc, test_demo_rope);
+    tcase_add_test(tc, test_demo_additive);
+    tcase_add_test(tc, test_demo_all);
     tcase_add_test(tc, test_bench_json);
     tcase_add_test(tc, test_bench_json_timer);
     tcase_add_loop_test(tc, test_bad_input_exits_2, 0,

@@ -5,9 +5,15 @@
  * both ends; by row), every float dtype, packed, (B, S, H*d) and strided layouts, in place; a
  * decode step at offset P equal bit for bit to rows P.. of the whole sequence; computed angles
  * near position 2^24, from the host's table and from the device (a sequence too long for the
- * table); every refusal. Outputs are poisoned first; stray writes are counted.
+ * table); every refusal. Rotary embeddings inside SDPA plans (clattn_sdpa_desc.rope): both
+ * paths and styles, partial rotary dims, grouped heads, Lq != Lk, a start position, positions
+ * near 2^24, a KV cache (present_k = past + the rotated new keys), q and k left untouched; a
+ * decode step at P equal to row P of the whole sequence; the refusals. Outputs are poisoned
+ * first; stray writes are counted.
  */
 #include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -396,6 +402,290 @@ START_TEST(test_rope_errors)
 }
 END_TEST
 
+/* --- rotary embeddings inside SDPA plans (clattn_sdpa_desc.rope) ---------------------------- */
+
+typedef struct sdpa_rope_case {
+    size_t batch, heads, kv_heads, seq_q, seq_k, past, dk, dv; /* seq_k: past + new keys */
+    size_t rot;                                                /* rope_dims (0: dk) */
+    clattn_rope_style style;
+    size_t start;
+    double base; /* 0: 10000 */
+    clattn_path path;
+    clattn_causal causal;
+    clattn_dtype q_dtype, k_dtype;
+    pb_layout qk_layout; /* of q and k (and past_k, present_k) */
+    int want_weights;
+} sdpa_rope_case;
+
+#define FUSED CLATTN_PATH_FUSED
+#define UNFUSED CLATTN_PATH_UNFUSED
+#define AUTO CLATTN_PATH_AUTO
+#define NONE CLATTN_CAUSAL_NONE
+#define TOP_LEFT CLATTN_CAUSAL_TOP_LEFT
+#define BOTTOM_RIGHT CLATTN_CAUSAL_BOTTOM_RIGHT
+#define ONNX CLATTN_CAUSAL_ONNX
+#define FAR (((size_t)1 << 24) - 64)
+
+/* clang-format off */
+static const sdpa_rope_case sdpa_rope_cases[] = {
+    /* B H Hkv Lq Lk past dk dv rot style start base path causal q k layout weights */
+    {2, 4, 2, 7, 13, 0, 16, 8, 0, HALVES, 0, 0, FUSED, NONE, F32, F32, PB_PACKED, 0},
+    {2, 4, 2, 7, 13, 0, 16, 8, 6, PAIRS, 5, 0, UNFUSED, NONE, F32, F32, PB_SEQ_MAJOR, 1},
+    {1, 3, 1, 17, 5, 0, 24, 24, 10, PAIRS, 100, 500, AUTO, BOTTOM_RIGHT, F16, BF16, PB_PADDED, 0},
+    {3, 2, 2, 9, 33, 0, 17, 5, 16, HALVES, 7, 0, UNFUSED, TOP_LEFT, F32, F32, PB_STRIDED_LAST, 0},
+    {2, 6, 3, 3, 12, 9, 32, 16, 16, HALVES, 9, 0, FUSED, ONNX, F32, F32, PB_PACKED, 0},
+    {1, 4, 2, 5, 29, 24, 8, 8, 0, PAIRS, 24, 0, UNFUSED, ONNX, BF16, F32, PB_SEQ_MAJOR, 1},
+    {2, 8, 2, 1, 21, 20, 16, 16, 0, HALVES, 20, 0, FUSED, BOTTOM_RIGHT, F32, F32, PB_PADDED, 0},
+    {1, 2, 1, 40, 64, 0, 32, 32, 0, PAIRS, FAR, 0, AUTO, NONE, F32, F32, PB_PACKED, 0},
+};
+/* clang-format on */
+
+/* SDPA with rope against the float64 reference (q and the new keys turned in double, then
+ * attention), present_k against past + the rotated new keys, through pb_sdpa_run (outputs
+ * poisoned, stray writes counted, fused or not as the path says). */
+START_TEST(test_sdpa_rope_cases)
+{
+    TU_BEGIN_TEST();
+    const sdpa_rope_case *c = &sdpa_rope_cases[_i];
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = c->batch, spec.heads = c->heads, spec.kv_heads = c->kv_heads;
+    spec.seq_q = c->seq_q, spec.seq_k = c->seq_k, spec.past = c->past;
+    spec.dk = c->dk, spec.dv = c->dv;
+    spec.path = c->path, spec.causal = c->causal;
+    spec.q_dtype = c->q_dtype, spec.k_dtype = c->k_dtype;
+    spec.q_layout = spec.k_layout = c->qk_layout;
+    spec.want_weights = c->want_weights;
+    spec.rope = 1, spec.rope_style = c->style, spec.rope_dims = c->rot;
+    spec.rope_start = c->start, spec.rope_base = c->base;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("%s", p.label);
+    tu_expect_status(pb_sdpa_run(tu_ctx(), &p, NULL), CLATTN_SUCCESS, "pb_sdpa_run");
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Packed F32 (batch, heads, seq, dim) rows [from, from + count) of x (seq rows per head). */
+static float *rows_of(const float *x, size_t heads, size_t seq, size_t dim, size_t from,
+                      size_t count)
+{
+    float *rows = tu_floats(heads * count * dim + 1);
+    for (size_t h = 0; h < heads; ++h)
+        memcpy(rows + h * count * dim, x + (h * seq + from) * dim, count * dim * sizeof(float));
+    return rows;
+}
+
+/* Runs an SDPA plan of desc (packed F32 layouts set) on the host arrays: q, k, v and, when
+ * desc has them, past_k and past_v; downloads out and present_k (when desc has it). Checks
+ * that q and k are left as they were (the plan rotates copies). */
+static void run_sdpa_rope(const clattn_sdpa_desc *desc, const float *q, const float *k,
+                          const float *v, const float *past_k, const float *past_v, float *out,
+                          float *present_k)
+{
+    clattn_plan *plan = NULL;
+    if (!tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), desc, &plan), CLATTN_SUCCESS,
+                          "clattn_sdpa_plan_create"))
+        return;
+    clattn_tensors bound = desc->tensors;
+    const bool past = bound.past_k.rank != 0, present = bound.present_k.rank != 0;
+    cl_int err = pb_upload(tu_ctx(), &bound.q, tu_rand_below(5), q);
+    if (err == CL_SUCCESS)
+        err = pb_upload(tu_ctx(), &bound.k, tu_rand_below(5), k);
+    if (err == CL_SUCCESS)
+        err = pb_upload(tu_ctx(), &bound.v, tu_rand_below(5), v);
+    if (err == CL_SUCCESS && past)
+        err = pb_upload(tu_ctx(), &bound.past_k, 1, past_k);
+    if (err == CL_SUCCESS && past)
+        err = pb_upload(tu_ctx(), &bound.past_v, 2, past_v);
+    if (err == CL_SUCCESS && present)
+        err = pb_upload(tu_ctx(), &bound.present_k, 3, NULL);
+    if (err == CL_SUCCESS && present)
+        err = pb_upload(tu_ctx(), &bound.present_v, 0, NULL);
+    if (err == CL_SUCCESS)
+        err = pb_upload(tu_ctx(), &bound.out, tu_rand_below(5), NULL);
+    if (tu_expect(err == CL_SUCCESS, "uploads failed (%d)", (int)err) &&
+        tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+                         CLATTN_SUCCESS, "clattn_plan_execute")) {
+        size_t stray = 0;
+        pb_download(tu_ctx(), NULL, &bound.out, out, &stray);
+        tu_expect(stray == 0, "%zu elements written outside out", stray);
+        if (present)
+            pb_download(tu_ctx(), NULL, &bound.present_k, present_k, NULL);
+        const clattn_tensor *inputs[2] = {&bound.q, &bound.k};
+        const float *given[2] = {q, k};
+        for (int i = 0; i < 2; ++i) {
+            const size_t count = pb_tensor_count(inputs[i]);
+            float *after = tu_nan_floats(count);
+            pb_download(tu_ctx(), NULL, inputs[i], after, NULL);
+            tu_expect(memcmp(after, given[i], count * sizeof(float)) == 0,
+                      "the plan changed its input %s", i ? "k" : "q");
+            free(after);
+        }
+    }
+    pb_release_tensors(&bound);
+    clattn_plan_release(plan);
+}
+
+/* A decode step at offset P (one query row, rope_start = P, past = the first P keys as the
+ * whole-sequence plan wrote them to present_k, i.e. rotated) equals row P of the whole
+ * sequence's forward (causal, rope from 0), to 1e-5; its present_k is the past then the same
+ * rotated key. Grouped heads, so the fused steps pack the group's query heads as rows (one
+ * row per head, each rotated at P). _i: the path, style and rotary dims. */
+START_TEST(test_sdpa_rope_decode)
+{
+    TU_BEGIN_TEST();
+    enum { B = 2, H = 6, G = 2, S = 37, D = 16, DV = 8 };
+    static const struct {
+        clattn_path path;
+        clattn_rope_style style;
+        size_t rot;
+    } variants[] = {{FUSED, HALVES, 0}, {UNFUSED, PAIRS, 0}, {FUSED, PAIRS, 6}};
+    const clattn_path path = variants[_i].path;
+    tu_set_case("sdpa rope decode steps against the whole sequence: %s %s rot=%zu",
+                path == FUSED ? "fused" : "unfused",
+                variants[_i].style == PAIRS ? "pairs" : "halves", variants[_i].rot);
+    float *q = tu_random_floats((size_t)B * H * S * D),
+          *k = tu_random_floats((size_t)B * G * S * D);
+    float *v = tu_random_floats((size_t)B * G * S * DV);
+    clattn_sdpa_desc whole;
+    clattn_sdpa_desc_init(&whole);
+    whole.path = path;
+    whole.causal = TOP_LEFT;
+    whole.rope = 1, whole.rope_style = variants[_i].style, whole.rope_dims = variants[_i].rot;
+    clattn_tensors *t = &whole.tensors;
+    pb_make_layout(&t->q, F32, 4, (const size_t[]){B, H, S, D}, PB_PACKED);
+    pb_make_layout(&t->k, F32, 4, (const size_t[]){B, G, S, D}, PB_PACKED);
+    pb_make_layout(&t->v, F32, 4, (const size_t[]){B, G, S, DV}, PB_PACKED);
+    pb_make_layout(&t->out, F32, 4, (const size_t[]){B, H, S, DV}, PB_PACKED);
+    t->present_k = t->k, t->present_v = t->v;
+    float *out = tu_nan_floats((size_t)B * H * S * DV),
+          *keys = tu_nan_floats((size_t)B * G * S * D);
+    run_sdpa_rope(&whole, q, k, v, NULL, NULL, out, keys);
+    static const size_t steps[] = {1, 18, S - 1};
+    for (size_t n = 0; n < sizeof steps / sizeof steps[0] && !tu_failed(); ++n) {
+        const size_t pos = steps[n];
+        float *q_row = rows_of(q, B * H, S, D, pos, 1), *k_row = rows_of(k, B * G, S, D, pos, 1);
+        float *v_row = rows_of(v, B * G, S, DV, pos, 1);
+        float *past_k = rows_of(keys, B * G, S, D, 0, pos),
+              *past_v = rows_of(v, B * G, S, DV, 0, pos);
+        clattn_sdpa_desc step = whole;
+        step.causal = n % 2 ? ONNX : BOTTOM_RIGHT;
+        step.rope_start = pos;
+        t = &step.tensors;
+        pb_make_layout(&t->q, F32, 4, (const size_t[]){B, H, 1, D}, PB_PACKED);
+        pb_make_layout(&t->k, F32, 4, (const size_t[]){B, G, 1, D}, PB_PACKED);
+        pb_make_layout(&t->v, F32, 4, (const size_t[]){B, G, 1, DV}, PB_PACKED);
+        pb_make_layout(&t->out, F32, 4, (const size_t[]){B, H, 1, DV}, PB_PACKED);
+        pb_make_layout(&t->past_k, F32, 4, (const size_t[]){B, G, pos, D}, PB_PACKED);
+        pb_make_layout(&t->past_v, F32, 4, (const size_t[]){B, G, pos, DV}, PB_PACKED);
+        pb_make_layout(&t->present_k, F32, 4, (const size_t[]){B, G, pos + 1, D}, PB_PACKED);
+        pb_make_layout(&t->present_v, F32, 4, (const size_t[]){B, G, pos + 1, DV}, PB_PACKED);
+        float *got = tu_nan_floats((size_t)B * H * DV);
+        float *present = tu_nan_floats((size_t)B * G * (pos + 1) * D);
+        run_sdpa_rope(&step, q_row, k_row, v_row, past_k, past_v, got, present);
+        double worst = 0.0, worst_key = 0.0;
+        size_t past_wrong = 0;
+        for (size_t bh = 0; bh < B * H; ++bh)
+            for (size_t x = 0; x < DV; ++x)
+                worst = fmax(worst, fabs((double)got[bh * DV + x] - out[(bh * S + pos) * DV + x]));
+        for (size_t bg = 0; bg < B * G; ++bg)
+            for (size_t r = 0; r <= pos; ++r)
+                for (size_t x = 0; x < D; ++x) {
+                    const float value = present[(bg * (pos + 1) + r) * D + x];
+                    const float want = keys[(bg * S + r) * D + x];
+                    if (r < pos)
+                        past_wrong += !(value == want);
+                    else
+                        worst_key = fmax(worst_key, fabs((double)value - want));
+                }
+        tu_expect(worst <= 1e-5, "step at P=%zu: out differs from the whole sequence's row by %.3g",
+                  pos, worst);
+        tu_expect(worst_key <= 1e-6, "step at P=%zu: the rotated key differs by %.3g", pos,
+                  worst_key);
+        tu_expect(past_wrong == 0, "step at P=%zu: %zu past values changed in present_k", pos,
+                  past_wrong);
+        free(present);
+        free(got);
+        free(past_v);
+        free(past_k);
+        free(v_row);
+        free(k_row);
+        free(q_row);
+    }
+    free(keys);
+    free(out);
+    free(v);
+    free(k);
+    free(q);
+    TU_END_TEST();
+}
+END_TEST
+
+static void expect_sdpa_refused(const clattn_sdpa_desc *desc, clattn_status want,
+                                const char *needle, const char *call)
+{
+    clattn_plan *plan = (clattn_plan *)&plan;
+    const clattn_status got = clattn_sdpa_plan_create(tu_ctx(), desc, &plan);
+    tu_expect_status(got, want, call);
+    tu_expect(plan == NULL, "%s: *out not NULL after a refusal", call);
+    const char *message = clattn_last_error(tu_ctx());
+    tu_expect(strstr(message, needle) != NULL && strstr(message, "sdpa") != NULL,
+              "%s: the message '%s' does not name '%s'", call, message, needle);
+}
+
+START_TEST(test_sdpa_rope_errors)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("sdpa rope refusals");
+    enum { B = 2, H = 4, G = 2, L = 5, D = 8 };
+    clattn_sdpa_desc good;
+    clattn_sdpa_desc_init(&good);
+    good.rope = 1;
+    clattn_tensors *t = &good.tensors;
+    pb_make_layout(&t->q, F32, 4, (const size_t[]){B, H, L, D}, PB_PACKED);
+    pb_make_layout(&t->k, F32, 4, (const size_t[]){B, G, L, D}, PB_PACKED);
+    t->v = t->k;
+    pb_make_layout(&t->out, F32, 4, (const size_t[]){B, H, L, D}, PB_PACKED);
+    clattn_plan *plan = NULL;
+    if (tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &good, &plan), CLATTN_SUCCESS, "good"))
+        tu_expect(clattn_plan_workspace_size(plan) >= (size_t)(B * H + B * G) * L * D * 4,
+                  "rope: workspace %zu bytes, less than the rotated copies",
+                  clattn_plan_workspace_size(plan));
+    clattn_plan_release(plan);
+    clattn_sdpa_desc d = good;
+    d.rope = 2;
+    expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope=2", "rope 2");
+    d = good, d.rope_style = (clattn_rope_style)7;
+    expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope_style", "rope_style 7");
+    d = good, d.rope_dims = 5;
+    expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope_dims=5", "odd rope_dims");
+    d = good, d.rope_dims = 10;
+    expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "head size 8", "rope_dims past d");
+    d = good, d.rope_base = -1.0;
+    expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope_base", "negative base");
+    d = good, d.rope_base = NAN;
+    expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope_base", "NaN base");
+    d = good, d.rope_start = ((size_t)1 << 24) - L + 1;
+    expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "2^24", "positions reaching 2^24");
+    d = good, d.rope_start = SIZE_MAX;
+    expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope_start", "rope_start overflowing");
+    d = good, d.rope_start = ((size_t)1 << 24) - L;
+    tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &d, &plan), CLATTN_SUCCESS,
+                     "the last positions below 2^24");
+    clattn_plan_release(plan);
+    d = good;
+    pb_make_layout(&d.tensors.kv_seqlen, CLATTN_DTYPE_I32, 1, (const size_t[]){B}, PB_PACKED);
+    expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "kv_seqlen", "rope with kv_seqlen");
+    d.rope = 0, d.rope_dims = 5; /* off: the other fields are not read */
+    tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &d, &plan), CLATTN_SUCCESS,
+                     "rope 0 with kv_seqlen and an odd rope_dims");
+    clattn_plan_release(plan);
+    TU_END_TEST();
+}
+END_TEST
+
 static Suite *rope_suite(void)
 {
     Suite *suite = suite_create("rope");
@@ -411,6 +701,13 @@ static Suite *rope_suite(void)
         tcase_add_test(tc, test_rope_untabled);
     tcase_add_test(tc, test_rope_errors);
     suite_add_tcase(suite, tc);
+    TCase *sdpa = tcase_create("sdpa_rope");
+    tcase_set_timeout(sdpa, 600);
+    tcase_add_loop_test(sdpa, test_sdpa_rope_cases, 0,
+                        (int)(sizeof sdpa_rope_cases / sizeof sdpa_rope_cases[0]));
+    tcase_add_loop_test(sdpa, test_sdpa_rope_decode, 0, 3);
+    tcase_add_test(sdpa, test_sdpa_rope_errors);
+    suite_add_tcase(suite, sdpa);
     return suite;
 }
 

@@ -36,14 +36,14 @@ set -u
 
 usage() {
     echo "usage: $0 BUILD_DIR [SUITE...]" \
-         "(suites: softmax matmul attention mha flash plan runtime posenc rope)" >&2
+         "(suites: softmax matmul attention mha flash plan runtime posenc rope additive)" >&2
     exit 2
 }
 [ $# -ge 1 ] || usage
 build_dir=$(cd "$1" 2>/dev/null && pwd) || { echo "$0: no build folder '$1'" >&2; exit 2; }
 shift
 suites=("${@#check_}")
-[ ${#suites[@]} -gt 0 ] || suites=(softmax matmul attention mha flash plan runtime posenc rope)
+[ ${#suites[@]} -gt 0 ] || suites=(softmax matmul attention mha flash plan runtime posenc rope additive)
 if ! command -v oclgrind >/dev/null; then
     echo "$0: oclgrind not found (apt-get install oclgrind)" >&2
     exit 2

@@ -787,6 +787,12 @@ static void describe_sdpa(pb_sdpa_problem *p)
         mask, s->padding, s->fully_masked, s->want_weights, s->want_lse, (double)s->softcap,
         s->kv_len, s->past, causal_name(s->window_align), s->window_left, s->window_right,
         s->alibi);
+    if (s->rope) {
+        const size_t used = strlen(p->label);
+        snprintf(p->label + used, sizeof p->label - used, " rope=%s/%zu/start=%zu/base=%g",
+                 s->rope_style == CLATTN_ROPE_PAIRS ? "pairs" : "halves", s->rope_dims,
+                 s->rope_start, s->rope_base);
+    }
 }
 
 /* The mask's dims (right-aligned on (B, H, Lq, Lk)) as uploaded, and the compact dims (the
@@ -1044,7 +1050,12 @@ void pb_sdpa_reference(pb_sdpa_problem *p)
     }
     shape.alibi = alibi;
     float *mask = pb_expand_mask(p);
-    ref_sdpa(&shape, p->q, p->k, p->v, mask, p->padding, p->out_ref, p->weights_ref, p->lse_ref);
+    const ref_rope_spec rope = {.pairs = s->rope_style == CLATTN_ROPE_PAIRS,
+                                .dims = s->rope_dims,
+                                .start = s->rope_start,
+                                .base = s->rope_base};
+    ref_sdpa_rope(&shape, s->rope ? &rope : NULL, p->q, p->k, p->v, mask, p->padding, p->out_ref,
+                  p->weights_ref, p->lse_ref);
     free(mask);
     free(alibi);
 }
@@ -1077,6 +1088,11 @@ void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
     desc->window_align = p->spec.window_align;
     desc->window_left = p->spec.window_left;
     desc->window_right = p->spec.window_right;
+    desc->rope = p->spec.rope;
+    desc->rope_style = p->spec.rope_style;
+    desc->rope_dims = p->spec.rope_dims;
+    desc->rope_base = p->spec.rope_base;
+    desc->rope_start = p->spec.rope_start;
 }
 
 static const char *mode_names_[3] = {"none", "float", "bool"};
@@ -1260,6 +1276,31 @@ cl_int pb_sdpa_poison(clattn_ctx *ctx, cl_command_queue queue, const clattn_tens
     return err;
 }
 
+/* present_k of a rope problem: the past keys exactly as given, then the new keys rotated
+ * (float64 reference, within the output tolerance of k's dtype). */
+static int expect_rotated_keys(const pb_sdpa_problem *p, const float *got)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
+    double *want = pb_calloc(p->k_count, sizeof(double));
+    for (size_t e = 0; e < p->k_count; ++e) {
+        want[e] = p->k[e];
+    }
+    ref_rope_rows(want, s->batch * kv_heads, s->seq_k, s->past, s->dk,
+                  s->rope_dims ? s->rope_dims : s->dk, s->rope_style == CLATTN_ROPE_PAIRS,
+                  s->rope_start, s->rope_base == 0.0 ? 10000.0 : s->rope_base);
+    size_t past_wrong = 0;
+    for (size_t e = 0; e < p->k_count; ++e) {
+        past_wrong += (e / s->dk) % s->seq_k < s->past && !(got[e] == p->k[e]);
+    }
+    int ok = past_wrong == 0 ||
+             pb_fail("%s: present_k: %zu past values differ from past_k", p->label, past_wrong);
+    ok &= pb_expect_close(p->label, "present_k (past + rotated new keys)", got, want, p->k_count,
+                          pb_tolerance(s->k_dtype));
+    free(want);
+    return ok;
+}
+
 int pb_sdpa_check(clattn_ctx *ctx, cl_command_queue queue, const pb_sdpa_problem *p,
                   const clattn_tensors *bound)
 {
@@ -1291,7 +1332,8 @@ int pb_sdpa_check(clattn_ctx *ctx, cl_command_queue queue, const pb_sdpa_problem
         }
         free(weights);
     }
-    /* present: past then new keys and values, exactly as given */
+    /* present: past then new keys and values, exactly as given (with rope: the new keys
+     * rotated, within the output tolerance) */
     const clattn_tensor *present[2] = {&bound->present_k, &bound->present_v};
     const float *want[2] = {p->k, p->v};
     const size_t counts[2] = {p->k_count, p->v_count};
@@ -1300,7 +1342,12 @@ int pb_sdpa_check(clattn_ctx *ctx, cl_command_queue queue, const pb_sdpa_problem
             continue;
         }
         float *got = pb_nan_floats(counts[i]);
-        if (pb_download(ctx, queue, present[i], got, &stray) == CL_SUCCESS) {
+        if (pb_download(ctx, queue, present[i], got, &stray) != CL_SUCCESS) {
+            ok = 0;
+        } else if (i == 0 && s->rope) {
+            ok &= expect_rotated_keys(p, got);
+            ok &= expect_no_stray(p->label, "present_k", stray);
+        } else {
             size_t wrong = 0;
             for (size_t e = 0; e < counts[i]; ++e) {
                 wrong += !(got[e] == want[i][e]);
@@ -1310,8 +1357,6 @@ int pb_sdpa_check(clattn_ctx *ctx, cl_command_queue queue, const pb_sdpa_problem
                              i ? "v" : "k", wrong, counts[i]);
             }
             ok &= expect_no_stray(p->label, i ? "present_v" : "present_k", stray);
-        } else {
-            ok = 0;
         }
         free(got);
     }

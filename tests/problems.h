@@ -171,6 +171,13 @@ typedef struct pb_sdpa_spec {
      * (batch, heads); drawn by pb_sdpa_make: per head the paper's slopes or uniform in
      * [0, 0.5), per (batch, head) uniform */
     int alibi;
+    /* Rotary embeddings on q and the new keys (clattn_sdpa_desc's rope fields); present_k is
+     * then checked against past + the rotated new keys */
+    int rope;
+    clattn_rope_style rope_style;
+    size_t rope_dims;
+    double rope_base;
+    size_t rope_start;
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u

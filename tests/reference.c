@@ -180,10 +180,11 @@ static double normalise_row(double *row, const unsigned char *keep, size_t seq_k
     return norm == CLATTN_NORM_RELU ? log(sum) : max + log(sum);
 }
 
-/* Attention on double inputs (shared with the MHA reference). */
+/* Attention on double inputs (shared with the MHA and additive references). additive_w:
+ * NULL for the dot product, else (heads, dk) and the score is sum_x w[h, x] tanh(q_x + k_x). */
 static void sdpa_double(const ref_sdpa_shape *shape, const double *q, const double *k,
-                        const double *v, const float *mask, const uint8_t *key_padding,
-                        double *out, double *weights, double *lse)
+                        const double *v, const float *mask, const uint8_t *key_padding, double *out,
+                        double *weights, double *lse, const double *additive_w)
 {
     const size_t dk = shape->dk, dv = shape->dv, seq_q = shape->seq_q, seq_k = shape->seq_k;
     double *row = ref_alloc(seq_k, sizeof(double));
@@ -202,7 +203,10 @@ static void sdpa_double(const ref_sdpa_shape *shape, const double *q, const doub
                 for (size_t key = 0; key < seq_k; ++key) {
                     double dot = 0.0;
                     for (size_t x = 0; x < dk; ++x) {
-                        dot += q_head[query * dk + x] * k_head[key * dk + x];
+                        dot += additive_w != NULL
+                                   ? additive_w[h * dk + x] *
+                                         tanh(q_head[query * dk + x] + k_head[key * dk + x])
+                                   : q_head[query * dk + x] * k_head[key * dk + x];
                     }
                     row[key] = shape->scale * dot;
                     if (shape->softcap > 0.0) { /* soft-capping, before the mask */
@@ -253,12 +257,27 @@ void ref_sdpa(const ref_sdpa_shape *shape, const float *q, const float *k, const
               const float *mask, const uint8_t *key_padding, double *out, double *weights,
               double *lse)
 {
+    ref_sdpa_rope(shape, NULL, q, k, v, mask, key_padding, out, weights, lse);
+}
+
+void ref_sdpa_rope(const ref_sdpa_shape *shape, const ref_rope_spec *rope, const float *q,
+                   const float *k, const float *v, const float *mask, const uint8_t *key_padding,
+                   double *out, double *weights, double *lse)
+{
     const size_t heads_total = shape->batch * shape->heads;
     const size_t kv_total = shape->batch * (shape->kv_heads ? shape->kv_heads : shape->heads);
     double *q_double = to_doubles(q, heads_total * shape->seq_q * shape->dk);
     double *k_double = to_doubles(k, kv_total * shape->seq_k * shape->dk);
+    if (rope != NULL) {
+        const size_t rot = rope->dims ? rope->dims : shape->dk;
+        const double base = rope->base == 0.0 ? 10000.0 : rope->base;
+        ref_rope_rows(q_double, heads_total, shape->seq_q, 0, shape->dk, rot, rope->pairs,
+                      rope->start, base);
+        ref_rope_rows(k_double, kv_total, shape->seq_k, shape->has_past ? shape->past : 0,
+                      shape->dk, rot, rope->pairs, rope->start, base);
+    }
     double *v_double = to_doubles(v, kv_total * shape->seq_k * shape->dv);
-    sdpa_double(shape, q_double, k_double, v_double, mask, key_padding, out, weights, lse);
+    sdpa_double(shape, q_double, k_double, v_double, mask, key_padding, out, weights, lse, NULL);
     free(v_double);
     free(k_double);
     free(q_double);
@@ -391,6 +410,14 @@ static void rope_double(double *x, size_t blocks, size_t seq, size_t dim, size_t
     }
 }
 
+void ref_rope_rows(double *x, size_t blocks, size_t seq, size_t first, size_t dim, size_t rot,
+                   int pairs, size_t start, double base)
+{
+    for (size_t blk = 0; blk < blocks && first < seq; ++blk) {
+        rope_double(x + (blk * seq + first) * dim, 1, seq - first, dim, rot, pairs, start, base);
+    }
+}
+
 void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_weights *weights,
                      const float *query, const float *key, const float *value,
                      const clattn_host_masks *masks, double *out, double *attn_weights)
@@ -482,7 +509,7 @@ void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_wei
     double *o_heads = ref_alloc(rows_q * v_dim, sizeof(double));
     double *head_weights = ref_alloc(batch * heads * seq_q * seq_k, sizeof(double));
     sdpa_double(&shape, q_heads, k_heads, v_heads, mask,
-                masks != NULL ? masks->key_padding_mask : NULL, o_heads, head_weights, NULL);
+                masks != NULL ? masks->key_padding_mask : NULL, o_heads, head_weights, NULL, NULL);
 
     double *concat = ref_alloc(rows_q * v_dim, sizeof(double));
     concat_double(o_heads, batch, seq_q, heads, head_dim_v, concat);
@@ -521,4 +548,54 @@ void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_wei
     free(value_d);
     free(key_d);
     free(query_d);
+}
+
+/* --- additive attention -------------------------------------------------------------------- */
+
+void ref_additive(const ref_additive_shape *s, const float *q, const float *k, const float *v,
+                  const float *w1, const float *b1, const float *w2, const float *b2,
+                  const float *w, const float *mask, const uint8_t *key_padding, double *out,
+                  double *weights)
+{
+    const size_t B = s->batch, H = s->heads, da = s->da, dvh = s->dv / s->heads;
+    double *qd = to_doubles(q, B * s->seq_q * s->dq), *kd = to_doubles(k, B * s->seq_k * s->dk);
+    double *vd = to_doubles(v, B * s->seq_k * s->dv);
+    double *p1 = ref_alloc(B * H * s->seq_q * da, sizeof(double));
+    double *p2 = ref_alloc(B * H * s->seq_k * da, sizeof(double));
+    double *vh = ref_alloc(B * s->seq_k * s->dv, sizeof(double));
+    double *oh = ref_alloc(B * s->seq_q * s->dv, sizeof(double));
+    double *wd = to_doubles(w, H * da);
+    /* P1[b, h] = q[b] W1[h] + b1[h], in (batch, heads, seq, da) order. */
+    for (size_t b = 0; b < B; ++b) {
+        for (size_t h = 0; h < H; ++h) {
+            project(qd + b * s->seq_q * s->dq, s->seq_q, s->dq, da, w1 + h * s->dq * da,
+                    b1 ? b1 + h * da : NULL, CLATTN_LAYOUT_XW, p1 + (b * H + h) * s->seq_q * da);
+            project(kd + b * s->seq_k * s->dk, s->seq_k, s->dk, da, w2 + h * s->dk * da,
+                    b2 ? b2 + h * da : NULL, CLATTN_LAYOUT_XW, p2 + (b * H + h) * s->seq_k * da);
+        }
+    }
+    split_double(vd, B, s->seq_k, H, dvh, vh);
+    const ref_sdpa_shape shape = {
+        .batch = B,
+        .heads = H,
+        .seq_q = s->seq_q,
+        .seq_k = s->seq_k,
+        .dk = da,
+        .dv = dvh,
+        .scale = 1.0,
+        .norm = s->norm,
+        .causal = s->causal,
+    };
+    sdpa_double(&shape, p1, p2, vh, mask, key_padding, out ? oh : NULL, weights, NULL, wd);
+    if (out != NULL) {
+        concat_double(oh, B, s->seq_q, H, dvh, out);
+    }
+    free(wd);
+    free(oh);
+    free(vh);
+    free(p2);
+    free(p1);
+    free(vd);
+    free(kd);
+    free(qd);
 }

@@ -78,6 +78,21 @@ void ref_sdpa(const ref_sdpa_shape *shape, const float *q, const float *k, const
               const float *mask, const uint8_t *key_padding, double *out, double *weights,
               double *lse);
 
+/* Rotary embeddings on SDPA's inputs (clattn_sdpa_desc.rope), in double before the scores:
+ * q's row i at position start + i, k's row j at start + j - past (the new keys; with
+ * shape->has_past the first `past` keys of k are rotated already and stay as given). */
+typedef struct ref_rope_spec {
+    int pairs;    /* CLATTN_ROPE_PAIRS; else halves */
+    size_t dims;  /* 0: dk */
+    size_t start; /* the position of q's row 0 and of the first new key */
+    double base;  /* 0: 10000 */
+} ref_rope_spec;
+
+/* ref_sdpa on q and k turned by `rope` first (NULL: ref_sdpa itself). */
+void ref_sdpa_rope(const ref_sdpa_shape *shape, const ref_rope_spec *rope, const float *q,
+                   const float *k, const float *v, const float *mask, const uint8_t *key_padding,
+                   double *out, double *weights, double *lse);
+
 /* The scores before normalisation (clattn_scores): mode 0 scale * q.k, 1 soft-capped, 2 also
  * ALiBi and the mask added and -INFINITY where a key rule or key_padding drops the key. Same inputs
  * as ref_sdpa; scores (B, H, Lq, Lk). */
@@ -96,6 +111,12 @@ void ref_posenc_sinusoid(size_t start, size_t seq, size_t dim, double base, doub
  * cosv[(b * seq + s) * rot / 2 + j], sinv[...]; columns past rot copied. */
 void ref_rope(size_t batch, size_t heads, size_t seq, size_t dim, size_t rot, int pairs,
               const float *x, const double *cosv, const double *sinv, double *out);
+
+/* RoPE in place on `blocks` blocks of (seq, dim) doubles, angles computed in double
+ * (t_j = pos * base^(-2j / rot)): rows first .. seq - 1 of each block at positions start,
+ * start + 1, ...; the rows before `first` (a KV cache's past keys) are left as they are. */
+void ref_rope_rows(double *x, size_t blocks, size_t seq, size_t first, size_t dim, size_t rot,
+                   int pairs, size_t start, double base);
 
 /* --- multi-head attention ------------------------------------------------------------------ */
 
@@ -118,5 +139,22 @@ size_t ref_mha_qk_dim(const clattn_mha_host_desc *desc);
 size_t ref_mha_v_dim(const clattn_mha_host_desc *desc);
 /* Width of each output row: embed_dim with an out weight, v_dim without. */
 size_t ref_mha_out_dim(const clattn_mha_host_desc *desc, int has_out_weight);
+
+/* --- additive attention -------------------------------------------------------------------- */
+
+typedef struct ref_additive_shape {
+    size_t batch, heads, seq_q, seq_k, dq, dk, dv, da;
+    clattn_norm norm;
+    clattn_causal causal; /* NONE, TOP_LEFT or BOTTOM_RIGHT (ref_sdpa_shape's rules) */
+} ref_additive_shape;
+
+/* Additive attention (clattn_additive_desc): q (B, Lq, dq), k (B, Lk, dk), v (B, Lk, dv);
+ * w1 (H, dq, da), w2 (H, dk, da), b1, b2 (H, da) or NULL, w (H, da); mask and key_padding as
+ * ref_sdpa's over (B, H, Lq, Lk). out (B, Lq, dv): head h's weights times v's columns
+ * h * dv / H ..; weights (B, H, Lq, Lk). Either output may be NULL. */
+void ref_additive(const ref_additive_shape *shape, const float *q, const float *k, const float *v,
+                  const float *w1, const float *b1, const float *w2, const float *b2,
+                  const float *w, const float *mask, const uint8_t *key_padding, double *out,
+                  double *weights);
 
 #endif /* CLATTN_REFERENCE_H */

@@ -12,10 +12,11 @@ static const char usage[] =
     "commands:\n"
     "  devices   list OpenCL platforms and devices; mark the default\n"
     "  info      the device clattn uses and the tuning rows that apply to it\n"
-    "  demo      the textbook self-attention example on the device\n"
+    "  demo      the textbook attention examples on the device, chapter by chapter\n"
     "  run       multi-head or single-head attention on .npy / .safetensors files\n"
     "  sdpa      scaled dot-product attention on .npy files (ONNX Attention's core)\n"
     "  rope      rotary position embeddings on .npy files (ONNX RotaryEmbedding)\n"
+    "  additive  additive (Bahdanau) attention on .npy files\n"
     "  bench     time matmul, softmax, attention and MHA forward on the device\n"
     "  tune      search the kernel parameters on the device; write them to the tuning cache\n"
     "\n"
@@ -181,137 +182,6 @@ int cmd_info(int argc, char **argv)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * clattn demo
- * ------------------------------------------------------------------------------------------- */
-
-static const char demo_usage[] =
-    "usage: clattn demo [--device SPEC]\n"
-    "Computes the textbook self-attention example on the device, every step with clattn's\n"
-    "kernels: X (3 x 4) times Wq, Wk, Wv (4 x 4) gives Q, K, V (clattn_matmul); scores =\n"
-    "Q·Kᵀ (clattn_matmul); weights = softmax(scores / sqrt(4)) row by row and Z = weights·V\n"
-    "(an attention plan on the unfused path, which returns the weights). Prints each matrix.\n";
-
-enum { DEMO_L = 3, DEMO_D = 4 };
-
-/* Runs the demo's device steps on buffers of ctx; fills the host matrices. Q, K, V and the
- * scores come from clattn_matmul; the weights and Z from an SDPA plan on the unfused path
- * (the one that materialises the normalised scores as its `weights` output). */
-static clattn_status demo_compute(clattn_ctx *ctx, const float *x, const float *const w[3],
-                                  float *qkv[3], float *scores, float *weights, float *z)
-{
-    cl_context context = clattn_ctx_cl_context(ctx);
-    cl_command_queue queue = clattn_ctx_queue(ctx);
-    enum { X, WQ, WK, WV, Q, K, V, S, P, Z, COUNT };
-    const size_t sizes[COUNT] = {12, 16, 16, 16, 12, 12, 12, 9, 9, 12};
-    cl_mem mem[COUNT] = {0};
-    clattn_plan *plan = NULL;
-    clattn_status status = CLATTN_SUCCESS;
-    for (int i = 0; i < COUNT && status == CLATTN_SUCCESS; ++i) {
-        cl_int err = CL_SUCCESS;
-        mem[i] = clCreateBuffer(context, CL_MEM_READ_WRITE, sizes[i] * sizeof(float), NULL, &err);
-        status = (clattn_status)err;
-    }
-    const float *inputs[4] = {x, w[0], w[1], w[2]};
-    for (int i = X; i <= WV && status == CLATTN_SUCCESS; ++i)
-        status = (clattn_status)clEnqueueWriteBuffer(
-            queue, mem[i], CL_TRUE, 0, sizes[i] * sizeof(float), inputs[i], 0, NULL, NULL);
-    const clattn_matmul_desc project = {.struct_size = sizeof project, .alpha = 1.0f};
-    const clattn_tensor xt =
-        clattn_tensor_make(mem[X], 0, CLATTN_DTYPE_F32, 2, DEMO_L, DEMO_D, 0, 0);
-    for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i) {
-        const clattn_tensor wt =
-            clattn_tensor_make(mem[WQ + i], 0, CLATTN_DTYPE_F32, 2, DEMO_D, DEMO_D, 0, 0);
-        const clattn_tensor yt =
-            clattn_tensor_make(mem[Q + i], 0, CLATTN_DTYPE_F32, 2, DEMO_L, DEMO_D, 0, 0);
-        status = clattn_matmul(ctx, &project, &xt, &wt, NULL, &yt, 0, NULL, NULL);
-    }
-    /* scores = Q·Kᵀ: K is stored (L, d), read transposed. */
-    const clattn_matmul_desc qk = {.struct_size = sizeof qk, .trans_b = 1, .alpha = 1.0f};
-    const clattn_tensor qt =
-        clattn_tensor_make(mem[Q], 0, CLATTN_DTYPE_F32, 2, DEMO_L, DEMO_D, 0, 0);
-    const clattn_tensor kt =
-        clattn_tensor_make(mem[K], 0, CLATTN_DTYPE_F32, 2, DEMO_L, DEMO_D, 0, 0);
-    const clattn_tensor st =
-        clattn_tensor_make(mem[S], 0, CLATTN_DTYPE_F32, 2, DEMO_L, DEMO_L, 0, 0);
-    if (status == CLATTN_SUCCESS)
-        status = clattn_matmul(ctx, &qk, &qt, &kt, NULL, &st, 0, NULL, NULL);
-
-    /* weights = softmax(scores / sqrt(d_k)) and Z = weights·V: one head of one sequence. */
-    clattn_sdpa_desc attention;
-    clattn_sdpa_desc_init(&attention);
-    attention.scale = 0.5f;
-    attention.path = CLATTN_PATH_UNFUSED;
-    clattn_tensors *t = &attention.tensors;
-    t->q = clattn_tensor_make(mem[Q], 0, CLATTN_DTYPE_F32, 4, 1, 1, DEMO_L, DEMO_D);
-    t->k = clattn_tensor_make(mem[K], 0, CLATTN_DTYPE_F32, 4, 1, 1, DEMO_L, DEMO_D);
-    t->v = clattn_tensor_make(mem[V], 0, CLATTN_DTYPE_F32, 4, 1, 1, DEMO_L, DEMO_D);
-    t->out = clattn_tensor_make(mem[Z], 0, CLATTN_DTYPE_F32, 4, 1, 1, DEMO_L, DEMO_D);
-    t->weights = clattn_tensor_make(mem[P], 0, CLATTN_DTYPE_F32, 4, 1, 1, DEMO_L, DEMO_L);
-    if (status == CLATTN_SUCCESS)
-        status = clattn_sdpa_plan_create(ctx, &attention, &plan);
-    if (status == CLATTN_SUCCESS)
-        status = clattn_plan_execute(plan, t, NULL, NULL, 0, NULL, NULL);
-    float *outputs[6] = {qkv[0], qkv[1], qkv[2], scores, weights, z};
-    for (int i = 0; i < 6 && status == CLATTN_SUCCESS; ++i)
-        status = (clattn_status)clEnqueueReadBuffer(
-            queue, mem[Q + i], CL_TRUE, 0, sizes[Q + i] * sizeof(float), outputs[i], 0, NULL, NULL);
-    clattn_plan_release(plan);
-    for (int i = 0; i < COUNT; ++i)
-        if (mem[i])
-            clReleaseMemObject(mem[i]);
-    return status;
-}
-
-int cmd_demo(int argc, char **argv)
-{
-    cli_args args = {argc, argv, 1, NULL, NULL, "demo"};
-    const char *device_spec = NULL;
-    while (cli_next(&args)) {
-        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
-            fputs(demo_usage, stdout);
-            return CLI_OK;
-        } else if (cli_is(&args, "--device")) {
-            if (!(device_spec = cli_value(&args)))
-                return CLI_BAD_INPUT;
-        } else {
-            return cli_fail("demo", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
-        }
-    }
-    static const float x[12] = {1, 0, 1, 0, 0, 1, 0, 1, 1, 1, 1, 1};
-    static const float wq[16] = {1, 0, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0};
-    static const float wk[16] = {0, 1, 0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 1, 0, 0, 1};
-    static const float wv[16] = {1, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 1, 1, 0, 0};
-    const float *const w[3] = {wq, wk, wv};
-    float q[12], k[12], v[12], scores[9], weights[9], z[12];
-    float *qkv[3] = {q, k, v};
-
-    clattn_ctx *ctx = cli_context("demo", device_spec);
-    if (ctx == NULL)
-        return CLI_FAILED;
-    clattn_status status = demo_compute(ctx, x, w, qkv, scores, weights, z);
-    if (status != CLATTN_SUCCESS) {
-        int code = cli_fail("demo", CLI_FAILED, "%s: %s", clattn_status_string(status),
-                            clattn_last_error(ctx));
-        clattn_ctx_release(ctx);
-        return code;
-    }
-    cli_print_device(stdout, clattn_ctx_device(ctx));
-    printf("\n");
-    cli_print_matrix("X (3 inputs of d_model = 4)", x, 3, 4);
-    cli_print_matrix("Wq", wq, 4, 4);
-    cli_print_matrix("Wk", wk, 4, 4);
-    cli_print_matrix("Wv", wv, 4, 4);
-    cli_print_matrix("Q = X·Wq", q, 3, 4);
-    cli_print_matrix("K = X·Wk", k, 3, 4);
-    cli_print_matrix("V = X·Wv", v, 3, 4);
-    cli_print_matrix("scores = Q·Kᵀ", scores, 3, 3);
-    cli_print_matrix("weights = softmax(scores / sqrt(d_k)), d_k = 4", weights, 3, 3);
-    cli_print_matrix("Z = weights·V", z, 3, 4);
-    clattn_ctx_release(ctx);
-    return CLI_OK;
-}
-
-/* ---------------------------------------------------------------------------------------------
  * main
  * ------------------------------------------------------------------------------------------- */
 
@@ -335,14 +205,16 @@ int main(int argc, char **argv)
         const char *name;
         int (*run)(int, char **);
     } commands[] = {
-        {"devices", cmd_devices}, {"info", cmd_info}, {"demo", cmd_demo},   {"run", cmd_run},
-        {"sdpa", cmd_sdpa},       {"rope", cmd_rope}, {"bench", cmd_bench}, {"tune", cmd_tune},
+        {"devices", cmd_devices},   {"info", cmd_info},   {"demo", cmd_demo},
+        {"run", cmd_run},           {"sdpa", cmd_sdpa},   {"rope", cmd_rope},
+        {"additive", cmd_additive}, {"bench", cmd_bench}, {"tune", cmd_tune},
     };
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; ++i)
         if (strcmp(command, commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr,
-            "clattn: unknown command '%s' (commands: devices, info, demo, run, sdpa, rope, bench, "
+            "clattn: unknown command '%s' (commands: devices, info, demo, run, sdpa, rope, "
+            "additive, bench, "
             "tune; "
             "see clattn --help)\n",
             command);

@@ -50,6 +50,20 @@ bool cli_parse_window(const char *command, const char *text, long long *left, lo
 bool cli_parse_size_list(const char *command, const char *option, const char *text, size_t *out,
                          size_t max_count, size_t *count);
 
+/* The rotary options of `run` and `sdpa`: --rope [--rope-style halves|pairs] [--rope-dims N]
+ * [--rope-base B] [--rope-start P], for clattn_mha_desc's and clattn_sdpa_desc's rope fields. */
+typedef struct cli_rope {
+    bool on, option; /* --rope; any --rope-* option */
+    clattn_rope_style style;
+    size_t dims, start; /* dims 0: the head size */
+    float base;         /* 0: the library's default, 10000 */
+} cli_rope;
+/* When the current option is one of them: parses it into rope and returns 1, or -1 after
+ * printing the error; 0 for any other option. */
+int cli_parse_rope(cli_args *args, cli_rope *rope);
+/* After the options: false (after printing why) when a --rope-* option came without --rope. */
+bool cli_check_rope(const char *command, const cli_rope *rope);
+
 /* A context on `device` (NULL: CLATTN_DEVICE or the default); prints the error on failure. */
 clattn_ctx *cli_context(const char *command, const char *device);
 
@@ -65,6 +79,7 @@ int cmd_demo(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_sdpa(int argc, char **argv);
 int cmd_rope(int argc, char **argv);
+int cmd_additive(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
 int cmd_info(int argc, char **argv);

@@ -147,6 +147,52 @@ bool cli_parse_size_list(const char *command, const char *option, const char *te
     return true;
 }
 
+int cli_parse_rope(cli_args *args, cli_rope *rope)
+{
+    const char *command = args->command, *value = NULL;
+    const int flag = cli_flag(args, "--rope");
+    if (flag != 0) {
+        rope->on = flag > 0;
+        return flag;
+    }
+    if (!cli_is(args, "--rope-style") && !cli_is(args, "--rope-dims") &&
+        !cli_is(args, "--rope-base") && !cli_is(args, "--rope-start"))
+        return 0;
+    rope->option = true;
+    if (!(value = cli_value(args)))
+        return -1;
+    if (cli_is(args, "--rope-style")) {
+        if (strcmp(value, "pairs") == 0)
+            rope->style = CLATTN_ROPE_PAIRS;
+        else if (strcmp(value, "halves") == 0)
+            rope->style = CLATTN_ROPE_HALVES;
+        else
+            return cli_fail(command, -1, "--rope-style: '%s' is not pairs or halves", value);
+    } else if (cli_is(args, "--rope-dims")) {
+        if (!cli_parse_size(command, "--rope-dims", value, 2, &rope->dims))
+            return -1;
+    } else if (cli_is(args, "--rope-start")) {
+        if (!cli_parse_size(command, "--rope-start", value, 0, &rope->start))
+            return -1;
+    } else {
+        if (!cli_parse_float(command, "--rope-base", value, &rope->base))
+            return -1;
+        if (!(rope->base > 0.0f))
+            return cli_fail(command, -1, "--rope-base: %s is not a positive base", value);
+    }
+    return 1;
+}
+
+bool cli_check_rope(const char *command, const cli_rope *rope)
+{
+    if (rope->option && !rope->on) {
+        cli_fail(command, CLI_BAD_INPUT,
+                 "--rope-style, --rope-dims, --rope-base and --rope-start go with --rope");
+        return false;
+    }
+    return true;
+}
+
 clattn_ctx *cli_context(const char *command, const char *device)
 {
     clattn_ctx *ctx = NULL;

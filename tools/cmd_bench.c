@@ -11,7 +11,8 @@
 #include <time.h>
 
 static const char bench_usage[] =
-    "usage: clattn bench [--op matmul,softmax,attention,mha,decode] [--runs N] [--warmup N]\n"
+    "usage: clattn bench [--op matmul,softmax,attention,mha,decode,additive] [--runs N]\n"
+    "                    [--warmup N]\n"
     "                    [--json]\n"
     "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--kv-heads H]\n"
     "                    [--softcap C] [--alibi] [--rope]\n"
@@ -39,7 +40,11 @@ static const char bench_usage[] =
     "query head's work as without it.\n"
     "--softcap C (attention, decode): soft-capped scores, C * tanh(s / C) (C > 0).\n"
     "--alibi (attention): ALiBi biases with the paper's slopes (clattn_alibi_slopes).\n"
-    "--rope (mha): rotary embeddings on the projected q and k (clattn_mha_desc.rope).\n";
+    "--rope (mha): rotary embeddings on the projected q and k (clattn_mha_desc.rope).\n"
+    "additive (not in the default set): additive (Bahdanau) self-attention plans over --batch,\n"
+    "--seq, --embed E (q = k = v, (B, L, E)) with --heads H of --head-dim da (W1, W2 (E, H*da),\n"
+    "biases, w (H*da)); rate: tanh terms per second, B*H*L*L*da (G/s), the work that\n"
+    "dominates.\n";
 /* Two strings: C99 compilers need only take 4095 characters in one. */
 static const char bench_usage_more[] =
     "decode (not in the default set): one generation step per run, as a model's attention\n"
@@ -81,7 +86,7 @@ static const char bench_usage_more[] =
 
 typedef struct bench_options {
     const char *device;
-    bool ops[5]; /* matmul, softmax, attention, mha, decode */
+    bool ops[6]; /* matmul, softmax, attention, mha, decode, additive */
     bool seq_given;
     size_t runs, warmup;
     bool json;
@@ -100,7 +105,8 @@ typedef struct bench_options {
 
 static const char *const mask_names[3] = {"none", "padding", "additive"};
 
-static const char *const op_names[5] = {"matmul", "softmax", "attention", "mha", "decode"};
+static const char *const op_names[6] = {"matmul", "softmax", "attention",
+                                        "mha",    "decode",  "additive"};
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
 static const clattn_dtype dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16};
 
@@ -312,7 +318,7 @@ typedef struct case_result {
     char size_json[256], size_text[128];
     double device_ms, wall_ms, rate, device_mib; /* device_ms: wall time if wall_timer */
     bool wall_timer;
-    const char *unit; /* "gflops" or "gbps" */
+    const char *unit;                     /* "gflops", "gbps", "tokens_per_s" or "gterms_per_s" */
     char extra_json[256], extra_text[96]; /* more fields after the standard ones (softmax) */
 } case_result;
 
@@ -386,6 +392,7 @@ static int report(bench_state *b, case_result *r, clattn_status status, size_t b
                isfinite(r->rate) ? r->rate : 0.0,
                strcmp(r->unit, "gbps") == 0           ? "GB/s"
                : strcmp(r->unit, "tokens_per_s") == 0 ? "tok/s"
+               : strcmp(r->unit, "gterms_per_s") == 0 ? "Gterm/s"
                                                       : "GFLOP/s",
                r->device_mib, rss, r->extra_text);
     }
@@ -831,6 +838,68 @@ static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
     return rc;
 }
 
+/* Additive self-attention: W1, W2 (E, H*da), biases, w (H*da), v = the input (dv = E). */
+static int bench_additive(bench_state *b, size_t seq, clattn_path path)
+{
+    const bench_options *o = b->options;
+    const size_t e = o->embed, h = o->heads, da = o->head_dim;
+    case_result r = {.op = "additive",
+                     .unit = "gterms_per_s",
+                     .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
+    snprintf(r.size_json, sizeof r.size_json,
+             "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"da\": %zu, "
+             "\"embed_dim\": %zu",
+             o->batch, h, seq, seq, da, e);
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu da=%zu", o->batch, h, seq, e,
+             da);
+    if (e % h)
+        return cli_fail("bench", CLI_BAD_INPUT, "--embed %zu is not divisible by --heads %zu", e,
+                        h);
+    int rc = fresh_context(b);
+    if (rc != CLI_OK)
+        return rc;
+    clattn_additive_desc desc;
+    clattn_additive_desc_init(&desc);
+    desc.num_heads = h;
+    desc.path = path;
+    clattn_tensors *t = &desc.tensors;
+    t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, o->batch, seq, e, 0);
+    t->k = t->v = t->out = t->q;
+    t->q_weight = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, e, h * da, 0, 0);
+    t->k_weight = t->q_weight;
+    t->q_bias = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, h * da, 0, 0, 0);
+    t->k_bias = t->score_weight = t->q_bias;
+    plan_case c = {.tensors = desc.tensors};
+    clattn_status status = clattn_additive_plan_create(b->ctx, &desc, &c.plan);
+    enum { X, OUT, W1, W2, B1, B2, W, COUNT };
+    const size_t counts[COUNT] = {
+        o->batch * seq * e, o->batch * seq * e, e * h * da, e * h * da, h * da, h * da, h * da};
+    cl_mem mem[COUNT] = {NULL};
+    size_t bytes = 0;
+    if (status == CLATTN_SUCCESS) {
+        mem[X] = random_buffer(b, counts[X], CLATTN_DTYPE_F32, 20);
+        mem[OUT] = output_buffer(b, counts[OUT] * sizeof(float));
+        for (int i = W1; i < COUNT; ++i)
+            mem[i] = random_buffer(b, counts[i], CLATTN_DTYPE_F32, 20 + (unsigned)i);
+        bind(&c.tensors.q, mem[X], counts[X], &bytes);
+        c.tensors.k.mem = c.tensors.v.mem = mem[X];
+        bind(&c.tensors.out, mem[OUT], counts[OUT], &bytes);
+        clattn_tensor *roles[] = {&c.tensors.q_weight, &c.tensors.k_weight, &c.tensors.q_bias,
+                                  &c.tensors.k_bias, &c.tensors.score_weight};
+        for (int i = W1; i < COUNT; ++i)
+            bind(roles[i - W1], mem[i], counts[i], &bytes);
+        status = all_made(mem, COUNT) ? measure(b, r.size_text, run_plan, &c, &r.device_ms,
+                                                &r.wall_ms, &r.wall_timer)
+                                      : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    }
+    const double terms = (double)o->batch * h * seq * seq * da;
+    r.rate = status == CLATTN_SUCCESS ? terms / r.device_ms / 1e6 : 0.0;
+    rc = report(b, &r, status, bytes);
+    clattn_plan_release(c.plan);
+    release_all(mem, COUNT);
+    return rc;
+}
+
 /* --- options and driver -------------------------------------------------------------------- */
 
 static bool parse_mnk(const char *text, bench_options *o)
@@ -896,13 +965,13 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             for (char *item = strtok_r(buffer, ",", &save); item;
                  item = strtok_r(NULL, ",", &save)) {
                 int found = -1;
-                for (int i = 0; i < 5; ++i)
+                for (int i = 0; i < 6; ++i)
                     if (strcmp(item, op_names[i]) == 0)
                         found = i;
                 if (found < 0)
                     return cli_fail("bench", CLI_BAD_INPUT,
                                     "--op: unknown op '%s' (matmul, "
-                                    "softmax, attention, mha, decode)",
+                                    "softmax, attention, mha, decode, additive)",
                                     item);
                 if (!any_op)
                     memset(o->ops, 0, sizeof o->ops);
@@ -910,7 +979,8 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             }
             if (!any_op)
                 return cli_fail("bench", CLI_BAD_INPUT,
-                                "--op: no op in '%s' (matmul, softmax, attention, mha, decode)",
+                                "--op: no op in '%s' (matmul, softmax, attention, mha, decode, "
+                                "additive)",
                                 value);
         } else if (cli_is(&args, "--path")) {
             o->paths[0] = o->paths[1] = false;
@@ -1000,7 +1070,7 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
 
 int cmd_bench(int argc, char **argv)
 {
-    bench_options o = {.ops = {true, true, true, true, false},
+    bench_options o = {.ops = {true, true, true, true, false, false},
                        .runs = 10,
                        .warmup = 1,
                        .mnk = {{512, 512, 512}, {1024, 1024, 1024}, {4096, 64, 4096}},
@@ -1059,6 +1129,10 @@ int cmd_bench(int argc, char **argv)
             for (int p = 0; rc == CLI_OK && o.dtypes[t] && p < 2; ++p)
                 if (o.paths[p])
                     rc = bench_decode(&b, lengths[i], t, paths[p]);
+    for (size_t i = 0; rc == CLI_OK && o.ops[5] && i < o.num_seq; ++i)
+        for (int p = 0; rc == CLI_OK && p < 2; ++p)
+            if (o.paths[p])
+                rc = bench_additive(&b, o.seq[i], paths[p]);
     clattn_ctx_release(b.ctx);
     if (b.queue)
         clReleaseCommandQueue(b.queue);

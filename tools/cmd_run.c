@@ -14,7 +14,8 @@ static const char run_usage[] =
     "                  [--causal] [--attn-mask M.npy] [--key-padding-mask P.npy]\n"
     "                  [--softcap C] [--window LEFT,RIGHT] [--alibi | --alibi-slopes S.npy]\n"
     "                  [--posenc sinusoidal | --posenc-table T.npy]\n"
-    "                  [--rope [--rope-base B] [--rope-dims N] [--rope-style pairs|halves]]\n"
+    "                  [--rope [--rope-base B] [--rope-dims N] [--rope-style pairs|halves]\n"
+    "                   [--rope-start P]]\n"
     "                  [--scale S] [--norm softmax|relu] [--path auto|fused|unfused]\n"
     "                  [--out O.npy] [--attn-out A.npy] [--attn-png A.png] [--device SPEC]\n"
     "\n"
@@ -49,10 +50,10 @@ static const char run_usage[] =
     "  rows 0 .. L - 1 of a learned table (max_len, features) instead (key and value: rows\n"
     "  0 .. S - 1; every input's width must be the table's).\n"
     "--rope: rotary position embeddings on every head of the projected q and k (query row i\n"
-    "  and key row j at positions i and j): pairs (x[j], x[j + N/2]) (--rope-style halves,\n"
-    "  GPT-NeoX/Llama; the default) or (x[2j], x[2j + 1]) (pairs, the RoFormer paper), of the\n"
-    "  first N columns (--rope-dims, default the head size), turned by pos * B^(-2j/N)\n"
-    "  (--rope-base, default 10000).\n"
+    "  and key row j at positions P + i and P + j, --rope-start P, default 0): pairs\n"
+    "  (x[j], x[j + N/2]) (--rope-style halves, GPT-NeoX/Llama; the default) or\n"
+    "  (x[2j], x[2j + 1]) (pairs, the RoFormer paper), of the first N columns (--rope-dims,\n"
+    "  default the head size), turned by pos * B^(-2j/N) (--rope-base, default 10000).\n"
     "--scale: default 1/sqrt(head dim). --norm: softmax (default) or relu (relu(s)/sum).\n"
     "--path: auto (default: the fused kernel, which never forms the L x S scores, unless the\n"
     "weights are asked for), fused, or unfused.\n"
@@ -67,11 +68,8 @@ typedef struct run_options {
     const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png, *alibi_slopes;
     const char *posenc_table; /* --posenc-table */
     bool posenc;              /* --posenc sinusoidal */
-    bool rope, rope_option;   /* --rope; any --rope-* option */
-    clattn_rope_style rope_style;
-    size_t rope_dims;
-    float rope_base;
-    size_t heads, kv_heads; /* kv_heads 0: heads */
+    cli_rope rope;            /* --rope and its options */
+    size_t heads, kv_heads;   /* kv_heads 0: heads */
     bool heads_given, causal, alibi, window;
     float softcap;                       /* 0: off */
     long long window_left, window_right; /* with window */
@@ -158,34 +156,9 @@ static int parse_options(int argc, char **argv, run_options *o)
             if (flag < 0)
                 return CLI_BAD_INPUT;
             o->alibi = true;
-        } else if ((flag = cli_flag(&args, "--rope")) != 0) {
+        } else if ((flag = cli_parse_rope(&args, &o->rope)) != 0) {
             if (flag < 0)
                 return CLI_BAD_INPUT;
-            o->rope = true;
-        } else if (cli_is(&args, "--rope-style")) {
-            o->rope_option = true;
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            if (strcmp(value, "pairs") == 0)
-                o->rope_style = CLATTN_ROPE_PAIRS;
-            else if (strcmp(value, "halves") == 0)
-                o->rope_style = CLATTN_ROPE_HALVES;
-            else
-                return cli_fail("run", CLI_BAD_INPUT, "--rope-style: '%s' is not pairs or halves",
-                                value);
-        } else if (cli_is(&args, "--rope-dims")) {
-            o->rope_option = true;
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_size("run", "--rope-dims", value, 2, &o->rope_dims))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--rope-base")) {
-            o->rope_option = true;
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_float("run", "--rope-base", value, &o->rope_base))
-                return CLI_BAD_INPUT;
-            if (!(o->rope_base > 0.0f))
-                return cli_fail("run", CLI_BAD_INPUT, "--rope-base: %s is not a positive base",
-                                value);
         } else if (cli_is(&args, "--posenc")) {
             if (!(value = cli_value(&args)))
                 return CLI_BAD_INPUT;
@@ -263,10 +236,8 @@ static int parse_options(int argc, char **argv, run_options *o)
         return cli_fail("run", CLI_BAD_INPUT, "--weights needs --heads H");
     if (!o->heads_given)
         o->heads = 1;
-    if (o->rope_option && !o->rope)
-        return cli_fail("run", CLI_BAD_INPUT,
-                        "--rope-style, --rope-dims and --rope-base go with "
-                        "--rope");
+    if (!cli_check_rope("run", &o->rope))
+        return CLI_BAD_INPUT;
     if (o->posenc && o->posenc_table)
         return cli_fail("run", CLI_BAD_INPUT, "give --posenc or --posenc-table, not both");
     if (o->alibi && o->alibi_slopes)
@@ -622,10 +593,11 @@ static int run(const run_options *o, run_data *d, bool check_only)
     desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
     desc.path = o->path;
     desc.softcap = o->softcap;
-    desc.rope = o->rope;
-    desc.rope_style = o->rope_style;
-    desc.rope_dims = o->rope_dims;
-    desc.rope_base = o->rope_base;
+    desc.rope = o->rope.on;
+    desc.rope_style = o->rope.style;
+    desc.rope_dims = o->rope.dims;
+    desc.rope_base = o->rope.base;
+    desc.rope_start = o->rope.start;
     if (o->window) {
         desc.window_align = CLATTN_CAUSAL_TOP_LEFT;
         desc.window_left = o->window_left;

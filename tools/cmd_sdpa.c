@@ -15,6 +15,8 @@ static const char sdpa_usage[] =
     "onnx|top-left|bottom-right]\n"
     "                   [--window LEFT,RIGHT] [--softcap C] [--scale S] [--norm softmax|relu]\n"
     "                   [--alibi | --alibi-slopes S.npy]\n"
+    "                   [--rope [--rope-style halves|pairs] [--rope-dims N] [--rope-base B]\n"
+    "                    [--rope-start P]]\n"
     "                   [--present-key-out PK.npy --present-value-out PV.npy]\n"
     "                   [--qk-output-mode 0|1|2|3 --qk-out S.npy] [--softmax-precision 1]\n"
     "                   [--path auto|fused|unfused] [--out Y.npy] [--device SPEC]\n"
@@ -42,8 +44,17 @@ static const char sdpa_usage[] =
     "--alibi: ALiBi (not an ONNX attribute): query head h adds -m_h |i + Lk - Lq - j| to the\n"
     "  score of key j (Lk: all keys, past included; N[b] with --nonpad-kv-seqlen), the paper's\n"
     "  slopes m_h; --alibi-slopes S.npy: your own, (Hq) or (B, Hq) floats.\n"
+    "--rope: rotary position embeddings on every head of Q and of the new keys K, before\n"
+    "  attention (ONNX's RotaryEmbedding in front of Attention): query row i and key row j at\n"
+    "  positions P + i and P + j (--rope-start P, default 0; a decode step after P tokens:\n"
+    "  P), pairs (x[j], x[j + N/2]) (--rope-style halves, the default) or (x[2j], x[2j + 1])\n"
+    "  (pairs) of the first N columns (--rope-dims, default d), turned by pos * B^(-2j/N)\n"
+    "  (--rope-base, default 10000). --past-key holds rotated keys already; the present key\n"
+    "  gets them, then the rotated new ones. Not with --nonpad-kv-seqlen.\n"
     "--scale: default 1/sqrt(d). --norm relu: relu(s) / sum (instead of softmax).\n"
-    "--path: auto (fused, never forming the Lq x Lk scores), fused or unfused.\n"
+    "--path: auto (fused, never forming the Lq x Lk scores), fused or unfused.\n";
+/* The rest of the help: C11 compilers need not take string literals over 4095 characters. */
+static const char sdpa_usage_outputs[] =
     "Output: Y with Q's rank, (B, Hq, Lq, dv) or (B, Lq, Hq * dv), written to --out or printed\n"
     "  when small. Files are written in ONNX's types: Y and --qk-out in Q's dtype, the present\n"
     "  key and value in K's and V's (float16, bfloat16, float32; float64 inputs give float32).\n"
@@ -58,8 +69,9 @@ static const char sdpa_usage[] =
 typedef struct sdpa_options {
     const char *device, *q, *k, *v, *mask, *out;
     const char *past_k, *past_v, *present_k, *present_v, *nonpad, *qk_out, *alibi_slopes;
-    bool alibi;  /* --alibi: the paper's slopes */
-    int qk_mode; /* --qk-output-mode, 0 .. 3 */
+    bool alibi;    /* --alibi: the paper's slopes */
+    cli_rope rope; /* --rope and its options */
+    int qk_mode;   /* --qk-output-mode, 0 .. 3 */
     bool qk_mode_given;
     bool softmax_f64;         /* --softmax-precision 11 */
     size_t q_heads, kv_heads; /* 0: not given */
@@ -152,6 +164,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         int flag = 0;
         if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
             fputs(sdpa_usage, stdout);
+            fputs(sdpa_usage_outputs, stdout);
             return -1;
         } else if ((flag = cli_flag(&args, "--alibi")) != 0) {
             if (flag < 0)
@@ -161,6 +174,9 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
             if (flag < 0)
                 return CLI_BAD_INPUT;
             o->causal = true;
+        } else if ((flag = cli_parse_rope(&args, &o->rope)) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
         } else if (cli_is(&args, "--q-heads") || cli_is(&args, "--kv-heads")) {
             const bool q = cli_is(&args, "--q-heads");
             if (!(value = cli_value(&args)) ||
@@ -258,6 +274,8 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--qk-output-mode needs --qk-out");
     if (o->alibi && o->alibi_slopes)
         return cli_fail("sdpa", CLI_BAD_INPUT, "give --alibi or --alibi-slopes, not both");
+    if (!cli_check_rope("sdpa", &o->rope))
+        return CLI_BAD_INPUT;
     if (o->past_k && o->nonpad)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--nonpad-kv-seqlen cannot be combined with --past-key (ONNX's rule)");
@@ -521,6 +539,11 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     desc.norm = o->norm;
     desc.path = o->path;
     desc.softmax_f64 = o->softmax_f64;
+    desc.rope = o->rope.on;
+    desc.rope_style = o->rope.style;
+    desc.rope_dims = o->rope.dims;
+    desc.rope_base = o->rope.base;
+    desc.rope_start = o->rope.start;
     const clattn_causal align = o->align_given ? o->align : CLATTN_CAUSAL_ONNX;
     desc.causal = o->causal ? align : CLATTN_CAUSAL_NONE;
     if (o->window) {

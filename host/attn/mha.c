@@ -240,6 +240,9 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
                             "%s: lse is an SDPA output; MHA plans do not return it", op);
     static const char *const sdpa_only[] = {"kv_seqlen", "past_k",    "past_v",
                                             "present_k", "present_v", "scores"};
+    if (l[R_SCORE_W].present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: score_weight belongs to additive plans", op);
     for (int role = R_POS_TABLE; role <= R_POS_IDS; ++role)
         if (l[role].present)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
@@ -376,63 +379,29 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
                                            "seq_q, seq_k)");
 }
 
-/* Rotary embeddings on the projected q and k (desc->rope): validated, frequencies made, the two
+/* Rotary embeddings on the projected q and k (desc->rope): validated, angles made, the two
  * in-place rotations prepared. */
 static clattn_status prepare_rope(clattn_plan *plan, const clattn_mha_desc *desc)
 {
-    clattn_ctx *ctx = plan->ctx;
-    const char *op = plan->op;
     clattn__mha *m = &plan->mha;
-    if (desc->rope != 0 && desc->rope != 1)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: rope=%d: 0 (off) or 1 (on)", op,
-                            desc->rope);
-    m->rope = desc->rope == 1;
-    if (!m->rope)
-        return CLATTN_SUCCESS;
-    if ((unsigned)desc->rope_style > CLATTN_ROPE_PAIRS)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: rope_style=%d is not a clattn_rope_style", op,
-                            (int)desc->rope_style);
-    const size_t dk = m->head_dim_qk, rot = desc->rope_dims ? desc->rope_dims : dk;
-    if (rot % 2 != 0 || rot > dk)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: rope_dims=%zu: must be even and at most the head size %zu (0: "
-                            "all of it)",
-                            op, desc->rope_dims, dk);
+    const clattn__rope_fields fields = {desc->rope, desc->rope_style, desc->rope_dims,
+                                        desc->rope_base, desc->rope_start};
     const size_t longest = m->seq_q > m->seq_k ? m->seq_q : m->seq_k;
-    size_t end = 0;
-    if (!clattn__add(desc->rope_start, longest, &end) || end > ((size_t)1 << 24))
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: rope_start=%zu: rotary positions must stay below 2^24", op,
-                            desc->rope_start);
-    const double base = desc->rope_base == 0.0 ? 10000.0 : desc->rope_base;
-    if (!(base > 0.0 && isfinite(base)))
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: rope_base=%g: give a finite base > 0, or 0 for 10000", op,
-                            desc->rope_base);
-    /* The angles of positions rope_start .. + longest - 1 once, in double (a table of at most
-     * CLATTN__ANGLE_TABLE_MAX entries), else computed on the device. */
-    const bool table = longest * (rot / 2) <= CLATTN__ANGLE_TABLE_MAX;
+    clattn__rope_shape shape;
     clattn_status status =
-        table ? clattn__make_angle_table(plan, longest, rot, desc->rope_start, base)
-              : clattn__make_frequencies(plan, rot / 2, rot, base);
-    if (status != CLATTN_SUCCESS)
+        clattn__rope_fields_prepare(plan, &fields, m->head_dim_qk, longest, &m->rope, &shape);
+    if (status != CLATTN_SUCCESS || !m->rope)
         return status;
-    clattn__rope_shape shape = {.batch = m->batch,
-                                .heads = m->heads,
-                                .seq = m->seq_q,
-                                .dim = dk,
-                                .rot = rot,
-                                .pairs = desc->rope_style == CLATTN_ROPE_PAIRS,
-                                .cache_mode = table ? 1 : 0,
-                                .start = table ? 0 : desc->rope_start};
-    if ((status = clattn__rope_prepare(ctx, &shape, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32,
+    shape.batch = m->batch;
+    shape.heads = m->heads;
+    shape.seq = m->seq_q;
+    if ((status = clattn__rope_prepare(plan->ctx, &shape, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32,
                                        CLATTN_DTYPE_F32, &m->rope_q)))
         return status;
     shape.heads = m->kv_heads;
     shape.seq = m->seq_k;
-    return clattn__rope_prepare(ctx, &shape, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32,
-                                &m->rope_k);
+    return clattn__rope_prepare(plan->ctx, &shape, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32,
+                                CLATTN_DTYPE_F32, &m->rope_k);
 }
 
 clattn_status clattn_mha_plan_create(clattn_ctx *ctx, const clattn_mha_desc *desc,

@@ -36,6 +36,7 @@ static const size_t role_offsets[R_COUNT] = {
     offsetof(clattn_tensors, rope_cos),
     offsetof(clattn_tensors, rope_sin),
     offsetof(clattn_tensors, position_ids),
+    offsetof(clattn_tensors, score_weight),
 };
 
 /* SDPA names its inputs q, k, v; MHA query, key, value. */
@@ -69,6 +70,7 @@ static const char *const sdpa_names[R_COUNT] = {
     "rope_cos",
     "rope_sin",
     "position_ids",
+    "score_weight",
 };
 static const char *const mha_names[R_COUNT] = {
     "query",        "key",          "value",
@@ -80,7 +82,7 @@ static const char *const mha_names[R_COUNT] = {
     "kv_seqlen",    "past_k",       "past_v",
     "present_k",    "present_v",    "scores",
     "alibi_slopes", "pos_table",    "rope_cos",
-    "rope_sin",     "position_ids",
+    "rope_sin",     "position_ids", "score_weight",
 };
 
 const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role role)
@@ -126,13 +128,13 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, clattn__plan_kind kind, const ch
     for (int role = 0; role < R_COUNT && status == CLATTN_SUCCESS; ++role) {
         const bool output = role == R_OUT || role == R_WEIGHTS || role == R_LSE ||
                             role == R_PRESENT_K || role == R_PRESENT_V || role == R_SCORES;
-        const unsigned dtypes =
-            role == R_KPM                          ? CLATTN__U8
-            : role == R_KVLEN || role == R_POS_IDS ? CLATTN__I32
-            : role == R_MASK                       ? CLATTN__FLOATS | CLATTN__U8
-            : role == R_WEIGHTS || role == R_LSE || role == R_SCORES || role == R_ALIBI
-                ? CLATTN__F32
-                : CLATTN__FLOATS;
+        const unsigned dtypes = role == R_KPM                          ? CLATTN__U8
+                                : role == R_KVLEN || role == R_POS_IDS ? CLATTN__I32
+                                : role == R_MASK                       ? CLATTN__FLOATS | CLATTN__U8
+                                : role == R_WEIGHTS || role == R_LSE || role == R_SCORES ||
+                                        role == R_ALIBI || role == R_SCORE_W
+                                    ? CLATTN__F32
+                                    : CLATTN__FLOATS;
         status = clattn__layout_from(ctx, op, role_name(plan, role),
                                      clattn__tensor_of(tensors, (clattn__role)role), dtypes, output,
                                      &plan->layouts[role]);
@@ -257,9 +259,9 @@ clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_
     const bool sdpa = plan->kind == CLATTN__SDPA;
     const clattn_causal last = sdpa ? CLATTN_CAUSAL_ONNX : CLATTN_CAUSAL_BOTTOM_RIGHT;
     if ((unsigned)causal > (unsigned)last)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: causal=%d is not a clattn_causal%s", plan->op, (int)causal,
-                            sdpa ? "" : " of MHA plans (NONE, TOP_LEFT, BOTTOM_RIGHT)");
+        return clattn__fail(
+            ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: causal=%d is not a clattn_causal%s", plan->op,
+            (int)causal, sdpa ? "" : " of MHA and additive plans (NONE, TOP_LEFT, BOTTOM_RIGHT)");
     if ((unsigned)window_align > (unsigned)last)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: window_align=%d is not a clattn_causal", plan->op,
@@ -402,7 +404,10 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
         .c_dtype = out_dtype,
     };
     clattn_status status;
-    if ((status = clattn__matmul_prepare(ctx, &qk, &a->qk)) ||
+    if ((status = score->additive
+                      ? clattn__additive_prepare(ctx, score->batch, score->heads, score->seq_q,
+                                                 score->seq_k, head_dim_qk, &a->additive)
+                      : clattn__matmul_prepare(ctx, &qk, &a->qk)) ||
         (status = clattn__softmax_prepare(ctx, score, &a->softmax)) ||
         (status = clattn__matmul_prepare(ctx, &pv, &a->pv)))
         return status;
@@ -445,11 +450,15 @@ clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attenti
     }
     const clattn__view none = {0};
     clattn_status status;
-    if ((status =
-             clattn__step(chain,
-                          clattn__matmul_enqueue(ctx, &a->qk, &io->q, &io->k, &none, &scores, 1.0f,
-                                                 0.0f, scratch, CHAIN_WAIT(chain), &step),
-                          &step)) ||
+    if ((status = clattn__step(chain,
+                               a->score.additive
+                                   ? clattn__additive_enqueue(ctx, &a->additive, &io->q, &io->k,
+                                                              &io->masks.additive_w, &scores,
+                                                              CHAIN_WAIT(chain), &step)
+                                   : clattn__matmul_enqueue(ctx, &a->qk, &io->q, &io->k, &none,
+                                                            &scores, 1.0f, 0.0f, scratch,
+                                                            CHAIN_WAIT(chain), &step),
+                               &step)) ||
         (a->score.want_scores &&
          (status = clattn__step(chain,
                                 clattn__score_copy_enqueue(ctx, &a->softmax, &scores, &io->scores,
@@ -591,9 +600,20 @@ clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensors *tenso
                      ? clattn__mha_execute(plan, mems, offsets, workspace, &chain)
                  : plan->kind == CLATTN__POSENC
                      ? clattn__posenc_execute(plan, mems, offsets, &chain)
+                 : plan->kind == CLATTN__ADDITIVE
+                     ? clattn__additive_execute(plan, mems, offsets, workspace, &chain)
                      : clattn__rope_execute(plan, mems, offsets, &chain);
     status = clattn__end(ctx, op, &chain, status, event);
     ctx->exec_queue = NULL;
     ctx->private_workspace = false;
     return status;
+}
+
+clattn__view clattn__bound_view(const clattn__layout *l, cl_mem mem, size_t offset)
+{
+    clattn__view v;
+    clattn__view_of(l, &v);
+    v.mem = mem;
+    v.offset = offset;
+    return v;
 }

@@ -36,6 +36,7 @@ typedef enum clattn__role {
     R_ROPE_COS,
     R_ROPE_SIN,
     R_POS_IDS,
+    R_SCORE_W,
     R_COUNT
 } clattn__role;
 
@@ -48,6 +49,7 @@ typedef struct clattn__attention {
     bool fused;
     clattn__flash_plan flash;
     clattn__matmul_plan qk, pv;
+    clattn__additive_plan additive; /* score.additive: the raw scores instead of qk */
     clattn__softmax_plan softmax;
     bool own_scores;   /* unfused without the caller's weights: scores in the workspace */
     size_t scores_at;  /* workspace float offset of the scores */
@@ -86,11 +88,30 @@ typedef struct clattn__sdpa_cache {
     clattn__copy_plan past_k, past_v, new_k, new_v;
 } clattn__sdpa_cache;
 
+/* SDPA's rotary embeddings: q and the new keys rotated into packed F32 copies in the workspace
+ * (the caller's tensors are inputs), on which attention (and present_k's copy) then runs. */
+typedef struct clattn__sdpa_rope {
+    bool on;
+    clattn__rope_plan q, k; /* (batch, heads, seq_q, d) and (batch, kv_heads, seq_k, d) */
+    size_t q_at, k_at;      /* workspace float offsets of the copies */
+} clattn__sdpa_rope;
+
+/* Additive attention: the projections P1 = q W1 + b1, P2 = k W2 + b2 into the workspace, then
+ * attention with the additive score on head views of them. */
+typedef struct clattn__additive {
+    size_t batch, seq_q, seq_k, heads, da, head_dim_v;
+    bool per_head_w1, per_head_w2;        /* (H, d, da) weights: one projection per head */
+    bool flat_q, flat_k;                  /* (batch * seq) rows as one matrix */
+    clattn__matmul_plan p1_proj, p2_proj; /* n = H * da, or da per head */
+    size_t p1_at, p2_at, scratch_at;      /* workspace float offsets */
+} clattn__additive;
+
 typedef enum clattn__plan_kind {
     CLATTN__SDPA,
     CLATTN__MHA,
     CLATTN__POSENC,
-    CLATTN__ROPE
+    CLATTN__ROPE,
+    CLATTN__ADDITIVE
 } clattn__plan_kind;
 
 /* Positional encodings: the op, and the sinusoid's frequencies on the device. */
@@ -114,7 +135,9 @@ struct clattn_plan {
     clattn__view alibi_view;          /* (1, 1, batch, heads) view of alibi_slopes */
     clattn__attention attention;
     clattn__mha mha;
+    clattn__additive additive;
     clattn__sdpa_cache cache;
+    clattn__sdpa_rope sdpa_rope;
     clattn__posenc posenc; /* also ROPE plans' freq */
     clattn__rope_plan rope;
     size_t decode_group; /* SDPA: > 1 when the group's query heads run as rows (sdpa.c) */
@@ -154,6 +177,8 @@ clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const 
                                    cl_mem workspace, clattn_chain *chain);
 clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                   cl_mem workspace, clattn_chain *chain);
+clattn_status clattn__additive_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                       cl_mem workspace, clattn_chain *chain);
 clattn_status clattn__rope_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                    clattn_chain *chain);
 /* The float pairs (hi, lo) of base^(-2k / dim), k < count, in plan->posenc.freq (posenc.c). */
@@ -175,5 +200,26 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, clattn__plan_kind kind, const ch
                                const clattn_tensors *tensors, clattn_plan **out);
 /* Finishes creation: checks the workspace against the context's limit. */
 clattn_status clattn__plan_finish(clattn_plan *plan, const char *largest);
+
+/* An attention descriptor's rotary fields (clattn_mha_desc's and clattn_sdpa_desc's rope,
+ * rope_style, rope_dims, rope_base, rope_start). */
+typedef struct clattn__rope_fields {
+    int rope;
+    clattn_rope_style style;
+    size_t dims;
+    double base;
+    size_t start;
+} clattn__rope_fields;
+/* Validates the fields for heads of head_dim columns and rows at positions start ..
+ * start + longest - 1, each error naming its field (rope.c). With rope 1, *on is true, the
+ * angles are made (the table of those positions when it fits, else the frequencies: see
+ * clattn__make_angle_table) and *shape holds the op's dim, rot, pairs, cache_mode and start
+ * (the caller sets batch, heads and seq; the table's row s is position start + s). */
+clattn_status clattn__rope_fields_prepare(clattn_plan *plan, const clattn__rope_fields *fields,
+                                          size_t head_dim, size_t longest, bool *on,
+                                          clattn__rope_shape *shape);
+
+/* A plan's layout bound to a buffer at an element offset: the op-level view. */
+clattn__view clattn__bound_view(const clattn__layout *l, cl_mem mem, size_t offset);
 
 #endif

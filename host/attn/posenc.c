@@ -145,26 +145,19 @@ clattn_status clattn_posenc_plan_create(clattn_ctx *ctx, const clattn_posenc_des
     return CLATTN_SUCCESS;
 }
 
-static clattn__view bound(const clattn__layout *l, cl_mem mem, size_t offset)
-{
-    clattn__view v;
-    clattn__view_of(l, &v);
-    v.mem = mem;
-    v.offset = offset;
-    return v;
-}
-
 clattn_status clattn__posenc_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                      clattn_chain *chain)
 {
     const clattn__layout *l = plan->layouts;
     clattn__view none;
     memset(&none, 0, sizeof none);
-    const clattn__view x = l[R_Q].present ? bound(&l[R_Q], mems[R_Q], offsets[R_Q]) : none;
-    const clattn__view out = bound(&l[R_OUT], mems[R_OUT], offsets[R_OUT]);
-    const clattn__view table = l[R_POS_TABLE].present
-                                   ? bound(&l[R_POS_TABLE], mems[R_POS_TABLE], offsets[R_POS_TABLE])
-                                   : none;
+    const clattn__view x =
+        l[R_Q].present ? clattn__bound_view(&l[R_Q], mems[R_Q], offsets[R_Q]) : none;
+    const clattn__view out = clattn__bound_view(&l[R_OUT], mems[R_OUT], offsets[R_OUT]);
+    const clattn__view table =
+        l[R_POS_TABLE].present
+            ? clattn__bound_view(&l[R_POS_TABLE], mems[R_POS_TABLE], offsets[R_POS_TABLE])
+            : none;
     cl_event step = NULL;
     return clattn__step(chain,
                         clattn__posenc_enqueue(plan->ctx, &plan->posenc.op, &x, &out, &table,

@@ -72,6 +72,57 @@ void clattn__angle_views(const clattn_plan *plan, clattn__view *cos_view, clattn
     *sin_view = v;
 }
 
+clattn_status clattn__rope_fields_prepare(clattn_plan *plan, const clattn__rope_fields *fields,
+                                          size_t head_dim, size_t longest, bool *on,
+                                          clattn__rope_shape *shape)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    *on = false;
+    memset(shape, 0, sizeof *shape);
+    if (fields->rope != 0 && fields->rope != 1)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: rope=%d: 0 (off) or 1 (on)", op,
+                            fields->rope);
+    if (fields->rope == 0)
+        return CLATTN_SUCCESS;
+    if ((unsigned)fields->style > CLATTN_ROPE_PAIRS)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: rope_style=%d is not a clattn_rope_style (0 HALVES, 1 PAIRS)", op,
+                            (int)fields->style);
+    const size_t rot = fields->dims ? fields->dims : head_dim;
+    if (rot % 2 != 0 || rot > head_dim)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: rope_dims=%zu: must be even and at most the head size %zu (0: "
+                            "all of it)",
+                            op, fields->dims, head_dim);
+    size_t end = 0;
+    if (!clattn__add(fields->start, longest, &end) || end > ((size_t)1 << 24))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: rope_start=%zu with %zu rows: rotary positions must stay below "
+                            "2^24 = 16777216",
+                            op, fields->start, longest);
+    const double base = fields->base == 0.0 ? 10000.0 : fields->base;
+    if (!(base > 0.0 && isfinite(base)))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: rope_base=%g: give a finite base > 0, or 0 for 10000", op,
+                            fields->base);
+    /* The angles of positions start .. start + longest - 1 once, in double (a table of at most
+     * CLATTN__ANGLE_TABLE_MAX entries), else computed on the device. */
+    const bool table = longest * (rot / 2) <= CLATTN__ANGLE_TABLE_MAX;
+    const clattn_status status =
+        table ? clattn__make_angle_table(plan, longest, rot, fields->start, base)
+              : clattn__make_frequencies(plan, rot / 2, rot, base);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    shape->dim = head_dim;
+    shape->rot = rot;
+    shape->pairs = fields->style == CLATTN_ROPE_PAIRS;
+    shape->cache_mode = table ? 1 : 0;
+    shape->start = table ? 0 : fields->start;
+    *on = true;
+    return CLATTN_SUCCESS;
+}
+
 static clattn_status create(clattn_plan *plan, const clattn_rope_desc *desc)
 {
     clattn_ctx *ctx = plan->ctx;
@@ -204,29 +255,20 @@ clattn_status clattn_rope_plan_create(clattn_ctx *ctx, const clattn_rope_desc *d
     return CLATTN_SUCCESS;
 }
 
-static clattn__view bound(const clattn__layout *l, cl_mem mem, size_t offset)
-{
-    clattn__view v;
-    clattn__view_of(l, &v);
-    v.mem = mem;
-    v.offset = offset;
-    return v;
-}
-
 clattn_status clattn__rope_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                    clattn_chain *chain)
 {
     const clattn__layout *l = plan->layouts;
     clattn__rope_io io;
     memset(&io, 0, sizeof io);
-    io.x = bound(&l[R_Q], mems[R_Q], offsets[R_Q]);
-    io.out = bound(&l[R_OUT], mems[R_OUT], offsets[R_OUT]);
+    io.x = clattn__bound_view(&l[R_Q], mems[R_Q], offsets[R_Q]);
+    io.out = clattn__bound_view(&l[R_OUT], mems[R_OUT], offsets[R_OUT]);
     if (l[R_ROPE_COS].present) {
-        io.cos = bound(&l[R_ROPE_COS], mems[R_ROPE_COS], offsets[R_ROPE_COS]);
-        io.sin = bound(&l[R_ROPE_SIN], mems[R_ROPE_SIN], offsets[R_ROPE_SIN]);
+        io.cos = clattn__bound_view(&l[R_ROPE_COS], mems[R_ROPE_COS], offsets[R_ROPE_COS]);
+        io.sin = clattn__bound_view(&l[R_ROPE_SIN], mems[R_ROPE_SIN], offsets[R_ROPE_SIN]);
     }
     if (l[R_POS_IDS].present)
-        io.position_ids = bound(&l[R_POS_IDS], mems[R_POS_IDS], offsets[R_POS_IDS]);
+        io.position_ids = clattn__bound_view(&l[R_POS_IDS], mems[R_POS_IDS], offsets[R_POS_IDS]);
     io.freq = plan->posenc.freq;
     if (plan->posenc.angles)
         clattn__angle_views(plan, &io.cos, &io.sin);

@@ -30,6 +30,9 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
                                 "%s: %s belongs to MHA plans; SDPA takes q, k, v, out, masks, "
                                 "weights and lse",
                                 op, used[role - R_IN_W]);
+    if (t->score_weight.rank != 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: score_weight belongs to additive plans", op);
     for (int role = R_POS_TABLE; role <= R_POS_IDS; ++role)
         if (clattn__tensor_of(t, (clattn__role)role)->rank != 0)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
@@ -106,6 +109,50 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
                               op);
         goto done;
     }
+    /* Rotary embeddings: q and the new keys rotated into F32 copies at the workspace's start,
+     * which attention (and present_k's copy) then reads; past keys are rotated already. */
+    clattn__sdpa_rope *rope = &plan->sdpa_rope;
+    if (desc->rope == 1 && l[R_KVLEN].present) {
+        status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                              "%s: rope=1 with kv_seqlen: k is then the whole cache, and the "
+                              "queries' positions follow its fill level on the device; rotate the "
+                              "keys as they are appended and q before each step with a rotary "
+                              "plan (clattn_rope_plan_create), or use past_k/past_v",
+                              op);
+        goto done;
+    }
+    const clattn__rope_fields rope_fields = {desc->rope, desc->rope_style, desc->rope_dims,
+                                             desc->rope_base, desc->rope_start};
+    clattn__rope_shape rope_shape;
+    if ((status = clattn__rope_fields_prepare(plan, &rope_fields, dk, seq_q > seq_k ? seq_q : seq_k,
+                                              &rope->on, &rope_shape)))
+        goto done;
+    if (rope->on) {
+        size_t q_floats = 0, k_floats = 0;
+        if (!clattn__product(&q_floats, 4, batch, heads, seq_q, dk) ||
+            !clattn__product(&k_floats, 4, batch, kv_heads, seq_k, dk) ||
+            !clattn__add(q_floats, k_floats, &plan->workspace_floats)) {
+            status = clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                                  "%s: the rotated copies of q and k overflow size_t", op);
+            goto done;
+        }
+        rope->q_at = 0;
+        rope->k_at = q_floats;
+        rope_shape.batch = batch;
+        rope_shape.heads = heads;
+        rope_shape.seq = seq_q;
+        if ((status = clattn__rope_prepare(ctx, &rope_shape, l[R_Q].dtype, CLATTN_DTYPE_F32,
+                                           CLATTN_DTYPE_F32, &rope->q)))
+            goto done;
+        rope_shape.heads = kv_heads;
+        rope_shape.seq = seq_k;
+        if ((status = clattn__rope_prepare(ctx, &rope_shape, l[R_K].dtype, CLATTN_DTYPE_F32,
+                                           CLATTN_DTYPE_F32, &rope->k)))
+            goto done;
+    }
+    /* What attention and present_k's copy read: the copies when rotated. */
+    const clattn_dtype q_dtype = rope->on ? CLATTN_DTYPE_F32 : l[R_Q].dtype;
+    const clattn_dtype new_k_dtype = rope->on ? CLATTN_DTYPE_F32 : l[R_K].dtype;
     cache->new_len = seq_k;
     cache->past_len = cache->has_past ? l[R_PAST_K].dims[2] : 0;
     size_t total_k = seq_k;
@@ -135,7 +182,7 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
             goto done;
         const size_t new_k[4] = {batch, kv_heads, seq_k, dk},
                      new_v[4] = {batch, kv_heads, seq_k, dv};
-        if ((status = clattn__copy_prepare(ctx, new_k, l[R_K].dtype, l[R_PRESENT_K].dtype,
+        if ((status = clattn__copy_prepare(ctx, new_k, new_k_dtype, l[R_PRESENT_K].dtype,
                                            &cache->new_k)) ||
             (status = clattn__copy_prepare(ctx, new_v, l[R_V].dtype, l[R_PRESENT_V].dtype,
                                            &cache->new_v)))
@@ -201,7 +248,8 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
      * batch's key count (causal bottom-right or ONNX, or none; no window). The fused kernel
      * then takes the group's query heads as the rows of one k/v head (q viewed as (batch,
      * kv_heads, group, d)): each key tile is read once per k/v head instead of once per query
-     * head. (Not with ALiBi: its slope is the query head's.) */
+     * head. (Not with ALiBi: its slope is the query head's. With rope, q is rotated as
+     * (batch, heads, 1, d) first, so every row keeps its head's position.) */
     const bool fused_likely =
         desc->path == CLATTN_PATH_FUSED ||
         (desc->path == CLATTN_PATH_AUTO && !l[R_WEIGHTS].present && !score.want_scores &&
@@ -222,23 +270,27 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
     /* With a cache, the keys and values attended are present's. */
     const int key_role = cache->has_present ? R_PRESENT_K : R_K;
     const int value_role = cache->has_present ? R_PRESENT_V : R_V;
-    status = clattn__attention_prepare(plan, &score, dk, dv, l[R_Q].dtype, l[key_role].dtype,
+    const clattn_dtype key_dtype = cache->has_present ? l[R_PRESENT_K].dtype : new_k_dtype;
+    status = clattn__attention_prepare(plan, &score, dk, dv, q_dtype, key_dtype,
                                        l[value_role].dtype, l[R_OUT].dtype, l[R_WEIGHTS].present,
                                        l[R_LSE].present, desc->path, &plan->workspace_floats);
     if (status == CLATTN_SUCCESS && !plan->attention.fused) {
-        /* The matmuls read and write rows: head_dim must be contiguous on the unfused path. */
+        /* The matmuls read and write rows: head_dim must be contiguous on the unfused path
+         * (the rotated copies are packed). */
         const int roles[4] = {R_Q, key_role, value_role, R_OUT};
         const char *const names[4] = {"q", cache->has_present ? "present_k" : "k",
                                       cache->has_present ? "present_v" : "v", "out"};
+        const bool copied[4] = {rope->on, rope->on && !cache->has_present, false, false};
         for (int i = 0; i < 4 && status == CLATTN_SUCCESS; ++i)
-            if (l[roles[i]].strides[3] != 1)
+            if (!copied[i] && l[roles[i]].strides[3] != 1)
                 status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
                                       "%s: %s has stride %zu along head_dim; the unfused path "
                                       "needs stride 1 there (the fused path takes any)",
                                       op, names[i], l[roles[i]].strides[3]);
     }
     if (status == CLATTN_SUCCESS)
-        status = clattn__plan_finish(plan, "the scores (batch, heads, seq_q, seq_k)");
+        status = clattn__plan_finish(plan, rope->on ? "the rotated q and k, and the scores"
+                                                    : "the scores (batch, heads, seq_q, seq_k)");
 done:
     if (status != CLATTN_SUCCESS) {
         clattn_plan_release(plan);
@@ -246,15 +298,6 @@ done:
     }
     *out = plan;
     return CLATTN_SUCCESS;
-}
-
-static clattn__view bound(const clattn__layout *l, cl_mem mem, size_t offset)
-{
-    clattn__view v;
-    clattn__view_of(l, &v);
-    v.mem = mem;
-    v.offset = offset;
-    return v;
 }
 
 static bool same_view(const clattn__view *a, const clattn__view *b)
@@ -277,22 +320,62 @@ static clattn_status copy_into(clattn_plan *plan, const clattn__copy_plan *copy,
         chain, clattn__copy_enqueue(plan->ctx, copy, src, &dst, CHAIN_WAIT(chain), &step), &step);
 }
 
+/* q and the new keys rotated into their packed F32 copies in the workspace; *q and *k then
+ * view the copies. */
+static clattn_status rotate(clattn_plan *plan, cl_mem workspace, clattn__view *q, clattn__view *k,
+                            clattn_chain *chain)
+{
+    const clattn__sdpa_rope *rope = &plan->sdpa_rope;
+    clattn__view *views[2] = {q, k};
+    const clattn__rope_plan *ops[2] = {&rope->q, &rope->k};
+    const size_t at[2] = {rope->q_at, rope->k_at};
+    for (int i = 0; i < 2; ++i) {
+        const clattn__rope_shape *s = &ops[i]->shape;
+        clattn__rope_io io = {
+            .x = *views[i],
+            .out = {.mem = workspace,
+                    .offset = at[i],
+                    .dtype = CLATTN_DTYPE_F32,
+                    .dims = {s->batch, s->heads, s->seq, s->dim},
+                    .strides = {s->heads * s->seq * s->dim, s->seq * s->dim, s->dim, 1}},
+            .freq = plan->posenc.freq,
+        };
+        if (plan->posenc.angles)
+            clattn__angle_views(plan, &io.cos, &io.sin);
+        cl_event step = NULL;
+        const clattn_status status = clattn__step(
+            chain, clattn__rope_enqueue(plan->ctx, ops[i], &io, CHAIN_WAIT(chain), &step), &step);
+        if (status != CLATTN_SUCCESS)
+            return status;
+        *views[i] = io.out;
+    }
+    return CLATTN_SUCCESS;
+}
+
 clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                    cl_mem workspace, clattn_chain *chain)
 {
     const clattn__layout *l = plan->layouts;
     const clattn__sdpa_cache *cache = &plan->cache;
-    clattn__view k = bound(&l[R_K], mems[R_K], offsets[R_K]);
-    clattn__view v = bound(&l[R_V], mems[R_V], offsets[R_V]);
+    clattn__view q = clattn__bound_view(&l[R_Q], mems[R_Q], offsets[R_Q]);
+    clattn__view k = clattn__bound_view(&l[R_K], mems[R_K], offsets[R_K]);
+    clattn__view v = clattn__bound_view(&l[R_V], mems[R_V], offsets[R_V]);
+    if (plan->sdpa_rope.on) {
+        const clattn_status status = rotate(plan, workspace, &q, &k, chain);
+        if (status != CLATTN_SUCCESS)
+            return status;
+    }
     if (cache->has_present) {
         const clattn__view present_k =
-            bound(&l[R_PRESENT_K], mems[R_PRESENT_K], offsets[R_PRESENT_K]);
+            clattn__bound_view(&l[R_PRESENT_K], mems[R_PRESENT_K], offsets[R_PRESENT_K]);
         const clattn__view present_v =
-            bound(&l[R_PRESENT_V], mems[R_PRESENT_V], offsets[R_PRESENT_V]);
+            clattn__bound_view(&l[R_PRESENT_V], mems[R_PRESENT_V], offsets[R_PRESENT_V]);
         clattn_status status;
         if (cache->has_past) {
-            const clattn__view past_k = bound(&l[R_PAST_K], mems[R_PAST_K], offsets[R_PAST_K]);
-            const clattn__view past_v = bound(&l[R_PAST_V], mems[R_PAST_V], offsets[R_PAST_V]);
+            const clattn__view past_k =
+                clattn__bound_view(&l[R_PAST_K], mems[R_PAST_K], offsets[R_PAST_K]);
+            const clattn__view past_v =
+                clattn__bound_view(&l[R_PAST_V], mems[R_PAST_V], offsets[R_PAST_V]);
             if ((status = copy_into(plan, &cache->past_k, &past_k, &present_k, 0, chain)) ||
                 (status = copy_into(plan, &cache->past_v, &past_v, &present_v, 0, chain)))
                 return status;
@@ -304,20 +387,21 @@ clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const 
         v = present_v;
     }
     clattn__attention_io io = {
-        .q = bound(&l[R_Q], mems[R_Q], offsets[R_Q]),
+        .q = q,
         .k = k,
         .v = v,
-        .out = bound(&l[R_OUT], mems[R_OUT], offsets[R_OUT]),
-        .weights = bound(&l[R_WEIGHTS], mems[R_WEIGHTS], offsets[R_WEIGHTS]),
+        .out = clattn__bound_view(&l[R_OUT], mems[R_OUT], offsets[R_OUT]),
+        .weights = clattn__bound_view(&l[R_WEIGHTS], mems[R_WEIGHTS], offsets[R_WEIGHTS]),
         .masks = {plan->mask_view, plan->kpm_view, plan->kv_len_view},
     };
     if (l[R_LSE].present) {
         /* (batch, heads, seq_q) as the 4-d view (1, batch, heads, seq_q). */
-        io.lse = bound(&l[R_LSE], mems[R_LSE], offsets[R_LSE]);
+        io.lse = clattn__bound_view(&l[R_LSE], mems[R_LSE], offsets[R_LSE]);
     }
     const size_t group = plan->decode_group;
     if (group > 1) {
-        /* One query row per head: the group's heads become the rows of their k/v head. */
+        /* One query row per head: the group's heads become the rows of their k/v head (with
+         * rope, q was rotated per head before, each row at rope_start). */
         clattn__view *heads_as_rows[2] = {&io.q, &io.out};
         for (int i = 0; i < 2; ++i) {
             clattn__view *view = heads_as_rows[i];
@@ -345,7 +429,7 @@ clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const 
     io.masks.key_padding.mem = mems[R_KPM];
     io.masks.key_padding.offset = offsets[R_KPM];
     if (l[R_SCORES].present)
-        io.scores = bound(&l[R_SCORES], mems[R_SCORES], offsets[R_SCORES]);
+        io.scores = clattn__bound_view(&l[R_SCORES], mems[R_SCORES], offsets[R_SCORES]);
     io.masks.kv_len = plan->kv_len_view;
     io.masks.kv_len.mem = mems[R_KVLEN];
     io.masks.kv_len.offset = offsets[R_KVLEN];

@@ -429,6 +429,7 @@ static const source_entry sources[CLATTN_SRC_COUNT] = {
     [CLATTN_SRC_FLASH_GPU] = {"flash_gpu.cl", clattn_kernel_flash_gpu},
     [CLATTN_SRC_POSENC] = {"posenc.cl", clattn_kernel_posenc},
     [CLATTN_SRC_ROPE] = {"rope.cl", clattn_kernel_rope},
+    [CLATTN_SRC_ADDITIVE] = {"additive.cl", clattn_kernel_additive},
 };
 
 /* Reads dir/file into a malloc'd string; NULL on failure. */

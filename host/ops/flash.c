@@ -152,10 +152,11 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
     if (score->has_mask && (unsigned)score->mask_dtype > CLATTN_DTYPE_U8)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: mask dtype %d is unknown", op,
                             (int)score->mask_dtype);
-    clattn_status cpu_status = prepare_cpu(ctx, shape, plan);
+    /* Additive scores run in flash.cl's ADDITIVE variant only. */
+    clattn_status cpu_status = score->additive ? CLATTN_SUCCESS : prepare_cpu(ctx, shape, plan);
     if (cpu_status != CLATTN_SUCCESS || plan->cpu)
         return cpu_status;
-    if (ctx->tuning.flash_gpu) {
+    if (ctx->tuning.flash_gpu && !score->additive) {
         const clattn_status status = clattn__flash_gpu_prepare(ctx, shape, plan);
         if (status != CLATTN_SUCCESS)
             return status;
@@ -183,13 +184,13 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
         vw = 1;
     const int mask_dtype = score->has_mask ? (int)score->mask_dtype : 0;
     for (;;) {
-        char extra[192];
+        char extra[224];
         snprintf(extra, sizeof extra,
                  "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DBLOCK_Q=%u -DBLOCK_K=%u "
                  "-DFLASH_VW=%u -DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d "
-                 "-DMASK_DTYPE=%d",
+                 "-DMASK_DTYPE=%d -DADDITIVE=%d",
                  dk, dv, rows, block_k, vw, (int)shape->q_dtype, (int)shape->k_dtype,
-                 (int)shape->v_dtype, (int)shape->out_dtype, mask_dtype);
+                 (int)shape->v_dtype, (int)shape->out_dtype, mask_dtype, score->additive ? 1 : 0);
         cl_kernel kernel = NULL;
         clattn_status status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH, op, extra, &kernel);
         if (status != CLATTN_SUCCESS)
@@ -388,6 +389,7 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
     const cl_uint seq_k = (cl_uint)score->seq_k;
     const cl_float scale = score->scale, softcap = score->softcap;
     const cl_int norm_relu = score->norm == CLATTN_NORM_RELU;
+    const cl_ulong w_strides[2] = {masks->additive_w.strides[2], masks->additive_w.strides[3]};
     clattn__band_args band;
     clattn__band_fill(score, masks, q->mem, &band);
     const size_t bh_total = score->batch * score->heads;
@@ -413,7 +415,7 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
             (cl_uint)(score->seq_k - key_begin < plan->part_keys ? score->seq_k
                                                                  : key_begin + plan->part_keys);
         const cl_int resume = key_begin > 0; /* a later part: from the one before */
-        clattn_arg args[72]; /* 69 on flash.cl and flash_gpu.cl, 66 on flash_cpu.cl */
+        clattn_arg args[80]; /* 69 on flash.cl (73 additive) and flash_gpu.cl, 66 flash_cpu.cl */
         cl_uint n = 0;
 #define ADD(x) (args[n++] = CLATTN_ARG(x))
         ADD(q->mem), ADD(q->offset), ADD(q_s[0]), ADD(q_s[1]), ADD(q_s[2]), ADD(q_s[3]);
@@ -437,6 +439,12 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
         args[n++] = CLATTN_ARG(split_keys);
         args[n++] = CLATTN_ARG(o_split);
         args[n++] = CLATTN_ARG(lse_split);
+        if (score->additive) { /* flash.cl's ADDITIVE variant: w, (1, 1, heads, da) */
+            args[n++] = CLATTN_ARG(masks->additive_w.mem);
+            args[n++] = CLATTN_ARG(masks->additive_w.offset);
+            args[n++] = CLATTN_ARG(w_strides[0]);
+            args[n++] = CLATTN_ARG(w_strides[1]);
+        }
         global[1] = bh_total - first < MAX_BH_PER_LAUNCH ? bh_total - first : MAX_BH_PER_LAUNCH;
         cl_event step = NULL;
         status = clattn__step(&chain,

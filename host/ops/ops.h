@@ -82,6 +82,10 @@ typedef struct clattn__score_shape {
     bool has_mask;
     clattn_dtype mask_dtype; /* F32, F16, BF16 (added) or U8 (boolean keep) */
     bool has_key_padding;    /* U8 (batch, seq_k) */
+    /* Additive attention's score (q and k being the projections P1, P2): the raw score of
+     * (i, j) is sum_c w[h, c] tanh(q_i[c] + k_j[c]) instead of q_i . k_j
+     * (clattn__score_masks.additive_w; fused: flash.cl's ADDITIVE variant). */
+    bool additive;
 } clattn__score_shape;
 
 /* Views of the masks at execution: mask dims broadcast to (batch, heads, seq_q, seq_k) with
@@ -90,6 +94,7 @@ typedef struct clattn__score_shape {
 typedef struct clattn__score_masks {
     clattn__view mask, key_padding, kv_len;
     clattn__view alibi; /* dims (1, 1, batch, heads), strides 0 on broadcast dims */
+    clattn__view additive_w; /* score.additive: w, F32 (1, 1, heads, da) */
 } clattn__score_masks;
 
 /* Whether the band has a diagonal edge (causal or a sliding window). */
@@ -223,6 +228,25 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
                                     const clattn__view *lse, const clattn__score_masks *masks,
                                     clattn__scratch scratch, cl_uint num_wait,
                                     const cl_event *wait, cl_event *event);
+
+/* ---- additive scores (ops/additive.c, kernels/additive.cl) ----------------------------------
+ * raw[b, h, i, j] = sum_c w[h, c] tanh(p1[b, h, i, c] + p2[b, h, j, c]), c < dim: p1 (batch,
+ * heads, seq_q, dim) and p2 (batch, heads, seq_k, dim) F32 views (strides[3] == 1), w a
+ * (1, 1, heads, dim) F32 view, raw a (batch, heads, seq_q, seq_k) F32 view (strides[3] == 1).
+ * Tiles of the scores per work-group; the (seq_q, seq_k, dim) sums are never stored. */
+typedef struct clattn__additive_plan {
+    size_t batch, heads, seq_q, seq_k, dim;
+    cl_kernel kernel;
+    unsigned tile; /* TILE x TILE scores per work-group */
+    size_t local[3], global[3];
+} clattn__additive_plan;
+
+clattn_status clattn__additive_prepare(clattn_ctx *ctx, size_t batch, size_t heads, size_t seq_q,
+                                       size_t seq_k, size_t dim, clattn__additive_plan *plan);
+clattn_status clattn__additive_enqueue(clattn_ctx *ctx, const clattn__additive_plan *plan,
+                                       const clattn__view *p1, const clattn__view *p2,
+                                       const clattn__view *w, const clattn__view *raw,
+                                       cl_uint num_wait, const cl_event *wait, cl_event *event);
 
 /* ---- mean over heads (ops/heads.c, kernels/heads.cl) ----------------------------------------
  * dst[b, i, j] = mean_h src[b, h, i, j]; src a (batch, heads, seq_q, seq_k) F32 view,

@@ -1,0 +1,76 @@
+/* Additive attention's scores: variant and launch for kernels/additive.cl. */
+#include "ops.h"
+
+#include <stdio.h>
+#include <string.h>
+
+clattn_status clattn__additive_prepare(clattn_ctx *ctx, size_t batch, size_t heads, size_t seq_q,
+                                       size_t seq_k, size_t dim, clattn__additive_plan *plan)
+{
+    static const char op[] = "additive_scores";
+    memset(plan, 0, sizeof *plan);
+    plan->batch = batch, plan->heads = heads, plan->seq_q = seq_q, plan->seq_k = seq_k;
+    plan->dim = dim;
+    /* TILE x TILE work-items: the largest power of two up to 16 the device runs in both
+     * dimensions (16 x 16 = 256 items, a work-group size every GPU and PoCL take). */
+    unsigned tile = 16;
+    while (tile > 1 && ((size_t)tile * tile > ctx->info.max_work_group_size ||
+                        tile > ctx->info.max_item_sizes[0] || tile > ctx->info.max_item_sizes[1]))
+        tile /= 2;
+    const unsigned chunk = 32; /* 2 * TILE * (CHUNK + 1) + CHUNK floats: 8.6 KB of local memory */
+    size_t bh = 0;
+    if (!clattn__mul(batch, heads, &bh) || !clattn__round_up(seq_k, tile, &plan->global[0]) ||
+        !clattn__round_up(seq_q, tile, &plan->global[1]) || bh > UINT32_MAX || seq_q > UINT32_MAX ||
+        seq_k > UINT32_MAX || dim > UINT32_MAX)
+        return clattn__fail(ctx, CLATTN_ERR_TOO_LARGE,
+                            "%s: batch %zu x heads %zu, seq_q %zu, seq_k %zu exceed the kernel's "
+                            "32-bit indices",
+                            op, batch, heads, seq_q, seq_k);
+    plan->global[2] = bh;
+    plan->local[0] = plan->local[1] = tile;
+    plan->local[2] = 1;
+    plan->tile = tile;
+    char extra[64];
+    snprintf(extra, sizeof extra, "-DTILE=%u -DCHUNK=%u", tile, chunk);
+    clattn_status status =
+        clattn__variant_kernel(ctx, CLATTN_SRC_ADDITIVE, op, extra, &plan->kernel);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    size_t kernel_max = 0;
+    const cl_int err = clGetKernelWorkGroupInfo(
+        plan->kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_max, &kernel_max, NULL);
+    if (err != CL_SUCCESS)
+        return clattn__cl_fail(ctx, err, "clGetKernelWorkGroupInfo(additive_scores)");
+    if (kernel_max < (size_t)tile * tile)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: the device runs at most %zu work-items of this kernel per group, "
+                            "fewer than its %u x %u tile",
+                            op, kernel_max, tile, tile);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__additive_enqueue(clattn_ctx *ctx, const clattn__additive_plan *plan,
+                                       const clattn__view *p1, const clattn__view *p2,
+                                       const clattn__view *w, const clattn__view *raw,
+                                       cl_uint num_wait, const cl_event *wait, cl_event *event)
+{
+    const cl_ulong p1_s[3] = {p1->strides[0], p1->strides[1], p1->strides[2]};
+    const cl_ulong p2_s[3] = {p2->strides[0], p2->strides[1], p2->strides[2]};
+    const cl_ulong w_s[2] = {w->strides[2], w->strides[3]};
+    const cl_ulong raw_s[3] = {raw->strides[0], raw->strides[1], raw->strides[2]};
+    const cl_uint heads = (cl_uint)plan->heads, seq_q = (cl_uint)plan->seq_q;
+    const cl_uint seq_k = (cl_uint)plan->seq_k, dim = (cl_uint)plan->dim;
+    const clattn_arg args[] = {
+        CLATTN_ARG(p1->mem),     CLATTN_ARG(p1->offset), CLATTN_ARG(p1_s[0]),
+        CLATTN_ARG(p1_s[1]),     CLATTN_ARG(p1_s[2]),    CLATTN_ARG(p2->mem),
+        CLATTN_ARG(p2->offset),  CLATTN_ARG(p2_s[0]),    CLATTN_ARG(p2_s[1]),
+        CLATTN_ARG(p2_s[2]),     CLATTN_ARG(w->mem),     CLATTN_ARG(w->offset),
+        CLATTN_ARG(w_s[0]),      CLATTN_ARG(w_s[1]),     CLATTN_ARG(raw->mem),
+        CLATTN_ARG(raw->offset), CLATTN_ARG(raw_s[0]),   CLATTN_ARG(raw_s[1]),
+        CLATTN_ARG(raw_s[2]),    CLATTN_ARG(heads),      CLATTN_ARG(seq_q),
+        CLATTN_ARG(seq_k),       CLATTN_ARG(dim),
+    };
+    return clattn__launch_kernel(ctx, plan->kernel, "additive_scores", args,
+                                 sizeof args / sizeof args[0], 3, plan->global, plan->local,
+                                 num_wait, wait, event);
+}

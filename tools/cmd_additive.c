@@ -1,0 +1,393 @@
+/* clattn additive: additive (Bahdanau) attention on .npy files. */
+#include "cli.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char additive_usage[] =
+    "usage: clattn additive --query Q.npy [--key K.npy] [--value V.npy] --w1 W1.npy\n"
+    "                       --w2 W2.npy --w w.npy [--b1 B1.npy] [--b2 B2.npy] [--heads H]\n"
+    "                       [--causal] [--attn-mask M.npy] [--key-padding-mask P.npy]\n"
+    "                       [--norm softmax|relu] [--path auto|fused|unfused] [--out O.npy]\n"
+    "                       [--attn-out A.npy] [--attn-png A.png] [--device SPEC]\n"
+    "\n"
+    "Additive attention (Bahdanau, Cho and Bengio 2015): the score of query i and key j is\n"
+    "  score(i, j) = w . tanh(q_i W1 + b1 + k_j W2 + b2),\n"
+    "then the masks and softmax (or relu) over j, and out_i = sum_j weights_ij v_j.\n"
+    "Q (L, dq) or (B, L, dq); K (S, dk) or (B, S, dk), default Q; V (S, dv) or (B, S, dv),\n"
+    "default K. W1 (dq, da), W2 (dk, da), w (da); b1, b2 (da), optional.\n"
+    "--heads H: H heads, each with its own W1, W2, w (and b1, b2): W1 (H, dq, da) or\n"
+    "  (dq, H * da) (head h: columns h * da ..), W2 likewise, w and b (H, da) or (H * da); head\n"
+    "  h attends over V's columns h * dv / H .. (dv divisible by H) and the heads' outputs are\n"
+    "  concatenated (no output projection).\n"
+    "Masks: --causal (query i sees keys j <= i); --attn-mask (L, S): float, added to the scores\n"
+    "(-inf masks), or bool/uint8, true = masked; --key-padding-mask (B, S) (or (S)), true =\n"
+    "ignore that key. A fully masked row gives zeros.\n"
+    "--path: auto (default: the fused kernel, which never stores the L x S scores, unless the\n"
+    "weights are asked for), fused, or unfused (a kernel forms the scores tile by tile, without\n"
+    "the (L, S, da) tanh terms).\n"
+    "Outputs: --out O.npy ((L, dv) or (B, L, dv)), else printed when small; --attn-out A.npy:\n"
+    "the weights (B, H, L, S) ((H, L, S) unbatched); --attn-png A.png: their heatmap for batch 0,\n"
+    "one panel per head.\n"
+    "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
+
+typedef struct additive_options {
+    const char *device, *query, *key, *value, *w1, *w2, *w, *b1, *b2;
+    const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png;
+    size_t heads;
+    bool causal;
+    clattn_norm norm;
+    clattn_path path;
+} additive_options;
+
+enum { A_Q, A_K, A_V, A_W1, A_W2, A_W, A_B1, A_B2, A_MASK, A_KPM, A_COUNT };
+
+typedef struct additive_data {
+    clattn_array in[A_COUNT];
+    float *mask;      /* additive (L, S) */
+    uint8_t *padding; /* (B, S), nonzero = ignore */
+    float *out, *weights;
+    cl_mem mem[A_COUNT + 2];
+} additive_data;
+
+static void additive_free(additive_data *d)
+{
+    for (int i = 0; i < A_COUNT + 2; ++i)
+        if (d->mem[i])
+            clReleaseMemObject(d->mem[i]);
+    for (int i = 0; i < A_COUNT; ++i)
+        clattn_array_free(&d->in[i]);
+    free(d->mask);
+    free(d->padding);
+    free(d->out);
+    free(d->weights);
+}
+
+static int parse_options(int argc, char **argv, additive_options *o)
+{
+    cli_args args = {.argc = argc, .argv = argv, .index = 1, .command = "additive"};
+    const struct {
+        const char *option;
+        const char **target;
+    } paths[] = {
+        {"--query", &o->query},
+        {"--key", &o->key},
+        {"--value", &o->value},
+        {"--w1", &o->w1},
+        {"--w2", &o->w2},
+        {"--w", &o->w},
+        {"--b1", &o->b1},
+        {"--b2", &o->b2},
+        {"--attn-mask", &o->attn_mask},
+        {"--key-padding-mask", &o->key_padding_mask},
+        {"--out", &o->out},
+        {"--attn-out", &o->attn_out},
+        {"--attn-png", &o->attn_png},
+        {"--device", &o->device},
+    };
+    o->heads = 1;
+    while (cli_next(&args)) {
+        bool matched = false;
+        for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !matched; ++i) {
+            if (cli_is(&args, paths[i].option)) {
+                matched = true;
+                if (!(*paths[i].target = cli_value(&args)))
+                    return CLI_BAD_INPUT;
+            }
+        }
+        if (matched)
+            continue;
+        const char *value = NULL;
+        int flag = 0;
+        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
+            fputs(additive_usage, stdout);
+            return -1;
+        } else if ((flag = cli_flag(&args, "--causal")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            o->causal = true;
+        } else if (cli_is(&args, "--heads")) {
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_size("additive", "--heads", value, 1, &o->heads))
+                return CLI_BAD_INPUT;
+        } else if (cli_is(&args, "--norm")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "softmax") == 0)
+                o->norm = CLATTN_NORM_SOFTMAX;
+            else if (strcmp(value, "relu") == 0)
+                o->norm = CLATTN_NORM_RELU;
+            else
+                return cli_fail("additive", CLI_BAD_INPUT, "--norm: '%s' is not softmax or relu",
+                                value);
+        } else if (cli_is(&args, "--path")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "auto") == 0)
+                o->path = CLATTN_PATH_AUTO;
+            else if (strcmp(value, "fused") == 0)
+                o->path = CLATTN_PATH_FUSED;
+            else if (strcmp(value, "unfused") == 0)
+                o->path = CLATTN_PATH_UNFUSED;
+            else
+                return cli_fail("additive", CLI_BAD_INPUT,
+                                "--path: '%s' is not auto, fused or unfused", value);
+        } else {
+            return cli_fail("additive", CLI_BAD_INPUT, "unknown option '%s' (see --help)",
+                            args.name);
+        }
+    }
+    if (!o->query || !o->w1 || !o->w2 || !o->w)
+        return cli_fail("additive", CLI_BAD_INPUT,
+                        "--query, --w1, --w2 and --w are required (see --help)");
+    if (o->path == CLATTN_PATH_FUSED && (o->attn_out || o->attn_png))
+        return cli_fail("additive", CLI_BAD_INPUT,
+                        "--path fused never forms the weights: drop --attn-out/--attn-png or use "
+                        "--path auto");
+    return CLI_OK;
+}
+
+static const char *shape_text(const clattn_array *a, char *text, size_t size)
+{
+    size_t used = (size_t)snprintf(text, size, "(");
+    for (int i = 0; i < a->ndim && used < size; ++i)
+        used += (size_t)snprintf(text + used, size - used, i ? ", %zu" : "%zu", a->shape[i]);
+    if (used < size)
+        snprintf(text + used, size - used, a->ndim == 1 ? ",)" : ")");
+    return text;
+}
+
+static int load(const char *path, clattn_array *out)
+{
+    char msg[1024];
+    if (clattn_npy_read(path, out, msg, sizeof msg) != CLATTN_IO_OK)
+        return cli_fail("additive", CLI_BAD_INPUT, "%s", msg);
+    if (out->source == CLATTN_IO_INT)
+        return cli_fail("additive", CLI_BAD_INPUT, "%s: expected float values", path);
+    return CLI_OK;
+}
+
+/* A tensor of a's shape, packed F32 (mem bound later). */
+static clattn_tensor tensor_of(const clattn_array *a)
+{
+    clattn_tensor t =
+        clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, a->ndim, a->ndim > 0 ? a->shape[0] : 0,
+                           a->ndim > 1 ? a->shape[1] : 0, a->ndim > 2 ? a->shape[2] : 0, 0);
+    return t;
+}
+
+/* *out = a * b, false on overflow. */
+static bool product(size_t a, size_t b, size_t *out)
+{
+    if (b != 0 && a > SIZE_MAX / b)
+        return false;
+    *out = a * b;
+    return true;
+}
+
+static cl_mem upload(clattn_ctx *ctx, const void *data, size_t bytes, cl_int *err)
+{
+    return clCreateBuffer(clattn_ctx_cl_context(ctx),
+                          (data ? CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR : CL_MEM_WRITE_ONLY),
+                          bytes ? bytes : 1, (void *)data, err);
+}
+
+static int run(const additive_options *o, additive_data *d)
+{
+    int rc;
+    char text[128];
+    const char *files[A_COUNT] = {o->query,
+                                  o->key ? o->key : o->query,
+                                  o->value ? o->value : (o->key ? o->key : o->query),
+                                  o->w1,
+                                  o->w2,
+                                  o->w,
+                                  o->b1,
+                                  o->b2,
+                                  o->attn_mask,
+                                  o->key_padding_mask};
+    for (int i = 0; i < A_COUNT; ++i)
+        if (files[i] && (rc = load(files[i], &d->in[i])))
+            return rc;
+    const clattn_array *q = &d->in[A_Q], *k = &d->in[A_K], *v = &d->in[A_V];
+    if (q->ndim != 2 && q->ndim != 3)
+        return cli_fail("additive", CLI_BAD_INPUT,
+                        "%s has shape %s; expected (L, dq) or (B, L, dq)", o->query,
+                        shape_text(q, text, sizeof text));
+    const bool batched = q->ndim == 3;
+    const size_t batch = batched ? q->shape[0] : 1, seq_q = q->shape[q->ndim - 2];
+    if (k->ndim != q->ndim || (batched && k->shape[0] != batch))
+        return cli_fail("additive", CLI_BAD_INPUT, "%s has shape %s; expected %s", files[A_K],
+                        shape_text(k, text, sizeof text),
+                        batched ? "(B, S, dk) with the query's B" : "(S, dk)");
+    const size_t seq_k = k->shape[k->ndim - 2];
+    if (v->ndim != q->ndim || (batched && v->shape[0] != batch) || v->shape[v->ndim - 2] != seq_k)
+        return cli_fail("additive", CLI_BAD_INPUT, "%s has shape %s; expected %s with S = %zu",
+                        files[A_V], shape_text(v, text, sizeof text),
+                        batched ? "(B, S, dv)" : "(S, dv)", seq_k);
+    const size_t dv = v->shape[v->ndim - 1], heads = o->heads;
+    /* W1 (dq, da) for one head is (dq, H * da) with H = 1; (H, d, da) likewise. */
+    const clattn_array *w1 = &d->in[A_W1];
+    if (w1->ndim != 2 && w1->ndim != 3)
+        return cli_fail("additive", CLI_BAD_INPUT,
+                        "%s has shape %s; expected (dq, da), (dq, H * da) or (H, dq, da)", o->w1,
+                        shape_text(w1, text, sizeof text));
+    if (d->in[A_MASK].count) {
+        const clattn_array *m = &d->in[A_MASK];
+        if (m->ndim != 2 || m->shape[0] != seq_q || m->shape[1] != seq_k)
+            return cli_fail("additive", CLI_BAD_INPUT, "%s has shape %s, expected (%zu, %zu)",
+                            o->attn_mask, shape_text(m, text, sizeof text), seq_q, seq_k);
+        d->mask = malloc(m->count * sizeof(float));
+        if (d->mask == NULL)
+            return cli_fail("additive", CLI_FAILED, "out of memory");
+        for (size_t i = 0; i < m->count; ++i)
+            d->mask[i] =
+                m->source == CLATTN_IO_BOOL ? (m->data[i] != 0.0f ? -INFINITY : 0.0f) : m->data[i];
+    }
+    if (o->key_padding_mask) {
+        const clattn_array *p = &d->in[A_KPM];
+        const bool ok = batched ? p->ndim == 2 && p->shape[0] == batch && p->shape[1] == seq_k
+                                : p->ndim == 1 && p->shape[0] == seq_k;
+        if (!ok)
+            return cli_fail("additive", CLI_BAD_INPUT, "%s has shape %s, expected %s",
+                            o->key_padding_mask, shape_text(p, text, sizeof text),
+                            batched ? "(B, S)" : "(S,)");
+        d->padding = malloc(p->count ? p->count : 1);
+        if (d->padding == NULL)
+            return cli_fail("additive", CLI_FAILED, "out of memory");
+        for (size_t i = 0; i < p->count; ++i)
+            d->padding[i] = p->data[i] != 0.0f;
+    }
+
+    clattn_additive_desc desc;
+    clattn_additive_desc_init(&desc);
+    desc.num_heads = heads;
+    desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    desc.norm = o->norm;
+    desc.path = o->path;
+    clattn_tensors *t = &desc.tensors;
+    t->q = tensor_of(q);
+    t->k = tensor_of(k);
+    t->v = tensor_of(v);
+    t->out = q->ndim == 3 ? clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, batch, seq_q, dv, 0)
+                          : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, seq_q, dv, 0, 0);
+    t->q_weight = tensor_of(w1);
+    t->k_weight = tensor_of(&d->in[A_W2]);
+    t->score_weight = tensor_of(&d->in[A_W]);
+    if (o->b1)
+        t->q_bias = tensor_of(&d->in[A_B1]);
+    if (o->b2)
+        t->k_bias = tensor_of(&d->in[A_B2]);
+    if (d->mask)
+        t->attn_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
+    if (d->padding)
+        t->key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, batch, seq_k, 0, 0);
+    const bool want_weights = o->attn_out || o->attn_png;
+    size_t weight_count = 0, out_count = 0;
+    size_t rows = 0;
+    if (!product(batch, seq_q, &rows) || !product(rows, dv, &out_count) ||
+        (want_weights &&
+         (!product(batch, heads, &weight_count) || !product(weight_count, seq_q, &weight_count) ||
+          !product(weight_count, seq_k, &weight_count))))
+        return cli_fail("additive", CLI_BAD_INPUT, "the outputs' sizes overflow");
+    if (want_weights)
+        t->weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, heads, seq_q, seq_k);
+    d->out = malloc((out_count ? out_count : 1) * sizeof(float));
+    d->weights = want_weights ? malloc((weight_count ? weight_count : 1) * sizeof(float)) : NULL;
+    if (d->out == NULL || (want_weights && d->weights == NULL))
+        return cli_fail("additive", CLI_FAILED, "out of memory for the outputs");
+
+    clattn_ctx *ctx = cli_context("additive", o->device);
+    if (ctx == NULL)
+        return CLI_FAILED;
+    clattn_plan *plan = NULL;
+    clattn_status status = clattn_additive_plan_create(ctx, &desc, &plan);
+    cl_int err = CL_SUCCESS;
+    if (status == CLATTN_SUCCESS) {
+        clattn_tensors bound = desc.tensors;
+        clattn_tensor *roles[A_COUNT] = {&bound.q,         &bound.k,
+                                         &bound.v,         &bound.q_weight,
+                                         &bound.k_weight,  &bound.score_weight,
+                                         &bound.q_bias,    &bound.k_bias,
+                                         &bound.attn_mask, &bound.key_padding_mask};
+        for (int i = 0; i < A_COUNT && err == CL_SUCCESS; ++i) {
+            if (roles[i]->rank == 0)
+                continue;
+            const void *data = i == A_MASK  ? (const void *)d->mask
+                               : i == A_KPM ? (const void *)d->padding
+                                            : (const void *)d->in[i].data;
+            const size_t bytes = d->in[i].count * (i == A_KPM ? 1 : sizeof(float));
+            d->mem[i] = upload(ctx, data, bytes, &err);
+            roles[i]->mem = d->mem[i];
+        }
+        if (err == CL_SUCCESS)
+            d->mem[A_COUNT] = upload(ctx, NULL, out_count * sizeof(float), &err);
+        if (err == CL_SUCCESS && want_weights)
+            d->mem[A_COUNT + 1] = upload(ctx, NULL, weight_count * sizeof(float), &err);
+        bound.out.mem = d->mem[A_COUNT];
+        bound.weights.mem = d->mem[A_COUNT + 1];
+        if (err == CL_SUCCESS)
+            status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+        if (err == CL_SUCCESS && status == CLATTN_SUCCESS)
+            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[A_COUNT], CL_TRUE, 0,
+                                      out_count * sizeof(float), d->out, 0, NULL, NULL);
+        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && want_weights)
+            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[A_COUNT + 1], CL_TRUE, 0,
+                                      weight_count * sizeof(float), d->weights, 0, NULL, NULL);
+    }
+    rc = CLI_OK;
+    if (status != CLATTN_SUCCESS) {
+        const bool input_error =
+            status == CLATTN_ERR_INVALID_ARGUMENT || status == CLATTN_ERR_INVALID_SHAPE;
+        rc = cli_fail("additive", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s: %s",
+                      clattn_status_string(status), clattn_last_error(ctx));
+    } else if (err != CL_SUCCESS) {
+        rc = cli_fail("additive", CLI_FAILED, "OpenCL error %d", (int)err);
+    }
+    clattn_plan_release(plan);
+    clattn_ctx_release(ctx);
+    if (rc != CLI_OK)
+        return rc;
+
+    char msg[1024];
+    const size_t out_shape[3] = {batch, seq_q, dv};
+    if (o->out) {
+        if (clattn_npy_write(o->out, d->out, q->ndim, batched ? out_shape : out_shape + 1, msg,
+                             sizeof msg) != CLATTN_IO_OK)
+            return cli_fail("additive", CLI_FAILED, "%s", msg);
+    } else if (out_count <= 4096) {
+        for (size_t b = 0; b < batch; ++b) {
+            char title[64];
+            snprintf(title, sizeof title, batched ? "output[%zu]" : "output", b);
+            cli_print_matrix(title, d->out + b * seq_q * dv, seq_q, dv);
+        }
+    } else {
+        printf("output: %zu values (give --out O.npy to keep them)\n", out_count);
+    }
+    const size_t w_shape[4] = {batch, heads, seq_q, seq_k};
+    if (o->attn_out &&
+        clattn_npy_write(o->attn_out, d->weights, batched ? 4 : 3, batched ? w_shape : w_shape + 1,
+                         msg, sizeof msg) != CLATTN_IO_OK)
+        return cli_fail("additive", CLI_FAILED, "%s", msg);
+    if (o->attn_png && clattn_png_write_heatmap(o->attn_png, d->weights, heads, seq_q, seq_k, msg,
+                                                sizeof msg) != CLATTN_IO_OK)
+        return cli_fail("additive", CLI_FAILED, "%s", msg);
+    return CLI_OK;
+}
+
+int cmd_additive(int argc, char **argv)
+{
+    additive_options options;
+    memset(&options, 0, sizeof options);
+    int rc = parse_options(argc, argv, &options);
+    if (rc != CLI_OK)
+        return rc < 0 ? CLI_OK : rc;
+    additive_data data;
+    memset(&data, 0, sizeof data);
+    rc = run(&options, &data);
+    additive_free(&data);
+    return rc;
+}
