@@ -68,6 +68,7 @@
 #ifndef ADDITIVE
 #define ADDITIVE 0 /* 1: additive attention's score (below) instead of the dot product */
 #endif
+#define ADDITIVE_BIG 40.0f /* additive: |P| past which exp(2 P) is not used (see below) */
 
 /* Row vectors of FLASH_VW floats: explicit vectors let CPU compilers use SIMD within a row.
  * row_gather / row_scatter move vector i of a global row whose elements are `s` apart. */
@@ -148,6 +149,10 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
     __local float k_tile[BLOCK_K][HEAD_DIM_QK];
     __local float v_tile[BLOCK_K][HEAD_DIM_V];
     __local uchar tile_padded[BLOCK_K]; /* key padding of the tile's keys */
+#if ADDITIVE
+    __local float e_tile[BLOCK_K][HEAD_DIM_QK]; /* exp(2 P2) of the tile's keys */
+    __local int tile_big[2]; /* per tile parity: a key of the tile has |P2| > ADDITIVE_BIG */
+#endif
 
     const uint lid = get_local_id(0);
     const uint first_row = get_group_id(0) * BLOCK_Q;
@@ -181,11 +186,29 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
 #if ADDITIVE
     /* Additive attention (host/attn/additive.c): Q and K hold the projections P1 = q W1 + b1
      * and P2 = k W2 + b2 of the head (HEAD_DIM_QK = da; scale 1), and the score of key j is
-     * sum_c w[h, c] tanh(P1[i, c] + P2[j, c]): the head's w stays in registers. */
-    row_t w_row[QK_VECS];
+     * sum_c w[h, c] tanh(P1[i, c] + P2[j, c]); the head's w stays in registers.
+     * One tanh per term is what the score costs; instead, with E1 = exp(2 P1) per row and
+     * E2 = exp(2 P2) per key (each computed once),
+     *   tanh(a + b) = 1 - 2 / (1 + E1 E2),  so  sum_c w_c tanh = sum_c w_c - 2 sum_c w_c / (1 + E1 E2)
+     * (a product, an add and a division per term). The error in tanh is at most half the
+     * relative error of E1 E2 (d tanh / dP = 2 / (1 + P)^2), so within a few 1e-7; a product
+     * past the float range gives 0 or 1 / inf, the exact limits. Only exponentials of
+     * |P| > ADDITIVE_BIG (40: e^80 is still a float) would overflow: a row or a key tile
+     * holding one takes the tanh path instead (flags: row_big, tile_big). */
+    row_t w_row[QK_VECS], w_neg2[QK_VECS], q_exp[QK_VECS];
     score_w += w_offset + h * w_s0;
-    for (uint d = 0; d < QK_VECS; ++d)
+    float w_total = 0.0f, row_big = 0.0f;
+    for (uint d = 0; d < QK_VECS; ++d) {
         w_row[d] = row_gather(0, score_w, d, w_s1);
+        w_neg2[d] = -2.0f * w_row[d];
+        w_total += row_sum(w_row[d]);
+        row_big += row_sum(step((row_t)(ADDITIVE_BIG), fabs(q[d])));
+        q_exp[d] = exp(2.0f * clamp(q[d], -ADDITIVE_BIG, ADDITIVE_BIG));
+    }
+    if (lid == 0)
+        tile_big[0] = tile_big[1] = 0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint parity = 0;
 #endif
     row_t acc[V_VECS];
     for (uint d = 0; d < V_VECS; ++d)
@@ -241,7 +264,25 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
             tile_padded[j] = key < seq_k && key_padded(has_key_padding, key_padding,
                                                        key * key_padding_s1);
         }
+#if ADDITIVE
+        /* exp(2 P2) of the elements this work-item loaded into k_tile (its own writes). */
+        for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
+            const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
+            const float p = k_tile[j][d];
+            e_tile[j][d] = exp(2.0f * clamp(p, -ADDITIVE_BIG, ADDITIVE_BIG));
+            if (fabs(p) > ADDITIVE_BIG)
+                atomic_or(&tile_big[parity], 1);
+        }
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
+#if ADDITIVE
+        /* tile_big[parity] is final; the other parity's flag, last read in the tile before,
+         * is cleared for the next tile (whose loads come after this tile's closing barrier). */
+        const bool exact = row_big > 0.0f || tile_big[parity] != 0;
+        if (lid == 0)
+            tile_big[parity ^ 1] = 0;
+        parity ^= 1;
+#endif
 
         float s[BLOCK_K];
         float tile_max = NEG_INF;
@@ -249,8 +290,15 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, co
             const uint key = k0 + j;
             row_t partial = (row_t)(0.0f);
 #if ADDITIVE
-            for (uint d = 0; d < QK_VECS; ++d)
-                partial = mad(w_row[d], tanh(q[d] + row_load(d, k_tile[j])), partial);
+            if (exact) {
+                for (uint d = 0; d < QK_VECS; ++d)
+                    partial = mad(w_row[d], tanh(q[d] + row_load(d, k_tile[j])), partial);
+            } else {
+                for (uint d = 0; d < QK_VECS; ++d)
+                    partial = mad(w_neg2[d], 1.0f / mad(q_exp[d], row_load(d, e_tile[j]), 1.0f),
+                                  partial);
+                partial += (row_t)(w_total / FLASH_VW); /* sum_c w_c, spread over the lanes */
+            }
 #else
             for (uint d = 0; d < QK_VECS; ++d)
                 partial = mad(q[d], row_load(d, k_tile[j]), partial);

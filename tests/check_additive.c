@@ -41,20 +41,27 @@ typedef struct additive_case {
     clattn_dtype in_dtype;
     int rank2;        /* q, k, v, out as (seq, features) (batch 1) */
     pb_layout layout; /* q, k, v, out */
+    /* 1: pre-activations past the fused kernel's exp range (|P| > 40, see flash.cl) that
+     * cancel: every 5th query row and the keys of every other 32-key block scaled by 60, the
+     * first unit of each head offset by +35 in b1 and -35 in b2 (needs bias), so that a big
+     * P1 meets a P2 of about -35 in tiles without big keys, and the reverse */
+    int big;
 } additive_case;
 
 /* clang-format off */
 static const additive_case cases[] = {
     /* B  H   Lq   Lk  dq  dk  dv   da split bias causal       mask    pad full norm  wts in   r2 layout */
-    {1, 1,   1,   1,  3,  3,  2,   1, 0, 0, CLATTN_CAUSAL_NONE, NO_MASK,    0, 0, SOFTMAX, 0, F32, 0, PB_PACKED},
-    {2, 1,  17,  17,  5,  5,  7,   3, 0, 1, CLATTN_CAUSAL_NONE, NO_MASK,    0, 0, SOFTMAX, 0, F32, 0, PB_PACKED},
-    {1, 2,  63,  65,  8,  6, 10,  17, 1, 1, CLATTN_CAUSAL_NONE, FLOAT_MASK, 0, 0, SOFTMAX, 0, F32, 0, PB_PADDED},
-    {3, 3,  65,  31, 16, 16, 12,  64, 0, 0, TL,                 FLOAT_MASK, 0, 1, RELU,    0, F32, 0, PB_PACKED},
-    {2, 1, 127, 129, 32, 24, 16,  48, 1, 1, CLATTN_CAUSAL_NONE, BOOL_MASK,  1, 1, SOFTMAX, 1, F32, 0, PB_PACKED},
-    {1, 4, 129,   3,  7,  9,  8,   5, 0, 1, BR,                 NO_MASK,    1, 0, SOFTMAX, 0, F16, 0, PB_PADDED},
-    {1, 1,  13,  29,  4,  4,  4,   8, 1, 0, TL,                 BOOL_MASK,  0, 0, RELU,    1, BF16, 1, PB_PACKED},
-    {2, 2,  37,  11, 12, 20,  6, 128, 1, 1, BR,                 FLOAT_MASK, 1, 1, SOFTMAX, 0, F32, 0, PB_PACKED},
-    {1, 1,   5,   7,  3,  2,  4, 300, 0, 1, CLATTN_CAUSAL_NONE, NO_MASK,    0, 0, SOFTMAX, 0, F32, 0, PB_PACKED},
+    {1, 1,   1,   1,  3,  3,  2,   1, 0, 0, CLATTN_CAUSAL_NONE, NO_MASK,    0, 0, SOFTMAX, 0, F32, 0, PB_PACKED, 0},
+    {2, 1,  17,  17,  5,  5,  7,   3, 0, 1, CLATTN_CAUSAL_NONE, NO_MASK,    0, 0, SOFTMAX, 0, F32, 0, PB_PACKED, 0},
+    {1, 2,  63,  65,  8,  6, 10,  17, 1, 1, CLATTN_CAUSAL_NONE, FLOAT_MASK, 0, 0, SOFTMAX, 0, F32, 0, PB_PADDED, 0},
+    {3, 3,  65,  31, 16, 16, 12,  64, 0, 0, TL,                 FLOAT_MASK, 0, 1, RELU,    0, F32, 0, PB_PACKED, 0},
+    {2, 1, 127, 129, 32, 24, 16,  48, 1, 1, CLATTN_CAUSAL_NONE, BOOL_MASK,  1, 1, SOFTMAX, 1, F32, 0, PB_PACKED, 0},
+    {1, 4, 129,   3,  7,  9,  8,   5, 0, 1, BR,                 NO_MASK,    1, 0, SOFTMAX, 0, F16, 0, PB_PADDED, 0},
+    {1, 1,  13,  29,  4,  4,  4,   8, 1, 0, TL,                 BOOL_MASK,  0, 0, RELU,    1, BF16, 1, PB_PACKED, 0},
+    {2, 2,  37,  11, 12, 20,  6, 128, 1, 1, BR,                 FLOAT_MASK, 1, 1, SOFTMAX, 0, F32, 0, PB_PACKED, 0},
+    {1, 1,   5,   7,  3,  2,  4, 300, 0, 1, CLATTN_CAUSAL_NONE, NO_MASK,    0, 0, SOFTMAX, 0, F32, 0, PB_PACKED, 0},
+    {2, 2,  70,  67,  6,  5,  8,  16, 0, 1, CLATTN_CAUSAL_NONE, NO_MASK,    0, 0, SOFTMAX, 0, F32, 0, PB_PACKED, 1},
+    {1, 1,  33, 100,  4,  4,  4,   8, 1, 1, TL,                 FLOAT_MASK, 1, 0, SOFTMAX, 0, F32, 0, PB_PACKED, 1},
 };
 /* clang-format on */
 #define CASES ((int)(sizeof cases / sizeof cases[0]))
@@ -74,10 +81,10 @@ static void run_case(const additive_case *c, clattn_path path)
     const size_t B = c->batch, H = c->heads, Lq = c->seq_q, Lk = c->seq_k, da = c->da;
     tu_set_case("additive B=%zu H=%zu Lq=%zu Lk=%zu dq=%zu dk=%zu dv=%zu da=%zu split=%d bias=%d "
                 "causal=%d mask=%d pad=%d fully=%d norm=%d weights=%d in=%s rank2=%d layout=%s "
-                "path=%s",
+                "big=%d path=%s",
                 B, H, Lq, Lk, c->dq, c->dk, c->dv, da, c->split_w, c->bias, (int)c->causal, c->mask,
                 c->padding, c->fully, (int)c->norm, c->weights, pb_dtype_name(c->in_dtype),
-                c->rank2, pb_layout_name(c->layout),
+                c->rank2, pb_layout_name(c->layout), c->big,
                 path == CLATTN_PATH_FUSED ? "fused" : "unfused");
     const size_t nq = B * Lq * c->dq, nk = B * Lk * c->dk, nv = B * Lk * c->dv;
     const size_t nout = B * Lq * c->dv, nw = B * H * Lq * Lk;
@@ -93,6 +100,18 @@ static void run_case(const additive_case *c, clattn_path path)
     float *b2 = c->bias ? tu_random_floats(H * da) : NULL;
     float *w = tu_floats(H * da);
     tu_fill_uniform(w, H * da, -3.0f / sqrtf((float)da), 3.0f / sqrtf((float)da));
+    if (c->big) {
+        for (size_t r = 0; r < B * Lq; r += 5)
+            for (size_t x = 0; x < c->dq; ++x)
+                q[r * c->dq + x] *= 60.0f;
+        for (size_t r = 0; r < B * Lk; ++r)
+            for (size_t x = 0; (r % Lk) / 32 % 2 == 1 && x < c->dk; ++x)
+                k[r * c->dk + x] *= 60.0f;
+        for (size_t h = 0; b1 && h < H; ++h) {
+            b1[h * da] += 35.0f;
+            b2[h * da] -= 35.0f;
+        }
+    }
 
     /* Masks: the stored ones and the expanded (B, H, Lq, Lk) additive one for the reference. */
     float *mask = NULL, *expanded = NULL;

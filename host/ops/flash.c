@@ -168,7 +168,9 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
                                                                    : ctx->info.local_mem_size;
     const cl_ulong tile_budget = local_budget < 32768 ? local_budget : 32768;
     unsigned block_k = 32;
-    while (block_k > 1 && (cl_ulong)block_k * ((dk + dv) * sizeof(float) + 1) > tile_budget)
+    /* per key: its K and V rows, its padding byte; the additive variant adds exp(2 K) */
+    const size_t key_floats = (score->additive ? 2 * dk : dk) + dv;
+    while (block_k > 1 && (cl_ulong)block_k * (key_floats * sizeof(float) + 1) > tile_budget)
         block_k /= 2;
     const size_t max_1d = ctx->info.max_work_group_size < ctx->info.max_item_sizes[0]
                               ? ctx->info.max_work_group_size
