@@ -13,11 +13,21 @@ clattn_status clattn__additive_prepare(clattn_ctx *ctx, size_t batch, size_t hea
     plan->dim = dim;
     /* TILE x TILE work-items: the largest power of two up to 16 the device runs in both
      * dimensions (16 x 16 = 256 items, a work-group size every GPU and PoCL take). */
+    const unsigned chunk = 32;
+    /* local memory: four (TILE, CHUNK + 1) float tiles, CHUNK weights, two flags (17 KB at
+     * TILE 16); queried, not assumed */
+#define ADDITIVE_LOCAL(t) ((4 * (size_t)(t) * (chunk + 1) + chunk) * sizeof(float) + 8)
     unsigned tile = 16;
     while (tile > 1 && ((size_t)tile * tile > ctx->info.max_work_group_size ||
-                        tile > ctx->info.max_item_sizes[0] || tile > ctx->info.max_item_sizes[1]))
+                        tile > ctx->info.max_item_sizes[0] || tile > ctx->info.max_item_sizes[1] ||
+                        ADDITIVE_LOCAL(tile) > ctx->info.local_mem_size))
         tile /= 2;
-    const unsigned chunk = 32; /* 2 * TILE * (CHUNK + 1) + CHUNK floats: 8.6 KB of local memory */
+    if (ADDITIVE_LOCAL(tile) > ctx->info.local_mem_size)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: the device has %llu bytes of local memory, fewer than the %zu "
+                            "the smallest tile needs",
+                            op, (unsigned long long)ctx->info.local_mem_size, ADDITIVE_LOCAL(1));
+#undef ADDITIVE_LOCAL
     size_t bh = 0;
     if (!clattn__mul(batch, heads, &bh) || !clattn__round_up(seq_k, tile, &plan->global[0]) ||
         !clattn__round_up(seq_q, tile, &plan->global[1]) || bh > UINT32_MAX || seq_q > UINT32_MAX ||
