@@ -29,33 +29,41 @@ clattn_status clattn__additive_prepare(clattn_ctx *ctx, size_t batch, size_t hea
                             op, (unsigned long long)ctx->info.local_mem_size, ADDITIVE_LOCAL(1));
 #undef ADDITIVE_LOCAL
     size_t bh = 0;
-    if (!clattn__mul(batch, heads, &bh) || !clattn__round_up(seq_k, tile, &plan->global[0]) ||
-        !clattn__round_up(seq_q, tile, &plan->global[1]) || bh > UINT32_MAX || seq_q > UINT32_MAX ||
+    if (!clattn__mul(batch, heads, &bh) || bh > UINT32_MAX || seq_q > UINT32_MAX ||
         seq_k > UINT32_MAX || dim > UINT32_MAX)
         return clattn__fail(ctx, CLATTN_ERR_TOO_LARGE,
                             "%s: batch %zu x heads %zu, seq_q %zu, seq_k %zu exceed the kernel's "
                             "32-bit indices",
                             op, batch, heads, seq_q, seq_k);
+    /* The compiled kernel may run fewer work-items than the device's limit (Mesa's llvmpipe:
+     * 32): shrink the tile until it fits. */
+    for (;; tile /= 2) {
+        char extra[64];
+        snprintf(extra, sizeof extra, "-DTILE=%u -DCHUNK=%u", tile, chunk);
+        clattn_status status =
+            clattn__variant_kernel(ctx, CLATTN_SRC_ADDITIVE, op, extra, &plan->kernel);
+        if (status != CLATTN_SUCCESS)
+            return status;
+        size_t kernel_max = 0;
+        const cl_int err =
+            clGetKernelWorkGroupInfo(plan->kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE,
+                                     sizeof kernel_max, &kernel_max, NULL);
+        if (err != CL_SUCCESS)
+            return clattn__cl_fail(ctx, err, "clGetKernelWorkGroupInfo(additive_scores)");
+        if (kernel_max >= (size_t)tile * tile)
+            break;
+        if (tile == 1)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: the device runs no work-group of this kernel", op);
+    }
+    if (!clattn__round_up(seq_k, tile, &plan->global[0]) ||
+        !clattn__round_up(seq_q, tile, &plan->global[1]))
+        return clattn__fail(ctx, CLATTN_ERR_TOO_LARGE, "%s: seq_q %zu, seq_k %zu overflow", op,
+                            seq_q, seq_k);
     plan->global[2] = bh;
     plan->local[0] = plan->local[1] = tile;
     plan->local[2] = 1;
     plan->tile = tile;
-    char extra[64];
-    snprintf(extra, sizeof extra, "-DTILE=%u -DCHUNK=%u", tile, chunk);
-    clattn_status status =
-        clattn__variant_kernel(ctx, CLATTN_SRC_ADDITIVE, op, extra, &plan->kernel);
-    if (status != CLATTN_SUCCESS)
-        return status;
-    size_t kernel_max = 0;
-    const cl_int err = clGetKernelWorkGroupInfo(
-        plan->kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_max, &kernel_max, NULL);
-    if (err != CL_SUCCESS)
-        return clattn__cl_fail(ctx, err, "clGetKernelWorkGroupInfo(additive_scores)");
-    if (kernel_max < (size_t)tile * tile)
-        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                            "%s: the device runs at most %zu work-items of this kernel per group, "
-                            "fewer than its %u x %u tile",
-                            op, kernel_max, tile, tile);
     return CLATTN_SUCCESS;
 }
 
