@@ -131,8 +131,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal: b
     dtypes = tuple(clattn_dtype(a.dtype) for a in (q4, k4, v4))
     out_dtype = dtypes[0]
 
-    def strides_of(a):  # element strides; 0 along broadcast dims
-        return tuple(s // a.itemsize for s in a.strides)
+    def strides_of(a):
+        """Element strides; a dim of size 1 gets its packed stride (numpy may report 0 there,
+        which clattn takes as a broadcast and refuses along the head dim on some paths)."""
+        packed_strides = np.cumprod((a.shape[1:] + (1,))[::-1])[::-1]
+        return tuple(int(s // a.itemsize) if n > 1 else int(p)
+                     for s, n, p in zip(a.strides, a.shape, packed_strides))
 
     def packed(a):  # a broadcast (stride-0) batch is uploaded once
         if a.strides[0] == 0 and a.shape[0] > 1:
