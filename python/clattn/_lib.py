@@ -56,6 +56,20 @@ class SdpaDesc(Structure):
                 ("rope_base", c_double), ("rope_start", c_size_t)]
 
 
+class MhaDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("tensors", Tensors), ("num_heads", c_size_t),
+                ("num_kv_heads", c_size_t), ("layout", c_int), ("causal", c_int),
+                ("scale", c_float), ("norm", c_int), ("need_weights", c_int), ("path", c_int),
+                ("softcap", c_float), ("window_align", c_int), ("window_left", c_longlong),
+                ("window_right", c_longlong), ("rope", c_int), ("rope_style", c_int),
+                ("rope_dims", c_size_t), ("rope_base", c_double), ("rope_start", c_size_t)]
+
+
+# clattn_weight_layout, clattn_need_weights
+LAYOUT_XW, LAYOUT_TORCH = 0, 1
+WEIGHTS_NONE, WEIGHTS_PER_HEAD, WEIGHTS_AVERAGED = 0, 1, 2
+
+
 def _library_path() -> str:
     """libclattn: $CLATTN_LIBRARY, else the copy inside the package (wheels), else the
     system's (ldconfig), else a build tree next to the sources."""
@@ -107,6 +121,8 @@ _declare(lib.clattn_ctx_device, c_void_p, _ctx_p)
 _declare(lib.clattn_finish, c_int, _ctx_p)
 _declare(lib.clattn_sdpa_desc_init, None, POINTER(SdpaDesc))
 _declare(lib.clattn_sdpa_plan_create, c_int, _ctx_p, POINTER(SdpaDesc), POINTER(_plan_p))
+_declare(lib.clattn_mha_desc_init, None, POINTER(MhaDesc))
+_declare(lib.clattn_mha_plan_create, c_int, _ctx_p, POINTER(MhaDesc), POINTER(_plan_p))
 _declare(lib.clattn_plan_release, None, _plan_p)
 _declare(lib.clattn_plan_execute, c_int, _plan_p, POINTER(Tensors), c_void_p, c_void_p, c_uint,
          c_void_p, c_void_p)
