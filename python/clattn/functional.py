@@ -62,6 +62,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal: b
     to the scaled scores; -inf masks). is_causal: query i sees keys j <= i (top-left); not
     together with attn_mask. scale: None for 1/sqrt(E). enable_gqa: key and value may have
     fewer heads H, a divisor of Hq (query head h attends with head h // (Hq // H)).
+    pyopencl arrays (``pyopencl.array.Array``, rank 2 to 4, float32 or float16, any strides)
+    are read where they lie and the result is a pyopencl array on the same queue, enqueued
+    there (no host round trip); the context is then ``Context.from_pyopencl(query.queue)``
+    (made once per queue) unless ctx is given.
     ctx: the clattn.Context (None: the default one). path: "auto" (the fused kernel where it
     applies), "fused" or "unfused".
     Returns (..., Hq, L, Ev) in query's dtype. Raises clattn.ArgumentError (a ValueError) for
@@ -75,6 +79,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal: b
                             "attn_mask and is_causal are exclusive (as in PyTorch)")
     if scale is not None and not math.isfinite(scale):
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
+    if _is_pyopencl(query) or _is_pyopencl(key) or _is_pyopencl(value):
+        return _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, ctx,
+                              path)
     q_in = np.asarray(query)
     q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
     if not (q.ndim == k.ndim == v.ndim) or q.ndim < 2:
@@ -193,3 +200,113 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal: b
     elif q_in.ndim == 3 and not batch:
         result = result.reshape(heads_q, L, Ev)
     return result.astype(q_in.dtype) if q_in.dtype == np.float64 else result
+
+
+# --- pyopencl arrays --------------------------------------------------------------------------
+
+_queue_contexts: dict = {}
+
+
+def _is_pyopencl(x) -> bool:
+    return type(x).__module__.startswith("pyopencl") and hasattr(x, "queue")
+
+
+def _device_layout(name: str, a, rank: int):
+    """A pyopencl array as a clattn tensor bound to its buffer: (dims, strides) right-aligned
+    to `rank` dims (leading dims of 1 with stride 0), offset and strides in elements."""
+    if a.ndim < 2 or a.ndim > 4:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"{name} (a pyopencl array) has {a.ndim} dims; expected 2 to 4")
+    if any(s % a.dtype.itemsize for s in a.strides) or a.offset % a.dtype.itemsize:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"{name}: strides and offset must be whole elements")
+    pad = rank - a.ndim
+    dims = (1,) * pad + tuple(a.shape)
+    strides = (0,) * pad + tuple(s // a.dtype.itemsize for s in a.strides)
+    t = layout(clattn_dtype(a.dtype), dims, strides)
+    t.mem = a.base_data.int_ptr if hasattr(a, "base_data") else a.data.int_ptr
+    t.offset = a.offset // a.dtype.itemsize
+    return t
+
+
+def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, ctx, path):
+    import pyopencl.array as cla
+    arrays = (query, key, value)
+    if not all(_is_pyopencl(a) for a in arrays):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            "query, key and value must all be pyopencl arrays, or none")
+    queue = query.queue
+    if any(a.context.int_ptr != queue.context.int_ptr for a in arrays):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            "query, key and value belong to different OpenCL contexts")
+    if ctx is None:
+        ctx = _queue_contexts.get(queue.int_ptr)
+        if ctx is None:
+            ctx = _queue_contexts[queue.int_ptr] = Context.from_pyopencl(queue)
+    q, k, v = (_device_layout(n, a, 4) for n, a in zip(("query", "key", "value"), arrays))
+    heads_q, heads_k = q.dims[1], k.dims[1]
+    if heads_q != heads_k and not (enable_gqa and heads_q % heads_k == 0):
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"query has {heads_q} heads, key and value {heads_k}: pass "
+                            f"enable_gqa=True with a divisor of the query heads")
+    if attn_mask is not None and is_causal:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            "attn_mask and is_causal are exclusive (as in PyTorch)")
+    out_shape = tuple(query.shape[:-1]) + (value.shape[-1],)
+    out = cla.empty(queue, out_shape, query.dtype)
+    o = _device_layout("out", out, 4)
+    mask_t, keep = None, []
+    if attn_mask is not None:
+        if _is_pyopencl(attn_mask):
+            m = attn_mask
+            if m.dtype == np.bool_:
+                raise TypeError("clattn: a pyopencl attn_mask must be uint8 (nonzero = takes "
+                                "part) or float")
+            dims = tuple(m.shape)
+            strides = tuple(st // m.dtype.itemsize for st in m.strides)
+            mask_t = layout(_lib.U8 if m.dtype == np.uint8 else clattn_dtype(m.dtype), dims,
+                            strides)
+            mask_t.mem = m.base_data.int_ptr if hasattr(m, "base_data") else m.data.int_ptr
+            mask_t.offset = m.offset // m.dtype.itemsize
+        else:
+            m = np.asarray(attn_mask)
+            m = m.astype(np.uint8) if m.dtype == np.bool_ else _as_float("attn_mask", m)
+            if m.ndim > 4:
+                raise ArgumentError(_lib.ERR_INVALID_SHAPE, "attn_mask has more than 4 dims")
+            buffer = Buffer(ctx, np.ascontiguousarray(m))
+            keep.append(buffer)
+            mask_t = layout(_lib.U8 if m.dtype == np.uint8 else clattn_dtype(m.dtype), m.shape)
+            mask_t.mem = buffer.mem
+
+    def shape_key(t):
+        return (t.dtype, tuple(t.dims), tuple(t.strides))
+
+    key_ = ("sdpa-device", shape_key(q), shape_key(k), shape_key(v), shape_key(o),
+            None if mask_t is None else (mask_t.rank, shape_key(mask_t)), bool(is_causal),
+            scale, _PATHS[path])
+
+    def create():
+        desc = _lib.SdpaDesc()
+        lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+        desc.tensors.q, desc.tensors.k, desc.tensors.v, desc.tensors.out = q, k, v, o
+        if mask_t is not None:
+            desc.tensors.attn_mask = mask_t
+        desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
+        desc.scale = float("nan") if scale is None else float(scale)
+        desc.path = _PATHS[path]
+        plan = ctypes.c_void_p()
+        ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc),
+                                              ctypes.byref(plan)))
+        return plan
+
+    with ctx.lock:
+        plan = ctx.plan(key_, create)
+        tensors = _lib.Tensors()
+        tensors.q, tensors.k, tensors.v, tensors.out = q, k, v, o
+        if mask_t is not None:
+            tensors.attn_mask = mask_t
+        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), None, None, 0, None,
+                                          None))
+        if keep:  # the uploaded mask must outlive the kernels that read it
+            ctx.check(lib.clattn_finish(ctx.handle))
+    return out
