@@ -3,8 +3,8 @@
 # .ci/run) runs after installing the packages. From the repository root:
 #
 #   tests/all_lanes.sh [--full] [LANE...]
-#         lanes: pocl asan fuzz rusticl oclgrind onnx mutants (default: pocl asan fuzz rusticl
-#         oclgrind onnx; with --full, all seven)
+#         lanes: pocl asan fuzz rusticl oclgrind onnx python mutants (default: pocl asan fuzz
+#         rusticl oclgrind onnx python; with --full, all eight)
 #
 # Two tiers. The default is the CI tier, sized to stay near 45 minutes on the 2-core CI machine
 # (the times are in README); --full runs every lane at full scale (about 2.5 hours there).
@@ -34,6 +34,9 @@
 #             environment, build/venv-onnx: needs python3-venv and PyPI) through `clattn sdpa`
 #             on both paths, on PoCL and under Oclgrind (tests/onnx/run.sh); the same in both
 #             tiers
+#   python    the Python package (tests/python/run.sh): a venv build/venv-python (numpy, pytest,
+#             hypothesis, ml_dtypes, pyopencl from PyPI), `pip install .` through the in-tree
+#             backend, pytest on tests/python; the same in both tiers (under a minute)
 #   mutants   every mutant of tests/mutants/mutants.txt must be killed (tests/mutants/run.sh);
 #             --full only (about 15 minutes: each mutant reruns the suites that should kill it)
 #
@@ -50,7 +53,7 @@ if [ "${1:-}" = --full ]; then
 fi
 lanes=("$@")
 if [ ${#lanes[@]} -eq 0 ]; then
-    lanes=(pocl asan fuzz rusticl oclgrind onnx)
+    lanes=(pocl asan fuzz rusticl oclgrind onnx python)
     [ "$full" -eq 1 ] && lanes+=(mutants)
 fi
 echo "all_lanes: $([ "$full" -eq 1 ] && echo full || echo CI) tier: ${lanes[*]}"
@@ -122,13 +125,14 @@ lane_oclgrind() {
 }
 lane_onnx() { ensure_build && POCL_CACHE_DIR="$cache" tests/onnx/run.sh build; }
 lane_mutants() { ensure_build && tests/mutants/run.sh build; }
+lane_python() { ensure_build && POCL_CACHE_DIR="$cache" tests/python/run.sh build; }
 
 names=() results=() times=()
 failed=0
 total_start=$(date +%s)
 for lane in "${lanes[@]}"; do
     if ! declare -F "lane_$lane" >/dev/null; then
-        echo "all_lanes: unknown lane '$lane' (pocl asan fuzz rusticl oclgrind onnx mutants)" >&2
+        echo "all_lanes: unknown lane '$lane' (pocl asan fuzz rusticl oclgrind onnx python mutants)" >&2
         exit 2
     fi
     echo

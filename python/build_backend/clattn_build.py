@@ -1,0 +1,138 @@
+"""An in-tree PEP 517 backend for the clattn Python package: builds libclattn with CMake and
+packs it, with python/clattn, into a wheel. It needs nothing from PyPI (build-system.requires
+is empty), so `pip install .` and `python -m build --wheel` work offline; CMake, a C compiler
+and the OpenCL headers and ICD loader must be installed (Debian: cmake gcc pkg-config
+ocl-icd-opencl-dev opencl-c-headers libcjson-dev libpng-dev). The OpenCL device stays the
+system's. Environment: CLATTN_CMAKE_ARGS (extra -D options, e.g. -DCLATTN_SANITIZE=ON),
+CLATTN_BUILD_DIR (default build-python in the source tree)."""
+
+from __future__ import annotations
+
+import base64
+import glob
+import hashlib
+import io
+import os
+import re
+import shlex
+import subprocess
+import sysconfig
+import tarfile
+import zipfile
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+NAME = "clattn"
+
+
+def _version() -> str:
+    with open(os.path.join(ROOT, "CMakeLists.txt"), encoding="utf-8") as f:
+        match = re.search(r"project\(clattn VERSION ([0-9.]+)", f.read())
+    if not match:
+        raise RuntimeError("clattn_build: no project version in CMakeLists.txt")
+    return match.group(1)
+
+
+def _metadata() -> str:
+    return "\n".join([
+        "Metadata-Version: 2.1",
+        f"Name: {NAME}",
+        f"Version: {_version()}",
+        "Summary: Transformer attention on OpenCL devices (a binding over libclattn)",
+        "Requires-Python: >=3.9",
+        "Requires-Dist: numpy",
+        "Provides-Extra: pyopencl",
+        "Requires-Dist: pyopencl; extra == \"pyopencl\"",
+        "Provides-Extra: bfloat16",
+        "Requires-Dist: ml_dtypes; extra == \"bfloat16\"",
+        "",
+    ])
+
+
+def _tag() -> str:
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    return f"py3-none-{platform}"
+
+
+def _build_library() -> str:
+    build = os.environ.get("CLATTN_BUILD_DIR") or os.path.join(ROOT, "build-python")
+    extra = shlex.split(os.environ.get("CLATTN_CMAKE_ARGS", ""))
+    subprocess.run(["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
+                    "-DCLATTN_BUILD_TESTS=OFF", "-DCLATTN_BUILD_EXAMPLES=OFF"] + extra,
+                   check=True)
+    subprocess.run(["cmake", "--build", build, "--target", "clattn", "-j",
+                    str(os.cpu_count() or 2)], check=True)
+    candidates = [p for p in glob.glob(os.path.join(build, "libclattn.so*"))
+                  if not os.path.islink(p)]
+    if not candidates:
+        raise RuntimeError(f"clattn_build: no libclattn.so in {build}")
+    return max(candidates, key=len)
+
+
+def _record_line(path: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{path},sha256={digest},{len(data)}"
+
+
+def _write_wheel(wheel_directory: str, library: str) -> str:
+    version = _version()
+    wheel_name = f"{NAME}-{version}-{_tag()}.whl"
+    dist_info = f"{NAME}-{version}.dist-info"
+    files = []
+    package = os.path.join(ROOT, "python", NAME)
+    for path in sorted(glob.glob(os.path.join(package, "*.py"))):
+        with open(path, "rb") as f:
+            files.append((f"{NAME}/{os.path.basename(path)}", f.read()))
+    with open(library, "rb") as f:
+        files.append((f"{NAME}/libclattn.so", f.read()))
+    files.append((f"{dist_info}/METADATA", _metadata().encode()))
+    files.append((f"{dist_info}/WHEEL", (
+        "Wheel-Version: 1.0\nGenerator: clattn_build\nRoot-Is-Purelib: false\n"
+        f"Tag: {_tag()}\n").encode()))
+    record = [_record_line(path, data) for path, data in files]
+    record.append(f"{dist_info}/RECORD,,")
+    files.append((f"{dist_info}/RECORD", ("\n".join(record) + "\n").encode()))
+    os.makedirs(wheel_directory, exist_ok=True)
+    target = os.path.join(wheel_directory, wheel_name)
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as wheel:
+        for path, data in files:
+            info = zipfile.ZipInfo(path, date_time=(2026, 1, 1, 0, 0, 0))
+            info.external_attr = (0o755 if path.endswith(".so") else 0o644) << 16
+            wheel.writestr(info, data, zipfile.ZIP_DEFLATED)
+    return wheel_name
+
+
+# --- PEP 517 hooks ---------------------------------------------------------------------------
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def get_requires_for_build_sdist(config_settings=None):
+    return []
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    return _write_wheel(wheel_directory, _build_library())
+
+
+def build_sdist(sdist_directory, config_settings=None):
+    """The tracked source tree (git ls-files) as NAME-VERSION.tar.gz."""
+    version = _version()
+    base = f"{NAME}-{version}"
+    listed = subprocess.run(["git", "-C", ROOT, "ls-files"], check=True, capture_output=True,
+                            text=True).stdout.split("\n")
+    os.makedirs(sdist_directory, exist_ok=True)
+    target = os.path.join(sdist_directory, f"{base}.tar.gz")
+    with tarfile.open(target, "w:gz") as tar:
+        for path in filter(None, listed):
+            tar.add(os.path.join(ROOT, path), arcname=f"{base}/{path}", recursive=False)
+        info = tarfile.TarInfo(f"{base}/PKG-INFO")
+        data = _metadata().encode()
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return os.path.basename(target)
+
+
+if __name__ == "__main__":  # python3 python/build_backend/clattn_build.py OUT_DIR
+    import sys
+    print(build_wheel(sys.argv[1] if len(sys.argv) > 1 else "dist"))

@@ -1,0 +1,15 @@
+"""clattn from Python: attention on OpenCL devices (a thin binding over libclattn).
+
+    import numpy as np, clattn
+    out = clattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+The functions take PyTorch's argument meanings; see help(clattn.scaled_dot_product_attention).
+"""
+
+from ._core import ArgumentError, Context, DeviceError, Error, default_context
+from .functional import scaled_dot_product_attention
+from .modules import MultiheadAttention
+
+__all__ = ["ArgumentError", "Context", "DeviceError", "Error", "MultiheadAttention",
+           "default_context", "scaled_dot_product_attention"]
+__version__ = "0.5.0"

@@ -1,0 +1,221 @@
+"""Contexts, errors and device buffers: the layer every Python entry point stands on."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _lib
+from ._lib import cl, lib
+
+
+class Error(Exception):
+    """A clattn call failed. ``status`` is the library's code (or OpenCL's, passed through),
+    ``status_name`` its name, and the message is the library's own (clattn_last_error)."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        self.status_name = lib.clattn_status_string(status).decode()
+        super().__init__(f"{self.status_name}: {message}")
+
+
+class ArgumentError(Error, ValueError):
+    """Bad arguments: shapes, dtypes, options (CLATTN_ERR_INVALID_ARGUMENT, _INVALID_SHAPE,
+    _OVERFLOW, _TOO_LARGE, _BUFFER_TOO_SMALL)."""
+
+
+class DeviceError(Error, RuntimeError):
+    """The device or the OpenCL runtime failed, or cannot run the request (no device, a kernel
+    build failure, CLATTN_ERR_UNSUPPORTED, an OpenCL error code)."""
+
+
+_ARGUMENT_STATUSES = {_lib.ERR_INVALID_ARGUMENT, _lib.ERR_INVALID_SHAPE, _lib.ERR_OVERFLOW,
+                      _lib.ERR_TOO_LARGE, _lib.ERR_BUFFER_TOO_SMALL}
+
+
+def _raise(status: int, message: str) -> None:
+    cls = ArgumentError if status in _ARGUMENT_STATUSES else DeviceError
+    raise cls(status, message)
+
+
+class Context:
+    """An OpenCL device, context and queue for clattn (clattn_ctx).
+
+    ``device``: None (the environment variable CLATTN_DEVICE, else the first GPU, else the
+    first CPU device), ``"gpu"``, ``"cpu"`` or ``"P:D"`` (platform P, device D, as
+    ``clattn devices`` lists them). Use :meth:`from_pyopencl` to run on a pyopencl queue.
+    Calls on one context are serialised by a lock (the C library's contexts are not
+    thread-safe)."""
+
+    def __init__(self, device: Optional[str] = None):
+        self._handle = ctypes.c_void_p()
+        message = ctypes.create_string_buffer(1024)
+        spec = device.encode() if device else None
+        status = lib.clattn_ctx_create(spec, ctypes.byref(self._handle), message, len(message))
+        if status != _lib.SUCCESS:
+            _raise(status, message.value.decode(errors="replace"))
+        self._init_common()
+
+    @classmethod
+    def from_pyopencl(cls, queue: Any) -> "Context":
+        """A context that enqueues on a pyopencl ``CommandQueue`` (its context and device are
+        used; clattn retains the queue). pyopencl arrays of that context are then read and
+        written where they lie."""
+        self = cls.__new__(cls)
+        self._handle = ctypes.c_void_p()
+        message = ctypes.create_string_buffer(1024)
+        status = lib.clattn_ctx_create_from_queue(ctypes.c_void_p(queue.int_ptr),
+                                                  ctypes.byref(self._handle), message,
+                                                  len(message))
+        if status != _lib.SUCCESS:
+            _raise(status, message.value.decode(errors="replace"))
+        self._init_common()
+        self._pyopencl_queue = queue
+        return self
+
+    def _init_common(self) -> None:
+        self.lock = threading.RLock()
+        self._plans: "OrderedDict[tuple, ctypes.c_void_p]" = OrderedDict()
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        if not self._handle:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, "the context is closed")
+        return self._handle
+
+    @property
+    def device_name(self) -> str:
+        device = lib.clattn_ctx_device(self.handle)
+        size = ctypes.c_size_t()
+        cl.clGetDeviceInfo(device, _lib.CL_DEVICE_NAME, 0, None, ctypes.byref(size))
+        name = ctypes.create_string_buffer(size.value or 1)
+        cl.clGetDeviceInfo(device, _lib.CL_DEVICE_NAME, size.value, name, None)
+        return name.value.decode(errors="replace")
+
+    def check(self, status: int) -> None:
+        """Raises the library's error for a failed status, with the context's message."""
+        if status != _lib.SUCCESS:
+            message = lib.clattn_last_error(self._handle) if self._handle else b""
+            _raise(status, (message or b"").decode(errors="replace"))
+
+    def plan(self, key: tuple, create) -> ctypes.c_void_p:
+        """The cached plan for `key`, or create() (which returns a plan handle); at most 64
+        plans are kept, least recently used released first."""
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+            return plan
+        plan = create()
+        self._plans[key] = plan
+        if len(self._plans) > 64:
+            _, old = self._plans.popitem(last=False)
+            lib.clattn_plan_release(old)
+        return plan
+
+    def close(self) -> None:
+        """Releases the plans and the context (idempotent)."""
+        plans, self._plans = getattr(self, "_plans", {}), OrderedDict()
+        for plan in plans.values():
+            lib.clattn_plan_release(plan)
+        if getattr(self, "_handle", None):
+            lib.clattn_ctx_release(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+_default: Optional[Context] = None
+_default_lock = threading.Lock()
+
+
+def default_context() -> Context:
+    """The context used when a call gets ``ctx=None`` (created on first use)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Context()
+        return _default
+
+
+# --- dtypes and device buffers ----------------------------------------------------------------
+
+def _bfloat16():
+    try:
+        import ml_dtypes  # optional: numpy has no bfloat16 of its own
+        return np.dtype(ml_dtypes.bfloat16)
+    except ImportError:
+        return None
+
+
+BFLOAT16 = _bfloat16()
+
+
+def clattn_dtype(dtype: np.dtype) -> int:
+    """The clattn storage type of a numpy float dtype."""
+    if dtype == np.float32:
+        return _lib.F32
+    if dtype == np.float16:
+        return _lib.F16
+    if BFLOAT16 is not None and dtype == BFLOAT16:
+        return _lib.BF16
+    raise TypeError(f"clattn: dtype {dtype} is not float32, float16 or bfloat16 (float64 "
+                    f"inputs are computed in float32)")
+
+
+class Buffer:
+    """A device buffer created from (or for) a numpy array, released when collected."""
+
+    def __init__(self, ctx: Context, array: Optional[np.ndarray] = None, nbytes: int = 0):
+        err = ctypes.c_int32(0)
+        context = lib.clattn_ctx_cl_context(ctx.handle)
+        if array is not None:
+            data = np.ascontiguousarray(array)
+            nbytes = max(data.nbytes, 1)
+            self.mem = cl.clCreateBuffer(context,
+                                         _lib.CL_MEM_READ_ONLY | _lib.CL_MEM_COPY_HOST_PTR,
+                                         nbytes, data.ctypes.data_as(ctypes.c_void_p),
+                                         ctypes.byref(err))
+        else:
+            self.mem = cl.clCreateBuffer(context, _lib.CL_MEM_READ_WRITE, max(nbytes, 1), None,
+                                         ctypes.byref(err))
+        if err.value != 0 or not self.mem:
+            _raise(err.value or _lib.ERR_HOST_MEMORY,
+                   f"clCreateBuffer({nbytes} bytes) failed with {err.value}")
+
+    def read(self, ctx: Context, out: np.ndarray) -> None:
+        status = cl.clEnqueueReadBuffer(lib.clattn_ctx_queue(ctx.handle), self.mem, 1, 0,
+                                        out.nbytes, out.ctypes.data_as(ctypes.c_void_p), 0, None,
+                                        None)
+        if status != 0:
+            _raise(status, f"clEnqueueReadBuffer failed with {status}")
+
+    def __del__(self) -> None:
+        if getattr(self, "mem", None):
+            cl.clReleaseMemObject(self.mem)
+            self.mem = None
+
+
+def layout(dtype: int, shape, strides=None) -> _lib.Tensor:
+    """A clattn_tensor layout (no buffer yet): shape of rank 1..4, strides in elements (None:
+    packed)."""
+    t = _lib.Tensor()
+    t.dtype = dtype
+    t.rank = len(shape)
+    for i, d in enumerate(shape):
+        t.dims[i] = int(d)
+        t.strides[i] = int(strides[i]) if strides is not None else 0
+    return t

@@ -1,0 +1,139 @@
+"""ctypes declarations of libclattn (include/clattn.h) and the few OpenCL calls the binding
+needs (buffers for numpy inputs). Layouts mirror the C structs field by field; the library
+checks each descriptor's struct_size, so a drift between the two fails loudly, not silently."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from ctypes import (POINTER, Structure, c_char_p, c_double, c_float, c_int, c_int32,
+                    c_longlong, c_size_t, c_uint, c_uint64, c_void_p)
+
+MAX_RANK = 4
+
+# clattn_dtype
+F32, F16, BF16, U8, I32 = 0, 1, 2, 3, 4
+# clattn_causal
+CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT, CAUSAL_ONNX = 0, 1, 2, 3
+# clattn_path
+PATH_AUTO, PATH_FUSED, PATH_UNFUSED = 0, 1, 2
+# clattn_status
+SUCCESS = 0
+ERR_INVALID_ARGUMENT = -2048
+ERR_INVALID_SHAPE = -2049
+ERR_OVERFLOW = -2050
+ERR_BUFFER_TOO_SMALL = -2051
+ERR_NO_DEVICE = -2052
+ERR_BUILD = -2053
+ERR_HOST_MEMORY = -2054
+ERR_UNSUPPORTED = -2055
+ERR_TOO_LARGE = -2056
+
+
+class Tensor(Structure):
+    _fields_ = [("mem", c_void_p), ("offset", c_size_t), ("dtype", c_int), ("rank", c_int),
+                ("dims", c_size_t * MAX_RANK), ("strides", c_size_t * MAX_RANK)]
+
+
+TENSOR_ROLES = ("q", "k", "v", "out", "attn_mask", "key_padding_mask", "weights", "lse",
+                "in_proj_weight", "in_proj_bias", "q_weight", "k_weight", "v_weight", "q_bias",
+                "k_bias", "v_bias", "out_weight", "out_bias", "kv_seqlen", "past_k", "past_v",
+                "present_k", "present_v", "scores", "alibi_slopes", "pos_table", "rope_cos",
+                "rope_sin", "position_ids", "score_weight")
+
+
+class Tensors(Structure):
+    _fields_ = [(name, Tensor) for name in TENSOR_ROLES]
+
+
+class SdpaDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("tensors", Tensors), ("causal", c_int),
+                ("scale", c_float), ("norm", c_int), ("path", c_int), ("softcap", c_float),
+                ("window_align", c_int), ("window_left", c_longlong),
+                ("window_right", c_longlong), ("scores_mode", c_int), ("softmax_f64", c_int),
+                ("rope", c_int), ("rope_style", c_int), ("rope_dims", c_size_t),
+                ("rope_base", c_double), ("rope_start", c_size_t)]
+
+
+class MhaDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("tensors", Tensors), ("num_heads", c_size_t),
+                ("num_kv_heads", c_size_t), ("layout", c_int), ("causal", c_int),
+                ("scale", c_float), ("norm", c_int), ("need_weights", c_int), ("path", c_int),
+                ("softcap", c_float), ("window_align", c_int), ("window_left", c_longlong),
+                ("window_right", c_longlong), ("rope", c_int), ("rope_style", c_int),
+                ("rope_dims", c_size_t), ("rope_base", c_double), ("rope_start", c_size_t)]
+
+
+# clattn_weight_layout, clattn_need_weights
+LAYOUT_XW, LAYOUT_TORCH = 0, 1
+WEIGHTS_NONE, WEIGHTS_PER_HEAD, WEIGHTS_AVERAGED = 0, 1, 2
+
+
+def _library_path() -> str:
+    """libclattn: $CLATTN_LIBRARY, else the copy inside the package (wheels), else the
+    system's (ldconfig), else a build tree next to the sources."""
+    explicit = os.environ.get("CLATTN_LIBRARY")
+    if explicit:
+        return explicit
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in os.listdir(here):
+        if name.startswith("libclattn.so") or name == "libclattn.dylib":
+            return os.path.join(here, name)
+    found = ctypes.util.find_library("clattn")
+    if found:
+        return found
+    tree = os.path.normpath(os.path.join(here, "..", "..", "build", "libclattn.so"))
+    if os.path.exists(tree):
+        return tree
+    raise ImportError("clattn: libclattn not found (set CLATTN_LIBRARY, install the wheel, "
+                      "or build it: cmake -S . -B build && cmake --build build)")
+
+
+def _opencl_path() -> str:
+    explicit = os.environ.get("CLATTN_OPENCL_LIBRARY")
+    if explicit:
+        return explicit
+    return ctypes.util.find_library("OpenCL") or "libOpenCL.so.1"
+
+
+lib = ctypes.CDLL(_library_path())  # CDLL releases the GIL around every call
+cl = ctypes.CDLL(_opencl_path())
+
+_ctx_p = c_void_p
+_plan_p = c_void_p
+
+
+def _declare(function, restype, *argtypes):
+    function.restype = restype
+    function.argtypes = list(argtypes)
+    return function
+
+
+_declare(lib.clattn_status_string, c_char_p, c_int)
+_declare(lib.clattn_ctx_create, c_int, c_char_p, POINTER(_ctx_p), c_char_p, c_size_t)
+_declare(lib.clattn_ctx_create_from_queue, c_int, c_void_p, POINTER(_ctx_p), c_char_p, c_size_t)
+_declare(lib.clattn_ctx_release, None, _ctx_p)
+_declare(lib.clattn_last_error, c_char_p, _ctx_p)
+_declare(lib.clattn_ctx_cl_context, c_void_p, _ctx_p)
+_declare(lib.clattn_ctx_queue, c_void_p, _ctx_p)
+_declare(lib.clattn_ctx_device, c_void_p, _ctx_p)
+_declare(lib.clattn_finish, c_int, _ctx_p)
+_declare(lib.clattn_sdpa_desc_init, None, POINTER(SdpaDesc))
+_declare(lib.clattn_sdpa_plan_create, c_int, _ctx_p, POINTER(SdpaDesc), POINTER(_plan_p))
+_declare(lib.clattn_mha_desc_init, None, POINTER(MhaDesc))
+_declare(lib.clattn_mha_plan_create, c_int, _ctx_p, POINTER(MhaDesc), POINTER(_plan_p))
+_declare(lib.clattn_plan_release, None, _plan_p)
+_declare(lib.clattn_plan_execute, c_int, _plan_p, POINTER(Tensors), c_void_p, c_void_p, c_uint,
+         c_void_p, c_void_p)
+
+# OpenCL 1.2 (the ICD loader's)
+CL_MEM_READ_WRITE = 1 << 0
+CL_MEM_READ_ONLY = 1 << 2
+CL_MEM_COPY_HOST_PTR = 1 << 5
+CL_DEVICE_NAME = 0x102B
+_declare(cl.clCreateBuffer, c_void_p, c_void_p, c_uint64, c_size_t, c_void_p, POINTER(c_int32))
+_declare(cl.clReleaseMemObject, c_int32, c_void_p)
+_declare(cl.clEnqueueReadBuffer, c_int32, c_void_p, c_void_p, c_uint, c_size_t, c_size_t,
+         c_void_p, c_uint, c_void_p, c_void_p)
+_declare(cl.clGetDeviceInfo, c_int32, c_void_p, c_uint, c_size_t, c_void_p, POINTER(c_size_t))

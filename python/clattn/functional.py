@@ -1,0 +1,312 @@
+"""clattn.scaled_dot_product_attention with PyTorch's argument meanings, on numpy arrays."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Optional
+
+import numpy as np
+
+from . import _lib
+from ._core import (ArgumentError, Buffer, Context, clattn_dtype, default_context, layout)
+from ._lib import lib
+
+_PATHS = {"auto": _lib.PATH_AUTO, "fused": _lib.PATH_FUSED, "unfused": _lib.PATH_UNFUSED}
+
+
+def _as_float(name: str, array) -> np.ndarray:
+    a = np.asarray(array)
+    if a.dtype == np.float64:
+        return a.astype(np.float32)
+    try:
+        clattn_dtype(a.dtype)
+    except TypeError:
+        raise TypeError(f"clattn: {name} has dtype {a.dtype}; expected float32, float16, "
+                        f"bfloat16 (ml_dtypes) or float64") from None
+    return a
+
+
+def _to_rank4(name: str, a: np.ndarray, batch: tuple) -> np.ndarray:
+    """(..., H, L, E) with leading dims broadcast to `batch`, as (B, H, L, E); a stride-0
+    batch is kept as such (no copy) where the leading dims are one."""
+    if a.ndim < 2:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"{name} has {a.ndim} dims; expected (..., L, E)")
+    if a.ndim == 2:
+        a = a[None]
+    target = tuple(batch) + a.shape[-3:]
+    try:
+        a = np.broadcast_to(a, target)
+    except ValueError:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"{name} has shape {a.shape}, whose batch dims do not broadcast "
+                            f"to {tuple(batch)}") from None
+    b = int(np.prod(batch)) if batch else 1
+    if len(batch) == 1:
+        return a
+    return np.ascontiguousarray(a).reshape((b,) + a.shape[-3:])
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal: bool = False,
+                                 scale: Optional[float] = None, enable_gqa: bool = False, *,
+                                 ctx: Optional[Context] = None,
+                                 path: str = "auto") -> np.ndarray:
+    """Attention as ``torch.nn.functional.scaled_dot_product_attention`` computes it, on the
+    clattn device.
+
+    query (..., Hq, L, E), key (..., H, S, E), value (..., H, S, Ev): numpy arrays of float32,
+    float16, bfloat16 (``ml_dtypes.bfloat16``) or float64 (computed in float32); the leading
+    dims broadcast. Rank 2 and 3 work as in PyTorch ((L, E), (N, L, E)).
+    attn_mask: broadcastable to (..., L, S); bool (True = the key takes part) or float (added
+    to the scaled scores; -inf masks). is_causal: query i sees keys j <= i (top-left); not
+    together with attn_mask. scale: None for 1/sqrt(E). enable_gqa: key and value may have
+    fewer heads H, a divisor of Hq (query head h attends with head h // (Hq // H)).
+    pyopencl arrays (``pyopencl.array.Array``, rank 2 to 4, float32 or float16, any strides)
+    are read where they lie and the result is a pyopencl array on the same queue, enqueued
+    there (no host round trip); the context is then ``Context.from_pyopencl(query.queue)``
+    (made once per queue) unless ctx is given.
+    ctx: the clattn.Context (None: the default one). path: "auto" (the fused kernel where it
+    applies), "fused" or "unfused".
+    Returns (..., Hq, L, Ev) in query's dtype. Raises clattn.ArgumentError (a ValueError) for
+    bad shapes or options, TypeError for unsupported dtypes, clattn.DeviceError for device
+    failures; a row whose keys are all masked gives zeros (PyTorch gives NaN)."""
+    if path not in _PATHS:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
+    if attn_mask is not None and is_causal:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            "attn_mask and is_causal are exclusive (as in PyTorch)")
+    if scale is not None and not math.isfinite(scale):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
+    if _is_pyopencl(query) or _is_pyopencl(key) or _is_pyopencl(value):
+        return _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, ctx,
+                              path)
+    q_in = np.asarray(query)
+    q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
+    if not (q.ndim == k.ndim == v.ndim) or q.ndim < 2:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"query, key and value must have the same rank >= 2 (got "
+                            f"{q.ndim}, {k.ndim}, {v.ndim})")
+    if k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2]:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"query {q.shape}, key {k.shape}, value {v.shape}: expected "
+                            f"(..., L, E), (..., S, E), (..., S, Ev)")
+    heads_q = q.shape[-3] if q.ndim >= 3 else 1
+    heads_k = k.shape[-3] if k.ndim >= 3 else 1
+    if v.ndim >= 3 and v.shape[-3] != heads_k:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"key has {heads_k} heads but value {v.shape[-3]}")
+    if heads_q != heads_k and not (enable_gqa and heads_k and heads_q % heads_k == 0):
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"query has {heads_q} heads, key and value {heads_k}: pass "
+                            f"enable_gqa=True with a divisor of the query heads")
+    try:
+        batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    except ValueError:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"the batch dims of query {q.shape}, key {k.shape} and value "
+                            f"{v.shape} do not broadcast") from None
+    batch4 = batch if len(batch) == 1 else (int(np.prod(batch)) if batch else 1,)
+    q4 = _to_rank4("query", q if q.ndim >= 3 else q[None], batch)
+    k4 = _to_rank4("key", k if k.ndim >= 3 else k[None], batch)
+    v4 = _to_rank4("value", v if v.ndim >= 3 else v[None], batch)
+    B, L, S = batch4[0], q4.shape[-2], k4.shape[-2]
+    Ev = v4.shape[-1]
+
+    mask4 = None
+    if attn_mask is not None:
+        m = np.asarray(attn_mask)
+        if m.dtype == np.bool_:
+            m = m.astype(np.uint8)
+            mask_dtype = _lib.U8
+        else:
+            m = _as_float("attn_mask", m)
+            mask_dtype = clattn_dtype(m.dtype)
+        try:
+            np.broadcast_shapes(m.shape, batch + (heads_q, L, S))
+        except ValueError:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"attn_mask has shape {m.shape}, which does not broadcast to "
+                                f"{batch + (heads_q, L, S)}") from None
+        if m.ndim > 4 or (m.ndim == 4 and len(batch) != 1):
+            m = np.ascontiguousarray(np.broadcast_to(m, batch + (heads_q, L, S)))
+            m = m.reshape((B, heads_q, L, S))
+        mask4 = (np.ascontiguousarray(m), mask_dtype)
+
+    ctx = ctx or default_context()
+    dtypes = tuple(clattn_dtype(a.dtype) for a in (q4, k4, v4))
+    out_dtype = dtypes[0]
+
+    def strides_of(a):
+        """Element strides; a dim of size 1 gets its packed stride (numpy may report 0 there,
+        which clattn takes as a broadcast and refuses along the head dim on some paths)."""
+        packed_strides = np.cumprod((a.shape[1:] + (1,))[::-1])[::-1]
+        return tuple(int(s // a.itemsize) if n > 1 else int(p)
+                     for s, n, p in zip(a.strides, a.shape, packed_strides))
+
+    def packed(a):  # a broadcast (stride-0) batch is uploaded once
+        if a.strides[0] == 0 and a.shape[0] > 1:
+            return np.ascontiguousarray(a[:1]), (0,) + strides_of(np.ascontiguousarray(a[:1]))[1:]
+        c = np.ascontiguousarray(a)
+        return c, strides_of(c)
+
+    (qc, qs), (kc, ks), (vc, vs) = packed(q4), packed(k4), packed(v4)
+    key_ = ("sdpa", q4.shape, k4.shape, v4.shape, dtypes, qs, ks, vs,
+            None if mask4 is None else (mask4[0].shape, mask4[1]), bool(is_causal),
+            scale, _PATHS[path])
+
+    def create():
+        desc = _lib.SdpaDesc()
+        lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+        t = desc.tensors
+        t.q = layout(dtypes[0], q4.shape, qs)
+        t.k = layout(dtypes[1], k4.shape, ks)
+        t.v = layout(dtypes[2], v4.shape, vs)
+        t.out = layout(out_dtype, (B, heads_q, L, Ev))
+        if mask4 is not None:
+            t.attn_mask = layout(mask4[1], mask4[0].shape)
+        desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
+        desc.scale = float("nan") if scale is None else float(scale)
+        desc.path = _PATHS[path]
+        plan = ctypes.c_void_p()
+        ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc),
+                                              ctypes.byref(plan)))
+        return plan
+
+    out = np.empty((B, heads_q, L, Ev), dtype=q4.dtype)
+    with ctx.lock:
+        plan = ctx.plan(key_, create)
+        buffers = [Buffer(ctx, qc), Buffer(ctx, kc), Buffer(ctx, vc),
+                   Buffer(ctx, nbytes=out.nbytes)]
+        tensors = _lib.Tensors()
+        tensors.q = layout(dtypes[0], q4.shape, qs)
+        tensors.k = layout(dtypes[1], k4.shape, ks)
+        tensors.v = layout(dtypes[2], v4.shape, vs)
+        tensors.out = layout(out_dtype, out.shape)
+        tensors.q.mem, tensors.k.mem, tensors.v.mem = (buffers[0].mem, buffers[1].mem,
+                                                       buffers[2].mem)
+        tensors.out.mem = buffers[3].mem
+        if mask4 is not None:
+            buffers.append(Buffer(ctx, mask4[0]))
+            tensors.attn_mask = layout(mask4[1], mask4[0].shape)
+            tensors.attn_mask.mem = buffers[-1].mem
+        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), None, None, 0, None,
+                                          None))
+        buffers[3].read(ctx, out)
+    result = out.reshape(tuple(batch) + (heads_q, L, Ev)) if len(batch) != 1 else out
+    if q_in.ndim == 2:
+        result = result.reshape(L, Ev)
+    elif q_in.ndim == 3 and not batch:
+        result = result.reshape(heads_q, L, Ev)
+    return result.astype(q_in.dtype) if q_in.dtype == np.float64 else result
+
+
+# --- pyopencl arrays --------------------------------------------------------------------------
+
+_queue_contexts: dict = {}
+
+
+def _is_pyopencl(x) -> bool:
+    return type(x).__module__.startswith("pyopencl") and hasattr(x, "queue")
+
+
+def _device_layout(name: str, a, rank: int):
+    """A pyopencl array as a clattn tensor bound to its buffer: (dims, strides) right-aligned
+    to `rank` dims (leading dims of 1 with stride 0), offset and strides in elements."""
+    if a.ndim < 2 or a.ndim > 4:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"{name} (a pyopencl array) has {a.ndim} dims; expected 2 to 4")
+    if any(s % a.dtype.itemsize for s in a.strides) or a.offset % a.dtype.itemsize:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"{name}: strides and offset must be whole elements")
+    pad = rank - a.ndim
+    dims = (1,) * pad + tuple(a.shape)
+    strides = (0,) * pad + tuple(s // a.dtype.itemsize for s in a.strides)
+    t = layout(clattn_dtype(a.dtype), dims, strides)
+    t.mem = a.base_data.int_ptr if hasattr(a, "base_data") else a.data.int_ptr
+    t.offset = a.offset // a.dtype.itemsize
+    return t
+
+
+def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, ctx, path):
+    import pyopencl.array as cla
+    arrays = (query, key, value)
+    if not all(_is_pyopencl(a) for a in arrays):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            "query, key and value must all be pyopencl arrays, or none")
+    queue = query.queue
+    if any(a.context.int_ptr != queue.context.int_ptr for a in arrays):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            "query, key and value belong to different OpenCL contexts")
+    if ctx is None:
+        ctx = _queue_contexts.get(queue.int_ptr)
+        if ctx is None:
+            ctx = _queue_contexts[queue.int_ptr] = Context.from_pyopencl(queue)
+    q, k, v = (_device_layout(n, a, 4) for n, a in zip(("query", "key", "value"), arrays))
+    heads_q, heads_k = q.dims[1], k.dims[1]
+    if heads_q != heads_k and not (enable_gqa and heads_q % heads_k == 0):
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"query has {heads_q} heads, key and value {heads_k}: pass "
+                            f"enable_gqa=True with a divisor of the query heads")
+    if attn_mask is not None and is_causal:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            "attn_mask and is_causal are exclusive (as in PyTorch)")
+    out_shape = tuple(query.shape[:-1]) + (value.shape[-1],)
+    out = cla.empty(queue, out_shape, query.dtype)
+    o = _device_layout("out", out, 4)
+    mask_t, keep = None, []
+    if attn_mask is not None:
+        if _is_pyopencl(attn_mask):
+            m = attn_mask
+            if m.dtype == np.bool_:
+                raise TypeError("clattn: a pyopencl attn_mask must be uint8 (nonzero = takes "
+                                "part) or float")
+            dims = tuple(m.shape)
+            strides = tuple(st // m.dtype.itemsize for st in m.strides)
+            mask_t = layout(_lib.U8 if m.dtype == np.uint8 else clattn_dtype(m.dtype), dims,
+                            strides)
+            mask_t.mem = m.base_data.int_ptr if hasattr(m, "base_data") else m.data.int_ptr
+            mask_t.offset = m.offset // m.dtype.itemsize
+        else:
+            m = np.asarray(attn_mask)
+            m = m.astype(np.uint8) if m.dtype == np.bool_ else _as_float("attn_mask", m)
+            if m.ndim > 4:
+                raise ArgumentError(_lib.ERR_INVALID_SHAPE, "attn_mask has more than 4 dims")
+            buffer = Buffer(ctx, np.ascontiguousarray(m))
+            keep.append(buffer)
+            mask_t = layout(_lib.U8 if m.dtype == np.uint8 else clattn_dtype(m.dtype), m.shape)
+            mask_t.mem = buffer.mem
+
+    def shape_key(t):
+        return (t.dtype, tuple(t.dims), tuple(t.strides))
+
+    key_ = ("sdpa-device", shape_key(q), shape_key(k), shape_key(v), shape_key(o),
+            None if mask_t is None else (mask_t.rank, shape_key(mask_t)), bool(is_causal),
+            scale, _PATHS[path])
+
+    def create():
+        desc = _lib.SdpaDesc()
+        lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+        desc.tensors.q, desc.tensors.k, desc.tensors.v, desc.tensors.out = q, k, v, o
+        if mask_t is not None:
+            desc.tensors.attn_mask = mask_t
+        desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
+        desc.scale = float("nan") if scale is None else float(scale)
+        desc.path = _PATHS[path]
+        plan = ctypes.c_void_p()
+        ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc),
+                                              ctypes.byref(plan)))
+        return plan
+
+    with ctx.lock:
+        plan = ctx.plan(key_, create)
+        tensors = _lib.Tensors()
+        tensors.q, tensors.k, tensors.v, tensors.out = q, k, v, o
+        if mask_t is not None:
+            tensors.attn_mask = mask_t
+        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), None, None, 0, None,
+                                          None))
+        if keep:  # the uploaded mask must outlive the kernels that read it
+            ctx.check(lib.clattn_finish(ctx.handle))
+    return out

@@ -1,0 +1,180 @@
+"""clattn.scaled_dot_product_attention against a float64 numpy reference (always) and PyTorch's
+CPU scaled_dot_product_attention (when torch is installed), on fresh random inputs at awkward
+sizes, both paths; property tests over shapes and masks with hypothesis (when installed); bad
+inputs raise, never crash. Run: pytest tests/python (CLATTN_LIBRARY may point at a build's
+libclattn.so; CLATTN_DEVICE picks the device)."""
+
+import math
+
+import numpy as np
+import pytest
+
+import clattn
+
+PATHS = ["fused", "unfused"]
+
+
+def reference(q, k, v, mask=None, causal=False, scale=None, gqa=False):
+    """float64 attention with PyTorch's meanings; fully masked rows give zeros (clattn's
+    rule; PyTorch gives NaN there)."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    if gqa and k.shape[-3] != q.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    keep = np.ones(s.shape, dtype=bool)
+    if causal:
+        L, S = s.shape[-2:]
+        keep &= np.tril(np.ones((L, S), dtype=bool))
+    if mask is not None:
+        m = np.asarray(mask)
+        if m.dtype == np.bool_:
+            keep &= np.broadcast_to(m, s.shape)
+        else:
+            s = s + m.astype(np.float64)
+            keep &= np.isfinite(s)
+    s = np.where(keep, s, -np.inf)
+    mx = np.max(s, axis=-1, keepdims=True)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    e = np.where(keep, np.exp(s - mx), 0.0)
+    total = e.sum(axis=-1, keepdims=True)
+    w = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
+    return np.matmul(w, v)
+
+
+def rand(rng, *shape, dtype=np.float32):
+    return rng.uniform(-1, 1, size=shape).astype(dtype)
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    with clattn.Context() as context:
+        yield context
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", [
+    ((1, 1, 1, 1), (1, 1, 1, 1)),
+    ((2, 3, 17, 8), (2, 3, 23, 8)),
+    ((1, 4, 63, 64), (1, 4, 65, 64)),
+    ((3, 2, 129, 17), (3, 2, 127, 17)),
+    ((5, 7), (11, 7)),              # (L, E)
+    ((3, 5, 6), (3, 9, 6)),          # (N, L, E)
+    ((2, 2, 3, 5, 8), (2, 2, 3, 7, 8)),  # two batch dims
+])
+def test_shapes(ctx, path, shape):
+    rng = np.random.default_rng(hash(shape) % 2**32)
+    q, k, v = rand(rng, *shape[0]), rand(rng, *shape[1]), rand(rng, *shape[1])
+    out = clattn.scaled_dot_product_attention(q, k, v, ctx=ctx, path=path)
+    assert out.shape == q.shape and out.dtype == np.float32
+    np.testing.assert_allclose(out, reference(q, k, v), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_causal_scale_gqa(ctx, path):
+    rng = np.random.default_rng(1)
+    q, k, v = rand(rng, 2, 8, 31, 16), rand(rng, 2, 2, 31, 16), rand(rng, 2, 2, 31, 16)
+    out = clattn.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.7,
+                                              enable_gqa=True, ctx=ctx, path=path)
+    np.testing.assert_allclose(out, reference(q, k, v, causal=True, scale=0.7, gqa=True),
+                               rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("mask_shape", [(13, 29), (1, 13, 29), (2, 1, 13, 29), (29,),
+                                        (2, 4, 13, 29)])
+def test_masks(ctx, path, kind, mask_shape):
+    rng = np.random.default_rng(2)
+    q, k, v = rand(rng, 2, 4, 13, 8), rand(rng, 2, 4, 29, 8), rand(rng, 2, 4, 29, 8)
+    if kind == "bool":
+        mask = rng.random(mask_shape) < 0.7
+    else:
+        mask = rng.uniform(-1, 1, mask_shape).astype(np.float32)
+        mask[rng.random(mask_shape) < 0.2] = -np.inf
+    out = clattn.scaled_dot_product_attention(q, k, v, attn_mask=mask, ctx=ctx, path=path)
+    np.testing.assert_allclose(out, reference(q, k, v, mask=mask), rtol=1e-5, atol=2e-6)
+
+
+def test_fully_masked_rows_are_zero(ctx):
+    rng = np.random.default_rng(3)
+    q, k, v = rand(rng, 1, 1, 4, 8), rand(rng, 1, 1, 6, 8), rand(rng, 1, 1, 6, 8)
+    mask = np.ones((4, 6), dtype=bool)
+    mask[2] = False
+    out = clattn.scaled_dot_product_attention(q, k, v, attn_mask=mask, ctx=ctx)
+    assert np.all(out[0, 0, 2] == 0.0)
+    np.testing.assert_allclose(out, reference(q, k, v, mask=mask), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_dtypes(ctx, dtype):
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        dt = np.dtype(ml_dtypes.bfloat16)
+        tol = 2e-2
+    else:
+        dt = np.dtype(dtype)
+        tol = 2e-3 if dtype == "float16" else 1e-5
+    rng = np.random.default_rng(4)
+    q, k, v = (rand(rng, 2, 3, 19, 16).astype(dt) for _ in range(3))
+    out = clattn.scaled_dot_product_attention(q, k, v, ctx=ctx)
+    assert out.dtype == dt
+    want = reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda q: clattn.scaled_dot_product_attention(q, q[:, :3], q[:, :3]), clattn.ArgumentError),
+    (lambda q: clattn.scaled_dot_product_attention(q, q[..., :5], q), clattn.ArgumentError),
+    (lambda q: clattn.scaled_dot_product_attention(q[0, 0, 0], q, q), clattn.ArgumentError),
+    (lambda q: clattn.scaled_dot_product_attention(q, q, q, path="fast"), clattn.ArgumentError),
+    (lambda q: clattn.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((3, 3), bool),
+                                                   is_causal=True), clattn.ArgumentError),
+    (lambda q: clattn.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((4, 9), bool)),
+     clattn.ArgumentError),
+    (lambda q: clattn.scaled_dot_product_attention(q.astype(np.int32), q, q), TypeError),
+    (lambda q: clattn.scaled_dot_product_attention(q, q, q, scale=float("inf")),
+     clattn.ArgumentError),
+])
+def test_bad_inputs_raise(ctx, call, error):
+    q = np.ones((2, 4, 7, 8), dtype=np.float32)
+    with pytest.raises(error) as info:
+        call(q)
+    assert str(info.value)
+
+
+def test_errors_carry_the_library_message(ctx):
+    q = np.ones((1, 1, 3, 300), dtype=np.float32)
+    with pytest.raises(clattn.DeviceError) as info:  # head size 300: no fused kernel
+        clattn.scaled_dot_product_attention(q, q, q, ctx=ctx, path="fused")
+    assert info.value.status_name.startswith("CLATTN_ERR")
+    assert "256" in str(info.value)
+
+
+def test_context_device_spec():
+    with pytest.raises(clattn.DeviceError):
+        clattn.Context("99:99")
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.integers(1, 3), h=st.integers(1, 4), lq=st.integers(1, 40), lk=st.integers(1, 40),
+       d=st.integers(1, 32), causal=st.booleans(), mask=st.sampled_from([None, "bool", "float"]),
+       path=st.sampled_from(PATHS), seed=st.integers(0, 2**31))
+def test_property_random_problems(b, h, lq, lk, d, causal, mask, path, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v = rand(rng, b, h, lq, d), rand(rng, b, h, lk, d), rand(rng, b, h, lk, d)
+    m = None
+    if mask == "bool":
+        m = rng.random((lq, lk)) < 0.6
+    elif mask == "float":
+        m = rng.uniform(-2, 2, (1, h, lq, lk)).astype(np.float32)
+    if m is not None:
+        causal = False
+    out = clattn.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal, path=path)
+    np.testing.assert_allclose(out, reference(q, k, v, mask=m, causal=causal), rtol=1e-5,
+                               atol=2e-6)
