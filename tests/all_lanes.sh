@@ -36,7 +36,8 @@
 #             tiers
 #   python    the Python package (tests/python/run.sh): a venv build/venv-python (numpy, pytest,
 #             hypothesis, ml_dtypes, pyopencl from PyPI), `pip install .` through the in-tree
-#             backend, pytest on tests/python; the same in both tiers (under a minute)
+#             backend, pytest on tests/python; then again on a wheel built with ASan + UBSan
+#             (CLATTN_PY_ASAN=1); the same in both tiers (about two minutes)
 #   mutants   every mutant of tests/mutants/mutants.txt must be killed (tests/mutants/run.sh);
 #             --full only (about 15 minutes: each mutant reruns the suites that should kill it)
 #
@@ -125,7 +126,10 @@ lane_oclgrind() {
 }
 lane_onnx() { ensure_build && POCL_CACHE_DIR="$cache" tests/onnx/run.sh build; }
 lane_mutants() { ensure_build && tests/mutants/run.sh build; }
-lane_python() { ensure_build && POCL_CACHE_DIR="$cache" tests/python/run.sh build; }
+lane_python() {
+    ensure_build && POCL_CACHE_DIR="$cache" tests/python/run.sh build &&
+        POCL_CACHE_DIR="$cache" CLATTN_PY_ASAN=1 tests/python/run.sh build
+}
 
 names=() results=() times=()
 failed=0

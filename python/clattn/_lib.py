@@ -65,6 +65,25 @@ class MhaDesc(Structure):
                 ("rope_dims", c_size_t), ("rope_base", c_double), ("rope_start", c_size_t)]
 
 
+class PosencDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("tensors", Tensors), ("kind", c_int),
+                ("start", c_size_t), ("base", c_double)]
+
+
+class RopeDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("tensors", Tensors), ("style", c_int),
+                ("rotary_dim", c_size_t), ("base", c_double), ("start", c_size_t)]
+
+
+class KvCacheDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("batch", c_size_t), ("kv_heads", c_size_t),
+                ("capacity", c_size_t), ("head_dim_qk", c_size_t), ("head_dim_v", c_size_t),
+                ("dtype", c_int)]
+
+
+POSENC_SINUSOIDAL, POSENC_TABLE = 0, 1
+ROPE_HALVES, ROPE_PAIRS = 0, 1
+
 # clattn_weight_layout, clattn_need_weights
 LAYOUT_XW, LAYOUT_TORCH = 0, 1
 WEIGHTS_NONE, WEIGHTS_PER_HEAD, WEIGHTS_AVERAGED = 0, 1, 2
@@ -124,6 +143,19 @@ _declare(lib.clattn_sdpa_plan_create, c_int, _ctx_p, POINTER(SdpaDesc), POINTER(
 _declare(lib.clattn_mha_desc_init, None, POINTER(MhaDesc))
 _declare(lib.clattn_mha_plan_create, c_int, _ctx_p, POINTER(MhaDesc), POINTER(_plan_p))
 _declare(lib.clattn_plan_release, None, _plan_p)
+_declare(lib.clattn_posenc_desc_init, None, POINTER(PosencDesc))
+_declare(lib.clattn_posenc_plan_create, c_int, _ctx_p, POINTER(PosencDesc), POINTER(_plan_p))
+_declare(lib.clattn_rope_desc_init, None, POINTER(RopeDesc))
+_declare(lib.clattn_rope_plan_create, c_int, _ctx_p, POINTER(RopeDesc), POINTER(_plan_p))
+_declare(lib.clattn_kv_cache_desc_init, None, POINTER(KvCacheDesc))
+_declare(lib.clattn_kv_cache_create, c_int, _ctx_p, POINTER(KvCacheDesc), POINTER(c_void_p))
+_declare(lib.clattn_kv_cache_release, None, c_void_p)
+_declare(lib.clattn_kv_cache_append, c_int, c_void_p, POINTER(Tensor), POINTER(Tensor), c_uint,
+         c_void_p, c_void_p)
+_declare(lib.clattn_kv_cache_reset, c_int, c_void_p, c_uint, c_void_p, c_void_p)
+_declare(lib.clattn_kv_cache_length, c_size_t, c_void_p)
+_declare(lib.clattn_kv_cache_tensors, None, c_void_p, POINTER(Tensor), POINTER(Tensor),
+         POINTER(Tensor))
 _declare(lib.clattn_plan_execute, c_int, _plan_p, POINTER(Tensors), c_void_p, c_void_p, c_uint,
          c_void_p, c_void_p)
 

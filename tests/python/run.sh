@@ -1,37 +1,62 @@
 #!/bin/bash
 # The Python package's lane: a virtual environment BUILD_DIR/venv-python (made on the first
-# run: numpy, pytest, hypothesis, ml_dtypes from PyPI; never pip-install them system-wide, that
-# shadows Debian's numpy), `pip install .` through the in-tree backend (python/build_backend:
+# run: tests/python/requirements.txt from PyPI: numpy, pyopencl, pytest, hypothesis, ml_dtypes,
+# onnx; never pip-install them system-wide, that shadows Debian's numpy), `pip install .` through the in-tree backend (python/build_backend:
 # CMake builds libclattn into the wheel, offline), then pytest on tests/python from outside
 # the source tree, so the installed wheel is what runs. Prints its time; exits with pytest's
 # status.
 #
 #   tests/python/run.sh BUILD_DIR [pytest options...]
 #
+# CLATTN_PY_ASAN=1: the same tests on a wheel whose libclattn is built with ASan + UBSan
+# (CLATTN_CMAKE_ARGS=-DCLATTN_SANITIZE=ON, build BUILD_DIR/python-asan, venv
+# BUILD_DIR/venv-python-asan), the sanitizer runtimes preloaded into Python and only PoCL's ICD
+# loaded (as the asan lane); leak checking off (the interpreter's own allocations).
+#
 # torch is not installed: its Linux wheels on PyPI carry CUDA (gigabytes), and PyTorch's CPU
 # index is not reachable from CI; test_torch.py then skips, and the float64 references carry
 # the lane. CLATTN_PY_VENV=DIR uses an existing venv instead (e.g. one with torch, such as
-# bench/peers.sh's /work/venv-peers): pytest and hypothesis are added to it if missing.
+# bench/peers.sh's /work/venv-peers): the requirements are added to it if missing.
 set -u -o pipefail
 build=$(cd "${1:?usage: tests/python/run.sh BUILD_DIR [pytest options...]}" && pwd) || exit 2
 shift
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
+asan=${CLATTN_PY_ASAN:-0}
 venv=${CLATTN_PY_VENV:-$build/venv-python}
+wheel_build=$build/python-wheel
+cmake_args=${CLATTN_CMAKE_ARGS:-}
+if [ "$asan" = 1 ]; then
+    venv=$build/venv-python-asan
+    wheel_build=$build/python-asan
+    cmake_args="$cmake_args -DCLATTN_SANITIZE=ON"
+fi
 start=$(date +%s)
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import numpy, pytest, hypothesis' \
-        2>/dev/null; then
+needs='import numpy, pytest, hypothesis, ml_dtypes, onnx, pyopencl'
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "$needs" 2>/dev/null; then
     { [ -x "$venv/bin/python" ] || python3 -m venv "$venv"; } &&
         "$venv/bin/pip" install -q -r "$here/requirements.txt" || {
         echo "python: cannot set up $venv (python3-venv, and PyPI for the test packages)" >&2
         exit 1
     }
 fi
-CLATTN_BUILD_DIR=$build/python-wheel "$venv/bin/pip" install -q --force-reinstall --no-deps \
-    "$root" || { echo "python: pip install . failed" >&2; exit 1; }
+CLATTN_BUILD_DIR=$wheel_build CLATTN_CMAKE_ARGS=$cmake_args "$venv/bin/pip" install -q \
+    --force-reinstall --no-deps "$root" || { echo "python: pip install . failed" >&2; exit 1; }
 cd "$build" || exit 1
-POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$venv/bin/python" -m pytest -q \
-    -p no:cacheprovider "$root/tests/python" "$@"
-status=$?
-echo "python lane: pytest exited $status after $(( $(date +%s) - start )) s"
+if [ "$asan" = 1 ]; then
+    vendors=$(mktemp -d)
+    cp /etc/OpenCL/vendors/pocl.icd "$vendors/" 2>/dev/null || cp /etc/OpenCL/vendors/*.icd "$vendors/"
+    LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
+        ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        OCL_ICD_VENDORS=$vendors POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} \
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/python" "$@"
+    status=$?
+    rm -rf "$vendors"
+else
+    POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$venv/bin/python" -m pytest -q \
+        -p no:cacheprovider "$root/tests/python" "$@"
+    status=$?
+fi
+echo "python lane$([ "$asan" = 1 ] && echo ' (asan)'): pytest exited $status after" \
+    "$(( $(date +%s) - start )) s"
 exit $status

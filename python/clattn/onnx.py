@@ -1,0 +1,199 @@
+"""clattn.onnx_attention: the ONNX ``Attention`` operator (opset 23/24) on the clattn device."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Dict, Optional
+
+import numpy as np
+
+from . import _lib
+from ._core import ArgumentError, Buffer, Context, clattn_dtype, default_context, layout
+from ._lib import lib
+from .functional import _PATHS
+
+
+def _array(name: str, value) -> np.ndarray:
+    a = np.asarray(value)
+    if a.dtype == np.float64:
+        a = a.astype(np.float32)
+    if a.dtype.kind not in "fV" and a.dtype != np.bool_:
+        raise TypeError(f"clattn: {name} has dtype {a.dtype}; expected floats")
+    return np.ascontiguousarray(a)
+
+
+def _heads_view(name: str, a: np.ndarray, heads: Optional[int]):
+    """(dims, strides) of a (B, H, L, d) view: rank 4 as is, rank 3 (B, L, H*d) split into
+    `heads` heads (ONNX's q_num_heads / kv_num_heads) without a copy."""
+    if a.ndim == 4:
+        if heads is not None and heads != a.shape[1]:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"{name} has {a.shape[1]} heads but the attribute says {heads}")
+        b, h, l, d = a.shape
+        return (b, h, l, d), (h * l * d, l * d, d, 1)
+    if a.ndim == 3:
+        if not heads:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"{name} is 3-d (B, L, H*d): give its number of heads "
+                                f"(q_num_heads / kv_num_heads)")
+        b, l, width = a.shape
+        if width % heads:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"{name}'s {width} features do not split into {heads} heads")
+        d = width // heads
+        return (b, heads, l, d), (l * width, d, width, 1)
+    raise ArgumentError(_lib.ERR_INVALID_SHAPE, f"{name} has {a.ndim} dims; expected 3 or 4")
+
+
+def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
+                   nonpad_kv_seqlen=None, *, is_causal: int = 0,
+                   kv_num_heads: Optional[int] = None, q_num_heads: Optional[int] = None,
+                   qk_matmul_output_mode: int = 0, scale: Optional[float] = None,
+                   softcap: float = 0.0, softmax_precision: Optional[int] = None,
+                   left_window_size: int = -1, right_window_size: int = -1,
+                   want_qk_matmul_output: bool = False, ctx: Optional[Context] = None,
+                   path: str = "auto") -> Dict[str, np.ndarray]:
+    """ONNX ``Attention``: inputs and attributes by their ONNX names; returns a dict with
+    ``Y`` and, as ONNX gives them, ``present_key`` and ``present_value`` (when past_key is
+    given) and ``qk_matmul_output`` (when ``want_qk_matmul_output``; modes 0 to 3).
+
+    Q (B, q_heads, q_seq, d) or (B, q_seq, q_heads * d) with q_num_heads (K and V likewise
+    with kv_num_heads; kv heads divide q heads); float32, float16, bfloat16 (ml_dtypes) or
+    float64 (computed in float32). attn_mask: bool (True = attend) or float (added), rank 1..4
+    broadcasting to (B, q_heads, q_seq, total_seq); a shorter last dim is padded as masked
+    (ONNX's rule). past_key/past_value (B, kv_heads, past, d). nonpad_kv_seqlen (B) integers:
+    batch b's keys are 0 .. n[b] - 1. is_causal: ONNX's rule (the offset is the past length,
+    else n[b] - q_seq). softmax_precision 11 (double) normalises in double (the unfused path,
+    devices with fp64). Outputs take ONNX's types: Y and qk_matmul_output Q's, present_key K's,
+    present_value V's. A fully masked row gives zeros."""
+    if path not in _PATHS:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
+    if qk_matmul_output_mode not in (0, 1, 2, 3):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"qk_matmul_output_mode={qk_matmul_output_mode}: expected 0..3")
+    if softmax_precision not in (None, 1, 11):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"softmax_precision={softmax_precision}: clattn takes 1 (float) "
+                            f"or 11 (double)")
+    if scale is not None and not math.isfinite(scale):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
+    if (past_key is None) != (past_value is None):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, "past_key and past_value go together")
+    ctx = ctx or default_context()
+    q, k, v = _array("Q", Q), _array("K", K), _array("V", V)
+    if not (q.ndim == k.ndim == v.ndim):
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE, "Q, K and V must all be 3-d or all 4-d")
+    q_dims, q_strides = _heads_view("Q", q, q_num_heads)
+    kv_heads = kv_num_heads if kv_num_heads is not None else q_num_heads
+    k_dims, k_strides = _heads_view("K", k, kv_heads)
+    v_dims, v_strides = _heads_view("V", v, kv_heads)
+    b, hq, lq, d = q_dims
+    hkv, lk_new = k_dims[1], k_dims[2]
+    dv = v_dims[3]
+    past = 0
+    pk = pv = None
+    if past_key is not None:
+        pk, pv = _array("past_key", past_key), _array("past_value", past_value)
+        if pk.ndim != 4 or pv.ndim != 4 or pk.shape[:2] != (b, hkv) or \
+                pv.shape[:3] != pk.shape[:3] or pk.shape[3] != d or pv.shape[3] != dv:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"past_key {pk.shape} and past_value {pv.shape}: expected "
+                                f"({b}, {hkv}, P, {d}) and ({b}, {hkv}, P, {dv})")
+        past = pk.shape[2]
+    total = past + lk_new
+
+    desc = _lib.SdpaDesc()
+    lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+    t = desc.tensors
+    dt = {n: clattn_dtype(a.dtype) for n, a in (("q", q), ("k", k), ("v", v))}
+    t.q, t.k = layout(dt["q"], q_dims, q_strides), layout(dt["k"], k_dims, k_strides)
+    t.v = layout(dt["v"], v_dims, v_strides)
+    rank3 = q.ndim == 3
+    out_strides = (hq * lq * dv, dv, hq * dv, 1) if rank3 else None
+    t.out = layout(dt["q"], (b, hq, lq, dv), out_strides)
+    keep: dict = {}
+    mask = None
+    if attn_mask is not None:
+        m = np.asarray(attn_mask)
+        if m.ndim < 1 or m.ndim > 4 or m.shape[-1] > total:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"attn_mask has shape {m.shape}; expected rank 1..4 with at "
+                                f"most {total} keys")
+        if m.shape[-1] < total:  # ONNX pads a short mask as masked
+            pad = [(0, 0)] * (m.ndim - 1) + [(0, total - m.shape[-1])]
+            m = np.pad(m, pad, constant_values=(False if m.dtype == np.bool_ else -np.inf))
+        if m.dtype == np.bool_:
+            mask = (np.ascontiguousarray(m.astype(np.uint8)), _lib.U8)
+        else:
+            m = _array("attn_mask", m)
+            mask = (m, clattn_dtype(m.dtype))
+        t.attn_mask = layout(mask[1], mask[0].shape)
+    if pk is not None:
+        t.past_k = layout(clattn_dtype(pk.dtype), pk.shape)
+        t.past_v = layout(clattn_dtype(pv.dtype), pv.shape)
+        t.present_k = layout(dt["k"], (b, hkv, total, d))
+        t.present_v = layout(dt["v"], (b, hkv, total, dv))
+    counts = None
+    if nonpad_kv_seqlen is not None:
+        counts = np.ascontiguousarray(np.asarray(nonpad_kv_seqlen), dtype=np.int32)
+        if counts.shape != (b,):
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"nonpad_kv_seqlen has shape {counts.shape}, expected ({b},)")
+        t.kv_seqlen = layout(_lib.I32, (b,))
+    scores_shape = (b, hq, lq, total)
+    if want_qk_matmul_output:
+        target = "weights" if qk_matmul_output_mode == 3 else "scores"
+        setattr(t, target, layout(_lib.F32, scores_shape))
+        desc.scores_mode = 0 if qk_matmul_output_mode == 3 else qk_matmul_output_mode
+    desc.causal = _lib.CAUSAL_ONNX if is_causal else _lib.CAUSAL_NONE
+    if left_window_size >= 0 or right_window_size >= 0:
+        desc.window_align = _lib.CAUSAL_ONNX
+        desc.window_left, desc.window_right = left_window_size, right_window_size
+    desc.scale = float("nan") if scale is None else float(scale)
+    desc.softcap = float(softcap)
+    desc.softmax_f64 = 1 if softmax_precision == 11 else 0
+    desc.path = _PATHS[path]
+
+    plan = ctypes.c_void_p()
+    ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc), ctypes.byref(plan)))
+    outputs: Dict[str, np.ndarray] = {}
+    try:
+        y = np.empty((b, lq, hq * dv) if rank3 else (b, hq, lq, dv), q.dtype)
+        with ctx.lock:
+            bound = _lib.Tensors()
+            for role, array in (("q", q), ("k", k), ("v", v), ("past_k", pk), ("past_v", pv),
+                                ("kv_seqlen", counts),
+                                ("attn_mask", None if mask is None else mask[0])):
+                if array is not None:
+                    keep[role] = Buffer(ctx, array)
+                    setattr(bound, role, getattr(t, role))
+                    getattr(bound, role).mem = keep[role].mem
+            results = {"out": y}
+            if pk is not None:
+                results["present_k"] = np.empty((b, hkv, total, d), k.dtype)
+                results["present_v"] = np.empty((b, hkv, total, dv), v.dtype)
+            if want_qk_matmul_output:
+                results["weights" if qk_matmul_output_mode == 3 else "scores"] = \
+                    np.empty(scores_shape, np.float32)
+            for role, array in results.items():
+                keep[role] = Buffer(ctx, nbytes=array.nbytes)
+                setattr(bound, role, getattr(t, role))
+                getattr(bound, role).mem = keep[role].mem
+            ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), None, None, 0, None,
+                                              None))
+            for role, array in results.items():
+                keep[role].read(ctx, array)
+    finally:
+        lib.clattn_plan_release(plan)
+    outputs["Y"] = y
+    if pk is not None:
+        outputs["present_key"] = results["present_k"]
+        outputs["present_value"] = results["present_v"]
+    if want_qk_matmul_output:
+        scores = results["weights" if qk_matmul_output_mode == 3 else "scores"]
+        outputs["qk_matmul_output"] = scores.astype(q.dtype)
+    if np.asarray(Q).dtype == np.float64:
+        outputs = {name: a.astype(np.float64) for name, a in outputs.items()}
+    return outputs

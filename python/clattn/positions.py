@@ -1,0 +1,237 @@
+"""Positional encodings, rotary embeddings and the KV cache, as the C library has them."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Optional
+
+import numpy as np
+
+from . import _lib
+from ._core import ArgumentError, Buffer, Context, clattn_dtype, default_context, layout
+from ._lib import lib
+from .functional import _PATHS, _as_float
+
+_STYLES = {"halves": _lib.ROPE_HALVES, "pairs": _lib.ROPE_PAIRS}
+
+
+def positional_encoding(x=None, *, seq: Optional[int] = None, dim: Optional[int] = None,
+                        start: int = 0, base: float = 10000.0, table=None,
+                        ctx: Optional[Context] = None) -> np.ndarray:
+    """*Attention Is All You Need*'s sinusoidal table, or a learned ``table`` (max_len, dim),
+    for positions start .. start + seq - 1 (clattn_posenc_plan_create).
+
+    With ``x`` ((seq, dim), (batch, seq, dim) or rank 4; numpy, float32/float16/bfloat16/
+    float64): returns x + PE in x's dtype. Without x: returns the (seq, dim) table, float32.
+    PE(pos, 2k) = sin(pos / base^(2k/dim)), PE(pos, 2k+1) = cos(...); the angle is reduced in
+    extended precision on the device (within about 1e-6 below position 2^24)."""
+    ctx = ctx or default_context()
+    if x is not None:
+        x_in = np.asarray(x)
+        xa = _as_float("x", x_in)
+        if xa.ndim < 2 or xa.ndim > 4:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"x has {xa.ndim} dims; expected (seq, dim) up to rank 4")
+        shape, out_dtype = xa.shape, xa.dtype
+    else:
+        if seq is None or dim is None:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, "give x, or seq and dim")
+        shape, out_dtype = (int(seq), int(dim)), np.dtype(np.float32)
+    desc = _lib.PosencDesc()
+    lib.clattn_posenc_desc_init(ctypes.byref(desc))
+    desc.kind = _lib.POSENC_TABLE if table is not None else _lib.POSENC_SINUSOIDAL
+    desc.start, desc.base = int(start), float(base)
+    t = desc.tensors
+    keep = []
+    if x is not None:
+        t.q = layout(clattn_dtype(xa.dtype), shape)
+    t.out = layout(clattn_dtype(out_dtype), shape)
+    tab = None
+    if table is not None:
+        tab = _as_float("table", table)
+        t.pos_table = layout(clattn_dtype(tab.dtype), tab.shape)
+    plan = ctypes.c_void_p()
+    ctx.check(lib.clattn_posenc_plan_create(ctx.handle, ctypes.byref(desc), ctypes.byref(plan)))
+    try:
+        out = np.empty(shape, out_dtype)
+        with ctx.lock:
+            bound = _lib.Tensors()
+            result = Buffer(ctx, nbytes=out.nbytes)
+            keep.append(result)
+            bound.out = layout(clattn_dtype(out_dtype), shape)
+            bound.out.mem = result.mem
+            if x is not None:
+                keep.append(Buffer(ctx, xa))
+                bound.q = layout(clattn_dtype(xa.dtype), shape)
+                bound.q.mem = keep[-1].mem
+            if tab is not None:
+                keep.append(Buffer(ctx, tab))
+                bound.pos_table = layout(clattn_dtype(tab.dtype), tab.shape)
+                bound.pos_table.mem = keep[-1].mem
+            ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), None, None, 0, None,
+                                              None))
+            result.read(ctx, out)
+    finally:
+        lib.clattn_plan_release(plan)
+    if x is not None and x_in.dtype == np.float64:
+        return out.astype(np.float64)
+    return out
+
+
+def rotary_embedding(x, *, style: str = "halves", rotary_dim: int = 0, base: float = 10000.0,
+                     start: int = 0, position_ids=None,
+                     ctx: Optional[Context] = None) -> np.ndarray:
+    """Rotary position embeddings (RoPE; clattn_rope_plan_create) on x (batch, heads, seq,
+    head_dim): the first ``rotary_dim`` columns (0: all) of each row turned pair by pair by
+    pos * base^(-2j / rotary_dim); pairs (x[j], x[j + r/2]) for ``style="halves"`` (GPT-NeoX,
+    Llama) or (x[2j], x[2j+1]) for ``"pairs"`` (RoFormer). Positions: ``position_ids``
+    (batch, seq) integers, else start + s. Returns x's shape and dtype."""
+    if style not in _STYLES:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"style={style!r}: expected 'halves' or 'pairs'")
+    ctx = ctx or default_context()
+    x_in = np.asarray(x)
+    xa = _as_float("x", x_in)
+    if xa.ndim != 4:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"x has shape {xa.shape}; expected (batch, heads, seq, head_dim)")
+    desc = _lib.RopeDesc()
+    lib.clattn_rope_desc_init(ctypes.byref(desc))
+    desc.style, desc.rotary_dim = _STYLES[style], int(rotary_dim)
+    desc.base, desc.start = float(base), int(start)
+    dtype = clattn_dtype(xa.dtype)
+    desc.tensors.q = layout(dtype, xa.shape)
+    desc.tensors.out = layout(dtype, xa.shape)
+    ids = None
+    if position_ids is not None:
+        ids = np.ascontiguousarray(np.asarray(position_ids), dtype=np.int32)
+        if ids.shape != (xa.shape[0], xa.shape[2]):
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"position_ids has shape {ids.shape}, expected "
+                                f"({xa.shape[0]}, {xa.shape[2]})")
+        desc.tensors.position_ids = layout(_lib.I32, ids.shape)
+    plan = ctypes.c_void_p()
+    ctx.check(lib.clattn_rope_plan_create(ctx.handle, ctypes.byref(desc), ctypes.byref(plan)))
+    try:
+        out = np.empty(xa.shape, xa.dtype)
+        with ctx.lock:
+            src, dst = Buffer(ctx, xa), Buffer(ctx, nbytes=out.nbytes)
+            bound = _lib.Tensors()
+            bound.q, bound.out = layout(dtype, xa.shape), layout(dtype, xa.shape)
+            bound.q.mem, bound.out.mem = src.mem, dst.mem
+            id_buffer = None
+            if ids is not None:
+                id_buffer = Buffer(ctx, ids)
+                bound.position_ids = layout(_lib.I32, ids.shape)
+                bound.position_ids.mem = id_buffer.mem
+            ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), None, None, 0, None,
+                                              None))
+            dst.read(ctx, out)
+    finally:
+        lib.clattn_plan_release(plan)
+    return out.astype(np.float64) if x_in.dtype == np.float64 else out
+
+
+class KVCache:
+    """Keys and values of a fixed capacity on the device, for decoding (clattn_kv_cache):
+    ``append(k, v)`` adds (batch, kv_heads, T, head_dim) steps on the device, ``attend(q)``
+    runs one query block (batch, heads, Lq, head_dim) against every key so far (causal,
+    bottom-right: the queries are the last Lq positions), with one plan per query shape that
+    serves every step (the fill level is read on the device)."""
+
+    def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int,
+                 head_dim_v: Optional[int] = None, dtype=np.float32, *,
+                 ctx: Optional[Context] = None):
+        self.ctx = ctx or default_context()
+        self.dtype = np.dtype(dtype)
+        desc = _lib.KvCacheDesc()
+        lib.clattn_kv_cache_desc_init(ctypes.byref(desc))
+        desc.batch, desc.kv_heads, desc.capacity = batch, kv_heads, capacity
+        desc.head_dim_qk = head_dim
+        desc.head_dim_v = head_dim_v if head_dim_v is not None else head_dim
+        desc.dtype = clattn_dtype(self.dtype)
+        self._handle = ctypes.c_void_p()
+        self.ctx.check(lib.clattn_kv_cache_create(self.ctx.handle, ctypes.byref(desc),
+                                                  ctypes.byref(self._handle)))
+        self.shape = (batch, kv_heads, capacity, head_dim, desc.head_dim_v)
+        self._plans: dict = {}
+
+    def __len__(self) -> int:
+        return int(lib.clattn_kv_cache_length(self._handle))
+
+    def append(self, key, value) -> None:
+        """Appends (batch, kv_heads, T, head_dim) keys and values (numpy, the cache's dtype or
+        convertible to it); past the capacity it raises, naming it."""
+        k = np.ascontiguousarray(np.asarray(key), dtype=self.dtype)
+        v = np.ascontiguousarray(np.asarray(value), dtype=self.dtype)
+        dtype = clattn_dtype(self.dtype)
+        with self.ctx.lock:
+            kb, vb = Buffer(self.ctx, k), Buffer(self.ctx, v)
+            kt, vt = layout(dtype, k.shape), layout(dtype, v.shape)
+            kt.mem, vt.mem = kb.mem, vb.mem
+            self.ctx.check(lib.clattn_kv_cache_append(self._handle, ctypes.byref(kt),
+                                                      ctypes.byref(vt), 0, None, None))
+            self.ctx.check(lib.clattn_finish(self.ctx.handle))  # the staging buffers go next
+
+    def reset(self) -> None:
+        self.ctx.check(lib.clattn_kv_cache_reset(self._handle, 0, None, None))
+
+    def attend(self, query, *, scale: Optional[float] = None, path: str = "auto") -> np.ndarray:
+        """Attention of query (batch, heads, Lq, head_dim) (heads a multiple of kv_heads:
+        grouped-query) over the cache's keys so far, causal bottom-right. Returns (batch,
+        heads, Lq, head_dim_v) in query's dtype."""
+        if path not in _PATHS:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
+        if scale is not None and not math.isfinite(scale):
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
+        q = np.ascontiguousarray(_as_float("query", query))
+        if q.ndim != 4:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"query has shape {q.shape}; expected (batch, heads, Lq, d)")
+        k_t, v_t, len_t = _lib.Tensor(), _lib.Tensor(), _lib.Tensor()
+        lib.clattn_kv_cache_tensors(self._handle, ctypes.byref(k_t), ctypes.byref(v_t),
+                                    ctypes.byref(len_t))
+        dtype = clattn_dtype(q.dtype)
+        out_shape = q.shape[:3] + (self.shape[4],)
+        key_ = (q.shape, dtype, scale, path)
+        plan = self._plans.get(key_)
+        if plan is None:
+            desc = _lib.SdpaDesc()
+            lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+            desc.tensors.q = layout(dtype, q.shape)
+            desc.tensors.out = layout(dtype, out_shape)
+            desc.tensors.k, desc.tensors.v, desc.tensors.kv_seqlen = k_t, v_t, len_t
+            desc.causal = _lib.CAUSAL_BOTTOM_RIGHT
+            desc.scale = float("nan") if scale is None else float(scale)
+            desc.path = _PATHS[path]
+            plan = ctypes.c_void_p()
+            self.ctx.check(lib.clattn_sdpa_plan_create(self.ctx.handle, ctypes.byref(desc),
+                                                       ctypes.byref(plan)))
+            self._plans[key_] = plan
+        out = np.empty(out_shape, q.dtype)
+        with self.ctx.lock:
+            qb, ob = Buffer(self.ctx, q), Buffer(self.ctx, nbytes=out.nbytes)
+            bound = _lib.Tensors()
+            bound.q, bound.out = layout(dtype, q.shape), layout(dtype, out_shape)
+            bound.q.mem, bound.out.mem = qb.mem, ob.mem
+            bound.k, bound.v, bound.kv_seqlen = k_t, v_t, len_t
+            self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), None, None, 0,
+                                                   None, None))
+            ob.read(self.ctx, out)
+        return out
+
+    def close(self) -> None:
+        for plan in self._plans.values():
+            lib.clattn_plan_release(plan)
+        self._plans = {}
+        if getattr(self, "_handle", None):
+            lib.clattn_kv_cache_release(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

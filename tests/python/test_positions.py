@@ -1,0 +1,91 @@
+"""clattn.positional_encoding, clattn.rotary_embedding and clattn.KVCache against float64
+numpy references: sinusoid and learned tables with a start position, x added in place of
+dtype; RoPE both styles, partial rotary dims, position ids; a KV cache grown by a prompt and
+single steps, grouped-query heads, each step's attention equal to attention over every key so
+far with the queries as the last rows."""
+
+import numpy as np
+import pytest
+
+import clattn
+from test_sdpa import reference
+
+
+def sinusoid(start, seq, dim, base=10000.0):
+    pos = np.arange(start, start + seq, dtype=np.float64)[:, None]
+    k = np.arange(dim)[None, :] // 2
+    angle = pos * base ** (-2.0 * k / dim)
+    return np.where(np.arange(dim)[None, :] % 2 == 0, np.sin(angle), np.cos(angle))
+
+
+@pytest.mark.parametrize("seq, dim, start", [(1, 1, 0), (17, 7, 5), (65, 64, 1000)])
+def test_sinusoid_table(seq, dim, start):
+    got = clattn.positional_encoding(seq=seq, dim=dim, start=start)
+    np.testing.assert_allclose(got, sinusoid(start, seq, dim), atol=2e-6)
+
+
+def test_added_to_x_and_learned_table():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 13, 8)).astype(np.float32)
+    np.testing.assert_allclose(clattn.positional_encoding(x, start=3),
+                               x + sinusoid(3, 13, 8), atol=2e-6)
+    table = rng.standard_normal((40, 8)).astype(np.float32)
+    np.testing.assert_allclose(clattn.positional_encoding(x, table=table, start=20),
+                               x + table[20:33], atol=1e-6)
+    with pytest.raises(clattn.ArgumentError):
+        clattn.positional_encoding(x, table=table, start=30)  # rows 30..42 of 40
+
+
+def rope_reference(x, rot, pairs, positions, base=10000.0):
+    x = np.asarray(x, np.float64)
+    out = x.copy()
+    half = rot // 2
+    theta = positions[..., None] * base ** (-2.0 * np.arange(half) / rot)  # (B, S, half)
+    c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
+    if pairs:
+        a, b = x[..., 0:rot:2], x[..., 1:rot:2]
+        out[..., 0:rot:2], out[..., 1:rot:2] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., :half], x[..., half:rot]
+        out[..., :half], out[..., half:rot] = a * c - b * s, a * s + b * c
+    return out
+
+
+@pytest.mark.parametrize("style", ["halves", "pairs"])
+@pytest.mark.parametrize("rot", [0, 4])
+def test_rotary(style, rot):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 11, 8)).astype(np.float32)
+    r = rot or 8
+    positions = np.broadcast_to(np.arange(7, 18, dtype=np.float64), (2, 11))
+    got = clattn.rotary_embedding(x, style=style, rotary_dim=rot, start=7)
+    np.testing.assert_allclose(got, rope_reference(x, r, style == "pairs", positions),
+                               atol=2e-6)
+    ids = rng.integers(0, 5000, (2, 11))
+    got = clattn.rotary_embedding(x, style=style, rotary_dim=rot, position_ids=ids)
+    np.testing.assert_allclose(got, rope_reference(x, r, style == "pairs", ids.astype(float)),
+                               atol=2e-5)
+    with pytest.raises(clattn.ArgumentError):
+        clattn.rotary_embedding(x, rotary_dim=5)
+
+
+@pytest.mark.parametrize("path", ["fused", "unfused"])
+def test_kv_cache_steps(path):
+    rng = np.random.default_rng(2)
+    b, hq, hkv, d, prompt, steps = 2, 4, 2, 16, 9, 4
+    keys = rng.standard_normal((b, hkv, prompt + steps, d)).astype(np.float32)
+    values = rng.standard_normal((b, hkv, prompt + steps, d)).astype(np.float32)
+    cache = clattn.KVCache(b, hkv, 32, d)
+    cache.append(keys[:, :, :prompt], values[:, :, :prompt])
+    assert len(cache) == prompt
+    for t in range(prompt, prompt + steps):
+        cache.append(keys[:, :, t:t + 1], values[:, :, t:t + 1])
+        q = rng.standard_normal((b, hq, 1, d)).astype(np.float32)
+        got = cache.attend(q, path=path)
+        want = reference(q, keys[:, :, :t + 1], values[:, :, :t + 1], gqa=True)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+    cache.reset()
+    assert len(cache) == 0
+    with pytest.raises(clattn.Error, match="capacity"):
+        cache.append(np.zeros((b, hkv, 33, d), np.float32), np.zeros((b, hkv, 33, d), np.float32))
+    cache.close()
