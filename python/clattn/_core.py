@@ -33,6 +33,7 @@ class DeviceError(Error, RuntimeError):
     build failure, CLATTN_ERR_UNSUPPORTED, an OpenCL error code)."""
 
 
+_PTR = ctypes.sizeof(ctypes.c_void_p)
 _ARGUMENT_STATUSES = {_lib.ERR_INVALID_ARGUMENT, _lib.ERR_INVALID_SHAPE, _lib.ERR_OVERFLOW,
                       _lib.ERR_TOO_LARGE, _lib.ERR_BUFFER_TOO_SMALL}
 
@@ -102,25 +103,43 @@ class Context:
             message = lib.clattn_last_error(self._handle) if self._handle else b""
             _raise(status, (message or b"").decode(errors="replace"))
 
-    def plan(self, key: tuple, create) -> ctypes.c_void_p:
-        """The cached plan for `key`, or create() (which returns a plan handle); at most 64
-        plans are kept, least recently used released first."""
+    def plan(self, key: tuple, create) -> Any:
+        """The cached entry for `key`, or create()'s (a plan handle, or an object with a
+        release() method such as :class:`Prepared`); at most 64 entries are kept, the least
+        recently used released first."""
         plan = self._plans.get(key)
         if plan is not None:
             self._plans.move_to_end(key)
             return plan
         plan = create()
-        self._plans[key] = plan
-        if len(self._plans) > 64:
-            _, old = self._plans.popitem(last=False)
-            lib.clattn_plan_release(old)
+        self.store(key, plan)
         return plan
+
+    def lookup(self, key: tuple) -> Any:
+        """The cached entry for `key` (marked as recently used), or None."""
+        entry = self._plans.get(key)
+        if entry is not None:
+            self._plans.move_to_end(key)
+        return entry
+
+    def store(self, key: tuple, entry: Any) -> None:
+        old = self._plans.pop(key, None)
+        if old is not None and old is not entry:
+            _release_entry(old)
+        self._plans[key] = entry
+        while len(self._plans) > 64:
+            _, old = self._plans.popitem(last=False)
+            _release_entry(old)
+
+    def take(self, key: tuple) -> Any:
+        """Removes `key`'s entry from the cache without releasing it (the caller owns it)."""
+        return self._plans.pop(key, None)
 
     def close(self) -> None:
         """Releases the plans and the context (idempotent)."""
         plans, self._plans = getattr(self, "_plans", {}), OrderedDict()
         for plan in plans.values():
-            lib.clattn_plan_release(plan)
+            _release_entry(plan)
         if getattr(self, "_handle", None):
             lib.clattn_ctx_release(self._handle)
             self._handle = ctypes.c_void_p()
@@ -136,6 +155,81 @@ class Context:
             self.close()
         except Exception:
             pass
+
+
+def _release_entry(entry: Any) -> None:
+    if isinstance(entry, ctypes.c_void_p):
+        lib.clattn_plan_release(entry)
+    else:
+        entry.release()
+
+
+class Prepared:
+    """A plan with its tensors bound, for repeated calls of one shape: numpy inputs are written
+    into staging buffers kept with the plan (no buffer made per call), the output is read from
+    one, and only those copies and the execution happen per call. Owned by a Context's cache
+    (the context's lock serialises its use).
+
+    inputs: the tensor roles, in the order run() takes the arrays; their layouts in `tensors`
+    are bound to staging buffers of `nbytes` each. out_role: the role read back into a new
+    array of out_shape/out_dtype."""
+
+    def __init__(self, ctx: Context, plan: ctypes.c_void_p, tensors: "_lib.Tensors",
+                 inputs, out_role: str, out_shape, out_dtype):
+        self.plan = plan
+        self.tensors = tensors
+        self.buffers = []
+        self.staging = []
+        self.queue = lib.clattn_ctx_queue(ctx.handle)
+        for role, nbytes in inputs:
+            buffer = Buffer(ctx, nbytes=nbytes)
+            self.buffers.append(buffer)
+            self.staging.append((buffer.mem, nbytes))
+            getattr(tensors, role).mem = buffer.mem
+        self.out_dtype = np.dtype(out_dtype)
+        self.out_shape = tuple(out_shape)
+        out_nbytes = int(np.prod(self.out_shape)) * self.out_dtype.itemsize
+        self.out_buffer = Buffer(ctx, nbytes=out_nbytes)
+        getattr(tensors, out_role).mem = self.out_buffer.mem
+        self.out_nbytes = out_nbytes
+
+    def run(self, ctx: Context, arrays) -> np.ndarray:
+        """Writes arrays (C-contiguous, the staging sizes) in order, executes, and returns the
+        output read back. The writes, the kernels and the read are ordered by events (any
+        queue); the read blocks, so the arrays may be reused once this returns."""
+        queue = self.queue
+        events = (ctypes.c_void_p * (len(arrays) + 1))()
+        written = 0
+        out = np.empty(self.out_shape, self.out_dtype)
+        try:
+            for (mem, nbytes), array in zip(self.staging, arrays):
+                status = cl.clEnqueueWriteBuffer(queue, mem, 0, 0, nbytes, array.ctypes.data, 0,
+                                                 None, ctypes.byref(events, written * _PTR))
+                if status != 0:
+                    _raise(status, f"clEnqueueWriteBuffer failed with {status}")
+                written += 1
+            ctx.check(lib.clattn_plan_execute(self.plan, ctypes.byref(self.tensors), None, None,
+                                              written, events, ctypes.byref(events, written * _PTR)))
+            done = ctypes.byref(events, written * _PTR)
+            written += 1
+            status = cl.clEnqueueReadBuffer(queue, self.out_buffer.mem, 1, 0, self.out_nbytes,
+                                            out.ctypes.data, 1, done, None)
+            if status != 0:
+                _raise(status, f"clEnqueueReadBuffer failed with {status}")
+        except BaseException:
+            lib.clattn_finish(ctx.handle)  # no pending write may outlive its array
+            raise
+        finally:
+            for i in range(written):
+                cl.clReleaseEvent(events[i])
+        return out
+
+    def release(self) -> None:
+        if self.plan:
+            lib.clattn_plan_release(self.plan)
+            self.plan = None
+        self.buffers = []
+        self.out_buffer = None
 
 
 _default: Optional[Context] = None

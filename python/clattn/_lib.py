@@ -168,4 +168,7 @@ _declare(cl.clCreateBuffer, c_void_p, c_void_p, c_uint64, c_size_t, c_void_p, PO
 _declare(cl.clReleaseMemObject, c_int32, c_void_p)
 _declare(cl.clEnqueueReadBuffer, c_int32, c_void_p, c_void_p, c_uint, c_size_t, c_size_t,
          c_void_p, c_uint, c_void_p, c_void_p)
+_declare(cl.clEnqueueWriteBuffer, c_int32, c_void_p, c_void_p, c_uint, c_size_t, c_size_t,
+         c_void_p, c_uint, c_void_p, c_void_p)
+_declare(cl.clReleaseEvent, c_int32, c_void_p)
 _declare(cl.clGetDeviceInfo, c_int32, c_void_p, c_uint, c_size_t, c_void_p, POINTER(c_size_t))

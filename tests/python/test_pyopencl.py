@@ -49,3 +49,34 @@ def test_mixed_inputs_raise(queue):
     q = clrandom.rand(queue, (1, 1, 3, 4), np.float32)
     with pytest.raises(clattn.ArgumentError, match="pyopencl"):
         clattn.scaled_dot_product_attention(q, q.get(), q)
+
+
+@pytest.mark.parametrize("path", ["fused", "unfused"])
+def test_repeated_calls_rebind_buffers_and_offsets(queue, path):
+    # Later calls of one layout bind each array's buffer and offset: views at different
+    # offsets of one device buffer (same strides) must each be read where they lie.
+    base = clrandom.rand(queue, (4, 3, 19, 8), np.float32, a=-1, b=1)
+    mask = (clrandom.rand(queue, (19, 19), np.float32) < 0.7).astype(np.uint8)
+    host, host_mask = base.get(), mask.get().astype(bool)
+    for b in range(4):
+        for m in (None, mask):
+            q = base[b:b + 1]
+            k = base[(b + 1) % 4:(b + 1) % 4 + 1]
+            out = clattn.scaled_dot_product_attention(q, k, k, attn_mask=m, path=path)
+            want = reference(host[b:b + 1], host[(b + 1) % 4:(b + 1) % 4 + 1],
+                             host[(b + 1) % 4:(b + 1) % 4 + 1],
+                             mask=None if m is None else host_mask)
+            np.testing.assert_allclose(out.get(), want, rtol=1e-5, atol=2e-6)
+
+
+def test_out_of_order_queue(queue):
+    props = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+    try:
+        ooq = cl.CommandQueue(queue.context, properties=props)
+    except cl.Error:
+        pytest.skip("the device has no out-of-order queues")
+    q = clrandom.rand(ooq, (1, 2, 9, 8), np.float32, a=-1, b=1)
+    for _ in range(3):
+        out = clattn.scaled_dot_product_attention(q, q, q, is_causal=True)
+        np.testing.assert_allclose(out.get(), reference(q.get(), q.get(), q.get(), causal=True),
+                                   rtol=1e-5, atol=2e-6)

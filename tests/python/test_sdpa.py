@@ -178,3 +178,44 @@ def test_property_random_problems(b, h, lq, lk, d, causal, mask, path, seed):
     out = clattn.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal, path=path)
     np.testing.assert_allclose(out, reference(q, k, v, mask=m, causal=causal), rtol=1e-5,
                                atol=2e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["none", "bool", "float"])
+def test_repeated_calls_reuse_the_prepared_plan(path, kind):
+    # The second and later calls of one shape take the prepared path (staging buffers kept
+    # with the plan): fresh data each time, outputs compared every time, and a change of
+    # shape, dtype or layout in between must not reuse the wrong entry.
+    rng = np.random.default_rng(7)
+    with clattn.Context() as ctx:
+        for step in range(4):
+            q, k, v = rand(rng, 2, 3, 17, 8), rand(rng, 2, 3, 29, 8), rand(rng, 2, 3, 29, 5)
+            mask = None
+            if kind == "bool":
+                mask = rng.random((17, 29)) < 0.6
+            elif kind == "float":
+                mask = rng.standard_normal((3, 17, 29)).astype(np.float32)
+            out = clattn.scaled_dot_product_attention(q, k, v, attn_mask=mask, ctx=ctx,
+                                                      path=path)
+            np.testing.assert_allclose(out, reference(q, k, v, mask=mask), rtol=1e-5,
+                                       atol=2e-6)
+            # same shapes, a transposed (non-contiguous) key: a different entry
+            kt = np.ascontiguousarray(k.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+            out = clattn.scaled_dot_product_attention(q, kt, v, attn_mask=mask, ctx=ctx,
+                                                      path=path)
+            np.testing.assert_allclose(out, reference(q, k, v, mask=mask), rtol=1e-5,
+                                       atol=2e-6)
+            # rank 2 inputs of the same data, and float16
+            out = clattn.scaled_dot_product_attention(q[0, 0], k[0, 0], v[0, 0], ctx=ctx,
+                                                      path=path)
+            np.testing.assert_allclose(out, reference(q[0, 0], k[0, 0], v[0, 0]), rtol=1e-5,
+                                       atol=2e-6)
+            h = [a.astype(np.float16) for a in (q, k, v)]
+            out = clattn.scaled_dot_product_attention(*h, ctx=ctx, path=path)
+            assert out.dtype == np.float16
+            np.testing.assert_allclose(out.astype(np.float64), reference(*h), rtol=3e-3,
+                                       atol=3e-3)
+        # the input arrays are read, never written
+        q0 = q.copy()
+        clattn.scaled_dot_product_attention(q, k, v, ctx=ctx, path=path)
+        assert np.array_equal(q, q0)
