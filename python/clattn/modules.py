@@ -80,6 +80,7 @@ class MultiheadAttention:
                 raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                     f"{name} has shape {a.shape}, expected {shape}")
             weights[name] = (a, Buffer(self.ctx, a))
+        self._release_plans()
         self._weights = weights
         self._plans = {}
 
@@ -95,6 +96,9 @@ class MultiheadAttention:
         if not self._weights:
             raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                                 "no weights: call load_state_dict first")
+        if any(_is_pyopencl(a) for a in (query, key, value)):
+            return self._call_device(query, key, value, key_padding_mask, need_weights,
+                                     attn_mask, average_attn_weights, is_causal)
         q, k, v = _numpy(query, "query"), _numpy(key, "key"), _numpy(value, "value")
         batched = q.ndim == 3
         if q.ndim not in (2, 3) or k.ndim != q.ndim or v.ndim != q.ndim:
@@ -114,39 +118,7 @@ class MultiheadAttention:
                                 f"query {q.shape}, key {k.shape}, value {v.shape} (batch "
                                 f"first): expected (N, L, {self.embed_dim}), (N, S, "
                                 f"{self.kdim}), (N, S, {self.vdim})")
-        mask = None  # (array, clattn dtype) broadcast to (N, H, L, S)
-        if attn_mask is not None:
-            m = np.asarray(attn_mask.detach().cpu().numpy() if hasattr(attn_mask, "detach")
-                           else attn_mask)
-            if m.shape == (l, s):
-                pass
-            elif m.shape == (n * h, l, s):
-                m = m.reshape(n, h, l, s)
-            else:
-                raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                                    f"attn_mask has shape {m.shape}, expected ({l}, {s}) or "
-                                    f"({n * h}, {l}, {s})")
-            mask = (np.ascontiguousarray(~m).astype(np.uint8), _lib.U8) if m.dtype == np.bool_ \
-                else (np.ascontiguousarray(m, dtype=np.float32), _lib.F32)
-        padding = None
-        if key_padding_mask is not None:
-            p = np.asarray(key_padding_mask.detach().cpu().numpy()
-                           if hasattr(key_padding_mask, "detach") else key_padding_mask)
-            if not batched:
-                p = p[None]
-            if p.shape != (n, s):
-                raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                                    f"key_padding_mask has shape {p.shape}, expected ({n}, {s})")
-            if p.dtype == np.bool_:
-                padding = np.ascontiguousarray(p).astype(np.uint8)
-            else:  # a float padding mask is added: fold it into a float attn_mask
-                add = p.astype(np.float32).reshape(n, 1, 1, s)
-                base = np.zeros((1, 1, l, s), np.float32)
-                if mask is not None:
-                    base = (np.where(mask[0] != 0, 0.0, -np.inf).astype(np.float32)
-                            if mask[1] == _lib.U8 else mask[0])
-                mask = (np.ascontiguousarray(np.broadcast_to(base + add, (n, h, l, s)),
-                                             dtype=np.float32), _lib.F32)
+        mask, padding = self._host_masks(attn_mask, key_padding_mask, batched, n, h, l, s)
         need = _lib.WEIGHTS_NONE if not need_weights else (
             _lib.WEIGHTS_AVERAGED if average_attn_weights else _lib.WEIGHTS_PER_HEAD)
         w_shape = (n, l, s) if need == _lib.WEIGHTS_AVERAGED else (n, h, l, s)
@@ -183,6 +155,179 @@ class MultiheadAttention:
             return out[0], (weights[0] if weights is not None else None)
         if not self.batch_first:
             out = np.ascontiguousarray(out.transpose(1, 0, 2))
+        return out, weights
+
+    def _host_masks(self, attn_mask, key_padding_mask, batched, n, h, l, s):
+        """The masks as host arrays in clattn's conventions: (attn_mask, clattn dtype) or None
+        (U8 nonzero = takes part, or F32 added), and the U8 key padding (nonzero = ignore) or
+        None (a float padding mask is folded into a float attn_mask)."""
+        mask = None  # (array, clattn dtype) broadcast to (N, H, L, S)
+        if attn_mask is not None:
+            m = np.asarray(attn_mask.detach().cpu().numpy() if hasattr(attn_mask, "detach")
+                           else attn_mask)
+            if m.shape == (l, s):
+                pass
+            elif m.shape == (n * h, l, s):
+                m = m.reshape(n, h, l, s)
+            else:
+                raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                    f"attn_mask has shape {m.shape}, expected ({l}, {s}) or "
+                                    f"({n * h}, {l}, {s})")
+            mask = (np.ascontiguousarray(~m).astype(np.uint8), _lib.U8) if m.dtype == np.bool_ \
+                else (np.ascontiguousarray(m, dtype=np.float32), _lib.F32)
+        padding = None
+        if key_padding_mask is not None:
+            p = np.asarray(key_padding_mask.detach().cpu().numpy()
+                           if hasattr(key_padding_mask, "detach") else key_padding_mask)
+            if not batched:
+                p = p[None]
+            if p.shape != (n, s):
+                raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                    f"key_padding_mask has shape {p.shape}, expected ({n}, {s})")
+            if p.dtype == np.bool_:
+                padding = np.ascontiguousarray(p).astype(np.uint8)
+            else:  # a float padding mask is added: fold it into a float attn_mask
+                add = p.astype(np.float32).reshape(n, 1, 1, s)
+                base = np.zeros((1, 1, l, s), np.float32)
+                if mask is not None:
+                    base = (np.where(mask[0] != 0, 0.0, -np.inf).astype(np.float32)
+                            if mask[1] == _lib.U8 else mask[0])
+                mask = (np.ascontiguousarray(np.broadcast_to(base + add, (n, h, l, s)),
+                                             dtype=np.float32), _lib.F32)
+        return mask, padding
+
+    def _call_device(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                     average_attn_weights, is_causal):
+        """The call on pyopencl arrays of the module's context: read where they lie (any
+        strides with unit stride along the features; (L, N, E) without batch_first is viewed,
+        not copied), the output written in the input's layout on the module's queue, returned
+        as pyopencl arrays. Masks may be numpy arrays (uploaded) or pyopencl arrays (a float
+        attn_mask and a uint8/bool key_padding_mask are used where they lie; other kinds are
+        read back and converted)."""
+        import pyopencl.array as cla
+        from ._core import clattn_dtype
+        arrays = (query, key, value)
+        if not all(_is_pyopencl(a) for a in arrays):
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                "query, key and value must all be pyopencl arrays, or none")
+        queue = getattr(self.ctx, "_pyopencl_queue", None)
+        context = lib.clattn_ctx_cl_context(self.ctx.handle)
+        if queue is None or any(a.context.int_ptr != context for a in arrays):
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                "pyopencl inputs need the module made with ctx="
+                                "clattn.Context.from_pyopencl(queue) on their OpenCL context")
+        nd = query.ndim
+        if nd not in (2, 3) or key.ndim != nd or value.ndim != nd:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"query, key, value must all be 3-d (batched) or 2-d, got "
+                                f"{query.ndim}, {key.ndim}, {value.ndim}")
+
+        def view(name, a):
+            """(dims, strides) in elements as (N, L, features)."""
+            if any(st % a.dtype.itemsize for st in a.strides) or a.offset % a.dtype.itemsize:
+                raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                    f"{name}: strides and offset must be whole elements")
+            dims, strides = list(a.shape), [st // a.dtype.itemsize for st in a.strides]
+            if nd == 2:
+                dims, strides = [1] + dims, [0] + strides
+            elif not self.batch_first:
+                dims[0], dims[1] = dims[1], dims[0]
+                strides[0], strides[1] = strides[1], strides[0]
+            t = layout(clattn_dtype(a.dtype), dims, strides)
+            t.mem, t.offset = a.base_data.int_ptr, a.offset // a.dtype.itemsize
+            return t
+
+        tq, tk, tv = view("query", query), view("key", key), view("value", value)
+        n, l, e = tq.dims[0], tq.dims[1], tq.dims[2]
+        s, h = tk.dims[1], self.num_heads
+        if e != self.embed_dim or tk.dims[2] != self.kdim or tv.dims[2] != self.vdim or \
+                tk.dims[0] != n or (tv.dims[0], tv.dims[1]) != (n, s):
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"query {query.shape}, key {key.shape}, value {value.shape}: "
+                                f"expected {self.embed_dim}, {self.kdim}, {self.vdim} features "
+                                f"and matching batch and key lengths")
+        out = cla.empty(queue, query.shape, query.dtype)
+        to = view("out", out)
+        keep = []  # uploaded masks: released after the launch completes
+
+        def host(a):
+            return a.get() if _is_pyopencl(a) else a
+
+        tensors = _lib.Tensors()
+        mask_t = pad_t = None
+        if _is_pyopencl(attn_mask) and attn_mask.dtype != np.bool_ and \
+                attn_mask.dtype.kind == "f" and (key_padding_mask is None or
+                                                 not _is_float(key_padding_mask)):
+            m = attn_mask
+            if m.shape == (n * h, l, s):
+                m = m.reshape(n, h, l, s)
+            if m.shape not in ((l, s), (n, h, l, s)):
+                raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                    f"attn_mask has shape {attn_mask.shape}, expected ({l}, {s})"
+                                    f" or ({n * h}, {l}, {s})")
+            mask_t = layout(clattn_dtype(m.dtype), m.shape,
+                            [st // m.dtype.itemsize for st in m.strides])
+            mask_t.mem, mask_t.offset = m.base_data.int_ptr, m.offset // m.dtype.itemsize
+            attn_mask = None
+        if _is_pyopencl(key_padding_mask) and key_padding_mask.dtype in (np.bool_, np.uint8):
+            p = key_padding_mask if nd == 3 else key_padding_mask.reshape(1, s)
+            if p.shape != (n, s):
+                raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                    f"key_padding_mask has shape {key_padding_mask.shape}, "
+                                    f"expected ({n}, {s})")
+            pad_t = layout(_lib.U8, (n, s), [st // p.dtype.itemsize for st in p.strides])
+            pad_t.mem, pad_t.offset = p.base_data.int_ptr, p.offset
+            key_padding_mask = None
+        mask, padding = self._host_masks(None if attn_mask is None else host(attn_mask),
+                                         None if key_padding_mask is None else
+                                         host(key_padding_mask), nd == 3, n, h, l, s)
+        if mask is not None:
+            keep.append(Buffer(self.ctx, mask[0]))
+            mask_t = layout(mask[1], mask[0].shape)
+            mask_t.mem = keep[-1].mem
+        if padding is not None:
+            keep.append(Buffer(self.ctx, padding))
+            pad_t = layout(_lib.U8, padding.shape)
+            pad_t.mem = keep[-1].mem
+        need = _lib.WEIGHTS_NONE if not need_weights else (
+            _lib.WEIGHTS_AVERAGED if average_attn_weights else _lib.WEIGHTS_PER_HEAD)
+        w_shape = (n, l, s) if need == _lib.WEIGHTS_AVERAGED else (n, h, l, s)
+        weights = cla.empty(queue, w_shape, np.float32) if need != _lib.WEIGHTS_NONE else None
+        roles = self._layouts(np.empty((n, l, e)), np.empty((n, s, self.kdim)),
+                              np.empty((n, s, self.vdim)), None, None, _lib.WEIGHTS_NONE, None)
+        for name, (t, buffer_name, offset) in roles.items():
+            if name in ("q", "k", "v", "out"):
+                continue
+            setattr(tensors, name, t)
+            getattr(tensors, name).mem = self._weights[buffer_name][1].mem
+            getattr(tensors, name).offset = offset
+        tensors.q, tensors.k, tensors.v, tensors.out = tq, tk, tv, to
+        if mask_t is not None:
+            tensors.attn_mask = mask_t
+        if pad_t is not None:
+            tensors.key_padding_mask = pad_t
+        if weights is not None:
+            tensors.weights = layout(_lib.F32, w_shape)
+            tensors.weights.mem = weights.base_data.int_ptr
+        shape_key = tuple((t.dtype, tuple(t.dims), tuple(t.strides)) for t in
+                          (tq, tk, tv, to))
+        key_ = ("device", shape_key,
+                None if mask_t is None else (mask_t.dtype, mask_t.rank, tuple(mask_t.dims),
+                                             tuple(mask_t.strides)),
+                None if pad_t is None else tuple(pad_t.strides), need, bool(is_causal))
+        with self.ctx.lock:
+            plan = self._plans.get(key_)
+            if plan is None:
+                desc_layouts = {name: (getattr(tensors, name), None, 0) for name, _ in
+                                _lib.Tensors._fields_ if getattr(tensors, name).rank}
+                plan = self._create(desc_layouts, need, is_causal)
+                self._plans[key_] = plan
+            self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), None, None, 0,
+                                                   None, None))
+            if keep:  # uploaded masks must outlive the kernels that read them
+                self.ctx.check(lib.clattn_finish(self.ctx.handle))
+        if nd == 2 and weights is not None:
+            weights = weights.reshape(w_shape[1:])
         return out, weights
 
     def _layouts(self, q, k, v, mask, padding, need, w_shape) -> dict:
@@ -229,9 +374,24 @@ class MultiheadAttention:
                                                   ctypes.byref(plan)))
         return plan
 
+    def _release_plans(self) -> None:
+        plans, self._plans = getattr(self, "_plans", {}), {}
+        for plan in plans.values():
+            lib.clattn_plan_release(plan)
+
     def __del__(self) -> None:
-        for plan in getattr(self, "_plans", {}).values():
-            try:
-                lib.clattn_plan_release(plan)
-            except Exception:
-                pass
+        try:
+            self._release_plans()
+        except Exception:
+            pass
+
+
+def _is_pyopencl(x) -> bool:
+    return type(x).__module__.startswith("pyopencl") and hasattr(x, "queue")
+
+
+def _is_float(x) -> bool:
+    try:
+        return np.dtype(x.dtype).kind == "f"
+    except TypeError:  # a torch dtype: the host path converts it
+        return True

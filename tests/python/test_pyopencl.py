@@ -80,3 +80,61 @@ def test_out_of_order_queue(queue):
         out = clattn.scaled_dot_product_attention(q, q, q, is_causal=True)
         np.testing.assert_allclose(out.get(), reference(q.get(), q.get(), q.get(), causal=True),
                                    rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("path", ["fused", "unfused"])
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("masks", ["none", "device", "host"])
+def test_multihead_attention_on_device_arrays(queue, path, batch_first, masks):
+    from test_modules import random_state, reference as mha_reference
+    rng = np.random.default_rng(5)
+    e, h, n, l, s = 16, 4, 2, 13, 7
+    ctx = clattn.Context.from_pyopencl(queue)
+    state = random_state(rng, e)
+    mha = clattn.MultiheadAttention(e, h, batch_first=batch_first, ctx=ctx, path=path)
+    mha.load_state_dict(state)
+    q = clrandom.rand(queue, (n, l, e) if batch_first else (l, n, e), np.float32, a=-1, b=1)
+    kv = clrandom.rand(queue, (n, s, e) if batch_first else (s, n, e), np.float32, a=-1, b=1)
+    attn = padding = None
+    if masks != "none":
+        attn = rng.standard_normal((l, s)).astype(np.float32)
+        attn[rng.random((l, s)) < 0.2] = -np.inf
+        padding = np.zeros((n, s), bool)
+        padding[1, -3:] = True
+    if masks == "device":
+        attn_d, padding_d = cla.to_device(queue, attn), cla.to_device(queue, padding)
+    else:
+        attn_d, padding_d = attn, padding
+    need = path == "unfused"
+    out, weights = mha(q, kv, kv, key_padding_mask=padding_d, attn_mask=attn_d,
+                       need_weights=need, average_attn_weights=False)
+    assert isinstance(out, cla.Array) and out.shape == q.shape
+    qh, kvh = q.get(), kv.get()
+    if not batch_first:
+        qh, kvh = qh.transpose(1, 0, 2), kvh.transpose(1, 0, 2)
+    want, want_w = mha_reference(state, h, qh, kvh, kvh, key_padding_mask=padding,
+                                 attn_mask=attn)
+    got = out.get() if batch_first else out.get().transpose(1, 0, 2)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    if need:
+        np.testing.assert_allclose(weights.get(), want_w, rtol=2e-5, atol=2e-6)
+    else:
+        assert weights is None
+    # a second call of the same layouts (the cached plan) on new data
+    q2 = clrandom.rand(queue, q.shape, np.float32, a=-1, b=1)
+    out2, _ = mha(q2, kv, kv, key_padding_mask=padding_d, attn_mask=attn_d, need_weights=need,
+                  average_attn_weights=False)
+    q2h = q2.get() if batch_first else q2.get().transpose(1, 0, 2)
+    want2, _ = mha_reference(state, h, q2h, kvh, kvh, key_padding_mask=padding,
+                             attn_mask=attn)
+    got2 = out2.get() if batch_first else out2.get().transpose(1, 0, 2)
+    np.testing.assert_allclose(got2, want2, rtol=2e-5, atol=2e-5)
+
+
+def test_multihead_attention_needs_the_arrays_context(queue):
+    mha = clattn.MultiheadAttention(8, 2, batch_first=True)  # the default context
+    from test_modules import random_state
+    mha.load_state_dict(random_state(np.random.default_rng(0), 8))
+    x = clrandom.rand(queue, (1, 3, 8), np.float32)
+    with pytest.raises(clattn.ArgumentError, match="from_pyopencl"):
+        mha(x, x, x)
