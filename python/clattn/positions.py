@@ -11,7 +11,7 @@ import numpy as np
 from . import _lib
 from ._core import ArgumentError, Buffer, Context, clattn_dtype, default_context, layout
 from ._lib import lib
-from .functional import _PATHS, _as_float
+from .functional import _PATHS, _as_float, _is_pyopencl
 
 _STYLES = {"halves": _lib.ROPE_HALVES, "pairs": _lib.ROPE_PAIRS}
 
@@ -162,7 +162,14 @@ class KVCache:
 
     def append(self, key, value) -> None:
         """Appends (batch, kv_heads, T, head_dim) keys and values (numpy, the cache's dtype or
-        convertible to it); past the capacity it raises, naming it."""
+        convertible to it; or pyopencl arrays of the cache's dtype on its context, any
+        strides, copied on the device); past the capacity it raises, naming it."""
+        if _is_pyopencl(key) or _is_pyopencl(value):
+            kt, vt = self._device(key, "key"), self._device(value, "value")
+            with self.ctx.lock:
+                self.ctx.check(lib.clattn_kv_cache_append(self._handle, ctypes.byref(kt),
+                                                          ctypes.byref(vt), 0, None, None))
+            return
         k = np.ascontiguousarray(np.asarray(key), dtype=self.dtype)
         v = np.ascontiguousarray(np.asarray(value), dtype=self.dtype)
         dtype = clattn_dtype(self.dtype)
@@ -180,13 +187,19 @@ class KVCache:
     def attend(self, query, *, scale: Optional[float] = None, path: str = "auto") -> np.ndarray:
         """Attention of query (batch, heads, Lq, head_dim) (heads a multiple of kv_heads:
         grouped-query) over the cache's keys so far, causal bottom-right. Returns (batch,
-        heads, Lq, head_dim_v) in query's dtype."""
+        heads, Lq, head_dim_v) in query's dtype: a numpy array, or for a pyopencl query (on
+        the cache's context; any strides) a pyopencl array enqueued on the cache's queue (make
+        the cache with ``ctx=clattn.Context.from_pyopencl(queue)``), no host copy."""
         if path not in _PATHS:
             raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                                 f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
         if scale is not None and not math.isfinite(scale):
             raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
-        q = np.ascontiguousarray(_as_float("query", query))
+        device = _is_pyopencl(query)
+        q = self._device(query, "query") if device else \
+            np.ascontiguousarray(_as_float("query", query))
+        if device:
+            return self._attend_device(query, q, scale, path)
         if q.ndim != 4:
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                 f"query has shape {q.shape}; expected (batch, heads, Lq, d)")
@@ -220,6 +233,59 @@ class KVCache:
             self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), None, None, 0,
                                                    None, None))
             ob.read(self.ctx, out)
+        return out
+
+    def _device(self, a, name: str) -> _lib.Tensor:
+        """A pyopencl array of the cache's context as a tensor bound where it lies."""
+        if not _is_pyopencl(a):
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"{name}: mix of pyopencl and host arrays; give both as "
+                                f"pyopencl arrays")
+        if a.context.int_ptr != lib.clattn_ctx_cl_context(self.ctx.handle):
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"{name} is not on the cache's OpenCL context: make the cache "
+                                f"with ctx=clattn.Context.from_pyopencl(queue)")
+        if a.ndim != 4:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"{name} has shape {a.shape}; expected (batch, heads, T, d)")
+        item = a.dtype.itemsize
+        if any(st % item for st in a.strides) or a.offset % item:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"{name}: strides and offset must be whole elements")
+        t = layout(clattn_dtype(a.dtype), a.shape, [st // item for st in a.strides])
+        t.mem, t.offset = a.base_data.int_ptr, a.offset // item
+        return t
+
+    def _attend_device(self, query, q: _lib.Tensor, scale, path):
+        import pyopencl.array as cla
+        k_t, v_t, len_t = _lib.Tensor(), _lib.Tensor(), _lib.Tensor()
+        lib.clattn_kv_cache_tensors(self._handle, ctypes.byref(k_t), ctypes.byref(v_t),
+                                    ctypes.byref(len_t))
+        out_shape = tuple(query.shape[:3]) + (self.shape[4],)
+        out = cla.empty(query.queue, out_shape, query.dtype)
+        o = layout(q.dtype, out_shape)
+        o.mem = out.base_data.int_ptr
+        o.offset = out.offset // out.dtype.itemsize
+        key_ = ("device", q.dtype, tuple(q.dims), tuple(q.strides), scale, path)
+        plan = self._plans.get(key_)
+        if plan is None:
+            desc = _lib.SdpaDesc()
+            lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+            desc.tensors.q, desc.tensors.out = q, o
+            desc.tensors.k, desc.tensors.v, desc.tensors.kv_seqlen = k_t, v_t, len_t
+            desc.causal = _lib.CAUSAL_BOTTOM_RIGHT
+            desc.scale = float("nan") if scale is None else float(scale)
+            desc.path = _PATHS[path]
+            plan = ctypes.c_void_p()
+            self.ctx.check(lib.clattn_sdpa_plan_create(self.ctx.handle, ctypes.byref(desc),
+                                                       ctypes.byref(plan)))
+            self._plans[key_] = plan
+        bound = _lib.Tensors()
+        bound.q, bound.out = q, o
+        bound.k, bound.v, bound.kv_seqlen = k_t, v_t, len_t
+        with self.ctx.lock:
+            self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), None, None, 0,
+                                                   None, None))
         return out
 
     def close(self) -> None:

@@ -138,3 +138,28 @@ def test_multihead_attention_needs_the_arrays_context(queue):
     x = clrandom.rand(queue, (1, 3, 8), np.float32)
     with pytest.raises(clattn.ArgumentError, match="from_pyopencl"):
         mha(x, x, x)
+
+
+@pytest.mark.parametrize("path", ["fused", "unfused"])
+def test_kv_cache_on_device_arrays(queue, path):
+    # keys, values and queries made on the device (strided (B, T, H, d) views for the keys),
+    # appended and attended without a host copy; compared step by step with float64
+    b, hq, hkv, d, prompt, steps = 2, 4, 2, 8, 7, 3
+    ctx = clattn.Context.from_pyopencl(queue)
+    cache = clattn.KVCache(b, hkv, 16, d, ctx=ctx)
+    keys = clrandom.rand(queue, (b, prompt + steps, hkv, d), np.float32, a=-1, b=1)
+    values = clrandom.rand(queue, (b, hkv, prompt + steps, d), np.float32, a=-1, b=1)
+    k_view = keys.transpose((0, 2, 1, 3))  # (B, H, T, d), strided
+    kh, vh = keys.get().transpose(0, 2, 1, 3), values.get()
+    cache.append(k_view[:, :, :prompt], values[:, :, :prompt])
+    assert len(cache) == prompt
+    for t in range(prompt, prompt + steps):
+        cache.append(k_view[:, :, t:t + 1], values[:, :, t:t + 1])
+        q = clrandom.rand(queue, (b, hq, 1, d), np.float32, a=-1, b=1)
+        got = cache.attend(q, path=path)
+        assert isinstance(got, cla.Array)
+        want = reference(q.get(), kh[:, :, :t + 1], vh[:, :, :t + 1], gqa=True)
+        np.testing.assert_allclose(got.get(), want, rtol=1e-5, atol=2e-6)
+    with pytest.raises(clattn.ArgumentError, match="pyopencl"):
+        cache.append(k_view[:, :, :1], vh[:, :, :1])
+    cache.close()
