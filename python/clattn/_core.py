@@ -123,6 +123,7 @@ class Context:
         return entry
 
     def store(self, key: tuple, entry: Any) -> None:
+        """Caches `entry` under `key` (the cache owns it from then on)."""
         old = self._plans.pop(key, None)
         if old is not None and old is not entry:
             _release_entry(old)
@@ -244,6 +245,9 @@ def default_context() -> Context:
             _default = Context()
         return _default
 
+
+# An array argument: a numpy array (or anything np.asarray takes), or a pyopencl.array.Array.
+ArrayLike = Any
 
 # --- dtypes and device buffers ----------------------------------------------------------------
 

@@ -9,8 +9,8 @@ from typing import Optional
 import numpy as np
 
 from . import _lib
-from ._core import (ArgumentError, Buffer, Context, Prepared, clattn_dtype, default_context,
-                    layout)
+from ._core import (ArgumentError, ArrayLike, Buffer, Context, Prepared, clattn_dtype,
+                    default_context, layout)
 from ._lib import lib
 
 _PATHS = {"auto": _lib.PATH_AUTO, "fused": _lib.PATH_FUSED, "unfused": _lib.PATH_UNFUSED}
@@ -49,10 +49,11 @@ def _to_rank4(name: str, a: np.ndarray, batch: tuple) -> np.ndarray:
     return np.ascontiguousarray(a).reshape((b,) + a.shape[-3:])
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal: bool = False,
-                                 scale: Optional[float] = None, enable_gqa: bool = False, *,
-                                 ctx: Optional[Context] = None,
-                                 path: str = "auto") -> np.ndarray:
+def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike,
+                                 attn_mask: Optional[ArrayLike] = None,
+                                 is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False, *, ctx: Optional[Context] = None,
+                                 path: str = "auto") -> ArrayLike:
     """Attention as ``torch.nn.functional.scaled_dot_product_attention`` computes it, on the
     clattn device.
 
@@ -69,6 +70,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal: b
     (made once per queue) unless ctx is given.
     ctx: the clattn.Context (None: the default one). path: "auto" (the fused kernel where it
     applies), "fused" or "unfused".
+    Repeated calls with the same shapes, strides, dtypes and options reuse the plan made by
+    the first (and, for numpy, its device buffers): a call then costs the copies, the launch
+    and a few microseconds of Python (bench/python_overhead.py).
     Returns (..., Hq, L, Ev) in query's dtype. Raises clattn.ArgumentError (a ValueError) for
     bad shapes or options, TypeError for unsupported dtypes, clattn.DeviceError for device
     failures; a row whose keys are all masked gives zeros (PyTorch gives NaN)."""

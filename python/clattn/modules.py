@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional, Tuple
 import numpy as np
 
 from . import _lib
-from ._core import ArgumentError, Buffer, Context, default_context, layout
+from ._core import ArgumentError, ArrayLike, Buffer, Context, default_context, layout
 from ._lib import lib
 
 _PATHS = {"auto": _lib.PATH_AUTO, "fused": _lib.PATH_FUSED, "unfused": _lib.PATH_UNFUSED}
@@ -30,7 +30,15 @@ class MultiheadAttention:
     is accepted and ignored: eval mode; add_bias_kv and add_zero_attn are not supported).
     Load the weights with :meth:`load_state_dict` (a PyTorch module's ``state_dict()``, tensors
     or numpy arrays), then call it like the PyTorch module. Weights live on the device from
-    then on; plans are made once per input shape."""
+    then on; plans are made once per input shape.
+
+    Inputs: numpy arrays or torch CPU tensors (computed in float32, numpy results), or
+    pyopencl arrays when the module is made with ``ctx=clattn.Context.from_pyopencl(queue)``
+    (read where they lie, results are pyopencl arrays on that queue).
+
+        mha = clattn.MultiheadAttention(512, 8, batch_first=True)
+        mha.load_state_dict(torch_module.state_dict())
+        out, weights = mha(x, x, x, need_weights=False)"""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False,
@@ -84,9 +92,10 @@ class MultiheadAttention:
         self._weights = weights
         self._plans = {}
 
-    def __call__(self, query, key, value, key_padding_mask=None, need_weights: bool = True,
-                 attn_mask=None, average_attn_weights: bool = True,
-                 is_causal: bool = False) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    def __call__(self, query: ArrayLike, key: ArrayLike, value: ArrayLike,
+                 key_padding_mask: Optional[ArrayLike] = None, need_weights: bool = True,
+                 attn_mask: Optional[ArrayLike] = None, average_attn_weights: bool = True,
+                 is_causal: bool = False) -> Tuple[ArrayLike, Optional[ArrayLike]]:
         """(output, weights) as PyTorch returns them: output (N, L, E) (batch_first), (L, N, E)
         or (L, E) unbatched; weights (N, L, S) averaged over heads, (N, H, L, S) with
         average_attn_weights=False, or None with need_weights=False. key_padding_mask (N, S)

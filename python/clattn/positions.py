@@ -9,7 +9,8 @@ from typing import Optional
 import numpy as np
 
 from . import _lib
-from ._core import ArgumentError, Buffer, Context, clattn_dtype, default_context, layout
+from ._core import (ArgumentError, ArrayLike, Buffer, Context, clattn_dtype, default_context,
+                    layout)
 from ._lib import lib
 from .functional import _PATHS, _as_float, _is_pyopencl
 
@@ -160,7 +161,7 @@ class KVCache:
     def __len__(self) -> int:
         return int(lib.clattn_kv_cache_length(self._handle))
 
-    def append(self, key, value) -> None:
+    def append(self, key: ArrayLike, value: ArrayLike) -> None:
         """Appends (batch, kv_heads, T, head_dim) keys and values (numpy, the cache's dtype or
         convertible to it; or pyopencl arrays of the cache's dtype on its context, any
         strides, copied on the device); past the capacity it raises, naming it."""
@@ -182,9 +183,11 @@ class KVCache:
             self.ctx.check(lib.clattn_finish(self.ctx.handle))  # the staging buffers go next
 
     def reset(self) -> None:
+        """Empties the cache (length 0, on the host and the device); plans are kept."""
         self.ctx.check(lib.clattn_kv_cache_reset(self._handle, 0, None, None))
 
-    def attend(self, query, *, scale: Optional[float] = None, path: str = "auto") -> np.ndarray:
+    def attend(self, query: ArrayLike, *, scale: Optional[float] = None,
+               path: str = "auto") -> ArrayLike:
         """Attention of query (batch, heads, Lq, head_dim) (heads a multiple of kv_heads:
         grouped-query) over the cache's keys so far, causal bottom-right. Returns (batch,
         heads, Lq, head_dim_v) in query's dtype: a numpy array, or for a pyopencl query (on
@@ -289,6 +292,7 @@ class KVCache:
         return out
 
     def close(self) -> None:
+        """Releases the cache's buffers and plans (idempotent)."""
         for plan in self._plans.values():
             lib.clattn_plan_release(plan)
         self._plans = {}
