@@ -270,6 +270,14 @@ def _numpy_key(query, key, value, attn_mask, is_causal, scale, enable_gqa, path)
 _queue_contexts: dict = {}
 
 
+def _context_for_queue(queue) -> Context:
+    """The clattn context on a pyopencl queue (made once per queue; it retains the queue)."""
+    ctx = _queue_contexts.get(queue.int_ptr)
+    if ctx is None:
+        ctx = _queue_contexts[queue.int_ptr] = Context.from_pyopencl(queue)
+    return ctx
+
+
 def _is_pyopencl(x) -> bool:
     return type(x).__module__.startswith("pyopencl") and hasattr(x, "queue")
 
@@ -299,9 +307,7 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
     same_kind = type(key) is kind and type(value) is kind
     queue = query.queue if same_kind else None
     if ctx is None and queue is not None:
-        ctx = _queue_contexts.get(queue.int_ptr)
-        if ctx is None:
-            ctx = _queue_contexts[queue.int_ptr] = Context.from_pyopencl(queue)
+        ctx = _context_for_queue(queue)
     fast_key = None
     if same_kind and (attn_mask is None or (type(attn_mask) is kind and
                                             attn_mask.dtype != np.bool_)):

@@ -11,10 +11,21 @@ import numpy as np
 from . import _lib
 from ._core import ArgumentError, Buffer, Context, clattn_dtype, default_context, layout
 from ._lib import lib
-from .functional import _PATHS
+from .functional import _PATHS, _context_for_queue, _is_pyopencl
 
 
-def _array(name: str, value) -> np.ndarray:
+def _host(a):
+    """A pyopencl array's contents on the host (numpy arrays as they are)."""
+    return a.get() if _is_pyopencl(a) else a
+
+
+def _array(name: str, value):
+    if _is_pyopencl(value):  # used where it lies (float32/float16/bool/ints; no float64)
+        if value.ndim == 0 or any(st % value.dtype.itemsize for st in value.strides) or \
+                value.offset % value.dtype.itemsize:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"{name}: strides and offset must be whole elements")
+        return value
     a = np.asarray(value)
     if a.dtype == np.float64:
         a = a.astype(np.float32)
@@ -23,15 +34,23 @@ def _array(name: str, value) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def _heads_view(name: str, a: np.ndarray, heads: Optional[int]):
+def _strides(a) -> tuple:
+    """Element strides: packed for numpy arrays (made contiguous), the array's own for
+    pyopencl ones."""
+    if _is_pyopencl(a):
+        return tuple(st // a.dtype.itemsize for st in a.strides)
+    return tuple(int(x) for x in np.cumprod((a.shape[1:] + (1,))[::-1])[::-1])
+
+
+def _heads_view(name: str, a, heads: Optional[int]):
     """(dims, strides) of a (B, H, L, d) view: rank 4 as is, rank 3 (B, L, H*d) split into
     `heads` heads (ONNX's q_num_heads / kv_num_heads) without a copy."""
+    st = _strides(a)
     if a.ndim == 4:
         if heads is not None and heads != a.shape[1]:
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                 f"{name} has {a.shape[1]} heads but the attribute says {heads}")
-        b, h, l, d = a.shape
-        return (b, h, l, d), (h * l * d, l * d, d, 1)
+        return tuple(a.shape), st
     if a.ndim == 3:
         if not heads:
             raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
@@ -42,7 +61,7 @@ def _heads_view(name: str, a: np.ndarray, heads: Optional[int]):
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                 f"{name}'s {width} features do not split into {heads} heads")
         d = width // heads
-        return (b, heads, l, d), (l * width, d, width, 1)
+        return (b, heads, l, d), (st[0], d * st[2], st[1], st[2])
     raise ArgumentError(_lib.ERR_INVALID_SHAPE, f"{name} has {a.ndim} dims; expected 3 or 4")
 
 
@@ -66,7 +85,11 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
     batch b's keys are 0 .. n[b] - 1. is_causal: ONNX's rule (the offset is the past length,
     else n[b] - q_seq). softmax_precision 11 (double) normalises in double (the unfused path,
     devices with fp64). Outputs take ONNX's types: Y and qk_matmul_output Q's, present_key K's,
-    present_value V's. A fully masked row gives zeros."""
+    present_value V's. A fully masked row gives zeros.
+    pyopencl arrays (Q, K and V all, float32/float16, any strides) are read where they lie and
+    the outputs are pyopencl arrays on Q's queue; past_key/past_value, a full-length uint8,
+    bool or float attn_mask and nonpad_kv_seqlen given as pyopencl arrays are used on the
+    device too (a short or other mask is read back and padded on the host)."""
     if path not in _PATHS:
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                             f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
@@ -81,6 +104,17 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
     if (past_key is None) != (past_value is None):
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, "past_key and past_value go together")
+    device = any(_is_pyopencl(x) for x in (Q, K, V))
+    queue = None
+    if device:
+        if not all(_is_pyopencl(x) for x in (Q, K, V)):
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                "Q, K and V must all be pyopencl arrays, or none")
+        queue = Q.queue
+        if any(x.context.int_ptr != queue.context.int_ptr for x in (Q, K, V)):
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                "Q, K and V belong to different OpenCL contexts")
+        ctx = ctx or _context_for_queue(queue)
     ctx = ctx or default_context()
     q, k, v = _array("Q", Q), _array("K", K), _array("V", V)
     if not (q.ndim == k.ndim == v.ndim):
@@ -96,6 +130,8 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
     pk = pv = None
     if past_key is not None:
         pk, pv = _array("past_key", past_key), _array("past_value", past_value)
+        if _is_pyopencl(pk) != device or _is_pyopencl(pv) != device:
+            pk, pv = (_host(pk) if not device else pk), (_host(pv) if not device else pv)
         if pk.ndim != 4 or pv.ndim != 4 or pk.shape[:2] != (b, hkv) or \
                 pv.shape[:3] != pk.shape[:3] or pk.shape[3] != d or pv.shape[3] != dv:
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
@@ -115,8 +151,15 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
     t.out = layout(dt["q"], (b, hq, lq, dv), out_strides)
     keep: dict = {}
     mask = None
+    if _is_pyopencl(attn_mask) and attn_mask.shape[-1] == total and \
+            attn_mask.dtype in (np.bool_, np.uint8, np.float32, np.float16) and \
+            1 <= attn_mask.ndim <= 4:  # used where it lies (a bool mask read as bytes)
+        m = attn_mask.view(np.uint8) if attn_mask.dtype == np.bool_ else attn_mask
+        mask = (m, _lib.U8 if m.dtype == np.uint8 else clattn_dtype(m.dtype))
+        t.attn_mask = layout(mask[1], m.shape, _strides(m))
+        attn_mask = None
     if attn_mask is not None:
-        m = np.asarray(attn_mask)
+        m = np.asarray(_host(attn_mask))
         if m.ndim < 1 or m.ndim > 4 or m.shape[-1] > total:
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                 f"attn_mask has shape {m.shape}; expected rank 1..4 with at "
@@ -131,17 +174,22 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
             mask = (m, clattn_dtype(m.dtype))
         t.attn_mask = layout(mask[1], mask[0].shape)
     if pk is not None:
-        t.past_k = layout(clattn_dtype(pk.dtype), pk.shape)
-        t.past_v = layout(clattn_dtype(pv.dtype), pv.shape)
+        t.past_k = layout(clattn_dtype(pk.dtype), pk.shape, _strides(pk))
+        t.past_v = layout(clattn_dtype(pv.dtype), pv.shape, _strides(pv))
         t.present_k = layout(dt["k"], (b, hkv, total, d))
         t.present_v = layout(dt["v"], (b, hkv, total, dv))
     counts = None
     if nonpad_kv_seqlen is not None:
-        counts = np.ascontiguousarray(np.asarray(nonpad_kv_seqlen), dtype=np.int32)
+        if _is_pyopencl(nonpad_kv_seqlen):
+            counts = nonpad_kv_seqlen
+            if counts.dtype != np.int32:
+                counts = counts.astype(np.int32)  # on the device
+        else:
+            counts = np.ascontiguousarray(np.asarray(nonpad_kv_seqlen), dtype=np.int32)
         if counts.shape != (b,):
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                 f"nonpad_kv_seqlen has shape {counts.shape}, expected ({b},)")
-        t.kv_seqlen = layout(_lib.I32, (b,))
+        t.kv_seqlen = layout(_lib.I32, (b,), _strides(counts))
     scores_shape = (b, hq, lq, total)
     if want_qk_matmul_output:
         target = "weights" if qk_matmul_output_mode == 3 else "scores"
@@ -160,31 +208,47 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
     ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc), ctypes.byref(plan)))
     outputs: Dict[str, np.ndarray] = {}
     try:
-        y = np.empty((b, lq, hq * dv) if rank3 else (b, hq, lq, dv), q.dtype)
+        if device:
+            import pyopencl.array as cla
+
+            def empty(shape, dtype):
+                return cla.empty(queue, shape, dtype)
+        else:
+            empty = np.empty
+        y = empty((b, lq, hq * dv) if rank3 else (b, hq, lq, dv), q.dtype)
         with ctx.lock:
             bound = _lib.Tensors()
-            for role, array in (("q", q), ("k", k), ("v", v), ("past_k", pk), ("past_v", pv),
-                                ("kv_seqlen", counts),
-                                ("attn_mask", None if mask is None else mask[0])):
-                if array is not None:
-                    keep[role] = Buffer(ctx, array)
-                    setattr(bound, role, getattr(t, role))
-                    getattr(bound, role).mem = keep[role].mem
             results = {"out": y}
             if pk is not None:
-                results["present_k"] = np.empty((b, hkv, total, d), k.dtype)
-                results["present_v"] = np.empty((b, hkv, total, dv), v.dtype)
+                results["present_k"] = empty((b, hkv, total, d), k.dtype)
+                results["present_v"] = empty((b, hkv, total, dv), v.dtype)
             if want_qk_matmul_output:
                 results["weights" if qk_matmul_output_mode == 3 else "scores"] = \
-                    np.empty(scores_shape, np.float32)
-            for role, array in results.items():
-                keep[role] = Buffer(ctx, nbytes=array.nbytes)
+                    empty(scores_shape, np.float32)
+            for role, array in (("q", q), ("k", k), ("v", v), ("past_k", pk), ("past_v", pv),
+                                ("kv_seqlen", counts),
+                                ("attn_mask", None if mask is None else mask[0])) + \
+                    tuple(results.items()):
+                if array is None:
+                    continue
                 setattr(bound, role, getattr(t, role))
-                getattr(bound, role).mem = keep[role].mem
+                if _is_pyopencl(array):
+                    getattr(bound, role).mem = array.base_data.int_ptr
+                    getattr(bound, role).offset = array.offset // array.dtype.itemsize
+                elif role in results:
+                    keep[role] = Buffer(ctx, nbytes=array.nbytes)
+                    getattr(bound, role).mem = keep[role].mem
+                else:
+                    keep[role] = Buffer(ctx, array)
+                    getattr(bound, role).mem = keep[role].mem
             ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), None, None, 0, None,
                                               None))
-            for role, array in results.items():
-                keep[role].read(ctx, array)
+            if device:
+                if keep:  # uploaded inputs must outlive the kernels that read them
+                    ctx.check(lib.clattn_finish(ctx.handle))
+            else:
+                for role, array in results.items():
+                    keep[role].read(ctx, array)
     finally:
         lib.clattn_plan_release(plan)
     outputs["Y"] = y
@@ -194,6 +258,6 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
     if want_qk_matmul_output:
         scores = results["weights" if qk_matmul_output_mode == 3 else "scores"]
         outputs["qk_matmul_output"] = scores.astype(q.dtype)
-    if np.asarray(Q).dtype == np.float64:
+    if not device and np.asarray(Q).dtype == np.float64:
         outputs = {name: a.astype(np.float64) for name, a in outputs.items()}
     return outputs

@@ -163,3 +163,51 @@ def test_kv_cache_on_device_arrays(queue, path):
     with pytest.raises(clattn.ArgumentError, match="pyopencl"):
         cache.append(k_view[:, :, :1], vh[:, :, :1])
     cache.close()
+
+
+@pytest.mark.parametrize("case", ["rank3", "past_mask", "short_mask", "nonpad", "scores"])
+def test_onnx_attention_on_device_arrays(queue, case):
+    # The device call must give what the numpy call gives (which ONNX's node tests check),
+    # with its outputs left on the device as pyopencl arrays.
+    rng = np.random.default_rng(11)
+    b, hq, hkv, lq, lk, d, past = 2, 4, 2, 5, 7, 8, 3
+
+    def r(*shape):
+        return rng.uniform(-1, 1, shape).astype(np.float32)
+
+    kw, args = {}, {}
+    if case == "rank3":
+        args = dict(Q=r(b, lq, hq * d), K=r(b, lk, hkv * d), V=r(b, lk, hkv * d))
+        kw = dict(q_num_heads=hq, kv_num_heads=hkv, is_causal=1)
+    else:
+        args = dict(Q=r(b, hq, lq, d), K=r(b, hkv, lk, d), V=r(b, hkv, lk, d))
+    total = lk
+    if case in ("past_mask", "scores"):
+        args.update(past_key=r(b, hkv, past, d), past_value=r(b, hkv, past, d))
+        total = lk + past
+    if case == "past_mask":
+        args["attn_mask"] = rng.random((lq, total)) < 0.7
+    if case == "short_mask":
+        args["attn_mask"] = rng.standard_normal((b, 1, lq, lk - 2)).astype(np.float32)
+    if case == "nonpad":
+        args["nonpad_kv_seqlen"] = np.array([lk, 4], np.int64)
+    if case == "scores":
+        kw.update(want_qk_matmul_output=True, qk_matmul_output_mode=3)
+    want = clattn.onnx_attention(**args, **kw)
+    dev = {name: cla.to_device(queue, np.ascontiguousarray(a)) for name, a in args.items()}
+    got = clattn.onnx_attention(**dev, **kw)
+    if case == "rank3":  # Q, K, V as strided (B, H, L, d) views of (B, L, H, d) buffers
+        def split(name, h, n):
+            return args[name].reshape(b, n, h, d)  # (B, L, H, d), contiguous
+
+        views = [cla.to_device(queue, split(name, h, n)).transpose((0, 2, 1, 3))
+                 for name, h, n in (("Q", hq, lq), ("K", hkv, lk), ("V", hkv, lk))]
+        assert not views[0].flags.c_contiguous
+        got4 = clattn.onnx_attention(*views, is_causal=1)
+        np.testing.assert_allclose(got4["Y"].get(), want["Y"].reshape(b, lq, hq, d)
+                                   .transpose(0, 2, 1, 3), rtol=1e-6, atol=1e-6)
+    assert set(got) == set(want)
+    for name in want:
+        assert isinstance(got[name], cla.Array), name
+        np.testing.assert_allclose(got[name].get(), want[name], rtol=1e-6, atol=1e-6,
+                                   err_msg=name)
