@@ -132,19 +132,22 @@ CLATTN_API clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clatt
                                              const clattn_tensor *out, const clattn_tensor *lse,
                                              const clattn_tensor *key_padding_mask);
 
-/* Times of the last execution on this rank, in seconds (host wall clock, MPI_Wtime). Each
- * step posts its exchange, enqueues its compute and then waits, first in MPI_Waitall (the
- * device computes meanwhile), then for the device:
- *   comm_wait_s: blocked in MPI_Waitall: the exchange's time, overlapped with the device;
- *   compute_s: enqueueing the step, plus waiting for the device after the exchange finished
- *     (the compute that outlasted the communication);
- *   staging_s: resetting out/lse and reading the own block to the host (once per call; the
- *     received blocks' writes to the device are in compute_s);
- *   total_s: the whole call, steps: steps run, bytes_sent: by this rank, all steps.
- * A step lasts about comm_wait + compute; communication hides behind compute while compute_s
- * stays well above the enqueue time at every step. */
+/* Times of the last execution on this rank, in seconds (monotonic host clock), summed over
+ * its steps. A step posts its exchange, enqueues its compute, waits in MPI_Waitall (the
+ * device computes meanwhile), writes the received block to the device and waits for it:
+ *   compute_s: from enqueueing the step's sub-plans and merges to the device's completion
+ *     of the last of them (an event callback);
+ *   comm_s: from posting the exchange to its completion (overlapping the compute);
+ *   comm_wait_s: the part of comm_s after the device had finished: communication not hidden;
+ *   staging_s: host staging not overlapped: resetting out/lse and reading the own block to
+ *     the host (once per call), and each step's tail after compute and exchange (writing the
+ *     received block to the device);
+ *   sync_s: the steps' status agreement (an MPI_Allreduce): waiting for the slowest rank,
+ *     which is where an unbalanced layout (contiguous blocks under causal masking) shows;
+ *   total_s: the whole call; steps: steps run; bytes_sent: by this rank, all steps.
+ * A step lasts about max(compute, comm) + its staging + its sync. */
 typedef struct clattn_ring_timing {
-    double total_s, compute_s, comm_wait_s, staging_s;
+    double total_s, compute_s, comm_s, comm_wait_s, staging_s, sync_s;
     int steps;
     size_t bytes_sent; /* by this rank, all steps */
 } clattn_ring_timing;

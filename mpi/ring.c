@@ -6,16 +6,19 @@
  * segment) that is not entirely masked, an SDPA sub-plan (made at creation, causal and window
  * aligned with CLATTN_CAUSAL_OFFSET = the segments' global distance) writes a partial output
  * and its log-sum-exp, which ring_merge folds into out and lse. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
 #include "clattn_mpi.h"
 
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* out[row] and lse[row] of this rank's rows absorb one partial result (part_out, part_lse of
  * `qlen` rows per (batch, head)) by log-sum-exp: with m = max(lse_a, lse_p),
@@ -58,6 +61,12 @@ typedef struct ring_block {
     size_t start[2], length[2], local[2]; /* global start, length, first local row */
 } ring_block;
 
+/* When a step's last compute command completed, set by an event callback. */
+typedef struct device_clock {
+    atomic_int done;
+    double when;
+} device_clock;
+
 struct clattn_ring_plan {
     clattn_ctx *ctx;
     MPI_Comm comm;
@@ -75,14 +84,35 @@ struct clattn_ring_plan {
     float *host_k[2], *host_v[2];
     uint8_t *host_kpm[2];
     clattn_ring_timing timing;
+    device_clock clock; /* the step's compute completion (on_compute_done) */
     char message[1024];
 };
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
+/* Monotonic seconds (also called from OpenCL's callback thread, so not MPI_Wtime). */
 static double now_s(void)
 {
-    return MPI_Wtime();
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void CL_CALLBACK on_compute_done(cl_event event, cl_int status, void *data)
+{
+    (void)event, (void)status;
+    device_clock *clock = data;
+    clock->when = now_s();
+    atomic_store(&clock->done, 1);
+}
+
+/* After clFinish the callback may still be on its way: wait for it (bounded: 2 s). */
+static double compute_end(device_clock *clock, double fallback)
+{
+    const struct timespec pause = {0, 20000};
+    for (int i = 0; i < 100000 && !atomic_load(&clock->done); ++i)
+        nanosleep(&pause, NULL);
+    return atomic_load(&clock->done) ? clock->when : fallback;
 }
 
 static clattn_status fail(clattn_ring_plan *plan, clattn_status status, const char *format, ...)
@@ -948,6 +978,7 @@ clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q
         const int src = (plan->rank - step + plan->ranks) % plan->ranks;
         const int next_src = (src - 1 + plan->ranks) % plan->ranks;
         const int slot = step % 2, next = (step + 1) % 2;
+        const double t_post = now_s();
         if (step + 1 < plan->ranks) {
             clattn_status posted =
                 post_exchange(plan, src, next_src, slot, next, requests, &pending);
@@ -955,6 +986,9 @@ clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q
                 local = posted;
         }
         const double t_compute = now_s();
+        device_clock *clock = &plan->clock; /* in the plan: outlives a late callback */
+        atomic_store(&clock->done, 0);
+        bool timed = false;
         if (local == CLATTN_SUCCESS && has_rows) {
             ring_kv kv;
             if (step == 0)
@@ -965,7 +999,14 @@ clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q
                 kv = (ring_kv){plan->dev_k[slot], plan->dev_v[slot], plan->dev_kpm[slot], 0, 0, 0};
             if (!plan->desc.key_padding)
                 kv.kpm = NULL;
+            cl_event before = last;
+            if (before)
+                clRetainEvent(before);
             local = compute_block(plan, src, &kv, q, out, lse_mem, lse_offset, &last);
+            /* Time the step's device work when it enqueued any (last changed). */
+            if (local == CLATTN_SUCCESS && last && last != before)
+                timed = clSetEventCallback(last, CL_COMPLETE, on_compute_done, clock) == CL_SUCCESS;
+            release_event(&before);
             if (last)
                 clFlush(queue);
         }
@@ -977,18 +1018,26 @@ clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q
                 local = fail_mpi(plan, rc, "MPI_Waitall(k/v block)");
         }
         const double t_waited = now_s();
-        plan->timing.comm_wait_s += t_waited - t_wait;
         if (local == CLATTN_SUCCESS && step + 1 < plan->ranks)
             local = upload_block(plan, next_src, next, &last);
         cl_int err = clFinish(queue);
         if (err != CL_SUCCESS && local == CLATTN_SUCCESS)
             local = fail_cl(plan, err, "clFinish");
         const double t_done = now_s();
-        plan->timing.compute_s += (t_wait - t_compute) + (t_done - t_waited);
+        /* The device's part of the step: enqueue to its last compute command's completion. */
+        const double computed = timed ? compute_end(clock, t_done) : t_compute;
+        plan->timing.compute_s += computed - t_compute;
+        plan->timing.comm_s += t_waited - t_post;
+        const double idle_from = computed > t_wait ? computed : t_wait;
+        if (t_waited > idle_from)
+            plan->timing.comm_wait_s += t_waited - idle_from;
+        plan->timing.staging_s += t_done - (computed > t_waited ? computed : t_waited);
         plan->timing.steps = step + 1;
         char where[64];
         snprintf(where, sizeof where, "at step %d", step);
-        if ((status = agree(plan, local, where)) != CLATTN_SUCCESS)
+        status = agree(plan, local, where);
+        plan->timing.sync_s += now_s() - t_done;
+        if (status != CLATTN_SUCCESS)
             break;
     }
     release_event(&last);

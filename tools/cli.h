@@ -87,6 +87,8 @@ int cli_ring_init(void);
 int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root);
 /* Collective: releases ranks waiting for this one when it failed before cli_ring_sdpa. */
 void cli_ring_finalize(void);
+/* `clattn bench --op ring` (cmd_bench hands over when --op is ring). */
+int cli_ring_bench(int argc, char **argv);
 #endif
 
 /* Prints the device's name and type on one line. */

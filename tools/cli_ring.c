@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static bool initialised_by_us;
 static bool agreed; /* whether this rank has taken part in the start agreement */
@@ -179,10 +180,10 @@ int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root)
             else if (job->timing) {
                 const clattn_ring_timing t = clattn_ring_last_timing(plan);
                 fprintf(stderr,
-                        "ring rank %d/%d: rows %zu, %.3f s (compute %.3f, comm wait %.3f, "
-                        "staging %.3f), %zu bytes sent\n",
-                        rank, ranks, n, t.total_s, t.compute_s, t.comm_wait_s, t.staging_s,
-                        t.bytes_sent);
+                        "ring rank %d/%d: rows %zu, %.3f s over %d steps (compute %.3f, comm "
+                        "%.3f, waiting %.3f, staging %.3f, sync %.3f), %zu bytes sent\n",
+                        rank, ranks, n, t.total_s, t.steps, t.compute_s, t.comm_s, t.comm_wait_s,
+                        t.staging_s, t.sync_s, t.bytes_sent);
             }
         }
     } else {
@@ -235,5 +236,247 @@ int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root)
             clReleaseMemObject(mems[i]);
     clattn_ctx_release(ctx);
     free(q), free(k), free(v), free(o);
+    return rc;
+}
+
+/* ---- clattn bench --op ring ------------------------------------------------------------- */
+
+static const char ring_bench_usage[] =
+    "usage: mpirun -np N clattn bench --op ring [--seq L,...] [--batch B] [--heads H]\n"
+    "                    [--kv-heads H] [--head-dim D] [--causal] [--ring-layout "
+    "contiguous|zigzag]\n"
+    "                    [--runs N] [--warmup N] [--json] [--device SPEC]\n"
+    "\n"
+    "Ring attention (libclattn_mpi) over the ranks: each rank makes random inputs for its own\n"
+    "rows only (memory O(L/N): q, k, v, out plus two k/v blocks in flight), one plan per size,\n"
+    "--warmup runs, then --runs timed ones. Rank 0 prints, per rank, the median run's time and\n"
+    "its split summed over the N steps: compute (device, enqueue to completion), comm (the\n"
+    "exchanges, overlapping compute), wait (communication after the device had finished: not\n"
+    "hidden), staging (host copies not overlapped), sync (waiting for the slowest rank at each\n"
+    "step's status agreement), MB sent, and the rank's peak RSS.\n"
+    "Defaults: --seq 2048, --batch 1, --heads 8, --head-dim 64, contiguous, not causal.\n";
+
+typedef struct ring_bench_row {
+    double rows, total_ms, compute_ms, comm_ms, wait_ms, staging_ms, sync_ms, sent_mb, rss_mib,
+        steps;
+} ring_bench_row;
+
+static double peak_rss_mib(void)
+{
+    struct rusage usage;
+    return getrusage(RUSAGE_SELF, &usage) == 0 ? usage.ru_maxrss / 1024.0 : 0.0;
+}
+
+static int compare_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One size: every rank's row of the table (rank 0 receives them all into rows). */
+static int ring_bench_case(clattn_ctx *ctx, const clattn_ring_desc *base, size_t runs,
+                           size_t warmup, ring_bench_row *all)
+{
+    int rank = 0, ranks = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    clattn_ring_desc desc = *base;
+    const bool zigzag = desc.layout == CLATTN_RING_ZIGZAG;
+    const clattn_ring_rows rows = rows_of(zigzag, desc.seq_len, ranks, rank);
+    desc.local_len = rows.count;
+    const size_t n = rows.count, b = desc.batch, h = desc.heads;
+    const size_t hkv = desc.kv_heads ? desc.kv_heads : h, d = desc.head_dim_qk;
+    const size_t counts[4] = {b * h * n * d, b * hkv * n * d, b * hkv * n * d, b * h * n * d};
+    size_t largest = 1;
+    for (int i = 0; i < 4; ++i)
+        largest = counts[i] > largest ? counts[i] : largest;
+    float *host = malloc(largest * sizeof(float));
+    cl_mem mem[4] = {NULL, NULL, NULL, NULL};
+    cl_int err = host ? CL_SUCCESS : CL_OUT_OF_HOST_MEMORY;
+    unsigned state = 12345u + (unsigned)rank;
+    for (int i = 0; i < 4 && err == CL_SUCCESS; ++i) {
+        for (size_t j = 0; j < counts[i]; ++j) {
+            state = state * 1664525u + 1013904223u;
+            host[j] = (float)(state >> 8) / 8388608.0f - 1.0f;
+        }
+        mem[i] =
+            device_copy(ctx, i < 3 && counts[i] ? host : NULL, counts[i] * sizeof(float), &err);
+    }
+    free(host);
+    int rc = CLI_OK;
+    clattn_ring_plan *plan = NULL;
+    char message[1024] = "";
+    if (!agree_ok(err == CL_SUCCESS)) {
+        rc = cli_fail("bench", CLI_FAILED, "ring: device buffers failed (on some rank)");
+    } else {
+        clattn_status status =
+            clattn_ring_plan_create(ctx, MPI_COMM_WORLD, &desc, &plan, message, sizeof message);
+        if (status != CLATTN_SUCCESS)
+            rc = cli_fail("bench", CLI_FAILED, "ring: %s: %s", clattn_mpi_status_string(status),
+                          message);
+    }
+    ring_bench_row mine;
+    memset(&mine, 0, sizeof mine);
+    if (rc == CLI_OK) {
+        const clattn_tensor tq = clattn_tensor_make(mem[0], 0, CLATTN_DTYPE_F32, 4, b, h, n, d);
+        const clattn_tensor tk = clattn_tensor_make(mem[1], 0, CLATTN_DTYPE_F32, 4, b, hkv, n, d);
+        const clattn_tensor tv = clattn_tensor_make(mem[2], 0, CLATTN_DTYPE_F32, 4, b, hkv, n, d);
+        const clattn_tensor to = clattn_tensor_make(mem[3], 0, CLATTN_DTYPE_F32, 4, b, h, n, d);
+        clattn_ring_timing *timings = calloc(runs, sizeof *timings);
+        double *totals = calloc(runs, sizeof *totals);
+        if (timings == NULL || totals == NULL)
+            rc = cli_fail("bench", CLI_FAILED, "out of memory");
+        for (size_t run = 0; rc == CLI_OK && run < warmup + runs; ++run) {
+            MPI_Barrier(MPI_COMM_WORLD); /* every rank starts the run together */
+            clattn_status status = clattn_ring_execute(plan, &tq, &tk, &tv, &to, NULL, NULL);
+            if (status != CLATTN_SUCCESS)
+                rc = cli_fail("bench", CLI_FAILED, "ring: %s: %s", clattn_mpi_status_string(status),
+                              clattn_ring_last_error(plan));
+            else if (run >= warmup)
+                timings[run - warmup] = clattn_ring_last_timing(plan);
+        }
+        if (rc == CLI_OK) {
+            for (size_t i = 0; i < runs; ++i)
+                totals[i] = timings[i].total_s;
+            qsort(totals, runs, sizeof *totals, compare_double);
+            const double median = totals[runs / 2];
+            size_t pick = 0;
+            for (size_t i = 0; i < runs; ++i)
+                if (timings[i].total_s == median)
+                    pick = i;
+            const clattn_ring_timing *t = &timings[pick];
+            mine = (ring_bench_row){(double)n,
+                                    1e3 * t->total_s,
+                                    1e3 * t->compute_s,
+                                    1e3 * t->comm_s,
+                                    1e3 * t->comm_wait_s,
+                                    1e3 * t->staging_s,
+                                    1e3 * t->sync_s,
+                                    (double)t->bytes_sent / 1e6,
+                                    peak_rss_mib(),
+                                    (double)t->steps};
+        }
+        free(timings);
+        free(totals);
+    }
+    clattn_ring_plan_release(plan);
+    for (int i = 0; i < 4; ++i)
+        if (mem[i])
+            clReleaseMemObject(mem[i]);
+    const int fields = (int)(sizeof mine / sizeof(double));
+    if (MPI_Gather(&mine, fields, MPI_DOUBLE, all, fields, MPI_DOUBLE, 0, MPI_COMM_WORLD) !=
+        MPI_SUCCESS)
+        rc = cli_fail("bench", CLI_FAILED, "ring: MPI_Gather failed");
+    return rc;
+}
+
+int cli_ring_bench(int argc, char **argv)
+{
+    cli_args args = {.argc = argc, .argv = argv, .index = 1, .command = "bench"};
+    size_t seqs[16] = {2048}, num_seq = 1, runs = 5, warmup = 1;
+    clattn_ring_desc desc;
+    clattn_ring_desc_init(&desc);
+    desc.batch = 1, desc.heads = 8, desc.head_dim_qk = desc.head_dim_v = 64;
+    bool json = false;
+    const char *device = NULL, *value = NULL;
+    int flag = 0;
+    while (cli_next(&args)) {
+        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
+            fputs(ring_bench_usage, stdout);
+            return CLI_OK;
+        } else if (cli_is(&args, "--op")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "ring") != 0)
+                return cli_fail("bench", CLI_BAD_INPUT, "--op ring runs alone, not with '%s'",
+                                value);
+        } else if ((flag = cli_flag(&args, "--causal")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            desc.causal = CLATTN_CAUSAL_TOP_LEFT;
+        } else if ((flag = cli_flag(&args, "--json")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            json = true;
+        } else if (cli_is(&args, "--seq")) {
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_size_list("bench", "--seq", value, seqs, 16, &num_seq))
+                return CLI_BAD_INPUT;
+        } else if (cli_is(&args, "--ring-layout")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "zigzag") == 0)
+                desc.layout = CLATTN_RING_ZIGZAG;
+            else if (strcmp(value, "contiguous") != 0)
+                return cli_fail("bench", CLI_BAD_INPUT,
+                                "--ring-layout: '%s' is not contiguous or zigzag", value);
+        } else if (cli_is(&args, "--device")) {
+            if (!(device = cli_value(&args)))
+                return CLI_BAD_INPUT;
+        } else {
+            static const char *const names[] = {"--batch",    "--heads", "--kv-heads",
+                                                "--head-dim", "--runs",  "--warmup"};
+            size_t *targets[] = {&desc.batch,       &desc.heads, &desc.kv_heads,
+                                 &desc.head_dim_qk, &runs,       &warmup};
+            bool matched = false;
+            for (int i = 0; i < 6 && !matched; ++i)
+                if (cli_is(&args, names[i])) {
+                    matched = true;
+                    if (!(value = cli_value(&args)) ||
+                        !cli_parse_size("bench", names[i], value, i == 5 ? 0 : 1, targets[i]))
+                        return CLI_BAD_INPUT;
+                }
+            if (!matched)
+                return cli_fail("bench", CLI_BAD_INPUT, "--op ring: unknown option '%s'",
+                                args.name);
+        }
+    }
+    desc.head_dim_v = desc.head_dim_qk;
+    int rc = cli_ring_init();
+    if (rc != CLI_OK)
+        return rc;
+    agreed = true; /* the bench agrees at each step itself */
+    int rank = 0, ranks = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    clattn_ctx *ctx = cli_context("bench", device);
+    ring_bench_row *all = calloc((size_t)ranks, sizeof *all);
+    if (!agree_ok(ctx != NULL && all != NULL))
+        rc = ctx ? cli_fail("bench", CLI_FAILED, "ring: no device or memory on some rank")
+                 : CLI_FAILED;
+    if (rc == CLI_OK && rank == 0 && !json)
+        printf("ring attention, %d ranks, %s, B=%zu H=%zu Hkv=%zu d=%zu%s, median of %zu\n"
+               "%7s %5s %7s %10s %10s %10s %10s %10s %10s %8s %8s\n",
+               ranks, desc.layout == CLATTN_RING_ZIGZAG ? "zigzag" : "contiguous", desc.batch,
+               desc.heads, desc.kv_heads ? desc.kv_heads : desc.heads, desc.head_dim_qk,
+               desc.causal ? " causal" : "", runs, "L", "rank", "rows", "total ms", "compute",
+               "comm", "wait", "staging", "sync", "MB sent", "rss MiB");
+    for (size_t i = 0; rc == CLI_OK && i < num_seq; ++i) {
+        desc.seq_len = seqs[i];
+        rc = ring_bench_case(ctx, &desc, runs, warmup, all);
+        for (int r = 0; rc == CLI_OK && rank == 0 && r < ranks; ++r) {
+            const ring_bench_row *w = &all[r];
+            if (json)
+                printf("{\"op\": \"ring\", \"ranks\": %d, \"rank\": %d, \"layout\": \"%s\", "
+                       "\"causal\": %s, \"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, "
+                       "\"head_dim\": %zu, \"seq\": %zu, \"rows\": %.0f, \"steps\": %.0f, "
+                       "\"total_ms\": %.3f, \"compute_ms\": %.3f, \"comm_ms\": %.3f, "
+                       "\"wait_ms\": %.3f, \"staging_ms\": %.3f, \"sync_ms\": %.3f, "
+                       "\"mb_sent\": %.3f, "
+                       "\"peak_rss_mib\": %.1f}\n",
+                       ranks, r, desc.layout == CLATTN_RING_ZIGZAG ? "zigzag" : "contiguous",
+                       desc.causal ? "true" : "false", desc.batch, desc.heads,
+                       desc.kv_heads ? desc.kv_heads : desc.heads, desc.head_dim_qk, seqs[i],
+                       w->rows, w->steps, w->total_ms, w->compute_ms, w->comm_ms, w->wait_ms,
+                       w->staging_ms, w->sync_ms, w->sent_mb, w->rss_mib);
+            else
+                printf("%7zu %5d %7.0f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %8.2f %8.1f\n",
+                       seqs[i], r, w->rows, w->total_ms, w->compute_ms, w->comm_ms, w->wait_ms,
+                       w->staging_ms, w->sync_ms, w->sent_mb, w->rss_mib);
+        }
+    }
+    free(all);
+    clattn_ctx_release(ctx);
+    cli_ring_finalize();
     return rc;
 }
