@@ -562,6 +562,76 @@ START_TEST(test_split_helpers)
 }
 END_TEST
 
+/* The simple split: each rank runs an ordinary SDPA plan on its head range (views of the whole
+ * tensors: query heads first .. first + count, their k/v groups), rows compared with the
+ * reference; no communication. */
+START_TEST(test_head_split)
+{
+    TU_BEGIN_TEST();
+    const ring_case *c = &cases[15]; /* 8 query heads, 2 k/v heads, causal */
+    ring_problem p;
+    make_problem(c, 15, &p);
+    size_t first = 0, count = 0;
+    tu_expect(clattn_mpi_head_range(c->heads, c->kv_heads, ranks_, rank_, &first, &count) ==
+                  CLATTN_SUCCESS,
+              "clattn_mpi_head_range");
+    tu_set_case("ranks=%d rank=%d heads %zu+%zu of %zu (kv %zu)", ranks_, rank_, first, count,
+                c->heads, p.hkv);
+    if (count > 0) {
+        const size_t group = c->heads / p.hkv, kv_first = first / group, kv_count = count / group;
+        clattn_sdpa_desc sd;
+        clattn_sdpa_desc_init(&sd);
+        clattn_tensors *t = &sd.tensors;
+        /* Views of the whole (B, H, L, d) buffers: the heads' strides stay the whole tensor's. */
+        t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, c->batch, count, c->seq, c->dk);
+        t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, c->batch, kv_count, c->seq, c->dk);
+        t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, c->batch, kv_count, c->seq, c->dv);
+        t->out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, c->batch, count, c->seq, c->dv);
+        const size_t q_strides[4] = {c->heads * c->seq * c->dk, c->seq * c->dk, c->dk, 1};
+        const size_t k_strides[4] = {p.hkv * c->seq * c->dk, c->seq * c->dk, c->dk, 1};
+        const size_t v_strides[4] = {p.hkv * c->seq * c->dv, c->seq * c->dv, c->dv, 1};
+        memcpy(t->q.strides, q_strides, sizeof q_strides);
+        memcpy(t->k.strides, k_strides, sizeof k_strides);
+        memcpy(t->v.strides, v_strides, sizeof v_strides);
+        sd.causal = c->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+        clattn_plan *plan = NULL;
+        if (tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &sd, &plan), CLATTN_SUCCESS,
+                             "head split: clattn_sdpa_plan_create")) {
+            clattn_tensors bound = *t;
+            bound.q.mem = tu_upload_floats(p.q, p.q_count);
+            bound.q.offset = first * c->seq * c->dk;
+            bound.k.mem = tu_upload_floats(p.k, p.k_count);
+            bound.k.offset = kv_first * c->seq * c->dk;
+            bound.v.mem = tu_upload_floats(p.v, p.v_count);
+            bound.v.offset = kv_first * c->seq * c->dv;
+            const size_t out_count = c->batch * count * c->seq * c->dv;
+            bound.out.mem = tu_nan_buffer(out_count);
+            if (tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+                                 CLATTN_SUCCESS, "head split: clattn_plan_execute")) {
+                float *got = tu_floats(out_count);
+                double *ref = tu_doubles(out_count);
+                tu_read_floats(bound.out.mem, 0, out_count, got);
+                const size_t per_head = c->seq * c->dv;
+                for (size_t b = 0; b < c->batch; ++b)
+                    memcpy(ref + b * count * per_head,
+                           p.out_ref + (b * c->heads + first) * per_head,
+                           count * per_head * sizeof(double));
+                tu_expect_close("head split vs float64 reference", got, ref, out_count, TU_TOL);
+                free(got);
+                free(ref);
+            }
+            tu_release_mem(bound.q.mem);
+            tu_release_mem(bound.k.mem);
+            tu_release_mem(bound.v.mem);
+            tu_release_mem(bound.out.mem);
+        }
+        clattn_plan_release(plan);
+    }
+    free_problem(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     int provided = 0;
@@ -584,6 +654,7 @@ int main(int argc, char **argv)
     tu_add_loop_except(tc, test_ring_vs_reference, 0, (int)(sizeof cases / sizeof cases[0]), heavy,
                        tu_small() ? 3 : 0);
     tcase_add_test(tc, test_ring_errors);
+    tcase_add_test(tc, test_head_split);
     suite_add_tcase(suite, tc);
     const int result = tu_run_suite(suite);
     int worst = 0;
