@@ -970,7 +970,7 @@ clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q
     if (has_rows) {
         const double t0 = now_s();
         local = reset_outputs(plan, out, lse_mem, lse_offset, &last);
-        if (local == CLATTN_SUCCESS)
+        if (local == CLATTN_SUCCESS && plan->ranks > 1) /* one rank: nothing to send */
             local = stage_own(plan, k, v, key_padding_mask);
         plan->timing.staging_s += now_s() - t0;
     }
