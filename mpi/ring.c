@@ -20,38 +20,8 @@
 #include <string.h>
 #include <time.h>
 
-/* out[row] and lse[row] of this rank's rows absorb one partial result (part_out, part_lse of
- * `qlen` rows per (batch, head)) by log-sum-exp: with m = max(lse_a, lse_p),
- * out = (e^(lse_a - m) out + e^(lse_p - m) part) / (e^(lse_a - m) + e^(lse_p - m)) and
- * lse = m + log(that sum). A partial row with lse -inf saw no key and changes nothing.
- * One work-item per (batch, head, row); no barriers, so out-of-range items return at once. */
-static const char merge_source[] =
-    "__kernel void ring_merge(__global float *out, const ulong out_offset,\n"
-    "                         __global float *lse, const ulong lse_offset,\n"
-    "                         __global const float *part_out, __global const float *part_lse,\n"
-    "                         const uint rows, const uint row0, const uint qlen,\n"
-    "                         const uint dv, const uint count)\n"
-    "{\n"
-    "    const uint gid = get_global_id(0);\n"
-    "    if (gid >= count)\n"
-    "        return;\n"
-    "    const float lp = part_lse[gid];\n"
-    "    if (lp == -INFINITY)\n"
-    "        return;\n"
-    "    const ulong row = (ulong)(gid / qlen) * rows + row0 + gid % qlen;\n"
-    "    __global float *l = lse + lse_offset + row;\n"
-    "    const float la = *l;\n"
-    "    const float m = fmax(la, lp);\n"
-    "    const float wa = la == -INFINITY ? 0.0f : exp(la - m);\n"
-    "    const float wp = exp(lp - m);\n"
-    "    const float sum = wa + wp;\n"
-    "    const float ca = wa / sum, cp = wp / sum;\n"
-    "    __global float *o = out + out_offset + row * dv;\n"
-    "    __global const float *p = part_out + (ulong)gid * dv;\n"
-    "    for (uint c = 0; c < dv; ++c)\n"
-    "        o[c] = ca * o[c] + cp * p[c];\n"
-    "    *l = m + log(sum);\n"
-    "}\n";
+/* The merge kernel (mpi/ring_merge.cl, embedded at build time as clattn_kernel_ring_merge). */
+#include "ring_kernels.h"
 
 #define MERGE_LOCAL 64 /* work-items per merge work-group */
 
@@ -460,7 +430,7 @@ static clattn_status make_merge_kernel(clattn_ring_plan *plan)
 {
     cl_context context = clattn_ctx_cl_context(plan->ctx);
     cl_device_id device = clattn_ctx_device(plan->ctx);
-    const char *source = merge_source;
+    const char *source = clattn_kernel_ring_merge;
     cl_int err = CL_SUCCESS;
     plan->program = clCreateProgramWithSource(context, 1, &source, NULL, &err);
     if (err != CL_SUCCESS)
