@@ -21,8 +21,7 @@
  * ranks agree on a status after validation and after each step, so none is left waiting.
  * The failing rank returns its own status; the others return CLATTN_MPI_ERR_PEER. (The
  * agreement is one MPI_Allreduce per step. Not covered: an error inside MPI itself while one
- * rank posts a step's exchange can leave its neighbour in MPI_Waitall, and a host allocation
- * failing on one rank between the descriptor check and the gather of the block lengths.)
+ * rank posts a step's exchange can leave its neighbour in MPI_Waitall.)
  *
  * Thread safety: as libclattn's: a plan is used by one thread at a time, and the MPI library
  * must be initialised with at least MPI_THREAD_FUNNELED by the thread that calls.

@@ -43,6 +43,7 @@ struct clattn_ring_plan {
     int rank, ranks;
     clattn_ring_desc desc; /* kv_heads resolved */
     ring_block *blocks;    /* per rank */
+    unsigned long long *lengths; /* per rank: the gathered local_len (CONTIGUOUS) */
     size_t max_rows;       /* the longest block */
     clattn_plan **sub;     /* [(src * 2 + q_segment) * 2 + k_segment]; NULL: none (skipped) */
     cl_program program;
@@ -295,9 +296,6 @@ static clattn_status check_same(clattn_ring_plan *plan)
 static clattn_status gather_blocks(clattn_ring_plan *plan)
 {
     const clattn_ring_desc *d = &plan->desc;
-    plan->blocks = calloc((size_t)plan->ranks, sizeof *plan->blocks);
-    if (plan->blocks == NULL)
-        return fail(plan, CLATTN_ERR_HOST_MEMORY, "ring: out of host memory (blocks)");
     if (d->layout == CLATTN_RING_ZIGZAG) {
         for (int r = 0; r < plan->ranks; ++r) {
             clattn_ring_rows rows;
@@ -313,15 +311,11 @@ static clattn_status gather_blocks(clattn_ring_plan *plan)
         }
     } else {
         unsigned long long mine = d->local_len;
-        unsigned long long *all = calloc((size_t)plan->ranks, sizeof *all);
-        if (all == NULL)
-            return fail(plan, CLATTN_ERR_HOST_MEMORY, "ring: out of host memory (lengths)");
+        unsigned long long *all = plan->lengths;
         int rc = MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG,
                                plan->comm);
-        if (rc != MPI_SUCCESS) {
-            free(all);
+        if (rc != MPI_SUCCESS)
             return fail_mpi(plan, rc, "MPI_Allgather(local_len)");
-        }
         unsigned long long start = 0;
         for (int r = 0; r < plan->ranks; ++r) {
             ring_block *b = &plan->blocks[r];
@@ -330,7 +324,6 @@ static clattn_status gather_blocks(clattn_ring_plan *plan)
             b->segments = 1;
             start += all[r]; /* each <= seq_len < 2^32: no overflow */
         }
-        free(all);
         if (start != d->seq_len)
             return fail(plan, CLATTN_ERR_INVALID_SHAPE,
                         "ring: the ranks' local_len sum to %llu but seq_len=%zu", start,
@@ -547,6 +540,12 @@ clattn_status clattn_ring_plan_create(clattn_ctx *ctx, MPI_Comm comm, const clat
         plan->desc = *desc;
         if (plan->desc.kv_heads == 0)
             plan->desc.kv_heads = plan->desc.heads;
+        /* Allocated before the agreement, so that no rank fails alone in the gather. */
+        plan->blocks = calloc((size_t)plan->ranks, sizeof *plan->blocks);
+        plan->lengths = calloc((size_t)plan->ranks, sizeof *plan->lengths);
+        if (plan->blocks == NULL || plan->lengths == NULL)
+            local = fail(plan, CLATTN_ERR_HOST_MEMORY, "ring: out of host memory (%d blocks)",
+                         plan->ranks);
     }
     if ((status = agree(plan, local, "validating the ring descriptor")) ||
         (status = check_same(plan)) || (status = gather_blocks(plan)))
@@ -608,6 +607,7 @@ void clattn_ring_plan_release(clattn_ring_plan *plan)
         free(plan->host_kpm[i]);
     }
     free(plan->blocks);
+    free(plan->lengths);
     if (plan->comm != MPI_COMM_NULL)
         MPI_Comm_free(&plan->comm);
     free(plan);
