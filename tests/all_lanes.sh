@@ -9,7 +9,9 @@
 # Two tiers. The default is the CI tier, sized to stay near 45 minutes on the 2-core CI machine
 # (the times are in README); --full runs every lane at full scale (about 2.5 hours there).
 #
-#   pocl      the whole ctest suite on PoCL (the default device), build/; the same in both tiers
+#   pocl      the whole ctest suite on PoCL (the default device), build/, configured with
+#             -DCLATTN_MPI=ON (ring attention: mpi_1..mpi_4 and cli_ring under mpirun
+#             --oversubscribe; the rusticl lane leaves them out); the same in both tiers
 #   asan      the ctest suite built with ASan + UBSan (LeakSanitizer on, -O2 -g), build-asan/,
 #             less runtime_rusticl (Mesa's compiler under ASan's allocator took 441 s of the
 #             lane's 713; the rusticl lane runs that suite on rusticl, and the pocl lane runs it
@@ -63,7 +65,7 @@ cache=$PWD/build/pocl-cache
 mkdir -p "$cache"
 
 lane_pocl() {
-    cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" &&
+    cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" -DCLATTN_MPI=ON &&
         cmake --build build -j"$jobs" &&
         (cd build && ctest --output-on-failure)
 }
@@ -108,7 +110,7 @@ ensure_build() {
 # On rusticl every kernel variant is compiled by Mesa (clang -> SPIR-V -> NIR -> gallivm), which
 # is slow; the lane runs each suite with the parameters rusticl gets (and the default row, and the
 # forced key splits), not the variants the pocl lane already runs with other parameters.
-rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl)$'
+rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring)$'
 lane_rusticl() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/rusticl_lane.sh build -E "$rusticl_skip"
