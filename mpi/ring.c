@@ -770,21 +770,27 @@ static clattn_status compute_block(clattn_ring_plan *plan, int src, const ring_k
             const cl_uint rows = (cl_uint)mine->count, row0 = (cl_uint)mine->local[qs];
             const cl_uint qlen = (cl_uint)ql, dv = (cl_uint)d->head_dim_v;
             const cl_uint count = (cl_uint)(d->batch * d->heads * ql);
+            const struct {
+                size_t size;
+                const void *value;
+            } args[] = {{sizeof(cl_mem), &out->mem},
+                        {sizeof out_offset, &out_offset},
+                        {sizeof(cl_mem), &lse},
+                        {sizeof lse_off, &lse_off},
+                        {sizeof(cl_mem), &plan->part_out},
+                        {sizeof(cl_mem), &plan->part_lse},
+                        {sizeof rows, &rows},
+                        {sizeof row0, &row0},
+                        {sizeof qlen, &qlen},
+                        {sizeof dv, &dv},
+                        {sizeof count, &count}};
             cl_int err = CL_SUCCESS;
-            cl_uint a = 0;
-            err |= clSetKernelArg(plan->merge, a++, sizeof(cl_mem), &out->mem);
-            err |= clSetKernelArg(plan->merge, a++, sizeof out_offset, &out_offset);
-            err |= clSetKernelArg(plan->merge, a++, sizeof(cl_mem), &lse);
-            err |= clSetKernelArg(plan->merge, a++, sizeof lse_off, &lse_off);
-            err |= clSetKernelArg(plan->merge, a++, sizeof(cl_mem), &plan->part_out);
-            err |= clSetKernelArg(plan->merge, a++, sizeof(cl_mem), &plan->part_lse);
-            err |= clSetKernelArg(plan->merge, a++, sizeof rows, &rows);
-            err |= clSetKernelArg(plan->merge, a++, sizeof row0, &row0);
-            err |= clSetKernelArg(plan->merge, a++, sizeof qlen, &qlen);
-            err |= clSetKernelArg(plan->merge, a++, sizeof dv, &dv);
-            err |= clSetKernelArg(plan->merge, a++, sizeof count, &count);
-            if (err != CL_SUCCESS)
-                return fail(plan, CL_INVALID_KERNEL_ARGS, "ring: clSetKernelArg(ring_merge)");
+            for (cl_uint a = 0; a < sizeof args / sizeof args[0]; ++a)
+                if ((err = clSetKernelArg(plan->merge, a, args[a].size, args[a].value)) !=
+                    CL_SUCCESS)
+                    return fail(plan, (clattn_status)err,
+                                "ring: clSetKernelArg(ring_merge, %u): %s", a,
+                                clattn_status_string((clattn_status)err));
             const size_t local = MERGE_LOCAL;
             const size_t global = ((size_t)count + local - 1) / local * local;
             err = clEnqueueNDRangeKernel(queue, plan->merge, 1, NULL, &global, &local, 1, last,
