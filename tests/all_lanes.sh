@@ -30,8 +30,10 @@
 #             CI tier: the canary and the attention, mha, flash, posenc, rope and additive
 #             suites, which between them run every GPU kernel (tiled matmul, softmax rows, head
 #             split/concat, half storage, the fused kernel and its additive variant, the
-#             additive score tiles, positional encodings, rotary embeddings); --full
-#             adds the softmax, matmul, plan and runtime suites
+#             additive score tiles, positional encodings, rotary embeddings) and mpi (check_mpi
+#             on 2 ranks, each under Oclgrind: the ring's merge kernel and its offset
+#             sub-plans; about 2 minutes); --full adds the softmax, matmul, plan and runtime
+#             suites
 #   onnx      ONNX's own Attention node tests (93, from the pinned onnx package in a virtual
 #             environment, build/venv-onnx: needs python3-venv and PyPI) through `clattn sdpa`
 #             on both paths, on PoCL and under Oclgrind (tests/onnx/run.sh); the same in both
@@ -104,7 +106,7 @@ lane_fuzz() {
         tests/fuzz/run.sh build-fuzz "${FUZZ_SECONDS:-$([ "$full" -eq 1 ] && echo 60 || echo 30)}"
 }
 ensure_build() {
-    cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" >/dev/null &&
+    cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" -DCLATTN_MPI=ON >/dev/null &&
         cmake --build build -j"$jobs" >/dev/null
 }
 # On rusticl every kernel variant is compiled by Mesa (clang -> SPIR-V -> NIR -> gallivm), which
@@ -121,9 +123,10 @@ lane_rusticl() {
 }
 lane_oclgrind() {
     if [ "$full" -eq 1 ]; then
-        ensure_build && tests/oclgrind_lane.sh build
+        ensure_build && tests/oclgrind_lane.sh build softmax matmul attention mha flash plan \
+            runtime posenc rope additive mpi
     else
-        ensure_build && tests/oclgrind_lane.sh build attention mha flash posenc rope additive
+        ensure_build && tests/oclgrind_lane.sh build attention mha flash posenc rope additive mpi
     fi
 }
 lane_onnx() { ensure_build && POCL_CACHE_DIR="$cache" tests/onnx/run.sh build; }
