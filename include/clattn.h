@@ -51,9 +51,9 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 5
+#define CLATTN_VERSION_MINOR 6
 #define CLATTN_VERSION_PATCH 0
-#define CLATTN_VERSION_STRING "0.5.0"
+#define CLATTN_VERSION_STRING "0.6.0"
 
 #if defined(_WIN32)
 #define CLATTN_API
@@ -273,12 +273,16 @@ typedef enum clattn_path {
  * (PyTorch's causal_lower_right, FlashAttention's causal).
  * ONNX (SDPA plans only): ONNX Attention's rule: offset = the past length P when past_k is
  * given, else kv_seqlen[b] - seq_q when kv_seqlen is given, else 0.
+ * OFFSET (SDPA plans only): offset = clattn_sdpa_desc.diag_offset, any value, the same for
+ * every batch: a block of queries at global positions q0 .. against a block of keys at
+ * k0 .. takes diag_offset = q0 - k0 (ring attention's blocks; since 0.6).
  * The sliding window (clattn_sdpa_desc.window_align) takes the same offsets. */
 typedef enum clattn_causal {
     CLATTN_CAUSAL_NONE = 0,
     CLATTN_CAUSAL_TOP_LEFT = 1,
     CLATTN_CAUSAL_BOTTOM_RIGHT = 2,
-    CLATTN_CAUSAL_ONNX = 3
+    CLATTN_CAUSAL_ONNX = 3,
+    CLATTN_CAUSAL_OFFSET = 4
 } clattn_causal;
 
 /* The tensors of a plan, by role. Plans are created from their layouts and executed on them
@@ -404,6 +408,11 @@ typedef struct clattn_sdpa_desc {
     size_t rope_dims;
     double rope_base;
     size_t rope_start;
+    /* The diagonal of CLATTN_CAUSAL_OFFSET (causal and window_align): query i sees keys
+     * j <= i + diag_offset (causal). Any value: past the keys on either side it leaves every
+     * row all keys, or none (a row with no key gives zeros and lse -INFINITY). Unused with
+     * the other alignments. Since 0.6. */
+    long long diag_offset;
 } clattn_sdpa_desc;
 
 typedef enum clattn_weight_layout {

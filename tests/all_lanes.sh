@@ -9,7 +9,9 @@
 # Two tiers. The default is the CI tier, sized to stay near 45 minutes on the 2-core CI machine
 # (the times are in README); --full runs every lane at full scale (about 2.5 hours there).
 #
-#   pocl      the whole ctest suite on PoCL (the default device), build/; the same in both tiers
+#   pocl      the whole ctest suite on PoCL (the default device), build/, configured with
+#             -DCLATTN_MPI=ON (ring attention: mpi_1..mpi_4 and cli_ring under mpirun
+#             --oversubscribe; the rusticl lane leaves them out); the same in both tiers
 #   asan      the ctest suite built with ASan + UBSan (LeakSanitizer on, -O2 -g), build-asan/,
 #             less runtime_rusticl (Mesa's compiler under ASan's allocator took 441 s of the
 #             lane's 713; the rusticl lane runs that suite on rusticl, and the pocl lane runs it
@@ -28,8 +30,10 @@
 #             CI tier: the canary and the attention, mha, flash, posenc, rope and additive
 #             suites, which between them run every GPU kernel (tiled matmul, softmax rows, head
 #             split/concat, half storage, the fused kernel and its additive variant, the
-#             additive score tiles, positional encodings, rotary embeddings); --full
-#             adds the softmax, matmul, plan and runtime suites
+#             additive score tiles, positional encodings, rotary embeddings) and mpi (check_mpi
+#             on 2 ranks, each under Oclgrind: the ring's merge kernel and its offset
+#             sub-plans; about 2 minutes); --full adds the softmax, matmul, plan and runtime
+#             suites
 #   onnx      ONNX's own Attention node tests (93, from the pinned onnx package in a virtual
 #             environment, build/venv-onnx: needs python3-venv and PyPI) through `clattn sdpa`
 #             on both paths, on PoCL and under Oclgrind (tests/onnx/run.sh); the same in both
@@ -63,7 +67,7 @@ cache=$PWD/build/pocl-cache
 mkdir -p "$cache"
 
 lane_pocl() {
-    cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" &&
+    cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" -DCLATTN_MPI=ON &&
         cmake --build build -j"$jobs" &&
         (cd build && ctest --output-on-failure)
 }
@@ -102,13 +106,13 @@ lane_fuzz() {
         tests/fuzz/run.sh build-fuzz "${FUZZ_SECONDS:-$([ "$full" -eq 1 ] && echo 60 || echo 30)}"
 }
 ensure_build() {
-    cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" >/dev/null &&
+    cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" -DCLATTN_MPI=ON >/dev/null &&
         cmake --build build -j"$jobs" >/dev/null
 }
 # On rusticl every kernel variant is compiled by Mesa (clang -> SPIR-V -> NIR -> gallivm), which
 # is slow; the lane runs each suite with the parameters rusticl gets (and the default row, and the
 # forced key splits), not the variants the pocl lane already runs with other parameters.
-rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl)$'
+rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring)$'
 lane_rusticl() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/rusticl_lane.sh build -E "$rusticl_skip"
@@ -119,9 +123,10 @@ lane_rusticl() {
 }
 lane_oclgrind() {
     if [ "$full" -eq 1 ]; then
-        ensure_build && tests/oclgrind_lane.sh build
+        ensure_build && tests/oclgrind_lane.sh build softmax matmul attention mha flash plan \
+            runtime posenc rope additive mpi
     else
-        ensure_build && tests/oclgrind_lane.sh build attention mha flash posenc rope additive
+        ensure_build && tests/oclgrind_lane.sh build attention mha flash posenc rope additive mpi
     fi
 }
 lane_onnx() { ensure_build && POCL_CACHE_DIR="$cache" tests/onnx/run.sh build; }

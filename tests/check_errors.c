@@ -462,17 +462,21 @@ START_TEST(test_sdpa_create_errors)
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "norm", NULL, "sdpa(norm 7)");
     desc = good, desc.norm = (clattn_norm)-1;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "norm", NULL, "sdpa(norm -1)");
-    desc = good, desc.causal = (clattn_causal)4;
-    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "sdpa(causal 4)");
+    desc = good, desc.causal = (clattn_causal)5;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "sdpa(causal 5)");
     desc = good, desc.causal = (clattn_causal)-2;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "sdpa(causal -2)");
     desc = good, desc.path = (clattn_path)5;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "path", NULL, "sdpa(path 5)");
 
     /* The key rules: windows, key counts, the KV cache, the scores. */
-    desc = good, desc.window_align = (clattn_causal)4;
+    desc = good, desc.window_align = (clattn_causal)5;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "window_align", NULL,
-                        "sdpa(window_align 4)");
+                        "sdpa(window_align 5)");
+    desc = good, desc.causal = CLATTN_CAUSAL_OFFSET, desc.diag_offset = 3;
+    desc.window_align = CLATTN_CAUSAL_TOP_LEFT;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", "same alignment",
+                        "sdpa(causal OFFSET, window TOP_LEFT)");
     desc = good, desc.causal = CLATTN_CAUSAL_TOP_LEFT;
     desc.window_align = CLATTN_CAUSAL_BOTTOM_RIGHT;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", "same alignment",
@@ -1442,6 +1446,10 @@ START_TEST(test_attention_host_errors)
     desc = good, desc.causal = (clattn_causal)9;
     status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "causal", "host causal 9");
+    desc = good, desc.causal = CLATTN_CAUSAL_OFFSET;
+    status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL);
+    expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "diag_offset",
+                 "host causal OFFSET (no diagonal)");
     desc = good, desc.path = (clattn_path)3;
     status = clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "attention", "path", "host path 3");

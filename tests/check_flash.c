@@ -9,6 +9,7 @@
  * test_flash_cpu_variants runs each of its compile-time variants at sizes around its block
  * and tile edges, with every dtype, strided layouts and mask broadcasts.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,6 +275,70 @@ START_TEST(test_key_rules)
             p.kv_len[1] = (int32_t)(c->seq_k / 2 + 1);
         pb_sdpa_reference(&p);
     }
+    tu_set_case("%s", p.label);
+    check_fused_case(&p);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+/* CLATTN_CAUSAL_OFFSET: any diagonal (ring attention's blocks at arbitrary global positions)
+ * on both paths against the float64 reference: positive, negative and zero offsets, offsets
+ * past every key either side (every row all keys, or none: zeros and lse -inf), the extremes
+ * of long long, with a sliding window aligned the same way (or the window alone), grouped
+ * heads (one-row decode grouping included), padding, masks and relu. */
+typedef struct offset_case {
+    size_t batch, heads, kv_heads, seq_q, seq_k, dk, dv;
+    int causal; /* 1: causal OFFSET */
+    int window; /* 1: window_align OFFSET with left, right */
+    long long left, right, diag;
+    int mask, padding, relu;
+} offset_case;
+
+/* clang-format off */
+static const offset_case offset_cases[] = {
+    /* B  H Hkv  Lq   Lk  dk  dv causal window left right diag         mask pad relu */
+    {2, 3, 0,  17,  63, 64, 64, 1, 0,  0,  0,  20,                        0, 0, 0},
+    {1, 2, 0,  33,  40, 16, 16, 1, 0,  0,  0, -10,                        0, 0, 0},
+    {1, 2, 0,  65,  65, 64, 64, 1, 0,  0,  0,   0,                        0, 1, 0},
+    {2, 2, 0,  31,  29, 17, 33, 1, 0,  0,  0,  1000000000000000LL,        0, 0, 0},
+    {2, 2, 0,  31,  29, 17, 33, 1, 0,  0,  0, -1000000000000000LL,        0, 0, 0},
+    {1, 3, 0,   7,  13,  8,  8, 1, 0,  0,  0,  LLONG_MAX,                 0, 0, 0},
+    {1, 3, 0,   7,  13,  8,  8, 1, 0,  0,  0,  LLONG_MIN,                 0, 0, 0},
+    {1, 2, 0,  40, 100, 64, 64, 1, 1,  7, -1,  50,                        1, 0, 0},
+    {2, 2, 0,  23,  37, 32, 32, 0, 1,  3,  5,  -4,                        0, 1, 0},
+    {2, 4, 2,  45,  70, 64, 64, 1, 0,  0,  0,  13,                        0, 1, 0},
+    {1, 8, 2,   1, 127, 64, 64, 1, 0,  0,  0,  60,                        0, 0, 0},
+    {1, 8, 2,   1, 127, 64, 64, 1, 0,  0,  0, 126,                        0, 0, 0},
+    {2, 3, 1, 100, 300, 32, 48, 1, 1, 70, -1, 150,                        1, 1, 1},
+    {1, 1, 0, 129, 129, 64, 64, 1, 1,  1000000000000LL, 3, -64,           0, 0, 0},
+};
+/* clang-format on */
+
+START_TEST(test_diag_offset)
+{
+    TU_BEGIN_TEST();
+    const offset_case *c = &offset_cases[_i];
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = c->batch;
+    spec.heads = c->heads;
+    spec.kv_heads = c->kv_heads;
+    spec.seq_q = c->seq_q;
+    spec.seq_k = c->seq_k;
+    spec.dk = c->dk;
+    spec.dv = c->dv;
+    spec.causal = c->causal ? CLATTN_CAUSAL_OFFSET : CLATTN_CAUSAL_NONE;
+    spec.window_align = c->window ? CLATTN_CAUSAL_OFFSET : CLATTN_CAUSAL_NONE;
+    spec.window_left = c->left;
+    spec.window_right = c->right;
+    spec.diag_offset = c->diag;
+    spec.mask = c->mask ? PB_MASK_FLOAT : PB_MASK_NONE;
+    spec.padding = c->padding;
+    spec.norm = c->relu ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
+    spec.q_gain = 3.0f;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
     tu_set_case("%s", p.label);
     check_fused_case(&p);
     pb_sdpa_free(&p);
@@ -1128,7 +1193,8 @@ START_TEST(test_long_sequence_under_cap)
                                                 CLATTN_CAUSAL_NONE,
                                                 0,
                                                 0,
-                                                NULL};
+                                                NULL,
+                                                0};
                     for (size_t j = 0; j < seq; ++j)
                         row_mask[j] = c.causal && j > row ? -INFINITY : 0.0f;
                     double want[64];
@@ -1191,6 +1257,13 @@ int main(void)
                    "(minutes each on Oclgrind; PoCL runs them)");
     const int rules = (int)(sizeof rule_cases / sizeof rule_cases[0]);
     tu_add_loop_except(tc, test_key_rules, 0, rules, heavy_rules, small ? 9 : 0);
+    /* Small scale: the offset cases but the two largest (100 x 300, 129 x 129). */
+    static const int heavy_offsets[] = {12, 13};
+    if (small)
+        tu_not_run("test_diag_offset cases 12 and 13 (100 x 300 keys, 129 x 129): the other 12 "
+                   "cover every offset rule");
+    tu_add_loop_except(tc, test_diag_offset, 0, (int)(sizeof offset_cases / sizeof offset_cases[0]),
+                       heavy_offsets, small ? 2 : 0);
     tu_add_loop_except(tc, test_decode_splits, 0,
                        (int)(sizeof decode_cases / sizeof decode_cases[0]), heavy_decode,
                        small ? 2 : 0);

@@ -841,7 +841,8 @@ static void reference_with_rules(pb_mha_problem *p, const float *mask, const ref
                                   CLATTN_CAUSAL_NONE,
                                   0,
                                   0,
-                                  NULL};
+                                  NULL,
+                                  0};
     ref_sdpa_shape ruled = shape;
     if (rules != NULL) {
         ruled.softcap = rules->softcap;

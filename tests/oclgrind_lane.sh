@@ -36,7 +36,8 @@ set -u
 
 usage() {
     echo "usage: $0 BUILD_DIR [SUITE...]" \
-         "(suites: softmax matmul attention mha flash plan runtime posenc rope additive)" >&2
+         "(suites: softmax matmul attention mha flash plan runtime posenc rope additive;" \
+         "mpi: check_mpi on 2 ranks under mpirun, each under Oclgrind (-DCLATTN_MPI=ON))" >&2
     exit 2
 }
 [ $# -ge 1 ] || usage
@@ -50,6 +51,7 @@ if ! command -v oclgrind >/dev/null; then
 fi
 source_dir=$(cd "$(dirname "$0")/.." && pwd)
 timeout_s=${OCLGRIND_LANE_TIMEOUT:-1200}
+launcher=() # a command that starts the program (mpirun for the mpi suite), else none
 # Race detection and API checking in one pass over each suite. OCLGRIND_LANE_CHECKS adds
 # others, e.g. "--data-races --uninitialized --check-api": uninitialised-value tracking runs
 # clean on every kernel (both parameter classes) but made the softmax suite alone take 615 s
@@ -94,7 +96,7 @@ run_one() {
     shift
     env CLATTN_TEST_SCALE=small CLATTN_PARAMS="$params" CK_FORK=no \
         CK_XML_LOG_FILE_NAME="$prefix.xml" "${env[@]}" \
-        timeout "$timeout_s" oclgrind $oclgrind_checks "$@" >"$prefix.out" 2>&1
+        timeout "$timeout_s" "${launcher[@]}" oclgrind $oclgrind_checks "$@" >"$prefix.out" 2>&1
     status=$?
     findings=$(grep -Ec "$markers" "$prefix.out")
     if [ "$findings" -ne 0 ]; then
@@ -165,6 +167,10 @@ for suite in "${suites[@]}"; do
     fi
     extra=()
     [ "$suite" = runtime ] && extra=(CK_RUN_CASE=queues)
+    launcher=() # mpi: two ranks, each under its own Oclgrind (the ring's merge and sub-plans)
+    [ "$suite" = mpi ] &&
+        launcher=(mpirun --allow-run-as-root --oversubscribe -np 2 -x CLATTN_TEST_SCALE
+                  -x CLATTN_PARAMS -x CK_FORK -x CK_XML_LOG_FILE_NAME)
     start=$(now)
     run_one "$suite" "$logs/$suite" "${extra[@]}" -- "$program"
     elapsed=$(seconds_since "$start")

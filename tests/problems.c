@@ -731,6 +731,7 @@ ref_sdpa_shape pb_sdpa_ref_shape(const pb_sdpa_spec *spec)
         .window_align = spec->window_align,
         .window_left = spec->window_left,
         .window_right = spec->window_right,
+        .diag_offset = spec->diag_offset,
     };
     return shape;
 }
@@ -751,6 +752,7 @@ static const char *causal_name(clattn_causal causal)
     return causal == CLATTN_CAUSAL_TOP_LEFT       ? "top_left"
            : causal == CLATTN_CAUSAL_BOTTOM_RIGHT ? "bottom_right"
            : causal == CLATTN_CAUSAL_ONNX         ? "onnx"
+           : causal == CLATTN_CAUSAL_OFFSET       ? "offset"
                                                   : "none";
 }
 
@@ -778,15 +780,15 @@ static void describe_sdpa(pb_sdpa_problem *p)
         p->label, sizeof p->label,
         "sdpa B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu scale=%g norm=%s causal=%s path=%s "
         "q=%s/%s k=%s/%s v=%s/%s out=%s/%s mask=%s padding=%d fully_masked=%d weights=%d "
-        "lse=%d softcap=%g kv_len=%d past=%zu window=%s(%lld,%lld) alibi=%d",
+        "lse=%d softcap=%g kv_len=%d past=%zu window=%s(%lld,%lld) alibi=%d diag_offset=%lld",
         s->batch, s->heads, s->kv_heads ? s->kv_heads : s->heads, s->seq_q, s->seq_k, s->dk, s->dv,
         (double)s->scale, s->norm == CLATTN_NORM_RELU ? "relu" : "softmax", causal_name(s->causal),
         path_name(s->path), pb_dtype_name(s->q_dtype), pb_layout_name(s->q_layout),
         pb_dtype_name(s->k_dtype), pb_layout_name(s->k_layout), pb_dtype_name(s->v_dtype),
         pb_layout_name(s->v_layout), pb_dtype_name(s->out_dtype), pb_layout_name(s->out_layout),
         mask, s->padding, s->fully_masked, s->want_weights, s->want_lse, (double)s->softcap,
-        s->kv_len, s->past, causal_name(s->window_align), s->window_left, s->window_right,
-        s->alibi);
+        s->kv_len, s->past, causal_name(s->window_align), s->window_left, s->window_right, s->alibi,
+        s->diag_offset);
     if (s->rope) {
         const size_t used = strlen(p->label);
         snprintf(p->label + used, sizeof p->label - used, " rope=%s/%zu/start=%zu/base=%g",
@@ -1088,6 +1090,7 @@ void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
     desc->window_align = p->spec.window_align;
     desc->window_left = p->spec.window_left;
     desc->window_right = p->spec.window_right;
+    desc->diag_offset = p->spec.diag_offset;
     desc->rope = p->spec.rope;
     desc->rope_style = p->spec.rope_style;
     desc->rope_dims = p->spec.rope_dims;

@@ -166,6 +166,7 @@ typedef struct pb_sdpa_spec {
     size_t past;
     clattn_causal window_align;
     long long window_left, window_right;
+    long long diag_offset; /* CLATTN_CAUSAL_OFFSET's diagonal (clattn_sdpa_desc.diag_offset) */
     int softmax_f64; /* the normalisation in double (unfused only) */
     /* ALiBi slopes (alibi_slopes): 0 none, 1 one per head (heads), 2 per batch and head
      * (batch, heads); drawn by pb_sdpa_make: per head the paper's slopes or uniform in

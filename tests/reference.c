@@ -76,6 +76,8 @@ static long long align_offset(const ref_sdpa_shape *s, clattn_causal align, size
         return n - (long long)s->seq_q;
     case CLATTN_CAUSAL_ONNX:
         return s->has_past ? (long long)s->past : s->kv_len ? n - (long long)s->seq_q : 0;
+    case CLATTN_CAUSAL_OFFSET:
+        return s->diag_offset;
     default:
         return 0;
     }
@@ -98,13 +100,16 @@ static int rules_keep(const ref_sdpa_shape *s, size_t b, size_t query, size_t ke
     if (s->kv_len != NULL && j >= (long long)s->kv_len[b]) {
         return 0;
     }
-    if (s->causal != CLATTN_CAUSAL_NONE && j > i + align_offset(s, s->causal, b)) {
+    /* In double: an OFFSET diagonal may be any long long (exact up to 2^53, and beyond that
+     * far past every key either way). */
+    if (s->causal != CLATTN_CAUSAL_NONE &&
+        (double)j > (double)i + (double)align_offset(s, s->causal, b)) {
         return 0;
     }
     if (s->window_align != CLATTN_CAUSAL_NONE) {
-        const long long p = i + align_offset(s, s->window_align, b);
-        if ((s->window_left >= 0 && j < p - s->window_left) ||
-            (s->window_right >= 0 && j > p + s->window_right)) {
+        const double p = (double)i + (double)align_offset(s, s->window_align, b);
+        if ((s->window_left >= 0 && (double)j < p - (double)s->window_left) ||
+            (s->window_right >= 0 && (double)j > p + (double)s->window_right)) {
             return 0;
         }
     }

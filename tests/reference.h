@@ -61,6 +61,8 @@ typedef struct ref_sdpa_shape {
     /* ALiBi: (batch, heads) slopes m, or NULL: the score of key j in query i gains
      * -m * |i + n - seq_q - j| (n: kv_len[b] or seq_k), with the mask (after the cap). */
     const float *alibi;
+    long long diag_offset; /* OFFSET alignment (causal or window): query i sits at key
+                            * position i + diag_offset */
 } ref_sdpa_shape;
 
 /* Per (batch, head): s = cap(scale * q kᵀ) + mask (cap: softcap); keys masked by the causal rule, by key_padding

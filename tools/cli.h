@@ -67,6 +67,30 @@ bool cli_check_rope(const char *command, const cli_rope *rope);
 /* A context on `device` (NULL: CLATTN_DEVICE or the default); prints the error on failure. */
 clattn_ctx *cli_context(const char *command, const char *device);
 
+/* `clattn sdpa --ring` (tools/cli_ring.c, built with -DCLATTN_MPI=ON, which defines
+ * CLATTN_CLI_MPI): the whole inputs as strided (B, H, L, d) host views, the rules, and where
+ * the output rows go on rank 0 (out's strides over a (B, H, L, dv) logical view). */
+typedef struct cli_ring_job {
+    const float *q, *k, *v;
+    size_t q_dims[4], k_dims[4], v_dims[4];
+    size_t q_strides[4], k_strides[4], v_strides[4], out_strides[4];
+    bool causal, window, zigzag, timing;
+    long long window_left, window_right;
+    float scale, softcap;
+    const char *device;
+} cli_ring_job;
+#ifdef CLATTN_CLI_MPI
+/* MPI_Init (unless initialised); then cli_ring_finalize at the end, on every rank. */
+int cli_ring_init(void);
+/* Collective. On success *root says whether this rank is 0, which then holds the whole output
+ * in out. */
+int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root);
+/* Collective: releases ranks waiting for this one when it failed before cli_ring_sdpa. */
+void cli_ring_finalize(void);
+/* `clattn bench --op ring` (cmd_bench hands over when --op is ring). */
+int cli_ring_bench(int argc, char **argv);
+#endif
+
 /* Prints the device's name and type on one line. */
 void cli_print_device(FILE *out, cl_device_id device);
 

@@ -20,6 +20,7 @@ static const char bench_usage[] =
     "                    [--head-dim D] [--embed E] [--path fused,unfused]\n"
     "                    [--dtype f32,f16,bf16] [--causal] [--mask none,padding,additive]\n"
     "                    [--device SPEC]\n"
+    "       mpirun -np N clattn bench --op ring ... (ring attention over MPI; --op ring --help)\n"
     "\n"
     "Times each op on the device: the median of --runs runs (default 10) after --warmup runs\n"
     "(default 1). softmax, attention and mha create their plan once, before any run (that\n"
@@ -1070,6 +1071,15 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
 
 int cmd_bench(int argc, char **argv)
 {
+    for (int i = 1; i + 1 < argc; ++i) /* ring attention: its own driver (MPI) */
+        if (strcmp(argv[i], "--op") == 0 && strcmp(argv[i + 1], "ring") == 0) {
+#ifdef CLATTN_CLI_MPI
+            return cli_ring_bench(argc, argv);
+#else
+            return cli_fail("bench", CLI_BAD_INPUT,
+                            "--op ring: this clattn was built without MPI (cmake -DCLATTN_MPI=ON)");
+#endif
+        }
     bench_options o = {.ops = {true, true, true, true, false, false},
                        .runs = 10,
                        .warmup = 1,

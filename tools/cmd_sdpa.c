@@ -20,6 +20,7 @@ static const char sdpa_usage[] =
     "                   [--present-key-out PK.npy --present-value-out PV.npy]\n"
     "                   [--qk-output-mode 0|1|2|3 --qk-out S.npy] [--softmax-precision 1]\n"
     "                   [--path auto|fused|unfused] [--out Y.npy] [--device SPEC]\n"
+    "                   [--ring [--ring-layout contiguous|zigzag] [--ring-timing]]\n"
     "\n"
     "Attention with no projections, as ONNX's Attention operator computes it:\n"
     "  Y = softmax(cap(scale * Q Kᵀ) + mask) V,  cap(s) = C tanh(s / C) with --softcap C.\n"
@@ -64,6 +65,11 @@ static const char sdpa_usage_outputs[] =
     "  (-inf where a key is dropped), 3 the softmax probabilities.\n"
     "--softmax-precision: ONNX's type code: 1 (float, the default) or 11 (double: the unfused\n"
     "  path, on devices with cl_khr_fp64); 10 and 16 (16-bit) are not supported.\n"
+    "--ring (under mpirun -np N; a build with -DCLATTN_MPI=ON): ring attention over the ranks:\n"
+    "  every rank reads the same files, takes its rows (--ring-layout contiguous: L / N rows\n"
+    "  each, the default; zigzag: chunks r and 2N-1-r of 2N, balancing causal work), and rank 0\n"
+    "  writes or prints Y. Self-attention only (Lq = Lk; --causal, --window, --softcap, --scale,\n"
+    "  grouped heads); --ring-timing prints each rank's compute and communication times.\n"
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
 typedef struct sdpa_options {
@@ -81,6 +87,7 @@ typedef struct sdpa_options {
     float scale, softcap; /* scale NAN: the default */
     clattn_norm norm;
     clattn_path path;
+    bool ring, ring_zigzag, ring_timing, ring_option; /* --ring, its layout, --ring-timing */
 } sdpa_options;
 
 enum {
@@ -170,6 +177,23 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
             if (flag < 0)
                 return CLI_BAD_INPUT;
             o->alibi = true;
+        } else if ((flag = cli_flag(&args, "--ring")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            o->ring = true;
+        } else if ((flag = cli_flag(&args, "--ring-timing")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            o->ring_timing = o->ring_option = true;
+        } else if (cli_is(&args, "--ring-layout")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            o->ring_option = true;
+            if (strcmp(value, "zigzag") == 0)
+                o->ring_zigzag = true;
+            else if (strcmp(value, "contiguous") != 0)
+                return cli_fail("sdpa", CLI_BAD_INPUT,
+                                "--ring-layout: '%s' is not contiguous or zigzag", value);
         } else if ((flag = cli_flag(&args, "--causal")) != 0) {
             if (flag < 0)
                 return CLI_BAD_INPUT;
@@ -279,6 +303,26 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
     if (o->past_k && o->nonpad)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--nonpad-kv-seqlen cannot be combined with --past-key (ONNX's rule)");
+    if (o->ring_option && !o->ring)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "--ring-layout and --ring-timing need --ring");
+    if (o->ring) {
+        const char *other = o->mask                          ? "--attn-mask"
+                            : o->past_k                      ? "--past-key"
+                            : o->present_k                   ? "--present-key-out"
+                            : o->nonpad                      ? "--nonpad-kv-seqlen"
+                            : o->qk_out                      ? "--qk-out"
+                            : o->alibi                       ? "--alibi"
+                            : o->alibi_slopes                ? "--alibi-slopes"
+                            : o->rope.on                     ? "--rope"
+                            : o->softmax_f64                 ? "--softmax-precision"
+                            : o->norm != CLATTN_NORM_SOFTMAX ? "--norm relu"
+                                                             : NULL;
+        if (other)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "--ring takes --causal, --window, --softcap, --scale and grouped "
+                            "heads, not %s",
+                            other);
+    }
     return CLI_OK;
 }
 
@@ -420,6 +464,29 @@ static cl_mem upload(clattn_ctx *ctx, const void *data, size_t bytes, cl_mem_fla
                           bytes ? bytes : 1, (void *)data, err);
 }
 
+/* Writes Y to --out, or prints it when small. */
+static int write_out(const sdpa_options *o, const sdpa_data *d, size_t batch, size_t heads,
+                     size_t seq_q, size_t dv, bool rank3)
+{
+    const size_t out_count = batch * heads * seq_q * dv;
+    const size_t shape4[4] = {batch, heads, seq_q, dv}, shape3[3] = {batch, seq_q, heads * dv};
+    if (o->out)
+        return write_npy(o->out, d->out, rank3 ? 3 : 4, rank3 ? shape3 : shape4, &d->q);
+    if (out_count > 4096) {
+        printf("output: %s floats; use --out Y.npy to save it\n",
+               rank3 ? "(B, Lq, Hq * dv)" : "(B, Hq, Lq, dv)");
+        return CLI_OK;
+    }
+    /* Printed as (B * Hq) matrices of (Lq, dv) (rank 4) or B matrices of (Lq, Hq * dv). */
+    const size_t matrices = rank3 ? batch : batch * heads, cols = rank3 ? heads * dv : dv;
+    for (size_t m = 0; m < matrices; ++m) {
+        char title[64];
+        snprintf(title, sizeof title, "Y[%zu]", m);
+        cli_print_matrix(title, d->out + m * seq_q * cols, seq_q, cols);
+    }
+    return CLI_OK;
+}
+
 static int run_sdpa(const sdpa_options *o, sdpa_data *d)
 {
     int rc;
@@ -532,6 +599,40 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         return cli_fail("sdpa", CLI_BAD_INPUT, "the output is too large");
     const size_t out_count = batch * heads * seq_q * dv;
 
+    if (o->ring) {
+        if (seq_q != seq_k)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "--ring: self-attention only, but q has %zu rows and k %zu", seq_q,
+                            seq_k);
+#ifdef CLATTN_CLI_MPI
+        cli_ring_job job = {.q = d->q.data,
+                            .k = d->k.data,
+                            .v = d->v.data,
+                            .causal = o->causal,
+                            .window = o->window,
+                            .zigzag = o->ring_zigzag,
+                            .timing = o->ring_timing,
+                            .window_left = o->window_left,
+                            .window_right = o->window_right,
+                            .scale = o->scale,
+                            .softcap = o->softcap,
+                            .device = o->device};
+        memcpy(job.q_dims, q.dims, sizeof q.dims), memcpy(job.q_strides, q.strides, sizeof q.dims);
+        memcpy(job.k_dims, k.dims, sizeof k.dims), memcpy(job.k_strides, k.strides, sizeof k.dims);
+        memcpy(job.v_dims, v.dims, sizeof v.dims), memcpy(job.v_strides, v.strides, sizeof v.dims);
+        memcpy(job.out_strides, out.strides, sizeof out.strides);
+        d->out = malloc(out_count * sizeof(float));
+        if (d->out == NULL)
+            return cli_fail("sdpa", CLI_FAILED, "out of memory for the output");
+        bool root = false;
+        if ((rc = cli_ring_sdpa(&job, d->out, &root)) != CLI_OK || !root)
+            return rc;
+        return write_out(o, d, batch, heads, seq_q, dv, rank3);
+#else
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--ring: this clattn was built without MPI (cmake -DCLATTN_MPI=ON)");
+#endif
+    }
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
     desc.scale = o->scale;
@@ -697,22 +798,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     if (o->qk_out && (rc = write_npy(o->qk_out, d->scores, 4, scores_shape, &d->q)))
         return rc;
 
-    const size_t shape4[4] = {batch, heads, seq_q, dv}, shape3[3] = {batch, seq_q, heads * dv};
-    if (o->out)
-        return write_npy(o->out, d->out, rank3 ? 3 : 4, rank3 ? shape3 : shape4, &d->q);
-    if (out_count > 4096) {
-        printf("output: %s floats; use --out Y.npy to save it\n",
-               rank3 ? "(B, Lq, Hq * dv)" : "(B, Hq, Lq, dv)");
-        return CLI_OK;
-    }
-    /* Printed as (B * Hq) matrices of (Lq, dv) (rank 4) or B matrices of (Lq, Hq * dv). */
-    const size_t matrices = rank3 ? batch : batch * heads, cols = rank3 ? heads * dv : dv;
-    for (size_t m = 0; m < matrices; ++m) {
-        char title[64];
-        snprintf(title, sizeof title, "Y[%zu]", m);
-        cli_print_matrix(title, d->out + m * seq_q * cols, seq_q, cols);
-    }
-    return CLI_OK;
+    return write_out(o, d, batch, heads, seq_q, dv, rank3);
 }
 
 int cmd_sdpa(int argc, char **argv)
@@ -723,7 +809,15 @@ int cmd_sdpa(int argc, char **argv)
         return rc < 0 ? CLI_OK : rc;
     sdpa_data data;
     memset(&data, 0, sizeof data);
+#ifdef CLATTN_CLI_MPI
+    if (options.ring && (rc = cli_ring_init()) != CLI_OK)
+        return rc;
+#endif
     rc = run_sdpa(&options, &data);
     sdpa_free(&data);
+#ifdef CLATTN_CLI_MPI
+    if (options.ring)
+        cli_ring_finalize();
+#endif
     return rc;
 }

@@ -211,7 +211,7 @@ static clattn_status create(clattn_plan *plan, const clattn_additive_desc *desc)
     memset(&score, 0, sizeof score);
     if ((status = clattn__plan_score(plan, 1.0f, desc->norm, a->da, &score)) ||
         (status = clattn__plan_masks(plan, a->batch, a->heads, a->seq_q, a->seq_k, &score)) ||
-        (status = clattn__plan_band(plan, desc->causal, CLATTN_CAUSAL_NONE, -1, -1, -1, &score)))
+        (status = clattn__plan_band(plan, desc->causal, CLATTN_CAUSAL_NONE, -1, -1, -1, 0, &score)))
         return status;
     score.additive = true;
     score.kv_group = 1;

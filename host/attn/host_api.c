@@ -180,6 +180,11 @@ clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_host
                             desc->seq_k, desc->head_dim_qk, desc->head_dim_v};
     if ((status = check_dims(ctx, op, dims, names, 6)))
         return status;
+    if (desc->causal == CLATTN_CAUSAL_OFFSET || desc->window_align == CLATTN_CAUSAL_OFFSET)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: causal=%d, window_align=%d: CLATTN_CAUSAL_OFFSET needs a "
+                            "diagonal: use an SDPA plan (clattn_sdpa_desc.diag_offset)",
+                            op, (int)desc->causal, (int)desc->window_align);
     const size_t b = desc->batch, h = desc->heads, lq = desc->seq_q, lk = desc->seq_k;
     clattn_sdpa_desc sd;
     clattn_sdpa_desc_init(&sd);

@@ -343,7 +343,7 @@ static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
         (status = clattn__plan_masks(plan, d.batch, d.heads, d.seq_q, d.seq_k, &score)) ||
         (status = clattn__plan_alibi(plan, &score)) ||
         (status = clattn__plan_band(plan, desc->causal, desc->window_align, desc->window_left,
-                                    desc->window_right, -1, &score)))
+                                    desc->window_right, -1, 0, &score)))
         return status;
     if (!(desc->softcap >= 0.0f && desc->softcap <= FLT_MAX))
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,

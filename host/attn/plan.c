@@ -251,13 +251,22 @@ static long long band_bound(long long size)
     return size < 0 || size > (1LL << 34) ? -1 : size;
 }
 
+/* CLATTN_CAUSAL_OFFSET's diagonal clamped to +-2^36: beyond the reach of any row and key
+ * (dims fit 32 bits, window bounds 2^34) it changes nothing, and the kernels' sums of row,
+ * diagonal and bound stay far inside a long. */
+static long long band_diag_clamp(long long diag)
+{
+    const long long reach = 1LL << 36;
+    return diag > reach ? reach : diag < -reach ? -reach : diag;
+}
+
 clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_causal window_align,
                                 long long window_left, long long window_right, long long past_len,
-                                clattn__score_shape *score)
+                                long long diag_offset, clattn__score_shape *score)
 {
     clattn_ctx *ctx = plan->ctx;
     const bool sdpa = plan->kind == CLATTN__SDPA;
-    const clattn_causal last = sdpa ? CLATTN_CAUSAL_ONNX : CLATTN_CAUSAL_BOTTOM_RIGHT;
+    const clattn_causal last = sdpa ? CLATTN_CAUSAL_OFFSET : CLATTN_CAUSAL_BOTTOM_RIGHT;
     if ((unsigned)causal > (unsigned)last)
         return clattn__fail(
             ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: causal=%d is not a clattn_causal%s", plan->op,
@@ -293,6 +302,8 @@ clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_
         score->band_diag = kv_len->present ? -seq_q : seq_k - seq_q;
     } else if (align == CLATTN_CAUSAL_ONNX && past_len >= 0) {
         score->band_diag = past_len; /* ONNX: the keys before this block */
+    } else if (align == CLATTN_CAUSAL_OFFSET) {
+        score->band_diag = band_diag_clamp(diag_offset);
     }
     score->band_upper = causal != CLATTN_CAUSAL_NONE ? 0 : -1;
     score->band_lower = -1;

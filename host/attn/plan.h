@@ -156,10 +156,11 @@ clattn_status clattn__plan_score(clattn_plan *plan, float scale, clattn_norm nor
                                  size_t head_dim_qk, clattn__score_shape *score);
 /* The key band of the score shape (batch, seq_q, seq_k set: seq_k counts past keys too) from
  * the causal alignment, the sliding window (window_align NONE: none), the past length
- * (-1: no past tensors) and the plan's kv_seqlen (role R_KVLEN); validates them. */
+ * (-1: no past tensors), CLATTN_CAUSAL_OFFSET's diagonal (SDPA only; unused by the other
+ * alignments) and the plan's kv_seqlen (role R_KVLEN); validates them. */
 clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_causal window_align,
                                 long long window_left, long long window_right, long long past_len,
-                                clattn__score_shape *score);
+                                long long diag_offset, clattn__score_shape *score);
 
 /* Chooses the path and prepares the attention steps, reserving workspace from
  * *workspace_floats on. want_weights: the caller's weights view receives the weights. */

@@ -232,9 +232,9 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
     if ((status = clattn__plan_score(plan, desc->scale, desc->norm, dk, &score)) ||
         (status = clattn__plan_masks(plan, batch, heads, seq_q, total_k, &score)) ||
         (status = clattn__plan_alibi(plan, &score)) ||
-        (status = clattn__plan_band(plan, desc->causal, desc->window_align, desc->window_left,
-                                    desc->window_right,
-                                    cache->has_past ? (long long)cache->past_len : -1, &score)))
+        (status = clattn__plan_band(
+             plan, desc->causal, desc->window_align, desc->window_left, desc->window_right,
+             cache->has_past ? (long long)cache->past_len : -1, desc->diag_offset, &score)))
         goto done;
     score.kv_group = heads / kv_heads;
     if (!(desc->softcap >= 0.0f && desc->softcap <= FLT_MAX)) {

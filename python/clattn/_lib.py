@@ -15,7 +15,7 @@ MAX_RANK = 4
 # clattn_dtype
 F32, F16, BF16, U8, I32 = 0, 1, 2, 3, 4
 # clattn_causal
-CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT, CAUSAL_ONNX = 0, 1, 2, 3
+CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT, CAUSAL_ONNX, CAUSAL_OFFSET = 0, 1, 2, 3, 4
 # clattn_path
 PATH_AUTO, PATH_FUSED, PATH_UNFUSED = 0, 1, 2
 # clattn_status
@@ -53,7 +53,8 @@ class SdpaDesc(Structure):
                 ("window_align", c_int), ("window_left", c_longlong),
                 ("window_right", c_longlong), ("scores_mode", c_int), ("softmax_f64", c_int),
                 ("rope", c_int), ("rope_style", c_int), ("rope_dims", c_size_t),
-                ("rope_base", c_double), ("rope_start", c_size_t)]
+                ("rope_base", c_double), ("rope_start", c_size_t),
+                ("diag_offset", c_longlong)]
 
 
 class MhaDesc(Structure):

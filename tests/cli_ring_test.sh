@@ -1,0 +1,56 @@
+#!/bin/sh
+# `mpirun -np N clattn sdpa ... --ring` prints the same output as the single-device command
+# (small fixtures, printed to 6 decimals; numbers within 2e-6), for N = 2, 3, 4, both layouts,
+# and refuses what the
+# ring does not take without leaving a rank waiting. Usage: cli_ring_test.sh CLATTN FIXTURES MPIEXEC
+set -u
+clattn=$1 fixtures=$2 mpiexec=$3
+work=$(mktemp -d) || exit 1
+trap 'rm -rf "$work"' EXIT
+fail=0
+# The two printouts match word for word, numbers within 2e-6 (the ring's merge rounds apart).
+same() {
+    awk 'NR == FNR { for (i = 1; i <= NF; ++i) a[FNR, i] = $i; n[FNR] = NF; lines = FNR; next }
+         { if (n[FNR] != NF) { print "line " FNR ": " NF " words, want " n[FNR]; bad = 1 }
+           for (i = 1; i <= NF; ++i) {
+               x = a[FNR, i]; y = $i
+               if (x == y) continue
+               if (x ~ /^-?[0-9.]+$/ && y ~ /^-?[0-9.]+$/ && (x - y <= 2e-6 && y - x <= 2e-6))
+                   continue
+               print "line " FNR " word " i ": " y ", want " x; bad = 1 } }
+         END { if (FNR != lines) { print FNR " lines, want " lines; bad = 1 } exit bad }' "$1" "$2"
+}
+run_case() { # name, then sdpa options
+    name=$1
+    shift
+    "$clattn" sdpa "$@" >"$work/one.txt" 2>&1 || { echo "FAIL $name: single device"; fail=1; return; }
+    for n in 2 3 4; do
+        for layout in contiguous zigzag; do
+            if ! timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np $n "$clattn" sdpa \
+                "$@" --ring --ring-layout $layout >"$work/ring.txt" 2>&1; then
+                echo "FAIL $name: -np $n $layout exited non-zero:"; cat "$work/ring.txt"; fail=1
+            elif ! same "$work/one.txt" "$work/ring.txt" >"$work/diff.txt"; then
+                echo "FAIL $name: -np $n $layout differs from one device:"; cat "$work/diff.txt"
+                fail=1
+            else
+                echo "ok   $name: -np $n $layout"
+            fi
+        done
+    done
+}
+q=$fixtures/self_query.npy   # (2, 5, 8): B=2, L=5, 2 heads of 4
+c=$fixtures/causal_query.npy # (1, 6, 8)
+run_case self --q "$q" --k "$q" --v "$q" --q-heads 2
+run_case causal-window-softcap --q "$c" --k "$c" --v "$c" --q-heads 2 --causal --window 2,-1 \
+    --softcap 1.5
+run_case gqa-causal --q "$c" --k "$c" --v "$c" --q-heads 2 --kv-heads 2 --causal --scale 0.3
+# Refused on every rank (exit 2), none left waiting.
+timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np 2 "$clattn" sdpa --q "$q" \
+    --k "$q" --v "$q" --q-heads 2 --ring --norm relu >"$work/refused.txt" 2>&1
+status=$?
+if [ $status -eq 124 ] || [ $status -eq 0 ]; then
+    echo "FAIL refused: --ring --norm relu gave status $status"; fail=1
+else
+    echo "ok   refused: --ring --norm relu (status $status)"
+fi
+exit $fail

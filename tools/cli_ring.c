@@ -1,0 +1,482 @@
+/* `clattn sdpa --ring` under mpirun: every rank has read the same input files; it takes its
+ * rows, runs the ring (libclattn_mpi) and rank 0 gathers the output rows into the whole
+ * output. Built only with -DCLATTN_MPI=ON. */
+#include "clattn_mpi.h"
+#include "cli.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+static bool initialised_by_us;
+static bool agreed; /* whether this rank has taken part in the start agreement */
+
+int cli_ring_init(void)
+{
+    int already = 0;
+    MPI_Initialized(&already);
+    if (!already) {
+        int provided = 0;
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+            return cli_fail("sdpa", CLI_FAILED, "--ring: MPI_Init_thread failed");
+        initialised_by_us = true;
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    return CLI_OK;
+}
+
+/* Every rank says whether it got as far as the ring; all go on only when all did. */
+static bool agree_start(bool ok)
+{
+    agreed = true;
+    int mine = ok ? 1 : 0, all = 0;
+    if (MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return false;
+    return all == 1;
+}
+
+static bool agree_ok(bool ok)
+{
+    int mine = ok ? 1 : 0, all = 0;
+    return MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) == MPI_SUCCESS &&
+           all == 1;
+}
+
+void cli_ring_finalize(void)
+{
+    if (!agreed)
+        agree_start(false); /* this rank failed before the ring: release the others */
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (initialised_by_us && !finalized)
+        MPI_Finalize();
+}
+
+/* The rows of rank r: ZIGZAG's chunks, or L / N each (the first L % N ranks one more). */
+static clattn_ring_rows rows_of(bool zigzag, size_t seq, int ranks, int r)
+{
+    clattn_ring_rows rows;
+    memset(&rows, 0, sizeof rows);
+    if (zigzag) {
+        clattn_ring_zigzag_rows(seq, ranks, r, &rows);
+        return rows;
+    }
+    const size_t n = (size_t)ranks, i = (size_t)r, extra = seq % n;
+    rows.segments = 1;
+    rows.count = rows.length[0] = seq / n + (i < extra ? 1 : 0);
+    rows.start[0] = i * (seq / n) + (i < extra ? i : extra);
+    return rows;
+}
+
+/* Packs rows of a strided (B, H, L, d) host view into (B, H, count, d). */
+static void pack_rows(const float *data, const size_t dims[4], const size_t strides[4],
+                      const clattn_ring_rows *rows, float *packed)
+{
+    size_t at = 0;
+    for (size_t b = 0; b < dims[0]; ++b)
+        for (size_t h = 0; h < dims[1]; ++h)
+            for (size_t s = 0; s < rows->segments; ++s)
+                for (size_t i = 0; i < rows->length[s]; ++i)
+                    for (size_t c = 0; c < dims[3]; ++c)
+                        packed[at++] = data[b * strides[0] + h * strides[1] +
+                                            (rows->start[s] + i) * strides[2] + c * strides[3]];
+}
+
+static void unpack_rows(const float *packed, const size_t dims[4], const size_t strides[4],
+                        const clattn_ring_rows *rows, float *data)
+{
+    size_t at = 0;
+    for (size_t b = 0; b < dims[0]; ++b)
+        for (size_t h = 0; h < dims[1]; ++h)
+            for (size_t s = 0; s < rows->segments; ++s)
+                for (size_t i = 0; i < rows->length[s]; ++i)
+                    for (size_t c = 0; c < dims[3]; ++c)
+                        data[b * strides[0] + h * strides[1] + (rows->start[s] + i) * strides[2] +
+                             c * strides[3]] = packed[at++];
+}
+
+static cl_mem device_copy(clattn_ctx *ctx, const void *data, size_t bytes, cl_int *err)
+{
+    return clCreateBuffer(clattn_ctx_cl_context(ctx),
+                          CL_MEM_READ_WRITE | (data ? CL_MEM_COPY_HOST_PTR : 0), bytes ? bytes : 4,
+                          (void *)data, err);
+}
+
+int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root)
+{
+    int rank = 0, ranks = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    *root = rank == 0;
+    const size_t seq = job->q_dims[2], rows_max = seq / (size_t)ranks + 2;
+    const clattn_ring_rows rows = rows_of(job->zigzag, seq, ranks, rank);
+    const size_t n = rows.count, b = job->q_dims[0], h = job->q_dims[1], hkv = job->k_dims[1];
+    const size_t dk = job->q_dims[3], dv = job->v_dims[3];
+    const size_t q_count = b * h * n * dk, k_count = b * hkv * n * dk, v_count = b * hkv * n * dv;
+    const size_t o_count = b * h * n * dv;
+    (void)rows_max;
+    float *q = malloc((q_count ? q_count : 1) * sizeof(float));
+    float *k = malloc((k_count ? k_count : 1) * sizeof(float));
+    float *v = malloc((v_count ? v_count : 1) * sizeof(float));
+    float *o = malloc((o_count ? o_count : 1) * sizeof(float));
+    clattn_ctx *ctx = NULL;
+    bool ok = q && k && v && o;
+    if (!ok)
+        cli_fail("sdpa", CLI_FAILED, "--ring: out of memory for rank %d's rows", rank);
+    else if ((ctx = cli_context("sdpa", job->device)) == NULL)
+        ok = false;
+    if (!agree_start(ok)) {
+        free(q), free(k), free(v), free(o);
+        clattn_ctx_release(ctx);
+        return ok ? cli_fail("sdpa", CLI_FAILED, "--ring: another rank failed before the ring")
+                  : CLI_FAILED;
+    }
+    pack_rows(job->q, job->q_dims, job->q_strides, &rows, q);
+    pack_rows(job->k, job->k_dims, job->k_strides, &rows, k);
+    pack_rows(job->v, job->v_dims, job->v_strides, &rows, v);
+
+    int rc = CLI_OK;
+    clattn_ring_desc desc;
+    clattn_ring_desc_init(&desc);
+    desc.batch = b, desc.heads = h, desc.kv_heads = hkv;
+    desc.head_dim_qk = dk, desc.head_dim_v = dv, desc.seq_len = seq;
+    desc.layout = job->zigzag ? CLATTN_RING_ZIGZAG : CLATTN_RING_CONTIGUOUS;
+    desc.local_len = n;
+    desc.causal = job->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    desc.window_align = job->window ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    desc.window_left = job->window_left, desc.window_right = job->window_right;
+    desc.scale = job->scale, desc.softcap = job->softcap;
+    clattn_ring_plan *plan = NULL;
+    char message[1024] = "";
+    clattn_status status =
+        clattn_ring_plan_create(ctx, MPI_COMM_WORLD, &desc, &plan, message, sizeof message);
+    cl_mem mq = NULL, mk = NULL, mv = NULL, mo = NULL;
+    cl_int err = CL_SUCCESS;
+    if (status == CLATTN_SUCCESS) {
+        mq = device_copy(ctx, n ? q : NULL, q_count * sizeof(float), &err);
+        if (err == CL_SUCCESS)
+            mk = device_copy(ctx, n ? k : NULL, k_count * sizeof(float), &err);
+        if (err == CL_SUCCESS)
+            mv = device_copy(ctx, n ? v : NULL, v_count * sizeof(float), &err);
+        if (err == CL_SUCCESS)
+            mo = device_copy(ctx, NULL, o_count * sizeof(float), &err);
+        const clattn_tensor tq = clattn_tensor_make(mq, 0, CLATTN_DTYPE_F32, 4, b, h, n, dk);
+        const clattn_tensor tk = clattn_tensor_make(mk, 0, CLATTN_DTYPE_F32, 4, b, hkv, n, dk);
+        const clattn_tensor tv = clattn_tensor_make(mv, 0, CLATTN_DTYPE_F32, 4, b, hkv, n, dv);
+        const clattn_tensor to = clattn_tensor_make(mo, 0, CLATTN_DTYPE_F32, 4, b, h, n, dv);
+        if (!agree_ok(err == CL_SUCCESS)) {
+            rc = cli_fail("sdpa", CLI_FAILED, "--ring: device buffers failed (on some rank)");
+        } else {
+            status = clattn_ring_execute(plan, &tq, &tk, &tv, &to, NULL, NULL);
+            if (status == CLATTN_SUCCESS && n > 0)
+                err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), mo, CL_TRUE, 0,
+                                          o_count * sizeof(float), o, 0, NULL, NULL);
+            if (status != CLATTN_SUCCESS)
+                rc = cli_fail("sdpa", CLI_FAILED, "--ring: %s: %s",
+                              clattn_mpi_status_string(status), clattn_ring_last_error(plan));
+            else if (!agree_ok(err == CL_SUCCESS))
+                rc = cli_fail("sdpa", CLI_FAILED, "--ring: reading the output failed");
+            else if (job->timing) {
+                const clattn_ring_timing t = clattn_ring_last_timing(plan);
+                fprintf(stderr,
+                        "ring rank %d/%d: rows %zu, %.3f s over %d steps (compute %.3f, comm "
+                        "%.3f, waiting %.3f, staging %.3f, sync %.3f), %zu bytes sent\n",
+                        rank, ranks, n, t.total_s, t.steps, t.compute_s, t.comm_s, t.comm_wait_s,
+                        t.staging_s, t.sync_s, t.bytes_sent);
+            }
+        }
+    } else {
+        rc = cli_fail("sdpa",
+                      status == CLATTN_ERR_INVALID_ARGUMENT || status == CLATTN_ERR_INVALID_SHAPE
+                          ? CLI_BAD_INPUT
+                          : CLI_FAILED,
+                      "--ring: %s: %s", clattn_mpi_status_string(status), message);
+    }
+    /* Gather: rank 0 receives every rank's packed rows and places them. (Every rank reaches
+     * this with the same rc: the ring and the agreements above fail alike everywhere.) */
+    if (rc == CLI_OK) {
+        int *counts = NULL, *displs = NULL;
+        float *all = NULL;
+        bool fits = true;
+        if (rank == 0) {
+            counts = calloc((size_t)ranks, sizeof *counts);
+            displs = calloc((size_t)ranks, sizeof *displs);
+            size_t total = 0;
+            for (int r = 0; r < ranks && counts && displs; ++r) {
+                const size_t c = b * h * rows_of(job->zigzag, seq, ranks, r).count * dv;
+                fits = fits && c <= INT_MAX && total <= INT_MAX;
+                counts[r] = (int)c;
+                displs[r] = (int)total;
+                total += c;
+            }
+            all = malloc((total ? total : 1) * sizeof(float));
+            fits = fits && counts && displs && all && total <= INT_MAX;
+        }
+        if (!agree_ok(fits && o_count <= INT_MAX)) {
+            rc = cli_fail("sdpa", CLI_FAILED, "--ring: the output is too large to gather");
+        } else if (MPI_Gatherv(o, (int)o_count, MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0,
+                               MPI_COMM_WORLD) != MPI_SUCCESS) {
+            rc = cli_fail("sdpa", CLI_FAILED, "--ring: MPI_Gatherv failed");
+        } else if (rank == 0) {
+            const size_t dims[4] = {b, h, seq, dv};
+            for (int r = 0; r < ranks; ++r) {
+                const clattn_ring_rows rr = rows_of(job->zigzag, seq, ranks, r);
+                unpack_rows(all + displs[r], dims, job->out_strides, &rr, out);
+            }
+        }
+        free(counts);
+        free(displs);
+        free(all);
+    }
+    clattn_ring_plan_release(plan);
+    const cl_mem mems[4] = {mq, mk, mv, mo};
+    for (int i = 0; i < 4; ++i)
+        if (mems[i])
+            clReleaseMemObject(mems[i]);
+    clattn_ctx_release(ctx);
+    free(q), free(k), free(v), free(o);
+    return rc;
+}
+
+/* ---- clattn bench --op ring ------------------------------------------------------------- */
+
+static const char ring_bench_usage[] =
+    "usage: mpirun -np N clattn bench --op ring [--seq L,...] [--batch B] [--heads H]\n"
+    "                    [--kv-heads H] [--head-dim D] [--causal] [--ring-layout "
+    "contiguous|zigzag]\n"
+    "                    [--runs N] [--warmup N] [--json] [--device SPEC]\n"
+    "\n"
+    "Ring attention (libclattn_mpi) over the ranks: each rank makes random inputs for its own\n"
+    "rows only (memory O(L/N): q, k, v, out plus two k/v blocks in flight), one plan per size,\n"
+    "--warmup runs, then --runs timed ones. Rank 0 prints, per rank, the median run's time and\n"
+    "its split summed over the N steps: compute (device, enqueue to completion), comm (the\n"
+    "exchanges, overlapping compute), wait (communication after the device had finished: not\n"
+    "hidden), staging (host copies not overlapped), sync (waiting for the slowest rank at each\n"
+    "step's status agreement), MB sent, and the rank's peak RSS.\n"
+    "Defaults: --seq 2048, --batch 1, --heads 8, --head-dim 64, contiguous, not causal.\n";
+
+typedef struct ring_bench_row {
+    double rows, total_ms, compute_ms, comm_ms, wait_ms, staging_ms, sync_ms, sent_mb, rss_mib,
+        steps;
+} ring_bench_row;
+
+static double peak_rss_mib(void)
+{
+    struct rusage usage;
+    return getrusage(RUSAGE_SELF, &usage) == 0 ? usage.ru_maxrss / 1024.0 : 0.0;
+}
+
+static int compare_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One size: every rank's row of the table (rank 0 receives them all into rows). */
+static int ring_bench_case(clattn_ctx *ctx, const clattn_ring_desc *base, size_t runs,
+                           size_t warmup, ring_bench_row *all)
+{
+    int rank = 0, ranks = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    clattn_ring_desc desc = *base;
+    const bool zigzag = desc.layout == CLATTN_RING_ZIGZAG;
+    const clattn_ring_rows rows = rows_of(zigzag, desc.seq_len, ranks, rank);
+    desc.local_len = rows.count;
+    const size_t n = rows.count, b = desc.batch, h = desc.heads;
+    const size_t hkv = desc.kv_heads ? desc.kv_heads : h, d = desc.head_dim_qk;
+    const size_t counts[4] = {b * h * n * d, b * hkv * n * d, b * hkv * n * d, b * h * n * d};
+    size_t largest = 1;
+    for (int i = 0; i < 4; ++i)
+        largest = counts[i] > largest ? counts[i] : largest;
+    float *host = malloc(largest * sizeof(float));
+    cl_mem mem[4] = {NULL, NULL, NULL, NULL};
+    cl_int err = host ? CL_SUCCESS : CL_OUT_OF_HOST_MEMORY;
+    unsigned state = 12345u + (unsigned)rank;
+    for (int i = 0; i < 4 && err == CL_SUCCESS; ++i) {
+        for (size_t j = 0; j < counts[i]; ++j) {
+            state = state * 1664525u + 1013904223u;
+            host[j] = (float)(state >> 8) / 8388608.0f - 1.0f;
+        }
+        mem[i] =
+            device_copy(ctx, i < 3 && counts[i] ? host : NULL, counts[i] * sizeof(float), &err);
+    }
+    free(host);
+    int rc = CLI_OK;
+    clattn_ring_plan *plan = NULL;
+    char message[1024] = "";
+    if (!agree_ok(err == CL_SUCCESS)) {
+        rc = cli_fail("bench", CLI_FAILED, "ring: device buffers failed (on some rank)");
+    } else {
+        clattn_status status =
+            clattn_ring_plan_create(ctx, MPI_COMM_WORLD, &desc, &plan, message, sizeof message);
+        if (status != CLATTN_SUCCESS)
+            rc = cli_fail("bench", CLI_FAILED, "ring: %s: %s", clattn_mpi_status_string(status),
+                          message);
+    }
+    ring_bench_row mine;
+    memset(&mine, 0, sizeof mine);
+    if (rc == CLI_OK) {
+        const clattn_tensor tq = clattn_tensor_make(mem[0], 0, CLATTN_DTYPE_F32, 4, b, h, n, d);
+        const clattn_tensor tk = clattn_tensor_make(mem[1], 0, CLATTN_DTYPE_F32, 4, b, hkv, n, d);
+        const clattn_tensor tv = clattn_tensor_make(mem[2], 0, CLATTN_DTYPE_F32, 4, b, hkv, n, d);
+        const clattn_tensor to = clattn_tensor_make(mem[3], 0, CLATTN_DTYPE_F32, 4, b, h, n, d);
+        clattn_ring_timing *timings = calloc(runs, sizeof *timings);
+        double *totals = calloc(runs, sizeof *totals);
+        if (timings == NULL || totals == NULL)
+            rc = cli_fail("bench", CLI_FAILED, "out of memory");
+        for (size_t run = 0; rc == CLI_OK && run < warmup + runs; ++run) {
+            MPI_Barrier(MPI_COMM_WORLD); /* every rank starts the run together */
+            clattn_status status = clattn_ring_execute(plan, &tq, &tk, &tv, &to, NULL, NULL);
+            if (status != CLATTN_SUCCESS)
+                rc = cli_fail("bench", CLI_FAILED, "ring: %s: %s", clattn_mpi_status_string(status),
+                              clattn_ring_last_error(plan));
+            else if (run >= warmup)
+                timings[run - warmup] = clattn_ring_last_timing(plan);
+        }
+        if (rc == CLI_OK) {
+            for (size_t i = 0; i < runs; ++i)
+                totals[i] = timings[i].total_s;
+            qsort(totals, runs, sizeof *totals, compare_double);
+            const double median = totals[runs / 2];
+            size_t pick = 0;
+            for (size_t i = 0; i < runs; ++i)
+                if (timings[i].total_s == median)
+                    pick = i;
+            const clattn_ring_timing *t = &timings[pick];
+            mine = (ring_bench_row){(double)n,
+                                    1e3 * t->total_s,
+                                    1e3 * t->compute_s,
+                                    1e3 * t->comm_s,
+                                    1e3 * t->comm_wait_s,
+                                    1e3 * t->staging_s,
+                                    1e3 * t->sync_s,
+                                    (double)t->bytes_sent / 1e6,
+                                    peak_rss_mib(),
+                                    (double)t->steps};
+        }
+        free(timings);
+        free(totals);
+    }
+    clattn_ring_plan_release(plan);
+    for (int i = 0; i < 4; ++i)
+        if (mem[i])
+            clReleaseMemObject(mem[i]);
+    const int fields = (int)(sizeof mine / sizeof(double));
+    if (MPI_Gather(&mine, fields, MPI_DOUBLE, all, fields, MPI_DOUBLE, 0, MPI_COMM_WORLD) !=
+        MPI_SUCCESS)
+        rc = cli_fail("bench", CLI_FAILED, "ring: MPI_Gather failed");
+    return rc;
+}
+
+int cli_ring_bench(int argc, char **argv)
+{
+    cli_args args = {.argc = argc, .argv = argv, .index = 1, .command = "bench"};
+    size_t seqs[16] = {2048}, num_seq = 1, runs = 5, warmup = 1;
+    clattn_ring_desc desc;
+    clattn_ring_desc_init(&desc);
+    desc.batch = 1, desc.heads = 8, desc.head_dim_qk = desc.head_dim_v = 64;
+    bool json = false;
+    const char *device = NULL, *value = NULL;
+    int flag = 0;
+    while (cli_next(&args)) {
+        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
+            fputs(ring_bench_usage, stdout);
+            return CLI_OK;
+        } else if (cli_is(&args, "--op")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "ring") != 0)
+                return cli_fail("bench", CLI_BAD_INPUT, "--op ring runs alone, not with '%s'",
+                                value);
+        } else if ((flag = cli_flag(&args, "--causal")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            desc.causal = CLATTN_CAUSAL_TOP_LEFT;
+        } else if ((flag = cli_flag(&args, "--json")) != 0) {
+            if (flag < 0)
+                return CLI_BAD_INPUT;
+            json = true;
+        } else if (cli_is(&args, "--seq")) {
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_size_list("bench", "--seq", value, seqs, 16, &num_seq))
+                return CLI_BAD_INPUT;
+        } else if (cli_is(&args, "--ring-layout")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "zigzag") == 0)
+                desc.layout = CLATTN_RING_ZIGZAG;
+            else if (strcmp(value, "contiguous") != 0)
+                return cli_fail("bench", CLI_BAD_INPUT,
+                                "--ring-layout: '%s' is not contiguous or zigzag", value);
+        } else if (cli_is(&args, "--device")) {
+            if (!(device = cli_value(&args)))
+                return CLI_BAD_INPUT;
+        } else {
+            static const char *const names[] = {"--batch",    "--heads", "--kv-heads",
+                                                "--head-dim", "--runs",  "--warmup"};
+            size_t *targets[] = {&desc.batch,       &desc.heads, &desc.kv_heads,
+                                 &desc.head_dim_qk, &runs,       &warmup};
+            bool matched = false;
+            for (int i = 0; i < 6 && !matched; ++i)
+                if (cli_is(&args, names[i])) {
+                    matched = true;
+                    if (!(value = cli_value(&args)) ||
+                        !cli_parse_size("bench", names[i], value, i == 5 ? 0 : 1, targets[i]))
+                        return CLI_BAD_INPUT;
+                }
+            if (!matched)
+                return cli_fail("bench", CLI_BAD_INPUT, "--op ring: unknown option '%s'",
+                                args.name);
+        }
+    }
+    desc.head_dim_v = desc.head_dim_qk;
+    int rc = cli_ring_init();
+    if (rc != CLI_OK)
+        return rc;
+    agreed = true; /* the bench agrees at each step itself */
+    int rank = 0, ranks = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    clattn_ctx *ctx = cli_context("bench", device);
+    ring_bench_row *all = calloc((size_t)ranks, sizeof *all);
+    if (!agree_ok(ctx != NULL && all != NULL))
+        rc = ctx ? cli_fail("bench", CLI_FAILED, "ring: no device or memory on some rank")
+                 : CLI_FAILED;
+    if (rc == CLI_OK && rank == 0 && !json)
+        printf("ring attention, %d ranks, %s, B=%zu H=%zu Hkv=%zu d=%zu%s, median of %zu\n"
+               "%7s %5s %7s %10s %10s %10s %10s %10s %10s %8s %8s\n",
+               ranks, desc.layout == CLATTN_RING_ZIGZAG ? "zigzag" : "contiguous", desc.batch,
+               desc.heads, desc.kv_heads ? desc.kv_heads : desc.heads, desc.head_dim_qk,
+               desc.causal ? " causal" : "", runs, "L", "rank", "rows", "total ms", "compute",
+               "comm", "wait", "staging", "sync", "MB sent", "rss MiB");
+    for (size_t i = 0; rc == CLI_OK && i < num_seq; ++i) {
+        desc.seq_len = seqs[i];
+        rc = ring_bench_case(ctx, &desc, runs, warmup, all);
+        for (int r = 0; rc == CLI_OK && rank == 0 && r < ranks; ++r) {
+            const ring_bench_row *w = &all[r];
+            if (json)
+                printf("{\"op\": \"ring\", \"ranks\": %d, \"rank\": %d, \"layout\": \"%s\", "
+                       "\"causal\": %s, \"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, "
+                       "\"head_dim\": %zu, \"seq\": %zu, \"rows\": %.0f, \"steps\": %.0f, "
+                       "\"total_ms\": %.3f, \"compute_ms\": %.3f, \"comm_ms\": %.3f, "
+                       "\"wait_ms\": %.3f, \"staging_ms\": %.3f, \"sync_ms\": %.3f, "
+                       "\"mb_sent\": %.3f, "
+                       "\"peak_rss_mib\": %.1f}\n",
+                       ranks, r, desc.layout == CLATTN_RING_ZIGZAG ? "zigzag" : "contiguous",
+                       desc.causal ? "true" : "false", desc.batch, desc.heads,
+                       desc.kv_heads ? desc.kv_heads : desc.heads, desc.head_dim_qk, seqs[i],
+                       w->rows, w->steps, w->total_ms, w->compute_ms, w->comm_ms, w->wait_ms,
+                       w->staging_ms, w->sync_ms, w->sent_mb, w->rss_mib);
+            else
+                printf("%7zu %5d %7.0f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %8.2f %8.1f\n",
+                       seqs[i], r, w->rows, w->total_ms, w->compute_ms, w->comm_ms, w->wait_ms,
+                       w->staging_ms, w->sync_ms, w->sent_mb, w->rss_mib);
+        }
+    }
+    free(all);
+    clattn_ctx_release(ctx);
+    cli_ring_finalize();
+    return rc;
+}
