@@ -20,7 +20,7 @@
 #include <string.h>
 #include <time.h>
 
-/* The merge kernel (mpi/ring_merge.cl, embedded at build time as clattn_kernel_ring_merge). */
+/* The merge kernel (host/mpi/ring_merge.cl, embedded at build time as clattn_kernel_ring_merge). */
 #include "ring_kernels.h"
 
 #define MERGE_LOCAL 64 /* work-items per merge work-group */
