@@ -105,8 +105,9 @@ typedef struct clattn_ring_plan clattn_ring_plan;
 /* Collective over comm. Validates desc (the same on every rank), gathers the blocks' lengths,
  * creates the SDPA sub-plans (one per pair of this rank's query segment and a visiting key
  * segment that is not entirely masked), the merge kernel and the staging buffers (host: two
- * blocks of k, v and key padding; device: two). comm is duplicated (the plan's own, with
- * MPI_ERRORS_RETURN); the caller's is untouched. The plan keeps a reference to ctx: release
+ * blocks of k, v and key padding, the one sent and the one received; device: one, the
+ * visiting block computed on; see clattn_ring_plan_memory). comm is duplicated (the plan's own,
+ * with MPI_ERRORS_RETURN); the caller's is untouched. The plan keeps a reference to ctx: release
  * the plan first. On failure *out is NULL and, when message != NULL, the reason (on ranks that
  * did not fail themselves: which rank failed and why) is written there. */
 CLATTN_API clattn_status clattn_ring_plan_create(clattn_ctx *ctx, MPI_Comm comm,
@@ -154,6 +155,14 @@ typedef struct clattn_ring_timing {
     size_t bytes_sent; /* by this rank, all steps */
 } clattn_ring_timing;
 CLATTN_API clattn_ring_timing clattn_ring_last_timing(const clattn_ring_plan *plan);
+
+/* What the plan allocated beyond the caller's q, k, v, out (and lse): host_bytes, the two
+ * host staging blocks (each the largest rank's k, v and key padding: O(L/N)); device_bytes,
+ * the device's visiting block plus the partial output and log-sum-exp of one query segment
+ * and the rank's lse scratch (O(L/N)). The SDPA sub-plans use the fused kernel (no device
+ * workspace). Either pointer may be NULL. CLATTN_ERR_INVALID_ARGUMENT for a NULL plan. */
+CLATTN_API clattn_status clattn_ring_plan_memory(const clattn_ring_plan *plan, size_t *host_bytes,
+                                                 size_t *device_bytes);
 
 /* The last error message of the plan ("" when none). */
 CLATTN_API const char *clattn_ring_last_error(const clattn_ring_plan *plan);

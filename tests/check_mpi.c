@@ -384,6 +384,26 @@ START_TEST(test_ring_vs_reference)
     tu_expect(status == CLATTN_SUCCESS, "clattn_ring_plan_create: %s: %s",
               clattn_mpi_status_string(status), message);
     if (plan) {
+        /* What the plan holds beyond the caller's tensors: two host blocks of the largest
+         * rank's k, v and key padding; on the device one such block, the partials of this
+         * rank's longest segment and its lse (all O(L/N)). */
+        size_t max_rows = 0, max_seg = 0, host_bytes = 0, device_bytes = 0;
+        for (int r = 0; r < ranks_; ++r) {
+            const clattn_ring_rows other = rows_of(c, r);
+            max_rows = other.count > max_rows ? other.count : max_rows;
+        }
+        for (size_t s = 0; s < rows.segments; ++s)
+            max_seg = rows.length[s] > max_seg ? rows.length[s] : max_seg;
+        const size_t hkv = c->kv_heads ? c->kv_heads : c->heads;
+        const size_t block = c->batch * hkv * max_rows * (c->dk + c->dv) * 4 + c->batch * max_rows;
+        const size_t partials = c->batch * c->heads * max_seg * (c->dv + 1) * 4;
+        tu_expect(clattn_ring_plan_memory(plan, &host_bytes, &device_bytes) == CLATTN_SUCCESS,
+                  "clattn_ring_plan_memory failed");
+        tu_expect(host_bytes == 2 * block, "host staging %zu bytes, want 2 blocks of %zu",
+                  host_bytes, block);
+        tu_expect(device_bytes == block + partials + c->batch * c->heads * rows.count * 4,
+                  "device scratch %zu bytes, want one block %zu + partials %zu + lse %zu",
+                  device_bytes, block, partials, c->batch * c->heads * rows.count * 4);
         const clattn_ring_rows got = clattn_ring_plan_rows(plan);
         tu_expect(got.count == rows.count && got.start[0] == rows.start[0],
                   "plan rows %zu from %zu, want %zu from %zu", got.count, got.start[0], rows.count,

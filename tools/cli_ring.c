@@ -253,12 +253,14 @@ static const char ring_bench_usage[] =
     "its split summed over the N steps: compute (device, enqueue to completion), comm (the\n"
     "exchanges, overlapping compute), wait (communication after the device had finished: not\n"
     "hidden), staging (host copies not overlapped), sync (waiting for the slowest rank at each\n"
-    "step's status agreement), MB sent, and the rank's peak RSS.\n"
+    "step's status agreement), MB sent, the rank's data (q, k, v, out: 'data MiB') and what its\n"
+    "plan allocated (host staging + device block and partials: 'plan MiB', both O(L/N)), and\n"
+    "the rank's peak RSS.\n"
     "Defaults: --seq 2048, --batch 1, --heads 8, --head-dim 64, contiguous, not causal.\n";
 
 typedef struct ring_bench_row {
     double rows, total_ms, compute_ms, comm_ms, wait_ms, staging_ms, sync_ms, sent_mb, rss_mib,
-        steps;
+        steps, data_mib, plan_mib;
 } ring_bench_row;
 
 static double peak_rss_mib(void)
@@ -354,7 +356,14 @@ static int ring_bench_case(clattn_ctx *ctx, const clattn_ring_desc *base, size_t
                                     1e3 * t->sync_s,
                                     (double)t->bytes_sent / 1e6,
                                     peak_rss_mib(),
-                                    (double)t->steps};
+                                    (double)t->steps,
+                                    0.0,
+                                    0.0};
+            size_t host_bytes = 0, device_bytes = 0;
+            clattn_ring_plan_memory(plan, &host_bytes, &device_bytes);
+            mine.plan_mib = (double)(host_bytes + device_bytes) / 1048576.0;
+            mine.data_mib =
+                (double)(counts[0] + counts[1] + counts[2] + counts[3]) * 4.0 / 1048576.0;
         }
         free(timings);
         free(totals);
@@ -446,11 +455,11 @@ int cli_ring_bench(int argc, char **argv)
                  : CLI_FAILED;
     if (rc == CLI_OK && rank == 0 && !json)
         printf("ring attention, %d ranks, %s, B=%zu H=%zu Hkv=%zu d=%zu%s, median of %zu\n"
-               "%7s %5s %7s %10s %10s %10s %10s %10s %10s %8s %8s\n",
+               "%7s %5s %7s %10s %10s %10s %10s %10s %10s %8s %9s %9s %8s\n",
                ranks, desc.layout == CLATTN_RING_ZIGZAG ? "zigzag" : "contiguous", desc.batch,
                desc.heads, desc.kv_heads ? desc.kv_heads : desc.heads, desc.head_dim_qk,
                desc.causal ? " causal" : "", runs, "L", "rank", "rows", "total ms", "compute",
-               "comm", "wait", "staging", "sync", "MB sent", "rss MiB");
+               "comm", "wait", "staging", "sync", "MB sent", "data MiB", "plan MiB", "rss MiB");
     for (size_t i = 0; rc == CLI_OK && i < num_seq; ++i) {
         desc.seq_len = seqs[i];
         rc = ring_bench_case(ctx, &desc, runs, warmup, all);
@@ -462,17 +471,18 @@ int cli_ring_bench(int argc, char **argv)
                        "\"head_dim\": %zu, \"seq\": %zu, \"rows\": %.0f, \"steps\": %.0f, "
                        "\"total_ms\": %.3f, \"compute_ms\": %.3f, \"comm_ms\": %.3f, "
                        "\"wait_ms\": %.3f, \"staging_ms\": %.3f, \"sync_ms\": %.3f, "
-                       "\"mb_sent\": %.3f, "
+                       "\"mb_sent\": %.3f, \"data_mib\": %.2f, \"plan_mib\": %.2f, "
                        "\"peak_rss_mib\": %.1f}\n",
                        ranks, r, desc.layout == CLATTN_RING_ZIGZAG ? "zigzag" : "contiguous",
                        desc.causal ? "true" : "false", desc.batch, desc.heads,
                        desc.kv_heads ? desc.kv_heads : desc.heads, desc.head_dim_qk, seqs[i],
                        w->rows, w->steps, w->total_ms, w->compute_ms, w->comm_ms, w->wait_ms,
-                       w->staging_ms, w->sync_ms, w->sent_mb, w->rss_mib);
+                       w->staging_ms, w->sync_ms, w->sent_mb, w->data_mib, w->plan_mib, w->rss_mib);
             else
-                printf("%7zu %5d %7.0f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %8.2f %8.1f\n",
+                printf("%7zu %5d %7.0f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %8.2f %9.2f %9.2f "
+                       "%8.1f\n",
                        seqs[i], r, w->rows, w->total_ms, w->compute_ms, w->comm_ms, w->wait_ms,
-                       w->staging_ms, w->sync_ms, w->sent_mb, w->rss_mib);
+                       w->staging_ms, w->sync_ms, w->sent_mb, w->data_mib, w->plan_mib, w->rss_mib);
         }
     }
     free(all);

@@ -51,7 +51,11 @@ struct clattn_ring_plan {
     cl_mem part_out,
         part_lse;   /* one pair's partial result, packed (B, H, qlen, dv), (B, H, qlen) */
     cl_mem own_lse; /* the running lse when the caller wants none */
-    cl_mem dev_k[2], dev_v[2], dev_kpm[2];
+    /* The visiting block on the device: one slot. A step's received block is written there
+     * after the step's compute (the writes wait for its last event), so the two host slots
+     * are the only blocks in flight. */
+    cl_mem dev_k, dev_v, dev_kpm;
+    size_t host_bytes, device_bytes; /* what make_buffers allocated (clattn_ring_plan_memory) */
     float *host_k[2], *host_v[2];
     uint8_t *host_kpm[2];
     clattn_ring_timing timing;
@@ -486,11 +490,15 @@ static clattn_status make_buffers(clattn_ring_plan *plan)
         (err = new_buffer(plan, &plan->part_lse, part_floats / d->head_dim_v * 4, "partial lse")) ||
         (err = new_buffer(plan, &plan->own_lse, lse_floats * 4, "lse")))
         return (clattn_status)err;
+    if ((err = new_buffer(plan, &plan->dev_k, k_floats * 4, "k block")) ||
+        (err = new_buffer(plan, &plan->dev_v, v_floats * 4, "v block")) ||
+        (err = new_buffer(plan, &plan->dev_kpm, kpm_bytes, "key padding block")))
+        return (clattn_status)err;
+    const size_t block_bytes = (k_floats + v_floats) * 4 + kpm_bytes;
+    plan->host_bytes = 2 * block_bytes;
+    plan->device_bytes =
+        block_bytes + part_floats * 4 + part_floats / d->head_dim_v * 4 + lse_floats * 4;
     for (int i = 0; i < 2; ++i) {
-        if ((err = new_buffer(plan, &plan->dev_k[i], k_floats * 4, "k block")) ||
-            (err = new_buffer(plan, &plan->dev_v[i], v_floats * 4, "v block")) ||
-            (err = new_buffer(plan, &plan->dev_kpm[i], kpm_bytes, "key padding block")))
-            return (clattn_status)err;
         plan->host_k[i] = malloc(k_floats ? k_floats * 4 : 4);
         plan->host_v[i] = malloc(v_floats ? v_floats * 4 : 4);
         plan->host_kpm[i] = malloc(kpm_bytes ? kpm_bytes : 1);
@@ -595,10 +603,9 @@ void clattn_ring_plan_release(clattn_ring_plan *plan)
         clReleaseKernel(plan->merge);
     if (plan->program)
         clReleaseProgram(plan->program);
-    cl_mem mems[9] = {plan->part_out, plan->part_lse,   plan->own_lse,
-                      plan->dev_k[0], plan->dev_k[1],   plan->dev_v[0],
-                      plan->dev_v[1], plan->dev_kpm[0], plan->dev_kpm[1]};
-    for (int i = 0; i < 9; ++i)
+    cl_mem mems[6] = {plan->part_out, plan->part_lse, plan->own_lse,
+                      plan->dev_k,    plan->dev_v,    plan->dev_kpm};
+    for (int i = 0; i < 6; ++i)
         if (mems[i])
             clReleaseMemObject(mems[i]);
     for (int i = 0; i < 2; ++i) {
@@ -616,6 +623,18 @@ void clattn_ring_plan_release(clattn_ring_plan *plan)
 const char *clattn_ring_last_error(const clattn_ring_plan *plan)
 {
     return plan ? plan->message : "ring: plan is NULL";
+}
+
+clattn_status clattn_ring_plan_memory(const clattn_ring_plan *plan, size_t *host_bytes,
+                                      size_t *device_bytes)
+{
+    if (plan == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    if (host_bytes)
+        *host_bytes = plan->host_bytes;
+    if (device_bytes)
+        *device_bytes = plan->device_bytes;
+    return CLATTN_SUCCESS;
 }
 
 clattn_ring_timing clattn_ring_last_timing(const clattn_ring_plan *plan)
@@ -897,7 +916,9 @@ static clattn_status post_exchange(clattn_ring_plan *plan, int src, int next_src
     return CLATTN_SUCCESS;
 }
 
-/* Writes the received block in host slot `slot` to device slot `slot` (after `wait`). */
+/* Writes the received block in host slot `slot` to the device block, after *last (the
+ * step's compute, which reads the device block: one slot serves every step). The step's
+ * clFinish then completes the writes before the next step's compute. */
 static clattn_status upload_block(clattn_ring_plan *plan, int src, int slot, cl_event *last)
 {
     cl_command_queue queue = clattn_ctx_queue(plan->ctx);
@@ -906,17 +927,18 @@ static clattn_status upload_block(clattn_ring_plan *plan, int src, int slot, cl_
     const size_t pb = plan->desc.batch * plan->blocks[src].count;
     if (plan->blocks[src].count == 0)
         return CLATTN_SUCCESS;
-    cl_int err = clEnqueueWriteBuffer(queue, plan->dev_k[slot], CL_FALSE, 0, kf * 4,
-                                      plan->host_k[slot], 0, NULL, NULL);
+    const cl_uint waits = *last ? 1 : 0;
+    const cl_event *wait = *last ? last : NULL;
+    cl_int err = clEnqueueWriteBuffer(queue, plan->dev_k, CL_FALSE, 0, kf * 4, plan->host_k[slot],
+                                      waits, wait, NULL);
     if (err == CL_SUCCESS)
-        err = clEnqueueWriteBuffer(queue, plan->dev_v[slot], CL_FALSE, 0, vf * 4,
-                                   plan->host_v[slot], 0, NULL, NULL);
+        err = clEnqueueWriteBuffer(queue, plan->dev_v, CL_FALSE, 0, vf * 4, plan->host_v[slot],
+                                   waits, wait, NULL);
     if (err == CL_SUCCESS && plan->desc.key_padding)
-        err = clEnqueueWriteBuffer(queue, plan->dev_kpm[slot], CL_FALSE, 0, pb,
-                                   plan->host_kpm[slot], 0, NULL, NULL);
+        err = clEnqueueWriteBuffer(queue, plan->dev_kpm, CL_FALSE, 0, pb, plan->host_kpm[slot],
+                                   waits, wait, NULL);
     if (err != CL_SUCCESS)
         return fail_cl(plan, err, "clEnqueueWriteBuffer(received k/v block)");
-    (void)last;
     return CLATTN_SUCCESS;
 }
 
@@ -972,7 +994,7 @@ clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q
                     k->mem,    v->mem,    plan->desc.key_padding ? key_padding_mask->mem : NULL,
                     k->offset, v->offset, plan->desc.key_padding ? key_padding_mask->offset : 0};
             else
-                kv = (ring_kv){plan->dev_k[slot], plan->dev_v[slot], plan->dev_kpm[slot], 0, 0, 0};
+                kv = (ring_kv){plan->dev_k, plan->dev_v, plan->dev_kpm, 0, 0, 0};
             if (!plan->desc.key_padding)
                 kv.kpm = NULL;
             cl_event before = last;
