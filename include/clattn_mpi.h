@@ -159,7 +159,8 @@ CLATTN_API clattn_ring_timing clattn_ring_last_timing(const clattn_ring_plan *pl
 /* What the plan allocated beyond the caller's q, k, v, out (and lse): host_bytes, the two
  * host staging blocks (each the largest rank's k, v and key padding: O(L/N)); device_bytes,
  * the device's visiting block plus the partial output and log-sum-exp of one query segment
- * and the rank's lse scratch (O(L/N)). The SDPA sub-plans use the fused kernel (no device
+ * and the rank's lse scratch (O(L/N)); with one rank there is no staging (no block travels).
+ * The SDPA sub-plans use the fused kernel (no device
  * workspace). Either pointer may be NULL. CLATTN_ERR_INVALID_ARGUMENT for a NULL plan. */
 CLATTN_API clattn_status clattn_ring_plan_memory(const clattn_ring_plan *plan, size_t *host_bytes,
                                                  size_t *device_bytes);

@@ -490,14 +490,16 @@ static clattn_status make_buffers(clattn_ring_plan *plan)
         (err = new_buffer(plan, &plan->part_lse, part_floats / d->head_dim_v * 4, "partial lse")) ||
         (err = new_buffer(plan, &plan->own_lse, lse_floats * 4, "lse")))
         return (clattn_status)err;
+    plan->device_bytes = part_floats * 4 + part_floats / d->head_dim_v * 4 + lse_floats * 4;
+    if (plan->ranks == 1) /* one rank: no block ever travels, no staging */
+        return CLATTN_SUCCESS;
     if ((err = new_buffer(plan, &plan->dev_k, k_floats * 4, "k block")) ||
         (err = new_buffer(plan, &plan->dev_v, v_floats * 4, "v block")) ||
         (err = new_buffer(plan, &plan->dev_kpm, kpm_bytes, "key padding block")))
         return (clattn_status)err;
     const size_t block_bytes = (k_floats + v_floats) * 4 + kpm_bytes;
     plan->host_bytes = 2 * block_bytes;
-    plan->device_bytes =
-        block_bytes + part_floats * 4 + part_floats / d->head_dim_v * 4 + lse_floats * 4;
+    plan->device_bytes += block_bytes;
     for (int i = 0; i < 2; ++i) {
         plan->host_k[i] = malloc(k_floats ? k_floats * 4 : 4);
         plan->host_v[i] = malloc(v_floats ? v_floats * 4 : 4);
