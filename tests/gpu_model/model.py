@@ -350,12 +350,27 @@ def main():
     ap.add_argument("--kernels", help="CLATTN_KERNEL_DIR for the driver (the canary)")
     ap.add_argument("--case", action="append", help="run only the cases named (repeatable)")
     ap.add_argument("--list", action="store_true", help="print the formulas' table, run nothing")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print the formulas' table for BENCHMARKS.md, run nothing")
     opts = ap.parse_args()
     cases = [c for c in CASES if not opts.case or c[0] in opts.case]
     if opts.case and len(cases) != len(opts.case):
         print(f"model.py: unknown case in {opts.case}; cases: {[c[0] for c in CASES]}",
               file=sys.stderr)
         return 2
+    if opts.markdown:
+        print("| case | kernel | global loads (B) | global stores (B) | local loads | "
+              "local stores | barriers | FMAs | exps | local loads / FMA | FLOP / global B |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for name, args, launches in cases:
+            for kernel, c in launches:
+                gbytes = c["global_load_bytes"] + c["global_store_bytes"]
+                per_fma = f"{c['local_loads'] / c['fma']:.3f}" if c["fma"] else "-"
+                print(f"| {name} | `{kernel}` | {c['global_load_bytes']} | "
+                      f"{c['global_store_bytes']} | {c['local_loads']} | {c['local_stores']} | "
+                      f"{c['barriers']} | {c['fma']} | {c['exp']} | {per_fma} | "
+                      f"{2 * c['fma'] / gbytes:.2f} |")
+        return 0
     if opts.list:
         for name, args, launches in cases:
             for kernel, c in launches:
