@@ -56,8 +56,9 @@ static cl_mem float_buffer(clattn_ctx *ctx, size_t n, uint32_t *seed, int random
         host[i] = random ? (float)(*seed >> 8) / (float)(1u << 23) - 1.0f : 0.0f;
     }
     cl_int err = CL_SUCCESS;
-    cl_mem mem = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
-                                n * sizeof *host, host, &err);
+    cl_mem mem =
+        clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                       n * sizeof *host, host, &err);
     free(host);
     return err == CL_SUCCESS ? mem : NULL;
 }
@@ -215,8 +216,8 @@ int main(int argc, char **argv)
     cl_ulong local_mem = 0;
     clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units, &units,
                     NULL);
-    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_LOCAL_MEM_SIZE, sizeof local_mem,
-                    &local_mem, NULL);
+    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_LOCAL_MEM_SIZE, sizeof local_mem, &local_mem,
+                    NULL);
     const char *parameters = strstr(clattn_ctx_tuning(ctx), "parameters:");
     printf("device: compute_units=%u local_mem_size=%llu\n%s\n", units,
            (unsigned long long)local_mem, parameters ? parameters : "parameters: unknown");

@@ -259,18 +259,20 @@ CASES = [
     ("matmul 128x64x32", ["matmul", "128", "64", "32"], [("matmul", matmul(128, 64, 32))]),
     # unfused: matmul (q k^T, GQA: b_group 2), softmax_rows, matmul; then causal with a KV
     # cache's key counts (softmax reads raw only inside the band)
-    sdpa_case("unfused H2/1 20x40 d40", "unfused", 1, 2, 1, 20, 40, 40),
+    sdpa_case("unfused H2/1 12x40 d40", "unfused", 1, 2, 1, 12, 40, 40),
     sdpa_case("unfused causal kvlen 30/45 d16", "unfused", 1, 1, 1, 20, 45, 16, True, 30),
     # fused prefill: two 64-row blocks (the second 6 rows), a partial key tile; causal at
     # d = 40 (RD = 3: dims 40 .. 47 idle), tiles skipped past each block's diagonal; d = 128
     # (BK shrinks to 16 to fit 48 KiB)
     sdpa_case("fused 70x50 d64", "fused", 1, 1, 1, 70, 50, 64),
-    sdpa_case("fused causal 90x90 d40", "fused", 1, 1, 1, 90, 90, 40, True),
-    sdpa_case("fused 40x40 d128", "fused", 1, 1, 1, 40, 40, 128),
-    # decode: grouped (8 query heads on 2 k/v heads: 4 rows of an 8-row block) over a KV cache
-    # of 80 filled to 37; one head over 600 keys: two decode splits and flash_merge
+    sdpa_case("fused causal 72x72 d40", "fused", 1, 1, 1, 72, 72, 40, True),
+    sdpa_case("fused 40x20 d128", "fused", 1, 1, 1, 40, 20, 128),
+    # decode (an 8-row block, one row used) over a KV cache of 100 filled to 77; grouped (8
+    # query heads on 2 k/v heads: 4 rows of the block) over a cache of 80 filled to 37; one
+    # head over 520 keys: two decode splits (288 and 232 keys) and flash_merge
+    sdpa_case("decode H2 kvlen 77/100 d64", "fused", 1, 2, 2, 1, 100, 64, False, 77),
     sdpa_case("decode grouped H8/2 kvlen 37/80 d64", "fused", 2, 8, 2, 1, 80, 64, False, 37),
-    sdpa_case("decode split 1x600 d64", "fused", 1, 1, 1, 1, 600, 64),
+    sdpa_case("decode split 1x520 d64", "fused", 1, 1, 1, 1, 520, 64),
 ]
 
 

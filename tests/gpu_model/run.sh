@@ -31,9 +31,9 @@ if [ "${GPU_MODEL_CANARY:-1}" != 0 ]; then
     cp -r "$here/../../kernels" "$scratch/kernels"
     # After the weight's load in the O += P V loop, a volatile load of the same word whose
     # value is discarded: the compiler must keep it, and no number changes.
-    sed -i '/^                const float p = p_tile\[(ty + i \* FG_TY) \* P_PAD + j\];$/a\
-                (void)((volatile __local float *)p_tile)[(ty + i * FG_TY) * P_PAD + j]; /* canary */' \
-        "$scratch/kernels/flash_gpu.cl"
+    weight='const float p = p_tile\[(ty + i \* FG_TY) \* P_PAD + j\];'
+    extra='(void)((volatile __local float *)p_tile)[(ty + i * FG_TY) * P_PAD + j];'
+    sed -i "/^ *$weight\$/a\\                $extra \/* canary *\/" "$scratch/kernels/flash_gpu.cl"
     if ! grep -q 'canary' "$scratch/kernels/flash_gpu.cl"; then
         echo "gpu_model canary: FAILED: cannot plant the extra load (flash_gpu.cl changed?):" \
              "update tests/gpu_model/run.sh"
