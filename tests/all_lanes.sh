@@ -35,7 +35,7 @@
 #             sub-plans; about 2 minutes); --full adds the softmax, matmul, plan and runtime
 #             suites. Then, in both tiers, the GPU work model (tests/gpu_model/run.sh: each GPU
 #             kernel's loads, stores, barriers, FMAs and exps under Oclgrind --inst-counts
-#             against closed-form formulas; about 30 s of CPU)
+#             against closed-form formulas; about 35 s of CPU)
 #   onnx      ONNX's own Attention node tests (93, from the pinned onnx package in a virtual
 #             environment, build/venv-onnx: needs python3-venv and PyPI) through `clattn sdpa`
 #             on both paths, on PoCL and under Oclgrind (tests/onnx/run.sh); the same in both

@@ -24,6 +24,7 @@ Python 3 standard library only.
 import argparse
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -139,7 +140,7 @@ def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM):
 
 
 def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, limit, causal,
-                has_kv_len, has_lse, p=PARAMS):
+                has_kv_len, has_lse, elem=4, p=PARAMS):
     """One work-group: query rows first_row .. first_row + bq - 1 (those past seq_q are padding,
     computed from zero queries on row 0's band, never stored), keys key_begin .. key_stop - 1.
 
@@ -171,8 +172,11 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
 
     kept_row_tiles = sum(row_keeps(r, k0) for r in range(bq) for k0 in tiles)
     t = len(tiles)
-    g_loads = valid * dk + keys_read * (dk + dv) + (items if has_kv_len else 0)
+    kv_counts = items if has_kv_len else 0
+    g_loads = valid * dk + keys_read * (dk + dv) + kv_counts
     g_stores = valid * dv + (valid if has_lse else 0)
+    g_load_bytes = elem * (g_loads - kv_counts) + 4 * kv_counts     # q, k, v: elem bytes
+    g_store_bytes = elem * valid * dv + (4 * valid if has_lse else 0)
     l_loads_words = (items * rm                                           # acc init: row l
                      + t * items * (dk * (rm + rn) + rm + bk * rm)        # S, rescale, P
                      + t * ty * bk * dv                                   # V words
@@ -183,8 +187,8 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     l_loads_bytes = t * items * (rn if rn == 1 else rm * rn)
     l_stores_words = bq * dk + 2 * bq + t * (bk * dk + 2 * bq * bk + 3 * bq + bk * dv) + bq
     l_stores_bytes = t * bk
-    return counts(global_loads=g_loads, global_load_bytes=4 * g_loads,
-                  global_stores=g_stores, global_store_bytes=4 * g_stores,
+    return counts(global_loads=g_loads, global_load_bytes=g_load_bytes,
+                  global_stores=g_stores, global_store_bytes=g_store_bytes,
                   local_loads=l_loads_words + l_loads_bytes,
                   local_load_bytes=4 * l_loads_words + l_loads_bytes,
                   local_stores=l_stores_words + l_stores_bytes,
@@ -216,8 +220,10 @@ def flash_merge(rows, dv, splits):
                   exp=rows * dv * splits)
 
 
-def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False, kv_len=0):
-    """The launches of an SDPA plan (float32, packed, d_k = d_v = dim), as (kernel, counts)."""
+def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False, kv_len=0,
+                  elem=4):
+    """The launches of an SDPA plan (packed, d_k = d_v = dim, q, k, v and out of `elem` bytes:
+    float32, or F16 / BF16 on the fused path), as (kernel, counts)."""
     limit = kv_len if kv_len else seq_k
     has_kv_len = kv_len > 0
     if path == "unfused":
@@ -239,7 +245,7 @@ def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False,
         stop = min(seq_k, begin + split_keys) if splits > 1 else seq_k
         for block in range(blocks):
             group = flash_group(bq, bk, dim, dim, seq_q, seq_k, block * bq, begin, stop, limit,
-                                causal, has_kv_len, splits > 1)
+                                causal, has_kv_len, splits > 1, elem)
             total = add(total, {k: v * batch * heads for k, v in group.items()})
     launches = [("flash_attention", total)]
     if splits > 1:
@@ -248,10 +254,12 @@ def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False,
 
 
 # --- the cases: (name, driver arguments, expected launches) ---------------------------------
-def sdpa_case(name, path, b, h, hkv, lq, lk, d, causal=False, kv_len=0):
+def sdpa_case(name, path, b, h, hkv, lq, lk, d, causal=False, kv_len=0, dtype="f32"):
     args = ["sdpa", path] + [str(x) for x in (b, h, hkv, lq, lk, d)]
     args += (["causal"] if causal else []) + ([f"kvlen={kv_len}"] if kv_len else [])
-    return name, args, sdpa_launches(path, b, h, hkv, lq, lk, d, causal, kv_len)
+    args += [] if dtype == "f32" else [dtype]
+    elem = 4 if dtype == "f32" else 2
+    return name, args, sdpa_launches(path, b, h, hkv, lq, lk, d, causal, kv_len, elem)
 
 
 CASES = [
@@ -262,17 +270,23 @@ CASES = [
     sdpa_case("unfused H2/1 12x40 d40", "unfused", 1, 2, 1, 12, 40, 40),
     sdpa_case("unfused causal kvlen 30/45 d16", "unfused", 1, 1, 1, 20, 45, 16, True, 30),
     # fused prefill: two 64-row blocks (the second 6 rows), a partial key tile; causal at
-    # d = 40 (RD = 3: dims 40 .. 47 idle), tiles skipped past each block's diagonal; d = 128
-    # (BK shrinks to 16 to fit 48 KiB)
+    # d = 24 (RD = 2: dims 24 .. 31 idle), tiles skipped past each block's diagonal and rows
+    # that keep no key of a tile; d = 128 (BK shrinks to 16 to fit 48 KiB, RN = 1)
     sdpa_case("fused 70x50 d64", "fused", 1, 1, 1, 70, 50, 64),
-    sdpa_case("fused causal 72x72 d40", "fused", 1, 1, 1, 72, 72, 40, True),
+    sdpa_case("fused causal 66x66 d24", "fused", 1, 1, 1, 66, 66, 24, True),
     sdpa_case("fused 40x20 d128", "fused", 1, 1, 1, 40, 20, 128),
+    # 16-bit storage: q, k, v, out of 2 bytes (F16 through vload_half / vstore_half_rte, BF16
+    # through 16-bit loads and shifts); the counts in operations do not change
+    sdpa_case("fused f16 33x20 d64", "fused", 1, 1, 1, 33, 20, 64, dtype="f16"),
     # decode (an 8-row block, one row used) over a KV cache of 100 filled to 77; grouped (8
-    # query heads on 2 k/v heads: 4 rows of the block) over a cache of 80 filled to 37; one
-    # head over 520 keys: two decode splits (288 and 232 keys) and flash_merge
-    sdpa_case("decode H2 kvlen 77/100 d64", "fused", 1, 2, 2, 1, 100, 64, False, 77),
+    # query heads on 2 k/v heads: 4 rows of the block) over a cache of 80 filled to 37, and
+    # 4 on 1 in bfloat16; one head over 520 keys: two decode splits (288 and 232 keys) and
+    # flash_merge
+    sdpa_case("decode kvlen 77/100 d64", "fused", 1, 1, 1, 1, 100, 64, False, 77),
     sdpa_case("decode grouped H8/2 kvlen 37/80 d64", "fused", 2, 8, 2, 1, 80, 64, False, 37),
-    sdpa_case("decode split 1x520 d64", "fused", 1, 1, 1, 1, 520, 64),
+    sdpa_case("decode grouped bf16 H4/1 kvlen 50/64 d64", "fused", 1, 4, 1, 1, 64, 64, False, 50,
+              dtype="bf16"),
+    sdpa_case("decode split 1x520 d32", "fused", 1, 1, 1, 1, 520, 32),
 ]
 
 
@@ -307,8 +321,17 @@ def parse_inst_counts(text):
             c[byte_key] += int(nbytes or 0)
         else:
             call = re.match(r"call (\S+)\(\)$", op)
+            half = re.match(r"call _Z\d+v(load|store)_half(\d*)\w*PU3AS([13])", op)
             if call and call.group(1) in CALL_NAMES:
                 c[CALL_NAMES[call.group(1)]] += n
+            elif half:
+                # Oclgrind runs vload_half / vstore_half[_rte] (F16 storage) as builtins that it
+                # counts as calls, not as loads and stores: counted here, 2 bytes a half,
+                # address space 1 global, 3 local
+                space = "global" if half.group(3) == "1" else "local"
+                ops, byte_key = OCLGRIND_NAMES[f"{half.group(1)} {space}"]
+                c[ops] += n
+                c[byte_key] += n * 2 * int(half.group(2) or 1)
     return launches
 
 
@@ -322,6 +345,11 @@ def run_case(build, args, kernel_dir):
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True)
     return proc.returncode, proc.stdout
+
+
+def child_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def check_params(output):
@@ -376,7 +404,7 @@ def main():
     if opts.list:
         for name, args, launches in cases:
             for kernel, c in launches:
-                print(f"{name:36} {kernel:16} " + " ".join(f"{k}={c[k]}" for k in COUNTERS))
+                print(f"{name:42} {kernel:16} " + " ".join(f"{k}={c[k]}" for k in COUNTERS))
         return 0
     if not opts.build:
         ap.print_usage(sys.stderr)
@@ -389,9 +417,9 @@ def main():
         print(f"model.py: {driver} missing (build the gpu_model_driver target)", file=sys.stderr)
         return 2
     mismatches = []
-    print(f"{'case':36} {'kernel':16} {'counter':18} {'measured':>12} {'formula':>12}")
+    print(f"{'case':42} {'kernel':16} {'counter':18} {'measured':>12} {'formula':>12}")
     for name, args, expected in cases:
-        start = time.time()
+        start, cpu_start = time.time(), child_cpu()
         rc, output = run_case(opts.build, args, opts.kernels)
         if rc != 0:
             print(f"{name}: the driver failed (exit {rc}):\n{output[-2000:]}", file=sys.stderr)
@@ -406,21 +434,22 @@ def main():
         if [k for k, _ in measured] != [k for k, _ in expected]:
             mismatches.append(f"{name}: launches {[k for k, _ in measured]}, "
                               f"the model expects {[k for k, _ in expected]}")
-            print(f"{name:36} LAUNCHES DIFFER: measured {[k for k, _ in measured]}, "
+            print(f"{name:42} LAUNCHES DIFFER: measured {[k for k, _ in measured]}, "
                   f"expected {[k for k, _ in expected]}")
             continue
         for (kernel, got), (_, want) in zip(measured, expected):
             for counter in COUNTERS:
                 flag = "" if got[counter] == want[counter] else "  MISMATCH"
-                print(f"{name:36} {kernel:16} {counter:18} {got[counter]:12d} "
+                print(f"{name:42} {kernel:16} {counter:18} {got[counter]:12d} "
                       f"{want[counter]:12d}{flag}")
                 if flag:
                     mismatches.append(f"{name}: {kernel} {counter}: measured {got[counter]}, "
                                       f"formula {want[counter]}")
             derived = ratios(got)
             if derived:
-                print(f"{name:36} {kernel:16} {derived}")
-        print(f"{name:36} ({time.time() - start:.1f} s under Oclgrind)")
+                print(f"{name:42} {kernel:16} {derived}")
+        print(f"{name:42} ({time.time() - start:.1f} s under Oclgrind, "
+              f"{child_cpu() - cpu_start:.1f} s of CPU)")
     if mismatches:
         print(f"\nGPU work model: {len(mismatches)} MISMATCH(ES):")
         for m in mismatches:
