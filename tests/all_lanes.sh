@@ -33,7 +33,9 @@
 #             additive score tiles, positional encodings, rotary embeddings) and mpi (check_mpi
 #             on 2 ranks, each under Oclgrind: the ring's merge kernel and its offset
 #             sub-plans; about 2 minutes); --full adds the softmax, matmul, plan and runtime
-#             suites
+#             suites. Then, in both tiers, the GPU work model (tests/gpu_model/run.sh: each GPU
+#             kernel's loads, stores, barriers, FMAs and exps under Oclgrind --inst-counts
+#             against closed-form formulas; about 35 s of CPU)
 #   onnx      ONNX's own Attention node tests (93, from the pinned onnx package in a virtual
 #             environment, build/venv-onnx: needs python3-venv and PyPI) through `clattn sdpa`
 #             on both paths, on PoCL and under Oclgrind (tests/onnx/run.sh); the same in both
@@ -128,6 +130,10 @@ lane_oclgrind() {
     else
         ensure_build && tests/oclgrind_lane.sh build attention mha flash posenc rope additive mpi
     fi
+    local status=$?
+    # The GPU work model (tests/gpu_model): every GPU kernel's counts against their formulas.
+    ensure_build && tests/gpu_model/run.sh build || status=1
+    return "$status"
 }
 lane_onnx() { ensure_build && POCL_CACHE_DIR="$cache" tests/onnx/run.sh build; }
 lane_mutants() { ensure_build && tests/mutants/run.sh build; }

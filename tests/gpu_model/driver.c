@@ -1,0 +1,279 @@
+/*
+ * gpu_model_driver: launches the GPU kernels whose work tests/gpu_model/model.py predicts, on
+ * shapes given on the command line, each plan executed once, so that Oclgrind's instruction
+ * counter (oclgrind --inst-counts) prints one block per kernel launch. run.sh runs it under
+ * Oclgrind with CLATTN_PARAMS=gpu and --local-mem-size 49152 and compares the counts with the
+ * formulas. Inputs are uniform in [-1, 1) from a fixed seed; the counts do not depend on the
+ * values (no input here masks a whole key tile of a row by its value).
+ *
+ *   gpu_model_driver matmul M N K
+ *       clattn_matmul, C (M x N) = A (M x K) B (K x N), float32, alpha 1, beta 0: one launch
+ *       of `matmul` (kernels/matmul.cl, the tiled GPU kernel).
+ *   gpu_model_driver sdpa fused|unfused B H KV_HEADS LQ LK D [causal] [kvlen=N] [f16|bf16]
+ *       an SDPA plan, float32 unless said, d_k = d_v = D, packed (B, H, L, D) tensors, default
+ * scale. fused: one launch of `flash_attention` (kernels/flash_gpu.cl); with LQ = 1 and KV_HEADS <
+ * H the plan groups the query heads of a k/v head as rows (the grouped decode). unfused: `matmul`
+ * (scores = q k^T), `softmax_rows`, `matmul` (weights v). causal: top-left causal masking. kvlen=N:
+ * per-batch key counts (I32 kv_seqlen, all N), as a KV cache of capacity LK filled to N. f16, bf16:
+ * q, k, v and out stored in that type (float32 arithmetic in the kernels). Prints the device's
+ * compute units and local memory, the tuning parameters (clattn_ctx_tuning), the plan's kind and a
+ * checksum of the output; exits 1 on any error, 2 on bad usage.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clattn.h"
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: gpu_model_driver matmul M N K\n"
+                    "       gpu_model_driver sdpa fused|unfused B H KV_HEADS LQ LK D [causal] "
+                    "[kvlen=N] [f16|bf16]\n");
+    return 2;
+}
+
+static int parse_size(const char *text, size_t *value)
+{
+    char *end = NULL;
+    const unsigned long long v = strtoull(text, &end, 10);
+    if (end == text || *end != '\0' || v == 0 || v > 1u << 20)
+        return 0;
+    *value = (size_t)v;
+    return 1;
+}
+
+/* float <-> the 16-bit storage types, for values in [-1, 1) (F16: below 2^-14 flushed to 0,
+ * the mantissa truncated; enough for inputs whose values do not matter to the counts). */
+static uint16_t to_16(float value, clattn_dtype dtype)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if (dtype == CLATTN_DTYPE_BF16)
+        return (uint16_t)(bits >> 16);
+    const int exponent = (int)((bits >> 23) & 0xff) - 127 + 15;
+    const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000);
+    return exponent <= 0 ? sign : (uint16_t)(sign | exponent << 10 | ((bits >> 13) & 0x3ff));
+}
+
+static float from_16(uint16_t half, clattn_dtype dtype)
+{
+    uint32_t bits = (uint32_t)half << 16;
+    if (dtype == CLATTN_DTYPE_F16) {
+        const uint32_t exponent = (half >> 10) & 0x1f;
+        bits = (uint32_t)(half & 0x8000) << 16;
+        if (exponent != 0)
+            bits |= (exponent - 15 + 127) << 23 | (uint32_t)(half & 0x3ff) << 13;
+    }
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* A device buffer of n elements of dtype (F32, F16 or BF16), uniform in [-1, 1) (a 32-bit
+ * LCG, fixed seed), or zeros. */
+static cl_mem make_buffer(clattn_ctx *ctx, clattn_dtype dtype, size_t n, uint32_t *seed, int random)
+{
+    const size_t size = clattn_dtype_size(dtype);
+    unsigned char *host = malloc(n * size);
+    if (host == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; ++i) {
+        *seed = *seed * 1664525u + 1013904223u;
+        const float value = random ? (float)(*seed >> 8) / (float)(1u << 23) - 1.0f : 0.0f;
+        if (dtype == CLATTN_DTYPE_F32) {
+            memcpy(host + i * size, &value, size);
+        } else {
+            const uint16_t half = to_16(value, dtype);
+            memcpy(host + i * size, &half, size);
+        }
+    }
+    cl_int err = CL_SUCCESS;
+    cl_mem mem = clCreateBuffer(clattn_ctx_cl_context(ctx),
+                                CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * size, host, &err);
+    free(host);
+    return err == CL_SUCCESS ? mem : NULL;
+}
+
+/* The sum of |x| over the n elements of mem, or NAN when it cannot be read or holds a NaN. */
+static double checksum(clattn_ctx *ctx, clattn_dtype dtype, cl_mem mem, size_t n)
+{
+    const size_t size = clattn_dtype_size(dtype);
+    unsigned char *host = malloc(n * size);
+    double sum = NAN;
+    if (host != NULL && clEnqueueReadBuffer(clattn_ctx_queue(ctx), mem, CL_TRUE, 0, n * size, host,
+                                            0, NULL, NULL) == CL_SUCCESS) {
+        sum = 0.0;
+        for (size_t i = 0; i < n; ++i) {
+            float value;
+            if (dtype == CLATTN_DTYPE_F32) {
+                memcpy(&value, host + i * size, size);
+            } else {
+                uint16_t half;
+                memcpy(&half, host + i * size, size);
+                value = from_16(half, dtype);
+            }
+            sum += fabs((double)value);
+        }
+    }
+    free(host);
+    return sum;
+}
+
+static int run_matmul(clattn_ctx *ctx, size_t m, size_t n, size_t k)
+{
+    uint32_t seed = 1;
+    cl_mem a = make_buffer(ctx, CLATTN_DTYPE_F32, m * k, &seed, 1),
+           b = make_buffer(ctx, CLATTN_DTYPE_F32, k * n, &seed, 1);
+    cl_mem c = make_buffer(ctx, CLATTN_DTYPE_F32, m * n, &seed, 0);
+    int rc = 1;
+    if (a == NULL || b == NULL || c == NULL) {
+        fprintf(stderr, "gpu_model_driver: buffers: out of memory\n");
+        goto done;
+    }
+    const clattn_tensor ta = clattn_tensor_make(a, 0, CLATTN_DTYPE_F32, 2, m, k, 0, 0);
+    const clattn_tensor tb = clattn_tensor_make(b, 0, CLATTN_DTYPE_F32, 2, k, n, 0, 0);
+    const clattn_tensor tc = clattn_tensor_make(c, 0, CLATTN_DTYPE_F32, 2, m, n, 0, 0);
+    const clattn_matmul_desc desc = {sizeof desc, 0, 0, 1.0f, 0.0f};
+    clattn_status status = clattn_matmul(ctx, &desc, &ta, &tb, NULL, &tc, 0, NULL, NULL);
+    if (status == CLATTN_SUCCESS)
+        status = clattn_finish(ctx);
+    if (status != CLATTN_SUCCESS) {
+        fprintf(stderr, "gpu_model_driver: matmul: %s\n", clattn_last_error(ctx));
+        goto done;
+    }
+    printf("matmul M=%zu N=%zu K=%zu: checksum %.6g\n", m, n, k,
+           checksum(ctx, CLATTN_DTYPE_F32, c, m * n));
+    rc = 0;
+done:
+    if (a)
+        clReleaseMemObject(a);
+    if (b)
+        clReleaseMemObject(b);
+    if (c)
+        clReleaseMemObject(c);
+    return rc;
+}
+
+typedef struct sdpa_shape {
+    int fused, causal;
+    clattn_dtype dtype;                                       /* of q, k, v and out */
+    size_t batch, heads, kv_heads, seq_q, seq_k, dim, kv_len; /* kv_len 0: no kv_seqlen */
+} sdpa_shape;
+
+static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
+{
+    uint32_t seed = 2;
+    const size_t q_n = s->batch * s->heads * s->seq_q * s->dim;
+    const size_t kv_n = s->batch * s->kv_heads * s->seq_k * s->dim;
+    const clattn_dtype dt = s->dtype;
+    cl_mem q = make_buffer(ctx, dt, q_n, &seed, 1), k = make_buffer(ctx, dt, kv_n, &seed, 1);
+    cl_mem v = make_buffer(ctx, dt, kv_n, &seed, 1), out = make_buffer(ctx, dt, q_n, &seed, 0);
+    cl_mem lens = NULL;
+    clattn_plan *plan = NULL;
+    int rc = 1;
+    if (q == NULL || k == NULL || v == NULL || out == NULL) {
+        fprintf(stderr, "gpu_model_driver: buffers: out of memory\n");
+        goto done;
+    }
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    clattn_tensors *t = &desc.tensors;
+    t->q = clattn_tensor_make(q, 0, dt, 4, s->batch, s->heads, s->seq_q, s->dim);
+    t->k = clattn_tensor_make(k, 0, dt, 4, s->batch, s->kv_heads, s->seq_k, s->dim);
+    t->v = clattn_tensor_make(v, 0, dt, 4, s->batch, s->kv_heads, s->seq_k, s->dim);
+    t->out = clattn_tensor_make(out, 0, dt, 4, s->batch, s->heads, s->seq_q, s->dim);
+    if (s->kv_len) {
+        cl_int host[64];
+        cl_int err = CL_SUCCESS;
+        if (s->batch > 64 || s->kv_len > s->seq_k) {
+            fprintf(stderr, "gpu_model_driver: kvlen=%zu: at most LK, batch at most 64\n",
+                    s->kv_len);
+            goto done;
+        }
+        for (size_t b = 0; b < s->batch; ++b)
+            host[b] = (cl_int)s->kv_len;
+        lens = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                              s->batch * sizeof host[0], host, &err);
+        if (err != CL_SUCCESS)
+            goto done;
+        t->kv_seqlen = clattn_tensor_make(lens, 0, CLATTN_DTYPE_I32, 1, s->batch, 0, 0, 0);
+    }
+    desc.causal = s->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    desc.path = s->fused ? CLATTN_PATH_FUSED : CLATTN_PATH_UNFUSED;
+    clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    if (status == CLATTN_SUCCESS)
+        status = clattn_plan_execute(plan, t, NULL, NULL, 0, NULL, NULL);
+    if (status == CLATTN_SUCCESS)
+        status = clattn_finish(ctx);
+    if (status != CLATTN_SUCCESS) {
+        fprintf(stderr, "gpu_model_driver: sdpa: %s\n", clattn_last_error(ctx));
+        goto done;
+    }
+    const double sum = checksum(ctx, dt, out, q_n);
+    printf("sdpa %s B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu d=%zu causal=%d kvlen=%zu: "
+           "checksum %.6g\n",
+           clattn_plan_is_fused(plan) ? "fused" : "unfused", s->batch, s->heads, s->kv_heads,
+           s->seq_q, s->seq_k, s->dim, s->causal, s->kv_len, sum);
+    rc = isfinite(sum) ? 0 : 1;
+done:
+    clattn_plan_release(plan);
+    cl_mem mems[] = {q, k, v, out, lens};
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; ++i)
+        if (mems[i])
+            clReleaseMemObject(mems[i]);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return usage();
+    sdpa_shape shape = {0};
+    size_t m = 0, n = 0, k = 0;
+    if (strcmp(argv[1], "matmul") == 0) {
+        if (argc != 5 || !parse_size(argv[2], &m) || !parse_size(argv[3], &n) ||
+            !parse_size(argv[4], &k))
+            return usage();
+    } else if (strcmp(argv[1], "sdpa") == 0) {
+        if (argc < 9 || (strcmp(argv[2], "fused") != 0 && strcmp(argv[2], "unfused") != 0) ||
+            !parse_size(argv[3], &shape.batch) || !parse_size(argv[4], &shape.heads) ||
+            !parse_size(argv[5], &shape.kv_heads) || !parse_size(argv[6], &shape.seq_q) ||
+            !parse_size(argv[7], &shape.seq_k) || !parse_size(argv[8], &shape.dim))
+            return usage();
+        shape.fused = strcmp(argv[2], "fused") == 0;
+        for (int i = 9; i < argc; ++i) {
+            if (strcmp(argv[i], "causal") == 0)
+                shape.causal = 1;
+            else if (strcmp(argv[i], "f16") == 0)
+                shape.dtype = CLATTN_DTYPE_F16;
+            else if (strcmp(argv[i], "bf16") == 0)
+                shape.dtype = CLATTN_DTYPE_BF16;
+            else if (strncmp(argv[i], "kvlen=", 6) != 0 || !parse_size(argv[i] + 6, &shape.kv_len))
+                return usage();
+        }
+    } else {
+        return usage();
+    }
+    char message[256];
+    clattn_ctx *ctx = NULL;
+    if (clattn_ctx_create(NULL, &ctx, message, sizeof message) != CLATTN_SUCCESS) {
+        fprintf(stderr, "gpu_model_driver: no device: %s\n", message);
+        return 1;
+    }
+    /* What the model's tiles depend on: the tuning parameters and the device's limits. */
+    cl_uint units = 0;
+    cl_ulong local_mem = 0;
+    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units, &units,
+                    NULL);
+    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_LOCAL_MEM_SIZE, sizeof local_mem, &local_mem,
+                    NULL);
+    const char *parameters = strstr(clattn_ctx_tuning(ctx), "parameters:");
+    printf("device: compute_units=%u local_mem_size=%llu\n%s\n", units,
+           (unsigned long long)local_mem, parameters ? parameters : "parameters: unknown");
+    const int rc = argv[1][0] == 'm' ? run_matmul(ctx, m, n, k) : run_sdpa(ctx, &shape);
+    clattn_ctx_release(ctx);
+    return rc;
+}

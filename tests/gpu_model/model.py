@@ -1,0 +1,466 @@
+#!/usr/bin/env python3
+"""The GPU work model: closed-form counts of the work each GPU kernel does, checked against
+Oclgrind's instruction counter (oclgrind --inst-counts) on the shapes of CASES.
+
+No GPU is lent to this project, so the GPU kernels' efficiency is held to formulas instead:
+global and local loads and stores, barriers, FMAs and exps per launch, as functions of the
+shape and of the tile parameters the host picks (GPU class: CLATTN_PARAMS=gpu, the tuning
+table's gpu row, Oclgrind's local memory pinned to 48 KiB). The formulas are derived from the
+kernel code (see each function below and tests/gpu_model/README.md); today they match the
+measured counts exactly. A kernel change that moves any count fails this check until the
+formula is updated with it, so every change of traffic is a reviewed decision.
+
+Usage: model.py BUILD_DIR [--kernels DIR] [--case NAME...] [--list]
+  Runs BUILD_DIR/gpu_model_driver under Oclgrind per case, prints one table row per
+  (launch, counter): measured, formula, and the derived ratios; exits 1 on any mismatch
+  (2: bad usage, no oclgrind, a driver that failed). --kernels DIR loads the .cl files from DIR
+  (CLATTN_KERNEL_DIR; run.sh's canary plants a change there).
+
+Units: loads and stores are counted in operations (Oclgrind's "load global" etc.; one float, int
+or uchar each: every kernel here moves scalars) and in bytes (Oclgrind's "(N bytes)"); barriers
+in work-item calls of barrier(); fma in calls of fma() or mad(); exp in calls of exp().
+Python 3 standard library only.
+"""
+import argparse
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+
+# --- the parameters the model assumes (host/tuning/table.h's gpu row; Oclgrind's device) ----
+# Checked against what the driver prints (clattn_ctx_tuning's parameters line): a change of the
+# tuning row is a change of traffic too, and fails here until the model is updated.
+PARAMS = {
+    "tile_m": 64, "tile_n": 64, "tile_k": 16, "wpt_m": 4, "wpt_n": 4,  # matmul.cl
+    "softmax_wg": 256, "softmax_rows": 0,                             # softmax.cl, GPU variant
+    "flash_gpu": 1, "fg_bq": 64, "fg_bk": 32, "fg_tx": 16, "fg_ty": 8,  # flash_gpu.cl
+    "loop_trip_limit": 0, "decode_keys": 256, "heads_wg": 256,        # key parts, decode splits
+}
+LOCAL_MEM = 49152   # oclgrind --local-mem-size (its default, 32 KiB, makes the host pick others)
+COMPUTE_UNITS = 1   # Oclgrind's CL_DEVICE_MAX_COMPUTE_UNITS (decode splits depend on it)
+
+COUNTERS = ("global_loads", "global_load_bytes", "global_stores", "global_store_bytes",
+            "local_loads", "local_load_bytes", "local_stores", "local_store_bytes",
+            "barriers", "fma", "exp")
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def counts(**kw):
+    c = dict.fromkeys(COUNTERS, 0)
+    c.update(kw)
+    return c
+
+
+def add(a, b):
+    return {k: a[k] + b[k] for k in COUNTERS}
+
+
+# --- matmul (kernels/matmul.cl, `matmul`: local-memory tiles, register blocks) ---------------
+def matmul(m, n, k, batch=1, p=PARAMS):
+    """C (m x n) = A (m x k) B (k x n), float32, beta 0, no bias, `batch` products.
+
+    Work-groups: ceil(m/TM) x ceil(n/TN) per product, of (TN/WN) x (TM/WM) work-items; each
+    walks ceil(k/TK) K tiles. Per tile a group stages TM*TK elements of A and TN*TK of B (every
+    element stored, zeros past the edges: local stores), then each work-item reads WM + WN
+    local words per kk and does WM*WN mads (so (WM+WN)/(WM*WN) = 0.5 local loads per FMA with
+    4 x 4 blocks); two barriers per tile. Global loads only where in range: each A element is
+    read once per column of groups and each B element once per row of groups (tiling's IO
+    count); each C element stored once (beta 0: C is not read)."""
+    tm, tn, tk, wm, wn = (p[x] for x in ("tile_m", "tile_n", "tile_k", "wpt_m", "wpt_n"))
+    items = (tm // wm) * (tn // wn)
+    gm, gn, kt = cdiv(m, tm), cdiv(n, tn), cdiv(k, tk)
+    groups = batch * gm * gn
+    loads = batch * (gn * m * k + gm * k * n)
+    local_loads = groups * items * kt * tk * (wm + wn)
+    local_stores = groups * kt * tk * (tm + tn)
+    return counts(global_loads=loads, global_load_bytes=4 * loads,
+                  global_stores=batch * m * n, global_store_bytes=4 * batch * m * n,
+                  local_loads=local_loads, local_load_bytes=4 * local_loads,
+                  local_stores=local_stores, local_store_bytes=4 * local_stores,
+                  barriers=groups * items * kt * 2, fma=groups * tm * tn * kt * tk)
+
+
+# --- key bands (kernels/score.cl): no window here, causal top-left or none --------------------
+def band_end(row, limit, causal):
+    return min(row + 1, limit) if causal else limit
+
+
+# --- softmax_rows (kernels/softmax.cl, SOFTMAX_VEC 0: a work-group of W items per row) -------
+def softmax_rows(rows, seq_q, seq_k, limit, causal, has_kv_len, p=PARAMS):
+    """`rows` rows (b, h, i) of seq_k raw scores; row i keeps keys below band_end(i).
+
+    Three passes over the row: max (reads raw at kept keys), exp (reads raw again at kept keys,
+    stores every numerator into out: exp(-inf) = 0 for the others), scale (reads and stores out
+    at every key): global loads 2 * kept + seq_k, stores 2 * seq_k, one exp per element. Each
+    work-item reads its batch's key count once (make_band) when there is one. Two tree
+    reductions of W = softmax_wg floats in local memory: each stores W + (W - 1) words, loads
+    2 (W - 1) + W (every item reads the result), and meets 2 + log2 W barriers."""
+    w = p["softmax_wg"]
+    steps = w.bit_length() - 1
+    assert 1 << steps == w
+    per_batch = rows // seq_q
+    kept = per_batch * sum(band_end(i, limit, causal) for i in range(seq_q))
+    loads = 2 * kept + rows * seq_k
+    kv = rows * w if has_kv_len else 0
+    local_loads = rows * 2 * (w + 2 * (w - 1))
+    local_stores = rows * 2 * (2 * w - 1)
+    return counts(global_loads=loads + kv, global_load_bytes=4 * (loads + kv),
+                  global_stores=2 * rows * seq_k, global_store_bytes=8 * rows * seq_k,
+                  local_loads=local_loads, local_load_bytes=4 * local_loads,
+                  local_stores=local_stores, local_store_bytes=4 * local_stores,
+                  barriers=rows * w * 2 * (2 + steps), exp=rows * seq_k)
+
+
+# --- flash_attention (kernels/flash_gpu.cl; tiles from host/ops/flash_gpu.c) ----------------
+def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM):
+    """The tiles host/ops/flash_gpu.c picks: FG_BQ halved while the rows still cover seq_q,
+    then FG_BK (else FG_BQ) halved until the local arrays fit the local memory less 1 KiB."""
+    tx, ty, bq, bk = p["fg_tx"], p["fg_ty"], p["fg_bq"], p["fg_bk"]
+    while bq // 2 >= ty and (bq // 2) % ty == 0 and bq // 2 >= seq_q:
+        bq //= 2
+
+    def local_bytes(bq, bk):
+        return (bq * (dk + 1) + bk * (max(dk, dv) + 1) + bq * (bk + 1) + 3 * bq) * 4 + bk
+
+    budget = local_mem - 1024 if local_mem > 1024 else local_mem
+    while local_bytes(bq, bk) > budget:
+        if bk // 2 >= tx and (bk // 2) % tx == 0:
+            bk //= 2
+        elif bq // 2 >= ty and (bq // 2) % ty == 0:
+            bq //= 2
+        else:
+            raise ValueError("flash_gpu does not fit: the host would run flash.cl")
+    return bq, bk
+
+
+def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, limit, causal,
+                has_kv_len, has_lse, elem=4, p=PARAMS):
+    """One work-group: query rows first_row .. first_row + bq - 1 (those past seq_q are padding,
+    computed from zero queries on row 0's band, never stored), keys key_begin .. key_stop - 1.
+
+    Global (FlashAttention's IO count for a bq-row block): Q's valid rows once (dk each); K and
+    V once per block over the key tiles the block needs (keys below the batch's limit: past it
+    the tile holds zeros); O's valid rows once; lse per valid row when written; the key count
+    once per work-item (make_band). Per key tile of bk keys, 6 barriers (staging K, scores,
+    two after the row pass, staging V, end), and 2 outside. Local stores per tile: the K tile
+    (bk*dk), the tile's padding flags (bk bytes), the scores (bq*bk), the weights over them
+    (bq*bk), the row state m, l, c (3 bq), the V tile (bk*dv); outside: the scaled q block, the
+    initial m and l, the final 1/l. Local loads per tile: per work-item dk*(RM+RN) for S = Q K^T
+    (RM = bq/TY rows, RN = bk/TX keys), RM*RN padding flags (bytes), RM rescale factors and
+    bk*RM weights for O += P V; the V words, bk*dv per row of work-items (TY); the row pass
+    2 + bk (its max) + bk (its weights, unless every key of the tile is masked for the row).
+    FMAs per work-item and tile: dk*RM*RN (S) + bk*RM*RD (P V, RD = ceil(dv/TX) dims each,
+    padded dims included). exp: per row and tile that keeps a key, bk weights and one rescale."""
+    tx, ty = p["fg_tx"], p["fg_ty"]
+    items, rm, rn, rd = tx * ty, bq // ty, bk // tx, cdiv(dv, tx)
+    valid = max(0, min(seq_q, first_row + bq) - first_row)
+    last_row = min(seq_q, first_row + bq) - 1
+    key_end = min(key_stop, band_end(last_row, limit, causal))
+    tiles = list(range(key_begin, key_end, bk))
+    keys_read = sum(max(0, min(bk, limit - k0)) for k0 in tiles)
+
+    def row_keeps(r, k0):  # whether row r keeps a key of the tile at k0 (padding: row 0's band)
+        row = first_row + r
+        end = band_end(row if row < seq_q else 0, limit, causal)
+        return k0 < end
+
+    kept_row_tiles = sum(row_keeps(r, k0) for r in range(bq) for k0 in tiles)
+    t = len(tiles)
+    kv_counts = items if has_kv_len else 0
+    g_loads = valid * dk + keys_read * (dk + dv) + kv_counts
+    g_stores = valid * dv + (valid if has_lse else 0)
+    g_load_bytes = elem * (g_loads - kv_counts) + 4 * kv_counts     # q, k, v: elem bytes
+    g_store_bytes = elem * valid * dv + (4 * valid if has_lse else 0)
+    l_loads_words = (items * rm                                           # acc init: row l
+                     + t * items * (dk * (rm + rn) + rm + bk * rm)        # S, rescale, P
+                     + t * ty * bk * dv                                   # V words
+                     + t * bq * (2 + bk) + kept_row_tiles * bk            # the row pass
+                     + bq + tx * valid + (valid if has_lse else 0))       # normalise, lse
+    # padding flags: one per (row, key) of the item's block; with one key per item (RN = 1)
+    # the flag does not depend on the row and LLVM hoists its load out of the rows loop
+    l_loads_bytes = t * items * (rn if rn == 1 else rm * rn)
+    l_stores_words = bq * dk + 2 * bq + t * (bk * dk + 2 * bq * bk + 3 * bq + bk * dv) + bq
+    l_stores_bytes = t * bk
+    return counts(global_loads=g_loads, global_load_bytes=g_load_bytes,
+                  global_stores=g_stores, global_store_bytes=g_store_bytes,
+                  local_loads=l_loads_words + l_loads_bytes,
+                  local_load_bytes=4 * l_loads_words + l_loads_bytes,
+                  local_stores=l_stores_words + l_stores_bytes,
+                  local_store_bytes=4 * l_stores_words + l_stores_bytes,
+                  barriers=items * (6 * t + 2),
+                  fma=t * items * (dk * rm * rn + bk * rm * rd),
+                  exp=kept_row_tiles * (bk + 1))
+
+
+def decode_splits(groups, seq_k, bk, p=PARAMS):
+    """host/ops/flash.c choose_splits: (count, keys per split), or (1, 0)."""
+    target = 2 * COMPUTE_UNITS
+    min_keys = p["decode_keys"]
+    if min_keys == 0 or groups >= target or seq_k < 2 * min_keys:
+        return 1, 0
+    want = min(cdiv(target, groups), seq_k // min_keys, 64)
+    keys = cdiv(cdiv(seq_k, want), bk) * bk
+    count = cdiv(seq_k, keys)
+    return (count, keys) if count >= 2 else (1, 0)
+
+
+def flash_merge(rows, dv, splits):
+    """kernels/heads.cl flash_merge, one work-item per (row, d): each reads the splits' lse
+    twice (max, weights) and their partial outputs once, one exp and one multiply-add (sum +=
+    w * o, contracted to an FMA) per split, one store."""
+    loads = rows * dv * 3 * splits
+    return counts(global_loads=loads, global_load_bytes=4 * loads, global_stores=rows * dv,
+                  global_store_bytes=4 * rows * dv, fma=rows * dv * splits,
+                  exp=rows * dv * splits)
+
+
+def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False, kv_len=0,
+                  elem=4):
+    """The launches of an SDPA plan (packed, d_k = d_v = dim, q, k, v and out of `elem` bytes:
+    float32, or F16 / BF16 on the fused path), as (kernel, counts)."""
+    limit = kv_len if kv_len else seq_k
+    has_kv_len = kv_len > 0
+    if path == "unfused":
+        bh = batch * heads
+        return [("matmul", matmul(seq_q, seq_k, dim, bh)),
+                ("softmax_rows", softmax_rows(bh * seq_q, seq_q, seq_k, limit, causal,
+                                              has_kv_len)),
+                ("matmul", matmul(seq_q, dim, seq_k, bh))]
+    # The grouped decode (host/attn/sdpa.c): one query row per head, no causal band and no
+    # window: the query heads of a k/v head become the rows of one block.
+    if seq_q == 1 and heads > kv_heads and not causal:
+        heads, seq_q = kv_heads, heads // kv_heads
+    bq, bk = flash_gpu_tiles(dim, dim, seq_q)
+    blocks = cdiv(seq_q, bq)
+    splits, split_keys = decode_splits(blocks * batch * heads, seq_k, bk)
+    total = counts()
+    for split in range(splits):
+        begin = split * split_keys if splits > 1 else 0
+        stop = min(seq_k, begin + split_keys) if splits > 1 else seq_k
+        for block in range(blocks):
+            group = flash_group(bq, bk, dim, dim, seq_q, seq_k, block * bq, begin, stop, limit,
+                                causal, has_kv_len, splits > 1, elem)
+            total = add(total, {k: v * batch * heads for k, v in group.items()})
+    launches = [("flash_attention", total)]
+    if splits > 1:
+        launches.append(("flash_merge", flash_merge(batch * heads * seq_q, dim, splits)))
+    return launches
+
+
+# --- the cases: (name, driver arguments, expected launches) ---------------------------------
+def sdpa_case(name, path, b, h, hkv, lq, lk, d, causal=False, kv_len=0, dtype="f32"):
+    args = ["sdpa", path] + [str(x) for x in (b, h, hkv, lq, lk, d)]
+    args += (["causal"] if causal else []) + ([f"kvlen={kv_len}"] if kv_len else [])
+    args += [] if dtype == "f32" else [dtype]
+    elem = 4 if dtype == "f32" else 2
+    return name, args, sdpa_launches(path, b, h, hkv, lq, lk, d, causal, kv_len, elem)
+
+
+CASES = [
+    ("matmul 70x50x40", ["matmul", "70", "50", "40"], [("matmul", matmul(70, 50, 40))]),
+    ("matmul 128x64x32", ["matmul", "128", "64", "32"], [("matmul", matmul(128, 64, 32))]),
+    # unfused: matmul (q k^T, GQA: b_group 2), softmax_rows, matmul; then causal with a KV
+    # cache's key counts (softmax reads raw only inside the band)
+    sdpa_case("unfused H2/1 12x40 d40", "unfused", 1, 2, 1, 12, 40, 40),
+    sdpa_case("unfused causal kvlen 30/45 d16", "unfused", 1, 1, 1, 20, 45, 16, True, 30),
+    # fused prefill: two 64-row blocks (the second 6 rows), a partial key tile; causal at
+    # d = 24 (RD = 2: dims 24 .. 31 idle), tiles skipped past each block's diagonal and rows
+    # that keep no key of a tile; d = 128 (BK shrinks to 16 to fit 48 KiB, RN = 1)
+    sdpa_case("fused 70x50 d64", "fused", 1, 1, 1, 70, 50, 64),
+    sdpa_case("fused causal 66x66 d24", "fused", 1, 1, 1, 66, 66, 24, True),
+    sdpa_case("fused 40x20 d128", "fused", 1, 1, 1, 40, 20, 128),
+    # 16-bit storage: q, k, v, out of 2 bytes (F16 through vload_half / vstore_half_rte, BF16
+    # through 16-bit loads and shifts); the counts in operations do not change
+    sdpa_case("fused f16 33x20 d64", "fused", 1, 1, 1, 33, 20, 64, dtype="f16"),
+    # decode (an 8-row block, one row used) over a KV cache of 100 filled to 77; grouped (8
+    # query heads on 2 k/v heads: 4 rows of the block) over a cache of 80 filled to 37, and
+    # 4 on 1 in bfloat16; one head over 520 keys: two decode splits (288 and 232 keys) and
+    # flash_merge
+    sdpa_case("decode kvlen 77/100 d64", "fused", 1, 1, 1, 1, 100, 64, False, 77),
+    sdpa_case("decode grouped H8/2 kvlen 37/80 d64", "fused", 2, 8, 2, 1, 80, 64, False, 37),
+    sdpa_case("decode grouped bf16 H4/1 kvlen 50/64 d64", "fused", 1, 4, 1, 1, 64, 64, False, 50,
+              dtype="bf16"),
+    sdpa_case("decode split 1x520 d32", "fused", 1, 1, 1, 1, 520, 32),
+]
+
+
+# --- measuring -------------------------------------------------------------------------------
+OCLGRIND_NAMES = {
+    "load global": ("global_loads", "global_load_bytes"),
+    "store global": ("global_stores", "global_store_bytes"),
+    "load local": ("local_loads", "local_load_bytes"),
+    "store local": ("local_stores", "local_store_bytes"),
+}
+CALL_NAMES = {"_Z7barrierj": "barriers", "_Z3fmafff": "fma", "_Z3madfff": "fma",
+              "llvm.fmuladd.f32": "fma", "llvm.fma.f32": "fma", "_Z3expf": "exp"}
+
+
+def parse_inst_counts(text):
+    """Oclgrind's blocks 'Instructions executed for kernel 'NAME':' then 'N - op [(B bytes)]'
+    lines, in launch order, as [(name, counts)]."""
+    launches = []
+    for line in text.splitlines():
+        head = re.match(r"Instructions executed for kernel '(\w+)':", line)
+        if head:
+            launches.append((head.group(1), counts()))
+            continue
+        row = re.match(r"\s*(\d+) - (.+?)(?: \((\d+) bytes\))?$", line)
+        if not row or not launches:
+            continue
+        n, op, nbytes = int(row.group(1)), row.group(2), row.group(3)
+        c = launches[-1][1]
+        if op in OCLGRIND_NAMES:
+            ops, byte_key = OCLGRIND_NAMES[op]
+            c[ops] += n
+            c[byte_key] += int(nbytes or 0)
+        else:
+            call = re.match(r"call (\S+)\(\)$", op)
+            half = re.match(r"call _Z\d+v(load|store)_half(\d*)\w*PU3AS([13])", op)
+            if call and call.group(1) in CALL_NAMES:
+                c[CALL_NAMES[call.group(1)]] += n
+            elif half:
+                # Oclgrind runs vload_half / vstore_half[_rte] (F16 storage) as builtins that it
+                # counts as calls, not as loads and stores: counted here, 2 bytes a half,
+                # address space 1 global, 3 local
+                space = "global" if half.group(3) == "1" else "local"
+                ops, byte_key = OCLGRIND_NAMES[f"{half.group(1)} {space}"]
+                c[ops] += n
+                c[byte_key] += n * 2 * int(half.group(2) or 1)
+    return launches
+
+
+def run_case(build, args, kernel_dir):
+    env = dict(os.environ, CLATTN_PARAMS="gpu", CLATTN_TUNING="/dev/null")
+    env.pop("CLATTN_DEVICE", None)
+    if kernel_dir:
+        env["CLATTN_KERNEL_DIR"] = kernel_dir
+    cmd = ["oclgrind", "--inst-counts", "--local-mem-size", str(LOCAL_MEM),
+           os.path.join(build, "gpu_model_driver")] + args
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True)
+    return proc.returncode, proc.stdout
+
+
+def child_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def check_params(output):
+    """Mismatches between PARAMS / the device and what the driver printed."""
+    found = dict(re.findall(r"(\w+)=(\d+)", " ".join(
+        l for l in output.splitlines() if l.startswith(("parameters:", "device:")))))
+    wrong = [f"{k}={found.get(k)} (the model assumes {v})" for k, v in PARAMS.items()
+             if found.get(k) != str(v)]
+    for key, value in (("compute_units", COMPUTE_UNITS), ("local_mem_size", LOCAL_MEM)):
+        if found.get(key) != str(value):
+            wrong.append(f"{key}={found.get(key)} (the model assumes {value})")
+    return wrong
+
+
+def ratios(c):
+    flops = 2 * c["fma"]
+    parts = []
+    if c["fma"]:
+        parts.append(f"local loads/FMA {c['local_loads'] / c['fma']:.3f}")
+        parts.append(f"FLOP/global byte "
+                     f"{flops / (c['global_load_bytes'] + c['global_store_bytes']):.2f}")
+    return ", ".join(parts)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("build", nargs="?", help="build folder with gpu_model_driver")
+    ap.add_argument("--kernels", help="CLATTN_KERNEL_DIR for the driver (the canary)")
+    ap.add_argument("--case", action="append", help="run only the cases named (repeatable)")
+    ap.add_argument("--list", action="store_true", help="print the formulas' table, run nothing")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print the formulas' table for BENCHMARKS.md, run nothing")
+    opts = ap.parse_args()
+    cases = [c for c in CASES if not opts.case or c[0] in opts.case]
+    if opts.case and len(cases) != len(opts.case):
+        print(f"model.py: unknown case in {opts.case}; cases: {[c[0] for c in CASES]}",
+              file=sys.stderr)
+        return 2
+    if opts.markdown:
+        print("| case | kernel | global loads (B) | global stores (B) | local loads | "
+              "local stores | barriers | FMAs | exps | local loads / FMA | FLOP / global B |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for name, args, launches in cases:
+            for kernel, c in launches:
+                gbytes = c["global_load_bytes"] + c["global_store_bytes"]
+                per_fma = f"{c['local_loads'] / c['fma']:.3f}" if c["fma"] else "-"
+                print(f"| {name} | `{kernel}` | {c['global_load_bytes']} | "
+                      f"{c['global_store_bytes']} | {c['local_loads']} | {c['local_stores']} | "
+                      f"{c['barriers']} | {c['fma']} | {c['exp']} | {per_fma} | "
+                      f"{2 * c['fma'] / gbytes:.2f} |")
+        return 0
+    if opts.list:
+        for name, args, launches in cases:
+            for kernel, c in launches:
+                print(f"{name:42} {kernel:16} " + " ".join(f"{k}={c[k]}" for k in COUNTERS))
+        return 0
+    if not opts.build:
+        ap.print_usage(sys.stderr)
+        return 2
+    if shutil.which("oclgrind") is None:
+        print("model.py: oclgrind not found (apt-get install oclgrind)", file=sys.stderr)
+        return 2
+    driver = os.path.join(opts.build, "gpu_model_driver")
+    if not os.access(driver, os.X_OK):
+        print(f"model.py: {driver} missing (build the gpu_model_driver target)", file=sys.stderr)
+        return 2
+    mismatches = []
+    print(f"{'case':42} {'kernel':16} {'counter':18} {'measured':>12} {'formula':>12}")
+    for name, args, expected in cases:
+        start, cpu_start = time.time(), child_cpu()
+        rc, output = run_case(opts.build, args, opts.kernels)
+        if rc != 0:
+            print(f"{name}: the driver failed (exit {rc}):\n{output[-2000:]}", file=sys.stderr)
+            return 2
+        wrong = check_params(output)
+        if wrong:
+            print(f"{name}: the parameters differ from the model's: {'; '.join(wrong)}. "
+                  "Update PARAMS and the formulas in tests/gpu_model/model.py with the change, "
+                  "on purpose.", file=sys.stderr)
+            return 1
+        measured = parse_inst_counts(output)
+        if [k for k, _ in measured] != [k for k, _ in expected]:
+            mismatches.append(f"{name}: launches {[k for k, _ in measured]}, "
+                              f"the model expects {[k for k, _ in expected]}")
+            print(f"{name:42} LAUNCHES DIFFER: measured {[k for k, _ in measured]}, "
+                  f"expected {[k for k, _ in expected]}")
+            continue
+        for (kernel, got), (_, want) in zip(measured, expected):
+            for counter in COUNTERS:
+                flag = "" if got[counter] == want[counter] else "  MISMATCH"
+                print(f"{name:42} {kernel:16} {counter:18} {got[counter]:12d} "
+                      f"{want[counter]:12d}{flag}")
+                if flag:
+                    mismatches.append(f"{name}: {kernel} {counter}: measured {got[counter]}, "
+                                      f"formula {want[counter]}")
+            derived = ratios(got)
+            if derived:
+                print(f"{name:42} {kernel:16} {derived}")
+        print(f"{name:42} ({time.time() - start:.1f} s under Oclgrind, "
+              f"{child_cpu() - cpu_start:.1f} s of CPU)")
+    if mismatches:
+        print(f"\nGPU work model: {len(mismatches)} MISMATCH(ES):")
+        for m in mismatches:
+            print(f"  {m}")
+        print("A kernel's traffic changed (or the host's tiles). If that is intended, update the "
+              "formula in tests/gpu_model/model.py (and BENCHMARKS.md's table) with the change, "
+              "on purpose; if not, the change is a regression.")
+        return 1
+    print(f"\nGPU work model: {len(cases)} cases, every count matches its formula")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

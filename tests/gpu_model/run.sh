@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# tests/gpu_model/run.sh BUILD_DIR [model.py options]
+#
+# The GPU work model's check (tests/gpu_model/README.md): runs BUILD_DIR/gpu_model_driver under
+# `oclgrind --inst-counts --local-mem-size 49152` with CLATTN_PARAMS=gpu on each shape of
+# tests/gpu_model/model.py, and compares the counts (global and local loads and stores,
+# barriers, FMAs, exps per kernel launch) with the closed-form formulas there. Prints the table
+# and exits 1 on any mismatch, naming the counter and both numbers: a kernel whose traffic
+# changed fails until its formula is updated with the change, on purpose.
+#
+# Before that, a canary checks the checker: a scratch copy of the kernels (CLATTN_KERNEL_DIR)
+# with one extra local load per weight in flash_gpu.cl's O += P V loop (a volatile load whose
+# value is discarded: the numbers do not change, the traffic does) must be failed on
+# local_loads.
+# GPU_MODEL_CANARY=0 skips it.
+# Exit status: 0 when everything matched and the canary was caught; 1 otherwise; 2 bad usage,
+# no oclgrind or python3, a driver that failed.
+set -u
+[ $# -ge 1 ] || { echo "usage: $0 BUILD_DIR [model.py options]" >&2; exit 2; }
+build_dir=$(cd "$1" 2>/dev/null && pwd) || { echo "$0: no build folder '$1'" >&2; exit 2; }
+shift
+here=$(cd "$(dirname "$0")" && pwd)
+for tool in oclgrind python3; do
+    command -v "$tool" >/dev/null || { echo "$0: $tool not found" >&2; exit 2; }
+done
+start=$(date +%s)
+failed=0
+
+if [ "${GPU_MODEL_CANARY:-1}" != 0 ]; then
+    scratch=$(mktemp -d "${TMPDIR:-/tmp}/gpu_model.XXXXXX") || exit 2
+    cp -r "$here/../../kernels" "$scratch/kernels"
+    # After the weight's load in the O += P V loop, a volatile load of the same word whose
+    # value is discarded: the compiler must keep it, and no number changes.
+    weight='const float p = p_tile\[(ty + i \* FG_TY) \* P_PAD + j\];'
+    extra='(void)((volatile __local float *)p_tile)[(ty + i * FG_TY) * P_PAD + j];'
+    sed -i "/^ *$weight\$/a\\                $extra \/* canary *\/" "$scratch/kernels/flash_gpu.cl"
+    if ! grep -q 'canary' "$scratch/kernels/flash_gpu.cl"; then
+        echo "gpu_model canary: FAILED: cannot plant the extra load (flash_gpu.cl changed?):" \
+             "update tests/gpu_model/run.sh"
+        failed=1
+    else
+        python3 "$here/model.py" "$build_dir" --kernels "$scratch/kernels" \
+            --case "decode grouped H8/2 kvlen 37/80 d64" >"$scratch/canary.out" 2>&1
+        status=$?
+        if [ "$status" -eq 1 ] && grep -q 'flash_attention local_loads: measured' \
+            "$scratch/canary.out"; then
+            echo "gpu_model canary: ok: an extra local load in flash_gpu.cl is failed" \
+                 "($(grep -m1 'flash_attention local_loads: measured' "$scratch/canary.out" |
+                     sed 's/^ *//'))"
+        else
+            echo "gpu_model canary: FAILED: model.py exit $status on a planted extra local" \
+                 "load; expected exit 1 and a local_loads mismatch"
+            tail -n 20 "$scratch/canary.out"
+            failed=1
+        fi
+    fi
+    rm -rf "$scratch"
+fi
+
+python3 "$here/model.py" "$build_dir" "$@"
+status=$?
+[ "$status" -eq 0 ] || failed=$status
+echo "gpu_model: $(($(date +%s) - start)) s in all"
+exit "$failed"
