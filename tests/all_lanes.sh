@@ -71,7 +71,7 @@ mkdir -p "$cache"
 lane_pocl() {
     cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" -DCLATTN_MPI=ON &&
         cmake --build build -j"$jobs" &&
-        (cd build && ctest --output-on-failure)
+        (cd build && ctest --output-on-failure -j"$jobs")
 }
 # The asan lane loads PoCL's ICD only (OCL_ICD_VENDORS: a folder with pocl.icd). Clover
 # (mesa.icd), on AMD CPUs: its gallium pipe driver (pipe_swrast.so, dlclose'd at exit) leaves 128
@@ -97,7 +97,7 @@ lane_asan() {
         -DCLATTN_TEST_POCL_CACHE="$cache" &&
         cmake --build build-asan -j"$jobs" &&
         (cd build-asan && OCL_ICD_VENDORS="$vendors" CLATTN_TEST_SCALE=$scale \
-            ctest --output-on-failure -E "$exclude")
+            ctest --output-on-failure -j"$jobs" -E "$exclude")
     local status=$?
     rm -rf "$vendors"
     return $status
@@ -117,10 +117,10 @@ ensure_build() {
 rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring)$'
 lane_rusticl() {
     if [ "$full" -eq 1 ]; then
-        ensure_build && tests/rusticl_lane.sh build -E "$rusticl_skip"
+        ensure_build && tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip"
     else
         ensure_build && CLATTN_TEST_SCALE=small \
-            tests/rusticl_lane.sh build -E "$rusticl_skip|^flash_cpu_split$"
+            tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip|^flash_cpu_split$"
     fi
 }
 lane_oclgrind() {
