@@ -42,9 +42,10 @@
  * -arch=sm_90; LLVM 15 for gfx90a), BLOCK_Q 64, BLOCK_K 32, FLASH_VW 1 (the GPU row): the
  * per-item rows live in local memory, not registers. The ADDITIVE variant that GPUs run
  * (head size 16 in the lane's capture): 157 registers, a 384-byte stack, no spills (gfx90a:
- * 240 VGPRs, 132 bytes of scratch per lane). The plain kernel, which GPUs run only where
- * flash_gpu.cl does not fit (measured by hand, not in the lane): 72 registers and a 640-byte
- * stack at d = 64, 62 and 1152 bytes at d = 128: hence flash_gpu.cl.
+ * 240 VGPRs, 132 bytes of scratch per lane). The plain kernel, which GPUs run with
+ * CLATTN_TUNING=default or where flash_gpu.cl does not fit: 72 registers and a 640-byte stack
+ * at d = 64, 62 registers and 1088 bytes at d = 128 (BLOCK_K 16), no spills (gfx90a: 245 and
+ * 256 VGPRs, 1 wave per SIMD at d = 128): hence flash_gpu.cl.
  */
 #ifndef HEAD_DIM_QK
 #define HEAD_DIM_QK 64 /* d_k, fixed per program variant */

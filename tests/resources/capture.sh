@@ -45,6 +45,11 @@ for mask in none padding additive; do
     run bench --op attention --path unfused --head-dim 64 --dtype f32,f16,bf16 --mask "$mask" \
         "${small[@]}"
 done
+# The portable defaults on a GPU (CLATTN_TUNING=default: no table row, so not flash_gpu.cl):
+# flash.cl, one query row per work-item, which GPUs also run where flash_gpu.cl does not fit.
+for d in 64 128; do
+    CLATTN_TUNING=default run bench --op attention --path fused --head-dim "$d" "${small[@]}"
+done
 # A bool attn_mask (MASK_DTYPE=3): through `clattn sdpa`, on .npy files written here.
 python3 - "$work" <<'PY' || exit 1
 import struct, sys

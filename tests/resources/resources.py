@@ -181,14 +181,18 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", default=os.path.join(here, "variants.txt"))
-    ap.add_argument("--budgets", default=os.path.join(here, "budgets.txt"))
+    ap.add_argument("--variants", default=os.path.join(here, "variants.txt"),
+                    help="FILE<TAB>OPTIONS per line (capture.sh writes it)")
+    ap.add_argument("--budgets", default=os.path.join(here, "budgets.txt"),
+                    help="the budget lines the kernels are held to")
     ap.add_argument("--table", help="write the markdown table here")
-    ap.add_argument("--kernels", default=os.path.join(root, "kernels"))
+    ap.add_argument("--kernels", default=os.path.join(root, "kernels"),
+                    help="the folder of .cl sources (default: the repository's kernels/)")
     ap.add_argument("--maxrregcount", type=int, default=0,
                     help="pass --maxrregcount N to ptxas (to check that a spill fails)")
-    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--no-amd", action="store_true")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="variants compiled at once (default 2)")
+    ap.add_argument("--no-amd", action="store_true", help="NVIDIA (ptxas) only")
     args = ap.parse_args()
 
     tools, why = find_tools()
@@ -222,14 +226,21 @@ def main():
                 results.append(fut.result())
             except RuntimeError as e:
                 print("resources: FAILED to compile %s %s:\n%s" % (file, " ".join(options), e))
-                results.append(({}, {}, None))
+                results.append(None)
                 failures += 1
 
     rows, amd_notes = [], set()
-    for (file, options), (nv, am, why) in zip(variants, results):
+    for (file, options), result in zip(variants, results):
+        if result is None:
+            continue  # a compile failure, counted above
+        nv, am, why = result
         extra = " ".join(o[2:] if o.startswith("-D") else o for o in options if o not in shared)
         if why:
             amd_notes.add(why)
+        if not nv:
+            print("resources: FAILED: no kernel entry in ptxas's report for %s %s" %
+                  (file, " ".join(options)))
+            failures += 1
         for kernel in sorted(nv):
             name = "%s:%s %s" % (file, kernel, extra)
             n, a = nv[kernel], am.get(kernel, {})
