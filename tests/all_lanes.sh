@@ -51,7 +51,7 @@
 #             stack above it, fails; the table goes to build/resources-table.md. --full only
 #             (or by name): a fresh CI machine has no CUDA toolkit. Without ptxas, clang-15,
 #             llvm-15 or libclc-15 the lane prints why and is SKIPPED: the table shows SKIPPED,
-#             it counts neither as passed nor as failed, and does not fail the run. About a minute
+#             it counts neither as passed nor as failed, and does not fail the run. About 2 min
 #
 # Every lane runs even when an earlier one failed (the table at the end says which); the exit
 # status is 1 when any failed. The build trees share one PoCL kernel cache (build/pocl-cache),
