@@ -37,6 +37,15 @@
  * the launch before it wrote (the same state, written as (m = lse, l = 1, acc = O)). The host
  * splits the keys only on devices that cap a work-item's loop iterations (Mesa's llvmpipe; see
  * host/core/runtime.c). An output of F16 or BF16 is rounded between parts.
+ *
+ * Resources, measured 2026-12-03 (tests/resources/run.sh: clang 15 + libclc, ptxas
+ * -arch=sm_90; LLVM 15 for gfx90a), BLOCK_Q 64, BLOCK_K 32, FLASH_VW 1 (the GPU row): the
+ * per-item rows live in local memory, not registers. The ADDITIVE variant that GPUs run
+ * (head size 16 in the lane's capture): 157 registers, a 384-byte stack, no spills (gfx90a:
+ * 240 VGPRs, 132 bytes of scratch per lane). The plain kernel, which GPUs run with
+ * CLATTN_TUNING=default or where flash_gpu.cl does not fit: 72 registers and a 640-byte stack
+ * at d = 64, 62 registers and 1088 bytes at d = 128 (BLOCK_K 16), no spills (gfx90a: 245 and
+ * 256 VGPRs, 1 wave per SIMD at d = 128): hence flash_gpu.cl.
  */
 #ifndef HEAD_DIM_QK
 #define HEAD_DIM_QK 64 /* d_k, fixed per program variant */

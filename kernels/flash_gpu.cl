@@ -2,7 +2,7 @@
  * flash_gpu.cl: fused scaled dot-product attention for GPUs, shaped like FlashAttention-2: a
  * work-group owns a block of FG_BQ query rows of one (batch, head) and its FG_TX x FG_TY
  * work-items cooperate on every tile, so no work-item holds a whole row of q or of the output
- * (flash.cl gives each work-item one row, which spills at head sizes of 128 and 256).
+ * (flash.cl gives each work-item one row, which lives in local memory on GPUs: see its header).
  *
  * Same arguments, same score rule (score.cl) and same results as flash.cl, which documents
  * them: Q, K, V, O views with four strides and dtypes, mask, key padding, key band,
@@ -27,18 +27,27 @@
  *          | keys tx+j*TX      |         | dims tx+c*TX      |
  *          +-------------------+         +-------------------+
  *
- * Budget on paper, for a GPU compute unit with 64 K 32-bit registers and 48 KiB of local
- * memory (float32; the host shrinks FG_BK, then FG_BQ, until the local arrays fit):
- *   d = 64:  BQ 64, BK 32, TX 16, TY 8 (128 items): S 8x2 + O 8x4 + operands 10 = ~60
- *            registers; local (64*65 + 32*65 + 64*33 + 3*64)*4 + 32 = 33.7 KiB:
- *            1 group (4 warps) per CU by local memory, 8 by registers.
- *   d = 128: BQ 32, BK 32, TX 16, TY 8: S 4x2 + O 4x8 + 6 = ~50 registers; local
- *            (32*129 + 32*129 + 32*33 + 96)*4 + 32 = 37.5 KiB: 1 group per CU.
- *   d = 256: BQ 32, BK 16, TX 16, TY 8: S 4x1 + O 4x16 + 5 = ~75 registers; local
- *            (32*257 + 16*257 + 32*17 + 96)*4 + 16 = 50.8 KiB > 48: the host halves BQ to
- *            16 (TY 8: 2 rows per item): 33.5 KiB.
- * Occupancy is bounded by local memory (q_tile dominates); a smaller FG_BQ in the tuning table
- * trades q reuse for more groups per CU.
+ * Resources, measured 2026-12-03 by tests/resources/run.sh (a proxy: clang 15 + libclc to PTX,
+ * then CUDA 13.0's `ptxas -v -arch=sm_90`; AMD: LLVM 15's gfx90a back end; every variant in
+ * tests/resources/table.md, budgets in tests/resources/budgets.txt), float32, with the tiles
+ * the host picks for 48 KiB of local memory (it shrinks FG_BK, then FG_BQ, until they fit):
+ *   d = 64:  BQ 64, BK 32, TX 16, TY 8 (128 items): 128 registers and a 192-byte stack frame:
+ *            S 8x2 + O 8x4 = 48 floats that the proxy leaves in (cached) local memory, not
+ *            in registers; no spills. Local 34208 B. gfx90a: 200 VGPRs, no scratch.
+ *   d = 128: BQ 64, BK 16: 168 registers, 288-byte stack (S 8x1 + O 8x8); local 46416 B;
+ *            gfx90a 210 VGPRs.
+ *   d = 256: BQ 16, BK 16: 158 registers, no stack (S 2x1 + O 2x16 in registers); local
+ *            34192 B; gfx90a 124 VGPRs.
+ *   d = 32, 80, 96 (BQ 64, BK 32): 164, 127, 128 registers; 64, 224, 256-byte stacks.
+ * 16-bit storage and a bool mask change these by at most one register.
+ * The paper budget this header gave before (~60 registers: S + O + operands) counted only the
+ * accumulators; addresses (64-bit strides and offsets), the key band, loop state and the QK^T
+ * operands take the rest. With every loop over FG_RM, FG_RN and FG_RD unrolled (#pragma
+ * unroll, tried on 2026-12-03, not kept) the accumulators do move to registers, but d = 64
+ * then needs 255 registers (no stack) and d = 128 255 registers plus 168 bytes of spills.
+ * Occupancy on sm_90 (64 K registers, 227 KiB of shared memory per SM): registers bound it,
+ * 4 groups (16 warps) per SM at d = 64 and 3 at d = 128, where local memory would allow 6 and
+ * 4. A smaller FG_BQ in the tuning table trades q reuse for more groups per SM.
  *
  * Rows past seq_q are computed from zero queries and never stored; keys past seq_k load as
  * zeros and are masked by the score rule.

@@ -16,6 +16,8 @@
  * row-major (the global size rounded up to ROPE_WG): it turns the row's pairs, then copies its
  * columns past rot. A row per work-item keeps the index arithmetic (64-bit divisions) out of
  * the loop over the columns: a work-item per element spent more time there than in memory.
+ * Measured 2026-12-03 (tests/resources/run.sh: clang 15 + libclc, ptxas -arch=sm_90),
+ * ROPE_WG 256, float32: 32 registers, no stack or spills (gfx90a: 35 VGPRs).
  */
 #ifndef ROPE_WG
 #define ROPE_WG 256 /* work-items per work-group */
