@@ -479,8 +479,7 @@ static bool row_listed(const char *report, const char *origin)
 }
 
 /* A row that must be refused: the status, and a message naming the origin and the item. */
-static void expect_refused(const char *file, const char *rows, const char *origin,
-                           const char *item)
+static void expect_refused(const char *file, const char *rows, const char *origin, const char *item)
 {
     char report[4096], message[1024];
     const clattn_status status =
@@ -544,7 +543,8 @@ START_TEST(test_row_parser)
     tu_expect_status(ctx_with_rows("", NULL, report, sizeof report, message, sizeof message),
                      CLATTN_SUCCESS, "no rows");
     const long plain_wg = param_of(report, "softmax_wg");
-    const long plain_cpu = param_of(report, "flash_cpu"), plain_rb = param_of(report, "flash_cpu_rb");
+    const long plain_cpu = param_of(report, "flash_cpu"),
+               plain_rb = param_of(report, "flash_cpu_rb");
     const long wg = plain_wg == 4 ? 8 : 4;
     tu_expect(plain_wg > 0 && plain_cpu >= 0 && plain_rb > 0, "parameters: %s", report);
     /* a real key that is a prefix of another sets itself only */
@@ -584,8 +584,8 @@ START_TEST(test_row_parser)
         values[2] = longer;
         for (int v = 0; v < 4; ++v) {
             const int applies = v < 2 || strncmp(full, values[v], strlen(values[v])) == 0;
-            snprintf(row, sizeof row, "any | %s | %s | softmax_wg=%ld", field == 0 ? values[v] : "*",
-                     field == 1 ? values[v] : "*", wg);
+            snprintf(row, sizeof row, "any | %s | %s | softmax_wg=%ld",
+                     field == 0 ? values[v] : "*", field == 1 ? values[v] : "*", wg);
             expect_applied(row, applies, wg, plain_wg);
         }
     }
@@ -601,8 +601,10 @@ START_TEST(test_row_parser)
     expect_refused(path, NULL, "file line 2", "tile=8");
     write_text(path, "any | * | * | flash_gpu=\n");
     expect_refused(path, NULL, "file line 1", "flash_gpu=");
-    snprintf(row, sizeof row, "any | * | * | tile=8\nany | * | * | flash_gpu=\n"
-                              "any | * | * | softmax_wg=%ld\n", wg);
+    snprintf(row, sizeof row,
+             "any | * | * | tile=8\nany | * | * | flash_gpu=\n"
+             "any | * | * | softmax_wg=%ld\n",
+             wg);
     write_text(path, row);
     const char *saved = getenv("XDG_CACHE_HOME");
     char *saved_copy = saved ? strdup(saved) : NULL;
