@@ -1202,10 +1202,12 @@ START_TEST(test_grouped_decode)
 END_TEST
 
 /* Broadcast views: a tensor with a stride of 0 in one dimension is a broadcast, never a
- * packed (all strides 0) tensor: masks with stride 0 over heads (different values per
- * batch), over batch (different per head), over the query rows; q with stride 0 over heads
- * and k/v with stride 0 over batch. Both paths, against the reference of the repeated
- * values. */
+ * packed (all strides 0) tensor nor a unit stride: masks with stride 0 over heads (different
+ * values per batch), over batch (different per head), over the query rows, over the keys
+ * (the kernels' unit-stride row loads must not take it); q with stride 0 over heads, k/v
+ * with stride 0 over batch; key padding with stride 0 over the keys (a batch entry whose
+ * keys are all ignored: zeros) and over batch. Both paths, against the reference of the
+ * repeated values. */
 static void broadcast_qkv(pb_sdpa_problem *p, int which)
 {
     const pb_sdpa_spec *s = &p->spec;
@@ -1233,6 +1235,14 @@ static void broadcast_qkv(pb_sdpa_problem *p, int which)
             t[i]->strides[1] = s->seq_k * d[i];
             t[i]->strides[0] = 0;
         }
+    } else if (which == 5 || which == 6) { /* key padding: stride 0 over keys, over batch */
+        clattn_tensor *t = &p->layouts.key_padding_mask;
+        for (size_t b = 0; b < s->batch; ++b)
+            for (size_t j = 0; j < s->seq_k; ++j)
+                p->padding[b * s->seq_k + j] =
+                    which == 5 ? (uint8_t)(b == 1) : p->padding[j]; /* batch 1: no key */
+        t->strides[0] = which == 5 ? s->seq_k + 2 : 0;
+        t->strides[1] = which == 5 ? 0 : 1;
     }
     pb_sdpa_reference(p);
 }
@@ -1240,18 +1250,20 @@ static void broadcast_qkv(pb_sdpa_problem *p, int which)
 START_TEST(test_zero_stride_views)
 {
     TU_BEGIN_TEST();
-    /* _i 0-2: masks with stride 0 over H, B, (H and Lq); 3: q over H; 4: k, v over B */
-    static const unsigned ones[5] = {PB_MASK_ONES_H, PB_MASK_ONES_B,
-                                     PB_MASK_ONES_H | PB_MASK_ONES_LQ, PB_MASK_ONES_H, 0};
+    /* _i 0-2: masks with stride 0 over H, B, (H and Lq); 3: q over H; 4: k, v over B;
+     * 5, 6: key padding over keys, over batch, with masks of stride 0 over keys */
+    static const unsigned ones[7] = {PB_MASK_ONES_H, PB_MASK_ONES_B,
+                                     PB_MASK_ONES_H | PB_MASK_ONES_LQ, PB_MASK_ONES_H, 0,
+                                     PB_MASK_ONES_LK, PB_MASK_ONES_LK | PB_MASK_ONES_B};
     pb_sdpa_spec spec = base_spec(3, 4, 11, 19, 8, 8);
     spec.kv_heads = _i == 4 ? 2 : 0;
-    spec.mask = _i == 1 ? PB_MASK_BOOL : PB_MASK_FLOAT;
+    spec.mask = _i == 1 || _i == 6 ? PB_MASK_BOOL : PB_MASK_FLOAT;
     spec.mask_dtype = _i == 2 ? BF16 : F32;
     spec.mask_rank = 4;
     spec.mask_ones = ones[_i];
     spec.mask_zero_strides = ones[_i] != 0;
     spec.causal = _i == 2 ? BR : NONE;
-    spec.padding = _i == 3;
+    spec.padding = _i == 3 || _i == 5 || _i == 6;
     spec.q_gain = 3.0f;
     run_both_paths(spec, broadcast_qkv, _i);
     TU_END_TEST();
@@ -1514,7 +1526,7 @@ int main(void)
     tcase_add_loop_test(interactions, test_window_with_causal, 0, COUNT_OF(band_cases));
     tcase_add_test(interactions, test_mixed_alignments_refused);
     tcase_add_loop_test(interactions, test_grouped_decode, 0, COUNT_OF(decode_group_cases));
-    tcase_add_loop_test(interactions, test_zero_stride_views, 0, 5);
+    tcase_add_loop_test(interactions, test_zero_stride_views, 0, 7);
     tcase_add_loop_test(interactions, test_kv_cache_life_cycle, 0, 2);
     suite_add_tcase(suite, interactions);
 

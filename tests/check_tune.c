@@ -656,6 +656,10 @@ int main(int argc, char **argv)
         return 1;
     }
     Suite *suite = suite_create("tune");
+    /* The library's row parser first: milliseconds, and no tuning run in the way. */
+    TCase *parser = tcase_create("row parser");
+    tcase_add_test(parser, test_row_parser);
+    suite_add_tcase(suite, parser);
     TCase *tc = tcase_create("clattn tune");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_quick_tune_writes_rows_that_apply);
@@ -664,7 +668,6 @@ int main(int argc, char **argv)
                         (int)(sizeof bad_cases / sizeof bad_cases[0]));
     tcase_add_test(tc, test_dry_run_and_out);
     tcase_add_test(tc, test_ctx_desc);
-    tcase_add_test(tc, test_row_parser);
     suite_add_tcase(suite, tc);
     const int failed = tu_run_suite(suite);
     remove_scratch();
