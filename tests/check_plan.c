@@ -6,8 +6,11 @@
  * plan reuse over many executions, a second queue (in order, and out of order where the device
  * has one), a caller's workspace, the lse output, descriptors with a wrong struct_size, the
  * bindings checked at execution, the tuning table's CLATTN_TUNING file, and MHA plans on
- * strided and F16 activations. Problems come from tests/problems.c; outputs are NaN-poisoned
- * and every element of every buffer outside a tensor must stay poison.
+ * strided and F16 activations; feature interactions (issue 24): sliding windows with causal
+ * masking, the grouped one-row decode with windows and per-head masks, stride-0 broadcast
+ * views, and the KV cache object's life cycle, at every scale. Problems come from
+ * tests/problems.c; outputs are NaN-poisoned and every element of every buffer outside a
+ * tensor must stay poison.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -1017,6 +1020,435 @@ START_TEST(test_random_problems)
 }
 END_TEST
 
+/* --- feature interactions (issue 24) -------------------------------------------------------- */
+
+#define TL CLATTN_CAUSAL_TOP_LEFT
+#define BR CLATTN_CAUSAL_BOTTOM_RIGHT
+#define ONNX CLATTN_CAUSAL_ONNX
+#define NONE CLATTN_CAUSAL_NONE
+
+/* Runs one spec on the fused path (with the lse) and the unfused path (with the weights)
+ * through pb_sdpa_run (the float64 reference, NaN poison, stray writes); `adjust` (may be
+ * NULL) edits the drawn problem first. */
+static void run_both_paths(pb_sdpa_spec spec, void (*adjust)(pb_sdpa_problem *, int), int arg)
+{
+    const clattn_path paths[2] = {CLATTN_PATH_FUSED, CLATTN_PATH_UNFUSED};
+    for (int path = 0; path < 2; ++path) {
+        spec.path = paths[path];
+        spec.want_lse = path == 0;
+        spec.want_weights = path == 1;
+        pb_sdpa_problem p;
+        pb_sdpa_make(&p, &spec);
+        if (adjust)
+            adjust(&p, arg);
+        tu_set_case("%s", p.label);
+        tu_expect_status(pb_sdpa_run(tu_ctx(), &p, NULL), CLATTN_SUCCESS, "pb_sdpa_run");
+        pb_sdpa_free(&p);
+    }
+}
+
+/* Per-batch key counts of a kv_len problem: an empty batch, a full one, a part between. */
+static void spread_kv_len(pb_sdpa_problem *p, int unused)
+{
+    (void)unused;
+    if (p->kv_len == NULL)
+        return;
+    const size_t batch = p->spec.batch, seq_k = p->spec.seq_k;
+    p->kv_len[0] = batch > 1 ? 0 : (int32_t)(seq_k / 2);
+    p->kv_len[batch - 1] = (int32_t)seq_k;
+    if (batch > 2)
+        p->kv_len[1] = (int32_t)(seq_k / 2 + 1);
+    pb_sdpa_reference(p);
+}
+
+/* A sliding window with causal masking: query i sees keys j <= p + 0 (causal) and
+ * p - left <= j <= p + right (window), p = i + the alignment's offset, so a window's right
+ * edge past the diagonal must not loosen the causal bound; left and right sizes of 0, a
+ * right edge past every key, Lq < Lk and Lq > Lk (bottom-right: the first rows see no key),
+ * per-batch key counts (ONNX, bottom-right by the count), grouped heads, window sizes with
+ * window_align NONE (ignored) and the window alone. Both paths; the _gpu_params entry runs
+ * them with GPU-class kernels. */
+typedef struct band_case {
+    size_t heads, kv_heads, seq_q, seq_k;
+    clattn_causal causal, window_align;
+    long long left, right;
+    int kv_len;
+} band_case;
+
+/* clang-format off */
+static const band_case band_cases[] = {
+    /* H Hkv  Lq  Lk causal window left right kv_len */
+    {2, 0, 13, 29, TL,   TL,    5,  3, 0},
+    {2, 0, 29, 13, BR,   BR,    4,  7, 0},
+    {4, 2,  9, 31, ONNX, ONNX, -1,  2, 1},
+    {2, 0, 17, 23, BR,   BR,    0,  0, 1},
+    {2, 0, 13, 29, TL,   NONE,  3,  5, 0},
+    {2, 0, 13, 29, NONE, BR,    6,  2, 0},
+    {2, 1, 29, 13, TL,   TL,    2, 40, 0},
+    {3, 0, 21, 21, BR,   BR,   -1,  1, 1},
+};
+/* clang-format on */
+
+START_TEST(test_window_with_causal)
+{
+    TU_BEGIN_TEST();
+    const band_case *c = &band_cases[_i];
+    pb_sdpa_spec spec = base_spec(c->kv_len ? 3 : 2, c->heads, c->seq_q, c->seq_k, 16, 8);
+    spec.kv_heads = c->kv_heads;
+    spec.causal = c->causal;
+    spec.window_align = c->window_align;
+    spec.window_left = c->left;
+    spec.window_right = c->right;
+    spec.kv_len = c->kv_len;
+    spec.q_gain = 3.0f;
+    run_both_paths(spec, spread_kv_len, 0);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Causal masking and a window must use one alignment: mixed top-left, bottom-right, ONNX and
+ * offset alignments are refused at plan creation (CLATTN_ERR_INVALID_ARGUMENT, a message
+ * naming both), even where they would coincide (Lq == Lk), never run with one of the two. */
+START_TEST(test_mixed_alignments_refused)
+{
+    TU_BEGIN_TEST();
+    const clattn_causal offset = CLATTN_CAUSAL_OFFSET;
+    const clattn_causal pairs[][2] = {{TL, BR},   {BR, TL},     {TL, ONNX},
+                                      {ONNX, BR}, {offset, TL}, {BR, offset}};
+    for (int square = 0; square < 2; ++square) {
+        pb_sdpa_spec spec = base_spec(2, 2, 7, square ? 7 : 19, 8, 8);
+        pb_sdpa_problem p;
+        pb_sdpa_make(&p, &spec);
+        for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; ++i) {
+            tu_set_case("causal=%d window_align=%d window 3, 2 on Lq=7 Lk=%d", (int)pairs[i][0],
+                        (int)pairs[i][1], square ? 7 : 19);
+            clattn_sdpa_desc desc;
+            pb_sdpa_desc(&p, &desc);
+            desc.causal = pairs[i][0];
+            desc.window_align = pairs[i][1];
+            desc.window_left = 3;
+            desc.window_right = 2;
+            clattn_plan *plan = NULL;
+            const clattn_status status = clattn_sdpa_plan_create(tu_ctx(), &desc, &plan);
+            const char *message = clattn_last_error(tu_ctx());
+            tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && plan == NULL,
+                      "mixed alignments gave %s: %s", clattn_status_string(status), message);
+            tu_expect(strstr(message, "causal") && strstr(message, "window_align") &&
+                          strstr(message, "same alignment"),
+                      "the message does not name the rule: %s", message);
+            clattn_plan_release(plan);
+        }
+        pb_sdpa_free(&p);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* The one-row decode with grouped heads (host/attn/sdpa.c: with causal bottom-right or ONNX
+ * and no window, a group's query heads run as the rows of their k/v head on the fused path):
+ * every problem here has one query row and a group of 2 to 8 heads, on both paths (the
+ * unfused path is ungrouped). A sliding window (left) is not grouped (each head's row would
+ * sit at another position), and must be right per head; a right-only window that ends at the
+ * key count is grouped. Masks whose rows differ between the heads of a group (float, bool,
+ * F16), a mask with stride 0 over heads (one row per batch), padding and per-batch key
+ * counts, a past. A wrong per-head window or mask stride fails here. */
+typedef struct decode_group_case {
+    size_t batch, heads, kv_heads, seq_k;
+    clattn_causal causal, window_align;
+    long long left, right;
+    int kv_len;
+    size_t past;
+    pb_mask_kind mask;
+    clattn_dtype mask_dtype;
+    unsigned mask_ones;
+    int zero_strides, padding;
+} decode_group_case;
+
+/* clang-format off */
+static const decode_group_case decode_group_cases[] = {
+    /* B H Hkv Lk causal window left right kv_len past mask         dtype ones zero pad */
+    {2, 8, 2, 37, BR,   BR,    5, -1, 0,  0, PB_MASK_NONE,  F32, 0, 0, 0},
+    {3, 8, 2, 37, BR,   BR,    3, -1, 1,  0, PB_MASK_NONE,  F32, 0, 0, 0},
+    {2, 8, 2, 37, BR,   NONE, -1, -1, 0,  0, PB_MASK_FLOAT, F32, 0, 0, 0},
+    {3, 6, 3, 40, ONNX, NONE, -1, -1, 1,  0, PB_MASK_BOOL,  F32, 0, 0, 1},
+    {2, 8, 1, 33, NONE, BR,   -1,  0, 0,  0, PB_MASK_FLOAT, F16, PB_MASK_ONES_B, 0, 0},
+    {2, 4, 2, 30, ONNX, ONNX,  6, -1, 0, 17, PB_MASK_FLOAT, F32, 0, 0, 0},
+    {2, 8, 2, 29, BR,   NONE, -1, -1, 0,  0, PB_MASK_FLOAT, F32, PB_MASK_ONES_H, 1, 1},
+};
+/* clang-format on */
+
+START_TEST(test_grouped_decode)
+{
+    TU_BEGIN_TEST();
+    const decode_group_case *c = &decode_group_cases[_i];
+    pb_sdpa_spec spec = base_spec(c->batch, c->heads, 1, c->seq_k, 16, 16);
+    spec.kv_heads = c->kv_heads;
+    spec.causal = c->causal;
+    spec.window_align = c->window_align;
+    spec.window_left = c->left;
+    spec.window_right = c->right;
+    spec.kv_len = c->kv_len;
+    spec.past = c->past;
+    spec.mask = c->mask;
+    spec.mask_dtype = c->mask_dtype;
+    spec.mask_rank = c->mask != PB_MASK_NONE ? 4 : 0;
+    spec.mask_ones = c->mask_ones;
+    spec.mask_zero_strides = c->zero_strides;
+    spec.padding = c->padding;
+    spec.q_gain = 3.0f;
+    run_both_paths(spec, spread_kv_len, 0);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Broadcast views: a tensor with a stride of 0 in one dimension is a broadcast, never a
+ * packed (all strides 0) tensor nor a unit stride: masks with stride 0 over heads (different
+ * values per batch), over batch (different per head), over the query rows, over the keys
+ * (the kernels' unit-stride row loads must not take it); q with stride 0 over heads, k/v
+ * with stride 0 over batch; key padding with stride 0 over the keys (a batch entry whose
+ * keys are all ignored: zeros) and over batch. Both paths, against the reference of the
+ * repeated values. */
+static void broadcast_qkv(pb_sdpa_problem *p, int which)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
+    if (which == 3) { /* q: one query block per batch entry, shared by its heads */
+        const size_t head = s->seq_q * s->dk;
+        for (size_t b = 0; b < s->batch; ++b)
+            for (size_t h = 1; h < s->heads; ++h)
+                memcpy(p->q + (b * s->heads + h) * head, p->q + b * s->heads * head,
+                       head * sizeof(float));
+        p->layouts.q.strides[3] = 1;
+        p->layouts.q.strides[2] = s->dk;
+        p->layouts.q.strides[1] = 0;
+        p->layouts.q.strides[0] = head + 5;
+    } else if (which == 4) { /* k and v: one set of keys for every batch entry */
+        float *kv[2] = {p->k, p->v};
+        clattn_tensor *t[2] = {&p->layouts.k, &p->layouts.v};
+        const size_t d[2] = {s->dk, s->dv};
+        for (int i = 0; i < 2; ++i) {
+            const size_t entry = kv_heads * s->seq_k * d[i];
+            for (size_t b = 1; b < s->batch; ++b)
+                memcpy(kv[i] + b * entry, kv[i], entry * sizeof(float));
+            t[i]->strides[3] = 1;
+            t[i]->strides[2] = d[i];
+            t[i]->strides[1] = s->seq_k * d[i];
+            t[i]->strides[0] = 0;
+        }
+    } else if (which == 5 || which == 6) { /* key padding: stride 0 over keys, over batch */
+        clattn_tensor *t = &p->layouts.key_padding_mask;
+        for (size_t b = 0; b < s->batch; ++b)
+            for (size_t j = 0; j < s->seq_k; ++j)
+                p->padding[b * s->seq_k + j] =
+                    which == 5 ? (uint8_t)(b == 1) : p->padding[j]; /* batch 1: no key */
+        t->strides[0] = which == 5 ? s->seq_k + 2 : 0;
+        t->strides[1] = which == 5 ? 0 : 1;
+    }
+    pb_sdpa_reference(p);
+}
+
+START_TEST(test_zero_stride_views)
+{
+    TU_BEGIN_TEST();
+    /* _i 0-2: masks with stride 0 over H, B, (H and Lq); 3: q over H; 4: k, v over B;
+     * 5, 6: key padding over keys, over batch, with masks of stride 0 over keys */
+    static const unsigned ones[7] = {PB_MASK_ONES_H, PB_MASK_ONES_B,
+                                     PB_MASK_ONES_H | PB_MASK_ONES_LQ, PB_MASK_ONES_H, 0,
+                                     PB_MASK_ONES_LK, PB_MASK_ONES_LK | PB_MASK_ONES_B};
+    pb_sdpa_spec spec = base_spec(3, 4, 11, 19, 8, 8);
+    spec.kv_heads = _i == 4 ? 2 : 0;
+    spec.mask = _i == 1 || _i == 6 ? PB_MASK_BOOL : PB_MASK_FLOAT;
+    spec.mask_dtype = _i == 2 ? BF16 : F32;
+    spec.mask_rank = 4;
+    spec.mask_ones = ones[_i];
+    spec.mask_zero_strides = ones[_i] != 0;
+    spec.causal = _i == 2 ? BR : NONE;
+    spec.padding = _i == 3 || _i == 5 || _i == 6;
+    spec.q_gain = 3.0f;
+    run_both_paths(spec, broadcast_qkv, _i);
+    TU_END_TEST();
+}
+END_TEST
+
+#undef TL
+#undef BR
+#undef ONNX
+#undef NONE
+
+/* --- the KV cache's life cycle ------------------------------------------------------------- */
+
+enum { KV_B = 2, KV_HQ = 4, KV_HKV = 2, KV_CAP = 11, KV_DK = 8, KV_DV = 12, KV_ROWS = 3 };
+
+/* A cache under test and what it should hold: host copies (B, Hkv, capacity, d), rounded as
+ * the cache stores them, filled up to `length`. */
+typedef struct kv_model {
+    clattn_kv_cache *cache;
+    clattn_dtype dtype;
+    float k[KV_B * KV_HKV * KV_CAP * KV_DK], v[KV_B * KV_HKV * KV_CAP * KV_DV];
+    size_t length;
+} kv_model;
+
+/* Appends n fresh random keys and values (packed F32 blocks); expects refusal when they do
+ * not fit (CLATTN_ERR_INVALID_SHAPE naming the capacity, the length unchanged). */
+static void kv_append(kv_model *m, size_t n)
+{
+    clattn_ctx *ctx = tu_ctx();
+    const int fits = m->length + n <= KV_CAP;
+    float *k_new = tu_random_floats(KV_B * KV_HKV * n * KV_DK);
+    float *v_new = tu_random_floats(KV_B * KV_HKV * n * KV_DV);
+    cl_mem k_mem = tu_upload_floats(k_new, KV_B * KV_HKV * n * KV_DK);
+    cl_mem v_mem = tu_upload_floats(v_new, KV_B * KV_HKV * n * KV_DV);
+    const clattn_tensor k = clattn_tensor_make(k_mem, 0, F32, 4, KV_B, KV_HKV, n, KV_DK);
+    const clattn_tensor v = clattn_tensor_make(v_mem, 0, F32, 4, KV_B, KV_HKV, n, KV_DV);
+    const clattn_status status = clattn_kv_cache_append(m->cache, &k, &v, 0, NULL, NULL);
+    if (fits) {
+        if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_kv_cache_append")) {
+            for (size_t bh = 0; bh < KV_B * KV_HKV; ++bh) {
+                memcpy(m->k + (bh * KV_CAP + m->length) * KV_DK, k_new + bh * n * KV_DK,
+                       n * KV_DK * sizeof(float));
+                memcpy(m->v + (bh * KV_CAP + m->length) * KV_DV, v_new + bh * n * KV_DV,
+                       n * KV_DV * sizeof(float));
+            }
+            pb_round_array(m->dtype, m->k, sizeof m->k / sizeof m->k[0]);
+            pb_round_array(m->dtype, m->v, sizeof m->v / sizeof m->v[0]);
+            m->length += n;
+        }
+    } else {
+        tu_expect(status == CLATTN_ERR_INVALID_SHAPE && strstr(clattn_last_error(ctx), "capacity"),
+                  "%zu keys more at length %zu of %d: %s (%d): %s", n, m->length, (int)KV_CAP,
+                  clattn_status_string(status), (int)status, clattn_last_error(ctx));
+    }
+    clattn_finish(ctx);
+    tu_release_mem(k_mem);
+    tu_release_mem(v_mem);
+    free(v_new);
+    free(k_new);
+}
+
+/* The cache's length on the host and on the device (its kv_seqlen, every batch entry). */
+static void kv_expect_length(const kv_model *m)
+{
+    tu_expect(clattn_kv_cache_length(m->cache) == m->length, "clattn_kv_cache_length %zu, not %zu",
+              clattn_kv_cache_length(m->cache), m->length);
+    clattn_tensor n;
+    clattn_kv_cache_tensors(m->cache, NULL, NULL, &n);
+    int32_t lengths[KV_B] = {-1, -1};
+    clattn_finish(tu_ctx());
+    tu_expect(clEnqueueReadBuffer(clattn_ctx_queue(tu_ctx()), n.mem, CL_TRUE, 0, sizeof lengths,
+                                  lengths, 0, NULL, NULL) == CL_SUCCESS,
+              "reading kv_seqlen");
+    for (int b = 0; b < KV_B; ++b)
+        tu_expect(lengths[b] == (int32_t)m->length, "kv_seqlen[%d] = %d on the device, not %zu", b,
+                  (int)lengths[b], m->length);
+}
+
+/* Attends with `plan` (q (B, Hq, rows, dk), causal bottom-right, on the cache's tensors) to
+ * fresh queries, output NaN-poisoned first, against the float64 reference of the keys the
+ * cache should hold (rows with no key: zeros). */
+static void kv_attend(const kv_model *m, clattn_plan *plan, size_t rows, const char *what)
+{
+    const size_t q_count = KV_B * KV_HQ * rows * KV_DK, out_count = KV_B * KV_HQ * rows * KV_DV;
+    float *q = tu_random_floats(q_count), *out = tu_nan_floats(out_count);
+    for (size_t i = 0; i < q_count; ++i)
+        q[i] *= 3.0f;
+    clattn_tensors t;
+    memset(&t, 0, sizeof t);
+    t.q = clattn_tensor_make(tu_upload_floats(q, q_count), 0, F32, 4, KV_B, KV_HQ, rows, KV_DK);
+    t.out = clattn_tensor_make(tu_nan_buffer(out_count), 0, F32, 4, KV_B, KV_HQ, rows, KV_DV);
+    clattn_kv_cache_tensors(m->cache, &t.k, &t.v, &t.kv_seqlen);
+    if (tu_expect_status(clattn_plan_execute(plan, &t, NULL, NULL, 0, NULL, NULL), CLATTN_SUCCESS,
+                         what)) {
+        tu_read_floats(t.out.mem, 0, out_count, out);
+        const int32_t kv_len[KV_B] = {(int32_t)m->length, (int32_t)m->length};
+        const ref_sdpa_shape shape = {.batch = KV_B,
+                                      .heads = KV_HQ,
+                                      .seq_q = rows,
+                                      .seq_k = KV_CAP,
+                                      .dk = KV_DK,
+                                      .dv = KV_DV,
+                                      .scale = ref_resolve_scale(NAN, KV_DK),
+                                      .norm = CLATTN_NORM_SOFTMAX,
+                                      .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
+                                      .kv_heads = KV_HKV,
+                                      .kv_len = kv_len};
+        double *ref = tu_doubles(out_count);
+        ref_sdpa(&shape, q, m->k, m->v, NULL, NULL, ref, NULL, NULL);
+        char label[160];
+        snprintf(label, sizeof label, "%s at length %zu", what, m->length);
+        tu_expect_finite(label, out, out_count);
+        tu_expect_close(label, out, ref, out_count, TU_TOL);
+        free(ref);
+    }
+    tu_release_mem(t.q.mem);
+    tu_release_mem(t.out.mem);
+    free(out);
+    free(q);
+}
+
+/* The KV cache object's life cycle, in every tier (the generation test of check_flash is
+ * left out at small scale): appends of 3, 1 and 5 keys (the lengths after each, on the host
+ * and in kv_seqlen on the device), 3 more refused at 9 of 11, 2 that fill the cache exactly,
+ * one key more refused (CLATTN_ERR_INVALID_SHAPE naming the capacity; length and keys
+ * unchanged), reset (length 0: rows see no key and give zeros), then reuse with new keys up
+ * to the capacity again. After each step two plans made once on the cache's tensors attend:
+ * a one-row decode with 2 query heads per k/v head on the fused path (grouped decode) and a
+ * 3-row causal block on the unfused path, against the float64 reference. Case 1 stores the
+ * cache in F16 (the reference reads the rounded keys). */
+START_TEST(test_kv_cache_life_cycle)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    kv_model *m = calloc(1, sizeof *m);
+    m->dtype = _i == 1 ? F16 : F32;
+    tu_set_case("KV cache B=%d Hq=%d Hkv=%d capacity=%d dk=%d dv=%d %s", (int)KV_B, (int)KV_HQ,
+                (int)KV_HKV, (int)KV_CAP, (int)KV_DK, (int)KV_DV, pb_dtype_name(m->dtype));
+    clattn_kv_cache_desc cd;
+    clattn_kv_cache_desc_init(&cd);
+    cd.batch = KV_B, cd.kv_heads = KV_HKV, cd.capacity = KV_CAP;
+    cd.head_dim_qk = KV_DK, cd.head_dim_v = KV_DV, cd.dtype = m->dtype;
+    clattn_plan *plans[2] = {NULL, NULL};
+    const size_t rows[2] = {1, KV_ROWS};
+    const char *names[2] = {"one-row grouped decode (fused)", "3-row block (unfused)"};
+    if (!tu_expect_status(clattn_kv_cache_create(ctx, &cd, &m->cache), CLATTN_SUCCESS,
+                          "clattn_kv_cache_create"))
+        goto done;
+    for (int i = 0; i < 2; ++i) {
+        clattn_sdpa_desc desc;
+        clattn_sdpa_desc_init(&desc);
+        desc.tensors.q = clattn_tensor_make(NULL, 0, F32, 4, KV_B, KV_HQ, rows[i], KV_DK);
+        desc.tensors.out = clattn_tensor_make(NULL, 0, F32, 4, KV_B, KV_HQ, rows[i], KV_DV);
+        clattn_kv_cache_tensors(m->cache, &desc.tensors.k, &desc.tensors.v,
+                                &desc.tensors.kv_seqlen);
+        desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        desc.path = i == 0 ? CLATTN_PATH_FUSED : CLATTN_PATH_UNFUSED;
+        if (!tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plans[i]), CLATTN_SUCCESS,
+                              names[i]))
+            goto done;
+    }
+    /* lengths: 0, 3, 4, 9, (9: 3 refused), 11 (exactly full), (11: 1 refused), reset 0, 4, 11 */
+    static const int steps[] = {0, 3, 1, 5, 3, 2, 1, -1, 4, 7};
+    for (size_t s = 0; s < sizeof steps / sizeof steps[0] && !tu_failed(); ++s) {
+        if (steps[s] < 0) {
+            tu_expect_status(clattn_kv_cache_reset(m->cache, 0, NULL, NULL), CLATTN_SUCCESS,
+                             "clattn_kv_cache_reset");
+            m->length = 0;
+        } else if (steps[s] > 0) {
+            kv_append(m, (size_t)steps[s]);
+        }
+        kv_expect_length(m);
+        for (int i = 0; i < 2; ++i)
+            kv_attend(m, plans[i], rows[i], names[i]);
+    }
+    tu_expect(m->length == KV_CAP, "the steps ended at length %zu", m->length);
+done:
+    clattn_plan_release(plans[0]);
+    clattn_plan_release(plans[1]);
+    clattn_kv_cache_release(m->cache);
+    free(m);
+    TU_END_TEST();
+}
+END_TEST
+
 /* Registers `test` for the loop indices in `keep` only (a reduced run's subset). */
 static void add_loop_only(TCase *tcase, const TTest *test, const int *keep, int count)
 {
@@ -1086,6 +1518,17 @@ int main(void)
     tcase_add_loop_test(execution, test_bindings, 0, 2);
     tcase_add_test(execution, test_tuning_file);
     suite_add_tcase(suite, execution);
+
+    /* Feature interactions (issue 24), at every scale: each test kills a class of one-line
+     * bugs that passed the suites before (tests/mutants/mutants.txt, "issue 24"). */
+    TCase *interactions = tcase_create("interactions");
+    tcase_set_timeout(interactions, 900);
+    tcase_add_loop_test(interactions, test_window_with_causal, 0, COUNT_OF(band_cases));
+    tcase_add_test(interactions, test_mixed_alignments_refused);
+    tcase_add_loop_test(interactions, test_grouped_decode, 0, COUNT_OF(decode_group_cases));
+    tcase_add_loop_test(interactions, test_zero_stride_views, 0, 7);
+    tcase_add_loop_test(interactions, test_kv_cache_life_cycle, 0, 2);
+    suite_add_tcase(suite, interactions);
 
     TCase *problems = tcase_create("problems");
     tcase_set_timeout(problems, 900);

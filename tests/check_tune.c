@@ -4,13 +4,15 @@
  * (`clattn info`) applies them, CLATTN_TUNING=default and CLATTN_TUNING=FILE do not; tuning one
  * op again replaces that op's rows only and keeps other devices' rows; --dry-run writes
  * nothing; a garbage cache is ignored row by row (contexts still work, `clattn info` lists the
- * ignored lines); bad options exit 2. The cache the quick tune wrote is copied to the folder
+ * ignored lines); bad options exit 2; the row parser refuses and applies rows by each of its
+ * rules (test_row_parser). The cache the quick tune wrote is copied to the folder
  * given as the third argument, where the *_tuned ctest entries (XDG_CACHE_HOME) read it: the
  * suites must pass with the tuned rows too.
  * Arguments: the clattn binary, that folder.
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <ctype.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -437,6 +439,201 @@ START_TEST(test_ctx_desc)
 }
 END_TEST
 
+/* --- the tuning-row parser ------------------------------------------------------------------ */
+
+/* Creates a context with `rows` as the descriptor's tuning rows (no tuning file or cache) and
+ * returns its status; on success *report receives clattn_ctx_tuning (else message holds why). */
+static clattn_status ctx_with_rows(const char *tuning_file, const char *rows, char *report,
+                                   size_t report_size, char *message, size_t message_size)
+{
+    clattn_ctx_desc desc;
+    clattn_ctx_desc_init(&desc);
+    desc.tuning_file = tuning_file;
+    desc.tuning_rows = rows;
+    clattn_ctx *ctx = NULL;
+    message[0] = '\0';
+    report[0] = '\0';
+    const clattn_status status = clattn_ctx_create_desc(&desc, &ctx, message, message_size);
+    if (ctx)
+        snprintf(report, report_size, "%s", clattn_ctx_tuning(ctx));
+    clattn_ctx_release(ctx);
+    return status;
+}
+
+/* The value of `key` on the report's parameters line (" key=N", the whole key), or -1. */
+static long param_of(const char *report, const char *key)
+{
+    const char *params = strstr(report, "parameters:");
+    char needle[64];
+    snprintf(needle, sizeof needle, " %s=", key);
+    const char *at = params ? strstr(params, needle) : NULL;
+    return at ? strtol(at + strlen(needle), NULL, 10) : -1;
+}
+
+/* Whether the report's rows line lists `origin`. */
+static bool row_listed(const char *report, const char *origin)
+{
+    char rows[1024];
+    info_line(report, "rows: ", rows, sizeof rows);
+    return strstr(rows, origin) != NULL;
+}
+
+/* A row that must be refused: the status, and a message naming the origin and the item. */
+static void expect_refused(const char *file, const char *rows, const char *origin, const char *item)
+{
+    char report[4096], message[1024];
+    const clattn_status status =
+        ctx_with_rows(file, rows, report, sizeof report, message, sizeof message);
+    tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && strstr(message, origin) &&
+                  strstr(message, item),
+              "'%s' (%s) was not refused naming '%s': %s (%d): %s", rows ? rows : file, origin,
+              item, clattn_status_string(status), (int)status, message);
+}
+
+/* A well-formed row that applies (applies 1) or parses but does not apply (0): softmax_wg
+ * becomes `value` (or keeps `plain`), and the rows line lists it (or not). */
+static void expect_applied(const char *row, int applies, long value, long plain)
+{
+    char report[4096], message[1024];
+    const clattn_status status =
+        ctx_with_rows("", row, report, sizeof report, message, sizeof message);
+    if (!tu_expect_status(status, CLATTN_SUCCESS, row))
+        return;
+    const long got = param_of(report, "softmax_wg");
+    tu_expect(row_listed(report, "tuning_rows line 1") == (applies != 0) &&
+                  got == (applies ? value : plain),
+              "'%s' should %sapply: softmax_wg=%ld (plain %ld); %s", row, applies ? "" : "not ",
+              got, plain, report);
+}
+
+/* The tuning-row parser (host/core/tuning.c), each rule tested on its own through the
+ * context descriptor's rows, which CLATTN_TUNING=FILE and the cache parse alike:
+ * - refused (CLATTN_ERR_INVALID_ARGUMENT naming the item), also in a row for another
+ *   device: a key that is only a prefix of real keys (tile, flash_cpu_r, softmax_w), a key
+ *   that has a real key as its prefix (softmax_wgx), an empty value (softmax_wg=, and
+ *   flash_gpu= and loop_trip_limit=, where 0 would be valid), a value alone (=8);
+ * - applied to itself only: a real key that is a prefix of another (flash_cpu, flash_cpu_rb);
+ * - the vendor and device fields are prefixes of the device's strings (clattn.h: `class |
+ *   vendor prefix | device-name prefix`): the whole string and a proper prefix apply; the
+ *   string plus a character, and the string less its first character, parse but do not apply;
+ * - CLATTN_TUNING=FILE refuses a prefix key and an empty value ("file line N"); the tuning
+ *   cache ignores those rows (listed as ignored) and applies the good one after them. */
+START_TEST(test_row_parser)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("tuning rows: keys, values, vendor and device prefixes");
+    static const struct {
+        const char *rows, *item;
+    } refused[] = {
+        {"any | * | * | tile=8", "tile=8"},
+        {"any | * | * | flash_cpu_r=4", "flash_cpu_r=4"},
+        {"any | * | * | softmax_w=8", "softmax_w=8"},
+        {"any | * | * | softmax_wgx=8", "softmax_wgx=8"},
+        {"any | * | * | softmax_wg=", "softmax_wg="},
+        {"any | * | * | flash_gpu=", "flash_gpu="},
+        {"any | * | * | loop_trip_limit=", "loop_trip_limit="},
+        {"any | * | * | =8", "=8"},
+        {"any | no such vendor | * | tile=8", "tile=8"},
+        {"any | * | no such device | flash_gpu=", "flash_gpu="},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; ++i)
+        expect_refused("", refused[i].rows, "tuning_rows line 1", refused[i].item);
+
+    char report[4096], message[1024];
+    tu_expect_status(ctx_with_rows("", NULL, report, sizeof report, message, sizeof message),
+                     CLATTN_SUCCESS, "no rows");
+    const long plain_wg = param_of(report, "softmax_wg");
+    const long plain_cpu = param_of(report, "flash_cpu"),
+               plain_rb = param_of(report, "flash_cpu_rb");
+    const long wg = plain_wg == 4 ? 8 : 4;
+    tu_expect(plain_wg > 0 && plain_cpu >= 0 && plain_rb > 0, "parameters: %s", report);
+    /* a real key that is a prefix of another sets itself only */
+    char row[512];
+    snprintf(row, sizeof row, "any | * | * | flash_cpu=%ld", 1 - plain_cpu);
+    if (tu_expect_status(ctx_with_rows("", row, report, sizeof report, message, sizeof message),
+                         CLATTN_SUCCESS, row))
+        tu_expect(param_of(report, "flash_cpu") == 1 - plain_cpu &&
+                      param_of(report, "flash_cpu_rb") == plain_rb,
+                  "'%s': %s", row, report);
+    snprintf(row, sizeof row, "any | * | * | flash_cpu_rb=%ld", plain_rb == 3 ? 5L : 3L);
+    if (tu_expect_status(ctx_with_rows("", row, report, sizeof report, message, sizeof message),
+                         CLATTN_SUCCESS, row))
+        tu_expect(param_of(report, "flash_cpu_rb") == (plain_rb == 3 ? 5 : 3) &&
+                      param_of(report, "flash_cpu") == plain_cpu,
+                  "'%s': %s", row, report);
+
+    /* vendor (field 1) and device name (field 2) prefixes */
+    clattn_ctx *ctx = tu_ctx();
+    char strings[2][256] = {"", ""};
+    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_VENDOR, sizeof strings[0], strings[0], NULL);
+    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_NAME, sizeof strings[1], strings[1], NULL);
+    for (int field = 0; field < 2; ++field) {
+        const char *full = strings[field];
+        const size_t length = strlen(full);
+        if (!tu_expect(length >= 2 && !strpbrk(full, "|#") && !isspace((unsigned char)full[0]) &&
+                           !isspace((unsigned char)full[length - 1]),
+                       "device string '%s' cannot be a row field", full))
+            continue;
+        char prefix[256];
+        snprintf(prefix, sizeof prefix, "%.*s", (int)(length / 2), full);
+        while (strlen(prefix) > 1 && isspace((unsigned char)prefix[strlen(prefix) - 1]))
+            prefix[strlen(prefix) - 1] = '\0';
+        const char *values[4] = {full, prefix, NULL, full + 1};
+        char longer[260];
+        snprintf(longer, sizeof longer, "%sx", full);
+        values[2] = longer;
+        for (int v = 0; v < 4; ++v) {
+            const int applies = v < 2 || strncmp(full, values[v], strlen(values[v])) == 0;
+            snprintf(row, sizeof row, "any | %s | %s | softmax_wg=%ld",
+                     field == 0 ? values[v] : "*", field == 1 ? values[v] : "*", wg);
+            expect_applied(row, applies, wg, plain_wg);
+        }
+    }
+
+    /* CLATTN_TUNING=FILE refuses; the cache ignores and goes on */
+    char dir[700], path[800];
+    snprintf(dir, sizeof dir, "%s/parser", scratch);
+    snprintf(path, sizeof path, "%s/clattn", dir);
+    mkdir(dir, 0755);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/clattn/tuning", dir);
+    write_text(path, "# prefix key\nany | * | * | tile=8\n");
+    expect_refused(path, NULL, "file line 2", "tile=8");
+    write_text(path, "any | * | * | flash_gpu=\n");
+    expect_refused(path, NULL, "file line 1", "flash_gpu=");
+    snprintf(row, sizeof row,
+             "any | * | * | tile=8\nany | * | * | flash_gpu=\n"
+             "any | * | * | softmax_wg=%ld\n",
+             wg);
+    write_text(path, row);
+    const char *saved = getenv("XDG_CACHE_HOME");
+    char *saved_copy = saved ? strdup(saved) : NULL;
+    const char *saved_tuning = getenv("CLATTN_TUNING");
+    char *saved_tuning_copy = saved_tuning ? strdup(saved_tuning) : NULL;
+    setenv("XDG_CACHE_HOME", dir, 1);
+    unsetenv("CLATTN_TUNING");
+    if (tu_expect_status(ctx_with_rows(NULL, NULL, report, sizeof report, message, sizeof message),
+                         CLATTN_SUCCESS, "the cache")) {
+        char ignored[1024];
+        info_line(report, "ignored: ", ignored, sizeof ignored);
+        tu_expect(strstr(ignored, "cache line 1") && strstr(ignored, "tile=8") &&
+                      strstr(ignored, "cache line 2") && strstr(ignored, "flash_gpu=") &&
+                      row_listed(report, "cache line 3") && !row_listed(report, "cache line 1") &&
+                      param_of(report, "softmax_wg") == wg,
+                  "the cache: %s", report);
+    }
+    if (saved_copy)
+        setenv("XDG_CACHE_HOME", saved_copy, 1);
+    else
+        unsetenv("XDG_CACHE_HOME");
+    if (saved_tuning_copy)
+        setenv("CLATTN_TUNING", saved_tuning_copy, 1);
+    free(saved_copy);
+    free(saved_tuning_copy);
+    TU_END_TEST();
+}
+END_TEST
+
 static void remove_scratch(void)
 {
     char command[600];
@@ -459,6 +656,10 @@ int main(int argc, char **argv)
         return 1;
     }
     Suite *suite = suite_create("tune");
+    /* The library's row parser first: milliseconds, and no tuning run in the way. */
+    TCase *parser = tcase_create("row parser");
+    tcase_add_test(parser, test_row_parser);
+    suite_add_tcase(suite, parser);
     TCase *tc = tcase_create("clattn tune");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_quick_tune_writes_rows_that_apply);

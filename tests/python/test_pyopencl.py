@@ -45,6 +45,19 @@ def test_strided_views_and_masks(queue):
                                atol=2e-6)
 
 
+def test_divisor_heads_need_enable_gqa(queue):
+    # As torch (and the numpy path): 2 key/value heads for 8 query heads raise without
+    # enable_gqa=True, also after the same layouts ran with it.
+    q = clrandom.rand(queue, (2, 8, 5, 8), np.float32, a=-1, b=1)
+    k = clrandom.rand(queue, (2, 2, 7, 8), np.float32, a=-1, b=1)
+    v = clrandom.rand(queue, (2, 2, 7, 8), np.float32, a=-1, b=1)
+    out = clattn.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    np.testing.assert_allclose(out.get(), reference(q.get(), k.get(), v.get(), gqa=True),
+                               rtol=1e-5, atol=2e-6)
+    with pytest.raises(clattn.ArgumentError, match="enable_gqa"):
+        clattn.scaled_dot_product_attention(q, k, v, enable_gqa=False)
+
+
 def test_mixed_inputs_raise(queue):
     q = clrandom.rand(queue, (1, 1, 3, 4), np.float32)
     with pytest.raises(clattn.ArgumentError, match="pyopencl"):

@@ -81,6 +81,23 @@ def test_causal_scale_gqa(ctx, path):
                                rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("heads", [(8, 2), (6, 3), (4, 2)])
+def test_divisor_heads_need_enable_gqa(ctx, heads):
+    # As torch: key/value heads that divide the query's (grouped-query shapes) still raise
+    # without enable_gqa=True, also after the same shapes ran with it (the call cache keys
+    # include enable_gqa), and whether it is left out or passed as False.
+    hq, hkv = heads
+    rng = np.random.default_rng(hq * 10 + hkv)
+    q, k, v = rand(rng, 2, hq, 5, 8), rand(rng, 2, hkv, 7, 8), rand(rng, 2, hkv, 7, 8)
+    out = clattn.scaled_dot_product_attention(q, k, v, enable_gqa=True, ctx=ctx)
+    np.testing.assert_allclose(out, reference(q, k, v, gqa=True), rtol=1e-5, atol=2e-6)
+    for call in (lambda: clattn.scaled_dot_product_attention(q, k, v, ctx=ctx),
+                 lambda: clattn.scaled_dot_product_attention(q, k, v, enable_gqa=False,
+                                                             ctx=ctx)):
+        with pytest.raises(clattn.ArgumentError, match="enable_gqa"):
+            call()
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kind", ["bool", "float"])
 @pytest.mark.parametrize("mask_shape", [(13, 29), (1, 13, 29), (2, 1, 13, 29), (29,),
