@@ -6,8 +6,12 @@
 #         lanes: pocl asan fuzz rusticl oclgrind onnx python mutants resources (default: pocl
 #         asan fuzz rusticl oclgrind onnx python; with --full, all nine)
 #
-# Two tiers. The default is the CI tier, sized to stay near 45 minutes on the 2-core CI machine
+# Two tiers. The default is the CI tier, sized to stay under 40 minutes on the 2-core CI machine
 # (the times are in README); --full runs every lane at full scale (about 2.5 hours there).
+# The ctest lanes (pocl, asan, rusticl) run $(nproc) entries at a time: a suite alone leaves a
+# core idle while it compiles kernels or computes its float64 references on one thread, and
+# no entry shares a file or folder with another (temporary folders; the tune -> *_tuned order
+# is a ctest fixture). Oclgrind already runs work-groups on every core.
 #
 #   pocl      the whole ctest suite on PoCL (the default device), build/, configured with
 #             -DCLATTN_MPI=ON (ring attention: mpi_1..mpi_4 and cli_ring under mpirun
