@@ -36,8 +36,9 @@
 #             split/concat, half storage, the fused kernel and its additive variant, the
 #             additive score tiles, positional encodings, rotary embeddings) and mpi (check_mpi
 #             on 2 ranks, each under Oclgrind: the ring's merge kernel and its offset
-#             sub-plans; about 2 minutes); --full adds the softmax, matmul, plan and runtime
-#             suites. Then, in both tiers, the GPU work model (tests/gpu_model/run.sh: each GPU
+#             sub-plans; about 2 minutes) and sweep (12 small draws of the interaction sweep
+#             with GPU parameters: about 35 s); --full adds the softmax, matmul, plan and
+#             runtime suites. Then, in both tiers, the GPU work model (tests/gpu_model/run.sh: each GPU
 #             kernel's loads, stores, barriers, FMAs and exps under Oclgrind --inst-counts
 #             against closed-form formulas; about 35 s of CPU)
 #   onnx      ONNX's own Attention node tests (93, from the pinned onnx package in a virtual
@@ -138,9 +139,10 @@ lane_rusticl() {
 lane_oclgrind() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/oclgrind_lane.sh build softmax matmul attention mha flash plan \
-            runtime posenc rope additive mpi
+            runtime posenc rope additive mpi sweep
     else
-        ensure_build && tests/oclgrind_lane.sh build attention mha flash posenc rope additive mpi
+        ensure_build && tests/oclgrind_lane.sh build attention mha flash posenc rope additive mpi \
+            sweep
     fi
     local status=$?
     # The GPU work model (tests/gpu_model): every GPU kernel's counts against their formulas.

@@ -782,7 +782,9 @@ static void describe_sdpa(pb_sdpa_problem *p)
         "q=%s/%s k=%s/%s v=%s/%s out=%s/%s mask=%s padding=%d fully_masked=%d weights=%d "
         "lse=%d softcap=%g kv_len=%d past=%zu window=%s(%lld,%lld) alibi=%d diag_offset=%lld",
         s->batch, s->heads, s->kv_heads ? s->kv_heads : s->heads, s->seq_q, s->seq_k, s->dk, s->dv,
-        (double)s->scale, s->norm == CLATTN_NORM_RELU ? "relu" : "softmax", causal_name(s->causal),
+        (double)s->scale,
+        s->norm == CLATTN_NORM_RELU ? "relu" : s->softmax_f64 ? "softmax_f64" : "softmax",
+        causal_name(s->causal),
         path_name(s->path), pb_dtype_name(s->q_dtype), pb_layout_name(s->q_layout),
         pb_dtype_name(s->k_dtype), pb_layout_name(s->k_layout), pb_dtype_name(s->v_dtype),
         pb_layout_name(s->v_layout), pb_dtype_name(s->out_dtype), pb_layout_name(s->out_layout),
