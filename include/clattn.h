@@ -410,8 +410,10 @@ typedef struct clattn_sdpa_desc {
     size_t rope_start;
     /* The diagonal of CLATTN_CAUSAL_OFFSET (causal and window_align): query i sees keys
      * j <= i + diag_offset (causal). Any value: past the keys on either side it leaves every
-     * row all keys, or none (a row with no key gives zeros and lse -INFINITY). Unused with
-     * the other alignments. Since 0.6. */
+     * row all keys, or none (a row with no key gives zeros and lse -INFINITY). With a
+     * window the edges are i + diag_offset - window_left and i + diag_offset + window_right,
+     * summed exactly (window sizes as large as the diagonal cancel it). Unused with the other
+     * alignments. Since 0.6. */
     long long diag_offset;
 } clattn_sdpa_desc;
 

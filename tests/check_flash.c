@@ -338,6 +338,11 @@ static const offset_case offset_cases[] = {
     {1, 8, 2,   1, 127, 64, 64, 1, 0,  0,  0, 126,                        0, 0, 0},
     {2, 3, 1, 100, 300, 32, 48, 1, 1, 70, -1, 150,                        1, 1, 1},
     {1, 1, 0, 129, 129, 64, 64, 1, 1,  1000000000000LL, 3, -64,           0, 0, 0},
+    /* huge window sizes against a huge diagonal: the edges are their sums (found by the
+     * sweep: a right size past 2^34 was taken as unbounded before it was added) */
+    {1, 2, 0,   1,   5,  8,  8, 0, 1, -1, 1LL << 40, -(1LL << 40),       0, 0, 0},
+    {1, 2, 0,   9,  13,  8,  8, 1, 1,  1LL << 40, 3, 1LL << 40,           0, 0, 0},
+    {2, 2, 0,   6,  11,  8,  8, 0, 1, 1LL << 40, 1LL << 40, -(1LL << 40) + 2, 1, 0, 0},
 };
 /* clang-format on */
 

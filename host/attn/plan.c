@@ -251,13 +251,45 @@ static long long band_bound(long long size)
     return size < 0 || size > (1LL << 34) ? -1 : size;
 }
 
-/* CLATTN_CAUSAL_OFFSET's diagonal clamped to +-2^36: beyond the reach of any row and key
- * (dims fit 32 bits, window bounds 2^34) it changes nothing, and the kernels' sums of row,
- * diagonal and bound stay far inside a long. */
-static long long band_diag_clamp(long long diag)
+/* a + b, each first held to +-2^61 so that the sum cannot overflow: far past any position. */
+static long long add_held(long long a, long long b)
 {
-    const long long reach = 1LL << 36;
-    return diag > reach ? reach : diag < -reach ? -reach : diag;
+    const long long cap = 1LL << 61;
+    a = a > cap ? cap : a < -cap ? -cap : a;
+    b = b > cap ? cap : b < -cap ? -cap : b;
+    return a + b;
+}
+
+/* CLATTN_CAUSAL_OFFSET's band: query i sees keys up to i + diag (causal) and from
+ * i + diag - left to i + diag + right (window). The diagonal may be huge, so a huge window size
+ * is not "unbounded" by itself (a diagonal of -2^40 and a right size of 2^40 end the band at
+ * the row): each edge is summed first, then an edge past any key reachable (keys and rows lie
+ * below 2^32) becomes unbounded on its open side and is held to +-2^34 on the other, and the
+ * band is written as (diag = the upper edge, upper 0, lower = upper - lower edge). */
+static void offset_band(bool causal, bool window, long long window_left, long long window_right,
+                        long long diag_offset, clattn__score_shape *score)
+{
+    const long long reach = 1LL << 34;
+    bool has_upper = causal, has_lower = false;
+    long long upper = diag_offset, lower = 0;
+    if (window && window_right >= 0) {
+        const long long edge = add_held(diag_offset, window_right);
+        upper = has_upper && upper < edge ? upper : edge;
+        has_upper = true;
+    }
+    if (window && window_left >= 0) {
+        lower = add_held(diag_offset, -window_left);
+        has_lower = true;
+    }
+    if (has_upper && upper > reach)
+        has_upper = false; /* past every key: no upper bound */
+    if (has_lower && lower < -reach)
+        has_lower = false; /* before every key: no lower bound */
+    upper = upper < -reach ? -reach : upper; /* before every key: nothing kept */
+    lower = lower > reach ? reach : lower;   /* past every key: nothing kept */
+    score->band_diag = has_upper ? upper : has_lower ? lower : 0;
+    score->band_upper = has_upper ? 0 : -1;
+    score->band_lower = !has_lower ? -1 : score->band_diag - lower > 0 ? score->band_diag - lower : 0;
 }
 
 clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_causal window_align,
@@ -303,7 +335,9 @@ clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_
     } else if (align == CLATTN_CAUSAL_ONNX && past_len >= 0) {
         score->band_diag = past_len; /* ONNX: the keys before this block */
     } else if (align == CLATTN_CAUSAL_OFFSET) {
-        score->band_diag = band_diag_clamp(diag_offset);
+        offset_band(causal != CLATTN_CAUSAL_NONE, window_align != CLATTN_CAUSAL_NONE,
+                    window_left, window_right, diag_offset, score);
+        return CLATTN_SUCCESS;
     }
     score->band_upper = causal != CLATTN_CAUSAL_NONE ? 0 : -1;
     score->band_lower = -1;
