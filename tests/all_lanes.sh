@@ -43,8 +43,8 @@
 #             against closed-form formulas; about 35 s of CPU)
 #   onnx      ONNX's own Attention node tests (93, from the pinned onnx package in a virtual
 #             environment, build/venv-onnx: needs python3-venv and PyPI) through `clattn sdpa`
-#             on both paths, on PoCL and under Oclgrind (tests/onnx/run.sh); the same in both
-#             tiers
+#             on both paths, on PoCL and under Oclgrind (tests/onnx/run.sh); CI tier: under
+#             Oclgrind the fused path only
 #   python    the Python package (tests/python/run.sh): a venv build/venv-python (numpy, pytest,
 #             hypothesis, ml_dtypes, pyopencl from PyPI), `pip install .` through the in-tree
 #             backend, pytest on tests/python; then again on a wheel built with ASan + UBSan
@@ -149,7 +149,13 @@ lane_oclgrind() {
     ensure_build && tests/gpu_model/run.sh build || status=1
     return "$status"
 }
-lane_onnx() { ensure_build && POCL_CACHE_DIR="$cache" tests/onnx/run.sh build; }
+# CI tier: under Oclgrind the fused path only (the unfused path's GPU kernels run under
+# Oclgrind in the oclgrind lane's suites, ONNX's cases on that path on PoCL here).
+lane_onnx() {
+    local paths=fused
+    [ "$full" -eq 1 ] && paths=fused,unfused
+    ensure_build && POCL_CACHE_DIR="$cache" ONNX_OCLGRIND_PATHS=$paths tests/onnx/run.sh build
+}
 lane_mutants() { ensure_build && tests/mutants/run.sh build; }
 # Exit status 77 (tools missing) is passed on: the loop below records the lane as SKIPPED.
 lane_resources() {
