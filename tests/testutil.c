@@ -519,6 +519,12 @@ int tu_small(void)
     return 0;
 }
 
+int tu_full(void)
+{
+    const char *scale = getenv("CLATTN_TEST_SCALE");
+    return scale != NULL && strcmp(scale, "full") == 0;
+}
+
 void tu_not_run(const char *format, ...)
 {
     char what[1024];
@@ -526,7 +532,8 @@ void tu_not_run(const char *format, ...)
     va_start(args, format);
     vsnprintf(what, sizeof what, format, args);
     va_end(args);
-    printf("%s: NOT RUN (CLATTN_TEST_SCALE=small): %s\n", suite_name_, what);
+    printf("%s: NOT RUN (CLATTN_TEST_SCALE=%s): %s\n", suite_name_,
+           tu_small() ? "small" : "unset, the CI tier; =full runs them", what);
     fflush(stdout);
 }
 

@@ -142,8 +142,14 @@ int tu_starts_with(const char *text, const char *prefix);
  * any other value is reported on stderr and treated as full. */
 int tu_small(void);
 
-/* Prints one loud line, "<suite>: NOT RUN (CLATTN_TEST_SCALE=small): <what>", naming the cases
- * a reduced run leaves unregistered and why. */
+/* 1 when CLATTN_TEST_SCALE=full (tests/all_lanes.sh --full): a suite then runs the whole cross
+ * product of a case table that the CI tier (scale unset, the pocl lane in CI) samples, where
+ * a table is mostly PoCL kernel compilations (one per variant and size). Unset or small: 0. */
+int tu_full(void);
+
+/* Prints one loud line, "<suite>: NOT RUN (CLATTN_TEST_SCALE=small): <what>" (or "unset, the CI
+ * tier; =full runs them" when the scale is not small), naming the cases a reduced run leaves
+ * unregistered and why. */
 void tu_not_run(const char *format, ...) CK_ATTRIBUTE_FORMAT(printf, 1, 2);
 
 /* Registers `test` for the loop indices [start, end) except the skip_count ones in `skip`: how
