@@ -25,7 +25,7 @@
 #             suite, which is what the sanitizers instrument (PoCL's kernels are not). Except
 #             flash_gpu_params: the GPU fused kernels' launch code (flash.c's argument list for
 #             flash.cl/flash_gpu.cl once overran its array, unseen by the CI tier); 30 s.
-#   fuzz      each libFuzzer target for FUZZ_SECONDS (default 60; CI tier 30), build-fuzz/ (clang)
+#   fuzz      each libFuzzer target for FUZZ_SECONDS (default 60; CI tier 20), build-fuzz/ (clang)
 #   rusticl   the ctest suite again on Mesa's rusticl (tests/rusticl_lane.sh), build/, less the
 #             entries that only change parameters or test host-side code (rusticl_skip below);
 #             CI tier: CLATTN_TEST_SCALE=small and not flash_cpu_split (every kernel variant still
@@ -81,10 +81,27 @@ jobs=$(nproc 2>/dev/null || echo 2)
 cache=$PWD/build/pocl-cache
 mkdir -p "$cache"
 
+# CI tier: PoCL builds the kernels of the pocl and asan lanes without optimization
+# (-cl-opt-disable through POCL_EXTRA_BUILD_FLAGS; its kernel cache keys on the flags). Those
+# lanes were mostly LLVM optimizing kernel variants that then ran for milliseconds (perf: 85 %
+# of a check_plan run in libLLVM; check_plan 315 s with a cold cache, 7 s warm, 40 s at -O0;
+# check_flash 509 s -> 64 s). Optimized kernels still run in the CI tier: the rusticl lane
+# (Mesa's optimizer, every suite), the onnx and python lanes (PoCL optimized, their own cache
+# entries), and --full runs the pocl and asan lanes with PoCL's optimizer.
+pocl_flags() {
+    if [ "$full" -eq 1 ]; then
+        printf '%s' "${POCL_EXTRA_BUILD_FLAGS:-}"
+    else
+        printf '%s' "${POCL_EXTRA_BUILD_FLAGS:+$POCL_EXTRA_BUILD_FLAGS }-cl-opt-disable"
+    fi
+}
 lane_pocl() {
+    local scale=
+    [ "$full" -eq 1 ] && scale=full
     cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" -DCLATTN_MPI=ON &&
         cmake --build build -j"$jobs" &&
-        (cd build && ctest --output-on-failure -j"$jobs")
+        (cd build && POCL_EXTRA_BUILD_FLAGS=$(pocl_flags) CLATTN_TEST_SCALE=$scale \
+            ctest --output-on-failure -j"$jobs")
 }
 # The asan lane loads PoCL's ICD only (OCL_ICD_VENDORS: a folder with pocl.icd). Clover
 # (mesa.icd), on AMD CPUs: its gallium pipe driver (pipe_swrast.so, dlclose'd at exit) leaves 128
@@ -110,6 +127,7 @@ lane_asan() {
         -DCLATTN_TEST_POCL_CACHE="$cache" &&
         cmake --build build-asan -j"$jobs" &&
         (cd build-asan && OCL_ICD_VENDORS="$vendors" CLATTN_TEST_SCALE=$scale \
+            POCL_EXTRA_BUILD_FLAGS=$(pocl_flags) \
             ctest --output-on-failure -j"$jobs" -E "$exclude")
     local status=$?
     rm -rf "$vendors"
@@ -118,7 +136,7 @@ lane_asan() {
 lane_fuzz() {
     CC=clang cmake -S . -B build-fuzz -DCLATTN_FUZZ=ON -DCLATTN_BUILD_TESTS=OFF &&
         cmake --build build-fuzz -j"$jobs" &&
-        tests/fuzz/run.sh build-fuzz "${FUZZ_SECONDS:-$([ "$full" -eq 1 ] && echo 60 || echo 30)}"
+        tests/fuzz/run.sh build-fuzz "${FUZZ_SECONDS:-$([ "$full" -eq 1 ] && echo 60 || echo 20)}"
 }
 ensure_build() {
     cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" -DCLATTN_MPI=ON >/dev/null &&
