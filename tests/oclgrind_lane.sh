@@ -129,7 +129,9 @@ if [ "${OCLGRIND_LANE_CANARY:-1}" != 0 ]; then
     rm -rf "$canary_dir"
     cp -r "$source_dir/kernels" "$canary_dir"
     # After softmax_rows' last loop every work-item writes its own id to scratch[0], which
-    # nothing reads again: a write-write race that leaves every result as it was.
+    # nothing reads again: a write-write race that leaves every result as it was. The suite's
+    # "numerics" case is enough (7 tests, 26 s here; "masks" took 62 s): Oclgrind stops
+    # printing at 1000 race reports either way.
     sed -i '/^        out\[c\] \*= inv;$/a\    scratch[0] = (float)lid; /* canary race */' \
         "$canary_dir/softmax.cl"
     start=$(now)
@@ -140,7 +142,7 @@ if [ "${OCLGRIND_LANE_CANARY:-1}" != 0 ]; then
         echo "canary: FAILED: $build_dir/check_softmax missing"
         failed_any=1
     else
-        run_one canary "$logs/canary" CLATTN_KERNEL_DIR="$canary_dir" CK_RUN_CASE=masks -- \
+        run_one canary "$logs/canary" CLATTN_KERNEL_DIR="$canary_dir" CK_RUN_CASE=numerics -- \
             "$build_dir/check_softmax" >"$logs/canary.lane"
         races=$(grep -c 'data race' "$logs/canary.out")
         if [ "$status" -eq 0 ] && [ "$findings" -gt 0 ] && [ "$races" -gt 0 ]; then
