@@ -15,7 +15,10 @@
 #
 #   pocl      the whole ctest suite on PoCL (the default device), build/, configured with
 #             -DCLATTN_MPI=ON (ring attention: mpi_1..mpi_4 and cli_ring under mpirun
-#             --oversubscribe; the rusticl lane leaves them out); the same in both tiers
+#             --oversubscribe; the rusticl lane leaves them out); every entry in both tiers.
+#             CI tier: scale unset (check_flash samples a third of its CPU-kernel variant cases)
+#             and PoCL's kernel optimizer off (see pocl_flags); --full: CLATTN_TEST_SCALE=full
+#             for the entries without a scale of their own (the sweep's 1500 draws included)
 #   asan      the ctest suite built with ASan + UBSan (LeakSanitizer on, -O2 -g), build-asan/,
 #             less runtime_rusticl (Mesa's compiler under ASan's allocator took 441 s of the
 #             lane's 713; the rusticl lane runs that suite on rusticl, and the pocl lane runs it
@@ -36,7 +39,7 @@
 #             split/concat, half storage, the fused kernel and its additive variant, the
 #             additive score tiles, positional encodings, rotary embeddings) and mpi (check_mpi
 #             on 2 ranks, each under Oclgrind: the ring's merge kernel and its offset
-#             sub-plans; about 2 minutes) and sweep (12 small draws of the interaction sweep
+#             sub-plans; about 80 s) and sweep (12 small draws of the interaction sweep
 #             with GPU parameters: about 35 s); --full adds the softmax, matmul, plan and
 #             runtime suites. Then, in both tiers, the GPU work model (tests/gpu_model/run.sh: each GPU
 #             kernel's loads, stores, barriers, FMAs and exps under Oclgrind --inst-counts
@@ -81,13 +84,16 @@ jobs=$(nproc 2>/dev/null || echo 2)
 cache=$PWD/build/pocl-cache
 mkdir -p "$cache"
 
-# CI tier: PoCL builds the kernels of the pocl and asan lanes without optimization
-# (-cl-opt-disable through POCL_EXTRA_BUILD_FLAGS; its kernel cache keys on the flags). Those
-# lanes were mostly LLVM optimizing kernel variants that then ran for milliseconds (perf: 85 %
-# of a check_plan run in libLLVM; check_plan 315 s with a cold cache, 7 s warm, 40 s at -O0;
-# check_flash 509 s -> 64 s). Optimized kernels still run in the CI tier: the rusticl lane
-# (Mesa's optimizer, every suite), the onnx and python lanes (PoCL optimized, their own cache
-# entries), and --full runs the pocl and asan lanes with PoCL's optimizer.
+# CI tier: PoCL builds every lane's kernels without optimization (-cl-opt-disable through
+# POCL_EXTRA_BUILD_FLAGS; its kernel cache keys on the flags). The PoCL lanes were mostly LLVM
+# optimizing kernel variants that then ran for milliseconds (perf: 85 % of a check_plan run in
+# libLLVM; check_plan 315 s with a cold cache, 7 s warm; the masks case 98 s -> 19 s at -O0;
+# check_flash 509 s -> 64 s; the pocl lane 969-1141 s -> 340 s; the onnx and python lanes
+# +90 and +154 s when their variants were not already built optimized by the pocl lane).
+# Optimized kernel code still runs in the CI tier: Oclgrind runs LLVM's -Oz pipeline on every
+# kernel before interpreting it (with race detection), and the rusticl lane compiles every
+# suite's variants through Mesa's optimizing LLVM back end. --full runs every lane with PoCL's
+# optimizer.
 pocl_flags() {
     if [ "$full" -eq 1 ]; then
         printf '%s' "${POCL_EXTRA_BUILD_FLAGS:-}"
@@ -172,7 +178,8 @@ lane_oclgrind() {
 lane_onnx() {
     local paths=fused
     [ "$full" -eq 1 ] && paths=fused,unfused
-    ensure_build && POCL_CACHE_DIR="$cache" ONNX_OCLGRIND_PATHS=$paths tests/onnx/run.sh build
+    ensure_build && POCL_CACHE_DIR="$cache" POCL_EXTRA_BUILD_FLAGS=$(pocl_flags) \
+        ONNX_OCLGRIND_PATHS=$paths tests/onnx/run.sh build
 }
 lane_mutants() { ensure_build && tests/mutants/run.sh build; }
 # Exit status 77 (tools missing) is passed on: the loop below records the lane as SKIPPED.
@@ -187,8 +194,11 @@ lane_resources() {
     return $status
 }
 lane_python() {
-    ensure_build && POCL_CACHE_DIR="$cache" tests/python/run.sh build &&
-        POCL_CACHE_DIR="$cache" CLATTN_PY_ASAN=1 tests/python/run.sh build
+    local flags
+    flags=$(pocl_flags)
+    ensure_build && POCL_CACHE_DIR="$cache" POCL_EXTRA_BUILD_FLAGS=$flags tests/python/run.sh build &&
+        POCL_CACHE_DIR="$cache" POCL_EXTRA_BUILD_FLAGS=$flags CLATTN_PY_ASAN=1 \
+            tests/python/run.sh build
 }
 
 names=() results=() times=()
