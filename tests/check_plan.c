@@ -1314,9 +1314,18 @@ static void kv_append(kv_model *m, size_t n)
             m->length += n;
         }
     } else {
-        tu_expect(status == CLATTN_ERR_INVALID_SHAPE && strstr(clattn_last_error(ctx), "capacity"),
-                  "%zu keys more at length %zu of %d: %s (%d): %s", n, m->length, (int)KV_CAP,
-                  clattn_status_string(status), (int)status, clattn_last_error(ctx));
+        /* The message gives numbers to act on: what still fits and the capacity needed. */
+        char needs[64], fits_now[64];
+        snprintf(needs, sizeof needs, "capacity >= %zu", m->length + n);
+        if (m->length == (size_t)KV_CAP)
+            snprintf(fits_now, sizeof fits_now, "full (%zu of %d keys)", m->length, (int)KV_CAP);
+        else
+            snprintf(fits_now, sizeof fits_now, "only %zu more fit", (size_t)KV_CAP - m->length);
+        tu_expect(status == CLATTN_ERR_INVALID_SHAPE && strstr(clattn_last_error(ctx), needs) &&
+                      strstr(clattn_last_error(ctx), fits_now),
+                  "%zu keys more at length %zu of %d: %s (%d): %s (want '%s' and '%s')", n,
+                  m->length, (int)KV_CAP, clattn_status_string(status), (int)status,
+                  clattn_last_error(ctx), needs, fits_now);
     }
     clattn_finish(ctx);
     tu_release_mem(k_mem);

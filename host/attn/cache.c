@@ -223,11 +223,26 @@ clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, k ? "v" : "k");
     const clattn_kv_cache_desc *d = &cache->desc;
     const size_t n = k->rank == 4 ? k->dims[2] : 0;
-    if (n == 0 || n > d->capacity - cache->length)
+    if (n == 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                            "%s: k brings %zu keys; the cache holds %zu of its capacity %zu, so "
-                            "1 to %zu fit (reset it, or create a larger one)",
-                            op, n, cache->length, d->capacity, d->capacity - cache->length);
+                            "%s: k has %s; expected (%zu, %zu, n >= 1, %zu) with n new keys", op,
+                            k->rank == 4 ? "0 keys (dims[2] = 0)" : "rank != 4", d->batch,
+                            d->kv_heads, d->head_dim_qk);
+    const size_t room = d->capacity - cache->length;
+    if (n > room) {
+        /* Numbers a user can act on: what fits now, and the capacity this append needs. */
+        if (room == 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                "%s: the cache is full (%zu of %zu keys), k brings %zu more: "
+                                "reset it (clattn_kv_cache_reset), or create one with capacity "
+                                ">= %zu",
+                                op, cache->length, d->capacity, n, cache->length + n);
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: k brings %zu keys but only %zu more fit (the cache holds %zu of "
+                            "its capacity %zu): append at most %zu, reset it, or create one with "
+                            "capacity >= %zu",
+                            op, n, room, cache->length, d->capacity, room, cache->length + n);
+    }
     clattn__view k_view, v_view;
     if ((status = new_block(cache, op, "k", k, d->head_dim_qk, n, &k_view)) ||
         (status = new_block(cache, op, "v", v, d->head_dim_v, n, &v_view)))

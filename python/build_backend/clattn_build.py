@@ -4,7 +4,10 @@ is empty), so `pip install .` and `python -m build --wheel` work offline; CMake,
 and the OpenCL headers and ICD loader must be installed (Debian: cmake gcc pkg-config
 ocl-icd-opencl-dev opencl-c-headers libcjson-dev libpng-dev). The OpenCL device stays the
 system's. Environment: CLATTN_CMAKE_ARGS (extra -D options, e.g. -DCLATTN_SANITIZE=ON),
-CLATTN_BUILD_DIR (default build-python in the source tree)."""
+CLATTN_BUILD_DIR (the CMake build folder; default: a per-user cache folder,
+$XDG_CACHE_HOME/clattn/build-<hash of the source path> (~/.cache by default), kept so that a
+reinstall rebuilds incrementally, or a temporary folder removed afterwards where that cannot
+be made: nothing is written into the source tree, so a read-only checkout installs)."""
 
 from __future__ import annotations
 
@@ -15,9 +18,11 @@ import io
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sysconfig
 import tarfile
+import tempfile
 import zipfile
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -53,8 +58,26 @@ def _tag() -> str:
     return f"py3-none-{platform}"
 
 
-def _build_library() -> str:
-    build = os.environ.get("CLATTN_BUILD_DIR") or os.path.join(ROOT, "build-python")
+def _build_folder() -> tuple:
+    """(folder, temporary): CLATTN_BUILD_DIR, else a per-user cache folder keyed by the
+    source path, else a fresh temporary folder (temporary=True: the caller removes it)."""
+    chosen = os.environ.get("CLATTN_BUILD_DIR")
+    if chosen:
+        return chosen, False
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    key = hashlib.sha256(ROOT.encode()).hexdigest()[:16]
+    folder = os.path.join(cache, "clattn", f"build-{key}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, ".writable")
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write(ROOT + "\n")
+        return folder, False
+    except OSError:
+        return tempfile.mkdtemp(prefix="clattn-build-"), True
+
+
+def _build_library(build: str) -> str:
     extra = shlex.split(os.environ.get("CLATTN_CMAKE_ARGS", ""))
     subprocess.run(["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
                     "-DCLATTN_BUILD_TESTS=OFF", "-DCLATTN_BUILD_EXAMPLES=OFF"] + extra,
@@ -112,7 +135,12 @@ def get_requires_for_build_sdist(config_settings=None):
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    return _write_wheel(wheel_directory, _build_library())
+    build, temporary = _build_folder()
+    try:
+        return _write_wheel(wheel_directory, _build_library(build))
+    finally:
+        if temporary:
+            shutil.rmtree(build, ignore_errors=True)
 
 
 def build_sdist(sdist_directory, config_settings=None):

@@ -8,7 +8,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import _lib
+from . import _lib, _torch
 from ._core import (ArgumentError, ArrayLike, Buffer, Context, Prepared, clattn_dtype,
                     default_context, layout)
 from ._lib import lib
@@ -50,7 +50,7 @@ def _to_rank4(name: str, a: np.ndarray, batch: tuple) -> np.ndarray:
 
 
 def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike,
-                                 attn_mask: Optional[ArrayLike] = None,
+                                 attn_mask: Optional[ArrayLike] = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: Optional[float] = None,
                                  enable_gqa: bool = False, *, ctx: Optional[Context] = None,
                                  path: str = "auto") -> ArrayLike:
@@ -68,14 +68,35 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     are read where they lie and the result is a pyopencl array on the same queue, enqueued
     there (no host round trip); the context is then ``Context.from_pyopencl(query.queue)``
     (made once per queue) unless ctx is given.
-    ctx: the clattn.Context (None: the default one). path: "auto" (the fused kernel where it
-    applies), "fused" or "unfused".
+    The positional order is torch's: (query, key, value, attn_mask, dropout_p, is_causal,
+    scale, enable_gqa); dropout_p must be 0 (dropout is not implemented: NotImplementedError).
+    torch tensors in give a torch tensor out, of the query's dtype and on its device (CPU
+    tensors are read in place through numpy views and the result wraps clattn's output
+    without a copy); numpy in gives numpy out.
+    ctx, path (keyword only): the clattn.Context (None: the default one); "auto" (the fused
+    kernel where it applies), "fused" or "unfused".
     Repeated calls with the same shapes, strides, dtypes and options reuse the plan made by
     the first (and, for numpy, its device buffers): a call then costs the copies, the launch
     and a few microseconds of Python (bench/python_overhead.py).
     Returns (..., Hq, L, Ev) in query's dtype. Raises clattn.ArgumentError (a ValueError) for
     bad shapes or options, TypeError for unsupported dtypes, clattn.DeviceError for device
     failures; a row whose keys are all masked gives zeros (PyTorch gives NaN)."""
+    if not isinstance(dropout_p, (int, float, np.integer, np.floating)) or \
+            isinstance(dropout_p, bool) or not 0.0 <= float(dropout_p) <= 1.0:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"dropout_p={dropout_p!r}: expected a probability in [0, 1] (the "
+                            f"5th positional argument, as in torch; is_causal is the 6th)")
+    if dropout_p > 0.0:
+        raise NotImplementedError(f"clattn: dropout_p={dropout_p}: dropout is not implemented "
+                                  f"(inference only); pass dropout_p=0.0")
+    like = _torch.any_tensor(query, key, value)
+    if like is not None:  # torch in, torch out: numpy views of the tensors' memory
+        result = scaled_dot_product_attention(
+            _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
+            _torch.to_numpy(attn_mask), 0.0, is_causal, scale, enable_gqa, ctx=ctx, path=path)
+        return _torch.from_numpy(result, like)
+    if _torch.is_tensor(attn_mask):
+        attn_mask = _torch.to_numpy(attn_mask)
     if path not in _PATHS:
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                             f"path={path!r}: expected 'auto', 'fused' or 'unfused'")

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import _lib
+from . import _lib, _torch
 from ._core import ArgumentError, ArrayLike, Buffer, Context, default_context, layout
 from ._lib import lib
 
@@ -18,7 +18,7 @@ def _numpy(value: Any, name: str) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor
         value = value.detach().cpu().numpy()
     a = np.asarray(value)
-    if a.dtype.kind != "f":
+    if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
         raise TypeError(f"clattn: {name} has dtype {a.dtype}; expected floats")
     return np.ascontiguousarray(a, dtype=np.float32)
 
@@ -32,7 +32,8 @@ class MultiheadAttention:
     or numpy arrays), then call it like the PyTorch module. Weights live on the device from
     then on; plans are made once per input shape.
 
-    Inputs: numpy arrays or torch CPU tensors (computed in float32, numpy results), or
+    Inputs: numpy arrays (computed in float32, numpy results), torch tensors (torch results
+    of the query's dtype on its device; CPU tensors are read through numpy views), or
     pyopencl arrays when the module is made with ``ctx=clattn.Context.from_pyopencl(queue)``
     (read where they lie, results are pyopencl arrays on that queue).
 
@@ -108,6 +109,14 @@ class MultiheadAttention:
         if any(_is_pyopencl(a) for a in (query, key, value)):
             return self._call_device(query, key, value, key_padding_mask, need_weights,
                                      attn_mask, average_attn_weights, is_causal)
+        like = _torch.any_tensor(query, key, value)
+        if like is not None:  # torch in, torch out (of the query's dtype, on its device)
+            out, weights = self(*(_torch.to_numpy(a) for a in (query, key, value)),
+                                _torch.to_numpy(key_padding_mask), need_weights,
+                                _torch.to_numpy(attn_mask), average_attn_weights, is_causal)
+            dtype = like.dtype if like.dtype.is_floating_point else None
+            return (_torch.from_numpy(out, like, dtype),
+                    _torch.from_numpy(weights, like, dtype))
         q, k, v = _numpy(query, "query"), _numpy(key, "key"), _numpy(value, "value")
         batched = q.ndim == 3
         if q.ndim not in (2, 3) or k.ndim != q.ndim or v.ndim != q.ndim:

@@ -40,8 +40,28 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "$needs" 2>/dev/null; 
         exit 1
     }
 fi
-CLATTN_BUILD_DIR=$wheel_build CLATTN_CMAKE_ARGS=$cmake_args "$venv/bin/pip" install -q \
-    --force-reinstall --no-deps "$root" || { echo "python: pip install . failed" >&2; exit 1; }
+if [ "$asan" = 1 ]; then
+    CLATTN_BUILD_DIR=$wheel_build CLATTN_CMAKE_ARGS=$cmake_args "$venv/bin/pip" install -q \
+        --force-reinstall --no-deps "$root" || { echo "python: pip install . failed" >&2; exit 1; }
+else
+    # `pip install .` from a read-only copy of the checkout (the tracked files, mtimes kept),
+    # with the backend's default build folder (no CLATTN_BUILD_DIR; XDG_CACHE_HOME points it
+    # into BUILD_DIR so that reruns rebuild incrementally): nothing may be written into the
+    # source tree.
+    src=$build/python-src-readonly
+    { [ ! -e "$src" ] || { chmod -R u+w "$src" && rm -rf "$src"; }; } && mkdir -p "$src" &&
+        (cd "$root" && git ls-files -z | xargs -0 cp -a --parents -t "$src") &&
+        chmod -R a-w "$src" || { echo "python: cannot make a read-only copy of $root" >&2; exit 1; }
+    env -u CLATTN_BUILD_DIR XDG_CACHE_HOME="$build/python-cache" CLATTN_CMAKE_ARGS=$cmake_args \
+        "$venv/bin/pip" install -q --force-reinstall --no-deps "$src" ||
+        { echo "python: pip install . from a read-only checkout failed" >&2; exit 1; }
+    # root ignores the mode bits: check that no file appeared in the copy
+    stray=$(cd "$src" && find . -type f | sed 's|^\./||' | sort |
+        comm -23 - <(cd "$root" && git ls-files | sort) | head -3)
+    if [ -n "$stray" ]; then
+        echo "python: pip install wrote into the source tree: $stray" >&2; exit 1
+    fi
+fi
 cd "$build" || exit 1
 if [ "$asan" = 1 ]; then
     vendors=$(mktemp -d)

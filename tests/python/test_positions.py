@@ -86,6 +86,17 @@ def test_kv_cache_steps(path):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
     cache.reset()
     assert len(cache) == 0
-    with pytest.raises(clattn.Error, match="capacity"):
-        cache.append(np.zeros((b, hkv, 33, d), np.float32), np.zeros((b, hkv, 33, d), np.float32))
+    # numbers a user can act on: how many fit, and the capacity the append needs
+    cap = 32
+    with pytest.raises(clattn.Error, match=f"capacity >= {cap + 1}"):
+        cache.append(np.zeros((b, hkv, cap + 1, d), np.float32),
+                     np.zeros((b, hkv, cap + 1, d), np.float32))
+    def zeros(n):
+        return np.zeros((b, hkv, n, d), np.float32)
+    cache.append(zeros(cap - 2), zeros(cap - 2))
+    with pytest.raises(clattn.Error, match=rf"only 2 more fit .*capacity >= {cap + 1}"):
+        cache.append(zeros(3), zeros(3))
+    cache.append(zeros(2), zeros(2))
+    with pytest.raises(clattn.Error, match=rf"full \({cap} of {cap} keys\).*capacity >= {cap + 1}"):
+        cache.append(zeros(1), zeros(1))
     cache.close()

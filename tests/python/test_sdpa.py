@@ -81,6 +81,47 @@ def test_causal_scale_gqa(ctx, path):
                                rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_positional_order_is_torchs(ctx, path):
+    # torch's order: (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa).
+    # (q, k, v, None, 0.0, True) is causal attention; clattn once read 0.0 as is_causal and
+    # True as the scale (a result 2.49 off torch's).
+    rng = np.random.default_rng(11)
+    q, k, v = rand(rng, 2, 4, 17, 8), rand(rng, 2, 2, 17, 8), rand(rng, 2, 2, 17, 8)
+    sdpa = clattn.scaled_dot_product_attention
+    got = sdpa(q, k[:, :1].repeat(4, 1), v[:, :1].repeat(4, 1), None, 0.0, True, ctx=ctx,
+               path=path)
+    want = reference(q, k[:, :1].repeat(4, 1), v[:, :1].repeat(4, 1), causal=True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+    got = sdpa(q, k, v, None, 0.0, True, 0.3, True, ctx=ctx, path=path)
+    np.testing.assert_allclose(got, reference(q, k, v, causal=True, scale=0.3, gqa=True),
+                               rtol=1e-5, atol=2e-6)
+    keyword = sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True, scale=0.3,
+                   enable_gqa=True, ctx=ctx, path=path)
+    np.testing.assert_array_equal(got, keyword)
+    mask = rng.random((17, 17)) < 0.7
+    got = sdpa(q, k, v, mask, 0.0, False, None, True, ctx=ctx, path=path)
+    np.testing.assert_allclose(got, reference(q, k, v, mask=mask, gqa=True), rtol=1e-5,
+                               atol=2e-6)
+
+
+def test_dropout_and_keyword_only_extras(ctx):
+    rng = np.random.default_rng(12)
+    q = rand(rng, 1, 2, 5, 4)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        clattn.scaled_dot_product_attention(q, q, q, None, 0.1)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        clattn.scaled_dot_product_attention(q, q, q, dropout_p=0.5, ctx=ctx)
+    for bad in (-0.5, 1.5, True, "0.1"):
+        with pytest.raises(clattn.ArgumentError, match="dropout_p"):
+            clattn.scaled_dot_product_attention(q, q, q, None, bad, ctx=ctx)
+    # ctx and path are keyword-only: a 9th positional argument is refused, not taken as ctx
+    with pytest.raises(TypeError):
+        clattn.scaled_dot_product_attention(q, q, q, None, 0.0, False, None, False, ctx)
+    out = clattn.scaled_dot_product_attention(q, q, q, None, 0, ctx=ctx)  # an int 0 is fine
+    np.testing.assert_allclose(out, reference(q, q, q), rtol=1e-5, atol=2e-6)
+
+
 @pytest.mark.parametrize("heads", [(8, 2), (6, 3), (4, 2)])
 def test_divisor_heads_need_enable_gqa(ctx, heads):
     # As torch: key/value heads that divide the query's (grouped-query shapes) still raise

@@ -3,6 +3,8 @@ no torch, whose Linux wheels on PyPI carry CUDA; run with a venv that has it, e.
 `CLATTN_PY_VENV=/work/venv-peers tests/python/run.sh build`): scaled_dot_product_attention
 and nn.MultiheadAttention with the same state_dict."""
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -21,7 +23,8 @@ def close(got, want, tol=2e-6):
 
 
 def test_sdpa_against_torch():
-    torch = pytest.importorskip("torch")
+    if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        pytest.skip(f"torch {torch.__version__} has no scaled_dot_product_attention (2.0+)")
     rng = np.random.default_rng(5)
     q, k, v = rand(rng, 2, 8, 65, 64), rand(rng, 2, 8, 127, 64), rand(rng, 2, 8, 127, 64)
     mask = rng.random((65, 127)) < 0.8
@@ -57,7 +60,10 @@ def test_mha_against_torch(path, kw, batch_first):
              {"attn_mask": torch.rand(l, s) < 0.2}, {"attn_mask": torch.randn(n * h, l, s)},
              {"average_attn_weights": False}, {"need_weights": False},
              {"attn_mask": torch.ones(l, s, dtype=torch.bool).triu(1), "is_causal": True}]
+    takes_is_causal = "is_causal" in inspect.signature(ref.forward).parameters  # torch 2.0+
     for args in cases:
+        if "is_causal" in args and not takes_is_causal:
+            continue
         if path == "fused" and args.get("need_weights", True):
             args = dict(args, need_weights=False)
         with torch.no_grad():
@@ -81,3 +87,78 @@ def test_mha_unbatched():
     out, weights = mha(x.numpy(), x.numpy(), x.numpy())
     close(out, want_out)
     close(weights, want_w)
+
+
+def reference64(q, k, v, causal=False):
+    """float64 attention on numpy arrays (B, H, L, E) with equal heads."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)) @ v
+
+
+DTYPES = {"float32": (torch.float32, 2e-6), "float64": (torch.float64, 2e-6),
+          "float16": (torch.float16, 2e-3), "bfloat16": (torch.bfloat16, 2e-2)}
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+@pytest.mark.parametrize("path", PATHS)
+def test_sdpa_torch_in_torch_out(name, path):
+    dtype, tol = DTYPES[name]
+    if dtype == torch.bfloat16:
+        pytest.importorskip("ml_dtypes")
+    g = torch.Generator().manual_seed(3)
+    q = torch.rand(2, 3, 17, 8, generator=g).to(dtype) * 2 - 1
+    k = torch.rand(2, 3, 23, 8, generator=g).to(dtype) * 2 - 1
+    v = torch.rand(2, 3, 23, 8, generator=g).to(dtype) * 2 - 1
+    out = clattn.scaled_dot_product_attention(q, k, v, None, 0.0, True, path=path)
+    assert isinstance(out, torch.Tensor) and out.dtype == dtype and out.device == q.device
+    assert out.shape == (2, 3, 17, 8)
+    want = reference64(*(t.float().numpy() for t in (q, k, v)), causal=True)
+    np.testing.assert_allclose(out.float().numpy(), want, rtol=10 * tol, atol=tol)
+    # a strided (non-contiguous) tensor is read where it lies, with the same result
+    kt = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert not kt.is_contiguous()
+    again = clattn.scaled_dot_product_attention(q, kt, v, is_causal=True, path=path)
+    assert torch.equal(again, out)
+    # a torch mask (bool, True = attend, as torch's SDPA) with torch inputs
+    mask = torch.rand(17, 23, generator=g) < 0.7
+    masked = clattn.scaled_dot_product_attention(q, k, v, mask, path=path)
+    assert isinstance(masked, torch.Tensor) and masked.dtype == dtype
+    # numpy in still gives numpy out
+    out_np = clattn.scaled_dot_product_attention(q.float().numpy(), k.float().numpy(),
+                                                 v.float().numpy(), is_causal=True, path=path)
+    assert isinstance(out_np, np.ndarray)
+
+
+def test_torch_conversions_share_memory():
+    from clattn import _torch as bridge
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()  # strided view
+    a = bridge.to_numpy(t)
+    assert a.shape == (4, 3) and np.shares_memory(a, t.numpy())
+    r = np.arange(6, dtype=np.float32).reshape(2, 3)
+    back = bridge.from_numpy(r, t)
+    assert isinstance(back, torch.Tensor) and np.shares_memory(back.numpy(), r)
+    grad = torch.ones(2, 2, requires_grad=True)  # detached, not refused
+    assert bridge.to_numpy(grad).shape == (2, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_mha_torch_in_torch_out(dtype):
+    torch.manual_seed(4)
+    ref = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    mha = clattn.MultiheadAttention(16, 4, batch_first=True)
+    mha.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 9, 16).to(dtype)
+    out, weights = mha(x, x, x)
+    assert isinstance(out, torch.Tensor) and out.dtype == dtype and out.device == x.device
+    assert isinstance(weights, torch.Tensor) and weights.dtype == dtype
+    with torch.no_grad():
+        want_out, want_w = ref(x.float(), x.float(), x.float())
+    tol = 2e-3 if dtype == torch.float16 else 2e-6
+    np.testing.assert_allclose(out.float().numpy(), want_out.numpy(), rtol=1e-3, atol=tol)
+    np.testing.assert_allclose(weights.float().numpy(), want_w.numpy(), rtol=1e-3, atol=tol)
+    out_np, _ = mha(x.float().numpy(), x.float().numpy(), x.float().numpy(), need_weights=False)
+    assert isinstance(out_np, np.ndarray)
