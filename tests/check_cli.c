@@ -1697,14 +1697,16 @@ START_TEST(test_demo_posenc)
               "%s is %u x %u, want %u x %u (one panel of 128 x 64)", png, width, height, want_width,
               want_height);
 
-    /* A PNG path that cannot be written: status 1, one line naming it. */
+    /* A PNG path that cannot be written: a bad option (2), found before any work, one line
+     * naming it. */
     snprintf(args, sizeof args, "demo posenc --png %s/no-such-folder/posenc.png", scratch);
     tu_set_case("clattn %s", args);
     int status = run_cli(args);
     const char *err = captured("stderr");
-    tu_expect(status == 1 && count_lines(err) == 1 && strstr(err, "--png") &&
-                  strstr(err, "no-such-folder/posenc.png"),
-              "exit status %d (want 1), stderr (want one line naming the file): %s", status, err);
+    tu_expect(status == 2 && count_lines(err) == 1 && strstr(err, "--png") &&
+                  strstr(err, "no-such-folder/posenc.png") && captured("stdout")[0] == '\0',
+              "exit status %d (want 2), stderr (want one line naming the file, no output): %s",
+              status, err);
     TU_END_TEST();
 }
 END_TEST
@@ -1916,6 +1918,31 @@ static const bad_case bad_cases[] = {
     {"demo dot --png %2$s/dot.png", "--png draws the posenc chapter's table"},
     {"demo dot rope", "one chapter at a time"},
     {"demo --chapter dot", "unknown option '--chapter'"},
+    /* Output paths are checked before any work (README's exit contract: 2). */
+    {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 "
+     "--out /nonexistent/dir/o.npy",
+     "--out: cannot write '/nonexistent/dir/o.npy': the folder '/nonexistent/dir' does not"},
+    {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 "
+     "--attn-png %2$s",
+     "--attn-png: '"},
+    {"sdpa --q %1$s/self_query.npy --k %1$s/self_query.npy --v %1$s/self_query.npy "
+     "--q-heads 2 --out /nonexistent/y.npy",
+     "--out: cannot write '/nonexistent/y.npy'"},
+    {"additive --query %1$s/textbook_x.npy --w1 a --w2 b --w c --attn-out /nonexistent/a.npy",
+     "--attn-out: cannot write"},
+    {"rope --x %1$s/self_query.npy --out /nonexistent/r.npy", "--out: cannot write"},
+    {"demo posenc --png /nonexistent/p.png", "--png: cannot write"},
+    {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 "
+     "--mask-true yes",
+     "--mask-true: 'yes' is not attend or masked"},
+    /* Device specs: malformed, or naming an index that does not exist, are bad options. */
+    {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 "
+     "--device banana",
+     "bad --device: "},
+    {"sdpa --q %1$s/self_query.npy --k %1$s/self_query.npy --v %1$s/self_query.npy "
+     "--q-heads 2 --device 0:99",
+     "bad --device: "},
+    {"bench --bogus", "unknown option '--bogus'"},
 };
 
 START_TEST(test_bad_input_exits_2)
@@ -1930,6 +1957,164 @@ START_TEST(test_bad_input_exits_2)
     tu_expect(count_lines(err) == 1, "stderr has %zu lines, want 1: %s", count_lines(err), err);
     tu_expect(strncmp(err, "clattn", 6) == 0 && strstr(err, bad_cases[_i].needle) != NULL,
               "stderr does not name '%s': %s", bad_cases[_i].needle, err);
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- one mask story: --mask-true on every command that reads a bool mask ---------------------- */
+
+/* A random bool (L, L) mask with at least one True and one False per row, and its inverse. */
+static void mask_pair(size_t l, unsigned char *mask, unsigned char *inverse)
+{
+    float *random = tu_random_floats(l * l);
+    for (size_t i = 0; i < l; ++i)
+        for (size_t j = 0; j < l; ++j) {
+            unsigned char m = (unsigned char)(random[i * l + j] > 0.0f);
+            if (j == i)
+                m = 1;
+            if (j == (i + 1) % l)
+                m = 0;
+            mask[i * l + j] = m;
+            inverse[i * l + j] = (unsigned char)!m;
+        }
+    free(random);
+}
+
+/* `run` and `additive` read True = masked (nn.MultiheadAttention), `sdpa` True = attend (ONNX,
+ * torch's SDPA), each by default; --mask-true attend|masked chooses either way: a mask read
+ * with the other meaning must give what its inverse gives by default, and not what the mask
+ * gives by default. `run` is also checked against the float64 reference both ways. Without
+ * the flag stderr carries one note naming the convention; with it, nothing. */
+START_TEST(test_mask_true)
+{
+    TU_BEGIN_TEST();
+    enum { L = 17, E = 8, H = 2, DA = 5 };
+    tu_set_case("--mask-true on run, sdpa, additive (L=%d)", L);
+    char x_path[512], wq_path[512], wk_path[512], wv_path[512], m_path[512], inv_path[512];
+    char a_path[512], b_path[512], c_path[512], args[4096];
+    float *x = scratch_npy("mt_x.npy", L, E, x_path, sizeof x_path);
+    float *wq = scratch_npy("mt_wq.npy", E, E, wq_path, sizeof wq_path);
+    float *wk = scratch_npy("mt_wk.npy", E, E, wk_path, sizeof wk_path);
+    float *wv = scratch_npy("mt_wv.npy", E, E, wv_path, sizeof wv_path);
+    unsigned char mask[L * L], inverse[L * L];
+    mask_pair(L, mask, inverse);
+    const size_t m_shape[2] = {L, L};
+    snprintf(m_path, sizeof m_path, "%s/mt_mask.npy", scratch);
+    snprintf(inv_path, sizeof inv_path, "%s/mt_inverse.npy", scratch);
+    write_bool_npy(m_path, mask, 2, m_shape);
+    write_bool_npy(inv_path, inverse, 2, m_shape);
+    snprintf(a_path, sizeof a_path, "%s/mt_a.npy", scratch);
+    snprintf(b_path, sizeof b_path, "%s/mt_b.npy", scratch);
+    snprintf(c_path, sizeof c_path, "%s/mt_c.npy", scratch);
+
+    /* run: the float64 reference with True = masked, then True = attend. */
+    clattn_mha_host_desc desc;
+    clattn_mha_host_desc_init(&desc);
+    desc.batch = 1, desc.seq_q = L, desc.seq_k = L, desc.embed_dim = E, desc.num_heads = H;
+    desc.qk_dim = E, desc.v_dim = E, desc.layout = CLATTN_LAYOUT_XW;
+    const clattn_mha_host_weights w = {.q_weight = wq, .k_weight = wk, .v_weight = wv};
+    float additive[L * L];
+    double *ref = tu_doubles((size_t)L * E);
+    const size_t shape[2] = {L, E};
+    static const char *const modes[] = {"", "--mask-true masked", "--mask-true attend"};
+    for (int mode = 0; mode < 3; ++mode) {
+        const bool true_is_masked = mode < 2;
+        for (size_t i = 0; i < (size_t)L * L; ++i)
+            additive[i] = (mask[i] != 0) == true_is_masked ? -INFINITY : 0.0f;
+        const clattn_host_masks masks = {.attn_mask = additive};
+        ref_mha_forward(&desc, &w, x, x, x, &masks, ref, NULL);
+        snprintf(args, sizeof args,
+                 "run --query %s --wq %s --wk %s --wv %s --heads %d --attn-mask %s %s --out %s",
+                 x_path, wq_path, wk_path, wv_path, H, m_path, modes[mode], a_path);
+        if (run_ok(modes[mode][0] ? modes[mode] : "run, default", args))
+            expect_npy_reference(a_path, modes[mode][0] ? modes[mode] : "run default", ref,
+                                 (size_t)L * E, 2, shape);
+        const bool noted = strstr(captured("stderr"), "note: bool --attn-mask read as True = "
+                                                      "masked (PyTorch's nn.MultiheadAttention)");
+        tu_expect(noted == (mode == 0), "run %s: stderr: '%s'", modes[mode], captured("stderr"));
+    }
+
+    /* sdpa: default True = attend; --mask-true masked on the mask = default on the inverse. */
+    const size_t q_shape[4] = {1, H, L, E};
+    char q_path[512], k_path[512], v_path[512];
+    float *q = scratch_array("mt_q.npy", 4, q_shape, q_path, sizeof q_path);
+    float *k = scratch_array("mt_k.npy", 4, q_shape, k_path, sizeof k_path);
+    float *v = scratch_array("mt_v.npy", 4, q_shape, v_path, sizeof v_path);
+    snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s --attn-mask %s --out %s", q_path,
+             k_path, v_path, m_path, a_path);
+    run_ok("sdpa default", args);
+    tu_expect(strstr(captured("stderr"), "note: bool --attn-mask read as True = attend (ONNX") !=
+                  NULL,
+              "sdpa: no note: '%s'", captured("stderr"));
+    snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s --attn-mask %s --out %s", q_path,
+             k_path, v_path, inv_path, b_path);
+    run_ok("sdpa default, inverse", args);
+    snprintf(args, sizeof args,
+             "sdpa --q %s --k %s --v %s --attn-mask %s --mask-true masked --out %s", q_path,
+             k_path, v_path, m_path, c_path);
+    run_ok("sdpa --mask-true masked", args);
+    tu_expect(captured("stderr")[0] == '\0', "sdpa with --mask-true: stderr '%s'",
+              captured("stderr"));
+    tu_expect(npy_difference(b_path, c_path) == 0.0, "sdpa --mask-true masked != inverse: %g",
+              npy_difference(b_path, c_path));
+    tu_expect(npy_difference(a_path, c_path) > 1e-3, "sdpa --mask-true masked changed nothing");
+
+    /* additive: default True = masked; --mask-true attend on the mask = default on the inverse. */
+    char w1_path[512], w2_path[512], wa_path[512];
+    float *w1 = scratch_npy("mt_w1.npy", E, DA, w1_path, sizeof w1_path);
+    float *w2 = scratch_npy("mt_w2.npy", E, DA, w2_path, sizeof w2_path);
+    const size_t wa_shape[1] = {DA};
+    float *wa = scratch_array("mt_wa.npy", 1, wa_shape, wa_path, sizeof wa_path);
+    const char *outs[3] = {a_path, b_path, c_path};
+    const char *files[3] = {m_path, inv_path, m_path};
+    const char *flags[3] = {"", "", "--mask-true attend"};
+    for (int i = 0; i < 3; ++i) {
+        snprintf(args, sizeof args,
+                 "additive --query %s --w1 %s --w2 %s --w %s --attn-mask %s %s --out %s", x_path,
+                 w1_path, w2_path, wa_path, files[i], flags[i], outs[i]);
+        run_ok("additive", args);
+        tu_expect((strstr(captured("stderr"), "note: bool --attn-mask") != NULL) == (i < 2),
+                  "additive %s: stderr '%s'", flags[i], captured("stderr"));
+    }
+    tu_expect(npy_difference(b_path, c_path) == 0.0, "additive --mask-true attend != inverse: %g",
+              npy_difference(b_path, c_path));
+    tu_expect(npy_difference(a_path, c_path) > 1e-3, "additive --mask-true attend changed nothing");
+
+    /* A bad value: one line, exit 2, on each command. */
+    snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s --attn-mask %s --mask-true maybe",
+             q_path, k_path, v_path, m_path);
+    const int status = run_cli(args);
+    tu_expect(status == 2 && strstr(captured("stderr"), "--mask-true: 'maybe' is not attend or "
+                                                        "masked") &&
+                  count_lines(captured("stderr")) == 1,
+              "--mask-true maybe: status %d, stderr '%s'", status, captured("stderr"));
+    free(wa), free(w2), free(w1), free(v), free(k), free(q);
+    free(ref), free(wv), free(wk), free(wq), free(x);
+    TU_END_TEST();
+}
+END_TEST
+
+/* `clattn additive` with a 3-d W1 (H, dq, da) and no --heads says to pass --heads. */
+START_TEST(test_additive_heads_hint)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("additive: 3-d W1 without --heads");
+    char x_path[512], w1_path[512], w2_path[512], wa_path[512], args[4096];
+    float *x = scratch_npy("ah_x.npy", 5, 8, x_path, sizeof x_path);
+    const size_t w_shape[3] = {4, 8, 3}, wa_shape[2] = {4, 3};
+    float *w1 = scratch_array("ah_w1.npy", 3, w_shape, w1_path, sizeof w1_path);
+    float *w2 = scratch_array("ah_w2.npy", 3, w_shape, w2_path, sizeof w2_path);
+    float *wa = scratch_array("ah_wa.npy", 2, wa_shape, wa_path, sizeof wa_path);
+    snprintf(args, sizeof args, "additive --query %s --w1 %s --w2 %s --w %s", x_path, w1_path,
+             w2_path, wa_path);
+    int status = run_cli(args);
+    tu_expect(status == 2 && strstr(captured("stderr"), "pass --heads 4") &&
+                  count_lines(captured("stderr")) == 1,
+              "status %d, stderr '%s'", status, captured("stderr"));
+    snprintf(args, sizeof args, "additive --query %s --w1 %s --w2 %s --w %s --heads 4 --out %s/ah.npy",
+             x_path, w1_path, w2_path, wa_path, scratch);
+    run_ok("additive --heads 4", args);
+    free(wa), free(w2), free(w1), free(x);
     TU_END_TEST();
 }
 END_TEST
@@ -2571,8 +2756,13 @@ START_TEST(test_no_platform_or_device)
                          "device_spec=gpu: no GPU device on any of 1 platform(s)");
         expect_no_device("demo --device 0:0",
                          "device_spec=0:0: platform 0 has no device 0 (0 device(s))");
-        expect_no_device("demo --device 1:0",
-                         "device_spec=1:0: platform 1 does not exist (1 platform(s))");
+        /* An index beyond the platforms is a bad option (2), not a missing device. */
+        tu_set_case("OCL_ICD_VENDORS=%s clattn demo --device 1:0", vendors);
+        const int status = run_cli("demo --device 1:0");
+        tu_expect(status == 2 && count_lines(captured("stderr")) == 1 &&
+                      strstr(captured("stderr"),
+                             "bad --device: device_spec=1:0: platform 1 does not exist"),
+                  "exit status %d (want 2): %s", status, captured("stderr"));
         setenv("CLATTN_DEVICE", "cpu", 1);
         expect_no_device("demo", "CLATTN_DEVICE=cpu: no CPU device on any of 1 platform(s)");
         unsetenv("CLATTN_DEVICE");
@@ -2681,6 +2871,8 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_bench_table);
     tcase_add_test(tc, test_bench_refused);
     tcase_add_test(tc, test_no_platform_or_device);
+    tcase_add_test(tc, test_mask_true);
+    tcase_add_test(tc, test_additive_heads_hint);
     suite_add_tcase(suite, tc);
     int result = tu_run_suite(suite);
     remove_scratch();

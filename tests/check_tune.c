@@ -130,9 +130,21 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
     device_name(info, name, sizeof name);
     info_line(info, "rows: ", rows, sizeof rows);
     tu_expect(strstr(rows, "cache") == NULL, "rows from an absent cache: %s", rows);
-    /* A negative --min-gain keeps any candidate within 10x of the best, so that the run
-     * writes rows whatever the machine's load (a real run keeps only gains). */
-    const int code = run_cli(env, "tune --quick --op all --min-gain=-90");
+    /* --quick without --out measures at toy sizes: it prints its rows and must leave the
+     * cache alone (absent here). */
+    int code = run_cli(env, "tune --quick --op softmax --min-gain=-90");
+    tu_expect(code == 0, "tune exited %d: %s", code, captured("stderr"));
+    tu_expect(strstr(captured("stdout"), "not written to the tuning cache") != NULL,
+              "tune --quick said: %s", captured("stdout"));
+    tu_expect(read_text(cache, 0) == NULL, "tune --quick without --out wrote %s", cache);
+    /* The user opts in by naming the file: --out the cache itself. A negative --min-gain
+     * keeps any candidate within 10x of the best, so that the run writes rows whatever the
+     * machine's load (a real run keeps only gains). */
+    char folder[800], args[1200];
+    snprintf(folder, sizeof folder, "mkdir -p '%s/xdg/clattn'", scratch);
+    tu_expect(system(folder) == 0, "%s failed", folder);
+    snprintf(args, sizeof args, "tune --quick --op all --min-gain=-90 --out '%s'", cache);
+    code = run_cli(env, args);
     if (!tu_expect(code == 0, "tune exited %d: %s", code, captured("stderr")))
         goto done;
     tu_expect(strstr(captured("stdout"), "rows written") != NULL, "tune said: %s",
@@ -189,8 +201,8 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
     write_text(cache, appended);
     char before[1024];
     snprintf(before, sizeof before, "%s", keys);
-    tu_expect(run_cli(env, "tune --quick --op softmax --min-gain=-90") == 0, "tune failed: %s",
-              captured("stderr"));
+    snprintf(args, sizeof args, "tune --quick --op softmax --min-gain=-90 --out '%s'", cache);
+    tu_expect(run_cli(env, args) == 0, "tune failed: %s", captured("stderr"));
     text = read_text(cache, 2);
     tu_expect(text && strstr(text, "# by hand\ngpu | NoSuchVendor | NoSuchGPU | softmax_wg=64\n"),
               "the other device's row was lost:\n%s", text ? text : "");
@@ -267,6 +279,23 @@ static const bad_case bad_cases[] = {
     {"CLATTN_PARAMS=gpu", "tune --quick --dry-run", "CLATTN_PARAMS"},
     {"CLATTN_MATMUL=tiled", "tune --quick --dry-run", "CLATTN_MATMUL"},
     {"", "info --frobnicate", "unknown option"},
+    /* README's contract: a malformed device spec, or one naming an index that does not
+     * exist, is a bad option (2), on every command; so are a bad tuning file (named as such,
+     * not "no device"), an unknown CLATTN_PARAMS, an unknown bench option and an output path
+     * that cannot be written (checked before any work). */
+    {"", "info --device banana", "bad --device"},
+    {"CLATTN_DEVICE=-1:0", "info", "bad CLATTN_DEVICE"},
+    {"", "info --device 99:0", "bad --device"},
+    {"", "devices --device 0:99", "bad --device"},
+    {"", "demo --device=-1:0", "bad --device"},
+    {"CLATTN_DEVICE=banana", "tune --quick --dry-run", "bad CLATTN_DEVICE"},
+    {"CLATTN_PARAMS=fast", "info", "CLATTN_PARAMS='fast'"},
+    {"CLATTN_TUNING=/etc/os-release", "info", "bad tuning file"},
+    {"CLATTN_TUNING=/nonexistent/tuning", "demo", "bad tuning file"},
+    {"", "bench --bogus", "unknown option '--bogus'"},
+    {"", "bench --bogus=1", "unknown option '--bogus'"},
+    {"", "tune --quick --out /etc/os-release/rows", "'/etc/os-release' is not a folder"},
+    {"", "tune --quick --out /tmp", "is a folder"},
 };
 
 START_TEST(test_bad_options_exit_2)

@@ -23,7 +23,10 @@ static const char usage[] =
     "Each command takes --help. The device is chosen by --device SPEC or the environment\n"
     "variable CLATTN_DEVICE: gpu, cpu, or P:D (platform and device index, see `clattn\n"
     "devices`); by default the first GPU, else the first CPU device.\n"
-    "clattn " CLATTN_VERSION_STRING "\n";
+    "clattn " CLATTN_VERSION_STRING "\n"
+    "Exit status (every command): 0 success, 1 device or library failure, 2 bad options or\n"
+    "input files (a malformed device spec, an unwritable output path, a bad CLATTN_TUNING file,\n"
+    "an unknown CLATTN_PARAMS value included).\n";
 
 /* ---------------------------------------------------------------------------------------------
  * clattn devices
@@ -33,7 +36,9 @@ static const char devices_usage[] =
     "usage: clattn devices [--device SPEC]\n"
     "Lists every OpenCL platform and device: index P:D, type, compute units, global and local\n"
     "memory, max work-group size, fp16/fp64 support. '*' marks the device clattn uses by\n"
-    "default (or the one --device / CLATTN_DEVICE selects).\n";
+    "default (or the one --device / CLATTN_DEVICE selects).\n"
+    "Exit status: 0 success, 1 no usable device, 2 bad options (a malformed --device\n"
+    "or CLATTN_DEVICE, or one naming a device that does not exist; a bad CLATTN_TUNING file).\n";
 
 static bool has_extension(cl_device_id device, const char *name)
 {
@@ -92,8 +97,12 @@ int cmd_devices(int argc, char **argv)
     cl_device_id chosen = NULL;
     clattn_ctx *ctx = NULL;
     char message[512] = "";
-    if (clattn_ctx_create(device_spec, &ctx, message, sizeof message) == CLATTN_SUCCESS)
+    const clattn_status status = clattn_ctx_create(device_spec, &ctx, message, sizeof message);
+    if (status == CLATTN_SUCCESS) {
         chosen = clattn_ctx_device(ctx);
+    } else if (cli_context_failure("devices", device_spec, status, message) == CLI_BAD_INPUT) {
+        return CLI_BAD_INPUT; /* a malformed spec, an index that does not exist, bad tuning */
+    }
 
     for (cl_uint p = 0; p < num_platforms; ++p) {
         char name[256] = "", version[256] = "";
@@ -153,7 +162,9 @@ static const char info_usage[] =
     "Prints the device clattn uses and its tuning: which rows of the built-in table and of the\n"
     "tuning cache (`clattn tune`, $XDG_CACHE_HOME/clattn/tuning) or of CLATTN_TUNING=FILE\n"
     "applied, the cache rows ignored (malformed, stale, or values the device cannot run: rerun\n"
-    "`clattn tune` or delete the file), and the parameters the kernels get.\n";
+    "`clattn tune` or delete the file), and the parameters the kernels get.\n"
+    "Exit status: 0 success, 1 device or library failure, 2 bad options (a malformed --device\n"
+    "or CLATTN_DEVICE, or one naming a device that does not exist; a bad CLATTN_TUNING file).\n";
 
 int cmd_info(int argc, char **argv)
 {
@@ -172,7 +183,7 @@ int cmd_info(int argc, char **argv)
     }
     clattn_ctx *ctx = cli_context("info", device_spec);
     if (ctx == NULL)
-        return CLI_FAILED;
+        return cli_context_exit();
     char vendor[256] = "";
     clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_VENDOR, sizeof vendor - 1, vendor, NULL);
     cli_print_device(stdout, clattn_ctx_device(ctx));

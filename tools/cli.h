@@ -64,8 +64,30 @@ int cli_parse_rope(cli_args *args, cli_rope *rope);
 /* After the options: false (after printing why) when a --rope-* option came without --rope. */
 bool cli_check_rope(const char *command, const cli_rope *rope);
 
-/* A context on `device` (NULL: CLATTN_DEVICE or the default); prints the error on failure. */
+/* A context on `device` (NULL: CLATTN_DEVICE or the default); prints the error on failure,
+ * after which cli_context_exit() is the exit code: 2 for a malformed device spec or one naming
+ * an index that does not exist, a bad CLATTN_TUNING file or CLATTN_PARAMS value; else 1. */
 clattn_ctx *cli_context(const char *command, const char *device);
+int cli_context_exit(void);
+/* Prints the one line for a failed clattn_ctx_create and returns (and keeps) its exit code. */
+int cli_context_failure(const char *command, const char *device, clattn_status status,
+                        const char *message);
+
+/* Whether `path` (an output option's value; NULL: not given) can be written: an existing file
+ * that is writable, or a new one in an existing writable folder. Checked before any work;
+ * prints "clattn <command>: <option>: cannot write ..." (exit 2) otherwise. Creates nothing. */
+bool cli_check_output(const char *command, const char *option, const char *path);
+/* The same for a command that creates the missing folders (tune --out): the nearest existing
+ * ancestor must be a writable folder. */
+bool cli_check_output_ex(const char *command, const char *option, const char *path,
+                         bool makes_folders);
+
+/* --mask-true attend|masked: what True means in a bool mask file. Returns CLI_OK, or
+ * CLI_BAD_INPUT after printing why. */
+int cli_parse_mask_true(const char *command, const char *text, bool *true_is_masked);
+/* The one-line note on stderr when a bool mask was read without --mask-true (given false). */
+void cli_note_mask_convention(const char *command, const char *option, bool true_is_masked,
+                              bool given);
 
 /* `clattn sdpa --ring` (tools/cli_ring.c, built with -DCLATTN_MPI=ON, which defines
  * CLATTN_CLI_MPI): the whole inputs as strided (B, H, L, d) host views, the rules, and where

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 int cli_fail(const char *command, int code, const char *fmt, ...)
 {
@@ -193,16 +195,158 @@ bool cli_check_rope(const char *command, const cli_rope *rope)
     return true;
 }
 
+static int context_exit = CLI_FAILED;
+
+int cli_context_exit(void)
+{
+    return context_exit;
+}
+
+/* "P:D" naming a platform or device index beyond what exists, where something exists: a bad
+ * option. (No platform, or a platform with no device, is a missing device instead.) */
+static bool index_beyond(const char *spec)
+{
+    unsigned p = 0, d = 0;
+    char end = '\0';
+    if (!spec || sscanf(spec, "%u:%u%c", &p, &d, &end) != 2 || strchr(spec, '-'))
+        return false;
+    cl_uint platforms = 0, devices = 0;
+    if (clGetPlatformIDs(0, NULL, &platforms) != CL_SUCCESS || platforms == 0)
+        return false;
+    if (p >= platforms)
+        return true;
+    cl_platform_id *ids = calloc(platforms, sizeof *ids);
+    if (ids == NULL || clGetPlatformIDs(platforms, ids, NULL) != CL_SUCCESS ||
+        clGetDeviceIDs(ids[p], CL_DEVICE_TYPE_ALL, 0, NULL, &devices) != CL_SUCCESS)
+        devices = 0;
+    free(ids);
+    return devices > 0 && d >= devices;
+}
+
 clattn_ctx *cli_context(const char *command, const char *device)
 {
     clattn_ctx *ctx = NULL;
     char message[1024];
     clattn_status status = clattn_ctx_create(device, &ctx, message, sizeof message);
-    if (status != CLATTN_SUCCESS) {
+    if (status == CLATTN_SUCCESS)
+        return ctx;
+    cli_context_failure(command, device, status, message);
+    return NULL;
+}
+
+int cli_context_failure(const char *command, const char *device, clattn_status status,
+                        const char *message)
+{
+    /* The exit code follows README's contract: a device spec that is malformed or names an
+     * index that does not exist, a bad CLATTN_TUNING file and an unknown CLATTN_PARAMS are
+     * bad input (2), each named as what it is; a device that is absent or fails is 1. */
+    const char *spec = device ? device : getenv("CLATTN_DEVICE");
+    if (status == CLATTN_ERR_INVALID_ARGUMENT) {
+        context_exit = CLI_BAD_INPUT;
+        const bool tuning = strstr(message, "CLATTN_TUNING") || strstr(message, "tuning file");
+        const bool params = strstr(message, "CLATTN_PARAMS") != NULL;
+        cli_fail(command, CLI_BAD_INPUT, "%s: %s",
+                 tuning   ? "bad tuning file"
+                 : params ? "bad CLATTN_PARAMS"
+                 : device ? "bad --device"
+                          : "bad CLATTN_DEVICE",
+                 message);
+    } else if (status == CLATTN_ERR_NO_DEVICE && index_beyond(spec)) {
+        context_exit = CLI_BAD_INPUT;
+        cli_fail(command, CLI_BAD_INPUT, "%s: %s (see clattn devices)",
+                 device ? "bad --device" : "bad CLATTN_DEVICE", message);
+    } else {
+        context_exit = CLI_FAILED;
         cli_fail(command, CLI_FAILED, "no device: %s: %s", clattn_status_string(status), message);
-        return NULL;
     }
-    return ctx;
+    return context_exit;
+}
+
+bool cli_check_output(const char *command, const char *option, const char *path)
+{
+    return cli_check_output_ex(command, option, path, false);
+}
+
+bool cli_check_output_ex(const char *command, const char *option, const char *path,
+                         bool makes_folders)
+{
+    if (path == NULL)
+        return true;
+    struct stat st;
+    if (path[0] == '\0') {
+        cli_fail(command, CLI_BAD_INPUT, "%s: empty path", option);
+        return false;
+    }
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) {
+            cli_fail(command, CLI_BAD_INPUT, "%s: '%s' is a folder, not a file", option, path);
+            return false;
+        }
+        if (access(path, W_OK) != 0) {
+            cli_fail(command, CLI_BAD_INPUT, "%s: cannot write '%s': %s", option, path,
+                     strerror(errno));
+            return false;
+        }
+        return true;
+    }
+    /* A new file: its folder must exist and be writable (nothing is created before the run
+     * succeeds, so a failed run leaves no empty file behind). */
+    char folder[4096];
+    snprintf(folder, sizeof folder, "%s", path);
+    for (;;) {
+        char *slash = strrchr(folder, '/');
+        if (slash == NULL)
+            snprintf(folder, sizeof folder, ".");
+        else if (slash == folder)
+            folder[1] = '\0';
+        else
+            *slash = '\0';
+        /* A command that makes the missing folders (tune --out) needs the nearest existing
+         * one to be a writable folder. */
+        if (!makes_folders || stat(folder, &st) == 0 || strcmp(folder, ".") == 0 ||
+            strcmp(folder, "/") == 0)
+            break;
+    }
+    if (stat(folder, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        cli_fail(command, CLI_BAD_INPUT, "%s: cannot write '%s': '%s' is not a folder", option,
+                 path, folder);
+        return false;
+    }
+    if (stat(folder, &st) != 0) {
+        cli_fail(command, CLI_BAD_INPUT, "%s: cannot write '%s': the folder '%s' does not exist",
+                 option, path, folder);
+        return false;
+    }
+    if (access(folder, W_OK | X_OK) != 0) {
+        cli_fail(command, CLI_BAD_INPUT, "%s: cannot write '%s': folder '%s': %s", option, path,
+                 folder, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+int cli_parse_mask_true(const char *command, const char *text, bool *true_is_masked)
+{
+    if (strcmp(text, "attend") == 0)
+        *true_is_masked = false;
+    else if (strcmp(text, "masked") == 0)
+        *true_is_masked = true;
+    else
+        return cli_fail(command, CLI_BAD_INPUT, "--mask-true: '%s' is not attend or masked",
+                        text);
+    return CLI_OK;
+}
+
+void cli_note_mask_convention(const char *command, const char *option, bool true_is_masked,
+                              bool given)
+{
+    if (given)
+        return;
+    fprintf(stderr,
+            "clattn %s: note: bool %s read as True = %s (%s); --mask-true attend|masked "
+            "chooses\n",
+            command, option, true_is_masked ? "masked" : "attend",
+            true_is_masked ? "PyTorch's nn.MultiheadAttention" : "ONNX and torch's SDPA");
 }
 
 void cli_print_device(FILE *out, cl_device_id device)

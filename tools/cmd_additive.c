@@ -10,7 +10,8 @@
 static const char additive_usage[] =
     "usage: clattn additive --query Q.npy [--key K.npy] [--value V.npy] --w1 W1.npy\n"
     "                       --w2 W2.npy --w w.npy [--b1 B1.npy] [--b2 B2.npy] [--heads H]\n"
-    "                       [--causal] [--attn-mask M.npy] [--key-padding-mask P.npy]\n"
+    "                       [--causal] [--attn-mask M.npy [--mask-true attend|masked]]\n"
+    "                       [--key-padding-mask P.npy]\n"
     "                       [--norm softmax|relu] [--path auto|fused|unfused] [--out O.npy]\n"
     "                       [--attn-out A.npy] [--attn-png A.png] [--device SPEC]\n"
     "\n"
@@ -24,8 +25,11 @@ static const char additive_usage[] =
     "  h attends over V's columns h * dv / H .. (dv divisible by H) and the heads' outputs are\n"
     "  concatenated (no output projection).\n"
     "Masks: --causal (query i sees keys j <= i); --attn-mask (L, S): float, added to the scores\n"
-    "(-inf masks), or bool/uint8, true = masked; --key-padding-mask (B, S) (or (S)), true =\n"
-    "ignore that key. A fully masked row gives zeros.\n"
+    "(-inf masks), or bool/uint8, True = masked by default (as `clattn run` and PyTorch's\n"
+    "nn.MultiheadAttention; `clattn sdpa` reads True = attend); --mask-true attend|masked says\n"
+    "which (a note on stderr when a bool mask comes without it); --key-padding-mask (B, S) (or\n"
+    "(S)), true = ignore that key (--mask-true does not change it). A fully masked row gives\n"
+    "zeros.\n"
     "--path: auto (default: the fused kernel, which never stores the L x S scores, unless the\n"
     "weights are asked for), fused, or unfused (a kernel forms the scores tile by tile, without\n"
     "the (L, S, da) tanh terms).\n"
@@ -38,7 +42,8 @@ typedef struct additive_options {
     const char *device, *query, *key, *value, *w1, *w2, *w, *b1, *b2;
     const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png;
     size_t heads;
-    bool causal;
+    bool causal, heads_given;
+    bool mask_true_masked, mask_true_given; /* --mask-true (default masked) */
     clattn_norm norm;
     clattn_path path;
 } additive_options;
@@ -113,6 +118,7 @@ static int parse_options(int argc, char **argv, additive_options *o)
             if (!(value = cli_value(&args)) ||
                 !cli_parse_size("additive", "--heads", value, 1, &o->heads))
                 return CLI_BAD_INPUT;
+            o->heads_given = true;
         } else if (cli_is(&args, "--norm")) {
             if (!(value = cli_value(&args)))
                 return CLI_BAD_INPUT;
@@ -123,6 +129,11 @@ static int parse_options(int argc, char **argv, additive_options *o)
             else
                 return cli_fail("additive", CLI_BAD_INPUT, "--norm: '%s' is not softmax or relu",
                                 value);
+        } else if (cli_is(&args, "--mask-true")) {
+            if (!(value = cli_value(&args)) ||
+                cli_parse_mask_true("additive", value, &o->mask_true_masked) != CLI_OK)
+                return CLI_BAD_INPUT;
+            o->mask_true_given = true;
         } else if (cli_is(&args, "--path")) {
             if (!(value = cli_value(&args)))
                 return CLI_BAD_INPUT;
@@ -147,6 +158,10 @@ static int parse_options(int argc, char **argv, additive_options *o)
         return cli_fail("additive", CLI_BAD_INPUT,
                         "--path fused never forms the weights: drop --attn-out/--attn-png or use "
                         "--path auto");
+    if (!cli_check_output("additive", "--out", o->out) ||
+        !cli_check_output("additive", "--attn-out", o->attn_out) ||
+        !cli_check_output("additive", "--attn-png", o->attn_png))
+        return CLI_BAD_INPUT;
     return CLI_OK;
 }
 
@@ -235,6 +250,10 @@ static int run(const additive_options *o, additive_data *d)
         return cli_fail("additive", CLI_BAD_INPUT,
                         "%s has shape %s; expected (dq, da), (dq, H * da) or (H, dq, da)", o->w1,
                         shape_text(w1, text, sizeof text));
+    if (w1->ndim == 3 && !o->heads_given && w1->shape[0] != heads)
+        return cli_fail("additive", CLI_BAD_INPUT,
+                        "%s has shape %s: %zu heads of (dq, da); pass --heads %zu", o->w1,
+                        shape_text(w1, text, sizeof text), w1->shape[0], w1->shape[0]);
     if (d->in[A_MASK].count) {
         const clattn_array *m = &d->in[A_MASK];
         if (m->ndim != 2 || m->shape[0] != seq_q || m->shape[1] != seq_k)
@@ -243,9 +262,14 @@ static int run(const additive_options *o, additive_data *d)
         d->mask = malloc(m->count * sizeof(float));
         if (d->mask == NULL)
             return cli_fail("additive", CLI_FAILED, "out of memory");
+        const bool boolean = m->source == CLATTN_IO_BOOL;
+        if (boolean)
+            cli_note_mask_convention("additive", "--attn-mask", o->mask_true_masked,
+                                     o->mask_true_given);
         for (size_t i = 0; i < m->count; ++i)
-            d->mask[i] =
-                m->source == CLATTN_IO_BOOL ? (m->data[i] != 0.0f ? -INFINITY : 0.0f) : m->data[i];
+            d->mask[i] = boolean
+                             ? ((m->data[i] != 0.0f) == o->mask_true_masked ? -INFINITY : 0.0f)
+                             : m->data[i];
     }
     if (o->key_padding_mask) {
         const clattn_array *p = &d->in[A_KPM];
@@ -302,7 +326,7 @@ static int run(const additive_options *o, additive_data *d)
 
     clattn_ctx *ctx = cli_context("additive", o->device);
     if (ctx == NULL)
-        return CLI_FAILED;
+        return cli_context_exit();
     clattn_plan *plan = NULL;
     clattn_status status = clattn_additive_plan_create(ctx, &desc, &plan);
     cl_int err = CL_SUCCESS;
@@ -382,6 +406,7 @@ int cmd_additive(int argc, char **argv)
 {
     additive_options options;
     memset(&options, 0, sizeof options);
+    options.mask_true_masked = true; /* PyTorch's nn.MultiheadAttention convention */
     int rc = parse_options(argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;

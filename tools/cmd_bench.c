@@ -81,7 +81,8 @@ static const char bench_usage_more[] =
     "workspace); 'rss MiB' is the process's peak resident memory so far (run one case per\n"
     "process to attribute it).\n"
     "--json prints one JSON object per line per case instead of the table. A progress line goes\n"
-    "to stderr while a case runs longer than a second.\n";
+    "to stderr while a case runs longer than a second.\n"
+    "Exit status: 0 success, 1 device or library failure, 2 bad options.\n";
 
 #define MAX_SIZES 16
 
@@ -955,6 +956,16 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             o->rope = true;
             continue;
         }
+        static const char *const valued[] = {
+            "--device", "--op",    "--path",  "--dtype", "--mask",     "--mnk",
+            "--seq",    "--softcap", "--runs", "--warmup", "--batch",  "--heads",
+            "--head-dim", "--embed", "--seq-k", "--kv-heads"};
+        bool known = false;
+        for (size_t i = 0; i < sizeof valued / sizeof valued[0] && !known; ++i)
+            known = cli_is(&args, valued[i]);
+        if (!known) /* before asking for a value: `--bogus` is unknown, not value-less */
+            return cli_fail("bench", CLI_BAD_INPUT, "unknown option '%s' (see --help)",
+                            args.name);
         if (!(value = cli_value(&args)))
             return CLI_BAD_INPUT;
         if (cli_is(&args, "--device")) {
@@ -1100,7 +1111,7 @@ int cmd_bench(int argc, char **argv)
     /* A profiling queue of our own, handed to clattn (the embedding path). */
     clattn_ctx *probe = cli_context("bench", o.device);
     if (probe == NULL)
-        return CLI_FAILED;
+        return cli_context_exit();
     bench_state b = {.options = &o, .context = clattn_ctx_cl_context(probe)};
     cl_int err = CL_SUCCESS;
     b.queue =

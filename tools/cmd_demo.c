@@ -34,7 +34,8 @@ static const char demo_usage[] =
     "                 dimensions as a heatmap PNG: positions down, dimensions across\n"
     "  --device SPEC  gpu, cpu or P:D (see clattn devices); default: CLATTN_DEVICE, else\n"
     "                 the first GPU, else the first CPU device\n"
-    "Exit status: 0 success, 1 device or library failure (or FILE not writable), 2 bad options.\n";
+    "Exit status: 0 success, 1 device or library failure, 2 bad options (an unwritable --png\n"
+    "FILE or a malformed --device included).\n";
 
 /* ---------------------------------------------------------------------------------------------
  * Device steps: a sticky status (every step after a failure does nothing), the buffers and
@@ -852,10 +853,12 @@ int cmd_demo(int argc, char **argv)
     if (png && chapter != CHAPTER_POSENC && chapter != CHAPTER_ALL)
         return cli_fail("demo", CLI_BAD_INPUT,
                         "--png draws the posenc chapter's table: use it with posenc or all");
+    if (!cli_check_output("demo", "--png", png))
+        return CLI_BAD_INPUT;
 
     demo d = {.ctx = cli_context("demo", device_spec)};
     if (d.ctx == NULL)
-        return CLI_FAILED;
+        return cli_context_exit();
     cli_print_device(stdout, clattn_ctx_device(d.ctx));
     printf("\n");
     int code = CLI_OK;

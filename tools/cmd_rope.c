@@ -105,6 +105,8 @@ static int parse_rope_options(int argc, char **argv, rope_options *o)
         return cli_fail("rope", CLI_BAD_INPUT, "--x X.npy is required (see --help)");
     if (!o->cos != !o->sin)
         return cli_fail("rope", CLI_BAD_INPUT, "--cos and --sin go together");
+    if (!cli_check_output("rope", "--out", o->out)) /* before any work */
+        return CLI_BAD_INPUT;
     return CLI_OK;
 }
 
@@ -220,7 +222,7 @@ static int run_rope(const rope_options *o, rope_data *d)
 
     clattn_ctx *ctx = cli_context("rope", o->device);
     if (ctx == NULL)
-        return CLI_FAILED;
+        return cli_context_exit();
     clattn_plan *plan = NULL;
     clattn_status status = clattn_rope_plan_create(ctx, &desc, &plan);
     cl_int err = CL_SUCCESS;

@@ -11,7 +11,8 @@ static const char run_usage[] =
     "usage: clattn run --query Q.npy [--key K.npy] [--value V.npy]\n"
     "                  (--weights W.safetensors --heads H | --wq WQ.npy --wk WK.npy --wv WV.npy\n"
     "                   [--wo WO.npy] [--heads H]) [--kv-heads G]\n"
-    "                  [--causal] [--attn-mask M.npy] [--key-padding-mask P.npy]\n"
+    "                  [--causal] [--attn-mask M.npy [--mask-true attend|masked]]\n"
+    "                  [--key-padding-mask P.npy]\n"
     "                  [--softcap C] [--window LEFT,RIGHT] [--alibi | --alibi-slopes S.npy]\n"
     "                  [--posenc sinusoidal | --posenc-table T.npy]\n"
     "                  [--rope [--rope-base B] [--rope-dims N] [--rope-style pairs|halves]\n"
@@ -35,8 +36,15 @@ static const char run_usage[] =
     "  separate k_proj_weight and v_proj_weight are (E / H * G, kdim / vdim) and in_proj_bias,\n"
     "  if any, (E + 2 * E / H * G) (a packed in_proj_weight cannot hold them).\n"
     "Masks: --causal (query i sees keys j <= i); --attn-mask (L, S): float, added to the scaled\n"
-    "scores (-inf masks), or bool/uint8, true = masked (as PyTorch); --key-padding-mask (B, S)\n"
-    "(or (S) unbatched), bool or 0/1, true = ignore that key. A fully masked row gives zeros.\n"
+    "scores (-inf masks), or bool/uint8, True = masked by default (PyTorch's\n"
+    "nn.MultiheadAttention; `clattn sdpa` reads True = attend, as ONNX and torch's SDPA);\n"
+    "--mask-true attend|masked says which (a note on stderr when a bool mask comes without\n"
+    "it); --key-padding-mask (B, S) (or (S) unbatched), bool or 0/1, true = ignore that key\n"
+    "(every framework's convention; --mask-true does not change it). A fully masked row\n"
+    "gives zeros.\n"
+    ;
+/* Two strings: C99 compilers need only take 4095 characters in one. */
+static const char run_usage_more[] =
     "--softcap C: soft-capping (Gemma 2), each scaled score s becomes C tanh(s / C) before the\n"
     "  masks (C > 0).\n"
     "--window LEFT,RIGHT: sliding window (Mistral): query i sees keys i - LEFT .. i + RIGHT; -1\n"
@@ -71,6 +79,7 @@ typedef struct run_options {
     cli_rope rope;            /* --rope and its options */
     size_t heads, kv_heads;   /* kv_heads 0: heads */
     bool heads_given, causal, alibi, window;
+    bool mask_true_masked, mask_true_given; /* --mask-true (default masked, as PyTorch MHA) */
     float softcap;                       /* 0: off */
     long long window_left, window_right; /* with window */
     float scale; /* NAN unless --scale was given (the library default, 1/sqrt(head dim)) */
@@ -147,6 +156,7 @@ static int parse_options(int argc, char **argv, run_options *o)
         int flag = 0;
         if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
             fputs(run_usage, stdout);
+            fputs(run_usage_more, stdout);
             return -1;
         } else if ((flag = cli_flag(&args, "--causal")) != 0) {
             if (flag < 0)
@@ -205,6 +215,11 @@ static int parse_options(int argc, char **argv, run_options *o)
             else
                 return cli_fail("run", CLI_BAD_INPUT, "--path: '%s' is not auto, fused or unfused",
                                 value);
+        } else if (cli_is(&args, "--mask-true")) {
+            if (!(value = cli_value(&args)) ||
+                cli_parse_mask_true("run", value, &o->mask_true_masked) != CLI_OK)
+                return CLI_BAD_INPUT;
+            o->mask_true_given = true;
         } else if (cli_is(&args, "--norm")) {
             if (!(value = cli_value(&args)))
                 return CLI_BAD_INPUT;
@@ -245,6 +260,11 @@ static int parse_options(int argc, char **argv, run_options *o)
     if (o->kv_heads && o->heads % o->kv_heads != 0)
         return cli_fail("run", CLI_BAD_INPUT, "--kv-heads %zu does not divide --heads %zu",
                         o->kv_heads, o->heads);
+    /* Before any work: an output that cannot be written fails now, not after the run. */
+    if (!cli_check_output("run", "--out", o->out) ||
+        !cli_check_output("run", "--attn-out", o->attn_out) ||
+        !cli_check_output("run", "--attn-png", o->attn_png))
+        return CLI_BAD_INPUT;
     return CLI_OK;
 }
 
@@ -445,10 +465,14 @@ static int load_masks(const run_options *o, run_data *d, const clattn_mha_host_d
         d->mask_additive = malloc(d->mask.count * sizeof(float));
         if (d->mask_additive == NULL)
             return cli_fail("run", CLI_FAILED, "out of memory");
+        const bool boolean = d->mask.source == CLATTN_IO_BOOL;
+        if (boolean)
+            cli_note_mask_convention("run", "--attn-mask", o->mask_true_masked,
+                                     o->mask_true_given);
         for (size_t i = 0; i < d->mask.count; ++i)
-            d->mask_additive[i] = d->mask.source == CLATTN_IO_BOOL
-                                      ? (d->mask.data[i] != 0.0f ? -INFINITY : 0.0f)
-                                      : d->mask.data[i];
+            d->mask_additive[i] =
+                boolean ? ((d->mask.data[i] != 0.0f) == o->mask_true_masked ? -INFINITY : 0.0f)
+                        : d->mask.data[i];
     }
     if (o->key_padding_mask) {
         if ((rc = load_npy(o->key_padding_mask, &d->padding)))
@@ -705,7 +729,7 @@ static int run(const run_options *o, run_data *d, bool check_only)
         return CLI_OK;
     clattn_ctx *ctx = cli_context("run", o->device);
     if (ctx == NULL)
-        return CLI_FAILED;
+        return cli_context_exit();
     if (o->posenc || o->posenc_table) {
         if ((rc = add_posenc(ctx, &d->pos_table, &d->query, o->query)) ||
             (o->key && (rc = add_posenc(ctx, &d->pos_table, &d->key, o->key))) ||
@@ -751,7 +775,8 @@ static int run(const run_options *o, run_data *d, bool check_only)
 
 static int run_command(int argc, char **argv, bool check_only)
 {
-    run_options options = {.norm = CLATTN_NORM_SOFTMAX, .scale = NAN}; /* NAN: the default */
+    run_options options = {.norm = CLATTN_NORM_SOFTMAX, .scale = NAN, /* NAN: the default */
+                           .mask_true_masked = true};
     int rc = parse_options(argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;

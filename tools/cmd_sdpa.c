@@ -10,7 +10,8 @@
 
 static const char sdpa_usage[] =
     "usage: clattn sdpa --q Q.npy --k K.npy --v V.npy [--q-heads H] [--kv-heads H]\n"
-    "                   [--attn-mask M.npy] [--past-key PK.npy --past-value PV.npy]\n"
+    "                   [--attn-mask M.npy [--mask-true attend|masked]]\n"
+    "                   [--past-key PK.npy --past-value PV.npy]\n"
     "                   [--nonpad-kv-seqlen N.npy] [--causal] [--causal-align "
     "onnx|top-left|bottom-right]\n"
     "                   [--window LEFT,RIGHT] [--softcap C] [--scale S] [--norm softmax|relu]\n"
@@ -29,7 +30,10 @@ static const char sdpa_usage[] =
     "  rank 3: Q (B, Lq, Hq * d), K (B, Lk, Hkv * d), V (B, Lk, Hkv * dv) with --q-heads Hq and\n"
     "          --kv-heads Hkv (default Hq).\n"
     "Grouped-query attention: Hkv divides Hq; query head h attends with K/V head h / (Hq / Hkv).\n"
-    "--attn-mask: bool (True = attend, as ONNX) or float (added to the scores), of rank 1..4,\n"
+    "--attn-mask: bool, True = attend by default (ONNX, torch's SDPA; `clattn run` and\n"
+    "  `clattn additive` read True = masked, as nn.MultiheadAttention), --mask-true\n"
+    "  attend|masked says which (a note on stderr when a bool mask comes without it); or float\n"
+    "  (added to the scores); of rank 1..4,\n"
     "  broadcast (right-aligned, dims of 1) to (B, Hq, Lq, Lk); a last dim shorter than Lk is\n"
     "  padded as masked (ONNX's rule). A row with every key masked gives zeros.\n"
     "--past-key/--past-value (B, Hkv, P, d) / (B, Hkv, P, dv): a KV cache; attention runs over\n"
@@ -82,6 +86,7 @@ typedef struct sdpa_options {
     bool softmax_f64;         /* --softmax-precision 11 */
     size_t q_heads, kv_heads; /* 0: not given */
     bool causal, align_given, window;
+    bool mask_true_masked, mask_true_given; /* --mask-true (default attend, as ONNX) */
     clattn_causal align; /* TOP_LEFT, BOTTOM_RIGHT or ONNX */
     long long window_left, window_right;
     float scale, softcap; /* scale NAN: the default */
@@ -281,6 +286,11 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
             else
                 return cli_fail("sdpa", CLI_BAD_INPUT, "--path: '%s' is not auto, fused or unfused",
                                 value);
+        } else if (cli_is(&args, "--mask-true")) {
+            if (!(value = cli_value(&args)) ||
+                cli_parse_mask_true("sdpa", value, &o->mask_true_masked) != CLI_OK)
+                return CLI_BAD_INPUT;
+            o->mask_true_given = true;
         } else {
             return cli_fail("sdpa", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
         }
@@ -305,6 +315,12 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                         "--nonpad-kv-seqlen cannot be combined with --past-key (ONNX's rule)");
     if (o->ring_option && !o->ring)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--ring-layout and --ring-timing need --ring");
+    /* Before any work: an output that cannot be written fails now, not after the run. */
+    if (!cli_check_output("sdpa", "--out", o->out) ||
+        !cli_check_output("sdpa", "--present-key-out", o->present_k) ||
+        !cli_check_output("sdpa", "--present-value-out", o->present_v) ||
+        !cli_check_output("sdpa", "--qk-out", o->qk_out))
+        return CLI_BAD_INPUT;
     if (o->ring) {
         const char *other = o->mask                          ? "--attn-mask"
                             : o->past_k                      ? "--past-key"
@@ -421,6 +437,8 @@ static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4
     const size_t width = m->shape[m->ndim - 1], seq_k = full[3];
     const size_t rows = m->count / width; /* fits: the file held m->count values */
     const bool keep = m->source == CLATTN_IO_BOOL;
+    if (keep)
+        cli_note_mask_convention("sdpa", "--attn-mask", o->mask_true_masked, o->mask_true_given);
     if (rows > SIZE_MAX / seq_k / sizeof(float))
         return cli_fail("sdpa", CLI_BAD_INPUT, "%s: the padded mask is too large", o->mask);
     const size_t padded = rows * seq_k; /* at least 1: no dim is 0 */
@@ -434,7 +452,8 @@ static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4
         for (size_t c = 0; c < seq_k; ++c) {
             const float value = c < width ? m->data[r * width + c] : 0.0f;
             if (keep)
-                d->mask_keep[r * seq_k + c] = c < width && value != 0.0f; /* True = attend */
+                d->mask_keep[r * seq_k + c] = /* True = attend, or masked with --mask-true */
+                    c < width && (value != 0.0f) != o->mask_true_masked;
             else
                 d->mask_f32[r * seq_k + c] = c < width ? value : -INFINITY;
         }
@@ -705,7 +724,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
 
     clattn_ctx *ctx = cli_context("sdpa", o->device);
     if (ctx == NULL)
-        return CLI_FAILED;
+        return cli_context_exit();
     clattn_plan *plan = NULL;
     clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
     cl_int err = CL_SUCCESS;

@@ -192,7 +192,7 @@ static clattn_status apply_file(clattn_ctx *ctx, const char *path)
     if (f == NULL)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "CLATTN_TUNING=%s: cannot open it",
                             path);
-    char line[1024], origin[96];
+    char line[1024], origin[640];
     clattn_status status = CLATTN_SUCCESS;
     for (int number = 1; status == CLATTN_SUCCESS && fgets(line, sizeof line, f); ++number) {
         char *hash = strchr(line, '#');
@@ -201,7 +201,8 @@ static clattn_status apply_file(clattn_ctx *ctx, const char *path)
         trim(line);
         if (line[0] == '\0')
             continue;
-        snprintf(origin, sizeof origin, "file line %d", number);
+        /* The path too: the message must say it is the tuning file that is wrong. */
+        snprintf(origin, sizeof origin, "file line %d (%.500s)", number, path);
         status = apply_row(ctx, line, origin);
     }
     /* A folder opens on Linux but cannot be read (EISDIR). */
@@ -352,6 +353,13 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
     /* CLATTN_PARAMS=gpu|cpu applies the other class's rows (tests run the GPU kernels'
      * work-group sizes, vector widths and tiles on a CPU device); unset: the device's type. */
     const char *params = getenv("CLATTN_PARAMS");
+    if (params && params[0] == '\0')
+        params = NULL;
+    if (params && strcmp(params, "gpu") != 0 && strcmp(params, "cpu") != 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "CLATTN_PARAMS='%s': expected gpu or cpu (the class of tuning rows "
+                            "to apply), or unset for the device's own",
+                            params);
     t->cpu_params = params && strcmp(params, "gpu") == 0   ? false
                     : params && strcmp(params, "cpu") == 0 ? true
                                                            : (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
