@@ -2094,6 +2094,31 @@ START_TEST(test_mask_true)
 }
 END_TEST
 
+/* Every command's --help (the top level's too) ends with its exit-status paragraph. */
+START_TEST(test_help_ends_with_exit_status)
+{
+    TU_BEGIN_TEST();
+    static const char *const commands[] = {"",     "devices", "info",     "demo", "run",
+                                           "sdpa", "rope",    "additive", "bench", "tune"};
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; ++i) {
+        char args[128];
+        snprintf(args, sizeof args, "%s --help", commands[i]);
+        tu_set_case("clattn %s", args);
+        const int status = run_cli(args);
+        const char *out = captured("stdout");
+        const char *exit_line = NULL;
+        for (const char *at = strstr(out, "Exit status"); at; at = strstr(at + 1, "Exit status"))
+            exit_line = at;
+        tu_expect(status == 0 && exit_line && (exit_line == out || exit_line[-1] == '\n') &&
+                      strstr(exit_line, "0 success") && strstr(exit_line, "2 bad options") &&
+                      strstr(exit_line, "\n\n") == NULL,
+                  "clattn %s: status %d, help does not end with its exit status:\n%s", args,
+                  status, out);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
 /* `clattn additive` with a 3-d W1 (H, dq, da) and no --heads says to pass --heads. */
 START_TEST(test_additive_heads_hint)
 {
@@ -2873,6 +2898,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_no_platform_or_device);
     tcase_add_test(tc, test_mask_true);
     tcase_add_test(tc, test_additive_heads_hint);
+    tcase_add_test(tc, test_help_ends_with_exit_status);
     suite_add_tcase(suite, tc);
     int result = tu_run_suite(suite);
     remove_scratch();
