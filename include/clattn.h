@@ -694,6 +694,9 @@ typedef struct clattn_mha_host_desc {
     size_t rope_dims;
     double rope_base;
     size_t rope_start;
+    /* Nonzero: masks->attn_mask is (batch * num_heads, seq_q, seq_k) (PyTorch's 3-d mask, one
+     * matrix per batch entry and head, head fastest), not one (seq_q, seq_k) for all. */
+    int attn_mask_per_head;
 } clattn_mha_host_desc;
 
 typedef struct clattn_mha_host_weights {

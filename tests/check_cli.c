@@ -105,6 +105,9 @@ static const torch_case torch_cases[] = {
     {"half", 2, ""},
     {"self", 2, "--key-padding-mask %s/self_kpm.npy --attn-mask %s/self_mask.npy --path unfused"},
     {"bfloat", 2, ""},
+    /* PyTorch's 3-d attn_mask (N * H, L, S): a different bool mask per batch entry and head. */
+    {"mask3d", 2, "--attn-mask %s/mask3d_mask.npy"},
+    {"mask3d", 2, "--attn-mask %s/mask3d_mask.npy --path unfused"},
 };
 
 START_TEST(test_run_matches_pytorch)
@@ -2119,6 +2122,131 @@ START_TEST(test_help_ends_with_exit_status)
 }
 END_TEST
 
+/* Files from real models (tests/fixtures/gen_cli_fixtures.py --issue25): the "self" block
+ * inside a whole model's state dict (found alone, or chosen with --prefix among two), in F64;
+ * the missing-key message lists the attention-like keys present; run refuses integer queries,
+ * writes a float16 query's output as float16, and prints the real output shape. */
+START_TEST(test_run_model_files)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("clattn run on whole-model files");
+    char base[2048], args[4096], out[512], other[512];
+    snprintf(out, sizeof out, "%s/model_out.npy", scratch);
+    snprintf(other, sizeof other, "%s/model_other.npy", scratch);
+    snprintf(base, sizeof base,
+             "run --query %s/self_query.npy --heads 2 --key-padding-mask %s/self_kpm.npy "
+             "--attn-mask %s/self_mask.npy",
+             fixtures, fixtures, fixtures);
+    /* One block in the file: found without --prefix, with a note; the same with it. */
+    snprintf(args, sizeof args, "%s --weights %s/model_one.safetensors --out %s", base, fixtures,
+             out);
+    if (run_ok("model_one, no --prefix", args))
+        expect_npy_close(out, "self_out.npy", TU_TOL);
+    tu_expect(strstr(captured("stderr"), "under the prefix 'layers.0.self_attn.'") != NULL,
+              "no note of the prefix found: %s", captured("stderr"));
+    snprintf(args, sizeof args,
+             "%s --weights %s/model_one.safetensors --prefix layers.0.self_attn. --out %s "
+             "--mask-true masked",
+             base, fixtures, out);
+    if (run_ok("model_one --prefix", args))
+        expect_npy_close(out, "self_out.npy", TU_TOL);
+    tu_expect(captured("stderr")[0] == '\0', "stderr with --prefix: %s", captured("stderr"));
+    /* Two blocks: --prefix must choose; each prefix reads its own block. */
+    snprintf(args, sizeof args, "%s --weights %s/model_two.safetensors --out %s", base, fixtures,
+             out);
+    int status = run_cli(args);
+    tu_expect(status == 2 && count_lines(captured("stderr")) == 1 &&
+                  strstr(captured("stderr"), "holds 2 attention blocks: choose one with --prefix "
+                                             "('layers.0.self_attn.', 'layers.1.self_attn.')"),
+              "model_two without --prefix: status %d, %s", status, captured("stderr"));
+    snprintf(args, sizeof args,
+             "%s --weights %s/model_two.safetensors --prefix layers.0.self_attn. --out %s", base,
+             fixtures, out);
+    if (run_ok("model_two layers.0", args))
+        expect_npy_close(out, "self_out.npy", TU_TOL);
+    snprintf(args, sizeof args,
+             "%s --weights %s/model_two.safetensors --prefix layers.1.self_attn. --out %s", base,
+             fixtures, other);
+    run_ok("model_two layers.1", args);
+    tu_expect(npy_difference(out, other) > 1e-3 && isfinite(npy_difference(out, other)),
+              "--prefix layers.1 read layers.0's block (difference %g)",
+              npy_difference(out, other));
+    /* A prefix that names nothing: the message lists the attention-like keys present. */
+    snprintf(args, sizeof args, "%s --weights %s/model_one.safetensors --prefix encoder.", base,
+             fixtures);
+    status = run_cli(args);
+    tu_expect(status == 2 && count_lines(captured("stderr")) == 1 &&
+                  strstr(captured("stderr"), "no tensor 'encoder.q_proj_weight'") &&
+                  strstr(captured("stderr"), "attention-like keys in the file: ") &&
+                  strstr(captured("stderr"), "layers.0.self_attn.in_proj_weight") &&
+                  !strstr(captured("stderr"), "embed.weight"),
+              "a prefix naming nothing: status %d, %s", status, captured("stderr"));
+    /* F64 weights are read (rounded to float32 once, as float64 .npy). */
+    snprintf(args, sizeof args, "%s --weights %s/self_f64.safetensors --out %s", base, fixtures,
+             out);
+    if (run_ok("F64 safetensors", args))
+        expect_npy_close(out, "self_out.npy", TU_TOL);
+
+    /* An integer query is refused as sdpa refuses it. */
+    char ids[512];
+    const long long values[4] = {1, 2, 3, 4};
+    snprintf(ids, sizeof ids, "%s/ids.npy", scratch);
+    write_i64_npy(ids, values, 4);
+    snprintf(args, sizeof args, "run --query %s --weights %s/self.safetensors --heads 2", ids,
+             fixtures);
+    status = run_cli(args);
+    tu_expect(status == 2 && strstr(captured("stderr"), "an integer array; expected float32"),
+              "integer query: status %d, %s", status, captured("stderr"));
+    /* A float16 query gives a float16 output, the float32 run on the same values rounded. */
+    char q16[512], q32[512];
+    const size_t q_shape[2] = {7, 8};
+    float *q = typed_scratch("q16.npy", 2, q_shape, CLATTN_IO_F16, false, q16, sizeof q16);
+    char msg[512];
+    snprintf(q32, sizeof q32, "%s/q32.npy", scratch);
+    tu_expect(clattn_npy_write(q32, q, 2, q_shape, msg, sizeof msg) == CLATTN_IO_OK, "%s", msg);
+    snprintf(args, sizeof args, "run --query %s --weights %s/self.safetensors --heads 2 --out %s",
+             q16, fixtures, out);
+    run_ok("float16 query", args);
+    snprintf(args, sizeof args, "run --query %s --weights %s/self.safetensors --heads 2 --out %s",
+             q32, fixtures, other);
+    run_ok("float32 query", args);
+    clattn_array got = {0}, want = {0};
+    if (tu_expect(clattn_npy_read(out, &got, msg, sizeof msg) == CLATTN_IO_OK &&
+                      clattn_npy_read(other, &want, msg, sizeof msg) == CLATTN_IO_OK &&
+                      got.count == want.count,
+                  "reading the outputs: %s", msg)) {
+        tu_expect(got.source == CLATTN_IO_F16 && want.source == CLATTN_IO_F32,
+                  "output dtypes %d and %d, want float16 and float32", (int)got.source,
+                  (int)want.source);
+        for (size_t i = 0; i < got.count; ++i)
+            tu_expect(fabs(got.data[i] - want.data[i]) <= 1e-3 * fabs(want.data[i]) + 1e-6,
+                      "float16 output %zu: %g, float32 %g", i, (double)got.data[i],
+                      (double)want.data[i]);
+    }
+    clattn_array_free(&got);
+    clattn_array_free(&want);
+    free(q);
+    /* Printed instead of written: the real output shape. */
+    char big[512];
+    float *x = scratch_npy("big_query.npy", 600, 8, big, sizeof big);
+    snprintf(args, sizeof args, "run --query %s --weights %s/self.safetensors --heads 2", big,
+             fixtures);
+    if (run_ok("printed output", args))
+        tu_expect(strstr(captured("stdout"), "output: (600, 8) floats") != NULL,
+                  "run printed: %s", captured("stdout"));
+    free(x);
+    const size_t s_shape[4] = {1, 2, 300, 8};
+    char sq[512];
+    float *sv = scratch_array("big_q4.npy", 4, s_shape, sq, sizeof sq);
+    snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s", sq, sq, sq);
+    if (run_ok("sdpa printed output", args))
+        tu_expect(strstr(captured("stdout"), "output: (1, 2, 300, 8) floats") != NULL,
+                  "sdpa printed: %s", captured("stdout"));
+    free(sv);
+    TU_END_TEST();
+}
+END_TEST
+
 /* `clattn additive` with a 3-d W1 (H, dq, da) and no --heads says to pass --heads. */
 START_TEST(test_additive_heads_hint)
 {
@@ -2899,6 +3027,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_mask_true);
     tcase_add_test(tc, test_additive_heads_hint);
     tcase_add_test(tc, test_help_ends_with_exit_status);
+    tcase_add_test(tc, test_run_model_files);
     suite_add_tcase(suite, tc);
     int result = tu_run_suite(suite);
     remove_scratch();

@@ -1229,7 +1229,7 @@ START_TEST(test_st_read)
     clattn_array_free(&array);
     status = clattn_safetensors_read(file, "ids", &array, msg, MSG_SIZE);
     expect_status("ids (I64)", status, CLATTN_IO_ERR_UNSUPPORTED, msg, path,
-                  "tensor 'ids' has dtype I64: only F32, F16 and BF16 can be read");
+                  "tensor 'ids' has dtype I64: only F32, F16, BF16 and F64 can be read");
     expect(array.data == NULL, "ids: data set on error");
     status = clattn_safetensors_read(file, "odd", &array, msg, MSG_SIZE);
     expect_status("odd (X9)", status, CLATTN_IO_ERR_UNSUPPORTED, msg, path, "dtype X9");

@@ -962,7 +962,7 @@ clattn_io_status clattn_npy_write_typed(const char *path, const float *data, int
  *   {"__metadata__": {...}, "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}}
  * ------------------------------------------------------------------------------------------ */
 
-typedef enum st_kind { ST_UNKNOWN, ST_F32, ST_F16, ST_BF16, ST_OTHER } st_kind;
+typedef enum st_kind { ST_UNKNOWN, ST_F32, ST_F16, ST_BF16, ST_F64, ST_OTHER } st_kind;
 
 typedef struct st_dtype_info {
     const char *name;
@@ -971,7 +971,7 @@ typedef struct st_dtype_info {
 } st_dtype_info;
 
 static const st_dtype_info st_dtypes[] = {
-    {"F64", 8, ST_OTHER},  {"F32", 4, ST_F32},       {"F16", 2, ST_F16},       {"BF16", 2, ST_BF16},
+    {"F64", 8, ST_F64},    {"F32", 4, ST_F32},       {"F16", 2, ST_F16},       {"BF16", 2, ST_BF16},
     {"I64", 8, ST_OTHER},  {"I32", 4, ST_OTHER},     {"I16", 2, ST_OTHER},     {"I8", 1, ST_OTHER},
     {"U64", 8, ST_OTHER},  {"U32", 4, ST_OTHER},     {"U16", 2, ST_OTHER},     {"U8", 1, ST_OTHER},
     {"BOOL", 1, ST_OTHER}, {"F8_E4M3", 1, ST_OTHER}, {"F8_E5M2", 1, ST_OTHER},
@@ -1377,10 +1377,11 @@ clattn_io_status clattn_safetensors_read(const clattn_safetensors *file, const c
     convert_fn convert = tensor->kind == ST_F32    ? convert_f32
                          : tensor->kind == ST_F16  ? convert_f16
                          : tensor->kind == ST_BF16 ? convert_bf16
+                         : tensor->kind == ST_F64  ? convert_f64 /* as float64 .npy: rounded */
                                                    : NULL;
     if (convert == NULL) {
         status = fail(msg, msg_size, CLATTN_IO_ERR_UNSUPPORTED, path,
-                      "tensor '%s' has dtype %s: only F32, F16 and BF16 can be read", shown,
+                      "tensor '%s' has dtype %s: only F32, F16, BF16 and F64 can be read", shown,
                       tensor->dtype);
         goto done;
     }
@@ -1398,7 +1399,11 @@ clattn_io_status clattn_safetensors_read(const clattn_safetensors *file, const c
                       shown, strerror(errno));
         goto done;
     }
-    status = read_converted(file->file, tensor->count, tensor->kind == ST_F32 ? 4 : 2, convert,
+    status = read_converted(file->file, tensor->count,
+                            tensor->kind == ST_F64   ? 8
+                            : tensor->kind == ST_F32 ? 4
+                                                     : 2,
+                            convert,
                             array.data, path, msg, msg_size);
     if (status != CLATTN_IO_OK)
         goto done;

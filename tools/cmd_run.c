@@ -9,7 +9,8 @@
 
 static const char run_usage[] =
     "usage: clattn run --query Q.npy [--key K.npy] [--value V.npy]\n"
-    "                  (--weights W.safetensors --heads H | --wq WQ.npy --wk WK.npy --wv WV.npy\n"
+    "                  (--weights W.safetensors [--prefix P] --heads H\n"
+    "                   | --wq WQ.npy --wk WK.npy --wv WV.npy\n"
     "                   [--wo WO.npy] [--heads H]) [--kv-heads G]\n"
     "                  [--causal] [--attn-mask M.npy [--mask-true attend|masked]]\n"
     "                  [--key-padding-mask P.npy]\n"
@@ -20,14 +21,18 @@ static const char run_usage[] =
     "                  [--scale S] [--norm softmax|relu] [--path auto|fused|unfused]\n"
     "                  [--out O.npy] [--attn-out A.npy] [--attn-png A.png] [--device SPEC]\n"
     "\n"
-    "Inputs: the query is (L, E) or (B, L, E) float32/float64; key and value default to the\n"
-    "query (self-attention) and value defaults to the key; they are (S, kdim) / (S, vdim) with\n"
-    "the query's batching.\n"
+    "Inputs: the query is (L, E) or (B, L, E) float32, float64, float16 or bfloat16 (integer\n"
+    "and bool arrays are refused, as by `clattn sdpa`); key and value default to the query\n"
+    "(self-attention) and value defaults to the key; they are (S, kdim) / (S, vdim) with the\n"
+    "query's batching.\n"
     "Weights, either:\n"
     "  --weights: a PyTorch nn.MultiheadAttention state_dict saved as safetensors\n"
     "    (in_proj_weight (3E, E) [+ in_proj_bias], or q_proj_weight (E, E), k_proj_weight\n"
     "    (E, kdim), v_proj_weight (E, vdim) [+ in_proj_bias]; out_proj.weight (E, E)\n"
-    "    [+ out_proj.bias]; F32, F16 or BF16), with --heads H; or\n"
+    "    [+ out_proj.bias]; F32, F16, BF16 or F64), with --heads H. A whole model's state dict\n"
+    "    works: --prefix P reads P + those names (e.g. --prefix layers.0.self_attn.); without\n"
+    "    it a file holding exactly one such block under some prefix is read with a note on\n"
+    "    stderr, one holding several is refused with their prefixes listed; or\n"
     "  --wq/--wk/--wv[/--wo]: textbook single-head weights in the X·W layout, Wq (E, dk),\n"
     "    Wk (kdim, dk), Wv (vdim, dv), optional Wo (dv, E); --heads splits dk and dv (default 1).\n"
     "--kv-heads G: grouped-query attention (G divides H; 1 = multi-query): K and V have G heads\n"
@@ -35,7 +40,8 @@ static const char run_usage[] =
     "  (kdim, dk / H * G) and Wv (vdim, dv_kv) with dv = dv_kv / G * H; with --weights the\n"
     "  separate k_proj_weight and v_proj_weight are (E / H * G, kdim / vdim) and in_proj_bias,\n"
     "  if any, (E + 2 * E / H * G) (a packed in_proj_weight cannot hold them).\n"
-    "Masks: --causal (query i sees keys j <= i); --attn-mask (L, S): float, added to the scaled\n"
+    "Masks: --causal (query i sees keys j <= i); --attn-mask (L, S), or PyTorch's 3-d\n"
+    "(B * H, L, S) (one per batch entry and head, head fastest): float, added to the scaled\n"
     "scores (-inf masks), or bool/uint8, True = masked by default (PyTorch's\n"
     "nn.MultiheadAttention; `clattn sdpa` reads True = attend, as ONNX and torch's SDPA);\n"
     "--mask-true attend|masked says which (a note on stderr when a bool mask comes without\n"
@@ -65,8 +71,10 @@ static const char run_usage_more[] =
     "--scale: default 1/sqrt(head dim). --norm: softmax (default) or relu (relu(s)/sum).\n"
     "--path: auto (default: the fused kernel, which never forms the L x S scores, unless the\n"
     "weights are asked for), fused, or unfused.\n"
-    "Outputs: --out O.npy, with the query's batching ((L, E) or (B, L, E)); without --out the\n"
-    "output is printed. --attn-out A.npy: the per-head weights (B, H, L, S), or (H, L, S)\n"
+    "Outputs: --out O.npy, with the query's batching ((L, E) or (B, L, E)) and float type\n"
+    "(float16 and bfloat16 queries give float16 and bfloat16, else float32), as `clattn sdpa`;\n"
+    "without --out the output is printed (its real shape only, when large). --attn-out A.npy:\n"
+    "the per-head weights (B, H, L, S), or (H, L, S)\n"
     "unbatched. --attn-png A.png: heatmap of the weights of batch 0, one panel per head\n"
     "(query position down, key position across).\n"
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
@@ -75,6 +83,7 @@ typedef struct run_options {
     const char *device, *query, *key, *value, *weights, *wq, *wk, *wv, *wo;
     const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png, *alibi_slopes;
     const char *posenc_table; /* --posenc-table */
+    const char *prefix;       /* --prefix: the block's key prefix in a whole model's file */
     bool posenc;              /* --posenc sinusoidal */
     cli_rope rope;            /* --rope and its options */
     size_t heads, kv_heads;   /* kv_heads 0: heads */
@@ -92,6 +101,7 @@ typedef struct run_data {
     clattn_array query, key, value, mask, padding, slopes, pos_table;
     clattn_array param[8];
     clattn_safetensors *safetensors;
+    char prefix[256]; /* prepended to every key read from safetensors */
     float *mask_additive;
     uint8_t *padding_bytes;
     float *out, *weights;
@@ -140,6 +150,7 @@ static int parse_options(int argc, char **argv, run_options *o)
         {"--attn-png", &o->attn_png},
         {"--alibi-slopes", &o->alibi_slopes},
         {"--posenc-table", &o->posenc_table},
+        {"--prefix", &o->prefix},
     };
     while (cli_next(&args)) {
         bool matched = false;
@@ -249,6 +260,10 @@ static int parse_options(int argc, char **argv, run_options *o)
                         "drop --attn-out/--attn-png or use --path auto");
     if (o->weights && !o->heads_given)
         return cli_fail("run", CLI_BAD_INPUT, "--weights needs --heads H");
+    if (o->prefix && !o->weights)
+        return cli_fail("run", CLI_BAD_INPUT, "--prefix goes with --weights W.safetensors");
+    if (o->prefix && strlen(o->prefix) > 200)
+        return cli_fail("run", CLI_BAD_INPUT, "--prefix: longer than 200 characters");
     if (!o->heads_given)
         o->heads = 1;
     if (!cli_check_rope("run", &o->rope))
@@ -273,6 +288,17 @@ static int load_npy(const char *path, clattn_array *out)
     char msg[1024];
     clattn_io_status s = clattn_npy_read(path, out, msg, sizeof msg);
     return s == CLATTN_IO_OK ? CLI_OK : cli_fail("run", CLI_BAD_INPUT, "%s", msg);
+}
+
+/* An input sequence (query, key, value): floats only, as `clattn sdpa` takes them. */
+static int load_input(const char *path, clattn_array *out)
+{
+    int rc = load_npy(path, out);
+    if (rc == CLI_OK && (out->source == CLATTN_IO_BOOL || out->source == CLATTN_IO_INT))
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "%s: %s array; expected float32, float64, float16 or bfloat16", path,
+                        out->source == CLATTN_IO_INT ? "an integer" : "a bool/uint8");
+    return rc;
 }
 
 /* "(2, 3, 4)" */
@@ -329,19 +355,123 @@ static int sequence_dims(const char *path, const clattn_array *a, size_t *batch,
     return CLI_OK;
 }
 
+/* The key of `name` in the file: the block's prefix (--prefix, or the one found) first. */
+static const char *st_key(const run_data *d, const char *name)
+{
+    static char keys[4][512];
+    static int next;
+    char *key = keys[next++ % 4];
+    snprintf(key, sizeof keys[0], "%s%s", d->prefix, name);
+    return key;
+}
+
+/* Whether a key looks like part of an attention block (to list when one is missing). */
+static bool attention_like(const char *name)
+{
+    static const char *const words[] = {"attn", "attention", "proj", "query", "key",
+                                        "value", "q_",        "k_",   "v_",    "out"};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; ++i)
+        if (strstr(name, words[i]))
+            return true;
+    return false;
+}
+
+/* "a, b, c and 4 more": the file's attention-like keys (at most 8 named). */
+static void list_attention_keys(const clattn_safetensors *file, char *text, size_t size)
+{
+    size_t named = 0, more = 0, used = 0;
+    text[0] = '\0';
+    for (size_t i = 0; i < clattn_safetensors_count(file); ++i) {
+        const char *name = clattn_safetensors_name(file, i);
+        if (!name || !attention_like(name))
+            continue;
+        if (named == 8 || used + strlen(name) + 3 >= size) {
+            ++more;
+            continue;
+        }
+        used += (size_t)snprintf(text + used, size - used, "%s%s", named ? ", " : "", name);
+        ++named;
+    }
+    if (more && used < size)
+        snprintf(text + used, size - used, " and %zu more", more);
+}
+
 static int read_tensor(run_data *d, const char *path, const char *name, clattn_array *out,
                        bool required)
 {
     char msg[1024];
-    clattn_io_status s = clattn_safetensors_read(d->safetensors, name, out, msg, sizeof msg);
+    const char *key = st_key(d, name);
+    clattn_io_status s = clattn_safetensors_read(d->safetensors, key, out, msg, sizeof msg);
     if (s == CLATTN_IO_ERR_NOT_FOUND && !required)
         return CLI_OK;
-    if (s == CLATTN_IO_ERR_NOT_FOUND)
+    if (s == CLATTN_IO_ERR_NOT_FOUND) {
+        char present[600];
+        list_attention_keys(d->safetensors, present, sizeof present);
         return cli_fail("run", CLI_BAD_INPUT,
-                        "%s: no tensor '%s' (an nn.MultiheadAttention "
-                        "state_dict has in_proj_weight or q/k/v_proj_weight)",
-                        path, name);
+                        "%s: no tensor '%s' (an nn.MultiheadAttention state_dict has "
+                        "in_proj_weight or q/k/v_proj_weight; --prefix P reads P + those names); "
+                        "attention-like keys in the file: %s",
+                        path, key, present[0] ? present : "none");
+    }
     return s == CLATTN_IO_OK ? CLI_OK : cli_fail("run", CLI_BAD_INPUT, "%s", msg);
+}
+
+/* Without --prefix: when the file has no top-level block but exactly one nested one (keys
+ * ending in in_proj_weight or q_proj_weight under one prefix), takes its prefix and says so;
+ * several: refuses, listing them. */
+static int find_prefix(const run_options *o, run_data *d, const char *path)
+{
+    if (o->prefix) {
+        snprintf(d->prefix, sizeof d->prefix, "%s", o->prefix);
+        return CLI_OK;
+    }
+    d->prefix[0] = '\0';
+    if (clattn_safetensors_has(d->safetensors, "in_proj_weight") ||
+        clattn_safetensors_has(d->safetensors, "q_proj_weight"))
+        return CLI_OK;
+    static const char *const anchors[] = {"in_proj_weight", "q_proj_weight"};
+    char found[8][256], list[1200] = "";
+    size_t count = 0, extra = 0;
+    for (size_t i = 0; i < clattn_safetensors_count(d->safetensors); ++i) {
+        const char *name = clattn_safetensors_name(d->safetensors, i);
+        const size_t length = name ? strlen(name) : 0;
+        for (size_t a = 0; a < 2; ++a) {
+            const size_t tail = strlen(anchors[a]);
+            if (length <= tail || length - tail >= sizeof found[0] ||
+                strcmp(name + length - tail, anchors[a]) != 0)
+                continue;
+            char prefix[256];
+            snprintf(prefix, sizeof prefix, "%.*s", (int)(length - tail), name);
+            bool seen = false;
+            for (size_t j = 0; j < count; ++j)
+                seen = seen || strcmp(found[j], prefix) == 0;
+            if (seen)
+                continue;
+            if (count < 8)
+                snprintf(found[count++], sizeof found[0], "%s", prefix);
+            else
+                ++extra;
+        }
+    }
+    if (count == 1) {
+        snprintf(d->prefix, sizeof d->prefix, "%s", found[0]);
+        fprintf(stderr, "clattn run: note: %s holds one attention block, under the prefix '%s' "
+                        "(--prefix chooses)\n",
+                path, d->prefix);
+        return CLI_OK;
+    }
+    if (count > 1) {
+        size_t used = 0;
+        for (size_t j = 0; j < count && used < sizeof list; ++j)
+            used += (size_t)snprintf(list + used, sizeof list - used, "%s'%s'", j ? ", " : "",
+                                     found[j]);
+        if (extra && used < sizeof list)
+            snprintf(list + used, sizeof list - used, " and %zu more", extra);
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "%s holds %zu attention blocks: choose one with --prefix (%s)", path,
+                        count + extra, list);
+    }
+    return CLI_OK; /* none: the first read names what is missing and what the file has */
 }
 
 /* Loads a PyTorch state_dict; fills desc dims and the parameters. */
@@ -351,13 +481,15 @@ static int load_torch_weights(const run_options *o, run_data *d, clattn_mha_host
     const char *path = o->weights;
     if (clattn_safetensors_open(path, &d->safetensors, msg, sizeof msg) != CLATTN_IO_OK)
         return cli_fail("run", CLI_BAD_INPUT, "%s", msg);
-    if (clattn_safetensors_has(d->safetensors, "bias_k") ||
-        clattn_safetensors_has(d->safetensors, "bias_v"))
+    int rc;
+    if ((rc = find_prefix(o, d, path)))
+        return rc;
+    if (clattn_safetensors_has(d->safetensors, st_key(d, "bias_k")) ||
+        clattn_safetensors_has(d->safetensors, st_key(d, "bias_v")))
         return cli_fail("run", CLI_BAD_INPUT,
                         "%s: bias_k/bias_v (add_bias_kv=True) are not supported", path);
-    int rc;
     clattn_array *p = d->param;
-    const bool packed = clattn_safetensors_has(d->safetensors, "in_proj_weight");
+    const bool packed = clattn_safetensors_has(d->safetensors, st_key(d, "in_proj_weight"));
     size_t kv_rows = 0; /* k/v projections' outputs (separate weights) */
     if (packed && o->kv_heads && o->kv_heads != o->heads)
         return cli_fail("run", CLI_BAD_INPUT,
@@ -453,15 +585,28 @@ static int load_textbook_weights(const run_options *o, run_data *d, clattn_mha_h
 }
 
 /* Loads and converts the masks into what the host API takes. */
-static int load_masks(const run_options *o, run_data *d, const clattn_mha_host_desc *desc,
+static int load_masks(const run_options *o, run_data *d, clattn_mha_host_desc *desc,
                       bool batched)
 {
     int rc;
     char text[128];
     if (o->attn_mask) {
-        if ((rc = load_npy(o->attn_mask, &d->mask)) ||
-            (rc = expect_matrix(o->attn_mask, &d->mask, desc->seq_q, desc->seq_k)))
+        if ((rc = load_npy(o->attn_mask, &d->mask)))
             return rc;
+        /* (L, S) for every batch entry and head, or PyTorch's (B * H, L, S), head fastest. */
+        const clattn_array *m = &d->mask;
+        if (m->ndim == 3) {
+            if (m->shape[0] != desc->batch * o->heads || m->shape[1] != desc->seq_q ||
+                m->shape[2] != desc->seq_k)
+                return cli_fail("run", CLI_BAD_INPUT,
+                                "%s has shape %s, expected (%zu, %zu) or (B * H, L, S) = (%zu, "
+                                "%zu, %zu)",
+                                o->attn_mask, shape_text(m, text, sizeof text), desc->seq_q,
+                                desc->seq_k, desc->batch * o->heads, desc->seq_q, desc->seq_k);
+            desc->attn_mask_per_head = 1;
+        } else if ((rc = expect_matrix(o->attn_mask, &d->mask, desc->seq_q, desc->seq_k))) {
+            return rc;
+        }
         d->mask_additive = malloc(d->mask.count * sizeof(float));
         if (d->mask_additive == NULL)
             return cli_fail("run", CLI_FAILED, "out of memory");
@@ -499,11 +644,15 @@ static int load_masks(const run_options *o, run_data *d, const clattn_mha_host_d
 }
 
 /* Prints the output when no --out was given. */
-static void print_output(const float *out, size_t batch, size_t seq, size_t features)
+static void print_output(const float *out, bool batched, size_t batch, size_t seq,
+                         size_t features)
 {
-    if (batch * seq * features > 4096) {
-        printf("output: (%zu, %zu, %zu) floats; use --out O.npy to save it\n", batch, seq,
-               features);
+    if (batch * seq * features > 4096) { /* the shape --out would write */
+        if (batched)
+            printf("output: (%zu, %zu, %zu) floats; use --out O.npy to save it\n", batch, seq,
+                   features);
+        else
+            printf("output: (%zu, %zu) floats; use --out O.npy to save it\n", seq, features);
         return;
     }
     for (size_t b = 0; b < batch; ++b) {
@@ -517,6 +666,20 @@ static int write_npy(const char *path, const float *data, int ndim, const size_t
 {
     char msg[1024];
     return clattn_npy_write(path, data, ndim, shape, msg, sizeof msg) == CLATTN_IO_OK
+               ? CLI_OK
+               : cli_fail("run", CLI_FAILED, "%s", msg);
+}
+
+/* The output in the query's float type, as `clattn sdpa` writes it: float16 and bfloat16
+ * queries give float16 and bfloat16 outputs (computed in float32, rounded once); float32 and
+ * float64 give float32. */
+static int write_typed(const char *path, const float *data, int ndim, const size_t *shape,
+                       clattn_io_dtype like)
+{
+    char msg[1024];
+    const clattn_io_dtype dtype =
+        like == CLATTN_IO_F16 || like == CLATTN_IO_BF16 ? like : CLATTN_IO_F32;
+    return clattn_npy_write_typed(path, data, ndim, shape, dtype, msg, sizeof msg) == CLATTN_IO_OK
                ? CLI_OK
                : cli_fail("run", CLI_FAILED, "%s", msg);
 }
@@ -577,19 +740,19 @@ static int run(const run_options *o, run_data *d, bool check_only)
 {
     int rc;
     size_t batch, seq_q, embed, kb, seq_k, kdim, vb, seq_v, vdim;
-    if ((rc = load_npy(o->query, &d->query)) ||
+    if ((rc = load_input(o->query, &d->query)) ||
         (rc = sequence_dims(o->query, &d->query, &batch, &seq_q, &embed)))
         return rc;
     const clattn_array *key = &d->query, *value = &d->query;
     const char *key_path = o->query, *value_path = o->query;
     if (o->key) {
-        if ((rc = load_npy(o->key, &d->key)))
+        if ((rc = load_input(o->key, &d->key)))
             return rc;
         key = &d->key, key_path = o->key;
     }
     value = key, value_path = key_path;
     if (o->value) {
-        if ((rc = load_npy(o->value, &d->value)))
+        if ((rc = load_input(o->value, &d->value)))
             return rc;
         value = &d->value, value_path = o->value;
     }
@@ -754,10 +917,11 @@ static int run(const run_options *o, run_data *d, bool check_only)
 
     const size_t out_shape[3] = {batch, seq_q, out_features};
     if (o->out) {
-        if ((rc = write_npy(o->out, d->out, batched ? 3 : 2, batched ? out_shape : out_shape + 1)))
+        if ((rc = write_typed(o->out, d->out, batched ? 3 : 2,
+                              batched ? out_shape : out_shape + 1, d->query.source)))
             return rc;
     } else {
-        print_output(d->out, batch, seq_q, out_features);
+        print_output(d->out, batched, batch, seq_q, out_features);
     }
     if (o->attn_out) {
         const size_t shape[4] = {batch, o->heads, seq_q, seq_k};

@@ -349,8 +349,8 @@ static int load(const char *path, clattn_array *out, bool mask)
         return cli_fail("sdpa", CLI_BAD_INPUT, "%s", msg);
     if (!mask && (out->source == CLATTN_IO_BOOL || out->source == CLATTN_IO_INT))
         return cli_fail("sdpa", CLI_BAD_INPUT,
-                        "%s: a %s array; expected float32, float64, float16 or bfloat16", path,
-                        out->source == CLATTN_IO_INT ? "integer" : "bool/uint8");
+                        "%s: %s array; expected float32, float64, float16 or bfloat16", path,
+                        out->source == CLATTN_IO_INT ? "an integer" : "a bool/uint8");
     if (mask && out->source == CLATTN_IO_INT)
         return cli_fail("sdpa", CLI_BAD_INPUT, "%s: an integer mask; expected bool or float", path);
     return CLI_OK;
@@ -492,8 +492,12 @@ static int write_out(const sdpa_options *o, const sdpa_data *d, size_t batch, si
     if (o->out)
         return write_npy(o->out, d->out, rank3 ? 3 : 4, rank3 ? shape3 : shape4, &d->q);
     if (out_count > 4096) {
-        printf("output: %s floats; use --out Y.npy to save it\n",
-               rank3 ? "(B, Lq, Hq * dv)" : "(B, Hq, Lq, dv)");
+        if (rank3)
+            printf("output: (%zu, %zu, %zu) floats; use --out Y.npy to save it\n", batch, seq_q,
+                   heads * dv);
+        else
+            printf("output: (%zu, %zu, %zu, %zu) floats; use --out Y.npy to save it\n", batch,
+                   heads, seq_q, dv);
         return CLI_OK;
     }
     /* Printed as (B * Hq) matrices of (Lq, dv) (rank 4) or B matrices of (Lq, Hq * dv). */

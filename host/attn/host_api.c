@@ -59,13 +59,15 @@ static clattn_status reserve(clattn_ctx *ctx, const char *op, clattn_ws_slot slo
 /* Stages the host masks (NULL: none) into their slots and fills the mask tensors. */
 static clattn_status stage_masks(clattn_ctx *ctx, const char *op, const clattn_host_masks *hm,
                                  size_t batch, size_t heads, size_t seq_q, size_t seq_k,
-                                 clattn_tensors *t)
+                                 bool per_head, clattn_tensors *t)
 {
     clattn_status status = CLATTN_SUCCESS;
     if (hm == NULL)
         return CLATTN_SUCCESS;
     size_t mask_elems = 0, padding_elems = 0;
-    if (!clattn__mul(seq_q, seq_k, &mask_elems) || !clattn__mul(batch, seq_k, &padding_elems))
+    if (!clattn__mul(seq_q, seq_k, &mask_elems) || !clattn__mul(batch, seq_k, &padding_elems) ||
+        (per_head && (!clattn__mul(mask_elems, batch, &mask_elems) ||
+                      !clattn__mul(mask_elems, heads, &mask_elems))))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: mask sizes overflow size_t", op);
     clattn_tensor staged;
     if (hm->attn_mask) {
@@ -73,7 +75,10 @@ static clattn_status stage_masks(clattn_ctx *ctx, const char *op, const clattn_h
             (status = upload(ctx, op, CLATTN_WS_HOST_MASK, 0, hm->attn_mask, mask_elems,
                              sizeof(float), &staged)))
             return status;
-        t->attn_mask = clattn_tensor_make(staged.mem, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
+        t->attn_mask = per_head ? clattn_tensor_make(staged.mem, 0, CLATTN_DTYPE_F32, 4, batch,
+                                                     heads, seq_q, seq_k)
+                                : clattn_tensor_make(staged.mem, 0, CLATTN_DTYPE_F32, 2, seq_q,
+                                                     seq_k, 0, 0);
     }
     if (hm->alibi_slopes) {
         if ((status = reserve(ctx, op, CLATTN_WS_HOST_ALIBI, heads, sizeof(float))) ||
@@ -95,12 +100,14 @@ static clattn_status stage_masks(clattn_ctx *ctx, const char *op, const clattn_h
 
 /* Mask layouts for plan creation (buffers are staged after the plan validated the shapes). */
 static void mask_layouts(const clattn_host_masks *hm, size_t batch, size_t heads, size_t seq_q,
-                         size_t seq_k, clattn_tensors *t)
+                         size_t seq_k, bool per_head, clattn_tensors *t)
 {
     if (hm && hm->alibi_slopes)
         t->alibi_slopes = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0);
     if (hm && hm->attn_mask)
-        t->attn_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
+        t->attn_mask =
+            per_head ? clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, heads, seq_q, seq_k)
+                     : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
     if (hm && hm->key_padding_mask)
         t->key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, batch, seq_k, 0, 0);
 }
@@ -195,7 +202,7 @@ clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_host
     t->out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lq, desc->head_dim_v);
     if (weights)
         t->weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lq, lk);
-    mask_layouts(masks, b, h, lq, lk, t);
+    mask_layouts(masks, b, h, lq, lk, false, t);
     sd.causal = desc->causal;
     sd.scale = desc->scale;
     sd.norm = desc->norm;
@@ -231,7 +238,7 @@ clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_host
             CLATTN_SUCCESS)
         t->weights.mem = ctx->workspace[CLATTN_WS_HOST_ATTN];
     if (status == CLATTN_SUCCESS)
-        status = stage_masks(ctx, op, masks, b, h, lq, lk, t);
+        status = stage_masks(ctx, op, masks, b, h, lq, lk, false, t);
     if (status == CLATTN_SUCCESS)
         status = run_and_read(ctx, op, plan, t, out, weights);
     clattn_plan_release(plan);
@@ -338,7 +345,7 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
             *params[i].tensor = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, params[i].d_in,
                                                    params[i].d_out, 0, 0);
     }
-    mask_layouts(masks, b, h, lq, lk, t);
+    mask_layouts(masks, b, h, lq, lk, desc->attn_mask_per_head != 0, t);
     md.num_heads = desc->num_heads;
     md.num_kv_heads = desc->num_kv_heads;
     md.layout = desc->layout;
@@ -432,7 +439,7 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
             CLATTN_SUCCESS)
         t->weights.mem = ctx->workspace[CLATTN_WS_HOST_ATTN];
     if (status == CLATTN_SUCCESS)
-        status = stage_masks(ctx, op, masks, b, h, lq, lk, t);
+        status = stage_masks(ctx, op, masks, b, h, lq, lk, desc->attn_mask_per_head != 0, t);
     if (status == CLATTN_SUCCESS)
         status = run_and_read(ctx, op, plan, t, out, attn_weights);
     clattn_plan_release(plan);
