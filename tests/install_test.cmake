@@ -1,8 +1,10 @@
 # ctest install_package: installs the build into a scratch prefix, then checks the package as a
 # user would: examples/embed built with find_package(clattn) (shared and static), the same
 # program built with pkg-config, the installed clattn command, and that libclattn.so exports
-# nothing but the public API.
-# Arguments: -DBUILD_DIR= -DSOURCE_DIR= -DC_COMPILER= [-DEXTRA_C_FLAGS=]
+# nothing but the public API; with MPI, examples/embed_mpi through find_package(clattn
+# COMPONENTS mpi) and pkg-config clattn_mpi, run on 2 ranks.
+# Arguments: -DBUILD_DIR= -DSOURCE_DIR= -DC_COMPILER= [-DEXTRA_C_FLAGS=] [-DWITH_MPI=ON
+# -DMPIEXEC=mpiexec]
 set(work ${BUILD_DIR}/install-test)
 set(prefix ${work}/prefix)
 file(REMOVE_RECURSE ${work})
@@ -51,6 +53,27 @@ separate_arguments(pc_flags UNIX_COMMAND "${step_output}")
 run_step("cc with pkg-config" ${C_COMPILER} ${SOURCE_DIR}/examples/embed/embed_queue.c
   -o ${work}/embed_pkgconfig ${pc_flags} -lm ${EXTRA_C_FLAGS} -Wl,-rpath,${pc_dir}/..)
 run_step("embed_queue built with pkg-config" ${work}/embed_pkgconfig)
+
+# libclattn_mpi (built with -DCLATTN_MPI=ON): examples/embed_mpi through
+# find_package(clattn COMPONENTS mpi) and through pkg-config clattn_mpi, each run on 2 ranks.
+if(WITH_MPI)
+  run_step("configure examples/embed_mpi with find_package(clattn COMPONENTS mpi)"
+    ${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/embed_mpi -B ${work}/embed_mpi
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_C_COMPILER=${C_COMPILER}
+    "-DCMAKE_C_FLAGS=${EXTRA_C_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${EXTRA_C_FLAGS}")
+  run_step("build examples/embed_mpi" ${CMAKE_COMMAND} --build ${work}/embed_mpi)
+  run_step("pkg-config --cflags --libs clattn_mpi" pkg-config --cflags --libs clattn_mpi)
+  separate_arguments(pc_mpi_flags UNIX_COMMAND "${step_output}")
+  run_step("cc with pkg-config clattn_mpi" ${C_COMPILER}
+    ${SOURCE_DIR}/examples/embed_mpi/embed_ring.c -o ${work}/embed_ring_pkgconfig
+    ${pc_mpi_flags} -lm ${EXTRA_C_FLAGS} -Wl,-rpath,${pc_dir}/..)
+  foreach(program ${work}/embed_mpi/embed_ring ${work}/embed_ring_pkgconfig)
+    run_step("${program} on 2 ranks" ${MPIEXEC} --allow-run-as-root --oversubscribe -n 2
+      ${program})
+  endforeach()
+else()
+  message(STATUS "built without -DCLATTN_MPI=ON: the clattn_mpi package is not checked")
+endif()
 
 # The installed command runs from its prefix.
 run_step("installed clattn --version" ${prefix}/bin/clattn --version)
