@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
+#include <png.h>
 
 #include "clattn_io.h"
 #include "reference.h"
@@ -1681,7 +1682,9 @@ START_TEST(test_demo_posenc)
     expect_printed(out, "a^i + e^i", 3, 4, added, 1e-6);
     tu_expect(strstr(out, "wrote") == NULL, "a PNG without --png: %s", out);
 
-    /* --png: a PNG of the 128 x 64 table, sized as the heatmap writer sizes one panel. */
+    /* --png: a PNG of the 128 x 64 table, sized as the heatmap writer sizes one panel with
+     * the table's labels (positions and dimensions, not query and key) at 3 pixels a cell, and
+     * larger than the attention default (1 pixel a cell at 128 rows). */
     char png[512], want_png[512], args[1200], msg[512];
     snprintf(png, sizeof png, "%s/posenc.png", scratch);
     snprintf(want_png, sizeof want_png, "%s/posenc_layout.png", scratch);
@@ -1689,9 +1692,22 @@ START_TEST(test_demo_posenc)
     out = run_demo(args, labels, 0);
     tu_expect(strstr(out, png) != NULL, "the output does not name %s: %s", png, out);
     float *zeros = calloc(128 * 64, sizeof(float));
-    tu_expect(zeros && clattn_png_write_heatmap(want_png, zeros, 1, 128, 64, msg, sizeof msg) ==
-                           CLATTN_IO_OK,
+    const clattn_heatmap_options table_options = {.scale = CLATTN_HEATMAP_GLOBAL,
+                                                  .panel_title = "sinusoidal positional encoding",
+                                                  .row_label = "position",
+                                                  .col_label = "dimension",
+                                                  .value_label = "(PE + 1) / 2",
+                                                  .min_panel = 384};
+    tu_expect(zeros && clattn_png_write_heatmap_ex(want_png, zeros, 1, 128, 64, &table_options,
+                                                   msg, sizeof msg) == CLATTN_IO_OK,
               "writing the layout PNG: %s", msg);
+    char plain_png[512];
+    uint32_t plain_width = 0, plain_height = 0;
+    snprintf(plain_png, sizeof plain_png, "%s/posenc_plain.png", scratch);
+    tu_expect(zeros && clattn_png_write_heatmap(plain_png, zeros, 1, 128, 64, msg, sizeof msg) ==
+                               CLATTN_IO_OK &&
+                  png_size(plain_png, &plain_width, &plain_height),
+              "writing the plain PNG: %s", msg);
     free(zeros);
     uint32_t width = 0, height = 0, want_width = 0, want_height = 0;
     tu_expect(png_size(png, &width, &height), "%s is not a PNG file", png);
@@ -1699,6 +1715,9 @@ START_TEST(test_demo_posenc)
                   height == want_height,
               "%s is %u x %u, want %u x %u (one panel of 128 x 64)", png, width, height, want_width,
               want_height);
+    tu_expect(width > plain_width + 200 && height > plain_height + 200,
+              "%s is %u x %u: not larger than the attention default %u x %u", png, width, height,
+              plain_width, plain_height);
 
     /* A PNG path that cannot be written: a bad option (2), found before any work, one line
      * naming it. */
@@ -2243,6 +2262,98 @@ START_TEST(test_run_model_files)
         tu_expect(strstr(captured("stdout"), "output: (1, 2, 300, 8) floats") != NULL,
                   "sdpa printed: %s", captured("stdout"));
     free(sv);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Decodes a PNG as RGB; NULL when it cannot. */
+static unsigned char *read_png_rgb(const char *path, uint32_t *width, uint32_t *height)
+{
+    png_image image;
+    memset(&image, 0, sizeof image);
+    image.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_file(&image, path))
+        return NULL;
+    image.format = PNG_FORMAT_RGB;
+    unsigned char *pixels = malloc(PNG_IMAGE_SIZE(image));
+    if (pixels == NULL || !png_image_finish_read(&image, NULL, pixels, 0, NULL)) {
+        png_image_free(&image);
+        free(pixels);
+        return NULL;
+    }
+    *width = image.width, *height = image.height;
+    return pixels;
+}
+
+/* A causal heatmap at L = 4096 (`clattn run --causal --attn-png`): max-pooled 8 x 8 to 512
+ * pixels a side; the upper triangle is the masked grey, the diagonal is not, and with the
+ * default per-row scale most of the lower triangle is bright (a global scale to row 0's weight
+ * of 1 made it all dark: eight black panels). --png-scale global reproduces the dark map. The
+ * map is found by its frame: the first frame-grey pixel in raster order is its top-left. */
+START_TEST(test_causal_heatmap_pixels)
+{
+    TU_BEGIN_TEST();
+    enum { L = 4096, E = 8, SIDE = 512 };
+    tu_set_case("clattn run --causal --attn-png at L = %d", L);
+    char x_path[512], wq_path[512], wk_path[512], wv_path[512], png[512], args[4096];
+    float *x = scratch_npy("hm_x.npy", L, E, x_path, sizeof x_path);
+    float *wq = scratch_npy("hm_wq.npy", E, E, wq_path, sizeof wq_path);
+    float *wk = scratch_npy("hm_wk.npy", E, E, wk_path, sizeof wk_path);
+    float *wv = scratch_npy("hm_wv.npy", E, E, wv_path, sizeof wv_path);
+    for (int scale = 0; scale < 2; ++scale) {
+        snprintf(png, sizeof png, "%s/causal_%d.png", scratch, scale);
+        snprintf(args, sizeof args,
+                 "run --query %s --wq %s --wk %s --wv %s --causal --attn-png %s %s --out %s/hm.npy",
+                 x_path, wq_path, wk_path, wv_path, png, scale ? "--png-scale global" : "",
+                 scratch);
+        if (!run_ok(scale ? "--png-scale global" : "default scale", args))
+            break;
+        uint32_t width = 0, height = 0;
+        unsigned char *rgb = read_png_rgb(png, &width, &height);
+        if (!tu_expect(rgb != NULL, "%s: not a PNG", png))
+            break;
+        long x0 = -1, y0 = -1;
+        for (uint32_t row = 0; row < height && x0 < 0; ++row)
+            for (uint32_t col = 0; col < width && x0 < 0; ++col) {
+                const unsigned char *p = rgb + 3 * ((size_t)row * width + col);
+                if (p[0] == 96 && p[1] == 96 && p[2] == 96)
+                    x0 = (long)col + 1, y0 = (long)row + 1;
+            }
+        if (tu_expect(x0 >= 0 && x0 + SIDE <= (long)width && y0 + SIDE <= (long)height,
+                      "no map frame in a %u x %u image", width, height)) {
+#define HM_PIXEL(px, py) (rgb + 3 * ((size_t)(y0 + (py)) * width + (size_t)(x0 + (px))))
+            size_t grey_upper = 0, upper = 0, grey_diagonal = 0, bright = 0, lower = 0;
+            for (long py = 0; py < SIDE; ++py)
+                for (long px = 0; px < SIDE; ++px) {
+                    const unsigned char *p = HM_PIXEL(px, py);
+                    const bool grey = p[0] == 176 && p[1] == 176 && p[2] == 176;
+                    if (px > py) {
+                        ++upper;
+                        grey_upper += grey;
+                    } else if (px == py) {
+                        grey_diagonal += grey;
+                    } else {
+                        ++lower;
+                        bright += p[0] + p[1] + p[2] > 300;
+                    }
+                }
+#undef HM_PIXEL
+            tu_expect(grey_upper == upper, "%zu of %zu upper-triangle pixels are masked grey",
+                      grey_upper, upper);
+            tu_expect(grey_diagonal == 0, "%zu diagonal pixels are masked grey", grey_diagonal);
+            if (scale == 0)
+                tu_expect(bright > lower / 2,
+                          "per-row scale: only %zu of %zu lower-triangle pixels are bright",
+                          bright, lower);
+            else
+                tu_expect(bright < lower / 20,
+                          "global scale: %zu of %zu lower-triangle pixels are bright (row 0's "
+                          "weight 1 should darken the rest)",
+                          bright, lower);
+        }
+        free(rgb);
+    }
+    free(wv), free(wk), free(wq), free(x);
     TU_END_TEST();
 }
 END_TEST
@@ -3028,6 +3139,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_additive_heads_hint);
     tcase_add_test(tc, test_help_ends_with_exit_status);
     tcase_add_test(tc, test_run_model_files);
+    tcase_add_test(tc, test_causal_heatmap_pixels);
     suite_add_tcase(suite, tc);
     int result = tu_run_suite(suite);
     remove_scratch();

@@ -1663,7 +1663,9 @@ static size_t larger(size_t a, size_t b)
     return a > b ? a : b;
 }
 
-static png_layout expected_layout(size_t heads, size_t rows, size_t cols)
+/* value_chars: the colour bar's label ("weight" for GLOBAL, "weight / row max" for ROW). */
+static png_layout expected_layout_labelled(size_t heads, size_t rows, size_t cols,
+                                           size_t value_chars)
 {
     png_layout layout;
     size_t longest = larger(rows, cols);
@@ -1689,10 +1691,28 @@ static png_layout expected_layout(size_t heads, size_t rows, size_t cols)
     layout.bar_x = 16 + per_row * layout.block_w + (per_row - 1) * 24 + 24;
     layout.bar_y = 16 + 18 + 8;
     layout.bar_h = area_h;
-    layout.width = layout.bar_x + 16 + 1 + 4 + 2 + text_width(8) + 16;
+    layout.width =
+        layout.bar_x + larger(16 + 1 + 4 + 2 + text_width(8), text_width(value_chars)) + 16;
     layout.height = 32 + grid_rows * layout.block_h + (grid_rows - 1) * 24;
+    if (layout.factor > 1) { /* the pooling, stated on a line of its own at the bottom */
+        char footer[200];
+        snprintf(footer, sizeof footer,
+                 "max-pooled: %zu x %zu cells shown as %zu x %zu pixels, each the max of %zu x "
+                 "%zu cells",
+                 rows, cols, layout.map_h, layout.map_w, layout.factor, layout.factor);
+        layout.width = larger(layout.width, 32 + text_width(strlen(footer)));
+        layout.height += 18 + 12;
+    }
     return layout;
 }
+
+/* The linear (GLOBAL) scale's layout: its bar says "weight". */
+static png_layout expected_layout(size_t heads, size_t rows, size_t cols)
+{
+    return expected_layout_labelled(heads, rows, cols, 6);
+}
+
+static const clattn_heatmap_options global_scale = {.scale = CLATTN_HEATMAP_GLOBAL};
 
 /* Top-left pixel of head h's map. */
 static void map_origin(const png_layout *layout, size_t head, size_t *x, size_t *y)
@@ -1789,8 +1809,8 @@ START_TEST(test_png_heatmap)
         if (per_head > 1 || h == 0)
             weights[h * per_head + (hc->rows - 1) * hc->cols] = 1.0f;
     }
-    clattn_io_status status =
-        clattn_png_write_heatmap(path, weights, hc->heads, hc->rows, hc->cols, msg, MSG_SIZE);
+    clattn_io_status status = clattn_png_write_heatmap_ex(path, weights, hc->heads, hc->rows,
+                                                          hc->cols, &global_scale, msg, MSG_SIZE);
     png_pixels pixels;
     if (expect_status(what, status, CLATTN_IO_OK, msg, path, NULL) && load_png(path, &pixels)) {
         png_layout layout = expected_layout(hc->heads, hc->rows, hc->cols);
@@ -1847,7 +1867,8 @@ START_TEST(test_png_values)
     char path[300], msg[MSG_SIZE];
     temp_path(path, sizeof path, "values.png");
     const float weights[9] = {NAN, 0.25f, 0.5f, -1.0f, INFINITY, 0.0f, 0.125f, 0.0f, 0.0f};
-    clattn_io_status status = clattn_png_write_heatmap(path, weights, 1, 3, 3, msg, MSG_SIZE);
+    clattn_io_status status =
+        clattn_png_write_heatmap_ex(path, weights, 1, 3, 3, &global_scale, msg, MSG_SIZE);
     png_pixels pixels;
     if (expect_status("values", status, CLATTN_IO_OK, msg, path, NULL) && load_png(path, &pixels)) {
         png_layout layout = expected_layout(1, 3, 3);
@@ -1870,13 +1891,73 @@ START_TEST(test_png_values)
     }
     /* all zero: a scale of 0..1 is used, so the map is the bottom colour */
     const float zeros[4] = {0, 0, 0, 0};
-    status = clattn_png_write_heatmap(path, zeros, 1, 2, 2, msg, MSG_SIZE);
+    status = clattn_png_write_heatmap_ex(path, zeros, 1, 2, 2, &global_scale, msg, MSG_SIZE);
     if (expect_status("zeros", status, CLATTN_IO_OK, msg, path, NULL) && load_png(path, &pixels)) {
         png_layout layout = expected_layout(1, 2, 2);
         size_t x, y;
         cell_pixel(&layout, 0, 1, 1, &x, &y);
         uint32_t bottom = pixel_at(&pixels, layout.bar_x + 8, layout.bar_y + layout.bar_h - 1);
         expect(pixel_at(&pixels, x, y) == bottom, "zero map is not the bottom colour");
+        free(pixels.rgb);
+    }
+    remove(path);
+    END_CHECKS();
+}
+END_TEST
+
+/* The default per-row scale, the log scale and masked cells, pixel by pixel: a row's largest
+ * visible weight is the top of the bar whatever its size; masked cells are grey (176) and do
+ * not count towards the row's largest; log10 weights run from 1e-4 (bottom) to 1 (top). */
+START_TEST(test_png_row_log_masked)
+{
+    begin_test();
+    char path[300], msg[MSG_SIZE];
+    temp_path(path, sizeof path, "scales.png");
+    const float weights[9] = {1.0f, 0.5f, 5.0f, 0.02f, 0.01f, 0.0f, 1e-4f, 0.01f, 1.0f};
+    const unsigned char masked[9] = {0, 0, 1, 0, 0, 0, 0, 0, 0};
+    const clattn_heatmap_options row = {.masked = masked};
+    png_pixels pixels;
+    clattn_io_status status = clattn_png_write_heatmap_ex(path, weights, 1, 3, 3, &row, msg, MSG_SIZE);
+    if (expect_status("row scale", status, CLATTN_IO_OK, msg, path, NULL) &&
+        load_png(path, &pixels)) {
+        png_layout layout = expected_layout_labelled(1, 3, 3, strlen("weight / row max"));
+        expect(pixels.width == layout.width && pixels.height == layout.height,
+               "row scale: image %ux%u, layout says %zux%zu", pixels.width, pixels.height,
+               layout.width, layout.height);
+        uint32_t colour[9];
+        for (size_t i = 0; i < 9; ++i) {
+            size_t x, y;
+            cell_pixel(&layout, 0, i / 3, i % 3, &x, &y);
+            colour[i] = pixel_at(&pixels, x, y);
+        }
+        uint32_t top = pixel_at(&pixels, layout.bar_x + 8, layout.bar_y);
+        uint32_t bottom = pixel_at(&pixels, layout.bar_x + 8, layout.bar_y + layout.bar_h - 1);
+        expect(colour[2] == 0xb0b0b0, "the masked cell is %06x, not grey", (unsigned)colour[2]);
+        expect(colour[0] == top && colour[3] == top && colour[8] == top,
+               "each row's largest visible weight is not the top (%06x %06x %06x, top %06x)",
+               (unsigned)colour[0], (unsigned)colour[3], (unsigned)colour[8], (unsigned)top);
+        expect(colour[1] == colour[4] && colour[1] != top && colour[1] != bottom,
+               "half of the row's largest differs between rows 0 and 1");
+        expect(colour[5] == bottom, "a zero is not the bottom");
+        free(pixels.rgb);
+    }
+    const clattn_heatmap_options log_scale = {.scale = CLATTN_HEATMAP_LOG};
+    status = clattn_png_write_heatmap_ex(path, weights, 1, 3, 3, &log_scale, msg, MSG_SIZE);
+    if (expect_status("log scale", status, CLATTN_IO_OK, msg, path, NULL) &&
+        load_png(path, &pixels)) {
+        png_layout layout = expected_layout_labelled(1, 3, 3, strlen("log10 weight"));
+        size_t x, y;
+        uint32_t top = pixel_at(&pixels, layout.bar_x + 8, layout.bar_y);
+        uint32_t bottom = pixel_at(&pixels, layout.bar_x + 8, layout.bar_y + layout.bar_h - 1);
+        uint32_t middle = pixel_at(&pixels, layout.bar_x + 8, layout.bar_y + (layout.bar_h - 1) / 2);
+        cell_pixel(&layout, 0, 0, 0, &x, &y);
+        expect(pixel_at(&pixels, x, y) == top, "log: 1 is not the top");
+        cell_pixel(&layout, 0, 2, 0, &x, &y);
+        expect(pixel_at(&pixels, x, y) == bottom, "log: 1e-4 is not the bottom");
+        cell_pixel(&layout, 0, 1, 1, &x, &y);
+        const uint32_t hundredth = pixel_at(&pixels, x, y);
+        expect(hundredth != top && hundredth != bottom && (hundredth >> 16) <= (middle >> 16) + 8,
+               "log: 0.01 is %06x, the bar's middle %06x", (unsigned)hundredth, (unsigned)middle);
         free(pixels.rgb);
     }
     remove(path);
@@ -1998,6 +2079,7 @@ static Suite *io_suite(void)
     tcase_set_timeout(png, 300);
     tcase_add_loop_test(png, test_png_heatmap, 0, COUNT_OF(heatmap_cases));
     tcase_add_test(png, test_png_values);
+    tcase_add_test(png, test_png_row_log_masked);
     tcase_add_test(png, test_png_limits);
     tcase_add_test(png, test_status_strings);
     suite_add_tcase(suite, png);

@@ -1458,6 +1458,13 @@ done:
 
 typedef struct hm_layout {
     size_t heads, rows, cols;
+    clattn_heatmap_scale scale;
+    const unsigned char *masked; /* NULL, or (rows, cols) / (heads, rows, cols) */
+    int masked_per_panel;
+    const char *panel, *row_label, *col_label, *value_label;
+    int numbered;            /* titles "<panel> N" */
+    char footer[160];        /* the pooling, stated on the picture ("" when none) */
+    size_t footer_h;
     size_t cell, factor; /* pixels per cell (factor 1), or cells per pixel (cell 1) */
     size_t map_w, map_h, area_h;
     size_t gutter, content_w; /* map_x = block_x + gutter */
@@ -1488,16 +1495,33 @@ static size_t max_size(size_t a, size_t b)
 
 /* 0 on success; 1 when the image would exceed HM_MAX_SIDE (width/height still set when they
  * fit in size_t, for the message). */
-static int hm_compute_layout(size_t heads, size_t rows, size_t cols, hm_layout *layout)
+static int hm_compute_layout(size_t heads, size_t rows, size_t cols,
+                             const clattn_heatmap_options *options, hm_layout *layout)
 {
+    static const clattn_heatmap_options defaults = {0};
+    const clattn_heatmap_options *o = options ? options : &defaults;
     memset(layout, 0, sizeof *layout);
     layout->heads = heads;
     layout->rows = rows;
     layout->cols = cols;
+    layout->scale = o->scale;
+    layout->masked = o->masked;
+    layout->masked_per_panel = o->masked_per_panel;
+    layout->numbered = !(o->panel_title && heads == 1);
+    layout->panel = o->panel_title ? o->panel_title : "head";
+    layout->row_label = o->row_label ? o->row_label : "query";
+    layout->col_label = o->col_label ? o->col_label : "key";
+    layout->value_label = o->value_label                    ? o->value_label
+                          : o->scale == CLATTN_HEATMAP_ROW ? "weight / row max"
+                          : o->scale == CLATTN_HEATMAP_LOG ? "log10 weight"
+                                                           : "weight";
+    const size_t min_panel =
+        o->min_panel == 0 ? HM_MIN_PANEL : (o->min_panel > HM_MAX_PANEL ? HM_MAX_PANEL
+                                                                         : o->min_panel);
     size_t longest = max_size(rows, cols);
     if (longest <= HM_MAX_PANEL) {
         layout->factor = 1;
-        layout->cell = longest < HM_MIN_PANEL ? (HM_MIN_PANEL + longest - 1) / longest : 1;
+        layout->cell = longest < min_panel ? (min_panel + longest - 1) / longest : 1;
         layout->map_w = cols * layout->cell;
         layout->map_h = rows * layout->cell;
     } else {
@@ -1505,13 +1529,20 @@ static int hm_compute_layout(size_t heads, size_t rows, size_t cols, hm_layout *
         layout->factor = longest / HM_MAX_PANEL + (longest % HM_MAX_PANEL != 0);
         layout->map_w = cols / layout->factor + (cols % layout->factor != 0);
         layout->map_h = rows / layout->factor + (rows % layout->factor != 0);
+        snprintf(layout->footer, sizeof layout->footer,
+                 "max-pooled: %zu x %zu cells shown as %zu x %zu pixels, each the max of %zu x "
+                 "%zu cells",
+                 rows, cols, layout->map_h, layout->map_w, layout->factor, layout->factor);
+        layout->footer_h = HM_TEXT_H + HM_GAP / 2;
     }
-    layout->area_h = max_size(layout->map_h, hm_text_w(5));
+    const size_t row_label_w = hm_text_w(strlen(layout->row_label));
+    layout->area_h = max_size(layout->map_h, row_label_w);
     layout->gutter =
         HM_TEXT_H + HM_LABEL_GAP + hm_text_w(decimal_digits(rows - 1)) + 2 + HM_TICK + 1;
-    size_t title_w = hm_text_w(5 + decimal_digits(heads - 1));
+    size_t title_w = hm_text_w(strlen(layout->panel) +
+                               (layout->numbered ? 1 + decimal_digits(heads - 1) : 0));
     layout->content_w = max_size(layout->map_w + 1 + hm_text_w(decimal_digits(cols - 1)) / 2,
-                                 max_size(title_w, hm_text_w(3)));
+                                 max_size(title_w, hm_text_w(strlen(layout->col_label))));
     layout->block_w = layout->gutter + layout->content_w;
     layout->block_h = HM_TEXT_H + HM_TITLE_GAP + layout->area_h + 1 + HM_TICK + 2 + HM_TEXT_H +
                       HM_LABEL_GAP + HM_TEXT_H;
@@ -1521,14 +1552,17 @@ static int hm_compute_layout(size_t heads, size_t rows, size_t cols, hm_layout *
     layout->bar_x = HM_MARGIN + grid_w + HM_GAP;
     layout->bar_y = HM_MARGIN + HM_TEXT_H + HM_TITLE_GAP;
     layout->bar_h = layout->area_h;
-    layout->width =
-        layout->bar_x + HM_BAR_W + 1 + HM_TICK + 2 + hm_text_w(HM_BAR_LABEL_CHARS) + HM_MARGIN;
+    layout->width = layout->bar_x +
+                    max_size(HM_BAR_W + 1 + HM_TICK + 2 + hm_text_w(HM_BAR_LABEL_CHARS),
+                             hm_text_w(strlen(layout->value_label))) +
+                    HM_MARGIN;
+    layout->width = max_size(layout->width, 2 * HM_MARGIN + hm_text_w(strlen(layout->footer)));
     if (layout->grid_rows > HM_MAX_SIDE) {
         layout->height = SIZE_MAX;
         return 1;
     }
-    layout->height =
-        2 * HM_MARGIN + layout->grid_rows * layout->block_h + (layout->grid_rows - 1) * HM_GAP;
+    layout->height = 2 * HM_MARGIN + layout->grid_rows * layout->block_h +
+                     (layout->grid_rows - 1) * HM_GAP + layout->footer_h;
     return layout->width > HM_MAX_SIDE || layout->height > HM_MAX_SIDE;
 }
 
@@ -1546,6 +1580,7 @@ static const hm_rgb hm_white = {255, 255, 255};
 static const hm_rgb hm_ink = {32, 32, 32};
 static const hm_rgb hm_frame = {96, 96, 96};
 static const hm_rgb hm_nan = {230, 40, 200}; /* magenta: not on the ramp */
+static const hm_rgb hm_masked = {176, 176, 176}; /* grey: masked cells, not on the ramp */
 
 static void hm_fill(hm_canvas *canvas, long x, long y, long w, long h, hm_rgb colour)
 {
@@ -1625,11 +1660,18 @@ static hm_rgb hm_ramp(float t)
     return colour;
 }
 
-static hm_rgb hm_weight_colour(float weight, float vmax)
+/* A weight's position on the ramp, 0 .. 1, under the layout's scale: row_max is the largest
+ * visible weight of its row (ROW), vmax the largest of all (GLOBAL). */
+static float hm_position_on_ramp(const hm_layout *layout, float weight, float row_max, float vmax)
 {
-    if (isnan(weight))
-        return hm_nan;
-    return hm_ramp(weight / vmax);
+    switch (layout->scale) {
+    case CLATTN_HEATMAP_LOG:
+        return weight > 0.0f ? (float)((log10((double)weight) + 4.0) / 4.0) : 0.0f;
+    case CLATTN_HEATMAP_GLOBAL:
+        return weight / vmax;
+    default:
+        return row_max > 0.0f ? weight / row_max : 0.0f;
+    }
 }
 
 /* Pixel offset, inside the map, of the centre of cell `index` along an axis. */
@@ -1703,28 +1745,33 @@ static void hm_axis_ticks(hm_canvas *canvas, const hm_layout *layout, size_t n, 
         hm_tick(canvas, layout, last, map_x, map_y, vertical_axis);
 }
 
-/* Largest value over the cells one downsampled pixel covers; NaN if any is NaN. */
-static float hm_block_max(const hm_layout *layout, const float *map, size_t px, size_t py)
+/* The colour of the cells one pixel block covers (one cell when not pooled): the largest of
+ * their ramp positions, skipping masked cells; masked grey when every cell is masked; NaN
+ * magenta when any is NaN (a NaN is never hidden). */
+static hm_rgb hm_block_colour(const hm_layout *layout, const float *map,
+                              const unsigned char *masked, const float *row_max, float vmax,
+                              size_t row0, size_t row_end, size_t col0, size_t col_end)
 {
-    size_t row_end =
-        (py + 1) * layout->factor < layout->rows ? (py + 1) * layout->factor : layout->rows;
-    size_t col_end =
-        (px + 1) * layout->factor < layout->cols ? (px + 1) * layout->factor : layout->cols;
     float best = -INFINITY;
-    for (size_t row = py * layout->factor; row < row_end; ++row) {
-        for (size_t col = px * layout->factor; col < col_end; ++col) {
-            float value = map[row * layout->cols + col];
+    for (size_t row = row0; row < row_end; ++row) {
+        for (size_t col = col0; col < col_end; ++col) {
+            const size_t at = row * layout->cols + col;
+            if (masked && masked[at])
+                continue;
+            float value = map[at];
             if (isnan(value))
-                return value;
+                return hm_nan;
+            value = hm_position_on_ramp(layout, value, row_max ? row_max[row] : vmax, vmax);
             if (value > best)
                 best = value;
         }
     }
-    return best;
+    return best == -INFINITY ? hm_masked : hm_ramp(best);
 }
 
-static void hm_draw_map(hm_canvas *canvas, const hm_layout *layout, const float *map, float vmax,
-                        long map_x, long map_y)
+static void hm_draw_map(hm_canvas *canvas, const hm_layout *layout, const float *map,
+                        const unsigned char *masked, const float *row_max, float vmax, long map_x,
+                        long map_y)
 {
     long first = canvas->y0 > map_y ? canvas->y0 - map_y : 0;
     long end = canvas->y1 - map_y < (long)layout->map_h ? canvas->y1 - map_y : (long)layout->map_h;
@@ -1732,16 +1779,22 @@ static void hm_draw_map(hm_canvas *canvas, const hm_layout *layout, const float 
         long cell = (long)layout->cell;
         for (long row = first / cell; row * cell < end; ++row) {
             for (size_t col = 0; col < layout->cols; ++col) {
-                hm_rgb colour = hm_weight_colour(map[(size_t)row * layout->cols + col], vmax);
+                hm_rgb colour = hm_block_colour(layout, map, masked, row_max, vmax, (size_t)row,
+                                                (size_t)row + 1, col, col + 1);
                 hm_fill(canvas, map_x + (long)col * cell, map_y + row * cell, cell, cell, colour);
             }
         }
         return;
     }
+    const size_t f = layout->factor;
     for (long py = first; py < end; ++py) {
+        const size_t row0 = (size_t)py * f;
+        const size_t row_end = row0 + f < layout->rows ? row0 + f : layout->rows;
         for (size_t px = 0; px < layout->map_w; ++px) {
-            float value = hm_block_max(layout, map, px, (size_t)py);
-            hm_fill(canvas, map_x + (long)px, map_y + py, 1, 1, hm_weight_colour(value, vmax));
+            const size_t col0 = px * f, col_end = col0 + f < layout->cols ? col0 + f : layout->cols;
+            hm_fill(canvas, map_x + (long)px, map_y + py, 1, 1,
+                    hm_block_colour(layout, map, masked, row_max, vmax, row0, row_end, col0,
+                                    col_end));
         }
     }
 }
@@ -1754,17 +1807,41 @@ static void hm_draw_block(hm_canvas *canvas, const hm_layout *layout, const floa
     long map_x = block_x + (long)layout->gutter;
     long map_y = block_y + HM_TEXT_H + HM_TITLE_GAP;
     long map_w = (long)layout->map_w, map_h = (long)layout->map_h;
-    char title[32];
-    snprintf(title, sizeof title, "head %zu", head);
+    char title[176];
+    if (layout->numbered)
+        snprintf(title, sizeof title, "%.140s %zu", layout->panel, head);
+    else
+        snprintf(title, sizeof title, "%.150s", layout->panel);
     long title_w = (long)hm_text_w(strlen(title));
     hm_text(canvas, map_x + (map_w > title_w ? (map_w - title_w) / 2 : 0), block_y, title, 0);
-    long query_h = (long)hm_text_w(5);
-    hm_text(canvas, block_x, map_y + (map_h > query_h ? (map_h - query_h) / 2 : 0), "query", 1);
-    long key_w = (long)hm_text_w(3);
+    long query_h = (long)hm_text_w(strlen(layout->row_label));
+    hm_text(canvas, block_x, map_y + (map_h > query_h ? (map_h - query_h) / 2 : 0),
+            layout->row_label, 1);
+    long key_w = (long)hm_text_w(strlen(layout->col_label));
     long key_y = map_y + map_h + 1 + HM_TICK + 2 + HM_TEXT_H + HM_LABEL_GAP;
-    hm_text(canvas, map_x + (map_w > key_w ? (map_w - key_w) / 2 : 0), key_y, "key", 0);
+    hm_text(canvas, map_x + (map_w > key_w ? (map_w - key_w) / 2 : 0), key_y, layout->col_label,
+            0);
     hm_outline(canvas, map_x - 1, map_y - 1, map_w + 2, map_h + 2, hm_frame);
-    hm_draw_map(canvas, layout, weights + head * layout->rows * layout->cols, vmax, map_x, map_y);
+    const size_t cells = layout->rows * layout->cols;
+    const float *map = weights + head * cells;
+    const unsigned char *masked =
+        layout->masked ? layout->masked + (layout->masked_per_panel ? head * cells : 0) : NULL;
+    /* ROW: each row's largest visible finite weight (no memory: the global scale instead). */
+    float *row_max = NULL;
+    if (layout->scale == CLATTN_HEATMAP_ROW &&
+        (row_max = malloc(layout->rows * sizeof *row_max)) != NULL) {
+        for (size_t row = 0; row < layout->rows; ++row) {
+            float best = 0.0f;
+            for (size_t col = 0; col < layout->cols; ++col) {
+                const size_t at = row * layout->cols + col;
+                if ((!masked || !masked[at]) && isfinite(map[at]) && map[at] > best)
+                    best = map[at];
+            }
+            row_max[row] = best;
+        }
+    }
+    hm_draw_map(canvas, layout, map, masked, row_max, vmax, map_x, map_y);
+    free(row_max);
     hm_axis_ticks(canvas, layout, layout->rows, HM_DIGIT_H + 4, map_x, map_y, 1);
     size_t x_label_w = hm_text_w(decimal_digits(layout->cols - 1));
     hm_axis_ticks(canvas, layout, layout->cols, x_label_w + 8, map_x, map_y, 0);
@@ -1773,16 +1850,31 @@ static void hm_draw_block(hm_canvas *canvas, const hm_layout *layout, const floa
 static void hm_draw_bar(hm_canvas *canvas, const hm_layout *layout, float vmax)
 {
     long x = (long)layout->bar_x, y = (long)layout->bar_y, h = (long)layout->bar_h;
+    /* What the colours mean, over the bar (on the panels' title line). */
+    hm_text(canvas, x, HM_MARGIN, layout->value_label, 0);
     for (long row = 0; row < h; ++row) {
         float t = h > 1 ? 1.0f - (float)row / (float)(h - 1) : 1.0f;
         hm_fill(canvas, x, y + row, HM_BAR_W, 1, hm_ramp(t));
     }
     hm_outline(canvas, x - 1, y - 1, HM_BAR_W + 2, h + 2, hm_frame);
-    const double values[3] = {vmax, vmax / 2.0, 0.0};
+    if (layout->masked) { /* the masked colour's swatch under the bar */
+        const long swatch_y = y + h + 1 + HM_TICK + 2;
+        hm_fill(canvas, x, swatch_y, HM_BAR_W, HM_TEXT_H, hm_masked);
+        hm_outline(canvas, x - 1, swatch_y - 1, HM_BAR_W + 2, HM_TEXT_H + 2, hm_frame);
+        hm_text(canvas, x + HM_BAR_W + 1 + HM_TICK + 2, swatch_y, "masked", 0);
+    }
+    const double values[3] = {layout->scale == CLATTN_HEATMAP_GLOBAL ? vmax : 1.0,
+                              layout->scale == CLATTN_HEATMAP_GLOBAL ? vmax / 2.0
+                              : layout->scale == CLATTN_HEATMAP_LOG  ? 0.01
+                                                                     : 0.5,
+                              layout->scale == CLATTN_HEATMAP_LOG ? 1e-4 : 0.0};
     const long offsets[3] = {0, (h - 1) / 2, h - 1};
     for (int i = 0; i < 3; ++i) {
         char label[32];
-        snprintf(label, sizeof label, "%.3g", values[i]);
+        if (layout->scale == CLATTN_HEATMAP_LOG)
+            snprintf(label, sizeof label, "%s", i == 0 ? "1" : i == 1 ? "1e-2" : "1e-4");
+        else
+            snprintf(label, sizeof label, "%.3g", values[i]);
         hm_fill(canvas, x + HM_BAR_W + 1, y + offsets[i], HM_TICK, 1, hm_frame);
         hm_text(canvas, x + HM_BAR_W + 1 + HM_TICK + 2, y + offsets[i] - HM_DIGIT_H / 2, label, 0);
     }
@@ -1814,6 +1906,9 @@ static void hm_write_rows(png_structp png, const hm_job *job)
         }
         if (grid_row == 0)
             hm_draw_bar(&canvas, layout, job->vmax);
+        if (grid_row + 1 == layout->grid_rows && layout->footer[0])
+            hm_text(&canvas, HM_MARGIN, (long)(layout->height - HM_MARGIN - HM_TEXT_H),
+                    layout->footer, 0);
         for (size_t y = y0; y < y1; ++y)
             png_write_row(png, job->band + (y - y0) * row_bytes);
     }
@@ -1882,6 +1977,14 @@ static float hm_scale_max(const float *weights, size_t count)
 clattn_io_status clattn_png_write_heatmap(const char *path, const float *weights, size_t heads,
                                           size_t rows, size_t cols, char *msg, size_t msg_size)
 {
+    return clattn_png_write_heatmap_ex(path, weights, heads, rows, cols, NULL, msg, msg_size);
+}
+
+clattn_io_status clattn_png_write_heatmap_ex(const char *path, const float *weights, size_t heads,
+                                             size_t rows, size_t cols,
+                                             const clattn_heatmap_options *options, char *msg,
+                                             size_t msg_size)
+{
     clattn_io_status status = CLATTN_IO_OK;
     FILE *stream = NULL;
     unsigned char *band = NULL;
@@ -1901,7 +2004,13 @@ clattn_io_status clattn_png_write_heatmap(const char *path, const float *weights
                  "%zu heads of %zu x %zu weights overflow the size of memory", heads, rows, cols);
         goto done;
     }
-    if (hm_compute_layout(heads, rows, cols, &layout)) {
+    if (options && (unsigned)options->scale > (unsigned)CLATTN_HEATMAP_GLOBAL) {
+        status = fail(msg, msg_size, CLATTN_IO_ERR_ARGUMENT, path,
+                      "clattn_png_write_heatmap_ex: scale %d is not ROW, LOG or GLOBAL",
+                      (int)options->scale);
+        goto done;
+    }
+    if (hm_compute_layout(heads, rows, cols, options, &layout)) {
         char height[32];
         if (layout.height == SIZE_MAX)
             snprintf(height, sizeof height, "more than %d", HM_MAX_SIDE);
@@ -1914,13 +2023,14 @@ clattn_io_status clattn_png_write_heatmap(const char *path, const float *weights
         goto done;
     }
     /* The tallest band: the first or last row of blocks with the margin and a gap. */
-    size_t band_rows = HM_MARGIN + layout.block_h + HM_GAP + HM_MARGIN;
+    size_t band_rows = HM_MARGIN + layout.block_h + HM_GAP + HM_MARGIN + layout.footer_h;
     band = malloc(layout.width * 3 * band_rows);
     if (band == NULL) {
         status = fail(msg, msg_size, CLATTN_IO_ERR_MEMORY, path, "out of memory for the image");
         goto done;
     }
     hm_job job = {&layout, weights, hm_scale_max(weights, count), band};
+    /* The last band holds the last row of blocks, the margin and the footer. */
     stream = fopen(path, "wb");
     if (stream == NULL) {
         status =

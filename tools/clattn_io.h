@@ -118,12 +118,46 @@ CLATTN_IO_API clattn_io_status clattn_safetensors_read(const clattn_safetensors 
 /* Writes attention weights (heads, rows, cols) (row = query position, col = key position,
  * values normally in [0, 1]) as one RGB PNG: one panel per head side by side (wrapping into
  * a grid when many), each titled "head N", with labelled axes ("query" down, "key" across)
- * and tick numbers, a colour scale from 0 to the largest weight, and a colour bar. Each cell is
+ * and tick numbers, a colour scale per row (see clattn_heatmap_scale), and a colour bar. Each cell is
  * drawn as a square of several pixels for small maps; large maps are downsampled (the maximum
  * over the cells each pixel covers). Image size is limited (TOO_LARGE past 16384 x 16384). */
 CLATTN_IO_API clattn_io_status clattn_png_write_heatmap(const char *path, const float *weights,
                                                         size_t heads, size_t rows, size_t cols,
                                                         char *msg, size_t msg_size);
+
+/* How a heatmap maps weights to colours. ROW (the default): each row divided by its own
+ * largest visible weight, so every query's pattern shows however peaked row 0 is (causal
+ * attention: row 0 is 1 on key 0 and would darken a global scale); LOG: log10 of the weight
+ * from -4 (and below) to 0; GLOBAL: linear from 0 to the largest weight of all panels. The
+ * colour bar says which. */
+typedef enum clattn_heatmap_scale {
+    CLATTN_HEATMAP_ROW = 0,
+    CLATTN_HEATMAP_LOG = 1,
+    CLATTN_HEATMAP_GLOBAL = 2
+} clattn_heatmap_scale;
+
+/* Options of clattn_png_write_heatmap_ex; zero-initialised means the defaults. */
+typedef struct clattn_heatmap_options {
+    clattn_heatmap_scale scale;
+    /* NULL, or nonzero = masked: (rows, cols) for every panel, or (heads, rows, cols) with
+     * masked_per_panel. Masked cells are drawn in their own grey (in the legend), never on the
+     * ramp; a pooled pixel is grey only when every cell it covers is masked. */
+    const unsigned char *masked;
+    int masked_per_panel;
+    /* Texts (NULL: "head", "query", "key"): panels are titled "<panel> N"; a single panel
+     * with panel_title set is titled with it alone. */
+    const char *panel_title, *row_label, *col_label;
+    const char *value_label; /* over the colour bar (NULL: what the scale shows) */
+    size_t min_panel;        /* the smallest panel side in pixels (0: 128) */
+} clattn_heatmap_options;
+
+/* clattn_png_write_heatmap with options (NULL: the defaults; clattn_png_write_heatmap is this
+ * with NULL). Maps larger than 512 cells a side are max-pooled to fit, and the picture says
+ * so ("max-pooled: ... cells per pixel"). */
+CLATTN_IO_API clattn_io_status clattn_png_write_heatmap_ex(const char *path, const float *weights,
+                                                           size_t heads, size_t rows, size_t cols,
+                                                           const clattn_heatmap_options *options,
+                                                           char *msg, size_t msg_size);
 
 #ifdef __cplusplus
 }

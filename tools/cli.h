@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* Exit codes: 0 success, 1 the device or the library failed, 2 bad input (options, files). */
@@ -112,6 +113,25 @@ void cli_ring_finalize(void);
 /* `clattn bench --op ring` (cmd_bench hands over when --op is ring). */
 int cli_ring_bench(int argc, char **argv);
 #endif
+
+/* --png-scale row|log|global (clattn_heatmap_scale); CLI_OK or CLI_BAD_INPUT after the line. */
+int cli_parse_png_scale(const char *command, const char *text, clattn_heatmap_scale *scale);
+
+/* What masked the weights of batch 0, so that the heatmap paints those cells as masked:
+ * causal (top-left), a top-left window (-1 sides unbounded), key padding (cols bytes, nonzero =
+ * ignored), an additive mask whose -inf cells are masked ((rows, cols), or (heads, rows, cols)
+ * with per_head_mask). */
+typedef struct cli_png_masks {
+    size_t heads, rows, cols;
+    bool causal, window, per_head_mask;
+    long long window_left, window_right;
+    const uint8_t *padding;
+    const float *additive;
+} cli_png_masks;
+/* Writes the weights (heads, rows, cols) of batch 0 as a heatmap with their masked cells
+ * marked; CLI_OK, or CLI_FAILED after the line. */
+int cli_write_attention_png(const char *command, const char *path, const float *weights,
+                            const cli_png_masks *masks, clattn_heatmap_scale scale);
 
 /* Prints the device's name and type on one line. */
 void cli_print_device(FILE *out, cl_device_id device);

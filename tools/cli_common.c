@@ -371,3 +371,48 @@ void cli_print_matrix(const char *title, const float *values, size_t rows, size_
     }
     printf("\n");
 }
+
+int cli_parse_png_scale(const char *command, const char *text, clattn_heatmap_scale *scale)
+{
+    if (strcmp(text, "row") == 0)
+        *scale = CLATTN_HEATMAP_ROW;
+    else if (strcmp(text, "log") == 0)
+        *scale = CLATTN_HEATMAP_LOG;
+    else if (strcmp(text, "global") == 0)
+        *scale = CLATTN_HEATMAP_GLOBAL;
+    else
+        return cli_fail(command, CLI_BAD_INPUT, "--png-scale: '%s' is not row, log or global",
+                        text);
+    return CLI_OK;
+}
+
+int cli_write_attention_png(const char *command, const char *path, const float *weights,
+                            const cli_png_masks *m, clattn_heatmap_scale scale)
+{
+    const size_t cells = m->rows * m->cols; /* fits: the weights were allocated */
+    const size_t panels = m->per_head_mask ? m->heads : 1;
+    unsigned char *masked = calloc(panels * cells, 1);
+    if (masked == NULL)
+        return cli_fail(command, CLI_FAILED, "out of memory for the heatmap");
+    bool any = false;
+    for (size_t p = 0; p < panels; ++p)
+        for (size_t i = 0; i < m->rows; ++i)
+            for (size_t j = 0; j < m->cols; ++j) {
+                const long long d = (long long)j - (long long)i;
+                bool out = (m->causal && d > 0) ||
+                           (m->window && m->window_left >= 0 && d < -m->window_left) ||
+                           (m->window && m->window_right >= 0 && d > m->window_right) ||
+                           (m->padding && m->padding[j]) ||
+                           (m->additive && m->additive[p * cells + i * m->cols + j] == -INFINITY);
+                masked[p * cells + i * m->cols + j] = out;
+                any = any || out;
+            }
+    const clattn_heatmap_options options = {.scale = scale,
+                                            .masked = any ? masked : NULL,
+                                            .masked_per_panel = m->per_head_mask};
+    char msg[1024];
+    const clattn_io_status status = clattn_png_write_heatmap_ex(path, weights, m->heads, m->rows,
+                                                                m->cols, &options, msg, sizeof msg);
+    free(masked);
+    return status == CLATTN_IO_OK ? CLI_OK : cli_fail(command, CLI_FAILED, "%s", msg);
+}

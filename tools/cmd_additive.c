@@ -35,7 +35,8 @@ static const char additive_usage[] =
     "the (L, S, da) tanh terms).\n"
     "Outputs: --out O.npy ((L, dv) or (B, L, dv)), else printed when small; --attn-out A.npy:\n"
     "the weights (B, H, L, S) ((H, L, S) unbatched); --attn-png A.png: their heatmap for batch 0,\n"
-    "one panel per head.\n"
+    "one panel per head, masked cells grey, --png-scale row (default), log or global (see\n"
+    "`clattn run --help`).\n"
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
 typedef struct additive_options {
@@ -44,6 +45,7 @@ typedef struct additive_options {
     size_t heads;
     bool causal, heads_given;
     bool mask_true_masked, mask_true_given; /* --mask-true (default masked) */
+    clattn_heatmap_scale png_scale;         /* --png-scale (default row) */
     clattn_norm norm;
     clattn_path path;
 } additive_options;
@@ -134,6 +136,10 @@ static int parse_options(int argc, char **argv, additive_options *o)
                 cli_parse_mask_true("additive", value, &o->mask_true_masked) != CLI_OK)
                 return CLI_BAD_INPUT;
             o->mask_true_given = true;
+        } else if (cli_is(&args, "--png-scale")) {
+            if (!(value = cli_value(&args)) ||
+                cli_parse_png_scale("additive", value, &o->png_scale) != CLI_OK)
+                return CLI_BAD_INPUT;
         } else if (cli_is(&args, "--path")) {
             if (!(value = cli_value(&args)))
                 return CLI_BAD_INPUT;
@@ -396,9 +402,16 @@ static int run(const additive_options *o, additive_data *d)
         clattn_npy_write(o->attn_out, d->weights, batched ? 4 : 3, batched ? w_shape : w_shape + 1,
                          msg, sizeof msg) != CLATTN_IO_OK)
         return cli_fail("additive", CLI_FAILED, "%s", msg);
-    if (o->attn_png && clattn_png_write_heatmap(o->attn_png, d->weights, heads, seq_q, seq_k, msg,
-                                                sizeof msg) != CLATTN_IO_OK)
-        return cli_fail("additive", CLI_FAILED, "%s", msg);
+    if (o->attn_png) {
+        const cli_png_masks masks_png = {.heads = heads,
+                                         .rows = seq_q,
+                                         .cols = seq_k,
+                                         .causal = o->causal,
+                                         .padding = d->padding,
+                                         .additive = d->mask};
+        return cli_write_attention_png("additive", o->attn_png, d->weights, &masks_png,
+                                       o->png_scale);
+    }
     return CLI_OK;
 }
 

@@ -496,7 +496,7 @@ static int chapter_multihead(demo *d)
  * Chapter posenc
  * ------------------------------------------------------------------------------------------- */
 
-enum { PE_L = 8, PE_D = 6, PNG_L = 128, PNG_D = 64 };
+enum { PE_L = 8, PE_D = 6, PNG_L = 128, PNG_D = 64, DEMO_PNG_MIN_PANEL = 384 };
 
 /* The sinusoidal table of seq x dim into mem (no x: out only). */
 static void posenc_table(demo *d, cl_mem mem, size_t seq, size_t dim)
@@ -530,14 +530,21 @@ static int posenc_png(demo *d, const char *path)
     for (size_t i = 0; i < PNG_L * PNG_D; ++i)
         table[i] = (table[i] + 1.0f) / 2.0f;
     char msg[1024];
+    /* A table, not attention: its own title and axes, a linear scale, 3 pixels a cell. */
+    const clattn_heatmap_options options = {.scale = CLATTN_HEATMAP_GLOBAL,
+                                            .panel_title = "sinusoidal positional encoding",
+                                            .row_label = "position",
+                                            .col_label = "dimension",
+                                            .value_label = "(PE + 1) / 2",
+                                            .min_panel = DEMO_PNG_MIN_PANEL};
     const clattn_io_status written =
-        clattn_png_write_heatmap(path, table, 1, PNG_L, PNG_D, msg, sizeof msg);
+        clattn_png_write_heatmap_ex(path, table, 1, PNG_L, PNG_D, &options, msg, sizeof msg);
     free(table);
     if (written != CLATTN_IO_OK)
         return cli_fail("demo", CLI_FAILED, "--png: %s", msg);
-    printf("wrote %s: the table of %d positions (down, the \"query\" axis) x %d dimensions\n"
-           "(across, the \"key\" axis), colour = (PE + 1) / 2: dark -1, bright +1. Low dimensions\n"
-           "turn fast along the positions, high ones slowly: each position gets its own row.\n\n",
+    printf("wrote %s: the table of %d positions (down) x %d dimensions (across),\n"
+           "colour = (PE + 1) / 2: dark -1, bright +1. Low dimensions turn fast along the\n"
+           "positions, high ones slowly: each position gets its own row.\n\n",
            path, PNG_L, PNG_D);
     return CLI_OK;
 }

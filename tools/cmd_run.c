@@ -19,7 +19,8 @@ static const char run_usage[] =
     "                  [--rope [--rope-base B] [--rope-dims N] [--rope-style pairs|halves]\n"
     "                   [--rope-start P]]\n"
     "                  [--scale S] [--norm softmax|relu] [--path auto|fused|unfused]\n"
-    "                  [--out O.npy] [--attn-out A.npy] [--attn-png A.png] [--device SPEC]\n"
+    "                  [--out O.npy] [--attn-out A.npy] [--attn-png A.png\n"
+    "                   [--png-scale row|log|global]] [--device SPEC]\n"
     "\n"
     "Inputs: the query is (L, E) or (B, L, E) float32, float64, float16 or bfloat16 (integer\n"
     "and bool arrays are refused, as by `clattn sdpa`); key and value default to the query\n"
@@ -76,7 +77,11 @@ static const char run_usage_more[] =
     "without --out the output is printed (its real shape only, when large). --attn-out A.npy:\n"
     "the per-head weights (B, H, L, S), or (H, L, S)\n"
     "unbatched. --attn-png A.png: heatmap of the weights of batch 0, one panel per head\n"
-    "(query position down, key position across).\n"
+    "(query position down, key position across); --png-scale row (default: each row by its own\n"
+    "largest weight, so causal and long rows stay visible), log (log10 weight from 1e-4) or\n"
+    "global (linear to the largest weight); the colour bar says which; masked cells (causal,\n"
+    "window, -inf or bool mask, key padding) are grey; maps over 512 a side are max-pooled, as\n"
+    "the picture states.\n"
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
 typedef struct run_options {
@@ -89,6 +94,7 @@ typedef struct run_options {
     size_t heads, kv_heads;   /* kv_heads 0: heads */
     bool heads_given, causal, alibi, window;
     bool mask_true_masked, mask_true_given; /* --mask-true (default masked, as PyTorch MHA) */
+    clattn_heatmap_scale png_scale;         /* --png-scale (default row) */
     float softcap;                       /* 0: off */
     long long window_left, window_right; /* with window */
     float scale; /* NAN unless --scale was given (the library default, 1/sqrt(head dim)) */
@@ -231,6 +237,10 @@ static int parse_options(int argc, char **argv, run_options *o)
                 cli_parse_mask_true("run", value, &o->mask_true_masked) != CLI_OK)
                 return CLI_BAD_INPUT;
             o->mask_true_given = true;
+        } else if (cli_is(&args, "--png-scale")) {
+            if (!(value = cli_value(&args)) ||
+                cli_parse_png_scale("run", value, &o->png_scale) != CLI_OK)
+                return CLI_BAD_INPUT;
         } else if (cli_is(&args, "--norm")) {
             if (!(value = cli_value(&args)))
                 return CLI_BAD_INPUT;
@@ -929,10 +939,19 @@ static int run(const run_options *o, run_data *d, bool check_only)
             return rc;
     }
     if (o->attn_png) {
-        char msg[1024];
-        if (clattn_png_write_heatmap(o->attn_png, d->weights, o->heads, seq_q, seq_k, msg,
-                                     sizeof msg) != CLATTN_IO_OK)
-            return cli_fail("run", CLI_FAILED, "%s", msg);
+        const cli_png_masks masks_png = {.heads = o->heads,
+                                         .rows = seq_q,
+                                         .cols = seq_k,
+                                         .causal = o->causal,
+                                         .window = o->window,
+                                         .window_left = o->window_left,
+                                         .window_right = o->window_right,
+                                         .padding = d->padding_bytes,
+                                         .additive = d->mask_additive,
+                                         .per_head_mask = desc.attn_mask_per_head != 0};
+        if ((rc = cli_write_attention_png("run", o->attn_png, d->weights, &masks_png,
+                                          o->png_scale)))
+            return rc;
     }
     return CLI_OK;
 }
