@@ -581,8 +581,9 @@ def main():
                                              "--seq", str(softmax_l)], runs, args.warmup)
     count = 8 * softmax_l * softmax_l
     copies = {}
-    # Newer clattn bench lines carry the softmax step alone ("step_gbps": the plan less its
-    # two products, 2·B·H·L²·4 bytes) and a device copy of the scores ("copy_gbps").
+    # Newer clattn bench lines carry the softmax step alone ("step_gbps": the device time of
+    # the plan's own softmax_rows launch, from its profiling event, over 2·B·H·L²·4 bytes) and
+    # a device copy of the scores ("copy_gbps").
     step = [j for j in softmax_lines if j.get("step_gbps") is not None]
     for j in softmax_lines:
         if j.get("copy_gbps"):
@@ -626,8 +627,8 @@ def main():
         out.append("- copy reference (bytes read + written): " +
                    ", ".join(f"{k} {v:.1f} GB/s" for k, v in copies.items()) +
                    f"; the softmax ratio uses the highest ({reference[0]}). clattn's softmax: " +
-                   ("the step alone (the unfused plan's time less its two products, "
-                    "2·B·H·L²·4 bytes)" if step else
+                   ("the step alone (the softmax_rows kernel's own device time, from its "
+                    "profiling event, over 2·B·H·L²·4 bytes)" if step else
                     "this clattn bench has no step time: the whole unfused plan's rate "
                     "(4·B·H·L²·4 bytes over products and softmax)"))
     out.append("- flops: attention 4·B·H·L²·d (causal and masked counted as full), "

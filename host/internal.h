@@ -117,6 +117,13 @@ struct clattn_ctx {
     cl_mem workspace[CLATTN_WS_COUNT];
     size_t workspace_bytes[CLATTN_WS_COUNT];
     char message[2048];
+    /* clattn_ctx_trace_kernels: the kernels enqueued while tracing, with a retained event. */
+    bool tracing;
+    struct clattn_trace_entry {
+        char name[48];
+        cl_event event;
+    } *trace;
+    size_t trace_count, trace_dropped;
 };
 
 /* The queue the current call enqueues on. */

@@ -161,6 +161,25 @@ CLATTN_API cl_context clattn_ctx_cl_context(const clattn_ctx *ctx);
 CLATTN_API cl_command_queue clattn_ctx_queue(const clattn_ctx *ctx);
 CLATTN_API cl_device_id clattn_ctx_device(const clattn_ctx *ctx);
 
+/* Kernel tracing, for benchmarks: while on, every kernel the context enqueues (on any queue a
+ * call uses) is recorded with its event; clattn_ctx_kernel_times waits for them and returns
+ * each kernel's device time, END - START of its own profiling event (so one step of a plan is
+ * timed by itself, never as a difference of two totals). The queue must have
+ * CL_QUEUE_PROFILING_ENABLE (clattn_ctx_create_from_queue with such a queue), else the times
+ * call returns CLATTN_ERR_UNSUPPORTED. clattn_ctx_trace_kernels(ctx, 1) starts a new record
+ * (dropping an old one), 0 stops and drops it. At most 4096 kernels are kept (later ones are
+ * counted in `dropped`). */
+typedef struct clattn_kernel_time {
+    char name[48]; /* the kernel, e.g. "softmax_rows", "matmul", "flash_attention" */
+    double ms;     /* device time, from its profiling event */
+} clattn_kernel_time;
+CLATTN_API clattn_status clattn_ctx_trace_kernels(clattn_ctx *ctx, int on);
+/* Fills out[0 .. *count) with the recorded kernels in launch order (at most capacity; *count
+ * says how many were written, *dropped (may be NULL) how many did not fit or were not kept),
+ * then clears the record; tracing stays on. */
+CLATTN_API clattn_status clattn_ctx_kernel_times(clattn_ctx *ctx, clattn_kernel_time *out,
+                                                 size_t capacity, size_t *count, size_t *dropped);
+
 /* Caps every device workspace buffer the context allocates at `bytes` (0: only the device's
  * own limits). A call whose workspace would exceed it fails with CLATTN_ERR_TOO_LARGE, naming
  * the size; the fused attention path needs no workspace. */

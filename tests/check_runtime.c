@@ -1276,6 +1276,69 @@ static void expect_matmul_on(clattn_ctx *ctx)
     expect_product_on(ctx, 7, 5, 3);
 }
 
+/* Kernel tracing (clattn_ctx_trace_kernels / clattn_ctx_kernel_times): on a queue with
+ * profiling, each launch's own device time, in launch order, and nothing once off; a queue
+ * without profiling refuses the times (UNSUPPORTED), with the product still right. */
+START_TEST(test_kernel_trace)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("kernel trace");
+    clattn_ctx *ctx = tu_ctx();
+    cl_int err = CL_SUCCESS;
+    cl_command_queue profiled = clCreateCommandQueue(
+        clattn_ctx_cl_context(ctx), clattn_ctx_device(ctx), CL_QUEUE_PROFILING_ENABLE, &err);
+    clattn_ctx *traced = NULL;
+    if (tu_expect(err == CL_SUCCESS, "clCreateCommandQueue(profiling): %d", (int)err) &&
+        (traced = ctx_from_queue(profiled)) != NULL) {
+        clattn_kernel_time times[8];
+        size_t count = 99, dropped = 99;
+        tu_expect_status(clattn_ctx_trace_kernels(traced, 1), CLATTN_SUCCESS, "trace on");
+        expect_product_on(traced, 17, 13, 9);
+        expect_product_on(traced, 3, 65, 2);
+        tu_expect_status(clattn_ctx_kernel_times(traced, times, 8, &count, &dropped),
+                         CLATTN_SUCCESS, "kernel times");
+        tu_expect(count >= 2 && dropped == 0, "%zu kernels (%zu dropped), want 2 or more", count,
+                  dropped);
+        size_t matmuls = 0;
+        for (size_t i = 0; i < count && i < 8; ++i) {
+            matmuls += strncmp(times[i].name, "matmul", 6) == 0;
+            tu_expect(isfinite(times[i].ms) && times[i].ms >= 0.0 && times[i].ms < 60000.0,
+                      "kernel %zu (%s): %g ms", i, times[i].name, times[i].ms);
+        }
+        tu_expect(matmuls >= 2, "%zu matmul launches traced of %zu", matmuls, count);
+        /* The record was cleared; a capacity of 1 keeps one and counts the rest as dropped. */
+        tu_expect_status(clattn_ctx_kernel_times(traced, times, 8, &count, &dropped),
+                         CLATTN_SUCCESS, "kernel times again");
+        tu_expect(count == 0 && dropped == 0, "a second read gave %zu kernels", count);
+        expect_product_on(traced, 5, 5, 5);
+        expect_product_on(traced, 5, 5, 5);
+        clattn_ctx_kernel_times(traced, times, 1, &count, &dropped);
+        tu_expect(count == 1 && dropped >= 1, "capacity 1: %zu kept, %zu dropped", count, dropped);
+        tu_expect_status(clattn_ctx_trace_kernels(traced, 0), CLATTN_SUCCESS, "trace off");
+        expect_product_on(traced, 4, 4, 4);
+        clattn_ctx_kernel_times(traced, times, 8, &count, &dropped);
+        tu_expect(count == 0, "tracing off recorded %zu kernels", count);
+    }
+    clattn_ctx_release(traced);
+    if (profiled)
+        clReleaseCommandQueue(profiled);
+    /* tu_ctx's queue has no profiling: the times are refused, the work still done. */
+    size_t count = 99;
+    clattn_kernel_time one;
+    tu_expect_status(clattn_ctx_trace_kernels(ctx, 1), CLATTN_SUCCESS, "trace on (plain queue)");
+    expect_product_on(ctx, 6, 7, 8);
+    const clattn_status status = clattn_ctx_kernel_times(ctx, &one, 1, &count, NULL);
+    tu_expect(status == CLATTN_ERR_UNSUPPORTED && count == 0 &&
+                  strstr(clattn_last_error(ctx), "CL_QUEUE_PROFILING_ENABLE"),
+              "a plain queue: %s: %s", clattn_status_string(status), clattn_last_error(ctx));
+    clattn_ctx_trace_kernels(ctx, 0);
+    tu_expect(clattn_ctx_kernel_times(NULL, &one, 1, &count, NULL) == CLATTN_ERR_INVALID_ARGUMENT &&
+                  clattn_ctx_kernel_times(ctx, &one, 1, NULL, NULL) == CLATTN_ERR_INVALID_ARGUMENT,
+              "NULL ctx or count accepted");
+    TU_END_TEST();
+}
+END_TEST
+
 START_TEST(test_accessors_and_two_contexts)
 {
     TU_BEGIN_TEST();
@@ -1884,8 +1947,12 @@ START_TEST(test_params_overrides)
             clattn_ctx *ctx = NULL;
             char message[512] = "";
             clattn_status status = clattn_ctx_create(NULL, &ctx, message, sizeof message);
-            if (tu_expect(status == CLATTN_SUCCESS, "create: %s: %s", clattn_status_string(status),
-                          message)) {
+            if (p == 3) { /* an unknown CLATTN_PARAMS is refused, naming it, not ignored */
+                tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && ctx == NULL &&
+                              strstr(message, "CLATTN_PARAMS='fpga': expected gpu or cpu"),
+                          "CLATTN_PARAMS=fpga: %s: %s", clattn_status_string(status), message);
+            } else if (tu_expect(status == CLATTN_SUCCESS, "create: %s: %s",
+                                 clattn_status_string(status), message)) {
                 expect_matmul_on(ctx);
             }
             clattn_ctx_release(ctx);
@@ -1938,6 +2005,7 @@ static Suite *runtime_suite(void)
     TCase *contexts = tcase_create("contexts");
     tcase_set_timeout(contexts, 600);
     tcase_add_test(contexts, test_accessors_and_two_contexts);
+    tcase_add_test(contexts, test_kernel_trace);
     tcase_add_test(contexts, test_own_context_lifecycle);
     tcase_add_test(contexts, test_contexts_on_threads);
     tcase_add_test(contexts, test_build_failure_reports_log);

@@ -58,11 +58,12 @@ static const char bench_usage_more[] =
     "softmax: the normalisation has no entry point of its own; it times the unfused attention\n"
     "plan that returns the attention weights (scores = Q·Kᵀ, softmax written to the weights,\n"
     "weights·V: what replaced clattn_softmax_rows), and --json says \"timed\":\n"
-    "\"sdpa_unfused_weights\". The same case then times the two products alone (clattn_matmul)\n"
-    "and a device copy of the scores (clEnqueueCopyBuffer): the softmax step is the\n"
-    "difference (\"step_ms\"; \"step_gbps\" of the 2·B·H·Lq·Lk·4 bytes it reads and writes in\n"
-    "place), next to the copy's rate of the same bytes (\"copy_gbps\", \"step_vs_copy\"; the\n"
-    "table's row ends with them). A difference of medians: noisy where the products dominate.\n"
+    "\"sdpa_unfused_weights\". The same case then times the softmax step by itself: the plan\n"
+    "runs with kernel tracing (clattn_ctx_trace_kernels) and the step is its softmax_rows\n"
+    "launch's own profiling event (\"step_ms\", median; \"step_gbps\" of the 2·B·H·Lq·Lk·4\n"
+    "bytes it reads and writes in place), next to a device copy of the same bytes\n"
+    "(\"copy_gbps\", \"step_vs_copy\"; the table's row ends with them). A step above the copy\n"
+    "rate is flagged (\"step_above_copy\", a WARNING in the table): it cannot be real.\n"
     "Rates: matmul 2MNK flop; attention 2·B·H·Lq·Lk·(dk+dv); mha adds the 4 projections\n"
     "(8·B·L·E²); softmax in GB/s of the float scores' traffic on that path (written, read and\n"
     "written by the normalisation, read: 4·B·H·Lq·Lk·4 bytes).\n"
@@ -455,78 +456,89 @@ static clattn_status run_plan(bench_state *b, void *p, cl_uint nw, const cl_even
     return clattn_plan_execute(c->plan, &c->tensors, NULL, NULL, nw, w, e);
 }
 
-/* The softmax step of the unfused plan, and a copy of as many bytes, timed in the same case:
- * the two products alone (clattn_matmul on the plan's tensors: scores = q·kᵀ into the weights,
- * out = weights·v) and a device copy of the scores (clEnqueueCopyBuffer: reads and writes
- * B·H·Lq·Lk floats, as the in-place softmax does). */
-typedef struct step_case {
-    const clattn_tensors *t;
-    clattn_matmul_desc qk, pv;
-    cl_mem copy_to;
-    size_t copy_bytes;
-} step_case;
-
-static clattn_status run_products(bench_state *b, void *p, cl_uint nw, const cl_event *w,
-                                  cl_event *e)
-{
-    step_case *c = p;
-    cl_event scores = NULL;
-    clattn_status status =
-        clattn_matmul(b->ctx, &c->qk, &c->t->q, &c->t->k, NULL, &c->t->weights, nw, w, &scores);
-    if (status == CLATTN_SUCCESS)
-        status = clattn_matmul(b->ctx, &c->pv, &c->t->weights, &c->t->v, NULL, &c->t->out, 1,
-                               &scores, e);
-    if (scores)
-        clReleaseEvent(scores);
-    return status;
-}
+/* The softmax step of the unfused plan timed by itself: the plan runs with kernel tracing on
+ * (clattn_ctx_trace_kernels) and the step is the device time of its own normalisation kernel
+ * launch ("softmax_rows", END - START of that launch's profiling event), never a difference of
+ * two totals; next to it, a device copy of as many bytes (clEnqueueCopyBuffer of the scores:
+ * reads and writes B·H·Lq·Lk floats, as the in-place softmax does). */
+typedef struct copy_case {
+    cl_mem from, to;
+    size_t bytes;
+} copy_case;
 
 static clattn_status run_copy(bench_state *b, void *p, cl_uint nw, const cl_event *w, cl_event *e)
 {
-    step_case *c = p;
-    return (clattn_status)clEnqueueCopyBuffer(b->queue, c->t->weights.mem, c->copy_to, 0, 0,
-                                              c->copy_bytes, nw, w, e);
+    copy_case *c = p;
+    return (clattn_status)clEnqueueCopyBuffer(b->queue, c->from, c->to, 0, 0, c->bytes, nw, w, e);
 }
 
-/* Adds to r (the softmax case, measured): "products_ms", the softmax step's time as the plan's
- * median less the products' ("step_ms", "step_gbps" of 2·B·H·Lq·Lk·4 bytes), "copy_gbps" and
- * "step_vs_copy". Leaves r as it is where a part cannot run (e.g. 16-bit q on clattn_matmul). */
-static void measure_softmax_step(bench_state *b, const clattn_tensors *t, size_t scores,
-                                 case_result *r)
+/* The median, over --runs executions after --warmup, of the summed device time of the plan's
+ * softmax_rows launches; false where the device gives no kernel times. */
+static bool softmax_kernel_ms(bench_state *b, plan_case *c, double *step_ms)
 {
-    step_case c = {.t = t,
-                   .qk = {.struct_size = sizeof(clattn_matmul_desc), .trans_b = 1, .alpha = 1.0f},
-                   .pv = {.struct_size = sizeof(clattn_matmul_desc), .alpha = 1.0f},
-                   .copy_bytes = scores * sizeof(float)};
-    double products_ms = 0.0, copy_ms = 0.0, wall_ms = 0.0;
-    bool wall_timer = false;
-    c.copy_to = output_buffer(b, c.copy_bytes);
-    if (c.copy_to == NULL ||
-        measure(b, "softmax step: products", run_products, &c, &products_ms, &wall_ms,
-                &wall_timer) != CLATTN_SUCCESS ||
-        wall_timer != r->wall_timer ||
-        measure(b, "softmax step: copy", run_copy, &c, &copy_ms, &wall_ms, &wall_timer) !=
-            CLATTN_SUCCESS ||
-        wall_timer != r->wall_timer) {
-        if (c.copy_to)
-            clReleaseMemObject(c.copy_to);
-        return;
+    const bench_options *o = b->options;
+    double *times = calloc(o->runs, sizeof *times);
+    clattn_kernel_time kernels[64];
+    bool ok = times && clattn_ctx_trace_kernels(b->ctx, 1) == CLATTN_SUCCESS;
+    size_t kept = 0;
+    for (size_t run = 0; ok && run < o->warmup + o->runs; ++run) {
+        size_t count = 0;
+        double sum = 0.0;
+        bool found = false;
+        ok = run_plan(b, c, 0, NULL, NULL) == CLATTN_SUCCESS && clFinish(b->queue) == CL_SUCCESS &&
+             clattn_ctx_kernel_times(b->ctx, kernels, 64, &count, NULL) == CLATTN_SUCCESS;
+        for (size_t k = 0; ok && k < count; ++k)
+            if (strcmp(kernels[k].name, "softmax_rows") == 0) {
+                sum += kernels[k].ms;
+                found = true;
+            }
+        ok = ok && found && sum > 0.0;
+        if (ok && run >= o->warmup)
+            times[kept++] = sum;
     }
-    clReleaseMemObject(c.copy_to);
-    const double bytes = 2.0 * scores * sizeof(float), step_ms = r->device_ms - products_ms;
+    clattn_ctx_trace_kernels(b->ctx, 0);
+    if (ok && kept > 0)
+        *step_ms = median(times, kept);
+    free(times);
+    return ok && kept > 0;
+}
+
+/* Adds to r (the softmax case, measured): "step_ms" (the normalisation kernel's own device
+ * time), "step_gbps" of the 2·B·H·Lq·Lk·4 bytes it reads and writes, "copy_gbps" and
+ * "step_vs_copy"; a step faster than the copy cannot be (it moves the same bytes): it is
+ * printed with a warning and "step_above_copy": true. Leaves r as it is where the device
+ * gives no kernel times (wall-clock timing). */
+static void measure_softmax_step(bench_state *b, plan_case *plan, size_t scores, case_result *r)
+{
+    if (r->wall_timer)
+        return;
+    copy_case c = {.from = plan->tensors.weights.mem, .bytes = scores * sizeof(float)};
+    double step_ms = 0.0, copy_ms = 0.0, wall_ms = 0.0;
+    bool wall_timer = false;
+    c.to = output_buffer(b, c.bytes);
+    const bool ok = c.to != NULL && softmax_kernel_ms(b, plan, &step_ms) &&
+                    measure(b, "softmax step: copy", run_copy, &c, &copy_ms, &wall_ms,
+                            &wall_timer) == CLATTN_SUCCESS &&
+                    !wall_timer && copy_ms > 0.0;
+    if (c.to)
+        clReleaseMemObject(c.to);
+    if (!ok)
+        return;
+    const double bytes = 2.0 * scores * sizeof(float);
     const double step_gbps = bytes / step_ms / 1e6, copy_gbps = bytes / copy_ms / 1e6;
-    char products_text[32], step_text[32], step_rate[32], copy_rate[32], ratio[32];
+    const bool above = step_gbps > copy_gbps;
+    char step_text[32], step_rate[32], copy_rate[32], ratio[32];
     snprintf(r->extra_json, sizeof r->extra_json,
-             ", \"products_ms\": %s, \"step_ms\": %s, \"step_gbps\": %s, \"copy_gbps\": %s, "
-             "\"step_vs_copy\": %s",
-             json_number(products_text, sizeof products_text, "%.6f", products_ms),
+             ", \"step_ms\": %s, \"step_gbps\": %s, \"copy_gbps\": %s, \"step_vs_copy\": %s, "
+             "\"step_timed\": \"softmax_rows kernel event\", \"step_above_copy\": %s",
              json_number(step_text, sizeof step_text, "%.6f", step_ms),
-             json_number(step_rate, sizeof step_rate, "%.6g", step_ms > 0.0 ? step_gbps : NAN),
+             json_number(step_rate, sizeof step_rate, "%.6g", step_gbps),
              json_number(copy_rate, sizeof copy_rate, "%.6g", copy_gbps),
-             json_number(ratio, sizeof ratio, "%.3f", step_ms > 0.0 ? step_gbps / copy_gbps : NAN));
-    if (step_ms > 0.0)
-        snprintf(r->extra_text, sizeof r->extra_text, "  step %.2f GB/s = %.2fx copy %.2f GB/s",
-                 step_gbps, step_gbps / copy_gbps, copy_gbps);
+             json_number(ratio, sizeof ratio, "%.3f", step_gbps / copy_gbps),
+             above ? "true" : "false");
+    snprintf(r->extra_text, sizeof r->extra_text, "  step %.2f GB/s = %.2fx copy %.2f GB/s%s",
+             step_gbps, step_gbps / copy_gbps, copy_gbps,
+             above ? " (WARNING: above the copy rate)" : "");
 }
 
 /* Sets t's buffer (the layout is the plan's) and adds its bytes to *bytes. */
@@ -658,7 +670,7 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         r.rate = softmax ? 4.0 * scores * sizeof(float) / r.device_ms / 1e6
                          : 4.0 * bh * seq_q * seq_k * d / r.device_ms / 1e6;
     if (status == CLATTN_SUCCESS && softmax)
-        measure_softmax_step(b, &c.tensors, scores, &r);
+        measure_softmax_step(b, &c, scores, &r);
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.plan);
     release_all(mem, 7);

@@ -349,6 +349,9 @@ const char *clattn_ctx_tuning(const clattn_ctx *ctx)
     return ctx ? ctx->tuning.summary : "clattn_ctx_tuning: ctx is NULL";
 }
 
+enum { CLATTN_TRACE_MAX = 4096 }; /* kernels a trace keeps */
+static void drop_trace(clattn_ctx *ctx);
+
 void clattn_ctx_release(clattn_ctx *ctx)
 {
     if (ctx == NULL)
@@ -357,6 +360,8 @@ void clattn_ctx_release(clattn_ctx *ctx)
         clFinish(ctx->queue);
     if (ctx->last_event)
         clReleaseEvent(ctx->last_event);
+    drop_trace(ctx);
+    free(ctx->trace);
     for (size_t i = 0; i < ctx->num_variants; ++i) {
         clReleaseKernel(ctx->variants[i].kernel);
         clReleaseProgram(ctx->variants[i].program);
@@ -530,14 +535,99 @@ clattn_status clattn__launch_kernel(clattn_ctx *ctx, cl_kernel kernel, const cha
             return clattn__fail(ctx, (clattn_status)err, "clSetKernelArg(%s, %u): %s (%d)", name,
                                 (unsigned)i, clattn__cl_error_name(err), (int)err);
     }
+    /* Tracing: the launch's own event is kept (retained once more when the caller keeps it). */
+    cl_event traced = NULL;
+    const bool trace = ctx->tracing && ctx->trace && ctx->trace_count < CLATTN_TRACE_MAX;
     cl_int err = clattn__fault(CLATTN_FAULT_ENQUEUE)
                      ? CL_OUT_OF_RESOURCES
                      : clEnqueueNDRangeKernel(clattn__queue(ctx), kernel, dims, NULL, global, local,
-                                              num_wait, num_wait ? wait : NULL, event);
+                                              num_wait, num_wait ? wait : NULL,
+                                              event ? event : (trace ? &traced : NULL));
     if (err != CL_SUCCESS)
         return clattn__fail(ctx, (clattn_status)err, "clEnqueueNDRangeKernel(%s): %s (%d)", name,
                             clattn__cl_error_name(err), (int)err);
+    if (ctx->tracing && !trace)
+        ++ctx->trace_dropped;
+    if (trace) {
+        if (event && clRetainEvent(*event) == CL_SUCCESS)
+            traced = *event;
+        if (traced) {
+            struct clattn_trace_entry *entry = &ctx->trace[ctx->trace_count++];
+            snprintf(entry->name, sizeof entry->name, "%s", name);
+            entry->event = traced;
+        } else {
+            ++ctx->trace_dropped;
+        }
+    }
     return CLATTN_SUCCESS;
+}
+
+static void drop_trace(clattn_ctx *ctx)
+{
+    for (size_t i = 0; i < ctx->trace_count; ++i)
+        clReleaseEvent(ctx->trace[i].event);
+    ctx->trace_count = 0;
+    ctx->trace_dropped = 0;
+}
+
+clattn_status clattn_ctx_trace_kernels(clattn_ctx *ctx, int on)
+{
+    if (ctx == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    drop_trace(ctx);
+    if (on && ctx->trace == NULL) {
+        ctx->trace = calloc(CLATTN_TRACE_MAX, sizeof *ctx->trace);
+        if (ctx->trace == NULL)
+            return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY,
+                                "clattn_ctx_trace_kernels: out of host memory");
+    }
+    ctx->tracing = on != 0;
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn_ctx_kernel_times(clattn_ctx *ctx, clattn_kernel_time *out, size_t capacity,
+                                      size_t *count, size_t *dropped)
+{
+    if (ctx == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    if (count == NULL || (out == NULL && capacity > 0))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "clattn_ctx_kernel_times: %s is NULL", count ? "out" : "count");
+    *count = 0;
+    cl_command_queue_properties properties = 0;
+    cl_int err = clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof properties,
+                                       &properties, NULL);
+    clattn_status status = CLATTN_SUCCESS;
+    if (err != CL_SUCCESS)
+        status = clattn__cl_fail(ctx, err, "clGetCommandQueueInfo(CL_QUEUE_PROPERTIES)");
+    else if (!(properties & CL_QUEUE_PROFILING_ENABLE))
+        status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                              "clattn_ctx_kernel_times: the context's queue has no "
+                              "CL_QUEUE_PROFILING_ENABLE");
+    size_t written = 0;
+    for (size_t i = 0; status == CLATTN_SUCCESS && i < ctx->trace_count && written < capacity;
+         ++i) {
+        cl_ulong start = 0, end = 0;
+        err = clWaitForEvents(1, &ctx->trace[i].event);
+        if (err == CL_SUCCESS)
+            err = clGetEventProfilingInfo(ctx->trace[i].event, CL_PROFILING_COMMAND_START,
+                                          sizeof start, &start, NULL);
+        if (err == CL_SUCCESS)
+            err = clGetEventProfilingInfo(ctx->trace[i].event, CL_PROFILING_COMMAND_END,
+                                          sizeof end, &end, NULL);
+        if (err != CL_SUCCESS) {
+            status = clattn__cl_fail(ctx, err, "clattn_ctx_kernel_times: a kernel's event");
+            break;
+        }
+        memcpy(out[written].name, ctx->trace[i].name, sizeof out[written].name);
+        out[written].ms = end > start ? (double)(end - start) / 1e6 : 0.0;
+        ++written;
+    }
+    if (dropped)
+        *dropped = ctx->trace_dropped + (ctx->trace_count - written);
+    *count = written;
+    drop_trace(ctx);
+    return status;
 }
 
 clattn_status clattn__variant_kernel(clattn_ctx *ctx, clattn_source source, const char *name,
