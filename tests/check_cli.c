@@ -1862,6 +1862,22 @@ START_TEST(test_bench_json)
     tu_expect(softmax && strstr(softmax, "\"timed\": \"sdpa_unfused_weights\"") &&
                   strstr(softmax, "\"timed\"") < strchr(softmax, '\n'),
               "softmax line does not say what it timed: %s", out);
+    /* Its step is its own kernel's event (never a difference of two medians), and a rate
+     * above the copy's is flagged, not printed as fact. */
+    const char *step = softmax ? strstr(softmax, "\"step_gbps\": ") : NULL;
+    const char *copy = softmax ? strstr(softmax, "\"copy_gbps\": ") : NULL;
+    const char *above = softmax ? strstr(softmax, "\"step_above_copy\": ") : NULL;
+    const char *wall = softmax ? strstr(softmax, "\"timer\": \"wall\"") : NULL;
+    const bool device_timer = softmax && (!wall || wall > strchr(softmax, '\n'));
+    if (device_timer && /* wall-clock timing (e.g. rusticl 22.3) has no kernel events */
+        tu_expect(step && copy && above && above < strchr(softmax, '\n') &&
+                      strstr(softmax, "\"step_timed\": \"softmax_rows kernel event\""),
+                  "softmax line lacks the step's own timing: %s", out)) {
+        const double step_gbps = strtod(step + 13, NULL), copy_gbps = strtod(copy + 13, NULL);
+        const bool flagged = strncmp(above + 19, "true", 4) == 0;
+        tu_expect(step_gbps > 0.0 && copy_gbps > 0.0 && flagged == (step_gbps > copy_gbps),
+                  "step %g GB/s, copy %g GB/s, flagged %d", step_gbps, copy_gbps, (int)flagged);
+    }
     for (const char *line = out; line && *line;
          line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
         if (*line == '\0')
