@@ -1,7 +1,8 @@
-"""clattn against PyTorch itself (skipped where torch is not installed: the CI lane's venv has
-no torch, whose Linux wheels on PyPI carry CUDA; run with a venv that has it, e.g.
-`CLATTN_PY_VENV=/work/venv-peers tests/python/run.sh build`): scaled_dot_product_attention
-and nn.MultiheadAttention with the same state_dict."""
+"""clattn against PyTorch itself (skipped where torch is not installed: the lane's PyPI venv
+has no torch, whose Linux wheels on PyPI carry CUDA; tests/python/run.sh runs this file again
+in a venv over Debian's python3-torch where that is installed, or use a venv that has torch,
+e.g. `CLATTN_PY_VENV=/work/venv-peers tests/python/run.sh build`): scaled_dot_product_attention
+and nn.MultiheadAttention with the same state_dict, torch tensors in -> torch tensors out."""
 
 import inspect
 
