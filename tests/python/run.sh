@@ -8,6 +8,9 @@
 #
 #   tests/python/run.sh BUILD_DIR [pytest options...]
 #
+# The wheel is installed from a read-only copy of the tracked files (nothing may appear in it),
+# and that copy's sdist must hold exactly the tracked files.
+#
 # CLATTN_PY_ASAN=1: the same tests on a wheel whose libclattn is built with ASan + UBSan
 # (CLATTN_CMAKE_ARGS=-DCLATTN_SANITIZE=ON, build BUILD_DIR/python-asan, venv
 # BUILD_DIR/venv-python-asan), the sanitizer runtimes preloaded into Python and only PoCL's ICD
@@ -66,6 +69,17 @@ else
     if [ -n "$stray" ]; then
         echo "python: pip install wrote into the source tree: $stray" >&2; exit 1
     fi
+    # the sdist of that copy (no .git, inside BUILD_DIR: git would list nothing there) holds
+    # exactly the tracked files
+    sdist=$(mktemp -d)
+    (cd "$sdist" && "$venv/bin/python" "$src/python/build_backend/clattn_build.py" --sdist \
+        "$sdist" >/dev/null) &&
+        diff <(cd "$root" && git ls-files | sort) \
+            <(tar tzf "$sdist"/clattn-*.tar.gz | sed 's|^[^/]*/||' | grep -vx PKG-INFO | sort) \
+            >"$sdist/diff" ||
+        { echo "python: the sdist of a read-only copy is not the tracked files:" \
+            "$(head -3 "$sdist/diff" 2>/dev/null)" >&2; rm -rf "$sdist"; exit 1; }
+    rm -rf "$sdist"
 fi
 cd "$build" || exit 1
 if [ "$asan" = 1 ]; then
