@@ -143,16 +143,47 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             shutil.rmtree(build, ignore_errors=True)
 
 
+# Folders never part of a source tree that is not a git checkout (build outputs, venvs).
+_NOT_SOURCE = re.compile(r"^(\.git|__pycache__|build|build-.*|venv.*|dist|.*\.egg-info)$")
+
+
+def _source_files() -> list:
+    """The source tree's files, relative to ROOT: git's tracked files where ROOT is the top of
+    a git checkout; else (an unpacked sdist, a copy of the files without .git, which may lie
+    inside another checkout's ignored build folder, where git would list nothing) every file
+    under ROOT but build outputs, venvs and PKG-INFO (written anew)."""
+    try:
+        top = subprocess.run(["git", "-C", ROOT, "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        top = ""
+    if top and os.path.realpath(top) == os.path.realpath(ROOT):
+        listed = subprocess.run(["git", "-C", ROOT, "ls-files"], check=True,
+                                capture_output=True, text=True).stdout.split("\n")
+        files = [p for p in listed if p and os.path.lexists(os.path.join(ROOT, p))]
+    else:
+        files = []
+        for folder, dirs, names in os.walk(ROOT):
+            dirs[:] = sorted(d for d in dirs if not _NOT_SOURCE.match(d))
+            rel = os.path.relpath(folder, ROOT)
+            files += [n if rel == "." else os.path.join(rel, n) for n in sorted(names)
+                      if not (rel == "." and n in ("PKG-INFO", ".git"))]
+    for needed in ("pyproject.toml", "CMakeLists.txt", "python/build_backend/clattn_build.py"):
+        if needed not in files:
+            raise RuntimeError(f"clattn_build: the source tree at {ROOT} lacks {needed}")
+    return files
+
+
 def build_sdist(sdist_directory, config_settings=None):
-    """The tracked source tree (git ls-files) as NAME-VERSION.tar.gz."""
+    """The source tree (git's tracked files in a checkout, see _source_files) as
+    NAME-VERSION.tar.gz."""
     version = _version()
     base = f"{NAME}-{version}"
-    listed = subprocess.run(["git", "-C", ROOT, "ls-files"], check=True, capture_output=True,
-                            text=True).stdout.split("\n")
+    listed = _source_files()
     os.makedirs(sdist_directory, exist_ok=True)
     target = os.path.join(sdist_directory, f"{base}.tar.gz")
     with tarfile.open(target, "w:gz") as tar:
-        for path in filter(None, listed):
+        for path in listed:
             tar.add(os.path.join(ROOT, path), arcname=f"{base}/{path}", recursive=False)
         info = tarfile.TarInfo(f"{base}/PKG-INFO")
         data = _metadata().encode()
@@ -161,6 +192,9 @@ def build_sdist(sdist_directory, config_settings=None):
     return os.path.basename(target)
 
 
-if __name__ == "__main__":  # python3 python/build_backend/clattn_build.py OUT_DIR
+if __name__ == "__main__":  # python3 python/build_backend/clattn_build.py [--sdist] OUT_DIR
     import sys
-    print(build_wheel(sys.argv[1] if len(sys.argv) > 1 else "dist"))
+    args = sys.argv[1:]
+    hook = build_sdist if args[:1] == ["--sdist"] else build_wheel
+    args = args[1:] if hook is build_sdist else args
+    print(hook(args[0] if args else "dist"))

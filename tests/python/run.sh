@@ -8,15 +8,23 @@
 #
 #   tests/python/run.sh BUILD_DIR [pytest options...]
 #
+# The wheel is installed from a read-only copy of the tracked files (nothing may appear in it),
+# and that copy's sdist must hold exactly the tracked files.
+#
 # CLATTN_PY_ASAN=1: the same tests on a wheel whose libclattn is built with ASan + UBSan
 # (CLATTN_CMAKE_ARGS=-DCLATTN_SANITIZE=ON, build BUILD_DIR/python-asan, venv
 # BUILD_DIR/venv-python-asan), the sanitizer runtimes preloaded into Python and only PoCL's ICD
 # loaded (as the asan lane); leak checking off (the interpreter's own allocations).
 #
-# torch is not installed: its Linux wheels on PyPI carry CUDA (gigabytes), and PyTorch's CPU
-# index is not reachable from CI; test_torch.py then skips, and the float64 references carry
-# the lane. CLATTN_PY_VENV=DIR uses an existing venv instead (e.g. one with torch, such as
-# bench/peers.sh's /work/venv-peers): the requirements are added to it if missing.
+# torch: its Linux wheels on PyPI carry CUDA (gigabytes), and PyTorch's CPU index is not
+# reachable from CI, so the venv above has none and test_torch.py skips there. Where Debian's
+# torch is installed (apt-get install --no-install-recommends python3-torch python3-pytest:
+# about 140 MB, under a minute), a second step runs test_torch.py in BUILD_DIR/venv-python-torch,
+# made with --system-site-packages so that Debian's torch and numpy are the ones imported;
+# only the clattn wheel and ml_dtypes < 0.5 (the last built against numpy 1.x, for bfloat16)
+# go into it, both --no-deps: nothing there shadows Debian's numpy. CLATTN_PY_TORCH=0 skips
+# that step; without Debian's torch it is skipped with a note. CLATTN_PY_VENV=DIR uses an
+# existing venv for the main step instead: the requirements are added to it if missing.
 set -u -o pipefail
 build=$(cd "${1:?usage: tests/python/run.sh BUILD_DIR [pytest options...]}" && pwd) || exit 2
 shift
@@ -61,6 +69,17 @@ else
     if [ -n "$stray" ]; then
         echo "python: pip install wrote into the source tree: $stray" >&2; exit 1
     fi
+    # the sdist of that copy (no .git, inside BUILD_DIR: git would list nothing there) holds
+    # exactly the tracked files
+    sdist=$(mktemp -d)
+    (cd "$sdist" && "$venv/bin/python" "$src/python/build_backend/clattn_build.py" --sdist \
+        "$sdist" >/dev/null) &&
+        diff <(cd "$root" && git ls-files | sort) \
+            <(tar tzf "$sdist"/clattn-*.tar.gz | sed 's|^[^/]*/||' | grep -vx PKG-INFO | sort) \
+            >"$sdist/diff" ||
+        { echo "python: the sdist of a read-only copy is not the tracked files:" \
+            "$(head -3 "$sdist/diff" 2>/dev/null)" >&2; rm -rf "$sdist"; exit 1; }
+    rm -rf "$sdist"
 fi
 cd "$build" || exit 1
 if [ "$asan" = 1 ]; then
@@ -76,6 +95,41 @@ else
     POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$venv/bin/python" -m pytest -q \
         -p no:cacheprovider "$root/tests/python" "$@"
     status=$?
+    # test_torch.py against Debian's torch (see the header), the same wheel's sources
+    tvenv=$build/venv-python-torch
+    if [ "${CLATTN_PY_TORCH:-1}" = 0 ]; then
+        echo "python: torch step skipped (CLATTN_PY_TORCH=0)"
+    elif ! /usr/bin/python3 -c 'import torch, pytest' 2>/dev/null; then
+        echo "python: torch step skipped: no Debian torch (apt-get install" \
+            "--no-install-recommends python3-torch python3-pytest)"
+    else
+        tstart=$(date +%s)
+        if [ ! -x "$tvenv/bin/python" ]; then
+            /usr/bin/python3 -m venv --system-site-packages "$tvenv" &&
+                "$tvenv/bin/pip" install -q --no-deps "ml_dtypes<0.5" ||
+                { echo "python: cannot set up $tvenv" >&2; status=1; }
+        fi
+        if [ -x "$tvenv/bin/python" ] &&
+            env -u CLATTN_BUILD_DIR XDG_CACHE_HOME="$build/python-cache" \
+                CLATTN_CMAKE_ARGS=$cmake_args "$tvenv/bin/pip" install -q --force-reinstall \
+                --no-deps "$src"; then
+            numpy_at=$("$tvenv/bin/python" -c 'import numpy; print(numpy.__file__)')
+            case $numpy_at in
+                /usr/lib/python3/dist-packages/*) ;;
+                *) echo "python: $tvenv imports numpy from $numpy_at, not Debian's" >&2
+                   status=1 ;;
+            esac
+            POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$tvenv/bin/python" -m pytest \
+                -q -p no:cacheprovider "$root/tests/python/test_torch.py" "$@"
+            rc=$?  # 5: a -k filter left nothing in test_torch.py
+            [ $rc = 0 ] || [ $rc = 5 ] || status=1
+            echo "python: torch step (Debian's torch" \
+                "$("$tvenv/bin/python" -c 'import torch; print(torch.__version__)')) took" \
+                "$(( $(date +%s) - tstart )) s"
+        else
+            echo "python: pip install into $tvenv failed" >&2; status=1
+        fi
+    fi
 fi
 echo "python lane$([ "$asan" = 1 ] && echo ' (asan)'): pytest exited $status after" \
     "$(( $(date +%s) - start )) s"

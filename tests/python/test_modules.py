@@ -107,6 +107,47 @@ def test_against_float64(path, kw):
             assert weights is None
 
 
+@pytest.mark.parametrize("path", ["fused", "unfused"])
+def test_positional_order_is_torchs(path):
+    # nn.MultiheadAttention's orders: (embed_dim, num_heads, dropout, bias, add_bias_kv,
+    # add_zero_attn, kdim, vdim, batch_first) and forward(query, key, value, key_padding_mask,
+    # need_weights, attn_mask, average_attn_weights, is_causal); ctx and path keyword-only.
+    rng = np.random.default_rng(8)
+    e, h, n, l, s, kdim, vdim = 16, 4, 2, 9, 13, 12, 20
+    state = random_state(rng, e, kdim, vdim)
+    positional = clattn.MultiheadAttention(e, h, 0.0, True, False, False, kdim, vdim, True,
+                                           path=path)
+    keyword = clattn.MultiheadAttention(e, h, kdim=kdim, vdim=vdim, batch_first=True,
+                                        path=path)
+    for mha in (positional, keyword):
+        mha.load_state_dict(state)
+    q = rng.standard_normal((n, l, e)).astype(np.float32)
+    k = rng.standard_normal((n, s, kdim)).astype(np.float32)
+    v = rng.standard_normal((n, s, vdim)).astype(np.float32)
+    padding = rng.random((n, s)) < 0.3
+    mask = rng.standard_normal((n * h, l, s)).astype(np.float32)
+    need = path == "unfused"
+    want_out, want_w = reference(state, h, q, k, v, key_padding_mask=padding, attn_mask=mask)
+    out, weights = positional(q, k, v, padding, need, mask, False, False)
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=2e-6)
+    again, again_w = keyword(q, k, v, key_padding_mask=padding, need_weights=need,
+                             attn_mask=mask, average_attn_weights=False, is_causal=False)
+    np.testing.assert_array_equal(out, again)
+    if need:
+        np.testing.assert_allclose(weights, want_w, rtol=1e-5, atol=2e-6)
+        np.testing.assert_array_equal(weights, again_w)
+    else:
+        assert weights is None and again_w is None
+    # average_attn_weights 7th, is_causal 8th: per-head weights of causal attention
+    out, weights = positional(q, k, v, None, need, None, False, True)
+    want_out, want_w = reference(state, h, q, k, v, is_causal=True)
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=2e-6)
+    if need:
+        np.testing.assert_allclose(weights, want_w, rtol=1e-5, atol=2e-6)
+    with pytest.raises(TypeError):  # a 9th positional argument is not taken for ctx
+        clattn.MultiheadAttention(e, h, 0.0, True, False, False, None, None, True, None)
+
+
 def test_bad_calls_raise():
     mha = clattn.MultiheadAttention(8, 2, batch_first=True)
     x = np.zeros((1, 3, 8), np.float32)

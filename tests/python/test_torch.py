@@ -1,7 +1,8 @@
-"""clattn against PyTorch itself (skipped where torch is not installed: the CI lane's venv has
-no torch, whose Linux wheels on PyPI carry CUDA; run with a venv that has it, e.g.
-`CLATTN_PY_VENV=/work/venv-peers tests/python/run.sh build`): scaled_dot_product_attention
-and nn.MultiheadAttention with the same state_dict."""
+"""clattn against PyTorch itself (skipped where torch is not installed: the lane's PyPI venv
+has no torch, whose Linux wheels on PyPI carry CUDA; tests/python/run.sh runs this file again
+in a venv over Debian's python3-torch where that is installed, or use a venv that has torch,
+e.g. `CLATTN_PY_VENV=/work/venv-peers tests/python/run.sh build`): scaled_dot_product_attention
+and nn.MultiheadAttention with the same state_dict, torch tensors in -> torch tensors out."""
 
 import inspect
 
@@ -162,3 +163,30 @@ def test_mha_torch_in_torch_out(dtype):
     np.testing.assert_allclose(weights.float().numpy(), want_w.numpy(), rtol=1e-3, atol=tol)
     out_np, _ = mha(x.float().numpy(), x.float().numpy(), x.float().numpy(), need_weights=False)
     assert isinstance(out_np, np.ndarray)
+
+
+def test_numpy_callers_never_import_torch():
+    # torch stays optional: numpy calls of every entry point that takes torch tensors leave it
+    # unimported (a fresh interpreter, since this one has imported torch).
+    import os
+    import subprocess
+    import sys
+    code = """
+import sys
+import numpy as np
+import clattn
+x = np.random.default_rng(0).standard_normal((1, 2, 5, 8)).astype(np.float32)
+clattn.scaled_dot_product_attention(x, x, x, None, 0.0, True)
+mha = clattn.MultiheadAttention(8, 2, batch_first=True)
+rng = np.random.default_rng(1)
+mha.load_state_dict({"in_proj_weight": rng.standard_normal((24, 8)).astype(np.float32),
+                     "in_proj_bias": np.zeros(24, np.float32),
+                     "out_proj.weight": rng.standard_normal((8, 8)).astype(np.float32),
+                     "out_proj.bias": np.zeros(8, np.float32)})
+mha(x[0], x[0], x[0])
+print("torch" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False", done.stdout + done.stderr
