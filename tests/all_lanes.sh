@@ -50,8 +50,10 @@
 #             Oclgrind the fused path only
 #   python    the Python package (tests/python/run.sh): a venv build/venv-python (numpy, pytest,
 #             hypothesis, ml_dtypes, pyopencl from PyPI), `pip install .` through the in-tree
-#             backend, pytest on tests/python; then again on a wheel built with ASan + UBSan
-#             (CLATTN_PY_ASAN=1); the same in both tiers (about two minutes)
+#             backend from a read-only copy of the checkout, pytest on tests/python, then
+#             test_torch.py on Debian's python3-torch where installed; then again on a wheel
+#             built with ASan + UBSan (CLATTN_PY_ASAN=1); the same in both tiers (about two
+#             minutes)
 #   mutants   every mutant of tests/mutants/mutants.txt must be killed (tests/mutants/run.sh);
 #             --full only (about 15 minutes: each mutant reruns the suites that should kill it)
 #   resources registers, stack, spills and shared memory of every GPU kernel variant by proxy
