@@ -1981,6 +1981,10 @@ static const bad_case bad_cases[] = {
      "--q-heads 2 --device 0:99",
      "bad --device: "},
     {"bench --bogus", "unknown option '--bogus'"},
+    /* A 3-d attn_mask must be PyTorch's (B * H, L, S): mask3d's (4, 5, 5) is not (2 * 1, ...). */
+    {"run --query %1$s/mask3d_query.npy --weights %1$s/mask3d.safetensors --heads 1 "
+     "--attn-mask %1$s/mask3d_mask.npy",
+     "expected (5, 5) or (B * H, L, S) = (2, 5, 5)"},
 };
 
 START_TEST(test_bad_input_exits_2)

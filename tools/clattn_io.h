@@ -45,7 +45,7 @@ CLATTN_IO_API const char *clattn_io_status_string(clattn_io_status status);
 
 /* Where an array's values came from. */
 typedef enum clattn_io_dtype {
-    CLATTN_IO_F32 = 0,  /* float32, float64 (converted); safetensors' F16 and BF16 too */
+    CLATTN_IO_F32 = 0,  /* float32, float64 (converted); safetensors' F16, BF16 and F64 too */
     CLATTN_IO_BOOL = 1, /* bool or uint8 (values are 0.0f / 1.0f, or the byte value for uint8) */
     CLATTN_IO_F16 = 2,  /* .npy float16 ('<f2'), converted exactly */
     CLATTN_IO_BF16 = 3, /* .npy bfloat16 (ml_dtypes saves it as 2-byte void, '<V2'), exactly */
@@ -95,8 +95,8 @@ typedef struct clattn_safetensors clattn_safetensors;
 /* Opens a .safetensors file and parses its JSON header (with libcjson). Every tensor's dtype,
  * shape and data_offsets are validated against each other and the file length at open:
  * offsets inside the data section, end - begin == product(shape) * dtype size, no overflow.
- * Header length at most 100 MiB. Tensors of dtypes other than F32/F16/BF16 are allowed in the
- * file but cannot be read (UNSUPPORTED from clattn_safetensors_read). */
+ * Header length at most 100 MiB. Tensors of dtypes other than F32/F16/BF16/F64 are allowed in
+ * the file but cannot be read (UNSUPPORTED from clattn_safetensors_read). */
 CLATTN_IO_API clattn_io_status clattn_safetensors_open(const char *path,
                                                        clattn_safetensors **out, char *msg,
                                                        size_t msg_size);
@@ -108,7 +108,8 @@ CLATTN_IO_API const char *clattn_safetensors_name(const clattn_safetensors *file
 /* 1 when a tensor of that name exists. */
 CLATTN_IO_API int clattn_safetensors_has(const clattn_safetensors *file, const char *name);
 
-/* Reads tensor `name` converted to float32 (F32, F16, BF16). NOT_FOUND when absent. */
+/* Reads tensor `name` converted to float32 (F32, F16, BF16, F64; F64 rounded to nearest, values
+ * beyond float32's range becoming +-inf, as float64 .npy). NOT_FOUND when absent. */
 CLATTN_IO_API clattn_io_status clattn_safetensors_read(const clattn_safetensors *file,
                                                        const char *name, clattn_array *out,
                                                        char *msg, size_t msg_size);
