@@ -38,16 +38,11 @@
 #define ADDITIVE_BIG 40.0f /* |p| past which exp(2 p) is not used (flash.cl's exp form) */
 
 __kernel __attribute__((reqd_work_group_size(TILE, TILE, 1)))
-void additive_scores(__global const float *p1, const ulong p1_offset, const ulong p1_s0,
-                     const ulong p1_s1, const ulong p1_s2,
-                     __global const float *p2, const ulong p2_offset, const ulong p2_s0,
-                     const ulong p2_s1, const ulong p2_s2,
-                     __global const float *w, const ulong w_offset, const ulong w_s0,
-                     const ulong w_s1,
-                     __global float *raw, const ulong raw_offset, const ulong raw_s0,
-                     const ulong raw_s1, const ulong raw_s2,
-                     const uint heads, const uint seq_q, const uint seq_k, const uint dim)
+void additive_scores(__global const float *p1, __global const float *p2,
+                     __global const float *w, __global float *raw,
+                     const clattn_additive_params params)
 {
+    CLATTN_UNPACK(CLATTN_ADDITIVE_PARAMS)
     __local float rows[TILE][CHUNK + 1]; /* +1: a column read by TILE work-items hits TILE banks */
     __local float keys[TILE][CHUNK + 1];
     __local float rows_exp[TILE][CHUNK + 1]; /* exp(2 p1), exp(2 p2) (flash.cl's exp form) */

@@ -127,34 +127,13 @@ typedef float row_t;
 #define V_VECS (HEAD_DIM_V / FLASH_VW)
 
 __kernel __attribute__((reqd_work_group_size(BLOCK_Q, 1, 1)))
-void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ulong q_s0,
-                     const ulong q_s1, const ulong q_s2, const ulong q_s3,
-                     __global const ELEM_T(K_DTYPE) *K, const ulong k_offset, const ulong k_s0,
-                     const ulong k_s1, const ulong k_s2, const ulong k_s3,
-                     __global const ELEM_T(V_DTYPE) *V, const ulong v_offset, const ulong v_s0,
-                     const ulong v_s1, const ulong v_s2, const ulong v_s3,
-                     __global ELEM_T(O_DTYPE) *O, const ulong o_offset, const ulong o_s0,
-                     const ulong o_s1, const ulong o_s2, const ulong o_s3,
-                     __global float *lse, const ulong lse_offset, const ulong lse_s0,
-                     const ulong lse_s1, const ulong lse_s2, const int has_lse,
-                     __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_offset,
-                     const ulong mask_s0, const ulong mask_s1, const ulong mask_s2,
-                     const ulong mask_s3, const int has_mask,
-                     __global const uchar *key_padding, const ulong key_padding_offset,
-                     const ulong key_padding_s0, const ulong key_padding_s1,
-                     const int has_key_padding,
-                     const uint heads, const uint seq_q, const uint seq_k, const float scale,
-                     const int norm_relu,
-                     const ulong bh_base, const uint part_begin, const uint part_stop,
-                     const int resume,
-                     const uint kv_group, const float softcap, BAND_ARGS,
-                     const uint split_keys, const ulong o_split, const ulong lse_split
-#if ADDITIVE
-                     , __global const float *score_w, const ulong w_offset, const ulong w_s0,
-                     const ulong w_s1
-#endif
-)
+void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
+                     __global const ELEM_T(V_DTYPE) *V, __global ELEM_T(O_DTYPE) *O,
+                     __global float *lse, __global const ELEM_T(MASK_DTYPE) *mask,
+                     __global const uchar *key_padding, SCORE_BUFFERS,
+                     __global const float *score_w, const clattn_flash_params params)
 {
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
     __local float k_tile[BLOCK_K][HEAD_DIM_QK];
     __local float v_tile[BLOCK_K][HEAD_DIM_V];
     __local uchar tile_padded[BLOCK_K]; /* key padding of the tile's keys */

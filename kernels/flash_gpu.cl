@@ -97,29 +97,13 @@
 #define KV_WORDS (FG_BK * (QK_PAD > V_PAD ? QK_PAD : V_PAD))
 
 __kernel __attribute__((reqd_work_group_size(FG_THREADS, 1, 1)))
-void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, const ulong q_offset, const ulong q_s0,
-                     const ulong q_s1, const ulong q_s2, const ulong q_s3,
-                     __global const ELEM_T(K_DTYPE) *K, const ulong k_offset, const ulong k_s0,
-                     const ulong k_s1, const ulong k_s2, const ulong k_s3,
-                     __global const ELEM_T(V_DTYPE) *V, const ulong v_offset, const ulong v_s0,
-                     const ulong v_s1, const ulong v_s2, const ulong v_s3,
-                     __global ELEM_T(O_DTYPE) *O, const ulong o_offset, const ulong o_s0,
-                     const ulong o_s1, const ulong o_s2, const ulong o_s3,
-                     __global float *lse, const ulong lse_offset, const ulong lse_s0,
-                     const ulong lse_s1, const ulong lse_s2, const int has_lse,
-                     __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_offset,
-                     const ulong mask_s0, const ulong mask_s1, const ulong mask_s2,
-                     const ulong mask_s3, const int has_mask,
-                     __global const uchar *key_padding, const ulong key_padding_offset,
-                     const ulong key_padding_s0, const ulong key_padding_s1,
-                     const int has_key_padding,
-                     const uint heads, const uint seq_q, const uint seq_k, const float scale,
-                     const int norm_relu,
-                     const ulong bh_base, const uint part_begin, const uint part_stop,
-                     const int resume,
-                     const uint kv_group, const float softcap, BAND_ARGS,
-                     const uint split_keys, const ulong o_split, const ulong lse_split)
+void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
+                     __global const ELEM_T(V_DTYPE) *V, __global ELEM_T(O_DTYPE) *O,
+                     __global float *lse, __global const ELEM_T(MASK_DTYPE) *mask,
+                     __global const uchar *key_padding, SCORE_BUFFERS,
+                     __global const float *score_w, const clattn_flash_params params)
 {
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
     __local float q_tile[FG_BQ * QK_PAD];
     __local float kv_tile[KV_WORDS];
     __local float p_tile[FG_BQ * P_PAD];

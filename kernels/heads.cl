@@ -83,14 +83,10 @@ void copy4d(__global const ELEM_T(SRC_DTYPE) *src, const ulong src_offset, const
 
 __kernel __attribute__((reqd_work_group_size(HEADS_WG, 1, 1)))
 void flash_merge(__global const float *o_parts, __global const float *lse_parts,
-                 const uint splits, const ulong rows, const uint dv,
-                 __global ELEM_T(O_DTYPE) *O, const ulong o_offset, const ulong o_s0,
-                 const ulong o_s1, const ulong o_s2, const ulong o_s3,
-                 __global float *lse, const ulong lse_offset, const ulong lse_s0,
-                 const ulong lse_s1, const ulong lse_s2, const int has_lse,
-                 const uint heads, const uint seq_q, const ulong o_parts_at,
-                 const ulong lse_parts_at)
+                 __global ELEM_T(O_DTYPE) *O, __global float *lse,
+                 const clattn_merge_params params)
 {
+    CLATTN_UNPACK(CLATTN_MERGE_PARAMS)
     o_parts += o_parts_at; /* element offsets of the parts in the scratch buffer */
     lse_parts += lse_parts_at;
     const ulong index = get_global_id(0);

@@ -87,17 +87,10 @@ inline ulong batch_start_grouped(const ulong batch_base, const ulong batch1, con
 }
 
 __kernel __attribute__((reqd_work_group_size(LOCAL_X, LOCAL_Y, 1)))
-void matmul(const uint M, const uint N, const uint K, const ulong batch1, const ulong batch_base,
-            __global const a_elem_t *A, const ulong a_offset, const ulong a_batch0,
-            const ulong a_batch1, const ulong lda, const int trans_a,
-            __global const b_elem_t *B, const ulong b_offset, const ulong b_batch0,
-            const ulong b_batch1, const ulong ldb, const int trans_b,
-            __global c_elem_t *C, const ulong c_offset, const ulong c_batch0,
-            const ulong c_batch1, const ulong ldc,
-            const float alpha, const float beta,
-            __global const float *bias, const ulong bias_offset, const int has_bias,
-            const ulong b_group)
+void matmul(__global const a_elem_t *A, __global const b_elem_t *B, __global c_elem_t *C,
+            __global const float *bias, const clattn_matmul_params params)
 {
+    CLATTN_UNPACK(CLATTN_MATMUL_PARAMS)
     __local float a_tile[TILE_K][TILE_M + 1]; /* a_tile[k][m]; +1 staggers the banks */
     __local float b_tile[TILE_K][TILE_N + 1]; /* b_tile[k][n] */
 
@@ -232,18 +225,10 @@ void matmul(const uint M, const uint N, const uint K, const ulong batch1, const 
 #define STORE_VEC(code, v, p, i) VEC_CAT(STORE, VEC_W)(code, v, p, i)
 
 __kernel __attribute__((reqd_work_group_size(VEC_WG, 1, 1)))
-void matmul_vec(const uint M, const uint N, const uint K, const ulong batch1,
-                const ulong batch_base,
-                __global const a_elem_t *A, const ulong a_offset, const ulong a_batch0,
-                const ulong a_batch1, const ulong lda, const int trans_a,
-                __global const float *B, const ulong b_offset, const ulong b_batch0,
-                const ulong b_batch1, const ulong ldb, const ulong b_panel,
-                __global c_elem_t *C, const ulong c_offset, const ulong c_batch0,
-                const ulong c_batch1, const ulong ldc,
-                const float alpha, const float beta,
-                __global const float *bias, const ulong bias_offset, const int has_bias,
-                const int stream_c, const ulong b_group)
+void matmul_vec(__global const a_elem_t *A, __global const float *B, __global c_elem_t *C,
+                __global const float *bias, const clattn_matmul_params params)
 {
+    CLATTN_UNPACK(CLATTN_MATMUL_PARAMS)
     const uint m_first = get_global_id(0) * (VEC_RM * VEC_RB);
     const uint n0 = get_global_id(1) * VEC_N;
     if (m_first >= M)

@@ -45,15 +45,11 @@ inline float sinusoid(const ulong pos, const float2 w, const uint i)
 }
 
 __kernel __attribute__((reqd_work_group_size(POSENC_WG, 1, 1)))
-void posenc_add(__global const ELEM_T(X_DTYPE) *x, const ulong x_offset, const ulong x_s0,
-                const ulong x_s1, const ulong x_s2, const ulong x_s3, const int has_x,
-                __global ELEM_T(O_DTYPE) *out, const ulong out_offset, const ulong out_s0,
-                const ulong out_s1, const ulong out_s2, const ulong out_s3,
-                __global const ELEM_T(T_DTYPE) *table, const ulong table_offset,
-                const ulong table_s0, const ulong table_s1, const int has_table,
-                __global const float2 *freq, const uint d0, const uint d1, const uint seq,
-                const uint dim, const ulong start, const ulong total)
+void posenc_add(__global const ELEM_T(X_DTYPE) *x, __global ELEM_T(O_DTYPE) *out,
+                __global const ELEM_T(T_DTYPE) *table, __global const float2 *freq,
+                const clattn_posenc_params params)
 {
+    CLATTN_UNPACK(CLATTN_POSENC_PARAMS)
     const ulong index = get_global_id(0);
     if (index >= total)
         return;

@@ -33,18 +33,12 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(ROPE_WG, 1, 1)))
-void rope(__global const ELEM_T(X_DTYPE) *x, const ulong x_offset, const ulong x_s0,
-          const ulong x_s1, const ulong x_s2, const ulong x_s3,
-          __global ELEM_T(O_DTYPE) *out, const ulong out_offset, const ulong out_s0,
-          const ulong out_s1, const ulong out_s2, const ulong out_s3,
+void rope(__global const ELEM_T(X_DTYPE) *x, __global ELEM_T(O_DTYPE) *out,
           __global const ELEM_T(C_DTYPE) *cos_cache, __global const ELEM_T(C_DTYPE) *sin_cache,
-          const ulong cos_offset, const ulong sin_offset, const ulong c_s0, const ulong c_s1,
-          const ulong c_s2, const int cache_mode, const uint cache_rows,
-          __global const int *position_ids, const ulong pos_offset, const ulong pos_s0,
-          const ulong pos_s1, const int has_position_ids,
-          __global const float2 *freq, const int pairs, const uint heads, const uint seq,
-          const uint dim, const uint rot, const ulong start, const ulong total)
+          __global const int *position_ids, __global const float2 *freq,
+          const clattn_rope_params params)
 {
+    CLATTN_UNPACK(CLATTN_ROPE_PARAMS)
     const ulong row = get_global_id(0);
     if (row >= total)
         return;

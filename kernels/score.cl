@@ -33,12 +33,10 @@
  * diag_kv): TOP_LEFT 0, BOTTOM_RIGHT seq_k - seq_q (kv_len[b] - seq_q), ONNX's rule the past
  * length (kv_len[b] - seq_q). The host computes diag, upper and lower (ops.h). Both ends are
  * nondecreasing in i, so a block's first and last rows bound the keys the block needs.
- * Kernels take the band, and the ALiBi slopes (F32, per batch and head; strides 0 broadcast),
- * as the arguments
- *   __global const int *kv_len, ulong kv_len_offset, ulong kv_len_s0, int has_kv_len,
- *   long diag, int diag_kv, long upper, long lower,
- *   __global const float *alibi, ulong alibi_offset, ulong alibi_s0, ulong alibi_s1,
- *   int has_alibi
+ * Kernels take the key counts and the ALiBi slopes (F32, per batch and head; strides 0
+ * broadcast) as the buffers SCORE_BUFFERS, and the band, offsets, strides and flags in their
+ * parameter struct (params.h: CLATTN_SCORE_FIELDS_8/_4, shared by the flash and softmax
+ * families).
  */
 #ifndef CLATTN_SCORE_CL
 #define CLATTN_SCORE_CL
@@ -57,11 +55,9 @@ typedef struct key_band {
     long apos;   /* ALiBi: row i sits at key position i + apos (n_b - seq_q) */
 } key_band;
 
-#define BAND_ARGS                                                                                 \
-    __global const int *kv_len, const ulong kv_len_offset, const ulong kv_len_s0,                 \
-        const int has_kv_len, const long band_diag, const int band_diag_kv,                      \
-        const long band_upper, const long band_lower, __global const float *alibi,              \
-        const ulong alibi_offset, const ulong alibi_s0, const ulong alibi_s1, const int has_alibi
+/* The buffers of the key counts and ALiBi slopes: kernel arguments of every kernel that applies
+ * the rule (their offsets, strides and flags are in the family's parameter struct). */
+#define SCORE_BUFFERS __global const int *kv_len, __global const float *alibi
 /* The band of batch b and the slope of head h. */
 #define BAND_OF(b, h)                                                                             \
     make_band(kv_len, kv_len_offset + (b) * kv_len_s0, has_kv_len, seq_k, band_diag,              \

@@ -235,19 +235,11 @@ softmax_row_vec(__global const float *raw, __global float *out, const float scal
 #endif
 
 __kernel __attribute__((reqd_work_group_size(SOFTMAX_GROUP, 1, 1)))
-void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong raw_s0,
-                  const ulong raw_s1, const ulong raw_s2,
-                  __global float *out, const ulong out_offset, const ulong out_s0,
-                  const ulong out_s1, const ulong out_s2,
-                  __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_offset,
-                  const ulong mask_s0, const ulong mask_s1, const ulong mask_s2,
-                  const ulong mask_s3, const int has_mask,
-                  __global const uchar *key_padding, const ulong key_padding_offset,
-                  const ulong key_padding_s0, const ulong key_padding_s1,
-                  const int has_key_padding,
-                  const uint heads, const uint seq_q, const uint seq_k, const float scale,
-                  const int norm_relu, const ulong rows, const float softcap, BAND_ARGS)
+void softmax_rows(__global const float *raw, __global float *out,
+                  __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
+                  SCORE_BUFFERS, const clattn_softmax_params params)
 {
+    CLATTN_UNPACK_SCORED(CLATTN_SOFTMAX_PARAMS)
 #if SOFTMAX_VEC
     /* No barriers here: the work-items past the last row leave at once. */
     const ulong row = get_global_id(0);
@@ -322,21 +314,13 @@ void softmax_rows(__global const float *raw, const ulong raw_offset, const ulong
  *           row's key band or for a padded key (masked_score)
  * One work-item per element, numbered (b, h, i, c) row-major; work-items past the end leave.
  */
-__kernel void score_copy(__global const float *raw, const ulong raw_offset, const ulong raw_s0,
-                         const ulong raw_s1, const ulong raw_s2,
-                         __global float *dst, const ulong dst_offset, const ulong dst_s0,
-                         const ulong dst_s1, const ulong dst_s2, const ulong dst_s3,
-                         __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_offset,
-                         const ulong mask_s0, const ulong mask_s1, const ulong mask_s2,
-                         const ulong mask_s3, const int has_mask,
-                         __global const uchar *key_padding, const ulong key_padding_offset,
-                         const ulong key_padding_s0, const ulong key_padding_s1,
-                         const int has_key_padding,
-                         const uint heads, const uint seq_q, const uint seq_k, const float scale,
-                         const float softcap, const int mode, const ulong total, BAND_ARGS)
+__kernel void score_copy(__global const float *raw, __global float *dst,
+                  __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
+                  SCORE_BUFFERS, const clattn_softmax_params params)
 {
+    CLATTN_UNPACK_SCORED(CLATTN_SOFTMAX_PARAMS)
     const ulong index = get_global_id(0);
-    if (index >= total)
+    if (index >= elements)
         return;
     /* Remainders as x - (x / y) * y (no LLVM `freeze` for Oclgrind, as above). */
     const ulong row = index / seq_k;
@@ -358,7 +342,7 @@ __kernel void score_copy(__global const float *raw, const ulong raw_offset, cons
                                           : 0),
                          c * mask_s3);
     }
-    dst[dst_offset + b * dst_s0 + h * dst_s1 + i * dst_s2 + c * dst_s3] = s;
+    dst[out_offset + b * out_s0 + h * out_s1 + i * out_s2 + c * out_s3] = s;
 }
 
 /*
@@ -373,20 +357,11 @@ __kernel void score_copy(__global const float *raw, const ulong raw_offset, cons
 #if SOFTMAX_F64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 
-__kernel void softmax_rows_f64(__global const float *raw, const ulong raw_offset,
-                               const ulong raw_s0, const ulong raw_s1, const ulong raw_s2,
-                               __global float *out, const ulong out_offset, const ulong out_s0,
-                               const ulong out_s1, const ulong out_s2,
-                               __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_offset,
-                               const ulong mask_s0, const ulong mask_s1, const ulong mask_s2,
-                               const ulong mask_s3, const int has_mask,
-                               __global const uchar *key_padding,
-                               const ulong key_padding_offset, const ulong key_padding_s0,
-                               const ulong key_padding_s1, const int has_key_padding,
-                               const uint heads, const uint seq_q, const uint seq_k,
-                               const float scale, const int norm_relu, const ulong rows,
-                               const float softcap, BAND_ARGS)
+__kernel void softmax_rows_f64(__global const float *raw, __global float *out,
+                  __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
+                  SCORE_BUFFERS, const clattn_softmax_params params)
 {
+    CLATTN_UNPACK_SCORED(CLATTN_SOFTMAX_PARAMS)
     const ulong row = get_global_id(0);
     if (row >= rows)
         return;

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../kernels/params.h"
 #include "problems.h"
 #include "reference.h"
 #include "testutil.h"
@@ -1429,6 +1430,7 @@ static int write_prelude(const char *dir)
 {
     return write_text(dir, "common.cl", "/* empty */\n") &&
            write_text(dir, "types.cl", "/* empty */\n") &&
+           write_text(dir, "params.h", "/* empty */\n") &&
            write_text(dir, "score.cl", "/* empty */\n");
 }
 
@@ -1484,7 +1486,8 @@ START_TEST(test_build_failure_reports_log)
     tu_expect(status == CLATTN_ERR_BUILD && strstr(message, "cannot read") != NULL,
               "missing kernel dir: got %s '%s'", clattn_status_string(status), message);
 
-    static const char *const files[] = {"common.cl", "types.cl", "score.cl", "matmul.cl"};
+    static const char *const files[] = {"common.cl", "types.cl", "params.h", "score.cl",
+                                        "matmul.cl"};
     for (int i = 0; i < COUNT_OF(files); ++i) {
         char path[600];
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
@@ -1791,6 +1794,158 @@ static clattn_status op_with_kernel_dir(const char *dir, kernel_dir_op op, char 
  * the file or the kernel: an unreadable path or file, a program without the kernel, a kernel
  * with other arguments, a build log longer than the message (cut to fit after the op's name).
  * An empty CLATTN_KERNEL_DIR means the embedded kernels. */
+/* --- the kernel families' parameter structs (kernels/params.h) ---------------------------
+ * Each struct is filled on the host with a distinct value per field (1, 2, 3, ... in list
+ * order), passed by value to a kernel that writes every field back as 64 bits, and compared:
+ * the layout the host writes is the one the device reads, on this device's compiler. */
+#define HOST_BITS_ulong(x) ((cl_ulong)(x))
+#define HOST_BITS_long(x) ((cl_ulong)(x))
+#define HOST_BITS_uint(x) ((cl_ulong)(x))
+#define HOST_BITS_int(x) ((cl_ulong)(cl_uint)(x))
+#define HOST_BITS_float(x) ((cl_ulong)float_bits(x))
+static cl_uint float_bits(float value)
+{
+    cl_uint bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+static const char params_echo_source[] =
+    "#define BITS_ulong(x) (x)\n"
+    "#define BITS_long(x) as_ulong(x)\n"
+    "#define BITS_uint(x) (ulong)(x)\n"
+    "#define BITS_int(x) (ulong)as_uint(x)\n"
+    "#define BITS_float(x) (ulong)as_uint(x)\n"
+    "#define ECHO(type, name) out[i++] = BITS_##type(params.name);\n"
+    "#define ECHO_SCORE(type, name) out[i++] = BITS_##type(params.score.name);\n"
+    "#define PLAIN(family, LIST) __kernel void echo_##family(__global ulong *out, \\\n"
+    "    const clattn_##family##_params params) { uint i = 0; LIST(ECHO) out[i] = i; }\n"
+    "#define SCORED(family, LIST) __kernel void echo_##family(__global ulong *out, \\\n"
+    "    const clattn_##family##_params params) { uint i = 0; \\\n"
+    "    CLATTN_SCORE_PARAMS(ECHO_SCORE) LIST(ECHO) out[i] = i; }\n"
+    "PLAIN(score, CLATTN_SCORE_PARAMS)\n"
+    "SCORED(flash, CLATTN_FLASH_PARAMS)\n"
+    "SCORED(softmax, CLATTN_SOFTMAX_PARAMS)\n"
+    "PLAIN(matmul, CLATTN_MATMUL_PARAMS)\n"
+    "PLAIN(rope, CLATTN_ROPE_PARAMS)\n"
+    "PLAIN(posenc, CLATTN_POSENC_PARAMS)\n"
+    "PLAIN(additive, CLATTN_ADDITIVE_PARAMS)\n"
+    "PLAIN(merge, CLATTN_MERGE_PARAMS)\n";
+
+#define PARAMS_MAX_FIELDS 128
+/* Fills the struct's fields with 1, 2, ... and the expected bits. */
+#define FILL(type, name) (p.name = (CLATTN_T_##type)(++n), want[n - 1] = HOST_BITS_##type(p.name));
+#define FILL_SCORE(type, name)                                                                     \
+    (p.score.name = (CLATTN_T_##type)(++n), want[n - 1] = HOST_BITS_##type(p.score.name));
+
+/* Runs echo_<family> on the struct `size` bytes at `params` and compares n fields. */
+static void expect_echo(cl_context context, cl_command_queue queue, cl_program program,
+                        const char *family, const void *params, size_t size,
+                        const cl_ulong *want, cl_uint n)
+{
+    char name[64];
+    snprintf(name, sizeof name, "echo_%s", family);
+    tu_set_case(name);
+    cl_int err = CL_SUCCESS;
+    cl_ulong got[PARAMS_MAX_FIELDS + 1];
+    for (int i = 0; i <= PARAMS_MAX_FIELDS; ++i)
+        got[i] = 0xdeadbeefdeadbeefull; /* poison */
+    cl_kernel kernel = clCreateKernel(program, name, &err);
+    cl_mem out = clCreateBuffer(context, CL_MEM_READ_WRITE, sizeof got, NULL, &err);
+    if (tu_expect(kernel && out, "%s: clCreateKernel/clCreateBuffer: %d", name, (int)err)) {
+        err = clEnqueueWriteBuffer(queue, out, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL);
+        err |= clSetKernelArg(kernel, 0, sizeof out, &out);
+        err |= clSetKernelArg(kernel, 1, size, params);
+        const size_t one = 1;
+        err |= clEnqueueNDRangeKernel(queue, kernel, 1, NULL, &one, &one, 0, NULL, NULL);
+        err |= clEnqueueReadBuffer(queue, out, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL);
+        if (tu_expect(err == CL_SUCCESS, "%s: OpenCL error %d", name, (int)err) &&
+            tu_expect(got[n] == n, "%s: the kernel read %llu fields, the host wrote %u", name,
+                      (unsigned long long)got[n], n)) {
+            for (cl_uint i = 0; i < n; ++i)
+                tu_expect(got[i] == want[i], "%s: field %u: device read %#llx, host wrote %#llx",
+                          name, i, (unsigned long long)got[i], (unsigned long long)want[i]);
+        }
+    }
+    if (out)
+        clReleaseMemObject(out);
+    if (kernel)
+        clReleaseKernel(kernel);
+}
+
+#define ECHO_PLAIN(family, LIST)                                                                   \
+    do {                                                                                           \
+        clattn_##family##_params p;                                                                \
+        cl_ulong want[PARAMS_MAX_FIELDS];                                                          \
+        cl_uint n = 0;                                                                             \
+        LIST(FILL)                                                                                 \
+        expect_echo(context, queue, program, #family, &p, sizeof p, want, n);                      \
+    } while (0)
+#define ECHO_SCORED(family, LIST)                                                                  \
+    do {                                                                                           \
+        clattn_##family##_params p;                                                                \
+        cl_ulong want[PARAMS_MAX_FIELDS];                                                          \
+        cl_uint n = 0;                                                                             \
+        CLATTN_SCORE_PARAMS(FILL_SCORE)                                                            \
+        LIST(FILL)                                                                                 \
+        expect_echo(context, queue, program, #family, &p, sizeof p, want, n);                      \
+    } while (0)
+
+START_TEST(test_params_layout)
+{
+    TU_BEGIN_TEST();
+    char message[4096];
+    clattn_ctx *ctx = NULL;
+    clattn_status status = clattn_ctx_create(NULL, &ctx, message, sizeof message);
+    if (status == CLATTN_ERR_NO_DEVICE) {
+        TU_END_TEST();
+        return;
+    }
+    cl_program program = NULL;
+    char *header = NULL;
+    if (!tu_expect(status == CLATTN_SUCCESS, "create: %s", message))
+        goto done;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/params.h", CLATTN_TEST_KERNEL_SOURCES);
+    FILE *f = fopen(path, "rb");
+    if (!tu_expect(f != NULL, "cannot open %s", path))
+        goto done;
+    header = calloc(1, 65536);
+    const size_t length = header ? fread(header, 1, 65535, f) : 0;
+    fclose(f);
+    if (!tu_expect(length > 0 && length < 65535, "cannot read %s", path))
+        goto done;
+    cl_context context = clattn_ctx_cl_context(ctx);
+    cl_command_queue queue = clattn_ctx_queue(ctx);
+    cl_device_id device = clattn_ctx_device(ctx);
+    const char *texts[2] = {header, params_echo_source};
+    cl_int err = CL_SUCCESS;
+    program = clCreateProgramWithSource(context, 2, texts, NULL, &err);
+    if (!tu_expect(err == CL_SUCCESS, "clCreateProgramWithSource: %d", (int)err))
+        goto done;
+    err = clBuildProgram(program, 1, &device, "-cl-std=CL1.2", NULL, NULL);
+    if (err != CL_SUCCESS) {
+        clGetProgramBuildInfo(program, device, CL_PROGRAM_BUILD_LOG, sizeof message, message, NULL);
+        tu_expect(0, "clBuildProgram: %d\n%s", (int)err, message);
+        goto done;
+    }
+    ECHO_PLAIN(score, CLATTN_SCORE_PARAMS);
+    ECHO_SCORED(flash, CLATTN_FLASH_PARAMS);
+    ECHO_SCORED(softmax, CLATTN_SOFTMAX_PARAMS);
+    ECHO_PLAIN(matmul, CLATTN_MATMUL_PARAMS);
+    ECHO_PLAIN(rope, CLATTN_ROPE_PARAMS);
+    ECHO_PLAIN(posenc, CLATTN_POSENC_PARAMS);
+    ECHO_PLAIN(additive, CLATTN_ADDITIVE_PARAMS);
+    ECHO_PLAIN(merge, CLATTN_MERGE_PARAMS);
+done:
+    if (program)
+        clReleaseProgram(program);
+    free(header);
+    clattn_ctx_release(ctx);
+    TU_END_TEST();
+}
+END_TEST
+
 START_TEST(test_kernel_dir_failures)
 {
     TU_BEGIN_TEST();
@@ -2012,6 +2167,7 @@ static Suite *runtime_suite(void)
     tcase_add_test(contexts, test_device_specs);
     tcase_add_test(contexts, test_kernel_dir_failures);
     tcase_add_test(contexts, test_params_overrides);
+    tcase_add_test(contexts, test_params_layout);
     suite_add_tcase(suite, contexts);
     return suite;
 }

@@ -5,6 +5,8 @@
 
 #include <string.h>
 
+static const clattn__plan_ops additive_ops; /* the kind's table (plan.h), at the end */
+
 void clattn_additive_desc_init(clattn_additive_desc *desc)
 {
     if (desc == NULL)
@@ -248,7 +250,7 @@ clattn_status clattn_additive_plan_create(clattn_ctx *ctx, const clattn_additive
         clattn__check_struct_size(ctx, op, "clattn_additive_desc", desc->struct_size, sizeof *desc);
     clattn_plan *plan = NULL;
     if (status == CLATTN_SUCCESS)
-        status = clattn__plan_new(ctx, CLATTN__ADDITIVE, op, &desc->tensors, &plan);
+        status = clattn__plan_new(ctx, &additive_ops, op, &desc->tensors, &plan);
     if (status == CLATTN_SUCCESS)
         status = create(plan, desc);
     if (status != CLATTN_SUCCESS) {
@@ -345,8 +347,8 @@ static clattn_status project(clattn_plan *plan, const clattn__matmul_plan *mm, i
     return status;
 }
 
-clattn_status clattn__additive_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
-                                       cl_mem workspace, clattn_chain *chain)
+static clattn_status additive_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                      cl_mem workspace, clattn_chain *chain)
 {
     const clattn__layout *l = plan->layouts;
     const clattn__additive *a = &plan->additive;
@@ -396,3 +398,6 @@ clattn_status clattn__additive_execute(clattn_plan *plan, const cl_mem *mems, co
     }
     return clattn__attention_enqueue(plan, &io, workspace, chain);
 }
+
+static const clattn__plan_ops additive_ops = {
+    .kind = CLATTN__ADDITIVE, .execute = additive_execute, .release = NULL, .role_names = clattn__sdpa_role_names};

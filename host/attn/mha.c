@@ -6,6 +6,8 @@
 #include <math.h>
 #include <string.h>
 
+static const clattn__plan_ops mha_ops; /* the kind's table (plan.h), at the end */
+
 typedef struct mha_dims {
     size_t batch, seq_q, seq_k, embed, kdim, vdim, qk_dim, v_dim, out_dim, heads;
     size_t kv_heads, kv_qk_dim, kv_v_dim; /* k/v heads and the k, v projections' widths */
@@ -420,7 +422,7 @@ clattn_status clattn_mha_plan_create(clattn_ctx *ctx, const clattn_mha_desc *des
         clattn__check_struct_size(ctx, op, "clattn_mha_desc", desc->struct_size, sizeof *desc);
     clattn_plan *plan = NULL;
     if (status == CLATTN_SUCCESS)
-        status = clattn__plan_new(ctx, CLATTN__MHA, op, &desc->tensors, &plan);
+        status = clattn__plan_new(ctx, &mha_ops, op, &desc->tensors, &plan);
     if (status == CLATTN_SUCCESS)
         status = create(plan, desc);
     if (status != CLATTN_SUCCESS) {
@@ -499,8 +501,8 @@ static clattn__view bias_view(cl_mem mem, size_t offset, size_t n)
     return matrix_view(mem, offset, CLATTN_DTYPE_F32, 1, n, n);
 }
 
-clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
-                                  cl_mem workspace, clattn_chain *chain)
+static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                 cl_mem workspace, clattn_chain *chain)
 {
     clattn_ctx *ctx = plan->ctx;
     const clattn__layout *l = plan->layouts;
@@ -648,3 +650,6 @@ clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const s
                                                0.0f, scratch, CHAIN_WAIT(chain), &step),
                         &step);
 }
+
+static const clattn__plan_ops mha_ops = {
+    .kind = CLATTN__MHA, .execute = mha_execute, .release = NULL, .role_names = clattn__mha_role_names};

@@ -125,8 +125,29 @@ typedef struct clattn__posenc {
     size_t angle_rows, angle_half;
 } clattn__posenc;
 
+/* What a plan kind provides (one table per kind, defined in its own file): plan.c reaches a kind
+ * only through it, so no file of host/attn calls back into the one that calls it. create is
+ * the kind's public clattn_*_plan_create (it calls clattn__plan_new with the table); execute
+ * enqueues the planned steps on tensors already bound and checked against the plan (no
+ * validation, no planning); release frees what the kind added beyond the shared fields (NULL:
+ * nothing); role_names name the tensors in messages. */
+typedef struct clattn__plan_ops {
+    clattn__plan_kind kind;
+    clattn_status (*execute)(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                             cl_mem workspace, clattn_chain *chain);
+    void (*release)(clattn_plan *plan);
+    const char *const *role_names; /* R_COUNT names */
+} clattn__plan_ops;
+
+/* The tensors' names: SDPA's (q, k, v, ...), MHA's (query, key, value, ...) and the
+ * positional ops' (x, ...). */
+extern const char *const clattn__sdpa_role_names[];
+extern const char *const clattn__mha_role_names[];
+extern const char *const clattn__x_role_names[];
+
 struct clattn_plan {
     clattn_ctx *ctx;
+    const clattn__plan_ops *ops;
     clattn__plan_kind kind;
     const char *op; /* "sdpa" or "mha" */
     clattn__layout layouts[R_COUNT];
@@ -173,15 +194,6 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
 clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attention_io *io,
                                         cl_mem workspace, clattn_chain *chain);
 
-/* Plan kinds' create and execute bodies (sdpa.c, mha.c). */
-clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
-                                   cl_mem workspace, clattn_chain *chain);
-clattn_status clattn__mha_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
-                                  cl_mem workspace, clattn_chain *chain);
-clattn_status clattn__additive_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
-                                       cl_mem workspace, clattn_chain *chain);
-clattn_status clattn__rope_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
-                                   clattn_chain *chain);
 /* The float pairs (hi, lo) of base^(-2k / dim), k < count, in plan->posenc.freq (posenc.c). */
 clattn_status clattn__make_frequencies(clattn_plan *plan, size_t count, size_t dim, double base);
 /* RoPE's angle table for positions start .. start + rows - 1 (plan->posenc.angles): cos, then
@@ -192,12 +204,10 @@ clattn_status clattn__make_angle_table(clattn_plan *plan, size_t rows, size_t ro
                                        double base);
 /* The table's cos and sin as (rows, half) views (rope.c). */
 void clattn__angle_views(const clattn_plan *plan, clattn__view *cos_view, clattn__view *sin_view);
-clattn_status clattn__posenc_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
-                                     clattn_chain *chain);
 
-/* Allocates a plan of `kind` on ctx and validates every tensor layout in `tensors` (floats,
- * masks U8 or floats, outputs overlap-free). */
-clattn_status clattn__plan_new(clattn_ctx *ctx, clattn__plan_kind kind, const char *op,
+/* Allocates a plan of the kind `ops` on ctx and validates every tensor layout in `tensors`
+ * (floats, masks U8 or floats, outputs overlap-free): the prologue every kind's create shares. */
+clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, const char *op,
                                const clattn_tensors *tensors, clattn_plan **out);
 /* Finishes creation: checks the workspace against the context's limit. */
 clattn_status clattn__plan_finish(clattn_plan *plan, const char *largest);

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const clattn__plan_ops posenc_ops; /* the kind's table (plan.h), at the end */
+
 void clattn_posenc_desc_init(clattn_posenc_desc *desc)
 {
     if (desc == NULL)
@@ -134,7 +136,7 @@ clattn_status clattn_posenc_plan_create(clattn_ctx *ctx, const clattn_posenc_des
                                 "pos_table only; tensor #%d of clattn_tensors is set",
                                 op, role);
     clattn_plan *plan = NULL;
-    status = clattn__plan_new(ctx, CLATTN__POSENC, op, &desc->tensors, &plan);
+    status = clattn__plan_new(ctx, &posenc_ops, op, &desc->tensors, &plan);
     if (status == CLATTN_SUCCESS)
         status = create(plan, desc);
     if (status != CLATTN_SUCCESS) {
@@ -145,9 +147,10 @@ clattn_status clattn_posenc_plan_create(clattn_ctx *ctx, const clattn_posenc_des
     return CLATTN_SUCCESS;
 }
 
-clattn_status clattn__posenc_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
-                                     clattn_chain *chain)
+static clattn_status posenc_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                    cl_mem workspace, clattn_chain *chain)
 {
+    (void)workspace; /* no workspace */
     const clattn__layout *l = plan->layouts;
     clattn__view none;
     memset(&none, 0, sizeof none);
@@ -165,3 +168,6 @@ clattn_status clattn__posenc_execute(clattn_plan *plan, const cl_mem *mems, cons
                                                CHAIN_WAIT(chain), &step),
                         &step);
 }
+
+static const clattn__plan_ops posenc_ops = {
+    .kind = CLATTN__POSENC, .execute = posenc_execute, .release = NULL, .role_names = clattn__x_role_names};

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const clattn__plan_ops rope_ops; /* the kind's table (plan.h), at the end */
+
 void clattn_rope_desc_init(clattn_rope_desc *desc)
 {
     if (desc == NULL)
@@ -244,7 +246,7 @@ clattn_status clattn_rope_plan_create(clattn_ctx *ctx, const clattn_rope_desc *d
                                 "and position_ids only; tensor #%d of clattn_tensors is set",
                                 op, role);
     clattn_plan *plan = NULL;
-    status = clattn__plan_new(ctx, CLATTN__ROPE, op, &desc->tensors, &plan);
+    status = clattn__plan_new(ctx, &rope_ops, op, &desc->tensors, &plan);
     if (status == CLATTN_SUCCESS)
         status = create(plan, desc);
     if (status != CLATTN_SUCCESS) {
@@ -255,9 +257,10 @@ clattn_status clattn_rope_plan_create(clattn_ctx *ctx, const clattn_rope_desc *d
     return CLATTN_SUCCESS;
 }
 
-clattn_status clattn__rope_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
-                                   clattn_chain *chain)
+static clattn_status rope_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                  cl_mem workspace, clattn_chain *chain)
 {
+    (void)workspace; /* no workspace */
     const clattn__layout *l = plan->layouts;
     clattn__rope_io io;
     memset(&io, 0, sizeof io);
@@ -276,3 +279,6 @@ clattn_status clattn__rope_execute(clattn_plan *plan, const cl_mem *mems, const 
     return clattn__step(
         chain, clattn__rope_enqueue(plan->ctx, &plan->rope, &io, CHAIN_WAIT(chain), &step), &step);
 }
+
+static const clattn__plan_ops rope_ops = {
+    .kind = CLATTN__ROPE, .execute = rope_execute, .release = NULL, .role_names = clattn__x_role_names};

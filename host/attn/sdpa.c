@@ -4,6 +4,8 @@
 #include <float.h>
 #include <string.h>
 
+static const clattn__plan_ops sdpa_ops; /* the kind's table (plan.h), at the end */
+
 clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *desc,
                                       clattn_plan **out)
 {
@@ -42,7 +44,7 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
                                 : role == R_ROPE_COS ? "rope_cos"
                                                      : "rope_sin");
     clattn_plan *plan = NULL;
-    if ((status = clattn__plan_new(ctx, CLATTN__SDPA, op, t, &plan)))
+    if ((status = clattn__plan_new(ctx, &sdpa_ops, op, t, &plan)))
         return status;
     const clattn__layout *l = plan->layouts;
     static const char *const required[4] = {"q", "k", "v", "out"};
@@ -352,8 +354,8 @@ static clattn_status rotate(clattn_plan *plan, cl_mem workspace, clattn__view *q
     return CLATTN_SUCCESS;
 }
 
-clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
-                                   cl_mem workspace, clattn_chain *chain)
+static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                  cl_mem workspace, clattn_chain *chain)
 {
     const clattn__layout *l = plan->layouts;
     const clattn__sdpa_cache *cache = &plan->cache;
@@ -438,3 +440,6 @@ clattn_status clattn__sdpa_execute(clattn_plan *plan, const cl_mem *mems, const 
     io.masks.alibi.offset = offsets[R_ALIBI];
     return clattn__attention_enqueue(plan, &io, workspace, chain);
 }
+
+static const clattn__plan_ops sdpa_ops = {
+    .kind = CLATTN__SDPA, .execute = sdpa_execute, .release = NULL, .role_names = clattn__sdpa_role_names};

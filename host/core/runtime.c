@@ -469,18 +469,21 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
 {
     clattn_status status = CLATTN_SUCCESS;
     const char *kernel_dir = getenv("CLATTN_KERNEL_DIR");
-    /* common.cl, types.cl (dtype loads and stores) and score.cl (the score rule) precede every
-     * kernel source. */
-    static const char *const prelude_files[3] = {"common.cl", "types.cl", "score.cl"};
-    char *disk[4] = {NULL, NULL, NULL, NULL};
-    const char *texts[4] = {clattn_kernel_common, clattn_kernel_types, clattn_kernel_score,
-                            sources[source].embedded};
+    /* common.cl, types.cl (dtype loads and stores), params.h (the kernel families' parameter
+     * structs, shared with the host) and score.cl (the score rule) precede every kernel
+     * source. */
+    enum { PRELUDE = 4, TEXTS = PRELUDE + 1 };
+    static const char *const prelude_files[PRELUDE] = {"common.cl", "types.cl", "params.h",
+                                                       "score.cl"};
+    char *disk[TEXTS] = {NULL, NULL, NULL, NULL, NULL};
+    const char *texts[TEXTS] = {clattn_kernel_common, clattn_kernel_types, clattn_kernel_params,
+                                clattn_kernel_score, sources[source].embedded};
     cl_program program = NULL;
     cl_int err = CL_SUCCESS;
 
     if (kernel_dir && kernel_dir[0]) {
-        for (int i = 0; i < 4; ++i) {
-            const char *file = i < 3 ? prelude_files[i] : sources[source].file;
+        for (int i = 0; i < TEXTS; ++i) {
+            const char *file = i < PRELUDE ? prelude_files[i] : sources[source].file;
             disk[i] = read_text_file(kernel_dir, file);
             if (disk[i] == NULL) {
                 status = clattn__fail(ctx, CLATTN_ERR_BUILD,
@@ -490,7 +493,7 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
             texts[i] = disk[i];
         }
     }
-    program = clCreateProgramWithSource(ctx->context, 4, texts, NULL, &err);
+    program = clCreateProgramWithSource(ctx->context, TEXTS, texts, NULL, &err);
     CL_CHECK(ctx, err, "clCreateProgramWithSource");
     char options[sizeof ctx->build_options + 256];
     snprintf(options, sizeof options, "%s %s", ctx->build_options, extra);
@@ -519,7 +522,7 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
 done:
     if (program)
         clReleaseProgram(program);
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < TEXTS; ++i)
         free(disk[i]);
     return status;
 }

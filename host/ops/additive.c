@@ -72,22 +72,27 @@ clattn_status clattn__additive_enqueue(clattn_ctx *ctx, const clattn__additive_p
                                        const clattn__view *w, const clattn__view *raw,
                                        cl_uint num_wait, const cl_event *wait, cl_event *event)
 {
-    const cl_ulong p1_s[3] = {p1->strides[0], p1->strides[1], p1->strides[2]};
-    const cl_ulong p2_s[3] = {p2->strides[0], p2->strides[1], p2->strides[2]};
-    const cl_ulong w_s[2] = {w->strides[2], w->strides[3]};
-    const cl_ulong raw_s[3] = {raw->strides[0], raw->strides[1], raw->strides[2]};
-    const cl_uint heads = (cl_uint)plan->heads, seq_q = (cl_uint)plan->seq_q;
-    const cl_uint seq_k = (cl_uint)plan->seq_k, dim = (cl_uint)plan->dim;
-    const clattn_arg args[] = {
-        CLATTN_ARG(p1->mem),     CLATTN_ARG(p1->offset), CLATTN_ARG(p1_s[0]),
-        CLATTN_ARG(p1_s[1]),     CLATTN_ARG(p1_s[2]),    CLATTN_ARG(p2->mem),
-        CLATTN_ARG(p2->offset),  CLATTN_ARG(p2_s[0]),    CLATTN_ARG(p2_s[1]),
-        CLATTN_ARG(p2_s[2]),     CLATTN_ARG(w->mem),     CLATTN_ARG(w->offset),
-        CLATTN_ARG(w_s[0]),      CLATTN_ARG(w_s[1]),     CLATTN_ARG(raw->mem),
-        CLATTN_ARG(raw->offset), CLATTN_ARG(raw_s[0]),   CLATTN_ARG(raw_s[1]),
-        CLATTN_ARG(raw_s[2]),    CLATTN_ARG(heads),      CLATTN_ARG(seq_q),
-        CLATTN_ARG(seq_k),       CLATTN_ARG(dim),
-    };
+    const clattn_additive_params params = {.p1_offset = p1->offset,
+                                           .p1_s0 = p1->strides[0],
+                                           .p1_s1 = p1->strides[1],
+                                           .p1_s2 = p1->strides[2],
+                                           .p2_offset = p2->offset,
+                                           .p2_s0 = p2->strides[0],
+                                           .p2_s1 = p2->strides[1],
+                                           .p2_s2 = p2->strides[2],
+                                           .w_offset = w->offset,
+                                           .w_s0 = w->strides[2],
+                                           .w_s1 = w->strides[3],
+                                           .raw_offset = raw->offset,
+                                           .raw_s0 = raw->strides[0],
+                                           .raw_s1 = raw->strides[1],
+                                           .raw_s2 = raw->strides[2],
+                                           .heads = (cl_uint)plan->heads,
+                                           .seq_q = (cl_uint)plan->seq_q,
+                                           .seq_k = (cl_uint)plan->seq_k,
+                                           .dim = (cl_uint)plan->dim};
+    const clattn_arg args[] = {CLATTN_ARG(p1->mem), CLATTN_ARG(p2->mem), CLATTN_ARG(w->mem),
+                               CLATTN_ARG(raw->mem), CLATTN_ARG(params)};
     return clattn__launch_kernel(ctx, plan->kernel, "additive_scores", args,
                                  sizeof args / sizeof args[0], 3, plan->global, plan->local,
                                  num_wait, wait, event);

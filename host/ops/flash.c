@@ -307,26 +307,28 @@ static clattn_status merge_splits(clattn_ctx *ctx, const clattn__flash_plan *pla
                                   const clattn__view *lse, clattn_chain *chain)
 {
     const clattn__score_shape *score = &plan->shape.score;
-    const cl_uint splits = plan->splits, dv = (cl_uint)plan->shape.head_dim_v;
-    const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
-    const cl_ulong o_at = scratch.offset;
-    const cl_ulong lse_at = scratch.offset + (cl_ulong)splits * rows * dv;
-    const cl_ulong o_s[4] = {out->strides[0], out->strides[1], out->strides[2], out->strides[3]};
-    const cl_int has_lse = plan->shape.has_lse;
-    const cl_ulong lse_s[3] = {has_lse ? lse->strides[1] : 0, has_lse ? lse->strides[2] : 0,
-                               has_lse ? lse->strides[3] : 0};
-    const cl_mem lse_mem = has_lse ? lse->mem : out->mem;
-    const cl_ulong lse_offset = has_lse ? lse->offset : 0;
+    const bool has_lse = plan->shape.has_lse;
+    clattn_merge_params params = {0};
+    params.rows = rows;
+    params.splits = plan->splits;
+    params.dv = (cl_uint)plan->shape.head_dim_v;
+    params.heads = (cl_uint)score->heads;
+    params.seq_q = (cl_uint)score->seq_q;
     /* The parts as sub-buffers would need alignment; the kernel takes element offsets. */
-    const clattn_arg args[] = {
-        CLATTN_ARG(scratch.mem), CLATTN_ARG(scratch.mem), CLATTN_ARG(splits),
-        CLATTN_ARG(rows),        CLATTN_ARG(dv),          CLATTN_ARG(out->mem),
-        CLATTN_ARG(out->offset), CLATTN_ARG(o_s[0]),      CLATTN_ARG(o_s[1]),
-        CLATTN_ARG(o_s[2]),      CLATTN_ARG(o_s[3]),      CLATTN_ARG(lse_mem),
-        CLATTN_ARG(lse_offset),  CLATTN_ARG(lse_s[0]),    CLATTN_ARG(lse_s[1]),
-        CLATTN_ARG(lse_s[2]),    CLATTN_ARG(has_lse),     CLATTN_ARG(heads),
-        CLATTN_ARG(seq_q),       CLATTN_ARG(o_at),        CLATTN_ARG(lse_at),
-    };
+    params.o_parts_at = scratch.offset;
+    params.lse_parts_at = scratch.offset + (cl_ulong)params.splits * rows * params.dv;
+    clattn__view_fields(out, &params.o_offset, &params.o_s0, &params.o_s1, &params.o_s2,
+                        &params.o_s3);
+    params.has_lse = has_lse;
+    if (has_lse) { /* lse: (1, b, h, row) */
+        params.lse_offset = lse->offset;
+        params.lse_s0 = lse->strides[1];
+        params.lse_s1 = lse->strides[2];
+        params.lse_s2 = lse->strides[3];
+    }
+    const cl_mem lse_mem = has_lse ? lse->mem : out->mem;
+    const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(scratch.mem),
+                               CLATTN_ARG(out->mem), CLATTN_ARG(lse_mem), CLATTN_ARG(params)};
     cl_event step = NULL;
     return clattn__step(chain,
                         clattn__launch_kernel(ctx, plan->merge, "flash_merge", args,
@@ -375,27 +377,31 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
     const cl_ulong lse_s0 = own_lse ? lse->strides[1] : score->heads * score->seq_q;
     const cl_ulong lse_s1 = own_lse ? lse->strides[2] : score->seq_q;
     const cl_ulong lse_s2 = own_lse ? lse->strides[3] : 1;
-    /* Absent masks still need a valid buffer argument; the kernel never reads it. */
-    const cl_int has_mask = score->has_mask, has_key_padding = score->has_key_padding;
-    const clattn__view *mask = has_mask ? &masks->mask : q;
-    const clattn__view *padding = has_key_padding ? &masks->key_padding : q;
-    const cl_ulong mask_s[4] = {has_mask ? mask->strides[0] : 0, has_mask ? mask->strides[1] : 0,
-                                has_mask ? mask->strides[2] : 0, has_mask ? mask->strides[3] : 0};
-    const cl_ulong padding_s[2] = {has_key_padding ? padding->strides[2] : 0,
-                                   has_key_padding ? padding->strides[3] : 0};
-    const cl_ulong q_s[4] = {q->strides[0], q->strides[1], q->strides[2], q->strides[3]};
-    const cl_ulong k_s[4] = {k->strides[0], k->strides[1], k->strides[2], k->strides[3]};
-    const cl_ulong v_s[4] = {v->strides[0], v->strides[1], v->strides[2], v->strides[3]};
-    const cl_ulong o_s[4] = {out->strides[0], out->strides[1], out->strides[2], out->strides[3]};
-    const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
-    const cl_uint seq_k = (cl_uint)score->seq_k;
-    const cl_float scale = score->scale, softcap = score->softcap;
-    const cl_int norm_relu = score->norm == CLATTN_NORM_RELU;
-    const cl_ulong w_strides[2] = {masks->additive_w.strides[2], masks->additive_w.strides[3]};
-    clattn__band_args band;
-    clattn__band_fill(score, masks, q->mem, &band);
+    clattn_flash_params params;
+    clattn__score_buffers buffers;
+    clattn__score_params(score, masks, q->mem, &params.score, &buffers);
+    clattn__view_fields(q, &params.q_offset, &params.q_s0, &params.q_s1, &params.q_s2,
+                        &params.q_s3);
+    clattn__view_fields(k, &params.k_offset, &params.k_s0, &params.k_s1, &params.k_s2,
+                        &params.k_s3);
+    clattn__view_fields(v, &params.v_offset, &params.v_s0, &params.v_s1, &params.v_s2,
+                        &params.v_s3);
+    clattn__view_fields(out, &params.o_offset, &params.o_s0, &params.o_s1, &params.o_s2,
+                        &params.o_s3);
+    params.lse_offset = lse_offset;
+    params.lse_s0 = lse_s0;
+    params.lse_s1 = lse_s1;
+    params.lse_s2 = lse_s2;
+    params.o_split = o_split;
+    params.lse_split = lse_split;
+    params.w_offset = score->additive ? masks->additive_w.offset : 0;
+    params.w_s0 = score->additive ? masks->additive_w.strides[2] : 0;
+    params.w_s1 = score->additive ? masks->additive_w.strides[3] : 0;
+    params.has_lse = has_lse;
+    params.kv_group = score->kv_group > 1 ? (cl_uint)score->kv_group : 1u;
+    params.split_keys = split_keys;
+    const cl_mem score_w = score->additive ? masks->additive_w.mem : q->mem;
     const size_t bh_total = score->batch * score->heads;
-    const cl_uint kv_group = score->kv_group > 1 ? (cl_uint)score->kv_group : 1u;
     /* flash_cpu.cl: one work-item per group, the masks' presence, whether the band has a
      * diagonal edge and the normalisation compiled in (so not arguments); flash.cl and
      * flash_gpu.cl: group_items. */
@@ -411,42 +417,24 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
     const size_t bh_parts = (bh_total + MAX_BH_PER_LAUNCH - 1) / MAX_BH_PER_LAUNCH;
     for (size_t launch = 0; launch < parts * bh_parts && status == CLATTN_SUCCESS; ++launch) {
         const size_t first = (launch % bh_parts) * MAX_BH_PER_LAUNCH;
-        const cl_ulong bh_base = first;
-        const cl_uint key_begin = (cl_uint)((launch / bh_parts) * plan->part_keys);
-        const cl_uint key_stop =
-            (cl_uint)(score->seq_k - key_begin < plan->part_keys ? score->seq_k
-                                                                 : key_begin + plan->part_keys);
-        const cl_int resume = key_begin > 0; /* a later part: from the one before */
-        clattn_arg args[80]; /* 69 on flash.cl (73 additive) and flash_gpu.cl, 66 flash_cpu.cl */
-        cl_uint n = 0;
-#define ADD(x) (args[n++] = CLATTN_ARG(x))
-        ADD(q->mem), ADD(q->offset), ADD(q_s[0]), ADD(q_s[1]), ADD(q_s[2]), ADD(q_s[3]);
-        ADD(k->mem), ADD(k->offset), ADD(k_s[0]), ADD(k_s[1]), ADD(k_s[2]), ADD(k_s[3]);
-        ADD(v->mem), ADD(v->offset), ADD(v_s[0]), ADD(v_s[1]), ADD(v_s[2]), ADD(v_s[3]);
-        ADD(out->mem), ADD(out->offset), ADD(o_s[0]), ADD(o_s[1]), ADD(o_s[2]), ADD(o_s[3]);
-        ADD(lse_mem), ADD(lse_offset), ADD(lse_s0), ADD(lse_s1), ADD(lse_s2), ADD(has_lse);
-        ADD(mask->mem), ADD(mask->offset), ADD(mask_s[0]), ADD(mask_s[1]), ADD(mask_s[2]);
-        ADD(mask_s[3]);
-        if (!plan->cpu)
-            ADD(has_mask);
-        ADD(padding->mem), ADD(padding->offset), ADD(padding_s[0]), ADD(padding_s[1]);
-        if (!plan->cpu)
-            ADD(has_key_padding);
-        ADD(heads), ADD(seq_q), ADD(seq_k), ADD(scale);
-        if (!plan->cpu)
-            ADD(norm_relu);
-        ADD(bh_base), ADD(key_begin), ADD(key_stop), ADD(resume), ADD(kv_group), ADD(softcap);
-#undef ADD
-        clattn__band_add(&band, args, &n);
-        args[n++] = CLATTN_ARG(split_keys);
-        args[n++] = CLATTN_ARG(o_split);
-        args[n++] = CLATTN_ARG(lse_split);
-        if (score->additive) { /* flash.cl's ADDITIVE variant: w, (1, 1, heads, da) */
-            args[n++] = CLATTN_ARG(masks->additive_w.mem);
-            args[n++] = CLATTN_ARG(masks->additive_w.offset);
-            args[n++] = CLATTN_ARG(w_strides[0]);
-            args[n++] = CLATTN_ARG(w_strides[1]);
-        }
+        params.bh_base = first;
+        params.part_begin = (cl_uint)((launch / bh_parts) * plan->part_keys);
+        params.part_stop = (cl_uint)(score->seq_k - params.part_begin < plan->part_keys
+                                         ? score->seq_k
+                                         : params.part_begin + plan->part_keys);
+        params.resume = params.part_begin > 0; /* a later part: from the one before */
+        const clattn_arg args[] = {CLATTN_ARG(q->mem),
+                                   CLATTN_ARG(k->mem),
+                                   CLATTN_ARG(v->mem),
+                                   CLATTN_ARG(out->mem),
+                                   CLATTN_ARG(lse_mem),
+                                   CLATTN_ARG(buffers.mask),
+                                   CLATTN_ARG(buffers.key_padding),
+                                   CLATTN_ARG(buffers.kv_len),
+                                   CLATTN_ARG(buffers.alibi),
+                                   CLATTN_ARG(score_w),
+                                   CLATTN_ARG(params)};
+        const cl_uint n = sizeof args / sizeof args[0];
         global[1] = bh_total - first < MAX_BH_PER_LAUNCH ? bh_total - first : MAX_BH_PER_LAUNCH;
         cl_event step = NULL;
         status = clattn__step(&chain,

@@ -172,7 +172,6 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
     const size_t entries = shape->batch[0] * shape->batch[1];
     const cl_int trans_a = shape->trans_a;
     cl_int trans_b = shape->trans_b;
-    const cl_float alpha_arg = alpha;
     const cl_int has_bias = shape->has_bias && bias != NULL && bias->mem != NULL;
     const cl_ulong bias_offset = has_bias ? bias->offset : 0;
     const cl_mem bias_mem = has_bias ? bias->mem : a->mem; /* any valid buffer; never read */
@@ -211,36 +210,44 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
         const size_t global[3] = {plan->global[0], plan->global[1],
                                   entries - first < MAX_BATCH_PER_LAUNCH ? entries - first
                                                                          : MAX_BATCH_PER_LAUNCH};
-        /* matmul_vec takes b_panel where matmul takes trans_b (index 16), and stream_c before
-         * b_group. */
-        const clattn_arg args[] = {
-            CLATTN_ARG(m),        CLATTN_ARG(n),           CLATTN_ARG(k_part),
-            CLATTN_ARG(batch1),   CLATTN_ARG(batch_base),  CLATTN_ARG(a->mem),
-            CLATTN_ARG(a_offset), CLATTN_ARG(a_batch0),    CLATTN_ARG(a_batch1),
-            CLATTN_ARG(lda),      CLATTN_ARG(trans_a),     CLATTN_ARG(b->mem),
-            CLATTN_ARG(b_offset), CLATTN_ARG(b_batch0),    CLATTN_ARG(b_batch1),
-            CLATTN_ARG(ldb),      CLATTN_ARG(trans_b),     CLATTN_ARG(c->mem),
-            CLATTN_ARG(c_offset), CLATTN_ARG(c_batch0),    CLATTN_ARG(c_batch1),
-            CLATTN_ARG(ldc),      CLATTN_ARG(alpha_arg),   CLATTN_ARG(beta_part),
-            CLATTN_ARG(bias_mem), CLATTN_ARG(bias_offset), CLATTN_ARG(bias_part),
-            CLATTN_ARG(b_group),
-        };
-        enum { NUM_ARGS = sizeof args / sizeof args[0], TRANS_B_ARG = 16 };
         /* matmul_vec streams an F32 C of at least vec_stream KiB per launch past the caches. */
         const size_t launch_kib = (size_t)m * n / 256 * global[2];
-        const cl_int stream_c = vec && shape->c_dtype == CLATTN_DTYPE_F32 &&
-                                ctx->tuning.vec_stream != 0 && launch_kib >= ctx->tuning.vec_stream;
-        clattn_arg vec_args[NUM_ARGS + 1];
-        for (size_t i = 0; i < NUM_ARGS - 1; ++i)
-            vec_args[i] = i == TRANS_B_ARG ? CLATTN_ARG(b_panel) : args[i];
-        vec_args[NUM_ARGS - 1] = CLATTN_ARG(stream_c);
-        vec_args[NUM_ARGS] = args[NUM_ARGS - 1]; /* b_group, last in both kernels */
+        const clattn_matmul_params params = {
+            .batch1 = batch1,
+            .batch_base = batch_base,
+            .a_offset = a_offset,
+            .a_batch0 = a_batch0,
+            .a_batch1 = a_batch1,
+            .lda = lda,
+            .b_offset = b_offset,
+            .b_batch0 = b_batch0,
+            .b_batch1 = b_batch1,
+            .ldb = ldb,
+            .b_panel = b_panel,
+            .c_offset = c_offset,
+            .c_batch0 = c_batch0,
+            .c_batch1 = c_batch1,
+            .ldc = ldc,
+            .bias_offset = bias_offset,
+            .b_group = b_group,
+            .M = m,
+            .N = n,
+            .K = k_part,
+            .trans_a = trans_a,
+            .trans_b = trans_b,
+            .alpha = alpha,
+            .beta = beta_part,
+            .has_bias = bias_part,
+            .stream_c = vec && shape->c_dtype == CLATTN_DTYPE_F32 && ctx->tuning.vec_stream != 0 &&
+                        launch_kib >= ctx->tuning.vec_stream};
+        const clattn_arg args[] = {CLATTN_ARG(a->mem), CLATTN_ARG(b->mem), CLATTN_ARG(c->mem),
+                                   CLATTN_ARG(bias_mem), CLATTN_ARG(params)};
         cl_event step = NULL;
         status =
             clattn__step(&chain,
                          clattn__launch_kernel(ctx, plan->kernel, vec ? "matmul_vec" : "matmul",
-                                               vec ? vec_args : args, vec ? NUM_ARGS + 1 : NUM_ARGS,
-                                               3, global, plan->local, CHAIN_WAIT(&chain), &step),
+                                               args, sizeof args / sizeof args[0], 3, global,
+                                               plan->local, CHAIN_WAIT(&chain), &step),
                          &step);
     }
     clattn__chain_finish(&chain, status == CLATTN_SUCCESS ? event : NULL);

@@ -5,6 +5,7 @@
 #ifndef CLATTN_OPS_H
 #define CLATTN_OPS_H
 
+#include "../../kernels/params.h" /* the kernel families' parameter structs */
 #include "internal.h"
 
 /* A strided operand resolved for a kernel: always 4 dims, right-aligned (missing leading dims
@@ -17,6 +18,17 @@ typedef struct clattn__view {
     size_t dims[4];
     size_t strides[4];
 } clattn__view;
+
+/* A 4-d view's element offset and strides, into a parameter struct's fields (params.h). */
+static inline void clattn__view_fields(const clattn__view *view, cl_ulong *offset, cl_ulong *s0,
+                                       cl_ulong *s1, cl_ulong *s2, cl_ulong *s3)
+{
+    *offset = view->offset;
+    *s0 = view->strides[0];
+    *s1 = view->strides[1];
+    *s2 = view->strides[2];
+    *s3 = view->strides[3];
+}
 
 /* Device scratch at element offset `offset` (float elements) of `mem`. */
 typedef struct clattn__scratch {
@@ -33,7 +45,7 @@ typedef struct clattn__matmul_shape {
     size_t batch[2];
     bool trans_a, trans_b;
     clattn_dtype a_dtype, b_dtype, c_dtype;
-    bool has_bias; /* bias: F32, n elements, stride 1 */
+    bool has_bias;  /* bias: F32, n elements, stride 1 */
     size_t b_group; /* B's second batch index is b1 / b_group (0 or 1: b1), so that b_group
                      * consecutive entries share one B (grouped-query attention's k and v) */
 } clattn__matmul_shape;
@@ -53,9 +65,9 @@ clattn_status clattn__matmul_prepare(clattn_ctx *ctx, const clattn__matmul_shape
                                      clattn__matmul_plan *plan);
 clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan *plan,
                                      const clattn__view *a, const clattn__view *b,
-                                     const clattn__view *bias, const clattn__view *c,
-                                     float alpha, float beta, clattn__scratch scratch,
-                                     cl_uint num_wait, const cl_event *wait, cl_event *event);
+                                     const clattn__view *bias, const clattn__view *c, float alpha,
+                                     float beta, clattn__scratch scratch, cl_uint num_wait,
+                                     const cl_event *wait, cl_event *event);
 
 /* ---- the score rule (kernels/score.cl; shared by softmax and flash) ------------------------
  * s_ij = cap(scale * (q_i . k_j)) + float mask[b,h,i,j] (cap(x) = softcap * tanh(x / softcap)
@@ -68,8 +80,8 @@ typedef struct clattn__score_shape {
     size_t batch, heads, seq_q, seq_k;
     size_t kv_group; /* grouped-query attention: query head h reads k/v head h / kv_group (k and
                       * v have heads / kv_group heads); 0 or 1: a k/v head per query head */
-    float scale;   /* resolved: never NAN */
-    float softcap; /* 0: off */
+    float scale;     /* resolved: never NAN */
+    float softcap;   /* 0: off */
     clattn_norm norm;
     bool has_kv_len; /* I32 key counts per batch (clattn__score_masks.kv_len) */
     bool has_alibi;  /* F32 ALiBi slopes per (batch, head) (clattn__score_masks.alibi) */
@@ -93,7 +105,7 @@ typedef struct clattn__score_shape {
  * a view with dims (1, 1, 1, batch). */
 typedef struct clattn__score_masks {
     clattn__view mask, key_padding, kv_len;
-    clattn__view alibi; /* dims (1, 1, batch, heads), strides 0 on broadcast dims */
+    clattn__view alibi;      /* dims (1, 1, batch, heads), strides 0 on broadcast dims */
     clattn__view additive_w; /* score.additive: w, F32 (1, 1, heads, da) */
 } clattn__score_masks;
 
@@ -103,56 +115,62 @@ static inline bool clattn__band_diagonal(const clattn__score_shape *score)
     return score->band_upper >= 0 || score->band_lower >= 0;
 }
 
-/* The key band's kernel arguments (score.cl's BAND_ARGS), held for clattn__band_add. */
-typedef struct clattn__band_args {
-    cl_mem kv_len;
-    cl_ulong offset, stride;
-    cl_int has_kv_len;
-    cl_long diag;
-    cl_int diag_kv;
-    cl_long upper, lower;
-    cl_mem alibi;
-    cl_ulong alibi_offset, alibi_s0, alibi_s1;
-    cl_int has_alibi;
-} clattn__band_args;
+/* The buffers every kernel applying the score rule takes (mask, key_padding, then score.cl's
+ * SCORE_BUFFERS: kv_len, alibi); an absent one is `fallback` (any valid buffer: the kernel never
+ * reads it without its flag). */
+typedef struct clattn__score_buffers {
+    cl_mem mask, key_padding, kv_len, alibi;
+} clattn__score_buffers;
 
-/* Fills *band from the score shape and masks; `fallback` is any valid buffer (the kernel
- * never reads kv_len without has_kv_len). */
-static inline void clattn__band_fill(const clattn__score_shape *score,
-                                     const clattn__score_masks *masks, cl_mem fallback,
-                                     clattn__band_args *band)
+/* The score rule's operands (params.h's clattn_score_params, the head of the flash and softmax
+ * structs) from the score shape and masks: the one place the host writes them. */
+static inline void clattn__score_params(const clattn__score_shape *score,
+                                        const clattn__score_masks *masks, cl_mem fallback,
+                                        clattn_score_params *p, clattn__score_buffers *buffers)
 {
-    band->has_kv_len = score->has_kv_len;
-    band->kv_len = score->has_kv_len ? masks->kv_len.mem : fallback;
-    band->offset = score->has_kv_len ? masks->kv_len.offset : 0;
-    band->stride = score->has_kv_len ? masks->kv_len.strides[3] : 0;
-    band->diag = score->band_diag;
-    band->diag_kv = score->band_diag_kv;
-    band->upper = score->band_upper;
-    band->lower = score->band_lower;
-    band->has_alibi = score->has_alibi;
-    band->alibi = score->has_alibi ? masks->alibi.mem : fallback;
-    band->alibi_offset = score->has_alibi ? masks->alibi.offset : 0;
-    band->alibi_s0 = score->has_alibi ? masks->alibi.strides[2] : 0;
-    band->alibi_s1 = score->has_alibi ? masks->alibi.strides[3] : 0;
-}
-
-/* Appends the 13 band arguments to args[*n ..]. */
-static inline void clattn__band_add(const clattn__band_args *band, clattn_arg *args, cl_uint *n)
-{
-    args[(*n)++] = CLATTN_ARG(band->kv_len);
-    args[(*n)++] = CLATTN_ARG(band->offset);
-    args[(*n)++] = CLATTN_ARG(band->stride);
-    args[(*n)++] = CLATTN_ARG(band->has_kv_len);
-    args[(*n)++] = CLATTN_ARG(band->diag);
-    args[(*n)++] = CLATTN_ARG(band->diag_kv);
-    args[(*n)++] = CLATTN_ARG(band->upper);
-    args[(*n)++] = CLATTN_ARG(band->lower);
-    args[(*n)++] = CLATTN_ARG(band->alibi);
-    args[(*n)++] = CLATTN_ARG(band->alibi_offset);
-    args[(*n)++] = CLATTN_ARG(band->alibi_s0);
-    args[(*n)++] = CLATTN_ARG(band->alibi_s1);
-    args[(*n)++] = CLATTN_ARG(band->has_alibi);
+    const clattn__view *mask = &masks->mask, *padding = &masks->key_padding;
+    const bool has_mask = score->has_mask, has_padding = score->has_key_padding;
+    const bool has_kv_len = score->has_kv_len, has_alibi = score->has_alibi;
+    *p = (clattn_score_params){0};
+    buffers->mask = has_mask ? mask->mem : fallback;
+    buffers->key_padding = has_padding ? padding->mem : fallback;
+    buffers->kv_len = has_kv_len ? masks->kv_len.mem : fallback;
+    buffers->alibi = has_alibi ? masks->alibi.mem : fallback;
+    if (has_mask) {
+        p->mask_offset = mask->offset;
+        p->mask_s0 = mask->strides[0];
+        p->mask_s1 = mask->strides[1];
+        p->mask_s2 = mask->strides[2];
+        p->mask_s3 = mask->strides[3];
+    }
+    if (has_padding) {
+        p->key_padding_offset = padding->offset;
+        p->key_padding_s0 = padding->strides[2];
+        p->key_padding_s1 = padding->strides[3];
+    }
+    if (has_kv_len) {
+        p->kv_len_offset = masks->kv_len.offset;
+        p->kv_len_s0 = masks->kv_len.strides[3];
+    }
+    if (has_alibi) {
+        p->alibi_offset = masks->alibi.offset;
+        p->alibi_s0 = masks->alibi.strides[2];
+        p->alibi_s1 = masks->alibi.strides[3];
+    }
+    p->band_diag = score->band_diag;
+    p->band_upper = score->band_upper;
+    p->band_lower = score->band_lower;
+    p->has_mask = has_mask;
+    p->has_key_padding = has_padding;
+    p->has_kv_len = has_kv_len;
+    p->band_diag_kv = score->band_diag_kv;
+    p->has_alibi = has_alibi;
+    p->heads = (cl_uint)score->heads;
+    p->seq_q = (cl_uint)score->seq_q;
+    p->seq_k = (cl_uint)score->seq_k;
+    p->scale = score->scale;
+    p->softcap = score->softcap;
+    p->norm_relu = score->norm == CLATTN_NORM_RELU;
 }
 
 /* ---- softmax rows (ops/softmax.c, kernels/softmax.cl) --------------------------------------
@@ -226,8 +244,8 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
                                     const clattn__view *q, const clattn__view *k,
                                     const clattn__view *v, const clattn__view *out,
                                     const clattn__view *lse, const clattn__score_masks *masks,
-                                    clattn__scratch scratch, cl_uint num_wait,
-                                    const cl_event *wait, cl_event *event);
+                                    clattn__scratch scratch, cl_uint num_wait, const cl_event *wait,
+                                    cl_event *event);
 
 /* ---- additive scores (ops/additive.c, kernels/additive.cl) ----------------------------------
  * raw[b, h, i, j] = sum_c w[h, c] tanh(p1[b, h, i, c] + p2[b, h, j, c]), c < dim: p1 (batch,
@@ -257,13 +275,11 @@ typedef struct clattn__mean_heads_plan {
     size_t local, global;
 } clattn__mean_heads_plan;
 
-clattn_status clattn__mean_heads_prepare(clattn_ctx *ctx, size_t batch, size_t heads,
-                                         size_t seq_q, size_t seq_k,
-                                         clattn__mean_heads_plan *plan);
+clattn_status clattn__mean_heads_prepare(clattn_ctx *ctx, size_t batch, size_t heads, size_t seq_q,
+                                         size_t seq_k, clattn__mean_heads_plan *plan);
 clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, const clattn__mean_heads_plan *plan,
                                          const clattn__view *src, const clattn__view *dst,
-                                         cl_uint num_wait, const cl_event *wait,
-                                         cl_event *event);
+                                         cl_uint num_wait, const cl_event *wait, cl_event *event);
 
 /* ---- positional encodings (ops/posenc.c, kernels/posenc.cl) --------------------------------
  * out[a, b, p, i] = x[a, b, p, i] (when x is bound) + PE(start + p, i) over a box of dims

@@ -34,22 +34,27 @@ clattn_status clattn__posenc_enqueue(clattn_ctx *ctx, const clattn__posenc_plan 
     /* Absent operands: any valid buffer (never read) */
     const cl_mem x_mem = has_x ? x->mem : out->mem, table_mem = has_table ? table->mem : out->mem;
     const cl_mem freq_mem = freq ? freq : out->mem;
-    const cl_ulong x_s[4] = {x->strides[0], x->strides[1], x->strides[2], x->strides[3]};
-    const cl_ulong o_s[4] = {out->strides[0], out->strides[1], out->strides[2], out->strides[3]};
-    const cl_ulong t_s[2] = {table->strides[2], table->strides[3]};
-    const cl_ulong x_offset = has_x ? x->offset : 0, t_offset = has_table ? table->offset : 0;
-    const cl_uint d0 = (cl_uint)dims[0], d1 = (cl_uint)dims[1], seq = (cl_uint)dims[2];
-    const cl_uint dim = (cl_uint)dims[3];
-    const cl_ulong first = start;
-    const clattn_arg args[] = {
-        CLATTN_ARG(x_mem),       CLATTN_ARG(x_offset),  CLATTN_ARG(x_s[0]),   CLATTN_ARG(x_s[1]),
-        CLATTN_ARG(x_s[2]),      CLATTN_ARG(x_s[3]),    CLATTN_ARG(has_x),    CLATTN_ARG(out->mem),
-        CLATTN_ARG(out->offset), CLATTN_ARG(o_s[0]),    CLATTN_ARG(o_s[1]),   CLATTN_ARG(o_s[2]),
-        CLATTN_ARG(o_s[3]),      CLATTN_ARG(table_mem), CLATTN_ARG(t_offset), CLATTN_ARG(t_s[0]),
-        CLATTN_ARG(t_s[1]),      CLATTN_ARG(has_table), CLATTN_ARG(freq_mem), CLATTN_ARG(d0),
-        CLATTN_ARG(d1),          CLATTN_ARG(seq),       CLATTN_ARG(dim),      CLATTN_ARG(first),
-        CLATTN_ARG(total),
-    };
+    clattn_posenc_params params = {0};
+    if (has_x)
+        clattn__view_fields(x, &params.x_offset, &params.x_s0, &params.x_s1, &params.x_s2,
+                            &params.x_s3);
+    clattn__view_fields(out, &params.out_offset, &params.out_s0, &params.out_s1, &params.out_s2,
+                        &params.out_s3);
+    if (has_table) {
+        params.table_offset = table->offset;
+        params.table_s0 = table->strides[2];
+        params.table_s1 = table->strides[3];
+    }
+    params.start = start;
+    params.total = total;
+    params.has_x = has_x;
+    params.has_table = has_table;
+    params.d0 = (cl_uint)dims[0];
+    params.d1 = (cl_uint)dims[1];
+    params.seq = (cl_uint)dims[2];
+    params.dim = (cl_uint)dims[3];
+    const clattn_arg args[] = {CLATTN_ARG(x_mem), CLATTN_ARG(out->mem), CLATTN_ARG(table_mem),
+                               CLATTN_ARG(freq_mem), CLATTN_ARG(params)};
     return clattn__launch_kernel(ctx, plan->kernel, "posenc_add", args,
                                  sizeof args / sizeof args[0], 1, &plan->global, &plan->local,
                                  num_wait, wait, event);

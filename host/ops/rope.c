@@ -30,40 +30,39 @@ clattn_status clattn__rope_enqueue(clattn_ctx *ctx, const clattn__rope_plan *pla
 {
     const clattn__rope_shape *shape = &plan->shape;
     const clattn__view *x = &io->x, *out = &io->out;
-    const cl_ulong x_s[4] = {x->strides[0], x->strides[1], x->strides[2], x->strides[3]};
-    const cl_ulong o_s[4] = {out->strides[0], out->strides[1], out->strides[2], out->strides[3]};
+    clattn_rope_params params = {0};
+    clattn__view_fields(x, &params.x_offset, &params.x_s0, &params.x_s1, &params.x_s2,
+                        &params.x_s3);
+    clattn__view_fields(out, &params.out_offset, &params.out_s0, &params.out_s1, &params.out_s2,
+                        &params.out_s3);
     /* Absent operands: any valid buffer (never read). */
     const cl_mem cos_mem = io->cos.mem ? io->cos.mem : out->mem;
     const cl_mem sin_mem = io->sin.mem ? io->sin.mem : out->mem;
     const cl_mem pos_mem = io->position_ids.mem ? io->position_ids.mem : out->mem;
     const cl_mem freq_mem = io->freq ? io->freq : out->mem;
-    const cl_ulong cos_offset = io->cos.mem ? io->cos.offset : 0;
-    const cl_ulong sin_offset = io->sin.mem ? io->sin.offset : 0;
+    params.cos_offset = io->cos.mem ? io->cos.offset : 0;
+    params.sin_offset = io->sin.mem ? io->sin.offset : 0;
     /* Caches by position: (rows, rot / 2) views, strides [2] rows, [3] columns; by row:
      * (1, batch, seq, rot / 2). */
-    const cl_ulong c_s[3] = {io->cos.strides[1], io->cos.strides[2], io->cos.strides[3]};
-    const cl_int cache_mode = shape->cache_mode;
-    const cl_uint cache_rows = (cl_uint)io->cos.dims[2];
-    const cl_ulong pos_offset = io->position_ids.mem ? io->position_ids.offset : 0;
-    const cl_ulong p_s[2] = {io->position_ids.strides[2], io->position_ids.strides[3]};
-    const cl_int has_pos = io->position_ids.mem != NULL, pairs = shape->pairs;
-    const cl_uint heads = (cl_uint)shape->heads, seq = (cl_uint)shape->seq;
-    const cl_uint dim = (cl_uint)shape->dim, rot = (cl_uint)shape->rot;
-    const cl_ulong start = shape->start, total = plan->total;
-    const clattn_arg args[] = {
-        CLATTN_ARG(x->mem),     CLATTN_ARG(x->offset),   CLATTN_ARG(x_s[0]),
-        CLATTN_ARG(x_s[1]),     CLATTN_ARG(x_s[2]),      CLATTN_ARG(x_s[3]),
-        CLATTN_ARG(out->mem),   CLATTN_ARG(out->offset), CLATTN_ARG(o_s[0]),
-        CLATTN_ARG(o_s[1]),     CLATTN_ARG(o_s[2]),      CLATTN_ARG(o_s[3]),
-        CLATTN_ARG(cos_mem),    CLATTN_ARG(sin_mem),     CLATTN_ARG(cos_offset),
-        CLATTN_ARG(sin_offset), CLATTN_ARG(c_s[0]),      CLATTN_ARG(c_s[1]),
-        CLATTN_ARG(c_s[2]),     CLATTN_ARG(cache_mode),  CLATTN_ARG(cache_rows),
-        CLATTN_ARG(pos_mem),    CLATTN_ARG(pos_offset),  CLATTN_ARG(p_s[0]),
-        CLATTN_ARG(p_s[1]),     CLATTN_ARG(has_pos),     CLATTN_ARG(freq_mem),
-        CLATTN_ARG(pairs),      CLATTN_ARG(heads),       CLATTN_ARG(seq),
-        CLATTN_ARG(dim),        CLATTN_ARG(rot),         CLATTN_ARG(start),
-        CLATTN_ARG(total),
-    };
+    params.c_s0 = io->cos.strides[1];
+    params.c_s1 = io->cos.strides[2];
+    params.c_s2 = io->cos.strides[3];
+    params.cache_mode = shape->cache_mode;
+    params.cache_rows = (cl_uint)io->cos.dims[2];
+    params.pos_offset = io->position_ids.mem ? io->position_ids.offset : 0;
+    params.pos_s0 = io->position_ids.strides[2];
+    params.pos_s1 = io->position_ids.strides[3];
+    params.has_position_ids = io->position_ids.mem != NULL;
+    params.pairs = shape->pairs;
+    params.heads = (cl_uint)shape->heads;
+    params.seq = (cl_uint)shape->seq;
+    params.dim = (cl_uint)shape->dim;
+    params.rot = (cl_uint)shape->rot;
+    params.start = shape->start;
+    params.total = plan->total;
+    const clattn_arg args[] = {CLATTN_ARG(x->mem),  CLATTN_ARG(out->mem), CLATTN_ARG(cos_mem),
+                               CLATTN_ARG(sin_mem), CLATTN_ARG(pos_mem),  CLATTN_ARG(freq_mem),
+                               CLATTN_ARG(params)};
     return clattn__launch_kernel(ctx, plan->kernel, "rope", args, sizeof args / sizeof args[0], 1,
                                  &plan->global, &plan->local, num_wait, wait, event);
 }

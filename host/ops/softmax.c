@@ -83,64 +83,46 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
     return prepare_copy(ctx, score, plan, extra);
 }
 
+/* Launches one of softmax.cl's kernels (each takes raw, out, the score buffers and the
+ * family's struct) over the (batch, heads, seq_q) rows of raw into out. */
+static clattn_status launch_rows(clattn_ctx *ctx, const clattn__softmax_plan *plan,
+                                 cl_kernel kernel, const char *name, const size_t *global,
+                                 const size_t *local, const clattn__view *raw,
+                                 const clattn__view *out, const clattn__score_masks *masks,
+                                 cl_uint num_wait, const cl_event *wait, cl_event *event)
+{
+    const clattn__score_shape *score = &plan->score;
+    clattn_softmax_params params;
+    clattn__score_buffers buffers;
+    clattn__score_params(score, masks, raw->mem, &params.score, &buffers);
+    params.raw_offset = raw->offset;
+    params.raw_s0 = raw->strides[0];
+    params.raw_s1 = raw->strides[1];
+    params.raw_s2 = raw->strides[2];
+    params.out_offset = out->offset;
+    params.out_s0 = out->strides[0];
+    params.out_s1 = out->strides[1];
+    params.out_s2 = out->strides[2];
+    params.out_s3 = out->strides[3];
+    params.rows = plan->rows;
+    params.elements = (cl_ulong)plan->rows * score->seq_k;
+    params.mode = score->scores_mode;
+    params.softmax_pad_ = 0;
+    const clattn_arg args[] = {CLATTN_ARG(raw->mem),       CLATTN_ARG(out->mem),
+                               CLATTN_ARG(buffers.mask),   CLATTN_ARG(buffers.key_padding),
+                               CLATTN_ARG(buffers.kv_len), CLATTN_ARG(buffers.alibi),
+                               CLATTN_ARG(params)};
+    return clattn__launch_kernel(ctx, kernel, name, args, sizeof args / sizeof args[0], 1, global,
+                                 local, num_wait, wait, event);
+}
+
 clattn_status clattn__score_copy_enqueue(clattn_ctx *ctx, const clattn__softmax_plan *plan,
                                          const clattn__view *raw, const clattn__view *dst,
                                          const clattn__score_masks *masks, cl_uint num_wait,
                                          const cl_event *wait, cl_event *event)
 {
-    const clattn__score_shape *score = &plan->score;
-    const cl_int has_mask = score->has_mask, has_key_padding = score->has_key_padding;
-    const clattn__view *mask = has_mask ? &masks->mask : raw;
-    const clattn__view *padding = has_key_padding ? &masks->key_padding : raw;
-    const cl_ulong raw_s[3] = {raw->strides[0], raw->strides[1], raw->strides[2]};
-    const cl_ulong dst_s[4] = {dst->strides[0], dst->strides[1], dst->strides[2], dst->strides[3]};
-    const cl_ulong mask_s[4] = {has_mask ? mask->strides[0] : 0, has_mask ? mask->strides[1] : 0,
-                                has_mask ? mask->strides[2] : 0, has_mask ? mask->strides[3] : 0};
-    const cl_ulong padding_s[2] = {has_key_padding ? padding->strides[2] : 0,
-                                   has_key_padding ? padding->strides[3] : 0};
-    const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
-    const cl_uint seq_k = (cl_uint)score->seq_k;
-    const cl_float scale = score->scale, softcap = score->softcap;
-    const cl_int mode = score->scores_mode;
-    const cl_ulong total = (cl_ulong)plan->rows * score->seq_k;
-    clattn__band_args band;
-    clattn__band_fill(score, masks, raw->mem, &band);
-    clattn_arg args[48] = {
-        CLATTN_ARG(raw->mem),
-        CLATTN_ARG(raw->offset),
-        CLATTN_ARG(raw_s[0]),
-        CLATTN_ARG(raw_s[1]),
-        CLATTN_ARG(raw_s[2]),
-        CLATTN_ARG(dst->mem),
-        CLATTN_ARG(dst->offset),
-        CLATTN_ARG(dst_s[0]),
-        CLATTN_ARG(dst_s[1]),
-        CLATTN_ARG(dst_s[2]),
-        CLATTN_ARG(dst_s[3]),
-        CLATTN_ARG(mask->mem),
-        CLATTN_ARG(mask->offset),
-        CLATTN_ARG(mask_s[0]),
-        CLATTN_ARG(mask_s[1]),
-        CLATTN_ARG(mask_s[2]),
-        CLATTN_ARG(mask_s[3]),
-        CLATTN_ARG(has_mask),
-        CLATTN_ARG(padding->mem),
-        CLATTN_ARG(padding->offset),
-        CLATTN_ARG(padding_s[0]),
-        CLATTN_ARG(padding_s[1]),
-        CLATTN_ARG(has_key_padding),
-        CLATTN_ARG(heads),
-        CLATTN_ARG(seq_q),
-        CLATTN_ARG(seq_k),
-        CLATTN_ARG(scale),
-        CLATTN_ARG(softcap),
-        CLATTN_ARG(mode),
-        CLATTN_ARG(total),
-    };
-    cl_uint n = 30;
-    clattn__band_add(&band, args, &n);
-    return clattn__launch_kernel(ctx, plan->copy, "score_copy", args, n, 1, &plan->copy_global,
-                                 &plan->copy_local, num_wait, wait, event);
+    return launch_rows(ctx, plan, plan->copy, "score_copy", &plan->copy_global, &plan->copy_local,
+                       raw, dst, masks, num_wait, wait, event);
 }
 
 clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_plan *plan,
@@ -148,43 +130,6 @@ clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_pla
                                       const clattn__score_masks *masks, cl_uint num_wait,
                                       const cl_event *wait, cl_event *event)
 {
-    const clattn__score_shape *score = &plan->score;
-    const cl_int has_mask = score->has_mask, has_key_padding = score->has_key_padding;
-    /* Absent masks still need a valid buffer argument; the kernel never reads it. */
-    const clattn__view *mask = has_mask ? &masks->mask : raw;
-    const clattn__view *padding = has_key_padding ? &masks->key_padding : raw;
-    const cl_ulong raw_s[3] = {raw->strides[0], raw->strides[1], raw->strides[2]};
-    const cl_ulong out_s[3] = {out->strides[0], out->strides[1], out->strides[2]};
-    const cl_ulong mask_s[4] = {has_mask ? mask->strides[0] : 0, has_mask ? mask->strides[1] : 0,
-                                has_mask ? mask->strides[2] : 0, has_mask ? mask->strides[3] : 0};
-    const cl_ulong padding_s[2] = {has_key_padding ? padding->strides[2] : 0,
-                                   has_key_padding ? padding->strides[3] : 0};
-    const cl_uint heads = (cl_uint)score->heads, seq_q = (cl_uint)score->seq_q;
-    const cl_uint seq_k = (cl_uint)score->seq_k;
-    const cl_float scale = score->scale, softcap = score->softcap;
-    const cl_int norm_relu = score->norm == CLATTN_NORM_RELU;
-    const cl_ulong rows = plan->rows;
-    clattn__band_args band;
-    clattn__band_fill(score, masks, raw->mem, &band);
-    clattn_arg args[48] = {
-        CLATTN_ARG(raw->mem),        CLATTN_ARG(raw->offset),
-        CLATTN_ARG(raw_s[0]),        CLATTN_ARG(raw_s[1]),
-        CLATTN_ARG(raw_s[2]),        CLATTN_ARG(out->mem),
-        CLATTN_ARG(out->offset),     CLATTN_ARG(out_s[0]),
-        CLATTN_ARG(out_s[1]),        CLATTN_ARG(out_s[2]),
-        CLATTN_ARG(mask->mem),       CLATTN_ARG(mask->offset),
-        CLATTN_ARG(mask_s[0]),       CLATTN_ARG(mask_s[1]),
-        CLATTN_ARG(mask_s[2]),       CLATTN_ARG(mask_s[3]),
-        CLATTN_ARG(has_mask),        CLATTN_ARG(padding->mem),
-        CLATTN_ARG(padding->offset), CLATTN_ARG(padding_s[0]),
-        CLATTN_ARG(padding_s[1]),    CLATTN_ARG(has_key_padding),
-        CLATTN_ARG(heads),           CLATTN_ARG(seq_q),
-        CLATTN_ARG(seq_k),           CLATTN_ARG(scale),
-        CLATTN_ARG(norm_relu),       CLATTN_ARG(rows),
-        CLATTN_ARG(softcap),
-    };
-    cl_uint n = 29;
-    clattn__band_add(&band, args, &n);
-    return clattn__launch_kernel(ctx, plan->kernel, "softmax_rows", args, n, 1, &plan->global,
-                                 &plan->local, num_wait, wait, event);
+    return launch_rows(ctx, plan, plan->kernel, "softmax_rows", &plan->global, &plan->local, raw,
+                       out, masks, num_wait, wait, event);
 }

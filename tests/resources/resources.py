@@ -4,7 +4,7 @@ variant clattn builds, from clang + libclc + NVIDIA's ptxas (and clang's AMDGPU 
 
 Run through tests/resources/run.sh (which documents the pipeline and the files). Each variant
 of the variants file (FILE<TAB>OPTIONS, as capture.sh records them from clBuildProgram) is
-compiled the way the host builds it (common.cl, types.cl, score.cl, then FILE; the same
+compiled the way the host builds it (common.cl, types.cl, params.h, score.cl, then FILE; the same
 options) to PTX and assembled with `ptxas -v -arch=sm_90`; and to AMDGPU code for gfx90a. The
 numbers of every kernel entry are compared with the first matching line of the budgets file.
 
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-PRELUDE = ("common.cl", "types.cl", "score.cl")  # what host/core/runtime.c prepends
+PRELUDE = ("common.cl", "types.cl", "params.h", "score.cl")  # what host/core/runtime.c prepends
 NV_TRIPLE, NV_CPU, NV_PTX, NV_ARCH = "nvptx64-unknown-nvidiacl", "sm_80", "ptx75", "sm_90"
 AMD_TRIPLE, AMD_CPU = "amdgcn-unknown-amdhsa", "gfx90a"
 SKIP = 77

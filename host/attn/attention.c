@@ -1,0 +1,384 @@
+/* The attention steps SDPA, MHA and additive attention share: the score rule's settings,
+ * masks, ALiBi and key band from the plan's tensors (plan time), the choice between the fused
+ * kernel and the unfused matmul + softmax + matmul steps with their workspace (plan time), and
+ * their launch (execution). Called by the kinds' files; it calls only ops/ and core/. */
+#include "plan.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+clattn_status clattn_alibi_slopes(size_t heads, float max_bias, float *slopes)
+{
+    if (heads == 0 || slopes == NULL || !(max_bias > 0.0f && max_bias <= FLT_MAX))
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    size_t n = 1;
+    while (n <= heads / 2)
+        n *= 2;
+    for (size_t h = 0; h < heads; ++h)
+        slopes[h] =
+            h < n ? (float)exp2(-(double)max_bias * (double)(h + 1) / (double)n)
+                  : (float)exp2(-(double)max_bias * (double)(2 * (h - n) + 1) / (double)(2 * n));
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__plan_alibi(clattn_plan *plan, clattn__score_shape *score)
+{
+    const clattn__layout *alibi = &plan->layouts[R_ALIBI];
+    score->has_alibi = alibi->present;
+    memset(&plan->alibi_view, 0, sizeof plan->alibi_view);
+    if (!alibi->present)
+        return CLATTN_SUCCESS;
+    const size_t per_head[1] = {score->heads};
+    const size_t per_batch[2] = {score->batch, score->heads};
+    const bool rank1 = alibi->rank == 1;
+    clattn_status status = clattn__layout_expect(plan->ctx, plan->op, "alibi_slopes", alibi,
+                                                 rank1 ? 1 : 2, rank1 ? per_head : per_batch,
+                                                 "(heads) or (batch, heads) of F32 slopes (ALiBi)");
+    if (status != CLATTN_SUCCESS)
+        return status;
+    clattn__view *v = &plan->alibi_view;
+    v->dtype = CLATTN_DTYPE_F32;
+    v->dims[0] = v->dims[1] = 1;
+    v->dims[2] = score->batch;
+    v->strides[2] = rank1 ? 0 : alibi->strides[0];
+    v->dims[3] = score->heads;
+    v->strides[3] = alibi->strides[rank1 ? 0 : 1];
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__plan_score(clattn_plan *plan, float scale, clattn_norm norm,
+                                 size_t head_dim_qk, clattn__score_shape *score)
+{
+    clattn_ctx *ctx = plan->ctx;
+    if (norm != CLATTN_NORM_SOFTMAX && norm != CLATTN_NORM_RELU)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: norm=%d is not a clattn_norm",
+                            plan->op, (int)norm);
+    if (isinf(scale))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: scale=%g: give a finite scale, or NAN for 1/sqrt(head size)",
+                            plan->op, (double)scale);
+    score->norm = norm;
+    score->scale = isnan(scale) ? (float)(1.0 / sqrt((double)head_dim_qk)) : scale;
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, size_t seq_q,
+                                 size_t seq_k, clattn__score_shape *score)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const size_t target[4] = {batch, heads, seq_q, seq_k};
+    score->batch = batch, score->heads = heads, score->seq_q = seq_q, score->seq_k = seq_k;
+    const clattn__layout *mask = &plan->layouts[R_MASK];
+    score->has_mask = mask->present;
+    memset(&plan->mask_view, 0, sizeof plan->mask_view);
+    memset(&plan->kpm_view, 0, sizeof plan->kpm_view);
+    if (mask->present) {
+        clattn__view_of(mask, &plan->mask_view);
+        score->mask_dtype = mask->dtype;
+        for (int d = 0; d < 4; ++d) {
+            if (plan->mask_view.dims[d] == target[d])
+                continue;
+            if (plan->mask_view.dims[d] != 1) {
+                char got[128], want[128];
+                clattn__format_dims(got, sizeof got, mask->rank, mask->dims);
+                clattn__format_dims(want, sizeof want, 4, target);
+                return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                    "%s: attn_mask has dims %s, which do not broadcast to "
+                                    "(batch, heads, seq_q, seq_k) = %s",
+                                    plan->op, got, want);
+            }
+            plan->mask_view.dims[d] = target[d];
+            plan->mask_view.strides[d] = 0;
+        }
+    }
+    const clattn__layout *kpm = &plan->layouts[R_KPM];
+    score->has_key_padding = kpm->present;
+    if (kpm->present) {
+        const size_t want[2] = {batch, seq_k};
+        clattn_status status = clattn__layout_expect(ctx, plan->op, "key_padding_mask", kpm, 2,
+                                                     want, "(batch, seq_k)");
+        if (status != CLATTN_SUCCESS)
+            return status;
+        clattn__view_of(kpm, &plan->kpm_view);
+    }
+    return CLATTN_SUCCESS;
+}
+
+/* A window size as the band's bound: -1 for none; sizes past any key position reachable
+ * (positions lie within +-2^33) are unbounded too, which keeps the kernels' sums in range. */
+static long long band_bound(long long size)
+{
+    return size < 0 || size > (1LL << 34) ? -1 : size;
+}
+
+/* a + b, each first held to +-2^61 so that the sum cannot overflow: far past any position. */
+static long long add_held(long long a, long long b)
+{
+    const long long cap = 1LL << 61;
+    a = a > cap ? cap : a < -cap ? -cap : a;
+    b = b > cap ? cap : b < -cap ? -cap : b;
+    return a + b;
+}
+
+/* CLATTN_CAUSAL_OFFSET's band: query i sees keys up to i + diag (causal) and from
+ * i + diag - left to i + diag + right (window). The diagonal may be huge, so a huge window size
+ * is not "unbounded" by itself (a diagonal of -2^40 and a right size of 2^40 end the band at
+ * the row): each edge is summed first, then an edge past any key reachable (keys and rows lie
+ * below 2^32) becomes unbounded on its open side and is held to +-2^34 on the other, and the
+ * band is written as (diag = the upper edge, upper 0, lower = upper - lower edge). */
+static void offset_band(bool causal, bool window, long long window_left, long long window_right,
+                        long long diag_offset, clattn__score_shape *score)
+{
+    const long long reach = 1LL << 34;
+    bool has_upper = causal, has_lower = false;
+    long long upper = diag_offset, lower = 0;
+    if (window && window_right >= 0) {
+        const long long edge = add_held(diag_offset, window_right);
+        upper = has_upper && upper < edge ? upper : edge;
+        has_upper = true;
+    }
+    if (window && window_left >= 0) {
+        lower = add_held(diag_offset, -window_left);
+        has_lower = true;
+    }
+    if (has_upper && upper > reach)
+        has_upper = false; /* past every key: no upper bound */
+    if (has_lower && lower < -reach)
+        has_lower = false; /* before every key: no lower bound */
+    upper = upper < -reach ? -reach : upper; /* before every key: nothing kept */
+    lower = lower > reach ? reach : lower;   /* past every key: nothing kept */
+    score->band_diag = has_upper ? upper : has_lower ? lower : 0;
+    score->band_upper = has_upper ? 0 : -1;
+    score->band_lower = !has_lower ? -1 : score->band_diag - lower > 0 ? score->band_diag - lower : 0;
+}
+
+clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_causal window_align,
+                                long long window_left, long long window_right, long long past_len,
+                                long long diag_offset, clattn__score_shape *score)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const bool sdpa = plan->kind == CLATTN__SDPA;
+    const clattn_causal last = sdpa ? CLATTN_CAUSAL_OFFSET : CLATTN_CAUSAL_BOTTOM_RIGHT;
+    if ((unsigned)causal > (unsigned)last)
+        return clattn__fail(
+            ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: causal=%d is not a clattn_causal%s", plan->op,
+            (int)causal, sdpa ? "" : " of MHA and additive plans (NONE, TOP_LEFT, BOTTOM_RIGHT)");
+    if ((unsigned)window_align > (unsigned)last)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: window_align=%d is not a clattn_causal", plan->op,
+                            (int)window_align);
+    if (causal != CLATTN_CAUSAL_NONE && window_align != CLATTN_CAUSAL_NONE &&
+        causal != window_align)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: causal=%d and window_align=%d: the causal bound and the "
+                            "sliding window must use the same alignment",
+                            plan->op, (int)causal, (int)window_align);
+    const clattn__layout *kv_len = &plan->layouts[R_KVLEN];
+    score->has_kv_len = kv_len->present;
+    memset(&plan->kv_len_view, 0, sizeof plan->kv_len_view);
+    if (kv_len->present) {
+        const size_t want[1] = {score->batch};
+        clattn_status status = clattn__layout_expect(ctx, plan->op, "kv_seqlen", kv_len, 1, want,
+                                                     "(batch) of I32 key counts");
+        if (status != CLATTN_SUCCESS)
+            return status;
+        clattn__view_of(kv_len, &plan->kv_len_view);
+    }
+    const clattn_causal align = causal != CLATTN_CAUSAL_NONE ? causal : window_align;
+    const long long seq_q = (long long)score->seq_q, seq_k = (long long)score->seq_k;
+    score->band_diag = 0;
+    score->band_diag_kv = false;
+    if (align == CLATTN_CAUSAL_BOTTOM_RIGHT ||
+        (align == CLATTN_CAUSAL_ONNX && past_len < 0 && kv_len->present)) {
+        score->band_diag_kv = kv_len->present; /* the batch's key count - seq_q */
+        score->band_diag = kv_len->present ? -seq_q : seq_k - seq_q;
+    } else if (align == CLATTN_CAUSAL_ONNX && past_len >= 0) {
+        score->band_diag = past_len; /* ONNX: the keys before this block */
+    } else if (align == CLATTN_CAUSAL_OFFSET) {
+        offset_band(causal != CLATTN_CAUSAL_NONE, window_align != CLATTN_CAUSAL_NONE,
+                    window_left, window_right, diag_offset, score);
+        return CLATTN_SUCCESS;
+    }
+    score->band_upper = causal != CLATTN_CAUSAL_NONE ? 0 : -1;
+    score->band_lower = -1;
+    if (window_align != CLATTN_CAUSAL_NONE) {
+        const long long right = band_bound(window_right);
+        if (right >= 0 && (score->band_upper < 0 || right < score->band_upper))
+            score->band_upper = right;
+        score->band_lower = band_bound(window_left);
+    }
+    return CLATTN_SUCCESS;
+}
+
+static bool reserve(size_t *cursor, size_t floats, size_t *at)
+{
+    *at = *cursor;
+    return clattn__add(*cursor, floats, cursor);
+}
+
+clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_shape *score,
+                                        size_t head_dim_qk, size_t head_dim_v,
+                                        clattn_dtype q_dtype, clattn_dtype k_dtype,
+                                        clattn_dtype v_dtype, clattn_dtype out_dtype,
+                                        bool want_weights, bool want_lse, clattn_path path,
+                                        size_t *workspace_floats)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    clattn__attention *a = &plan->attention;
+    a->score = *score;
+    a->head_dim_qk = head_dim_qk;
+    a->head_dim_v = head_dim_v;
+    const bool supported = clattn__flash_supports(head_dim_qk, head_dim_v);
+    switch (path) {
+    case CLATTN_PATH_AUTO:
+        a->fused = !want_weights && !score->want_scores && !score->softmax_f64 && supported;
+        break;
+    case CLATTN_PATH_UNFUSED:
+        a->fused = false;
+        break;
+    case CLATTN_PATH_FUSED:
+        if (want_weights)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: path=FUSED cannot return the attention weights (the fused "
+                                "kernel never forms them): use AUTO or UNFUSED",
+                                op);
+        if (score->want_scores)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: path=FUSED cannot return the scores (the fused kernel never "
+                                "stores them): use AUTO or UNFUSED",
+                                op);
+        if (score->softmax_f64)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: path=FUSED normalises in float; softmax_f64 runs on the "
+                                "unfused path: use AUTO or UNFUSED",
+                                op);
+        if (!supported)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: path=FUSED takes head sizes up to 256 (got %zu, %zu)", op,
+                                head_dim_qk, head_dim_v);
+        a->fused = true;
+        break;
+    default:
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: path=%d is not a clattn_path",
+                            op, (int)path);
+    }
+    if (want_lse && !a->fused)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: lse comes from the fused kernel only: head sizes up to 256, "
+                            "path AUTO or FUSED, no weights",
+                            op);
+    if (a->fused) {
+        const clattn__flash_shape shape = {
+            .score = *score,
+            .head_dim_qk = head_dim_qk,
+            .head_dim_v = head_dim_v,
+            .q_dtype = q_dtype,
+            .k_dtype = k_dtype,
+            .v_dtype = v_dtype,
+            .out_dtype = out_dtype,
+            .has_lse = want_lse,
+        };
+        clattn_status status = clattn__flash_prepare(ctx, &shape, &a->flash);
+        if (status != CLATTN_SUCCESS)
+            return status;
+        if (!reserve(workspace_floats, a->flash.scratch_floats, &a->scratch_at))
+            return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t",
+                                op);
+        return CLATTN_SUCCESS;
+    }
+    const clattn__matmul_shape qk = {
+        .m = score->seq_q,
+        .n = score->seq_k,
+        .k = head_dim_qk,
+        .batch = {score->batch, score->heads},
+        .trans_b = true,
+        .b_group = score->kv_group, /* grouped-query: k's heads are shared */
+        .a_dtype = q_dtype,
+        .b_dtype = k_dtype,
+        .c_dtype = CLATTN_DTYPE_F32,
+    };
+    const clattn__matmul_shape pv = {
+        .m = score->seq_q,
+        .n = head_dim_v,
+        .k = score->seq_k,
+        .batch = {score->batch, score->heads},
+        .b_group = score->kv_group,
+        .a_dtype = CLATTN_DTYPE_F32,
+        .b_dtype = v_dtype,
+        .c_dtype = out_dtype,
+    };
+    clattn_status status;
+    if ((status = score->additive
+                      ? clattn__additive_prepare(ctx, score->batch, score->heads, score->seq_q,
+                                                 score->seq_k, head_dim_qk, &a->additive)
+                      : clattn__matmul_prepare(ctx, &qk, &a->qk)) ||
+        (status = clattn__softmax_prepare(ctx, score, &a->softmax)) ||
+        (status = clattn__matmul_prepare(ctx, &pv, &a->pv)))
+        return status;
+    size_t scores = 0;
+    if (!clattn__product(&scores, 4, score->batch, score->heads, score->seq_q, score->seq_k))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                            "%s: the scores (batch, heads, seq_q, seq_k) overflow size_t", op);
+    a->own_scores = !want_weights;
+    const size_t scratch = a->qk.scratch_floats > a->pv.scratch_floats ? a->qk.scratch_floats
+                                                                       : a->pv.scratch_floats;
+    if ((a->own_scores && !reserve(workspace_floats, scores, &a->scores_at)) ||
+        !reserve(workspace_floats, scratch, &a->scratch_at))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t", op);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attention_io *io,
+                                        cl_mem workspace, clattn_chain *chain)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const clattn__attention *a = &plan->attention;
+    const clattn__scratch scratch = {workspace, a->scratch_at};
+    cl_event step = NULL;
+    if (a->fused)
+        return clattn__step(chain,
+                            clattn__flash_enqueue(ctx, &a->flash, &io->q, &io->k, &io->v, &io->out,
+                                                  &io->lse, &io->masks, scratch,
+                                                  CHAIN_WAIT(chain), &step),
+                            &step);
+    clattn__view scores = io->weights;
+    if (a->own_scores) {
+        const clattn__score_shape *s = &a->score;
+        scores = (clattn__view){
+            .mem = workspace,
+            .offset = a->scores_at,
+            .dtype = CLATTN_DTYPE_F32,
+            .dims = {s->batch, s->heads, s->seq_q, s->seq_k},
+            .strides = {s->heads * s->seq_q * s->seq_k, s->seq_q * s->seq_k, s->seq_k, 1},
+        };
+    }
+    const clattn__view none = {0};
+    clattn_status status;
+    if ((status = clattn__step(chain,
+                               a->score.additive
+                                   ? clattn__additive_enqueue(ctx, &a->additive, &io->q, &io->k,
+                                                              &io->masks.additive_w, &scores,
+                                                              CHAIN_WAIT(chain), &step)
+                                   : clattn__matmul_enqueue(ctx, &a->qk, &io->q, &io->k, &none,
+                                                            &scores, 1.0f, 0.0f, scratch,
+                                                            CHAIN_WAIT(chain), &step),
+                               &step)) ||
+        (a->score.want_scores &&
+         (status = clattn__step(chain,
+                                clattn__score_copy_enqueue(ctx, &a->softmax, &scores, &io->scores,
+                                                           &io->masks, CHAIN_WAIT(chain), &step),
+                                &step))) ||
+        (status = clattn__step(chain,
+                               clattn__softmax_enqueue(ctx, &a->softmax, &scores, &scores,
+                                                       &io->masks, CHAIN_WAIT(chain), &step),
+                               &step)))
+        return status;
+    return clattn__step(chain,
+                        clattn__matmul_enqueue(ctx, &a->pv, &scores, &io->v, &none, &io->out, 1.0f,
+                                               0.0f, scratch, CHAIN_WAIT(chain), &step),
+                        &step);
+}
+

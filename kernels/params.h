@@ -1,0 +1,185 @@
+/*
+ * params.h: the parameter struct of each kernel family, declared once for both sides. The host
+ * C (host/ops) includes it, and it is prepended to every kernel source (after types.cl), so
+ * the struct a host fills is, field for field, the struct the kernel reads. A kernel takes its
+ * buffers plus one such struct by value (OpenCL C passes structs by value), so no kernel has
+ * more than 16 parameters and a new field is one line here, not a new argument at every launch.
+ *
+ * Each family is an X-macro list of (type, name). The layout is the same on both sides by
+ * construction: the fields come in the same order, the types have the same sizes (ulong/long
+ * 8 bytes, uint/int/float 4), every 8-byte field precedes every 4-byte one, and each struct
+ * asserts (host: _Static_assert; kernel: a negative array size) that it has no padding at all,
+ * so each field's offset is the sum of the sizes before it. tests/check_params.c also reads
+ * sizeof and offsets back from a device.
+ *
+ * In a kernel, CLATTN_UNPACK(LIST) declares a const local per field from the struct argument
+ * `params`, with the field's name, so the kernel body reads `seq_k`, `q_s2` as it would an
+ * argument.
+ */
+#ifndef CLATTN_PARAMS_H
+#define CLATTN_PARAMS_H
+
+#if defined(__OPENCL_VERSION__) || defined(__OPENCL_C_VERSION__)
+#define CLATTN_T_ulong ulong
+#define CLATTN_T_long long
+#define CLATTN_T_uint uint
+#define CLATTN_T_int int
+#define CLATTN_T_float float
+#else
+#include <CL/cl.h>
+#define CLATTN_T_ulong cl_ulong
+#define CLATTN_T_long cl_long
+#define CLATTN_T_uint cl_uint
+#define CLATTN_T_int cl_int
+#define CLATTN_T_float cl_float
+#endif
+
+#define CLATTN_PARAM_FIELD(type, name) CLATTN_T_##type name;
+#define CLATTN_PARAM_SIZE(type, name) +sizeof(CLATTN_T_##type)
+#define CLATTN_PARAM_LOCAL(type, name) const CLATTN_T_##type name = params.name;
+
+/* Declares the struct `clattn_<family>_params` from its list and asserts it has no padding. */
+#if defined(__OPENCL_VERSION__) || defined(__OPENCL_C_VERSION__)
+#define CLATTN_PARAMS_STRUCT(family, LIST)                                                        \
+    typedef struct clattn_##family##_params {                                                     \
+        LIST(CLATTN_PARAM_FIELD)                                                                  \
+    } clattn_##family##_params;                                                                   \
+    typedef char clattn_##family##_params_unpadded                                                \
+        [sizeof(clattn_##family##_params) == (0 LIST(CLATTN_PARAM_SIZE)) ? 1 : -1];
+#else
+#define CLATTN_PARAMS_STRUCT(family, LIST)                                                        \
+    typedef struct clattn_##family##_params {                                                     \
+        LIST(CLATTN_PARAM_FIELD)                                                                  \
+    } clattn_##family##_params;                                                                   \
+    _Static_assert(sizeof(clattn_##family##_params) == (0 LIST(CLATTN_PARAM_SIZE)),               \
+                   "clattn_" #family "_params has padding: keep 8-byte fields first and an "      \
+                   "even count of 4-byte fields");
+#endif
+
+/* A family whose struct starts with the score rule's operands (clattn_score_params score). */
+#if defined(__OPENCL_VERSION__) || defined(__OPENCL_C_VERSION__)
+#define CLATTN_SCORED_PARAMS_STRUCT(family, LIST)                                                 \
+    typedef struct clattn_##family##_params {                                                     \
+        clattn_score_params score;                                                                \
+        LIST(CLATTN_PARAM_FIELD)                                                                  \
+    } clattn_##family##_params;                                                                   \
+    typedef char clattn_##family##_params_unpadded                                                \
+        [sizeof(clattn_##family##_params) ==                                                      \
+                 sizeof(clattn_score_params) + (0 LIST(CLATTN_PARAM_SIZE))                        \
+             ? 1                                                                                  \
+             : -1];
+#else
+#define CLATTN_SCORED_PARAMS_STRUCT(family, LIST)                                                 \
+    typedef struct clattn_##family##_params {                                                     \
+        clattn_score_params score;                                                                \
+        LIST(CLATTN_PARAM_FIELD)                                                                  \
+    } clattn_##family##_params;                                                                   \
+    _Static_assert(sizeof(clattn_##family##_params) ==                                            \
+                       sizeof(clattn_score_params) + (0 LIST(CLATTN_PARAM_SIZE)),                 \
+                   "clattn_" #family "_params has padding");
+#endif
+
+/* Inside a kernel whose struct argument is named `params`: `const T name = params.name;` for
+ * every field of the family (fields a kernel does not read cost nothing). */
+#define CLATTN_UNPACK(LIST) LIST(CLATTN_PARAM_LOCAL)
+/* The same for a family headed by the score operands: their fields come from params.score. */
+#define CLATTN_SCORE_LOCAL(type, name) const CLATTN_T_##type name = params.score.name;
+#define CLATTN_UNPACK_SCORED(LIST) CLATTN_SCORE_PARAMS(CLATTN_SCORE_LOCAL) LIST(CLATTN_PARAM_LOCAL)
+
+/* ---- the score rule's operands (score.cl): the head of the flash and softmax structs -------
+ * mask: (b, h, i, j) strides (0 broadcasts); key padding: (b, j) strides; key counts per batch
+ * and ALiBi slopes per (b, h) with their presence flags; the key band (see score.cl). The
+ * buffers themselves are kernel arguments (mask, key_padding, SCORE_BUFFERS). The host fills
+ * it in one place (ops.h: clattn__score_params). */
+#define CLATTN_SCORE_PARAMS(X)                                                                    \
+    X(ulong, mask_offset) X(ulong, mask_s0) X(ulong, mask_s1) X(ulong, mask_s2)                   \
+    X(ulong, mask_s3) X(ulong, key_padding_offset) X(ulong, key_padding_s0)                       \
+    X(ulong, key_padding_s1) X(ulong, kv_len_offset) X(ulong, kv_len_s0) X(long, band_diag)       \
+    X(long, band_upper) X(long, band_lower) X(ulong, alibi_offset) X(ulong, alibi_s0)             \
+    X(ulong, alibi_s1) X(int, has_mask) X(int, has_key_padding) X(int, has_kv_len)                \
+    X(int, band_diag_kv) X(int, has_alibi) X(uint, heads) X(uint, seq_q) X(uint, seq_k)           \
+    X(float, scale) X(float, softcap) X(int, norm_relu) X(int, score_pad_)
+CLATTN_PARAMS_STRUCT(score, CLATTN_SCORE_PARAMS)
+
+/* ---- fused attention (flash.cl, flash_cpu.cl, flash_gpu.cl) --------------------------------
+ * q, k, v, o: (b, h, row, col) strides and element offsets; lse: (b, h, row) strides; bh_base:
+ * the first (batch * heads) index of this launch; keys [part_begin, part_stop) of this launch,
+ * resume: a later part (continue from the lse and output of the one before); decode splits:
+ * split_keys keys per split, o_split / lse_split elements between splits' partial outputs;
+ * additive variant: w (1, 1, h, c) strides. */
+#define CLATTN_FLASH_PARAMS(X)                                                                    \
+    X(ulong, q_offset) X(ulong, q_s0) X(ulong, q_s1) X(ulong, q_s2) X(ulong, q_s3)                \
+    X(ulong, k_offset) X(ulong, k_s0) X(ulong, k_s1) X(ulong, k_s2) X(ulong, k_s3)                \
+    X(ulong, v_offset) X(ulong, v_s0) X(ulong, v_s1) X(ulong, v_s2) X(ulong, v_s3)                \
+    X(ulong, o_offset) X(ulong, o_s0) X(ulong, o_s1) X(ulong, o_s2) X(ulong, o_s3)                \
+    X(ulong, lse_offset) X(ulong, lse_s0) X(ulong, lse_s1) X(ulong, lse_s2)                       \
+    X(ulong, bh_base) X(ulong, o_split) X(ulong, lse_split) X(ulong, w_offset) X(ulong, w_s0)     \
+    X(ulong, w_s1) X(int, has_lse) X(uint, part_begin) X(uint, part_stop) X(int, resume)          \
+    X(uint, kv_group) X(uint, split_keys)
+CLATTN_SCORED_PARAMS_STRUCT(flash, CLATTN_FLASH_PARAMS)
+
+/* ---- score rows (softmax.cl: softmax_rows, softmax_rows_f64, score_copy) -------------------
+ * raw: (b, h, i) strides of the q.k products (unit column stride); out: (b, h, i, j) strides
+ * (softmax rows: unit column stride); rows: b * h * seq_q; elements: rows * seq_k (score_copy);
+ * mode: score_copy's kind of score. */
+#define CLATTN_SOFTMAX_PARAMS(X)                                                                  \
+    X(ulong, raw_offset) X(ulong, raw_s0) X(ulong, raw_s1) X(ulong, raw_s2) X(ulong, out_offset)  \
+    X(ulong, out_s0) X(ulong, out_s1) X(ulong, out_s2) X(ulong, out_s3) X(ulong, rows)           \
+    X(ulong, elements) X(int, mode) X(int, softmax_pad_)
+CLATTN_SCORED_PARAMS_STRUCT(softmax, CLATTN_SOFTMAX_PARAMS)
+
+/* ---- matmul (matmul.cl: matmul, matmul_vec) ------------------------------------------------
+ * C[b0, b1] = alpha op(A) op(B) + beta C + bias over batch entries batch_base + z (z: global
+ * dimension 2), b1 < batch1; *_batch0/1: the operands' batch strides; b_group: b1 / b_group
+ * selects B's entry; matmul_vec: b_panel (B packed in panels), stream_c. */
+#define CLATTN_MATMUL_PARAMS(X)                                                                   \
+    X(ulong, batch1) X(ulong, batch_base) X(ulong, a_offset) X(ulong, a_batch0)                  \
+    X(ulong, a_batch1) X(ulong, lda) X(ulong, b_offset) X(ulong, b_batch0) X(ulong, b_batch1)    \
+    X(ulong, ldb) X(ulong, b_panel) X(ulong, c_offset) X(ulong, c_batch0) X(ulong, c_batch1)     \
+    X(ulong, ldc) X(ulong, bias_offset) X(ulong, b_group) X(uint, M) X(uint, N) X(uint, K)       \
+    X(int, trans_a) X(int, trans_b) X(float, alpha) X(float, beta) X(int, has_bias)              \
+    X(int, stream_c) X(uint, matmul_pad_)
+CLATTN_PARAMS_STRUCT(matmul, CLATTN_MATMUL_PARAMS)
+
+/* ---- rotary embeddings (rope.cl) -----------------------------------------------------------
+ * x, out: (b, h, s, c) strides; the cos/sin caches (cache_mode 1: (position, j), 2: (b, s, j)
+ * strides c_s0..2); position ids (b, s) strides; pairs: (2j, 2j + 1) else (j, j + rot / 2). */
+#define CLATTN_ROPE_PARAMS(X)                                                                     \
+    X(ulong, x_offset) X(ulong, x_s0) X(ulong, x_s1) X(ulong, x_s2) X(ulong, x_s3)                \
+    X(ulong, out_offset) X(ulong, out_s0) X(ulong, out_s1) X(ulong, out_s2) X(ulong, out_s3)     \
+    X(ulong, cos_offset) X(ulong, sin_offset) X(ulong, c_s0) X(ulong, c_s1) X(ulong, c_s2)       \
+    X(ulong, pos_offset) X(ulong, pos_s0) X(ulong, pos_s1) X(ulong, start) X(ulong, total)        \
+    X(int, cache_mode) X(uint, cache_rows) X(int, has_position_ids) X(int, pairs)                \
+    X(uint, heads) X(uint, seq) X(uint, dim) X(uint, rot)
+CLATTN_PARAMS_STRUCT(rope, CLATTN_ROPE_PARAMS)
+
+/* ---- positional encodings (posenc.cl) ------------------------------------------------------
+ * x, out: (a, b, p, i) strides; table: (position, i) strides; the box d0 x d1 x seq x dim. */
+#define CLATTN_POSENC_PARAMS(X)                                                                   \
+    X(ulong, x_offset) X(ulong, x_s0) X(ulong, x_s1) X(ulong, x_s2) X(ulong, x_s3)                \
+    X(ulong, out_offset) X(ulong, out_s0) X(ulong, out_s1) X(ulong, out_s2) X(ulong, out_s3)     \
+    X(ulong, table_offset) X(ulong, table_s0) X(ulong, table_s1) X(ulong, start)                 \
+    X(ulong, total) X(int, has_x) X(int, has_table) X(uint, d0) X(uint, d1) X(uint, seq)         \
+    X(uint, dim)
+CLATTN_PARAMS_STRUCT(posenc, CLATTN_POSENC_PARAMS)
+
+/* ---- additive scores (additive.cl) ---------------------------------------------------------
+ * p1, p2, raw: (b, h, row) strides (unit column stride); w: (h, c) strides. */
+#define CLATTN_ADDITIVE_PARAMS(X)                                                                 \
+    X(ulong, p1_offset) X(ulong, p1_s0) X(ulong, p1_s1) X(ulong, p1_s2) X(ulong, p2_offset)      \
+    X(ulong, p2_s0) X(ulong, p2_s1) X(ulong, p2_s2) X(ulong, w_offset) X(ulong, w_s0)            \
+    X(ulong, w_s1) X(ulong, raw_offset) X(ulong, raw_s0) X(ulong, raw_s1) X(ulong, raw_s2)       \
+    X(uint, heads) X(uint, seq_q) X(uint, seq_k) X(uint, dim)
+CLATTN_PARAMS_STRUCT(additive, CLATTN_ADDITIVE_PARAMS)
+
+/* ---- decode-split merge (heads.cl's flash_merge) -------------------------------------------
+ * splits partial outputs and lse (packed float32 at o_parts_at / lse_parts_at of the scratch)
+ * into O ((b, h, row, col) strides) and lse ((b, h, row) strides, when has_lse). */
+#define CLATTN_MERGE_PARAMS(X)                                                                    \
+    X(ulong, rows) X(ulong, o_offset) X(ulong, o_s0) X(ulong, o_s1) X(ulong, o_s2)               \
+    X(ulong, o_s3) X(ulong, lse_offset) X(ulong, lse_s0) X(ulong, lse_s1) X(ulong, lse_s2)       \
+    X(ulong, o_parts_at) X(ulong, lse_parts_at) X(uint, splits) X(uint, dv) X(int, has_lse)      \
+    X(uint, heads) X(uint, seq_q) X(uint, merge_pad_)
+CLATTN_PARAMS_STRUCT(merge, CLATTN_MERGE_PARAMS)
+
+#endif
