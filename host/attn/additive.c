@@ -400,4 +400,8 @@ static clattn_status additive_execute(clattn_plan *plan, const cl_mem *mems, con
 }
 
 static const clattn__plan_ops additive_ops = {
-    .kind = CLATTN__ADDITIVE, .execute = additive_execute, .release = NULL, .role_names = clattn__sdpa_role_names};
+    .kind = CLATTN__ADDITIVE,
+    .execute = additive_execute,
+    .release = NULL,
+    .role_names = clattn__sdpa_role_names,
+};

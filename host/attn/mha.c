@@ -652,4 +652,8 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
 }
 
 static const clattn__plan_ops mha_ops = {
-    .kind = CLATTN__MHA, .execute = mha_execute, .release = NULL, .role_names = clattn__mha_role_names};
+    .kind = CLATTN__MHA,
+    .execute = mha_execute,
+    .release = NULL,
+    .role_names = clattn__mha_role_names,
+};

@@ -170,4 +170,8 @@ static clattn_status posenc_execute(clattn_plan *plan, const cl_mem *mems, const
 }
 
 static const clattn__plan_ops posenc_ops = {
-    .kind = CLATTN__POSENC, .execute = posenc_execute, .release = NULL, .role_names = clattn__x_role_names};
+    .kind = CLATTN__POSENC,
+    .execute = posenc_execute,
+    .release = NULL,
+    .role_names = clattn__x_role_names,
+};

@@ -281,4 +281,8 @@ static clattn_status rope_execute(clattn_plan *plan, const cl_mem *mems, const s
 }
 
 static const clattn__plan_ops rope_ops = {
-    .kind = CLATTN__ROPE, .execute = rope_execute, .release = NULL, .role_names = clattn__x_role_names};
+    .kind = CLATTN__ROPE,
+    .execute = rope_execute,
+    .release = NULL,
+    .role_names = clattn__x_role_names,
+};

@@ -442,4 +442,8 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
 }
 
 static const clattn__plan_ops sdpa_ops = {
-    .kind = CLATTN__SDPA, .execute = sdpa_execute, .release = NULL, .role_names = clattn__sdpa_role_names};
+    .kind = CLATTN__SDPA,
+    .execute = sdpa_execute,
+    .release = NULL,
+    .role_names = clattn__sdpa_role_names,
+};
