@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core/status.h" /* clattn__fault_arm */
 #include "problems.h"
 #include "reference.h"
 #include "testutil.h"

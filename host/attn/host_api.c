@@ -1,6 +1,6 @@
 /* Host-pointer API: stages float arrays in the context's workspace, runs the device path,
  * reads the results back. Synchronous. */
-#include "tensor.h"
+#include "plan.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -2,8 +2,8 @@
 #ifndef CLATTN_PLAN_H
 #define CLATTN_PLAN_H
 
+#include "core/tensor.h"
 #include "ops.h"
-#include "tensor.h"
 
 /* The roles of clattn_tensors, in its field order. */
 typedef enum clattn__role {

@@ -1,5 +1,6 @@
 /* Device choice, context and queue, per-device tuning, program cache, launches, workspace. */
-#include "internal.h"
+#include "runtime.h"
+#include "tuning.h"
 #include "kernels_embedded.h"
 
 #include <limits.h>

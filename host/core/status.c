@@ -1,5 +1,5 @@
 /* Status names, OpenCL error names and the per-context last-error message. */
-#include "internal.h"
+#include "status.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,7 +1,8 @@
 /* Kernel parameters per device: a default row computed from the device's limits, then the
  * rows of the tuning table (host/tuning/table.h), of the tuning cache written by `clattn tune`
  * (or of CLATTN_TUNING=FILE instead), of the context descriptor, and the quirks, that match. */
-#include "internal.h"
+#include "status.h"
+#include "tuning.h"
 #include "tuning/table.h"
 
 #include <ctype.h>

@@ -6,35 +6,8 @@
 #define CLATTN_OPS_H
 
 #include "../../kernels/params.h" /* the kernel families' parameter structs */
-#include "internal.h"
-
-/* A strided operand resolved for a kernel: always 4 dims, right-aligned (missing leading dims
- * are 1 with stride 0), strides in elements of dtype. The plan fills dims, strides and dtype at
- * creation; mem and offset at execution. */
-typedef struct clattn__view {
-    cl_mem mem;
-    cl_ulong offset;
-    clattn_dtype dtype;
-    size_t dims[4];
-    size_t strides[4];
-} clattn__view;
-
-/* A 4-d view's element offset and strides, into a parameter struct's fields (params.h). */
-static inline void clattn__view_fields(const clattn__view *view, cl_ulong *offset, cl_ulong *s0,
-                                       cl_ulong *s1, cl_ulong *s2, cl_ulong *s3)
-{
-    *offset = view->offset;
-    *s0 = view->strides[0];
-    *s1 = view->strides[1];
-    *s2 = view->strides[2];
-    *s3 = view->strides[3];
-}
-
-/* Device scratch at element offset `offset` (float elements) of `mem`. */
-typedef struct clattn__scratch {
-    cl_mem mem;
-    size_t offset;
-} clattn__scratch;
+#include "core/runtime.h"
+#include "core/tensor.h"
 
 /* ---- matmul (ops/matmul.c, kernels/matmul.cl) ----------------------------------------------
  * C[b0, b1] = alpha * op(A[b0, b1]) * op(B[b0, b1]) + beta * C[b0, b1] + bias, where

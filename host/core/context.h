@@ -1,0 +1,130 @@
+/* The context: the device, its limits and tuning, the program cache, the workspace slots and
+ * the last error (host/core; data only, the functions are in runtime.h). Never installed. */
+#ifndef CLATTN_CORE_CONTEXT_H
+#define CLATTN_CORE_CONTEXT_H
+
+#include "clattn.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+
+/* The kernel sources; each op file owns one. common.cl is prepended to every program. */
+typedef enum clattn_source {
+    CLATTN_SRC_MATMUL = 0,
+    CLATTN_SRC_SOFTMAX,
+    CLATTN_SRC_HEADS,
+    CLATTN_SRC_FLASH,
+    CLATTN_SRC_FLASH_CPU,
+    CLATTN_SRC_FLASH_GPU,
+    CLATTN_SRC_POSENC,
+    CLATTN_SRC_ROPE,
+    CLATTN_SRC_ADDITIVE,
+    CLATTN_SRC_COUNT
+} clattn_source;
+
+/* Device-memory scratch owned by the context, reused across calls and grown on demand.
+ * Host-API staging buffers live here too. */
+typedef enum clattn_ws_slot {
+    CLATTN_WS_PLAN = 0,   /* plan executions without a workspace of the caller's */
+    CLATTN_WS_HOST_IN0,   /* host API: query / q */
+    CLATTN_WS_HOST_IN1,   /* key / k */
+    CLATTN_WS_HOST_IN2,   /* value / v */
+    CLATTN_WS_HOST_OUT,   /* out */
+    CLATTN_WS_HOST_ATTN,  /* attention weights */
+    CLATTN_WS_HOST_MASK,  /* additive mask */
+    CLATTN_WS_HOST_KPM,   /* key padding mask */
+    CLATTN_WS_HOST_ALIBI, /* ALiBi slopes */
+    CLATTN_WS_HOST_W,     /* all weights and biases, packed one after another */
+    CLATTN_WS_MATMUL_BT,  /* matmul_vec: B packed into panels */
+    CLATTN_WS_COUNT
+} clattn_ws_slot;
+
+typedef struct clattn_device_info {
+    cl_device_type type;
+    char name[256];
+    char vendor[128];
+    size_t max_work_group_size;
+    size_t max_item_sizes[3];
+    cl_ulong local_mem_size;
+    cl_ulong max_alloc_size;
+    cl_ulong global_mem_size;
+    cl_uint compute_units;
+    cl_uint preferred_float_width;
+    bool has_fp64; /* CL_DEVICE_DOUBLE_FP_CONFIG != 0 (cl_khr_fp64) */
+} clattn_device_info;
+
+/* Kernel parameters: the default row computed from the device's limits, then the rows of the
+ * tuning table (host/tuning/table.h, and CLATTN_TUNING=FILE) that match the device, in order.
+ * Each field is a key of the table's text format (host/core/tuning.c). */
+typedef struct clattn_tuning {
+    bool cpu_params; /* CPU-class rows apply (the device's type, or CLATTN_PARAMS) */
+    unsigned matmul_vec; /* 1: the register-blocked vector matmul (CPUs), 0: local tiles */
+    unsigned vec_rm, vec_width, vec_wg, transpose_wg;
+    unsigned vec_nv; /* matmul_vec: vectors per micro-tile row (panel = vec_nv * vec_width) */
+    unsigned vec_rb; /* matmul_vec: micro-tiles (vec_rm rows each) per work-item */
+    unsigned vec_kc; /* matmul_vec: depth of a K block */
+    unsigned vec_stream; /* matmul_vec: KiB of F32 C per launch from which it is written with
+                          * nontemporal stores (0: never) */
+    unsigned tile_m, tile_n, tile_k, wpt_m, wpt_n;
+    unsigned softmax_wg;
+    unsigned softmax_rows; /* 0: a work-group per softmax row; N: a work-item per row, N rows
+                            * per group, float16 vectors (CPUs) */
+    unsigned heads_wg;
+    unsigned decode_keys; /* fused decode splits: keys per split at least (0: never split) */
+    unsigned flash_rows; /* query rows (work-items) per fused work-group, upper bound */
+    unsigned flash_vw;   /* vector width along a row in the fused kernel (1, 4, 8), upper bound */
+    unsigned flash_cpu;    /* 1: the fused kernel for CPUs (flash_cpu.cl), 0: flash.cl */
+    unsigned flash_cpu_rb; /* flash_cpu: query rows per register block (1 .. 8) */
+    unsigned flash_cpu_nb; /* flash_cpu: register blocks per work-group sharing a key tile */
+    unsigned flash_cpu_kv; /* flash_cpu: float16 vectors per block row (1, 2, 4) */
+    unsigned flash_gpu;    /* 1: the cooperative fused kernel for GPUs (flash_gpu.cl) */
+    unsigned fg_bq, fg_bk, fg_tx, fg_ty; /* flash_gpu: rows, keys per tile, work-items */
+    unsigned loop_trip_limit; /* 0, or the loop iterations a work-item may make in all (quirks) */
+    char rows[256];           /* which table rows applied (for `clattn info` and tests) */
+    char summary[1536];       /* clattn_ctx_tuning(): rows, file, ignored rows, parameters */
+} clattn_tuning;
+
+/* A program built with extra -D options (e.g. per head size) and its one kernel. */
+typedef struct clattn_variant {
+    clattn_source source;
+    char name[32];
+    char options[192];
+    cl_program program;
+    cl_kernel kernel;
+} clattn_variant;
+
+struct clattn_ctx {
+    cl_context context;
+    cl_device_id device;
+    cl_command_queue queue;
+    cl_command_queue exec_queue; /* set during clattn_plan_execute on another queue, else NULL */
+    bool exec_out_of_order;      /* exec_queue may run commands out of order */
+    clattn_device_info info;
+    clattn_tuning tuning;
+    char build_options[512];
+    clattn_variant *variants;
+    size_t num_variants, variant_capacity;
+    size_t workspace_limit; /* 0: only the device's limits */
+    bool out_of_order;      /* the queue may run commands out of order */
+    cl_event last_event;    /* the end of the previous call's work on the context's workspace */
+    cl_command_queue last_queue; /* the queue last_event was enqueued on */
+    bool private_workspace; /* this call uses only the caller's workspace: no ordering needed */
+    cl_mem workspace[CLATTN_WS_COUNT];
+    size_t workspace_bytes[CLATTN_WS_COUNT];
+    char message[2048];
+    /* clattn_ctx_trace_kernels: the kernels enqueued while tracing, with a retained event. */
+    bool tracing;
+    struct clattn_trace_entry {
+        char name[48];
+        cl_event event;
+    } *trace;
+    size_t trace_count, trace_dropped;
+};
+
+/* The queue the current call enqueues on. */
+static inline cl_command_queue clattn__queue(const clattn_ctx *ctx)
+{
+    return ctx->exec_queue ? ctx->exec_queue : ctx->queue;
+}
+
+#endif

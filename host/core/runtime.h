@@ -1,0 +1,100 @@
+/* The runtime (host/core/runtime.c): programs and kernel launches, the workspace, entry checks,
+ * event chains. */
+#ifndef CLATTN_CORE_RUNTIME_H
+#define CLATTN_CORE_RUNTIME_H
+
+#include "context.h"
+#include "status.h"
+
+/* *out = product of count sizes; false on overflow. */
+bool clattn__product(size_t *out, int count, ...);
+
+
+/* A kernel argument: size and pointer to its value (value NULL with size sizeof(cl_mem) passes a
+ * NULL buffer). */
+typedef struct clattn_arg {
+    size_t size;
+    const void *value;
+} clattn_arg;
+#define CLATTN_ARG(x) ((clattn_arg){sizeof(x), &(x)})
+
+/* The kernel `name` of `source` built with the extra options `extra`, cached per context. */
+clattn_status clattn__variant_kernel(clattn_ctx *ctx, clattn_source source, const char *name,
+                                     const char *extra, cl_kernel *out);
+/* As clattn__launch, for a kernel already at hand. */
+clattn_status clattn__launch_kernel(clattn_ctx *ctx, cl_kernel kernel, const char *name,
+                                    const clattn_arg *args, cl_uint num_args, cl_uint dims,
+                                    const size_t *global, const size_t *local, cl_uint num_wait,
+                                    const cl_event *wait, cl_event *event);
+
+/* A device buffer of at least `bytes` in workspace slot `slot` (grown, never shrunk); `op`
+ * names the caller in messages. */
+clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot slot, size_t bytes,
+                                cl_mem *out);
+
+/* The first checks of every public device call: clears *event and the last error, and refuses
+ * a NULL ctx or desc and a wait list that does not match num_wait. */
+clattn_status clattn__entry(clattn_ctx *ctx, const char *op, const void *desc, cl_uint num_wait,
+                            const cl_event *wait, cl_event *event);
+clattn_status clattn__check_norm(clattn_ctx *ctx, const char *op, clattn_norm norm);
+
+/* Checks that no dimension is 0 (limits false), or, once the sizes are known not to overflow,
+ * that each fits the kernels' 32-bit indices (limits true). */
+clattn_status clattn__check_dims(clattn_ctx *ctx, const char *op, const size_t *dims,
+                                 const char *const *names, int count, bool limits);
+
+/* Rounds value up to a multiple of step (step > 0); false on overflow. */
+bool clattn__round_up(size_t value, size_t step, size_t *out);
+
+/* --- validation (runtime.c) ---------------------------------------------------------------- */
+
+/* Checks that tensor `t` (named `name` in messages of op `op`) is present when required, and
+ * that its buffer holds `offset + elems` elements of `elem_size` bytes. An absent optional
+ * tensor passes. */
+clattn_status clattn__check_tensor(clattn_ctx *ctx, const char *op, const char *name,
+                                   clattn_tensor t, size_t elems, size_t elem_size, bool required);
+
+/* Elements a batched strided matrix spans: (batch-1)*stride + (rows-1)*ld + cols;
+ * false on overflow. */
+bool clattn__matrix_extent(size_t batch, size_t stride, size_t rows, size_t cols, size_t ld,
+                           size_t *out);
+
+/* Event chaining for multi-kernel plans: each step waits for the previous one, so plans work
+ * on out-of-order queues too. The first step waits for the caller's list. */
+typedef struct clattn_chain {
+    cl_uint num_wait;
+    const cl_event *wait;
+    cl_event last;
+} clattn_chain;
+
+void clattn__chain_init(clattn_chain *chain, cl_uint num_wait, const cl_event *wait);
+/* Makes `event` (a step's completion event) the one the next step waits for. */
+void clattn__chain_push(clattn_chain *chain, cl_event event);
+/* Hands the final event to the caller (or releases it when out == NULL) and resets. */
+void clattn__chain_finish(clattn_chain *chain, cl_event *out);
+
+#define CHAIN_WAIT(chain) (chain)->num_wait, (chain)->wait
+
+/* Public entry points wrap their work in begin/end. On an out-of-order queue, begin makes the
+ * call's first step also wait for the previous call's work (the workspace is shared), and end
+ * remembers the call's last event. end hands the final event to `event` on success and
+ * returns status; on failure it makes sure the message starts with `op`, so that an error
+ * from an inner step still names the call the user made. */
+clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain, cl_uint num_wait,
+                            const cl_event *wait);
+clattn_status clattn__end(clattn_ctx *ctx, const char *op, clattn_chain *chain,
+                          clattn_status status, cl_event *event);
+/* On failure, makes sure the message starts with "op: "; returns status. */
+clattn_status clattn__end_message(clattn_ctx *ctx, const char *op, clattn_status status);
+/* Pushes a step's event (read through the pointer after the step ran) when the step
+ * succeeded; returns status. */
+static inline clattn_status clattn__step(clattn_chain *chain, clattn_status status,
+                                         const cl_event *step)
+{
+    if (status == CLATTN_SUCCESS)
+        clattn__chain_push(chain, *step);
+    return status;
+}
+
+
+#endif

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""The structure rules of issue 26 as a test (ctest entry `layering`):
+
+1. No two files of host/ include or call each other in a loop: a file-level graph of
+   `#include "..."` edges and calls of non-static clattn_ functions (a call edge goes from the
+   calling file to the defining one) has no cycle.
+2. No __kernel in kernels/ or host/mpi/ takes more than 16 parameters (each kernel family
+   takes its buffers plus one struct from kernels/params.h).
+
+Prints what it checked and each violation; exit status 1 on a violation.
+    tests/layering.py [REPO_ROOT]
+"""
+import collections
+import glob
+import os
+import re
+import sys
+
+MAX_KERNEL_PARAMS = 16
+
+
+def host_graph(root):
+    files = sorted(glob.glob(os.path.join(root, "host", "**", "*.[ch]"), recursive=True))
+    defined = {}
+    for path in files:
+        if path.endswith(".c"):
+            text = open(path, encoding="utf-8").read()
+            for m in re.finditer(r"^(?!static)[a-z][\w \*]*?\b(clattn_\w+)\s*\(", text, re.M):
+                defined.setdefault(m.group(1), path)
+    search = [os.path.join(root, d) for d in ("host", "host/ops", "host/attn", "include")]
+    graph = collections.defaultdict(set)
+    for path in files:
+        text = open(path, encoding="utf-8").read()
+        if path.endswith(".c"):
+            for name, where in defined.items():
+                if where != path and re.search(r"\b" + name + r"\s*\(", text):
+                    graph[path].add(where)
+        for m in re.finditer(r'#include "([^"]+)"', text):
+            for base in [os.path.dirname(path)] + search:
+                candidate = os.path.normpath(os.path.join(base, m.group(1)))
+                if os.path.exists(candidate):
+                    graph[path].add(candidate)
+                    break
+    return files, graph
+
+
+def cycles(graph):
+    """Strongly connected components of more than one file (Tarjan, iterative)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    counter = 0
+    for start in list(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            advanced = False
+            for succ in edges:
+                if succ not in index:
+                    index[succ] = low[succ] = counter
+                    counter += 1
+                    stack.append(succ)
+                    on_stack.add(succ)
+                    work.append((succ, iter(sorted(graph[succ]))))
+                    advanced = True
+                    break
+                if succ in on_stack:
+                    low[node] = min(low[node], index[succ])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def kernel_params(root):
+    """(file, kernel, parameter count) of every __kernel, macros in signatures expanded by hand
+    (SCORE_BUFFERS is two buffers)."""
+    result = []
+    for path in sorted(glob.glob(os.path.join(root, "kernels", "*.cl")) +
+                       glob.glob(os.path.join(root, "host", "mpi", "*.cl"))):
+        text = open(path, encoding="utf-8").read()
+        pattern = r"__kernel\s+(?:__attribute__\s*\(\(.*?\)\)\s*)*void\s+(\w+)\s*\(([^{]*?)\)\s*\{"
+        for m in re.finditer(pattern, text, re.S):
+            params = [p.strip() for p in m.group(2).split(",") if p.strip()]
+            count = sum(2 if p == "SCORE_BUFFERS" else 1 for p in params)
+            result.append((os.path.relpath(path, root), m.group(1), count))
+    return result
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
+    root = os.path.abspath(root)
+    failed = False
+    files, graph = host_graph(root)
+    edges = sum(len(v) for v in graph.values())
+    loops = cycles(graph)
+    print(f"layering: {len(files)} files of host/, {edges} include/call edges, "
+          f"{len(loops)} loop(s)")
+    for loop in loops:
+        failed = True
+        print("  loop: " + " <-> ".join(os.path.relpath(p, root) for p in loop))
+    kernels = kernel_params(root)
+    if not kernels:
+        failed = True
+        print("kernels: no __kernel found (the pattern is broken)")
+    widest = max(kernels, key=lambda k: k[2]) if kernels else None
+    print(f"kernels: {len(kernels)} kernels, the most parameters: "
+          f"{widest[2]} ({widest[1]} in {widest[0]})" if widest else "")
+    for path, name, count in kernels:
+        if count > MAX_KERNEL_PARAMS:
+            failed = True
+            print(f"  {name} in {path} takes {count} parameters (at most {MAX_KERNEL_PARAMS})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
