@@ -5,14 +5,9 @@
 
 #include <string.h>
 
-static const clattn__plan_ops additive_ops; /* the kind's table (plan.h), at the end */
-
 void clattn_additive_desc_init(clattn_additive_desc *desc)
 {
-    if (desc == NULL)
-        return;
-    memset(desc, 0, sizeof *desc);
-    desc->struct_size = sizeof *desc;
+    clattn__desc_reset(desc, sizeof *desc);
 }
 
 /* q, k, v or out as (batch, seq, features): rank 3, or rank 2 (seq, features) as batch 1. */
@@ -107,8 +102,9 @@ static clattn_status prepare_projection(clattn_plan *plan, const clattn__layout 
     return clattn__matmul_prepare(plan->ctx, &shape, mm);
 }
 
-static clattn_status create(clattn_plan *plan, const clattn_additive_desc *desc)
+static clattn_status create(clattn_plan *plan, const void *any)
 {
+    const clattn_additive_desc *desc = any;
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
     const clattn__layout *l = plan->layouts;
@@ -234,51 +230,9 @@ static clattn_status create(clattn_plan *plan, const clattn_additive_desc *desc)
                                            "seq_q, seq_k)");
 }
 
-clattn_status clattn_additive_plan_create(clattn_ctx *ctx, const clattn_additive_desc *desc,
-                                          clattn_plan **out)
-{
-    static const char op[] = "additive";
-    if (out)
-        *out = NULL;
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    if (desc == NULL || out == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op,
-                            desc ? "out" : "desc");
-    clattn_status status =
-        clattn__check_struct_size(ctx, op, "clattn_additive_desc", desc->struct_size, sizeof *desc);
-    clattn_plan *plan = NULL;
-    if (status == CLATTN_SUCCESS)
-        status = clattn__plan_new(ctx, &additive_ops, op, &desc->tensors, &plan);
-    if (status == CLATTN_SUCCESS)
-        status = create(plan, desc);
-    if (status != CLATTN_SUCCESS) {
-        clattn_plan_release(plan);
-        return clattn__end_message(ctx, op, status);
-    }
-    *out = plan;
-    return CLATTN_SUCCESS;
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Execution
  * ------------------------------------------------------------------------------------------- */
-
-/* (batch, seq, features) rows as a matmul operand: (1, 1, batch * seq, f) when flat, else
- * (1, batch, seq, f). */
-static clattn__view rows_view(const clattn__layout *l, cl_mem mem, size_t offset, bool flat)
-{
-    clattn__view v = {.mem = mem, .offset = offset, .dtype = l->dtype};
-    v.dims[0] = 1, v.strides[0] = 0;
-    v.dims[1] = flat ? 1 : l->dims[0];
-    v.strides[1] = flat ? 0 : l->strides[0];
-    v.dims[2] = flat ? l->dims[0] * l->dims[1] : l->dims[1];
-    v.strides[2] = l->strides[1];
-    v.dims[3] = l->dims[2];
-    v.strides[3] = l->strides[2];
-    return v;
-}
 
 /* A projection's output columns first .. first + cols of the packed (batch, seq, width)
  * workspace region at `at`, shaped like rows_view. */
@@ -317,7 +271,7 @@ static clattn_status project(clattn_plan *plan, const clattn__matmul_plan *mm, i
     const clattn__layout *l = plan->layouts;
     const clattn__layout x_layout = as_rank3(&l[x_role]);
     const clattn__layout *w = &l[w_role];
-    const clattn__view x = rows_view(&x_layout, mems[x_role], offsets[x_role], flat);
+    const clattn__view x = clattn__rows_view(&x_layout, mems[x_role], offsets[x_role], flat);
     const clattn__scratch scratch = {workspace, a->scratch_at};
     const size_t width = a->heads * a->da, cols = per_head ? a->da : width;
     clattn_status status = CLATTN_SUCCESS;
@@ -399,9 +353,5 @@ static clattn_status additive_execute(clattn_plan *plan, const cl_mem *mems, con
     return clattn__attention_enqueue(plan, &io, workspace, chain);
 }
 
-static const clattn__plan_ops additive_ops = {
-    .kind = CLATTN__ADDITIVE,
-    .execute = additive_execute,
-    .release = NULL,
-    .role_names = clattn__sdpa_role_names,
-};
+CLATTN__PLAN_KIND(additive, CLATTN__ADDITIVE, clattn_additive_desc, create, additive_execute,
+                  clattn_additive_plan_create, "additive", clattn__sdpa_role_names)

@@ -382,3 +382,19 @@ clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attenti
                         &step);
 }
 
+/* A (batch, seq, features) layout as a matmul operand: (1, 1, batch*seq, f) when flat, else
+ * (1, batch, seq, f). */
+/* A (batch, seq, features) layout as a matmul operand: (1, 1, batch*seq, f) when flat, else
+ * (1, batch, seq, f). */
+clattn__view clattn__rows_view(const clattn__layout *l, cl_mem mem, size_t offset, bool flat)
+{
+    clattn__view v = {.mem = mem, .offset = offset, .dtype = l->dtype};
+    v.dims[0] = 1, v.strides[0] = 0;
+    v.dims[1] = flat ? 1 : l->dims[0];
+    v.strides[1] = flat ? 0 : l->strides[0];
+    v.dims[2] = flat ? l->dims[0] * l->dims[1] : l->dims[1];
+    v.strides[2] = l->strides[1];
+    v.dims[3] = l->dims[2];
+    v.strides[3] = l->strides[2];
+    return v;
+}

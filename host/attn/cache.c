@@ -14,10 +14,7 @@ struct clattn_kv_cache {
 
 void clattn_kv_cache_desc_init(clattn_kv_cache_desc *desc)
 {
-    if (desc == NULL)
-        return;
-    memset(desc, 0, sizeof *desc);
-    desc->struct_size = sizeof *desc;
+    clattn__desc_reset(desc, sizeof *desc);
 }
 
 void clattn_kv_cache_release(clattn_kv_cache *cache)
@@ -58,14 +55,8 @@ clattn_status clattn_kv_cache_create(clattn_ctx *ctx, const clattn_kv_cache_desc
     static const char op[] = "kv_cache_create";
     if (out)
         *out = NULL;
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    if (desc == NULL || out == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op,
-                            desc ? "out" : "desc");
     clattn_status status =
-        clattn__check_struct_size(ctx, op, "clattn_kv_cache_desc", desc->struct_size, sizeof *desc);
+        clattn__create_entry(ctx, op, desc, out != NULL, "clattn_kv_cache_desc", sizeof *desc);
     if (status != CLATTN_SUCCESS)
         return status;
     if (desc->dtype != CLATTN_DTYPE_F32 && desc->dtype != CLATTN_DTYPE_F16 &&

@@ -133,20 +133,14 @@ static size_t elems_of(const clattn_tensor *t)
 
 void clattn_attention_host_desc_init(clattn_attention_host_desc *desc)
 {
-    if (desc == NULL)
-        return;
-    memset(desc, 0, sizeof *desc);
-    desc->struct_size = sizeof *desc;
-    desc->scale = NAN;
+    if (clattn__desc_reset(desc, sizeof *desc))
+        desc->scale = NAN;
 }
 
 void clattn_mha_host_desc_init(clattn_mha_host_desc *desc)
 {
-    if (desc == NULL)
-        return;
-    memset(desc, 0, sizeof *desc);
-    desc->struct_size = sizeof *desc;
-    desc->scale = NAN;
+    if (clattn__desc_reset(desc, sizeof *desc))
+        desc->scale = NAN;
 }
 
 /* Runs plan on the staged tensors and reads out (and weights) back. */
@@ -169,13 +163,7 @@ clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_host
                                     const clattn_host_masks *masks, float *out, float *weights)
 {
     static const char op[] = "attention";
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    if (desc == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: desc is NULL", op);
-    clattn_status status = clattn__check_struct_size(ctx, op, "clattn_attention_host_desc",
-                                                     desc->struct_size, sizeof *desc);
+    clattn_status status = clattn__create_entry(ctx, op, desc, true, "clattn_attention_host_desc", sizeof *desc);
     if (status != CLATTN_SUCCESS)
         return status;
     const char *missing = !q ? "q" : !k ? "k" : !v ? "v" : !out ? "out" : NULL;
@@ -252,13 +240,7 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
                                       float *attn_weights)
 {
     static const char op[] = "mha_forward";
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    if (desc == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: desc is NULL", op);
-    clattn_status status = clattn__check_struct_size(ctx, op, "clattn_mha_host_desc",
-                                                     desc->struct_size, sizeof *desc);
+    clattn_status status = clattn__create_entry(ctx, op, desc, true, "clattn_mha_host_desc", sizeof *desc);
     if (status != CLATTN_SUCCESS)
         return status;
     if (weights == NULL)

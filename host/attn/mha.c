@@ -6,8 +6,6 @@
 #include <math.h>
 #include <string.h>
 
-static const clattn__plan_ops mha_ops; /* the kind's table (plan.h), at the end */
-
 typedef struct mha_dims {
     size_t batch, seq_q, seq_k, embed, kdim, vdim, qk_dim, v_dim, out_dim, heads;
     size_t kv_heads, kv_qk_dim, kv_v_dim; /* k/v heads and the k, v projections' widths */
@@ -108,8 +106,9 @@ static clattn_status check_input(clattn_plan *plan, int role, const char *what, 
 
 static clattn_status prepare_rope(clattn_plan *plan, const clattn_mha_desc *desc);
 
-static clattn_status create(clattn_plan *plan, const clattn_mha_desc *desc)
+static clattn_status create(clattn_plan *plan, const void *any)
 {
+    const clattn_mha_desc *desc = any;
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
     const clattn__layout *l = plan->layouts;
@@ -406,51 +405,9 @@ static clattn_status prepare_rope(clattn_plan *plan, const clattn_mha_desc *desc
                                 CLATTN_DTYPE_F32, &m->rope_k);
 }
 
-clattn_status clattn_mha_plan_create(clattn_ctx *ctx, const clattn_mha_desc *desc,
-                                     clattn_plan **out)
-{
-    static const char op[] = "mha";
-    if (out)
-        *out = NULL;
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    if (desc == NULL || out == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op,
-                            desc ? "out" : "desc");
-    clattn_status status =
-        clattn__check_struct_size(ctx, op, "clattn_mha_desc", desc->struct_size, sizeof *desc);
-    clattn_plan *plan = NULL;
-    if (status == CLATTN_SUCCESS)
-        status = clattn__plan_new(ctx, &mha_ops, op, &desc->tensors, &plan);
-    if (status == CLATTN_SUCCESS)
-        status = create(plan, desc);
-    if (status != CLATTN_SUCCESS) {
-        clattn_plan_release(plan);
-        return clattn__end_message(ctx, op, status); /* the message names the call */
-    }
-    *out = plan;
-    return CLATTN_SUCCESS;
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Execution
  * ------------------------------------------------------------------------------------------- */
-
-/* A (batch, seq, features) layout as a matmul operand: (1, 1, batch*seq, f) when flat, else
- * (1, batch, seq, f). */
-static clattn__view rows_view(const clattn__layout *l, cl_mem mem, size_t offset, bool flat)
-{
-    clattn__view v = {.mem = mem, .offset = offset, .dtype = l->dtype};
-    v.dims[0] = 1, v.strides[0] = 0;
-    v.dims[1] = flat ? 1 : l->dims[0];
-    v.strides[1] = flat ? 0 : l->strides[0];
-    v.dims[2] = flat ? l->dims[0] * l->dims[1] : l->dims[1];
-    v.strides[2] = l->strides[1];
-    v.dims[3] = l->dims[2];
-    v.strides[3] = l->strides[2];
-    return v;
-}
 
 /* A matrix (rows, cols) with row stride ld at offset, broadcast over batches. */
 static clattn__view matrix_view(cl_mem mem, size_t offset, clattn_dtype dtype, size_t rows,
@@ -525,7 +482,7 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
     size_t q_at = m->q_at, k_at = m->k_at, v_at = m->v_at, q_ld = e, kv_ld = m->kv_qk_dim;
     size_t v_ld = m->kv_v_dim;
     if (self_packed) {
-        const clattn__view x = rows_view(&l[R_Q], mems[R_Q], offsets[R_Q], flat_q);
+        const clattn__view x = clattn__rows_view(&l[R_Q], mems[R_Q], offsets[R_Q], flat_q);
         const clattn__view w = bound_matrix(&l[R_IN_W], mems[R_IN_W], offsets[R_IN_W], 0, 3 * e);
         const clattn__view bias =
             l[R_IN_B].present ? bias_view(mems[R_IN_B], offsets[R_IN_B], 3 * e) : none;
@@ -547,7 +504,7 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
         const clattn__matmul_plan *mms[3] = {&m->q_proj, &m->k_proj, &m->v_proj};
         for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i) {
             const int r = roles[i];
-            const clattn__view x = rows_view(&l[r], mems[r], offsets[r], flat[i]);
+            const clattn__view x = clattn__rows_view(&l[r], mems[r], offsets[r], flat[i]);
             clattn__view w, bias = none;
             if (m->packed_in_proj) {
                 w = bound_matrix(&l[R_IN_W], mems[R_IN_W], offsets[R_IN_W], (size_t)i * e, e);
@@ -644,16 +601,12 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
     const clattn__view w = bound_matrix(&l[R_OW], mems[R_OW], offsets[R_OW], 0, 0);
     const clattn__view bias =
         l[R_OB].present ? bias_view(mems[R_OB], offsets[R_OB], l[R_OB].dims[0]) : none;
-    const clattn__view y = rows_view(&l[R_OUT], mems[R_OUT], offsets[R_OUT], flat_out);
+    const clattn__view y = clattn__rows_view(&l[R_OUT], mems[R_OUT], offsets[R_OUT], flat_out);
     return clattn__step(chain,
                         clattn__matmul_enqueue(ctx, &m->out_proj, &concat, &w, &bias, &y, 1.0f,
                                                0.0f, scratch, CHAIN_WAIT(chain), &step),
                         &step);
 }
 
-static const clattn__plan_ops mha_ops = {
-    .kind = CLATTN__MHA,
-    .execute = mha_execute,
-    .release = NULL,
-    .role_names = clattn__mha_role_names,
-};
+CLATTN__PLAN_KIND(mha, CLATTN__MHA, clattn_mha_desc, create, mha_execute,
+                  clattn_mha_plan_create, "mha", clattn__mha_role_names)

@@ -107,20 +107,14 @@ static const char *role_name(const clattn_plan *plan, int role)
 
 void clattn_sdpa_desc_init(clattn_sdpa_desc *desc)
 {
-    if (desc == NULL)
-        return;
-    memset(desc, 0, sizeof *desc);
-    desc->struct_size = sizeof *desc;
-    desc->scale = NAN;
+    if (clattn__desc_reset(desc, sizeof *desc))
+        desc->scale = NAN;
 }
 
 void clattn_mha_desc_init(clattn_mha_desc *desc)
 {
-    if (desc == NULL)
-        return;
-    memset(desc, 0, sizeof *desc);
-    desc->struct_size = sizeof *desc;
-    desc->scale = NAN;
+    if (clattn__desc_reset(desc, sizeof *desc))
+        desc->scale = NAN;
 }
 
 clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, const char *op,
@@ -151,6 +145,36 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, con
     if (status != CLATTN_SUCCESS) {
         free(plan);
         return status;
+    }
+    *out = plan;
+    return CLATTN_SUCCESS;
+}
+
+/* Every plan descriptor starts with struct_size and tensors (clattn__plan_ops). */
+_Static_assert(offsetof(clattn_sdpa_desc, tensors) == offsetof(clattn_mha_desc, tensors) &&
+                   offsetof(clattn_sdpa_desc, tensors) == offsetof(clattn_posenc_desc, tensors) &&
+                   offsetof(clattn_sdpa_desc, tensors) == offsetof(clattn_rope_desc, tensors) &&
+                   offsetof(clattn_sdpa_desc, tensors) == offsetof(clattn_additive_desc, tensors),
+               "plan descriptors share their head");
+
+clattn_status clattn__plan_create(clattn_ctx *ctx, const clattn__plan_ops *ops, const char *op,
+                                  const void *desc, clattn_plan **out)
+{
+    if (out)
+        *out = NULL;
+    clattn_status status =
+        clattn__create_entry(ctx, op, desc, out != NULL, ops->desc_type, ops->desc_size);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    const clattn_tensors *tensors =
+        (const clattn_tensors *)((const char *)desc + offsetof(clattn_sdpa_desc, tensors));
+    clattn_plan *plan = NULL;
+    status = clattn__plan_new(ctx, ops, op, tensors, &plan);
+    if (status == CLATTN_SUCCESS)
+        status = ops->create(plan, desc);
+    if (status != CLATTN_SUCCESS) {
+        clattn_plan_release(plan);
+        return clattn__end_message(ctx, op, status); /* the message names the call */
     }
     *out = plan;
     return CLATTN_SUCCESS;

@@ -126,18 +126,33 @@ typedef struct clattn__posenc {
 } clattn__posenc;
 
 /* What a plan kind provides (one table per kind, defined in its own file): plan.c reaches a kind
- * only through it, so no file of host/attn calls back into the one that calls it. create is
- * the kind's public clattn_*_plan_create (it calls clattn__plan_new with the table); execute
- * enqueues the planned steps on tensors already bound and checked against the plan (no
- * validation, no planning); release frees what the kind added beyond the shared fields (NULL:
- * nothing); role_names name the tensors in messages. */
+ * only through it, so no file of host/attn calls back into the one that calls it. The kind's
+ * public clattn_*_plan_create calls clattn__plan_create with its table, which runs the shared
+ * prologue (entry checks, struct_size, the tensors' layouts) and then create: all validation
+ * and geometry, on a plan whose layouts are set. execute enqueues the planned steps on tensors
+ * already bound and checked against the plan (no validation, no planning); release frees what
+ * the kind added beyond the shared fields (NULL: nothing); role_names name the tensors in
+ * messages. Every plan descriptor starts with `size_t struct_size; clattn_tensors tensors;`. */
 typedef struct clattn__plan_ops {
     clattn__plan_kind kind;
+    const char *desc_type; /* "clattn_sdpa_desc" */
+    size_t desc_size;      /* sizeof it */
+    clattn_status (*create)(clattn_plan *plan, const void *desc);
     clattn_status (*execute)(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                              cl_mem workspace, clattn_chain *chain);
     void (*release)(clattn_plan *plan);
     const char *const *role_names; /* R_COUNT names */
 } clattn__plan_ops;
+
+/* Defines a kind's table `name##_ops` (no release) and its public create function `fn`, which
+ * is clattn__plan_create with the table and the op name `op`. */
+#define CLATTN__PLAN_KIND(name, kind, desc_t, create_fn, execute_fn, fn, op, names)               \
+    static const clattn__plan_ops name##_ops = {                                                  \
+        kind, #desc_t, sizeof(desc_t), create_fn, execute_fn, NULL, names};                       \
+    clattn_status fn(clattn_ctx *ctx, const desc_t *desc, clattn_plan **out)                      \
+    {                                                                                             \
+        return clattn__plan_create(ctx, &name##_ops, op, desc, out);                              \
+    }
 
 /* The tensors' names: SDPA's (q, k, v, ...), MHA's (query, key, value, ...) and the
  * positional ops' (x, ...). */
@@ -205,8 +220,12 @@ clattn_status clattn__make_angle_table(clattn_plan *plan, size_t rows, size_t ro
 /* The table's cos and sin as (rows, half) views (rope.c). */
 void clattn__angle_views(const clattn_plan *plan, clattn__view *cos_view, clattn__view *sin_view);
 
+/* A plan of the kind `ops` from its descriptor: the whole of every clattn_*_plan_create (see
+ * clattn__plan_ops). On failure *out is NULL and the message names `op`. */
+clattn_status clattn__plan_create(clattn_ctx *ctx, const clattn__plan_ops *ops, const char *op,
+                                  const void *desc, clattn_plan **out);
 /* Allocates a plan of the kind `ops` on ctx and validates every tensor layout in `tensors`
- * (floats, masks U8 or floats, outputs overlap-free): the prologue every kind's create shares. */
+ * (floats, masks U8 or floats, outputs overlap-free). */
 clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, const char *op,
                                const clattn_tensors *tensors, clattn_plan **out);
 /* Finishes creation: checks the workspace against the context's limit. */
@@ -229,6 +248,10 @@ typedef struct clattn__rope_fields {
 clattn_status clattn__rope_fields_prepare(clattn_plan *plan, const clattn__rope_fields *fields,
                                           size_t head_dim, size_t longest, bool *on,
                                           clattn__rope_shape *shape);
+
+/* A (batch, seq, features) layout as a matmul operand: (1, 1, batch * seq, f) when flat, else
+ * (1, batch, seq, f) (attention.c; MHA's and additive attention's projections). */
+clattn__view clattn__rows_view(const clattn__layout *l, cl_mem mem, size_t offset, bool flat);
 
 /* A plan's layout bound to a buffer at an element offset: the op-level view. */
 clattn__view clattn__bound_view(const clattn__layout *l, cl_mem mem, size_t offset);

@@ -5,14 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const clattn__plan_ops posenc_ops; /* the kind's table (plan.h), at the end */
-
 void clattn_posenc_desc_init(clattn_posenc_desc *desc)
 {
-    if (desc == NULL)
-        return;
-    memset(desc, 0, sizeof *desc);
-    desc->struct_size = sizeof *desc;
+    clattn__desc_reset(desc, sizeof *desc);
 }
 
 /* Frequencies w_k = base^(-2k / dim), k < count, as float pairs (hi, lo) with hi + lo = w_k
@@ -46,10 +41,18 @@ clattn_status clattn__make_frequencies(clattn_plan *plan, size_t count, size_t d
     return CLATTN_SUCCESS;
 }
 
-static clattn_status create(clattn_plan *plan, const clattn_posenc_desc *desc)
+static clattn_status create(clattn_plan *plan, const void *any)
 {
+    const clattn_posenc_desc *desc = any;
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
+    for (int role = 0; role < R_COUNT; ++role)
+        if (role != R_Q && role != R_OUT && role != R_POS_TABLE &&
+            clattn__tensor_of(&desc->tensors, (clattn__role)role)->rank != 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: positional-encoding plans take x (tensors.q), out and "
+                                "pos_table only; tensor #%d of clattn_tensors is set",
+                                op, role);
     const clattn__layout *l = plan->layouts;
     const clattn__layout *x = &l[R_Q], *out = &l[R_OUT], *table = &l[R_POS_TABLE];
     if ((unsigned)desc->kind > CLATTN_POSENC_TABLE)
@@ -112,41 +115,6 @@ static clattn_status create(clattn_plan *plan, const clattn_posenc_desc *desc)
     return clattn__plan_finish(plan, "nothing");
 }
 
-clattn_status clattn_posenc_plan_create(clattn_ctx *ctx, const clattn_posenc_desc *desc,
-                                        clattn_plan **out)
-{
-    static const char op[] = "posenc";
-    if (out)
-        *out = NULL;
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    if (desc == NULL || out == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op,
-                            desc ? "out" : "desc");
-    clattn_status status =
-        clattn__check_struct_size(ctx, op, "clattn_posenc_desc", desc->struct_size, sizeof *desc);
-    if (status != CLATTN_SUCCESS)
-        return status;
-    for (int role = 0; role < R_COUNT; ++role)
-        if (role != R_Q && role != R_OUT && role != R_POS_TABLE &&
-            clattn__tensor_of(&desc->tensors, (clattn__role)role)->rank != 0)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: positional-encoding plans take x (tensors.q), out and "
-                                "pos_table only; tensor #%d of clattn_tensors is set",
-                                op, role);
-    clattn_plan *plan = NULL;
-    status = clattn__plan_new(ctx, &posenc_ops, op, &desc->tensors, &plan);
-    if (status == CLATTN_SUCCESS)
-        status = create(plan, desc);
-    if (status != CLATTN_SUCCESS) {
-        clattn_plan_release(plan);
-        return clattn__end_message(ctx, op, status);
-    }
-    *out = plan;
-    return CLATTN_SUCCESS;
-}
-
 static clattn_status posenc_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                     cl_mem workspace, clattn_chain *chain)
 {
@@ -169,9 +137,5 @@ static clattn_status posenc_execute(clattn_plan *plan, const cl_mem *mems, const
                         &step);
 }
 
-static const clattn__plan_ops posenc_ops = {
-    .kind = CLATTN__POSENC,
-    .execute = posenc_execute,
-    .release = NULL,
-    .role_names = clattn__x_role_names,
-};
+CLATTN__PLAN_KIND(posenc, CLATTN__POSENC, clattn_posenc_desc, create, posenc_execute,
+                  clattn_posenc_plan_create, "posenc", clattn__x_role_names)

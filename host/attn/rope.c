@@ -5,14 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const clattn__plan_ops rope_ops; /* the kind's table (plan.h), at the end */
-
 void clattn_rope_desc_init(clattn_rope_desc *desc)
 {
-    if (desc == NULL)
-        return;
-    memset(desc, 0, sizeof *desc);
-    desc->struct_size = sizeof *desc;
+    clattn__desc_reset(desc, sizeof *desc);
 }
 
 static bool same_layout(const clattn__layout *a, const clattn__layout *b)
@@ -125,10 +120,18 @@ clattn_status clattn__rope_fields_prepare(clattn_plan *plan, const clattn__rope_
     return CLATTN_SUCCESS;
 }
 
-static clattn_status create(clattn_plan *plan, const clattn_rope_desc *desc)
+static clattn_status create(clattn_plan *plan, const void *any)
 {
+    const clattn_rope_desc *desc = any;
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
+    for (int role = 0; role < R_COUNT; ++role)
+        if (role != R_Q && role != R_OUT && role != R_ROPE_COS && role != R_ROPE_SIN &&
+            role != R_POS_IDS && clattn__tensor_of(&desc->tensors, (clattn__role)role)->rank != 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: rotary plans take x (tensors.q), out, rope_cos, rope_sin "
+                                "and position_ids only; tensor #%d of clattn_tensors is set",
+                                op, role);
     const clattn__layout *l = plan->layouts;
     const clattn__layout *x = &l[R_Q], *out = &l[R_OUT], *cos_l = &l[R_ROPE_COS];
     const clattn__layout *sin_l = &l[R_ROPE_SIN], *ids = &l[R_POS_IDS];
@@ -222,41 +225,6 @@ static clattn_status create(clattn_plan *plan, const clattn_rope_desc *desc)
     return clattn__plan_finish(plan, "nothing");
 }
 
-clattn_status clattn_rope_plan_create(clattn_ctx *ctx, const clattn_rope_desc *desc,
-                                      clattn_plan **out)
-{
-    static const char op[] = "rope";
-    if (out)
-        *out = NULL;
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    if (desc == NULL || out == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op,
-                            desc ? "out" : "desc");
-    clattn_status status =
-        clattn__check_struct_size(ctx, op, "clattn_rope_desc", desc->struct_size, sizeof *desc);
-    if (status != CLATTN_SUCCESS)
-        return status;
-    for (int role = 0; role < R_COUNT; ++role)
-        if (role != R_Q && role != R_OUT && role != R_ROPE_COS && role != R_ROPE_SIN &&
-            role != R_POS_IDS && clattn__tensor_of(&desc->tensors, (clattn__role)role)->rank != 0)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: rotary plans take x (tensors.q), out, rope_cos, rope_sin "
-                                "and position_ids only; tensor #%d of clattn_tensors is set",
-                                op, role);
-    clattn_plan *plan = NULL;
-    status = clattn__plan_new(ctx, &rope_ops, op, &desc->tensors, &plan);
-    if (status == CLATTN_SUCCESS)
-        status = create(plan, desc);
-    if (status != CLATTN_SUCCESS) {
-        clattn_plan_release(plan);
-        return clattn__end_message(ctx, op, status);
-    }
-    *out = plan;
-    return CLATTN_SUCCESS;
-}
-
 static clattn_status rope_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                   cl_mem workspace, clattn_chain *chain)
 {
@@ -280,9 +248,5 @@ static clattn_status rope_execute(clattn_plan *plan, const cl_mem *mems, const s
         chain, clattn__rope_enqueue(plan->ctx, &plan->rope, &io, CHAIN_WAIT(chain), &step), &step);
 }
 
-static const clattn__plan_ops rope_ops = {
-    .kind = CLATTN__ROPE,
-    .execute = rope_execute,
-    .release = NULL,
-    .role_names = clattn__x_role_names,
-};
+CLATTN__PLAN_KIND(rope, CLATTN__ROPE, clattn_rope_desc, create, rope_execute,
+                  clattn_rope_plan_create, "rope", clattn__x_role_names)

@@ -4,24 +4,12 @@
 #include <float.h>
 #include <string.h>
 
-static const clattn__plan_ops sdpa_ops; /* the kind's table (plan.h), at the end */
-
-clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *desc,
-                                      clattn_plan **out)
+static clattn_status create(clattn_plan *plan, const void *any)
 {
-    static const char op[] = "sdpa";
-    if (out)
-        *out = NULL;
-    if (ctx == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn__clear_error(ctx);
-    if (desc == NULL || out == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op,
-                            desc ? "out" : "desc");
-    clattn_status status =
-        clattn__check_struct_size(ctx, op, "clattn_sdpa_desc", desc->struct_size, sizeof *desc);
-    if (status != CLATTN_SUCCESS)
-        return status;
+    const clattn_sdpa_desc *desc = any;
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    clattn_status status = CLATTN_SUCCESS;
     const clattn_tensors *t = &desc->tensors;
     static const char *const used[] = {"in_proj_weight", "in_proj_bias", "q_weight", "k_weight",
                                        "v_weight",       "q_bias",       "k_bias",   "v_bias",
@@ -43,9 +31,6 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
                                 : role == R_POS_IDS  ? "position_ids"
                                 : role == R_ROPE_COS ? "rope_cos"
                                                      : "rope_sin");
-    clattn_plan *plan = NULL;
-    if ((status = clattn__plan_new(ctx, &sdpa_ops, op, t, &plan)))
-        return status;
     const clattn__layout *l = plan->layouts;
     static const char *const required[4] = {"q", "k", "v", "out"};
     for (int role = R_Q; role <= R_OUT && status == CLATTN_SUCCESS; ++role)
@@ -294,12 +279,7 @@ clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_sdpa_desc *d
         status = clattn__plan_finish(plan, rope->on ? "the rotated q and k, and the scores"
                                                     : "the scores (batch, heads, seq_q, seq_k)");
 done:
-    if (status != CLATTN_SUCCESS) {
-        clattn_plan_release(plan);
-        return clattn__end_message(ctx, op, status); /* the message names the call */
-    }
-    *out = plan;
-    return CLATTN_SUCCESS;
+    return status;
 }
 
 static bool same_view(const clattn__view *a, const clattn__view *b)
@@ -441,9 +421,5 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
     return clattn__attention_enqueue(plan, &io, workspace, chain);
 }
 
-static const clattn__plan_ops sdpa_ops = {
-    .kind = CLATTN__SDPA,
-    .execute = sdpa_execute,
-    .release = NULL,
-    .role_names = clattn__sdpa_role_names,
-};
+CLATTN__PLAN_KIND(sdpa, CLATTN__SDPA, clattn_sdpa_desc, create, sdpa_execute,
+                  clattn_sdpa_plan_create, "sdpa", clattn__sdpa_role_names)

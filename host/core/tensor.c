@@ -205,6 +205,29 @@ clattn_status clattn__bind(clattn_ctx *ctx, const char *op, const char *name,
     return CLATTN_SUCCESS;
 }
 
+bool clattn__desc_reset(void *desc, size_t size)
+{
+    if (desc == NULL)
+        return false;
+    memset(desc, 0, size);
+    memcpy(desc, &size, sizeof size); /* struct_size, the first field of every descriptor */
+    return true;
+}
+
+clattn_status clattn__create_entry(clattn_ctx *ctx, const char *op, const void *desc, bool has_out,
+                                  const char *type, size_t size)
+{
+    if (ctx == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn__clear_error(ctx);
+    if (desc == NULL || !has_out)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op,
+                            desc ? "out" : "desc");
+    size_t given; /* every descriptor starts with its struct_size */
+    memcpy(&given, desc, sizeof given);
+    return clattn__check_struct_size(ctx, op, type, given, size);
+}
+
 clattn_status clattn__check_struct_size(clattn_ctx *ctx, const char *op, const char *type,
                                         size_t given, size_t expected)
 {

@@ -72,6 +72,13 @@ void clattn__view_of(const clattn__layout *l, clattn__view *v);
 clattn_status clattn__bind(clattn_ctx *ctx, const char *op, const char *name,
                            const clattn__layout *planned, const clattn_tensor *t, cl_mem *mem,
                            size_t *offset);
+/* A descriptor's _init: zeros and struct_size = size; false (nothing done) for NULL. */
+bool clattn__desc_reset(void *desc, size_t size);
+/* The first checks of every create call: a NULL ctx gives CLATTN_ERR_INVALID_ARGUMENT (no
+ * message: there is no context to hold one); then the last error is cleared, desc and out
+ * (has_out) must be given, and desc's struct_size must be `size` (type names the struct). */
+clattn_status clattn__create_entry(clattn_ctx *ctx, const char *op, const void *desc, bool has_out,
+                                  const char *type, size_t size);
 clattn_status clattn__check_struct_size(clattn_ctx *ctx, const char *op, const char *type,
                                         size_t given, size_t expected);
 
