@@ -291,9 +291,8 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_
             for (uint d = 0; d < QK_VECS; ++d)
                 partial = mad(q[d], row_load(d, k_tile[j]), partial);
 #endif
-            s[j] = masked_score(
-                soft_cap(row_sum(partial), softcap) + alibi_bias(band, safe_row, key), key,
-                row_key_begin, row_key_end, tile_padded[j], has_mask, mask, key * mask_s3);
+            s[j] = score_rule(row_sum(partial), softcap, band, safe_row, key, row_key_begin,
+                              row_key_end, tile_padded[j], has_mask, mask, key * mask_s3);
             tile_max = fmax(tile_max, s[j]);
         }
 

@@ -305,22 +305,14 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE)
                 }
             }
 
-            /* Soft-capping (score.cl), before any mask: a uniform branch. */
-            if (softcap > 0.0f) {
+            /* The rule's value (score.cl: soft-capping, ALiBi), before any mask; skipped as a
+             * whole without either (a uniform branch). */
+            if (softcap > 0.0f || band.slope != 0.0f) {
 #pragma unroll
                 for (uint r = 0; r < FC_RB; ++r) {
 #pragma unroll
                     for (uint v = 0; v < 4; ++v)
-                        s[r][v] = soft_cap16(s[r][v], softcap);
-                }
-            }
-            /* ALiBi (score.cl), with the cap: a uniform branch. */
-            if (band.slope != 0.0f) {
-#pragma unroll
-                for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-                    for (uint v = 0; v < 4; ++v)
-                        s[r][v] += alibi_bias16(band, row0 + r, k0 + 16 * v);
+                        s[r][v] = score_value16(s[r][v], softcap, band, row0 + r, k0 + 16 * v);
                 }
             }
 

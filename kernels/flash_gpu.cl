@@ -214,10 +214,9 @@ void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_
             const uint row_key_end = band_end(band, safe_row);
             for (uint j = 0; j < FG_RN; ++j) {
                 const uint jj = tx + j * FG_TX, key = k0 + jj;
-                p_tile[r * P_PAD + jj] = masked_score(
-                    soft_cap(s[i][j], softcap) + alibi_bias(band, safe_row, key), key,
-                    row_key_begin, row_key_end, tile_padded[jj], has_mask, mask,
-                    safe_row * mask_s2 + key * mask_s3);
+                p_tile[r * P_PAD + jj] = score_rule(
+                    s[i][j], softcap, band, safe_row, key, row_key_begin, row_key_end,
+                    tile_padded[jj], has_mask, mask, safe_row * mask_s2 + key * mask_s3);
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);

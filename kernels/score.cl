@@ -170,6 +170,38 @@ inline float masked_score(const float scaled_dot, const uint key, const uint key
     return add_mask(scaled_dot, has_mask, mask, mask_index);
 }
 
+/* ---- the rule, composed in one place: every kernel computes its scores through these ----
+ * score_value: a kept key's value before the mask term: the scaled dot product soft-capped,
+ * then ALiBi's bias (the float16 form: 16 keys key0 .. key0 + 15 of one row, uniform branches).
+ * score_rule: one key's score: -inf where key_masked, else score_value plus the mask term.
+ * The order (scale, cap, ALiBi, mask, band and padding, then normalisation) is written here
+ * and nowhere else; a new modifier of the value goes into score_value(16), a new way to drop
+ * keys into key_masked. */
+inline float score_value(const float scaled_dot, const float softcap, const key_band band,
+                         const uint row, const uint key)
+{
+    return soft_cap(scaled_dot, softcap) + alibi_bias(band, row, key);
+}
+
+inline float16 score_value16(float16 scaled_dot, const float softcap, const key_band band,
+                             const uint row, const uint key0)
+{
+    if (softcap > 0.0f)
+        scaled_dot = soft_cap16(scaled_dot, softcap);
+    if (band.slope != 0.0f)
+        scaled_dot += alibi_bias16(band, row, key0);
+    return scaled_dot;
+}
+
+inline float score_rule(const float scaled_dot, const float softcap, const key_band band,
+                        const uint row, const uint key, const uint key_begin, const uint key_end,
+                        const bool padded, const int has_mask,
+                        __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_index)
+{
+    return masked_score(score_value(scaled_dot, softcap, band, row, key), key, key_begin, key_end,
+                        padded, has_mask, mask, mask_index);
+}
+
 /* Normalisation. softmax_shift: what a row subtracts before exp, its max, or 0 for a row with
  * every score -inf (whose weights then come out 0 instead of exp(-inf - -inf) = NaN). */
 inline float softmax_shift(const float row_max)

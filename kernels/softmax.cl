@@ -63,7 +63,7 @@ inline float row_score(__global const float *raw, const uint c, const float scal
     if (key_masked(c, key_begin, key_end,
                    key_padded(has_key_padding, key_padding, c * key_padding_s1)))
         return NEG_INF;
-    return add_mask(soft_cap(scale * raw[c], softcap) + alibi_bias(band, row, c), has_mask, mask,
+    return add_mask(score_value(scale * raw[c], softcap, band, row, c), has_mask, mask,
                     c * mask_s3);
 }
 
@@ -120,11 +120,7 @@ inline float16 row_scores16(__global const float *raw, const uint c, const float
                             const int has_key_padding, __global const uchar *key_padding,
                             const ulong key_padding_s1)
 {
-    float16 s = scale * vload16(0, raw + c);
-    if (softcap > 0.0f)
-        s = soft_cap16(s, softcap);
-    if (band.slope != 0.0f)
-        s += alibi_bias16(band, row, c);
+    float16 s = score_value16(scale * vload16(0, raw + c), softcap, band, row, c);
     if (c < key_begin) {
         const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         s = select(s, (float16)(NEG_INF), (int16)((int)c) + lane < (int16)((int)key_begin));
@@ -329,18 +325,18 @@ __kernel void score_copy(__global const float *raw, __global float *dst,
     const uint i = (uint)(row - bh * seq_q);
     const ulong b = bh / heads, h = bh - b * heads;
     float s = scale * raw[raw_offset + b * raw_s0 + h * raw_s1 + i * raw_s2 + c];
-    if (mode >= 1)
+    if (mode == 1)
         s = soft_cap(s, softcap);
     if (mode == 2) {
         const key_band band = BAND_OF(b, h);
-        s += alibi_bias(band, i, c);
         const bool padded =
             has_key_padding &&
             key_padding[key_padding_offset + b * key_padding_s0 + c * key_padding_s1] != 0;
-        s = masked_score(s, c, band_begin(band, i), band_end(band, i), padded, has_mask,
-                         mask + (has_mask ? mask_offset + b * mask_s0 + h * mask_s1 + i * mask_s2
-                                          : 0),
-                         c * mask_s3);
+        s = score_rule(s, softcap, band, i, c, band_begin(band, i), band_end(band, i), padded,
+                       has_mask,
+                       mask + (has_mask ? mask_offset + b * mask_s0 + h * mask_s1 + i * mask_s2
+                                        : 0),
+                       c * mask_s3);
     }
     dst[out_offset + b * out_s0 + h * out_s1 + i * out_s2 + c * out_s3] = s;
 }
