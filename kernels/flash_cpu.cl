@@ -22,12 +22,13 @@
  *       tile of 64 keys (kt: d x 64)        V tile (vt: 64 x FC_DVP)
  *   block r0..r0+FC_RB  s[FC_RB][4] float16  ->  p  ->  acc[FC_RB][4] float16 per 64 columns
  *
- * Compile-time variants keep the plain case free of extras: FC_MASK (a mask of MASK_DTYPE,
- * applied per score with score.cl's masked_score), FC_KPAD (key padding: the KB bias on every
- * tile), FC_BAND (1 when the key band has a diagonal bound, causal or a sliding window:
- * tiles outside a block's band are skipped, and the keys outside each row's band dropped only
- * on tiles that cross one of its edges; the band's values are arguments), FC_RELU (relu normalisation instead of softmax). lse and resume are
- * arguments, used outside the tile loop. Local memory: FC_ROWS * (HEAD_DIM_QK + FC_DVP + 2)
+ * Compile-time variants keep the plain case free of extras (score.cl's switches, set from the
+ * host's one table in ops/score.c): SCORE_MASK (a mask of MASK_DTYPE, applied per score with
+ * score.cl's masked_score), SCORE_KPAD (key padding: the KB bias on every tile), SCORE_BAND (1
+ * when the key band has a diagonal bound, causal or a sliding window: tiles outside a block's
+ * band are skipped, and the keys outside each row's band dropped only on tiles that cross one
+ * of its edges; the band's values are arguments), SCORE_RELU (relu normalisation instead of
+ * softmax). lse and resume are arguments, used outside the tile loop. Local memory: FC_ROWS * (HEAD_DIM_QK + FC_DVP + 2)
  * + 64 * (FC_RB + HEAD_DIM_QK + FC_DVP + 1) floats (96 rows at d = 256: 324 KiB); the host
  * checks the device's size.
  */
@@ -46,17 +47,17 @@
 #ifndef FC_KV
 #define FC_KV 4 /* float16 vectors per register-block row: 4 (32 registers), 1 (16: AVX2) */
 #endif
-#ifndef FC_MASK
-#define FC_MASK 0
+#ifndef SCORE_MASK
+#define SCORE_MASK 0
 #endif
-#ifndef FC_KPAD
-#define FC_KPAD 0
+#ifndef SCORE_KPAD
+#define SCORE_KPAD 0
 #endif
-#ifndef FC_BAND
-#define FC_BAND 0
+#ifndef SCORE_BAND
+#define SCORE_BAND 0
 #endif
-#ifndef FC_RELU
-#define FC_RELU 0
+#ifndef SCORE_RELU
+#define SCORE_RELU 0
 #endif
 #ifndef Q_DTYPE
 #define Q_DTYPE 0
@@ -192,12 +193,12 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE)
     Q += q_offset + b * q_s0 + h * q_s1;
     K += k_offset + b * k_s0 + (h / kv_group) * k_s1; /* grouped-query: a shared head */
     V += v_offset + b * v_s0 + (h / kv_group) * v_s1;
-#if FC_KPAD
+#if SCORE_KPAD
     key_padding += key_padding_offset + b * key_padding_s0;
 #endif
     O += o_offset + split * o_split + b * o_s0 + h * o_s1;
     lse += lse_offset + split * lse_split + b * lse_s0 + h * lse_s1;
-#if FC_MASK
+#if SCORE_MASK
     mask += mask_offset + b * mask_s0 + h * mask_s1;
 #endif
 
@@ -213,8 +214,8 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE)
         if (resume && valid) { /* the state the previous key part left (flash.cl) */
             const float previous = lse[row * lse_s2];
             if (previous != NEG_INF) {
-                total[i] = FC_RELU ? exp(previous) : 1.0f;
-                row_max[i] = FC_RELU ? NEG_INF : previous;
+                total[i] = SCORE_RELU ? exp(previous) : 1.0f;
+                row_max[i] = SCORE_RELU ? NEG_INF : previous;
                 for (uint d = 0; d < HEAD_DIM_V; ++d)
                     acc[i][d] = LOAD(O_DTYPE, O, row * o_s2 + d * o_s3) * total[i];
             }
@@ -257,7 +258,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE)
             /* key_masked for keys past the key count and padded keys */
             const uint key = k0 + j;
             kb[j] = key_masked(key, 0, band.limit,
-                               real && key_padded(FC_KPAD, key_padding, key * key_padding_s1))
+                               real && key_padded(SCORE_KPAD, key_padding, key * key_padding_s1))
                         ? NEG_INF
                         : 0.0f;
         }
@@ -265,7 +266,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE)
             const uint r0 = blk * FC_RB, row0 = first_row + r0;
             if (row0 >= seq_q)
                 break;
-#if FC_BAND
+#if SCORE_BAND
             const uint block_last = min(seq_q, row0 + FC_RB) - 1;
             if (k0 >= band_end(band, block_last) || k0 + FC_KT <= band_begin(band, row0))
                 continue; /* the block sees no key of this tile */
@@ -317,7 +318,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE)
             }
 
             /* The score rule on the tile (score.cl): only where something can be dropped. */
-#if FC_MASK
+#if SCORE_MASK
             if (!edge && mask_s3 == 1) {
                 /* masked_score on 16 keys at a time (a tile inside seq_k, a mask row of unit
                  * stride): the mask term, and -inf for padded keys (kb); the band's diagonal bounds
@@ -361,7 +362,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE)
                 }
             }
 #else
-            if (FC_KPAD || edge) { /* key_masked for padding and keys past the count: KB */
+            if (SCORE_KPAD || edge) { /* key_masked for padding and keys past the count: KB */
                 const float16 b_0 = vload16(0, kb), b_1 = vload16(1, kb);
                 const float16 b_2 = vload16(2, kb), b_3 = vload16(3, kb);
 #pragma unroll
@@ -373,7 +374,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE)
                 }
             }
 #endif
-#if FC_BAND
+#if SCORE_BAND
             if (diagonal) { /* key_masked(key, the row's band) on 16 keys at a time */
 #pragma unroll
                 for (uint r = 0; r < FC_RB; ++r) {
@@ -394,7 +395,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE)
             float corr[FC_RB];
 #pragma unroll
             for (uint r = 0; r < FC_RB; ++r) {
-#if FC_RELU
+#if SCORE_RELU
                 corr[r] = 1.0f;
                 float16 p[4];
 #pragma unroll
@@ -440,7 +441,7 @@ void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE)
             STORE(O_DTYPE, acc[i][d] * inv, O, row * o_s2 + d * o_s3);
         if (has_lse)
             lse[row * lse_s2] = total[i] > 0.0f
-                                    ? (FC_RELU ? log(total[i]) : row_max[i] + log(total[i]))
+                                    ? (SCORE_RELU ? log(total[i]) : row_max[i] + log(total[i]))
                                     : NEG_INF;
     }
 }

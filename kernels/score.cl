@@ -19,10 +19,12 @@
  *   relu:    w_ij = relu(s_ij) / sum_j relu(s_ij)
  *   a row whose sum is 0 (every key masked, or relu of nothing positive) gives zeros, not NaN.
  *
- * Compile-time switch: MASK_DTYPE, the dtype code of the mask (types.cl); it only matters in
- * programs launched with a mask. Whether a mask or key padding is present, the key band and
- * the normalisation are kernel arguments: uniform branches, so each program serves every
- * combination and the variants stay few.
+ * Compile-time switches, from the host's one table (host/ops/score.c, clattn__score_switches):
+ * MASK_DTYPE, the dtype code of the mask (types.cl; every family; it only matters in programs
+ * launched with a mask); SCORE_MASK, SCORE_KPAD, SCORE_BAND (the band has a diagonal edge) and
+ * SCORE_RELU, compiled into flash_cpu.cl only. Elsewhere whether a mask or key padding is
+ * present, the key band and the normalisation are kernel arguments (params.h): uniform
+ * branches, so each program serves every combination and the variants stay few.
  *
  * The key band of row i of batch b: keys j with
  *   j < limit            limit = kv_len[b] clamped to [0, seq_k] (per-batch key counts, ONNX's

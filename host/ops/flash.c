@@ -101,17 +101,13 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     if (limit != 0 && limit / 2 <= outside + per_tile)
         return CLATTN_SUCCESS;
     const size_t part_tiles = limit == 0 ? tiles : (limit / 2 - outside) / per_tile;
-    const int mask_dtype = score->has_mask ? (int)score->mask_dtype : 0;
-    char extra[256];
+    char switches[128], extra[320];
+    clattn__score_switches(score, CLATTN__FAMILY_FLASH_CPU, switches, sizeof switches);
     snprintf(extra, sizeof extra,
              "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFC_RB=%u -DFC_NB=%u -DFC_KV=%u -DQ_DTYPE=%d "
-             "-DK_DTYPE=%d "
-             "-DV_DTYPE=%d -DO_DTYPE=%d -DMASK_DTYPE=%d -DFC_MASK=%d -DFC_KPAD=%d -DFC_BAND=%d "
-             "-DFC_RELU=%d",
+             "-DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d %s",
              dk, dv, rb, nb, ctx->tuning.flash_cpu_kv, (int)shape->q_dtype, (int)shape->k_dtype,
-             (int)shape->v_dtype, (int)shape->out_dtype, mask_dtype, (int)score->has_mask,
-             (int)score->has_key_padding, (int)clattn__band_diagonal(score),
-             (int)(score->norm == CLATTN_NORM_RELU));
+             (int)shape->v_dtype, (int)shape->out_dtype, switches);
     clattn_status status =
         clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_CPU, "flash_cpu", extra, &plan->kernel);
     if (status != CLATTN_SUCCESS)
@@ -184,15 +180,16 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
         vw = 4;
     if (vw == 4 && (dk % 4 != 0 || dv % 4 != 0))
         vw = 1;
-    const int mask_dtype = score->has_mask ? (int)score->mask_dtype : 0;
+    char switches[128];
+    clattn__score_switches(score, CLATTN__FAMILY_FLASH, switches, sizeof switches);
     for (;;) {
-        char extra[224];
+        char extra[320];
         snprintf(extra, sizeof extra,
                  "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DBLOCK_Q=%u -DBLOCK_K=%u "
                  "-DFLASH_VW=%u -DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d "
-                 "-DMASK_DTYPE=%d -DADDITIVE=%d",
+                 "%s -DADDITIVE=%d",
                  dk, dv, rows, block_k, vw, (int)shape->q_dtype, (int)shape->k_dtype,
-                 (int)shape->v_dtype, (int)shape->out_dtype, mask_dtype, score->additive ? 1 : 0);
+                 (int)shape->v_dtype, (int)shape->out_dtype, switches, score->additive ? 1 : 0);
         cl_kernel kernel = NULL;
         clattn_status status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH, op, extra, &kernel);
         if (status != CLATTN_SUCCESS)

@@ -60,13 +60,13 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
     }
     if ((size_t)tx * ty > ctx->info.max_work_group_size || (size_t)tx * ty > ctx->info.max_item_sizes[0])
         return CLATTN_SUCCESS;
-    const int mask_dtype = score->has_mask ? (int)score->mask_dtype : 0;
-    char extra[192];
+    char switches[128], extra[320];
+    clattn__score_switches(score, CLATTN__FAMILY_FLASH_GPU, switches, sizeof switches);
     snprintf(extra, sizeof extra,
              "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFG_BQ=%u -DFG_BK=%u -DFG_TX=%u -DFG_TY=%u "
-             "-DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d -DMASK_DTYPE=%d",
+             "-DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d %s",
              dk, dv, bq, bk, tx, ty, (int)shape->q_dtype, (int)shape->k_dtype,
-             (int)shape->v_dtype, (int)shape->out_dtype, mask_dtype);
+             (int)shape->v_dtype, (int)shape->out_dtype, switches);
     cl_kernel kernel = NULL;
     clattn_status status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_GPU, op, extra, &kernel);
     if (status != CLATTN_SUCCESS)

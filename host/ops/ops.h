@@ -96,55 +96,24 @@ typedef struct clattn__score_buffers {
 } clattn__score_buffers;
 
 /* The score rule's operands (params.h's clattn_score_params, the head of the flash and softmax
- * structs) from the score shape and masks: the one place the host writes them. */
-static inline void clattn__score_params(const clattn__score_shape *score,
-                                        const clattn__score_masks *masks, cl_mem fallback,
-                                        clattn_score_params *p, clattn__score_buffers *buffers)
-{
-    const clattn__view *mask = &masks->mask, *padding = &masks->key_padding;
-    const bool has_mask = score->has_mask, has_padding = score->has_key_padding;
-    const bool has_kv_len = score->has_kv_len, has_alibi = score->has_alibi;
-    *p = (clattn_score_params){0};
-    buffers->mask = has_mask ? mask->mem : fallback;
-    buffers->key_padding = has_padding ? padding->mem : fallback;
-    buffers->kv_len = has_kv_len ? masks->kv_len.mem : fallback;
-    buffers->alibi = has_alibi ? masks->alibi.mem : fallback;
-    if (has_mask) {
-        p->mask_offset = mask->offset;
-        p->mask_s0 = mask->strides[0];
-        p->mask_s1 = mask->strides[1];
-        p->mask_s2 = mask->strides[2];
-        p->mask_s3 = mask->strides[3];
-    }
-    if (has_padding) {
-        p->key_padding_offset = padding->offset;
-        p->key_padding_s0 = padding->strides[2];
-        p->key_padding_s1 = padding->strides[3];
-    }
-    if (has_kv_len) {
-        p->kv_len_offset = masks->kv_len.offset;
-        p->kv_len_s0 = masks->kv_len.strides[3];
-    }
-    if (has_alibi) {
-        p->alibi_offset = masks->alibi.offset;
-        p->alibi_s0 = masks->alibi.strides[2];
-        p->alibi_s1 = masks->alibi.strides[3];
-    }
-    p->band_diag = score->band_diag;
-    p->band_upper = score->band_upper;
-    p->band_lower = score->band_lower;
-    p->has_mask = has_mask;
-    p->has_key_padding = has_padding;
-    p->has_kv_len = has_kv_len;
-    p->band_diag_kv = score->band_diag_kv;
-    p->has_alibi = has_alibi;
-    p->heads = (cl_uint)score->heads;
-    p->seq_q = (cl_uint)score->seq_q;
-    p->seq_k = (cl_uint)score->seq_k;
-    p->scale = score->scale;
-    p->softcap = score->softcap;
-    p->norm_relu = score->norm == CLATTN_NORM_RELU;
-}
+ * structs) and the buffers that go with them, from the score shape and masks (ops/score.c: the
+ * one place the host writes them). */
+void clattn__score_params(const clattn__score_shape *score, const clattn__score_masks *masks,
+                          cl_mem fallback, clattn_score_params *p, clattn__score_buffers *buffers);
+
+/* The kernel families that apply the score rule, for clattn__score_switches. */
+typedef enum clattn__score_family {
+    CLATTN__FAMILY_SOFTMAX = 1u << 0,   /* softmax.cl */
+    CLATTN__FAMILY_FLASH = 1u << 1,     /* flash.cl */
+    CLATTN__FAMILY_FLASH_GPU = 1u << 2, /* flash_gpu.cl */
+    CLATTN__FAMILY_FLASH_CPU = 1u << 3  /* flash_cpu.cl */
+} clattn__score_family;
+
+/* The score rule's compile-time switches for `family` as build options ("-DMASK_DTYPE=2
+ * -DSCORE_MASK=1 ..."), from the one table in ops/score.c: a switch a family does not compile
+ * in is a kernel argument there (params.h), so one program serves every value. */
+void clattn__score_switches(const clattn__score_shape *score, clattn__score_family family,
+                            char *out, size_t size);
 
 /* ---- softmax rows (ops/softmax.c, kernels/softmax.cl) --------------------------------------
  * out[b,h,i,:] = normalise(score rule applied to raw[b,h,i,:]) where raw holds q.k dot products

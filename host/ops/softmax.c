@@ -32,9 +32,10 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
     if (score->has_mask && (unsigned)score->mask_dtype > CLATTN_DTYPE_U8)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: mask dtype %d is unknown", op,
                             (int)score->mask_dtype);
-    const int mask_dtype = score->has_mask ? (int)score->mask_dtype : 0;
+    char switches[128];
+    clattn__score_switches(score, CLATTN__FAMILY_SOFTMAX, switches, sizeof switches);
     /* One variant per mask dtype (none shares F32's); the rest are kernel arguments. */
-    char extra[96];
+    char extra[256];
     if (score->softmax_f64) {
         if (!ctx->info.has_fp64)
             return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
@@ -46,8 +47,8 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
         if (!clattn__round_up(plan->rows, plan->local, &plan->global))
             return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu rows overflow size_t", op,
                                 plan->rows);
-        snprintf(extra, sizeof extra, "-DSOFTMAX_WG=%u -DMASK_DTYPE=%d -DSOFTMAX_F64=1",
-                 ctx->tuning.softmax_wg, mask_dtype);
+        snprintf(extra, sizeof extra, "-DSOFTMAX_WG=%u %s -DSOFTMAX_F64=1",
+                 ctx->tuning.softmax_wg, switches);
         clattn_status status = clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, "softmax_rows_f64",
                                                       extra, &plan->kernel);
         if (status != CLATTN_SUCCESS || !score->want_scores)
@@ -65,16 +66,16 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
         if (plan->global < plan->rows)
             return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu rows overflow size_t", op,
                                 plan->rows);
-        snprintf(extra, sizeof extra, "-DSOFTMAX_VEC=1 -DSOFTMAX_ROWS=%zu -DMASK_DTYPE=%d", local,
-                 mask_dtype);
+        snprintf(extra, sizeof extra, "-DSOFTMAX_VEC=1 -DSOFTMAX_ROWS=%zu %s", local,
+                 switches);
     } else {
         plan->local = ctx->tuning.softmax_wg;
         if (!clattn__mul(plan->rows, plan->local, &plan->global))
             return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
                                 "%s: %zu x %zu x %zu rows overflow size_t", op, score->batch,
                                 score->heads, score->seq_q);
-        snprintf(extra, sizeof extra, "-DSOFTMAX_WG=%u -DMASK_DTYPE=%d", ctx->tuning.softmax_wg,
-                 mask_dtype);
+        snprintf(extra, sizeof extra, "-DSOFTMAX_WG=%u %s", ctx->tuning.softmax_wg,
+                 switches);
     }
     clattn_status status =
         clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, op, extra, &plan->kernel);

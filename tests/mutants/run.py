@@ -270,7 +270,7 @@ class Runner:
         if m.kind == "kernel":
             with tempfile.TemporaryDirectory(prefix="clattn-mutant-") as kdir:
                 for f in os.listdir(os.path.join(SOURCE_ROOT, "kernels")):
-                    if f.endswith(".cl"):
+                    if f.endswith((".cl", ".h")):  # the sources and params.h
                         shutil.copy(os.path.join(SOURCE_ROOT, "kernels", f), kdir)
                 write(os.path.join(kdir, os.path.basename(m.file)), mutated)
                 result, ok = self.run_suites(self.build, suites, self.env(kdir), log)

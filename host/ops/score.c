@@ -1,0 +1,110 @@
+/* The score rule on the host: its operands for the kernels (clattn__score_params) and its
+ * compile-time switches (clattn__score_switches), each written once for every kernel family
+ * that applies the rule (softmax, flash, flash_gpu, flash_cpu). kernels/score.cl is the device
+ * side. A new score modifier: a row in `switches` when it is compiled in, fields in params.h's
+ * CLATTN_SCORE_PARAMS filled in clattn__score_params when it is an argument. */
+#include "ops.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void clattn__score_params(const clattn__score_shape *score, const clattn__score_masks *masks,
+                          cl_mem fallback, clattn_score_params *p, clattn__score_buffers *buffers)
+{
+    const clattn__view *mask = &masks->mask, *padding = &masks->key_padding;
+    const bool has_mask = score->has_mask, has_padding = score->has_key_padding;
+    const bool has_kv_len = score->has_kv_len, has_alibi = score->has_alibi;
+    *p = (clattn_score_params){0};
+    buffers->mask = has_mask ? mask->mem : fallback;
+    buffers->key_padding = has_padding ? padding->mem : fallback;
+    buffers->kv_len = has_kv_len ? masks->kv_len.mem : fallback;
+    buffers->alibi = has_alibi ? masks->alibi.mem : fallback;
+    if (has_mask) {
+        p->mask_offset = mask->offset;
+        p->mask_s0 = mask->strides[0];
+        p->mask_s1 = mask->strides[1];
+        p->mask_s2 = mask->strides[2];
+        p->mask_s3 = mask->strides[3];
+    }
+    if (has_padding) {
+        p->key_padding_offset = padding->offset;
+        p->key_padding_s0 = padding->strides[2];
+        p->key_padding_s1 = padding->strides[3];
+    }
+    if (has_kv_len) {
+        p->kv_len_offset = masks->kv_len.offset;
+        p->kv_len_s0 = masks->kv_len.strides[3];
+    }
+    if (has_alibi) {
+        p->alibi_offset = masks->alibi.offset;
+        p->alibi_s0 = masks->alibi.strides[2];
+        p->alibi_s1 = masks->alibi.strides[3];
+    }
+    p->band_diag = score->band_diag;
+    p->band_upper = score->band_upper;
+    p->band_lower = score->band_lower;
+    p->has_mask = has_mask;
+    p->has_key_padding = has_padding;
+    p->has_kv_len = has_kv_len;
+    p->band_diag_kv = score->band_diag_kv;
+    p->has_alibi = has_alibi;
+    p->heads = (cl_uint)score->heads;
+    p->seq_q = (cl_uint)score->seq_q;
+    p->seq_k = (cl_uint)score->seq_k;
+    p->scale = score->scale;
+    p->softcap = score->softcap;
+    p->norm_relu = score->norm == CLATTN_NORM_RELU;
+}
+
+static int mask_dtype(const clattn__score_shape *score)
+{
+    return score->has_mask ? (int)score->mask_dtype : 0;
+}
+static int has_mask(const clattn__score_shape *score)
+{
+    return score->has_mask;
+}
+static int has_key_padding(const clattn__score_shape *score)
+{
+    return score->has_key_padding;
+}
+static int band_diagonal(const clattn__score_shape *score)
+{
+    return clattn__band_diagonal(score);
+}
+static int norm_relu(const clattn__score_shape *score)
+{
+    return score->norm == CLATTN_NORM_RELU;
+}
+
+/* The switches: the macro (score.cl says what each means), its value for a score shape, and
+ * the families that compile it in. */
+static const struct score_switch {
+    const char *macro;
+    int (*value)(const clattn__score_shape *score);
+    unsigned families;
+} switches[] = {
+    {"MASK_DTYPE", mask_dtype,
+     CLATTN__FAMILY_SOFTMAX | CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU |
+         CLATTN__FAMILY_FLASH_CPU},
+    {"SCORE_MASK", has_mask, CLATTN__FAMILY_FLASH_CPU},
+    {"SCORE_KPAD", has_key_padding, CLATTN__FAMILY_FLASH_CPU},
+    {"SCORE_BAND", band_diagonal, CLATTN__FAMILY_FLASH_CPU},
+    {"SCORE_RELU", norm_relu, CLATTN__FAMILY_FLASH_CPU},
+};
+
+void clattn__score_switches(const clattn__score_shape *score, clattn__score_family family,
+                            char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < sizeof switches / sizeof switches[0]; ++i) {
+        if (!(switches[i].families & (unsigned)family))
+            continue;
+        const int n = snprintf(out + used, size - used, "%s-D%s=%d", used ? " " : "",
+                               switches[i].macro, switches[i].value(score));
+        if (n < 0 || (size_t)n >= size - used)
+            return; /* the callers' buffers hold every switch (checked by their own sizes) */
+        used += (size_t)n;
+    }
+}
