@@ -9,8 +9,12 @@
  *   counts overflow size_t give CLATTN_ERR_OVERFLOW.
  * - Attention runs through plans: create a plan once from a descriptor (validation, kernel and
  *   variant choice, program builds, workspace size), execute it many times on buffers. Every
- *   descriptor starts with struct_size = sizeof(the struct), so fields can be appended in later
- *   versions without breaking callers; the _init functions set it and the defaults.
+ *   descriptor starts with struct_size = sizeof(the struct); the _init functions set it and
+ *   the defaults. Fields are appended in later versions (in whole 8-byte units), and the plan
+ *   descriptors, clattn_kv_cache_desc and the host descriptors take an earlier version's
+ *   smaller struct: the fields it lacks keep their defaults (tests/check_plan.c,
+ *   test_struct_size_older). A struct_size larger than this version's, or not a multiple of 8,
+ *   is refused. (clattn_ctx_desc and clattn_matmul_desc still want this version's size.)
  * - Every fallible call returns clattn_status (CLATTN_SUCCESS = 0). Negative values above
  *   CLATTN_ERROR_BASE are OpenCL's own error codes passed through; the library's own codes lie
  *   at and below CLATTN_ERROR_BASE. clattn_last_error(ctx) holds a message naming the argument or

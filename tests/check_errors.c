@@ -455,7 +455,7 @@ START_TEST(test_sdpa_create_errors)
                         "sdpa(struct_size 0)");
     desc = good, desc.struct_size = sizeof desc - 4;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "struct_size", "clattn_sdpa_desc",
-                        "sdpa(struct_size from an older header)");
+                        "sdpa(struct_size no version has)");
 
     /* Bad enum values and scale. */
     desc = good, desc.norm = (clattn_norm)7;
@@ -1098,9 +1098,9 @@ START_TEST(test_mha_create_errors)
     desc.softcap = 2.0f, desc.window_align = CLATTN_CAUSAL_TOP_LEFT, desc.window_left = 3;
     desc.window_right = -1;
     clattn_plan_release(expect_mha_created(&desc, "mha(alibi, softcap and a window)"));
-    desc = good, desc.struct_size = sizeof(clattn_sdpa_desc);
+    desc = good, desc.struct_size = sizeof(clattn_mha_desc) + sizeof(size_t);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "struct_size", "clattn_mha_desc",
-                       "mha(struct_size of the SDPA desc)");
+                       "mha(struct_size from a newer header)");
 
     /* Inputs and outputs absent. */
     desc = good, desc.tensors.q = absent;

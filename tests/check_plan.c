@@ -592,8 +592,9 @@ static void expect_struct_size_error(clattn_status status, const char *call, siz
               call, given, clattn_status_string(status), clattn_last_error(tu_ctx()));
 }
 
-/* Every descriptor with struct_size sizeof - 8, sizeof + 8 and 0 is refused, naming
- * struct_size; nothing runs. */
+/* Every descriptor with a struct_size no version has (sizeof - 4: not a whole number of
+ * 8-byte units), from a newer header (sizeof + 8) or 0 is refused, naming struct_size;
+ * nothing runs. (An earlier version's smaller struct is taken: test_struct_size_older.) */
 START_TEST(test_struct_size)
 {
     TU_BEGIN_TEST();
@@ -609,8 +610,8 @@ START_TEST(test_struct_size)
     pb_mha_make(&mp, &mspec);
     float out[64];
     for (int wrong = 0; wrong < 3; ++wrong) {
-        tu_set_case("struct_size: %s", wrong == 0 ? "sizeof - 8" : wrong == 1 ? "sizeof + 8" : "0");
-#define WRONG_SIZE(type) (wrong == 0 ? sizeof(type) - 8 : wrong == 1 ? sizeof(type) + 8 : 0)
+        tu_set_case("struct_size: %s", wrong == 0 ? "sizeof - 4" : wrong == 1 ? "sizeof + 8" : "0");
+#define WRONG_SIZE(type) (wrong == 0 ? sizeof(type) - 4 : wrong == 1 ? sizeof(type) + 8 : 0)
         clattn_plan *plan = NULL;
         clattn_sdpa_desc sdpa;
         pb_sdpa_desc(&p, &sdpa);
@@ -661,6 +662,92 @@ START_TEST(test_struct_size)
 #undef WRONG_SIZE
     }
     pb_mha_free(&mp);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+/* A descriptor as an earlier version built it: clattn_sdpa_desc of 0.5 ended before diag_offset
+ * (added in 0.6), so struct_size = offsetof(clattn_sdpa_desc, diag_offset), in a buffer of
+ * exactly that size (ASan sees a read past it). The missing field takes its default (0): with
+ * CLATTN_CAUSAL_OFFSET that is the top-left diagonal, checked against the float64 reference of
+ * a top-left causal problem. The same for clattn_attention_host_desc cut before softcap (the
+ * cap and the window then off) and clattn_kv_cache_desc cut before dtype (its default F32). */
+START_TEST(test_struct_size_older)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    pb_sdpa_spec spec = base_spec(2, 3, 17, 29, 8, 5);
+    spec.causal = CLATTN_CAUSAL_TOP_LEFT;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    desc.causal = CLATTN_CAUSAL_OFFSET;
+    desc.diag_offset = 7; /* beyond the old struct: must not be read */
+    const size_t old_size = offsetof(clattn_sdpa_desc, diag_offset);
+    desc.struct_size = old_size;
+    void *old = malloc(old_size);
+    memcpy(old, &desc, old_size);
+    clattn_plan *plan = NULL;
+    clattn_status status = clattn_sdpa_plan_create(ctx, (const clattn_sdpa_desc *)old, &plan);
+    free(old);
+    clattn_tensors bound;
+    if (tu_expect(status == CLATTN_SUCCESS, "create from a 0.5-sized desc (%zu of %zu bytes): %s",
+                  old_size, sizeof desc, clattn_last_error(ctx)) &&
+        tu_expect(pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS, "upload failed")) {
+        status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+        if (tu_expect(status == CLATTN_SUCCESS, "execute: %s", clattn_last_error(ctx)))
+            pb_sdpa_check(ctx, NULL, &p, &bound);
+        pb_release_tensors(&bound);
+    }
+    clattn_plan_release(plan);
+
+    /* Host attention as 0.3 had it, before softcap and the window: they default (off). */
+    tu_set_case("clattn_attention_host_desc without softcap and the window");
+    clattn_attention_host_desc host;
+    clattn_attention_host_desc_init(&host);
+    host.batch = spec.batch, host.heads = spec.heads, host.seq_q = spec.seq_q;
+    host.seq_k = spec.seq_k, host.head_dim_qk = spec.dk, host.head_dim_v = spec.dv;
+    host.causal = CLATTN_CAUSAL_TOP_LEFT;
+    host.softcap = 3.0f; /* beyond the old struct: must not be read */
+    host.window_align = CLATTN_CAUSAL_TOP_LEFT, host.window_left = 1, host.window_right = 0;
+    host.struct_size = offsetof(clattn_attention_host_desc, softcap);
+    float *out = tu_floats(p.out_count);
+    for (size_t i = 0; i < p.out_count; ++i)
+        out[i] = NAN; /* poison: an unwritten element fails */
+    void *host_copy = malloc(host.struct_size);
+    memcpy(host_copy, &host, host.struct_size);
+    status = clattn_attention_host(ctx, (const clattn_attention_host_desc *)host_copy, p.q, p.k,
+                                   p.v, NULL, out, NULL);
+    free(host_copy);
+    if (tu_expect(status == CLATTN_SUCCESS, "attention_host from a %zu-byte desc: %s",
+                  host.struct_size, clattn_last_error(ctx)))
+        tu_expect(tu_rel_error(out, p.out_ref, p.out_count) < 1e-4,
+                  "attention_host from an older desc: max relative error %g",
+                  tu_rel_error(out, p.out_ref, p.out_count));
+    free(out);
+
+    /* The KV cache's desc cut before dtype: F32 (the default) is what it then holds. */
+    tu_set_case("clattn_kv_cache_desc without dtype");
+    clattn_kv_cache_desc kv;
+    clattn_kv_cache_desc_init(&kv);
+    kv.batch = 1, kv.kv_heads = 2, kv.capacity = 9, kv.head_dim_qk = 4, kv.head_dim_v = 4;
+    kv.dtype = CLATTN_DTYPE_BF16; /* beyond the old struct: must not be read */
+    kv.struct_size = offsetof(clattn_kv_cache_desc, dtype);
+    void *kv_copy = malloc(kv.struct_size);
+    memcpy(kv_copy, &kv, kv.struct_size);
+    clattn_kv_cache *cache = NULL;
+    status = clattn_kv_cache_create(ctx, (const clattn_kv_cache_desc *)kv_copy, &cache);
+    free(kv_copy);
+    if (tu_expect(status == CLATTN_SUCCESS, "kv cache from an older desc: %s",
+                  clattn_last_error(ctx))) {
+        clattn_tensor keys;
+        clattn_kv_cache_tensors(cache, &keys, NULL, NULL);
+        tu_expect(keys.dtype == CLATTN_DTYPE_F32, "the cache's dtype: %d, want F32 (the default)",
+                  (int)keys.dtype);
+    }
+    clattn_kv_cache_release(cache);
     pb_sdpa_free(&p);
     TU_END_TEST();
 }
@@ -1524,6 +1611,7 @@ int main(void)
     tcase_add_loop_test(execution, test_second_queue, 0, 2);
     tcase_add_loop_test(execution, test_caller_workspace, 0, 2);
     tcase_add_test(execution, test_struct_size);
+    tcase_add_test(execution, test_struct_size_older);
     tcase_add_loop_test(execution, test_bindings, 0, 2);
     tcase_add_test(execution, test_tuning_file);
     suite_add_tcase(suite, execution);

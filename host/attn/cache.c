@@ -17,6 +17,15 @@ void clattn_kv_cache_desc_init(clattn_kv_cache_desc *desc)
     clattn__desc_reset(desc, sizeof *desc);
 }
 
+static void kv_cache_defaults(void *desc)
+{
+    clattn_kv_cache_desc_init(desc);
+}
+/* Every version had struct_size and the sizes (batch .. head_dim_v). */
+static const clattn__desc_type kv_cache_desc = {"clattn_kv_cache_desc", sizeof(clattn_kv_cache_desc),
+                                                offsetof(clattn_kv_cache_desc, dtype),
+                                                kv_cache_defaults};
+
 void clattn_kv_cache_release(clattn_kv_cache *cache)
 {
     if (cache == NULL)
@@ -55,8 +64,9 @@ clattn_status clattn_kv_cache_create(clattn_ctx *ctx, const clattn_kv_cache_desc
     static const char op[] = "kv_cache_create";
     if (out)
         *out = NULL;
-    clattn_status status =
-        clattn__create_entry(ctx, op, desc, out != NULL, "clattn_kv_cache_desc", sizeof *desc);
+    clattn_kv_cache_desc full;
+    clattn_status status = clattn__create_entry(ctx, op, desc, out != NULL, &kv_cache_desc, &full);
+    desc = &full;
     if (status != CLATTN_SUCCESS)
         return status;
     if (desc->dtype != CLATTN_DTYPE_F32 && desc->dtype != CLATTN_DTYPE_F16 &&

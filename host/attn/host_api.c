@@ -131,6 +131,17 @@ static size_t elems_of(const clattn_tensor *t)
     return n;
 }
 
+static void attention_host_defaults(void *desc);
+static void mha_host_defaults(void *desc);
+/* Every version had struct_size and the sizes. */
+static const clattn__desc_type attention_host_desc = {
+    "clattn_attention_host_desc", sizeof(clattn_attention_host_desc),
+    offsetof(clattn_attention_host_desc, causal), attention_host_defaults};
+static const clattn__desc_type mha_host_desc = {"clattn_mha_host_desc",
+                                                sizeof(clattn_mha_host_desc),
+                                                offsetof(clattn_mha_host_desc, embed_dim),
+                                                mha_host_defaults};
+
 void clattn_attention_host_desc_init(clattn_attention_host_desc *desc)
 {
     if (clattn__desc_reset(desc, sizeof *desc))
@@ -141,6 +152,16 @@ void clattn_mha_host_desc_init(clattn_mha_host_desc *desc)
 {
     if (clattn__desc_reset(desc, sizeof *desc))
         desc->scale = NAN;
+}
+
+static void attention_host_defaults(void *desc)
+{
+    clattn_attention_host_desc_init(desc);
+}
+
+static void mha_host_defaults(void *desc)
+{
+    clattn_mha_host_desc_init(desc);
 }
 
 /* Runs plan on the staged tensors and reads out (and weights) back. */
@@ -163,7 +184,9 @@ clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_host
                                     const clattn_host_masks *masks, float *out, float *weights)
 {
     static const char op[] = "attention";
-    clattn_status status = clattn__create_entry(ctx, op, desc, true, "clattn_attention_host_desc", sizeof *desc);
+    clattn_attention_host_desc full;
+    clattn_status status = clattn__create_entry(ctx, op, desc, true, &attention_host_desc, &full);
+    desc = &full;
     if (status != CLATTN_SUCCESS)
         return status;
     const char *missing = !q ? "q" : !k ? "k" : !v ? "v" : !out ? "out" : NULL;
@@ -240,7 +263,9 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
                                       float *attn_weights)
 {
     static const char op[] = "mha_forward";
-    clattn_status status = clattn__create_entry(ctx, op, desc, true, "clattn_mha_host_desc", sizeof *desc);
+    clattn_mha_host_desc full;
+    clattn_status status = clattn__create_entry(ctx, op, desc, true, &mha_host_desc, &full);
+    desc = &full;
     if (status != CLATTN_SUCCESS)
         return status;
     if (weights == NULL)

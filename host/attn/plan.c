@@ -162,16 +162,22 @@ clattn_status clattn__plan_create(clattn_ctx *ctx, const clattn__plan_ops *ops, 
 {
     if (out)
         *out = NULL;
-    clattn_status status =
-        clattn__create_entry(ctx, op, desc, out != NULL, ops->desc_type, ops->desc_size);
-    if (status != CLATTN_SUCCESS)
-        return status;
-    const clattn_tensors *tensors =
-        (const clattn_tensors *)((const char *)desc + offsetof(clattn_sdpa_desc, tensors));
+    if (ctx == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    /* The descriptor as this version's struct, the fields an older caller lacks defaulted. */
+    void *full = malloc(ops->desc.size);
+    if (full == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
+    clattn_status status = clattn__create_entry(ctx, op, desc, out != NULL, &ops->desc, full);
     clattn_plan *plan = NULL;
-    status = clattn__plan_new(ctx, ops, op, tensors, &plan);
+    if (status == CLATTN_SUCCESS) {
+        const clattn_tensors *tensors =
+            (const clattn_tensors *)((const char *)full + offsetof(clattn_sdpa_desc, tensors));
+        status = clattn__plan_new(ctx, ops, op, tensors, &plan);
+    }
     if (status == CLATTN_SUCCESS)
-        status = ops->create(plan, desc);
+        status = ops->create(plan, full);
+    free(full);
     if (status != CLATTN_SUCCESS) {
         clattn_plan_release(plan);
         return clattn__end_message(ctx, op, status); /* the message names the call */

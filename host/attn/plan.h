@@ -135,8 +135,7 @@ typedef struct clattn__posenc {
  * messages. Every plan descriptor starts with `size_t struct_size; clattn_tensors tensors;`. */
 typedef struct clattn__plan_ops {
     clattn__plan_kind kind;
-    const char *desc_type; /* "clattn_sdpa_desc" */
-    size_t desc_size;      /* sizeof it */
+    clattn__desc_type desc; /* the descriptor's type: name, sizes, defaults */
     clattn_status (*create)(clattn_plan *plan, const void *desc);
     clattn_status (*execute)(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                              cl_mem workspace, clattn_chain *chain);
@@ -145,10 +144,18 @@ typedef struct clattn__plan_ops {
 } clattn__plan_ops;
 
 /* Defines a kind's table `name##_ops` (no release) and its public create function `fn`, which
- * is clattn__plan_create with the table and the op name `op`. */
+ * is clattn__plan_create with the table and the op name `op`. Every version of a plan
+ * descriptor has struct_size and tensors; desc_t##_init gives the defaults. */
 #define CLATTN__PLAN_KIND(name, kind, desc_t, create_fn, execute_fn, fn, op, names)               \
+    static void name##_defaults(void *desc)                                                       \
+    {                                                                                             \
+        desc_t##_init(desc);                                                                      \
+    }                                                                                             \
     static const clattn__plan_ops name##_ops = {                                                  \
-        kind, #desc_t, sizeof(desc_t), create_fn, execute_fn, NULL, names};                       \
+        kind,                                                                                     \
+        {#desc_t, sizeof(desc_t), offsetof(desc_t, tensors) + sizeof(clattn_tensors),             \
+         name##_defaults},                                                                        \
+        create_fn, execute_fn, NULL, names};                                                      \
     clattn_status fn(clattn_ctx *ctx, const desc_t *desc, clattn_plan **out)                      \
     {                                                                                             \
         return clattn__plan_create(ctx, &name##_ops, op, desc, out);                              \

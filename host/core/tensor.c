@@ -215,7 +215,7 @@ bool clattn__desc_reset(void *desc, size_t size)
 }
 
 clattn_status clattn__create_entry(clattn_ctx *ctx, const char *op, const void *desc, bool has_out,
-                                  const char *type, size_t size)
+                                  const clattn__desc_type *type, void *full)
 {
     if (ctx == NULL)
         return CLATTN_ERR_INVALID_ARGUMENT;
@@ -225,7 +225,19 @@ clattn_status clattn__create_entry(clattn_ctx *ctx, const char *op, const void *
                             desc ? "out" : "desc");
     size_t given; /* every descriptor starts with its struct_size */
     memcpy(&given, desc, sizeof given);
-    return clattn__check_struct_size(ctx, op, type, given, size);
+    if (given < type->min_size || given > type->size || given % sizeof(size_t) != 0)
+        return clattn__fail(
+            ctx, CLATTN_ERR_INVALID_ARGUMENT,
+            "%s: struct_size=%zu but sizeof(%s) is %zu in clattn %s (an earlier version's "
+            "smaller struct, a multiple of 8 of at least %zu bytes, is taken too): set "
+            "struct_size = sizeof(%s) (or use the _init function)",
+            op, given, type->name, type->size, CLATTN_VERSION_STRING, type->min_size, type->name);
+    /* The caller's fields over the defaults: an older caller's struct lacks the fields
+     * appended since, and they keep their defaults. */
+    type->defaults(full);
+    memcpy(full, desc, given);
+    memcpy(full, &type->size, sizeof type->size);
+    return CLATTN_SUCCESS;
 }
 
 clattn_status clattn__check_struct_size(clattn_ctx *ctx, const char *op, const char *type,

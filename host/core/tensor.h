@@ -74,11 +74,24 @@ clattn_status clattn__bind(clattn_ctx *ctx, const char *op, const char *name,
                            size_t *offset);
 /* A descriptor's _init: zeros and struct_size = size; false (nothing done) for NULL. */
 bool clattn__desc_reset(void *desc, size_t size);
+/* A descriptor type as the create calls read it. The ABI grows by appending fields: a caller
+ * built against an earlier header passes its smaller struct (struct_size = that version's
+ * sizeof), and the fields it lacks take their defaults. Fields are appended in whole 8-byte
+ * units, so an earlier struct's tail padding never covers part of a later field. */
+typedef struct clattn__desc_type {
+    const char *name;              /* "clattn_sdpa_desc" */
+    size_t size;                   /* sizeof in this version */
+    size_t min_size;               /* the smallest struct_size taken (the fields every version had) */
+    void (*defaults)(void *desc); /* the type's _init */
+} clattn__desc_type;
+
 /* The first checks of every create call: a NULL ctx gives CLATTN_ERR_INVALID_ARGUMENT (no
  * message: there is no context to hold one); then the last error is cleared, desc and out
- * (has_out) must be given, and desc's struct_size must be `size` (type names the struct). */
+ * (has_out) must be given, and desc's struct_size must lie in [type->min_size, type->size].
+ * *full (type->size bytes) receives the defaults, then the caller's struct_size bytes over
+ * them, with struct_size = type->size: the create reads *full, never desc. */
 clattn_status clattn__create_entry(clattn_ctx *ctx, const char *op, const void *desc, bool has_out,
-                                  const char *type, size_t size);
+                                  const clattn__desc_type *type, void *full);
 clattn_status clattn__check_struct_size(clattn_ctx *ctx, const char *op, const char *type,
                                         size_t given, size_t expected);
 
