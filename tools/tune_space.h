@@ -1,6 +1,6 @@
 /*
  * The search space of `clattn tune` (tools/cmd_tune.c): data only, one line per tunable key of
- * the tuning table (host/core/tuning.c's keys, host/internal.h's clattn_tuning). A new key is
+ * the tuning table (host/core/context.h: CLATTN_TUNING_KEYS). A new key is
  * one line here:
  *
  *     op:      the op whose timing decides the key: matmul, softmax (the unfused attention

@@ -53,35 +53,52 @@ typedef struct clattn_device_info {
     bool has_fp64; /* CL_DEVICE_DOUBLE_FP_CONFIG != 0 (cl_khr_fp64) */
 } clattn_device_info;
 
+/* The tuning keys, one line each in the order `clattn info` prints them: (name, what it
+ * sets). The list makes clattn_tuning's fields and the row parser's key table and summary
+ * (host/core/tuning.c); tools/tune_space.h says which of them `clattn tune` searches. A new
+ * key is one line here (its default in tuning.c's default_row, its limits in check_row). */
+#define CLATTN_TUNING_KEYS(X)                                                                     \
+    X(matmul_vec, "1: the register-blocked vector matmul (CPUs), 0: local tiles")                \
+    X(vec_rm, "matmul_vec: rows of a micro-tile")                                               \
+    X(vec_width, "matmul_vec: float vector width (4, 8, 16)")                                   \
+    X(vec_wg, "matmul_vec: work-items per group")                                               \
+    X(transpose_wg, "transposes: work-items per group side")                                    \
+    X(tile_m, "matmul (local tiles): rows of C per group")                                      \
+    X(tile_n, "matmul (local tiles): columns of C per group")                                   \
+    X(tile_k, "matmul (local tiles): depth of a tile")                                          \
+    X(wpt_m, "matmul (local tiles): rows per work-item")                                        \
+    X(wpt_n, "matmul (local tiles): columns per work-item")                                     \
+    X(softmax_wg, "softmax: work-items per row (a group per row)")                              \
+    X(heads_wg, "heads.cl's kernels: work-items per group")                                     \
+    X(flash_rows, "flash.cl: query rows (work-items) per group, upper bound")                  \
+    X(flash_vw, "flash.cl: vector width along a row (1, 4, 8), upper bound")                   \
+    X(loop_trip_limit, "0, or the loop iterations a work-item may make in all (quirks)")       \
+    X(softmax_rows, "0: a group per softmax row; N: a work-item per row, N rows per group")    \
+    X(flash_cpu, "1: the fused kernel for CPUs (flash_cpu.cl), 0: flash.cl")                    \
+    X(flash_cpu_rb, "flash_cpu: query rows per register block (1 .. 8)")                        \
+    X(flash_cpu_nb, "flash_cpu: register blocks per group sharing a key tile")                 \
+    X(flash_gpu, "1: the cooperative fused kernel for GPUs (flash_gpu.cl)")                     \
+    X(fg_bq, "flash_gpu: query rows per group")                                                 \
+    X(fg_bk, "flash_gpu: keys per tile")                                                        \
+    X(fg_tx, "flash_gpu: work-items along the keys")                                            \
+    X(fg_ty, "flash_gpu: work-items along the rows")                                            \
+    X(vec_nv, "matmul_vec: vectors per micro-tile row (panel = vec_nv * vec_width)")           \
+    X(vec_rb, "matmul_vec: micro-tiles (vec_rm rows each) per work-item")                       \
+    X(vec_kc, "matmul_vec: depth of a K block")                                                 \
+    X(vec_stream, "matmul_vec: KiB of F32 C per launch from which C is streamed (0: never)")   \
+    X(flash_cpu_kv, "flash_cpu: float16 vectors per block row (1, 2, 4)")                       \
+    X(decode_keys, "fused decode splits: keys per split at least (0: never split)")
+
 /* Kernel parameters: the default row computed from the device's limits, then the rows of the
  * tuning table (host/tuning/table.h, and CLATTN_TUNING=FILE) that match the device, in order.
- * Each field is a key of the table's text format (host/core/tuning.c). */
+ * Each key of CLATTN_TUNING_KEYS is a field. */
 typedef struct clattn_tuning {
     bool cpu_params; /* CPU-class rows apply (the device's type, or CLATTN_PARAMS) */
-    unsigned matmul_vec; /* 1: the register-blocked vector matmul (CPUs), 0: local tiles */
-    unsigned vec_rm, vec_width, vec_wg, transpose_wg;
-    unsigned vec_nv; /* matmul_vec: vectors per micro-tile row (panel = vec_nv * vec_width) */
-    unsigned vec_rb; /* matmul_vec: micro-tiles (vec_rm rows each) per work-item */
-    unsigned vec_kc; /* matmul_vec: depth of a K block */
-    unsigned vec_stream; /* matmul_vec: KiB of F32 C per launch from which it is written with
-                          * nontemporal stores (0: never) */
-    unsigned tile_m, tile_n, tile_k, wpt_m, wpt_n;
-    unsigned softmax_wg;
-    unsigned softmax_rows; /* 0: a work-group per softmax row; N: a work-item per row, N rows
-                            * per group, float16 vectors (CPUs) */
-    unsigned heads_wg;
-    unsigned decode_keys; /* fused decode splits: keys per split at least (0: never split) */
-    unsigned flash_rows; /* query rows (work-items) per fused work-group, upper bound */
-    unsigned flash_vw;   /* vector width along a row in the fused kernel (1, 4, 8), upper bound */
-    unsigned flash_cpu;    /* 1: the fused kernel for CPUs (flash_cpu.cl), 0: flash.cl */
-    unsigned flash_cpu_rb; /* flash_cpu: query rows per register block (1 .. 8) */
-    unsigned flash_cpu_nb; /* flash_cpu: register blocks per work-group sharing a key tile */
-    unsigned flash_cpu_kv; /* flash_cpu: float16 vectors per block row (1, 2, 4) */
-    unsigned flash_gpu;    /* 1: the cooperative fused kernel for GPUs (flash_gpu.cl) */
-    unsigned fg_bq, fg_bk, fg_tx, fg_ty; /* flash_gpu: rows, keys per tile, work-items */
-    unsigned loop_trip_limit; /* 0, or the loop iterations a work-item may make in all (quirks) */
-    char rows[256];           /* which table rows applied (for `clattn info` and tests) */
-    char summary[1536];       /* clattn_ctx_tuning(): rows, file, ignored rows, parameters */
+#define CLATTN_TUNING_FIELD(name, doc) unsigned name;
+    CLATTN_TUNING_KEYS(CLATTN_TUNING_FIELD)
+#undef CLATTN_TUNING_FIELD
+    char rows[256];     /* which table rows applied (for `clattn info` and tests) */
+    char summary[1536]; /* clattn_ctx_tuning(): rows, file, ignored rows, parameters */
 } clattn_tuning;
 
 /* A program built with extra -D options (e.g. per head size) and its one kernel. */

@@ -18,15 +18,8 @@ typedef struct tuning_key {
     size_t offset;
 } tuning_key;
 
-#define KEY(field) {#field, offsetof(clattn_tuning, field)}
-static const tuning_key tuning_keys[] = {
-    KEY(matmul_vec),   KEY(vec_rm),    KEY(vec_width),    KEY(vec_wg),       KEY(transpose_wg),
-    KEY(tile_m),       KEY(tile_n),    KEY(tile_k),       KEY(wpt_m),        KEY(wpt_n),
-    KEY(softmax_wg),   KEY(heads_wg),  KEY(flash_rows),   KEY(flash_vw),     KEY(loop_trip_limit),
-    KEY(softmax_rows), KEY(flash_cpu), KEY(flash_cpu_rb), KEY(flash_cpu_nb), KEY(flash_gpu),
-    KEY(fg_bq),        KEY(fg_bk),     KEY(fg_tx),        KEY(fg_ty),        KEY(vec_nv),
-    KEY(vec_rb),       KEY(vec_kc),    KEY(vec_stream),   KEY(flash_cpu_kv), KEY(decode_keys),
-};
+#define KEY(field, doc) {#field, offsetof(clattn_tuning, field)},
+static const tuning_key tuning_keys[] = {CLATTN_TUNING_KEYS(KEY)};
 #undef KEY
 
 static unsigned pow2_at_most(size_t limit, unsigned cap)

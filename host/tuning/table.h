@@ -8,7 +8,7 @@
  * `*` matches any vendor or name. Rows apply in order on top of the default row that
  * host/core/tuning.c computes from the device's limits (work-group size, local memory), so a
  * later, more specific row overrides an earlier one. The keys are the fields of clattn_tuning
- * (host/internal.h). The tuning cache that `clattn tune` writes ($XDG_CACHE_HOME/clattn/tuning,
+ * (host/core/context.h: CLATTN_TUNING_KEYS). The tuning cache that `clattn tune` writes ($XDG_CACHE_HOME/clattn/tuning,
  * same format, # comments) applies after these rows, or CLATTN_TUNING=FILE's rows instead;
  * CLATTN_TUNING=default applies no row at all. A row of FILE whose values do not fit the
  * device's limits is refused when the context is created; such a row of the cache is ignored.
