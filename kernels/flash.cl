@@ -127,11 +127,7 @@ typedef float row_t;
 #define V_VECS (HEAD_DIM_V / FLASH_VW)
 
 __kernel __attribute__((reqd_work_group_size(BLOCK_Q, 1, 1)))
-void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
-                     __global const ELEM_T(V_DTYPE) *V, __global ELEM_T(O_DTYPE) *O,
-                     __global float *lse, __global const ELEM_T(MASK_DTYPE) *mask,
-                     __global const uchar *key_padding, SCORE_BUFFERS,
-                     __global const float *score_w, const clattn_flash_params params)
+void flash_attention(FLASH_KERNEL_PARAMS)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
     __local float k_tile[BLOCK_K][HEAD_DIM_QK];

@@ -166,11 +166,7 @@ inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void flash_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
-                     __global const ELEM_T(V_DTYPE) *V, __global ELEM_T(O_DTYPE) *O,
-                     __global float *lse, __global const ELEM_T(MASK_DTYPE) *mask,
-                     __global const uchar *key_padding, SCORE_BUFFERS,
-                     __global const float *score_w, const clattn_flash_params params)
+void flash_cpu(FLASH_KERNEL_PARAMS)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
     __local float qs[FC_ROWS][HEAD_DIM_QK]; /* the group's q rows, times scale */

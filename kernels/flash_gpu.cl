@@ -97,11 +97,7 @@
 #define KV_WORDS (FG_BK * (QK_PAD > V_PAD ? QK_PAD : V_PAD))
 
 __kernel __attribute__((reqd_work_group_size(FG_THREADS, 1, 1)))
-void flash_attention(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
-                     __global const ELEM_T(V_DTYPE) *V, __global ELEM_T(O_DTYPE) *O,
-                     __global float *lse, __global const ELEM_T(MASK_DTYPE) *mask,
-                     __global const uchar *key_padding, SCORE_BUFFERS,
-                     __global const float *score_w, const clattn_flash_params params)
+void flash_attention(FLASH_KERNEL_PARAMS)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
     __local float q_tile[FG_BQ * QK_PAD];

@@ -117,6 +117,15 @@ CLATTN_PARAMS_STRUCT(score, CLATTN_SCORE_PARAMS)
     X(ulong, w_s1) X(int, has_lse) X(uint, part_begin) X(uint, part_stop) X(int, resume)          \
     X(uint, kv_group) X(uint, split_keys)
 CLATTN_SCORED_PARAMS_STRUCT(flash, CLATTN_FLASH_PARAMS)
+#if defined(__OPENCL_VERSION__) || defined(__OPENCL_C_VERSION__)
+/* The fused kernels' parameter list (flash.cl, flash_gpu.cl, flash_cpu.cl: one launch serves
+ * each): q, k, v, out, lse, the score rule's buffers, additive attention's w, the struct. */
+#define FLASH_KERNEL_PARAMS                                                                       \
+    __global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,                        \
+        __global const ELEM_T(V_DTYPE) *V, __global ELEM_T(O_DTYPE) *O, __global float *lse,     \
+        __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,              \
+        SCORE_BUFFERS, __global const float *score_w, const clattn_flash_params params
+#endif
 
 /* ---- score rows (softmax.cl: softmax_rows, softmax_rows_f64, score_copy) -------------------
  * raw: (b, h, i) strides of the q.k products (unit column stride); out: (b, h, i, j) strides

@@ -1,5 +1,5 @@
 /*
- * check_io: the file-format module (tools/clattn_io.c) without any OpenCL device.
+ * check_io: the file-format module (tools/io_*.c, clattn_io.h) without any OpenCL device.
  *
  * Every test builds its files byte by byte in a private temporary directory (mkdtemp), reads
  * them back through the public API and checks the status, the message (it must start with the
@@ -1639,7 +1639,7 @@ END_TEST
 
 /* --- PNG heatmaps -------------------------------------------------------------------------- */
 
-/* The layout documented in clattn_io.c, recomputed here independently. */
+/* The layout documented in io_png.c, recomputed here independently. */
 typedef struct png_layout {
     size_t width, height, cell, factor, map_w, map_h, gutter, block_w, block_h;
     size_t bar_x, bar_y, bar_h;

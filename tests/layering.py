@@ -19,6 +19,7 @@ import sys
 MAX_KERNEL_PARAMS = 16
 
 
+
 def host_graph(root):
     files = sorted(glob.glob(os.path.join(root, "host", "**", "*.[ch]"), recursive=True))
     defined = {}
@@ -88,9 +89,37 @@ def cycles(graph):
     return found
 
 
+def list_macros(root):
+    """Parameter-list macros (a #define whose body declares __global or const parameters) of
+    the files prepended to every kernel, by the parameters they hold, nested ones expanded."""
+    bodies = {}
+    for name in ("score.cl", "params.h", "common.cl", "types.cl"):
+        path = os.path.join(root, "kernels", name)
+        if not os.path.exists(path):
+            continue
+        text = open(path, encoding="utf-8").read()
+        text = text.replace("\\\n", " ")
+        for m in re.finditer(r"^#define (\w+) (.*)$", text, re.M):
+            body = m.group(2).strip()
+            if "__global" in body or body.startswith("const "):
+                bodies[m.group(1)] = [p.strip() for p in body.split(",") if p.strip()]
+    counts = {}
+
+    def count(name, depth=0):
+        if name not in counts:
+            counts[name] = sum(count(p, depth + 1) if p in bodies and depth < 8 else 1
+                               for p in bodies[name])
+        return counts[name]
+
+    for name in bodies:
+        count(name)
+    return counts
+
+
 def kernel_params(root):
     """(file, kernel, parameter count) of every __kernel, macros in signatures expanded by hand
-    (SCORE_BUFFERS is two buffers)."""
+    (list_macros: SCORE_BUFFERS is two buffers, FLASH_KERNEL_PARAMS eleven)."""
+    macros = list_macros(root)
     result = []
     for path in sorted(glob.glob(os.path.join(root, "kernels", "*.cl")) +
                        glob.glob(os.path.join(root, "host", "mpi", "*.cl"))):
@@ -98,7 +127,7 @@ def kernel_params(root):
         pattern = r"__kernel\s+(?:__attribute__\s*\(\(.*?\)\)\s*)*void\s+(\w+)\s*\(([^{]*?)\)\s*\{"
         for m in re.finditer(pattern, text, re.S):
             params = [p.strip() for p in m.group(2).split(",") if p.strip()]
-            count = sum(2 if p == "SCORE_BUFFERS" else 1 for p in params)
+            count = sum(macros.get(p, 1) for p in params)
             result.append((os.path.relpath(path, root), m.group(1), count))
     return result
 

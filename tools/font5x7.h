@@ -1,10 +1,10 @@
 /*
- * A 5x7 bitmap font for the heatmap labels of clattn_io.c (drawn for clattn; not derived from
+ * A 5x7 bitmap font for the heatmap labels of io_png.c (drawn for clattn; not derived from
  * another font). Digits and capitals-height letters use rows 0..6 (row 6 is the baseline row);
  * lowercase letters have their x-height in rows 2..6 and descenders (g j p q y) in rows 7..8, so
  * each glyph is 9 rows tall. Each row is 5 bits, bit 4 the leftmost pixel.
  *
- * Included only by clattn_io.c: an immutable table, no functions.
+ * Included only by io_png.c: an immutable table, no functions.
  */
 #ifndef CLATTN_FONT5X7_H
 #define CLATTN_FONT5X7_H
