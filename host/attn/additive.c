@@ -292,11 +292,8 @@ static clattn_status project(clattn_plan *plan, const clattn__matmul_plan *mm, i
         }
         const clattn__view y =
             out_view(workspace, at, a->batch, seq, width, per_head ? first : 0, cols, flat);
-        cl_event step = NULL;
-        status = clattn__step(chain,
-                              clattn__matmul_enqueue(plan->ctx, mm, &x, &wv, &bias, &y, 1.0f, 0.0f,
-                                                     scratch, CHAIN_WAIT(chain), &step),
-                              &step);
+        status = clattn__matmul_enqueue(chain, mm, &x, &wv, &bias, &y, 1.0f, 0.0f,
+                                                     scratch);
     }
     return status;
 }

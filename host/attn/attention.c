@@ -334,16 +334,11 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
 clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attention_io *io,
                                         cl_mem workspace, clattn_chain *chain)
 {
-    clattn_ctx *ctx = plan->ctx;
     const clattn__attention *a = &plan->attention;
     const clattn__scratch scratch = {workspace, a->scratch_at};
-    cl_event step = NULL;
     if (a->fused)
-        return clattn__step(chain,
-                            clattn__flash_enqueue(ctx, &a->flash, &io->q, &io->k, &io->v, &io->out,
-                                                  &io->lse, &io->masks, scratch,
-                                                  CHAIN_WAIT(chain), &step),
-                            &step);
+        return clattn__flash_enqueue(chain, &a->flash, &io->q, &io->k, &io->v, &io->out,
+                                                  &io->lse, &io->masks, scratch);
     clattn__view scores = io->weights;
     if (a->own_scores) {
         const clattn__score_shape *s = &a->score;
@@ -357,29 +352,19 @@ clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attenti
     }
     const clattn__view none = {0};
     clattn_status status;
-    if ((status = clattn__step(chain,
-                               a->score.additive
-                                   ? clattn__additive_enqueue(ctx, &a->additive, &io->q, &io->k,
-                                                              &io->masks.additive_w, &scores,
-                                                              CHAIN_WAIT(chain), &step)
-                                   : clattn__matmul_enqueue(ctx, &a->qk, &io->q, &io->k, &none,
-                                                            &scores, 1.0f, 0.0f, scratch,
-                                                            CHAIN_WAIT(chain), &step),
-                               &step)) ||
+    if ((status = a->score.additive
+                                   ? clattn__additive_enqueue(chain, &a->additive, &io->q, &io->k,
+                                                              &io->masks.additive_w, &scores)
+                                   : clattn__matmul_enqueue(chain, &a->qk, &io->q, &io->k, &none,
+                                                            &scores, 1.0f, 0.0f, scratch)) ||
         (a->score.want_scores &&
-         (status = clattn__step(chain,
-                                clattn__score_copy_enqueue(ctx, &a->softmax, &scores, &io->scores,
-                                                           &io->masks, CHAIN_WAIT(chain), &step),
-                                &step))) ||
-        (status = clattn__step(chain,
-                               clattn__softmax_enqueue(ctx, &a->softmax, &scores, &scores,
-                                                       &io->masks, CHAIN_WAIT(chain), &step),
-                               &step)))
+         (status = clattn__score_copy_enqueue(chain, &a->softmax, &scores, &io->scores,
+                                                           &io->masks))) ||
+        (status = clattn__softmax_enqueue(chain, &a->softmax, &scores, &scores,
+                                                       &io->masks)))
         return status;
-    return clattn__step(chain,
-                        clattn__matmul_enqueue(ctx, &a->pv, &scores, &io->v, &none, &io->out, 1.0f,
-                                               0.0f, scratch, CHAIN_WAIT(chain), &step),
-                        &step);
+    return clattn__matmul_enqueue(chain, &a->pv, &scores, &io->v, &none, &io->out, 1.0f,
+                                               0.0f, scratch);
 }
 
 /* A (batch, seq, features) layout as a matmul operand: (1, 1, batch*seq, f) when flat, else

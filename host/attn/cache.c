@@ -154,8 +154,9 @@ static clattn_status write_lengths(clattn_kv_cache *cache, size_t n, clattn_chai
     clattn_ctx *ctx = cache->ctx;
     const cl_int value = (cl_int)n;
     cl_event step = NULL;
-    cl_int err = clEnqueueFillBuffer(ctx->queue, cache->lengths, &value, sizeof value, 0,
-                                     cache->desc.batch * sizeof value, CHAIN_WAIT(chain), &step);
+    cl_int err = clEnqueueFillBuffer(chain->queue, cache->lengths, &value, sizeof value, 0,
+                                     cache->desc.batch * sizeof value, chain->num_wait,
+                                     chain->wait, &step);
     if (err != CL_SUCCESS)
         return clattn__fail(ctx, (clattn_status)err, "clEnqueueFillBuffer(lengths): %s (%d)",
                             clattn__cl_error_name(err), (int)err);
@@ -174,12 +175,12 @@ clattn_status clattn_kv_cache_reset(clattn_kv_cache *cache, cl_uint num_wait, co
     if (status != CLATTN_SUCCESS)
         return status;
     clattn_chain chain;
-    status = clattn__begin(ctx, op, &chain, num_wait, wait);
+    status = clattn__begin(ctx, op, &chain, NULL, false, num_wait, wait);
     if (status == CLATTN_SUCCESS)
         status = write_lengths(cache, 0, &chain);
     if (status == CLATTN_SUCCESS)
         cache->length = 0;
-    return clattn__end(ctx, op, &chain, status, event);
+    return clattn__end(op, &chain, status, event);
 }
 
 /* Validates a new block of keys or values: (batch, kv_heads, n, head_dim), a float dtype,
@@ -252,7 +253,7 @@ clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor
     const size_t k_dims[4] = {d->batch, d->kv_heads, n, d->head_dim_qk};
     const size_t v_dims[4] = {d->batch, d->kv_heads, n, d->head_dim_v};
     clattn_chain chain;
-    status = clattn__begin(ctx, op, &chain, num_wait, wait);
+    status = clattn__begin(ctx, op, &chain, NULL, false, num_wait, wait);
     if (status == CLATTN_SUCCESS)
         status = clattn__copy_prepare(ctx, k_dims, k_view.dtype, d->dtype, &k_copy);
     if (status == CLATTN_SUCCESS)
@@ -271,18 +272,13 @@ clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor
         d->dtype,
         {d->batch, d->kv_heads, n, d->head_dim_v},
         {d->kv_heads * cap * d->head_dim_v, cap * d->head_dim_v, d->head_dim_v, 1}};
-    cl_event step = NULL;
     if (status == CLATTN_SUCCESS)
-        status = clattn__step(
-            &chain, clattn__copy_enqueue(ctx, &k_copy, &k_view, &k_dst, CHAIN_WAIT(&chain), &step),
-            &step);
+        status = clattn__copy_enqueue(&chain, &k_copy, &k_view, &k_dst);
     if (status == CLATTN_SUCCESS)
-        status = clattn__step(
-            &chain, clattn__copy_enqueue(ctx, &v_copy, &v_view, &v_dst, CHAIN_WAIT(&chain), &step),
-            &step);
+        status = clattn__copy_enqueue(&chain, &v_copy, &v_view, &v_dst);
     if (status == CLATTN_SUCCESS)
         status = write_lengths(cache, cache->length + n, &chain);
     if (status == CLATTN_SUCCESS)
         cache->length += n;
-    return clattn__end(ctx, op, &chain, status, event);
+    return clattn__end(op, &chain, status, event);
 }

@@ -21,7 +21,7 @@ static clattn_status upload(clattn_ctx *ctx, const char *op, clattn_ws_slot slot
     CL_CHECK(ctx,
              clattn__fault(CLATTN_FAULT_ENQUEUE)
                  ? CL_OUT_OF_RESOURCES
-                 : clEnqueueWriteBuffer(clattn__queue(ctx), out->mem, CL_TRUE, offset * elem_size,
+                 : clEnqueueWriteBuffer(ctx->queue, out->mem, CL_TRUE, offset * elem_size,
                                         elems * elem_size, src, 0, NULL, NULL),
              what);
 done:
@@ -37,7 +37,7 @@ static clattn_status download(clattn_ctx *ctx, const char *op, clattn_tensor src
     CL_CHECK(ctx,
              clattn__fault(CLATTN_FAULT_ENQUEUE)
                  ? CL_OUT_OF_RESOURCES
-                 : clEnqueueReadBuffer(clattn__queue(ctx), src.mem, CL_TRUE, src.offset * sizeof(float),
+                 : clEnqueueReadBuffer(ctx->queue, src.mem, CL_TRUE, src.offset * sizeof(float),
                                        elems * sizeof(float), dst, after ? 1 : 0,
                                        after ? &after : NULL, NULL),
              what);

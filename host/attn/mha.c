@@ -461,14 +461,12 @@ static clattn__view bias_view(cl_mem mem, size_t offset, size_t n)
 static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                  cl_mem workspace, clattn_chain *chain)
 {
-    clattn_ctx *ctx = plan->ctx;
     const clattn__layout *l = plan->layouts;
     const clattn__mha *m = &plan->mha;
     const clattn__scratch scratch = {workspace, m->scratch_at};
     const size_t b = m->batch, lq = m->seq_q, lk = m->seq_k, h = m->heads;
     const size_t dk = m->head_dim_qk, dv = m->head_dim_v, e = m->qk_dim;
     const clattn__view none = {0};
-    cl_event step = NULL;
     clattn_status status = CLATTN_SUCCESS;
 
     /* Self-attention with PyTorch's packed weights: one (B*L, 3E) projection. */
@@ -489,10 +487,8 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
         const clattn__view y =
             flat_q ? matrix_view(workspace, m->q_at, CLATTN_DTYPE_F32, b * lq, 3 * e, 3 * e)
                    : batch_rows(workspace, m->q_at, b, lq, 3 * e);
-        status = clattn__step(chain,
-                              clattn__matmul_enqueue(ctx, &m->qkv_proj, &x, &w, &bias, &y, 1.0f,
-                                                     0.0f, scratch, CHAIN_WAIT(chain), &step),
-                              &step);
+        status = clattn__matmul_enqueue(chain, &m->qkv_proj, &x, &w, &bias, &y, 1.0f,
+                                                     0.0f, scratch);
         q_at = m->q_at, k_at = m->q_at + e, v_at = m->q_at + 2 * e;
         q_ld = kv_ld = v_ld = 3 * e;
     } else {
@@ -520,10 +516,8 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
                 flat[i] ? matrix_view(workspace, at[i], CLATTN_DTYPE_F32, b * seqs[i], widths[i],
                                       widths[i])
                         : batch_rows(workspace, at[i], b, seqs[i], widths[i]);
-            status = clattn__step(chain,
-                                  clattn__matmul_enqueue(ctx, mms[i], &x, &w, &bias, &y, 1.0f,
-                                                         0.0f, scratch, CHAIN_WAIT(chain), &step),
-                                  &step);
+            status = clattn__matmul_enqueue(chain, mms[i], &x, &w, &bias, &y, 1.0f,
+                                                         0.0f, scratch);
         }
     }
     if (status != CLATTN_SUCCESS)
@@ -550,14 +544,10 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
         clattn__rope_io rope = {.x = io.q, .out = io.q, .freq = plan->posenc.freq};
         if (plan->posenc.angles)
             clattn__angle_views(plan, &rope.cos, &rope.sin);
-        if ((status = clattn__step(
-                 chain, clattn__rope_enqueue(ctx, &m->rope_q, &rope, CHAIN_WAIT(chain), &step),
-                 &step)))
+        if ((status = clattn__rope_enqueue(chain, &m->rope_q, &rope)))
             return status;
         rope.x = rope.out = io.k;
-        if ((status = clattn__step(
-                 chain, clattn__rope_enqueue(ctx, &m->rope_k, &rope, CHAIN_WAIT(chain), &step),
-                 &step)))
+        if ((status = clattn__rope_enqueue(chain, &m->rope_k, &rope)))
             return status;
     }
     if (m->has_out_proj)
@@ -586,10 +576,7 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
         clattn__view_of(&l[R_WEIGHTS], &dst);
         dst.mem = mems[R_WEIGHTS];
         dst.offset = offsets[R_WEIGHTS];
-        if ((status = clattn__step(chain,
-                                   clattn__mean_heads_enqueue(ctx, &m->mean, &io.weights, &dst,
-                                                              CHAIN_WAIT(chain), &step),
-                                   &step)))
+        if ((status = clattn__mean_heads_enqueue(chain, &m->mean, &io.weights, &dst)))
             return status;
     }
     if (!m->has_out_proj)
@@ -602,10 +589,8 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
     const clattn__view bias =
         l[R_OB].present ? bias_view(mems[R_OB], offsets[R_OB], l[R_OB].dims[0]) : none;
     const clattn__view y = clattn__rows_view(&l[R_OUT], mems[R_OUT], offsets[R_OUT], flat_out);
-    return clattn__step(chain,
-                        clattn__matmul_enqueue(ctx, &m->out_proj, &concat, &w, &bias, &y, 1.0f,
-                                               0.0f, scratch, CHAIN_WAIT(chain), &step),
-                        &step);
+    return clattn__matmul_enqueue(chain, &m->out_proj, &concat, &w, &bias, &y, 1.0f,
+                                               0.0f, scratch);
 }
 
 CLATTN__PLAN_KIND(mha, CLATTN__MHA, clattn_mha_desc, create, mha_execute,

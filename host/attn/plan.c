@@ -228,31 +228,6 @@ int clattn_plan_is_fused(const clattn_plan *plan)
     return plan && plan->attention.fused;
 }
 
-/* Checks `queue` (another queue than the context's) and makes it the execution queue. */
-static clattn_status use_queue(clattn_ctx *ctx, const char *op, cl_command_queue queue)
-{
-    cl_context owner = NULL;
-    cl_device_id device = NULL;
-    cl_command_queue_properties properties = 0;
-    cl_int err = clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof owner, &owner, NULL);
-    if (err == CL_SUCCESS)
-        err = clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof device, &device, NULL);
-    if (err == CL_SUCCESS)
-        err = clGetCommandQueueInfo(queue, CL_QUEUE_PROPERTIES, sizeof properties, &properties,
-                                    NULL);
-    if (err != CL_SUCCESS)
-        return clattn__fail(ctx, (clattn_status)err, "%s: queue: clGetCommandQueueInfo: %s (%d)",
-                            op, clattn__cl_error_name(err), (int)err);
-    if (owner != ctx->context || device != ctx->device)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: queue belongs to another cl_context or device than the clattn "
-                            "context's",
-                            op);
-    ctx->exec_queue = queue;
-    ctx->exec_out_of_order = (properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0;
-    return CLATTN_SUCCESS;
-}
-
 clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensors *tensors,
                                   cl_command_queue queue, cl_mem workspace, cl_uint num_wait,
                                   const cl_event *wait, cl_event *event)
@@ -301,16 +276,15 @@ clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensors *tenso
                (status = clattn__workspace(ctx, op, CLATTN_WS_PLAN, need, &workspace))) {
         return status;
     }
-    if (queue != NULL && queue != ctx->queue && (status = use_queue(ctx, op, queue)))
-        return status;
-    ctx->private_workspace = workspace != NULL && workspace != ctx->workspace[CLATTN_WS_PLAN];
+    /* The launch context: the caller's queue or the context's; a caller's own workspace needs
+     * no ordering with other calls. */
+    const bool private_workspace =
+        workspace != NULL && workspace != ctx->workspace[CLATTN_WS_PLAN];
     clattn_chain chain;
-    status = clattn__begin(ctx, op, &chain, num_wait, wait);
+    status = clattn__begin(ctx, op, &chain, queue, private_workspace, num_wait, wait);
     if (status == CLATTN_SUCCESS)
         status = plan->ops->execute(plan, mems, offsets, workspace, &chain);
-    status = clattn__end(ctx, op, &chain, status, event);
-    ctx->exec_queue = NULL;
-    ctx->private_workspace = false;
+    status = clattn__end(op, &chain, status, event);
     return status;
 }
 

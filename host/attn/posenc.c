@@ -129,12 +129,8 @@ static clattn_status posenc_execute(clattn_plan *plan, const cl_mem *mems, const
         l[R_POS_TABLE].present
             ? clattn__bound_view(&l[R_POS_TABLE], mems[R_POS_TABLE], offsets[R_POS_TABLE])
             : none;
-    cl_event step = NULL;
-    return clattn__step(chain,
-                        clattn__posenc_enqueue(plan->ctx, &plan->posenc.op, &x, &out, &table,
-                                               plan->posenc.freq, plan->posenc.start,
-                                               CHAIN_WAIT(chain), &step),
-                        &step);
+    return clattn__posenc_enqueue(chain, &plan->posenc.op, &x, &out, &table,
+                                               plan->posenc.freq, plan->posenc.start);
 }
 
 CLATTN__PLAN_KIND(posenc, CLATTN__POSENC, clattn_posenc_desc, create, posenc_execute,

@@ -243,9 +243,7 @@ static clattn_status rope_execute(clattn_plan *plan, const cl_mem *mems, const s
     io.freq = plan->posenc.freq;
     if (plan->posenc.angles)
         clattn__angle_views(plan, &io.cos, &io.sin);
-    cl_event step = NULL;
-    return clattn__step(
-        chain, clattn__rope_enqueue(plan->ctx, &plan->rope, &io, CHAIN_WAIT(chain), &step), &step);
+    return clattn__rope_enqueue(chain, &plan->rope, &io);
 }
 
 CLATTN__PLAN_KIND(rope, CLATTN__ROPE, clattn_rope_desc, create, rope_execute,

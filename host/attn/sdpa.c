@@ -289,17 +289,14 @@ static bool same_view(const clattn__view *a, const clattn__view *b)
 }
 
 /* present[:, :, at .. at + src's keys) = src, unless that is src itself (an in-place cache). */
-static clattn_status copy_into(clattn_plan *plan, const clattn__copy_plan *copy,
-                               const clattn__view *src, const clattn__view *present, size_t at,
-                               clattn_chain *chain)
+static clattn_status copy_into(const clattn__copy_plan *copy, const clattn__view *src,
+                               const clattn__view *present, size_t at, clattn_chain *chain)
 {
     clattn__view dst = *present;
     dst.offset += (cl_ulong)at * present->strides[2];
     if (same_view(src, &dst))
         return CLATTN_SUCCESS;
-    cl_event step = NULL;
-    return clattn__step(
-        chain, clattn__copy_enqueue(plan->ctx, copy, src, &dst, CHAIN_WAIT(chain), &step), &step);
+    return clattn__copy_enqueue(chain, copy, src, &dst);
 }
 
 /* q and the new keys rotated into their packed F32 copies in the workspace; *q and *k then
@@ -324,9 +321,7 @@ static clattn_status rotate(clattn_plan *plan, cl_mem workspace, clattn__view *q
         };
         if (plan->posenc.angles)
             clattn__angle_views(plan, &io.cos, &io.sin);
-        cl_event step = NULL;
-        const clattn_status status = clattn__step(
-            chain, clattn__rope_enqueue(plan->ctx, ops[i], &io, CHAIN_WAIT(chain), &step), &step);
+        const clattn_status status = clattn__rope_enqueue(chain, ops[i], &io);
         if (status != CLATTN_SUCCESS)
             return status;
         *views[i] = io.out;
@@ -358,12 +353,12 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
                 clattn__bound_view(&l[R_PAST_K], mems[R_PAST_K], offsets[R_PAST_K]);
             const clattn__view past_v =
                 clattn__bound_view(&l[R_PAST_V], mems[R_PAST_V], offsets[R_PAST_V]);
-            if ((status = copy_into(plan, &cache->past_k, &past_k, &present_k, 0, chain)) ||
-                (status = copy_into(plan, &cache->past_v, &past_v, &present_v, 0, chain)))
+            if ((status = copy_into(&cache->past_k, &past_k, &present_k, 0, chain)) ||
+                (status = copy_into(&cache->past_v, &past_v, &present_v, 0, chain)))
                 return status;
         }
-        if ((status = copy_into(plan, &cache->new_k, &k, &present_k, cache->past_len, chain)) ||
-            (status = copy_into(plan, &cache->new_v, &v, &present_v, cache->past_len, chain)))
+        if ((status = copy_into(&cache->new_k, &k, &present_k, cache->past_len, chain)) ||
+            (status = copy_into(&cache->new_v, &v, &present_v, cache->past_len, chain)))
             return status;
         k = present_k;
         v = present_v;

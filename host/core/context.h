@@ -114,8 +114,6 @@ struct clattn_ctx {
     cl_context context;
     cl_device_id device;
     cl_command_queue queue;
-    cl_command_queue exec_queue; /* set during clattn_plan_execute on another queue, else NULL */
-    bool exec_out_of_order;      /* exec_queue may run commands out of order */
     clattn_device_info info;
     clattn_tuning tuning;
     char build_options[512];
@@ -125,7 +123,6 @@ struct clattn_ctx {
     bool out_of_order;      /* the queue may run commands out of order */
     cl_event last_event;    /* the end of the previous call's work on the context's workspace */
     cl_command_queue last_queue; /* the queue last_event was enqueued on */
-    bool private_workspace; /* this call uses only the caller's workspace: no ordering needed */
     cl_mem workspace[CLATTN_WS_COUNT];
     size_t workspace_bytes[CLATTN_WS_COUNT];
     char message[2048];
@@ -138,10 +135,5 @@ struct clattn_ctx {
     size_t trace_count, trace_dropped;
 };
 
-/* The queue the current call enqueues on. */
-static inline cl_command_queue clattn__queue(const clattn_ctx *ctx)
-{
-    return ctx->exec_queue ? ctx->exec_queue : ctx->queue;
-}
 
 #endif

@@ -528,41 +528,38 @@ done:
     return status;
 }
 
-clattn_status clattn__launch_kernel(clattn_ctx *ctx, cl_kernel kernel, const char *name,
+clattn_status clattn__launch_kernel(clattn_chain *chain, cl_kernel kernel, const char *name,
                                     const clattn_arg *args, cl_uint num_args, cl_uint dims,
-                                    const size_t *global, const size_t *local, cl_uint num_wait,
-                                    const cl_event *wait, cl_event *event)
+                                    const size_t *global, const size_t *local)
 {
+    clattn_ctx *ctx = chain->ctx;
     for (cl_uint i = 0; i < num_args; ++i) {
         cl_int err = clSetKernelArg(kernel, i, args[i].size, args[i].value);
         if (err != CL_SUCCESS)
             return clattn__fail(ctx, (clattn_status)err, "clSetKernelArg(%s, %u): %s (%d)", name,
                                 (unsigned)i, clattn__cl_error_name(err), (int)err);
     }
-    /* Tracing: the launch's own event is kept (retained once more when the caller keeps it). */
-    cl_event traced = NULL;
-    const bool trace = ctx->tracing && ctx->trace && ctx->trace_count < CLATTN_TRACE_MAX;
+    cl_event event = NULL;
     cl_int err = clattn__fault(CLATTN_FAULT_ENQUEUE)
                      ? CL_OUT_OF_RESOURCES
-                     : clEnqueueNDRangeKernel(clattn__queue(ctx), kernel, dims, NULL, global, local,
-                                              num_wait, num_wait ? wait : NULL,
-                                              event ? event : (trace ? &traced : NULL));
+                     : clEnqueueNDRangeKernel(chain->queue, kernel, dims, NULL, global, local,
+                                              chain->num_wait, chain->num_wait ? chain->wait : NULL,
+                                              &event);
     if (err != CL_SUCCESS)
         return clattn__fail(ctx, (clattn_status)err, "clEnqueueNDRangeKernel(%s): %s (%d)", name,
                             clattn__cl_error_name(err), (int)err);
-    if (ctx->tracing && !trace)
-        ++ctx->trace_dropped;
-    if (trace) {
-        if (event && clRetainEvent(*event) == CL_SUCCESS)
-            traced = *event;
-        if (traced) {
+    /* Tracing: the launch's own event is kept (retained once more: the chain keeps its own). */
+    if (ctx->tracing) {
+        if (ctx->trace && ctx->trace_count < CLATTN_TRACE_MAX &&
+            clRetainEvent(event) == CL_SUCCESS) {
             struct clattn_trace_entry *entry = &ctx->trace[ctx->trace_count++];
             snprintf(entry->name, sizeof entry->name, "%s", name);
-            entry->event = traced;
+            entry->event = event;
         } else {
             ++ctx->trace_dropped;
         }
     }
+    clattn__chain_push(chain, event);
     return CLATTN_SUCCESS;
 }
 
@@ -848,13 +845,6 @@ clattn_status clattn__check_tensor(clattn_ctx *ctx, const char *op, const char *
     return CLATTN_SUCCESS;
 }
 
-void clattn__chain_init(clattn_chain *chain, cl_uint num_wait, const cl_event *wait)
-{
-    chain->num_wait = wait ? num_wait : 0;
-    chain->wait = wait;
-    chain->last = NULL;
-}
-
 void clattn__chain_push(clattn_chain *chain, cl_event event)
 {
     if (chain->last)
@@ -864,7 +854,8 @@ void clattn__chain_push(clattn_chain *chain, cl_event event)
     chain->wait = event ? &chain->last : NULL;
 }
 
-void clattn__chain_finish(clattn_chain *chain, cl_event *out)
+/* Hands the final event to the caller (or releases it when out == NULL) and resets. */
+static void chain_finish(clattn_chain *chain, cl_event *out)
 {
     if (out)
         *out = chain->last;
@@ -875,15 +866,52 @@ void clattn__chain_finish(clattn_chain *chain, cl_event *out)
     chain->wait = NULL;
 }
 
-clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain, cl_uint num_wait,
+/* Checks `queue` (another queue than the context's) for the call and reads its ordering. */
+static clattn_status check_queue(clattn_ctx *ctx, const char *op, cl_command_queue queue,
+                                 bool *out_of_order)
+{
+    cl_context owner = NULL;
+    cl_device_id device = NULL;
+    cl_command_queue_properties properties = 0;
+    cl_int err = clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof owner, &owner, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof device, &device, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetCommandQueueInfo(queue, CL_QUEUE_PROPERTIES, sizeof properties, &properties,
+                                    NULL);
+    if (err != CL_SUCCESS)
+        return clattn__fail(ctx, (clattn_status)err, "%s: queue: clGetCommandQueueInfo: %s (%d)",
+                            op, clattn__cl_error_name(err), (int)err);
+    if (owner != ctx->context || device != ctx->device)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: queue belongs to another cl_context or device than the clattn "
+                            "context's",
+                            op);
+    *out_of_order = (properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0;
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain,
+                            cl_command_queue queue, bool private_workspace, cl_uint num_wait,
                             const cl_event *wait)
 {
-    clattn__chain_init(chain, num_wait, wait);
+    chain->ctx = ctx;
+    chain->queue = ctx->queue;
+    chain->out_of_order = ctx->out_of_order;
+    chain->private_workspace = private_workspace;
+    chain->num_wait = wait ? num_wait : 0;
+    chain->wait = wait;
+    chain->last = NULL;
+    if (queue != NULL && queue != ctx->queue) {
+        clattn_status status = check_queue(ctx, op, queue, &chain->out_of_order);
+        if (status != CLATTN_SUCCESS)
+            return status;
+        chain->queue = queue;
+    }
     /* The previous call's work may still use the shared workspace: an in-order queue orders it
      * by itself, another queue or an out-of-order one waits for its last event. */
-    if (ctx->last_event == NULL || ctx->private_workspace ||
-        (!(ctx->exec_queue ? ctx->exec_out_of_order : ctx->out_of_order) &&
-         ctx->last_queue == clattn__queue(ctx)))
+    if (ctx->last_event == NULL || private_workspace ||
+        (!chain->out_of_order && ctx->last_queue == chain->queue))
         return CLATTN_SUCCESS;
     cl_event *list = malloc((num_wait + 1) * sizeof *list);
     if (list == NULL)
@@ -894,7 +922,7 @@ clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain
     cl_event marker = NULL;
     cl_int err = clattn__fault(CLATTN_FAULT_ENQUEUE)
                      ? CL_OUT_OF_RESOURCES
-                     : clEnqueueMarkerWithWaitList(clattn__queue(ctx), num_wait + 1, list, &marker);
+                     : clEnqueueMarkerWithWaitList(chain->queue, num_wait + 1, list, &marker);
     free(list);
     if (err != CL_SUCCESS)
         return clattn__fail(ctx, (clattn_status)err, "%s: clEnqueueMarkerWithWaitList: %s (%d)", op,
@@ -922,18 +950,19 @@ clattn_status clattn__end_message(clattn_ctx *ctx, const char *op, clattn_status
     return status;
 }
 
-clattn_status clattn__end(clattn_ctx *ctx, const char *op, clattn_chain *chain,
-                          clattn_status status, cl_event *event)
+clattn_status clattn__end(const char *op, clattn_chain *chain, clattn_status status,
+                          cl_event *event)
 {
+    clattn_ctx *ctx = chain->ctx;
     clattn__end_message(ctx, op, status);
-    if (status == CLATTN_SUCCESS && !ctx->private_workspace && chain->last) {
+    if (status == CLATTN_SUCCESS && !chain->private_workspace && chain->last) {
         if (ctx->last_event)
             clReleaseEvent(ctx->last_event);
         clRetainEvent(chain->last);
         ctx->last_event = chain->last;
-        ctx->last_queue = clattn__queue(ctx);
+        ctx->last_queue = chain->queue;
     }
-    clattn__chain_finish(chain, status == CLATTN_SUCCESS ? event : NULL);
+    chain_finish(chain, status == CLATTN_SUCCESS ? event : NULL);
     return status;
 }
 

@@ -21,11 +21,12 @@ typedef struct clattn_arg {
 /* The kernel `name` of `source` built with the extra options `extra`, cached per context. */
 clattn_status clattn__variant_kernel(clattn_ctx *ctx, clattn_source source, const char *name,
                                      const char *extra, cl_kernel *out);
-/* As clattn__launch, for a kernel already at hand. */
-clattn_status clattn__launch_kernel(clattn_ctx *ctx, cl_kernel kernel, const char *name,
+struct clattn_chain;
+/* Sets the arguments and enqueues `kernel` on the call's queue after its chain's last step;
+ * the launch becomes the chain's last step. */
+clattn_status clattn__launch_kernel(struct clattn_chain *chain, cl_kernel kernel, const char *name,
                                     const clattn_arg *args, cl_uint num_args, cl_uint dims,
-                                    const size_t *global, const size_t *local, cl_uint num_wait,
-                                    const cl_event *wait, cl_event *event);
+                                    const size_t *global, const size_t *local);
 
 /* A device buffer of at least `bytes` in workspace slot `slot` (grown, never shrunk); `op`
  * names the caller in messages. */
@@ -59,42 +60,41 @@ clattn_status clattn__check_tensor(clattn_ctx *ctx, const char *op, const char *
 bool clattn__matrix_extent(size_t batch, size_t stride, size_t rows, size_t cols, size_t ld,
                            size_t *out);
 
-/* Event chaining for multi-kernel plans: each step waits for the previous one, so plans work
- * on out-of-order queues too. The first step waits for the caller's list. */
+/* The launch context of one public call, passed down explicitly to every op and kernel launch
+ * (clattn_ctx holds no per-call state): the queue the call enqueues on (the context's, or the
+ * caller's for clattn_plan_execute), whether that queue may reorder commands, whether the call
+ * works only in the caller's workspace (no ordering with other calls then), and the event
+ * chain of its steps: each launch waits for the previous one, so plans work on out-of-order
+ * queues too; the first waits for the caller's list. Made by clattn__begin, finished by
+ * clattn__end. */
 typedef struct clattn_chain {
+    clattn_ctx *ctx;
+    cl_command_queue queue;
+    bool out_of_order;
+    bool private_workspace;
     cl_uint num_wait;
     const cl_event *wait;
     cl_event last;
 } clattn_chain;
 
-void clattn__chain_init(clattn_chain *chain, cl_uint num_wait, const cl_event *wait);
 /* Makes `event` (a step's completion event) the one the next step waits for. */
 void clattn__chain_push(clattn_chain *chain, cl_event event);
-/* Hands the final event to the caller (or releases it when out == NULL) and resets. */
-void clattn__chain_finish(clattn_chain *chain, cl_event *out);
 
-#define CHAIN_WAIT(chain) (chain)->num_wait, (chain)->wait
 
-/* Public entry points wrap their work in begin/end. On an out-of-order queue, begin makes the
- * call's first step also wait for the previous call's work (the workspace is shared), and end
- * remembers the call's last event. end hands the final event to `event` on success and
- * returns status; on failure it makes sure the message starts with `op`, so that an error
- * from an inner step still names the call the user made. */
-clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain, cl_uint num_wait,
+/* Public entry points wrap their work in begin/end. begin makes the launch context: on `queue`
+ * (NULL: the context's; another one must belong to the context's cl_context and device),
+ * private_workspace when the call uses only the caller's workspace. On an out-of-order queue,
+ * or another queue than the previous call's, begin makes the call's first step also wait for
+ * the previous call's work (the context's workspace is shared), and end remembers the call's
+ * last event. end hands the final event to `event` on success and returns status; on failure
+ * it makes sure the message starts with `op`, so that an error from an inner step still names
+ * the call the user made. */
+clattn_status clattn__begin(clattn_ctx *ctx, const char *op, clattn_chain *chain,
+                            cl_command_queue queue, bool private_workspace, cl_uint num_wait,
                             const cl_event *wait);
-clattn_status clattn__end(clattn_ctx *ctx, const char *op, clattn_chain *chain,
-                          clattn_status status, cl_event *event);
+clattn_status clattn__end(const char *op, clattn_chain *chain, clattn_status status,
+                          cl_event *event);
 /* On failure, makes sure the message starts with "op: "; returns status. */
 clattn_status clattn__end_message(clattn_ctx *ctx, const char *op, clattn_status status);
-/* Pushes a step's event (read through the pointer after the step ran) when the step
- * succeeded; returns status. */
-static inline clattn_status clattn__step(clattn_chain *chain, clattn_status status,
-                                         const cl_event *step)
-{
-    if (status == CLATTN_SUCCESS)
-        clattn__chain_push(chain, *step);
-    return status;
-}
-
 
 #endif

@@ -67,10 +67,9 @@ clattn_status clattn__additive_prepare(clattn_ctx *ctx, size_t batch, size_t hea
     return CLATTN_SUCCESS;
 }
 
-clattn_status clattn__additive_enqueue(clattn_ctx *ctx, const clattn__additive_plan *plan,
+clattn_status clattn__additive_enqueue(clattn_chain *chain, const clattn__additive_plan *plan,
                                        const clattn__view *p1, const clattn__view *p2,
-                                       const clattn__view *w, const clattn__view *raw,
-                                       cl_uint num_wait, const cl_event *wait, cl_event *event)
+                                       const clattn__view *w, const clattn__view *raw)
 {
     const clattn_additive_params params = {.p1_offset = p1->offset,
                                            .p1_s0 = p1->strides[0],
@@ -93,7 +92,6 @@ clattn_status clattn__additive_enqueue(clattn_ctx *ctx, const clattn__additive_p
                                            .dim = (cl_uint)plan->dim};
     const clattn_arg args[] = {CLATTN_ARG(p1->mem), CLATTN_ARG(p2->mem), CLATTN_ARG(w->mem),
                                CLATTN_ARG(raw->mem), CLATTN_ARG(params)};
-    return clattn__launch_kernel(ctx, plan->kernel, "additive_scores", args,
-                                 sizeof args / sizeof args[0], 3, plan->global, plan->local,
-                                 num_wait, wait, event);
+    return clattn__launch_kernel(chain, plan->kernel, "additive_scores", args,
+                                 sizeof args / sizeof args[0], 3, plan->global, plan->local);
 }

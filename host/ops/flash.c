@@ -299,9 +299,9 @@ clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *
 }
 
 /* flash_merge over the decode splits in scratch: out and, when the plan has it, lse. */
-static clattn_status merge_splits(clattn_ctx *ctx, const clattn__flash_plan *plan,
+static clattn_status merge_splits(clattn_chain *chain, const clattn__flash_plan *plan,
                                   clattn__scratch scratch, cl_ulong rows, const clattn__view *out,
-                                  const clattn__view *lse, clattn_chain *chain)
+                                  const clattn__view *lse)
 {
     const clattn__score_shape *score = &plan->shape.score;
     const bool has_lse = plan->shape.has_lse;
@@ -326,20 +326,16 @@ static clattn_status merge_splits(clattn_ctx *ctx, const clattn__flash_plan *pla
     const cl_mem lse_mem = has_lse ? lse->mem : out->mem;
     const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(scratch.mem),
                                CLATTN_ARG(out->mem), CLATTN_ARG(lse_mem), CLATTN_ARG(params)};
-    cl_event step = NULL;
-    return clattn__step(chain,
-                        clattn__launch_kernel(ctx, plan->merge, "flash_merge", args,
+    return clattn__launch_kernel(chain, plan->merge, "flash_merge", args,
                                               sizeof args / sizeof args[0], 1, &plan->merge_global,
-                                              &plan->merge_local, CHAIN_WAIT(chain), &step),
-                        &step);
+                                              &plan->merge_local);
 }
 
-clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *plan,
+clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_plan *plan,
                                     const clattn__view *q, const clattn__view *k,
                                     const clattn__view *v, const clattn__view *out,
                                     const clattn__view *lse, const clattn__score_masks *masks,
-                                    clattn__scratch scratch, cl_uint num_wait, const cl_event *wait,
-                                    cl_event *event)
+                                    clattn__scratch scratch)
 {
     const clattn__score_shape *score = &plan->shape.score;
     const size_t parts = (score->seq_k + plan->part_keys - 1) / plan->part_keys;
@@ -409,8 +405,6 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
     const char *name = plan->cpu ? "flash_cpu" : "flash_attention";
 
     clattn_status status = CLATTN_SUCCESS;
-    clattn_chain chain;
-    clattn__chain_init(&chain, num_wait, wait);
     const size_t bh_parts = (bh_total + MAX_BH_PER_LAUNCH - 1) / MAX_BH_PER_LAUNCH;
     for (size_t launch = 0; launch < parts * bh_parts && status == CLATTN_SUCCESS; ++launch) {
         const size_t first = (launch % bh_parts) * MAX_BH_PER_LAUNCH;
@@ -433,16 +427,11 @@ clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *p
                                    CLATTN_ARG(params)};
         const cl_uint n = sizeof args / sizeof args[0];
         global[1] = bh_total - first < MAX_BH_PER_LAUNCH ? bh_total - first : MAX_BH_PER_LAUNCH;
-        cl_event step = NULL;
-        status = clattn__step(&chain,
-                              clattn__launch_kernel(ctx, plan->kernel, name, args, n, 3, global,
-                                                    local, CHAIN_WAIT(&chain), &step),
-                              &step);
+        status = clattn__launch_kernel(chain, plan->kernel, name, args, n, 3, global, local);
     }
     if (split && status == CLATTN_SUCCESS) {
         /* flash_merge: the splits into out (and the caller's lse) */
-        status = merge_splits(ctx, plan, scratch, rows, final_out, lse, &chain);
+        status = merge_splits(chain, plan, scratch, rows, final_out, lse);
     }
-    clattn__chain_finish(&chain, status == CLATTN_SUCCESS ? event : NULL);
     return status;
 }

@@ -24,9 +24,8 @@ clattn_status clattn__mean_heads_prepare(clattn_ctx *ctx, size_t batch, size_t h
     return clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, op, extra, &plan->kernel);
 }
 
-clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, const clattn__mean_heads_plan *plan,
-                                         const clattn__view *src, const clattn__view *dst,
-                                         cl_uint num_wait, const cl_event *wait, cl_event *event)
+clattn_status clattn__mean_heads_enqueue(clattn_chain *chain, const clattn__mean_heads_plan *plan,
+                                         const clattn__view *src, const clattn__view *dst)
 {
     const cl_ulong total = (cl_ulong)plan->batch * plan->seq_q * plan->seq_k;
     const cl_ulong src_s[4] = {src->strides[0], src->strides[1], src->strides[2], src->strides[3]};
@@ -40,9 +39,8 @@ clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, const clattn__mean_hea
         CLATTN_ARG(dst_s[1]), CLATTN_ARG(dst_s[2]),    CLATTN_ARG(total),
         CLATTN_ARG(heads),    CLATTN_ARG(seq_q),       CLATTN_ARG(seq_k),
     };
-    return clattn__launch_kernel(ctx, plan->kernel, "mean_heads", args,
-                                 sizeof args / sizeof args[0], 1, &plan->global, &plan->local,
-                                 num_wait, wait, event);
+    return clattn__launch_kernel(chain, plan->kernel, "mean_heads", args,
+                                 sizeof args / sizeof args[0], 1, &plan->global, &plan->local);
 }
 
 clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype src_dtype,
@@ -63,9 +61,8 @@ clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn
     return clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, op, extra, &plan->kernel);
 }
 
-clattn_status clattn__copy_enqueue(clattn_ctx *ctx, const clattn__copy_plan *plan,
-                                   const clattn__view *src, const clattn__view *dst,
-                                   cl_uint num_wait, const cl_event *wait, cl_event *event)
+clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan *plan,
+                                   const clattn__view *src, const clattn__view *dst)
 {
     const cl_ulong total = (cl_ulong)plan->dims[0] * plan->dims[1] * plan->dims[2] * plan->dims[3];
     const cl_ulong src_s[4] = {src->strides[0], src->strides[1], src->strides[2], src->strides[3]};
@@ -80,6 +77,6 @@ clattn_status clattn__copy_enqueue(clattn_ctx *ctx, const clattn__copy_plan *pla
         CLATTN_ARG(total),    CLATTN_ARG(d1),          CLATTN_ARG(d2),
         CLATTN_ARG(d3),
     };
-    return clattn__launch_kernel(ctx, plan->kernel, "copy4d", args, sizeof args / sizeof args[0], 1,
-                                 &plan->global, &plan->local, num_wait, wait, event);
+    return clattn__launch_kernel(chain, plan->kernel, "copy4d", args, sizeof args / sizeof args[0], 1,
+                                 &plan->global, &plan->local);
 }

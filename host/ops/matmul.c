@@ -119,8 +119,8 @@ static size_t distinct_b(const clattn__view *b)
 /* Enqueues pack_b for every distinct matrix of b into panels of float at scratch; *bp is the
  * view of the copy (dims[2], dims[3] = K, N; strides[2] = the panel width, the floats from one
  * k to the next). */
-static clattn_status pack_b(clattn_ctx *ctx, const clattn__matmul_plan *plan, const clattn__view *b,
-                            clattn__scratch scratch, clattn__view *bp, clattn_chain *chain)
+static clattn_status pack_b(clattn_chain *chain, const clattn__matmul_plan *plan,
+                            const clattn__view *b, clattn__scratch scratch, clattn__view *bp)
 {
     const cl_uint n = (cl_uint)plan->shape.n, k = (cl_uint)plan->shape.k;
     const cl_int trans = plan->shape.trans_b;
@@ -144,12 +144,8 @@ static clattn_status pack_b(clattn_ctx *ctx, const clattn__matmul_plan *plan, co
             CLATTN_ARG(src_batch0), CLATTN_ARG(src_batch1),  CLATTN_ARG(ld),
             CLATTN_ARG(trans),      CLATTN_ARG(scratch.mem), CLATTN_ARG(dst_offset),
         };
-        cl_event step = NULL;
-        status = clattn__step(chain,
-                              clattn__launch_kernel(ctx, plan->pack, "matmul (pack b)", args,
-                                                    sizeof args / sizeof args[0], 3, global, local,
-                                                    CHAIN_WAIT(chain), &step),
-                              &step);
+        status = clattn__launch_kernel(chain, plan->pack, "matmul (pack b)", args,
+                                                    sizeof args / sizeof args[0], 3, global, local);
     }
     *bp = (clattn__view){.mem = scratch.mem, .offset = scratch.offset, .dtype = CLATTN_DTYPE_F32};
     bp->dims[0] = copies0, bp->dims[1] = copies1, bp->dims[2] = k, bp->dims[3] = n;
@@ -158,11 +154,10 @@ static clattn_status pack_b(clattn_ctx *ctx, const clattn__matmul_plan *plan, co
     return status;
 }
 
-clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan *plan,
+clattn_status clattn__matmul_enqueue(clattn_chain *chain, const clattn__matmul_plan *plan,
                                      const clattn__view *a, const clattn__view *b,
                                      const clattn__view *bias, const clattn__view *c, float alpha,
-                                     float beta, clattn__scratch scratch, cl_uint num_wait,
-                                     const cl_event *wait, cl_event *event)
+                                     float beta, clattn__scratch scratch)
 {
     const clattn__matmul_shape *shape = &plan->shape;
     const bool vec = plan->panel != 0;
@@ -175,15 +170,13 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
     const cl_int has_bias = shape->has_bias && bias != NULL && bias->mem != NULL;
     const cl_ulong bias_offset = has_bias ? bias->offset : 0;
     const cl_mem bias_mem = has_bias ? bias->mem : a->mem; /* any valid buffer; never read */
-
-    clattn_chain chain;
-    clattn__chain_init(&chain, num_wait, wait);
+    const clattn_ctx *ctx = chain->ctx;
     clattn_status status = CLATTN_SUCCESS;
     clattn__view packed;
     /* matmul_vec: floats from one panel of B to the next (in place: the panel's width). */
     cl_ulong b_panel = plan->panel;
     if (vec && !read_b_in_place(plan, b)) {
-        status = pack_b(ctx, plan, b, scratch, &packed, &chain);
+        status = pack_b(chain, plan, b, scratch, &packed);
         b = &packed;
         b_panel = (cl_ulong)plan->panel * k;
     }
@@ -242,15 +235,11 @@ clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan 
                         launch_kib >= ctx->tuning.vec_stream};
         const clattn_arg args[] = {CLATTN_ARG(a->mem), CLATTN_ARG(b->mem), CLATTN_ARG(c->mem),
                                    CLATTN_ARG(bias_mem), CLATTN_ARG(params)};
-        cl_event step = NULL;
         status =
-            clattn__step(&chain,
-                         clattn__launch_kernel(ctx, plan->kernel, vec ? "matmul_vec" : "matmul",
+            clattn__launch_kernel(chain, plan->kernel, vec ? "matmul_vec" : "matmul",
                                                args, sizeof args / sizeof args[0], 3, global,
-                                               plan->local, CHAIN_WAIT(&chain), &step),
-                         &step);
+                                               plan->local);
     }
-    clattn__chain_finish(&chain, status == CLATTN_SUCCESS ? event : NULL);
     return status;
 }
 
@@ -444,10 +433,9 @@ clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, con
     if (status != CLATTN_SUCCESS)
         return status;
     clattn_chain chain;
-    cl_event step = NULL;
     clattn__matmul_plan plan;
     clattn__scratch scratch = {NULL, 0};
-    status = clattn__begin(ctx, OP, &chain, num_wait, wait);
+    status = clattn__begin(ctx, OP, &chain, NULL, false, num_wait, wait);
     if (status == CLATTN_SUCCESS)
         status = clattn__matmul_prepare(ctx, &shape, &plan);
     if (status == CLATTN_SUCCESS && plan.panel != 0 && !read_b_in_place(&plan, &views[1])) {
@@ -462,11 +450,8 @@ clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, con
             status = clattn__workspace(ctx, OP, CLATTN_WS_MATMUL_BT, bytes, &scratch.mem);
     }
     if (status == CLATTN_SUCCESS)
-        status = clattn__step(&chain,
-                              clattn__matmul_enqueue(ctx, &plan, &views[0], &views[1],
+        status = clattn__matmul_enqueue(&chain, &plan, &views[0], &views[1],
                                                      shape.has_bias ? &views[2] : NULL, &views[3],
-                                                     desc->alpha, desc->beta, scratch,
-                                                     CHAIN_WAIT(&chain), &step),
-                              &step);
-    return clattn__end(ctx, OP, &chain, status, event);
+                                                     desc->alpha, desc->beta, scratch);
+    return clattn__end(OP, &chain, status, event);
 }

@@ -36,11 +36,10 @@ typedef struct clattn__matmul_plan {
 
 clattn_status clattn__matmul_prepare(clattn_ctx *ctx, const clattn__matmul_shape *shape,
                                      clattn__matmul_plan *plan);
-clattn_status clattn__matmul_enqueue(clattn_ctx *ctx, const clattn__matmul_plan *plan,
+clattn_status clattn__matmul_enqueue(clattn_chain *chain, const clattn__matmul_plan *plan,
                                      const clattn__view *a, const clattn__view *b,
                                      const clattn__view *bias, const clattn__view *c, float alpha,
-                                     float beta, clattn__scratch scratch, cl_uint num_wait,
-                                     const cl_event *wait, cl_event *event);
+                                     float beta, clattn__scratch scratch);
 
 /* ---- the score rule (kernels/score.cl; shared by softmax and flash) ------------------------
  * s_ij = cap(scale * (q_i . k_j)) + float mask[b,h,i,j] (cap(x) = softcap * tanh(x / softcap)
@@ -131,16 +130,14 @@ typedef struct clattn__softmax_plan {
 
 clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape *score,
                                       clattn__softmax_plan *plan);
-clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_plan *plan,
+clattn_status clattn__softmax_enqueue(clattn_chain *chain, const clattn__softmax_plan *plan,
                                       const clattn__view *raw, const clattn__view *out,
-                                      const clattn__score_masks *masks, cl_uint num_wait,
-                                      const cl_event *wait, cl_event *event);
+                                      const clattn__score_masks *masks);
 /* dst (batch, heads, seq_q, seq_k) F32, any strides = the scores of raw before normalisation,
  * as score.scores_mode says (softmax.cl's score_copy). */
-clattn_status clattn__score_copy_enqueue(clattn_ctx *ctx, const clattn__softmax_plan *plan,
+clattn_status clattn__score_copy_enqueue(clattn_chain *chain, const clattn__softmax_plan *plan,
                                          const clattn__view *raw, const clattn__view *dst,
-                                         const clattn__score_masks *masks, cl_uint num_wait,
-                                         const cl_event *wait, cl_event *event);
+                                         const clattn__score_masks *masks);
 
 /* ---- fused attention (ops/flash.c, kernels/flash.cl; CPUs: kernels/flash_cpu.cl) ----------
  * q (batch, heads, seq_q, dk), k (batch, kv_heads, seq_k, dk), v (batch, kv_heads, seq_k, dv)
@@ -182,12 +179,11 @@ clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *
  * flash.cl's arguments, so clattn__flash_enqueue launches either. */
 clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
                                         clattn__flash_plan *plan);
-clattn_status clattn__flash_enqueue(clattn_ctx *ctx, const clattn__flash_plan *plan,
+clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_plan *plan,
                                     const clattn__view *q, const clattn__view *k,
                                     const clattn__view *v, const clattn__view *out,
                                     const clattn__view *lse, const clattn__score_masks *masks,
-                                    clattn__scratch scratch, cl_uint num_wait, const cl_event *wait,
-                                    cl_event *event);
+                                    clattn__scratch scratch);
 
 /* ---- additive scores (ops/additive.c, kernels/additive.cl) ----------------------------------
  * raw[b, h, i, j] = sum_c w[h, c] tanh(p1[b, h, i, c] + p2[b, h, j, c]), c < dim: p1 (batch,
@@ -203,10 +199,9 @@ typedef struct clattn__additive_plan {
 
 clattn_status clattn__additive_prepare(clattn_ctx *ctx, size_t batch, size_t heads, size_t seq_q,
                                        size_t seq_k, size_t dim, clattn__additive_plan *plan);
-clattn_status clattn__additive_enqueue(clattn_ctx *ctx, const clattn__additive_plan *plan,
+clattn_status clattn__additive_enqueue(clattn_chain *chain, const clattn__additive_plan *plan,
                                        const clattn__view *p1, const clattn__view *p2,
-                                       const clattn__view *w, const clattn__view *raw,
-                                       cl_uint num_wait, const cl_event *wait, cl_event *event);
+                                       const clattn__view *w, const clattn__view *raw);
 
 /* ---- mean over heads (ops/heads.c, kernels/heads.cl) ----------------------------------------
  * dst[b, i, j] = mean_h src[b, h, i, j]; src a (batch, heads, seq_q, seq_k) F32 view,
@@ -219,9 +214,8 @@ typedef struct clattn__mean_heads_plan {
 
 clattn_status clattn__mean_heads_prepare(clattn_ctx *ctx, size_t batch, size_t heads, size_t seq_q,
                                          size_t seq_k, clattn__mean_heads_plan *plan);
-clattn_status clattn__mean_heads_enqueue(clattn_ctx *ctx, const clattn__mean_heads_plan *plan,
-                                         const clattn__view *src, const clattn__view *dst,
-                                         cl_uint num_wait, const cl_event *wait, cl_event *event);
+clattn_status clattn__mean_heads_enqueue(clattn_chain *chain, const clattn__mean_heads_plan *plan,
+                                         const clattn__view *src, const clattn__view *dst);
 
 /* ---- positional encodings (ops/posenc.c, kernels/posenc.cl) --------------------------------
  * out[a, b, p, i] = x[a, b, p, i] (when x is bound) + PE(start + p, i) over a box of dims
@@ -236,10 +230,9 @@ typedef struct clattn__posenc_plan {
 clattn_status clattn__posenc_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype x_dtype,
                                      clattn_dtype out_dtype, clattn_dtype table_dtype,
                                      clattn__posenc_plan *plan);
-clattn_status clattn__posenc_enqueue(clattn_ctx *ctx, const clattn__posenc_plan *plan,
+clattn_status clattn__posenc_enqueue(clattn_chain *chain, const clattn__posenc_plan *plan,
                                      const clattn__view *x, const clattn__view *out,
-                                     const clattn__view *table, cl_mem freq, size_t start,
-                                     cl_uint num_wait, const cl_event *wait, cl_event *event);
+                                     const clattn__view *table, cl_mem freq, size_t start);
 
 /* ---- rotary position embeddings (ops/rope.c, kernels/rope.cl) ------------------------------
  * out = x with the first rot columns of each row (b, h, s) rotated pair by pair (pairs: (2j,
@@ -269,9 +262,8 @@ typedef struct clattn__rope_io {
 clattn_status clattn__rope_prepare(clattn_ctx *ctx, const clattn__rope_shape *shape,
                                    clattn_dtype x_dtype, clattn_dtype out_dtype,
                                    clattn_dtype cache_dtype, clattn__rope_plan *plan);
-clattn_status clattn__rope_enqueue(clattn_ctx *ctx, const clattn__rope_plan *plan,
-                                   const clattn__rope_io *io, cl_uint num_wait,
-                                   const cl_event *wait, cl_event *event);
+clattn_status clattn__rope_enqueue(clattn_chain *chain, const clattn__rope_plan *plan,
+                                   const clattn__rope_io *io);
 
 /* ---- strided copy (ops/heads.c, kernels/heads.cl's copy4d) ----------------------------------
  * dst[i] = src[i] over a box of `dims` (4 dims), any strides, converting src_dtype to
@@ -284,8 +276,7 @@ typedef struct clattn__copy_plan {
 
 clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype src_dtype,
                                    clattn_dtype dst_dtype, clattn__copy_plan *plan);
-clattn_status clattn__copy_enqueue(clattn_ctx *ctx, const clattn__copy_plan *plan,
-                                   const clattn__view *src, const clattn__view *dst,
-                                   cl_uint num_wait, const cl_event *wait, cl_event *event);
+clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan *plan,
+                                   const clattn__view *src, const clattn__view *dst);
 
 #endif

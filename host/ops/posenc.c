@@ -23,10 +23,9 @@ clattn_status clattn__posenc_prepare(clattn_ctx *ctx, const size_t dims[4], clat
     return clattn__variant_kernel(ctx, CLATTN_SRC_POSENC, "posenc_add", extra, &plan->kernel);
 }
 
-clattn_status clattn__posenc_enqueue(clattn_ctx *ctx, const clattn__posenc_plan *plan,
+clattn_status clattn__posenc_enqueue(clattn_chain *chain, const clattn__posenc_plan *plan,
                                      const clattn__view *x, const clattn__view *out,
-                                     const clattn__view *table, cl_mem freq, size_t start,
-                                     cl_uint num_wait, const cl_event *wait, cl_event *event)
+                                     const clattn__view *table, cl_mem freq, size_t start)
 {
     const size_t *dims = plan->dims;
     const cl_ulong total = (cl_ulong)dims[0] * dims[1] * dims[2] * dims[3];
@@ -55,7 +54,6 @@ clattn_status clattn__posenc_enqueue(clattn_ctx *ctx, const clattn__posenc_plan 
     params.dim = (cl_uint)dims[3];
     const clattn_arg args[] = {CLATTN_ARG(x_mem), CLATTN_ARG(out->mem), CLATTN_ARG(table_mem),
                                CLATTN_ARG(freq_mem), CLATTN_ARG(params)};
-    return clattn__launch_kernel(ctx, plan->kernel, "posenc_add", args,
-                                 sizeof args / sizeof args[0], 1, &plan->global, &plan->local,
-                                 num_wait, wait, event);
+    return clattn__launch_kernel(chain, plan->kernel, "posenc_add", args,
+                                 sizeof args / sizeof args[0], 1, &plan->global, &plan->local);
 }

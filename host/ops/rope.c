@@ -24,9 +24,8 @@ clattn_status clattn__rope_prepare(clattn_ctx *ctx, const clattn__rope_shape *sh
     return clattn__variant_kernel(ctx, CLATTN_SRC_ROPE, op, extra, &plan->kernel);
 }
 
-clattn_status clattn__rope_enqueue(clattn_ctx *ctx, const clattn__rope_plan *plan,
-                                   const clattn__rope_io *io, cl_uint num_wait,
-                                   const cl_event *wait, cl_event *event)
+clattn_status clattn__rope_enqueue(clattn_chain *chain, const clattn__rope_plan *plan,
+                                   const clattn__rope_io *io)
 {
     const clattn__rope_shape *shape = &plan->shape;
     const clattn__view *x = &io->x, *out = &io->out;
@@ -63,6 +62,6 @@ clattn_status clattn__rope_enqueue(clattn_ctx *ctx, const clattn__rope_plan *pla
     const clattn_arg args[] = {CLATTN_ARG(x->mem),  CLATTN_ARG(out->mem), CLATTN_ARG(cos_mem),
                                CLATTN_ARG(sin_mem), CLATTN_ARG(pos_mem),  CLATTN_ARG(freq_mem),
                                CLATTN_ARG(params)};
-    return clattn__launch_kernel(ctx, plan->kernel, "rope", args, sizeof args / sizeof args[0], 1,
-                                 &plan->global, &plan->local, num_wait, wait, event);
+    return clattn__launch_kernel(chain, plan->kernel, "rope", args, sizeof args / sizeof args[0], 1,
+                                 &plan->global, &plan->local);
 }

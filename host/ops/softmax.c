@@ -86,11 +86,10 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
 
 /* Launches one of softmax.cl's kernels (each takes raw, out, the score buffers and the
  * family's struct) over the (batch, heads, seq_q) rows of raw into out. */
-static clattn_status launch_rows(clattn_ctx *ctx, const clattn__softmax_plan *plan,
+static clattn_status launch_rows(clattn_chain *chain, const clattn__softmax_plan *plan,
                                  cl_kernel kernel, const char *name, const size_t *global,
                                  const size_t *local, const clattn__view *raw,
-                                 const clattn__view *out, const clattn__score_masks *masks,
-                                 cl_uint num_wait, const cl_event *wait, cl_event *event)
+                                 const clattn__view *out, const clattn__score_masks *masks)
 {
     const clattn__score_shape *score = &plan->score;
     clattn_softmax_params params;
@@ -113,24 +112,22 @@ static clattn_status launch_rows(clattn_ctx *ctx, const clattn__softmax_plan *pl
                                CLATTN_ARG(buffers.mask),   CLATTN_ARG(buffers.key_padding),
                                CLATTN_ARG(buffers.kv_len), CLATTN_ARG(buffers.alibi),
                                CLATTN_ARG(params)};
-    return clattn__launch_kernel(ctx, kernel, name, args, sizeof args / sizeof args[0], 1, global,
-                                 local, num_wait, wait, event);
+    return clattn__launch_kernel(chain, kernel, name, args, sizeof args / sizeof args[0], 1, global,
+                                 local);
 }
 
-clattn_status clattn__score_copy_enqueue(clattn_ctx *ctx, const clattn__softmax_plan *plan,
+clattn_status clattn__score_copy_enqueue(clattn_chain *chain, const clattn__softmax_plan *plan,
                                          const clattn__view *raw, const clattn__view *dst,
-                                         const clattn__score_masks *masks, cl_uint num_wait,
-                                         const cl_event *wait, cl_event *event)
+                                         const clattn__score_masks *masks)
 {
-    return launch_rows(ctx, plan, plan->copy, "score_copy", &plan->copy_global, &plan->copy_local,
-                       raw, dst, masks, num_wait, wait, event);
+    return launch_rows(chain, plan, plan->copy, "score_copy", &plan->copy_global,
+                       &plan->copy_local, raw, dst, masks);
 }
 
-clattn_status clattn__softmax_enqueue(clattn_ctx *ctx, const clattn__softmax_plan *plan,
+clattn_status clattn__softmax_enqueue(clattn_chain *chain, const clattn__softmax_plan *plan,
                                       const clattn__view *raw, const clattn__view *out,
-                                      const clattn__score_masks *masks, cl_uint num_wait,
-                                      const cl_event *wait, cl_event *event)
+                                      const clattn__score_masks *masks)
 {
-    return launch_rows(ctx, plan, plan->kernel, "softmax_rows", &plan->global, &plan->local, raw,
-                       out, masks, num_wait, wait, event);
+    return launch_rows(chain, plan, plan->kernel, "softmax_rows", &plan->global, &plan->local, raw,
+                       out, masks);
 }
