@@ -2155,6 +2155,8 @@ static Suite *runtime_suite(void)
     tcase_add_loop_test(queues, test_second_queue, 0, ooo ? 2 : 1);
     tcase_add_test(queues, test_workspace_growth);
     tcase_add_test(queues, test_plan_lifetimes);
+    /* In "queues", the case the Oclgrind lane runs: the layout is checked on all three. */
+    tcase_add_test(queues, test_params_layout);
     suite_add_tcase(suite, queues);
 
     TCase *contexts = tcase_create("contexts");
@@ -2167,7 +2169,6 @@ static Suite *runtime_suite(void)
     tcase_add_test(contexts, test_device_specs);
     tcase_add_test(contexts, test_kernel_dir_failures);
     tcase_add_test(contexts, test_params_overrides);
-    tcase_add_test(contexts, test_params_layout);
     suite_add_tcase(suite, contexts);
     return suite;
 }
