@@ -123,6 +123,30 @@ def clattn_rate(line):
 
 # --- peers ----------------------------------------------------------------------------------
 
+def torch_sdpa(t):
+    """torch's scaled_dot_product_attention; before torch 2.0 (Debian 12's python3-torch is
+    1.13) the same function composed of matmul and softmax, as users of those versions wrote
+    it (slower than the fused op: ratios against it are not comparable with 2.x peers)."""
+    fused = getattr(t.nn.functional, "scaled_dot_product_attention", None)
+    if fused is not None:
+        return fused
+
+    def composed(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
+        if k.shape[1] != q.shape[1]:  # grouped-query: each k/v head serves a group
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        s = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
+        if is_causal:
+            lq, lk = s.shape[-2], s.shape[-1]
+            s = s.masked_fill(t.ones(lq, lk, dtype=t.bool).triu(1), float("-inf"))
+        if attn_mask is not None:
+            s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == t.bool \
+                else s + attn_mask
+        return t.softmax(s, -1) @ v
+
+    return composed
+
+
 def median_ms(fn, runs, warmup):
     for _ in range(warmup):
         fn()
@@ -167,7 +191,7 @@ class Torch:
             attn_mask = (t.arange(l) < l - l // 8).reshape(1, 1, 1, l)
         elif mask == "additive":
             attn_mask = self.rand(l, l)
-        f = t.nn.functional.scaled_dot_product_attention
+        f = torch_sdpa(t)
         with t.inference_mode():
             return median_ms(lambda: f(q, k, v, attn_mask=attn_mask, is_causal=causal, **gqa),
                              runs, warmup)
@@ -180,7 +204,7 @@ class Torch:
         k_cache, v_cache = self.rand(1, kv_heads, length, d), self.rand(1, kv_heads, length, d)
         k_new, v_new = self.rand(1, kv_heads, 1, d), self.rand(1, kv_heads, 1, d)
         q = self.rand(1, heads, 1, d)
-        f = t.nn.functional.scaled_dot_product_attention
+        f = torch_sdpa(t)
 
         def step():
             k_cache[:, :, length - 1:length] = k_new
@@ -328,7 +352,9 @@ def machine(threads):
         pass
     try:
         import torch
-        versions.append(f"torch {torch.__version__} (CPU, float32)")
+        versions.append(f"torch {torch.__version__} (CPU, float32"
+                        + (")" if hasattr(torch.nn.functional, "scaled_dot_product_attention")
+                           else "; SDPA composed of matmul and softmax: torch < 2.0)"))
     except ImportError:
         pass
     try:
