@@ -239,15 +239,3 @@ clattn_status clattn__create_entry(clattn_ctx *ctx, const char *op, const void *
     memcpy(full, &type->size, sizeof type->size);
     return CLATTN_SUCCESS;
 }
-
-clattn_status clattn__check_struct_size(clattn_ctx *ctx, const char *op, const char *type,
-                                        size_t given, size_t expected)
-{
-    if (given == expected)
-        return CLATTN_SUCCESS;
-    return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                        "%s: struct_size=%zu but sizeof(%s) is %zu in clattn %s: set "
-                        "struct_size = sizeof(%s) (or use the _init function) and rebuild "
-                        "against this header",
-                        op, given, type, expected, CLATTN_VERSION_STRING, type);
-}

@@ -92,7 +92,5 @@ typedef struct clattn__desc_type {
  * them, with struct_size = type->size: the create reads *full, never desc. */
 clattn_status clattn__create_entry(clattn_ctx *ctx, const char *op, const void *desc, bool has_out,
                                   const clattn__desc_type *type, void *full);
-clattn_status clattn__check_struct_size(clattn_ctx *ctx, const char *op, const char *type,
-                                        size_t given, size_t expected);
 
 #endif
