@@ -262,7 +262,8 @@ START_TEST(test_posenc_errors)
     pb_make_layout(&d.tensors.out, F32, 1, dims3 + 2, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "rank", "out of rank 1");
     d = good, d.tensors.k = d.tensors.q;
-    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "pos_table only", "k set");
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT,
+                   "k was given, but this plan takes only x, out, pos_table", "k set");
     d = good, d.tensors.out.dtype = CLATTN_DTYPE_U8;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "out", "out U8");
     d = good, d.start = ((size_t)1 << 24) - 4;

@@ -380,7 +380,10 @@ START_TEST(test_rope_errors)
     d = good, d.start = ((size_t)1 << 24);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "2^24", "positions past 2^24");
     d = good, d.tensors.k = d.tensors.q;
-    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "position_ids only", "k set");
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT,
+                   "k was given, but this plan takes only x, out, rope_cos, rope_sin, "
+                   "position_ids",
+                   "k set");
     d = good, pb_make_layout(&d.tensors.position_ids, F32, 2, ids, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "position_ids", "F32 position ids");
     d = good, pb_make_layout(&d.tensors.position_ids, CLATTN_DTYPE_I32, 2, cache, PB_PACKED);

@@ -102,6 +102,13 @@ static clattn_status prepare_projection(clattn_plan *plan, const clattn__layout 
     return clattn__matmul_prepare(plan->ctx, &shape, mm);
 }
 
+/* q, k, v, out, W1 (q_weight), W2 (k_weight), b1, b2 (q_bias, k_bias), w (score_weight), the
+ * masks and weights. */
+#define ADDITIVE_ROLES                                                                             \
+    (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
+     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) | CLATTN__ROLE(R_QW) |   \
+     CLATTN__ROLE(R_KW) | CLATTN__ROLE(R_QB) | CLATTN__ROLE(R_KB) | CLATTN__ROLE(R_SCORE_W))
+
 static clattn_status create(clattn_plan *plan, const void *any)
 {
     const clattn_additive_desc *desc = any;
@@ -110,27 +117,6 @@ static clattn_status create(clattn_plan *plan, const void *any)
     const clattn__layout *l = plan->layouts;
     clattn__additive *a = &plan->additive;
     clattn_status status;
-    static const int allowed[] = {R_Q,       R_K,  R_V,  R_OUT, R_MASK, R_KPM,
-                                  R_WEIGHTS, R_QW, R_KW, R_QB,  R_KB,   R_SCORE_W};
-    static const char *const names[R_COUNT] = {
-        [R_LSE] = "lse",           [R_IN_W] = "in_proj_weight", [R_IN_B] = "in_proj_bias",
-        [R_VW] = "v_weight",       [R_VB] = "v_bias",           [R_OW] = "out_weight",
-        [R_OB] = "out_bias",       [R_KVLEN] = "kv_seqlen",     [R_PAST_K] = "past_k",
-        [R_PAST_V] = "past_v",     [R_PRESENT_K] = "present_k", [R_PRESENT_V] = "present_v",
-        [R_SCORES] = "scores",     [R_ALIBI] = "alibi_slopes",  [R_POS_TABLE] = "pos_table",
-        [R_ROPE_COS] = "rope_cos", [R_ROPE_SIN] = "rope_sin",   [R_POS_IDS] = "position_ids",
-    };
-    for (int role = 0; role < R_COUNT; ++role) {
-        bool ok = !l[role].present;
-        for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; ++i)
-            ok = ok || allowed[i] == role;
-        if (!ok)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: additive plans take q, k, v, out, q_weight (W1), k_weight "
-                                "(W2), q_bias (b1), k_bias (b2), score_weight (w), the masks and "
-                                "weights; %s was given",
-                                op, names[role] ? names[role] : "another tensor");
-    }
     if (!l[R_Q].present || (l[R_Q].rank != 2 && l[R_Q].rank != 3))
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: q must be (batch, seq_q, dq) or (seq_q, dq), got rank %d", op,
@@ -351,4 +337,5 @@ static clattn_status additive_execute(clattn_plan *plan, const cl_mem *mems, con
 }
 
 CLATTN__PLAN_KIND(additive, CLATTN__ADDITIVE, clattn_additive_desc, create, additive_execute,
-                  clattn_additive_plan_create, "additive", clattn__sdpa_role_names)
+                  clattn_additive_plan_create, "additive", clattn__sdpa_role_names,
+                  ADDITIVE_ROLES)

@@ -106,6 +106,14 @@ static clattn_status check_input(clattn_plan *plan, int role, const char *what, 
 
 static clattn_status prepare_rope(clattn_plan *plan, const clattn_mha_desc *desc);
 
+/* The inputs, out, the masks, weights, the projections and ALiBi's slopes. */
+#define MHA_ROLES                                                                                  \
+    (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
+     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) |                        \
+     CLATTN__ROLE(R_IN_W) | CLATTN__ROLE(R_IN_B) | CLATTN__ROLE(R_QW) | CLATTN__ROLE(R_KW) |       \
+     CLATTN__ROLE(R_VW) | CLATTN__ROLE(R_QB) | CLATTN__ROLE(R_KB) | CLATTN__ROLE(R_VB) |           \
+     CLATTN__ROLE(R_OW) | CLATTN__ROLE(R_OB) | CLATTN__ROLE(R_ALIBI))
+
 static clattn_status create(clattn_plan *plan, const void *any)
 {
     const clattn_mha_desc *desc = any;
@@ -236,27 +244,6 @@ static clattn_status create(clattn_plan *plan, const void *any)
     if ((status = clattn__layout_expect(ctx, op, "out", &l[R_OUT], 3, out_dims,
                                         "(batch, seq_q, out_dim)")))
         return status;
-    if (l[R_LSE].present)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: lse is an SDPA output; MHA plans do not return it", op);
-    static const char *const sdpa_only[] = {"kv_seqlen", "past_k",    "past_v",
-                                            "present_k", "present_v", "scores"};
-    if (l[R_SCORE_W].present)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: score_weight belongs to additive plans", op);
-    for (int role = R_POS_TABLE; role <= R_POS_IDS; ++role)
-        if (l[role].present)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: %s belongs to positional-encoding and rotary plans", op,
-                                role == R_POS_TABLE  ? "pos_table"
-                                : role == R_POS_IDS  ? "position_ids"
-                                : role == R_ROPE_COS ? "rope_cos"
-                                                     : "rope_sin");
-    for (int role = R_KVLEN; role <= R_SCORES; ++role)
-        if (l[role].present)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: %s belongs to SDPA plans; MHA plans do not take it", op,
-                                sdpa_only[role - R_KVLEN]);
     const bool want_weights = desc->need_weights != CLATTN_WEIGHTS_NONE;
     if (want_weights != l[R_WEIGHTS].present)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
@@ -594,4 +581,4 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
 }
 
 CLATTN__PLAN_KIND(mha, CLATTN__MHA, clattn_mha_desc, create, mha_execute,
-                  clattn_mha_plan_create, "mha", clattn__mha_role_names)
+                  clattn_mha_plan_create, "mha", clattn__mha_role_names, MHA_ROLES)

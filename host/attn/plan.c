@@ -3,6 +3,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,6 +158,25 @@ _Static_assert(offsetof(clattn_sdpa_desc, tensors) == offsetof(clattn_mha_desc, 
                    offsetof(clattn_sdpa_desc, tensors) == offsetof(clattn_additive_desc, tensors),
                "plan descriptors share their head");
 
+/* Refuses a tensor in a role the plan's kind does not take, listing those it does. */
+static clattn_status check_roles(const clattn_plan *plan)
+{
+    for (int role = 0; role < R_COUNT; ++role) {
+        if (!plan->layouts[role].present || (plan->ops->roles & CLATTN__ROLE(role)))
+            continue;
+        char taken[512] = "";
+        size_t used = 0;
+        for (int r = 0; r < R_COUNT && used < sizeof taken; ++r)
+            if (plan->ops->roles & CLATTN__ROLE(r))
+                used += (size_t)snprintf(taken + used, sizeof taken - used, "%s%s",
+                                         used ? ", " : "", role_name(plan, r));
+        return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %s was given, but this plan takes only %s", plan->op,
+                            role_name(plan, role), taken);
+    }
+    return CLATTN_SUCCESS;
+}
+
 clattn_status clattn__plan_create(clattn_ctx *ctx, const clattn__plan_ops *ops, const char *op,
                                   const void *desc, clattn_plan **out)
 {
@@ -175,6 +195,8 @@ clattn_status clattn__plan_create(clattn_ctx *ctx, const clattn__plan_ops *ops, 
             (const clattn_tensors *)((const char *)full + offsetof(clattn_sdpa_desc, tensors));
         status = clattn__plan_new(ctx, ops, op, tensors, &plan);
     }
+    if (status == CLATTN_SUCCESS)
+        status = check_roles(plan);
     if (status == CLATTN_SUCCESS)
         status = ops->create(plan, full);
     free(full);

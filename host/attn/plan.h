@@ -42,6 +42,10 @@ typedef enum clattn__role {
 
 const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role role);
 
+/* A set of roles: bit (1 << role) per role. */
+#define CLATTN__ROLE(r) (1u << (r))
+_Static_assert(R_COUNT <= 32, "a role set is a 32-bit mask");
+
 /* Attention over (batch, heads, seq, head_dim) views: the steps both plans share. */
 typedef struct clattn__attention {
     clattn__score_shape score;
@@ -132,7 +136,7 @@ typedef struct clattn__posenc {
  * and geometry, on a plan whose layouts are set. execute enqueues the planned steps on tensors
  * already bound and checked against the plan (no validation, no planning); release frees what
  * the kind added beyond the shared fields (NULL: nothing); role_names name the tensors in
- * messages. Every plan descriptor starts with `size_t struct_size; clattn_tensors tensors;`. */
+ * messages; a tensor set in a role outside `roles` fails before create runs. Every plan descriptor starts with `size_t struct_size; clattn_tensors tensors;`. */
 typedef struct clattn__plan_ops {
     clattn__plan_kind kind;
     clattn__desc_type desc; /* the descriptor's type: name, sizes, defaults */
@@ -141,12 +145,13 @@ typedef struct clattn__plan_ops {
                              cl_mem workspace, clattn_chain *chain);
     void (*release)(clattn_plan *plan);
     const char *const *role_names; /* R_COUNT names */
+    unsigned roles; /* the roles the kind takes (CLATTN__ROLE bits); a tensor in another fails */
 } clattn__plan_ops;
 
 /* Defines a kind's table `name##_ops` (no release) and its public create function `fn`, which
  * is clattn__plan_create with the table and the op name `op`. Every version of a plan
  * descriptor has struct_size and tensors; desc_t##_init gives the defaults. */
-#define CLATTN__PLAN_KIND(name, kind, desc_t, create_fn, execute_fn, fn, op, names)               \
+#define CLATTN__PLAN_KIND(name, kind, desc_t, create_fn, execute_fn, fn, op, names, roles)        \
     static void name##_defaults(void *desc)                                                       \
     {                                                                                             \
         desc_t##_init(desc);                                                                      \
@@ -155,7 +160,7 @@ typedef struct clattn__plan_ops {
         kind,                                                                                     \
         {#desc_t, sizeof(desc_t), offsetof(desc_t, tensors) + sizeof(clattn_tensors),             \
          name##_defaults},                                                                        \
-        create_fn, execute_fn, NULL, names};                                                      \
+        create_fn, execute_fn, NULL, names, roles};                                               \
     clattn_status fn(clattn_ctx *ctx, const desc_t *desc, clattn_plan **out)                      \
     {                                                                                             \
         return clattn__plan_create(ctx, &name##_ops, op, desc, out);                              \

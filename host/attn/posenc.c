@@ -46,13 +46,6 @@ static clattn_status create(clattn_plan *plan, const void *any)
     const clattn_posenc_desc *desc = any;
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
-    for (int role = 0; role < R_COUNT; ++role)
-        if (role != R_Q && role != R_OUT && role != R_POS_TABLE &&
-            clattn__tensor_of(&desc->tensors, (clattn__role)role)->rank != 0)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: positional-encoding plans take x (tensors.q), out and "
-                                "pos_table only; tensor #%d of clattn_tensors is set",
-                                op, role);
     const clattn__layout *l = plan->layouts;
     const clattn__layout *x = &l[R_Q], *out = &l[R_OUT], *table = &l[R_POS_TABLE];
     if ((unsigned)desc->kind > CLATTN_POSENC_TABLE)
@@ -134,4 +127,5 @@ static clattn_status posenc_execute(clattn_plan *plan, const cl_mem *mems, const
 }
 
 CLATTN__PLAN_KIND(posenc, CLATTN__POSENC, clattn_posenc_desc, create, posenc_execute,
-                  clattn_posenc_plan_create, "posenc", clattn__x_role_names)
+                  clattn_posenc_plan_create, "posenc", clattn__x_role_names,
+                  CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_OUT) | CLATTN__ROLE(R_POS_TABLE))

@@ -125,13 +125,6 @@ static clattn_status create(clattn_plan *plan, const void *any)
     const clattn_rope_desc *desc = any;
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
-    for (int role = 0; role < R_COUNT; ++role)
-        if (role != R_Q && role != R_OUT && role != R_ROPE_COS && role != R_ROPE_SIN &&
-            role != R_POS_IDS && clattn__tensor_of(&desc->tensors, (clattn__role)role)->rank != 0)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: rotary plans take x (tensors.q), out, rope_cos, rope_sin "
-                                "and position_ids only; tensor #%d of clattn_tensors is set",
-                                op, role);
     const clattn__layout *l = plan->layouts;
     const clattn__layout *x = &l[R_Q], *out = &l[R_OUT], *cos_l = &l[R_ROPE_COS];
     const clattn__layout *sin_l = &l[R_ROPE_SIN], *ids = &l[R_POS_IDS];
@@ -247,4 +240,6 @@ static clattn_status rope_execute(clattn_plan *plan, const cl_mem *mems, const s
 }
 
 CLATTN__PLAN_KIND(rope, CLATTN__ROPE, clattn_rope_desc, create, rope_execute,
-                  clattn_rope_plan_create, "rope", clattn__x_role_names)
+                  clattn_rope_plan_create, "rope", clattn__x_role_names,
+                  CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_OUT) | CLATTN__ROLE(R_ROPE_COS) |
+                      CLATTN__ROLE(R_ROPE_SIN) | CLATTN__ROLE(R_POS_IDS))

@@ -4,33 +4,20 @@
 #include <float.h>
 #include <string.h>
 
+/* The inputs, out, the masks, the outputs, kv_seqlen, the KV cache's and ALiBi's slopes. */
+#define SDPA_ROLES                                                                                 \
+    (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
+     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) |                        \
+     CLATTN__ROLE(R_LSE) | CLATTN__ROLE(R_KVLEN) | CLATTN__ROLE(R_PAST_K) |                        \
+     CLATTN__ROLE(R_PAST_V) | CLATTN__ROLE(R_PRESENT_K) | CLATTN__ROLE(R_PRESENT_V) |              \
+     CLATTN__ROLE(R_SCORES) | CLATTN__ROLE(R_ALIBI))
+
 static clattn_status create(clattn_plan *plan, const void *any)
 {
     const clattn_sdpa_desc *desc = any;
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
     clattn_status status = CLATTN_SUCCESS;
-    const clattn_tensors *t = &desc->tensors;
-    static const char *const used[] = {"in_proj_weight", "in_proj_bias", "q_weight", "k_weight",
-                                       "v_weight",       "q_bias",       "k_bias",   "v_bias",
-                                       "out_weight",     "out_bias"};
-    for (int role = R_IN_W; role <= R_OB; ++role)
-        if (clattn__tensor_of(t, (clattn__role)role)->rank != 0)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: %s belongs to MHA plans; SDPA takes q, k, v, out, masks, "
-                                "weights and lse",
-                                op, used[role - R_IN_W]);
-    if (t->score_weight.rank != 0)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: score_weight belongs to additive plans", op);
-    for (int role = R_POS_TABLE; role <= R_POS_IDS; ++role)
-        if (clattn__tensor_of(t, (clattn__role)role)->rank != 0)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: %s belongs to positional-encoding and rotary plans", op,
-                                role == R_POS_TABLE  ? "pos_table"
-                                : role == R_POS_IDS  ? "position_ids"
-                                : role == R_ROPE_COS ? "rope_cos"
-                                                     : "rope_sin");
     const clattn__layout *l = plan->layouts;
     static const char *const required[4] = {"q", "k", "v", "out"};
     for (int role = R_Q; role <= R_OUT && status == CLATTN_SUCCESS; ++role)
@@ -417,4 +404,4 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
 }
 
 CLATTN__PLAN_KIND(sdpa, CLATTN__SDPA, clattn_sdpa_desc, create, sdpa_execute,
-                  clattn_sdpa_plan_create, "sdpa", clattn__sdpa_role_names)
+                  clattn_sdpa_plan_create, "sdpa", clattn__sdpa_role_names, SDPA_ROLES)
