@@ -23,12 +23,6 @@ static clattn__layout as_rank3(const clattn__layout *l)
     return r;
 }
 
-/* One matrix of (batch * seq) rows when the batch stride allows it. */
-static bool flattens(const clattn__layout *l)
-{
-    return l->dims[0] == 1 || l->strides[0] == l->dims[1] * l->strides[1];
-}
-
 static clattn_status check_rows(clattn_plan *plan, int role, const char *name, int rank,
                                 size_t batch, size_t seq, size_t features, const char *what)
 {
@@ -39,11 +33,7 @@ static clattn_status check_rows(clattn_plan *plan, int role, const char *name, i
     const size_t dims3[3] = {batch, seq, features}, dims2[2] = {seq, features};
     clattn_status status =
         clattn__layout_expect(plan->ctx, plan->op, name, l, rank, rank == 3 ? dims3 : dims2, what);
-    if (status == CLATTN_SUCCESS && l->strides[rank - 1] != 1)
-        status = clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
-                              "%s: %s must have stride 1 along its features (got %zu)", plan->op,
-                              name, l->strides[rank - 1]);
-    return status;
+    return status ? status : clattn__expect_unit_stride(plan, name, l, "features");
 }
 
 /* W1 or W2: (d, H * da) or (H, d, da), stride 1 along da. Sets *per_head for rank 3. */
@@ -56,11 +46,7 @@ static clattn_status check_weight(clattn_plan *plan, int role, const char *name,
     clattn_status status =
         clattn__layout_expect(plan->ctx, plan->op, name, l, *per_head ? 3 : 2,
                               *per_head ? split : flat, "(d, heads * da) or (heads, d, da)");
-    if (status == CLATTN_SUCCESS && l->strides[l->rank - 1] != 1)
-        status = clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
-                              "%s: %s must have stride 1 along its last dim (got %zu)", plan->op,
-                              name, l->strides[l->rank - 1]);
-    return status;
+    return status ? status : clattn__expect_unit_stride(plan, name, l, "last dim");
 }
 
 /* b1, b2 (packed F32 (H * da) or (H, da)) and w (F32, any strides). */
@@ -88,18 +74,8 @@ static clattn_status prepare_projection(clattn_plan *plan, const clattn__layout 
                                         const clattn__layout *weight, size_t seq, size_t n,
                                         bool has_bias, bool flat, clattn__matmul_plan *mm)
 {
-    const clattn__additive *a = &plan->additive;
-    const clattn__matmul_shape shape = {
-        .m = flat ? a->batch * seq : seq,
-        .n = n,
-        .k = input->dims[2],
-        .batch = {1, flat ? 1 : a->batch},
-        .a_dtype = input->dtype,
-        .b_dtype = weight->dtype,
-        .c_dtype = CLATTN_DTYPE_F32,
-        .has_bias = has_bias,
-    };
-    return clattn__matmul_prepare(plan->ctx, &shape, mm);
+    return clattn__projection_prepare(plan->ctx, input, weight, plan->additive.batch, seq, n,
+                                      false, has_bias, CLATTN_DTYPE_F32, flat, mm);
 }
 
 /* q, k, v, out, W1 (q_weight), W2 (k_weight), b1, b2 (q_bias, k_bias), w (score_weight), the
@@ -184,7 +160,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
                             "%s: the projections (batch, seq, heads * da) overflow size_t", op);
     a->p1_at = 0, a->p2_at = p1;
     const clattn__layout k = as_rank3(&l[R_K]);
-    a->flat_q = flattens(&q), a->flat_k = flattens(&k);
+    a->flat_q = clattn__rows_flatten(&q), a->flat_k = clattn__rows_flatten(&k);
     if ((status = prepare_projection(plan, &q, w1, a->seq_q, a->per_head_w1 ? a->da : width,
                                      l[R_QB].present, a->flat_q, &a->p1_proj)) ||
         (status = prepare_projection(plan, &k, &l[R_KW], a->seq_k, a->per_head_w2 ? a->da : width,
@@ -312,12 +288,8 @@ static clattn_status additive_execute(clattn_plan *plan, const cl_mem *mems, con
         .k = heads_view(&p2, workspace, a->p2_at, a->heads, a->da),
         .v = heads_view(&v, mems[R_V], offsets[R_V], a->heads, a->head_dim_v),
         .out = heads_view(&out, mems[R_OUT], offsets[R_OUT], a->heads, a->head_dim_v),
-        .masks = {plan->mask_view, plan->kpm_view, plan->kv_len_view},
+        .masks = clattn__bound_masks(plan, mems, offsets),
     };
-    io.masks.mask.mem = mems[R_MASK];
-    io.masks.mask.offset = offsets[R_MASK];
-    io.masks.key_padding.mem = mems[R_KPM];
-    io.masks.key_padding.offset = offsets[R_KPM];
     /* w as (1, 1, heads, da): rank 1 (H * da) or rank 2 (H, da), any strides. */
     const clattn__layout *w = &l[R_SCORE_W];
     const size_t w_step = w->strides[w->rank - 1];

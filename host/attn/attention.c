@@ -383,3 +383,37 @@ clattn__view clattn__rows_view(const clattn__layout *l, cl_mem mem, size_t offse
     v.strides[3] = l->strides[2];
     return v;
 }
+
+bool clattn__rows_flatten(const clattn__layout *l)
+{
+    return l->dims[0] == 1 || l->strides[0] == l->dims[1] * l->strides[1];
+}
+
+clattn_status clattn__projection_prepare(clattn_ctx *ctx, const clattn__layout *input,
+                                         const clattn__layout *weight, size_t batch, size_t rows,
+                                         size_t n, bool trans_w, bool has_bias,
+                                         clattn_dtype out_dtype, bool flat, clattn__matmul_plan *mm)
+{
+    const clattn__matmul_shape shape = {
+        .m = flat ? batch * rows : rows,
+        .n = n,
+        .k = input->dims[2],
+        .batch = {1, flat ? 1 : batch},
+        .trans_b = trans_w,
+        .a_dtype = input->dtype,
+        .b_dtype = weight->dtype,
+        .c_dtype = out_dtype,
+        .has_bias = has_bias,
+    };
+    return clattn__matmul_prepare(ctx, &shape, mm);
+}
+
+clattn_status clattn__expect_unit_stride(const clattn_plan *plan, const char *name,
+                                         const clattn__layout *l, const char *along)
+{
+    if (l->strides[l->rank - 1] == 1)
+        return CLATTN_SUCCESS;
+    return clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
+                        "%s: %s must have stride 1 along its %s (got %zu)", plan->op, name, along,
+                        l->strides[l->rank - 1]);
+}

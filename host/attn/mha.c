@@ -32,11 +32,7 @@ static clattn_status check_weight(clattn_plan *plan, int role, const char *name,
     clattn_status status =
         clattn__layout_expect(ctx, plan->op, name, l, 2, dims,
                               trans ? "(d_out, d_in) for layout TORCH" : "(d_in, d_out) for layout XW");
-    if (status == CLATTN_SUCCESS && l->strides[1] != 1)
-        status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                              "%s: %s must have stride 1 along its last dim (got %zu)", plan->op,
-                              name, l->strides[1]);
-    return status;
+    return status ? status : clattn__expect_unit_stride(plan, name, l, "last dim");
 }
 
 static clattn_status check_bias(clattn_plan *plan, int role, const char *name, size_t n)
@@ -53,31 +49,13 @@ static clattn_status check_bias(clattn_plan *plan, int role, const char *name, s
     return status;
 }
 
-/* Rows of a (batch, seq, features) input or output as matmul operands: one (batch * seq)-row
- * matrix when the batch stride allows it, else a batch of seq-row matrices. */
-static bool flattens(const clattn__layout *l)
-{
-    return l->dims[0] == 1 || l->strides[0] == l->dims[1] * l->strides[1];
-}
-
 static clattn_status prepare_projection(clattn_plan *plan, const clattn__layout *input,
                                         const clattn__layout *weight, size_t rows_per_batch,
                                         size_t n, bool has_bias, clattn_dtype out_dtype,
                                         bool input_flat, clattn__matmul_plan *mm)
 {
-    const clattn__mha *m = &plan->mha;
-    const clattn__matmul_shape shape = {
-        .m = input_flat ? m->batch * rows_per_batch : rows_per_batch,
-        .n = n,
-        .k = input->dims[2],
-        .batch = {1, input_flat ? 1 : m->batch},
-        .trans_b = m->trans_w,
-        .a_dtype = input->dtype,
-        .b_dtype = weight->dtype,
-        .c_dtype = out_dtype,
-        .has_bias = has_bias,
-    };
-    return clattn__matmul_prepare(plan->ctx, &shape, mm);
+    return clattn__projection_prepare(plan->ctx, input, weight, plan->mha.batch, rows_per_batch, n,
+                                      plan->mha.trans_w, has_bias, out_dtype, input_flat, mm);
 }
 
 static clattn_status check_input(clattn_plan *plan, int role, const char *what, size_t batch,
@@ -97,11 +75,7 @@ static clattn_status check_input(clattn_plan *plan, int role, const char *what, 
                             "%s: %s has dims %s, expected %s with batch=%zu, seq=%zu", plan->op,
                             names[role], got, what, batch, seq);
     }
-    if (l->strides[2] != 1)
-        return clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
-                            "%s: %s must have stride 1 along its features (got %zu)", plan->op,
-                            names[role], l->strides[2]);
-    return CLATTN_SUCCESS;
+    return clattn__expect_unit_stride(plan, names[role], l, "features");
 }
 
 static clattn_status prepare_rope(clattn_plan *plan, const clattn_mha_desc *desc);
@@ -184,11 +158,9 @@ static clattn_status create(clattn_plan *plan, const void *any)
         const size_t in_dims[2] = {3 * d.embed, d.embed}, bias_dim = 3 * d.embed;
         if ((status = clattn__layout_expect(ctx, op, "in_proj_weight", &l[R_IN_W], 2, in_dims,
                                             "(3 * embed_dim, embed_dim)")) ||
-            (status = check_bias(plan, R_IN_B, "in_proj_bias", bias_dim)))
+            (status = check_bias(plan, R_IN_B, "in_proj_bias", bias_dim)) ||
+            (status = clattn__expect_unit_stride(plan, "in_proj_weight", &l[R_IN_W], "last dim")))
             return status;
-        if (l[R_IN_W].strides[1] != 1)
-            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                                "%s: in_proj_weight must have stride 1 along its last dim", op);
     } else {
         if (l[R_IN_B].present)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
@@ -291,8 +263,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t", op);
 
     /* Projections. */
-    const bool flat_q = flattens(&l[R_Q]), flat_k = flattens(&l[R_K]);
-    const bool flat_v = flattens(&l[R_V]);
+    const bool flat_q = clattn__rows_flatten(&l[R_Q]), flat_k = clattn__rows_flatten(&l[R_K]);
+    const bool flat_v = clattn__rows_flatten(&l[R_V]);
     const clattn__layout *wq = m->packed_in_proj ? &l[R_IN_W] : &l[R_QW];
     const clattn__layout *wk = m->packed_in_proj ? &l[R_IN_W] : &l[R_KW];
     const clattn__layout *wv = m->packed_in_proj ? &l[R_IN_W] : &l[R_VW];
@@ -318,7 +290,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
             .dims = {d.batch, d.seq_q, d.v_dim},
             .strides = {d.seq_q * d.v_dim, d.v_dim, 1},
         };
-        const bool flat_out = flattens(&l[R_OUT]);
+        const bool flat_out = clattn__rows_flatten(&l[R_OUT]);
         if ((status = prepare_projection(plan, &concat_layout, &l[R_OW], d.seq_q, d.out_dim,
                                          l[R_OB].present, l[R_OUT].dtype, flat_out,
                                          &m->out_proj)))
@@ -462,8 +434,8 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
                              offsets[R_Q] == offsets[R_V] &&
                              memcmp(&l[R_Q], &l[R_K], sizeof l[R_Q]) == 0 &&
                              memcmp(&l[R_Q], &l[R_V], sizeof l[R_Q]) == 0;
-    const bool flat_q = flattens(&l[R_Q]), flat_k = flattens(&l[R_K]);
-    const bool flat_v = flattens(&l[R_V]);
+    const bool flat_q = clattn__rows_flatten(&l[R_Q]), flat_k = clattn__rows_flatten(&l[R_K]);
+    const bool flat_v = clattn__rows_flatten(&l[R_V]);
     size_t q_at = m->q_at, k_at = m->k_at, v_at = m->v_at, q_ld = e, kv_ld = m->kv_qk_dim;
     size_t v_ld = m->kv_v_dim;
     if (self_packed) {
@@ -518,15 +490,8 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
                         kv_ld, 1),
         .v = heads_view(workspace, v_at, CLATTN_DTYPE_F32, b, m->kv_heads, lk, dv, lk * v_ld, v_ld,
                         1),
-        .masks = {plan->mask_view, plan->kpm_view, plan->kv_len_view},
+        .masks = clattn__bound_masks(plan, mems, offsets),
     };
-    io.masks.mask.mem = mems[R_MASK];
-    io.masks.mask.offset = offsets[R_MASK];
-    io.masks.key_padding.mem = mems[R_KPM];
-    io.masks.key_padding.offset = offsets[R_KPM];
-    io.masks.alibi = plan->alibi_view;
-    io.masks.alibi.mem = mems[R_ALIBI];
-    io.masks.alibi.offset = offsets[R_ALIBI];
     if (m->rope) { /* rotate the projected q and k heads in place */
         clattn__rope_io rope = {.x = io.q, .out = io.q, .freq = plan->posenc.freq};
         if (plan->posenc.angles)
@@ -568,7 +533,7 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
     }
     if (!m->has_out_proj)
         return CLATTN_SUCCESS;
-    const bool flat_out = flattens(&l[R_OUT]);
+    const bool flat_out = clattn__rows_flatten(&l[R_OUT]);
     const clattn__view concat =
         flat_out ? matrix_view(workspace, m->concat_at, CLATTN_DTYPE_F32, b * lq, m->v_dim, m->v_dim)
                  : batch_rows(workspace, m->concat_at, b, lq, m->v_dim);

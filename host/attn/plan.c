@@ -318,3 +318,29 @@ clattn__view clattn__bound_view(const clattn__layout *l, cl_mem mem, size_t offs
     v.offset = offset;
     return v;
 }
+
+clattn__view clattn__role_view(const clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                               clattn__role role)
+{
+    clattn__view v;
+    memset(&v, 0, sizeof v);
+    return plan->layouts[role].present
+               ? clattn__bound_view(&plan->layouts[role], mems[role], offsets[role])
+               : v;
+}
+
+clattn__score_masks clattn__bound_masks(const clattn_plan *plan, const cl_mem *mems,
+                                        const size_t *offsets)
+{
+    clattn__score_masks m = {.mask = plan->mask_view,
+                             .key_padding = plan->kpm_view,
+                             .kv_len = plan->kv_len_view,
+                             .alibi = plan->alibi_view};
+    clattn__view *views[4] = {&m.mask, &m.key_padding, &m.kv_len, &m.alibi};
+    static const clattn__role roles[4] = {R_MASK, R_KPM, R_KVLEN, R_ALIBI};
+    for (int i = 0; i < 4; ++i) {
+        views[i]->mem = mems[roles[i]];
+        views[i]->offset = offsets[roles[i]];
+    }
+    return m;
+}

@@ -221,6 +221,13 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
 clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attention_io *io,
                                         cl_mem workspace, clattn_chain *chain);
 
+/* A read-only device copy of `bytes` of host memory in *mem, owned by the plan (released with
+ * it); `what` names it in the message on failure (posenc.c). */
+clattn_status clattn__plan_upload(clattn_plan *plan, cl_mem *mem, const void *host, size_t bytes,
+                                  const char *what);
+/* A frequency base: `given`, or 10000 for 0; fails naming the field `name` unless finite and
+ * positive (posenc.c). */
+clattn_status clattn__plan_base(clattn_plan *plan, const char *name, double given, double *base);
 /* The float pairs (hi, lo) of base^(-2k / dim), k < count, in plan->posenc.freq (posenc.c). */
 clattn_status clattn__make_frequencies(clattn_plan *plan, size_t count, size_t dim, double base);
 /* RoPE's angle table for positions start .. start + rows - 1 (plan->posenc.angles): cos, then
@@ -264,8 +271,28 @@ clattn_status clattn__rope_fields_prepare(clattn_plan *plan, const clattn__rope_
 /* A (batch, seq, features) layout as a matmul operand: (1, 1, batch * seq, f) when flat, else
  * (1, batch, seq, f) (attention.c; MHA's and additive attention's projections). */
 clattn__view clattn__rows_view(const clattn__layout *l, cl_mem mem, size_t offset, bool flat);
+/* Whether such a layout's rows make one (batch * seq)-row matrix (the batch stride allows it);
+ * else they are a batch of seq-row matrices. */
+bool clattn__rows_flatten(const clattn__layout *l);
+/* A projection: rows of the (batch, seq = rows, features) input times weight (d_in, n), or its
+ * transpose (n, d_in) with trans_w, as one matrix when flat (clattn__rows_flatten). */
+clattn_status clattn__projection_prepare(clattn_ctx *ctx, const clattn__layout *input,
+                                         const clattn__layout *weight, size_t batch, size_t rows,
+                                         size_t n, bool trans_w, bool has_bias,
+                                         clattn_dtype out_dtype, bool flat, clattn__matmul_plan *mm);
+/* Fails (UNSUPPORTED, naming `name` and the axis `along`) unless the layout's last stride is 1. */
+clattn_status clattn__expect_unit_stride(const clattn_plan *plan, const char *name,
+                                         const clattn__layout *l, const char *along);
 
 /* A plan's layout bound to a buffer at an element offset: the op-level view. */
 clattn__view clattn__bound_view(const clattn__layout *l, cl_mem mem, size_t offset);
+/* The plan's mask views (mask, key padding, kv_seqlen, ALiBi's slopes) bound to the execution's
+ * buffers (an absent role's mem is NULL). */
+clattn__score_masks clattn__bound_masks(const clattn_plan *plan, const cl_mem *mems,
+                                        const size_t *offsets);
+/* The plan's tensor in `role` bound to its buffer (mems, offsets as execute gets them); a
+ * zeroed view (mem NULL) when the role is absent. */
+clattn__view clattn__role_view(const clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                               clattn__role role);
 
 #endif

@@ -23,22 +23,39 @@ clattn_status clattn__make_frequencies(clattn_plan *plan, size_t count, size_t d
         pairs[2 * k] = (float)w;
         pairs[2 * k + 1] = (float)(w - (double)pairs[2 * k]);
     }
+    const clattn_status status =
+        clattn__plan_upload(plan, &plan->posenc.freq, pairs, 2 * count * sizeof(float),
+                            "the frequencies");
+    free(pairs);
+    return status;
+}
+
+clattn_status clattn__plan_upload(clattn_plan *plan, cl_mem *mem, const void *host, size_t bytes,
+                                  const char *what)
+{
     cl_int err = CL_SUCCESS;
+    *mem = NULL;
     if (clattn__fault(CLATTN_FAULT_ALLOC))
         err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
     else
-        plan->posenc.freq = clCreateBuffer(ctx->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                           2 * count * sizeof(float), pairs, &err);
-    free(pairs);
-    if (err != CL_SUCCESS) {
-        if (plan->posenc.freq)
-            clReleaseMemObject(plan->posenc.freq);
-        plan->posenc.freq = NULL;
-        return clattn__fail(ctx, (clattn_status)err,
-                            "%s: clCreateBuffer (%zu frequencies): %s (%d)", plan->op, count,
-                            clattn__cl_error_name(err), (int)err);
-    }
-    return CLATTN_SUCCESS;
+        *mem = clCreateBuffer(plan->ctx->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes,
+                              (void *)host, &err);
+    if (err == CL_SUCCESS)
+        return CLATTN_SUCCESS;
+    if (*mem)
+        clReleaseMemObject(*mem);
+    *mem = NULL;
+    return clattn__fail(plan->ctx, (clattn_status)err, "%s: clCreateBuffer (%s, %zu bytes): %s (%d)",
+                        plan->op, what, bytes, clattn__cl_error_name(err), (int)err);
+}
+
+clattn_status clattn__plan_base(clattn_plan *plan, const char *name, double given, double *base)
+{
+    *base = given == 0.0 ? 10000.0 : given;
+    if (*base > 0.0 && isfinite(*base))
+        return CLATTN_SUCCESS;
+    return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                        "%s: %s=%g: give a finite base > 0, or 0 for 10000", plan->op, name, given);
 }
 
 static clattn_status create(clattn_plan *plan, const void *any)
@@ -78,12 +95,9 @@ static clattn_status create(clattn_plan *plan, const void *any)
                                 "%s: positions %zu .. %zu: the sinusoid takes positions below "
                                 "2^24 = 16777216",
                                 op, desc->start, end - 1);
-        const double base = desc->base == 0.0 ? 10000.0 : desc->base;
-        if (!(base > 0.0 && isfinite(base)))
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: base=%g: give a finite base > 0, or 0 for 10000", op,
-                                desc->base);
-        if ((status = clattn__make_frequencies(plan, (dim + 1) / 2, dim, base)))
+        double base = 0.0;
+        if ((status = clattn__plan_base(plan, "base", desc->base, &base)) ||
+            (status = clattn__make_frequencies(plan, (dim + 1) / 2, dim, base)))
             return status;
     } else {
         if (!table->present)
@@ -101,27 +115,17 @@ static clattn_status create(clattn_plan *plan, const void *any)
     plan->posenc.start = desc->start;
     const clattn_dtype x_dtype = x->present ? x->dtype : CLATTN_DTYPE_F32;
     const clattn_dtype table_dtype = table->present ? table->dtype : CLATTN_DTYPE_F32;
-    if ((status = clattn__posenc_prepare(ctx, view.dims, x_dtype, out->dtype, table_dtype,
-                                         &plan->posenc.op)))
-        return status;
-    plan->workspace_floats = 0;
-    return clattn__plan_finish(plan, "nothing");
+    return clattn__posenc_prepare(ctx, view.dims, x_dtype, out->dtype, table_dtype,
+                                  &plan->posenc.op); /* no workspace */
 }
 
 static clattn_status posenc_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                     cl_mem workspace, clattn_chain *chain)
 {
     (void)workspace; /* no workspace */
-    const clattn__layout *l = plan->layouts;
-    clattn__view none;
-    memset(&none, 0, sizeof none);
-    const clattn__view x =
-        l[R_Q].present ? clattn__bound_view(&l[R_Q], mems[R_Q], offsets[R_Q]) : none;
-    const clattn__view out = clattn__bound_view(&l[R_OUT], mems[R_OUT], offsets[R_OUT]);
-    const clattn__view table =
-        l[R_POS_TABLE].present
-            ? clattn__bound_view(&l[R_POS_TABLE], mems[R_POS_TABLE], offsets[R_POS_TABLE])
-            : none;
+    const clattn__view x = clattn__role_view(plan, mems, offsets, R_Q);
+    const clattn__view out = clattn__role_view(plan, mems, offsets, R_OUT);
+    const clattn__view table = clattn__role_view(plan, mems, offsets, R_POS_TABLE);
     return clattn__posenc_enqueue(chain, &plan->posenc.op, &x, &out, &table,
                                                plan->posenc.freq, plan->posenc.start);
 }

@@ -36,21 +36,11 @@ clattn_status clattn__make_angle_table(clattn_plan *plan, size_t rows, size_t ro
             values[count + r * half + j] = (float)sin(t);
         }
     }
-    cl_int err = CL_SUCCESS;
-    if (clattn__fault(CLATTN_FAULT_ALLOC))
-        err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
-    else
-        plan->posenc.angles = clCreateBuffer(ctx->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                             2 * count * sizeof(float), values, &err);
+    const clattn_status status = clattn__plan_upload(
+        plan, &plan->posenc.angles, values, 2 * count * sizeof(float), "the rotary angles");
     free(values);
-    if (err != CL_SUCCESS) {
-        if (plan->posenc.angles)
-            clReleaseMemObject(plan->posenc.angles);
-        plan->posenc.angles = NULL;
-        return clattn__fail(ctx, (clattn_status)err,
-                            "%s: clCreateBuffer (the rotary angles, %zu x %zu): %s (%d)", plan->op,
-                            rows, half, clattn__cl_error_name(err), (int)err);
-    }
+    if (status != CLATTN_SUCCESS)
+        return status;
     plan->posenc.angle_rows = rows;
     plan->posenc.angle_half = half;
     return CLATTN_SUCCESS;
@@ -98,16 +88,14 @@ clattn_status clattn__rope_fields_prepare(clattn_plan *plan, const clattn__rope_
                             "%s: rope_start=%zu with %zu rows: rotary positions must stay below "
                             "2^24 = 16777216",
                             op, fields->start, longest);
-    const double base = fields->base == 0.0 ? 10000.0 : fields->base;
-    if (!(base > 0.0 && isfinite(base)))
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: rope_base=%g: give a finite base > 0, or 0 for 10000", op,
-                            fields->base);
+    double base = 0.0;
+    clattn_status status = clattn__plan_base(plan, "rope_base", fields->base, &base);
+    if (status != CLATTN_SUCCESS)
+        return status;
     /* The angles of positions start .. start + longest - 1 once, in double (a table of at most
      * CLATTN__ANGLE_TABLE_MAX entries), else computed on the device. */
     const bool table = longest * (rot / 2) <= CLATTN__ANGLE_TABLE_MAX;
-    const clattn_status status =
-        table ? clattn__make_angle_table(plan, longest, rot, fields->start, base)
+    status = table ? clattn__make_angle_table(plan, longest, rot, fields->start, base)
               : clattn__make_frequencies(plan, rot / 2, rot, base);
     if (status != CLATTN_SUCCESS)
         return status;
@@ -194,11 +182,9 @@ static clattn_status create(clattn_plan *plan, const void *any)
                                 "%s: positions %zu .. %zu: computed angles take positions below "
                                 "2^24 = 16777216",
                                 op, desc->start, end - 1);
-        const double base = desc->base == 0.0 ? 10000.0 : desc->base;
-        if (!(base > 0.0 && isfinite(base)))
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: base=%g: give a finite base > 0, or 0 for 10000", op,
-                                desc->base);
+        double base = 0.0;
+        if ((status = clattn__plan_base(plan, "base", desc->base, &base)))
+            return status;
         if (!ids->present && shape.seq * half <= CLATTN__ANGLE_TABLE_MAX) {
             /* Positions known now: the angles once, in double (the device would recompute
              * each for every batch entry and head). */
@@ -211,28 +197,21 @@ static clattn_status create(clattn_plan *plan, const void *any)
         }
     }
     const clattn_dtype cache_dtype = cos_l->present ? cos_l->dtype : CLATTN_DTYPE_F32;
-    if ((status =
-             clattn__rope_prepare(ctx, &shape, x->dtype, out->dtype, cache_dtype, &plan->rope)))
-        return status;
-    plan->workspace_floats = 0;
-    return clattn__plan_finish(plan, "nothing");
+    return clattn__rope_prepare(ctx, &shape, x->dtype, out->dtype, cache_dtype,
+                                &plan->rope); /* no workspace */
 }
 
 static clattn_status rope_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                   cl_mem workspace, clattn_chain *chain)
 {
     (void)workspace; /* no workspace */
-    const clattn__layout *l = plan->layouts;
     clattn__rope_io io;
     memset(&io, 0, sizeof io);
-    io.x = clattn__bound_view(&l[R_Q], mems[R_Q], offsets[R_Q]);
-    io.out = clattn__bound_view(&l[R_OUT], mems[R_OUT], offsets[R_OUT]);
-    if (l[R_ROPE_COS].present) {
-        io.cos = clattn__bound_view(&l[R_ROPE_COS], mems[R_ROPE_COS], offsets[R_ROPE_COS]);
-        io.sin = clattn__bound_view(&l[R_ROPE_SIN], mems[R_ROPE_SIN], offsets[R_ROPE_SIN]);
-    }
-    if (l[R_POS_IDS].present)
-        io.position_ids = clattn__bound_view(&l[R_POS_IDS], mems[R_POS_IDS], offsets[R_POS_IDS]);
+    io.x = clattn__role_view(plan, mems, offsets, R_Q);
+    io.out = clattn__role_view(plan, mems, offsets, R_OUT);
+    io.cos = clattn__role_view(plan, mems, offsets, R_ROPE_COS);
+    io.sin = clattn__role_view(plan, mems, offsets, R_ROPE_SIN);
+    io.position_ids = clattn__role_view(plan, mems, offsets, R_POS_IDS);
     io.freq = plan->posenc.freq;
     if (plan->posenc.angles)
         clattn__angle_views(plan, &io.cos, &io.sin);

@@ -316,30 +316,35 @@ static clattn_status rotate(clattn_plan *plan, cl_mem workspace, clattn__view *q
     return CLATTN_SUCCESS;
 }
 
+/* Axis `axis` of heads (batch, heads, ..) split into (heads / group, group): a decode group's
+ * query heads as rows of their k/v head. */
+static void heads_as_rows(clattn__view *view, int axis, size_t group)
+{
+    view->dims[axis] /= group;
+    view->dims[axis + 1] = group;
+    view->strides[axis + 1] = view->strides[axis];
+    view->strides[axis] *= group;
+}
+
 static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                   cl_mem workspace, clattn_chain *chain)
 {
-    const clattn__layout *l = plan->layouts;
     const clattn__sdpa_cache *cache = &plan->cache;
-    clattn__view q = clattn__bound_view(&l[R_Q], mems[R_Q], offsets[R_Q]);
-    clattn__view k = clattn__bound_view(&l[R_K], mems[R_K], offsets[R_K]);
-    clattn__view v = clattn__bound_view(&l[R_V], mems[R_V], offsets[R_V]);
+    clattn__view q = clattn__role_view(plan, mems, offsets, R_Q);
+    clattn__view k = clattn__role_view(plan, mems, offsets, R_K);
+    clattn__view v = clattn__role_view(plan, mems, offsets, R_V);
     if (plan->sdpa_rope.on) {
         const clattn_status status = rotate(plan, workspace, &q, &k, chain);
         if (status != CLATTN_SUCCESS)
             return status;
     }
     if (cache->has_present) {
-        const clattn__view present_k =
-            clattn__bound_view(&l[R_PRESENT_K], mems[R_PRESENT_K], offsets[R_PRESENT_K]);
-        const clattn__view present_v =
-            clattn__bound_view(&l[R_PRESENT_V], mems[R_PRESENT_V], offsets[R_PRESENT_V]);
+        const clattn__view present_k = clattn__role_view(plan, mems, offsets, R_PRESENT_K);
+        const clattn__view present_v = clattn__role_view(plan, mems, offsets, R_PRESENT_V);
         clattn_status status;
         if (cache->has_past) {
-            const clattn__view past_k =
-                clattn__bound_view(&l[R_PAST_K], mems[R_PAST_K], offsets[R_PAST_K]);
-            const clattn__view past_v =
-                clattn__bound_view(&l[R_PAST_V], mems[R_PAST_V], offsets[R_PAST_V]);
+            const clattn__view past_k = clattn__role_view(plan, mems, offsets, R_PAST_K);
+            const clattn__view past_v = clattn__role_view(plan, mems, offsets, R_PAST_V);
             if ((status = copy_into(&cache->past_k, &past_k, &present_k, 0, chain)) ||
                 (status = copy_into(&cache->past_v, &past_v, &present_v, 0, chain)))
                 return status;
@@ -354,52 +359,24 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
         .q = q,
         .k = k,
         .v = v,
-        .out = clattn__bound_view(&l[R_OUT], mems[R_OUT], offsets[R_OUT]),
-        .weights = clattn__bound_view(&l[R_WEIGHTS], mems[R_WEIGHTS], offsets[R_WEIGHTS]),
-        .masks = {plan->mask_view, plan->kpm_view, plan->kv_len_view},
+        .out = clattn__role_view(plan, mems, offsets, R_OUT),
+        .weights = clattn__role_view(plan, mems, offsets, R_WEIGHTS),
+        /* (batch, heads, seq_q) as the 4-d view (1, batch, heads, seq_q) */
+        .lse = clattn__role_view(plan, mems, offsets, R_LSE),
+        .scores = clattn__role_view(plan, mems, offsets, R_SCORES),
+        .masks = clattn__bound_masks(plan, mems, offsets),
     };
-    if (l[R_LSE].present) {
-        /* (batch, heads, seq_q) as the 4-d view (1, batch, heads, seq_q). */
-        io.lse = clattn__bound_view(&l[R_LSE], mems[R_LSE], offsets[R_LSE]);
-    }
     const size_t group = plan->decode_group;
     if (group > 1) {
         /* One query row per head: the group's heads become the rows of their k/v head (with
          * rope, q was rotated per head before, each row at rope_start). */
-        clattn__view *heads_as_rows[2] = {&io.q, &io.out};
-        for (int i = 0; i < 2; ++i) {
-            clattn__view *view = heads_as_rows[i];
-            view->dims[1] /= group;
-            view->dims[2] = group;
-            view->strides[2] = view->strides[1];
-            view->strides[1] *= group;
-        }
-        if (l[R_LSE].present) {
-            io.lse.dims[2] /= group;
-            io.lse.dims[3] = group;
-            io.lse.strides[3] = io.lse.strides[2];
-            io.lse.strides[2] *= group;
-        }
-        if (plan->attention.score.has_mask) {
-            clattn__view *m = &io.masks.mask;
-            m->dims[1] /= group;
-            m->dims[2] = group;
-            m->strides[2] = m->strides[1];
-            m->strides[1] *= group;
-        }
+        heads_as_rows(&io.q, 1, group);
+        heads_as_rows(&io.out, 1, group);
+        if (io.lse.mem)
+            heads_as_rows(&io.lse, 2, group);
+        if (plan->attention.score.has_mask)
+            heads_as_rows(&io.masks.mask, 1, group);
     }
-    io.masks.mask.mem = mems[R_MASK];
-    io.masks.mask.offset = offsets[R_MASK];
-    io.masks.key_padding.mem = mems[R_KPM];
-    io.masks.key_padding.offset = offsets[R_KPM];
-    if (l[R_SCORES].present)
-        io.scores = clattn__bound_view(&l[R_SCORES], mems[R_SCORES], offsets[R_SCORES]);
-    io.masks.kv_len = plan->kv_len_view;
-    io.masks.kv_len.mem = mems[R_KVLEN];
-    io.masks.kv_len.offset = offsets[R_KVLEN];
-    io.masks.alibi = plan->alibi_view;
-    io.masks.alibi.mem = mems[R_ALIBI];
-    io.masks.alibi.offset = offsets[R_ALIBI];
     return clattn__attention_enqueue(plan, &io, workspace, chain);
 }
 
