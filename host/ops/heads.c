@@ -43,22 +43,28 @@ clattn_status clattn__mean_heads_enqueue(clattn_chain *chain, const clattn__mean
                                  sizeof args / sizeof args[0], 1, &plan->global, &plan->local);
 }
 
-clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype src_dtype,
-                                   clattn_dtype dst_dtype, clattn__copy_plan *plan)
+clattn_status clattn__elementwise_prepare(clattn_ctx *ctx, const size_t dims[4],
+                                          clattn_source source, const char *name,
+                                          const char *extra, clattn__elementwise_plan *plan)
 {
-    static const char op[] = "copy4d";
+    size_t total = 0;
     memset(plan, 0, sizeof *plan);
     memcpy(plan->dims, dims, sizeof plan->dims);
     plan->local = ctx->tuning.heads_wg;
-    size_t total = 0;
     if (!clattn__product(&total, 4, dims[0], dims[1], dims[2], dims[3]) ||
         !clattn__round_up(total, plan->local, &plan->global))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu x %zu overflow size_t",
-                            op, dims[0], dims[1], dims[2], dims[3]);
+                            name, dims[0], dims[1], dims[2], dims[3]);
+    return clattn__variant_kernel(ctx, source, name, extra, &plan->kernel);
+}
+
+clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype src_dtype,
+                                   clattn_dtype dst_dtype, clattn__copy_plan *plan)
+{
     char extra[64];
     snprintf(extra, sizeof extra, "-DHEADS_WG=%u -DSRC_DTYPE=%d -DDST_DTYPE=%d",
              ctx->tuning.heads_wg, (int)src_dtype, (int)dst_dtype);
-    return clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, op, extra, &plan->kernel);
+    return clattn__elementwise_prepare(ctx, dims, CLATTN_SRC_HEADS, "copy4d", extra, plan);
 }
 
 clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan *plan,

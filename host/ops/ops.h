@@ -217,15 +217,26 @@ clattn_status clattn__mean_heads_prepare(clattn_ctx *ctx, size_t batch, size_t h
 clattn_status clattn__mean_heads_enqueue(clattn_chain *chain, const clattn__mean_heads_plan *plan,
                                          const clattn__view *src, const clattn__view *dst);
 
+/* ---- one work-item per element (ops/heads.c) -------------------------------------------------
+ * A kernel over a 4-d box of `dims`, one work-item per element in groups of the tuning's
+ * heads_wg (copy4d, posenc_add). */
+typedef struct clattn__elementwise_plan {
+    size_t dims[4];
+    cl_kernel kernel;
+    size_t local, global;
+} clattn__elementwise_plan;
+
+/* The plan's geometry and kernel `name` of `source` built with `extra`; fails naming `name`
+ * when the element count overflows. */
+clattn_status clattn__elementwise_prepare(clattn_ctx *ctx, const size_t dims[4],
+                                          clattn_source source, const char *name,
+                                          const char *extra, clattn__elementwise_plan *plan);
+
 /* ---- positional encodings (ops/posenc.c, kernels/posenc.cl) --------------------------------
  * out[a, b, p, i] = x[a, b, p, i] (when x is bound) + PE(start + p, i) over a box of dims
  * (a, b, p, i): the sinusoid from `freq` (dim / 2 rounded up float pairs hi + lo = w_k) or,
  * when a table is bound, table[start + p, i] (a view with strides[2] rows, strides[3] cols). */
-typedef struct clattn__posenc_plan {
-    size_t dims[4];
-    cl_kernel kernel;
-    size_t local, global;
-} clattn__posenc_plan;
+typedef clattn__elementwise_plan clattn__posenc_plan;
 
 clattn_status clattn__posenc_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype x_dtype,
                                      clattn_dtype out_dtype, clattn_dtype table_dtype,
@@ -268,11 +279,7 @@ clattn_status clattn__rope_enqueue(clattn_chain *chain, const clattn__rope_plan 
 /* ---- strided copy (ops/heads.c, kernels/heads.cl's copy4d) ----------------------------------
  * dst[i] = src[i] over a box of `dims` (4 dims), any strides, converting src_dtype to
  * dst_dtype (floats) through float. */
-typedef struct clattn__copy_plan {
-    size_t dims[4];
-    cl_kernel kernel;
-    size_t local, global;
-} clattn__copy_plan;
+typedef clattn__elementwise_plan clattn__copy_plan;
 
 clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype src_dtype,
                                    clattn_dtype dst_dtype, clattn__copy_plan *plan);

@@ -8,19 +8,10 @@ clattn_status clattn__posenc_prepare(clattn_ctx *ctx, const size_t dims[4], clat
                                      clattn_dtype out_dtype, clattn_dtype table_dtype,
                                      clattn__posenc_plan *plan)
 {
-    static const char op[] = "posenc";
-    memset(plan, 0, sizeof *plan);
-    memcpy(plan->dims, dims, sizeof plan->dims);
-    plan->local = ctx->tuning.heads_wg;
-    size_t total = 0;
-    if (!clattn__product(&total, 4, dims[0], dims[1], dims[2], dims[3]) ||
-        !clattn__round_up(total, plan->local, &plan->global))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu x %zu overflow size_t",
-                            op, dims[0], dims[1], dims[2], dims[3]);
     char extra[96];
     snprintf(extra, sizeof extra, "-DPOSENC_WG=%u -DX_DTYPE=%d -DO_DTYPE=%d -DT_DTYPE=%d",
              ctx->tuning.heads_wg, (int)x_dtype, (int)out_dtype, (int)table_dtype);
-    return clattn__variant_kernel(ctx, CLATTN_SRC_POSENC, "posenc_add", extra, &plan->kernel);
+    return clattn__elementwise_prepare(ctx, dims, CLATTN_SRC_POSENC, "posenc_add", extra, plan);
 }
 
 clattn_status clattn__posenc_enqueue(clattn_chain *chain, const clattn__posenc_plan *plan,
