@@ -177,29 +177,10 @@ clattn_status clattn__bind(clattn_ctx *ctx, const char *op, const char *name,
                             op, name, clattn__dtype_name(given.dtype), got,
                             clattn__dtype_name(planned->dtype), want);
     }
-    const size_t elem = clattn_dtype_size(planned->dtype);
-    size_t end = 0, bytes = 0, have = 0;
-    if (!clattn__add(t->offset, planned->extent, &end) || !clattn__mul(end, elem, &bytes))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
-                            "%s: %s: offset %zu + %zu elements overflows size_t", op, name,
-                            t->offset, planned->extent);
-    cl_context owner = NULL;
-    cl_int err = clGetMemObjectInfo(t->mem, CL_MEM_SIZE, sizeof have, &have, NULL);
-    if (err == CL_SUCCESS)
-        err = clGetMemObjectInfo(t->mem, CL_MEM_CONTEXT, sizeof owner, &owner, NULL);
-    if (err != CL_SUCCESS)
-        return clattn__fail(ctx, (clattn_status)err, "%s: %s: clGetMemObjectInfo: %s (%d)", op,
-                            name, clattn__cl_error_name(err), (int)err);
-    if (owner != ctx->context)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: %s belongs to another cl_context than the clattn context's", op,
-                            name);
-    if (bytes > have)
-        return clattn__fail(ctx, CLATTN_ERR_BUFFER_TOO_SMALL,
-                            "%s: %s buffer too small: offset %zu + %zu elements (%s, through its "
-                            "strides) need %zu bytes, the buffer has %zu",
-                            op, name, t->offset, planned->extent,
-                            clattn__dtype_name(planned->dtype), bytes, have);
+    status = clattn__check_tensor(ctx, op, name, *t, planned->extent,
+                                  clattn_dtype_size(planned->dtype), true);
+    if (status != CLATTN_SUCCESS)
+        return status;
     *mem = t->mem;
     *offset = t->offset;
     return CLATTN_SUCCESS;
