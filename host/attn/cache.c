@@ -164,20 +164,25 @@ static clattn_status write_lengths(clattn_kv_cache *cache, size_t n, clattn_chai
     return CLATTN_SUCCESS;
 }
 
+/* The entry checks of a call on the cache, then the launch context on the context's queue. */
+static clattn_status cache_begin(clattn_kv_cache *cache, const char *op, clattn_chain *chain,
+                                 cl_uint num_wait, const cl_event *wait, cl_event *event)
+{
+    if (cache == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn_status status = clattn__entry(cache->ctx, op, cache, num_wait, wait, event);
+    return status ? status : clattn__begin(cache->ctx, op, chain, NULL, false, num_wait, wait);
+}
+
 clattn_status clattn_kv_cache_reset(clattn_kv_cache *cache, cl_uint num_wait, const cl_event *wait,
                                     cl_event *event)
 {
     static const char op[] = "kv_cache_reset";
-    if (cache == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn_ctx *ctx = cache->ctx;
-    clattn_status status = clattn__entry(ctx, op, cache, num_wait, wait, event);
+    clattn_chain chain;
+    clattn_status status = cache_begin(cache, op, &chain, num_wait, wait, event);
     if (status != CLATTN_SUCCESS)
         return status;
-    clattn_chain chain;
-    status = clattn__begin(ctx, op, &chain, NULL, false, num_wait, wait);
-    if (status == CLATTN_SUCCESS)
-        status = write_lengths(cache, 0, &chain);
+    status = write_lengths(cache, 0, &chain);
     if (status == CLATTN_SUCCESS)
         cache->length = 0;
     return clattn__end(op, &chain, status, event);
@@ -219,10 +224,10 @@ clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor
         return CLATTN_ERR_INVALID_ARGUMENT;
     clattn_ctx *ctx = cache->ctx;
     clattn_status status = clattn__entry(ctx, op, cache, num_wait, wait, event);
+    if (status == CLATTN_SUCCESS && (k == NULL || v == NULL))
+        status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, k ? "v" : "k");
     if (status != CLATTN_SUCCESS)
         return status;
-    if (k == NULL || v == NULL)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, k ? "v" : "k");
     const clattn_kv_cache_desc *d = &cache->desc;
     const size_t n = k->rank == 4 ? k->dims[2] : 0;
     if (n == 0)
@@ -249,33 +254,24 @@ clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor
     if ((status = new_block(cache, op, "k", k, d->head_dim_qk, n, &k_view)) ||
         (status = new_block(cache, op, "v", v, d->head_dim_v, n, &v_view)))
         return status;
-    clattn__copy_plan k_copy, v_copy;
-    const size_t k_dims[4] = {d->batch, d->kv_heads, n, d->head_dim_qk};
-    const size_t v_dims[4] = {d->batch, d->kv_heads, n, d->head_dim_v};
     clattn_chain chain;
     status = clattn__begin(ctx, op, &chain, NULL, false, num_wait, wait);
-    if (status == CLATTN_SUCCESS)
-        status = clattn__copy_prepare(ctx, k_dims, k_view.dtype, d->dtype, &k_copy);
-    if (status == CLATTN_SUCCESS)
-        status = clattn__copy_prepare(ctx, v_dims, v_view.dtype, d->dtype, &v_copy);
-    /* The cache's packed (B, Hkv, capacity, d) buffers from key `length` on. */
-    const size_t cap = d->capacity;
-    const clattn__view k_dst = {
-        cache->k,
-        (cl_ulong)cache->length * d->head_dim_qk,
-        d->dtype,
-        {d->batch, d->kv_heads, n, d->head_dim_qk},
-        {d->kv_heads * cap * d->head_dim_qk, cap * d->head_dim_qk, d->head_dim_qk, 1}};
-    const clattn__view v_dst = {
-        cache->v,
-        (cl_ulong)cache->length * d->head_dim_v,
-        d->dtype,
-        {d->batch, d->kv_heads, n, d->head_dim_v},
-        {d->kv_heads * cap * d->head_dim_v, cap * d->head_dim_v, d->head_dim_v, 1}};
-    if (status == CLATTN_SUCCESS)
-        status = clattn__copy_enqueue(&chain, &k_copy, &k_view, &k_dst);
-    if (status == CLATTN_SUCCESS)
-        status = clattn__copy_enqueue(&chain, &v_copy, &v_view, &v_dst);
+    const clattn__view *src[2] = {&k_view, &v_view};
+    const cl_mem dst_mem[2] = {cache->k, cache->v};
+    const size_t head_dim[2] = {d->head_dim_qk, d->head_dim_v};
+    for (int i = 0; i < 2 && status == CLATTN_SUCCESS; ++i) {
+        /* The cache's packed (B, Hkv, capacity, d) buffer from key `length` on. */
+        const size_t hd = head_dim[i], cap = d->capacity;
+        const clattn__view dst = {dst_mem[i],
+                                  (cl_ulong)cache->length * hd,
+                                  d->dtype,
+                                  {d->batch, d->kv_heads, n, hd},
+                                  {d->kv_heads * cap * hd, cap * hd, hd, 1}};
+        clattn__copy_plan copy;
+        status = clattn__copy_prepare(ctx, dst.dims, src[i]->dtype, d->dtype, &copy);
+        if (status == CLATTN_SUCCESS)
+            status = clattn__copy_enqueue(&chain, &copy, src[i], &dst);
+    }
     if (status == CLATTN_SUCCESS)
         status = write_lengths(cache, cache->length + n, &chain);
     if (status == CLATTN_SUCCESS)

@@ -839,8 +839,8 @@ clattn_status clattn__check_tensor(clattn_ctx *ctx, const char *op, const char *
                             name);
     if (bytes > have)
         return clattn__fail(ctx, CLATTN_ERR_BUFFER_TOO_SMALL,
-                            "%s: %s buffer too small: offset %zu + %zu elements need %zu bytes, "
-                            "the buffer has %zu",
+                            "%s: %s buffer too small: offset %zu + %zu elements (its extent "
+                            "through the strides) need %zu bytes, the buffer has %zu",
                             op, name, t.offset, elems, bytes, have);
     return CLATTN_SUCCESS;
 }
