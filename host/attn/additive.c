@@ -78,13 +78,6 @@ static clattn_status prepare_projection(clattn_plan *plan, const clattn__layout 
                                       false, has_bias, CLATTN_DTYPE_F32, flat, mm);
 }
 
-/* q, k, v, out, W1 (q_weight), W2 (k_weight), b1, b2 (q_bias, k_bias), w (score_weight), the
- * masks and weights. */
-#define ADDITIVE_ROLES                                                                             \
-    (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
-     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) | CLATTN__ROLE(R_QW) |   \
-     CLATTN__ROLE(R_KW) | CLATTN__ROLE(R_QB) | CLATTN__ROLE(R_KB) | CLATTN__ROLE(R_SCORE_W))
-
 static clattn_status create(clattn_plan *plan, const void *any)
 {
     const clattn_additive_desc *desc = any;
@@ -307,6 +300,13 @@ static clattn_status additive_execute(clattn_plan *plan, const cl_mem *mems, con
     }
     return clattn__attention_enqueue(plan, &io, workspace, chain);
 }
+
+/* q, k, v, out, W1 (q_weight), W2 (k_weight), b1, b2 (q_bias, k_bias), w (score_weight), the
+ * masks and weights. */
+#define ADDITIVE_ROLES                                                                             \
+    (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
+     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) | CLATTN__ROLE(R_QW) |   \
+     CLATTN__ROLE(R_KW) | CLATTN__ROLE(R_QB) | CLATTN__ROLE(R_KB) | CLATTN__ROLE(R_SCORE_W))
 
 CLATTN__PLAN_KIND(additive, CLATTN__ADDITIVE, clattn_additive_desc, create, additive_execute,
                   clattn_additive_plan_create, "additive", clattn__sdpa_role_names,

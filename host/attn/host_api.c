@@ -142,17 +142,8 @@ static const clattn__desc_type mha_host_desc = {"clattn_mha_host_desc",
                                                 offsetof(clattn_mha_host_desc, embed_dim),
                                                 mha_host_defaults};
 
-void clattn_attention_host_desc_init(clattn_attention_host_desc *desc)
-{
-    if (clattn__desc_reset(desc, sizeof *desc))
-        desc->scale = NAN;
-}
-
-void clattn_mha_host_desc_init(clattn_mha_host_desc *desc)
-{
-    if (clattn__desc_reset(desc, sizeof *desc))
-        desc->scale = NAN;
-}
+CLATTN__DESC_INIT_SCALED(clattn_attention_host_desc)
+CLATTN__DESC_INIT_SCALED(clattn_mha_host_desc)
 
 static void attention_host_defaults(void *desc)
 {
@@ -164,12 +155,38 @@ static void mha_host_defaults(void *desc)
     clattn_mha_host_desc_init(desc);
 }
 
-/* Runs plan on the staged tensors and reads out (and weights) back. */
-static clattn_status run_and_read(clattn_ctx *ctx, const char *op, clattn_plan *plan,
-                                  const clattn_tensors *t, float *out, float *weights)
+/* The tensor's elements in workspace slot `slot` (its mem), uploaded from data (NULL: an
+ * output, nothing to upload). */
+static clattn_status stage(clattn_ctx *ctx, const char *op, clattn_ws_slot slot, const float *data,
+                           clattn_tensor *tensor)
 {
+    const size_t n = elems_of(tensor);
+    clattn_tensor staged;
+    clattn_status status = reserve(ctx, op, slot, n, sizeof(float));
+    if (status == CLATTN_SUCCESS && data)
+        status = upload(ctx, op, slot, 0, data, n, sizeof(float), &staged);
+    if (status == CLATTN_SUCCESS)
+        tensor->mem = ctx->workspace[slot];
+    return status;
+}
+
+/* Stages the outputs (out, and weights when asked for) and the masks, runs plan on the staged
+ * tensors and reads out (and weights) back. */
+static clattn_status run_and_read(clattn_ctx *ctx, const char *op, clattn_plan *plan,
+                                  const clattn_host_masks *masks, const size_t bhqk[4],
+                                  bool mask_per_head, clattn_tensors *t, float *out,
+                                  float *weights)
+{
+    const size_t b = bhqk[0], h = bhqk[1], lq = bhqk[2], lk = bhqk[3];
+    clattn_status status = stage(ctx, op, CLATTN_WS_HOST_OUT, NULL, &t->out);
+    if (status == CLATTN_SUCCESS && t->weights.rank)
+        status = stage(ctx, op, CLATTN_WS_HOST_ATTN, NULL, &t->weights);
+    if (status == CLATTN_SUCCESS)
+        status = stage_masks(ctx, op, masks, b, h, lq, lk, mask_per_head, t);
+    if (status != CLATTN_SUCCESS)
+        return status;
     cl_event done_event = NULL;
-    clattn_status status = clattn_plan_execute(plan, t, NULL, NULL, 0, NULL, &done_event);
+    status = clattn_plan_execute(plan, t, NULL, NULL, 0, NULL, &done_event);
     if (status == CLATTN_SUCCESS)
         status = download(ctx, op, t->out, out, elems_of(&t->out), done_event);
     if (status == CLATTN_SUCCESS && weights && t->weights.mem)
@@ -214,44 +231,19 @@ clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_host
     if (weights)
         t->weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lq, lk);
     mask_layouts(masks, b, h, lq, lk, false, t);
-    sd.causal = desc->causal;
-    sd.scale = desc->scale;
-    sd.norm = desc->norm;
-    sd.path = desc->path;
-    sd.softcap = desc->softcap;
-    sd.window_align = desc->window_align;
-    sd.window_left = desc->window_left;
-    sd.window_right = desc->window_right;
+#define COPY(field) sd.field = desc->field;
+    CLATTN__SCORE_FIELDS(COPY)
+#undef COPY
     clattn_plan *plan = NULL;
     if ((status = clattn_sdpa_plan_create(ctx, &sd, &plan)))
         return clattn__end_message(ctx, op, status);
-    const struct {
-        clattn_tensor *tensor;
-        const float *data;
-        clattn_ws_slot slot;
-    } inputs[3] = {{&t->q, q, CLATTN_WS_HOST_IN0},
-                   {&t->k, k, CLATTN_WS_HOST_IN1},
-                   {&t->v, v, CLATTN_WS_HOST_IN2}};
-    clattn_tensor staged;
-    for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i) {
-        const size_t n = elems_of(inputs[i].tensor);
-        if ((status = reserve(ctx, op, inputs[i].slot, n, sizeof(float))) == CLATTN_SUCCESS &&
-            (status = upload(ctx, op, inputs[i].slot, 0, inputs[i].data, n, sizeof(float),
-                             &staged)) == CLATTN_SUCCESS)
-            inputs[i].tensor->mem = staged.mem;
-    }
-    if (status == CLATTN_SUCCESS &&
-        (status = reserve(ctx, op, CLATTN_WS_HOST_OUT, elems_of(&t->out), sizeof(float))) ==
-            CLATTN_SUCCESS)
-        t->out.mem = ctx->workspace[CLATTN_WS_HOST_OUT];
-    if (status == CLATTN_SUCCESS && weights &&
-        (status = reserve(ctx, op, CLATTN_WS_HOST_ATTN, elems_of(&t->weights), sizeof(float))) ==
-            CLATTN_SUCCESS)
-        t->weights.mem = ctx->workspace[CLATTN_WS_HOST_ATTN];
+    const size_t bhqk[4] = {b, h, lq, lk};
+    const float *data[3] = {q, k, v};
+    clattn_tensor *staged[3] = {&t->q, &t->k, &t->v};
+    for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i)
+        status = stage(ctx, op, (clattn_ws_slot)(CLATTN_WS_HOST_IN0 + i), data[i], staged[i]);
     if (status == CLATTN_SUCCESS)
-        status = stage_masks(ctx, op, masks, b, h, lq, lk, false, t);
-    if (status == CLATTN_SUCCESS)
-        status = run_and_read(ctx, op, plan, t, out, weights);
+        status = run_and_read(ctx, op, plan, masks, bhqk, false, t, out, weights);
     clattn_plan_release(plan);
     return clattn__end_message(ctx, op, status);
 }
@@ -356,15 +348,10 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
     md.num_heads = desc->num_heads;
     md.num_kv_heads = desc->num_kv_heads;
     md.layout = desc->layout;
-    md.causal = desc->causal;
-    md.scale = desc->scale;
-    md.norm = desc->norm;
     md.need_weights = desc->need_weights;
-    md.path = desc->path;
-    md.softcap = desc->softcap;
-    md.window_align = desc->window_align;
-    md.window_left = desc->window_left;
-    md.window_right = desc->window_right;
+#define COPY(field) md.field = desc->field;
+    CLATTN__SCORE_FIELDS(COPY)
+#undef COPY
     md.rope = desc->rope;
     md.rope_style = desc->rope_style;
     md.rope_dims = desc->rope_dims;
@@ -409,46 +396,20 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
             params[i].tensor->offset = offsets[i];
         }
     /* Inputs: self-attention uploads once, so that the plan can project q, k, v together. */
-    if (status == CLATTN_SUCCESS &&
-        (status = reserve(ctx, op, CLATTN_WS_HOST_IN0, elems_of(&t->q), sizeof(float))) ==
-            CLATTN_SUCCESS &&
-        (status = upload(ctx, op, CLATTN_WS_HOST_IN0, 0, query, elems_of(&t->q), sizeof(float),
-                         &staged)) == CLATTN_SUCCESS)
-        t->q.mem = staged.mem;
-    if (status == CLATTN_SUCCESS) {
-        if (key == query) {
-            t->k.mem = t->q.mem;
-        } else if ((status = reserve(ctx, op, CLATTN_WS_HOST_IN1, elems_of(&t->k),
-                                     sizeof(float))) == CLATTN_SUCCESS &&
-                   (status = upload(ctx, op, CLATTN_WS_HOST_IN1, 0, key, elems_of(&t->k),
-                                    sizeof(float), &staged)) == CLATTN_SUCCESS) {
-            t->k.mem = staged.mem;
-        }
-    }
-    if (status == CLATTN_SUCCESS) {
-        if (value == query) {
-            t->v.mem = t->q.mem;
-        } else if (value == key) {
-            t->v.mem = t->k.mem;
-        } else if ((status = reserve(ctx, op, CLATTN_WS_HOST_IN2, elems_of(&t->v),
-                                     sizeof(float))) == CLATTN_SUCCESS &&
-                   (status = upload(ctx, op, CLATTN_WS_HOST_IN2, 0, value, elems_of(&t->v),
-                                    sizeof(float), &staged)) == CLATTN_SUCCESS) {
-            t->v.mem = staged.mem;
-        }
-    }
-    if (status == CLATTN_SUCCESS &&
-        (status = reserve(ctx, op, CLATTN_WS_HOST_OUT, elems_of(&t->out), sizeof(float))) ==
-            CLATTN_SUCCESS)
-        t->out.mem = ctx->workspace[CLATTN_WS_HOST_OUT];
-    if (status == CLATTN_SUCCESS && t->weights.rank &&
-        (status = reserve(ctx, op, CLATTN_WS_HOST_ATTN, elems_of(&t->weights), sizeof(float))) ==
-            CLATTN_SUCCESS)
-        t->weights.mem = ctx->workspace[CLATTN_WS_HOST_ATTN];
     if (status == CLATTN_SUCCESS)
-        status = stage_masks(ctx, op, masks, b, h, lq, lk, desc->attn_mask_per_head != 0, t);
+        status = stage(ctx, op, CLATTN_WS_HOST_IN0, query, &t->q);
+    if (status == CLATTN_SUCCESS && key == query)
+        t->k.mem = t->q.mem;
+    else if (status == CLATTN_SUCCESS)
+        status = stage(ctx, op, CLATTN_WS_HOST_IN1, key, &t->k);
+    if (status == CLATTN_SUCCESS && (value == query || value == key))
+        t->v.mem = value == query ? t->q.mem : t->k.mem;
+    else if (status == CLATTN_SUCCESS)
+        status = stage(ctx, op, CLATTN_WS_HOST_IN2, value, &t->v);
+    const size_t bhqk[4] = {b, h, lq, lk};
     if (status == CLATTN_SUCCESS)
-        status = run_and_read(ctx, op, plan, t, out, attn_weights);
+        status = run_and_read(ctx, op, plan, masks, bhqk, desc->attn_mask_per_head != 0, t, out,
+                              attn_weights);
     clattn_plan_release(plan);
     return clattn__end_message(ctx, op, status);
 }

@@ -80,14 +80,6 @@ static clattn_status check_input(clattn_plan *plan, int role, const char *what, 
 
 static clattn_status prepare_rope(clattn_plan *plan, const clattn_mha_desc *desc);
 
-/* The inputs, out, the masks, weights, the projections and ALiBi's slopes. */
-#define MHA_ROLES                                                                                  \
-    (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
-     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) |                        \
-     CLATTN__ROLE(R_IN_W) | CLATTN__ROLE(R_IN_B) | CLATTN__ROLE(R_QW) | CLATTN__ROLE(R_KW) |       \
-     CLATTN__ROLE(R_VW) | CLATTN__ROLE(R_QB) | CLATTN__ROLE(R_KB) | CLATTN__ROLE(R_VB) |           \
-     CLATTN__ROLE(R_OW) | CLATTN__ROLE(R_OB) | CLATTN__ROLE(R_ALIBI))
-
 static clattn_status create(clattn_plan *plan, const void *any)
 {
     const clattn_mha_desc *desc = any;
@@ -544,6 +536,14 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
     return clattn__matmul_enqueue(chain, &m->out_proj, &concat, &w, &bias, &y, 1.0f,
                                                0.0f, scratch);
 }
+
+/* The inputs, out, the masks, weights, the projections and ALiBi's slopes. */
+#define MHA_ROLES                                                                                  \
+    (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
+     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) |                        \
+     CLATTN__ROLE(R_IN_W) | CLATTN__ROLE(R_IN_B) | CLATTN__ROLE(R_QW) | CLATTN__ROLE(R_KW) |       \
+     CLATTN__ROLE(R_VW) | CLATTN__ROLE(R_QB) | CLATTN__ROLE(R_KB) | CLATTN__ROLE(R_VB) |           \
+     CLATTN__ROLE(R_OW) | CLATTN__ROLE(R_OB) | CLATTN__ROLE(R_ALIBI))
 
 CLATTN__PLAN_KIND(mha, CLATTN__MHA, clattn_mha_desc, create, mha_execute,
                   clattn_mha_plan_create, "mha", clattn__mha_role_names, MHA_ROLES)

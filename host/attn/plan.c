@@ -106,17 +106,8 @@ static const char *role_name(const clattn_plan *plan, int role)
     return plan->ops->role_names[role];
 }
 
-void clattn_sdpa_desc_init(clattn_sdpa_desc *desc)
-{
-    if (clattn__desc_reset(desc, sizeof *desc))
-        desc->scale = NAN;
-}
-
-void clattn_mha_desc_init(clattn_mha_desc *desc)
-{
-    if (clattn__desc_reset(desc, sizeof *desc))
-        desc->scale = NAN;
-}
+CLATTN__DESC_INIT_SCALED(clattn_sdpa_desc)
+CLATTN__DESC_INIT_SCALED(clattn_mha_desc)
 
 clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, const char *op,
                                const clattn_tensors *tensors, clattn_plan **out)

@@ -166,6 +166,19 @@ typedef struct clattn__plan_ops {
         return clattn__plan_create(ctx, &name##_ops, op, desc, out);                              \
     }
 
+/* desc_t##_init for descriptors with a score scale: zeroed, struct_size set, scale NAN (the
+ * default 1/sqrt(head_dim)). */
+#define CLATTN__DESC_INIT_SCALED(desc_t)                                                           \
+    void desc_t##_init(desc_t *desc)                                                               \
+    {                                                                                              \
+        if (clattn__desc_reset(desc, sizeof *desc))                                                \
+            desc->scale = NAN;                                                                     \
+    }
+
+/* The score rule's fields that the host calls' descriptors share with the plans'. */
+#define CLATTN__SCORE_FIELDS(X)                                                                    \
+    X(causal) X(scale) X(norm) X(path) X(softcap) X(window_align) X(window_left) X(window_right)
+
 /* The tensors' names: SDPA's (q, k, v, ...), MHA's (query, key, value, ...) and the
  * positional ops' (x, ...). */
 extern const char *const clattn__sdpa_role_names[];

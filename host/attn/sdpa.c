@@ -4,14 +4,6 @@
 #include <float.h>
 #include <string.h>
 
-/* The inputs, out, the masks, the outputs, kv_seqlen, the KV cache's and ALiBi's slopes. */
-#define SDPA_ROLES                                                                                 \
-    (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
-     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) |                        \
-     CLATTN__ROLE(R_LSE) | CLATTN__ROLE(R_KVLEN) | CLATTN__ROLE(R_PAST_K) |                        \
-     CLATTN__ROLE(R_PAST_V) | CLATTN__ROLE(R_PRESENT_K) | CLATTN__ROLE(R_PRESENT_V) |              \
-     CLATTN__ROLE(R_SCORES) | CLATTN__ROLE(R_ALIBI))
-
 static clattn_status create(clattn_plan *plan, const void *any)
 {
     const clattn_sdpa_desc *desc = any;
@@ -379,6 +371,14 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
     }
     return clattn__attention_enqueue(plan, &io, workspace, chain);
 }
+
+/* The inputs, out, the masks, the outputs, kv_seqlen, the KV cache's and ALiBi's slopes. */
+#define SDPA_ROLES                                                                                 \
+    (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
+     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) |                        \
+     CLATTN__ROLE(R_LSE) | CLATTN__ROLE(R_KVLEN) | CLATTN__ROLE(R_PAST_K) |                        \
+     CLATTN__ROLE(R_PAST_V) | CLATTN__ROLE(R_PRESENT_K) | CLATTN__ROLE(R_PRESENT_V) |              \
+     CLATTN__ROLE(R_SCORES) | CLATTN__ROLE(R_ALIBI))
 
 CLATTN__PLAN_KIND(sdpa, CLATTN__SDPA, clattn_sdpa_desc, create, sdpa_execute,
                   clattn_sdpa_plan_create, "sdpa", clattn__sdpa_role_names, SDPA_ROLES)

@@ -986,3 +986,21 @@ long clattn__fault_calls(clattn_fault_kind kind)
     return fault_calls[kind];
 }
 #endif
+
+clattn_status clattn__variant_fits(clattn_ctx *ctx, clattn_source source, const char *name,
+                                   const char *extra, size_t items, cl_kernel *kernel)
+{
+    cl_kernel built = NULL;
+    *kernel = NULL;
+    clattn_status status = clattn__variant_kernel(ctx, source, name, extra, &built);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    size_t kernel_max = 0;
+    const cl_int err = clGetKernelWorkGroupInfo(built, ctx->device, CL_KERNEL_WORK_GROUP_SIZE,
+                                                sizeof kernel_max, &kernel_max, NULL);
+    if (err != CL_SUCCESS)
+        return clattn__cl_fail(ctx, err, "clGetKernelWorkGroupInfo(CL_KERNEL_WORK_GROUP_SIZE)");
+    if (kernel_max >= items)
+        *kernel = built;
+    return CLATTN_SUCCESS;
+}

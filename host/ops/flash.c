@@ -191,15 +191,11 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
                  dk, dv, rows, block_k, vw, (int)shape->q_dtype, (int)shape->k_dtype,
                  (int)shape->v_dtype, (int)shape->out_dtype, switches, score->additive ? 1 : 0);
         cl_kernel kernel = NULL;
-        clattn_status status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH, op, extra, &kernel);
+        const clattn_status status =
+            clattn__variant_fits(ctx, CLATTN_SRC_FLASH, op, extra, rows, &kernel);
         if (status != CLATTN_SUCCESS)
             return status;
-        size_t kernel_max = 0;
-        cl_int err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE,
-                                              sizeof kernel_max, &kernel_max, NULL);
-        if (err != CL_SUCCESS)
-            return clattn__cl_fail(ctx, err, "clGetKernelWorkGroupInfo(flash_attention)");
-        if (kernel_max >= rows) {
+        if (kernel != NULL) {
             plan->kernel = kernel;
             plan->key_tile = block_k;
             plan->block_q = rows;

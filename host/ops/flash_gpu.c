@@ -68,16 +68,10 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
              dk, dv, bq, bk, tx, ty, (int)shape->q_dtype, (int)shape->k_dtype,
              (int)shape->v_dtype, (int)shape->out_dtype, switches);
     cl_kernel kernel = NULL;
-    clattn_status status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_GPU, op, extra, &kernel);
-    if (status != CLATTN_SUCCESS)
-        return status;
-    size_t kernel_max = 0;
-    cl_int err = clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE,
-                                          sizeof kernel_max, &kernel_max, NULL);
-    if (err != CL_SUCCESS)
-        return clattn__cl_fail(ctx, err, "clGetKernelWorkGroupInfo(flash_attention)");
-    if (kernel_max < (size_t)tx * ty)
-        return CLATTN_SUCCESS; /* too many registers for this many work-items: flash.cl */
+    clattn_status status =
+        clattn__variant_fits(ctx, CLATTN_SRC_FLASH_GPU, op, extra, (size_t)tx * ty, &kernel);
+    if (status != CLATTN_SUCCESS || kernel == NULL)
+        return status; /* too many registers for this many work-items: flash.cl */
     plan->kernel = kernel;
     plan->key_tile = bk;
     plan->block_q = bq;
