@@ -503,6 +503,11 @@ CLATTN_API void clattn_plan_release(clattn_plan *plan);
 CLATTN_API size_t clattn_plan_workspace_size(const clattn_plan *plan);
 /* Whether the plan runs the fused kernel. */
 CLATTN_API int clattn_plan_is_fused(const clattn_plan *plan);
+/* What the plan runs, in one line owned by the plan: the path and kernel with its geometry,
+ * why the tuning's preferred kernel was passed over (if it was), the phase (prefill or decode)
+ * and the tuning records (rows with @selectors, see `clattn info`) that chose its parameters.
+ * For reading, not parsing. */
+CLATTN_API const char *clattn_plan_info(const clattn_plan *plan);
 
 /* Enqueues the planned steps on `queue` (NULL: the context's queue; another queue must belong
  * to the context's cl_context and device) after `num_wait` events, binding `tensors`: every

@@ -942,6 +942,94 @@ START_TEST(test_flash_cpu_variants)
 END_TEST
 #define CPU_VARIANTS 9
 
+/* Tuning records (rows with @selectors, host/core/tuning.c): a context whose rows send head
+ * size 24 to flash.cl with 4-row groups, and its one-row (decode) problems also to scalar
+ * lanes; other head sizes keep the context's row. Each plan says which records chose its
+ * kernel (clattn_plan_info) and its output is checked against the float64 reference. */
+static const char records_rows[] =
+    "any | * | * | @head_dim=24 flash_cpu=0 flash_gpu=0 flash_rows=4 flash_vw=8\n"
+    "any | * | * | @head_dim=24 @phase=decode flash_vw=1\n"
+    "any | * | * | @dtype=bf16 @phase=decode @head_dim=24 flash_rows=2\n";
+static const struct {
+    size_t seq_q, seq_k, dk;
+    const char *want[3]; /* in clattn_plan_info; NULL: none */
+    const char *refuse;  /* not in it */
+} record_cases[] = {
+    {17, 33, 24, {"flash.cl (4 rows", "8-float vectors", "prefill phase"}, "line 2"},
+    {1, 65, 24, {"flash.cl (4 rows", "1-float vectors", "line 1 (@head_dim=24); tuning_rows line 2"}, "line 3"},
+    {3, 29, 16, {"tuning records: none", NULL, NULL}, "tuning_rows"},
+    {1, 29, 16, {"decode phase", "tuning records: none", NULL}, "tuning_rows"},
+};
+
+START_TEST(test_tuning_records)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = ctx_with_row(records_rows);
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = 2, spec.heads = 3, spec.kv_heads = 3;
+    spec.seq_q = record_cases[_i].seq_q, spec.seq_k = record_cases[_i].seq_k;
+    spec.dk = spec.dv = record_cases[_i].dk;
+    spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    spec.path = CLATTN_PATH_FUSED;
+    spec.q_gain = 3.0f;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("tuning records: %s", p.label);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    clattn_plan *plan = NULL;
+    if (ctx != NULL && tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan),
+                                        CLATTN_SUCCESS, "create")) {
+        const char *info = clattn_plan_info(plan);
+        for (int i = 0; i < 3; ++i)
+            tu_expect(record_cases[_i].want[i] == NULL || strstr(info, record_cases[_i].want[i]),
+                      "plan info lacks '%s': %s", record_cases[_i].want[i], info);
+        tu_expect(strstr(info, record_cases[_i].refuse) == NULL, "plan info has '%s': %s",
+                  record_cases[_i].refuse, info);
+        float *got = tu_nan_floats(p.out_count);
+        run_path_on(ctx, &p, CLATTN_PATH_FUSED, 0, got);
+        free(got);
+    }
+    clattn_plan_release(plan);
+    clattn_ctx_release(ctx);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Rows with selectors that the parser refuses, each naming its line and what is wrong. */
+START_TEST(test_tuning_record_errors)
+{
+    TU_BEGIN_TEST();
+    static const struct {
+        const char *row, *message;
+    } bad_rows[] = {
+        {"any | * | * | @head_dim=64 tile_m=32", "tile_m is one value per context"},
+        {"any | * | * | @head_dim=0 flash_rows=4", "'@head_dim=0' is not a selector"},
+        {"any | * | * | @dtype=f64 flash_rows=4", "'@dtype=f64' is not a selector"},
+        {"any | * | * | @phase=later flash_rows=4", "'@phase=later' is not a selector"},
+        {"any | * | * | @batch=2 flash_rows=4", "'@batch=2' is not a selector"},
+        {"any | * | * | @head_dim=8 flash_cpu_rb=9", "flash_cpu_rb=9, outside the kernels' 1 .. 8"},
+    };
+    for (size_t i = 0; i < sizeof bad_rows / sizeof bad_rows[0]; ++i) {
+        tu_set_case("record row '%s'", bad_rows[i].row);
+        clattn_ctx_desc desc;
+        clattn_ctx_desc_init(&desc);
+        desc.queue = clattn_ctx_queue(tu_ctx());
+        desc.tuning_rows = bad_rows[i].row;
+        clattn_ctx *ctx = NULL;
+        char message[512] = "";
+        const clattn_status status = clattn_ctx_create_desc(&desc, &ctx, message, sizeof message);
+        tu_expect(status != CLATTN_SUCCESS && ctx == NULL, "accepted: %s", bad_rows[i].row);
+        tu_expect(strstr(message, bad_rows[i].message) && strstr(message, "tuning_rows line 1"),
+                  "message '%s' lacks '%s' or the line", message, bad_rows[i].message);
+        clattn_ctx_release(ctx);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
 /* clang-format off */
 static const flash_case large_cases[] = {
     /* batch heads  Lq   Lk   dk   dv  causal mask pad relu full scale kv_heads softcap */
@@ -1347,6 +1435,9 @@ int main(void)
     tu_add_loop_except(tc, test_softmax_f64, 0, rules, heavy_f64, small ? 15 : 0);
     tcase_add_loop_test(tc, test_scores_output, small ? 15 : 0, small ? 18 : 3 * rules);
     tcase_add_test(tc, test_path_errors);
+    tcase_add_loop_test(tc, test_tuning_records, 0,
+                        (int)(sizeof record_cases / sizeof record_cases[0]));
+    tcase_add_test(tc, test_tuning_record_errors);
     tcase_add_loop_test(tc, test_mha_paths, 0, 2);
     tcase_add_loop_test(tc, test_mha_auto_is_fused, 0, 2);
     if (!small)

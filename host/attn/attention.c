@@ -3,6 +3,7 @@
  * kernel and the unfused matmul + softmax + matmul steps with their workspace (plan time), and
  * their launch (execution). Called by the kinds' files; it calls only ops/ and core/. */
 #include "plan.h"
+#include "core/tuning.h"
 
 #include <float.h>
 #include <math.h>
@@ -270,6 +271,11 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
                             "%s: lse comes from the fused kernel only: head sizes up to 256, "
                             "path AUTO or FUSED, no weights",
                             op);
+    /* The problem's tuning: one query row per head (a decode group's rows are heads) is the
+     * decode phase. */
+    const bool decode = score->seq_q == 1 || plan->decode_group > 1;
+    clattn__tuning_for(ctx, head_dim_qk, q_dtype, decode, &a->tuning, a->tuning_records,
+                       sizeof a->tuning_records);
     if (a->fused) {
         const clattn__flash_shape shape = {
             .score = *score,
@@ -280,10 +286,17 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
             .v_dtype = v_dtype,
             .out_dtype = out_dtype,
             .has_lse = want_lse,
+            .tuning = &a->tuning,
         };
         clattn_status status = clattn__flash_prepare(ctx, &shape, &a->flash);
         if (status != CLATTN_SUCCESS)
             return status;
+        snprintf(plan->info, sizeof plan->info,
+                 "%s: fused, %s%s%s%s; %s phase, tuning records: %s", op, a->flash.variant,
+                 a->flash.splits > 1 ? " in decode splits" : "",
+                 a->flash.passed[0] ? "; passed over: " : "", a->flash.passed,
+                 decode ? "decode" : "prefill",
+                 a->tuning_records[0] ? a->tuning_records : "none");
         if (!reserve(workspace_floats, a->flash.scratch_floats, &a->scratch_at))
             return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t",
                                 op);
@@ -323,6 +336,9 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
                             "%s: the scores (batch, heads, seq_q, seq_k) overflow size_t", op);
     a->own_scores = !want_weights;
+    snprintf(plan->info, sizeof plan->info, "%s: unfused, %s, softmax rows, matmul (P V)%s", op,
+             score->additive ? "additive scores" : "matmul (Q K^T)",
+             want_weights ? ", the weights returned" : "");
     const size_t scratch = a->qk.scratch_floats > a->pv.scratch_floats ? a->qk.scratch_floats
                                                                        : a->pv.scratch_floats;
     if ((a->own_scores && !reserve(workspace_floats, scores, &a->scores_at)) ||

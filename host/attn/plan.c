@@ -241,6 +241,13 @@ int clattn_plan_is_fused(const clattn_plan *plan)
     return plan && plan->attention.fused;
 }
 
+const char *clattn_plan_info(const clattn_plan *plan)
+{
+    if (plan == NULL)
+        return "clattn_plan_info: plan is NULL";
+    return plan->info[0] ? plan->info : plan->op;
+}
+
 clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensors *tensors,
                                   cl_command_queue queue, cl_mem workspace, cl_uint num_wait,
                                   const cl_event *wait, cl_event *event)

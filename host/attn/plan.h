@@ -50,6 +50,8 @@ _Static_assert(R_COUNT <= 32, "a role set is a 32-bit mask");
 typedef struct clattn__attention {
     clattn__score_shape score;
     size_t head_dim_qk, head_dim_v;
+    clattn_tuning tuning;   /* the problem's: the context's row and the records that select it */
+    char tuning_records[160]; /* which records applied ("" none) */
     bool fused;
     clattn__flash_plan flash;
     clattn__matmul_plan qk, pv;
@@ -202,6 +204,7 @@ struct clattn_plan {
     clattn__posenc posenc; /* also ROPE plans' freq */
     clattn__rope_plan rope;
     size_t decode_group; /* SDPA: > 1 when the group's query heads run as rows (sdpa.c) */
+    char info[512];      /* clattn_plan_info */
     size_t workspace_floats;
 };
 

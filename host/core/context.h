@@ -3,6 +3,7 @@
 #ifndef CLATTN_CORE_CONTEXT_H
 #define CLATTN_CORE_CONTEXT_H
 
+#include "tuning/keys.h"
 #include "clattn.h"
 
 #include <stdarg.h>
@@ -53,53 +54,30 @@ typedef struct clattn_device_info {
     bool has_fp64; /* CL_DEVICE_DOUBLE_FP_CONFIG != 0 (cl_khr_fp64) */
 } clattn_device_info;
 
-/* The tuning keys, one line each in the order `clattn info` prints them: (name, what it
- * sets). The list makes clattn_tuning's fields and the row parser's key table and summary
- * (host/core/tuning.c); tools/tune_space.h says which of them `clattn tune` searches. A new
- * key is one line here (its default in tuning.c's default_row, its limits in check_row). */
-#define CLATTN_TUNING_KEYS(X)                                                                     \
-    X(matmul_vec, "1: the register-blocked vector matmul (CPUs), 0: local tiles")                \
-    X(vec_rm, "matmul_vec: rows of a micro-tile")                                               \
-    X(vec_width, "matmul_vec: float vector width (4, 8, 16)")                                   \
-    X(vec_wg, "matmul_vec: work-items per group")                                               \
-    X(transpose_wg, "transposes: work-items per group side")                                    \
-    X(tile_m, "matmul (local tiles): rows of C per group")                                      \
-    X(tile_n, "matmul (local tiles): columns of C per group")                                   \
-    X(tile_k, "matmul (local tiles): depth of a tile")                                          \
-    X(wpt_m, "matmul (local tiles): rows per work-item")                                        \
-    X(wpt_n, "matmul (local tiles): columns per work-item")                                     \
-    X(softmax_wg, "softmax: work-items per row (a group per row)")                              \
-    X(heads_wg, "heads.cl's kernels: work-items per group")                                     \
-    X(flash_rows, "flash.cl: query rows (work-items) per group, upper bound")                  \
-    X(flash_vw, "flash.cl: vector width along a row (1, 4, 8), upper bound")                   \
-    X(loop_trip_limit, "0, or the loop iterations a work-item may make in all (quirks)")       \
-    X(softmax_rows, "0: a group per softmax row; N: a work-item per row, N rows per group")    \
-    X(flash_cpu, "1: the fused kernel for CPUs (flash_cpu.cl), 0: flash.cl")                    \
-    X(flash_cpu_rb, "flash_cpu: query rows per register block (1 .. 8)")                        \
-    X(flash_cpu_nb, "flash_cpu: register blocks per group sharing a key tile")                 \
-    X(flash_gpu, "1: the cooperative fused kernel for GPUs (flash_gpu.cl)")                     \
-    X(fg_bq, "flash_gpu: query rows per group")                                                 \
-    X(fg_bk, "flash_gpu: keys per tile")                                                        \
-    X(fg_tx, "flash_gpu: work-items along the keys")                                            \
-    X(fg_ty, "flash_gpu: work-items along the rows")                                            \
-    X(vec_nv, "matmul_vec: vectors per micro-tile row (panel = vec_nv * vec_width)")           \
-    X(vec_rb, "matmul_vec: micro-tiles (vec_rm rows each) per work-item")                       \
-    X(vec_kc, "matmul_vec: depth of a K block")                                                 \
-    X(vec_stream, "matmul_vec: KiB of F32 C per launch from which C is streamed (0: never)")   \
-    X(flash_cpu_kv, "flash_cpu: float16 vectors per block row (1, 2, 4)")                       \
-    X(decode_keys, "fused decode splits: keys per split at least (0: never split)")
-
 /* Kernel parameters: the default row computed from the device's limits, then the rows of the
  * tuning table (host/tuning/table.h, and CLATTN_TUNING=FILE) that match the device, in order.
  * Each key of CLATTN_TUNING_KEYS is a field. */
 typedef struct clattn_tuning {
     bool cpu_params; /* CPU-class rows apply (the device's type, or CLATTN_PARAMS) */
-#define CLATTN_TUNING_FIELD(name, doc) unsigned name;
+#define CLATTN_TUNING_FIELD(name, scope, lo, hi, op, cls, when, values, quick, doc) unsigned name;
     CLATTN_TUNING_KEYS(CLATTN_TUNING_FIELD)
 #undef CLATTN_TUNING_FIELD
-    char rows[256];     /* which table rows applied (for `clattn info` and tests) */
-    char summary[1536]; /* clattn_ctx_tuning(): rows, file, ignored rows, parameters */
 } clattn_tuning;
+
+/* A row with selectors (@head_dim=, @dtype=, @phase=): PROBLEM keys for the attention
+ * problems it selects, applied per plan on top of the context's row, most specific last
+ * (host/core/tuning.c: clattn__tuning_for). */
+typedef struct clattn_tuning_record {
+    unsigned head_dim; /* 0: any */
+    int dtype;         /* a clattn_dtype, or -1: any */
+    int phase;         /* 0: any, 1: prefill (more than one query row), 2: decode (one) */
+    unsigned long long set; /* bit k: the row gives key k (CLATTN_TUNING_KEYS order) */
+    clattn_tuning values;   /* the given keys' values */
+    bool lenient;           /* from the tuning cache: ignored, not an error, when invalid */
+    char origin[48];        /* "table row 2", "cache line 3", ... */
+    char selectors[64];     /* as written, for messages and `clattn info` */
+} clattn_tuning_record;
+enum { CLATTN_TUNING_RECORDS = 16 };
 
 /* A program built with extra -D options (e.g. per head size) and its one kernel. */
 typedef struct clattn_variant {
@@ -115,7 +93,11 @@ struct clattn_ctx {
     cl_device_id device;
     cl_command_queue queue;
     clattn_device_info info;
-    clattn_tuning tuning;
+    clattn_tuning tuning; /* the context's row: every problem's unless a record selects it */
+    clattn_tuning_record tuning_records[CLATTN_TUNING_RECORDS];
+    size_t num_tuning_records;
+    char tuning_rows[256];     /* which rows applied (for `clattn info` and tests) */
+    char tuning_summary[2048]; /* clattn_ctx_tuning(): rows, records, file, parameters */
     char build_options[512];
     clattn_variant *variants;
     size_t num_variants, variant_capacity;

@@ -347,7 +347,7 @@ clattn_status clattn_ctx_create_desc(const clattn_ctx_desc *desc, clattn_ctx **o
 
 const char *clattn_ctx_tuning(const clattn_ctx *ctx)
 {
-    return ctx ? ctx->tuning.summary : "clattn_ctx_tuning: ctx is NULL";
+    return ctx ? ctx->tuning_summary : "clattn_ctx_tuning: ctx is NULL";
 }
 
 enum { CLATTN_TRACE_MAX = 4096 }; /* kernels a trace keeps */

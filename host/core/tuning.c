@@ -16,11 +16,27 @@
 typedef struct tuning_key {
     const char *name;
     size_t offset;
+    bool problem; /* scope PROBLEM: rows with selectors may set it */
+    unsigned long long lo, hi;
 } tuning_key;
 
-#define KEY(field, doc) {#field, offsetof(clattn_tuning, field)},
+enum { DEVICE = 0, PROBLEM = 1 };
+#define KEY(field, scope, lo, hi, op, cls, when, values, quick, doc)                              \
+    {#field, offsetof(clattn_tuning, field), scope == PROBLEM, lo, hi},
 static const tuning_key tuning_keys[] = {CLATTN_TUNING_KEYS(KEY)};
 #undef KEY
+enum { NUM_KEYS = sizeof tuning_keys / sizeof tuning_keys[0] };
+_Static_assert(NUM_KEYS <= 64, "clattn_tuning_record.set has a bit per key");
+
+static unsigned *key_field(clattn_tuning *t, size_t k)
+{
+    return (unsigned *)((char *)t + tuning_keys[k].offset);
+}
+
+static unsigned key_value(const clattn_tuning *t, size_t k)
+{
+    return *(const unsigned *)((const char *)t + tuning_keys[k].offset);
+}
 
 static unsigned pow2_at_most(size_t limit, unsigned cap)
 {
@@ -114,7 +130,46 @@ static void trim(char *s)
     memmove(s, s + start, n - start + 1);
 }
 
-/* Applies one row (`origin` names it in messages) when it matches the device. */
+/* One selector of a row, "@head_dim=N", "@dtype=f32|f16|bf16" or "@phase=prefill|decode",
+ * into the record (and its text into record->selectors). */
+static clattn_status parse_selector(clattn_ctx *ctx, const char *origin, const char *item,
+                                    clattn_tuning_record *record)
+{
+    const char *value = strchr(item, '=');
+    bool ok = value != NULL;
+    if (ok && strncmp(item, "@head_dim=", 10) == 0) {
+        char *end = NULL;
+        const unsigned long n = strtoul(value + 1, &end, 10);
+        ok = end != value + 1 && *end == '\0' && n >= 1 && n <= 65536;
+        record->head_dim = (unsigned)n;
+    } else if (ok && strncmp(item, "@dtype=", 7) == 0) {
+        static const char *const names[] = {"f32", "f16", "bf16"};
+        static const clattn_dtype dtypes[] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16,
+                                              CLATTN_DTYPE_BF16};
+        ok = false;
+        for (int i = 0; i < 3; ++i)
+            if (strcmp(value + 1, names[i]) == 0)
+                ok = true, record->dtype = (int)dtypes[i];
+    } else if (ok && strncmp(item, "@phase=", 7) == 0) {
+        ok = strcmp(value + 1, "prefill") == 0 || strcmp(value + 1, "decode") == 0;
+        record->phase = strcmp(value + 1, "decode") == 0 ? 2 : 1;
+    } else {
+        ok = false;
+    }
+    if (!ok)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "tuning %s: '%s' is not a selector: @head_dim=1..65536, "
+                            "@dtype=f32|f16|bf16 (q's) or @phase=prefill|decode (decode: one "
+                            "query row)",
+                            origin, item);
+    const size_t used = strlen(record->selectors);
+    snprintf(record->selectors + used, sizeof record->selectors - used, "%s%s", used ? " " : "",
+             item);
+    return CLATTN_SUCCESS;
+}
+
+/* Applies one row (`origin` names it in messages) when it matches the device: a row with
+ * selectors becomes a record (clattn__tuning_for), any other sets ctx->tuning. */
 static clattn_status apply_row(clattn_ctx *ctx, const char *row, const char *origin)
 {
     char text[1024];
@@ -147,6 +202,8 @@ static clattn_status apply_row(clattn_ctx *ctx, const char *row, const char *ori
          strncmp(ctx->info.vendor, fields[1], strlen(fields[1])) == 0) &&
         (strcmp(fields[2], "*") == 0 || strncmp(ctx->info.name, fields[2], strlen(fields[2])) == 0);
     clattn_tuning parsed = ctx->tuning;
+    clattn_tuning_record record = {.dtype = -1};
+    int selectors = 0;
     for (char *item = fields[3]; *item;) {
         while (*item == ' ' || *item == '\t')
             ++item;
@@ -155,28 +212,52 @@ static clattn_status apply_row(clattn_ctx *ctx, const char *row, const char *ori
         char *next = item + strcspn(item, " \t");
         if (*next)
             *next++ = '\0';
+        if (item[0] == '@') {
+            clattn_status status = parse_selector(ctx, origin, item, &record);
+            if (status != CLATTN_SUCCESS)
+                return status;
+            ++selectors;
+            item = next;
+            continue;
+        }
         char *eq = strchr(item, '=');
         size_t k = 0;
-        while (eq && k < sizeof tuning_keys / sizeof tuning_keys[0] &&
+        while (eq && k < NUM_KEYS &&
                (strlen(tuning_keys[k].name) != (size_t)(eq - item) ||
                 strncmp(tuning_keys[k].name, item, (size_t)(eq - item)) != 0))
             ++k;
         char *end = NULL;
         const unsigned long value = eq ? strtoul(eq + 1, &end, 10) : 0;
-        if (eq == NULL || k == sizeof tuning_keys / sizeof tuning_keys[0] || end == eq + 1 ||
-            *end != '\0' || value > UINT_MAX)
+        if (eq == NULL || k == NUM_KEYS || end == eq + 1 || *end != '\0' || value > UINT_MAX)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                                 "tuning %s: '%s' is not key=number with a known key", origin,
                                 item);
-        *(unsigned *)((char *)&parsed + tuning_keys[k].offset) = (unsigned)value;
+        *key_field(&parsed, k) = (unsigned)value;
+        record.set |= 1ull << k;
         item = next;
     }
+    for (size_t k = 0; selectors && k < NUM_KEYS; ++k)
+        if ((record.set >> k & 1) && !tuning_keys[k].problem)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "tuning %s: %s is one value per context; a row with @selectors "
+                                "sets only the fused kernels' keys (flash_*, fg_*, decode_keys)",
+                                origin, tuning_keys[k].name);
     if (!applies)
         return CLATTN_SUCCESS;
-    ctx->tuning = parsed;
-    const size_t used = strlen(ctx->tuning.rows);
-    snprintf(ctx->tuning.rows + used, sizeof ctx->tuning.rows - used, "%s%s", used ? "; " : "",
-             origin);
+    if (selectors == 0) {
+        ctx->tuning = parsed;
+        const size_t used = strlen(ctx->tuning_rows);
+        snprintf(ctx->tuning_rows + used, sizeof ctx->tuning_rows - used, "%s%s",
+                 used ? "; " : "", origin);
+        return CLATTN_SUCCESS;
+    }
+    if (ctx->num_tuning_records == CLATTN_TUNING_RECORDS)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "tuning %s: more than %d rows with @selectors match this device",
+                            origin, CLATTN_TUNING_RECORDS);
+    record.values = parsed;
+    snprintf(record.origin, sizeof record.origin, "%s", origin);
+    ctx->tuning_records[ctx->num_tuning_records++] = record;
     return CLATTN_SUCCESS;
 }
 
@@ -207,11 +288,20 @@ static clattn_status apply_file(clattn_ctx *ctx, const char *path)
     return status;
 }
 
-/* Refuses parameters that the kernels or the device cannot run. */
-static clattn_status check_row(clattn_ctx *ctx)
+static void add_note(char *buf, size_t size, const char *fmt, const char *a, const char *b);
+
+/* Refuses parameters that the kernels or the device cannot run; `rows` names where they came
+ * from in the message. */
+static clattn_status check_values(clattn_ctx *ctx, const clattn_tuning *t, const char *rows)
 {
-    const clattn_tuning *t = &ctx->tuning;
     const size_t wide = max_1d(&ctx->info);
+    for (size_t k = 0; k < NUM_KEYS; ++k)
+        if (key_value(t, k) < tuning_keys[k].lo || key_value(t, k) > tuning_keys[k].hi)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "device '%s': the tuning rows (%s) give %s=%u, outside the "
+                                "kernels' %llu .. %llu",
+                                ctx->info.name, rows, tuning_keys[k].name, key_value(t, k),
+                                tuning_keys[k].lo, tuning_keys[k].hi);
     const unsigned pow2s[] = {t->vec_wg, t->transpose_wg, t->softmax_wg, t->heads_wg,
                               t->flash_rows};
     bool ok = tile_fits(&ctx->info, t->tile_m, t->tile_n, t->tile_k, t->wpt_m, t->wpt_n) &&
@@ -237,8 +327,75 @@ static clattn_status check_row(clattn_ctx *ctx)
     return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
                         "device '%s': the tuning rows (%s) give parameters its limits or the "
                         "kernels do not allow (work-group %zu, local memory %llu bytes)",
-                        ctx->info.name, t->rows[0] ? t->rows : "none", wide,
-                        (unsigned long long)ctx->info.local_mem_size);
+                        ctx->info.name, rows, wide, (unsigned long long)ctx->info.local_mem_size);
+}
+
+static clattn_status check_row(clattn_ctx *ctx)
+{
+    return check_values(ctx, &ctx->tuning, ctx->tuning_rows[0] ? ctx->tuning_rows : "none");
+}
+
+/* A record's keys on top of *t. */
+static void apply_record(const clattn_tuning_record *r, clattn_tuning *t)
+{
+    for (size_t k = 0; k < NUM_KEYS; ++k)
+        if (r->set >> k & 1)
+            *key_field(t, k) = key_value(&r->values, k);
+}
+
+static int specificity(const clattn_tuning_record *r)
+{
+    return (r->head_dim != 0) + (r->dtype >= 0) + (r->phase != 0);
+}
+
+void clattn__tuning_for(clattn_ctx *ctx, size_t head_dim, clattn_dtype dtype, bool decode,
+                        clattn_tuning *out, char *applied, size_t applied_size)
+{
+    *out = ctx->tuning;
+    if (applied_size)
+        applied[0] = '\0';
+    size_t used = 0;
+    for (int level = 1; level <= 3; ++level)
+        for (size_t i = 0; i < ctx->num_tuning_records; ++i) {
+            const clattn_tuning_record *r = &ctx->tuning_records[i];
+            if (specificity(r) != level || (r->head_dim && r->head_dim != head_dim) ||
+                (r->dtype >= 0 && r->dtype != (int)dtype) ||
+                (r->phase && r->phase != (decode ? 2 : 1)))
+                continue;
+            apply_record(r, out);
+            if (used + 1 < applied_size)
+                used += (size_t)snprintf(applied + used, applied_size - used, "%s%s (%s)",
+                                         used ? "; " : "", r->origin, r->selectors);
+        }
+    /* Each record was checked alone on the context's row; two that select the same problem
+     * could still combine into values the kernels refuse: then none applies. */
+    if (used && check_values(ctx, out, applied) != CLATTN_SUCCESS) {
+        *out = ctx->tuning;
+        snprintf(applied, applied_size, "none (the matching records combine into values the "
+                                        "kernels refuse)");
+    }
+}
+
+/* Each record on top of the context's row must give values the kernels run: else it fails
+ * (a row of the table, a file or tuning_rows) or is dropped with a note (the cache's). */
+static clattn_status check_records(clattn_ctx *ctx, char *ignored, size_t ignored_size)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < ctx->num_tuning_records; ++i) {
+        const clattn_tuning_record *r = &ctx->tuning_records[i];
+        clattn_tuning t = ctx->tuning;
+        apply_record(r, &t);
+        if (check_values(ctx, &t, r->origin) != CLATTN_SUCCESS) {
+            if (!r->lenient)
+                return CLATTN_ERR_UNSUPPORTED; /* the message is set */
+            add_note(ignored, ignored_size, "%s%s: %s", r->origin,
+                     "values this device or the kernels cannot run");
+            continue;
+        }
+        ctx->tuning_records[kept++] = *r;
+    }
+    ctx->num_tuning_records = kept;
+    return CLATTN_SUCCESS;
 }
 
 /* Appends a formatted note to buf (size bytes), separated by "; ". */
@@ -284,12 +441,15 @@ static bool apply_cache(clattn_ctx *ctx, const char *path, char *ignored, size_t
             continue;
         snprintf(origin, sizeof origin, "cache line %d", number);
         const clattn_tuning before = ctx->tuning;
+        const size_t records = ctx->num_tuning_records;
         if (apply_row(ctx, line, origin) != CLATTN_SUCCESS) {
             add_note(ignored, ignored_size, "%s%s%.240s", "", ctx->message);
         } else if (check_row(ctx) != CLATTN_SUCCESS) {
             ctx->tuning = before;
             add_note(ignored, ignored_size, "%s%s: %s", origin,
                      "values this device or the kernels cannot run");
+        } else if (ctx->num_tuning_records > records) {
+            ctx->tuning_records[records].lenient = true; /* checked with the others */
         }
     }
     if (ferror(f))
@@ -327,16 +487,28 @@ static clattn_status apply_text(clattn_ctx *ctx, const char *text)
 /* What clattn_ctx_tuning reports: where the rows came from, which ignored, the parameters. */
 static void summarise(clattn_ctx *ctx, const char *source, const char *ignored)
 {
-    clattn_tuning *t = &ctx->tuning;
-    int n = snprintf(t->summary, sizeof t->summary,
-                     "rows: %s\nfile: %s\nignored: %s\nparameters:", t->rows[0] ? t->rows : "none",
-                     source, ignored[0] ? ignored : "none");
-    for (size_t k = 0; n > 0 && (size_t)n < sizeof t->summary &&
-                       k < sizeof tuning_keys / sizeof tuning_keys[0];
-         ++k)
-        n += snprintf(t->summary + n, sizeof t->summary - (size_t)n, " %s=%u",
-                      tuning_keys[k].name,
-                      *(const unsigned *)((const char *)t + tuning_keys[k].offset));
+    char *out = ctx->tuning_summary;
+    const size_t size = sizeof ctx->tuning_summary;
+    int n = snprintf(out, size, "rows: %s\nrecords:", ctx->tuning_rows[0] ? ctx->tuning_rows : "none");
+    if (ctx->num_tuning_records == 0 && n > 0 && (size_t)n < size)
+        n += snprintf(out + n, size - (size_t)n, " none");
+    for (size_t i = 0; i < ctx->num_tuning_records && n > 0 && (size_t)n < size; ++i) {
+        const clattn_tuning_record *r = &ctx->tuning_records[i];
+        n += snprintf(out + n, size - (size_t)n, "%s %s (%s:", i ? ";" : "", r->origin,
+                      r->selectors);
+        for (size_t k = 0; k < NUM_KEYS && n > 0 && (size_t)n < size; ++k)
+            if (r->set >> k & 1)
+                n += snprintf(out + n, size - (size_t)n, " %s=%u", tuning_keys[k].name,
+                              key_value(&r->values, k));
+        if (n > 0 && (size_t)n < size)
+            n += snprintf(out + n, size - (size_t)n, ")");
+    }
+    if (n > 0 && (size_t)n < size)
+        n += snprintf(out + n, size - (size_t)n, "\nfile: %s\nignored: %s\nparameters:", source,
+                      ignored[0] ? ignored : "none");
+    for (size_t k = 0; n > 0 && (size_t)n < size && k < NUM_KEYS; ++k)
+        n += snprintf(out + n, size - (size_t)n, " %s=%u", tuning_keys[k].name,
+                      key_value(&ctx->tuning, k));
 }
 
 clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
@@ -344,6 +516,8 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
 {
     clattn_tuning *t = &ctx->tuning;
     memset(t, 0, sizeof *t);
+    ctx->num_tuning_records = 0;
+    ctx->tuning_rows[0] = '\0';
     /* CLATTN_PARAMS=gpu|cpu applies the other class's rows (tests run the GPU kernels'
      * work-group sizes, vector widths and tiles on a CPU device); unset: the device's type. */
     const char *params = getenv("CLATTN_PARAMS");
@@ -370,10 +544,13 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
         /* A built-in row that does not fit this device (a class row on a small GPU) is
          * skipped: the rows before it stay. */
         const clattn_tuning before = *t;
+        const size_t records = ctx->num_tuning_records;
         snprintf(origin, sizeof origin, "table row %zu", i);
         status = apply_row(ctx, clattn_tuning_table[i], origin);
         if (status == CLATTN_SUCCESS && check_row(ctx) != CLATTN_SUCCESS)
             *t = before;
+        else if (status == CLATTN_SUCCESS && ctx->num_tuning_records > records)
+            ctx->tuning_records[records].lenient = true;
     }
     if (status == CLATTN_SUCCESS && file && file[0] && !only_default) {
         status = apply_file(ctx, file);
@@ -414,6 +591,8 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
     }
     if (status == CLATTN_SUCCESS)
         status = check_row(ctx);
+    if (status == CLATTN_SUCCESS)
+        status = check_records(ctx, ignored, sizeof ignored);
     if (status != CLATTN_SUCCESS)
         return status;
     summarise(ctx, source, ignored);

@@ -73,12 +73,12 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
 {
     const clattn__score_shape *score = &shape->score;
     const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v, dvp = (dv + 15) / 16 * 16;
-    if (!ctx->tuning.flash_cpu || score->seq_k == 0 || score->seq_q == 0)
+    if (!shape->tuning->flash_cpu || score->seq_k == 0 || score->seq_q == 0)
         return CLATTN_SUCCESS;
-    const unsigned rb = ctx->tuning.flash_cpu_rb;
+    const unsigned rb = shape->tuning->flash_cpu_rb;
     /* Under a loop limit one block per group keeps a tile's trips small. Else flash_cpu_nb
      * blocks share a key tile, fewer while that would leave under 4 groups per compute unit. */
-    unsigned nb = ctx->tuning.loop_trip_limit ? 1 : ctx->tuning.flash_cpu_nb;
+    unsigned nb = ctx->tuning.loop_trip_limit ? 1 : shape->tuning->flash_cpu_nb;
     const size_t bh = score->batch * score->heads;
     while (nb > 1 && (score->seq_q + (size_t)rb * nb - 1) / ((size_t)rb * nb) * bh <
                          4 * (size_t)ctx->info.compute_units)
@@ -90,7 +90,8 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     while (nb > 1 && CPU_LOCAL(nb) > local_budget)
         nb /= 2;
     if (CPU_LOCAL(nb) > local_budget)
-        return CLATTN_SUCCESS;
+        return clattn__flash_pass(plan, "flash_cpu: a %u-row block needs more than %llu bytes "
+                                        "of local memory", rb, (unsigned long long)local_budget);
 #undef CPU_LOCAL
     /* Keys in parts under a loop limit: whole tiles whose trips stay within half of it; a
      * shape whose one tile does not fit runs flash.cl (finer key tiles) instead. */
@@ -99,14 +100,15 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     const size_t outside = (size_t)rb * nb * (dk + 2 * dvp + 2 * dv + 4);
     const size_t per_tile = cpu_trips_per_tile(score, dk, dv, rb, nb);
     if (limit != 0 && limit / 2 <= outside + per_tile)
-        return CLATTN_SUCCESS;
+        return clattn__flash_pass(plan, "flash_cpu: one key tile exceeds the device's loop "
+                                        "limit (%zu)", limit);
     const size_t part_tiles = limit == 0 ? tiles : (limit / 2 - outside) / per_tile;
     char switches[128], extra[320];
     clattn__score_switches(score, CLATTN__FAMILY_FLASH_CPU, switches, sizeof switches);
     snprintf(extra, sizeof extra,
              "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFC_RB=%u -DFC_NB=%u -DFC_KV=%u -DQ_DTYPE=%d "
              "-DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d %s",
-             dk, dv, rb, nb, ctx->tuning.flash_cpu_kv, (int)shape->q_dtype, (int)shape->k_dtype,
+             dk, dv, rb, nb, shape->tuning->flash_cpu_kv, (int)shape->q_dtype, (int)shape->k_dtype,
              (int)shape->v_dtype, (int)shape->out_dtype, switches);
     clattn_status status =
         clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_CPU, "flash_cpu", extra, &plan->kernel);
@@ -115,6 +117,8 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     plan->cpu = true;
     plan->key_tile = FC_KT;
     plan->block_q = rb * nb;
+    snprintf(plan->variant, sizeof plan->variant, "flash_cpu.cl (%u x %u-row blocks, %d-key tiles)",
+             nb, rb, FC_KT);
     plan->part_keys = part_tiles >= tiles ? score->seq_k : part_tiles * FC_KT;
     size_t lse_floats = 0;
     if (plan->part_keys < score->seq_k && !shape->has_lse &&
@@ -149,10 +153,14 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: mask dtype %d is unknown", op,
                             (int)score->mask_dtype);
     /* Additive scores run in flash.cl's ADDITIVE variant only. */
-    clattn_status cpu_status = score->additive ? CLATTN_SUCCESS : prepare_cpu(ctx, shape, plan);
+    clattn_status cpu_status =
+        !score->additive ? prepare_cpu(ctx, shape, plan)
+        : shape->tuning->flash_cpu || shape->tuning->flash_gpu
+            ? clattn__flash_pass(plan, "additive scores run in flash.cl's ADDITIVE variant")
+            : CLATTN_SUCCESS;
     if (cpu_status != CLATTN_SUCCESS || plan->cpu)
         return cpu_status;
-    if (ctx->tuning.flash_gpu && !score->additive) {
+    if (shape->tuning->flash_gpu && !score->additive) {
         const clattn_status status = clattn__flash_gpu_prepare(ctx, shape, plan);
         if (status != CLATTN_SUCCESS)
             return status;
@@ -174,8 +182,8 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
     /* Rows per group and the vector width along a row are upper bounds from the tuning
      * table (CPUs: 64 rows, 8-float vectors; GPUs: 64 rows, scalars, a work-item being one
      * SIMD lane); the width shrinks to one that divides both head sizes. */
-    unsigned rows = floor_pow2(max_1d, ctx->tuning.flash_rows);
-    unsigned vw = ctx->tuning.flash_vw >= 8 ? 8 : ctx->tuning.flash_vw >= 4 ? 4 : 1;
+    unsigned rows = floor_pow2(max_1d, shape->tuning->flash_rows);
+    unsigned vw = shape->tuning->flash_vw >= 8 ? 8 : shape->tuning->flash_vw >= 4 ? 4 : 1;
     if (vw == 8 && (dk % 8 != 0 || dv % 8 != 0))
         vw = 4;
     if (vw == 4 && (dk % 4 != 0 || dv % 4 != 0))
@@ -200,6 +208,8 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
             plan->key_tile = block_k;
             plan->block_q = rows;
             plan->group_items = rows;
+            snprintf(plan->variant, sizeof plan->variant,
+                     "flash.cl (%u rows, %u-key tiles, %u-float vectors)", rows, block_k, vw);
             break;
         }
         if (rows == 1)
@@ -230,7 +240,7 @@ static void choose_splits(const clattn_ctx *ctx, const clattn__flash_plan *plan,
     const clattn__score_shape *score = &plan->shape.score;
     *splits = 1;
     *split_keys = 0;
-    const size_t min_keys = ctx->tuning.decode_keys;
+    const size_t min_keys = plan->shape.tuning->decode_keys;
     if (min_keys == 0 || plan->part_keys < score->seq_k || plan->key_tile == 0)
         return;
     const size_t groups =

@@ -4,6 +4,7 @@
  * arguments as flash.cl, so ops/flash.c launches it. */
 #include "ops.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 
 /* Local memory the variant declares (kernels/flash_gpu.cl: q_tile, kv_tile, p_tile, the three
@@ -35,16 +36,26 @@ static size_t keys_per_launch(const clattn_ctx *ctx, size_t dk, size_t dv, unsig
     return tiles * bk;
 }
 
+clattn_status clattn__flash_pass(clattn__flash_plan *plan, const char *format, ...)
+{
+    va_list args;
+    va_start(args, format);
+    vsnprintf(plan->passed, sizeof plan->passed, format, args);
+    va_end(args);
+    return CLATTN_SUCCESS;
+}
+
 clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
                                         clattn__flash_plan *plan)
 {
     static const char op[] = "flash_attention";
-    const clattn_tuning *t = &ctx->tuning;
+    const clattn_tuning *t = shape->tuning;
     const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
     const clattn__score_shape *score = &shape->score;
     unsigned tx = t->fg_tx, ty = t->fg_ty, bq = t->fg_bq, bk = t->fg_bk;
     if (tx == 0 || ty == 0 || bq < ty || bk < tx || bq % ty != 0 || bk % tx != 0)
-        return CLATTN_SUCCESS; /* no usable row: the caller keeps flash.cl */
+        return clattn__flash_pass(plan, "flash_gpu: fg_bq=%u fg_bk=%u do not tile by fg_ty=%u "
+                                        "fg_tx=%u", bq, bk, ty, tx);
     /* No bigger than the problem needs (fewer idle rows for short sequences). */
     while (bq / 2 >= ty && bq / 2 % ty == 0 && bq / 2 >= score->seq_q)
         bq /= 2;
@@ -56,10 +67,13 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
         else if (bq / 2 >= ty && bq / 2 % ty == 0)
             bq /= 2;
         else
-            return CLATTN_SUCCESS;
+            return clattn__flash_pass(plan, "flash_gpu: no tile fits %llu bytes of local memory",
+                                      (unsigned long long)budget);
     }
     if ((size_t)tx * ty > ctx->info.max_work_group_size || (size_t)tx * ty > ctx->info.max_item_sizes[0])
-        return CLATTN_SUCCESS;
+        return clattn__flash_pass(plan, "flash_gpu: fg_tx * fg_ty = %u work-items, more than the "
+                                        "device's group (%zu)", tx * ty,
+                                  ctx->info.max_work_group_size);
     char switches[128], extra[320];
     clattn__score_switches(score, CLATTN__FAMILY_FLASH_GPU, switches, sizeof switches);
     snprintf(extra, sizeof extra,
@@ -70,9 +84,14 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
     cl_kernel kernel = NULL;
     clattn_status status =
         clattn__variant_fits(ctx, CLATTN_SRC_FLASH_GPU, op, extra, (size_t)tx * ty, &kernel);
-    if (status != CLATTN_SUCCESS || kernel == NULL)
-        return status; /* too many registers for this many work-items: flash.cl */
+    if (status != CLATTN_SUCCESS)
+        return status;
+    if (kernel == NULL) /* too many registers for this many work-items */
+        return clattn__flash_pass(plan, "flash_gpu: the compiled kernel runs fewer than %u "
+                                        "work-items per group (registers)", tx * ty);
     plan->kernel = kernel;
+    snprintf(plan->variant, sizeof plan->variant, "flash_gpu.cl (%u x %u tiles, %u x %u items)",
+             bq, bk, tx, ty);
     plan->key_tile = bk;
     plan->block_q = bq;
     plan->group_items = tx * ty;

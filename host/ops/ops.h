@@ -148,6 +148,7 @@ typedef struct clattn__flash_shape {
     size_t head_dim_qk, head_dim_v;
     clattn_dtype q_dtype, k_dtype, v_dtype, out_dtype;
     bool has_lse;
+    const clattn_tuning *tuning; /* the problem's (clattn__tuning_for), alive as long as the plan */
 } clattn__flash_shape;
 
 typedef struct clattn__flash_plan {
@@ -167,6 +168,8 @@ typedef struct clattn__flash_plan {
     size_t split_keys;
     cl_kernel merge;
     size_t merge_local, merge_global;
+    char variant[80]; /* the kernel and its geometry, for clattn_plan_info */
+    char passed[96];  /* "" or why the tuning's preferred variant does not run this shape */
 } clattn__flash_plan;
 
 /* Whether the fused kernel takes these head sizes. */
@@ -177,6 +180,13 @@ clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *
  * for it (flash_gpu=1) and it fits the device: sets plan->kernel, block_q, group_items and
  * part_keys; leaves plan->kernel NULL (and succeeds) where it does not apply. It takes
  * flash.cl's arguments, so clattn__flash_enqueue launches either. */
+/* Notes in plan->passed why the tuning's preferred variant does not run the shape (printf
+ * format); returns CLATTN_SUCCESS: the caller goes on with the next variant. */
+clattn_status clattn__flash_pass(clattn__flash_plan *plan, const char *format, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
                                         clattn__flash_plan *plan);
 clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_plan *plan,
