@@ -8,7 +8,10 @@
  * `*` matches any vendor or name. Rows apply in order on top of the default row that
  * host/core/tuning.c computes from the device's limits (work-group size, local memory), so a
  * later, more specific row overrides an earlier one. The keys are the fields of clattn_tuning
- * (host/core/context.h: CLATTN_TUNING_KEYS). The tuning cache that `clattn tune` writes ($XDG_CACHE_HOME/clattn/tuning,
+ * (host/tuning/keys.h: CLATTN_TUNING_KEYS). Selectors before the keys (@head_dim=N,
+ * @dtype=f32|f16|bf16, @phase=prefill|decode) make a row a record: it sets the fused kernels'
+ * (PROBLEM-scope) keys for the attention plans it selects only, the most specific record last
+ * (host/core/tuning.c: clattn__tuning_for). The tuning cache that `clattn tune` writes ($XDG_CACHE_HOME/clattn/tuning,
  * same format, # comments) applies after these rows, or CLATTN_TUNING=FILE's rows instead;
  * CLATTN_TUNING=default applies no row at all. A row of FILE whose values do not fit the
  * device's limits is refused when the context is created; such a row of the cache is ignored.
