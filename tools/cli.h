@@ -40,6 +40,36 @@ int cli_flag(const cli_args *args, const char *option);
 /* The current option's value; NULL (after printing the error) when it has none. */
 const char *cli_value(cli_args *args);
 
+/* A table of a command's options (each command's parse function walks its table, then the
+ * options that need code of their own):
+ *   PATH    target const char **: the value as given
+ *   FLAG    target bool *: true (a value, --flag=x, is refused)
+ *   SIZE    target size_t *: a whole number >= min
+ *   FLOAT   target float *: a finite number, > 0 when min is 1
+ *   CHOICE  target int *: choices[i].value for the value named choices[i].name (NULL-ended)
+ * `given` (NULL: none) becomes true when the option appears. */
+typedef enum { CLI_PATH, CLI_FLAG, CLI_SIZE, CLI_FLOAT, CLI_CHOICE } cli_kind;
+typedef struct cli_choice {
+    const char *name;
+    int value;
+} cli_choice;
+typedef struct cli_option {
+    const char *name;
+    cli_kind kind;
+    void *target;
+    size_t min;
+    const cli_choice *choices;
+    bool *given;
+} cli_option;
+/* When the current option is in the table: parses it into its target and returns 1, or -1
+ * after printing the error ("--name: 'value' is not a, b or c"); 0 when it is not there. */
+int cli_parse_table(cli_args *args, const cli_option *table, size_t count);
+#define CLI_COUNT(table) (sizeof(table) / sizeof((table)[0]))
+/* The choices every command shares. */
+extern const cli_choice cli_path_choices[];       /* auto, fused, unfused */
+extern const cli_choice cli_norm_choices[];       /* softmax, relu */
+extern const cli_choice cli_causal_align_choices[]; /* onnx, top-left, bottom-right */
+
 /* Strict number parsing: the whole text must be a number in range; prints an error naming the
  * option and returns false otherwise. */
 bool cli_parse_size(const char *command, const char *option, const char *text, size_t min,

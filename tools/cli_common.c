@@ -74,6 +74,72 @@ const char *cli_value(cli_args *args)
     return args->argv[args->index++];
 }
 
+const cli_choice cli_path_choices[] = {{"auto", CLATTN_PATH_AUTO},
+                                       {"fused", CLATTN_PATH_FUSED},
+                                       {"unfused", CLATTN_PATH_UNFUSED},
+                                       {NULL, 0}};
+const cli_choice cli_norm_choices[] = {
+    {"softmax", CLATTN_NORM_SOFTMAX}, {"relu", CLATTN_NORM_RELU}, {NULL, 0}};
+const cli_choice cli_causal_align_choices[] = {{"onnx", CLATTN_CAUSAL_ONNX},
+                                               {"top-left", CLATTN_CAUSAL_TOP_LEFT},
+                                               {"bottom-right", CLATTN_CAUSAL_BOTTOM_RIGHT},
+                                               {NULL, 0}};
+
+static int parse_choice(const cli_args *args, const cli_option *o, const char *value)
+{
+    char names[256] = "";
+    size_t used = 0, count = 0;
+    for (const cli_choice *c = o->choices; c->name; ++c, ++count)
+        if (strcmp(value, c->name) == 0) {
+            *(int *)o->target = c->value;
+            return 1;
+        }
+    for (size_t i = 0; i < count && used < sizeof names; ++i)
+        used += (size_t)snprintf(names + used, sizeof names - used, "%s%s",
+                                 i == 0 ? "" : i + 1 == count ? " or " : ", ",
+                                 o->choices[i].name);
+    cli_fail(args->command, CLI_BAD_INPUT, "%s: '%s' is not %s", o->name, value, names);
+    return -1;
+}
+
+int cli_parse_table(cli_args *args, const cli_option *table, size_t count)
+{
+    for (size_t i = 0; i < count; ++i) {
+        const cli_option *o = &table[i];
+        if (!cli_is(args, o->name))
+            continue;
+        if (o->given)
+            *o->given = true;
+        if (o->kind == CLI_FLAG) {
+            if (cli_flag(args, o->name) < 0)
+                return -1;
+            *(bool *)o->target = true;
+            return 1;
+        }
+        const char *value = cli_value(args);
+        if (value == NULL)
+            return -1;
+        switch (o->kind) {
+        case CLI_PATH:
+            *(const char **)o->target = value;
+            return 1;
+        case CLI_SIZE:
+            return cli_parse_size(args->command, o->name, value, o->min, o->target) ? 1 : -1;
+        case CLI_FLOAT:
+            if (!cli_parse_float(args->command, o->name, value, o->target))
+                return -1;
+            if (o->min > 0 && !(*(float *)o->target > 0.0f)) {
+                cli_fail(args->command, CLI_BAD_INPUT, "%s: %s is not positive", o->name, value);
+                return -1;
+            }
+            return 1;
+        default:
+            return parse_choice(args, o, value);
+        }
+    }
+    return 0;
+}
+
 bool cli_parse_size(const char *command, const char *option, const char *text, size_t min,
                     size_t *out)
 {

@@ -76,61 +76,37 @@ static void additive_free(additive_data *d)
 static int parse_options(int argc, char **argv, additive_options *o)
 {
     cli_args args = {.argc = argc, .argv = argv, .index = 1, .command = "additive"};
-    const struct {
-        const char *option;
-        const char **target;
-    } paths[] = {
-        {"--query", &o->query},
-        {"--key", &o->key},
-        {"--value", &o->value},
-        {"--w1", &o->w1},
-        {"--w2", &o->w2},
-        {"--w", &o->w},
-        {"--b1", &o->b1},
-        {"--b2", &o->b2},
-        {"--attn-mask", &o->attn_mask},
-        {"--key-padding-mask", &o->key_padding_mask},
-        {"--out", &o->out},
-        {"--attn-out", &o->attn_out},
-        {"--attn-png", &o->attn_png},
-        {"--device", &o->device},
+    const cli_option table[] = {
+        {"--query", CLI_PATH, &o->query, 0, NULL, NULL},
+        {"--key", CLI_PATH, &o->key, 0, NULL, NULL},
+        {"--value", CLI_PATH, &o->value, 0, NULL, NULL},
+        {"--w1", CLI_PATH, &o->w1, 0, NULL, NULL},
+        {"--w2", CLI_PATH, &o->w2, 0, NULL, NULL},
+        {"--w", CLI_PATH, &o->w, 0, NULL, NULL},
+        {"--b1", CLI_PATH, &o->b1, 0, NULL, NULL},
+        {"--b2", CLI_PATH, &o->b2, 0, NULL, NULL},
+        {"--attn-mask", CLI_PATH, &o->attn_mask, 0, NULL, NULL},
+        {"--key-padding-mask", CLI_PATH, &o->key_padding_mask, 0, NULL, NULL},
+        {"--out", CLI_PATH, &o->out, 0, NULL, NULL},
+        {"--attn-out", CLI_PATH, &o->attn_out, 0, NULL, NULL},
+        {"--attn-png", CLI_PATH, &o->attn_png, 0, NULL, NULL},
+        {"--device", CLI_PATH, &o->device, 0, NULL, NULL},
+        {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
+        {"--heads", CLI_SIZE, &o->heads, 1, NULL, &o->heads_given},
+        {"--norm", CLI_CHOICE, &o->norm, 0, cli_norm_choices, NULL},
+        {"--path", CLI_CHOICE, &o->path, 0, cli_path_choices, NULL},
     };
     o->heads = 1;
     while (cli_next(&args)) {
-        bool matched = false;
-        for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !matched; ++i) {
-            if (cli_is(&args, paths[i].option)) {
-                matched = true;
-                if (!(*paths[i].target = cli_value(&args)))
-                    return CLI_BAD_INPUT;
-            }
-        }
-        if (matched)
+        const int parsed = cli_parse_table(&args, table, CLI_COUNT(table));
+        if (parsed < 0)
+            return CLI_BAD_INPUT;
+        if (parsed > 0)
             continue;
         const char *value = NULL;
-        int flag = 0;
         if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
             fputs(additive_usage, stdout);
             return -1;
-        } else if ((flag = cli_flag(&args, "--causal")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->causal = true;
-        } else if (cli_is(&args, "--heads")) {
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_size("additive", "--heads", value, 1, &o->heads))
-                return CLI_BAD_INPUT;
-            o->heads_given = true;
-        } else if (cli_is(&args, "--norm")) {
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            if (strcmp(value, "softmax") == 0)
-                o->norm = CLATTN_NORM_SOFTMAX;
-            else if (strcmp(value, "relu") == 0)
-                o->norm = CLATTN_NORM_RELU;
-            else
-                return cli_fail("additive", CLI_BAD_INPUT, "--norm: '%s' is not softmax or relu",
-                                value);
         } else if (cli_is(&args, "--mask-true")) {
             if (!(value = cli_value(&args)) ||
                 cli_parse_mask_true("additive", value, &o->mask_true_masked) != CLI_OK)
@@ -140,18 +116,6 @@ static int parse_options(int argc, char **argv, additive_options *o)
             if (!(value = cli_value(&args)) ||
                 cli_parse_png_scale("additive", value, &o->png_scale) != CLI_OK)
                 return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--path")) {
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            if (strcmp(value, "auto") == 0)
-                o->path = CLATTN_PATH_AUTO;
-            else if (strcmp(value, "fused") == 0)
-                o->path = CLATTN_PATH_FUSED;
-            else if (strcmp(value, "unfused") == 0)
-                o->path = CLATTN_PATH_UNFUSED;
-            else
-                return cli_fail("additive", CLI_BAD_INPUT,
-                                "--path: '%s' is not auto, fused or unfused", value);
         } else {
             return cli_fail("additive", CLI_BAD_INPUT, "unknown option '%s' (see --help)",
                             args.name);

@@ -941,37 +941,36 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
     cli_args args = {argc, argv, 1, NULL, NULL, "bench"};
     const char *value = NULL;
     bool any_op = false;
+    static const cli_choice masks[] = {{"none", 0}, {"padding", 1}, {"additive", 2}, {NULL, 0}};
+    const cli_option table[] = {
+        {"--device", CLI_PATH, &o->device, 0, NULL, NULL},
+        {"--json", CLI_FLAG, &o->json, 0, NULL, NULL},
+        {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
+        {"--alibi", CLI_FLAG, &o->alibi, 0, NULL, NULL},
+        {"--rope", CLI_FLAG, &o->rope, 0, NULL, NULL},
+        {"--mask", CLI_CHOICE, &o->mask, 0, masks, NULL},
+        {"--softcap", CLI_FLOAT, &o->softcap, 1, NULL, NULL},
+        {"--runs", CLI_SIZE, &o->runs, 1, NULL, NULL},
+        {"--warmup", CLI_SIZE, &o->warmup, 0, NULL, NULL},
+        {"--batch", CLI_SIZE, &o->batch, 1, NULL, NULL},
+        {"--heads", CLI_SIZE, &o->heads, 1, NULL, NULL},
+        {"--head-dim", CLI_SIZE, &o->head_dim, 1, NULL, NULL},
+        {"--embed", CLI_SIZE, &o->embed, 1, NULL, NULL},
+        {"--seq-k", CLI_SIZE, &o->seq_k, 1, NULL, NULL},
+        {"--kv-heads", CLI_SIZE, &o->kv_heads, 1, NULL, NULL},
+    };
     while (cli_next(&args)) {
-        int flag = 0;
+        const int parsed = cli_parse_table(&args, table, CLI_COUNT(table));
+        if (parsed < 0)
+            return CLI_BAD_INPUT;
+        if (parsed > 0)
+            continue;
         if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
             fputs(bench_usage, stdout);
             fputs(bench_usage_more, stdout);
             return -1;
-        } else if ((flag = cli_flag(&args, "--json")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->json = true;
-            continue;
-        } else if ((flag = cli_flag(&args, "--causal")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->causal = true;
-            continue;
-        } else if ((flag = cli_flag(&args, "--alibi")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->alibi = true;
-            continue;
-        } else if ((flag = cli_flag(&args, "--rope")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->rope = true;
-            continue;
         }
-        static const char *const valued[] = {
-            "--device", "--op",    "--path",  "--dtype", "--mask",     "--mnk",
-            "--seq",    "--softcap", "--runs", "--warmup", "--batch",  "--heads",
-            "--head-dim", "--embed", "--seq-k", "--kv-heads"};
+        static const char *const valued[] = {"--op", "--path", "--dtype", "--mnk", "--seq"};
         bool known = false;
         for (size_t i = 0; i < sizeof valued / sizeof valued[0] && !known; ++i)
             known = cli_is(&args, valued[i]);
@@ -980,9 +979,7 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
                             args.name);
         if (!(value = cli_value(&args)))
             return CLI_BAD_INPUT;
-        if (cli_is(&args, "--device")) {
-            o->device = value;
-        } else if (cli_is(&args, "--op")) {
+        if (cli_is(&args, "--op")) {
             char buffer[128];
             snprintf(buffer, sizeof buffer, "%s", value);
             char *save = NULL;
@@ -1042,14 +1039,6 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             }
             if (!any)
                 return cli_fail("bench", CLI_BAD_INPUT, "--dtype: empty list");
-        } else if (cli_is(&args, "--mask")) {
-            o->mask = -1;
-            for (int i = 0; i < 3; ++i)
-                if (strcmp(value, mask_names[i]) == 0)
-                    o->mask = i;
-            if (o->mask < 0)
-                return cli_fail("bench", CLI_BAD_INPUT,
-                                "--mask: '%s' is not none, padding or additive", value);
         } else if (cli_is(&args, "--mnk")) {
             if (!parse_mnk(value, o))
                 return cli_fail("bench", CLI_BAD_INPUT,
@@ -1060,33 +1049,6 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             o->seq_given = true;
             if (!cli_parse_size_list("bench", "--seq", value, o->seq, MAX_SIZES, &o->num_seq))
                 return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--softcap")) {
-            if (!cli_parse_float("bench", "--softcap", value, &o->softcap))
-                return CLI_BAD_INPUT;
-            if (!(o->softcap > 0.0f))
-                return cli_fail("bench", CLI_BAD_INPUT, "--softcap: %s is not a positive cap",
-                                value);
-        } else {
-            struct {
-                const char *option;
-                size_t *target;
-                size_t min;
-            } sizes[] = {{"--runs", &o->runs, 1},         {"--warmup", &o->warmup, 0},
-                         {"--batch", &o->batch, 1},       {"--heads", &o->heads, 1},
-                         {"--head-dim", &o->head_dim, 1}, {"--embed", &o->embed, 1},
-                         {"--seq-k", &o->seq_k, 1},       {"--kv-heads", &o->kv_heads, 1}};
-            bool matched = false;
-            for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && !matched; ++i) {
-                if (cli_is(&args, sizes[i].option)) {
-                    matched = true;
-                    if (!cli_parse_size("bench", sizes[i].option, value, sizes[i].min,
-                                        sizes[i].target))
-                        return CLI_BAD_INPUT;
-                }
-            }
-            if (!matched)
-                return cli_fail("bench", CLI_BAD_INPUT, "unknown option '%s' (see --help)",
-                                args.name);
         }
     }
     return CLI_OK;

@@ -55,51 +55,30 @@ static void rope_free(rope_data *d)
 static int parse_rope_options(int argc, char **argv, rope_options *o)
 {
     cli_args args = {.argc = argc, .argv = argv, .index = 1, .command = "rope"};
-    const struct {
-        const char *option;
-        const char **target;
-    } paths[] = {{"--x", &o->x},     {"--cos", &o->cos},          {"--sin", &o->sin},
-                 {"--out", &o->out}, {"--position-ids", &o->ids}, {"--device", &o->device}};
+    const cli_option table[] = {
+        {"--x", CLI_PATH, &o->x, 0, NULL, NULL},
+        {"--cos", CLI_PATH, &o->cos, 0, NULL, NULL},
+        {"--sin", CLI_PATH, &o->sin, 0, NULL, NULL},
+        {"--out", CLI_PATH, &o->out, 0, NULL, NULL},
+        {"--position-ids", CLI_PATH, &o->ids, 0, NULL, NULL},
+        {"--device", CLI_PATH, &o->device, 0, NULL, NULL},
+        {"--interleaved", CLI_FLAG, &o->interleaved, 0, NULL, NULL},
+        {"--num-heads", CLI_SIZE, &o->num_heads, 1, NULL, NULL},
+        {"--rotary-dim", CLI_SIZE, &o->rotary_dim, 0, NULL, NULL},
+        {"--start", CLI_SIZE, &o->start, 0, NULL, NULL},
+        {"--base", CLI_FLOAT, &o->base, 1, NULL, NULL},
+    };
     while (cli_next(&args)) {
-        bool matched = false;
-        for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !matched; ++i) {
-            if (cli_is(&args, paths[i].option)) {
-                matched = true;
-                if (!(*paths[i].target = cli_value(&args)))
-                    return CLI_BAD_INPUT;
-            }
-        }
-        if (matched)
+        const int parsed = cli_parse_table(&args, table, CLI_COUNT(table));
+        if (parsed < 0)
+            return CLI_BAD_INPUT;
+        if (parsed > 0)
             continue;
-        const char *value = NULL;
-        int flag = 0;
         if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
             fputs(rope_usage, stdout);
             return -1;
-        } else if ((flag = cli_flag(&args, "--interleaved")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->interleaved = true;
-        } else if (cli_is(&args, "--num-heads")) {
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_size("rope", "--num-heads", value, 1, &o->num_heads))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--rotary-dim")) {
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_size("rope", "--rotary-dim", value, 0, &o->rotary_dim))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--start")) {
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_size("rope", "--start", value, 0, &o->start))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--base")) {
-            if (!(value = cli_value(&args)) || !cli_parse_float("rope", "--base", value, &o->base))
-                return CLI_BAD_INPUT;
-            if (!(o->base > 0.0f))
-                return cli_fail("rope", CLI_BAD_INPUT, "--base: %s is not a positive base", value);
-        } else {
-            return cli_fail("rope", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
         }
+        return cli_fail("rope", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
     }
     if (!o->x)
         return cli_fail("rope", CLI_BAD_INPUT, "--x X.npy is required (see --help)");

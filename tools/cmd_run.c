@@ -136,38 +136,37 @@ static void run_free(run_data *d)
 static int parse_options(int argc, char **argv, run_options *o)
 {
     cli_args args = {argc, argv, 1, NULL, NULL, "run"};
-    struct {
-        const char *option;
-        const char **target;
-    } paths[] = {
-        {"--device", &o->device},
-        {"--query", &o->query},
-        {"--key", &o->key},
-        {"--value", &o->value},
-        {"--weights", &o->weights},
-        {"--wq", &o->wq},
-        {"--wk", &o->wk},
-        {"--wv", &o->wv},
-        {"--wo", &o->wo},
-        {"--attn-mask", &o->attn_mask},
-        {"--key-padding-mask", &o->key_padding_mask},
-        {"--out", &o->out},
-        {"--attn-out", &o->attn_out},
-        {"--attn-png", &o->attn_png},
-        {"--alibi-slopes", &o->alibi_slopes},
-        {"--posenc-table", &o->posenc_table},
-        {"--prefix", &o->prefix},
+    const cli_option table[] = {
+        {"--device", CLI_PATH, &o->device, 0, NULL, NULL},
+        {"--query", CLI_PATH, &o->query, 0, NULL, NULL},
+        {"--key", CLI_PATH, &o->key, 0, NULL, NULL},
+        {"--value", CLI_PATH, &o->value, 0, NULL, NULL},
+        {"--weights", CLI_PATH, &o->weights, 0, NULL, NULL},
+        {"--wq", CLI_PATH, &o->wq, 0, NULL, NULL},
+        {"--wk", CLI_PATH, &o->wk, 0, NULL, NULL},
+        {"--wv", CLI_PATH, &o->wv, 0, NULL, NULL},
+        {"--wo", CLI_PATH, &o->wo, 0, NULL, NULL},
+        {"--attn-mask", CLI_PATH, &o->attn_mask, 0, NULL, NULL},
+        {"--key-padding-mask", CLI_PATH, &o->key_padding_mask, 0, NULL, NULL},
+        {"--out", CLI_PATH, &o->out, 0, NULL, NULL},
+        {"--attn-out", CLI_PATH, &o->attn_out, 0, NULL, NULL},
+        {"--attn-png", CLI_PATH, &o->attn_png, 0, NULL, NULL},
+        {"--alibi-slopes", CLI_PATH, &o->alibi_slopes, 0, NULL, NULL},
+        {"--posenc-table", CLI_PATH, &o->posenc_table, 0, NULL, NULL},
+        {"--prefix", CLI_PATH, &o->prefix, 0, NULL, NULL},
+        {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
+        {"--alibi", CLI_FLAG, &o->alibi, 0, NULL, NULL},
+        {"--softcap", CLI_FLOAT, &o->softcap, 1, NULL, NULL},
+        {"--heads", CLI_SIZE, &o->heads, 1, NULL, &o->heads_given},
+        {"--kv-heads", CLI_SIZE, &o->kv_heads, 1, NULL, NULL},
+        {"--path", CLI_CHOICE, &o->path, 0, cli_path_choices, NULL},
+        {"--norm", CLI_CHOICE, &o->norm, 0, cli_norm_choices, NULL},
     };
     while (cli_next(&args)) {
-        bool matched = false;
-        for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !matched; ++i) {
-            if (cli_is(&args, paths[i].option)) {
-                matched = true;
-                if (!(*paths[i].target = cli_value(&args)))
-                    return CLI_BAD_INPUT;
-            }
-        }
-        if (matched)
+        const int parsed = cli_parse_table(&args, table, CLI_COUNT(table));
+        if (parsed < 0)
+            return CLI_BAD_INPUT;
+        if (parsed > 0)
             continue;
         const char *value = NULL;
         int flag = 0;
@@ -175,14 +174,6 @@ static int parse_options(int argc, char **argv, run_options *o)
             fputs(run_usage, stdout);
             fputs(run_usage_more, stdout);
             return -1;
-        } else if ((flag = cli_flag(&args, "--causal")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->causal = true;
-        } else if ((flag = cli_flag(&args, "--alibi")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->alibi = true;
         } else if ((flag = cli_parse_rope(&args, &o->rope)) != 0) {
             if (flag < 0)
                 return CLI_BAD_INPUT;
@@ -195,43 +186,16 @@ static int parse_options(int argc, char **argv, run_options *o)
                                 "--posenc-table T.npy)",
                                 value);
             o->posenc = true;
-        } else if (cli_is(&args, "--softcap")) {
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_float("run", "--softcap", value, &o->softcap))
-                return CLI_BAD_INPUT;
-            if (!(o->softcap > 0.0f))
-                return cli_fail("run", CLI_BAD_INPUT, "--softcap: %s is not a positive cap", value);
         } else if (cli_is(&args, "--window")) {
             if (!(value = cli_value(&args)) ||
                 !cli_parse_window("run", value, &o->window_left, &o->window_right))
                 return CLI_BAD_INPUT;
             o->window = true;
-        } else if (cli_is(&args, "--heads")) {
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_size("run", "--heads", value, 1, &o->heads))
-                return CLI_BAD_INPUT;
-            o->heads_given = true;
-        } else if (cli_is(&args, "--kv-heads")) {
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_size("run", "--kv-heads", value, 1, &o->kv_heads))
-                return CLI_BAD_INPUT;
         } else if (cli_is(&args, "--scale")) {
             if (!(value = cli_value(&args)) || !cli_parse_float("run", "--scale", value, &o->scale))
                 return CLI_BAD_INPUT;
             if (o->scale == 0.0f)
                 return cli_fail("run", CLI_BAD_INPUT, "--scale: 0 would ignore the scores");
-        } else if (cli_is(&args, "--path")) {
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            if (strcmp(value, "auto") == 0)
-                o->path = CLATTN_PATH_AUTO;
-            else if (strcmp(value, "fused") == 0)
-                o->path = CLATTN_PATH_FUSED;
-            else if (strcmp(value, "unfused") == 0)
-                o->path = CLATTN_PATH_UNFUSED;
-            else
-                return cli_fail("run", CLI_BAD_INPUT, "--path: '%s' is not auto, fused or unfused",
-                                value);
         } else if (cli_is(&args, "--mask-true")) {
             if (!(value = cli_value(&args)) ||
                 cli_parse_mask_true("run", value, &o->mask_true_masked) != CLI_OK)
@@ -241,15 +205,6 @@ static int parse_options(int argc, char **argv, run_options *o)
             if (!(value = cli_value(&args)) ||
                 cli_parse_png_scale("run", value, &o->png_scale) != CLI_OK)
                 return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--norm")) {
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            if (strcmp(value, "softmax") == 0)
-                o->norm = CLATTN_NORM_SOFTMAX;
-            else if (strcmp(value, "relu") == 0)
-                o->norm = CLATTN_NORM_RELU;
-            else
-                return cli_fail("run", CLI_BAD_INPUT, "--norm: '%s' is not softmax or relu", value);
         } else {
             return cli_fail("run", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
         }

@@ -145,32 +145,36 @@ static void sdpa_free(sdpa_data *d)
 static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
 {
     cli_args args = {.argc = argc, .argv = argv, .index = 1, .command = "sdpa"};
-    const struct {
-        const char *option;
-        const char **target;
-    } paths[] = {{"--q", &o->q},
-                 {"--k", &o->k},
-                 {"--v", &o->v},
-                 {"--attn-mask", &o->mask},
-                 {"--out", &o->out},
-                 {"--device", &o->device},
-                 {"--past-key", &o->past_k},
-                 {"--past-value", &o->past_v},
-                 {"--present-key-out", &o->present_k},
-                 {"--present-value-out", &o->present_v},
-                 {"--nonpad-kv-seqlen", &o->nonpad},
-                 {"--qk-out", &o->qk_out},
-                 {"--alibi-slopes", &o->alibi_slopes}};
+    const cli_option table[] = {
+        {"--q", CLI_PATH, &o->q, 0, NULL, NULL},
+        {"--k", CLI_PATH, &o->k, 0, NULL, NULL},
+        {"--v", CLI_PATH, &o->v, 0, NULL, NULL},
+        {"--attn-mask", CLI_PATH, &o->mask, 0, NULL, NULL},
+        {"--out", CLI_PATH, &o->out, 0, NULL, NULL},
+        {"--device", CLI_PATH, &o->device, 0, NULL, NULL},
+        {"--past-key", CLI_PATH, &o->past_k, 0, NULL, NULL},
+        {"--past-value", CLI_PATH, &o->past_v, 0, NULL, NULL},
+        {"--present-key-out", CLI_PATH, &o->present_k, 0, NULL, NULL},
+        {"--present-value-out", CLI_PATH, &o->present_v, 0, NULL, NULL},
+        {"--nonpad-kv-seqlen", CLI_PATH, &o->nonpad, 0, NULL, NULL},
+        {"--qk-out", CLI_PATH, &o->qk_out, 0, NULL, NULL},
+        {"--alibi-slopes", CLI_PATH, &o->alibi_slopes, 0, NULL, NULL},
+        {"--alibi", CLI_FLAG, &o->alibi, 0, NULL, NULL},
+        {"--ring", CLI_FLAG, &o->ring, 0, NULL, NULL},
+        {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
+        {"--q-heads", CLI_SIZE, &o->q_heads, 1, NULL, NULL},
+        {"--kv-heads", CLI_SIZE, &o->kv_heads, 1, NULL, NULL},
+        {"--causal-align", CLI_CHOICE, &o->align, 0, cli_causal_align_choices, &o->align_given},
+        {"--scale", CLI_FLOAT, &o->scale, 0, NULL, NULL},
+        {"--softcap", CLI_FLOAT, &o->softcap, 1, NULL, NULL},
+        {"--norm", CLI_CHOICE, &o->norm, 0, cli_norm_choices, NULL},
+        {"--path", CLI_CHOICE, &o->path, 0, cli_path_choices, NULL},
+    };
     while (cli_next(&args)) {
-        bool matched = false;
-        for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !matched; ++i) {
-            if (cli_is(&args, paths[i].option)) {
-                matched = true;
-                if (!(*paths[i].target = cli_value(&args)))
-                    return CLI_BAD_INPUT;
-            }
-        }
-        if (matched)
+        const int parsed = cli_parse_table(&args, table, CLI_COUNT(table));
+        if (parsed < 0)
+            return CLI_BAD_INPUT;
+        if (parsed > 0)
             continue;
         const char *value = NULL;
         int flag = 0;
@@ -178,14 +182,6 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
             fputs(sdpa_usage, stdout);
             fputs(sdpa_usage_outputs, stdout);
             return -1;
-        } else if ((flag = cli_flag(&args, "--alibi")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->alibi = true;
-        } else if ((flag = cli_flag(&args, "--ring")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->ring = true;
         } else if ((flag = cli_flag(&args, "--ring-timing")) != 0) {
             if (flag < 0)
                 return CLI_BAD_INPUT;
@@ -199,42 +195,9 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
             else if (strcmp(value, "contiguous") != 0)
                 return cli_fail("sdpa", CLI_BAD_INPUT,
                                 "--ring-layout: '%s' is not contiguous or zigzag", value);
-        } else if ((flag = cli_flag(&args, "--causal")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->causal = true;
         } else if ((flag = cli_parse_rope(&args, &o->rope)) != 0) {
             if (flag < 0)
                 return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--q-heads") || cli_is(&args, "--kv-heads")) {
-            const bool q = cli_is(&args, "--q-heads");
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_size("sdpa", q ? "--q-heads" : "--kv-heads", value, 1,
-                                q ? &o->q_heads : &o->kv_heads))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--causal-align")) {
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            o->align_given = true;
-            if (strcmp(value, "onnx") == 0)
-                o->align = CLATTN_CAUSAL_ONNX;
-            else if (strcmp(value, "top-left") == 0)
-                o->align = CLATTN_CAUSAL_TOP_LEFT;
-            else if (strcmp(value, "bottom-right") == 0)
-                o->align = CLATTN_CAUSAL_BOTTOM_RIGHT;
-            else
-                return cli_fail("sdpa", CLI_BAD_INPUT,
-                                "--causal-align: '%s' is not onnx, top-left or bottom-right",
-                                value);
-        } else if (cli_is(&args, "--scale") || cli_is(&args, "--softcap")) {
-            const bool scale = cli_is(&args, "--scale");
-            float *target = scale ? &o->scale : &o->softcap;
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_float("sdpa", scale ? "--scale" : "--softcap", value, target))
-                return CLI_BAD_INPUT;
-            if (!scale && !(o->softcap > 0.0f))
-                return cli_fail("sdpa", CLI_BAD_INPUT, "--softcap: %s is not a positive cap",
-                                value);
         } else if (cli_is(&args, "--qk-output-mode") || cli_is(&args, "--softmax-precision")) {
             const bool mode = cli_is(&args, "--qk-output-mode");
             size_t number = 0;
@@ -264,28 +227,6 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                 !cli_parse_window("sdpa", value, &o->window_left, &o->window_right))
                 return CLI_BAD_INPUT;
             o->window = true;
-        } else if (cli_is(&args, "--norm")) {
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            if (strcmp(value, "softmax") == 0)
-                o->norm = CLATTN_NORM_SOFTMAX;
-            else if (strcmp(value, "relu") == 0)
-                o->norm = CLATTN_NORM_RELU;
-            else
-                return cli_fail("sdpa", CLI_BAD_INPUT, "--norm: '%s' is not softmax or relu",
-                                value);
-        } else if (cli_is(&args, "--path")) {
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            if (strcmp(value, "auto") == 0)
-                o->path = CLATTN_PATH_AUTO;
-            else if (strcmp(value, "fused") == 0)
-                o->path = CLATTN_PATH_FUSED;
-            else if (strcmp(value, "unfused") == 0)
-                o->path = CLATTN_PATH_UNFUSED;
-            else
-                return cli_fail("sdpa", CLI_BAD_INPUT, "--path: '%s' is not auto, fused or unfused",
-                                value);
         } else if (cli_is(&args, "--mask-true")) {
             if (!(value = cli_value(&args)) ||
                 cli_parse_mask_true("sdpa", value, &o->mask_true_masked) != CLI_OK)
