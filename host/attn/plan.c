@@ -7,99 +7,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const size_t role_offsets[R_COUNT] = {
-    offsetof(clattn_tensors, q),
-    offsetof(clattn_tensors, k),
-    offsetof(clattn_tensors, v),
-    offsetof(clattn_tensors, out),
-    offsetof(clattn_tensors, attn_mask),
-    offsetof(clattn_tensors, key_padding_mask),
-    offsetof(clattn_tensors, weights),
-    offsetof(clattn_tensors, lse),
-    offsetof(clattn_tensors, in_proj_weight),
-    offsetof(clattn_tensors, in_proj_bias),
-    offsetof(clattn_tensors, q_weight),
-    offsetof(clattn_tensors, k_weight),
-    offsetof(clattn_tensors, v_weight),
-    offsetof(clattn_tensors, q_bias),
-    offsetof(clattn_tensors, k_bias),
-    offsetof(clattn_tensors, v_bias),
-    offsetof(clattn_tensors, out_weight),
-    offsetof(clattn_tensors, out_bias),
-    offsetof(clattn_tensors, kv_seqlen),
-    offsetof(clattn_tensors, past_k),
-    offsetof(clattn_tensors, past_v),
-    offsetof(clattn_tensors, present_k),
-    offsetof(clattn_tensors, present_v),
-    offsetof(clattn_tensors, scores),
-    offsetof(clattn_tensors, alibi_slopes),
-    offsetof(clattn_tensors, pos_table),
-    offsetof(clattn_tensors, rope_cos),
-    offsetof(clattn_tensors, rope_sin),
-    offsetof(clattn_tensors, position_ids),
-    offsetof(clattn_tensors, score_weight),
-};
-
-/* SDPA names its inputs q, k, v; MHA query, key, value. */
-const char *const clattn__sdpa_role_names[R_COUNT] = {
-    "q",
-    "k",
-    "v",
-    "out",
-    "attn_mask",
-    "key_padding_mask",
-    "weights",
-    "lse",
-    "in_proj_weight",
-    "in_proj_bias",
-    "q_weight",
-    "k_weight",
-    "v_weight",
-    "q_bias",
-    "k_bias",
-    "v_bias",
-    "out_weight",
-    "out_bias",
-    "kv_seqlen",
-    "past_k",
-    "past_v",
-    "present_k",
-    "present_v",
-    "scores",
-    "alibi_slopes",
-    "pos_table",
-    "rope_cos",
-    "rope_sin",
-    "position_ids",
-    "score_weight",
-};
-const char *const clattn__mha_role_names[R_COUNT] = {
-    "query",        "key",          "value",
-    "out",          "attn_mask",    "key_padding_mask",
-    "weights",      "lse",          "in_proj_weight",
-    "in_proj_bias", "q_weight",     "k_weight",
-    "v_weight",     "q_bias",       "k_bias",
-    "v_bias",       "out_weight",   "out_bias",
-    "kv_seqlen",    "past_k",       "past_v",
-    "present_k",    "present_v",    "scores",
-    "alibi_slopes", "pos_table",    "rope_cos",
-    "rope_sin",     "position_ids", "score_weight",
-};
+#define OFFSET(role, field, sdpa, mha, x) offsetof(clattn_tensors, field),
+#define SDPA_NAME(role, field, sdpa, mha, x) sdpa,
+#define MHA_NAME(role, field, sdpa, mha, x) mha,
+#define X_NAME(role, field, sdpa, mha, x) x,
+static const size_t role_offsets[R_COUNT] = {CLATTN__ROLES(OFFSET)};
+const char *const clattn__sdpa_role_names[R_COUNT] = {CLATTN__ROLES(SDPA_NAME)};
+const char *const clattn__mha_role_names[R_COUNT] = {CLATTN__ROLES(MHA_NAME)};
+const char *const clattn__x_role_names[R_COUNT] = {CLATTN__ROLES(X_NAME)};
+#undef OFFSET
+#undef SDPA_NAME
+#undef MHA_NAME
+#undef X_NAME
 
 const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role role)
 {
     return (const clattn_tensor *)((const char *)t + role_offsets[role]);
 }
-
-/* SDPA's names with x for the input (positional encodings, RoPE). */
-const char *const clattn__x_role_names[R_COUNT] = {
-    "x",          "k",          "v",         "out",           "attn_mask",
-    "key_padding_mask", "weights", "lse",    "in_proj_weight", "in_proj_bias",
-    "q_weight",   "k_weight",   "v_weight",  "q_bias",        "k_bias",
-    "v_bias",     "out_weight", "out_bias",  "kv_seqlen",     "past_k",
-    "past_v",     "present_k",  "present_v", "scores",        "alibi_slopes",
-    "pos_table",  "rope_cos",   "rope_sin",  "position_ids",  "score_weight",
-};
 
 static const char *role_name(const clattn_plan *plan, int role)
 {
@@ -117,7 +41,6 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, con
         return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
     plan->ctx = ctx;
     plan->ops = ops;
-    plan->kind = ops->kind;
     plan->op = op;
     clattn_status status = CLATTN_SUCCESS;
     for (int role = 0; role < R_COUNT && status == CLATTN_SUCCESS; ++role) {

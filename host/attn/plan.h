@@ -5,38 +5,44 @@
 #include "core/tensor.h"
 #include "ops.h"
 
-/* The roles of clattn_tensors, in its field order. */
+/* The roles of clattn_tensors, in its field order: (role, field, the name SDPA gives it, MHA's,
+ * the positional ops'). */
+#define CLATTN__ROLES(X)                                                                           \
+    X(R_Q, q, "q", "query", "x")                                                                   \
+    X(R_K, k, "k", "key", "k")                                                                     \
+    X(R_V, v, "v", "value", "v")                                                                   \
+    X(R_OUT, out, "out", "out", "out")                                                             \
+    X(R_MASK, attn_mask, "attn_mask", "attn_mask", "attn_mask")                                    \
+    X(R_KPM, key_padding_mask, "key_padding_mask", "key_padding_mask", "key_padding_mask")         \
+    X(R_WEIGHTS, weights, "weights", "weights", "weights")                                         \
+    X(R_LSE, lse, "lse", "lse", "lse")                                                             \
+    X(R_IN_W, in_proj_weight, "in_proj_weight", "in_proj_weight", "in_proj_weight")                \
+    X(R_IN_B, in_proj_bias, "in_proj_bias", "in_proj_bias", "in_proj_bias")                        \
+    X(R_QW, q_weight, "q_weight", "q_weight", "q_weight")                                          \
+    X(R_KW, k_weight, "k_weight", "k_weight", "k_weight")                                          \
+    X(R_VW, v_weight, "v_weight", "v_weight", "v_weight")                                          \
+    X(R_QB, q_bias, "q_bias", "q_bias", "q_bias")                                                  \
+    X(R_KB, k_bias, "k_bias", "k_bias", "k_bias")                                                  \
+    X(R_VB, v_bias, "v_bias", "v_bias", "v_bias")                                                  \
+    X(R_OW, out_weight, "out_weight", "out_weight", "out_weight")                                  \
+    X(R_OB, out_bias, "out_bias", "out_bias", "out_bias")                                          \
+    X(R_KVLEN, kv_seqlen, "kv_seqlen", "kv_seqlen", "kv_seqlen")                                   \
+    X(R_PAST_K, past_k, "past_k", "past_k", "past_k")                                              \
+    X(R_PAST_V, past_v, "past_v", "past_v", "past_v")                                              \
+    X(R_PRESENT_K, present_k, "present_k", "present_k", "present_k")                               \
+    X(R_PRESENT_V, present_v, "present_v", "present_v", "present_v")                               \
+    X(R_SCORES, scores, "scores", "scores", "scores")                                              \
+    X(R_ALIBI, alibi_slopes, "alibi_slopes", "alibi_slopes", "alibi_slopes")                       \
+    X(R_POS_TABLE, pos_table, "pos_table", "pos_table", "pos_table")                               \
+    X(R_ROPE_COS, rope_cos, "rope_cos", "rope_cos", "rope_cos")                                    \
+    X(R_ROPE_SIN, rope_sin, "rope_sin", "rope_sin", "rope_sin")                                    \
+    X(R_POS_IDS, position_ids, "position_ids", "position_ids", "position_ids")                     \
+    X(R_SCORE_W, score_weight, "score_weight", "score_weight", "score_weight")
+
 typedef enum clattn__role {
-    R_Q = 0,
-    R_K,
-    R_V,
-    R_OUT,
-    R_MASK,
-    R_KPM,
-    R_WEIGHTS,
-    R_LSE,
-    R_IN_W,
-    R_IN_B,
-    R_QW,
-    R_KW,
-    R_VW,
-    R_QB,
-    R_KB,
-    R_VB,
-    R_OW,
-    R_OB,
-    R_KVLEN,
-    R_PAST_K,
-    R_PAST_V,
-    R_PRESENT_K,
-    R_PRESENT_V,
-    R_SCORES,
-    R_ALIBI,
-    R_POS_TABLE,
-    R_ROPE_COS,
-    R_ROPE_SIN,
-    R_POS_IDS,
-    R_SCORE_W,
+#define CLATTN__ROLE_ENUM(role, field, sdpa, mha, x) role,
+    CLATTN__ROLES(CLATTN__ROLE_ENUM)
+#undef CLATTN__ROLE_ENUM
     R_COUNT
 } clattn__role;
 
@@ -190,7 +196,6 @@ extern const char *const clattn__x_role_names[];
 struct clattn_plan {
     clattn_ctx *ctx;
     const clattn__plan_ops *ops;
-    clattn__plan_kind kind;
     const char *op; /* "sdpa" or "mha" */
     clattn__layout layouts[R_COUNT];
     clattn__view mask_view, kpm_view; /* broadcast views of the masks (mem bound at execution) */
