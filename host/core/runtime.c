@@ -753,14 +753,6 @@ clattn_status clattn__entry(clattn_ctx *ctx, const char *op, const void *desc, c
     return CLATTN_SUCCESS;
 }
 
-clattn_status clattn__check_norm(clattn_ctx *ctx, const char *op, clattn_norm norm)
-{
-    if (norm != CLATTN_NORM_SOFTMAX && norm != CLATTN_NORM_RELU)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: norm=%d is not a clattn_norm",
-                            op, (int)norm);
-    return CLATTN_SUCCESS;
-}
-
 clattn_status clattn__check_dims(clattn_ctx *ctx, const char *op, const size_t *dims,
                                  const char *const *names, int count, bool limits)
 {
@@ -801,18 +793,6 @@ bool clattn__product(size_t *out, int count, ...)
     if (ok)
         *out = result;
     return ok;
-}
-
-bool clattn__matrix_extent(size_t batch, size_t stride, size_t rows, size_t cols, size_t ld,
-                           size_t *out)
-{
-    size_t batch_part = 0, row_part = 0, total = 0;
-    if (batch == 0 || rows == 0 || cols == 0) {
-        *out = 0;
-        return true;
-    }
-    return clattn__mul(batch - 1, stride, &batch_part) && clattn__mul(rows - 1, ld, &row_part) &&
-           clattn__add(batch_part, row_part, &total) && clattn__add(total, cols, out);
 }
 
 clattn_status clattn__check_tensor(clattn_ctx *ctx, const char *op, const char *name,

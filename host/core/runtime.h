@@ -42,7 +42,6 @@ clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot 
  * a NULL ctx or desc and a wait list that does not match num_wait. */
 clattn_status clattn__entry(clattn_ctx *ctx, const char *op, const void *desc, cl_uint num_wait,
                             const cl_event *wait, cl_event *event);
-clattn_status clattn__check_norm(clattn_ctx *ctx, const char *op, clattn_norm norm);
 
 /* Checks that no dimension is 0 (limits false), or, once the sizes are known not to overflow,
  * that each fits the kernels' 32-bit indices (limits true). */
@@ -59,11 +58,6 @@ bool clattn__round_up(size_t value, size_t step, size_t *out);
  * tensor passes. */
 clattn_status clattn__check_tensor(clattn_ctx *ctx, const char *op, const char *name,
                                    clattn_tensor t, size_t elems, size_t elem_size, bool required);
-
-/* Elements a batched strided matrix spans: (batch-1)*stride + (rows-1)*ld + cols;
- * false on overflow. */
-bool clattn__matrix_extent(size_t batch, size_t stride, size_t rows, size_t cols, size_t ld,
-                           size_t *out);
 
 /* The launch context of one public call, passed down explicitly to every op and kernel launch
  * (clattn_ctx holds no per-call state): the queue the call enqueues on (the context's, or the
