@@ -308,6 +308,44 @@ typedef enum clattn_causal {
     CLATTN_CAUSAL_OFFSET = 4
 } clattn_causal;
 
+/* The tensor roles: clattn_tensors' fields in order, and the indices of the array the plan
+ * descriptors' `by_role` and clattn_plan_execute_roles take. Since 0.7. clattn_tensors stays
+ * at these 30 roles; roles added later are bound through the array only, so no descriptor
+ * field moves when one is added. */
+typedef enum clattn_role {
+    CLATTN_ROLE_Q = 0,
+    CLATTN_ROLE_K,
+    CLATTN_ROLE_V,
+    CLATTN_ROLE_OUT,
+    CLATTN_ROLE_ATTN_MASK,
+    CLATTN_ROLE_KEY_PADDING_MASK,
+    CLATTN_ROLE_WEIGHTS,
+    CLATTN_ROLE_LSE,
+    CLATTN_ROLE_IN_PROJ_WEIGHT,
+    CLATTN_ROLE_IN_PROJ_BIAS,
+    CLATTN_ROLE_Q_WEIGHT,
+    CLATTN_ROLE_K_WEIGHT,
+    CLATTN_ROLE_V_WEIGHT,
+    CLATTN_ROLE_Q_BIAS,
+    CLATTN_ROLE_K_BIAS,
+    CLATTN_ROLE_V_BIAS,
+    CLATTN_ROLE_OUT_WEIGHT,
+    CLATTN_ROLE_OUT_BIAS,
+    CLATTN_ROLE_KV_SEQLEN,
+    CLATTN_ROLE_PAST_K,
+    CLATTN_ROLE_PAST_V,
+    CLATTN_ROLE_PRESENT_K,
+    CLATTN_ROLE_PRESENT_V,
+    CLATTN_ROLE_SCORES,
+    CLATTN_ROLE_ALIBI_SLOPES,
+    CLATTN_ROLE_POS_TABLE,
+    CLATTN_ROLE_ROPE_COS,
+    CLATTN_ROLE_ROPE_SIN,
+    CLATTN_ROLE_POSITION_IDS,
+    CLATTN_ROLE_SCORE_WEIGHT,
+    CLATTN_ROLE_COUNT /* the roles this version knows */
+} clattn_role;
+
 /* The tensors of a plan, by role. Plans are created from their layouts and executed on them
  * with buffers; a tensor absent (rank 0) at creation must be absent at execution.
  *
@@ -438,6 +476,11 @@ typedef struct clattn_sdpa_desc {
      * summed exactly (window sizes as large as the diagonal cancel it). Unused with the other
      * alignments. Since 0.6. */
     long long diag_offset;
+    /* The tensors by role instead of `tensors` (then left zeroed): by_role[r] is the tensor of
+     * clattn_role r for r < num_roles, the roles past num_roles are absent; a role this
+     * version does not know must be absent (rank 0). NULL: `tensors` holds them. Since 0.7. */
+    const clattn_tensor *by_role;
+    size_t num_roles;
 } clattn_sdpa_desc;
 
 typedef enum clattn_weight_layout {
@@ -481,6 +524,11 @@ typedef struct clattn_mha_desc {
     size_t rope_dims;
     double rope_base;
     size_t rope_start;
+    /* The tensors by role instead of `tensors` (then left zeroed): by_role[r] is the tensor of
+     * clattn_role r for r < num_roles, the roles past num_roles are absent; a role this
+     * version does not know must be absent (rank 0). NULL: `tensors` holds them. Since 0.7. */
+    const clattn_tensor *by_role;
+    size_t num_roles;
 } clattn_mha_desc;
 
 /* Fill *desc with the defaults (zeros, struct_size, scale = NAN). */
@@ -520,6 +568,13 @@ CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_ten
                                              cl_command_queue queue, cl_mem workspace,
                                              cl_uint num_wait, const cl_event *wait,
                                              cl_event *event);
+/* clattn_plan_execute with the tensors by role: by_role[r] is the tensor of clattn_role r for
+ * r < num_roles (roles past it are absent; one this version does not know must be absent).
+ * Since 0.7. */
+CLATTN_API clattn_status clattn_plan_execute_roles(clattn_plan *plan, const clattn_tensor *by_role,
+                                                   size_t num_roles, cl_command_queue queue,
+                                                   cl_mem workspace, cl_uint num_wait,
+                                                   const cl_event *wait, cl_event *event);
 
 /* ---------------------------------------------------------------------------------------------
  * Positional encodings: self-attention has no notion of order, so position p's row gets a
@@ -548,6 +603,11 @@ typedef struct clattn_posenc_desc {
     clattn_posenc_kind kind;
     size_t start; /* the position of row 0 (decoding: the tokens before this block) */
     double base;  /* SINUSOIDAL: the wavelengths' base, 0 for 10000; finite and > 0 */
+    /* The tensors by role instead of `tensors` (then left zeroed): by_role[r] is the tensor of
+     * clattn_role r for r < num_roles, the roles past num_roles are absent; a role this
+     * version does not know must be absent (rank 0). NULL: `tensors` holds them. Since 0.7. */
+    const clattn_tensor *by_role;
+    size_t num_roles;
 } clattn_posenc_desc;
 
 CLATTN_API void clattn_posenc_desc_init(clattn_posenc_desc *desc);
@@ -577,6 +637,11 @@ typedef struct clattn_rope_desc {
     size_t rotary_dim; /* 0: head_dim; else even and at most head_dim */
     double base;       /* computed angles: 0 for 10000; finite and > 0 */
     size_t start;      /* without position_ids: the position of row 0 */
+    /* The tensors by role instead of `tensors` (then left zeroed): by_role[r] is the tensor of
+     * clattn_role r for r < num_roles, the roles past num_roles are absent; a role this
+     * version does not know must be absent (rank 0). NULL: `tensors` holds them. Since 0.7. */
+    const clattn_tensor *by_role;
+    size_t num_roles;
 } clattn_rope_desc;
 
 CLATTN_API void clattn_rope_desc_init(clattn_rope_desc *desc);
@@ -614,6 +679,11 @@ typedef struct clattn_additive_desc {
     clattn_causal causal; /* NONE, TOP_LEFT or BOTTOM_RIGHT */
     clattn_norm norm;
     clattn_path path; /* AUTO: fused unless the weights are wanted or da, dv / H exceed 256 */
+    /* The tensors by role instead of `tensors` (then left zeroed): by_role[r] is the tensor of
+     * clattn_role r for r < num_roles, the roles past num_roles are absent; a role this
+     * version does not know must be absent (rank 0). NULL: `tensors` holds them. Since 0.7. */
+    const clattn_tensor *by_role;
+    size_t num_roles;
 } clattn_additive_desc;
 
 CLATTN_API void clattn_additive_desc_init(clattn_additive_desc *desc);

@@ -35,6 +35,7 @@ int main(void)
     FIELD(clattn_sdpa_desc, rope_style), FIELD(clattn_sdpa_desc, rope_dims);
     FIELD(clattn_sdpa_desc, rope_base), FIELD(clattn_sdpa_desc, rope_start);
     FIELD(clattn_sdpa_desc, diag_offset);
+    FIELD(clattn_sdpa_desc, by_role), FIELD(clattn_sdpa_desc, num_roles);
     END();
 
     BEGIN(clattn_mha_desc, "MhaDesc");
@@ -47,18 +48,21 @@ int main(void)
     FIELD(clattn_mha_desc, window_right), FIELD(clattn_mha_desc, rope);
     FIELD(clattn_mha_desc, rope_style), FIELD(clattn_mha_desc, rope_dims);
     FIELD(clattn_mha_desc, rope_base), FIELD(clattn_mha_desc, rope_start);
+    FIELD(clattn_mha_desc, by_role), FIELD(clattn_mha_desc, num_roles);
     END();
 
     BEGIN(clattn_posenc_desc, "PosencDesc");
     FIELD(clattn_posenc_desc, struct_size), FIELD(clattn_posenc_desc, tensors);
     FIELD(clattn_posenc_desc, kind), FIELD(clattn_posenc_desc, start);
     FIELD(clattn_posenc_desc, base);
+    FIELD(clattn_posenc_desc, by_role), FIELD(clattn_posenc_desc, num_roles);
     END();
 
     BEGIN(clattn_rope_desc, "RopeDesc");
     FIELD(clattn_rope_desc, struct_size), FIELD(clattn_rope_desc, tensors);
     FIELD(clattn_rope_desc, style), FIELD(clattn_rope_desc, rotary_dim);
     FIELD(clattn_rope_desc, base), FIELD(clattn_rope_desc, start);
+    FIELD(clattn_rope_desc, by_role), FIELD(clattn_rope_desc, num_roles);
     END();
 
     BEGIN(clattn_kv_cache_desc, "KvCacheDesc");

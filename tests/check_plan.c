@@ -774,6 +774,90 @@ static void expect_binding_error(clattn_plan *plan, const pb_sdpa_problem *p,
     free(out);
 }
 
+
+/* Tensors bound by role through an array with a count (clattn_sdpa_desc.by_role and
+ * clattn_plan_execute_roles), checked against the float64 reference: every role (a padding
+ * mask, causal), only q, k, v and out (num_roles 4), and a caller that knows more roles than
+ * this version (the extra entries absent). Then the refusals: a role this version does not
+ * know, both `tensors` and by_role, by_role NULL with a count. */
+START_TEST(test_by_role)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    static const size_t counts[3] = {CLATTN_ROLE_COUNT, CLATTN_ROLE_OUT + 1,
+                                     CLATTN_ROLE_COUNT + 3};
+    pb_sdpa_spec spec = base_spec(2, 3, 17, 63, 8, 5);
+    if (_i == 0) {
+        spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        spec.padding = 1;
+    }
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("by_role, num_roles %zu: %s", counts[_i], p.label);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    clattn_tensor roles[CLATTN_ROLE_COUNT + 3];
+    memset(roles, 0, sizeof roles);
+    memcpy(roles, &desc.tensors, sizeof desc.tensors);
+    memset(&desc.tensors, 0, sizeof desc.tensors);
+    desc.by_role = roles;
+    desc.num_roles = counts[_i];
+    clattn_plan *plan = NULL;
+    clattn_tensors bound;
+    clattn_tensor bound_roles[CLATTN_ROLE_COUNT + 3];
+    if (tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS, "create") &&
+        tu_expect(pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS, "upload failed")) {
+        memset(bound_roles, 0, sizeof bound_roles);
+        memcpy(bound_roles, &bound, sizeof bound);
+        clattn_status status = clattn_plan_execute_roles(plan, bound_roles, counts[_i], NULL, NULL,
+                                                         0, NULL, NULL);
+        if (tu_expect_status(status, CLATTN_SUCCESS, "execute by role"))
+            pb_sdpa_check(ctx, NULL, &p, &bound);
+        if (_i == 2) {
+            bound_roles[CLATTN_ROLE_COUNT + 1] = bound.q; /* a role this version lacks */
+            status = clattn_plan_execute_roles(plan, bound_roles, counts[_i], NULL, NULL, 0,
+                                               NULL, NULL);
+            tu_expect(status == CLATTN_ERR_UNSUPPORTED &&
+                          strstr(clattn_last_error(ctx), "by_role[31] is set"),
+                      "execute with an unknown role: %s", clattn_last_error(ctx));
+        }
+        pb_release_tensors(&bound);
+    }
+    clattn_plan_release(plan);
+    if (_i == 2) {
+        static const struct {
+            int what;
+            clattn_status status;
+            const char *message;
+        } refusals[3] = {
+            {0, CLATTN_ERR_UNSUPPORTED, "by_role[30] is set"},
+            {1, CLATTN_ERR_INVALID_ARGUMENT, "not both"},
+            {2, CLATTN_ERR_INVALID_ARGUMENT, "by_role is NULL but num_roles is 3"},
+        };
+        for (int i = 0; i < 3; ++i) {
+            clattn_sdpa_desc bad = desc;
+            clattn_tensor extra[CLATTN_ROLE_COUNT + 3];
+            memcpy(extra, roles, sizeof extra);
+            if (refusals[i].what == 0)
+                extra[CLATTN_ROLE_COUNT] = roles[CLATTN_ROLE_Q], bad.by_role = extra;
+            else if (refusals[i].what == 1)
+                bad.tensors.q = roles[CLATTN_ROLE_Q];
+            else
+                bad.by_role = NULL, bad.num_roles = 3;
+            plan = NULL;
+            const clattn_status status = clattn_sdpa_plan_create(ctx, &bad, &plan);
+            tu_expect(status == refusals[i].status && plan == NULL &&
+                          strstr(clattn_last_error(ctx), refusals[i].message),
+                      "refusal %d: status %d, '%s' (want '%s')", i, (int)status,
+                      clattn_last_error(ctx), refusals[i].message);
+            clattn_plan_release(plan);
+        }
+    }
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 /* The bindings checked at execution: dtype, dims and strides against the plan, buffers too
  * small through the strides or the offset, a buffer of another cl_context, a tensor the plan
  * has left absent, a tensor the plan lacks bound; an equivalent layout (packed spelled out)
@@ -1612,6 +1696,7 @@ int main(void)
     tcase_add_loop_test(execution, test_caller_workspace, 0, 2);
     tcase_add_test(execution, test_struct_size);
     tcase_add_test(execution, test_struct_size_older);
+    tcase_add_loop_test(execution, test_by_role, 0, 3);
     tcase_add_loop_test(execution, test_bindings, 0, 2);
     tcase_add_test(execution, test_tuning_file);
     suite_add_tcase(suite, execution);

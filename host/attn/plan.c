@@ -7,22 +7,50 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define OFFSET(role, field, sdpa, mha, x) offsetof(clattn_tensors, field),
-#define SDPA_NAME(role, field, sdpa, mha, x) sdpa,
-#define MHA_NAME(role, field, sdpa, mha, x) mha,
-#define X_NAME(role, field, sdpa, mha, x) x,
-static const size_t role_offsets[R_COUNT] = {CLATTN__ROLES(OFFSET)};
+/* clattn_tensors is the by-role array as a struct: role r's field is its r-th tensor. */
+#define AT_ITS_INDEX(role, field, pub, sdpa, mha, x)                                               \
+    _Static_assert(offsetof(clattn_tensors, field) == (size_t)pub * sizeof(clattn_tensor),       \
+                   #field " is clattn_tensors' tensor number " #pub);
+CLATTN__ROLES(AT_ITS_INDEX)
+#undef AT_ITS_INDEX
+_Static_assert(sizeof(clattn_tensors) == CLATTN_ROLE_COUNT * sizeof(clattn_tensor) &&
+                   (int)R_COUNT == (int)CLATTN_ROLE_COUNT,
+               "clattn_tensors holds every role and nothing else");
+
+#define SDPA_NAME(role, field, pub, sdpa, mha, x) sdpa,
+#define MHA_NAME(role, field, pub, sdpa, mha, x) mha,
+#define X_NAME(role, field, pub, sdpa, mha, x) x,
 const char *const clattn__sdpa_role_names[R_COUNT] = {CLATTN__ROLES(SDPA_NAME)};
 const char *const clattn__mha_role_names[R_COUNT] = {CLATTN__ROLES(MHA_NAME)};
 const char *const clattn__x_role_names[R_COUNT] = {CLATTN__ROLES(X_NAME)};
-#undef OFFSET
 #undef SDPA_NAME
 #undef MHA_NAME
 #undef X_NAME
 
 const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role role)
 {
-    return (const clattn_tensor *)((const char *)t + role_offsets[role]);
+    return (const clattn_tensor *)t + role;
+}
+
+/* The tensors of by_role (num_roles of them) as clattn_tensors; a role this version does not
+ * know must be absent. */
+static clattn_status from_roles(clattn_ctx *ctx, const char *op, const clattn_tensor *by_role,
+                                size_t num_roles, clattn_tensors *out)
+{
+    memset(out, 0, sizeof *out);
+    if (by_role == NULL && num_roles != 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: by_role is NULL but num_roles is %zu", op, num_roles);
+    for (size_t r = 0; r < num_roles; ++r) {
+        if (r < CLATTN_ROLE_COUNT)
+            *((clattn_tensor *)out + r) = by_role[r];
+        else if (by_role[r].rank != 0)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: by_role[%zu] is set, but this clattn (%s) knows roles 0 .. %d "
+                                "only (clattn_role)",
+                                op, r, CLATTN_VERSION_STRING, CLATTN_ROLE_COUNT - 1);
+    }
+    return CLATTN_SUCCESS;
 }
 
 static const char *role_name(const clattn_plan *plan, int role)
@@ -107,7 +135,24 @@ clattn_status clattn__plan_create(clattn_ctx *ctx, const clattn__plan_ops *ops, 
     if (status == CLATTN_SUCCESS) {
         const clattn_tensors *tensors =
             (const clattn_tensors *)((const char *)full + offsetof(clattn_sdpa_desc, tensors));
-        status = clattn__plan_new(ctx, ops, op, tensors, &plan);
+        const clattn_tensor *by_role = NULL;
+        size_t num_roles = 0;
+        memcpy(&by_role, (const char *)full + ops->by_role_at, sizeof by_role);
+        memcpy(&num_roles, (const char *)full + ops->by_role_at + sizeof by_role,
+               sizeof num_roles);
+        clattn_tensors bound;
+        if (by_role != NULL || num_roles != 0) {
+            static const clattn_tensors none;
+            status = memcmp(tensors, &none, sizeof none) != 0
+                         ? clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                        "%s: give the tensors in `tensors` or in by_role, not "
+                                        "both (leave `tensors` zeroed)",
+                                        op)
+                         : from_roles(ctx, op, by_role, num_roles, &bound);
+            tensors = &bound;
+        }
+        if (status == CLATTN_SUCCESS)
+            status = clattn__plan_new(ctx, ops, op, tensors, &plan);
     }
     if (status == CLATTN_SUCCESS)
         status = check_roles(plan);
@@ -169,6 +214,23 @@ const char *clattn_plan_info(const clattn_plan *plan)
     if (plan == NULL)
         return "clattn_plan_info: plan is NULL";
     return plan->info[0] ? plan->info : plan->op;
+}
+
+clattn_status clattn_plan_execute_roles(clattn_plan *plan, const clattn_tensor *by_role,
+                                        size_t num_roles, cl_command_queue queue,
+                                        cl_mem workspace, cl_uint num_wait, const cl_event *wait,
+                                        cl_event *event)
+{
+    if (event)
+        *event = NULL;
+    if (plan == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn_tensors tensors;
+    const clattn_status status =
+        from_roles(plan->ctx, plan->op, by_role, num_roles, &tensors);
+    if (status != CLATTN_SUCCESS)
+        return clattn__end_message(plan->ctx, plan->op, status);
+    return clattn_plan_execute(plan, &tensors, queue, workspace, num_wait, wait, event);
 }
 
 clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensors *tensors,

@@ -5,42 +5,42 @@
 #include "core/tensor.h"
 #include "ops.h"
 
-/* The roles of clattn_tensors, in its field order: (role, field, the name SDPA gives it, MHA's,
- * the positional ops'). */
+/* The roles of clattn_tensors, in its field order: (role, field, the public clattn_role, the
+ * name SDPA gives it, MHA's, the positional ops'). */
 #define CLATTN__ROLES(X)                                                                           \
-    X(R_Q, q, "q", "query", "x")                                                                   \
-    X(R_K, k, "k", "key", "k")                                                                     \
-    X(R_V, v, "v", "value", "v")                                                                   \
-    X(R_OUT, out, "out", "out", "out")                                                             \
-    X(R_MASK, attn_mask, "attn_mask", "attn_mask", "attn_mask")                                    \
-    X(R_KPM, key_padding_mask, "key_padding_mask", "key_padding_mask", "key_padding_mask")         \
-    X(R_WEIGHTS, weights, "weights", "weights", "weights")                                         \
-    X(R_LSE, lse, "lse", "lse", "lse")                                                             \
-    X(R_IN_W, in_proj_weight, "in_proj_weight", "in_proj_weight", "in_proj_weight")                \
-    X(R_IN_B, in_proj_bias, "in_proj_bias", "in_proj_bias", "in_proj_bias")                        \
-    X(R_QW, q_weight, "q_weight", "q_weight", "q_weight")                                          \
-    X(R_KW, k_weight, "k_weight", "k_weight", "k_weight")                                          \
-    X(R_VW, v_weight, "v_weight", "v_weight", "v_weight")                                          \
-    X(R_QB, q_bias, "q_bias", "q_bias", "q_bias")                                                  \
-    X(R_KB, k_bias, "k_bias", "k_bias", "k_bias")                                                  \
-    X(R_VB, v_bias, "v_bias", "v_bias", "v_bias")                                                  \
-    X(R_OW, out_weight, "out_weight", "out_weight", "out_weight")                                  \
-    X(R_OB, out_bias, "out_bias", "out_bias", "out_bias")                                          \
-    X(R_KVLEN, kv_seqlen, "kv_seqlen", "kv_seqlen", "kv_seqlen")                                   \
-    X(R_PAST_K, past_k, "past_k", "past_k", "past_k")                                              \
-    X(R_PAST_V, past_v, "past_v", "past_v", "past_v")                                              \
-    X(R_PRESENT_K, present_k, "present_k", "present_k", "present_k")                               \
-    X(R_PRESENT_V, present_v, "present_v", "present_v", "present_v")                               \
-    X(R_SCORES, scores, "scores", "scores", "scores")                                              \
-    X(R_ALIBI, alibi_slopes, "alibi_slopes", "alibi_slopes", "alibi_slopes")                       \
-    X(R_POS_TABLE, pos_table, "pos_table", "pos_table", "pos_table")                               \
-    X(R_ROPE_COS, rope_cos, "rope_cos", "rope_cos", "rope_cos")                                    \
-    X(R_ROPE_SIN, rope_sin, "rope_sin", "rope_sin", "rope_sin")                                    \
-    X(R_POS_IDS, position_ids, "position_ids", "position_ids", "position_ids")                     \
-    X(R_SCORE_W, score_weight, "score_weight", "score_weight", "score_weight")
+    X(R_Q, q, CLATTN_ROLE_Q, "q", "query", "x")                                                    \
+    X(R_K, k, CLATTN_ROLE_K, "k", "key", "k")                                                      \
+    X(R_V, v, CLATTN_ROLE_V, "v", "value", "v")                                                    \
+    X(R_OUT, out, CLATTN_ROLE_OUT, "out", "out", "out")                                            \
+    X(R_MASK, attn_mask, CLATTN_ROLE_ATTN_MASK, "attn_mask", "attn_mask", "attn_mask")             \
+    X(R_KPM, key_padding_mask, CLATTN_ROLE_KEY_PADDING_MASK, "key_padding_mask", "key_padding_mask", "key_padding_mask")\
+    X(R_WEIGHTS, weights, CLATTN_ROLE_WEIGHTS, "weights", "weights", "weights")                    \
+    X(R_LSE, lse, CLATTN_ROLE_LSE, "lse", "lse", "lse")                                            \
+    X(R_IN_W, in_proj_weight, CLATTN_ROLE_IN_PROJ_WEIGHT, "in_proj_weight", "in_proj_weight", "in_proj_weight")\
+    X(R_IN_B, in_proj_bias, CLATTN_ROLE_IN_PROJ_BIAS, "in_proj_bias", "in_proj_bias", "in_proj_bias")\
+    X(R_QW, q_weight, CLATTN_ROLE_Q_WEIGHT, "q_weight", "q_weight", "q_weight")                    \
+    X(R_KW, k_weight, CLATTN_ROLE_K_WEIGHT, "k_weight", "k_weight", "k_weight")                    \
+    X(R_VW, v_weight, CLATTN_ROLE_V_WEIGHT, "v_weight", "v_weight", "v_weight")                    \
+    X(R_QB, q_bias, CLATTN_ROLE_Q_BIAS, "q_bias", "q_bias", "q_bias")                              \
+    X(R_KB, k_bias, CLATTN_ROLE_K_BIAS, "k_bias", "k_bias", "k_bias")                              \
+    X(R_VB, v_bias, CLATTN_ROLE_V_BIAS, "v_bias", "v_bias", "v_bias")                              \
+    X(R_OW, out_weight, CLATTN_ROLE_OUT_WEIGHT, "out_weight", "out_weight", "out_weight")          \
+    X(R_OB, out_bias, CLATTN_ROLE_OUT_BIAS, "out_bias", "out_bias", "out_bias")                    \
+    X(R_KVLEN, kv_seqlen, CLATTN_ROLE_KV_SEQLEN, "kv_seqlen", "kv_seqlen", "kv_seqlen")            \
+    X(R_PAST_K, past_k, CLATTN_ROLE_PAST_K, "past_k", "past_k", "past_k")                          \
+    X(R_PAST_V, past_v, CLATTN_ROLE_PAST_V, "past_v", "past_v", "past_v")                          \
+    X(R_PRESENT_K, present_k, CLATTN_ROLE_PRESENT_K, "present_k", "present_k", "present_k")        \
+    X(R_PRESENT_V, present_v, CLATTN_ROLE_PRESENT_V, "present_v", "present_v", "present_v")        \
+    X(R_SCORES, scores, CLATTN_ROLE_SCORES, "scores", "scores", "scores")                          \
+    X(R_ALIBI, alibi_slopes, CLATTN_ROLE_ALIBI_SLOPES, "alibi_slopes", "alibi_slopes", "alibi_slopes")\
+    X(R_POS_TABLE, pos_table, CLATTN_ROLE_POS_TABLE, "pos_table", "pos_table", "pos_table")        \
+    X(R_ROPE_COS, rope_cos, CLATTN_ROLE_ROPE_COS, "rope_cos", "rope_cos", "rope_cos")              \
+    X(R_ROPE_SIN, rope_sin, CLATTN_ROLE_ROPE_SIN, "rope_sin", "rope_sin", "rope_sin")              \
+    X(R_POS_IDS, position_ids, CLATTN_ROLE_POSITION_IDS, "position_ids", "position_ids", "position_ids")\
+    X(R_SCORE_W, score_weight, CLATTN_ROLE_SCORE_WEIGHT, "score_weight", "score_weight", "score_weight")
 
 typedef enum clattn__role {
-#define CLATTN__ROLE_ENUM(role, field, sdpa, mha, x) role,
+#define CLATTN__ROLE_ENUM(role, field, pub, sdpa, mha, x) role = pub,
     CLATTN__ROLES(CLATTN__ROLE_ENUM)
 #undef CLATTN__ROLE_ENUM
     R_COUNT
@@ -153,6 +153,7 @@ typedef struct clattn__plan_ops {
                              cl_mem workspace, clattn_chain *chain);
     void (*release)(clattn_plan *plan);
     const char *const *role_names; /* R_COUNT names */
+    size_t by_role_at; /* offsetof(desc, by_role), followed by num_roles */
     unsigned roles; /* the roles the kind takes (CLATTN__ROLE bits); a tensor in another fails */
 } clattn__plan_ops;
 
@@ -168,7 +169,7 @@ typedef struct clattn__plan_ops {
         kind,                                                                                     \
         {#desc_t, sizeof(desc_t), offsetof(desc_t, tensors) + sizeof(clattn_tensors),             \
          name##_defaults},                                                                        \
-        create_fn, execute_fn, NULL, names, roles};                                               \
+        create_fn, execute_fn, NULL, names, offsetof(desc_t, by_role), roles};                     \
     clattn_status fn(clattn_ctx *ctx, const desc_t *desc, clattn_plan **out)                      \
     {                                                                                             \
         return clattn__plan_create(ctx, &name##_ops, op, desc, out);                              \

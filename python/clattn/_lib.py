@@ -54,7 +54,8 @@ class SdpaDesc(Structure):
                 ("window_right", c_longlong), ("scores_mode", c_int), ("softmax_f64", c_int),
                 ("rope", c_int), ("rope_style", c_int), ("rope_dims", c_size_t),
                 ("rope_base", c_double), ("rope_start", c_size_t),
-                ("diag_offset", c_longlong)]
+                ("diag_offset", c_longlong), ("by_role", POINTER(Tensor)),
+                ("num_roles", c_size_t)]
 
 
 class MhaDesc(Structure):
@@ -63,17 +64,20 @@ class MhaDesc(Structure):
                 ("scale", c_float), ("norm", c_int), ("need_weights", c_int), ("path", c_int),
                 ("softcap", c_float), ("window_align", c_int), ("window_left", c_longlong),
                 ("window_right", c_longlong), ("rope", c_int), ("rope_style", c_int),
-                ("rope_dims", c_size_t), ("rope_base", c_double), ("rope_start", c_size_t)]
+                ("rope_dims", c_size_t), ("rope_base", c_double), ("rope_start", c_size_t),
+                ("by_role", POINTER(Tensor)), ("num_roles", c_size_t)]
 
 
 class PosencDesc(Structure):
     _fields_ = [("struct_size", c_size_t), ("tensors", Tensors), ("kind", c_int),
-                ("start", c_size_t), ("base", c_double)]
+                ("start", c_size_t), ("base", c_double), ("by_role", POINTER(Tensor)),
+                ("num_roles", c_size_t)]
 
 
 class RopeDesc(Structure):
     _fields_ = [("struct_size", c_size_t), ("tensors", Tensors), ("style", c_int),
-                ("rotary_dim", c_size_t), ("base", c_double), ("start", c_size_t)]
+                ("rotary_dim", c_size_t), ("base", c_double), ("start", c_size_t),
+                ("by_role", POINTER(Tensor)), ("num_roles", c_size_t)]
 
 
 class KvCacheDesc(Structure):
