@@ -219,6 +219,13 @@ static bool reserve(size_t *cursor, size_t floats, size_t *at)
     return clattn__add(*cursor, floats, cursor);
 }
 
+bool clattn__auto_fuses(const clattn__score_shape *score, size_t head_dim_qk, size_t head_dim_v,
+                        bool want_weights)
+{
+    return !want_weights && !score->want_scores && !score->softmax_f64 &&
+           clattn__flash_supports(head_dim_qk, head_dim_v);
+}
+
 clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_shape *score,
                                         size_t head_dim_qk, size_t head_dim_v,
                                         clattn_dtype q_dtype, clattn_dtype k_dtype,
@@ -235,7 +242,7 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
     const bool supported = clattn__flash_supports(head_dim_qk, head_dim_v);
     switch (path) {
     case CLATTN_PATH_AUTO:
-        a->fused = !want_weights && !score->want_scores && !score->softmax_f64 && supported;
+        a->fused = clattn__auto_fuses(score, head_dim_qk, head_dim_v, want_weights);
         break;
     case CLATTN_PATH_UNFUSED:
         a->fused = false;

@@ -232,6 +232,10 @@ clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_
                                 long long window_left, long long window_right, long long past_len,
                                 long long diag_offset, clattn__score_shape *score);
 
+/* Whether path AUTO runs the fused kernel: no weights or scores wanted, normalised in float,
+ * head sizes the fused kernel takes. */
+bool clattn__auto_fuses(const clattn__score_shape *score, size_t head_dim_qk, size_t head_dim_v,
+                        bool want_weights);
 /* Chooses the path and prepares the attention steps, reserving workspace from
  * *workspace_floats on. want_weights: the caller's weights view receives the weights. */
 clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_shape *score,

@@ -218,8 +218,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
      * (batch, heads, 1, d) first, so every row keeps its head's position.) */
     const bool fused_likely =
         desc->path == CLATTN_PATH_FUSED ||
-        (desc->path == CLATTN_PATH_AUTO && !l[R_WEIGHTS].present && !score.want_scores &&
-         !score.softmax_f64 && clattn__flash_supports(dk, dv));
+        (desc->path == CLATTN_PATH_AUTO &&
+         clattn__auto_fuses(&score, dk, dv, l[R_WEIGHTS].present));
     const bool ends_at_count =
         score.band_upper < 0 ||
         (score.band_upper == 0 &&
