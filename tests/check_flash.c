@@ -961,10 +961,20 @@ static const struct {
     {1, 29, 16, {"decode phase", "tuning records: none", NULL}, "tuning_rows"},
 };
 
+static clattn_ctx *records_ctx; /* one context for the cases (each compiles its variants) */
+
+static void release_records_ctx(void)
+{
+    clattn_ctx_release(records_ctx);
+    records_ctx = NULL;
+}
+
 START_TEST(test_tuning_records)
 {
     TU_BEGIN_TEST();
-    clattn_ctx *ctx = ctx_with_row(records_rows);
+    if (records_ctx == NULL)
+        records_ctx = ctx_with_row(records_rows);
+    clattn_ctx *ctx = records_ctx;
     pb_sdpa_spec spec;
     pb_sdpa_spec_init(&spec);
     spec.batch = 2, spec.heads = 3, spec.kv_heads = 3;
@@ -992,7 +1002,6 @@ START_TEST(test_tuning_records)
         free(got);
     }
     clattn_plan_release(plan);
-    clattn_ctx_release(ctx);
     pb_sdpa_free(&p);
     TU_END_TEST();
 }
@@ -1437,6 +1446,7 @@ int main(void)
     tcase_add_test(tc, test_path_errors);
     tcase_add_loop_test(tc, test_tuning_records, 0,
                         (int)(sizeof record_cases / sizeof record_cases[0]));
+    tcase_add_unchecked_fixture(tc, NULL, release_records_ctx);
     tcase_add_test(tc, test_tuning_record_errors);
     tcase_add_loop_test(tc, test_mha_paths, 0, 2);
     tcase_add_loop_test(tc, test_mha_auto_is_fused, 0, 2);
