@@ -78,33 +78,46 @@ static clattn_status prepare_projection(clattn_plan *plan, const clattn__layout 
                                       false, has_bias, CLATTN_DTYPE_F32, flat, mm);
 }
 
-static clattn_status create(clattn_plan *plan, const void *any)
+/* q, k, v and out: (batch, seq, features) all, or (seq, features) all; sets the plan's batch,
+ * seq_q and seq_k and returns the feature widths dq, dk, dv. */
+static clattn_status check_inputs(clattn_plan *plan, size_t *dq, size_t *dk, size_t *dv)
 {
-    const clattn_additive_desc *desc = any;
-    clattn_ctx *ctx = plan->ctx;
-    const char *op = plan->op;
     const clattn__layout *l = plan->layouts;
     clattn__additive *a = &plan->additive;
-    clattn_status status;
     if (!l[R_Q].present || (l[R_Q].rank != 2 && l[R_Q].rank != 3))
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: q must be (batch, seq_q, dq) or (seq_q, dq), got rank %d", op,
-                            l[R_Q].rank);
+        return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: q must be (batch, seq_q, dq) or (seq_q, dq), got rank %d",
+                            plan->op, l[R_Q].rank);
     const int rank = l[R_Q].rank;
     const clattn__layout q = as_rank3(&l[R_Q]);
     a->batch = q.dims[0], a->seq_q = q.dims[1];
-    const size_t dq = q.dims[2];
+    *dq = q.dims[2];
     const bool k_ok = l[R_K].present && l[R_K].rank == rank;
     const bool v_ok = l[R_V].present && l[R_V].rank == rank;
     a->seq_k = k_ok ? l[R_K].dims[rank - 2] : 0;
-    const size_t dk = k_ok ? l[R_K].dims[rank - 1] : 0, dv = v_ok ? l[R_V].dims[rank - 1] : 0;
+    *dk = k_ok ? l[R_K].dims[rank - 1] : 0;
+    *dv = v_ok ? l[R_V].dims[rank - 1] : 0;
     const char *kdims = rank == 3 ? "(batch, seq_k, dk), the rank of q" : "(seq_k, dk)";
     const char *vdims = rank == 3 ? "(batch, seq_k, dv), the rank of q" : "(seq_k, dv)";
     const char *odims = rank == 3 ? "(batch, seq_q, dv)" : "(seq_q, dv)";
-    if ((status = check_rows(plan, R_K, "k", rank, a->batch, a->seq_k, dk, kdims)) ||
-        (status = check_rows(plan, R_V, "v", rank, a->batch, a->seq_k, dv, vdims)) ||
-        (status = check_rows(plan, R_OUT, "out", rank, a->batch, a->seq_q, dv, odims)))
+    clattn_status status;
+    if ((status = check_rows(plan, R_K, "k", rank, a->batch, a->seq_k, *dk, kdims)) ||
+        (status = check_rows(plan, R_V, "v", rank, a->batch, a->seq_k, *dv, vdims)))
         return status;
+    return check_rows(plan, R_OUT, "out", rank, a->batch, a->seq_q, *dv, odims);
+}
+
+static clattn_status create(clattn_plan *plan, const void *any)
+{
+    const clattn_additive_desc *desc = any;
+    clattn__additive *a = &plan->additive;
+    size_t dq = 0, dk = 0, dv = 0;
+    clattn_status status = check_inputs(plan, &dq, &dk, &dv);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
     a->heads = desc->num_heads ? desc->num_heads : 1;
     if (dv % a->heads != 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
@@ -152,7 +165,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
                             "%s: the projections (batch, seq, heads * da) overflow size_t", op);
     a->p1_at = 0, a->p2_at = p1;
-    const clattn__layout k = as_rank3(&l[R_K]);
+    const clattn__layout q = as_rank3(&l[R_Q]), k = as_rank3(&l[R_K]);
     a->flat_q = clattn__rows_flatten(&q), a->flat_k = clattn__rows_flatten(&k);
     if ((status = prepare_projection(plan, &q, w1, a->seq_q, a->per_head_w1 ? a->da : width,
                                      l[R_QB].present, a->flat_q, &a->p1_proj)) ||
@@ -175,14 +188,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
     const size_t scratch = a->p1_proj.scratch_floats > a->p2_proj.scratch_floats
                                ? a->p1_proj.scratch_floats
                                : a->p2_proj.scratch_floats;
-    a->scratch_at = cursor;
-    if (!clattn__add(cursor, scratch, &cursor))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t", op);
-    plan->workspace_floats = cursor;
-    return clattn__plan_finish(plan, plan->attention.fused
-                                         ? "the projections"
-                                         : "the projections and the scores (batch, heads, "
-                                           "seq_q, seq_k)");
+    return clattn__finish_projections(plan, cursor, scratch, &a->scratch_at);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -440,3 +440,17 @@ clattn_status clattn__expect_unit_stride(const clattn_plan *plan, const char *na
                         "%s: %s must have stride 1 along its %s (got %zu)", plan->op, name, along,
                         l->strides[l->rank - 1]);
 }
+
+clattn_status clattn__finish_projections(clattn_plan *plan, size_t cursor, size_t scratch,
+                                         size_t *scratch_at)
+{
+    *scratch_at = cursor;
+    if (!clattn__add(cursor, scratch, &cursor))
+        return clattn__fail(plan->ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t",
+                            plan->op);
+    plan->workspace_floats = cursor;
+    return clattn__plan_finish(plan, plan->attention.fused
+                                         ? "the projections"
+                                         : "the projections and the scores (batch, heads, "
+                                           "seq_q, seq_k)");
+}

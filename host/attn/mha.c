@@ -321,14 +321,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
     for (int i = 0; i < 5; ++i)
         if (mms[i]->scratch_floats > scratch)
             scratch = mms[i]->scratch_floats;
-    m->scratch_at = cursor;
-    if (!clattn__add(cursor, scratch, &cursor))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t", op);
-    plan->workspace_floats = cursor;
-    return clattn__plan_finish(plan, plan->attention.fused
-                                         ? "the projections"
-                                         : "the projections and the scores (batch, heads, "
-                                           "seq_q, seq_k)");
+    return clattn__finish_projections(plan, cursor, scratch, &m->scratch_at);
 }
 
 /* Rotary embeddings on the projected q and k (desc->rope): validated, angles made, the two

@@ -306,6 +306,10 @@ clattn_status clattn__projection_prepare(clattn_ctx *ctx, const clattn__layout *
                                          const clattn__layout *weight, size_t batch, size_t rows,
                                          size_t n, bool trans_w, bool has_bias,
                                          clattn_dtype out_dtype, bool flat, clattn__matmul_plan *mm);
+/* The projections' matmul scratch (`scratch` floats) after the first `cursor` floats of the
+ * workspace (its offset in *scratch_at), then clattn__plan_finish (MHA, additive). */
+clattn_status clattn__finish_projections(clattn_plan *plan, size_t cursor, size_t scratch,
+                                         size_t *scratch_at);
 /* Fails (UNSUPPORTED, naming `name` and the axis `along`) unless the layout's last stride is 1. */
 clattn_status clattn__expect_unit_stride(const clattn_plan *plan, const char *name,
                                          const clattn__layout *l, const char *along);
