@@ -58,8 +58,8 @@ def c_call(ctx, shape):
         getattr(tensors, name).mem = buffer.mem
 
     def run():
-        ctx.check(_lib.lib.clattn_plan_execute(plan, ctypes.byref(tensors), None, None, 0, None,
-                                               None))
+        ctx.check(_lib.lib.clattn_plan_execute(plan, ctypes.byref(tensors), _lib.ROLE_COUNT, None,
+                                               None, 0, None, None))
         ctx.check(_lib.lib.clattn_finish(ctx.handle))
 
     queue = _lib.lib.clattn_ctx_queue(ctx.handle)
@@ -69,8 +69,8 @@ def c_call(ctx, shape):
         for buffer in buffers[:3]:
             _lib.cl.clEnqueueWriteBuffer(queue, buffer.mem, 0, 0, x.nbytes, x.ctypes.data, 0,
                                          None, None)
-        ctx.check(_lib.lib.clattn_plan_execute(plan, ctypes.byref(tensors), None, None, 0, None,
-                                               None))
+        ctx.check(_lib.lib.clattn_plan_execute(plan, ctypes.byref(tensors), _lib.ROLE_COUNT, None,
+                                               None, 0, None, None))
         _lib.cl.clEnqueueReadBuffer(queue, buffers[3].mem, 1, 0, out.nbytes, out.ctypes.data, 0,
                                     None, None)
 

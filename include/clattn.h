@@ -55,9 +55,9 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 6
+#define CLATTN_VERSION_MINOR 7
 #define CLATTN_VERSION_PATCH 0
-#define CLATTN_VERSION_STRING "0.6.0"
+#define CLATTN_VERSION_STRING "0.7.0"
 
 #if defined(_WIN32)
 #define CLATTN_API
@@ -184,9 +184,10 @@ CLATTN_API clattn_status clattn_ctx_trace_kernels(clattn_ctx *ctx, int on);
 CLATTN_API clattn_status clattn_ctx_kernel_times(clattn_ctx *ctx, clattn_kernel_time *out,
                                                  size_t capacity, size_t *count, size_t *dropped);
 
-/* Caps every device workspace buffer the context allocates at `bytes` (0: only the device's
- * own limits). A call whose workspace would exceed it fails with CLATTN_ERR_TOO_LARGE, naming
- * the size; the fused attention path needs no workspace. */
+/* Caps every device workspace buffer the context allocates at `bytes`
+ * (CLATTN_WORKSPACE_UNLIMITED, the default: only the device's own limits; 0 is a cap of zero
+ * bytes, so only calls that need no workspace run). A call whose workspace would exceed it fails
+ * with CLATTN_ERR_TOO_LARGE, naming the size; the fused attention path needs no workspace. */
 CLATTN_API clattn_status clattn_ctx_set_workspace_limit(clattn_ctx *ctx, size_t bytes);
 
 /* Bytes of device workspace the context holds now (it grows to the largest call's need and is
@@ -267,6 +268,14 @@ CLATTN_API clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc
  * Attention plans: validate once, execute many times.
  * ------------------------------------------------------------------------------------------- */
 
+/* Named defaults (since 0.7; zero meant "the default" in these fields before, and is now
+ * refused where it is not a valid value). The _init functions set them. */
+#define CLATTN_KV_HEADS_ALL ((size_t)-1)    /* num_kv_heads: as many as query heads */
+#define CLATTN_ROPE_WHOLE_HEAD ((size_t)-1) /* rope_dims, rotary_dim: every column of the head */
+/* rope_base, base: RoFormer's and the sinusoidal encoding's 10000 */
+#define CLATTN_ROPE_BASE_DEFAULT 10000.0
+#define CLATTN_WORKSPACE_UNLIMITED ((size_t)-1) /* clattn_ctx_set_workspace_limit: no cap */
+
 typedef enum clattn_norm {
     CLATTN_NORM_SOFTMAX = 0, /* exp(s - max) / sum exp(s - max) */
     CLATTN_NORM_RELU = 1     /* relu(s) / sum relu(s); a row with sum 0 gives zeros */
@@ -308,10 +317,10 @@ typedef enum clattn_causal {
     CLATTN_CAUSAL_OFFSET = 4
 } clattn_causal;
 
-/* The tensor roles: clattn_tensors' fields in order, and the indices of the array the plan
- * descriptors' `by_role` and clattn_plan_execute_roles take. Since 0.7. clattn_tensors stays
- * at these 30 roles; roles added later are bound through the array only, so no descriptor
- * field moves when one is added. */
+/* The tensor roles: the indices of the array that the plan descriptors' `by_role` and
+ * clattn_plan_execute take, each with a count (since 0.7). Roles are appended in later
+ * versions; an array of an earlier version's count leaves the newer roles absent, and no
+ * descriptor field moves when a role is added. */
 typedef enum clattn_role {
     CLATTN_ROLE_Q = 0,
     CLATTN_ROLE_K,
@@ -346,8 +355,12 @@ typedef enum clattn_role {
     CLATTN_ROLE_COUNT /* the roles this version knows */
 } clattn_role;
 
-/* The tensors of a plan, by role. Plans are created from their layouts and executed on them
- * with buffers; a tensor absent (rank 0) at creation must be absent at execution.
+/* The tensors of a plan by role, as an array (by_role, indexed by clattn_role) and by name
+ * (q, k, ...: the same storage; C11's anonymous members). It is not part of any descriptor:
+ * descriptors and clattn_plan_execute take a pointer to the array and a count, so the union
+ * may grow with new roles without moving anything (pass CLATTN_ROLE_COUNT, as
+ * CLATTN_BIND_ROLES does). Plans are created from the layouts and executed on tensors with
+ * buffers; a tensor absent (rank 0) at creation must be absent at execution.
  *
  * Masks (both optional; a row whose keys are all masked gives all-zero weights, never NaN):
  * - attn_mask: rank 1 to 4, dims broadcast (numpy rules, right-aligned, dims of 1 repeat)
@@ -396,24 +409,32 @@ typedef enum clattn_role {
  *   weights: (batch, num_heads, seq_q, seq_k) for CLATTN_WEIGHTS_PER_HEAD or
  *   (batch, seq_q, seq_k) for CLATTN_WEIGHTS_AVERAGED, F32. The same buffer may be bound to
  *   query, key and value (self-attention). */
-typedef struct clattn_tensors {
-    clattn_tensor q, k, v, out;
-    clattn_tensor attn_mask, key_padding_mask;
-    clattn_tensor weights, lse;
-    clattn_tensor in_proj_weight, in_proj_bias;
-    clattn_tensor q_weight, k_weight, v_weight;
-    clattn_tensor q_bias, k_bias, v_bias;
-    clattn_tensor out_weight, out_bias;
-    /* SDPA only (see above): per-batch key counts, and the KV cache's past and present. */
-    clattn_tensor kv_seqlen;
-    clattn_tensor past_k, past_v, present_k, present_v;
-    clattn_tensor scores; /* SDPA only: the scores before normalisation (clattn_scores) */
-    clattn_tensor alibi_slopes; /* ALiBi: F32 (heads) or (batch, heads) (see above) */
-    clattn_tensor pos_table;    /* positional-encoding plans: a learned table (max_len, dim) */
-    /* rotary plans: cos and sin caches and I32 position ids (clattn_rope_desc) */
-    clattn_tensor rope_cos, rope_sin, position_ids;
-    clattn_tensor score_weight; /* additive plans: w, the scores' final linear map */
+typedef union clattn_tensors {
+    clattn_tensor by_role[CLATTN_ROLE_COUNT]; /* by_role[CLATTN_ROLE_Q] is q, and so on */
+    struct {
+        clattn_tensor q, k, v, out;
+        clattn_tensor attn_mask, key_padding_mask;
+        clattn_tensor weights, lse;
+        clattn_tensor in_proj_weight, in_proj_bias;
+        clattn_tensor q_weight, k_weight, v_weight;
+        clattn_tensor q_bias, k_bias, v_bias;
+        clattn_tensor out_weight, out_bias;
+        /* SDPA only (see above): per-batch key counts, and the KV cache's past and present. */
+        clattn_tensor kv_seqlen;
+        clattn_tensor past_k, past_v, present_k, present_v;
+        clattn_tensor scores;       /* SDPA only: the scores before normalisation (clattn_scores) */
+        clattn_tensor alibi_slopes; /* ALiBi: F32 (heads) or (batch, heads) (see above) */
+        clattn_tensor pos_table;    /* positional-encoding plans: a learned table (max_len, dim) */
+        /* rotary plans: cos and sin caches and I32 position ids (clattn_rope_desc) */
+        clattn_tensor rope_cos, rope_sin, position_ids;
+        clattn_tensor score_weight; /* additive plans: w, the scores' final linear map */
+    };
 } clattn_tensors;
+
+/* Binds the tensors `t` (a clattn_tensors) to a plan descriptor: desc.by_role = t.by_role,
+ * desc.num_roles = CLATTN_ROLE_COUNT. */
+#define CLATTN_BIND_ROLES(desc, t)                                                                 \
+    ((desc).by_role = (t).by_role, (desc).num_roles = (size_t)CLATTN_ROLE_COUNT)
 
 /* The ALiBi paper's slopes for `heads` heads into slopes[0 .. heads - 1]: with n the largest
  * power of two <= heads, head h < n gets 2^(-max_bias (h + 1) / n), and the heads past n take
@@ -433,11 +454,13 @@ typedef enum clattn_scores {
 } clattn_scores;
 
 /* Scaled dot-product attention: out = normalise(scale * q kᵀ + masks) v, per (batch, head).
- * Zero-initialise, then set struct_size = sizeof(clattn_sdpa_desc) and scale (NAN for the
- * default); clattn_sdpa_desc_init does both. */
+ * Start from clattn_sdpa_desc_init (struct_size and every default), then bind the tensors. */
 typedef struct clattn_sdpa_desc {
     size_t struct_size;
-    clattn_tensors tensors; /* layouts: q, k, v, out, attn_mask, key_padding_mask, weights, lse */
+    /* The tensors' layouts by role (clattn_role): by_role[r] for r < num_roles; roles past
+     * num_roles are absent (see CLATTN_BIND_ROLES). */
+    const clattn_tensor *by_role;
+    size_t num_roles;
     clattn_causal causal;
     float scale; /* NAN: 1/sqrt(head_dim_qk); any other value is used as given */
     clattn_norm norm;
@@ -462,8 +485,9 @@ typedef struct clattn_sdpa_desc {
      * P). q and k are left as they are: the plan rotates copies in the workspace (F32).
      * past_k is taken as rotated already (a cache holds rotated keys), and present_k receives
      * past_k then the rotated new keys. Not with kv_seqlen (there k is the whole cache: rotate
-     * keys as they are appended, with a rotary plan). rope_dims 0: the whole head; else even
-     * and at most head_dim_qk; rope_base 0: 10000; positions below 2^24. */
+     * keys as they are appended, with a rotary plan). rope_dims: CLATTN_ROPE_WHOLE_HEAD (the
+     * default), else even and at most head_dim_qk; rope_base: CLATTN_ROPE_BASE_DEFAULT (10000)
+     * by default, finite and > 0; positions below 2^24. */
     int rope;
     clattn_rope_style rope_style;
     size_t rope_dims;
@@ -476,11 +500,6 @@ typedef struct clattn_sdpa_desc {
      * summed exactly (window sizes as large as the diagonal cancel it). Unused with the other
      * alignments. Since 0.6. */
     long long diag_offset;
-    /* The tensors by role instead of `tensors` (then left zeroed): by_role[r] is the tensor of
-     * clattn_role r for r < num_roles, the roles past num_roles are absent; a role this
-     * version does not know must be absent (rank 0). NULL: `tensors` holds them. Since 0.7. */
-    const clattn_tensor *by_role;
-    size_t num_roles;
 } clattn_sdpa_desc;
 
 typedef enum clattn_weight_layout {
@@ -500,10 +519,14 @@ typedef enum clattn_need_weights {
  * qk_dim/num_heads and v_dim/num_heads, attention per head, out = concat·Wo + bo. */
 typedef struct clattn_mha_desc {
     size_t struct_size;
-    clattn_tensors tensors; /* layouts */
+    /* The tensors' layouts by role (clattn_role): by_role[r] for r < num_roles; roles past
+     * num_roles are absent (see CLATTN_BIND_ROLES). */
+    const clattn_tensor *by_role;
+    size_t num_roles;
     size_t num_heads;
     size_t num_kv_heads; /* heads of K and V (grouped-query attention): a divisor of num_heads;
-                          * 0 means num_heads. Other than num_heads: separate weights only */
+                          * CLATTN_KV_HEADS_ALL (the default) means num_heads (0 is refused).
+                          * Other than num_heads: separate weights only */
     clattn_weight_layout layout;
     clattn_causal causal;
     float scale; /* NAN: 1/sqrt(qk_dim / num_heads) */
@@ -517,21 +540,17 @@ typedef struct clattn_mha_desc {
     long long window_left, window_right;
     /* Rotary embeddings (clattn_rope_desc's rules, angles computed) on every head of the
      * projected q and k, before attention: rope 1 turns them on; query row i and key row j sit
-     * at positions rope_start + i and rope_start + j. rope_dims 0: the whole head;
-     * rope_base 0: 10000. */
+     * at positions rope_start + i and rope_start + j. rope_dims and rope_base as
+     * clattn_sdpa_desc's. */
     int rope;
     clattn_rope_style rope_style;
     size_t rope_dims;
     double rope_base;
     size_t rope_start;
-    /* The tensors by role instead of `tensors` (then left zeroed): by_role[r] is the tensor of
-     * clattn_role r for r < num_roles, the roles past num_roles are absent; a role this
-     * version does not know must be absent (rank 0). NULL: `tensors` holds them. Since 0.7. */
-    const clattn_tensor *by_role;
-    size_t num_roles;
 } clattn_mha_desc;
 
-/* Fill *desc with the defaults (zeros, struct_size, scale = NAN). */
+/* Fill *desc with the defaults: struct_size, scale = NAN, num_kv_heads = CLATTN_KV_HEADS_ALL,
+ * rope_dims = CLATTN_ROPE_WHOLE_HEAD, rope_base = CLATTN_ROPE_BASE_DEFAULT, the rest zero. */
 CLATTN_API void clattn_sdpa_desc_init(clattn_sdpa_desc *desc);
 CLATTN_API void clattn_mha_desc_init(clattn_mha_desc *desc);
 
@@ -558,23 +577,18 @@ CLATTN_API int clattn_plan_is_fused(const clattn_plan *plan);
 CLATTN_API const char *clattn_plan_info(const clattn_plan *plan);
 
 /* Enqueues the planned steps on `queue` (NULL: the context's queue; another queue must belong
- * to the context's cl_context and device) after `num_wait` events, binding `tensors`: every
- * tensor present in the plan must be present with the same layout and a buffer large enough
- * for offset + the highest element its strides reach. `workspace` (NULL: the context's) holds
- * at least clattn_plan_workspace_size bytes; executions that run concurrently need their own.
- * When event is not NULL it receives an event for the whole execution (the caller releases
- * it). Executions on one context are not thread-safe (as every call on a context). */
-CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensors *tensors,
-                                             cl_command_queue queue, cl_mem workspace,
-                                             cl_uint num_wait, const cl_event *wait,
-                                             cl_event *event);
-/* clattn_plan_execute with the tensors by role: by_role[r] is the tensor of clattn_role r for
- * r < num_roles (roles past it are absent; one this version does not know must be absent).
- * Since 0.7. */
-CLATTN_API clattn_status clattn_plan_execute_roles(clattn_plan *plan, const clattn_tensor *by_role,
-                                                   size_t num_roles, cl_command_queue queue,
-                                                   cl_mem workspace, cl_uint num_wait,
-                                                   const cl_event *wait, cl_event *event);
+ * to the context's cl_context and device) after `num_wait` events, binding the tensors
+ * by_role[0 .. num_roles) (indexed by clattn_role; the roles past num_roles are absent, and one
+ * this version does not know must be absent; clattn_tensors' by_role and CLATTN_ROLE_COUNT
+ * bind them all): every tensor present in the plan must be present with the same layout and a
+ * buffer large enough for offset + the highest element its strides reach. `workspace` (NULL: the
+ * context's) holds at least clattn_plan_workspace_size bytes; executions that run concurrently need
+ * their own. When event is not NULL it receives an event for the whole execution (the caller
+ * releases it). Executions on one context are not thread-safe (as every call on a context). */
+CLATTN_API clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensor *by_role,
+                                             size_t num_roles, cl_command_queue queue,
+                                             cl_mem workspace, cl_uint num_wait,
+                                             const cl_event *wait, cl_event *event);
 
 /* ---------------------------------------------------------------------------------------------
  * Positional encodings: self-attention has no notion of order, so position p's row gets a
@@ -595,19 +609,18 @@ typedef enum clattn_posenc_kind {
 /* out = x + PE(start + p) on each row p, or out = PE(start + p) without x.
  * tensors.q is x (rank 2 (seq, dim), 3 (batch, seq, dim) or 4 (.., .., seq, dim); optional),
  * tensors.out the result (x's dims, or any rank 2 to 4 without x; required; may be x itself:
- * in place), tensors.pos_table the TABLE kind's table; no other tensor. Zero-initialise and set
- * struct_size (clattn_posenc_desc_init). */
+ * in place), tensors.pos_table the TABLE kind's table; no other tensor. Start from
+ * clattn_posenc_desc_init. */
 typedef struct clattn_posenc_desc {
     size_t struct_size;
-    clattn_tensors tensors;
-    clattn_posenc_kind kind;
-    size_t start; /* the position of row 0 (decoding: the tokens before this block) */
-    double base;  /* SINUSOIDAL: the wavelengths' base, 0 for 10000; finite and > 0 */
-    /* The tensors by role instead of `tensors` (then left zeroed): by_role[r] is the tensor of
-     * clattn_role r for r < num_roles, the roles past num_roles are absent; a role this
-     * version does not know must be absent (rank 0). NULL: `tensors` holds them. Since 0.7. */
+    /* The tensors' layouts by role (clattn_role): by_role[r] for r < num_roles; roles past
+     * num_roles are absent (see CLATTN_BIND_ROLES). */
     const clattn_tensor *by_role;
     size_t num_roles;
+    clattn_posenc_kind kind;
+    size_t start; /* the position of row 0 (decoding: the tokens before this block) */
+    double base;  /* SINUSOIDAL: the wavelengths' base (CLATTN_ROPE_BASE_DEFAULT = 10000 by
+                   * default); finite and > 0 */
 } clattn_posenc_desc;
 
 CLATTN_API void clattn_posenc_desc_init(clattn_posenc_desc *desc);
@@ -632,16 +645,14 @@ CLATTN_API clattn_status clattn_posenc_plan_create(clattn_ctx *ctx, const clattn
  * x: in place); position_ids I32 (batch, seq). */
 typedef struct clattn_rope_desc {
     size_t struct_size;
-    clattn_tensors tensors;
-    clattn_rope_style style;
-    size_t rotary_dim; /* 0: head_dim; else even and at most head_dim */
-    double base;       /* computed angles: 0 for 10000; finite and > 0 */
-    size_t start;      /* without position_ids: the position of row 0 */
-    /* The tensors by role instead of `tensors` (then left zeroed): by_role[r] is the tensor of
-     * clattn_role r for r < num_roles, the roles past num_roles are absent; a role this
-     * version does not know must be absent (rank 0). NULL: `tensors` holds them. Since 0.7. */
+    /* The tensors' layouts by role (clattn_role): by_role[r] for r < num_roles; roles past
+     * num_roles are absent (see CLATTN_BIND_ROLES). */
     const clattn_tensor *by_role;
     size_t num_roles;
+    clattn_rope_style style;
+    size_t rotary_dim; /* CLATTN_ROPE_WHOLE_HEAD (default): head_dim; else even, <= head_dim */
+    double base;       /* computed angles: CLATTN_ROPE_BASE_DEFAULT by default; finite, > 0 */
+    size_t start;      /* without position_ids: the position of row 0 */
 } clattn_rope_desc;
 
 CLATTN_API void clattn_rope_desc_init(clattn_rope_desc *desc);
@@ -671,19 +682,17 @@ CLATTN_API clattn_status clattn_rope_plan_create(clattn_ctx *ctx, const clattn_r
  *   score_weight = w: (H * da) or (H, da), F32, any strides;
  *   attn_mask, key_padding_mask (clattn_tensors' rules, over (batch, H, seq_q, seq_k));
  *   weights (optional, unfused path): (batch, H, seq_q, seq_k) F32.
- * Zero-initialise and set struct_size (clattn_additive_desc_init). */
+ * Start from clattn_additive_desc_init. */
 typedef struct clattn_additive_desc {
     size_t struct_size;
-    clattn_tensors tensors;
-    size_t num_heads;     /* 0 or 1: one head */
+    /* The tensors' layouts by role (clattn_role): by_role[r] for r < num_roles; roles past
+     * num_roles are absent (see CLATTN_BIND_ROLES). */
+    const clattn_tensor *by_role;
+    size_t num_roles;
+    size_t num_heads;     /* at least 1 (the default: one head) */
     clattn_causal causal; /* NONE, TOP_LEFT or BOTTOM_RIGHT */
     clattn_norm norm;
     clattn_path path; /* AUTO: fused unless the weights are wanted or da, dv / H exceed 256 */
-    /* The tensors by role instead of `tensors` (then left zeroed): by_role[r] is the tensor of
-     * clattn_role r for r < num_roles, the roles past num_roles are absent; a role this
-     * version does not know must be absent (rank 0). NULL: `tensors` holds them. Since 0.7. */
-    const clattn_tensor *by_role;
-    size_t num_roles;
 } clattn_additive_desc;
 
 CLATTN_API void clattn_additive_desc_init(clattn_additive_desc *desc);
@@ -778,7 +787,8 @@ typedef struct clattn_mha_host_desc {
     size_t embed_dim, num_heads;
     size_t kdim, vdim, qk_dim, v_dim;
     clattn_weight_layout layout;
-    size_t num_kv_heads; /* 0: num_heads; else grouped-query projections (see clattn_mha_desc) */
+    size_t num_kv_heads; /* CLATTN_KV_HEADS_ALL (default): num_heads; else grouped-query
+                          * projections (see clattn_mha_desc) */
     clattn_causal causal;
     float scale;
     clattn_norm norm;

@@ -26,7 +26,8 @@ int main(void)
     END();
 
     BEGIN(clattn_sdpa_desc, "SdpaDesc");
-    FIELD(clattn_sdpa_desc, struct_size), FIELD(clattn_sdpa_desc, tensors);
+    FIELD(clattn_sdpa_desc, struct_size);
+    FIELD(clattn_sdpa_desc, by_role), FIELD(clattn_sdpa_desc, num_roles);
     FIELD(clattn_sdpa_desc, causal), FIELD(clattn_sdpa_desc, scale), FIELD(clattn_sdpa_desc, norm);
     FIELD(clattn_sdpa_desc, path), FIELD(clattn_sdpa_desc, softcap);
     FIELD(clattn_sdpa_desc, window_align), FIELD(clattn_sdpa_desc, window_left);
@@ -35,11 +36,11 @@ int main(void)
     FIELD(clattn_sdpa_desc, rope_style), FIELD(clattn_sdpa_desc, rope_dims);
     FIELD(clattn_sdpa_desc, rope_base), FIELD(clattn_sdpa_desc, rope_start);
     FIELD(clattn_sdpa_desc, diag_offset);
-    FIELD(clattn_sdpa_desc, by_role), FIELD(clattn_sdpa_desc, num_roles);
     END();
 
     BEGIN(clattn_mha_desc, "MhaDesc");
-    FIELD(clattn_mha_desc, struct_size), FIELD(clattn_mha_desc, tensors);
+    FIELD(clattn_mha_desc, struct_size);
+    FIELD(clattn_mha_desc, by_role), FIELD(clattn_mha_desc, num_roles);
     FIELD(clattn_mha_desc, num_heads), FIELD(clattn_mha_desc, num_kv_heads);
     FIELD(clattn_mha_desc, layout), FIELD(clattn_mha_desc, causal), FIELD(clattn_mha_desc, scale);
     FIELD(clattn_mha_desc, norm), FIELD(clattn_mha_desc, need_weights);
@@ -48,21 +49,20 @@ int main(void)
     FIELD(clattn_mha_desc, window_right), FIELD(clattn_mha_desc, rope);
     FIELD(clattn_mha_desc, rope_style), FIELD(clattn_mha_desc, rope_dims);
     FIELD(clattn_mha_desc, rope_base), FIELD(clattn_mha_desc, rope_start);
-    FIELD(clattn_mha_desc, by_role), FIELD(clattn_mha_desc, num_roles);
     END();
 
     BEGIN(clattn_posenc_desc, "PosencDesc");
-    FIELD(clattn_posenc_desc, struct_size), FIELD(clattn_posenc_desc, tensors);
+    FIELD(clattn_posenc_desc, struct_size);
+    FIELD(clattn_posenc_desc, by_role), FIELD(clattn_posenc_desc, num_roles);
     FIELD(clattn_posenc_desc, kind), FIELD(clattn_posenc_desc, start);
     FIELD(clattn_posenc_desc, base);
-    FIELD(clattn_posenc_desc, by_role), FIELD(clattn_posenc_desc, num_roles);
     END();
 
     BEGIN(clattn_rope_desc, "RopeDesc");
-    FIELD(clattn_rope_desc, struct_size), FIELD(clattn_rope_desc, tensors);
+    FIELD(clattn_rope_desc, struct_size);
+    FIELD(clattn_rope_desc, by_role), FIELD(clattn_rope_desc, num_roles);
     FIELD(clattn_rope_desc, style), FIELD(clattn_rope_desc, rotary_dim);
     FIELD(clattn_rope_desc, base), FIELD(clattn_rope_desc, start);
-    FIELD(clattn_rope_desc, by_role), FIELD(clattn_rope_desc, num_roles);
     END();
 
     BEGIN(clattn_kv_cache_desc, "KvCacheDesc");

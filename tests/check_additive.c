@@ -154,11 +154,13 @@ static void run_case(const additive_case *c, clattn_path path)
 
     clattn_additive_desc desc;
     clattn_additive_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.num_heads = H;
     desc.causal = c->causal;
     desc.norm = c->norm;
     desc.path = path;
-    clattn_tensors *t = &desc.tensors;
+    clattn_tensors *t = &desc_tensors;
     const int rank = c->rank2 ? 2 : 3;
     const size_t q_dims[3] = {B, Lq, c->dq}, k_dims[3] = {B, Lk, c->dk};
     const size_t v_dims[3] = {B, Lk, c->dv}, o_dims[3] = {B, Lq, c->dv};
@@ -220,7 +222,7 @@ static void run_case(const additive_case *c, clattn_path path)
                          "clattn_additive_plan_create")) {
         tu_expect(clattn_plan_is_fused(plan) == (path == CLATTN_PATH_FUSED), "the plan is %sfused",
                   clattn_plan_is_fused(plan) ? "" : "not ");
-        clattn_tensors bound = desc.tensors;
+        clattn_tensors bound = desc_tensors;
         float *pad_f = NULL;
         if (padding) {
             pad_f = tu_floats(B * Lk);
@@ -251,7 +253,8 @@ static void run_case(const additive_case *c, clattn_path path)
         if (err == CL_SUCCESS && c->weights)
             err = pb_upload(tu_ctx(), &bound.weights, 3, NULL);
         if (tu_expect(err == CL_SUCCESS, "uploads failed (%d)", (int)err) &&
-            tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+            tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                                 0, NULL, NULL),
                              CLATTN_SUCCESS, "clattn_plan_execute")) {
             float *got = tu_nan_floats(nout);
             size_t stray = 0;
@@ -337,8 +340,10 @@ START_TEST(test_additive_errors)
     const size_t w_dims[1] = {8};
     clattn_additive_desc good;
     clattn_additive_desc_init(&good);
+    clattn_tensors good_tensors = {0};
+    CLATTN_BIND_ROLES(good, good_tensors);
     good.num_heads = 2; /* da = 4 */
-    clattn_tensors *t = &good.tensors;
+    clattn_tensors *t = &good_tensors;
     pb_make_layout(&t->q, F32, 3, q_dims, PB_PACKED);
     pb_make_layout(&t->k, F32, 3, k_dims, PB_PACKED);
     pb_make_layout(&t->v, F32, 3, v_dims, PB_PACKED);
@@ -351,62 +356,68 @@ START_TEST(test_additive_errors)
     clattn_plan_release(plan);
     tu_expect_status(clattn_additive_plan_create(tu_ctx(), NULL, &plan),
                      CLATTN_ERR_INVALID_ARGUMENT, "desc NULL");
+    clattn_tensors d_tensors = good_tensors;
     clattn_additive_desc d = good;
+    CLATTN_BIND_ROLES(d, d_tensors);
     d.struct_size = 8;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "struct_size", "struct_size");
-    d = good, memset(&d.tensors.score_weight, 0, sizeof d.tensors.score_weight);
+    RESET(d, good), memset(&d_tensors.score_weight, 0, sizeof d_tensors.score_weight);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "score_weight", "w absent");
-    d = good, memset(&d.tensors.k_weight, 0, sizeof d.tensors.k_weight);
+    RESET(d, good), memset(&d_tensors.k_weight, 0, sizeof d_tensors.k_weight);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "k_weight", "W2 absent");
-    d = good, d.num_heads = 3; /* 8 columns of W1 do not split into 3 heads */
+    RESET(d, good), d.num_heads = 0; /* one head before 0.7; 1 (the default) now */
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "num_heads=0", "num_heads 0");
+    RESET(d, good), d.num_heads = 3; /* 8 columns of W1 do not split into 3 heads */
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "heads=3", "v's 6 over 3 heads fine, W1 not");
-    d = good, d.num_heads = 4; /* v's 6 columns do not split into 4 heads */
+    RESET(d, good), d.num_heads = 4; /* v's 6 columns do not split into 4 heads */
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "num_heads", "v over 4 heads");
     const size_t bad_w2[2] = {3, 6};
-    d = good, pb_make_layout(&d.tensors.k_weight, F32, 2, bad_w2, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.k_weight, F32, 2, bad_w2, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "k_weight", "W2 of another da");
     const size_t bad_k[3] = {2, 7, 5};
-    d = good, pb_make_layout(&d.tensors.k, F32, 3, bad_k, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.k, F32, 3, bad_k, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "k_weight", "k of another width than W2");
     const size_t bad_v[3] = {2, 6, 6};
-    d = good, pb_make_layout(&d.tensors.v, F32, 3, bad_v, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.v, F32, 3, bad_v, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "v", "v of another seq_k");
     const size_t bad_out[3] = {2, 5, 4};
-    d = good, pb_make_layout(&d.tensors.out, F32, 3, bad_out, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.out, F32, 3, bad_out, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "out", "out of another width");
     const size_t bad_w[1] = {7};
-    d = good, pb_make_layout(&d.tensors.score_weight, F32, 1, bad_w, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.score_weight, F32, 1, bad_w, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "score_weight", "w of another size");
-    d = good, pb_make_layout(&d.tensors.score_weight, F16, 1, w_dims, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.score_weight, F16, 1, w_dims, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "score_weight", "w in F16");
-    d = good, pb_make_layout(&d.tensors.q_bias, F32, 1, w_dims, PB_STRIDED_LAST);
+    RESET(d, good), pb_make_layout(&d_tensors.q_bias, F32, 1, w_dims, PB_STRIDED_LAST);
     expect_refused(&d, CLATTN_ERR_UNSUPPORTED, "q_bias", "a strided b1");
     const size_t k2[2] = {7, 3};
-    d = good, pb_make_layout(&d.tensors.k, F32, 2, k2, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.k, F32, 2, k2, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "k", "k of rank 2 with q of rank 3");
-    d = good, pb_make_layout(&d.tensors.past_k, F32, 3, k_dims, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.past_k, F32, 3, k_dims, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "past_k", "an SDPA tensor");
-    d = good, d.causal = CLATTN_CAUSAL_ONNX;
+    RESET(d, good), d.causal = CLATTN_CAUSAL_ONNX;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "causal", "ONNX alignment");
-    d = good, d.norm = (clattn_norm)7;
+    RESET(d, good), d.norm = (clattn_norm)7;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "norm", "norm 7");
     const size_t wt_dims[4] = {2, 2, 5, 7};
-    d = good, d.path = CLATTN_PATH_FUSED,
-    pb_make_layout(&d.tensors.weights, F32, 4, wt_dims, PB_PACKED);
+    RESET(d, good), d.path = CLATTN_PATH_FUSED,
+                    pb_make_layout(&d_tensors.weights, F32, 4, wt_dims, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "weights", "weights on the fused path");
     const size_t wt_bad[4] = {2, 1, 5, 7};
-    d = good, pb_make_layout(&d.tensors.weights, F32, 4, wt_bad, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.weights, F32, 4, wt_bad, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "weights", "weights for 1 head of 2");
     const size_t mask_bad[2] = {5, 6};
-    d = good, pb_make_layout(&d.tensors.attn_mask, F32, 2, mask_bad, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.attn_mask, F32, 2, mask_bad, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "attn_mask", "a mask for 6 keys of 7");
     /* Another plan kind's refusal of score_weight. */
     clattn_sdpa_desc s;
     clattn_sdpa_desc_init(&s);
+    clattn_tensors s_tensors = {0};
+    CLATTN_BIND_ROLES(s, s_tensors);
     const size_t sq[4] = {1, 1, 3, 4};
-    pb_make_layout(&s.tensors.q, F32, 4, sq, PB_PACKED);
-    s.tensors.k = s.tensors.v = s.tensors.out = s.tensors.q;
-    s.tensors.score_weight = t->score_weight;
+    pb_make_layout(&s_tensors.q, F32, 4, sq, PB_PACKED);
+    s_tensors.k = s_tensors.v = s_tensors.out = s_tensors.q;
+    s_tensors.score_weight = t->score_weight;
     tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &s, &plan), CLATTN_ERR_INVALID_ARGUMENT,
                      "sdpa with score_weight");
     tu_expect(strstr(clattn_last_error(tu_ctx()), "score_weight") != NULL,

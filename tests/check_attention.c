@@ -363,17 +363,20 @@ START_TEST(test_textbook_ops)
 
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
-    desc.tensors.q = clattn_tensor_make(q_mem, 0, f32, 4, 1, 1, 3, 4);
-    desc.tensors.k = clattn_tensor_make(k_mem, 0, f32, 4, 1, 1, 3, 4);
-    desc.tensors.v = clattn_tensor_make(v_mem, 0, f32, 4, 1, 1, 3, 4);
-    desc.tensors.out = clattn_tensor_make(z_mem, 0, f32, 4, 1, 1, 3, 4);
-    desc.tensors.weights = clattn_tensor_make(weights_mem, 0, f32, 4, 1, 1, 3, 3);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
+    desc_tensors.q = clattn_tensor_make(q_mem, 0, f32, 4, 1, 1, 3, 4);
+    desc_tensors.k = clattn_tensor_make(k_mem, 0, f32, 4, 1, 1, 3, 4);
+    desc_tensors.v = clattn_tensor_make(v_mem, 0, f32, 4, 1, 1, 3, 4);
+    desc_tensors.out = clattn_tensor_make(z_mem, 0, f32, 4, 1, 1, 3, 4);
+    desc_tensors.weights = clattn_tensor_make(weights_mem, 0, f32, 4, 1, 1, 3, 3);
     desc.scale = 0.5f;
     desc.path = CLATTN_PATH_UNFUSED;
     clattn_plan *plan = NULL;
     status = clattn_sdpa_plan_create(ctx, &desc, &plan);
     if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_sdpa_plan_create")) {
-        status = clattn_plan_execute(plan, &desc.tensors, NULL, NULL, 0, NULL, NULL);
+        status = clattn_plan_execute(plan, desc_tensors.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                     NULL, NULL);
         tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute");
     }
     clattn_plan_release(plan);

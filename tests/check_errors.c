@@ -395,14 +395,18 @@ END_TEST
 /* batch 2, heads 2, seq_q 3, seq_k 4, head_dim_qk 5, head_dim_v 6 */
 enum { SB = 2, SH = 2, SQ = 3, SK = 4, SDK = 5, SDV = 6 };
 
-static clattn_sdpa_desc sdpa_good(void)
+static clattn_sdpa_desc sdpa_good(clattn_tensors *out)
 {
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
-    desc.tensors.q = f32_4(NULL, SB, SH, SQ, SDK);
-    desc.tensors.k = f32_4(NULL, SB, SH, SK, SDK);
-    desc.tensors.v = f32_4(NULL, SB, SH, SK, SDV);
-    desc.tensors.out = f32_4(NULL, SB, SH, SQ, SDV);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
+    desc_tensors.q = f32_4(NULL, SB, SH, SQ, SDK);
+    desc_tensors.k = f32_4(NULL, SB, SH, SK, SDK);
+    desc_tensors.v = f32_4(NULL, SB, SH, SK, SDV);
+    desc_tensors.out = f32_4(NULL, SB, SH, SQ, SDV);
+    *out = desc_tensors;
+    CLATTN_BIND_ROLES(desc, *out);
     return desc;
 }
 
@@ -435,8 +439,10 @@ START_TEST(test_sdpa_create_errors)
     TU_BEGIN_TEST();
     tu_set_case("sdpa plan creation errors");
     clattn_ctx *ctx = tu_ctx();
-    const clattn_sdpa_desc good = sdpa_good();
+    clattn_tensors good_tensors;
+    const clattn_sdpa_desc good = sdpa_good(&good_tensors);
     clattn_sdpa_desc desc;
+    clattn_tensors desc_tensors = {0};
     clattn_plan *plan = (clattn_plan *)&plan;
     clattn_status status;
 
@@ -450,65 +456,65 @@ START_TEST(test_sdpa_create_errors)
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "sdpa", "out", "sdpa(NULL out)");
 
     /* struct_size. */
-    desc = good, desc.struct_size = 0;
+    RESET(desc, good), desc.struct_size = 0;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "struct_size", NULL,
                         "sdpa(struct_size 0)");
-    desc = good, desc.struct_size = sizeof desc - 4;
+    RESET(desc, good), desc.struct_size = sizeof desc - 4;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "struct_size", "clattn_sdpa_desc",
                         "sdpa(struct_size no version has)");
 
     /* Bad enum values and scale. */
-    desc = good, desc.norm = (clattn_norm)7;
+    RESET(desc, good), desc.norm = (clattn_norm)7;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "norm", NULL, "sdpa(norm 7)");
-    desc = good, desc.norm = (clattn_norm)-1;
+    RESET(desc, good), desc.norm = (clattn_norm)-1;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "norm", NULL, "sdpa(norm -1)");
-    desc = good, desc.causal = (clattn_causal)5;
+    RESET(desc, good), desc.causal = (clattn_causal)5;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "sdpa(causal 5)");
-    desc = good, desc.causal = (clattn_causal)-2;
+    RESET(desc, good), desc.causal = (clattn_causal)-2;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "sdpa(causal -2)");
-    desc = good, desc.path = (clattn_path)5;
+    RESET(desc, good), desc.path = (clattn_path)5;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "path", NULL, "sdpa(path 5)");
 
     /* The key rules: windows, key counts, the KV cache, the scores. */
-    desc = good, desc.window_align = (clattn_causal)5;
+    RESET(desc, good), desc.window_align = (clattn_causal)5;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "window_align", NULL,
                         "sdpa(window_align 5)");
-    desc = good, desc.causal = CLATTN_CAUSAL_OFFSET, desc.diag_offset = 3;
+    RESET(desc, good), desc.causal = CLATTN_CAUSAL_OFFSET, desc.diag_offset = 3;
     desc.window_align = CLATTN_CAUSAL_TOP_LEFT;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", "same alignment",
                         "sdpa(causal OFFSET, window TOP_LEFT)");
-    desc = good, desc.causal = CLATTN_CAUSAL_TOP_LEFT;
+    RESET(desc, good), desc.causal = CLATTN_CAUSAL_TOP_LEFT;
     desc.window_align = CLATTN_CAUSAL_BOTTOM_RIGHT;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", "same alignment",
                         "sdpa(causal and window aligned apart)");
-    desc = good, desc.tensors.kv_seqlen = f32_1(NULL, SB);
+    RESET(desc, good), desc_tensors.kv_seqlen = f32_1(NULL, SB);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "kv_seqlen", "I32",
                         "sdpa(kv_seqlen F32)");
-    desc = good, desc.tensors.kv_seqlen = with_dtype(f32_1(NULL, SB + 1), CLATTN_DTYPE_I32);
+    RESET(desc, good), desc_tensors.kv_seqlen = with_dtype(f32_1(NULL, SB + 1), CLATTN_DTYPE_I32);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "kv_seqlen", "(batch)",
                         "sdpa(kv_seqlen of 3 batches)");
-    desc = good, desc.tensors.past_k = f32_4(NULL, SB, SH, 7, SDK);
+    RESET(desc, good), desc_tensors.past_k = f32_4(NULL, SB, SH, 7, SDK);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "past_v", "together",
                         "sdpa(past_k without past_v)");
-    desc.tensors.past_v = f32_4(NULL, SB, SH, 7, SDV);
+    desc_tensors.past_v = f32_4(NULL, SB, SH, 7, SDV);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "present_k", "written",
                         "sdpa(past without present)");
-    desc.tensors.present_k = f32_4(NULL, SB, SH, 7 + SK, SDK);
-    desc.tensors.present_v = f32_4(NULL, SB, SH, 7 + SK, SDV);
+    desc_tensors.present_k = f32_4(NULL, SB, SH, 7 + SK, SDK);
+    desc_tensors.present_v = f32_4(NULL, SB, SH, 7 + SK, SDV);
     clattn_plan *cached = expect_sdpa_created(&desc, "sdpa(past and present)");
     clattn_plan_release(cached);
-    desc.tensors.present_v = f32_4(NULL, SB, SH, 7 + SK - 1, SDV);
+    desc_tensors.present_v = f32_4(NULL, SB, SH, 7 + SK - 1, SDV);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "present_v", "past + seq_k",
                         "sdpa(present_v one key short)");
-    desc.tensors.present_v = f32_4(NULL, SB, SH, 7 + SK, SDV);
-    desc.tensors.past_v = f32_4(NULL, SB, SH, 6, SDV);
+    desc_tensors.present_v = f32_4(NULL, SB, SH, 7 + SK, SDV);
+    desc_tensors.past_v = f32_4(NULL, SB, SH, 6, SDV);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "past_v", "past",
                         "sdpa(past_v shorter than past_k)");
-    desc.tensors.past_v = f32_4(NULL, SB, SH, 7, SDV);
-    desc.tensors.kv_seqlen = with_dtype(f32_1(NULL, SB), CLATTN_DTYPE_I32);
+    desc_tensors.past_v = f32_4(NULL, SB, SH, 7, SDV);
+    desc_tensors.kv_seqlen = with_dtype(f32_1(NULL, SB), CLATTN_DTYPE_I32);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "kv_seqlen", "past",
                         "sdpa(kv_seqlen with a past)");
-    desc = good, desc.tensors.scores = f32_4(NULL, SB, SH, SQ, SK);
+    RESET(desc, good), desc_tensors.scores = f32_4(NULL, SB, SH, SQ, SK);
     desc.path = CLATTN_PATH_FUSED;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "path", "scores",
                         "sdpa(FUSED with scores)");
@@ -516,39 +522,39 @@ START_TEST(test_sdpa_create_errors)
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "scores_mode", "weights",
                         "sdpa(scores_mode 3)");
     desc.scores_mode = CLATTN_SCORES_MASKED;
-    desc.tensors.scores = f32_4(NULL, SB, SH, SQ, SK + 1);
+    desc_tensors.scores = f32_4(NULL, SB, SH, SQ, SK + 1);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "scores", NULL,
                         "sdpa(scores one key too many)");
-    desc.tensors.scores = f32_4(NULL, SB, SH, SQ, SK);
+    desc_tensors.scores = f32_4(NULL, SB, SH, SQ, SK);
     cached = expect_sdpa_created(&desc, "sdpa(AUTO with scores)");
     tu_expect(cached == NULL || !clattn_plan_is_fused(cached), "AUTO with scores is fused");
     clattn_plan_release(cached);
-    desc = good, desc.scale = INFINITY;
+    RESET(desc, good), desc.scale = INFINITY;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "scale", NULL, "sdpa(scale inf)");
     static const float bad_caps[] = {-1.0f, -0.0001f, NAN, INFINITY, -INFINITY};
     for (size_t i = 0; i < sizeof bad_caps / sizeof bad_caps[0]; ++i) {
         char call[64];
         snprintf(call, sizeof call, "sdpa(softcap %g)", (double)bad_caps[i]);
-        desc = good, desc.softcap = bad_caps[i];
+        RESET(desc, good), desc.softcap = bad_caps[i];
         expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "softcap", NULL, call);
     }
-    desc = good, desc.softcap = 1e-30f; /* tiny but positive: a valid (extreme) cap */
+    RESET(desc, good), desc.softcap = 1e-30f; /* tiny but positive: a valid (extreme) cap */
     clattn_plan_release(expect_sdpa_created(&desc, "sdpa(softcap 1e-30)"));
 
     /* ALiBi slopes: F32 (heads) or (batch, heads) only. */
-    desc = good, desc.tensors.alibi_slopes = f32_1(NULL, SH + 1);
+    RESET(desc, good), desc_tensors.alibi_slopes = f32_1(NULL, SH + 1);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "alibi_slopes", "(heads)",
                         "sdpa(alibi_slopes of one head too many)");
-    desc = good, desc.tensors.alibi_slopes = f32_2(NULL, SB + 1, SH);
+    RESET(desc, good), desc_tensors.alibi_slopes = f32_2(NULL, SB + 1, SH);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "alibi_slopes", "(batch, heads)",
                         "sdpa(alibi_slopes of 3 batches)");
-    desc = good, desc.tensors.alibi_slopes = f32_4(NULL, 1, 1, SB, SH);
+    RESET(desc, good), desc_tensors.alibi_slopes = f32_4(NULL, 1, 1, SB, SH);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "alibi_slopes", NULL,
                         "sdpa(alibi_slopes of rank 4)");
-    desc = good, desc.tensors.alibi_slopes = with_dtype(f32_1(NULL, SH), CLATTN_DTYPE_F16);
+    RESET(desc, good), desc_tensors.alibi_slopes = with_dtype(f32_1(NULL, SH), CLATTN_DTYPE_F16);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "alibi_slopes", "F32",
                         "sdpa(alibi_slopes F16)");
-    desc = good, desc.tensors.alibi_slopes = f32_2(NULL, SB, SH);
+    RESET(desc, good), desc_tensors.alibi_slopes = f32_2(NULL, SB, SH);
     clattn_plan_release(expect_sdpa_created(&desc, "sdpa(alibi_slopes (batch, heads))"));
 
     /* clattn_alibi_slopes: refusals, and the paper's slopes (H = 8: 2^-1 .. 2^-8; H = 12:
@@ -574,9 +580,9 @@ START_TEST(test_sdpa_create_errors)
             tu_expect(fabs(slopes[h] - want) <= 1e-7 * want, "12 heads: slope %d is %.9g, not %.9g",
                       h, (double)slopes[h], want);
         }
-    desc = good, desc.tensors.q.dtype = (clattn_dtype)7;
+    RESET(desc, good), desc_tensors.q.dtype = (clattn_dtype)7;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "q", "dtype", "sdpa(q dtype 7)");
-    desc = good, desc.tensors.out.dtype = (clattn_dtype)-1;
+    RESET(desc, good), desc_tensors.out.dtype = (clattn_dtype)-1;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "out", "dtype",
                         "sdpa(out dtype -1)");
 
@@ -584,63 +590,63 @@ START_TEST(test_sdpa_create_errors)
     static const char *const required[4] = {"q", "k", "v", "out"};
     for (int i = 0; i < 4; ++i) {
         char call[64];
-        desc = good;
-        clattn_tensor *tensors[4] = {&desc.tensors.q, &desc.tensors.k, &desc.tensors.v,
-                                     &desc.tensors.out};
+        RESET(desc, good);
+        clattn_tensor *tensors[4] = {&desc_tensors.q, &desc_tensors.k, &desc_tensors.v,
+                                     &desc_tensors.out};
         *tensors[i] = absent;
         snprintf(call, sizeof call, "sdpa(%s absent)", required[i]);
         expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, required[i], NULL, call);
-        desc = good;
+        RESET(desc, good);
         tensors[i]->rank = 3;
         snprintf(call, sizeof call, "sdpa(%s rank 3)", required[i]);
         expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, required[i], "rank", call);
-        desc = good;
+        RESET(desc, good);
         tensors[i]->rank = 5;
         snprintf(call, sizeof call, "sdpa(%s rank 5)", required[i]);
         expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, required[i], "rank", call);
-        desc = good;
+        RESET(desc, good);
         tensors[i]->dims[i] = 0;
         snprintf(call, sizeof call, "sdpa(%s dims[%d] = 0)", required[i], i);
         expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, required[i], NULL, call);
     }
-    desc = good, desc.tensors.q_weight = f32_2(NULL, SDK, SDK);
+    RESET(desc, good), desc_tensors.q_weight = f32_2(NULL, SDK, SDK);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "q_weight", NULL,
                         "sdpa(q_weight given)");
-    desc = good, desc.tensors.out_bias = f32_1(NULL, SDV);
+    RESET(desc, good), desc_tensors.out_bias = f32_1(NULL, SDV);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "out_bias", NULL,
                         "sdpa(out_bias given)");
 
     /* Mismatched dims: the message names the tensor and the dims expected. */
-    desc = good, desc.tensors.k.dims[3] = SDK + 1;
+    RESET(desc, good), desc_tensors.k.dims[3] = SDK + 1;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k", "(2, 2, 4, 5)",
                         "sdpa(k head_dim 6, q 5)");
-    desc = good, desc.tensors.k.dims[0] = SB + 1;
+    RESET(desc, good), desc_tensors.k.dims[0] = SB + 1;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k", "(2, 2, 4, 5)",
                         "sdpa(k batch 3, q 2)");
     /* k and v may have fewer heads than q (grouped-query), a divisor of q's, both the same. */
-    desc = good, desc.tensors.k.dims[1] = 3;
+    RESET(desc, good), desc_tensors.k.dims[1] = 3;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k",
                         "has 3 heads (dim 1), which must divide q's 2 heads",
                         "sdpa(k heads 3, q 2)");
-    desc = good, desc.tensors.k.dims[1] = 1;
+    RESET(desc, good), desc_tensors.k.dims[1] = 1;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "v", "(2, 1, 4, 6)",
                         "sdpa(k heads 1, v 2)");
-    desc = good, desc.tensors.v.dims[2] = SK + 1;
+    RESET(desc, good), desc_tensors.v.dims[2] = SK + 1;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "v", "(2, 2, 4, 6)",
                         "sdpa(v seq_k 5, k 4)");
-    desc = good, desc.tensors.out.dims[3] = SDV - 1;
+    RESET(desc, good), desc_tensors.out.dims[3] = SDV - 1;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out", "(2, 2, 3, 6)",
                         "sdpa(out head_dim 5, v 6)");
-    desc = good, desc.tensors.out.dims[2] = SK;
+    RESET(desc, good), desc_tensors.out.dims[2] = SK;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out", "(2, 2, 3, 6)",
                         "sdpa(out seq 4, q 3)");
-    desc = good, desc.tensors.weights = f32_4(NULL, SB, SH, SQ, SK + 1);
+    RESET(desc, good), desc_tensors.weights = f32_4(NULL, SB, SH, SQ, SK + 1);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "weights", "(2, 2, 3, 4)",
                         "sdpa(weights seq_k 5)");
-    desc = good, desc.tensors.weights = f32_3(NULL, SB, SQ, SK);
+    RESET(desc, good), desc_tensors.weights = f32_3(NULL, SB, SQ, SK);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "weights", "(2, 2, 3, 4)",
                         "sdpa(weights rank 3)");
-    desc = good, desc.tensors.lse = f32_3(NULL, SB, SH, SK);
+    RESET(desc, good), desc_tensors.lse = f32_3(NULL, SB, SH, SK);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "lse", "(2, 2, 3)", "sdpa(lse seq 4)");
 
     /* Masks that do not broadcast to (batch, heads, seq_q, seq_k). */
@@ -657,29 +663,29 @@ START_TEST(test_sdpa_create_errors)
         {4, {SB, SH, SQ, 2}, "attn_mask seq_k 2"},
     };
     for (int i = 0; i < COUNT_OF(bad_masks); ++i) {
-        desc = good;
-        desc.tensors.attn_mask =
+        RESET(desc, good);
+        desc_tensors.attn_mask =
             clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, bad_masks[i].rank, bad_masks[i].dims[0],
                                bad_masks[i].dims[1], bad_masks[i].dims[2], bad_masks[i].dims[3]);
         char call[96];
         snprintf(call, sizeof call, "sdpa(%s)", bad_masks[i].label);
         expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "attn_mask", "(2, 2, 3, 4)", call);
     }
-    desc = good, desc.tensors.attn_mask = f32_4(NULL, 1, 1, 1, 1);
-    desc.tensors.attn_mask.rank = 5;
+    RESET(desc, good), desc_tensors.attn_mask = f32_4(NULL, 1, 1, 1, 1);
+    desc_tensors.attn_mask.rank = 5;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "attn_mask", "rank",
                         "sdpa(attn_mask rank 5)");
-    desc = good;
-    desc.tensors.key_padding_mask =
+    RESET(desc, good);
+    desc_tensors.key_padding_mask =
         clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, SB, SK + 1, 0, 0);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "key_padding_mask", "(2, 4)",
                         "sdpa(key_padding_mask (2, 5))");
-    desc = good;
-    desc.tensors.key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 1, SK, 0, 0, 0);
+    RESET(desc, good);
+    desc_tensors.key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 1, SK, 0, 0, 0);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "key_padding_mask", "(2, 4)",
                         "sdpa(key_padding_mask rank 1)");
-    desc = good;
-    desc.tensors.key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 3, SB, 1, SK, 0);
+    RESET(desc, good);
+    desc_tensors.key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 3, SB, 1, SK, 0);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "key_padding_mask", "(2, 4)",
                         "sdpa(key_padding_mask rank 3)");
 
@@ -695,101 +701,105 @@ START_TEST(test_sdpa_create_errors)
         {offsetof(clattn_tensors, out), "out", CLATTN_DTYPE_U8},
     };
     for (int i = 0; i < COUNT_OF(bad_dtypes); ++i) {
-        desc = good;
-        clattn_tensor *tensor = (clattn_tensor *)((char *)&desc.tensors + bad_dtypes[i].field);
+        RESET(desc, good);
+        clattn_tensor *tensor = (clattn_tensor *)((char *)&desc_tensors + bad_dtypes[i].field);
         tensor->dtype = bad_dtypes[i].dtype;
         char call[64];
         snprintf(call, sizeof call, "sdpa(%s U8)", bad_dtypes[i].name);
         expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, bad_dtypes[i].name, "U8", call);
     }
-    desc = good, desc.tensors.key_padding_mask = f32_2(NULL, SB, SK);
+    RESET(desc, good), desc_tensors.key_padding_mask = f32_2(NULL, SB, SK);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "key_padding_mask", "F32",
                         "sdpa(key_padding_mask F32)");
-    desc = good;
-    desc.tensors.key_padding_mask = with_dtype(f32_2(NULL, SB, SK), CLATTN_DTYPE_F16);
+    RESET(desc, good);
+    desc_tensors.key_padding_mask = with_dtype(f32_2(NULL, SB, SK), CLATTN_DTYPE_F16);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "key_padding_mask", "F16",
                         "sdpa(key_padding_mask F16)");
-    desc = good, desc.tensors.weights = with_dtype(f32_4(NULL, SB, SH, SQ, SK), CLATTN_DTYPE_F16);
+    RESET(desc, good),
+        desc_tensors.weights = with_dtype(f32_4(NULL, SB, SH, SQ, SK), CLATTN_DTYPE_F16);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights", "F16",
                         "sdpa(weights F16)");
-    desc = good, desc.tensors.weights = with_dtype(f32_4(NULL, SB, SH, SQ, SK), CLATTN_DTYPE_U8);
+    RESET(desc, good),
+        desc_tensors.weights = with_dtype(f32_4(NULL, SB, SH, SQ, SK), CLATTN_DTYPE_U8);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights", "U8", "sdpa(weights U8)");
-    desc = good, desc.tensors.lse = with_dtype(f32_3(NULL, SB, SH, SQ), CLATTN_DTYPE_BF16);
+    RESET(desc, good), desc_tensors.lse = with_dtype(f32_3(NULL, SB, SH, SQ), CLATTN_DTYPE_BF16);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "lse", "BF16", "sdpa(lse BF16)");
 
     /* Outputs with stride 0 along a dimension above 1 (elements would overlap); inputs may. */
-    desc = good, desc.tensors.out = with_strides(desc.tensors.out, SH * SQ * SDV, 0, SDV, 1);
+    RESET(desc, good), desc_tensors.out = with_strides(desc_tensors.out, SH * SQ * SDV, 0, SDV, 1);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out", "stride 0",
                         "sdpa(out heads stride 0)");
-    desc = good, desc.tensors.out = with_strides(desc.tensors.out, SH * SQ * SDV, SQ * SDV, SDV, 0);
+    RESET(desc, good),
+        desc_tensors.out = with_strides(desc_tensors.out, SH * SQ * SDV, SQ * SDV, SDV, 0);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out", "stride 0",
                         "sdpa(out head_dim stride 0)");
-    desc = good, desc.tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
-    desc.tensors.weights = with_strides(desc.tensors.weights, 0, SQ * SK, SK, 1);
+    RESET(desc, good), desc_tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
+    desc_tensors.weights = with_strides(desc_tensors.weights, 0, SQ * SK, SK, 1);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "weights", "stride 0",
                         "sdpa(weights batch stride 0)");
-    desc = good, desc.tensors.lse = with_strides(f32_3(NULL, SB, SH, SQ), SH * SQ, SQ, 0, 0);
+    RESET(desc, good), desc_tensors.lse = with_strides(f32_3(NULL, SB, SH, SQ), SH * SQ, SQ, 0, 0);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "lse", "stride 0",
                         "sdpa(lse seq stride 0)");
-    desc = good, desc.tensors.k = with_strides(desc.tensors.k, SK * SDK, 0, SDK, 1);
-    desc.tensors.v = with_strides(desc.tensors.v, 0, 0, SDV, 1);
+    RESET(desc, good), desc_tensors.k = with_strides(desc_tensors.k, SK * SDK, 0, SDK, 1);
+    desc_tensors.v = with_strides(desc_tensors.v, 0, 0, SDV, 1);
     plan = expect_sdpa_created(&desc, "sdpa(k and v broadcast over heads by stride 0)");
     clattn_plan_release(plan);
 
     /* Sizes and strides whose extent overflows size_t; single dims over 32 bits. */
     const size_t big = (size_t)1 << 31, over = (size_t)UINT32_MAX + 1;
     if (SIZE_MAX > UINT32_MAX) {
-        desc = good, desc.tensors.q = f32_4(NULL, big, big, big, SDK);
+        RESET(desc, good), desc_tensors.q = f32_4(NULL, big, big, big, SDK);
         expect_sdpa_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "q", NULL, "sdpa(q 2^93 elements)");
-        desc = good, desc.tensors.k = with_strides(desc.tensors.k, SIZE_MAX / 2, SK * SDK, SDK, 1);
+        RESET(desc, good),
+            desc_tensors.k = with_strides(desc_tensors.k, SIZE_MAX / 2, SK * SDK, SDK, 1);
         expect_sdpa_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "k", NULL,
                             "sdpa(k batch stride SIZE_MAX/2)");
-        desc = good, desc.tensors.v = with_strides(desc.tensors.v, 1, 1, SIZE_MAX / 4, 1);
+        RESET(desc, good), desc_tensors.v = with_strides(desc_tensors.v, 1, 1, SIZE_MAX / 4, 1);
         expect_sdpa_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "v", NULL,
                             "sdpa(v seq stride SIZE_MAX/4)");
         /* 2^63 elements fit size_t; their 2^65 bytes do not. */
-        desc = good, desc.tensors.q = f32_4(NULL, big, big, 2, 1);
-        desc.tensors.k = f32_4(NULL, big, big, SK, 1);
+        RESET(desc, good), desc_tensors.q = f32_4(NULL, big, big, 2, 1);
+        desc_tensors.k = f32_4(NULL, big, big, SK, 1);
         expect_sdpa_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "q", "bytes", "sdpa(q 2^65 bytes)");
-        desc = good, desc.tensors.q.dims[2] = over;
+        RESET(desc, good), desc_tensors.q.dims[2] = over;
         expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "q", "32-bit", "sdpa(seq_q 2^32)");
-        desc = good, desc.tensors.k.dims[2] = over, desc.tensors.v.dims[2] = over;
+        RESET(desc, good), desc_tensors.k.dims[2] = over, desc_tensors.v.dims[2] = over;
         expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "k", "32-bit", "sdpa(seq_k 2^32)");
-        desc = good, desc.tensors.q.dims[1] = over;
+        RESET(desc, good), desc_tensors.q.dims[1] = over;
         expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "q", "32-bit", "sdpa(heads 2^32)");
-        desc = good, desc.tensors.lse = f32_3(NULL, SB, over, SQ);
+        RESET(desc, good), desc_tensors.lse = f32_3(NULL, SB, over, SQ);
         expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "lse", "32-bit",
                             "sdpa(lse heads 2^32)");
         /* The scores of the unfused path overflow though every tensor fits. */
         const size_t side = (size_t)1 << 20;
-        desc = good, desc.path = CLATTN_PATH_UNFUSED;
-        desc.tensors.q = f32_4(NULL, side, side, side, 1);
-        desc.tensors.k = f32_4(NULL, side, side, side, 1);
-        desc.tensors.v = f32_4(NULL, side, side, side, 1);
-        desc.tensors.out = f32_4(NULL, side, side, side, 1);
+        RESET(desc, good), desc.path = CLATTN_PATH_UNFUSED;
+        desc_tensors.q = f32_4(NULL, side, side, side, 1);
+        desc_tensors.k = f32_4(NULL, side, side, side, 1);
+        desc_tensors.v = f32_4(NULL, side, side, side, 1);
+        desc_tensors.out = f32_4(NULL, side, side, side, 1);
         expect_sdpa_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "scores|rows", NULL,
                             "sdpa(unfused scores 2^80)");
         /* ... or fit size_t but not the device. */
-        desc = good, desc.path = CLATTN_PATH_UNFUSED;
-        desc.tensors.q = f32_4(NULL, 1024, 1, 4096, 1);
-        desc.tensors.k = f32_4(NULL, 1024, 1, 4096, 1);
-        desc.tensors.v = f32_4(NULL, 1024, 1, 4096, 1);
-        desc.tensors.out = f32_4(NULL, 1024, 1, 4096, 1);
+        RESET(desc, good), desc.path = CLATTN_PATH_UNFUSED;
+        desc_tensors.q = f32_4(NULL, 1024, 1, 4096, 1);
+        desc_tensors.k = f32_4(NULL, 1024, 1, 4096, 1);
+        desc_tensors.v = f32_4(NULL, 1024, 1, 4096, 1);
+        desc_tensors.out = f32_4(NULL, 1024, 1, 4096, 1);
         expect_sdpa_refused(&desc, CLATTN_ERR_TOO_LARGE, 0, "scores", NULL,
                             "sdpa(unfused scores of 16 GiB)");
     }
 
     /* Paths: FUSED cannot return weights nor take head sizes over 256; lse needs the fused
      * kernel. */
-    desc = good, desc.path = CLATTN_PATH_FUSED;
-    desc.tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
+    RESET(desc, good), desc.path = CLATTN_PATH_FUSED;
+    desc_tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights", "FUSED",
                         "sdpa(FUSED with weights)");
     static const size_t large_heads[][2] = {{257, SDV}, {SDK, 257}, {300, 300}};
     for (int i = 0; i < COUNT_OF(large_heads); ++i) {
-        desc = good, desc.path = CLATTN_PATH_FUSED;
-        desc.tensors.q.dims[3] = desc.tensors.k.dims[3] = large_heads[i][0];
-        desc.tensors.v.dims[3] = desc.tensors.out.dims[3] = large_heads[i][1];
+        RESET(desc, good), desc.path = CLATTN_PATH_FUSED;
+        desc_tensors.q.dims[3] = desc_tensors.k.dims[3] = large_heads[i][0];
+        desc_tensors.v.dims[3] = desc_tensors.out.dims[3] = large_heads[i][1];
         char call[64];
         snprintf(call, sizeof call, "sdpa(FUSED, head sizes %zu, %zu)", large_heads[i][0],
                  large_heads[i][1]);
@@ -799,27 +809,27 @@ START_TEST(test_sdpa_create_errors)
         tu_expect(plan == NULL || !clattn_plan_is_fused(plan),
                   "AUTO with a head size over 256 chose the fused kernel");
         clattn_plan_release(plan);
-        desc.tensors.lse = f32_3(NULL, SB, SH, SQ);
+        desc_tensors.lse = f32_3(NULL, SB, SH, SQ);
         expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "lse", NULL,
                             "sdpa(AUTO, head size over 256, lse)");
     }
-    desc = good, desc.path = CLATTN_PATH_UNFUSED, desc.tensors.lse = f32_3(NULL, SB, SH, SQ);
+    RESET(desc, good), desc.path = CLATTN_PATH_UNFUSED, desc_tensors.lse = f32_3(NULL, SB, SH, SQ);
     expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "lse", "fused", "sdpa(UNFUSED with lse)");
-    desc = good, desc.tensors.lse = f32_3(NULL, SB, SH, SQ);
-    desc.tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
+    RESET(desc, good), desc_tensors.lse = f32_3(NULL, SB, SH, SQ);
+    desc_tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
     expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "lse", NULL,
                         "sdpa(AUTO with weights and lse)");
 
     /* The unfused path reads rows: head_dim strides of 1; the weights' seq_k stride 1. */
-    desc = good, desc.path = CLATTN_PATH_UNFUSED;
-    desc.tensors.q = with_strides(desc.tensors.q, SH * SQ * SDK * 2, SQ * SDK * 2, SDK * 2, 2);
+    RESET(desc, good), desc.path = CLATTN_PATH_UNFUSED;
+    desc_tensors.q = with_strides(desc_tensors.q, SH * SQ * SDK * 2, SQ * SDK * 2, SDK * 2, 2);
     expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "q", "stride",
                         "sdpa(UNFUSED, q head_dim stride 2)");
     desc.path = CLATTN_PATH_AUTO;
     plan = expect_sdpa_created(&desc, "sdpa(AUTO, q head_dim stride 2)");
     clattn_plan_release(plan);
-    desc = good, desc.tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
-    desc.tensors.weights = with_strides(desc.tensors.weights, SH * SK * SQ, SK * SQ, 1, SQ);
+    RESET(desc, good), desc_tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
+    desc_tensors.weights = with_strides(desc_tensors.weights, SH * SK * SQ, SK * SQ, 1, SQ);
     expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "weights", "stride",
                         "sdpa(weights transposed)");
 
@@ -853,7 +863,8 @@ static void expect_execute_refused(clattn_plan *plan, const clattn_tensors *tens
                                    const char *needle, const char *call)
 {
     cl_event event = (cl_event)&event;
-    clattn_status status = clattn_plan_execute(plan, tensors, queue, workspace, 0, NULL, &event);
+    clattn_status status = clattn_plan_execute(plan, tensors ? tensors->by_role : NULL,
+                                               CLATTN_ROLE_COUNT, queue, workspace, 0, NULL, &event);
     expect_error_full(status, want, alternative, op, names, needle, call);
     tu_expect(event == NULL, "%s: *event not cleared on failure", call);
     if (status == CLATTN_SUCCESS && event != NULL) {
@@ -880,13 +891,14 @@ START_TEST(test_sdpa_execute_errors)
         .kpm = nan_bytes(SB * SK),
     };
     /* An unfused plan with weights, an additive mask and a padding mask: every role bound. */
-    clattn_sdpa_desc desc = sdpa_good();
+    clattn_tensors desc_tensors;
+    clattn_sdpa_desc desc = sdpa_good(&desc_tensors);
     desc.path = CLATTN_PATH_UNFUSED;
-    desc.tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
-    desc.tensors.attn_mask = f32_2(NULL, SQ, SK);
-    desc.tensors.key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, SB, SK, 0, 0);
+    desc_tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
+    desc_tensors.attn_mask = f32_2(NULL, SQ, SK);
+    desc_tensors.key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, SB, SK, 0, 0);
     clattn_plan *plan = expect_sdpa_created(&desc, "sdpa(unfused, weights, masks)");
-    clattn_tensors good = desc.tensors;
+    clattn_tensors good = desc_tensors;
     good.q.mem = buf.q, good.k.mem = buf.k, good.v.mem = buf.v, good.out.mem = buf.out;
     good.weights.mem = buf.weights, good.attn_mask.mem = buf.mask;
     good.key_padding_mask.mem = buf.kpm;
@@ -901,11 +913,12 @@ START_TEST(test_sdpa_execute_errors)
     const size_t need = clattn_plan_workspace_size(plan);
 
     /* NULL plan and tensors. */
-    status = clattn_plan_execute(NULL, &good, NULL, NULL, 0, NULL, &event);
+    status =
+        clattn_plan_execute(NULL, good.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, &event);
     tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && event == NULL,
               "execute(NULL plan): %s, event %p", clattn_status_string(status), (void *)event);
     expect_execute_refused(plan, NULL, NULL, NULL, CLATTN_ERR_INVALID_ARGUMENT, 0, "sdpa",
-                           "tensors", NULL, "execute(NULL tensors)");
+                           "by_role", NULL, "execute(NULL by_role, 30 roles)");
 
     /* Tensors that differ from the plan, or lack a buffer. */
     t = good, t.q.mem = NULL;
@@ -961,11 +974,13 @@ START_TEST(test_sdpa_execute_errors)
     {
         /* A plan whose k has a row stride one larger than packed: the packed buffer is too
          * small through the strides. */
+        clattn_tensors strided_tensors = desc_tensors;
         clattn_sdpa_desc strided = desc;
-        strided.tensors.k =
-            with_strides(strided.tensors.k, SH * SK * (SDK + 1), SK * (SDK + 1), SDK + 1, 1);
+        CLATTN_BIND_ROLES(strided, strided_tensors);
+        strided_tensors.k =
+            with_strides(strided_tensors.k, SH * SK * (SDK + 1), SK * (SDK + 1), SDK + 1, 1);
         clattn_plan *strided_plan = expect_sdpa_created(&strided, "sdpa(k row stride 6)");
-        t = good, t.k = strided.tensors.k, t.k.mem = buf.k;
+        t = good, t.k = strided_tensors.k, t.k.mem = buf.k;
         if (strided_plan != NULL)
             expect_execute_refused(strided_plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0,
                                    "sdpa", "k", "strides",
@@ -980,14 +995,16 @@ START_TEST(test_sdpa_execute_errors)
                                "workspace", NULL, "execute(workspace 4 bytes short)");
         tu_release_mem(small);
     }
-    status = clattn_plan_execute(plan, &good, NULL, NULL, 1, NULL, &event);
+    status =
+        clattn_plan_execute(plan, good.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 1, NULL, &event);
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "sdpa", "num_wait",
                  "execute(num_wait 1, wait NULL)");
     tu_expect(event == NULL, "execute(num_wait 1, wait NULL) left *event set");
     cl_event marker = NULL;
     cl_int err = clEnqueueMarkerWithWaitList(clattn_ctx_queue(ctx), 0, NULL, &marker);
     tu_expect(err == CL_SUCCESS, "clEnqueueMarkerWithWaitList: %d", (int)err);
-    status = clattn_plan_execute(plan, &good, NULL, NULL, 0, &marker, &event);
+    status =
+        clattn_plan_execute(plan, good.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, &marker, &event);
     expect_error_text(status, CLATTN_ERR_INVALID_ARGUMENT, "sdpa", "num_wait", "given",
                       "execute(num_wait 0, wait given)");
     if (marker != NULL) {
@@ -1009,33 +1026,40 @@ END_TEST
 /* batch 2, seq 3, embed 8, heads 2; PyTorch layout, packed in_proj, out projection. */
 enum { MB = 2, MS = 3, ME = 8, MH = 2 };
 
-static clattn_mha_desc mha_good(void)
+static clattn_mha_desc mha_good(clattn_tensors *out)
 {
     clattn_mha_desc desc;
     clattn_mha_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.num_heads = MH;
     desc.layout = CLATTN_LAYOUT_TORCH;
-    desc.tensors.q = f32_3(NULL, MB, MS, ME);
-    desc.tensors.k = f32_3(NULL, MB, MS, ME);
-    desc.tensors.v = f32_3(NULL, MB, MS, ME);
-    desc.tensors.out = f32_3(NULL, MB, MS, ME);
-    desc.tensors.in_proj_weight = f32_2(NULL, 3 * ME, ME);
-    desc.tensors.in_proj_bias = f32_1(NULL, 3 * ME);
-    desc.tensors.out_weight = f32_2(NULL, ME, ME);
-    desc.tensors.out_bias = f32_1(NULL, ME);
+    desc_tensors.q = f32_3(NULL, MB, MS, ME);
+    desc_tensors.k = f32_3(NULL, MB, MS, ME);
+    desc_tensors.v = f32_3(NULL, MB, MS, ME);
+    desc_tensors.out = f32_3(NULL, MB, MS, ME);
+    desc_tensors.in_proj_weight = f32_2(NULL, 3 * ME, ME);
+    desc_tensors.in_proj_bias = f32_1(NULL, 3 * ME);
+    desc_tensors.out_weight = f32_2(NULL, ME, ME);
+    desc_tensors.out_bias = f32_1(NULL, ME);
+    *out = desc_tensors;
+    CLATTN_BIND_ROLES(desc, *out);
     return desc;
 }
 
 /* The same description with separate XW weights (q, k, v: ME -> ME) and no packed ones. */
-static clattn_mha_desc mha_separate(void)
+static clattn_mha_desc mha_separate(clattn_tensors *out)
 {
-    clattn_mha_desc desc = mha_good();
+    clattn_tensors desc_tensors;
+    clattn_mha_desc desc = mha_good(&desc_tensors);
     desc.layout = CLATTN_LAYOUT_XW;
-    desc.tensors.in_proj_weight = absent;
-    desc.tensors.in_proj_bias = absent;
-    desc.tensors.q_weight = f32_2(NULL, ME, ME);
-    desc.tensors.k_weight = f32_2(NULL, ME, ME);
-    desc.tensors.v_weight = f32_2(NULL, ME, ME);
+    desc_tensors.in_proj_weight = absent;
+    desc_tensors.in_proj_bias = absent;
+    desc_tensors.q_weight = f32_2(NULL, ME, ME);
+    desc_tensors.k_weight = f32_2(NULL, ME, ME);
+    desc_tensors.v_weight = f32_2(NULL, ME, ME);
+    *out = desc_tensors;
+    CLATTN_BIND_ROLES(desc, *out);
     return desc;
 }
 
@@ -1066,8 +1090,11 @@ START_TEST(test_mha_create_errors)
     TU_BEGIN_TEST();
     tu_set_case("mha plan creation errors");
     clattn_ctx *ctx = tu_ctx();
-    const clattn_mha_desc good = mha_good(), separate = mha_separate();
+    clattn_tensors good_tensors, separate_tensors;
+    const clattn_mha_desc good = mha_good(&good_tensors);
+    const clattn_mha_desc separate = mha_separate(&separate_tensors);
     clattn_mha_desc desc;
+    clattn_tensors desc_tensors = {0};
     clattn_plan *plan = (clattn_plan *)&plan;
     clattn_status status;
 
@@ -1080,51 +1107,51 @@ START_TEST(test_mha_create_errors)
     expect_error(status, CLATTN_ERR_INVALID_ARGUMENT, "mha", "out", "mha(NULL out)");
 
     /* Soft-capping, windows and ALiBi slopes (as SDPA's; ONNX's alignment is SDPA's only). */
-    desc = good, desc.softcap = -1.0f;
+    RESET(desc, good), desc.softcap = -1.0f;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "softcap", NULL, "mha(softcap -1)");
-    desc = good, desc.softcap = NAN;
+    RESET(desc, good), desc.softcap = NAN;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "softcap", NULL, "mha(softcap NAN)");
-    desc = good, desc.window_align = CLATTN_CAUSAL_ONNX;
+    RESET(desc, good), desc.window_align = CLATTN_CAUSAL_ONNX;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "window_align", NULL,
                        "mha(window_align ONNX)");
-    desc = good, desc.causal = CLATTN_CAUSAL_TOP_LEFT;
+    RESET(desc, good), desc.causal = CLATTN_CAUSAL_TOP_LEFT;
     desc.window_align = CLATTN_CAUSAL_BOTTOM_RIGHT;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", "same alignment",
                        "mha(causal and window aligned apart)");
-    desc = good, desc.tensors.alibi_slopes = f32_1(NULL, desc.num_heads + 1);
+    RESET(desc, good), desc_tensors.alibi_slopes = f32_1(NULL, desc.num_heads + 1);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "alibi_slopes", "(heads)",
                        "mha(alibi_slopes of one head too many)");
-    desc = good, desc.tensors.alibi_slopes = f32_1(NULL, desc.num_heads);
+    RESET(desc, good), desc_tensors.alibi_slopes = f32_1(NULL, desc.num_heads);
     desc.softcap = 2.0f, desc.window_align = CLATTN_CAUSAL_TOP_LEFT, desc.window_left = 3;
     desc.window_right = -1;
     clattn_plan_release(expect_mha_created(&desc, "mha(alibi, softcap and a window)"));
-    desc = good, desc.struct_size = sizeof(clattn_mha_desc) + sizeof(size_t);
+    RESET(desc, good), desc.struct_size = sizeof(clattn_mha_desc) + sizeof(size_t);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "struct_size", "clattn_mha_desc",
                        "mha(struct_size from a newer header)");
 
     /* Inputs and outputs absent. */
-    desc = good, desc.tensors.q = absent;
+    RESET(desc, good), desc_tensors.q = absent;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "query", NULL, "mha(query absent)");
-    desc = good, desc.tensors.k = absent;
+    RESET(desc, good), desc_tensors.k = absent;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "key", NULL, "mha(key absent)");
-    desc = good, desc.tensors.v = absent;
+    RESET(desc, good), desc_tensors.v = absent;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "value", NULL, "mha(value absent)");
-    desc = good, desc.tensors.out = absent;
+    RESET(desc, good), desc_tensors.out = absent;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "out", NULL, "mha(out absent)");
-    desc = good, desc.tensors.q.rank = 4, desc.tensors.q.dims[3] = 1;
+    RESET(desc, good), desc_tensors.q.rank = 4, desc_tensors.q.dims[3] = 1;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, CLATTN_ERR_INVALID_SHAPE, "query",
                        "rank", "mha(query rank 4)");
-    desc = good, desc.tensors.q.rank = 0, desc.tensors.q.mem = NULL;
+    RESET(desc, good), desc_tensors.q.rank = 0, desc_tensors.q.mem = NULL;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "query", NULL, "mha(query rank 0)");
-    desc = good, desc.tensors.k.rank = 5;
+    RESET(desc, good), desc_tensors.k.rank = 5;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "key", "rank", "mha(key rank 5)");
 
     /* Weights: none, packed with XW, packed and separate, half a set, biases without their
      * weights. */
-    desc = good, desc.tensors.in_proj_weight = absent, desc.tensors.in_proj_bias = absent;
+    RESET(desc, good), desc_tensors.in_proj_weight = absent, desc_tensors.in_proj_bias = absent;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "q_weight|in_proj_weight", NULL,
                        "mha(no projection weights)");
-    desc = good, desc.layout = CLATTN_LAYOUT_XW;
+    RESET(desc, good), desc.layout = CLATTN_LAYOUT_XW;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "in_proj_weight|layout", NULL,
                        "mha(in_proj_weight with layout XW)");
     static const struct {
@@ -1139,174 +1166,179 @@ START_TEST(test_mha_create_errors)
         {offsetof(clattn_tensors, v_bias), "v_bias"},
     };
     for (int i = 0; i < COUNT_OF(with_packed); ++i) {
-        desc = good;
-        clattn_tensor *extra = (clattn_tensor *)((char *)&desc.tensors + with_packed[i].field);
+        RESET(desc, good);
+        clattn_tensor *extra = (clattn_tensor *)((char *)&desc_tensors + with_packed[i].field);
         *extra = i < 3 ? f32_2(NULL, ME, ME) : f32_1(NULL, ME);
         char call[64];
         snprintf(call, sizeof call, "mha(in_proj_weight and %s)", with_packed[i].name);
         expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "in_proj_weight|in_proj_bias",
                            NULL, call);
     }
-    desc = separate, desc.tensors.k_weight = absent;
+    RESET(desc, separate), desc_tensors.k_weight = absent;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "k_weight", NULL,
                        "mha(q_weight and v_weight without k_weight)");
-    desc = separate, desc.tensors.v_weight = absent;
+    RESET(desc, separate), desc_tensors.v_weight = absent;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "v_weight", NULL,
                        "mha(q_weight and k_weight without v_weight)");
-    desc = separate, desc.tensors.in_proj_bias = f32_1(NULL, 3 * ME);
+    RESET(desc, separate), desc_tensors.in_proj_bias = f32_1(NULL, 3 * ME);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "in_proj_bias", NULL,
                        "mha(in_proj_bias without in_proj_weight)");
-    desc = good, desc.tensors.out_weight = absent;
+    RESET(desc, good), desc_tensors.out_weight = absent;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "out_bias|out_weight", NULL,
                        "mha(out_bias without out_weight)");
 
     /* Enums. */
-    desc = good, desc.layout = (clattn_weight_layout)5;
+    RESET(desc, good), desc.layout = (clattn_weight_layout)5;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "layout", NULL, "mha(layout 5)");
-    desc = good, desc.norm = (clattn_norm)9;
+    RESET(desc, good), desc.norm = (clattn_norm)9;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "norm", NULL, "mha(norm 9)");
-    desc = good, desc.causal = (clattn_causal)7;
+    RESET(desc, good), desc.causal = (clattn_causal)7;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", NULL, "mha(causal 7)");
-    desc = good, desc.causal = CLATTN_CAUSAL_ONNX; /* SDPA only: MHA has no cache */
+    RESET(desc, good), desc.causal = CLATTN_CAUSAL_ONNX; /* SDPA only: MHA has no cache */
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "causal", "MHA", "mha(causal ONNX)");
-    desc = good, desc.path = (clattn_path)-1;
+    RESET(desc, good), desc.path = (clattn_path)-1;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "path", NULL, "mha(path -1)");
-    desc = good, desc.need_weights = (clattn_need_weights)4;
-    desc.tensors.weights = f32_4(NULL, MB, MH, MS, MS);
+    RESET(desc, good), desc.need_weights = (clattn_need_weights)4;
+    desc_tensors.weights = f32_4(NULL, MB, MH, MS, MS);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "need_weights", NULL,
                        "mha(need_weights 4)");
 
     /* The weights returned: wanted but absent, given but not wanted, wrong shape, FUSED. */
-    desc = good, desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
+    RESET(desc, good), desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights", NULL,
                        "mha(PER_HEAD without the weights tensor)");
-    desc = good, desc.tensors.weights = f32_3(NULL, MB, MS, MS);
+    RESET(desc, good), desc_tensors.weights = f32_3(NULL, MB, MS, MS);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights|need_weights", NULL,
                        "mha(weights given, need_weights NONE)");
-    desc = good, desc.need_weights = CLATTN_WEIGHTS_AVERAGED;
-    desc.tensors.weights = f32_4(NULL, MB, MH, MS, MS);
+    RESET(desc, good), desc.need_weights = CLATTN_WEIGHTS_AVERAGED;
+    desc_tensors.weights = f32_4(NULL, MB, MH, MS, MS);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "weights", "(2, 3, 3)",
                        "mha(AVERAGED with per-head weights)");
-    desc = good, desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
-    desc.tensors.weights = f32_3(NULL, MB, MS, MS);
+    RESET(desc, good), desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
+    desc_tensors.weights = f32_3(NULL, MB, MS, MS);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "weights", "(2, 2, 3, 3)",
                        "mha(PER_HEAD with averaged weights)");
-    desc = good, desc.need_weights = CLATTN_WEIGHTS_AVERAGED, desc.path = CLATTN_PATH_FUSED;
-    desc.tensors.weights = f32_3(NULL, MB, MS, MS);
+    RESET(desc, good), desc.need_weights = CLATTN_WEIGHTS_AVERAGED, desc.path = CLATTN_PATH_FUSED;
+    desc_tensors.weights = f32_3(NULL, MB, MS, MS);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights", "FUSED",
                        "mha(FUSED with need_weights)");
-    desc = good, desc.tensors.lse = f32_3(NULL, MB, MH, MS);
+    RESET(desc, good), desc_tensors.lse = f32_3(NULL, MB, MH, MS);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "lse", NULL, "mha(lse given)");
 
     /* Shapes. */
-    desc = good, desc.num_heads = 3;
+    RESET(desc, good), desc.num_heads = 3;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "num_heads", NULL,
                        "mha(E = 8 not divisible by H = 3)");
-    desc = good, desc.num_heads = 0;
+    RESET(desc, good), desc.num_heads = 0;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "num_heads", NULL, "mha(num_heads 0)");
-    desc = good, desc.num_kv_heads = 1;
+    RESET(desc, good), desc.num_kv_heads = 1;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "num_kv_heads|in_proj_weight",
                        "separate", "mha(num_kv_heads 1 with the packed in_proj_weight)");
-    desc = separate, desc.num_kv_heads = 3;
+    RESET(desc, separate), desc.num_kv_heads = 0; /* num_heads before 0.7 */
+    expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "num_kv_heads", "must divide",
+                       "mha(num_kv_heads 0)");
+    RESET(desc, separate), desc.num_kv_heads = 3;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "num_kv_heads|num_heads",
                        "must divide", "mha(num_kv_heads 3, num_heads 2)");
-    desc = separate, desc.num_kv_heads = 1; /* k_weight still E x E: its heads' width is E / 2 */
+    RESET(desc, separate),
+        desc.num_kv_heads = 1; /* k_weight still E x E: its heads' width is E / 2 */
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k_weight", "(8, 4)",
                        "mha(num_kv_heads 1, k_weight 8 x 8)");
-    desc = separate, desc.num_kv_heads = 1;
-    desc.tensors.q_weight = f32_2(NULL, ME, 3), desc.tensors.k_weight = f32_2(NULL, ME, 1);
-    desc.tensors.v_weight = f32_2(NULL, ME, ME / MH);
+    RESET(desc, separate), desc.num_kv_heads = 1;
+    desc_tensors.q_weight = f32_2(NULL, ME, 3), desc_tensors.k_weight = f32_2(NULL, ME, 1);
+    desc_tensors.v_weight = f32_2(NULL, ME, ME / MH);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "q_weight", "divisible",
                        "mha(num_kv_heads 1, q_weight 8 x 3: not whole heads)");
-    desc = separate, desc.num_kv_heads = 1;
-    desc.tensors.k_weight = f32_2(NULL, ME, ME / MH), desc.tensors.v_weight = f32_2(NULL, ME, ME / MH);
+    RESET(desc, separate), desc.num_kv_heads = 1;
+    desc_tensors.k_weight = f32_2(NULL, ME, ME / MH),
+    desc_tensors.v_weight = f32_2(NULL, ME, ME / MH);
     clattn_plan_release(expect_mha_created(&desc, "mha(num_kv_heads 1: k/v weights 8 x 4)"));
-    desc = good, desc.tensors.q.dims[2] = 0;
+    RESET(desc, good), desc_tensors.q.dims[2] = 0;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "query", NULL, "mha(embed_dim 0)");
-    desc = good, desc.tensors.k.dims[1] = 0, desc.tensors.v.dims[1] = 0;
+    RESET(desc, good), desc_tensors.k.dims[1] = 0, desc_tensors.v.dims[1] = 0;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "key", NULL, "mha(seq_k 0)");
-    desc = good, desc.tensors.q.dims[0] = 0;
+    RESET(desc, good), desc_tensors.q.dims[0] = 0;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "query", NULL, "mha(batch 0)");
-    desc = good, desc.tensors.k.dims[0] = MB + 1, desc.tensors.v.dims[0] = MB + 1;
+    RESET(desc, good), desc_tensors.k.dims[0] = MB + 1, desc_tensors.v.dims[0] = MB + 1;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "key", "batch=2",
                        "mha(key batch 3, query 2)");
-    desc = good, desc.tensors.v.dims[1] = MS + 1;
+    RESET(desc, good), desc_tensors.v.dims[1] = MS + 1;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "value", "seq=3",
                        "mha(value seq 4, key 3)");
-    desc = good, desc.tensors.out.dims[2] = ME + 1;
+    RESET(desc, good), desc_tensors.out.dims[2] = ME + 1;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out", "(2, 3, 8)", "mha(out width 9)");
-    desc = good, desc.tensors.k.dims[2] = ME / 2, desc.tensors.v.dims[2] = ME / 2;
+    RESET(desc, good), desc_tensors.k.dims[2] = ME / 2, desc_tensors.v.dims[2] = ME / 2;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, CLATTN_ERR_INVALID_ARGUMENT,
                        "kdim|in_proj_weight", NULL, "mha(in_proj_weight with kdim 4)");
-    desc = good, desc.tensors.in_proj_weight = f32_2(NULL, 3 * ME, ME + 1);
+    RESET(desc, good), desc_tensors.in_proj_weight = f32_2(NULL, 3 * ME, ME + 1);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "in_proj_weight", "(24, 8)",
                        "mha(in_proj_weight (24, 9))");
-    desc = good, desc.tensors.in_proj_bias = f32_1(NULL, 3 * ME - 1);
+    RESET(desc, good), desc_tensors.in_proj_bias = f32_1(NULL, 3 * ME - 1);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "in_proj_bias", "(24)",
                        "mha(in_proj_bias 23)");
-    desc = good, desc.tensors.out_bias = f32_1(NULL, ME + 1);
+    RESET(desc, good), desc_tensors.out_bias = f32_1(NULL, ME + 1);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out_bias", "(8)", "mha(out_bias 9)");
-    desc = good, desc.tensors.out_weight = f32_2(NULL, ME, ME - 1);
+    RESET(desc, good), desc_tensors.out_weight = f32_2(NULL, ME, ME - 1);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "out_weight|out", NULL,
                        "mha(out_weight (8, 7))");
-    desc = separate, desc.tensors.k_weight = f32_2(NULL, ME, ME / 2);
+    RESET(desc, separate), desc_tensors.k_weight = f32_2(NULL, ME, ME / 2);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "k_weight", "(8, 8)",
                        "mha(k_weight width 4, q_weight 8)");
-    desc = separate, desc.num_heads = 4, desc.tensors.q_weight = f32_2(NULL, ME, 6);
-    desc.tensors.k_weight = f32_2(NULL, ME, 6);
+    RESET(desc, separate), desc.num_heads = 4, desc_tensors.q_weight = f32_2(NULL, ME, 6);
+    desc_tensors.k_weight = f32_2(NULL, ME, 6);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "qk_dim|num_heads", NULL,
                        "mha(qk_dim 6 not divisible by 4 heads)");
-    desc = separate, desc.tensors.v_weight = f32_2(NULL, ME, 3);
-    desc.tensors.out_weight = f32_2(NULL, 3, ME);
+    RESET(desc, separate), desc_tensors.v_weight = f32_2(NULL, ME, 3);
+    desc_tensors.out_weight = f32_2(NULL, 3, ME);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "v_dim|num_heads", NULL,
                        "mha(v_dim 3 not divisible by 2 heads)");
 
     /* Dtypes. */
-    desc = good, desc.tensors.q.dtype = CLATTN_DTYPE_U8;
+    RESET(desc, good), desc_tensors.q.dtype = CLATTN_DTYPE_U8;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "query", "U8", "mha(query U8)");
-    desc = good, desc.tensors.in_proj_weight.dtype = CLATTN_DTYPE_U8;
+    RESET(desc, good), desc_tensors.in_proj_weight.dtype = CLATTN_DTYPE_U8;
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "in_proj_weight", "U8",
                        "mha(in_proj_weight U8)");
-    desc = good, desc.tensors.key_padding_mask = f32_2(NULL, MB, MS);
+    RESET(desc, good), desc_tensors.key_padding_mask = f32_2(NULL, MB, MS);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "key_padding_mask", "F32",
                        "mha(key_padding_mask F32)");
-    desc = separate, desc.tensors.q_bias = with_dtype(f32_1(NULL, ME), CLATTN_DTYPE_F16);
+    RESET(desc, separate), desc_tensors.q_bias = with_dtype(f32_1(NULL, ME), CLATTN_DTYPE_F16);
     expect_mha_refused(&desc, CLATTN_ERR_UNSUPPORTED, CLATTN_ERR_INVALID_ARGUMENT, "q_bias", "F16",
                        "mha(q_bias F16)");
-    desc = good, desc.tensors.attn_mask = f32_2(NULL, MS + 1, MS);
+    RESET(desc, good), desc_tensors.attn_mask = f32_2(NULL, MS + 1, MS);
     expect_mha_refused(&desc, CLATTN_ERR_INVALID_SHAPE, 0, "attn_mask", "(2, 2, 3, 3)",
                        "mha(attn_mask (4, 3))");
 
     /* Overflow of the sizes computed from the layouts. */
     if (SIZE_MAX > UINT32_MAX) {
         const size_t limit = UINT32_MAX;
-        desc = good, desc.tensors.k = f32_3(NULL, MB, limit, limit);
-        desc.tensors.v = f32_3(NULL, MB, limit, ME);
+        RESET(desc, good), desc_tensors.k = f32_3(NULL, MB, limit, limit);
+        desc_tensors.v = f32_3(NULL, MB, limit, ME);
         expect_mha_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "key", NULL,
                            "mha(key 2 x (2^32-1)^2 elements)");
         /* Every tensor fits, the projections (batch * seq_q * qk_dim) do not. */
         const size_t rows = (size_t)1 << 30, seq = (size_t)1 << 31;
-        desc = separate, desc.tensors.out_weight = absent, desc.tensors.out_bias = absent;
+        RESET(desc, separate), desc_tensors.out_weight = absent, desc_tensors.out_bias = absent;
         desc.num_heads = 1;
-        desc.tensors.q = f32_3(NULL, rows, seq, 1);
-        desc.tensors.k = f32_3(NULL, rows, 1, 1);
-        desc.tensors.v = f32_3(NULL, rows, 1, 1);
-        desc.tensors.q_weight = f32_2(NULL, 1, limit);
-        desc.tensors.k_weight = f32_2(NULL, 1, limit);
-        desc.tensors.v_weight = f32_2(NULL, 1, 1);
-        desc.tensors.out = f32_3(NULL, rows, seq, 1);
+        desc_tensors.q = f32_3(NULL, rows, seq, 1);
+        desc_tensors.k = f32_3(NULL, rows, 1, 1);
+        desc_tensors.v = f32_3(NULL, rows, 1, 1);
+        desc_tensors.q_weight = f32_2(NULL, 1, limit);
+        desc_tensors.k_weight = f32_2(NULL, 1, limit);
+        desc_tensors.v_weight = f32_2(NULL, 1, 1);
+        desc_tensors.out = f32_3(NULL, rows, seq, 1);
         expect_mha_refused(&desc, CLATTN_ERR_OVERFLOW, 0, "projections", NULL,
                            "mha(projections overflow)");
-        desc = good, desc.tensors.q.dims[1] = (size_t)UINT32_MAX + 1;
+        RESET(desc, good), desc_tensors.q.dims[1] = (size_t)UINT32_MAX + 1;
         expect_mha_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "query", "32-bit", "mha(seq_q 2^32)");
     }
 
     /* The workspace of the unfused path (per-head weights of 2 x 2 x 32768^2 floats) is
      * more than any device allocates at once. */
-    desc = good, desc.need_weights = CLATTN_WEIGHTS_AVERAGED;
-    desc.tensors.q = f32_3(NULL, MB, 32768, ME), desc.tensors.out = f32_3(NULL, MB, 32768, ME);
-    desc.tensors.k = f32_3(NULL, MB, 32768, ME), desc.tensors.v = f32_3(NULL, MB, 32768, ME);
-    desc.tensors.weights = f32_3(NULL, MB, 32768, 32768);
+    RESET(desc, good), desc.need_weights = CLATTN_WEIGHTS_AVERAGED;
+    desc_tensors.q = f32_3(NULL, MB, 32768, ME), desc_tensors.out = f32_3(NULL, MB, 32768, ME);
+    desc_tensors.k = f32_3(NULL, MB, 32768, ME), desc_tensors.v = f32_3(NULL, MB, 32768, ME);
+    desc_tensors.weights = f32_3(NULL, MB, 32768, 32768);
     expect_mha_refused(&desc, CLATTN_ERR_TOO_LARGE, 0, "scores|workspace", NULL,
                        "mha(16 GiB of per-head weights)");
 
@@ -1337,11 +1369,12 @@ START_TEST(test_mha_execute_errors)
         .out_bias = tu_nan_buffer(ME),
         .small = tu_nan_buffer(ME - 1),
     };
-    clattn_mha_desc desc = mha_good();
+    clattn_tensors desc_tensors;
+    clattn_mha_desc desc = mha_good(&desc_tensors);
     desc.need_weights = CLATTN_WEIGHTS_AVERAGED;
-    desc.tensors.weights = f32_3(NULL, MB, MS, MS);
+    desc_tensors.weights = f32_3(NULL, MB, MS, MS);
     clattn_plan *plan = expect_mha_created(&desc, "mha(averaged weights)");
-    clattn_tensors good = desc.tensors, t;
+    clattn_tensors good = desc_tensors, t;
     good.q.mem = good.k.mem = good.v.mem = buf.query;
     good.out.mem = buf.out, good.weights.mem = buf.weights;
     good.in_proj_weight.mem = buf.in_proj, good.in_proj_bias.mem = buf.in_bias;
@@ -1743,14 +1776,42 @@ START_TEST(test_context_errors)
     clattn_sdpa_desc sdpa;
     memset(&sdpa, 0x5a, sizeof sdpa);
     clattn_sdpa_desc_init(&sdpa);
-    tu_expect(sdpa.struct_size == sizeof sdpa && isnan(sdpa.scale) && sdpa.tensors.q.rank == 0 &&
-                  sdpa.path == CLATTN_PATH_AUTO && sdpa.causal == CLATTN_CAUSAL_NONE,
-              "clattn_sdpa_desc_init: struct_size %zu, scale %g", sdpa.struct_size,
-              (double)sdpa.scale);
+    tu_expect(sdpa.struct_size == sizeof sdpa && isnan(sdpa.scale) && sdpa.by_role == NULL &&
+                  sdpa.num_roles == 0 && sdpa.path == CLATTN_PATH_AUTO &&
+                  sdpa.causal == CLATTN_CAUSAL_NONE && sdpa.rope_dims == CLATTN_ROPE_WHOLE_HEAD &&
+                  sdpa.rope_base == CLATTN_ROPE_BASE_DEFAULT && sdpa.rope == 0,
+              "clattn_sdpa_desc_init: struct_size %zu, scale %g, rope_dims %zu, rope_base %g",
+              sdpa.struct_size, (double)sdpa.scale, sdpa.rope_dims, sdpa.rope_base);
+    clattn_mha_desc mha;
+    memset(&mha, 0x5a, sizeof mha);
+    clattn_mha_desc_init(&mha);
+    tu_expect(mha.struct_size == sizeof mha && isnan(mha.scale) && mha.by_role == NULL &&
+                  mha.num_heads == 0 && mha.num_kv_heads == CLATTN_KV_HEADS_ALL &&
+                  mha.rope_dims == CLATTN_ROPE_WHOLE_HEAD &&
+                  mha.rope_base == CLATTN_ROPE_BASE_DEFAULT,
+              "clattn_mha_desc_init: num_kv_heads %zu, rope_dims %zu, rope_base %g",
+              mha.num_kv_heads, mha.rope_dims, mha.rope_base);
+    clattn_rope_desc rope;
+    memset(&rope, 0x5a, sizeof rope);
+    clattn_rope_desc_init(&rope);
+    clattn_posenc_desc posenc;
+    memset(&posenc, 0x5a, sizeof posenc);
+    clattn_posenc_desc_init(&posenc);
+    clattn_additive_desc additive;
+    memset(&additive, 0x5a, sizeof additive);
+    clattn_additive_desc_init(&additive);
+    tu_expect(rope.rotary_dim == CLATTN_ROPE_WHOLE_HEAD && rope.base == CLATTN_ROPE_BASE_DEFAULT &&
+                  rope.start == 0 && posenc.base == CLATTN_ROPE_BASE_DEFAULT && posenc.start == 0 &&
+                  additive.num_heads == 1 && additive.by_role == NULL,
+              "rope/posenc/additive_desc_init: rotary_dim %zu, base %g, %g, num_heads %zu",
+              rope.rotary_dim, rope.base, posenc.base, additive.num_heads);
     clattn_mha_host_desc host;
     memset(&host, 0x5a, sizeof host);
     clattn_mha_host_desc_init(&host);
-    tu_expect(host.struct_size == sizeof host && isnan(host.scale) && host.kdim == 0,
+    tu_expect(host.struct_size == sizeof host && isnan(host.scale) && host.kdim == 0 &&
+                  host.num_kv_heads == CLATTN_KV_HEADS_ALL &&
+                  host.rope_dims == CLATTN_ROPE_WHOLE_HEAD &&
+                  host.rope_base == CLATTN_ROPE_BASE_DEFAULT,
               "clattn_mha_host_desc_init: struct_size %zu", host.struct_size);
 
     expect_context_still_works();
@@ -1826,13 +1887,16 @@ START_TEST(test_workspace_limit)
     pb_sdpa_make(&p, &spec);
     clattn_sdpa_desc desc;
     pb_sdpa_desc(&p, &desc);
+    clattn_tensors desc_tensors = p.layouts; /* used after p is freed */
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.path = CLATTN_PATH_UNFUSED;
     expect_sdpa_refused(&desc, CLATTN_ERR_TOO_LARGE, 0, "scores", "limit",
                         "sdpa(UNFUSED over the workspace limit)");
-    clattn_mha_desc mha = mha_good();
+    clattn_tensors mha_tensors;
+    clattn_mha_desc mha = mha_good(&mha_tensors);
     mha.need_weights = CLATTN_WEIGHTS_PER_HEAD;
-    mha.tensors.q = mha.tensors.k = mha.tensors.v = mha.tensors.out = f32_3(NULL, MB, 40, ME);
-    mha.tensors.weights = f32_4(NULL, MB, MH, 40, 40);
+    mha_tensors.q = mha_tensors.k = mha_tensors.v = mha_tensors.out = f32_3(NULL, MB, 40, ME);
+    mha_tensors.weights = f32_4(NULL, MB, MH, 40, 40);
     expect_mha_refused(&mha, CLATTN_ERR_TOO_LARGE, 0, "scores|projections", "limit",
                        "mha(PER_HEAD over the workspace limit)");
 
@@ -1860,8 +1924,16 @@ START_TEST(test_workspace_limit)
                       "host attention over the workspace limit");
     free(host_out);
     free(zeros);
+    /* 0 is a cap of zero bytes (it meant "no cap" before 0.7): what needs no workspace runs. */
     tu_expect(clattn_ctx_set_workspace_limit(ctx, 0) == CLATTN_SUCCESS,
               "clattn_ctx_set_workspace_limit(0) failed");
+    desc.path = CLATTN_PATH_UNFUSED;
+    expect_sdpa_refused(&desc, CLATTN_ERR_TOO_LARGE, 0, "scores", "limit (0 bytes)",
+                        "sdpa(UNFUSED under a zero limit)");
+    desc.path = CLATTN_PATH_FUSED;
+    clattn_plan_release(expect_sdpa_created(&desc, "sdpa(FUSED under a zero limit)"));
+    tu_expect(clattn_ctx_set_workspace_limit(ctx, CLATTN_WORKSPACE_UNLIMITED) == CLATTN_SUCCESS,
+              "clattn_ctx_set_workspace_limit(CLATTN_WORKSPACE_UNLIMITED) failed");
     desc.path = CLATTN_PATH_UNFUSED;
     plan = expect_sdpa_created(&desc, "sdpa(UNFUSED after the limit is lifted)");
     clattn_plan_release(plan);
@@ -1919,18 +1991,20 @@ START_TEST(test_foreign_buffers)
     expect_untouched(out_mem, FLOATS, "matmul(foreign a, b, bias)");
 
     /* SDPA execution: q, v, the weights, both masks, lse; the workspace; the queue. */
-    clattn_sdpa_desc unfused = sdpa_good();
+    clattn_tensors unfused_tensors;
+    clattn_sdpa_desc unfused = sdpa_good(&unfused_tensors);
     unfused.path = CLATTN_PATH_UNFUSED;
-    unfused.tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
-    unfused.tensors.attn_mask = f32_2(NULL, SQ, SK);
-    unfused.tensors.key_padding_mask =
+    unfused_tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
+    unfused_tensors.attn_mask = f32_2(NULL, SQ, SK);
+    unfused_tensors.key_padding_mask =
         clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, SB, SK, 0, 0);
-    clattn_sdpa_desc fused = sdpa_good();
+    clattn_tensors fused_tensors;
+    clattn_sdpa_desc fused = sdpa_good(&fused_tensors);
     fused.path = CLATTN_PATH_FUSED;
-    fused.tensors.lse = f32_3(NULL, SB, SH, SQ);
+    fused_tensors.lse = f32_3(NULL, SB, SH, SQ);
     clattn_plan *unfused_plan = expect_sdpa_created(&unfused, "sdpa(unfused, masks, weights)");
     clattn_plan *fused_plan = expect_sdpa_created(&fused, "sdpa(fused, lse)");
-    clattn_tensors good_unfused = unfused.tensors, good_fused = fused.tensors;
+    clattn_tensors good_unfused = unfused_tensors, good_fused = fused_tensors;
     clattn_tensor *roles[] = {&good_unfused.q,
                               &good_unfused.k,
                               &good_unfused.v,
@@ -1985,11 +2059,12 @@ START_TEST(test_foreign_buffers)
     clattn_plan_release(unfused_plan);
 
     /* MHA execution: an input and a weight. */
-    clattn_mha_desc md = mha_good();
-    md.tensors.in_proj_bias = absent, md.tensors.out_bias = absent;
+    clattn_tensors md_tensors;
+    clattn_mha_desc md = mha_good(&md_tensors);
+    md_tensors.in_proj_bias = absent, md_tensors.out_bias = absent;
     clattn_plan *mha_plan = expect_mha_created(&md, "mha(packed)");
     if (mha_plan != NULL) {
-        clattn_tensors mt = md.tensors;
+        clattn_tensors mt = md_tensors;
         mt.q.mem = mt.k.mem = mt.v.mem = in_mem;
         mt.in_proj_weight.mem = mt.out_weight.mem = in_mem;
         mt.out.mem = out_mem;
@@ -2036,32 +2111,35 @@ START_TEST(test_dimension_limit)
 
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
-    desc.tensors.q = f32_4(NULL, 1, 1, 1, 1);
-    desc.tensors.k = f32_4(NULL, 1, 1, over, 1);
-    desc.tensors.v = f32_4(NULL, 1, 1, over, 1);
-    desc.tensors.out = f32_4(NULL, 1, 1, 1, 1);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
+    desc_tensors.q = f32_4(NULL, 1, 1, 1, 1);
+    desc_tensors.k = f32_4(NULL, 1, 1, over, 1);
+    desc_tensors.v = f32_4(NULL, 1, 1, over, 1);
+    desc_tensors.out = f32_4(NULL, 1, 1, 1, 1);
     expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "k", "dims[2] = 4294967296",
                         "sdpa(seq_k 2^32)");
     tu_expect(strstr(clattn_last_error(ctx), "32-bit") != NULL,
               "seq_k = 2^32: message '%s' lacks '32-bit'", clattn_last_error(ctx));
-    desc.tensors.k.dims[2] = desc.tensors.v.dims[2] = limit;
+    desc_tensors.k.dims[2] = desc_tensors.v.dims[2] = limit;
     clattn_plan *plan = expect_sdpa_created(&desc, "sdpa(seq_k 2^32 - 1)");
     if (plan != NULL) {
-        clattn_tensors t = desc.tensors;
+        clattn_tensors t = desc_tensors;
         t.q.mem = t.k.mem = t.v.mem = t.out.mem = mem;
         expect_execute_refused(plan, &t, NULL, NULL, CLATTN_ERR_BUFFER_TOO_SMALL, 0, "sdpa", "k",
                                NULL, "sdpa execute(seq_k 2^32 - 1 on a small buffer)");
     }
     clattn_plan_release(plan);
 
-    clattn_mha_desc md = mha_separate();
-    md.tensors.out_weight = md.tensors.out_bias = absent;
-    md.tensors.k = f32_3(NULL, MB, over, ME);
-    md.tensors.v = f32_3(NULL, MB, over, ME);
+    clattn_tensors md_tensors;
+    clattn_mha_desc md = mha_separate(&md_tensors);
+    md_tensors.out_weight = md_tensors.out_bias = absent;
+    md_tensors.k = f32_3(NULL, MB, over, ME);
+    md_tensors.v = f32_3(NULL, MB, over, ME);
     expect_mha_refused(&md, CLATTN_ERR_UNSUPPORTED, 0, "key", "32-bit", "mha(seq_k 2^32)");
-    md = mha_separate();
-    md.tensors.k = f32_3(NULL, MB, MS, over);
-    md.tensors.k_weight = f32_2(NULL, over, ME);
+    md = mha_separate(&md_tensors);
+    md_tensors.k = f32_3(NULL, MB, MS, over);
+    md_tensors.k_weight = f32_2(NULL, over, ME);
     expect_mha_refused(&md, CLATTN_ERR_UNSUPPORTED, 0, "key|k_weight", "32-bit", "mha(kdim 2^32)");
 
     /* matmul checks its operands' buffers first: a 2^32-row A needs a 16 GiB buffer, so the
@@ -2289,18 +2367,20 @@ START_TEST(test_more_argument_errors)
     /* The fused path: each tensor one element short (its own offset past the fit). */
     clattn_sdpa_desc fd;
     clattn_sdpa_desc_init(&fd);
+    clattn_tensors fd_tensors = {0};
+    CLATTN_BIND_ROLES(fd, fd_tensors);
     fd.path = CLATTN_PATH_FUSED;
-    fd.tensors.q = f32_4(NULL, 1, 2, 4, 8);
-    fd.tensors.k = f32_4(NULL, 1, 2, 4, 8);
-    fd.tensors.v = f32_4(NULL, 1, 2, 4, 8);
-    fd.tensors.out = f32_4(NULL, 1, 2, 4, 8);
-    fd.tensors.lse = f32_3(NULL, 1, 2, 4);
+    fd_tensors.q = f32_4(NULL, 1, 2, 4, 8);
+    fd_tensors.k = f32_4(NULL, 1, 2, 4, 8);
+    fd_tensors.v = f32_4(NULL, 1, 2, 4, 8);
+    fd_tensors.out = f32_4(NULL, 1, 2, 4, 8);
+    fd_tensors.lse = f32_3(NULL, 1, 2, 4);
     clattn_plan *plan = expect_sdpa_created(&fd, "sdpa(fused with lse)");
     static const char *const fused_names[] = {"q", "k", "v", "out", "lse"};
     /* q, k, v (64 floats) in the 256-float buffer, out in the 64-float one, lse (8 rows). */
     static const size_t short_offsets[] = {256 - 64 + 1, 256 - 64 + 1, 256 - 64 + 1, 1, 64 - 8 + 1};
     for (int i = 0; i < 5 && plan != NULL; ++i) {
-        clattn_tensors args = fd.tensors;
+        clattn_tensors args = fd_tensors;
         args.q.mem = args.k.mem = args.v.mem = mem;
         args.out.mem = args.lse.mem = out_mem;
         clattn_tensor *roles[5] = {&args.q, &args.k, &args.v, &args.out, &args.lse};

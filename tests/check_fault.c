@@ -179,7 +179,8 @@ static clattn_status execute_plan(clattn_ctx *ctx, const problem *p, clattn_plan
         return (clattn_status)err;
     }
     cl_event done = NULL;
-    clattn_status status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, &done);
+    clattn_status status =
+        clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, &done);
     tu_expect(status == CLATTN_SUCCESS || done == NULL, "a failed execution returned an event");
     if (status == CLATTN_SUCCESS) {
         status = (clattn_status)clWaitForEvents(1, &done);

@@ -125,7 +125,7 @@ static clattn_status run_path_on(clattn_ctx *ctx, const pb_sdpa_problem *p, clat
         clattn_plan_release(plan);
         return CLATTN_ERR_HOST_MEMORY;
     }
-    status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+    status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
     if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute")) {
         pb_sdpa_check(ctx, NULL, &view, &bound);
         pb_download(ctx, NULL, &bound.out, got, NULL);
@@ -427,7 +427,8 @@ START_TEST(test_scores_output)
         pb_sdpa_upload(tu_ctx(), &p, &bound) == CL_SUCCESS) {
         bound.scores = p.layouts.scores;
         if (pb_upload(tu_ctx(), &bound.scores, 3, NULL) == CL_SUCCESS &&
-            tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+            tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                                 0, NULL, NULL),
                              CLATTN_SUCCESS, "execute")) {
             pb_sdpa_check(tu_ctx(), NULL, &p, &bound); /* out, present: as ever */
             float *got = tu_nan_floats(count);
@@ -502,6 +503,8 @@ START_TEST(test_softmax_f64)
                          fp64 != 0;
     clattn_sdpa_desc desc;
     pb_sdpa_desc(&p, &desc);
+    clattn_tensors desc_tensors = p.layouts;
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     clattn_plan *plan = NULL;
     const clattn_status status = clattn_sdpa_plan_create(tu_ctx(), &desc, &plan);
     if (!has_fp64) {
@@ -510,7 +513,8 @@ START_TEST(test_softmax_f64)
         tu_expect(!clattn_plan_is_fused(plan), "AUTO with softmax_f64 is fused");
         clattn_tensors bound;
         if (pb_sdpa_upload(tu_ctx(), &p, &bound) == CL_SUCCESS) {
-            if (tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+            if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL,
+                                                     NULL, 0, NULL, NULL),
                                  CLATTN_SUCCESS, "execute"))
                 pb_sdpa_check(tu_ctx(), NULL, &p, &bound);
             pb_release_tensors(&bound);
@@ -518,7 +522,7 @@ START_TEST(test_softmax_f64)
     }
     clattn_plan_release(plan);
     desc.path = CLATTN_PATH_FUSED;
-    desc.tensors.weights.rank = 0;
+    desc_tensors.weights.rank = 0;
     plan = NULL;
     tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &desc, &plan),
                      has_fp64 ? CLATTN_ERR_INVALID_ARGUMENT : CLATTN_ERR_INVALID_ARGUMENT,
@@ -607,9 +611,9 @@ START_TEST(test_decode_splits)
                 for (int run = 0; run < 2; ++run) { /* twice: the scratch is reused */
                     if (run == 1)
                         pb_sdpa_poison(decode_ctx, NULL, &bound);
-                    if (tu_expect_status(
-                            clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
-                            CLATTN_SUCCESS, "execute"))
+                    if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT,
+                                                             NULL, NULL, 0, NULL, NULL),
+                                         CLATTN_SUCCESS, "execute"))
                         pb_sdpa_check(decode_ctx, NULL, &p, &bound);
                 }
                 pb_release_tensors(&bound);
@@ -671,10 +675,12 @@ START_TEST(test_generation)
     /* The full forward: every position at once, causal (square: any alignment), the window. */
     clattn_sdpa_desc full;
     clattn_sdpa_desc_init(&full);
-    full.tensors.q = clattn_tensor_make(q_mem, 0, CLATTN_DTYPE_F32, 4, batch, heads, STEPS, D);
-    full.tensors.k = clattn_tensor_make(k_mem, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, STEPS, D);
-    full.tensors.v = clattn_tensor_make(v_mem, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, STEPS, D);
-    full.tensors.out = clattn_tensor_make(full_mem, 0, CLATTN_DTYPE_F32, 4, batch, heads, STEPS, D);
+    clattn_tensors full_tensors = {0};
+    CLATTN_BIND_ROLES(full, full_tensors);
+    full_tensors.q = clattn_tensor_make(q_mem, 0, CLATTN_DTYPE_F32, 4, batch, heads, STEPS, D);
+    full_tensors.k = clattn_tensor_make(k_mem, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, STEPS, D);
+    full_tensors.v = clattn_tensor_make(v_mem, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, STEPS, D);
+    full_tensors.out = clattn_tensor_make(full_mem, 0, CLATTN_DTYPE_F32, 4, batch, heads, STEPS, D);
     full.causal = CLATTN_CAUSAL_TOP_LEFT;
     full.window_align = CLATTN_CAUSAL_TOP_LEFT;
     full.window_left = WINDOW;
@@ -682,7 +688,8 @@ START_TEST(test_generation)
     full.softcap = softcap;
     clattn_plan *plan = NULL;
     if (tu_expect_status(clattn_sdpa_plan_create(ctx, &full, &plan), CLATTN_SUCCESS, "full"))
-        tu_expect_status(clattn_plan_execute(plan, &full.tensors, NULL, NULL, 0, NULL, NULL),
+        tu_expect_status(clattn_plan_execute(plan, full_tensors.by_role, CLATTN_ROLE_COUNT, NULL,
+                                             NULL, 0, NULL, NULL),
                          CLATTN_SUCCESS, "full forward");
     clattn_plan_release(plan);
     plan = NULL;
@@ -696,7 +703,9 @@ START_TEST(test_generation)
     tu_expect_status(clattn_kv_cache_create(ctx, &cd, &cache), CLATTN_SUCCESS, "cache");
     clattn_sdpa_desc dec;
     clattn_sdpa_desc_init(&dec);
-    clattn_tensors *t = &dec.tensors;
+    clattn_tensors dec_tensors = {0};
+    CLATTN_BIND_ROLES(dec, dec_tensors);
+    clattn_tensors *t = &dec_tensors;
     /* row `step` of q and of the output: views of the (B, H, STEPS, D) buffers */
     t->q = clattn_tensor_make(q_mem, 0, CLATTN_DTYPE_F32, 4, batch, heads, 1, D);
     t->out = clattn_tensor_make(step_mem, 0, CLATTN_DTYPE_F32, 4, batch, heads, 1, D);
@@ -722,10 +731,11 @@ START_TEST(test_generation)
             if (!tu_expect_status(clattn_kv_cache_append(cache, &k_new, &v_new, 0, NULL, NULL),
                                   CLATTN_SUCCESS, "append"))
                 break;
-            clattn_tensors bound = dec.tensors;
+            clattn_tensors bound = dec_tensors;
             bound.q.offset = step * D;
             bound.out.offset = step * D;
-            if (!tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+            if (!tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL,
+                                                      NULL, 0, NULL, NULL),
                                   CLATTN_SUCCESS, "decode step"))
                 break;
         }
@@ -1114,20 +1124,22 @@ START_TEST(test_path_errors)
     make_problem(&p, &c, 0);
     clattn_sdpa_desc desc;
     pb_sdpa_desc(&p, &desc);
-    memset(&desc.tensors.lse, 0, sizeof desc.tensors.lse);
+    clattn_tensors desc_tensors = p.layouts;
+    CLATTN_BIND_ROLES(desc, desc_tensors);
+    memset(&desc_tensors.lse, 0, sizeof desc_tensors.lse);
     const size_t w_dims[4] = {1, 1, 3, 5};
-    pb_make_layout(&desc.tensors.weights, CLATTN_DTYPE_F32, 4, w_dims, PB_PACKED);
+    pb_make_layout(&desc_tensors.weights, CLATTN_DTYPE_F32, 4, w_dims, PB_PACKED);
     desc.path = CLATTN_PATH_FUSED;
     expect_plan_error(ctx, &desc, CLATTN_ERR_INVALID_ARGUMENT, "path=FUSED", "FUSED with weights");
-    memset(&desc.tensors.weights, 0, sizeof desc.tensors.weights);
+    memset(&desc_tensors.weights, 0, sizeof desc_tensors.weights);
     expect_plan_error(ctx, &desc, CLATTN_ERR_UNSUPPORTED, "256", "FUSED with head size 300");
-    desc.tensors.lse = p.layouts.lse;
+    desc_tensors.lse = p.layouts.lse;
     desc.path = CLATTN_PATH_AUTO;
     expect_plan_error(ctx, &desc, CLATTN_ERR_UNSUPPORTED, "lse", "lse, head size 300 (AUTO)");
     desc.path = CLATTN_PATH_UNFUSED;
     expect_plan_error(ctx, &desc, CLATTN_ERR_UNSUPPORTED, "lse", "lse with path UNFUSED");
     desc.path = (clattn_path)7;
-    memset(&desc.tensors.lse, 0, sizeof desc.tensors.lse);
+    memset(&desc_tensors.lse, 0, sizeof desc_tensors.lse);
     expect_plan_error(ctx, &desc, CLATTN_ERR_INVALID_ARGUMENT, "path", "path=7");
     clattn_plan *plan = NULL;
     tu_expect_status(clattn_sdpa_plan_create(ctx, NULL, &plan), CLATTN_ERR_INVALID_ARGUMENT,
@@ -1158,7 +1170,8 @@ START_TEST(test_path_errors)
         clattn_tensors with_tiny = bound;
         with_tiny.lse.mem = tiny;
         with_tiny.lse.offset = 0;
-        status = clattn_plan_execute(plan, &with_tiny, NULL, NULL, 0, NULL, NULL);
+        status = clattn_plan_execute(plan, with_tiny.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                     NULL, NULL);
         tu_expect(status == CLATTN_ERR_BUFFER_TOO_SMALL &&
                       strncmp(clattn_last_error(ctx), "sdpa: lse", 9) == 0,
                   "lse too small: %s: %s", clattn_status_string(status), clattn_last_error(ctx));
@@ -1308,7 +1321,8 @@ START_TEST(test_long_sequence_under_cap)
         desc.path = CLATTN_PATH_AUTO;
         status = clattn_sdpa_plan_create(ctx, &desc, &plan);
         if (status == CLATTN_SUCCESS)
-            status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+            status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                         NULL, NULL);
         tu_expect(status == CLATTN_SUCCESS, "fused under the cap: %s: %s",
                   clattn_status_string(status), clattn_last_error(ctx));
         float *got = tu_floats(p.out_count);

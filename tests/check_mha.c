@@ -520,7 +520,7 @@ static void run_plan_on(const pb_mha_problem *p, const clattn_tensors *layouts,
 {
     clattn_mha_desc desc;
     pb_mha_desc(p, &desc);
-    desc.tensors = *layouts;
+    CLATTN_BIND_ROLES(desc, *layouts);
     run_plan_desc(p, &desc, bound, expect_fused);
 }
 
@@ -537,7 +537,8 @@ static void run_plan_desc(const pb_mha_problem *p, const clattn_mha_desc *desc_i
     tu_expect(!clattn_plan_is_fused(plan) == !expect_fused, "the plan is %s, expected %s",
               clattn_plan_is_fused(plan) ? "fused" : "unfused", expect_fused ? "fused" : "unfused");
     cl_event done = NULL;
-    status = clattn_plan_execute(plan, bound, NULL, NULL, 0, NULL, &done);
+    status =
+        clattn_plan_execute(plan, bound->by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, &done);
     if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute") &&
         tu_expect(done != NULL, "clattn_plan_execute returned no event")) {
         tu_expect(clWaitForEvents(1, &done) == CL_SUCCESS, "clWaitForEvents failed");
@@ -1085,6 +1086,8 @@ START_TEST(test_mha_score_rules)
     if (pb_mha_upload(tu_ctx(), &p, &bound) == CL_SUCCESS) {
         clattn_mha_desc desc;
         pb_mha_desc(&p, &desc);
+        clattn_tensors desc_tensors = p.layouts;
+        CLATTN_BIND_ROLES(desc, desc_tensors);
         desc.softcap = rc->softcap;
         desc.window_align = rc->window_align;
         desc.window_left = rc->left;
@@ -1092,9 +1095,9 @@ START_TEST(test_mha_score_rules)
         cl_int err = CL_SUCCESS;
         if (rc->alibi) {
             const size_t dims[2] = {b, h};
-            pb_make_layout(&desc.tensors.alibi_slopes, CLATTN_DTYPE_F32, rc->alibi == 1 ? 1 : 2,
+            pb_make_layout(&desc_tensors.alibi_slopes, CLATTN_DTYPE_F32, rc->alibi == 1 ? 1 : 2,
                            rc->alibi == 1 ? dims + 1 : dims, PB_PACKED);
-            bound.alibi_slopes = desc.tensors.alibi_slopes;
+            bound.alibi_slopes = desc_tensors.alibi_slopes;
             err = pb_upload(tu_ctx(), &bound.alibi_slopes, 3, slopes);
         }
         if (tu_expect(err == CL_SUCCESS, "upload of the slopes failed (%d)", (int)err)) {

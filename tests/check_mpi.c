@@ -214,7 +214,9 @@ static void one_device(const ring_case *c, const ring_problem *p, float *out)
     clattn_ctx *ctx = tu_ctx();
     clattn_sdpa_desc sd;
     clattn_sdpa_desc_init(&sd);
-    clattn_tensors *t = &sd.tensors;
+    clattn_tensors sd_tensors = {0};
+    CLATTN_BIND_ROLES(sd, sd_tensors);
+    clattn_tensors *t = &sd_tensors;
     t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads, c->seq, c->dk);
     t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, c->batch, p->hkv, c->seq, c->dk);
     t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, c->batch, p->hkv, c->seq, c->dv);
@@ -238,8 +240,9 @@ static void one_device(const ring_case *c, const ring_problem *p, float *out)
     t->out.mem = tu_nan_buffer(p->out_count);
     if (p->padding)
         t->key_padding_mask.mem = tu_upload_bytes(p->padding, c->batch * c->seq);
-    if (tu_expect_status(clattn_plan_execute(plan, t, NULL, NULL, 0, NULL, NULL), CLATTN_SUCCESS,
-                         "one device: clattn_plan_execute"))
+    if (tu_expect_status(
+            clattn_plan_execute(plan, t->by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL),
+            CLATTN_SUCCESS, "one device: clattn_plan_execute"))
         tu_read_floats(t->out.mem, 0, p->out_count, out);
     tu_release_mem(t->q.mem);
     tu_release_mem(t->k.mem);
@@ -604,7 +607,9 @@ START_TEST(test_head_split)
         const size_t group = c->heads / p.hkv, kv_first = first / group, kv_count = count / group;
         clattn_sdpa_desc sd;
         clattn_sdpa_desc_init(&sd);
-        clattn_tensors *t = &sd.tensors;
+        clattn_tensors sd_tensors = {0};
+        CLATTN_BIND_ROLES(sd, sd_tensors);
+        clattn_tensors *t = &sd_tensors;
         /* Views of the whole (B, H, L, d) buffers: the heads' strides stay the whole tensor's. */
         t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, c->batch, count, c->seq, c->dk);
         t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, c->batch, kv_count, c->seq, c->dk);
@@ -629,7 +634,8 @@ START_TEST(test_head_split)
             bound.v.offset = kv_first * c->seq * c->dv;
             const size_t out_count = c->batch * count * c->seq * c->dv;
             bound.out.mem = tu_nan_buffer(out_count);
-            if (tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+            if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL,
+                                                     NULL, 0, NULL, NULL),
                                  CLATTN_SUCCESS, "head split: clattn_plan_execute")) {
                 float *got = tu_floats(out_count);
                 double *ref = tu_doubles(out_count);

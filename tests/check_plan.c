@@ -231,7 +231,8 @@ START_TEST(test_packed_qkv_views)
                 t->mem = packed;
                 t->offset = (size_t)part * embed;
             }
-            status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+            status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                         NULL, NULL);
             if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute"))
                 pb_sdpa_check(ctx, NULL, &p, &bound);
             /* the inputs' buffer is read only: unchanged */
@@ -392,9 +393,11 @@ START_TEST(test_mask_shape_errors)
                     bad[i][0], bad[i][1], bad[i][2], bad[i][3]);
         clattn_sdpa_desc desc;
         pb_sdpa_desc(&p, &desc);
-        pb_make_layout(&desc.tensors.attn_mask, CLATTN_DTYPE_F32, ranks[i], bad[i], PB_PACKED);
+        clattn_tensors desc_tensors = p.layouts;
+        CLATTN_BIND_ROLES(desc, desc_tensors);
+        pb_make_layout(&desc_tensors.attn_mask, CLATTN_DTYPE_F32, ranks[i], bad[i], PB_PACKED);
         if (i == 1) /* (3, 5, 17) is (H, Lq, Lk): fine; make H wrong instead */
-            desc.tensors.attn_mask.dims[0] = 2;
+            desc_tensors.attn_mask.dims[0] = 2;
         clattn_plan *plan = NULL;
         clattn_status status = clattn_sdpa_plan_create(tu_ctx(), &desc, &plan);
         tu_expect(status == CLATTN_ERR_INVALID_SHAPE, "got %s: %s", clattn_status_string(status),
@@ -556,7 +559,8 @@ START_TEST(test_caller_workspace)
                                                      CL_MEM_READ_WRITE, bytes - 1, NULL, &err)
                                     : NULL;
         if (short_ws != NULL && pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS) {
-            status = clattn_plan_execute(plan, &bound, NULL, short_ws, 0, NULL, NULL);
+            status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, short_ws, 0,
+                                         NULL, NULL);
             tu_expect(status == CLATTN_ERR_BUFFER_TOO_SMALL &&
                           tu_mentions_word(clattn_last_error(ctx), "workspace"),
                       "a workspace one byte short: %s: %s", clattn_status_string(status),
@@ -693,10 +697,12 @@ START_TEST(test_struct_size_older)
     clattn_status status = clattn_sdpa_plan_create(ctx, (const clattn_sdpa_desc *)old, &plan);
     free(old);
     clattn_tensors bound;
-    if (tu_expect(status == CLATTN_SUCCESS, "create from a 0.5-sized desc (%zu of %zu bytes): %s",
-                  old_size, sizeof desc, clattn_last_error(ctx)) &&
+    if (tu_expect(status == CLATTN_SUCCESS,
+                  "create from a desc cut before diag_offset (%zu of %zu bytes): %s", old_size,
+                  sizeof desc, clattn_last_error(ctx)) &&
         tu_expect(pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS, "upload failed")) {
-        status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+        status =
+            clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
         if (tu_expect(status == CLATTN_SUCCESS, "execute: %s", clattn_last_error(ctx)))
             pb_sdpa_check(ctx, NULL, &p, &bound);
         pb_release_tensors(&bound);
@@ -760,7 +766,8 @@ static void expect_binding_error(clattn_plan *plan, const pb_sdpa_problem *p,
                                  clattn_status want, const char *name, const char *what)
 {
     clattn_ctx *ctx = tu_ctx();
-    clattn_status status = clattn_plan_execute(plan, tensors, NULL, NULL, 0, NULL, NULL);
+    clattn_status status =
+        clattn_plan_execute(plan, tensors->by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
     tu_expect(status == want && tu_mentions_word(clattn_last_error(ctx), name),
               "%s: %s: '%s' (want %s naming %s)", what, clattn_status_string(status),
               clattn_last_error(ctx), clattn_status_string(want), name);
@@ -798,8 +805,7 @@ START_TEST(test_by_role)
     pb_sdpa_desc(&p, &desc);
     clattn_tensor roles[CLATTN_ROLE_COUNT + 3];
     memset(roles, 0, sizeof roles);
-    memcpy(roles, &desc.tensors, sizeof desc.tensors);
-    memset(&desc.tensors, 0, sizeof desc.tensors);
+    memcpy(roles, p.layouts.by_role, sizeof p.layouts.by_role);
     desc.by_role = roles;
     desc.num_roles = counts[_i];
     clattn_plan *plan = NULL;
@@ -809,14 +815,13 @@ START_TEST(test_by_role)
         tu_expect(pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS, "upload failed")) {
         memset(bound_roles, 0, sizeof bound_roles);
         memcpy(bound_roles, &bound, sizeof bound);
-        clattn_status status = clattn_plan_execute_roles(plan, bound_roles, counts[_i], NULL, NULL,
-                                                         0, NULL, NULL);
+        clattn_status status =
+            clattn_plan_execute(plan, bound_roles, counts[_i], NULL, NULL, 0, NULL, NULL);
         if (tu_expect_status(status, CLATTN_SUCCESS, "execute by role"))
             pb_sdpa_check(ctx, NULL, &p, &bound);
         if (_i == 2) {
             bound_roles[CLATTN_ROLE_COUNT + 1] = bound.q; /* a role this version lacks */
-            status = clattn_plan_execute_roles(plan, bound_roles, counts[_i], NULL, NULL, 0,
-                                               NULL, NULL);
+            status = clattn_plan_execute(plan, bound_roles, counts[_i], NULL, NULL, 0, NULL, NULL);
             tu_expect(status == CLATTN_ERR_UNSUPPORTED &&
                           strstr(clattn_last_error(ctx), "by_role[31] is set"),
                       "execute with an unknown role: %s", clattn_last_error(ctx));
@@ -831,7 +836,7 @@ START_TEST(test_by_role)
             const char *message;
         } refusals[3] = {
             {0, CLATTN_ERR_UNSUPPORTED, "by_role[30] is set"},
-            {1, CLATTN_ERR_INVALID_ARGUMENT, "not both"},
+            {1, CLATTN_ERR_INVALID_ARGUMENT, "out"},
             {2, CLATTN_ERR_INVALID_ARGUMENT, "by_role is NULL but num_roles is 3"},
         };
         for (int i = 0; i < 3; ++i) {
@@ -841,7 +846,7 @@ START_TEST(test_by_role)
             if (refusals[i].what == 0)
                 extra[CLATTN_ROLE_COUNT] = roles[CLATTN_ROLE_Q], bad.by_role = extra;
             else if (refusals[i].what == 1)
-                bad.tensors.q = roles[CLATTN_ROLE_Q];
+                bad.num_roles = CLATTN_ROLE_OUT; /* q, k and v: out left absent */
             else
                 bad.by_role = NULL, bad.num_roles = 3;
             plan = NULL;
@@ -969,14 +974,15 @@ START_TEST(test_bindings)
     /* the same layout with its packed strides spelled out: accepted, right numbers */
     t = bound;
     pb_tensor_strides(&bound.q, t.q.strides);
-    status = clattn_plan_execute(plan, &t, NULL, NULL, 0, NULL, NULL);
+    status = clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
     if (tu_expect_status(status, CLATTN_SUCCESS, "q with its packed strides spelled out"))
         pb_sdpa_check(ctx, NULL, &p, &bound);
 
     /* NULL arguments */
-    tu_expect_status(clattn_plan_execute(NULL, &bound, NULL, NULL, 0, NULL, NULL),
-                     CLATTN_ERR_INVALID_ARGUMENT, "clattn_plan_execute(NULL plan)");
-    tu_expect_status(clattn_plan_execute(plan, NULL, NULL, NULL, 0, NULL, NULL),
+    tu_expect_status(
+        clattn_plan_execute(NULL, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL),
+        CLATTN_ERR_INVALID_ARGUMENT, "clattn_plan_execute(NULL plan)");
+    tu_expect_status(clattn_plan_execute(plan, NULL, 0, NULL, NULL, 0, NULL, NULL),
                      CLATTN_ERR_INVALID_ARGUMENT, "clattn_plan_execute(NULL tensors)");
     tu_expect(clattn_plan_workspace_size(NULL) == 0 && clattn_plan_is_fused(NULL) == 0,
               "NULL plan queries");
@@ -1000,7 +1006,8 @@ static clattn_status run_on(clattn_ctx *ctx, const pb_sdpa_problem *p, float *go
     clattn_tensors bound;
     clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
     if (status == CLATTN_SUCCESS && pb_sdpa_upload(ctx, p, &bound) == CL_SUCCESS) {
-        status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+        status =
+            clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
         if (status == CLATTN_SUCCESS) {
             pb_sdpa_check(ctx, NULL, p, &bound);
             pb_download(ctx, NULL, &bound.out, got, NULL);
@@ -1536,8 +1543,9 @@ static void kv_attend(const kv_model *m, clattn_plan *plan, size_t rows, const c
     t.q = clattn_tensor_make(tu_upload_floats(q, q_count), 0, F32, 4, KV_B, KV_HQ, rows, KV_DK);
     t.out = clattn_tensor_make(tu_nan_buffer(out_count), 0, F32, 4, KV_B, KV_HQ, rows, KV_DV);
     clattn_kv_cache_tensors(m->cache, &t.k, &t.v, &t.kv_seqlen);
-    if (tu_expect_status(clattn_plan_execute(plan, &t, NULL, NULL, 0, NULL, NULL), CLATTN_SUCCESS,
-                         what)) {
+    if (tu_expect_status(
+            clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL),
+            CLATTN_SUCCESS, what)) {
         tu_read_floats(t.out.mem, 0, out_count, out);
         const int32_t kv_len[KV_B] = {(int32_t)m->length, (int32_t)m->length};
         const ref_sdpa_shape shape = {.batch = KV_B,
@@ -1595,10 +1603,12 @@ START_TEST(test_kv_cache_life_cycle)
     for (int i = 0; i < 2; ++i) {
         clattn_sdpa_desc desc;
         clattn_sdpa_desc_init(&desc);
-        desc.tensors.q = clattn_tensor_make(NULL, 0, F32, 4, KV_B, KV_HQ, rows[i], KV_DK);
-        desc.tensors.out = clattn_tensor_make(NULL, 0, F32, 4, KV_B, KV_HQ, rows[i], KV_DV);
-        clattn_kv_cache_tensors(m->cache, &desc.tensors.k, &desc.tensors.v,
-                                &desc.tensors.kv_seqlen);
+        clattn_tensors desc_tensors = {0};
+        CLATTN_BIND_ROLES(desc, desc_tensors);
+        desc_tensors.q = clattn_tensor_make(NULL, 0, F32, 4, KV_B, KV_HQ, rows[i], KV_DK);
+        desc_tensors.out = clattn_tensor_make(NULL, 0, F32, 4, KV_B, KV_HQ, rows[i], KV_DV);
+        clattn_kv_cache_tensors(m->cache, &desc_tensors.k, &desc_tensors.v,
+                                &desc_tensors.kv_seqlen);
         desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
         desc.path = i == 0 ? CLATTN_PATH_FUSED : CLATTN_PATH_UNFUSED;
         if (!tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plans[i]), CLATTN_SUCCESS,

@@ -100,10 +100,12 @@ START_TEST(test_posenc_cases)
 
     clattn_posenc_desc desc;
     clattn_posenc_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.kind = c->table ? CLATTN_POSENC_TABLE : CLATTN_POSENC_SINUSOIDAL;
     desc.start = c->start;
-    desc.base = c->base;
-    clattn_tensors *t = &desc.tensors;
+    desc.base = PB_OR(c->base, CLATTN_ROPE_BASE_DEFAULT);
+    clattn_tensors *t = &desc_tensors;
     if (c->with_x)
         pb_make_layout(&t->q, c->x_dtype, c->rank, dims, c->layout);
     if (c->inplace)
@@ -115,7 +117,7 @@ START_TEST(test_posenc_cases)
         pb_make_layout(&t->pos_table, c->table_dtype, 2, table_dims, c->table_layout);
 
     clattn_plan *plan = NULL;
-    clattn_tensors bound = desc.tensors;
+    clattn_tensors bound = desc_tensors;
     cl_int err = CL_SUCCESS;
     if (tu_expect_status(clattn_posenc_plan_create(tu_ctx(), &desc, &plan), CLATTN_SUCCESS,
                          "clattn_posenc_plan_create")) {
@@ -128,7 +130,8 @@ START_TEST(test_posenc_cases)
         if (err == CL_SUCCESS && c->table)
             err = pb_upload(tu_ctx(), &bound.pos_table, tu_rand_below(5), table);
         if (tu_expect(err == CL_SUCCESS, "uploads failed (%d)", (int)err) &&
-            tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+            tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                                 0, NULL, NULL),
                              CLATTN_SUCCESS, "clattn_plan_execute")) {
             float *got = tu_nan_floats(count);
             size_t stray = 0;
@@ -179,18 +182,21 @@ START_TEST(test_posenc_long)
     const size_t count = seq * dim;
     clattn_posenc_desc desc;
     clattn_posenc_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.start = start;
     const size_t dims[2] = {seq, dim};
-    pb_make_layout(&desc.tensors.out, F32, 2, dims, PB_PACKED);
+    pb_make_layout(&desc_tensors.out, F32, 2, dims, PB_PACKED);
     clattn_plan *plan = NULL;
     if (tu_expect_status(clattn_posenc_plan_create(tu_ctx(), &desc, &plan), CLATTN_SUCCESS,
                          "clattn_posenc_plan_create")) {
-        clattn_tensors bound = desc.tensors;
+        clattn_tensors bound = desc_tensors;
         double *want = tu_doubles(count);
         float *got = tu_nan_floats(count);
         ref_posenc_sinusoid(start, seq, dim, 10000.0, want);
         if (pb_upload(tu_ctx(), &bound.out, 0, NULL) == CL_SUCCESS &&
-            tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+            tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                                 0, NULL, NULL),
                              CLATTN_SUCCESS, "clattn_plan_execute") &&
             pb_download(tu_ctx(), NULL, &bound.out, got, NULL) == CL_SUCCESS) {
             double worst = 0.0;
@@ -237,8 +243,10 @@ START_TEST(test_posenc_errors)
     const size_t dims3[3] = {2, 5, 8}, other[3] = {2, 5, 7}, table_dims[2] = {6, 8};
     clattn_posenc_desc good;
     clattn_posenc_desc_init(&good);
-    pb_make_layout(&good.tensors.q, F32, 3, dims3, PB_PACKED);
-    pb_make_layout(&good.tensors.out, F32, 3, dims3, PB_PACKED);
+    clattn_tensors good_tensors = {0};
+    CLATTN_BIND_ROLES(good, good_tensors);
+    pb_make_layout(&good_tensors.q, F32, 3, dims3, PB_PACKED);
+    pb_make_layout(&good_tensors.out, F32, 3, dims3, PB_PACKED);
     clattn_plan *plan = NULL;
     tu_expect_status(clattn_posenc_plan_create(tu_ctx(), &good, &plan), CLATTN_SUCCESS, "good");
     clattn_plan_release(plan);
@@ -249,39 +257,41 @@ START_TEST(test_posenc_errors)
     tu_expect_status(clattn_posenc_plan_create(tu_ctx(), &good, NULL), CLATTN_ERR_INVALID_ARGUMENT,
                      "NULL out");
 
+    clattn_tensors d_tensors = good_tensors;
     clattn_posenc_desc d = good;
+    CLATTN_BIND_ROLES(d, d_tensors);
     d.struct_size = sizeof d + 8; /* a newer header's (an older, smaller one is taken) */
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "struct_size", "struct_size");
-    d = good, d.kind = (clattn_posenc_kind)7;
+    RESET(d, good), d.kind = (clattn_posenc_kind)7;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "kind", "kind 7");
-    d = good, memset(&d.tensors.out, 0, sizeof d.tensors.out);
+    RESET(d, good), memset(&d_tensors.out, 0, sizeof d_tensors.out);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "out", "out absent");
-    d = good, pb_make_layout(&d.tensors.out, F32, 3, other, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.out, F32, 3, other, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "out", "out of other dims");
-    d = good, memset(&d.tensors.q, 0, sizeof d.tensors.q);
-    pb_make_layout(&d.tensors.out, F32, 1, dims3 + 2, PB_PACKED);
+    RESET(d, good), memset(&d_tensors.q, 0, sizeof d_tensors.q);
+    pb_make_layout(&d_tensors.out, F32, 1, dims3 + 2, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "rank", "out of rank 1");
-    d = good, d.tensors.k = d.tensors.q;
+    RESET(d, good), d_tensors.k = d_tensors.q;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT,
                    "k was given, but this plan takes only x, out, pos_table", "k set");
-    d = good, d.tensors.out.dtype = CLATTN_DTYPE_U8;
+    RESET(d, good), d_tensors.out.dtype = CLATTN_DTYPE_U8;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "out", "out U8");
-    d = good, d.start = ((size_t)1 << 24) - 4;
+    RESET(d, good), d.start = ((size_t)1 << 24) - 4;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "2^24", "positions past 2^24");
-    d = good, d.start = SIZE_MAX - 2;
+    RESET(d, good), d.start = SIZE_MAX - 2;
     expect_refused(&d, CLATTN_ERR_OVERFLOW, "start", "start + seq overflows");
-    static const double bad_bases[] = {-1.0, NAN, INFINITY};
+    static const double bad_bases[] = {-1.0, NAN, INFINITY, 0.0}; /* 0: 10000 before 0.7 */
     for (size_t i = 0; i < sizeof bad_bases / sizeof bad_bases[0]; ++i) {
-        d = good, d.base = bad_bases[i];
+        RESET(d, good), d.base = bad_bases[i];
         expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "base", "bad base");
     }
-    d = good, pb_make_layout(&d.tensors.pos_table, F32, 2, table_dims, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.pos_table, F32, 2, table_dims, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "pos_table", "a table for the sinusoid");
-    d = good, d.kind = CLATTN_POSENC_TABLE;
+    RESET(d, good), d.kind = CLATTN_POSENC_TABLE;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "pos_table", "TABLE without a table");
-    pb_make_layout(&d.tensors.pos_table, F32, 2, (const size_t[]){6, 7}, PB_PACKED);
+    pb_make_layout(&d_tensors.pos_table, F32, 2, (const size_t[]){6, 7}, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "dim = 8", "table of 7 columns");
-    pb_make_layout(&d.tensors.pos_table, F32, 2, table_dims, PB_PACKED);
+    pb_make_layout(&d_tensors.pos_table, F32, 2, table_dims, PB_PACKED);
     d.start = 2; /* rows 2 .. 6 of a 6-row table */
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "max_len", "table too short");
     d.start = 1;
@@ -291,7 +301,9 @@ START_TEST(test_posenc_errors)
     /* An SDPA plan refuses a pos_table. */
     clattn_sdpa_desc sdpa;
     clattn_sdpa_desc_init(&sdpa);
-    sdpa.tensors.pos_table = d.tensors.pos_table;
+    clattn_tensors sdpa_tensors = {0};
+    CLATTN_BIND_ROLES(sdpa, sdpa_tensors);
+    sdpa_tensors.pos_table = d_tensors.pos_table;
     plan = NULL;
     tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &sdpa, &plan), CLATTN_ERR_INVALID_ARGUMENT,
                      "sdpa with a pos_table");

@@ -131,11 +131,13 @@ START_TEST(test_rope_cases)
 
     clattn_rope_desc desc;
     clattn_rope_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.style = c->style;
-    desc.rotary_dim = c->rot;
-    desc.base = c->base;
+    desc.rotary_dim = PB_OR(c->rot, CLATTN_ROPE_WHOLE_HEAD);
+    desc.base = PB_OR(c->base, CLATTN_ROPE_BASE_DEFAULT);
     desc.start = c->start;
-    clattn_tensors *t = &desc.tensors;
+    clattn_tensors *t = &desc_tensors;
     const size_t dims[4] = {c->batch, c->heads, c->seq, c->dim};
     pb_make_layout(&t->q, c->x_dtype, 4, dims, c->layout);
     if (c->inplace)
@@ -155,7 +157,7 @@ START_TEST(test_rope_cases)
     clattn_plan *plan = NULL;
     if (tu_expect_status(clattn_rope_plan_create(tu_ctx(), &desc, &plan), CLATTN_SUCCESS,
                          "clattn_rope_plan_create")) {
-        clattn_tensors bound = desc.tensors;
+        clattn_tensors bound = desc_tensors;
         float *ids_f = NULL;
         if (with_ids) {
             ids_f = tu_floats(c->batch * c->seq);
@@ -174,7 +176,8 @@ START_TEST(test_rope_cases)
         if (err == CL_SUCCESS && with_ids)
             err = pb_upload(tu_ctx(), &bound.position_ids, 1, ids_f);
         if (tu_expect(err == CL_SUCCESS, "uploads failed (%d)", (int)err) &&
-            tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+            tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                                 0, NULL, NULL),
                              CLATTN_SUCCESS, "clattn_plan_execute")) {
             float *got = tu_nan_floats(count);
             size_t stray = 0;
@@ -221,19 +224,22 @@ static float *run_computed(const float *x, const size_t dims[4], size_t start,
 {
     clattn_rope_desc desc;
     clattn_rope_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.style = style;
     desc.start = start;
-    pb_make_layout(&desc.tensors.q, F32, 4, dims, PB_PACKED);
-    pb_make_layout(&desc.tensors.out, F32, 4, dims, PB_PACKED);
+    pb_make_layout(&desc_tensors.q, F32, 4, dims, PB_PACKED);
+    pb_make_layout(&desc_tensors.out, F32, 4, dims, PB_PACKED);
     const size_t count = dims[0] * dims[1] * dims[2] * dims[3];
     float *got = tu_nan_floats(count);
     clattn_plan *plan = NULL;
     if (tu_expect_status(clattn_rope_plan_create(tu_ctx(), &desc, &plan), CLATTN_SUCCESS,
                          "clattn_rope_plan_create")) {
-        clattn_tensors bound = desc.tensors;
+        clattn_tensors bound = desc_tensors;
         if (pb_upload(tu_ctx(), &bound.q, 0, x) == CL_SUCCESS &&
             pb_upload(tu_ctx(), &bound.out, 0, NULL) == CL_SUCCESS &&
-            tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
+            tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                                 0, NULL, NULL),
                              CLATTN_SUCCESS, "clattn_plan_execute"))
             pb_download(tu_ctx(), NULL, &bound.out, got, NULL);
         pb_release_tensors(&bound);
@@ -355,50 +361,58 @@ START_TEST(test_rope_errors)
     const size_t dims[4] = {2, 3, 5, 8}, ids[2] = {2, 5}, cache[2] = {9, 4};
     clattn_rope_desc good;
     clattn_rope_desc_init(&good);
-    pb_make_layout(&good.tensors.q, F32, 4, dims, PB_PACKED);
-    pb_make_layout(&good.tensors.out, F32, 4, dims, PB_PACKED);
+    clattn_tensors good_tensors = {0};
+    CLATTN_BIND_ROLES(good, good_tensors);
+    pb_make_layout(&good_tensors.q, F32, 4, dims, PB_PACKED);
+    pb_make_layout(&good_tensors.out, F32, 4, dims, PB_PACKED);
     clattn_plan *plan = NULL;
     tu_expect_status(clattn_rope_plan_create(tu_ctx(), &good, &plan), CLATTN_SUCCESS, "good");
     clattn_plan_release(plan);
     tu_expect_status(clattn_rope_plan_create(tu_ctx(), NULL, &plan), CLATTN_ERR_INVALID_ARGUMENT,
                      "NULL desc");
+    clattn_tensors d_tensors = good_tensors;
     clattn_rope_desc d = good;
+    CLATTN_BIND_ROLES(d, d_tensors);
     d.struct_size = 8;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "struct_size", "struct_size");
-    d = good, d.style = (clattn_rope_style)2;
+    RESET(d, good), d.style = (clattn_rope_style)2;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "style", "style 2");
-    d = good, memset(&d.tensors.out, 0, sizeof d.tensors.out);
+    RESET(d, good), memset(&d_tensors.out, 0, sizeof d_tensors.out);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "out", "out absent");
-    d = good, pb_make_layout(&d.tensors.q, F32, 3, dims + 1, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.q, F32, 3, dims + 1, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "rank", "x of rank 3");
-    d = good, d.rotary_dim = 5;
+    RESET(d, good), d.rotary_dim = 5;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rotary_dim", "odd rotary_dim");
-    d = good, d.rotary_dim = 10;
+    RESET(d, good), d.rotary_dim = 10;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rotary_dim", "rotary_dim past head_dim");
-    d = good, d.base = -3.0;
+    RESET(d, good), d.rotary_dim = 0; /* 0 meant "all" before 0.7: CLATTN_ROPE_WHOLE_HEAD now */
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "CLATTN_ROPE_WHOLE_HEAD", "rotary_dim 0");
+    RESET(d, good), d.base = -3.0;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "base", "negative base");
-    d = good, d.start = ((size_t)1 << 24);
+    RESET(d, good), d.base = 0.0; /* 0 meant 10000 before 0.7: CLATTN_ROPE_BASE_DEFAULT now */
+    expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "CLATTN_ROPE_BASE_DEFAULT", "base 0");
+    RESET(d, good), d.start = ((size_t)1 << 24);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "2^24", "positions past 2^24");
-    d = good, d.tensors.k = d.tensors.q;
+    RESET(d, good), d_tensors.k = d_tensors.q;
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT,
                    "k was given, but this plan takes only x, out, rope_cos, rope_sin, "
                    "position_ids",
                    "k set");
-    d = good, pb_make_layout(&d.tensors.position_ids, F32, 2, ids, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.position_ids, F32, 2, ids, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "position_ids", "F32 position ids");
-    d = good, pb_make_layout(&d.tensors.position_ids, CLATTN_DTYPE_I32, 2, cache, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.position_ids, CLATTN_DTYPE_I32, 2, cache, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "position_ids", "ids of another shape");
-    d = good, pb_make_layout(&d.tensors.rope_cos, F32, 2, cache, PB_PACKED);
+    RESET(d, good), pb_make_layout(&d_tensors.rope_cos, F32, 2, cache, PB_PACKED);
     expect_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "together", "cos without sin");
-    d.tensors.rope_sin = d.tensors.rope_cos;
+    d_tensors.rope_sin = d_tensors.rope_cos;
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "rope_cos", "a (rows, r/2) cache without ids");
-    pb_make_layout(&d.tensors.position_ids, CLATTN_DTYPE_I32, 2, ids, PB_PACKED);
+    pb_make_layout(&d_tensors.position_ids, CLATTN_DTYPE_I32, 2, ids, PB_PACKED);
     tu_expect_status(clattn_rope_plan_create(tu_ctx(), &d, &plan), CLATTN_SUCCESS,
                      "caches by position with ids");
     clattn_plan_release(plan);
-    d.tensors.rope_sin.dtype = F16;
+    d_tensors.rope_sin.dtype = F16;
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "same", "cos F32, sin F16");
-    d.tensors.rope_sin = d.tensors.rope_cos;
+    d_tensors.rope_sin = d_tensors.rope_cos;
     d.rotary_dim = 4; /* the cache is (9, 4): r / 2 must be 4 */
     expect_refused(&d, CLATTN_ERR_INVALID_SHAPE, "rotary_dim / 2", "a cache for another rot");
     TU_END_TEST();
@@ -491,7 +505,9 @@ static void run_sdpa_rope(const clattn_sdpa_desc *desc, const float *q, const fl
     if (!tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), desc, &plan), CLATTN_SUCCESS,
                           "clattn_sdpa_plan_create"))
         return;
-    clattn_tensors bound = desc->tensors;
+    clattn_tensors bound = {0};
+    for (size_t r = 0; r < desc->num_roles && r < CLATTN_ROLE_COUNT; ++r)
+        bound.by_role[r] = desc->by_role[r];
     const bool past = bound.past_k.rank != 0, present = bound.present_k.rank != 0;
     cl_int err = pb_upload(tu_ctx(), &bound.q, tu_rand_below(5), q);
     if (err == CL_SUCCESS)
@@ -509,8 +525,9 @@ static void run_sdpa_rope(const clattn_sdpa_desc *desc, const float *q, const fl
     if (err == CL_SUCCESS)
         err = pb_upload(tu_ctx(), &bound.out, tu_rand_below(5), NULL);
     if (tu_expect(err == CL_SUCCESS, "uploads failed (%d)", (int)err) &&
-        tu_expect_status(clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL),
-                         CLATTN_SUCCESS, "clattn_plan_execute")) {
+        tu_expect_status(
+            clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL),
+            CLATTN_SUCCESS, "clattn_plan_execute")) {
         size_t stray = 0;
         pb_download(tu_ctx(), NULL, &bound.out, out, &stray);
         tu_expect(stray == 0, "%zu elements written outside out", stray);
@@ -554,10 +571,12 @@ START_TEST(test_sdpa_rope_decode)
     float *v = tu_random_floats((size_t)B * G * S * DV);
     clattn_sdpa_desc whole;
     clattn_sdpa_desc_init(&whole);
+    clattn_tensors whole_tensors = {0};
+    CLATTN_BIND_ROLES(whole, whole_tensors);
     whole.path = path;
     whole.causal = TOP_LEFT;
-    whole.rope = 1, whole.rope_style = variants[_i].style, whole.rope_dims = variants[_i].rot;
-    clattn_tensors *t = &whole.tensors;
+    whole.rope = 1, whole.rope_style = variants[_i].style, whole.rope_dims = PB_OR(variants[_i].rot, CLATTN_ROPE_WHOLE_HEAD);
+    clattn_tensors *t = &whole_tensors;
     pb_make_layout(&t->q, F32, 4, (const size_t[]){B, H, S, D}, PB_PACKED);
     pb_make_layout(&t->k, F32, 4, (const size_t[]){B, G, S, D}, PB_PACKED);
     pb_make_layout(&t->v, F32, 4, (const size_t[]){B, G, S, DV}, PB_PACKED);
@@ -573,10 +592,12 @@ START_TEST(test_sdpa_rope_decode)
         float *v_row = rows_of(v, B * G, S, DV, pos, 1);
         float *past_k = rows_of(keys, B * G, S, D, 0, pos),
               *past_v = rows_of(v, B * G, S, DV, 0, pos);
+        clattn_tensors step_tensors = whole_tensors;
         clattn_sdpa_desc step = whole;
+        CLATTN_BIND_ROLES(step, step_tensors);
         step.causal = n % 2 ? ONNX : BOTTOM_RIGHT;
         step.rope_start = pos;
-        t = &step.tensors;
+        t = &step_tensors;
         pb_make_layout(&t->q, F32, 4, (const size_t[]){B, H, 1, D}, PB_PACKED);
         pb_make_layout(&t->k, F32, 4, (const size_t[]){B, G, 1, D}, PB_PACKED);
         pb_make_layout(&t->v, F32, 4, (const size_t[]){B, G, 1, DV}, PB_PACKED);
@@ -645,8 +666,10 @@ START_TEST(test_sdpa_rope_errors)
     enum { B = 2, H = 4, G = 2, L = 5, D = 8 };
     clattn_sdpa_desc good;
     clattn_sdpa_desc_init(&good);
+    clattn_tensors good_tensors = {0};
+    CLATTN_BIND_ROLES(good, good_tensors);
     good.rope = 1;
-    clattn_tensors *t = &good.tensors;
+    clattn_tensors *t = &good_tensors;
     pb_make_layout(&t->q, F32, 4, (const size_t[]){B, H, L, D}, PB_PACKED);
     pb_make_layout(&t->k, F32, 4, (const size_t[]){B, G, L, D}, PB_PACKED);
     t->v = t->k;
@@ -657,29 +680,35 @@ START_TEST(test_sdpa_rope_errors)
                   "rope: workspace %zu bytes, less than the rotated copies",
                   clattn_plan_workspace_size(plan));
     clattn_plan_release(plan);
+    clattn_tensors d_tensors = good_tensors;
     clattn_sdpa_desc d = good;
+    CLATTN_BIND_ROLES(d, d_tensors);
     d.rope = 2;
     expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope=2", "rope 2");
-    d = good, d.rope_style = (clattn_rope_style)7;
+    RESET(d, good), d.rope_style = (clattn_rope_style)7;
     expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope_style", "rope_style 7");
-    d = good, d.rope_dims = 5;
+    RESET(d, good), d.rope_dims = 5;
     expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope_dims=5", "odd rope_dims");
-    d = good, d.rope_dims = 10;
+    RESET(d, good), d.rope_dims = 10;
     expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "head size 8", "rope_dims past d");
-    d = good, d.rope_base = -1.0;
+    RESET(d, good), d.rope_base = -1.0;
     expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope_base", "negative base");
-    d = good, d.rope_base = NAN;
+    RESET(d, good), d.rope_base = NAN;
     expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope_base", "NaN base");
-    d = good, d.rope_start = ((size_t)1 << 24) - L + 1;
+    RESET(d, good), d.rope_base = 0.0;
+    expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope_base", "base 0");
+    RESET(d, good), d.rope_dims = 0;
+    expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "CLATTN_ROPE_WHOLE_HEAD", "rope_dims 0");
+    RESET(d, good), d.rope_start = ((size_t)1 << 24) - L + 1;
     expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "2^24", "positions reaching 2^24");
-    d = good, d.rope_start = SIZE_MAX;
+    RESET(d, good), d.rope_start = SIZE_MAX;
     expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "rope_start", "rope_start overflowing");
-    d = good, d.rope_start = ((size_t)1 << 24) - L;
+    RESET(d, good), d.rope_start = ((size_t)1 << 24) - L;
     tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &d, &plan), CLATTN_SUCCESS,
                      "the last positions below 2^24");
     clattn_plan_release(plan);
-    d = good;
-    pb_make_layout(&d.tensors.kv_seqlen, CLATTN_DTYPE_I32, 1, (const size_t[]){B}, PB_PACKED);
+    RESET(d, good);
+    pb_make_layout(&d_tensors.kv_seqlen, CLATTN_DTYPE_I32, 1, (const size_t[]){B}, PB_PACKED);
     expect_sdpa_refused(&d, CLATTN_ERR_INVALID_ARGUMENT, "kv_seqlen", "rope with kv_seqlen");
     d.rope = 0, d.rope_dims = 5; /* off: the other fields are not read */
     tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &d, &plan), CLATTN_SUCCESS,

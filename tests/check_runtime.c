@@ -288,7 +288,8 @@ static void run_gated_plan(int out_of_order, int release_early)
         tu_expect(clattn_ctx_device(ctx) == own.device, "clattn_ctx_device is not the caller's");
         tu_expect(!clattn_plan_is_fused(plan), "a plan returning the weights is fused");
         alarm(DEADLOCK_ALARM_SECONDS);
-        clattn_status status = clattn_plan_execute(plan, &bound, NULL, NULL, 1, &gate, &done);
+        clattn_status status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL,
+                                                   NULL, 1, &gate, &done);
         tu_expect(status == CLATTN_SUCCESS, "clattn_plan_execute returned %s: %s",
                   clattn_status_string(status), clattn_last_error(ctx));
         tu_expect(status != CLATTN_SUCCESS || done != NULL, "no event returned");
@@ -384,6 +385,8 @@ static void run_event_chain(int out_of_order)
 
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.causal = CLATTN_CAUSAL_TOP_LEFT;
     clattn_tensors t;
     memset(&t, 0, sizeof t);
@@ -397,7 +400,7 @@ static void run_event_chain(int out_of_order)
     t.out = clattn_tensor_make(heads_out, 0, CLATTN_DTYPE_F32, 4, batch, heads, seq, head_dim);
     t.out.strides[0] = seq * embed, t.out.strides[1] = head_dim, t.out.strides[2] = embed;
     t.out.strides[3] = 1;
-    desc.tensors = t;
+    desc_tensors = t;
     clattn_plan *plan = NULL;
     clattn_status status = ctx != NULL && err == CL_SUCCESS
                                ? clattn_sdpa_plan_create(ctx, &desc, &plan)
@@ -405,7 +408,8 @@ static void run_event_chain(int out_of_order)
     tu_expect(status == CLATTN_SUCCESS, "sdpa plan: %s: %s", clattn_status_string(status),
               ctx ? clattn_last_error(ctx) : "");
     if (status == CLATTN_SUCCESS) {
-        status = clattn_plan_execute(plan, &t, NULL, NULL, 3, written, &attention_done);
+        status = clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 3, written,
+                                     &attention_done);
         tu_expect(status == CLATTN_SUCCESS, "attention: %s: %s", clattn_status_string(status),
                   clattn_last_error(ctx));
     }
@@ -544,7 +548,8 @@ START_TEST(test_mha_on_own_queue)
     }
     if (plan != NULL && pb_mha_upload(ctx, &p, &bound) == CL_SUCCESS) {
         alarm(DEADLOCK_ALARM_SECONDS);
-        clattn_status status = clattn_plan_execute(plan, &bound, NULL, NULL, 1, &gate, &done);
+        clattn_status status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL,
+                                                   NULL, 1, &gate, &done);
         tu_expect(status == CLATTN_SUCCESS, "clattn_plan_execute (mha): %s: %s",
                   clattn_status_string(status), clattn_last_error(ctx));
         if (done != NULL) {
@@ -642,8 +647,8 @@ static void run_independent_calls(int out_of_order, int grow)
         tu_expect(status == CLATTN_SUCCESS, "matmul %d: %s: %s", call, clattn_status_string(status),
                   clattn_last_error(ctx));
         if (plans[call] != NULL && bound[call].q.mem != NULL) {
-            status = clattn_plan_execute(plans[call], &bound[call], NULL, NULL, 0, NULL,
-                                         &attention_done[call]);
+            status = clattn_plan_execute(plans[call], bound[call].by_role, CLATTN_ROLE_COUNT, NULL,
+                                         NULL, 0, NULL, &attention_done[call]);
             tu_expect(status == CLATTN_SUCCESS, "attention %d: %s: %s", call,
                       clattn_status_string(status), clattn_last_error(ctx));
         }
@@ -773,11 +778,12 @@ START_TEST(test_workspace_ordering)
         }
         const size_t before = clattn_ctx_workspace_bytes(ctx);
         alarm(DEADLOCK_ALARM_SECONDS);
-        clattn_status status = clattn_plan_execute(first_plan, &first_bound, NULL, workspaces[0], 1,
-                                                   &gate, &first_done);
+        clattn_status status =
+            clattn_plan_execute(first_plan, first_bound.by_role, CLATTN_ROLE_COUNT, NULL,
+                                workspaces[0], 1, &gate, &first_done);
         tu_expect_status(status, CLATTN_SUCCESS, "first execution (gated)");
-        status = clattn_plan_execute(second_plan, &second_bound, NULL, workspaces[1], 0, NULL,
-                                     &second_done);
+        status = clattn_plan_execute(second_plan, second_bound.by_role, CLATTN_ROLE_COUNT, NULL,
+                                     workspaces[1], 0, NULL, &second_done);
         tu_expect_status(status, CLATTN_SUCCESS, "second execution");
         if (first_done != NULL && second_done != NULL) {
             if (own_workspaces && !observable) {
@@ -864,7 +870,8 @@ START_TEST(test_second_queue)
         pb_sdpa_upload(ctx, &on_first, &first_bound) == CL_SUCCESS) {
         /* Plain: on the second queue, then on the context's. */
         clattn_status status =
-            clattn_plan_execute(second_plan, &second_bound, second, NULL, 0, NULL, &second_done);
+            clattn_plan_execute(second_plan, second_bound.by_role, CLATTN_ROLE_COUNT, second, NULL,
+                                0, NULL, &second_done);
         tu_expect_status(status, CLATTN_SUCCESS, "execute on the second queue");
         if (second_done != NULL) {
             clWaitForEvents(1, &second_done);
@@ -872,7 +879,8 @@ START_TEST(test_second_queue)
             second_done = NULL;
             pb_sdpa_check(ctx, second, &on_second, &second_bound);
         }
-        status = clattn_plan_execute(first_plan, &first_bound, NULL, NULL, 0, NULL, NULL);
+        status = clattn_plan_execute(first_plan, first_bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                     0, NULL, NULL);
         tu_expect_status(status, CLATTN_SUCCESS, "execute on the context's queue");
         pb_sdpa_check(ctx, NULL, &on_first, &first_bound);
 
@@ -880,10 +888,11 @@ START_TEST(test_second_queue)
         pb_sdpa_poison(ctx, second, &second_bound);
         pb_sdpa_poison(ctx, NULL, &first_bound);
         alarm(DEADLOCK_ALARM_SECONDS);
-        status =
-            clattn_plan_execute(second_plan, &second_bound, second, NULL, 1, &gate, &second_done);
+        status = clattn_plan_execute(second_plan, second_bound.by_role, CLATTN_ROLE_COUNT, second,
+                                     NULL, 1, &gate, &second_done);
         tu_expect_status(status, CLATTN_SUCCESS, "gated execute on the second queue");
-        status = clattn_plan_execute(first_plan, &first_bound, NULL, NULL, 0, NULL, &first_done);
+        status = clattn_plan_execute(first_plan, first_bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                     0, NULL, &first_done);
         tu_expect_status(status, CLATTN_SUCCESS, "execute on the context's queue after it");
         if (first_done != NULL) {
             pause_ms(100);
@@ -979,8 +988,8 @@ START_TEST(test_workspace_growth)
             if (steps[s].caller)
                 workspace = clCreateBuffer(own.context, CL_MEM_READ_WRITE, sizes[i], NULL, &err);
             pb_sdpa_poison(ctx, NULL, &bound[i]);
-            clattn_status status =
-                clattn_plan_execute(plans[i], &bound[i], NULL, workspace, 0, NULL, NULL);
+            clattn_status status = clattn_plan_execute(
+                plans[i], bound[i].by_role, CLATTN_ROLE_COUNT, NULL, workspace, 0, NULL, NULL);
             tu_expect(status == CLATTN_SUCCESS, "step %d: execute: %s: %s", s,
                       clattn_status_string(status), clattn_last_error(ctx));
             pb_sdpa_check(ctx, NULL, &p[i], &bound[i]);
@@ -1033,9 +1042,10 @@ START_TEST(test_plan_lifetimes)
     }
     /* Released right after enqueueing. */
     cl_event done = NULL;
-    clattn_status status =
-        plans[0] ? clattn_plan_execute(plans[0], &bound[0], NULL, NULL, 0, NULL, &done)
-                 : CLATTN_ERR_INVALID_ARGUMENT;
+    clattn_status status = plans[0]
+                               ? clattn_plan_execute(plans[0], bound[0].by_role, CLATTN_ROLE_COUNT,
+                                                     NULL, NULL, 0, NULL, &done)
+                               : CLATTN_ERR_INVALID_ARGUMENT;
     tu_expect_status(status, CLATTN_SUCCESS, "execute, then release at once");
     clattn_plan_release(plans[0]);
     plans[0] = NULL;
@@ -1050,7 +1060,8 @@ START_TEST(test_plan_lifetimes)
             if (plans[i] == NULL)
                 continue;
             pb_sdpa_poison(ctx, NULL, &bound[i]);
-            status = clattn_plan_execute(plans[i], &bound[i], NULL, NULL, 0, NULL, NULL);
+            status = clattn_plan_execute(plans[i], bound[i].by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                         0, NULL, NULL);
             tu_expect(status == CLATTN_SUCCESS, "round %d plan %d: %s: %s", round, i,
                       clattn_status_string(status), clattn_last_error(ctx));
             pb_sdpa_check(ctx, NULL, &p[i], &bound[i]);
@@ -1770,15 +1781,18 @@ static clattn_status op_with_kernel_dir(const char *dir, kernel_dir_op op, char 
         } else {
             clattn_sdpa_desc desc;
             clattn_sdpa_desc_init(&desc);
+            clattn_tensors desc_tensors = {0};
+            CLATTN_BIND_ROLES(desc, desc_tensors);
             desc.path = CLATTN_PATH_FUSED;
             const clattn_tensor t = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, 1, 1, 2, 4);
-            desc.tensors.q = desc.tensors.k = desc.tensors.v = desc.tensors.out = t;
+            desc_tensors.q = desc_tensors.k = desc_tensors.v = desc_tensors.out = t;
             clattn_plan *plan = NULL;
             status = clattn_sdpa_plan_create(ctx, &desc, &plan);
             if (status == CLATTN_SUCCESS) {
-                clattn_tensors bound = desc.tensors;
+                clattn_tensors bound = desc_tensors;
                 bound.q.mem = bound.k.mem = bound.v.mem = bound.out.mem = mem;
-                status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+                status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                             NULL, NULL);
             }
             clattn_plan_release(plan);
         }

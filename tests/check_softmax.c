@@ -459,7 +459,8 @@ START_TEST(test_softmax_events)
         cl_int err = clEnqueueWriteBuffer(clattn_ctx_queue(ctx), bound.q.mem, CL_FALSE, 0,
                                           total * sizeof(float), staging, 0, NULL, &written);
         tu_expect(err == CL_SUCCESS, "clEnqueueWriteBuffer: %d", err);
-        status = clattn_plan_execute(plan, &bound, NULL, NULL, 1, &written, &done);
+        status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 1,
+                                     &written, &done);
         if (tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute") &&
             tu_expect(done != NULL, "no event returned")) {
             tu_expect(clWaitForEvents(1, &done) == CL_SUCCESS, "clWaitForEvents failed");

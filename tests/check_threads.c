@@ -138,7 +138,8 @@ static clattn_status run_job_plan(clattn_ctx *ctx, const pb_mha_problem *job,
     clattn_status status = clattn_mha_plan_create(ctx, &desc, &plan);
     cl_event done = NULL;
     if (status == CLATTN_SUCCESS) {
-        status = clattn_plan_execute(plan, bound, NULL, NULL, 0, NULL, &done);
+        status = clattn_plan_execute(plan, bound->by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL,
+                                     &done);
     }
     if (status == CLATTN_SUCCESS) {
         status = (clattn_status)clWaitForEvents(1, &done);

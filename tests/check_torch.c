@@ -246,6 +246,8 @@ static void run_case(int index, run_mode mode)
          * poison around it; self-attention binds one buffer to query, key and value. */
         clattn_mha_desc plan_desc;
         clattn_mha_desc_init(&plan_desc);
+        clattn_tensors plan_desc_tensors = {0};
+        CLATTN_BIND_ROLES(plan_desc, plan_desc_tensors);
         clattn_tensors bound;
         memset(&bound, 0, sizeof bound);
         clattn_tensor *roles[12] = {&bound.in_proj_weight,
@@ -291,7 +293,7 @@ static void run_case(int index, run_mode mode)
                 : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, heads, seq_q, seq_k);
         if (err == CL_SUCCESS)
             err = pb_upload(tu_ctx(), &bound.weights, 1, NULL);
-        plan_desc.tensors = bound;
+        plan_desc_tensors = bound;
         plan_desc.num_heads = heads;
         plan_desc.layout = CLATTN_LAYOUT_TORCH;
         plan_desc.need_weights = desc.need_weights;
@@ -301,7 +303,8 @@ static void run_case(int index, run_mode mode)
         tu_expect_status(status, CLATTN_SUCCESS, "clattn_mha_plan_create");
         if (status == CLATTN_SUCCESS) {
             tu_expect(!clattn_plan_is_fused(plan), "a plan returning weights is fused");
-            status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+            status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                         NULL, NULL);
             tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute");
         }
         if (status == CLATTN_SUCCESS && !(download_output(&bound.out, "out", out) &&

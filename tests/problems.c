@@ -540,8 +540,8 @@ cl_int pb_download(clattn_ctx *ctx, cl_command_queue queue, const clattn_tensor 
 
 void pb_release_tensors(clattn_tensors *tensors)
 {
-    clattn_tensor *all = (clattn_tensor *)tensors;
-    const size_t count = sizeof *tensors / sizeof(clattn_tensor);
+    clattn_tensor *all = tensors->by_role;
+    const size_t count = CLATTN_ROLE_COUNT;
     for (size_t i = 0; i < count; ++i) {
         cl_mem mem = all[i].mem;
         if (mem == NULL) {
@@ -1082,7 +1082,7 @@ void pb_sdpa_free(pb_sdpa_problem *p)
 void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
 {
     clattn_sdpa_desc_init(desc);
-    desc->tensors = p->layouts;
+    CLATTN_BIND_ROLES(*desc, p->layouts); /* the problem outlives the plan's creation */
     desc->causal = p->spec.causal;
     desc->scale = p->spec.scale;
     desc->norm = p->spec.norm;
@@ -1095,8 +1095,8 @@ void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
     desc->diag_offset = p->spec.diag_offset;
     desc->rope = p->spec.rope;
     desc->rope_style = p->spec.rope_style;
-    desc->rope_dims = p->spec.rope_dims;
-    desc->rope_base = p->spec.rope_base;
+    desc->rope_dims = PB_OR(p->spec.rope_dims, CLATTN_ROPE_WHOLE_HEAD);
+    desc->rope_base = PB_OR(p->spec.rope_base, CLATTN_ROPE_BASE_DEFAULT);
     desc->rope_start = p->spec.rope_start;
 }
 
@@ -1382,8 +1382,14 @@ int pb_sdpa_check(clattn_ctx *ctx, cl_command_queue queue, const pb_sdpa_problem
 static clattn_status execute(clattn_ctx *ctx, clattn_plan *plan, const clattn_tensors *bound,
                              cl_command_queue queue, cl_mem workspace, const char *label)
 {
+    /* The roles up to the last one present (the rest absent by their count), as an application
+     * built against an older header binds them. */
+    size_t num_roles = CLATTN_ROLE_COUNT;
+    while (num_roles > 0 && bound->by_role[num_roles - 1].rank == 0)
+        --num_roles;
     cl_event done = NULL;
-    clattn_status status = clattn_plan_execute(plan, bound, queue, workspace, 0, NULL, &done);
+    clattn_status status =
+        clattn_plan_execute(plan, bound->by_role, num_roles, queue, workspace, 0, NULL, &done);
     if (status != CLATTN_SUCCESS) {
         pb_fail("%s: clattn_plan_execute: %s (%d): %s", label, clattn_status_string(status),
                 (int)status, clattn_last_error(ctx));
@@ -1649,7 +1655,7 @@ void pb_mha_make(pb_mha_problem *p, const pb_mha_spec *spec)
     p->desc.vdim = s->vdim;
     p->desc.qk_dim = s->qk_dim;
     p->desc.v_dim = s->v_dim;
-    p->desc.num_kv_heads = s->num_kv_heads;
+    p->desc.num_kv_heads = PB_OR(s->num_kv_heads, CLATTN_KV_HEADS_ALL);
     p->desc.layout = s->layout;
     p->desc.causal = s->causal;
     p->desc.scale = s->scale;
@@ -1658,8 +1664,8 @@ void pb_mha_make(pb_mha_problem *p, const pb_mha_spec *spec)
     p->desc.path = s->path;
     p->desc.rope = s->rope;
     p->desc.rope_style = s->rope_style;
-    p->desc.rope_dims = s->rope_dims;
-    p->desc.rope_base = s->rope_base;
+    p->desc.rope_dims = PB_OR(s->rope_dims, CLATTN_ROPE_WHOLE_HEAD);
+    p->desc.rope_base = PB_OR(s->rope_base, CLATTN_ROPE_BASE_DEFAULT);
     p->desc.rope_start = s->rope_start;
 
     /* Parameters scaled by 1.5/sqrt(fan_in) keep every projection O(1), as nn.Linear's init
@@ -1778,9 +1784,9 @@ void pb_mha_free(pb_mha_problem *p)
 void pb_mha_desc(const pb_mha_problem *p, clattn_mha_desc *desc)
 {
     clattn_mha_desc_init(desc);
-    desc->tensors = p->layouts;
+    CLATTN_BIND_ROLES(*desc, p->layouts); /* the problem outlives the plan's creation */
     desc->num_heads = p->spec.num_heads;
-    desc->num_kv_heads = p->spec.num_kv_heads;
+    desc->num_kv_heads = PB_OR(p->spec.num_kv_heads, CLATTN_KV_HEADS_ALL);
     desc->layout = p->spec.layout;
     desc->causal = p->spec.causal;
     desc->scale = p->spec.scale;
@@ -1789,8 +1795,8 @@ void pb_mha_desc(const pb_mha_problem *p, clattn_mha_desc *desc)
     desc->path = p->spec.path;
     desc->rope = p->spec.rope;
     desc->rope_style = p->spec.rope_style;
-    desc->rope_dims = p->spec.rope_dims;
-    desc->rope_base = p->spec.rope_base;
+    desc->rope_dims = PB_OR(p->spec.rope_dims, CLATTN_ROPE_WHOLE_HEAD);
+    desc->rope_base = PB_OR(p->spec.rope_base, CLATTN_ROPE_BASE_DEFAULT);
     desc->rope_start = p->spec.rope_start;
 }
 

@@ -244,6 +244,9 @@ ref_sdpa_shape pb_sdpa_ref_shape(const pb_sdpa_spec *spec);
  * for ref_sdpa; NULL when the problem has none. The caller frees it. */
 float *pb_expand_mask(const pb_sdpa_problem *p);
 /* The plan descriptor: struct_size, layouts, causal, scale, norm, path of the spec. */
+/* The specs' 0 means "the default"; the descriptors name it (CLATTN_KV_HEADS_ALL, ...). */
+#define PB_OR(value, named_default) ((value) ? (value) : (named_default))
+
 void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc);
 /* Whether a plan for the spec should be fused: FUSED yes, UNFUSED no, AUTO when no weights
  * are wanted and dk, dv <= 256. */

@@ -433,7 +433,9 @@ void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_wei
     const size_t batch = desc->batch, seq_q = desc->seq_q, seq_k = desc->seq_k;
     const size_t rows_q = batch * seq_q, rows_k = batch * seq_k;
     /* Grouped-query projections: k and v have kv_heads heads of the query side's head sizes. */
-    const size_t kv_heads = desc->num_kv_heads ? desc->num_kv_heads : heads;
+    const size_t kv_heads = desc->num_kv_heads && desc->num_kv_heads != CLATTN_KV_HEADS_ALL
+                                ? desc->num_kv_heads
+                                : heads;
     const size_t kv_qk_dim = qk_dim / heads * kv_heads, kv_v_dim = v_dim / heads * kv_heads;
 
     const float *q_weight = weights->q_weight, *k_weight = weights->k_weight;
@@ -469,7 +471,9 @@ void ref_mha_forward(const clattn_mha_host_desc *desc, const clattn_mha_host_wei
     split_double(q_proj, batch, seq_q, heads, head_dim_qk, q_heads);
     split_double(k_proj, batch, seq_k, kv_heads, head_dim_qk, k_heads);
     if (desc->rope) { /* rotary embeddings on the projected q and k heads */
-        const size_t rot = desc->rope_dims ? desc->rope_dims : head_dim_qk;
+        const size_t rot = desc->rope_dims && desc->rope_dims != CLATTN_ROPE_WHOLE_HEAD
+                               ? desc->rope_dims
+                               : head_dim_qk;
         const double base = desc->rope_base == 0.0 ? 10000.0 : desc->rope_base;
         const int pairs = desc->rope_style == CLATTN_ROPE_PAIRS;
         rope_double(q_heads, batch * heads, seq_q, head_dim_qk, rot, pairs, desc->rope_start, base);

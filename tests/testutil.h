@@ -157,4 +157,8 @@ void tu_not_run(const char *format, ...) CK_ATTRIBUTE_FORMAT(printf, 1, 2);
 void tu_add_loop_except(TCase *tcase, const TTest *test, int start, int end, const int *skip,
                         int skip_count);
 
+/* d = g for plan descriptors whose tensors live in d_tensors and g_tensors (the tests' naming):
+ * d becomes g with a copy of g's tensors, bound to d. */
+#define RESET(d, g) ((d) = (g), d##_tensors = g##_tensors, CLATTN_BIND_ROLES(d, d##_tensors))
+
 #endif /* CLATTN_TESTUTIL_H */

@@ -258,11 +258,13 @@ static int run(const additive_options *o, additive_data *d)
 
     clattn_additive_desc desc;
     clattn_additive_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.num_heads = heads;
     desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
     desc.norm = o->norm;
     desc.path = o->path;
-    clattn_tensors *t = &desc.tensors;
+    clattn_tensors *t = &desc_tensors;
     t->q = tensor_of(q);
     t->k = tensor_of(k);
     t->v = tensor_of(v);
@@ -301,7 +303,7 @@ static int run(const additive_options *o, additive_data *d)
     clattn_status status = clattn_additive_plan_create(ctx, &desc, &plan);
     cl_int err = CL_SUCCESS;
     if (status == CLATTN_SUCCESS) {
-        clattn_tensors bound = desc.tensors;
+        clattn_tensors bound = desc_tensors;
         clattn_tensor *roles[A_COUNT] = {&bound.q,         &bound.k,
                                          &bound.v,         &bound.q_weight,
                                          &bound.k_weight,  &bound.score_weight,
@@ -324,7 +326,8 @@ static int run(const additive_options *o, additive_data *d)
         bound.out.mem = d->mem[A_COUNT];
         bound.weights.mem = d->mem[A_COUNT + 1];
         if (err == CL_SUCCESS)
-            status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+            status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                         NULL, NULL);
         if (err == CL_SUCCESS && status == CLATTN_SUCCESS)
             err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[A_COUNT], CL_TRUE, 0,
                                       out_count * sizeof(float), d->out, 0, NULL, NULL);

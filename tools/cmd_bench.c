@@ -453,7 +453,8 @@ static clattn_status run_plan(bench_state *b, void *p, cl_uint nw, const cl_even
 {
     (void)b;
     plan_case *c = p;
-    return clattn_plan_execute(c->plan, &c->tensors, NULL, NULL, nw, w, e);
+    return clattn_plan_execute(c->plan, c->tensors.by_role, CLATTN_ROLE_COUNT, NULL, NULL, nw, w,
+                               e);
 }
 
 /* The softmax step of the unfused plan timed by itself: the plan runs with kernel tracing on
@@ -596,11 +597,13 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         return rc;
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.path = softmax ? CLATTN_PATH_UNFUSED : path;
     desc.softcap = softcap;
     const int mask = softmax ? 0 : o->mask;
     desc.causal = !softmax && o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
-    clattn_tensors *t = &desc.tensors;
+    clattn_tensors *t = &desc_tensors;
     t->q = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_q, d);
     t->k = clattn_tensor_make(NULL, 0, type, 4, o->batch, kv_heads, seq_k, d);
     t->v = clattn_tensor_make(NULL, 0, type, 4, o->batch, kv_heads, seq_k, d);
@@ -615,7 +618,7 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         t->attn_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
     if (alibi)
         t->alibi_slopes = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
-    plan_case c = {.tensors = desc.tensors};
+    plan_case c = {.tensors = desc_tensors};
     /* The plan first: a case the device cannot hold is refused before any buffer is made. */
     clattn_status status = clattn_sdpa_plan_create(b->ctx, &desc, &c.plan);
     const size_t q_count = bh * seq_q * d, kv_count = o->batch * kv_heads * seq_k * d;
@@ -691,8 +694,8 @@ static clattn_status run_decode(bench_state *b, void *p, cl_uint nw, const cl_ev
     cl_event appended = NULL;
     clattn_status status = clattn_kv_cache_append(c->cache, &c->k_new, &c->v_new, nw, w, &appended);
     if (status == CLATTN_SUCCESS)
-        status =
-            clattn_plan_execute(c->attend.plan, &c->attend.tensors, NULL, NULL, 1, &appended, e);
+        status = clattn_plan_execute(c->attend.plan, c->attend.tensors.by_role, CLATTN_ROLE_COUNT,
+                                     NULL, NULL, 1, &appended, e);
     if (appended)
         clReleaseEvent(appended);
     return status;
@@ -754,14 +757,16 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
         c.v_new = c.k_new;
         clattn_sdpa_desc desc;
         clattn_sdpa_desc_init(&desc);
+        clattn_tensors desc_tensors = {0};
+        CLATTN_BIND_ROLES(desc, desc_tensors);
         desc.path = path;
         desc.softcap = o->softcap;
         desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
-        clattn_tensors *t = &desc.tensors;
+        clattn_tensors *t = &desc_tensors;
         t->q = clattn_tensor_make(mem[2], 0, type, 4, o->batch, o->heads, 1, d);
         t->out = clattn_tensor_make(mem[3], 0, type, 4, o->batch, o->heads, 1, d);
         clattn_kv_cache_tensors(c.cache, &t->k, &t->v, &t->kv_seqlen);
-        c.attend.tensors = desc.tensors;
+        c.attend.tensors = desc_tensors;
         status = clattn_sdpa_plan_create(b->ctx, &desc, &c.attend.plan);
     }
     if (status == CLATTN_SUCCESS)
@@ -807,11 +812,13 @@ static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
         return rc;
     clattn_mha_desc desc;
     clattn_mha_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.num_heads = o->heads;
     desc.layout = CLATTN_LAYOUT_TORCH;
     desc.path = path;
     desc.rope = o->rope;
-    clattn_tensors *t = &desc.tensors;
+    clattn_tensors *t = &desc_tensors;
     t->q = clattn_tensor_make(NULL, 0, type, 3, o->batch, seq, e, 0);
     t->k = t->q;
     t->v = t->q;
@@ -820,7 +827,7 @@ static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
     t->in_proj_bias = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, 3 * e, 0, 0, 0);
     t->out_weight = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, e, e, 0, 0);
     t->out_bias = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, e, 0, 0, 0);
-    plan_case c = {.tensors = desc.tensors};
+    plan_case c = {.tensors = desc_tensors};
     clattn_status status = clattn_mha_plan_create(b->ctx, &desc, &c.plan);
     enum { X, OUT, IN_W, IN_B, OUT_W, OUT_B, COUNT };
     const size_t counts[COUNT] = {
@@ -874,16 +881,18 @@ static int bench_additive(bench_state *b, size_t seq, clattn_path path)
         return rc;
     clattn_additive_desc desc;
     clattn_additive_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.num_heads = h;
     desc.path = path;
-    clattn_tensors *t = &desc.tensors;
+    clattn_tensors *t = &desc_tensors;
     t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, o->batch, seq, e, 0);
     t->k = t->v = t->out = t->q;
     t->q_weight = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, e, h * da, 0, 0);
     t->k_weight = t->q_weight;
     t->q_bias = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, h * da, 0, 0, 0);
     t->k_bias = t->score_weight = t->q_bias;
-    plan_case c = {.tensors = desc.tensors};
+    plan_case c = {.tensors = desc_tensors};
     clattn_status status = clattn_additive_plan_create(b->ctx, &desc, &c.plan);
     enum { X, OUT, W1, W2, B1, B2, W, COUNT };
     const size_t counts[COUNT] = {

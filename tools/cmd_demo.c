@@ -128,7 +128,9 @@ static clattn_plan *demo_plan(demo *d, clattn_status status, clattn_plan **creat
 static void demo_execute(demo *d, clattn_plan *plan, const clattn_tensors *tensors)
 {
     if (d->status == CLATTN_SUCCESS)
-        demo_lib(d, clattn_plan_execute(plan, tensors, NULL, NULL, 0, NULL, NULL),
+        demo_lib(d,
+                 clattn_plan_execute(plan, tensors->by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL,
+                                     NULL),
                  "clattn_plan_execute");
 }
 
@@ -306,10 +308,12 @@ static int chapter_dot(demo *d)
      * (its `scores` output) and their softmax (its `weights`). */
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.scale = 0.5f; /* 1 / sqrt(d), d = 4 */
     desc.path = CLATTN_PATH_UNFUSED;
     desc.scores_mode = CLATTN_SCORES_SCALED;
-    clattn_tensors *t = &desc.tensors;
+    clattn_tensors *t = &desc_tensors;
     t->q = clattn_tensor_make(e.qkv[0], 0, CLATTN_DTYPE_F32, 4, 1, 1, SEQ, DMODEL);
     t->k = clattn_tensor_make(e.qkv[1], 0, CLATTN_DTYPE_F32, 4, 1, 1, SEQ, DMODEL);
     t->v = clattn_tensor_make(e.qkv[2], 0, CLATTN_DTYPE_F32, 4, 1, 1, SEQ, DMODEL);
@@ -398,10 +402,12 @@ static int chapter_multihead(demo *d)
     /* The MHA plan: X as query, key and value; Wq, Wk, Wv, Wo as X·W matrices; A' per head. */
     clattn_mha_desc desc;
     clattn_mha_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.num_heads = HEADS;
     desc.layout = CLATTN_LAYOUT_XW;
     desc.need_weights = CLATTN_WEIGHTS_PER_HEAD;
-    clattn_tensors *t = &desc.tensors;
+    clattn_tensors *t = &desc_tensors;
     t->q = t->k = t->v = clattn_tensor_make(e.x, 0, CLATTN_DTYPE_F32, 3, 1, SEQ, DMODEL, 0);
     t->q_weight = clattn_tensor_make(e.w[0], 0, CLATTN_DTYPE_F32, 2, DMODEL, DMODEL, 0, 0);
     t->k_weight = clattn_tensor_make(e.w[1], 0, CLATTN_DTYPE_F32, 2, DMODEL, DMODEL, 0, 0);
@@ -503,13 +509,15 @@ static void posenc_table(demo *d, cl_mem mem, size_t seq, size_t dim)
 {
     clattn_posenc_desc desc;
     clattn_posenc_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.kind = CLATTN_POSENC_SINUSOIDAL;
-    desc.tensors.out = clattn_tensor_make(mem, 0, CLATTN_DTYPE_F32, 2, seq, dim, 0, 0);
+    desc_tensors.out = clattn_tensor_make(mem, 0, CLATTN_DTYPE_F32, 2, seq, dim, 0, 0);
     clattn_plan *plan = NULL;
     if (d->status == CLATTN_SUCCESS)
         plan = demo_plan(d, clattn_posenc_plan_create(d->ctx, &desc, &plan), &plan,
                          "clattn_posenc_plan_create");
-    demo_execute(d, plan, &desc.tensors);
+    demo_execute(d, plan, &desc_tensors);
 }
 
 /* The --png heatmap: the table of PNG_L x PNG_D, drawn as (PE + 1) / 2 (the heatmap's scale
@@ -558,13 +566,15 @@ static int chapter_posenc(demo *d, const char *png)
     cl_mem x = demo_buffer(d, example_x, SEQ * DMODEL);
     clattn_posenc_desc desc;
     clattn_posenc_desc_init(&desc);
-    desc.tensors.q = desc.tensors.out =
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
+    desc_tensors.q = desc_tensors.out =
         clattn_tensor_make(x, 0, CLATTN_DTYPE_F32, 2, SEQ, DMODEL, 0, 0);
     clattn_plan *plan = NULL;
     if (d->status == CLATTN_SUCCESS)
         plan = demo_plan(d, clattn_posenc_plan_create(d->ctx, &desc, &plan), &plan,
                          "clattn_posenc_plan_create");
-    demo_execute(d, plan, &desc.tensors);
+    demo_execute(d, plan, &desc_tensors);
     demo_read(d, table_mem, PE_L * PE_D, table);
     demo_read(d, x, SEQ * DMODEL, added);
     if (d->status != CLATTN_SUCCESS)
@@ -610,8 +620,10 @@ static clattn_plan *rope_plan(demo *d, size_t seq)
 {
     clattn_rope_desc desc;
     clattn_rope_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.style = CLATTN_ROPE_HALVES;
-    desc.tensors.q = desc.tensors.out =
+    desc_tensors.q = desc_tensors.out =
         clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, 1, 1, seq, DMODEL);
     clattn_plan *plan = NULL;
     if (d->status != CLATTN_SUCCESS)
@@ -722,8 +734,10 @@ static int chapter_additive(demo *d)
     /* Self-attention: the queries and keys are the inputs a^i, the values dot's v^j. */
     clattn_additive_desc desc;
     clattn_additive_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.path = CLATTN_PATH_UNFUSED;
-    clattn_tensors *t = &desc.tensors;
+    clattn_tensors *t = &desc_tensors;
     t->q = t->k = clattn_tensor_make(e.x, 0, CLATTN_DTYPE_F32, 3, 1, SEQ, DMODEL, 0);
     t->v = clattn_tensor_make(e.qkv[2], 0, CLATTN_DTYPE_F32, 3, 1, SEQ, DMODEL, 0);
     t->out = clattn_tensor_make(b_mem, 0, CLATTN_DTYPE_F32, 3, 1, SEQ, DMODEL, 0);

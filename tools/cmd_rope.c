@@ -175,11 +175,13 @@ static int run_rope(const rope_options *o, rope_data *d)
 
     clattn_rope_desc desc;
     clattn_rope_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.style = o->interleaved ? CLATTN_ROPE_PAIRS : CLATTN_ROPE_HALVES;
     desc.rotary_dim = rot;
-    desc.base = o->base;
+    desc.base = o->base ? o->base : CLATTN_ROPE_BASE_DEFAULT;
     desc.start = o->start;
-    clattn_tensors *t = &desc.tensors;
+    clattn_tensors *t = &desc_tensors;
     t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, heads, seq, dim);
     if (rank3) { /* (B, S, H*d) viewed as (B, H, S, d) */
         t->q.strides[0] = seq * heads * dim, t->q.strides[1] = dim;
@@ -216,11 +218,12 @@ static int run_rope(const rope_options *o, rope_data *d)
         if (err == CL_SUCCESS && o->ids)
             d->mem[4] = upload(ctx, d->ids32, d->ids.count * sizeof(int32_t), &err);
         if (err == CL_SUCCESS) {
-            clattn_tensors bound = desc.tensors;
+            clattn_tensors bound = desc_tensors;
             bound.q.mem = d->mem[0], bound.out.mem = d->mem[1];
             bound.rope_cos.mem = d->mem[2], bound.rope_sin.mem = d->mem[3];
             bound.position_ids.mem = d->mem[4];
-            status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+            status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                         NULL, NULL);
         }
         if (err == CL_SUCCESS && status == CLATTN_SUCCESS)
             err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[1], CL_TRUE, 0,

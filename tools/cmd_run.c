@@ -655,15 +655,17 @@ static int add_posenc(clattn_ctx *ctx, const clattn_array *table, clattn_array *
 {
     clattn_posenc_desc desc;
     clattn_posenc_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.kind = table->data ? CLATTN_POSENC_TABLE : CLATTN_POSENC_SINUSOIDAL;
     const size_t *shape = a->shape;
-    desc.tensors.q =
+    desc_tensors.q =
         a->ndim == 3
             ? clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, shape[0], shape[1], shape[2], 0)
             : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, shape[0], shape[1], 0, 0);
-    desc.tensors.out = desc.tensors.q;
+    desc_tensors.out = desc_tensors.q;
     if (table->data)
-        desc.tensors.pos_table = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, table->shape[0],
+        desc_tensors.pos_table = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, table->shape[0],
                                                     table->shape[1], 0, 0);
     clattn_plan *plan = NULL;
     clattn_status status = clattn_posenc_plan_create(ctx, &desc, &plan);
@@ -679,10 +681,11 @@ static int add_posenc(clattn_ctx *ctx, const clattn_array *table, clattn_array *
                                table->count * sizeof(float), table->data, &err);
     }
     if (status == CLATTN_SUCCESS && err == CL_SUCCESS) {
-        clattn_tensors bound = desc.tensors;
+        clattn_tensors bound = desc_tensors;
         bound.q.mem = bound.out.mem = mem[0];
         bound.pos_table.mem = mem[1];
-        status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+        status =
+            clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
         if (status == CLATTN_SUCCESS)
             err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), mem[0], CL_TRUE, 0,
                                       a->count * sizeof(float), a->data, 0, NULL, NULL);
@@ -739,7 +742,7 @@ static int run(const run_options *o, run_data *d, bool check_only)
     desc.seq_q = seq_q;
     desc.seq_k = seq_k;
     desc.num_heads = o->heads;
-    desc.num_kv_heads = o->kv_heads;
+    desc.num_kv_heads = o->kv_heads ? o->kv_heads : CLATTN_KV_HEADS_ALL;
     desc.scale = o->scale;
     desc.norm = o->norm;
     desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
@@ -747,8 +750,8 @@ static int run(const run_options *o, run_data *d, bool check_only)
     desc.softcap = o->softcap;
     desc.rope = o->rope.on;
     desc.rope_style = o->rope.style;
-    desc.rope_dims = o->rope.dims;
-    desc.rope_base = o->rope.base;
+    desc.rope_dims = o->rope.dims ? o->rope.dims : CLATTN_ROPE_WHOLE_HEAD;
+    desc.rope_base = o->rope.base ? o->rope.base : CLATTN_ROPE_BASE_DEFAULT;
     desc.rope_start = o->rope.start;
     if (o->window) {
         desc.window_align = CLATTN_CAUSAL_TOP_LEFT;

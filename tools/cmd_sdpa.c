@@ -599,6 +599,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     }
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.scale = o->scale;
     desc.softcap = o->softcap;
     desc.norm = o->norm;
@@ -606,8 +608,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     desc.softmax_f64 = o->softmax_f64;
     desc.rope = o->rope.on;
     desc.rope_style = o->rope.style;
-    desc.rope_dims = o->rope.dims;
-    desc.rope_base = o->rope.base;
+    desc.rope_dims = o->rope.dims ? o->rope.dims : CLATTN_ROPE_WHOLE_HEAD;
+    desc.rope_base = o->rope.base ? o->rope.base : CLATTN_ROPE_BASE_DEFAULT;
     desc.rope_start = o->rope.start;
     const clattn_causal align = o->align_given ? o->align : CLATTN_CAUSAL_ONNX;
     desc.causal = o->causal ? align : CLATTN_CAUSAL_NONE;
@@ -616,7 +618,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         desc.window_left = o->window_left;
         desc.window_right = o->window_right;
     }
-    clattn_tensors *t = &desc.tensors;
+    clattn_tensors *t = &desc_tensors;
     clattn_tensor *roles[4] = {&t->q, &t->k, &t->v, &t->out};
     const sdpa_view *views[4] = {&q, &k, &v, &out};
     for (int r = 0; r < 4; ++r) {
@@ -712,7 +714,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             d->mem[M_ALIBI] = upload(ctx, d->slopes.data, d->slopes.count * sizeof(float),
                                      CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS) {
-            clattn_tensors bound = desc.tensors;
+            clattn_tensors bound = desc_tensors;
             bound.alibi_slopes.mem = d->mem[M_ALIBI];
             bound.q.mem = d->mem[M_Q], bound.k.mem = d->mem[M_K], bound.v.mem = d->mem[M_V];
             bound.attn_mask.mem = d->mem[M_MASK], bound.out.mem = d->mem[M_OUT];
@@ -721,7 +723,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             bound.kv_seqlen.mem = d->mem[M_NONPAD];
             bound.scores.mem = o->qk_out && o->qk_mode != 3 ? d->mem[M_SCORES] : NULL;
             bound.weights.mem = o->qk_out && o->qk_mode == 3 ? d->mem[M_SCORES] : NULL;
-            status = clattn_plan_execute(plan, &bound, NULL, NULL, 0, NULL, NULL);
+            status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                         NULL, NULL);
         }
         if (err == CL_SUCCESS && status == CLATTN_SUCCESS)
             err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_OUT], CL_TRUE, 0,

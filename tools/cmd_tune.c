@@ -235,13 +235,15 @@ static clattn_status case_run(clattn_ctx *ctx, const tune_case *c, const case_da
     clattn_tensor a = {0}, b = {0}, cc = {0};
     clattn_sdpa_desc sdpa;
     clattn_sdpa_desc_init(&sdpa);
+    clattn_tensors sdpa_tensors = {0};
+    CLATTN_BIND_ROLES(sdpa, sdpa_tensors);
     if (c->kind == CASE_MATMUL) {
         a = clattn_tensor_make(in[0], 0, CLATTN_DTYPE_F32, 2, c->m, c->k, 0, 0);
         b = c->trans_b ? clattn_tensor_make(in[1], 0, CLATTN_DTYPE_F32, 2, c->n, c->k, 0, 0)
                        : clattn_tensor_make(in[1], 0, CLATTN_DTYPE_F32, 2, c->k, c->n, 0, 0);
         cc = clattn_tensor_make(outs[0], 0, CLATTN_DTYPE_F32, 2, c->m, c->n, 0, 0);
     } else if (status == CLATTN_SUCCESS) {
-        clattn_tensors *t = &sdpa.tensors;
+        clattn_tensors *t = &sdpa_tensors;
         t->q = clattn_tensor_make(in[0], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads, c->seq_q,
                                   c->head_dim);
         t->k = clattn_tensor_make(in[1], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads, c->seq_k,
@@ -264,7 +266,8 @@ static clattn_status case_run(clattn_ctx *ctx, const tune_case *c, const case_da
         if (status == CLATTN_SUCCESS)
             status = c->kind == CASE_MATMUL
                          ? clattn_matmul(ctx, &mm, &a, &b, NULL, &cc, 0, NULL, NULL)
-                         : clattn_plan_execute(plan, &sdpa.tensors, NULL, NULL, 0, NULL, NULL);
+                         : clattn_plan_execute(plan, sdpa_tensors.by_role, CLATTN_ROLE_COUNT, NULL,
+                                               NULL, 0, NULL, NULL);
         if (status == CLATTN_SUCCESS)
             status = (clattn_status)clFinish(queue);
         times[r] = now_ms() - start;

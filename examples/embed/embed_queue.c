@@ -96,17 +96,20 @@ int main(void)
          * it binds our buffers. */
         clattn_sdpa_desc desc;
         clattn_sdpa_desc_init(&desc);
-        desc.tensors.q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, BATCH, HEADS, SEQ_Q, DIM);
-        desc.tensors.k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, BATCH, HEADS, SEQ_K, DIM);
-        desc.tensors.v = desc.tensors.k;
-        desc.tensors.out = desc.tensors.q;
+        clattn_tensors desc_tensors = {0};
+        CLATTN_BIND_ROLES(desc, desc_tensors);
+        desc_tensors.q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, BATCH, HEADS, SEQ_Q, DIM);
+        desc_tensors.k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, BATCH, HEADS, SEQ_K, DIM);
+        desc_tensors.v = desc_tensors.k;
+        desc_tensors.out = desc_tensors.q;
         clattn_plan *plan = NULL;
         status = clattn_sdpa_plan_create(ctx, &desc, &plan);
-        clattn_tensors tensors = desc.tensors;
+        clattn_tensors tensors = desc_tensors;
         tensors.q.mem = bq, tensors.k.mem = bk, tensors.v.mem = bv, tensors.out.mem = bo;
         /* Our own event gates clattn's work; clattn's event gates our read. */
         if (status == CLATTN_SUCCESS)
-            status = clattn_plan_execute(plan, &tensors, NULL, NULL, 1, &ready, &done);
+            status = clattn_plan_execute(plan, tensors.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 1,
+                                         &ready, &done);
         clattn_plan_release(plan);
         if (status != CLATTN_SUCCESS)
             snprintf(message, sizeof message, "%s", clattn_last_error(ctx));

@@ -7,7 +7,8 @@
 
 void clattn_additive_desc_init(clattn_additive_desc *desc)
 {
-    clattn__desc_reset(desc, sizeof *desc);
+    if (clattn__desc_reset(desc, sizeof *desc))
+        desc->num_heads = 1;
 }
 
 /* q, k, v or out as (batch, seq, features): rank 3, or rank 2 (seq, features) as batch 1. */
@@ -118,7 +119,12 @@ static clattn_status create(clattn_plan *plan, const void *any)
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
     const clattn__layout *l = plan->layouts;
-    a->heads = desc->num_heads ? desc->num_heads : 1;
+    a->heads = desc->num_heads;
+    if (a->heads == 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: num_heads=0: give at least 1 head (clattn_additive_desc_init "
+                            "sets 1)",
+                            op);
     if (dv % a->heads != 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
                             "%s: v's %zu columns must be divisible by num_heads=%zu (head h "

@@ -142,8 +142,8 @@ static const clattn__desc_type mha_host_desc = {"clattn_mha_host_desc",
                                                 offsetof(clattn_mha_host_desc, embed_dim),
                                                 mha_host_defaults};
 
-CLATTN__DESC_INIT_SCALED(clattn_attention_host_desc)
-CLATTN__DESC_INIT_SCALED(clattn_mha_host_desc)
+CLATTN__DESC_INIT_SCALED(clattn_attention_host_desc, )
+CLATTN__DESC_INIT_SCALED(clattn_mha_host_desc, CLATTN__HEADS_DEFAULTS)
 
 static void attention_host_defaults(void *desc)
 {
@@ -186,7 +186,8 @@ static clattn_status run_and_read(clattn_ctx *ctx, const char *op, clattn_plan *
     if (status != CLATTN_SUCCESS)
         return status;
     cl_event done_event = NULL;
-    status = clattn_plan_execute(plan, t, NULL, NULL, 0, NULL, &done_event);
+    status =
+        clattn_plan_execute(plan, t->by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, &done_event);
     if (status == CLATTN_SUCCESS)
         status = download(ctx, op, t->out, out, elems_of(&t->out), done_event);
     if (status == CLATTN_SUCCESS && weights && t->weights.mem)
@@ -223,7 +224,9 @@ clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_host
     const size_t b = desc->batch, h = desc->heads, lq = desc->seq_q, lk = desc->seq_k;
     clattn_sdpa_desc sd;
     clattn_sdpa_desc_init(&sd);
-    clattn_tensors *t = &sd.tensors;
+    clattn_tensors tensors = {0};
+    clattn_tensors *t = &tensors;
+    CLATTN_BIND_ROLES(sd, tensors);
     t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lq, desc->head_dim_qk);
     t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lk, desc->head_dim_qk);
     t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, h, lk, desc->head_dim_v);
@@ -280,8 +283,9 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
     const size_t out_dim = weights->out_weight ? e : vd;
     /* Grouped-query projections: k and v project to num_kv_heads heads of the query side's
      * head sizes (the plan reports a num_kv_heads that does not divide num_heads). */
-    const size_t h = desc->num_heads, kv = desc->num_kv_heads ? desc->num_kv_heads : h;
-    const bool grouped = kv != h && h % kv == 0 && qk % h == 0 && vd % h == 0;
+    const size_t h = desc->num_heads;
+    const size_t kv = desc->num_kv_heads == CLATTN_KV_HEADS_ALL ? h : desc->num_kv_heads;
+    const bool grouped = kv != 0 && kv != h && h % kv == 0 && qk % h == 0 && vd % h == 0;
     const size_t kv_qk = grouped ? qk / h * kv : qk, kv_vd = grouped ? vd / h * kv : vd;
     if (key == NULL)
         key = query;
@@ -304,7 +308,9 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
 
     clattn_mha_desc md;
     clattn_mha_desc_init(&md);
-    clattn_tensors *t = &md.tensors;
+    clattn_tensors tensors = {0};
+    clattn_tensors *t = &tensors;
+    CLATTN_BIND_ROLES(md, tensors);
     t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lq, e, 0);
     t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lk, kdim, 0);
     t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lk, vdim, 0);

@@ -115,8 +115,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
     if (d.heads == 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
                             "%s: num_heads=0: every dimension must be at least 1", op);
-    d.kv_heads = desc->num_kv_heads ? desc->num_kv_heads : d.heads;
-    if (d.heads % d.kv_heads != 0)
+    d.kv_heads = desc->num_kv_heads == CLATTN_KV_HEADS_ALL ? d.heads : desc->num_kv_heads;
+    if (d.kv_heads == 0 || d.heads % d.kv_heads != 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
                             "%s: num_kv_heads=%zu must divide num_heads=%zu (grouped-query "
                             "attention: query head h attends with k/v head "

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* clattn_tensors is the by-role array as a struct: role r's field is its r-th tensor. */
+/* clattn_tensors' names are its by_role array's entries: role r's field is its r-th tensor. */
 #define AT_ITS_INDEX(role, field, pub, sdpa, mha, x)                                               \
     _Static_assert(offsetof(clattn_tensors, field) == (size_t)pub * sizeof(clattn_tensor),       \
                    #field " is clattn_tensors' tensor number " #pub);
@@ -15,7 +15,7 @@ CLATTN__ROLES(AT_ITS_INDEX)
 #undef AT_ITS_INDEX
 _Static_assert(sizeof(clattn_tensors) == CLATTN_ROLE_COUNT * sizeof(clattn_tensor) &&
                    (int)R_COUNT == (int)CLATTN_ROLE_COUNT,
-               "clattn_tensors holds every role and nothing else");
+               "clattn_tensors names every role and holds nothing else");
 
 #define SDPA_NAME(role, field, pub, sdpa, mha, x) sdpa,
 #define MHA_NAME(role, field, pub, sdpa, mha, x) mha,
@@ -29,7 +29,7 @@ const char *const clattn__x_role_names[R_COUNT] = {CLATTN__ROLES(X_NAME)};
 
 const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role role)
 {
-    return (const clattn_tensor *)t + role;
+    return &t->by_role[role];
 }
 
 /* The tensors of by_role (num_roles of them) as clattn_tensors; a role this version does not
@@ -43,7 +43,7 @@ static clattn_status from_roles(clattn_ctx *ctx, const char *op, const clattn_te
                             "%s: by_role is NULL but num_roles is %zu", op, num_roles);
     for (size_t r = 0; r < num_roles; ++r) {
         if (r < CLATTN_ROLE_COUNT)
-            *((clattn_tensor *)out + r) = by_role[r];
+            out->by_role[r] = by_role[r];
         else if (by_role[r].rank != 0)
             return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
                                 "%s: by_role[%zu] is set, but this clattn (%s) knows roles 0 .. %d "
@@ -58,8 +58,8 @@ static const char *role_name(const clattn_plan *plan, int role)
     return plan->ops->role_names[role];
 }
 
-CLATTN__DESC_INIT_SCALED(clattn_sdpa_desc)
-CLATTN__DESC_INIT_SCALED(clattn_mha_desc)
+CLATTN__DESC_INIT_SCALED(clattn_sdpa_desc, CLATTN__ROPE_DEFAULTS)
+CLATTN__DESC_INIT_SCALED(clattn_mha_desc, CLATTN__HEADS_DEFAULTS)
 
 clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, const char *op,
                                const clattn_tensors *tensors, clattn_plan **out)
@@ -93,12 +93,15 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, con
     return CLATTN_SUCCESS;
 }
 
-/* Every plan descriptor starts with struct_size and tensors (clattn__plan_ops). */
-_Static_assert(offsetof(clattn_sdpa_desc, tensors) == offsetof(clattn_mha_desc, tensors) &&
-                   offsetof(clattn_sdpa_desc, tensors) == offsetof(clattn_posenc_desc, tensors) &&
-                   offsetof(clattn_sdpa_desc, tensors) == offsetof(clattn_rope_desc, tensors) &&
-                   offsetof(clattn_sdpa_desc, tensors) == offsetof(clattn_additive_desc, tensors),
+/* Every plan descriptor starts with struct_size, by_role and num_roles (clattn__plan_ops). */
+#define CLATTN__HEAD_AT(desc_t)                                                                    \
+    (offsetof(desc_t, by_role) == sizeof(size_t) &&                                                \
+     offsetof(desc_t, num_roles) == sizeof(size_t) + sizeof(const clattn_tensor *))
+_Static_assert(CLATTN__HEAD_AT(clattn_sdpa_desc) && CLATTN__HEAD_AT(clattn_mha_desc) &&
+                   CLATTN__HEAD_AT(clattn_posenc_desc) && CLATTN__HEAD_AT(clattn_rope_desc) &&
+                   CLATTN__HEAD_AT(clattn_additive_desc),
                "plan descriptors share their head");
+#undef CLATTN__HEAD_AT
 
 /* Refuses a tensor in a role the plan's kind does not take, listing those it does. */
 static clattn_status check_roles(const clattn_plan *plan)
@@ -133,26 +136,15 @@ clattn_status clattn__plan_create(clattn_ctx *ctx, const clattn__plan_ops *ops, 
     clattn_status status = clattn__create_entry(ctx, op, desc, out != NULL, &ops->desc, full);
     clattn_plan *plan = NULL;
     if (status == CLATTN_SUCCESS) {
-        const clattn_tensors *tensors =
-            (const clattn_tensors *)((const char *)full + offsetof(clattn_sdpa_desc, tensors));
         const clattn_tensor *by_role = NULL;
         size_t num_roles = 0;
         memcpy(&by_role, (const char *)full + ops->by_role_at, sizeof by_role);
         memcpy(&num_roles, (const char *)full + ops->by_role_at + sizeof by_role,
                sizeof num_roles);
         clattn_tensors bound;
-        if (by_role != NULL || num_roles != 0) {
-            static const clattn_tensors none;
-            status = memcmp(tensors, &none, sizeof none) != 0
-                         ? clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                        "%s: give the tensors in `tensors` or in by_role, not "
-                                        "both (leave `tensors` zeroed)",
-                                        op)
-                         : from_roles(ctx, op, by_role, num_roles, &bound);
-            tensors = &bound;
-        }
+        status = from_roles(ctx, op, by_role, num_roles, &bound);
         if (status == CLATTN_SUCCESS)
-            status = clattn__plan_new(ctx, ops, op, tensors, &plan);
+            status = clattn__plan_new(ctx, ops, op, &bound, &plan);
     }
     if (status == CLATTN_SUCCESS)
         status = check_roles(plan);
@@ -174,7 +166,7 @@ clattn_status clattn__plan_finish(clattn_plan *plan, const char *largest)
     if (!clattn__mul(plan->workspace_floats, sizeof(float), &bytes))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t",
                             plan->op);
-    if (ctx->workspace_limit && bytes > ctx->workspace_limit)
+    if (bytes > ctx->workspace_limit)
         return clattn__fail(ctx, CLATTN_ERR_TOO_LARGE,
                             "%s: the workspace (%s) needs %zu bytes, more than the context's "
                             "workspace limit (%zu bytes)",
@@ -216,24 +208,7 @@ const char *clattn_plan_info(const clattn_plan *plan)
     return plan->info[0] ? plan->info : plan->op;
 }
 
-clattn_status clattn_plan_execute_roles(clattn_plan *plan, const clattn_tensor *by_role,
-                                        size_t num_roles, cl_command_queue queue,
-                                        cl_mem workspace, cl_uint num_wait, const cl_event *wait,
-                                        cl_event *event)
-{
-    if (event)
-        *event = NULL;
-    if (plan == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn_tensors tensors;
-    const clattn_status status =
-        from_roles(plan->ctx, plan->op, by_role, num_roles, &tensors);
-    if (status != CLATTN_SUCCESS)
-        return clattn__end_message(plan->ctx, plan->op, status);
-    return clattn_plan_execute(plan, &tensors, queue, workspace, num_wait, wait, event);
-}
-
-clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensors *tensors,
+clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensor *by_role, size_t num_roles,
                                   cl_command_queue queue, cl_mem workspace, cl_uint num_wait,
                                   const cl_event *wait, cl_event *event)
 {
@@ -244,10 +219,12 @@ clattn_status clattn_plan_execute(clattn_plan *plan, const clattn_tensors *tenso
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
     clattn_status status = clattn__entry(ctx, op, plan, num_wait, wait, event);
-    if (status == CLATTN_SUCCESS && tensors == NULL)
-        status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: tensors is NULL", op);
+    clattn_tensors bound;
+    if (status == CLATTN_SUCCESS)
+        status = from_roles(ctx, op, by_role, num_roles, &bound);
     if (status != CLATTN_SUCCESS)
         return status;
+    const clattn_tensors *tensors = &bound;
     cl_mem mems[R_COUNT];
     size_t offsets[R_COUNT];
     for (int role = 0; role < R_COUNT && status == CLATTN_SUCCESS; ++role)

@@ -5,8 +5,8 @@
 #include "core/tensor.h"
 #include "ops.h"
 
-/* The roles of clattn_tensors, in its field order: (role, field, the public clattn_role, the
- * name SDPA gives it, MHA's, the positional ops'). */
+/* The roles (clattn_tensors' names, in the order of its by_role array): (role, field, the public
+ * clattn_role, the name SDPA gives it, MHA's, the positional ops'). */
 #define CLATTN__ROLES(X)                                                                           \
     X(R_Q, q, CLATTN_ROLE_Q, "q", "query", "x")                                                    \
     X(R_K, k, CLATTN_ROLE_K, "k", "key", "k")                                                      \
@@ -144,7 +144,8 @@ typedef struct clattn__posenc {
  * and geometry, on a plan whose layouts are set. execute enqueues the planned steps on tensors
  * already bound and checked against the plan (no validation, no planning); release frees what
  * the kind added beyond the shared fields (NULL: nothing); role_names name the tensors in
- * messages; a tensor set in a role outside `roles` fails before create runs. Every plan descriptor starts with `size_t struct_size; clattn_tensors tensors;`. */
+ * messages; a tensor set in a role outside `roles` fails before create runs. Every plan
+ * descriptor starts with `size_t struct_size; const clattn_tensor *by_role; size_t num_roles;`. */
 typedef struct clattn__plan_ops {
     clattn__plan_kind kind;
     clattn__desc_type desc; /* the descriptor's type: name, sizes, defaults */
@@ -159,30 +160,41 @@ typedef struct clattn__plan_ops {
 
 /* Defines a kind's table `name##_ops` (no release) and its public create function `fn`, which
  * is clattn__plan_create with the table and the op name `op`. Every version of a plan
- * descriptor has struct_size and tensors; desc_t##_init gives the defaults. */
-#define CLATTN__PLAN_KIND(name, kind, desc_t, create_fn, execute_fn, fn, op, names, roles)        \
-    static void name##_defaults(void *desc)                                                       \
-    {                                                                                             \
-        desc_t##_init(desc);                                                                      \
-    }                                                                                             \
-    static const clattn__plan_ops name##_ops = {                                                  \
-        kind,                                                                                     \
-        {#desc_t, sizeof(desc_t), offsetof(desc_t, tensors) + sizeof(clattn_tensors),             \
-         name##_defaults},                                                                        \
-        create_fn, execute_fn, NULL, names, offsetof(desc_t, by_role), roles};                     \
-    clattn_status fn(clattn_ctx *ctx, const desc_t *desc, clattn_plan **out)                      \
-    {                                                                                             \
-        return clattn__plan_create(ctx, &name##_ops, op, desc, out);                              \
+ * descriptor has struct_size, by_role and num_roles; desc_t##_init gives the defaults. */
+#define CLATTN__PLAN_KIND(name, kind, desc_t, create_fn, execute_fn, fn, op, names, roles)         \
+    static void name##_defaults(void *desc)                                                        \
+    {                                                                                              \
+        desc_t##_init(desc);                                                                       \
+    }                                                                                              \
+    static const clattn__plan_ops name##_ops = {                                                   \
+        kind,                                                                                      \
+        {#desc_t, sizeof(desc_t), offsetof(desc_t, num_roles) + sizeof(size_t), name##_defaults},  \
+        create_fn,                                                                                 \
+        execute_fn,                                                                                \
+        NULL,                                                                                      \
+        names,                                                                                     \
+        offsetof(desc_t, by_role),                                                                 \
+        roles};                                                                                    \
+    clattn_status fn(clattn_ctx *ctx, const desc_t *desc, clattn_plan **out)                       \
+    {                                                                                              \
+        return clattn__plan_create(ctx, &name##_ops, op, desc, out);                               \
     }
 
 /* desc_t##_init for descriptors with a score scale: zeroed, struct_size set, scale NAN (the
- * default 1/sqrt(head_dim)). */
-#define CLATTN__DESC_INIT_SCALED(desc_t)                                                           \
+ * default 1/sqrt(head_dim)), then `more` (statements on desc: the named defaults). */
+#define CLATTN__DESC_INIT_SCALED(desc_t, more)                                                     \
     void desc_t##_init(desc_t *desc)                                                               \
     {                                                                                              \
-        if (clattn__desc_reset(desc, sizeof *desc))                                                \
+        if (clattn__desc_reset(desc, sizeof *desc)) {                                              \
             desc->scale = NAN;                                                                     \
+            more                                                                                   \
+        }                                                                                          \
     }
+/* The rotary fields' named defaults, and num_kv_heads' (CLATTN__DESC_INIT_SCALED's `more`). */
+#define CLATTN__ROPE_DEFAULTS                                                                      \
+    desc->rope_dims = CLATTN_ROPE_WHOLE_HEAD;                                                      \
+    desc->rope_base = CLATTN_ROPE_BASE_DEFAULT;
+#define CLATTN__HEADS_DEFAULTS CLATTN__ROPE_DEFAULTS desc->num_kv_heads = CLATTN_KV_HEADS_ALL;
 
 /* The score rule's fields that the host calls' descriptors share with the plans'. */
 #define CLATTN__SCORE_FIELDS(X)                                                                    \

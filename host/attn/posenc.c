@@ -7,7 +7,8 @@
 
 void clattn_posenc_desc_init(clattn_posenc_desc *desc)
 {
-    clattn__desc_reset(desc, sizeof *desc);
+    if (clattn__desc_reset(desc, sizeof *desc))
+        desc->base = CLATTN_ROPE_BASE_DEFAULT;
 }
 
 /* Frequencies w_k = base^(-2k / dim), k < count, as float pairs (hi, lo) with hi + lo = w_k
@@ -51,11 +52,13 @@ clattn_status clattn__plan_upload(clattn_plan *plan, cl_mem *mem, const void *ho
 
 clattn_status clattn__plan_base(clattn_plan *plan, const char *name, double given, double *base)
 {
-    *base = given == 0.0 ? 10000.0 : given;
-    if (*base > 0.0 && isfinite(*base))
+    *base = given;
+    if (given > 0.0 && isfinite(given))
         return CLATTN_SUCCESS;
     return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                        "%s: %s=%g: give a finite base > 0, or 0 for 10000", plan->op, name, given);
+                        "%s: %s=%g: give a finite base > 0 (CLATTN_ROPE_BASE_DEFAULT = 10000 is "
+                        "the usual one)",
+                        plan->op, name, given);
 }
 
 static clattn_status create(clattn_plan *plan, const void *any)

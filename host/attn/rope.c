@@ -7,7 +7,10 @@
 
 void clattn_rope_desc_init(clattn_rope_desc *desc)
 {
-    clattn__desc_reset(desc, sizeof *desc);
+    if (clattn__desc_reset(desc, sizeof *desc)) {
+        desc->rotary_dim = CLATTN_ROPE_WHOLE_HEAD;
+        desc->base = CLATTN_ROPE_BASE_DEFAULT;
+    }
 }
 
 static bool same_layout(const clattn__layout *a, const clattn__layout *b)
@@ -76,11 +79,11 @@ clattn_status clattn__rope_fields_prepare(clattn_plan *plan, const clattn__rope_
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: rope_style=%d is not a clattn_rope_style (0 HALVES, 1 PAIRS)", op,
                             (int)fields->style);
-    const size_t rot = fields->dims ? fields->dims : head_dim;
-    if (rot % 2 != 0 || rot > head_dim)
+    const size_t rot = fields->dims == CLATTN_ROPE_WHOLE_HEAD ? head_dim : fields->dims;
+    if (rot == 0 || rot % 2 != 0 || rot > head_dim)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: rope_dims=%zu: must be even and at most the head size %zu (0: "
-                            "all of it)",
+                            "%s: rope_dims=%zu: must be even, at least 2 and at most the head "
+                            "size %zu (CLATTN_ROPE_WHOLE_HEAD: all of it)",
                             op, fields->dims, head_dim);
     size_t end = 0;
     if (!clattn__add(fields->start, longest, &end) || end > ((size_t)1 << 24))
@@ -136,10 +139,11 @@ static clattn_status create(clattn_plan *plan, const void *any)
                                 .dim = x->dims[3],
                                 .pairs = desc->style == CLATTN_ROPE_PAIRS,
                                 .start = desc->start};
-    shape.rot = desc->rotary_dim ? desc->rotary_dim : shape.dim;
-    if (shape.rot % 2 != 0 || shape.rot > shape.dim)
+    shape.rot = desc->rotary_dim == CLATTN_ROPE_WHOLE_HEAD ? shape.dim : desc->rotary_dim;
+    if (shape.rot == 0 || shape.rot % 2 != 0 || shape.rot > shape.dim)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: rotary_dim=%zu: must be even and at most head_dim=%zu (0: all)",
+                            "%s: rotary_dim=%zu: must be even, at least 2 and at most "
+                            "head_dim=%zu (CLATTN_ROPE_WHOLE_HEAD: all)",
                             op, desc->rotary_dim, shape.dim);
     const size_t half = shape.rot / 2;
     if (ids->present) {

@@ -101,7 +101,7 @@ struct clattn_ctx {
     char build_options[512];
     clattn_variant *variants;
     size_t num_variants, variant_capacity;
-    size_t workspace_limit; /* 0: only the device's limits */
+    size_t workspace_limit; /* CLATTN_WORKSPACE_UNLIMITED: only the device's limits */
     bool out_of_order;      /* the queue may run commands out of order */
     cl_event last_event;    /* the end of the previous call's work on the context's workspace */
     cl_command_queue last_queue; /* the queue last_event was enqueued on */

@@ -233,6 +233,7 @@ static clattn_status create_on_device(const char *device_spec, const clattn_ctx_
         clattn__copy_message(message, message_size, "clattn_ctx_create: out of host memory");
         return CLATTN_ERR_HOST_MEMORY;
     }
+    ctx->workspace_limit = CLATTN_WORKSPACE_UNLIMITED;
     ctx->device = device;
     cl_int err = CL_SUCCESS;
     ctx->context = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
@@ -268,6 +269,7 @@ static clattn_status create_on_queue(cl_command_queue queue, const clattn_ctx_de
                              "clattn_ctx_create_from_queue: out of host memory");
         return CLATTN_ERR_HOST_MEMORY;
     }
+    ctx->workspace_limit = CLATTN_WORKSPACE_UNLIMITED;
     cl_context context = NULL;
     cl_device_id device = NULL;
     cl_int err = clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof context, &context, NULL);
@@ -699,7 +701,7 @@ clattn_status clattn__workspace(clattn_ctx *ctx, const char *op, clattn_ws_slot 
         *out = ctx->workspace[slot];
         return CLATTN_SUCCESS;
     }
-    if (ctx->workspace_limit && bytes > ctx->workspace_limit)
+    if (bytes > ctx->workspace_limit)
         return clattn__fail(ctx, CLATTN_ERR_TOO_LARGE,
                             "%s: the %s workspace needs %zu bytes, more than the context's "
                             "workspace limit (%zu bytes)",

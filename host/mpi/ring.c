@@ -388,7 +388,9 @@ static clattn_status make_sub_plans(clattn_ring_plan *plan)
                     continue;
                 clattn_sdpa_desc sd;
                 clattn_sdpa_desc_init(&sd);
-                clattn_tensors *t = &sd.tensors;
+                clattn_tensors tensors = {0};
+                clattn_tensors *t = &tensors;
+                CLATTN_BIND_ROLES(sd, tensors);
                 t->q = view4(d->batch, d->heads, ql, d->head_dim_qk, mine->count);
                 t->k = view4(d->batch, d->kv_heads, kl, d->head_dim_qk, kb->count);
                 t->v = view4(d->batch, d->kv_heads, kl, d->head_dim_v, kb->count);
@@ -779,8 +781,9 @@ static clattn_status compute_block(clattn_ring_plan *plan, int src, const ring_k
                 t.key_padding_mask.strides[1] = 1;
             }
             cl_event done = NULL;
-            clattn_status status = clattn_plan_execute(sub, &t, queue, NULL, *last ? 1 : 0,
-                                                       *last ? last : NULL, &done);
+            clattn_status status =
+                clattn_plan_execute(sub, t.by_role, CLATTN_ROLE_COUNT, queue, NULL, *last ? 1 : 0,
+                                    *last ? last : NULL, &done);
             if (status != CLATTN_SUCCESS)
                 return fail(plan, status, "ring: SDPA sub-plan (block of rank %d): %s", src,
                             clattn_last_error(plan->ctx));

@@ -15,4 +15,4 @@ from .positions import KVCache, positional_encoding, rotary_embedding
 __all__ = ["ArgumentError", "Context", "DeviceError", "Error", "KVCache", "MultiheadAttention",
            "default_context", "onnx_attention", "positional_encoding", "rotary_embedding",
            "scaled_dot_product_attention"]
-__version__ = "0.6.0"
+__version__ = "0.7.0"

@@ -209,8 +209,9 @@ class Prepared:
                 if status != 0:
                     _raise(status, f"clEnqueueWriteBuffer failed with {status}")
                 written += 1
-            ctx.check(lib.clattn_plan_execute(self.plan, ctypes.byref(self.tensors), None, None,
-                                              written, events, ctypes.byref(events, written * _PTR)))
+            ctx.check(lib.clattn_plan_execute(self.plan, ctypes.byref(self.tensors),
+                                              _lib.ROLE_COUNT, None, None, written, events,
+                                              ctypes.byref(events, written * _PTR)))
             done = ctypes.byref(events, written * _PTR)
             written += 1
             status = cl.clEnqueueReadBuffer(queue, self.out_buffer.mem, 1, 0, self.out_nbytes,

@@ -44,40 +44,59 @@ TENSOR_ROLES = ("q", "k", "v", "out", "attn_mask", "key_padding_mask", "weights"
 
 
 class Tensors(Structure):
+    """clattn_tensors: the role array (by_role) by name."""
     _fields_ = [(name, Tensor) for name in TENSOR_ROLES]
 
 
-class SdpaDesc(Structure):
-    _fields_ = [("struct_size", c_size_t), ("tensors", Tensors), ("causal", c_int),
-                ("scale", c_float), ("norm", c_int), ("path", c_int), ("softcap", c_float),
-                ("window_align", c_int), ("window_left", c_longlong),
-                ("window_right", c_longlong), ("scores_mode", c_int), ("softmax_f64", c_int),
-                ("rope", c_int), ("rope_style", c_int), ("rope_dims", c_size_t),
-                ("rope_base", c_double), ("rope_start", c_size_t),
-                ("diag_offset", c_longlong), ("by_role", POINTER(Tensor)),
-                ("num_roles", c_size_t)]
+ROLE_COUNT = len(TENSOR_ROLES)  # CLATTN_ROLE_COUNT
+
+# The named defaults of clattn.h (since 0.7; zero no longer means "the default").
+KV_HEADS_ALL = ROPE_WHOLE_HEAD = WORKSPACE_UNLIMITED = c_size_t(-1).value
+ROPE_BASE_DEFAULT = 10000.0
 
 
-class MhaDesc(Structure):
-    _fields_ = [("struct_size", c_size_t), ("tensors", Tensors), ("num_heads", c_size_t),
-                ("num_kv_heads", c_size_t), ("layout", c_int), ("causal", c_int),
-                ("scale", c_float), ("norm", c_int), ("need_weights", c_int), ("path", c_int),
-                ("softcap", c_float), ("window_align", c_int), ("window_left", c_longlong),
-                ("window_right", c_longlong), ("rope", c_int), ("rope_style", c_int),
-                ("rope_dims", c_size_t), ("rope_base", c_double), ("rope_start", c_size_t),
-                ("by_role", POINTER(Tensor)), ("num_roles", c_size_t)]
+class _PlanDesc(Structure):
+    """A plan descriptor's head (struct_size, by_role, num_roles), and `tensors`: a Tensors the
+    descriptor binds through by_role (CLATTN_BIND_ROLES), kept alive with it."""
+
+    @property
+    def tensors(self) -> Tensors:
+        held = self.__dict__.get("_tensors")
+        if held is None:
+            held = self.__dict__["_tensors"] = Tensors()
+        self.by_role = ctypes.cast(ctypes.pointer(held), POINTER(Tensor))
+        self.num_roles = ROLE_COUNT
+        return held
 
 
-class PosencDesc(Structure):
-    _fields_ = [("struct_size", c_size_t), ("tensors", Tensors), ("kind", c_int),
-                ("start", c_size_t), ("base", c_double), ("by_role", POINTER(Tensor)),
-                ("num_roles", c_size_t)]
+_HEAD = [("struct_size", c_size_t), ("by_role", POINTER(Tensor)), ("num_roles", c_size_t)]
 
 
-class RopeDesc(Structure):
-    _fields_ = [("struct_size", c_size_t), ("tensors", Tensors), ("style", c_int),
-                ("rotary_dim", c_size_t), ("base", c_double), ("start", c_size_t),
-                ("by_role", POINTER(Tensor)), ("num_roles", c_size_t)]
+class SdpaDesc(_PlanDesc):
+    _fields_ = _HEAD + [("causal", c_int), ("scale", c_float), ("norm", c_int), ("path", c_int),
+                        ("softcap", c_float), ("window_align", c_int), ("window_left", c_longlong),
+                        ("window_right", c_longlong), ("scores_mode", c_int),
+                        ("softmax_f64", c_int), ("rope", c_int), ("rope_style", c_int),
+                        ("rope_dims", c_size_t), ("rope_base", c_double), ("rope_start", c_size_t),
+                        ("diag_offset", c_longlong)]
+
+
+class MhaDesc(_PlanDesc):
+    _fields_ = _HEAD + [("num_heads", c_size_t), ("num_kv_heads", c_size_t), ("layout", c_int),
+                        ("causal", c_int), ("scale", c_float), ("norm", c_int),
+                        ("need_weights", c_int), ("path", c_int), ("softcap", c_float),
+                        ("window_align", c_int), ("window_left", c_longlong),
+                        ("window_right", c_longlong), ("rope", c_int), ("rope_style", c_int),
+                        ("rope_dims", c_size_t), ("rope_base", c_double), ("rope_start", c_size_t)]
+
+
+class PosencDesc(_PlanDesc):
+    _fields_ = _HEAD + [("kind", c_int), ("start", c_size_t), ("base", c_double)]
+
+
+class RopeDesc(_PlanDesc):
+    _fields_ = _HEAD + [("style", c_int), ("rotary_dim", c_size_t), ("base", c_double),
+                        ("start", c_size_t)]
 
 
 class KvCacheDesc(Structure):
@@ -161,8 +180,8 @@ _declare(lib.clattn_kv_cache_reset, c_int, c_void_p, c_uint, c_void_p, c_void_p)
 _declare(lib.clattn_kv_cache_length, c_size_t, c_void_p)
 _declare(lib.clattn_kv_cache_tensors, None, c_void_p, POINTER(Tensor), POINTER(Tensor),
          POINTER(Tensor))
-_declare(lib.clattn_plan_execute, c_int, _plan_p, POINTER(Tensors), c_void_p, c_void_p, c_uint,
-         c_void_p, c_void_p)
+_declare(lib.clattn_plan_execute, c_int, _plan_p, POINTER(Tensors), c_size_t, c_void_p, c_void_p,
+         c_uint, c_void_p, c_void_p)
 
 # OpenCL 1.2 (the ICD loader's)
 CL_MEM_READ_WRITE = 1 << 0

@@ -262,8 +262,8 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
             buffers.append(Buffer(ctx, mask4[0]))
             tensors.attn_mask = layout(mask4[1], mask4[0].shape)
             tensors.attn_mask.mem = buffers[-1].mem
-        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), None, None, 0, None,
-                                          None))
+        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), _lib.ROLE_COUNT,
+                                          None, None, 0, None, None))
         buffers[3].read(ctx, out)
     result = out.reshape(result_shape)
     return result.astype(q_in.dtype) if q_in.dtype == np.float64 else result
@@ -421,8 +421,8 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
         tensors.q, tensors.k, tensors.v, tensors.out = q, k, v, o
         if mask_t is not None:
             tensors.attn_mask = mask_t
-        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), None, None, 0, None,
-                                          None))
+        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), _lib.ROLE_COUNT,
+                                          None, None, 0, None, None))
         if keep:  # the uploaded mask must outlive the kernels that read it
             ctx.check(lib.clattn_finish(ctx.handle))
     return out
@@ -462,15 +462,15 @@ class _DeviceBound:
         self.out_slot.mem = out.base_data.int_ptr
         self.out_slot.offset = out.offset // self.out_dtype.itemsize
         if not _out_of_order(ctx):
-            ctx.check(lib.clattn_plan_execute(self.plan, ctypes.byref(self.tensors), None, None,
-                                              0, None, None))
+            ctx.check(lib.clattn_plan_execute(self.plan, ctypes.byref(self.tensors),
+                                              _lib.ROLE_COUNT, None, None, 0, None, None))
             return out
         import pyopencl as cl
         waits = [e for a in arrays for e in a.events]
         wait_list = (ctypes.c_void_p * max(len(waits), 1))(*[e.int_ptr for e in waits])
         event = ctypes.c_void_p()
-        ctx.check(lib.clattn_plan_execute(self.plan, ctypes.byref(self.tensors), None, None,
-                                          len(waits), wait_list if waits else None,
+        ctx.check(lib.clattn_plan_execute(self.plan, ctypes.byref(self.tensors), _lib.ROLE_COUNT,
+                                          None, None, len(waits), wait_list if waits else None,
                                           ctypes.byref(event)))
         out.add_event(cl.Event.from_int_ptr(event.value, retain=False))
         return out

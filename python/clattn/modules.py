@@ -164,8 +164,8 @@ class MultiheadAttention:
                 getattr(tensors, name).mem = (buffers[buffer_name].mem if buffer_name in buffers
                                               else self._weights[buffer_name][1].mem)
                 getattr(tensors, name).offset = offset
-            self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), None, None, 0,
-                                                   None, None))
+            self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), _lib.ROLE_COUNT,
+                                                   None, None, 0, None, None))
             buffers["out"].read(self.ctx, out)
             if weights is not None:
                 buffers["weights"].read(self.ctx, weights)
@@ -340,8 +340,8 @@ class MultiheadAttention:
                                 _lib.Tensors._fields_ if getattr(tensors, name).rank}
                 plan = self._create(desc_layouts, need, is_causal)
                 self._plans[key_] = plan
-            self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), None, None, 0,
-                                                   None, None))
+            self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), _lib.ROLE_COUNT,
+                                                   None, None, 0, None, None))
             if keep:  # uploaded masks must outlive the kernels that read them
                 self.ctx.check(lib.clattn_finish(self.ctx.handle))
         if nd == 2 and weights is not None:

@@ -241,8 +241,8 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
                 else:
                     keep[role] = Buffer(ctx, array)
                     getattr(bound, role).mem = keep[role].mem
-            ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), None, None, 0, None,
-                                              None))
+            ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), _lib.ROLE_COUNT,
+                                              None, None, 0, None, None))
             if device:
                 if keep:  # uploaded inputs must outlive the kernels that read them
                     ctx.check(lib.clattn_finish(ctx.handle))

@@ -70,8 +70,8 @@ def positional_encoding(x=None, *, seq: Optional[int] = None, dim: Optional[int]
                 keep.append(Buffer(ctx, tab))
                 bound.pos_table = layout(clattn_dtype(tab.dtype), tab.shape)
                 bound.pos_table.mem = keep[-1].mem
-            ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), None, None, 0, None,
-                                              None))
+            ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), _lib.ROLE_COUNT,
+                                              None, None, 0, None, None))
             result.read(ctx, out)
     finally:
         lib.clattn_plan_release(plan)
@@ -80,11 +80,11 @@ def positional_encoding(x=None, *, seq: Optional[int] = None, dim: Optional[int]
     return out
 
 
-def rotary_embedding(x, *, style: str = "halves", rotary_dim: int = 0, base: float = 10000.0,
-                     start: int = 0, position_ids=None,
+def rotary_embedding(x, *, style: str = "halves", rotary_dim: Optional[int] = None,
+                     base: float = 10000.0, start: int = 0, position_ids=None,
                      ctx: Optional[Context] = None) -> np.ndarray:
     """Rotary position embeddings (RoPE; clattn_rope_plan_create) on x (batch, heads, seq,
-    head_dim): the first ``rotary_dim`` columns (0: all) of each row turned pair by pair by
+    head_dim): the first ``rotary_dim`` columns (None: all) of each row turned pair by pair by
     pos * base^(-2j / rotary_dim); pairs (x[j], x[j + r/2]) for ``style="halves"`` (GPT-NeoX,
     Llama) or (x[2j], x[2j+1]) for ``"pairs"`` (RoFormer). Positions: ``position_ids``
     (batch, seq) integers, else start + s. Returns x's shape and dtype."""
@@ -99,7 +99,8 @@ def rotary_embedding(x, *, style: str = "halves", rotary_dim: int = 0, base: flo
                             f"x has shape {xa.shape}; expected (batch, heads, seq, head_dim)")
     desc = _lib.RopeDesc()
     lib.clattn_rope_desc_init(ctypes.byref(desc))
-    desc.style, desc.rotary_dim = _STYLES[style], int(rotary_dim)
+    desc.style = _STYLES[style]
+    desc.rotary_dim = _lib.ROPE_WHOLE_HEAD if rotary_dim is None else int(rotary_dim)
     desc.base, desc.start = float(base), int(start)
     dtype = clattn_dtype(xa.dtype)
     desc.tensors.q = layout(dtype, xa.shape)
@@ -126,8 +127,8 @@ def rotary_embedding(x, *, style: str = "halves", rotary_dim: int = 0, base: flo
                 id_buffer = Buffer(ctx, ids)
                 bound.position_ids = layout(_lib.I32, ids.shape)
                 bound.position_ids.mem = id_buffer.mem
-            ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), None, None, 0, None,
-                                              None))
+            ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), _lib.ROLE_COUNT,
+                                              None, None, 0, None, None))
             dst.read(ctx, out)
     finally:
         lib.clattn_plan_release(plan)
@@ -233,8 +234,8 @@ class KVCache:
             bound.q, bound.out = layout(dtype, q.shape), layout(dtype, out_shape)
             bound.q.mem, bound.out.mem = qb.mem, ob.mem
             bound.k, bound.v, bound.kv_seqlen = k_t, v_t, len_t
-            self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), None, None, 0,
-                                                   None, None))
+            self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), _lib.ROLE_COUNT,
+                                                   None, None, 0, None, None))
             ob.read(self.ctx, out)
         return out
 
@@ -287,8 +288,8 @@ class KVCache:
         bound.q, bound.out = q, o
         bound.k, bound.v, bound.kv_seqlen = k_t, v_t, len_t
         with self.ctx.lock:
-            self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), None, None, 0,
-                                                   None, None))
+            self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), _lib.ROLE_COUNT,
+                                                   None, None, 0, None, None))
         return out
 
     def close(self) -> None:

@@ -180,7 +180,9 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
     }
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
-    clattn_tensors *t = &desc.tensors;
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
+    clattn_tensors *t = &desc_tensors;
     t->q = clattn_tensor_make(q, 0, dt, 4, s->batch, s->heads, s->seq_q, s->dim);
     t->k = clattn_tensor_make(k, 0, dt, 4, s->batch, s->kv_heads, s->seq_k, s->dim);
     t->v = clattn_tensor_make(v, 0, dt, 4, s->batch, s->kv_heads, s->seq_k, s->dim);
@@ -205,7 +207,8 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
     desc.path = s->fused ? CLATTN_PATH_FUSED : CLATTN_PATH_UNFUSED;
     clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
     if (status == CLATTN_SUCCESS)
-        status = clattn_plan_execute(plan, t, NULL, NULL, 0, NULL, NULL);
+        status =
+            clattn_plan_execute(plan, t->by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
     if (status == CLATTN_SUCCESS)
         status = clattn_finish(ctx);
     if (status != CLATTN_SUCCESS) {

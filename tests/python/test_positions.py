@@ -52,7 +52,7 @@ def rope_reference(x, rot, pairs, positions, base=10000.0):
 
 
 @pytest.mark.parametrize("style", ["halves", "pairs"])
-@pytest.mark.parametrize("rot", [0, 4])
+@pytest.mark.parametrize("rot", [None, 4, 8])
 def test_rotary(style, rot):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 3, 11, 8)).astype(np.float32)
@@ -67,6 +67,8 @@ def test_rotary(style, rot):
                                atol=2e-5)
     with pytest.raises(clattn.ArgumentError):
         clattn.rotary_embedding(x, rotary_dim=5)
+    with pytest.raises(clattn.ArgumentError, match="CLATTN_ROPE_WHOLE_HEAD"):
+        clattn.rotary_embedding(x, rotary_dim=0)  # the whole head before 0.7: None now
 
 
 @pytest.mark.parametrize("path", ["fused", "unfused"])
