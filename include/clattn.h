@@ -474,7 +474,7 @@ typedef struct clattn_sdpa_desc {
      * leaves that side unbounded. With causal too, both must use the same alignment. */
     clattn_causal window_align;
     long long window_left, window_right;
-    clattn_scores scores_mode; /* what tensors.scores receives, when it is given */
+    clattn_scores scores_mode; /* what the scores role receives, when it is given */
     /* 1: the normalisation runs in double precision (ONNX's softmax_precision = DOUBLE): the
      * unfused path only (AUTO takes it; FUSED is refused), on devices with cl_khr_fp64
      * (CLATTN_ERR_UNSUPPORTED elsewhere). 0: float. */
@@ -607,9 +607,9 @@ typedef enum clattn_posenc_kind {
 } clattn_posenc_kind;
 
 /* out = x + PE(start + p) on each row p, or out = PE(start + p) without x.
- * tensors.q is x (rank 2 (seq, dim), 3 (batch, seq, dim) or 4 (.., .., seq, dim); optional),
- * tensors.out the result (x's dims, or any rank 2 to 4 without x; required; may be x itself:
- * in place), tensors.pos_table the TABLE kind's table; no other tensor. Start from
+ * Roles: q is x (rank 2 (seq, dim), 3 (batch, seq, dim) or 4 (.., .., seq, dim); optional),
+ * out the result (x's dims, or any rank 2 to 4 without x; required; may be x itself: in
+ * place), pos_table the TABLE kind's table; no other tensor. Start from
  * clattn_posenc_desc_init. */
 typedef struct clattn_posenc_desc {
     size_t struct_size;

@@ -709,6 +709,33 @@ START_TEST(test_struct_size_older)
     }
     clattn_plan_release(plan);
 
+    /* The smallest descriptor any 0.7+ caller can pass: struct_size, by_role and num_roles
+     * only; every other field takes its default (scale 1/sqrt(d), no mask rule, softmax). */
+    tu_set_case("clattn_sdpa_desc cut after num_roles");
+    pb_sdpa_spec plain = base_spec(1, 2, 13, 31, 8, 3);
+    pb_sdpa_problem q;
+    pb_sdpa_make(&q, &plain);
+    clattn_sdpa_desc head;
+    pb_sdpa_desc(&q, &head);
+    head.causal = CLATTN_CAUSAL_TOP_LEFT, head.scale = 5.0f; /* past the cut: not read */
+    head.struct_size = offsetof(clattn_sdpa_desc, num_roles) + sizeof head.num_roles;
+    void *cut = malloc(head.struct_size);
+    memcpy(cut, &head, head.struct_size);
+    plan = NULL;
+    status = clattn_sdpa_plan_create(ctx, (const clattn_sdpa_desc *)cut, &plan);
+    free(cut);
+    if (tu_expect(status == CLATTN_SUCCESS, "create from a %zu-byte desc: %s", head.struct_size,
+                  clattn_last_error(ctx)) &&
+        tu_expect(pb_sdpa_upload(ctx, &q, &bound) == CL_SUCCESS, "upload failed")) {
+        status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL,
+                                     NULL);
+        if (tu_expect(status == CLATTN_SUCCESS, "execute: %s", clattn_last_error(ctx)))
+            pb_sdpa_check(ctx, NULL, &q, &bound);
+        pb_release_tensors(&bound);
+    }
+    clattn_plan_release(plan);
+    pb_sdpa_free(&q);
+
     /* Host attention as 0.3 had it, before softcap and the window: they default (off). */
     tu_set_case("clattn_attention_host_desc without softcap and the window");
     clattn_attention_host_desc host;
