@@ -220,9 +220,10 @@ CLATTN_API size_t clattn_dtype_size(clattn_dtype dtype);
 
 /* A strided view of a device buffer. rank 0 means "absent" wherever a tensor is optional.
  * Element (i0, .., i{rank-1}) lives at element offset + sum(i_d * strides[d]) of mem, counted
- * in elements of dtype (never bytes). strides all 0 means packed row-major. Otherwise a stride
- * of 0 repeats one element along that dimension (inputs only). Every stride of an output must
- * be nonzero where its dimension is above 1.
+ * in elements of dtype (never bytes). Strides are always given (clattn_tensor_make gives packed
+ * row-major ones): a stride of 0 repeats one element along that dimension (inputs only), and
+ * strides all 0 on a tensor of more than one element are refused (until 0.7 they meant
+ * packed). Every stride of an output must be nonzero where its dimension is above 1.
  * Plans are created from tensors' layouts (dtype, rank, dims, strides; mem and offset are
  * ignored there) and executed on tensors with the same layout and a buffer. */
 typedef struct clattn_tensor {
@@ -234,12 +235,18 @@ typedef struct clattn_tensor {
     size_t strides[CLATTN_MAX_RANK]; /* in elements */
 } clattn_tensor;
 
-/* A packed row-major tensor of rank 1 .. 4 (unused dims are ignored). */
+/* A packed row-major tensor of rank 1 .. 4 (unused dims are ignored): its strides spelled
+ * out (a stride that would overflow size_t is SIZE_MAX, which the plans then refuse). */
 static inline clattn_tensor clattn_tensor_make(cl_mem mem, size_t offset, clattn_dtype dtype,
                                                int rank, size_t d0, size_t d1, size_t d2,
                                                size_t d3)
 {
     clattn_tensor t = {mem, offset, dtype, rank, {d0, d1, d2, d3}, {0, 0, 0, 0}};
+    size_t step = 1;
+    for (int d = (rank < CLATTN_MAX_RANK ? rank : CLATTN_MAX_RANK) - 1; d >= 0; --d) {
+        t.strides[d] = step;
+        step = t.dims[d] != 0 && step > SIZE_MAX / t.dims[d] ? SIZE_MAX : step * t.dims[d];
+    }
     return t;
 }
 

@@ -744,6 +744,14 @@ START_TEST(test_sdpa_create_errors)
     desc_tensors.v = with_strides(desc_tensors.v, 0, 0, SDV, 1);
     plan = expect_sdpa_created(&desc, "sdpa(k and v broadcast over heads by stride 0)");
     clattn_plan_release(plan);
+    /* All-zero strides: packed until 0.7; refused now (one element repeated everywhere is no
+     * attention input anyone means), except on a tensor of one element. */
+    RESET(desc, good), desc_tensors.k = with_strides(desc_tensors.k, 0, 0, 0, 0);
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "k", "strides all 0",
+                        "sdpa(k with all-zero strides)");
+    RESET(desc, good), desc_tensors.attn_mask = with_strides(f32_4(NULL, 1, 1, 1, 1), 0, 0, 0, 0);
+    plan = expect_sdpa_created(&desc, "sdpa(a one-element mask with all-zero strides)");
+    clattn_plan_release(plan);
 
     /* Sizes and strides whose extent overflows size_t; single dims over 32 bits. */
     const size_t big = (size_t)1 << 31, over = (size_t)UINT32_MAX + 1;

@@ -254,9 +254,6 @@ void pb_make_layout(clattn_tensor *t, clattn_dtype dtype, int rank, const size_t
     for (int d = 0; d < rank; ++d) {
         t->dims[d] = dims[d];
     }
-    if (layout == PB_PACKED) {
-        return;
-    }
     if ((layout == PB_SEQ_MAJOR || layout == PB_SEQ_MAJOR_PADDED) && rank == 4) {
         /* (B, H, L, d) inside a (B, L, H*d + gap) buffer. */
         const size_t gap = layout == PB_SEQ_MAJOR_PADDED ? 1 + pb_rand_below(7) : 0;
@@ -938,7 +935,9 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
     if (s->mask != PB_MASK_NONE && s->mask_rank == 0) {
         s->mask_rank = 2;
     }
-    if (s->mask_rank != 4) {
+    if (s->mask_rank != 4 || (s->mask_ones & 15u) == 15u) {
+        /* a mask of one value everywhere is spelled with dims of 1: clattn refuses all-zero
+         * strides on a tensor of more than one element (they meant packed before 0.7) */
         s->mask_zero_strides = 0;
     }
     if (s->mask == PB_MASK_BOOL) {

@@ -75,8 +75,8 @@ double pb_tolerance(clattn_dtype stored);
 /* --- layouts -------------------------------------------------------------------------------- */
 
 typedef enum pb_layout {
-    PB_PACKED = 0,        /* strides all 0 (clattn's "packed row-major") */
-    PB_PACKED_STRIDES,    /* packed, with the strides spelled out */
+    PB_PACKED = 0,        /* packed row-major (strides spelled out, as clattn_tensor_make's) */
+    PB_PACKED_STRIDES,    /* the same (all-zero strides meant packed before 0.7) */
     PB_SEQ_MAJOR,         /* rank 4 (B, H, L, d) viewed in a (B, L, H*d) buffer: strides
                            * (L*H*d, d, H*d, 1); other ranks: as PB_PACKED_STRIDES */
     PB_SEQ_MAJOR_PADDED,  /* as PB_SEQ_MAJOR with rows of H*d + gap (gap 1..7, drawn) */
@@ -140,8 +140,9 @@ typedef struct pb_sdpa_spec {
     pb_layout q_layout, k_layout, v_layout, out_layout;
     /* attn_mask: rank mask_rank (1..4; 0 means 2) right-aligned on (B, H, Lq, Lk): rank 2 is
      * (Lq, Lk), rank 3 (H, Lq, Lk), rank 1 (Lk). mask_ones: bit d (0 = B, 1 = H, 2 = Lq,
-     * 3 = Lk) gives that dim size 1 (broadcast). mask_zero_strides (rank 4 only): the
-     * broadcast dims keep their full size with stride 0 instead. */
+     * 3 = Lk) gives that dim size 1 (broadcast). mask_zero_strides (rank 4 only, and not
+     * with all four dims broadcast: all-zero strides are refused): the broadcast dims keep
+     * their full size with stride 0 instead. */
     pb_mask_kind mask;
     clattn_dtype mask_dtype; /* PB_MASK_FLOAT: F32 (0), F16 or BF16; PB_MASK_BOOL: always U8 */
     int mask_rank;

@@ -362,7 +362,7 @@ static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4
                         "(%zu, %zu, %zu, %zu)",
                         o->mask, shape_text(m, text, sizeof text), full[0], full[1], full[2],
                         full[3]);
-    size_t dims[4];
+    size_t dims[4] = {0};
     const int lead = 4 - m->ndim;
     for (int i = 0; i < m->ndim; ++i) {
         const size_t want = full[lead + i], got = m->shape[i];
@@ -398,10 +398,8 @@ static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4
             else
                 d->mask_f32[r * seq_k + c] = c < width ? value : -INFINITY;
         }
-    *t =
-        clattn_tensor_make(NULL, 0, keep ? CLATTN_DTYPE_U8 : CLATTN_DTYPE_F32, m->ndim, 0, 0, 0, 0);
-    for (int i = 0; i < m->ndim; ++i)
-        t->dims[i] = dims[i];
+    *t = clattn_tensor_make(NULL, 0, keep ? CLATTN_DTYPE_U8 : CLATTN_DTYPE_F32, m->ndim, dims[0],
+                            dims[1], dims[2], dims[3]);
     return CLI_OK;
 }
 

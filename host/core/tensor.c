@@ -71,7 +71,7 @@ clattn_status clattn__layout_from(clattn_ctx *ctx, const char *op, const char *n
             ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s cannot be %s (allowed:%s%s%s%s%s)", op, name,
             clattn__dtype_name(t->dtype), dtypes & 1 ? " F32" : "", dtypes & 2 ? " F16" : "",
             dtypes & 4 ? " BF16" : "", dtypes & 8 ? " U8" : "", dtypes & 16 ? " I32" : "");
-    bool packed = true;
+    bool zero_strides = true, one_element = true;
     for (int d = 0; d < t->rank; ++d) {
         if (t->dims[d] == 0)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
@@ -81,16 +81,25 @@ clattn_status clattn__layout_from(clattn_ctx *ctx, const char *op, const char *n
             return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
                                 "%s: %s has dims[%d] = %zu, over the kernels' 32-bit limit", op,
                                 name, d, t->dims[d]);
-        if (t->strides[d] != 0)
-            packed = false;
+        zero_strides = zero_strides && t->strides[d] == 0;
+        one_element = one_element && t->dims[d] == 1;
+    }
+    if (zero_strides && !one_element) {
+        char dims[128];
+        clattn__format_dims(dims, sizeof dims, t->rank, t->dims);
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %s has dims %s and strides all 0: give its strides "
+                            "(clattn_tensor_make gives packed ones; all-zero strides meant "
+                            "packed before 0.7)",
+                            op, name, dims);
     }
     out->present = true;
     out->dtype = t->dtype;
     out->rank = t->rank;
-    size_t step = 1, extent = 1; /* extent: 1 + the highest element offset reached */
+    size_t extent = 1; /* 1 + the highest element offset reached */
     for (int d = t->rank - 1; d >= 0; --d) {
         out->dims[d] = t->dims[d];
-        out->strides[d] = packed ? step : t->strides[d];
+        out->strides[d] = t->strides[d];
         if (output && out->dims[d] > 1 && out->strides[d] == 0)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
                                 "%s: %s (an output) has stride 0 along dims[%d] = %zu: its "
@@ -98,8 +107,7 @@ clattn_status clattn__layout_from(clattn_ctx *ctx, const char *op, const char *n
                                 op, name, d, out->dims[d]);
         size_t reach = 0;
         if (!clattn__mul(out->dims[d] - 1, out->strides[d], &reach) ||
-            !clattn__add(extent, reach, &extent) ||
-            (packed && !clattn__mul(step, out->dims[d], &step)))
+            !clattn__add(extent, reach, &extent))
             return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
                                 "%s: the elements %s spans overflow size_t", op, name);
     }

@@ -314,7 +314,9 @@ def layout(dtype: int, shape, strides=None) -> _lib.Tensor:
     t = _lib.Tensor()
     t.dtype = dtype
     t.rank = len(shape)
-    for i, d in enumerate(shape):
-        t.dims[i] = int(d)
-        t.strides[i] = int(strides[i]) if strides is not None else 0
+    step = 1
+    for i in reversed(range(len(shape))):
+        t.dims[i] = int(shape[i])
+        t.strides[i] = int(strides[i]) if strides is not None else step
+        step *= int(shape[i])
     return t
