@@ -22,6 +22,14 @@
  *       tile of 64 keys (kt: d x 64)        V tile (vt: 64 x FC_DVP)
  *   block r0..r0+FC_RB  s[FC_RB][4] float16  ->  p  ->  acc[FC_RB][4] float16 per 64 columns
  *
+ * FC_DIRECT (decode: a few query rows, FC_NB = 1, head sizes multiples of 16): a tile inside
+ * the key count whose K and V rows have unit stride is not packed. Each row's score on a key
+ * is the dot product of the q row and the key's row read from global memory (float16 vectors
+ * along d, one horizontal sum per row and key), and P.V reads V's rows where they lie. With
+ * one to eight rows the pack would cost more than the arithmetic it serves: it moved every
+ * element of the cache twice through local memory, transposing K with scalar stores, for one
+ * use. Other tiles (the edge, strided K or V) are packed as above.
+ *
  * Compile-time variants keep the plain case free of extras (score.cl's switches, set from the
  * host's one table in ops/score.c): SCORE_MASK (a mask of MASK_DTYPE, applied per score with
  * score.cl's masked_score), SCORE_KPAD (key padding: the KB bias on every tile), SCORE_BAND (1
@@ -46,6 +54,9 @@
 #endif
 #ifndef FC_KV
 #define FC_KV 4 /* float16 vectors per register-block row: 4 (32 registers), 1 (16: AVX2) */
+#endif
+#ifndef FC_DIRECT
+#define FC_DIRECT 0 /* 1: tiles read straight from K and V where they can (decode; see above) */
 #endif
 #ifndef SCORE_MASK
 #define SCORE_MASK 0
@@ -165,6 +176,75 @@ inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
     }
 }
 
+#if FC_DIRECT
+#if HEAD_DIM_QK % 16 != 0 || HEAD_DIM_V % 16 != 0 || FC_NB != 1
+#error "FC_DIRECT takes head sizes that are multiples of 16 and one row block per group"
+#endif
+#define FC_DQV (HEAD_DIM_QK / 16) /* float16 vectors per q and K row */
+
+/* pt[r][j] = qs[r] . K[j] for the tile's 64 keys (K: the tile's first row, unit stride along
+ * d, rows ks elements apart), each K row loaded once for all FC_RB rows. */
+inline void fc_scores_direct(__global const ELEM_T(K_DTYPE) *K, const ulong ks,
+                             __local float (*qs)[HEAD_DIM_QK], __local float (*pt)[FC_KT])
+{
+    for (uint j = 0; j < FC_KT; ++j) {
+        __global const ELEM_T(K_DTYPE) *row = K + j * ks;
+        float16 k[FC_DQV];
+#pragma unroll
+        for (uint c = 0; c < FC_DQV; ++c)
+            k[c] = LOAD16(K_DTYPE, row, 16 * c);
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+            float16 t = vload16(0, qs[r]) * k[0];
+#pragma unroll
+            for (uint c = 1; c < FC_DQV; ++c)
+                t = fma(vload16(c, qs[r]), k[c], t);
+            pt[r][j] = fc_hsum(t);
+        }
+    }
+}
+
+/* fc_pv with the tile's V rows read where they lie (V: the tile's first row, unit stride,
+ * rows vs elements apart), up to 4 vectors of columns from c0. */
+inline void fc_pv_direct(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
+                         __global const ELEM_T(V_DTYPE) *V, const ulong vs, const float *corr,
+                         const uint c0)
+{
+    const uint nv = FC_DVV - c0 < 4 ? FC_DVV - c0 : 4;
+    float16 o[FC_RB][4];
+#pragma unroll
+    for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+        for (uint v = 0; v < 4; ++v)
+            if (v < nv)
+                o[r][v] = vload16(c0 + v, acc[r]) * corr[r];
+    }
+    for (uint j = 0; j < FC_KT; ++j) {
+        __global const ELEM_T(V_DTYPE) *row = V + j * vs;
+        float16 vv[4];
+#pragma unroll
+        for (uint v = 0; v < 4; ++v)
+            if (v < nv)
+                vv[v] = LOAD16(V_DTYPE, row, 16 * (c0 + v));
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+            const float16 p = (float16)(pt[r][j]);
+#pragma unroll
+            for (uint v = 0; v < 4; ++v)
+                if (v < nv)
+                    o[r][v] = fma(p, vv[v], o[r][v]);
+        }
+    }
+#pragma unroll
+    for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+        for (uint v = 0; v < 4; ++v)
+            if (v < nv)
+                vstore16(o[r][v], c0 + v, acc[r]);
+    }
+}
+#endif
+
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void flash_cpu(FLASH_KERNEL_PARAMS)
 {
@@ -230,8 +310,15 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
     for (uint k0 = key_first; k0 < key_end; k0 += FC_KT) {
         /* a tile with keys past the batch's key count (or seq_k): never read, packed as 0 */
         const bool edge = k0 + FC_KT > band.limit;
-        /* Pack the tile: K transposed (d, key) and V rows as float, zeros past the count. */
-        if (!edge && k_s3 == 1) {
+        /* FC_DIRECT: a whole tile of unit-stride rows is read where it lies */
+        const bool direct = FC_DIRECT && !edge && k_s3 == 1 && v_s3 == 1;
+        if (direct) {
+#if SCORE_MASK || SCORE_KPAD
+            for (uint j = 0; j < FC_KT; ++j) /* key_masked: padded keys only (inside the count) */
+                kb[j] = key_padded(SCORE_KPAD, key_padding, (k0 + j) * key_padding_s1) ? NEG_INF
+                                                                                        : 0.0f;
+#endif
+        } else if (!edge && k_s3 == 1) {
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
                 for (uint j = 0; j < FC_KT; ++j)
                     kt[d][j] = LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d);
@@ -240,7 +327,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
                 for (uint j = 0; j < FC_KT; ++j)
                     kt[d][j] = k0 + j < band.limit ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
         }
-        for (uint j = 0; j < FC_KT; ++j) {
+        for (uint j = 0; j < FC_KT && !direct; ++j) {
             const bool real = k0 + j < band.limit;
             if (real && v_s3 == 1) {
                 for (uint d = 0; d < HEAD_DIM_V; ++d)
@@ -272,6 +359,17 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
             /* s = (q * scale) . k for FC_RB rows x 64 keys, FC_KV vectors of 16 keys at a
              * time (FC_RB x FC_KV float16 accumulators held in registers over d) */
             float16 s[FC_RB][4];
+#if FC_DIRECT
+            if (direct) {
+                fc_scores_direct(K + k0 * k_s2, k_s2, qs + r0, pt);
+#pragma unroll
+                for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+                    for (uint v = 0; v < 4; ++v)
+                        s[r][v] = vload16(v, pt[r]);
+                }
+            } else
+#endif
 #pragma unroll
             for (uint v0 = 0; v0 < 4; v0 += FC_KV) {
                 float16 a[FC_RB][FC_KV];
@@ -429,6 +527,13 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
             }
 
             /* acc = acc * corr + p . V, 16 * FC_KV output columns at a time */
+#if FC_DIRECT
+            if (direct) {
+                for (uint c0 = 0; c0 < FC_DVV; c0 += 4)
+                    fc_pv_direct(acc + r0, pt, V + k0 * v_s2, v_s2, corr, c0);
+                continue;
+            }
+#endif
             for (uint c0 = 0; c0 + FC_KV <= FC_DVV; c0 += FC_KV)
                 fc_pv(acc + r0, pt, vt, corr, c0, FC_KV);
 #if FC_DVV % FC_KV != 0

@@ -68,6 +68,47 @@ void copy4d(__global const ELEM_T(SRC_DTYPE) *src, const ulong src_offset, const
 }
 
 /*
+ * kv_append: one decode step's append to the KV cache in one launch (it was three commands:
+ * a copy4d of the keys, one of the values, and a fill of the key counts, each a launch with
+ * its own gap on the queue). Work-item (i, 0) copies element i of the new keys' box, (i, 1)
+ * element i of the values' (numbered as copy4d's), converting K_SRC_DTYPE / V_SRC_DTYPE to
+ * the cache's DST_DTYPE; (i, 0) with i < d0 also sets the batch's key count.
+ */
+#ifndef K_SRC_DTYPE
+#define K_SRC_DTYPE 0
+#endif
+#ifndef V_SRC_DTYPE
+#define V_SRC_DTYPE 0
+#endif
+
+__kernel __attribute__((reqd_work_group_size(HEADS_WG, 1, 1)))
+void kv_append(__global const ELEM_T(K_SRC_DTYPE) *ks, __global const ELEM_T(V_SRC_DTYPE) *vs,
+               __global ELEM_T(DST_DTYPE) *kd, __global ELEM_T(DST_DTYPE) *vd,
+               __global int *lengths, const clattn_append_params params)
+{
+    CLATTN_UNPACK(CLATTN_APPEND_PARAMS)
+    const ulong index = get_global_id(0);
+    const bool values = get_global_id(1) == 1;
+    if (!values && index < d0)
+        lengths[index] = length;
+    const uint d3 = values ? v_d3 : k_d3;
+    if (index >= (ulong)d0 * d1 * d2 * d3)
+        return;
+    /* Remainders as x - (x / y) * y (see softmax.cl: no LLVM `freeze` for Oclgrind). */
+    const ulong r3 = index / d3, i3 = index - r3 * d3;
+    const ulong r2 = r3 / d2, i2 = r3 - r2 * d2;
+    const ulong i0 = r2 / d1, i1 = r2 - i0 * d1;
+    if (values)
+        STORE(DST_DTYPE,
+              LOAD(V_SRC_DTYPE, vs, vs_offset + i0 * vs_s0 + i1 * vs_s1 + i2 * vs_s2 + i3 * vs_s3),
+              vd, vd_offset + i0 * vd_s0 + i1 * vd_s1 + i2 * vd_s2 + i3 * vd_s3);
+    else
+        STORE(DST_DTYPE,
+              LOAD(K_SRC_DTYPE, ks, ks_offset + i0 * ks_s0 + i1 * ks_s1 + i2 * ks_s2 + i3 * ks_s3),
+              kd, kd_offset + i0 * kd_s0 + i1 * kd_s1 + i2 * kd_s2 + i3 * kd_s3);
+}
+
+/*
  * flash_merge: the fused kernel's decode splits combined by their log-sum-exp (each split
  * attended its own keys of the row and left a normalised partial output o_p and its lse_p):
  *   m = max_p lse_p,  w_p = exp(lse_p - m),  out = sum_p w_p o_p / sum_p w_p,

@@ -191,4 +191,16 @@ CLATTN_PARAMS_STRUCT(additive, CLATTN_ADDITIVE_PARAMS)
     X(uint, heads) X(uint, seq_q) X(uint, merge_pad_)
 CLATTN_PARAMS_STRUCT(merge, CLATTN_MERGE_PARAMS)
 
+/* ---- the KV cache's append (heads.cl's kv_append) ------------------------------------------
+ * the new keys and values (ks, vs: (b, h, j, c) strides) into the cache's buffers (kd, vd)
+ * over the boxes (d0, d1, d2, k_d3) and (d0, d1, d2, v_d3); the key counts lengths[0 .. d0)
+ * set to `length`. */
+#define CLATTN_APPEND_PARAMS(X)                                                                   \
+    X(ulong, ks_offset) X(ulong, ks_s0) X(ulong, ks_s1) X(ulong, ks_s2) X(ulong, ks_s3)           \
+    X(ulong, vs_offset) X(ulong, vs_s0) X(ulong, vs_s1) X(ulong, vs_s2) X(ulong, vs_s3)           \
+    X(ulong, kd_offset) X(ulong, kd_s0) X(ulong, kd_s1) X(ulong, kd_s2) X(ulong, kd_s3)           \
+    X(ulong, vd_offset) X(ulong, vd_s0) X(ulong, vd_s1) X(ulong, vd_s2) X(ulong, vd_s3)           \
+    X(uint, d0) X(uint, d1) X(uint, d2) X(uint, k_d3) X(uint, v_d3) X(int, length)
+CLATTN_PARAMS_STRUCT(append, CLATTN_APPEND_PARAMS)
+
 #endif

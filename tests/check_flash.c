@@ -559,6 +559,94 @@ static const decode_case decode_cases[] = {
 
 static clattn_ctx *decode_ctx;
 
+/* Decode read in place (flash_cpu.cl's FC_DIRECT: up to 8 query rows, head sizes multiples
+ * of 16; tiles inside the key count with unit-stride K and V rows are not packed): one row, a
+ * decode group's rows, up to 8 rows, against the float64 reference with every score rule (float
+ * and bool masks, padding, soft-capping, ALiBi, windows, relu, key counts), 16-bit K and V,
+ * whole tiles and edge tiles, and layouts that keep it (padded rows, sequence-major) or not
+ * (a strided V: every tile packed). On a device that runs flash_cpu.cl the plan must say it
+ * reads in place. */
+typedef struct in_place_case {
+    size_t batch, heads, kv_heads, seq_q, seq_k, dk, dv;
+    clattn_causal causal;
+    int mask, padding, alibi, relu, kv_len;
+    float softcap;
+    clattn_causal window_align;
+    long long left, right;
+    clattn_dtype kv_dtype;
+    pb_layout k_layout, v_layout;
+} in_place_case;
+
+/* clang-format off */
+static const in_place_case in_place_cases[] = {
+    /* B H Hkv Lq  Lk   dk  dv  causal                  mask pad alibi relu kvlen softcap */
+    {1, 1, 0, 1,   1,  16, 16, CLATTN_CAUSAL_NONE,         0, 0, 0, 0, 0, 0.0f,
+     CLATTN_CAUSAL_NONE, 0, 0, CLATTN_DTYPE_F32, PB_PACKED, PB_PACKED},
+    {1, 8, 0, 1, 257,  64, 64, CLATTN_CAUSAL_NONE,         0, 0, 0, 0, 0, 0.0f,
+     CLATTN_CAUSAL_NONE, 0, 0, CLATTN_DTYPE_F32, PB_PACKED, PB_PACKED},
+    {2, 8, 2, 1, 200, 128, 128, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 1, 0.0f,
+     CLATTN_CAUSAL_NONE, 0, 0, CLATTN_DTYPE_F32, PB_PADDED, PB_PADDED},
+    {1, 3, 0, 3, 129,  32, 48, CLATTN_CAUSAL_NONE,         1, 1, 0, 0, 0, 0.0f,
+     CLATTN_CAUSAL_NONE, 0, 0, CLATTN_DTYPE_F32, PB_SEQ_MAJOR, PB_PACKED},
+    {1, 2, 0, 8, 190,  64, 32, CLATTN_CAUSAL_BOTTOM_RIGHT, 2, 0, 0, 0, 0, 2.5f,
+     CLATTN_CAUSAL_NONE, 0, 0, CLATTN_DTYPE_F16, PB_PACKED, PB_PACKED},
+    {2, 4, 0, 5, 300,  48, 64, CLATTN_CAUSAL_NONE,         0, 1, 1, 0, 0, 0.0f,
+     CLATTN_CAUSAL_BOTTOM_RIGHT, 100, 0, CLATTN_DTYPE_F32, PB_PACKED, PB_PADDED},
+    {1, 4, 0, 1, 128,  64, 64, CLATTN_CAUSAL_NONE,         0, 0, 0, 1, 0, 0.0f,
+     CLATTN_CAUSAL_NONE, 0, 0, CLATTN_DTYPE_F16, PB_PACKED, PB_PACKED},
+    {1, 4, 1, 1, 1000, 96, 96, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 1, 0.0f,
+     CLATTN_CAUSAL_NONE, 0, 0, CLATTN_DTYPE_BF16, PB_PADDED, PB_STRIDED_LAST},
+    {2, 2, 0, 7,  65,  16, 16, CLATTN_CAUSAL_TOP_LEFT,     1, 0, 0, 0, 0, 0.0f,
+     CLATTN_CAUSAL_NONE, 0, 0, CLATTN_DTYPE_F32, PB_PADDED, PB_SEQ_MAJOR_PADDED},
+    {1, 6, 3, 1,  64,  64, 64, CLATTN_CAUSAL_NONE,         0, 1, 0, 0, 1, 0.0f,
+     CLATTN_CAUSAL_BOTTOM_RIGHT, 20, 0, CLATTN_DTYPE_F32, PB_SEQ_MAJOR, PB_SEQ_MAJOR},
+};
+/* clang-format on */
+
+START_TEST(test_decode_in_place)
+{
+    TU_BEGIN_TEST();
+    const in_place_case *c = &in_place_cases[_i];
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = c->batch, spec.heads = c->heads, spec.kv_heads = c->kv_heads;
+    spec.seq_q = c->seq_q, spec.seq_k = c->seq_k, spec.dk = c->dk, spec.dv = c->dv;
+    spec.causal = c->causal;
+    spec.mask = c->mask == 1 ? PB_MASK_FLOAT : c->mask == 2 ? PB_MASK_BOOL : PB_MASK_NONE;
+    spec.padding = c->padding;
+    spec.alibi = c->alibi;
+    spec.norm = c->relu ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
+    spec.kv_len = c->kv_len;
+    spec.softcap = c->softcap;
+    spec.window_align = c->window_align, spec.window_left = c->left;
+    spec.window_right = c->right;
+    spec.k_dtype = c->kv_dtype, spec.v_dtype = c->kv_dtype;
+    spec.out_dtype = c->kv_dtype;
+    spec.k_layout = c->k_layout, spec.v_layout = c->v_layout;
+    spec.q_gain = 3.0f;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("decode in place: %s", p.label);
+    check_fused_case_paths(&p, 0);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    desc.path = CLATTN_PATH_FUSED;
+    clattn_plan *plan = NULL;
+    if (tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &desc, &plan), CLATTN_SUCCESS,
+                         "fused plan")) {
+        /* (not under a loop limit: its parts count the pack's trips) */
+        const char *info = clattn_plan_info(plan);
+        const char *limit = strstr(clattn_ctx_tuning(tu_ctx()), "loop_trip_limit=");
+        tu_expect(strstr(info, "flash_cpu.cl") == NULL || (limit && atol(limit + 16) != 0) ||
+                      strstr(info, "read in place") != NULL,
+                  "the plan does not read the keys in place: %s", info);
+    }
+    clattn_plan_release(plan);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 static void release_decode_ctx(void)
 {
     clattn_ctx_release(decode_ctx);
@@ -1454,6 +1542,8 @@ int main(void)
                        (int)(sizeof decode_cases / sizeof decode_cases[0]), heavy_decode,
                        small ? 2 : 0);
     tu_add_loop_except(tc, test_generation, 0, 4, heavy_generations, small ? 4 : 0);
+    tcase_add_loop_test(tc, test_decode_in_place, 0,
+                        (int)(sizeof in_place_cases / sizeof in_place_cases[0]));
     tcase_add_unchecked_fixture(tc, NULL, release_decode_ctx);
     tu_add_loop_except(tc, test_softmax_f64, 0, rules, heavy_f64, small ? 15 : 0);
     tcase_add_loop_test(tc, test_scores_output, small ? 15 : 0, small ? 18 : 3 * rules);

@@ -322,7 +322,7 @@ typedef struct case_result {
     double device_ms, wall_ms, rate, device_mib; /* device_ms: wall time if wall_timer */
     bool wall_timer;
     const char *unit;                     /* "gflops", "gbps", "tokens_per_s" or "gterms_per_s" */
-    char extra_json[256], extra_text[96]; /* more fields after the standard ones (softmax) */
+    char extra_json[512], extra_text[128]; /* more fields after the standard ones (softmax) */
 } case_result;
 
 /* A JSON number, or null for inf and nan (which JSON cannot hold). */
@@ -701,6 +701,68 @@ static clattn_status run_decode(bench_state *b, void *p, cl_uint nw, const cl_ev
     return status;
 }
 
+/* Where a decode step's device time goes: the kernels one step launches (clattn's kernel
+ * trace), each one's median device time over --runs steps after --warmup; and a device copy
+ * of the cache's K bytes (clEnqueueCopyBuffer, its rate counting the bytes read and written,
+ * as the step's counts the cache bytes it reads). Adds "launches", "kernel_ms" {name: ms},
+ * "copy_gbps" and "cache_vs_copy" to r; leaves r as it is where the device gives no kernel
+ * times. */
+static void decode_breakdown(bench_state *b, decode_case *c, double cache_bytes, case_result *r)
+{
+    const bench_options *o = b->options;
+    enum { MOST = 16 };
+    clattn_kernel_time kernels[MOST];
+    double *times = calloc(o->runs * MOST, sizeof *times);
+    size_t launches = 0, kept = 0;
+    bool ok = !r->wall_timer && times && clattn_ctx_trace_kernels(b->ctx, 1) == CLATTN_SUCCESS;
+    for (size_t run = 0; ok && run < o->warmup + o->runs; ++run) {
+        size_t count = 0;
+        ok = run_decode(b, c, 0, NULL, NULL) == CLATTN_SUCCESS &&
+             clFinish(b->queue) == CL_SUCCESS &&
+             clattn_ctx_kernel_times(b->ctx, kernels, MOST, &count, NULL) == CLATTN_SUCCESS &&
+             count > 0 && count <= MOST && (run == 0 || count == launches);
+        launches = count;
+        if (ok && run >= o->warmup) {
+            for (size_t k = 0; k < count; ++k)
+                times[k * o->runs + kept] = kernels[k].ms;
+            ++kept;
+        }
+    }
+    clattn_ctx_trace_kernels(b->ctx, 0);
+    copy_case copy = {.bytes = cache_bytes / 2};
+    double copy_ms = 0.0, wall_ms = 0.0;
+    bool wall_timer = false;
+    clattn_tensor cache_k, cache_v, kv_len;
+    clattn_kv_cache_tensors(c->cache, &cache_k, &cache_v, &kv_len);
+    copy.from = cache_k.mem;
+    copy.to = ok ? output_buffer(b, copy.bytes) : NULL;
+    ok = ok && copy.to != NULL &&
+         measure(b, "decode: copy", run_copy, &copy, &copy_ms, &wall_ms, &wall_timer) ==
+             CLATTN_SUCCESS &&
+         !wall_timer && copy_ms > 0.0 && kept == o->runs;
+    if (copy.to)
+        clReleaseMemObject(copy.to);
+    if (ok) {
+        const double copy_gbps = 2.0 * (double)copy.bytes / copy_ms / 1e6;
+        const double cache_gbps = cache_bytes / r->device_ms / 1e6;
+        size_t at = strlen(r->extra_json), text_at = strlen(r->extra_text);
+        at += (size_t)snprintf(r->extra_json + at, sizeof r->extra_json - at,
+                               ", \"copy_gbps\": %.3f, \"cache_vs_copy\": %.3f, \"launches\": %zu, "
+                               "\"kernel_ms\": {",
+                               copy_gbps, cache_gbps / copy_gbps, launches);
+        text_at +=
+            (size_t)snprintf(r->extra_text + text_at, sizeof r->extra_text - text_at,
+                             " = %.2fx copy; %zu launches", cache_gbps / copy_gbps, launches);
+        for (size_t i = 0; i < launches && at < sizeof r->extra_json; ++i)
+            at += (size_t)snprintf(r->extra_json + at, sizeof r->extra_json - at,
+                                   "%s\"%zu %s\": %.4f", i ? ", " : "", i, kernels[i].name,
+                                   median(times + i * o->runs, o->runs));
+        if (at < sizeof r->extra_json)
+            snprintf(r->extra_json + at, sizeof r->extra_json - at, "}");
+    }
+    free(times);
+}
+
 static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path path)
 {
     const bench_options *o = b->options;
@@ -729,7 +791,8 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
     decode_case c = {0};
     clattn_kv_cache_desc cd;
     clattn_kv_cache_desc_init(&cd);
-    cd.batch = o->batch, cd.kv_heads = kv_heads, cd.capacity = length;
+    /* room for the timed steps' tokens and as many more for decode_breakdown's */
+    cd.batch = o->batch, cd.kv_heads = kv_heads, cd.capacity = length + steps;
     cd.head_dim_qk = d, cd.head_dim_v = d, cd.dtype = type;
     clattn_status status = clattn_kv_cache_create(b->ctx, &cd, &c.cache);
     const size_t prefill = length - steps, q_count = o->batch * o->heads * d;
@@ -780,6 +843,7 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
                  cache_bytes / r.device_ms / 1e6);
         snprintf(r.extra_text, sizeof r.extra_text, "  cache %.2f GB/s",
                  cache_bytes / r.device_ms / 1e6);
+        decode_breakdown(b, &c, cache_bytes, &r);
     }
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.attend.plan);

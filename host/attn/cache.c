@@ -256,24 +256,27 @@ clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor
         return status;
     clattn_chain chain;
     status = clattn__begin(ctx, op, &chain, NULL, false, num_wait, wait);
-    const clattn__view *src[2] = {&k_view, &v_view};
+    clattn__view dst[2];
     const cl_mem dst_mem[2] = {cache->k, cache->v};
     const size_t head_dim[2] = {d->head_dim_qk, d->head_dim_v};
-    for (int i = 0; i < 2 && status == CLATTN_SUCCESS; ++i) {
+    for (int i = 0; i < 2; ++i) {
         /* The cache's packed (B, Hkv, capacity, d) buffer from key `length` on. */
         const size_t hd = head_dim[i], cap = d->capacity;
-        const clattn__view dst = {dst_mem[i],
-                                  (cl_ulong)cache->length * hd,
-                                  d->dtype,
-                                  {d->batch, d->kv_heads, n, hd},
-                                  {d->kv_heads * cap * hd, cap * hd, hd, 1}};
-        clattn__copy_plan copy;
-        status = clattn__copy_prepare(ctx, dst.dims, src[i]->dtype, d->dtype, &copy);
-        if (status == CLATTN_SUCCESS)
-            status = clattn__copy_enqueue(&chain, &copy, src[i], &dst);
+        dst[i] = (clattn__view){dst_mem[i],
+                                (cl_ulong)cache->length * hd,
+                                d->dtype,
+                                {d->batch, d->kv_heads, n, hd},
+                                {d->kv_heads * cap * hd, cap * hd, hd, 1}};
     }
+    /* Keys, values and the key counts in one launch (kv_append). */
+    clattn__append_plan append;
     if (status == CLATTN_SUCCESS)
-        status = write_lengths(cache, cache->length + n, &chain);
+        status =
+            clattn__append_prepare(ctx, d->batch, d->kv_heads, n, d->head_dim_qk, d->head_dim_v,
+                                   k_view.dtype, v_view.dtype, d->dtype, &append);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__append_enqueue(&chain, &append, &k_view, &v_view, &dst[0], &dst[1],
+                                        cache->lengths, cache->length + n);
     if (status == CLATTN_SUCCESS)
         cache->length += n;
     return clattn__end(op, &chain, status, event);

@@ -83,7 +83,7 @@ enum { CLATTN_TUNING_RECORDS = 16 };
 typedef struct clattn_variant {
     clattn_source source;
     char name[32];
-    char options[192];
+    char options[256];
     cl_program program;
     cl_kernel kernel;
 } clattn_variant;

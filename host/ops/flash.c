@@ -51,6 +51,7 @@ static bool float_dtype(clattn_dtype dtype)
 }
 
 #define FC_KT 64 /* keys per tile in flash_cpu.cl */
+#define FC_DIRECT_ROWS 8 /* flash_cpu.cl: at most this many query rows run as one block */
 
 /* flash_cpu's loop trips per 64-key tile and outside the tiles, counted as if no loop were
  * unrolled (keys_per_launch's rule), for rb rows per block and nb blocks per group. */
@@ -75,10 +76,16 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v, dvp = (dv + 15) / 16 * 16;
     if (!shape->tuning->flash_cpu || score->seq_k == 0 || score->seq_q == 0)
         return CLATTN_SUCCESS;
-    const unsigned rb = shape->tuning->flash_cpu_rb;
+    /* Decode (a few query rows: one per head, or a decode group's heads): one block of exactly
+     * those rows, and the tiles read in place (FC_DIRECT) where the head sizes are whole
+     * float16 vectors. */
+    const bool few_rows = score->seq_q <= FC_DIRECT_ROWS;
+    const bool direct =
+        few_rows && dk % 16 == 0 && dv % 16 == 0 && ctx->tuning.loop_trip_limit == 0;
+    const unsigned rb = few_rows ? (unsigned)score->seq_q : shape->tuning->flash_cpu_rb;
     /* Under a loop limit one block per group keeps a tile's trips small. Else flash_cpu_nb
      * blocks share a key tile, fewer while that would leave under 4 groups per compute unit. */
-    unsigned nb = ctx->tuning.loop_trip_limit ? 1 : shape->tuning->flash_cpu_nb;
+    unsigned nb = ctx->tuning.loop_trip_limit || few_rows ? 1 : shape->tuning->flash_cpu_nb;
     const size_t bh = score->batch * score->heads;
     while (nb > 1 && (score->seq_q + (size_t)rb * nb - 1) / ((size_t)rb * nb) * bh <
                          4 * (size_t)ctx->info.compute_units)
@@ -106,10 +113,10 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     char switches[128], extra[320];
     clattn__score_switches(score, CLATTN__FAMILY_FLASH_CPU, switches, sizeof switches);
     snprintf(extra, sizeof extra,
-             "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFC_RB=%u -DFC_NB=%u -DFC_KV=%u -DQ_DTYPE=%d "
-             "-DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d %s",
-             dk, dv, rb, nb, shape->tuning->flash_cpu_kv, (int)shape->q_dtype, (int)shape->k_dtype,
-             (int)shape->v_dtype, (int)shape->out_dtype, switches);
+             "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFC_RB=%u -DFC_NB=%u -DFC_KV=%u -DFC_DIRECT=%d "
+             "-DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d %s",
+             dk, dv, rb, nb, shape->tuning->flash_cpu_kv, direct ? 1 : 0, (int)shape->q_dtype,
+             (int)shape->k_dtype, (int)shape->v_dtype, (int)shape->out_dtype, switches);
     clattn_status status =
         clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_CPU, "flash_cpu", extra, &plan->kernel);
     if (status != CLATTN_SUCCESS)
@@ -117,8 +124,9 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     plan->cpu = true;
     plan->key_tile = FC_KT;
     plan->block_q = rb * nb;
-    snprintf(plan->variant, sizeof plan->variant, "flash_cpu.cl (%u x %u-row blocks, %d-key tiles)",
-             nb, rb, FC_KT);
+    snprintf(plan->variant, sizeof plan->variant,
+             "flash_cpu.cl (%u x %u-row blocks, %d-key tiles%s)", nb, rb, FC_KT,
+             direct ? ", read in place" : "");
     plan->part_keys = part_tiles >= tiles ? score->seq_k : part_tiles * FC_KT;
     size_t lse_floats = 0;
     if (plan->part_keys < score->seq_k && !shape->has_lse &&

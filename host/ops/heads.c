@@ -86,3 +86,51 @@ clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan 
     return clattn__launch_kernel(chain, plan->kernel, "copy4d", args, sizeof args / sizeof args[0], 1,
                                  &plan->global, &plan->local);
 }
+
+clattn_status clattn__append_prepare(clattn_ctx *ctx, size_t batch, size_t kv_heads, size_t n,
+                                     size_t dk, size_t dv, clattn_dtype k_dtype,
+                                     clattn_dtype v_dtype, clattn_dtype cache_dtype,
+                                     clattn__append_plan *plan)
+{
+    static const char op[] = "kv_append";
+    memset(plan, 0, sizeof *plan);
+    plan->batch = batch, plan->kv_heads = kv_heads, plan->n = n, plan->dk = dk, plan->dv = dv;
+    plan->local = ctx->tuning.heads_wg;
+    size_t most = 0;
+    if (!clattn__product(&most, 4, batch, kv_heads, n, dk > dv ? dk : dv) ||
+        !clattn__round_up(most > batch ? most : batch, plan->local, &plan->global[0]))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu x %zu overflow size_t",
+                            op, batch, kv_heads, n, dk > dv ? dk : dv);
+    plan->global[1] = 2;
+    char extra[96];
+    snprintf(extra, sizeof extra, "-DHEADS_WG=%u -DK_SRC_DTYPE=%d -DV_SRC_DTYPE=%d -DDST_DTYPE=%d",
+             ctx->tuning.heads_wg, (int)k_dtype, (int)v_dtype, (int)cache_dtype);
+    return clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, op, extra, &plan->kernel);
+}
+
+clattn_status clattn__append_enqueue(clattn_chain *chain, const clattn__append_plan *plan,
+                                     const clattn__view *k, const clattn__view *v,
+                                     const clattn__view *k_dst, const clattn__view *v_dst,
+                                     cl_mem lengths, size_t length)
+{
+    clattn_append_params params = {0};
+    clattn__view_fields(k, &params.ks_offset, &params.ks_s0, &params.ks_s1, &params.ks_s2,
+                        &params.ks_s3);
+    clattn__view_fields(v, &params.vs_offset, &params.vs_s0, &params.vs_s1, &params.vs_s2,
+                        &params.vs_s3);
+    clattn__view_fields(k_dst, &params.kd_offset, &params.kd_s0, &params.kd_s1, &params.kd_s2,
+                        &params.kd_s3);
+    clattn__view_fields(v_dst, &params.vd_offset, &params.vd_s0, &params.vd_s1, &params.vd_s2,
+                        &params.vd_s3);
+    params.d0 = (cl_uint)plan->batch;
+    params.d1 = (cl_uint)plan->kv_heads;
+    params.d2 = (cl_uint)plan->n;
+    params.k_d3 = (cl_uint)plan->dk;
+    params.v_d3 = (cl_uint)plan->dv;
+    params.length = (cl_int)length;
+    const size_t local[2] = {plan->local, 1};
+    const clattn_arg args[] = {CLATTN_ARG(k->mem),     CLATTN_ARG(v->mem),  CLATTN_ARG(k_dst->mem),
+                               CLATTN_ARG(v_dst->mem), CLATTN_ARG(lengths), CLATTN_ARG(params)};
+    return clattn__launch_kernel(chain, plan->kernel, "kv_append", args,
+                                 sizeof args / sizeof args[0], 2, plan->global, local);
+}
