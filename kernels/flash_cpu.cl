@@ -181,26 +181,33 @@ inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
 #error "FC_DIRECT takes head sizes that are multiples of 16 and one row block per group"
 #endif
 #define FC_DQV (HEAD_DIM_QK / 16) /* float16 vectors per q and K row */
+#ifndef FC_PVW
+#define FC_PVW 4
+#endif
 
 /* pt[r][j] = qs[r] . K[j] for the tile's 64 keys (K: the tile's first row, unit stride along
- * d, rows ks elements apart), each K row loaded once for all FC_RB rows. */
+ * d, rows ks elements apart): each 16-float piece of a K row is loaded once and multiplied
+ * into FC_RB accumulators (registers: FC_RB + 1 vectors, whatever the head size), which are
+ * summed across their lanes at the end of the row. */
 inline void fc_scores_direct(__global const ELEM_T(K_DTYPE) *K, const ulong ks,
                              __local float (*qs)[HEAD_DIM_QK], __local float (*pt)[FC_KT])
 {
     for (uint j = 0; j < FC_KT; ++j) {
         __global const ELEM_T(K_DTYPE) *row = K + j * ks;
-        float16 k[FC_DQV];
+        float16 t[FC_RB];
+        const float16 k0 = LOAD16(K_DTYPE, row, 0);
 #pragma unroll
-        for (uint c = 0; c < FC_DQV; ++c)
-            k[c] = LOAD16(K_DTYPE, row, 16 * c);
+        for (uint r = 0; r < FC_RB; ++r)
+            t[r] = vload16(0, qs[r]) * k0;
+        for (uint c = 1; c < FC_DQV; ++c) {
+            const float16 k = LOAD16(K_DTYPE, row, 16 * c);
 #pragma unroll
-        for (uint r = 0; r < FC_RB; ++r) {
-            float16 t = vload16(0, qs[r]) * k[0];
-#pragma unroll
-            for (uint c = 1; c < FC_DQV; ++c)
-                t = fma(vload16(c, qs[r]), k[c], t);
-            pt[r][j] = fc_hsum(t);
+            for (uint r = 0; r < FC_RB; ++r)
+                t[r] = fma(vload16(c, qs[r]), k, t[r]);
         }
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r)
+            pt[r][j] = fc_hsum(t[r]);
     }
 }
 
@@ -210,7 +217,7 @@ inline void fc_pv_direct(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT
                          __global const ELEM_T(V_DTYPE) *V, const ulong vs, const float *corr,
                          const uint c0)
 {
-    const uint nv = FC_DVV - c0 < 4 ? FC_DVV - c0 : 4;
+    const uint nv = FC_DVV - c0 < FC_PVW ? FC_DVV - c0 : FC_PVW;
     float16 o[FC_RB][4];
 #pragma unroll
     for (uint r = 0; r < FC_RB; ++r) {
@@ -529,7 +536,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
             /* acc = acc * corr + p . V, 16 * FC_KV output columns at a time */
 #if FC_DIRECT
             if (direct) {
-                for (uint c0 = 0; c0 < FC_DVV; c0 += 4)
+                for (uint c0 = 0; c0 < FC_DVV; c0 += FC_PVW)
                     fc_pv_direct(acc + r0, pt, V + k0 * v_s2, v_s2, corr, c0);
                 continue;
             }
