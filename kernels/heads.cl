@@ -1,5 +1,6 @@
 /*
- * heads.cl: attention weights averaged over heads, and a strided copy (copy4d, below),
+ * heads.cl: attention weights averaged over heads, a strided copy (copy4d, below), the KV
+ * cache's append (kv_append) and the decode splits' merge (flash_merge),
  *
  *   dst[b, i, c] = (1 / heads) * sum_h src[b, h, i, c]
  *
@@ -7,13 +8,37 @@
  * both with element strides. One work-item per element of dst, numbered in (b, i, c) order;
  * the global size is rounded up to the work-group size and work-items past the end do nothing.
  *
- * Measured 2026-12-03 (tests/resources/run.sh: clang 15 + libclc, ptxas -arch=sm_90) at
- * HEADS_WG 256, float32: mean_heads 32 registers, copy4d 26, flash_merge 40; no local memory,
- * stack or spills (gfx90a: 15-27 VGPRs).
+ * Measured 2026-12-04 (tests/resources/run.sh: clang 15 + libclc, ptxas -arch=sm_90) at
+ * HEADS_WG 256, float32: mean_heads 32 registers, copy4d 24, kv_append 28, flash_merge 40; no
+ * local memory, stack or spills (gfx90a: 15-31 VGPRs). Indices are split in 32-bit arithmetic
+ * below 2^32 elements (box_coords).
  */
 #ifndef HEADS_WG
 #define HEADS_WG 256 /* work-items per work-group */
 #endif
+
+/* index = ((i0 * d1 + i1) * d2 + i2) * d3 + i3 split into its coordinates, in 32-bit
+ * arithmetic while the index fits in 32 bits (GPUs divide 64-bit integers in software, tens of
+ * instructions per division), in 64-bit past that. Remainders as x - (x / y) * y (see
+ * softmax.cl: no LLVM `freeze` for Oclgrind). d1 = 1 serves a 3-d box. */
+inline void box_coords(const ulong index, const uint d1, const uint d2, const uint d3, ulong *i0,
+                       ulong *i1, ulong *i2, ulong *i3)
+{
+    if (index <= 0xffffffffUL) {
+        const uint x = (uint)index;
+        const uint r3 = x / d3, r2 = r3 / d2, q0 = r2 / d1;
+        *i3 = x - r3 * d3;
+        *i2 = r3 - r2 * d2;
+        *i1 = r2 - q0 * d1;
+        *i0 = q0;
+    } else {
+        const ulong r3 = index / d3, r2 = r3 / d2, q0 = r2 / d1;
+        *i3 = index - r3 * d3;
+        *i2 = r3 - r2 * d2;
+        *i1 = r2 - q0 * d1;
+        *i0 = q0;
+    }
+}
 
 __kernel __attribute__((reqd_work_group_size(HEADS_WG, 1, 1)))
 void mean_heads(__global const float *src, const ulong src_offset, const ulong src_s0,
@@ -25,9 +50,8 @@ void mean_heads(__global const float *src, const ulong src_offset, const ulong s
     const ulong index = get_global_id(0);
     if (index >= total)
         return;
-    /* Remainders as x - (x / y) * y (see softmax.cl: no LLVM `freeze` for Oclgrind). */
-    const ulong rest = index / seq_k, c = index - rest * seq_k;
-    const ulong b = rest / seq_q, i = rest - b * seq_q;
+    ulong unused, b, i, c;
+    box_coords(index, 1, seq_q, seq_k, &b, &unused, &i, &c);
     __global const float *base = src + src_offset + b * src_s0 + i * src_s2 + c * src_s3;
     float sum = 0.0f;
     for (uint h = 0; h < heads; ++h)
@@ -58,10 +82,8 @@ void copy4d(__global const ELEM_T(SRC_DTYPE) *src, const ulong src_offset, const
     const ulong index = get_global_id(0);
     if (index >= total)
         return;
-    /* Remainders as x - (x / y) * y (see softmax.cl: no LLVM `freeze` for Oclgrind). */
-    const ulong r3 = index / d3, i3 = index - r3 * d3;
-    const ulong r2 = r3 / d2, i2 = r3 - r2 * d2;
-    const ulong i0 = r2 / d1, i1 = r2 - i0 * d1;
+    ulong i0, i1, i2, i3;
+    box_coords(index, d1, d2, d3, &i0, &i1, &i2, &i3);
     const float value =
         LOAD(SRC_DTYPE, src, src_offset + i0 * src_s0 + i1 * src_s1 + i2 * src_s2 + i3 * src_s3);
     STORE(DST_DTYPE, value, dst, dst_offset + i0 * dst_s0 + i1 * dst_s1 + i2 * dst_s2 + i3 * dst_s3);
@@ -94,10 +116,8 @@ void kv_append(__global const ELEM_T(K_SRC_DTYPE) *ks, __global const ELEM_T(V_S
     const uint d3 = values ? v_d3 : k_d3;
     if (index >= (ulong)d0 * d1 * d2 * d3)
         return;
-    /* Remainders as x - (x / y) * y (see softmax.cl: no LLVM `freeze` for Oclgrind). */
-    const ulong r3 = index / d3, i3 = index - r3 * d3;
-    const ulong r2 = r3 / d2, i2 = r3 - r2 * d2;
-    const ulong i0 = r2 / d1, i1 = r2 - i0 * d1;
+    ulong i0, i1, i2, i3;
+    box_coords(index, d1, d2, d3, &i0, &i1, &i2, &i3);
     if (values)
         STORE(DST_DTYPE,
               LOAD(V_SRC_DTYPE, vs, vs_offset + i0 * vs_s0 + i1 * vs_s1 + i2 * vs_s2 + i3 * vs_s3),
@@ -133,12 +153,11 @@ void flash_merge(__global const float *o_parts, __global const float *lse_parts,
     const ulong index = get_global_id(0);
     if (index >= rows * dv)
         return;
-    /* Remainders as x - (x / y) * y (see softmax.cl: no LLVM `freeze` for Oclgrind). */
-    const ulong row = index / dv;
-    const uint d = (uint)(index - row * dv);
-    const ulong bh = row / seq_q;
-    const ulong i = row - bh * seq_q;
-    const ulong b = bh / heads, h = bh - b * heads;
+    /* index = row * dv + d, row = (b * heads + h) * seq_q + i */
+    ulong b, h, i, dim;
+    box_coords(index, heads, seq_q, dv, &b, &h, &i, &dim);
+    const uint d = (uint)dim;
+    const ulong row = (b * heads + h) * seq_q + i;
     float m = NEG_INF;
     for (uint p = 0; p < splits; ++p)
         m = fmax(m, lse_parts[p * rows + row]);
