@@ -139,41 +139,38 @@ inline float fc_hsum(const float16 v)
     return c.x + c.y;
 }
 
-/* acc[r][c0*16 ..] += sum_j p[r][j] V[j][c0*16 ..] for NV vectors of columns, the accumulator
- * first scaled by corr[r] (the online-softmax rescale, 1 unless the row's max grew). */
+/* acc[r][c0*16 ..] += sum_j p[r][j] V[j][c0*16 ..] for nv vectors of columns (at most 4), the
+ * accumulator first scaled by corr[r] (the online-softmax rescale, 1 unless the row's max
+ * grew). V_ROW16(j, v): the 16 columns of vector v of the tile's key j (fc_pv: the packed
+ * tile; fc_pv_direct: V where it lies). */
+#define FC_PV_BODY(V_ROW16)                                                                       \
+    float16 o[FC_RB][4];                                                                          \
+    _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r)                                            \
+    {                                                                                             \
+        _Pragma("unroll") for (uint v = 0; v < 4; ++v) if (v < nv) o[r][v] =                      \
+            vload16(c0 + v, acc[r]) * corr[r];                                                    \
+    }                                                                                             \
+    for (uint j = 0; j < FC_KT; ++j) {                                                            \
+        float16 vv[4];                                                                            \
+        _Pragma("unroll") for (uint v = 0; v < 4; ++v) if (v < nv) vv[v] = V_ROW16(j, c0 + v);   \
+        _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r)                                        \
+        {                                                                                         \
+            const float16 p = (float16)(pt[r][j]);                                                \
+            _Pragma("unroll") for (uint v = 0; v < 4; ++v) if (v < nv) o[r][v] =                  \
+                fma(p, vv[v], o[r][v]);                                                           \
+        }                                                                                         \
+    }                                                                                             \
+    _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r)                                            \
+    {                                                                                             \
+        _Pragma("unroll") for (uint v = 0; v < 4; ++v) if (v < nv)                                \
+            vstore16(o[r][v], c0 + v, acc[r]);                                                    \
+    }
+
+#define FC_PACKED_ROW16(j, v) vload16((v), vt[(j)])
 inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
                   __local float (*vt)[FC_DVP], const float *corr, const uint c0, const uint nv)
 {
-    float16 o[FC_RB][4];
-#pragma unroll
-    for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-        for (uint v = 0; v < 4; ++v)
-            if (v < nv)
-                o[r][v] = vload16(c0 + v, acc[r]) * corr[r];
-    }
-    for (uint j = 0; j < FC_KT; ++j) {
-        float16 vv[4];
-#pragma unroll
-        for (uint v = 0; v < 4; ++v)
-            if (v < nv)
-                vv[v] = vload16(c0 + v, vt[j]);
-#pragma unroll
-        for (uint r = 0; r < FC_RB; ++r) {
-            const float16 p = (float16)(pt[r][j]);
-#pragma unroll
-            for (uint v = 0; v < 4; ++v)
-                if (v < nv)
-                    o[r][v] = fma(p, vv[v], o[r][v]);
-        }
-    }
-#pragma unroll
-    for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-        for (uint v = 0; v < 4; ++v)
-            if (v < nv)
-                vstore16(o[r][v], c0 + v, acc[r]);
-    }
+    FC_PV_BODY(FC_PACKED_ROW16)
 }
 
 #if FC_DIRECT
@@ -212,43 +209,14 @@ inline void fc_scores_direct(__global const ELEM_T(K_DTYPE) *K, const ulong ks,
 }
 
 /* fc_pv with the tile's V rows read where they lie (V: the tile's first row, unit stride,
- * rows vs elements apart), up to 4 vectors of columns from c0. */
+ * rows vs elements apart), FC_PVW vectors of columns (or the rest) from c0. */
+#define FC_GLOBAL_ROW16(j, v) LOAD16(V_DTYPE, V + (j) * vs, 16 * (v))
 inline void fc_pv_direct(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
                          __global const ELEM_T(V_DTYPE) *V, const ulong vs, const float *corr,
                          const uint c0)
 {
     const uint nv = FC_DVV - c0 < FC_PVW ? FC_DVV - c0 : FC_PVW;
-    float16 o[FC_RB][4];
-#pragma unroll
-    for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-        for (uint v = 0; v < 4; ++v)
-            if (v < nv)
-                o[r][v] = vload16(c0 + v, acc[r]) * corr[r];
-    }
-    for (uint j = 0; j < FC_KT; ++j) {
-        __global const ELEM_T(V_DTYPE) *row = V + j * vs;
-        float16 vv[4];
-#pragma unroll
-        for (uint v = 0; v < 4; ++v)
-            if (v < nv)
-                vv[v] = LOAD16(V_DTYPE, row, 16 * (c0 + v));
-#pragma unroll
-        for (uint r = 0; r < FC_RB; ++r) {
-            const float16 p = (float16)(pt[r][j]);
-#pragma unroll
-            for (uint v = 0; v < 4; ++v)
-                if (v < nv)
-                    o[r][v] = fma(p, vv[v], o[r][v]);
-        }
-    }
-#pragma unroll
-    for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-        for (uint v = 0; v < 4; ++v)
-            if (v < nv)
-                vstore16(o[r][v], c0 + v, acc[r]);
-    }
+    FC_PV_BODY(FC_GLOBAL_ROW16)
 }
 #endif
 
