@@ -15,7 +15,9 @@
  *   (softmax, relu, softmax in double), the layouts (packed, (B, L, H*d) views, padded, stride 2
  *   along head_dim, mixed), the outputs (out, + lse, + weights) and the head sizes.
  *   Derived and counted too: the route AUTO takes (fused, the grouped one-row decode of
- *   host/attn/sdpa.c, unfused, or refused), predicted from sdpa.c's rule.
+ *   host/attn/sdpa.c, unfused, or refused), predicted from sdpa.c's rule, and whether that fused
+ *   kernel reads K and V tiles where they lie (kv_read: flash_cpu.cl's in-place decode read,
+ *   predicted from host/ops/flash.c's rule and checked against the plan's description).
  *
  * Every problem runs on each of FUSED, UNFUSED and AUTO: a path that can run it is executed
  * twice (pb_sdpa_run: fresh NaN-poisoned outputs each time, every output and the present
@@ -63,7 +65,7 @@
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* Draws per run of each tier (measured: see README's Testing section). */
-#define SWEEP_DRAWS_CI 64
+#define SWEEP_DRAWS_CI 80
 #define SWEEP_DRAWS_SMALL 12
 #define SWEEP_DRAWS_FULL 1500
 #define CENSUS_DRAWS 20000
@@ -92,6 +94,7 @@ typedef enum axis_id {
     AX_OUTPUTS,
     AX_HEAD_DIM,
     AX_ROUTE, /* derived: what AUTO runs */
+    AX_READ,  /* derived: whether AUTO's fused kernel reads K and V tiles in place */
     AX_COUNT
 } axis_id;
 
@@ -115,6 +118,7 @@ enum { LAY_PACKED, LAY_SEQ_MAJOR, LAY_PADDED, LAY_STRIDED_LAST, LAY_MIXED };
 enum { OUT_ONLY, OUT_LSE, OUT_WEIGHTS };
 enum { HD_3_5, HD_16, HD_64, HD_64_16 };
 enum { ROUTE_FUSED, ROUTE_GROUPED, ROUTE_UNFUSED, ROUTE_REFUSED };
+enum { READ_PACKED, READ_IN_PLACE };
 
 #define MAX_VALUES 6
 
@@ -125,7 +129,8 @@ typedef struct axis_def {
 } axis_def;
 
 static const axis_def axes[AX_COUNT] = {
-    [AX_CONFIG] = {"config", CFG_COUNT,
+    [AX_CONFIG] = {"config",
+                   CFG_COUNT,
                    {"default", "gpu", "split", "cpu_split", "decode_split", "gpu_split"}},
     [AX_GQA] = {"gqa", 4, {"1", "2", "4", "8"}},
     [AX_LQ] = {"lq", 3, {"1", "short", "long"}},
@@ -147,6 +152,7 @@ static const axis_def axes[AX_COUNT] = {
     [AX_OUTPUTS] = {"outputs", 3, {"out", "+lse", "+weights"}},
     [AX_HEAD_DIM] = {"head_dim", 4, {"3,5", "16", "64", "64,16"}},
     [AX_ROUTE] = {"route", 4, {"fused", "grouped_decode", "unfused", "refused"}},
+    [AX_READ] = {"kv_read", 2, {"packed", "in_place"}},
 };
 
 /* --- the combinations issue 24 lists: each draw forces one, in turn ------------------------ */
@@ -229,6 +235,24 @@ static const combo required[] = {
     C2(AX_DTYPE, DT_BF16, AX_MASK, MASK_FLOAT),
     C2(AX_DTYPE, DT_F16, AX_LAYOUT, LAY_STRIDED_LAST),
     C2(AX_NORM, NORM_SOFTMAX_F64, AX_MASK_RANK, RANK_4_STRIDE0),
+    /* Decode reading the cache in place (flash_cpu.cl's FC_DIRECT, issue 27) with the score
+     * rules, storage, layouts, key rules and splits: drawable where a context runs
+     * flash_cpu.cl without a loop limit (PoCL's own parameters) */
+    C2(AX_READ, READ_IN_PLACE, AX_KEYS, KEYS_PAST),
+    C2(AX_READ, READ_IN_PLACE, AX_KEYS, KEYS_KV_LEN),
+    C2(AX_READ, READ_IN_PLACE, AX_ROUTE, ROUTE_GROUPED),
+    C2(AX_READ, READ_IN_PLACE, AX_LQ, LQ_SHORT),
+    C3(AX_READ, READ_IN_PLACE, AX_MASK, MASK_FLOAT, AX_MASK_HEADS, HEADS_PER_HEAD),
+    C2(AX_READ, READ_IN_PLACE, AX_MASK, MASK_BOOL),
+    C2(AX_READ, READ_IN_PLACE, AX_PADDING, PAD_ON),
+    C2(AX_READ, READ_IN_PLACE, AX_SOFTCAP, ON),
+    C2(AX_READ, READ_IN_PLACE, AX_ALIBI, ALIBI_BH),
+    C3(AX_READ, READ_IN_PLACE, AX_WINDOW, AL_BOTTOM_RIGHT, AX_WLEFT, WS_SMALL),
+    C2(AX_READ, READ_IN_PLACE, AX_NORM, NORM_RELU),
+    C2(AX_READ, READ_IN_PLACE, AX_OUTPUTS, OUT_LSE),
+    C2(AX_READ, READ_IN_PLACE, AX_DTYPE, DT_MIXED),
+    C2(AX_READ, READ_IN_PLACE, AX_LAYOUT, LAY_SEQ_MAJOR),
+    C2(AX_READ, READ_IN_PLACE, AX_CONFIG, CFG_DECODE_SPLIT),
 };
 
 /* --- the contexts ---------------------------------------------------------------------------- */
@@ -298,6 +322,7 @@ typedef struct draw {
     int v[AX_COUNT];
     unsigned forced; /* bit per axis */
     int want_grouped;
+    int want_in_place;
     int combo; /* the forced combination's index into required */
 } draw;
 
@@ -345,11 +370,25 @@ static size_t in_range(size_t low, size_t high)
 static int active_[COUNT_OF(required)];
 static int active_count_;
 
+/* The contexts whose fused plans read K and V in place for few query rows: flash_cpu.cl without
+ * a loop limit (host/ops/flash.c's prepare_cpu), PoCL's own parameters with a tuning row that
+ * leaves those two alone (default, decode_split). Set by choose_in_place from the default
+ * context's parameters. */
+static int in_place_on_[CFG_COUNT];
+
 static int combo_possible(const combo *c)
 {
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 3; ++i) {
         if (c->c[i].axis == AX_CONFIG && !config_on_[c->c[i].value])
             return 0;
+        if (c->c[i].axis == AX_READ && c->c[i].value == READ_IN_PLACE) {
+            int any = 0;
+            for (int k = 0; k < CFG_COUNT; ++k)
+                any |= config_on_[k] && in_place_on_[k];
+            if (!any)
+                return 0;
+        }
+    }
     return 1;
 }
 
@@ -357,8 +396,12 @@ static int pick_config(draw *d)
 {
     int on[CFG_COUNT], count = 0;
     for (int c = 0; c < CFG_COUNT; ++c)
-        if (config_on_[c])
+        if (config_on_[c] && (!d->want_in_place || in_place_on_[c]))
             on[count++] = c;
+    if (count == 0) /* (not when the combination is active) */
+        for (int c = 0; c < CFG_COUNT; ++c)
+            if (config_on_[c])
+                on[count++] = c;
     return pick(d, AX_CONFIG, on[uniform(count)]);
 }
 
@@ -480,12 +523,13 @@ static void draw_storage(draw *d, pb_sdpa_spec *s)
             s->q_dtype = s->k_dtype = s->v_dtype = s->out_dtype = t;
             s->mask_dtype = tu_rand_below(3) == 0 ? CLATTN_DTYPE_F32 : t;
         }
-        pick(d, AX_HEAD_DIM, uniform(4));
+        pick(d, AX_HEAD_DIM, d->want_in_place ? HD_16 + uniform(3) : uniform(4));
     } else {
         int fits[COUNT_OF(signatures)], count = 0;
         for (int i = 0; i < COUNT_OF(signatures); ++i)
             if ((!is_forced(d, AX_DTYPE) || signatures[i].dtype == d->v[AX_DTYPE]) &&
-                (!is_forced(d, AX_HEAD_DIM) || signatures[i].head_dim == d->v[AX_HEAD_DIM]))
+                (!is_forced(d, AX_HEAD_DIM) || signatures[i].head_dim == d->v[AX_HEAD_DIM]) &&
+                (!d->want_in_place || signatures[i].head_dim != HD_3_5))
                 fits[count++] = i;
         /* a forced pair no signature has: the dtype wins, any head size */
         const signature *g = NULL;
@@ -530,22 +574,32 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
                 d->want_grouped = c.value == ROUTE_GROUPED;
                 continue;
             }
+            if (c.axis == AX_READ) {
+                d->want_in_place = c.value == READ_IN_PLACE;
+                continue;
+            }
             d->v[c.axis] = c.value;
             d->forced |= 1u << c.axis;
         }
     }
     const int grouped = d->want_grouped;
+    const int in_place = d->want_in_place; /* few rows, a whole key tile, head sizes of 16s */
     const int config = pick_config(d);
 
     /* heads, sequence lengths, key rules */
     const int gqa = pick(d, AX_GQA, grouped || is_forced(d, AX_LQ) ? 1 + uniform(3) : uniform(4));
     static const int lq_w[] = {30, 35, 35};
-    const int lq = pick(d, AX_LQ, grouped ? LQ_ONE : weighted(lq_w, 3));
-    int lk = pick(d, AX_LK, uniform(3));
+    const int lq = pick(d, AX_LQ,
+                        grouped    ? LQ_ONE
+                        : in_place ? LQ_ONE + uniform(2)
+                                   : weighted(lq_w, 3));
+    int lk = pick(d, AX_LK, in_place ? LK_LONG : uniform(3));
     static const int keys_w[] = {40, 30, 30};
     int keys = pick(d, AX_KEYS, weighted(keys_w, 3));
     const size_t long_low = 63, long_high = small_ ? 67 : 129;
-    s->seq_q = lq == LQ_ONE ? 1 : lq == LQ_SHORT ? in_range(2, 17) : in_range(long_low, long_high);
+    s->seq_q = lq == LQ_ONE     ? 1
+               : lq == LQ_SHORT ? in_range(2, in_place ? 8 : 17)
+                                : in_range(long_low, long_high);
     if (lk == LK_SAME && s->seq_q == 1 && keys == KEYS_PAST)
         lk = pick(d, AX_LK, LK_SHORT); /* a past needs two keys at least */
     if (lk == LK_SAME && s->seq_q == 1 && keys == KEYS_PAST)
@@ -554,7 +608,7 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     for (;;) {
         s->seq_k = lk == LK_SAME    ? s->seq_q
                    : lk == LK_SHORT ? in_range(short_low, 17)
-                                    : in_range(long_low, long_high);
+                                    : in_range(in_place ? 64 : long_low, long_high);
         if (lk == LK_SAME || s->seq_k != s->seq_q)
             break;
     }
@@ -671,6 +725,15 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         if (layout == LAY_STRIDED_LAST)
             pick(d, AX_LAYOUT, LAY_PADDED);
     }
+    if (in_place && (s->k_layout == PB_STRIDED_LAST || s->v_layout == PB_STRIDED_LAST)) {
+        /* K and V rows of unit stride (a strided V packs every tile) */
+        if (layout == LAY_STRIDED_LAST && !is_forced(d, AX_LAYOUT))
+            pick(d, AX_LAYOUT, LAY_PADDED);
+        if (s->k_layout == PB_STRIDED_LAST)
+            s->k_layout = PB_PADDED;
+        if (s->v_layout == PB_STRIDED_LAST)
+            s->v_layout = PB_PADDED;
+    }
     s->scale = tu_rand_below(3) == 0 ? (float)(0.05 + tu_rand_unit()) : NAN;
     s->q_gain = (float)(1.0 + 3.0 * tu_rand_unit());
     s->path = CLATTN_PATH_AUTO;
@@ -770,6 +833,27 @@ static int route_of(const pb_sdpa_spec *s)
     return grouped_decode(s) ? ROUTE_GROUPED : ROUTE_FUSED;
 }
 
+/* Whether flash_cpu.cl is built to read tiles in place for the fused plan's rows
+ * (host/ops/flash.c: at most FC_DIRECT_ROWS = 8 rows per k/v head, a grouped decode's group
+ * being the rows; both head sizes multiples of 16), on a context that runs it without a loop
+ * limit. */
+static int in_place_built(const pb_sdpa_spec *s, int route)
+{
+    const size_t rows = route == ROUTE_GROUPED ? s->heads / s->kv_heads : s->seq_q;
+    return rows <= 8 && s->dk % 16 == 0 && s->dv % 16 == 0;
+}
+
+/* AX_READ: that build, and a whole 64-key tile whose K and V rows have unit stride (else every
+ * tile is packed; per-batch key counts may still end a batch's keys before the tile does). */
+static int read_of(const pb_sdpa_spec *s, int config, int route)
+{
+    const int fused = route == ROUTE_FUSED || route == ROUTE_GROUPED;
+    return fused && in_place_on_[config] && in_place_built(s, route) && s->seq_k >= 64 &&
+                   s->k_layout != PB_STRIDED_LAST && s->v_layout != PB_STRIDED_LAST
+               ? READ_IN_PLACE
+               : READ_PACKED;
+}
+
 /* Whether the draw meets its forced combination (the route included). */
 static int combo_met(const draw *d)
 {
@@ -792,6 +876,7 @@ static void draw_met(int index, draw *d, pb_sdpa_spec *s)
     for (int attempt = 0; attempt < 16; ++attempt) {
         draw_spec(index, d, s);
         d->v[AX_ROUTE] = route_of(s);
+        d->v[AX_READ] = read_of(s, d->v[AX_CONFIG], d->v[AX_ROUTE]);
         if (combo_met(d))
             return;
     }
@@ -931,6 +1016,32 @@ static void set_path(pb_sdpa_problem *p, int path_index)
              rest);
 }
 
+/* AUTO's plan reads K and V in place exactly where the draw predicts it (AX_READ): on a
+ * context that runs flash_cpu.cl without a loop limit, the plan says "read in place" iff
+ * in_place_built, and it runs flash_cpu.cl whenever the draw counts as in place. */
+static void check_read(clattn_ctx *ctx, const pb_sdpa_problem *p, const draw *d)
+{
+    const int route = d->v[AX_ROUTE];
+    if (route != ROUTE_FUSED && route != ROUTE_GROUPED)
+        return;
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(p, &desc);
+    clattn_plan *plan = NULL;
+    if (!tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS,
+                          "auto plan (read in place)"))
+        return;
+    const char *info = clattn_plan_info(plan);
+    const int cpu = strstr(info, "flash_cpu.cl") != NULL;
+    const int says = strstr(info, "read in place") != NULL;
+    if (d->v[AX_READ] == READ_IN_PLACE)
+        tu_expect(cpu && says, "the draw reads K and V in place, the plan does not: %s", info);
+    else if (cpu && in_place_on_[d->v[AX_CONFIG]])
+        tu_expect(says == in_place_built(&p->spec, route),
+                  "flash_cpu.cl %s in place, host/ops/flash.c's rule says %s: %s",
+                  says ? "reads" : "does not read", says ? "no" : "yes", info);
+    clattn_plan_release(plan);
+}
+
 static double now_seconds(void)
 {
     struct timespec t;
@@ -964,6 +1075,8 @@ START_TEST(test_draw)
                 const pb_run_options options = {.executions = 2};
                 tu_expect_status(pb_sdpa_run(ctx, &p, &options), CLATTN_SUCCESS, "pb_sdpa_run");
                 path_ran_[k]++;
+                if (paths[k] == CLATTN_PATH_AUTO)
+                    check_read(ctx, &p, &d);
                 continue;
             }
             clattn_sdpa_desc desc;
@@ -1029,6 +1142,18 @@ static void choose_seed(int full)
     unsetenv("CLATTN_TEST_SEED"); /* testutil's fixed seed of the suite */
 }
 
+/* in_place_on_: the default context's parameters say flash_cpu=1 and loop_trip_limit=0 (the
+ * default and decode_split contexts add only decode_keys to them). */
+static void choose_in_place(void)
+{
+    const char *t = clattn_ctx_tuning(tu_ctx());
+    const int on = t != NULL && strstr(t, " flash_cpu=1 ") != NULL &&
+                   strstr(t, " loop_trip_limit=0") != NULL &&
+                   (getenv("CLATTN_PARAMS") == NULL || getenv("CLATTN_PARAMS")[0] == '\0');
+    in_place_on_[CFG_DEFAULT] = on;
+    in_place_on_[CFG_DECODE_SPLIT] = on;
+}
+
 static void choose_configs(void)
 {
     const char *list = getenv("CLATTN_SWEEP_CONFIGS");
@@ -1073,8 +1198,9 @@ int main(void)
     small_ = tu_small();
     full_ = full;
     choose_seed(full);
-    choose_configs();
     tu_suite_begin("check_sweep");
+    choose_in_place();
+    choose_configs();
     {
         cl_device_fp_config fp64 = 0;
         has_fp64_ = clGetDeviceInfo(clattn_ctx_device(tu_ctx()), CL_DEVICE_DOUBLE_FP_CONFIG,
