@@ -117,6 +117,30 @@ static void device_name(const char *info, char *name, size_t size)
         paren[-1] = '\0';
 }
 
+/* flash_cpu_rb and flash_cpu_nb are searched jointly (cmd_tune.c's joint_keys): every trial
+ * line that names one names both, and where flash_cpu.cl runs (PoCL's parameters) there is
+ * one at least: `  flash_cpu_rb=R flash_cpu_nb=N: ...`. */
+static void expect_joint_search(const char *out)
+{
+    int joint = 0;
+    for (const char *line = out; line && *line;) {
+        const char *end = strchr(line, '\n');
+        const size_t length = end ? (size_t)(end - line) : strlen(line);
+        char text[512];
+        snprintf(text, sizeof text, "%.*s", (int)(length < 511 ? length : 511), line);
+        const char *rb = strstr(text, "  flash_cpu_rb="), *nb = strstr(text, " flash_cpu_nb=");
+        if (rb == text || (nb != NULL && strstr(text, "->") == NULL && text[0] == ' ' &&
+                           text[1] == ' ' && strchr(text, ':') != NULL)) {
+            tu_expect(rb == text && nb != NULL && nb > rb,
+                      "a trial of flash_cpu_rb or flash_cpu_nb alone: '%s'", text);
+            joint += rb == text && nb != NULL;
+        }
+        line = end ? end + 1 : NULL;
+    }
+    tu_expect(joint > 0 || strstr(out, "flash_cpu_rb") == NULL,
+              "flash_cpu_rb appears, but in no joint trial:\n%s", out);
+}
+
 START_TEST(test_quick_tune_writes_rows_that_apply)
 {
     TU_BEGIN_TEST();
@@ -149,6 +173,7 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
         goto done;
     tu_expect(strstr(captured("stdout"), "rows written") != NULL, "tune said: %s",
               captured("stdout"));
+    expect_joint_search(captured("stdout"));
     const char *text = read_text(cache, 2);
     if (!tu_expect(text != NULL, "tune wrote no %s", cache))
         goto done;

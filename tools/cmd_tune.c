@@ -23,10 +23,15 @@ static const char tune_usage[] =
     "tune_space.h), each candidate in a fresh context. A candidate's outputs must match the\n"
     "defaults' (themselves checked against a float64 reference) on the same random inputs, at\n"
     "awkward sizes and at the timed sizes; one the device refuses or that computes wrongly is\n"
-    "reported and skipped. Times are wall-clock medians after a warm-up:\n"
+    "reported and skipped. Keys that depend on each other (tile sides, work-group sides,\n"
+    "flash_cpu's rows per block and blocks) are searched jointly over their cross product.\n"
+    "Times are wall-clock medians after a warm-up, on a CPU:\n"
     "  matmul   1024x1024x1024 and 4096x4096x64 (A·Bᵀ, the QKᵀ shape)\n"
     "  softmax  the unfused attention path with its weights, B=1 H=8 L=1024 d=16\n"
     "  flash    the fused attention kernel, B=1 H=8 L=1024 d=64\n"
+    "on a GPU (a wave of work-groups on a large one): matmul 4096x4096x1024 and 4096x4096x64,\n"
+    "softmax B=4 H=8 L=1024 d=16, flash B=4 H=8 L=1024 at d=64 and d=128 and a decode step\n"
+    "(B=1 H=32, one row per head over 8192 keys, d=128; decode_keys is searched there).\n"
     "--quick shrinks the sizes and the candidates. Time, all ops, on a 2-core EPYC through\n"
     "PoCL (2026-12-04, kernels compiled cold): --quick 28 s, a full tune 4.5 minutes.\n"
     "A winner must beat the current best by --min-gain percent (default 3) and hold that in a\n"
@@ -294,9 +299,14 @@ static clattn_status case_run(clattn_ctx *ctx, const tune_case *c, const case_da
 
 /* --- the ops ------------------------------------------------------------------------------ */
 
+enum { MAX_CASES = 6 };
+
+/* full: a full tune on a CPU; gpu: a full tune on a GPU (sizes that fill a large GPU: at least
+ * one wave of work-groups over 132 compute units with the default tiles, and the head sizes
+ * and decode shapes that GPU kernels are chosen for); quick: --quick on either. */
 typedef struct tune_op {
     const char *name;
-    tune_case full[4], quick[4]; /* .kind 0 with m == 0 ends a list */
+    tune_case full[MAX_CASES], gpu[MAX_CASES], quick[MAX_CASES]; /* m == 0, kind 0 ends a list */
 } tune_op;
 
 #define MM(M, N, K, T, TIMED)                                                                      \
@@ -312,6 +322,9 @@ static const tune_op tune_ops[] = {
     {"matmul",
      {MM(129, 127, 65, 0, false), MM(65, 129, 64, 1, false), MM(1024, 1024, 1024, 0, true),
       MM(4096, 4096, 64, 1, true)},
+     /* 4096^2 x 1024: 4096 groups of 64 x 64 (1024 of 128 x 128) */
+     {MM(129, 127, 65, 0, false), MM(65, 129, 64, 1, false), MM(4096, 4096, 1024, 0, true),
+      MM(4096, 4096, 64, 1, true)},
      {MM(129, 127, 65, 0, false), MM(65, 129, 64, 1, false), MM(256, 256, 256, 0, true),
       MM(512, 512, 64, 1, true)}},
     {"softmax",
@@ -320,11 +333,22 @@ static const tune_op tune_ops[] = {
       ATT(CASE_UNFUSED, 1, 8, 1024, 1024, 16, CLATTN_CAUSAL_NONE, true)},
      {ATT(CASE_UNFUSED, 1, 2, 129, 65, 16, CLATTN_CAUSAL_NONE, false),
       ATT(CASE_UNFUSED, 1, 1, 65, 129, 16, CLATTN_CAUSAL_TOP_LEFT, false),
+      ATT(CASE_UNFUSED, 4, 8, 1024, 1024, 16, CLATTN_CAUSAL_NONE, true)},
+     {ATT(CASE_UNFUSED, 1, 2, 129, 65, 16, CLATTN_CAUSAL_NONE, false),
+      ATT(CASE_UNFUSED, 1, 1, 65, 129, 16, CLATTN_CAUSAL_TOP_LEFT, false),
       ATT(CASE_UNFUSED, 1, 4, 256, 256, 16, CLATTN_CAUSAL_NONE, true)}},
     {"flash",
      {ATT(CASE_FUSED, 1, 2, 129, 65, 64, CLATTN_CAUSAL_NONE, false),
       ATT(CASE_FUSED, 1, 1, 65, 129, 64, CLATTN_CAUSAL_TOP_LEFT, false),
       ATT(CASE_FUSED, 1, 8, 1024, 1024, 64, CLATTN_CAUSAL_NONE, true)},
+     /* B=4 H=8 L=1024: 512 groups of 64 rows (B=1 gives 128, under one per compute unit of a
+      * 132-unit GPU); d=128 (the tile shape changes there); decode: one row per head over
+      * 8192 keys (decode_keys's splits) */
+     {ATT(CASE_FUSED, 1, 2, 129, 65, 64, CLATTN_CAUSAL_NONE, false),
+      ATT(CASE_FUSED, 1, 1, 65, 129, 128, CLATTN_CAUSAL_TOP_LEFT, false),
+      ATT(CASE_FUSED, 4, 8, 1024, 1024, 64, CLATTN_CAUSAL_NONE, true),
+      ATT(CASE_FUSED, 4, 8, 1024, 1024, 128, CLATTN_CAUSAL_NONE, true),
+      ATT(CASE_FUSED, 1, 32, 1, 8192, 128, CLATTN_CAUSAL_NONE, true)},
      {ATT(CASE_FUSED, 1, 2, 129, 65, 64, CLATTN_CAUSAL_NONE, false),
       ATT(CASE_FUSED, 1, 1, 65, 129, 64, CLATTN_CAUSAL_TOP_LEFT, false),
       ATT(CASE_FUSED, 1, 2, 256, 256, 64, CLATTN_CAUSAL_NONE, true)}},
@@ -486,17 +510,88 @@ static double paired_speedup(const tune_state *s, clattn_ctx *ctx, clattn_ctx *a
     return timed ? exp(log_sum / (double)timed) : 1.0;
 }
 
+enum { MAX_CANDIDATES = 16 };
+
+/* Keys searched jointly, as one key whose candidates are the cross product of theirs: the best
+ * value of one depends on the other (a tile's two sides, a work-group's two sides, flash_cpu's
+ * register blocks and blocks per group). */
+static const char *const joint_keys[][2] = {
+    {"tile_m", "tile_n"},
+    {"wpt_m", "wpt_n"},
+    {"fg_bq", "fg_bk"},
+    {"fg_tx", "fg_ty"},
+    {"flash_cpu_rb", "flash_cpu_nb"},
+};
+
+static size_t key_index(const char *name)
+{
+    for (size_t i = 0; i < MAX_KEYS; ++i)
+        if (strcmp(tune_space[i].key, name) == 0)
+            return i;
+    return MAX_KEYS;
+}
+
+/* Whether key i is searched for op on this device with the current best values. */
+static bool searched_now(const tune_state *s, const tune_op *op, size_t i)
+{
+    const tune_space_key *key = &tune_space[i];
+    if (strcmp(key->op, op->name) != 0 || !class_matches(s, key->class_name) ||
+        !when_holds(s, s->value, key->when))
+        return false;
+    const char *values = s->options->quick ? key->quick : key->values;
+    if (values[0] && !s->known[i]) {
+        printf("  %s: not a key of this clattn, skipped\n", key->key);
+        return false;
+    }
+    return values[0] != '\0';
+}
+
+/* The key searched together with key i (joint_keys), when it is searched now; else MAX_KEYS. */
+static size_t joint_partner(const tune_state *s, const tune_op *op, size_t i)
+{
+    for (size_t g = 0; g < sizeof joint_keys / sizeof joint_keys[0]; ++g)
+        if (strcmp(joint_keys[g][0], tune_space[i].key) == 0) {
+            const size_t partner = key_index(joint_keys[g][1]);
+            const tune_space_key *key = partner < MAX_KEYS ? &tune_space[partner] : NULL;
+            if (key && strcmp(key->op, op->name) == 0 && class_matches(s, key->class_name) &&
+                when_holds(s, s->value, key->when) && s->known[partner])
+                return partner;
+        }
+    return MAX_KEYS;
+}
+
+/* Key i's candidates (--quick's or the full list), its current value first, no repeats. */
+static size_t key_candidates(const tune_state *s, size_t i, unsigned *out)
+{
+    const char *values = s->options->quick ? tune_space[i].quick : tune_space[i].values;
+    size_t count = 0;
+    out[count++] = s->value[i];
+    for (const char *at = values; *at && count < MAX_CANDIDATES;) {
+        char *end = NULL;
+        const unsigned long candidate = strtoul(at, &end, 10);
+        if (end == at)
+            break;
+        at = end + strspn(end, " ");
+        bool seen = false;
+        for (size_t k = 0; k < count; ++k)
+            seen |= out[k] == (unsigned)candidate;
+        if (!seen)
+            out[count++] = (unsigned)candidate;
+    }
+    return values[0] ? count : 0;
+}
+
 /* One op: the defaults, then coordinate descent; each candidate timed in pairs against the
  * current best. Writes the row's keys ("" when the defaults won) and its comment. Returns
  * CLI_OK, or CLI_FAILED when the defaults themselves fail. */
 static int tune_op_search(tune_state *s, const tune_op *op, char *keys, size_t keys_size,
                           char *comment, size_t comment_size)
 {
-    const tune_case *cases = s->options->quick ? op->quick : op->full;
+    const tune_case *cases = s->options->quick ? op->quick : s->cpu ? op->full : op->gpu;
     size_t count = 0;
-    while (count < 4 && case_present(&cases[count]))
+    while (count < MAX_CASES && case_present(&cases[count]))
         ++count;
-    case_data data[4];
+    case_data data[MAX_CASES];
     memset(data, 0, sizeof data);
     keys[0] = comment[0] = '\0';
     int rc = CLI_OK;
@@ -526,62 +621,76 @@ static int tune_op_search(tune_state *s, const tune_op *op, char *keys, size_t k
     best = defaults;
     const double accept = 1.0 + s->options->min_gain / 100.0;
     unsigned tried = 0, refused = 0;
+    bool done[MAX_KEYS] = {false}; /* the second key of a joint pair, searched with the first */
     for (size_t i = 0; i < MAX_KEYS && rc == CLI_OK; ++i) {
-        const tune_space_key *key = &tune_space[i];
-        if (strcmp(key->op, op->name) != 0 || !class_matches(s, key->class_name) ||
-            !when_holds(s, s->value, key->when))
+        if (done[i] || !searched_now(s, op, i))
             continue;
-        const char *values = s->options->quick ? key->quick : key->values;
-        if (values[0] && !s->known[i]) {
-            printf("  %s: not a key of this clattn, skipped\n", key->key);
+        const size_t partner = joint_partner(s, op, i);
+        const size_t pair[2] = {i, partner};
+        const size_t keys_in_trial = partner < MAX_KEYS ? 2 : 1;
+        if (partner < MAX_KEYS)
+            done[partner] = true;
+        /* each key's candidates, its current value first (a pair: their cross product) */
+        unsigned candidates[2][MAX_CANDIDATES];
+        size_t counts[2] = {0, 0};
+        for (size_t k = 0; k < keys_in_trial; ++k)
+            counts[k] = key_candidates(s, pair[k], candidates[k]);
+        if (counts[0] == 0)
             continue;
+        if (keys_in_trial == 2 && counts[1] == 0) {
+            candidates[1][0] = s->value[partner];
+            counts[1] = 1;
         }
-        for (const char *at = values; *at;) {
-            char *end = NULL;
-            const unsigned long candidate = strtoul(at, &end, 10);
-            if (end == at)
-                break;
-            at = end + strspn(end, " ");
-            if (candidate == s->value[i])
-                continue;
-            unsigned trial[MAX_KEYS];
-            memcpy(trial, s->value, sizeof trial);
-            trial[i] = (unsigned)candidate;
-            char trial_keys[512], rows[600];
-            diff_keys(s, trial, NULL, trial_keys, sizeof trial_keys);
-            snprintf(rows, sizeof rows, "any | * | * | %s", trial_keys);
-            ++tried;
-            clattn_ctx *ctx = NULL;
-            const clattn_status status = tune_context(s, rows, &ctx, message, sizeof message);
-            try_result result = TRY_REFUSED;
-            double speedup = 0.0;
-            if (status != CLATTN_SUCCESS)
-                snprintf(why, sizeof why, "%s: %s", clattn_status_string(status), message);
-            else
-                result = check_cases(ctx, cases, data, count, false, why, sizeof why);
-            if (result == TRY_OK && (speedup = paired_speedup(s, ctx, best, cases, data, count, why,
-                                                              sizeof why)) == 0.0)
-                result = TRY_REFUSED;
-            if (result != TRY_OK) {
-                ++refused;
-                printf("  %s=%lu: %s: %s\n", key->key, candidate,
-                       result == TRY_WRONG ? "WRONG, skipped" : "refused", why);
-                clattn_ctx_release(ctx);
-            } else {
-                const bool better = speedup >= accept;
-                printf("  %s=%lu: %.3fx the speed of the best so far%s\n", key->key, candidate,
-                       speedup, better ? " (new best)" : "");
-                if (better) {
-                    if (best != defaults)
-                        clattn_ctx_release(best);
-                    best = ctx;
-                    memcpy(s->value, trial, sizeof trial);
-                } else {
+        for (size_t a = 0; a < counts[0] && rc == CLI_OK; ++a)
+            for (size_t b = 0; b < (keys_in_trial == 2 ? counts[1] : 1); ++b) {
+                unsigned trial[MAX_KEYS];
+                memcpy(trial, s->value, sizeof trial);
+                trial[i] = candidates[0][a];
+                if (keys_in_trial == 2)
+                    trial[partner] = candidates[1][b];
+                if (memcmp(trial, s->value, sizeof trial) == 0)
+                    continue;
+                char label[128];
+                if (keys_in_trial == 2)
+                    snprintf(label, sizeof label, "%s=%u %s=%u", tune_space[i].key, trial[i],
+                             tune_space[partner].key, trial[partner]);
+                else
+                    snprintf(label, sizeof label, "%s=%u", tune_space[i].key, trial[i]);
+                char trial_keys[512], rows[600];
+                diff_keys(s, trial, NULL, trial_keys, sizeof trial_keys);
+                snprintf(rows, sizeof rows, "any | * | * | %s", trial_keys);
+                ++tried;
+                clattn_ctx *ctx = NULL;
+                const clattn_status status = tune_context(s, rows, &ctx, message, sizeof message);
+                try_result result = TRY_REFUSED;
+                double speedup = 0.0;
+                if (status != CLATTN_SUCCESS)
+                    snprintf(why, sizeof why, "%s: %s", clattn_status_string(status), message);
+                else
+                    result = check_cases(ctx, cases, data, count, false, why, sizeof why);
+                if (result == TRY_OK && (speedup = paired_speedup(s, ctx, best, cases, data, count,
+                                                                  why, sizeof why)) == 0.0)
+                    result = TRY_REFUSED;
+                if (result != TRY_OK) {
+                    ++refused;
+                    printf("  %s: %s: %s\n", label,
+                           result == TRY_WRONG ? "WRONG, skipped" : "refused", why);
                     clattn_ctx_release(ctx);
+                } else {
+                    const bool better = speedup >= accept;
+                    printf("  %s: %.3fx the speed of the best so far%s\n", label, speedup,
+                           better ? " (new best)" : "");
+                    if (better) {
+                        if (best != defaults)
+                            clattn_ctx_release(best);
+                        best = ctx;
+                        memcpy(s->value, trial, sizeof trial);
+                    } else {
+                        clattn_ctx_release(ctx);
+                    }
                 }
+                fflush(stdout);
             }
-            fflush(stdout);
-        }
     }
     if (rc == CLI_OK)
         diff_keys(s, s->value, op->name, keys, keys_size);
@@ -600,7 +709,7 @@ static int tune_op_search(tune_state *s, const tune_op *op, char *keys, size_t k
                 strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", &utc);
             snprintf(comment, comment_size,
                      "# clattn tune %s, %s, clattn %s%s: %s: %.2fx the defaults' speed "
-                     "(coordinate descent, %u candidates, %u refused)",
+                     "(coordinate descent, joint pairs, %u candidates, %u refused)",
                      op->name, date, CLATTN_VERSION_STRING, s->options->quick ? ", --quick" : "",
                      sizes, speedup, tried, refused);
         }

@@ -80,7 +80,7 @@
       "flash.cl: query rows (work-items) per group, upper bound")                               \
     X(flash_vw, PROBLEM, 1, 8, "flash", "any", "flash_cpu=0", "1 4 8", "4",                      \
       "flash.cl: vector width along a row (1, 4, 8), upper bound")                              \
-    X(decode_keys, PROBLEM, 0, 4294967295u, "", "any", "", "", "",                               \
+    X(decode_keys, PROBLEM, 0, 4294967295u, "flash", "gpu", "", "0 128 256 512 1024", "",       \
       "fused decode splits: keys per split at least (0: never split)")                          \
     X(loop_trip_limit, DEVICE, 0, 4294967295u, "", "any", "", "", "",                            \
       "0, or the loop iterations a work-item may make in all (quirks)")
