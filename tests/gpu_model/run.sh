@@ -60,5 +60,13 @@ fi
 python3 "$here/model.py" "$build_dir" "$@"
 status=$?
 [ "$status" -eq 0 ] || failed=$status
+
+# Smoke run of the GPU time model (bench/gpu_model.py imports model.py's formulas): a change
+# of their interface fails here instead of leaving the script to rot. No Oclgrind needed.
+if ! python3 "$here/../../bench/gpu_model.py" --markdown >/dev/null; then
+    echo "gpu_model: bench/gpu_model.py --markdown FAILED (the time model no longer runs" \
+         "on these formulas)"
+    [ "$failed" -ne 0 ] || failed=1
+fi
 echo "gpu_model: $(($(date +%s) - start)) s in all"
 exit "$failed"
