@@ -83,6 +83,23 @@
 #define O_DTYPE 0
 #endif
 
+/* Score switches (host/ops/score.c's one table, as flash_cpu.cl has them): a variant built
+ * without a mask, key padding, soft-capping or relu leaves their code out, so that a plain
+ * attention carries no tanh, mask loads or relu pass (the runtime flags still decide within a
+ * variant that has them). Unset: everything compiled in. */
+#ifndef SCORE_MASK
+#define SCORE_MASK 1
+#endif
+#ifndef SCORE_KPAD
+#define SCORE_KPAD 1
+#endif
+#ifndef SCORE_RELU
+#define SCORE_RELU 1
+#endif
+#ifndef SCORE_SOFTCAP
+#define SCORE_SOFTCAP 1
+#endif
+
 #if FG_BQ % FG_TY != 0 || FG_BK % FG_TX != 0
 #error "flash_gpu.cl: FG_BQ must be a multiple of FG_TY and FG_BK of FG_TX"
 #endif
@@ -100,6 +117,10 @@ __kernel __attribute__((reqd_work_group_size(FG_THREADS, 1, 1)))
 void flash_attention(FLASH_KERNEL_PARAMS)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    const int use_mask = SCORE_MASK && has_mask;
+    const int use_padding = SCORE_KPAD && has_key_padding;
+    const int relu = SCORE_RELU && norm_relu;
+    const float cap = SCORE_SOFTCAP ? softcap : 0.0f;
     __local float q_tile[FG_BQ * QK_PAD];
     __local float kv_tile[KV_WORDS];
     __local float p_tile[FG_BQ * P_PAD];
@@ -123,9 +144,9 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     V += v_offset + b * v_s0 + (h / kv_group) * v_s1;
     O += o_offset + split * o_split + b * o_s0 + h * o_s1;
     const ulong lse_base = lse_offset + split * lse_split + b * lse_s0 + h * lse_s1;
-    if (has_mask)
+    if (use_mask)
         mask += mask_offset + b * mask_s0 + h * mask_s1;
-    if (has_key_padding)
+    if (use_padding)
         key_padding += key_padding_offset + b * key_padding_s0;
 
     /* The query block, scaled; rows past seq_q are zeros. */
@@ -143,8 +164,8 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         if (resume && row < seq_q) {
             const float previous = lse[lse_base + row * lse_s2];
             if (previous != NEG_INF) {
-                l = norm_relu ? exp(previous) : 1.0f;
-                m = norm_relu ? NEG_INF : previous;
+                l = relu ? exp(previous) : 1.0f;
+                m = relu ? NEG_INF : previous;
             }
         }
         row_m[r] = m;
@@ -181,11 +202,11 @@ void flash_attention(FLASH_KERNEL_PARAMS)
             kv_tile[j * QK_PAD + d] =
                 k0 + j < band.limit ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
         }
-        for (uint j = lid; j < FG_BK; j += FG_THREADS) {
-            const uint key = k0 + j;
-            tile_padded[j] = key < seq_k && key_padded(has_key_padding, key_padding,
-                                                       key * key_padding_s1);
-        }
+        if (use_padding) /* (no flags to stage or read without key padding) */
+            for (uint j = lid; j < FG_BK; j += FG_THREADS) {
+                const uint key = k0 + j;
+                tile_padded[j] = key < seq_k && key_padded(1, key_padding, key * key_padding_s1);
+            }
         barrier(CLK_LOCAL_MEM_FENCE);
 
         /* 2. Scores of this item's FG_RM x FG_RN block, masked, into p_tile. */
@@ -211,8 +232,9 @@ void flash_attention(FLASH_KERNEL_PARAMS)
             for (uint j = 0; j < FG_RN; ++j) {
                 const uint jj = tx + j * FG_TX, key = k0 + jj;
                 p_tile[r * P_PAD + jj] = score_rule(
-                    s[i][j], softcap, band, safe_row, key, row_key_begin, row_key_end,
-                    tile_padded[jj], has_mask, mask, safe_row * mask_s2 + key * mask_s3);
+                    s[i][j], cap, band, safe_row, key, row_key_begin, row_key_end,
+                    use_padding && tile_padded[jj], use_mask, mask,
+                    safe_row * mask_s2 + key * mask_s3);
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -221,7 +243,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         for (uint r = lid; r < FG_BQ; r += FG_THREADS) {
             __local float *p = p_tile + r * P_PAD;
             float m = row_m[r], l = row_l[r], c = 1.0f;
-            if (norm_relu) {
+            if (relu) {
                 for (uint j = 0; j < FG_BK; ++j) {
                     const float w = relu_weight(p[j]);
                     p[j] = w;
@@ -290,7 +312,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         row_c[r] = inverse_total(l);
         if (has_lse && row < seq_q)
             lse[lse_base + row * lse_s2] =
-                l > 0.0f ? (norm_relu ? log(l) : row_m[r] + log(l)) : NEG_INF;
+                l > 0.0f ? (relu ? log(l) : row_m[r] + log(l)) : NEG_INF;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (uint i = 0; i < FG_RM; ++i) {

@@ -22,7 +22,8 @@
  * Compile-time switches, from the host's one table (host/ops/score.c, clattn__score_switches):
  * MASK_DTYPE, the dtype code of the mask (types.cl; every family; it only matters in programs
  * launched with a mask); SCORE_MASK, SCORE_KPAD, SCORE_BAND (the band has a diagonal edge) and
- * SCORE_RELU, compiled into flash_cpu.cl only. Elsewhere whether a mask or key padding is
+ * SCORE_RELU, compiled into flash_cpu.cl; SCORE_MASK, SCORE_KPAD, SCORE_RELU and SCORE_SOFTCAP
+ * (soft-capping on) into flash_gpu.cl. Elsewhere whether a mask or key padding is
  * present, the key band and the normalisation are kernel arguments (params.h): uniform
  * branches, so each program serves every combination and the variants stay few.
  *

@@ -76,6 +76,10 @@ static int norm_relu(const clattn__score_shape *score)
 {
     return score->norm == CLATTN_NORM_RELU;
 }
+static int has_softcap(const clattn__score_shape *score)
+{
+    return score->softcap > 0.0f;
+}
 
 /* The switches: the macro (score.cl says what each means), its value for a score shape, and
  * the families that compile it in. */
@@ -87,10 +91,11 @@ static const struct score_switch {
     {"MASK_DTYPE", mask_dtype,
      CLATTN__FAMILY_SOFTMAX | CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU |
          CLATTN__FAMILY_FLASH_CPU},
-    {"SCORE_MASK", has_mask, CLATTN__FAMILY_FLASH_CPU},
-    {"SCORE_KPAD", has_key_padding, CLATTN__FAMILY_FLASH_CPU},
+    {"SCORE_MASK", has_mask, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU},
+    {"SCORE_KPAD", has_key_padding, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU},
     {"SCORE_BAND", band_diagonal, CLATTN__FAMILY_FLASH_CPU},
-    {"SCORE_RELU", norm_relu, CLATTN__FAMILY_FLASH_CPU},
+    {"SCORE_RELU", norm_relu, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU},
+    {"SCORE_SOFTCAP", has_softcap, CLATTN__FAMILY_FLASH_GPU},
 };
 
 void clattn__score_switches(const clattn__score_shape *score, clattn__score_family family,

@@ -140,7 +140,7 @@ def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM):
 
 
 def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, limit, causal,
-                has_kv_len, has_lse, elem=4, p=PARAMS):
+                has_kv_len, has_lse, elem=4, p=PARAMS, has_padding=False):
     """One work-group: query rows first_row .. first_row + bq - 1 (those past seq_q are padding,
     computed from zero queries on row 0's band, never stored), keys key_begin .. key_stop - 1.
 
@@ -149,10 +149,12 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     the tile holds zeros); O's valid rows once; lse per valid row when written; the key count
     once per work-item (make_band). Per key tile of bk keys, 6 barriers (staging K, scores,
     two after the row pass, staging V, end), and 2 outside. Local stores per tile: the K tile
-    (bk*dk), the tile's padding flags (bk bytes), the scores (bq*bk), the weights over them
+    (bk*dk), the tile's padding flags (bk bytes, with key padding only: SCORE_KPAD), the
+    scores (bq*bk), the weights over them
     (bq*bk), the row state m, l, c (3 bq), the V tile (bk*dv); outside: the scaled q block, the
     initial m and l, the final 1/l. Local loads per tile: per work-item dk*(RM+RN) for S = Q K^T
-    (RM = bq/TY rows, RN = bk/TX keys), RM*RN padding flags (bytes), RM rescale factors and
+    (RM = bq/TY rows, RN = bk/TX keys), RM*RN padding flags (bytes; with key padding only),
+    RM rescale factors and
     bk*RM weights for O += P V; the V words, bk*dv per row of work-items (TY); the row pass
     2 + bk (its max) + bk (its weights, unless every key of the tile is masked for the row).
     FMAs per work-item and tile: dk*RM*RN (S) + bk*RM*RD (P V, RD = ceil(dv/TX) dims each,
@@ -182,11 +184,12 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
                      + t * ty * bk * dv                                   # V words
                      + t * bq * (2 + bk) + kept_row_tiles * bk            # the row pass
                      + bq + tx * valid + (valid if has_lse else 0))       # normalise, lse
-    # padding flags: one per (row, key) of the item's block; with one key per item (RN = 1)
-    # the flag does not depend on the row and LLVM hoists its load out of the rows loop
-    l_loads_bytes = t * items * (rn if rn == 1 else rm * rn)
+    # padding flags: none without key padding (flash_gpu.cl's SCORE_KPAD variant leaves them
+    # out; no case here has key padding). With it: one per (row, key) of the item's block;
+    # with one key per item (RN = 1) LLVM hoists the load out of the rows loop.
+    l_loads_bytes = t * items * (rn if rn == 1 else rm * rn) if has_padding else 0
     l_stores_words = bq * dk + 2 * bq + t * (bk * dk + 2 * bq * bk + 3 * bq + bk * dv) + bq
-    l_stores_bytes = t * bk
+    l_stores_bytes = t * bk if has_padding else 0
     return counts(global_loads=g_loads, global_load_bytes=g_load_bytes,
                   global_stores=g_stores, global_store_bytes=g_store_bytes,
                   local_loads=l_loads_words + l_loads_bytes,
