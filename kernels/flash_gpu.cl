@@ -91,18 +91,40 @@
 #define FG_RM (FG_BQ / FG_TY)                      /* rows per work-item */
 #define FG_RN (FG_BK / FG_TX)                      /* keys per work-item in S */
 #define FG_RD ((HEAD_DIM_V + FG_TX - 1) / FG_TX)   /* output dims per work-item */
-#define QK_PAD (HEAD_DIM_QK + 1)                   /* padded rows: no bank conflicts */
+/* q and K rows are read as float4 (128-bit local loads): d_k rounded up to whole float4s
+ * (zeros past d_k), rows 4 words longer than that (16-byte aligned, and neighbouring rows 4
+ * banks apart); the weights' rows likewise (FG_BK rounded up, + 4). V stays scalar, rows of
+ * d_v + 1 words (its dims are strided over the work-items). */
+#define QK4 ((HEAD_DIM_QK + 3) / 4 * 4)
+#define QK_PAD (QK4 + 4)
 #define V_PAD (HEAD_DIM_V + 1)
-#define P_PAD (FG_BK + 1)
-#define KV_WORDS (FG_BK * (QK_PAD > V_PAD ? QK_PAD : V_PAD))
+#define BK4 (FG_BK / 4 * 4) /* keys of a tile whose weights are read as float4 */
+#define P_PAD ((FG_BK + 3) / 4 * 4 + 4)
+#define KV_WORDS ((FG_BK * (QK_PAD > V_PAD ? QK_PAD : V_PAD) + 3) / 4 * 4)
+
+/* O += P V for key j of the tile, the rows' weights in component c of p4[i]. */
+#define FG_PV_KEY(j, c)                                                                           \
+    {                                                                                             \
+        float v[FG_RD];                                                                           \
+        for (uint cc = 0; cc < FG_RD; ++cc) {                                                     \
+            const uint dim = tx + cc * FG_TX;                                                     \
+            v[cc] = dim < HEAD_DIM_V ? kv_tile[(j) * V_PAD + dim] : 0.0f;                         \
+        }                                                                                         \
+        for (uint i = 0; i < FG_RM; ++i)                                                          \
+            for (uint cc = 0; cc < FG_RD; ++cc)                                                   \
+                acc[i][cc] = fma(p4[i].c, v[cc], acc[i][cc]);                                     \
+    }
 
 __kernel __attribute__((reqd_work_group_size(FG_THREADS, 1, 1)))
 void flash_attention(FLASH_KERNEL_PARAMS)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
-    __local float q_tile[FG_BQ * QK_PAD];
-    __local float kv_tile[KV_WORDS];
-    __local float p_tile[FG_BQ * P_PAD];
+    __local float4 q_tile4[FG_BQ * QK_PAD / 4];
+    __local float4 kv_tile4[KV_WORDS / 4];
+    __local float4 p_tile4[FG_BQ * P_PAD / 4];
+    __local float *q_tile = (__local float *)q_tile4; /* the same words, one float at a time */
+    __local float *kv_tile = (__local float *)kv_tile4;
+    __local float *p_tile = (__local float *)p_tile4;
     __local float row_m[FG_BQ], row_l[FG_BQ], row_c[FG_BQ]; /* running max, sum, rescale */
     __local uchar tile_padded[FG_BK];
 
@@ -128,12 +150,13 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     if (has_key_padding)
         key_padding += key_padding_offset + b * key_padding_s0;
 
-    /* The query block, scaled; rows past seq_q are zeros. */
-    for (uint e = lid; e < FG_BQ * HEAD_DIM_QK; e += FG_THREADS) {
-        const uint r = e / HEAD_DIM_QK, d = e - r * HEAD_DIM_QK;
+    /* The query block, scaled; rows past seq_q and dims past d_k are zeros. */
+    for (uint e = lid; e < FG_BQ * QK4; e += FG_THREADS) {
+        const uint r = e / QK4, d = e - r * QK4;
         const uint row = first_row + r;
-        q_tile[r * QK_PAD + d] = row < seq_q ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale
-                                             : 0.0f;
+        q_tile[r * QK_PAD + d] = row < seq_q && d < HEAD_DIM_QK
+                                     ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale
+                                     : 0.0f;
     }
     /* Row state: the initial one, or the state the previous key part left (m = lse, l = 1;
      * relu: l = exp(lse)). */
@@ -176,10 +199,11 @@ void flash_attention(FLASH_KERNEL_PARAMS)
 
     for (uint k0 = key_first; k0 < key_end; k0 += FG_BK) {
         /* 1. K tile and key padding. */
-        for (uint e = lid; e < FG_BK * HEAD_DIM_QK; e += FG_THREADS) {
-            const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
-            kv_tile[j * QK_PAD + d] =
-                k0 + j < band.limit ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
+        for (uint e = lid; e < FG_BK * QK4; e += FG_THREADS) {
+            const uint j = e / QK4, d = e - j * QK4;
+            kv_tile[j * QK_PAD + d] = k0 + j < band.limit && d < HEAD_DIM_QK
+                                          ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3)
+                                          : 0.0f;
         }
         for (uint j = lid; j < FG_BK; j += FG_THREADS) {
             const uint key = k0 + j;
@@ -193,15 +217,19 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         for (uint i = 0; i < FG_RM; ++i)
             for (uint j = 0; j < FG_RN; ++j)
                 s[i][j] = 0.0f;
-        for (uint d = 0; d < HEAD_DIM_QK; ++d) {
-            float a[FG_RM], k[FG_RN];
+        for (uint d4 = 0; d4 < QK4 / 4; ++d4) {
+            float4 a[FG_RM], k[FG_RN];
             for (uint i = 0; i < FG_RM; ++i)
-                a[i] = q_tile[(ty + i * FG_TY) * QK_PAD + d];
+                a[i] = q_tile4[(ty + i * FG_TY) * (QK_PAD / 4) + d4];
             for (uint j = 0; j < FG_RN; ++j)
-                k[j] = kv_tile[(tx + j * FG_TX) * QK_PAD + d];
+                k[j] = kv_tile4[(tx + j * FG_TX) * (QK_PAD / 4) + d4];
             for (uint i = 0; i < FG_RM; ++i)
-                for (uint j = 0; j < FG_RN; ++j)
-                    s[i][j] = fma(a[i], k[j], s[i][j]);
+                for (uint j = 0; j < FG_RN; ++j) {
+                    s[i][j] = fma(a[i].x, k[j].x, s[i][j]);
+                    s[i][j] = fma(a[i].y, k[j].y, s[i][j]);
+                    s[i][j] = fma(a[i].z, k[j].z, s[i][j]);
+                    s[i][j] = fma(a[i].w, k[j].w, s[i][j]);
+                }
         }
         for (uint i = 0; i < FG_RM; ++i) {
             const uint r = ty + i * FG_TY, row = first_row + r;
@@ -268,7 +296,17 @@ void flash_attention(FLASH_KERNEL_PARAMS)
             for (uint cc = 0; cc < FG_RD; ++cc)
                 acc[i][cc] *= c;
         }
-        for (uint j = 0; j < FG_BK; ++j) {
+        /* four keys at a time: each row's four weights in one float4 load */
+        for (uint j4 = 0; j4 < BK4 / 4; ++j4) {
+            float4 p4[FG_RM];
+            for (uint i = 0; i < FG_RM; ++i)
+                p4[i] = p_tile4[(ty + i * FG_TY) * (P_PAD / 4) + j4];
+            FG_PV_KEY(4 * j4, x)
+            FG_PV_KEY(4 * j4 + 1, y)
+            FG_PV_KEY(4 * j4 + 2, z)
+            FG_PV_KEY(4 * j4 + 3, w)
+        }
+        for (uint j = BK4; j < FG_BK; ++j) { /* FG_BK not a multiple of 4: the last keys */
             float v[FG_RD];
             for (uint cc = 0; cc < FG_RD; ++cc) {
                 const uint dim = tx + cc * FG_TX;
