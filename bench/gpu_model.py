@@ -6,16 +6,16 @@ the ptxas proxy's register counts (tests/resources/table.md). No GPU has been le
 project: these are predictions, to be replaced by measurements when one is.
 
 Usage:
-  bench/gpu_model.py                     # main's formulas and, when git has it, the float4
-                                         # branch's (issue27-flash-gpu-float4), both devices
+  bench/gpu_model.py                     # before (the kernels as issue 27 found them, git
+                                         # ref 0ac8c24) and now (this tree), both devices
   bench/gpu_model.py --markdown          # the same tables for BENCHMARKS.md
   bench/gpu_model.py --formulas /tmp/model.py --regs flash_gpu:d64=168
-                                         # another model.py (e.g. a branch's, extracted with
-                                         # git show) in place of main's, registers overridden
-  --branch REF / --no-branch / --branch-regs KEY=N: the second variant (default: the branch
-  above, with its registers: 168 at d=64 from BENCHMARKS.md's experiment table, 117 at
-  d=128, see ASSUMPTIONS); --device h200|xe; --no-broadcast (128-bit local loads charged
-  per byte, the pessimistic bound); --breakdown (per-group work and latency terms too).
+                                         # another model.py in place of this tree's,
+                                         # registers overridden
+  --before REF / --no-before / --before-regs KEY=N: the first variant, REF's model.py and
+  REF's tests/resources/table.md read with `git show` (skipped with a note where git or the
+  ref is missing); --device h200|xe; --no-broadcast (128-bit local loads charged per byte,
+  the pessimistic bound); --breakdown (per-group work and latency terms too).
 
 THE MODEL (one launch; "SM" = an NVIDIA streaming multiprocessor or an Intel dual subslice)
   Counts c (formulas): FMAs, exps, local loads (operations; 128-bit ones separated with the
@@ -133,12 +133,11 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN_MODEL = os.path.join(ROOT, "tests", "gpu_model", "model.py")
 TABLE = os.path.join(ROOT, "tests", "resources", "table.md")
-BRANCH = "issue27-flash-gpu-float4"
-# The branch's registers (BENCHMARKS.md, "128-bit local loads in flash_gpu": 168 at d=64
-# F32). d=128: the only proxy count of the branch is 117 for its BQ 64 x BK 16 variant; the
-# host now picks BQ 32 x BK 32, which holds fewer accumulators (4x8 + 4x2 instead of 8x8 +
-# 8x1): 117 is used as its estimate [A].
-BRANCH_REGS = {"flash_gpu:d64": 168, "flash_gpu:d128": 117}
+# Before: main at the start of issue 27's GPU work (flash_gpu.cl as issue 24 left it: scalar
+# local loads, +1 padding, d=128 at BQ 64 x BK 16), with that commit's formulas and proxy
+# registers. (The float4 loads were measured first on the branch issue27-flash-gpu-float4
+# and landed on main on 2026-12-04.)
+BEFORE = "0ac8c24"
 
 KIB = 1024
 DEVICES = {
@@ -178,15 +177,15 @@ def load_formulas(path, name):
     return mod
 
 
-def branch_formulas(ref):
-    """The model.py of git ref `ref`, written to a temporary file; None if git cannot."""
+def git_file(ref, path, suffix):
+    """File `path` of git ref `ref`, written to a temporary file; None if git cannot."""
     try:
-        text = subprocess.run(["git", "-C", ROOT, "show", f"{ref}:tests/gpu_model/model.py"],
+        text = subprocess.run(["git", "-C", ROOT, "show", f"{ref}:{path}"],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=True,
                               universal_newlines=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
-    handle = tempfile.NamedTemporaryFile("w", suffix="_model.py", delete=False)
+    handle = tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False)
     with handle:
         handle.write(text)
     return handle.name
@@ -582,7 +581,7 @@ def print_tables(results, markdown):
 
 
 def print_comparison(results, markdown):
-    """Main against the second variant, per device and case: time ratio (> 1: the second
+    """The first variant against the second, per device and case: time ratio (> 1: the second
     variant is faster) and both limiters."""
     for dev_key, dev, variants in results:
         if len(variants) < 2:
@@ -645,12 +644,12 @@ def main():
                     help="registers per work-item, e.g. flash_gpu:d64=168 (repeatable; "
                          "keys: kernel, kernel:dD, kernel:dD:bqN, kernel:dD:bqN:bkN)")
     ap.add_argument("--table", default=TABLE, help="the proxy's table (tests/resources/table.md)")
-    ap.add_argument("--branch", default=BRANCH,
-                    help=f"a git ref whose model.py is the second variant (default {BRANCH})")
-    ap.add_argument("--branch-regs", action="append",
-                    help="registers for the second variant (default flash_gpu:d64=168, "
-                         "flash_gpu:d128=117)")
-    ap.add_argument("--no-branch", action="store_true", help="evaluate the first variant only")
+    ap.add_argument("--before", default=BEFORE,
+                    help=f"a git ref whose model.py and table.md are the first variant "
+                         f"(default {BEFORE})")
+    ap.add_argument("--before-regs", action="append",
+                    help="registers overridden for the first variant (as --regs)")
+    ap.add_argument("--no-before", action="store_true", help="evaluate this tree only")
     ap.add_argument("--device", choices=sorted(DEVICES), action="append",
                     help="h200 or xe (default both)")
     ap.add_argument("--no-broadcast", action="store_true",
@@ -660,23 +659,27 @@ def main():
     opts = ap.parse_args()
 
     table = parse_table(opts.table)
-    name0 = "main" if os.path.abspath(opts.formulas) == MAIN_MODEL else opts.formulas
-    variants = [dict(name=name0, mod=load_formulas(opts.formulas, "work_model_0"),
-                     regs=parse_regs(opts.regs), table=table)]
-    if not opts.no_branch:
-        path = branch_formulas(opts.branch)
-        if path is None:
-            print(f"gpu_model.py: note: no git ref {opts.branch}: its variant is skipped",
-                  file=sys.stderr)
-        else:
-            try:
-                regs = dict(BRANCH_REGS) if opts.branch == BRANCH else {}
-                regs.update(parse_regs(opts.branch_regs))
-                variants.append(dict(name=f"{opts.branch} (branch)",
-                                     mod=load_formulas(path, "work_model_1"), regs=regs,
-                                     table=table))
-            finally:
-                os.unlink(path)
+    name_now = "now" if os.path.abspath(opts.formulas) == MAIN_MODEL else opts.formulas
+    now = dict(name=name_now, mod=load_formulas(opts.formulas, "work_model_now"),
+               regs=parse_regs(opts.regs), table=table)
+    variants = []
+    if not opts.no_before:
+        model_path = git_file(opts.before, "tests/gpu_model/model.py", "_model.py")
+        table_path = git_file(opts.before, "tests/resources/table.md", "_table.md")
+        try:
+            if model_path is None or table_path is None:
+                print(f"gpu_model.py: note: git has no ref {opts.before} (or no git): the "
+                      "'before' variant is skipped", file=sys.stderr)
+            else:
+                variants.append(dict(name=f"before ({opts.before})",
+                                     mod=load_formulas(model_path, "work_model_before"),
+                                     regs=parse_regs(opts.before_regs),
+                                     table=parse_table(table_path)))
+        finally:
+            for path in (model_path, table_path):
+                if path is not None:
+                    os.unlink(path)
+    variants.append(now)
     results = []
     for key in opts.device or ["h200", "xe"]:
         dev = DEVICES[key]
@@ -686,7 +689,7 @@ def main():
     print_comparison(results, opts.markdown)
     if opts.breakdown:
         print_breakdown(results)
-    print("\nregs: * = not the proxy's exact variant (an override, the branch's numbers, or "
+    print("\nregs: * = not the proxy's exact variant (an override, or "
           "the nearest variant of the same head size); times exclude launch overhead.")
     return 0
 

@@ -8,17 +8,25 @@
  * them: Q, K, V, O views with four strides and dtypes, mask, key padding, key band,
  * relu, log-sum-exp, key parts (key_begin .. key_stop, resume).
  *
- * Per key tile of FG_BK keys (four barriers, and one for PoCL, see step 3):
- *   1. the group stages K (as float) in kv_tile and the tile's key padding;
+ * Per key tile of FG_BK keys (six barriers per work-item: after staging K, after the scores,
+ * two after the row pass (one only PoCL 3.1 needs, see step 3), after staging V, at the end):
+ *   1. the group stages K (as float) in kv_tile and, with key padding (SCORE_KPAD), the
+ *      tile's padding flags;
  *   2. S = Q K^T: work-item (tx, ty) computes FG_RM x FG_RN scores in registers, rows
  *      ty + i*FG_TY and keys tx + j*FG_TX (strided, so neighbouring work-items read
- *      neighbouring local words), from q_tile (staged once, scaled) and kv_tile; the masked
+ *      neighbouring rows), from q_tile (staged once, scaled) and kv_tile, read as float4s
+ *      (128-bit local loads: rows of QK4 = d_k rounded up to whole float4s, zeros past d_k,
+ *      + 4 words of padding so that rows start 16-byte aligned 4 banks apart); the masked
  *      scores go to p_tile;
  *   3. one work-item per row turns its row of p_tile into weights (online softmax: the running
  *      max m and sum l of the row live in local memory, the rescale factor of the accumulator
- *      goes to row_c) while the group stages V over K in kv_tile;
+ *      goes to row_c), then the group stages V over K in kv_tile;
  *   4. O = O * c + P V: work-item (tx, ty) keeps FG_RM x FG_RD output elements in registers,
- *      rows ty + i*FG_TY and dims tx + c*FG_TX.
+ *      rows ty + i*FG_TY and dims tx + c*FG_TX, reading each row's weights four keys at a
+ *      time as one float4.
+ * Local loads per FMA (tests/gpu_model, counted by Oclgrind with 48 KiB of local memory and
+ * held to its formulas): 0.195 at d = 64, 0.235 at d = 24, 0.248 at d = 128 (0.531, 0.668
+ * and 0.703 with the scalar loads before 2026-12-04).
  *
  *            keys k0 .. k0+FG_BK          dims 0 .. HEAD_DIM_V
  *   rows   +-------------------+         +-------------------+
@@ -27,27 +35,31 @@
  *          | keys tx+j*TX      |         | dims tx+c*TX      |
  *          +-------------------+         +-------------------+
  *
- * Resources, measured 2026-12-03 by tests/resources/run.sh (a proxy: clang 15 + libclc to PTX,
+ * Resources, measured 2026-12-04 by tests/resources/run.sh (a proxy: clang 15 + libclc to PTX,
  * then CUDA 13.0's `ptxas -v -arch=sm_90`; AMD: LLVM 15's gfx90a back end; every variant in
  * tests/resources/table.md, budgets in tests/resources/budgets.txt), float32, with the tiles
- * the host picks for 48 KiB of local memory (it shrinks FG_BK, then FG_BQ, until they fit):
+ * the host picks for 48 KiB of local memory (it halves FG_BQ down to 32, then FG_BK, then
+ * FG_BQ, until they fit), for the variant without mask, padding, relu or soft-capping:
  *   d = 64:  BQ 64, BK 32, TX 16, TY 8 (128 items): 128 registers and a 192-byte stack frame:
  *            S 8x2 + O 8x4 = 48 floats that the proxy leaves in (cached) local memory, not
- *            in registers; no spills. Local 34208 B. gfx90a: 200 VGPRs, no scratch.
- *   d = 128: BQ 64, BK 16: 168 registers, 288-byte stack (S 8x1 + O 8x8); local 46416 B;
- *            gfx90a 210 VGPRs.
- *   d = 256: BQ 16, BK 16: 158 registers, no stack (S 2x1 + O 2x16 in registers); local
- *            34192 B; gfx90a 124 VGPRs.
- *   d = 32, 80, 96 (BQ 64, BK 32): 164, 127, 128 registers; 64, 224, 256-byte stacks.
- * 16-bit storage and a bool mask change these by at most one register.
+ *            in registers; no spills. Local 36096 B. gfx90a: 202 VGPRs, no scratch. With a
+ *            mask or key padding: 154 registers, 218 VGPRs.
+ *   d = 128: BQ 32, BK 32: 128 registers, 128-byte stack (S 4x2 + O 4x8); local 38784 B;
+ *            gfx90a 170 VGPRs (168 registers with a mask or padding). Before: BQ 64, BK 16,
+ *            168 registers, 288-byte stack.
+ *   d = 256: BQ 16, BK 16: 153 registers, no stack; local 34752 B; gfx90a 154 VGPRs.
+ *   d = 32, 80 (BQ 64, BK 32): 168, 96 registers; 64, 224-byte stacks. d = 96: BQ 32, BK 32,
+ *            202 registers, no stack.
+ * 16-bit storage changes these by at most one register.
  * The paper budget this header gave before (~60 registers: S + O + operands) counted only the
  * accumulators; addresses (64-bit strides and offsets), the key band, loop state and the QK^T
  * operands take the rest. With every loop over FG_RM, FG_RN and FG_RD unrolled (#pragma
  * unroll, tried on 2026-12-03, not kept) the accumulators do move to registers, but d = 64
  * then needs 255 registers (no stack) and d = 128 255 registers plus 168 bytes of spills.
  * Occupancy on sm_90 (64 K registers, 227 KiB of shared memory per SM): registers bound it,
- * 4 groups (16 warps) per SM at d = 64 and 3 at d = 128, where local memory would allow 6 and
- * 4. A smaller FG_BQ in the tuning table trades q reuse for more groups per SM.
+ * 4 groups (16 warps) per SM at d = 64 and d = 128. bench/gpu_model.py turns the counts and
+ * these registers into predicted times (H200: 77 % of FP32 peak at L = 4096 d = 64, 73 % at
+ * d = 128, issue-bound; 43 % and 33 % before the float4 loads, local-memory-bound).
  *
  * Rows past seq_q are computed from zero queries and never stored; keys past seq_k load as
  * zeros and are masked by the score rule.
@@ -108,10 +120,29 @@
 #define FG_RM (FG_BQ / FG_TY)                      /* rows per work-item */
 #define FG_RN (FG_BK / FG_TX)                      /* keys per work-item in S */
 #define FG_RD ((HEAD_DIM_V + FG_TX - 1) / FG_TX)   /* output dims per work-item */
-#define QK_PAD (HEAD_DIM_QK + 1)                   /* padded rows: no bank conflicts */
+/* q and K rows are read as float4 (128-bit local loads): d_k rounded up to whole float4s
+ * (zeros past d_k), rows 4 words longer than that (16-byte aligned, and neighbouring rows 4
+ * banks apart); the weights' rows likewise (FG_BK rounded up, + 4). V stays scalar, rows of
+ * d_v + 1 words (its dims are strided over the work-items). */
+#define QK4 ((HEAD_DIM_QK + 3) / 4 * 4)
+#define QK_PAD (QK4 + 4)
 #define V_PAD (HEAD_DIM_V + 1)
-#define P_PAD (FG_BK + 1)
-#define KV_WORDS (FG_BK * (QK_PAD > V_PAD ? QK_PAD : V_PAD))
+#define BK4 (FG_BK / 4 * 4) /* keys of a tile whose weights are read as float4 */
+#define P_PAD ((FG_BK + 3) / 4 * 4 + 4)
+#define KV_WORDS ((FG_BK * (QK_PAD > V_PAD ? QK_PAD : V_PAD) + 3) / 4 * 4)
+
+/* O += P V for key j of the tile, the rows' weights in component c of p4[i]. */
+#define FG_PV_KEY(j, c)                                                                           \
+    {                                                                                             \
+        float v[FG_RD];                                                                           \
+        for (uint cc = 0; cc < FG_RD; ++cc) {                                                     \
+            const uint dim = tx + cc * FG_TX;                                                     \
+            v[cc] = dim < HEAD_DIM_V ? kv_tile[(j) * V_PAD + dim] : 0.0f;                         \
+        }                                                                                         \
+        for (uint i = 0; i < FG_RM; ++i)                                                          \
+            for (uint cc = 0; cc < FG_RD; ++cc)                                                   \
+                acc[i][cc] = fma(p4[i].c, v[cc], acc[i][cc]);                                     \
+    }
 
 __kernel __attribute__((reqd_work_group_size(FG_THREADS, 1, 1)))
 void flash_attention(FLASH_KERNEL_PARAMS)
@@ -121,9 +152,12 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     const int use_padding = SCORE_KPAD && has_key_padding;
     const int relu = SCORE_RELU && norm_relu;
     const float cap = SCORE_SOFTCAP ? softcap : 0.0f;
-    __local float q_tile[FG_BQ * QK_PAD];
-    __local float kv_tile[KV_WORDS];
-    __local float p_tile[FG_BQ * P_PAD];
+    __local float4 q_tile4[FG_BQ * QK_PAD / 4];
+    __local float4 kv_tile4[KV_WORDS / 4];
+    __local float4 p_tile4[FG_BQ * P_PAD / 4];
+    __local float *q_tile = (__local float *)q_tile4; /* the same words, one float at a time */
+    __local float *kv_tile = (__local float *)kv_tile4;
+    __local float *p_tile = (__local float *)p_tile4;
     __local float row_m[FG_BQ], row_l[FG_BQ], row_c[FG_BQ]; /* running max, sum, rescale */
     __local uchar tile_padded[FG_BK];
 
@@ -149,12 +183,13 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     if (use_padding)
         key_padding += key_padding_offset + b * key_padding_s0;
 
-    /* The query block, scaled; rows past seq_q are zeros. */
-    for (uint e = lid; e < FG_BQ * HEAD_DIM_QK; e += FG_THREADS) {
-        const uint r = e / HEAD_DIM_QK, d = e - r * HEAD_DIM_QK;
+    /* The query block, scaled; rows past seq_q and dims past d_k are zeros. */
+    for (uint e = lid; e < FG_BQ * QK4; e += FG_THREADS) {
+        const uint r = e / QK4, d = e - r * QK4;
         const uint row = first_row + r;
-        q_tile[r * QK_PAD + d] = row < seq_q ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale
-                                             : 0.0f;
+        q_tile[r * QK_PAD + d] = row < seq_q && d < HEAD_DIM_QK
+                                     ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale
+                                     : 0.0f;
     }
     /* Row state: the initial one, or the state the previous key part left (m = lse, l = 1;
      * relu: l = exp(lse)). */
@@ -197,10 +232,11 @@ void flash_attention(FLASH_KERNEL_PARAMS)
 
     for (uint k0 = key_first; k0 < key_end; k0 += FG_BK) {
         /* 1. K tile and key padding. */
-        for (uint e = lid; e < FG_BK * HEAD_DIM_QK; e += FG_THREADS) {
-            const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
-            kv_tile[j * QK_PAD + d] =
-                k0 + j < band.limit ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
+        for (uint e = lid; e < FG_BK * QK4; e += FG_THREADS) {
+            const uint j = e / QK4, d = e - j * QK4;
+            kv_tile[j * QK_PAD + d] = k0 + j < band.limit && d < HEAD_DIM_QK
+                                          ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3)
+                                          : 0.0f;
         }
         if (use_padding) /* (no flags to stage or read without key padding) */
             for (uint j = lid; j < FG_BK; j += FG_THREADS) {
@@ -214,15 +250,19 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         for (uint i = 0; i < FG_RM; ++i)
             for (uint j = 0; j < FG_RN; ++j)
                 s[i][j] = 0.0f;
-        for (uint d = 0; d < HEAD_DIM_QK; ++d) {
-            float a[FG_RM], k[FG_RN];
+        for (uint d4 = 0; d4 < QK4 / 4; ++d4) {
+            float4 a[FG_RM], k[FG_RN];
             for (uint i = 0; i < FG_RM; ++i)
-                a[i] = q_tile[(ty + i * FG_TY) * QK_PAD + d];
+                a[i] = q_tile4[(ty + i * FG_TY) * (QK_PAD / 4) + d4];
             for (uint j = 0; j < FG_RN; ++j)
-                k[j] = kv_tile[(tx + j * FG_TX) * QK_PAD + d];
+                k[j] = kv_tile4[(tx + j * FG_TX) * (QK_PAD / 4) + d4];
             for (uint i = 0; i < FG_RM; ++i)
-                for (uint j = 0; j < FG_RN; ++j)
-                    s[i][j] = fma(a[i], k[j], s[i][j]);
+                for (uint j = 0; j < FG_RN; ++j) {
+                    s[i][j] = fma(a[i].x, k[j].x, s[i][j]);
+                    s[i][j] = fma(a[i].y, k[j].y, s[i][j]);
+                    s[i][j] = fma(a[i].z, k[j].z, s[i][j]);
+                    s[i][j] = fma(a[i].w, k[j].w, s[i][j]);
+                }
         }
         for (uint i = 0; i < FG_RM; ++i) {
             const uint r = ty + i * FG_TY, row = first_row + r;
@@ -290,7 +330,17 @@ void flash_attention(FLASH_KERNEL_PARAMS)
             for (uint cc = 0; cc < FG_RD; ++cc)
                 acc[i][cc] *= c;
         }
-        for (uint j = 0; j < FG_BK; ++j) {
+        /* four keys at a time: each row's four weights in one float4 load */
+        for (uint j4 = 0; j4 < BK4 / 4; ++j4) {
+            float4 p4[FG_RM];
+            for (uint i = 0; i < FG_RM; ++i)
+                p4[i] = p_tile4[(ty + i * FG_TY) * (P_PAD / 4) + j4];
+            FG_PV_KEY(4 * j4, x)
+            FG_PV_KEY(4 * j4 + 1, y)
+            FG_PV_KEY(4 * j4 + 2, z)
+            FG_PV_KEY(4 * j4 + 3, w)
+        }
+        for (uint j = BK4; j < FG_BK; ++j) { /* FG_BK not a multiple of 4: the last keys */
             float v[FG_RD];
             for (uint cc = 0; cc < FG_RD; ++cc) {
                 const uint dim = tx + cc * FG_TX;

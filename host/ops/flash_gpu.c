@@ -11,10 +11,12 @@
  * row arrays, tile_padded). */
 static cl_ulong local_bytes(size_t dk, size_t dv, unsigned bq, unsigned bk)
 {
-    const size_t widest = dk > dv ? dk : dv;
-    return (cl_ulong)(bq * (dk + 1) + bk * (widest + 1) + bq * (bk + 1) + 3 * bq) *
-               sizeof(float) +
-           bk;
+    /* q and K rows: d_k in whole float4s + 4 words; V rows d_v + 1; weights' rows: bk in
+     * whole float4s + 4; the K/V tile rounded up to whole float4s */
+    const size_t qk_pad = (dk + 3) / 4 * 4 + 4, v_pad = dv + 1;
+    const size_t kv_words = ((size_t)bk * (qk_pad > v_pad ? qk_pad : v_pad) + 3) / 4 * 4;
+    const size_t p_pad = ((size_t)bk + 3) / 4 * 4 + 4;
+    return (cl_ulong)(bq * qk_pad + kv_words + bq * p_pad + 3 * bq) * sizeof(float) + bk;
 }
 
 /* Loop trips of one work-item per key tile and outside the tiles, counted as if no loop were
@@ -61,8 +63,12 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
         bq /= 2;
     const cl_ulong budget = ctx->info.local_mem_size > 1024 ? ctx->info.local_mem_size - 1024
                                                             : ctx->info.local_mem_size;
+    /* Too big (large head sizes): the query block shrinks to 32 rows first, then the key
+     * tile, then the query block again (a key tile of FG_TX keys is one key per work-item). */
     while (local_bytes(dk, dv, bq, bk) > budget) {
-        if (bk / 2 >= tx && bk / 2 % tx == 0)
+        if (bq / 2 >= ty && bq / 2 % ty == 0 && bq / 2 >= 32)
+            bq /= 2;
+        else if (bk / 2 >= tx && bk / 2 % tx == 0)
             bk /= 2;
         else if (bq / 2 >= ty && bq / 2 % ty == 0)
             bq /= 2;

@@ -120,17 +120,24 @@ def softmax_rows(rows, seq_q, seq_k, limit, causal, has_kv_len, p=PARAMS):
 # --- flash_attention (kernels/flash_gpu.cl; tiles from host/ops/flash_gpu.c) ----------------
 def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM):
     """The tiles host/ops/flash_gpu.c picks: FG_BQ halved while the rows still cover seq_q,
-    then FG_BK (else FG_BQ) halved until the local arrays fit the local memory less 1 KiB."""
+    then, until the local arrays fit the local memory less 1 KiB, FG_BQ halved down to 32
+    rows, then FG_BK, then FG_BQ again. The arrays: q and K rows of d_k in whole float4s + 4
+    words, V rows of d_v + 1, the weights' rows of FG_BK in whole float4s + 4, the K/V tile
+    rounded up to whole float4s, three row arrays, the padding flags."""
     tx, ty, bq, bk = p["fg_tx"], p["fg_ty"], p["fg_bq"], p["fg_bk"]
     while bq // 2 >= ty and (bq // 2) % ty == 0 and bq // 2 >= seq_q:
         bq //= 2
 
     def local_bytes(bq, bk):
-        return (bq * (dk + 1) + bk * (max(dk, dv) + 1) + bq * (bk + 1) + 3 * bq) * 4 + bk
+        qk_pad, v_pad, p_pad = cdiv(dk, 4) * 4 + 4, dv + 1, cdiv(bk, 4) * 4 + 4
+        kv_words = cdiv(bk * max(qk_pad, v_pad), 4) * 4
+        return (bq * qk_pad + kv_words + bq * p_pad + 3 * bq) * 4 + bk
 
     budget = local_mem - 1024 if local_mem > 1024 else local_mem
     while local_bytes(bq, bk) > budget:
-        if bk // 2 >= tx and (bk // 2) % tx == 0:
+        if bq // 2 >= ty and (bq // 2) % ty == 0 and bq // 2 >= 32:
+            bq //= 2
+        elif bk // 2 >= tx and (bk // 2) % tx == 0:
             bk //= 2
         elif bq // 2 >= ty and (bq // 2) % ty == 0:
             bq //= 2
@@ -148,19 +155,21 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     V once per block over the key tiles the block needs (keys below the batch's limit: past it
     the tile holds zeros); O's valid rows once; lse per valid row when written; the key count
     once per work-item (make_band). Per key tile of bk keys, 6 barriers (staging K, scores,
-    two after the row pass, staging V, end), and 2 outside. Local stores per tile: the K tile
-    (bk*dk), the tile's padding flags (bk bytes, with key padding only: SCORE_KPAD), the
-    scores (bq*bk), the weights over them
-    (bq*bk), the row state m, l, c (3 bq), the V tile (bk*dv); outside: the scaled q block, the
-    initial m and l, the final 1/l. Local loads per tile: per work-item dk*(RM+RN) for S = Q K^T
-    (RM = bq/TY rows, RN = bk/TX keys), RM*RN padding flags (bytes; with key padding only),
-    RM rescale factors and
-    bk*RM weights for O += P V; the V words, bk*dv per row of work-items (TY); the row pass
-    2 + bk (its max) + bk (its weights, unless every key of the tile is masked for the row).
-    FMAs per work-item and tile: dk*RM*RN (S) + bk*RM*RD (P V, RD = ceil(dv/TX) dims each,
-    padded dims included). exp: per row and tile that keeps a key, bk weights and one rescale."""
+    two after the row pass, staging V, end), and 2 outside. q and K rows are d4 = d_k rounded
+    up to whole float4s (zeros past d_k). Local stores per tile: the K tile (bk*d4), the tile's
+    padding flags (bk bytes, with key padding only:
+    SCORE_KPAD), the scores (bq*bk), the weights over them (bq*bk), the row state
+    m, l, c (3 bq), the V tile (bk*dv); outside: the scaled q block (bq*d4), the initial m and
+    l, the final 1/l. Local loads per tile: per work-item d4/4*(RM+RN) float4 loads (16 bytes)
+    for S = Q K^T (RM = bq/TY rows, RN = bk/TX keys), RM*RN padding flags (bytes; with key padding only), RM rescale
+    factors, and for O += P V the weights as RM float4 loads per 4 keys (scalar loads for the
+    bk % 4 last keys); the V words, bk*dv per row of work-items (TY); the row pass 2 + bk (its
+    max) + bk (its weights, unless every key of the tile is masked for the row). FMAs per
+    work-item and tile: d4*RM*RN (S) + bk*RM*RD (P V, RD = ceil(dv/TX) dims each, padded dims
+    included). exp: per row and tile that keeps a key, bk weights and one rescale."""
     tx, ty = p["fg_tx"], p["fg_ty"]
     items, rm, rn, rd = tx * ty, bq // ty, bk // tx, cdiv(dv, tx)
+    d4, bk4 = cdiv(dk, 4) * 4, bk // 4 * 4
     valid = max(0, min(seq_q, first_row + bq) - first_row)
     last_row = min(seq_q, first_row + bq) - 1
     key_end = min(key_stop, band_end(last_row, limit, causal))
@@ -179,8 +188,9 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     g_stores = valid * dv + (valid if has_lse else 0)
     g_load_bytes = elem * (g_loads - kv_counts) + 4 * kv_counts     # q, k, v: elem bytes
     g_store_bytes = elem * valid * dv + (4 * valid if has_lse else 0)
+    l_loads_vec4 = t * items * (d4 // 4 * (rm + rn) + bk4 // 4 * rm)     # S; P, 4 keys
     l_loads_words = (items * rm                                           # acc init: row l
-                     + t * items * (dk * (rm + rn) + rm + bk * rm)        # S, rescale, P
+                     + t * items * (rm + (bk - bk4) * rm)                 # rescale, P tail
                      + t * ty * bk * dv                                   # V words
                      + t * bq * (2 + bk) + kept_row_tiles * bk            # the row pass
                      + bq + tx * valid + (valid if has_lse else 0))       # normalise, lse
@@ -188,16 +198,16 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     # out; no case here has key padding). With it: one per (row, key) of the item's block;
     # with one key per item (RN = 1) LLVM hoists the load out of the rows loop.
     l_loads_bytes = t * items * (rn if rn == 1 else rm * rn) if has_padding else 0
-    l_stores_words = bq * dk + 2 * bq + t * (bk * dk + 2 * bq * bk + 3 * bq + bk * dv) + bq
+    l_stores_words = bq * d4 + 2 * bq + t * (bk * d4 + 2 * bq * bk + 3 * bq + bk * dv) + bq
     l_stores_bytes = t * bk if has_padding else 0
     return counts(global_loads=g_loads, global_load_bytes=g_load_bytes,
                   global_stores=g_stores, global_store_bytes=g_store_bytes,
-                  local_loads=l_loads_words + l_loads_bytes,
-                  local_load_bytes=4 * l_loads_words + l_loads_bytes,
+                  local_loads=l_loads_vec4 + l_loads_words + l_loads_bytes,
+                  local_load_bytes=16 * l_loads_vec4 + 4 * l_loads_words + l_loads_bytes,
                   local_stores=l_stores_words + l_stores_bytes,
                   local_store_bytes=4 * l_stores_words + l_stores_bytes,
                   barriers=items * (6 * t + 2),
-                  fma=t * items * (dk * rm * rn + bk * rm * rd),
+                  fma=t * items * (d4 * rm * rn + bk * rm * rd),
                   exp=kept_row_tiles * (bk + 1))
 
 

@@ -29,11 +29,12 @@ failed=0
 if [ "${GPU_MODEL_CANARY:-1}" != 0 ]; then
     scratch=$(mktemp -d "${TMPDIR:-/tmp}/gpu_model.XXXXXX") || exit 2
     cp -r "$here/../../kernels" "$scratch/kernels"
-    # After the weight's load in the O += P V loop, a volatile load of the same word whose
-    # value is discarded: the compiler must keep it, and no number changes.
-    weight='const float p = p_tile\[(ty + i \* FG_TY) \* P_PAD + j\];'
-    extra='(void)((volatile __local float *)p_tile)[(ty + i * FG_TY) * P_PAD + j];'
-    sed -i "/^ *$weight\$/a\\                $extra \/* canary *\/" "$scratch/kernels/flash_gpu.cl"
+    # With the weights' float4 load in the O += P V loop, a volatile load of the same words
+    # whose value is discarded: the compiler must keep it, and no number changes.
+    weight='p4\[i\] = p_tile4\[(ty + i \* FG_TY) \* (P_PAD \/ 4) + j4\];'
+    extra='(void)((volatile __local float4 *)p_tile4)[(ty + i * FG_TY) * (P_PAD \/ 4) + j4];'
+    sed -i "s/^\( *\)$weight\$/\1{ p4[i] = p_tile4[(ty + i * FG_TY) * (P_PAD \/ 4) + j4]; $extra \/* canary *\/ }/" \
+        "$scratch/kernels/flash_gpu.cl"
     if ! grep -q 'canary' "$scratch/kernels/flash_gpu.cl"; then
         echo "gpu_model canary: FAILED: cannot plant the extra load (flash_gpu.cl changed?):" \
              "update tests/gpu_model/run.sh"
