@@ -34,14 +34,15 @@
 #             CI tier: CLATTN_TEST_SCALE=small and not flash_cpu_split (every kernel variant still
 #             compiles and runs through Mesa; the pocl lane runs the heavy cases)
 #   oclgrind  the kernel suites' reduced set under Oclgrind --data-races (tests/oclgrind_lane.sh);
-#             CI tier: the canary and the attention, flash, posenc and additive suites,
-#             which between them run every GPU kernel with local memory or barriers (tiled
-#             matmul, softmax rows, half storage, the fused kernel and its additive variant,
-#             the additive score tiles, positional encodings) and sweep (12
-#             small draws of the interaction sweep with GPU parameters: about 150 s); --full
-#             adds rope (72 s; moved out on 2026-12-04, second session, when the tier measured
-#             40.6 minutes: rope.cl has no local memory or barriers, and the pocl, asan and
-#             rusticl lanes run it), the mha suite (about 300 s; moved out of the CI tier on 2026-12-04 when a
+#             CI tier: the canary and the attention, flash and posenc suites, which between
+#             them run the GPU kernels with local memory or barriers of the core (tiled
+#             matmul, softmax rows, half storage, the fused kernel, positional encodings) and
+#             sweep (8 small draws of the interaction sweep with GPU parameters: about 130 s;
+#             12 in --full); --full adds additive (about 120 s: the additive score tiles and
+#             the fused kernel's additive variant, Bahdanau attention's GPU kernels) and rope
+#             (72 s; both moved out on 2026-12-04, second session, when the tier measured
+#             40.6 and then 43-45 minutes on a slow hour: rope.cl has no local memory or
+#             barriers, and the pocl, asan and rusticl lanes run both), the mha suite (about 300 s; moved out of the CI tier on 2026-12-04 when a
 #             fresh-clone run took 43 minutes: its kernels are the attention and flash suites'
 #             plus mean_heads, an element-wise kernel with no local memory; the pocl, asan and
 #             rusticl lanes run it), the softmax, matmul, plan and runtime suites and mpi
@@ -175,7 +176,8 @@ lane_oclgrind() {
         ensure_build && tests/oclgrind_lane.sh build softmax matmul attention mha flash plan \
             runtime posenc rope additive mpi sweep
     else
-        ensure_build && tests/oclgrind_lane.sh build attention flash posenc additive sweep
+        ensure_build && CLATTN_SWEEP_DRAWS=8 tests/oclgrind_lane.sh build attention flash posenc \
+            sweep
     fi
     local status=$?
     # The GPU work model (tests/gpu_model): every GPU kernel's counts against their formulas.

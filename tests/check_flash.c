@@ -1482,7 +1482,8 @@ int main(void)
                    "129 x 97), test_flash_many_heads_split (65542 heads: the fused kernel's "
                    "launches past the first 65535 heads do not run), "
                    "test_long_sequence_under_cap (L=8192): minutes to days each on Oclgrind; "
-                   "test_mha_paths through the host API only; the UNFUSED run of "
+                   "test_mha_paths but the causal case, and through the host API only; the "
+                   "UNFUSED run of "
                    "test_flash_vs_reference_and_unfused's odd cases");
     tu_add_loop_except(tc, test_flash_vs_reference_and_unfused, 0,
                        (int)(sizeof cases / sizeof cases[0]), heavy_cases, small ? 3 : 0);
@@ -1560,7 +1561,7 @@ int main(void)
                         (int)(sizeof record_cases / sizeof record_cases[0]));
     tcase_add_unchecked_fixture(tc, NULL, release_records_ctx);
     tcase_add_test(tc, test_tuning_record_errors);
-    tcase_add_loop_test(tc, test_mha_paths, 0, 2);
+    tcase_add_loop_test(tc, test_mha_paths, small ? 1 : 0, 2);
     tcase_add_loop_test(tc, test_mha_auto_is_fused, 0, 2);
     if (!small)
         tcase_add_loop_test(tc, test_long_sequence_under_cap, 0, 2);
