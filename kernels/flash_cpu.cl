@@ -22,13 +22,15 @@
  *       tile of 64 keys (kt: d x 64)        V tile (vt: 64 x FC_DVP)
  *   block r0..r0+FC_RB  s[FC_RB][4] float16  ->  p  ->  acc[FC_RB][4] float16 per 64 columns
  *
- * FC_DIRECT (decode: a few query rows, FC_NB = 1, head sizes multiples of 16): a tile inside
- * the key count whose K and V rows have unit stride is not packed. Each row's score on a key
- * is the dot product of the q row and the key's row read from global memory (float16 vectors
- * along d, one horizontal sum per row and key), and P.V reads V's rows where they lie. With
- * one to eight rows the pack would cost more than the arithmetic it serves: it moved every
- * element of the cache twice through local memory, transposing K with scalar stores, for one
- * use. Other tiles (the edge, strided K or V) are packed as above.
+ * FC_DIRECT (decode: a few query rows, FC_NB = 1, head sizes multiples of 16): a tile whose K
+ * and V rows have unit stride is not packed. Each row's score on a key is the dot product of
+ * the q row and the key's row read from global memory (float16 vectors along d, one
+ * horizontal sum per row and key), and P.V reads V's rows where they lie. With one to eight
+ * rows the pack would cost more than the arithmetic it serves: it moved every element of the
+ * cache twice through local memory, transposing K with scalar stores, for one use. The edge
+ * tile (the last, past the key count) is read in place too, its keys inside the count only:
+ * packed, its scalar transposing loop took 10-20 % of a decode step at caches of 1k-2k keys.
+ * Tiles of strided K or V are packed as above.
  *
  * Compile-time variants keep the plain case free of extras (score.cl's switches, set from the
  * host's one table in ops/score.c): SCORE_MASK (a mask of MASK_DTYPE, applied per score with
@@ -139,7 +141,8 @@ inline float fc_hsum(const float16 v)
     return c.x + c.y;
 }
 
-/* acc[r][c0*16 ..] += sum_j p[r][j] V[j][c0*16 ..] for nv vectors of columns (at most 4), the
+/* acc[r][c0*16 ..] += sum_j p[r][j] V[j][c0*16 ..] for nv vectors of columns (at most 4) and
+ * the tile's first nk keys (FC_KT but on fc_pv_direct's edge tile), the
  * accumulator first scaled by corr[r] (the online-softmax rescale, 1 unless the row's max
  * grew). V_ROW16(j, v): the 16 columns of vector v of the tile's key j (fc_pv: the packed
  * tile; fc_pv_direct: V where it lies). */
@@ -150,7 +153,7 @@ inline float fc_hsum(const float16 v)
         _Pragma("unroll") for (uint v = 0; v < 4; ++v) if (v < nv) o[r][v] =                      \
             vload16(c0 + v, acc[r]) * corr[r];                                                    \
     }                                                                                             \
-    for (uint j = 0; j < FC_KT; ++j) {                                                            \
+    for (uint j = 0; j < nk; ++j) {                                                               \
         float16 vv[4];                                                                            \
         _Pragma("unroll") for (uint v = 0; v < 4; ++v) if (v < nv) vv[v] = V_ROW16(j, c0 + v);   \
         _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r)                                        \
@@ -170,6 +173,7 @@ inline float fc_hsum(const float16 v)
 inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
                   __local float (*vt)[FC_DVP], const float *corr, const uint c0, const uint nv)
 {
+    const uint nk = FC_KT;
     FC_PV_BODY(FC_PACKED_ROW16)
 }
 
@@ -182,21 +186,24 @@ inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
 #define FC_PVW 4
 #endif
 
-/* pt[r][j] = qs[r] . K[j] for the tile's 64 keys (K: the tile's first row, unit stride along
- * d, rows ks elements apart): each 16-float piece of a K row is loaded once and multiplied
- * into FC_RB accumulators (registers: FC_RB + 1 vectors, whatever the head size), which are
- * summed across their lanes at the end of the row. */
+/* pt[r][j] = qs[r] . K[j] for the tile's first nk keys (K: the tile's first row, unit stride
+ * along d, rows ks elements apart), 0 for the rest (keys past the count on the edge tile,
+ * never read): each 16-float piece of a K row is loaded once and multiplied into FC_RB
+ * accumulators (registers: FC_RB + 1 vectors, whatever the head size), which are summed
+ * across their lanes at the end of the row. The accumulators start at 0 and take every piece
+ * by fma: a first piece by multiplication was compiled by PoCL 3.1 (LLVM 15) into 8-byte
+ * loads and multiplies, about as many instructions as the rest of the row. */
 inline void fc_scores_direct(__global const ELEM_T(K_DTYPE) *K, const ulong ks,
-                             __local float (*qs)[HEAD_DIM_QK], __local float (*pt)[FC_KT])
+                             __local float (*qs)[HEAD_DIM_QK], __local float (*pt)[FC_KT],
+                             const uint nk)
 {
-    for (uint j = 0; j < FC_KT; ++j) {
+    for (uint j = 0; j < nk; ++j) {
         __global const ELEM_T(K_DTYPE) *row = K + j * ks;
         float16 t[FC_RB];
-        const float16 k0 = LOAD16(K_DTYPE, row, 0);
 #pragma unroll
         for (uint r = 0; r < FC_RB; ++r)
-            t[r] = vload16(0, qs[r]) * k0;
-        for (uint c = 1; c < FC_DQV; ++c) {
+            t[r] = (float16)(0.0f);
+        for (uint c = 0; c < FC_DQV; ++c) {
             const float16 k = LOAD16(K_DTYPE, row, 16 * c);
 #pragma unroll
             for (uint r = 0; r < FC_RB; ++r)
@@ -206,14 +213,19 @@ inline void fc_scores_direct(__global const ELEM_T(K_DTYPE) *K, const ulong ks,
         for (uint r = 0; r < FC_RB; ++r)
             pt[r][j] = fc_hsum(t[r]);
     }
+    for (uint j = nk; j < FC_KT; ++j) {
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r)
+            pt[r][j] = 0.0f;
+    }
 }
 
-/* fc_pv with the tile's V rows read where they lie (V: the tile's first row, unit stride,
- * rows vs elements apart), FC_PVW vectors of columns (or the rest) from c0. */
+/* fc_pv with the tile's first nk V rows read where they lie (V: the tile's first row, unit
+ * stride, rows vs elements apart), FC_PVW vectors of columns (or the rest) from c0. */
 #define FC_GLOBAL_ROW16(j, v) LOAD16(V_DTYPE, V + (j) * vs, 16 * (v))
 inline void fc_pv_direct(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
                          __global const ELEM_T(V_DTYPE) *V, const ulong vs, const float *corr,
-                         const uint c0)
+                         const uint c0, const uint nk)
 {
     const uint nv = FC_DVV - c0 < FC_PVW ? FC_DVV - c0 : FC_PVW;
     FC_PV_BODY(FC_GLOBAL_ROW16)
@@ -285,14 +297,21 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
     for (uint k0 = key_first; k0 < key_end; k0 += FC_KT) {
         /* a tile with keys past the batch's key count (or seq_k): never read, packed as 0 */
         const bool edge = k0 + FC_KT > band.limit;
-        /* FC_DIRECT: a whole tile of unit-stride rows is read where it lies */
-        const bool direct = FC_DIRECT && !edge && k_s3 == 1 && v_s3 == 1;
+        /* FC_DIRECT: a tile of unit-stride rows is read where it lies, the edge tile's keys
+         * inside the count only (nk of them) */
+        const bool direct = FC_DIRECT && k_s3 == 1 && v_s3 == 1;
+        const uint nk = edge ? band.limit - k0 : FC_KT; /* k0 < key_end <= band.limit */
         if (direct) {
-#if SCORE_MASK || SCORE_KPAD
-            for (uint j = 0; j < FC_KT; ++j) /* key_masked: padded keys only (inside the count) */
-                kb[j] = key_padded(SCORE_KPAD, key_padding, (k0 + j) * key_padding_s1) ? NEG_INF
-                                                                                        : 0.0f;
-#endif
+            if (SCORE_MASK || SCORE_KPAD || edge) {
+                for (uint j = 0; j < FC_KT; ++j) { /* key_masked: padded and past the count */
+                    const uint key = k0 + j;
+                    kb[j] = key_masked(key, 0, band.limit,
+                                       j < nk && key_padded(SCORE_KPAD, key_padding,
+                                                            key * key_padding_s1))
+                                ? NEG_INF
+                                : 0.0f;
+                }
+            }
         } else if (!edge && k_s3 == 1) {
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
                 for (uint j = 0; j < FC_KT; ++j)
@@ -336,7 +355,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
             float16 s[FC_RB][4];
 #if FC_DIRECT
             if (direct) {
-                fc_scores_direct(K + k0 * k_s2, k_s2, qs + r0, pt);
+                fc_scores_direct(K + k0 * k_s2, k_s2, qs + r0, pt, nk);
 #pragma unroll
                 for (uint r = 0; r < FC_RB; ++r) {
 #pragma unroll
@@ -505,7 +524,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
 #if FC_DIRECT
             if (direct) {
                 for (uint c0 = 0; c0 < FC_DVV; c0 += FC_PVW)
-                    fc_pv_direct(acc + r0, pt, V + k0 * v_s2, v_s2, corr, c0);
+                    fc_pv_direct(acc + r0, pt, V + k0 * v_s2, v_s2, corr, c0, nk);
                 continue;
             }
 #endif

@@ -234,7 +234,9 @@ static void sdpa_double(const ref_sdpa_shape *shape, const double *q, const doub
                     for (size_t x = 0; x < dv; ++x) {
                         double sum = 0.0;
                         for (size_t key = 0; key < seq_k; ++key) {
-                            sum += row[key] * v_head[key * dv + x];
+                            if (keep[key]) { /* a dropped key's value is never read (NaN) */
+                                sum += row[key] * v_head[key * dv + x];
+                            }
                         }
                         out_row[x] = sum;
                     }
