@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -2994,6 +2995,89 @@ static void expect_no_device(const char *args, const char *needle)
 /* The OpenCL loader reads OCL_ICD_VENDORS (a folder of .icd files) in the child: an empty
  * folder means no platform; a folder holding one ICD whose platform lists no device (Mesa's,
  * on a machine without a GPU it drives) means no device, whatever the spec asks for. */
+/* Saves an environment variable (NULL when unset) to restore it with restore_env. */
+static char *save_env(const char *name)
+{
+    const char *value = getenv(name);
+    return value ? strdup(value) : NULL;
+}
+
+static void restore_env(const char *name, char *saved)
+{
+    if (saved)
+        setenv(name, saved, 1);
+    else
+        unsetenv(name);
+    free(saved);
+}
+
+/* The first command on a device that the tuning cache does not tune says once that `clattn
+ * tune` would (issue 27): not again for the same device (noted in the cache folder's
+ * tune-hinted), never with a cache row for it, a CLATTN_TUNING file or CLATTN_NO_TUNE_HINT=1. */
+START_TEST(test_tune_hint)
+{
+    TU_BEGIN_TEST();
+    char *saved_xdg = save_env("XDG_CACHE_HOME"), *saved_off = save_env("CLATTN_NO_TUNE_HINT");
+    char *saved_tuning = save_env("CLATTN_TUNING");
+    char dir[600], path[700];
+    unsetenv("CLATTN_NO_TUNE_HINT");
+    unsetenv("CLATTN_TUNING");
+
+    snprintf(dir, sizeof dir, "%s/xdg-fresh", scratch);
+    setenv("XDG_CACHE_HOME", dir, 1);
+    tu_set_case("XDG_CACHE_HOME=%s (no tuning cache): clattn info, twice", dir);
+    int status = run_cli("info");
+    const char *err = captured("stderr");
+    tu_expect(status == 0 && count_lines(err) == 1 && strstr(err, "`clattn tune`") != NULL &&
+                  strstr(err, "once per device") != NULL,
+              "the first run did not give the one-line hint (exit %d): %s", status, err);
+    status = run_cli("info");
+    tu_expect(status == 0 && captured("stderr")[0] == '\0',
+              "the second run on the same device hinted again (exit %d): %s", status,
+              captured("stderr"));
+    snprintf(path, sizeof path, "%s/clattn/tune-hinted", dir);
+    tu_expect(access(path, F_OK) == 0, "no %s after the hint", path);
+
+    /* A row of the tuning cache applies to the device: no hint, nothing noted. */
+    snprintf(dir, sizeof dir, "%s/xdg-tuned", scratch);
+    snprintf(path, sizeof path, "%s/clattn", dir);
+    tu_expect(mkdir(dir, 0755) == 0 && mkdir(path, 0755) == 0, "mkdir %s failed", path);
+    snprintf(path, sizeof path, "%s/clattn/tuning", dir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs("any | * | * | softmax_rows=4\n", f);
+        fclose(f);
+    }
+    setenv("XDG_CACHE_HOME", dir, 1);
+    tu_set_case("XDG_CACHE_HOME=%s (a cache row for every device): clattn info", dir);
+    status = run_cli("info");
+    tu_expect(status == 0 && captured("stderr")[0] == '\0', "hinted (exit %d): %s", status,
+              captured("stderr"));
+    snprintf(path, sizeof path, "%s/clattn/tune-hinted", dir);
+    tu_expect(access(path, F_OK) != 0, "%s written without a hint", path);
+
+    /* A CLATTN_TUNING file, or CLATTN_NO_TUNE_HINT=1: no hint either. */
+    snprintf(dir, sizeof dir, "%s/xdg-off", scratch);
+    setenv("XDG_CACHE_HOME", dir, 1);
+    setenv("CLATTN_TUNING", "default", 1);
+    tu_set_case("CLATTN_TUNING=default: clattn info");
+    status = run_cli("info");
+    tu_expect(status == 0 && captured("stderr")[0] == '\0', "hinted (exit %d): %s", status,
+              captured("stderr"));
+    unsetenv("CLATTN_TUNING");
+    setenv("CLATTN_NO_TUNE_HINT", "1", 1);
+    tu_set_case("CLATTN_NO_TUNE_HINT=1: clattn info");
+    status = run_cli("info");
+    tu_expect(status == 0 && captured("stderr")[0] == '\0', "hinted (exit %d): %s", status,
+              captured("stderr"));
+
+    restore_env("XDG_CACHE_HOME", saved_xdg);
+    restore_env("CLATTN_NO_TUNE_HINT", saved_off);
+    restore_env("CLATTN_TUNING", saved_tuning);
+    TU_END_TEST();
+}
+END_TEST
+
 START_TEST(test_no_platform_or_device)
 {
     TU_BEGIN_TEST();
@@ -3155,6 +3239,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_bench_table);
     tcase_add_test(tc, test_bench_refused);
     tcase_add_test(tc, test_no_platform_or_device);
+    tcase_add_test(tc, test_tune_hint);
     tcase_add_test(tc, test_mask_true);
     tcase_add_test(tc, test_additive_heads_hint);
     tcase_add_test(tc, test_help_ends_with_exit_status);

@@ -97,9 +97,17 @@ bool cli_check_rope(const char *command, const cli_rope *rope);
 
 /* A context on `device` (NULL: CLATTN_DEVICE or the default); prints the error on failure,
  * after which cli_context_exit() is the exit code: 2 for a malformed device spec or one naming
- * an index that does not exist, a bad CLATTN_TUNING file or CLATTN_PARAMS value; else 1. */
+ * an index that does not exist, a bad CLATTN_TUNING file or CLATTN_PARAMS value; else 1.
+ * On a device that no row of the tuning cache tunes, it says once (per device, noted in the
+ * cache folder's tune-hinted file; CLATTN_NO_TUNE_HINT=1 silences it) that `clattn tune`
+ * measures better parameters. */
 clattn_ctx *cli_context(const char *command, const char *device);
 int cli_context_exit(void);
+/* $XDG_CACHE_HOME/clattn/NAME, else $HOME/.cache/clattn/NAME (a relative XDG_CACHE_HOME is
+ * ignored, as the library's tuning cache path does); false if neither fits. */
+bool cli_cache_file(const char *name, char *path, size_t size);
+/* Creates the folders above `path` (mkdir -p of its dirname); 0, or -1 with errno. */
+int cli_make_dirs(const char *path);
 /* Prints the one line for a failed clattn_ctx_create and returns (and keeps) its exit code. */
 int cli_context_failure(const char *command, const char *device, clattn_status status,
                         const char *message);

@@ -289,13 +289,81 @@ static bool index_beyond(const char *spec)
     return devices > 0 && d >= devices;
 }
 
+bool cli_cache_file(const char *name, char *path, size_t size)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int n = -1;
+    if (xdg && xdg[0] == '/')
+        n = snprintf(path, size, "%s/clattn/%s", xdg, name);
+    else if (home && home[0])
+        n = snprintf(path, size, "%s/.cache/clattn/%s", home, name);
+    return n > 0 && (size_t)n < size;
+}
+
+/* Once per device (the names noted in the cache folder's tune-hinted), when no row of the
+ * tuning cache applied to it and no CLATTN_TUNING file is in use: one line on stderr saying
+ * that the parameters are the class defaults and that `clattn tune` measures better ones.
+ * CLATTN_NO_TUNE_HINT=1 silences it (the test suites set it). */
+static void tune_hint(clattn_ctx *ctx)
+{
+    static bool shown;
+    const char *off = getenv("CLATTN_NO_TUNE_HINT"), *file = getenv("CLATTN_TUNING");
+    if (shown || (off && off[0] && strcmp(off, "0") != 0) || (file && file[0]))
+        return;
+    const char *tuning = clattn_ctx_tuning(ctx);
+    const char *end = strchr(tuning, '\n');
+    const char *cached = strstr(tuning, "cache line");
+    if (cached != NULL && (end == NULL || cached < end))
+        return; /* the "rows:" line names a row of the tuning cache */
+    char name[256] = "";
+    if (clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_NAME, sizeof name - 1, name, NULL) !=
+        CL_SUCCESS)
+        return;
+    char path[1024], line[300];
+    const bool have_path = cli_cache_file("tune-hinted", path, sizeof path);
+    FILE *f = have_path ? fopen(path, "r") : NULL;
+    bool noted = false;
+    while (f && !noted && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        noted = strcmp(line, name) == 0;
+    }
+    if (f)
+        fclose(f);
+    shown = true;
+    if (noted)
+        return;
+    fprintf(stderr,
+            "clattn: no tuned parameters for '%s' (the defaults of its device class): `clattn "
+            "tune` measures its best ones in a few minutes (this note comes once per device)\n",
+            name);
+    if (have_path && cli_make_dirs(path) == 0 && (f = fopen(path, "a")) != NULL) {
+        fprintf(f, "%s\n", name);
+        fclose(f);
+    }
+}
+
+int cli_make_dirs(const char *path)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    for (char *slash = strchr(dir + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+        *slash = '\0';
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *slash = '/';
+    }
+    return 0;
+}
+
 clattn_ctx *cli_context(const char *command, const char *device)
 {
     clattn_ctx *ctx = NULL;
     char message[1024];
     clattn_status status = clattn_ctx_create(device, &ctx, message, sizeof message);
-    if (status == CLATTN_SUCCESS)
+    if (status == CLATTN_SUCCESS) {
+        tune_hint(ctx);
         return ctx;
+    }
     cli_context_failure(command, device, status, message);
     return NULL;
 }

@@ -774,24 +774,11 @@ static bool replaced_row(const tune_state *s, const char *line, const bool *ops)
     return false;
 }
 
-static int make_dirs(const char *path)
-{
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s", path);
-    for (char *slash = strchr(dir + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
-        *slash = '\0';
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-            return -1;
-        *slash = '/';
-    }
-    return 0;
-}
-
 /* Rewrites `path` atomically (a temporary file in its folder, then rename): its lines except
  * the replaced rows (and the `# clattn tune` comments just above them), then `added`. */
 static int write_rows(const tune_state *s, const char *path, const bool *ops, const char *added)
 {
-    if (make_dirs(path) != 0)
+    if (cli_make_dirs(path) != 0)
         return cli_fail("tune", CLI_FAILED, "cannot create the folder of %s: %s", path,
                         strerror(errno));
     char temp[1100];
@@ -832,13 +819,7 @@ static int write_rows(const tune_state *s, const char *path, const bool *ops, co
 /* The cache path the library reads (host/core/tuning.c, cache_path): keep the two alike. */
 static bool default_cache_path(char *path, size_t size)
 {
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    int n = -1;
-    if (xdg && xdg[0] == '/')
-        n = snprintf(path, size, "%s/clattn/tuning", xdg);
-    else if (home && home[0])
-        n = snprintf(path, size, "%s/.cache/clattn/tuning", home);
-    return n > 0 && (size_t)n < size;
+    return cli_cache_file("tuning", path, size);
 }
 
 /* --- the command -------------------------------------------------------------------------- */
