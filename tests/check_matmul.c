@@ -41,6 +41,8 @@ typedef struct operand_spec {
     /* A (B, L, H*d) buffer read as the (B, H, L, d) heads: rank 4, batch = (B, H), the matrix
      * (L, d); strides (L*H*d + gap, d, H*d + row_gap, 1). */
     int heads_view;
+    /* Every stride 0: the API's "packed" default (no gaps, no broadcast, no heads view). */
+    int packed_default;
 } operand_spec;
 
 typedef struct matmul_case {
@@ -127,6 +129,10 @@ static clattn_tensor operand_layout(const operand_spec *spec, int c_rank, size_t
             t.strides[d] = inner;
             inner = size * inner + spec->batch_gap;
         }
+    }
+    if (spec->packed_default) {
+        for (int d = 0; d < rank; ++d)
+            t.strides[d] = 0;
     }
     return t;
 }
@@ -465,6 +471,26 @@ START_TEST(test_matmul_batched_strides)
             size_t gap = (trans & 1) ? 5 : 0;
             set_batch(&mc, 0, batches[s]);
             mc.a.batch_gap = gap, mc.b.batch_gap = 2 * gap, mc.c.batch_gap = 3 * gap;
+            run_matmul_case(&mc);
+        }
+    }
+    TU_END_TEST();
+}
+END_TEST
+
+/* Operands with every stride 0 (packed, the API's default), non-square so that a row stride
+ * taken from the wrong dim shows, with and without a batch dim. */
+START_TEST(test_matmul_packed_default)
+{
+    TU_BEGIN_TEST();
+    static const mnk sizes[] = {{17, 63, 65}, {3, 1, 17}, {65, 3, 127}};
+    for (int s = 0; s < COUNT_OF(sizes); ++s) {
+        for (int trans = 0; trans < 4; ++trans) {
+            matmul_case mc =
+                plain_case(sizes[s].m, sizes[s].n, sizes[s].k, trans & 1, (trans >> 1) & 1);
+            if (s == 1)
+                set_batch(&mc, 0, 3);
+            mc.a.packed_default = mc.b.packed_default = mc.c.packed_default = 1;
             run_matmul_case(&mc);
         }
     }
@@ -1028,6 +1054,7 @@ static Suite *matmul_suite(void)
     tcase_add_test(options, test_matmul_alpha_beta);
     tcase_add_test(options, test_matmul_bias);
     tcase_add_test(options, test_matmul_batched_strides);
+    tcase_add_test(options, test_matmul_packed_default);
     tcase_add_test(options, test_matmul_broadcast);
     tcase_add_loop_test(options, test_matmul_two_batch_dims, 0, small ? 1 : 4);
     tcase_add_test(options, test_matmul_leading_dims_and_offsets);
