@@ -359,6 +359,7 @@ typedef enum clattn_role {
     CLATTN_ROLE_ROPE_SIN,
     CLATTN_ROLE_POSITION_IDS,
     CLATTN_ROLE_SCORE_WEIGHT,
+    CLATTN_ROLE_SINKS, /* since 0.8 */
     CLATTN_ROLE_COUNT /* the roles this version knows */
 } clattn_role;
 
@@ -404,6 +405,14 @@ typedef enum clattn_role {
  *   FlashAttention's alibi_slopes; with causal masking it is ALiBi's -m * (i - j)). Added with
  *   the masks, after soft-capping. clattn_alibi_slopes gives the slopes of the ALiBi paper.
  *
+ * Attention sinks (SDPA and MHA; optional; GPT-OSS): sinks, F32 (heads), one learned logit
+ *   per query head that joins each row's softmax denominator and takes no value:
+ *   w_ij = exp(s_ij - m) / (sum_j exp(s_ij - m) + exp(sinks[h] - m)), m the max over the row's
+ *   scores and the sink. So a row's weights sum to less than 1, and a row whose keys are all
+ *   masked gives zeros (its lse is the sink). With every mask, window, causal form, GQA,
+ *   kv_seqlen, the KV cache and both paths; read on the device at execution; -INFINITY is no
+ *   sink. Softmax only (CLATTN_ERR_UNSUPPORTED with CLATTN_NORM_RELU). Since 0.8.
+ *
  * MHA: query (batch, seq_q, embed_dim), key (batch, seq_k, kdim), value (batch, seq_k, vdim),
  *   out (batch, seq_q, out_dim). Weights as matrices (see clattn_weight_layout): q_weight maps
  *   embed_dim to qk_dim, k_weight kdim to qk_dim, v_weight vdim to v_dim, out_weight v_dim to
@@ -435,6 +444,7 @@ typedef union clattn_tensors {
         /* rotary plans: cos and sin caches and I32 position ids (clattn_rope_desc) */
         clattn_tensor rope_cos, rope_sin, position_ids;
         clattn_tensor score_weight; /* additive plans: w, the scores' final linear map */
+        clattn_tensor sinks;        /* attention sinks: F32 (heads) (see above) */
     };
 } clattn_tensors;
 

@@ -318,7 +318,11 @@ void flash_attention(FLASH_KERNEL_PARAMS)
 
     if (!valid)
         return;
-    const float inv = inverse_total(total);
+    /* attention sinks (score.cl): into the row's denominator, in the launch that finishes it */
+    const sunk_row sunk = sink_fold(SINK_OF(h, row), row_max, total);
+    row_max = sunk.max;
+    total = sunk.total;
+    const float inv = sunk.factor * inverse_total(total);
     for (uint d = 0; d < V_VECS; ++d)
         row_scatter(O_DTYPE, acc[d] * inv, out, d, o_s3);
     if (has_lse)

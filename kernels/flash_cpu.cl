@@ -540,12 +540,14 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
         const uint row = first_row + i;
         if (row >= seq_q)
             break;
-        const float inv = inverse_total(total[i]);
+        /* attention sinks (score.cl): into the row's denominator, in the launch that ends it */
+        const sunk_row sunk = sink_fold(SINK_OF(h, row), row_max[i], total[i]);
+        const float inv = sunk.factor * inverse_total(sunk.total);
         for (uint d = 0; d < HEAD_DIM_V; ++d)
             STORE(O_DTYPE, acc[i][d] * inv, O, row * o_s2 + d * o_s3);
         if (has_lse)
-            lse[row * lse_s2] = total[i] > 0.0f
-                                    ? (SCORE_RELU ? log(total[i]) : row_max[i] + log(total[i]))
+            lse[row * lse_s2] = sunk.total > 0.0f
+                                    ? (SCORE_RELU ? log(sunk.total) : sunk.max + log(sunk.total))
                                     : NEG_INF;
     }
 }

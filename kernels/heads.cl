@@ -136,7 +136,8 @@ void kv_append(__global const ELEM_T(K_SRC_DTYPE) *ks, __global const ELEM_T(V_S
  * (relu's lse is the log of the split's normaliser: the same formula). A split with no key
  * left (lse_p = -inf) weighs 0; a row with none at all gives zeros and -inf. o_parts
  * (splits, rows, dv) and lse_parts (splits, rows) are packed float32, rows numbered
- * (b, h, i). One work-item per (row, d); the d = 0 ones write lse when has_lse.
+ * (b, h, i). One work-item per (row, d); the d = 0 ones write lse when has_lse. Attention
+ * sinks (has_sinks; score.cl) join here, once per row: the splits leave them out.
  */
 #ifndef O_DTYPE
 #define O_DTYPE 0
@@ -145,7 +146,7 @@ void kv_append(__global const ELEM_T(K_SRC_DTYPE) *ks, __global const ELEM_T(V_S
 __kernel __attribute__((reqd_work_group_size(HEADS_WG, 1, 1)))
 void flash_merge(__global const float *o_parts, __global const float *lse_parts,
                  __global ELEM_T(O_DTYPE) *O, __global float *lse,
-                 const clattn_merge_params params)
+                 __global const float *sinks, const clattn_merge_params params)
 {
     CLATTN_UNPACK(CLATTN_MERGE_PARAMS)
     o_parts += o_parts_at; /* element offsets of the parts in the scratch buffer */
@@ -169,6 +170,12 @@ void flash_merge(__global const float *o_parts, __global const float *lse_parts,
             sum += w * o_parts[(p * rows + row) * dv + d];
         }
     }
+    /* the sink as one more split with no output (score.cl's sink_fold) */
+    const sunk_row sunk = sink_fold(
+        has_sinks ? sinks[sinks_offset + h * sinks_s0 + i * sinks_s1] : NEG_INF, m, total);
+    m = sunk.max;
+    total = sunk.total;
+    sum *= sunk.factor;
     STORE(O_DTYPE, total > 0.0f ? sum / total : 0.0f, O,
           o_offset + b * o_s0 + h * o_s1 + i * o_s2 + d * o_s3);
     if (has_lse && d == 0)

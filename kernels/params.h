@@ -88,7 +88,9 @@
 
 /* ---- the score rule's operands (score.cl): the head of the flash and softmax structs -------
  * mask: (b, h, i, j) strides (0 broadcasts); key padding: (b, j) strides; key counts per batch
- * and ALiBi slopes per (b, h) with their presence flags; the key band (see score.cl). The
+ * and ALiBi slopes per (b, h) with their presence flags; attention sinks per (h, i) (the
+ * query head h of a row; i: a row of a decode group's heads, else stride 0) and their flag,
+ * which a launch that leaves its row unfinished clears; the key band (see score.cl). The
  * buffers themselves are kernel arguments (mask, key_padding, SCORE_BUFFERS). The host fills
  * it in one place (ops.h: clattn__score_params). */
 #define CLATTN_SCORE_PARAMS(X)                                                                    \
@@ -96,9 +98,10 @@
     X(ulong, mask_s3) X(ulong, key_padding_offset) X(ulong, key_padding_s0)                       \
     X(ulong, key_padding_s1) X(ulong, kv_len_offset) X(ulong, kv_len_s0) X(long, band_diag)       \
     X(long, band_upper) X(long, band_lower) X(ulong, alibi_offset) X(ulong, alibi_s0)             \
-    X(ulong, alibi_s1) X(int, has_mask) X(int, has_key_padding) X(int, has_kv_len)                \
-    X(int, band_diag_kv) X(int, has_alibi) X(uint, heads) X(uint, seq_q) X(uint, seq_k)           \
-    X(float, scale) X(float, softcap) X(int, norm_relu) X(int, score_pad_)
+    X(ulong, alibi_s1) X(ulong, sinks_offset) X(ulong, sinks_s0) X(ulong, sinks_s1)               \
+    X(int, has_mask) X(int, has_key_padding) X(int, has_kv_len) X(int, band_diag_kv)              \
+    X(int, has_alibi) X(uint, heads) X(uint, seq_q) X(uint, seq_k) X(float, scale)                \
+    X(float, softcap) X(int, norm_relu) X(int, has_sinks)
 CLATTN_PARAMS_STRUCT(score, CLATTN_SCORE_PARAMS)
 
 /* ---- fused attention (flash.cl, flash_cpu.cl, flash_gpu.cl) --------------------------------
@@ -183,12 +186,14 @@ CLATTN_PARAMS_STRUCT(additive, CLATTN_ADDITIVE_PARAMS)
 
 /* ---- decode-split merge (heads.cl's flash_merge) -------------------------------------------
  * splits partial outputs and lse (packed float32 at o_parts_at / lse_parts_at of the scratch)
- * into O ((b, h, row, col) strides) and lse ((b, h, row) strides, when has_lse). */
+ * into O ((b, h, row, col) strides) and lse ((b, h, row) strides, when has_lse); the attention
+ * sinks (h, row) strides, when has_sinks (the splits leave them to the merge). */
 #define CLATTN_MERGE_PARAMS(X)                                                                    \
     X(ulong, rows) X(ulong, o_offset) X(ulong, o_s0) X(ulong, o_s1) X(ulong, o_s2)               \
     X(ulong, o_s3) X(ulong, lse_offset) X(ulong, lse_s0) X(ulong, lse_s1) X(ulong, lse_s2)       \
-    X(ulong, o_parts_at) X(ulong, lse_parts_at) X(uint, splits) X(uint, dv) X(int, has_lse)      \
-    X(uint, heads) X(uint, seq_q) X(uint, merge_pad_)
+    X(ulong, o_parts_at) X(ulong, lse_parts_at) X(ulong, sinks_offset) X(ulong, sinks_s0)        \
+    X(ulong, sinks_s1) X(uint, splits) X(uint, dv) X(int, has_lse) X(uint, heads) X(uint, seq_q) \
+    X(int, has_sinks)
 CLATTN_PARAMS_STRUCT(merge, CLATTN_MERGE_PARAMS)
 
 /* ---- the KV cache's append (heads.cl's kv_append) ------------------------------------------

@@ -16,6 +16,10 @@
  *              or j is outside the row's key band      (key_band below: key counts per batch,
  *                                                      causal, sliding window)
  *   softmax: w_ij = exp(s_ij - m_i) / sum_j exp(s_ij - m_i),  m_i = max_j s_ij
+ *   with a sink: w_ij = exp(s_ij - m_i) / (sum_j exp(s_ij - m_i) + exp(sink_h - m_i)),
+ *            m_i = max(max_j s_ij, sink_h)      attention sinks (GPT-OSS): one learned logit
+ *                                               per query head joins the denominator and
+ *                                               takes no value (sink_fold, at a row's end)
  *   relu:    w_ij = relu(s_ij) / sum_j relu(s_ij)
  *   a row whose sum is 0 (every key masked, or relu of nothing positive) gives zeros, not NaN.
  *
@@ -60,7 +64,8 @@ typedef struct key_band {
 
 /* The buffers of the key counts and ALiBi slopes: kernel arguments of every kernel that applies
  * the rule (their offsets, strides and flags are in the family's parameter struct). */
-#define SCORE_BUFFERS __global const int *kv_len, __global const float *alibi
+#define SCORE_BUFFERS                                                                             \
+    __global const int *kv_len, __global const float *alibi, __global const float *sinks
 /* The band of batch b and the slope of head h. */
 #define BAND_OF(b, h)                                                                             \
     make_band(kv_len, kv_len_offset + (b) * kv_len_s0, has_kv_len, seq_k, band_diag,              \
@@ -203,6 +208,33 @@ inline float score_rule(const float scaled_dot, const float softcap, const key_b
 {
     return masked_score(score_value(scaled_dot, softcap, band, row, key), key, key_begin, key_end,
                         padded, has_mask, mask, mask_index);
+}
+
+/* Attention sinks: the sink logit of row i of head h (SINK_OF(h, i); the rows of a decode
+ * group's query heads have their own, through sinks_s1), or -inf without sinks: a sink of
+ * -inf is no sink. Read where a row is finished, by the kernels that finish it. */
+#define SINK_OF(h, i) (has_sinks ? sinks[sinks_offset + (h) * sinks_s0 + (i) * sinks_s1] : NEG_INF)
+
+/* A finished softmax row with its sink folded in (sink_fold). */
+typedef struct sunk_row {
+    float max;    /* the max over the row's scores and the sink */
+    float total;  /* the sum of exp(s - max) over the kept keys, plus exp(sink - max) */
+    float factor; /* exp(the row's old max - max): what its unnormalised output is scaled by */
+} sunk_row;
+
+/* Folds a sink into a finished softmax row of max `row_max` whose kept keys sum to `total`
+ * (of exp(s - row_max)). A row with no key left (row_max -inf) gets factor 0: its output is
+ * zeros and its log-sum-exp the sink. A sink of -inf changes nothing (factor 1). Softmax only
+ * (the host refuses sinks with relu). */
+inline sunk_row sink_fold(const float sink, const float row_max, const float total)
+{
+    sunk_row r = {row_max, total, 1.0f};
+    if (sink == NEG_INF)
+        return r;
+    r.max = fmax(row_max, sink);
+    r.factor = row_max == NEG_INF ? 0.0f : exp(row_max - r.max);
+    r.total = total * r.factor + exp(sink - r.max);
+    return r;
 }
 
 /* Normalisation. softmax_shift: what a row subtracts before exp, its max, or 0 for a row with

@@ -169,7 +169,7 @@ softmax_row_vec(__global const float *raw, __global float *out, const float scal
                 const int has_mask,
                 __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_s3,
                 const int has_key_padding, __global const uchar *key_padding,
-                const ulong key_padding_s1, const int norm_relu)
+                const ulong key_padding_s1, const int norm_relu, const float sink)
 {
 #define SCORES16(c)                                                                               \
     row_scores16(raw, (c), scale, softcap, band, row, key_begin, has_mask, mask, mask_s3,         \
@@ -200,6 +200,7 @@ softmax_row_vec(__global const float *raw, __global float *out, const float scal
         float row_max = max16(maxima);
         for (uint c = vec_end; c < key_end; ++c)
             row_max = fmax(row_max, SCORE(c));
+        row_max = fmax(row_max, sink); /* attention sinks (score.cl); -inf: none */
         const float shift = softmax_shift(row_max);
         /* exp once per element: keep the numerators in out, then scale them. */
         float16 sums = 0.0f;
@@ -208,7 +209,7 @@ softmax_row_vec(__global const float *raw, __global float *out, const float scal
             vstore16(e, 0, out + c);
             sums += e;
         }
-        float total = sum16(sums);
+        float total = sum16(sums) + exp(sink - shift); /* the sink's term (0 without) */
         for (uint c = vec_end; c < key_end; ++c) {
             const float e = exp_poly(SCORE(c) - shift);
             out[c] = e;
@@ -260,13 +261,15 @@ void softmax_rows(__global const float *raw, __global float *out,
         key_padding += key_padding_offset + b * key_padding_s0;
     const key_band band = BAND_OF(b, h);
     const uint key_begin = band_begin(band, i), key_end = band_end(band, i);
+    const float sink = SINK_OF(h, i); /* attention sinks (score.cl); -inf: none */
 #if SOFTMAX_VEC
     if (has_mask || has_key_padding)
         softmax_row_vec(raw, out, scale, softcap, band, i, key_begin, key_end, seq_k, has_mask,
-                        mask, mask_s3, has_key_padding, key_padding, key_padding_s1, norm_relu);
+                        mask, mask_s3, has_key_padding, key_padding, key_padding_s1, norm_relu,
+                        sink);
     else
         softmax_row_vec(raw, out, scale, softcap, band, i, key_begin, key_end, seq_k, 0, mask, 0,
-                        0, key_padding, 0, norm_relu);
+                        0, key_padding, 0, norm_relu, sink);
 #else
 #define SCORE(c)                                                                                  \
     row_score(raw, (c), scale, softcap, band, i, key_begin, key_end, has_mask, mask, mask_s3,    \
@@ -286,7 +289,8 @@ void softmax_rows(__global const float *raw, __global float *out,
     float partial_max = NEG_INF;
     for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
         partial_max = fmax(partial_max, SCORE(c));
-    const float shift = softmax_shift(wg_reduce_max(scratch, partial_max, lid, SOFTMAX_WG));
+    const float shift =
+        softmax_shift(fmax(wg_reduce_max(scratch, partial_max, lid, SOFTMAX_WG), sink));
 
     /* exp once per element: keep the numerators in out, then scale them. */
     float partial_sum = 0.0f;
@@ -295,7 +299,8 @@ void softmax_rows(__global const float *raw, __global float *out,
         out[c] = e;
         partial_sum += e;
     }
-    const float inv = inverse_total(wg_reduce_sum(scratch, partial_sum, lid, SOFTMAX_WG));
+    const float inv = inverse_total(wg_reduce_sum(scratch, partial_sum, lid, SOFTMAX_WG) +
+                                    exp(sink - shift)); /* the sink's term (0 without) */
     for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
         out[c] *= inv;
 #undef SCORE
@@ -383,11 +388,12 @@ __kernel void softmax_rows_f64(__global const float *raw, __global float *out,
             out[c] = total > 0.0 ? (float)(fmax(SCORE64(c), 0.0) / total) : 0.0f;
         return;
     }
-    double row_max = -INFINITY;
+    const double sink = (double)SINK_OF(h, i); /* attention sinks (score.cl); -inf: none */
+    double row_max = sink;
     for (uint c = 0; c < seq_k; ++c)
         row_max = fmax(row_max, SCORE64(c));
     const double shift = row_max == -INFINITY ? 0.0 : row_max;
-    double total = 0.0;
+    double total = exp(sink - shift);
     for (uint c = 0; c < seq_k; ++c)
         total += exp(SCORE64(c) - shift);
     for (uint c = 0; c < seq_k; ++c)

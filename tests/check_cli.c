@@ -686,6 +686,102 @@ START_TEST(test_sdpa_alibi)
 }
 END_TEST
 
+/* --sinks (Hq) logits, one -inf, with grouped heads, bottom-right causal masking and a
+ * window, on both paths, against the float64 reference; a sink per head of the wrong count,
+ * a NaN sink and relu refused with one line, exit 2. */
+START_TEST(test_sdpa_sinks)
+{
+    TU_BEGIN_TEST();
+    enum { B = 2, H = 4, G = 2, LQ = 5, LK = 13, D = 8 };
+    tu_set_case("clattn sdpa --sinks: B=%d Hq=%d Hkv=%d Lq=%d Lk=%d", B, H, G, LQ, LK);
+    char q_path[512], k_path[512], v_path[512], s_path[512], bad_path[512], out[512], args[8192],
+        msg[512];
+    const size_t q_shape[4] = {B, H, LQ, D}, k_shape[4] = {B, G, LK, D};
+    float *q = scratch_array("sinks_q.npy", 4, q_shape, q_path, sizeof q_path);
+    float *k = scratch_array("sinks_k.npy", 4, k_shape, k_path, sizeof k_path);
+    float *v = scratch_array("sinks_v.npy", 4, k_shape, v_path, sizeof v_path);
+    snprintf(out, sizeof out, "%s/sinks_y.npy", scratch);
+    snprintf(s_path, sizeof s_path, "%s/sinks.npy", scratch);
+    snprintf(bad_path, sizeof bad_path, "%s/sinks_bad.npy", scratch);
+    float sinks[H];
+    for (int i = 0; i < H; ++i)
+        sinks[i] = (float)(-1.0 + 4.0 * tu_rand_unit());
+    sinks[tu_rand_below(H)] = -INFINITY; /* no sink for that head */
+    const size_t s_shape[1] = {H}, bad_shape[1] = {H - 1};
+    tu_expect(clattn_npy_write(s_path, sinks, 1, s_shape, msg, sizeof msg) == CLATTN_IO_OK, "%s",
+              msg);
+    tu_expect(clattn_npy_write(bad_path, sinks, 1, bad_shape, msg, sizeof msg) == CLATTN_IO_OK,
+              "%s", msg);
+    const size_t out_count = (size_t)B * H * LQ * D;
+    double *ref = tu_doubles(out_count);
+    for (int window = 0; window < 2; ++window) {
+        const ref_sdpa_shape shape = {.batch = B,
+                                      .heads = H,
+                                      .seq_q = LQ,
+                                      .seq_k = LK,
+                                      .dk = D,
+                                      .dv = D,
+                                      .scale = ref_resolve_scale(NAN, D),
+                                      .norm = CLATTN_NORM_SOFTMAX,
+                                      .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
+                                      .kv_heads = G,
+                                      .window_align = window ? CLATTN_CAUSAL_BOTTOM_RIGHT
+                                                             : CLATTN_CAUSAL_NONE,
+                                      .window_left = 2,
+                                      .window_right = -1,
+                                      .sinks = sinks};
+        ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
+        for (int p = 0; p < 2; ++p) {
+            snprintf(args, sizeof args,
+                     "sdpa --q %s --k %s --v %s --causal --causal-align bottom-right %s "
+                     "--sinks %s --path %s --out %s",
+                     q_path, k_path, v_path, window ? "--window 2,-1" : "", s_path,
+                     p ? "unfused" : "auto", out);
+            const int status = run_cli(args);
+            tu_expect(status == 0, "window %d path %d: exit status %d, stderr: %s", window, p,
+                      status, captured("stderr"));
+            if (status == 0)
+                expect_npy_reference(out, window ? "Y (sinks, window)" : "Y (sinks)", ref,
+                                     out_count, 4, (const size_t[]){B, H, LQ, D});
+        }
+    }
+    static const struct {
+        const char *extra, *want;
+    } bad[] = {
+        {"--sinks BAD", "expected (4,): one logit per query head"},
+        {"--sinks SINKS --norm relu", "--sinks with --norm relu"},
+        {"--sinks Q", "the sinks have shape"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        char extra[1200];
+        const char *path = strstr(bad[i].extra, "BAD") ? bad_path
+                           : strstr(bad[i].extra, "SINKS") ? s_path
+                                                          : q_path;
+        snprintf(extra, sizeof extra, "--sinks %s%s", path,
+                 strstr(bad[i].extra, "relu") ? " --norm relu" : "");
+        snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s %s", q_path, k_path, v_path, extra);
+        const int status = run_cli(args);
+        tu_expect(status == 2 && strstr(captured("stderr"), bad[i].want) &&
+                      strchr(captured("stderr"), '\n') == strrchr(captured("stderr"), '\n'),
+                  "%s: status %d, stderr: %s", bad[i].extra, status, captured("stderr"));
+    }
+    /* a NaN sink */
+    sinks[0] = NAN;
+    tu_expect(clattn_npy_write(s_path, sinks, 1, s_shape, msg, sizeof msg) == CLATTN_IO_OK, "%s",
+              msg);
+    snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s --sinks %s", q_path, k_path, v_path,
+             s_path);
+    const int status = run_cli(args);
+    tu_expect(status == 2 && strstr(captured("stderr"), "sink 0 is nan"),
+              "a NaN sink: status %d, stderr: %s", status, captured("stderr"));
+    free(ref);
+    free(v);
+    free(k);
+    free(q);
+    TU_END_TEST();
+}
+END_TEST
+
 START_TEST(test_sdpa_cache_command)
 {
     TU_BEGIN_TEST();
@@ -3209,6 +3305,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_run_kv_heads);
     tcase_add_test(tc, test_run_score_rules);
     tcase_add_test(tc, test_sdpa_alibi);
+    tcase_add_test(tc, test_sdpa_sinks);
     tcase_add_test(tc, test_run_posenc);
     tcase_add_test(tc, test_run_rope);
     tcase_add_test(tc, test_sdpa_command);

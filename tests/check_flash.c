@@ -736,7 +736,9 @@ END_TEST
  * sequence and the float64 reference; the cache then refuses a 65th key. Case 1 runs on the
  * context that splits keys from 16 (decode_keys=16), one head: the decode splits at every
  * length. Case 2 keeps the cache in F16 (compared with the F16-rounded reference). Case 3 has
- * no window: each step's 4 query heads per k/v head run as the rows of that head. */
+ * no window: each step's 4 query heads per k/v head run as the rows of that head. Cases 1 and
+ * 3 add attention sinks (one head's -inf): joined in flash_merge after the decode splits, and
+ * per row of a grouped step. */
 START_TEST(test_generation)
 {
     TU_BEGIN_TEST();
@@ -746,9 +748,11 @@ START_TEST(test_generation)
     const size_t batch = _i == 1 ? 1 : 2, heads = _i == 1 ? 1 : 8, kv_heads = _i == 1 ? 1 : 2;
     const clattn_dtype cache_dtype = _i == 2 ? CLATTN_DTYPE_F16 : CLATTN_DTYPE_F32;
     const float softcap = 3.0f;
-    tu_set_case("generation: B=%zu Hq=%zu Hkv=%zu steps=%d d=%d window=%lld softcap=%g cache=%s",
+    const int with_sinks = _i % 2 == 1;
+    tu_set_case("generation: B=%zu Hq=%zu Hkv=%zu steps=%d d=%d window=%lld softcap=%g cache=%s "
+                "sinks=%d",
                 batch, heads, kv_heads, STEPS, D, WINDOW, (double)softcap,
-                cache_dtype == CLATTN_DTYPE_F16 ? "F16" : "F32");
+                cache_dtype == CLATTN_DTYPE_F16 ? "F16" : "F32", with_sinks);
     if (_i == 1 && decode_ctx == NULL)
         decode_ctx = ctx_with_row("any | * | * | decode_keys=16");
     clattn_ctx *ctx = _i == 1 ? decode_ctx : tu_ctx();
@@ -769,6 +773,13 @@ START_TEST(test_generation)
                                   kv_count * sizeof(float), k, &err);
     cl_mem v_mem = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
                                   kv_count * sizeof(float), v, &err);
+    float sinks[8];
+    for (size_t h = 0; h < heads; ++h)
+        sinks[h] = (float)(-1.0 + 4.0 * tu_rand_unit());
+    if (heads > 1)
+        sinks[heads - 1] = -INFINITY; /* no sink for the last head */
+    cl_mem sinks_mem = clCreateBuffer(cl, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                      heads * sizeof(float), sinks, &err);
     float *nan = tu_nan_floats(q_count);
     cl_mem full_mem = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
                                      q_count * sizeof(float), nan, &err);
@@ -790,6 +801,8 @@ START_TEST(test_generation)
     full.window_left = WINDOW;
     full.window_right = -1;
     full.softcap = softcap;
+    if (with_sinks)
+        full_tensors.sinks = clattn_tensor_make(sinks_mem, 0, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0);
     clattn_plan *plan = NULL;
     if (tu_expect_status(clattn_sdpa_plan_create(ctx, &full, &plan), CLATTN_SUCCESS, "full"))
         tu_expect_status(clattn_plan_execute(plan, full_tensors.by_role, CLATTN_ROLE_COUNT, NULL,
@@ -822,6 +835,8 @@ START_TEST(test_generation)
     dec.window_left = WINDOW;
     dec.window_right = -1;
     dec.softcap = softcap;
+    if (with_sinks)
+        t->sinks = full_tensors.sinks;
     if (cache != NULL &&
         tu_expect_status(clattn_sdpa_plan_create(ctx, &dec, &plan), CLATTN_SUCCESS, "decode")) {
         const size_t kv_strides[4] = {kv_heads * STEPS * D, STEPS * D, D, 1};
@@ -877,7 +892,8 @@ START_TEST(test_generation)
                                   .softcap = softcap,
                                   .window_align = CLATTN_CAUSAL_TOP_LEFT,
                                   .window_left = WINDOW,
-                                  .window_right = -1};
+                                  .window_right = -1,
+                                  .sinks = with_sinks ? sinks : NULL};
     double *ref = tu_doubles(q_count);
     ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
     tu_expect_close("full forward", full_out, ref, q_count, TU_TOL);
@@ -898,7 +914,7 @@ START_TEST(test_generation)
     free(full_out);
     clattn_kv_cache_release(cache);
     tu_release_mem(q_mem), tu_release_mem(k_mem), tu_release_mem(v_mem);
-    tu_release_mem(full_mem), tu_release_mem(step_mem);
+    tu_release_mem(full_mem), tu_release_mem(step_mem), tu_release_mem(sinks_mem);
     free(nan), free(v), free(k), free(q);
     TU_END_TEST();
 }
@@ -1455,7 +1471,7 @@ START_TEST(test_long_sequence_under_cap)
                                                 0,
                                                 0,
                                                 NULL,
-                                                0};
+                                                0, NULL};
                     for (size_t j = 0; j < seq; ++j)
                         row_mask[j] = c.causal && j > row ? -INFINITY : 0.0f;
                     double want[64];

@@ -843,7 +843,7 @@ static void reference_with_rules(pb_mha_problem *p, const float *mask, const ref
                                   0,
                                   0,
                                   NULL,
-                                  0};
+                                  0, NULL};
     ref_sdpa_shape ruled = shape;
     if (rules != NULL) {
         ruled.softcap = rules->softcap;
@@ -851,6 +851,7 @@ static void reference_with_rules(pb_mha_problem *p, const float *mask, const ref
         ruled.window_left = rules->window_left;
         ruled.window_right = rules->window_right;
         ruled.alibi = rules->alibi;
+        ruled.sinks = rules->sinks;
     }
     double *heads_out = tu_doubles(b * h * lq * dv), *weights = tu_doubles(b * h * lq * lk);
     ref_sdpa(&ruled, qh, kh, vh, mask, p->padding, heads_out, weights, NULL);
@@ -1013,9 +1014,10 @@ START_TEST(test_mha_rank4_mask)
 }
 END_TEST
 
-/* Soft-capping, sliding windows and ALiBi slopes on MHA plans (clattn_mha_desc's softcap,
- * window_align/left/right, tensors.alibi_slopes), against the per-head reference with the same
- * rules, on both paths, with causal masks, key padding and Lq != Lk. */
+/* Soft-capping, sliding windows, ALiBi slopes and attention sinks on MHA plans
+ * (clattn_mha_desc's softcap, window_align/left/right, tensors.alibi_slopes, tensors.sinks),
+ * against the per-head reference with the same rules, on both paths, with causal masks, key
+ * padding and Lq != Lk. */
 typedef struct rules_case {
     size_t seq_q, seq_k;
     clattn_causal causal;
@@ -1025,20 +1027,21 @@ typedef struct rules_case {
     int alibi; /* 0 none, 1 (heads), 2 (batch, heads) */
     clattn_path path;
     clattn_need_weights need_weights;
+    int sinks; /* attention sinks (heads), one of them -inf */
 } rules_case;
 
 #define TL CLATTN_CAUSAL_TOP_LEFT
 #define BR CLATTN_CAUSAL_BOTTOM_RIGHT
 /* clang-format off */
 static const rules_case rules_cases[] = {
-    /* Lq  Lk causal cap  window left right alibi path need_weights */
-    { 17,  17, CLATTN_CAUSAL_NONE, 1.5f, CLATTN_CAUSAL_NONE, 0,  0, 0, FUSED, NONE},
-    { 13,  29, BR,     0.0f, BR,     5, -1, 0, UNFUSED, PER_HEAD},
-    { 29,  13, CLATTN_CAUSAL_NONE, 0.0f, TL,     3,  2, 0, FUSED, NONE},
-    { 17,  65, CLATTN_CAUSAL_NONE, 0.0f, CLATTN_CAUSAL_NONE, 0,  0, 1, FUSED, NONE},
-    { 17,  65, BR,     2.0f, CLATTN_CAUSAL_NONE, 0,  0, 2, UNFUSED, AVERAGED},
-    { 65,  63, TL,     0.7f, TL,    17, -1, 1, AUTO, NONE},
-    {  1, 129, BR,     0.0f, BR,    31, -1, 2, AUTO, NONE},
+    /* Lq  Lk causal cap  window left right alibi path need_weights sinks */
+    { 17,  17, CLATTN_CAUSAL_NONE, 1.5f, CLATTN_CAUSAL_NONE, 0,  0, 0, FUSED, NONE, 0},
+    { 13,  29, BR,     0.0f, BR,     5, -1, 0, UNFUSED, PER_HEAD, 1},
+    { 29,  13, CLATTN_CAUSAL_NONE, 0.0f, TL,     3,  2, 0, FUSED, NONE, 1},
+    { 17,  65, CLATTN_CAUSAL_NONE, 0.0f, CLATTN_CAUSAL_NONE, 0,  0, 1, FUSED, NONE, 0},
+    { 17,  65, BR,     2.0f, CLATTN_CAUSAL_NONE, 0,  0, 2, UNFUSED, AVERAGED, 0},
+    { 65,  63, TL,     0.7f, TL,    17, -1, 1, AUTO, NONE, 1},
+    {  1, 129, BR,     0.0f, BR,    31, -1, 2, AUTO, NONE, 1},
 };
 /* clang-format on */
 #undef TL
@@ -1078,9 +1081,18 @@ START_TEST(test_mha_score_rules)
     rules.window_left = rc->left;
     rules.window_right = rc->right;
     rules.alibi = expanded;
+    float *sinks = NULL;
+    if (rc->sinks) {
+        sinks = tu_floats(h);
+        for (size_t e = 0; e < h; ++e)
+            sinks[e] = (float)(-1.0 + 4.0 * tu_rand_unit());
+        sinks[tu_rand_below(h)] = -INFINITY;
+    }
+    rules.sinks = sinks;
     reference_with_rules(&p, NULL, &rules);
-    tu_set_case("MHA rules cap=%g window=%d(%lld,%lld) alibi=%d: %s", (double)rc->softcap,
-                (int)rc->window_align, rc->left, rc->right, rc->alibi, p.label);
+    tu_set_case("MHA rules cap=%g window=%d(%lld,%lld) alibi=%d sinks=%d: %s",
+                (double)rc->softcap, (int)rc->window_align, rc->left, rc->right, rc->alibi,
+                rc->sinks, p.label);
 
     clattn_tensors bound;
     if (pb_mha_upload(tu_ctx(), &p, &bound) == CL_SUCCESS) {
@@ -1100,12 +1112,19 @@ START_TEST(test_mha_score_rules)
             bound.alibi_slopes = desc_tensors.alibi_slopes;
             err = pb_upload(tu_ctx(), &bound.alibi_slopes, 3, slopes);
         }
+        if (rc->sinks && err == CL_SUCCESS) {
+            const size_t dims[1] = {h};
+            pb_make_layout(&desc_tensors.sinks, CLATTN_DTYPE_F32, 1, dims, PB_PADDED);
+            bound.sinks = desc_tensors.sinks;
+            err = pb_upload(tu_ctx(), &bound.sinks, 5, sinks);
+        }
         if (tu_expect(err == CL_SUCCESS, "upload of the slopes failed (%d)", (int)err)) {
             const int fused = rc->path == FUSED || (rc->path == AUTO && rc->need_weights == NONE);
             run_plan_desc(&p, &desc, &bound, fused);
         }
         pb_release_tensors(&bound);
     }
+    free(sinks);
     free(expanded);
     free(slopes);
     pb_mha_free(&p);

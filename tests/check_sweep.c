@@ -8,7 +8,8 @@
  *   the GQA ratio (1, 2, 4, 8), Lq (1, short 2..17, long 63..129), Lk (= Lq, short, long:
  *   Lq != Lk), the causal alignment and the window alignment drawn separately (none, top-left,
  *   bottom-right, ONNX, a diagonal offset), the window's left and right sizes (unbounded, 0,
- *   small, beyond every key), soft-capping, ALiBi ((H) or (B, H) slopes), the mask (none, bool,
+ *   small, beyond every key), soft-capping, ALiBi ((H) or (B, H) slopes), attention sinks (one
+ *   logit per query head, some -inf, packed or strided), the mask (none, bool,
  *   float), its rank (1 to 4, or a rank-4 view with stride 0 on its broadcast dims) and whether
  *   it differs between heads, the key rules (all keys, per-batch key counts, a past with
  *   present_k/present_v), key padding, storage (F32, F16, BF16, mixed), the normalisation
@@ -65,7 +66,7 @@
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* Draws per run of each tier (measured: see README's Testing section). */
-#define SWEEP_DRAWS_CI 80
+#define SWEEP_DRAWS_CI 96
 #define SWEEP_DRAWS_SMALL 12
 #define SWEEP_DRAWS_FULL 1500
 #define CENSUS_DRAWS 20000
@@ -83,6 +84,7 @@ typedef enum axis_id {
     AX_WRIGHT,
     AX_SOFTCAP,
     AX_ALIBI,
+    AX_SINKS,
     AX_MASK,
     AX_MASK_RANK,
     AX_MASK_HEADS,
@@ -141,6 +143,7 @@ static const axis_def axes[AX_COUNT] = {
     [AX_WRIGHT] = {"wright", 5, {"off", "-1", "0", "small", "large"}},
     [AX_SOFTCAP] = {"softcap", 2, {"off", "on"}},
     [AX_ALIBI] = {"alibi", 3, {"none", "(H)", "(B,H)"}},
+    [AX_SINKS] = {"sinks", 2, {"off", "on"}},
     [AX_MASK] = {"mask", 3, {"none", "bool", "float"}},
     [AX_MASK_RANK] = {"mask_rank", 6, {"none", "1", "2", "3", "4", "4_stride0"}},
     [AX_MASK_HEADS] = {"mask_heads", 3, {"none", "shared", "per_head"}},
@@ -253,6 +256,24 @@ static const combo required[] = {
     C2(AX_READ, READ_IN_PLACE, AX_DTYPE, DT_MIXED),
     C2(AX_READ, READ_IN_PLACE, AX_LAYOUT, LAY_SEQ_MAJOR),
     C2(AX_READ, READ_IN_PLACE, AX_CONFIG, CFG_DECODE_SPLIT),
+    /* Attention sinks (issue 28) where a row is finished: the grouped decode (a sink per row),
+     * decode splits (the merge adds it), key parts (the first part adds it, the rest resume),
+     * the GPU kernel, the unfused rows (float and double), rows with no key left, and relu's
+     * refusal */
+    C2(AX_SINKS, ON, AX_ROUTE, ROUTE_GROUPED),
+    C3(AX_SINKS, ON, AX_ROUTE, ROUTE_GROUPED, AX_CONFIG, CFG_GPU),
+    C2(AX_SINKS, ON, AX_CONFIG, CFG_DECODE_SPLIT),
+    C2(AX_SINKS, ON, AX_CONFIG, CFG_SPLIT),
+    C2(AX_SINKS, ON, AX_CONFIG, CFG_CPU_SPLIT),
+    C2(AX_SINKS, ON, AX_CONFIG, CFG_GPU),
+    C2(AX_SINKS, ON, AX_CONFIG, CFG_GPU_SPLIT),
+    C2(AX_SINKS, ON, AX_OUTPUTS, OUT_WEIGHTS),
+    C2(AX_SINKS, ON, AX_NORM, NORM_SOFTMAX_F64),
+    C2(AX_SINKS, ON, AX_NORM, NORM_RELU),
+    C3(AX_SINKS, ON, AX_PADDING, PAD_BATCH_MASKED, AX_OUTPUTS, OUT_LSE),
+    C2(AX_SINKS, ON, AX_KEYS, KEYS_PAST),
+    C3(AX_SINKS, ON, AX_WINDOW, AL_BOTTOM_RIGHT, AX_WLEFT, WS_SMALL),
+    C2(AX_READ, READ_IN_PLACE, AX_SINKS, ON),
 };
 
 /* --- the contexts ---------------------------------------------------------------------------- */
@@ -700,6 +721,15 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     const int norm = pick(d, AX_NORM, weighted(grouped ? grouped_norm_w : norm_w, 3));
     s->norm = norm == NORM_RELU ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
     s->softmax_f64 = norm == NORM_SOFTMAX_F64;
+    /* sinks join a softmax: with relu they are refused, so that pair is drawn only forced */
+    const int sinks_w[] = {70, 30};
+    int sinks = pick(d, AX_SINKS, norm == NORM_RELU ? OFF : weighted(sinks_w, 2));
+    if (sinks == ON && norm == NORM_RELU && !is_forced(d, AX_NORM)) {
+        pick(d, AX_NORM, NORM_SOFTMAX);
+        s->norm = CLATTN_NORM_SOFTMAX;
+    }
+    s->sinks = sinks == ON;
+    s->sinks_layout = tu_rand_below(2) ? PB_PADDED : PB_PACKED;
     static const int layout_w[] = {30, 20, 20, 15, 15};
     const int layout = pick(d, AX_LAYOUT, weighted(layout_w, 5));
     s->q_layout = layout_of(layout);
@@ -765,6 +795,8 @@ static int path_fused(const pb_sdpa_spec *s, clattn_path path)
 /* The status clattn.h documents for the problem on `path`. */
 static clattn_status expected_status(const pb_sdpa_spec *s, clattn_path path)
 {
+    if (s->sinks && s->norm == CLATTN_NORM_RELU)
+        return CLATTN_ERR_UNSUPPORTED; /* sinks join a softmax (checked before the band) */
     if (mixed_alignments(s))
         return CLATTN_ERR_INVALID_ARGUMENT; /* "both must use the same alignment" */
     if (path == CLATTN_PATH_FUSED && (s->want_weights || s->softmax_f64))

@@ -777,7 +777,8 @@ static void describe_sdpa(pb_sdpa_problem *p)
         p->label, sizeof p->label,
         "sdpa B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu scale=%g norm=%s causal=%s path=%s "
         "q=%s/%s k=%s/%s v=%s/%s out=%s/%s mask=%s padding=%d fully_masked=%d weights=%d "
-        "lse=%d softcap=%g kv_len=%d past=%zu window=%s(%lld,%lld) alibi=%d diag_offset=%lld",
+        "lse=%d softcap=%g kv_len=%d past=%zu window=%s(%lld,%lld) alibi=%d diag_offset=%lld "
+        "sinks=%d/%s",
         s->batch, s->heads, s->kv_heads ? s->kv_heads : s->heads, s->seq_q, s->seq_k, s->dk, s->dv,
         (double)s->scale,
         s->norm == CLATTN_NORM_RELU ? "relu" : s->softmax_f64 ? "softmax_f64" : "softmax",
@@ -787,7 +788,7 @@ static void describe_sdpa(pb_sdpa_problem *p)
         pb_layout_name(s->v_layout), pb_dtype_name(s->out_dtype), pb_layout_name(s->out_layout),
         mask, s->padding, s->fully_masked, s->want_weights, s->want_lse, (double)s->softcap,
         s->kv_len, s->past, causal_name(s->window_align), s->window_left, s->window_right, s->alibi,
-        s->diag_offset);
+        s->diag_offset, s->sinks, pb_layout_name(s->sinks_layout));
     if (s->rope) {
         const size_t used = strlen(p->label);
         snprintf(p->label + used, sizeof p->label - used, " rope=%s/%zu/start=%zu/base=%g",
@@ -882,6 +883,10 @@ static void make_sdpa_layouts(pb_sdpa_problem *p)
         const size_t a_dims[2] = {s->batch, s->heads};
         pb_make_layout(&t->alibi_slopes, CLATTN_DTYPE_F32, s->alibi == 1 ? 1 : 2,
                        s->alibi == 1 ? a_dims + 1 : a_dims, PB_PACKED);
+    }
+    if (s->sinks) {
+        const size_t h_dims[1] = {s->heads};
+        pb_make_layout(&t->sinks, CLATTN_DTYPE_F32, 1, h_dims, s->sinks_layout);
     }
     const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
     const size_t w_dims[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
@@ -987,6 +992,13 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
             }
         }
     }
+    if (s->sinks) {
+        p->sinks = pb_calloc(s->heads, sizeof(float));
+        for (size_t h = 0; h < s->heads; ++h) {
+            p->sinks[h] =
+                pb_rand_below(8) == 0 ? -INFINITY : (float)(-2.0 + 6.0 * pb_rand_unit());
+        }
+    }
     make_sdpa_layouts(p);
     describe_sdpa(p);
     if (!s->skip_reference) {
@@ -1052,6 +1064,7 @@ void pb_sdpa_reference(pb_sdpa_problem *p)
         }
     }
     shape.alibi = alibi;
+    shape.sinks = p->sinks;
     float *mask = pb_expand_mask(p);
     const ref_rope_spec rope = {.pairs = s->rope_style == CLATTN_ROPE_PAIRS,
                                 .dims = s->rope_dims,
@@ -1072,6 +1085,7 @@ void pb_sdpa_free(pb_sdpa_problem *p)
     free(p->padding);
     free(p->kv_len);
     free(p->alibi);
+    free(p->sinks);
     free(p->out_ref);
     free(p->weights_ref);
     free(p->lse_ref);
@@ -1172,6 +1186,10 @@ void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags)
     if ((flags & PB_RANDOM_ALIBI) && pb_rand_below(3) == 0) {
         spec->alibi = 1 + (int)pb_rand_below(2);
     }
+    if ((flags & PB_RANDOM_SINKS) && spec->norm != CLATTN_NORM_RELU && pb_rand_below(3) == 0) {
+        spec->sinks = 1;
+        spec->sinks_layout = pb_rand_below(2) ? PB_PADDED : PB_PACKED;
+    }
 }
 
 void pb_sdpa_random_band(pb_sdpa_spec *spec)
@@ -1251,6 +1269,7 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
         (err = upload_role(ctx, &l->present_v, &bound->present_v, NULL)) ||
         (err = upload_role(ctx, &l->kv_seqlen, &bound->kv_seqlen, kv_len)) ||
         (err = upload_role(ctx, &l->alibi_slopes, &bound->alibi_slopes, p->alibi)) ||
+        (err = upload_role(ctx, &l->sinks, &bound->sinks, p->sinks)) ||
         (err = upload_role(ctx, &l->out, &bound->out, NULL)) ||
         (err = upload_role(ctx, &l->attn_mask, &bound->attn_mask, p->mask)) ||
         (err = upload_role(ctx, &l->key_padding_mask, &bound->key_padding_mask, padding)) ||

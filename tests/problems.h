@@ -180,6 +180,11 @@ typedef struct pb_sdpa_spec {
     size_t rope_dims;
     double rope_base;
     size_t rope_start;
+    /* Attention sinks (sinks, F32 (H); softmax only): 0 none; 1 one logit per head, uniform
+     * in [-2, 4), about one head in eight -INFINITY (no sink), in a packed or a padded (stride
+     * > 1) buffer (sinks_layout) */
+    int sinks;
+    pb_layout sinks_layout;
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u
@@ -200,7 +205,8 @@ void pb_sdpa_spec_init(pb_sdpa_spec *spec);
 #define PB_RANDOM_SOFTCAP 64u /* softcap in [0.5, 4.5) on half the problems (drawn last) */
 #define PB_RANDOM_BAND 128u   /* pb_sdpa_random_band: ONNX causal, windows, kv_len, a past */
 #define PB_RANDOM_ALIBI 256u  /* ALiBi slopes (rank 1 or 2) on a third of the problems */
-#define PB_RANDOM_ALL 495u
+#define PB_RANDOM_SINKS 512u  /* attention sinks on a third of the softmax problems */
+#define PB_RANDOM_ALL 1007u
 #define PB_RANDOM_SMALL 16u   /* sizes for simulators: seq up to 63, head dims up to 16,
                                * heads up to 4 (combine with the others) */
 void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags);
@@ -222,6 +228,7 @@ typedef struct pb_sdpa_problem {
     uint8_t *padding; /* (B, Lk), nonzero = ignore; NULL when none */
     int32_t *kv_len;  /* (B) key counts (spec.kv_len), else NULL */
     float *alibi;     /* the slopes as uploaded ((H) or (B, H); spec.alibi), else NULL */
+    float *sinks;     /* the sinks as uploaded ((H); spec.sinks), else NULL */
     /* float64 reference: out (B, H, Lq, dv), lse (B, H, Lq) and, when want_weights, weights
      * (B, H, Lq, Lk) (else NULL) */
     double *out_ref, *weights_ref, *lse_ref;

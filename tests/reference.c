@@ -157,9 +157,10 @@ void ref_sdpa_scores(const ref_sdpa_shape *shape, const float *q, const float *k
 
 /* Normalises one row of scores in place over the kept keys; returns the row's log-sum-exp
  * (softmax) or log normaliser (relu), -INFINITY when nothing is kept. */
-static double normalise_row(double *row, const unsigned char *keep, size_t seq_k, clattn_norm norm)
+static double normalise_row(double *row, const unsigned char *keep, size_t seq_k, clattn_norm norm,
+                            double sink)
 {
-    double sum = 0.0, max = -INFINITY;
+    double sum = 0.0, max = norm == CLATTN_NORM_RELU ? -INFINITY : sink;
     if (norm == CLATTN_NORM_RELU) {
         for (size_t key = 0; key < seq_k; ++key) {
             row[key] = keep[key] && row[key] > 0.0 ? row[key] : 0.0;
@@ -174,6 +175,9 @@ static double normalise_row(double *row, const unsigned char *keep, size_t seq_k
         for (size_t key = 0; key < seq_k; ++key) {
             row[key] = max != -INFINITY && keep[key] ? exp(row[key] - max) : 0.0;
             sum += row[key];
+        }
+        if (sink != -INFINITY) { /* the sink's term: in the denominator only */
+            sum += exp(sink - max);
         }
     }
     for (size_t key = 0; key < seq_k; ++key) {
@@ -225,7 +229,9 @@ static void sdpa_double(const ref_sdpa_shape *shape, const double *q, const doub
                                 !(key_padding != NULL && key_padding[b * seq_k + key]) &&
                                 row[key] != -INFINITY;
                 }
-                const double row_lse = normalise_row(row, keep, seq_k, shape->norm);
+                const double row_lse = normalise_row(
+                    row, keep, seq_k, shape->norm,
+                    shape->sinks != NULL ? (double)shape->sinks[h] : -INFINITY);
                 if (lse != NULL) {
                     lse[row_index] = row_lse;
                 }

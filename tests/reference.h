@@ -63,6 +63,10 @@ typedef struct ref_sdpa_shape {
     const float *alibi;
     long long diag_offset; /* OFFSET alignment (causal or window): query i sits at key
                             * position i + diag_offset */
+    /* Attention sinks: (heads) logits, or NULL: softmax rows of head h take exp(sinks[h] - m)
+     * into their denominator (m: the max over the kept scores and the sink); -INFINITY is no
+     * sink. A row with no kept key: zero weights, lse = the sink. */
+    const float *sinks;
 } ref_sdpa_shape;
 
 /* Per (batch, head): s = cap(scale * q kᵀ) + mask (cap: softcap); keys masked by the causal rule, by key_padding

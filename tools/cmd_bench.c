@@ -15,7 +15,7 @@ static const char bench_usage[] =
     "                    [--warmup N]\n"
     "                    [--json]\n"
     "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--kv-heads H]\n"
-    "                    [--softcap C] [--alibi] [--rope]\n"
+    "                    [--softcap C] [--alibi] [--sinks] [--rope]\n"
     "                    [--seq L,...] [--seq-k S]\n"
     "                    [--head-dim D] [--embed E] [--path fused,unfused]\n"
     "                    [--dtype f32,f16,bf16] [--causal] [--mask none,padding,additive]\n"
@@ -41,6 +41,7 @@ static const char bench_usage[] =
     "query head's work as without it.\n"
     "--softcap C (attention, decode): soft-capped scores, C * tanh(s / C) (C > 0).\n"
     "--alibi (attention): ALiBi biases with the paper's slopes (clattn_alibi_slopes).\n"
+    "--sinks (attention, decode): attention sinks, one logit per query head (0.25 h - 1).\n"
     "--rope (mha): rotary embeddings on the projected q and k (clattn_mha_desc.rope).\n"
     "additive (not in the default set): additive (Bahdanau) self-attention plans over --batch,\n"
     "--seq, --embed E (q = k = v, (B, L, E)) with --heads H of --head-dim da (W1, W2 (E, H*da),\n"
@@ -105,6 +106,7 @@ typedef struct bench_options {
     bool dtypes[3]; /* f32, f16, bf16 */
     bool causal;    /* attention: top-left causal */
     bool alibi;     /* attention: ALiBi slopes (the paper's) */
+    bool sinks;     /* attention, decode: attention sinks (sinks_buffer's logits) */
     bool rope;      /* mha: rotary embeddings on the projected q and k */
     int mask;       /* attention: 0 none, 1 key padding (U8), 2 additive (F32) */
 } bench_options;
@@ -297,6 +299,22 @@ static cl_mem random_buffer(bench_state *b, size_t count, clattn_dtype dtype,
 }
 
 /* A device buffer of `bytes` bytes for an output (its contents are overwritten). */
+/* Attention sinks for `heads` query heads: head h's logit 0.25 h - 1 (F32, (heads)); NULL
+ * when the buffer cannot be made. */
+static cl_mem sinks_buffer(bench_state *b, size_t heads)
+{
+    float *logits = malloc(heads * sizeof(float));
+    if (logits == NULL)
+        return NULL;
+    for (size_t h = 0; h < heads; ++h)
+        logits[h] = 0.25f * (float)h - 1.0f;
+    cl_int err = CL_SUCCESS;
+    cl_mem mem = clCreateBuffer(b->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                heads * sizeof(float), logits, &err);
+    free(logits);
+    return err == CL_SUCCESS ? mem : NULL;
+}
+
 static cl_mem output_buffer(bench_state *b, size_t bytes)
 {
     cl_int err = CL_SUCCESS;
@@ -577,6 +595,12 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         snprintf(kv_json + used, sizeof kv_json - used, ", \"alibi\": true");
         snprintf(kv_text + used_text, sizeof kv_text - used_text, " alibi");
     }
+    const bool sinks = !softmax && o->sinks;
+    if (sinks) {
+        const size_t used = strlen(kv_json), used_text = strlen(kv_text);
+        snprintf(kv_json + used, sizeof kv_json - used, ", \"sinks\": true");
+        snprintf(kv_text + used_text, sizeof kv_text - used_text, " sinks");
+    }
     case_result r = {.op = softmax ? "softmax" : "attention",
                      .unit = softmax ? "gbps" : "gflops",
                      .path = softmax                     ? NULL
@@ -621,14 +645,20 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         t->attn_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
     if (alibi)
         t->alibi_slopes = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
+    if (sinks)
+        t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
     plan_case c = {.tensors = desc_tensors};
     /* The plan first: a case the device cannot hold is refused before any buffer is made. */
     clattn_status status = clattn_sdpa_plan_create(b->ctx, &desc, &c.plan);
     const size_t q_count = bh * seq_q * d, kv_count = o->batch * kv_heads * seq_k * d;
     const size_t scores = bh * seq_q * seq_k;
-    cl_mem mem[7] = {NULL};
+    cl_mem mem[8] = {NULL};
     size_t bytes = 0;
     if (status == CLATTN_SUCCESS) {
+        if (sinks) {
+            mem[7] = sinks_buffer(b, o->heads);
+            bind(&c.tensors.sinks, mem[7], o->heads, &bytes);
+        }
         if (alibi) {
             float *slopes = malloc(o->heads * sizeof(float));
             cl_int err = CL_SUCCESS;
@@ -668,7 +698,8 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
             bind(&c.tensors.attn_mask, mem[5], seq_q * seq_k, &bytes);
         }
         status =
-            all_made(mem, softmax ? 5 : 4) && (mask == 0 || mem[5]) && (!alibi || mem[6])
+            all_made(mem, softmax ? 5 : 4) && (mask == 0 || mem[5]) && (!alibi || mem[6]) &&
+                    (!sinks || mem[7])
                 ? measure(b, r.size_text, run_plan, &c, &r.device_ms, &r.wall_ms, &r.wall_timer)
                 : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     }
@@ -679,7 +710,7 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         measure_softmax_step(b, &c, scores, &r);
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.plan);
-    release_all(mem, 7);
+    release_all(mem, 8);
     return rc;
 }
 
@@ -777,12 +808,12 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
                      .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"cache\": %zu, "
-             "\"head_dim\": %zu, \"dtype\": \"%s\"%s",
+             "\"head_dim\": %zu, \"dtype\": \"%s\"%s%s",
              o->batch, o->heads, kv_heads, length, d, dtype_names[dtype],
-             o->softcap > 0.0f ? ", \"softcap\": true" : "");
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s", o->batch,
-             o->heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
-             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype]);
+             o->softcap > 0.0f ? ", \"softcap\": true" : "", o->sinks ? ", \"sinks\": true" : "");
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s",
+             o->batch, o->heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], o->sinks ? " sinks" : "");
     int rc = fresh_context(b);
     if (rc != CLI_OK)
         return rc;
@@ -799,10 +830,12 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
     cd.head_dim_qk = d, cd.head_dim_v = d, cd.dtype = type;
     clattn_status status = clattn_kv_cache_create(b->ctx, &cd, &c.cache);
     const size_t prefill = length - steps, q_count = o->batch * o->heads * d;
-    cl_mem mem[4] = {NULL};
+    cl_mem mem[5] = {NULL};
     size_t bytes = 0;
     if (status == CLATTN_SUCCESS) {
         /* The prompt's keys and values (random), then one token's per step. */
+        if (o->sinks && (mem[4] = sinks_buffer(b, o->heads)) == NULL)
+            status = CL_MEM_OBJECT_ALLOCATION_FAILURE;
         const size_t block = prefill > 0 ? prefill : 1;
         mem[0] = random_buffer(b, o->batch * kv_heads * block * d, type, 11);
         mem[1] = random_buffer(b, o->batch * kv_heads * d, type, 12);
@@ -832,6 +865,8 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
         t->q = clattn_tensor_make(mem[2], 0, type, 4, o->batch, o->heads, 1, d);
         t->out = clattn_tensor_make(mem[3], 0, type, 4, o->batch, o->heads, 1, d);
         clattn_kv_cache_tensors(c.cache, &t->k, &t->v, &t->kv_seqlen);
+        if (o->sinks)
+            t->sinks = clattn_tensor_make(mem[4], 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
         c.attend.tensors = desc_tensors;
         status = clattn_sdpa_plan_create(b->ctx, &desc, &c.attend.plan);
     }
@@ -851,7 +886,7 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.attend.plan);
     clattn_kv_cache_release(c.cache);
-    release_all(mem, 4);
+    release_all(mem, 5);
     return rc;
 }
 
@@ -1023,6 +1058,7 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
         {"--json", CLI_FLAG, &o->json, 0, NULL, NULL},
         {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
         {"--alibi", CLI_FLAG, &o->alibi, 0, NULL, NULL},
+        {"--sinks", CLI_FLAG, &o->sinks, 0, NULL, NULL},
         {"--rope", CLI_FLAG, &o->rope, 0, NULL, NULL},
         {"--mask", CLI_CHOICE, &o->mask, 0, masks, NULL},
         {"--softcap", CLI_FLOAT, &o->softcap, 1, NULL, NULL},

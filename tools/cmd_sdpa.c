@@ -15,7 +15,7 @@ static const char sdpa_usage[] =
     "                   [--nonpad-kv-seqlen N.npy] [--causal] [--causal-align "
     "onnx|top-left|bottom-right]\n"
     "                   [--window LEFT,RIGHT] [--softcap C] [--scale S] [--norm softmax|relu]\n"
-    "                   [--alibi | --alibi-slopes S.npy]\n"
+    "                   [--alibi | --alibi-slopes S.npy] [--sinks S.npy]\n"
     "                   [--rope [--rope-style halves|pairs] [--rope-dims N] [--rope-base B]\n"
     "                    [--rope-start P]]\n"
     "                   [--present-key-out PK.npy --present-value-out PV.npy]\n"
@@ -49,6 +49,10 @@ static const char sdpa_usage[] =
     "--alibi: ALiBi (not an ONNX attribute): query head h adds -m_h |i + Lk - Lq - j| to the\n"
     "  score of key j (Lk: all keys, past included; N[b] with --nonpad-kv-seqlen), the paper's\n"
     "  slopes m_h; --alibi-slopes S.npy: your own, (Hq) or (B, Hq) floats.\n"
+    "--sinks S.npy: attention sinks (GPT-OSS), (Hq) floats: head h's logit joins each row's\n"
+    "  softmax denominator and takes no value, p_ij = exp(s_ij - m) / (sum_j exp(s_ij - m) +\n"
+    "  exp(S[h] - m)), m the max over the row's scores and S[h]; -inf is no sink. With every\n"
+    "  mask, window and causal form and grouped heads; not with --norm relu.\n"
     "--rope: rotary position embeddings on every head of Q and of the new keys K, before\n"
     "  attention (ONNX's RotaryEmbedding in front of Attention): query row i and key row j at\n"
     "  positions P + i and P + j (--rope-start P, default 0; a decode step after P tokens:\n"
@@ -79,6 +83,7 @@ static const char sdpa_usage_outputs[] =
 typedef struct sdpa_options {
     const char *device, *q, *k, *v, *mask, *out;
     const char *past_k, *past_v, *present_k, *present_v, *nonpad, *qk_out, *alibi_slopes;
+    const char *sinks; /* --sinks S.npy */
     bool alibi;    /* --alibi: the paper's slopes */
     cli_rope rope; /* --rope and its options */
     int qk_mode;   /* --qk-output-mode, 0 .. 3 */
@@ -108,11 +113,12 @@ enum {
     M_NONPAD,
     M_SCORES,
     M_ALIBI,
+    M_SINKS,
     M_COUNT
 };
 
 typedef struct sdpa_data {
-    clattn_array q, k, v, mask, past_k, past_v, nonpad, slopes;
+    clattn_array q, k, v, mask, past_k, past_v, nonpad, slopes, sinks;
     float *mask_f32;    /* the mask as added floats, padded to Lk (float masks) */
     uint8_t *mask_keep; /* the mask as keep bytes, padded to Lk (bool masks) */
     int32_t *counts;    /* nonpad_kv_seqlen as I32 */
@@ -133,6 +139,7 @@ static void sdpa_free(sdpa_data *d)
     clattn_array_free(&d->past_v);
     clattn_array_free(&d->nonpad);
     clattn_array_free(&d->slopes);
+    clattn_array_free(&d->sinks);
     free(d->counts);
     free(d->present_k);
     free(d->present_v);
@@ -159,6 +166,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         {"--nonpad-kv-seqlen", CLI_PATH, &o->nonpad, 0, NULL, NULL},
         {"--qk-out", CLI_PATH, &o->qk_out, 0, NULL, NULL},
         {"--alibi-slopes", CLI_PATH, &o->alibi_slopes, 0, NULL, NULL},
+        {"--sinks", CLI_PATH, &o->sinks, 0, NULL, NULL},
         {"--alibi", CLI_FLAG, &o->alibi, 0, NULL, NULL},
         {"--ring", CLI_FLAG, &o->ring, 0, NULL, NULL},
         {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
@@ -251,6 +259,9 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         return cli_fail("sdpa", CLI_BAD_INPUT, "give --alibi or --alibi-slopes, not both");
     if (!cli_check_rope("sdpa", &o->rope))
         return CLI_BAD_INPUT;
+    if (o->sinks && o->norm != CLATTN_NORM_SOFTMAX)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--sinks with --norm relu: attention sinks join a softmax's denominator");
     if (o->past_k && o->nonpad)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--nonpad-kv-seqlen cannot be combined with --past-key (ONNX's rule)");
@@ -270,6 +281,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                             : o->qk_out                      ? "--qk-out"
                             : o->alibi                       ? "--alibi"
                             : o->alibi_slopes                ? "--alibi-slopes"
+                            : o->sinks                       ? "--sinks"
                             : o->rope.on                     ? "--rope"
                             : o->softmax_f64                 ? "--softmax-precision"
                             : o->norm != CLATTN_NORM_SOFTMAX ? "--norm relu"
@@ -552,6 +564,21 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
                 return cli_fail("sdpa", CLI_BAD_INPUT, "%s: slope %zu is not finite",
                                 o->alibi_slopes, i);
     }
+    /* Attention sinks: (Hq) logits, finite or -inf (no sink). */
+    if (o->sinks) {
+        if ((rc = load(o->sinks, &d->sinks, false)))
+            return rc;
+        if (d->sinks.ndim != 1 || d->sinks.shape[0] != heads)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "%s: the sinks have shape %s; expected (%zu,): one logit per query "
+                            "head",
+                            o->sinks, shape_text(&d->sinks, a, sizeof a), heads);
+        for (size_t i = 0; i < d->sinks.count; ++i)
+            if (isnan(d->sinks.data[i]) || d->sinks.data[i] == INFINITY)
+                return cli_fail("sdpa", CLI_BAD_INPUT,
+                                "%s: sink %zu is %g; expected a finite logit or -inf (no sink)",
+                                o->sinks, i, (double)d->sinks.data[i]);
+    }
     const bool rank3 = d->q.ndim == 3;
     sdpa_view out = {{batch, heads, seq_q, dv}, {heads * seq_q * dv, seq_q * dv, dv, 1}};
     if (rank3) {
@@ -651,6 +678,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             d->slopes.ndim == 1
                 ? clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0)
                 : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, batch, heads, 0, 0);
+    if (d->sinks.data)
+        t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0);
     size_t scores_count = 0;
     if (o->qk_out) {
         if (seq_k > SIZE_MAX / batch / heads / seq_q / sizeof(float))
@@ -711,9 +740,13 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         if (err == CL_SUCCESS && d->slopes.data)
             d->mem[M_ALIBI] = upload(ctx, d->slopes.data, d->slopes.count * sizeof(float),
                                      CL_MEM_READ_ONLY, &err);
+        if (err == CL_SUCCESS && d->sinks.data)
+            d->mem[M_SINKS] = upload(ctx, d->sinks.data, heads * sizeof(float), CL_MEM_READ_ONLY,
+                                     &err);
         if (err == CL_SUCCESS) {
             clattn_tensors bound = desc_tensors;
             bound.alibi_slopes.mem = d->mem[M_ALIBI];
+            bound.sinks.mem = d->mem[M_SINKS];
             bound.q.mem = d->mem[M_Q], bound.k.mem = d->mem[M_K], bound.v.mem = d->mem[M_V];
             bound.attn_mask.mem = d->mem[M_MASK], bound.out.mem = d->mem[M_OUT];
             bound.past_k.mem = d->mem[M_PAST_K], bound.past_v.mem = d->mem[M_PAST_V];

@@ -49,6 +49,33 @@ clattn_status clattn__plan_alibi(clattn_plan *plan, clattn__score_shape *score)
     return CLATTN_SUCCESS;
 }
 
+clattn_status clattn__plan_sinks(clattn_plan *plan, clattn__score_shape *score)
+{
+    const clattn__layout *sinks = &plan->layouts[R_SINKS];
+    score->has_sinks = sinks->present;
+    memset(&plan->sinks_view, 0, sizeof plan->sinks_view);
+    if (!sinks->present)
+        return CLATTN_SUCCESS;
+    if (score->norm != CLATTN_NORM_SOFTMAX)
+        return clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: sinks with norm=CLATTN_NORM_RELU: attention sinks join a "
+                            "softmax's denominator (use CLATTN_NORM_SOFTMAX)",
+                            plan->op);
+    const size_t per_head[1] = {score->heads};
+    clattn_status status = clattn__layout_expect(plan->ctx, plan->op, "sinks", sinks, 1, per_head,
+                                                 "(heads) of F32 logits (attention sinks)");
+    if (status != CLATTN_SUCCESS)
+        return status;
+    clattn__view *v = &plan->sinks_view;
+    v->dtype = CLATTN_DTYPE_F32;
+    v->dims[0] = v->dims[1] = 1;
+    v->dims[2] = score->heads;
+    v->strides[2] = sinks->strides[0];
+    v->dims[3] = score->seq_q;
+    v->strides[3] = 0;
+    return CLATTN_SUCCESS;
+}
+
 clattn_status clattn__plan_score(clattn_plan *plan, float scale, clattn_norm norm,
                                  size_t head_dim_qk, clattn__score_shape *score)
 {

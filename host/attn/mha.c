@@ -294,6 +294,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
     if ((status = clattn__plan_score(plan, desc->scale, desc->norm, m->head_dim_qk, &score)) ||
         (status = clattn__plan_masks(plan, d.batch, d.heads, d.seq_q, d.seq_k, &score)) ||
         (status = clattn__plan_alibi(plan, &score)) ||
+        (status = clattn__plan_sinks(plan, &score)) ||
         (status = clattn__plan_band(plan, desc->causal, desc->window_align, desc->window_left,
                                     desc->window_right, -1, 0, &score)))
         return status;
@@ -536,7 +537,7 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
      CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) |                        \
      CLATTN__ROLE(R_IN_W) | CLATTN__ROLE(R_IN_B) | CLATTN__ROLE(R_QW) | CLATTN__ROLE(R_KW) |       \
      CLATTN__ROLE(R_VW) | CLATTN__ROLE(R_QB) | CLATTN__ROLE(R_KB) | CLATTN__ROLE(R_VB) |           \
-     CLATTN__ROLE(R_OW) | CLATTN__ROLE(R_OB) | CLATTN__ROLE(R_ALIBI))
+     CLATTN__ROLE(R_OW) | CLATTN__ROLE(R_OB) | CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS))
 
 CLATTN__PLAN_KIND(mha, CLATTN__MHA, clattn_mha_desc, create, mha_execute,
                   clattn_mha_plan_create, "mha", clattn__mha_role_names, MHA_ROLES)

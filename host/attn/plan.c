@@ -78,7 +78,7 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, con
                                 : role == R_KVLEN || role == R_POS_IDS ? CLATTN__I32
                                 : role == R_MASK                       ? CLATTN__FLOATS | CLATTN__U8
                                 : role == R_WEIGHTS || role == R_LSE || role == R_SCORES ||
-                                        role == R_ALIBI || role == R_SCORE_W
+                                        role == R_ALIBI || role == R_SCORE_W || role == R_SINKS
                                     ? CLATTN__F32
                                     : CLATTN__FLOATS;
         status = clattn__layout_from(ctx, op, role_name(plan, role),
@@ -295,10 +295,11 @@ clattn__score_masks clattn__bound_masks(const clattn_plan *plan, const cl_mem *m
     clattn__score_masks m = {.mask = plan->mask_view,
                              .key_padding = plan->kpm_view,
                              .kv_len = plan->kv_len_view,
-                             .alibi = plan->alibi_view};
-    clattn__view *views[4] = {&m.mask, &m.key_padding, &m.kv_len, &m.alibi};
-    static const clattn__role roles[4] = {R_MASK, R_KPM, R_KVLEN, R_ALIBI};
-    for (int i = 0; i < 4; ++i) {
+                             .alibi = plan->alibi_view,
+                             .sinks = plan->sinks_view};
+    clattn__view *views[5] = {&m.mask, &m.key_padding, &m.kv_len, &m.alibi, &m.sinks};
+    static const clattn__role roles[5] = {R_MASK, R_KPM, R_KVLEN, R_ALIBI, R_SINKS};
+    for (int i = 0; i < 5; ++i) {
         views[i]->mem = mems[roles[i]];
         views[i]->offset = offsets[roles[i]];
     }

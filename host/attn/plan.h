@@ -37,7 +37,8 @@
     X(R_ROPE_COS, rope_cos, CLATTN_ROLE_ROPE_COS, "rope_cos", "rope_cos", "rope_cos")              \
     X(R_ROPE_SIN, rope_sin, CLATTN_ROLE_ROPE_SIN, "rope_sin", "rope_sin", "rope_sin")              \
     X(R_POS_IDS, position_ids, CLATTN_ROLE_POSITION_IDS, "position_ids", "position_ids", "position_ids")\
-    X(R_SCORE_W, score_weight, CLATTN_ROLE_SCORE_WEIGHT, "score_weight", "score_weight", "score_weight")
+    X(R_SCORE_W, score_weight, CLATTN_ROLE_SCORE_WEIGHT, "score_weight", "score_weight", "score_weight")\
+    X(R_SINKS, sinks, CLATTN_ROLE_SINKS, "sinks", "sinks", "sinks")
 
 typedef enum clattn__role {
 #define CLATTN__ROLE_ENUM(role, field, pub, sdpa, mha, x) role = pub,
@@ -214,6 +215,7 @@ struct clattn_plan {
     clattn__view mask_view, kpm_view; /* broadcast views of the masks (mem bound at execution) */
     clattn__view kv_len_view;         /* (1, 1, 1, batch) view of kv_seqlen */
     clattn__view alibi_view;          /* (1, 1, batch, heads) view of alibi_slopes */
+    clattn__view sinks_view;          /* (1, 1, heads, seq_q) view of sinks (per-row stride 0) */
     clattn__attention attention;
     clattn__mha mha;
     clattn__additive additive;
@@ -233,6 +235,9 @@ clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, 
 /* The ALiBi slopes (role R_ALIBI: F32 (heads) or (batch, heads)) as plan->alibi_view, and
  * score->has_alibi; score's batch and heads set. */
 clattn_status clattn__plan_alibi(clattn_plan *plan, clattn__score_shape *score);
+/* The attention sinks (role R_SINKS: F32 (heads)) as plan->sinks_view, and score->has_sinks;
+ * score's heads, seq_q and norm set. */
+clattn_status clattn__plan_sinks(clattn_plan *plan, clattn__score_shape *score);
 /* Validates the score rule's settings and resolves scale (NAN: 1/sqrt(head_dim_qk)). */
 clattn_status clattn__plan_score(clattn_plan *plan, float scale, clattn_norm norm,
                                  size_t head_dim_qk, clattn__score_shape *score);

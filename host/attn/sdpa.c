@@ -198,6 +198,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
     if ((status = clattn__plan_score(plan, desc->scale, desc->norm, dk, &score)) ||
         (status = clattn__plan_masks(plan, batch, heads, seq_q, total_k, &score)) ||
         (status = clattn__plan_alibi(plan, &score)) ||
+        (status = clattn__plan_sinks(plan, &score)) ||
         (status = clattn__plan_band(
              plan, desc->causal, desc->window_align, desc->window_left, desc->window_right,
              cache->has_past ? (long long)cache->past_len : -1, desc->diag_offset, &score)))
@@ -368,17 +369,20 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
             heads_as_rows(&io.lse, 2, group);
         if (plan->attention.score.has_mask)
             heads_as_rows(&io.masks.mask, 1, group);
+        if (plan->attention.score.has_sinks) /* each row its query head's sink */
+            heads_as_rows(&io.masks.sinks, 2, group);
     }
     return clattn__attention_enqueue(plan, &io, workspace, chain);
 }
 
-/* The inputs, out, the masks, the outputs, kv_seqlen, the KV cache's and ALiBi's slopes. */
+/* The inputs, out, the masks, the outputs, kv_seqlen, the KV cache's, ALiBi's slopes and the
+ * attention sinks. */
 #define SDPA_ROLES                                                                                 \
     (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
      CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) |                        \
      CLATTN__ROLE(R_LSE) | CLATTN__ROLE(R_KVLEN) | CLATTN__ROLE(R_PAST_K) |                        \
      CLATTN__ROLE(R_PAST_V) | CLATTN__ROLE(R_PRESENT_K) | CLATTN__ROLE(R_PRESENT_V) |              \
-     CLATTN__ROLE(R_SCORES) | CLATTN__ROLE(R_ALIBI))
+     CLATTN__ROLE(R_SCORES) | CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS))
 
 CLATTN__PLAN_KIND(sdpa, CLATTN__SDPA, clattn_sdpa_desc, create, sdpa_execute,
                   clattn_sdpa_plan_create, "sdpa", clattn__sdpa_role_names, SDPA_ROLES)

@@ -315,7 +315,7 @@ clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *
 /* flash_merge over the decode splits in scratch: out and, when the plan has it, lse. */
 static clattn_status merge_splits(clattn_chain *chain, const clattn__flash_plan *plan,
                                   clattn__scratch scratch, cl_ulong rows, const clattn__view *out,
-                                  const clattn__view *lse)
+                                  const clattn__view *lse, const clattn__score_masks *masks)
 {
     const clattn__score_shape *score = &plan->shape.score;
     const bool has_lse = plan->shape.has_lse;
@@ -337,9 +337,17 @@ static clattn_status merge_splits(clattn_chain *chain, const clattn__flash_plan 
         params.lse_s1 = lse->strides[2];
         params.lse_s2 = lse->strides[3];
     }
+    params.has_sinks = score->has_sinks; /* the splits left them out: they join here */
+    if (score->has_sinks) {
+        params.sinks_offset = masks->sinks.offset;
+        params.sinks_s0 = masks->sinks.strides[2];
+        params.sinks_s1 = masks->sinks.strides[3];
+    }
     const cl_mem lse_mem = has_lse ? lse->mem : out->mem;
+    const cl_mem sinks_mem = score->has_sinks ? masks->sinks.mem : out->mem;
     const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(scratch.mem),
-                               CLATTN_ARG(out->mem), CLATTN_ARG(lse_mem), CLATTN_ARG(params)};
+                               CLATTN_ARG(out->mem),    CLATTN_ARG(lse_mem),
+                               CLATTN_ARG(sinks_mem),   CLATTN_ARG(params)};
     return clattn__launch_kernel(chain, plan->merge, "flash_merge", args,
                                               sizeof args / sizeof args[0], 1, &plan->merge_global,
                                               &plan->merge_local);
@@ -428,6 +436,9 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
                                          ? score->seq_k
                                          : params.part_begin + plan->part_keys);
         params.resume = params.part_begin > 0; /* a later part: from the one before */
+        /* Attention sinks join a row once: in its first key part (later ones resume from an
+         * lse that holds them), or in flash_merge after decode splits. */
+        params.score.has_sinks = score->has_sinks && !params.resume && !split;
         const clattn_arg args[] = {CLATTN_ARG(q->mem),
                                    CLATTN_ARG(k->mem),
                                    CLATTN_ARG(v->mem),
@@ -437,6 +448,7 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
                                    CLATTN_ARG(buffers.key_padding),
                                    CLATTN_ARG(buffers.kv_len),
                                    CLATTN_ARG(buffers.alibi),
+                                   CLATTN_ARG(buffers.sinks),
                                    CLATTN_ARG(score_w),
                                    CLATTN_ARG(params)};
         const cl_uint n = sizeof args / sizeof args[0];
@@ -445,7 +457,7 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
     }
     if (split && status == CLATTN_SUCCESS) {
         /* flash_merge: the splits into out (and the caller's lse) */
-        status = merge_splits(chain, plan, scratch, rows, final_out, lse);
+        status = merge_splits(chain, plan, scratch, rows, final_out, lse, masks);
     }
     return status;
 }

@@ -47,7 +47,8 @@ clattn_status clattn__matmul_enqueue(clattn_chain *chain, const clattn__matmul_p
  * row's key band: j >= n_b (n_b = kv_len[b] clamped to [0, seq_k] with has_kv_len, else
  * seq_k), j > i + diag_b + band_upper (band_upper >= 0), j < i + diag_b - band_lower
  * (band_lower >= 0), diag_b = band_diag + (band_diag_kv ? kv_len[b] : 0);
- * softmax or relu normalisation; a row with nothing left gives zeros. */
+ * softmax or relu normalisation (softmax with attention sinks: one logit per query head joins
+ * each row's denominator, has_sinks); a row with nothing left gives zeros. */
 typedef struct clattn__score_shape {
     size_t batch, heads, seq_q, seq_k;
     size_t kv_group; /* grouped-query attention: query head h reads k/v head h / kv_group (k and
@@ -57,6 +58,7 @@ typedef struct clattn__score_shape {
     clattn_norm norm;
     bool has_kv_len; /* I32 key counts per batch (clattn__score_masks.kv_len) */
     bool has_alibi;  /* F32 ALiBi slopes per (batch, head) (clattn__score_masks.alibi) */
+    bool has_sinks;  /* F32 attention sinks per query head (clattn__score_masks.sinks) */
     long long band_diag;
     bool band_diag_kv;
     long long band_upper, band_lower; /* < 0: that side unbounded (causal: upper 0) */
@@ -78,6 +80,8 @@ typedef struct clattn__score_shape {
 typedef struct clattn__score_masks {
     clattn__view mask, key_padding, kv_len;
     clattn__view alibi;      /* dims (1, 1, batch, heads), strides 0 on broadcast dims */
+    clattn__view sinks;      /* dims (1, 1, heads, seq_q): strides (per head, per row: 0 but
+                              * where a decode group's query heads are rows) */
     clattn__view additive_w; /* score.additive: w, F32 (1, 1, heads, da) */
 } clattn__score_masks;
 
@@ -88,10 +92,10 @@ static inline bool clattn__band_diagonal(const clattn__score_shape *score)
 }
 
 /* The buffers every kernel applying the score rule takes (mask, key_padding, then score.cl's
- * SCORE_BUFFERS: kv_len, alibi); an absent one is `fallback` (any valid buffer: the kernel never
+ * SCORE_BUFFERS: kv_len, alibi, sinks); an absent one is `fallback` (any valid buffer: the kernel never
  * reads it without its flag). */
 typedef struct clattn__score_buffers {
-    cl_mem mask, key_padding, kv_len, alibi;
+    cl_mem mask, key_padding, kv_len, alibi, sinks;
 } clattn__score_buffers;
 
 /* The score rule's operands (params.h's clattn_score_params, the head of the flash and softmax

@@ -14,11 +14,13 @@ void clattn__score_params(const clattn__score_shape *score, const clattn__score_
     const clattn__view *mask = &masks->mask, *padding = &masks->key_padding;
     const bool has_mask = score->has_mask, has_padding = score->has_key_padding;
     const bool has_kv_len = score->has_kv_len, has_alibi = score->has_alibi;
+    const bool has_sinks = score->has_sinks;
     *p = (clattn_score_params){0};
     buffers->mask = has_mask ? mask->mem : fallback;
     buffers->key_padding = has_padding ? padding->mem : fallback;
     buffers->kv_len = has_kv_len ? masks->kv_len.mem : fallback;
     buffers->alibi = has_alibi ? masks->alibi.mem : fallback;
+    buffers->sinks = has_sinks ? masks->sinks.mem : fallback;
     if (has_mask) {
         p->mask_offset = mask->offset;
         p->mask_s0 = mask->strides[0];
@@ -40,6 +42,11 @@ void clattn__score_params(const clattn__score_shape *score, const clattn__score_
         p->alibi_s0 = masks->alibi.strides[2];
         p->alibi_s1 = masks->alibi.strides[3];
     }
+    if (has_sinks) {
+        p->sinks_offset = masks->sinks.offset;
+        p->sinks_s0 = masks->sinks.strides[2];
+        p->sinks_s1 = masks->sinks.strides[3];
+    }
     p->band_diag = score->band_diag;
     p->band_upper = score->band_upper;
     p->band_lower = score->band_lower;
@@ -48,6 +55,7 @@ void clattn__score_params(const clattn__score_shape *score, const clattn__score_
     p->has_kv_len = has_kv_len;
     p->band_diag_kv = score->band_diag_kv;
     p->has_alibi = has_alibi;
+    p->has_sinks = has_sinks;
     p->heads = (cl_uint)score->heads;
     p->seq_q = (cl_uint)score->seq_q;
     p->seq_k = (cl_uint)score->seq_k;

@@ -53,7 +53,8 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
                                  attn_mask: Optional[ArrayLike] = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: Optional[float] = None,
                                  enable_gqa: bool = False, *, ctx: Optional[Context] = None,
-                                 path: str = "auto") -> ArrayLike:
+                                 path: str = "auto",
+                                 sinks: Optional[ArrayLike] = None) -> ArrayLike:
     """Attention as ``torch.nn.functional.scaled_dot_product_attention`` computes it, on the
     clattn device.
 
@@ -75,6 +76,10 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     without a copy); numpy in gives numpy out.
     ctx, path (keyword only): the clattn.Context (None: the default one); "auto" (the fused
     kernel where it applies), "fused" or "unfused".
+    sinks (keyword only): attention sinks (GPT-OSS), one logit per query head, shape (Hq,):
+    head h's sink joins each row's softmax denominator and takes no value,
+    p_ij = exp(s_ij - m) / (sum_j exp(s_ij - m) + exp(sinks[h] - m)); -inf is no sink. With
+    every mask, causal masking and grouped heads (numpy and torch inputs).
     Repeated calls with the same shapes, strides, dtypes and options reuse the plan made by
     the first (and, for numpy, its device buffers): a call then costs the copies, the launch
     and a few microseconds of Python (bench/python_overhead.py).
@@ -93,10 +98,13 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     if like is not None:  # torch in, torch out: numpy views of the tensors' memory
         result = scaled_dot_product_attention(
             _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
-            _torch.to_numpy(attn_mask), 0.0, is_causal, scale, enable_gqa, ctx=ctx, path=path)
+            _torch.to_numpy(attn_mask), 0.0, is_causal, scale, enable_gqa, ctx=ctx, path=path,
+            sinks=_torch.to_numpy(sinks))
         return _torch.from_numpy(result, like)
     if _torch.is_tensor(attn_mask):
         attn_mask = _torch.to_numpy(attn_mask)
+    if _torch.is_tensor(sinks):
+        sinks = _torch.to_numpy(sinks)
     if path not in _PATHS:
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                             f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
@@ -106,10 +114,15 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     if scale is not None and not math.isfinite(scale):
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
     if _is_pyopencl(query) or _is_pyopencl(key) or _is_pyopencl(value):
+        if sinks is not None:
+            raise ArgumentError(_lib.ERR_UNSUPPORTED,
+                                "sinks with pyopencl arrays: not supported yet (pass numpy or "
+                                "torch inputs)")
         return _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, ctx,
                               path)
     ctx = ctx or default_context()
-    fast_key = _numpy_key(query, key, value, attn_mask, is_causal, scale, enable_gqa, path)
+    fast_key = None if sinks is not None else _numpy_key(query, key, value, attn_mask,
+                                                         is_causal, scale, enable_gqa, path)
     if fast_key is not None:
         with ctx.lock:
             prepared = ctx.lookup(fast_key)
@@ -169,6 +182,17 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
             m = m.reshape((B, heads_q, L, S))
         mask4 = (np.ascontiguousarray(m), mask_dtype)
 
+    sinks1 = None
+    if sinks is not None:
+        sinks1 = np.ascontiguousarray(np.asarray(sinks, dtype=np.float32))
+        if sinks1.shape != (heads_q,):
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"sinks has shape {np.shape(sinks)}; expected ({heads_q},): one "
+                                f"logit per query head")
+        if np.isnan(sinks1).any() or (sinks1 == np.inf).any():
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                "sinks: every sink must be a finite logit or -inf (no sink)")
+
     dtypes = tuple(clattn_dtype(a.dtype) for a in (q4, k4, v4))
     out_dtype = dtypes[0]
 
@@ -188,7 +212,7 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     (qc, qs), (kc, ks), (vc, vs) = packed(q4), packed(k4), packed(v4)
     key_ = ("sdpa", q4.shape, k4.shape, v4.shape, dtypes, qs, ks, vs,
             None if mask4 is None else (mask4[0].shape, mask4[1]), bool(is_causal),
-            scale, _PATHS[path])
+            scale, _PATHS[path], sinks1 is not None)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -200,6 +224,8 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
         t.out = layout(out_dtype, (B, heads_q, L, Ev))
         if mask4 is not None:
             t.attn_mask = layout(mask4[1], mask4[0].shape)
+        if sinks1 is not None:
+            t.sinks = layout(_lib.F32, sinks1.shape)
         desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
         desc.scale = float("nan") if scale is None else float(scale)
         desc.path = _PATHS[path]
@@ -262,6 +288,10 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
             buffers.append(Buffer(ctx, mask4[0]))
             tensors.attn_mask = layout(mask4[1], mask4[0].shape)
             tensors.attn_mask.mem = buffers[-1].mem
+        if sinks1 is not None:
+            buffers.append(Buffer(ctx, sinks1))
+            tensors.sinks = layout(_lib.F32, sinks1.shape)
+            tensors.sinks.mem = buffers[-1].mem
         ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), _lib.ROLE_COUNT,
                                           None, None, 0, None, None))
         buffers[3].read(ctx, out)

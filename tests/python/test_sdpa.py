@@ -14,9 +14,10 @@ import clattn
 PATHS = ["fused", "unfused"]
 
 
-def reference(q, k, v, mask=None, causal=False, scale=None, gqa=False):
+def reference(q, k, v, mask=None, causal=False, scale=None, gqa=False, sinks=None):
     """float64 attention with PyTorch's meanings; fully masked rows give zeros (clattn's
-    rule; PyTorch gives NaN there)."""
+    rule; PyTorch gives NaN there). sinks (Hq,): each head's logit joins its rows' softmax
+    denominator (GPT-OSS's attention sinks; -inf: none)."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     if gqa and k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
@@ -36,9 +37,15 @@ def reference(q, k, v, mask=None, causal=False, scale=None, gqa=False):
             keep &= np.isfinite(s)
     s = np.where(keep, s, -np.inf)
     mx = np.max(s, axis=-1, keepdims=True)
+    sink = None
+    if sinks is not None:  # (Hq,) -> (..., Hq, 1, 1)
+        sink = np.asarray(sinks, dtype=np.float64).reshape(-1, 1, 1)
+        mx = np.maximum(mx, sink)
     mx = np.where(np.isfinite(mx), mx, 0.0)
     e = np.where(keep, np.exp(s - mx), 0.0)
     total = e.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + np.exp(sink - mx)
     w = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
     return np.matmul(w, v)
 
@@ -277,3 +284,41 @@ def test_repeated_calls_reuse_the_prepared_plan(path, kind):
         q0 = q.copy()
         clattn.scaled_dot_product_attention(q, k, v, ctx=ctx, path=path)
         assert np.array_equal(q, q0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_sinks(ctx, path, causal):
+    """Attention sinks (one logit per query head, one of them -inf) with grouped heads and
+    causal masking; then through torch tensors when torch is there; bad sinks raise."""
+    rng = np.random.default_rng(28)
+    q, k, v = rand(rng, 2, 4, 17, 16), rand(rng, 2, 2, 23, 16), rand(rng, 2, 2, 23, 8)
+    sinks = rng.uniform(-1, 3, size=4).astype(np.float32)
+    sinks[2] = -np.inf
+    got = clattn.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True,
+                                              ctx=ctx, path=path, sinks=sinks)
+    want = reference(q, k, v, causal=causal, gqa=True, sinks=sinks)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # the rows' weights sum to less than 1: without sinks the result differs
+    plain = clattn.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True,
+                                                ctx=ctx, path=path)
+    assert np.abs(plain - got).max() > 1e-3
+    for bad, error in [(sinks[:3], clattn.ArgumentError),
+                       (np.full(4, np.nan, np.float32), clattn.ArgumentError)]:
+        with pytest.raises(error):
+            clattn.scaled_dot_product_attention(q, k, v, enable_gqa=True, ctx=ctx, sinks=bad)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_sinks_torch(ctx, path):
+    """Sinks as a torch tensor, with torch inputs (torch in, torch out)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(29)
+    q, k, v = rand(rng, 2, 4, 17, 16), rand(rng, 2, 2, 23, 16), rand(rng, 2, 2, 23, 8)
+    sinks = rng.uniform(-1, 3, size=4).astype(np.float32)
+    causal = True
+    want = reference(q, k, v, causal=causal, gqa=True, sinks=sinks)
+    got_t = clattn.scaled_dot_product_attention(
+        torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), is_causal=causal,
+        enable_gqa=True, ctx=ctx, path=path, sinks=torch.from_numpy(sinks))
+    np.testing.assert_allclose(got_t.numpy(), want, rtol=1e-4, atol=1e-5)
