@@ -725,8 +725,8 @@ START_TEST(test_sdpa_sinks)
                                       .norm = CLATTN_NORM_SOFTMAX,
                                       .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
                                       .kv_heads = G,
-                                      .window_align = window ? CLATTN_CAUSAL_BOTTOM_RIGHT
-                                                             : CLATTN_CAUSAL_NONE,
+                                      .window_align =
+                                          window ? CLATTN_CAUSAL_BOTTOM_RIGHT : CLATTN_CAUSAL_NONE,
                                       .window_left = 2,
                                       .window_right = -1,
                                       .sinks = sinks};
@@ -754,9 +754,9 @@ START_TEST(test_sdpa_sinks)
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
         char extra[1200];
-        const char *path = strstr(bad[i].extra, "BAD") ? bad_path
+        const char *path = strstr(bad[i].extra, "BAD")     ? bad_path
                            : strstr(bad[i].extra, "SINKS") ? s_path
-                                                          : q_path;
+                                                           : q_path;
         snprintf(extra, sizeof extra, "--sinks %s%s", path,
                  strstr(bad[i].extra, "relu") ? " --norm relu" : "");
         snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s %s", q_path, k_path, v_path, extra);

@@ -404,7 +404,8 @@ START_TEST(test_max_alloc_refused_or_fused)
                                         0,
                                         0,
                                         NULL,
-                                        0, NULL};
+                                        0,
+                                        NULL};
             double want = 0.0, magnitude = 0.0;
             ref_sdpa(&one, q + rows[r], k, v, NULL, NULL, &want, NULL, NULL);
             ref_sdpa(&one, q + rows[r], k, v_abs, NULL, NULL, &magnitude, NULL, NULL);

@@ -1471,7 +1471,8 @@ START_TEST(test_long_sequence_under_cap)
                                                 0,
                                                 0,
                                                 NULL,
-                                                0, NULL};
+                                                0,
+                                                NULL};
                     for (size_t j = 0; j < seq; ++j)
                         row_mask[j] = c.causal && j > row ? -INFINITY : 0.0f;
                     double want[64];

@@ -843,7 +843,8 @@ static void reference_with_rules(pb_mha_problem *p, const float *mask, const ref
                                   0,
                                   0,
                                   NULL,
-                                  0, NULL};
+                                  0,
+                                  NULL};
     ref_sdpa_shape ruled = shape;
     if (rules != NULL) {
         ruled.softcap = rules->softcap;
@@ -1090,9 +1091,8 @@ START_TEST(test_mha_score_rules)
     }
     rules.sinks = sinks;
     reference_with_rules(&p, NULL, &rules);
-    tu_set_case("MHA rules cap=%g window=%d(%lld,%lld) alibi=%d sinks=%d: %s",
-                (double)rc->softcap, (int)rc->window_align, rc->left, rc->right, rc->alibi,
-                rc->sinks, p.label);
+    tu_set_case("MHA rules cap=%g window=%d(%lld,%lld) alibi=%d sinks=%d: %s", (double)rc->softcap,
+                (int)rc->window_align, rc->left, rc->right, rc->alibi, rc->sinks, p.label);
 
     clattn_tensors bound;
     if (pb_mha_upload(tu_ctx(), &p, &bound) == CL_SUCCESS) {

@@ -852,8 +852,7 @@ START_TEST(test_by_role)
             char want[64];
             snprintf(want, sizeof want, "by_role[%d] is set", (int)CLATTN_ROLE_COUNT + 1);
             tu_expect(status == CLATTN_ERR_UNSUPPORTED && strstr(clattn_last_error(ctx), want),
-                      "execute with an unknown role: %s (want '%s')", clattn_last_error(ctx),
-                      want);
+                      "execute with an unknown role: %s (want '%s')", clattn_last_error(ctx), want);
         }
         pb_release_tensors(&bound);
     }

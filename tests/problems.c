@@ -781,14 +781,16 @@ static void describe_sdpa(pb_sdpa_problem *p)
         "sinks=%d/%s",
         s->batch, s->heads, s->kv_heads ? s->kv_heads : s->heads, s->seq_q, s->seq_k, s->dk, s->dv,
         (double)s->scale,
-        s->norm == CLATTN_NORM_RELU ? "relu" : s->softmax_f64 ? "softmax_f64" : "softmax",
-        causal_name(s->causal),
-        path_name(s->path), pb_dtype_name(s->q_dtype), pb_layout_name(s->q_layout),
-        pb_dtype_name(s->k_dtype), pb_layout_name(s->k_layout), pb_dtype_name(s->v_dtype),
-        pb_layout_name(s->v_layout), pb_dtype_name(s->out_dtype), pb_layout_name(s->out_layout),
-        mask, s->padding, s->fully_masked, s->want_weights, s->want_lse, (double)s->softcap,
-        s->kv_len, s->past, causal_name(s->window_align), s->window_left, s->window_right, s->alibi,
-        s->diag_offset, s->sinks, pb_layout_name(s->sinks_layout));
+        s->norm == CLATTN_NORM_RELU ? "relu"
+        : s->softmax_f64            ? "softmax_f64"
+                                    : "softmax",
+        causal_name(s->causal), path_name(s->path), pb_dtype_name(s->q_dtype),
+        pb_layout_name(s->q_layout), pb_dtype_name(s->k_dtype), pb_layout_name(s->k_layout),
+        pb_dtype_name(s->v_dtype), pb_layout_name(s->v_layout), pb_dtype_name(s->out_dtype),
+        pb_layout_name(s->out_layout), mask, s->padding, s->fully_masked, s->want_weights,
+        s->want_lse, (double)s->softcap, s->kv_len, s->past, causal_name(s->window_align),
+        s->window_left, s->window_right, s->alibi, s->diag_offset, s->sinks,
+        pb_layout_name(s->sinks_layout));
     if (s->rope) {
         const size_t used = strlen(p->label);
         snprintf(p->label + used, sizeof p->label - used, " rope=%s/%zu/start=%zu/base=%g",
@@ -995,8 +997,7 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
     if (s->sinks) {
         p->sinks = pb_calloc(s->heads, sizeof(float));
         for (size_t h = 0; h < s->heads; ++h) {
-            p->sinks[h] =
-                pb_rand_below(8) == 0 ? -INFINITY : (float)(-2.0 + 6.0 * pb_rand_unit());
+            p->sinks[h] = pb_rand_below(8) == 0 ? -INFINITY : (float)(-2.0 + 6.0 * pb_rand_unit());
         }
     }
     make_sdpa_layouts(p);

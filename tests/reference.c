@@ -229,9 +229,9 @@ static void sdpa_double(const ref_sdpa_shape *shape, const double *q, const doub
                                 !(key_padding != NULL && key_padding[b * seq_k + key]) &&
                                 row[key] != -INFINITY;
                 }
-                const double row_lse = normalise_row(
-                    row, keep, seq_k, shape->norm,
-                    shape->sinks != NULL ? (double)shape->sinks[h] : -INFINITY);
+                const double row_lse =
+                    normalise_row(row, keep, seq_k, shape->norm,
+                                  shape->sinks != NULL ? (double)shape->sinks[h] : -INFINITY);
                 if (lse != NULL) {
                     lse[row_index] = row_lse;
                 }

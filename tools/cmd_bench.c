@@ -811,8 +811,8 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
              "\"head_dim\": %zu, \"dtype\": \"%s\"%s%s",
              o->batch, o->heads, kv_heads, length, d, dtype_names[dtype],
              o->softcap > 0.0f ? ", \"softcap\": true" : "", o->sinks ? ", \"sinks\": true" : "");
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s",
-             o->batch, o->heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s", o->batch,
+             o->heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
              type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], o->sinks ? " sinks" : "");
     int rc = fresh_context(b);
     if (rc != CLI_OK)

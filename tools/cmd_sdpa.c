@@ -741,8 +741,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             d->mem[M_ALIBI] = upload(ctx, d->slopes.data, d->slopes.count * sizeof(float),
                                      CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS && d->sinks.data)
-            d->mem[M_SINKS] = upload(ctx, d->sinks.data, heads * sizeof(float), CL_MEM_READ_ONLY,
-                                     &err);
+            d->mem[M_SINKS] =
+                upload(ctx, d->sinks.data, heads * sizeof(float), CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS) {
             clattn_tensors bound = desc_tensors;
             bound.alibi_slopes.mem = d->mem[M_ALIBI];

@@ -534,10 +534,10 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
 /* The inputs, out, the masks, weights, the projections and ALiBi's slopes. */
 #define MHA_ROLES                                                                                  \
     (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
-     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) |                        \
-     CLATTN__ROLE(R_IN_W) | CLATTN__ROLE(R_IN_B) | CLATTN__ROLE(R_QW) | CLATTN__ROLE(R_KW) |       \
-     CLATTN__ROLE(R_VW) | CLATTN__ROLE(R_QB) | CLATTN__ROLE(R_KB) | CLATTN__ROLE(R_VB) |           \
-     CLATTN__ROLE(R_OW) | CLATTN__ROLE(R_OB) | CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS))
+     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) | CLATTN__ROLE(R_IN_W) | \
+     CLATTN__ROLE(R_IN_B) | CLATTN__ROLE(R_QW) | CLATTN__ROLE(R_KW) | CLATTN__ROLE(R_VW) |         \
+     CLATTN__ROLE(R_QB) | CLATTN__ROLE(R_KB) | CLATTN__ROLE(R_VB) | CLATTN__ROLE(R_OW) |           \
+     CLATTN__ROLE(R_OB) | CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS))
 
 CLATTN__PLAN_KIND(mha, CLATTN__MHA, clattn_mha_desc, create, mha_execute,
                   clattn_mha_plan_create, "mha", clattn__mha_role_names, MHA_ROLES)

@@ -379,10 +379,10 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
  * attention sinks. */
 #define SDPA_ROLES                                                                                 \
     (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
-     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) |                        \
-     CLATTN__ROLE(R_LSE) | CLATTN__ROLE(R_KVLEN) | CLATTN__ROLE(R_PAST_K) |                        \
-     CLATTN__ROLE(R_PAST_V) | CLATTN__ROLE(R_PRESENT_K) | CLATTN__ROLE(R_PRESENT_V) |              \
-     CLATTN__ROLE(R_SCORES) | CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS))
+     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) | CLATTN__ROLE(R_LSE) |  \
+     CLATTN__ROLE(R_KVLEN) | CLATTN__ROLE(R_PAST_K) | CLATTN__ROLE(R_PAST_V) |                     \
+     CLATTN__ROLE(R_PRESENT_K) | CLATTN__ROLE(R_PRESENT_V) | CLATTN__ROLE(R_SCORES) |              \
+     CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS))
 
 CLATTN__PLAN_KIND(sdpa, CLATTN__SDPA, clattn_sdpa_desc, create, sdpa_execute,
                   clattn_sdpa_plan_create, "sdpa", clattn__sdpa_role_names, SDPA_ROLES)

@@ -92,8 +92,8 @@ static inline bool clattn__band_diagonal(const clattn__score_shape *score)
 }
 
 /* The buffers every kernel applying the score rule takes (mask, key_padding, then score.cl's
- * SCORE_BUFFERS: kv_len, alibi, sinks); an absent one is `fallback` (any valid buffer: the kernel never
- * reads it without its flag). */
+ * SCORE_BUFFERS: kv_len, alibi, sinks); an absent one is `fallback` (any valid buffer: the kernel
+ * never reads it without its flag). */
 typedef struct clattn__score_buffers {
     cl_mem mask, key_padding, kv_len, alibi, sinks;
 } clattn__score_buffers;
