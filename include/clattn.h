@@ -359,7 +359,8 @@ typedef enum clattn_role {
     CLATTN_ROLE_ROPE_SIN,
     CLATTN_ROLE_POSITION_IDS,
     CLATTN_ROLE_SCORE_WEIGHT,
-    CLATTN_ROLE_SINKS, /* since 0.8 */
+    CLATTN_ROLE_SINKS,       /* since 0.8 */
+    CLATTN_ROLE_BLOCK_TABLE, /* since 0.8 */
     CLATTN_ROLE_COUNT /* the roles this version knows */
 } clattn_role;
 
@@ -413,6 +414,19 @@ typedef enum clattn_role {
  *   kv_seqlen, the KV cache and both paths; read on the device at execution; -INFINITY is no
  *   sink. Softmax only (CLATTN_ERR_UNSUPPORTED with CLATTN_NORM_RELU). Since 0.8.
  *
+ * A paged KV cache (SDPA only; optional; FlashAttention's flash_attn_with_kvcache layout, as
+ *   vLLM keeps it): block_table, I32 (batch, blocks), makes k and v pools of pages,
+ *   k (num_pages, page_size, kv_heads, head_dim_qk) and v (num_pages, page_size, kv_heads,
+ *   head_dim_v), any strides and any page_size >= 1; key j of batch b is slot j % page_size
+ *   of page block_table[b, j / page_size]. A sequence's pages need not be contiguous nor in
+ *   order, and batches may share pages. kv_seqlen (I32 (batch)) is then required: batch b
+ *   attends keys 0 .. kv_seqlen[b] - 1, clamped to blocks * page_size (seq_k in the rules
+ *   above is blocks * page_size, so causal BOTTOM_RIGHT puts the queries at the end of each
+ *   sequence). Block indices are read on the device: a sequence's keys end at its first
+ *   index outside 0 .. num_pages - 1, and no page outside the pool is read. The fused path
+ *   only (weights, scores and softmax_f64 are refused, as are past_k/present_k and rope).
+ *   Since 0.8.
+ *
  * MHA: query (batch, seq_q, embed_dim), key (batch, seq_k, kdim), value (batch, seq_k, vdim),
  *   out (batch, seq_q, out_dim). Weights as matrices (see clattn_weight_layout): q_weight maps
  *   embed_dim to qk_dim, k_weight kdim to qk_dim, v_weight vdim to v_dim, out_weight v_dim to
@@ -445,6 +459,7 @@ typedef union clattn_tensors {
         clattn_tensor rope_cos, rope_sin, position_ids;
         clattn_tensor score_weight; /* additive plans: w, the scores' final linear map */
         clattn_tensor sinks;        /* attention sinks: F32 (heads) (see above) */
+        clattn_tensor block_table;  /* SDPA only: a paged KV cache's I32 (batch, blocks) */
     };
 } clattn_tensors;
 

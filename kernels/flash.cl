@@ -210,7 +210,14 @@ void flash_attention(FLASH_KERNEL_PARAMS)
 
     /* The row's key band; the group needs keys from its first row's begin to its last row's
      * end (uniform bounds), the tiles before the begin skipped whole. */
+    /* a paged cache (score.cl): the batch's keys end at its first block outside the pool */
+#if KV_PAGED
+    const ulong bt_row = bt_offset + b * bt_s0;
+    key_band band = BAND_OF(b, h);
+    band.limit = paged_limit(block_table, bt_row, bt_s1, page_size, num_pages, band.limit);
+#else
     const key_band band = BAND_OF(b, h);
+#endif
     const uint row_key_begin = band_begin(band, safe_row), row_key_end = band_end(band, safe_row);
     const uint last_row = min(seq_q, first_row + BLOCK_Q) - 1;
     const uint key_end = min(key_stop, band_end(band, last_row));
@@ -225,22 +232,22 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         if (k_s3 == 1 && v_s3 == 1) {
             for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
                 const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
-                k_tile[j][d] = k0 + j < band.limit ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d) : 0.0f;
+                k_tile[j][d] = k0 + j < band.limit ? LOAD(K_DTYPE, K, KEY_AT(k0 + j, k_s2, k_page) + d) : 0.0f;
             }
             for (uint e = lid; e < BLOCK_K * HEAD_DIM_V; e += BLOCK_Q) {
                 const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
-                v_tile[j][d] = k0 + j < band.limit ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d) : 0.0f;
+                v_tile[j][d] = k0 + j < band.limit ? LOAD(V_DTYPE, V, KEY_AT(k0 + j, v_s2, v_page) + d) : 0.0f;
             }
         } else {
             for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
                 const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
                 k_tile[j][d] =
-                    k0 + j < band.limit ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
+                    k0 + j < band.limit ? LOAD(K_DTYPE, K, KEY_AT(k0 + j, k_s2, k_page) + d * k_s3) : 0.0f;
             }
             for (uint e = lid; e < BLOCK_K * HEAD_DIM_V; e += BLOCK_Q) {
                 const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
                 v_tile[j][d] =
-                    k0 + j < band.limit ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d * v_s3) : 0.0f;
+                    k0 + j < band.limit ? LOAD(V_DTYPE, V, KEY_AT(k0 + j, v_s2, v_page) + d * v_s3) : 0.0f;
             }
         }
         for (uint j = lid; j < BLOCK_K; j += BLOCK_Q) {

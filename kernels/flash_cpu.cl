@@ -193,32 +193,52 @@ inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
  * across their lanes at the end of the row. The accumulators start at 0 and take every piece
  * by fma: a first piece by multiplication was compiled by PoCL 3.1 (LLVM 15) into 8-byte
  * loads and multiplies, about as many instructions as the rest of the row. */
+/* KEY_ROW(j): the tile's key j's row (fc_scores_direct: K + j * ks; fc_scores_paged: through
+ * the block table) */
+#define FC_SCORES_BODY(KEY_ROW)                                                                   \
+    for (uint j = 0; j < nk; ++j) {                                                               \
+        __global const ELEM_T(K_DTYPE) *row = KEY_ROW(j);                                         \
+        float16 t[FC_RB];                                                                         \
+        _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r) t[r] = (float16)(0.0f);                \
+        for (uint c = 0; c < FC_DQV; ++c) {                                                       \
+            const float16 k = LOAD16(K_DTYPE, row, 16 * c);                                       \
+            _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r) t[r] =                             \
+                fma(vload16(c, qs[r]), k, t[r]);                                                  \
+        }                                                                                         \
+        _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r) pt[r][j] = fc_hsum(t[r]);              \
+    }                                                                                             \
+    for (uint j = nk; j < FC_KT; ++j) {                                                           \
+        _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r) pt[r][j] = 0.0f;                       \
+    }
+
+#define FC_STRIDED_KEY(j) (K + (j) * ks)
 inline void fc_scores_direct(__global const ELEM_T(K_DTYPE) *K, const ulong ks,
                              __local float (*qs)[HEAD_DIM_QK], __local float (*pt)[FC_KT],
                              const uint nk)
 {
-    for (uint j = 0; j < nk; ++j) {
-        __global const ELEM_T(K_DTYPE) *row = K + j * ks;
-        float16 t[FC_RB];
-#pragma unroll
-        for (uint r = 0; r < FC_RB; ++r)
-            t[r] = (float16)(0.0f);
-        for (uint c = 0; c < FC_DQV; ++c) {
-            const float16 k = LOAD16(K_DTYPE, row, 16 * c);
-#pragma unroll
-            for (uint r = 0; r < FC_RB; ++r)
-                t[r] = fma(vload16(c, qs[r]), k, t[r]);
-        }
-#pragma unroll
-        for (uint r = 0; r < FC_RB; ++r)
-            pt[r][j] = fc_hsum(t[r]);
-    }
-    for (uint j = nk; j < FC_KT; ++j) {
-#pragma unroll
-        for (uint r = 0; r < FC_RB; ++r)
-            pt[r][j] = 0.0f;
-    }
+    FC_SCORES_BODY(FC_STRIDED_KEY)
 }
+
+#if KV_PAGED
+/* A paged cache's tile read where it lies: key j's row at K + krow[j] (its page's slot;
+ * unit stride along d), for fc_scores_paged and fc_pv_paged (V + vrow[j]). */
+#define FC_PAGED_KEY(j) (K + krow[(j)])
+inline void fc_scores_paged(__global const ELEM_T(K_DTYPE) *K, const ulong *krow,
+                            __local float (*qs)[HEAD_DIM_QK], __local float (*pt)[FC_KT],
+                            const uint nk)
+{
+    FC_SCORES_BODY(FC_PAGED_KEY)
+}
+
+#define FC_PAGED_ROW16(j, v) LOAD16(V_DTYPE, V + vrow[(j)], 16 * (v))
+inline void fc_pv_paged(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
+                        __global const ELEM_T(V_DTYPE) *V, const ulong *vrow, const float *corr,
+                        const uint c0, const uint nk)
+{
+    const uint nv = FC_DVV - c0 < FC_PVW ? FC_DVV - c0 : FC_PVW;
+    FC_PV_BODY(FC_PAGED_ROW16)
+}
+#endif
 
 /* fc_pv with the tile's first nk V rows read where they lie (V: the tile's first row, unit
  * stride, rows vs elements apart), FC_PVW vectors of columns (or the rest) from c0. */
@@ -285,7 +305,14 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
         }
     }
 
+    /* a paged cache (score.cl): the batch's keys end at its first block outside the pool */
+#if KV_PAGED
+    const ulong bt_row = bt_offset + b * bt_s0;
+    key_band band = BAND_OF(b, h);
+    band.limit = paged_limit(block_table, bt_row, bt_s1, page_size, num_pages, band.limit);
+#else
     const key_band band = BAND_OF(b, h);
+#endif
     const uint last_row = min(seq_q, first_row + FC_ROWS) - 1;
     const uint key_end = min(key_stop, band_end(band, last_row));
     const uint group_begin = band_begin(band, first_row);
@@ -300,6 +327,20 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
         /* FC_DIRECT: a tile of unit-stride rows is read where it lies, the edge tile's keys
          * inside the count only (nk of them) */
         const bool direct = FC_DIRECT && k_s3 == 1 && v_s3 == 1;
+#if KV_PAGED
+        /* a paged cache (score.cl): each key's row from the block table, once per tile */
+        ulong krow[FC_KT], vrow[FC_KT];
+        for (uint j = 0; j < FC_KT; ++j) {
+            const bool real = k0 + j < band.limit;
+            krow[j] = real ? KEY_AT(k0 + j, k_s2, k_page) : 0;
+            vrow[j] = real ? KEY_AT(k0 + j, v_s2, v_page) : 0;
+        }
+#define FC_KROW(j) krow[j]
+#define FC_VROW(j) vrow[j]
+#else
+#define FC_KROW(j) ((k0 + (j)) * k_s2)
+#define FC_VROW(j) ((k0 + (j)) * v_s2)
+#endif
         const uint nk = edge ? band.limit - k0 : FC_KT; /* k0 < key_end <= band.limit */
         if (direct) {
             if (SCORE_MASK || SCORE_KPAD || edge) {
@@ -315,20 +356,20 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
         } else if (!edge && k_s3 == 1) {
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
                 for (uint j = 0; j < FC_KT; ++j)
-                    kt[d][j] = LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d);
+                    kt[d][j] = LOAD(K_DTYPE, K, FC_KROW(j) + d);
         } else {
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
                 for (uint j = 0; j < FC_KT; ++j)
-                    kt[d][j] = k0 + j < band.limit ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3) : 0.0f;
+                    kt[d][j] = k0 + j < band.limit ? LOAD(K_DTYPE, K, FC_KROW(j) + d * k_s3) : 0.0f;
         }
         for (uint j = 0; j < FC_KT && !direct; ++j) {
             const bool real = k0 + j < band.limit;
             if (real && v_s3 == 1) {
                 for (uint d = 0; d < HEAD_DIM_V; ++d)
-                    vt[j][d] = LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d);
+                    vt[j][d] = LOAD(V_DTYPE, V, FC_VROW(j) + d);
             } else {
                 for (uint d = 0; d < HEAD_DIM_V; ++d)
-                    vt[j][d] = real ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d * v_s3) : 0.0f;
+                    vt[j][d] = real ? LOAD(V_DTYPE, V, FC_VROW(j) + d * v_s3) : 0.0f;
             }
             for (uint d = HEAD_DIM_V; d < FC_DVP; ++d)
                 vt[j][d] = 0.0f;
@@ -355,7 +396,11 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
             float16 s[FC_RB][4];
 #if FC_DIRECT
             if (direct) {
+#if KV_PAGED
+                fc_scores_paged(K, krow, qs + r0, pt, nk);
+#else
                 fc_scores_direct(K + k0 * k_s2, k_s2, qs + r0, pt, nk);
+#endif
 #pragma unroll
                 for (uint r = 0; r < FC_RB; ++r) {
 #pragma unroll
@@ -524,7 +569,11 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
 #if FC_DIRECT
             if (direct) {
                 for (uint c0 = 0; c0 < FC_DVV; c0 += FC_PVW)
+#if KV_PAGED
+                    fc_pv_paged(acc + r0, pt, V, vrow, corr, c0, nk);
+#else
                     fc_pv_direct(acc + r0, pt, V + k0 * v_s2, v_s2, corr, c0, nk);
+#endif
                 continue;
             }
 #endif

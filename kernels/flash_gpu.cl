@@ -222,7 +222,14 @@ void flash_attention(FLASH_KERNEL_PARAMS)
 
     /* Keys the group needs: from its first row's band begin to its last row's band end
      * (bounds uniform over the group). */
+    /* a paged cache (score.cl): the batch's keys end at its first block outside the pool */
+#if KV_PAGED
+    const ulong bt_row = bt_offset + b * bt_s0;
+    key_band band = BAND_OF(b, h);
+    band.limit = paged_limit(block_table, bt_row, bt_s1, page_size, num_pages, band.limit);
+#else
     const key_band band = BAND_OF(b, h);
+#endif
     const uint last_row = min(seq_q, first_row + FG_BQ) - 1;
     const uint key_end = min(key_stop, band_end(band, last_row));
     const uint group_begin = band_begin(band, first_row);
@@ -235,7 +242,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         for (uint e = lid; e < FG_BK * QK4; e += FG_THREADS) {
             const uint j = e / QK4, d = e - j * QK4;
             kv_tile[j * QK_PAD + d] = k0 + j < band.limit && d < HEAD_DIM_QK
-                                          ? LOAD(K_DTYPE, K, (k0 + j) * k_s2 + d * k_s3)
+                                          ? LOAD(K_DTYPE, K, KEY_AT(k0 + j, k_s2, k_page) + d * k_s3)
                                           : 0.0f;
         }
         if (use_padding) /* (no flags to stage or read without key padding) */
@@ -320,7 +327,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         for (uint e = lid; e < FG_BK * HEAD_DIM_V; e += FG_THREADS) {
             const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
             kv_tile[j * V_PAD + d] =
-                k0 + j < band.limit ? LOAD(V_DTYPE, V, (k0 + j) * v_s2 + d * v_s3) : 0.0f;
+                k0 + j < band.limit ? LOAD(V_DTYPE, V, KEY_AT(k0 + j, v_s2, v_page) + d * v_s3) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 

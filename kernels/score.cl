@@ -122,6 +122,46 @@ inline uint band_begin(const key_band band, const uint row)
     return begin <= 0 ? 0u : begin >= (long)band.limit ? band.limit : (uint)begin;
 }
 
+/* ---- paged keys (KV_PAGED: a paged KV cache, FlashAttention's flash_attn_with_kvcache layout)
+ * Key j of batch b lies in page block_table[b, j / page_size] at slot j % page_size: its row
+ * starts page * page_stride + slot * slot_stride elements into K (or V), whose batch stride is
+ * 0 (the pages are shared by the batches). A batch's keys end at its first block index
+ * outside 0 .. num_pages - 1 (paged_limit lowers the band's limit there), so no page outside
+ * the pool is ever read. bt_row: the element of block_table[b, 0]. */
+#ifndef KV_PAGED
+#define KV_PAGED 0
+#endif
+
+inline ulong paged_key_at(__global const int *block_table, const ulong bt_row, const ulong bt_s1,
+                          const uint page_size, const uint key, const ulong slot_stride,
+                          const ulong page_stride)
+{
+    const uint block = key / page_size, slot = key - block * page_size;
+    return (ulong)(uint)block_table[bt_row + block * bt_s1] * page_stride + slot * slot_stride;
+}
+
+/* The key count `limit` lowered to the first key of the first block outside the pool. */
+inline uint paged_limit(__global const int *block_table, const ulong bt_row, const ulong bt_s1,
+                        const uint page_size, const uint num_pages, const uint limit)
+{
+    const uint blocks = limit / page_size + (limit % page_size != 0);
+    for (uint block = 0; block < blocks; ++block) {
+        const int page = block_table[bt_row + block * bt_s1];
+        if (page < 0 || (uint)page >= num_pages)
+            return block * page_size;
+    }
+    return limit;
+}
+
+/* The element offset of key `key`'s row in K or V: KEY_AT(key, k_s2, k_page) (the kernel's
+ * locals bt_row, bt_s1, page_size and its block_table argument); unpaged: key * row stride. */
+#if KV_PAGED
+#define KEY_AT(key, row_stride, page_stride)                                                      \
+    paged_key_at(block_table, bt_row, bt_s1, page_size, (key), (row_stride), (page_stride))
+#else
+#define KEY_AT(key, row_stride, page_stride) ((ulong)(key) * (row_stride))
+#endif
+
 /* Whether key padding drops the key at element `index` of the padding row. */
 inline bool key_padded(const int has_key_padding, __global const uchar *key_padding,
                        const ulong index)

@@ -412,12 +412,19 @@ static float *scratch_array(const char *name, int ndim, const size_t *shape, cha
     return values;
 }
 
-/* An int64 .npy of a vector (ONNX's nonpad_kv_seqlen). */
-static void write_i64_npy(const char *path, const long long *values, size_t count)
+/* An int64 .npy of a vector (ONNX's nonpad_kv_seqlen) or, with rows > 0, of a (rows,
+ * count / rows) matrix (a block table). */
+static void write_i64_npy_rows(const char *path, const long long *values, size_t count,
+                               size_t rows)
 {
     char header[128];
+    char shape[64];
+    if (rows > 0)
+        snprintf(shape, sizeof shape, "(%zu, %zu)", rows, count / rows);
+    else
+        snprintf(shape, sizeof shape, "(%zu,)", count);
     int length = snprintf(header, sizeof header,
-                          "{'descr': '<i8', 'fortran_order': False, 'shape': (%zu,), }", count);
+                          "{'descr': '<i8', 'fortran_order': False, 'shape': %s, }", shape);
     while ((10 + length + 1) % 64 != 0)
         header[length++] = ' ';
     header[length++] = '\n';
@@ -443,6 +450,11 @@ static void write_i64_npy(const char *path, const long long *values, size_t coun
         fwrite(bytes, 1, 8, f);
     }
     fclose(f);
+}
+
+static void write_i64_npy(const char *path, const long long *values, size_t count)
+{
+    write_i64_npy_rows(path, values, count, 0);
 }
 
 /* clattn sdpa with ONNX's KV cache (--past-key/--past-value, --present-*-out), the window, the
@@ -775,6 +787,136 @@ START_TEST(test_sdpa_sinks)
     tu_expect(status == 2 && strstr(captured("stderr"), "sink 0 is nan"),
               "a NaN sink: status %d, stderr: %s", status, captured("stderr"));
     free(ref);
+    free(v);
+    free(k);
+    free(q);
+    TU_END_TEST();
+}
+END_TEST
+
+/* A paged KV cache (--k-pages, --v-pages, --block-table, --seqlens-k): pools of 5-key pages in
+ * a shuffled order with NaN in every slot past a sequence's count, blocks past the count
+ * pointing outside the pool, grouped heads, causal bottom-right, with and without sinks,
+ * against the float64 reference of the same keys laid out contiguously; then the refusals:
+ * a block index outside the pool, a count past the table's pages, --k with --k-pages, a
+ * missing --seqlens-k and --path unfused, each one line and exit 2. */
+START_TEST(test_sdpa_paged)
+{
+    TU_BEGIN_TEST();
+    enum { B = 3, H = 4, G = 2, LQ = 3, D = 8, PS = 5, BLOCKS = 4, LK = PS * BLOCKS };
+    enum { PAGES = B * BLOCKS + 2 };
+    tu_set_case("clattn sdpa paged: B=%d Hq=%d Hkv=%d Lq=%d d=%d page=%d blocks=%d", B, H, G, LQ,
+                D, PS, BLOCKS);
+    char q_path[512], kp_path[512], vp_path[512], bt_path[512], n_path[512], s_path[512],
+        out[512], args[8192], msg[512];
+    const size_t q_shape[4] = {B, H, LQ, D};
+    float *q = scratch_array("paged_q.npy", 4, q_shape, q_path, sizeof q_path);
+    float *k = tu_random_floats((size_t)B * G * LK * D), *v = tu_random_floats((size_t)B * G * LK * D);
+    const int counts[B] = {13, LK, 1};
+    int order[PAGES];
+    for (int i = 0; i < PAGES; ++i)
+        order[i] = i;
+    for (int i = PAGES; i > 1; --i) {
+        const int j = (int)tu_rand_below((size_t)i), swap = order[i - 1];
+        order[i - 1] = order[j];
+        order[j] = swap;
+    }
+    long long table[B * BLOCKS], lengths[B];
+    const size_t pool_count = (size_t)PAGES * PS * G * D;
+    float *kp = tu_nan_floats(pool_count), *vp = tu_nan_floats(pool_count);
+    for (int b = 0; b < B; ++b) {
+        lengths[b] = counts[b];
+        for (int blk = 0; blk < BLOCKS; ++blk)
+            table[b * BLOCKS + blk] = blk * PS < counts[b] ? order[b * BLOCKS + blk] : -1;
+        for (int j = 0; j < counts[b]; ++j)
+            for (int h = 0; h < G; ++h)
+                for (int c = 0; c < D; ++c) {
+                    const size_t at = (((size_t)table[b * BLOCKS + j / PS] * PS + j % PS) * G + h) * D + c;
+                    const size_t from = (((size_t)b * G + h) * LK + j) * D + c;
+                    kp[at] = k[from];
+                    vp[at] = v[from];
+                }
+    }
+    const size_t pool_shape[4] = {PAGES, PS, G, D};
+    snprintf(kp_path, sizeof kp_path, "%s/paged_kp.npy", scratch);
+    snprintf(vp_path, sizeof vp_path, "%s/paged_vp.npy", scratch);
+    snprintf(bt_path, sizeof bt_path, "%s/paged_bt.npy", scratch);
+    snprintf(n_path, sizeof n_path, "%s/paged_n.npy", scratch);
+    snprintf(s_path, sizeof s_path, "%s/paged_sinks.npy", scratch);
+    snprintf(out, sizeof out, "%s/paged_y.npy", scratch);
+    tu_expect(clattn_npy_write(kp_path, kp, 4, pool_shape, msg, sizeof msg) == CLATTN_IO_OK, "%s",
+              msg);
+    tu_expect(clattn_npy_write(vp_path, vp, 4, pool_shape, msg, sizeof msg) == CLATTN_IO_OK, "%s",
+              msg);
+    write_i64_npy_rows(bt_path, table, B * BLOCKS, B);
+    write_i64_npy(n_path, lengths, B);
+    float sinks[H];
+    for (int i = 0; i < H; ++i)
+        sinks[i] = (float)(-1.0 + 3.0 * tu_rand_unit());
+    const size_t s_shape[1] = {H};
+    tu_expect(clattn_npy_write(s_path, sinks, 1, s_shape, msg, sizeof msg) == CLATTN_IO_OK, "%s",
+              msg);
+    const int32_t kv_len[B] = {counts[0], counts[1], counts[2]};
+    const size_t out_count = (size_t)B * H * LQ * D;
+    double *ref = tu_doubles(out_count);
+    for (int with_sinks = 0; with_sinks < 2; ++with_sinks) {
+        const ref_sdpa_shape shape = {.batch = B,
+                                      .heads = H,
+                                      .seq_q = LQ,
+                                      .seq_k = LK,
+                                      .dk = D,
+                                      .dv = D,
+                                      .scale = ref_resolve_scale(NAN, D),
+                                      .norm = CLATTN_NORM_SOFTMAX,
+                                      .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
+                                      .kv_heads = G,
+                                      .kv_len = kv_len,
+                                      .sinks = with_sinks ? sinks : NULL};
+        ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
+        snprintf(args, sizeof args,
+                 "sdpa --q %s --k-pages %s --v-pages %s --block-table %s --seqlens-k %s --causal "
+                 "--causal-align bottom-right %s%s --out %s",
+                 q_path, kp_path, vp_path, bt_path, n_path, with_sinks ? "--sinks " : "",
+                 with_sinks ? s_path : "", out);
+        const int status = run_cli(args);
+        tu_expect(status == 0, "sinks %d: exit status %d, stderr: %s", with_sinks, status,
+                  captured("stderr"));
+        if (status == 0)
+            expect_npy_reference(out, with_sinks ? "Y (paged, sinks)" : "Y (paged)", ref,
+                                 out_count, 4, (const size_t[]){B, H, LQ, D});
+    }
+    /* Refusals: one line, exit 2. */
+    char bad_bt[512], bad_n[512];
+    snprintf(bad_bt, sizeof bad_bt, "%s/paged_bad_bt.npy", scratch);
+    snprintf(bad_n, sizeof bad_n, "%s/paged_bad_n.npy", scratch);
+    long long outside[B * BLOCKS], longer[B] = {13, LK + 1, 1};
+    memcpy(outside, table, sizeof table);
+    outside[1] = PAGES; /* sequence 0's second block (keys 5 .. 9 of its 13) */
+    write_i64_npy_rows(bad_bt, outside, B * BLOCKS, B);
+    write_i64_npy(bad_n, longer, B);
+    char common[2600];
+    snprintf(common, sizeof common, "sdpa --q %s --k-pages %s --v-pages %s", q_path, kp_path,
+             vp_path);
+    static const struct {
+        const char *form, *want;
+    } bad[] = {
+        {"%s --block-table %s --seqlens-k %s", "block_table[0, 1] = 14 is not a page of the pool"},
+        {"%s --block-table %s --seqlens-k %s", "seqlens_k[1] = 21 is not in 0 .. 20"},
+        {"%s --block-table %s --seqlens-k %s --k %s", "cannot be combined with --k"},
+        {"%s --block-table %s%s", "--seqlens-k together"},
+        {"%s --block-table %s --seqlens-k %s --path unfused", "cannot be combined with --path"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        snprintf(args, sizeof args, bad[i].form, common, i == 0 ? bad_bt : bt_path,
+                 i == 3 ? "" : i == 1 ? bad_n : n_path, q_path);
+        const int status = run_cli(args);
+        tu_expect(status == 2 && strstr(captured("stderr"), bad[i].want) &&
+                      strchr(captured("stderr"), '\n') == strrchr(captured("stderr"), '\n'),
+                  "refusal %zu: status %d, stderr: %s", i, status, captured("stderr"));
+    }
+    free(ref);
+    free(vp);
+    free(kp);
     free(v);
     free(k);
     free(q);
@@ -3306,6 +3448,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_run_score_rules);
     tcase_add_test(tc, test_sdpa_alibi);
     tcase_add_test(tc, test_sdpa_sinks);
+    tcase_add_test(tc, test_sdpa_paged);
     tcase_add_test(tc, test_run_posenc);
     tcase_add_test(tc, test_run_rope);
     tcase_add_test(tc, test_sdpa_command);

@@ -49,6 +49,126 @@ static pb_sdpa_spec base_spec(size_t batch, size_t heads, size_t seq_q, size_t s
     return spec;
 }
 
+/* --- issue 28: attention sinks and a paged KV cache ----------------------------------------- */
+
+/* A paged cache (block_table) runs on every page size with grouped heads, causal bottom-right,
+ * sinks and a window; a block index outside the pool ends its sequence's keys there (the
+ * kernel reads no page outside the pool); then the refusals, each naming its argument. */
+START_TEST(test_paged_and_sinks)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    static const size_t page_sizes[] = {1, 3, 16, 64, 256};
+    for (size_t i = 0; i < sizeof page_sizes / sizeof page_sizes[0]; ++i) {
+        pb_sdpa_spec spec = base_spec(2, 4, i % 2 ? 1 : 5, 0, 16, 8);
+        spec.page_size = page_sizes[i];
+        spec.seq_k = page_sizes[i] * (i == 4 ? 1 : 3 + i);
+        spec.kv_heads = 2;
+        spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        spec.sinks = i % 2 == 0;
+        if (i == 2) {
+            spec.window_align = CLATTN_CAUSAL_BOTTOM_RIGHT;
+            spec.window_left = 5;
+            spec.window_right = -1;
+        }
+        run_sdpa(&spec, NULL);
+    }
+
+    /* Batch 0's first block outside the pool: its keys end at key 0 (zeros, lse -inf), however
+     * many its count says; batch 1 unchanged. */
+    pb_sdpa_spec spec = base_spec(2, 2, 3, 12, 8, 8);
+    spec.page_size = 4;
+    spec.want_lse = 1;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    p.kv_len[0] = 9;
+    p.kv_len[1] = 12;
+    for (size_t blk = 0; blk < p.blocks; ++blk) /* the pages for every key */
+        p.block_table[blk] = (int32_t)blk, p.block_table[p.blocks + blk] = (int32_t)(p.blocks + blk);
+    tu_set_case("a block index outside the pool: %s", p.label);
+    clattn_tensors bound;
+    clattn_plan *plan = NULL;
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    if (tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS, "create") &&
+        tu_expect(pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS, "upload")) {
+        float table[6];
+        for (size_t e = 0; e < 2 * p.blocks; ++e)
+            table[e] = (float)p.block_table[e];
+        table[0] = (float)(p.num_pages + 7); /* batch 0, block 0 */
+        tu_expect(pb_rewrite(ctx, NULL, &bound.block_table, table) == CL_SUCCESS, "rewrite");
+        p.kv_len[0] = 0; /* what the reference then sees */
+        pb_sdpa_reference(&p);
+        if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                                 0, NULL, NULL),
+                             CLATTN_SUCCESS, "execute"))
+            pb_sdpa_check(ctx, NULL, &p, &bound);
+        pb_release_tensors(&bound);
+    }
+    clattn_plan_release(plan);
+
+    /* Refusals on the same problem's layouts. */
+    static const struct {
+        int what;
+        clattn_status status;
+        const char *message;
+    } refusals[] = {
+        {0, CLATTN_ERR_INVALID_SHAPE, "block_table must be (batch, blocks)"},
+        {1, CLATTN_ERR_INVALID_ARGUMENT, "block_table needs kv_seqlen"},
+        {2, CLATTN_ERR_INVALID_SHAPE, "v has"},
+        {3, CLATTN_ERR_UNSUPPORTED, "fused path only"},
+        {4, CLATTN_ERR_UNSUPPORTED, "fused path only"},
+        {5, CLATTN_ERR_UNSUPPORTED, "sinks with norm=CLATTN_NORM_RELU"},
+        {6, CLATTN_ERR_INVALID_SHAPE, "sinks"},
+        {7, CLATTN_ERR_INVALID_ARGUMENT, "block_table"},
+    };
+    for (int r = 0; r < COUNT_OF(refusals); ++r) {
+        clattn_sdpa_desc bad;
+        pb_sdpa_desc(&p, &bad);
+        clattn_tensors t = p.layouts;
+        CLATTN_BIND_ROLES(bad, t);
+        switch (refusals[r].what) {
+        case 0:
+            t.block_table = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, 2 * p.blocks, 0, 0, 0);
+            break;
+        case 1:
+            memset(&t.kv_seqlen, 0, sizeof t.kv_seqlen);
+            break;
+        case 2:
+            t.v.dims[0] += 1;
+            break;
+        case 3:
+            bad.path = CLATTN_PATH_UNFUSED;
+            memset(&t.lse, 0, sizeof t.lse);
+            break;
+        case 4:
+            t.weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, 2, 2, 3, 12);
+            memset(&t.lse, 0, sizeof t.lse);
+            break;
+        case 5:
+            t.sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, 2, 0, 0, 0);
+            bad.norm = CLATTN_NORM_RELU;
+            break;
+        case 6:
+            t.sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, 3, 0, 0, 0);
+            break;
+        default:
+            t.block_table.dtype = CLATTN_DTYPE_F32;
+            break;
+        }
+        plan = NULL;
+        const clattn_status status = clattn_sdpa_plan_create(ctx, &bad, &plan);
+        tu_expect(status == refusals[r].status && plan == NULL &&
+                      strstr(clattn_last_error(ctx), refusals[r].message),
+                  "refusal %d: status %d, '%s' (want %d, '%s')", r, (int)status,
+                  clattn_last_error(ctx), (int)refusals[r].status, refusals[r].message);
+        clattn_plan_release(plan);
+    }
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 /* --- host conversions ------------------------------------------------------------------------ */
 
 /* float -> F16 / BF16 round to nearest even, and back: the conversions every typed upload and
@@ -1752,6 +1872,7 @@ int main(void)
     tcase_add_loop_test(interactions, test_grouped_decode, 0, COUNT_OF(decode_group_cases));
     tcase_add_loop_test(interactions, test_zero_stride_views, 0, 7);
     tcase_add_loop_test(interactions, test_kv_cache_life_cycle, 0, 2);
+    tcase_add_test(interactions, test_paged_and_sinks);
     suite_add_tcase(suite, interactions);
 
     TCase *problems = tcase_create("problems");

@@ -9,7 +9,8 @@
  *   Lq != Lk), the causal alignment and the window alignment drawn separately (none, top-left,
  *   bottom-right, ONNX, a diagonal offset), the window's left and right sizes (unbounded, 0,
  *   small, beyond every key), soft-capping, ALiBi ((H) or (B, H) slopes), attention sinks (one
- *   logit per query head, some -inf, packed or strided), the mask (none, bool,
+ *   logit per query head, some -inf, packed or strided), a paged KV cache (pages of 1 key,
+ *   2..17 or 32..256, in a drawn order; the fused path only), the mask (none, bool,
  *   float), its rank (1 to 4, or a rank-4 view with stride 0 on its broadcast dims) and whether
  *   it differs between heads, the key rules (all keys, per-batch key counts, a past with
  *   present_k/present_v), key padding, storage (F32, F16, BF16, mixed), the normalisation
@@ -66,7 +67,7 @@
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* Draws per run of each tier (measured: see README's Testing section). */
-#define SWEEP_DRAWS_CI 96
+#define SWEEP_DRAWS_CI 110
 #define SWEEP_DRAWS_SMALL 12
 #define SWEEP_DRAWS_FULL 1500
 #define CENSUS_DRAWS 20000
@@ -85,6 +86,7 @@ typedef enum axis_id {
     AX_SOFTCAP,
     AX_ALIBI,
     AX_SINKS,
+    AX_PAGED,
     AX_MASK,
     AX_MASK_RANK,
     AX_MASK_HEADS,
@@ -109,6 +111,7 @@ enum { AL_NONE, AL_TOP_LEFT, AL_BOTTOM_RIGHT, AL_ONNX, AL_OFFSET };
 enum { WS_OFF, WS_UNBOUNDED, WS_ZERO, WS_SMALL, WS_LARGE };
 enum { OFF, ON };
 enum { ALIBI_NONE, ALIBI_H, ALIBI_BH };
+enum { PAGED_OFF, PAGED_1, PAGED_SMALL, PAGED_LARGE };
 enum { MASK_NONE, MASK_BOOL, MASK_FLOAT };
 enum { RANK_NONE, RANK_1, RANK_2, RANK_3, RANK_4, RANK_4_STRIDE0 };
 enum { HEADS_NONE, HEADS_SHARED, HEADS_PER_HEAD };
@@ -144,6 +147,7 @@ static const axis_def axes[AX_COUNT] = {
     [AX_SOFTCAP] = {"softcap", 2, {"off", "on"}},
     [AX_ALIBI] = {"alibi", 3, {"none", "(H)", "(B,H)"}},
     [AX_SINKS] = {"sinks", 2, {"off", "on"}},
+    [AX_PAGED] = {"paged", 4, {"off", "1", "2..17", "32..256"}},
     [AX_MASK] = {"mask", 3, {"none", "bool", "float"}},
     [AX_MASK_RANK] = {"mask_rank", 6, {"none", "1", "2", "3", "4", "4_stride0"}},
     [AX_MASK_HEADS] = {"mask_heads", 3, {"none", "shared", "per_head"}},
@@ -274,6 +278,22 @@ static const combo required[] = {
     C2(AX_SINKS, ON, AX_KEYS, KEYS_PAST),
     C3(AX_SINKS, ON, AX_WINDOW, AL_BOTTOM_RIGHT, AX_WLEFT, WS_SMALL),
     C2(AX_READ, READ_IN_PLACE, AX_SINKS, ON),
+    /* A paged KV cache (issue 28): through the block table on every fused kernel and context,
+     * with the score rules, storage and layouts; refused off the fused path */
+    C2(AX_PAGED, PAGED_1, AX_ROUTE, ROUTE_GROUPED),
+    C2(AX_PAGED, PAGED_SMALL, AX_CONFIG, CFG_DECODE_SPLIT),
+    C2(AX_PAGED, PAGED_LARGE, AX_CONFIG, CFG_GPU),
+    C2(AX_PAGED, PAGED_SMALL, AX_CONFIG, CFG_SPLIT),
+    C2(AX_PAGED, PAGED_SMALL, AX_CONFIG, CFG_CPU_SPLIT),
+    C2(AX_PAGED, PAGED_1, AX_CONFIG, CFG_GPU_SPLIT),
+    C2(AX_PAGED, PAGED_SMALL, AX_SINKS, ON),
+    C2(AX_PAGED, PAGED_SMALL, AX_OUTPUTS, OUT_WEIGHTS),
+    C2(AX_PAGED, PAGED_LARGE, AX_LAYOUT, LAY_STRIDED_LAST),
+    C2(AX_PAGED, PAGED_SMALL, AX_DTYPE, DT_MIXED),
+    C3(AX_PAGED, PAGED_SMALL, AX_MASK, MASK_FLOAT, AX_MASK_HEADS, HEADS_PER_HEAD),
+    C2(AX_PAGED, PAGED_1, AX_ALIBI, ALIBI_BH),
+    C3(AX_PAGED, PAGED_SMALL, AX_WINDOW, AL_BOTTOM_RIGHT, AX_WLEFT, WS_SMALL),
+    C2(AX_PAGED, PAGED_LARGE, AX_PADDING, PAD_ON),
 };
 
 /* --- the contexts ---------------------------------------------------------------------------- */
@@ -617,6 +637,13 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     int lk = pick(d, AX_LK, in_place ? LK_LONG : uniform(3));
     static const int keys_w[] = {40, 30, 30};
     int keys = pick(d, AX_KEYS, weighted(keys_w, 3));
+    /* a paged cache takes per-batch key counts (no past): a forced past turns paging off */
+    static const int paged_w[] = {70, 10, 10, 10};
+    const int paged = pick(d, AX_PAGED, keys == KEYS_PAST && is_forced(d, AX_KEYS)
+                                            ? PAGED_OFF
+                                            : weighted(paged_w, 4));
+    if (paged != PAGED_OFF)
+        keys = pick(d, AX_KEYS, KEYS_KV_LEN);
     const size_t long_low = 63, long_high = small_ ? 67 : 129;
     s->seq_q = lq == LQ_ONE     ? 1
                : lq == LQ_SHORT ? in_range(2, in_place ? 8 : 17)
@@ -632,6 +659,12 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
                                     : in_range(in_place ? 64 : long_low, long_high);
         if (lk == LK_SAME || s->seq_k != s->seq_q)
             break;
+    }
+    if (paged != PAGED_OFF) { /* whole pages: seq_k rounded up to one */
+        s->page_size = paged == PAGED_1       ? 1
+                       : paged == PAGED_SMALL ? in_range(2, 17)
+                                              : in_range(32, 256);
+        s->seq_k = (s->seq_k + s->page_size - 1) / s->page_size * s->page_size;
     }
     const int decode_split = config == CFG_DECODE_SPLIT;
     /* decode splits need few row blocks x heads: one batch entry and few k/v heads there */
@@ -803,6 +836,8 @@ static clattn_status expected_status(const pb_sdpa_spec *s, clattn_path path)
         return CLATTN_ERR_INVALID_ARGUMENT; /* FUSED never forms the weights, nor doubles */
     if (path_fused(s, path))
         return CLATTN_SUCCESS;
+    if (s->page_size)
+        return CLATTN_ERR_UNSUPPORTED; /* a paged cache runs on the fused path only */
     if (s->want_lse)
         return CLATTN_ERR_UNSUPPORTED; /* lse comes from the fused kernel only */
     if (s->softmax_f64 && !has_fp64_)

@@ -555,7 +555,8 @@ void pb_release_tensors(clattn_tensors *tensors)
 
 /* --- comparisons ---------------------------------------------------------------------------- */
 
-double pb_rel_error(const float *got, const double *want, size_t count)
+/* pb_rel_error with max |want| taken as at least `floor`. */
+static double rel_error_floor(const float *got, const double *want, size_t count, double floor)
 {
     double max_want = 0.0, max_diff = 0.0;
     for (size_t i = 0; i < count; ++i) {
@@ -569,13 +570,30 @@ double pb_rel_error(const float *got, const double *want, size_t count)
         max_diff = diff > max_diff ? diff : max_diff;
         max_want = fabs(want[i]) > max_want ? fabs(want[i]) : max_want;
     }
-    return max_diff / (max_want > 1e-30 ? max_want : 1e-30);
+    return max_diff / (max_want > floor ? max_want : floor);
 }
+
+double pb_rel_error(const float *got, const double *want, size_t count)
+{
+    return rel_error_floor(got, want, count, 1e-30);
+}
+
+/* pb_expect_close relative to at least `floor` (a 16-bit output's smallest normal value: below
+ * it the stored result has no relative precision left, as a row whose weights a large sink
+ * takes nearly all of, scaled to 1e-20). */
+static int expect_close_floor(const char *label, const char *what, const float *got,
+                              const double *want, size_t count, double tol, double floor);
 
 int pb_expect_close(const char *label, const char *what, const float *got, const double *want,
                     size_t count, double tol)
 {
-    const double error = pb_rel_error(got, want, count);
+    return expect_close_floor(label, what, got, want, count, tol, 1e-30);
+}
+
+static int expect_close_floor(const char *label, const char *what, const float *got,
+                              const double *want, size_t count, double tol, double floor)
+{
+    const double error = rel_error_floor(got, want, count, floor);
     track(error);
     if (error <= tol) {
         return 1;
@@ -778,7 +796,7 @@ static void describe_sdpa(pb_sdpa_problem *p)
         "sdpa B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu scale=%g norm=%s causal=%s path=%s "
         "q=%s/%s k=%s/%s v=%s/%s out=%s/%s mask=%s padding=%d fully_masked=%d weights=%d "
         "lse=%d softcap=%g kv_len=%d past=%zu window=%s(%lld,%lld) alibi=%d diag_offset=%lld "
-        "sinks=%d/%s",
+        "sinks=%d/%s paged=%zu/%zu pages",
         s->batch, s->heads, s->kv_heads ? s->kv_heads : s->heads, s->seq_q, s->seq_k, s->dk, s->dv,
         (double)s->scale,
         s->norm == CLATTN_NORM_RELU ? "relu"
@@ -790,7 +808,7 @@ static void describe_sdpa(pb_sdpa_problem *p)
         pb_layout_name(s->out_layout), mask, s->padding, s->fully_masked, s->want_weights,
         s->want_lse, (double)s->softcap, s->kv_len, s->past, causal_name(s->window_align),
         s->window_left, s->window_right, s->alibi, s->diag_offset, s->sinks,
-        pb_layout_name(s->sinks_layout));
+        pb_layout_name(s->sinks_layout), s->page_size, p->num_pages);
     if (s->rope) {
         const size_t used = strlen(p->label);
         snprintf(p->label + used, sizeof p->label - used, " rope=%s/%zu/start=%zu/base=%g",
@@ -893,8 +911,17 @@ static void make_sdpa_layouts(pb_sdpa_problem *p)
     const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
     const size_t w_dims[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
     pb_make_layout(&t->q, s->q_dtype, 4, q_dims, s->q_layout);
-    pb_make_layout(&t->k, s->k_dtype, 4, k_dims, s->k_layout);
-    pb_make_layout(&t->v, s->v_dtype, 4, v_dims, s->v_layout);
+    if (s->page_size) { /* pools of pages, and the block table */
+        const size_t pk_dims[4] = {p->num_pages, s->page_size, kv_heads, s->dk};
+        const size_t pv_dims[4] = {p->num_pages, s->page_size, kv_heads, s->dv};
+        const size_t bt_dims[2] = {s->batch, p->blocks};
+        pb_make_layout(&t->k, s->k_dtype, 4, pk_dims, s->k_layout);
+        pb_make_layout(&t->v, s->v_dtype, 4, pv_dims, s->v_layout);
+        pb_make_layout(&t->block_table, CLATTN_DTYPE_I32, 2, bt_dims, PB_PACKED);
+    } else {
+        pb_make_layout(&t->k, s->k_dtype, 4, k_dims, s->k_layout);
+        pb_make_layout(&t->v, s->v_dtype, 4, v_dims, s->v_layout);
+    }
     pb_make_layout(&t->out, s->out_dtype, 4, o_dims, s->out_layout);
     if (s->want_weights) {
         pb_make_layout(&t->weights, CLATTN_DTYPE_F32, 4, w_dims, PB_PACKED);
@@ -935,6 +962,9 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
     pb_sdpa_spec *s = &p->spec;
     if (s->fully_masked == 1) {
         s->padding = 1;
+    }
+    if (s->page_size) { /* a paged cache takes key counts */
+        s->kv_len = 1;
     }
     if (s->fully_masked == 2 && s->mask == PB_MASK_NONE) {
         s->mask = PB_MASK_FLOAT;
@@ -999,6 +1029,31 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
         for (size_t h = 0; h < s->heads; ++h) {
             p->sinks[h] = pb_rand_below(8) == 0 ? -INFINITY : (float)(-2.0 + 6.0 * pb_rand_unit());
         }
+    }
+    if (s->page_size) {
+        /* pages in a drawn order, 0..3 spare ones; blocks wholly past a batch's key count
+         * point outside the pool (-1 or past the last page) */
+        p->blocks = s->seq_k / s->page_size;
+        p->num_pages = s->batch * p->blocks + pb_rand_below(4);
+        size_t *order = pb_calloc(p->num_pages, sizeof(size_t));
+        for (size_t i = 0; i < p->num_pages; ++i) {
+            order[i] = i;
+        }
+        for (size_t i = p->num_pages; i > 1; --i) {
+            const size_t j = pb_rand_below(i), swap = order[i - 1];
+            order[i - 1] = order[j];
+            order[j] = swap;
+        }
+        p->block_table = pb_calloc(s->batch * p->blocks, sizeof(int32_t));
+        for (size_t b = 0; b < s->batch; ++b) {
+            const size_t count = p->kv_len ? (size_t)p->kv_len[b] : s->seq_k;
+            for (size_t blk = 0; blk < p->blocks; ++blk) {
+                const int32_t outside = pb_rand_below(2) ? -1 : (int32_t)(p->num_pages + blk);
+                p->block_table[b * p->blocks + blk] =
+                    blk * s->page_size < count ? (int32_t)order[b * p->blocks + blk] : outside;
+            }
+        }
+        free(order);
     }
     make_sdpa_layouts(p);
     describe_sdpa(p);
@@ -1087,6 +1142,7 @@ void pb_sdpa_free(pb_sdpa_problem *p)
     free(p->kv_len);
     free(p->alibi);
     free(p->sinks);
+    free(p->block_table);
     free(p->out_ref);
     free(p->weights_ref);
     free(p->lse_ref);
@@ -1260,10 +1316,39 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
             padding[i] = p->padding[i];
         }
     }
+    float *block_table = NULL;
+    if (s->page_size) { /* the pools: each kept key in its page, NaN everywhere else */
+        const size_t kv_heads = kv_total / s->batch, ps = s->page_size;
+        const size_t dims[2] = {s->dk, s->dv};
+        float *logical[2] = {p->k, p->v}, *pools[2] = {new_k, new_v};
+        for (int x = 0; x < 2; ++x) {
+            const size_t d = dims[x], count = p->num_pages * ps * kv_heads * d;
+            free(pools[x]);
+            pools[x] = pb_nan_floats(count);
+            for (size_t b = 0; b < s->batch; ++b) {
+                const size_t keys = p->kv_len ? (size_t)p->kv_len[b] : s->seq_k;
+                for (size_t j = 0; j < keys; ++j) {
+                    const size_t page = (size_t)p->block_table[b * p->blocks + j / ps];
+                    for (size_t h = 0; h < kv_heads; ++h) {
+                        memcpy(pools[x] + ((page * ps + j % ps) * kv_heads + h) * d,
+                               logical[x] + ((b * kv_heads + h) * s->seq_k + j) * d,
+                               d * sizeof(float));
+                    }
+                }
+            }
+        }
+        new_k = pools[0];
+        new_v = pools[1];
+        block_table = pb_calloc(s->batch * p->blocks, sizeof(float));
+        for (size_t i = 0; i < s->batch * p->blocks; ++i) {
+            block_table[i] = (float)p->block_table[i];
+        }
+    }
     cl_int err = CL_SUCCESS;
     if ((err = upload_role(ctx, &l->q, &bound->q, p->q)) ||
         (err = upload_role(ctx, &l->k, &bound->k, new_k)) ||
         (err = upload_role(ctx, &l->v, &bound->v, new_v)) ||
+        (err = upload_role(ctx, &l->block_table, &bound->block_table, block_table)) ||
         (err = upload_role(ctx, &l->past_k, &bound->past_k, past_k)) ||
         (err = upload_role(ctx, &l->past_v, &bound->past_v, past_v)) ||
         (err = upload_role(ctx, &l->present_k, &bound->present_k, NULL)) ||
@@ -1279,6 +1364,7 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
         pb_release_tensors(bound);
     }
     free(padding);
+    free(block_table);
     free(new_k);
     free(new_v);
     free(past_k);
@@ -1338,8 +1424,11 @@ int pb_sdpa_check(clattn_ctx *ctx, cl_command_queue queue, const pb_sdpa_problem
         return 0;
     }
     ok &= expect_finite(p->label, "out", out, p->out_count);
-    ok &= pb_expect_close(p->label, "out", out, p->out_ref, p->out_count,
-                          pb_tolerance(s->out_dtype));
+    const double smallest = s->out_dtype == CLATTN_DTYPE_F16 ? 6.103515625e-05 /* 2^-14 */
+                            : s->out_dtype == CLATTN_DTYPE_BF16 ? 1.1754943508222875e-38
+                                                                : 1e-30;
+    ok &= expect_close_floor(p->label, "out", out, p->out_ref, p->out_count,
+                             pb_tolerance(s->out_dtype), smallest);
     ok &= expect_zero_rows(p->label, "out", out, p->lse_ref, rows, s->dv);
     ok &= expect_no_stray(p->label, "out", stray);
     free(out);

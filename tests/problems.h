@@ -185,6 +185,12 @@ typedef struct pb_sdpa_spec {
      * > 1) buffer (sinks_layout) */
     int sinks;
     pb_layout sinks_layout;
+    /* A paged KV cache (block_table; the fused path only): 0 off; else keys per page. seq_k
+     * must be a multiple of it and kv_len is turned on. k and v are uploaded as pools of
+     * (num_pages, page_size, Hkv, d) pages (the k/v layouts applied to the pool) in a drawn
+     * order, with spare pages of NaN; keys past a batch's count are NaN in their pages, and
+     * the blocks wholly past it get indices outside the pool (never to be read). */
+    size_t page_size;
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u
@@ -229,6 +235,8 @@ typedef struct pb_sdpa_problem {
     int32_t *kv_len;  /* (B) key counts (spec.kv_len), else NULL */
     float *alibi;     /* the slopes as uploaded ((H) or (B, H); spec.alibi), else NULL */
     float *sinks;     /* the sinks as uploaded ((H); spec.sinks), else NULL */
+    int32_t *block_table; /* (B, blocks) page indices (spec.page_size), else NULL */
+    size_t blocks, num_pages;
     /* float64 reference: out (B, H, Lq, dv), lse (B, H, Lq) and, when want_weights, weights
      * (B, H, Lq, Lk) (else NULL) */
     double *out_ref, *weights_ref, *lse_ref;

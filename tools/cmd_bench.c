@@ -11,7 +11,7 @@
 #include <time.h>
 
 static const char bench_usage[] =
-    "usage: clattn bench [--op matmul,softmax,attention,mha,decode,additive] [--runs N]\n"
+    "usage: clattn bench [--op matmul,softmax,attention,mha,decode,additive,paged] [--runs N]\n"
     "                    [--warmup N]\n"
     "                    [--json]\n"
     "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--kv-heads H]\n"
@@ -59,6 +59,10 @@ static const char bench_usage_more[] =
     "against a device copy of the cache's K bytes (\"copy_gbps\", read + written;\n"
     "\"cache_vs_copy\"); the kernels one step launches and each one's median device time\n"
     "(\"launches\", \"kernel_ms\", from clattn's kernel trace).\n"
+    "paged (not in the default set): one decode step's attention (no append) over a paged KV\n"
+    "cache of --seq lengths (default as decode's) in pages of --page-size keys (default\n"
+    "16,256), each sequence's pages shuffled, after the same keys laid out contiguously: the\n"
+    "page size's cost. Rate: tokens/s and the cache's GB/s.\n"
     "softmax: the normalisation has no entry point of its own; it times the unfused attention\n"
     "plan that returns the attention weights (scores = Q·Kᵀ, softmax written to the weights,\n"
     "weights·V: what replaced clattn_softmax_rows), and --json says \"timed\":\n"
@@ -93,7 +97,8 @@ static const char bench_usage_more[] =
 
 typedef struct bench_options {
     const char *device;
-    bool ops[6]; /* matmul, softmax, attention, mha, decode, additive */
+    bool ops[7]; /* matmul, softmax, attention, mha, decode, additive, paged */
+    size_t page_sizes[MAX_SIZES], num_page_sizes; /* paged: 0 = contiguous */
     bool seq_given;
     size_t runs, warmup;
     bool json;
@@ -113,8 +118,8 @@ typedef struct bench_options {
 
 static const char *const mask_names[3] = {"none", "padding", "additive"};
 
-static const char *const op_names[6] = {"matmul", "softmax", "attention",
-                                        "mha",    "decode",  "additive"};
+static const char *const op_names[7] = {"matmul", "softmax",  "attention", "mha",
+                                        "decode", "additive", "paged"};
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
 static const clattn_dtype dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16};
 
@@ -890,6 +895,120 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
     return rc;
 }
 
+/* One decode step's attention over a paged KV cache (the fused plan through the block table:
+ * pools of page_size keys, each sequence's pages in a shuffled order) or, page_size 0, over the
+ * same keys laid out contiguously; both with kv_seqlen = length, causal bottom-right. No
+ * append: the page size's cost in the attending kernel alone. */
+static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_size)
+{
+    const bench_options *o = b->options;
+    const size_t kv_heads = o->kv_heads ? o->kv_heads : o->heads, d = o->head_dim;
+    const clattn_dtype type = dtypes[dtype];
+    case_result r = {.op = "paged", .unit = "tokens_per_s", .path = "fused"};
+    snprintf(r.size_json, sizeof r.size_json,
+             "\"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"cache\": %zu, "
+             "\"head_dim\": %zu, \"dtype\": \"%s\", \"page_size\": %zu%s",
+             o->batch, o->heads, kv_heads, length, d, dtype_names[dtype], page_size,
+             o->sinks ? ", \"sinks\": true" : "");
+    char page_text[32] = " contiguous";
+    if (page_size)
+        snprintf(page_text, sizeof page_text, " page=%zu", page_size);
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s%s",
+             o->batch, o->heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], page_text,
+             o->sinks ? " sinks" : "");
+    int rc = fresh_context(b);
+    if (rc != CLI_OK)
+        return rc;
+    const size_t blocks = page_size ? (length + page_size - 1) / page_size : 0;
+    const size_t pages = o->batch * blocks;
+    const size_t slots = page_size ? pages * page_size : o->batch * length;
+    const size_t kv_count = slots * kv_heads * d, q_count = o->batch * o->heads * d;
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
+    desc.path = CLATTN_PATH_FUSED;
+    desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    clattn_tensors *t = &desc_tensors;
+    t->q = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, 1, d);
+    t->out = t->q;
+    if (page_size) {
+        t->k = clattn_tensor_make(NULL, 0, type, 4, pages, page_size, kv_heads, d);
+        t->block_table = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, o->batch, blocks, 0, 0);
+    } else {
+        t->k = clattn_tensor_make(NULL, 0, type, 4, o->batch, kv_heads, length, d);
+    }
+    t->v = t->k;
+    t->kv_seqlen = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, o->batch, 0, 0, 0);
+    if (o->sinks)
+        t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
+    plan_case c = {.tensors = desc_tensors};
+    clattn_status status = clattn_sdpa_plan_create(b->ctx, &desc, &c.plan);
+    enum { COUNT = 7 };
+    cl_mem mem[COUNT] = {NULL};
+    size_t bytes = 0;
+    int32_t *table = NULL, *counts = NULL;
+    if (status == CLATTN_SUCCESS) {
+        mem[0] = random_buffer(b, q_count, type, 21);
+        mem[1] = random_buffer(b, kv_count, type, 22);
+        mem[2] = random_buffer(b, kv_count, type, 23);
+        mem[3] = output_buffer(b, q_count * clattn_dtype_size(type));
+        table = malloc((blocks ? pages : 1) * sizeof *table);
+        counts = malloc(o->batch * sizeof *counts);
+        cl_int err = table && counts ? CL_SUCCESS : CL_OUT_OF_HOST_MEMORY;
+        for (size_t i = 0; table && i < pages; ++i) /* a shuffled order of the pages */
+            table[i] = (int32_t)i;
+        unsigned long long state = 0x9e3779b97f4a7c15ull;
+        for (size_t i = pages; table && i > 1; --i) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            const size_t j = (size_t)(state >> 33) % i;
+            const int32_t swap = table[i - 1];
+            table[i - 1] = table[j];
+            table[j] = swap;
+        }
+        for (size_t i = 0; counts && i < o->batch; ++i)
+            counts[i] = (int32_t)length;
+        if (err == CL_SUCCESS)
+            mem[4] = clCreateBuffer(b->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                    o->batch * sizeof *counts, counts, &err);
+        if (err == CL_SUCCESS && page_size)
+            mem[5] = clCreateBuffer(b->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                    pages * sizeof *table, table, &err);
+        if (o->sinks)
+            mem[6] = sinks_buffer(b, o->heads);
+        bind(&c.tensors.q, mem[0], q_count, &bytes);
+        bind(&c.tensors.k, mem[1], kv_count, &bytes);
+        bind(&c.tensors.v, mem[2], kv_count, &bytes);
+        bind(&c.tensors.out, mem[3], q_count, &bytes);
+        bind(&c.tensors.kv_seqlen, mem[4], o->batch, &bytes);
+        if (page_size)
+            bind(&c.tensors.block_table, mem[5], pages, &bytes);
+        if (o->sinks)
+            bind(&c.tensors.sinks, mem[6], o->heads, &bytes);
+        status = err == CL_SUCCESS && all_made(mem, 5) && (!page_size || mem[5]) &&
+                         (!o->sinks || mem[6])
+                     ? measure(b, r.size_text, run_plan, &c, &r.device_ms, &r.wall_ms,
+                               &r.wall_timer)
+                     : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    }
+    if (status == CLATTN_SUCCESS) {
+        r.rate = (double)o->batch / (r.device_ms / 1e3);
+        const double cache_bytes =
+            2.0 * (double)length * o->batch * kv_heads * d * clattn_dtype_size(type);
+        snprintf(r.extra_json, sizeof r.extra_json, ", \"cache_gbps\": %.3f",
+                 cache_bytes / r.device_ms / 1e6);
+        snprintf(r.extra_text, sizeof r.extra_text, "  cache %.2f GB/s",
+                 cache_bytes / r.device_ms / 1e6);
+    }
+    rc = report(b, &r, status, bytes);
+    free(table);
+    free(counts);
+    clattn_plan_release(c.plan);
+    release_all(mem, COUNT);
+    return rc;
+}
+
 /* Self-attention with PyTorch's packed in_proj weight and bias and an output projection. */
 static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
 {
@@ -1082,7 +1201,8 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             fputs(bench_usage_more, stdout);
             return -1;
         }
-        static const char *const valued[] = {"--op", "--path", "--dtype", "--mnk", "--seq"};
+        static const char *const valued[] = {"--op",  "--path", "--dtype",
+                                             "--mnk", "--seq",  "--page-size"};
         bool known = false;
         for (size_t i = 0; i < sizeof valued / sizeof valued[0] && !known; ++i)
             known = cli_is(&args, valued[i]);
@@ -1098,13 +1218,13 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             for (char *item = strtok_r(buffer, ",", &save); item;
                  item = strtok_r(NULL, ",", &save)) {
                 int found = -1;
-                for (int i = 0; i < 6; ++i)
+                for (int i = 0; i < 7; ++i)
                     if (strcmp(item, op_names[i]) == 0)
                         found = i;
                 if (found < 0)
                     return cli_fail("bench", CLI_BAD_INPUT,
                                     "--op: unknown op '%s' (matmul, "
-                                    "softmax, attention, mha, decode, additive)",
+                                    "softmax, attention, mha, decode, additive, paged)",
                                     item);
                 if (!any_op)
                     memset(o->ops, 0, sizeof o->ops);
@@ -1160,6 +1280,10 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
         } else if (cli_is(&args, "--seq")) {
             o->seq_given = true;
             if (!cli_parse_size_list("bench", "--seq", value, o->seq, MAX_SIZES, &o->num_seq))
+                return CLI_BAD_INPUT;
+        } else if (cli_is(&args, "--page-size")) {
+            if (!cli_parse_size_list("bench", "--page-size", value, o->page_sizes, MAX_SIZES,
+                                     &o->num_page_sizes))
                 return CLI_BAD_INPUT;
         }
     }
@@ -1236,6 +1360,13 @@ int cmd_bench(int argc, char **argv)
             for (int p = 0; rc == CLI_OK && o.dtypes[t] && p < 2; ++p)
                 if (o.paths[p])
                     rc = bench_decode(&b, lengths[i], t, paths[p]);
+    static const size_t default_pages[] = {16, 256};
+    const size_t *pages = o.num_page_sizes ? o.page_sizes : default_pages;
+    const size_t num_pages = o.num_page_sizes ? o.num_page_sizes : 2;
+    for (size_t i = 0; rc == CLI_OK && o.ops[6] && i < num_lengths; ++i)
+        for (int t = 0; rc == CLI_OK && t < 3; ++t)
+            for (size_t s = 0; rc == CLI_OK && o.dtypes[t] && s <= num_pages; ++s)
+                rc = bench_paged(&b, lengths[i], t, s == 0 ? 0 : pages[s - 1]);
     for (size_t i = 0; rc == CLI_OK && o.ops[5] && i < o.num_seq; ++i)
         for (int p = 0; rc == CLI_OK && p < 2; ++p)
             if (o.paths[p])

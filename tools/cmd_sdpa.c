@@ -9,7 +9,8 @@
 #include <string.h>
 
 static const char sdpa_usage[] =
-    "usage: clattn sdpa --q Q.npy --k K.npy --v V.npy [--q-heads H] [--kv-heads H]\n"
+    "usage: clattn sdpa --q Q.npy (--k K.npy --v V.npy | --k-pages KP.npy --v-pages VP.npy\n"
+    "                   --block-table BT.npy --seqlens-k N.npy) [--q-heads H] [--kv-heads H]\n"
     "                   [--attn-mask M.npy [--mask-true attend|masked]]\n"
     "                   [--past-key PK.npy --past-value PV.npy]\n"
     "                   [--nonpad-kv-seqlen N.npy] [--causal] [--causal-align "
@@ -49,10 +50,6 @@ static const char sdpa_usage[] =
     "--alibi: ALiBi (not an ONNX attribute): query head h adds -m_h |i + Lk - Lq - j| to the\n"
     "  score of key j (Lk: all keys, past included; N[b] with --nonpad-kv-seqlen), the paper's\n"
     "  slopes m_h; --alibi-slopes S.npy: your own, (Hq) or (B, Hq) floats.\n"
-    "--sinks S.npy: attention sinks (GPT-OSS), (Hq) floats: head h's logit joins each row's\n"
-    "  softmax denominator and takes no value, p_ij = exp(s_ij - m) / (sum_j exp(s_ij - m) +\n"
-    "  exp(S[h] - m)), m the max over the row's scores and S[h]; -inf is no sink. With every\n"
-    "  mask, window and causal form and grouped heads; not with --norm relu.\n"
     "--rope: rotary position embeddings on every head of Q and of the new keys K, before\n"
     "  attention (ONNX's RotaryEmbedding in front of Attention): query row i and key row j at\n"
     "  positions P + i and P + j (--rope-start P, default 0; a decode step after P tokens:\n"
@@ -62,6 +59,18 @@ static const char sdpa_usage[] =
     "  gets them, then the rotated new ones. Not with --nonpad-kv-seqlen.\n"
     "--scale: default 1/sqrt(d). --norm relu: relu(s) / sum (instead of softmax).\n"
     "--path: auto (fused, never forming the Lq x Lk scores), fused or unfused.\n";
+/* More of the help (C11 compilers need not take string literals over 4095 characters). */
+static const char sdpa_usage_serving[] =
+    "--k-pages KP.npy --v-pages VP.npy --block-table BT.npy --seqlens-k N.npy: a paged KV\n"
+    "  cache (FlashAttention's flash_attn_with_kvcache layout): KP (pages, page_size, Hkv, d),\n"
+    "  VP (pages, page_size, Hkv, dv), BT (B, blocks) and N (B) int32 or int64; key j of\n"
+    "  sequence b is slot j % page_size of page BT[b, j / page_size], its keys 0 .. N[b] - 1.\n"
+    "  Q rank 4; --causal per sequence (--causal-align bottom-right: the queries are the last\n"
+    "  Lq keys of each sequence). The fused path only.\n"
+    "--sinks S.npy: attention sinks (GPT-OSS), (Hq) floats: head h's logit joins each row's\n"
+    "  softmax denominator and takes no value, p_ij = exp(s_ij - m) / (sum_j exp(s_ij - m) +\n"
+    "  exp(S[h] - m)), m the max over the row's scores and S[h]; -inf is no sink. With every\n"
+    "  mask, window and causal form and grouped heads; not with --norm relu.\n";
 /* The rest of the help: C11 compilers need not take string literals over 4095 characters. */
 static const char sdpa_usage_outputs[] =
     "Output: Y with Q's rank, (B, Hq, Lq, dv) or (B, Lq, Hq * dv), written to --out or printed\n"
@@ -84,6 +93,8 @@ typedef struct sdpa_options {
     const char *device, *q, *k, *v, *mask, *out;
     const char *past_k, *past_v, *present_k, *present_v, *nonpad, *qk_out, *alibi_slopes;
     const char *sinks; /* --sinks S.npy */
+    const char *k_pages, *v_pages, *block_table, *seqlens_k; /* a paged cache */
+    bool paged;
     bool alibi;    /* --alibi: the paper's slopes */
     cli_rope rope; /* --rope and its options */
     int qk_mode;   /* --qk-output-mode, 0 .. 3 */
@@ -114,11 +125,13 @@ enum {
     M_SCORES,
     M_ALIBI,
     M_SINKS,
+    M_BLOCK_TABLE,
     M_COUNT
 };
 
 typedef struct sdpa_data {
-    clattn_array q, k, v, mask, past_k, past_v, nonpad, slopes, sinks;
+    clattn_array q, k, v, mask, past_k, past_v, nonpad, slopes, sinks, table;
+    int32_t *block_table; /* the paged cache's table as I32 */
     float *mask_f32;    /* the mask as added floats, padded to Lk (float masks) */
     uint8_t *mask_keep; /* the mask as keep bytes, padded to Lk (bool masks) */
     int32_t *counts;    /* nonpad_kv_seqlen as I32 */
@@ -140,6 +153,8 @@ static void sdpa_free(sdpa_data *d)
     clattn_array_free(&d->nonpad);
     clattn_array_free(&d->slopes);
     clattn_array_free(&d->sinks);
+    clattn_array_free(&d->table);
+    free(d->block_table);
     free(d->counts);
     free(d->present_k);
     free(d->present_v);
@@ -167,6 +182,10 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         {"--qk-out", CLI_PATH, &o->qk_out, 0, NULL, NULL},
         {"--alibi-slopes", CLI_PATH, &o->alibi_slopes, 0, NULL, NULL},
         {"--sinks", CLI_PATH, &o->sinks, 0, NULL, NULL},
+        {"--k-pages", CLI_PATH, &o->k_pages, 0, NULL, NULL},
+        {"--v-pages", CLI_PATH, &o->v_pages, 0, NULL, NULL},
+        {"--block-table", CLI_PATH, &o->block_table, 0, NULL, NULL},
+        {"--seqlens-k", CLI_PATH, &o->seqlens_k, 0, NULL, NULL},
         {"--alibi", CLI_FLAG, &o->alibi, 0, NULL, NULL},
         {"--ring", CLI_FLAG, &o->ring, 0, NULL, NULL},
         {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
@@ -188,6 +207,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         int flag = 0;
         if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
             fputs(sdpa_usage, stdout);
+            fputs(sdpa_usage_serving, stdout);
             fputs(sdpa_usage_outputs, stdout);
             return -1;
         } else if ((flag = cli_flag(&args, "--ring-timing")) != 0) {
@@ -243,6 +263,31 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         } else {
             return cli_fail("sdpa", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
         }
+    }
+    o->paged = o->k_pages || o->v_pages || o->block_table || o->seqlens_k;
+    if (o->paged) { /* a paged cache: its pools stand for --k and --v, its counts for N */
+        if (!o->k_pages || !o->v_pages || !o->block_table || !o->seqlens_k)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "a paged cache needs --k-pages, --v-pages, --block-table and "
+                            "--seqlens-k together");
+        const char *other = o->k                  ? "--k"
+                            : o->v                ? "--v"
+                            : o->nonpad           ? "--nonpad-kv-seqlen (--seqlens-k gives the counts)"
+                            : o->past_k           ? "--past-key"
+                            : o->present_k        ? "--present-key-out"
+                            : o->rope.on          ? "--rope"
+                            : o->qk_out           ? "--qk-out"
+                            : o->softmax_f64      ? "--softmax-precision 11"
+                            : o->ring             ? "--ring"
+                            : o->path == CLATTN_PATH_UNFUSED ? "--path unfused"
+                                                             : NULL;
+        if (other)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "--k-pages (a paged cache, the fused path) cannot be combined with %s",
+                            other);
+        o->k = o->k_pages;
+        o->v = o->v_pages;
+        o->nonpad = o->seqlens_k;
     }
     if (!o->q || !o->k || !o->v)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--q, --k and --v are required (see --help)");
@@ -461,6 +506,75 @@ static int write_out(const sdpa_options *o, const sdpa_data *d, size_t batch, si
     return CLI_OK;
 }
 
+/* A paged cache's views: q rank 4, the pools KP (pages, page_size, Hkv, d) and VP (pages,
+ * page_size, Hkv, dv), and the block table (B, blocks) read; k and v as the (B, Hkv,
+ * blocks * page_size, d) problem they stand for (the checks after this; the tensors made from
+ * them are replaced by the pools). */
+static int paged_views(const sdpa_options *o, sdpa_data *d, sdpa_view *q, sdpa_view *k,
+                       sdpa_view *v)
+{
+    char a[128], b[128], msg[1024];
+    const clattn_array *kp = &d->k, *vp = &d->v, *table = &d->table;
+    if (d->q.ndim != 4)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s: with --k-pages q must be rank 4 (B, Hq, Lq, d)",
+                        o->q);
+    if (kp->ndim != 4 || vp->ndim != 4 || vp->shape[0] != kp->shape[0] ||
+        vp->shape[1] != kp->shape[1] || vp->shape[2] != kp->shape[2])
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--k-pages %s and --v-pages %s: expected pools (pages, page_size, Hkv, d) "
+                        "and (pages, page_size, Hkv, dv) of the same pages, page size and heads",
+                        shape_text(kp, a, sizeof a), shape_text(vp, b, sizeof b));
+    for (int i = 0; i < 4; ++i)
+        if (kp->shape[i] == 0 || vp->shape[i] == 0)
+            return cli_fail("sdpa", CLI_BAD_INPUT, "--k-pages %s, --v-pages %s: no dim may be 0",
+                            shape_text(kp, a, sizeof a), shape_text(vp, b, sizeof b));
+    if (clattn_npy_read(o->block_table, &d->table, msg, sizeof msg) != CLATTN_IO_OK)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s", msg);
+    if (table->source != CLATTN_IO_INT || table->ndim != 2 || table->shape[0] != q->dims[0] ||
+        table->shape[1] == 0)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "%s: the block table has shape %s; expected int32 or int64 (B, blocks) "
+                        "= (%zu, blocks >= 1)",
+                        o->block_table, shape_text(table, a, sizeof a), q->dims[0]);
+    if (table->shape[1] > UINT32_MAX / kp->shape[1])
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s: %zu blocks of %zu keys exceed 2^32 - 1 keys",
+                        o->block_table, table->shape[1], kp->shape[1]);
+    const size_t keys = table->shape[1] * kp->shape[1];
+    const size_t kd[4] = {q->dims[0], kp->shape[2], keys, kp->shape[3]};
+    const size_t vd[4] = {q->dims[0], vp->shape[2], keys, vp->shape[3]};
+    for (int i = 0; i < 4; ++i) {
+        k->dims[i] = kd[i], v->dims[i] = vd[i];
+        k->strides[i] = v->strides[i] = 0; /* unused: the pools are bound as they are */
+    }
+    return CLI_OK;
+}
+
+/* The block table's indices as I32, each block that holds one of its sequence's keys
+ * (0 .. N[b] - 1) a page of the pool. */
+static int check_block_table(const sdpa_options *o, sdpa_data *d, size_t batch)
+{
+    const clattn_array *table = &d->table;
+    const size_t blocks = table->shape[1], page_size = d->k.shape[1], pages = d->k.shape[0];
+    d->block_table = malloc(table->count * sizeof(int32_t));
+    if (d->block_table == NULL)
+        return cli_fail("sdpa", CLI_FAILED, "out of memory");
+    for (size_t b = 0; b < batch; ++b) {
+        const size_t used = ((size_t)d->counts[b] + page_size - 1) / page_size;
+        for (size_t j = 0; j < blocks; ++j) {
+            const float index = table->data[b * blocks + j];
+            const bool in_pool = index >= 0.0f && index < (float)pages && index < 16777216.0f;
+            if (j < used && !in_pool)
+                return cli_fail("sdpa", CLI_BAD_INPUT,
+                                "%s: block_table[%zu, %zu] = %g is not a page of the pool "
+                                "(0 .. %zu); sequence %zu has %d keys in %zu blocks",
+                                o->block_table, b, j, (double)index, pages - 1, b, d->counts[b],
+                                used);
+            d->block_table[b * blocks + j] = in_pool ? (int32_t)index : -1;
+        }
+    }
+    return CLI_OK;
+}
+
 static int run_sdpa(const sdpa_options *o, sdpa_data *d)
 {
     int rc;
@@ -486,8 +600,9 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     const size_t kv_option = o->kv_heads ? o->kv_heads : o->q_heads;
     sdpa_view q, k, v;
     if ((rc = view_of("q", o->q, &d->q, o->q_heads, "--q-heads", &q)) ||
-        (rc = view_of("k", o->k, &d->k, kv_option, "--kv-heads", &k)) ||
-        (rc = view_of("v", o->v, &d->v, kv_option, "--kv-heads", &v)))
+        (!o->paged && ((rc = view_of("k", o->k, &d->k, kv_option, "--kv-heads", &k)) ||
+                       (rc = view_of("v", o->v, &d->v, kv_option, "--kv-heads", &v)))) ||
+        (o->paged && (rc = paged_views(o, d, &q, &k, &v))))
         return rc;
     if (k.dims[0] != q.dims[0] || v.dims[0] != q.dims[0])
         return cli_fail("sdpa", CLI_BAD_INPUT, "batch: q has %zu, k %zu, v %zu", q.dims[0],
@@ -533,13 +648,22 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             return cli_fail("sdpa", CLI_FAILED, "out of memory");
         for (size_t i = 0; i < batch; ++i) {
             const float n = d->nonpad.data[i];
-            if (!(n >= 0.0f && n <= (float)seq_k))
+            if (!(n >= 0.0f && n <= (float)seq_k)) {
+                if (o->paged)
+                    return cli_fail("sdpa", CLI_BAD_INPUT,
+                                    "%s: seqlens_k[%zu] = %g is not in 0 .. %zu: the block "
+                                    "table holds %zu blocks of %zu keys",
+                                    o->nonpad, i, (double)n, seq_k, d->table.shape[1],
+                                    d->k.shape[1]);
                 return cli_fail("sdpa", CLI_BAD_INPUT,
                                 "%s: nonpad_kv_seqlen[%zu] = %g is not in 0 .. %zu (the keys)",
                                 o->nonpad, i, (double)n, seq_k);
+            }
             d->counts[i] = (int32_t)n;
         }
     }
+    if (o->paged && (rc = check_block_table(o, d, batch)))
+        return rc;
     /* ALiBi: the paper's slopes (Hq), or the file's (Hq) or (B, Hq). */
     if (o->alibi) {
         d->slopes.data = malloc(heads * sizeof(float));
@@ -653,6 +777,13 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             roles[r]->strides[i] = views[r]->strides[i];
         }
     }
+    if (o->paged) { /* the pools as they are, and the table */
+        const size_t *kp = d->k.shape, *vp = d->v.shape;
+        t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, kp[0], kp[1], kp[2], kp[3]);
+        t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, vp[0], vp[1], vp[2], vp[3]);
+        t->block_table =
+            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, batch, d->table.shape[1], 0, 0);
+    }
     if (o->mask) {
         const size_t full[4] = {batch, heads, seq_q, seq_k};
         if ((rc = prepare_mask(o, d, full, &t->attn_mask)))
@@ -740,6 +871,9 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         if (err == CL_SUCCESS && d->slopes.data)
             d->mem[M_ALIBI] = upload(ctx, d->slopes.data, d->slopes.count * sizeof(float),
                                      CL_MEM_READ_ONLY, &err);
+        if (err == CL_SUCCESS && d->block_table)
+            d->mem[M_BLOCK_TABLE] = upload(ctx, d->block_table, d->table.count * sizeof(int32_t),
+                                           CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS && d->sinks.data)
             d->mem[M_SINKS] =
                 upload(ctx, d->sinks.data, heads * sizeof(float), CL_MEM_READ_ONLY, &err);
@@ -747,6 +881,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             clattn_tensors bound = desc_tensors;
             bound.alibi_slopes.mem = d->mem[M_ALIBI];
             bound.sinks.mem = d->mem[M_SINKS];
+            bound.block_table.mem = d->mem[M_BLOCK_TABLE];
             bound.q.mem = d->mem[M_Q], bound.k.mem = d->mem[M_K], bound.v.mem = d->mem[M_V];
             bound.attn_mask.mem = d->mem[M_MASK], bound.out.mem = d->mem[M_OUT];
             bound.past_k.mem = d->mem[M_PAST_K], bound.past_v.mem = d->mem[M_PAST_V];

@@ -38,7 +38,9 @@
     X(R_ROPE_SIN, rope_sin, CLATTN_ROLE_ROPE_SIN, "rope_sin", "rope_sin", "rope_sin")              \
     X(R_POS_IDS, position_ids, CLATTN_ROLE_POSITION_IDS, "position_ids", "position_ids", "position_ids")\
     X(R_SCORE_W, score_weight, CLATTN_ROLE_SCORE_WEIGHT, "score_weight", "score_weight", "score_weight")\
-    X(R_SINKS, sinks, CLATTN_ROLE_SINKS, "sinks", "sinks", "sinks")
+    X(R_SINKS, sinks, CLATTN_ROLE_SINKS, "sinks", "sinks", "sinks")                              \
+    X(R_BLOCK_TABLE, block_table, CLATTN_ROLE_BLOCK_TABLE, "block_table", "block_table",         \
+      "block_table")
 
 typedef enum clattn__role {
 #define CLATTN__ROLE_ENUM(role, field, pub, sdpa, mha, x) role = pub,
@@ -224,6 +226,7 @@ struct clattn_plan {
     clattn__posenc posenc; /* also ROPE plans' freq */
     clattn__rope_plan rope;
     size_t decode_group; /* SDPA: > 1 when the group's query heads run as rows (sdpa.c) */
+    size_t page_size, num_pages; /* SDPA with a block table: k and v are pools of pages */
     char info[512];      /* clattn_plan_info */
     size_t workspace_floats;
 };

@@ -4,6 +4,44 @@
 #include <float.h>
 #include <string.h>
 
+/* A paged cache's operands: block_table (batch, blocks) I32, k and v of rank 4 (their pools'
+ * page count and size into plan->num_pages, page_size), kv_seqlen required; no past, present
+ * or rope. *seq_k: the keys a sequence can hold, blocks * page_size. */
+static clattn_status check_paged(clattn_plan *plan, size_t batch, size_t *seq_k)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
+    const clattn__layout *table = &l[R_BLOCK_TABLE];
+    if (table->rank != 2 || table->dims[0] != batch)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: block_table must be (batch, blocks) = (%zu, blocks) of I32 page "
+                            "indices, got rank %d with dim 0 %zu",
+                            op, batch, table->rank, table->rank ? table->dims[0] : 0);
+    if (!l[R_KVLEN].present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: block_table needs kv_seqlen (I32 (batch): each sequence's key "
+                            "count in its pages)",
+                            op);
+    if (l[R_PAST_K].present || l[R_PRESENT_K].present || l[R_PAST_V].present ||
+        l[R_PRESENT_V].present)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: block_table with past_k/present_k: a paged cache is appended to "
+                            "by its owner, not through the plan",
+                            op);
+    plan->num_pages = l[R_K].dims[0];
+    plan->page_size = l[R_K].dims[1];
+    if (plan->num_pages > INT32_MAX)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: k holds %zu pages; block_table's I32 indices reach 2^31 - 1",
+                            op, plan->num_pages);
+    if (!clattn__product(seq_k, 2, table->dims[1], plan->page_size) || *seq_k > UINT32_MAX)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: block_table's %zu blocks of %zu keys exceed 2^32 - 1 keys", op,
+                            table->dims[1], plan->page_size);
+    return CLATTN_SUCCESS;
+}
+
 static clattn_status create(clattn_plan *plan, const void *any)
 {
     const clattn_sdpa_desc *desc = any;
@@ -22,10 +60,16 @@ static clattn_status create(clattn_plan *plan, const void *any)
     if (status != CLATTN_SUCCESS)
         goto done;
     const size_t batch = l[R_Q].dims[0], heads = l[R_Q].dims[1], seq_q = l[R_Q].dims[2];
-    const size_t dk = l[R_Q].dims[3], seq_k = l[R_K].dims[2], dv = l[R_V].dims[3];
+    const size_t dk = l[R_Q].dims[3], dv = l[R_V].dims[3];
+    /* A paged cache: k and v are (num_pages, page_size, kv_heads, d) pools, and the keys of a
+     * sequence are its blocks' pages in the block table's order. */
+    const bool paged = l[R_BLOCK_TABLE].present;
+    size_t seq_k = l[R_K].dims[2];
+    if (paged && (status = check_paged(plan, batch, &seq_k)))
+        goto done;
     /* Grouped-query (and multi-query) attention: k and v may have fewer heads than q, a divisor
      * of q's; query head h then reads k/v head h / (heads / kv_heads). */
-    const size_t kv_heads = l[R_K].dims[1];
+    const size_t kv_heads = l[R_K].dims[paged ? 2 : 1];
     if (kv_heads == 0 || heads % kv_heads != 0) {
         status = clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
                               "%s: k has %zu heads (dim 1), which must divide q's %zu heads "
@@ -37,10 +81,20 @@ static clattn_status create(clattn_plan *plan, const void *any)
     const size_t k_dims[4] = {batch, kv_heads, seq_k, dk};
     const size_t v_dims[4] = {batch, kv_heads, seq_k, dv};
     const size_t o_dims[4] = {batch, heads, seq_q, dv};
-    if ((status = clattn__layout_expect(ctx, op, "k", &l[R_K], 4, k_dims,
-                                        "(batch, kv_heads, seq_k, head_dim_qk) from q")) ||
-        (status = clattn__layout_expect(ctx, op, "v", &l[R_V], 4, v_dims,
-                                        "(batch, kv_heads, seq_k, head_dim_v) from q and k")) ||
+    const size_t pool_k[4] = {plan->num_pages, plan->page_size, kv_heads, dk};
+    const size_t pool_v[4] = {plan->num_pages, plan->page_size, kv_heads, dv};
+    if ((!paged &&
+         ((status = clattn__layout_expect(ctx, op, "k", &l[R_K], 4, k_dims,
+                                          "(batch, kv_heads, seq_k, head_dim_qk) from q")) ||
+          (status = clattn__layout_expect(ctx, op, "v", &l[R_V], 4, v_dims,
+                                          "(batch, kv_heads, seq_k, head_dim_v) from q and "
+                                          "k")))) ||
+        (paged && ((status = clattn__layout_expect(
+                        ctx, op, "k", &l[R_K], 4, pool_k,
+                        "(num_pages, page_size, kv_heads, head_dim_qk) pages from q")) ||
+                   (status = clattn__layout_expect(ctx, op, "v", &l[R_V], 4, pool_v,
+                                                   "(num_pages, page_size, kv_heads, "
+                                                   "head_dim_v) pages from k")))) ||
         (status = clattn__layout_expect(ctx, op, "out", &l[R_OUT], 4, o_dims,
                                         "(batch, heads, seq_q, head_dim_v)")))
         goto done;
@@ -211,6 +265,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
         goto done;
     }
     score.softcap = desc->softcap;
+    score.kv_paged = paged;
     /* Decoding with grouped heads: one query row per head, and every row's band ends at the
      * batch's key count (causal bottom-right or ONNX, or none; no window). The fused kernel
      * then takes the group's query heads as the rows of one k/v head (q viewed as (batch,
@@ -241,6 +296,11 @@ static clattn_status create(clattn_plan *plan, const void *any)
     status = clattn__attention_prepare(plan, &score, dk, dv, q_dtype, key_dtype,
                                        l[value_role].dtype, l[R_OUT].dtype, l[R_WEIGHTS].present,
                                        l[R_LSE].present, desc->path, &plan->workspace_floats);
+    if (status == CLATTN_SUCCESS && paged && !plan->attention.fused)
+        status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                              "%s: a paged cache (block_table) runs on the fused path only "
+                              "(head sizes up to 256; no weights, scores or softmax_f64)",
+                              op);
     if (status == CLATTN_SUCCESS && !plan->attention.fused) {
         /* The matmuls read and write rows: head_dim must be contiguous on the unfused path
          * (the rotated copies are packed). */
@@ -348,6 +408,27 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
         k = present_k;
         v = present_v;
     }
+    clattn__score_masks masks = clattn__bound_masks(plan, mems, offsets);
+    if (plan->attention.score.kv_paged) {
+        /* the pools (pages, slot, head, d) as (batch, head, key, d) views with batch stride 0
+         * and the slot stride per key; the page strides apart (score.cl's paged keys) */
+        clattn__view *kv[2] = {&k, &v};
+        size_t *page[2] = {&masks.paging.k_page, &masks.paging.v_page};
+        for (int i = 0; i < 2; ++i) {
+            clattn__view *x = kv[i];
+            const size_t pages = x->strides[0], slot = x->strides[1];
+            *page[i] = pages;
+            x->dims[0] = plan->layouts[R_BLOCK_TABLE].dims[0];
+            x->dims[1] = plan->layouts[R_K].dims[2];
+            x->dims[2] = plan->layouts[R_BLOCK_TABLE].dims[1] * plan->page_size;
+            x->strides[0] = 0;
+            x->strides[1] = x->strides[2];
+            x->strides[2] = slot;
+        }
+        masks.paging.block_table = clattn__role_view(plan, mems, offsets, R_BLOCK_TABLE);
+        masks.paging.page_size = plan->page_size;
+        masks.paging.num_pages = plan->num_pages;
+    }
     clattn__attention_io io = {
         .q = q,
         .k = k,
@@ -357,7 +438,7 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
         /* (batch, heads, seq_q) as the 4-d view (1, batch, heads, seq_q) */
         .lse = clattn__role_view(plan, mems, offsets, R_LSE),
         .scores = clattn__role_view(plan, mems, offsets, R_SCORES),
-        .masks = clattn__bound_masks(plan, mems, offsets),
+        .masks = masks,
     };
     const size_t group = plan->decode_group;
     if (group > 1) {
@@ -382,7 +463,7 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
      CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_WEIGHTS) | CLATTN__ROLE(R_LSE) |  \
      CLATTN__ROLE(R_KVLEN) | CLATTN__ROLE(R_PAST_K) | CLATTN__ROLE(R_PAST_V) |                     \
      CLATTN__ROLE(R_PRESENT_K) | CLATTN__ROLE(R_PRESENT_V) | CLATTN__ROLE(R_SCORES) |              \
-     CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS))
+     CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS) | CLATTN__ROLE(R_BLOCK_TABLE))
 
 CLATTN__PLAN_KIND(sdpa, CLATTN__SDPA, clattn_sdpa_desc, create, sdpa_execute,
                   clattn_sdpa_plan_create, "sdpa", clattn__sdpa_role_names, SDPA_ROLES)

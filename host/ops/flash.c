@@ -393,6 +393,7 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
     const cl_ulong lse_s1 = own_lse ? lse->strides[2] : score->seq_q;
     const cl_ulong lse_s2 = own_lse ? lse->strides[3] : 1;
     clattn_flash_params params;
+    memset(&params, 0, sizeof params);
     clattn__score_buffers buffers;
     clattn__score_params(score, masks, q->mem, &params.score, &buffers);
     clattn__view_fields(q, &params.q_offset, &params.q_s0, &params.q_s1, &params.q_s2,
@@ -415,6 +416,17 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
     params.has_lse = has_lse;
     params.kv_group = score->kv_group > 1 ? (cl_uint)score->kv_group : 1u;
     params.split_keys = split_keys;
+    if (score->kv_paged) { /* the block table's (b, block) strides, the pages' */
+        const clattn__view *table = &masks->paging.block_table;
+        params.bt_offset = table->offset;
+        params.bt_s0 = table->strides[2];
+        params.bt_s1 = table->strides[3];
+        params.k_page = masks->paging.k_page;
+        params.v_page = masks->paging.v_page;
+        params.page_size = (cl_uint)masks->paging.page_size;
+        params.num_pages = (cl_uint)masks->paging.num_pages;
+    }
+    const cl_mem block_table = score->kv_paged ? masks->paging.block_table.mem : q->mem;
     const cl_mem score_w = score->additive ? masks->additive_w.mem : q->mem;
     const size_t bh_total = score->batch * score->heads;
     /* flash_cpu.cl: one work-item per group, the masks' presence, whether the band has a
@@ -450,6 +462,7 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
                                    CLATTN_ARG(buffers.alibi),
                                    CLATTN_ARG(buffers.sinks),
                                    CLATTN_ARG(score_w),
+                                   CLATTN_ARG(block_table),
                                    CLATTN_ARG(params)};
         const cl_uint n = sizeof args / sizeof args[0];
         global[1] = bh_total - first < MAX_BH_PER_LAUNCH ? bh_total - first : MAX_BH_PER_LAUNCH;

@@ -59,6 +59,8 @@ typedef struct clattn__score_shape {
     bool has_kv_len; /* I32 key counts per batch (clattn__score_masks.kv_len) */
     bool has_alibi;  /* F32 ALiBi slopes per (batch, head) (clattn__score_masks.alibi) */
     bool has_sinks;  /* F32 attention sinks per query head (clattn__score_masks.sinks) */
+    bool kv_paged;   /* k and v in pages through a block table (clattn__score_masks.paging;
+                      * the fused kernels only: KV_PAGED) */
     long long band_diag;
     bool band_diag_kv;
     long long band_upper, band_lower; /* < 0: that side unbounded (causal: upper 0) */
@@ -83,6 +85,13 @@ typedef struct clattn__score_masks {
     clattn__view sinks;      /* dims (1, 1, heads, seq_q): strides (per head, per row: 0 but
                               * where a decode group's query heads are rows) */
     clattn__view additive_w; /* score.additive: w, F32 (1, 1, heads, da) */
+    /* score.kv_paged: the block table, I32 (1, 1, batch, blocks), and the pages: k and v are
+     * then views (batch, kv_heads, blocks * page_size, d) with batch stride 0 and the slot
+     * stride as their key stride; page strides k_page, v_page; num_pages pages in the pool. */
+    struct {
+        clattn__view block_table;
+        size_t page_size, num_pages, k_page, v_page;
+    } paging;
 } clattn__score_masks;
 
 /* Whether the band has a diagonal edge (causal or a sliding window). */

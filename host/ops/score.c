@@ -88,6 +88,10 @@ static int has_softcap(const clattn__score_shape *score)
 {
     return score->softcap > 0.0f;
 }
+static int kv_paged(const clattn__score_shape *score)
+{
+    return score->kv_paged;
+}
 
 /* The switches: the macro (score.cl says what each means), its value for a score shape, and
  * the families that compile it in. */
@@ -104,6 +108,8 @@ static const struct score_switch {
     {"SCORE_BAND", band_diagonal, CLATTN__FAMILY_FLASH_CPU},
     {"SCORE_RELU", norm_relu, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU},
     {"SCORE_SOFTCAP", has_softcap, CLATTN__FAMILY_FLASH_GPU},
+    {"KV_PAGED", kv_paged,
+     CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU},
 };
 
 void clattn__score_switches(const clattn__score_shape *score, clattn__score_family family,

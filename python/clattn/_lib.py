@@ -40,7 +40,7 @@ TENSOR_ROLES = ("q", "k", "v", "out", "attn_mask", "key_padding_mask", "weights"
                 "in_proj_weight", "in_proj_bias", "q_weight", "k_weight", "v_weight", "q_bias",
                 "k_bias", "v_bias", "out_weight", "out_bias", "kv_seqlen", "past_k", "past_v",
                 "present_k", "present_v", "scores", "alibi_slopes", "pos_table", "rope_cos",
-                "rope_sin", "position_ids", "score_weight", "sinks")
+                "rope_sin", "position_ids", "score_weight", "sinks", "block_table")
 
 
 class Tensors(Structure):

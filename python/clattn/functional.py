@@ -523,3 +523,129 @@ def _out_of_order(ctx) -> bool:
             flag = bool(queue.properties & mode)
         ctx._out_of_order = flag
     return flag
+
+
+def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
+                    block_table: ArrayLike, seqlens_k: ArrayLike, *, is_causal: bool = False,
+                    scale: Optional[float] = None, sinks: Optional[ArrayLike] = None,
+                    ctx: Optional[Context] = None) -> ArrayLike:
+    """Attention over a paged KV cache, FlashAttention's ``flash_attn_with_kvcache`` layout (as
+    vLLM keeps it), on the clattn device (the fused kernel reads the pages through the table).
+
+    query (B, Hq, Lq, E); k_pages (pages, page_size, Hkv, E) and v_pages (pages, page_size,
+    Hkv, Ev): float32, float16, bfloat16 (ml_dtypes) or float64 (computed in float32);
+    block_table (B, blocks) and seqlens_k (B,) integers: key j of sequence b is slot
+    j % page_size of page block_table[b, j // page_size], its keys 0 .. seqlens_k[b] - 1. A
+    sequence's pages need not be contiguous nor in order. Hkv divides Hq (grouped heads).
+    is_causal: per sequence, the queries being its last Lq keys (bottom-right). scale: None for
+    1/sqrt(E). sinks: (Hq,) attention-sink logits (see scaled_dot_product_attention).
+    torch tensors in give a torch tensor out. Raises clattn.ArgumentError naming the argument
+    for a block index outside the pool (among a sequence's used blocks), a count past the
+    table's pages, or shapes that do not fit. Returns (B, Hq, Lq, Ev) in query's dtype."""
+    like = _torch.any_tensor(query, k_pages, v_pages)
+    if like is not None:
+        result = paged_attention(
+            _torch.to_numpy(query), _torch.to_numpy(k_pages), _torch.to_numpy(v_pages),
+            _torch.to_numpy(block_table), _torch.to_numpy(seqlens_k), is_causal=is_causal,
+            scale=scale, sinks=_torch.to_numpy(sinks), ctx=ctx)
+        return _torch.from_numpy(result, like)
+    ctx = ctx or default_context()
+    q_in = np.asarray(query)
+    q, kp, vp = (_as_float(n, a) for n, a in (("query", query), ("k_pages", k_pages),
+                                              ("v_pages", v_pages)))
+    table = np.asarray(block_table)
+    counts = np.asarray(seqlens_k)
+    if q.ndim != 4 or kp.ndim != 4 or vp.ndim != 4:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"query {q.shape}, k_pages {kp.shape}, v_pages {vp.shape}: expected "
+                            f"(B, Hq, Lq, E), (pages, page_size, Hkv, E), (pages, page_size, "
+                            f"Hkv, Ev)")
+    B, Hq, Lq, E = q.shape
+    pages, page_size, Hkv, Ek = kp.shape
+    if vp.shape[:3] != kp.shape[:3] or Ek != E or Hkv == 0 or Hq % Hkv != 0:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"k_pages {kp.shape}, v_pages {vp.shape}, query {q.shape}: the pools "
+                            f"must share pages, page size and heads (a divisor of Hq), and k "
+                            f"the query's head size")
+    if not np.issubdtype(table.dtype, np.integer) or table.ndim != 2 or table.shape[0] != B \
+            or table.shape[1] == 0:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"block_table has shape {table.shape} and dtype {table.dtype}; "
+                            f"expected integers (B, blocks) = ({B}, blocks >= 1)")
+    if not np.issubdtype(counts.dtype, np.integer) or counts.shape != (B,):
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"seqlens_k has shape {counts.shape} and dtype {counts.dtype}; "
+                            f"expected integers ({B},)")
+    blocks = table.shape[1]
+    for b in range(B):
+        n = int(counts[b])
+        if not 0 <= n <= blocks * page_size:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"seqlens_k[{b}] = {n} is not in 0 .. {blocks * page_size}: "
+                                f"block_table holds {blocks} blocks of {page_size} keys")
+        used = table[b, :(n + page_size - 1) // page_size]
+        bad = np.nonzero((used < 0) | (used >= pages))[0]
+        if bad.size:
+            j = int(bad[0])
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"block_table[{b}, {j}] = {int(used[j])} is not a page of the "
+                                f"pool (0 .. {pages - 1}); sequence {b} has {n} keys")
+    if scale is not None and not math.isfinite(scale):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
+    sinks1 = None
+    if sinks is not None:
+        sinks1 = np.ascontiguousarray(np.asarray(sinks, dtype=np.float32))
+        if sinks1.shape != (Hq,):
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"sinks has shape {np.shape(sinks)}; expected ({Hq},)")
+    qc, kc, vc = (np.ascontiguousarray(a) for a in (q, kp, vp))
+    table32 = np.ascontiguousarray(np.where((table >= 0) & (table < pages), table, -1),
+                                   dtype=np.int32)
+    counts32 = np.ascontiguousarray(counts, dtype=np.int32)
+    dtypes = tuple(clattn_dtype(a.dtype) for a in (qc, kc, vc))
+    Ev = vc.shape[-1]
+    out = np.empty((B, Hq, Lq, Ev), dtype=qc.dtype)
+
+    def tensors():
+        t = _lib.Tensors()
+        t.q = layout(dtypes[0], qc.shape)
+        t.k = layout(dtypes[1], kc.shape)
+        t.v = layout(dtypes[2], vc.shape)
+        t.out = layout(dtypes[0], out.shape)
+        t.block_table = layout(_lib.I32, table32.shape)
+        t.kv_seqlen = layout(_lib.I32, counts32.shape)
+        if sinks1 is not None:
+            t.sinks = layout(_lib.F32, sinks1.shape)
+        return t
+
+    key_ = ("paged", qc.shape, kc.shape, vc.shape, dtypes, table32.shape, bool(is_causal), scale,
+            sinks1 is not None)
+
+    def create():
+        desc = _lib.SdpaDesc()
+        lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+        t, src = desc.tensors, tensors()
+        for name in ("q", "k", "v", "out", "block_table", "kv_seqlen", "sinks"):
+            setattr(t, name, getattr(src, name))
+        desc.causal = _lib.CAUSAL_BOTTOM_RIGHT if is_causal else _lib.CAUSAL_NONE
+        desc.scale = float("nan") if scale is None else float(scale)
+        desc.path = _lib.PATH_FUSED
+        plan = ctypes.c_void_p()
+        ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc),
+                                              ctypes.byref(plan)))
+        return plan
+
+    with ctx.lock:
+        plan = ctx.plan(key_, create)
+        arrays = [qc, kc, vc, table32, counts32] + ([sinks1] if sinks1 is not None else [])
+        buffers = [Buffer(ctx, a) for a in arrays] + [Buffer(ctx, nbytes=out.nbytes)]
+        t = tensors()
+        t.q.mem, t.k.mem, t.v.mem = buffers[0].mem, buffers[1].mem, buffers[2].mem
+        t.block_table.mem, t.kv_seqlen.mem = buffers[3].mem, buffers[4].mem
+        if sinks1 is not None:
+            t.sinks.mem = buffers[5].mem
+        t.out.mem = buffers[-1].mem
+        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(t), _lib.ROLE_COUNT, None, None, 0,
+                                          None, None))
+        buffers[-1].read(ctx, out)
+    return out.astype(q_in.dtype) if q_in.dtype == np.float64 else out

@@ -322,3 +322,48 @@ def test_sinks_torch(ctx, path):
         torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), is_causal=causal,
         enable_gqa=True, ctx=ctx, path=path, sinks=torch.from_numpy(sinks))
     np.testing.assert_allclose(got_t.numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+def paged_problem(rng, B=3, Hq=4, Hkv=2, Lq=3, E=16, Ev=8, page_size=5, blocks=4):
+    """Random pools of pages in a shuffled order with NaN in every unused slot, a block table
+    (-1 past each sequence's keys) and counts; also the keys and values laid out contiguously."""
+    S = page_size * blocks
+    k, v = rand(rng, B, Hkv, S, E), rand(rng, B, Hkv, S, Ev)
+    counts = np.array([13, S, 1][:B], dtype=np.int64)
+    pages = B * blocks + 2
+    order = rng.permutation(pages)
+    table = np.full((B, blocks), -1, dtype=np.int32)
+    kp = np.full((pages, page_size, Hkv, E), np.nan, np.float32)
+    vp = np.full((pages, page_size, Hkv, Ev), np.nan, np.float32)
+    for b in range(B):
+        for blk in range((counts[b] + page_size - 1) // page_size):
+            table[b, blk] = order[b * blocks + blk]
+        for j in range(counts[b]):
+            kp[table[b, j // page_size], j % page_size] = k[b, :, j]
+            vp[table[b, j // page_size], j % page_size] = v[b, :, j]
+    return rand(rng, B, Hq, Lq, E), k, v, kp, vp, table, counts
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_paged_attention(ctx, causal):
+    """clattn.paged_attention equals attention over the same keys laid out contiguously (each
+    sequence's first counts[b] keys), with grouped heads, bottom-right causal masking and
+    sinks; bad tables and counts raise naming the argument."""
+    rng = np.random.default_rng(30)
+    q, k, v, kp, vp, table, counts = paged_problem(rng)
+    sinks = rng.uniform(-1, 2, size=4).astype(np.float32)
+    got = clattn.paged_attention(q, kp, vp, table, counts, is_causal=causal, sinks=sinks, ctx=ctx)
+    for b in range(q.shape[0]):
+        n = int(counts[b])
+        keep = np.ones((q.shape[2], n), dtype=bool)
+        if causal:  # the queries are the last rows of the sequence
+            keep = np.tril(keep, k=n - q.shape[2])
+        want = reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], mask=keep, gqa=True,
+                         sinks=sinks)
+        np.testing.assert_allclose(got[b:b + 1], want, rtol=1e-4, atol=1e-5)
+    bad = table.copy()
+    bad[0, 1] = kp.shape[0]
+    with pytest.raises(clattn.ArgumentError, match=r"block_table\[0, 1\]"):
+        clattn.paged_attention(q, kp, vp, bad, counts, ctx=ctx)
+    with pytest.raises(clattn.ArgumentError, match=r"seqlens_k\[1\] = 21"):
+        clattn.paged_attention(q, kp, vp, table, counts + np.array([0, 1, 0]), ctx=ctx)
