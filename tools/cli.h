@@ -192,5 +192,8 @@ int cmd_info(int argc, char **argv);
  * printing the one-line error on failure; returns the exit code. The argument-validation fuzz
  * target calls it. */
 int cmd_run_check(int argc, char **argv);
+/* `clattn sdpa` up to the end of its checks (options, files, shapes, a paged cache's block table
+ * and counts), without the ring or any device work: 0 or 2 (the CLI fuzzer's entry). */
+int cmd_sdpa_check(int argc, char **argv);
 
 #endif

@@ -95,6 +95,7 @@ typedef struct sdpa_options {
     const char *sinks; /* --sinks S.npy */
     const char *k_pages, *v_pages, *block_table, *seqlens_k; /* a paged cache */
     bool paged;
+    bool check_only; /* cmd_sdpa_check: stop before the ring and any device work */
     bool alibi;    /* --alibi: the paper's slopes */
     cli_rope rope; /* --rope and its options */
     int qk_mode;   /* --qk-output-mode, 0 .. 3 */
@@ -713,6 +714,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     const size_t out_count = batch * heads * seq_q * dv;
 
     if (o->ring) {
+        if (o->check_only)
+            return CLI_OK;
         if (seq_q != seq_k)
             return cli_fail("sdpa", CLI_BAD_INPUT,
                             "--ring: self-attention only, but q has %zu rows and k %zu", seq_q,
@@ -827,6 +830,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     if (d->out == NULL)
         return cli_fail("sdpa", CLI_FAILED, "out of memory for the output");
 
+    if (o->check_only)
+        return CLI_OK;
     clattn_ctx *ctx = cli_context("sdpa", o->device);
     if (ctx == NULL)
         return cli_context_exit();
@@ -934,14 +939,19 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     return write_out(o, d, batch, heads, seq_q, dv, rank3);
 }
 
-int cmd_sdpa(int argc, char **argv)
+static int sdpa_command(int argc, char **argv, bool check_only)
 {
-    sdpa_options options = {.scale = NAN, .norm = CLATTN_NORM_SOFTMAX};
+    sdpa_options options = {.scale = NAN, .norm = CLATTN_NORM_SOFTMAX, .check_only = check_only};
     int rc = parse_sdpa_options(argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
     sdpa_data data;
     memset(&data, 0, sizeof data);
+    if (check_only) {
+        rc = run_sdpa(&options, &data);
+        sdpa_free(&data);
+        return rc;
+    }
 #ifdef CLATTN_CLI_MPI
     if (options.ring && (rc = cli_ring_init()) != CLI_OK)
         return rc;
@@ -953,4 +963,14 @@ int cmd_sdpa(int argc, char **argv)
         cli_ring_finalize();
 #endif
     return rc;
+}
+
+int cmd_sdpa(int argc, char **argv)
+{
+    return sdpa_command(argc, argv, false);
+}
+
+int cmd_sdpa_check(int argc, char **argv)
+{
+    return sdpa_command(argc, argv, true);
 }

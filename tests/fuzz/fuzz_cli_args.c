@@ -1,12 +1,18 @@
 /*
  * libFuzzer target: `clattn run`'s option parsing, file loading and shape validation
- * (cmd_run_check, which stops before any OpenCL device work).
+ * (cmd_run_check, which stops before any OpenCL device work), and `clattn sdpa`'s
+ * (cmd_sdpa_check, the same) when the first token is `sdpa`: a paged KV cache's block table
+ * and counts included.
  *
  * The input is a list of argument tokens separated by '\n' or NUL bytes (at most MAX_TOKENS,
  * each cut to MAX_TOKEN_BYTES; one trailing separator ends the list). A token `@name`, or the
  * value of `--option=@name`, becomes the absolute path of a fixture file (table below), so
- * that the fuzzer reaches the shape checks with real, mutually compatible files. argv[0] is
- * "run". Each token is its own exact-size allocation, so a read past one is caught.
+ * that the fuzzer reaches the shape checks with real, mutually compatible files. A token
+ * `%R,C:v,v,...` (or `%R:...`), or such an option value, becomes an int64 .npy of shape (R, C)
+ * (or (R,)) holding the values (missing ones 0; at most 64 values; R, C from 0 to 64) written to
+ * a scratch file: a block table or counts of any content. argv[0] is "run", or "sdpa" (that
+ * first token then dropped). Each token is its own exact-size allocation, so a read past one
+ * is caught.
  *
  * Findings: any crash, sanitizer report or leak, and an exit code other than 0 (ok, --help)
  * or 2 (bad input): 1 means the device or the library failed, and no device is used here.
@@ -62,6 +68,9 @@ static const struct fixture {
     {"@zero_width", "tests/fuzz/corpus/npy/zero_width.npy"},          /* (4, 0) f4 */
     {"@zero_vdim", "tests/fuzz/corpus/safetensors/cli_zero_vdim.safetensors"}, /* v (4, 0) */
     {"@dir", "tests/fixtures/cli"},                                            /* a directory */
+    {"@paged_q", "tests/fixtures/cli/paged_q.npy"},                            /* (2, 4, 3, 8) */
+    {"@paged_kp", "tests/fixtures/cli/paged_kp.npy"},                          /* (6, 4, 2, 8) */
+    {"@paged_vp", "tests/fixtures/cli/paged_vp.npy"},                          /* (6, 4, 2, 8) */
     {"@missing", "/tmp/clattn-fuzz-no-such-dir/query.npy"},
     {"@missing_st", "/tmp/clattn-fuzz-no-such-dir/weights.safetensors"},
 };
@@ -124,16 +133,83 @@ static const char *fixture_path(const char *token, size_t length)
     return NULL;
 }
 
-/* A malloc'd token: the bytes as given, or with `@name` / `--option=@name` resolved. */
-static char *make_token(const char *bytes, size_t length)
+/* `%R,C:v,...` / `%R:v,...` (length bytes) as an int64 .npy in the scratch file of token
+ * `slot`; its path, or NULL when the bytes are not of that form. */
+static const char *int_array(const char *bytes, size_t length, int slot)
+{
+    static char paths[MAX_TOKENS + 1][FUZZ_PATH_MAX];
+    char text[MAX_TOKEN_BYTES + 1];
+    if (length < 2 || bytes[0] != '%' || length > MAX_TOKEN_BYTES)
+        return NULL;
+    memcpy(text, bytes + 1, length - 1);
+    text[length - 1] = '\0';
+    char *at = text, *end = NULL;
+    const long rows = strtol(at, &end, 10);
+    long cols = -1;
+    if (end == at || rows < 0 || rows > 64)
+        return NULL;
+    if (*end == ',') {
+        at = end + 1;
+        cols = strtol(at, &end, 10);
+        if (end == at || cols < 0 || cols > 64)
+            return NULL;
+    }
+    if (*end != ':' || (cols >= 0 && rows * cols > 64))
+        return NULL;
+    long long values[64] = {0};
+    const long count = cols >= 0 ? rows * cols : rows;
+    at = end + 1;
+    for (long i = 0; i < count && *at != '\0'; ++i) {
+        values[i] = strtoll(at, &end, 10);
+        if (end == at)
+            break;
+        at = *end == ',' ? end + 1 : end;
+    }
+    char name[32], header[128], shape[48];
+    snprintf(name, sizeof name, "int_%d.npy", slot);
+    if (paths[slot][0] == '\0') /* one scratch file per token position, made once */
+        snprintf(paths[slot], FUZZ_PATH_MAX, "%s", fuzz_scratch_file(name));
+    if (cols >= 0)
+        snprintf(shape, sizeof shape, "(%ld, %ld)", rows, cols);
+    else
+        snprintf(shape, sizeof shape, "(%ld,)", rows);
+    int n = snprintf(header, sizeof header,
+                     "{'descr': '<i8', 'fortran_order': False, 'shape': %s, }", shape);
+    while ((10 + n + 1) % 64 != 0)
+        header[n++] = ' ';
+    header[n++] = '\n';
+    FILE *f = fopen(paths[slot], "wb");
+    if (f == NULL)
+        fuzz_fail("cannot write %s", paths[slot]);
+    const unsigned char magic[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+                                     (unsigned char)(n & 0xff), (unsigned char)(n >> 8)};
+    fwrite(magic, 1, sizeof magic, f);
+    fwrite(header, 1, (size_t)n, f);
+    for (long i = 0; i < count; ++i) {
+        unsigned char le[8];
+        for (int b = 0; b < 8; ++b)
+            le[b] = (unsigned char)((unsigned long long)values[i] >> (8 * b));
+        fwrite(le, 1, 8, f);
+    }
+    fclose(f);
+    return paths[slot];
+}
+
+/* A malloc'd token: the bytes as given, or with `@name` / `--option=@name` resolved (a
+ * `%R,C:...` array written to the scratch file of token `slot`). */
+static char *make_token(const char *bytes, size_t length, int slot)
 {
     const char *path = fixture_path(bytes, length);
+    if (path == NULL)
+        path = int_array(bytes, length, slot);
     size_t prefix = 0; /* bytes kept before the path */
     if (path == NULL && length > 2 && memcmp(bytes, "--", 2) == 0) {
         const char *equals = memchr(bytes, '=', length);
         if (equals != NULL) {
             prefix = (size_t)(equals - bytes) + 1;
             path = fixture_path(bytes + prefix, length - prefix);
+            if (path == NULL)
+                path = int_array(bytes + prefix, length - prefix, slot);
         }
     }
     const size_t tail = path != NULL ? strlen(path) : length - prefix;
@@ -156,7 +232,8 @@ static int split_tokens(const uint8_t *data, size_t size, char **argv)
         while (end < size && data[end] != '\n' && data[end] != '\0')
             ++end;
         const size_t length = end - start < MAX_TOKEN_BYTES ? end - start : MAX_TOKEN_BYTES;
-        argv[argc++] = make_token((const char *)data + start, length);
+        argv[argc] = make_token((const char *)data + start, length, argc);
+        ++argc;
         start = end + 1; /* past the separator; a trailing one starts no token */
     }
     argv[argc] = NULL;
@@ -165,14 +242,22 @@ static int split_tokens(const uint8_t *data, size_t size, char **argv)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static char command[] = "run";
+    static char run[] = "run", sdpa[] = "sdpa";
     char *argv[MAX_TOKENS + 2];
-    argv[0] = command;
+    argv[0] = run;
     const int argc = split_tokens(data, size, argv);
-    const int rc = cmd_run_check(argc, argv);
+    const bool is_sdpa = argc > 1 && strcmp(argv[1], "sdpa") == 0;
+    char *dropped = NULL;
+    if (is_sdpa) { /* `sdpa` first: argv[1] is the command's name */
+        dropped = argv[1];
+        argv[1] = sdpa;
+    }
+    const int rc = is_sdpa ? cmd_sdpa_check(argc - 1, argv + 1) : cmd_run_check(argc, argv);
     if (rc != CLI_OK && rc != CLI_BAD_INPUT)
-        fuzz_fail("cmd_run_check returned %d (only 0 and 2 are possible without a device)", rc);
-    for (int i = 1; i < argc; ++i)
+        fuzz_fail("%s returned %d (only 0 and 2 are possible without a device)",
+                  is_sdpa ? "cmd_sdpa_check" : "cmd_run_check", rc);
+    free(dropped);
+    for (int i = is_sdpa ? 2 : 1; i < argc; ++i)
         free(argv[i]);
     fflush(stdout); /* --help: one flush per input, not a growing buffer */
     return 0;

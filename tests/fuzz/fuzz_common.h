@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #define FUZZ_PATH_MAX 4096
-#define FUZZ_MAX_FILES 4
+#define FUZZ_MAX_FILES 32 /* fuzz_cli_args: a scratch .npy per token position */
 #define FUZZ_MSG_SIZE 1024 /* the message buffer given to the readers */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
