@@ -627,6 +627,19 @@ START_TEST(test_run_rope)
 }
 END_TEST
 
+/* The float64 reference's shape of the sdpa command tests: grouped heads (g k/v heads), causal
+ * bottom-right, softmax at the default scale; the tests add their feature's fields. */
+static ref_sdpa_shape bottom_right_shape(size_t b, size_t h, size_t g, size_t lq, size_t lk,
+                                         size_t d)
+{
+    ref_sdpa_shape shape;
+    memset(&shape, 0, sizeof shape);
+    shape.batch = b, shape.heads = h, shape.seq_q = lq, shape.seq_k = lk, shape.dk = d;
+    shape.dv = d, shape.scale = ref_resolve_scale(NAN, d), shape.norm = CLATTN_NORM_SOFTMAX;
+    shape.causal = CLATTN_CAUSAL_BOTTOM_RIGHT, shape.kv_heads = g;
+    return shape;
+}
+
 /* --alibi (the paper's slopes, (Hq)) and --alibi-slopes ((B, Hq) from a file) with grouped
  * heads and bottom-right causal masking, on both paths, against the float64 reference. */
 START_TEST(test_sdpa_alibi)
@@ -653,17 +666,8 @@ START_TEST(test_sdpa_alibi)
     const size_t out_count = (size_t)B * H * LQ * D;
     double *ref = tu_doubles(out_count);
     for (int form = 0; form < 2; ++form) {
-        const ref_sdpa_shape shape = {.batch = B,
-                                      .heads = H,
-                                      .seq_q = LQ,
-                                      .seq_k = LK,
-                                      .dk = D,
-                                      .dv = D,
-                                      .scale = ref_resolve_scale(NAN, D),
-                                      .norm = CLATTN_NORM_SOFTMAX,
-                                      .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
-                                      .kv_heads = G,
-                                      .alibi = form ? own : slopes};
+        ref_sdpa_shape shape = bottom_right_shape(B, H, G, LQ, LK, D);
+        shape.alibi = form ? own : slopes;
         ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
         for (int p = 0; p < 2; ++p) {
             snprintf(args, sizeof args,
@@ -727,21 +731,9 @@ START_TEST(test_sdpa_sinks)
     const size_t out_count = (size_t)B * H * LQ * D;
     double *ref = tu_doubles(out_count);
     for (int window = 0; window < 2; ++window) {
-        const ref_sdpa_shape shape = {.batch = B,
-                                      .heads = H,
-                                      .seq_q = LQ,
-                                      .seq_k = LK,
-                                      .dk = D,
-                                      .dv = D,
-                                      .scale = ref_resolve_scale(NAN, D),
-                                      .norm = CLATTN_NORM_SOFTMAX,
-                                      .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
-                                      .kv_heads = G,
-                                      .window_align =
-                                          window ? CLATTN_CAUSAL_BOTTOM_RIGHT : CLATTN_CAUSAL_NONE,
-                                      .window_left = 2,
-                                      .window_right = -1,
-                                      .sinks = sinks};
+        ref_sdpa_shape shape = bottom_right_shape(B, H, G, LQ, LK, D);
+        shape.window_align = window ? CLATTN_CAUSAL_BOTTOM_RIGHT : CLATTN_CAUSAL_NONE;
+        shape.window_left = 2, shape.window_right = -1, shape.sinks = sinks;
         ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
         for (int p = 0; p < 2; ++p) {
             snprintf(args, sizeof args,
@@ -860,18 +852,8 @@ START_TEST(test_sdpa_paged)
     const size_t out_count = (size_t)B * H * LQ * D;
     double *ref = tu_doubles(out_count);
     for (int with_sinks = 0; with_sinks < 2; ++with_sinks) {
-        const ref_sdpa_shape shape = {.batch = B,
-                                      .heads = H,
-                                      .seq_q = LQ,
-                                      .seq_k = LK,
-                                      .dk = D,
-                                      .dv = D,
-                                      .scale = ref_resolve_scale(NAN, D),
-                                      .norm = CLATTN_NORM_SOFTMAX,
-                                      .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
-                                      .kv_heads = G,
-                                      .kv_len = kv_len,
-                                      .sinks = with_sinks ? sinks : NULL};
+        ref_sdpa_shape shape = bottom_right_shape(B, H, G, LQ, LK, D);
+        shape.kv_len = kv_len, shape.sinks = with_sinks ? sinks : NULL;
         ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
         snprintf(args, sizeof args,
                  "sdpa --q %s --k-pages %s --v-pages %s --block-table %s --seqlens-k %s --causal "

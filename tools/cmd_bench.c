@@ -802,6 +802,20 @@ static void decode_breakdown(bench_state *b, decode_case *c, double cache_bytes,
     free(times);
 }
 
+/* A decode step's rates into r: tokens/s (batch / step) and the cache read per step (keys and
+ * values of `length` keys) in GB/s; returns the cache's bytes. */
+static double step_rates(case_result *r, size_t batch, size_t length, size_t kv_heads, size_t d,
+                         clattn_dtype type)
+{
+    r->rate = (double)batch / (r->device_ms / 1e3);
+    const double cache_bytes = 2.0 * (double)length * batch * kv_heads * d * clattn_dtype_size(type);
+    snprintf(r->extra_json, sizeof r->extra_json, ", \"cache_gbps\": %.3f",
+             cache_bytes / r->device_ms / 1e6);
+    snprintf(r->extra_text, sizeof r->extra_text, "  cache %.2f GB/s",
+             cache_bytes / r->device_ms / 1e6);
+    return cache_bytes;
+}
+
 static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path path)
 {
     const bench_options *o = b->options;
@@ -878,14 +892,7 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
     if (status == CLATTN_SUCCESS)
         status = measure(b, r.size_text, run_decode, &c, &r.device_ms, &r.wall_ms, &r.wall_timer);
     if (status == CLATTN_SUCCESS) {
-        r.rate = (double)o->batch / (r.device_ms / 1e3);
-        /* the cache read per step (keys and values), as a rate */
-        const double cache_bytes =
-            2.0 * (double)length * o->batch * kv_heads * d * clattn_dtype_size(type);
-        snprintf(r.extra_json, sizeof r.extra_json, ", \"cache_gbps\": %.3f",
-                 cache_bytes / r.device_ms / 1e6);
-        snprintf(r.extra_text, sizeof r.extra_text, "  cache %.2f GB/s",
-                 cache_bytes / r.device_ms / 1e6);
+        const double cache_bytes = step_rates(&r, o->batch, length, kv_heads, d, type);
         decode_breakdown(b, &c, cache_bytes, &r);
     }
     rc = report(b, &r, status, bytes);
@@ -993,13 +1000,7 @@ static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_siz
                      : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     }
     if (status == CLATTN_SUCCESS) {
-        r.rate = (double)o->batch / (r.device_ms / 1e3);
-        const double cache_bytes =
-            2.0 * (double)length * o->batch * kv_heads * d * clattn_dtype_size(type);
-        snprintf(r.extra_json, sizeof r.extra_json, ", \"cache_gbps\": %.3f",
-                 cache_bytes / r.device_ms / 1e6);
-        snprintf(r.extra_text, sizeof r.extra_text, "  cache %.2f GB/s",
-                 cache_bytes / r.device_ms / 1e6);
+        step_rates(&r, o->batch, length, kv_heads, d, type);
     }
     rc = report(b, &r, status, bytes);
     free(table);
