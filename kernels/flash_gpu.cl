@@ -367,12 +367,17 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         const uint row = first_row + r;
         /* attention sinks (score.cl): into the row's denominator, in the launch that ends it
          * (rows past seq_q read no sink) */
-        const sunk_row sunk = sink_fold(row < seq_q ? SINK_OF(h, row) : NEG_INF, row_m[r], row_l[r]);
-        const float l = sunk.total;
-        row_c[r] = sunk.factor * inverse_total(l);
+        float l = row_l[r], factor = 1.0f;
+        if (has_sinks && row < seq_q) {
+            const sunk_row sunk = sink_fold(SINK_OF(h, row), row_m[r], l);
+            l = sunk.total;
+            factor = sunk.factor;
+            row_m[r] = sunk.max;
+        }
+        row_c[r] = factor * inverse_total(l);
         if (has_lse && row < seq_q)
             lse[lse_base + row * lse_s2] =
-                l > 0.0f ? (relu ? log(l) : sunk.max + log(l)) : NEG_INF;
+                l > 0.0f ? (relu ? log(l) : row_m[r] + log(l)) : NEG_INF;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (uint i = 0; i < FG_RM; ++i) {

@@ -209,7 +209,7 @@ softmax_row_vec(__global const float *raw, __global float *out, const float scal
             vstore16(e, 0, out + c);
             sums += e;
         }
-        float total = sum16(sums) + exp(sink - shift); /* the sink's term (0 without) */
+        float total = sum16(sums) + (sink != NEG_INF ? exp(sink - shift) : 0.0f); /* the sink */
         for (uint c = vec_end; c < key_end; ++c) {
             const float e = exp_poly(SCORE(c) - shift);
             out[c] = e;
@@ -300,7 +300,7 @@ void softmax_rows(__global const float *raw, __global float *out,
         partial_sum += e;
     }
     const float inv = inverse_total(wg_reduce_sum(scratch, partial_sum, lid, SOFTMAX_WG) +
-                                    exp(sink - shift)); /* the sink's term (0 without) */
+                                    (has_sinks ? exp(sink - shift) : 0.0f)); /* the sink's */
     for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
         out[c] *= inv;
 #undef SCORE
