@@ -739,16 +739,30 @@ CLATTN_API clattn_status clattn_additive_plan_create(clattn_ctx *ctx,
  * BOTTOM_RIGHT or ONNX: query i of the step sees keys up to length - seq_q + i) serves every
  * step: the fused kernel skips the keys past the length, and with few query rows against many
  * keys splits them over work-groups (decode splits). One fill level for every batch entry.
+ *
+ * Paged mode (page_size > 0, since 0.8): keys and values live in pools of pages, (num_pages,
+ * page_size, kv_heads, head_dim) each (FlashAttention's flash_attn_with_kvcache layout), and
+ * a block table (batch, ceil(capacity / page_size)) int32 says which page holds each
+ * sequence's keys j*page_size .. (j+1)*page_size - 1 (-1: none yet). An append that reaches
+ * an unmapped block takes the lowest free page of the pool (the built-in allocator), unless
+ * the caller has mapped the block first (clattn_kv_cache_map_pages). Reset unmaps every block.
+ * Plans attend through the table: bind clattn_kv_cache_block_table's tensor to
+ * CLATTN_ROLE_BLOCK_TABLE (fused path only, as every paged plan). An append that maps new
+ * pages writes the table to the device with a blocking write (once per page_size steps).
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct clattn_kv_cache clattn_kv_cache;
 
 /* Zero-initialise and set struct_size = sizeof(clattn_kv_cache_desc) (clattn_kv_cache_desc_init
- * does). dtype: storage of keys and values, F32, F16 or BF16 (0: F32). */
+ * does). dtype: storage of keys and values, F32, F16 or BF16 (0: F32). capacity: keys per
+ * sequence. page_size: 0 = contiguous (batch, kv_heads, capacity, head_dim) buffers; >= 1 =
+ * paged (since 0.8), with num_pages pages in the pool (0: batch * ceil(capacity / page_size),
+ * room for every sequence to fill). */
 typedef struct clattn_kv_cache_desc {
     size_t struct_size;
     size_t batch, kv_heads, capacity, head_dim_qk, head_dim_v;
     clattn_dtype dtype;
+    size_t page_size, num_pages; /* since 0.8 */
 } clattn_kv_cache_desc;
 
 CLATTN_API void clattn_kv_cache_desc_init(clattn_kv_cache_desc *desc);
@@ -775,6 +789,20 @@ CLATTN_API size_t clattn_kv_cache_length(const clattn_kv_cache *cache);
  * long as the cache. */
 CLATTN_API void clattn_kv_cache_tensors(const clattn_kv_cache *cache, clattn_tensor *k,
                                         clattn_tensor *v, clattn_tensor *kv_seqlen);
+/* Paged mode: the block table, (batch, ceil(capacity / page_size)) I32 on the device, for
+ * CLATTN_ROLE_BLOCK_TABLE (k and v of clattn_kv_cache_tensors are then the pools). A
+ * contiguous cache (or NULL) gives an absent tensor (rank 0). Valid as long as the cache. */
+CLATTN_API void clattn_kv_cache_block_table(const clattn_kv_cache *cache, clattn_tensor *table);
+/* Paged mode: the caller gives pages. table: host (batch, ceil(capacity / page_size)) int32,
+ * row-major; entry [b, j] >= 0 maps sequence b's block j to that page of the pool, -1 leaves
+ * the block as it is (mapped or not). Refused (CLATTN_ERR_INVALID_ARGUMENT, naming the entry,
+ * nothing changed): an entry below -1 or at or past num_pages, a page that two blocks would
+ * hold, a block that holds keys already (below the length) mapped to another page, a
+ * contiguous cache. Appends fill the caller's pages; blocks still unmapped get the
+ * allocator's. Writes the table to the device (blocking) after the wait list. */
+CLATTN_API clattn_status clattn_kv_cache_map_pages(clattn_kv_cache *cache, const int32_t *table,
+                                                   cl_uint num_wait, const cl_event *wait,
+                                                   cl_event *event);
 
 /* ---------------------------------------------------------------------------------------------
  * Host-pointer API: packed float32 arrays in and out; synchronous. Built on plans.

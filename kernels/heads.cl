@@ -94,7 +94,9 @@ void copy4d(__global const ELEM_T(SRC_DTYPE) *src, const ulong src_offset, const
  * a copy4d of the keys, one of the values, and a fill of the key counts, each a launch with
  * its own gap on the queue). Work-item (i, 0) copies element i of the new keys' box, (i, 1)
  * element i of the values' (numbered as copy4d's), converting K_SRC_DTYPE / V_SRC_DTYPE to
- * the cache's DST_DTYPE; (i, 0) with i < d0 also sets the batch's key count.
+ * the cache's DST_DTYPE; (i, 0) with i < d0 also sets the batch's key count. A paged cache
+ * (APPEND_PAGED) writes key start + j of batch b into page table[b, (start + j) / page_size]
+ * at slot (start + j) % page_size; a page outside the pool is never written.
  */
 #ifndef K_SRC_DTYPE
 #define K_SRC_DTYPE 0
@@ -102,11 +104,15 @@ void copy4d(__global const ELEM_T(SRC_DTYPE) *src, const ulong src_offset, const
 #ifndef V_SRC_DTYPE
 #define V_SRC_DTYPE 0
 #endif
+#ifndef APPEND_PAGED
+#define APPEND_PAGED 0
+#endif
 
 __kernel __attribute__((reqd_work_group_size(HEADS_WG, 1, 1)))
 void kv_append(__global const ELEM_T(K_SRC_DTYPE) *ks, __global const ELEM_T(V_SRC_DTYPE) *vs,
                __global ELEM_T(DST_DTYPE) *kd, __global ELEM_T(DST_DTYPE) *vd,
-               __global int *lengths, const clattn_append_params params)
+               __global int *lengths, __global const int *table,
+               const clattn_append_params params)
 {
     CLATTN_UNPACK(CLATTN_APPEND_PARAMS)
     const ulong index = get_global_id(0);
@@ -118,14 +124,24 @@ void kv_append(__global const ELEM_T(K_SRC_DTYPE) *ks, __global const ELEM_T(V_S
         return;
     ulong i0, i1, i2, i3;
     box_coords(index, d1, d2, d3, &i0, &i1, &i2, &i3);
+    /* Destination coordinates: paged, the key's page and slot replace the batch and key. */
+    ulong o0 = i0, o2 = i2;
+#if APPEND_PAGED
+    const uint key = start + (uint)i2;
+    const int page = table[i0 * bt_s0 + key / page_size];
+    if (page < 0 || (uint)page >= num_pages)
+        return;
+    o0 = (ulong)page;
+    o2 = (ulong)(key % page_size);
+#endif
     if (values)
         STORE(DST_DTYPE,
               LOAD(V_SRC_DTYPE, vs, vs_offset + i0 * vs_s0 + i1 * vs_s1 + i2 * vs_s2 + i3 * vs_s3),
-              vd, vd_offset + i0 * vd_s0 + i1 * vd_s1 + i2 * vd_s2 + i3 * vd_s3);
+              vd, vd_offset + o0 * vd_s0 + i1 * vd_s1 + o2 * vd_s2 + i3 * vd_s3);
     else
         STORE(DST_DTYPE,
               LOAD(K_SRC_DTYPE, ks, ks_offset + i0 * ks_s0 + i1 * ks_s1 + i2 * ks_s2 + i3 * ks_s3),
-              kd, kd_offset + i0 * kd_s0 + i1 * kd_s1 + i2 * kd_s2 + i3 * kd_s3);
+              kd, kd_offset + o0 * kd_s0 + i1 * kd_s1 + o2 * kd_s2 + i3 * kd_s3);
 }
 
 /*

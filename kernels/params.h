@@ -205,13 +205,15 @@ CLATTN_PARAMS_STRUCT(merge, CLATTN_MERGE_PARAMS)
 /* ---- the KV cache's append (heads.cl's kv_append) ------------------------------------------
  * the new keys and values (ks, vs: (b, h, j, c) strides) into the cache's buffers (kd, vd)
  * over the boxes (d0, d1, d2, k_d3) and (d0, d1, d2, v_d3); the key counts lengths[0 .. d0)
- * set to `length`. */
+ * set to `length`. Paged (APPEND_PAGED): kd_s0 / vd_s0 are page strides, _s2 slot strides;
+ * key start + j of batch b lies in page table[b * bt_s0 + (start + j) / page_size]. */
 #define CLATTN_APPEND_PARAMS(X)                                                                   \
     X(ulong, ks_offset) X(ulong, ks_s0) X(ulong, ks_s1) X(ulong, ks_s2) X(ulong, ks_s3)           \
     X(ulong, vs_offset) X(ulong, vs_s0) X(ulong, vs_s1) X(ulong, vs_s2) X(ulong, vs_s3)           \
     X(ulong, kd_offset) X(ulong, kd_s0) X(ulong, kd_s1) X(ulong, kd_s2) X(ulong, kd_s3)           \
     X(ulong, vd_offset) X(ulong, vd_s0) X(ulong, vd_s1) X(ulong, vd_s2) X(ulong, vd_s3)           \
-    X(uint, d0) X(uint, d1) X(uint, d2) X(uint, k_d3) X(uint, v_d3) X(int, length)
+    X(uint, d0) X(uint, d1) X(uint, d2) X(uint, k_d3) X(uint, v_d3) X(int, length)               \
+    X(ulong, bt_s0) X(uint, page_size) X(uint, num_pages) X(uint, start) X(uint, append_pad)
 CLATTN_PARAMS_STRUCT(append, CLATTN_APPEND_PARAMS)
 
 #endif

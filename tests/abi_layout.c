@@ -69,7 +69,8 @@ int main(void)
     FIELD(clattn_kv_cache_desc, struct_size), FIELD(clattn_kv_cache_desc, batch);
     FIELD(clattn_kv_cache_desc, kv_heads), FIELD(clattn_kv_cache_desc, capacity);
     FIELD(clattn_kv_cache_desc, head_dim_qk), FIELD(clattn_kv_cache_desc, head_dim_v);
-    FIELD(clattn_kv_cache_desc, dtype);
+    FIELD(clattn_kv_cache_desc, dtype), FIELD(clattn_kv_cache_desc, page_size);
+    FIELD(clattn_kv_cache_desc, num_pages);
     END();
     return 0;
 }

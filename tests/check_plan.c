@@ -14,6 +14,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <stdbool.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1614,6 +1615,7 @@ enum { KV_B = 2, KV_HQ = 4, KV_HKV = 2, KV_CAP = 11, KV_DK = 8, KV_DV = 12, KV_R
 typedef struct kv_model {
     clattn_kv_cache *cache;
     clattn_dtype dtype;
+    size_t page_size; /* 0: contiguous */
     float k[KV_B * KV_HKV * KV_CAP * KV_DK], v[KV_B * KV_HKV * KV_CAP * KV_DV];
     size_t length;
 } kv_model;
@@ -1695,6 +1697,7 @@ static void kv_attend(const kv_model *m, clattn_plan *plan, size_t rows, const c
     t.q = clattn_tensor_make(tu_upload_floats(q, q_count), 0, F32, 4, KV_B, KV_HQ, rows, KV_DK);
     t.out = clattn_tensor_make(tu_nan_buffer(out_count), 0, F32, 4, KV_B, KV_HQ, rows, KV_DV);
     clattn_kv_cache_tensors(m->cache, &t.k, &t.v, &t.kv_seqlen);
+    clattn_kv_cache_block_table(m->cache, &t.block_table);
     if (tu_expect_status(
             clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL),
             CLATTN_SUCCESS, what)) {
@@ -1725,6 +1728,59 @@ static void kv_attend(const kv_model *m, clattn_plan *plan, size_t rows, const c
     free(q);
 }
 
+/* Paged caches: the caller's pages for sequence 1 (case 3): a reversed run from the pool's
+ * top, so that the two sequences' pages interleave in no order; and the refusals of
+ * clattn_kv_cache_map_pages (naming the entry; the cache unchanged). */
+static void kv_map_caller_pages(kv_model *m, size_t blocks, size_t pages)
+{
+    clattn_ctx *ctx = tu_ctx();
+    int32_t *table = malloc(KV_B * blocks * sizeof *table);
+    for (size_t i = 0; i < KV_B * blocks; ++i)
+        table[i] = i >= blocks ? (int32_t)(pages - 1 - 2 * (i - blocks)) : -1;
+    static const struct {
+        size_t entry;
+        int32_t value;
+        const char *want;
+    } bad[] = {{1, -2, "table[0, 1] = -2: expected a page 0 .."},
+               {0, 99, "table[0, 0] = 99: expected a page 0 .."},
+               {0, 0, "table[1, 10] = 0: page 0 would also hold block [0, 0]"}};
+    for (size_t i = 0; i < COUNT_OF(bad); ++i) {
+        const int32_t keep = table[bad[i].entry];
+        table[bad[i].entry] = bad[i].value;
+        if (bad[i].value == 0) /* page 0 twice: sequence 1's last block gets it too */
+            table[2 * blocks - 1] = 0;
+        const clattn_status status = clattn_kv_cache_map_pages(m->cache, table, 0, NULL, NULL);
+        tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT &&
+                      strstr(clattn_last_error(ctx), bad[i].want) != NULL,
+                  "map_pages with table[%zu] = %d: %s (%d) '%s', want '%s'", bad[i].entry,
+                  (int)bad[i].value, clattn_status_string(status), (int)status,
+                  clattn_last_error(ctx), bad[i].want);
+        table[bad[i].entry] = keep;
+        if (bad[i].value == 0)
+            table[2 * blocks - 1] = (int32_t)(pages - 1 - 2 * (blocks - 1));
+    }
+    tu_expect_status(clattn_kv_cache_map_pages(m->cache, table, 0, NULL, NULL), CLATTN_SUCCESS,
+                     "clattn_kv_cache_map_pages");
+    free(table);
+}
+
+/* A causal bottom-right plan on the cache's tensors for (B, Hq, rows, dk) queries. */
+static bool kv_plan(const kv_model *m, size_t rows, bool fused, const char *name,
+                    clattn_plan **plan)
+{
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
+    desc_tensors.q = clattn_tensor_make(NULL, 0, F32, 4, KV_B, KV_HQ, rows, KV_DK);
+    desc_tensors.out = clattn_tensor_make(NULL, 0, F32, 4, KV_B, KV_HQ, rows, KV_DV);
+    clattn_kv_cache_tensors(m->cache, &desc_tensors.k, &desc_tensors.v, &desc_tensors.kv_seqlen);
+    clattn_kv_cache_block_table(m->cache, &desc_tensors.block_table);
+    desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    desc.path = fused ? CLATTN_PATH_FUSED : CLATTN_PATH_UNFUSED;
+    return tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &desc, plan), CLATTN_SUCCESS, name);
+}
+
 /* The KV cache object's life cycle, in every tier (the generation test of check_flash is
  * left out at small scale): appends of 3, 1 and 5 keys (the lengths after each, on the host
  * and in kv_seqlen on the device), 3 more refused at 9 of 11, 2 that fill the cache exactly,
@@ -1733,40 +1789,48 @@ static void kv_attend(const kv_model *m, clattn_plan *plan, size_t rows, const c
  * to the capacity again. After each step two plans made once on the cache's tensors attend:
  * a one-row decode with 2 query heads per k/v head on the fused path (grouped decode) and a
  * 3-row causal block on the unfused path, against the float64 reference. Case 1 stores the
- * cache in F16 (the reference reads the rounded keys). */
+ * cache in F16 (the reference reads the rounded keys). Cases 2 and 3 are paged (the 3-row
+ * block then runs fused: paged plans are): case 2 with pages of 4 keys from the built-in
+ * allocator (pages handed out as the keys reach them), case 3 in BF16 with pages of 1 key
+ * in a pool of 2 * 11 + 5 pages, sequence 1's pages the caller's (mapped after the reset,
+ * between the refusals of bad tables). The reference reads the keys as one contiguous cache:
+ * paged equals contiguous. Case 3 also fills the pool: 5 spare pages, so an append past them
+ * is refused before the capacity (no free page), the cache unchanged. */
 START_TEST(test_kv_cache_life_cycle)
 {
     TU_BEGIN_TEST();
     clattn_ctx *ctx = tu_ctx();
     kv_model *m = calloc(1, sizeof *m);
-    m->dtype = _i == 1 ? F16 : F32;
-    tu_set_case("KV cache B=%d Hq=%d Hkv=%d capacity=%d dk=%d dv=%d %s", (int)KV_B, (int)KV_HQ,
-                (int)KV_HKV, (int)KV_CAP, (int)KV_DK, (int)KV_DV, pb_dtype_name(m->dtype));
+    m->dtype = _i == 1 ? F16 : _i == 3 ? BF16 : F32;
+    m->page_size = _i == 2 ? 4 : _i == 3 ? 1 : 0;
+    tu_set_case("KV cache B=%d Hq=%d Hkv=%d capacity=%d dk=%d dv=%d %s page_size %zu", (int)KV_B,
+                (int)KV_HQ, (int)KV_HKV, (int)KV_CAP, (int)KV_DK, (int)KV_DV,
+                pb_dtype_name(m->dtype), m->page_size);
     clattn_kv_cache_desc cd;
     clattn_kv_cache_desc_init(&cd);
     cd.batch = KV_B, cd.kv_heads = KV_HKV, cd.capacity = KV_CAP;
     cd.head_dim_qk = KV_DK, cd.head_dim_v = KV_DV, cd.dtype = m->dtype;
+    cd.page_size = m->page_size;
+    cd.num_pages = _i == 3 ? 2 * KV_CAP + 5 : 0;
     clattn_plan *plans[2] = {NULL, NULL};
     const size_t rows[2] = {1, KV_ROWS};
-    const char *names[2] = {"one-row grouped decode (fused)", "3-row block (unfused)"};
+    const char *names[2] = {"one-row grouped decode (fused)",
+                            m->page_size ? "3-row block (fused, paged)" : "3-row block (unfused)"};
     if (!tu_expect_status(clattn_kv_cache_create(ctx, &cd, &m->cache), CLATTN_SUCCESS,
                           "clattn_kv_cache_create"))
         goto done;
-    for (int i = 0; i < 2; ++i) {
-        clattn_sdpa_desc desc;
-        clattn_sdpa_desc_init(&desc);
-        clattn_tensors desc_tensors = {0};
-        CLATTN_BIND_ROLES(desc, desc_tensors);
-        desc_tensors.q = clattn_tensor_make(NULL, 0, F32, 4, KV_B, KV_HQ, rows[i], KV_DK);
-        desc_tensors.out = clattn_tensor_make(NULL, 0, F32, 4, KV_B, KV_HQ, rows[i], KV_DV);
-        clattn_kv_cache_tensors(m->cache, &desc_tensors.k, &desc_tensors.v,
-                                &desc_tensors.kv_seqlen);
-        desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
-        desc.path = i == 0 ? CLATTN_PATH_FUSED : CLATTN_PATH_UNFUSED;
-        if (!tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plans[i]), CLATTN_SUCCESS,
-                              names[i]))
-            goto done;
+    if (m->page_size) {
+        clattn_tensor table;
+        clattn_kv_cache_block_table(m->cache, &table);
+        const size_t blocks = (KV_CAP + m->page_size - 1) / m->page_size;
+        tu_expect(table.rank == 2 && table.dims[0] == KV_B && table.dims[1] == blocks &&
+                      table.dtype == CLATTN_DTYPE_I32 && table.mem != NULL,
+                  "block table: rank %d (%zu, %zu), not (%d, %zu) I32", table.rank, table.dims[0],
+                  table.dims[1], (int)KV_B, blocks);
     }
+    for (int i = 0; i < 2; ++i)
+        if (!kv_plan(m, rows[i], i == 0 || m->page_size, names[i], &plans[i]))
+            goto done;
     /* lengths: 0, 3, 4, 9, (9: 3 refused), 11 (exactly full), (11: 1 refused), reset 0, 4, 11 */
     static const int steps[] = {0, 3, 1, 5, 3, 2, 1, -1, 4, 7};
     for (size_t s = 0; s < sizeof steps / sizeof steps[0] && !tu_failed(); ++s) {
@@ -1774,6 +1838,8 @@ START_TEST(test_kv_cache_life_cycle)
             tu_expect_status(clattn_kv_cache_reset(m->cache, 0, NULL, NULL), CLATTN_SUCCESS,
                              "clattn_kv_cache_reset");
             m->length = 0;
+            if (_i == 3)
+                kv_map_caller_pages(m, KV_CAP, 2 * KV_CAP + 5);
         } else if (steps[s] > 0) {
             kv_append(m, (size_t)steps[s]);
         }
@@ -1782,6 +1848,41 @@ START_TEST(test_kv_cache_life_cycle)
             kv_attend(m, plans[i], rows[i], names[i]);
     }
     tu_expect(m->length == KV_CAP, "the steps ended at length %zu", m->length);
+    if (_i == 3 && !tu_failed()) {
+        /* An empty pool: 13 pages of 1 key for 2 sequences hold 6 keys each; the 7th needs 2
+         * pages, 1 is free: refused, the page it took given back, the keys unchanged. */
+        clattn_kv_cache *small = NULL;
+        clattn_plan *small_plan = NULL;
+        cd.num_pages = 13;
+        kv_model *keep = malloc(sizeof *keep);
+        *keep = *m;
+        m->length = 0;
+        if (tu_expect_status(clattn_kv_cache_create(ctx, &cd, &small), CLATTN_SUCCESS,
+                             "a 13-page cache") &&
+            (m->cache = small, kv_plan(m, 1, true, "decode on 13 pages", &small_plan))) {
+            for (int step = 0; step < 6; ++step)
+                kv_append(m, 1);
+            float *k_new = tu_random_floats(KV_B * KV_HKV * KV_DV);
+            cl_mem k_mem = tu_upload_floats(k_new, KV_B * KV_HKV * KV_DV); /* k and v both */
+            const clattn_tensor k = clattn_tensor_make(k_mem, 0, F32, 4, KV_B, KV_HKV, 1, KV_DK);
+            const clattn_tensor v = clattn_tensor_make(k_mem, 0, F32, 4, KV_B, KV_HKV, 1, KV_DV);
+            const clattn_status status = clattn_kv_cache_append(small, &k, &v, 0, NULL, NULL);
+            tu_expect(status == CLATTN_ERR_INVALID_SHAPE &&
+                          strstr(clattn_last_error(ctx), "no free page for keys 6 .. 6") &&
+                          strstr(clattn_last_error(ctx), "they need 2 new pages, 1 free"),
+                      "a 7th key in a 13-page pool: %s (%d) '%s'", clattn_status_string(status),
+                      (int)status, clattn_last_error(ctx));
+            kv_expect_length(m);
+            kv_attend(m, small_plan, 1, "the full pool, decode");
+            clattn_finish(ctx);
+            tu_release_mem(k_mem);
+            free(k_new);
+        }
+        clattn_plan_release(small_plan);
+        clattn_kv_cache_release(small);
+        m->cache = keep->cache;
+        free(keep);
+    }
 done:
     clattn_plan_release(plans[0]);
     clattn_plan_release(plans[1]);
@@ -1871,7 +1972,7 @@ int main(void)
     tcase_add_test(interactions, test_mixed_alignments_refused);
     tcase_add_loop_test(interactions, test_grouped_decode, 0, COUNT_OF(decode_group_cases));
     tcase_add_loop_test(interactions, test_zero_stride_views, 0, 7);
-    tcase_add_loop_test(interactions, test_kv_cache_life_cycle, 0, 2);
+    tcase_add_loop_test(interactions, test_kv_cache_life_cycle, 0, 4);
     tcase_add_test(interactions, test_paged_and_sinks);
     suite_add_tcase(suite, interactions);
 

@@ -58,7 +58,9 @@ static const char bench_usage_more[] =
     "q's storage), --path. Rate: tokens/s (batch / step time); GB/s of the cache read, and\n"
     "against a device copy of the cache's K bytes (\"copy_gbps\", read + written;\n"
     "\"cache_vs_copy\"); the kernels one step launches and each one's median device time\n"
-    "(\"launches\", \"kernel_ms\", from clattn's kernel trace).\n"
+    "(\"launches\", \"kernel_ms\", from clattn's kernel trace). With --page-size P,...: the\n"
+    "same steps over a paged cache (clattn_kv_cache_desc.page_size; the built-in allocator's\n"
+    "pages; fused only), after the contiguous one.\n"
     "paged (not in the default set): one decode step's attention (no append) over a paged KV\n"
     "cache of --seq lengths (default as decode's) in pages of --page-size keys (default\n"
     "16,256), each sequence's pages shuffled, after the same keys laid out contiguously: the\n"
@@ -816,7 +818,8 @@ static double step_rates(case_result *r, size_t batch, size_t length, size_t kv_
     return cache_bytes;
 }
 
-static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path path)
+static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path path,
+                        size_t page_size)
 {
     const bench_options *o = b->options;
     const size_t kv_heads = o->kv_heads ? o->kv_heads : o->heads, d = o->head_dim;
@@ -827,12 +830,16 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
                      .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"cache\": %zu, "
-             "\"head_dim\": %zu, \"dtype\": \"%s\"%s%s",
-             o->batch, o->heads, kv_heads, length, d, dtype_names[dtype],
+             "\"head_dim\": %zu, \"dtype\": \"%s\", \"page_size\": %zu%s%s",
+             o->batch, o->heads, kv_heads, length, d, dtype_names[dtype], page_size,
              o->softcap > 0.0f ? ", \"softcap\": true" : "", o->sinks ? ", \"sinks\": true" : "");
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s", o->batch,
-             o->heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
-             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], o->sinks ? " sinks" : "");
+    char page_text[32] = "";
+    if (page_size)
+        snprintf(page_text, sizeof page_text, " page=%zu", page_size);
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s%s",
+             o->batch, o->heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], page_text,
+             o->sinks ? " sinks" : "");
     int rc = fresh_context(b);
     if (rc != CLI_OK)
         return rc;
@@ -847,6 +854,7 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
     /* room for the timed steps' tokens and as many more for decode_breakdown's */
     cd.batch = o->batch, cd.kv_heads = kv_heads, cd.capacity = length + steps;
     cd.head_dim_qk = d, cd.head_dim_v = d, cd.dtype = type;
+    cd.page_size = page_size;
     clattn_status status = clattn_kv_cache_create(b->ctx, &cd, &c.cache);
     const size_t prefill = length - steps, q_count = o->batch * o->heads * d;
     cl_mem mem[5] = {NULL};
@@ -884,6 +892,7 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
         t->q = clattn_tensor_make(mem[2], 0, type, 4, o->batch, o->heads, 1, d);
         t->out = clattn_tensor_make(mem[3], 0, type, 4, o->batch, o->heads, 1, d);
         clattn_kv_cache_tensors(c.cache, &t->k, &t->v, &t->kv_seqlen);
+        clattn_kv_cache_block_table(c.cache, &t->block_table);
         if (o->sinks)
             t->sinks = clattn_tensor_make(mem[4], 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
         c.attend.tensors = desc_tensors;
@@ -1356,11 +1365,14 @@ int cmd_bench(int argc, char **argv)
     static const size_t decode_lengths[] = {1024, 2048, 4096, 8192, 16384, 32768};
     const size_t *lengths = o.seq_given ? o.seq : decode_lengths;
     const size_t num_lengths = o.seq_given ? o.num_seq : 6;
+    /* decode: contiguous, then paged at each --page-size (fused only) */
     for (size_t i = 0; rc == CLI_OK && o.ops[4] && i < num_lengths; ++i)
         for (int t = 0; rc == CLI_OK && t < 3; ++t)
-            for (int p = 0; rc == CLI_OK && o.dtypes[t] && p < 2; ++p)
-                if (o.paths[p])
-                    rc = bench_decode(&b, lengths[i], t, paths[p]);
+            for (size_t s = 0; rc == CLI_OK && o.dtypes[t] && s <= o.num_page_sizes; ++s)
+                for (int p = 0; rc == CLI_OK && p < 2; ++p)
+                    if (o.paths[p] && (s == 0 || paths[p] == CLATTN_PATH_FUSED))
+                        rc = bench_decode(&b, lengths[i], t, paths[p],
+                                          s == 0 ? 0 : o.page_sizes[s - 1]);
     static const size_t default_pages[] = {16, 256};
     const size_t *pages = o.num_page_sizes ? o.page_sizes : default_pages;
     const size_t num_pages = o.num_page_sizes ? o.num_page_sizes : 2;

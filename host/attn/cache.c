@@ -1,5 +1,7 @@
 /* KV caches for decoding: device buffers of a fixed capacity, appended to on the device, with
- * their fill level as a kv_seqlen tensor so that one SDPA plan serves every step. */
+ * their fill level as a kv_seqlen tensor so that one SDPA plan serves every step. Paged mode:
+ * pools of pages and a block table (B, blocks), kept on the host too (`map`), filled by a
+ * lowest-free-page allocator (`used`: which pages the table holds) or by the caller. */
 #include "plan.h"
 
 #include <stdlib.h>
@@ -10,6 +12,12 @@ struct clattn_kv_cache {
     clattn_kv_cache_desc desc;
     cl_mem k, v, lengths; /* (B, Hkv, capacity, d) twice, (B) int32 */
     size_t length;
+    /* paged mode (desc.page_size > 0): k, v are (num_pages, page_size, Hkv, d) pools */
+    cl_mem table;          /* (B, blocks) int32 on the device */
+    cl_int *map;           /* its host copy; -1: no page */
+    unsigned char *used;   /* num_pages flags: a block of `map` holds the page */
+    size_t blocks;         /* ceil(capacity / page_size) */
+    bool dirty;            /* map changed since the last write of the table */
 };
 
 void clattn_kv_cache_desc_init(clattn_kv_cache_desc *desc)
@@ -36,6 +44,10 @@ void clattn_kv_cache_release(clattn_kv_cache *cache)
         clReleaseMemObject(cache->v);
     if (cache->lengths)
         clReleaseMemObject(cache->lengths);
+    if (cache->table)
+        clReleaseMemObject(cache->table);
+    free(cache->map);
+    free(cache->used);
     free(cache);
 }
 
@@ -82,24 +94,58 @@ clattn_status clattn_kv_cache_create(clattn_ctx *ctx, const clattn_kv_cache_desc
         (status = clattn__check_dims(ctx, op, dims, names, 5, true)))
         return status;
     const size_t elem = clattn_dtype_size(desc->dtype);
-    size_t k_bytes = 0, v_bytes = 0, n_bytes = 0;
-    if (!clattn__product(&k_bytes, 5, desc->batch, desc->kv_heads, desc->capacity,
-                         desc->head_dim_qk, elem) ||
-        !clattn__product(&v_bytes, 5, desc->batch, desc->kv_heads, desc->capacity, desc->head_dim_v,
-                         elem) ||
-        !clattn__mul(desc->batch, sizeof(cl_int), &n_bytes))
+    /* Paged: the pool's pages stand for (batch, capacity) in the sizes. */
+    size_t blocks = 0, pages = desc->num_pages, rows = 0, seqs = desc->batch;
+    if (desc->page_size > 0) {
+        blocks = desc->capacity / desc->page_size + (desc->capacity % desc->page_size != 0);
+        if (pages == 0 && !clattn__mul(desc->batch, blocks, &pages))
+            return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                                "%s: batch * ceil(capacity / page_size) = %zu * %zu pages "
+                                "overflows size_t",
+                                op, desc->batch, blocks);
+        const size_t paged[2] = {desc->page_size, pages};
+        static const char *const paged_names[2] = {"page_size", "num_pages"};
+        if ((status = clattn__check_dims(ctx, op, paged, paged_names, 2, true)))
+            return status;
+        if (pages > (size_t)INT32_MAX)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: num_pages=%zu: the block table's int32 entries address at "
+                                "most %d pages",
+                                op, pages, (int)INT32_MAX);
+        seqs = pages;
+    }
+    const size_t seq_len = desc->page_size > 0 ? desc->page_size : desc->capacity;
+    size_t k_bytes = 0, v_bytes = 0, n_bytes = 0, t_bytes = 0;
+    if (!clattn__product(&k_bytes, 5, seqs, desc->kv_heads, seq_len, desc->head_dim_qk, elem) ||
+        !clattn__product(&v_bytes, 5, seqs, desc->kv_heads, seq_len, desc->head_dim_v, elem) ||
+        !clattn__mul(desc->batch, sizeof(cl_int), &n_bytes) ||
+        !clattn__product(&t_bytes, 3, desc->batch, blocks, sizeof(cl_int)) ||
+        !clattn__mul(desc->batch, blocks, &rows))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
-                            "%s: (batch, kv_heads, capacity, head_dim) = (%zu, %zu, %zu, %zu) "
+                            "%s: (%s, kv_heads, %s, head_dim) = (%zu, %zu, %zu, %zu) "
                             "overflows size_t in bytes",
-                            op, desc->batch, desc->kv_heads, desc->capacity, desc->head_dim_qk);
+                            op, desc->page_size ? "num_pages" : "batch",
+                            desc->page_size ? "page_size" : "capacity", seqs, desc->kv_heads,
+                            seq_len, desc->head_dim_qk);
     clattn_kv_cache *cache = calloc(1, sizeof *cache);
     if (cache == NULL)
         return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
     cache->ctx = ctx;
     cache->desc = *desc;
+    cache->desc.num_pages = desc->page_size > 0 ? pages : 0;
+    cache->blocks = blocks;
+    if (desc->page_size > 0 &&
+        ((cache->map = malloc(t_bytes)) == NULL || (cache->used = calloc(pages, 1)) == NULL)) {
+        clattn_kv_cache_release(cache);
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
+    }
+    for (size_t i = 0; i < rows; ++i)
+        cache->map[i] = -1;
     if ((status = new_buffer(ctx, op, "the keys", k_bytes, &cache->k)) ||
         (status = new_buffer(ctx, op, "the values", v_bytes, &cache->v)) ||
-        (status = new_buffer(ctx, op, "the lengths", n_bytes, &cache->lengths))) {
+        (status = new_buffer(ctx, op, "the lengths", n_bytes, &cache->lengths)) ||
+        (desc->page_size > 0 &&
+         (status = new_buffer(ctx, op, "the block table", t_bytes, &cache->table)))) {
         clattn_kv_cache_release(cache);
         return status;
     }
@@ -112,6 +158,9 @@ clattn_status clattn_kv_cache_create(clattn_ctx *ctx, const clattn_kv_cache_desc
         err = clEnqueueFillBuffer(ctx->queue, cache->k, &zero, 1, 0, k_bytes, 0, NULL, NULL);
     if (err == CL_SUCCESS)
         err = clEnqueueFillBuffer(ctx->queue, cache->v, &zero, 1, 0, v_bytes, 0, NULL, NULL);
+    if (err == CL_SUCCESS && cache->table)
+        err = clEnqueueWriteBuffer(ctx->queue, cache->table, CL_FALSE, 0, t_bytes, cache->map, 0,
+                                   NULL, NULL);
     if (err == CL_SUCCESS)
         err = clFinish(ctx->queue);
     if (err != CL_SUCCESS) {
@@ -131,6 +180,9 @@ size_t clattn_kv_cache_length(const clattn_kv_cache *cache)
 static clattn_tensor cache_tensor(const clattn_kv_cache *cache, cl_mem mem, size_t head_dim)
 {
     const clattn_kv_cache_desc *d = &cache->desc;
+    if (d->page_size > 0)
+        return clattn_tensor_make(mem, 0, d->dtype, 4, d->num_pages, d->page_size, d->kv_heads,
+                                  head_dim);
     return clattn_tensor_make(mem, 0, d->dtype, 4, d->batch, d->kv_heads, d->capacity, head_dim);
 }
 
@@ -146,6 +198,34 @@ void clattn_kv_cache_tensors(const clattn_kv_cache *cache, clattn_tensor *k, cla
     if (kv_seqlen)
         *kv_seqlen =
             clattn_tensor_make(cache->lengths, 0, CLATTN_DTYPE_I32, 1, cache->desc.batch, 0, 0, 0);
+}
+
+void clattn_kv_cache_block_table(const clattn_kv_cache *cache, clattn_tensor *table)
+{
+    if (table == NULL)
+        return;
+    if (cache == NULL || cache->table == NULL)
+        *table = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 0, 0, 0, 0, 0);
+    else
+        *table = clattn_tensor_make(cache->table, 0, CLATTN_DTYPE_I32, 2, cache->desc.batch,
+                                    cache->blocks, 0, 0);
+}
+
+/* The host's block table to the device (blocking: the host copy may change at the next call),
+ * after the chain's last step. */
+static clattn_status write_table(clattn_kv_cache *cache, clattn_chain *chain)
+{
+    clattn_ctx *ctx = cache->ctx;
+    cl_event step = NULL;
+    cl_int err = clEnqueueWriteBuffer(chain->queue, cache->table, CL_TRUE, 0,
+                                      cache->desc.batch * cache->blocks * sizeof(cl_int),
+                                      cache->map, chain->num_wait, chain->wait, &step);
+    if (err != CL_SUCCESS)
+        return clattn__fail(ctx, (clattn_status)err, "clEnqueueWriteBuffer(block table): %s (%d)",
+                            clattn__cl_error_name(err), (int)err);
+    clattn__chain_push(chain, step);
+    cache->dirty = false;
+    return CLATTN_SUCCESS;
 }
 
 /* The lengths buffer := n for every batch, after the chain's last step. */
@@ -183,9 +263,143 @@ clattn_status clattn_kv_cache_reset(clattn_kv_cache *cache, cl_uint num_wait, co
     if (status != CLATTN_SUCCESS)
         return status;
     status = write_lengths(cache, 0, &chain);
+    if (status == CLATTN_SUCCESS && cache->table) {
+        for (size_t i = 0; i < cache->desc.batch * cache->blocks; ++i)
+            cache->map[i] = -1;
+        memset(cache->used, 0, cache->desc.num_pages);
+        cache->dirty = true;
+        status = write_table(cache, &chain);
+    }
     if (status == CLATTN_SUCCESS)
         cache->length = 0;
     return clattn__end(op, &chain, status, event);
+}
+
+clattn_status clattn_kv_cache_map_pages(clattn_kv_cache *cache, const int32_t *table,
+                                        cl_uint num_wait, const cl_event *wait, cl_event *event)
+{
+    static const char op[] = "kv_cache_map_pages";
+    if (cache == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn_ctx *ctx = cache->ctx;
+    clattn_status status = clattn__entry(ctx, op, cache, num_wait, wait, event);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    if (cache->table == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: the cache is contiguous (page_size = 0): it has no pages", op);
+    if (table == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: table is NULL", op);
+    const size_t batch = cache->desc.batch, blocks = cache->blocks, pages = cache->desc.num_pages;
+    const size_t filled = cache->length / cache->desc.page_size +
+                          (cache->length % cache->desc.page_size != 0);
+    /* owner[p]: 1 + the entry that would hold page p (0: none), to name both of a pair. */
+    size_t *owner = calloc(pages, sizeof *owner);
+    if (owner == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
+    for (size_t i = 0; i < batch * blocks && status == CLATTN_SUCCESS; ++i) {
+        const size_t b = i / blocks, j = i % blocks;
+        const int32_t given = table[i];
+        if (given < -1 || (given >= 0 && (size_t)given >= pages)) {
+            status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                  "%s: table[%zu, %zu] = %d: expected a page 0 .. %zu of the pool, "
+                                  "or -1 to leave the block as it is",
+                                  op, b, j, (int)given, pages - 1);
+            break;
+        }
+        if (given >= 0 && j < filled && cache->map[i] != given) {
+            status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                  "%s: table[%zu, %zu] = %d: that block holds keys already (the "
+                                  "cache's length is %zu) in page %d; reset the cache to remap it",
+                                  op, b, j, (int)given, cache->length, (int)cache->map[i]);
+            break;
+        }
+        const int32_t page = given >= 0 ? given : cache->map[i];
+        if (page < 0)
+            continue;
+        if (owner[page] != 0) {
+            const size_t other = owner[page] - 1;
+            status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                  "%s: table[%zu, %zu] = %d: page %d would also hold block "
+                                  "[%zu, %zu]: a page holds one block",
+                                  op, b, j, (int)page, (int)page, other / blocks, other % blocks);
+            break;
+        }
+        owner[page] = i + 1;
+    }
+    clattn_chain chain;
+    if (status == CLATTN_SUCCESS)
+        status = clattn__begin(ctx, op, &chain, NULL, false, num_wait, wait);
+    else {
+        free(owner);
+        return status;
+    }
+    int32_t *saved = malloc(batch * blocks * sizeof *saved);
+    if (saved == NULL)
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
+    if (status == CLATTN_SUCCESS) {
+        memcpy(saved, cache->map, batch * blocks * sizeof *saved);
+        for (size_t i = 0; i < batch * blocks; ++i)
+            if (table[i] >= 0)
+                cache->map[i] = table[i];
+        cache->dirty = true;
+        status = write_table(cache, &chain);
+        if (status != CLATTN_SUCCESS) /* nothing changed (the device's copy is rewritten next) */
+            memcpy(cache->map, saved, batch * blocks * sizeof *saved);
+    }
+    if (status == CLATTN_SUCCESS)
+        for (size_t p = 0; p < pages; ++p)
+            cache->used[p] = owner[p] != 0;
+    free(saved);
+    free(owner);
+    return clattn__end(op, &chain, status, event);
+}
+
+/* Paged append of keys length .. length + n - 1: maps every block they reach that has no
+ * page to the lowest free one (dirty when any was). No free page: the map unchanged and a
+ * message with the pages needed. */
+static clattn_status map_blocks(clattn_kv_cache *cache, const char *op, size_t n)
+{
+    const clattn_kv_cache_desc *d = &cache->desc;
+    const size_t first = cache->length / d->page_size;
+    const size_t last = (cache->length + n - 1) / d->page_size;
+    size_t next = 0, taken = 0;
+    for (size_t b = 0; b < d->batch; ++b)
+        for (size_t j = first; j <= last; ++j) {
+            cl_int *entry = &cache->map[b * cache->blocks + j];
+            if (*entry >= 0)
+                continue;
+            while (next < d->num_pages && cache->used[next])
+                ++next;
+            if (next == d->num_pages) {
+                /* Undo this call's pages (marked 2), then say what the append needs. */
+                size_t needed = 0;
+                for (size_t i = 0; i < d->batch * cache->blocks; ++i) {
+                    const size_t jj = i % cache->blocks;
+                    if (jj < first || jj > last)
+                        continue;
+                    if (cache->map[i] >= 0 && cache->used[cache->map[i]] == 2) {
+                        cache->used[cache->map[i]] = 0;
+                        cache->map[i] = -1;
+                    }
+                    needed += cache->map[i] < 0;
+                }
+                return clattn__fail(cache->ctx, CLATTN_ERR_INVALID_SHAPE,
+                                    "%s: the pool has no free page for keys %zu .. %zu: they "
+                                    "need %zu new pages, %zu free (%zu in the pool): reset "
+                                    "the cache or create it with more num_pages",
+                                    op, cache->length, cache->length + n - 1, needed, taken,
+                                    d->num_pages);
+            }
+            cache->used[next] = 2; /* taken by this call */
+            *entry = (cl_int)next;
+            ++taken;
+            cache->dirty = true;
+        }
+    for (size_t p = 0; p < d->num_pages; ++p)
+        if (cache->used[p] == 2)
+            cache->used[p] = 1;
+    return CLATTN_SUCCESS;
 }
 
 /* Validates a new block of keys or values: (batch, kv_heads, n, head_dim), a float dtype,
@@ -256,27 +470,41 @@ clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor
         return status;
     clattn_chain chain;
     status = clattn__begin(ctx, op, &chain, NULL, false, num_wait, wait);
+    if (status == CLATTN_SUCCESS && cache->table &&
+        (status = map_blocks(cache, op, n)) == CLATTN_SUCCESS && cache->dirty)
+        status = write_table(cache, &chain);
     clattn__view dst[2];
     const cl_mem dst_mem[2] = {cache->k, cache->v};
     const size_t head_dim[2] = {d->head_dim_qk, d->head_dim_v};
     for (int i = 0; i < 2; ++i) {
-        /* The cache's packed (B, Hkv, capacity, d) buffer from key `length` on. */
+        /* Contiguous: the packed (B, Hkv, capacity, d) buffer from key `length` on. Paged:
+         * the pool (pages, page_size, Hkv, d) with strides (page, head, slot, 1); kv_append
+         * finds each key's page in the table. */
         const size_t hd = head_dim[i], cap = d->capacity;
-        dst[i] = (clattn__view){dst_mem[i],
-                                (cl_ulong)cache->length * hd,
-                                d->dtype,
-                                {d->batch, d->kv_heads, n, hd},
-                                {d->kv_heads * cap * hd, cap * hd, hd, 1}};
+        if (cache->table)
+            dst[i] = (clattn__view){dst_mem[i],
+                                    0,
+                                    d->dtype,
+                                    {d->batch, d->kv_heads, n, hd},
+                                    {d->page_size * d->kv_heads * hd, hd, d->kv_heads * hd, 1}};
+        else
+            dst[i] = (clattn__view){dst_mem[i],
+                                    (cl_ulong)cache->length * hd,
+                                    d->dtype,
+                                    {d->batch, d->kv_heads, n, hd},
+                                    {d->kv_heads * cap * hd, cap * hd, hd, 1}};
     }
     /* Keys, values and the key counts in one launch (kv_append). */
     clattn__append_plan append;
     if (status == CLATTN_SUCCESS)
-        status =
-            clattn__append_prepare(ctx, d->batch, d->kv_heads, n, d->head_dim_qk, d->head_dim_v,
-                                   k_view.dtype, v_view.dtype, d->dtype, &append);
+        status = clattn__append_prepare(ctx, d->batch, d->kv_heads, n, d->head_dim_qk,
+                                        d->head_dim_v, k_view.dtype, v_view.dtype, d->dtype,
+                                        d->page_size, &append);
+    const clattn__append_pages pages = {cache->table, cache->blocks, d->page_size, d->num_pages,
+                                        cache->length};
     if (status == CLATTN_SUCCESS)
         status = clattn__append_enqueue(&chain, &append, &k_view, &v_view, &dst[0], &dst[1],
-                                        cache->lengths, cache->length + n);
+                                        cache->lengths, cache->length + n, &pages);
     if (status == CLATTN_SUCCESS)
         cache->length += n;
     return clattn__end(op, &chain, status, event);

@@ -90,7 +90,7 @@ clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan 
 clattn_status clattn__append_prepare(clattn_ctx *ctx, size_t batch, size_t kv_heads, size_t n,
                                      size_t dk, size_t dv, clattn_dtype k_dtype,
                                      clattn_dtype v_dtype, clattn_dtype cache_dtype,
-                                     clattn__append_plan *plan)
+                                     size_t page_size, clattn__append_plan *plan)
 {
     static const char op[] = "kv_append";
     memset(plan, 0, sizeof *plan);
@@ -102,16 +102,19 @@ clattn_status clattn__append_prepare(clattn_ctx *ctx, size_t batch, size_t kv_he
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu x %zu overflow size_t",
                             op, batch, kv_heads, n, dk > dv ? dk : dv);
     plan->global[1] = 2;
-    char extra[96];
-    snprintf(extra, sizeof extra, "-DHEADS_WG=%u -DK_SRC_DTYPE=%d -DV_SRC_DTYPE=%d -DDST_DTYPE=%d",
-             ctx->tuning.heads_wg, (int)k_dtype, (int)v_dtype, (int)cache_dtype);
+    char extra[128];
+    snprintf(extra, sizeof extra,
+             "-DHEADS_WG=%u -DK_SRC_DTYPE=%d -DV_SRC_DTYPE=%d -DDST_DTYPE=%d%s",
+             ctx->tuning.heads_wg, (int)k_dtype, (int)v_dtype, (int)cache_dtype,
+             page_size > 0 ? " -DAPPEND_PAGED=1" : "");
     return clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, op, extra, &plan->kernel);
 }
 
 clattn_status clattn__append_enqueue(clattn_chain *chain, const clattn__append_plan *plan,
                                      const clattn__view *k, const clattn__view *v,
                                      const clattn__view *k_dst, const clattn__view *v_dst,
-                                     cl_mem lengths, size_t length)
+                                     cl_mem lengths, size_t length,
+                                     const clattn__append_pages *pages)
 {
     clattn_append_params params = {0};
     clattn__view_fields(k, &params.ks_offset, &params.ks_s0, &params.ks_s1, &params.ks_s2,
@@ -128,9 +131,16 @@ clattn_status clattn__append_enqueue(clattn_chain *chain, const clattn__append_p
     params.k_d3 = (cl_uint)plan->dk;
     params.v_d3 = (cl_uint)plan->dv;
     params.length = (cl_int)length;
+    /* Paged: the table's row stride, the page size and count, the first new key. */
+    cl_mem table = pages->table ? pages->table : lengths; /* not read when contiguous */
+    params.bt_s0 = pages->blocks;
+    params.page_size = (cl_uint)pages->page_size;
+    params.num_pages = (cl_uint)pages->num_pages;
+    params.start = (cl_uint)pages->start;
     const size_t local[2] = {plan->local, 1};
-    const clattn_arg args[] = {CLATTN_ARG(k->mem),     CLATTN_ARG(v->mem),  CLATTN_ARG(k_dst->mem),
-                               CLATTN_ARG(v_dst->mem), CLATTN_ARG(lengths), CLATTN_ARG(params)};
+    const clattn_arg args[] = {CLATTN_ARG(k->mem),     CLATTN_ARG(v->mem),    CLATTN_ARG(k_dst->mem),
+                               CLATTN_ARG(v_dst->mem), CLATTN_ARG(lengths),   CLATTN_ARG(table),
+                               CLATTN_ARG(params)};
     return clattn__launch_kernel(chain, plan->kernel, "kv_append", args,
                                  sizeof args / sizeof args[0], 2, plan->global, local);
 }

@@ -306,21 +306,30 @@ typedef clattn__elementwise_plan clattn__copy_plan;
 
 /* ---- the KV cache's append (ops/heads.c, kernels/heads.cl's kv_append) ---------------------
  * n new keys and values (views of (batch, kv_heads, n, dk / dv)) into the cache's views, and
- * the key counts (batch I32) set to `length`, in one launch. */
+ * the key counts (batch I32) set to `length`, in one launch. Paged (page_size > 0): the views'
+ * strides are (page, head, slot, 1) and key `start + j` of batch b goes to page
+ * table[b, (start + j) / page_size], slot (start + j) % page_size (an entry outside the pool
+ * writes nothing). */
 typedef struct clattn__append_plan {
     size_t batch, kv_heads, n, dk, dv;
     cl_kernel kernel;
     size_t local, global[2];
 } clattn__append_plan;
 
+typedef struct clattn__append_pages {
+    cl_mem table; /* NULL: contiguous */
+    size_t blocks, page_size, num_pages, start;
+} clattn__append_pages;
+
 clattn_status clattn__append_prepare(clattn_ctx *ctx, size_t batch, size_t kv_heads, size_t n,
                                      size_t dk, size_t dv, clattn_dtype k_dtype,
                                      clattn_dtype v_dtype, clattn_dtype cache_dtype,
-                                     clattn__append_plan *plan);
+                                     size_t page_size, clattn__append_plan *plan);
 clattn_status clattn__append_enqueue(clattn_chain *chain, const clattn__append_plan *plan,
                                      const clattn__view *k, const clattn__view *v,
                                      const clattn__view *k_dst, const clattn__view *v_dst,
-                                     cl_mem lengths, size_t length);
+                                     cl_mem lengths, size_t length,
+                                     const clattn__append_pages *pages);
 
 clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype src_dtype,
                                    clattn_dtype dst_dtype, clattn__copy_plan *plan);

@@ -102,7 +102,7 @@ class RopeDesc(_PlanDesc):
 class KvCacheDesc(Structure):
     _fields_ = [("struct_size", c_size_t), ("batch", c_size_t), ("kv_heads", c_size_t),
                 ("capacity", c_size_t), ("head_dim_qk", c_size_t), ("head_dim_v", c_size_t),
-                ("dtype", c_int)]
+                ("dtype", c_int), ("page_size", c_size_t), ("num_pages", c_size_t)]
 
 
 POSENC_SINUSOIDAL, POSENC_TABLE = 0, 1
@@ -180,6 +180,9 @@ _declare(lib.clattn_kv_cache_reset, c_int, c_void_p, c_uint, c_void_p, c_void_p)
 _declare(lib.clattn_kv_cache_length, c_size_t, c_void_p)
 _declare(lib.clattn_kv_cache_tensors, None, c_void_p, POINTER(Tensor), POINTER(Tensor),
          POINTER(Tensor))
+_declare(lib.clattn_kv_cache_block_table, None, c_void_p, POINTER(Tensor))
+_declare(lib.clattn_kv_cache_map_pages, c_int, c_void_p, POINTER(c_int32), c_uint, c_void_p,
+         c_void_p)
 _declare(lib.clattn_plan_execute, c_int, _plan_p, POINTER(Tensors), c_size_t, c_void_p, c_void_p,
          c_uint, c_void_p, c_void_p)
 

@@ -140,10 +140,15 @@ class KVCache:
     ``append(k, v)`` adds (batch, kv_heads, T, head_dim) steps on the device, ``attend(q)``
     runs one query block (batch, heads, Lq, head_dim) against every key so far (causal,
     bottom-right: the queries are the last Lq positions), with one plan per query shape that
-    serves every step (the fill level is read on the device)."""
+    serves every step (the fill level is read on the device).
+
+    ``page_size`` > 0 makes it paged: keys and values in a pool of ``num_pages`` pages
+    (default: room for every sequence to fill) of ``page_size`` keys, found through a block
+    table; appends take the lowest free page unless ``map_pages`` gave the block one."""
 
     def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  head_dim_v: Optional[int] = None, dtype=np.float32, *,
+                 page_size: int = 0, num_pages: int = 0,
                  ctx: Optional[Context] = None):
         self.ctx = ctx or default_context()
         self.dtype = np.dtype(dtype)
@@ -153,6 +158,8 @@ class KVCache:
         desc.head_dim_qk = head_dim
         desc.head_dim_v = head_dim_v if head_dim_v is not None else head_dim
         desc.dtype = clattn_dtype(self.dtype)
+        desc.page_size, desc.num_pages = page_size, num_pages
+        self.page_size = page_size
         self._handle = ctypes.c_void_p()
         self.ctx.check(lib.clattn_kv_cache_create(self.ctx.handle, ctypes.byref(desc),
                                                   ctypes.byref(self._handle)))
@@ -183,6 +190,19 @@ class KVCache:
                                                       ctypes.byref(vt), 0, None, None))
             self.ctx.check(lib.clattn_finish(self.ctx.handle))  # the staging buffers go next
 
+    def map_pages(self, table: ArrayLike) -> None:
+        """Paged caches: gives the pages of the pool that blocks take (batch,
+        ceil(capacity / page_size)) int32; -1 leaves a block as it is. Raises, naming the
+        entry, for a page outside the pool, one page twice or a filled block remapped."""
+        t = np.ascontiguousarray(np.asarray(table), dtype=np.int32)
+        blocks = -(-self.shape[2] // self.page_size) if self.page_size else 0
+        if t.shape != (self.shape[0], blocks):
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"table has shape {t.shape}; expected ({self.shape[0]}, "
+                                f"{blocks}) (batch, ceil(capacity / page_size))")
+        self.ctx.check(lib.clattn_kv_cache_map_pages(
+            self._handle, t.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), 0, None, None))
+
     def reset(self) -> None:
         """Empties the cache (length 0, on the host and the device); plans are kept."""
         self.ctx.check(lib.clattn_kv_cache_reset(self._handle, 0, None, None))
@@ -207,9 +227,10 @@ class KVCache:
         if q.ndim != 4:
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                 f"query has shape {q.shape}; expected (batch, heads, Lq, d)")
-        k_t, v_t, len_t = _lib.Tensor(), _lib.Tensor(), _lib.Tensor()
+        k_t, v_t, len_t, bt_t = _lib.Tensor(), _lib.Tensor(), _lib.Tensor(), _lib.Tensor()
         lib.clattn_kv_cache_tensors(self._handle, ctypes.byref(k_t), ctypes.byref(v_t),
                                     ctypes.byref(len_t))
+        lib.clattn_kv_cache_block_table(self._handle, ctypes.byref(bt_t))
         dtype = clattn_dtype(q.dtype)
         out_shape = q.shape[:3] + (self.shape[4],)
         key_ = (q.shape, dtype, scale, path)
@@ -220,6 +241,7 @@ class KVCache:
             desc.tensors.q = layout(dtype, q.shape)
             desc.tensors.out = layout(dtype, out_shape)
             desc.tensors.k, desc.tensors.v, desc.tensors.kv_seqlen = k_t, v_t, len_t
+            desc.tensors.block_table = bt_t
             desc.causal = _lib.CAUSAL_BOTTOM_RIGHT
             desc.scale = float("nan") if scale is None else float(scale)
             desc.path = _PATHS[path]
@@ -234,6 +256,7 @@ class KVCache:
             bound.q, bound.out = layout(dtype, q.shape), layout(dtype, out_shape)
             bound.q.mem, bound.out.mem = qb.mem, ob.mem
             bound.k, bound.v, bound.kv_seqlen = k_t, v_t, len_t
+            bound.block_table = bt_t
             self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), _lib.ROLE_COUNT,
                                                    None, None, 0, None, None))
             ob.read(self.ctx, out)
@@ -262,9 +285,10 @@ class KVCache:
 
     def _attend_device(self, query, q: _lib.Tensor, scale, path):
         import pyopencl.array as cla
-        k_t, v_t, len_t = _lib.Tensor(), _lib.Tensor(), _lib.Tensor()
+        k_t, v_t, len_t, bt_t = _lib.Tensor(), _lib.Tensor(), _lib.Tensor(), _lib.Tensor()
         lib.clattn_kv_cache_tensors(self._handle, ctypes.byref(k_t), ctypes.byref(v_t),
                                     ctypes.byref(len_t))
+        lib.clattn_kv_cache_block_table(self._handle, ctypes.byref(bt_t))
         out_shape = tuple(query.shape[:3]) + (self.shape[4],)
         out = cla.empty(query.queue, out_shape, query.dtype)
         o = layout(q.dtype, out_shape)
@@ -277,6 +301,7 @@ class KVCache:
             lib.clattn_sdpa_desc_init(ctypes.byref(desc))
             desc.tensors.q, desc.tensors.out = q, o
             desc.tensors.k, desc.tensors.v, desc.tensors.kv_seqlen = k_t, v_t, len_t
+            desc.tensors.block_table = bt_t
             desc.causal = _lib.CAUSAL_BOTTOM_RIGHT
             desc.scale = float("nan") if scale is None else float(scale)
             desc.path = _PATHS[path]
@@ -287,6 +312,7 @@ class KVCache:
         bound = _lib.Tensors()
         bound.q, bound.out = q, o
         bound.k, bound.v, bound.kv_seqlen = k_t, v_t, len_t
+        bound.block_table = bt_t
         with self.ctx.lock:
             self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), _lib.ROLE_COUNT,
                                                    None, None, 0, None, None))

@@ -2,7 +2,8 @@
 numpy references: sinusoid and learned tables with a start position, x added in place of
 dtype; RoPE both styles, partial rotary dims, position ids; a KV cache grown by a prompt and
 single steps, grouped-query heads, each step's attention equal to attention over every key so
-far with the queries as the last rows."""
+far with the queries as the last rows; paged caches (the allocator's pages, the caller's)
+equal to the same keys contiguous."""
 
 import numpy as np
 import pytest
@@ -101,4 +102,37 @@ def test_kv_cache_steps(path):
     cache.append(zeros(2), zeros(2))
     with pytest.raises(clattn.Error, match=rf"full \({cap} of {cap} keys\).*capacity >= {cap + 1}"):
         cache.append(zeros(1), zeros(1))
+    cache.close()
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 64])
+def test_kv_cache_paged(page_size):
+    rng = np.random.default_rng(3)
+    b, hq, hkv, d, prompt, steps, cap = 2, 4, 2, 16, 9, 4, 24
+    keys = rng.standard_normal((b, hkv, prompt + steps, d)).astype(np.float32)
+    values = rng.standard_normal((b, hkv, prompt + steps, d)).astype(np.float32)
+    blocks = -(-cap // page_size)
+    cache = clattn.KVCache(b, hkv, cap, d, page_size=page_size, num_pages=2 * blocks + 3)
+    # sequence 1 takes the pool's top pages, last first; sequence 0 the allocator's
+    table = np.full((b, blocks), -1, np.int32)
+    table[1] = np.arange(2 * blocks + 2, blocks + 2, -1)
+    cache.map_pages(table)
+    cache.append(keys[:, :, :prompt], values[:, :, :prompt])
+    for t in range(prompt, prompt + steps):
+        cache.append(keys[:, :, t:t + 1], values[:, :, t:t + 1])
+        q = rng.standard_normal((b, hq, 1, d)).astype(np.float32)
+        want = reference(q, keys[:, :, :t + 1], values[:, :, :t + 1], gqa=True)
+        np.testing.assert_allclose(cache.attend(q), want, rtol=1e-5, atol=2e-6)
+    q = rng.standard_normal((b, hq, 3, d)).astype(np.float32)  # a causal block, bottom-right
+    n = prompt + steps
+    bottom_right = np.arange(n)[None, :] <= np.arange(3)[:, None] + n - 3
+    want = reference(q, keys, values, mask=bottom_right, gqa=True)
+    np.testing.assert_allclose(cache.attend(q), want, rtol=1e-5, atol=2e-6)
+    # sequence 0's first block holds the allocator's page 0: remapping it is refused
+    bad = np.full((b, blocks), -1, np.int32)
+    bad[0, 0] = 1
+    with pytest.raises(clattn.Error, match=r"table\[0, 0\] = 1: that block holds keys"):
+        cache.map_pages(bad)
+    with pytest.raises(clattn.Error, match="paged cache .* fused path only"):
+        cache.attend(q, path="unfused")
     cache.close()
