@@ -210,10 +210,22 @@ typedef enum clattn_dtype {
     CLATTN_DTYPE_F16 = 1,
     CLATTN_DTYPE_BF16 = 2,
     CLATTN_DTYPE_U8 = 3,
-    CLATTN_DTYPE_I32 = 4
+    CLATTN_DTYPE_I32 = 4,
+    /* Block types (since 0.8), llama.cpp's (ggml's) quantized formats byte for byte, for K and
+     * V of SDPA plans (fused path) and KV caches: each 32 consecutive elements of a row are one
+     * block. Q8_0: an fp16 scale d = amax / 127, then 32 int8 q = round(x / d) (half away
+     * from zero); x = d * q; 34 bytes (block_q8_0). Q4_0: d = m / -8 (m the block's value of
+     * largest magnitude, its sign kept), fp16, then 16 bytes, element j's q = min(15,
+     * (int)(x / d + 8.5)) in the low nibble of byte j and element j + 16's in the high one;
+     * x = (q - 8) * d; 18 bytes (block_q4_0). Tensors of them count elements, as every tensor:
+     * the last dimension is a multiple of 32 with stride 1, the other strides and the offset
+     * are multiples of 32 (whole blocks). clattn_quantize writes them on the device. */
+    CLATTN_DTYPE_Q8_0 = 5,
+    CLATTN_DTYPE_Q4_0 = 6
 } clattn_dtype;
 
-/* Bytes per element of dtype (0 for an unknown value). */
+/* Bytes per element of dtype (0 for an unknown value and for the block types: 34 bytes per
+ * 32 elements for Q8_0, 18 for Q4_0). */
 CLATTN_API size_t clattn_dtype_size(clattn_dtype dtype);
 
 #define CLATTN_MAX_RANK 4
@@ -803,6 +815,14 @@ CLATTN_API void clattn_kv_cache_block_table(const clattn_kv_cache *cache, clattn
 CLATTN_API clattn_status clattn_kv_cache_map_pages(clattn_kv_cache *cache, const int32_t *table,
                                                    cl_uint num_wait, const cl_event *wait,
                                                    cl_event *event);
+
+/* Quantizes src (F32, F16 or BF16, rank 1 to 4, any strides) into dst (Q8_0 or Q4_0, the same
+ * dims; its last dimension a multiple of 32) on the device, with llama.cpp's reference
+ * rounding (see clattn_dtype): a ggml user's blocks, byte for byte. For SDPA plans' k and v
+ * and for handing float caches over. Asynchronous, on the context's queue. */
+CLATTN_API clattn_status clattn_quantize(clattn_ctx *ctx, const clattn_tensor *src,
+                                         const clattn_tensor *dst, cl_uint num_wait,
+                                         const cl_event *wait, cl_event *event);
 
 /* ---------------------------------------------------------------------------------------------
  * Host-pointer API: packed float32 arrays in and out; synchronous. Built on plans.

@@ -155,8 +155,9 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     const uint key_stop = split_keys ? min(part_stop, key_begin + split_keys) : part_stop;
 
     Q += q_offset + b * q_s0 + h * q_s1 + safe_row * q_s2;
-    K += k_offset + b * k_s0 + (h / kv_group) * k_s1; /* grouped-query: a shared head */
-    V += v_offset + b * v_s0 + (h / kv_group) * v_s1;
+    /* grouped-query: a shared head (ADVANCE: the block types' rows are whole blocks) */
+    K = ADVANCE(K_DTYPE, K, k_offset + b * k_s0 + (h / kv_group) * k_s1);
+    V = ADVANCE(V_DTYPE, V, v_offset + b * v_s0 + (h / kv_group) * v_s1);
     __global ELEM_T(O_DTYPE) *out = O + o_offset + split * o_split + b * o_s0 + h * o_s1 + safe_row * o_s2;
     const ulong lse_index = lse_offset + split * lse_split + b * lse_s0 + h * lse_s1 + safe_row * lse_s2;
     if (has_mask)

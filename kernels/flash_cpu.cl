@@ -211,7 +211,7 @@ inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
         _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r) pt[r][j] = 0.0f;                       \
     }
 
-#define FC_STRIDED_KEY(j) (K + (j) * ks)
+#define FC_STRIDED_KEY(j) ADVANCE(K_DTYPE, K, (j) * ks)
 inline void fc_scores_direct(__global const ELEM_T(K_DTYPE) *K, const ulong ks,
                              __local float (*qs)[HEAD_DIM_QK], __local float (*pt)[FC_KT],
                              const uint nk)
@@ -222,7 +222,7 @@ inline void fc_scores_direct(__global const ELEM_T(K_DTYPE) *K, const ulong ks,
 #if KV_PAGED
 /* A paged cache's tile read where it lies: key j's row at K + krow[j] (its page's slot;
  * unit stride along d), for fc_scores_paged and fc_pv_paged (V + vrow[j]). */
-#define FC_PAGED_KEY(j) (K + krow[(j)])
+#define FC_PAGED_KEY(j) ADVANCE(K_DTYPE, K, krow[(j)])
 inline void fc_scores_paged(__global const ELEM_T(K_DTYPE) *K, const ulong *krow,
                             __local float (*qs)[HEAD_DIM_QK], __local float (*pt)[FC_KT],
                             const uint nk)
@@ -230,7 +230,7 @@ inline void fc_scores_paged(__global const ELEM_T(K_DTYPE) *K, const ulong *krow
     FC_SCORES_BODY(FC_PAGED_KEY)
 }
 
-#define FC_PAGED_ROW16(j, v) LOAD16(V_DTYPE, V + vrow[(j)], 16 * (v))
+#define FC_PAGED_ROW16(j, v) LOAD16(V_DTYPE, ADVANCE(V_DTYPE, V, vrow[(j)]), 16 * (v))
 inline void fc_pv_paged(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
                         __global const ELEM_T(V_DTYPE) *V, const ulong *vrow, const float *corr,
                         const uint c0, const uint nk)
@@ -242,7 +242,7 @@ inline void fc_pv_paged(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT]
 
 /* fc_pv with the tile's first nk V rows read where they lie (V: the tile's first row, unit
  * stride, rows vs elements apart), FC_PVW vectors of columns (or the rest) from c0. */
-#define FC_GLOBAL_ROW16(j, v) LOAD16(V_DTYPE, V + (j) * vs, 16 * (v))
+#define FC_GLOBAL_ROW16(j, v) LOAD16(V_DTYPE, ADVANCE(V_DTYPE, V, (j) * vs), 16 * (v))
 inline void fc_pv_direct(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
                          __global const ELEM_T(V_DTYPE) *V, const ulong vs, const float *corr,
                          const uint c0, const uint nk)
@@ -274,8 +274,9 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
     const uint key_begin = split_keys ? part_begin + split * split_keys : part_begin;
     const uint key_stop = split_keys ? min(part_stop, key_begin + split_keys) : part_stop;
     Q += q_offset + b * q_s0 + h * q_s1;
-    K += k_offset + b * k_s0 + (h / kv_group) * k_s1; /* grouped-query: a shared head */
-    V += v_offset + b * v_s0 + (h / kv_group) * v_s1;
+    /* grouped-query: a shared head (ADVANCE: the block types' rows are whole blocks) */
+    K = ADVANCE(K_DTYPE, K, k_offset + b * k_s0 + (h / kv_group) * k_s1);
+    V = ADVANCE(V_DTYPE, V, v_offset + b * v_s0 + (h / kv_group) * v_s1);
 #if SCORE_KPAD
     key_padding += key_padding_offset + b * key_padding_s0;
 #endif
@@ -399,7 +400,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
 #if KV_PAGED
                 fc_scores_paged(K, krow, qs + r0, pt, nk);
 #else
-                fc_scores_direct(K + k0 * k_s2, k_s2, qs + r0, pt, nk);
+                fc_scores_direct(ADVANCE(K_DTYPE, K, k0 * k_s2), k_s2, qs + r0, pt, nk);
 #endif
 #pragma unroll
                 for (uint r = 0; r < FC_RB; ++r) {
@@ -572,7 +573,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
 #if KV_PAGED
                     fc_pv_paged(acc + r0, pt, V, vrow, corr, c0, nk);
 #else
-                    fc_pv_direct(acc + r0, pt, V + k0 * v_s2, v_s2, corr, c0, nk);
+                    fc_pv_direct(acc + r0, pt, ADVANCE(V_DTYPE, V, k0 * v_s2), v_s2, corr, c0, nk);
 #endif
                 continue;
             }

@@ -174,8 +174,9 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     const uint key_stop = split_keys ? min(part_stop, key_begin + split_keys) : part_stop;
 
     Q += q_offset + b * q_s0 + h * q_s1;
-    K += k_offset + b * k_s0 + (h / kv_group) * k_s1; /* grouped-query: a shared head */
-    V += v_offset + b * v_s0 + (h / kv_group) * v_s1;
+    /* grouped-query: a shared head (ADVANCE: the block types' rows are whole blocks) */
+    K = ADVANCE(K_DTYPE, K, k_offset + b * k_s0 + (h / kv_group) * k_s1);
+    V = ADVANCE(V_DTYPE, V, v_offset + b * v_s0 + (h / kv_group) * v_s1);
     O += o_offset + split * o_split + b * o_s0 + h * o_s1;
     const ulong lse_base = lse_offset + split * lse_split + b * lse_s0 + h * lse_s1;
     if (use_mask)

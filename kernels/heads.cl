@@ -63,7 +63,8 @@ void mean_heads(__global const float *src, const ulong src_offset, const ulong s
  * copy4d: dst[i0, i1, i2, i3] = src[i0, i1, i2, i3] over a (d0, d1, d2, d3) box, any strides,
  * converting SRC_DTYPE to DST_DTYPE through float (types.cl); the KV cache's concatenation
  * of past and new keys and values into present. One work-item per element, numbered in
- * row-major order; work-items past the end do nothing.
+ * row-major order; work-items past the end do nothing. A block destination (Q8_0, Q4_0:
+ * clattn_quantize) takes one work-item per block: d3 counts blocks, 32 elements each.
  */
 #ifndef SRC_DTYPE
 #define SRC_DTYPE 0
@@ -71,6 +72,51 @@ void mean_heads(__global const float *src, const ulong src_offset, const ulong s
 #ifndef DST_DTYPE
 #define DST_DTYPE 0
 #endif
+#define DST_BLOCKS (DST_DTYPE == DTYPE_Q8_0 || DST_DTYPE == DTYPE_Q4_0)
+
+/*
+ * The quantizer, llama.cpp's reference rounding (quantize_row_q8_0_ref / _q4_0_ref), in float
+ * without contraction (no fma: x * id + 8.5 is two roundings, as there):
+ *   Q8_0: d = amax / 127, id = d ? 1 / d : 0, q_j = round(x_j * id) (half away from zero)
+ *   Q4_0: m = the element of largest magnitude (the first of equals), d = m / -8,
+ *         id = d ? 1 / d : 0, q_j = min(15, (int)(x_j * id + 8.5)) (toward zero)
+ * d is stored as fp16 (round to nearest even); the values are dequantized with it. Where the
+ * device's float division is not correctly rounded (OpenCL allows 2.5 ulp), a q at a rounding
+ * tie may differ by one from the reference's.
+ */
+#pragma OPENCL FP_CONTRACT OFF
+inline void store_block(const float *x, __global uchar *block)
+{
+#if DST_DTYPE == DTYPE_Q8_0
+    float amax = 0.0f;
+    for (uint j = 0; j < 32; ++j)
+        amax = fmax(amax, fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    vstore_half_rte(d, 0, (__global half *)block);
+    for (uint j = 0; j < 32; ++j)
+        block[2 + j] = as_uchar((char)(int)round(x[j] * id));
+#elif DST_DTYPE == DTYPE_Q4_0
+    float amax = 0.0f, m = 0.0f;
+    for (uint j = 0; j < 32; ++j)
+        if (amax < fabs(x[j])) {
+            amax = fabs(x[j]);
+            m = x[j];
+        }
+    const float d = m / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    vstore_half_rte(d, 0, (__global half *)block);
+    for (uint j = 0; j < 16; ++j) {
+        const float x0 = x[j] * id, x1 = x[16 + j] * id;
+        const int q0 = min(15, (int)(x0 + 8.5f)), q1 = min(15, (int)(x1 + 8.5f));
+        block[2 + j] = (uchar)(q0 | (q1 << 4));
+    }
+#else
+    (void)x;
+    (void)block;
+#endif
+}
+#pragma OPENCL FP_CONTRACT ON
 
 __kernel __attribute__((reqd_work_group_size(HEADS_WG, 1, 1)))
 void copy4d(__global const ELEM_T(SRC_DTYPE) *src, const ulong src_offset, const ulong src_s0,
@@ -84,9 +130,18 @@ void copy4d(__global const ELEM_T(SRC_DTYPE) *src, const ulong src_offset, const
         return;
     ulong i0, i1, i2, i3;
     box_coords(index, d1, d2, d3, &i0, &i1, &i2, &i3);
+#if DST_BLOCKS
+    float x[32];
+    const ulong first = src_offset + i0 * src_s0 + i1 * src_s1 + i2 * src_s2 + i3 * 32 * src_s3;
+    for (uint j = 0; j < 32; ++j)
+        x[j] = LOAD(SRC_DTYPE, src, first + j * src_s3);
+    store_block(x, ADVANCE(DST_DTYPE, dst,
+                           dst_offset + i0 * dst_s0 + i1 * dst_s1 + i2 * dst_s2 + i3 * 32));
+#else
     const float value =
         LOAD(SRC_DTYPE, src, src_offset + i0 * src_s0 + i1 * src_s1 + i2 * src_s2 + i3 * src_s3);
     STORE(DST_DTYPE, value, dst, dst_offset + i0 * dst_s0 + i1 * dst_s1 + i2 * dst_s2 + i3 * dst_s3);
+#endif
 }
 
 /*
@@ -134,6 +189,23 @@ void kv_append(__global const ELEM_T(K_SRC_DTYPE) *ks, __global const ELEM_T(V_S
     o0 = (ulong)page;
     o2 = (ulong)(key % page_size);
 #endif
+#if DST_BLOCKS
+    /* A block cache: i3 numbers the row's blocks; each work-item quantizes one. */
+    float x[32];
+    if (values) {
+        const ulong first = vs_offset + i0 * vs_s0 + i1 * vs_s1 + i2 * vs_s2 + i3 * 32 * vs_s3;
+        for (uint j = 0; j < 32; ++j)
+            x[j] = LOAD(V_SRC_DTYPE, vs, first + j * vs_s3);
+        store_block(x, ADVANCE(DST_DTYPE, vd, vd_offset + o0 * vd_s0 + i1 * vd_s1 + o2 * vd_s2 +
+                                                  i3 * 32));
+    } else {
+        const ulong first = ks_offset + i0 * ks_s0 + i1 * ks_s1 + i2 * ks_s2 + i3 * 32 * ks_s3;
+        for (uint j = 0; j < 32; ++j)
+            x[j] = LOAD(K_SRC_DTYPE, ks, first + j * ks_s3);
+        store_block(x, ADVANCE(DST_DTYPE, kd, kd_offset + o0 * kd_s0 + i1 * kd_s1 + o2 * kd_s2 +
+                                                  i3 * 32));
+    }
+#else
     if (values)
         STORE(DST_DTYPE,
               LOAD(V_SRC_DTYPE, vs, vs_offset + i0 * vs_s0 + i1 * vs_s1 + i2 * vs_s2 + i3 * vs_s3),
@@ -142,6 +214,7 @@ void kv_append(__global const ELEM_T(K_SRC_DTYPE) *ks, __global const ELEM_T(V_S
         STORE(DST_DTYPE,
               LOAD(K_SRC_DTYPE, ks, ks_offset + i0 * ks_s0 + i1 * ks_s1 + i2 * ks_s2 + i3 * ks_s3),
               kd, kd_offset + o0 * kd_s0 + i1 * kd_s1 + o2 * kd_s2 + i3 * kd_s3);
+#endif
 }
 
 /*

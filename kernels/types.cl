@@ -8,6 +8,16 @@
  *   1     F16    half              vload_half                 vstore_half_rte
  *   2     BF16   ushort            upper 16 bits of a float   round to nearest even, NaN kept
  *   3     U8     uchar             (float)p[i]                saturated, rounded to nearest
+ *   5     Q8_0   uchar (bytes)     d * q                      (quantizer: heads.cl)
+ *   6     Q4_0   uchar (bytes)     (q - 8) * d                (quantizer: heads.cl)
+ *
+ * Q8_0 and Q4_0 are llama.cpp's (ggml's) block formats, byte for byte: every 32 consecutive
+ * elements along a row form a block, an fp16 scale d then 32 int8 (34 bytes) or 16 bytes of
+ * nibbles, element j in the low nibble of byte j and element j + 16 in its high one (18
+ * bytes). Their elements are still numbered as elements (offsets and strides are multiples
+ * of 32, rows are whole blocks): element i lies in block i / 32. Pointer arithmetic on such a
+ * tensor goes through ADVANCE(code, p, i) (p + i for the other types), and only loads exist
+ * (LOAD, LOADn with i a multiple of n: n elements of one block).
  *
  * The codes match clattn_dtype (include/clattn.h). A kernel takes a tensor's dtype as a -D
  * number, e.g. -DQ_DTYPE=1, and writes
@@ -25,6 +35,8 @@
 #define DTYPE_F16 1
 #define DTYPE_BF16 2
 #define DTYPE_U8 3
+#define DTYPE_Q8_0 5
+#define DTYPE_Q4_0 6
 
 /* Two levels, so that a code given as a macro (Q_DTYPE) is expanded before pasting. */
 #define ELEM_T(code) ELEM_T_(code)
@@ -33,6 +45,64 @@
 #define ELEM_T_1 half
 #define ELEM_T_2 ushort
 #define ELEM_T_3 uchar
+#define ELEM_T_5 uchar
+#define ELEM_T_6 uchar
+
+/* Bytes per 32-element block of the block types. */
+#define Q8_0_BYTES 34
+#define Q4_0_BYTES 18
+
+/* p advanced by i elements (i a multiple of 32 for the block types). */
+#define ADVANCE(code, p, i) ADVANCE_(code, p, i)
+#define ADVANCE_(code, p, i) ADVANCE_##code(p, i)
+#define ADVANCE_0(p, i) ((p) + (i))
+#define ADVANCE_1(p, i) ((p) + (i))
+#define ADVANCE_2(p, i) ((p) + (i))
+#define ADVANCE_3(p, i) ((p) + (i))
+#define ADVANCE_5(p, i) ((p) + ((i) >> 5) * Q8_0_BYTES)
+#define ADVANCE_6(p, i) ((p) + ((i) >> 5) * Q4_0_BYTES)
+
+/* The block's scale (fp16 at its first byte; blocks are 2-byte aligned: 34 and 18 are even). */
+inline float q_scale(__global const uchar *block)
+{
+    return vload_half(0, (__global const half *)block);
+}
+
+inline float load_q8_0(__global const uchar *p, const ulong i)
+{
+    __global const uchar *block = p + (i >> 5) * Q8_0_BYTES;
+    return q_scale(block) * (float)as_char(block[2 + (i & 31)]);
+}
+
+inline float load_q4_0(__global const uchar *p, const ulong i)
+{
+    __global const uchar *block = p + (i >> 5) * Q4_0_BYTES;
+    const uint j = (uint)(i & 31);
+    const uint byte = block[2 + (j & 15)];
+    return q_scale(block) * (float)((int)(j < 16 ? byte & 15u : byte >> 4) - 8);
+}
+
+/* n elements i .. i + n - 1 (i a multiple of n, n <= 16: inside one block) */
+#define LOADN_5(n, p, i) load_q8_0_##n((p), (i))
+#define LOADN_6(n, p, i) load_q4_0_##n((p), (i))
+#define LOAD_QN(n)                                                                             \
+    inline float##n load_q8_0_##n(__global const uchar *p, const ulong i)                      \
+    {                                                                                          \
+        __global const uchar *block = p + (i >> 5) * Q8_0_BYTES;                               \
+        return q_scale(block) *                                                                \
+               convert_float##n(as_char##n(vload##n(0, block + 2 + (i & 31))));               \
+    }                                                                                          \
+    inline float##n load_q4_0_##n(__global const uchar *p, const ulong i)                      \
+    {                                                                                          \
+        __global const uchar *block = p + (i >> 5) * Q4_0_BYTES;                               \
+        const uint j = (uint)(i & 31);                                                         \
+        const uint##n bytes = convert_uint##n(vload##n(0, block + 2 + (j & 15)));              \
+        const uint##n nib = j < 16 ? bytes & 15u : bytes >> 4;                                 \
+        return q_scale(block) * convert_float##n(as_int##n(nib) - 8);                          \
+    }
+LOAD_QN(4)
+LOAD_QN(8)
+LOAD_QN(16)
 
 /* float -> bfloat16 bits, rounded to nearest even; a NaN stays a (quiet) NaN. */
 inline ushort bf16_from_float(float value)
@@ -61,6 +131,8 @@ BF16_FROM_FLOATN(16)
 #define LOAD_1(p, i) vload_half((i), (p))
 #define LOAD_2(p, i) as_float((uint)(p)[i] << 16)
 #define LOAD_3(p, i) ((float)(p)[i])
+#define LOAD_5(p, i) load_q8_0((p), (i))
+#define LOAD_6(p, i) load_q4_0((p), (i))
 
 #define STORE(code, v, p, i) STORE_(code, v, p, i)
 #define STORE_(code, v, p, i) STORE_##code(v, p, i)

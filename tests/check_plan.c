@@ -1892,6 +1892,299 @@ done:
 }
 END_TEST
 
+/* --- quantized keys and values (Q8_0, Q4_0) ------------------------------------------------ */
+
+/* The quantized cases: sizes with Lq != Lk, one key, head sizes 32 .. 96 (dv != dk), grouped
+ * heads (one-row grouped decode), causal bottom-right with per-batch key counts, rows padded
+ * by a block (strided k/v), a long decode step (splits where the device would idle). */
+static const struct quant_case {
+    size_t batch, heads, kv_heads, seq_q, seq_k, dk, dv, pad;
+    int causal, kv_len;
+} quant_cases[] = {
+    {1, 1, 1, 1, 1, 32, 32, 0, 0, 0},     {2, 4, 2, 3, 17, 64, 32, 0, 1, 0},
+    {1, 2, 2, 17, 65, 96, 64, 32, 0, 1},  {2, 4, 1, 1, 129, 32, 96, 0, 1, 1},
+    {1, 8, 2, 1, 1031, 64, 64, 32, 1, 0}, {1, 3, 3, 63, 127, 32, 32, 0, 1, 0},
+};
+
+/* SDPA over Q8_0 / Q4_0 k and v written by clattn_quantize on the device: the blocks equal
+ * llama.cpp's reference quantizer's byte for byte (the destination padded by a block per row
+ * in some cases: strided blocks), and attention over them (fused; output NaN-poisoned) equals
+ * the float64 reference over the dequantized values. The error against attention over the
+ * unquantized values is printed (Q8_0 ~1e-3, Q4_0 ~1e-2 relative at these sizes). */
+START_TEST(test_quantized_kv)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    const struct quant_case *c = &quant_cases[_i / 2];
+    const clattn_dtype qt = _i % 2 ? CLATTN_DTYPE_Q4_0 : CLATTN_DTYPE_Q8_0;
+    tu_set_case("%s B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu pad=%zu causal=%d kv_len=%d",
+                qt == CLATTN_DTYPE_Q8_0 ? "Q8_0" : "Q4_0", c->batch, c->heads, c->kv_heads,
+                c->seq_q, c->seq_k, c->dk, c->dv, c->pad, c->causal, c->kv_len);
+    const size_t rows = c->batch * c->kv_heads * c->seq_k;
+    const size_t q_count = c->batch * c->heads * c->seq_q * c->dk;
+    const size_t o_count = c->batch * c->heads * c->seq_q * c->dv;
+    const size_t dims[2] = {c->dk, c->dv};
+    float *x[2], *deq[2];
+    cl_mem src[2], blocks[2];
+    clattn_tensor qkv[2];
+    for (int t = 0; t < 2; ++t) {
+        /* floats (rows, d), quantized on the device into rows of d + pad elements */
+        const size_t d = dims[t], row = d + c->pad, count = rows * d;
+        x[t] = tu_random_floats(count);
+        for (size_t i = 0; i < count; ++i)
+            x[t][i] *= t ? 2.0f : 3.0f;
+        src[t] = tu_upload_floats(x[t], count);
+        uint8_t *want = malloc(ref_quantized_bytes(qt, count));
+        uint8_t *got = malloc(ref_quantized_bytes(qt, rows * row));
+        memset(got, 0xff, ref_quantized_bytes(qt, rows * row)); /* poison: NaN scales */
+        blocks[t] = tu_upload_bytes(got, ref_quantized_bytes(qt, rows * row));
+        ref_quantize(qt, x[t], count, want);
+        const clattn_tensor from =
+            clattn_tensor_make(src[t], 0, F32, 4, c->batch, c->kv_heads, c->seq_k, d);
+        qkv[t] = clattn_tensor_make(blocks[t], 0, qt, 4, c->batch, c->kv_heads, c->seq_k, d);
+        const size_t strides[4] = {c->kv_heads * c->seq_k * row, c->seq_k * row, row, 1};
+        memcpy(qkv[t].strides, strides, sizeof strides);
+        tu_expect_status(clattn_quantize(ctx, &from, &qkv[t], 0, NULL, NULL), CLATTN_SUCCESS,
+                         "clattn_quantize");
+        clattn_finish(ctx);
+        clEnqueueReadBuffer(clattn_ctx_queue(ctx), blocks[t], CL_TRUE, 0,
+                            ref_quantized_bytes(qt, rows * row), got, 0, NULL, NULL);
+        /* row r's blocks sit at r * row elements; the pad block is left as it was */
+        size_t wrong = 0, first = 0;
+        const size_t row_bytes = ref_quantized_bytes(qt, d);
+        for (size_t r = 0; r < rows; ++r)
+            if (memcmp(got + r * ref_quantized_bytes(qt, row), want + r * row_bytes, row_bytes) &&
+                wrong++ == 0)
+                first = r;
+        tu_expect(wrong == 0, "%s: %zu of %zu rows' blocks differ from the reference's (first: "
+                              "row %zu)", t ? "v" : "k", wrong, rows, first);
+        deq[t] = malloc(count * sizeof(float));
+        ref_dequantize(qt, want, count, deq[t]);
+        free(got);
+        free(want);
+    }
+    float *q = tu_random_floats(q_count), *out = tu_nan_floats(o_count);
+    for (size_t i = 0; i < q_count; ++i)
+        q[i] *= 2.0f;
+    int32_t kv_len[2] = {(int32_t)c->seq_k, (int32_t)(c->seq_k > 5 ? c->seq_k - 5 : 1)};
+    cl_mem len_mem = tu_upload_bytes(kv_len, sizeof kv_len);
+    clattn_tensors t = {0};
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    CLATTN_BIND_ROLES(desc, t);
+    t.q = clattn_tensor_make(tu_upload_floats(q, q_count), 0, F32, 4, c->batch, c->heads, c->seq_q,
+                             c->dk);
+    t.k = qkv[0], t.v = qkv[1];
+    t.out = clattn_tensor_make(tu_nan_buffer(o_count), 0, F32, 4, c->batch, c->heads, c->seq_q,
+                               c->dv);
+    if (c->kv_len)
+        t.kv_seqlen = clattn_tensor_make(len_mem, 0, CLATTN_DTYPE_I32, 1, c->batch, 0, 0, 0);
+    desc.causal = c->causal ? CLATTN_CAUSAL_BOTTOM_RIGHT : CLATTN_CAUSAL_NONE;
+    desc.path = _i % 3 == 0 ? CLATTN_PATH_FUSED : CLATTN_PATH_AUTO;
+    clattn_plan *plan = NULL;
+    if (tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS, "plan") &&
+        tu_expect_status(clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                             NULL, NULL),
+                         CLATTN_SUCCESS, "execute")) {
+        tu_read_floats(t.out.mem, 0, o_count, out);
+        const ref_sdpa_shape shape = {.batch = c->batch,
+                                      .heads = c->heads,
+                                      .seq_q = c->seq_q,
+                                      .seq_k = c->seq_k,
+                                      .dk = c->dk,
+                                      .dv = c->dv,
+                                      .scale = ref_resolve_scale(NAN, c->dk),
+                                      .norm = CLATTN_NORM_SOFTMAX,
+                                      .causal = desc.causal,
+                                      .kv_heads = c->kv_heads,
+                                      .kv_len = c->kv_len ? kv_len : NULL};
+        double *ref = tu_doubles(o_count), *exact = tu_doubles(o_count);
+        ref_sdpa(&shape, q, deq[0], deq[1], NULL, NULL, ref, NULL, NULL);
+        ref_sdpa(&shape, q, x[0], x[1], NULL, NULL, exact, NULL, NULL);
+        tu_expect_finite("quantized k/v", out, o_count);
+        tu_expect_close("quantized k/v (the dequantized values' reference)", out, ref, o_count,
+                        TU_TOL);
+        printf("check_plan: %s Lq=%zu Lk=%zu dk=%zu dv=%zu: relative error %.2g against "
+               "unquantized attention\n",
+               qt == CLATTN_DTYPE_Q8_0 ? "Q8_0" : "Q4_0", c->seq_q, c->seq_k, c->dk, c->dv,
+               tu_rel_error(out, exact, o_count));
+        free(exact);
+        free(ref);
+    }
+    clattn_plan_release(plan);
+    tu_release_mem(t.q.mem);
+    tu_release_mem(t.out.mem);
+    tu_release_mem(len_mem);
+    for (int i = 0; i < 2; ++i) {
+        tu_release_mem(src[i]);
+        tu_release_mem(blocks[i]);
+        free(x[i]);
+        free(deq[i]);
+    }
+    free(q);
+    free(out);
+    TU_END_TEST();
+}
+END_TEST
+
+/* What quantized k/v refuse, each naming the argument: a head size not a multiple of 32 (the
+ * quantizer, plans and caches), strides that split blocks, the unfused path, past/present. */
+START_TEST(test_quantized_refusals)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    cl_mem buf = tu_nan_buffer(4096);
+    const clattn_tensor f48 = clattn_tensor_make(buf, 0, F32, 4, 1, 1, 4, 48);
+    const clattn_tensor q48 = clattn_tensor_make(buf, 0, CLATTN_DTYPE_Q8_0, 4, 1, 1, 4, 48);
+    clattn_status status = clattn_quantize(ctx, &f48, &q48, 0, NULL, NULL);
+    tu_expect(status == CLATTN_ERR_UNSUPPORTED &&
+                  strstr(clattn_last_error(ctx), "dst is Q8_0 with dims[3] = 48 (the head size): "
+                                                 "a block type needs a multiple of 32"),
+              "quantize d=48: %s '%s'", clattn_status_string(status), clattn_last_error(ctx));
+    clattn_tensor q64 = clattn_tensor_make(buf, 0, CLATTN_DTYPE_Q4_0, 4, 1, 1, 4, 64);
+    q64.strides[2] = 80;
+    const clattn_tensor f64t = clattn_tensor_make(buf, 0, F32, 4, 1, 1, 4, 64);
+    status = clattn_quantize(ctx, &f64t, &q64, 0, NULL, NULL);
+    tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT &&
+                  strstr(clattn_last_error(ctx), "strides[2] = 80: strides must be whole blocks"),
+              "quantize stride 80: %s '%s'", clattn_status_string(status), clattn_last_error(ctx));
+    /* the unfused path, and past/present */
+    for (int which = 0; which < 2; ++which) {
+        clattn_tensors t = {0};
+        clattn_sdpa_desc desc;
+        clattn_sdpa_desc_init(&desc);
+        CLATTN_BIND_ROLES(desc, t);
+        t.q = clattn_tensor_make(NULL, 0, F32, 4, 1, 2, 3, 32);
+        t.k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_Q8_0, 4, 1, 2, 5, 32);
+        t.v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_Q4_0, 4, 1, 2, 5, 32);
+        t.out = clattn_tensor_make(NULL, 0, F32, 4, 1, 2, 3, 32);
+        if (which == 0) {
+            desc.path = CLATTN_PATH_UNFUSED;
+        } else {
+            t.past_k = clattn_tensor_make(NULL, 0, F32, 4, 1, 2, 2, 32);
+            t.past_v = t.past_k;
+            t.present_k = clattn_tensor_make(NULL, 0, F32, 4, 1, 2, 7, 32);
+            t.present_v = t.present_k;
+        }
+        clattn_plan *plan = NULL;
+        status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+        const char *want = which == 0 ? "quantized k/v (Q8_0, Q4_0) run on the fused path only"
+                                      : "quantized k/v (Q8_0, Q4_0) with past/present";
+        tu_expect(status == CLATTN_ERR_UNSUPPORTED && strstr(clattn_last_error(ctx), want),
+                  "%s: %s '%s'", want, clattn_status_string(status), clattn_last_error(ctx));
+        clattn_plan_release(plan);
+    }
+    clattn_kv_cache_desc cd;
+    clattn_kv_cache_desc_init(&cd);
+    cd.batch = 1, cd.kv_heads = 1, cd.capacity = 8, cd.head_dim_qk = 64, cd.head_dim_v = 40;
+    cd.dtype = CLATTN_DTYPE_Q4_0;
+    clattn_kv_cache *cache = NULL;
+    status = clattn_kv_cache_create(ctx, &cd, &cache);
+    tu_expect(status == CLATTN_ERR_UNSUPPORTED &&
+                  strstr(clattn_last_error(ctx), "head_dim_v=40: a Q4_0 cache needs head sizes "
+                                                 "that are multiples of 32"),
+              "cache dv=40: %s '%s'", clattn_status_string(status), clattn_last_error(ctx));
+    clattn_kv_cache_release(cache);
+    tu_release_mem(buf);
+    TU_END_TEST();
+}
+END_TEST
+
+/* A quantized KV cache (Q8_0 contiguous, Q4_0 paged in pages of 3 keys): a prompt of 5 keys
+ * then 4 single steps of F32 keys quantized by the append on the device, each step's one-row
+ * grouped decode against the float64 reference over the keys quantized on the host. */
+START_TEST(test_quantized_cache)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    enum { B = 2, HQ = 4, HKV = 2, D = 64, CAP = 16, PROMPT = 5, STEPS = 4 };
+    const clattn_dtype qt = _i ? CLATTN_DTYPE_Q4_0 : CLATTN_DTYPE_Q8_0;
+    tu_set_case("%s cache, page size %d", _i ? "Q4_0" : "Q8_0", _i ? 3 : 0);
+    clattn_kv_cache_desc cd;
+    clattn_kv_cache_desc_init(&cd);
+    cd.batch = B, cd.kv_heads = HKV, cd.capacity = CAP, cd.head_dim_qk = cd.head_dim_v = D;
+    cd.dtype = qt;
+    cd.page_size = _i ? 3 : 0;
+    clattn_kv_cache *cache = NULL;
+    clattn_plan *plan = NULL;
+    float *keys = tu_random_floats(B * HKV * CAP * D), *values = tu_random_floats(B * HKV * CAP * D);
+    float *kq = calloc(B * HKV * CAP * D, sizeof(float)), *vq = calloc(B * HKV * CAP * D, sizeof(float));
+    uint8_t *scratch = malloc(ref_quantized_bytes(qt, D));
+    clattn_tensors t = {0};
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    CLATTN_BIND_ROLES(desc, t);
+    if (!tu_expect_status(clattn_kv_cache_create(ctx, &cd, &cache), CLATTN_SUCCESS, "cache"))
+        goto done;
+    t.q = clattn_tensor_make(NULL, 0, F32, 4, B, HQ, 1, D);
+    t.out = clattn_tensor_make(NULL, 0, F32, 4, B, HQ, 1, D);
+    clattn_kv_cache_tensors(cache, &t.k, &t.v, &t.kv_seqlen);
+    clattn_kv_cache_block_table(cache, &t.block_table);
+    desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    if (!tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS, "plan"))
+        goto done;
+    for (size_t length = 0; length < PROMPT + STEPS && !tu_failed();) {
+        const size_t n = length == 0 ? PROMPT : 1;
+        /* the new keys (B, HKV, n, D) from the (B, HKV, CAP, D) arrays, packed */
+        float *kn = malloc(B * HKV * n * D * sizeof(float)), *vn = malloc(B * HKV * n * D * sizeof(float));
+        for (size_t bh = 0; bh < B * HKV; ++bh)
+            for (size_t j = 0; j < n; ++j) {
+                const size_t at = (bh * CAP + length + j) * D;
+                memcpy(kn + (bh * n + j) * D, keys + at, D * sizeof(float));
+                memcpy(vn + (bh * n + j) * D, values + at, D * sizeof(float));
+                ref_quantize(qt, keys + at, D, scratch);
+                ref_dequantize(qt, scratch, D, kq + at);
+                ref_quantize(qt, values + at, D, scratch);
+                ref_dequantize(qt, scratch, D, vq + at);
+            }
+        cl_mem km = tu_upload_floats(kn, B * HKV * n * D), vm = tu_upload_floats(vn, B * HKV * n * D);
+        const clattn_tensor kt = clattn_tensor_make(km, 0, F32, 4, B, HKV, n, D);
+        const clattn_tensor vt = clattn_tensor_make(vm, 0, F32, 4, B, HKV, n, D);
+        tu_expect_status(clattn_kv_cache_append(cache, &kt, &vt, 0, NULL, NULL), CLATTN_SUCCESS,
+                         "append");
+        length += n;
+        float *q = tu_random_floats(B * HQ * D), *out = tu_nan_floats(B * HQ * D);
+        clattn_tensors run = t;
+        run.q.mem = tu_upload_floats(q, B * HQ * D);
+        run.out.mem = tu_nan_buffer(B * HQ * D);
+        if (tu_expect_status(clattn_plan_execute(plan, run.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                                 0, NULL, NULL),
+                             CLATTN_SUCCESS, "decode")) {
+            tu_read_floats(run.out.mem, 0, B * HQ * D, out);
+            const int32_t kv_len[B] = {(int32_t)length, (int32_t)length};
+            const ref_sdpa_shape shape = {.batch = B, .heads = HQ, .seq_q = 1, .seq_k = CAP,
+                                          .dk = D, .dv = D,
+                                          .scale = ref_resolve_scale(NAN, D),
+                                          .norm = CLATTN_NORM_SOFTMAX,
+                                          .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
+                                          .kv_heads = HKV, .kv_len = kv_len};
+            double *ref = tu_doubles(B * HQ * D);
+            ref_sdpa(&shape, q, kq, vq, NULL, NULL, ref, NULL, NULL);
+            tu_expect_close("quantized cache decode", out, ref, B * HQ * D, TU_TOL);
+            free(ref);
+        }
+        clattn_finish(ctx);
+        tu_release_mem(run.q.mem);
+        tu_release_mem(run.out.mem);
+        tu_release_mem(km);
+        tu_release_mem(vm);
+        free(q);
+        free(out);
+        free(kn);
+        free(vn);
+    }
+done:
+    clattn_plan_release(plan);
+    clattn_kv_cache_release(cache);
+    free(scratch);
+    free(keys);
+    free(values);
+    free(kq);
+    free(vq);
+    TU_END_TEST();
+}
+END_TEST
+
 /* Registers `test` for the loop indices in `keep` only (a reduced run's subset). */
 static void add_loop_only(TCase *tcase, const TTest *test, const int *keep, int count)
 {
@@ -1973,6 +2266,9 @@ int main(void)
     tcase_add_loop_test(interactions, test_grouped_decode, 0, COUNT_OF(decode_group_cases));
     tcase_add_loop_test(interactions, test_zero_stride_views, 0, 7);
     tcase_add_loop_test(interactions, test_kv_cache_life_cycle, 0, 4);
+    tcase_add_loop_test(interactions, test_quantized_kv, 0, 2 * (int)COUNT_OF(quant_cases));
+    tcase_add_test(interactions, test_quantized_refusals);
+    tcase_add_loop_test(interactions, test_quantized_cache, 0, 2);
     tcase_add_test(interactions, test_paged_and_sinks);
     suite_add_tcase(suite, interactions);
 

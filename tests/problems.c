@@ -220,6 +220,10 @@ const char *pb_dtype_name(clattn_dtype dtype)
         return "U8";
     case CLATTN_DTYPE_I32:
         return "I32";
+    case CLATTN_DTYPE_Q8_0:
+        return "Q8_0";
+    case CLATTN_DTYPE_Q4_0:
+        return "Q4_0";
     }
     return "?";
 }

@@ -616,3 +616,88 @@ void ref_additive(const ref_additive_shape *s, const float *q, const float *k, c
     free(kd);
     free(qd);
 }
+
+/* float -> IEEE half bits, round to nearest even (ggml's GGML_FP32_TO_FP16 on finite values);
+ * and back. Local copies: the reference links no test helper. */
+static uint16_t ref_half(float value)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    const uint32_t sign = (bits >> 16) & 0x8000u;
+    const float a = fabsf(value);
+    if (a >= 65520.0f)
+        return (uint16_t)(sign | 0x7c00u);
+    if (a < 6.103515625e-05f) { /* subnormal half: multiples of 2^-24, rounded to even */
+        const float scaled = a * 16777216.0f;
+        return (uint16_t)(sign | (uint32_t)nearbyintf(scaled));
+    }
+    uint32_t abs_bits = bits & 0x7fffffffu;
+    const uint32_t rounded = abs_bits + 0xfffu + ((abs_bits >> 13) & 1u);
+    return (uint16_t)(sign | ((rounded >> 13) - (112u << 10)));
+}
+
+static float ref_half_value(uint16_t h)
+{
+    const int exponent = (h >> 10) & 31, mantissa = h & 1023;
+    const float magnitude = exponent == 0 ? ldexpf((float)mantissa, -24)
+                                          : ldexpf((float)(mantissa | 1024), exponent - 25);
+    return (h & 0x8000u) ? -magnitude : magnitude;
+}
+
+size_t ref_quantized_bytes(clattn_dtype dtype, size_t count)
+{
+    return count / 32 * (dtype == CLATTN_DTYPE_Q8_0 ? 34 : 18);
+}
+
+void ref_quantize(clattn_dtype dtype, const float *x, size_t count, uint8_t *blocks)
+{
+    for (size_t b = 0; b < count / 32; ++b) {
+        const float *v = x + 32 * b;
+        if (dtype == CLATTN_DTYPE_Q8_0) {
+            uint8_t *out = blocks + 34 * b;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; ++j)
+                amax = fmaxf(amax, fabsf(v[j]));
+            const volatile float d = amax / 127.0f; /* volatile: no contraction, as ggml */
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            const uint16_t h = ref_half(d);
+            memcpy(out, &h, 2);
+            for (int j = 0; j < 32; ++j) {
+                const volatile float scaled = v[j] * id;
+                out[2 + j] = (uint8_t)(int8_t)roundf(scaled);
+            }
+        } else {
+            uint8_t *out = blocks + 18 * b;
+            float amax = 0.0f, m = 0.0f;
+            for (int j = 0; j < 32; ++j)
+                if (amax < fabsf(v[j])) {
+                    amax = fabsf(v[j]);
+                    m = v[j];
+                }
+            const volatile float d = m / -8.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            const uint16_t h = ref_half(d);
+            memcpy(out, &h, 2);
+            for (int j = 0; j < 16; ++j) {
+                const volatile float x0 = v[j] * id, x1 = v[16 + j] * id;
+                const int q0 = (int8_t)(x0 + 8.5f), q1 = (int8_t)(x1 + 8.5f);
+                out[2 + j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
+            }
+        }
+    }
+}
+
+void ref_dequantize(clattn_dtype dtype, const uint8_t *blocks, size_t count, float *x)
+{
+    const size_t size = dtype == CLATTN_DTYPE_Q8_0 ? 34 : 18;
+    for (size_t b = 0; b < count / 32; ++b) {
+        const uint8_t *in = blocks + size * b;
+        uint16_t h;
+        memcpy(&h, in, 2);
+        const float d = ref_half_value(h);
+        for (int j = 0; j < 32; ++j)
+            x[32 * b + j] = dtype == CLATTN_DTYPE_Q8_0
+                                ? d * (float)(int8_t)in[2 + j]
+                                : d * (float)((j < 16 ? in[2 + j] & 15 : in[2 + j - 16] >> 4) - 8);
+    }
+}

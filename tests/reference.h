@@ -163,4 +163,12 @@ void ref_additive(const ref_additive_shape *shape, const float *q, const float *
                   const float *w, const float *mask, const uint8_t *key_padding, double *out,
                   double *weights);
 
+/* llama.cpp's reference quantizers (quantize_row_q8_0_ref, quantize_row_q4_0_ref) on `rows`
+ * rows of n floats (n a multiple of 32) into packed blocks (34 / 18 bytes per 32 values), and
+ * back: ref_dequantize gives the values the blocks stand for. dtype: CLATTN_DTYPE_Q8_0 or
+ * CLATTN_DTYPE_Q4_0. ref_quantized_bytes: the bytes of `count` elements. */
+size_t ref_quantized_bytes(clattn_dtype dtype, size_t count);
+void ref_quantize(clattn_dtype dtype, const float *x, size_t count, uint8_t *blocks);
+void ref_dequantize(clattn_dtype dtype, const uint8_t *blocks, size_t count, float *x);
+
 #endif /* CLATTN_REFERENCE_H */

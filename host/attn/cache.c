@@ -81,11 +81,18 @@ clattn_status clattn_kv_cache_create(clattn_ctx *ctx, const clattn_kv_cache_desc
     desc = &full;
     if (status != CLATTN_SUCCESS)
         return status;
-    if (desc->dtype != CLATTN_DTYPE_F32 && desc->dtype != CLATTN_DTYPE_F16 &&
-        desc->dtype != CLATTN_DTYPE_BF16)
+    if ((unsigned)desc->dtype > 31u || !((1u << desc->dtype) & (CLATTN__FLOATS | CLATTN__QUANT)))
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: dtype=%d: the cache stores F32, F16 or BF16", op,
+                            "%s: dtype=%d: the cache stores F32, F16, BF16, Q8_0 or Q4_0", op,
                             (int)desc->dtype);
+    size_t block = 1, elem = 0;
+    clattn__dtype_blocks(desc->dtype, &block, &elem);
+    if (desc->head_dim_qk % block != 0 || desc->head_dim_v % block != 0)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: head_dim_qk=%zu, head_dim_v=%zu: a %s cache needs head sizes "
+                            "that are multiples of %zu (its blocks)",
+                            op, desc->head_dim_qk, desc->head_dim_v,
+                            clattn__dtype_name(desc->dtype), block);
     const size_t dims[5] = {desc->batch, desc->kv_heads, desc->capacity, desc->head_dim_qk,
                             desc->head_dim_v};
     static const char *const names[5] = {"batch", "kv_heads", "capacity", "head_dim_qk",
@@ -93,7 +100,6 @@ clattn_status clattn_kv_cache_create(clattn_ctx *ctx, const clattn_kv_cache_desc
     if ((status = clattn__check_dims(ctx, op, dims, names, 5, false)) ||
         (status = clattn__check_dims(ctx, op, dims, names, 5, true)))
         return status;
-    const size_t elem = clattn_dtype_size(desc->dtype);
     /* Paged: the pool's pages stand for (batch, capacity) in the sizes. */
     size_t blocks = 0, pages = desc->num_pages, rows = 0, seqs = desc->batch;
     if (desc->page_size > 0) {
@@ -116,8 +122,10 @@ clattn_status clattn_kv_cache_create(clattn_ctx *ctx, const clattn_kv_cache_desc
     }
     const size_t seq_len = desc->page_size > 0 ? desc->page_size : desc->capacity;
     size_t k_bytes = 0, v_bytes = 0, n_bytes = 0, t_bytes = 0;
-    if (!clattn__product(&k_bytes, 5, seqs, desc->kv_heads, seq_len, desc->head_dim_qk, elem) ||
-        !clattn__product(&v_bytes, 5, seqs, desc->kv_heads, seq_len, desc->head_dim_v, elem) ||
+    if (!clattn__product(&k_bytes, 5, seqs, desc->kv_heads, seq_len, desc->head_dim_qk / block,
+                         elem) ||
+        !clattn__product(&v_bytes, 5, seqs, desc->kv_heads, seq_len, desc->head_dim_v / block,
+                         elem) ||
         !clattn__mul(desc->batch, sizeof(cl_int), &n_bytes) ||
         !clattn__product(&t_bytes, 3, desc->batch, blocks, sizeof(cl_int)) ||
         !clattn__mul(desc->batch, blocks, &rows))
@@ -507,5 +515,48 @@ clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor
                                         cache->lengths, cache->length + n, &pages);
     if (status == CLATTN_SUCCESS)
         cache->length += n;
+    return clattn__end(op, &chain, status, event);
+}
+
+clattn_status clattn_quantize(clattn_ctx *ctx, const clattn_tensor *src, const clattn_tensor *dst,
+                              cl_uint num_wait, const cl_event *wait, cl_event *event)
+{
+    static const char op[] = "quantize";
+    clattn_status status = clattn__entry(ctx, op, ctx, num_wait, wait, event);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    if (src == NULL || dst == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op,
+                            src ? "dst" : "src");
+    clattn__layout from, to;
+    if ((status = clattn__layout_from(ctx, op, "src", src, CLATTN__FLOATS, false, &from)) ||
+        (status = clattn__layout_from(ctx, op, "dst", dst, CLATTN__QUANT, true, &to)))
+        return status;
+    if (!from.present || !to.present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is absent (rank 0)", op,
+                            from.present ? "dst" : "src");
+    if ((status = clattn__layout_expect(ctx, op, "dst", &to, from.rank, from.dims,
+                                        "(src's dims)")))
+        return status;
+    clattn__view views[2];
+    const clattn__layout *layouts[2] = {&from, &to};
+    const clattn_tensor *tensors[2] = {src, dst};
+    static const char *const names[2] = {"src", "dst"};
+    for (int i = 0; i < 2; ++i) {
+        cl_mem mem = NULL;
+        size_t offset = 0;
+        if ((status = clattn__bind(ctx, op, names[i], layouts[i], tensors[i], &mem, &offset)))
+            return status;
+        clattn__view_of(layouts[i], &views[i]);
+        views[i].mem = mem;
+        views[i].offset = offset;
+    }
+    clattn__copy_plan copy;
+    if ((status = clattn__copy_prepare(ctx, views[1].dims, from.dtype, to.dtype, &copy)))
+        return status;
+    clattn_chain chain;
+    status = clattn__begin(ctx, op, &chain, NULL, false, num_wait, wait);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__copy_enqueue(&chain, &copy, &views[0], &views[1]);
     return clattn__end(op, &chain, status, event);
 }

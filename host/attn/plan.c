@@ -81,6 +81,8 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, con
                                 : role == R_WEIGHTS || role == R_LSE || role == R_SCORES ||
                                         role == R_ALIBI || role == R_SCORE_W || role == R_SINKS
                                     ? CLATTN__F32
+                                : (role == R_K || role == R_V) && ops->kind == CLATTN__SDPA
+                                    ? CLATTN__FLOATS | CLATTN__QUANT /* SDPA's k, v: also blocks */
                                     : CLATTN__FLOATS;
         status = clattn__layout_from(ctx, op, role_name(plan, role),
                                      clattn__tensor_of(tensors, (clattn__role)role), dtypes, output,

@@ -42,6 +42,17 @@ static clattn_status check_paged(clattn_plan *plan, size_t batch, size_t *seq_k)
     return CLATTN_SUCCESS;
 }
 
+/* Quantized k/v (block types) on the unfused path: refused (its matmuls read floats). */
+static clattn_status unfused_quantized(clattn_plan *plan)
+{
+    const clattn__layout *l = plan->layouts;
+    return clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
+                        "%s: quantized k/v (%s, %s) run on the fused path only (head sizes up "
+                        "to 256; no weights, scores or softmax_f64)",
+                        plan->op, clattn__dtype_name(l[R_K].dtype),
+                        clattn__dtype_name(l[R_V].dtype));
+}
+
 static clattn_status create(clattn_plan *plan, const void *any)
 {
     const clattn_sdpa_desc *desc = any;
@@ -98,6 +109,18 @@ static clattn_status create(clattn_plan *plan, const void *any)
         (status = clattn__layout_expect(ctx, op, "out", &l[R_OUT], 4, o_dims,
                                         "(batch, heads, seq_q, head_dim_v)")))
         goto done;
+    /* Quantized keys or values (Q8_0, Q4_0 blocks): the fused kernels dequantize as they
+     * load; what would copy, rotate or multiply them as floats refuses. */
+    const bool quantized = ((1u << l[R_K].dtype) | (1u << l[R_V].dtype)) & CLATTN__QUANT;
+    if (quantized && (l[R_PAST_K].present || l[R_PRESENT_K].present || l[R_PAST_V].present ||
+                      l[R_PRESENT_V].present || desc->rope != 0)) {
+        status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                              "%s: quantized k/v (%s, %s) with %s: not supported (a KV cache of "
+                              "blocks is clattn_kv_cache with dtype Q8_0 or Q4_0)",
+                              op, clattn__dtype_name(l[R_K].dtype), clattn__dtype_name(l[R_V].dtype),
+                              desc->rope != 0 ? "rope" : "past/present");
+        goto done;
+    }
     /* The KV cache: attention runs over past + new keys, written into present. */
     clattn__sdpa_cache *cache = &plan->cache;
     cache->has_past = l[R_PAST_K].present || l[R_PAST_V].present;
@@ -289,6 +312,10 @@ static clattn_status create(clattn_plan *plan, const void *any)
         score.kv_group = 1;
         score.band_upper = -1; /* the count alone: the same for every query head */
     }
+    if (quantized && !fused_likely) {
+        status = unfused_quantized(plan);
+        goto done;
+    }
     /* With a cache, the keys and values attended are present's. */
     const int key_role = cache->has_present ? R_PRESENT_K : R_K;
     const int value_role = cache->has_present ? R_PRESENT_V : R_V;
@@ -296,6 +323,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
     status = clattn__attention_prepare(plan, &score, dk, dv, q_dtype, key_dtype,
                                        l[value_role].dtype, l[R_OUT].dtype, l[R_WEIGHTS].present,
                                        l[R_LSE].present, desc->path, &plan->workspace_floats);
+    if (status == CLATTN_SUCCESS && quantized && !plan->attention.fused)
+        status = unfused_quantized(plan);
     if (status == CLATTN_SUCCESS && paged && !plan->attention.fused)
         status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
                               "%s: a paged cache (block_table) runs on the fused path only "

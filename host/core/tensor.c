@@ -15,8 +15,20 @@ size_t clattn_dtype_size(clattn_dtype dtype)
         return 1;
     case CLATTN_DTYPE_I32:
         return 4;
+    case CLATTN_DTYPE_Q8_0:
+    case CLATTN_DTYPE_Q4_0:
+        return 0;
     }
     return 0;
+}
+
+bool clattn__dtype_blocks(clattn_dtype dtype, size_t *elems, size_t *bytes)
+{
+    *elems = dtype == CLATTN_DTYPE_Q8_0 || dtype == CLATTN_DTYPE_Q4_0 ? CLATTN__QBLOCK : 1;
+    *bytes = dtype == CLATTN_DTYPE_Q8_0   ? 34
+             : dtype == CLATTN_DTYPE_Q4_0 ? 18
+                                          : clattn_dtype_size(dtype);
+    return *bytes != 0;
 }
 
 const char *clattn__dtype_name(clattn_dtype dtype)
@@ -32,6 +44,10 @@ const char *clattn__dtype_name(clattn_dtype dtype)
         return "U8";
     case CLATTN_DTYPE_I32:
         return "I32";
+    case CLATTN_DTYPE_Q8_0:
+        return "Q8_0";
+    case CLATTN_DTYPE_Q4_0:
+        return "Q4_0";
     }
     return "?";
 }
@@ -61,16 +77,35 @@ clattn_status clattn__layout_from(clattn_ctx *ctx, const char *op, const char *n
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: %s has rank %d; tensors have rank 1 to %d", op, name, t->rank,
                             CLATTN_MAX_RANK);
-    const size_t elem = clattn_dtype_size(t->dtype);
-    if (elem == 0)
+    size_t block = 1, elem = 0;
+    if (!clattn__dtype_blocks(t->dtype, &block, &elem))
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: %s has dtype %d, which is not a clattn_dtype", op, name,
                             (int)t->dtype);
     if (!(dtypes & (1u << t->dtype)))
-        return clattn__fail(
-            ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s cannot be %s (allowed:%s%s%s%s%s)", op, name,
-            clattn__dtype_name(t->dtype), dtypes & 1 ? " F32" : "", dtypes & 2 ? " F16" : "",
-            dtypes & 4 ? " BF16" : "", dtypes & 8 ? " U8" : "", dtypes & 16 ? " I32" : "");
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %s cannot be %s (allowed:%s%s%s%s%s%s%s)", op, name,
+                            clattn__dtype_name(t->dtype), dtypes & 1 ? " F32" : "",
+                            dtypes & 2 ? " F16" : "", dtypes & 4 ? " BF16" : "",
+                            dtypes & 8 ? " U8" : "", dtypes & 16 ? " I32" : "",
+                            dtypes & 32 ? " Q8_0" : "", dtypes & 64 ? " Q4_0" : "");
+    if (block > 1) {
+        /* Whole blocks: rows of 32k elements along the last dimension, packed. */
+        const int last = t->rank - 1;
+        if (t->dims[last] % block != 0)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: %s is %s with dims[%d] = %zu (the head size): a block type "
+                                "needs a multiple of %zu",
+                                op, name, clattn__dtype_name(t->dtype), last, t->dims[last],
+                                block);
+        for (int d = 0; d < t->rank; ++d)
+            if (d == last ? t->strides[d] != 1 : t->strides[d] % block != 0)
+                return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                    "%s: %s is %s with strides[%d] = %zu: %s", op, name,
+                                    clattn__dtype_name(t->dtype), d, t->strides[d],
+                                    d == last ? "the last stride must be 1 (blocks are packed)"
+                                              : "strides must be whole blocks (multiples of 32)");
+    }
     bool zero_strides = true, one_element = true;
     for (int d = 0; d < t->rank; ++d) {
         if (t->dims[d] == 0)
@@ -112,7 +147,9 @@ clattn_status clattn__layout_from(clattn_ctx *ctx, const char *op, const char *n
                                 "%s: the elements %s spans overflow size_t", op, name);
     }
     size_t bytes = 0;
-    if (!clattn__mul(extent, elem, &bytes))
+    if (block > 1)
+        extent = (extent + block - 1) / block * block; /* the last block is whole */
+    if (!clattn__mul(extent / block, elem, &bytes))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the bytes %s spans overflow size_t",
                             op, name);
     out->extent = extent;
@@ -172,7 +209,7 @@ clattn_status clattn__bind(clattn_ctx *ctx, const char *op, const char *name,
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s has no buffer (mem is NULL)",
                             op, name);
     clattn__layout given;
-    clattn_status status = clattn__layout_from(ctx, op, name, t, 0x1f, false, &given);
+    clattn_status status = clattn__layout_from(ctx, op, name, t, 0x7f, false, &given);
     if (status != CLATTN_SUCCESS)
         return status;
     if (!same_layout(planned, &given)) {
@@ -185,8 +222,16 @@ clattn_status clattn__bind(clattn_ctx *ctx, const char *op, const char *name,
                             op, name, clattn__dtype_name(given.dtype), got,
                             clattn__dtype_name(planned->dtype), want);
     }
-    status = clattn__check_tensor(ctx, op, name, *t, planned->extent,
-                                  clattn_dtype_size(planned->dtype), true);
+    size_t block = 1, elem = 0;
+    clattn__dtype_blocks(planned->dtype, &block, &elem);
+    if (t->offset % block != 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %s is %s at offset %zu: offsets must be whole blocks (multiples "
+                            "of %zu elements)",
+                            op, name, clattn__dtype_name(planned->dtype), t->offset, block);
+    clattn_tensor blocks = *t; /* the block types: counted in blocks of `elem` bytes */
+    blocks.offset = t->offset / block;
+    status = clattn__check_tensor(ctx, op, name, blocks, planned->extent / block, elem, true);
     if (status != CLATTN_SUCCESS)
         return status;
     *mem = t->mem;

@@ -49,10 +49,15 @@ typedef struct clattn__layout {
 /* Bit sets of allowed dtypes for clattn__layout_from. */
 #define CLATTN__FLOATS ((1u << CLATTN_DTYPE_F32) | (1u << CLATTN_DTYPE_F16) | (1u << CLATTN_DTYPE_BF16))
 #define CLATTN__F32 (1u << CLATTN_DTYPE_F32)
+#define CLATTN__QUANT ((1u << CLATTN_DTYPE_Q8_0) | (1u << CLATTN_DTYPE_Q4_0))
 #define CLATTN__U8 (1u << CLATTN_DTYPE_U8)
 #define CLATTN__I32 (1u << CLATTN_DTYPE_I32)
 
 const char *clattn__dtype_name(clattn_dtype dtype);
+/* The block types' (Q8_0, Q4_0) elements per block and bytes per block; the other types: 1
+ * and their element size. false for an unknown dtype. */
+#define CLATTN__QBLOCK 32
+bool clattn__dtype_blocks(clattn_dtype dtype, size_t *elems, size_t *bytes);
 void clattn__format_dims(char *out, size_t size, int rank, const size_t *dims);
 
 /* Validates t's layout (dtype in `dtypes`, rank, nonzero dims, overlap-free strides when

@@ -153,10 +153,15 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
                             "%s: head_dim_qk=%zu, head_dim_v=%zu: the fused kernel takes head "
                             "sizes 1 to %d",
                             op, dk, dv, FLASH_MAX_HEAD_DIM);
-    if (!float_dtype(shape->q_dtype) || !float_dtype(shape->k_dtype) ||
-        !float_dtype(shape->v_dtype) || !float_dtype(shape->out_dtype))
+    /* k and v may be blocks (Q8_0, Q4_0): types.cl's loads dequantize them */
+    const bool k_ok = float_dtype(shape->k_dtype) || shape->k_dtype == CLATTN_DTYPE_Q8_0 ||
+                      shape->k_dtype == CLATTN_DTYPE_Q4_0;
+    const bool v_ok = float_dtype(shape->v_dtype) || shape->v_dtype == CLATTN_DTYPE_Q8_0 ||
+                      shape->v_dtype == CLATTN_DTYPE_Q4_0;
+    if (!float_dtype(shape->q_dtype) || !k_ok || !v_ok || !float_dtype(shape->out_dtype))
         return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                            "%s: q, k, v and out must be F32, F16 or BF16", op);
+                            "%s: q and out must be F32, F16 or BF16, k and v those or Q8_0, Q4_0",
+                            op);
     if (score->has_mask && (unsigned)score->mask_dtype > CLATTN_DTYPE_U8)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: mask dtype %d is unknown", op,
                             (int)score->mask_dtype);

@@ -64,7 +64,11 @@ clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn
     char extra[64];
     snprintf(extra, sizeof extra, "-DHEADS_WG=%u -DSRC_DTYPE=%d -DDST_DTYPE=%d",
              ctx->tuning.heads_wg, (int)src_dtype, (int)dst_dtype);
-    return clattn__elementwise_prepare(ctx, dims, CLATTN_SRC_HEADS, "copy4d", extra, plan);
+    /* A block destination: one work-item per block of the last dimension. */
+    size_t block = 1, bytes = 0;
+    clattn__dtype_blocks(dst_dtype, &block, &bytes);
+    const size_t box[4] = {dims[0], dims[1], dims[2], dims[3] / block};
+    return clattn__elementwise_prepare(ctx, box, CLATTN_SRC_HEADS, "copy4d", extra, plan);
 }
 
 clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan *plan,
@@ -94,6 +98,10 @@ clattn_status clattn__append_prepare(clattn_ctx *ctx, size_t batch, size_t kv_he
 {
     static const char op[] = "kv_append";
     memset(plan, 0, sizeof *plan);
+    /* A block cache: one work-item per block of a row. */
+    size_t block = 1, bytes = 0;
+    clattn__dtype_blocks(cache_dtype, &block, &bytes);
+    dk /= block, dv /= block;
     plan->batch = batch, plan->kv_heads = kv_heads, plan->n = n, plan->dk = dk, plan->dv = dv;
     plan->local = ctx->tuning.heads_wg;
     size_t most = 0;
