@@ -705,6 +705,76 @@ END_TEST
 /* --sinks (Hq) logits, one -inf, with grouped heads, bottom-right causal masking and a
  * window, on both paths, against the float64 reference; a sink per head of the wrong count,
  * a NaN sink and relu refused with one line, exit 2. */
+/* clattn sdpa --kv-dtype q8_0 / q4_0: K and V quantized on the device, then attention over
+ * them (grouped heads, causal bottom-right), against the float64 reference over the values
+ * llama.cpp's reference quantizer gives; and the refusals (head size, unfused path, rope). */
+START_TEST(test_sdpa_kv_dtype)
+{
+    TU_BEGIN_TEST();
+    enum { B = 2, H = 4, G = 2, LQ = 3, LK = 37, D = 64 };
+    tu_set_case("clattn sdpa --kv-dtype: B=%d Hq=%d Hkv=%d Lq=%d Lk=%d d=%d", B, H, G, LQ, LK, D);
+    char q_path[512], k_path[512], v_path[512], small_path[512], out[512], args[8192];
+    const size_t q_shape[4] = {B, H, LQ, D}, k_shape[4] = {B, G, LK, D};
+    const size_t small_shape[4] = {B, G, LK, 48};
+    float *q = scratch_array("kvq_q.npy", 4, q_shape, q_path, sizeof q_path);
+    float *k = scratch_array("kvq_k.npy", 4, k_shape, k_path, sizeof k_path);
+    float *v = scratch_array("kvq_v.npy", 4, k_shape, v_path, sizeof v_path);
+    float *small = scratch_array("kvq_small.npy", 4, small_shape, small_path, sizeof small_path);
+    snprintf(out, sizeof out, "%s/kvq_y.npy", scratch);
+    const size_t kv_count = (size_t)B * G * LK * D, out_count = (size_t)B * H * LQ * D;
+    float *kq = malloc(kv_count * sizeof(float)), *vq = malloc(kv_count * sizeof(float));
+    uint8_t *blocks = malloc(kv_count * 34 / 32);
+    double *ref = tu_doubles(out_count);
+    static const clattn_dtype types[2] = {CLATTN_DTYPE_Q8_0, CLATTN_DTYPE_Q4_0};
+    for (int i = 0; i < 2; ++i) {
+        ref_quantize(types[i], k, kv_count, blocks);
+        ref_dequantize(types[i], blocks, kv_count, kq);
+        ref_quantize(types[i], v, kv_count, blocks);
+        ref_dequantize(types[i], blocks, kv_count, vq);
+        const ref_sdpa_shape shape = bottom_right_shape(B, H, G, LQ, LK, D);
+        ref_sdpa(&shape, q, kq, vq, NULL, NULL, ref, NULL, NULL);
+        snprintf(args, sizeof args,
+                 "sdpa --q %s --k %s --v %s --causal --causal-align bottom-right --kv-dtype %s "
+                 "--out %s",
+                 q_path, k_path, v_path, i ? "q4_0" : "q8_0", out);
+        const int status = run_cli(args);
+        tu_expect(status == 0, "%s: exit status %d, stderr: %s", i ? "q4_0" : "q8_0", status,
+                  captured("stderr"));
+        if (status == 0)
+            expect_npy_reference(out, i ? "Y (q4_0 K, V)" : "Y (q8_0 K, V)", ref, out_count, 4,
+                                 (const size_t[]){B, H, LQ, D});
+    }
+    static const struct {
+        const char *extra, *want;
+    } bad[] = {
+        {"--kv-dtype q8_0 --path unfused", "cannot be combined with --path unfused"},
+        {"--kv-dtype q4_0 --rope", "cannot be combined with --rope"},
+        {"--kv-dtype q4_0 SMALL", "the head sizes (k 48, v 48) must be multiples of 32"},
+        {"--kv-dtype q5_1", "q5_1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        const bool small_kv = strstr(bad[i].extra, "SMALL") != NULL;
+        char extra[64];
+        snprintf(extra, sizeof extra, "%.*s", small_kv ? 15 : 63, bad[i].extra);
+        snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s %s", small_kv ? small_path : q_path,
+                 small_kv ? small_path : k_path, small_kv ? small_path : v_path, extra);
+        const int status = run_cli(args);
+        tu_expect(status == 2 && strstr(captured("stderr"), bad[i].want) &&
+                      strchr(captured("stderr"), '\n') == strrchr(captured("stderr"), '\n'),
+                  "%s: status %d, stderr: %s", bad[i].extra, status, captured("stderr"));
+    }
+    free(ref);
+    free(blocks);
+    free(vq);
+    free(kq);
+    free(small);
+    free(v);
+    free(k);
+    free(q);
+    TU_END_TEST();
+}
+END_TEST
+
 START_TEST(test_sdpa_sinks)
 {
     TU_BEGIN_TEST();
@@ -3430,6 +3500,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_run_score_rules);
     tcase_add_test(tc, test_sdpa_alibi);
     tcase_add_test(tc, test_sdpa_sinks);
+    tcase_add_test(tc, test_sdpa_kv_dtype);
     tcase_add_test(tc, test_sdpa_paged);
     tcase_add_test(tc, test_run_posenc);
     tcase_add_test(tc, test_run_rope);

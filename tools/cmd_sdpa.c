@@ -70,7 +70,12 @@ static const char sdpa_usage_serving[] =
     "--sinks S.npy: attention sinks (GPT-OSS), (Hq) floats: head h's logit joins each row's\n"
     "  softmax denominator and takes no value, p_ij = exp(s_ij - m) / (sum_j exp(s_ij - m) +\n"
     "  exp(S[h] - m)), m the max over the row's scores and S[h]; -inf is no sink. With every\n"
-    "  mask, window and causal form and grouped heads; not with --norm relu.\n";
+    "  mask, window and causal form and grouped heads; not with --norm relu.\n"
+    "--kv-dtype f32|q8_0|q4_0: quantize K and V (or the pages) on the device into llama.cpp's\n"
+    "  block formats (32 values per block: q8_0 an fp16 scale amax/127 and int8 values, q4_0\n"
+    "  an fp16 scale max/-8 and 4-bit values), then attend over them, dequantized as they are\n"
+    "  read (the fused path; head sizes multiples of 32; not with past/present, --rope,\n"
+    "  --qk-out or --ring).\n";
 /* The rest of the help: C11 compilers need not take string literals over 4095 characters. */
 static const char sdpa_usage_outputs[] =
     "Output: Y with Q's rank, (B, Hq, Lq, dv) or (B, Lq, Hq * dv), written to --out or printed\n"
@@ -110,7 +115,13 @@ typedef struct sdpa_options {
     clattn_norm norm;
     clattn_path path;
     bool ring, ring_zigzag, ring_timing, ring_option; /* --ring, its layout, --ring-timing */
+    clattn_dtype kv_dtype; /* --kv-dtype: F32 (as given), Q8_0 or Q4_0 */
 } sdpa_options;
+
+static const cli_choice kv_dtype_choices[] = {{"f32", CLATTN_DTYPE_F32},
+                                              {"q8_0", CLATTN_DTYPE_Q8_0},
+                                              {"q4_0", CLATTN_DTYPE_Q4_0},
+                                              {NULL, 0}};
 
 enum {
     M_Q,
@@ -127,6 +138,8 @@ enum {
     M_ALIBI,
     M_SINKS,
     M_BLOCK_TABLE,
+    M_KQ, /* --kv-dtype: the quantized keys and values */
+    M_VQ,
     M_COUNT
 };
 
@@ -197,6 +210,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         {"--softcap", CLI_FLOAT, &o->softcap, 1, NULL, NULL},
         {"--norm", CLI_CHOICE, &o->norm, 0, cli_norm_choices, NULL},
         {"--path", CLI_CHOICE, &o->path, 0, cli_path_choices, NULL},
+        {"--kv-dtype", CLI_CHOICE, &o->kv_dtype, 0, kv_dtype_choices, NULL},
     };
     while (cli_next(&args)) {
         const int parsed = cli_parse_table(&args, table, CLI_COUNT(table));
@@ -313,6 +327,21 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                         "--nonpad-kv-seqlen cannot be combined with --past-key (ONNX's rule)");
     if (o->ring_option && !o->ring)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--ring-layout and --ring-timing need --ring");
+    if (o->kv_dtype != CLATTN_DTYPE_F32) {
+        const char *other = o->past_k                      ? "--past-key"
+                            : o->present_k                 ? "--present-key-out"
+                            : o->rope.on                   ? "--rope"
+                            : o->qk_out                    ? "--qk-out"
+                            : o->softmax_f64               ? "--softmax-precision 11"
+                            : o->ring                      ? "--ring"
+                            : o->path == CLATTN_PATH_UNFUSED ? "--path unfused"
+                                                             : NULL;
+        if (other)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "--kv-dtype %s (quantized K and V, the fused path) cannot be "
+                            "combined with %s",
+                            o->kv_dtype == CLATTN_DTYPE_Q8_0 ? "q8_0" : "q4_0", other);
+    }
     /* Before any work: an output that cannot be written fails now, not after the run. */
     if (!cli_check_output("sdpa", "--out", o->out) ||
         !cli_check_output("sdpa", "--present-key-out", o->present_k) ||
@@ -787,6 +816,24 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         t->block_table =
             clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, batch, d->table.shape[1], 0, 0);
     }
+    /* --kv-dtype: k and v become packed blocks of their dims, quantized on the device from
+     * the float views (k_float, v_float). */
+    clattn_tensor k_float = t->k, v_float = t->v;
+    size_t kq_bytes = 0, vq_bytes = 0;
+    if (o->kv_dtype != CLATTN_DTYPE_F32) {
+        const char *name = o->kv_dtype == CLATTN_DTYPE_Q8_0 ? "q8_0" : "q4_0";
+        if (dk % 32 != 0 || dv % 32 != 0)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "--kv-dtype %s: the head sizes (k %zu, v %zu) must be multiples of "
+                            "32 (a block holds 32 values)",
+                            name, dk, dv);
+        const size_t block_bytes = o->kv_dtype == CLATTN_DTYPE_Q8_0 ? 34 : 18;
+        const size_t *kd = t->k.dims, *vd = t->v.dims;
+        t->k = clattn_tensor_make(NULL, 0, o->kv_dtype, 4, kd[0], kd[1], kd[2], kd[3]);
+        t->v = clattn_tensor_make(NULL, 0, o->kv_dtype, 4, vd[0], vd[1], vd[2], vd[3]);
+        kq_bytes = kd[0] * kd[1] * kd[2] * kd[3] / 32 * block_bytes; /* <= the floats' bytes */
+        vq_bytes = vd[0] * vd[1] * vd[2] * vd[3] / 32 * block_bytes;
+    }
     if (o->mask) {
         const size_t full[4] = {batch, heads, seq_q, seq_k};
         if ((rc = prepare_mask(o, d, full, &t->attn_mask)))
@@ -882,12 +929,26 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         if (err == CL_SUCCESS && d->sinks.data)
             d->mem[M_SINKS] =
                 upload(ctx, d->sinks.data, heads * sizeof(float), CL_MEM_READ_ONLY, &err);
-        if (err == CL_SUCCESS) {
+        if (err == CL_SUCCESS && kq_bytes)
+            d->mem[M_KQ] = upload(ctx, NULL, kq_bytes, CL_MEM_READ_WRITE, &err);
+        if (err == CL_SUCCESS && vq_bytes)
+            d->mem[M_VQ] = upload(ctx, NULL, vq_bytes, CL_MEM_READ_WRITE, &err);
+        if (err == CL_SUCCESS && kq_bytes) { /* quantize on the device, then attend */
+            clattn_tensor kq = t->k, vq = t->v;
+            k_float.mem = d->mem[M_K], v_float.mem = d->mem[M_V];
+            kq.mem = d->mem[M_KQ], vq.mem = d->mem[M_VQ];
+            status = clattn_quantize(ctx, &k_float, &kq, 0, NULL, NULL);
+            if (status == CLATTN_SUCCESS)
+                status = clattn_quantize(ctx, &v_float, &vq, 0, NULL, NULL);
+        }
+        if (err == CL_SUCCESS && status == CLATTN_SUCCESS) {
             clattn_tensors bound = desc_tensors;
             bound.alibi_slopes.mem = d->mem[M_ALIBI];
             bound.sinks.mem = d->mem[M_SINKS];
             bound.block_table.mem = d->mem[M_BLOCK_TABLE];
             bound.q.mem = d->mem[M_Q], bound.k.mem = d->mem[M_K], bound.v.mem = d->mem[M_V];
+            if (kq_bytes)
+                bound.k.mem = d->mem[M_KQ], bound.v.mem = d->mem[M_VQ];
             bound.attn_mask.mem = d->mem[M_MASK], bound.out.mem = d->mem[M_OUT];
             bound.past_k.mem = d->mem[M_PAST_K], bound.past_v.mem = d->mem[M_PAST_V];
             bound.present_k.mem = d->mem[M_PRESENT_K], bound.present_v.mem = d->mem[M_PRESENT_V];
