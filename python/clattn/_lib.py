@@ -13,7 +13,9 @@ from ctypes import (POINTER, Structure, c_char_p, c_double, c_float, c_int, c_in
 MAX_RANK = 4
 
 # clattn_dtype
-F32, F16, BF16, U8, I32 = 0, 1, 2, 3, 4
+F32, F16, BF16, U8, I32, Q8_0, Q4_0 = 0, 1, 2, 3, 4, 5, 6
+# llama.cpp's block formats: name -> (clattn dtype, bytes per 32 values)
+BLOCK_TYPES = {"q8_0": (Q8_0, 34), "q4_0": (Q4_0, 18)}
 # clattn_causal
 CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT, CAUSAL_ONNX, CAUSAL_OFFSET = 0, 1, 2, 3, 4
 # clattn_path
@@ -181,6 +183,8 @@ _declare(lib.clattn_kv_cache_length, c_size_t, c_void_p)
 _declare(lib.clattn_kv_cache_tensors, None, c_void_p, POINTER(Tensor), POINTER(Tensor),
          POINTER(Tensor))
 _declare(lib.clattn_kv_cache_block_table, None, c_void_p, POINTER(Tensor))
+_declare(lib.clattn_quantize, c_int, _ctx_p, POINTER(Tensor), POINTER(Tensor), c_uint, c_void_p,
+         c_void_p)
 _declare(lib.clattn_kv_cache_map_pages, c_int, c_void_p, POINTER(c_int32), c_uint, c_void_p,
          c_void_p)
 _declare(lib.clattn_plan_execute, c_int, _plan_p, POINTER(Tensors), c_size_t, c_void_p, c_void_p,

@@ -528,6 +528,7 @@ def _out_of_order(ctx) -> bool:
 def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
                     block_table: ArrayLike, seqlens_k: ArrayLike, *, is_causal: bool = False,
                     scale: Optional[float] = None, sinks: Optional[ArrayLike] = None,
+                    kv_dtype: Optional[str] = None,
                     ctx: Optional[Context] = None) -> ArrayLike:
     """Attention over a paged KV cache, FlashAttention's ``flash_attn_with_kvcache`` layout (as
     vLLM keeps it), on the clattn device (the fused kernel reads the pages through the table).
@@ -539,6 +540,10 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
     sequence's pages need not be contiguous nor in order. Hkv divides Hq (grouped heads).
     is_causal: per sequence, the queries being its last Lq keys (bottom-right). scale: None for
     1/sqrt(E). sinks: (Hq,) attention-sink logits (see scaled_dot_product_attention).
+    kv_dtype: 'q8_0' or 'q4_0' (llama.cpp's block formats; E and Ev multiples of 32): float
+    pools are quantized on the device first (``quantize``'s rounding), and uint8 pools are
+    taken as those blocks as they are, (pages, page_size, Hkv, E // 32 * 34) for q8_0 (18 for
+    q4_0), a ggml cache handed over byte for byte; the kernel dequantizes as it reads.
     torch tensors in give a torch tensor out. Raises clattn.ArgumentError naming the argument
     for a block index outside the pool (among a sequence's used blocks), a count past the
     table's pages, or shapes that do not fit. Returns (B, Hq, Lq, Ev) in query's dtype."""
@@ -551,8 +556,27 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
         return _torch.from_numpy(result, like)
     ctx = ctx or default_context()
     q_in = np.asarray(query)
-    q, kp, vp = (_as_float(n, a) for n, a in (("query", query), ("k_pages", k_pages),
-                                              ("v_pages", v_pages)))
+    block = None  # (clattn dtype, bytes per block) with kv_dtype
+    if kv_dtype is not None:
+        if kv_dtype not in _lib.BLOCK_TYPES:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"kv_dtype={kv_dtype!r}: expected 'q8_0' or 'q4_0'")
+        block = _lib.BLOCK_TYPES[kv_dtype]
+    given_blocks = block is not None and np.asarray(k_pages).dtype == np.uint8
+    if given_blocks:  # the blocks as a ggml cache holds them: E from the bytes per row
+        kb, vb = np.asarray(k_pages), np.asarray(v_pages)
+        if kb.ndim != 4 or vb.ndim != 4 or vb.dtype != np.uint8 or kb.shape[-1] % block[1] \
+                or vb.shape[-1] % block[1]:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"k_pages {kb.shape} {kb.dtype}, v_pages {vb.shape} {vb.dtype}: "
+                                f"{kv_dtype} blocks are uint8 (pages, page_size, Hkv, "
+                                f"E // 32 * {block[1]})")
+        q = _as_float("query", query)
+        kp = np.empty(kb.shape[:3] + (kb.shape[3] // block[1] * 32,), np.float32)  # shapes only
+        vp = np.empty(vb.shape[:3] + (vb.shape[3] // block[1] * 32,), np.float32)
+    else:
+        q, kp, vp = (_as_float(n, a) for n, a in (("query", query), ("k_pages", k_pages),
+                                                  ("v_pages", v_pages)))
     table = np.asarray(block_table)
     counts = np.asarray(seqlens_k)
     if q.ndim != 4 or kp.ndim != 4 or vp.ndim != 4:
@@ -598,19 +622,25 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
         if sinks1.shape != (Hq,):
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                 f"sinks has shape {np.shape(sinks)}; expected ({Hq},)")
-    qc, kc, vc = (np.ascontiguousarray(a) for a in (q, kp, vp))
+    if block is not None and (E % 32 or vp.shape[-1] % 32):
+        raise ArgumentError(_lib.ERR_UNSUPPORTED,
+                            f"kv_dtype={kv_dtype!r}: the head sizes (k {E}, v {vp.shape[-1]}) "
+                            f"must be multiples of 32 (a block holds 32 values)")
+    qc = np.ascontiguousarray(q)
+    kc, vc = (np.ascontiguousarray(a) for a in ((kb, vb) if given_blocks else (kp, vp)))
     table32 = np.ascontiguousarray(np.where((table >= 0) & (table < pages), table, -1),
                                    dtype=np.int32)
     counts32 = np.ascontiguousarray(counts, dtype=np.int32)
-    dtypes = tuple(clattn_dtype(a.dtype) for a in (qc, kc, vc))
-    Ev = vc.shape[-1]
+    dtypes = (clattn_dtype(qc.dtype),) + ((block[0], block[0]) if block is not None else
+                                          (clattn_dtype(kc.dtype), clattn_dtype(vc.dtype)))
+    Ev = vp.shape[-1]
     out = np.empty((B, Hq, Lq, Ev), dtype=qc.dtype)
 
     def tensors():
         t = _lib.Tensors()
         t.q = layout(dtypes[0], qc.shape)
-        t.k = layout(dtypes[1], kc.shape)
-        t.v = layout(dtypes[2], vc.shape)
+        t.k = layout(dtypes[1], kp.shape)
+        t.v = layout(dtypes[2], vp.shape)
         t.out = layout(dtypes[0], out.shape)
         t.block_table = layout(_lib.I32, table32.shape)
         t.kv_seqlen = layout(_lib.I32, counts32.shape)
@@ -618,7 +648,7 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
             t.sinks = layout(_lib.F32, sinks1.shape)
         return t
 
-    key_ = ("paged", qc.shape, kc.shape, vc.shape, dtypes, table32.shape, bool(is_causal), scale,
+    key_ = ("paged", qc.shape, kp.shape, vp.shape, dtypes, table32.shape, bool(is_causal), scale,
             sinks1 is not None)
 
     def create():
@@ -641,11 +671,48 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
         buffers = [Buffer(ctx, a) for a in arrays] + [Buffer(ctx, nbytes=out.nbytes)]
         t = tensors()
         t.q.mem, t.k.mem, t.v.mem = buffers[0].mem, buffers[1].mem, buffers[2].mem
+        if block is not None and not given_blocks:  # float pools: quantized on the device
+            for i, (name, pool) in enumerate((("k", kc), ("v", vc))):
+                src = layout(clattn_dtype(pool.dtype), pool.shape)
+                src.mem = buffers[1 + i].mem
+                blocks = Buffer(ctx, nbytes=pool.size // 32 * block[1])
+                buffers.append(blocks)
+                getattr(t, name).mem = blocks.mem
+                ctx.check(lib.clattn_quantize(ctx.handle, ctypes.byref(src),
+                                              ctypes.byref(getattr(t, name)), 0, None, None))
         t.block_table.mem, t.kv_seqlen.mem = buffers[3].mem, buffers[4].mem
         if sinks1 is not None:
             t.sinks.mem = buffers[5].mem
-        t.out.mem = buffers[-1].mem
+        t.out.mem = buffers[len(arrays)].mem
         ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(t), _lib.ROLE_COUNT, None, None, 0,
                                           None, None))
-        buffers[-1].read(ctx, out)
+        buffers[len(arrays)].read(ctx, out)
     return out.astype(q_in.dtype) if q_in.dtype == np.float64 else out
+
+
+def quantize(x: ArrayLike, kv_dtype: str, *, ctx: Optional[Context] = None) -> np.ndarray:
+    """llama.cpp's block quantization on the clattn device: x (..., E) float32, float16,
+    bfloat16 or float64, E a multiple of 32, rank 1 to 4; kv_dtype 'q8_0' (per 32 values an
+    fp16 scale amax / 127 and int8 round(x / scale)) or 'q4_0' (an fp16 scale m / -8, m the
+    value of largest magnitude, and nibbles min(15, int(x / scale + 8.5)), element j with
+    j + 16 in one byte). Returns uint8 (..., E // 32 * 34) or (..., E // 32 * 18): ggml's
+    block_q8_0 / block_q4_0 bytes, as ``paged_attention(kv_dtype=...)`` takes them."""
+    if kv_dtype not in _lib.BLOCK_TYPES:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"kv_dtype={kv_dtype!r}: expected 'q8_0' or 'q4_0'")
+    code, size = _lib.BLOCK_TYPES[kv_dtype]
+    a = np.ascontiguousarray(_as_float("x", x))
+    if not 1 <= a.ndim <= 4 or a.shape[-1] % 32 or 0 in a.shape:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"x has shape {a.shape}: expected rank 1 to 4 with the last "
+                            f"dimension a multiple of 32")
+    ctx = ctx or default_context()
+    out = np.empty(a.shape[:-1] + (a.shape[-1] // 32 * size,), np.uint8)
+    with ctx.lock:
+        src_buf, dst_buf = Buffer(ctx, a), Buffer(ctx, nbytes=out.nbytes)
+        src, dst = layout(clattn_dtype(a.dtype), a.shape), layout(code, a.shape)
+        src.mem, dst.mem = src_buf.mem, dst_buf.mem
+        ctx.check(lib.clattn_quantize(ctx.handle, ctypes.byref(src), ctypes.byref(dst), 0, None,
+                                      None))
+        dst_buf.read(ctx, out)
+    return out

@@ -144,20 +144,25 @@ class KVCache:
 
     ``page_size`` > 0 makes it paged: keys and values in a pool of ``num_pages`` pages
     (default: room for every sequence to fill) of ``page_size`` keys, found through a block
-    table; appends take the lowest free page unless ``map_pages`` gave the block one."""
+    table; appends take the lowest free page unless ``map_pages`` gave the block one.
+
+    dtype 'q8_0' or 'q4_0' stores llama.cpp's blocks (head sizes multiples of 32): appends
+    take float32 keys and values and quantize them on the device; attention dequantizes as
+    it reads (the fused path)."""
 
     def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  head_dim_v: Optional[int] = None, dtype=np.float32, *,
                  page_size: int = 0, num_pages: int = 0,
                  ctx: Optional[Context] = None):
         self.ctx = ctx or default_context()
-        self.dtype = np.dtype(dtype)
+        block = _lib.BLOCK_TYPES.get(dtype) if isinstance(dtype, str) else None
+        self.dtype = np.dtype(np.float32 if block else dtype)  # what appends take
         desc = _lib.KvCacheDesc()
         lib.clattn_kv_cache_desc_init(ctypes.byref(desc))
         desc.batch, desc.kv_heads, desc.capacity = batch, kv_heads, capacity
         desc.head_dim_qk = head_dim
         desc.head_dim_v = head_dim_v if head_dim_v is not None else head_dim
-        desc.dtype = clattn_dtype(self.dtype)
+        desc.dtype = block[0] if block else clattn_dtype(self.dtype)
         desc.page_size, desc.num_pages = page_size, num_pages
         self.page_size = page_size
         self._handle = ctypes.c_void_p()

@@ -136,3 +136,85 @@ def test_kv_cache_paged(page_size):
     with pytest.raises(clattn.Error, match="paged cache .* fused path only"):
         cache.attend(q, path="unfused")
     cache.close()
+
+
+def _dequantize(blocks, kind, e):
+    """llama.cpp's dequantize_row_q8_0 / _q4_0 on (..., e // 32 * size) uint8 blocks."""
+    size = 34 if kind == "q8_0" else 18
+    b = blocks.reshape(-1, size)
+    d = b[:, :2].copy().view(np.float16).astype(np.float32)
+    if kind == "q8_0":
+        q = b[:, 2:].view(np.int8).astype(np.float32)
+    else:
+        q = np.concatenate([b[:, 2:] & 15, b[:, 2:] >> 4], axis=1).astype(np.float32) - 8
+    return (q * d).reshape(blocks.shape[:-1] + (e,))
+
+
+def _quantize_ref(x, kind):
+    """llama.cpp's quantize_row_q8_0_ref / _q4_0_ref in numpy float32."""
+    x = np.asarray(x, np.float32).reshape(-1, 32)
+    out = []
+    for row in x:
+        if kind == "q8_0":
+            d = np.float32(np.abs(row).max()) / np.float32(127)
+            inv = np.float32(1) / d if d else np.float32(0)
+            s = row * inv
+            q = (np.sign(s) * np.floor(np.abs(s) + np.float32(0.5))).astype(np.int8)
+            out.append(np.concatenate([np.array([d], np.float16).view(np.uint8), q.view(np.uint8)]))
+        else:
+            m = row[np.argmax(np.abs(row))]
+            d = np.float32(m) / np.float32(-8)
+            inv = np.float32(1) / d if d else np.float32(0)
+            q = np.minimum(15, np.trunc(row * inv + np.float32(8.5))).astype(np.uint8)
+            out.append(np.concatenate([np.array([d], np.float16).view(np.uint8),
+                                       q[:16] | (q[16:] << 4)]))
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+def test_quantize_matches_llama_cpp(kind):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 5, 64)).astype(np.float32)
+    got = clattn.quantize(x, kind)
+    assert got.dtype == np.uint8 and got.shape == (3, 5, 2 * (34 if kind == "q8_0" else 18))
+    np.testing.assert_array_equal(got.reshape(-1, got.shape[-1] // 2), _quantize_ref(x, kind))
+    with pytest.raises(clattn.ArgumentError, match="multiple of 32"):
+        clattn.quantize(x[..., :48], kind)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+def test_quantized_kv_cache_and_paged(kind):
+    rng = np.random.default_rng(5)
+    b, hq, hkv, d, n = 2, 4, 2, 64, 11
+    keys = rng.standard_normal((b, hkv, n, d)).astype(np.float32)
+    values = rng.standard_normal((b, hkv, n, d)).astype(np.float32)
+    kq = _dequantize(clattn.quantize(keys, kind), kind, d)
+    vq = _dequantize(clattn.quantize(values, kind), kind, d)
+    cache = clattn.KVCache(b, hkv, 16, d, dtype=kind, page_size=4)
+    cache.append(keys[:, :, :7], values[:, :, :7])
+    for t in range(7, n):
+        cache.append(keys[:, :, t:t + 1], values[:, :, t:t + 1])
+        q = rng.standard_normal((b, hq, 1, d)).astype(np.float32)
+        want = reference(q, kq[:, :, :t + 1], vq[:, :, :t + 1], gqa=True)
+        np.testing.assert_allclose(cache.attend(q), want, rtol=1e-5, atol=2e-6)
+    cache.close()
+    # paged_attention over a ggml cache handed over as blocks, and over float pools
+    page = 3
+    pages = np.arange(8)[::-1].copy()  # sequence b's block j is page pages[4 * b + j]
+    kp = np.zeros((8, page, hkv, d), np.float32)
+    vp = np.zeros((8, page, hkv, d), np.float32)
+    for bb in range(b):
+        for j in range(n):
+            kp[pages[4 * bb + j // page], j % page] = keys[bb, :, j]
+            vp[pages[4 * bb + j // page], j % page] = values[bb, :, j]
+    table = pages.reshape(b, 4).astype(np.int32)
+    q = rng.standard_normal((b, hq, 2, d)).astype(np.float32)
+    bottom_right = np.arange(n)[None, :] <= np.arange(2)[:, None] + n - 2
+    want = reference(q, kq, vq, mask=bottom_right, gqa=True)
+    counts = np.array([n, n], np.int32)
+    for pools in ((kp, vp), (clattn.quantize(kp, kind), clattn.quantize(vp, kind))):
+        got = clattn.paged_attention(q, *pools, table, counts, is_causal=True, kv_dtype=kind)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+    exact = reference(q, keys, values, mask=bottom_right, gqa=True)
+    print(f"{kind}: max error against unquantized attention "
+          f"{np.abs(got - exact).max():.3g}")
