@@ -146,7 +146,26 @@ inline float fc_hsum(const float16 v)
  * accumulator first scaled by corr[r] (the online-softmax rescale, 1 unless the row's max
  * grew). V_ROW16(j, v): the 16 columns of vector v of the tile's key j (fc_pv: the packed
  * tile; fc_pv_direct: V where it lies). */
-#define FC_PV_BODY(V_ROW16)                                                                       \
+#ifndef FC_PVW
+#define FC_PVW 4 /* fc_pv_direct / fc_pv_paged: vectors of 16 columns per pass over a tile */
+#endif
+/* FC_VSTEP pieces at a time: 2 (a whole block, its scale read once) for the block types.
+ * V_ROW32(j, v, lo, hi): pieces v and v + 1 of the tile's key j. */
+#if IS_BLOCK(V_DTYPE)
+#define FC_VSTEP 2
+#define FC_LOAD_V32(row, i, lo, hi) LOAD32(V_DTYPE, (row), (i), &(lo), &(hi))
+#else
+#define FC_VSTEP 1
+#define FC_LOAD_V32(row, i, lo, hi) ((lo) = LOAD16(V_DTYPE, (row), (i)), (hi) = LOAD16(V_DTYPE, (row), (i) + 16))
+#endif
+#define FC_V_PIECES(V_ROW16, V_ROW32, j, vv)                                                      \
+    if (FC_VSTEP == 2 && FC_PVW % 2 == 0) {                                                       \
+        _Pragma("unroll") for (uint v = 0; v < 4; v += 2) if (v < nv)                             \
+            V_ROW32((j), c0 + v, vv[v], vv[v + 1]);                                               \
+    } else {                                                                                      \
+        _Pragma("unroll") for (uint v = 0; v < 4; ++v) if (v < nv) vv[v] = V_ROW16((j), c0 + v);  \
+    }
+#define FC_PV_BODY(V_ROW16, V_ROW32)                                                              \
     float16 o[FC_RB][4];                                                                          \
     _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r)                                            \
     {                                                                                             \
@@ -155,7 +174,7 @@ inline float fc_hsum(const float16 v)
     }                                                                                             \
     for (uint j = 0; j < nk; ++j) {                                                               \
         float16 vv[4];                                                                            \
-        _Pragma("unroll") for (uint v = 0; v < 4; ++v) if (v < nv) vv[v] = V_ROW16(j, c0 + v);   \
+        FC_V_PIECES(V_ROW16, V_ROW32, j, vv);                                                     \
         _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r)                                        \
         {                                                                                         \
             const float16 p = (float16)(pt[r][j]);                                                \
@@ -170,11 +189,12 @@ inline float fc_hsum(const float16 v)
     }
 
 #define FC_PACKED_ROW16(j, v) vload16((v), vt[(j)])
+#define FC_PACKED_ROW32(j, v, lo, hi) ((lo) = vload16((v), vt[(j)]), (hi) = vload16((v) + 1, vt[(j)]))
 inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
                   __local float (*vt)[FC_DVP], const float *corr, const uint c0, const uint nv)
 {
     const uint nk = FC_KT;
-    FC_PV_BODY(FC_PACKED_ROW16)
+    FC_PV_BODY(FC_PACKED_ROW16, FC_PACKED_ROW32)
 }
 
 #if FC_DIRECT
@@ -182,9 +202,6 @@ inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
 #error "FC_DIRECT takes head sizes that are multiples of 16 and one row block per group"
 #endif
 #define FC_DQV (HEAD_DIM_QK / 16) /* float16 vectors per q and K row */
-#ifndef FC_PVW
-#define FC_PVW 4
-#endif
 
 /* pt[r][j] = qs[r] . K[j] for the tile's first nk keys (K: the tile's first row, unit stride
  * along d, rows ks elements apart), 0 for the rest (keys past the count on the edge tile,
@@ -195,15 +212,29 @@ inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
  * loads and multiplies, about as many instructions as the rest of the row. */
 /* KEY_ROW(j): the tile's key j's row (fc_scores_direct: K + j * ks; fc_scores_paged: through
  * the block table) */
+/* FC_KSTEP pieces at a time: 2 (a whole block) for the block types, whose scale is then read
+ * once per block (FC_LOAD_K: pieces c and c + 1 into k0, k1). */
+#if IS_BLOCK(K_DTYPE)
+#define FC_KSTEP 2
+#define FC_LOAD_K(row, c, k0, k1) LOAD32(K_DTYPE, (row), 16 * (c), &(k0), &(k1))
+#else
+#define FC_KSTEP 1
+#define FC_LOAD_K(row, c, k0, k1) ((k0) = LOAD16(K_DTYPE, (row), 16 * (c)))
+#endif
 #define FC_SCORES_BODY(KEY_ROW)                                                                   \
     for (uint j = 0; j < nk; ++j) {                                                               \
         __global const ELEM_T(K_DTYPE) *row = KEY_ROW(j);                                         \
         float16 t[FC_RB];                                                                         \
         _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r) t[r] = (float16)(0.0f);                \
-        for (uint c = 0; c < FC_DQV; ++c) {                                                       \
-            const float16 k = LOAD16(K_DTYPE, row, 16 * c);                                       \
+        for (uint c = 0; c < FC_DQV; c += FC_KSTEP) {                                             \
+            float16 k, k1;                                                                        \
+            FC_LOAD_K(row, c, k, k1);                                                             \
             _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r) t[r] =                             \
                 fma(vload16(c, qs[r]), k, t[r]);                                                  \
+            if (FC_KSTEP == 2) {                                                                  \
+                _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r) t[r] =                         \
+                    fma(vload16(c + 1, qs[r]), k1, t[r]);                                         \
+            }                                                                                     \
         }                                                                                         \
         _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r) pt[r][j] = fc_hsum(t[r]);              \
     }                                                                                             \
@@ -231,24 +262,26 @@ inline void fc_scores_paged(__global const ELEM_T(K_DTYPE) *K, const ulong *krow
 }
 
 #define FC_PAGED_ROW16(j, v) LOAD16(V_DTYPE, ADVANCE(V_DTYPE, V, vrow[(j)]), 16 * (v))
+#define FC_PAGED_ROW32(j, v, lo, hi) FC_LOAD_V32(ADVANCE(V_DTYPE, V, vrow[(j)]), 16 * (v), lo, hi)
 inline void fc_pv_paged(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
                         __global const ELEM_T(V_DTYPE) *V, const ulong *vrow, const float *corr,
                         const uint c0, const uint nk)
 {
     const uint nv = FC_DVV - c0 < FC_PVW ? FC_DVV - c0 : FC_PVW;
-    FC_PV_BODY(FC_PAGED_ROW16)
+    FC_PV_BODY(FC_PAGED_ROW16, FC_PAGED_ROW32)
 }
 #endif
 
 /* fc_pv with the tile's first nk V rows read where they lie (V: the tile's first row, unit
  * stride, rows vs elements apart), FC_PVW vectors of columns (or the rest) from c0. */
 #define FC_GLOBAL_ROW16(j, v) LOAD16(V_DTYPE, ADVANCE(V_DTYPE, V, (j) * vs), 16 * (v))
+#define FC_GLOBAL_ROW32(j, v, lo, hi) FC_LOAD_V32(ADVANCE(V_DTYPE, V, (j) * vs), 16 * (v), lo, hi)
 inline void fc_pv_direct(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
                          __global const ELEM_T(V_DTYPE) *V, const ulong vs, const float *corr,
                          const uint c0, const uint nk)
 {
     const uint nv = FC_DVV - c0 < FC_PVW ? FC_DVV - c0 : FC_PVW;
-    FC_PV_BODY(FC_GLOBAL_ROW16)
+    FC_PV_BODY(FC_GLOBAL_ROW16, FC_GLOBAL_ROW32)
 }
 #endif
 

@@ -62,10 +62,18 @@
 #define ADVANCE_5(p, i) ((p) + ((i) >> 5) * Q8_0_BYTES)
 #define ADVANCE_6(p, i) ((p) + ((i) >> 5) * Q4_0_BYTES)
 
-/* The block's scale (fp16 at its first byte; blocks are 2-byte aligned: 34 and 18 are even). */
+/* The block's scale (fp16 at its first byte; blocks are 2-byte aligned: 34 and 18 are even),
+ * converted in integer arithmetic: PoCL's scalar vload_half was half of a q8_0 decode step's
+ * time. Exact for every half: subnormals as mantissa * 2^-24 (no float denormal, which a
+ * flush-to-zero device would drop), infinities and NaNs kept. */
 inline float q_scale(__global const uchar *block)
 {
-    return vload_half(0, (__global const half *)block);
+    const uint h = *(__global const ushort *)block;
+    const uint bits = (h & 0x7fffu) << 13, exponent = h & 0x7c00u;
+    float magnitude = as_float(bits + (112u << 23));                            /* normal */
+    magnitude = exponent == 0u ? (float)(h & 1023u) * 0x1p-24f : magnitude;     /* subnormal */
+    magnitude = exponent == 0x7c00u ? as_float(bits | 0x7f800000u) : magnitude; /* inf, NaN */
+    return as_float(as_uint(magnitude) | ((h & 0x8000u) << 16));
 }
 
 inline float load_q8_0(__global const uchar *p, const ulong i)
@@ -103,6 +111,32 @@ inline float load_q4_0(__global const uchar *p, const ulong i)
 LOAD_QN(4)
 LOAD_QN(8)
 LOAD_QN(16)
+
+/* A whole block (elements i .. i + 31, i a multiple of 32) as two float16, its scale read
+ * once and q4_0's bytes once: what the CPU decode's in-place reads take for the block types. */
+inline void load_q8_0_32(__global const uchar *p, const ulong i, float16 *lo, float16 *hi)
+{
+    __global const uchar *block = p + (i >> 5) * Q8_0_BYTES;
+    const float d = q_scale(block);
+    *lo = d * convert_float16(as_char16(vload16(0, block + 2)));
+    *hi = d * convert_float16(as_char16(vload16(0, block + 18)));
+}
+
+inline void load_q4_0_32(__global const uchar *p, const ulong i, float16 *lo, float16 *hi)
+{
+    __global const uchar *block = p + (i >> 5) * Q4_0_BYTES;
+    const float d = q_scale(block);
+    const int16 bytes = convert_int16(vload16(0, block + 2));
+    *lo = d * convert_float16((bytes & 15) - 8);
+    *hi = d * convert_float16((bytes >> 4) - 8);
+}
+
+#define IS_BLOCK(code) ((code) == DTYPE_Q8_0 || (code) == DTYPE_Q4_0)
+/* LOAD32(code, p, i, lo, hi): the block at element i of a block type (lo, hi: float16 *) */
+#define LOAD32(code, p, i, lo, hi) LOAD32_(code, p, i, lo, hi)
+#define LOAD32_(code, p, i, lo, hi) LOAD32_##code(p, i, lo, hi)
+#define LOAD32_5(p, i, lo, hi) load_q8_0_32((p), (i), (lo), (hi))
+#define LOAD32_6(p, i, lo, hi) load_q4_0_32((p), (i), (lo), (hi))
 
 /* float -> bfloat16 bits, rounded to nearest even; a NaN stays a (quiet) NaN. */
 inline ushort bf16_from_float(float value)

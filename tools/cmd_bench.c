@@ -60,7 +60,10 @@ static const char bench_usage_more[] =
     "\"cache_vs_copy\"); the kernels one step launches and each one's median device time\n"
     "(\"launches\", \"kernel_ms\", from clattn's kernel trace). With --page-size P,...: the\n"
     "same steps over a paged cache (clattn_kv_cache_desc.page_size; the built-in allocator's\n"
-    "pages; fused only), after the contiguous one.\n"
+    "pages; fused only), after the contiguous one. --kv-dtype f32,f16,bf16,q8_0,q4_0: the\n"
+    "cache's storage, each in turn (q, out and the appended tokens keep --dtype; q8_0 and\n"
+    "q4_0 are llama.cpp's blocks, 34 and 18 bytes per 32 values, quantized by the append;\n"
+    "fused only); GB/s counts the bytes the cache stores.\n"
     "paged (not in the default set): one decode step's attention (no append) over a paged KV\n"
     "cache of --seq lengths (default as decode's) in pages of --page-size keys (default\n"
     "16,256), each sequence's pages shuffled, after the same keys laid out contiguously: the\n"
@@ -111,6 +114,8 @@ typedef struct bench_options {
     size_t seq[MAX_SIZES], num_seq;
     bool paths[2];  /* fused, unfused */
     bool dtypes[3]; /* f32, f16, bf16 */
+    bool kv_dtypes[5]; /* decode: the cache's f32, f16, bf16, q8_0, q4_0 (--kv-dtype) */
+    bool kv_dtype_given;
     bool causal;    /* attention: top-left causal */
     bool alibi;     /* attention: ALiBi slopes (the paper's) */
     bool sinks;     /* attention, decode: attention sinks (sinks_buffer's logits) */
@@ -124,6 +129,17 @@ static const char *const op_names[7] = {"matmul", "softmax",  "attention", "mha"
                                         "decode", "additive", "paged"};
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
 static const clattn_dtype dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16};
+static const char *const kv_dtype_names[5] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
+static const clattn_dtype kv_dtypes[5] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16,
+                                          CLATTN_DTYPE_Q8_0, CLATTN_DTYPE_Q4_0};
+
+/* Bytes a cache of `type` stores per element (the block types: 34 or 18 per 32). */
+static double cache_elem_bytes(clattn_dtype type)
+{
+    return type == CLATTN_DTYPE_Q8_0   ? 34.0 / 32.0
+           : type == CLATTN_DTYPE_Q4_0 ? 18.0 / 32.0
+                                       : (double)clattn_dtype_size(type);
+}
 
 typedef struct bench_state {
     clattn_ctx *ctx;
@@ -810,7 +826,7 @@ static double step_rates(case_result *r, size_t batch, size_t length, size_t kv_
                          clattn_dtype type)
 {
     r->rate = (double)batch / (r->device_ms / 1e3);
-    const double cache_bytes = 2.0 * (double)length * batch * kv_heads * d * clattn_dtype_size(type);
+    const double cache_bytes = 2.0 * (double)length * batch * kv_heads * d * cache_elem_bytes(type);
     snprintf(r->extra_json, sizeof r->extra_json, ", \"cache_gbps\": %.3f",
              cache_bytes / r->device_ms / 1e6);
     snprintf(r->extra_text, sizeof r->extra_text, "  cache %.2f GB/s",
@@ -819,26 +835,32 @@ static double step_rates(case_result *r, size_t batch, size_t length, size_t kv_
 }
 
 static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path path,
-                        size_t page_size)
+                        size_t page_size, int cache_index)
 {
     const bench_options *o = b->options;
     const size_t kv_heads = o->kv_heads ? o->kv_heads : o->heads, d = o->head_dim;
+    /* q, out and the appended tokens: --dtype; the cache: --kv-dtype (default the same) */
     const clattn_dtype type = dtypes[dtype];
+    const clattn_dtype cache_type = cache_index < 0 ? type : kv_dtypes[cache_index];
     const size_t steps = o->warmup + o->runs;
     case_result r = {.op = "decode",
                      .unit = "tokens_per_s",
                      .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
+    char cache_text[32] = "";
+    if (cache_index >= 0)
+        snprintf(cache_text, sizeof cache_text, " kv=%s", kv_dtype_names[cache_index]);
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"cache\": %zu, "
-             "\"head_dim\": %zu, \"dtype\": \"%s\", \"page_size\": %zu%s%s",
-             o->batch, o->heads, kv_heads, length, d, dtype_names[dtype], page_size,
+             "\"head_dim\": %zu, \"dtype\": \"%s\", \"kv_dtype\": \"%s\", \"page_size\": %zu%s%s",
+             o->batch, o->heads, kv_heads, length, d, dtype_names[dtype],
+             cache_index < 0 ? dtype_names[dtype] : kv_dtype_names[cache_index], page_size,
              o->softcap > 0.0f ? ", \"softcap\": true" : "", o->sinks ? ", \"sinks\": true" : "");
     char page_text[32] = "";
     if (page_size)
         snprintf(page_text, sizeof page_text, " page=%zu", page_size);
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s%s",
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s%s%s",
              o->batch, o->heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
-             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], page_text,
+             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], cache_text, page_text,
              o->sinks ? " sinks" : "");
     int rc = fresh_context(b);
     if (rc != CLI_OK)
@@ -853,7 +875,7 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
     clattn_kv_cache_desc_init(&cd);
     /* room for the timed steps' tokens and as many more for decode_breakdown's */
     cd.batch = o->batch, cd.kv_heads = kv_heads, cd.capacity = length + steps;
-    cd.head_dim_qk = d, cd.head_dim_v = d, cd.dtype = type;
+    cd.head_dim_qk = d, cd.head_dim_v = d, cd.dtype = cache_type;
     cd.page_size = page_size;
     clattn_status status = clattn_kv_cache_create(b->ctx, &cd, &c.cache);
     const size_t prefill = length - steps, q_count = o->batch * o->heads * d;
@@ -868,7 +890,8 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
         mem[1] = random_buffer(b, o->batch * kv_heads * d, type, 12);
         mem[2] = random_buffer(b, q_count, type, 13);
         mem[3] = output_buffer(b, q_count * clattn_dtype_size(type));
-        bytes = 2 * length * o->batch * kv_heads * d * clattn_dtype_size(type) +
+        bytes = (size_t)(2.0 * (double)(length * o->batch * kv_heads * d) *
+                         cache_elem_bytes(cache_type)) +
                 2 * q_count * clattn_dtype_size(type);
         if (!all_made(mem, 4))
             status = CL_MEM_OBJECT_ALLOCATION_FAILURE;
@@ -901,7 +924,7 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
     if (status == CLATTN_SUCCESS)
         status = measure(b, r.size_text, run_decode, &c, &r.device_ms, &r.wall_ms, &r.wall_timer);
     if (status == CLATTN_SUCCESS) {
-        const double cache_bytes = step_rates(&r, o->batch, length, kv_heads, d, type);
+        const double cache_bytes = step_rates(&r, o->batch, length, kv_heads, d, cache_type);
         decode_breakdown(b, &c, cache_bytes, &r);
     }
     rc = report(b, &r, status, bytes);
@@ -1211,8 +1234,8 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             fputs(bench_usage_more, stdout);
             return -1;
         }
-        static const char *const valued[] = {"--op",  "--path", "--dtype",
-                                             "--mnk", "--seq",  "--page-size"};
+        static const char *const valued[] = {"--op",  "--path",      "--dtype",   "--mnk",
+                                             "--seq", "--page-size", "--kv-dtype"};
         bool known = false;
         for (size_t i = 0; i < sizeof valued / sizeof valued[0] && !known; ++i)
             known = cli_is(&args, valued[i]);
@@ -1291,6 +1314,25 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             o->seq_given = true;
             if (!cli_parse_size_list("bench", "--seq", value, o->seq, MAX_SIZES, &o->num_seq))
                 return CLI_BAD_INPUT;
+        } else if (cli_is(&args, "--kv-dtype")) {
+            memset(o->kv_dtypes, 0, sizeof o->kv_dtypes);
+            char buffer[64];
+            snprintf(buffer, sizeof buffer, "%s", value);
+            char *save = NULL;
+            o->kv_dtype_given = false;
+            for (char *item = strtok_r(buffer, ",", &save); item;
+                 item = strtok_r(NULL, ",", &save)) {
+                int found = -1;
+                for (int i = 0; i < 5; ++i)
+                    if (strcmp(item, kv_dtype_names[i]) == 0)
+                        found = i;
+                if (found < 0)
+                    return cli_fail("bench", CLI_BAD_INPUT,
+                                    "--kv-dtype: '%s' is not f32, f16, bf16, q8_0 or q4_0", item);
+                o->kv_dtypes[found] = o->kv_dtype_given = true;
+            }
+            if (!o->kv_dtype_given)
+                return cli_fail("bench", CLI_BAD_INPUT, "--kv-dtype: empty list");
         } else if (cli_is(&args, "--page-size")) {
             if (!cli_parse_size_list("bench", "--page-size", value, o->page_sizes, MAX_SIZES,
                                      &o->num_page_sizes))
@@ -1370,9 +1412,16 @@ int cmd_bench(int argc, char **argv)
         for (int t = 0; rc == CLI_OK && t < 3; ++t)
             for (size_t s = 0; rc == CLI_OK && o.dtypes[t] && s <= o.num_page_sizes; ++s)
                 for (int p = 0; rc == CLI_OK && p < 2; ++p)
-                    if (o.paths[p] && (s == 0 || paths[p] == CLATTN_PATH_FUSED))
-                        rc = bench_decode(&b, lengths[i], t, paths[p],
-                                          s == 0 ? 0 : o.page_sizes[s - 1]);
+                    for (int c = o.kv_dtype_given ? 0 : -1; rc == CLI_OK && c < 5; ++c) {
+                        if (c >= 0 && !o.kv_dtypes[c])
+                            continue;
+                        /* paged caches and block types: the fused path only */
+                        if (o.paths[p] && ((s == 0 && c < 3) || paths[p] == CLATTN_PATH_FUSED))
+                            rc = bench_decode(&b, lengths[i], t, paths[p],
+                                              s == 0 ? 0 : o.page_sizes[s - 1], c);
+                        if (c < 0)
+                            break;
+                    }
     static const size_t default_pages[] = {16, 256};
     const size_t *pages = o.num_page_sizes ? o.page_sizes : default_pages;
     const size_t num_pages = o.num_page_sizes ? o.num_page_sizes : 2;
