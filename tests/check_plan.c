@@ -1896,14 +1896,16 @@ END_TEST
 
 /* The quantized cases: sizes with Lq != Lk, one key, head sizes 32 .. 96 (dv != dk), grouped
  * heads (one-row grouped decode), causal bottom-right with per-batch key counts, rows padded
- * by a block (strided k/v), a long decode step (splits where the device would idle). */
+ * by a block (strided k/v), a long decode step (splits where the device would idle), and the
+ * score rule's other features with them: attention sinks, soft-capping, a sliding window,
+ * ALiBi. */
 static const struct quant_case {
     size_t batch, heads, kv_heads, seq_q, seq_k, dk, dv, pad;
-    int causal, kv_len;
+    int causal, kv_len, sinks, softcap, window, alibi;
 } quant_cases[] = {
-    {1, 1, 1, 1, 1, 32, 32, 0, 0, 0},     {2, 4, 2, 3, 17, 64, 32, 0, 1, 0},
-    {1, 2, 2, 17, 65, 96, 64, 32, 0, 1},  {2, 4, 1, 1, 129, 32, 96, 0, 1, 1},
-    {1, 8, 2, 1, 1031, 64, 64, 32, 1, 0}, {1, 3, 3, 63, 127, 32, 32, 0, 1, 0},
+    {1, 1, 1, 1, 1, 32, 32, 0, 0, 0, 0, 0, 0, 0},     {2, 4, 2, 3, 17, 64, 32, 0, 1, 0, 1, 0, 0, 0},
+    {1, 2, 2, 17, 65, 96, 64, 32, 0, 1, 0, 1, 0, 1},  {2, 4, 1, 1, 129, 32, 96, 0, 1, 1, 1, 1, 0, 0},
+    {1, 8, 2, 1, 1031, 64, 64, 32, 1, 0, 0, 0, 1, 0}, {1, 3, 3, 63, 127, 32, 32, 0, 1, 0, 1, 0, 1, 1},
 };
 
 /* SDPA over Q8_0 / Q4_0 k and v written by clattn_quantize on the device: the blocks equal
@@ -1917,9 +1919,11 @@ START_TEST(test_quantized_kv)
     clattn_ctx *ctx = tu_ctx();
     const struct quant_case *c = &quant_cases[_i / 2];
     const clattn_dtype qt = _i % 2 ? CLATTN_DTYPE_Q4_0 : CLATTN_DTYPE_Q8_0;
-    tu_set_case("%s B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu pad=%zu causal=%d kv_len=%d",
+    tu_set_case("%s B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu pad=%zu causal=%d kv_len=%d "
+                "sinks=%d softcap=%d window=%d alibi=%d",
                 qt == CLATTN_DTYPE_Q8_0 ? "Q8_0" : "Q4_0", c->batch, c->heads, c->kv_heads,
-                c->seq_q, c->seq_k, c->dk, c->dv, c->pad, c->causal, c->kv_len);
+                c->seq_q, c->seq_k, c->dk, c->dv, c->pad, c->causal, c->kv_len, c->sinks,
+                c->softcap, c->window, c->alibi);
     const size_t rows = c->batch * c->kv_heads * c->seq_k;
     const size_t q_count = c->batch * c->heads * c->seq_q * c->dk;
     const size_t o_count = c->batch * c->heads * c->seq_q * c->dv;
@@ -1968,6 +1972,13 @@ START_TEST(test_quantized_kv)
         q[i] *= 2.0f;
     int32_t kv_len[2] = {(int32_t)c->seq_k, (int32_t)(c->seq_k > 5 ? c->seq_k - 5 : 1)};
     cl_mem len_mem = tu_upload_bytes(kv_len, sizeof kv_len);
+    float sinks[8], slopes[8]; /* per query head (heads <= 8) */
+    for (size_t h = 0; h < c->heads; ++h) {
+        sinks[h] = h == 1 ? -INFINITY : (float)(4.0 * tu_rand_unit() - 1.0);
+        slopes[h] = (float)(0.05 + 0.5 * tu_rand_unit());
+    }
+    cl_mem sinks_mem = tu_upload_floats(sinks, c->heads);
+    cl_mem slopes_mem = tu_upload_floats(slopes, c->heads);
     clattn_tensors t = {0};
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
@@ -1981,6 +1992,15 @@ START_TEST(test_quantized_kv)
         t.kv_seqlen = clattn_tensor_make(len_mem, 0, CLATTN_DTYPE_I32, 1, c->batch, 0, 0, 0);
     desc.causal = c->causal ? CLATTN_CAUSAL_BOTTOM_RIGHT : CLATTN_CAUSAL_NONE;
     desc.path = _i % 3 == 0 ? CLATTN_PATH_FUSED : CLATTN_PATH_AUTO;
+    if (c->sinks)
+        t.sinks = clattn_tensor_make(sinks_mem, 0, F32, 1, c->heads, 0, 0, 0);
+    if (c->alibi)
+        t.alibi_slopes = clattn_tensor_make(slopes_mem, 0, F32, 1, c->heads, 0, 0, 0);
+    desc.softcap = c->softcap ? 2.5f : 0.0f;
+    if (c->window) {
+        desc.window_align = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        desc.window_left = 40, desc.window_right = -1;
+    }
     clattn_plan *plan = NULL;
     if (tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS, "plan") &&
         tu_expect_status(clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
@@ -1997,7 +2017,13 @@ START_TEST(test_quantized_kv)
                                       .norm = CLATTN_NORM_SOFTMAX,
                                       .causal = desc.causal,
                                       .kv_heads = c->kv_heads,
-                                      .kv_len = c->kv_len ? kv_len : NULL};
+                                      .kv_len = c->kv_len ? kv_len : NULL,
+                                      .softcap = desc.softcap,
+                                      .window_align = desc.window_align,
+                                      .window_left = 40,
+                                      .window_right = -1,
+                                      .alibi = c->alibi ? slopes : NULL,
+                                      .sinks = c->sinks ? sinks : NULL};
         double *ref = tu_doubles(o_count), *exact = tu_doubles(o_count);
         ref_sdpa(&shape, q, deq[0], deq[1], NULL, NULL, ref, NULL, NULL);
         ref_sdpa(&shape, q, x[0], x[1], NULL, NULL, exact, NULL, NULL);
@@ -2015,6 +2041,8 @@ START_TEST(test_quantized_kv)
     tu_release_mem(t.q.mem);
     tu_release_mem(t.out.mem);
     tu_release_mem(len_mem);
+    tu_release_mem(sinks_mem);
+    tu_release_mem(slopes_mem);
     for (int i = 0; i < 2; ++i) {
         tu_release_mem(src[i]);
         tu_release_mem(blocks[i]);
