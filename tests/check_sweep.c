@@ -67,7 +67,7 @@
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* Draws per run of each tier (measured: see README's Testing section). */
-#define SWEEP_DRAWS_CI 110
+#define SWEEP_DRAWS_CI 120
 #define SWEEP_DRAWS_SMALL 12
 #define SWEEP_DRAWS_FULL 1500
 #define CENSUS_DRAWS 20000
@@ -87,6 +87,7 @@ typedef enum axis_id {
     AX_ALIBI,
     AX_SINKS,
     AX_PAGED,
+    AX_QUANT,
     AX_MASK,
     AX_MASK_RANK,
     AX_MASK_HEADS,
@@ -112,6 +113,7 @@ enum { WS_OFF, WS_UNBOUNDED, WS_ZERO, WS_SMALL, WS_LARGE };
 enum { OFF, ON };
 enum { ALIBI_NONE, ALIBI_H, ALIBI_BH };
 enum { PAGED_OFF, PAGED_1, PAGED_SMALL, PAGED_LARGE };
+enum { QUANT_OFF, QUANT_Q8_0, QUANT_Q4_0 };
 enum { MASK_NONE, MASK_BOOL, MASK_FLOAT };
 enum { RANK_NONE, RANK_1, RANK_2, RANK_3, RANK_4, RANK_4_STRIDE0 };
 enum { HEADS_NONE, HEADS_SHARED, HEADS_PER_HEAD };
@@ -148,6 +150,7 @@ static const axis_def axes[AX_COUNT] = {
     [AX_ALIBI] = {"alibi", 3, {"none", "(H)", "(B,H)"}},
     [AX_SINKS] = {"sinks", 2, {"off", "on"}},
     [AX_PAGED] = {"paged", 4, {"off", "1", "2..17", "32..256"}},
+    [AX_QUANT] = {"kv_quant", 3, {"off", "q8_0", "q4_0"}},
     [AX_MASK] = {"mask", 3, {"none", "bool", "float"}},
     [AX_MASK_RANK] = {"mask_rank", 6, {"none", "1", "2", "3", "4", "4_stride0"}},
     [AX_MASK_HEADS] = {"mask_heads", 3, {"none", "shared", "per_head"}},
@@ -294,6 +297,17 @@ static const combo required[] = {
     C2(AX_PAGED, PAGED_1, AX_ALIBI, ALIBI_BH),
     C3(AX_PAGED, PAGED_SMALL, AX_WINDOW, AL_BOTTOM_RIGHT, AX_WLEFT, WS_SMALL),
     C2(AX_PAGED, PAGED_LARGE, AX_PADDING, PAD_ON),
+    /* Quantized k and v (issue 28): the grouped decode, pages, the in-place read, decode
+     * splits, the GPU kernel, sinks, strided rows, and the unfused path's refusal */
+    C2(AX_QUANT, QUANT_Q8_0, AX_ROUTE, ROUTE_GROUPED),
+    C2(AX_QUANT, QUANT_Q4_0, AX_PAGED, PAGED_SMALL),
+    C2(AX_QUANT, QUANT_Q8_0, AX_READ, READ_IN_PLACE),
+    C2(AX_QUANT, QUANT_Q4_0, AX_CONFIG, CFG_DECODE_SPLIT),
+    C2(AX_QUANT, QUANT_Q8_0, AX_CONFIG, CFG_GPU),
+    C2(AX_QUANT, QUANT_Q4_0, AX_CONFIG, CFG_GPU_SPLIT),
+    C2(AX_QUANT, QUANT_Q8_0, AX_SINKS, ON),
+    C2(AX_QUANT, QUANT_Q4_0, AX_LAYOUT, LAY_PADDED),
+    C2(AX_QUANT, QUANT_Q8_0, AX_OUTPUTS, OUT_WEIGHTS),
 };
 
 /* --- the contexts ---------------------------------------------------------------------------- */
@@ -644,6 +658,13 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
                                             : weighted(paged_w, 4));
     if (paged != PAGED_OFF)
         keys = pick(d, AX_KEYS, KEYS_KV_LEN);
+    /* quantized k/v (Q8_0, Q4_0): no past (refused), so a forced past turns quantizing off */
+    static const int quant_w[] = {84, 8, 8};
+    const int quant = pick(d, AX_QUANT, keys == KEYS_PAST && is_forced(d, AX_KEYS)
+                                            ? QUANT_OFF
+                                            : weighted(quant_w, 3));
+    if (quant != QUANT_OFF && keys == KEYS_PAST)
+        keys = pick(d, AX_KEYS, KEYS_ALL);
     const size_t long_low = 63, long_high = small_ ? 67 : 129;
     s->seq_q = lq == LQ_ONE     ? 1
                : lq == LQ_SHORT ? in_range(2, in_place ? 8 : 17)
@@ -797,6 +818,16 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         if (s->v_layout == PB_STRIDED_LAST)
             s->v_layout = PB_PADDED;
     }
+    if (quant != QUANT_OFF) {
+        /* blocks of 32 along the head size; rows of whole blocks (unit last stride) */
+        s->k_dtype = s->v_dtype = quant == QUANT_Q8_0 ? CLATTN_DTYPE_Q8_0 : CLATTN_DTYPE_Q4_0;
+        s->dk = s->dv = small_ ? 32 : 64;
+        pick(d, AX_HEAD_DIM, HD_64);
+        if (s->k_layout == PB_STRIDED_LAST)
+            s->k_layout = PB_PADDED;
+        if (s->v_layout == PB_STRIDED_LAST)
+            s->v_layout = PB_PADDED;
+    }
     s->scale = tu_rand_below(3) == 0 ? (float)(0.05 + tu_rand_unit()) : NAN;
     s->q_gain = (float)(1.0 + 3.0 * tu_rand_unit());
     s->path = CLATTN_PATH_AUTO;
@@ -818,6 +849,13 @@ static int head_dim_strided(const pb_sdpa_spec *s)
            s->v_layout == PB_STRIDED_LAST || s->out_layout == PB_STRIDED_LAST;
 }
 
+/* Whether k or v is a block type (Q8_0, Q4_0). */
+static int quantized(const pb_sdpa_spec *s)
+{
+    return s->k_dtype == CLATTN_DTYPE_Q8_0 || s->k_dtype == CLATTN_DTYPE_Q4_0 ||
+           s->v_dtype == CLATTN_DTYPE_Q8_0 || s->v_dtype == CLATTN_DTYPE_Q4_0;
+}
+
 /* Whether a plan on `path` runs the fused kernel (clattn_path's rule; head sizes <= 256). */
 static int path_fused(const pb_sdpa_spec *s, clattn_path path)
 {
@@ -836,6 +874,8 @@ static clattn_status expected_status(const pb_sdpa_spec *s, clattn_path path)
         return CLATTN_ERR_INVALID_ARGUMENT; /* FUSED never forms the weights, nor doubles */
     if (path_fused(s, path))
         return CLATTN_SUCCESS;
+    if (quantized(s))
+        return CLATTN_ERR_UNSUPPORTED; /* quantized k/v run on the fused path only */
     if (s->page_size)
         return CLATTN_ERR_UNSUPPORTED; /* a paged cache runs on the fused path only */
     if (s->want_lse)

@@ -197,9 +197,23 @@ float pb_round(clattn_dtype dtype, float value)
     }
 }
 
+/* The block types (Q8_0, Q4_0): 34 / 18 bytes per 32 elements; 0 for the others. */
+static size_t block_bytes(clattn_dtype dtype)
+{
+    return dtype == CLATTN_DTYPE_Q8_0 ? 34 : dtype == CLATTN_DTYPE_Q4_0 ? 18 : 0;
+}
+
 void pb_round_array(clattn_dtype dtype, float *values, size_t count)
 {
     if (dtype == CLATTN_DTYPE_F32 || values == NULL) {
+        return;
+    }
+    if (block_bytes(dtype)) { /* rows of 32k values: quantized and back, as the kernels read */
+        uint8_t block[34];
+        for (size_t i = 0; i + 32 <= count; i += 32) {
+            ref_quantize(dtype, values + i, 32, block);
+            ref_dequantize(dtype, block, 32, values + i);
+        }
         return;
     }
     for (size_t i = 0; i < count; ++i) {
@@ -260,7 +274,9 @@ void pb_make_layout(clattn_tensor *t, clattn_dtype dtype, int rank, const size_t
     }
     if ((layout == PB_SEQ_MAJOR || layout == PB_SEQ_MAJOR_PADDED) && rank == 4) {
         /* (B, H, L, d) inside a (B, L, H*d + gap) buffer. */
-        const size_t gap = layout == PB_SEQ_MAJOR_PADDED ? 1 + pb_rand_below(7) : 0;
+        const size_t gap = layout == PB_SEQ_MAJOR_PADDED
+                               ? (1 + pb_rand_below(7)) * (block_bytes(dtype) ? 32 : 1)
+                               : 0;
         const size_t row = dims[1] * dims[3] + gap;
         t->strides[0] = dims[2] * row;
         t->strides[1] = dims[3];
@@ -269,10 +285,12 @@ void pb_make_layout(clattn_tensor *t, clattn_dtype dtype, int rank, const size_t
         return;
     }
     size_t step = layout == PB_STRIDED_LAST ? 2 : 1;
+    /* block types: gaps of whole blocks (the last stride stays 1: no PB_STRIDED_LAST) */
+    const size_t unit = block_bytes(dtype) ? 32 : 1;
     for (int d = rank - 1; d >= 0; --d) {
         t->strides[d] = step;
         const size_t gap = (layout == PB_PADDED || layout == PB_STRIDED_LAST) && d > 0
-                               ? 1 + pb_rand_below(5)
+                               ? (1 + pb_rand_below(5)) * unit
                                : 0;
         step = step * dims[d] + gap;
     }
@@ -429,9 +447,31 @@ static int is_poison(clattn_dtype dtype, const unsigned char *bytes, size_t i)
     return isnan(load_element(dtype, bytes, i));
 }
 
-/* The host image of t's buffer: poison, then the values at t's positions. */
+/* Bytes of `elements` elements of dtype (block types: whole blocks). */
+static size_t image_bytes(clattn_dtype dtype, size_t elements)
+{
+    return block_bytes(dtype) ? (elements + 31) / 32 * block_bytes(dtype)
+                              : elements * clattn_dtype_size(dtype);
+}
+
+/* The host image of t's buffer: poison, then the values at t's positions. Block types: every
+ * byte 0xff (NaN scales), then each row's blocks quantized (llama.cpp's reference). */
 static unsigned char *host_image(const clattn_tensor *t, size_t elements, const float *values)
 {
+    if (block_bytes(t->dtype)) {
+        const size_t bytes = image_bytes(t->dtype, elements), size = block_bytes(t->dtype);
+        unsigned char *image = pb_calloc(bytes, 1);
+        memset(image, 0xff, bytes);
+        if (values != NULL) {
+            size_t strides[CLATTN_MAX_RANK];
+            pb_tensor_strides(t, strides);
+            const size_t count = pb_tensor_count(t);
+            for (size_t i = 0; i + 32 <= count; i += 32) /* rows: the last dim has stride 1 */
+                ref_quantize(t->dtype, values + i, 32,
+                             image + (t->offset + element_at(t, strides, i)) / 32 * size);
+        }
+        return image;
+    }
     const size_t size = clattn_dtype_size(t->dtype);
     unsigned char *bytes = pb_calloc(elements, size);
     poison_bytes(t->dtype, bytes, elements);
@@ -448,17 +488,18 @@ static unsigned char *host_image(const clattn_tensor *t, size_t elements, const 
 
 cl_int pb_upload(clattn_ctx *ctx, clattn_tensor *t, size_t offset, const float *values)
 {
-    const size_t size = clattn_dtype_size(t->dtype);
+    if (block_bytes(t->dtype))
+        offset *= 32; /* whole blocks */
     const size_t elements = offset + pb_tensor_extent(t) + 3;
     t->offset = offset;
     t->mem = NULL;
     unsigned char *bytes = host_image(t, elements, values);
     cl_int err = CL_SUCCESS;
     t->mem = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
-                            elements * size, bytes, &err);
+                            image_bytes(t->dtype, elements), bytes, &err);
     free(bytes);
     if (err != CL_SUCCESS || t->mem == NULL) {
-        pb_fail("clCreateBuffer(%zu bytes) failed: %s (%d)", elements * size,
+        pb_fail("clCreateBuffer(%zu bytes) failed: %s (%d)", image_bytes(t->dtype, elements),
                 clattn_status_string((clattn_status)err), (int)err);
         t->mem = NULL;
         return err != CL_SUCCESS ? err : CL_OUT_OF_RESOURCES;
@@ -470,7 +511,8 @@ static size_t buffer_elements(const clattn_tensor *t, cl_int *err)
 {
     size_t bytes = 0;
     *err = clGetMemObjectInfo(t->mem, CL_MEM_SIZE, sizeof bytes, &bytes, NULL);
-    return bytes / clattn_dtype_size(t->dtype);
+    return block_bytes(t->dtype) ? bytes / block_bytes(t->dtype) * 32
+                                 : bytes / clattn_dtype_size(t->dtype);
 }
 
 static cl_int wait_all(clattn_ctx *ctx, cl_command_queue queue)
@@ -490,7 +532,7 @@ cl_int pb_rewrite(clattn_ctx *ctx, cl_command_queue queue, const clattn_tensor *
     if (err == CL_SUCCESS) {
         unsigned char *bytes = host_image(t, elements, values);
         err = clEnqueueWriteBuffer(clattn_ctx_queue(ctx), t->mem, CL_TRUE, 0,
-                                   elements * clattn_dtype_size(t->dtype), bytes, 0, NULL, NULL);
+                                   image_bytes(t->dtype, elements), bytes, 0, NULL, NULL);
         free(bytes);
     }
     if (err != CL_SUCCESS) {

@@ -664,7 +664,8 @@ void ref_quantize(clattn_dtype dtype, const float *x, size_t count, uint8_t *blo
             memcpy(out, &h, 2);
             for (int j = 0; j < 32; ++j) {
                 const volatile float scaled = v[j] * id;
-                out[2 + j] = (uint8_t)(int8_t)roundf(scaled);
+                /* NaN (a poisoned slot no kernel reads): 0, not an undefined conversion */
+                out[2 + j] = isnan(scaled) ? 0 : (uint8_t)(int8_t)roundf(scaled);
             }
         } else {
             uint8_t *out = blocks + 18 * b;
@@ -680,7 +681,8 @@ void ref_quantize(clattn_dtype dtype, const float *x, size_t count, uint8_t *blo
             memcpy(out, &h, 2);
             for (int j = 0; j < 16; ++j) {
                 const volatile float x0 = v[j] * id, x1 = v[16 + j] * id;
-                const int q0 = (int8_t)(x0 + 8.5f), q1 = (int8_t)(x1 + 8.5f);
+                const float y0 = x0 + 8.5f, y1 = x1 + 8.5f; /* NaN: a poisoned slot, 0 */
+                const int q0 = isnan(y0) ? 0 : (int8_t)y0, q1 = isnan(y1) ? 0 : (int8_t)y1;
                 out[2 + j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
             }
         }
