@@ -753,7 +753,9 @@ CLATTN_API clattn_status clattn_additive_plan_create(clattn_ctx *ctx,
  * keys splits them over work-groups (decode splits). One fill level for every batch entry.
  *
  * Paged mode (page_size > 0, since 0.8): keys and values live in pools of pages, (num_pages,
- * page_size, kv_heads, head_dim) each (FlashAttention's flash_attn_with_kvcache layout), and
+ * page_size, kv_heads, head_dim) each as plans take them (FlashAttention's
+ * flash_attn_with_kvcache dims; stored head-major within a page, strides (kv_heads *
+ * page_size * d, d, page_size * d, 1): a head's keys of a page lie together), and
  * a block table (batch, ceil(capacity / page_size)) int32 says which page holds each
  * sequence's keys j*page_size .. (j+1)*page_size - 1 (-1: none yet). An append that reaches
  * an unmapped block takes the lowest free page of the pool (the built-in allocator), unless

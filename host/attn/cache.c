@@ -188,9 +188,16 @@ size_t clattn_kv_cache_length(const clattn_kv_cache *cache)
 static clattn_tensor cache_tensor(const clattn_kv_cache *cache, cl_mem mem, size_t head_dim)
 {
     const clattn_kv_cache_desc *d = &cache->desc;
-    if (d->page_size > 0)
-        return clattn_tensor_make(mem, 0, d->dtype, 4, d->num_pages, d->page_size, d->kv_heads,
-                                  head_dim);
+    if (d->page_size > 0) {
+        /* (num_pages, page_size, kv_heads, d) as plans take pools, stored head-major within a
+         * page, (num_pages, kv_heads, page_size, d) (FlashInfer's HND): a head's keys of a
+         * page are one run of memory, as in a contiguous cache */
+        clattn_tensor t = clattn_tensor_make(mem, 0, d->dtype, 4, d->num_pages, d->page_size,
+                                             d->kv_heads, head_dim);
+        t.strides[1] = head_dim;
+        t.strides[2] = d->page_size * head_dim;
+        return t;
+    }
     return clattn_tensor_make(mem, 0, d->dtype, 4, d->batch, d->kv_heads, d->capacity, head_dim);
 }
 
@@ -486,15 +493,15 @@ clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor
     const size_t head_dim[2] = {d->head_dim_qk, d->head_dim_v};
     for (int i = 0; i < 2; ++i) {
         /* Contiguous: the packed (B, Hkv, capacity, d) buffer from key `length` on. Paged:
-         * the pool (pages, page_size, Hkv, d) with strides (page, head, slot, 1); kv_append
-         * finds each key's page in the table. */
+         * the pool, stored (pages, Hkv, page_size, d), with strides (page, head, slot, 1);
+         * kv_append finds each key's page in the table. */
         const size_t hd = head_dim[i], cap = d->capacity;
         if (cache->table)
             dst[i] = (clattn__view){dst_mem[i],
                                     0,
                                     d->dtype,
                                     {d->batch, d->kv_heads, n, hd},
-                                    {d->page_size * d->kv_heads * hd, hd, d->kv_heads * hd, 1}};
+                                    {d->page_size * d->kv_heads * hd, d->page_size * hd, hd, 1}};
         else
             dst[i] = (clattn__view){dst_mem[i],
                                     (cl_ulong)cache->length * hd,
