@@ -362,12 +362,25 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
          * inside the count only (nk of them) */
         const bool direct = FC_DIRECT && k_s3 == 1 && v_s3 == 1;
 #if KV_PAGED
-        /* a paged cache (score.cl): each key's row from the block table, once per tile */
+        /* a paged cache (score.cl): each key's row from the block table, once per tile; one
+         * division for the tile's first key, then slots counted up (a division per key was
+         * most of a paged decode step's time), the table read once per page and only for
+         * keys inside the count */
         ulong krow[FC_KT], vrow[FC_KT];
-        for (uint j = 0; j < FC_KT; ++j) {
-            const bool real = k0 + j < band.limit;
-            krow[j] = real ? KEY_AT(k0 + j, k_s2, k_page) : 0;
-            vrow[j] = real ? KEY_AT(k0 + j, v_s2, v_page) : 0;
+        {
+            uint block = k0 / page_size, slot = k0 - block * page_size;
+            ulong page = k0 < band.limit ? (ulong)(uint)block_table[bt_row + block * bt_s1] : 0;
+            for (uint j = 0; j < FC_KT; ++j) {
+                const bool real = k0 + j < band.limit;
+                krow[j] = real ? page * k_page + slot * k_s2 : 0;
+                vrow[j] = real ? page * v_page + slot * v_s2 : 0;
+                if (++slot == page_size) {
+                    slot = 0;
+                    ++block;
+                    if (k0 + j + 1 < band.limit)
+                        page = (ulong)(uint)block_table[bt_row + block * bt_s1];
+                }
+            }
         }
 #define FC_KROW(j) krow[j]
 #define FC_VROW(j) vrow[j]

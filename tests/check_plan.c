@@ -2238,6 +2238,7 @@ int main(void)
                    "2-4; test_packed_qkv_views 1-2; test_mask_shapes 1, 2, 4, 5, 7, 8, 10, 11, 13, 14, 16, 18-21, 23, 24, "
                    "26-28; test_causal_alignments 0, 2, 5; test_lse 3, 7; fewer executions in "
                    "test_plan_reuse and test_second_queue, one path in test_tuning_file, "
+                   "test_quantized_kv 4-5, 8-11 (Lq 17 x Lk 65 at d 96, Lk 1031, Lq 63 x Lk 127), "
                    "smaller random problems: 8 s per plan problem on Oclgrind");
 
     TCase *host = tcase_create("host");
@@ -2294,7 +2295,11 @@ int main(void)
     tcase_add_loop_test(interactions, test_grouped_decode, 0, COUNT_OF(decode_group_cases));
     tcase_add_loop_test(interactions, test_zero_stride_views, 0, 7);
     tcase_add_loop_test(interactions, test_kv_cache_life_cycle, 0, 4);
-    tcase_add_loop_test(interactions, test_quantized_kv, 0, 2 * (int)COUNT_OF(quant_cases));
+    static const int quant_small[] = {0, 1, 2, 3, 6, 7}; /* Oclgrind: the small cases */
+    if (small)
+        add_loop_only(interactions, test_quantized_kv, quant_small, COUNT_OF(quant_small));
+    else
+        tcase_add_loop_test(interactions, test_quantized_kv, 0, 2 * (int)COUNT_OF(quant_cases));
     tcase_add_test(interactions, test_quantized_refusals);
     tcase_add_loop_test(interactions, test_quantized_cache, 0, 2);
     tcase_add_test(interactions, test_paged_and_sinks);
