@@ -1940,6 +1940,14 @@ START_TEST(test_quantized_kv)
         const float gain = t == 0 ? 3.0f : c == &quant_cases[0] ? 2e-4f : 2.0f;
         for (size_t i = 0; i < count; ++i)
             x[t][i] *= gain;
+        if (t == 1 && rows >= 2) {
+            /* exact rounding ties in v's first two rows (scale 1): Q4_0's (int)(x + 8.5) and
+             * Q8_0's round half away from zero, not to even */
+            for (size_t j = 0; j < 32; ++j) {
+                x[t][j] = j == 0 ? -8.0f : (float)j - 7.5f;   /* Q4_0: d = -8 / -8 = 1 */
+                x[t][d + j] = j == 0 ? 127.0f : (float)j - 16.5f; /* Q8_0: d = 127 / 127 */
+            }
+        }
         src[t] = tu_upload_floats(x[t], count);
         uint8_t *want = malloc(ref_quantized_bytes(qt, count));
         uint8_t *got = malloc(ref_quantized_bytes(qt, rows * row));
