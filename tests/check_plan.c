@@ -1944,7 +1944,7 @@ START_TEST(test_quantized_kv)
             /* exact rounding ties in v's first two rows (scale 1): Q4_0's (int)(x + 8.5) and
              * Q8_0's round half away from zero, not to even */
             for (size_t j = 0; j < 32; ++j) {
-                x[t][j] = j == 0 ? -8.0f : (float)j - 7.5f;   /* Q4_0: d = -8 / -8 = 1 */
+                x[t][j] = j == 0 ? -8.0f : (float)(j % 16) - 7.5f; /* Q4_0: d = -8 / -8 = 1 */
                 x[t][d + j] = j == 0 ? 127.0f : (float)j - 16.5f; /* Q8_0: d = 127 / 127 */
             }
         }
