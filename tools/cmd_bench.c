@@ -1179,6 +1179,36 @@ static int bench_additive(bench_state *b, size_t seq, clattn_path path)
 
 /* --- options and driver -------------------------------------------------------------------- */
 
+/* A comma-separated list of names from names[0 .. count) into flags (cleared first): false,
+ * with the message printed, for an unknown name or an empty list. */
+static bool parse_names(const char *option, const char *value, const char *const *names,
+                        int count, bool *flags)
+{
+    memset(flags, 0, (size_t)count * sizeof *flags);
+    char buffer[64];
+    snprintf(buffer, sizeof buffer, "%s", value);
+    char *save = NULL;
+    bool any = false;
+    for (char *item = strtok_r(buffer, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        int found = -1;
+        for (int i = 0; i < count; ++i)
+            if (strcmp(item, names[i]) == 0)
+                found = i;
+        if (found < 0) {
+            char known[128] = "";
+            for (int i = 0; i < count; ++i)
+                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s",
+                         i == 0 ? "" : i + 1 == count ? " or " : ", ", names[i]);
+            cli_fail("bench", CLI_BAD_INPUT, "%s: '%s' is not %s", option, item, known);
+            return false;
+        }
+        flags[found] = any = true;
+    }
+    if (!any)
+        cli_fail("bench", CLI_BAD_INPUT, "%s: empty list", option);
+    return any;
+}
+
 static bool parse_mnk(const char *text, bench_options *o)
 {
     char buffer[512];
@@ -1286,24 +1316,8 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             if (!o->paths[0] && !o->paths[1])
                 return cli_fail("bench", CLI_BAD_INPUT, "--path: empty list");
         } else if (cli_is(&args, "--dtype")) {
-            memset(o->dtypes, 0, sizeof o->dtypes);
-            char buffer[64];
-            snprintf(buffer, sizeof buffer, "%s", value);
-            char *save = NULL;
-            bool any = false;
-            for (char *item = strtok_r(buffer, ",", &save); item;
-                 item = strtok_r(NULL, ",", &save)) {
-                int found = -1;
-                for (int i = 0; i < 3; ++i)
-                    if (strcmp(item, dtype_names[i]) == 0)
-                        found = i;
-                if (found < 0)
-                    return cli_fail("bench", CLI_BAD_INPUT, "--dtype: '%s' is not f32, f16 or bf16",
-                                    item);
-                o->dtypes[found] = any = true;
-            }
-            if (!any)
-                return cli_fail("bench", CLI_BAD_INPUT, "--dtype: empty list");
+            if (!parse_names("--dtype", value, dtype_names, 3, o->dtypes))
+                return CLI_BAD_INPUT;
         } else if (cli_is(&args, "--mnk")) {
             if (!parse_mnk(value, o))
                 return cli_fail("bench", CLI_BAD_INPUT,
@@ -1315,24 +1329,9 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             if (!cli_parse_size_list("bench", "--seq", value, o->seq, MAX_SIZES, &o->num_seq))
                 return CLI_BAD_INPUT;
         } else if (cli_is(&args, "--kv-dtype")) {
-            memset(o->kv_dtypes, 0, sizeof o->kv_dtypes);
-            char buffer[64];
-            snprintf(buffer, sizeof buffer, "%s", value);
-            char *save = NULL;
-            o->kv_dtype_given = false;
-            for (char *item = strtok_r(buffer, ",", &save); item;
-                 item = strtok_r(NULL, ",", &save)) {
-                int found = -1;
-                for (int i = 0; i < 5; ++i)
-                    if (strcmp(item, kv_dtype_names[i]) == 0)
-                        found = i;
-                if (found < 0)
-                    return cli_fail("bench", CLI_BAD_INPUT,
-                                    "--kv-dtype: '%s' is not f32, f16, bf16, q8_0 or q4_0", item);
-                o->kv_dtypes[found] = o->kv_dtype_given = true;
-            }
-            if (!o->kv_dtype_given)
-                return cli_fail("bench", CLI_BAD_INPUT, "--kv-dtype: empty list");
+            if (!parse_names("--kv-dtype", value, kv_dtype_names, 5, o->kv_dtypes))
+                return CLI_BAD_INPUT;
+            o->kv_dtype_given = true;
         } else if (cli_is(&args, "--page-size")) {
             if (!cli_parse_size_list("bench", "--page-size", value, o->page_sizes, MAX_SIZES,
                                      &o->num_page_sizes))

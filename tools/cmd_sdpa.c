@@ -178,6 +178,20 @@ static void sdpa_free(sdpa_data *d)
     free(d->out);
 }
 
+/* What a fused-only feature (a paged cache, quantized K and V) cannot run with: the first
+ * such option given, or NULL. */
+static const char *fused_only_conflict(const sdpa_options *o)
+{
+    return o->past_k                        ? "--past-key"
+           : o->present_k                   ? "--present-key-out"
+           : o->rope.on                     ? "--rope"
+           : o->qk_out                      ? "--qk-out"
+           : o->softmax_f64                 ? "--softmax-precision 11"
+           : o->ring                        ? "--ring"
+           : o->path == CLATTN_PATH_UNFUSED ? "--path unfused"
+                                            : NULL;
+}
+
 static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
 {
     cli_args args = {.argc = argc, .argv = argv, .index = 1, .command = "sdpa"};
@@ -285,17 +299,10 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
             return cli_fail("sdpa", CLI_BAD_INPUT,
                             "a paged cache needs --k-pages, --v-pages, --block-table and "
                             "--seqlens-k together");
-        const char *other = o->k                  ? "--k"
-                            : o->v                ? "--v"
-                            : o->nonpad           ? "--nonpad-kv-seqlen (--seqlens-k gives the counts)"
-                            : o->past_k           ? "--past-key"
-                            : o->present_k        ? "--present-key-out"
-                            : o->rope.on          ? "--rope"
-                            : o->qk_out           ? "--qk-out"
-                            : o->softmax_f64      ? "--softmax-precision 11"
-                            : o->ring             ? "--ring"
-                            : o->path == CLATTN_PATH_UNFUSED ? "--path unfused"
-                                                             : NULL;
+        const char *other = o->k      ? "--k"
+                            : o->v      ? "--v"
+                            : o->nonpad ? "--nonpad-kv-seqlen (--seqlens-k gives the counts)"
+                                        : fused_only_conflict(o);
         if (other)
             return cli_fail("sdpa", CLI_BAD_INPUT,
                             "--k-pages (a paged cache, the fused path) cannot be combined with %s",
@@ -328,14 +335,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
     if (o->ring_option && !o->ring)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--ring-layout and --ring-timing need --ring");
     if (o->kv_dtype != CLATTN_DTYPE_F32) {
-        const char *other = o->past_k                      ? "--past-key"
-                            : o->present_k                 ? "--present-key-out"
-                            : o->rope.on                   ? "--rope"
-                            : o->qk_out                    ? "--qk-out"
-                            : o->softmax_f64               ? "--softmax-precision 11"
-                            : o->ring                      ? "--ring"
-                            : o->path == CLATTN_PATH_UNFUSED ? "--path unfused"
-                                                             : NULL;
+        const char *other = fused_only_conflict(o);
         if (other)
             return cli_fail("sdpa", CLI_BAD_INPUT,
                             "--kv-dtype %s (quantized K and V, the fused path) cannot be "
