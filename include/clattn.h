@@ -373,6 +373,8 @@ typedef enum clattn_role {
     CLATTN_ROLE_SCORE_WEIGHT,
     CLATTN_ROLE_SINKS,       /* since 0.8 */
     CLATTN_ROLE_BLOCK_TABLE, /* since 0.8 */
+    CLATTN_ROLE_CU_SEQLENS_Q, /* since 0.8 */
+    CLATTN_ROLE_CU_SEQLENS_K, /* since 0.8 */
     CLATTN_ROLE_COUNT /* the roles this version knows */
 } clattn_role;
 
@@ -439,6 +441,26 @@ typedef enum clattn_role {
  *   only (weights, scores and softmax_f64 are refused, as are past_k/present_k and rope).
  *   Since 0.8.
  *
+ * Packed variable-length batches (SDPA only; optional; FlashAttention's varlen functions):
+ *   cu_seqlens_q and cu_seqlens_k, I32 (batch + 1) with unit stride, given together, make q
+ *   (total_q, heads, head_dim_qk), k (total_k, kv_heads, head_dim_qk), v (total_k, kv_heads,
+ *   head_dim_v) and out (total_q, heads, head_dim_v) rank 3, any strides, and lse (F32,
+ *   optional) (heads, total_q). Sequence b is the query rows cu_seqlens_q[b] ..
+ *   cu_seqlens_q[b + 1] - 1 and the keys cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1; it
+ *   attends only within itself and no work is spent on other sequences' keys or on padding.
+ *   The rules above apply per sequence: seq_q and seq_k are its own lengths (causal
+ *   BOTTOM_RIGHT and ONNX's rule put its queries at the end of its keys; ALiBi's n is its
+ *   key count). clattn_sdpa_desc.max_seqlen_q / max_seqlen_k bound the lengths (0: the
+ *   totals; the launch is sized by them). The offsets are read on the device at execution;
+ *   offsets that decrease or pass the totals are clamped (an offset to 0 .. total, an end to
+ *   at least its start, a length to the max), so nothing outside the tensors is read or
+ *   written, but the rows such a sequence loses are not written either: check them where
+ *   they are made (the CLI and the Python package refuse them with the index named). With
+ *   GQA, causal forms, windows, softcap, ALiBi ((heads) or (batch, heads)), sinks, relu,
+ *   f16/bf16 and quantized k/v. The fused path only: attn_mask, key_padding_mask, kv_seqlen,
+ *   block_table, past/present, weights, scores, softmax_f64 and rope are refused.
+ *   Since 0.8.
+ *
  * MHA: query (batch, seq_q, embed_dim), key (batch, seq_k, kdim), value (batch, seq_k, vdim),
  *   out (batch, seq_q, out_dim). Weights as matrices (see clattn_weight_layout): q_weight maps
  *   embed_dim to qk_dim, k_weight kdim to qk_dim, v_weight vdim to v_dim, out_weight v_dim to
@@ -472,6 +494,8 @@ typedef union clattn_tensors {
         clattn_tensor score_weight; /* additive plans: w, the scores' final linear map */
         clattn_tensor sinks;        /* attention sinks: F32 (heads) (see above) */
         clattn_tensor block_table;  /* SDPA only: a paged KV cache's I32 (batch, blocks) */
+        /* SDPA only: packed variable-length batches' I32 (batch + 1) offsets (see above) */
+        clattn_tensor cu_seqlens_q, cu_seqlens_k;
     };
 } clattn_tensors;
 
@@ -544,6 +568,10 @@ typedef struct clattn_sdpa_desc {
      * summed exactly (window sizes as large as the diagonal cancel it). Unused with the other
      * alignments. Since 0.6. */
     long long diag_offset;
+    /* Packed variable-length batches (cu_seqlens_q/_k given): the most query rows and keys a
+     * sequence has (FlashAttention's max_seqlen_q/_k); 0: total_q / total_k. At least 1 and
+     * at most the total; a sequence longer is cut to it. Since 0.8. */
+    size_t max_seqlen_q, max_seqlen_k;
 } clattn_sdpa_desc;
 
 typedef enum clattn_weight_layout {

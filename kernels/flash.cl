@@ -141,12 +141,16 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     const uint lid = get_local_id(0);
     const uint first_row = get_group_id(0) * BLOCK_Q;
     const uint row = first_row + lid;
-    const bool valid = row < seq_q;
-    const uint safe_row = valid ? row : 0; /* rows past seq_q compute row 0, store nothing */
     const ulong bh = bh_base + get_global_id(1);
     /* h as bh - b * heads, not bh % heads: a division and remainder of the same operands
      * become an LLVM `freeze`, which Oclgrind's --uninitialized checker cannot run. */
     const ulong b = bh / heads, h = bh - b * heads;
+    /* the batch's rows and keys (score.cl: a packed sequence's, or seq_q and seq_k) */
+    const seq_span span = SPAN_OF(b);
+    if (first_row >= span.rows)
+        return; /* the whole work-group past a packed sequence's rows (uniform) */
+    const bool valid = row < span.rows;
+    const uint safe_row = valid ? row : 0; /* rows past the batch's compute row 0, store nothing */
     /* Decode splits (split_keys > 0): dimension 2 numbers the split; each takes its own
      * split_keys keys of the part and writes its own partial output and log-sum-exp, o_split
      * and lse_split elements on, which flash_merge (heads.cl) combines. */
@@ -154,12 +158,13 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     const uint key_begin = split_keys ? part_begin + split * split_keys : part_begin;
     const uint key_stop = split_keys ? min(part_stop, key_begin + split_keys) : part_stop;
 
-    Q += q_offset + b * q_s0 + h * q_s1 + safe_row * q_s2;
+    const ulong q_row = span.q0 + safe_row;
+    Q += q_offset + b * q_s0 + h * q_s1 + q_row * q_s2;
     /* grouped-query: a shared head (ADVANCE: the block types' rows are whole blocks) */
-    K = ADVANCE(K_DTYPE, K, k_offset + b * k_s0 + (h / kv_group) * k_s1);
-    V = ADVANCE(V_DTYPE, V, v_offset + b * v_s0 + (h / kv_group) * v_s1);
-    __global ELEM_T(O_DTYPE) *out = O + o_offset + split * o_split + b * o_s0 + h * o_s1 + safe_row * o_s2;
-    const ulong lse_index = lse_offset + split * lse_split + b * lse_s0 + h * lse_s1 + safe_row * lse_s2;
+    K = ADVANCE(K_DTYPE, K, k_offset + b * k_s0 + (h / kv_group) * k_s1 + span.k0 * k_s2);
+    V = ADVANCE(V_DTYPE, V, v_offset + b * v_s0 + (h / kv_group) * v_s1 + span.k0 * v_s2);
+    __global ELEM_T(O_DTYPE) *out = O + o_offset + split * o_split + b * o_s0 + h * o_s1 + q_row * o_s2;
+    const ulong lse_index = lse_offset + split * lse_split + b * lse_s0 + h * lse_s1 + q_row * lse_s2;
     if (has_mask)
         mask += mask_offset + b * mask_s0 + h * mask_s1 + safe_row * mask_s2;
     if (has_key_padding)
@@ -217,10 +222,10 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     key_band band = BAND_OF(b, h);
     band.limit = paged_limit(block_table, bt_row, bt_s1, page_size, num_pages, band.limit);
 #else
-    const key_band band = BAND_OF(b, h);
+    const key_band band = BAND_SPAN(b, h, span);
 #endif
     const uint row_key_begin = band_begin(band, safe_row), row_key_end = band_end(band, safe_row);
-    const uint last_row = min(seq_q, first_row + BLOCK_Q) - 1;
+    const uint last_row = min(span.rows, first_row + BLOCK_Q) - 1;
     const uint key_end = min(key_stop, band_end(band, last_row));
     const uint group_begin = band_begin(band, first_row);
     const uint key_first =

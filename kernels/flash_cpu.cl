@@ -300,28 +300,32 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
     const uint first_row = get_group_id(0) * FC_ROWS;
     const ulong bh = bh_base + get_global_id(1);
     const ulong b = bh / heads, h = bh - b * heads;
+    /* the batch's rows and keys (score.cl: a packed sequence's, or seq_q and seq_k) */
+    const seq_span span = SPAN_OF(b);
+    if (first_row >= span.rows)
+        return; /* past a packed sequence's rows */
     /* Decode splits (split_keys > 0): dimension 2 numbers the split; each takes its own
      * split_keys keys of the part and writes its own partial output and log-sum-exp, o_split
      * and lse_split elements on, which flash_merge (heads.cl) combines. */
     const uint split = get_global_id(2);
     const uint key_begin = split_keys ? part_begin + split * split_keys : part_begin;
     const uint key_stop = split_keys ? min(part_stop, key_begin + split_keys) : part_stop;
-    Q += q_offset + b * q_s0 + h * q_s1;
+    Q += q_offset + b * q_s0 + h * q_s1 + span.q0 * q_s2;
     /* grouped-query: a shared head (ADVANCE: the block types' rows are whole blocks) */
-    K = ADVANCE(K_DTYPE, K, k_offset + b * k_s0 + (h / kv_group) * k_s1);
-    V = ADVANCE(V_DTYPE, V, v_offset + b * v_s0 + (h / kv_group) * v_s1);
+    K = ADVANCE(K_DTYPE, K, k_offset + b * k_s0 + (h / kv_group) * k_s1 + span.k0 * k_s2);
+    V = ADVANCE(V_DTYPE, V, v_offset + b * v_s0 + (h / kv_group) * v_s1 + span.k0 * v_s2);
 #if SCORE_KPAD
     key_padding += key_padding_offset + b * key_padding_s0;
 #endif
-    O += o_offset + split * o_split + b * o_s0 + h * o_s1;
-    lse += lse_offset + split * lse_split + b * lse_s0 + h * lse_s1;
+    O += o_offset + split * o_split + b * o_s0 + h * o_s1 + span.q0 * o_s2;
+    lse += lse_offset + split * lse_split + b * lse_s0 + h * lse_s1 + span.q0 * lse_s2;
 #if SCORE_MASK
     mask += mask_offset + b * mask_s0 + h * mask_s1;
 #endif
 
     for (uint i = 0; i < FC_ROWS; ++i) {
         const uint row = first_row + i;
-        const bool valid = row < seq_q;
+        const bool valid = row < span.rows;
         for (uint d = 0; d < HEAD_DIM_QK; ++d)
             qs[i][d] = valid ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale : 0.0f;
         for (uint d = 0; d < FC_DVP; ++d)
@@ -345,9 +349,9 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
     key_band band = BAND_OF(b, h);
     band.limit = paged_limit(block_table, bt_row, bt_s1, page_size, num_pages, band.limit);
 #else
-    const key_band band = BAND_OF(b, h);
+    const key_band band = BAND_SPAN(b, h, span);
 #endif
-    const uint last_row = min(seq_q, first_row + FC_ROWS) - 1;
+    const uint last_row = min(span.rows, first_row + FC_ROWS) - 1;
     const uint key_end = min(key_stop, band_end(band, last_row));
     const uint group_begin = band_begin(band, first_row);
     const uint key_first =
@@ -429,10 +433,10 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
         }
         for (uint blk = 0; blk < FC_NB; ++blk) {
             const uint r0 = blk * FC_RB, row0 = first_row + r0;
-            if (row0 >= seq_q)
+            if (row0 >= span.rows)
                 break;
 #if SCORE_BAND
-            const uint block_last = min(seq_q, row0 + FC_RB) - 1;
+            const uint block_last = min(span.rows, row0 + FC_RB) - 1;
             if (k0 >= band_end(band, block_last) || k0 + FC_KT <= band_begin(band, row0))
                 continue; /* the block sees no key of this tile */
             const bool diagonal =
@@ -516,7 +520,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
                 for (uint r = 0; r < FC_RB; ++r) {
                     const uint row = row0 + r;
                     __global const ELEM_T(MASK_DTYPE) *mask_row =
-                        mask + (row < seq_q ? row : 0) * mask_s2 + k0;
+                        mask + (row < span.rows ? row : 0) * mask_s2 + k0;
 #pragma unroll
                     for (uint v = 0; v < 4; ++v)
                         s[r][v] = select(s[r][v] + fc_mask_term16(mask_row + 16 * v),
@@ -533,7 +537,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
                 }
                 for (uint r = 0; r < FC_RB; ++r) {
                     const uint row = row0 + r;
-                    const uint safe_row = row < seq_q ? row : 0;
+                    const uint safe_row = row < span.rows ? row : 0;
                     const uint row_begin = band_begin(band, safe_row);
                     const uint row_end = band_end(band, safe_row);
                     __global const ELEM_T(MASK_DTYPE) *mask_row = mask + safe_row * mask_s2;
@@ -567,7 +571,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
             if (diagonal) { /* key_masked(key, the row's band) on 16 keys at a time */
 #pragma unroll
                 for (uint r = 0; r < FC_RB; ++r) {
-                    const uint row = row0 + r < seq_q ? row0 + r : row0;
+                    const uint row = row0 + r < span.rows ? row0 + r : row0;
                     const int16 row_begin = (int16)((int)band_begin(band, row));
                     const int16 row_end = (int16)((int)band_end(band, row));
 #pragma unroll
@@ -634,7 +638,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
 
     for (uint i = 0; i < FC_ROWS; ++i) {
         const uint row = first_row + i;
-        if (row >= seq_q)
+        if (row >= span.rows)
             break;
         /* attention sinks (score.cl): into the row's denominator, in the launch that ends it */
         const sunk_row sunk = sink_fold(SINK_OF(h, row), row_max[i], total[i]);

@@ -166,6 +166,10 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     const uint first_row = get_group_id(0) * FG_BQ;
     const ulong bh = bh_base + get_global_id(1);
     const ulong b = bh / heads, h = bh - b * heads; /* not %: see flash.cl */
+    /* the batch's rows and keys (score.cl: a packed sequence's, or seq_q and seq_k) */
+    const seq_span span = SPAN_OF(b);
+    if (first_row >= span.rows)
+        return; /* the whole work-group past a packed sequence's rows (uniform) */
     /* Decode splits (split_keys > 0): dimension 2 numbers the split; each takes its own
      * split_keys keys of the part and writes its own partial output and log-sum-exp, o_split
      * and lse_split elements on, which flash_merge (heads.cl) combines. */
@@ -173,12 +177,13 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     const uint key_begin = split_keys ? part_begin + split * split_keys : part_begin;
     const uint key_stop = split_keys ? min(part_stop, key_begin + split_keys) : part_stop;
 
-    Q += q_offset + b * q_s0 + h * q_s1;
+    Q += q_offset + b * q_s0 + h * q_s1 + span.q0 * q_s2;
     /* grouped-query: a shared head (ADVANCE: the block types' rows are whole blocks) */
-    K = ADVANCE(K_DTYPE, K, k_offset + b * k_s0 + (h / kv_group) * k_s1);
-    V = ADVANCE(V_DTYPE, V, v_offset + b * v_s0 + (h / kv_group) * v_s1);
-    O += o_offset + split * o_split + b * o_s0 + h * o_s1;
-    const ulong lse_base = lse_offset + split * lse_split + b * lse_s0 + h * lse_s1;
+    K = ADVANCE(K_DTYPE, K, k_offset + b * k_s0 + (h / kv_group) * k_s1 + span.k0 * k_s2);
+    V = ADVANCE(V_DTYPE, V, v_offset + b * v_s0 + (h / kv_group) * v_s1 + span.k0 * v_s2);
+    O += o_offset + split * o_split + b * o_s0 + h * o_s1 + span.q0 * o_s2;
+    const ulong lse_base =
+        lse_offset + split * lse_split + b * lse_s0 + h * lse_s1 + span.q0 * lse_s2;
     if (use_mask)
         mask += mask_offset + b * mask_s0 + h * mask_s1;
     if (use_padding)
@@ -188,7 +193,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     for (uint e = lid; e < FG_BQ * QK4; e += FG_THREADS) {
         const uint r = e / QK4, d = e - r * QK4;
         const uint row = first_row + r;
-        q_tile[r * QK_PAD + d] = row < seq_q && d < HEAD_DIM_QK
+        q_tile[r * QK_PAD + d] = row < span.rows && d < HEAD_DIM_QK
                                      ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale
                                      : 0.0f;
     }
@@ -197,7 +202,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     for (uint r = lid; r < FG_BQ; r += FG_THREADS) {
         const uint row = first_row + r;
         float m = NEG_INF, l = 0.0f;
-        if (resume && row < seq_q) {
+        if (resume && row < span.rows) {
             const float previous = lse[lse_base + row * lse_s2];
             if (previous != NEG_INF) {
                 l = relu ? exp(previous) : 1.0f;
@@ -215,7 +220,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         const float l = row_l[r];
         for (uint c = 0; c < FG_RD; ++c) {
             const uint dim = tx + c * FG_TX;
-            acc[i][c] = resume && l > 0.0f && row < seq_q && dim < HEAD_DIM_V
+            acc[i][c] = resume && l > 0.0f && row < span.rows && dim < HEAD_DIM_V
                             ? LOAD(O_DTYPE, O, row * o_s2 + dim * o_s3) * l
                             : 0.0f;
         }
@@ -229,9 +234,9 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     key_band band = BAND_OF(b, h);
     band.limit = paged_limit(block_table, bt_row, bt_s1, page_size, num_pages, band.limit);
 #else
-    const key_band band = BAND_OF(b, h);
+    const key_band band = BAND_SPAN(b, h, span);
 #endif
-    const uint last_row = min(seq_q, first_row + FG_BQ) - 1;
+    const uint last_row = min(span.rows, first_row + FG_BQ) - 1;
     const uint key_end = min(key_stop, band_end(band, last_row));
     const uint group_begin = band_begin(band, first_row);
     const uint key_first =
@@ -274,7 +279,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         }
         for (uint i = 0; i < FG_RM; ++i) {
             const uint r = ty + i * FG_TY, row = first_row + r;
-            const uint safe_row = row < seq_q ? row : 0;
+            const uint safe_row = row < span.rows ? row : 0;
             const uint row_key_begin = band_begin(band, safe_row);
             const uint row_key_end = band_end(band, safe_row);
             for (uint j = 0; j < FG_RN; ++j) {
@@ -369,21 +374,21 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         /* attention sinks (score.cl): into the row's denominator, in the launch that ends it
          * (rows past seq_q read no sink) */
         float l = row_l[r], factor = 1.0f;
-        if (has_sinks && row < seq_q) {
+        if (has_sinks && row < span.rows) {
             const sunk_row sunk = sink_fold(SINK_OF(h, row), row_m[r], l);
             l = sunk.total;
             factor = sunk.factor;
             row_m[r] = sunk.max;
         }
         row_c[r] = factor * inverse_total(l);
-        if (has_lse && row < seq_q)
+        if (has_lse && row < span.rows)
             lse[lse_base + row * lse_s2] =
                 l > 0.0f ? (relu ? log(l) : row_m[r] + log(l)) : NEG_INF;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (uint i = 0; i < FG_RM; ++i) {
         const uint r = ty + i * FG_TY, row = first_row + r;
-        if (row >= seq_q)
+        if (row >= span.rows)
             continue;
         const float inv = row_c[r];
         for (uint cc = 0; cc < FG_RD; ++cc) {

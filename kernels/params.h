@@ -112,7 +112,9 @@ CLATTN_PARAMS_STRUCT(score, CLATTN_SCORE_PARAMS)
  * additive variant: w (1, 1, h, c) strides; a paged KV cache (KV_PAGED, score.cl's paged keys):
  * the block table's (b, block) strides from bt_offset, the pages' strides k_page / v_page (a
  * key's slot is k_s2 / v_s2 within its page; k_s0 = v_s0 = 0), page_size keys a page, pages
- * 0 .. num_pages - 1 in the pool. */
+ * 0 .. num_pages - 1 in the pool; packed variable-length batches (VARLEN, score.cl): the
+ * offsets' first elements in their buffers (cu_q_offset, cu_k_offset; unit stride) and the
+ * packed totals of query rows and keys (total_q, total_k) that clamp the offsets. */
 #define CLATTN_FLASH_PARAMS(X)                                                                    \
     X(ulong, q_offset) X(ulong, q_s0) X(ulong, q_s1) X(ulong, q_s2) X(ulong, q_s3)                \
     X(ulong, k_offset) X(ulong, k_s0) X(ulong, k_s1) X(ulong, k_s2) X(ulong, k_s3)                \
@@ -122,17 +124,20 @@ CLATTN_PARAMS_STRUCT(score, CLATTN_SCORE_PARAMS)
     X(ulong, bh_base) X(ulong, o_split) X(ulong, lse_split) X(ulong, w_offset) X(ulong, w_s0)     \
     X(ulong, w_s1) X(ulong, bt_offset) X(ulong, bt_s0) X(ulong, bt_s1) X(ulong, k_page)           \
     X(ulong, v_page) X(int, has_lse) X(uint, part_begin) X(uint, part_stop) X(int, resume)        \
-    X(uint, kv_group) X(uint, split_keys) X(uint, page_size) X(uint, num_pages)
+    X(uint, kv_group) X(uint, split_keys) X(uint, page_size) X(uint, num_pages)        \
+    X(ulong, cu_q_offset) X(ulong, cu_k_offset) X(uint, total_q) X(uint, total_k)
 CLATTN_SCORED_PARAMS_STRUCT(flash, CLATTN_FLASH_PARAMS)
 #if defined(__OPENCL_VERSION__) || defined(__OPENCL_C_VERSION__)
 /* The fused kernels' parameter list (flash.cl, flash_gpu.cl, flash_cpu.cl: one launch serves
  * each): q, k, v, out, lse, the score rule's buffers, additive attention's w, a paged
- * cache's block table, the struct. */
+ * cache's block table, varlen's offsets (cu_seqlens_q, cu_seqlens_k: (batch + 1) I32), the
+ * struct. */
 #define FLASH_KERNEL_PARAMS                                                                       \
     __global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,                        \
         __global const ELEM_T(V_DTYPE) *V, __global ELEM_T(O_DTYPE) *O, __global float *lse,     \
         __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,              \
         SCORE_BUFFERS, __global const float *score_w, __global const int *block_table,           \
+        __global const int *cu_seqlens_q, __global const int *cu_seqlens_k,                      \
         const clattn_flash_params params
 #endif
 

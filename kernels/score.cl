@@ -162,6 +162,75 @@ inline uint paged_limit(__global const int *block_table, const ulong bt_row, con
 #define KEY_AT(key, row_stride, page_stride) ((ulong)(key) * (row_stride))
 #endif
 
+/* ---- packed variable-length batches (VARLEN: FlashAttention's varlen layout) ---------------
+ * Sequence b's query rows are the packed rows cu_q[b] .. cu_q[b + 1] - 1 of Q, O and lse, its
+ * keys the packed rows cu_k[b] .. cu_k[b + 1] - 1 of K and V: the views have batch stride 0
+ * and the token stride as their row stride, so a kernel adds span.q0 (span.k0) row strides to
+ * its bases and takes span.rows rows (span.keys keys) where a batch has seq_q (seq_k). Each
+ * offset is clamped to 0 .. total, an end to at least its start, the rows to seq_q
+ * (max_seqlen_q) and the keys to seq_k (max_seqlen_k): offsets that are not non-decreasing or
+ * that pass the totals never reach outside the tensors (the host checks them where it holds
+ * them: the CLI and the Python package). The band is the sequence's: its key count is
+ * span.keys, and bottom-right (and ONNX's) diagonals are span.keys - span.rows. */
+#ifndef VARLEN
+#define VARLEN 0
+#endif
+
+typedef struct seq_span {
+    uint q0, k0;     /* the sequence's first packed query row and key */
+    uint rows, keys; /* its query rows and keys */
+} seq_span;
+
+inline uint packed_offset(__global const int *cu, const ulong b, const uint total)
+{
+    const int at = cu[b];
+    return at <= 0 ? 0u : (uint)at >= total ? total : (uint)at;
+}
+
+inline seq_span varlen_span(__global const int *cu_q, __global const int *cu_k, const ulong b,
+                            const uint total_q, const uint total_k, const uint seq_q,
+                            const uint seq_k)
+{
+    seq_span span;
+    span.q0 = packed_offset(cu_q, b, total_q);
+    span.k0 = packed_offset(cu_k, b, total_k);
+    const uint q_end = max(span.q0, packed_offset(cu_q, b + 1, total_q));
+    const uint k_end = max(span.k0, packed_offset(cu_k, b + 1, total_k));
+    span.rows = min(q_end - span.q0, seq_q);
+    span.keys = min(k_end - span.k0, seq_k);
+    return span;
+}
+
+inline seq_span whole_span(const uint seq_q, const uint seq_k)
+{
+    seq_span span = {0u, 0u, seq_q, seq_k};
+    return span;
+}
+
+/* The band of batch b (BAND_OF) made the sequence's (VARLEN). */
+inline key_band span_band(key_band band, const seq_span span, const long diag,
+                          const int diag_kv, const uint seq_q)
+{
+    band.limit = span.keys;
+    if (diag_kv) /* the host's diag is -seq_q: the sequence's is keys - rows */
+        band.diag = diag + (long)seq_q + (long)span.keys - (long)span.rows;
+    band.apos = (long)span.keys - (long)span.rows;
+    return band;
+}
+
+/* SPAN_OF(b): batch b's rows and keys (the kernel's locals seq_q, seq_k, total_q, total_k,
+ * cu_q_offset, cu_k_offset and its cu_seqlens_q, cu_seqlens_k arguments); BAND_SPAN(b, h,
+ * span): its band. */
+#if VARLEN
+#define SPAN_OF(b)                                                                                \
+    varlen_span(cu_seqlens_q + cu_q_offset, cu_seqlens_k + cu_k_offset, (b), total_q, total_k,     \
+                seq_q, seq_k)
+#define BAND_SPAN(b, h, span) span_band(BAND_OF(b, h), (span), band_diag, band_diag_kv, seq_q)
+#else
+#define SPAN_OF(b) whole_span(seq_q, seq_k)
+#define BAND_SPAN(b, h, span) BAND_OF(b, h)
+#endif
+
 /* Whether key padding drops the key at element `index` of the padding row. */
 inline bool key_padded(const int has_key_padding, __global const uchar *key_padding,
                        const ulong index)

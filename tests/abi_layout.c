@@ -23,6 +23,7 @@ int main(void)
     FIELD(clattn_tensors, q), FIELD(clattn_tensors, out), FIELD(clattn_tensors, attn_mask);
     FIELD(clattn_tensors, kv_seqlen), FIELD(clattn_tensors, alibi_slopes);
     FIELD(clattn_tensors, position_ids), FIELD(clattn_tensors, score_weight);
+    FIELD(clattn_tensors, block_table), FIELD(clattn_tensors, cu_seqlens_k);
     END();
 
     BEGIN(clattn_sdpa_desc, "SdpaDesc");
@@ -36,6 +37,7 @@ int main(void)
     FIELD(clattn_sdpa_desc, rope_style), FIELD(clattn_sdpa_desc, rope_dims);
     FIELD(clattn_sdpa_desc, rope_base), FIELD(clattn_sdpa_desc, rope_start);
     FIELD(clattn_sdpa_desc, diag_offset);
+    FIELD(clattn_sdpa_desc, max_seqlen_q), FIELD(clattn_sdpa_desc, max_seqlen_k);
     END();
 
     BEGIN(clattn_mha_desc, "MhaDesc");

@@ -170,6 +170,199 @@ START_TEST(test_paged_and_sinks)
 }
 END_TEST
 
+/* --- issue 28: packed variable-length batches (cu_seqlens) ---------------------------------- */
+
+/* Packed sequences of drawn lengths (empty ones and the maxima now and then) on every causal
+ * form, windows, GQA, the one-row decode, ALiBi per (batch, head), sinks, softcap, relu, 16-bit
+ * and quantized storage and strided layouts: each sequence equals itself run alone (the float64
+ * reference per sequence), nothing written outside out and lse. */
+static const struct varlen_case {
+    size_t batch, heads, kv_heads, max_q, max_k, dk, dv;
+    clattn_causal causal, window;
+    long long left, right, diag;
+    int alibi, sinks, relu, lse;
+    float softcap;
+    clattn_dtype q_dtype, kv_dtype;
+    pb_layout layout;
+} varlen_cases[] = {
+    {3, 4, 2, 17, 33, 16, 8, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0},
+    {4, 2, 1, 1, 65, 8, 8, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 2, 0, 0, 1, 0,
+     CLATTN_DTYPE_F16, 0, PB_SEQ_MAJOR},
+    {2, 3, 3, 63, 63, 17, 3, CLATTN_CAUSAL_TOP_LEFT, CLATTN_CAUSAL_TOP_LEFT, 5, -1, 0, 0, 1, 0,
+     0, 2.5f, 0, 0, PB_PADDED},
+    {5, 1, 1, 129, 127, 64, 64, CLATTN_CAUSAL_NONE, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0,
+     CLATTN_DTYPE_BF16, PB_STRIDED_LAST},
+    {1, 2, 2, 3, 17, 3, 1, CLATTN_CAUSAL_ONNX, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0},
+    {3, 2, 1, 13, 29, 8, 16, CLATTN_CAUSAL_OFFSET, CLATTN_CAUSAL_OFFSET, 3, 1, -2, 2, 0, 0, 1,
+     0, 0, 0, PB_SEQ_MAJOR_PADDED},
+    {3, 4, 2, 7, 67, 32, 64, CLATTN_CAUSAL_BOTTOM_RIGHT, CLATTN_CAUSAL_BOTTOM_RIGHT, 11, -1, 0,
+     1, 1, 0, 1, 0, 0, CLATTN_DTYPE_Q8_0, 0},
+    {2, 2, 2, 5, 40, 32, 32, CLATTN_CAUSAL_NONE, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, CLATTN_DTYPE_Q4_0,
+     0},
+};
+
+START_TEST(test_varlen)
+{
+    TU_BEGIN_TEST();
+    const struct varlen_case *c = &varlen_cases[_i % COUNT_OF(varlen_cases)];
+    /* each case three times: fresh lengths each draw */
+    pb_sdpa_spec spec = base_spec(c->batch, c->heads, c->max_q, c->max_k, c->dk, c->dv);
+    spec.varlen = 1;
+    spec.kv_heads = c->kv_heads;
+    spec.causal = c->causal;
+    spec.window_align = c->window;
+    spec.window_left = c->left;
+    spec.window_right = c->right;
+    spec.diag_offset = c->diag;
+    spec.alibi = c->alibi;
+    spec.sinks = c->sinks;
+    spec.norm = c->relu ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
+    spec.want_lse = c->lse;
+    spec.softcap = c->softcap;
+    spec.q_dtype = spec.out_dtype = c->q_dtype;
+    spec.k_dtype = spec.v_dtype = c->kv_dtype;
+    spec.q_layout = spec.out_layout = c->layout;
+    spec.k_layout = spec.v_layout = c->kv_dtype == CLATTN_DTYPE_Q8_0 ? PB_PACKED : c->layout;
+    spec.path = _i % 2 ? CLATTN_PATH_FUSED : CLATTN_PATH_AUTO;
+    run_sdpa(&spec, NULL);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Offsets that decrease or pass the totals are clamped on the device: the plan runs, reads and
+ * writes nothing outside its tensors (no stray write; the Oclgrind lane checks the reads), and
+ * a sequence whose keys clamp to none gives zero rows. Then the refusals, each naming its
+ * argument. */
+START_TEST(test_varlen_offsets_and_refusals)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    pb_sdpa_spec spec = base_spec(3, 2, 4, 6, 8, 8);
+    spec.varlen = 1;
+    spec.want_lse = 1;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("clamped offsets: %s", p.label);
+    clattn_tensors bound;
+    clattn_plan *plan = NULL;
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    if (tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS, "create") &&
+        tu_expect(pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS, "upload")) {
+        /* q: sequence 1 runs from row min(1, total) to the total (cut to max_seqlen_q), 2 is
+         * empty; k: sequence 0 from -5 (0) to past the total, 1 from the total to 3 (empty) */
+        const float tq = (float)p.total_q, tk = (float)p.total_k;
+        const float cu_q[4] = {0.0f, 1.0f, tq + 100.0f, tq - 1.0f};
+        const float cu_k[4] = {-5.0f, tk + 50.0f, 3.0f, tk};
+        tu_expect(pb_rewrite(ctx, NULL, &bound.cu_seqlens_q, cu_q) == CL_SUCCESS &&
+                      pb_rewrite(ctx, NULL, &bound.cu_seqlens_k, cu_k) == CL_SUCCESS,
+                  "rewrite");
+        if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                                 0, NULL, NULL),
+                             CLATTN_SUCCESS, "execute")) {
+            const size_t rows = p.total_q * spec.heads;
+            float *out = pb_nan_floats(p.out_count), *lse = pb_nan_floats(rows);
+            size_t stray = 0, lse_stray = 0;
+            tu_expect(pb_download(ctx, NULL, &bound.out, out, &stray) == CL_SUCCESS &&
+                          pb_download(ctx, NULL, &bound.lse, lse, &lse_stray) == CL_SUCCESS,
+                      "download");
+            tu_expect(stray == 0 && lse_stray == 0, "%zu + %zu stray writes", stray, lse_stray);
+            /* sequence 1 (rows 1 .. min(total, 1 + max_q) - 1) has no key: zeros, lse -inf */
+            const size_t end = p.total_q < 1 + desc.max_seqlen_q ? p.total_q : 1 + desc.max_seqlen_q;
+            for (size_t t = 1; t < end; ++t)
+                for (size_t h = 0; h < spec.heads; ++h) {
+                    tu_expect(lse[h * p.total_q + t] == -INFINITY, "lse[%zu, %zu] = %g", h, t,
+                              (double)lse[h * p.total_q + t]);
+                    for (size_t d = 0; d < spec.dv; ++d)
+                        tu_expect(out[(t * spec.heads + h) * spec.dv + d] == 0.0f,
+                                  "out[%zu, %zu, %zu] = %g", t, h, d,
+                                  (double)out[(t * spec.heads + h) * spec.dv + d]);
+                }
+            free(out);
+            free(lse);
+        }
+        pb_release_tensors(&bound);
+    }
+    clattn_plan_release(plan);
+
+    static const struct {
+        int what;
+        clattn_status status;
+        const char *message;
+    } refusals[] = {
+        {0, CLATTN_ERR_INVALID_ARGUMENT, "cu_seqlens_q and cu_seqlens_k go together"},
+        {1, CLATTN_ERR_INVALID_SHAPE, "cu_seqlens_k has dims"},
+        {2, CLATTN_ERR_UNSUPPORTED, "with attn_mask: not supported"},
+        {3, CLATTN_ERR_UNSUPPORTED, "with kv_seqlen: not supported"},
+        {4, CLATTN_ERR_UNSUPPORTED, "with weights: not supported"},
+        {5, CLATTN_ERR_UNSUPPORTED, "with path UNFUSED: not supported"},
+        {6, CLATTN_ERR_INVALID_SHAPE, "q must be a packed rank-3 tensor (total_q, heads"},
+        {7, CLATTN_ERR_INVALID_SHAPE, "lse has dims"},
+        {8, CLATTN_ERR_INVALID_ARGUMENT, "max_seqlen_q="},
+        {9, CLATTN_ERR_INVALID_SHAPE, "out has dims"},
+        {10, CLATTN_ERR_UNSUPPORTED, "with rope: not supported"},
+        {11, CLATTN_ERR_INVALID_ARGUMENT, "cu_seqlens_q"},
+        {12, CLATTN_ERR_UNSUPPORTED, "with block_table: not supported"},
+    };
+    for (int r = 0; r < COUNT_OF(refusals); ++r) {
+        clattn_sdpa_desc bad;
+        pb_sdpa_desc(&p, &bad);
+        clattn_tensors t = p.layouts;
+        CLATTN_BIND_ROLES(bad, t);
+        switch (refusals[r].what) {
+        case 0:
+            memset(&t.cu_seqlens_k, 0, sizeof t.cu_seqlens_k);
+            break;
+        case 1:
+            t.cu_seqlens_k.dims[0] += 1;
+            break;
+        case 2:
+            t.attn_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, p.total_q, p.total_k, 0, 0);
+            break;
+        case 3:
+            t.kv_seqlen = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, 3, 0, 0, 0);
+            break;
+        case 4:
+            t.weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, 3, 2, 4, 6);
+            break;
+        case 5:
+            bad.path = CLATTN_PATH_UNFUSED;
+            break;
+        case 6:
+            t.q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, 1, p.total_q, 2, 8);
+            break;
+        case 7:
+            t.lse = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, p.total_q, 2, 0, 0);
+            break;
+        case 8:
+            bad.max_seqlen_q = p.total_q + 1;
+            break;
+        case 9:
+            t.out.dims[2] += 1;
+            break;
+        case 10:
+            bad.rope = 1;
+            break;
+        case 11:
+            t.cu_seqlens_q.dtype = CLATTN_DTYPE_F32;
+            break;
+        default:
+            t.block_table = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, 3, 1, 0, 0);
+            break;
+        }
+        plan = NULL;
+        const clattn_status status = clattn_sdpa_plan_create(ctx, &bad, &plan);
+        tu_expect(status == refusals[r].status && plan == NULL &&
+                      strstr(clattn_last_error(ctx), refusals[r].message),
+                  "refusal %d: status %d, '%s' (want %d, '%s')", r, (int)status,
+                  clattn_last_error(ctx), (int)refusals[r].status, refusals[r].message);
+        clattn_plan_release(plan);
+    }
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 /* --- host conversions ------------------------------------------------------------------------ */
 
 /* float -> F16 / BF16 round to nearest even, and back: the conversions every typed upload and
@@ -2314,6 +2507,8 @@ int main(void)
     tcase_add_test(interactions, test_quantized_refusals);
     tcase_add_loop_test(interactions, test_quantized_cache, 0, 2);
     tcase_add_test(interactions, test_paged_and_sinks);
+    tcase_add_loop_test(interactions, test_varlen, 0, 3 * COUNT_OF(varlen_cases));
+    tcase_add_test(interactions, test_varlen_offsets_and_refusals);
     suite_add_tcase(suite, interactions);
 
     TCase *problems = tcase_create("problems");

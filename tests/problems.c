@@ -805,7 +805,8 @@ int pb_sdpa_expect_fused(const pb_sdpa_spec *spec)
     if (spec->path == CLATTN_PATH_UNFUSED) {
         return 0;
     }
-    return !spec->want_weights && !spec->softmax_f64 && spec->dk <= 256 && spec->dv <= 256;
+    return spec->varlen ||
+           (!spec->want_weights && !spec->softmax_f64 && spec->dk <= 256 && spec->dv <= 256);
 }
 
 static const char *causal_name(clattn_causal causal)
@@ -855,6 +856,15 @@ static void describe_sdpa(pb_sdpa_problem *p)
         s->want_lse, (double)s->softcap, s->kv_len, s->past, causal_name(s->window_align),
         s->window_left, s->window_right, s->alibi, s->diag_offset, s->sinks,
         pb_layout_name(s->sinks_layout), s->page_size, p->num_pages);
+    if (s->varlen) {
+        size_t used = strlen(p->label);
+        used += (size_t)snprintf(p->label + used, sizeof p->label - used, " varlen=");
+        for (size_t b = 0; b < s->batch && used < sizeof p->label; ++b) {
+            used += (size_t)snprintf(p->label + used, sizeof p->label - used, "%s%dx%d",
+                                     b ? "," : "", p->cu_q[b + 1] - p->cu_q[b],
+                                     p->cu_k[b + 1] - p->cu_k[b]);
+        }
+    }
     if (s->rope) {
         const size_t used = strlen(p->label);
         snprintf(p->label + used, sizeof p->label - used, " rope=%s/%zu/start=%zu/base=%g",
@@ -928,6 +938,30 @@ static void make_sdpa_layouts(pb_sdpa_problem *p)
     memset(t, 0, sizeof *t);
     const size_t q_dims[4] = {s->batch, s->heads, s->seq_q, s->dk};
     const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
+    if (s->varlen) { /* packed sequences: rank 3, lse (H, total_q), the offsets */
+        const size_t pq[3] = {p->total_q, s->heads, s->dk}, pk[3] = {p->total_k, kv_heads, s->dk};
+        const size_t pv[3] = {p->total_k, kv_heads, s->dv}, po[3] = {p->total_q, s->heads, s->dv};
+        const size_t lse[2] = {s->heads, p->total_q}, cu[1] = {s->batch + 1};
+        pb_make_layout(&t->q, s->q_dtype, 3, pq, s->q_layout);
+        pb_make_layout(&t->k, s->k_dtype, 3, pk, s->k_layout);
+        pb_make_layout(&t->v, s->v_dtype, 3, pv, s->v_layout);
+        pb_make_layout(&t->out, s->out_dtype, 3, po, s->out_layout);
+        if (s->want_lse) {
+            pb_make_layout(&t->lse, CLATTN_DTYPE_F32, 2, lse, PB_PACKED);
+        }
+        pb_make_layout(&t->cu_seqlens_q, CLATTN_DTYPE_I32, 1, cu, PB_PACKED);
+        pb_make_layout(&t->cu_seqlens_k, CLATTN_DTYPE_I32, 1, cu, PB_PACKED);
+        if (s->alibi) {
+            const size_t a_dims[2] = {s->batch, s->heads};
+            pb_make_layout(&t->alibi_slopes, CLATTN_DTYPE_F32, s->alibi == 1 ? 1 : 2,
+                           s->alibi == 1 ? a_dims + 1 : a_dims, PB_PACKED);
+        }
+        if (s->sinks) {
+            const size_t h_dims[1] = {s->heads};
+            pb_make_layout(&t->sinks, CLATTN_DTYPE_F32, 1, h_dims, s->sinks_layout);
+        }
+        return;
+    }
     /* k and v hold the new keys (after the past ones); present all of them */
     const size_t k_dims[4] = {s->batch, kv_heads, s->seq_k - s->past, s->dk};
     const size_t v_dims[4] = {s->batch, kv_heads, s->seq_k - s->past, s->dv};
@@ -1001,6 +1035,39 @@ static void make_sdpa_layouts(pb_sdpa_problem *p)
     }
 }
 
+/* spec.varlen: the sequences' lengths (the ends now and then), at least one query row and
+ * one key in all; the operands none of it takes are turned off. */
+static void draw_varlen(pb_sdpa_problem *p)
+{
+    pb_sdpa_spec *s = &p->spec;
+    s->mask = PB_MASK_NONE;
+    s->padding = s->fully_masked = s->kv_len = 0;
+    s->want_weights = s->softmax_f64 = s->rope = 0;
+    s->past = s->page_size = 0;
+    if (s->path == CLATTN_PATH_UNFUSED) {
+        s->path = CLATTN_PATH_AUTO;
+    }
+    const size_t ends[2] = {s->seq_q, s->seq_k};
+    int32_t *cu[2];
+    size_t totals[2];
+    for (int x = 0; x < 2; ++x) {
+        cu[x] = pb_calloc(s->batch + 1, sizeof(int32_t));
+        for (size_t b = 0; b < s->batch; ++b) {
+            const size_t pick = pb_rand_below(5);
+            const size_t n = pick == 0 ? ends[x] : pick == 1 ? 0 : pb_rand_below(ends[x] + 1);
+            cu[x][b + 1] = cu[x][b] + (int32_t)n;
+        }
+        if (cu[x][s->batch] == 0) { /* a tensor has at least one row: the last sequence's */
+            cu[x][s->batch] = 1;
+        }
+        totals[x] = (size_t)cu[x][s->batch];
+    }
+    p->cu_q = cu[0];
+    p->cu_k = cu[1];
+    p->total_q = totals[0];
+    p->total_k = totals[1];
+}
+
 void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
 {
     memset(p, 0, sizeof *p);
@@ -1027,14 +1094,20 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
         s->mask_dtype = CLATTN_DTYPE_U8;
     }
     const float gain = s->q_gain > 0.0f ? s->q_gain : 1.0f;
-    const size_t heads_total = s->batch * s->heads;
-    p->q_count = heads_total * s->seq_q * s->dk;
-    const size_t kv_total = s->batch * (s->kv_heads ? s->kv_heads : s->heads);
-    p->k_count = kv_total * s->seq_k * s->dk;
-    p->v_count = kv_total * s->seq_k * s->dv;
-    p->out_count = heads_total * s->seq_q * s->dv;
-    p->weights_count = heads_total * s->seq_q * s->seq_k;
-    p->lse_count = heads_total * s->seq_q;
+    if (s->varlen) {
+        draw_varlen(p);
+    }
+    /* packed sequences: one "batch" of total_q rows and total_k keys */
+    const size_t batches = s->varlen ? 1 : s->batch;
+    const size_t rows = s->varlen ? p->total_q : s->seq_q, keys = s->varlen ? p->total_k : s->seq_k;
+    const size_t heads_total = batches * s->heads;
+    p->q_count = heads_total * rows * s->dk;
+    const size_t kv_total = batches * (s->kv_heads ? s->kv_heads : s->heads);
+    p->k_count = kv_total * keys * s->dk;
+    p->v_count = kv_total * keys * s->dv;
+    p->out_count = heads_total * rows * s->dv;
+    p->weights_count = heads_total * rows * keys;
+    p->lse_count = heads_total * rows;
     p->q = uniform_floats(p->q_count, -gain, gain);
     p->k = uniform_floats(p->k_count, -1.0f, 1.0f);
     p->v = uniform_floats(p->v_count, -1.0f, 1.0f);
@@ -1140,6 +1213,64 @@ float *pb_expand_mask(const pb_sdpa_problem *p)
     return expanded;
 }
 
+/* The packed rows first .. first + n - 1 of `packed` (rows of `heads` vectors of d) into the
+ * logical (1, heads, n, d) array `seq` of one sequence. */
+static void gather_rows(const float *packed, float *seq, size_t first, size_t n, size_t heads,
+                        size_t d)
+{
+    for (size_t h = 0; h < heads; ++h) {
+        for (size_t i = 0; i < n; ++i) {
+            memcpy(seq + (h * n + i) * d, packed + ((first + i) * heads + h) * d,
+                   d * sizeof(float));
+        }
+    }
+}
+
+/* spec.varlen: each sequence alone (batch 1, its own n_q and n_k, its own key count for the
+ * bottom-right and ONNX rules and ALiBi), scattered into the packed out_ref and lse_ref. */
+static void varlen_reference(pb_sdpa_problem *p)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
+    for (size_t b = 0; b < s->batch; ++b) {
+        const size_t q0 = (size_t)p->cu_q[b], k0 = (size_t)p->cu_k[b];
+        const size_t nq = (size_t)p->cu_q[b + 1] - q0, nk = (size_t)p->cu_k[b + 1] - k0;
+        if (nq == 0) {
+            continue;
+        }
+        float *q = pb_calloc(s->heads * nq * s->dk, sizeof(float));
+        float *k = pb_calloc(kv_heads * nk * s->dk, sizeof(float));
+        float *v = pb_calloc(kv_heads * nk * s->dv, sizeof(float));
+        double *out = pb_calloc(s->heads * nq * s->dv, sizeof(double));
+        double *lse = pb_calloc(s->heads * nq, sizeof(double));
+        gather_rows(p->q, q, q0, nq, s->heads, s->dk);
+        gather_rows(p->k, k, k0, nk, kv_heads, s->dk);
+        gather_rows(p->v, v, k0, nk, kv_heads, s->dv);
+        ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
+        shape.batch = 1;
+        shape.seq_q = nq;
+        shape.seq_k = nk;
+        const int32_t count = (int32_t)nk;
+        shape.kv_len = &count; /* the sequence's key count: ONNX's rule as bottom-right */
+        shape.alibi = p->alibi ? p->alibi + (s->alibi == 1 ? 0 : b * s->heads) : NULL;
+        shape.sinks = p->sinks;
+        ref_sdpa(&shape, q, k, v, NULL, NULL, out, NULL, lse);
+        for (size_t h = 0; h < s->heads; ++h) {
+            for (size_t i = 0; i < nq; ++i) {
+                for (size_t d = 0; d < s->dv; ++d) {
+                    p->out_ref[((q0 + i) * s->heads + h) * s->dv + d] = out[(h * nq + i) * s->dv + d];
+                }
+                p->lse_ref[h * p->total_q + q0 + i] = lse[h * nq + i];
+            }
+        }
+        free(q);
+        free(k);
+        free(v);
+        free(out);
+        free(lse);
+    }
+}
+
 void pb_sdpa_reference(pb_sdpa_problem *p)
 {
     const pb_sdpa_spec *s = &p->spec;
@@ -1155,6 +1286,10 @@ void pb_sdpa_reference(pb_sdpa_problem *p)
         if (s->want_weights) {
             p->weights_ref = pb_calloc(p->weights_count, sizeof(double));
         }
+    }
+    if (s->varlen) {
+        varlen_reference(p);
+        return;
     }
     ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
     shape.kv_len = p->kv_len;
@@ -1189,6 +1324,8 @@ void pb_sdpa_free(pb_sdpa_problem *p)
     free(p->alibi);
     free(p->sinks);
     free(p->block_table);
+    free(p->cu_q);
+    free(p->cu_k);
     free(p->out_ref);
     free(p->weights_ref);
     free(p->lse_ref);
@@ -1214,6 +1351,10 @@ void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
     desc->rope_dims = PB_OR(p->spec.rope_dims, CLATTN_ROPE_WHOLE_HEAD);
     desc->rope_base = PB_OR(p->spec.rope_base, CLATTN_ROPE_BASE_DEFAULT);
     desc->rope_start = p->spec.rope_start;
+    if (p->spec.varlen) { /* the longest a sequence may be: the spec's, cut to the totals */
+        desc->max_seqlen_q = p->spec.seq_q < p->total_q ? p->spec.seq_q : p->total_q;
+        desc->max_seqlen_k = p->spec.seq_k < p->total_k ? p->spec.seq_k : p->total_k;
+    }
 }
 
 static const char *mode_names_[3] = {"none", "float", "bool"};
@@ -1346,10 +1487,13 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
     const clattn_tensors *l = &p->layouts;
     const pb_sdpa_spec *s = &p->spec;
     const size_t kv_total = s->batch * (s->kv_heads ? s->kv_heads : s->heads);
-    float *new_k = key_slice(p->k, kv_total, s->seq_k, s->dk, s->past, s->seq_k);
-    float *new_v = key_slice(p->v, kv_total, s->seq_k, s->dv, s->past, s->seq_k);
-    float *past_k = key_slice(p->k, kv_total, s->seq_k, s->dk, 0, s->past);
-    float *past_v = key_slice(p->v, kv_total, s->seq_k, s->dv, 0, s->past);
+    /* (packed sequences: k and v are one run of total_k * kv_heads rows, no past) */
+    const size_t slices = s->varlen ? 1 : kv_total;
+    const size_t kv_rows = s->varlen ? p->total_k * (kv_total / s->batch) : s->seq_k;
+    float *new_k = key_slice(p->k, slices, kv_rows, s->dk, s->past, kv_rows);
+    float *new_v = key_slice(p->v, slices, kv_rows, s->dv, s->past, kv_rows);
+    float *past_k = key_slice(p->k, slices, kv_rows, s->dk, 0, s->past);
+    float *past_v = key_slice(p->v, slices, kv_rows, s->dv, 0, s->past);
     float *kv_len = pb_calloc(s->batch, sizeof(float));
     for (size_t b = 0; p->kv_len != NULL && b < s->batch; ++b) {
         kv_len[b] = (float)p->kv_len[b];
@@ -1360,6 +1504,13 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
         padding = pb_calloc(count, sizeof(float));
         for (size_t i = 0; i < count; ++i) {
             padding[i] = p->padding[i];
+        }
+    }
+    float *cu[2] = {NULL, NULL};
+    for (int x = 0; x < 2 && s->varlen; ++x) {
+        cu[x] = pb_calloc(s->batch + 1, sizeof(float));
+        for (size_t b = 0; b <= s->batch; ++b) {
+            cu[x][b] = (float)(x ? p->cu_k : p->cu_q)[b];
         }
     }
     float *block_table = NULL;
@@ -1402,6 +1553,8 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
         (err = upload_role(ctx, &l->kv_seqlen, &bound->kv_seqlen, kv_len)) ||
         (err = upload_role(ctx, &l->alibi_slopes, &bound->alibi_slopes, p->alibi)) ||
         (err = upload_role(ctx, &l->sinks, &bound->sinks, p->sinks)) ||
+        (err = upload_role(ctx, &l->cu_seqlens_q, &bound->cu_seqlens_q, cu[0])) ||
+        (err = upload_role(ctx, &l->cu_seqlens_k, &bound->cu_seqlens_k, cu[1])) ||
         (err = upload_role(ctx, &l->out, &bound->out, NULL)) ||
         (err = upload_role(ctx, &l->attn_mask, &bound->attn_mask, p->mask)) ||
         (err = upload_role(ctx, &l->key_padding_mask, &bound->key_padding_mask, padding)) ||
@@ -1411,6 +1564,8 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
     }
     free(padding);
     free(block_table);
+    free(cu[0]);
+    free(cu[1]);
     free(new_k);
     free(new_v);
     free(past_k);
@@ -1475,7 +1630,16 @@ int pb_sdpa_check(clattn_ctx *ctx, cl_command_queue queue, const pb_sdpa_problem
                                                                 : 1e-30;
     ok &= expect_close_floor(p->label, "out", out, p->out_ref, p->out_count,
                              pb_tolerance(s->out_dtype), smallest);
-    ok &= expect_zero_rows(p->label, "out", out, p->lse_ref, rows, s->dv);
+    if (s->varlen) { /* out's rows are (total_q, H), lse_ref's (H, total_q) */
+        double *row_lse = pb_calloc(rows, sizeof(double));
+        for (size_t r = 0; r < rows; ++r) {
+            row_lse[r] = p->lse_ref[(r % s->heads) * p->total_q + r / s->heads];
+        }
+        ok &= expect_zero_rows(p->label, "out", out, row_lse, rows, s->dv);
+        free(row_lse);
+    } else {
+        ok &= expect_zero_rows(p->label, "out", out, p->lse_ref, rows, s->dv);
+    }
     ok &= expect_no_stray(p->label, "out", stray);
     free(out);
     if (bound->weights.mem != NULL && p->weights_ref != NULL) {

@@ -191,6 +191,13 @@ typedef struct pb_sdpa_spec {
      * order, with spare pages of NaN; keys past a batch's count are NaN in their pages, and
      * the blocks wholly past it get indices outside the pool (never to be read). */
     size_t page_size;
+    /* Packed variable-length batches (cu_seqlens_q/_k; the fused path only): 0 off; 1 on:
+     * batch b has its own n_q(b) in 0 .. seq_q query rows and n_k(b) in 0 .. seq_k keys
+     * (drawn, the ends now and then), packed without padding into q (total_q, H, dk), k and v
+     * (total_k, Hkv, d), out (total_q, H, dv) and lse (H, total_q), with the spec's layouts;
+     * seq_q and seq_k are then the plan's max_seqlen_q/_k (cut to the totals). The reference
+     * runs each sequence alone. No masks, kv_len, past, pages, rope or weights. */
+    int varlen;
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u
@@ -237,6 +244,10 @@ typedef struct pb_sdpa_problem {
     float *sinks;     /* the sinks as uploaded ((H); spec.sinks), else NULL */
     int32_t *block_table; /* (B, blocks) page indices (spec.page_size), else NULL */
     size_t blocks, num_pages;
+    /* spec.varlen: the (B + 1) offsets of the sequences' query rows and keys, and their
+     * totals; q, k, v, out_ref and lse_ref are then packed (lse_ref as (H, total_q)) */
+    int32_t *cu_q, *cu_k;
+    size_t total_q, total_k;
     /* float64 reference: out (B, H, Lq, dv), lse (B, H, Lq) and, when want_weights, weights
      * (B, H, Lq, Lk) (else NULL) */
     double *out_ref, *weights_ref, *lse_ref;

@@ -218,10 +218,12 @@ clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_
     const long long seq_q = (long long)score->seq_q, seq_k = (long long)score->seq_k;
     score->band_diag = 0;
     score->band_diag_kv = false;
+    /* per-batch key counts: kv_seqlen's, or packed sequences' own (score.cl's span_band) */
+    const bool counts = kv_len->present || score->varlen;
     if (align == CLATTN_CAUSAL_BOTTOM_RIGHT ||
-        (align == CLATTN_CAUSAL_ONNX && past_len < 0 && kv_len->present)) {
-        score->band_diag_kv = kv_len->present; /* the batch's key count - seq_q */
-        score->band_diag = kv_len->present ? -seq_q : seq_k - seq_q;
+        (align == CLATTN_CAUSAL_ONNX && past_len < 0 && counts)) {
+        score->band_diag_kv = counts; /* the batch's key count - seq_q */
+        score->band_diag = counts ? -seq_q : seq_k - seq_q;
     } else if (align == CLATTN_CAUSAL_ONNX && past_len >= 0) {
         score->band_diag = past_len; /* ONNX: the keys before this block */
     } else if (align == CLATTN_CAUSAL_OFFSET) {

@@ -40,7 +40,11 @@
     X(R_SCORE_W, score_weight, CLATTN_ROLE_SCORE_WEIGHT, "score_weight", "score_weight", "score_weight")\
     X(R_SINKS, sinks, CLATTN_ROLE_SINKS, "sinks", "sinks", "sinks")                              \
     X(R_BLOCK_TABLE, block_table, CLATTN_ROLE_BLOCK_TABLE, "block_table", "block_table",         \
-      "block_table")
+      "block_table")                                                                               \
+    X(R_CU_Q, cu_seqlens_q, CLATTN_ROLE_CU_SEQLENS_Q, "cu_seqlens_q", "cu_seqlens_q",              \
+      "cu_seqlens_q")                                                                              \
+    X(R_CU_K, cu_seqlens_k, CLATTN_ROLE_CU_SEQLENS_K, "cu_seqlens_k", "cu_seqlens_k",              \
+      "cu_seqlens_k")
 
 typedef enum clattn__role {
 #define CLATTN__ROLE_ENUM(role, field, pub, sdpa, mha, x) role = pub,
@@ -52,8 +56,8 @@ typedef enum clattn__role {
 const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role role);
 
 /* A set of roles: bit (1 << role) per role. */
-#define CLATTN__ROLE(r) (1u << (r))
-_Static_assert(R_COUNT <= 32, "a role set is a 32-bit mask");
+#define CLATTN__ROLE(r) ((uint64_t)1 << (r))
+_Static_assert(R_COUNT <= 64, "a role set is a 64-bit mask");
 
 /* Attention over (batch, heads, seq, head_dim) views: the steps both plans share. */
 typedef struct clattn__attention {
@@ -158,7 +162,7 @@ typedef struct clattn__plan_ops {
     void (*release)(clattn_plan *plan);
     const char *const *role_names; /* R_COUNT names */
     size_t by_role_at; /* offsetof(desc, by_role), followed by num_roles */
-    unsigned roles; /* the roles the kind takes (CLATTN__ROLE bits); a tensor in another fails */
+    uint64_t roles; /* the roles the kind takes (CLATTN__ROLE bits); a tensor in another fails */
 } clattn__plan_ops;
 
 /* Defines a kind's table `name##_ops` (no release) and its public create function `fn`, which
@@ -227,6 +231,11 @@ struct clattn_plan {
     clattn__rope_plan rope;
     size_t decode_group; /* SDPA: > 1 when the group's query heads run as rows (sdpa.c) */
     size_t page_size, num_pages; /* SDPA with a block table: k and v are pools of pages */
+    /* SDPA over packed sequences (cu_seqlens): q, k, v, out and lse as the (batch, heads,
+     * max_seqlen, d) views the kernels take (batch stride 0, the token stride per row), by
+     * role; layouts[] keep the caller's packed ones, which execution binds. */
+    bool varlen;
+    clattn__layout varlen_layouts[R_LSE + 1];
     char info[512];      /* clattn_plan_info */
     size_t workspace_floats;
 };

@@ -17,6 +17,13 @@ bool clattn__flash_supports(size_t head_dim_qk, size_t head_dim_v)
            head_dim_v <= FLASH_MAX_HEAD_DIM;
 }
 
+/* The rows of a head in the key parts' scratch log-sum-exp: batch * seq_q, or a packed
+ * batch's total_q (its rows at their packed index). */
+static size_t lse_rows(const clattn__score_shape *score)
+{
+    return score->varlen ? score->total_q : score->batch * score->seq_q;
+}
+
 static unsigned floor_pow2(size_t value, unsigned cap)
 {
     unsigned v = 1;
@@ -130,7 +137,7 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     plan->part_keys = part_tiles >= tiles ? score->seq_k : part_tiles * FC_KT;
     size_t lse_floats = 0;
     if (plan->part_keys < score->seq_k && !shape->has_lse &&
-        !clattn__product(&lse_floats, 3, score->batch, score->heads, score->seq_q))
+        !clattn__product(&lse_floats, 2, score->heads, lse_rows(score)))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
                             "flash_attention: log-sum-exp scratch overflows size_t");
     plan->scratch_floats = lse_floats;
@@ -238,7 +245,7 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
     plan->part_keys = part_keys == 0 || part_keys > score->seq_k ? score->seq_k : part_keys;
 key_parts:
     if (plan->part_keys < score->seq_k && !shape->has_lse &&
-        !clattn__product(&plan->scratch_floats, 3, score->batch, score->heads, score->seq_q))
+        !clattn__product(&plan->scratch_floats, 2, score->heads, lse_rows(score)))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: log-sum-exp scratch overflows size_t",
                             op);
     return CLATTN_SUCCESS;
@@ -254,7 +261,8 @@ static void choose_splits(const clattn_ctx *ctx, const clattn__flash_plan *plan,
     *splits = 1;
     *split_keys = 0;
     const size_t min_keys = plan->shape.tuning->decode_keys;
-    if (min_keys == 0 || plan->part_keys < score->seq_k || plan->key_tile == 0)
+    /* (not for packed sequences: flash_merge writes padded rows) */
+    if (min_keys == 0 || plan->part_keys < score->seq_k || plan->key_tile == 0 || score->varlen)
         return;
     const size_t groups =
         (score->seq_q + plan->block_q - 1) / plan->block_q * score->batch * score->heads;
@@ -394,8 +402,10 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
                                 : split     ? scratch.offset + (cl_ulong)plan->splits * o_split
                                 : parts > 1 ? scratch.offset
                                             : 0;
-    const cl_ulong lse_s0 = own_lse ? lse->strides[1] : score->heads * score->seq_q;
-    const cl_ulong lse_s1 = own_lse ? lse->strides[2] : score->seq_q;
+    /* (packed sequences: the scratch lse is (heads, total_q), rows at their packed index) */
+    const size_t scratch_rows = score->varlen ? score->total_q : score->seq_q;
+    const cl_ulong lse_s0 = own_lse ? lse->strides[1] : score->varlen ? 0 : score->heads * score->seq_q;
+    const cl_ulong lse_s1 = own_lse ? lse->strides[2] : scratch_rows;
     const cl_ulong lse_s2 = own_lse ? lse->strides[3] : 1;
     clattn_flash_params params;
     memset(&params, 0, sizeof params);
@@ -432,6 +442,14 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
         params.num_pages = (cl_uint)masks->paging.num_pages;
     }
     const cl_mem block_table = score->kv_paged ? masks->paging.block_table.mem : q->mem;
+    const cl_mem cu_q = score->varlen ? masks->varlen.cu_q : q->mem;
+    const cl_mem cu_k = score->varlen ? masks->varlen.cu_k : q->mem;
+    if (score->varlen) { /* packed sequences: their offsets and totals */
+        params.cu_q_offset = masks->varlen.q_offset;
+        params.cu_k_offset = masks->varlen.k_offset;
+        params.total_q = (cl_uint)score->total_q;
+        params.total_k = (cl_uint)score->total_k;
+    }
     const cl_mem score_w = score->additive ? masks->additive_w.mem : q->mem;
     const size_t bh_total = score->batch * score->heads;
     /* flash_cpu.cl: one work-item per group, the masks' presence, whether the band has a
@@ -468,6 +486,8 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
                                    CLATTN_ARG(buffers.sinks),
                                    CLATTN_ARG(score_w),
                                    CLATTN_ARG(block_table),
+                                   CLATTN_ARG(cu_q),
+                                   CLATTN_ARG(cu_k),
                                    CLATTN_ARG(params)};
         const cl_uint n = sizeof args / sizeof args[0];
         global[1] = bh_total - first < MAX_BH_PER_LAUNCH ? bh_total - first : MAX_BH_PER_LAUNCH;

@@ -61,6 +61,11 @@ typedef struct clattn__score_shape {
     bool has_sinks;  /* F32 attention sinks per query head (clattn__score_masks.sinks) */
     bool kv_paged;   /* k and v in pages through a block table (clattn__score_masks.paging;
                       * the fused kernels only: KV_PAGED) */
+    /* Packed variable-length batches (clattn__score_masks.varlen; the fused kernels only:
+     * VARLEN): batch b's rows and keys are spans of total_q packed query rows and total_k
+     * packed keys; seq_q and seq_k are the longest a sequence may have (max_seqlen_q, _k). */
+    bool varlen;
+    size_t total_q, total_k;
     long long band_diag;
     bool band_diag_kv;
     long long band_upper, band_lower; /* < 0: that side unbounded (causal: upper 0) */
@@ -92,6 +97,11 @@ typedef struct clattn__score_masks {
         clattn__view block_table;
         size_t page_size, num_pages, k_page, v_page;
     } paging;
+    /* score.varlen: the (batch + 1) I32 offsets of the sequences' query rows and keys */
+    struct {
+        cl_mem cu_q, cu_k;
+        size_t q_offset, k_offset;
+    } varlen;
 } clattn__score_masks;
 
 /* Whether the band has a diagonal edge (causal or a sliding window). */

@@ -92,6 +92,10 @@ static int kv_paged(const clattn__score_shape *score)
 {
     return score->kv_paged;
 }
+static int varlen(const clattn__score_shape *score)
+{
+    return score->varlen;
+}
 
 /* The switches: the macro (score.cl says what each means), its value for a score shape, and
  * the families that compile it in. */
@@ -110,6 +114,7 @@ static const struct score_switch {
     {"SCORE_SOFTCAP", has_softcap, CLATTN__FAMILY_FLASH_GPU},
     {"KV_PAGED", kv_paged,
      CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU},
+    {"VARLEN", varlen, CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU},
 };
 
 void clattn__score_switches(const clattn__score_shape *score, clattn__score_family family,

@@ -42,7 +42,8 @@ TENSOR_ROLES = ("q", "k", "v", "out", "attn_mask", "key_padding_mask", "weights"
                 "in_proj_weight", "in_proj_bias", "q_weight", "k_weight", "v_weight", "q_bias",
                 "k_bias", "v_bias", "out_weight", "out_bias", "kv_seqlen", "past_k", "past_v",
                 "present_k", "present_v", "scores", "alibi_slopes", "pos_table", "rope_cos",
-                "rope_sin", "position_ids", "score_weight", "sinks", "block_table")
+                "rope_sin", "position_ids", "score_weight", "sinks", "block_table",
+                "cu_seqlens_q", "cu_seqlens_k")
 
 
 class Tensors(Structure):
@@ -80,7 +81,8 @@ class SdpaDesc(_PlanDesc):
                         ("window_right", c_longlong), ("scores_mode", c_int),
                         ("softmax_f64", c_int), ("rope", c_int), ("rope_style", c_int),
                         ("rope_dims", c_size_t), ("rope_base", c_double), ("rope_start", c_size_t),
-                        ("diag_offset", c_longlong)]
+                        ("diag_offset", c_longlong), ("max_seqlen_q", c_size_t),
+                        ("max_seqlen_k", c_size_t)]
 
 
 class MhaDesc(_PlanDesc):
