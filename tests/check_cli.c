@@ -412,10 +412,10 @@ static float *scratch_array(const char *name, int ndim, const size_t *shape, cha
     return values;
 }
 
-/* An int64 .npy of a vector (ONNX's nonpad_kv_seqlen) or, with rows > 0, of a (rows,
- * count / rows) matrix (a block table). */
-static void write_i64_npy_rows(const char *path, const long long *values, size_t count,
-                               size_t rows)
+/* An int64 (width 8) or int32 (width 4) .npy of a vector (ONNX's nonpad_kv_seqlen,
+ * cu_seqlens) or, with rows > 0, of a (rows, count / rows) matrix (a block table). */
+static void write_int_npy(const char *path, const long long *values, size_t count, size_t rows,
+                          int width)
 {
     char header[128];
     char shape[64];
@@ -424,7 +424,8 @@ static void write_i64_npy_rows(const char *path, const long long *values, size_t
     else
         snprintf(shape, sizeof shape, "(%zu,)", count);
     int length = snprintf(header, sizeof header,
-                          "{'descr': '<i8', 'fortran_order': False, 'shape': %s, }", shape);
+                          "{'descr': '<i%d', 'fortran_order': False, 'shape': %s, }", width,
+                          shape);
     while ((10 + length + 1) % 64 != 0)
         header[length++] = ' ';
     header[length++] = '\n';
@@ -445,17 +446,24 @@ static void write_i64_npy_rows(const char *path, const long long *values, size_t
     fwrite(header, 1, (size_t)length, f);
     for (size_t i = 0; i < count; ++i) {
         unsigned char bytes[8];
-        for (int b = 0; b < 8; ++b)
+        for (int b = 0; b < width; ++b)
             bytes[b] = (unsigned char)((unsigned long long)values[i] >> (8 * b));
-        fwrite(bytes, 1, 8, f);
+        fwrite(bytes, 1, (size_t)width, f);
     }
     fclose(f);
 }
 
+static void write_i64_npy_rows(const char *path, const long long *values, size_t count,
+                               size_t rows)
+{
+    write_int_npy(path, values, count, rows, 8);
+}
+
 static void write_i64_npy(const char *path, const long long *values, size_t count)
 {
-    write_i64_npy_rows(path, values, count, 0);
+    write_int_npy(path, values, count, 0, 8);
 }
+
 
 /* clattn sdpa with ONNX's KV cache (--past-key/--past-value, --present-*-out), the window, the
  * scores (--qk-out, modes 2 and 3) and a static cache's fill (--nonpad-kv-seqlen), against the
@@ -969,6 +977,143 @@ START_TEST(test_sdpa_paged)
     free(ref);
     free(vp);
     free(kp);
+    free(v);
+    free(k);
+    free(q);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Packed variable-length batches (--cu-seqlens-q/-k): Q (total_q, Hq, d), K and V
+ * (total_k, Hkv, d) of 4 sequences (one without rows), causal bottom-right and then ALiBi
+ * slopes per (sequence, head) with int32 offsets, each sequence against its own float64
+ * reference; then the refusals: offsets not from 0, decreasing, not ending at the total,
+ * counts that differ, the options packed sequences do not take. */
+START_TEST(test_sdpa_varlen)
+{
+    TU_BEGIN_TEST();
+    enum { B = 4, H = 4, G = 2, D = 8 };
+    static const int lq[B] = {5, 0, 3, 1}, lk[B] = {9, 3, 12, 40};
+    int cq[B + 1] = {0}, ck[B + 1] = {0};
+    for (int b = 0; b < B; ++b)
+        cq[b + 1] = cq[b] + lq[b], ck[b + 1] = ck[b] + lk[b];
+    const size_t tq = (size_t)cq[B], tk = (size_t)ck[B];
+    tu_set_case("clattn sdpa varlen: B=%d Hq=%d Hkv=%d d=%d total_q=%zu total_k=%zu", B, H, G, D,
+                tq, tk);
+    char q_path[512], k_path[512], v_path[512], cq_path[512], ck_path[512], cq32_path[512],
+        s_path[512], out[512], args[8192], msg[512];
+    const size_t q_shape[3] = {tq, H, D}, k_shape[3] = {tk, G, D};
+    float *q = scratch_array("varlen_q.npy", 3, q_shape, q_path, sizeof q_path);
+    float *k = scratch_array("varlen_k.npy", 3, k_shape, k_path, sizeof k_path);
+    float *v = scratch_array("varlen_v.npy", 3, k_shape, v_path, sizeof v_path);
+    snprintf(cq_path, sizeof cq_path, "%s/varlen_cq.npy", scratch);
+    snprintf(ck_path, sizeof ck_path, "%s/varlen_ck.npy", scratch);
+    snprintf(cq32_path, sizeof cq32_path, "%s/varlen_cq32.npy", scratch);
+    snprintf(s_path, sizeof s_path, "%s/varlen_slopes.npy", scratch);
+    snprintf(out, sizeof out, "%s/varlen_y.npy", scratch);
+    long long cq64[B + 1], ck64[B + 1];
+    for (int b = 0; b <= B; ++b)
+        cq64[b] = cq[b], ck64[b] = ck[b];
+    write_i64_npy(cq_path, cq64, B + 1);
+    write_i64_npy(ck_path, ck64, B + 1);
+    write_int_npy(cq32_path, cq64, B + 1, 0, 4);
+    float slopes[B * H];
+    for (int i = 0; i < B * H; ++i)
+        slopes[i] = (float)(0.5 * tu_rand_unit());
+    tu_expect(clattn_npy_write(s_path, slopes, 2, (const size_t[]){B, H}, msg, sizeof msg) ==
+                  CLATTN_IO_OK,
+              "%s", msg);
+    const size_t out_count = tq * H * D;
+    double *ref = tu_doubles(out_count);
+    for (int run = 0; run < 2; ++run) {
+        /* each sequence alone: its rows gathered as (1, H, n, d), the output scattered back */
+        for (int b = 0; b < B; ++b) {
+            if (lq[b] == 0)
+                continue;
+            float *qs = tu_floats((size_t)H * lq[b] * D), *ks = tu_floats((size_t)G * lk[b] * D),
+                  *vs = tu_floats((size_t)G * lk[b] * D);
+            double *os = tu_doubles((size_t)H * lq[b] * D);
+            for (int h = 0; h < H; ++h)
+                for (int i = 0; i < lq[b]; ++i)
+                    memcpy(qs + ((size_t)h * lq[b] + i) * D, q + ((size_t)(cq[b] + i) * H + h) * D,
+                           D * sizeof(float));
+            for (int h = 0; h < G; ++h)
+                for (int j = 0; j < lk[b]; ++j) {
+                    memcpy(ks + ((size_t)h * lk[b] + j) * D, k + ((size_t)(ck[b] + j) * G + h) * D,
+                           D * sizeof(float));
+                    memcpy(vs + ((size_t)h * lk[b] + j) * D, v + ((size_t)(ck[b] + j) * G + h) * D,
+                           D * sizeof(float));
+                }
+            ref_sdpa_shape shape = bottom_right_shape(1, H, G, (size_t)lq[b], (size_t)lk[b], D);
+            if (run == 1) {
+                shape.causal = CLATTN_CAUSAL_NONE;
+                shape.alibi = slopes + b * H;
+            }
+            ref_sdpa(&shape, qs, ks, vs, NULL, NULL, os, NULL, NULL);
+            for (int h = 0; h < H; ++h)
+                for (int i = 0; i < lq[b]; ++i)
+                    memcpy(ref + ((size_t)(cq[b] + i) * H + h) * D, os + ((size_t)h * lq[b] + i) * D,
+                           D * sizeof(double));
+            free(qs);
+            free(ks);
+            free(vs);
+            free(os);
+        }
+        if (run == 0)
+            snprintf(args, sizeof args,
+                     "sdpa --q %s --k %s --v %s --cu-seqlens-q %s --cu-seqlens-k %s --causal "
+                     "--causal-align bottom-right --out %s",
+                     q_path, k_path, v_path, cq_path, ck_path, out);
+        else
+            snprintf(args, sizeof args,
+                     "sdpa --q %s --k %s --v %s --cu-seqlens-q %s --cu-seqlens-k %s "
+                     "--alibi-slopes %s --out %s",
+                     q_path, k_path, v_path, cq32_path, ck_path, s_path, out);
+        const int status = run_cli(args);
+        tu_expect(status == 0, "run %d: exit status %d, stderr: %s", run, status,
+                  captured("stderr"));
+        if (status == 0)
+            expect_npy_reference(out, run ? "Y (varlen, ALiBi)" : "Y (varlen, causal)", ref,
+                                 out_count, 3, (const size_t[]){tq, H, D});
+    }
+    /* Refusals: one line, exit 2. */
+    char bad[4][512];
+    static const long long not_zero[B + 1] = {1, 5, 5, 8, 9}, falling[B + 1] = {0, 5, 4, 8, 9},
+                           short_end[B + 1] = {0, 5, 5, 8, 8}, three[3] = {0, 5, 9};
+    const long long *bad_values[4] = {not_zero, falling, short_end, three};
+    for (int i = 0; i < 4; ++i) {
+        snprintf(bad[i], sizeof bad[i], "%s/varlen_bad%d.npy", scratch, i);
+        write_i64_npy(bad[i], bad_values[i], i == 3 ? 3 : B + 1);
+    }
+    static const struct {
+        int file; /* the bad cu_seqlens_q, or -1 */
+        const char *extra, *want;
+    } refusals[] = {
+        {0, "", "cu_seqlens_q[0] = 1; the offsets start at 0"},
+        {1, "", "cu_seqlens_q[2] = 4 is below cu_seqlens_q[1] = 5: the offsets must be "
+                "non-decreasing"},
+        {2, "", "cu_seqlens_q[4] = 8 but q has 9 rows: the offsets end at the total"},
+        {3, "", "cu_seqlens_k has 5 offsets but cu_seqlens_q 3"},
+        {-1, " --nonpad-kv-seqlen X", "cannot be combined with --nonpad-kv-seqlen"},
+        {-1, " --path unfused", "cannot be combined with --path unfused"},
+        {-1, " --rope", "cannot be combined with --rope"},
+    };
+    for (size_t i = 0; i < sizeof refusals / sizeof refusals[0]; ++i) {
+        snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s --cu-seqlens-q %s --cu-seqlens-k %s%s",
+                 q_path, k_path, v_path, refusals[i].file >= 0 ? bad[refusals[i].file] : cq_path,
+                 ck_path, refusals[i].extra);
+        const int status = run_cli(args);
+        tu_expect(status == 2 && strstr(captured("stderr"), refusals[i].want) &&
+                      strchr(captured("stderr"), '\n') == strrchr(captured("stderr"), '\n'),
+                  "refusal %zu: status %d, stderr: %s", i, status, captured("stderr"));
+    }
+    snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s --cu-seqlens-q %s", q_path, k_path,
+             v_path, cq_path);
+    const int status = run_cli(args);
+    tu_expect(status == 2 && strstr(captured("stderr"), "--cu-seqlens-q and --cu-seqlens-k go "
+                                                         "together"),
+              "one offsets file: status %d, stderr: %s", status, captured("stderr"));
+    free(ref);
     free(v);
     free(k);
     free(q);
@@ -3502,6 +3647,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_sdpa_sinks);
     tcase_add_test(tc, test_sdpa_kv_dtype);
     tcase_add_test(tc, test_sdpa_paged);
+    tcase_add_test(tc, test_sdpa_varlen);
     tcase_add_test(tc, test_run_posenc);
     tcase_add_test(tc, test_run_rope);
     tcase_add_test(tc, test_sdpa_command);

@@ -11,6 +11,7 @@
 static const char sdpa_usage[] =
     "usage: clattn sdpa --q Q.npy (--k K.npy --v V.npy | --k-pages KP.npy --v-pages VP.npy\n"
     "                   --block-table BT.npy --seqlens-k N.npy) [--q-heads H] [--kv-heads H]\n"
+    "                   [--cu-seqlens-q CQ.npy --cu-seqlens-k CK.npy]\n"
     "                   [--attn-mask M.npy [--mask-true attend|masked]]\n"
     "                   [--past-key PK.npy --past-value PV.npy]\n"
     "                   [--nonpad-kv-seqlen N.npy] [--causal] [--causal-align "
@@ -75,7 +76,16 @@ static const char sdpa_usage_serving[] =
     "  block formats (32 values per block: q8_0 an fp16 scale amax/127 and int8 values, q4_0\n"
     "  an fp16 scale max/-8 and 4-bit values), then attend over them, dequantized as they are\n"
     "  read (the fused path; head sizes multiples of 32; not with past/present, --rope,\n"
-    "  --qk-out or --ring).\n";
+    "  --qk-out or --ring).\n"
+    "--cu-seqlens-q CQ.npy --cu-seqlens-k CK.npy: packed variable-length batches\n"
+    "  (FlashAttention's varlen functions): Q (total_q, Hq, d), K (total_k, Hkv, d) and V\n"
+    "  (total_k, Hkv, dv), rank 3 with no padding; CQ and CK (B + 1) int32 or int64 offsets\n"
+    "  from 0, non-decreasing, ending at total_q and total_k: sequence i is the rows\n"
+    "  CQ[i] .. CQ[i+1] - 1 of Q and CK[i] .. CK[i+1] - 1 of K and V, and attends only within\n"
+    "  itself. --causal and --window per sequence (--causal-align bottom-right, or onnx: the\n"
+    "  queries are the last rows of their sequence); --alibi-slopes (Hq) or (B, Hq). Y is\n"
+    "  (total_q, Hq, dv). The fused path; not with masks, past/present, --nonpad-kv-seqlen,\n"
+    "  pages, --rope, --qk-out or --ring.\n";
 /* The rest of the help: C11 compilers need not take string literals over 4095 characters. */
 static const char sdpa_usage_outputs[] =
     "Output: Y with Q's rank, (B, Hq, Lq, dv) or (B, Lq, Hq * dv), written to --out or printed\n"
@@ -100,6 +110,8 @@ typedef struct sdpa_options {
     const char *sinks; /* --sinks S.npy */
     const char *k_pages, *v_pages, *block_table, *seqlens_k; /* a paged cache */
     bool paged;
+    const char *cu_q, *cu_k; /* packed variable-length batches */
+    bool varlen;
     bool check_only; /* cmd_sdpa_check: stop before the ring and any device work */
     bool alibi;    /* --alibi: the paper's slopes */
     cli_rope rope; /* --rope and its options */
@@ -140,12 +152,16 @@ enum {
     M_BLOCK_TABLE,
     M_KQ, /* --kv-dtype: the quantized keys and values */
     M_VQ,
+    M_CU_Q, /* packed sequences' offsets */
+    M_CU_K,
     M_COUNT
 };
 
 typedef struct sdpa_data {
-    clattn_array q, k, v, mask, past_k, past_v, nonpad, slopes, sinks, table;
+    clattn_array q, k, v, mask, past_k, past_v, nonpad, slopes, sinks, table, cu_file[2];
     int32_t *block_table; /* the paged cache's table as I32 */
+    int32_t *cu[2];       /* packed sequences' offsets (q, k) as I32 */
+    size_t sequences, max_len[2]; /* their count, and the longest q and k spans */
     float *mask_f32;    /* the mask as added floats, padded to Lk (float masks) */
     uint8_t *mask_keep; /* the mask as keep bytes, padded to Lk (bool masks) */
     int32_t *counts;    /* nonpad_kv_seqlen as I32 */
@@ -168,6 +184,10 @@ static void sdpa_free(sdpa_data *d)
     clattn_array_free(&d->slopes);
     clattn_array_free(&d->sinks);
     clattn_array_free(&d->table);
+    clattn_array_free(&d->cu_file[0]);
+    clattn_array_free(&d->cu_file[1]);
+    free(d->cu[0]);
+    free(d->cu[1]);
     free(d->block_table);
     free(d->counts);
     free(d->present_k);
@@ -214,6 +234,8 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         {"--v-pages", CLI_PATH, &o->v_pages, 0, NULL, NULL},
         {"--block-table", CLI_PATH, &o->block_table, 0, NULL, NULL},
         {"--seqlens-k", CLI_PATH, &o->seqlens_k, 0, NULL, NULL},
+        {"--cu-seqlens-q", CLI_PATH, &o->cu_q, 0, NULL, NULL},
+        {"--cu-seqlens-k", CLI_PATH, &o->cu_k, 0, NULL, NULL},
         {"--alibi", CLI_FLAG, &o->alibi, 0, NULL, NULL},
         {"--ring", CLI_FLAG, &o->ring, 0, NULL, NULL},
         {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
@@ -310,6 +332,22 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         o->k = o->k_pages;
         o->v = o->v_pages;
         o->nonpad = o->seqlens_k;
+    }
+    o->varlen = o->cu_q || o->cu_k;
+    if (o->varlen) { /* packed sequences: the fused path, each attending within itself */
+        if (!o->cu_q || !o->cu_k)
+            return cli_fail("sdpa", CLI_BAD_INPUT, "--cu-seqlens-q and --cu-seqlens-k go together");
+        const char *other = o->paged      ? "--k-pages"
+                            : o->mask     ? "--attn-mask"
+                            : o->nonpad   ? "--nonpad-kv-seqlen"
+                            : o->q_heads  ? "--q-heads (the heads are Q's dim 1)"
+                            : o->kv_heads ? "--kv-heads (the heads are K's dim 1)"
+                                          : fused_only_conflict(o);
+        if (other)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "--cu-seqlens-q (packed sequences, the fused path) cannot be combined "
+                            "with %s",
+                            other);
     }
     if (!o->q || !o->k || !o->v)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--q, --k and --v are required (see --help)");
@@ -515,8 +553,10 @@ static int write_out(const sdpa_options *o, const sdpa_data *d, size_t batch, si
 {
     const size_t out_count = batch * heads * seq_q * dv;
     const size_t shape4[4] = {batch, heads, seq_q, dv}, shape3[3] = {batch, seq_q, heads * dv};
+    const size_t packed[3] = {seq_q, heads, dv}; /* packed sequences: (total_q, Hq, dv) */
     if (o->out)
-        return write_npy(o->out, d->out, rank3 ? 3 : 4, rank3 ? shape3 : shape4, &d->q);
+        return write_npy(o->out, d->out, rank3 ? 3 : 4,
+                         o->varlen ? packed : rank3 ? shape3 : shape4, &d->q);
     if (out_count > 4096) {
         if (rank3)
             printf("output: (%zu, %zu, %zu) floats; use --out Y.npy to save it\n", batch, seq_q,
@@ -605,6 +645,90 @@ static int check_block_table(const sdpa_options *o, sdpa_data *d, size_t batch)
     return CLI_OK;
 }
 
+/* Packed sequences: Q (total_q, Hq, d), K (total_k, Hkv, d), V (total_k, Hkv, dv) as the
+ * (1, H, total, d) views of one long batch (the checks after this), and the offsets: int
+ * (B + 1) each, from 0, non-decreasing, ending at the totals; the longest spans. */
+static int varlen_views(const sdpa_options *o, sdpa_data *d, sdpa_view *q, sdpa_view *k,
+                        sdpa_view *v)
+{
+    char a[128], msg[1024];
+    const clattn_array *arrays[3] = {&d->q, &d->k, &d->v};
+    sdpa_view *views[3] = {q, k, v};
+    static const char *const names[3] = {"q", "k", "v"};
+    static const char *const shapes[3] = {"(total_q, Hq, d)", "(total_k, Hkv, d)",
+                                          "(total_k, Hkv, dv)"};
+    for (int i = 0; i < 3; ++i) {
+        const clattn_array *x = arrays[i];
+        if (x->ndim != 3 || x->shape[0] == 0 || x->shape[1] == 0 || x->shape[2] == 0)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "%s has shape %s; with --cu-seqlens-q it must be packed rank 3 %s, "
+                            "no dim 0",
+                            names[i], shape_text(x, a, sizeof a), shapes[i]);
+        const size_t rows = x->shape[0], heads = x->shape[1], dim = x->shape[2];
+        const size_t dims[4] = {1, heads, rows, dim}, strides[4] = {rows * heads * dim, dim,
+                                                                    heads * dim, 1};
+        memcpy(views[i]->dims, dims, sizeof dims);
+        memcpy(views[i]->strides, strides, sizeof strides);
+    }
+    const char *paths[2] = {o->cu_q, o->cu_k};
+    static const char *const cu_names[2] = {"cu_seqlens_q", "cu_seqlens_k"};
+    const size_t totals[2] = {d->q.shape[0], d->k.shape[0]};
+    for (int x = 0; x < 2; ++x) {
+        clattn_array *cu = &d->cu_file[x];
+        if (clattn_npy_read(paths[x], cu, msg, sizeof msg) != CLATTN_IO_OK)
+            return cli_fail("sdpa", CLI_BAD_INPUT, "%s", msg);
+        if (cu->source != CLATTN_IO_INT || cu->ndim != 1 || cu->shape[0] < 2)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "%s: %s has shape %s; expected int32 or int64 (B + 1) offsets, B >= 1",
+                            paths[x], cu_names[x], shape_text(cu, a, sizeof a));
+        if (x == 1 && cu->shape[0] != d->cu_file[0].shape[0])
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "%s: cu_seqlens_k has %zu offsets but cu_seqlens_q %zu (B + 1 each)",
+                            paths[x], cu->shape[0], d->cu_file[0].shape[0]);
+        d->cu[x] = malloc(cu->count * sizeof(int32_t));
+        if (d->cu[x] == NULL)
+            return cli_fail("sdpa", CLI_FAILED, "out of memory");
+        d->max_len[x] = 0;
+        for (size_t i = 0; i < cu->count; ++i) {
+            const float at = cu->data[i], before = i ? cu->data[i - 1] : 0.0f;
+            if (i == 0 && at != 0.0f)
+                return cli_fail("sdpa", CLI_BAD_INPUT, "%s: %s[0] = %g; the offsets start at 0",
+                                paths[x], cu_names[x], (double)at);
+            if (at < before)
+                return cli_fail("sdpa", CLI_BAD_INPUT,
+                                "%s: %s[%zu] = %g is below %s[%zu] = %g: the offsets must be "
+                                "non-decreasing",
+                                paths[x], cu_names[x], i, (double)at, cu_names[x], i - 1,
+                                (double)before);
+            if (at > (float)totals[x])
+                return cli_fail("sdpa", CLI_BAD_INPUT,
+                                "%s: %s[%zu] = %g is past %s's %zu rows", paths[x], cu_names[x], i,
+                                (double)at, x ? "k" : "q", totals[x]);
+            d->cu[x][i] = (int32_t)at;
+            if (i && (size_t)(at - before) > d->max_len[x])
+                d->max_len[x] = (size_t)(at - before);
+        }
+        if (cu->data[cu->count - 1] != (float)totals[x])
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "%s: %s[%zu] = %g but %s has %zu rows: the offsets end at the total",
+                            paths[x], cu_names[x], cu->count - 1,
+                            (double)cu->data[cu->count - 1], x ? "k" : "q", totals[x]);
+        if (d->max_len[x] == 0) /* every sequence empty: the plan still takes 1 */
+            d->max_len[x] = 1;
+    }
+    d->sequences = d->cu_file[0].count - 1;
+    return CLI_OK;
+}
+
+/* The elements of a tensor of rank t->rank. */
+static size_t tensor_count(const clattn_tensor *t)
+{
+    size_t count = 1;
+    for (int i = 0; i < t->rank; ++i)
+        count *= t->dims[i];
+    return count;
+}
+
 static int run_sdpa(const sdpa_options *o, sdpa_data *d)
 {
     int rc;
@@ -629,11 +753,15 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
                         d->v.ndim == 4 ? "(rank 4)" : "(rank 3)");
     const size_t kv_option = o->kv_heads ? o->kv_heads : o->q_heads;
     sdpa_view q, k, v;
-    if ((rc = view_of("q", o->q, &d->q, o->q_heads, "--q-heads", &q)) ||
-        (!o->paged && ((rc = view_of("k", o->k, &d->k, kv_option, "--kv-heads", &k)) ||
-                       (rc = view_of("v", o->v, &d->v, kv_option, "--kv-heads", &v)))) ||
-        (o->paged && (rc = paged_views(o, d, &q, &k, &v))))
+    if (o->varlen) {
+        if ((rc = varlen_views(o, d, &q, &k, &v)))
+            return rc;
+    } else if ((rc = view_of("q", o->q, &d->q, o->q_heads, "--q-heads", &q)) ||
+               (!o->paged && ((rc = view_of("k", o->k, &d->k, kv_option, "--kv-heads", &k)) ||
+                              (rc = view_of("v", o->v, &d->v, kv_option, "--kv-heads", &v)))) ||
+               (o->paged && (rc = paged_views(o, d, &q, &k, &v)))) {
         return rc;
+    }
     if (k.dims[0] != q.dims[0] || v.dims[0] != q.dims[0])
         return cli_fail("sdpa", CLI_BAD_INPUT, "batch: q has %zu, k %zu, v %zu", q.dims[0],
                         k.dims[0], v.dims[0]);
@@ -705,14 +833,15 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     } else if (o->alibi_slopes) {
         if ((rc = load(o->alibi_slopes, &d->slopes, false)))
             return rc;
+        const size_t slope_rows = o->varlen ? d->sequences : batch; /* per sequence */
         const bool per_head = d->slopes.ndim == 1 && d->slopes.shape[0] == heads;
-        const bool per_batch =
-            d->slopes.ndim == 2 && d->slopes.shape[0] == batch && d->slopes.shape[1] == heads;
+        const bool per_batch = d->slopes.ndim == 2 && d->slopes.shape[0] == slope_rows &&
+                               d->slopes.shape[1] == heads;
         if (!per_head && !per_batch)
             return cli_fail("sdpa", CLI_BAD_INPUT,
                             "%s: the ALiBi slopes have shape %s; expected (%zu,) or (%zu, %zu)",
-                            o->alibi_slopes, shape_text(&d->slopes, a, sizeof a), heads, batch,
-                            heads);
+                            o->alibi_slopes, shape_text(&d->slopes, a, sizeof a), heads,
+                            slope_rows, heads);
         for (size_t i = 0; i < d->slopes.count; ++i)
             if (!isfinite(d->slopes.data[i]))
                 return cli_fail("sdpa", CLI_BAD_INPUT, "%s: slope %zu is not finite",
@@ -809,6 +938,17 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             roles[r]->strides[i] = views[r]->strides[i];
         }
     }
+    if (o->varlen) { /* packed rank-3 operands, the offsets, the longest spans */
+        t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, seq_q, heads, dk, 0);
+        t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, seq_k, kv_heads, dk, 0);
+        t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, seq_k, kv_heads, dv, 0);
+        t->out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, seq_q, heads, dv, 0);
+        t->cu_seqlens_q =
+            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, d->sequences + 1, 0, 0, 0);
+        t->cu_seqlens_k = t->cu_seqlens_q;
+        desc.max_seqlen_q = d->max_len[0];
+        desc.max_seqlen_k = d->max_len[1];
+    }
     if (o->paged) { /* the pools as they are, and the table */
         const size_t *kp = d->k.shape, *vp = d->v.shape;
         t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, kp[0], kp[1], kp[2], kp[3]);
@@ -829,10 +969,11 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
                             name, dk, dv);
         const size_t block_bytes = o->kv_dtype == CLATTN_DTYPE_Q8_0 ? 34 : 18;
         const size_t *kd = t->k.dims, *vd = t->v.dims;
-        t->k = clattn_tensor_make(NULL, 0, o->kv_dtype, 4, kd[0], kd[1], kd[2], kd[3]);
-        t->v = clattn_tensor_make(NULL, 0, o->kv_dtype, 4, vd[0], vd[1], vd[2], vd[3]);
-        kq_bytes = kd[0] * kd[1] * kd[2] * kd[3] / 32 * block_bytes; /* <= the floats' bytes */
-        vq_bytes = vd[0] * vd[1] * vd[2] * vd[3] / 32 * block_bytes;
+        const int rank = t->k.rank; /* 4, or 3 for packed sequences */
+        t->k = clattn_tensor_make(NULL, 0, o->kv_dtype, rank, kd[0], kd[1], kd[2], kd[3]);
+        t->v = clattn_tensor_make(NULL, 0, o->kv_dtype, rank, vd[0], vd[1], vd[2], vd[3]);
+        kq_bytes = tensor_count(&t->k) / 32 * block_bytes; /* <= the floats' bytes */
+        vq_bytes = tensor_count(&t->v) / 32 * block_bytes;
     }
     if (o->mask) {
         const size_t full[4] = {batch, heads, seq_q, seq_k};
@@ -858,7 +999,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         t->alibi_slopes =
             d->slopes.ndim == 1
                 ? clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0)
-                : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, batch, heads, 0, 0);
+                : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, d->slopes.shape[0], heads, 0, 0);
     if (d->sinks.data)
         t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0);
     size_t scores_count = 0;
@@ -926,6 +1067,9 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         if (err == CL_SUCCESS && d->block_table)
             d->mem[M_BLOCK_TABLE] = upload(ctx, d->block_table, d->table.count * sizeof(int32_t),
                                            CL_MEM_READ_ONLY, &err);
+        for (int x = 0; x < 2 && err == CL_SUCCESS && o->varlen; ++x)
+            d->mem[M_CU_Q + x] = upload(ctx, d->cu[x], (d->sequences + 1) * sizeof(int32_t),
+                                        CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS && d->sinks.data)
             d->mem[M_SINKS] =
                 upload(ctx, d->sinks.data, heads * sizeof(float), CL_MEM_READ_ONLY, &err);
@@ -946,6 +1090,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             bound.alibi_slopes.mem = d->mem[M_ALIBI];
             bound.sinks.mem = d->mem[M_SINKS];
             bound.block_table.mem = d->mem[M_BLOCK_TABLE];
+            bound.cu_seqlens_q.mem = d->mem[M_CU_Q];
+            bound.cu_seqlens_k.mem = d->mem[M_CU_K];
             bound.q.mem = d->mem[M_Q], bound.k.mem = d->mem[M_K], bound.v.mem = d->mem[M_V];
             if (kq_bytes)
                 bound.k.mem = d->mem[M_KQ], bound.v.mem = d->mem[M_VQ];
