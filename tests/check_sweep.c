@@ -67,7 +67,7 @@
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* Draws per run of each tier (measured: see README's Testing section). */
-#define SWEEP_DRAWS_CI 120
+#define SWEEP_DRAWS_CI 132
 #define SWEEP_DRAWS_SMALL 12
 #define SWEEP_DRAWS_FULL 1500
 #define CENSUS_DRAWS 20000
@@ -88,6 +88,7 @@ typedef enum axis_id {
     AX_SINKS,
     AX_PAGED,
     AX_QUANT,
+    AX_VARLEN,
     AX_MASK,
     AX_MASK_RANK,
     AX_MASK_HEADS,
@@ -151,6 +152,7 @@ static const axis_def axes[AX_COUNT] = {
     [AX_SINKS] = {"sinks", 2, {"off", "on"}},
     [AX_PAGED] = {"paged", 4, {"off", "1", "2..17", "32..256"}},
     [AX_QUANT] = {"kv_quant", 3, {"off", "q8_0", "q4_0"}},
+    [AX_VARLEN] = {"varlen", 2, {"off", "on"}},
     [AX_MASK] = {"mask", 3, {"none", "bool", "float"}},
     [AX_MASK_RANK] = {"mask_rank", 6, {"none", "1", "2", "3", "4", "4_stride0"}},
     [AX_MASK_HEADS] = {"mask_heads", 3, {"none", "shared", "per_head"}},
@@ -308,6 +310,27 @@ static const combo required[] = {
     C2(AX_QUANT, QUANT_Q8_0, AX_SINKS, ON),
     C2(AX_QUANT, QUANT_Q4_0, AX_LAYOUT, LAY_PADDED),
     C2(AX_QUANT, QUANT_Q8_0, AX_OUTPUTS, OUT_WEIGHTS),
+    /* Packed variable-length batches (issue 28): every fused kernel and context (key parts
+     * keep a packed lse in scratch; decode splits are off for them), one-row decode with
+     * grouped heads (not run grouped), the in-place read, the score rules per sequence,
+     * storage, layouts, lse, quantized k/v; refused off the fused path */
+    C2(AX_VARLEN, ON, AX_CONFIG, CFG_GPU),
+    C2(AX_VARLEN, ON, AX_CONFIG, CFG_SPLIT),
+    C2(AX_VARLEN, ON, AX_CONFIG, CFG_CPU_SPLIT),
+    C2(AX_VARLEN, ON, AX_CONFIG, CFG_GPU_SPLIT),
+    C2(AX_VARLEN, ON, AX_CONFIG, CFG_DECODE_SPLIT),
+    C3(AX_VARLEN, ON, AX_LQ, LQ_ONE, AX_GQA, GQA_4),
+    C2(AX_VARLEN, ON, AX_READ, READ_IN_PLACE),
+    C2(AX_VARLEN, ON, AX_SINKS, ON),
+    C2(AX_VARLEN, ON, AX_ALIBI, ALIBI_BH),
+    C3(AX_VARLEN, ON, AX_CAUSAL, AL_BOTTOM_RIGHT, AX_WINDOW, AL_BOTTOM_RIGHT),
+    C2(AX_VARLEN, ON, AX_CAUSAL, AL_ONNX),
+    C2(AX_VARLEN, ON, AX_CAUSAL, AL_OFFSET),
+    C2(AX_VARLEN, ON, AX_QUANT, QUANT_Q8_0),
+    C2(AX_VARLEN, ON, AX_DTYPE, DT_MIXED),
+    C2(AX_VARLEN, ON, AX_LAYOUT, LAY_STRIDED_LAST),
+    C2(AX_VARLEN, ON, AX_OUTPUTS, OUT_LSE),
+    C2(AX_VARLEN, ON, AX_NORM, NORM_RELU),
 };
 
 /* --- the contexts ---------------------------------------------------------------------------- */
@@ -665,6 +688,24 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
                                             : weighted(quant_w, 3));
     if (quant != QUANT_OFF && keys == KEYS_PAST)
         keys = pick(d, AX_KEYS, KEYS_ALL);
+    /* packed sequences: no per-batch counts, past or pages, masks, padding, weights or
+     * softmax_f64 (the fused path, each sequence within itself); on only where no forced axis
+     * asks for one of them, which are then set off below */
+    const int varlen_blocked =
+        (is_forced(d, AX_KEYS) && keys != KEYS_ALL) ||
+        (is_forced(d, AX_PAGED) && paged != PAGED_OFF) ||
+        (is_forced(d, AX_MASK) && d->v[AX_MASK] != MASK_NONE) ||
+        (is_forced(d, AX_MASK_RANK) && d->v[AX_MASK_RANK] != RANK_NONE) ||
+        (is_forced(d, AX_MASK_HEADS) && d->v[AX_MASK_HEADS] != HEADS_NONE) ||
+        (is_forced(d, AX_PADDING) && d->v[AX_PADDING] != PAD_OFF) ||
+        (is_forced(d, AX_OUTPUTS) && d->v[AX_OUTPUTS] == OUT_WEIGHTS) ||
+        (is_forced(d, AX_NORM) && d->v[AX_NORM] == NORM_SOFTMAX_F64) || grouped;
+    static const int varlen_w[] = {88, 12};
+    const int varlen = pick(d, AX_VARLEN, varlen_blocked ? OFF : weighted(varlen_w, 2));
+    if (varlen == ON) {
+        keys = pick(d, AX_KEYS, KEYS_ALL);
+        pick(d, AX_PAGED, PAGED_OFF);
+    }
     const size_t long_low = 63, long_high = small_ ? 67 : 129;
     s->seq_q = lq == LQ_ONE     ? 1
                : lq == LQ_SHORT ? in_range(2, in_place ? 8 : 17)
@@ -767,6 +808,8 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
                           padding != PAD_OFF;
     s->batch = decode_split ? 1 : per_batch ? in_range(2, small_ ? 2 : 3)
                                             : in_range(1, small_ ? 2 : 3);
+    if (varlen == ON) /* several sequences of their own lengths */
+        s->batch = in_range(2, small_ ? 3 : 5);
 
     /* storage, normalisation, layouts, outputs, head sizes */
     draw_storage(d, s);
@@ -828,6 +871,19 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         if (s->v_layout == PB_STRIDED_LAST)
             s->v_layout = PB_PADDED;
     }
+    if (varlen == ON) { /* what packed sequences do not take: off (none of it forced) */
+        pick(d, AX_MASK, MASK_NONE);
+        pick(d, AX_MASK_RANK, RANK_NONE);
+        pick(d, AX_MASK_HEADS, HEADS_NONE);
+        pick(d, AX_PADDING, PAD_OFF);
+        if (s->want_weights)
+            pick(d, AX_OUTPUTS, OUT_ONLY);
+        if (s->softmax_f64)
+            pick(d, AX_NORM, NORM_SOFTMAX);
+        s->varlen = 1;
+        s->mask = PB_MASK_NONE;
+        s->padding = s->fully_masked = s->want_weights = s->softmax_f64 = 0;
+    }
     s->scale = tu_rand_below(3) == 0 ? (float)(0.05 + tu_rand_unit()) : NAN;
     s->q_gain = (float)(1.0 + 3.0 * tu_rand_unit());
     s->path = CLATTN_PATH_AUTO;
@@ -874,6 +930,8 @@ static clattn_status expected_status(const pb_sdpa_spec *s, clattn_path path)
         return CLATTN_ERR_INVALID_ARGUMENT; /* FUSED never forms the weights, nor doubles */
     if (path_fused(s, path))
         return CLATTN_SUCCESS;
+    if (s->varlen)
+        return CLATTN_ERR_UNSUPPORTED; /* packed sequences run on the fused path only */
     if (quantized(s))
         return CLATTN_ERR_UNSUPPORTED; /* quantized k/v run on the fused path only */
     if (s->page_size)
@@ -891,8 +949,8 @@ static clattn_status expected_status(const pb_sdpa_spec *s, clattn_path path)
  * row, grouped heads, no left bound, every row's band ending at the key count, no ALiBi). */
 static int grouped_decode(const pb_sdpa_spec *s)
 {
-    if (s->seq_q != 1 || s->kv_heads == 0 || s->heads / s->kv_heads < 2 || s->alibi)
-        return 0;
+    if (s->seq_q != 1 || s->kv_heads == 0 || s->heads / s->kv_heads < 2 || s->alibi || s->varlen)
+        return 0; /* (packed sequences run one query head per row) */
     const long long seq_q = (long long)s->seq_q, seq_k = (long long)s->seq_k;
     const long long huge = 1LL << 34;
     const int align = s->causal != CLATTN_CAUSAL_NONE ? s->causal : s->window_align;

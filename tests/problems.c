@@ -1035,8 +1035,9 @@ static void make_sdpa_layouts(pb_sdpa_problem *p)
     }
 }
 
-/* spec.varlen: the sequences' lengths (the ends now and then), at least one query row and
- * one key in all; the operands none of it takes are turned off. */
+/* spec.varlen: the sequences' lengths (the ends now and then; one sequence has seq_q rows and
+ * seq_k keys, so the totals hold the plan's maxima); the operands none of it takes are turned
+ * off. */
 static void draw_varlen(pb_sdpa_problem *p)
 {
     pb_sdpa_spec *s = &p->spec;
@@ -1048,17 +1049,15 @@ static void draw_varlen(pb_sdpa_problem *p)
         s->path = CLATTN_PATH_AUTO;
     }
     const size_t ends[2] = {s->seq_q, s->seq_k};
+    const size_t longest = pb_rand_below(s->batch); /* spans both maxima (the plan's) */
     int32_t *cu[2];
     size_t totals[2];
     for (int x = 0; x < 2; ++x) {
         cu[x] = pb_calloc(s->batch + 1, sizeof(int32_t));
         for (size_t b = 0; b < s->batch; ++b) {
-            const size_t pick = pb_rand_below(5);
+            const size_t pick = b == longest ? 0 : pb_rand_below(5);
             const size_t n = pick == 0 ? ends[x] : pick == 1 ? 0 : pb_rand_below(ends[x] + 1);
             cu[x][b + 1] = cu[x][b] + (int32_t)n;
-        }
-        if (cu[x][s->batch] == 0) { /* a tensor has at least one row: the last sequence's */
-            cu[x][s->batch] = 1;
         }
         totals[x] = (size_t)cu[x][s->batch];
     }

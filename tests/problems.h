@@ -193,10 +193,11 @@ typedef struct pb_sdpa_spec {
     size_t page_size;
     /* Packed variable-length batches (cu_seqlens_q/_k; the fused path only): 0 off; 1 on:
      * batch b has its own n_q(b) in 0 .. seq_q query rows and n_k(b) in 0 .. seq_k keys
-     * (drawn, the ends now and then), packed without padding into q (total_q, H, dk), k and v
-     * (total_k, Hkv, d), out (total_q, H, dv) and lse (H, total_q), with the spec's layouts;
-     * seq_q and seq_k are then the plan's max_seqlen_q/_k (cut to the totals). The reference
-     * runs each sequence alone. No masks, kv_len, past, pages, rope or weights. */
+     * (drawn, the ends now and then; one sequence has both maxima), packed without padding
+     * into q (total_q, H, dk), k and v (total_k, Hkv, d), out (total_q, H, dv) and lse
+     * (H, total_q), with the spec's layouts; seq_q and seq_k are the plan's max_seqlen_q/_k.
+     * The reference runs each sequence alone. No masks, kv_len, past, pages, rope or
+     * weights. */
     int varlen;
 } pb_sdpa_spec;
 

@@ -97,12 +97,11 @@ static clattn_status pack_varlen(clattn_plan *plan, const clattn_sdpa_desc *desc
                                 "%s: cu_seqlens_q/cu_seqlens_k with %s: not supported (packed "
                                 "sequences run on the fused path, each attending within itself)",
                                 op, refused[i].name);
-    if (desc->rope != 0 || desc->softmax_f64 != 0 || desc->path == CLATTN_PATH_UNFUSED)
+    if (desc->rope != 0 || desc->softmax_f64 != 0)
         return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
                             "%s: cu_seqlens_q/cu_seqlens_k with %s: not supported (packed "
                             "sequences run on the fused path only)",
-                            op, desc->rope != 0 ? "rope" : desc->softmax_f64 != 0 ? "softmax_f64"
-                                                                                  : "path UNFUSED");
+                            op, desc->rope != 0 ? "rope" : "softmax_f64");
     static const char *const names[4] = {"q", "k", "v", "out"};
     static const char *const shapes[4] = {"(total_q, heads, head_dim_qk)",
                                           "(total_k, kv_heads, head_dim_qk)",
@@ -434,6 +433,13 @@ static clattn_status create(clattn_plan *plan, const void *any)
         score.band_upper < 0 ||
         (score.band_upper == 0 &&
          (score.band_diag_kv ? score.band_diag == -1 : score.band_diag + 1 >= (long long)total_k));
+    if (plan->varlen && desc->path == CLATTN_PATH_UNFUSED) { /* (after the band's checks) */
+        status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                              "%s: cu_seqlens_q/cu_seqlens_k with path UNFUSED: not supported "
+                              "(packed sequences run on the fused path only)",
+                              op);
+        goto done;
+    }
     plan->decode_group = 1;
     if (fused_likely && seq_q == 1 && !plan->varlen && score.kv_group > 1 && score.band_lower < 0 && ends_at_count &&
         !score.has_alibi) {

@@ -690,6 +690,152 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
     return out.astype(q_in.dtype) if q_in.dtype == np.float64 else out
 
 
+def _offsets(name: str, cu, total: int, count: Optional[int]) -> np.ndarray:
+    """cu_seqlens checked as FlashAttention takes them: integers (B + 1,) from 0,
+    non-decreasing, ending at the total rows; as int32."""
+    a = np.asarray(cu)
+    if not np.issubdtype(a.dtype, np.integer) or a.ndim != 1 or a.shape[0] < 2 or \
+            (count is not None and a.shape[0] != count):
+        want = f"({count},)" if count is not None else "(B + 1,), B >= 1"
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"{name} has shape {a.shape} and dtype {a.dtype}; expected integer "
+                            f"offsets {want}")
+    if int(a[0]) != 0:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"{name}[0] = {int(a[0])}: the offsets start at 0")
+    falls = np.nonzero(a[1:] < a[:-1])[0]
+    if falls.size:
+        i = int(falls[0]) + 1
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"{name}[{i}] = {int(a[i])} is below {name}[{i - 1}] = "
+                            f"{int(a[i - 1])}: the offsets must be non-decreasing")
+    if int(a[-1]) != total:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"{name}[{a.shape[0] - 1}] = {int(a[-1])} but there are {total} "
+                            f"rows: the offsets end at the total")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
+                     cu_seqlens_k: ArrayLike, *, max_seqlen_q: Optional[int] = None,
+                     max_seqlen_k: Optional[int] = None, causal: bool = False,
+                     scale: Optional[float] = None, window_size=(-1, -1), softcap: float = 0.0,
+                     alibi_slopes: Optional[ArrayLike] = None, sinks: Optional[ArrayLike] = None,
+                     ctx: Optional[Context] = None) -> ArrayLike:
+    """Packed variable-length batches, as FlashAttention's ``flash_attn_varlen_func`` takes
+    them, in one launch of the fused kernel (no padding, no work on other sequences' keys).
+
+    q (total_q, Hq, E), k (total_k, Hkv, E), v (total_k, Hkv, Ev): float32, float16, bfloat16
+    (ml_dtypes) or float64 (computed in float32); Hkv divides Hq. cu_seqlens_q and cu_seqlens_k
+    (B + 1,) integers from 0, non-decreasing, ending at total_q and total_k: sequence i is rows
+    cu_seqlens_q[i] .. cu_seqlens_q[i + 1] - 1 of q and cu_seqlens_k[i] .. - 1 of k and v, and
+    attends only within itself. max_seqlen_q/_k: the longest spans (None: computed). causal and
+    window_size (left, right; -1 unbounded) per sequence, bottom-right aligned (its queries are
+    its last keys), as FlashAttention's. softcap > 0 caps the scores. alibi_slopes (Hq,) or
+    (B, Hq); sinks (Hq,). torch tensors in give a torch tensor out. Raises
+    clattn.ArgumentError naming the argument for offsets that are not as above. Returns
+    (total_q, Hq, Ev) in q's dtype."""
+    like = _torch.any_tensor(q, k, v)
+    if like is not None:
+        result = varlen_attention(
+            _torch.to_numpy(q), _torch.to_numpy(k), _torch.to_numpy(v),
+            _torch.to_numpy(cu_seqlens_q), _torch.to_numpy(cu_seqlens_k),
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, scale=scale,
+            window_size=window_size, softcap=softcap, alibi_slopes=_torch.to_numpy(alibi_slopes),
+            sinks=_torch.to_numpy(sinks), ctx=ctx)
+        return _torch.from_numpy(result, like)
+    ctx = ctx or default_context()
+    q_in = np.asarray(q)
+    qa, ka, va = (_as_float(n, a) for n, a in (("q", q), ("k", k), ("v", v)))
+    if qa.ndim != 3 or ka.ndim != 3 or va.ndim != 3 or 0 in qa.shape or 0 in ka.shape or \
+            va.shape[:2] != ka.shape[:2] or ka.shape[2] != qa.shape[2] or \
+            qa.shape[1] % ka.shape[1] or 0 in va.shape:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"q {qa.shape}, k {ka.shape}, v {va.shape}: expected packed "
+                            f"(total_q, Hq, E), (total_k, Hkv, E), (total_k, Hkv, Ev), Hkv "
+                            f"dividing Hq, no dimension 0")
+    cq = _offsets("cu_seqlens_q", cu_seqlens_q, qa.shape[0], None)
+    ck = _offsets("cu_seqlens_k", cu_seqlens_k, ka.shape[0], cq.shape[0])
+    B, Hq = cq.shape[0] - 1, qa.shape[1]
+    longest = (max(1, int(np.max(np.diff(cq)))), max(1, int(np.max(np.diff(ck)))))
+    given = (max_seqlen_q, max_seqlen_k)
+    for name, m, need, total in (("max_seqlen_q", given[0], longest[0], qa.shape[0]),
+                                 ("max_seqlen_k", given[1], longest[1], ka.shape[0])):
+        if m is not None and not need <= int(m) <= total:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"{name}={m}: the longest sequence has {need} rows and the "
+                                f"total is {total}")
+    max_q = int(given[0]) if given[0] is not None else longest[0]
+    max_k = int(given[1]) if given[1] is not None else longest[1]
+    if scale is not None and not math.isfinite(scale):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
+    left, right = (int(w) for w in window_size)
+    extras = {}
+    if sinks is not None:
+        extras["sinks"] = np.ascontiguousarray(np.asarray(sinks, dtype=np.float32))
+        if extras["sinks"].shape != (Hq,):
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"sinks has shape {np.shape(sinks)}; expected ({Hq},)")
+    if alibi_slopes is not None:
+        extras["alibi_slopes"] = np.ascontiguousarray(np.asarray(alibi_slopes, dtype=np.float32))
+        if extras["alibi_slopes"].shape not in ((Hq,), (B, Hq)):
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"alibi_slopes has shape {np.shape(alibi_slopes)}; expected "
+                                f"({Hq},) or ({B}, {Hq})")
+    qc, kc, vc = (np.ascontiguousarray(a) for a in (qa, ka, va))
+    dtypes = tuple(clattn_dtype(a.dtype) for a in (qc, kc, vc))
+    out = np.empty(qc.shape[:2] + (vc.shape[2],), dtype=qc.dtype)
+    windowed = left >= 0 or right >= 0
+
+    def tensors():
+        t = _lib.Tensors()
+        t.q, t.k, t.v = (layout(c, a.shape) for c, a in zip(dtypes, (qc, kc, vc)))
+        t.out = layout(dtypes[0], out.shape)
+        t.cu_seqlens_q = layout(_lib.I32, cq.shape)
+        t.cu_seqlens_k = layout(_lib.I32, ck.shape)
+        for name, a in extras.items():
+            setattr(t, name, layout(_lib.F32, a.shape))
+        return t
+
+    key_ = ("varlen", qc.shape, kc.shape, vc.shape, dtypes, cq.shape, max_q, max_k,
+            bool(causal), scale, left, right, float(softcap),
+            tuple((n, a.shape) for n, a in extras.items()))
+
+    def create():
+        desc = _lib.SdpaDesc()
+        lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+        t, src = desc.tensors, tensors()
+        for name in ("q", "k", "v", "out", "cu_seqlens_q", "cu_seqlens_k") + tuple(extras):
+            setattr(t, name, getattr(src, name))
+        align = _lib.CAUSAL_BOTTOM_RIGHT
+        desc.causal = align if causal else _lib.CAUSAL_NONE
+        if windowed:
+            desc.window_align, desc.window_left, desc.window_right = align, left, right
+        desc.scale = float("nan") if scale is None else float(scale)
+        desc.softcap = float(softcap)
+        desc.max_seqlen_q, desc.max_seqlen_k = max_q, max_k
+        desc.path = _lib.PATH_FUSED
+        plan = ctypes.c_void_p()
+        ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc),
+                                              ctypes.byref(plan)))
+        return plan
+
+    with ctx.lock:
+        plan = ctx.plan(key_, create)
+        arrays = [qc, kc, vc, cq, ck] + list(extras.values())
+        buffers = [Buffer(ctx, a) for a in arrays]
+        out_buf = Buffer(ctx, nbytes=out.nbytes)
+        t = tensors()
+        names = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"] + list(extras)
+        for name, buf in zip(names, buffers):
+            getattr(t, name).mem = buf.mem
+        t.out.mem = out_buf.mem
+        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(t), _lib.ROLE_COUNT, None, None, 0,
+                                          None, None))
+        out_buf.read(ctx, out)
+    return out.astype(q_in.dtype) if q_in.dtype == np.float64 else out
+
+
 def quantize(x: ArrayLike, kv_dtype: str, *, ctx: Optional[Context] = None) -> np.ndarray:
     """llama.cpp's block quantization on the clattn device: x (..., E) float32, float16,
     bfloat16 or float64, E a multiple of 32, rank 1 to 4; kv_dtype 'q8_0' (per 32 values an

@@ -367,3 +367,48 @@ def test_paged_attention(ctx, causal):
         clattn.paged_attention(q, kp, vp, bad, counts, ctx=ctx)
     with pytest.raises(clattn.ArgumentError, match=r"seqlens_k\[1\] = 21"):
         clattn.paged_attention(q, kp, vp, table, counts + np.array([0, 1, 0]), ctx=ctx)
+
+
+def varlen_problem(rng, lq=(5, 0, 17, 1), lk=(9, 3, 17, 40), hq=4, hkv=2, e=16, ev=8):
+    cq = np.concatenate([[0], np.cumsum(lq)]).astype(np.int64)
+    ck = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    return (rand(rng, int(cq[-1]), hq, e), rand(rng, int(ck[-1]), hkv, e),
+            rand(rng, int(ck[-1]), hkv, ev), cq, ck)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_attention(ctx, causal):
+    """clattn.varlen_attention equals each sequence run alone (an empty one and one of a
+    single row among them), with grouped heads, bottom-right causal masking, a window and sinks;
+    torch tensors give a torch tensor; offsets that are not from 0, non-decreasing and ending at
+    the totals raise naming the argument."""
+    rng = np.random.default_rng(28)
+    q, k, v, cq, ck = varlen_problem(rng)
+    sinks = rng.uniform(-1, 2, size=4).astype(np.float32)
+    window = (6, 0) if causal else (-1, -1)
+    got = clattn.varlen_attention(q, k, v, cq, ck, causal=causal, window_size=window,
+                                  sinks=sinks, ctx=ctx)
+    assert got.shape == (q.shape[0], 4, 8)
+    for b in range(len(cq) - 1):
+        nq, nk = int(cq[b + 1] - cq[b]), int(ck[b + 1] - ck[b])
+        if nq == 0:
+            continue
+        keep = np.ones((nq, nk), dtype=bool)
+        if causal:  # the queries are the sequence's last rows; 6 keys to the left at most
+            keep = np.tril(keep, k=nk - nq) & ~np.tril(keep, k=nk - nq - 7)
+        qs, ks, vs = (np.swapaxes(a[c[b]:c[b + 1]], 0, 1)[None]
+                      for a, c in ((q, cq), (k, ck), (v, ck)))
+        want = reference(qs, ks, vs, mask=keep, gqa=True, sinks=sinks)[0]
+        np.testing.assert_allclose(np.swapaxes(got[cq[b]:cq[b + 1]], 0, 1), want, rtol=1e-4,
+                                   atol=1e-5)
+    with pytest.raises(clattn.ArgumentError, match=r"cu_seqlens_q\[2\] = 4 is below"):
+        clattn.varlen_attention(q, k, v, np.array([0, 5, 4, 22, 23]), ck, ctx=ctx)
+    with pytest.raises(clattn.ArgumentError, match=r"cu_seqlens_k\[4\] = 68 but there are 69"):
+        clattn.varlen_attention(q, k, v, cq, np.array([0, 9, 12, 29, 68]), ctx=ctx)
+    with pytest.raises(clattn.ArgumentError, match=r"cu_seqlens_q\[0\] = 1"):
+        clattn.varlen_attention(q, k, v, np.array([1, 5, 5, 22, 23]), ck, ctx=ctx)
+    with pytest.raises(clattn.ArgumentError, match=r"cu_seqlens_k has shape \(3,\)"):
+        clattn.varlen_attention(q, k, v, cq, np.array([0, 9, 69]), ctx=ctx)
+    with pytest.raises(clattn.ArgumentError, match=r"max_seqlen_q=3"):
+        clattn.varlen_attention(q, k, v, cq, ck, max_seqlen_q=3, ctx=ctx)
+

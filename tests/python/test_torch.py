@@ -190,3 +190,28 @@ print("torch" in sys.modules)
                           env=dict(os.environ), timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False", done.stdout + done.stderr
+
+
+def test_varlen_attention_torch_and_alibi():
+    """torch tensors in, a torch tensor out; ALiBi slopes per (sequence, head) and soft-capping
+    per sequence equal the padded per-sequence reference (ALiBi's distance from each
+    sequence's own last key)."""
+    rng = np.random.default_rng(29)
+    cq, ck = np.array([0, 3, 10]), np.array([0, 11, 13], dtype=np.int32)
+    q, k, v = rand(rng, 10, 2, 8), rand(rng, 13, 2, 8), rand(rng, 13, 2, 8)
+    slopes = rng.uniform(0, 0.5, size=(2, 2)).astype(np.float32)
+    got = clattn.varlen_attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v),
+                                  torch.from_numpy(cq), torch.from_numpy(ck), softcap=2.0,
+                                  alibi_slopes=slopes)
+    assert isinstance(got, torch.Tensor) and tuple(got.shape) == (10, 2, 8)
+    for b in range(2):
+        nq, nk = int(cq[b + 1] - cq[b]), int(ck[b + 1] - ck[b])
+        i, j = np.arange(nq)[:, None], np.arange(nk)[None, :]
+        qs, ks, vs = (np.swapaxes(a[c[b]:c[b + 1]], 0, 1).astype(np.float64)
+                      for a, c in ((q, cq), (k, ck), (v, ck)))
+        s = qs @ np.swapaxes(ks, -1, -2) / np.sqrt(8.0)
+        s = 2.0 * np.tanh(s / 2.0) - slopes[b][:, None, None] * np.abs(i + nk - nq - j)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        want = (w / w.sum(-1, keepdims=True)) @ vs
+        np.testing.assert_allclose(np.swapaxes(got.numpy()[cq[b]:cq[b + 1]], 0, 1), want,
+                                   rtol=1e-4, atol=1e-5)
