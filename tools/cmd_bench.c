@@ -11,7 +11,8 @@
 #include <time.h>
 
 static const char bench_usage[] =
-    "usage: clattn bench [--op matmul,softmax,attention,mha,decode,additive,paged] [--runs N]\n"
+    "usage: clattn bench [--op matmul,softmax,attention,mha,decode,additive,paged,varlen]\n"
+    "                    [--runs N]\n"
     "                    [--warmup N]\n"
     "                    [--json]\n"
     "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--kv-heads H]\n"
@@ -68,6 +69,11 @@ static const char bench_usage_more[] =
     "cache of --seq lengths (default as decode's) in pages of --page-size keys (default\n"
     "16,256), each sequence's pages shuffled, after the same keys laid out contiguously: the\n"
     "page size's cost. Rate: tokens/s and the cache's GB/s.\n"
+    "varlen (not in the default set): causal prefill of --batch sequences (the default 1 is\n"
+    "taken as 8) whose lengths ramp from L / B to L (--seq L, default 512,1024), packed with\n"
+    "cu_seqlens in one fused launch, then right-padded to (B, L, H, d) with their lengths as\n"
+    "kv_seqlen (causal from row 0): packing's gain over padding. Rate: real tokens/s (the\n"
+    "padding not counted).\n"
     "softmax: the normalisation has no entry point of its own; it times the unfused attention\n"
     "plan that returns the attention weights (scores = Q·Kᵀ, softmax written to the weights,\n"
     "weights·V: what replaced clattn_softmax_rows), and --json says \"timed\":\n"
@@ -102,7 +108,7 @@ static const char bench_usage_more[] =
 
 typedef struct bench_options {
     const char *device;
-    bool ops[7]; /* matmul, softmax, attention, mha, decode, additive, paged */
+    bool ops[8]; /* matmul, softmax, attention, mha, decode, additive, paged, varlen */
     size_t page_sizes[MAX_SIZES], num_page_sizes; /* paged: 0 = contiguous */
     bool seq_given;
     size_t runs, warmup;
@@ -125,8 +131,8 @@ typedef struct bench_options {
 
 static const char *const mask_names[3] = {"none", "padding", "additive"};
 
-static const char *const op_names[7] = {"matmul", "softmax",  "attention", "mha",
-                                        "decode", "additive", "paged"};
+static const char *const op_names[8] = {"matmul", "softmax",  "attention", "mha",
+                                        "decode", "additive", "paged",     "varlen"};
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
 static const clattn_dtype dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16};
 static const char *const kv_dtype_names[5] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
@@ -1042,6 +1048,113 @@ static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_siz
     return rc;
 }
 
+/* Packed variable-length prefill (cu_seqlens) against padding to the longest sequence: B
+ * sequences of lengths spread from longest / B to longest (sequence i: longest * (i + 1) / B,
+ * at least 1), self-attention, causal bottom-right, in one packed plan; then the same
+ * sequences right-padded to (B, longest, H, d) with their lengths as kv_seqlen, causal from
+ * row 0 (the kernel skips the padded keys, but every padded query row is computed), as a
+ * padded batch is run. Both (tokens, heads, d) row-major. Rate: real tokens per second. */
+static int bench_varlen(bench_state *b, size_t longest, int dtype, bool padded)
+{
+    const bench_options *o = b->options;
+    const size_t seqs = o->batch > 1 ? o->batch : 8, d = o->head_dim;
+    const size_t kv_heads = o->kv_heads ? o->kv_heads : o->heads;
+    const clattn_dtype type = dtypes[dtype];
+    case_result r = {.op = "varlen", .unit = "tokens_per_s", .path = "fused"};
+    int32_t *cu = malloc((seqs + 1) * sizeof *cu);
+    if (cu == NULL)
+        return cli_fail("bench", CLI_FAILED, "out of memory");
+    cu[0] = 0;
+    for (size_t i = 0; i < seqs; ++i) {
+        const size_t n = longest * (i + 1) / seqs;
+        cu[i + 1] = cu[i] + (int32_t)(n ? n : 1);
+    }
+    const size_t total = (size_t)cu[seqs];
+    snprintf(r.size_json, sizeof r.size_json,
+             "\"sequences\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"longest\": %zu, "
+             "\"tokens\": %zu, \"head_dim\": %zu, \"dtype\": \"%s\", \"layout\": \"%s\"",
+             seqs, o->heads, kv_heads, longest, total, d, dtype_names[dtype],
+             padded ? "padded" : "packed");
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L<=%zu tok=%zu d=%zu%s%s %s", seqs,
+             o->heads, longest, total, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], padded ? "padded" : "packed");
+    int rc = fresh_context(b);
+    if (rc != CLI_OK) {
+        free(cu);
+        return rc;
+    }
+    const size_t rows = padded ? seqs * longest : total;
+    const size_t q_count = rows * o->heads * d, kv_count = rows * kv_heads * d;
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    clattn_tensors desc_tensors = {0};
+    CLATTN_BIND_ROLES(desc, desc_tensors);
+    desc.path = CLATTN_PATH_FUSED;
+    desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    clattn_tensors *t = &desc_tensors;
+    if (padded) { /* right-padded (B, L, H, d) buffers as (B, H, L, d) views; causal from the
+                   * first row (the real rows' mask as packed: n_q = n_k) */
+        t->q = clattn_tensor_make(NULL, 0, type, 4, seqs, o->heads, longest, d);
+        t->k = clattn_tensor_make(NULL, 0, type, 4, seqs, kv_heads, longest, d);
+        const size_t hq = o->heads * d, hk = kv_heads * d;
+        const size_t qs[4] = {longest * hq, d, hq, 1}, ks[4] = {longest * hk, d, hk, 1};
+        memcpy(t->q.strides, qs, sizeof qs);
+        memcpy(t->k.strides, ks, sizeof ks);
+        t->kv_seqlen = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, seqs, 0, 0, 0);
+        desc.causal = CLATTN_CAUSAL_TOP_LEFT;
+    } else {
+        t->q = clattn_tensor_make(NULL, 0, type, 3, total, o->heads, d, 0);
+        t->k = clattn_tensor_make(NULL, 0, type, 3, total, kv_heads, d, 0);
+        t->cu_seqlens_q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, seqs + 1, 0, 0, 0);
+        t->cu_seqlens_k = t->cu_seqlens_q;
+        desc.max_seqlen_q = desc.max_seqlen_k = longest;
+    }
+    t->v = t->k;
+    t->out = t->q;
+    plan_case c = {.tensors = desc_tensors};
+    clattn_status status = clattn_sdpa_plan_create(b->ctx, &desc, &c.plan);
+    enum { COUNT = 5 };
+    cl_mem mem[COUNT] = {NULL};
+    size_t bytes = 0;
+    if (status == CLATTN_SUCCESS) {
+        mem[0] = random_buffer(b, q_count, type, 31);
+        mem[1] = random_buffer(b, kv_count, type, 32);
+        mem[2] = random_buffer(b, kv_count, type, 33);
+        mem[3] = output_buffer(b, q_count * clattn_dtype_size(type));
+        cl_int err = CL_SUCCESS;
+        int32_t *lengths = malloc(seqs * sizeof *lengths);
+        for (size_t i = 0; lengths && i < seqs; ++i)
+            lengths[i] = cu[i + 1] - cu[i];
+        err = lengths ? CL_SUCCESS : CL_OUT_OF_HOST_MEMORY;
+        if (err == CL_SUCCESS)
+            mem[4] = clCreateBuffer(b->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                    (padded ? seqs : seqs + 1) * sizeof *cu,
+                                    padded ? lengths : cu, &err);
+        free(lengths);
+        bind(&c.tensors.q, mem[0], q_count, &bytes);
+        bind(&c.tensors.k, mem[1], kv_count, &bytes);
+        bind(&c.tensors.v, mem[2], kv_count, &bytes);
+        bind(&c.tensors.out, mem[3], q_count, &bytes);
+        if (padded) {
+            bind(&c.tensors.kv_seqlen, mem[4], seqs, &bytes);
+        } else {
+            bind(&c.tensors.cu_seqlens_q, mem[4], seqs + 1, &bytes);
+            c.tensors.cu_seqlens_k.mem = mem[4];
+        }
+        status = err == CL_SUCCESS && all_made(mem, COUNT)
+                     ? measure(b, r.size_text, run_plan, &c, &r.device_ms, &r.wall_ms,
+                               &r.wall_timer)
+                     : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    }
+    if (status == CLATTN_SUCCESS)
+        r.rate = (double)total / (r.device_ms * 1e-3);
+    rc = report(b, &r, status, bytes);
+    free(cu);
+    clattn_plan_release(c.plan);
+    release_all(mem, COUNT);
+    return rc;
+}
+
 /* Self-attention with PyTorch's packed in_proj weight and bias and an output projection. */
 static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
 {
@@ -1281,13 +1394,13 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             for (char *item = strtok_r(buffer, ",", &save); item;
                  item = strtok_r(NULL, ",", &save)) {
                 int found = -1;
-                for (int i = 0; i < 7; ++i)
+                for (int i = 0; i < 8; ++i)
                     if (strcmp(item, op_names[i]) == 0)
                         found = i;
                 if (found < 0)
                     return cli_fail("bench", CLI_BAD_INPUT,
                                     "--op: unknown op '%s' (matmul, "
-                                    "softmax, attention, mha, decode, additive, paged)",
+                                    "softmax, attention, mha, decode, additive, paged, varlen)",
                                     item);
                 if (!any_op)
                     memset(o->ops, 0, sizeof o->ops);
@@ -1296,7 +1409,7 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             if (!any_op)
                 return cli_fail("bench", CLI_BAD_INPUT,
                                 "--op: no op in '%s' (matmul, softmax, attention, mha, decode, "
-                                "additive)",
+                                "additive, paged, varlen)",
                                 value);
         } else if (cli_is(&args, "--path")) {
             o->paths[0] = o->paths[1] = false;
@@ -1428,6 +1541,10 @@ int cmd_bench(int argc, char **argv)
         for (int t = 0; rc == CLI_OK && t < 3; ++t)
             for (size_t s = 0; rc == CLI_OK && o.dtypes[t] && s <= num_pages; ++s)
                 rc = bench_paged(&b, lengths[i], t, s == 0 ? 0 : pages[s - 1]);
+    for (size_t i = 0; rc == CLI_OK && o.ops[7] && i < o.num_seq; ++i)
+        for (int t = 0; rc == CLI_OK && t < 3; ++t)
+            for (int padded = 0; rc == CLI_OK && o.dtypes[t] && padded < 2; ++padded)
+                rc = bench_varlen(&b, o.seq[i], t, padded);
     for (size_t i = 0; rc == CLI_OK && o.ops[5] && i < o.num_seq; ++i)
         for (int p = 0; rc == CLI_OK && p < 2; ++p)
             if (o.paths[p])
