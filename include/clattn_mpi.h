@@ -72,11 +72,13 @@ typedef struct clattn_ring_desc {
     size_t seq_len; /* the whole sequence's length (queries and keys alike: self-attention) */
     clattn_ring_layout layout;
     size_t local_len; /* CONTIGUOUS: this rank's rows (0 allowed); ZIGZAG: unused */
-    /* Global positions: causal NONE, or TOP_LEFT (query i sees keys j <= i; the sequence is
-     * square, so BOTTOM_RIGHT is the same and accepted). */
+    /* Global positions: causal NONE, TOP_LEFT (query i sees keys j <= i) or BOTTOM_RIGHT
+     * (j <= i + kv_seq_len - seq_len: the queries are the last rows of the keys' sequence;
+     * the same as TOP_LEFT for self-attention). */
     clattn_causal causal;
-    /* Sliding window over global positions: window_align NONE or TOP_LEFT (as causal);
-     * query i sees keys i - window_left <= j <= i + window_right (< 0: unbounded). */
+    /* Sliding window over global positions: window_align NONE, TOP_LEFT or BOTTOM_RIGHT (as
+     * causal); query i at position p sees keys p - window_left <= j <= p + window_right (< 0:
+     * unbounded). */
     clattn_causal window_align;
     long long window_left, window_right;
     float scale;   /* NAN: 1/sqrt(head_dim_qk) */
@@ -85,6 +87,16 @@ typedef struct clattn_ring_desc {
      * keys, nonzero = ignore the key (its global position is where the row lies); it travels
      * with the rank's keys. */
     int key_padding;
+    /* Cross-attention (since 0.8): the keys and values are a sequence of their own, kv_seq_len
+     * rows (0: seq_len, self-attention, the keys being the queries' rows), spread over the
+     * ranks by the same layout: CONTIGUOUS, this rank holds kv_local_len of them (gathered;
+     * they must sum to kv_seq_len; 0 allowed); ZIGZAG, chunks r and 2N-1-r of the kv_seq_len
+     * rows (clattn_ring_zigzag_rows(kv_seq_len, ...)). key_padding is then (batch, key rows). */
+    size_t kv_seq_len, kv_local_len;
+    /* Storage of q, k, v and out (since 0.8): CLATTN_DTYPE_F32 (0), F16 or BF16. The blocks
+     * travel in it (16-bit: half the bytes), the steps' partial outputs merge in float32 and
+     * out is rounded once, to nearest even, at the end; lse stays F32. */
+    clattn_dtype dtype;
 } clattn_ring_desc;
 
 CLATTN_API void clattn_ring_desc_init(clattn_ring_desc *desc);
@@ -115,19 +127,23 @@ CLATTN_API clattn_status clattn_ring_plan_create(clattn_ctx *ctx, MPI_Comm comm,
                                                  clattn_ring_plan **out, char *message,
                                                  size_t message_size);
 
-/* This rank's rows under the plan (CONTIGUOUS: one segment at its gathered start). */
+/* This rank's rows under the plan (CONTIGUOUS: one segment at its gathered start): of the
+ * queries; clattn_ring_plan_kv_rows: of the keys and values (the same for self-attention;
+ * since 0.8). */
 CLATTN_API clattn_ring_rows clattn_ring_plan_rows(const clattn_ring_plan *plan);
+CLATTN_API clattn_ring_rows clattn_ring_plan_kv_rows(const clattn_ring_plan *plan);
 
 /* Collective. Attention of this rank's query rows over the whole sequence's keys; q, k, v,
- * out, lse and key_padding_mask are this rank's rows, F32 (key padding U8), packed row-major
- * (strides 0, or those of a packed tensor) in the context's cl_context:
- *   q (batch, heads, rows, head_dim_qk), k (batch, kv_heads, rows, head_dim_qk),
- *   v (batch, kv_heads, rows, head_dim_v), out (batch, heads, rows, head_dim_v),
+ * out, lse and key_padding_mask are this rank's rows, of desc.dtype (lse F32, key padding U8),
+ * packed row-major (strides 0, or those of a packed tensor) in the context's cl_context:
+ *   q (batch, heads, rows, head_dim_qk), k (batch, kv_heads, kv_rows, head_dim_qk),
+ *   v (batch, kv_heads, kv_rows, head_dim_v), out (batch, heads, rows, head_dim_v),
  *   lse (batch, heads, rows), optional (rank 0: not wanted): the log-sum-exp of each row over
  *   all keys, -INFINITY for a row with no visible key (whose out row is zeros),
- *   key_padding_mask (batch, rows) when desc.key_padding, else rank 0.
- * rows = clattn_ring_plan_rows(plan).count; with 0 rows the tensors are ignored (the rank
- * still forwards the blocks). Synchronous: returns when out and lse are written (waits for
+ *   key_padding_mask (batch, kv_rows) when desc.key_padding, else rank 0.
+ * rows = clattn_ring_plan_rows(plan).count, kv_rows = clattn_ring_plan_kv_rows(plan).count
+ * (the same for self-attention); with 0 rows q, out and lse are ignored, with 0 kv_rows k, v
+ * and the key padding (the rank still forwards the blocks). Synchronous: returns when out and lse are written (waits for
  * the context's queue). Errors: see the collective rule at the top; clattn_ring_last_error
  * says why. */
 CLATTN_API clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q,

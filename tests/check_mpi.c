@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "clattn_mpi.h"
+#include "problems.h"
 #include "reference.h"
 #include "testutil.h"
 
@@ -69,22 +70,23 @@ static const ring_case cases[] = {
 };
 /* clang-format on */
 
-/* This rank's rows: one or two (start, length) segments. */
-static clattn_ring_rows rows_of(const ring_case *c, int rank)
+/* The rows a rank holds of a sequence of `seq` rows under a layout: one or two (start,
+ * length) segments. */
+static clattn_ring_rows rows_for(int layout, size_t seq, int rank)
 {
     clattn_ring_rows rows;
     memset(&rows, 0, sizeof rows);
-    if (c->layout == ZIGZAG) {
-        clattn_ring_zigzag_rows(c->seq, ranks_, rank, &rows);
+    if (layout == ZIGZAG) {
+        clattn_ring_zigzag_rows(seq, ranks_, rank, &rows);
         return rows;
     }
     /* EVEN: L / N each, the first L % N one more. UNEVEN: block r weighs r % 3 + 1 (empty
      * blocks at small L). */
     size_t start = 0, length = 0;
-    if (c->layout == EVEN) {
+    if (layout == EVEN) {
         const size_t n = (size_t)ranks_, r = (size_t)rank;
-        length = c->seq / n + (r < c->seq % n ? 1 : 0);
-        start = r * (c->seq / n) + (r < c->seq % n ? r : c->seq % n);
+        length = seq / n + (r < seq % n ? 1 : 0);
+        start = r * (seq / n) + (r < seq % n ? r : seq % n);
     } else {
         size_t total = 0, before = 0;
         for (int r = 0; r < ranks_; ++r) {
@@ -92,8 +94,8 @@ static clattn_ring_rows rows_of(const ring_case *c, int rank)
             if (r < rank)
                 before += (size_t)(r % 3 + 1);
         }
-        start = c->seq * before / total;
-        const size_t end = c->seq * (before + (size_t)(rank % 3 + 1)) / total;
+        start = seq * before / total;
+        const size_t end = seq * (before + (size_t)(rank % 3 + 1)) / total;
         length = end - start;
     }
     rows.count = length;
@@ -101,6 +103,11 @@ static clattn_ring_rows rows_of(const ring_case *c, int rank)
     rows.start[0] = start;
     rows.length[0] = length;
     return rows;
+}
+
+static clattn_ring_rows rows_of(const ring_case *c, int rank)
+{
+    return rows_for(c->layout, c->seq, rank);
 }
 
 /* Copies rows of a (outer, seq, width) array into a (outer, local, width) one. */
@@ -438,6 +445,214 @@ START_TEST(test_ring_vs_reference)
 }
 END_TEST
 
+/* Cross-attention (keys and values of their own length, spread by the same layout) and 16-bit
+ * storage (the blocks travel as F16 / BF16, out rounded once): each rank's out and lse rows
+ * against the float64 reference of the whole problem on the rounded inputs, outputs poisoned
+ * (16-bit NaN) and checked for stray writes. */
+static const struct cross_case {
+    size_t batch, heads, kv_heads, seq_q, seq_k, dk, dv;
+    int layout;
+    clattn_causal causal, window;
+    long long left, right;
+    int padding;
+    clattn_dtype dtype;
+    int self; /* 1: kv_seq_len 0 (self-attention: keys at the queries' positions) */
+} cross_cases[] = {
+    {2, 4, 2, 23, 41, 16, 8, EVEN, CLATTN_CAUSAL_NONE, CLATTN_CAUSAL_NONE, 0, 0, 1,
+     CLATTN_DTYPE_F32, 0},
+    {1, 2, 2, 17, 50, 32, 32, ZIGZAG, CLATTN_CAUSAL_BOTTOM_RIGHT, CLATTN_CAUSAL_NONE, 0, 0, 0,
+     CLATTN_DTYPE_F16, 0},
+    {2, 2, 1, 30, 9, 8, 16, UNEVEN, CLATTN_CAUSAL_TOP_LEFT, CLATTN_CAUSAL_NONE, 0, 0, 1,
+     CLATTN_DTYPE_BF16, 0},
+    {1, 3, 3, 33, 33, 16, 16, ZIGZAG, CLATTN_CAUSAL_TOP_LEFT, CLATTN_CAUSAL_NONE, 0, 0, 0,
+     CLATTN_DTYPE_F16, 1},
+    {1, 2, 1, 5, 64, 16, 16, EVEN, CLATTN_CAUSAL_NONE, CLATTN_CAUSAL_BOTTOM_RIGHT, 7, -1, 0,
+     CLATTN_DTYPE_F32, 0},
+};
+
+/* The local rows of a global (outer, seq, width) float array as `dtype` bytes; the count of
+ * elements in *count. */
+static void *local_typed(const float *global, size_t outer, size_t seq, size_t width,
+                         const clattn_ring_rows *rows, clattn_dtype dtype, size_t *count)
+{
+    *count = outer * rows->count * width;
+    float *local = tu_floats(*count);
+    take_rows(global, outer, seq, width, rows, local);
+    if (dtype == CLATTN_DTYPE_F32)
+        return local;
+    uint16_t *bits = malloc((*count ? *count : 1) * sizeof *bits);
+    for (size_t i = 0; i < *count; ++i)
+        bits[i] = dtype == CLATTN_DTYPE_F16 ? pb_f16_from_float(local[i])
+                                            : pb_bf16_from_float(local[i]);
+    free(local);
+    return bits;
+}
+
+START_TEST(test_ring_cross_and_16bit)
+{
+    TU_BEGIN_TEST();
+    const struct cross_case *c = &cross_cases[_i];
+    const size_t seq_k = c->self ? c->seq_q : c->seq_k;
+    const clattn_ring_rows qrows = rows_for(c->layout, c->seq_q, rank_);
+    const clattn_ring_rows krows = rows_for(c->layout, seq_k, rank_);
+    tu_set_case("ranks=%d rank=%d B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu %s causal=%d window=%d "
+                "padding=%d dtype=%s self=%d rows=%zu/%zu",
+                ranks_, rank_, c->batch, c->heads, c->kv_heads, c->seq_q, seq_k,
+                layout_name(c->layout), (int)c->causal, (int)c->window, c->padding,
+                pb_dtype_name(c->dtype), c->self, qrows.count, krows.count);
+    const size_t bh = c->batch * c->heads, bk = c->batch * c->kv_heads;
+    const size_t q_count = bh * c->seq_q * c->dk, k_count = bk * seq_k * c->dk;
+    const size_t v_count = bk * seq_k * c->dv, out_count = bh * c->seq_q * c->dv;
+    float *q = tu_floats(q_count), *k = tu_floats(k_count), *v = tu_floats(v_count);
+    uint64_t state = 0x5EEDu + (uint64_t)_i * 104729u;
+    fill(&state, q, q_count, 2.0f);
+    fill(&state, k, k_count, 1.0f);
+    fill(&state, v, v_count, 1.0f);
+    pb_round_array(c->dtype, q, q_count);
+    pb_round_array(c->dtype, k, k_count);
+    pb_round_array(c->dtype, v, v_count);
+    uint8_t *padding = NULL;
+    if (c->padding) {
+        padding = tu_bytes(c->batch * seq_k);
+        for (size_t i = 0; i < c->batch * seq_k; ++i)
+            padding[i] = (uint8_t)((mix(&state) % 10) < 3);
+    }
+    ref_sdpa_shape shape;
+    memset(&shape, 0, sizeof shape);
+    shape.batch = c->batch, shape.heads = c->heads, shape.kv_heads = c->kv_heads;
+    shape.seq_q = c->seq_q, shape.seq_k = seq_k, shape.dk = c->dk, shape.dv = c->dv;
+    shape.scale = ref_resolve_scale(NAN, c->dk);
+    shape.norm = CLATTN_NORM_SOFTMAX;
+    shape.causal = c->causal;
+    shape.window_align = c->window, shape.window_left = c->left, shape.window_right = c->right;
+    double *out_ref = tu_doubles(out_count), *lse_ref = tu_doubles(bh * c->seq_q);
+    ref_sdpa(&shape, q, k, v, NULL, padding, out_ref, NULL, lse_ref);
+
+    size_t nq, nk, nv;
+    void *lq = local_typed(q, bh, c->seq_q, c->dk, &qrows, c->dtype, &nq);
+    void *lk = local_typed(k, bk, seq_k, c->dk, &krows, c->dtype, &nk);
+    void *lv = local_typed(v, bk, seq_k, c->dv, &krows, c->dtype, &nv);
+    const size_t es = clattn_dtype_size(c->dtype), no = bh * qrows.count * c->dv;
+    const size_t nl = bh * qrows.count;
+    enum { PAD = 5 };
+    /* poison: NaN in the output's dtype before, inside and after */
+    unsigned char *poison = malloc((PAD + no + PAD) * 4 + 4);
+    for (size_t i = 0; i < PAD + no + PAD; ++i) {
+        if (es == 2) {
+            const uint16_t nan = c->dtype == CLATTN_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
+            memcpy(poison + 2 * i, &nan, 2);
+        } else {
+            const float nan = NAN;
+            memcpy(poison + 4 * i, &nan, 4);
+        }
+    }
+    clattn_tensor tq = clattn_tensor_make(tu_upload_bytes(lq, nq * es + 1), 0, c->dtype, 4,
+                                          c->batch, c->heads, qrows.count, c->dk);
+    clattn_tensor tk = clattn_tensor_make(tu_upload_bytes(lk, nk * es + 1), 0, c->dtype, 4,
+                                          c->batch, c->kv_heads, krows.count, c->dk);
+    clattn_tensor tv = clattn_tensor_make(tu_upload_bytes(lv, nv * es + 1), 0, c->dtype, 4,
+                                          c->batch, c->kv_heads, krows.count, c->dv);
+    clattn_tensor to = clattn_tensor_make(tu_upload_bytes(poison, (PAD + no + PAD) * es), PAD,
+                                          c->dtype, 4, c->batch, c->heads, qrows.count, c->dv);
+    clattn_tensor tl = clattn_tensor_make(tu_nan_buffer(PAD + nl + PAD), PAD, CLATTN_DTYPE_F32, 3,
+                                          c->batch, c->heads, qrows.count, 0);
+    clattn_tensor tp = {0};
+    if (padding) {
+        uint8_t *kpm = tu_bytes(c->batch * krows.count + 1);
+        for (size_t bi = 0; bi < c->batch; ++bi) {
+            size_t at = 0;
+            for (size_t s = 0; s < krows.segments; ++s)
+                for (size_t i = 0; i < krows.length[s]; ++i, ++at)
+                    kpm[bi * krows.count + at] = padding[bi * seq_k + krows.start[s] + i];
+        }
+        tp = clattn_tensor_make(tu_upload_bytes(kpm, c->batch * krows.count + 1), 0,
+                                CLATTN_DTYPE_U8, 2, c->batch, krows.count, 0, 0);
+        free(kpm);
+    }
+    clattn_ring_desc desc;
+    clattn_ring_desc_init(&desc);
+    desc.batch = c->batch, desc.heads = c->heads, desc.kv_heads = c->kv_heads;
+    desc.head_dim_qk = c->dk, desc.head_dim_v = c->dv;
+    desc.seq_len = c->seq_q, desc.local_len = qrows.count;
+    desc.kv_seq_len = c->self ? 0 : seq_k, desc.kv_local_len = krows.count;
+    desc.layout = c->layout == ZIGZAG ? CLATTN_RING_ZIGZAG : CLATTN_RING_CONTIGUOUS;
+    desc.causal = c->causal;
+    desc.window_align = c->window, desc.window_left = c->left, desc.window_right = c->right;
+    desc.key_padding = padding != NULL;
+    desc.dtype = c->dtype;
+    clattn_ring_plan *plan = NULL;
+    char message[1024] = "";
+    clattn_status status =
+        clattn_ring_plan_create(tu_ctx(), MPI_COMM_WORLD, &desc, &plan, message, sizeof message);
+    tu_expect(status == CLATTN_SUCCESS, "clattn_ring_plan_create: %s: %s",
+              clattn_mpi_status_string(status), message);
+    if (plan) {
+        const clattn_ring_rows got = clattn_ring_plan_kv_rows(plan);
+        tu_expect(got.count == krows.count && got.start[0] == krows.start[0],
+                  "plan kv rows %zu from %zu, want %zu from %zu", got.count, got.start[0],
+                  krows.count, krows.start[0]);
+        status = clattn_ring_execute(plan, &tq, &tk, &tv, &to, &tl, padding ? &tp : NULL);
+        if (tu_expect(status == CLATTN_SUCCESS, "clattn_ring_execute: %s: %s",
+                      clattn_mpi_status_string(status), clattn_ring_last_error(plan)) &&
+            qrows.count > 0) {
+            unsigned char *raw = malloc((PAD + no + PAD) * es);
+            float *lse = tu_floats(PAD + nl + PAD), *out = tu_floats(PAD + no + PAD);
+            clEnqueueReadBuffer(clattn_ctx_queue(tu_ctx()), to.mem, CL_TRUE, 0,
+                                (PAD + no + PAD) * es, raw, 0, NULL, NULL);
+            tu_read_floats(tl.mem, 0, PAD + nl + PAD, lse);
+            for (size_t i = 0; i < PAD + no + PAD; ++i) {
+                uint16_t h = 0;
+                if (es == 2)
+                    memcpy(&h, raw + 2 * i, 2);
+                out[i] = es == 4 ? ((float *)(void *)raw)[i]
+                         : c->dtype == CLATTN_DTYPE_F16 ? pb_f16_to_float(h)
+                                                        : pb_bf16_to_float(h);
+            }
+            tu_expect_nan_outside("out", out, PAD + no + PAD, PAD, no);
+            tu_expect_nan_outside("lse", lse, PAD + nl + PAD, PAD, nl);
+            double *want = tu_doubles(no), *want_lse = tu_doubles(nl);
+            take_rows_double(out_ref, bh, c->seq_q, c->dv, &qrows, want);
+            take_rows_double(lse_ref, bh, c->seq_q, 1, &qrows, want_lse);
+            tu_expect_finite("out", out + PAD, no);
+            tu_expect_close("ring out vs float64 reference", out + PAD, want, no,
+                            pb_tolerance(c->dtype));
+            for (size_t i = 0; i < nl; ++i) {
+                const float l = lse[PAD + i];
+                if (isinf(want_lse[i]))
+                    tu_expect(isinf(l) && l < 0, "lse[%zu] = %g, want -inf", i, (double)l);
+                else
+                    tu_expect(fabs((double)l - want_lse[i]) <=
+                                  1e-4 * (fabs(want_lse[i]) > 1.0 ? fabs(want_lse[i]) : 1.0),
+                              "lse[%zu] = %.9g, reference %.9g", i, (double)l, want_lse[i]);
+            }
+            free(raw);
+            free(lse);
+            free(out);
+            free(want);
+            free(want_lse);
+        }
+    }
+    clattn_ring_plan_release(plan);
+    tu_release_mem(tq.mem);
+    tu_release_mem(tk.mem);
+    tu_release_mem(tv.mem);
+    tu_release_mem(to.mem);
+    tu_release_mem(tl.mem);
+    tu_release_mem(tp.mem);
+    free(lq);
+    free(lk);
+    free(lv);
+    free(poison);
+    free(q);
+    free(k);
+    free(v);
+    free(padding);
+    free(out_ref);
+    free(lse_ref);
+    TU_END_TEST();
+}
+END_TEST
+
 /* Errors: one rank wrong, every rank returns an error (that rank its own, the others
  * CLATTN_MPI_ERR_PEER naming it), none hangs; the plan stays usable after a failed execution. */
 START_TEST(test_ring_errors)
@@ -685,6 +900,8 @@ int main(int argc, char **argv)
                    "d = 64)");
     tu_add_loop_except(tc, test_ring_vs_reference, 0, (int)(sizeof cases / sizeof cases[0]), heavy,
                        tu_small() ? 4 : 0);
+    tcase_add_loop_test(tc, test_ring_cross_and_16bit, 0,
+                        (int)(sizeof cross_cases / sizeof cross_cases[0]));
     tcase_add_test(tc, test_ring_errors);
     tcase_add_test(tc, test_head_split);
     suite_add_tcase(suite, tc);

@@ -42,21 +42,26 @@ struct clattn_ring_plan {
     MPI_Comm comm;
     int rank, ranks;
     clattn_ring_desc desc; /* kv_heads resolved */
-    ring_block *blocks;    /* per rank */
+    ring_block *blocks;    /* per rank: its query rows */
+    ring_block *kblocks;   /* per rank: its key rows (== blocks for self-attention) */
     unsigned long long *lengths; /* per rank: the gathered local_len (CONTIGUOUS) */
-    size_t max_rows;       /* the longest block */
+    unsigned long long *kv_lengths; /* per rank: the gathered kv_local_len (cross, CONTIGUOUS) */
+    size_t max_rows;       /* the longest key block (the one that travels) */
+    size_t elem;           /* bytes of an element of q, k, v and out (desc.dtype) */
+    long long shift;       /* a query row's key position minus its own (BOTTOM_RIGHT: Lk - Lq) */
     clattn_plan **sub;     /* [(src * 2 + q_segment) * 2 + k_segment]; NULL: none (skipped) */
     cl_program program;
-    cl_kernel merge;
+    cl_kernel merge, store; /* store: out_acc into a 16-bit out */
     cl_mem part_out,
         part_lse;   /* one pair's partial result, packed (B, H, qlen, dv), (B, H, qlen) */
     cl_mem own_lse; /* the running lse when the caller wants none */
+    cl_mem out_acc; /* 16-bit out: the running output in float32 (B, H, rows, dv) */
     /* The visiting block on the device: one slot. A step's received block is written there
      * after the step's compute (the writes wait for its last event), so the two host slots
      * are the only blocks in flight. */
     cl_mem dev_k, dev_v, dev_kpm;
     size_t host_bytes, device_bytes; /* what make_buffers allocated (clattn_ring_plan_memory) */
-    float *host_k[2], *host_v[2];
+    unsigned char *host_k[2], *host_v[2]; /* desc.dtype's elements */
     uint8_t *host_kpm[2];
     clattn_ring_timing timing;
     device_clock clock; /* the step's compute completion (on_compute_done) */
@@ -240,12 +245,29 @@ static clattn_status check_desc(clattn_ring_plan *plan, const clattn_ring_desc *
     if (d->layout == CLATTN_RING_CONTIGUOUS && d->local_len > d->seq_len)
         return fail(plan, CLATTN_ERR_INVALID_SHAPE, "ring: local_len=%zu exceeds seq_len=%zu",
                     d->local_len, d->seq_len);
+    if (d->kv_seq_len > UINT32_MAX)
+        return fail(plan, CLATTN_ERR_INVALID_SHAPE, "ring: kv_seq_len=%zu: must be 0 .. 2^32-1",
+                    d->kv_seq_len);
+    if (d->layout == CLATTN_RING_CONTIGUOUS && d->kv_seq_len && d->kv_local_len > d->kv_seq_len)
+        return fail(plan, CLATTN_ERR_INVALID_SHAPE,
+                    "ring: kv_local_len=%zu exceeds kv_seq_len=%zu", d->kv_local_len,
+                    d->kv_seq_len);
+    if (d->dtype != CLATTN_DTYPE_F32 && d->dtype != CLATTN_DTYPE_F16 &&
+        d->dtype != CLATTN_DTYPE_BF16)
+        return fail(plan, CLATTN_ERR_INVALID_ARGUMENT,
+                    "ring: dtype=%d: CLATTN_DTYPE_F32, _F16 or _BF16 (q, k, v and out)",
+                    (int)d->dtype);
     if (d->causal != CLATTN_CAUSAL_NONE && d->causal != CLATTN_CAUSAL_TOP_LEFT &&
         d->causal != CLATTN_CAUSAL_BOTTOM_RIGHT)
         return fail(plan, CLATTN_ERR_INVALID_ARGUMENT,
-                    "ring: causal=%d: NONE, TOP_LEFT or BOTTOM_RIGHT (the same: global "
-                    "positions of a square sequence)",
+                    "ring: causal=%d: NONE, TOP_LEFT or BOTTOM_RIGHT (global positions)",
                     (int)d->causal);
+    if (d->causal != CLATTN_CAUSAL_NONE && d->window_align != CLATTN_CAUSAL_NONE &&
+        d->causal != d->window_align && d->kv_seq_len && d->kv_seq_len != d->seq_len)
+        return fail(plan, CLATTN_ERR_INVALID_ARGUMENT,
+                    "ring: causal=%d and window_align=%d: the causal bound and the sliding "
+                    "window must use the same alignment",
+                    (int)d->causal, (int)d->window_align);
     if (d->window_align != CLATTN_CAUSAL_NONE && d->window_align != CLATTN_CAUSAL_TOP_LEFT &&
         d->window_align != CLATTN_CAUSAL_BOTTOM_RIGHT)
         return fail(plan, CLATTN_ERR_INVALID_ARGUMENT,
@@ -266,8 +288,9 @@ static clattn_status check_same(clattn_ring_plan *plan)
     memcpy(&cap_bits, &d->softcap, sizeof cap_bits);
     const char *names[] = {"batch",        "heads",  "kv_heads", "head_dim_qk",  "head_dim_v",
                            "seq_len",      "layout", "causal",   "window_align", "window_left",
-                           "window_right", "scale",  "softcap",  "key_padding"};
-    enum { FIELDS = 14 };
+                           "window_right", "scale",  "softcap",  "key_padding",  "kv_seq_len",
+                           "dtype"};
+    enum { FIELDS = 16 };
     long long mine[FIELDS] = {(long long)d->batch,
                               (long long)d->heads,
                               (long long)d->kv_heads,
@@ -275,13 +298,15 @@ static clattn_status check_same(clattn_ring_plan *plan)
                               (long long)d->head_dim_v,
                               (long long)d->seq_len,
                               d->layout,
-                              d->causal != CLATTN_CAUSAL_NONE,
-                              d->window_align != CLATTN_CAUSAL_NONE,
+                              d->causal,
+                              d->window_align,
                               d->window_left < 0 ? -1 : d->window_left,
                               d->window_right < 0 ? -1 : d->window_right,
                               scale_bits,
                               cap_bits,
-                              d->key_padding};
+                              d->key_padding,
+                              (long long)d->kv_seq_len,
+                              d->dtype};
     long long low[FIELDS], high[FIELDS];
     int rc = MPI_Allreduce(mine, low, FIELDS, MPI_LONG_LONG, MPI_MIN, plan->comm);
     if (rc == MPI_SUCCESS)
@@ -297,14 +322,19 @@ static clattn_status check_same(clattn_ring_plan *plan)
     return CLATTN_SUCCESS;
 }
 
-static clattn_status gather_blocks(clattn_ring_plan *plan)
+/* Every rank's rows of a sequence of seq_len rows (the queries', or the keys' of
+ * cross-attention) into blocks[]: ZIGZAG's chunks, or the gathered local lengths (CONTIGUOUS,
+ * into lengths[]). */
+static clattn_status gather_rows(clattn_ring_plan *plan, size_t seq_len, size_t local_len,
+                                 unsigned long long *lengths, ring_block *blocks,
+                                 const char *what)
 {
     const clattn_ring_desc *d = &plan->desc;
     if (d->layout == CLATTN_RING_ZIGZAG) {
         for (int r = 0; r < plan->ranks; ++r) {
             clattn_ring_rows rows;
-            clattn_ring_zigzag_rows(d->seq_len, plan->ranks, r, &rows);
-            ring_block *b = &plan->blocks[r];
+            clattn_ring_zigzag_rows(seq_len, plan->ranks, r, &rows);
+            ring_block *b = &blocks[r];
             b->count = rows.count;
             b->segments = 2;
             for (int s = 0; s < 2; ++s) {
@@ -314,34 +344,57 @@ static clattn_status gather_blocks(clattn_ring_plan *plan)
             b->local[1] = rows.length[0];
         }
     } else {
-        unsigned long long mine = d->local_len;
-        unsigned long long *all = plan->lengths;
-        int rc = MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG,
-                               plan->comm);
+        unsigned long long mine = local_len;
+        int rc = MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, lengths, 1,
+                               MPI_UNSIGNED_LONG_LONG, plan->comm);
         if (rc != MPI_SUCCESS)
-            return fail_mpi(plan, rc, "MPI_Allgather(local_len)");
+            return fail_mpi(plan, rc, "MPI_Allgather(local lengths)");
         unsigned long long start = 0;
         for (int r = 0; r < plan->ranks; ++r) {
-            ring_block *b = &plan->blocks[r];
-            b->count = b->length[0] = (size_t)all[r];
+            ring_block *b = &blocks[r];
+            b->count = b->length[0] = (size_t)lengths[r];
             b->start[0] = (size_t)start;
             b->segments = 1;
-            start += all[r]; /* each <= seq_len < 2^32: no overflow */
+            start += lengths[r]; /* each <= the length < 2^32: no overflow */
         }
-        if (start != d->seq_len)
+        if (start != seq_len)
             return fail(plan, CLATTN_ERR_INVALID_SHAPE,
-                        "ring: the ranks' local_len sum to %llu but seq_len=%zu", start,
-                        d->seq_len);
+                        "ring: the ranks' %s sum to %llu but %s=%zu", what, start,
+                        what[0] == 'k' ? "kv_seq_len" : "seq_len", seq_len);
     }
+    return CLATTN_SUCCESS;
+}
+
+/* The queries' blocks, and the keys' (the same blocks for self-attention); the longest key
+ * block, the element size, the query positions' shift. */
+static clattn_status gather_blocks(clattn_ring_plan *plan)
+{
+    const clattn_ring_desc *d = &plan->desc;
+    clattn_status status =
+        gather_rows(plan, d->seq_len, d->local_len, plan->lengths, plan->blocks, "local_len");
+    if (status == CLATTN_SUCCESS && d->kv_seq_len)
+        status = gather_rows(plan, d->kv_seq_len, d->kv_local_len, plan->kv_lengths,
+                             plan->kblocks, "kv_local_len");
+    if (status != CLATTN_SUCCESS)
+        return status;
+    if (!d->kv_seq_len)
+        memcpy(plan->kblocks, plan->blocks, (size_t)plan->ranks * sizeof *plan->blocks);
     for (int r = 0; r < plan->ranks; ++r)
-        if (plan->blocks[r].count > plan->max_rows)
-            plan->max_rows = plan->blocks[r].count;
+        if (plan->kblocks[r].count > plan->max_rows)
+            plan->max_rows = plan->kblocks[r].count;
+    plan->elem = clattn_dtype_size(d->dtype);
+    const size_t keys = d->kv_seq_len ? d->kv_seq_len : d->seq_len;
+    plan->shift = d->causal == CLATTN_CAUSAL_BOTTOM_RIGHT ||
+                          (d->causal == CLATTN_CAUSAL_NONE &&
+                           d->window_align == CLATTN_CAUSAL_BOTTOM_RIGHT)
+                      ? (long long)keys - (long long)d->seq_len
+                      : 0;
     return CLATTN_SUCCESS;
 }
 
 /* Whether queries [q0, q0 + ql) and keys [k0, k0 + kl) have a visible pair under the causal
  * bound and the window: i - left <= j <= i + right (right 0 with causal) for some pair. */
-static bool pair_visible(const clattn_ring_desc *d, size_t q0, size_t ql, size_t k0, size_t kl)
+static bool pair_visible(const clattn_ring_desc *d, long long q0, size_t ql, size_t k0, size_t kl)
 {
     if (ql == 0 || kl == 0)
         return false;
@@ -353,7 +406,7 @@ static bool pair_visible(const clattn_ring_desc *d, size_t q0, size_t ql, size_t
     }
     if (d->causal != CLATTN_CAUSAL_NONE && (right < 0 || right > 0))
         right = 0;
-    const long long q_first = (long long)q0, q_last = (long long)(q0 + ql - 1);
+    const long long q_first = q0, q_last = q0 + (long long)ql - 1;
     const long long k_first = (long long)k0, k_last = (long long)(k0 + kl - 1);
     if (right >= 0 && k_first > q_last + right)
         return false;
@@ -362,9 +415,10 @@ static bool pair_visible(const clattn_ring_desc *d, size_t q0, size_t ql, size_t
     return true;
 }
 
-static clattn_tensor view4(size_t d0, size_t d1, size_t d2, size_t d3, size_t rows_total)
+static clattn_tensor view4(clattn_dtype dtype, size_t d0, size_t d1, size_t d2, size_t d3,
+                           size_t rows_total)
 {
-    clattn_tensor t = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, d0, d1, d2, d3);
+    clattn_tensor t = clattn_tensor_make(NULL, 0, dtype, 4, d0, d1, d2, d3);
     t.strides[0] = d1 * rows_total * d3;
     t.strides[1] = rows_total * d3;
     t.strides[2] = d3;
@@ -380,20 +434,21 @@ static clattn_status make_sub_plans(clattn_ring_plan *plan)
     if (plan->sub == NULL)
         return fail(plan, CLATTN_ERR_HOST_MEMORY, "ring: out of host memory (sub-plans)");
     for (int src = 0; src < plan->ranks; ++src) {
-        const ring_block *kb = &plan->blocks[src];
+        const ring_block *kb = &plan->kblocks[src];
         for (size_t qs = 0; qs < mine->segments; ++qs)
             for (size_t ks = 0; ks < kb->segments; ++ks) {
                 const size_t ql = mine->length[qs], kl = kb->length[ks];
-                if (!pair_visible(d, mine->start[qs], ql, kb->start[ks], kl))
+                const long long q_at = (long long)mine->start[qs] + plan->shift;
+                if (!pair_visible(d, q_at, ql, kb->start[ks], kl))
                     continue;
                 clattn_sdpa_desc sd;
                 clattn_sdpa_desc_init(&sd);
                 clattn_tensors tensors = {0};
                 clattn_tensors *t = &tensors;
                 CLATTN_BIND_ROLES(sd, tensors);
-                t->q = view4(d->batch, d->heads, ql, d->head_dim_qk, mine->count);
-                t->k = view4(d->batch, d->kv_heads, kl, d->head_dim_qk, kb->count);
-                t->v = view4(d->batch, d->kv_heads, kl, d->head_dim_v, kb->count);
+                t->q = view4(d->dtype, d->batch, d->heads, ql, d->head_dim_qk, mine->count);
+                t->k = view4(d->dtype, d->batch, d->kv_heads, kl, d->head_dim_qk, kb->count);
+                t->v = view4(d->dtype, d->batch, d->kv_heads, kl, d->head_dim_v, kb->count);
                 t->out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, d->batch, d->heads, ql,
                                             d->head_dim_v);
                 t->lse =
@@ -404,7 +459,7 @@ static clattn_status make_sub_plans(clattn_ring_plan *plan)
                     t->key_padding_mask.strides[0] = kb->count;
                     t->key_padding_mask.strides[1] = 1;
                 }
-                const long long offset = (long long)mine->start[qs] - (long long)kb->start[ks];
+                const long long offset = q_at - (long long)kb->start[ks];
                 if (d->causal != CLATTN_CAUSAL_NONE)
                     sd.causal = CLATTN_CAUSAL_OFFSET;
                 if (d->window_align != CLATTN_CAUSAL_NONE) {
@@ -445,6 +500,9 @@ static clattn_status make_merge_kernel(clattn_ring_plan *plan)
     plan->merge = clCreateKernel(plan->program, "ring_merge", &err);
     if (err != CL_SUCCESS)
         return fail_cl(plan, err, "clCreateKernel(ring_merge)");
+    plan->store = clCreateKernel(plan->program, "ring_store", &err);
+    if (err != CL_SUCCESS)
+        return fail_cl(plan, err, "clCreateKernel(ring_store)");
     return CLATTN_SUCCESS;
 }
 
@@ -475,41 +533,46 @@ static clattn_status make_buffers(clattn_ring_plan *plan)
     const size_t vf[4] = {d->batch, d->kv_heads, plan->max_rows, d->head_dim_v};
     const size_t pf[4] = {d->batch, d->heads, max_q, d->head_dim_v};
     const size_t lf[3] = {d->batch, d->heads, mine->count};
+    const size_t es = plan->elem; /* the blocks' element bytes */
+    size_t acc_floats = 0;        /* a 16-bit out's float32 running output */
     if (!product(&k_floats, 4, kf) || !product(&v_floats, 4, vf) || !product(&part_floats, 4, pf) ||
         !product(&lse_floats, 3, lf) || !mul_ok(d->batch, plan->max_rows, &kpm_bytes) ||
-        k_floats > SIZE_MAX / 4 || v_floats > SIZE_MAX / 4 || part_floats > SIZE_MAX / 4 ||
-        lse_floats > SIZE_MAX / 4)
+        !mul_ok(lse_floats, d->head_dim_v, &acc_floats) || k_floats > SIZE_MAX / 4 ||
+        v_floats > SIZE_MAX / 4 || part_floats > SIZE_MAX / 4 || acc_floats > SIZE_MAX / 4)
         return fail(plan, CLATTN_ERR_OVERFLOW, "ring: block sizes overflow size_t");
-    if (k_floats > INT_MAX || v_floats > INT_MAX || kpm_bytes > INT_MAX)
+    if (k_floats * es > INT_MAX || v_floats * es > INT_MAX || kpm_bytes > INT_MAX)
         return fail(plan, CLATTN_ERR_UNSUPPORTED,
-                    "ring: a block of %zu k floats / %zu v floats exceeds MPI's int count: use "
-                    "more ranks",
+                    "ring: a block of %zu k / %zu v elements exceeds MPI's int count of bytes: "
+                    "use more ranks",
                     k_floats, v_floats);
-    if (part_floats / d->head_dim_v > UINT32_MAX)
+    if (part_floats / d->head_dim_v > UINT32_MAX || acc_floats > UINT32_MAX)
         return fail(plan, CLATTN_ERR_UNSUPPORTED, "ring: batch * heads * rows exceeds 2^32");
+    if (d->dtype == CLATTN_DTYPE_F32)
+        acc_floats = 0; /* out itself accumulates */
     cl_int err = CL_SUCCESS;
     if ((err = new_buffer(plan, &plan->part_out, part_floats * 4, "partial out")) ||
         (err = new_buffer(plan, &plan->part_lse, part_floats / d->head_dim_v * 4, "partial lse")) ||
-        (err = new_buffer(plan, &plan->own_lse, lse_floats * 4, "lse")))
+        (err = new_buffer(plan, &plan->own_lse, lse_floats * 4, "lse")) ||
+        (acc_floats && (err = new_buffer(plan, &plan->out_acc, acc_floats * 4, "float32 out"))))
         return (clattn_status)err;
-    plan->device_bytes = part_floats * 4 + part_floats / d->head_dim_v * 4 + lse_floats * 4;
+    plan->device_bytes =
+        part_floats * 4 + part_floats / d->head_dim_v * 4 + lse_floats * 4 + acc_floats * 4;
     if (plan->ranks == 1) /* one rank: no block ever travels, no staging */
         return CLATTN_SUCCESS;
-    if ((err = new_buffer(plan, &plan->dev_k, k_floats * 4, "k block")) ||
-        (err = new_buffer(plan, &plan->dev_v, v_floats * 4, "v block")) ||
+    if ((err = new_buffer(plan, &plan->dev_k, k_floats * es, "k block")) ||
+        (err = new_buffer(plan, &plan->dev_v, v_floats * es, "v block")) ||
         (err = new_buffer(plan, &plan->dev_kpm, kpm_bytes, "key padding block")))
         return (clattn_status)err;
-    const size_t block_bytes = (k_floats + v_floats) * 4 + kpm_bytes;
+    const size_t block_bytes = (k_floats + v_floats) * es + kpm_bytes;
     plan->host_bytes = 2 * block_bytes;
     plan->device_bytes += block_bytes;
     for (int i = 0; i < 2; ++i) {
-        plan->host_k[i] = malloc(k_floats ? k_floats * 4 : 4);
-        plan->host_v[i] = malloc(v_floats ? v_floats * 4 : 4);
+        plan->host_k[i] = malloc(k_floats ? k_floats * es : 4);
+        plan->host_v[i] = malloc(v_floats ? v_floats * es : 4);
         plan->host_kpm[i] = malloc(kpm_bytes ? kpm_bytes : 1);
         if (!plan->host_k[i] || !plan->host_v[i] || !plan->host_kpm[i])
             return fail(plan, CLATTN_ERR_HOST_MEMORY,
-                        "ring: out of host memory (staging: 2 x %zu bytes)",
-                        (k_floats + v_floats) * 4 + kpm_bytes);
+                        "ring: out of host memory (staging: 2 x %zu bytes)", block_bytes);
     }
     return CLATTN_SUCCESS;
 }
@@ -554,8 +617,11 @@ clattn_status clattn_ring_plan_create(clattn_ctx *ctx, MPI_Comm comm, const clat
             plan->desc.kv_heads = plan->desc.heads;
         /* Allocated before the agreement, so that no rank fails alone in the gather. */
         plan->blocks = calloc((size_t)plan->ranks, sizeof *plan->blocks);
+        plan->kblocks = calloc((size_t)plan->ranks, sizeof *plan->kblocks);
         plan->lengths = calloc((size_t)plan->ranks, sizeof *plan->lengths);
-        if (plan->blocks == NULL || plan->lengths == NULL)
+        plan->kv_lengths = calloc((size_t)plan->ranks, sizeof *plan->kv_lengths);
+        if (plan->blocks == NULL || plan->kblocks == NULL || plan->lengths == NULL ||
+            plan->kv_lengths == NULL)
             local = fail(plan, CLATTN_ERR_HOST_MEMORY, "ring: out of host memory (%d blocks)",
                          plan->ranks);
     }
@@ -579,13 +645,12 @@ done:
     return CLATTN_SUCCESS;
 }
 
-clattn_ring_rows clattn_ring_plan_rows(const clattn_ring_plan *plan)
+static clattn_ring_rows rows_of_block(const ring_block *b)
 {
     clattn_ring_rows rows;
     memset(&rows, 0, sizeof rows);
-    if (plan == NULL)
+    if (b == NULL)
         return rows;
-    const ring_block *b = &plan->blocks[plan->rank];
     rows.count = b->count;
     rows.segments = b->segments;
     for (size_t s = 0; s < b->segments; ++s) {
@@ -593,6 +658,16 @@ clattn_ring_rows clattn_ring_plan_rows(const clattn_ring_plan *plan)
         rows.length[s] = b->length[s];
     }
     return rows;
+}
+
+clattn_ring_rows clattn_ring_plan_rows(const clattn_ring_plan *plan)
+{
+    return rows_of_block(plan ? &plan->blocks[plan->rank] : NULL);
+}
+
+clattn_ring_rows clattn_ring_plan_kv_rows(const clattn_ring_plan *plan)
+{
+    return rows_of_block(plan ? &plan->kblocks[plan->rank] : NULL);
 }
 
 void clattn_ring_plan_release(clattn_ring_plan *plan)
@@ -605,11 +680,13 @@ void clattn_ring_plan_release(clattn_ring_plan *plan)
     free(plan->sub);
     if (plan->merge)
         clReleaseKernel(plan->merge);
+    if (plan->store)
+        clReleaseKernel(plan->store);
     if (plan->program)
         clReleaseProgram(plan->program);
-    cl_mem mems[6] = {plan->part_out, plan->part_lse, plan->own_lse,
-                      plan->dev_k,    plan->dev_v,    plan->dev_kpm};
-    for (int i = 0; i < 6; ++i)
+    cl_mem mems[7] = {plan->part_out, plan->part_lse, plan->own_lse, plan->dev_k,
+                      plan->dev_v,    plan->dev_kpm,  plan->out_acc};
+    for (int i = 0; i < 7; ++i)
         if (mems[i])
             clReleaseMemObject(mems[i]);
     for (int i = 0; i < 2; ++i) {
@@ -618,7 +695,9 @@ void clattn_ring_plan_release(clattn_ring_plan *plan)
         free(plan->host_kpm[i]);
     }
     free(plan->blocks);
+    free(plan->kblocks);
     free(plan->lengths);
+    free(plan->kv_lengths);
     if (plan->comm != MPI_COMM_NULL)
         MPI_Comm_free(&plan->comm);
     free(plan);
@@ -671,7 +750,11 @@ static clattn_status check_tensor(clattn_ring_plan *plan, const char *name, cons
     if (!same)
         return fail(plan, CLATTN_ERR_INVALID_SHAPE,
                     "ring: %s must be %s %s (this rank's rows), got dtype %d rank %d", name,
-                    dtype == CLATTN_DTYPE_U8 ? "U8" : "F32", want, (int)t->dtype, t->rank);
+                    dtype == CLATTN_DTYPE_U8     ? "U8"
+                    : dtype == CLATTN_DTYPE_F16  ? "F16"
+                    : dtype == CLATTN_DTYPE_BF16 ? "BF16"
+                                                 : "F32",
+                    want, (int)t->dtype, t->rank);
     size_t packed = 1;
     bool zero = true, row_major = true;
     for (int i = rank - 1; i >= 0; --i) {
@@ -702,27 +785,25 @@ static clattn_status check_args(clattn_ring_plan *plan, const clattn_tensor *q,
                                 const clattn_tensor *kpm)
 {
     const clattn_ring_desc *d = &plan->desc;
-    const size_t rows = plan->blocks[plan->rank].count;
-    if (rows == 0)
-        return CLATTN_SUCCESS;
+    const size_t rows = plan->blocks[plan->rank].count, kv_rows = plan->kblocks[plan->rank].count;
     const size_t qd[4] = {d->batch, d->heads, rows, d->head_dim_qk};
-    const size_t kd[4] = {d->batch, d->kv_heads, rows, d->head_dim_qk};
-    const size_t vd[4] = {d->batch, d->kv_heads, rows, d->head_dim_v};
+    const size_t kd[4] = {d->batch, d->kv_heads, kv_rows, d->head_dim_qk};
+    const size_t vd[4] = {d->batch, d->kv_heads, kv_rows, d->head_dim_v};
     const size_t od[4] = {d->batch, d->heads, rows, d->head_dim_v};
     const size_t ld[3] = {d->batch, d->heads, rows};
-    const size_t pd[2] = {d->batch, rows};
+    const size_t pd[2] = {d->batch, kv_rows};
     size_t n;
     clattn_status status;
-    if ((status = check_tensor(plan, "q", q, CLATTN_DTYPE_F32, 4, qd, &n)) ||
-        (status = check_tensor(plan, "k", k, CLATTN_DTYPE_F32, 4, kd, &n)) ||
-        (status = check_tensor(plan, "v", v, CLATTN_DTYPE_F32, 4, vd, &n)) ||
-        (status = check_tensor(plan, "out", out, CLATTN_DTYPE_F32, 4, od, &n)))
+    if (rows > 0 && ((status = check_tensor(plan, "q", q, d->dtype, 4, qd, &n)) ||
+                     (status = check_tensor(plan, "out", out, d->dtype, 4, od, &n)) ||
+                     (lse && lse->rank != 0 &&
+                      (status = check_tensor(plan, "lse", lse, CLATTN_DTYPE_F32, 3, ld, &n)))))
         return status;
-    if (lse && lse->rank != 0 &&
-        (status = check_tensor(plan, "lse", lse, CLATTN_DTYPE_F32, 3, ld, &n)))
-        return status;
-    if (d->key_padding &&
-        (status = check_tensor(plan, "key_padding_mask", kpm, CLATTN_DTYPE_U8, 2, pd, &n)))
+    if (kv_rows > 0 &&
+        ((status = check_tensor(plan, "k", k, d->dtype, 4, kd, &n)) ||
+         (status = check_tensor(plan, "v", v, d->dtype, 4, vd, &n)) ||
+         (d->key_padding &&
+          (status = check_tensor(plan, "key_padding_mask", kpm, CLATTN_DTYPE_U8, 2, pd, &n)))))
         return status;
     if (!d->key_padding && kpm && kpm->rank != 0)
         return fail(plan, CLATTN_ERR_INVALID_ARGUMENT,
@@ -751,7 +832,7 @@ static clattn_status compute_block(clattn_ring_plan *plan, int src, const ring_k
                                    size_t lse_offset, cl_event *last)
 {
     const clattn_ring_desc *d = &plan->desc;
-    const ring_block *mine = &plan->blocks[plan->rank], *kb = &plan->blocks[src];
+    const ring_block *mine = &plan->blocks[plan->rank], *kb = &plan->kblocks[src];
     cl_command_queue queue = clattn_ctx_queue(plan->ctx);
     for (size_t qs = 0; qs < mine->segments; ++qs)
         for (size_t ks = 0; ks < kb->segments; ++ks) {
@@ -761,13 +842,13 @@ static clattn_status compute_block(clattn_ring_plan *plan, int src, const ring_k
             const size_t ql = mine->length[qs], kl = kb->length[ks];
             clattn_tensors t;
             memset(&t, 0, sizeof t);
-            t.q = view4(d->batch, d->heads, ql, d->head_dim_qk, mine->count);
+            t.q = view4(d->dtype, d->batch, d->heads, ql, d->head_dim_qk, mine->count);
             t.q.mem = q->mem;
             t.q.offset = q->offset + mine->local[qs] * d->head_dim_qk;
-            t.k = view4(d->batch, d->kv_heads, kl, d->head_dim_qk, kb->count);
+            t.k = view4(d->dtype, d->batch, d->kv_heads, kl, d->head_dim_qk, kb->count);
             t.k.mem = kv->k;
             t.k.offset = kv->k_offset + kb->local[ks] * d->head_dim_qk;
-            t.v = view4(d->batch, d->kv_heads, kl, d->head_dim_v, kb->count);
+            t.v = view4(d->dtype, d->batch, d->kv_heads, kl, d->head_dim_v, kb->count);
             t.v.mem = kv->v;
             t.v.offset = kv->v_offset + kb->local[ks] * d->head_dim_v;
             t.out = clattn_tensor_make(plan->part_out, 0, CLATTN_DTYPE_F32, 4, d->batch, d->heads,
@@ -838,7 +919,7 @@ static clattn_status reset_outputs(clattn_ring_plan *plan, const clattn_tensor *
     const float zero = 0.0f, minus_inf = -INFINITY;
     cl_event e1 = NULL, e2 = NULL;
     cl_int err = clEnqueueFillBuffer(queue, out->mem, &zero, sizeof zero, out->offset * 4,
-                                     out_count * 4, 0, NULL, &e1);
+                                     out_count * 4, 0, NULL, &e1); /* the float32 output */
     if (err != CL_SUCCESS)
         return fail_cl(plan, err, "clEnqueueFillBuffer(out)");
     err = clEnqueueFillBuffer(queue, lse, &minus_inf, sizeof minus_inf, lse_offset * 4,
@@ -850,9 +931,10 @@ static clattn_status reset_outputs(clattn_ring_plan *plan, const clattn_tensor *
     return CLATTN_SUCCESS;
 }
 
-static size_t block_floats(const clattn_ring_plan *plan, int r, size_t head_dim)
+/* Bytes of rank r's k (head_dim_qk) or v (head_dim_v) block in desc.dtype. */
+static size_t block_bytes(const clattn_ring_plan *plan, int r, size_t head_dim)
 {
-    return plan->desc.batch * plan->desc.kv_heads * plan->blocks[r].count * head_dim;
+    return plan->desc.batch * plan->desc.kv_heads * plan->kblocks[r].count * head_dim * plan->elem;
 }
 
 /* Reads this rank's k, v (and key padding) into host staging slot 0. */
@@ -860,16 +942,16 @@ static clattn_status stage_own(clattn_ring_plan *plan, const clattn_tensor *k,
                                const clattn_tensor *v, const clattn_tensor *kpm)
 {
     const int r = plan->rank;
-    const size_t kf = block_floats(plan, r, plan->desc.head_dim_qk);
-    const size_t vf = block_floats(plan, r, plan->desc.head_dim_v);
-    const size_t pb = plan->desc.batch * plan->blocks[r].count;
-    if (plan->blocks[r].count == 0)
+    const size_t kb = block_bytes(plan, r, plan->desc.head_dim_qk);
+    const size_t vb = block_bytes(plan, r, plan->desc.head_dim_v);
+    const size_t pb = plan->desc.batch * plan->kblocks[r].count, es = plan->elem;
+    if (plan->kblocks[r].count == 0)
         return CLATTN_SUCCESS;
     cl_command_queue queue = clattn_ctx_queue(plan->ctx);
-    cl_int err = clEnqueueReadBuffer(queue, k->mem, CL_TRUE, k->offset * 4, kf * 4, plan->host_k[0],
+    cl_int err = clEnqueueReadBuffer(queue, k->mem, CL_TRUE, k->offset * es, kb, plan->host_k[0],
                                      0, NULL, NULL);
     if (err == CL_SUCCESS)
-        err = clEnqueueReadBuffer(queue, v->mem, CL_TRUE, v->offset * 4, vf * 4, plan->host_v[0], 0,
+        err = clEnqueueReadBuffer(queue, v->mem, CL_TRUE, v->offset * es, vb, plan->host_v[0], 0,
                                   NULL, NULL);
     if (err == CL_SUCCESS && plan->desc.key_padding)
         err = clEnqueueReadBuffer(queue, kpm->mem, CL_TRUE, kpm->offset, pb, plan->host_kpm[0], 0,
@@ -886,28 +968,29 @@ static clattn_status post_exchange(clattn_ring_plan *plan, int src, int next_src
 {
     const int left = (plan->rank - 1 + plan->ranks) % plan->ranks;
     const int right = (plan->rank + 1) % plan->ranks;
-    const int kf_in = (int)block_floats(plan, next_src, plan->desc.head_dim_qk);
-    const int vf_in = (int)block_floats(plan, next_src, plan->desc.head_dim_v);
-    const int kf_out = (int)block_floats(plan, src, plan->desc.head_dim_qk);
-    const int vf_out = (int)block_floats(plan, src, plan->desc.head_dim_v);
-    const int pb_in = (int)(plan->desc.batch * plan->blocks[next_src].count);
-    const int pb_out = (int)(plan->desc.batch * plan->blocks[src].count);
+    /* (byte counts: each below INT_MAX, checked at creation) */
+    const int kf_in = (int)block_bytes(plan, next_src, plan->desc.head_dim_qk);
+    const int vf_in = (int)block_bytes(plan, next_src, plan->desc.head_dim_v);
+    const int kf_out = (int)block_bytes(plan, src, plan->desc.head_dim_qk);
+    const int vf_out = (int)block_bytes(plan, src, plan->desc.head_dim_v);
+    const int pb_in = (int)(plan->desc.batch * plan->kblocks[next_src].count);
+    const int pb_out = (int)(plan->desc.batch * plan->kblocks[src].count);
     int rc = MPI_SUCCESS;
     *count = 0;
     if (rc == MPI_SUCCESS)
-        rc = MPI_Irecv(plan->host_k[into], kf_in, MPI_FLOAT, left, 0, plan->comm,
+        rc = MPI_Irecv(plan->host_k[into], kf_in, MPI_BYTE, left, 0, plan->comm,
                        &requests[(*count)++]);
     if (rc == MPI_SUCCESS)
-        rc = MPI_Irecv(plan->host_v[into], vf_in, MPI_FLOAT, left, 1, plan->comm,
+        rc = MPI_Irecv(plan->host_v[into], vf_in, MPI_BYTE, left, 1, plan->comm,
                        &requests[(*count)++]);
     if (rc == MPI_SUCCESS && plan->desc.key_padding)
         rc = MPI_Irecv(plan->host_kpm[into], pb_in, MPI_UNSIGNED_CHAR, left, 2, plan->comm,
                        &requests[(*count)++]);
     if (rc == MPI_SUCCESS)
-        rc = MPI_Isend(plan->host_k[from], kf_out, MPI_FLOAT, right, 0, plan->comm,
+        rc = MPI_Isend(plan->host_k[from], kf_out, MPI_BYTE, right, 0, plan->comm,
                        &requests[(*count)++]);
     if (rc == MPI_SUCCESS)
-        rc = MPI_Isend(plan->host_v[from], vf_out, MPI_FLOAT, right, 1, plan->comm,
+        rc = MPI_Isend(plan->host_v[from], vf_out, MPI_BYTE, right, 1, plan->comm,
                        &requests[(*count)++]);
     if (rc == MPI_SUCCESS && plan->desc.key_padding)
         rc = MPI_Isend(plan->host_kpm[from], pb_out, MPI_UNSIGNED_CHAR, right, 2, plan->comm,
@@ -917,7 +1000,7 @@ static clattn_status post_exchange(clattn_ring_plan *plan, int src, int next_src
         return fail_mpi(plan, rc, "MPI_Irecv/MPI_Isend(k/v block)");
     }
     plan->timing.bytes_sent +=
-        (size_t)(kf_out + vf_out) * 4 + (plan->desc.key_padding ? (size_t)pb_out : 0);
+        (size_t)kf_out + (size_t)vf_out + (plan->desc.key_padding ? (size_t)pb_out : 0);
     return CLATTN_SUCCESS;
 }
 
@@ -927,23 +1010,54 @@ static clattn_status post_exchange(clattn_ring_plan *plan, int src, int next_src
 static clattn_status upload_block(clattn_ring_plan *plan, int src, int slot, cl_event *last)
 {
     cl_command_queue queue = clattn_ctx_queue(plan->ctx);
-    const size_t kf = block_floats(plan, src, plan->desc.head_dim_qk);
-    const size_t vf = block_floats(plan, src, plan->desc.head_dim_v);
-    const size_t pb = plan->desc.batch * plan->blocks[src].count;
-    if (plan->blocks[src].count == 0)
+    const size_t kb = block_bytes(plan, src, plan->desc.head_dim_qk);
+    const size_t vb = block_bytes(plan, src, plan->desc.head_dim_v);
+    const size_t pb = plan->desc.batch * plan->kblocks[src].count;
+    if (plan->kblocks[src].count == 0)
         return CLATTN_SUCCESS;
     const cl_uint waits = *last ? 1 : 0;
     const cl_event *wait = *last ? last : NULL;
-    cl_int err = clEnqueueWriteBuffer(queue, plan->dev_k, CL_FALSE, 0, kf * 4, plan->host_k[slot],
+    cl_int err = clEnqueueWriteBuffer(queue, plan->dev_k, CL_FALSE, 0, kb, plan->host_k[slot],
                                       waits, wait, NULL);
     if (err == CL_SUCCESS)
-        err = clEnqueueWriteBuffer(queue, plan->dev_v, CL_FALSE, 0, vf * 4, plan->host_v[slot],
+        err = clEnqueueWriteBuffer(queue, plan->dev_v, CL_FALSE, 0, vb, plan->host_v[slot],
                                    waits, wait, NULL);
     if (err == CL_SUCCESS && plan->desc.key_padding)
         err = clEnqueueWriteBuffer(queue, plan->dev_kpm, CL_FALSE, 0, pb, plan->host_kpm[slot],
                                    waits, wait, NULL);
     if (err != CL_SUCCESS)
         return fail_cl(plan, err, "clEnqueueWriteBuffer(received k/v block)");
+    return CLATTN_SUCCESS;
+}
+
+/* A 16-bit out: the float32 running output rounded into it (ring_store), after *last. */
+static clattn_status store_out(clattn_ring_plan *plan, const clattn_tensor *out, cl_event *last)
+{
+    const clattn_ring_desc *d = &plan->desc;
+    const cl_uint count = (cl_uint)(d->batch * d->heads * plan->blocks[plan->rank].count *
+                                    d->head_dim_v); /* below 2^32: checked at creation */
+    const cl_ulong offset = out->offset;
+    const cl_int bf16 = d->dtype == CLATTN_DTYPE_BF16;
+    cl_int err = clSetKernelArg(plan->store, 0, sizeof(cl_mem), &plan->out_acc);
+    if (err == CL_SUCCESS)
+        err = clSetKernelArg(plan->store, 1, sizeof(cl_mem), &out->mem);
+    if (err == CL_SUCCESS)
+        err = clSetKernelArg(plan->store, 2, sizeof offset, &offset);
+    if (err == CL_SUCCESS)
+        err = clSetKernelArg(plan->store, 3, sizeof count, &count);
+    if (err == CL_SUCCESS)
+        err = clSetKernelArg(plan->store, 4, sizeof bf16, &bf16);
+    if (err != CL_SUCCESS)
+        return fail_cl(plan, err, "clSetKernelArg(ring_store)");
+    const size_t local = MERGE_LOCAL;
+    const size_t global = ((size_t)count + local - 1) / local * local;
+    cl_event done = NULL;
+    err = clEnqueueNDRangeKernel(clattn_ctx_queue(plan->ctx), plan->store, 1, NULL, &global,
+                                 &local, *last ? 1 : 0, *last ? last : NULL, &done);
+    if (err != CL_SUCCESS)
+        return fail_cl(plan, err, "clEnqueueNDRangeKernel(ring_store)");
+    release_event(last);
+    *last = done;
     return CLATTN_SUCCESS;
 }
 
@@ -966,17 +1080,26 @@ clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q
     const bool user_lse = lse && lse->rank != 0;
     cl_mem lse_mem = user_lse ? lse->mem : plan->own_lse;
     const size_t lse_offset = user_lse ? lse->offset : 0;
+    /* the float32 output the merges accumulate: out, or out_acc for a 16-bit out */
+    clattn_tensor target;
+    memset(&target, 0, sizeof target);
+    if (has_rows)
+        target = *out;
+    if (plan->out_acc) {
+        target.mem = plan->out_acc;
+        target.offset = 0;
+    }
     cl_event last = NULL;
     MPI_Request requests[6];
     int pending = 0;
     clattn_status local = CLATTN_SUCCESS;
-    if (has_rows) {
-        const double t0 = now_s();
-        local = reset_outputs(plan, out, lse_mem, lse_offset, &last);
-        if (local == CLATTN_SUCCESS && plan->ranks > 1) /* one rank: nothing to send */
-            local = stage_own(plan, k, v, key_padding_mask);
-        plan->timing.staging_s += now_s() - t0;
-    }
+    const double t0 = now_s();
+    if (has_rows)
+        local = reset_outputs(plan, &target, lse_mem, lse_offset, &last);
+    /* this rank's own keys go around (cross-attention: a rank may hold keys and no queries) */
+    if (local == CLATTN_SUCCESS && plan->ranks > 1 && plan->kblocks[plan->rank].count > 0)
+        local = stage_own(plan, k, v, key_padding_mask);
+    plan->timing.staging_s += now_s() - t0;
     for (int step = 0; step < plan->ranks; ++step) {
         const int src = (plan->rank - step + plan->ranks) % plan->ranks;
         const int next_src = (src - 1 + plan->ranks) % plan->ranks;
@@ -994,10 +1117,15 @@ clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q
         bool timed = false;
         if (local == CLATTN_SUCCESS && has_rows) {
             ring_kv kv;
+            const bool own = step == 0 && plan->kblocks[plan->rank].count > 0;
+            const bool own_kpm = own && plan->desc.key_padding;
             if (step == 0)
-                kv = (ring_kv){
-                    k->mem,    v->mem,    plan->desc.key_padding ? key_padding_mask->mem : NULL,
-                    k->offset, v->offset, plan->desc.key_padding ? key_padding_mask->offset : 0};
+                kv = (ring_kv){own ? k->mem : NULL,
+                               own ? v->mem : NULL,
+                               own_kpm ? key_padding_mask->mem : NULL,
+                               own ? k->offset : 0,
+                               own ? v->offset : 0,
+                               own_kpm ? key_padding_mask->offset : 0};
             else
                 kv = (ring_kv){plan->dev_k, plan->dev_v, plan->dev_kpm, 0, 0, 0};
             if (!plan->desc.key_padding)
@@ -1005,7 +1133,7 @@ clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q
             cl_event before = last;
             if (before)
                 clRetainEvent(before);
-            local = compute_block(plan, src, &kv, q, out, lse_mem, lse_offset, &last);
+            local = compute_block(plan, src, &kv, q, &target, lse_mem, lse_offset, &last);
             /* Time the step's device work when it enqueued any (last changed). */
             if (local == CLATTN_SUCCESS && last && last != before)
                 timed = clSetEventCallback(last, CL_COMPLETE, on_compute_done, clock) == CL_SUCCESS;
@@ -1023,6 +1151,8 @@ clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q
         const double t_waited = now_s();
         if (local == CLATTN_SUCCESS && step + 1 < plan->ranks)
             local = upload_block(plan, next_src, next, &last);
+        if (local == CLATTN_SUCCESS && step + 1 == plan->ranks && has_rows && plan->out_acc)
+            local = store_out(plan, out, &last); /* 16-bit out: rounded once, at the end */
         cl_int err = clFinish(queue);
         if (err != CL_SUCCESS && local == CLATTN_SUCCESS)
             local = fail_cl(plan, err, "clFinish");

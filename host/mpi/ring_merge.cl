@@ -39,3 +39,23 @@ __kernel void ring_merge(__global float *out, const ulong out_offset, __global f
         o[c] = ca * o[c] + cp * p[c];
     *l = m + log(sum);
 }
+
+/* A 16-bit out from the float32 running output (clattn_ring_desc.dtype F16 or BF16), rounded to
+ * nearest even once: F16 through vstore_half_rte (core OpenCL, no cl_khr_fp16 needed), BF16 by
+ * rounding the float's bits (NaN kept a quiet NaN). */
+__kernel void ring_store(__global const float *acc, __global ushort *out, const ulong out_offset,
+                         const uint count, const int bf16)
+{
+    const uint gid = get_global_id(0);
+    if (gid >= count)
+        return;
+    const float x = acc[gid];
+    if (!bf16) {
+        vstore_half_rte(x, 0, (__global half *)(out + out_offset + gid));
+        return;
+    }
+    const uint bits = as_uint(x);
+    const bool nan = (bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0u;
+    out[out_offset + gid] =
+        nan ? (ushort)((bits >> 16) | 0x0040u) : (ushort)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
