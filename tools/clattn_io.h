@@ -65,6 +65,14 @@ typedef struct clattn_array {
 /* Frees data and zeroes the struct. NULL is a no-op. */
 CLATTN_IO_API void clattn_array_free(clattn_array *array);
 
+/* float32 values as IEEE half (dtype CLATTN_IO_F16) or bfloat16 (CLATTN_IO_BF16) bits,
+ * rounded to nearest even, as the .npy writer stores them (NaN stays a quiet NaN, overflow
+ * gives inf); and those bits back to float32, exactly. Other dtypes: nothing is written. */
+CLATTN_IO_API void clattn_io_round16(const float *src, size_t count, clattn_io_dtype dtype,
+                                     uint16_t *dst);
+CLATTN_IO_API void clattn_io_widen16(const uint16_t *src, size_t count, clattn_io_dtype dtype,
+                                     float *dst);
+
 /* --- .npy (format versions 1.0, 2.0, 3.0) ------------------------------------------------ */
 
 /* Reads little-endian, C-order float32 ('<f4'), float64 ('<f8', converted), float16 ('<f2',

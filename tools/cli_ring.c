@@ -109,32 +109,48 @@ int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     *root = rank == 0;
-    const size_t seq = job->q_dims[2], rows_max = seq / (size_t)ranks + 2;
+    /* the queries' rows and the keys' (cross-attention: a sequence of its own, split alike) */
+    const size_t seq = job->q_dims[2], kseq = job->k_dims[2];
     const clattn_ring_rows rows = rows_of(job->zigzag, seq, ranks, rank);
-    const size_t n = rows.count, b = job->q_dims[0], h = job->q_dims[1], hkv = job->k_dims[1];
-    const size_t dk = job->q_dims[3], dv = job->v_dims[3];
-    const size_t q_count = b * h * n * dk, k_count = b * hkv * n * dk, v_count = b * hkv * n * dv;
+    const clattn_ring_rows krows = rows_of(job->zigzag, kseq, ranks, rank);
+    const size_t n = rows.count, nk = krows.count, b = job->q_dims[0], h = job->q_dims[1];
+    const size_t hkv = job->k_dims[1], dk = job->q_dims[3], dv = job->v_dims[3];
+    const size_t q_count = b * h * n * dk, k_count = b * hkv * nk * dk, v_count = b * hkv * nk * dv;
     const size_t o_count = b * h * n * dv;
-    (void)rows_max;
+    /* 16-bit files: the ring runs in their type (the values are exact in it) */
+    const bool half = job->storage == CLATTN_IO_F16 || job->storage == CLATTN_IO_BF16;
+    const clattn_dtype dtype = job->storage == CLATTN_IO_F16    ? CLATTN_DTYPE_F16
+                               : job->storage == CLATTN_IO_BF16 ? CLATTN_DTYPE_BF16
+                                                                : CLATTN_DTYPE_F32;
+    const size_t es = clattn_dtype_size(dtype), most = q_count > k_count ? q_count : k_count;
     float *q = malloc((q_count ? q_count : 1) * sizeof(float));
     float *k = malloc((k_count ? k_count : 1) * sizeof(float));
     float *v = malloc((v_count ? v_count : 1) * sizeof(float));
     float *o = malloc((o_count ? o_count : 1) * sizeof(float));
+    uint16_t *bits = half ? malloc(((most > v_count ? most : v_count) + o_count + 1) * 2) : NULL;
+    uint8_t *kpm = job->counts ? malloc(b * nk + 1) : NULL;
     clattn_ctx *ctx = NULL;
-    bool ok = q && k && v && o;
+    bool ok = q && k && v && o && (!half || bits) && (!job->counts || kpm);
     if (!ok)
         cli_fail("sdpa", CLI_FAILED, "--ring: out of memory for rank %d's rows", rank);
     else if ((ctx = cli_context("sdpa", job->device)) == NULL)
         ok = false;
     if (!agree_start(ok)) {
-        free(q), free(k), free(v), free(o);
+        free(q), free(k), free(v), free(o), free(bits), free(kpm);
         clattn_ctx_release(ctx);
         return ok ? cli_fail("sdpa", CLI_FAILED, "--ring: another rank failed before the ring")
                   : CLI_FAILED;
     }
     pack_rows(job->q, job->q_dims, job->q_strides, &rows, q);
-    pack_rows(job->k, job->k_dims, job->k_strides, &rows, k);
-    pack_rows(job->v, job->v_dims, job->v_strides, &rows, v);
+    pack_rows(job->k, job->k_dims, job->k_strides, &krows, k);
+    pack_rows(job->v, job->v_dims, job->v_strides, &krows, v);
+    /* --nonpad-kv-seqlen: the keys past a batch's count are padding, where they lie */
+    for (size_t bi = 0; kpm && bi < b; ++bi) {
+        size_t at = 0;
+        for (size_t s = 0; s < krows.segments; ++s)
+            for (size_t i = 0; i < krows.length[s]; ++i, ++at)
+                kpm[bi * nk + at] = (long long)(krows.start[s] + i) >= (long long)job->counts[bi];
+    }
 
     int rc = CLI_OK;
     clattn_ring_desc desc;
@@ -143,35 +159,51 @@ int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root)
     desc.head_dim_qk = dk, desc.head_dim_v = dv, desc.seq_len = seq;
     desc.layout = job->zigzag ? CLATTN_RING_ZIGZAG : CLATTN_RING_CONTIGUOUS;
     desc.local_len = n;
-    desc.causal = job->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
-    desc.window_align = job->window ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    desc.kv_seq_len = kseq, desc.kv_local_len = nk;
+    desc.dtype = dtype;
+    desc.key_padding = kpm != NULL;
+    const clattn_causal align = job->bottom_right ? CLATTN_CAUSAL_BOTTOM_RIGHT
+                                                  : CLATTN_CAUSAL_TOP_LEFT;
+    desc.causal = job->causal ? align : CLATTN_CAUSAL_NONE;
+    desc.window_align = job->window ? align : CLATTN_CAUSAL_NONE;
     desc.window_left = job->window_left, desc.window_right = job->window_right;
     desc.scale = job->scale, desc.softcap = job->softcap;
     clattn_ring_plan *plan = NULL;
     char message[1024] = "";
     clattn_status status =
         clattn_ring_plan_create(ctx, MPI_COMM_WORLD, &desc, &plan, message, sizeof message);
-    cl_mem mq = NULL, mk = NULL, mv = NULL, mo = NULL;
+    cl_mem mq = NULL, mk = NULL, mv = NULL, mo = NULL, mp = NULL;
     cl_int err = CL_SUCCESS;
     if (status == CLATTN_SUCCESS) {
-        mq = device_copy(ctx, n ? q : NULL, q_count * sizeof(float), &err);
+        const float *sources[3] = {q, k, v};
+        const size_t counts[3] = {q_count, k_count, v_count};
+        const bool held[3] = {n > 0, nk > 0, nk > 0};
+        cl_mem *mems[3] = {&mq, &mk, &mv};
+        for (int i = 0; i < 3 && err == CL_SUCCESS; ++i) { /* 16-bit: rounded (exactly) */
+            if (half && held[i])
+                clattn_io_round16(sources[i], counts[i], job->storage, bits);
+            *mems[i] = device_copy(ctx, !held[i] ? NULL : half ? (const void *)bits
+                                                               : (const void *)sources[i],
+                                   counts[i] * es, &err);
+        }
         if (err == CL_SUCCESS)
-            mk = device_copy(ctx, n ? k : NULL, k_count * sizeof(float), &err);
-        if (err == CL_SUCCESS)
-            mv = device_copy(ctx, n ? v : NULL, v_count * sizeof(float), &err);
-        if (err == CL_SUCCESS)
-            mo = device_copy(ctx, NULL, o_count * sizeof(float), &err);
-        const clattn_tensor tq = clattn_tensor_make(mq, 0, CLATTN_DTYPE_F32, 4, b, h, n, dk);
-        const clattn_tensor tk = clattn_tensor_make(mk, 0, CLATTN_DTYPE_F32, 4, b, hkv, n, dk);
-        const clattn_tensor tv = clattn_tensor_make(mv, 0, CLATTN_DTYPE_F32, 4, b, hkv, n, dv);
-        const clattn_tensor to = clattn_tensor_make(mo, 0, CLATTN_DTYPE_F32, 4, b, h, n, dv);
+            mo = device_copy(ctx, NULL, o_count * es, &err);
+        if (err == CL_SUCCESS && kpm)
+            mp = device_copy(ctx, nk ? kpm : NULL, b * nk, &err);
+        const clattn_tensor tq = clattn_tensor_make(mq, 0, dtype, 4, b, h, n, dk);
+        const clattn_tensor tk = clattn_tensor_make(mk, 0, dtype, 4, b, hkv, nk, dk);
+        const clattn_tensor tv = clattn_tensor_make(mv, 0, dtype, 4, b, hkv, nk, dv);
+        const clattn_tensor to = clattn_tensor_make(mo, 0, dtype, 4, b, h, n, dv);
+        const clattn_tensor tp = clattn_tensor_make(mp, 0, CLATTN_DTYPE_U8, 2, b, nk, 0, 0);
         if (!agree_ok(err == CL_SUCCESS)) {
             rc = cli_fail("sdpa", CLI_FAILED, "--ring: device buffers failed (on some rank)");
         } else {
-            status = clattn_ring_execute(plan, &tq, &tk, &tv, &to, NULL, NULL);
+            status = clattn_ring_execute(plan, &tq, &tk, &tv, &to, NULL, kpm ? &tp : NULL);
             if (status == CLATTN_SUCCESS && n > 0)
-                err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), mo, CL_TRUE, 0,
-                                          o_count * sizeof(float), o, 0, NULL, NULL);
+                err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), mo, CL_TRUE, 0, o_count * es,
+                                          half ? (void *)bits : (void *)o, 0, NULL, NULL);
+            if (status == CLATTN_SUCCESS && n > 0 && half && err == CL_SUCCESS)
+                clattn_io_widen16(bits, o_count, job->storage, o);
             if (status != CLATTN_SUCCESS)
                 rc = cli_fail("sdpa", CLI_FAILED, "--ring: %s: %s",
                               clattn_mpi_status_string(status), clattn_ring_last_error(plan));
@@ -230,12 +262,12 @@ int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root)
         free(all);
     }
     clattn_ring_plan_release(plan);
-    const cl_mem mems[4] = {mq, mk, mv, mo};
-    for (int i = 0; i < 4; ++i)
+    const cl_mem mems[5] = {mq, mk, mv, mo, mp};
+    for (int i = 0; i < 5; ++i)
         if (mems[i])
             clReleaseMemObject(mems[i]);
     clattn_ctx_release(ctx);
-    free(q), free(k), free(v), free(o);
+    free(q), free(k), free(v), free(o), free(bits), free(kpm);
     return rc;
 }
 

@@ -65,6 +65,9 @@ static const char bench_usage_more[] =
     "cache's storage, each in turn (q, out and the appended tokens keep --dtype; q8_0 and\n"
     "q4_0 are llama.cpp's blocks, 34 and 18 bytes per 32 values, quantized by the append;\n"
     "fused only); GB/s counts the bytes the cache stores.\n"
+    "";
+/* The serving ops' help (C99 compilers need only take 4095 characters in one string). */
+static const char bench_usage_serving[] =
     "paged (not in the default set): one decode step's attention (no append) over a paged KV\n"
     "cache of --seq lengths (default as decode's) in pages of --page-size keys (default\n"
     "16,256), each sequence's pages shuffled, after the same keys laid out contiguously: the\n"
@@ -73,7 +76,8 @@ static const char bench_usage_more[] =
     "taken as 8) whose lengths ramp from L / B to L (--seq L, default 512,1024), packed with\n"
     "cu_seqlens in one fused launch, then right-padded to (B, L, H, d) with their lengths as\n"
     "kv_seqlen (causal from row 0): packing's gain over padding. Rate: real tokens/s (the\n"
-    "padding not counted).\n"
+    "padding not counted).\n";
+static const char bench_usage_rest[] =
     "softmax: the normalisation has no entry point of its own; it times the unfused attention\n"
     "plan that returns the attention weights (scores = Q·Kᵀ, softmax written to the weights,\n"
     "weights·V: what replaced clattn_softmax_rows), and --json says \"timed\":\n"
@@ -265,42 +269,6 @@ static double peak_rss_mib(void)
     return getrusage(RUSAGE_SELF, &usage) == 0 ? usage.ru_maxrss / 1024.0 : 0.0;
 }
 
-/* float32 to IEEE half, rounded to nearest even (subnormals included). */
-static uint16_t float_to_f16(float value)
-{
-    uint32_t x;
-    memcpy(&x, &value, sizeof x);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    x &= 0x7fffffffu;
-    if (x >= 0x47800000u) /* 2^16 and above, inf, nan */
-        return (uint16_t)(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u));
-    if (x < 0x33000000u) /* below 2^-25: rounds to zero */
-        return (uint16_t)sign;
-    uint32_t h, rem, half;
-    if (x < 0x38800000u) { /* below 2^-14: a subnormal half */
-        const uint32_t shift = 126u - (x >> 23), mantissa = (x & 0x7fffffu) | 0x800000u;
-        h = mantissa >> shift;
-        rem = mantissa & ((1u << shift) - 1u);
-        half = 1u << (shift - 1u);
-    } else {
-        h = (x >> 13) - (112u << 10); /* rebias the exponent from 127 to 15 */
-        rem = x & 0x1fffu;
-        half = 0x1000u;
-    }
-    if (rem > half || (rem == half && (h & 1u)))
-        ++h; /* a carry into the exponent is still the right value */
-    return (uint16_t)(sign | h);
-}
-
-/* float32 to bfloat16, rounded to nearest even (the inputs here are finite). */
-static uint16_t float_to_bf16(float value)
-{
-    uint32_t x;
-    memcpy(&x, &value, sizeof x);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
 /* A device buffer of `count` elements of dtype (F32, F16 or BF16), uniform in [-1, 1). */
 static cl_mem random_buffer(bench_state *b, size_t count, clattn_dtype dtype,
                             unsigned long long seed)
@@ -313,8 +281,9 @@ static cl_mem random_buffer(bench_state *b, size_t count, clattn_dtype dtype,
     for (size_t i = 0; i < count; ++i) {
         state = state * 6364136223846793005ull + 1442695040888963407ull;
         const float value = (float)((state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-        const uint16_t half =
-            dtype == CLATTN_DTYPE_F16 ? float_to_f16(value) : float_to_bf16(value);
+        uint16_t half = 0; /* (the io library's rounding, as the .npy writer's) */
+        clattn_io_round16(&value, 1, dtype == CLATTN_DTYPE_F16 ? CLATTN_IO_F16 : CLATTN_IO_BF16,
+                          &half);
         if (dtype == CLATTN_DTYPE_F32)
             memcpy(host + i * elem, &value, sizeof value);
         else
@@ -1375,6 +1344,8 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
         if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
             fputs(bench_usage, stdout);
             fputs(bench_usage_more, stdout);
+            fputs(bench_usage_serving, stdout);
+            fputs(bench_usage_rest, stdout);
             return -1;
         }
         static const char *const valued[] = {"--op",  "--path",      "--dtype",   "--mnk",

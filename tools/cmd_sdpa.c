@@ -100,8 +100,11 @@ static const char sdpa_usage_outputs[] =
     "--ring (under mpirun -np N; a build with -DCLATTN_MPI=ON): ring attention over the ranks:\n"
     "  every rank reads the same files, takes its rows (--ring-layout contiguous: L / N rows\n"
     "  each, the default; zigzag: chunks r and 2N-1-r of 2N, balancing causal work), and rank 0\n"
-    "  writes or prints Y. Self-attention only (Lq = Lk; --causal, --window, --softcap, --scale,\n"
-    "  grouped heads); --ring-timing prints each rank's compute and communication times.\n"
+    "  writes or prints Y. --causal, --window (top-left, or bottom-right: at Lk - Lq),\n"
+    "  --softcap, --scale, grouped heads, --nonpad-kv-seqlen (with --causal or --window:\n"
+    "  --causal-align top-left), K and V of another length (cross-attention, split over the\n"
+    "  ranks alike), float16 or bfloat16 files (the ring runs in their type: half the bytes\n"
+    "  travel); --ring-timing prints each rank's compute and communication times.\n"
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
 typedef struct sdpa_options {
@@ -390,7 +393,6 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         const char *other = o->mask                          ? "--attn-mask"
                             : o->past_k                      ? "--past-key"
                             : o->present_k                   ? "--present-key-out"
-                            : o->nonpad                      ? "--nonpad-kv-seqlen"
                             : o->qk_out                      ? "--qk-out"
                             : o->alibi                       ? "--alibi"
                             : o->alibi_slopes                ? "--alibi-slopes"
@@ -401,9 +403,15 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                                                              : NULL;
         if (other)
             return cli_fail("sdpa", CLI_BAD_INPUT,
-                            "--ring takes --causal, --window, --softcap, --scale and grouped "
-                            "heads, not %s",
+                            "--ring takes --causal, --window, --softcap, --scale, grouped "
+                            "heads, --nonpad-kv-seqlen and keys of another length, not %s",
                             other);
+        if (o->nonpad && (o->causal || o->window) &&
+            !(o->align_given && o->align == CLATTN_CAUSAL_TOP_LEFT))
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "--ring with --nonpad-kv-seqlen and --causal or --window: give "
+                            "--causal-align top-left (the ring's diagonal is the sequence's, "
+                            "not each batch's key count as onnx's and bottom-right's are)");
     }
     return CLI_OK;
 }
@@ -874,14 +882,19 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     if (o->ring) {
         if (o->check_only)
             return CLI_OK;
-        if (seq_q != seq_k)
-            return cli_fail("sdpa", CLI_BAD_INPUT,
-                            "--ring: self-attention only, but q has %zu rows and k %zu", seq_q,
-                            seq_k);
 #ifdef CLATTN_CLI_MPI
+        /* 16-bit files all of one type: the ring runs in it (its blocks travel at 2 bytes) */
+        const clattn_io_dtype storage =
+            d->q.source == d->k.source && d->q.source == d->v.source &&
+                    (d->q.source == CLATTN_IO_F16 || d->q.source == CLATTN_IO_BF16)
+                ? d->q.source
+                : CLATTN_IO_F32;
         cli_ring_job job = {.q = d->q.data,
                             .k = d->k.data,
                             .v = d->v.data,
+                            .counts = d->counts,
+                            .storage = storage,
+                            .bottom_right = o->align_given && o->align == CLATTN_CAUSAL_BOTTOM_RIGHT,
                             .causal = o->causal,
                             .window = o->window,
                             .zigzag = o->ring_zigzag,

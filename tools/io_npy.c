@@ -491,6 +491,27 @@ static uint16_t float_to_bfloat16(float value)
     return (uint16_t)((bits + 0x7fffu + (bits >> 16 & 1u)) >> 16);
 }
 
+void clattn_io_round16(const float *src, size_t count, clattn_io_dtype dtype, uint16_t *dst)
+{
+    if (dtype != CLATTN_IO_F16 && dtype != CLATTN_IO_BF16)
+        return;
+    for (size_t i = 0; i < count; ++i)
+        dst[i] = dtype == CLATTN_IO_F16 ? float_to_half(src[i]) : float_to_bfloat16(src[i]);
+}
+
+void clattn_io_widen16(const uint16_t *src, size_t count, clattn_io_dtype dtype, float *dst)
+{
+    if (dtype != CLATTN_IO_F16 && dtype != CLATTN_IO_BF16)
+        return;
+    for (size_t i = 0; i < count; ++i) {
+        unsigned char bytes[2] = {(unsigned char)(src[i] & 0xffu), (unsigned char)(src[i] >> 8)};
+        if (dtype == CLATTN_IO_F16)
+            io_convert_f16(bytes, 1, dst + i);
+        else
+            io_convert_bf16(bytes, 1, dst + i);
+    }
+}
+
 /* Writes count floats as little-endian float32, float16 or bfloat16 (elem_size 4, 2, 2). */
 static int write_values(FILE *file, const float *data, size_t count, clattn_io_dtype dtype)
 {
