@@ -931,6 +931,20 @@ static void make_sdpa_mask(pb_sdpa_problem *p)
     free(values);
 }
 
+/* The per-head operands' layouts: ALiBi's slopes ((H) or (B, H)) and the sinks ((H)). */
+static void head_layouts(const pb_sdpa_spec *s, clattn_tensors *t)
+{
+    if (s->alibi) {
+        const size_t a_dims[2] = {s->batch, s->heads};
+        pb_make_layout(&t->alibi_slopes, CLATTN_DTYPE_F32, s->alibi == 1 ? 1 : 2,
+                       s->alibi == 1 ? a_dims + 1 : a_dims, PB_PACKED);
+    }
+    if (s->sinks) {
+        const size_t h_dims[1] = {s->heads};
+        pb_make_layout(&t->sinks, CLATTN_DTYPE_F32, 1, h_dims, s->sinks_layout);
+    }
+}
+
 static void make_sdpa_layouts(pb_sdpa_problem *p)
 {
     const pb_sdpa_spec *s = &p->spec;
@@ -951,15 +965,7 @@ static void make_sdpa_layouts(pb_sdpa_problem *p)
         }
         pb_make_layout(&t->cu_seqlens_q, CLATTN_DTYPE_I32, 1, cu, PB_PACKED);
         pb_make_layout(&t->cu_seqlens_k, CLATTN_DTYPE_I32, 1, cu, PB_PACKED);
-        if (s->alibi) {
-            const size_t a_dims[2] = {s->batch, s->heads};
-            pb_make_layout(&t->alibi_slopes, CLATTN_DTYPE_F32, s->alibi == 1 ? 1 : 2,
-                           s->alibi == 1 ? a_dims + 1 : a_dims, PB_PACKED);
-        }
-        if (s->sinks) {
-            const size_t h_dims[1] = {s->heads};
-            pb_make_layout(&t->sinks, CLATTN_DTYPE_F32, 1, h_dims, s->sinks_layout);
-        }
+        head_layouts(s, t);
         return;
     }
     /* k and v hold the new keys (after the past ones); present all of them */
@@ -979,15 +985,7 @@ static void make_sdpa_layouts(pb_sdpa_problem *p)
         const size_t n_dims[1] = {s->batch};
         pb_make_layout(&t->kv_seqlen, CLATTN_DTYPE_I32, 1, n_dims, PB_PACKED);
     }
-    if (s->alibi) {
-        const size_t a_dims[2] = {s->batch, s->heads};
-        pb_make_layout(&t->alibi_slopes, CLATTN_DTYPE_F32, s->alibi == 1 ? 1 : 2,
-                       s->alibi == 1 ? a_dims + 1 : a_dims, PB_PACKED);
-    }
-    if (s->sinks) {
-        const size_t h_dims[1] = {s->heads};
-        pb_make_layout(&t->sinks, CLATTN_DTYPE_F32, 1, h_dims, s->sinks_layout);
-    }
+    head_layouts(s, t);
     const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
     const size_t w_dims[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
     pb_make_layout(&t->q, s->q_dtype, 4, q_dims, s->q_layout);

@@ -229,10 +229,7 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
         desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
         desc.scale = float("nan") if scale is None else float(scale)
         desc.path = _PATHS[path]
-        plan = ctypes.c_void_p()
-        ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc),
-                                              ctypes.byref(plan)))
-        return plan
+        return _sdpa_plan(ctx, desc)
 
     if len(batch) != 1:
         result_shape = tuple(batch) + (heads_q, L, Ev)
@@ -430,10 +427,7 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
         desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
         desc.scale = float("nan") if scale is None else float(scale)
         desc.path = _PATHS[path]
-        plan = ctypes.c_void_p()
-        ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc),
-                                              ctypes.byref(plan)))
-        return plan
+        return _sdpa_plan(ctx, desc)
 
     with ctx.lock:
         if fast_key is not None:
@@ -660,10 +654,7 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
         desc.causal = _lib.CAUSAL_BOTTOM_RIGHT if is_causal else _lib.CAUSAL_NONE
         desc.scale = float("nan") if scale is None else float(scale)
         desc.path = _lib.PATH_FUSED
-        plan = ctypes.c_void_p()
-        ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc),
-                                              ctypes.byref(plan)))
-        return plan
+        return _sdpa_plan(ctx, desc)
 
     with ctx.lock:
         plan = ctx.plan(key_, create)
@@ -688,6 +679,13 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
                                           None, None))
         buffers[len(arrays)].read(ctx, out)
     return out.astype(q_in.dtype) if q_in.dtype == np.float64 else out
+
+
+def _sdpa_plan(ctx: Context, desc) -> ctypes.c_void_p:
+    """An SDPA plan from a filled descriptor (raises clattn's error with its message)."""
+    plan = ctypes.c_void_p()
+    ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc), ctypes.byref(plan)))
+    return plan
 
 
 def _offsets(name: str, cu, total: int, count: Optional[int]) -> np.ndarray:
@@ -815,10 +813,7 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
         desc.softcap = float(softcap)
         desc.max_seqlen_q, desc.max_seqlen_k = max_q, max_k
         desc.path = _lib.PATH_FUSED
-        plan = ctypes.c_void_p()
-        ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc),
-                                              ctypes.byref(plan)))
-        return plan
+        return _sdpa_plan(ctx, desc)
 
     with ctx.lock:
         plan = ctx.plan(key_, create)
