@@ -48,6 +48,15 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "$needs" 2>/dev/null; 
         exit 1
     }
 fi
+# Ring attention from Python (clattn.ring_attention, test_ring.py): mpi4py in the venv (a wheel
+# from PyPI, run against the system's Open MPI) and the pocl lane's libclattn_mpi (built with
+# -DCLATTN_MPI=ON into BUILD_DIR); without either, test_ring.py skips. Not under ASan (mpirun
+# would start under the preloaded sanitizer).
+if [ "$asan" != 1 ] && [ -e "$build/libclattn_mpi.so" ] && command -v mpirun >/dev/null; then
+    "$venv/bin/python" -c 'import mpi4py' 2>/dev/null || "$venv/bin/pip" install -q mpi4py ||
+        echo "python: no mpi4py from PyPI: the ring tests skip"
+    export CLATTN_MPI_LIBRARY="$build/libclattn_mpi.so"
+fi
 if [ "$asan" = 1 ]; then
     CLATTN_BUILD_DIR=$wheel_build CLATTN_CMAKE_ARGS=$cmake_args "$venv/bin/pip" install -q \
         --force-reinstall --no-deps "$root" || { echo "python: pip install . failed" >&2; exit 1; }
