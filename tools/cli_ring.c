@@ -277,7 +277,8 @@ static const char ring_bench_usage[] =
     "usage: mpirun -np N clattn bench --op ring [--seq L,...] [--batch B] [--heads H]\n"
     "                    [--kv-heads H] [--head-dim D] [--causal] [--ring-layout "
     "contiguous|zigzag]\n"
-    "                    [--runs N] [--warmup N] [--json] [--device SPEC]\n"
+    "                    [--dtype f32|f16|bf16] [--runs N] [--warmup N] [--json]\n"
+    "                    [--device SPEC]\n"
     "\n"
     "Ring attention (libclattn_mpi) over the ranks: each rank makes random inputs for its own\n"
     "rows only (memory O(L/N): q, k, v, out plus two k/v blocks in flight), one plan per size,\n"
@@ -287,8 +288,9 @@ static const char ring_bench_usage[] =
     "hidden), staging (host copies not overlapped), sync (waiting for the slowest rank at each\n"
     "step's status agreement), MB sent, the rank's data (q, k, v, out: 'data MiB') and what its\n"
     "plan allocated (host staging + device block and partials: 'plan MiB', both O(L/N)), and\n"
-    "the rank's peak RSS.\n"
-    "Defaults: --seq 2048, --batch 1, --heads 8, --head-dim 64, contiguous, not causal.\n";
+    "the rank's peak RSS. --dtype f16 or bf16: q, k, v and out in that storage (the blocks\n"
+    "travel at 2 bytes an element; clattn_ring_desc.dtype).\n"
+    "Defaults: --seq 2048, --batch 1, --heads 8, --head-dim 64, contiguous, not causal, f32.\n";
 
 typedef struct ring_bench_row {
     double rows, total_ms, compute_ms, comm_ms, wait_ms, staging_ms, sync_ms, sent_mb, rss_mib,
@@ -299,6 +301,11 @@ static double peak_rss_mib(void)
 {
     struct rusage usage;
     return getrusage(RUSAGE_SELF, &usage) == 0 ? usage.ru_maxrss / 1024.0 : 0.0;
+}
+
+static const char *dtype_name(clattn_dtype dtype)
+{
+    return dtype == CLATTN_DTYPE_F16 ? "f16" : dtype == CLATTN_DTYPE_BF16 ? "bf16" : "f32";
 }
 
 static int compare_double(const void *a, const void *b)
@@ -321,22 +328,29 @@ static int ring_bench_case(clattn_ctx *ctx, const clattn_ring_desc *base, size_t
     const size_t n = rows.count, b = desc.batch, h = desc.heads;
     const size_t hkv = desc.kv_heads ? desc.kv_heads : h, d = desc.head_dim_qk;
     const size_t counts[4] = {b * h * n * d, b * hkv * n * d, b * hkv * n * d, b * h * n * d};
+    const size_t es = clattn_dtype_size(desc.dtype);
+    const clattn_io_dtype io = desc.dtype == CLATTN_DTYPE_F16    ? CLATTN_IO_F16
+                               : desc.dtype == CLATTN_DTYPE_BF16 ? CLATTN_IO_BF16
+                                                                 : CLATTN_IO_F32;
     size_t largest = 1;
     for (int i = 0; i < 4; ++i)
         largest = counts[i] > largest ? counts[i] : largest;
     float *host = malloc(largest * sizeof(float));
+    uint16_t *bits = es == 2 ? malloc(largest * sizeof *bits) : NULL;
     cl_mem mem[4] = {NULL, NULL, NULL, NULL};
-    cl_int err = host ? CL_SUCCESS : CL_OUT_OF_HOST_MEMORY;
+    cl_int err = host && (es != 2 || bits) ? CL_SUCCESS : CL_OUT_OF_HOST_MEMORY;
     unsigned state = 12345u + (unsigned)rank;
     for (int i = 0; i < 4 && err == CL_SUCCESS; ++i) {
         for (size_t j = 0; j < counts[i]; ++j) {
             state = state * 1664525u + 1013904223u;
             host[j] = (float)(state >> 8) / 8388608.0f - 1.0f;
         }
-        mem[i] =
-            device_copy(ctx, i < 3 && counts[i] ? host : NULL, counts[i] * sizeof(float), &err);
+        clattn_io_round16(host, counts[i], io, bits); /* (16-bit storage only) */
+        const void *data = es == 2 ? (const void *)bits : (const void *)host;
+        mem[i] = device_copy(ctx, i < 3 && counts[i] ? data : NULL, counts[i] * es, &err);
     }
     free(host);
+    free(bits);
     int rc = CLI_OK;
     clattn_ring_plan *plan = NULL;
     char message[1024] = "";
@@ -352,10 +366,10 @@ static int ring_bench_case(clattn_ctx *ctx, const clattn_ring_desc *base, size_t
     ring_bench_row mine;
     memset(&mine, 0, sizeof mine);
     if (rc == CLI_OK) {
-        const clattn_tensor tq = clattn_tensor_make(mem[0], 0, CLATTN_DTYPE_F32, 4, b, h, n, d);
-        const clattn_tensor tk = clattn_tensor_make(mem[1], 0, CLATTN_DTYPE_F32, 4, b, hkv, n, d);
-        const clattn_tensor tv = clattn_tensor_make(mem[2], 0, CLATTN_DTYPE_F32, 4, b, hkv, n, d);
-        const clattn_tensor to = clattn_tensor_make(mem[3], 0, CLATTN_DTYPE_F32, 4, b, h, n, d);
+        const clattn_tensor tq = clattn_tensor_make(mem[0], 0, desc.dtype, 4, b, h, n, d);
+        const clattn_tensor tk = clattn_tensor_make(mem[1], 0, desc.dtype, 4, b, hkv, n, d);
+        const clattn_tensor tv = clattn_tensor_make(mem[2], 0, desc.dtype, 4, b, hkv, n, d);
+        const clattn_tensor to = clattn_tensor_make(mem[3], 0, desc.dtype, 4, b, h, n, d);
         clattn_ring_timing *timings = calloc(runs, sizeof *timings);
         double *totals = calloc(runs, sizeof *totals);
         if (timings == NULL || totals == NULL)
@@ -395,7 +409,7 @@ static int ring_bench_case(clattn_ctx *ctx, const clattn_ring_desc *base, size_t
             clattn_ring_plan_memory(plan, &host_bytes, &device_bytes);
             mine.plan_mib = (double)(host_bytes + device_bytes) / 1048576.0;
             mine.data_mib =
-                (double)(counts[0] + counts[1] + counts[2] + counts[3]) * 4.0 / 1048576.0;
+                (double)(counts[0] + counts[1] + counts[2] + counts[3]) * (double)es / 1048576.0;
         }
         free(timings);
         free(totals);
@@ -454,6 +468,16 @@ int cli_ring_bench(int argc, char **argv)
         } else if (cli_is(&args, "--device")) {
             if (!(device = cli_value(&args)))
                 return CLI_BAD_INPUT;
+        } else if (cli_is(&args, "--dtype")) {
+            if (!(value = cli_value(&args)))
+                return CLI_BAD_INPUT;
+            if (strcmp(value, "f16") == 0)
+                desc.dtype = CLATTN_DTYPE_F16;
+            else if (strcmp(value, "bf16") == 0)
+                desc.dtype = CLATTN_DTYPE_BF16;
+            else if (strcmp(value, "f32") != 0)
+                return cli_fail("bench", CLI_BAD_INPUT, "--dtype: '%s' is not f32, f16 or bf16",
+                                value);
         } else {
             static const char *const names[] = {"--batch",    "--heads", "--kv-heads",
                                                 "--head-dim", "--runs",  "--warmup"};
@@ -486,11 +510,13 @@ int cli_ring_bench(int argc, char **argv)
         rc = ctx ? cli_fail("bench", CLI_FAILED, "ring: no device or memory on some rank")
                  : CLI_FAILED;
     if (rc == CLI_OK && rank == 0 && !json)
-        printf("ring attention, %d ranks, %s, B=%zu H=%zu Hkv=%zu d=%zu%s, median of %zu\n"
+        printf("ring attention, %d ranks, %s, B=%zu H=%zu Hkv=%zu d=%zu%s %s, median of %zu\n"
                "%7s %5s %7s %10s %10s %10s %10s %10s %10s %8s %9s %9s %8s\n",
                ranks, desc.layout == CLATTN_RING_ZIGZAG ? "zigzag" : "contiguous", desc.batch,
                desc.heads, desc.kv_heads ? desc.kv_heads : desc.heads, desc.head_dim_qk,
-               desc.causal ? " causal" : "", runs, "L", "rank", "rows", "total ms", "compute",
+               desc.causal ? " causal" : "",
+               dtype_name(desc.dtype),
+               runs, "L", "rank", "rows", "total ms", "compute",
                "comm", "wait", "staging", "sync", "MB sent", "data MiB", "plan MiB", "rss MiB");
     for (size_t i = 0; rc == CLI_OK && i < num_seq; ++i) {
         desc.seq_len = seqs[i];
@@ -499,13 +525,14 @@ int cli_ring_bench(int argc, char **argv)
             const ring_bench_row *w = &all[r];
             if (json)
                 printf("{\"op\": \"ring\", \"ranks\": %d, \"rank\": %d, \"layout\": \"%s\", "
-                       "\"causal\": %s, \"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, "
+                       "\"dtype\": \"%s\", \"causal\": %s, \"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, "
                        "\"head_dim\": %zu, \"seq\": %zu, \"rows\": %.0f, \"steps\": %.0f, "
                        "\"total_ms\": %.3f, \"compute_ms\": %.3f, \"comm_ms\": %.3f, "
                        "\"wait_ms\": %.3f, \"staging_ms\": %.3f, \"sync_ms\": %.3f, "
                        "\"mb_sent\": %.3f, \"data_mib\": %.2f, \"plan_mib\": %.2f, "
                        "\"peak_rss_mib\": %.1f}\n",
                        ranks, r, desc.layout == CLATTN_RING_ZIGZAG ? "zigzag" : "contiguous",
+                       dtype_name(desc.dtype),
                        desc.causal ? "true" : "false", desc.batch, desc.heads,
                        desc.kv_heads ? desc.kv_heads : desc.heads, desc.head_dim_qk, seqs[i],
                        w->rows, w->steps, w->total_ms, w->compute_ms, w->comm_ms, w->wait_ms,
