@@ -16,6 +16,21 @@ from ._lib import lib
 _PATHS = {"auto": _lib.PATH_AUTO, "fused": _lib.PATH_FUSED, "unfused": _lib.PATH_UNFUSED}
 
 
+def _sinks_array(sinks, heads: int) -> Optional[np.ndarray]:
+    """Attention sinks as float32 (heads,): finite logits or -inf (no sink); None stays None."""
+    if sinks is None:
+        return None
+    a = np.ascontiguousarray(np.asarray(sinks, dtype=np.float32))
+    if a.shape != (heads,):
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"sinks has shape {np.shape(sinks)}; expected ({heads},): one logit "
+                            f"per query head")
+    if np.isnan(a).any() or (a == np.inf).any():
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            "sinks: every sink must be a finite logit or -inf (no sink)")
+    return a
+
+
 def _as_float(name: str, array) -> np.ndarray:
     a = np.asarray(array)
     if a.dtype == np.float64:
@@ -114,12 +129,8 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     if scale is not None and not math.isfinite(scale):
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
     if _is_pyopencl(query) or _is_pyopencl(key) or _is_pyopencl(value):
-        if sinks is not None:
-            raise ArgumentError(_lib.ERR_UNSUPPORTED,
-                                "sinks with pyopencl arrays: not supported yet (pass numpy or "
-                                "torch inputs)")
         return _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, ctx,
-                              path)
+                              path, sinks)
     ctx = ctx or default_context()
     fast_key = None if sinks is not None else _numpy_key(query, key, value, attn_mask,
                                                          is_causal, scale, enable_gqa, path)
@@ -182,16 +193,7 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
             m = m.reshape((B, heads_q, L, S))
         mask4 = (np.ascontiguousarray(m), mask_dtype)
 
-    sinks1 = None
-    if sinks is not None:
-        sinks1 = np.ascontiguousarray(np.asarray(sinks, dtype=np.float32))
-        if sinks1.shape != (heads_q,):
-            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                                f"sinks has shape {np.shape(sinks)}; expected ({heads_q},): one "
-                                f"logit per query head")
-        if np.isnan(sinks1).any() or (sinks1 == np.inf).any():
-            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                                "sinks: every sink must be a finite logit or -inf (no sink)")
+    sinks1 = _sinks_array(sinks, heads_q)
 
     dtypes = tuple(clattn_dtype(a.dtype) for a in (q4, k4, v4))
     out_dtype = dtypes[0]
@@ -348,7 +350,8 @@ def _device_layout(name: str, a, rank: int):
     return t
 
 
-def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, ctx, path):
+def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, ctx, path,
+                   sinks=None):
     import pyopencl.array as cla
     arrays = (query, key, value)
     kind = type(query)
@@ -357,8 +360,8 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
     if ctx is None and queue is not None:
         ctx = _context_for_queue(queue)
     fast_key = None
-    if same_kind and (attn_mask is None or (type(attn_mask) is kind and
-                                            attn_mask.dtype != np.bool_)):
+    if same_kind and sinks is None and (attn_mask is None or (type(attn_mask) is kind and
+                                                              attn_mask.dtype != np.bool_)):
         # The cache key of these layouts; its entry checks the contexts per call.
         fast_key = ("sdpa-cl", query.shape, query.strides, query.dtype, key.shape, key.strides,
                     key.dtype, value.shape, value.strides, value.dtype,
@@ -411,12 +414,32 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
             mask_t = layout(_lib.U8 if m.dtype == np.uint8 else clattn_dtype(m.dtype), m.shape)
             mask_t.mem = buffer.mem
 
+    sinks_t = None  # attention sinks: a pyopencl float32 (Hq,) array where it lies, or numpy's
+    if sinks is not None:
+        if _is_pyopencl(sinks):
+            if sinks.dtype != np.float32 or tuple(sinks.shape) != (q.dims[1],):
+                raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                    f"sinks has shape {tuple(sinks.shape)} and dtype "
+                                    f"{sinks.dtype}; expected float32 ({q.dims[1]},)")
+            if sinks.strides[0] % 4 or sinks.offset % 4:
+                raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                    "sinks: strides and offset must be whole elements")
+            sinks_t = layout(_lib.F32, (q.dims[1],), (sinks.strides[0] // 4,))
+            sinks_t.mem = sinks.base_data.int_ptr
+            sinks_t.offset = sinks.offset // 4
+        else:
+            host = _sinks_array(sinks, q.dims[1])
+            buffer = Buffer(ctx, host)
+            keep.append(buffer)
+            sinks_t = layout(_lib.F32, host.shape)
+            sinks_t.mem = buffer.mem
+
     def shape_key(t):
         return (t.dtype, tuple(t.dims), tuple(t.strides))
 
     key_ = ("sdpa-device", shape_key(q), shape_key(k), shape_key(v), shape_key(o),
             None if mask_t is None else (mask_t.rank, shape_key(mask_t)), bool(is_causal),
-            scale, _PATHS[path])
+            scale, _PATHS[path], None if sinks_t is None else shape_key(sinks_t))
 
     def create():
         desc = _lib.SdpaDesc()
@@ -424,6 +447,8 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
         desc.tensors.q, desc.tensors.k, desc.tensors.v, desc.tensors.out = q, k, v, o
         if mask_t is not None:
             desc.tensors.attn_mask = mask_t
+        if sinks_t is not None:
+            desc.tensors.sinks = sinks_t
         desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
         desc.scale = float("nan") if scale is None else float(scale)
         desc.path = _PATHS[path]
@@ -445,9 +470,11 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
         tensors.q, tensors.k, tensors.v, tensors.out = q, k, v, o
         if mask_t is not None:
             tensors.attn_mask = mask_t
+        if sinks_t is not None:
+            tensors.sinks = sinks_t
         ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), _lib.ROLE_COUNT,
                                           None, None, 0, None, None))
-        if keep:  # the uploaded mask must outlive the kernels that read it
+        if keep:  # the uploaded mask and sinks must outlive the kernels that read them
             ctx.check(lib.clattn_finish(ctx.handle))
     return out
 
@@ -610,12 +637,7 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
                                 f"pool (0 .. {pages - 1}); sequence {b} has {n} keys")
     if scale is not None and not math.isfinite(scale):
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
-    sinks1 = None
-    if sinks is not None:
-        sinks1 = np.ascontiguousarray(np.asarray(sinks, dtype=np.float32))
-        if sinks1.shape != (Hq,):
-            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                                f"sinks has shape {np.shape(sinks)}; expected ({Hq},)")
+    sinks1 = _sinks_array(sinks, Hq)
     if block is not None and (E % 32 or vp.shape[-1] % 32):
         raise ArgumentError(_lib.ERR_UNSUPPORTED,
                             f"kv_dtype={kv_dtype!r}: the head sizes (k {E}, v {vp.shape[-1]}) "
@@ -770,10 +792,7 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
     left, right = (int(w) for w in window_size)
     extras = {}
     if sinks is not None:
-        extras["sinks"] = np.ascontiguousarray(np.asarray(sinks, dtype=np.float32))
-        if extras["sinks"].shape != (Hq,):
-            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                                f"sinks has shape {np.shape(sinks)}; expected ({Hq},)")
+        extras["sinks"] = _sinks_array(sinks, Hq)
     if alibi_slopes is not None:
         extras["alibi_slopes"] = np.ascontiguousarray(np.asarray(alibi_slopes, dtype=np.float32))
         if extras["alibi_slopes"].shape not in ((Hq,), (B, Hq)):

@@ -45,6 +45,35 @@ def test_strided_views_and_masks(queue):
                                atol=2e-6)
 
 
+@pytest.mark.parametrize("path", ["fused", "unfused"])
+@pytest.mark.parametrize("where", ["device", "host"])
+def test_sinks_with_device_arrays(queue, path, where):
+    """Attention sinks with pyopencl inputs: a float32 (Hq,) pyopencl array read where it lies
+    (a strided view) or a numpy array; a repeat of the same layouts without sinks is
+    unchanged, and a bad shape raises naming sinks."""
+    rng = np.random.default_rng(11)
+    q = clrandom.rand(queue, (2, 4, 9, 8), np.float32, a=-1, b=1)
+    k = clrandom.rand(queue, (2, 2, 14, 8), np.float32, a=-1, b=1)
+    v = clrandom.rand(queue, (2, 2, 14, 8), np.float32, a=-1, b=1)
+    host = rng.uniform(-1, 3, size=4).astype(np.float32)
+    host[2] = -np.inf  # no sink for head 2
+    sinks = host
+    if where == "device":
+        spaced = np.zeros(8, np.float32)
+        spaced[::2] = host
+        sinks = cla.to_device(queue, spaced)[::2]  # stride 2: read in place
+    out = clattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
+                                              path=path, sinks=sinks)
+    want = reference(q.get(), k.get(), v.get(), causal=True, gqa=True, sinks=host)
+    np.testing.assert_allclose(out.get(), want, rtol=1e-5, atol=2e-6)
+    plain = clattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
+                                                path=path)
+    np.testing.assert_allclose(plain.get(), reference(q.get(), k.get(), v.get(), causal=True,
+                                                      gqa=True), rtol=1e-5, atol=2e-6)
+    with pytest.raises(clattn.ArgumentError, match="sinks"):
+        clattn.scaled_dot_product_attention(q, k, v, enable_gqa=True, sinks=host[:3])
+
+
 def test_divisor_heads_need_enable_gqa(queue):
     # As torch (and the numpy path): 2 key/value heads for 8 query heads raise without
     # enable_gqa=True, also after the same layouts ran with it.
