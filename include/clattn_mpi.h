@@ -151,6 +151,14 @@ CLATTN_API clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clatt
                                              const clattn_tensor *out, const clattn_tensor *lse,
                                              const clattn_tensor *key_padding_mask);
 
+/* Attention sinks (GPT-OSS; since 0.8): sinks F32 (heads), one logit per query head, in the
+ * context's cl_context, read by every later clattn_ring_execute of the plan (after its last
+ * merge each row's softmax denominator gains exp(sink - m) once: clattn.h's rule; -INFINITY is
+ * no sink); NULL or rank 0 removes them. Every rank must set the same values (not checked).
+ * Not collective. CLATTN_ERR_INVALID_SHAPE for another shape or dtype,
+ * CLATTN_ERR_BUFFER_TOO_SMALL for a buffer that does not hold it. */
+CLATTN_API clattn_status clattn_ring_set_sinks(clattn_ring_plan *plan, const clattn_tensor *sinks);
+
 /* Times of the last execution on this rank, in seconds (monotonic host clock), summed over
  * its steps. A step posts its exchange, enqueues its compute, waits in MPI_Waitall (the
  * device computes meanwhile), writes the received block to the device and waits for it:

@@ -456,18 +456,21 @@ static const struct cross_case {
     long long left, right;
     int padding;
     clattn_dtype dtype;
-    int self; /* 1: kv_seq_len 0 (self-attention: keys at the queries' positions) */
+    int self;  /* 1: kv_seq_len 0 (self-attention: keys at the queries' positions) */
+    int sinks; /* 1: attention sinks (clattn_ring_set_sinks), one head's -inf */
 } cross_cases[] = {
     {2, 4, 2, 23, 41, 16, 8, EVEN, CLATTN_CAUSAL_NONE, CLATTN_CAUSAL_NONE, 0, 0, 1,
-     CLATTN_DTYPE_F32, 0},
+     CLATTN_DTYPE_F32, 0, 0},
     {1, 2, 2, 17, 50, 32, 32, ZIGZAG, CLATTN_CAUSAL_BOTTOM_RIGHT, CLATTN_CAUSAL_NONE, 0, 0, 0,
-     CLATTN_DTYPE_F16, 0},
+     CLATTN_DTYPE_F16, 0, 1},
     {2, 2, 1, 30, 9, 8, 16, UNEVEN, CLATTN_CAUSAL_TOP_LEFT, CLATTN_CAUSAL_NONE, 0, 0, 1,
-     CLATTN_DTYPE_BF16, 0},
+     CLATTN_DTYPE_BF16, 0, 0},
     {1, 3, 3, 33, 33, 16, 16, ZIGZAG, CLATTN_CAUSAL_TOP_LEFT, CLATTN_CAUSAL_NONE, 0, 0, 0,
-     CLATTN_DTYPE_F16, 1},
+     CLATTN_DTYPE_F16, 1, 0},
     {1, 2, 1, 5, 64, 16, 16, EVEN, CLATTN_CAUSAL_NONE, CLATTN_CAUSAL_BOTTOM_RIGHT, 7, -1, 0,
-     CLATTN_DTYPE_F32, 0},
+     CLATTN_DTYPE_F32, 0, 1},
+    {2, 3, 1, 19, 19, 8, 8, UNEVEN, CLATTN_CAUSAL_TOP_LEFT, CLATTN_CAUSAL_NONE, 0, 0, 1,
+     CLATTN_DTYPE_F32, 1, 1},
 };
 
 /* The local rows of a global (outer, seq, width) float array as `dtype` bytes; the count of
@@ -496,10 +499,10 @@ START_TEST(test_ring_cross_and_16bit)
     const clattn_ring_rows qrows = rows_for(c->layout, c->seq_q, rank_);
     const clattn_ring_rows krows = rows_for(c->layout, seq_k, rank_);
     tu_set_case("ranks=%d rank=%d B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu %s causal=%d window=%d "
-                "padding=%d dtype=%s self=%d rows=%zu/%zu",
+                "padding=%d dtype=%s self=%d sinks=%d rows=%zu/%zu",
                 ranks_, rank_, c->batch, c->heads, c->kv_heads, c->seq_q, seq_k,
                 layout_name(c->layout), (int)c->causal, (int)c->window, c->padding,
-                pb_dtype_name(c->dtype), c->self, qrows.count, krows.count);
+                pb_dtype_name(c->dtype), c->self, c->sinks, qrows.count, krows.count);
     const size_t bh = c->batch * c->heads, bk = c->batch * c->kv_heads;
     const size_t q_count = bh * c->seq_q * c->dk, k_count = bk * seq_k * c->dk;
     const size_t v_count = bk * seq_k * c->dv, out_count = bh * c->seq_q * c->dv;
@@ -525,6 +528,10 @@ START_TEST(test_ring_cross_and_16bit)
     shape.norm = CLATTN_NORM_SOFTMAX;
     shape.causal = c->causal;
     shape.window_align = c->window, shape.window_left = c->left, shape.window_right = c->right;
+    float sinks[8];
+    for (size_t h = 0; h < c->heads; ++h)
+        sinks[h] = h == 1 ? -INFINITY : (float)(-1.0 + 0.75 * (double)h);
+    shape.sinks = c->sinks ? sinks : NULL;
     double *out_ref = tu_doubles(out_count), *lse_ref = tu_doubles(bh * c->seq_q);
     ref_sdpa(&shape, q, k, v, NULL, padding, out_ref, NULL, lse_ref);
 
@@ -587,6 +594,13 @@ START_TEST(test_ring_cross_and_16bit)
     tu_expect(status == CLATTN_SUCCESS, "clattn_ring_plan_create: %s: %s",
               clattn_mpi_status_string(status), message);
     if (plan) {
+        clattn_tensor ts = {0};
+        if (c->sinks) {
+            ts = clattn_tensor_make(tu_upload_floats(sinks, c->heads), 0, CLATTN_DTYPE_F32, 1,
+                                    c->heads, 0, 0, 0);
+            tu_expect_status(clattn_ring_set_sinks(plan, &ts), CLATTN_SUCCESS,
+                             "clattn_ring_set_sinks");
+        }
         const clattn_ring_rows got = clattn_ring_plan_kv_rows(plan);
         tu_expect(got.count == krows.count && got.start[0] == krows.start[0],
                   "plan kv rows %zu from %zu, want %zu from %zu", got.count, got.start[0],
@@ -631,6 +645,7 @@ START_TEST(test_ring_cross_and_16bit)
             free(want);
             free(want_lse);
         }
+        tu_release_mem(ts.mem);
     }
     clattn_ring_plan_release(plan);
     tu_release_mem(tq.mem);

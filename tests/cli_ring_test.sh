@@ -61,6 +61,8 @@ run_case nonpad-causal --q "$q" --k "$q" --v "$q" --q-heads 2 --nonpad-kv-seqlen
     --causal --causal-align top-left
 run_case cross --q "$q" --k "$kv" --v "$kv" --q-heads 2
 run_case cross-nonpad --q "$q" --k "$kv" --v "$kv" --q-heads 2 --nonpad-kv-seqlen "$counts"
+run_case sinks-causal --q "$q" --k "$q" --v "$q" --q-heads 2 --causal \
+    --sinks "$fixtures/ring_sinks.npy"
 run_case cross-bottom-right --q "$c" --k "$ckv" --v "$ckv" --q-heads 2 --causal \
     --causal-align bottom-right --window 3,-1
 TOL=1e-3

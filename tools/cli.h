@@ -136,6 +136,7 @@ typedef struct cli_ring_job {
     size_t q_dims[4], k_dims[4], v_dims[4]; /* k and v: Lk keys (cross-attention: Lk != Lq) */
     size_t q_strides[4], k_strides[4], v_strides[4], out_strides[4];
     const int32_t *counts; /* --nonpad-kv-seqlen: batch b's keys 0 .. counts[b] - 1, or NULL */
+    const float *sinks;    /* --sinks: (heads) logits, or NULL */
     clattn_io_dtype storage; /* the files' 16-bit type (F16, BF16: the ring runs in it), or F32 */
     bool causal, window, zigzag, timing;
     bool bottom_right; /* causal and window at Lk - Lq (--causal-align bottom-right) */

@@ -172,7 +172,7 @@ int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root)
     char message[1024] = "";
     clattn_status status =
         clattn_ring_plan_create(ctx, MPI_COMM_WORLD, &desc, &plan, message, sizeof message);
-    cl_mem mq = NULL, mk = NULL, mv = NULL, mo = NULL, mp = NULL;
+    cl_mem mq = NULL, mk = NULL, mv = NULL, mo = NULL, mp = NULL, ms = NULL;
     cl_int err = CL_SUCCESS;
     if (status == CLATTN_SUCCESS) {
         const float *sources[3] = {q, k, v};
@@ -190,6 +190,12 @@ int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root)
             mo = device_copy(ctx, NULL, o_count * es, &err);
         if (err == CL_SUCCESS && kpm)
             mp = device_copy(ctx, nk ? kpm : NULL, b * nk, &err);
+        if (err == CL_SUCCESS && job->sinks) { /* the sinks join each row once, at the end */
+            ms = device_copy(ctx, job->sinks, h * sizeof(float), &err);
+            const clattn_tensor ts = clattn_tensor_make(ms, 0, CLATTN_DTYPE_F32, 1, h, 0, 0, 0);
+            if (err == CL_SUCCESS && clattn_ring_set_sinks(plan, &ts) != CLATTN_SUCCESS)
+                err = CL_INVALID_VALUE;
+        }
         const clattn_tensor tq = clattn_tensor_make(mq, 0, dtype, 4, b, h, n, dk);
         const clattn_tensor tk = clattn_tensor_make(mk, 0, dtype, 4, b, hkv, nk, dk);
         const clattn_tensor tv = clattn_tensor_make(mv, 0, dtype, 4, b, hkv, nk, dv);
@@ -262,8 +268,8 @@ int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root)
         free(all);
     }
     clattn_ring_plan_release(plan);
-    const cl_mem mems[5] = {mq, mk, mv, mo, mp};
-    for (int i = 0; i < 5; ++i)
+    const cl_mem mems[6] = {mq, mk, mv, mo, mp, ms};
+    for (int i = 0; i < 6; ++i)
         if (mems[i])
             clReleaseMemObject(mems[i]);
     clattn_ctx_release(ctx);

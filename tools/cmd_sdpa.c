@@ -104,7 +104,7 @@ static const char sdpa_usage_outputs[] =
     "  --softcap, --scale, grouped heads, --nonpad-kv-seqlen (with --causal or --window:\n"
     "  --causal-align top-left), K and V of another length (cross-attention, split over the\n"
     "  ranks alike), float16 or bfloat16 files (the ring runs in their type: half the bytes\n"
-    "  travel); --ring-timing prints each rank's compute and communication times.\n"
+    "  travel), --sinks; --ring-timing prints each rank's compute and communication times.\n"
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
 typedef struct sdpa_options {
@@ -396,7 +396,6 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                             : o->qk_out                      ? "--qk-out"
                             : o->alibi                       ? "--alibi"
                             : o->alibi_slopes                ? "--alibi-slopes"
-                            : o->sinks                       ? "--sinks"
                             : o->rope.on                     ? "--rope"
                             : o->softmax_f64                 ? "--softmax-precision"
                             : o->norm != CLATTN_NORM_SOFTMAX ? "--norm relu"
@@ -404,7 +403,8 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         if (other)
             return cli_fail("sdpa", CLI_BAD_INPUT,
                             "--ring takes --causal, --window, --softcap, --scale, grouped "
-                            "heads, --nonpad-kv-seqlen and keys of another length, not %s",
+                            "heads, --sinks, --nonpad-kv-seqlen and keys of another length, "
+                            "not %s",
                             other);
         if (o->nonpad && (o->causal || o->window) &&
             !(o->align_given && o->align == CLATTN_CAUSAL_TOP_LEFT))
@@ -893,6 +893,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
                             .k = d->k.data,
                             .v = d->v.data,
                             .counts = d->counts,
+                            .sinks = d->sinks.data,
                             .storage = storage,
                             .bottom_right = o->align_given && o->align == CLATTN_CAUSAL_BOTTOM_RIGHT,
                             .causal = o->causal,

@@ -52,6 +52,8 @@ struct clattn_ring_plan {
     clattn_plan **sub;     /* [(src * 2 + q_segment) * 2 + k_segment]; NULL: none (skipped) */
     cl_program program;
     cl_kernel merge, store; /* store: out_acc into a 16-bit out */
+    cl_kernel sink;         /* the sinks folded into out and lse after the last merge */
+    clattn_tensor sinks;    /* clattn_ring_set_sinks: F32 (heads), rank 0 when none */
     cl_mem part_out,
         part_lse;   /* one pair's partial result, packed (B, H, qlen, dv), (B, H, qlen) */
     cl_mem own_lse; /* the running lse when the caller wants none */
@@ -503,6 +505,9 @@ static clattn_status make_merge_kernel(clattn_ring_plan *plan)
     plan->store = clCreateKernel(plan->program, "ring_store", &err);
     if (err != CL_SUCCESS)
         return fail_cl(plan, err, "clCreateKernel(ring_store)");
+    plan->sink = clCreateKernel(plan->program, "ring_sink", &err);
+    if (err != CL_SUCCESS)
+        return fail_cl(plan, err, "clCreateKernel(ring_sink)");
     return CLATTN_SUCCESS;
 }
 
@@ -682,6 +687,8 @@ void clattn_ring_plan_release(clattn_ring_plan *plan)
         clReleaseKernel(plan->merge);
     if (plan->store)
         clReleaseKernel(plan->store);
+    if (plan->sink)
+        clReleaseKernel(plan->sink);
     if (plan->program)
         clReleaseProgram(plan->program);
     cl_mem mems[7] = {plan->part_out, plan->part_lse, plan->own_lse, plan->dev_k,
@@ -1030,6 +1037,71 @@ static clattn_status upload_block(clattn_ring_plan *plan, int src, int slot, cl_
     return CLATTN_SUCCESS;
 }
 
+clattn_status clattn_ring_set_sinks(clattn_ring_plan *plan, const clattn_tensor *sinks)
+{
+    if (plan == NULL)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    plan->message[0] = '\0';
+    if (sinks == NULL || sinks->rank == 0) {
+        memset(&plan->sinks, 0, sizeof plan->sinks);
+        return CLATTN_SUCCESS;
+    }
+    if (sinks->dtype != CLATTN_DTYPE_F32 || sinks->rank != 1 ||
+        sinks->dims[0] != plan->desc.heads || sinks->mem == NULL)
+        return fail(plan, CLATTN_ERR_INVALID_SHAPE,
+                    "ring: sinks must be F32 (heads) = (%zu) with a buffer, one logit per query "
+                    "head (got dtype %d rank %d dim 0 %zu)",
+                    plan->desc.heads, (int)sinks->dtype, sinks->rank,
+                    sinks->rank ? sinks->dims[0] : 0);
+    size_t have = 0;
+    const size_t stride = sinks->strides[0] ? sinks->strides[0] : 1;
+    cl_int err = clGetMemObjectInfo(sinks->mem, CL_MEM_SIZE, sizeof have, &have, NULL);
+    if (err != CL_SUCCESS)
+        return fail_cl(plan, err, "clGetMemObjectInfo(sinks)");
+    if ((sinks->offset + (plan->desc.heads - 1) * stride + 1) * 4 > have)
+        return fail(plan, CLATTN_ERR_BUFFER_TOO_SMALL, "ring: sinks buffer too small (%zu bytes)",
+                    have);
+    plan->sinks = *sinks;
+    plan->sinks.strides[0] = stride;
+    return CLATTN_SUCCESS;
+}
+
+/* Attention sinks into the float32 out (or out_acc) and lse after the last merge, after *last. */
+static clattn_status fold_sinks(clattn_ring_plan *plan, const clattn_tensor *target, cl_mem lse,
+                                size_t lse_offset, cl_event *last)
+{
+    const clattn_ring_desc *d = &plan->desc;
+    const cl_uint rows = (cl_uint)plan->blocks[plan->rank].count;
+    const cl_uint heads = (cl_uint)d->heads, dv = (cl_uint)d->head_dim_v;
+    const cl_uint count = (cl_uint)(d->batch * d->heads) * rows; /* below 2^32: creation */
+    const cl_ulong out_offset = target->offset, lse_off = lse_offset;
+    const cl_ulong s_offset = plan->sinks.offset, s_stride = plan->sinks.strides[0];
+    const struct {
+        size_t size;
+        const void *value;
+    } args[] = {{sizeof(cl_mem), &target->mem}, {sizeof out_offset, &out_offset},
+                {sizeof(cl_mem), &lse},          {sizeof lse_off, &lse_off},
+                {sizeof(cl_mem), &plan->sinks.mem}, {sizeof s_offset, &s_offset},
+                {sizeof s_stride, &s_stride},    {sizeof heads, &heads},
+                {sizeof rows, &rows},            {sizeof dv, &dv},
+                {sizeof count, &count}};
+    cl_int err = CL_SUCCESS;
+    for (cl_uint a = 0; a < sizeof args / sizeof args[0] && err == CL_SUCCESS; ++a)
+        err = clSetKernelArg(plan->sink, a, args[a].size, args[a].value);
+    if (err != CL_SUCCESS)
+        return fail_cl(plan, err, "clSetKernelArg(ring_sink)");
+    const size_t local = MERGE_LOCAL;
+    const size_t global = ((size_t)count + local - 1) / local * local;
+    cl_event done = NULL;
+    err = clEnqueueNDRangeKernel(clattn_ctx_queue(plan->ctx), plan->sink, 1, NULL, &global,
+                                 &local, *last ? 1 : 0, *last ? last : NULL, &done);
+    if (err != CL_SUCCESS)
+        return fail_cl(plan, err, "clEnqueueNDRangeKernel(ring_sink)");
+    release_event(last);
+    *last = done;
+    return CLATTN_SUCCESS;
+}
+
 /* A 16-bit out: the float32 running output rounded into it (ring_store), after *last. */
 static clattn_status store_out(clattn_ring_plan *plan, const clattn_tensor *out, cl_event *last)
 {
@@ -1151,6 +1223,9 @@ clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q
         const double t_waited = now_s();
         if (local == CLATTN_SUCCESS && step + 1 < plan->ranks)
             local = upload_block(plan, next_src, next, &last);
+        if (local == CLATTN_SUCCESS && step + 1 == plan->ranks && has_rows &&
+            plan->sinks.rank != 0) /* the sinks join each row once, after every key block */
+            local = fold_sinks(plan, &target, lse_mem, lse_offset, &last);
         if (local == CLATTN_SUCCESS && step + 1 == plan->ranks && has_rows && plan->out_acc)
             local = store_out(plan, out, &last); /* 16-bit out: rounded once, at the end */
         cl_int err = clFinish(queue);

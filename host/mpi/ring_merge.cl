@@ -59,3 +59,31 @@ __kernel void ring_store(__global const float *acc, __global ushort *out, const 
     out[out_offset + gid] =
         nan ? (ushort)((bits >> 16) | 0x0040u) : (ushort)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
+
+/* Attention sinks (clattn_ring_set_sinks): one logit s per query head joins every row's
+ * softmax denominator once, after the last merge: lse' = log(e^lse + e^s) and out *= e^(lse -
+ * lse') (a row with no visible key stays zeros, its lse becomes s). One work-item per row of
+ * (batch, heads, rows); s = -inf is no sink. */
+__kernel void ring_sink(__global float *out, const ulong out_offset, __global float *lse,
+                        const ulong lse_offset, __global const float *sinks,
+                        const ulong sinks_offset, const ulong sinks_stride, const uint heads,
+                        const uint rows, const uint dv, const uint count)
+{
+    const uint gid = get_global_id(0);
+    if (gid >= count)
+        return;
+    const uint head = (gid / rows) % heads;
+    const float s = sinks[sinks_offset + head * sinks_stride];
+    if (s == -INFINITY)
+        return;
+    __global float *l = lse + lse_offset + gid;
+    const float la = *l;
+    const float m = fmax(la, s);
+    const float wa = la == -INFINITY ? 0.0f : exp(la - m);
+    const float sum = wa + exp(s - m);
+    const float scale = wa / sum;
+    __global float *o = out + out_offset + (ulong)gid * dv;
+    for (uint c = 0; c < dv; ++c)
+        o[c] *= scale;
+    *l = m + log(sum);
+}

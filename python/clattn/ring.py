@@ -66,6 +66,8 @@ def _mpi_library():
     mpi.clattn_ring_execute.argtypes = [c_void_p] + [POINTER(_lib.Tensor)] * 6
     mpi.clattn_ring_plan_release.restype = None
     mpi.clattn_ring_plan_release.argtypes = [c_void_p]
+    mpi.clattn_ring_set_sinks.restype = c_int
+    mpi.clattn_ring_set_sinks.argtypes = [c_void_p, POINTER(_lib.Tensor)]
     mpi.clattn_ring_last_error.restype = c_char_p
     mpi.clattn_ring_last_error.argtypes = [c_void_p]
     mpi.clattn_mpi_status_string.restype = c_char_p
@@ -89,7 +91,7 @@ def ring_attention(q, k, v, comm=None, *, layout_name: str = "contiguous",
                    seq_len: Optional[int] = None, kv_seq_len: Optional[int] = None,
                    causal: bool = False, causal_align: str = "top-left", window=None,
                    scale: Optional[float] = None, softcap: float = 0.0, key_padding=None,
-                   return_lse: bool = False, ctx: Optional[Context] = None):
+                   sinks=None, return_lse: bool = False, ctx: Optional[Context] = None):
     """Sequence-parallel ("ring") attention over an MPI communicator (mpi4py; default
     COMM_WORLD): each rank passes its own rows and gets its own output rows.
 
@@ -101,8 +103,9 @@ def ring_attention(q, k, v, comm=None, *, layout_name: str = "contiguous",
     lengths (None: the sum of the ranks' rows); keys of another length are cross-attention.
     causal and window=(left, right) (-1 unbounded) by global positions, causal_align
     "top-left" or "bottom-right" (the queries at the keys' end). key_padding (B, kv_rows) bool:
-    True ignores the key. Returns out (B, H, rows, Ev) in q's dtype, and with return_lse the
-    float32 log-sum-exp (B, H, rows)."""
+    True ignores the key. sinks (H,): attention-sink logits (the same on every rank; -inf is
+    none). Returns out (B, H, rows, Ev) in q's dtype, and with return_lse the float32
+    log-sum-exp (B, H, rows)."""
     mpi = _mpi_library()
     MPI = _state["MPI"]
     comm = comm if comm is not None else MPI.COMM_WORLD
@@ -112,7 +115,8 @@ def ring_attention(q, k, v, comm=None, *, layout_name: str = "contiguous",
             _torch.to_numpy(q), _torch.to_numpy(k), _torch.to_numpy(v), comm,
             layout_name=layout_name, seq_len=seq_len, kv_seq_len=kv_seq_len, causal=causal,
             causal_align=causal_align, window=window, scale=scale, softcap=softcap,
-            key_padding=_torch.to_numpy(key_padding), return_lse=return_lse, ctx=ctx)
+            key_padding=_torch.to_numpy(key_padding), sinks=_torch.to_numpy(sinks),
+            return_lse=return_lse, ctx=ctx)
         if return_lse:
             return _torch.from_numpy(result[0], like), _torch.from_numpy(result[1], like)
         return _torch.from_numpy(result, like)
@@ -178,6 +182,15 @@ def ring_attention(q, k, v, comm=None, *, layout_name: str = "contiguous",
             to, tl = layout(dtype, out.shape), layout(_lib.F32, lse.shape)
             tq.mem, tk.mem, tv.mem = (b.mem for b in ins)
             to.mem, tl.mem = outs[0].mem, outs[1].mem
+            if sinks is not None:
+                from .functional import _sinks_array
+                held = _sinks_array(sinks, H)
+                sink_buffer = Buffer(ctx, held)
+                ts = layout(_lib.F32, held.shape)
+                ts.mem = sink_buffer.mem
+                status = mpi.clattn_ring_set_sinks(plan, ctypes.byref(ts))
+                if status != 0:
+                    _fail(mpi, status, mpi.clattn_ring_last_error(plan).decode(errors="replace"))
             tp = _lib.Tensor()
             if extra is not None:
                 tp = layout(_lib.U8, pad.shape)

@@ -11,17 +11,23 @@ from mpi4py import MPI
 import clattn
 
 
-def reference(q, k, v, keep):
-    """float64 softmax attention with GQA; keep (B or 1, 1, Lq, Lk) bool; rows with no key 0."""
+def reference(q, k, v, keep, sinks=None):
+    """float64 softmax attention with GQA; keep (B or 1, 1, Lq, Lk) bool; rows with no key 0;
+    sinks (H,) join each row's denominator."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     rep = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     s = np.where(keep, s, -np.inf)
     m = s.max(-1, keepdims=True)
+    sink = None if sinks is None else np.asarray(sinks, np.float64).reshape(1, -1, 1, 1)
+    if sink is not None:
+        m = np.maximum(m, sink)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.where(keep, np.exp(s - m), 0.0)
     total = e.sum(-1, keepdims=True)
+    if sink is not None:
+        total = total + np.exp(sink - m)
     lse = np.where(total[..., 0] > 0, np.log(np.where(total > 0, total, 1))[..., 0] + m[..., 0],
                    -np.inf)
     return np.where(total > 0, e / np.where(total > 0, total, 1), 0) @ v, lse
@@ -44,12 +50,13 @@ def main():
     rank, ranks = comm.Get_rank(), comm.Get_size()
     rng = np.random.default_rng(2806)
     cases = [
-        # B, H, Hkv, Lq, Lk, layout, causal, align, window, padding, dtype
-        (2, 4, 2, 29, 29, "zigzag", True, "top-left", None, False, np.float32),
-        (1, 2, 1, 13, 37, "contiguous", True, "bottom-right", (5, -1), True, np.float32),
-        (2, 2, 2, 11, 19, "contiguous", False, "top-left", None, False, np.float16),
+        # B, H, Hkv, Lq, Lk, layout, causal, align, window, padding, dtype, sinks
+        (2, 4, 2, 29, 29, "zigzag", True, "top-left", None, False, np.float32, True),
+        (1, 2, 1, 13, 37, "contiguous", True, "bottom-right", (5, -1), True, np.float32, False),
+        (2, 2, 2, 11, 19, "contiguous", False, "top-left", None, False, np.float16, False),
     ]
-    for n, (B, H, Hkv, Lq, Lk, layout, causal, align, window, padding, dtype) in enumerate(cases):
+    for n, (B, H, Hkv, Lq, Lk, layout, causal, align, window, padding, dtype,
+            with_sinks) in enumerate(cases):
         q = rng.uniform(-1, 1, (B, H, Lq, 16)).astype(dtype)
         k = rng.uniform(-1, 1, (B, Hkv, Lk, 16)).astype(dtype)
         v = rng.uniform(-1, 1, (B, Hkv, Lk, 8)).astype(dtype)
@@ -64,12 +71,13 @@ def main():
         keep = keep[None, None]
         if pad is not None:
             keep = keep & ~pad[:, None, None, :]
-        want, want_lse = reference(q, k, v, keep)
+        sinks = np.linspace(-1, 2, H).astype(np.float32) if with_sinks else None
+        want, want_lse = reference(q, k, v, keep, sinks)
         qr, kr = rows_of(layout, Lq, ranks, rank), rows_of(layout, Lk, ranks, rank)
         out, lse = clattn.ring_attention(
             q[:, :, qr], k[:, :, kr], v[:, :, kr], comm, layout_name=layout, seq_len=Lq,
             kv_seq_len=Lk, causal=causal, causal_align=align, window=window,
-            key_padding=None if pad is None else pad[:, kr], return_lse=True)
+            key_padding=None if pad is None else pad[:, kr], sinks=sinks, return_lse=True)
         tol = 2e-3 if dtype == np.float16 else 1e-5
         assert out.dtype == dtype and out.shape == (B, H, len(qr), 8), (n, out.dtype, out.shape)
         np.testing.assert_allclose(out.astype(np.float64), want[:, :, qr], rtol=tol, atol=tol,
