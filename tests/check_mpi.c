@@ -6,6 +6,8 @@
  * sequence (TU_TOL) and with one device's SDPA of the whole sequence (1e-5), outputs poisoned
  * with NaN first and checked for stray writes around them. Every test is collective: each rank
  * runs the same tests in the same order and never leaves one early (failures are collected). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+
 #include <math.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -898,6 +900,16 @@ int main(int argc, char **argv)
         return 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &ranks_);
+    /* A PoCL kernel cache of each rank's own: the ranks build the same new program variants at
+     * the same moment, and two PoCL processes writing one cache entry at once have failed a
+     * build (CL_BUILD_PROGRAM_FAILURE on one rank, in a fresh cache). Read before the first
+     * OpenCL call, which tu_suite_begin's context is. */
+    const char *pocl_cache = getenv("POCL_CACHE_DIR");
+    if (pocl_cache && *pocl_cache) {
+        char own[4096];
+        snprintf(own, sizeof own, "%s/mpi-rank%d", pocl_cache, rank_);
+        setenv("POCL_CACHE_DIR", own, 1);
+    }
     char name[32];
     snprintf(name, sizeof name, "check_mpi[%d/%d]", rank_, ranks_);
     tu_suite_begin(name);

@@ -3,12 +3,19 @@ global problems, runs clattn.ring_attention on its own rows and checks them agai
 numpy reference of the whole problem; prints "ring ok <rank> <cases>" or raises (non-zero
 exit). Cases: self-attention zig-zag causal, cross-attention contiguous with uneven blocks,
 bottom-right causal, a window and key padding, and float16 inputs (the ring in float16)."""
+import os
 import sys
 
-import numpy as np
-from mpi4py import MPI
+# A PoCL kernel cache of each rank's own (set before the first OpenCL call): the ranks build the
+# same new program variants at once, which a shared cache entry has failed (tests/check_mpi.c).
+if os.environ.get("POCL_CACHE_DIR") and os.environ.get("OMPI_COMM_WORLD_RANK"):
+    os.environ["POCL_CACHE_DIR"] = os.path.join(os.environ["POCL_CACHE_DIR"],
+                                                "mpi-rank" + os.environ["OMPI_COMM_WORLD_RANK"])
 
-import clattn
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import clattn  # noqa: E402
 
 
 def reference(q, k, v, keep, sinks=None):
