@@ -1,6 +1,7 @@
 /* `clattn sdpa --ring` under mpirun: every rank has read the same input files; it takes its
  * rows, runs the ring (libclattn_mpi) and rank 0 gathers the output rows into the whole
  * output. Built only with -DCLATTN_MPI=ON. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "clattn_mpi.h"
 #include "cli.h"
 
@@ -23,6 +24,16 @@ int cli_ring_init(void)
         initialised_by_us = true;
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    /* PoCL's kernel cache: a subfolder per rank of $POCL_CACHE_DIR (before the first OpenCL
+     * call). The ranks build the same new kernel variants at once, and two PoCL processes
+     * writing one cache entry at the same moment have failed a build. */
+    const char *cache = getenv("POCL_CACHE_DIR");
+    int rank = 0;
+    if (cache && *cache && MPI_Comm_rank(MPI_COMM_WORLD, &rank) == MPI_SUCCESS) {
+        char own[4096];
+        snprintf(own, sizeof own, "%s/mpi-rank%d", cache, rank);
+        setenv("POCL_CACHE_DIR", own, 1);
+    }
     return CLI_OK;
 }
 
