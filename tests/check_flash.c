@@ -536,7 +536,8 @@ END_TEST
 /* Decode splits: a few query rows against many keys, on a context whose tuning row splits at
  * 16 keys (decode_keys=16), so the fused kernel's work-groups each take a slice of the keys
  * and flash_merge combines them by log-sum-exp; against the float64 reference, with the
- * key rules, masks, relu, a 16-bit output and the lse. The plan's workspace (the partial
+ * key rules, masks, relu, a 16-bit output, the lse and attention sinks (the splits leave
+ * them out; a sink folded per split counts once per split). The plan's workspace (the partial
  * results) shows that it split. */
 typedef struct decode_case {
     size_t batch, heads, kv_heads, seq_q, seq_k, dk, dv;
@@ -545,16 +546,17 @@ typedef struct decode_case {
     clattn_causal window_align;
     long long left, right;
     clattn_dtype out_dtype;
+    int sinks; /* attention sinks (softmax cases): folded in once, by flash_merge */
 } decode_case;
 
 static const decode_case decode_cases[] = {
-    {1, 1, 0, 1, 1000, 64, 64, CLATTN_CAUSAL_NONE, 0, 0, 0, 1, CLATTN_CAUSAL_NONE, 0, 0, 0},
+    {1, 1, 0, 1, 1000, 64, 64, CLATTN_CAUSAL_NONE, 0, 0, 0, 1, CLATTN_CAUSAL_NONE, 0, 0, 0, 1},
     {1, 1, 0, 3, 129, 17, 5, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0, 1, CLATTN_CAUSAL_BOTTOM_RIGHT, 40,
-     -1, CLATTN_DTYPE_F16},
-    {1, 2, 1, 1, 517, 128, 128, CLATTN_CAUSAL_ONNX, 1, 0, 0, 0, CLATTN_CAUSAL_NONE, 0, 0, 0},
+     -1, CLATTN_DTYPE_F16, 0},
+    {1, 2, 1, 1, 517, 128, 128, CLATTN_CAUSAL_ONNX, 1, 0, 0, 0, CLATTN_CAUSAL_NONE, 0, 0, 0, 1},
     {1, 1, 0, 2, 300, 8, 8, CLATTN_CAUSAL_NONE, 0, 1, 1, 1, CLATTN_CAUSAL_TOP_LEFT, 3, 250,
-     CLATTN_DTYPE_BF16},
-    {2, 1, 0, 1, 200, 3, 3, CLATTN_CAUSAL_BOTTOM_RIGHT, 1, 0, 0, 1, CLATTN_CAUSAL_NONE, 0, 0, 0},
+     CLATTN_DTYPE_BF16, 0},
+    {2, 1, 0, 1, 200, 3, 3, CLATTN_CAUSAL_BOTTOM_RIGHT, 1, 0, 0, 1, CLATTN_CAUSAL_NONE, 0, 0, 0, 1},
 };
 
 static clattn_ctx *decode_ctx;
@@ -685,6 +687,7 @@ START_TEST(test_decode_splits)
     spec.norm = c->relu ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
     spec.out_dtype = c->out_dtype;
     spec.want_lse = c->lse;
+    spec.sinks = c->sinks;
     spec.path = CLATTN_PATH_FUSED;
     spec.q_gain = 3.0f;
     pb_sdpa_problem p;
@@ -734,10 +737,12 @@ END_TEST
  * a sliding window of 16 keys, smaller than the cache), through one SDPA plan made once from
  * the cache's tensors (capacity, kv_seqlen), must match the full causal forward of the same
  * sequence and the float64 reference; the cache then refuses a 65th key. Case 1 runs on the
- * context that splits keys from 16 (decode_keys=16), one head: the decode splits at every
- * length. Case 2 keeps the cache in F16 (compared with the F16-rounded reference). Case 3 has
- * no window: each step's 4 query heads per k/v head run as the rows of that head. Cases 1 and
- * 3 add attention sinks (one head's -inf): joined in flash_merge after the decode splits, and
+ * context that splits keys from 16 (decode_keys=16), one head: the decode splits where the
+ * kernel's key tiles are under the cache's 64 keys (GPU parameters; flash_cpu.cl's 64-key
+ * tiles take the cache whole, so test_decode_splits runs sinks through the splits there).
+ * Case 2 keeps the cache in F16 (compared with the F16-rounded reference). Case 3 has no
+ * window: each step's 4 query heads per k/v head run as the rows of that head. Cases 1 and
+ * 3 add attention sinks (one head's -inf): joined in flash_merge after any decode splits, and
  * per row of a grouped step. */
 START_TEST(test_generation)
 {

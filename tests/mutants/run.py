@@ -186,6 +186,19 @@ class Runner:
                 rc = "timeout"
         return rc, time.monotonic() - start
 
+    def main_options(self):
+        """The main build's feature switches (CLATTN_MPI and the like), so that the scratch
+        build registers the same ctest entries: without them the ring's suites are missing
+        there and every ring mutant reads as a survivor."""
+        keep = ("CLATTN_MPI", "CLATTN_SANITIZE", "CLATTN_BUILD_TESTS")
+        opts = []
+        with open(os.path.join(self.build, "CMakeCache.txt")) as f:
+            for line in f:
+                m = re.match(r"(CLATTN_[A-Z_]+):BOOL=(\w+)$", line.strip())
+                if m and m.group(1) in keep:
+                    opts.append(f"-D{m.group(1)}={m.group(2)}")
+        return opts
+
     def ctest_names(self, build):
         out = subprocess.run(["ctest", "--show-only=json-v1"], cwd=build, check=True,
                              capture_output=True).stdout
@@ -234,7 +247,8 @@ class Runner:
         if not os.path.exists(os.path.join(self.scratch_build, "CMakeCache.txt")):
             gen = ["-G", "Ninja"] if shutil.which("ninja") else []
             rc, _ = self.run(["cmake", "-S", self.scratch_src, "-B", self.scratch_build, *gen,
-                              "-DCLATTN_BUILD_EXAMPLES=OFF"], SOURCE_ROOT, self.env(), 600, log)
+                              *self.main_options(), "-DCLATTN_BUILD_EXAMPLES=OFF"],
+                             SOURCE_ROOT, self.env(), 600, log)
             if rc != 0:
                 return False
         # Share the PoCL kernel cache with the main build: the host mutants embed the same
@@ -293,6 +307,11 @@ class Runner:
         for suite in suites:
             mark = os.path.getsize(log)
             rc, _ = self.ctest(build, suite, env, self.suite_timeout(suite), log)
+            with open(log, "rb") as f:
+                f.seek(mark)
+                ran = f.read().decode(errors="replace")
+            if "No tests were found" in ran:
+                return f"NOT RUN (no ctest entry {suite} in {build}; see {log})", False
             if rc == "timeout":
                 return f"KILLED (timeout) by {suite}", True
             if rc != 0:
