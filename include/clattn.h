@@ -375,6 +375,13 @@ typedef enum clattn_role {
     CLATTN_ROLE_BLOCK_TABLE, /* since 0.8 */
     CLATTN_ROLE_CU_SEQLENS_Q, /* since 0.8 */
     CLATTN_ROLE_CU_SEQLENS_K, /* since 0.8 */
+    /* the backward (clattn_sdpa_backward_plan_create), since 0.8: */
+    CLATTN_ROLE_GRAD_OUT,       /* dO, the loss's gradient by out */
+    CLATTN_ROLE_GRAD_Q,         /* dQ */
+    CLATTN_ROLE_GRAD_K,         /* dK */
+    CLATTN_ROLE_GRAD_V,         /* dV */
+    CLATTN_ROLE_GRAD_ATTN_MASK, /* a float attn_mask's gradient */
+    CLATTN_ROLE_GRAD_SINKS,     /* the attention sinks' gradient */
     CLATTN_ROLE_COUNT /* the roles this version knows */
 } clattn_role;
 
@@ -496,6 +503,8 @@ typedef union clattn_tensors {
         clattn_tensor block_table;  /* SDPA only: a paged KV cache's I32 (batch, blocks) */
         /* SDPA only: packed variable-length batches' I32 (batch + 1) offsets (see above) */
         clattn_tensor cu_seqlens_q, cu_seqlens_k;
+        /* the backward's (clattn_sdpa_backward_plan_create): dO, then the gradients it gives */
+        clattn_tensor grad_out, grad_q, grad_k, grad_v, grad_attn_mask, grad_sinks;
     };
 } clattn_tensors;
 
@@ -635,6 +644,32 @@ CLATTN_API clattn_status clattn_sdpa_plan_create(clattn_ctx *ctx, const clattn_s
                                                  clattn_plan **out);
 CLATTN_API clattn_status clattn_mha_plan_create(clattn_ctx *ctx, const clattn_mha_desc *desc,
                                                 clattn_plan **out);
+/* The backward pass of SDPA (training): the gradients of a loss L by q, k and v (and by a
+ * float attn_mask, and by the attention sinks) from dO = dL/d out, FlashAttention-2's way: the
+ * weights are recomputed from q, k and the forward's lse, never stored, so memory is linear in
+ * the sequence. The descriptor is the forward's (clattn_sdpa_desc: the same rule, scale,
+ * softcap, causal form, window, norm), its tensors those of the forward plus:
+ * - lse (required): the forward's F32 (batch, heads, seq_q) log-sum-exp (the forward's
+ *   optional lse output, from the same inputs and rule; its relu form too);
+ * - out (required): the forward's output; grad_out (required): dO, out's dims, any float
+ *   dtype and strides;
+ * - grad_q, grad_k, grad_v (required): q's, k's and v's dims, any float dtype and strides;
+ *   accumulated in float32. With grouped-query heads, grad_k and grad_v sum the group's
+ *   query heads;
+ * - grad_attn_mask (optional; a float attn_mask only): the mask's dims (1 where broadcast,
+ *   summed over those), any float dtype;
+ * - grad_sinks (optional; with sinks): F32 (heads).
+ * Taken from the forward: attn_mask (bool or float, any broadcast rank), key_padding_mask,
+ * kv_seqlen, alibi_slopes and sinks (their gradients are 0 but the sinks' and the float
+ * mask's), every causal alignment and window, GQA, softcap, relu. Refused
+ * (CLATTN_ERR_UNSUPPORTED): past/present, rope, a paged cache, packed sequences, weights,
+ * scores, softmax_f64, quantized k/v, path UNFUSED. Deterministic: no atomics; the same
+ * inputs give the same bits. The workspace holds delta (dO . out per row) and, with
+ * grad_attn_mask, the (batch, heads, seq_q, seq_k) score gradient. Since 0.8. */
+CLATTN_API clattn_status clattn_sdpa_backward_plan_create(clattn_ctx *ctx,
+                                                          const clattn_sdpa_desc *desc,
+                                                          clattn_plan **out);
+
 /* NULL is a no-op. */
 CLATTN_API void clattn_plan_release(clattn_plan *plan);
 

@@ -221,4 +221,43 @@ CLATTN_PARAMS_STRUCT(merge, CLATTN_MERGE_PARAMS)
     X(ulong, bt_s0) X(uint, page_size) X(uint, num_pages) X(uint, start) X(uint, append_pad)
 CLATTN_PARAMS_STRUCT(append, CLATTN_APPEND_PARAMS)
 
+
+/* ---- attention backward (flash_bwd.cl) -----------------------------------------------------
+ * q, k, v, o, go (the output's gradient dO), dq, dk, dv: (b, h, row, col) strides and element
+ * offsets; lse: (b, h, row) strides; the F32 scratch holds delta (dO . O per row, packed
+ * (b, h, row) at delta_at), the float mask's gradient dS (packed (b, h, i, j) at dmask_at,
+ * when has_dmask) and the parts' partial sums (packed (b, h, row, col), part_stride apart from
+ * part_at, when to_scratch; bwd_dkdv's dV partials dv_part_at after its dK ones); bh_base: the first (batch * heads) index of this launch (of
+ * batch * kv_heads for bwd_dkdv); rows [part_begin, part_stop) (bwd_dkdv) or keys (bwd_dq) of
+ * this launch, which is part `part`; kv_group: query heads per k/v head. */
+#define CLATTN_FLASH_BWD_PARAMS(X)                                                                \
+    X(ulong, q_offset) X(ulong, q_s0) X(ulong, q_s1) X(ulong, q_s2) X(ulong, q_s3)                \
+    X(ulong, k_offset) X(ulong, k_s0) X(ulong, k_s1) X(ulong, k_s2) X(ulong, k_s3)                \
+    X(ulong, v_offset) X(ulong, v_s0) X(ulong, v_s1) X(ulong, v_s2) X(ulong, v_s3)                \
+    X(ulong, o_offset) X(ulong, o_s0) X(ulong, o_s1) X(ulong, o_s2) X(ulong, o_s3)                \
+    X(ulong, go_offset) X(ulong, go_s0) X(ulong, go_s1) X(ulong, go_s2) X(ulong, go_s3)           \
+    X(ulong, dq_offset) X(ulong, dq_s0) X(ulong, dq_s1) X(ulong, dq_s2) X(ulong, dq_s3)           \
+    X(ulong, dk_offset) X(ulong, dk_s0) X(ulong, dk_s1) X(ulong, dk_s2) X(ulong, dk_s3)           \
+    X(ulong, dv_offset) X(ulong, dv_s0) X(ulong, dv_s1) X(ulong, dv_s2) X(ulong, dv_s3)           \
+    X(ulong, lse_offset) X(ulong, lse_s0) X(ulong, lse_s1) X(ulong, lse_s2) X(ulong, bh_base)     \
+    X(ulong, delta_at) X(ulong, dmask_at) X(ulong, part_at) X(ulong, part_stride)                 \
+    X(ulong, dv_part_at)                                                                          \
+    X(uint, kv_group) X(uint, part_begin) X(uint, part_stop) X(uint, part) X(int, to_scratch)     \
+    X(int, has_dmask)
+CLATTN_SCORED_PARAMS_STRUCT(flash_bwd, CLATTN_FLASH_BWD_PARAMS)
+
+/* ---- attention backward's reductions (flash_bwd.cl: bwd_sum_parts, bwd_mask_reduce,
+ * bwd_sinks) ---------------------------------------------------------------------------------
+ * out: a (d0, d1, d2, d3) view (offset, strides) of the reduced result; the F32 scratch from
+ * in_at: bwd_sum_parts adds `parts` packed (d0, d1, d2, d3) partial sums in_stride apart;
+ * bwd_mask_reduce sums the packed (n0, n1, n2, n3) gradient over the dims where d is 1 and n
+ * is not (a broadcast mask's); bwd_sinks: out (heads) and the sinks (offset, s0), lse (b, h,
+ * row) strides, delta at in_at, n0 batches, n1 heads, n2 rows. */
+#define CLATTN_BWD_REDUCE_PARAMS(X)                                                               \
+    X(ulong, out_offset) X(ulong, out_s0) X(ulong, out_s1) X(ulong, out_s2) X(ulong, out_s3)     \
+    X(ulong, in_at) X(ulong, in_stride) X(ulong, aux_offset) X(ulong, aux_s0) X(ulong, aux_s1)   \
+    X(ulong, aux_s2) X(ulong, total) X(uint, d0) X(uint, d1) X(uint, d2) X(uint, d3) X(uint, n0)  \
+    X(uint, n1) X(uint, n2) X(uint, n3) X(uint, parts) X(uint, reduce_pad_)
+CLATTN_PARAMS_STRUCT(bwd_reduce, CLATTN_BWD_REDUCE_PARAMS)
+
 #endif

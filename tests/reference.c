@@ -296,6 +296,88 @@ void ref_sdpa_rope(const ref_sdpa_shape *shape, const ref_rope_spec *rope, const
     free(q_double);
 }
 
+void ref_sdpa_backward(const ref_sdpa_shape *shape, const float *q, const float *k, const float *v,
+                       const float *mask, const uint8_t *key_padding, const float *grad_out,
+                       const float *out_given, int magnitudes, double *dq, double *dk,
+                       double *dv, double *dscores, double *dsinks)
+{
+#define MAG(x) (magnitudes ? fabs(x) : (x))
+    const size_t B = shape->batch, H = shape->heads, Lq = shape->seq_q, Lk = shape->seq_k;
+    const size_t dqk = shape->dk, dvv = shape->dv;
+    const size_t kv_heads = shape->kv_heads ? shape->kv_heads : H, group = H / kv_heads;
+    const size_t rows = B * H * Lq;
+    double *out = ref_alloc(rows * dvv, sizeof(double));
+    double *weights = ref_alloc(rows * Lk, sizeof(double));
+    double *lse = ref_alloc(rows, sizeof(double));
+    double *raw = ref_alloc(rows * Lk, sizeof(double));    /* scale * q . k */
+    double *scores = ref_alloc(rows * Lk, sizeof(double)); /* s (-inf where dropped) */
+    ref_sdpa(shape, q, k, v, mask, key_padding, out, weights, lse);
+    ref_sdpa_scores(shape, q, k, mask, key_padding, 0, raw);
+    ref_sdpa_scores(shape, q, k, mask, key_padding, 2, scores);
+    if (dq)
+        memset(dq, 0, rows * dqk * sizeof(double));
+    if (dk)
+        memset(dk, 0, B * kv_heads * Lk * dqk * sizeof(double));
+    if (dv)
+        memset(dv, 0, B * kv_heads * Lk * dvv * sizeof(double));
+    if (dsinks)
+        memset(dsinks, 0, H * sizeof(double));
+    for (size_t b = 0; b < B; ++b) {
+        for (size_t h = 0; h < H; ++h) {
+            const size_t g = b * kv_heads + h / group;
+            for (size_t i = 0; i < Lq; ++i) {
+                const size_t row = (b * H + h) * Lq + i;
+                const float *go = grad_out + row * dvv;
+                double delta = 0.0;
+                for (size_t x = 0; x < dvv; ++x)
+                    delta += MAG((double)go[x] * (out_given ? (double)out_given[row * dvv + x]
+                                                            : out[row * dvv + x]));
+                if (dsinks && shape->sinks && shape->sinks[h] != -INFINITY)
+                    dsinks[h] += MAG(-exp((double)shape->sinks[h] - lse[row]) * delta);
+                for (size_t j = 0; j < Lk; ++j) {
+                    const double s = scores[row * Lk + j], w = weights[row * Lk + j];
+                    double ds = 0.0;
+                    if (s != -INFINITY && lse[row] != -INFINITY) {
+                        double dp = 0.0;
+                        for (size_t x = 0; x < dvv; ++x)
+                            dp += MAG((double)go[x] * v[(g * Lk + j) * dvv + x]);
+                        const double diff = magnitudes ? dp + delta : dp - delta;
+                        if (shape->norm == CLATTN_NORM_RELU)
+                            ds = s > 0.0 ? diff * exp(-lse[row]) : 0.0;
+                        else
+                            ds = w * diff;
+                    }
+                    if (dscores)
+                        dscores[row * Lk + j] = ds;
+                    if (dv)
+                        for (size_t x = 0; x < dvv; ++x)
+                            dv[(g * Lk + j) * dvv + x] += MAG(w * go[x]);
+                    if (ds == 0.0)
+                        continue;
+                    double dx = ds * shape->scale;
+                    if (shape->softcap > 0.0) {
+                        const double t = tanh(raw[row * Lk + j] / shape->softcap);
+                        dx *= 1.0 - t * t;
+                    }
+                    dx = MAG(dx);
+                    for (size_t x = 0; x < dqk; ++x) {
+                        if (dq)
+                            dq[row * dqk + x] += MAG(dx * k[(g * Lk + j) * dqk + x]);
+                        if (dk)
+                            dk[(g * Lk + j) * dqk + x] += MAG(dx * q[row * dqk + x]);
+                    }
+                }
+            }
+        }
+    }
+    free(scores);
+    free(raw);
+    free(lse);
+    free(weights);
+    free(out);
+#undef MAG
+}
+
 /* --- multi-head attention ----------------------------------------------------------------- */
 
 size_t ref_mha_kdim(const clattn_mha_host_desc *desc)

@@ -105,6 +105,22 @@ void ref_sdpa_rope(const ref_sdpa_shape *shape, const ref_rope_spec *rope, const
 void ref_sdpa_scores(const ref_sdpa_shape *shape, const float *q, const float *k, const float *mask,
                      const uint8_t *key_padding, int mode, double *scores);
 
+/* The backward of ref_sdpa: the gradients of L = sum(grad_out * out) by q (B, H, Lq, dk), k
+ * (B, Hkv, Lk, dk; summed over each k/v head's query heads), v (B, Hkv, Lk, dv), by the scores
+ * s (dscores (B, H, Lq, Lk): a float mask's gradient before any broadcast sum; 0 where a key
+ * is dropped) and by the sinks (dsinks (H)), in double. Same inputs as ref_sdpa plus
+ * grad_out (B, H, Lq, dv) and, when not NULL, out_given (B, H, Lq, dv): the forward's output as
+ * stored, which delta = dO . out then uses (as the backward does: where one key takes a whole
+ * row its true gradient is 0, the stored out's rounding is not); each output may be NULL. Softmax: dS = w (dO . v_j - dO . out);
+ * relu: [s > 0] (dO . v_j - dO . out) / normaliser; through the cap: dS (1 - tanh^2).
+ * magnitudes 1: every term's magnitude summed instead (|dO . v_j| + |dO . out| for their
+ * difference, |x| for every factor x): the scale of each gradient's rounding error (relu's
+ * 1 / normaliser amplifies it; a broadcast mask's and a sink's sums cancel). */
+void ref_sdpa_backward(const ref_sdpa_shape *shape, const float *q, const float *k, const float *v,
+                       const float *mask, const uint8_t *key_padding, const float *grad_out,
+                       const float *out_given, int magnitudes, double *dq, double *dk,
+                       double *dv, double *dscores, double *dsinks);
+
 /* --- positional encodings ------------------------------------------------------------------ */
 
 /* The sinusoidal table of Attention Is All You Need for positions start .. start + seq - 1:

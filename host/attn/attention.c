@@ -187,7 +187,7 @@ clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_
                                 long long diag_offset, clattn__score_shape *score)
 {
     clattn_ctx *ctx = plan->ctx;
-    const bool sdpa = plan->ops->kind == CLATTN__SDPA;
+    const bool sdpa = plan->ops->kind == CLATTN__SDPA || plan->ops->kind == CLATTN__SDPA_BACKWARD;
     const clattn_causal last = sdpa ? CLATTN_CAUSAL_OFFSET : CLATTN_CAUSAL_BOTTOM_RIGHT;
     if ((unsigned)causal > (unsigned)last)
         return clattn__fail(

@@ -72,15 +72,21 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, con
     plan->op = op;
     clattn_status status = CLATTN_SUCCESS;
     for (int role = 0; role < R_COUNT && status == CLATTN_SUCCESS; ++role) {
-        const bool output = role == R_OUT || role == R_WEIGHTS || role == R_LSE ||
-                            role == R_PRESENT_K || role == R_PRESENT_V || role == R_SCORES;
+        /* (the backward reads out and lse: inputs there) */
+        const bool backward = ops->kind == CLATTN__SDPA_BACKWARD;
+        const bool output = role == R_GRAD_Q || role == R_GRAD_K || role == R_GRAD_V ||
+                            role == R_GRAD_MASK || role == R_GRAD_SINKS ||
+                            (!backward && (role == R_OUT || role == R_WEIGHTS || role == R_LSE ||
+                                           role == R_PRESENT_K || role == R_PRESENT_V ||
+                                           role == R_SCORES));
         const unsigned dtypes = role == R_KPM                          ? CLATTN__U8
                                 : role == R_KVLEN || role == R_POS_IDS || role == R_BLOCK_TABLE ||
                                         role == R_CU_Q || role == R_CU_K
                                     ? CLATTN__I32
                                 : role == R_MASK                       ? CLATTN__FLOATS | CLATTN__U8
                                 : role == R_WEIGHTS || role == R_LSE || role == R_SCORES ||
-                                        role == R_ALIBI || role == R_SCORE_W || role == R_SINKS
+                                        role == R_ALIBI || role == R_SCORE_W || role == R_SINKS ||
+                                        role == R_GRAD_SINKS
                                     ? CLATTN__F32
                                 : (role == R_K || role == R_V) && ops->kind == CLATTN__SDPA
                                     ? CLATTN__FLOATS | CLATTN__QUANT /* SDPA's k, v: also blocks */

@@ -44,7 +44,14 @@
     X(R_CU_Q, cu_seqlens_q, CLATTN_ROLE_CU_SEQLENS_Q, "cu_seqlens_q", "cu_seqlens_q",              \
       "cu_seqlens_q")                                                                              \
     X(R_CU_K, cu_seqlens_k, CLATTN_ROLE_CU_SEQLENS_K, "cu_seqlens_k", "cu_seqlens_k",              \
-      "cu_seqlens_k")
+      "cu_seqlens_k")                                                                              \
+    X(R_GRAD_OUT, grad_out, CLATTN_ROLE_GRAD_OUT, "grad_out", "grad_out", "grad_out")              \
+    X(R_GRAD_Q, grad_q, CLATTN_ROLE_GRAD_Q, "grad_q", "grad_q", "grad_q")                          \
+    X(R_GRAD_K, grad_k, CLATTN_ROLE_GRAD_K, "grad_k", "grad_k", "grad_k")                          \
+    X(R_GRAD_V, grad_v, CLATTN_ROLE_GRAD_V, "grad_v", "grad_v", "grad_v")                          \
+    X(R_GRAD_MASK, grad_attn_mask, CLATTN_ROLE_GRAD_ATTN_MASK, "grad_attn_mask",                   \
+      "grad_attn_mask", "grad_attn_mask")                                                          \
+    X(R_GRAD_SINKS, grad_sinks, CLATTN_ROLE_GRAD_SINKS, "grad_sinks", "grad_sinks", "grad_sinks")
 
 typedef enum clattn__role {
 #define CLATTN__ROLE_ENUM(role, field, pub, sdpa, mha, x) role = pub,
@@ -130,7 +137,8 @@ typedef enum clattn__plan_kind {
     CLATTN__MHA,
     CLATTN__POSENC,
     CLATTN__ROPE,
-    CLATTN__ADDITIVE
+    CLATTN__ADDITIVE,
+    CLATTN__SDPA_BACKWARD
 } clattn__plan_kind;
 
 /* Positional encodings: the op, and the sinusoid's frequencies on the device. */
@@ -229,6 +237,8 @@ struct clattn_plan {
     clattn__sdpa_rope sdpa_rope;
     clattn__posenc posenc; /* also ROPE plans' freq */
     clattn__rope_plan rope;
+    clattn__flash_bwd_plan backward; /* SDPA_BACKWARD: the passes */
+    clattn__view grad_mask_view;     /* its grad_attn_mask, the mask's dims (mem bound later) */
     size_t decode_group; /* SDPA: > 1 when the group's query heads run as rows (sdpa.c) */
     size_t page_size, num_pages; /* SDPA with a block table: k and v are pools of pages */
     /* SDPA over packed sequences (cu_seqlens): q, k, v, out and lse as the (batch, heads,

@@ -438,6 +438,7 @@ static const source_entry sources[CLATTN_SRC_COUNT] = {
     [CLATTN_SRC_POSENC] = {"posenc.cl", clattn_kernel_posenc},
     [CLATTN_SRC_ROPE] = {"rope.cl", clattn_kernel_rope},
     [CLATTN_SRC_ADDITIVE] = {"additive.cl", clattn_kernel_additive},
+    [CLATTN_SRC_FLASH_BWD] = {"flash_bwd.cl", clattn_kernel_flash_bwd},
 };
 
 /* Reads dir/file into a malloc'd string; NULL on failure. */

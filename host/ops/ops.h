@@ -346,4 +346,44 @@ clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn
 clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan *plan,
                                    const clattn__view *src, const clattn__view *dst);
 
+/* ---- attention backward (ops/flash_bwd.c, kernels/flash_bwd.cl) ----------------------------
+ * dQ, dK, dV (and a float mask's, the sinks' gradients) of the score rule's attention from q,
+ * k, v, out, dO and the forward's lse, recomputing the weights (no (seq_q x seq_k) matrix
+ * unless the mask's gradient is wanted). Deterministic: no atomics. */
+typedef struct clattn__flash_bwd_shape {
+    clattn__score_shape score; /* kv_group: query heads per k/v head */
+    size_t head_dim_qk, head_dim_v;
+    clattn_dtype q_dtype, k_dtype, v_dtype, o_dtype, go_dtype, dq_dtype, dk_dtype, dv_dtype;
+    bool want_dmask; /* a float mask's gradient (dmask_dtype), summed over its broadcast dims */
+    clattn_dtype dmask_dtype;
+    bool want_dsinks; /* the sinks' gradient, F32 (heads) */
+} clattn__flash_bwd_shape;
+
+typedef struct clattn__flash_bwd_plan {
+    clattn__flash_bwd_shape shape;
+    cl_kernel delta, dkdv, dq;                    /* the passes */
+    cl_kernel sum_q, sum_k, sum_v, mask_reduce, sinks; /* the reductions (NULL: not used) */
+    size_t local_delta, local_dkdv, local_dq;     /* work-group sizes */
+    size_t rows_per_part, row_parts;              /* dK/dV's walk over the rows, in launches */
+    size_t keys_per_part, key_parts;              /* dQ's walk over the keys */
+    /* scratch float offsets: delta, dS, the parts' partial sums (dK's then dV's dv_part_at on,
+     * dkdv_part_floats a part; dQ's, dq_part_floats a part) */
+    size_t delta_at, dmask_at, dkdv_parts_at, dq_parts_at, dv_part_at;
+    size_t dkdv_part_floats, dq_part_floats;
+    size_t scratch_floats;
+} clattn__flash_bwd_plan;
+
+/* What the backward reads and writes: the 4-d views q, k, v, out, grad_out, dq, dk, dv
+ * ((batch, heads or kv_heads, row, col)); lse (1, batch, heads, seq_q); dmask the mask's
+ * gradient (its dims, 1 where broadcast); dsinks (1, 1, 1, heads); the score rule's masks. */
+typedef struct clattn__flash_bwd_io {
+    clattn__view q, k, v, out, grad_out, lse, dq, dk, dv, dmask, dsinks;
+    clattn__score_masks masks;
+} clattn__flash_bwd_io;
+
+clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
+                                        clattn__flash_bwd_plan *plan);
+clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash_bwd_plan *plan,
+                                        const clattn__flash_bwd_io *io, clattn__scratch scratch);
+
 #endif

@@ -1,0 +1,192 @@
+/* SDPA's backward plans (clattn_sdpa_backward_plan_create): the gradients of q, k, v (and of a
+ * float mask and the sinks) from dO, the forward's inputs, out and lse (ops/flash_bwd.c). */
+#include "plan.h"
+
+#include <float.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Head sizes the backward's kernels keep in registers (rows of floats per work-item). */
+#define BACKWARD_MAX_HEAD_DIM 256
+
+static clattn_status create(clattn_plan *plan, const void *any)
+{
+    const clattn_sdpa_desc *desc = any;
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
+    clattn_status status = CLATTN_SUCCESS;
+    static const char *const required_names[] = {"q", "k", "v", "out"};
+    for (int role = R_Q; role <= R_OUT; ++role)
+        if (!l[role].present || l[role].rank != 4)
+            return clattn__fail(ctx, l[role].present ? CLATTN_ERR_INVALID_SHAPE
+                                                     : CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: %s must be a rank-4 tensor (batch, heads, seq, head_dim), "
+                                "got rank %d",
+                                op, required_names[role], l[role].rank);
+    static const struct {
+        clattn__role role;
+        const char *why;
+    } needed[] = {
+        {R_LSE, "the forward's log-sum-exp (its lse output), F32 (batch, heads, seq_q)"},
+        {R_GRAD_OUT, "dO, the loss's gradient by out"},
+        {R_GRAD_Q, "where dQ goes"},
+        {R_GRAD_K, "where dK goes"},
+        {R_GRAD_V, "where dV goes"},
+    };
+    for (size_t i = 0; i < sizeof needed / sizeof needed[0]; ++i)
+        if (!l[needed[i].role].present)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is required (%s)", op,
+                                clattn__sdpa_role_names[needed[i].role], needed[i].why);
+    if (desc->rope != 0 || desc->softmax_f64 != 0 || desc->path == CLATTN_PATH_UNFUSED)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: %s: not supported by the backward (it recomputes the weights "
+                            "in float in one fused pass; rotate q and k before the forward "
+                            "and give the rotated ones)",
+                            op,
+                            desc->rope != 0           ? "rope=1"
+                            : desc->softmax_f64 != 0 ? "softmax_f64"
+                                                     : "path UNFUSED");
+    const size_t batch = l[R_Q].dims[0], heads = l[R_Q].dims[1], seq_q = l[R_Q].dims[2];
+    const size_t dk = l[R_Q].dims[3], dv = l[R_V].dims[3], seq_k = l[R_K].dims[2];
+    const size_t kv_heads = l[R_K].dims[1];
+    if (kv_heads == 0 || heads % kv_heads != 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: k has %zu heads (dim 1), which must divide q's %zu heads "
+                            "(grouped-query attention)",
+                            op, kv_heads, heads);
+    const size_t k_dims[4] = {batch, kv_heads, seq_k, dk};
+    const size_t v_dims[4] = {batch, kv_heads, seq_k, dv};
+    const size_t o_dims[4] = {batch, heads, seq_q, dv};
+    if ((status = clattn__layout_expect(ctx, op, "k", &l[R_K], 4, k_dims,
+                                        "(batch, kv_heads, seq_k, head_dim_qk) from q")) ||
+        (status = clattn__layout_expect(ctx, op, "v", &l[R_V], 4, v_dims,
+                                        "(batch, kv_heads, seq_k, head_dim_v) from q and k")) ||
+        (status = clattn__layout_expect(ctx, op, "out", &l[R_OUT], 4, o_dims,
+                                        "(batch, heads, seq_q, head_dim_v)")) ||
+        (status = clattn__layout_expect(ctx, op, "grad_out", &l[R_GRAD_OUT], 4, o_dims,
+                                        "out's (batch, heads, seq_q, head_dim_v)")) ||
+        (status = clattn__layout_expect(ctx, op, "grad_q", &l[R_GRAD_Q], 4, l[R_Q].dims,
+                                        "q's (batch, heads, seq_q, head_dim_qk)")) ||
+        (status = clattn__layout_expect(ctx, op, "grad_k", &l[R_GRAD_K], 4, k_dims,
+                                        "k's (batch, kv_heads, seq_k, head_dim_qk)")) ||
+        (status = clattn__layout_expect(ctx, op, "grad_v", &l[R_GRAD_V], 4, v_dims,
+                                        "v's (batch, kv_heads, seq_k, head_dim_v)")) ||
+        (status = clattn__layout_expect(ctx, op, "lse", &l[R_LSE], 3, o_dims,
+                                        "the forward's (batch, heads, seq_q)")))
+        return status;
+    const size_t dims[6] = {batch, heads, seq_q, seq_k, dk, dv};
+    static const char *const dim_names[6] = {"batch", "heads", "seq_q", "seq_k", "head_dim_qk",
+                                             "head_dim_v"};
+    if ((status = clattn__check_dims(ctx, op, dims, dim_names, 6, false)) ||
+        (status = clattn__check_dims(ctx, op, dims, dim_names, 6, true)))
+        return status;
+    if (dk > BACKWARD_MAX_HEAD_DIM || dv > BACKWARD_MAX_HEAD_DIM)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: head sizes %zu, %zu: the backward takes head sizes up to %d", op,
+                            dk, dv, BACKWARD_MAX_HEAD_DIM);
+
+    clattn__flash_bwd_shape shape;
+    memset(&shape, 0, sizeof shape);
+    clattn__score_shape *score = &shape.score;
+    if ((status = clattn__plan_score(plan, desc->scale, desc->norm, dk, score)) ||
+        (status = clattn__plan_masks(plan, batch, heads, seq_q, seq_k, score)) ||
+        (status = clattn__plan_alibi(plan, score)) || (status = clattn__plan_sinks(plan, score)) ||
+        (status = clattn__plan_band(plan, desc->causal, desc->window_align, desc->window_left,
+                                    desc->window_right, -1, desc->diag_offset, score)))
+        return status;
+    if (!(desc->softcap >= 0.0f && desc->softcap <= FLT_MAX))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: softcap=%g: must be 0 (off) or a finite positive cap", op,
+                            (double)desc->softcap);
+    score->softcap = desc->softcap;
+    score->kv_group = heads / kv_heads;
+
+    /* A float mask's gradient: the mask's own dims (summed over the broadcast ones). */
+    if (l[R_GRAD_MASK].present) {
+        const clattn__layout *mask = &l[R_MASK];
+        if (!mask->present || mask->dtype == CLATTN_DTYPE_U8)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: grad_attn_mask needs a float attn_mask (%s)", op,
+                                mask->present ? "a U8 mask has no gradient" : "none is given");
+        if ((status = clattn__layout_expect(ctx, op, "grad_attn_mask", &l[R_GRAD_MASK],
+                                            mask->rank, mask->dims, "attn_mask's dims")))
+            return status;
+        clattn__view_of(&l[R_GRAD_MASK], &plan->grad_mask_view);
+        shape.want_dmask = true;
+        shape.dmask_dtype = l[R_GRAD_MASK].dtype;
+    }
+    if (l[R_GRAD_SINKS].present) {
+        const size_t sink_dims[1] = {heads};
+        if (!l[R_SINKS].present)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: grad_sinks needs sinks (none is given)", op);
+        if ((status = clattn__layout_expect(ctx, op, "grad_sinks", &l[R_GRAD_SINKS], 1, sink_dims,
+                                            "(heads), as sinks")))
+            return status;
+        shape.want_dsinks = true;
+    }
+    shape.head_dim_qk = dk;
+    shape.head_dim_v = dv;
+    shape.q_dtype = l[R_Q].dtype;
+    shape.k_dtype = l[R_K].dtype;
+    shape.v_dtype = l[R_V].dtype;
+    shape.o_dtype = l[R_OUT].dtype;
+    shape.go_dtype = l[R_GRAD_OUT].dtype;
+    shape.dq_dtype = l[R_GRAD_Q].dtype;
+    shape.dk_dtype = l[R_GRAD_K].dtype;
+    shape.dv_dtype = l[R_GRAD_V].dtype;
+    if ((status = clattn__flash_bwd_prepare(ctx, &shape, &plan->backward)))
+        return status;
+    plan->attention.score = *score;
+    plan->attention.fused = true;
+    plan->workspace_floats = plan->backward.scratch_floats;
+    const clattn__flash_bwd_plan *bwd = &plan->backward;
+    snprintf(plan->info, sizeof plan->info,
+             "%s: fused backward, flash_bwd.cl (dK/dV per key in groups of %zu, dQ per row in "
+             "groups of %zu; %zu row part%s, %zu key part%s)%s%s, deterministic",
+             op, bwd->local_dkdv, bwd->local_dq, bwd->row_parts, bwd->row_parts > 1 ? "s" : "",
+             bwd->key_parts, bwd->key_parts > 1 ? "s" : "",
+             shape.want_dmask ? ", the mask's gradient" : "",
+             shape.want_dsinks ? ", the sinks' gradient" : "");
+    return clattn__plan_finish(plan, shape.want_dmask
+                                         ? "the scores' gradient (batch, heads, seq_q, seq_k)"
+                                         : "delta (batch, heads, seq_q)");
+}
+
+static clattn_status backward_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                      cl_mem workspace, clattn_chain *chain)
+{
+    clattn__flash_bwd_io io;
+    memset(&io, 0, sizeof io);
+    io.q = clattn__role_view(plan, mems, offsets, R_Q);
+    io.k = clattn__role_view(plan, mems, offsets, R_K);
+    io.v = clattn__role_view(plan, mems, offsets, R_V);
+    io.out = clattn__role_view(plan, mems, offsets, R_OUT);
+    io.grad_out = clattn__role_view(plan, mems, offsets, R_GRAD_OUT);
+    io.lse = clattn__role_view(plan, mems, offsets, R_LSE);
+    io.dq = clattn__role_view(plan, mems, offsets, R_GRAD_Q);
+    io.dk = clattn__role_view(plan, mems, offsets, R_GRAD_K);
+    io.dv = clattn__role_view(plan, mems, offsets, R_GRAD_V);
+    io.dsinks = clattn__role_view(plan, mems, offsets, R_GRAD_SINKS);
+    if (plan->backward.shape.want_dmask) {
+        io.dmask = plan->grad_mask_view;
+        io.dmask.mem = mems[R_GRAD_MASK];
+        io.dmask.offset = offsets[R_GRAD_MASK];
+    }
+    io.masks = clattn__bound_masks(plan, mems, offsets);
+    const clattn__scratch scratch = {workspace, 0};
+    return clattn__flash_bwd_enqueue(chain, &plan->backward, &io, scratch);
+}
+
+/* The forward's inputs and out, its masks and rule's tensors, lse, dO and the gradients. */
+#define BACKWARD_ROLES                                                                             \
+    (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
+     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_LSE) | CLATTN__ROLE(R_KVLEN) |    \
+     CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS) | CLATTN__ROLE(R_GRAD_OUT) |                    \
+     CLATTN__ROLE(R_GRAD_Q) | CLATTN__ROLE(R_GRAD_K) | CLATTN__ROLE(R_GRAD_V) |                    \
+     CLATTN__ROLE(R_GRAD_MASK) | CLATTN__ROLE(R_GRAD_SINKS))
+
+CLATTN__PLAN_KIND(sdpa_backward, CLATTN__SDPA_BACKWARD, clattn_sdpa_desc, create,
+                  backward_execute, clattn_sdpa_backward_plan_create, "sdpa_backward",
+                  clattn__sdpa_role_names, BACKWARD_ROLES)

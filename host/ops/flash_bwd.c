@@ -1,0 +1,328 @@
+/* The attention backward's launches (kernels/flash_bwd.cl): delta, dK/dV per key, dQ per row,
+ * then the reductions (parts, a broadcast mask's gradient, the sinks'). */
+#include "ops.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_BH_PER_LAUNCH 65535u
+
+/* Work-items per key (row) whose loop trips, counted as if nothing were unrolled, stay within
+ * half a device's cap on them (tuning.loop_trip_limit); 0: all in one launch. `per_step`:
+ * the trips of one step of the walk, `outside`: the rest. */
+static size_t steps_per_launch(const clattn_ctx *ctx, size_t per_step, size_t outside)
+{
+    const size_t limit = ctx->tuning.loop_trip_limit;
+    if (limit == 0)
+        return 0;
+    return limit / 2 > outside + per_step ? (limit / 2 - outside) / per_step : 1;
+}
+
+/* The largest power of two up to `want` that the kernel runs as a work-group. */
+static size_t group_size(cl_kernel kernel, const clattn_ctx *ctx, size_t want)
+{
+    size_t fits = ctx->info.max_work_group_size;
+    if (ctx->info.max_item_sizes[0] > 0 && ctx->info.max_item_sizes[0] < fits)
+        fits = ctx->info.max_item_sizes[0];
+    size_t kernel_max = 0;
+    if (clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_max,
+                                 &kernel_max, NULL) == CL_SUCCESS &&
+        kernel_max > 0 && kernel_max < fits)
+        fits = kernel_max;
+    size_t size = 1;
+    while (size * 2 <= want && size * 2 <= fits)
+        size *= 2;
+    return size;
+}
+
+clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
+                                        clattn__flash_bwd_plan *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->shape = *shape;
+    const clattn__score_shape *score = &shape->score;
+    char switches[256];
+    clattn__score_switches(score, CLATTN__FAMILY_FLASH, switches, sizeof switches);
+    char extra[512];
+    snprintf(extra, sizeof extra,
+             "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d "
+             "-DO_DTYPE=%d -DGO_DTYPE=%d -DDQ_DTYPE=%d -DDK_DTYPE=%d -DDV_DTYPE=%d %s",
+             shape->head_dim_qk, shape->head_dim_v, (int)shape->q_dtype, (int)shape->k_dtype,
+             (int)shape->v_dtype, (int)shape->o_dtype, (int)shape->go_dtype, (int)shape->dq_dtype,
+             (int)shape->dk_dtype, (int)shape->dv_dtype, switches);
+    clattn_status status;
+    if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_delta", extra,
+                                         &plan->delta)) ||
+        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_dkdv", extra,
+                                         &plan->dkdv)) ||
+        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_dq", extra, &plan->dq)))
+        return status;
+    plan->local_dkdv = group_size(plan->dkdv, ctx, (ctx->info.type & CL_DEVICE_TYPE_GPU) ? 64 : 16);
+    plan->local_dq = group_size(plan->dq, ctx, (ctx->info.type & CL_DEVICE_TYPE_GPU) ? 64 : 16);
+    plan->local_delta = group_size(plan->delta, ctx, 64);
+
+    /* Parts of the walks where the device caps loop trips: dK/dV over rows, dQ over keys. */
+    const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
+    const size_t group = score->kv_group > 1 ? score->kv_group : 1;
+    const size_t kv_heads = score->heads / group;
+    size_t rows = steps_per_launch(ctx, group * (2 * dk + 2 * dv + 8), 3 * dk + 3 * dv);
+    size_t keys = steps_per_launch(ctx, 2 * dk + dv + 8 + (shape->want_dmask ? 1 : 0),
+                                   3 * dk + dv + (shape->want_dmask ? score->seq_k : 0));
+    plan->rows_per_part = rows == 0 || rows >= score->seq_q ? score->seq_q : rows;
+    plan->keys_per_part = keys == 0 || keys >= score->seq_k ? score->seq_k : keys;
+    plan->row_parts = (score->seq_q + plan->rows_per_part - 1) / plan->rows_per_part;
+    plan->key_parts = (score->seq_k + plan->keys_per_part - 1) / plan->keys_per_part;
+
+    /* The scratch (floats): delta (B, H, Lq); dS (B, H, Lq, Lk) for a float mask's gradient;
+     * the parts' partial sums. */
+    size_t cursor = 0, n = 0;
+    if (!clattn__product(&n, 3, score->batch, score->heads, score->seq_q))
+        goto overflow;
+    plan->delta_at = cursor;
+    cursor += n;
+    if (shape->want_dmask) {
+        if (!clattn__product(&n, 4, score->batch, score->heads, score->seq_q, score->seq_k) ||
+            !clattn__add(cursor, 0, &plan->dmask_at) || !clattn__add(cursor, n, &cursor))
+            goto overflow;
+    }
+    if (plan->row_parts > 1) {
+        size_t kn = 0, vn = 0;
+        if (!clattn__product(&kn, 4, score->batch, kv_heads, score->seq_k, dk) ||
+            !clattn__product(&vn, 4, score->batch, kv_heads, score->seq_k, dv) ||
+            !clattn__add(kn, vn, &plan->dkdv_part_floats) ||
+            !clattn__product(&n, 2, plan->dkdv_part_floats, plan->row_parts))
+            goto overflow;
+        plan->dv_part_at = kn;
+        plan->dkdv_parts_at = cursor;
+        if (!clattn__add(cursor, n, &cursor))
+            goto overflow;
+    }
+    if (plan->key_parts > 1) {
+        if (!clattn__product(&plan->dq_part_floats, 4, score->batch, score->heads, score->seq_q,
+                             dk) ||
+            !clattn__product(&n, 2, plan->dq_part_floats, plan->key_parts))
+            goto overflow;
+        plan->dq_parts_at = cursor;
+        if (!clattn__add(cursor, n, &cursor))
+            goto overflow;
+    }
+    plan->scratch_floats = cursor;
+
+    /* The reductions, built only when used. */
+    char out_extra[64];
+    if (plan->row_parts > 1) {
+        snprintf(out_extra, sizeof out_extra, "-DOUT_DTYPE=%d", (int)shape->dk_dtype);
+        if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_sum_parts", out_extra,
+                                             &plan->sum_k)))
+            return status;
+        snprintf(out_extra, sizeof out_extra, "-DOUT_DTYPE=%d", (int)shape->dv_dtype);
+        if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_sum_parts", out_extra,
+                                             &plan->sum_v)))
+            return status;
+    }
+    if (plan->key_parts > 1) {
+        snprintf(out_extra, sizeof out_extra, "-DOUT_DTYPE=%d", (int)shape->dq_dtype);
+        if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_sum_parts", out_extra,
+                                             &plan->sum_q)))
+            return status;
+    }
+    if (shape->want_dmask) {
+        snprintf(out_extra, sizeof out_extra, "-DOUT_DTYPE=%d", (int)shape->dmask_dtype);
+        if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_mask_reduce",
+                                             out_extra, &plan->mask_reduce)))
+            return status;
+    }
+    if (shape->want_dsinks &&
+        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_sinks", "", &plan->sinks)))
+        return status;
+    return CLATTN_SUCCESS;
+overflow:
+    return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
+                        "sdpa_backward: the scratch (delta, partial sums, the mask's gradient) "
+                        "overflows size_t");
+}
+
+/* global[0] rounded up to a multiple of local. */
+static size_t rounded(size_t n, size_t local)
+{
+    return (n + local - 1) / local * local;
+}
+
+/* Launches `kernel` over (items, count) with dimension 1 in launches of at most
+ * MAX_BH_PER_LAUNCH entries, each with params->bh_base set. */
+static clattn_status launch_rows(clattn_chain *chain, cl_kernel kernel, const char *name,
+                                 clattn_arg *args, cl_uint n, clattn_flash_bwd_params *params,
+                                 size_t items, size_t local, size_t count)
+{
+    clattn_status status = CLATTN_SUCCESS;
+    for (size_t first = 0; first < count && status == CLATTN_SUCCESS; first += MAX_BH_PER_LAUNCH) {
+        params->bh_base = first;
+        args[n - 1] = CLATTN_ARG(*params);
+        const size_t global[2] = {rounded(items, local),
+                                  count - first < MAX_BH_PER_LAUNCH ? count - first
+                                                                    : MAX_BH_PER_LAUNCH};
+        const size_t local2[2] = {local, 1};
+        status = clattn__launch_kernel(chain, kernel, name, args, n, 2, global, local2);
+    }
+    return status;
+}
+
+/* bwd_sum_parts: `parts` packed partial sums at `at` (floats of the scratch), `stride` apart,
+ * into the (d0, d1, d2, d3) view `out`. */
+static clattn_status sum_parts(clattn_chain *chain, cl_kernel kernel, clattn__scratch scratch,
+                               size_t at, size_t stride, size_t parts, const clattn__view *out)
+{
+    clattn_bwd_reduce_params p;
+    memset(&p, 0, sizeof p);
+    clattn__view_fields(out, &p.out_offset, &p.out_s0, &p.out_s1, &p.out_s2, &p.out_s3);
+    p.in_at = scratch.offset + at;
+    p.in_stride = stride;
+    p.d0 = (cl_uint)out->dims[0], p.d1 = (cl_uint)out->dims[1];
+    p.d2 = (cl_uint)out->dims[2], p.d3 = (cl_uint)out->dims[3];
+    p.total = (cl_ulong)out->dims[0] * out->dims[1] * out->dims[2] * out->dims[3];
+    p.parts = (cl_uint)parts;
+    const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(out->mem), CLATTN_ARG(p)};
+    const size_t local = 64, global = rounded((size_t)p.total, local);
+    return clattn__launch_kernel(chain, kernel, "bwd_sum_parts", args, 3, 1, &global, &local);
+}
+
+clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash_bwd_plan *plan,
+                                        const clattn__flash_bwd_io *io, clattn__scratch scratch)
+{
+    const clattn__flash_bwd_shape *shape = &plan->shape;
+    const clattn__score_shape *score = &shape->score;
+    const size_t group = score->kv_group > 1 ? score->kv_group : 1;
+    const size_t bh = score->batch * score->heads, bg = bh / group;
+    clattn_flash_bwd_params params;
+    memset(&params, 0, sizeof params);
+    clattn__score_buffers buffers;
+    clattn__score_params(score, &io->masks, io->q.mem, &params.score, &buffers);
+    clattn__view_fields(&io->q, &params.q_offset, &params.q_s0, &params.q_s1, &params.q_s2,
+                        &params.q_s3);
+    clattn__view_fields(&io->k, &params.k_offset, &params.k_s0, &params.k_s1, &params.k_s2,
+                        &params.k_s3);
+    clattn__view_fields(&io->v, &params.v_offset, &params.v_s0, &params.v_s1, &params.v_s2,
+                        &params.v_s3);
+    clattn__view_fields(&io->out, &params.o_offset, &params.o_s0, &params.o_s1, &params.o_s2,
+                        &params.o_s3);
+    clattn__view_fields(&io->grad_out, &params.go_offset, &params.go_s0, &params.go_s1,
+                        &params.go_s2, &params.go_s3);
+    clattn__view_fields(&io->dq, &params.dq_offset, &params.dq_s0, &params.dq_s1, &params.dq_s2,
+                        &params.dq_s3);
+    clattn__view_fields(&io->dk, &params.dk_offset, &params.dk_s0, &params.dk_s1, &params.dk_s2,
+                        &params.dk_s3);
+    clattn__view_fields(&io->dv, &params.dv_offset, &params.dv_s0, &params.dv_s1, &params.dv_s2,
+                        &params.dv_s3);
+    /* lse (batch, heads, seq_q) as the view (1, batch, heads, seq_q) */
+    params.lse_offset = io->lse.offset;
+    params.lse_s0 = io->lse.strides[1];
+    params.lse_s1 = io->lse.strides[2];
+    params.lse_s2 = io->lse.strides[3];
+    params.delta_at = scratch.offset + plan->delta_at;
+    params.dmask_at = scratch.offset + plan->dmask_at;
+    params.kv_group = (cl_uint)group;
+    params.has_dmask = shape->want_dmask;
+
+    clattn_status status;
+    {
+        clattn_arg args[] = {CLATTN_ARG(io->out.mem), CLATTN_ARG(io->grad_out.mem),
+                             CLATTN_ARG(scratch.mem), CLATTN_ARG(params)};
+        if ((status = launch_rows(chain, plan->delta, "bwd_delta", args, 4, &params,
+                                  score->seq_q, plan->local_delta, bh)))
+            return status;
+    }
+    /* dK, dV: per key, over the rows (in parts where the device caps loop trips) */
+    params.to_scratch = plan->row_parts > 1;
+    params.part_at = scratch.offset + plan->dkdv_parts_at;
+    params.part_stride = plan->dkdv_part_floats;
+    params.dv_part_at = plan->dv_part_at;
+    for (size_t part = 0; part < plan->row_parts; ++part) {
+        params.part = (cl_uint)part;
+        params.part_begin = (cl_uint)(part * plan->rows_per_part);
+        params.part_stop = (cl_uint)(part + 1 == plan->row_parts ? score->seq_q
+                                                                 : (part + 1) * plan->rows_per_part);
+        clattn_arg args[] = {CLATTN_ARG(io->q.mem),        CLATTN_ARG(io->k.mem),
+                             CLATTN_ARG(io->v.mem),        CLATTN_ARG(io->grad_out.mem),
+                             CLATTN_ARG(io->lse.mem),      CLATTN_ARG(scratch.mem),
+                             CLATTN_ARG(io->dk.mem),       CLATTN_ARG(io->dv.mem),
+                             CLATTN_ARG(buffers.mask),     CLATTN_ARG(buffers.key_padding),
+                             CLATTN_ARG(buffers.kv_len),   CLATTN_ARG(buffers.alibi),
+                             CLATTN_ARG(buffers.sinks),    CLATTN_ARG(params)};
+        if ((status = launch_rows(chain, plan->dkdv, "bwd_dkdv", args, 14, &params,
+                                  score->seq_k, plan->local_dkdv, bg)))
+            return status;
+    }
+    if (plan->row_parts > 1) {
+        const size_t at = plan->dkdv_parts_at;
+        if ((status = sum_parts(chain, plan->sum_k, scratch, at, plan->dkdv_part_floats,
+                                plan->row_parts, &io->dk)) ||
+            (status = sum_parts(chain, plan->sum_v, scratch, at + plan->dv_part_at,
+                                plan->dkdv_part_floats, plan->row_parts, &io->dv)))
+            return status;
+    }
+    /* dQ (and dS for the mask): per row, over the keys */
+    params.to_scratch = plan->key_parts > 1;
+    params.part_at = scratch.offset + plan->dq_parts_at;
+    params.part_stride = plan->dq_part_floats;
+    for (size_t part = 0; part < plan->key_parts; ++part) {
+        params.part = (cl_uint)part;
+        params.part_begin = (cl_uint)(part * plan->keys_per_part);
+        params.part_stop = (cl_uint)(part + 1 == plan->key_parts ? score->seq_k
+                                                                 : (part + 1) * plan->keys_per_part);
+        clattn_arg args[] = {CLATTN_ARG(io->q.mem),        CLATTN_ARG(io->k.mem),
+                             CLATTN_ARG(io->v.mem),        CLATTN_ARG(io->grad_out.mem),
+                             CLATTN_ARG(io->lse.mem),      CLATTN_ARG(scratch.mem),
+                             CLATTN_ARG(io->dq.mem),       CLATTN_ARG(buffers.mask),
+                             CLATTN_ARG(buffers.key_padding), CLATTN_ARG(buffers.kv_len),
+                             CLATTN_ARG(buffers.alibi),    CLATTN_ARG(buffers.sinks),
+                             CLATTN_ARG(params)};
+        if ((status = launch_rows(chain, plan->dq, "bwd_dq", args, 13, &params, score->seq_q,
+                                  plan->local_dq, bh)))
+            return status;
+    }
+    if (plan->key_parts > 1 &&
+        (status = sum_parts(chain, plan->sum_q, scratch, plan->dq_parts_at, plan->dq_part_floats,
+                            plan->key_parts, &io->dq)))
+        return status;
+    if (shape->want_dmask) {
+        /* dS (B, H, Lq, Lk) summed over the mask's broadcast dims into its gradient */
+        clattn_bwd_reduce_params p;
+        memset(&p, 0, sizeof p);
+        const clattn__view *out = &io->dmask;
+        clattn__view_fields(out, &p.out_offset, &p.out_s0, &p.out_s1, &p.out_s2, &p.out_s3);
+        p.in_at = scratch.offset + plan->dmask_at;
+        p.d0 = (cl_uint)out->dims[0], p.d1 = (cl_uint)out->dims[1];
+        p.d2 = (cl_uint)out->dims[2], p.d3 = (cl_uint)out->dims[3];
+        p.n0 = (cl_uint)score->batch, p.n1 = (cl_uint)score->heads;
+        p.n2 = (cl_uint)score->seq_q, p.n3 = (cl_uint)score->seq_k;
+        p.total = (cl_ulong)out->dims[0] * out->dims[1] * out->dims[2] * out->dims[3];
+        const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(out->mem), CLATTN_ARG(p)};
+        const size_t local = 64, global = rounded((size_t)p.total, local);
+        if ((status = clattn__launch_kernel(chain, plan->mask_reduce, "bwd_mask_reduce", args, 3,
+                                            1, &global, &local)))
+            return status;
+    }
+    if (shape->want_dsinks) {
+        clattn_bwd_reduce_params p;
+        memset(&p, 0, sizeof p);
+        p.out_offset = io->dsinks.offset;
+        p.out_s0 = io->dsinks.strides[3];
+        p.out_s1 = io->lse.strides[1];
+        p.out_s2 = io->lse.strides[2];
+        p.out_s3 = io->lse.strides[3];
+        p.in_stride = io->lse.offset;
+        p.in_at = scratch.offset + plan->delta_at;
+        p.aux_offset = io->masks.sinks.offset;
+        p.aux_s0 = io->masks.sinks.strides[2];
+        p.n0 = (cl_uint)score->batch, p.n1 = (cl_uint)score->heads;
+        p.n2 = (cl_uint)score->seq_q;
+        const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(io->lse.mem),
+                                   CLATTN_ARG(io->masks.sinks.mem), CLATTN_ARG(io->dsinks.mem),
+                                   CLATTN_ARG(p)};
+        const size_t local = 1, global = score->heads;
+        if ((status = clattn__launch_kernel(chain, plan->sinks, "bwd_sinks", args, 5, 1, &global,
+                                            &local)))
+            return status;
+    }
+    return CLATTN_SUCCESS;
+}

@@ -1,0 +1,343 @@
+/*
+ * flash_bwd.cl: the backward pass of attention, FlashAttention-2's way: the weights are
+ * recomputed from Q, K and the forward's log-sum-exp, never stored, so memory stays linear in
+ * the sequence (no seq_q x seq_k matrix unless the float mask's gradient is asked for).
+ *
+ *   s_ij  the score rule (score.cl) on x_ij = scale * q_i . k_j: cap(x) + alibi + mask
+ *   p_ij  softmax: exp(s_ij - lse_i) (sinks are in lse);  relu: relu(s_ij) / exp(lse_i)
+ *   D_i   = dO_i . O_i                                     (bwd_delta)
+ *   dp_ij = dO_i . v_j
+ *   dS_ij = softmax: p_ij (dp_ij - D_i);  relu: [s_ij > 0] (dp_ij - D_i) / exp(lse_i)
+ *   dV_j  = sum_i p_ij dO_i,   dK_j = sum_i dX_ij q_i,   dQ_i = sum_j dX_ij k_j
+ *   dX_ij = dS_ij * scale * cap'(x_ij)      cap'(x) = 1 - tanh^2(x / softcap) (1 without)
+ *   dmask = dS (a float mask is added to s), dsink_h = -sum_{b,i} exp(sink_h - lse_i) D_i
+ *
+ * Deterministic: no atomics, every sum in a fixed order. bwd_dkdv: one work-item per key j of
+ * a (batch, k/v head); it walks the query rows of its group's query heads (GQA's sum) in
+ * order and keeps dK_j, dV_j in registers. bwd_dq: one work-item per query row; it walks the
+ * keys. Keys (rows) past a row's band (a key's rows) are skipped, so causal and windowed
+ * problems do the band's work. Where a device caps a work-item's loop trips (Mesa's llvmpipe)
+ * the host splits the walk into parts whose partial sums bwd_sum_parts adds in order.
+ *
+ *     bwd_dkdv                         bwd_dq
+ *     work-item j: k_j, v_j, dK_j, dV_j   work-item i: q_i, dO_i, dQ_i
+ *       for h in the group: for i:          for j in the row's band:
+ *         recompute p_ij, dS_ij               recompute p_ij, dS_ij (dmask)
+ *
+ * Tunables: HEAD_DIM_QK, HEAD_DIM_V (the head sizes), the dtype codes (types.cl) Q_DTYPE,
+ * K_DTYPE, V_DTYPE, O_DTYPE, GO_DTYPE (dO), DQ_DTYPE, DK_DTYPE, DV_DTYPE, DMASK_DTYPE;
+ * MASK_DTYPE (score.cl). Work-group sizes are the host's (any).
+ */
+#ifndef HEAD_DIM_QK
+#define HEAD_DIM_QK 64 /* d_k, fixed per program variant */
+#endif
+#ifndef HEAD_DIM_V
+#define HEAD_DIM_V 64 /* d_v */
+#endif
+#ifndef Q_DTYPE
+#define Q_DTYPE 0 /* dtype codes (types.cl) of the inputs and the gradients */
+#endif
+#ifndef K_DTYPE
+#define K_DTYPE 0
+#endif
+#ifndef V_DTYPE
+#define V_DTYPE 0
+#endif
+#ifndef O_DTYPE
+#define O_DTYPE 0
+#endif
+#ifndef GO_DTYPE
+#define GO_DTYPE 0
+#endif
+#ifndef DQ_DTYPE
+#define DQ_DTYPE 0
+#endif
+#ifndef DK_DTYPE
+#define DK_DTYPE 0
+#endif
+#ifndef DV_DTYPE
+#define DV_DTYPE 0
+#endif
+#ifndef DMASK_DTYPE
+#define DMASK_DTYPE 0
+#endif
+
+/* The weight p and the score's gradient factor of one (row, key) pair, recomputed from the
+ * rule: p = 0 where the rule drops the key (or relu's weight is 0). */
+typedef struct bwd_pair {
+    float p;      /* the weight the forward gave the key */
+    float grad;   /* dS = grad * (dp - D): softmax p, relu [s > 0] / exp(lse) */
+    float dcap;   /* scale * cap'(x): dX = dS * dcap */
+} bwd_pair;
+
+inline bwd_pair bwd_recompute(const float dot, const float scale, const float softcap,
+                              const key_band band, const uint row, const uint key,
+                              const float mask_value, const float lse, const int norm_relu)
+{
+    bwd_pair r = {0.0f, 0.0f, 0.0f};
+    const float x = scale * dot;
+    const float s = score_value(x, softcap, band, row, key) + mask_value;
+    if (s == NEG_INF || lse == NEG_INF)
+        return r;
+    if (norm_relu) {
+        if (!(s > 0.0f))
+            return r;
+        const float inv = exp(-lse); /* 1 / the row's normaliser */
+        r.p = s * inv;
+        r.grad = inv;
+    } else {
+        r.p = exp(s - lse);
+        r.grad = r.p;
+    }
+    float cap = 1.0f;
+    if (softcap > 0.0f) {
+        const float t = tanh(x / softcap);
+        cap = 1.0f - t * t;
+    }
+    r.dcap = scale * cap;
+    return r;
+}
+
+/* The mask's term of (b, h, row, key) when the key is in the row's band and not padded, else
+ * -inf (the rule drops it). */
+#define BWD_MASK_TERM(row, key)                                                                   \
+    (has_mask ? mask_term(mask, mask_offset + b * mask_s0 + h * mask_s1 + (ulong)(row) * mask_s2 + \
+                                    (ulong)(key) * mask_s3)                                       \
+              : 0.0f)
+
+/* delta_i = dO_i . O_i per (b, h, row), into the scratch (packed (b, h, row)). */
+__kernel void bwd_delta(__global const ELEM_T(O_DTYPE) *O, __global const ELEM_T(GO_DTYPE) *GO,
+                        __global float *scratch, const clattn_flash_bwd_params params)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    const uint row = get_global_id(0);
+    const ulong bh = bh_base + get_global_id(1);
+    if (row >= seq_q)
+        return;
+    const ulong b = bh / heads, h = bh - b * heads;
+    const ulong o = o_offset + b * o_s0 + h * o_s1 + row * o_s2;
+    const ulong go = go_offset + b * go_s0 + h * go_s1 + row * go_s2;
+    float sum = 0.0f;
+    for (uint d = 0; d < HEAD_DIM_V; ++d)
+        sum = fma(LOAD(O_DTYPE, O, o + d * o_s3), LOAD(GO_DTYPE, GO, go + d * go_s3), sum);
+    scratch[delta_at + bh * seq_q + row] = sum;
+}
+
+/* dK_j and dV_j of key j of (b, k/v head g): rows part_begin .. part_stop - 1 of every query
+ * head of the group. To the outputs, or (to_scratch) as part `part`'s partial sums. */
+__kernel void bwd_dkdv(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
+                       __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
+                       __global const float *lse_in, __global float *scratch,
+                       __global ELEM_T(DK_DTYPE) *DK, __global ELEM_T(DV_DTYPE) *DV,
+                       __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
+                       SCORE_BUFFERS, const clattn_flash_bwd_params params)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    const uint key = get_global_id(0);
+    const ulong bg = bh_base + get_global_id(1);
+    if (key >= seq_k)
+        return;
+    const ulong kv_heads = heads / kv_group;
+    const ulong b = bg / kv_heads, g = bg - b * kv_heads;
+    float k_row[HEAD_DIM_QK], v_row[HEAD_DIM_V], dk[HEAD_DIM_QK], dv[HEAD_DIM_V];
+    const ulong k_at = k_offset + b * k_s0 + g * k_s1 + (ulong)key * k_s2;
+    const ulong v_at = v_offset + b * v_s0 + g * v_s1 + (ulong)key * v_s2;
+    for (uint d = 0; d < HEAD_DIM_QK; ++d) {
+        k_row[d] = LOAD(K_DTYPE, K, k_at + d * k_s3);
+        dk[d] = 0.0f;
+    }
+    for (uint d = 0; d < HEAD_DIM_V; ++d) {
+        v_row[d] = LOAD(V_DTYPE, V, v_at + d * v_s3);
+        dv[d] = 0.0f;
+    }
+    const bool padded =
+        key_padded(has_key_padding, key_padding,
+                   key_padding_offset + b * key_padding_s0 + (ulong)key * key_padding_s1);
+    for (uint t = 0; t < kv_group && !padded; ++t) {
+        const ulong h = g * kv_group + t;
+        const key_band band = BAND_OF(b, h);
+        if (key >= band.limit)
+            break; /* past the batch's key count: no row sees it */
+        const ulong bh = b * heads + h;
+        for (uint row = part_begin; row < part_stop; ++row) {
+            if (key < band_begin(band, row) || key >= band_end(band, row))
+                continue;
+            const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
+            float dot = 0.0f;
+            for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                dot = fma(LOAD(Q_DTYPE, Q, q_at + d * q_s3), k_row[d], dot);
+            const float lse = lse_in[lse_offset + b * lse_s0 + h * lse_s1 + (ulong)row * lse_s2];
+            const bwd_pair pair = bwd_recompute(dot, scale, softcap, band, row, key,
+                                                BWD_MASK_TERM(row, key), lse, norm_relu);
+            if (pair.p == 0.0f && pair.grad == 0.0f)
+                continue;
+            const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
+            float dp = 0.0f;
+            for (uint d = 0; d < HEAD_DIM_V; ++d) {
+                const float go = LOAD(GO_DTYPE, GO, go_at + d * go_s3);
+                dp = fma(go, v_row[d], dp);
+                dv[d] = fma(pair.p, go, dv[d]);
+            }
+            const float dx = pair.grad * (dp - scratch[delta_at + bh * seq_q + row]) * pair.dcap;
+            for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                dk[d] = fma(dx, LOAD(Q_DTYPE, Q, q_at + d * q_s3), dk[d]);
+        }
+    }
+    if (to_scratch) {
+        /* packed (b, g, key, col) partial sums of part `part`: dK's, then dV's dv_part_at on */
+        __global float *out = scratch + part_at + part * part_stride;
+        const ulong k_elems = (ulong)bg * seq_k + key;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d)
+            out[k_elems * HEAD_DIM_QK + d] = dk[d];
+        out += dv_part_at;
+        for (uint d = 0; d < HEAD_DIM_V; ++d)
+            out[k_elems * HEAD_DIM_V + d] = dv[d];
+        return;
+    }
+    const ulong dk_at = dk_offset + b * dk_s0 + g * dk_s1 + (ulong)key * dk_s2;
+    const ulong dv_at = dv_offset + b * dv_s0 + g * dv_s1 + (ulong)key * dv_s2;
+    for (uint d = 0; d < HEAD_DIM_QK; ++d)
+        STORE(DK_DTYPE, dk[d], DK, dk_at + d * dk_s3);
+    for (uint d = 0; d < HEAD_DIM_V; ++d)
+        STORE(DV_DTYPE, dv[d], DV, dv_at + d * dv_s3);
+}
+
+/* dQ_i of row i of (b, h): keys part_begin .. part_stop - 1 of its band; with has_dmask, the
+ * row's dS over every key of the part into the scratch (packed (b, h, i, j) at dmask_at). */
+__kernel void bwd_dq(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
+                     __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
+                     __global const float *lse_in, __global float *scratch,
+                     __global ELEM_T(DQ_DTYPE) *DQ, __global const ELEM_T(MASK_DTYPE) *mask,
+                     __global const uchar *key_padding, SCORE_BUFFERS,
+                     const clattn_flash_bwd_params params)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    const uint row = get_global_id(0);
+    const ulong bh = bh_base + get_global_id(1);
+    if (row >= seq_q)
+        return;
+    const ulong b = bh / heads, h = bh - b * heads, g = h / kv_group;
+    const key_band band = BAND_OF(b, h);
+    float q_row[HEAD_DIM_QK], go_row[HEAD_DIM_V], dq[HEAD_DIM_QK];
+    const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
+    const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
+    for (uint d = 0; d < HEAD_DIM_QK; ++d) {
+        q_row[d] = LOAD(Q_DTYPE, Q, q_at + d * q_s3);
+        dq[d] = 0.0f;
+    }
+    for (uint d = 0; d < HEAD_DIM_V; ++d)
+        go_row[d] = LOAD(GO_DTYPE, GO, go_at + d * go_s3);
+    const float lse = lse_in[lse_offset + b * lse_s0 + h * lse_s1 + (ulong)row * lse_s2];
+    const float delta = scratch[delta_at + bh * seq_q + row];
+    __global float *dmask_row = scratch + dmask_at + (bh * seq_q + row) * (ulong)seq_k;
+    if (has_dmask)
+        for (uint key = part_begin; key < part_stop; ++key)
+            dmask_row[key] = 0.0f;
+    const uint begin = max(band_begin(band, row), part_begin);
+    const uint end = min(band_end(band, row), part_stop);
+    for (uint key = begin; key < end; ++key) {
+        if (key_padded(has_key_padding, key_padding,
+                       key_padding_offset + b * key_padding_s0 + (ulong)key * key_padding_s1))
+            continue;
+        const ulong k_at = k_offset + b * k_s0 + g * k_s1 + (ulong)key * k_s2;
+        const ulong v_at = v_offset + b * v_s0 + g * v_s1 + (ulong)key * v_s2;
+        float dot = 0.0f;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d)
+            dot = fma(q_row[d], LOAD(K_DTYPE, K, k_at + d * k_s3), dot);
+        const bwd_pair pair = bwd_recompute(dot, scale, softcap, band, row, key,
+                                            BWD_MASK_TERM(row, key), lse, norm_relu);
+        if (pair.grad == 0.0f)
+            continue;
+        float dp = 0.0f;
+        for (uint d = 0; d < HEAD_DIM_V; ++d)
+            dp = fma(go_row[d], LOAD(V_DTYPE, V, v_at + d * v_s3), dp);
+        const float ds = pair.grad * (dp - delta);
+        if (has_dmask)
+            dmask_row[key] = ds;
+        const float dx = ds * pair.dcap;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d)
+            dq[d] = fma(dx, LOAD(K_DTYPE, K, k_at + d * k_s3), dq[d]);
+    }
+    if (to_scratch) {
+        __global float *out = scratch + part_at + part * part_stride + (bh * seq_q + row) * HEAD_DIM_QK;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d)
+            out[d] = dq[d];
+        return;
+    }
+    const ulong dq_at = dq_offset + b * dq_s0 + h * dq_s1 + (ulong)row * dq_s2;
+    for (uint d = 0; d < HEAD_DIM_QK; ++d)
+        STORE(DQ_DTYPE, dq[d], DQ, dq_at + d * dq_s3);
+}
+
+/* out[i] = sum over parts p of in[p][i], in order, for the packed (d0, d1, d2, d3) elements,
+ * stored through out's strides in OUT_DTYPE. */
+#ifndef OUT_DTYPE
+#define OUT_DTYPE 0 /* bwd_sum_parts', bwd_mask_reduce's output dtype */
+#endif
+__kernel void bwd_sum_parts(__global const float *scratch, __global ELEM_T(OUT_DTYPE) *out,
+                            const clattn_bwd_reduce_params params)
+{
+    CLATTN_UNPACK(CLATTN_BWD_REDUCE_PARAMS)
+    const ulong i = get_global_id(0);
+    if (i >= total)
+        return;
+    float sum = 0.0f;
+    for (uint p = 0; p < parts; ++p)
+        sum += scratch[in_at + p * in_stride + i];
+    const ulong c3 = i % d3, r3 = i / d3;
+    const ulong c2 = r3 % d2, r2 = r3 / d2;
+    const ulong c1 = r2 % d1, c0 = r2 / d1;
+    STORE(OUT_DTYPE, sum, out, out_offset + c0 * out_s0 + c1 * out_s1 + c2 * out_s2 + c3 * out_s3);
+}
+
+/* A broadcast float mask's gradient: element (c0, c1, c2, c3) of the (d0, d1, d2, d3) result
+ * is the sum of the packed (n0, n1, n2, n3) dS over the dims where d is 1 and n is not, in
+ * order. */
+__kernel void bwd_mask_reduce(__global const float *scratch, __global ELEM_T(OUT_DTYPE) *out,
+                              const clattn_bwd_reduce_params params)
+{
+    CLATTN_UNPACK(CLATTN_BWD_REDUCE_PARAMS)
+    const ulong i = get_global_id(0);
+    if (i >= total)
+        return;
+    const ulong c3 = i % d3, r3 = i / d3;
+    const ulong c2 = r3 % d2, r2 = r3 / d2;
+    const ulong c1 = r2 % d1, c0 = r2 / d1;
+    const uint e0 = d0 == n0 ? 1u : n0, e1 = d1 == n1 ? 1u : n1;
+    const uint e2 = d2 == n2 ? 1u : n2, e3 = d3 == n3 ? 1u : n3;
+    float sum = 0.0f;
+    for (uint a0 = 0; a0 < e0; ++a0)
+        for (uint a1 = 0; a1 < e1; ++a1)
+            for (uint a2 = 0; a2 < e2; ++a2)
+                for (uint a3 = 0; a3 < e3; ++a3) {
+                    const ulong i0 = e0 == 1u ? c0 : a0, i1 = e1 == 1u ? c1 : a1;
+                    const ulong i2 = e2 == 1u ? c2 : a2, i3 = e3 == 1u ? c3 : a3;
+                    sum += scratch[in_at + ((i0 * n1 + i1) * n2 + i2) * n3 + i3];
+                }
+    STORE(OUT_DTYPE, sum, out, out_offset + c0 * out_s0 + c1 * out_s1 + c2 * out_s2 + c3 * out_s3);
+}
+
+/* The sinks' gradient of head h: -sum over batches b and rows i of exp(sink_h - lse) D, in
+ * order. aux: the sinks (offset, per-head stride aux_s0); lse's strides in out_s1 .. out_s3
+ * with its offset in in_stride; n0 batches, n1 heads, n2 rows; out (heads) at out_offset,
+ * stride out_s0. */
+__kernel void bwd_sinks(__global const float *scratch, __global const float *lse_in,
+                        __global const float *sinks, __global float *out,
+                        const clattn_bwd_reduce_params params)
+{
+    CLATTN_UNPACK(CLATTN_BWD_REDUCE_PARAMS)
+    const uint h = get_global_id(0);
+    if (h >= n1)
+        return;
+    const float sink = sinks[aux_offset + h * aux_s0];
+    float sum = 0.0f;
+    if (sink != NEG_INF) {
+        for (uint b = 0; b < n0; ++b)
+            for (uint row = 0; row < n2; ++row) {
+                const float lse = lse_in[in_stride + b * out_s1 + h * out_s2 + row * out_s3];
+                const float delta = scratch[in_at + ((ulong)b * n1 + h) * n2 + row];
+                sum += exp(sink - lse) * delta;
+            }
+    }
+    out[out_offset + h * out_s0] = -sum;
+}

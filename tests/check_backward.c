@@ -1,0 +1,541 @@
+/* The attention backward (clattn_sdpa_backward_plan_create): dQ, dK, dV, a float mask's
+ * gradient and the sinks' against the float64 reference (ref_sdpa_backward) on fresh random
+ * problems at awkward sizes, every gradient buffer poisoned (NaN) first; the forward that
+ * feeds it (out, lse) runs through clattn on the same buffers. Cases: a table of the score
+ * rule's features one or a few at a time (causal alignments, windows, kv_seqlen, GQA, masks
+ * of every rank with their gradient, key padding, softcap, ALiBi, relu, sinks with their
+ * gradient, 16-bit storage, strided views), then random problems drawn over all of them
+ * together (pb_sdpa_random_spec), then the refusals. The reference itself is checked against
+ * central differences of the float64 forward. */
+#include "problems.h"
+#include "reference.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One problem: its spec, plus which gradients of the masks to ask for. */
+typedef struct bwd_case {
+    pb_sdpa_spec spec;
+    int grad_mask, grad_sinks;
+} bwd_case;
+
+/* The expanded (B, H, Lq, Lk) dS summed over the mask's broadcast dims (right-aligned dims of
+ * 1 where the problem's dim is not), into out (the mask's logical packed elements). */
+static void reduce_to_mask(const pb_sdpa_problem *p, const double *dscores, double *out)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t full[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
+    size_t md[4] = {1, 1, 1, 1};
+    for (int d = 0; d < p->mask_rank; ++d)
+        md[4 - p->mask_rank + d] = p->mask_dims[d];
+    memset(out, 0, p->mask_count * sizeof(double));
+    for (size_t b = 0; b < full[0]; ++b)
+        for (size_t h = 0; h < full[1]; ++h)
+            for (size_t i = 0; i < full[2]; ++i)
+                for (size_t j = 0; j < full[3]; ++j) {
+                    const size_t c[4] = {md[0] == 1 ? 0 : b, md[1] == 1 ? 0 : h,
+                                         md[2] == 1 ? 0 : i, md[3] == 1 ? 0 : j};
+                    const size_t at = ((c[0] * md[1] + c[1]) * md[2] + c[2]) * md[3] + c[3];
+                    out[at] += dscores[((b * full[1] + h) * full[2] + i) * full[3] + j];
+                }
+}
+
+/* Records a failure unless got is within tol of ref, relative to the larger of max |ref| and
+ * `scale` (a sum's scale, the sum of its terms' magnitudes: the gradient of a broadcast mask
+ * or of a sink is a sum whose terms cancel, so its own size says nothing of the rounding). */
+static void expect_close_scaled(const char *what, const float *got, const double *ref,
+                                size_t count, double scale, double tol)
+{
+    double largest = scale, worst = 0.0;
+    for (size_t i = 0; i < count; ++i)
+        largest = fmax(largest, fabs(ref[i]));
+    for (size_t i = 0; i < count; ++i)
+        worst = isfinite(got[i]) ? fmax(worst, fabs((double)got[i] - ref[i])) : INFINITY;
+    const double err = worst / fmax(largest, 1e-30);
+    tu_track_error(err);
+    tu_expect(err <= tol, "%s: error %g > %g (max |difference| %g, scale %g)", what, err, tol,
+              worst, largest);
+}
+
+/* The reference's shape with the problem's key counts, slopes (B, H) and sinks; *alibi_out
+ * holds the expanded slopes (the caller frees it). */
+static ref_sdpa_shape reference_shape(const pb_sdpa_problem *p, float **alibi_out)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
+    shape.kv_len = p->kv_len;
+    float *alibi = NULL;
+    if (p->alibi != NULL) {
+        alibi = tu_floats(s->batch * s->heads);
+        for (size_t i = 0; i < s->batch * s->heads; ++i)
+            alibi[i] = p->alibi[s->alibi == 1 ? i % s->heads : i];
+    }
+    shape.alibi = alibi;
+    shape.sinks = p->sinks;
+    *alibi_out = alibi;
+    return shape;
+}
+
+/* Runs the forward (out, lse) and the backward of `c` on ctx and checks every gradient. */
+static void run_case(clattn_ctx *ctx, const bwd_case *c)
+{
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &c->spec);
+    tu_set_case("backward: %s grad_mask=%d grad_sinks=%d", p.label, c->grad_mask, c->grad_sinks);
+    const pb_sdpa_spec *s = &p.spec;
+    const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
+    const size_t q_dims[4] = {s->batch, s->heads, s->seq_q, s->dk};
+    const size_t k_dims[4] = {s->batch, kv_heads, s->seq_k, s->dk};
+    const size_t v_dims[4] = {s->batch, kv_heads, s->seq_k, s->dv};
+    const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
+    const size_t q_count = q_dims[0] * q_dims[1] * q_dims[2] * q_dims[3];
+    const size_t k_count = k_dims[0] * k_dims[1] * k_dims[2] * k_dims[3];
+    const size_t v_count = v_dims[0] * v_dims[1] * v_dims[2] * v_dims[3];
+    const size_t o_count = o_dims[0] * o_dims[1] * o_dims[2] * o_dims[3];
+    const int want_mask = c->grad_mask && p.mask != NULL && s->mask == PB_MASK_FLOAT;
+    const int want_sinks = c->grad_sinks && p.sinks != NULL;
+
+    clattn_tensors bound;
+    clattn_plan *forward = NULL, *backward = NULL;
+    float *grad_out = tu_random_floats(o_count);
+    pb_round_array(s->out_dtype, grad_out, o_count);
+    if (pb_sdpa_upload(ctx, &p, &bound) != CL_SUCCESS)
+        goto done;
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    if (!tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &forward), CLATTN_SUCCESS,
+                          "forward plan") ||
+        !tu_expect_status(clattn_plan_execute(forward, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                              0, NULL, NULL),
+                          CLATTN_SUCCESS, "forward") ||
+        !pb_sdpa_check(ctx, NULL, &p, &bound))
+        goto done;
+    /* dO with out's dtype and layout; the gradients with their inputs', poisoned */
+    pb_make_layout(&bound.grad_out, s->out_dtype, 4, o_dims, s->out_layout);
+    pb_make_layout(&bound.grad_q, s->q_dtype, 4, q_dims, s->q_layout);
+    pb_make_layout(&bound.grad_k, s->k_dtype, 4, k_dims, s->k_layout);
+    pb_make_layout(&bound.grad_v, s->v_dtype, 4, v_dims, s->v_layout);
+    if (pb_upload(ctx, &bound.grad_out, tu_rand_below(5), grad_out) != CL_SUCCESS ||
+        pb_upload(ctx, &bound.grad_q, tu_rand_below(5), NULL) != CL_SUCCESS ||
+        pb_upload(ctx, &bound.grad_k, tu_rand_below(5), NULL) != CL_SUCCESS ||
+        pb_upload(ctx, &bound.grad_v, tu_rand_below(5), NULL) != CL_SUCCESS)
+        goto done;
+    if (want_mask) {
+        pb_make_layout(&bound.grad_attn_mask, s->mask_dtype, p.mask_rank, p.mask_dims, PB_PACKED);
+        if (pb_upload(ctx, &bound.grad_attn_mask, tu_rand_below(5), NULL) != CL_SUCCESS)
+            goto done;
+    }
+    if (want_sinks) {
+        const size_t dims[1] = {s->heads};
+        pb_make_layout(&bound.grad_sinks, CLATTN_DTYPE_F32, 1, dims, PB_PACKED);
+        if (pb_upload(ctx, &bound.grad_sinks, tu_rand_below(5), NULL) != CL_SUCCESS)
+            goto done;
+    }
+    CLATTN_BIND_ROLES(desc, bound); /* the layouts, now with the gradients' */
+    if (!tu_expect_status(clattn_sdpa_backward_plan_create(ctx, &desc, &backward), CLATTN_SUCCESS,
+                          "backward plan"))
+        goto done;
+    for (int run = 0; run < 2 && !tu_failed(); ++run) { /* twice: the workspace is reused */
+        if (run == 1) {
+            clattn_tensor *grads[5] = {&bound.grad_q, &bound.grad_k, &bound.grad_v,
+                                       &bound.grad_attn_mask, &bound.grad_sinks};
+            for (int i = 0; i < 5; ++i)
+                if (grads[i]->mem != NULL)
+                    pb_rewrite(ctx, NULL, grads[i], NULL);
+        }
+        if (!tu_expect_status(clattn_plan_execute(backward, bound.by_role, CLATTN_ROLE_COUNT,
+                                                  NULL, NULL, 0, NULL, NULL),
+                              CLATTN_SUCCESS, "backward"))
+            break;
+        float *alibi = NULL;
+        const ref_sdpa_shape shape = reference_shape(&p, &alibi);
+        float *mask = pb_expand_mask(&p);
+        double *dq = tu_doubles(q_count), *dk = tu_doubles(k_count), *dv = tu_doubles(v_count);
+        double *dscores = tu_doubles(s->batch * s->heads * s->seq_q * s->seq_k);
+        double *dsinks = tu_doubles(s->heads);
+        /* the forward's out as stored (delta = dO . out reads it) */
+        float *out = tu_floats(o_count);
+        pb_download(ctx, NULL, &bound.out, out, NULL);
+        ref_sdpa_backward(&shape, p.q, p.k, p.v, mask, p.padding, grad_out, out, 0, dq, dk, dv,
+                          dscores, dsinks);
+        /* 16-bit storage: the inputs are exact (rounded), but out (in D = dO . out) and the
+         * gradients are rounded once more */
+        const int half = s->q_dtype != CLATTN_DTYPE_F32 || s->k_dtype != CLATTN_DTYPE_F32 ||
+                         s->v_dtype != CLATTN_DTYPE_F32 || s->out_dtype != CLATTN_DTYPE_F32;
+        const double tol = half ? 2e-2 : 2e-4;
+        struct {
+            const char *name;
+            clattn_tensor *t;
+            const double *ref;
+            size_t count;
+        } checks[5] = {{"grad_q", &bound.grad_q, dq, q_count},
+                       {"grad_k", &bound.grad_k, dk, k_count},
+                       {"grad_v", &bound.grad_v, dv, v_count},
+                       {"grad_attn_mask", &bound.grad_attn_mask, NULL, p.mask_count},
+                       {"grad_sinks", &bound.grad_sinks, dsinks, s->heads}};
+        double *mask_ref = NULL;
+        if (want_mask) {
+            mask_ref = tu_doubles(p.mask_count);
+            reduce_to_mask(&p, dscores, mask_ref);
+            checks[3].ref = mask_ref;
+        }
+        /* Each gradient's error scale: the same sums over the terms' magnitudes (relu's
+         * 1 / normaliser amplifies rounding; a broadcast mask's and a sink's sums cancel) */
+        double scales[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
+        {
+            double *mq = tu_doubles(q_count), *mk = tu_doubles(k_count);
+            double *mv = tu_doubles(v_count);
+            double *ms = tu_doubles(s->batch * s->heads * s->seq_q * s->seq_k);
+            double *msinks = tu_doubles(s->heads);
+            double *mmask = tu_doubles(p.mask_count ? p.mask_count : 1);
+            ref_sdpa_backward(&shape, p.q, p.k, p.v, mask, p.padding, grad_out, out, 1, mq, mk,
+                              mv, ms, msinks);
+            if (want_mask)
+                reduce_to_mask(&p, ms, mmask);
+            const double *m[5] = {mq, mk, mv, mmask, msinks};
+            for (int i = 0; i < 5; ++i)
+                for (size_t x = 0; x < checks[i].count && (i != 3 || want_mask); ++x)
+                    scales[i] = fmax(scales[i], m[i][x]);
+            free(mmask);
+            free(msinks);
+            free(ms);
+            free(mv);
+            free(mk);
+            free(mq);
+        }
+        for (int i = 0; i < 5; ++i) {
+            if (checks[i].t->mem == NULL)
+                continue;
+            float *got = tu_floats(checks[i].count);
+            size_t stray = 0;
+            if (pb_download(ctx, NULL, checks[i].t, got, &stray) == CL_SUCCESS) {
+                tu_expect(stray == 0, "%s: %zu stray writes outside it", checks[i].name, stray);
+                tu_expect_finite(checks[i].name, got, checks[i].count);
+                expect_close_scaled(checks[i].name, got, checks[i].ref, checks[i].count,
+                                    scales[i],
+                                    checks[i].t->dtype == CLATTN_DTYPE_F32 && !half ? tol
+                                                                                  : 3e-2);
+            }
+            free(got);
+        }
+        free(mask_ref);
+        free(out);
+        free(dsinks);
+        free(dscores);
+        free(dv);
+        free(dk);
+        free(dq);
+        free(mask);
+        free(alibi);
+    }
+done:
+    clattn_plan_release(backward);
+    clattn_plan_release(forward);
+    pb_release_tensors(&bound);
+    free(grad_out);
+    pb_sdpa_free(&p);
+}
+
+static pb_sdpa_spec base_spec(size_t batch, size_t heads, size_t kv_heads, size_t seq_q,
+                              size_t seq_k, size_t dk, size_t dv)
+{
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = batch, spec.heads = heads, spec.kv_heads = kv_heads;
+    spec.seq_q = seq_q, spec.seq_k = seq_k, spec.dk = dk, spec.dv = dv;
+    spec.want_lse = 1;
+    spec.path = CLATTN_PATH_FUSED;
+    spec.q_gain = 2.0f;
+    return spec;
+}
+
+enum { CASES = 16 };
+
+static bwd_case make_case(int i)
+{
+    bwd_case c = {.grad_mask = 0, .grad_sinks = 0};
+    pb_sdpa_spec *s = &c.spec;
+    switch (i) {
+    case 0: /* one row, one key */
+        *s = base_spec(1, 1, 0, 1, 1, 1, 1);
+        break;
+    case 1: /* plain, awkward sizes, Lq != Lk */
+        *s = base_spec(2, 3, 0, 17, 65, 16, 8);
+        break;
+    case 2: /* causal top-left, head sizes 63 / 65 */
+        *s = base_spec(1, 2, 0, 33, 33, 63, 65);
+        s->causal = CLATTN_CAUSAL_TOP_LEFT;
+        break;
+    case 3: /* causal bottom-right, GQA 4:1 */
+        *s = base_spec(2, 4, 1, 7, 129, 32, 32);
+        s->causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        break;
+    case 4: /* a float mask (Lq, Lk), broadcast over batch and heads, with its gradient */
+        *s = base_spec(2, 3, 0, 13, 31, 8, 8);
+        s->mask = PB_MASK_FLOAT;
+        s->mask_rank = 2;
+        c.grad_mask = 1;
+        break;
+    case 5: /* a rank-4 F16 mask broadcast over heads and rows, its gradient; key padding */
+        *s = base_spec(3, 2, 0, 9, 17, 16, 4);
+        s->mask = PB_MASK_FLOAT;
+        s->mask_dtype = CLATTN_DTYPE_F16;
+        s->mask_rank = 4;
+        s->mask_ones = PB_MASK_ONES_H | PB_MASK_ONES_LQ;
+        s->padding = 1;
+        c.grad_mask = 1;
+        break;
+    case 6: /* a bool mask (rank 3), a sliding window */
+        *s = base_spec(1, 3, 0, 40, 40, 16, 16);
+        s->mask = PB_MASK_BOOL;
+        s->mask_rank = 3;
+        s->window_align = CLATTN_CAUSAL_TOP_LEFT;
+        s->window_left = 5, s->window_right = 2;
+        break;
+    case 7: /* kv_seqlen, ONNX's causal rule */
+        *s = base_spec(3, 2, 0, 5, 47, 24, 24);
+        s->kv_len = 1;
+        s->causal = CLATTN_CAUSAL_ONNX;
+        break;
+    case 8: /* softcap and ALiBi (B, H) */
+        *s = base_spec(2, 2, 0, 19, 23, 32, 16);
+        s->softcap = 2.5f;
+        s->alibi = 2;
+        s->causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        break;
+    case 9: /* relu normalisation with a float mask and its gradient */
+        *s = base_spec(1, 2, 0, 11, 29, 8, 8);
+        s->norm = CLATTN_NORM_RELU;
+        s->mask = PB_MASK_FLOAT;
+        s->mask_rank = 4;
+        c.grad_mask = 1;
+        break;
+    case 10: /* sinks with their gradient, GQA 3:1, a rank-1 mask */
+        *s = base_spec(2, 6, 2, 10, 37, 16, 16);
+        s->sinks = 1;
+        s->mask = PB_MASK_FLOAT;
+        s->mask_rank = 1;
+        c.grad_sinks = 1;
+        c.grad_mask = 1;
+        break;
+    case 11: /* F16 storage everywhere, strided and padded layouts */
+        *s = base_spec(2, 2, 0, 21, 18, 16, 16);
+        s->q_dtype = s->k_dtype = s->v_dtype = s->out_dtype = CLATTN_DTYPE_F16;
+        s->q_layout = PB_SEQ_MAJOR, s->k_layout = PB_PADDED, s->v_layout = PB_STRIDED_LAST;
+        s->out_layout = PB_SEQ_MAJOR_PADDED;
+        break;
+    case 12: /* BF16 storage, causal, sinks */
+        *s = base_spec(1, 4, 2, 16, 16, 32, 32);
+        s->q_dtype = s->k_dtype = s->v_dtype = s->out_dtype = CLATTN_DTYPE_BF16;
+        s->causal = CLATTN_CAUSAL_TOP_LEFT;
+        s->sinks = 1;
+        c.grad_sinks = 1;
+        break;
+    case 13: /* a fully masked row (every key of query 0), sinks */
+        *s = base_spec(2, 2, 0, 6, 9, 8, 8);
+        s->fully_masked = 2;
+        s->sinks = 1;
+        c.grad_sinks = 1;
+        c.grad_mask = 1;
+        break;
+    case 14: /* a decode row against many keys, GQA 8:1, d = 128 */
+        *s = base_spec(1, 8, 1, 1, 257, 128, 128);
+        s->causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        break;
+    default: /* a larger prefill: 127 x 127 at d = 64, causal, a window */
+        *s = base_spec(1, 2, 0, 127, 127, 64, 64);
+        s->causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        s->window_align = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        s->window_left = 31, s->window_right = 0;
+        break;
+    }
+    return c;
+}
+
+START_TEST(test_backward_cases)
+{
+    TU_BEGIN_TEST();
+    const bwd_case c = make_case(_i);
+    run_case(tu_ctx(), &c);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Random problems over every feature the backward takes, together. */
+START_TEST(test_backward_random)
+{
+    TU_BEGIN_TEST();
+    bwd_case c = {.grad_mask = 1, .grad_sinks = 1};
+    pb_sdpa_spec *s = &c.spec;
+    pb_sdpa_random_spec(s, PB_RANDOM_ALL | (tu_small() ? PB_RANDOM_SMALL : 0));
+    /* what the backward refuses: the forward's past, rope, weights, double softmax, UNFUSED */
+    s->past = 0;
+    s->rope = 0;
+    s->want_weights = 0;
+    s->softmax_f64 = 0;
+    s->want_lse = 1;
+    s->path = CLATTN_PATH_FUSED;
+    if (s->mask_zero_strides) /* full dims of stride 0: the gradient's own dims, packed */
+        c.grad_mask = tu_rand_below(2);
+    run_case(tu_ctx(), &c);
+    TU_END_TEST();
+}
+END_TEST
+
+/* ref_sdpa_backward against central differences of the float64 forward's loss
+ * L = sum(dO * out): q, k and v entries of problems with a mask, softcap, ALiBi and GQA, then
+ * sinks and a causal bound, then key counts and padding. Inputs are floats: a step of 2^-8 is
+ * exact, so the quotient's error is the O(h^2) term. (Not relu: its kink at 0 is not
+ * differentiable; tests/python checks its gradient against torch's autograd.) */
+START_TEST(test_reference_by_differences)
+{
+    TU_BEGIN_TEST();
+    pb_sdpa_spec spec = base_spec(1, 2, 1, 5, 7, 4, 3);
+    spec.mask = PB_MASK_FLOAT;
+    spec.softcap = 3.0f;
+    spec.alibi = 1;
+    spec.sinks = _i == 1;
+    spec.kv_len = _i == 2;
+    spec.padding = _i == 2;
+    spec.causal = _i == 1 ? CLATTN_CAUSAL_BOTTOM_RIGHT : CLATTN_CAUSAL_NONE;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("differences: %s", p.label);
+    float *alibi = NULL;
+    const ref_sdpa_shape shape = reference_shape(&p, &alibi);
+    float *mask = pb_expand_mask(&p);
+    float *grad_out = tu_random_floats(p.out_count);
+    double *grads[3] = {tu_doubles(p.q_count), tu_doubles(p.k_count), tu_doubles(p.v_count)};
+    ref_sdpa_backward(&shape, p.q, p.k, p.v, mask, p.padding, grad_out, NULL, 0, grads[0],
+                      grads[1], grads[2], NULL, NULL);
+    float *inputs[3] = {p.q, p.k, p.v};
+    const size_t counts[3] = {p.q_count, p.k_count, p.v_count};
+    double *out = tu_doubles(p.out_count);
+    const float step = 1.0f / 256.0f;
+    for (int t = 0; t < 3; ++t) {
+        double worst = 0.0, largest = 1e-30;
+        for (size_t i = 0; i < counts[t]; ++i)
+            largest = fmax(largest, fabs(grads[t][i]));
+        for (size_t i = 0; i < counts[t]; ++i) {
+            const float keep = inputs[t][i];
+            double loss[2];
+            for (int side = 0; side < 2; ++side) {
+                inputs[t][i] = keep + (side ? step : -step);
+                ref_sdpa(&shape, p.q, p.k, p.v, mask, p.padding, out, NULL, NULL);
+                loss[side] = 0.0;
+                for (size_t x = 0; x < p.out_count; ++x)
+                    loss[side] += (double)grad_out[x] * out[x];
+            }
+            inputs[t][i] = keep;
+            const double numeric = (loss[1] - loss[0]) / (2.0 * step);
+            worst = fmax(worst, fabs(numeric - grads[t][i]));
+        }
+        tu_expect(worst <= 2e-3 * largest, "%s: the reference's gradient is %g from central "
+                  "differences (largest entry %g)", t == 0 ? "q" : t == 1 ? "k" : "v", worst,
+                  largest);
+    }
+    free(out);
+    for (int t = 0; t < 3; ++t)
+        free(grads[t]);
+    free(grad_out);
+    free(mask);
+    free(alibi);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+/* What the backward refuses, each with a message naming the argument. */
+START_TEST(test_backward_refusals)
+{
+    TU_BEGIN_TEST();
+    clattn_ctx *ctx = tu_ctx();
+    pb_sdpa_spec spec = base_spec(1, 2, 0, 4, 6, 8, 8);
+    spec.mask = PB_MASK_BOOL;
+    spec.sinks = 0;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("refusals: %s", p.label);
+    clattn_tensors t = p.layouts;
+    const size_t q_dims[4] = {1, 2, 4, 8}, o_dims[4] = {1, 2, 4, 8};
+    const size_t k_dims[4] = {1, 2, 6, 8};
+    pb_make_layout(&t.grad_out, CLATTN_DTYPE_F32, 4, o_dims, PB_PACKED);
+    pb_make_layout(&t.grad_q, CLATTN_DTYPE_F32, 4, q_dims, PB_PACKED);
+    pb_make_layout(&t.grad_k, CLATTN_DTYPE_F32, 4, k_dims, PB_PACKED);
+    pb_make_layout(&t.grad_v, CLATTN_DTYPE_F32, 4, k_dims, PB_PACKED);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    desc.by_role = t.by_role;
+    desc.num_roles = CLATTN_ROLE_COUNT;
+    clattn_plan *plan = NULL;
+    /* the base problem is accepted */
+    tu_expect_status(clattn_sdpa_backward_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS,
+                     "backward plan");
+    clattn_plan_release(plan);
+    plan = NULL;
+    struct {
+        const char *what, *word;
+        clattn_status want;
+    } refusals[] = {
+        {"no lse", "lse", CLATTN_ERR_INVALID_ARGUMENT},
+        {"no grad_out", "grad_out", CLATTN_ERR_INVALID_ARGUMENT},
+        {"grad_k of the wrong dims", "grad_k", CLATTN_ERR_INVALID_SHAPE},
+        {"grad_attn_mask of a bool mask", "grad_attn_mask", CLATTN_ERR_INVALID_ARGUMENT},
+        {"grad_sinks without sinks", "grad_sinks", CLATTN_ERR_INVALID_ARGUMENT},
+        {"path UNFUSED", "UNFUSED", CLATTN_ERR_UNSUPPORTED},
+        {"rope", "rope=1", CLATTN_ERR_UNSUPPORTED},
+        {"weights", "weights", CLATTN_ERR_INVALID_ARGUMENT},
+    };
+    for (size_t r = 0; r < sizeof refusals / sizeof refusals[0]; ++r) {
+        clattn_tensors u = t;
+        clattn_sdpa_desc d = desc;
+        d.by_role = u.by_role;
+        const size_t bad[4] = {1, 2, 7, 8}, heads[1] = {2}, mask_dims[2] = {4, 6};
+        switch (r) {
+        case 0: memset(&u.lse, 0, sizeof u.lse); break;
+        case 1: memset(&u.grad_out, 0, sizeof u.grad_out); break;
+        case 2: pb_make_layout(&u.grad_k, CLATTN_DTYPE_F32, 4, bad, PB_PACKED); break;
+        case 3:
+            pb_make_layout(&u.grad_attn_mask, CLATTN_DTYPE_F32, 2, mask_dims, PB_PACKED);
+            break;
+        case 4: pb_make_layout(&u.grad_sinks, CLATTN_DTYPE_F32, 1, heads, PB_PACKED); break;
+        case 5: d.path = CLATTN_PATH_UNFUSED; break;
+        case 6: d.rope = 1; break;
+        default: pb_make_layout(&u.weights, CLATTN_DTYPE_F32, 4, bad, PB_PACKED); break;
+        }
+        const clattn_status got = clattn_sdpa_backward_plan_create(ctx, &d, &plan);
+        const char *message = clattn_last_error(ctx);
+        tu_expect(got == refusals[r].want && plan == NULL && strstr(message, refusals[r].word),
+                  "%s: got %s (%s), want %s naming %s", refusals[r].what,
+                  clattn_status_string(got), message, clattn_status_string(refusals[r].want),
+                  refusals[r].word);
+        clattn_plan_release(plan);
+        plan = NULL;
+    }
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+int main(void)
+{
+    tu_suite_begin("check_backward");
+    Suite *suite = suite_create("backward");
+    TCase *tc = tcase_create("backward");
+    tcase_set_timeout(tc, 900);
+    /* Small scale (Oclgrind, rusticl): the d = 128 decode and the 127 x 127 prefill stay out
+     * (minutes there); every feature still runs in the other cases. */
+    static const int heavy[] = {14, 15};
+    if (tu_small())
+        tu_not_run("test_backward_cases 14-15 (a 257-key decode at d = 128, a 127 x 127 "
+                   "prefill): minutes on Oclgrind");
+    tu_add_loop_except(tc, test_backward_cases, 0, CASES, heavy, tu_small() ? 2 : 0);
+    tcase_add_loop_test(tc, test_backward_random, 0, tu_small() ? 4 : 24);
+    tcase_add_loop_test(tc, test_reference_by_differences, 0, 3);
+    tcase_add_test(tc, test_backward_refusals);
+    suite_add_tcase(suite, tc);
+    return tu_run_suite(suite);
+}
