@@ -269,6 +269,266 @@ __kernel void bwd_dq(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_
         STORE(DQ_DTYPE, dq[d], DQ, dq_at + d * dq_s3);
 }
 
+/* ---- CPU variants (work-groups of one work-item; head sizes multiples of 16) ---------------
+ * The same sums, with 16 keys in the lanes of a float16: a row's scores and dp for a block of
+ * 16 keys are d FMAs each of q (dO) broadcast against the block's transposed keys (values), the
+ * rule applied lane-wise (score_value16, the band by lane compares, exp16_nonpositive), then
+ * the block's dK, dV rows (bwd_dkdv_cpu) or the row's dQ (bwd_dq_cpu) take 16-float FMAs. */
+#define BWD_BK 16 /* keys per block */
+
+/* The rule on a block's 16 scaled dot products xs of row `row` (keys key0 ..): p, and dX = dS
+ * * scale * cap' (0 where a key is dropped: outside [kb, ke), padded (pad: -inf) or masked).
+ * mask_row: the row's mask elements (has_mask), element j at mask_row[(key0 + j) * mask_s3]. */
+inline void bwd_block16(const float16 xs, const float16 dp, const float softcap,
+                        const key_band band, const uint row, const uint key0, const uint kb,
+                        const uint ke, const float16 pad, const int has_mask,
+                        __global const ELEM_T(MASK_DTYPE) *mask_row, const ulong mask_s3,
+                        const float lse, const float delta, const float scale,
+                        const int norm_relu, float16 *p_out, float16 *dx_out, float16 *ds_out)
+{
+    float16 sv = score_value16(xs, softcap, band, row, key0) + pad;
+    if (has_mask) {
+        float m[BWD_BK];
+        for (uint j = 0; j < BWD_BK; ++j)
+            m[j] = key0 + j < ke ? mask_term(mask_row, (ulong)(key0 + j) * mask_s3) : 0.0f;
+        sv += vload16(0, m);
+    }
+    const int16 key = (int16)((int)key0) +
+                      (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const int16 keep = (key >= (int16)((int)kb)) & (key < (int16)((int)ke)) &
+                       (sv != (float16)(NEG_INF));
+    float16 p, grad;
+    if (norm_relu) {
+        const float inv = exp(-lse);
+        grad = select((float16)(0.0f), (float16)(inv), keep & (sv > (float16)(0.0f)));
+        p = grad * sv;
+    } else {
+        p = select((float16)(0.0f), exp16_nonpositive(sv - lse), keep);
+        grad = p;
+    }
+    float16 dcap = (float16)(scale);
+    if (softcap > 0.0f) {
+        const float16 t = tanh(xs * (1.0f / softcap));
+        dcap = scale * (1.0f - t * t);
+    }
+    const float16 ds = select((float16)(0.0f), grad * (dp - delta), keep);
+    *p_out = p;
+    *ds_out = ds;
+    *dx_out = ds * dcap;
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
+                  __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
+                  __global const float *lse_in, __global float *scratch,
+                  __global ELEM_T(DK_DTYPE) *DK, __global ELEM_T(DV_DTYPE) *DV,
+                  __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
+                  SCORE_BUFFERS, const clattn_flash_bwd_params params)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    __local float kt[HEAD_DIM_QK][BWD_BK], vt[HEAD_DIM_V][BWD_BK];
+    __local float dk_acc[BWD_BK][HEAD_DIM_QK], dv_acc[BWD_BK][HEAD_DIM_V];
+    __local float q_row[HEAD_DIM_QK], go_row[HEAD_DIM_V];
+    const uint key0 = get_group_id(0) * BWD_BK;
+    const ulong bg = bh_base + get_global_id(1);
+    const ulong kv_heads = heads / kv_group;
+    const ulong b = bg / kv_heads, g = bg - b * kv_heads;
+    const uint keys = min((uint)BWD_BK, seq_k - key0);
+    float pad_terms[BWD_BK];
+    for (uint j = 0; j < BWD_BK; ++j) {
+        const uint key = key0 + j;
+        const bool here = j < keys;
+        pad_terms[j] = here && !key_padded(has_key_padding, key_padding,
+                                           key_padding_offset + b * key_padding_s0 +
+                                               (ulong)key * key_padding_s1)
+                           ? 0.0f
+                           : NEG_INF;
+        const ulong k_at = k_offset + b * k_s0 + g * k_s1 + (ulong)key * k_s2;
+        const ulong v_at = v_offset + b * v_s0 + g * v_s1 + (ulong)key * v_s2;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d) {
+            kt[d][j] = here ? LOAD(K_DTYPE, K, k_at + d * k_s3) : 0.0f;
+            dk_acc[j][d] = 0.0f;
+        }
+        for (uint d = 0; d < HEAD_DIM_V; ++d) {
+            vt[d][j] = here ? LOAD(V_DTYPE, V, v_at + d * v_s3) : 0.0f;
+            dv_acc[j][d] = 0.0f;
+        }
+    }
+    const float16 pad = vload16(0, pad_terms);
+    for (uint t = 0; t < kv_group; ++t) {
+        const ulong h = g * kv_group + t;
+        const key_band band = BAND_OF(b, h);
+        if (key0 >= band.limit)
+            break; /* past the batch's key count: no row sees the block */
+        const ulong bh = b * heads + h;
+        for (uint row = part_begin; row < part_stop; ++row) {
+            const uint kb = band_begin(band, row), ke = band_end(band, row);
+            if (kb >= key0 + keys)
+                break; /* the band's start only grows with the row */
+            if (ke <= key0)
+                continue;
+            const float lse = lse_in[lse_offset + b * lse_s0 + h * lse_s1 + (ulong)row * lse_s2];
+            if (lse == NEG_INF)
+                continue;
+            const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
+            const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
+            float16 dot = (float16)(0.0f), dp = (float16)(0.0f);
+            for (uint d = 0; d < HEAD_DIM_QK; ++d) {
+                const float x = LOAD(Q_DTYPE, Q, q_at + d * q_s3);
+                q_row[d] = x;
+                dot = fma((float16)(x), vload16(0, kt[d]), dot);
+            }
+            for (uint d = 0; d < HEAD_DIM_V; ++d) {
+                const float x = LOAD(GO_DTYPE, GO, go_at + d * go_s3);
+                go_row[d] = x;
+                dp = fma((float16)(x), vload16(0, vt[d]), dp);
+            }
+            float16 p, dx, ds;
+            bwd_block16(dot * scale, dp, softcap, band, row, key0, kb, ke, pad, has_mask,
+                        mask + mask_offset + b * mask_s0 + h * mask_s1 + (ulong)row * mask_s2,
+                        mask_s3, lse, scratch[delta_at + bh * seq_q + row], scale, norm_relu, &p,
+                        &dx, &ds);
+            float pj[BWD_BK], dxj[BWD_BK];
+            vstore16(p, 0, pj);
+            vstore16(dx, 0, dxj);
+            for (uint j = 0; j < keys; ++j) {
+                if (pj[j] != 0.0f)
+                    for (uint c = 0; c < HEAD_DIM_V / 16; ++c)
+                        vstore16(fma((float16)(pj[j]), vload16(c, go_row), vload16(c, dv_acc[j])),
+                                 c, dv_acc[j]);
+                if (dxj[j] != 0.0f)
+                    for (uint c = 0; c < HEAD_DIM_QK / 16; ++c)
+                        vstore16(fma((float16)(dxj[j]), vload16(c, q_row), vload16(c, dk_acc[j])),
+                                 c, dk_acc[j]);
+            }
+        }
+    }
+    for (uint j = 0; j < keys; ++j) {
+        const uint key = key0 + j;
+        if (to_scratch) {
+            __global float *out = scratch + part_at + part * part_stride;
+            const ulong k_elems = bg * seq_k + key;
+            for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                out[k_elems * HEAD_DIM_QK + d] = dk_acc[j][d];
+            for (uint d = 0; d < HEAD_DIM_V; ++d)
+                out[dv_part_at + k_elems * HEAD_DIM_V + d] = dv_acc[j][d];
+            continue;
+        }
+        const ulong dk_at = dk_offset + b * dk_s0 + g * dk_s1 + (ulong)key * dk_s2;
+        const ulong dv_at = dv_offset + b * dv_s0 + g * dv_s1 + (ulong)key * dv_s2;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d)
+            STORE(DK_DTYPE, dk_acc[j][d], DK, dk_at + d * dk_s3);
+        for (uint d = 0; d < HEAD_DIM_V; ++d)
+            STORE(DV_DTYPE, dv_acc[j][d], DV, dv_at + d * dv_s3);
+    }
+}
+
+#define BWD_BQ 16 /* query rows per work-item of bwd_dq_cpu */
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bwd_dq_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
+                __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
+                __global const float *lse_in, __global float *scratch,
+                __global ELEM_T(DQ_DTYPE) *DQ, __global const ELEM_T(MASK_DTYPE) *mask,
+                __global const uchar *key_padding, SCORE_BUFFERS,
+                const clattn_flash_bwd_params params)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    __local float kt[HEAD_DIM_QK][BWD_BK], vt[HEAD_DIM_V][BWD_BK], k_rows[BWD_BK][HEAD_DIM_QK];
+    __local float q_rows[BWD_BQ][HEAD_DIM_QK], go_rows[BWD_BQ][HEAD_DIM_V];
+    __local float dq_acc[BWD_BQ][HEAD_DIM_QK];
+    const uint row0 = get_group_id(0) * BWD_BQ;
+    const ulong bh = bh_base + get_global_id(1);
+    const ulong b = bh / heads, h = bh - b * heads, g = h / kv_group;
+    const key_band band = BAND_OF(b, h);
+    const uint rows = min((uint)BWD_BQ, seq_q - row0);
+    float lse_r[BWD_BQ], delta_r[BWD_BQ];
+    for (uint r = 0; r < rows; ++r) {
+        const uint row = row0 + r;
+        const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
+        const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d) {
+            q_rows[r][d] = LOAD(Q_DTYPE, Q, q_at + d * q_s3);
+            dq_acc[r][d] = 0.0f;
+        }
+        for (uint d = 0; d < HEAD_DIM_V; ++d)
+            go_rows[r][d] = LOAD(GO_DTYPE, GO, go_at + d * go_s3);
+        lse_r[r] = lse_in[lse_offset + b * lse_s0 + h * lse_s1 + (ulong)row * lse_s2];
+        delta_r[r] = scratch[delta_at + bh * seq_q + row];
+        if (has_dmask)
+            for (uint key = part_begin; key < part_stop; ++key)
+                scratch[dmask_at + (bh * seq_q + row) * (ulong)seq_k + key] = 0.0f;
+    }
+    /* the keys any of the rows sees (both band ends grow with the row) */
+    const uint first = max(band_begin(band, row0), part_begin);
+    const uint stop = min(band_end(band, row0 + rows - 1), part_stop);
+    for (uint key0 = first; key0 < stop; key0 += BWD_BK) {
+        const uint keys = min((uint)BWD_BK, stop - key0);
+        float pad_terms[BWD_BK];
+        for (uint j = 0; j < BWD_BK; ++j) {
+            const uint key = key0 + j;
+            const bool here = j < keys;
+            pad_terms[j] = here && !key_padded(has_key_padding, key_padding,
+                                               key_padding_offset + b * key_padding_s0 +
+                                                   (ulong)key * key_padding_s1)
+                               ? 0.0f
+                               : NEG_INF;
+            const ulong k_at = k_offset + b * k_s0 + g * k_s1 + (ulong)key * k_s2;
+            const ulong v_at = v_offset + b * v_s0 + g * v_s1 + (ulong)key * v_s2;
+            for (uint d = 0; d < HEAD_DIM_QK; ++d) {
+                const float x = here ? LOAD(K_DTYPE, K, k_at + d * k_s3) : 0.0f;
+                kt[d][j] = x;
+                k_rows[j][d] = x;
+            }
+            for (uint d = 0; d < HEAD_DIM_V; ++d)
+                vt[d][j] = here ? LOAD(V_DTYPE, V, v_at + d * v_s3) : 0.0f;
+        }
+        const float16 pad = vload16(0, pad_terms);
+        for (uint r = 0; r < rows; ++r) {
+            const uint row = row0 + r;
+            const uint kb = band_begin(band, row), ke = min(band_end(band, row), key0 + keys);
+            if (lse_r[r] == NEG_INF || ke <= key0 || kb >= key0 + keys)
+                continue;
+            float16 dot = (float16)(0.0f), dp = (float16)(0.0f);
+            for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                dot = fma((float16)(q_rows[r][d]), vload16(0, kt[d]), dot);
+            for (uint d = 0; d < HEAD_DIM_V; ++d)
+                dp = fma((float16)(go_rows[r][d]), vload16(0, vt[d]), dp);
+            float16 p, dx, ds;
+            bwd_block16(dot * scale, dp, softcap, band, row, key0, kb, ke, pad, has_mask,
+                        mask + mask_offset + b * mask_s0 + h * mask_s1 + (ulong)row * mask_s2,
+                        mask_s3, lse_r[r], delta_r[r], scale, norm_relu, &p, &dx, &ds);
+            float dxj[BWD_BK];
+            vstore16(dx, 0, dxj);
+            if (has_dmask) {
+                float dsj[BWD_BK];
+                vstore16(ds, 0, dsj);
+                for (uint j = 0; j < keys; ++j)
+                    scratch[dmask_at + (bh * seq_q + row) * (ulong)seq_k + key0 + j] = dsj[j];
+            }
+            for (uint j = 0; j < keys; ++j)
+                if (dxj[j] != 0.0f)
+                    for (uint c = 0; c < HEAD_DIM_QK / 16; ++c)
+                        vstore16(fma((float16)(dxj[j]), vload16(c, k_rows[j]),
+                                     vload16(c, dq_acc[r])),
+                                 c, dq_acc[r]);
+        }
+    }
+    for (uint r = 0; r < rows; ++r) {
+        const uint row = row0 + r;
+        if (to_scratch) {
+            __global float *out =
+                scratch + part_at + part * part_stride + (bh * seq_q + row) * HEAD_DIM_QK;
+            for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                out[d] = dq_acc[r][d];
+            continue;
+        }
+        const ulong dq_at = dq_offset + b * dq_s0 + h * dq_s1 + (ulong)row * dq_s2;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d)
+            STORE(DQ_DTYPE, dq_acc[r][d], DQ, dq_at + d * dq_s3);
+    }
+}
+
 /* out[i] = sum over parts p of in[p][i], in order, for the packed (d0, d1, d2, d3) elements,
  * stored through out's strides in OUT_DTYPE. */
 #ifndef OUT_DTYPE

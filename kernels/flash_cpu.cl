@@ -90,31 +90,6 @@
 #define FC_DVP (FC_DVV * 16)             /* V row length in the packed layout */
 #define FC_ROWS (FC_RB * FC_NB)
 
-/* exp on 16 floats for x <= 0 (what softmax takes): exp(-inf) = 0, NaN stays NaN. Cephes'
- * expf: n = round(x / ln 2) by adding 1.5 * 2^23 (the rounding the float add does; PoCL's
- * rint() is a slow branchy call), x - n ln 2 in two parts, a degree-7 polynomial, times 2^n
- * built in the exponent bits. Below -87 (weights under 2^-125 of the row's largest) it gives 0:
- * no subnormal scale is needed. Within 2 ulp of exp on [-87, 0]. */
-inline float16 fc_exp16(const float16 x)
-{
-    const float16 xc = fmax(x, (float16)(-87.0f));
-    const float16 t = fma(xc, (float16)(1.44269504088896341f), (float16)(12582912.0f));
-    const float16 n = t - (float16)(12582912.0f);
-    float16 r = fma(n, (float16)(-0.693359375f), xc);
-    r = fma(n, (float16)(2.12194440e-4f), r);
-    float16 y = (float16)(1.9875691500e-4f);
-    y = fma(y, r, (float16)(1.3981999507e-3f));
-    y = fma(y, r, (float16)(8.3334519073e-3f));
-    y = fma(y, r, (float16)(4.1665795894e-2f));
-    y = fma(y, r, (float16)(1.6666665459e-1f));
-    y = fma(y, r, (float16)(5.0000001201e-1f));
-    y = fma(y, r * r, r + (float16)(1.0f));
-    const int16 e = (as_int16(t) - (int16)(0x4B400000 - 127)) << 23;
-    y *= as_float16(e);
-    y = select((float16)(0.0f), y, x >= (float16)(-87.0f));
-    return select(y, x, isnan(x));
-}
-
 /* mask_term (score.cl) of 16 consecutive mask elements from p. */
 inline float16 fc_mask_term16(__global const ELEM_T(MASK_DTYPE) *p)
 {
@@ -603,10 +578,10 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
                 float16 p[4];
 #pragma unroll
                 for (uint v = 0; v < 4; ++v)
-                    p[v] = fc_exp16(s[r][v] - shift);
+                    p[v] = exp16_nonpositive(s[r][v] - shift);
                 corr[r] = 1.0f;
                 if (new_max > old_max) { /* 0 while the row had no key */
-                    corr[r] = fc_exp16((float16)(old_max - new_max)).s0;
+                    corr[r] = exp16_nonpositive((float16)(old_max - new_max)).s0;
                     row_max[r0 + r] = new_max;
                 }
 #endif

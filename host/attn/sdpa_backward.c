@@ -38,15 +38,18 @@ static clattn_status create(clattn_plan *plan, const void *any)
         if (!l[needed[i].role].present)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is required (%s)", op,
                                 clattn__sdpa_role_names[needed[i].role], needed[i].why);
-    if (desc->rope != 0 || desc->softmax_f64 != 0 || desc->path == CLATTN_PATH_UNFUSED)
+    if (desc->rope != 0)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: rope=1: not supported by the backward (rotate q and k with a "
+                            "rotary plan before the forward, give the rotated ones to both, and "
+                            "carry the gradient back through the rotation yourself)",
+                            op);
+    if (desc->softmax_f64 != 0 || desc->path == CLATTN_PATH_UNFUSED)
         return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
                             "%s: %s: not supported by the backward (it recomputes the weights "
-                            "in float in one fused pass; rotate q and k before the forward "
-                            "and give the rotated ones)",
-                            op,
-                            desc->rope != 0           ? "rope=1"
-                            : desc->softmax_f64 != 0 ? "softmax_f64"
-                                                     : "path UNFUSED");
+                            "in float in one fused pass; the unfused reference path is not "
+                            "there yet)",
+                            op, desc->softmax_f64 != 0 ? "softmax_f64" : "path UNFUSED");
     const size_t batch = l[R_Q].dims[0], heads = l[R_Q].dims[1], seq_q = l[R_Q].dims[2];
     const size_t dk = l[R_Q].dims[3], dv = l[R_V].dims[3], seq_k = l[R_K].dims[2];
     const size_t kv_heads = l[R_K].dims[1];
@@ -143,9 +146,12 @@ static clattn_status create(clattn_plan *plan, const void *any)
     plan->workspace_floats = plan->backward.scratch_floats;
     const clattn__flash_bwd_plan *bwd = &plan->backward;
     snprintf(plan->info, sizeof plan->info,
-             "%s: fused backward, flash_bwd.cl (dK/dV per key in groups of %zu, dQ per row in "
-             "groups of %zu; %zu row part%s, %zu key part%s)%s%s, deterministic",
-             op, bwd->local_dkdv, bwd->local_dq, bwd->row_parts, bwd->row_parts > 1 ? "s" : "",
+             "%s: fused backward, flash_bwd.cl (%s; %zu row part%s, %zu key part%s)%s%s, "
+             "deterministic",
+             op,
+             bwd->cpu ? "CPU variant: dK/dV per 16 keys, dQ per 16 rows, float16 lanes"
+                      : "dK/dV per key, dQ per row",
+             bwd->row_parts, bwd->row_parts > 1 ? "s" : "",
              bwd->key_parts, bwd->key_parts > 1 ? "s" : "",
              shape.want_dmask ? ", the mask's gradient" : "",
              shape.want_dsinks ? ", the sinks' gradient" : "");

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #define MAX_BH_PER_LAUNCH 65535u
+#define BWD_BLOCK 16 /* keys (rows) per work-item of the CPU variants (flash_bwd.cl's BWD_BK) */
 
 /* Work-items per key (row) whose loop trips, counted as if nothing were unrolled, stay within
  * half a device's cap on them (tuning.loop_trip_limit); 0: all in one launch. `per_step`:
@@ -50,15 +51,22 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
              shape->head_dim_qk, shape->head_dim_v, (int)shape->q_dtype, (int)shape->k_dtype,
              (int)shape->v_dtype, (int)shape->o_dtype, (int)shape->go_dtype, (int)shape->dq_dtype,
              (int)shape->dk_dtype, (int)shape->dv_dtype, switches);
+    /* CPUs: 16 keys (rows) per work-item in float16 lanes (head sizes multiples of 16);
+     * elsewhere one key (row) per work-item. */
+    plan->cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) && shape->head_dim_qk % 16 == 0 &&
+                shape->head_dim_v % 16 == 0;
     clattn_status status;
     if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_delta", extra,
                                          &plan->delta)) ||
-        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_dkdv", extra,
+        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD,
+                                         plan->cpu ? "bwd_dkdv_cpu" : "bwd_dkdv", extra,
                                          &plan->dkdv)) ||
-        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_dq", extra, &plan->dq)))
+        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD,
+                                         plan->cpu ? "bwd_dq_cpu" : "bwd_dq", extra, &plan->dq)))
         return status;
-    plan->local_dkdv = group_size(plan->dkdv, ctx, (ctx->info.type & CL_DEVICE_TYPE_GPU) ? 64 : 16);
-    plan->local_dq = group_size(plan->dq, ctx, (ctx->info.type & CL_DEVICE_TYPE_GPU) ? 64 : 16);
+    const size_t want = (ctx->info.type & CL_DEVICE_TYPE_GPU) ? 64 : 16;
+    plan->local_dkdv = plan->cpu ? 1 : group_size(plan->dkdv, ctx, want);
+    plan->local_dq = plan->cpu ? 1 : group_size(plan->dq, ctx, want);
     plan->local_delta = group_size(plan->delta, ctx, 64);
 
     /* Parts of the walks where the device caps loop trips: dK/dV over rows, dQ over keys. */
@@ -249,7 +257,9 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
                              CLATTN_ARG(buffers.kv_len),   CLATTN_ARG(buffers.alibi),
                              CLATTN_ARG(buffers.sinks),    CLATTN_ARG(params)};
         if ((status = launch_rows(chain, plan->dkdv, "bwd_dkdv", args, 14, &params,
-                                  score->seq_k, plan->local_dkdv, bg)))
+                                  plan->cpu ? (score->seq_k + BWD_BLOCK - 1) / BWD_BLOCK
+                                            : score->seq_k,
+                                  plan->local_dkdv, bg)))
             return status;
     }
     if (plan->row_parts > 1) {
@@ -276,7 +286,9 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
                              CLATTN_ARG(buffers.key_padding), CLATTN_ARG(buffers.kv_len),
                              CLATTN_ARG(buffers.alibi),    CLATTN_ARG(buffers.sinks),
                              CLATTN_ARG(params)};
-        if ((status = launch_rows(chain, plan->dq, "bwd_dq", args, 13, &params, score->seq_q,
+        if ((status = launch_rows(chain, plan->dq, "bwd_dq", args, 13, &params,
+                                  plan->cpu ? (score->seq_q + BWD_BLOCK - 1) / BWD_BLOCK
+                                            : score->seq_q,
                                   plan->local_dq, bh)))
             return status;
     }

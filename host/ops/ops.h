@@ -361,6 +361,7 @@ typedef struct clattn__flash_bwd_shape {
 
 typedef struct clattn__flash_bwd_plan {
     clattn__flash_bwd_shape shape;
+    bool cpu; /* the CPU variants (bwd_dkdv_cpu, bwd_dq_cpu: 16 keys or rows a work-item) */
     cl_kernel delta, dkdv, dq;                    /* the passes */
     cl_kernel sum_q, sum_k, sum_v, mask_reduce, sinks; /* the reductions (NULL: not used) */
     size_t local_delta, local_dkdv, local_dq;     /* work-group sizes */
