@@ -36,7 +36,8 @@ set -u
 
 usage() {
     echo "usage: $0 BUILD_DIR [SUITE...]" \
-         "(suites: softmax matmul attention mha flash plan runtime posenc rope additive sweep;" \
+         "(suites: softmax matmul attention mha flash plan runtime posenc rope additive sweep" \
+         "backward;" \
          "mpi: check_mpi on 2 ranks under mpirun, each under Oclgrind (-DCLATTN_MPI=ON))" >&2
     exit 2
 }
@@ -45,7 +46,7 @@ build_dir=$(cd "$1" 2>/dev/null && pwd) || { echo "$0: no build folder '$1'" >&2
 shift
 suites=("${@#check_}")
 [ ${#suites[@]} -gt 0 ] ||
-    suites=(softmax matmul attention mha flash plan runtime posenc rope additive sweep)
+    suites=(softmax matmul attention mha flash plan runtime posenc rope additive sweep backward)
 if ! command -v oclgrind >/dev/null; then
     echo "$0: oclgrind not found (apt-get install oclgrind)" >&2
     exit 2

@@ -11,7 +11,8 @@
 #include <time.h>
 
 static const char bench_usage[] =
-    "usage: clattn bench [--op matmul,softmax,attention,mha,decode,additive,paged,varlen]\n"
+    "usage: clattn bench [--op matmul,softmax,attention,mha,decode,additive,paged,varlen,\n"
+    "                          backward]\n"
     "                    [--runs N]\n"
     "                    [--warmup N]\n"
     "                    [--json]\n"
@@ -76,7 +77,16 @@ static const char bench_usage_serving[] =
     "taken as 8) whose lengths ramp from L / B to L (--seq L, default 512,1024), packed with\n"
     "cu_seqlens in one fused launch, then right-padded to (B, L, H, d) with their lengths as\n"
     "kv_seqlen (causal from row 0): packing's gain over padding. Rate: real tokens/s (the\n"
-    "padding not counted).\n";
+    "padding not counted).\n"
+    "backward (not in the default set): training's attention step on the fused path over\n"
+    "(--batch, --heads, --seq (= seq_q), --seq-k, --head-dim) with --kv-heads, --causal\n"
+    "(top-left), --softcap, --alibi, --sinks, --dtype (q, k, v, out, dO and the gradients):\n"
+    "the forward with its lse (clattn_sdpa_desc's lse output), then the backward\n"
+    "(clattn_sdpa_backward_plan_create: dQ, dK, dV), each plan made once and timed alone. The\n"
+    "row's time and rate are the backward's; after them the forward's ms and GFLOP/s, the\n"
+    "ratio backward/forward and each plan's workspace bytes (clattn_plan_workspace_size).\n"
+    "Flops: forward 4·B·H·Lq·Lk·d, backward 2.5 times that (10·B·H·Lq·Lk·d: FlashAttention-2's\n"
+    "convention, the recomputed Q·Kᵀ not counted), both halved with --causal.\n";
 static const char bench_usage_rest[] =
     "softmax: the normalisation has no entry point of its own; it times the unfused attention\n"
     "plan that returns the attention weights (scores = Q·Kᵀ, softmax written to the weights,\n"
@@ -112,7 +122,7 @@ static const char bench_usage_rest[] =
 
 typedef struct bench_options {
     const char *device;
-    bool ops[8]; /* matmul, softmax, attention, mha, decode, additive, paged, varlen */
+    bool ops[9]; /* matmul, softmax, attention, mha, decode, additive, paged, varlen, backward */
     size_t page_sizes[MAX_SIZES], num_page_sizes; /* paged: 0 = contiguous */
     bool seq_given;
     size_t runs, warmup;
@@ -135,8 +145,8 @@ typedef struct bench_options {
 
 static const char *const mask_names[3] = {"none", "padding", "additive"};
 
-static const char *const op_names[8] = {"matmul", "softmax",  "attention", "mha",
-                                        "decode", "additive", "paged",     "varlen"};
+static const char *const op_names[9] = {"matmul", "softmax",  "attention", "mha",     "decode",
+                                        "additive", "paged", "varlen",    "backward"};
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
 static const clattn_dtype dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16};
 static const char *const kv_dtype_names[5] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
@@ -709,6 +719,142 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.plan);
     release_all(mem, 8);
+    return rc;
+}
+
+/* backward: the fused forward with lse, then the backward, each plan made once and timed on
+ * its own; the row is the backward's, the forward's time and rate, the ratio and the plans'
+ * workspace bytes after it. */
+static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype)
+{
+    const bench_options *o = b->options;
+    const size_t bh = o->batch * o->heads, d = o->head_dim;
+    const size_t kv_heads = o->kv_heads ? o->kv_heads : o->heads;
+    const clattn_dtype type = dtypes[dtype];
+    case_result r = {.op = "backward", .unit = "gflops", .path = "fused"};
+    char kv_text[32] = "";
+    if (kv_heads != o->heads)
+        snprintf(kv_text, sizeof kv_text, " Hkv=%zu", kv_heads);
+    snprintf(r.size_json, sizeof r.size_json,
+             "\"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"seq_q\": %zu, "
+             "\"seq_k\": %zu, \"head_dim\": %zu, \"dtype\": \"%s\", \"causal\": %s, "
+             "\"softcap\": %g, \"alibi\": %s, \"sinks\": %s",
+             o->batch, o->heads, kv_heads, seq_q, seq_k, d, dtype_names[dtype],
+             o->causal ? "true" : "false", (double)o->softcap, o->alibi ? "true" : "false",
+             o->sinks ? "true" : "false");
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu%s Lq=%zu Lk=%zu d=%zu%s%s%s%s%s%s",
+             o->batch, o->heads, kv_text, seq_q, seq_k, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], o->causal ? " causal" : "",
+             o->softcap > 0.0f ? " cap" : "", o->alibi ? " alibi" : "", o->sinks ? " sinks" : "");
+    int rc = fresh_context(b);
+    if (rc != CLI_OK)
+        return rc;
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    plan_case fwd = {0}, bwd = {0};
+    clattn_tensors *t = &fwd.tensors;
+    CLATTN_BIND_ROLES(desc, fwd.tensors);
+    desc.path = CLATTN_PATH_FUSED;
+    desc.softcap = o->softcap;
+    desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    t->q = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_q, d);
+    t->k = clattn_tensor_make(NULL, 0, type, 4, o->batch, kv_heads, seq_k, d);
+    t->v = t->k;
+    t->out = t->q;
+    t->lse = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, o->batch, o->heads, seq_q, 0);
+    if (o->alibi)
+        t->alibi_slopes = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
+    if (o->sinks)
+        t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
+    /* The plans first: a case the device cannot hold is refused before any buffer is made. */
+    clattn_status status = clattn_sdpa_plan_create(b->ctx, &desc, &fwd.plan);
+    bwd.tensors = fwd.tensors;
+    bwd.tensors.grad_out = bwd.tensors.grad_q = t->q;
+    bwd.tensors.grad_k = bwd.tensors.grad_v = t->k;
+    CLATTN_BIND_ROLES(desc, bwd.tensors);
+    if (status == CLATTN_SUCCESS)
+        status = clattn_sdpa_backward_plan_create(b->ctx, &desc, &bwd.plan);
+    const size_t q_count = bh * seq_q * d, kv_count = o->batch * kv_heads * seq_k * d;
+    cl_mem mem[11] = {NULL};
+    size_t bytes = 0;
+    double fwd_ms = 0.0, fwd_wall_ms = 0.0;
+    bool fwd_wall = false;
+    if (status == CLATTN_SUCCESS) {
+        mem[0] = random_buffer(b, q_count, type, 6);
+        mem[1] = random_buffer(b, kv_count, type, 7);
+        mem[2] = random_buffer(b, kv_count, type, 8);
+        mem[3] = output_buffer(b, q_count * clattn_dtype_size(type));
+        mem[4] = output_buffer(b, bh * seq_q * sizeof(float));
+        mem[5] = random_buffer(b, q_count, type, 9); /* dO */
+        mem[6] = output_buffer(b, q_count * clattn_dtype_size(type));
+        mem[7] = output_buffer(b, kv_count * clattn_dtype_size(type));
+        mem[8] = output_buffer(b, kv_count * clattn_dtype_size(type));
+        bind(&t->q, mem[0], q_count, &bytes);
+        bind(&t->k, mem[1], kv_count, &bytes);
+        bind(&t->v, mem[2], kv_count, &bytes);
+        bind(&t->out, mem[3], q_count, &bytes);
+        bind(&t->lse, mem[4], bh * seq_q, &bytes);
+        clattn_tensors *g = &bwd.tensors;
+        bind(&g->grad_out, mem[5], q_count, &bytes);
+        bind(&g->grad_q, mem[6], q_count, &bytes);
+        bind(&g->grad_k, mem[7], kv_count, &bytes);
+        bind(&g->grad_v, mem[8], kv_count, &bytes);
+        if (o->sinks) {
+            mem[9] = sinks_buffer(b, o->heads);
+            bind(&t->sinks, mem[9], o->heads, &bytes);
+        }
+        if (o->alibi) {
+            float *slopes = malloc(o->heads * sizeof(float));
+            cl_int err = CL_SUCCESS;
+            if (slopes && clattn_alibi_slopes(o->heads, 8.0f, slopes) == CLATTN_SUCCESS)
+                mem[10] = clCreateBuffer(b->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                         o->heads * sizeof(float), slopes, &err);
+            free(slopes);
+            if (err != CL_SUCCESS)
+                mem[10] = NULL;
+            bind(&t->alibi_slopes, mem[10], o->heads, &bytes);
+        }
+        /* the backward reads the forward's buffers: the same bindings, plus its own */
+        g->q = t->q, g->k = t->k, g->v = t->v, g->out = t->out, g->lse = t->lse;
+        g->sinks = t->sinks, g->alibi_slopes = t->alibi_slopes;
+        char label[160];
+        snprintf(label, sizeof label, "%s forward", r.size_text);
+        status = all_made(mem, 9) && (!o->sinks || mem[9]) && (!o->alibi || mem[10])
+                     ? measure(b, label, run_plan, &fwd, &fwd_ms, &fwd_wall_ms, &fwd_wall)
+                     : CL_MEM_OBJECT_ALLOCATION_FAILURE;
+        if (status == CLATTN_SUCCESS)
+            status = measure(b, r.size_text, run_plan, &bwd, &r.device_ms, &r.wall_ms,
+                             &r.wall_timer);
+        r.wall_timer = r.wall_timer || fwd_wall;
+        if (r.wall_timer) /* both on the same clock */
+            r.device_ms = r.wall_ms, fwd_ms = fwd_wall_ms;
+    }
+    if (status == CLATTN_SUCCESS) {
+        const double fwd_flops =
+            4.0 * (double)bh * seq_q * seq_k * d * (o->causal ? 0.5 : 1.0);
+        const double fwd_gflops = fwd_flops / fwd_ms / 1e6;
+        const size_t fwd_ws = clattn_plan_workspace_size(fwd.plan);
+        const size_t bwd_ws = clattn_plan_workspace_size(bwd.plan);
+        char text[4][32];
+        r.rate = 2.5 * fwd_flops / r.device_ms / 1e6;
+        snprintf(r.extra_json, sizeof r.extra_json,
+                 ", \"forward_ms\": %s, \"forward_wall_ms\": %s, \"forward_gflops\": %s, "
+                 "\"backward_over_forward\": %s, \"forward_workspace_bytes\": %zu, "
+                 "\"backward_workspace_bytes\": %zu, \"flops\": \"forward 4BHLqLkd, backward "
+                 "2.5x%s\"",
+                 json_number(text[0], sizeof text[0], "%.6f", fwd_ms),
+                 json_number(text[1], sizeof text[1], "%.6f", fwd_wall_ms),
+                 json_number(text[2], sizeof text[2], "%.6g", fwd_gflops),
+                 json_number(text[3], sizeof text[3], "%.3f", r.device_ms / fwd_ms), fwd_ws,
+                 bwd_ws, o->causal ? ", halved (causal)" : "");
+        snprintf(r.extra_text, sizeof r.extra_text,
+                 "  fwd %.3f ms %.2f GFLOP/s; bwd/fwd %.2fx; ws fwd %zu B bwd %zu B", fwd_ms,
+                 fwd_gflops, r.device_ms / fwd_ms, fwd_ws, bwd_ws);
+    }
+    rc = report(b, &r, status, bytes);
+    clattn_plan_release(bwd.plan);
+    clattn_plan_release(fwd.plan);
+    release_all(mem, 11);
     return rc;
 }
 
@@ -1365,13 +1511,14 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             for (char *item = strtok_r(buffer, ",", &save); item;
                  item = strtok_r(NULL, ",", &save)) {
                 int found = -1;
-                for (int i = 0; i < 8; ++i)
+                for (int i = 0; i < 9; ++i)
                     if (strcmp(item, op_names[i]) == 0)
                         found = i;
                 if (found < 0)
                     return cli_fail("bench", CLI_BAD_INPUT,
                                     "--op: unknown op '%s' (matmul, "
-                                    "softmax, attention, mha, decode, additive, paged, varlen)",
+                                    "softmax, attention, mha, decode, additive, paged, varlen, "
+                                    "backward)",
                                     item);
                 if (!any_op)
                     memset(o->ops, 0, sizeof o->ops);
@@ -1380,7 +1527,7 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             if (!any_op)
                 return cli_fail("bench", CLI_BAD_INPUT,
                                 "--op: no op in '%s' (matmul, softmax, attention, mha, decode, "
-                                "additive, paged, varlen)",
+                                "additive, paged, varlen, backward)",
                                 value);
         } else if (cli_is(&args, "--path")) {
             o->paths[0] = o->paths[1] = false;
@@ -1516,6 +1663,10 @@ int cmd_bench(int argc, char **argv)
         for (int t = 0; rc == CLI_OK && t < 3; ++t)
             for (int padded = 0; rc == CLI_OK && o.dtypes[t] && padded < 2; ++padded)
                 rc = bench_varlen(&b, o.seq[i], t, padded);
+    for (size_t i = 0; rc == CLI_OK && o.ops[8] && i < o.num_seq; ++i)
+        for (int t = 0; rc == CLI_OK && t < 3; ++t)
+            if (o.dtypes[t])
+                rc = bench_backward(&b, o.seq[i], o.seq_k ? o.seq_k : o.seq[i], t);
     for (size_t i = 0; rc == CLI_OK && o.ops[5] && i < o.num_seq; ++i)
         for (int p = 0; rc == CLI_OK && p < 2; ++p)
             if (o.paths[p])

@@ -24,6 +24,9 @@ static const char sdpa_usage[] =
     "                   [--qk-output-mode 0|1|2|3 --qk-out S.npy] [--softmax-precision 1]\n"
     "                   [--path auto|fused|unfused] [--out Y.npy] [--device SPEC]\n"
     "                   [--ring [--ring-layout contiguous|zigzag] [--ring-timing]]\n"
+    "                   [--backward --grad-out DO.npy [--grad-q-out DQ.npy]\n"
+    "                    [--grad-k-out DK.npy] [--grad-v-out DV.npy] [--grad-mask-out DM.npy]\n"
+    "                    [--grad-sinks-out DS.npy]]\n"
     "\n"
     "Attention with no projections, as ONNX's Attention operator computes it:\n"
     "  Y = softmax(cap(scale * Q Kᵀ) + mask) V,  cap(s) = C tanh(s / C) with --softcap C.\n"
@@ -106,6 +109,20 @@ static const char sdpa_usage_outputs[] =
     "  ranks alike), float16 or bfloat16 files (the ring runs in their type: half the bytes\n"
     "  travel), --sinks; --ring-timing prints each rank's compute and communication times.\n"
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
+/* The backward's help. */
+static const char sdpa_usage_backward[] =
+    "--backward --grad-out DO.npy: the gradients (training): the forward runs (fused, keeping\n"
+    "  each row's log-sum-exp), then clattn_sdpa_backward_plan_create's plan on the same\n"
+    "  inputs and options, FlashAttention-2's way (the weights recomputed, never stored). DO is\n"
+    "  dL/dY, Y's shape ((B, Hq, Lq, dv) or (B, Lq, Hq * dv)). Written: --grad-q-out,\n"
+    "  --grad-k-out, --grad-v-out (Q's, K's and V's shapes and dtypes; with grouped heads a K/V\n"
+    "  head's gradient sums its query heads), --grad-mask-out (a float --attn-mask: the mask's\n"
+    "  shape, summed over its broadcast dims, in its dtype), --grad-sinks-out (with --sinks:\n"
+    "  (Hq) float32); at least one of them. --out still writes Y (not printed without it).\n"
+    "  Takes masks, --nonpad-kv-seqlen, --causal and its alignments, --window, grouped heads,\n"
+    "  --softcap, --scale, --alibi, --norm relu, --sinks; the library refuses (exit 2) past/\n"
+    "  present, --rope, pages, packed sequences, --qk-out, --softmax-precision 11, --kv-dtype\n"
+    "  and --path unfused; not with --ring.\n";
 
 typedef struct sdpa_options {
     const char *device, *q, *k, *v, *mask, *out;
@@ -131,6 +148,8 @@ typedef struct sdpa_options {
     clattn_path path;
     bool ring, ring_zigzag, ring_timing, ring_option; /* --ring, its layout, --ring-timing */
     clattn_dtype kv_dtype; /* --kv-dtype: F32 (as given), Q8_0 or Q4_0 */
+    bool backward;         /* --backward: the gradients from --grad-out */
+    const char *grad_out, *grad_q, *grad_k, *grad_v, *grad_mask, *grad_sinks;
 } sdpa_options;
 
 static const cli_choice kv_dtype_choices[] = {{"f32", CLATTN_DTYPE_F32},
@@ -157,6 +176,13 @@ enum {
     M_VQ,
     M_CU_Q, /* packed sequences' offsets */
     M_CU_K,
+    M_LSE, /* the backward: the forward's lse, dO, and the gradients */
+    M_GRAD_OUT,
+    M_GRAD_Q,
+    M_GRAD_K,
+    M_GRAD_V,
+    M_GRAD_MASK,
+    M_GRAD_SINKS,
     M_COUNT
 };
 
@@ -169,6 +195,8 @@ typedef struct sdpa_data {
     uint8_t *mask_keep; /* the mask as keep bytes, padded to Lk (bool masks) */
     int32_t *counts;    /* nonpad_kv_seqlen as I32 */
     float *out, *present_k, *present_v, *scores;
+    clattn_array grad_out; /* --backward: dO */
+    float *grad[5];        /* dQ, dK, dV, the mask's and the sinks' */
     cl_mem mem[M_COUNT];
 } sdpa_data;
 
@@ -199,6 +227,9 @@ static void sdpa_free(sdpa_data *d)
     free(d->mask_f32);
     free(d->mask_keep);
     free(d->out);
+    clattn_array_free(&d->grad_out);
+    for (int i = 0; i < 5; ++i)
+        free(d->grad[i]);
 }
 
 /* What a fused-only feature (a paged cache, quantized K and V) cannot run with: the first
@@ -239,6 +270,13 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         {"--seqlens-k", CLI_PATH, &o->seqlens_k, 0, NULL, NULL},
         {"--cu-seqlens-q", CLI_PATH, &o->cu_q, 0, NULL, NULL},
         {"--cu-seqlens-k", CLI_PATH, &o->cu_k, 0, NULL, NULL},
+        {"--grad-out", CLI_PATH, &o->grad_out, 0, NULL, NULL},
+        {"--grad-q-out", CLI_PATH, &o->grad_q, 0, NULL, NULL},
+        {"--grad-k-out", CLI_PATH, &o->grad_k, 0, NULL, NULL},
+        {"--grad-v-out", CLI_PATH, &o->grad_v, 0, NULL, NULL},
+        {"--grad-mask-out", CLI_PATH, &o->grad_mask, 0, NULL, NULL},
+        {"--grad-sinks-out", CLI_PATH, &o->grad_sinks, 0, NULL, NULL},
+        {"--backward", CLI_FLAG, &o->backward, 0, NULL, NULL},
         {"--alibi", CLI_FLAG, &o->alibi, 0, NULL, NULL},
         {"--ring", CLI_FLAG, &o->ring, 0, NULL, NULL},
         {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
@@ -262,6 +300,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
             fputs(sdpa_usage, stdout);
             fputs(sdpa_usage_serving, stdout);
+            fputs(sdpa_usage_backward, stdout);
             fputs(sdpa_usage_outputs, stdout);
             return -1;
         } else if ((flag = cli_flag(&args, "--ring-timing")) != 0) {
@@ -383,8 +422,34 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                             "combined with %s",
                             o->kv_dtype == CLATTN_DTYPE_Q8_0 ? "q8_0" : "q4_0", other);
     }
+    const bool any_grad = o->grad_q || o->grad_k || o->grad_v || o->grad_mask || o->grad_sinks;
+    if (o->backward && !o->grad_out)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "--backward needs --grad-out DO.npy (dL/dY)");
+    if (o->backward && !any_grad)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--backward: give at least one of --grad-q-out, --grad-k-out, "
+                        "--grad-v-out, --grad-mask-out and --grad-sinks-out");
+    if (!o->backward && (o->grad_out || any_grad))
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s needs --backward",
+                        o->grad_out ? "--grad-out"
+                        : o->grad_q ? "--grad-q-out"
+                        : o->grad_k ? "--grad-k-out"
+                        : o->grad_v ? "--grad-v-out"
+                        : o->grad_mask ? "--grad-mask-out"
+                                       : "--grad-sinks-out");
+    if (o->backward && o->ring)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "--backward cannot be combined with --ring");
+    if (o->grad_mask && !o->mask)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "--grad-mask-out needs a float --attn-mask");
+    if (o->grad_sinks && !o->sinks)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "--grad-sinks-out needs --sinks");
     /* Before any work: an output that cannot be written fails now, not after the run. */
     if (!cli_check_output("sdpa", "--out", o->out) ||
+        !cli_check_output("sdpa", "--grad-q-out", o->grad_q) ||
+        !cli_check_output("sdpa", "--grad-k-out", o->grad_k) ||
+        !cli_check_output("sdpa", "--grad-v-out", o->grad_v) ||
+        !cli_check_output("sdpa", "--grad-mask-out", o->grad_mask) ||
+        !cli_check_output("sdpa", "--grad-sinks-out", o->grad_sinks) ||
         !cli_check_output("sdpa", "--present-key-out", o->present_k) ||
         !cli_check_output("sdpa", "--present-value-out", o->present_v) ||
         !cli_check_output("sdpa", "--qk-out", o->qk_out))
@@ -737,6 +802,64 @@ static size_t tensor_count(const clattn_tensor *t)
     return count;
 }
 
+/* --backward, after the forward filled out and lse: uploads dO, runs the backward plan into
+ * fresh gradient buffers (grad_counts[i] floats each; 0: absent) and reads them into
+ * d->grad. Returns an OpenCL error, or CL_SUCCESS with the plan's status in *status. */
+static cl_int run_backward(clattn_ctx *ctx, sdpa_data *d, const clattn_tensors *layouts,
+                           clattn_plan *backward, const size_t grad_counts[5],
+                           clattn_status *status)
+{
+    cl_int err = CL_SUCCESS;
+    d->mem[M_GRAD_OUT] = upload(ctx, d->grad_out.data, d->grad_out.count * sizeof(float),
+                                CL_MEM_READ_ONLY, &err);
+    for (int i = 0; i < 5 && err == CL_SUCCESS; ++i)
+        if (grad_counts[i])
+            d->mem[M_GRAD_Q + i] =
+                upload(ctx, NULL, grad_counts[i] * sizeof(float), CL_MEM_READ_WRITE, &err);
+    if (err != CL_SUCCESS)
+        return err;
+    clattn_tensors bound = *layouts;
+    bound.q.mem = d->mem[M_Q], bound.k.mem = d->mem[M_K], bound.v.mem = d->mem[M_V];
+    bound.out.mem = d->mem[M_OUT], bound.lse.mem = d->mem[M_LSE];
+    bound.attn_mask.mem = d->mem[M_MASK], bound.kv_seqlen.mem = d->mem[M_NONPAD];
+    bound.alibi_slopes.mem = d->mem[M_ALIBI], bound.sinks.mem = d->mem[M_SINKS];
+    bound.grad_out.mem = d->mem[M_GRAD_OUT];
+    clattn_tensor *grads[5] = {&bound.grad_q, &bound.grad_k, &bound.grad_v,
+                               &bound.grad_attn_mask, &bound.grad_sinks};
+    for (int i = 0; i < 5; ++i)
+        grads[i]->mem = d->mem[M_GRAD_Q + i];
+    *status =
+        clattn_plan_execute(backward, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
+    for (int i = 0; i < 5 && err == CL_SUCCESS && *status == CLATTN_SUCCESS; ++i)
+        if (grad_counts[i])
+            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_GRAD_Q + i], CL_TRUE, 0,
+                                      grad_counts[i] * sizeof(float), d->grad[i], 0, NULL, NULL);
+    return err;
+}
+
+/* Writes the gradients asked for: dQ, dK, dV in their inputs' shapes and dtypes, the mask's in
+ * the mask file's shape (the padding past its last dim cut off), the sinks' as (Hq) float32. */
+static int write_grads(const sdpa_options *o, sdpa_data *d, size_t seq_k, size_t heads)
+{
+    int rc;
+    if ((o->grad_q && (rc = write_npy(o->grad_q, d->grad[0], d->q.ndim, d->q.shape, &d->q))) ||
+        (o->grad_k && (rc = write_npy(o->grad_k, d->grad[1], d->k.ndim, d->k.shape, &d->k))) ||
+        (o->grad_v && (rc = write_npy(o->grad_v, d->grad[2], d->v.ndim, d->v.shape, &d->v))))
+        return rc;
+    if (o->grad_mask) {
+        const size_t width = d->mask.shape[d->mask.ndim - 1], rows = d->mask.count / width;
+        for (size_t r = 1; width < seq_k && r < rows; ++r) /* forward: r * width <= r * seq_k */
+            memmove(d->grad[3] + r * width, d->grad[3] + r * seq_k, width * sizeof(float));
+        if ((rc = write_npy(o->grad_mask, d->grad[3], d->mask.ndim, d->mask.shape, &d->mask)))
+            return rc;
+    }
+    const size_t sinks_shape[1] = {heads};
+    const clattn_array f32 = {.source = CLATTN_IO_F32};
+    if (o->grad_sinks && (rc = write_npy(o->grad_sinks, d->grad[4], 1, sinks_shape, &f32)))
+        return rc;
+    return CLI_OK;
+}
+
 static int run_sdpa(const sdpa_options *o, sdpa_data *d)
 {
     int rc;
@@ -878,6 +1001,23 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     if (heads > SIZE_MAX / batch / seq_q / dv / sizeof(float))
         return cli_fail("sdpa", CLI_BAD_INPUT, "the output is too large");
     const size_t out_count = batch * heads * seq_q * dv;
+    if (o->backward) { /* dO: Y's shape */
+        if ((rc = load(o->grad_out, &d->grad_out, false)))
+            return rc;
+        const size_t shape4[4] = {batch, heads, seq_q, dv}, shape3[3] = {batch, seq_q, heads * dv};
+        const size_t packed[3] = {seq_q, heads, dv};
+        const size_t *want = o->varlen ? packed : rank3 ? shape3 : shape4;
+        bool same = d->grad_out.ndim == d->q.ndim;
+        for (int i = 0; same && i < d->q.ndim; ++i)
+            same = d->grad_out.shape[i] == want[i];
+        if (!same) {
+            clattn_array y = {.ndim = d->q.ndim};
+            memcpy(y.shape, want, (size_t)d->q.ndim * sizeof *want);
+            return cli_fail("sdpa", CLI_BAD_INPUT, "%s: dO has shape %s; expected Y's, %s",
+                            o->grad_out, shape_text(&d->grad_out, a, sizeof a),
+                            shape_text(&y, b, sizeof b));
+        }
+    }
 
     if (o->ring) {
         if (o->check_only)
@@ -993,6 +1133,10 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         const size_t full[4] = {batch, heads, seq_q, seq_k};
         if ((rc = prepare_mask(o, d, full, &t->attn_mask)))
             return rc;
+        if (o->grad_mask && d->mask_keep)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "--grad-mask-out: %s is a bool mask; only a float mask has a gradient",
+                            o->mask);
     }
     const size_t pk_count = batch * kv_heads * seq_k * dk, pv_count = batch * kv_heads * seq_k * dv;
     if (o->past_k) {
@@ -1031,18 +1175,50 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     d->out = malloc(out_count * sizeof(float));
     if (d->out == NULL)
         return cli_fail("sdpa", CLI_FAILED, "out of memory for the output");
+    const size_t mask_count = o->mask ? d->mask.count / d->mask.shape[d->mask.ndim - 1] * seq_k : 0;
+    /* --backward: the forward keeps lse; the backward's descriptor adds dO and the gradients,
+     * float32 in their inputs' layouts. */
+    clattn_tensors back_tensors = {0};
+    clattn_sdpa_desc back_desc = desc;
+    size_t grad_counts[5] = {0};
+    if (o->backward) {
+        t->lse = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, batch, heads, seq_q, 0);
+        back_tensors = desc_tensors;
+        CLATTN_BIND_ROLES(back_desc, back_tensors);
+        back_tensors.grad_out = t->out;
+        back_tensors.grad_q = t->q;
+        back_tensors.grad_k = k_float, back_tensors.grad_k.dtype = CLATTN_DTYPE_F32;
+        back_tensors.grad_v = v_float, back_tensors.grad_v.dtype = CLATTN_DTYPE_F32;
+        if (o->grad_mask)
+            back_tensors.grad_attn_mask = t->attn_mask;
+        if (o->grad_sinks)
+            back_tensors.grad_sinks = t->sinks;
+        grad_counts[0] = tensor_count(&back_tensors.grad_q);
+        grad_counts[1] = tensor_count(&back_tensors.grad_k);
+        grad_counts[2] = tensor_count(&back_tensors.grad_v);
+        grad_counts[3] = o->grad_mask ? mask_count : 0;
+        grad_counts[4] = o->grad_sinks ? heads : 0;
+        for (int i = 0; i < 5; ++i)
+            if (grad_counts[i] && (d->grad[i] = malloc(grad_counts[i] * sizeof(float))) == NULL)
+                return cli_fail("sdpa", CLI_FAILED, "out of memory for the gradients");
+    }
 
     if (o->check_only)
         return CLI_OK;
     clattn_ctx *ctx = cli_context("sdpa", o->device);
     if (ctx == NULL)
         return cli_context_exit();
-    clattn_plan *plan = NULL;
-    clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    clattn_plan *plan = NULL, *backward = NULL;
+    /* The backward's plan first: what it refuses fails before any device work. */
+    clattn_status status = o->backward
+                               ? clattn_sdpa_backward_plan_create(ctx, &back_desc, &backward)
+                               : CLATTN_SUCCESS;
+    const char *stage = status == CLATTN_SUCCESS ? "" : "--backward: ";
+    const bool refused = status == CLATTN_ERR_UNSUPPORTED; /* an option the backward lacks */
+    if (status == CLATTN_SUCCESS)
+        status = clattn_sdpa_plan_create(ctx, &desc, &plan);
     cl_int err = CL_SUCCESS;
     if (status == CLATTN_SUCCESS) {
-        const size_t mask_count =
-            o->mask ? d->mask.count / d->mask.shape[d->mask.ndim - 1] * seq_k : 0;
         d->mem[M_Q] = upload(ctx, d->q.data, d->q.count * sizeof(float), CL_MEM_READ_ONLY, &err);
         if (err == CL_SUCCESS)
             d->mem[M_K] =
@@ -1091,6 +1267,9 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             d->mem[M_KQ] = upload(ctx, NULL, kq_bytes, CL_MEM_READ_WRITE, &err);
         if (err == CL_SUCCESS && vq_bytes)
             d->mem[M_VQ] = upload(ctx, NULL, vq_bytes, CL_MEM_READ_WRITE, &err);
+        if (err == CL_SUCCESS && o->backward)
+            d->mem[M_LSE] =
+                upload(ctx, NULL, batch * heads * seq_q * sizeof(float), CL_MEM_READ_WRITE, &err);
         if (err == CL_SUCCESS && kq_bytes) { /* quantize on the device, then attend */
             clattn_tensor kq = t->k, vq = t->v;
             k_float.mem = d->mem[M_K], v_float.mem = d->mem[M_V];
@@ -1113,6 +1292,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             bound.past_k.mem = d->mem[M_PAST_K], bound.past_v.mem = d->mem[M_PAST_V];
             bound.present_k.mem = d->mem[M_PRESENT_K], bound.present_v.mem = d->mem[M_PRESENT_V];
             bound.kv_seqlen.mem = d->mem[M_NONPAD];
+            bound.lse.mem = d->mem[M_LSE];
             bound.scores.mem = o->qk_out && o->qk_mode != 3 ? d->mem[M_SCORES] : NULL;
             bound.weights.mem = o->qk_out && o->qk_mode == 3 ? d->mem[M_SCORES] : NULL;
             status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
@@ -1130,16 +1310,21 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         if (err == CL_SUCCESS && status == CLATTN_SUCCESS && d->present_k)
             err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_PRESENT_V], CL_TRUE, 0,
                                       pv_count * sizeof(float), d->present_v, 0, NULL, NULL);
+        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && o->backward) {
+            stage = "--backward: ";
+            err = run_backward(ctx, d, &back_tensors, backward, grad_counts, &status);
+        }
     }
     if (status != CLATTN_SUCCESS) {
-        const bool input_error = status == CLATTN_ERR_INVALID_ARGUMENT ||
+        const bool input_error = refused || status == CLATTN_ERR_INVALID_ARGUMENT ||
                                  status == CLATTN_ERR_INVALID_SHAPE ||
                                  status == CLATTN_ERR_OVERFLOW || status == CLATTN_ERR_TOO_LARGE;
-        rc = cli_fail("sdpa", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s: %s",
+        rc = cli_fail("sdpa", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s%s: %s", stage,
                       clattn_status_string(status), clattn_last_error(ctx));
     } else if (err != CL_SUCCESS) {
         rc = cli_fail("sdpa", CLI_FAILED, "OpenCL error %d moving the data", (int)err);
     }
+    clattn_plan_release(backward);
     clattn_plan_release(plan);
     for (int i = 0; i < M_COUNT; ++i)
         if (d->mem[i])
@@ -1156,6 +1341,10 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     const size_t scores_shape[4] = {batch, heads, seq_q, seq_k};
     if (o->qk_out && (rc = write_npy(o->qk_out, d->scores, 4, scores_shape, &d->q)))
         return rc;
+    if (o->backward && (rc = write_grads(o, d, seq_k, heads)))
+        return rc;
+    if (o->backward && !o->out) /* the gradients are the result: Y is not printed */
+        return CLI_OK;
 
     return write_out(o, d, batch, heads, seq_q, dv, rank3);
 }
