@@ -43,7 +43,8 @@ TENSOR_ROLES = ("q", "k", "v", "out", "attn_mask", "key_padding_mask", "weights"
                 "k_bias", "v_bias", "out_weight", "out_bias", "kv_seqlen", "past_k", "past_v",
                 "present_k", "present_v", "scores", "alibi_slopes", "pos_table", "rope_cos",
                 "rope_sin", "position_ids", "score_weight", "sinks", "block_table",
-                "cu_seqlens_q", "cu_seqlens_k")
+                "cu_seqlens_q", "cu_seqlens_k", "grad_out", "grad_q", "grad_k", "grad_v",
+                "grad_attn_mask", "grad_sinks")
 
 
 class Tensors(Structure):
@@ -168,6 +169,8 @@ _declare(lib.clattn_ctx_device, c_void_p, _ctx_p)
 _declare(lib.clattn_finish, c_int, _ctx_p)
 _declare(lib.clattn_sdpa_desc_init, None, POINTER(SdpaDesc))
 _declare(lib.clattn_sdpa_plan_create, c_int, _ctx_p, POINTER(SdpaDesc), POINTER(_plan_p))
+_declare(lib.clattn_sdpa_backward_plan_create, c_int, _ctx_p, POINTER(SdpaDesc),
+         POINTER(_plan_p))
 _declare(lib.clattn_mha_desc_init, None, POINTER(MhaDesc))
 _declare(lib.clattn_mha_plan_create, c_int, _ctx_p, POINTER(MhaDesc), POINTER(_plan_p))
 _declare(lib.clattn_plan_release, None, _plan_p)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
+from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
@@ -88,7 +90,10 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     scale, enable_gqa); dropout_p must be 0 (dropout is not implemented: NotImplementedError).
     torch tensors in give a torch tensor out, of the query's dtype and on its device (CPU
     tensors are read in place through numpy views and the result wraps clattn's output
-    without a copy); numpy in gives numpy out.
+    without a copy); numpy in gives numpy out. Where torch records gradients
+    (torch.is_grad_enabled()) and query, key, value, a float attn_mask or sinks requires
+    grad, the call is a ``torch.autograd.Function`` (clattn.autograd): backward() runs
+    clattn's backward (:func:`sdpa_backward`) and gives those tensors their gradients.
     ctx, path (keyword only): the clattn.Context (None: the default one); "auto" (the fused
     kernel where it applies), "fused" or "unfused".
     sinks (keyword only): attention sinks (GPT-OSS), one logit per query head, shape (Hq,):
@@ -110,6 +115,10 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
         raise NotImplementedError(f"clattn: dropout_p={dropout_p}: dropout is not implemented "
                                   f"(inference only); pass dropout_p=0.0")
     like = _torch.any_tensor(query, key, value)
+    if like is not None and _needs_grad(query, key, value, attn_mask, sinks):
+        from .autograd import sdpa_autograd  # torch autograd: the forward keeps its lse
+        return sdpa_autograd(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                             sinks=sinks, ctx=ctx, path=path)
     if like is not None:  # torch in, torch out: numpy views of the tensors' memory
         result = scaled_dot_product_attention(
             _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
@@ -141,77 +150,12 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
                 arrays = (query, key, value) if attn_mask is None else (query, key, value,
                                                                         attn_mask)
                 return prepared.run(ctx, arrays).reshape(prepared.result_shape)
-    q_in = np.asarray(query)
-    q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
-    if not (q.ndim == k.ndim == v.ndim) or q.ndim < 2:
-        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                            f"query, key and value must have the same rank >= 2 (got "
-                            f"{q.ndim}, {k.ndim}, {v.ndim})")
-    if k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2]:
-        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                            f"query {q.shape}, key {k.shape}, value {v.shape}: expected "
-                            f"(..., L, E), (..., S, E), (..., S, Ev)")
-    heads_q = q.shape[-3] if q.ndim >= 3 else 1
-    heads_k = k.shape[-3] if k.ndim >= 3 else 1
-    if v.ndim >= 3 and v.shape[-3] != heads_k:
-        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                            f"key has {heads_k} heads but value {v.shape[-3]}")
-    if heads_q != heads_k and not (enable_gqa and heads_k and heads_q % heads_k == 0):
-        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                            f"query has {heads_q} heads, key and value {heads_k}: pass "
-                            f"enable_gqa=True with a divisor of the query heads")
-    try:
-        batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
-    except ValueError:
-        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                            f"the batch dims of query {q.shape}, key {k.shape} and value "
-                            f"{v.shape} do not broadcast") from None
-    batch4 = batch if len(batch) == 1 else (int(np.prod(batch)) if batch else 1,)
-    q4 = _to_rank4("query", q if q.ndim >= 3 else q[None], batch)
-    k4 = _to_rank4("key", k if k.ndim >= 3 else k[None], batch)
-    v4 = _to_rank4("value", v if v.ndim >= 3 else v[None], batch)
-    B, L, S = batch4[0], q4.shape[-2], k4.shape[-2]
-    Ev = v4.shape[-1]
-
-    mask4 = None
-    if attn_mask is not None:
-        m = np.asarray(attn_mask)
-        if m.dtype == np.bool_:
-            m = m.astype(np.uint8)
-            mask_dtype = _lib.U8
-        else:
-            m = _as_float("attn_mask", m)
-            mask_dtype = clattn_dtype(m.dtype)
-        try:
-            np.broadcast_shapes(m.shape, batch + (heads_q, L, S))
-        except ValueError:
-            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                                f"attn_mask has shape {m.shape}, which does not broadcast to "
-                                f"{batch + (heads_q, L, S)}") from None
-        if m.ndim > 4 or (m.ndim == 4 and len(batch) != 1):
-            m = np.ascontiguousarray(np.broadcast_to(m, batch + (heads_q, L, S)))
-            m = m.reshape((B, heads_q, L, S))
-        mask4 = (np.ascontiguousarray(m), mask_dtype)
-
-    sinks1 = _sinks_array(sinks, heads_q)
-
-    dtypes = tuple(clattn_dtype(a.dtype) for a in (q4, k4, v4))
+    pb = _problem(query, key, value, attn_mask, enable_gqa, sinks)
+    q_in, q4, k4, v4, mask4, sinks1 = pb.q_in, pb.q4, pb.k4, pb.v4, pb.mask4, pb.sinks1
+    B, heads_q, L, Ev, dtypes, result_shape = (pb.B, pb.heads_q, pb.L, pb.Ev, pb.dtypes,
+                                                pb.result_shape)
     out_dtype = dtypes[0]
-
-    def strides_of(a):
-        """Element strides; a dim of size 1 gets its packed stride (numpy may report 0 there,
-        which clattn takes as a broadcast and refuses along the head dim on some paths)."""
-        packed_strides = np.cumprod((a.shape[1:] + (1,))[::-1])[::-1]
-        return tuple(int(s // a.itemsize) if n > 1 else int(p)
-                     for s, n, p in zip(a.strides, a.shape, packed_strides))
-
-    def packed(a):  # a broadcast (stride-0) batch is uploaded once
-        if a.strides[0] == 0 and a.shape[0] > 1:
-            return np.ascontiguousarray(a[:1]), (0,) + strides_of(np.ascontiguousarray(a[:1]))[1:]
-        c = np.ascontiguousarray(a)
-        return c, strides_of(c)
-
-    (qc, qs), (kc, ks), (vc, vs) = packed(q4), packed(k4), packed(v4)
+    (qc, qs), (kc, ks), (vc, vs) = _packed(q4), _packed(k4), _packed(v4)
     key_ = ("sdpa", q4.shape, k4.shape, v4.shape, dtypes, qs, ks, vs,
             None if mask4 is None else (mask4[0].shape, mask4[1]), bool(is_causal),
             scale, _PATHS[path], sinks1 is not None)
@@ -233,14 +177,6 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
         desc.path = _PATHS[path]
         return _sdpa_plan(ctx, desc)
 
-    if len(batch) != 1:
-        result_shape = tuple(batch) + (heads_q, L, Ev)
-    else:
-        result_shape = (B, heads_q, L, Ev)
-    if q_in.ndim == 2:
-        result_shape = (L, Ev)
-    elif q_in.ndim == 3 and not batch:
-        result_shape = (heads_q, L, Ev)
     raw = [query, key, value] + ([attn_mask] if attn_mask is not None else [])
     uploads = [qc, kc, vc] + ([mask4[0]] if mask4 is not None else [])
     if fast_key is not None and all(
@@ -296,6 +232,343 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
         buffers[3].read(ctx, out)
     result = out.reshape(result_shape)
     return result.astype(q_in.dtype) if q_in.dtype == np.float64 else result
+
+
+def _problem(query, key, value, attn_mask, enable_gqa, sinks) -> SimpleNamespace:
+    """The arguments of scaled_dot_product_attention checked and brought to rank 4: q4, k4, v4
+    (B, H, L, E) (a broadcast batch may keep stride 0), mask4 (array, clattn dtype) or None,
+    sinks1 (float32 (Hq,)) or None, batch (the broadcast leading dims), B, heads_q, L, S, Ev,
+    dtypes (of q4, k4, v4), result_shape (the output's shape for these inputs) and q_in."""
+    q_in = np.asarray(query)
+    q, k, v = _as_float("query", query), _as_float("key", key), _as_float("value", value)
+    if not (q.ndim == k.ndim == v.ndim) or q.ndim < 2:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"query, key and value must have the same rank >= 2 (got "
+                            f"{q.ndim}, {k.ndim}, {v.ndim})")
+    if k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2]:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"query {q.shape}, key {k.shape}, value {v.shape}: expected "
+                            f"(..., L, E), (..., S, E), (..., S, Ev)")
+    heads_q = q.shape[-3] if q.ndim >= 3 else 1
+    heads_k = k.shape[-3] if k.ndim >= 3 else 1
+    if v.ndim >= 3 and v.shape[-3] != heads_k:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"key has {heads_k} heads but value {v.shape[-3]}")
+    if heads_q != heads_k and not (enable_gqa and heads_k and heads_q % heads_k == 0):
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"query has {heads_q} heads, key and value {heads_k}: pass "
+                            f"enable_gqa=True with a divisor of the query heads")
+    try:
+        batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    except ValueError:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"the batch dims of query {q.shape}, key {k.shape} and value "
+                            f"{v.shape} do not broadcast") from None
+    batch4 = batch if len(batch) == 1 else (int(np.prod(batch)) if batch else 1,)
+    q4 = _to_rank4("query", q if q.ndim >= 3 else q[None], batch)
+    k4 = _to_rank4("key", k if k.ndim >= 3 else k[None], batch)
+    v4 = _to_rank4("value", v if v.ndim >= 3 else v[None], batch)
+    B, L, S = batch4[0], q4.shape[-2], k4.shape[-2]
+    Ev = v4.shape[-1]
+
+    mask4 = None
+    if attn_mask is not None:
+        m = np.asarray(attn_mask)
+        if m.dtype == np.bool_:
+            m = m.astype(np.uint8)
+            mask_dtype = _lib.U8
+        else:
+            m = _as_float("attn_mask", m)
+            mask_dtype = clattn_dtype(m.dtype)
+        try:
+            np.broadcast_shapes(m.shape, batch + (heads_q, L, S))
+        except ValueError:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"attn_mask has shape {m.shape}, which does not broadcast to "
+                                f"{batch + (heads_q, L, S)}") from None
+        if m.ndim > 4 or (m.ndim == 4 and len(batch) != 1):
+            m = np.ascontiguousarray(np.broadcast_to(m, batch + (heads_q, L, S)))
+            m = m.reshape((B, heads_q, L, S))
+        mask4 = (np.ascontiguousarray(m), mask_dtype)
+
+    sinks1 = _sinks_array(sinks, heads_q)
+    dtypes = tuple(clattn_dtype(a.dtype) for a in (q4, k4, v4))
+    if len(batch) != 1:
+        result_shape = tuple(batch) + (heads_q, L, Ev)
+    else:
+        result_shape = (B, heads_q, L, Ev)
+    if q_in.ndim == 2:
+        result_shape = (L, Ev)
+    elif q_in.ndim == 3 and not batch:
+        result_shape = (heads_q, L, Ev)
+    return SimpleNamespace(q_in=q_in, q4=q4, k4=k4, v4=v4, batch=tuple(batch), B=B,
+                           heads_q=heads_q, L=L, S=S, Ev=Ev, mask4=mask4, sinks1=sinks1,
+                           dtypes=dtypes, result_shape=result_shape)
+
+
+def _strides_of(a):
+    """Element strides; a dim of size 1 gets its packed stride (numpy may report 0 there,
+    which clattn takes as a broadcast and refuses along the head dim on some paths)."""
+    packed_strides = np.cumprod((a.shape[1:] + (1,))[::-1])[::-1]
+    return tuple(int(s // a.itemsize) if n > 1 else int(p)
+                 for s, n, p in zip(a.strides, a.shape, packed_strides))
+
+
+def _packed(a):
+    """a C-contiguous with its element strides; a broadcast (stride-0) batch is uploaded once."""
+    if a.strides[0] == 0 and a.shape[0] > 1:
+        one = np.ascontiguousarray(a[:1])
+        return one, (0,) + _strides_of(one)[1:]
+    c = np.ascontiguousarray(a)
+    return c, _strides_of(c)
+
+def _needs_grad(*xs) -> bool:
+    """Whether torch records a graph now and one of xs is a tensor that requires grad (torch
+    is already imported when this is asked: a tensor came in)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
+
+
+def _check_options(attn_mask, is_causal, scale) -> None:
+    if attn_mask is not None and is_causal:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            "attn_mask and is_causal are exclusive (as in PyTorch)")
+    if scale is not None and not math.isfinite(scale):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
+
+
+def _sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
+    """g summed over the dims that broadcasting `shape` to g's shape added or repeated (the
+    gradient of a broadcast input)."""
+    shape = tuple(shape)
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    if lead > 0:
+        g = g.sum(axis=tuple(range(lead)))
+    elif lead < 0:  # fewer dims than the input: the input's extra leading dims are ones
+        g = g.reshape((1,) * -lead + g.shape)
+    axes = tuple(i for i, (n, m) in enumerate(zip(shape, g.shape)) if n == 1 and m != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)
+
+
+def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
+                 attn_mask: Optional[ArrayLike] = None, is_causal: bool = False,
+                 scale: Optional[float] = None, enable_gqa: bool = False, *,
+                 sinks: Optional[ArrayLike] = None, ctx: Optional[Context] = None,
+                 path: str = "auto"):
+    """``scaled_dot_product_attention`` on numpy arrays that also returns the rows'
+    log-sum-exp, what :func:`sdpa_backward` takes: ``(out, lse)``.
+
+    The arguments are scaled_dot_product_attention's (no dropout; numpy in, numpy out; torch
+    tensors are read through numpy views, detached). out is (..., Hq, L, Ev) in query's
+    dtype; lse is float32 (..., Hq, L): the log-sum-exp of each row's masked, scaled scores
+    (the sink included), -inf for a row whose keys are all masked."""
+    if path not in _PATHS:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
+    query, key, value, attn_mask, sinks = (_torch.to_numpy(a) for a in
+                                           (query, key, value, attn_mask, sinks))
+    _check_options(attn_mask, is_causal, scale)
+    ctx = ctx or default_context()
+    pb = _problem(query, key, value, attn_mask, enable_gqa, sinks)
+    (qc, qs), (kc, ks), (vc, vs) = _packed(pb.q4), _packed(pb.k4), _packed(pb.v4)
+    B, H, L, Ev, dtypes = pb.B, pb.heads_q, pb.L, pb.Ev, pb.dtypes
+    out = np.empty((B, H, L, Ev), dtype=pb.q4.dtype)
+    lse = np.empty((B, H, L), dtype=np.float32)
+
+    def tensors():
+        t = _lib.Tensors()
+        t.q = layout(dtypes[0], pb.q4.shape, qs)
+        t.k = layout(dtypes[1], pb.k4.shape, ks)
+        t.v = layout(dtypes[2], pb.v4.shape, vs)
+        t.out = layout(dtypes[0], out.shape)
+        t.lse = layout(_lib.F32, lse.shape)
+        if pb.mask4 is not None:
+            t.attn_mask = layout(pb.mask4[1], pb.mask4[0].shape)
+        if pb.sinks1 is not None:
+            t.sinks = layout(_lib.F32, pb.sinks1.shape)
+        return t
+
+    key_ = ("sdpa-lse", pb.q4.shape, pb.k4.shape, pb.v4.shape, dtypes, qs, ks, vs,
+            None if pb.mask4 is None else (pb.mask4[0].shape, pb.mask4[1]), bool(is_causal),
+            scale, _PATHS[path], pb.sinks1 is not None)
+
+    def create():
+        desc = _lib.SdpaDesc()
+        lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+        src, t = tensors(), desc.tensors
+        for name in ("q", "k", "v", "out", "lse", "attn_mask", "sinks"):
+            setattr(t, name, getattr(src, name))
+        desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
+        desc.scale = float("nan") if scale is None else float(scale)
+        desc.path = _PATHS[path]
+        return _sdpa_plan(ctx, desc)
+
+    with ctx.lock:
+        plan = ctx.plan(key_, create)
+        t = tensors()
+        inputs = [("q", qc), ("k", kc), ("v", vc)]
+        if pb.mask4 is not None:
+            inputs.append(("attn_mask", pb.mask4[0]))
+        if pb.sinks1 is not None:
+            inputs.append(("sinks", pb.sinks1))
+        buffers = []
+        for name, a in inputs:
+            buffers.append(Buffer(ctx, a))
+            getattr(t, name).mem = buffers[-1].mem
+        out_buf, lse_buf = Buffer(ctx, nbytes=out.nbytes), Buffer(ctx, nbytes=lse.nbytes)
+        t.out.mem, t.lse.mem = out_buf.mem, lse_buf.mem
+        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(t), _lib.ROLE_COUNT, None, None, 0,
+                                          None, None))
+        out_buf.read(ctx, out)
+        lse_buf.read(ctx, lse)
+    result = out.reshape(pb.result_shape)
+    if pb.q_in.dtype == np.float64:
+        result = result.astype(np.float64)
+    return result, lse.reshape(pb.result_shape[:-1])
+
+
+class SdpaGrads(tuple):
+    """What :func:`sdpa_backward` returns: the tuple ``(grad_query, grad_key, grad_value)``
+    (so ``dq, dk, dv = sdpa_backward(...)`` works), with the optional gradients as
+    attributes: ``grad_attn_mask`` (with want_mask_grad, else None) and ``grad_sinks`` (when
+    sinks were given, else None)."""
+
+    def __new__(cls, grad_query, grad_key, grad_value, grad_attn_mask=None, grad_sinks=None):
+        self = super().__new__(cls, (grad_query, grad_key, grad_value))
+        self.grad_attn_mask = grad_attn_mask
+        self.grad_sinks = grad_sinks
+        return self
+
+    grad_query = property(lambda self: self[0])
+    grad_key = property(lambda self: self[1])
+    grad_value = property(lambda self: self[2])
+
+
+def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: ArrayLike,
+                  lse: ArrayLike, grad_out: ArrayLike, attn_mask: Optional[ArrayLike] = None,
+                  is_causal: bool = False, scale: Optional[float] = None,
+                  enable_gqa: bool = False, *, sinks: Optional[ArrayLike] = None,
+                  ctx: Optional[Context] = None, want_mask_grad: bool = False) -> SdpaGrads:
+    """The backward pass of ``scaled_dot_product_attention`` on the clattn device
+    (clattn_sdpa_backward_plan_create: FlashAttention-2's recomputation from the lse, memory
+    linear in the sequence), on numpy arrays.
+
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, sinks: exactly what the
+    forward got (same shapes and meanings; rank 2 to 4 and broadcast batch dims as there).
+    out and lse: the forward's results, as :func:`sdpa_forward` returns them (out
+    (..., Hq, L, Ev), lse float32 (..., Hq, L)). grad_out: dL/d out, out's shape, any float
+    dtype. want_mask_grad: also the gradient of a float attn_mask (of the mask's own shape,
+    summed over the dims it was broadcast along); a bool mask has none (ArgumentError).
+    Computed in float32. Returns :class:`SdpaGrads`: the tuple (grad_query, grad_key,
+    grad_value), each of its input's shape and dtype (float64 inputs give float64; with
+    grouped heads grad_key and grad_value sum each group's query heads), with attributes
+    ``grad_attn_mask`` (with want_mask_grad, else None) and ``grad_sinks`` (float32 (Hq,),
+    when sinks are given, else None). torch tensors are read detached; use
+    ``scaled_dot_product_attention`` on tensors that require grad for autograd."""
+    query, key, value, out, lse, grad_out, attn_mask, sinks = (
+        _torch.to_numpy(a) for a in (query, key, value, out, lse, grad_out, attn_mask, sinks))
+    _check_options(attn_mask, is_causal, scale)
+    ctx = ctx or default_context()
+    pb = _problem(query, key, value, attn_mask, enable_gqa, sinks)
+    B, H, L, Ev, dtypes = pb.B, pb.heads_q, pb.L, pb.Ev, pb.dtypes
+    if want_mask_grad and (pb.mask4 is None or pb.mask4[1] == _lib.U8):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            "want_mask_grad=True needs a float attn_mask (a bool mask has no "
+                            "gradient)")
+    out_shape, lse_shape = tuple(pb.result_shape), tuple(pb.result_shape[:-1])
+    out_a, dout_a = _as_float("out", out), _as_float("grad_out", grad_out)
+    lse_a = np.asarray(lse)
+    for name, a, want in (("out", out_a, out_shape), ("grad_out", dout_a, out_shape),
+                          ("lse", lse_a, lse_shape)):
+        if tuple(a.shape) != want:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"{name} has shape {tuple(a.shape)}; the forward's is {want}")
+    # The gradients are per batch: every input is uploaded whole (no stride-0 batch).
+    qc, kc, vc = (np.ascontiguousarray(a) for a in (pb.q4, pb.k4, pb.v4))
+    oc = np.ascontiguousarray(out_a).reshape((B, H, L, Ev))
+    dc = np.ascontiguousarray(dout_a).reshape((B, H, L, Ev))
+    lc = np.ascontiguousarray(lse_a, dtype=np.float32).reshape((B, H, L))
+    grads = {"grad_q": np.empty(qc.shape, np.float32), "grad_k": np.empty(kc.shape, np.float32),
+             "grad_v": np.empty(vc.shape, np.float32)}
+    if want_mask_grad:
+        grads["grad_attn_mask"] = np.empty(pb.mask4[0].shape, np.float32)
+    if pb.sinks1 is not None:
+        grads["grad_sinks"] = np.empty(pb.sinks1.shape, np.float32)
+    inputs = {"q": (dtypes[0], qc), "k": (dtypes[1], kc), "v": (dtypes[2], vc),
+              "out": (clattn_dtype(oc.dtype), oc), "grad_out": (clattn_dtype(dc.dtype), dc),
+              "lse": (_lib.F32, lc)}
+    if pb.mask4 is not None:
+        inputs["attn_mask"] = (pb.mask4[1], pb.mask4[0])
+    if pb.sinks1 is not None:
+        inputs["sinks"] = (_lib.F32, pb.sinks1)
+
+    def tensors():
+        t = _lib.Tensors()
+        for name, (code, a) in inputs.items():
+            setattr(t, name, layout(code, a.shape, _strides_of(a)))
+        for name, a in grads.items():
+            setattr(t, name, layout(_lib.F32, a.shape))
+        return t
+
+    key_ = ("sdpa-backward", bool(is_causal), scale,
+            tuple((n, c, a.shape, _strides_of(a)) for n, (c, a) in inputs.items()),
+            tuple((n, a.shape) for n, a in grads.items()))
+
+    def create():
+        desc = _lib.SdpaDesc()
+        lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+        src, t = tensors(), desc.tensors
+        for name in tuple(inputs) + tuple(grads):
+            setattr(t, name, getattr(src, name))
+        desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
+        desc.scale = float("nan") if scale is None else float(scale)
+        desc.path = _lib.PATH_AUTO
+        plan = ctypes.c_void_p()
+        ctx.check(lib.clattn_sdpa_backward_plan_create(ctx.handle, ctypes.byref(desc),
+                                                       ctypes.byref(plan)))
+        return plan
+
+    with ctx.lock:
+        plan = ctx.plan(key_, create)
+        t = tensors()
+        buffers = {}
+        for name, (_, a) in inputs.items():
+            buffers[name] = Buffer(ctx, a)
+            getattr(t, name).mem = buffers[name].mem
+        for name, a in grads.items():
+            buffers[name] = Buffer(ctx, nbytes=a.nbytes)
+            getattr(t, name).mem = buffers[name].mem
+        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(t), _lib.ROLE_COUNT, None, None, 0,
+                                          None, None))
+        for name, a in grads.items():
+            buffers[name].read(ctx, a)
+
+    def back(g, given, name):
+        """A rank-4 gradient as its input's shape and dtype (summed over broadcast dims)."""
+        a = np.asarray(given)
+        full = pb.batch + g.shape[1:] if len(pb.batch) != 1 else g.shape
+        g = _sum_to(g.reshape(full), a.shape)
+        dtype = a.dtype if a.dtype == np.float64 else _as_float(name, a).dtype
+        return g.astype(dtype, copy=False)
+
+    dq = back(grads["grad_q"], query, "query")
+    dk = back(grads["grad_k"], key, "key")
+    dv = back(grads["grad_v"], value, "value")
+    dmask = None
+    if want_mask_grad:
+        m = np.asarray(attn_mask)
+        g = grads["grad_attn_mask"]
+        if g.shape != m.shape:  # broadcast here to (B, H, L, S) (see _problem)
+            g = _sum_to(g.reshape(pb.batch + g.shape[1:]), m.shape)
+        dmask = g.astype(m.dtype if m.dtype == np.float64 else _as_float("attn_mask", m).dtype,
+                         copy=False)
+    return SdpaGrads(dq, dk, dv, dmask, grads.get("grad_sinks"))
+
 
 
 def _numpy_key(query, key, value, attn_mask, is_causal, scale, enable_gqa, path):

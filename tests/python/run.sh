@@ -104,7 +104,8 @@ else
     POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$venv/bin/python" -m pytest -q \
         -p no:cacheprovider "$root/tests/python" "$@"
     status=$?
-    # test_torch.py against Debian's torch (see the header), the same wheel's sources
+    # test_torch.py and test_backward.py (autograd) against Debian's torch (see the header),
+    # the same wheel's sources
     tvenv=$build/venv-python-torch
     if [ "${CLATTN_PY_TORCH:-1}" = 0 ]; then
         echo "python: torch step skipped (CLATTN_PY_TORCH=0)"
@@ -129,8 +130,9 @@ else
                    status=1 ;;
             esac
             POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$tvenv/bin/python" -m pytest \
-                -q -p no:cacheprovider "$root/tests/python/test_torch.py" "$@"
-            rc=$?  # 5: a -k filter left nothing in test_torch.py
+                -q -p no:cacheprovider "$root/tests/python/test_torch.py" \
+                "$root/tests/python/test_backward.py" "$@"
+            rc=$?  # 5: a -k filter left nothing in test_torch.py and test_backward.py
             [ $rc = 0 ] || [ $rc = 5 ] || status=1
             echo "python: torch step (Debian's torch" \
                 "$("$tvenv/bin/python" -c 'import torch; print(torch.__version__)')) took" \
