@@ -274,7 +274,14 @@ __kernel void bwd_dq(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_
  * 16 keys are d FMAs each of q (dO) broadcast against the block's transposed keys (values), the
  * rule applied lane-wise (score_value16, the band by lane compares, exp16_nonpositive), then
  * the block's dK, dV rows (bwd_dkdv_cpu) or the row's dQ (bwd_dq_cpu) take 16-float FMAs. */
-#define BWD_BK 16 /* keys per block */
+#ifndef BWD_NV
+#define BWD_NV 4 /* 16-key vectors per key block (the host's choice, by local memory) */
+#endif
+#define BWD_BK (16 * BWD_NV) /* keys per block */
+#ifndef BWD_BQ
+#define BWD_BQ 64 /* query rows per work-item of bwd_dq_cpu (a multiple of BWD_RB) */
+#endif
+#define BWD_RB 4 /* query rows a step takes together (their loads of a key block shared) */
 
 /* The rule on a block's 16 scaled dot products xs of row `row` (keys key0 ..): p, and dX = dS
  * * scale * cap' (0 where a key is dropped: outside [kb, ke), padded (pad: -inf) or masked).
@@ -288,8 +295,8 @@ inline void bwd_block16(const float16 xs, const float16 dp, const float softcap,
 {
     float16 sv = score_value16(xs, softcap, band, row, key0) + pad;
     if (has_mask) {
-        float m[BWD_BK];
-        for (uint j = 0; j < BWD_BK; ++j)
+        float m[16];
+        for (uint j = 0; j < 16; ++j)
             m[j] = key0 + j < ke ? mask_term(mask_row, (ulong)(key0 + j) * mask_s3) : 0.0f;
         sv += vload16(0, m);
     }
@@ -317,6 +324,56 @@ inline void bwd_block16(const float16 xs, const float16 dp, const float softcap,
     *dx_out = ds * dcap;
 }
 
+/* The block's keys (values) key0 .. key0 + keys - 1 transposed into kt (vt), keys in lanes (zero
+ * past `keys`), k_rows too when not NULL; their key padding as 0 / -inf terms in pad_terms. */
+inline void bwd_stage_keys(__global const ELEM_T(K_DTYPE) *K, __global const ELEM_T(V_DTYPE) *V,
+                           const ulong k_base, const ulong k_s2, const ulong k_s3,
+                           const ulong v_base, const ulong v_s2, const ulong v_s3,
+                           const uint key0, const uint keys, const int has_key_padding,
+                           __global const uchar *key_padding, const ulong pad_base,
+                           const ulong pad_s1, __local float (*kt)[BWD_BK],
+                           __local float (*vt)[BWD_BK], __local float (*k_rows)[HEAD_DIM_QK],
+                           float *pad_terms)
+{
+    for (uint j = 0; j < BWD_BK; ++j) {
+        const uint key = key0 + j;
+        const bool here = j < keys;
+        pad_terms[j] = here && !key_padded(has_key_padding, key_padding,
+                                           pad_base + (ulong)key * pad_s1)
+                           ? 0.0f
+                           : NEG_INF;
+        const ulong k_at = k_base + (ulong)key * k_s2, v_at = v_base + (ulong)key * v_s2;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d) {
+            const float x = here ? LOAD(K_DTYPE, K, k_at + d * k_s3) : 0.0f;
+            kt[d][j] = x;
+            if (k_rows)
+                k_rows[j][d] = x;
+        }
+        for (uint d = 0; d < HEAD_DIM_V; ++d)
+            vt[d][j] = here ? LOAD(V_DTYPE, V, v_at + d * v_s3) : 0.0f;
+    }
+}
+
+/* Rows row0 .. row0 + BWD_RB - 1 against a staged key block: their scaled dot products and
+ * dp (lanes: keys, vectors: BWD_NV) from q_rows, go_rows (BWD_RB rows each). */
+#define BWD_DOTS(q_rows, go_rows)                                                                 \
+    float16 dot[BWD_RB][BWD_NV], dp[BWD_RB][BWD_NV];                                              \
+    for (uint r = 0; r < BWD_RB; ++r)                                                             \
+        for (uint v = 0; v < BWD_NV; ++v)                                                         \
+            dot[r][v] = dp[r][v] = (float16)(0.0f);                                               \
+    for (uint d = 0; d < HEAD_DIM_QK; ++d)                                                        \
+        for (uint v = 0; v < BWD_NV; ++v) {                                                       \
+            const float16 kd = vload16(v, kt[d]);                                                 \
+            for (uint r = 0; r < BWD_RB; ++r)                                                     \
+                dot[r][v] = fma((float16)((q_rows)[r][d]), kd, dot[r][v]);                        \
+        }                                                                                         \
+    for (uint d = 0; d < HEAD_DIM_V; ++d)                                                         \
+        for (uint v = 0; v < BWD_NV; ++v) {                                                       \
+            const float16 vd = vload16(v, vt[d]);                                                 \
+            for (uint r = 0; r < BWD_RB; ++r)                                                     \
+                dp[r][v] = fma((float16)((go_rows)[r][d]), vd, dp[r][v]);                         \
+        }
+
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
                   __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
@@ -326,81 +383,87 @@ void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
                   SCORE_BUFFERS, const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    /* the block's keys and values transposed (keys in lanes), its dK and dV transposed */
     __local float kt[HEAD_DIM_QK][BWD_BK], vt[HEAD_DIM_V][BWD_BK];
-    __local float dk_acc[BWD_BK][HEAD_DIM_QK], dv_acc[BWD_BK][HEAD_DIM_V];
-    __local float q_row[HEAD_DIM_QK], go_row[HEAD_DIM_V];
+    __local float dkt[HEAD_DIM_QK][BWD_BK], dvt[HEAD_DIM_V][BWD_BK];
+    __local float q_rows[BWD_RB][HEAD_DIM_QK], go_rows[BWD_RB][HEAD_DIM_V];
     const uint key0 = get_group_id(0) * BWD_BK;
     const ulong bg = bh_base + get_global_id(1);
     const ulong kv_heads = heads / kv_group;
     const ulong b = bg / kv_heads, g = bg - b * kv_heads;
     const uint keys = min((uint)BWD_BK, seq_k - key0);
     float pad_terms[BWD_BK];
-    for (uint j = 0; j < BWD_BK; ++j) {
-        const uint key = key0 + j;
-        const bool here = j < keys;
-        pad_terms[j] = here && !key_padded(has_key_padding, key_padding,
-                                           key_padding_offset + b * key_padding_s0 +
-                                               (ulong)key * key_padding_s1)
-                           ? 0.0f
-                           : NEG_INF;
-        const ulong k_at = k_offset + b * k_s0 + g * k_s1 + (ulong)key * k_s2;
-        const ulong v_at = v_offset + b * v_s0 + g * v_s1 + (ulong)key * v_s2;
-        for (uint d = 0; d < HEAD_DIM_QK; ++d) {
-            kt[d][j] = here ? LOAD(K_DTYPE, K, k_at + d * k_s3) : 0.0f;
-            dk_acc[j][d] = 0.0f;
-        }
-        for (uint d = 0; d < HEAD_DIM_V; ++d) {
-            vt[d][j] = here ? LOAD(V_DTYPE, V, v_at + d * v_s3) : 0.0f;
-            dv_acc[j][d] = 0.0f;
-        }
-    }
-    const float16 pad = vload16(0, pad_terms);
+    bwd_stage_keys(K, V, k_offset + b * k_s0 + g * k_s1, k_s2, k_s3,
+                   v_offset + b * v_s0 + g * v_s1, v_s2, v_s3, key0, keys, has_key_padding,
+                   key_padding, key_padding_offset + b * key_padding_s0, key_padding_s1, kt, vt,
+                   NULL, pad_terms);
+    for (uint d = 0; d < HEAD_DIM_QK; ++d)
+        for (uint v = 0; v < BWD_NV; ++v)
+            vstore16((float16)(0.0f), v, dkt[d]);
+    for (uint d = 0; d < HEAD_DIM_V; ++d)
+        for (uint v = 0; v < BWD_NV; ++v)
+            vstore16((float16)(0.0f), v, dvt[d]);
     for (uint t = 0; t < kv_group; ++t) {
         const ulong h = g * kv_group + t;
         const key_band band = BAND_OF(b, h);
         if (key0 >= band.limit)
             break; /* past the batch's key count: no row sees the block */
         const ulong bh = b * heads + h;
-        for (uint row = part_begin; row < part_stop; ++row) {
-            const uint kb = band_begin(band, row), ke = band_end(band, row);
-            if (kb >= key0 + keys)
-                break; /* the band's start only grows with the row */
-            if (ke <= key0)
-                continue;
-            const float lse = lse_in[lse_offset + b * lse_s0 + h * lse_s1 + (ulong)row * lse_s2];
-            if (lse == NEG_INF)
-                continue;
-            const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
-            const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
-            float16 dot = (float16)(0.0f), dp = (float16)(0.0f);
-            for (uint d = 0; d < HEAD_DIM_QK; ++d) {
-                const float x = LOAD(Q_DTYPE, Q, q_at + d * q_s3);
-                q_row[d] = x;
-                dot = fma((float16)(x), vload16(0, kt[d]), dot);
+        /* the rows whose band meets the block: both band ends grow with the row */
+        uint first = part_begin, last;
+        while (first < part_stop && band_end(band, first) <= key0)
+            ++first;
+        for (last = first; last < part_stop && band_begin(band, last) < key0 + keys; ++last)
+            ;
+        for (uint row0 = first; row0 < last; row0 += BWD_RB) {
+            float lse_r[BWD_RB], delta_r[BWD_RB];
+            for (uint r = 0; r < BWD_RB; ++r) {
+                const uint row = row0 + r;
+                const bool here = row < last;
+                const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
+                const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
+                for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                    q_rows[r][d] = here ? LOAD(Q_DTYPE, Q, q_at + d * q_s3) : 0.0f;
+                for (uint d = 0; d < HEAD_DIM_V; ++d)
+                    go_rows[r][d] = here ? LOAD(GO_DTYPE, GO, go_at + d * go_s3) : 0.0f;
+                lse_r[r] = here ? lse_in[lse_offset + b * lse_s0 + h * lse_s1 +
+                                         (ulong)row * lse_s2]
+                                : NEG_INF;
+                delta_r[r] = here ? scratch[delta_at + bh * seq_q + row] : 0.0f;
             }
-            for (uint d = 0; d < HEAD_DIM_V; ++d) {
-                const float x = LOAD(GO_DTYPE, GO, go_at + d * go_s3);
-                go_row[d] = x;
-                dp = fma((float16)(x), vload16(0, vt[d]), dp);
+            BWD_DOTS(q_rows, go_rows)
+            float16 p[BWD_RB][BWD_NV], dx[BWD_RB][BWD_NV];
+            for (uint r = 0; r < BWD_RB; ++r) {
+                const uint row = row0 + r;
+                const uint kb = band_begin(band, row), ke = band_end(band, row);
+                for (uint v = 0; v < BWD_NV; ++v) {
+                    p[r][v] = dx[r][v] = (float16)(0.0f);
+                    const uint k0 = key0 + 16 * v;
+                    if (lse_r[r] == NEG_INF || ke <= k0 || kb >= k0 + 16)
+                        continue;
+                    float16 ds;
+                    bwd_block16(dot[r][v] * scale, dp[r][v], softcap, band, row, k0, kb, ke,
+                                vload16(v, pad_terms), has_mask,
+                                mask + mask_offset + b * mask_s0 + h * mask_s1 +
+                                    (ulong)row * mask_s2,
+                                mask_s3, lse_r[r], delta_r[r], scale, norm_relu, &p[r][v],
+                                &dx[r][v], &ds);
+                }
             }
-            float16 p, dx, ds;
-            bwd_block16(dot * scale, dp, softcap, band, row, key0, kb, ke, pad, has_mask,
-                        mask + mask_offset + b * mask_s0 + h * mask_s1 + (ulong)row * mask_s2,
-                        mask_s3, lse, scratch[delta_at + bh * seq_q + row], scale, norm_relu, &p,
-                        &dx, &ds);
-            float pj[BWD_BK], dxj[BWD_BK];
-            vstore16(p, 0, pj);
-            vstore16(dx, 0, dxj);
-            for (uint j = 0; j < keys; ++j) {
-                if (pj[j] != 0.0f)
-                    for (uint c = 0; c < HEAD_DIM_V / 16; ++c)
-                        vstore16(fma((float16)(pj[j]), vload16(c, go_row), vload16(c, dv_acc[j])),
-                                 c, dv_acc[j]);
-                if (dxj[j] != 0.0f)
-                    for (uint c = 0; c < HEAD_DIM_QK / 16; ++c)
-                        vstore16(fma((float16)(dxj[j]), vload16(c, q_row), vload16(c, dk_acc[j])),
-                                 c, dk_acc[j]);
-            }
+            for (uint d = 0; d < HEAD_DIM_V; ++d)
+                for (uint v = 0; v < BWD_NV; ++v) {
+                    float16 acc = vload16(v, dvt[d]);
+                    for (uint r = 0; r < BWD_RB; ++r)
+                        acc = fma((float16)(go_rows[r][d]), p[r][v], acc);
+                    vstore16(acc, v, dvt[d]);
+                }
+            for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                for (uint v = 0; v < BWD_NV; ++v) {
+                    float16 acc = vload16(v, dkt[d]);
+                    for (uint r = 0; r < BWD_RB; ++r)
+                        acc = fma((float16)(q_rows[r][d]), dx[r][v], acc);
+                    vstore16(acc, v, dkt[d]);
+                }
         }
     }
     for (uint j = 0; j < keys; ++j) {
@@ -409,21 +472,19 @@ void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
             __global float *out = scratch + part_at + part * part_stride;
             const ulong k_elems = bg * seq_k + key;
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
-                out[k_elems * HEAD_DIM_QK + d] = dk_acc[j][d];
+                out[k_elems * HEAD_DIM_QK + d] = dkt[d][j];
             for (uint d = 0; d < HEAD_DIM_V; ++d)
-                out[dv_part_at + k_elems * HEAD_DIM_V + d] = dv_acc[j][d];
+                out[dv_part_at + k_elems * HEAD_DIM_V + d] = dvt[d][j];
             continue;
         }
         const ulong dk_at = dk_offset + b * dk_s0 + g * dk_s1 + (ulong)key * dk_s2;
         const ulong dv_at = dv_offset + b * dv_s0 + g * dv_s1 + (ulong)key * dv_s2;
         for (uint d = 0; d < HEAD_DIM_QK; ++d)
-            STORE(DK_DTYPE, dk_acc[j][d], DK, dk_at + d * dk_s3);
+            STORE(DK_DTYPE, dkt[d][j], DK, dk_at + d * dk_s3);
         for (uint d = 0; d < HEAD_DIM_V; ++d)
-            STORE(DV_DTYPE, dv_acc[j][d], DV, dv_at + d * dv_s3);
+            STORE(DV_DTYPE, dvt[d][j], DV, dv_at + d * dv_s3);
     }
 }
-
-#define BWD_BQ 16 /* query rows per work-item of bwd_dq_cpu */
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bwd_dq_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
@@ -435,83 +496,80 @@ void bwd_dq_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
     __local float kt[HEAD_DIM_QK][BWD_BK], vt[HEAD_DIM_V][BWD_BK], k_rows[BWD_BK][HEAD_DIM_QK];
-    __local float q_rows[BWD_BQ][HEAD_DIM_QK], go_rows[BWD_BQ][HEAD_DIM_V];
+    __local float q_all[BWD_BQ][HEAD_DIM_QK], go_all[BWD_BQ][HEAD_DIM_V];
     __local float dq_acc[BWD_BQ][HEAD_DIM_QK];
     const uint row0 = get_group_id(0) * BWD_BQ;
     const ulong bh = bh_base + get_global_id(1);
     const ulong b = bh / heads, h = bh - b * heads, g = h / kv_group;
     const key_band band = BAND_OF(b, h);
     const uint rows = min((uint)BWD_BQ, seq_q - row0);
-    float lse_r[BWD_BQ], delta_r[BWD_BQ];
-    for (uint r = 0; r < rows; ++r) {
+    float lse_all[BWD_BQ], delta_all[BWD_BQ];
+    for (uint r = 0; r < BWD_BQ; ++r) {
         const uint row = row0 + r;
+        const bool here = r < rows;
         const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
         const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
         for (uint d = 0; d < HEAD_DIM_QK; ++d) {
-            q_rows[r][d] = LOAD(Q_DTYPE, Q, q_at + d * q_s3);
+            q_all[r][d] = here ? LOAD(Q_DTYPE, Q, q_at + d * q_s3) : 0.0f;
             dq_acc[r][d] = 0.0f;
         }
         for (uint d = 0; d < HEAD_DIM_V; ++d)
-            go_rows[r][d] = LOAD(GO_DTYPE, GO, go_at + d * go_s3);
-        lse_r[r] = lse_in[lse_offset + b * lse_s0 + h * lse_s1 + (ulong)row * lse_s2];
-        delta_r[r] = scratch[delta_at + bh * seq_q + row];
-        if (has_dmask)
+            go_all[r][d] = here ? LOAD(GO_DTYPE, GO, go_at + d * go_s3) : 0.0f;
+        lse_all[r] =
+            here ? lse_in[lse_offset + b * lse_s0 + h * lse_s1 + (ulong)row * lse_s2] : NEG_INF;
+        delta_all[r] = here ? scratch[delta_at + bh * seq_q + row] : 0.0f;
+        if (has_dmask && here)
             for (uint key = part_begin; key < part_stop; ++key)
                 scratch[dmask_at + (bh * seq_q + row) * (ulong)seq_k + key] = 0.0f;
     }
     /* the keys any of the rows sees (both band ends grow with the row) */
     const uint first = max(band_begin(band, row0), part_begin);
     const uint stop = min(band_end(band, row0 + rows - 1), part_stop);
+    float pad_terms[BWD_BK];
     for (uint key0 = first; key0 < stop; key0 += BWD_BK) {
         const uint keys = min((uint)BWD_BK, stop - key0);
-        float pad_terms[BWD_BK];
-        for (uint j = 0; j < BWD_BK; ++j) {
-            const uint key = key0 + j;
-            const bool here = j < keys;
-            pad_terms[j] = here && !key_padded(has_key_padding, key_padding,
-                                               key_padding_offset + b * key_padding_s0 +
-                                                   (ulong)key * key_padding_s1)
-                               ? 0.0f
-                               : NEG_INF;
-            const ulong k_at = k_offset + b * k_s0 + g * k_s1 + (ulong)key * k_s2;
-            const ulong v_at = v_offset + b * v_s0 + g * v_s1 + (ulong)key * v_s2;
-            for (uint d = 0; d < HEAD_DIM_QK; ++d) {
-                const float x = here ? LOAD(K_DTYPE, K, k_at + d * k_s3) : 0.0f;
-                kt[d][j] = x;
-                k_rows[j][d] = x;
+        bwd_stage_keys(K, V, k_offset + b * k_s0 + g * k_s1, k_s2, k_s3,
+                       v_offset + b * v_s0 + g * v_s1, v_s2, v_s3, key0, keys, has_key_padding,
+                       key_padding, key_padding_offset + b * key_padding_s0, key_padding_s1, kt,
+                       vt, k_rows, pad_terms);
+        for (uint r0 = 0; r0 < rows; r0 += BWD_RB) {
+            BWD_DOTS(q_all + r0, go_all + r0)
+            float dxj[BWD_RB][BWD_BK];
+            for (uint r = 0; r < BWD_RB; ++r) {
+                const uint row = row0 + r0 + r;
+                const uint kb = band_begin(band, row), ke = min(band_end(band, row), key0 + keys);
+                for (uint v = 0; v < BWD_NV; ++v) {
+                    const uint k0 = key0 + 16 * v;
+                    float16 p, dx = (float16)(0.0f), ds = (float16)(0.0f);
+                    if (lse_all[r0 + r] != NEG_INF && ke > k0 && kb < k0 + 16)
+                        bwd_block16(dot[r][v] * scale, dp[r][v], softcap, band, row, k0, kb, ke,
+                                    vload16(v, pad_terms), has_mask,
+                                    mask + mask_offset + b * mask_s0 + h * mask_s1 +
+                                        (ulong)row * mask_s2,
+                                    mask_s3, lse_all[r0 + r], delta_all[r0 + r], scale,
+                                    norm_relu, &p, &dx, &ds);
+                    vstore16(dx, v, dxj[r]);
+                    if (has_dmask && r0 + r < rows) {
+                        float dsj[16];
+                        vstore16(ds, 0, dsj);
+                        for (uint j = 0; j < 16 && 16 * v + j < keys; ++j)
+                            scratch[dmask_at + (bh * seq_q + row) * (ulong)seq_k + k0 + j] =
+                                dsj[j];
+                    }
+                }
             }
-            for (uint d = 0; d < HEAD_DIM_V; ++d)
-                vt[d][j] = here ? LOAD(V_DTYPE, V, v_at + d * v_s3) : 0.0f;
-        }
-        const float16 pad = vload16(0, pad_terms);
-        for (uint r = 0; r < rows; ++r) {
-            const uint row = row0 + r;
-            const uint kb = band_begin(band, row), ke = min(band_end(band, row), key0 + keys);
-            if (lse_r[r] == NEG_INF || ke <= key0 || kb >= key0 + keys)
-                continue;
-            float16 dot = (float16)(0.0f), dp = (float16)(0.0f);
-            for (uint d = 0; d < HEAD_DIM_QK; ++d)
-                dot = fma((float16)(q_rows[r][d]), vload16(0, kt[d]), dot);
-            for (uint d = 0; d < HEAD_DIM_V; ++d)
-                dp = fma((float16)(go_rows[r][d]), vload16(0, vt[d]), dp);
-            float16 p, dx, ds;
-            bwd_block16(dot * scale, dp, softcap, band, row, key0, kb, ke, pad, has_mask,
-                        mask + mask_offset + b * mask_s0 + h * mask_s1 + (ulong)row * mask_s2,
-                        mask_s3, lse_r[r], delta_r[r], scale, norm_relu, &p, &dx, &ds);
-            float dxj[BWD_BK];
-            vstore16(dx, 0, dxj);
-            if (has_dmask) {
-                float dsj[BWD_BK];
-                vstore16(ds, 0, dsj);
-                for (uint j = 0; j < keys; ++j)
-                    scratch[dmask_at + (bh * seq_q + row) * (ulong)seq_k + key0 + j] = dsj[j];
+            for (uint c = 0; c < HEAD_DIM_QK / 16; ++c) {
+                float16 acc[BWD_RB];
+                for (uint r = 0; r < BWD_RB; ++r)
+                    acc[r] = vload16(c, dq_acc[r0 + r]);
+                for (uint j = 0; j < keys; ++j) {
+                    const float16 kj = vload16(c, k_rows[j]);
+                    for (uint r = 0; r < BWD_RB; ++r)
+                        acc[r] = fma((float16)(dxj[r][j]), kj, acc[r]);
+                }
+                for (uint r = 0; r < BWD_RB; ++r)
+                    vstore16(acc[r], c, dq_acc[r0 + r]);
             }
-            for (uint j = 0; j < keys; ++j)
-                if (dxj[j] != 0.0f)
-                    for (uint c = 0; c < HEAD_DIM_QK / 16; ++c)
-                        vstore16(fma((float16)(dxj[j]), vload16(c, k_rows[j]),
-                                     vload16(c, dq_acc[r])),
-                                 c, dq_acc[r]);
         }
     }
     for (uint r = 0; r < rows; ++r) {

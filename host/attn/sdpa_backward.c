@@ -145,12 +145,16 @@ static clattn_status create(clattn_plan *plan, const void *any)
     plan->attention.fused = true;
     plan->workspace_floats = plan->backward.scratch_floats;
     const clattn__flash_bwd_plan *bwd = &plan->backward;
+    char cpu_geometry[96] = "dK/dV per key, dQ per row";
+    if (bwd->cpu)
+        snprintf(cpu_geometry, sizeof cpu_geometry,
+                 "CPU variant: dK/dV per %u keys, dQ per %u rows, float16 lanes",
+                 16 * bwd->cpu_nv, bwd->cpu_rows);
     snprintf(plan->info, sizeof plan->info,
              "%s: fused backward, flash_bwd.cl (%s; %zu row part%s, %zu key part%s)%s%s, "
              "deterministic",
              op,
-             bwd->cpu ? "CPU variant: dK/dV per 16 keys, dQ per 16 rows, float16 lanes"
-                      : "dK/dV per key, dQ per row",
+             cpu_geometry,
              bwd->row_parts, bwd->row_parts > 1 ? "s" : "",
              bwd->key_parts, bwd->key_parts > 1 ? "s" : "",
              shape.want_dmask ? ", the mask's gradient" : "",

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #define MAX_BH_PER_LAUNCH 65535u
-#define BWD_BLOCK 16 /* keys (rows) per work-item of the CPU variants (flash_bwd.cl's BWD_BK) */
 
 /* Work-items per key (row) whose loop trips, counted as if nothing were unrolled, stay within
  * half a device's cap on them (tuning.loop_trip_limit); 0: all in one launch. `per_step`:
@@ -55,6 +54,25 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
      * elsewhere one key (row) per work-item. */
     plan->cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) && shape->head_dim_qk % 16 == 0 &&
                 shape->head_dim_v % 16 == 0;
+    if (plan->cpu) {
+        /* 16-key vectors per key block and query rows per bwd_dq_cpu work-item: the largest
+         * whose local arrays fit the device's local memory */
+        const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
+        plan->cpu_nv = 4;
+        plan->cpu_rows = 64;
+        while (plan->cpu_nv > 1 && (2 * dk + 2 * dv) * 16 * plan->cpu_nv * sizeof(float) +
+                                           8 * (dk + dv) * sizeof(float) >
+                                       ctx->info.local_mem_size / 2)
+            plan->cpu_nv /= 2;
+        while (plan->cpu_rows > 4 &&
+               ((2 * dk + dv) * 16 * plan->cpu_nv + (2 * dk + dv) * plan->cpu_rows) *
+                       sizeof(float) >
+                   ctx->info.local_mem_size / 2)
+            plan->cpu_rows /= 2;
+        const size_t used = strlen(extra);
+        snprintf(extra + used, sizeof extra - used, " -DBWD_NV=%u -DBWD_BQ=%u", plan->cpu_nv,
+                 plan->cpu_rows);
+    }
     clattn_status status;
     if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_delta", extra,
                                          &plan->delta)) ||
@@ -257,7 +275,8 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
                              CLATTN_ARG(buffers.kv_len),   CLATTN_ARG(buffers.alibi),
                              CLATTN_ARG(buffers.sinks),    CLATTN_ARG(params)};
         if ((status = launch_rows(chain, plan->dkdv, "bwd_dkdv", args, 14, &params,
-                                  plan->cpu ? (score->seq_k + BWD_BLOCK - 1) / BWD_BLOCK
+                                  plan->cpu ? (score->seq_k + 16 * plan->cpu_nv - 1) /
+                                                  (16 * plan->cpu_nv)
                                             : score->seq_k,
                                   plan->local_dkdv, bg)))
             return status;
@@ -287,7 +306,7 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
                              CLATTN_ARG(buffers.alibi),    CLATTN_ARG(buffers.sinks),
                              CLATTN_ARG(params)};
         if ((status = launch_rows(chain, plan->dq, "bwd_dq", args, 13, &params,
-                                  plan->cpu ? (score->seq_q + BWD_BLOCK - 1) / BWD_BLOCK
+                                  plan->cpu ? (score->seq_q + plan->cpu_rows - 1) / plan->cpu_rows
                                             : score->seq_q,
                                   plan->local_dq, bh)))
             return status;

@@ -361,7 +361,8 @@ typedef struct clattn__flash_bwd_shape {
 
 typedef struct clattn__flash_bwd_plan {
     clattn__flash_bwd_shape shape;
-    bool cpu; /* the CPU variants (bwd_dkdv_cpu, bwd_dq_cpu: 16 keys or rows a work-item) */
+    bool cpu; /* the CPU variants (bwd_dkdv_cpu, bwd_dq_cpu: blocks of keys or rows) */
+    unsigned cpu_nv, cpu_rows; /* their 16-key vectors per key block, rows per dQ work-item */
     cl_kernel delta, dkdv, dq;                    /* the passes */
     cl_kernel sum_q, sum_k, sum_v, mask_reduce, sinks; /* the reductions (NULL: not used) */
     size_t local_delta, local_dkdv, local_dq;     /* work-group sizes */
