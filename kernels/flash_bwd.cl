@@ -18,6 +18,10 @@
  * keys. Keys (rows) past a row's band (a key's rows) are skipped, so causal and windowed
  * problems do the band's work. Where a device caps a work-item's loop trips (Mesa's llvmpipe)
  * the host splits the walk into parts whose partial sums bwd_sum_parts adds in order.
+ * CPUs run bwd_dkdv_cpu (below): blocks of 16 * BWD_NV keys in float16 lanes, BWD_RB rows a
+ * step; without the mask's gradient it also sums dQ, each work-group of a (batch, k/v head)
+ * into its own slot of the scratch (FlashAttention-2's single pass, with slots instead of
+ * atomics), and bwd_sum_parts adds the slots in order: no second pass over the scores.
  *
  *     bwd_dkdv                         bwd_dq
  *     work-item j: k_j, v_j, dK_j, dV_j   work-item i: q_i, dO_i, dQ_i
@@ -259,7 +263,8 @@ __kernel void bwd_dq(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_
             dq[d] = fma(dx, LOAD(K_DTYPE, K, k_at + d * k_s3), dq[d]);
     }
     if (to_scratch) {
-        __global float *out = scratch + part_at + part * part_stride + (bh * seq_q + row) * HEAD_DIM_QK;
+        __global float *out =
+            scratch + part_at + part * part_stride + (bh * seq_q + row) * HEAD_DIM_QK;
         for (uint d = 0; d < HEAD_DIM_QK; ++d)
             out[d] = dq[d];
         return;
@@ -383,107 +388,136 @@ void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
                   SCORE_BUFFERS, const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
-    /* the block's keys and values transposed (keys in lanes), its dK and dV transposed */
+    /* the block's keys and values transposed (keys in lanes), its dK and dV transposed; its
+     * keys as rows too when dQ is summed here (dq_slots) */
     __local float kt[HEAD_DIM_QK][BWD_BK], vt[HEAD_DIM_V][BWD_BK];
     __local float dkt[HEAD_DIM_QK][BWD_BK], dvt[HEAD_DIM_V][BWD_BK];
     __local float q_rows[BWD_RB][HEAD_DIM_QK], go_rows[BWD_RB][HEAD_DIM_V];
-    const uint key0 = get_group_id(0) * BWD_BK;
+    __local float k_rows[BWD_BK][HEAD_DIM_QK];
     const ulong bg = bh_base + get_global_id(1);
     const ulong kv_heads = heads / kv_group;
     const ulong b = bg / kv_heads, g = bg - b * kv_heads;
-    const uint keys = min((uint)BWD_BK, seq_k - key0);
-    float pad_terms[BWD_BK];
-    bwd_stage_keys(K, V, k_offset + b * k_s0 + g * k_s1, k_s2, k_s3,
-                   v_offset + b * v_s0 + g * v_s1, v_s2, v_s3, key0, keys, has_key_padding,
-                   key_padding, key_padding_offset + b * key_padding_s0, key_padding_s1, kt, vt,
-                   NULL, pad_terms);
-    for (uint d = 0; d < HEAD_DIM_QK; ++d)
-        for (uint v = 0; v < BWD_NV; ++v)
-            vstore16((float16)(0.0f), v, dkt[d]);
-    for (uint d = 0; d < HEAD_DIM_V; ++d)
-        for (uint v = 0; v < BWD_NV; ++v)
-            vstore16((float16)(0.0f), v, dvt[d]);
-    for (uint t = 0; t < kv_group; ++t) {
-        const ulong h = g * kv_group + t;
-        const key_band band = BAND_OF(b, h);
-        if (key0 >= band.limit)
-            break; /* past the batch's key count: no row sees the block */
-        const ulong bh = b * heads + h;
-        /* the rows whose band meets the block: both band ends grow with the row */
-        uint first = part_begin, last;
-        while (first < part_stop && band_end(band, first) <= key0)
-            ++first;
-        for (last = first; last < part_stop && band_begin(band, last) < key0 + keys; ++last)
-            ;
-        for (uint row0 = first; row0 < last; row0 += BWD_RB) {
-            float lse_r[BWD_RB], delta_r[BWD_RB];
-            for (uint r = 0; r < BWD_RB; ++r) {
-                const uint row = row0 + r;
-                const bool here = row < last;
-                const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
-                const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
-                for (uint d = 0; d < HEAD_DIM_QK; ++d)
-                    q_rows[r][d] = here ? LOAD(Q_DTYPE, Q, q_at + d * q_s3) : 0.0f;
-                for (uint d = 0; d < HEAD_DIM_V; ++d)
-                    go_rows[r][d] = here ? LOAD(GO_DTYPE, GO, go_at + d * go_s3) : 0.0f;
-                lse_r[r] = here ? lse_in[lse_offset + b * lse_s0 + h * lse_s1 +
-                                         (ulong)row * lse_s2]
-                                : NEG_INF;
-                delta_r[r] = here ? scratch[delta_at + bh * seq_q + row] : 0.0f;
-            }
-            BWD_DOTS(q_rows, go_rows)
-            float16 p[BWD_RB][BWD_NV], dx[BWD_RB][BWD_NV];
-            for (uint r = 0; r < BWD_RB; ++r) {
-                const uint row = row0 + r;
-                const uint kb = band_begin(band, row), ke = band_end(band, row);
-                for (uint v = 0; v < BWD_NV; ++v) {
-                    p[r][v] = dx[r][v] = (float16)(0.0f);
-                    const uint k0 = key0 + 16 * v;
-                    if (lse_r[r] == NEG_INF || ke <= k0 || kb >= k0 + 16)
-                        continue;
-                    float16 ds;
-                    bwd_block16(dot[r][v] * scale, dp[r][v], softcap, band, row, k0, kb, ke,
-                                vload16(v, pad_terms), has_mask,
-                                mask + mask_offset + b * mask_s0 + h * mask_s1 +
-                                    (ulong)row * mask_s2,
-                                mask_s3, lse_r[r], delta_r[r], scale, norm_relu, &p[r][v],
-                                &dx[r][v], &ds);
-                }
-            }
-            for (uint d = 0; d < HEAD_DIM_V; ++d)
-                for (uint v = 0; v < BWD_NV; ++v) {
-                    float16 acc = vload16(v, dvt[d]);
-                    for (uint r = 0; r < BWD_RB; ++r)
-                        acc = fma((float16)(go_rows[r][d]), p[r][v], acc);
-                    vstore16(acc, v, dvt[d]);
-                }
-            for (uint d = 0; d < HEAD_DIM_QK; ++d)
-                for (uint v = 0; v < BWD_NV; ++v) {
-                    float16 acc = vload16(v, dkt[d]);
-                    for (uint r = 0; r < BWD_RB; ++r)
-                        acc = fma((float16)(q_rows[r][d]), dx[r][v], acc);
-                    vstore16(acc, v, dkt[d]);
-                }
-        }
-    }
-    for (uint j = 0; j < keys; ++j) {
-        const uint key = key0 + j;
-        if (to_scratch) {
-            __global float *out = scratch + part_at + part * part_stride;
-            const ulong k_elems = bg * seq_k + key;
-            for (uint d = 0; d < HEAD_DIM_QK; ++d)
-                out[k_elems * HEAD_DIM_QK + d] = dkt[d][j];
-            for (uint d = 0; d < HEAD_DIM_V; ++d)
-                out[dv_part_at + k_elems * HEAD_DIM_V + d] = dvt[d][j];
-            continue;
-        }
-        const ulong dk_at = dk_offset + b * dk_s0 + g * dk_s1 + (ulong)key * dk_s2;
-        const ulong dv_at = dv_offset + b * dv_s0 + g * dv_s1 + (ulong)key * dv_s2;
+    /* Work-group i takes key blocks i, i + n, ... (n work-groups along dimension 0: one block
+     * each, or dq_slots, each summing its blocks' dQ into its own slot) */
+    const uint blocks = (seq_k + BWD_BK - 1) / BWD_BK;
+    for (uint block = get_group_id(0); block < blocks; block += get_num_groups(0)) {
+        const uint key0 = block * BWD_BK;
+        const uint keys = min((uint)BWD_BK, seq_k - key0);
+        float pad_terms[BWD_BK];
+        bwd_stage_keys(K, V, k_offset + b * k_s0 + g * k_s1, k_s2, k_s3,
+                       v_offset + b * v_s0 + g * v_s1, v_s2, v_s3, key0, keys, has_key_padding,
+                       key_padding, key_padding_offset + b * key_padding_s0, key_padding_s1, kt, vt,
+                       dq_slots ? k_rows : NULL, pad_terms);
         for (uint d = 0; d < HEAD_DIM_QK; ++d)
-            STORE(DK_DTYPE, dkt[d][j], DK, dk_at + d * dk_s3);
+            for (uint v = 0; v < BWD_NV; ++v)
+                vstore16((float16)(0.0f), v, dkt[d]);
         for (uint d = 0; d < HEAD_DIM_V; ++d)
-            STORE(DV_DTYPE, dvt[d][j], DV, dv_at + d * dv_s3);
-    }
+            for (uint v = 0; v < BWD_NV; ++v)
+                vstore16((float16)(0.0f), v, dvt[d]);
+        for (uint t = 0; t < kv_group; ++t) {
+            const ulong h = g * kv_group + t;
+            const key_band band = BAND_OF(b, h);
+            if (key0 >= band.limit)
+                break; /* past the batch's key count: no row sees the block */
+            const ulong bh = b * heads + h;
+            /* the rows whose band meets the block: both band ends grow with the row */
+            uint first = part_begin, last;
+            while (first < part_stop && band_end(band, first) <= key0)
+                ++first;
+            for (last = first; last < part_stop && band_begin(band, last) < key0 + keys; ++last)
+                ;
+            for (uint row0 = first; row0 < last; row0 += BWD_RB) {
+                float lse_r[BWD_RB], delta_r[BWD_RB];
+                for (uint r = 0; r < BWD_RB; ++r) {
+                    const uint row = row0 + r;
+                    const bool here = row < last;
+                    const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
+                    const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
+                    for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                        q_rows[r][d] = here ? LOAD(Q_DTYPE, Q, q_at + d * q_s3) : 0.0f;
+                    for (uint d = 0; d < HEAD_DIM_V; ++d)
+                        go_rows[r][d] = here ? LOAD(GO_DTYPE, GO, go_at + d * go_s3) : 0.0f;
+                    lse_r[r] = here ? lse_in[lse_offset + b * lse_s0 + h * lse_s1 +
+                                             (ulong)row * lse_s2]
+                                    : NEG_INF;
+                    delta_r[r] = here ? scratch[delta_at + bh * seq_q + row] : 0.0f;
+                }
+                BWD_DOTS(q_rows, go_rows)
+                float16 p[BWD_RB][BWD_NV], dx[BWD_RB][BWD_NV];
+                for (uint r = 0; r < BWD_RB; ++r) {
+                    const uint row = row0 + r;
+                    const uint kb = band_begin(band, row), ke = band_end(band, row);
+                    for (uint v = 0; v < BWD_NV; ++v) {
+                        p[r][v] = dx[r][v] = (float16)(0.0f);
+                        const uint k0 = key0 + 16 * v;
+                        if (lse_r[r] == NEG_INF || ke <= k0 || kb >= k0 + 16)
+                            continue;
+                        float16 ds;
+                        bwd_block16(dot[r][v] * scale, dp[r][v], softcap, band, row, k0, kb, ke,
+                                    vload16(v, pad_terms), has_mask,
+                                    mask + mask_offset + b * mask_s0 + h * mask_s1 +
+                                        (ulong)row * mask_s2,
+                                    mask_s3, lse_r[r], delta_r[r], scale, norm_relu, &p[r][v],
+                                    &dx[r][v], &ds);
+                    }
+                }
+                for (uint d = 0; d < HEAD_DIM_V; ++d)
+                    for (uint v = 0; v < BWD_NV; ++v) {
+                        float16 acc = vload16(v, dvt[d]);
+                        for (uint r = 0; r < BWD_RB; ++r)
+                            acc = fma((float16)(go_rows[r][d]), p[r][v], acc);
+                        vstore16(acc, v, dvt[d]);
+                    }
+                for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                    for (uint v = 0; v < BWD_NV; ++v) {
+                        float16 acc = vload16(v, dkt[d]);
+                        for (uint r = 0; r < BWD_RB; ++r)
+                            acc = fma((float16)(q_rows[r][d]), dx[r][v], acc);
+                        vstore16(acc, v, dkt[d]);
+                    }
+                if (dq_slots) { /* dQ_i += sum_j dX_ij k_j into this work-group's slot */
+                    float dxj[BWD_RB][BWD_BK];
+                    for (uint r = 0; r < BWD_RB; ++r)
+                        for (uint v = 0; v < BWD_NV; ++v)
+                            vstore16(dx[r][v], v, dxj[r]);
+                    __global float *slot = scratch + dq_slots_at +
+                                           get_group_id(0) * dq_slot_stride +
+                                           (bh * seq_q + row0) * HEAD_DIM_QK;
+                    const uint n = min((uint)BWD_RB, last - row0);
+                    for (uint c = 0; c < HEAD_DIM_QK / 16; ++c) {
+                        float16 acc[BWD_RB];
+                        for (uint r = 0; r < BWD_RB; ++r)
+                            acc[r] = r < n ? vload16(c, slot + r * HEAD_DIM_QK) : (float16)(0.0f);
+                        for (uint j = 0; j < keys; ++j) {
+                            const float16 kj = vload16(c, k_rows[j]);
+                            for (uint r = 0; r < BWD_RB; ++r)
+                                acc[r] = fma((float16)(dxj[r][j]), kj, acc[r]);
+                        }
+                        for (uint r = 0; r < n; ++r)
+                            vstore16(acc[r], c, slot + r * HEAD_DIM_QK);
+                    }
+                }
+            }
+        }
+        for (uint j = 0; j < keys; ++j) {
+            const uint key = key0 + j;
+            if (to_scratch) {
+                __global float *out = scratch + part_at + part * part_stride;
+                const ulong k_elems = bg * seq_k + key;
+                for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                    out[k_elems * HEAD_DIM_QK + d] = dkt[d][j];
+                for (uint d = 0; d < HEAD_DIM_V; ++d)
+                    out[dv_part_at + k_elems * HEAD_DIM_V + d] = dvt[d][j];
+                continue;
+            }
+            const ulong dk_at = dk_offset + b * dk_s0 + g * dk_s1 + (ulong)key * dk_s2;
+            const ulong dv_at = dv_offset + b * dv_s0 + g * dv_s1 + (ulong)key * dv_s2;
+            for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                STORE(DK_DTYPE, dkt[d][j], DK, dk_at + d * dk_s3);
+            for (uint d = 0; d < HEAD_DIM_V; ++d)
+                STORE(DV_DTYPE, dvt[d][j], DV, dv_at + d * dv_s3);
+        }
+    } /* the key blocks */
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
@@ -606,6 +640,15 @@ __kernel void bwd_sum_parts(__global const float *scratch, __global ELEM_T(OUT_D
     const ulong c2 = r3 % d2, r2 = r3 / d2;
     const ulong c1 = r2 % d1, c0 = r2 / d1;
     STORE(OUT_DTYPE, sum, out, out_offset + c0 * out_s0 + c1 * out_s1 + c2 * out_s2 + c3 * out_s3);
+}
+
+/* Zeros into the scratch's floats in_at .. in_at + total - 1 (the dQ slots before they sum). */
+__kernel void bwd_zero(__global float *scratch, const clattn_bwd_reduce_params params)
+{
+    CLATTN_UNPACK(CLATTN_BWD_REDUCE_PARAMS)
+    const ulong i = get_global_id(0);
+    if (i < total)
+        scratch[in_at + i] = 0.0f;
 }
 
 /* A broadcast float mask's gradient: element (c0, c1, c2, c3) of the (d0, d1, d2, d3) result

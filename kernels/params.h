@@ -227,7 +227,10 @@ CLATTN_PARAMS_STRUCT(append, CLATTN_APPEND_PARAMS)
  * offsets; lse: (b, h, row) strides; the F32 scratch holds delta (dO . O per row, packed
  * (b, h, row) at delta_at), the float mask's gradient dS (packed (b, h, i, j) at dmask_at,
  * when has_dmask) and the parts' partial sums (packed (b, h, row, col), part_stride apart from
- * part_at, when to_scratch; bwd_dkdv's dV partials dv_part_at after its dK ones); bh_base: the first (batch * heads) index of this launch (of
+ * part_at, when to_scratch; bwd_dkdv's dV partials dv_part_at after its dK ones; with
+ * dq_slots > 0, bwd_dkdv_cpu's dQ sums, one slot per work-group of a (batch, k/v head), packed
+ * (b, h, row, col) dq_slot_stride apart from dq_slots_at); bh_base: the first (batch * heads) index
+ * of this launch (of
  * batch * kv_heads for bwd_dkdv); rows [part_begin, part_stop) (bwd_dkdv) or keys (bwd_dq) of
  * this launch, which is part `part`; kv_group: query heads per k/v head. */
 #define CLATTN_FLASH_BWD_PARAMS(X)                                                                \
@@ -241,9 +244,9 @@ CLATTN_PARAMS_STRUCT(append, CLATTN_APPEND_PARAMS)
     X(ulong, dv_offset) X(ulong, dv_s0) X(ulong, dv_s1) X(ulong, dv_s2) X(ulong, dv_s3)           \
     X(ulong, lse_offset) X(ulong, lse_s0) X(ulong, lse_s1) X(ulong, lse_s2) X(ulong, bh_base)     \
     X(ulong, delta_at) X(ulong, dmask_at) X(ulong, part_at) X(ulong, part_stride)                 \
-    X(ulong, dv_part_at)                                                                          \
+    X(ulong, dv_part_at) X(ulong, dq_slots_at) X(ulong, dq_slot_stride)                          \
     X(uint, kv_group) X(uint, part_begin) X(uint, part_stop) X(uint, part) X(int, to_scratch)     \
-    X(int, has_dmask)
+    X(int, has_dmask) X(uint, dq_slots) X(uint, bwd_pad_)
 CLATTN_SCORED_PARAMS_STRUCT(flash_bwd, CLATTN_FLASH_BWD_PARAMS)
 
 /* ---- attention backward's reductions (flash_bwd.cl: bwd_sum_parts, bwd_mask_reduce,

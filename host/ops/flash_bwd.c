@@ -99,8 +99,18 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
     plan->row_parts = (score->seq_q + plan->rows_per_part - 1) / plan->rows_per_part;
     plan->key_parts = (score->seq_k + plan->keys_per_part - 1) / plan->keys_per_part;
 
+    /* CPUs without the mask's gradient or parts: dQ summed in the dK/dV pass (FlashAttention-2's
+     * one pass; bwd_dq_cpu recomputes the scores otherwise), into one slot per work-group of a
+     * (batch, k/v head), summed in order after: enough work-groups for twice the compute units,
+     * at most one per key block. */
+    if (plan->cpu && !shape->want_dmask && plan->row_parts == 1 && plan->key_parts == 1) {
+        const size_t blocks = (score->seq_k + 16 * plan->cpu_nv - 1) / (16 * plan->cpu_nv);
+        const size_t pairs = score->batch * kv_heads;
+        size_t slots = (2 * (size_t)ctx->info.compute_units + pairs - 1) / pairs;
+        plan->dq_slots = slots > blocks ? blocks : slots < 1 ? 1 : slots;
+    }
     /* The scratch (floats): delta (B, H, Lq); dS (B, H, Lq, Lk) for a float mask's gradient;
-     * the parts' partial sums. */
+     * the parts' partial sums; the dQ slots. */
     size_t cursor = 0, n = 0;
     if (!clattn__product(&n, 3, score->batch, score->heads, score->seq_q))
         goto overflow;
@@ -132,6 +142,15 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
         if (!clattn__add(cursor, n, &cursor))
             goto overflow;
     }
+    if (plan->dq_slots) {
+        if (!clattn__product(&plan->dq_part_floats, 4, score->batch, score->heads, score->seq_q,
+                             dk) ||
+            !clattn__product(&n, 2, plan->dq_part_floats, (size_t)plan->dq_slots))
+            goto overflow;
+        plan->dq_parts_at = cursor;
+        if (!clattn__add(cursor, n, &cursor))
+            goto overflow;
+    }
     plan->scratch_floats = cursor;
 
     /* The reductions, built only when used. */
@@ -146,7 +165,10 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
                                              &plan->sum_v)))
             return status;
     }
-    if (plan->key_parts > 1) {
+    if (plan->dq_slots &&
+        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_zero", "", &plan->zero)))
+        return status;
+    if (plan->key_parts > 1 || plan->dq_slots) {
         snprintf(out_extra, sizeof out_extra, "-DOUT_DTYPE=%d", (int)shape->dq_dtype);
         if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_sum_parts", out_extra,
                                              &plan->sum_q)))
@@ -257,6 +279,20 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
                                   score->seq_q, plan->local_delta, bh)))
             return status;
     }
+    if (plan->dq_slots) { /* the slots start at zero */
+        clattn_bwd_reduce_params p;
+        memset(&p, 0, sizeof p);
+        p.in_at = scratch.offset + plan->dq_parts_at;
+        p.total = (cl_ulong)plan->dq_part_floats * plan->dq_slots;
+        const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(p)};
+        const size_t local = 64, global = rounded((size_t)p.total, local);
+        if ((status = clattn__launch_kernel(chain, plan->zero, "bwd_zero", args, 2, 1, &global,
+                                            &local)))
+            return status;
+        params.dq_slots = plan->dq_slots;
+        params.dq_slots_at = scratch.offset + plan->dq_parts_at;
+        params.dq_slot_stride = plan->dq_part_floats;
+    }
     /* dK, dV: per key, over the rows (in parts where the device caps loop trips) */
     params.to_scratch = plan->row_parts > 1;
     params.part_at = scratch.offset + plan->dkdv_parts_at;
@@ -265,8 +301,9 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
     for (size_t part = 0; part < plan->row_parts; ++part) {
         params.part = (cl_uint)part;
         params.part_begin = (cl_uint)(part * plan->rows_per_part);
-        params.part_stop = (cl_uint)(part + 1 == plan->row_parts ? score->seq_q
-                                                                 : (part + 1) * plan->rows_per_part);
+        params.part_stop = (cl_uint)(part + 1 == plan->row_parts
+                                         ? score->seq_q
+                                         : (part + 1) * plan->rows_per_part);
         clattn_arg args[] = {CLATTN_ARG(io->q.mem),        CLATTN_ARG(io->k.mem),
                              CLATTN_ARG(io->v.mem),        CLATTN_ARG(io->grad_out.mem),
                              CLATTN_ARG(io->lse.mem),      CLATTN_ARG(scratch.mem),
@@ -275,8 +312,9 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
                              CLATTN_ARG(buffers.kv_len),   CLATTN_ARG(buffers.alibi),
                              CLATTN_ARG(buffers.sinks),    CLATTN_ARG(params)};
         if ((status = launch_rows(chain, plan->dkdv, "bwd_dkdv", args, 14, &params,
-                                  plan->cpu ? (score->seq_k + 16 * plan->cpu_nv - 1) /
-                                                  (16 * plan->cpu_nv)
+                                  plan->dq_slots ? plan->dq_slots
+                                  : plan->cpu    ? (score->seq_k + 16 * plan->cpu_nv - 1) /
+                                                    (16 * plan->cpu_nv)
                                             : score->seq_k,
                                   plan->local_dkdv, bg)))
             return status;
@@ -289,15 +327,21 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
                                 plan->dkdv_part_floats, plan->row_parts, &io->dv)))
             return status;
     }
-    /* dQ (and dS for the mask): per row, over the keys */
+    if (plan->dq_slots && /* dQ: the slots' sums, in order */
+        (status = sum_parts(chain, plan->sum_q, scratch, plan->dq_parts_at, plan->dq_part_floats,
+                            plan->dq_slots, &io->dq)))
+        return status;
+    /* dQ (and dS for the mask): per row, over the keys (none with dq_slots) */
     params.to_scratch = plan->key_parts > 1;
+    params.dq_slots = 0;
     params.part_at = scratch.offset + plan->dq_parts_at;
     params.part_stride = plan->dq_part_floats;
-    for (size_t part = 0; part < plan->key_parts; ++part) {
+    for (size_t part = 0; part < (plan->dq_slots ? 0 : plan->key_parts); ++part) {
         params.part = (cl_uint)part;
         params.part_begin = (cl_uint)(part * plan->keys_per_part);
-        params.part_stop = (cl_uint)(part + 1 == plan->key_parts ? score->seq_k
-                                                                 : (part + 1) * plan->keys_per_part);
+        params.part_stop = (cl_uint)(part + 1 == plan->key_parts
+                                         ? score->seq_k
+                                         : (part + 1) * plan->keys_per_part);
         clattn_arg args[] = {CLATTN_ARG(io->q.mem),        CLATTN_ARG(io->k.mem),
                              CLATTN_ARG(io->v.mem),        CLATTN_ARG(io->grad_out.mem),
                              CLATTN_ARG(io->lse.mem),      CLATTN_ARG(scratch.mem),

@@ -363,6 +363,8 @@ typedef struct clattn__flash_bwd_plan {
     clattn__flash_bwd_shape shape;
     bool cpu; /* the CPU variants (bwd_dkdv_cpu, bwd_dq_cpu: blocks of keys or rows) */
     unsigned cpu_nv, cpu_rows; /* their 16-key vectors per key block, rows per dQ work-item */
+    unsigned dq_slots; /* > 0: dQ summed in bwd_dkdv_cpu, one slot per work-group (no bwd_dq) */
+    cl_kernel zero;    /* bwd_zero: the slots cleared first */
     cl_kernel delta, dkdv, dq;                    /* the passes */
     cl_kernel sum_q, sum_k, sum_v, mask_reduce, sinks; /* the reductions (NULL: not used) */
     size_t local_delta, local_dkdv, local_dq;     /* work-group sizes */
