@@ -15,7 +15,19 @@ Usage:
   --before REF / --no-before / --before-regs KEY=N: the first variant, REF's model.py and
   REF's tests/resources/table.md read with `git show` (skipped with a note where git or the
   ref is missing); --device h200|xe; --no-broadcast (128-bit local loads charged per byte,
-  the pessimistic bound); --breakdown (per-group work and latency terms too).
+  the pessimistic bound); --breakdown (per-group work and latency terms too);
+  --bwd-broadcast (the backward's warp-uniform loads as one request per warp, see below).
+
+THE BACKWARD (cases "backward ...", since 2026-12-05): bwd_delta + bwd_dkdv + bwd_dq, the
+  generic GPU kernels (64 work-items a group, one key or one row each), counts from model.py's
+  backward_launches, registers from the proxy (BWD_PROXY: table.md has no flash_bwd.cl rows).
+  % of peak from FlashAttention-2's useful FLOP, 10 d per kept pair (the kernels execute 14 d).
+  Default (the forward's rule): every work-item's global request at DRAM bandwidth: ~0.5-0.66
+  FLOP per byte, global-bound at 3 % of peak. --bwd-broadcast: the per-pair loads are
+  warp-uniform (every lane walks the same row or key): one request per warp (bytes / 32 to
+  DRAM) but one L1 wavefront each, and the private rows the proxy keeps on the stack (3 (dk +
+  dv) accesses per pair in bwd_dkdv, 3 dk + dv in bwd_dq) one wavefront per warp access too,
+  charged to the "local" pipe (the same SRAM): 8 % of peak, L1-bound.
 
 THE MODEL (one launch; "SM" = an NVIDIA streaming multiprocessor or an Intel dual subslice)
   Counts c (formulas): FMAs, exps, local loads (operations; 128-bit ones separated with the
@@ -213,7 +225,9 @@ def table_regs(rows, kernel, dk=None, bq=None, bk=None):
     (the proxy has no d=64 decode variant, for one)."""
     file_kernel = {"flash_gpu": "flash_gpu.cl:flash_attention", "matmul": "matmul.cl:matmul",
                    "softmax_rows": "softmax.cl:softmax_rows",
-                   "flash_merge": "heads.cl:flash_merge"}[kernel]
+                   "flash_merge": "heads.cl:flash_merge",
+                   "bwd_delta": "flash_bwd.cl:bwd_delta", "bwd_dkdv": "flash_bwd.cl:bwd_dkdv",
+                   "bwd_dq": "flash_bwd.cl:bwd_dq"}[kernel]
     cands = [r for r in rows if r[0] == file_kernel and
              all(r[1].get(k, "0") == "0" for k in r[1] if k.endswith("DTYPE"))]
     if dk is not None:
@@ -226,6 +240,17 @@ def table_regs(rows, kernel, dk=None, bq=None, bk=None):
     if cands:
         return cands[0][2], cands[0][3], "proxy"
     return None, None, "none"
+
+
+# The ptxas proxy's registers of the backward's GPU kernels (tests/resources/run.sh pipeline on
+# the variants the host builds on a GPU, float32, no score switches), measured 2026-12-05.
+# table.md has no flash_bwd.cl rows: the GPU program fails ptxas as a whole (bwd_dq_cpu and
+# bwd_dkdv_cpu, in the same source, declare 96-192 KiB of __local arrays at d = 64 and 128,
+# over the 48 KiB a block may declare), so the entries the GPU runs are read from ptxas's
+# per-entry lines. No spills; the private rows (bwd_dkdv's k, v, dK, dV; bwd_dq's q, dO, dQ)
+# sit in the stack frame (local memory): 1024 / 768 B at d = 64, 2048 / 1536 B at d = 128.
+BWD_PROXY = {("bwd_delta", 64): 34, ("bwd_delta", 128): 34, ("bwd_dkdv", 64): 96,
+             ("bwd_dkdv", 128): 84, ("bwd_dq", 64): 64, ("bwd_dq", 128): 62}
 
 
 def lookup_override(overrides, kernel, dk, bq, bk):
@@ -337,6 +362,51 @@ def unfused_launches(mod, b, h, lq, lk, d, causal):
     return [matmul_launch(mod, c1, lq, lk, d, bh), soft, matmul_launch(mod, c3, lq, d, lk, bh)]
 
 
+def backward_launches(mod, b, h, hkv, lq, lk, d, causal):
+    """The backward's launches (model.py backward_launches) with the host's geometry
+    (host/ops/flash_bwd.c: work-groups of 64 on a GPU, one row (bwd_delta, bwd_dq) or one key
+    (bwd_dkdv) per work-item). Each launch also carries what the broadcast-aware variant
+    (--bwd-broadcast) needs: `uniform` = the global loads every lane of a warp makes at the
+    same address (bwd_dkdv walks the same query row in every lane, bwd_dq the same key), and
+    `stack` = the accesses to the private rows the proxy keeps in local memory (stack frame):
+    per kept pair 3 (dk + dv) in bwd_dkdv (k, v read; dK, dV read and written), 3 dk + dv in
+    bwd_dq (q, dO read; dQ read and written)."""
+    items = 64
+    kept = b * h * mod.bwd_kept(lq, lk, causal)
+    out = []
+    for kernel, c in mod.backward_launches(b, h, hkv, lq, lk, d, d, causal):
+        if kernel == "bwd_delta":
+            n, per_item, uniform, stack = b * h * lq, 0.0, 0, 0
+        elif kernel == "bwd_dkdv":
+            n = b * hkv * lk
+            per_item = kept / n
+            uniform = kept * (2 * d + d + 2)
+            stack = kept * 3 * (d + d)
+        else:
+            n = b * h * lq
+            per_item = kept / n
+            uniform = kept * (2 * d + d)
+            stack = kept * (3 * d + d)
+        groups = b * hkv * cdiv(lk, items) if kernel == "bwd_dkdv" else b * h * cdiv(lq, items)
+        # latency per work-item: per kept pair a global load the dot waits for and a second
+        # one after the weight (dO, delta: bwd_dkdv; v: bwd_dq), the dot's and dp's dependent
+        # FMA chains (dk + dv) and an exp
+        launch = Launch(kernel, c, groups, items, f"{items} per group", d,
+                        phases=2 * per_item + 1, row_chain=per_item * 2 * d)
+        launch.tiles_per_group = per_item
+        launch.uniform, launch.stack = uniform, stack
+        out.append(launch)
+    return out
+
+
+def useful_backward_flop(b, h, lq, lk, d, causal):
+    """FlashAttention-2's count: 5 products of 2 d FLOP per kept pair (S = Q K^T recomputed,
+    dP = dO V^T, dV = P^T dO, dK = dS^T Q, dQ = dS K), 2.5 x the forward's 4 d. The kernels
+    execute 14 d (S and dP are recomputed in both passes)."""
+    kept = sum(min(i + 1, lk) for i in range(lq)) if causal else lq * lk
+    return 10 * d * b * h * kept
+
+
 # --- the device model --------------------------------------------------------------------------
 def simd_width(dev, regs):
     if dev["simd"] is None:
@@ -382,7 +452,7 @@ def vec4_split(launch):
     return n16, 1 - k_loads / all_loads
 
 
-def predict(dev, launch, regs, broadcast=True):
+def predict(dev, launch, regs, broadcast=True, bwd_broadcast=False):
     c, n_groups = launch.c, launch.groups
     w = simd_width(dev, regs)
     g_max, g_bound = occupancy(dev, launch, regs, w)
@@ -401,6 +471,17 @@ def predict(dev, launch, regs, broadcast=True):
     instr = (c["fma"] + c["local_loads"] + c["local_stores"] + c["global_loads"] +
              c["global_stores"] + 2 * c["exp"] + c["barriers"]) / w
     gbytes = c["global_load_bytes"] + c["global_store_bytes"]
+    uniform = getattr(launch, "uniform", 0)
+    if bwd_broadcast and uniform:
+        # the backward's warp-uniform loads: one request per warp (its bytes / w reach
+        # DRAM; still no L2 credit) but one L1 wavefront each, as is every access of the
+        # private rows in the stack frame (local memory; a warp's access to one private
+        # offset is interleaved: one 128 B wavefront); the L1 is the SRAM of the "local"
+        # pipe, so both are charged there, and both issue
+        elem = c["global_load_bytes"] / c["global_loads"]
+        gbytes -= uniform * elem * (1 - 1 / w)
+        local_txn += (uniform + launch.stack) / w
+        instr += launch.stack / w
     per_sm_issue = dev["issue"] if dev["eus"] is None else dev["issue"]
     work = {   # clocks per group with the SM to itself
         "fma": c["fma"] / dev["fma_lanes"] / n_groups,
@@ -434,7 +515,7 @@ def predict(dev, launch, regs, broadcast=True):
         notes.append(f"{n_groups} groups < {dev['sms']}x{g_max} slots")
     return dict(time=time_s, limiter=limiter, groups_per_sm=g_max, g_bound=g_bound, simd=w,
                 resources=resource_s, notes=notes, busiest=busiest, rounds=len(rounds),
-                work=work, latency=latency, bcast=bcast, n16=n16)
+                work=work, latency=latency, bcast=bcast, n16=n16, gbytes=gbytes)
 
 
 # --- the cases ---------------------------------------------------------------------------------
@@ -457,6 +538,13 @@ CASES = [
     ("unfused L4096 d64", "unfused", (4, 8, 4096, 4096, 64, False)),
     ("matmul 4096^3", "matmul", (4096, 4096, 4096)),
     ("matmul 4096x1536x512", "matmul", (4096, 1536, 512)),
+    # the attention backward (bwd_delta + bwd_dkdv + bwd_dq, the generic GPU kernels); % of
+    # peak from FlashAttention-2's useful FLOP (10 d per kept pair); last, so that a "before"
+    # model.py without them still pairs its rows with these
+    ("backward L4096 d64", "backward", (4, 8, 8, 4096, 4096, 64, False)),
+    ("backward L4096 d64 causal", "backward", (4, 8, 8, 4096, 4096, 64, True)),
+    ("backward L4096 d128", "backward", (4, 8, 8, 4096, 4096, 128, False)),
+    ("backward L1024 B1 H8 d64", "backward", (1, 8, 8, 1024, 1024, 64, False)),
 ]
 SHAPES = {
     "fused": "B=4 H=8 (B·H=32)", "unfused": "B=4 H=8",
@@ -464,6 +552,10 @@ SHAPES = {
 
 
 def case_launches(mod, restore, kind, args):
+    if kind == "backward":
+        b, h, hkv, lq, lk, d, causal = args
+        return backward_launches(mod, b, h, hkv, lq, lk, d, causal), useful_backward_flop(
+            b, h, lq, lk, d, causal)
     if kind == "fused":
         b, h, hkv, lq, lk, d, causal = args
         flop = useful_attention_flop(b, h, lq, lk, d, causal)
@@ -476,13 +568,15 @@ def case_launches(mod, restore, kind, args):
     return [matmul_launch(mod, mod.matmul(m, n, k), m, n, k, 1)], 2 * m * n * k
 
 
-def evaluate(variant, dev, broadcast):
+def evaluate(variant, dev, broadcast, bwd_broadcast=False):
     """Rows for one (formulas, registers) variant on one device."""
     mod, overrides, rows_table = variant["mod"], variant["regs"], variant["table"]
     restore = set_device(mod, dev)
     out = []
     try:
         for label, kind, args in CASES:
+            if kind == "backward" and not hasattr(mod, "backward_launches"):
+                continue      # a model.py from before the backward
             launches, flop = case_launches(mod, restore, kind, args)
             total, parts = 0.0, []
             for launch in launches:
@@ -492,11 +586,13 @@ def evaluate(variant, dev, broadcast):
                                                    launch.bq, launch.bk)
                 if regs is None:
                     regs, how = t_regs, t_how
+                if regs is None and (launch.kernel, launch.dk) in BWD_PROXY:
+                    regs, how = BWD_PROXY[(launch.kernel, launch.dk)], "proxy"
                 if regs is None:
                     regs, how = 64, "assumed"
                 if launch.kernel != "flash_gpu" and t_smem is not None:
                     launch.smem = t_smem     # the proxy's shared memory (flash_gpu: computed)
-                p = predict(dev, launch, regs, broadcast)
+                p = predict(dev, launch, regs, broadcast, bwd_broadcast)
                 if p is None:
                     raise SystemExit(f"gpu_model.py: {launch.kernel} does not fit an SM")
                 p.update(launch=launch, regs=regs, regs_how=how)
@@ -654,6 +750,11 @@ def main():
                     help="h200 or xe (default both)")
     ap.add_argument("--no-broadcast", action="store_true",
                     help="charge 128-bit local loads per byte (no broadcast merging)")
+    ap.add_argument("--bwd-broadcast", action="store_true",
+                    help="the backward's warp-uniform global loads as one request per warp "
+                         "(bytes / 32 to DRAM) and one L1 wavefront each, its private rows' "
+                         "stack accesses as L1 wavefronts too (default: every work-item's "
+                         "request at DRAM bandwidth, as for the forward)")
     ap.add_argument("--markdown", action="store_true", help="markdown tables for BENCHMARKS.md")
     ap.add_argument("--breakdown", action="store_true", help="per-group work and latency too")
     opts = ap.parse_args()
@@ -683,7 +784,8 @@ def main():
     results = []
     for key in opts.device or ["h200", "xe"]:
         dev = DEVICES[key]
-        results.append((key, dev, [(v["name"], evaluate(v, dev, not opts.no_broadcast))
+        results.append((key, dev, [(v["name"], evaluate(v, dev, not opts.no_broadcast,
+                                                         opts.bwd_broadcast))
                                    for v in variants]))
     print_tables(results, opts.markdown)
     print_comparison(results, opts.markdown)

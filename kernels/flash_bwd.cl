@@ -279,6 +279,10 @@ __kernel void bwd_dq(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_
  * 16 keys are d FMAs each of q (dO) broadcast against the block's transposed keys (values), the
  * rule applied lane-wise (score_value16, the band by lane compares, exp16_nonpositive), then
  * the block's dK, dV rows (bwd_dkdv_cpu) or the row's dQ (bwd_dq_cpu) take 16-float FMAs. */
+#ifndef BWD_CPU
+#define BWD_CPU 0 /* 1: the CPU variants are compiled in (their local arrays are CPU-sized) */
+#endif
+#if BWD_CPU
 #ifndef BWD_NV
 #define BWD_NV 4 /* 16-key vectors per key block (the host's choice, by local memory) */
 #endif
@@ -620,6 +624,8 @@ void bwd_dq_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE
             STORE(DQ_DTYPE, dq_acc[r][d], DQ, dq_at + d * dq_s3);
     }
 }
+
+#endif /* BWD_CPU */
 
 /* out[i] = sum over parts p of in[p][i], in order, for the packed (d0, d1, d2, d3) elements,
  * stored through out's strides in OUT_DTYPE. */

@@ -31,12 +31,14 @@
 #   fuzz      each libFuzzer target for FUZZ_SECONDS (default 60; CI tier 20), build-fuzz/ (clang)
 #   rusticl   the ctest suite again on Mesa's rusticl (tests/rusticl_lane.sh), build/, less the
 #             entries that only change parameters or test host-side code (rusticl_skip below);
-#             CI tier: CLATTN_TEST_SCALE=small and not flash_cpu_split (every kernel variant still
-#             compiles and runs through Mesa; the pocl lane runs the heavy cases)
+#             CI tier: CLATTN_TEST_SCALE=small and not flash_cpu_split, backward or
+#             backward_split (every forward kernel variant still compiles and runs through Mesa;
+#             the pocl lane runs the heavy cases, the pocl and oclgrind lanes the backward)
 #   oclgrind  the kernel suites' reduced set under Oclgrind --data-races (tests/oclgrind_lane.sh);
-#             CI tier: the canary and the attention, flash and posenc suites, which between
-#             them run the GPU kernels with local memory or barriers of the core (tiled
-#             matmul, softmax rows, half storage, the fused kernel, positional encodings) and
+#             CI tier: the canary and the attention, flash, posenc and backward suites, which
+#             between them run the GPU kernels with local memory or barriers of the core (tiled
+#             matmul, softmax rows, half storage, the fused kernel, positional encodings, the
+#             backward's generic kernels: 27 s) and
 #             sweep (8 small draws of the interaction sweep with GPU parameters: about 130 s;
 #             12 in --full); --full adds additive (about 120 s: the additive score tiles and
 #             the fused kernel's additive variant, Bahdanau attention's GPU kernels) and rope
@@ -161,23 +163,26 @@ ensure_build() {
 }
 # On rusticl every kernel variant is compiled by Mesa (clang -> SPIR-V -> NIR -> gallivm), which
 # is slow; the lane runs each suite with the parameters rusticl gets (and the default row, and the
-# forced key splits), not the variants the pocl lane already runs with other parameters.
-rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring)$'
+# forced key splits), not the variants the pocl lane already runs with other parameters. The
+# CI tier leaves out check_backward too: its 44 cases compile one backward variant each, 517 s
+# on rusticl at CLATTN_TEST_SCALE=small (measured 2026-12-05); --full runs it (the pocl and
+# Oclgrind lanes run it in the CI tier).
+rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring|cli_backward)$'
 lane_rusticl() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip"
     else
         ensure_build && CLATTN_TEST_SCALE=small \
-            tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip|^flash_cpu_split$"
+            tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip|^flash_cpu_split$|^backward(_split)?$"
     fi
 }
 lane_oclgrind() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/oclgrind_lane.sh build softmax matmul attention mha flash plan \
-            runtime posenc rope additive mpi sweep
+            runtime posenc rope additive mpi sweep backward
     else
         ensure_build && CLATTN_SWEEP_DRAWS=8 tests/oclgrind_lane.sh build attention flash posenc \
-            sweep
+            sweep backward
     fi
     local status=$?
     # The GPU work model (tests/gpu_model): every GPU kernel's counts against their formulas.

@@ -50,10 +50,12 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
              shape->head_dim_qk, shape->head_dim_v, (int)shape->q_dtype, (int)shape->k_dtype,
              (int)shape->v_dtype, (int)shape->o_dtype, (int)shape->go_dtype, (int)shape->dq_dtype,
              (int)shape->dk_dtype, (int)shape->dv_dtype, switches);
-    /* CPUs: 16 keys (rows) per work-item in float16 lanes (head sizes multiples of 16);
-     * elsewhere one key (row) per work-item. */
-    plan->cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) && shape->head_dim_qk % 16 == 0 &&
-                shape->head_dim_v % 16 == 0;
+    /* The CPU variants where the tuning takes the CPU fused kernel (flash_cpu: CPUs, not
+     * CLATTN_PARAMS=gpu), head sizes are multiples of 16 and no loop-trip cap applies (their
+     * walks are long): blocks of keys (rows) in float16 lanes; elsewhere one key (row) per
+     * work-item. BWD_CPU compiles them in: their local arrays are CPU-sized. */
+    plan->cpu = ctx->tuning.flash_cpu && ctx->tuning.loop_trip_limit == 0 &&
+                shape->head_dim_qk % 16 == 0 && shape->head_dim_v % 16 == 0;
     if (plan->cpu) {
         /* 16-key vectors per key block and query rows per bwd_dq_cpu work-item: the largest
          * whose local arrays fit the device's local memory */
@@ -70,8 +72,8 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
                    ctx->info.local_mem_size / 2)
             plan->cpu_rows /= 2;
         const size_t used = strlen(extra);
-        snprintf(extra + used, sizeof extra - used, " -DBWD_NV=%u -DBWD_BQ=%u", plan->cpu_nv,
-                 plan->cpu_rows);
+        snprintf(extra + used, sizeof extra - used, " -DBWD_CPU=1 -DBWD_NV=%u -DBWD_BQ=%u",
+                 plan->cpu_nv, plan->cpu_rows);
     }
     clattn_status status;
     if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_delta", extra,

@@ -18,6 +18,14 @@
  * q, k, v and out stored in that type (float32 arithmetic in the kernels). Prints the device's
  * compute units and local memory, the tuning parameters (clattn_ctx_tuning), the plan's kind and a
  * checksum of the output; exits 1 on any error, 2 on bad usage.
+ *   gpu_model_driver backward B H KV_HEADS LQ LK D [causal] [kvlen=N] [dv=N] [f16|bf16]
+ *       the attention backward (clattn_sdpa_backward_plan_create) of the same shape: dQ, dK, dV
+ *       from random q, k, v, out, dO and an F32 lse uniform in [-1, 1) (the counts do not depend
+ *       on the values: no weight underflows to 0 with these inputs), no mask gradient or
+ *       sinks: launches `bwd_delta`, `bwd_dkdv`, `bwd_dq` (kernels/flash_bwd.cl; the generic
+ *       kernels where the host does not pick the CPU variants, i.e. under Oclgrind at head
+ *       sizes that are not multiples of 16). dv=N: d_v = N (d_k = D; sdpa takes it too).
+ *       Prints the checksum of dQ, dK and dV and the plan's clattn_plan_info.
  */
 #include <math.h>
 #include <stdint.h>
@@ -31,7 +39,9 @@ static int usage(void)
 {
     fprintf(stderr, "usage: gpu_model_driver matmul M N K\n"
                     "       gpu_model_driver sdpa fused|unfused B H KV_HEADS LQ LK D [causal] "
-                    "[kvlen=N] [f16|bf16]\n");
+                    "[kvlen=N] [dv=N] [f16|bf16]\n"
+                    "       gpu_model_driver backward B H KV_HEADS LQ LK D [causal] [kvlen=N] "
+                    "[dv=N] [f16|bf16]\n");
     return 2;
 }
 
@@ -158,9 +168,10 @@ done:
 }
 
 typedef struct sdpa_shape {
-    int fused, causal;
+    int fused, causal, backward;
     clattn_dtype dtype;                                       /* of q, k, v and out */
     size_t batch, heads, kv_heads, seq_q, seq_k, dim, kv_len; /* kv_len 0: no kv_seqlen */
+    size_t dim_v;                                             /* d_v (dv=N; 0: D) */
 } sdpa_shape;
 
 static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
@@ -168,13 +179,27 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
     uint32_t seed = 2;
     const size_t q_n = s->batch * s->heads * s->seq_q * s->dim;
     const size_t kv_n = s->batch * s->kv_heads * s->seq_k * s->dim;
+    const size_t dim_v = s->dim_v ? s->dim_v : s->dim;
+    const size_t v_n = s->batch * s->kv_heads * s->seq_k * dim_v;
+    const size_t o_n = s->batch * s->heads * s->seq_q * dim_v;
     const clattn_dtype dt = s->dtype;
     cl_mem q = make_buffer(ctx, dt, q_n, &seed, 1), k = make_buffer(ctx, dt, kv_n, &seed, 1);
-    cl_mem v = make_buffer(ctx, dt, kv_n, &seed, 1), out = make_buffer(ctx, dt, q_n, &seed, 0);
+    cl_mem v = make_buffer(ctx, dt, v_n, &seed, 1),
+           out = make_buffer(ctx, dt, o_n, &seed, s->backward);
     cl_mem lens = NULL;
+    /* the backward's: lse (F32), dO (random), dQ, dK, dV (zeros) */
+    cl_mem lse = NULL, go = NULL, dq = NULL, dk = NULL, dv = NULL;
     clattn_plan *plan = NULL;
     int rc = 1;
-    if (q == NULL || k == NULL || v == NULL || out == NULL) {
+    if (s->backward) {
+        lse = make_buffer(ctx, CLATTN_DTYPE_F32, s->batch * s->heads * s->seq_q, &seed, 1);
+        go = make_buffer(ctx, dt, o_n, &seed, 1);
+        dq = make_buffer(ctx, dt, q_n, &seed, 0);
+        dk = make_buffer(ctx, dt, kv_n, &seed, 0);
+        dv = make_buffer(ctx, dt, v_n, &seed, 0);
+    }
+    if (q == NULL || k == NULL || v == NULL || out == NULL ||
+        (s->backward && (lse == NULL || go == NULL || dq == NULL || dk == NULL || dv == NULL))) {
         fprintf(stderr, "gpu_model_driver: buffers: out of memory\n");
         goto done;
     }
@@ -185,8 +210,8 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
     clattn_tensors *t = &desc_tensors;
     t->q = clattn_tensor_make(q, 0, dt, 4, s->batch, s->heads, s->seq_q, s->dim);
     t->k = clattn_tensor_make(k, 0, dt, 4, s->batch, s->kv_heads, s->seq_k, s->dim);
-    t->v = clattn_tensor_make(v, 0, dt, 4, s->batch, s->kv_heads, s->seq_k, s->dim);
-    t->out = clattn_tensor_make(out, 0, dt, 4, s->batch, s->heads, s->seq_q, s->dim);
+    t->v = clattn_tensor_make(v, 0, dt, 4, s->batch, s->kv_heads, s->seq_k, dim_v);
+    t->out = clattn_tensor_make(out, 0, dt, 4, s->batch, s->heads, s->seq_q, dim_v);
     if (s->kv_len) {
         cl_int host[64];
         cl_int err = CL_SUCCESS;
@@ -203,9 +228,17 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
             goto done;
         t->kv_seqlen = clattn_tensor_make(lens, 0, CLATTN_DTYPE_I32, 1, s->batch, 0, 0, 0);
     }
+    if (s->backward) {
+        t->lse = clattn_tensor_make(lse, 0, CLATTN_DTYPE_F32, 3, s->batch, s->heads, s->seq_q, 0);
+        t->grad_out = clattn_tensor_make(go, 0, dt, 4, s->batch, s->heads, s->seq_q, dim_v);
+        t->grad_q = clattn_tensor_make(dq, 0, dt, 4, s->batch, s->heads, s->seq_q, s->dim);
+        t->grad_k = clattn_tensor_make(dk, 0, dt, 4, s->batch, s->kv_heads, s->seq_k, s->dim);
+        t->grad_v = clattn_tensor_make(dv, 0, dt, 4, s->batch, s->kv_heads, s->seq_k, dim_v);
+    }
     desc.causal = s->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
     desc.path = s->fused ? CLATTN_PATH_FUSED : CLATTN_PATH_UNFUSED;
-    clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    clattn_status status = s->backward ? clattn_sdpa_backward_plan_create(ctx, &desc, &plan)
+                                       : clattn_sdpa_plan_create(ctx, &desc, &plan);
     if (status == CLATTN_SUCCESS)
         status =
             clattn_plan_execute(plan, t->by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
@@ -215,7 +248,17 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
         fprintf(stderr, "gpu_model_driver: sdpa: %s\n", clattn_last_error(ctx));
         goto done;
     }
-    const double sum = checksum(ctx, dt, out, q_n);
+    if (s->backward) {
+        const double sum = checksum(ctx, dt, dq, q_n) + checksum(ctx, dt, dk, kv_n) +
+                           checksum(ctx, dt, dv, v_n);
+        printf("backward B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu causal=%d kvlen=%zu: "
+               "checksum %.6g (%s)\n",
+               s->batch, s->heads, s->kv_heads, s->seq_q, s->seq_k, s->dim, dim_v, s->causal,
+               s->kv_len, sum, clattn_plan_info(plan));
+        rc = isfinite(sum) ? 0 : 1;
+        goto done;
+    }
+    const double sum = checksum(ctx, dt, out, o_n);
     printf("sdpa %s B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu d=%zu causal=%d kvlen=%zu: "
            "checksum %.6g\n",
            clattn_plan_is_fused(plan) ? "fused" : "unfused", s->batch, s->heads, s->kv_heads,
@@ -223,7 +266,7 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
     rc = isfinite(sum) ? 0 : 1;
 done:
     clattn_plan_release(plan);
-    cl_mem mems[] = {q, k, v, out, lens};
+    cl_mem mems[] = {q, k, v, out, lens, lse, go, dq, dk, dv};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; ++i)
         if (mems[i])
             clReleaseMemObject(mems[i]);
@@ -240,21 +283,29 @@ int main(int argc, char **argv)
         if (argc != 5 || !parse_size(argv[2], &m) || !parse_size(argv[3], &n) ||
             !parse_size(argv[4], &k))
             return usage();
-    } else if (strcmp(argv[1], "sdpa") == 0) {
-        if (argc < 9 || (strcmp(argv[2], "fused") != 0 && strcmp(argv[2], "unfused") != 0) ||
-            !parse_size(argv[3], &shape.batch) || !parse_size(argv[4], &shape.heads) ||
-            !parse_size(argv[5], &shape.kv_heads) || !parse_size(argv[6], &shape.seq_q) ||
-            !parse_size(argv[7], &shape.seq_k) || !parse_size(argv[8], &shape.dim))
+    } else if (strcmp(argv[1], "sdpa") == 0 || strcmp(argv[1], "backward") == 0) {
+        /* backward: the shape's arguments start one earlier (no path: the backward is fused) */
+        shape.backward = strcmp(argv[1], "backward") == 0;
+        const int a = shape.backward ? 2 : 3;
+        if (argc < a + 6 ||
+            (!shape.backward && strcmp(argv[2], "fused") != 0 && strcmp(argv[2], "unfused") != 0) ||
+            !parse_size(argv[a], &shape.batch) || !parse_size(argv[a + 1], &shape.heads) ||
+            !parse_size(argv[a + 2], &shape.kv_heads) || !parse_size(argv[a + 3], &shape.seq_q) ||
+            !parse_size(argv[a + 4], &shape.seq_k) || !parse_size(argv[a + 5], &shape.dim))
             return usage();
-        shape.fused = strcmp(argv[2], "fused") == 0;
-        for (int i = 9; i < argc; ++i) {
+        shape.fused = shape.backward || strcmp(argv[2], "fused") == 0;
+        for (int i = a + 6; i < argc; ++i) {
             if (strcmp(argv[i], "causal") == 0)
                 shape.causal = 1;
             else if (strcmp(argv[i], "f16") == 0)
                 shape.dtype = CLATTN_DTYPE_F16;
             else if (strcmp(argv[i], "bf16") == 0)
                 shape.dtype = CLATTN_DTYPE_BF16;
-            else if (strncmp(argv[i], "kvlen=", 6) != 0 || !parse_size(argv[i] + 6, &shape.kv_len))
+            else if (strncmp(argv[i], "dv=", 3) == 0) {
+                if (!parse_size(argv[i] + 3, &shape.dim_v))
+                    return usage();
+            } else if (strncmp(argv[i], "kvlen=", 6) != 0 ||
+                       !parse_size(argv[i] + 6, &shape.kv_len))
                 return usage();
         }
     } else {

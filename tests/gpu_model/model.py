@@ -266,6 +266,73 @@ def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False,
     return launches
 
 
+# --- the attention backward (kernels/flash_bwd.cl, the generic GPU kernels) -----------------
+def bwd_kept(seq_q, limit, causal):
+    """(row, key) pairs of one head that the rule keeps: the band [0, band_end(row))."""
+    return sum(band_end(i, limit, causal) for i in range(seq_q))
+
+
+def bwd_delta(rows, dv, elem=4):
+    """bwd_delta, one work-item per (b, h, row): D = dO . O, dv FMAs over two loaded rows; one
+    float into the scratch."""
+    loads = 2 * dv * rows
+    return counts(global_loads=loads, global_load_bytes=elem * loads, global_stores=rows,
+                  global_store_bytes=4 * rows, fma=dv * rows)
+
+
+def bwd_dkdv(batch, heads, kv_heads, seq_q, seq_k, dk, dv, limit, causal, has_kv_len, elem=4):
+    """bwd_dkdv, one work-item per key j of a (batch, k/v head): loads k_j and v_j (dk + dv),
+    then per query head of the group its band (the key count when given: one load per head
+    visited, the walk stops at the first head whose limit the key passes, so keys past it
+    load it once) and per row i whose band holds j: the q row for s = q . k (dk loads, dk
+    FMAs), lse, one exp (the weight), dO (dv loads; dp = dO . v and dV += p dO: 2 dv FMAs),
+    delta, and the q row again for dK += dX q (dk loads, dk FMAs: not hoisted, the dot's loads
+    are not kept). Per kept pair: 2 dk + dv + 2 loads, 2 dk + 2 dv FMAs, 1 exp. Stores dK_j,
+    dV_j (dk + dv) for every key, padding included."""
+    group = heads // kv_heads
+    keys = batch * kv_heads * seq_k
+    pairs = batch * heads * bwd_kept(seq_q, limit, causal)
+    band_loads = batch * kv_heads * (min(seq_k, limit) * group + max(0, seq_k - limit)) \
+        if has_kv_len else 0
+    elem_loads = keys * (dk + dv) + pairs * (2 * dk + dv)
+    f32_loads = pairs * 2 + band_loads
+    return counts(global_loads=elem_loads + f32_loads,
+                  global_load_bytes=elem * elem_loads + 4 * f32_loads,
+                  global_stores=keys * (dk + dv), global_store_bytes=elem * keys * (dk + dv),
+                  fma=pairs * (2 * dk + 2 * dv), exp=pairs)
+
+
+def bwd_dq(batch, heads, seq_q, seq_k, dk, dv, limit, causal, has_kv_len, elem=4):
+    """bwd_dq, one work-item per (b, h, row i): loads q_i and dO_i (dk + dv), its band (the key
+    count when given), lse and delta; per key j of its band: the k row for s = q . k (dk loads
+    and FMAs), one exp, the v row for dp = dO . v (dv), and the k row again for dQ += dX k (dk
+    loads and FMAs). Per kept pair: 2 dk + dv loads and FMAs, 1 exp. Stores dQ_i (dk)."""
+    rows = batch * heads * seq_q
+    pairs = batch * heads * bwd_kept(seq_q, limit, causal)
+    elem_loads = rows * (dk + dv) + pairs * (2 * dk + dv)
+    f32_loads = rows * (2 + (1 if has_kv_len else 0))
+    return counts(global_loads=elem_loads + f32_loads,
+                  global_load_bytes=elem * elem_loads + 4 * f32_loads,
+                  global_stores=rows * dk, global_store_bytes=elem * rows * dk,
+                  fma=pairs * (2 * dk + dv), exp=pairs)
+
+
+def backward_launches(batch, heads, kv_heads, seq_q, seq_k, dk, dv=None, causal=False,
+                      kv_len=0, elem=4):
+    """The launches of an SDPA backward plan on a GPU (packed tensors, no mask gradient, no
+    sinks; loop_trip_limit 0: one row part and one key part, so no bwd_sum_parts):
+    bwd_delta, bwd_dkdv, bwd_dq, as (kernel, counts). Nothing is staged in local memory and
+    there are no barriers: every operand comes from global memory per (row, key) pair."""
+    dv = dk if dv is None else dv
+    limit = kv_len if kv_len else seq_k
+    has_kv_len = kv_len > 0
+    return [("bwd_delta", bwd_delta(batch * heads * seq_q, dv, elem)),
+            ("bwd_dkdv", bwd_dkdv(batch, heads, kv_heads, seq_q, seq_k, dk, dv, limit, causal,
+                                  has_kv_len, elem)),
+            ("bwd_dq", bwd_dq(batch, heads, seq_q, seq_k, dk, dv, limit, causal, has_kv_len,
+                              elem))]
+
+
 # --- the cases: (name, driver arguments, expected launches) ---------------------------------
 def sdpa_case(name, path, b, h, hkv, lq, lk, d, causal=False, kv_len=0, dtype="f32"):
     args = ["sdpa", path] + [str(x) for x in (b, h, hkv, lq, lk, d)]
@@ -273,6 +340,16 @@ def sdpa_case(name, path, b, h, hkv, lq, lk, d, causal=False, kv_len=0, dtype="f
     args += [] if dtype == "f32" else [dtype]
     elem = 4 if dtype == "f32" else 2
     return name, args, sdpa_launches(path, b, h, hkv, lq, lk, d, causal, kv_len, elem)
+
+
+
+def backward_case(name, b, h, hkv, lq, lk, dk, dv=None, causal=False, kv_len=0, dtype="f32"):
+    args = ["backward"] + [str(x) for x in (b, h, hkv, lq, lk, dk)]
+    args += (["causal"] if causal else []) + ([f"kvlen={kv_len}"] if kv_len else [])
+    args += [f"dv={dv}"] if dv is not None else []
+    args += [] if dtype == "f32" else [dtype]
+    elem = 4 if dtype == "f32" else 2
+    return name, args, backward_launches(b, h, hkv, lq, lk, dk, dv, causal, kv_len, elem)
 
 
 CASES = [
@@ -300,6 +377,18 @@ CASES = [
     sdpa_case("decode grouped bf16 H4/1 kvlen 50/64 d64", "fused", 1, 4, 1, 1, 64, 64, False, 50,
               dtype="bf16"),
     sdpa_case("decode split 1x520 d32", "fused", 1, 1, 1, 1, 520, 32),
+    # the backward (bwd_delta, bwd_dkdv, bwd_dq: the generic GPU kernels, one key / one row per
+    # work-item). Head sizes that are not multiples of 16: Oclgrind reports a CPU device too,
+    # and there the host runs the CPU variants (16-key float16 lanes) at multiples of 16. GQA
+    # (2 query heads per k/v head: bwd_dkdv walks both); causal with d_k != d_v; a KV cache's
+    # key counts (keys past them: one band load, no pair); float16 storage (2-byte loads and
+    # stores; lse and delta stay float32). d_k at most 24: at 40 Oclgrind refuses bwd_dq
+    # (CL_OUT_OF_RESOURCES: bwd_dq_cpu's __local arrays, in the same program, are charged to it)
+    backward_case("backward GQA H2/1 12x20 d24", 1, 2, 1, 12, 20, 24),
+    backward_case("backward causal 18x18 dk24 dv40", 1, 1, 1, 18, 18, 24, 40, True),
+    backward_case("backward kvlen 30/45 B2 H2 9x45 d20", 2, 2, 2, 9, 45, 20, kv_len=30),
+    backward_case("backward causal f16 H4/2 10x14 d24", 1, 4, 2, 10, 14, 24, causal=True,
+                  dtype="f16"),
 ]
 
 

@@ -11,8 +11,9 @@
 # Before that, a canary checks the checker: a scratch copy of the kernels (CLATTN_KERNEL_DIR)
 # with one extra local load per weight in flash_gpu.cl's O += P V loop (a volatile load whose
 # value is discarded: the numbers do not change, the traffic does) must be failed on
-# local_loads.
-# GPU_MODEL_CANARY=0 skips it.
+# local_loads; and a scratch flash_bwd.cl with one extra global load of the q row per (pair,
+# dim) in bwd_dkdv's dK loop must be failed on global_loads.
+# GPU_MODEL_CANARY=0 skips them.
 # Exit status: 0 when everything matched and the canary was caught; 1 otherwise; 2 bad usage,
 # no oclgrind or python3, a driver that failed.
 set -u
@@ -52,6 +53,33 @@ if [ "${GPU_MODEL_CANARY:-1}" != 0 ]; then
             echo "gpu_model canary: FAILED: model.py exit $status on a planted extra local" \
                  "load; expected exit 1 and a local_loads mismatch"
             tail -n 20 "$scratch/canary.out"
+            failed=1
+        fi
+    fi
+    # The backward: an extra (volatile, discarded) global load of the q row in bwd_dkdv's
+    # dK += dX q loop must be failed on global_loads.
+    cp "$here/../../kernels/flash_bwd.cl" "$scratch/kernels/flash_bwd.cl"
+    update='dk\[d\] = fma(dx, LOAD(Q_DTYPE, Q, q_at + d \* q_s3), dk\[d\]);'
+    extra='(void)((volatile __global const float *)Q)[q_at + d * q_s3];'
+    sed -i "s/^\( *\)$update\$/\1{ dk[d] = fma(dx, LOAD(Q_DTYPE, Q, q_at + d * q_s3), dk[d]); $extra \/* canary *\/ }/" \
+        "$scratch/kernels/flash_bwd.cl"
+    if ! grep -q 'canary' "$scratch/kernels/flash_bwd.cl"; then
+        echo "gpu_model canary: FAILED: cannot plant the extra load (flash_bwd.cl changed?):" \
+             "update tests/gpu_model/run.sh"
+        failed=1
+    else
+        python3 "$here/model.py" "$build_dir" --kernels "$scratch/kernels" \
+            --case "backward GQA H2/1 12x20 d24" >"$scratch/canary_bwd.out" 2>&1
+        status=$?
+        if [ "$status" -eq 1 ] && grep -q 'bwd_dkdv global_loads: measured' \
+            "$scratch/canary_bwd.out"; then
+            echo "gpu_model canary: ok: an extra global load in bwd_dkdv is failed" \
+                 "($(grep -m1 'bwd_dkdv global_loads: measured' "$scratch/canary_bwd.out" |
+                     sed 's/^ *//'))"
+        else
+            echo "gpu_model canary: FAILED: model.py exit $status on a planted extra global" \
+                 "load in bwd_dkdv; expected exit 1 and a global_loads mismatch"
+            tail -n 20 "$scratch/canary_bwd.out"
             failed=1
         fi
     fi
