@@ -317,7 +317,7 @@ inline void bwd_block16(const float16 xs, const float16 dp, const float softcap,
     if (norm_relu) {
         const float inv = exp(-lse);
         grad = select((float16)(0.0f), (float16)(inv), keep & (sv > (float16)(0.0f)));
-        p = grad * sv;
+        p = select((float16)(0.0f), grad * sv, keep & (sv > (float16)(0.0f))); /* not 0 * -inf */
     } else {
         p = select((float16)(0.0f), exp16_nonpositive(sv - lse), keep);
         grad = p;

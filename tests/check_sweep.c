@@ -19,7 +19,18 @@
  *   Derived and counted too: the route AUTO takes (fused, the grouped one-row decode of
  *   host/attn/sdpa.c, unfused, or refused), predicted from sdpa.c's rule, and whether that fused
  *   kernel reads K and V tiles where they lie (kv_read: flash_cpu.cl's in-place decode read,
- *   predicted from host/ops/flash.c's rule and checked against the plan's description).
+ *   predicted from host/ops/flash.c's rule and checked against the plan's description), and
+ *   whether the draw runs the backward too (AX_BACKWARD, below).
+ *
+ * The backward (clattn_sdpa_backward_plan_create): every drawn problem it takes (the fused
+ * path's, without a past, pages, quantized k/v, packed sequences, weights or softmax_f64; one
+ * in BACKWARD_ONE_IN_SMALL at small scale) runs it after the three paths, on the same context:
+ * the forward on FUSED with lse, then the backward on NaN-poisoned gradients, twice, dQ, dK,
+ * dV, a float mask's gradient (summed over its broadcast dims) and the sinks' against
+ * ref_sdpa_backward with check_backward.c's tolerances. Listed combinations force it with
+ * grouped heads, broadcast float masks, sinks, softcap, ALiBi, relu, windows, key counts,
+ * 16-bit storage, the GPU-class parameters and split launches; the coverage then adds the axis
+ * values and pairs the backward's draws reached.
  *
  * Every problem runs on each of FUSED, UNFUSED and AUTO: a path that can run it is executed
  * twice (pb_sdpa_run: fresh NaN-poisoned outputs each time, every output and the present
@@ -71,6 +82,10 @@
 #define SWEEP_DRAWS_SMALL 12
 #define SWEEP_DRAWS_FULL 1500
 #define CENSUS_DRAWS 20000
+/* Of the drawn problems the backward takes (about one in six), each runs it too, besides
+ * those the listed combinations force; at CLATTN_TEST_SCALE=small (simulators) one in
+ * BACKWARD_ONE_IN_SMALL */
+#define BACKWARD_ONE_IN_SMALL 3
 
 /* --- axes ------------------------------------------------------------------------------------ */
 
@@ -101,6 +116,7 @@ typedef enum axis_id {
     AX_HEAD_DIM,
     AX_ROUTE, /* derived: what AUTO runs */
     AX_READ,  /* derived: whether AUTO's fused kernel reads K and V tiles in place */
+    AX_BACKWARD, /* whether the draw runs the backward too (where it takes the problem) */
     AX_COUNT
 } axis_id;
 
@@ -165,6 +181,7 @@ static const axis_def axes[AX_COUNT] = {
     [AX_HEAD_DIM] = {"head_dim", 4, {"3,5", "16", "64", "64,16"}},
     [AX_ROUTE] = {"route", 4, {"fused", "grouped_decode", "unfused", "refused"}},
     [AX_READ] = {"kv_read", 2, {"packed", "in_place"}},
+    [AX_BACKWARD] = {"backward", 2, {"off", "on"}},
 };
 
 /* --- the combinations issue 24 lists: each draw forces one, in turn ------------------------ */
@@ -331,6 +348,17 @@ static const combo required[] = {
     C2(AX_VARLEN, ON, AX_LAYOUT, LAY_STRIDED_LAST),
     C2(AX_VARLEN, ON, AX_OUTPUTS, OUT_LSE),
     C2(AX_VARLEN, ON, AX_NORM, NORM_RELU),
+    /* The backward (clattn_sdpa_backward_plan_create) after the forward, on the forward's
+     * context: grouped heads on the GPU-class parameters, a float mask's gradient summed over
+     * its broadcast (batch, heads), the sinks' gradient under split launches (parts of the
+     * walks), softcap with ALiBi, relu in a window, per-batch key counts with 16-bit storage
+     * (F16 and BF16 mixed) */
+    C3(AX_BACKWARD, ON, AX_GQA, GQA_4, AX_CONFIG, CFG_GPU),
+    C3(AX_BACKWARD, ON, AX_MASK, MASK_FLOAT, AX_MASK_RANK, RANK_2),
+    C3(AX_BACKWARD, ON, AX_SINKS, ON, AX_CONFIG, CFG_SPLIT),
+    C3(AX_BACKWARD, ON, AX_SOFTCAP, ON, AX_ALIBI, ALIBI_BH),
+    C3(AX_BACKWARD, ON, AX_NORM, NORM_RELU, AX_WINDOW, AL_BOTTOM_RIGHT),
+    C3(AX_BACKWARD, ON, AX_KEYS, KEYS_KV_LEN, AX_DTYPE, DT_MIXED),
 };
 
 /* --- the contexts ---------------------------------------------------------------------------- */
@@ -401,6 +429,7 @@ typedef struct draw {
     unsigned forced; /* bit per axis */
     int want_grouped;
     int want_in_place;
+    int want_backward; /* forced: steer the draw to what the backward takes */
     int combo; /* the forced combination's index into required */
 } draw;
 
@@ -656,12 +685,19 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
                 d->want_in_place = c.value == READ_IN_PLACE;
                 continue;
             }
+            if (c.axis == AX_BACKWARD) {
+                d->want_backward = c.value == ON;
+                continue;
+            }
             d->v[c.axis] = c.value;
             d->forced |= 1u << c.axis;
         }
     }
     const int grouped = d->want_grouped;
     const int in_place = d->want_in_place; /* few rows, a whole key tile, head sizes of 16s */
+    /* the backward takes no past, pages, quantized k/v, packed sequences, weights, double
+     * softmax or mixed alignments: a forced backward draws none of them (unless forced) */
+    const int backward = d->want_backward;
     const int config = pick_config(d);
 
     /* heads, sequence lengths, key rules */
@@ -673,17 +709,18 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
                                    : weighted(lq_w, 3));
     int lk = pick(d, AX_LK, in_place ? LK_LONG : uniform(3));
     static const int keys_w[] = {40, 30, 30};
-    int keys = pick(d, AX_KEYS, weighted(keys_w, 3));
+    static const int backward_keys_w[] = {50, 50, 0};
+    int keys = pick(d, AX_KEYS, weighted(backward ? backward_keys_w : keys_w, 3));
     /* a paged cache takes per-batch key counts (no past): a forced past turns paging off */
     static const int paged_w[] = {70, 10, 10, 10};
-    const int paged = pick(d, AX_PAGED, keys == KEYS_PAST && is_forced(d, AX_KEYS)
+    const int paged = pick(d, AX_PAGED, (keys == KEYS_PAST && is_forced(d, AX_KEYS)) || backward
                                             ? PAGED_OFF
                                             : weighted(paged_w, 4));
     if (paged != PAGED_OFF)
         keys = pick(d, AX_KEYS, KEYS_KV_LEN);
     /* quantized k/v (Q8_0, Q4_0): no past (refused), so a forced past turns quantizing off */
     static const int quant_w[] = {84, 8, 8};
-    const int quant = pick(d, AX_QUANT, keys == KEYS_PAST && is_forced(d, AX_KEYS)
+    const int quant = pick(d, AX_QUANT, (keys == KEYS_PAST && is_forced(d, AX_KEYS)) || backward
                                             ? QUANT_OFF
                                             : weighted(quant_w, 3));
     if (quant != QUANT_OFF && keys == KEYS_PAST)
@@ -699,7 +736,7 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         (is_forced(d, AX_MASK_HEADS) && d->v[AX_MASK_HEADS] != HEADS_NONE) ||
         (is_forced(d, AX_PADDING) && d->v[AX_PADDING] != PAD_OFF) ||
         (is_forced(d, AX_OUTPUTS) && d->v[AX_OUTPUTS] == OUT_WEIGHTS) ||
-        (is_forced(d, AX_NORM) && d->v[AX_NORM] == NORM_SOFTMAX_F64) || grouped;
+        (is_forced(d, AX_NORM) && d->v[AX_NORM] == NORM_SOFTMAX_F64) || grouped || backward;
     static const int varlen_w[] = {88, 12};
     const int varlen = pick(d, AX_VARLEN, varlen_blocked ? OFF : weighted(varlen_w, 2));
     if (varlen == ON) {
@@ -754,8 +791,7 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         grouped || (lq == LQ_ONE && gqa != GQA_1 && (is_forced(d, AX_LQ) || tu_rand_below(2)));
     static const int causal_w[] = {30, 20, 20, 15, 15};
     static const int decode_causal_w[] = {40, 0, 40, 20, 0};
-    const int causal =
-        pick(d, AX_CAUSAL, weighted(decode_like ? decode_causal_w : causal_w, 5));
+    int causal = pick(d, AX_CAUSAL, weighted(decode_like ? decode_causal_w : causal_w, 5));
     const int decode_align = causal != AL_NONE ? causal : AL_BOTTOM_RIGHT;
     const int sized = (is_forced(d, AX_WLEFT) && d->v[AX_WLEFT] != WS_OFF) ||
                       (is_forced(d, AX_WRIGHT) && d->v[AX_WRIGHT] != WS_OFF);
@@ -767,6 +803,12 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         window = pick(d, AX_WINDOW, r < 40 && !sized ? AL_NONE : r < 80 ? same : 1 + uniform(4));
         if (decode_like && !is_forced(d, AX_WINDOW) && window != AL_NONE)
             window = pick(d, AX_WINDOW, decode_align);
+        if (backward && causal != AL_NONE && window != AL_NONE && causal != window) {
+            if (!is_forced(d, AX_WINDOW)) /* one alignment for both */
+                window = pick(d, AX_WINDOW, causal);
+            else
+                causal = pick(d, AX_CAUSAL, window);
+        }
     }
     int wleft = WS_OFF, wright = WS_OFF;
     if (window == AL_NONE) {
@@ -815,7 +857,7 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     draw_storage(d, s);
     static const int norm_w[] = {60, 25, 15};
     static const int grouped_norm_w[] = {70, 30, 0};
-    const int norm = pick(d, AX_NORM, weighted(grouped ? grouped_norm_w : norm_w, 3));
+    const int norm = pick(d, AX_NORM, weighted(grouped || backward ? grouped_norm_w : norm_w, 3));
     s->norm = norm == NORM_RELU ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
     s->softmax_f64 = norm == NORM_SOFTMAX_F64;
     /* sinks join a softmax: with relu they are refused, so that pair is drawn only forced */
@@ -835,7 +877,9 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     s->out_layout = layout_of(layout);
     static const int outputs_w[] = {50, 30, 20};
     static const int grouped_outputs_w[] = {60, 40, 0};
-    const int outputs = pick(d, AX_OUTPUTS, weighted(grouped ? grouped_outputs_w : outputs_w, 3));
+    const int outputs = pick(d, AX_OUTPUTS, weighted(grouped || backward ? grouped_outputs_w
+                                                                         : outputs_w,
+                                                     3));
     s->want_lse = outputs == OUT_LSE;
     s->want_weights = outputs == OUT_WEIGHTS;
     /* No path runs weights or softmax_f64 (unfused only) with lse or a head_dim stride (fused
@@ -1019,6 +1063,16 @@ static int read_of(const pb_sdpa_spec *s, int config, int route)
                : READ_PACKED;
 }
 
+/* Whether clattn_sdpa_backward_plan_create takes the problem (clattn.h): what the fused path
+ * runs, less a past, rope, a paged cache, packed sequences, weights, softmax_f64 and quantized
+ * k/v. The forward then runs on FUSED with lse (the backward's input). */
+static int backward_takes(const pb_sdpa_spec *s)
+{
+    return expected_status(s, CLATTN_PATH_FUSED) == CLATTN_SUCCESS && s->past == 0 && !s->rope &&
+           s->page_size == 0 && !s->varlen && !s->want_weights && !s->softmax_f64 &&
+           !quantized(s);
+}
+
 /* Whether the draw meets its forced combination (the route included). */
 static int combo_met(const draw *d)
 {
@@ -1042,9 +1096,15 @@ static void draw_met(int index, draw *d, pb_sdpa_spec *s)
         draw_spec(index, d, s);
         d->v[AX_ROUTE] = route_of(s);
         d->v[AX_READ] = read_of(s, d->v[AX_CONFIG], d->v[AX_ROUTE]);
+        d->v[AX_BACKWARD] = d->want_backward && backward_takes(s) ? ON : OFF;
         if (combo_met(d))
-            return;
+            break;
     }
+    /* unforced: the problems the backward takes run it too (small scale: one in
+     * BACKWARD_ONE_IN_SMALL) */
+    if (!d->want_backward && backward_takes(s) &&
+        (!small_ || tu_rand_below(BACKWARD_ONE_IN_SMALL) == 0))
+        d->v[AX_BACKWARD] = ON;
 }
 
 /* --- coverage -------------------------------------------------------------------------------- */
@@ -1060,7 +1120,11 @@ typedef struct coverage {
 
 static coverage run_; /* what the draws that ran reached */
 static coverage census_; /* what the generator can reach */
+static coverage bwd_;        /* what the draws that ran the backward reached */
+static coverage census_bwd_; /* what the generator's backward draws can reach */
 static long path_ran_[3], path_refused_[3];
+/* draws that ran the backward: all, forced, with a float mask's gradient, with the sinks' */
+static long bwd_ran_, bwd_forced_, bwd_mask_grads_, bwd_sinks_grads_;
 
 static void count_draw(coverage *c, const draw *d)
 {
@@ -1092,12 +1156,58 @@ static void describe_combo(const combo *c, char *text, size_t size)
     }
 }
 
+/* The draws that ran the backward: how many, their gradients, the values of every axis that
+ * varies among the generator's backward draws (the census's), and the pairs of those values
+ * reached together with the backward, out of those the census reaches; `list_missed`: each
+ * pair not reached. */
+static void print_backward_coverage(int list_missed)
+{
+    printf("sweep: backward: %ld of %ld draws ran it (%ld forced by a listed combination; the "
+           "census: %ld of %d; gradients of q, k and v in all, of a float mask in %ld, of the "
+           "sinks in %ld); their axis values:\n",
+           bwd_ran_, run_.draws, bwd_forced_, census_bwd_.draws, CENSUS_DRAWS, bwd_mask_grads_,
+           bwd_sinks_grads_);
+    int varies[AX_COUNT];
+    for (int a = 0; a < AX_COUNT; ++a) {
+        int reachable = 0;
+        for (int v = 0; v < axes[a].count; ++v)
+            reachable += census_bwd_.values[a][v] > 0;
+        varies[a] = reachable > 1;
+        if (!varies[a])
+            continue;
+        char line[512];
+        size_t used = (size_t)snprintf(line, sizeof line, "  %-11s", axes[a].name);
+        for (int v = 0; v < axes[a].count; ++v)
+            if (census_bwd_.values[a][v] > 0)
+                used += (size_t)snprintf(line + used, sizeof line - used, " %s:%ld",
+                                         axes[a].values[v], bwd_.values[a][v]);
+        printf("%s\n", line);
+    }
+    long reachable = 0, reached = 0;
+    for (int a = 0; a < AX_COUNT; ++a)
+        for (int b = a + 1; b < AX_COUNT; ++b)
+            for (int x = 0; x < axes[a].count && varies[a] && varies[b]; ++x)
+                for (int y = 0; y < axes[b].count; ++y) {
+                    const int i = a * MAX_VALUES + x, j = b * MAX_VALUES + y;
+                    if (!census_bwd_.pairs[i][j])
+                        continue;
+                    reachable++;
+                    reached += bwd_.pairs[i][j];
+                    if (list_missed && !bwd_.pairs[i][j])
+                        printf("  missed backward pair: %s=%s %s=%s\n", axes[a].name,
+                               axes[a].values[x], axes[b].name, axes[b].values[y]);
+                }
+    printf("sweep: backward pairwise coverage: %ld of %ld (axis value, axis value) pairs the "
+           "census's backward draws reach (%.1f%%)\n",
+           reached, reachable, reachable ? 100.0 * (double)reached / (double)reachable : 0.0);
+}
+
 static void print_coverage(void)
 {
     printf("sweep: coverage of %ld draws (paths: fused %ld run / %ld refused, unfused %ld / %ld, "
-           "auto %ld / %ld)\n",
+           "auto %ld / %ld; backward %ld run)\n",
            run_.draws, path_ran_[0], path_refused_[0], path_ran_[1], path_refused_[1],
-           path_ran_[2], path_refused_[2]);
+           path_ran_[2], path_refused_[2], bwd_ran_);
     for (int a = 0; a < AX_COUNT; ++a) {
         char line[512];
         size_t used = (size_t)snprintf(line, sizeof line, "  %-11s", axes[a].name);
@@ -1133,6 +1243,7 @@ static void print_coverage(void)
                                    axes[a].values[x], axes[b].name, axes[b].values[y]);
                     }
     }
+    print_backward_coverage(list != NULL && list[0] != '\0' && strcmp(list, "0") != 0);
     int missed = 0, off = 0;
     for (int i = 0; i < COUNT_OF(required); ++i) {
         char text[160];
@@ -1159,6 +1270,8 @@ static void census(void)
         pb_sdpa_spec spec;
         draw_met(i, &d, &spec);
         count_draw(&census_, &d);
+        if (d.v[AX_BACKWARD] == ON)
+            count_draw(&census_bwd_, &d);
     }
 }
 
@@ -1205,6 +1318,231 @@ static void check_read(clattn_ctx *ctx, const pb_sdpa_problem *p, const draw *d)
                   "flash_cpu.cl %s in place, host/ops/flash.c's rule says %s: %s",
                   says ? "reads" : "does not read", says ? "no" : "yes", info);
     clattn_plan_release(plan);
+}
+
+/* --- the backward ---------------------------------------------------------------------------- */
+
+/* check_backward.c's comparison helpers (no shared copy in problems.c). */
+
+/* The expanded (B, H, Lq, Lk) dS summed over the mask's broadcast dims (right-aligned dims of
+ * 1 where the problem's dim is not), into out (the mask's logical packed elements). */
+static void bwd_reduce_to_mask(const pb_sdpa_problem *p, const double *dscores, double *out)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t full[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
+    size_t md[4] = {1, 1, 1, 1};
+    for (int d = 0; d < p->mask_rank; ++d)
+        md[4 - p->mask_rank + d] = p->mask_dims[d];
+    memset(out, 0, p->mask_count * sizeof(double));
+    for (size_t b = 0; b < full[0]; ++b)
+        for (size_t h = 0; h < full[1]; ++h)
+            for (size_t i = 0; i < full[2]; ++i)
+                for (size_t j = 0; j < full[3]; ++j) {
+                    const size_t c[4] = {md[0] == 1 ? 0 : b, md[1] == 1 ? 0 : h,
+                                         md[2] == 1 ? 0 : i, md[3] == 1 ? 0 : j};
+                    const size_t at = ((c[0] * md[1] + c[1]) * md[2] + c[2]) * md[3] + c[3];
+                    out[at] += dscores[((b * full[1] + h) * full[2] + i) * full[3] + j];
+                }
+}
+
+/* Records a failure unless got is within tol of ref, relative to the larger of max |ref| and
+ * `scale` (the sum of the terms' magnitudes: a broadcast mask's or a sink's gradient is a sum
+ * whose terms cancel, so its own size says nothing of the rounding). */
+static void bwd_expect_close(const char *what, const float *got, const double *ref, size_t count,
+                             double scale, double tol)
+{
+    double largest = scale, worst = 0.0;
+    for (size_t i = 0; i < count; ++i)
+        largest = fmax(largest, fabs(ref[i]));
+    for (size_t i = 0; i < count; ++i)
+        worst = isfinite(got[i]) ? fmax(worst, fabs((double)got[i] - ref[i])) : INFINITY;
+    const double err = worst / fmax(largest, 1e-30);
+    tu_track_error(err);
+    tu_expect(err <= tol, "backward: %s: error %g > %g (max |difference| %g, scale %g)", what,
+              err, tol, worst, largest);
+}
+
+enum { G_Q, G_K, G_V, G_MASK, G_SINKS, G_COUNT };
+
+/* The float64 gradients of the problem (ref_sdpa_backward; delta from the stored `out`), the
+ * mask's summed to its dims, and each one's error scale: the largest of the same sums over the
+ * terms' magnitudes (ref_sdpa_backward's magnitudes pass). */
+typedef struct bwd_reference {
+    double *grad[G_COUNT];
+    double scale[G_COUNT];
+} bwd_reference;
+
+static void bwd_reference_make(const pb_sdpa_problem *p, const float *grad_out, const float *out,
+                               int want_mask, bwd_reference *r)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t counts[G_COUNT] = {p->q_count, p->k_count, p->v_count,
+                                     p->mask_count ? p->mask_count : 1, s->heads};
+    ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
+    shape.kv_len = p->kv_len;
+    float *alibi = NULL;
+    if (p->alibi != NULL) { /* (B, H) */
+        alibi = tu_floats(s->batch * s->heads);
+        for (size_t i = 0; i < s->batch * s->heads; ++i)
+            alibi[i] = p->alibi[s->alibi == 1 ? i % s->heads : i];
+    }
+    shape.alibi = alibi;
+    shape.sinks = p->sinks;
+    float *mask = pb_expand_mask(p);
+    double *dscores = tu_doubles(s->batch * s->heads * s->seq_q * s->seq_k);
+    for (int magnitudes = 0; magnitudes < 2; ++magnitudes) {
+        double *g[G_COUNT];
+        for (int i = 0; i < G_COUNT; ++i)
+            g[i] = tu_doubles(counts[i]);
+        ref_sdpa_backward(&shape, p->q, p->k, p->v, mask, p->padding, grad_out, out, magnitudes,
+                          g[G_Q], g[G_K], g[G_V], dscores, g[G_SINKS]);
+        if (want_mask)
+            bwd_reduce_to_mask(p, dscores, g[G_MASK]);
+        for (int i = 0; i < G_COUNT; ++i) {
+            if (!magnitudes) {
+                r->grad[i] = g[i];
+                continue;
+            }
+            r->scale[i] = 0.0;
+            for (size_t x = 0; x < counts[i]; ++x)
+                r->scale[i] = fmax(r->scale[i], g[i][x]);
+            free(g[i]);
+        }
+    }
+    free(dscores);
+    free(mask);
+    free(alibi);
+}
+
+static void bwd_reference_free(bwd_reference *r)
+{
+    for (int i = 0; i < G_COUNT; ++i)
+        free(r->grad[i]);
+    memset(r, 0, sizeof *r);
+}
+
+/* The backward of a drawn problem, on the context that ran its forward (check_backward.c's
+ * flow): the forward again on FUSED with lse (out and lse checked), the backward on
+ * NaN-poisoned gradients (dO in out's dtype and layout, each gradient in its input's dtype and
+ * layout; a float mask's and the sinks' whenever the problem has them), executed twice (the
+ * forward rerun between with the gradients' roles, the last ones, left out), every gradient
+ * against ref_sdpa_backward within check_backward.c's tolerances, no stray writes. Turns the
+ * problem's lse on and its path to FUSED. */
+static void run_backward(clattn_ctx *ctx, pb_sdpa_problem *p)
+{
+    pb_sdpa_spec *s = &p->spec;
+    const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
+    const size_t q_dims[4] = {s->batch, s->heads, s->seq_q, s->dk};
+    const size_t k_dims[4] = {s->batch, kv_heads, s->seq_k, s->dk};
+    const size_t v_dims[4] = {s->batch, kv_heads, s->seq_k, s->dv};
+    const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
+    const size_t lse_dims[3] = {s->batch, s->heads, s->seq_q};
+    s->want_lse = 1;
+    if (pb_tensor_count(&p->layouts.lse) == 0)
+        pb_make_layout(&p->layouts.lse, CLATTN_DTYPE_F32, 3, lse_dims, PB_PACKED);
+    set_path(p, 0);
+    const int want_mask = p->mask != NULL && s->mask == PB_MASK_FLOAT;
+    const int want_sinks = p->sinks != NULL;
+    bwd_mask_grads_ += want_mask;
+    bwd_sinks_grads_ += want_sinks;
+
+    clattn_tensors bound;
+    clattn_plan *forward = NULL, *backward = NULL;
+    bwd_reference ref = {{NULL}, {0.0}};
+    float *grad_out = tu_random_floats(p->out_count);
+    float *out = tu_floats(p->out_count), *out_again = tu_floats(p->out_count);
+    pb_round_array(s->out_dtype, grad_out, p->out_count);
+    if (pb_sdpa_upload(ctx, p, &bound) != CL_SUCCESS)
+        goto done;
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(p, &desc);
+    if (!tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &forward), CLATTN_SUCCESS,
+                          "backward: forward plan (fused, lse)") ||
+        !tu_expect_status(clattn_plan_execute(forward, bound.by_role, CLATTN_ROLE_COUNT, NULL,
+                                              NULL, 0, NULL, NULL),
+                          CLATTN_SUCCESS, "backward: forward") ||
+        !pb_sdpa_check(ctx, NULL, p, &bound))
+        goto done;
+    pb_make_layout(&bound.grad_out, s->out_dtype, 4, o_dims, s->out_layout);
+    pb_make_layout(&bound.grad_q, s->q_dtype, 4, q_dims, s->q_layout);
+    pb_make_layout(&bound.grad_k, s->k_dtype, 4, k_dims, s->k_layout);
+    pb_make_layout(&bound.grad_v, s->v_dtype, 4, v_dims, s->v_layout);
+    if (pb_upload(ctx, &bound.grad_out, tu_rand_below(5), grad_out) != CL_SUCCESS ||
+        pb_upload(ctx, &bound.grad_q, tu_rand_below(5), NULL) != CL_SUCCESS ||
+        pb_upload(ctx, &bound.grad_k, tu_rand_below(5), NULL) != CL_SUCCESS ||
+        pb_upload(ctx, &bound.grad_v, tu_rand_below(5), NULL) != CL_SUCCESS)
+        goto done;
+    if (want_mask) { /* the mask's dims (1 where broadcast, summed there), packed */
+        pb_make_layout(&bound.grad_attn_mask, s->mask_dtype, p->mask_rank, p->mask_dims,
+                       PB_PACKED);
+        if (pb_upload(ctx, &bound.grad_attn_mask, tu_rand_below(5), NULL) != CL_SUCCESS)
+            goto done;
+    }
+    if (want_sinks) {
+        const size_t dims[1] = {s->heads};
+        pb_make_layout(&bound.grad_sinks, CLATTN_DTYPE_F32, 1, dims, PB_PACKED);
+        if (pb_upload(ctx, &bound.grad_sinks, tu_rand_below(5), NULL) != CL_SUCCESS)
+            goto done;
+    }
+    CLATTN_BIND_ROLES(desc, bound); /* the layouts, now with the gradients' */
+    if (!tu_expect_status(clattn_sdpa_backward_plan_create(ctx, &desc, &backward),
+                          CLATTN_SUCCESS, "backward plan"))
+        goto done;
+    clattn_tensor *grads[G_COUNT] = {&bound.grad_q, &bound.grad_k, &bound.grad_v,
+                                     &bound.grad_attn_mask, &bound.grad_sinks};
+    static const char *const names[G_COUNT] = {"grad_q", "grad_k", "grad_v", "grad_attn_mask",
+                                               "grad_sinks"};
+    const size_t counts[G_COUNT] = {p->q_count, p->k_count, p->v_count, p->mask_count, s->heads};
+    /* 16-bit storage: the inputs are exact (rounded), but out (in delta = dO . out) and the
+     * gradients are rounded once more */
+    const int half = s->q_dtype != CLATTN_DTYPE_F32 || s->k_dtype != CLATTN_DTYPE_F32 ||
+                     s->v_dtype != CLATTN_DTYPE_F32 || s->out_dtype != CLATTN_DTYPE_F32;
+    for (int run = 0; run < 2 && !tu_failed(); ++run) { /* twice: the workspace is reused */
+        if (run == 1) {
+            pb_rewrite(ctx, NULL, &bound.out, NULL);
+            tu_expect_status(clattn_plan_execute(forward, bound.by_role, CLATTN_ROLE_GRAD_OUT,
+                                                 NULL, NULL, 0, NULL, NULL),
+                             CLATTN_SUCCESS, "backward: forward, the gradients' roles left out");
+            for (int i = 0; i < G_COUNT; ++i)
+                if (grads[i]->mem != NULL)
+                    pb_rewrite(ctx, NULL, grads[i], NULL);
+        }
+        if (!tu_expect_status(clattn_plan_execute(backward, bound.by_role, CLATTN_ROLE_COUNT,
+                                                  NULL, NULL, 0, NULL, NULL),
+                              CLATTN_SUCCESS, "backward"))
+            break;
+        /* the reference reads the forward's out as stored (delta = dO . out); once, unless the
+         * rerun's out differs */
+        float *stored = run == 0 ? out : out_again;
+        if (pb_download(ctx, NULL, &bound.out, stored, NULL) != CL_SUCCESS)
+            break;
+        if (run == 0 || memcmp(out, out_again, p->out_count * sizeof(float)) != 0) {
+            bwd_reference_free(&ref);
+            bwd_reference_make(p, grad_out, stored, want_mask, &ref);
+        }
+        for (int i = 0; i < G_COUNT; ++i) {
+            if (grads[i]->mem == NULL)
+                continue;
+            float *got = tu_floats(counts[i]);
+            size_t stray = 0;
+            if (pb_download(ctx, NULL, grads[i], got, &stray) == CL_SUCCESS) {
+                tu_expect(stray == 0, "backward: %s: %zu stray writes outside it", names[i],
+                          stray);
+                tu_expect_finite(names[i], got, counts[i]);
+                bwd_expect_close(names[i], got, ref.grad[i], counts[i], ref.scale[i],
+                                 grads[i]->dtype == CLATTN_DTYPE_F32 && !half ? 2e-4 : 3e-2);
+            }
+            free(got);
+        }
+    }
+done:
+    bwd_reference_free(&ref);
+    clattn_plan_release(backward);
+    clattn_plan_release(forward);
+    pb_release_tensors(&bound);
+    free(out_again);
+    free(out);
+    free(grad_out);
 }
 
 static double now_seconds(void)
@@ -1255,12 +1593,20 @@ START_TEST(test_draw)
             clattn_plan_release(plan);
             path_refused_[k]++;
         }
+        if (d.v[AX_BACKWARD] == ON && !tu_failed()) {
+            tu_set_case("draw %d backward (forward on FUSED with lse) context=%s (forced: %s): %s",
+                        _i, axes[AX_CONFIG].values[d.v[AX_CONFIG]], forced, p.label);
+            run_backward(ctx, &p);
+            bwd_ran_++;
+            bwd_forced_ += d.want_backward;
+            count_draw(&bwd_, &d);
+        }
         count_draw(&run_, &d);
     }
     if (print_times_)
-        printf("sweep: draw %d: %.2f s: context=%s route=%s %s\n", _i, now_seconds() - start,
+        printf("sweep: draw %d: %.2f s: context=%s route=%s%s %s\n", _i, now_seconds() - start,
                axes[AX_CONFIG].values[d.v[AX_CONFIG]], axes[AX_ROUTE].values[d.v[AX_ROUTE]],
-               p.label);
+               d.v[AX_BACKWARD] == ON ? " +backward" : "", p.label);
     pb_sdpa_free(&p);
     /* TU_END_TEST, cut short: check refuses messages past a few KiB ("Message string too
      * long"), and a draw that fails on three paths twice says more than that */
