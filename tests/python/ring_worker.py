@@ -100,7 +100,7 @@ def main():
         raise AssertionError("a desc differing between ranks was accepted")
     except clattn.Error as e:
         assert "heads" in str(e) or "rank 0" in str(e), str(e)
-    print(f"ring ok {rank} {len(cases)}")
+    print(f"ring ok {rank} {len(cases)}", flush=True)
     sys.stdout.flush()
 
 
