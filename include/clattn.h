@@ -581,6 +581,22 @@ typedef struct clattn_sdpa_desc {
      * sequence has (FlashAttention's max_seqlen_q/_k); 0: total_q / total_k. At least 1 and
      * at most the total; a sequence longer is cut to it. Since 0.8. */
     size_t max_seqlen_q, max_seqlen_k;
+    /* Dropout on the attention weights (training; torch's dropout_p), in the forward and the
+     * backward alike: after normalisation each weight w_ij of query head h of batch b is kept
+     * with probability 1 - dropout_p and scaled by 1 / (1 - dropout_p), or zeroed; the row's
+     * normaliser and lse are the undropped row's (the backward recomputes the mask from the
+     * same fields, so give the backward plan the forward's). 0: off (the default); at most 1
+     * (1 zeroes every weight). Which weights are kept is a pure function of (dropout_seed,
+     * dropout_offset, b, h, i, j), the same on every device: Philox 4x32-10 with key
+     * dropout_seed (low word first), counter (j / 4, i, low and high word of
+     * dropout_offset + b * heads + h), whose output word j % 4, as an unsigned 32-bit
+     * integer u, keeps the weight when u >= floor(dropout_p * 2^32) (clattn_dropout_keep
+     * computes it on the host). dropout_offset advanced by batch * heads gives the next call
+     * fresh streams under one seed. The weights output (path UNFUSED) receives the dropped
+     * weights, as torch's nn.MultiheadAttention returns them. Not with packed sequences
+     * (cu_seqlens), a paged cache, or quantized k/v. Since 0.8. */
+    double dropout_p;
+    unsigned long long dropout_seed, dropout_offset;
 } clattn_sdpa_desc;
 
 typedef enum clattn_weight_layout {
@@ -663,12 +679,20 @@ CLATTN_API clattn_status clattn_mha_plan_create(clattn_ctx *ctx, const clattn_mh
  * kv_seqlen, alibi_slopes and sinks (their gradients are 0 but the sinks' and the float
  * mask's), every causal alignment and window, GQA, softcap, relu. Refused
  * (CLATTN_ERR_UNSUPPORTED): past/present, rope, a paged cache, packed sequences, weights,
- * scores, softmax_f64, quantized k/v, path UNFUSED. Deterministic: no atomics; the same
+ * scores, softmax_f64, quantized k/v, path UNFUSED. Dropout (dropout_p, _seed, _offset: the
+ * forward's) is regenerated, not stored. Deterministic: no atomics; the same
  * inputs give the same bits. The workspace holds delta (dO . out per row) and, with
  * grad_attn_mask, the (batch, heads, seq_q, seq_k) score gradient. Since 0.8. */
 CLATTN_API clattn_status clattn_sdpa_backward_plan_create(clattn_ctx *ctx,
                                                           const clattn_sdpa_desc *desc,
                                                           clattn_plan **out);
+
+/* Dropout's keep decision (clattn_sdpa_desc.dropout_p), as every device computes it: 1 when
+ * the weight of query row `row` and key `key` in stream `stream` (dropout_offset + b * heads
+ * + h) is kept, 0 when it is zeroed; -1 for a dropout_p outside [0, 1] or rows or keys past
+ * 2^32 - 1. For checking a device or rebuilding the mask on the host. Since 0.8. */
+CLATTN_API int clattn_dropout_keep(double dropout_p, unsigned long long seed,
+                                   unsigned long long stream, size_t row, size_t key);
 
 /* NULL is a no-op. */
 CLATTN_API void clattn_plan_release(clattn_plan *plan);

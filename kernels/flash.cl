@@ -309,8 +309,9 @@ void flash_attention(FLASH_KERNEL_PARAMS)
             for (uint j = 0; j < BLOCK_K; ++j) {
                 const float p = relu_weight(s[j]);
                 total += p;
+                const float pv = SCORE_DROPOUT ? p * DROPOUT_OF(bh, safe_row, k0 + j) : p;
                 for (uint d = 0; d < V_VECS; ++d)
-                    acc[d] = mad((row_t)(p), row_load(d, v_tile[j]), acc[d]);
+                    acc[d] = mad((row_t)(pv), row_load(d, v_tile[j]), acc[d]);
             }
         } else if (tile_max != NEG_INF) { /* a tile with every key masked changes nothing */
             const float new_max = fmax(row_max, tile_max);
@@ -320,9 +321,10 @@ void flash_attention(FLASH_KERNEL_PARAMS)
                 acc[d] *= correction;
             for (uint j = 0; j < BLOCK_K; ++j) {
                 const float p = softmax_weight(s[j], new_max);
-                total += p;
+                total += p; /* the undropped sum; dropout (score.cl) on what meets V */
+                const float pv = SCORE_DROPOUT ? p * DROPOUT_OF(bh, safe_row, k0 + j) : p;
                 for (uint d = 0; d < V_VECS; ++d)
-                    acc[d] = mad((row_t)(p), row_load(d, v_tile[j]), acc[d]);
+                    acc[d] = mad((row_t)(pv), row_load(d, v_tile[j]), acc[d]);
             }
             row_max = new_max;
         }

@@ -9,6 +9,8 @@
  *   dp_ij = dO_i . v_j
  *   dS_ij = softmax: p_ij (dp_ij - D_i);  relu: [s_ij > 0] (dp_ij - D_i) / exp(lse_i)
  *   dV_j  = sum_i p_ij dO_i,   dK_j = sum_i dX_ij q_i,   dQ_i = sum_j dX_ij k_j
+ *   dropout (SCORE_DROPOUT; score.cl): with z_ij the forward's factor (1 / (1 - p) or 0),
+ *         dV_j sums p_ij z_ij dO_i and dp_ij becomes z_ij dO_i . v_j (D_i = dO_i . O_i still)
  *   dX_ij = dS_ij * scale * cap'(x_ij)      cap'(x) = 1 - tanh^2(x / softcap) (1 without)
  *   dmask = dS (a float mask is added to s), dsink_h = -sum_{b,i} exp(sink_h - lse_i) D_i
  *
@@ -176,13 +178,17 @@ __kernel void bwd_dkdv(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(
             if (pair.p == 0.0f && pair.grad == 0.0f)
                 continue;
             const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
+            /* dropout (score.cl): the forward's factor z on what met V: dV by p z, dp by z */
+            const float z = SCORE_DROPOUT ? DROPOUT_OF(bh, row, key) : 1.0f;
+            const float pz = pair.p * z;
             float dp = 0.0f;
             for (uint d = 0; d < HEAD_DIM_V; ++d) {
                 const float go = LOAD(GO_DTYPE, GO, go_at + d * go_s3);
                 dp = fma(go, v_row[d], dp);
-                dv[d] = fma(pair.p, go, dv[d]);
+                dv[d] = fma(pz, go, dv[d]);
             }
-            const float dx = pair.grad * (dp - scratch[delta_at + bh * seq_q + row]) * pair.dcap;
+            const float dx =
+                pair.grad * (dp * z - scratch[delta_at + bh * seq_q + row]) * pair.dcap;
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
                 dk[d] = fma(dx, LOAD(Q_DTYPE, Q, q_at + d * q_s3), dk[d]);
         }
@@ -255,6 +261,8 @@ __kernel void bwd_dq(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_
         float dp = 0.0f;
         for (uint d = 0; d < HEAD_DIM_V; ++d)
             dp = fma(go_row[d], LOAD(V_DTYPE, V, v_at + d * v_s3), dp);
+        if (SCORE_DROPOUT) /* the forward's factor on the weight (score.cl) */
+            dp *= DROPOUT_OF(bh, row, key);
         const float ds = pair.grad * (dp - delta);
         if (has_dmask)
             dmask_row[key] = ds;
@@ -294,13 +302,16 @@ __kernel void bwd_dq(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_
 
 /* The rule on a block's 16 scaled dot products xs of row `row` (keys key0 ..): p, and dX = dS
  * * scale * cap' (0 where a key is dropped: outside [kb, ke), padded (pad: -inf) or masked).
+ * drop: the keys' dropout factors (score.cl; 1 without dropout): p_out is p * drop, the weight
+ * that met V, and dp is taken times drop.
  * mask_row: the row's mask elements (has_mask), element j at mask_row[(key0 + j) * mask_s3]. */
 inline void bwd_block16(const float16 xs, const float16 dp, const float softcap,
                         const key_band band, const uint row, const uint key0, const uint kb,
                         const uint ke, const float16 pad, const int has_mask,
                         __global const ELEM_T(MASK_DTYPE) *mask_row, const ulong mask_s3,
                         const float lse, const float delta, const float scale,
-                        const int norm_relu, float16 *p_out, float16 *dx_out, float16 *ds_out)
+                        const int norm_relu, const float16 drop, float16 *p_out, float16 *dx_out,
+                        float16 *ds_out)
 {
     float16 sv = score_value16(xs, softcap, band, row, key0) + pad;
     if (has_mask) {
@@ -327,8 +338,8 @@ inline void bwd_block16(const float16 xs, const float16 dp, const float softcap,
         const float16 t = tanh(xs * (1.0f / softcap));
         dcap = scale * (1.0f - t * t);
     }
-    const float16 ds = select((float16)(0.0f), grad * (dp - delta), keep);
-    *p_out = p;
+    const float16 ds = select((float16)(0.0f), grad * (dp * drop - delta), keep);
+    *p_out = p * drop;
     *ds_out = ds;
     *dx_out = ds * dcap;
 }
@@ -362,6 +373,23 @@ inline void bwd_stage_keys(__global const ELEM_T(K_DTYPE) *K, __global const ELE
             vt[d][j] = here ? LOAD(V_DTYPE, V, v_at + d * v_s3) : 0.0f;
     }
 }
+
+/* The dropout factors (score.cl) of keys key0 .. key0 + 16 * BWD_NV - 1 of row `row` of
+ * stream bh, or 1 without dropout (a kernel's locals). */
+#if SCORE_DROPOUT
+#define BWD_DROP(drop, bh, row, key0)                                                             \
+    {                                                                                             \
+        uint v_ = 0;                                                                              \
+        for (; v_ + 4 <= BWD_NV; v_ += 4)                                                         \
+            DROPOUT64_OF((bh), (row), (key0) + 16 * v_, (drop) + v_);                             \
+        for (; v_ < BWD_NV; ++v_)                                                                 \
+            (drop)[v_] = DROPOUT16_OF((bh), (row), (key0) + 16 * v_);                             \
+    }
+#else
+#define BWD_DROP(drop, bh, row, key0)                                                             \
+    for (uint v_ = 0; v_ < BWD_NV; ++v_)                                                          \
+        (drop)[v_] = (float16)(1.0f);
+#endif
 
 /* Rows row0 .. row0 + BWD_RB - 1 against a staged key block: their scaled dot products and
  * dp (lanes: keys, vectors: BWD_NV) from q_rows, go_rows (BWD_RB rows each). */
@@ -451,6 +479,8 @@ void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
                 for (uint r = 0; r < BWD_RB; ++r) {
                     const uint row = row0 + r;
                     const uint kb = band_begin(band, row), ke = band_end(band, row);
+                    float16 drop[BWD_NV];
+                    BWD_DROP(drop, bh, row, key0)
                     for (uint v = 0; v < BWD_NV; ++v) {
                         p[r][v] = dx[r][v] = (float16)(0.0f);
                         const uint k0 = key0 + 16 * v;
@@ -461,8 +491,8 @@ void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
                                     vload16(v, pad_terms), has_mask,
                                     mask + mask_offset + b * mask_s0 + h * mask_s1 +
                                         (ulong)row * mask_s2,
-                                    mask_s3, lse_r[r], delta_r[r], scale, norm_relu, &p[r][v],
-                                    &dx[r][v], &ds);
+                                    mask_s3, lse_r[r], delta_r[r], scale, norm_relu, drop[v],
+                                    &p[r][v], &dx[r][v], &ds);
                     }
                 }
                 for (uint d = 0; d < HEAD_DIM_V; ++d)
@@ -576,6 +606,8 @@ void bwd_dq_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE
             for (uint r = 0; r < BWD_RB; ++r) {
                 const uint row = row0 + r0 + r;
                 const uint kb = band_begin(band, row), ke = min(band_end(band, row), key0 + keys);
+                float16 drop[BWD_NV];
+                BWD_DROP(drop, bh, row, key0)
                 for (uint v = 0; v < BWD_NV; ++v) {
                     const uint k0 = key0 + 16 * v;
                     float16 p, dx = (float16)(0.0f), ds = (float16)(0.0f);
@@ -585,7 +617,7 @@ void bwd_dq_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE
                                     mask + mask_offset + b * mask_s0 + h * mask_s1 +
                                         (ulong)row * mask_s2,
                                     mask_s3, lse_all[r0 + r], delta_all[r0 + r], scale,
-                                    norm_relu, &p, &dx, &ds);
+                                    norm_relu, drop[v], &p, &dx, &ds);
                     vstore16(dx, v, dxj[r]);
                     if (has_dmask && r0 + r < rows) {
                         float dsj[16];

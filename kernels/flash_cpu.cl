@@ -38,7 +38,9 @@
  * when the key band has a diagonal bound, causal or a sliding window: tiles outside a block's
  * band are skipped, and the keys outside each row's band dropped only on tiles that cross one
  * of its edges; the band's values are arguments), SCORE_RELU (relu normalisation instead of
- * softmax). lse and resume are arguments, used outside the tile loop. Local memory: FC_ROWS * (HEAD_DIM_QK + FC_DVP + 2)
+ * softmax), SCORE_DROPOUT (each tile's weights times their dropout factors, after the row
+ * sum). lse and resume are arguments, used outside the tile loop. Local memory:
+ * FC_ROWS * (HEAD_DIM_QK + FC_DVP + 2)
  * + 64 * (FC_RB + HEAD_DIM_QK + FC_DVP + 1) floats (96 rows at d = 256: 324 KiB); the host
  * checks the device's size.
  */
@@ -586,6 +588,15 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
                 }
 #endif
                 total[r0 + r] = total[r0 + r] * corr[r] + fc_hsum((p[0] + p[1]) + (p[2] + p[3]));
+#if SCORE_DROPOUT
+                { /* after the row's sum: its normaliser is the undropped row's (score.cl) */
+                    float16 keep[4];
+                    DROPOUT64_OF(bh, row0 + r, k0, keep);
+#pragma unroll
+                    for (uint v = 0; v < 4; ++v)
+                        p[v] *= keep[v];
+                }
+#endif
 #pragma unroll
                 for (uint v = 0; v < 4; ++v)
                     vstore16(p[v], v, pt[r]);

@@ -321,6 +321,11 @@ void flash_attention(FLASH_KERNEL_PARAMS)
                     m = new_max;
                 }
             }
+#if SCORE_DROPOUT
+            /* after the row sum: the normaliser is the undropped row's (score.cl) */
+            for (uint j = 0; j < FG_BK; ++j)
+                p[j] *= DROPOUT_OF(bh, first_row + r, k0 + j);
+#endif
             row_m[r] = m;
             row_l[r] = l;
             row_c[r] = c;

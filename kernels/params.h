@@ -90,7 +90,8 @@
  * mask: (b, h, i, j) strides (0 broadcasts); key padding: (b, j) strides; key counts per batch
  * and ALiBi slopes per (b, h) with their presence flags; attention sinks per (h, i) (the
  * query head h of a row; i: a row of a decode group's heads, else stride 0) and their flag,
- * which a launch that leaves its row unfinished clears; the key band (see score.cl). The
+ * which a launch that leaves its row unfinished clears; the key band (see score.cl); dropout's
+ * Philox key and stream base, keep threshold and scale (score.cl's SCORE_DROPOUT). The
  * buffers themselves are kernel arguments (mask, key_padding, SCORE_BUFFERS). The host fills
  * it in one place (ops.h: clattn__score_params). */
 #define CLATTN_SCORE_PARAMS(X)                                                                    \
@@ -99,9 +100,10 @@
     X(ulong, key_padding_s1) X(ulong, kv_len_offset) X(ulong, kv_len_s0) X(long, band_diag)       \
     X(long, band_upper) X(long, band_lower) X(ulong, alibi_offset) X(ulong, alibi_s0)             \
     X(ulong, alibi_s1) X(ulong, sinks_offset) X(ulong, sinks_s0) X(ulong, sinks_s1)               \
-    X(int, has_mask) X(int, has_key_padding) X(int, has_kv_len) X(int, band_diag_kv)              \
+    X(ulong, dropout_seed) X(ulong, dropout_offset) X(int, has_mask) X(int, has_key_padding) X(int, has_kv_len) X(int, band_diag_kv)              \
     X(int, has_alibi) X(uint, heads) X(uint, seq_q) X(uint, seq_k) X(float, scale)                \
-    X(float, softcap) X(int, norm_relu) X(int, has_sinks)
+    X(float, softcap) X(int, norm_relu) X(int, has_sinks) X(uint, dropout_threshold)             \
+    X(float, dropout_scale)
 CLATTN_PARAMS_STRUCT(score, CLATTN_SCORE_PARAMS)
 
 /* ---- fused attention (flash.cl, flash_cpu.cl, flash_gpu.cl) --------------------------------

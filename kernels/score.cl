@@ -346,6 +346,110 @@ inline sunk_row sink_fold(const float sink, const float row_max, const float tot
     return r;
 }
 
+/* ---- dropout (SCORE_DROPOUT: 1 in the programs of plans with dropout_p > 0) ---------------
+ * After normalisation, the weight w_ij of query row i and key j of stream `stream` (the host's
+ * dropout_offset + b * heads + h) becomes w_ij * dropout_scale where kept, 0 where not; the
+ * row's normaliser and lse stay the undropped row's (FlashAttention's rule, so the backward
+ * regenerates the same mask from lse). Kept: word j % 4 of Philox 4x32-10 (Salmon et al.,
+ * "Parallel random numbers: as easy as 1, 2, 3", SC 2011) with key (seed's low, high words)
+ * and counter (j / 4, i, stream's low, high words), as an unsigned integer, is at least
+ * dropout_threshold (floor(p * 2^32)); dropout_scale = 1 / (1 - p), 0 when p = 1. Integer
+ * arithmetic only, so every device draws the same mask. The locals dropout_seed,
+ * dropout_offset, dropout_threshold, dropout_scale are the kernel's (params.h). */
+#ifndef SCORE_DROPOUT
+#define SCORE_DROPOUT 0
+#endif
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u /* the key's Weyl increments */
+#define PHILOX_W1 0xBB67AE85u
+
+/* Ten Philox rounds on counters c0..c3 of vector type T (one block per lane) under the key
+ * (seed's low, high words), in place. */
+#define PHILOX_ROUNDS(T, c0, c1, c2, c3, seed)                                                    \
+    {                                                                                             \
+        uint k0_ = (uint)(seed), k1_ = (uint)((seed) >> 32);                                      \
+        for (uint round_ = 0; round_ < 10; ++round_) {                                            \
+            const T lo0_ = (T)(PHILOX_M0) * c0, hi0_ = mul_hi((T)(PHILOX_M0), c0);                \
+            const T lo1_ = (T)(PHILOX_M1) * c2, hi1_ = mul_hi((T)(PHILOX_M1), c2);                \
+            c0 = hi1_ ^ c1 ^ (T)(k0_);                                                            \
+            c1 = lo1_;                                                                            \
+            c2 = hi0_ ^ c3 ^ (T)(k1_);                                                            \
+            c3 = lo0_;                                                                            \
+            k0_ += PHILOX_W0;                                                                     \
+            k1_ += PHILOX_W1;                                                                     \
+        }                                                                                         \
+    }
+
+/* The dropout factor of one weight: scale where kept, else 0. */
+inline float dropout_factor(const ulong seed, const ulong stream, const uint threshold,
+                            const float scale, const uint row, const uint key)
+{
+    uint c0 = key >> 2, c1 = row, c2 = (uint)stream, c3 = (uint)(stream >> 32);
+    PHILOX_ROUNDS(uint, c0, c1, c2, c3, seed)
+    const uint lane = key & 3u;
+    const uint word = lane == 0u ? c0 : lane == 1u ? c1 : lane == 2u ? c2 : c3;
+    return word >= threshold ? scale : 0.0f;
+}
+
+/* The factors of 16 consecutive keys key0 .. key0 + 15 of one row: four blocks in uint4
+ * lanes (a key at a time where key0 is not a multiple of 4). */
+inline float16 dropout_factor16(const ulong seed, const ulong stream, const uint threshold,
+                                const float scale, const uint row, const uint key0)
+{
+    if ((key0 & 3u) != 0u) {
+        float f[16];
+        for (uint j = 0; j < 16; ++j)
+            f[j] = dropout_factor(seed, stream, threshold, scale, row, key0 + j);
+        return vload16(0, f);
+    }
+    uint4 c0 = (uint4)(key0 >> 2) + (uint4)(0u, 1u, 2u, 3u), c1 = (uint4)(row);
+    uint4 c2 = (uint4)((uint)stream), c3 = (uint4)((uint)(stream >> 32));
+    PHILOX_ROUNDS(uint4, c0, c1, c2, c3, seed)
+    /* key key0 + 4m + w is word w of lane m */
+    const uint16 words = (uint16)(c0.x, c1.x, c2.x, c3.x, c0.y, c1.y, c2.y, c3.y, c0.z, c1.z,
+                                  c2.z, c3.z, c0.w, c1.w, c2.w, c3.w);
+    return select((float16)(0.0f), (float16)(scale), words >= (uint16)(threshold));
+}
+
+/* The factors of 64 consecutive keys key0 .. key0 + 63 of one row as four float16 (out[v]:
+ * keys key0 + 16v ..): sixteen blocks in uint16 lanes. */
+inline void dropout_factor64(const ulong seed, const ulong stream, const uint threshold,
+                             const float scale, const uint row, const uint key0, float16 *out)
+{
+    if ((key0 & 3u) != 0u) {
+        for (uint v = 0; v < 4; ++v)
+            out[v] = dropout_factor16(seed, stream, threshold, scale, row, key0 + 16 * v);
+        return;
+    }
+    uint16 c0 = (uint16)(key0 >> 2) + (uint16)(0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 10u, 11u,
+                                               12u, 13u, 14u, 15u);
+    uint16 c1 = (uint16)(row), c2 = (uint16)((uint)stream), c3 = (uint16)((uint)(stream >> 32));
+    PHILOX_ROUNDS(uint16, c0, c1, c2, c3, seed)
+    /* key key0 + 16v + 4m + w is word w of lane 4v + m */
+    const float16 zero = (float16)(0.0f), kept = (float16)(scale);
+    const uint16 t = (uint16)(threshold);
+#define DROPOUT_WORDS(a, b, c, d)                                                                 \
+    (uint16)(c0.a, c1.a, c2.a, c3.a, c0.b, c1.b, c2.b, c3.b, c0.c, c1.c, c2.c, c3.c, c0.d, c1.d,  \
+             c2.d, c3.d)
+    out[0] = select(zero, kept, DROPOUT_WORDS(s0, s1, s2, s3) >= t);
+    out[1] = select(zero, kept, DROPOUT_WORDS(s4, s5, s6, s7) >= t);
+    out[2] = select(zero, kept, DROPOUT_WORDS(s8, s9, sa, sb) >= t);
+    out[3] = select(zero, kept, DROPOUT_WORDS(sc, sd, se, sf) >= t);
+#undef DROPOUT_WORDS
+}
+
+/* DROPOUT_OF(bh, row, key): the factor of one weight of (batch * heads) index bh. */
+#define DROPOUT_OF(bh, row, key)                                                                  \
+    dropout_factor(dropout_seed, dropout_offset + (bh), dropout_threshold, dropout_scale, (row),  \
+                   (key))
+#define DROPOUT64_OF(bh, row, key0, out)                                                          \
+    dropout_factor64(dropout_seed, dropout_offset + (bh), dropout_threshold, dropout_scale,       \
+                     (row), (key0), (out))
+#define DROPOUT16_OF(bh, row, key0)                                                               \
+    dropout_factor16(dropout_seed, dropout_offset + (bh), dropout_threshold, dropout_scale,       \
+                     (row), (key0))
+
 /* Normalisation. softmax_shift: what a row subtracts before exp, its max, or 0 for a row with
  * every score -inf (whose weights then come out 0 instead of exp(-inf - -inf) = NaN). */
 inline float softmax_shift(const float row_max)

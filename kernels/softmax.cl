@@ -6,6 +6,8 @@
  *   softmax: out[b,h,i,c] = exp(s_c - max) / sum exp(s - max)   (max subtracted: no overflow)
  *   relu:    out[b,h,i,c] = relu(s_c) / sum relu(s)
  *   a row with nothing left is written as zeros.
+ *   dropout (SCORE_DROPOUT): then out[b,h,i,c] *= its factor (score.cl), the row's columns
+ *   again by the work-items that wrote them.
  *
  * raw and out are strided views (element strides; the last stride is 1), float32; out may be
  * raw itself (in place): each element is read and then written by the same work-item, and the
@@ -231,6 +233,28 @@ softmax_row_vec(__global const float *raw, __global float *out, const float scal
 }
 #endif
 
+/* Dropout (score.cl's SCORE_DROPOUT) on a finished row of weights: out[c] for c = first,
+ * first + step, .. (the columns this work-item wrote) times their factors of stream bh and
+ * row i; a work-item with the whole row (step 1) takes 64 keys at a time. */
+#if SCORE_DROPOUT
+#define DROPOUT_ROW(first, step)                                                                  \
+    do {                                                                                          \
+        uint c = (first);                                                                         \
+        if ((step) == 1) {                                                                        \
+            for (; c + 64 <= seq_k; c += 64) {                                                    \
+                float16 f[4];                                                                     \
+                DROPOUT64_OF(bh, i, c, f);                                                        \
+                for (uint v = 0; v < 4; ++v)                                                      \
+                    vstore16(vload16(v, out + c) * f[v], v, out + c);                             \
+            }                                                                                     \
+        }                                                                                         \
+        for (; c < seq_k; c += (step))                                                            \
+            out[c] *= DROPOUT_OF(bh, i, c);                                                       \
+    } while (0)
+#else
+#define DROPOUT_ROW(first, step) ((void)0)
+#endif
+
 __kernel __attribute__((reqd_work_group_size(SOFTMAX_GROUP, 1, 1)))
 void softmax_rows(__global const float *raw, __global float *out,
                   __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
@@ -270,6 +294,7 @@ void softmax_rows(__global const float *raw, __global float *out,
     else
         softmax_row_vec(raw, out, scale, softcap, band, i, key_begin, key_end, seq_k, 0, mask, 0,
                         0, key_padding, 0, norm_relu, sink);
+    DROPOUT_ROW(0, 1);
 #else
 #define SCORE(c)                                                                                  \
     row_score(raw, (c), scale, softcap, band, i, key_begin, key_end, has_mask, mask, mask_s3,    \
@@ -283,6 +308,7 @@ void softmax_rows(__global const float *raw, __global float *out,
         const float inv = inverse_total(wg_reduce_sum(scratch, partial, lid, SOFTMAX_WG));
         for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
             out[c] = relu_weight(SCORE(c)) * inv;
+        DROPOUT_ROW(lid, SOFTMAX_WG);
         return;
     }
 
@@ -303,6 +329,7 @@ void softmax_rows(__global const float *raw, __global float *out,
                                     (has_sinks ? exp(sink - shift) : 0.0f)); /* the sink's */
     for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
         out[c] *= inv;
+    DROPOUT_ROW(lid, SOFTMAX_WG);
 #undef SCORE
 #endif
 }
@@ -386,6 +413,7 @@ __kernel void softmax_rows_f64(__global const float *raw, __global float *out,
             total += fmax(SCORE64(c), 0.0);
         for (uint c = 0; c < seq_k; ++c)
             out[c] = total > 0.0 ? (float)(fmax(SCORE64(c), 0.0) / total) : 0.0f;
+        DROPOUT_ROW(0, 1);
         return;
     }
     const double sink = (double)SINK_OF(h, i); /* attention sinks (score.cl); -inf: none */
@@ -398,6 +426,7 @@ __kernel void softmax_rows_f64(__global const float *raw, __global float *out,
         total += exp(SCORE64(c) - shift);
     for (uint c = 0; c < seq_k; ++c)
         out[c] = total > 0.0 ? (float)(exp(SCORE64(c) - shift) / total) : 0.0f;
+    DROPOUT_ROW(0, 1);
 #undef SCORE64
 }
 #endif

@@ -38,6 +38,8 @@ int main(void)
     FIELD(clattn_sdpa_desc, rope_base), FIELD(clattn_sdpa_desc, rope_start);
     FIELD(clattn_sdpa_desc, diag_offset);
     FIELD(clattn_sdpa_desc, max_seqlen_q), FIELD(clattn_sdpa_desc, max_seqlen_k);
+    FIELD(clattn_sdpa_desc, dropout_p), FIELD(clattn_sdpa_desc, dropout_seed);
+    FIELD(clattn_sdpa_desc, dropout_offset);
     END();
 
     BEGIN(clattn_mha_desc, "MhaDesc");

@@ -257,7 +257,15 @@ static pb_sdpa_spec base_spec(size_t batch, size_t heads, size_t kv_heads, size_
     return spec;
 }
 
-enum { CASES = 16 };
+enum { CASES = 20 };
+
+/* Dropout's fields on a spec (the backward regenerates the forward's mask from them). */
+static void with_dropout(pb_sdpa_spec *s, double p, uint64_t seed, uint64_t offset)
+{
+    s->dropout_p = p;
+    s->dropout_seed = seed;
+    s->dropout_offset = offset;
+}
 
 static bwd_case make_case(int i)
 {
@@ -350,6 +358,33 @@ static bwd_case make_case(int i)
     case 14: /* a decode row against many keys, GQA 8:1, d = 128 */
         *s = base_spec(1, 8, 1, 1, 257, 128, 128);
         s->causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        break;
+    case 16: /* dropout: GQA 2:1, causal bottom-right, d = 16 (the CPU variants), Lk = 70 */
+        *s = base_spec(2, 4, 2, 33, 70, 16, 16);
+        s->causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        with_dropout(s, 0.3, 0x0123456789abcdefull, 0);
+        break;
+    case 17: /* dropout with relu, a float mask and its gradient, key counts; d = 24 (the
+              * generic kernels) */
+        *s = base_spec(2, 2, 0, 19, 45, 24, 24);
+        s->norm = CLATTN_NORM_RELU;
+        s->mask = PB_MASK_FLOAT;
+        s->mask_rank = 3;
+        s->kv_len = 1;
+        c.grad_mask = 1;
+        with_dropout(s, 0.5, 77, 1000);
+        break;
+    case 18: /* dropout with sinks and their gradient, softcap, key padding, d = 64 */
+        *s = base_spec(1, 3, 0, 65, 129, 64, 64);
+        s->sinks = 1;
+        s->softcap = 3.0f;
+        s->padding = 1;
+        c.grad_sinks = 1;
+        with_dropout(s, 0.2, 0xfffffffffffffff1ull, 0xfffffffffffffff0ull);
+        break;
+    case 19: /* dropout_p = 1: every weight dropped, out and the gradients of q, k, v zero */
+        *s = base_spec(1, 2, 0, 9, 17, 16, 8);
+        with_dropout(s, 1.0, 5, 0);
         break;
     default: /* a larger prefill: 127 x 127 at d = 64, causal, a window */
         *s = base_spec(1, 2, 0, 127, 127, 64, 64);

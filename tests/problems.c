@@ -793,6 +793,9 @@ ref_sdpa_shape pb_sdpa_ref_shape(const pb_sdpa_spec *spec)
         .window_left = spec->window_left,
         .window_right = spec->window_right,
         .diag_offset = spec->diag_offset,
+        .dropout_p = spec->dropout_p,
+        .dropout_seed = spec->dropout_seed,
+        .dropout_offset = spec->dropout_offset,
     };
     return shape;
 }
@@ -864,6 +867,12 @@ static void describe_sdpa(pb_sdpa_problem *p)
                                      b ? "," : "", p->cu_q[b + 1] - p->cu_q[b],
                                      p->cu_k[b + 1] - p->cu_k[b]);
         }
+    }
+    if (s->dropout_p > 0.0) {
+        const size_t used = strlen(p->label);
+        snprintf(p->label + used, sizeof p->label - used, " dropout=%g/seed=%llu/offset=%llu",
+                 s->dropout_p, (unsigned long long)s->dropout_seed,
+                 (unsigned long long)s->dropout_offset);
     }
     if (s->rope) {
         const size_t used = strlen(p->label);
@@ -1348,6 +1357,9 @@ void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
     desc->rope_dims = PB_OR(p->spec.rope_dims, CLATTN_ROPE_WHOLE_HEAD);
     desc->rope_base = PB_OR(p->spec.rope_base, CLATTN_ROPE_BASE_DEFAULT);
     desc->rope_start = p->spec.rope_start;
+    desc->dropout_p = p->spec.dropout_p;
+    desc->dropout_seed = p->spec.dropout_seed;
+    desc->dropout_offset = p->spec.dropout_offset;
     if (p->spec.varlen) { /* the longest a sequence may be: the spec's, cut to the totals */
         desc->max_seqlen_q = p->spec.seq_q < p->total_q ? p->spec.seq_q : p->total_q;
         desc->max_seqlen_k = p->spec.seq_k < p->total_k ? p->spec.seq_k : p->total_k;
@@ -1430,6 +1442,12 @@ void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags)
     if ((flags & PB_RANDOM_SINKS) && spec->norm != CLATTN_NORM_RELU && pb_rand_below(3) == 0) {
         spec->sinks = 1;
         spec->sinks_layout = pb_rand_below(2) ? PB_PADDED : PB_PACKED;
+    }
+    if ((flags & PB_RANDOM_DROPOUT) && pb_rand_below(4) == 0) {
+        static const double rates[] = {0.1, 0.25, 0.5, 0.9, 1.0};
+        spec->dropout_p = rates[pb_rand_below(5)];
+        spec->dropout_seed = ((uint64_t)pb_rand_below(1u << 31) << 33) ^ pb_rand_below(1u << 31);
+        spec->dropout_offset = pb_rand_below(2) ? 0 : (uint64_t)pb_rand_below(1u << 30) << 4;
     }
 }
 

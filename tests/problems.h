@@ -199,6 +199,10 @@ typedef struct pb_sdpa_spec {
      * The reference runs each sequence alone. No masks, kv_len, past, pages, rope or
      * weights. */
     int varlen;
+    /* Dropout (clattn_sdpa_desc.dropout_p, _seed, _offset): 0 off; the reference drops the
+     * same weights (ref_dropout_factor). Not with varlen, pages or quantized k/v (refused). */
+    double dropout_p;
+    uint64_t dropout_seed, dropout_offset;
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u
@@ -220,7 +224,8 @@ void pb_sdpa_spec_init(pb_sdpa_spec *spec);
 #define PB_RANDOM_BAND 128u   /* pb_sdpa_random_band: ONNX causal, windows, kv_len, a past */
 #define PB_RANDOM_ALIBI 256u  /* ALiBi slopes (rank 1 or 2) on a third of the problems */
 #define PB_RANDOM_SINKS 512u  /* attention sinks on a third of the softmax problems */
-#define PB_RANDOM_ALL 1007u
+#define PB_RANDOM_DROPOUT 1024u /* dropout (p 0.1 .. 0.9 or 1) on a quarter of the problems */
+#define PB_RANDOM_ALL 2031u
 #define PB_RANDOM_SMALL 16u   /* sizes for simulators: seq up to 63, head dims up to 16,
                                * heads up to 4 (combine with the others) */
 void pb_sdpa_random_spec(pb_sdpa_spec *spec, unsigned flags);
@@ -256,7 +261,7 @@ typedef struct pb_sdpa_problem {
      * packed) and lse (F32, packed) as the spec asks. Drawn once: create plans and bind
      * buffers from these. */
     clattn_tensors layouts;
-    char label[400]; /* one line describing the problem, for failure messages */
+    char label[512]; /* one line describing the problem, for failure messages */
 } pb_sdpa_problem;
 
 /* Draws inputs and masks, makes the layouts, computes the reference. */
@@ -370,7 +375,7 @@ typedef struct pb_mha_problem {
     size_t out_dim, out_count, attn_count; /* attn_count 0 for NONE */
     double *out_ref, *attn_ref;            /* attn_ref NULL for NONE */
     clattn_tensors layouts;                /* MHA plan layouts (mem NULL) */
-    char label[400];
+    char label[512];
 } pb_mha_problem;
 
 /* Draws parameters, inputs and masks; computes the reference. */

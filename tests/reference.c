@@ -189,6 +189,39 @@ static double normalise_row(double *row, const unsigned char *keep, size_t seq_k
     return norm == CLATTN_NORM_RELU ? log(sum) : max + log(sum);
 }
 
+void ref_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
+{
+    uint32_t x[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
+    uint32_t k[2] = {key[0], key[1]};
+    for (int round = 0; round < 10; ++round) {
+        if (round > 0) { /* the key schedule: a Weyl sequence per word */
+            k[0] += UINT32_C(0x9E3779B9);
+            k[1] += UINT32_C(0xBB67AE85);
+        }
+        const uint64_t a = (uint64_t)UINT32_C(0xD2511F53) * x[0];
+        const uint64_t c = (uint64_t)UINT32_C(0xCD9E8D57) * x[2];
+        const uint32_t y[4] = {(uint32_t)(c >> 32) ^ x[1] ^ k[0], (uint32_t)c,
+                               (uint32_t)(a >> 32) ^ x[3] ^ k[1], (uint32_t)a};
+        memcpy(x, y, sizeof x);
+    }
+    memcpy(out, x, sizeof x);
+}
+
+double ref_dropout_factor(const ref_sdpa_shape *shape, size_t b, size_t h, size_t i, size_t j)
+{
+    const double p = shape->dropout_p;
+    if (!(p > 0.0))
+        return 1.0;
+    const uint64_t stream = shape->dropout_offset + (uint64_t)(b * shape->heads + h);
+    const uint32_t ctr[4] = {(uint32_t)(j / 4), (uint32_t)i, (uint32_t)stream,
+                             (uint32_t)(stream >> 32)};
+    const uint32_t key[2] = {(uint32_t)shape->dropout_seed, (uint32_t)(shape->dropout_seed >> 32)};
+    uint32_t word[4];
+    ref_philox4x32_10(ctr, key, word);
+    const double threshold = floor(p * 4294967296.0);
+    return (double)word[j % 4] >= threshold && p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+}
+
 /* Attention on double inputs (shared with the MHA and additive references). additive_w:
  * NULL for the dot product, else (heads, dk) and the score is sum_x w[h, x] tanh(q_x + k_x). */
 static void sdpa_double(const ref_sdpa_shape *shape, const double *q, const double *k,
@@ -232,6 +265,11 @@ static void sdpa_double(const ref_sdpa_shape *shape, const double *q, const doub
                 const double row_lse =
                     normalise_row(row, keep, seq_k, shape->norm,
                                   shape->sinks != NULL ? (double)shape->sinks[h] : -INFINITY);
+                if (shape->dropout_p > 0.0) { /* after normalisation; lse is the row's */
+                    for (size_t key = 0; key < seq_k; ++key) {
+                        row[key] *= ref_dropout_factor(shape, b, h, query, key);
+                    }
+                }
                 if (lse != NULL) {
                     lse[row_index] = row_lse;
                 }
@@ -311,7 +349,10 @@ void ref_sdpa_backward(const ref_sdpa_shape *shape, const float *q, const float 
     double *lse = ref_alloc(rows, sizeof(double));
     double *raw = ref_alloc(rows * Lk, sizeof(double));    /* scale * q . k */
     double *scores = ref_alloc(rows * Lk, sizeof(double)); /* s (-inf where dropped) */
-    ref_sdpa(shape, q, k, v, mask, key_padding, out, weights, lse);
+    ref_sdpa(shape, q, k, v, mask, key_padding, out, NULL, lse);
+    ref_sdpa_shape undropped = *shape; /* the weights before dropout */
+    undropped.dropout_p = 0.0;
+    ref_sdpa(&undropped, q, k, v, mask, key_padding, NULL, weights, NULL);
     ref_sdpa_scores(shape, q, k, mask, key_padding, 0, raw);
     ref_sdpa_scores(shape, q, k, mask, key_padding, 2, scores);
     if (dq)
@@ -336,11 +377,13 @@ void ref_sdpa_backward(const ref_sdpa_shape *shape, const float *q, const float 
                     dsinks[h] += MAG(-exp((double)shape->sinks[h] - lse[row]) * delta);
                 for (size_t j = 0; j < Lk; ++j) {
                     const double s = scores[row * Lk + j], w = weights[row * Lk + j];
+                    const double z = ref_dropout_factor(shape, b, h, i, j); /* 1: none */
                     double ds = 0.0;
                     if (s != -INFINITY && lse[row] != -INFINITY) {
                         double dp = 0.0;
                         for (size_t x = 0; x < dvv; ++x)
                             dp += MAG((double)go[x] * v[(g * Lk + j) * dvv + x]);
+                        dp *= z; /* the weight that met v_j was w z */
                         const double diff = magnitudes ? dp + delta : dp - delta;
                         if (shape->norm == CLATTN_NORM_RELU)
                             ds = s > 0.0 ? diff * exp(-lse[row]) : 0.0;
@@ -351,7 +394,7 @@ void ref_sdpa_backward(const ref_sdpa_shape *shape, const float *q, const float 
                         dscores[row * Lk + j] = ds;
                     if (dv)
                         for (size_t x = 0; x < dvv; ++x)
-                            dv[(g * Lk + j) * dvv + x] += MAG(w * go[x]);
+                            dv[(g * Lk + j) * dvv + x] += MAG(w * z * go[x]);
                     if (ds == 0.0)
                         continue;
                     double dx = ds * shape->scale;

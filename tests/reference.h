@@ -67,7 +67,21 @@ typedef struct ref_sdpa_shape {
      * into their denominator (m: the max over the kept scores and the sink); -INFINITY is no
      * sink. A row with no kept key: zero weights, lse = the sink. */
     const float *sinks;
+    /* Dropout (clattn_sdpa_desc.dropout_p): 0 off; else each weight w of (b, h, i, j) becomes
+     * w * ref_dropout_factor(...) after normalisation (lse unchanged). */
+    double dropout_p;
+    uint64_t dropout_seed, dropout_offset;
 } ref_sdpa_shape;
+
+/* Philox 4x32-10 (Salmon et al., SC 2011): the block of counter ctr under key (key[0], key[1])
+ * into out, written from the paper's definition (tests check it against Random123's known
+ * answers). */
+void ref_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* Dropout's factor of weight (b, h, i, j) of a shape with dropout_p > 0: 1 / (1 - p) where
+ * kept, 0 where dropped (p = 1: 0), by clattn_sdpa_desc's rule (word j % 4 of the block with
+ * counter (j / 4, i, stream) and key seed, stream = offset + b * heads + h, kept when at
+ * least floor(p * 2^32)). */
+double ref_dropout_factor(const ref_sdpa_shape *shape, size_t b, size_t h, size_t i, size_t j);
 
 /* Per (batch, head): s = cap(scale * q kᵀ) + mask (cap: softcap); keys masked by the causal rule, by key_padding
  * (nonzero = ignore) or by a -inf score drop out; out = normalise(s) v.

@@ -76,6 +76,33 @@ clattn_status clattn__plan_sinks(clattn_plan *plan, clattn__score_shape *score)
     return CLATTN_SUCCESS;
 }
 
+clattn_status clattn__plan_dropout(clattn_plan *plan, double p, unsigned long long seed,
+                                   unsigned long long offset, clattn__score_shape *score)
+{
+    score->dropout = false;
+    if (!(p >= 0.0 && p <= 1.0))
+        return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: dropout_p=%g: a probability from 0 (off) to 1", plan->op, p);
+    if (p == 0.0)
+        return CLATTN_SUCCESS;
+    const clattn__layout *l = plan->layouts;
+    const char *refused = l[R_CU_Q].present || l[R_CU_K].present ? "packed sequences (cu_seqlens)"
+                          : l[R_BLOCK_TABLE].present             ? "a paged cache (block_table)"
+                          : (((1u << l[R_K].dtype) | (1u << l[R_V].dtype)) & CLATTN__QUANT)
+                              ? "quantized k/v"
+                              : NULL;
+    if (refused != NULL)
+        return clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: dropout_p=%g with %s: not supported (dropout is for training "
+                            "on dense batches)",
+                            plan->op, p, refused);
+    score->dropout = true;
+    score->dropout_seed = seed;
+    score->dropout_offset = offset;
+    clattn__dropout_fields(p, &score->dropout_threshold, &score->dropout_scale);
+    return CLATTN_SUCCESS;
+}
+
 clattn_status clattn__plan_score(clattn_plan *plan, float scale, clattn_norm norm,
                                  size_t head_dim_qk, clattn__score_shape *score)
 {

@@ -260,6 +260,10 @@ clattn_status clattn__plan_alibi(clattn_plan *plan, clattn__score_shape *score);
 /* The attention sinks (role R_SINKS: F32 (heads)) as plan->sinks_view, and score->has_sinks;
  * score's heads, seq_q and norm set. */
 clattn_status clattn__plan_sinks(clattn_plan *plan, clattn__score_shape *score);
+/* Dropout (clattn_sdpa_desc.dropout_p, _seed, _offset) into the score shape; validates p and
+ * refuses it with packed sequences, a paged cache or quantized k/v (the plan's layouts). */
+clattn_status clattn__plan_dropout(clattn_plan *plan, double p, unsigned long long seed,
+                                   unsigned long long offset, clattn__score_shape *score);
 /* Validates the score rule's settings and resolves scale (NAN: 1/sqrt(head_dim_qk)). */
 clattn_status clattn__plan_score(clattn_plan *plan, float scale, clattn_norm norm,
                                  size_t head_dim_qk, clattn__score_shape *score);

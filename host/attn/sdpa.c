@@ -406,6 +406,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
         (status = clattn__plan_masks(plan, batch, heads, seq_q, total_k, &score)) ||
         (status = clattn__plan_alibi(plan, &score)) ||
         (status = clattn__plan_sinks(plan, &score)) ||
+        (status = clattn__plan_dropout(plan, desc->dropout_p, desc->dropout_seed,
+                                       desc->dropout_offset, &score)) ||
         (status = clattn__plan_band(
              plan, desc->causal, desc->window_align, desc->window_left, desc->window_right,
              cache->has_past ? (long long)cache->past_len : -1, desc->diag_offset, &score)))
@@ -423,7 +425,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
      * batch's key count (causal bottom-right or ONNX, or none; no window). The fused kernel
      * then takes the group's query heads as the rows of one k/v head (q viewed as (batch,
      * kv_heads, group, d)): each key tile is read once per k/v head instead of once per query
-     * head. (Not with ALiBi: its slope is the query head's. With rope, q is rotated as
+     * head. (Not with ALiBi: its slope is the query head's; nor with dropout: its mask is the
+     * query head's. With rope, q is rotated as
      * (batch, heads, 1, d) first, so every row keeps its head's position.) */
     const bool fused_likely =
         desc->path == CLATTN_PATH_FUSED ||
@@ -441,8 +444,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
         goto done;
     }
     plan->decode_group = 1;
-    if (fused_likely && seq_q == 1 && !plan->varlen && score.kv_group > 1 && score.band_lower < 0 && ends_at_count &&
-        !score.has_alibi) {
+    if (fused_likely && seq_q == 1 && !plan->varlen && score.kv_group > 1 &&
+        score.band_lower < 0 && ends_at_count && !score.has_alibi && !score.dropout) {
         plan->decode_group = score.kv_group;
         score.heads = kv_heads;
         score.seq_q = score.kv_group;

@@ -95,6 +95,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
     if ((status = clattn__plan_score(plan, desc->scale, desc->norm, dk, score)) ||
         (status = clattn__plan_masks(plan, batch, heads, seq_q, seq_k, score)) ||
         (status = clattn__plan_alibi(plan, score)) || (status = clattn__plan_sinks(plan, score)) ||
+        (status = clattn__plan_dropout(plan, desc->dropout_p, desc->dropout_seed,
+                                       desc->dropout_offset, score)) ||
         (status = clattn__plan_band(plan, desc->causal, desc->window_align, desc->window_left,
                                     desc->window_right, -1, desc->diag_offset, score)))
         return status;

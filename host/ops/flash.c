@@ -117,7 +117,7 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
         return clattn__flash_pass(plan, "flash_cpu: one key tile exceeds the device's loop "
                                         "limit (%zu)", limit);
     const size_t part_tiles = limit == 0 ? tiles : (limit / 2 - outside) / per_tile;
-    char switches[128], extra[320];
+    char switches[256], extra[448];
     clattn__score_switches(score, CLATTN__FAMILY_FLASH_CPU, switches, sizeof switches);
     snprintf(extra, sizeof extra,
              "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFC_RB=%u -DFC_NB=%u -DFC_KV=%u -DFC_DIRECT=%d "
@@ -208,10 +208,10 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
         vw = 4;
     if (vw == 4 && (dk % 4 != 0 || dv % 4 != 0))
         vw = 1;
-    char switches[128];
+    char switches[256];
     clattn__score_switches(score, CLATTN__FAMILY_FLASH, switches, sizeof switches);
     for (;;) {
-        char extra[320];
+        char extra[448];
         snprintf(extra, sizeof extra,
                  "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DBLOCK_Q=%u -DBLOCK_K=%u "
                  "-DFLASH_VW=%u -DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d "

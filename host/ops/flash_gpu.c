@@ -80,7 +80,7 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
         return clattn__flash_pass(plan, "flash_gpu: fg_tx * fg_ty = %u work-items, more than the "
                                         "device's group (%zu)", tx * ty,
                                   ctx->info.max_work_group_size);
-    char switches[128], extra[320];
+    char switches[256], extra[448];
     clattn__score_switches(score, CLATTN__FAMILY_FLASH_GPU, switches, sizeof switches);
     snprintf(extra, sizeof extra,
              "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFG_BQ=%u -DFG_BK=%u -DFG_TX=%u -DFG_TY=%u "

@@ -79,7 +79,17 @@ typedef struct clattn__score_shape {
      * (i, j) is sum_c w[h, c] tanh(q_i[c] + k_j[c]) instead of q_i . k_j
      * (clattn__score_masks.additive_w; fused: flash.cl's ADDITIVE variant). */
     bool additive;
+    /* Dropout after normalisation (score.cl's SCORE_DROPOUT): on when dropout_p > 0; the
+     * Philox key, the stream of (batch 0, head 0), the keep threshold floor(p * 2^32) and the
+     * kept weights' scale 1 / (1 - p) (clattn__dropout_fields). */
+    bool dropout;
+    uint64_t dropout_seed, dropout_offset;
+    uint32_t dropout_threshold;
+    float dropout_scale;
 } clattn__score_shape;
+
+/* Dropout's threshold and scale for probability p (0 < p <= 1; score.cl's rule). */
+void clattn__dropout_fields(double p, uint32_t *threshold, float *scale);
 
 /* Views of the masks at execution: mask dims broadcast to (batch, heads, seq_q, seq_k) with
  * stride 0 on broadcast dims; key_padding as a view with dims (1, 1, batch, seq_k); kv_len as

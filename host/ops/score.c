@@ -5,6 +5,7 @@
  * CLATTN_SCORE_PARAMS filled in clattn__score_params when it is an argument. */
 #include "ops.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -62,6 +63,48 @@ void clattn__score_params(const clattn__score_shape *score, const clattn__score_
     p->scale = score->scale;
     p->softcap = score->softcap;
     p->norm_relu = score->norm == CLATTN_NORM_RELU;
+    if (score->dropout) {
+        p->dropout_seed = score->dropout_seed;
+        p->dropout_offset = score->dropout_offset;
+        p->dropout_threshold = score->dropout_threshold;
+        p->dropout_scale = score->dropout_scale;
+    }
+}
+
+void clattn__dropout_fields(double p, uint32_t *threshold, float *scale)
+{
+    const double t = floor(p * 4294967296.0);
+    *threshold = t >= 4294967295.0 ? UINT32_MAX : (uint32_t)t;
+    *scale = p < 1.0 ? (float)(1.0 / (1.0 - p)) : 0.0f;
+}
+
+/* Philox 4x32-10 (score.cl's philox4x32_10) on the host. */
+static void philox4x32_10(uint32_t c[4], uint32_t k0, uint32_t k1)
+{
+    for (int round = 0; round < 10; ++round) {
+        const uint64_t p0 = (uint64_t)0xD2511F53u * c[0], p1 = (uint64_t)0xCD9E8D57u * c[2];
+        const uint32_t next[4] = {(uint32_t)(p1 >> 32) ^ c[1] ^ k0, (uint32_t)p1,
+                                  (uint32_t)(p0 >> 32) ^ c[3] ^ k1, (uint32_t)p0};
+        memcpy(c, next, sizeof next);
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+}
+
+int clattn_dropout_keep(double dropout_p, unsigned long long seed, unsigned long long stream,
+                        size_t row, size_t key)
+{
+    if (!(dropout_p >= 0.0 && dropout_p <= 1.0) || row > UINT32_MAX || key > UINT32_MAX)
+        return -1;
+    if (dropout_p == 0.0)
+        return 1;
+    uint32_t threshold;
+    float scale;
+    clattn__dropout_fields(dropout_p, &threshold, &scale);
+    uint32_t c[4] = {(uint32_t)(key >> 2), (uint32_t)row, (uint32_t)stream,
+                     (uint32_t)(stream >> 32)};
+    philox4x32_10(c, (uint32_t)seed, (uint32_t)(seed >> 32));
+    return c[key & 3u] >= threshold;
 }
 
 static int mask_dtype(const clattn__score_shape *score)
@@ -96,6 +139,10 @@ static int varlen(const clattn__score_shape *score)
 {
     return score->varlen;
 }
+static int dropout(const clattn__score_shape *score)
+{
+    return score->dropout;
+}
 
 /* The switches: the macro (score.cl says what each means), its value for a score shape, and
  * the families that compile it in. */
@@ -115,6 +162,9 @@ static const struct score_switch {
     {"KV_PAGED", kv_paged,
      CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU},
     {"VARLEN", varlen, CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU},
+    {"SCORE_DROPOUT", dropout,
+     CLATTN__FAMILY_SOFTMAX | CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU |
+         CLATTN__FAMILY_FLASH_CPU},
 };
 
 void clattn__score_switches(const clattn__score_shape *score, clattn__score_family family,

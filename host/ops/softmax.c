@@ -32,10 +32,10 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
     if (score->has_mask && (unsigned)score->mask_dtype > CLATTN_DTYPE_U8)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: mask dtype %d is unknown", op,
                             (int)score->mask_dtype);
-    char switches[128];
+    char switches[256];
     clattn__score_switches(score, CLATTN__FAMILY_SOFTMAX, switches, sizeof switches);
     /* One variant per mask dtype (none shares F32's); the rest are kernel arguments. */
-    char extra[256];
+    char extra[384];
     if (score->softmax_f64) {
         if (!ctx->info.has_fp64)
             return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,

@@ -8,7 +8,7 @@ import ctypes
 import ctypes.util
 import os
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_float, c_int, c_int32,
-                    c_longlong, c_size_t, c_uint, c_uint64, c_void_p)
+                    c_longlong, c_size_t, c_uint, c_uint64, c_ulonglong, c_void_p)
 
 MAX_RANK = 4
 
@@ -83,7 +83,8 @@ class SdpaDesc(_PlanDesc):
                         ("softmax_f64", c_int), ("rope", c_int), ("rope_style", c_int),
                         ("rope_dims", c_size_t), ("rope_base", c_double), ("rope_start", c_size_t),
                         ("diag_offset", c_longlong), ("max_seqlen_q", c_size_t),
-                        ("max_seqlen_k", c_size_t)]
+                        ("max_seqlen_k", c_size_t), ("dropout_p", c_double),
+                        ("dropout_seed", c_ulonglong), ("dropout_offset", c_ulonglong)]
 
 
 class MhaDesc(_PlanDesc):
