@@ -844,7 +844,10 @@ static void reference_with_rules(pb_mha_problem *p, const float *mask, const ref
                                   0,
                                   NULL,
                                   0,
-                                  NULL};
+                                  NULL,
+                                  0.0,
+                                  0,
+                                  0};
     ref_sdpa_shape ruled = shape;
     if (rules != NULL) {
         ruled.softcap = rules->softcap;

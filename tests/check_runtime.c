@@ -461,7 +461,10 @@ static void run_event_chain(int out_of_order)
                                     0,
                                     NULL,
                                     0,
-                                    NULL};
+                                    NULL,
+                                    0.0,
+                                    0,
+                                    0};
             double *o_ref = tu_doubles(part_count), *concat = tu_doubles(part_count);
             double *expected = tu_doubles(part_count);
             ref_sdpa(&shape, qkv[0], qkv[1], qkv[2], NULL, NULL, o_ref, NULL, NULL);
@@ -1100,7 +1103,10 @@ START_TEST(test_plan_lifetimes)
                                           0,
                                           NULL,
                                           0,
-                                          NULL};
+                                          NULL,
+                                          0.0,
+                                          0,
+                                          0};
             ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
             status = clattn_attention_host(ctx, &host, q, k, v, NULL, out, NULL);
             if (tu_expect_status(status, CLATTN_SUCCESS, "host call in between")) {
@@ -1200,7 +1206,10 @@ START_TEST(test_contexts_on_threads)
                                       0,
                                       NULL,
                                       0,
-                                      NULL};
+                                      NULL,
+                                      0.0,
+                                      0,
+                                      0};
         ref_sdpa(&shape, work[t].q, work[t].k, work[t].v, NULL, NULL, refs[t], NULL, NULL);
     }
     for (int t = 0; t < THREAD_COUNT; ++t) {

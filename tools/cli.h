@@ -75,6 +75,12 @@ extern const cli_choice cli_causal_align_choices[]; /* onnx, top-left, bottom-ri
 bool cli_parse_size(const char *command, const char *option, const char *text, size_t min,
                     size_t *out);
 bool cli_parse_float(const char *command, const char *option, const char *text, float *out);
+/* A probability: the whole text a finite number in [0, 1] (--dropout). */
+bool cli_parse_probability(const char *command, const char *option, const char *text, double *out);
+/* An unsigned 64-bit integer in decimal, digits only: 0 .. 18446744073709551615 (no sign, no
+ * spaces; a larger value is refused, not wrapped) (--seed, --dropout-offset). */
+bool cli_parse_u64(const char *command, const char *option, const char *text,
+                   unsigned long long *out);
 /* --window's LEFT,RIGHT: sizes >= 0, or -1 for an unbounded side. */
 bool cli_parse_window(const char *command, const char *text, long long *left, long long *right);
 /* A comma-separated list of sizes (at most max_count), e.g. "512,1024". */

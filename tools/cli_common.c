@@ -170,6 +170,39 @@ bool cli_parse_float(const char *command, const char *option, const char *text, 
     return true;
 }
 
+bool cli_parse_probability(const char *command, const char *option, const char *text, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    const double value = strtod(text, &end);
+    if (text[0] == '\0' || *end != '\0' || errno == ERANGE || !(value >= 0.0 && value <= 1.0)) {
+        cli_fail(command, CLI_BAD_INPUT, "%s: '%s' is not a probability (a number from 0 to 1)",
+                 option, text);
+        return false;
+    }
+    *out = value;
+    return true;
+}
+
+bool cli_parse_u64(const char *command, const char *option, const char *text,
+                   unsigned long long *out)
+{
+    bool digits = text[0] != '\0';
+    for (const char *c = text; digits && *c; ++c)
+        digits = *c >= '0' && *c <= '9';
+    char *end = NULL;
+    errno = 0;
+    const unsigned long long value = digits ? strtoull(text, &end, 10) : 0;
+    if (!digits || *end != '\0' || errno == ERANGE) {
+        cli_fail(command, CLI_BAD_INPUT,
+                 "%s: '%s' is not a whole number from 0 to 18446744073709551615 (2^64 - 1)", option,
+                 text);
+        return false;
+    }
+    *out = value;
+    return true;
+}
+
 bool cli_parse_window(const char *command, const char *text, long long *left, long long *right)
 {
     char *end = NULL;

@@ -17,7 +17,7 @@ static const char bench_usage[] =
     "                    [--warmup N]\n"
     "                    [--json]\n"
     "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--kv-heads H]\n"
-    "                    [--softcap C] [--alibi] [--sinks] [--rope]\n"
+    "                    [--softcap C] [--alibi] [--sinks] [--rope] [--dropout P]\n"
     "                    [--seq L,...] [--seq-k S]\n"
     "                    [--head-dim D] [--embed E] [--path fused,unfused]\n"
     "                    [--dtype f32,f16,bf16] [--causal] [--mask none,padding,additive]\n"
@@ -45,6 +45,8 @@ static const char bench_usage[] =
     "--alibi (attention): ALiBi biases with the paper's slopes (clattn_alibi_slopes).\n"
     "--sinks (attention, decode): attention sinks, one logit per query head (0.25 h - 1).\n"
     "--rope (mha): rotary embeddings on the projected q and k (clattn_mha_desc.rope).\n"
+    "--dropout P (attention, backward): dropout on the weights with probability P (0 .. 1;\n"
+    "  clattn_sdpa_desc.dropout_p, seed 0, offset 0), its cost: compare with a run without.\n"
     "additive (not in the default set): additive (Bahdanau) self-attention plans over --batch,\n"
     "--seq, --embed E (q = k = v, (B, L, E)) with --heads H of --head-dim da (W1, W2 (E, H*da),\n"
     "biases, w (H*da)); rate: tanh terms per second, B*H*L*L*da (G/s), the work that\n"
@@ -80,8 +82,8 @@ static const char bench_usage_serving[] =
     "padding not counted).\n"
     "backward (not in the default set): training's attention step on the fused path over\n"
     "(--batch, --heads, --seq (= seq_q), --seq-k, --head-dim) with --kv-heads, --causal\n"
-    "(top-left), --softcap, --alibi, --sinks, --dtype (q, k, v, out, dO and the gradients):\n"
-    "the forward with its lse (clattn_sdpa_desc's lse output), then the backward\n"
+    "(top-left), --softcap, --alibi, --sinks, --dropout, --dtype (q, k, v, out, dO and the\n"
+    "gradients): the forward with its lse (clattn_sdpa_desc's lse output), then the backward\n"
     "(clattn_sdpa_backward_plan_create: dQ, dK, dV), each plan made once and timed alone. The\n"
     "row's time and rate are the backward's; after them the forward's ms and GFLOP/s, the\n"
     "ratio backward/forward and each plan's workspace bytes (clattn_plan_workspace_size).\n"
@@ -141,6 +143,7 @@ typedef struct bench_options {
     bool sinks;     /* attention, decode: attention sinks (sinks_buffer's logits) */
     bool rope;      /* mha: rotary embeddings on the projected q and k */
     int mask;       /* attention: 0 none, 1 key padding (U8), 2 additive (F32) */
+    double dropout; /* attention, backward: dropout_p (seed 0, offset 0) */
 } bench_options;
 
 static const char *const mask_names[3] = {"none", "padding", "additive"};
@@ -609,6 +612,12 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         snprintf(kv_json + used, sizeof kv_json - used, ", \"sinks\": true");
         snprintf(kv_text + used_text, sizeof kv_text - used_text, " sinks");
     }
+    const double dropout = softmax ? 0.0 : o->dropout;
+    if (dropout > 0.0) {
+        const size_t used = strlen(kv_json), used_text = strlen(kv_text);
+        snprintf(kv_json + used, sizeof kv_json - used, ", \"dropout\": %g", dropout);
+        snprintf(kv_text + used_text, sizeof kv_text - used_text, " drop=%g", dropout);
+    }
     case_result r = {.op = softmax ? "softmax" : "attention",
                      .unit = softmax ? "gbps" : "gflops",
                      .path = softmax                     ? NULL
@@ -636,6 +645,7 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
     CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.path = softmax ? CLATTN_PATH_UNFUSED : path;
     desc.softcap = softcap;
+    desc.dropout_p = dropout;
     const int mask = softmax ? 0 : o->mask;
     desc.causal = !softmax && o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
     clattn_tensors *t = &desc_tensors;
@@ -738,14 +748,18 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype)
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"seq_q\": %zu, "
              "\"seq_k\": %zu, \"head_dim\": %zu, \"dtype\": \"%s\", \"causal\": %s, "
-             "\"softcap\": %g, \"alibi\": %s, \"sinks\": %s",
+             "\"softcap\": %g, \"alibi\": %s, \"sinks\": %s, \"dropout\": %g",
              o->batch, o->heads, kv_heads, seq_q, seq_k, d, dtype_names[dtype],
              o->causal ? "true" : "false", (double)o->softcap, o->alibi ? "true" : "false",
-             o->sinks ? "true" : "false");
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu%s Lq=%zu Lk=%zu d=%zu%s%s%s%s%s%s",
+             o->sinks ? "true" : "false", o->dropout);
+    char drop_text[32] = "";
+    if (o->dropout > 0.0)
+        snprintf(drop_text, sizeof drop_text, " drop=%g", o->dropout);
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu%s Lq=%zu Lk=%zu d=%zu%s%s%s%s%s%s%s",
              o->batch, o->heads, kv_text, seq_q, seq_k, d, type == CLATTN_DTYPE_F32 ? "" : " ",
              type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], o->causal ? " causal" : "",
-             o->softcap > 0.0f ? " cap" : "", o->alibi ? " alibi" : "", o->sinks ? " sinks" : "");
+             o->softcap > 0.0f ? " cap" : "", o->alibi ? " alibi" : "", o->sinks ? " sinks" : "",
+             drop_text);
     int rc = fresh_context(b);
     if (rc != CLI_OK)
         return rc;
@@ -756,6 +770,7 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype)
     CLATTN_BIND_ROLES(desc, fwd.tensors);
     desc.path = CLATTN_PATH_FUSED;
     desc.softcap = o->softcap;
+    desc.dropout_p = o->dropout; /* the same mask in both plans (seed 0, offset 0) */
     desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
     t->q = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_q, d);
     t->k = clattn_tensor_make(NULL, 0, type, 4, o->batch, kv_heads, seq_k, d);
@@ -1494,8 +1509,8 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             fputs(bench_usage_rest, stdout);
             return -1;
         }
-        static const char *const valued[] = {"--op",  "--path",      "--dtype",   "--mnk",
-                                             "--seq", "--page-size", "--kv-dtype"};
+        static const char *const valued[] = {"--op",  "--path",      "--dtype",    "--mnk",
+                                             "--seq", "--page-size", "--kv-dtype", "--dropout"};
         bool known = false;
         for (size_t i = 0; i < sizeof valued / sizeof valued[0] && !known; ++i)
             known = cli_is(&args, valued[i]);
@@ -1563,6 +1578,9 @@ static int parse_bench_options(int argc, char **argv, bench_options *o)
             if (!parse_names("--kv-dtype", value, kv_dtype_names, 5, o->kv_dtypes))
                 return CLI_BAD_INPUT;
             o->kv_dtype_given = true;
+        } else if (cli_is(&args, "--dropout")) {
+            if (!cli_parse_probability("bench", "--dropout", value, &o->dropout))
+                return CLI_BAD_INPUT;
         } else if (cli_is(&args, "--page-size")) {
             if (!cli_parse_size_list("bench", "--page-size", value, o->page_sizes, MAX_SIZES,
                                      &o->num_page_sizes))

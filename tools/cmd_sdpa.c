@@ -27,6 +27,7 @@ static const char sdpa_usage[] =
     "                   [--backward --grad-out DO.npy [--grad-q-out DQ.npy]\n"
     "                    [--grad-k-out DK.npy] [--grad-v-out DV.npy] [--grad-mask-out DM.npy]\n"
     "                    [--grad-sinks-out DS.npy]]\n"
+    "                   [--dropout P [--seed S] [--dropout-offset N]]\n"
     "\n"
     "Attention with no projections, as ONNX's Attention operator computes it:\n"
     "  Y = softmax(cap(scale * Q Kᵀ) + mask) V,  cap(s) = C tanh(s / C) with --softcap C.\n"
@@ -120,9 +121,26 @@ static const char sdpa_usage_backward[] =
     "  shape, summed over its broadcast dims, in its dtype), --grad-sinks-out (with --sinks:\n"
     "  (Hq) float32); at least one of them. --out still writes Y (not printed without it).\n"
     "  Takes masks, --nonpad-kv-seqlen, --causal and its alignments, --window, grouped heads,\n"
-    "  --softcap, --scale, --alibi, --norm relu, --sinks; the library refuses (exit 2) past/\n"
-    "  present, --rope, pages, packed sequences, --qk-out, --softmax-precision 11, --kv-dtype\n"
-    "  and --path unfused; not with --ring.\n";
+    "  --softcap, --scale, --alibi, --norm relu, --sinks, --dropout (the forward's mask,\n"
+    "  regenerated); the library refuses (exit 2) past/present, --rope, pages, packed\n"
+    "  sequences, --qk-out, --softmax-precision 11, --kv-dtype and --path unfused; not with\n"
+    "  --ring.\n";
+/* Dropout's help. */
+static const char sdpa_usage_dropout[] =
+    "--dropout P [--seed S] [--dropout-offset N]: dropout on the attention weights (training;\n"
+    "  torch's dropout_p), in the forward and, with --backward, the same mask in the backward\n"
+    "  (clattn_sdpa_desc's dropout_p, dropout_seed, dropout_offset): after normalisation each\n"
+    "  weight is kept with probability 1 - P and scaled by 1 / (1 - P), or zeroed. P from 0\n"
+    "  (off, the default) to 1 (every weight zeroed: Y = 0). Which weights are kept is a pure\n"
+    "  function of S, N and the weight's (b, h, i, j), the same on every device: Philox\n"
+    "  4x32-10 keyed by S (default 0: a run without --seed is reproducible), counter (j / 4,\n"
+    "  i, stream), stream N + b * Hq + h (N default 0; the next batch's fresh masks: N plus\n"
+    "  B * Hq); its output word j % 4, an unsigned 32-bit u, keeps the weight when\n"
+    "  u >= floor(P * 2^32) (clattn_dropout_keep computes it). S and N: whole numbers\n"
+    "  0 .. 2^64 - 1. --seed and --dropout-offset without --dropout (or with P = 0) change\n"
+    "  nothing. --qk-output-mode 3 --qk-out writes the weights after dropout (as torch's\n"
+    "  nn.MultiheadAttention returns them). Not with pages, packed sequences, --kv-dtype or\n"
+    "  --ring.\n";
 
 typedef struct sdpa_options {
     const char *device, *q, *k, *v, *mask, *out;
@@ -150,6 +168,9 @@ typedef struct sdpa_options {
     clattn_dtype kv_dtype; /* --kv-dtype: F32 (as given), Q8_0 or Q4_0 */
     bool backward;         /* --backward: the gradients from --grad-out */
     const char *grad_out, *grad_q, *grad_k, *grad_v, *grad_mask, *grad_sinks;
+    double dropout_p;                  /* --dropout (0: off) */
+    unsigned long long dropout_seed;   /* --seed (default 0) */
+    unsigned long long dropout_offset; /* --dropout-offset (default 0) */
 } sdpa_options;
 
 static const cli_choice kv_dtype_choices[] = {{"f32", CLATTN_DTYPE_F32},
@@ -301,6 +322,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
             fputs(sdpa_usage, stdout);
             fputs(sdpa_usage_serving, stdout);
             fputs(sdpa_usage_backward, stdout);
+            fputs(sdpa_usage_dropout, stdout);
             fputs(sdpa_usage_outputs, stdout);
             return -1;
         } else if ((flag = cli_flag(&args, "--ring-timing")) != 0) {
@@ -348,6 +370,16 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                 !cli_parse_window("sdpa", value, &o->window_left, &o->window_right))
                 return CLI_BAD_INPUT;
             o->window = true;
+        } else if (cli_is(&args, "--dropout")) {
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_probability("sdpa", "--dropout", value, &o->dropout_p))
+                return CLI_BAD_INPUT;
+        } else if (cli_is(&args, "--seed") || cli_is(&args, "--dropout-offset")) {
+            const bool seed = cli_is(&args, "--seed");
+            if (!(value = cli_value(&args)) ||
+                !cli_parse_u64("sdpa", seed ? "--seed" : "--dropout-offset", value,
+                               seed ? &o->dropout_seed : &o->dropout_offset))
+                return CLI_BAD_INPUT;
         } else if (cli_is(&args, "--mask-true")) {
             if (!(value = cli_value(&args)) ||
                 cli_parse_mask_true("sdpa", value, &o->mask_true_masked) != CLI_OK)
@@ -421,6 +453,17 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                             "--kv-dtype %s (quantized K and V, the fused path) cannot be "
                             "combined with %s",
                             o->kv_dtype == CLATTN_DTYPE_Q8_0 ? "q8_0" : "q4_0", other);
+    }
+    if (o->dropout_p > 0.0) { /* what the library (or the ring) takes no dropout with */
+        const char *other = o->paged                          ? "--k-pages (a paged cache)"
+                            : o->varlen                       ? "--cu-seqlens-q (packed)"
+                            : o->kv_dtype != CLATTN_DTYPE_F32 ? "--kv-dtype"
+                            : o->ring                         ? "--ring"
+                                                              : NULL;
+        if (other)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "--dropout (training on dense batches) cannot be combined with %s",
+                            other);
     }
     const bool any_grad = o->grad_q || o->grad_k || o->grad_v || o->grad_mask || o->grad_sinks;
     if (o->backward && !o->grad_out)
@@ -1075,6 +1118,9 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     desc.rope_dims = o->rope.dims ? o->rope.dims : CLATTN_ROPE_WHOLE_HEAD;
     desc.rope_base = o->rope.base ? o->rope.base : CLATTN_ROPE_BASE_DEFAULT;
     desc.rope_start = o->rope.start;
+    desc.dropout_p = o->dropout_p; /* back_desc copies desc: the backward regenerates the mask */
+    desc.dropout_seed = o->dropout_seed;
+    desc.dropout_offset = o->dropout_offset;
     const clattn_causal align = o->align_given ? o->align : CLATTN_CAUSAL_ONNX;
     desc.causal = o->causal ? align : CLATTN_CAUSAL_NONE;
     if (o->window) {

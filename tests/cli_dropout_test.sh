@@ -1,0 +1,337 @@
+#!/bin/sh
+# `clattn sdpa --dropout P --seed S --dropout-offset N`, forward and --backward: Y and dQ, dK,
+# dV (and the sinks' gradient) against a float64 numpy reference whose dropout mask is built
+# here by a vectorised numpy Philox 4x32-10 (checked against Random123's known-answer
+# vectors first), following clattn.h's rule: key (S low word, S high word), counter (j / 4,
+# i, low and high word of N + b * Hq + h), word j % 4 as u; the weight is kept (and scaled by
+# 1 / (1 - P)) when u >= floor(P * 2^32), else zeroed; the normaliser is the undropped row's.
+# The unfused path's weights output (--qk-output-mode 3) holds the dropped, scaled weights.
+# Then: the same seed twice gives identical files, another seed (the default, 0) another Y,
+# --seed without --dropout (or with P = 0) changes nothing, P = 1 gives Y = 0; bench takes
+# --dropout; and the refusals: a non-zero exit with one line on stderr.
+# Usage: cli_dropout_test.sh CLATTN [PYTHON] (PYTHON: one with numpy, default /usr/bin/python3;
+# exit 77, skipped, without it).
+set -u
+clattn=$1 python=${2:-/usr/bin/python3}
+"$python" -c 'import numpy' 2>/dev/null || { echo "SKIP: no numpy for $python"; exit 77; }
+work=$(mktemp -d) || exit 1
+trap 'rm -rf "$work"' EXIT
+fail=0
+cat >"$work/ref.py" <<'EOF'
+import sys
+import numpy as np
+
+# name: B, Hq, Hkv, Lq, Lk, dk, dv, rank 3 files?, options; and what the reference applies
+CASES = {
+    # grouped heads (2 query heads per K/V head), dk != dv, top-left causal, Lq < Lk
+    "gqa-causal": dict(B=2, Hq=4, Hkv=2, Lq=17, Lk=33, dk=16, dv=8, rank3=False, causal=0,
+                       args=["--causal"]),
+    # multi-query rank-3 files, a bottom-right window (keys p - 5 .. p + 3, p = i + Lk - Lq),
+    # softcap and sinks (their gradient too)
+    "mqa-window-softcap-sinks": dict(B=2, Hq=3, Hkv=1, Lq=13, Lk=29, dk=8, dv=16, rank3=True,
+                                     window=(5, 3), offset=16, softcap=2.0, sinks=True,
+                                     args=["--q-heads", "3", "--kv-heads", "1", "--window", "5,3",
+                                           "--causal-align", "bottom-right", "--softcap", "2"]),
+}
+
+M0, M1, MASK = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57), np.uint64(0xFFFFFFFF)
+
+
+def philox(c0, c1, c2, c3, seed):
+    """Philox 4x32-10 of counters (broadcast arrays of 32-bit words) under key seed (64 bits:
+    k0 the low word); the four output words as uint64 arrays."""
+    c = np.broadcast_arrays(*[np.asarray(x, np.uint64) & MASK for x in (c0, c1, c2, c3)])
+    k0, k1 = seed & 0xFFFFFFFF, seed >> 32
+    for _ in range(10):
+        p0, p1 = M0 * c[0], M1 * c[2]  # 32 x 32 -> 64 bits: no overflow in uint64
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ np.uint64(k0), p1 & MASK,
+             (p0 >> np.uint64(32)) ^ c[3] ^ np.uint64(k1), p0 & MASK]
+        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+    return c
+
+
+def self_test():  # Random123's known-answer vectors for philox4x32_10
+    kat = [((0, 0, 0, 0), 0, (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
+           ((0xffffffff,) * 4, 0xffffffffffffffff,
+            (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
+           ((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), 0x299f31d0a4093822,
+            (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1))]
+    for ctr, key, want in kat:
+        got = tuple(int(x) for x in philox(*ctr, key))
+        if got != want:
+            print(f"FAIL numpy Philox: counter {ctr} key {key:#x} gives "
+                  f"{[hex(x) for x in got]}, want {[hex(x) for x in want]}")
+            sys.exit(1)
+    print("ok   numpy Philox 4x32-10: Random123's 3 known-answer vectors")
+
+
+def dropout_factor(p, seed, offset, B, H, Lq, Lk):
+    """(B, H, Lq, Lk) factors: 1 / (1 - p) where kept, 0 where dropped (p = 0: all 1)."""
+    if p == 0.0:
+        return np.ones((B, H, Lq, Lk))
+    threshold = min(int(np.floor(p * 4294967296.0)), 0xFFFFFFFF)
+    stream = [(offset + s) % (1 << 64) for s in range(B * H)]  # N + b * Hq + h, 64-bit
+    lo = np.array([s & 0xFFFFFFFF for s in stream], np.uint64).reshape(B, H, 1, 1)
+    hi = np.array([s >> 32 for s in stream], np.uint64).reshape(B, H, 1, 1)
+    j, i = np.arange(Lk, dtype=np.uint64), np.arange(Lq, dtype=np.uint64)[:, None]
+    words = np.stack(np.broadcast_arrays(*philox(j >> np.uint64(2), i, lo, hi, seed)), -1)
+    u = np.take_along_axis(words, (np.arange(Lk) % 4)[None, None, None, :, None], -1)[..., 0]
+    return np.where(u >= threshold, 1.0 / (1.0 - p) if p < 1.0 else 0.0, 0.0)
+
+
+def to_file(x, rank3):  # (B, H, L, d) -> the file's (B, L, H * d) when rank 3
+    if not rank3:
+        return x
+    b, h, l, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, l, h * d)
+
+
+def from_file(x, heads, rank3):
+    if not rank3:
+        return x
+    b, l, hd = x.shape
+    return x.reshape(b, l, heads, hd // heads).transpose(0, 2, 1, 3)
+
+
+def gen(name, d):
+    c = CASES[name]
+    r = np.random.default_rng(sum(map(ord, name)))
+    f32 = np.float32
+    shapes = {"q": (c["B"], c["Hq"], c["Lq"], c["dk"]), "k": (c["B"], c["Hkv"], c["Lk"], c["dk"]),
+              "v": (c["B"], c["Hkv"], c["Lk"], c["dv"]), "do": (c["B"], c["Hq"], c["Lq"], c["dv"])}
+    for n, s in shapes.items():
+        np.save(f"{d}/{n}.npy", to_file(r.standard_normal(s).astype(f32), c["rank3"]))
+    args = list(c["args"])
+    if c.get("sinks"):
+        np.save(f"{d}/sinks.npy", r.uniform(-1, 1, c["Hq"]).astype(f32))
+        args += ["--sinks", f"{d}/sinks.npy"]
+    print(" ".join(args))
+
+
+def reference(c, q, k, v, do, sinks, p, seed, offset):
+    B, Hq, Lq, dk = q.shape
+    Lk, g = k.shape[2], Hq // k.shape[1]
+    scale = 1.0 / np.sqrt(dk)
+    K, V = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    x = scale * np.einsum("bhid,bhjd->bhij", q, K)
+    cap = c.get("softcap", 0.0)
+    t = np.tanh(x / cap) if cap else None
+    s = cap * t if cap else x
+    i, j = np.arange(Lq)[:, None], np.arange(Lk)[None, :]
+    keep = np.ones((Lq, Lk), bool)
+    if "causal" in c:
+        keep &= j <= i + c["causal"]
+    if "window" in c:
+        pos, (left, right) = i + c["offset"], c["window"]
+        keep &= (j >= pos - left) & (j <= pos + right)
+    s = np.where(keep, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    if sinks is not None:
+        m = np.maximum(m, sinks[None, :, None, None])
+    e = np.exp(s - m)
+    z = e.sum(-1, keepdims=True)
+    if sinks is not None:
+        z = z + np.exp(sinks[None, :, None, None] - m)
+    P = e / z  # the undropped weights: their normaliser is the row's without dropout
+    D = dropout_factor(p, seed, offset, B, Hq, Lq, Lk)
+    Pd = P * D
+    O = Pd @ V
+    dV = np.einsum("bhij,bhid->bhjd", Pd, do)
+    dP = (do @ V.transpose(0, 1, 3, 2)) * D
+    delta = (do * O).sum(-1, keepdims=True)  # = rowsum(P dP): dropout keeps the identity
+    dS = P * (dP - delta)
+    dx = dS * (1.0 - t * t) if cap else dS
+    dQ = scale * dx @ K
+    dK = scale * np.einsum("bhij,bhid->bhjd", dx, q)
+    grads = {"y": O, "dq": dQ, "dk": dK.reshape(B, -1, g, Lk, dk).sum(2),
+             "dv": dV.reshape(B, -1, g, Lk, V.shape[-1]).sum(2), "w": Pd}
+    if sinks is not None:
+        grads["dsinks"] = -(np.exp(sinks[None, :, None, None] - m) / z * delta).sum((0, 2, 3))
+    return grads
+
+
+def check(name, d, tag, p, seed, offset, what):
+    c = CASES[name]
+    load = lambda n: np.load(f"{d}/{n}.npy").astype(np.float64)
+    rank3 = c["rank3"]
+    q, k = from_file(load("q"), c["Hq"], rank3), from_file(load("k"), c["Hkv"], rank3)
+    v, do = from_file(load("v"), c["Hkv"], rank3), from_file(load("do"), c["Hq"], rank3)
+    sinks = load("sinks") if c.get("sinks") else None
+    want = reference(c, q, k, v, do, sinks, float(p), int(seed), int(offset))
+    heads = {"y": c["Hq"], "dq": c["Hq"], "dk": c["Hkv"], "dv": c["Hkv"]}
+    bad = 0
+    for n, ref in want.items():
+        if (what == "all" and n == "w") or (what == "y" and n != "y") or \
+                (what == "yw" and n not in ("y", "w")):
+            continue
+        got = np.load(f"{d}/{tag}-{n}.npy")
+        if n in heads:
+            got = from_file(got.astype(np.float64), heads[n], rank3)
+        if got.shape != ref.shape:
+            print(f"FAIL {name} {tag}: {n} has shape {got.shape}, want {ref.shape}")
+            bad = 1
+            continue
+        err = float(np.max(np.abs(got - ref)))
+        bound = 1e-4 * float(np.max(np.abs(ref))) + 1e-6
+        ok = err <= bound and np.all(np.isfinite(got))
+        print(f"{'ok  ' if ok else 'FAIL'} {name} {tag}: {n} {got.shape} max err {err:.3g} "
+              f"(bound {bound:.3g})")
+        bad |= not ok
+    sys.exit(bad)
+
+
+def differ(a, b):  # two outputs that must differ (another seed): by more than rounding
+    x, y = np.load(a).astype(np.float64), np.load(b).astype(np.float64)
+    gap, size = float(np.max(np.abs(x - y))), float(np.max(np.abs(x)))
+    ok = gap > 1e-2 * size
+    print(f"{'ok  ' if ok else 'FAIL'} another seed: Y differs by {gap:.3g} (|Y| max {size:.3g})")
+    sys.exit(0 if ok else 1)
+
+
+cmd = sys.argv[1]
+if cmd == "selftest":
+    self_test()
+elif cmd == "gen":
+    gen(sys.argv[2], sys.argv[3])
+elif cmd == "check":
+    check(*sys.argv[2:9])
+else:
+    differ(sys.argv[2], sys.argv[3])
+EOF
+
+"$python" "$work/ref.py" selftest || exit 1
+
+# sdpa NAME TAG OPTIONS...: runs clattn sdpa on the case's files; false (a FAIL printed) when
+# it exits non-zero.
+sdpa() {
+    name=$1 tag=$2
+    shift 2
+    dir=$work/$name
+    if ! "$clattn" sdpa --q "$dir/q.npy" --k "$dir/k.npy" --v "$dir/v.npy" "$@" \
+        >"$work/out.txt" 2>"$work/err.txt"; then
+        echo "FAIL $name $tag: clattn sdpa $* exited non-zero:"
+        cat "$work/out.txt" "$work/err.txt"
+        fail=1
+        return 1
+    fi
+}
+# backward NAME TAG OPTIONS...: the forward and the backward, writing TAG-y, -dq, -dk, -dv
+# (and -dsinks with sinks).
+backward() {
+    name=$1 tag=$2
+    shift 2
+    dir=$work/$name
+    sinks_out=
+    [ -e "$dir/sinks.npy" ] && sinks_out="--grad-sinks-out $dir/$tag-dsinks.npy"
+    # shellcheck disable=SC2086 # sinks_out: an option and a path without spaces
+    sdpa "$name" "$tag" "$@" --backward --grad-out "$dir/do.npy" --out "$dir/$tag-y.npy" \
+        --grad-q-out "$dir/$tag-dq.npy" --grad-k-out "$dir/$tag-dk.npy" \
+        --grad-v-out "$dir/$tag-dv.npy" $sinks_out
+}
+# check NAME TAG P SEED OFFSET y|yw|all: the files (Y; Y and the weights; Y and the
+# gradients) against the reference with that dropout.
+check() {
+    "$python" "$work/ref.py" check "$1" "$work/$1" "$2" "$3" "$4" "$5" "$6" || fail=1
+}
+# same NAME TAG1 TAG2 FILES...: the runs wrote identical files.
+same() {
+    name=$1 a=$2 b=$3
+    shift 3
+    for n in "$@"; do
+        if cmp -s "$work/$name/$a-$n.npy" "$work/$name/$b-$n.npy"; then
+            echo "ok   $name: $a and $b wrote identical $n.npy"
+        else
+            echo "FAIL $name: $a and $b wrote different $n.npy"
+            fail=1
+        fi
+    done
+}
+
+for name in gqa-causal mqa-window-softcap-sinks; do
+    mkdir -p "$work/$name"
+    extra=$("$python" "$work/ref.py" gen "$name" "$work/$name") ||
+        { echo "FAIL $name: gen"; exit 1; }
+    # shellcheck disable=SC2086 # extra: the case's options, paths without spaces
+    set -- $extra
+    drop="--dropout 0.3 --seed 12345 --dropout-offset 7"
+    offset=7
+    if [ "$name" = mqa-window-softcap-sinks ]; then # streams carry into the high word
+        drop="--dropout 0.3 --seed 12345 --dropout-offset 4294967295"
+        offset=4294967295
+    fi
+    # shellcheck disable=SC2086 # drop: options
+    backward "$name" bwd "$@" $drop && check "$name" bwd 0.3 12345 $offset all
+    # the forward alone (its own kernel choice, no lse)
+    # shellcheck disable=SC2086
+    sdpa "$name" fwd "$@" $drop --out "$work/$name/fwd-y.npy" &&
+        check "$name" fwd 0.3 12345 $offset y
+    [ "$name" = gqa-causal ] || continue
+    # the unfused path (the weights materialised, then dropped), and those weights
+    # shellcheck disable=SC2086
+    sdpa "$name" unfused "$@" $drop --path unfused --out "$work/$name/unfused-y.npy" \
+        --qk-output-mode 3 --qk-out "$work/$name/unfused-w.npy" &&
+        check "$name" unfused 0.3 12345 $offset yw
+    # the same seed again: the same bits, forward and backward
+    # shellcheck disable=SC2086
+    backward "$name" bwd2 "$@" $drop && same "$name" bwd bwd2 y dq dk dv
+    # no --seed: the documented default 0, another mask than 12345's
+    sdpa "$name" seed0 "$@" --dropout 0.3 --dropout-offset 7 --out "$work/$name/seed0-y.npy" &&
+        check "$name" seed0 0.3 0 7 y &&
+        { "$python" "$work/ref.py" differ "$work/$name/fwd-y.npy" "$work/$name/seed0-y.npy" ||
+            fail=1; }
+    # --seed without --dropout, and with --dropout 0: no dropout at all
+    sdpa "$name" noseed "$@" --seed 99 --dropout-offset 3 --out "$work/$name/noseed-y.npy" &&
+        check "$name" noseed 0 0 0 y
+    sdpa "$name" p0 "$@" --dropout 0 --seed 5 --out "$work/$name/p0-y.npy" &&
+        same "$name" noseed p0 y
+    # P = 1: every weight zeroed, Y = 0
+    sdpa "$name" p1 "$@" --dropout 1 --seed 12345 --out "$work/$name/p1-y.npy" &&
+        check "$name" p1 1 12345 0 y
+done
+
+# bench --dropout: the attention and backward rows say so (a small case, one run).
+if "$clattn" bench --op attention,backward --path fused --batch 1 --heads 2 --head-dim 16 \
+    --seq 40 --runs 1 --warmup 0 --json --dropout 0.25 >"$work/out.txt" 2>"$work/err.txt" &&
+    [ "$(grep -c '"dropout": 0.25' "$work/out.txt")" -eq 2 ] &&
+    ! grep -q refused "$work/out.txt"; then
+    echo "ok   bench --dropout 0.25: attention and backward rows"
+else
+    echo "FAIL bench --dropout 0.25:"
+    cat "$work/out.txt" "$work/err.txt"
+    fail=1
+fi
+
+# Refusals: status 2 and one line naming the option.
+refuse() { # name, a word the line must hold, then the command's arguments
+    name=$1 word=$2
+    shift 2
+    "$clattn" "$@" >"$work/out.txt" 2>"$work/err.txt"
+    status=$?
+    lines=$(grep -c . "$work/err.txt")
+    if [ "$status" -ne 2 ] || [ "$lines" -ne 1 ] || ! grep -q -- "$word" "$work/err.txt" ||
+        [ -e "$work/never.npy" ]; then
+        echo "FAIL refuse $name: status $status (want 2), $lines stderr lines:"
+        cat "$work/out.txt" "$work/err.txt"
+        fail=1
+    else
+        echo "ok   refuse $name: $(cat "$work/err.txt")"
+    fi
+}
+d=$work/gqa-causal
+io="--q $d/q.npy --k $d/k.npy --v $d/v.npy --out $work/never.npy"
+# shellcheck disable=SC2086 # io: options and paths without spaces
+{
+    refuse dropout-1.5 --dropout sdpa $io --dropout 1.5
+    refuse dropout-abc --dropout sdpa $io --dropout abc
+    refuse dropout-negative --dropout sdpa $io --dropout -0.1
+    refuse dropout-nan --dropout sdpa $io --dropout nan
+    refuse seed-negative --seed sdpa $io --dropout 0.3 --seed -1
+    refuse seed-garbage --seed sdpa $io --dropout 0.3 --seed 12x
+    refuse seed-overflow --seed sdpa $io --dropout 0.3 --seed 18446744073709551616
+    refuse offset-negative --dropout-offset sdpa $io --dropout 0.3 --dropout-offset -7
+    refuse dropout-kv-dtype --kv-dtype sdpa $io --dropout 0.3 --kv-dtype q8_0
+    refuse dropout-backward-1.5 --dropout sdpa $io --dropout 1.5 --backward \
+        --grad-out "$d/do.npy" --grad-q-out "$work/never.npy"
+    refuse bench-dropout --dropout bench --op backward --dropout 2
+}
+exit $fail
