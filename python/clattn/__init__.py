@@ -7,6 +7,7 @@ The functions take PyTorch's argument meanings; see help(clattn.scaled_dot_produ
 """
 
 from ._core import ArgumentError, Context, DeviceError, Error, default_context
+from .dropout import dropout_mask
 from .functional import (SdpaGrads, paged_attention, quantize, scaled_dot_product_attention,
                          sdpa_backward, sdpa_forward, varlen_attention)
 from .ring import ring_attention
@@ -16,9 +17,10 @@ from .positions import KVCache, positional_encoding, rotary_embedding
 
 # (and TorchMultiheadAttention, loaded on first use; not in __all__: it needs torch)
 __all__ = ["ArgumentError", "Context", "DeviceError", "Error", "KVCache", "MultiheadAttention",
-           "default_context", "onnx_attention", "paged_attention", "positional_encoding", "quantize",
-           "ring_attention", "rotary_embedding", "scaled_dot_product_attention", "SdpaGrads",
-           "sdpa_backward", "sdpa_forward", "varlen_attention"]
+           "default_context", "dropout_mask", "onnx_attention", "paged_attention",
+           "positional_encoding", "quantize", "ring_attention", "rotary_embedding",
+           "scaled_dot_product_attention", "SdpaGrads", "sdpa_backward", "sdpa_forward",
+           "varlen_attention"]
 __version__ = "0.7.0"
 
 

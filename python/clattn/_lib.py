@@ -172,6 +172,7 @@ _declare(lib.clattn_sdpa_desc_init, None, POINTER(SdpaDesc))
 _declare(lib.clattn_sdpa_plan_create, c_int, _ctx_p, POINTER(SdpaDesc), POINTER(_plan_p))
 _declare(lib.clattn_sdpa_backward_plan_create, c_int, _ctx_p, POINTER(SdpaDesc),
          POINTER(_plan_p))
+_declare(lib.clattn_dropout_keep, c_int, c_double, c_ulonglong, c_ulonglong, c_size_t, c_size_t)
 _declare(lib.clattn_mha_desc_init, None, POINTER(MhaDesc))
 _declare(lib.clattn_mha_plan_create, c_int, _ctx_p, POINTER(MhaDesc), POINTER(_plan_p))
 _declare(lib.clattn_plan_release, None, _plan_p)

@@ -15,6 +15,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _torch, functional
 from ._core import Context
+from .dropout import _dropout_args
 
 
 def _as_tensor(x, like: torch.Tensor):
@@ -28,23 +29,28 @@ def _as_tensor(x, like: torch.Tensor):
 
 
 class SdpaFunction(torch.autograd.Function):
-    """apply(query, key, value, attn_mask, sinks, is_causal, scale, enable_gqa, ctx, path):
-    scaled_dot_product_attention with clattn's backward. Gradients flow to query, key, value,
-    a float attn_mask and sinks (a bool mask has none); with grouped heads (enable_gqa) the
-    key and value gradients sum their group's query heads. Once differentiable (no double
-    backward)."""
+    """apply(query, key, value, attn_mask, sinks, is_causal, scale, enable_gqa, ctx, path,
+    dropout_p, dropout_seed, dropout_offset): scaled_dot_product_attention with clattn's
+    backward. Gradients flow to query, key, value, a float attn_mask and sinks (a bool mask
+    has none); with grouped heads (enable_gqa) the key and value gradients sum their group's
+    query heads. Dropout (dropout_p > 0) takes an explicit integer dropout_seed: the forward
+    keeps (dropout_p, dropout_seed, dropout_offset), never the mask, and the backward
+    regenerates the mask from them. Once differentiable (no double backward)."""
 
     @staticmethod
     def forward(fctx, query, key, value, attn_mask, sinks, is_causal, scale, enable_gqa,
-                cl_ctx, path):
+                cl_ctx, path, dropout_p=0.0, dropout_seed=None, dropout_offset=0):
+        dropout = dict(dropout_p=dropout_p, dropout_seed=dropout_seed,
+                       dropout_offset=dropout_offset)
         out, lse = functional.sdpa_forward(
             _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
             _torch.to_numpy(attn_mask), is_causal, scale, enable_gqa,
-            sinks=_torch.to_numpy(sinks), ctx=cl_ctx, path=path)
+            sinks=_torch.to_numpy(sinks), ctx=cl_ctx, path=path, **dropout)
         result = _torch.from_numpy(out, query, query.dtype)
         fctx.save_for_backward(query, key, value, result, attn_mask, sinks)
         fctx.lse = lse  # numpy float32: no tensor of the graph, nothing for autograd to track
         fctx.options = (is_causal, scale, enable_gqa, cl_ctx)
+        fctx.dropout = dropout  # the seed and offset: the backward redraws the same mask
         return result
 
     @staticmethod
@@ -58,7 +64,8 @@ class SdpaFunction(torch.autograd.Function):
             _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
             _torch.to_numpy(out), fctx.lse, _torch.to_numpy(grad_out),
             _torch.to_numpy(attn_mask), is_causal, scale, enable_gqa,
-            sinks=_torch.to_numpy(sinks), ctx=cl_ctx, want_mask_grad=want_mask)
+            sinks=_torch.to_numpy(sinks), ctx=cl_ctx, want_mask_grad=want_mask,
+            **fctx.dropout)
 
         def tensor(g, like, needed):
             return _torch.from_numpy(g, like, like.dtype) if needed and g is not None else None
@@ -67,18 +74,26 @@ class SdpaFunction(torch.autograd.Function):
                 tensor(grads[2], value, needs[2]),
                 tensor(grads.grad_attn_mask, attn_mask, want_mask),
                 tensor(grads.grad_sinks, sinks, sinks is not None and needs[4]),
-                None, None, None, None, None)
+                None, None, None, None, None, None, None, None)
 
 
 def sdpa_autograd(query, key, value, attn_mask=None, is_causal: bool = False,
                   scale: Optional[float] = None, enable_gqa: bool = False, *, sinks=None,
-                  ctx: Optional[Context] = None, path: str = "auto") -> torch.Tensor:
+                  ctx: Optional[Context] = None, path: str = "auto", dropout_p: float = 0.0,
+                  dropout_seed: Optional[int] = None, dropout_offset: int = 0,
+                  generator=None) -> torch.Tensor:
     """``clattn.scaled_dot_product_attention`` through :class:`SdpaFunction` (differentiable
-    in query, key, value, a float attn_mask and sinks). The arguments are that function's;
-    numpy arguments are taken as constant tensors. Returns a tensor of query's dtype and
-    device (the forward's path is `path`; the backward runs clattn's fused backward)."""
+    in query, key, value, a float attn_mask and sinks). The arguments are that function's
+    (dropout_p, dropout_seed, dropout_offset and generator keyword-only here: a seed of None
+    with dropout_p > 0 is drawn from `generator` or torch's default generator); numpy
+    arguments are taken as constant tensors. Returns a tensor of query's dtype and device (the
+    forward's path is `path`; the backward runs clattn's fused backward and regenerates the
+    forward's dropout mask from its seed and offset)."""
     like = _torch.any_tensor(query, key, value)
     query, key, value = (_as_tensor(x, like) for x in (query, key, value))
     attn_mask, sinks = _as_tensor(attn_mask, like), _as_tensor(sinks, like)
+    drop = _dropout_args(dropout_p, dropout_seed, dropout_offset, torch_inputs=True,
+                         generator=generator, entry="sdpa_autograd")
+    p, seed, offset = drop if drop is not None else (0.0, None, 0)
     return SdpaFunction.apply(query, key, value, attn_mask, sinks, bool(is_causal), scale,
-                              bool(enable_gqa), ctx, path)
+                              bool(enable_gqa), ctx, path, p, seed, offset)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import sys
@@ -11,6 +12,7 @@ from typing import Optional
 import numpy as np
 
 from . import _lib, _torch
+from .dropout import _dropout_args
 from ._core import (ArgumentError, ArrayLike, Buffer, Context, Prepared, clattn_dtype,
                     default_context, layout)
 from ._lib import lib
@@ -70,8 +72,9 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
                                  attn_mask: Optional[ArrayLike] = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: Optional[float] = None,
                                  enable_gqa: bool = False, *, ctx: Optional[Context] = None,
-                                 path: str = "auto",
-                                 sinks: Optional[ArrayLike] = None) -> ArrayLike:
+                                 path: str = "auto", sinks: Optional[ArrayLike] = None,
+                                 dropout_seed: Optional[int] = None, dropout_offset: int = 0,
+                                 generator=None) -> ArrayLike:
     """Attention as ``torch.nn.functional.scaled_dot_product_attention`` computes it, on the
     clattn device.
 
@@ -87,7 +90,20 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     there (no host round trip); the context is then ``Context.from_pyopencl(query.queue)``
     (made once per queue) unless ctx is given.
     The positional order is torch's: (query, key, value, attn_mask, dropout_p, is_causal,
-    scale, enable_gqa); dropout_p must be 0 (dropout is not implemented: NotImplementedError).
+    scale, enable_gqa).
+    dropout_p: attention dropout as torch's (applied whenever dropout_p > 0, as torch's
+    function does; modules pass 0 in eval mode): after the softmax each weight is kept with
+    probability 1 - dropout_p and scaled by 1 / (1 - dropout_p), or zeroed (1 zeroes them
+    all). Which are kept is a pure function of (dropout_seed, dropout_offset, batch, head,
+    row, key) (:func:`clattn.dropout_mask` computes it on the host; every device draws the
+    same). dropout_seed (keyword only): an integer in [0, 2^64); None (the default) draws one
+    from torch's random numbers for torch tensors (``generator``, a torch.Generator, else
+    torch's default CPU generator: one ``torch.randint`` per call, so ``torch.manual_seed``
+    repeats runs); numpy and pyopencl inputs need it given (or a generator). dropout_offset
+    (keyword only): the first Philox stream (weight (b, h) uses dropout_offset + b * Hq + h;
+    advancing it by batch * Hq gives a fresh mask under one seed). With autograd the forward
+    keeps (seed, offset), not the mask, and the backward regenerates it. Both are ignored
+    when dropout_p is 0.
     torch tensors in give a torch tensor out, of the query's dtype and on its device (CPU
     tensors are read in place through numpy views and the result wraps clattn's output
     without a copy); numpy in gives numpy out. Where torch records gradients
@@ -107,23 +123,24 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     bad shapes or options, TypeError for unsupported dtypes, clattn.DeviceError for device
     failures; a row whose keys are all masked gives zeros (PyTorch gives NaN)."""
     if not isinstance(dropout_p, (int, float, np.integer, np.floating)) or \
-            isinstance(dropout_p, bool) or not 0.0 <= float(dropout_p) <= 1.0:
+            isinstance(dropout_p, (bool, np.bool_)) or not 0.0 <= float(dropout_p) <= 1.0:
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                             f"dropout_p={dropout_p!r}: expected a probability in [0, 1] (the "
                             f"5th positional argument, as in torch; is_causal is the 6th)")
-    if dropout_p > 0.0:
-        raise NotImplementedError(f"clattn: dropout_p={dropout_p}: dropout is not implemented "
-                                  f"(inference only); pass dropout_p=0.0")
     like = _torch.any_tensor(query, key, value)
+    drop = _dropout_args(dropout_p, dropout_seed, dropout_offset,
+                         torch_inputs=like is not None, generator=generator)
+    p, seed, offset = drop if drop is not None else (0.0, None, 0)
     if like is not None and _needs_grad(query, key, value, attn_mask, sinks):
         from .autograd import sdpa_autograd  # torch autograd: the forward keeps its lse
         return sdpa_autograd(query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                             sinks=sinks, ctx=ctx, path=path)
+                             sinks=sinks, ctx=ctx, path=path, dropout_p=p, dropout_seed=seed,
+                             dropout_offset=offset)
     if like is not None:  # torch in, torch out: numpy views of the tensors' memory
         result = scaled_dot_product_attention(
             _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
-            _torch.to_numpy(attn_mask), 0.0, is_causal, scale, enable_gqa, ctx=ctx, path=path,
-            sinks=_torch.to_numpy(sinks))
+            _torch.to_numpy(attn_mask), p, is_causal, scale, enable_gqa, ctx=ctx, path=path,
+            sinks=_torch.to_numpy(sinks), dropout_seed=seed, dropout_offset=offset)
         return _torch.from_numpy(result, like)
     if _torch.is_tensor(attn_mask):
         attn_mask = _torch.to_numpy(attn_mask)
@@ -139,10 +156,10 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
     if _is_pyopencl(query) or _is_pyopencl(key) or _is_pyopencl(value):
         return _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, ctx,
-                              path, sinks)
+                              path, sinks, drop)
     ctx = ctx or default_context()
-    fast_key = None if sinks is not None else _numpy_key(query, key, value, attn_mask,
-                                                         is_causal, scale, enable_gqa, path)
+    fast_key = None if sinks is not None or drop is not None else _numpy_key(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa, path)
     if fast_key is not None:
         with ctx.lock:
             prepared = ctx.lookup(fast_key)
@@ -158,7 +175,7 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     (qc, qs), (kc, ks), (vc, vs) = _packed(q4), _packed(k4), _packed(v4)
     key_ = ("sdpa", q4.shape, k4.shape, v4.shape, dtypes, qs, ks, vs,
             None if mask4 is None else (mask4[0].shape, mask4[1]), bool(is_causal),
-            scale, _PATHS[path], sinks1 is not None)
+            scale, _PATHS[path], sinks1 is not None, drop)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -175,6 +192,7 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
         desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
         desc.scale = float("nan") if scale is None else float(scale)
         desc.path = _PATHS[path]
+        _set_dropout(desc, drop)
         return _sdpa_plan(ctx, desc)
 
     raw = [query, key, value] + ([attn_mask] if attn_mask is not None else [])
@@ -207,8 +225,7 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
             return prepared.run(ctx, raw).reshape(result_shape)
 
     out = np.empty((B, heads_q, L, Ev), dtype=q4.dtype)
-    with ctx.lock:
-        plan = ctx.plan(key_, create)
+    with ctx.lock, _plan_for(ctx, key_, create, drop) as plan:
         buffers = [Buffer(ctx, qc), Buffer(ctx, kc), Buffer(ctx, vc),
                    Buffer(ctx, nbytes=out.nbytes)]
         tensors = _lib.Tensors()
@@ -322,6 +339,28 @@ def _packed(a):
     c = np.ascontiguousarray(a)
     return c, _strides_of(c)
 
+
+def _set_dropout(desc, drop: Optional[tuple]) -> None:
+    """The descriptor's dropout fields from (p, seed, offset); None leaves dropout off."""
+    if drop is not None:
+        desc.dropout_p, desc.dropout_seed, desc.dropout_offset = drop
+
+
+@contextlib.contextmanager
+def _plan_for(ctx: Context, key: tuple, create, drop: Optional[tuple]):
+    """The plan for `key`: the context's cached one, or, with dropout (whose seed is part of
+    the plan and changes with every training step), one made for this call and released after
+    it (the cache would hold a plan per seed and push out the reusable ones)."""
+    if drop is None:
+        yield ctx.plan(key, create)
+        return
+    plan = create()
+    try:
+        yield plan
+    finally:
+        lib.clattn_plan_release(plan)
+
+
 def _needs_grad(*xs) -> bool:
     """Whether torch records a graph now and one of xs is a tensor that requires grad (torch
     is already imported when this is asked: a tensor came in)."""
@@ -359,20 +398,26 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
                  attn_mask: Optional[ArrayLike] = None, is_causal: bool = False,
                  scale: Optional[float] = None, enable_gqa: bool = False, *,
                  sinks: Optional[ArrayLike] = None, ctx: Optional[Context] = None,
-                 path: str = "auto"):
+                 path: str = "auto", dropout_p: float = 0.0,
+                 dropout_seed: Optional[int] = None, dropout_offset: int = 0):
     """``scaled_dot_product_attention`` on numpy arrays that also returns the rows'
     log-sum-exp, what :func:`sdpa_backward` takes: ``(out, lse)``.
 
-    The arguments are scaled_dot_product_attention's (no dropout; numpy in, numpy out; torch
-    tensors are read through numpy views, detached). out is (..., Hq, L, Ev) in query's
-    dtype; lse is float32 (..., Hq, L): the log-sum-exp of each row's masked, scaled scores
-    (the sink included), -inf for a row whose keys are all masked."""
+    The arguments are scaled_dot_product_attention's (numpy in, numpy out; torch tensors are
+    read through numpy views, detached). Dropout (keyword only): dropout_p with an explicit
+    dropout_seed (an integer in [0, 2^64); required when dropout_p > 0, nothing is drawn
+    here) and dropout_offset, as scaled_dot_product_attention takes them; give
+    :func:`sdpa_backward` the same three. out is (..., Hq, L, Ev) in query's dtype (the
+    dropped weights' output); lse is float32 (..., Hq, L): the log-sum-exp of each row's
+    masked, scaled scores (the sink included; undropped), -inf for a row whose keys are all
+    masked."""
     if path not in _PATHS:
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                             f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
     query, key, value, attn_mask, sinks = (_torch.to_numpy(a) for a in
                                            (query, key, value, attn_mask, sinks))
     _check_options(attn_mask, is_causal, scale)
+    drop = _dropout_args(dropout_p, dropout_seed, dropout_offset, entry="sdpa_forward")
     ctx = ctx or default_context()
     pb = _problem(query, key, value, attn_mask, enable_gqa, sinks)
     (qc, qs), (kc, ks), (vc, vs) = _packed(pb.q4), _packed(pb.k4), _packed(pb.v4)
@@ -395,7 +440,7 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
 
     key_ = ("sdpa-lse", pb.q4.shape, pb.k4.shape, pb.v4.shape, dtypes, qs, ks, vs,
             None if pb.mask4 is None else (pb.mask4[0].shape, pb.mask4[1]), bool(is_causal),
-            scale, _PATHS[path], pb.sinks1 is not None)
+            scale, _PATHS[path], pb.sinks1 is not None, drop)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -406,10 +451,10 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
         desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
         desc.scale = float("nan") if scale is None else float(scale)
         desc.path = _PATHS[path]
+        _set_dropout(desc, drop)
         return _sdpa_plan(ctx, desc)
 
-    with ctx.lock:
-        plan = ctx.plan(key_, create)
+    with ctx.lock, _plan_for(ctx, key_, create, drop) as plan:
         t = tensors()
         inputs = [("q", qc), ("k", kc), ("v", vc)]
         if pb.mask4 is not None:
@@ -453,13 +498,17 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
                   lse: ArrayLike, grad_out: ArrayLike, attn_mask: Optional[ArrayLike] = None,
                   is_causal: bool = False, scale: Optional[float] = None,
                   enable_gqa: bool = False, *, sinks: Optional[ArrayLike] = None,
-                  ctx: Optional[Context] = None, want_mask_grad: bool = False) -> SdpaGrads:
+                  ctx: Optional[Context] = None, want_mask_grad: bool = False,
+                  dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
+                  dropout_offset: int = 0) -> SdpaGrads:
     """The backward pass of ``scaled_dot_product_attention`` on the clattn device
     (clattn_sdpa_backward_plan_create: FlashAttention-2's recomputation from the lse, memory
     linear in the sequence), on numpy arrays.
 
-    query, key, value, attn_mask, is_causal, scale, enable_gqa, sinks: exactly what the
-    forward got (same shapes and meanings; rank 2 to 4 and broadcast batch dims as there).
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, sinks, and dropout_p,
+    dropout_seed, dropout_offset (keyword only; the seed is required when dropout_p > 0):
+    exactly what the forward got (same shapes and meanings; rank 2 to 4 and broadcast batch
+    dims as there); the dropout mask is regenerated from them, never stored.
     out and lse: the forward's results, as :func:`sdpa_forward` returns them (out
     (..., Hq, L, Ev), lse float32 (..., Hq, L)). grad_out: dL/d out, out's shape, any float
     dtype. want_mask_grad: also the gradient of a float attn_mask (of the mask's own shape,
@@ -473,6 +522,7 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
     query, key, value, out, lse, grad_out, attn_mask, sinks = (
         _torch.to_numpy(a) for a in (query, key, value, out, lse, grad_out, attn_mask, sinks))
     _check_options(attn_mask, is_causal, scale)
+    drop = _dropout_args(dropout_p, dropout_seed, dropout_offset, entry="sdpa_backward")
     ctx = ctx or default_context()
     pb = _problem(query, key, value, attn_mask, enable_gqa, sinks)
     B, H, L, Ev, dtypes = pb.B, pb.heads_q, pb.L, pb.Ev, pb.dtypes
@@ -517,7 +567,7 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
 
     key_ = ("sdpa-backward", bool(is_causal), scale,
             tuple((n, c, a.shape, _strides_of(a)) for n, (c, a) in inputs.items()),
-            tuple((n, a.shape) for n, a in grads.items()))
+            tuple((n, a.shape) for n, a in grads.items()), drop)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -528,13 +578,13 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
         desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
         desc.scale = float("nan") if scale is None else float(scale)
         desc.path = _lib.PATH_AUTO
+        _set_dropout(desc, drop)
         plan = ctypes.c_void_p()
         ctx.check(lib.clattn_sdpa_backward_plan_create(ctx.handle, ctypes.byref(desc),
                                                        ctypes.byref(plan)))
         return plan
 
-    with ctx.lock:
-        plan = ctx.plan(key_, create)
+    with ctx.lock, _plan_for(ctx, key_, create, drop) as plan:
         t = tensors()
         buffers = {}
         for name, (_, a) in inputs.items():
@@ -624,7 +674,7 @@ def _device_layout(name: str, a, rank: int):
 
 
 def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, ctx, path,
-                   sinks=None):
+                   sinks=None, drop=None):
     import pyopencl.array as cla
     arrays = (query, key, value)
     kind = type(query)
@@ -633,8 +683,8 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
     if ctx is None and queue is not None:
         ctx = _context_for_queue(queue)
     fast_key = None
-    if same_kind and sinks is None and (attn_mask is None or (type(attn_mask) is kind and
-                                                              attn_mask.dtype != np.bool_)):
+    if same_kind and sinks is None and drop is None and (
+            attn_mask is None or (type(attn_mask) is kind and attn_mask.dtype != np.bool_)):
         # The cache key of these layouts; its entry checks the contexts per call.
         fast_key = ("sdpa-cl", query.shape, query.strides, query.dtype, key.shape, key.strides,
                     key.dtype, value.shape, value.strides, value.dtype,
@@ -712,7 +762,7 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
 
     key_ = ("sdpa-device", shape_key(q), shape_key(k), shape_key(v), shape_key(o),
             None if mask_t is None else (mask_t.rank, shape_key(mask_t)), bool(is_causal),
-            scale, _PATHS[path], None if sinks_t is None else shape_key(sinks_t))
+            scale, _PATHS[path], None if sinks_t is None else shape_key(sinks_t), drop)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -725,6 +775,7 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
         desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
         desc.scale = float("nan") if scale is None else float(scale)
         desc.path = _PATHS[path]
+        _set_dropout(desc, drop)
         return _sdpa_plan(ctx, desc)
 
     with ctx.lock:
@@ -738,17 +789,19 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
             bound = _DeviceBound(plan, tensors, roles, out_shape, query.dtype)
             ctx.store(fast_key, bound)
             return bound.run(ctx, queue, arrays if mask_t is None else arrays + (attn_mask,))
-        plan = ctx.plan(key_, create)
         tensors = _lib.Tensors()
         tensors.q, tensors.k, tensors.v, tensors.out = q, k, v, o
         if mask_t is not None:
             tensors.attn_mask = mask_t
         if sinks_t is not None:
             tensors.sinks = sinks_t
-        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), _lib.ROLE_COUNT,
-                                          None, None, 0, None, None))
-        if keep:  # the uploaded mask and sinks must outlive the kernels that read them
-            ctx.check(lib.clattn_finish(ctx.handle))
+        with _plan_for(ctx, key_, create, drop) as plan:
+            ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), _lib.ROLE_COUNT,
+                                              None, None, 0, None, None))
+            # the uploaded mask and sinks must outlive the kernels that read them, and so must
+            # a dropout call's plan (released on leaving)
+            if keep or drop is not None:
+                ctx.check(lib.clattn_finish(ctx.handle))
     return out
 
 

@@ -12,6 +12,7 @@ from torch.nn import functional as F
 
 from . import _lib
 from ._core import ArgumentError, Context
+from .dropout import _probability
 from .functional import scaled_dot_product_attention
 
 
@@ -27,9 +28,13 @@ class TorchMultiheadAttention(nn.Module):
     (clattn.autograd), computed in float32.
 
     embed_dim, num_heads, bias, kdim, vdim, batch_first, device, dtype: as in torch, but
-    batch_first defaults to True. dropout must be 0, add_bias_kv and add_zero_attn False
-    (ArgumentError otherwise). ctx, path (keyword only): the clattn.Context and the forward's
-    path (see scaled_dot_product_attention).
+    batch_first defaults to True. dropout: attention dropout on the weights, as torch's (in
+    [0, 1]; only in training mode, ``module.train()``, the default; ``eval()`` turns it off),
+    each call drawing its seed from torch's default generator (``torch.manual_seed`` repeats
+    runs; the backward regenerates the forward's mask; see scaled_dot_product_attention's
+    dropout_p). add_bias_kv and add_zero_attn must be False (ArgumentError otherwise). ctx,
+    path (keyword only): the clattn.Context and the forward's path (see
+    scaled_dot_product_attention).
 
     forward(query, key, value, key_padding_mask=None, need_weights=False, attn_mask=None,
     average_attn_weights=True, is_causal=False) -> (output, None): torch's arguments and mask
@@ -54,9 +59,7 @@ class TorchMultiheadAttention(nn.Module):
         if add_bias_kv or add_zero_attn:
             raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                                 "add_bias_kv and add_zero_attn are not supported")
-        if dropout != 0.0:
-            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                                f"dropout={dropout}: attention dropout is not implemented")
+        self.dropout = _probability(dropout, "dropout")
         if num_heads <= 0 or embed_dim % num_heads != 0:
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                 f"embed_dim={embed_dim} must be divisible by "
@@ -67,7 +70,7 @@ class TorchMultiheadAttention(nn.Module):
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
         self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
-        self.batch_first, self.dropout = batch_first, 0.0
+        self.batch_first = batch_first
         self.ctx, self.path = ctx, path
         if self._qkv_same_embed_dim:
             self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
@@ -170,8 +173,9 @@ class TorchMultiheadAttention(nn.Module):
         q, k, v = (x.view(n, -1, h, d).transpose(1, 2) for x in (q, k, v))  # (N, H, L, d)
         mask = self._mask(attn_mask, key_padding_mask, n, l, s)
         causal = bool(is_causal) and mask is None
-        attn = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                            ctx=self.ctx, path=self.path)
+        attn = scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                            dropout_p=self.dropout if self.training else 0.0,
+                                            is_causal=causal, ctx=self.ctx, path=self.path)
         out = self.out_proj(attn.transpose(1, 2).reshape(n, l, self.embed_dim))
         if not batched:
             out = out.squeeze(0)

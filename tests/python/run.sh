@@ -104,8 +104,8 @@ else
     POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$venv/bin/python" -m pytest -q \
         -p no:cacheprovider "$root/tests/python" "$@"
     status=$?
-    # test_torch.py and test_backward.py (autograd) against Debian's torch (see the header),
-    # the same wheel's sources
+    # test_torch.py, test_backward.py and test_dropout.py (autograd) against Debian's torch
+    # (see the header), the same wheel's sources
     tvenv=$build/venv-python-torch
     if [ "${CLATTN_PY_TORCH:-1}" = 0 ]; then
         echo "python: torch step skipped (CLATTN_PY_TORCH=0)"
@@ -131,8 +131,8 @@ else
             esac
             POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$tvenv/bin/python" -m pytest \
                 -q -p no:cacheprovider "$root/tests/python/test_torch.py" \
-                "$root/tests/python/test_backward.py" "$@"
-            rc=$?  # 5: a -k filter left nothing in test_torch.py and test_backward.py
+                "$root/tests/python/test_backward.py" "$root/tests/python/test_dropout.py" "$@"
+            rc=$?  # 5: a -k filter left nothing in the three files
             [ $rc = 0 ] || [ $rc = 5 ] || status=1
             echo "python: torch step (Debian's torch" \
                 "$("$tvenv/bin/python" -c 'import torch; print(torch.__version__)')) took" \
