@@ -387,8 +387,11 @@ inline float dropout_factor(const ulong seed, const ulong stream, const uint thr
 {
     uint c0 = key >> 2, c1 = row, c2 = (uint)stream, c3 = (uint)(stream >> 32);
     PHILOX_ROUNDS(uint, c0, c1, c2, c3, seed)
-    const uint lane = key & 3u;
-    const uint word = lane == 0u ? c0 : lane == 1u ? c1 : lane == 2u ? c2 : c3;
+    /* Word key % 4 by its two bits. (Not a chain of lane == 0, 1, 2: clang makes that a switch
+     * on key truncated to an i2, which Oclgrind 21.10 runs unmasked, so keys >= 4 of lanes 0
+     * and 1 read word 3 there.) */
+    const uint odd = key & 1u;
+    const uint word = (key & 2u) ? (odd ? c3 : c2) : (odd ? c1 : c0);
     return word >= threshold ? scale : 0.0f;
 }
 

@@ -38,7 +38,8 @@
 #             CI tier: the canary and the attention, flash, posenc and backward suites, which
 #             between them run the GPU kernels with local memory or barriers of the core (tiled
 #             matmul, softmax rows, half storage, the fused kernel, positional encodings, the
-#             backward's generic kernels: 27 s) and
+#             backward's generic kernels: 27 s), dropout (the GPU kernels' dropout masks,
+#             weight by weight: 42-56 s) and
 #             sweep (8 small draws of the interaction sweep with GPU parameters: about 130 s;
 #             12 in --full); --full adds additive (about 120 s: the additive score tiles and
 #             the fused kernel's additive variant, Bahdanau attention's GPU kernels) and rope
@@ -167,7 +168,7 @@ ensure_build() {
 # CI tier leaves out check_backward too: its 44 cases compile one backward variant each, 517 s
 # on rusticl at CLATTN_TEST_SCALE=small (measured 2026-12-05); --full runs it (the pocl and
 # Oclgrind lanes run it in the CI tier).
-rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring|cli_backward)$'
+rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring|cli_backward|cli_dropout)$'
 lane_rusticl() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip"
@@ -179,10 +180,10 @@ lane_rusticl() {
 lane_oclgrind() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/oclgrind_lane.sh build softmax matmul attention mha flash plan \
-            runtime posenc rope additive mpi sweep backward
+            runtime posenc rope additive mpi sweep backward dropout
     else
         ensure_build && CLATTN_SWEEP_DRAWS=8 tests/oclgrind_lane.sh build attention flash posenc \
-            sweep backward
+            sweep backward dropout
     fi
     local status=$?
     # The GPU work model (tests/gpu_model): every GPU kernel's counts against their formulas.

@@ -37,7 +37,7 @@ set -u
 usage() {
     echo "usage: $0 BUILD_DIR [SUITE...]" \
          "(suites: softmax matmul attention mha flash plan runtime posenc rope additive sweep" \
-         "backward;" \
+         "backward dropout;" \
          "mpi: check_mpi on 2 ranks under mpirun, each under Oclgrind (-DCLATTN_MPI=ON))" >&2
     exit 2
 }
@@ -46,7 +46,8 @@ build_dir=$(cd "$1" 2>/dev/null && pwd) || { echo "$0: no build folder '$1'" >&2
 shift
 suites=("${@#check_}")
 [ ${#suites[@]} -gt 0 ] ||
-    suites=(softmax matmul attention mha flash plan runtime posenc rope additive sweep backward)
+    suites=(softmax matmul attention mha flash plan runtime posenc rope additive sweep backward
+            dropout)
 if ! command -v oclgrind >/dev/null; then
     echo "$0: oclgrind not found (apt-get install oclgrind)" >&2
     exit 2
