@@ -9,7 +9,7 @@ the peer is the math it runs on CPUs without its fused kernel; a torch 2.x venv
 (`--python venv/bin/python` is not needed: run this script with that interpreter) times
 F.scaled_dot_product_attention instead when it exists.
 
-    python3 bench/backward_peers.py --clattn build/clattn --seq 256,1024 [--causal]
+    python3 bench/backward_peers.py --clattn build/clattn --seq 256,1024 [--causal] [--dropout P]
 
 Prints one row per length: ms of each pass, backward / forward, and the forward + backward
 step of clattn over torch's (> 1: clattn faster)."""
@@ -24,17 +24,19 @@ import sys
 import time
 
 
-def clattn_times(binary, batch, heads, seq, dim, causal, runs):
+def clattn_times(binary, batch, heads, seq, dim, causal, runs, dropout):
     cmd = [binary, "bench", "--op", "backward", "--batch", str(batch), "--heads", str(heads),
            "--seq", str(seq), "--head-dim", str(dim), "--runs", str(runs), "--json"]
     if causal:
         cmd.append("--causal")
+    if dropout > 0:
+        cmd += ["--dropout", str(dropout)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     row = json.loads(out.strip().splitlines()[-1])
     return row["forward_ms"], row["median_ms"], row["backward_workspace_bytes"]
 
 
-def torch_times(torch, batch, heads, seq, dim, causal, runs):
+def torch_times(torch, batch, heads, seq, dim, causal, runs, dropout):
     gen = torch.Generator().manual_seed(seq)
     shape = (batch, heads, seq, dim)
     q, k, v = (torch.randn(shape, generator=gen, requires_grad=True) for _ in range(3))
@@ -46,11 +48,14 @@ def torch_times(torch, batch, heads, seq, dim, causal, runs):
 
     def forward():
         if sdpa is not None:
-            return sdpa(q, k, v, is_causal=causal)
+            return sdpa(q, k, v, is_causal=causal, dropout_p=dropout)
         s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(dim))
         if mask is not None:
             s = s.masked_fill(mask, float("-inf"))
-        return torch.softmax(s, dim=-1) @ v
+        w = torch.softmax(s, dim=-1)
+        if dropout > 0:
+            w = torch.nn.functional.dropout(w, p=dropout)
+        return w @ v
 
     fwd, bwd = [], []
     for _ in range(runs + 1):  # the first is a warm-up
@@ -74,6 +79,8 @@ def main():
     ap.add_argument("--seq", default="256,1024")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="dropout_p on the weights, both sides (torch: in its own SDPA call)")
     args = ap.parse_args()
     try:
         import torch
@@ -81,15 +88,15 @@ def main():
         sys.exit("backward_peers: no torch (Debian: apt-get install python3-torch)")
     torch.set_num_threads(os.cpu_count() or 1)
     print(f"# B={args.batch} H={args.heads} d={args.head_dim} f32 causal={args.causal}, "
-          f"median of {args.runs}; torch {torch.__version__} ({os.cpu_count()} threads)")
+          f"dropout={args.dropout}, median of {args.runs}; torch {torch.__version__} ({os.cpu_count()} threads)")
     print("| L | clattn fwd ms | clattn bwd ms | bwd/fwd | torch fwd ms | torch bwd ms | "
           "torch bwd/fwd | fwd+bwd clattn/torch speed | clattn bwd workspace |")
     print("|---|---|---|---|---|---|---|---|---|")
     for seq in (int(x) for x in args.seq.split(",")):
         cf, cb, ws = clattn_times(args.clattn, args.batch, args.heads, seq, args.head_dim,
-                                  args.causal, args.runs)
+                                  args.causal, args.runs, args.dropout)
         tf, tb, fused = torch_times(torch, args.batch, args.heads, seq, args.head_dim,
-                                    args.causal, args.runs)
+                                    args.causal, args.runs, args.dropout)
         print(f"| {seq} | {cf:.1f} | {cb:.1f} | {cb / cf:.2f} | {tf:.1f} | {tb:.1f} | "
               f"{tb / tf:.2f} | {(tf + tb) / (cf + cb):.2f}x | {ws} B |"
               + ("" if fused else " (torch: math)"))
