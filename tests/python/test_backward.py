@@ -21,11 +21,12 @@ nn = torch.nn
 TOL = 1e-4  # max |clattn - reference| relative to max |reference| per gradient
 
 
-def reference(q, k, v, mask=None, is_causal=False, scale=None, sinks=None):
+def reference(q, k, v, mask=None, is_causal=False, scale=None, sinks=None, factor=None):
     """Attention as torch.nn.functional.scaled_dot_product_attention defines it, by hand,
     differentiable (any dtype; the tests run it in float64). k and v may have fewer heads
     (GQA: query head h uses head h // (Hq // Hkv)). mask: bool (True = takes part) or float
-    (added). sinks (Hq,): a logit per head in each row's denominator."""
+    (added). sinks (Hq,): a logit per head in each row's denominator. factor: dropout's
+    factors (1 / (1 - p) or 0, broadcast over the weights), applied after the softmax."""
     if q.dim() >= 3 and q.shape[-3] != k.shape[-3]:
         hq, hk = q.shape[-3], k.shape[-3]
         k = k.repeat_interleave(hq // hk, dim=-3)
@@ -38,8 +39,10 @@ def reference(q, k, v, mask=None, is_causal=False, scale=None, sinks=None):
         s = s.masked_fill(torch.ones(lq, lk, dtype=torch.bool).triu(1), float("-inf"))
     if sinks is not None:
         sink = sinks.view(-1, 1, 1).expand(s.shape[:-1] + (1,))
-        return torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1] @ v
-    return torch.softmax(s, dim=-1) @ v
+        w = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        w = torch.softmax(s, dim=-1)
+    return (w if factor is None else w * factor) @ v
 
 
 def rel_err(got, want):

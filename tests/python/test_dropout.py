@@ -190,22 +190,8 @@ def test_pyopencl_inputs_with_dropout():
 def reference(q, k, v, factor, mask=None, is_causal=False, scale=None, sinks=None):
     """test_backward.py's hand-written attention (torch, differentiable) with the weights
     multiplied by `factor` after the softmax: (softmax(S) * factor) @ V."""
-    if q.dim() >= 3 and q.shape[-3] != k.shape[-3]:
-        hq, hk = q.shape[-3], k.shape[-3]
-        k = k.repeat_interleave(hq // hk, dim=-3)
-        v = v.repeat_interleave(hq // hk, dim=-3)
-    s = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
-    if is_causal:
-        lq, lk = s.shape[-2:]
-        s = s.masked_fill(torch.ones(lq, lk, dtype=torch.bool).triu(1), float("-inf"))
-    if sinks is not None:
-        sink = sinks.view(-1, 1, 1).expand(s.shape[:-1] + (1,))
-        w = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
-    else:
-        w = torch.softmax(s, dim=-1)
-    return (w * factor) @ v
+    from test_backward import reference as backward_reference  # torch only: import here
+    return backward_reference(q, k, v, mask, is_causal, scale, sinks, factor=factor)
 
 
 def rel_err(got, want):
