@@ -390,7 +390,8 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
                 for (uint j = 0; j < FC_KT; ++j)
                     kt[d][j] = k0 + j < band.limit ? LOAD(K_DTYPE, K, FC_KROW(j) + d * k_s3) : 0.0f;
         }
-        for (uint j = 0; j < FC_KT && !direct; ++j) {
+        /* (a bound, not `&& !direct`: PoCL warned of the constant operand at every build) */
+        for (uint j = 0; j < (direct ? 0u : (uint)FC_KT); ++j) {
             const bool real = k0 + j < band.limit;
             if (real && v_s3 == 1) {
                 for (uint d = 0; d < HEAD_DIM_V; ++d)
