@@ -12,9 +12,16 @@ clattn=$1 python=${2:-/usr/bin/python3}
 work=$(mktemp -d) || exit 1
 trap 'rm -rf "$work"' EXIT
 fail=0
+# the shared float64 reference (tests/cli_reference.py)
+CLI_TESTS_DIR=$(cd "$(dirname "$0")" && pwd)
+export CLI_TESTS_DIR
 cat >"$work/ref.py" <<'EOF'
+import os
 import sys
 import numpy as np
+
+sys.path.insert(0, os.environ["CLI_TESTS_DIR"])
+from cli_reference import attention, compare, from_file, load_inputs, save_inputs  # noqa: E402
 
 # name: B, Hq, Hkv, Lq, Lk, dk, dv, rank 3 files?, options; and what the reference applies
 CASES = {
@@ -34,28 +41,10 @@ CASES = {
 }
 
 
-def to_file(x, rank3):  # (B, H, L, d) -> the file's (B, L, H * d) when rank 3
-    if not rank3:
-        return x
-    b, h, l, d = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, l, h * d)
-
-
-def from_file(x, heads, rank3):
-    if not rank3:
-        return x
-    b, l, hd = x.shape
-    return x.reshape(b, l, heads, hd // heads).transpose(0, 2, 1, 3)
-
-
 def gen(name, d):
     c = CASES[name]
-    r = np.random.default_rng(sum(map(ord, name)))
+    r = save_inputs(c, name, d)
     f32 = np.float32
-    shapes = {"q": (c["B"], c["Hq"], c["Lq"], c["dk"]), "k": (c["B"], c["Hkv"], c["Lk"], c["dk"]),
-              "v": (c["B"], c["Hkv"], c["Lk"], c["dv"]), "do": (c["B"], c["Hq"], c["Lq"], c["dv"])}
-    for n, s in shapes.items():
-        np.save(f"{d}/{n}.npy", to_file(r.standard_normal(s).astype(f32), c["rank3"]))
     args = list(c["args"])
     if "mask_width" in c:
         np.save(f"{d}/mask.npy", r.uniform(-1, 1, (c["Lq"], c["mask_width"])).astype(f32))
@@ -66,80 +55,21 @@ def gen(name, d):
     print(" ".join(args))
 
 
-def reference(c, q, k, v, do, mask, sinks):
-    B, Hq, Lq, dk = q.shape
-    Lk, g = k.shape[2], Hq // k.shape[1]
-    scale = c.get("scale", 1.0 / np.sqrt(dk))
-    K, V = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
-    x = scale * np.einsum("bhid,bhjd->bhij", q, K)
-    cap = c.get("softcap", 0.0)
-    t = np.tanh(x / cap) if cap else None
-    s = cap * t if cap else x
-    i, j = np.arange(Lq)[:, None], np.arange(Lk)[None, :]
-    keep = np.ones((Lq, Lk), bool)
-    if "causal" in c:
-        keep &= j <= i + c["causal"]
-    if "window" in c:
-        p, (left, right) = i + c["offset"], c["window"]
-        keep &= (j >= p - left) & (j <= p + right)
-    if mask is not None:
-        padded = np.full((Lq, Lk), -np.inf)
-        padded[:, :mask.shape[1]] = mask
-        s = s + padded
-    if c.get("alibi"):  # the paper's slopes, Hq a power of two
-        slopes = 2.0 ** (-8.0 * np.arange(1, Hq + 1) / Hq)
-        s = s - slopes[None, :, None, None] * np.abs(i + Lk - Lq - j)
-    s = np.where(keep, s, -np.inf)
-    m = s.max(-1, keepdims=True)
-    if sinks is not None:
-        m = np.maximum(m, sinks[None, :, None, None])
-    e = np.exp(s - m)
-    z = e.sum(-1, keepdims=True)
-    if sinks is not None:
-        z = z + np.exp(sinks[None, :, None, None] - m)
-    P = e / z
-    O = P @ V
-    dV = np.einsum("bhij,bhid->bhjd", P, do)
-    dP = do @ V.transpose(0, 1, 3, 2)
-    delta = (do * O).sum(-1, keepdims=True)
-    dS = P * (dP - delta)
-    dx = dS * (1.0 - t * t) if cap else dS
-    dQ = scale * dx @ K
-    dK = scale * np.einsum("bhij,bhid->bhjd", dx, q)
-    grads = {"y": O, "dq": dQ, "dk": dK.reshape(B, -1, g, Lk, dk).sum(2),
-             "dv": dV.reshape(B, -1, g, Lk, V.shape[-1]).sum(2)}
-    if mask is not None:
-        grads["dmask"] = dS.sum((0, 1))[:, :mask.shape[1]]
-    if sinks is not None:
-        grads["dsinks"] = -(np.exp(sinks[None, :, None, None] - m) / z * delta).sum((0, 2, 3))
-    return grads
-
-
 def check(name, d):
     c = CASES[name]
     load = lambda n: np.load(f"{d}/{n}.npy").astype(np.float64)
-    rank3 = c["rank3"]
-    q, k = from_file(load("q"), c["Hq"], rank3), from_file(load("k"), c["Hkv"], rank3)
-    v, do = from_file(load("v"), c["Hkv"], rank3), from_file(load("do"), c["Hq"], rank3)
+    q, k, v, do = load_inputs(c, d)
     mask = load("mask") if "mask_width" in c else None
     sinks = load("sinks") if c.get("sinks") else None
-    want = reference(c, q, k, v, do, mask, sinks)
+    want = attention(c, q, k, v, do, mask, sinks)
+    del want["w"]
     heads = {"y": c["Hq"], "dq": c["Hq"], "dk": c["Hkv"], "dv": c["Hkv"]}
     bad = 0
     for n, ref in want.items():
-        got = np.load(f"{d}/{n}.npy")
+        got = np.load(f"{d}/{n}.npy").astype(np.float64)
         if n in heads:
-            got = from_file(got.astype(np.float64), heads[n], rank3)
-        if got.shape != ref.shape:
-            print(f"FAIL {name}: {n} has shape {got.shape}, want {ref.shape}")
-            bad = 1
-            continue
-        err = float(np.max(np.abs(got - ref)))
-        bound = 1e-4 * float(np.max(np.abs(ref))) + 1e-6
-        ok = err <= bound and np.all(np.isfinite(got))
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: {n} {got.shape} max err {err:.3g} "
-              f"(bound {bound:.3g})")
-        bad |= not ok
+            got = from_file(got, heads[n], c["rank3"])
+        bad |= not compare(name, n, got, ref)
     sys.exit(bad)
 
 

@@ -1,10 +1,11 @@
 #!/bin/sh
 # `clattn sdpa --dropout P --seed S --dropout-offset N`, forward and --backward: Y and dQ, dK,
-# dV (and the sinks' gradient) against a float64 numpy reference whose dropout mask is built
-# here by a vectorised numpy Philox 4x32-10 (checked against Random123's known-answer
-# vectors first), following clattn.h's rule: key (S low word, S high word), counter (j / 4,
-# i, low and high word of N + b * Hq + h), word j % 4 as u; the weight is kept (and scaled by
-# 1 / (1 - P)) when u >= floor(P * 2^32), else zeroed; the normaliser is the undropped row's.
+# dV (and the sinks' gradient) against a float64 numpy reference (tests/cli_reference.py,
+# shared with cli_backward_test.sh) whose dropout mask is built by a vectorised numpy Philox
+# 4x32-10 (checked against Random123's known-answer vectors first), following clattn.h's
+# rule: key (S low word, S high word), counter (j / 4, i, low and high word of
+# N + b * Hq + h), word j % 4 as u; the weight is kept (and scaled by 1 / (1 - P)) when
+# u >= floor(P * 2^32), else zeroed; the normaliser is the undropped row's.
 # The unfused path's weights output (--qk-output-mode 3) holds the dropped, scaled weights.
 # Then: the same seed twice gives identical files, another seed (the default, 0) another Y,
 # --seed without --dropout (or with P = 0) changes nothing, P = 1 gives Y = 0; bench takes
@@ -17,9 +18,17 @@ clattn=$1 python=${2:-/usr/bin/python3}
 work=$(mktemp -d) || exit 1
 trap 'rm -rf "$work"' EXIT
 fail=0
+# the shared float64 reference and numpy Philox (tests/cli_reference.py)
+CLI_TESTS_DIR=$(cd "$(dirname "$0")" && pwd)
+export CLI_TESTS_DIR
 cat >"$work/ref.py" <<'EOF'
+import os
 import sys
 import numpy as np
+
+sys.path.insert(0, os.environ["CLI_TESTS_DIR"])
+from cli_reference import (attention, compare, dropout_factor, from_file,  # noqa: E402
+                           load_inputs, philox_self_test, save_inputs)
 
 # name: B, Hq, Hkv, Lq, Lk, dk, dv, rank 3 files?, options; and what the reference applies
 CASES = {
@@ -34,73 +43,11 @@ CASES = {
                                            "--causal-align", "bottom-right", "--softcap", "2"]),
 }
 
-M0, M1, MASK = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57), np.uint64(0xFFFFFFFF)
-
-
-def philox(c0, c1, c2, c3, seed):
-    """Philox 4x32-10 of counters (broadcast arrays of 32-bit words) under key seed (64 bits:
-    k0 the low word); the four output words as uint64 arrays."""
-    c = np.broadcast_arrays(*[np.asarray(x, np.uint64) & MASK for x in (c0, c1, c2, c3)])
-    k0, k1 = seed & 0xFFFFFFFF, seed >> 32
-    for _ in range(10):
-        p0, p1 = M0 * c[0], M1 * c[2]  # 32 x 32 -> 64 bits: no overflow in uint64
-        c = [(p1 >> np.uint64(32)) ^ c[1] ^ np.uint64(k0), p1 & MASK,
-             (p0 >> np.uint64(32)) ^ c[3] ^ np.uint64(k1), p0 & MASK]
-        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
-    return c
-
-
-def self_test():  # Random123's known-answer vectors for philox4x32_10
-    kat = [((0, 0, 0, 0), 0, (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
-           ((0xffffffff,) * 4, 0xffffffffffffffff,
-            (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
-           ((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), 0x299f31d0a4093822,
-            (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1))]
-    for ctr, key, want in kat:
-        got = tuple(int(x) for x in philox(*ctr, key))
-        if got != want:
-            print(f"FAIL numpy Philox: counter {ctr} key {key:#x} gives "
-                  f"{[hex(x) for x in got]}, want {[hex(x) for x in want]}")
-            sys.exit(1)
-    print("ok   numpy Philox 4x32-10: Random123's 3 known-answer vectors")
-
-
-def dropout_factor(p, seed, offset, B, H, Lq, Lk):
-    """(B, H, Lq, Lk) factors: 1 / (1 - p) where kept, 0 where dropped (p = 0: all 1)."""
-    if p == 0.0:
-        return np.ones((B, H, Lq, Lk))
-    threshold = min(int(np.floor(p * 4294967296.0)), 0xFFFFFFFF)
-    stream = [(offset + s) % (1 << 64) for s in range(B * H)]  # N + b * Hq + h, 64-bit
-    lo = np.array([s & 0xFFFFFFFF for s in stream], np.uint64).reshape(B, H, 1, 1)
-    hi = np.array([s >> 32 for s in stream], np.uint64).reshape(B, H, 1, 1)
-    j, i = np.arange(Lk, dtype=np.uint64), np.arange(Lq, dtype=np.uint64)[:, None]
-    words = np.stack(np.broadcast_arrays(*philox(j >> np.uint64(2), i, lo, hi, seed)), -1)
-    u = np.take_along_axis(words, (np.arange(Lk) % 4)[None, None, None, :, None], -1)[..., 0]
-    return np.where(u >= threshold, 1.0 / (1.0 - p) if p < 1.0 else 0.0, 0.0)
-
-
-def to_file(x, rank3):  # (B, H, L, d) -> the file's (B, L, H * d) when rank 3
-    if not rank3:
-        return x
-    b, h, l, d = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, l, h * d)
-
-
-def from_file(x, heads, rank3):
-    if not rank3:
-        return x
-    b, l, hd = x.shape
-    return x.reshape(b, l, heads, hd // heads).transpose(0, 2, 1, 3)
-
 
 def gen(name, d):
     c = CASES[name]
-    r = np.random.default_rng(sum(map(ord, name)))
+    r = save_inputs(c, name, d)
     f32 = np.float32
-    shapes = {"q": (c["B"], c["Hq"], c["Lq"], c["dk"]), "k": (c["B"], c["Hkv"], c["Lk"], c["dk"]),
-              "v": (c["B"], c["Hkv"], c["Lk"], c["dv"]), "do": (c["B"], c["Hq"], c["Lq"], c["dv"])}
-    for n, s in shapes.items():
-        np.save(f"{d}/{n}.npy", to_file(r.standard_normal(s).astype(f32), c["rank3"]))
     args = list(c["args"])
     if c.get("sinks"):
         np.save(f"{d}/sinks.npy", r.uniform(-1, 1, c["Hq"]).astype(f32))
@@ -108,75 +55,23 @@ def gen(name, d):
     print(" ".join(args))
 
 
-def reference(c, q, k, v, do, sinks, p, seed, offset):
-    B, Hq, Lq, dk = q.shape
-    Lk, g = k.shape[2], Hq // k.shape[1]
-    scale = 1.0 / np.sqrt(dk)
-    K, V = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
-    x = scale * np.einsum("bhid,bhjd->bhij", q, K)
-    cap = c.get("softcap", 0.0)
-    t = np.tanh(x / cap) if cap else None
-    s = cap * t if cap else x
-    i, j = np.arange(Lq)[:, None], np.arange(Lk)[None, :]
-    keep = np.ones((Lq, Lk), bool)
-    if "causal" in c:
-        keep &= j <= i + c["causal"]
-    if "window" in c:
-        pos, (left, right) = i + c["offset"], c["window"]
-        keep &= (j >= pos - left) & (j <= pos + right)
-    s = np.where(keep, s, -np.inf)
-    m = s.max(-1, keepdims=True)
-    if sinks is not None:
-        m = np.maximum(m, sinks[None, :, None, None])
-    e = np.exp(s - m)
-    z = e.sum(-1, keepdims=True)
-    if sinks is not None:
-        z = z + np.exp(sinks[None, :, None, None] - m)
-    P = e / z  # the undropped weights: their normaliser is the row's without dropout
-    D = dropout_factor(p, seed, offset, B, Hq, Lq, Lk)
-    Pd = P * D
-    O = Pd @ V
-    dV = np.einsum("bhij,bhid->bhjd", Pd, do)
-    dP = (do @ V.transpose(0, 1, 3, 2)) * D
-    delta = (do * O).sum(-1, keepdims=True)  # = rowsum(P dP): dropout keeps the identity
-    dS = P * (dP - delta)
-    dx = dS * (1.0 - t * t) if cap else dS
-    dQ = scale * dx @ K
-    dK = scale * np.einsum("bhij,bhid->bhjd", dx, q)
-    grads = {"y": O, "dq": dQ, "dk": dK.reshape(B, -1, g, Lk, dk).sum(2),
-             "dv": dV.reshape(B, -1, g, Lk, V.shape[-1]).sum(2), "w": Pd}
-    if sinks is not None:
-        grads["dsinks"] = -(np.exp(sinks[None, :, None, None] - m) / z * delta).sum((0, 2, 3))
-    return grads
-
-
 def check(name, d, tag, p, seed, offset, what):
     c = CASES[name]
-    load = lambda n: np.load(f"{d}/{n}.npy").astype(np.float64)
-    rank3 = c["rank3"]
-    q, k = from_file(load("q"), c["Hq"], rank3), from_file(load("k"), c["Hkv"], rank3)
-    v, do = from_file(load("v"), c["Hkv"], rank3), from_file(load("do"), c["Hq"], rank3)
-    sinks = load("sinks") if c.get("sinks") else None
-    want = reference(c, q, k, v, do, sinks, float(p), int(seed), int(offset))
+    q, k, v, do = load_inputs(c, d)
+    sinks = np.load(f"{d}/sinks.npy").astype(np.float64) if c.get("sinks") else None
+    B, Hq, Lq, Lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    factor = dropout_factor(float(p), int(seed), int(offset), B, Hq, Lq, Lk)
+    want = attention(c, q, k, v, do, sinks=sinks, factor=factor)
     heads = {"y": c["Hq"], "dq": c["Hq"], "dk": c["Hkv"], "dv": c["Hkv"]}
     bad = 0
     for n, ref in want.items():
         if (what == "all" and n == "w") or (what == "y" and n != "y") or \
                 (what == "yw" and n not in ("y", "w")):
             continue
-        got = np.load(f"{d}/{tag}-{n}.npy")
+        got = np.load(f"{d}/{tag}-{n}.npy").astype(np.float64)
         if n in heads:
-            got = from_file(got.astype(np.float64), heads[n], rank3)
-        if got.shape != ref.shape:
-            print(f"FAIL {name} {tag}: {n} has shape {got.shape}, want {ref.shape}")
-            bad = 1
-            continue
-        err = float(np.max(np.abs(got - ref)))
-        bound = 1e-4 * float(np.max(np.abs(ref))) + 1e-6
-        ok = err <= bound and np.all(np.isfinite(got))
-        print(f"{'ok  ' if ok else 'FAIL'} {name} {tag}: {n} {got.shape} max err {err:.3g} "
-              f"(bound {bound:.3g})")
-        bad |= not ok
+            got = from_file(got, heads[n], c["rank3"])
+        bad |= not compare(f"{name} {tag}", n, got, ref)
     sys.exit(bad)
 
 
@@ -190,7 +85,7 @@ def differ(a, b):  # two outputs that must differ (another seed): by more than r
 
 cmd = sys.argv[1]
 if cmd == "selftest":
-    self_test()
+    philox_self_test()
 elif cmd == "gen":
     gen(sys.argv[2], sys.argv[3])
 elif cmd == "check":
