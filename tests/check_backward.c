@@ -22,44 +22,6 @@ typedef struct bwd_case {
     int grad_mask, grad_sinks;
 } bwd_case;
 
-/* The expanded (B, H, Lq, Lk) dS summed over the mask's broadcast dims (right-aligned dims of
- * 1 where the problem's dim is not), into out (the mask's logical packed elements). */
-static void reduce_to_mask(const pb_sdpa_problem *p, const double *dscores, double *out)
-{
-    const pb_sdpa_spec *s = &p->spec;
-    const size_t full[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
-    size_t md[4] = {1, 1, 1, 1};
-    for (int d = 0; d < p->mask_rank; ++d)
-        md[4 - p->mask_rank + d] = p->mask_dims[d];
-    memset(out, 0, p->mask_count * sizeof(double));
-    for (size_t b = 0; b < full[0]; ++b)
-        for (size_t h = 0; h < full[1]; ++h)
-            for (size_t i = 0; i < full[2]; ++i)
-                for (size_t j = 0; j < full[3]; ++j) {
-                    const size_t c[4] = {md[0] == 1 ? 0 : b, md[1] == 1 ? 0 : h,
-                                         md[2] == 1 ? 0 : i, md[3] == 1 ? 0 : j};
-                    const size_t at = ((c[0] * md[1] + c[1]) * md[2] + c[2]) * md[3] + c[3];
-                    out[at] += dscores[((b * full[1] + h) * full[2] + i) * full[3] + j];
-                }
-}
-
-/* Records a failure unless got is within tol of ref, relative to the larger of max |ref| and
- * `scale` (a sum's scale, the sum of its terms' magnitudes: the gradient of a broadcast mask
- * or of a sink is a sum whose terms cancel, so its own size says nothing of the rounding). */
-static void expect_close_scaled(const char *what, const float *got, const double *ref,
-                                size_t count, double scale, double tol)
-{
-    double largest = scale, worst = 0.0;
-    for (size_t i = 0; i < count; ++i)
-        largest = fmax(largest, fabs(ref[i]));
-    for (size_t i = 0; i < count; ++i)
-        worst = isfinite(got[i]) ? fmax(worst, fabs((double)got[i] - ref[i])) : INFINITY;
-    const double err = worst / fmax(largest, 1e-30);
-    tu_track_error(err);
-    tu_expect(err <= tol, "%s: error %g > %g (max |difference| %g, scale %g)", what, err, tol,
-              worst, largest);
-}
-
 /* The reference's shape with the problem's key counts, slopes (B, H) and sinks; *alibi_out
  * holds the expanded slopes (the caller frees it). */
 static ref_sdpa_shape reference_shape(const pb_sdpa_problem *p, float **alibi_out)
@@ -184,7 +146,7 @@ static void run_case(clattn_ctx *ctx, const bwd_case *c)
         double *mask_ref = NULL;
         if (want_mask) {
             mask_ref = tu_doubles(p.mask_count);
-            reduce_to_mask(&p, dscores, mask_ref);
+            pb_reduce_to_mask(&p, dscores, mask_ref);
             checks[3].ref = mask_ref;
         }
         /* Each gradient's error scale: the same sums over the terms' magnitudes (relu's
@@ -199,7 +161,7 @@ static void run_case(clattn_ctx *ctx, const bwd_case *c)
             ref_sdpa_backward(&shape, p.q, p.k, p.v, mask, p.padding, grad_out, out, 1, mq, mk,
                               mv, ms, msinks);
             if (want_mask)
-                reduce_to_mask(&p, ms, mmask);
+                pb_reduce_to_mask(&p, ms, mmask);
             const double *m[5] = {mq, mk, mv, mmask, msinks};
             for (int i = 0; i < 5; ++i)
                 for (size_t x = 0; x < checks[i].count && (i != 3 || want_mask); ++x)
@@ -219,7 +181,7 @@ static void run_case(clattn_ctx *ctx, const bwd_case *c)
             if (pb_download(ctx, NULL, checks[i].t, got, &stray) == CL_SUCCESS) {
                 tu_expect(stray == 0, "%s: %zu stray writes outside it", checks[i].name, stray);
                 tu_expect_finite(checks[i].name, got, checks[i].count);
-                expect_close_scaled(checks[i].name, got, checks[i].ref, checks[i].count,
+                tu_expect_close_scaled(checks[i].name, got, checks[i].ref, checks[i].count,
                                     scales[i],
                                     checks[i].t->dtype == CLATTN_DTYPE_F32 && !half ? tol
                                                                                   : 3e-2);

@@ -1420,46 +1420,6 @@ static void check_read(clattn_ctx *ctx, const pb_sdpa_problem *p, const draw *d)
 
 /* --- the backward ---------------------------------------------------------------------------- */
 
-/* check_backward.c's comparison helpers (no shared copy in problems.c). */
-
-/* The expanded (B, H, Lq, Lk) dS summed over the mask's broadcast dims (right-aligned dims of
- * 1 where the problem's dim is not), into out (the mask's logical packed elements). */
-static void bwd_reduce_to_mask(const pb_sdpa_problem *p, const double *dscores, double *out)
-{
-    const pb_sdpa_spec *s = &p->spec;
-    const size_t full[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
-    size_t md[4] = {1, 1, 1, 1};
-    for (int d = 0; d < p->mask_rank; ++d)
-        md[4 - p->mask_rank + d] = p->mask_dims[d];
-    memset(out, 0, p->mask_count * sizeof(double));
-    for (size_t b = 0; b < full[0]; ++b)
-        for (size_t h = 0; h < full[1]; ++h)
-            for (size_t i = 0; i < full[2]; ++i)
-                for (size_t j = 0; j < full[3]; ++j) {
-                    const size_t c[4] = {md[0] == 1 ? 0 : b, md[1] == 1 ? 0 : h,
-                                         md[2] == 1 ? 0 : i, md[3] == 1 ? 0 : j};
-                    const size_t at = ((c[0] * md[1] + c[1]) * md[2] + c[2]) * md[3] + c[3];
-                    out[at] += dscores[((b * full[1] + h) * full[2] + i) * full[3] + j];
-                }
-}
-
-/* Records a failure unless got is within tol of ref, relative to the larger of max |ref| and
- * `scale` (the sum of the terms' magnitudes: a broadcast mask's or a sink's gradient is a sum
- * whose terms cancel, so its own size says nothing of the rounding). */
-static void bwd_expect_close(const char *what, const float *got, const double *ref, size_t count,
-                             double scale, double tol)
-{
-    double largest = scale, worst = 0.0;
-    for (size_t i = 0; i < count; ++i)
-        largest = fmax(largest, fabs(ref[i]));
-    for (size_t i = 0; i < count; ++i)
-        worst = isfinite(got[i]) ? fmax(worst, fabs((double)got[i] - ref[i])) : INFINITY;
-    const double err = worst / fmax(largest, 1e-30);
-    tu_track_error(err);
-    tu_expect(err <= tol, "backward: %s: error %g > %g (max |difference| %g, scale %g)", what,
-              err, tol, worst, largest);
-}
-
 enum { G_Q, G_K, G_V, G_MASK, G_SINKS, G_COUNT };
 
 /* The float64 gradients of the problem (ref_sdpa_backward; delta from the stored `out`), the
@@ -1495,7 +1455,7 @@ static void bwd_reference_make(const pb_sdpa_problem *p, const float *grad_out, 
         ref_sdpa_backward(&shape, p->q, p->k, p->v, mask, p->padding, grad_out, out, magnitudes,
                           g[G_Q], g[G_K], g[G_V], dscores, g[G_SINKS]);
         if (want_mask)
-            bwd_reduce_to_mask(p, dscores, g[G_MASK]);
+            pb_reduce_to_mask(p, dscores, g[G_MASK]);
         for (int i = 0; i < G_COUNT; ++i) {
             if (!magnitudes) {
                 r->grad[i] = g[i];
@@ -1627,8 +1587,11 @@ static void run_backward(clattn_ctx *ctx, pb_sdpa_problem *p)
                 tu_expect(stray == 0, "backward: %s: %zu stray writes outside it", names[i],
                           stray);
                 tu_expect_finite(names[i], got, counts[i]);
-                bwd_expect_close(names[i], got, ref.grad[i], counts[i], ref.scale[i],
-                                 grads[i]->dtype == CLATTN_DTYPE_F32 && !half ? 2e-4 : 3e-2);
+                char what[64];
+                snprintf(what, sizeof what, "backward: %s", names[i]);
+                tu_expect_close_scaled(what, got, ref.grad[i], counts[i], ref.scale[i],
+                                       grads[i]->dtype == CLATTN_DTYPE_F32 && !half ? 2e-4
+                                                                                   : 3e-2);
             }
             free(got);
         }

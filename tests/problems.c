@@ -773,6 +773,29 @@ void pb_sdpa_spec_init(pb_sdpa_spec *spec)
     spec->q_gain = 2.0f;
 }
 
+void pb_reduce_to_mask(const pb_sdpa_problem *p, const double *dscores, double *out)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t full[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
+    size_t md[4] = {1, 1, 1, 1};
+    for (int d = 0; d < p->mask_rank; ++d) {
+        md[4 - p->mask_rank + d] = p->mask_dims[d];
+    }
+    memset(out, 0, p->mask_count * sizeof(double));
+    for (size_t b = 0; b < full[0]; ++b) {
+        for (size_t h = 0; h < full[1]; ++h) {
+            for (size_t i = 0; i < full[2]; ++i) {
+                for (size_t j = 0; j < full[3]; ++j) {
+                    const size_t c[4] = {md[0] == 1 ? 0 : b, md[1] == 1 ? 0 : h,
+                                         md[2] == 1 ? 0 : i, md[3] == 1 ? 0 : j};
+                    const size_t at = ((c[0] * md[1] + c[1]) * md[2] + c[2]) * md[3] + c[3];
+                    out[at] += dscores[((b * full[1] + h) * full[2] + i) * full[3] + j];
+                }
+            }
+        }
+    }
+}
+
 ref_sdpa_shape pb_sdpa_ref_shape(const pb_sdpa_spec *spec)
 {
     ref_sdpa_shape shape = {

@@ -407,6 +407,10 @@ clattn_status pb_mha_run(clattn_ctx *ctx, const pb_mha_problem *p, const pb_run_
 /* max |got - want| / max(max |want|, 1e-30) over the finite want; INFINITY when got is not
  * finite where want is. */
 double pb_rel_error(const float *got, const double *want, size_t count);
+/* The expanded (B, H, Lq, Lk) score gradient dscores summed over the problem's mask's broadcast
+ * dims (right-aligned dims of 1 where the problem's dim is not) into out (the mask's logical
+ * packed elements): a broadcast float mask's gradient. */
+void pb_reduce_to_mask(const pb_sdpa_problem *p, const double *dscores, double *out);
 /* Reports "<label>: <what>: relative error E > tol (worst at [i]: got, want)" when over tol;
  * tracks the error. Returns 1 when within. */
 int pb_expect_close(const char *label, const char *what, const float *got, const double *want,

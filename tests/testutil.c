@@ -249,6 +249,22 @@ void tu_track_error(double err)
     }
 }
 
+void tu_expect_close_scaled(const char *what, const float *got, const double *ref, size_t count,
+                            double scale, double tol)
+{
+    double largest = scale, worst = 0.0;
+    for (size_t i = 0; i < count; ++i) {
+        largest = fmax(largest, fabs(ref[i]));
+    }
+    for (size_t i = 0; i < count; ++i) {
+        worst = isfinite(got[i]) ? fmax(worst, fabs((double)got[i] - ref[i])) : INFINITY;
+    }
+    const double err = worst / fmax(largest, 1e-30);
+    tu_track_error(err);
+    tu_expect(err <= tol, "%s: error %g > %g (max |difference| %g, scale %g)", what, err, tol,
+              worst, largest);
+}
+
 double tu_expect_close(const char *what, const float *got, const double *ref, size_t count,
                        double tol)
 {

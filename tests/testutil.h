@@ -86,6 +86,12 @@ double tu_abs_error(const float *got, const double *ref, size_t count);
 /* Counts one comparison towards the suite's "max relative error over N comparisons" line. */
 void tu_track_error(double err);
 
+/* Records a failure unless got is within tol of ref, relative to the larger of max |ref| and
+ * `scale` (a sum's scale, the sum of its terms' magnitudes: the gradient of a broadcast mask
+ * or of a sink is a sum whose terms cancel, so its own size says nothing of the rounding). */
+void tu_expect_close_scaled(const char *what, const float *got, const double *ref, size_t count,
+                            double scale, double tol);
+
 /* --- random numbers ----------------------------------------------------------------------- */
 
 uint64_t tu_rand_u64(void);
