@@ -76,26 +76,9 @@ static void run_case(clattn_ctx *ctx, const bwd_case *c)
         !pb_sdpa_check(ctx, NULL, &p, &bound))
         goto done;
     /* dO with out's dtype and layout; the gradients with their inputs', poisoned */
-    pb_make_layout(&bound.grad_out, s->out_dtype, 4, o_dims, s->out_layout);
-    pb_make_layout(&bound.grad_q, s->q_dtype, 4, q_dims, s->q_layout);
-    pb_make_layout(&bound.grad_k, s->k_dtype, 4, k_dims, s->k_layout);
-    pb_make_layout(&bound.grad_v, s->v_dtype, 4, v_dims, s->v_layout);
-    if (pb_upload(ctx, &bound.grad_out, tu_rand_below(5), grad_out) != CL_SUCCESS ||
-        pb_upload(ctx, &bound.grad_q, tu_rand_below(5), NULL) != CL_SUCCESS ||
-        pb_upload(ctx, &bound.grad_k, tu_rand_below(5), NULL) != CL_SUCCESS ||
-        pb_upload(ctx, &bound.grad_v, tu_rand_below(5), NULL) != CL_SUCCESS)
+    if (pb_sdpa_upload_gradients(ctx, &p, grad_out, want_mask, want_sinks, &bound) !=
+        CL_SUCCESS)
         goto done;
-    if (want_mask) {
-        pb_make_layout(&bound.grad_attn_mask, s->mask_dtype, p.mask_rank, p.mask_dims, PB_PACKED);
-        if (pb_upload(ctx, &bound.grad_attn_mask, tu_rand_below(5), NULL) != CL_SUCCESS)
-            goto done;
-    }
-    if (want_sinks) {
-        const size_t dims[1] = {s->heads};
-        pb_make_layout(&bound.grad_sinks, CLATTN_DTYPE_F32, 1, dims, PB_PACKED);
-        if (pb_upload(ctx, &bound.grad_sinks, tu_rand_below(5), NULL) != CL_SUCCESS)
-            goto done;
-    }
     CLATTN_BIND_ROLES(desc, bound); /* the layouts, now with the gradients' */
     if (!tu_expect_status(clattn_sdpa_backward_plan_create(ctx, &desc, &backward), CLATTN_SUCCESS,
                           "backward plan"))

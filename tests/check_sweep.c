@@ -1489,11 +1489,6 @@ static void bwd_reference_free(bwd_reference *r)
 static void run_backward(clattn_ctx *ctx, pb_sdpa_problem *p)
 {
     pb_sdpa_spec *s = &p->spec;
-    const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
-    const size_t q_dims[4] = {s->batch, s->heads, s->seq_q, s->dk};
-    const size_t k_dims[4] = {s->batch, kv_heads, s->seq_k, s->dk};
-    const size_t v_dims[4] = {s->batch, kv_heads, s->seq_k, s->dv};
-    const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
     const size_t lse_dims[3] = {s->batch, s->heads, s->seq_q};
     s->want_lse = 1;
     if (pb_tensor_count(&p->layouts.lse) == 0)
@@ -1521,27 +1516,9 @@ static void run_backward(clattn_ctx *ctx, pb_sdpa_problem *p)
                           CLATTN_SUCCESS, "backward: forward") ||
         !pb_sdpa_check(ctx, NULL, p, &bound))
         goto done;
-    pb_make_layout(&bound.grad_out, s->out_dtype, 4, o_dims, s->out_layout);
-    pb_make_layout(&bound.grad_q, s->q_dtype, 4, q_dims, s->q_layout);
-    pb_make_layout(&bound.grad_k, s->k_dtype, 4, k_dims, s->k_layout);
-    pb_make_layout(&bound.grad_v, s->v_dtype, 4, v_dims, s->v_layout);
-    if (pb_upload(ctx, &bound.grad_out, tu_rand_below(5), grad_out) != CL_SUCCESS ||
-        pb_upload(ctx, &bound.grad_q, tu_rand_below(5), NULL) != CL_SUCCESS ||
-        pb_upload(ctx, &bound.grad_k, tu_rand_below(5), NULL) != CL_SUCCESS ||
-        pb_upload(ctx, &bound.grad_v, tu_rand_below(5), NULL) != CL_SUCCESS)
+    if (pb_sdpa_upload_gradients(ctx, p, grad_out, want_mask, want_sinks, &bound) !=
+        CL_SUCCESS)
         goto done;
-    if (want_mask) { /* the mask's dims (1 where broadcast, summed there), packed */
-        pb_make_layout(&bound.grad_attn_mask, s->mask_dtype, p->mask_rank, p->mask_dims,
-                       PB_PACKED);
-        if (pb_upload(ctx, &bound.grad_attn_mask, tu_rand_below(5), NULL) != CL_SUCCESS)
-            goto done;
-    }
-    if (want_sinks) {
-        const size_t dims[1] = {s->heads};
-        pb_make_layout(&bound.grad_sinks, CLATTN_DTYPE_F32, 1, dims, PB_PACKED);
-        if (pb_upload(ctx, &bound.grad_sinks, tu_rand_below(5), NULL) != CL_SUCCESS)
-            goto done;
-    }
     CLATTN_BIND_ROLES(desc, bound); /* the layouts, now with the gradients' */
     if (!tu_expect_status(clattn_sdpa_backward_plan_create(ctx, &desc, &backward),
                           CLATTN_SUCCESS, "backward plan"))

@@ -1612,6 +1612,39 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
     return err;
 }
 
+cl_int pb_sdpa_upload_gradients(clattn_ctx *ctx, const pb_sdpa_problem *p, const float *grad_out,
+                                int want_mask, int want_sinks, clattn_tensors *bound)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
+    const size_t q_dims[4] = {s->batch, s->heads, s->seq_q, s->dk};
+    const size_t k_dims[4] = {s->batch, kv_heads, s->seq_k, s->dk};
+    const size_t v_dims[4] = {s->batch, kv_heads, s->seq_k, s->dv};
+    const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
+    const size_t sink_dims[1] = {s->heads};
+    pb_make_layout(&bound->grad_out, s->out_dtype, 4, o_dims, s->out_layout);
+    pb_make_layout(&bound->grad_q, s->q_dtype, 4, q_dims, s->q_layout);
+    pb_make_layout(&bound->grad_k, s->k_dtype, 4, k_dims, s->k_layout);
+    pb_make_layout(&bound->grad_v, s->v_dtype, 4, v_dims, s->v_layout);
+    if (want_mask) {
+        pb_make_layout(&bound->grad_attn_mask, s->mask_dtype, p->mask_rank, p->mask_dims,
+                       PB_PACKED);
+    }
+    if (want_sinks) {
+        pb_make_layout(&bound->grad_sinks, CLATTN_DTYPE_F32, 1, sink_dims, PB_PACKED);
+    }
+    clattn_tensor *poisoned[5] = {&bound->grad_q, &bound->grad_k, &bound->grad_v,
+                                  want_mask ? &bound->grad_attn_mask : NULL,
+                                  want_sinks ? &bound->grad_sinks : NULL};
+    cl_int err = pb_upload(ctx, &bound->grad_out, pb_rand_below(5), grad_out);
+    for (int i = 0; i < 5 && err == CL_SUCCESS; ++i) {
+        if (poisoned[i] != NULL) {
+            err = pb_upload(ctx, poisoned[i], pb_rand_below(5), NULL);
+        }
+    }
+    return err;
+}
+
 cl_int pb_sdpa_poison(clattn_ctx *ctx, cl_command_queue queue, const clattn_tensors *bound)
 {
     const clattn_tensor *outputs[5] = {&bound->out, &bound->weights, &bound->lse, &bound->present_k,

@@ -288,6 +288,12 @@ int pb_sdpa_expect_fused(const pb_sdpa_spec *spec);
 /* Uploads the inputs (each in its own buffer at a random offset 0..8, poison around) and
  * poisoned outputs into `bound` (p->layouts with buffers). */
 cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors *bound);
+/* The backward's tensors into bound, each at a random offset of its own buffer: dO (grad_out's
+ * values, out's dtype and layout) and, poisoned (NaN), grad_q/_k/_v with their inputs' dtypes
+ * and layouts, grad_attn_mask (want_mask: the mask's dims and dtype, packed) and grad_sinks
+ * (want_sinks: F32 (heads)). */
+cl_int pb_sdpa_upload_gradients(clattn_ctx *ctx, const pb_sdpa_problem *p, const float *grad_out,
+                                int want_mask, int want_sinks, clattn_tensors *bound);
 /* Poisons the output buffers of bound again (before a new execution). */
 cl_int pb_sdpa_poison(clattn_ctx *ctx, cl_command_queue queue, const clattn_tensors *bound);
 /* Downloads out, weights and lse from bound and compares them with the reference: out within
