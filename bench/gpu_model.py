@@ -227,7 +227,9 @@ def table_regs(rows, kernel, dk=None, bq=None, bk=None):
                    "softmax_rows": "softmax.cl:softmax_rows",
                    "flash_merge": "heads.cl:flash_merge",
                    "bwd_delta": "flash_bwd.cl:bwd_delta", "bwd_dkdv": "flash_bwd.cl:bwd_dkdv",
-                   "bwd_dq": "flash_bwd.cl:bwd_dq"}[kernel]
+                   "bwd_dq": "flash_bwd.cl:bwd_dq",
+                   "bwd_dkdv_gpu": "flash_bwd_gpu.cl:bwd_dkdv_gpu",
+                   "bwd_dq_gpu": "flash_bwd_gpu.cl:bwd_dq_gpu"}[kernel]
     cands = [r for r in rows if r[0] == file_kernel and
              all(r[1].get(k, "0") == "0" for k in r[1] if k.endswith("DTYPE"))]
     if dk is not None:
@@ -250,7 +252,16 @@ def table_regs(rows, kernel, dk=None, bq=None, bk=None):
 # per-entry lines. No spills; the private rows (bwd_dkdv's k, v, dK, dV; bwd_dq's q, dO, dQ)
 # sit in the stack frame (local memory): 1024 / 768 B at d = 64, 2048 / 1536 B at d = 128.
 BWD_PROXY = {("bwd_delta", 64): 34, ("bwd_delta", 128): 34, ("bwd_dkdv", 64): 96,
-             ("bwd_dkdv", 128): 84, ("bwd_dq", 64): 64, ("bwd_dq", 128): 62}
+             ("bwd_dkdv", 128): 84, ("bwd_dq", 64): 64, ("bwd_dq", 128): 62,
+             # bwd_dkdv_gpu (flash_bwd_gpu.cl, measured 2026-12-06, the same pipeline on the
+             # program flash_bwd.cl + flash_bwd_gpu.cl, -cl-mad-enable): d = 64 (BK 32, BR 32)
+             # 194 registers, 64-byte stack, 44288 B local; d = 128 (BK 32, BR 8) 167
+             # registers, 256-byte stack (dK, dV: 64 floats), 45376 B local; no spills (196
+             # and 175 with dropout)
+             ("bwd_dkdv_gpu", 64): 194, ("bwd_dkdv_gpu", 128): 167,
+             # bwd_dq_gpu (same program): d = 64 136 registers, 64-byte stack, 39424 B local;
+             # d = 128 168, no stack, 43776 B; no spills (162 and 207 with dropout)
+             ("bwd_dq_gpu", 64): 136, ("bwd_dq_gpu", 128): 168}
 
 
 def lookup_override(overrides, kernel, dk, bq, bk):
@@ -362,7 +373,7 @@ def unfused_launches(mod, b, h, lq, lk, d, causal):
     return [matmul_launch(mod, c1, lq, lk, d, bh), soft, matmul_launch(mod, c3, lq, d, lk, bh)]
 
 
-def backward_launches(mod, b, h, hkv, lq, lk, d, causal):
+def backward_launches(mod, b, h, hkv, lq, lk, d, causal, dkdv=None):
     """The backward's launches (model.py backward_launches) with the host's geometry
     (host/ops/flash_bwd.c: work-groups of 64 on a GPU, one row (bwd_delta, bwd_dq) or one key
     (bwd_dkdv) per work-item). Each launch also carries what the broadcast-aware variant
@@ -374,7 +385,25 @@ def backward_launches(mod, b, h, hkv, lq, lk, d, causal):
     items = 64
     kept = b * h * mod.bwd_kept(lq, lk, causal)
     out = []
-    for kernel, c in mod.backward_launches(b, h, hkv, lq, lk, d, d, causal):
+    kw = {} if dkdv is None else {"dkdv": dkdv}
+    for kernel, c in mod.backward_launches(b, h, hkv, lq, lk, d, d, causal, **kw):
+        if kernel in ("bwd_dkdv_gpu", "bwd_dq_gpu"):
+            # a group of 128 per block of BK keys (rows) (flash_bwd_gpu.cl): latency per tile
+            # one global load (the staging), the S / dP chains (d4 FMAs each) and the dV / dK
+            # (dQ) chains (BR FMAs), an exp; barriers from the counts
+            bk, br = mod.bwd_gpu_tiles(lq, d, d, getattr(mod, "LOCAL_MEM", 49152))
+            dq = kernel == "bwd_dq_gpu"
+            groups = b * h * cdiv(lq, bk) if dq else b * hkv * cdiv(lk, bk)
+            tiles = c["barriers"] / 3 / (mod.BWD_GPU_TX * mod.BWD_GPU_TY) / groups
+            d4 = cdiv(d, 4) * 4
+            smem = (4 * ((bk + br) * 2 * (d4 + 4) + bk * (br + 4)) if dq else
+                    4 * ((bk + br) * 2 * (d4 + 4) + 2 * bk * (br + 4) + 2 * br))
+            launch = Launch(kernel, c, groups, mod.BWD_GPU_TX * mod.BWD_GPU_TY,
+                            f"{bk} keys x {br} rows", d, br, bk, smem=smem, phases=tiles + 1,
+                            row_chain=tiles * (2 * d4 + br))
+            launch.tiles_per_group = tiles
+            out.append(launch)
+            continue
         if kernel == "bwd_delta":
             n, per_item, uniform, stack = b * h * lq, 0.0, 0, 0
         elif kernel == "bwd_dkdv":
@@ -440,6 +469,17 @@ def vec4_split(launch):
     when the byte loads n1 (key-padding flags: at most RM*RN per work-item and tile, and none
     without key padding) are neglected: that understates n16 by n1 / 4, under 2 %."""
     c = launch.c
+    if launch.kernel in ("bwd_dkdv_gpu", "bwd_dq_gpu"):
+        # S, dP: per d4 RM rows of the streamed tile (indexed by ty: 2 per warp, broadcast)
+        # and RN of the resident block (by tx: 16 distinct per warp); then per 4 rows (keys)
+        # 2 RK (dQ: RK) float4s of p z, dX (by ty: broadcast); full tiles
+        n16 = max(0.0, (c["local_load_bytes"] - 4 * c["local_loads"]) / 12)
+        rm, rn, rk = launch.bq // 8, launch.bk // 16, launch.bk // 8
+        d4 = cdiv(launch.dk, 4) * 4
+        per4 = rk if launch.kernel == "bwd_dq_gpu" else 2 * rk
+        k_loads = 2 * d4 // 4 * rn
+        all_loads = 2 * d4 // 4 * (rm + rn) + launch.bq // 4 * per4
+        return n16, 1 - k_loads / all_loads
     if launch.kernel != "flash_gpu":
         return 0.0, 1.0
     rm, rn = launch.bq // 8, launch.bk // 16
@@ -545,6 +585,13 @@ CASES = [
     ("backward L4096 d64 causal", "backward", (4, 8, 8, 4096, 4096, 64, True)),
     ("backward L4096 d128", "backward", (4, 8, 8, 4096, 4096, 128, False)),
     ("backward L1024 B1 H8 d64", "backward", (1, 8, 8, 1024, 1024, 64, False)),
+    # the same with the generic dK/dV pass (bwd_dkdv, one key per work-item) the host ran
+    # before flash_bwd_gpu.cl (2026-12-06); skipped for a model.py without the choice
+    ("backward generic L4096 d64", "backward_generic", (4, 8, 8, 4096, 4096, 64, False)),
+    ("backward generic L4096 d64 causal", "backward_generic", (4, 8, 8, 4096, 4096, 64, True)),
+    ("backward generic L4096 d128", "backward_generic", (4, 8, 8, 4096, 4096, 128, False)),
+    ("backward generic L1024 B1 H8 d64", "backward_generic",
+     (1, 8, 8, 1024, 1024, 64, False)),
 ]
 SHAPES = {
     "fused": "B=4 H=8 (B·H=32)", "unfused": "B=4 H=8",
@@ -552,9 +599,10 @@ SHAPES = {
 
 
 def case_launches(mod, restore, kind, args):
-    if kind == "backward":
+    if kind in ("backward", "backward_generic"):
         b, h, hkv, lq, lk, d, causal = args
-        return backward_launches(mod, b, h, hkv, lq, lk, d, causal), useful_backward_flop(
+        dkdv = "generic" if kind == "backward_generic" else None
+        return backward_launches(mod, b, h, hkv, lq, lk, d, causal, dkdv), useful_backward_flop(
             b, h, lq, lk, d, causal)
     if kind == "fused":
         b, h, hkv, lq, lk, d, causal = args
@@ -577,6 +625,8 @@ def evaluate(variant, dev, broadcast, bwd_broadcast=False):
         for label, kind, args in CASES:
             if kind == "backward" and not hasattr(mod, "backward_launches"):
                 continue      # a model.py from before the backward
+            if kind == "backward_generic" and not hasattr(mod, "bwd_dkdv_gpu"):
+                continue      # a model.py from before flash_bwd_gpu.cl: "backward" is generic
             launches, flop = case_launches(mod, restore, kind, args)
             total, parts = 0.0, []
             for launch in launches:

@@ -665,8 +665,8 @@ CLATTN_API clattn_status clattn_mha_plan_create(clattn_ctx *ctx, const clattn_mh
  * weights are recomputed from q, k and the forward's lse, never stored, so memory is linear in
  * the sequence. The descriptor is the forward's (clattn_sdpa_desc: the same rule, scale,
  * softcap, causal form, window, norm), its tensors those of the forward plus:
- * - lse (required): the forward's F32 (batch, heads, seq_q) log-sum-exp (the forward's
- *   optional lse output, from the same inputs and rule; its relu form too);
+ * - lse (required on the fused path): the forward's F32 (batch, heads, seq_q) log-sum-exp
+ *   (the forward's optional lse output, from the same inputs and rule; its relu form too);
  * - out (required): the forward's output; grad_out (required): dO, out's dims, any float
  *   dtype and strides;
  * - grad_q, grad_k, grad_v (required): q's, k's and v's dims, any float dtype and strides;
@@ -678,11 +678,26 @@ CLATTN_API clattn_status clattn_mha_plan_create(clattn_ctx *ctx, const clattn_mh
  * Taken from the forward: attn_mask (bool or float, any broadcast rank), key_padding_mask,
  * kv_seqlen, alibi_slopes and sinks (their gradients are 0 but the sinks' and the float
  * mask's), every causal alignment and window, GQA, softcap, relu. Refused
- * (CLATTN_ERR_UNSUPPORTED): past/present, rope, a paged cache, packed sequences, weights,
- * scores, softmax_f64, quantized k/v, path UNFUSED. Dropout (dropout_p, _seed, _offset: the
+ * (CLATTN_ERR_UNSUPPORTED): past/present, rope, a paged cache, weights, scores, quantized
+ * k/v. Packed variable-length batches (cu_seqlens_q/_k, max_seqlen_q/_k as the forward's;
+ * since 0.8) on the fused path: q, k, v, out as the forward's packed rank-3 tensors, lse
+ * (required) F32 (heads, total_q), grad_out and grad_q (total_q, heads, d), grad_k and
+ * grad_v (total_k, kv_heads, d), any float dtype and strides; each sequence within itself,
+ * with GQA, every causal form and window (per sequence), softcap, ALiBi, sinks (grad_sinks
+ * sums every sequence's rows), relu, f16/bf16; masks, key padding, kv_seqlen (hence
+ * grad_attn_mask), dropout and path UNFUSED are refused with them. The offsets must cover
+ * the totals as FlashAttention's do (0, non-decreasing, ending at each total; no sequence
+ * longer than its max_seqlen): the gradients of rows or keys no sequence holds are
+ * unspecified (nothing outside the tensors is written). Dropout (dropout_p, _seed, _offset: the
  * forward's) is regenerated, not stored. Deterministic: no atomics; the same
  * inputs give the same bits. The workspace holds delta (dO . out per row) and, with
- * grad_attn_mask, the (batch, heads, seq_q, seq_k) score gradient. Since 0.8. */
+ * grad_attn_mask, the (batch, heads, seq_q, seq_k) score gradient. Since 0.8.
+ * The path (desc.path): FUSED as above (head sizes up to 256); UNFUSED the reference path
+ * (since 0.8): the textbook's matmuls (Q K^T, dO V^T, dX K, dX^T Q, (P Z)^T dO) around the
+ * whole (batch, heads, seq_q, seq_k) matrices, the weights recomputed by the forward's own
+ * softmax kernel (so it takes softmax_f64, needs no lse but for grad_sinks, and any head
+ * size; q, k, v and grad_out need stride 1 along head_dim); its workspace holds three such
+ * float matrices. AUTO: FUSED unless softmax_f64, no lse or a head size past 256. */
 CLATTN_API clattn_status clattn_sdpa_backward_plan_create(clattn_ctx *ctx,
                                                           const clattn_sdpa_desc *desc,
                                                           clattn_plan **out);

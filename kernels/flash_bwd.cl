@@ -24,6 +24,9 @@
  * step; without the mask's gradient it also sums dQ, each work-group of a (batch, k/v head)
  * into its own slot of the scratch (FlashAttention-2's single pass, with slots instead of
  * atomics), and bwd_sum_parts adds the slots in order: no second pass over the scores.
+ * GPUs (GPU-class parameters, no parts) run flash_bwd_gpu.cl's bwd_dkdv_gpu and bwd_dq_gpu
+ * (key and row tiles in local memory; compiled after this source, sharing its definitions);
+ * bwd_dkdv and bwd_dq are their fallback (parts; bwd_dq for the mask's gradient).
  *
  *     bwd_dkdv                         bwd_dq
  *     work-item j: k_j, v_j, dK_j, dV_j   work-item i: q_i, dO_i, dQ_i
@@ -32,7 +35,8 @@
  *
  * Tunables: HEAD_DIM_QK, HEAD_DIM_V (the head sizes), the dtype codes (types.cl) Q_DTYPE,
  * K_DTYPE, V_DTYPE, O_DTYPE, GO_DTYPE (dO), DQ_DTYPE, DK_DTYPE, DV_DTYPE, DMASK_DTYPE;
- * MASK_DTYPE (score.cl). Work-group sizes are the host's (any).
+ * MASK_DTYPE, VARLEN (packed sequences: each batch its span of packed rows and keys; ROW_INDEX
+ * below) (score.cl). Work-group sizes are the host's (any).
  */
 #ifndef HEAD_DIM_QK
 #define HEAD_DIM_QK 64 /* d_k, fixed per program variant */
@@ -111,22 +115,41 @@ inline bwd_pair bwd_recompute(const float dot, const float scale, const float so
                                     (ulong)(key) * mask_s3)                                       \
               : 0.0f)
 
-/* delta_i = dO_i . O_i per (b, h, row), into the scratch (packed (b, h, row)). */
+/* Packed variable-length batches (VARLEN, score.cl): the offsets' buffers (arguments of the
+ * kernels that walk rows or keys); batch b's rows and keys are then span.rows and span.keys
+ * packed rows from span.q0 and span.k0 (its views' batch stride is 0, their row stride the
+ * token's), and delta, the parts and the dQ slots hold row `row` of (b, h) at the packed index
+ * (h, span.q0 + row) (ROW_INDEX; else (b, h, row): bh * seq_q + row), the dK/dV parts key `key`
+ * of (b, g) at (g, span.k0 + key) (KEY_INDEX; else bg * seq_k + key): the sums then land on the
+ * caller's packed gradients seen as (1, heads, total, d). */
+#define BWD_CU_ARGS __global const int *cu_seqlens_q, __global const int *cu_seqlens_k
+#if VARLEN
+#define ROW_INDEX(bh, h, span, row) ((ulong)(h) * total_q + (span).q0 + (row))
+#define KEY_INDEX(bg, g, span, key) ((ulong)(g) * total_k + (span).k0 + (key))
+#else
+#define ROW_INDEX(bh, h, span, row) ((ulong)(bh) * seq_q + (row))
+#define KEY_INDEX(bg, g, span, key) ((ulong)(bg) * seq_k + (key))
+#endif
+
+/* delta_i = dO_i . O_i per (b, h, row), into the scratch (packed (b, h, row); ROW_INDEX). */
 __kernel void bwd_delta(__global const ELEM_T(O_DTYPE) *O, __global const ELEM_T(GO_DTYPE) *GO,
-                        __global float *scratch, const clattn_flash_bwd_params params)
+                        __global float *scratch, BWD_CU_ARGS,
+                        const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
     const uint row = get_global_id(0);
     const ulong bh = bh_base + get_global_id(1);
-    if (row >= seq_q)
-        return;
     const ulong b = bh / heads, h = bh - b * heads;
-    const ulong o = o_offset + b * o_s0 + h * o_s1 + row * o_s2;
-    const ulong go = go_offset + b * go_s0 + h * go_s1 + row * go_s2;
+    const seq_span span = SPAN_OF(b);
+    if (row >= span.rows)
+        return;
+    const ulong at = (ulong)span.q0 + row; /* the row in the views (the token with VARLEN) */
+    const ulong o = o_offset + b * o_s0 + h * o_s1 + at * o_s2;
+    const ulong go = go_offset + b * go_s0 + h * go_s1 + at * go_s2;
     float sum = 0.0f;
     for (uint d = 0; d < HEAD_DIM_V; ++d)
         sum = fma(LOAD(O_DTYPE, O, o + d * o_s3), LOAD(GO_DTYPE, GO, go + d * go_s3), sum);
-    scratch[delta_at + bh * seq_q + row] = sum;
+    scratch[delta_at + ROW_INDEX(bh, h, span, row)] = sum;
 }
 
 /* dK_j and dV_j of key j of (b, k/v head g): rows part_begin .. part_stop - 1 of every query
@@ -136,18 +159,20 @@ __kernel void bwd_dkdv(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(
                        __global const float *lse_in, __global float *scratch,
                        __global ELEM_T(DK_DTYPE) *DK, __global ELEM_T(DV_DTYPE) *DV,
                        __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
-                       SCORE_BUFFERS, const clattn_flash_bwd_params params)
+                       SCORE_BUFFERS, BWD_CU_ARGS, const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
     const uint key = get_global_id(0);
     const ulong bg = bh_base + get_global_id(1);
-    if (key >= seq_k)
-        return;
     const ulong kv_heads = heads / kv_group;
     const ulong b = bg / kv_heads, g = bg - b * kv_heads;
+    const seq_span span = SPAN_OF(b); /* the batch's rows and keys (score.cl) */
+    if (key >= span.keys)
+        return;
+    const uint row_stop = min(part_stop, span.rows);
     float k_row[HEAD_DIM_QK], v_row[HEAD_DIM_V], dk[HEAD_DIM_QK], dv[HEAD_DIM_V];
-    const ulong k_at = k_offset + b * k_s0 + g * k_s1 + (ulong)key * k_s2;
-    const ulong v_at = v_offset + b * v_s0 + g * v_s1 + (ulong)key * v_s2;
+    const ulong k_at = k_offset + b * k_s0 + g * k_s1 + ((ulong)span.k0 + key) * k_s2;
+    const ulong v_at = v_offset + b * v_s0 + g * v_s1 + ((ulong)span.k0 + key) * v_s2;
     for (uint d = 0; d < HEAD_DIM_QK; ++d) {
         k_row[d] = LOAD(K_DTYPE, K, k_at + d * k_s3);
         dk[d] = 0.0f;
@@ -161,23 +186,24 @@ __kernel void bwd_dkdv(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(
                    key_padding_offset + b * key_padding_s0 + (ulong)key * key_padding_s1);
     for (uint t = 0; t < kv_group && !padded; ++t) {
         const ulong h = g * kv_group + t;
-        const key_band band = BAND_OF(b, h);
+        const key_band band = BAND_SPAN(b, h, span);
         if (key >= band.limit)
             break; /* past the batch's key count: no row sees it */
         const ulong bh = b * heads + h;
-        for (uint row = part_begin; row < part_stop; ++row) {
+        for (uint row = part_begin; row < row_stop; ++row) {
             if (key < band_begin(band, row) || key >= band_end(band, row))
                 continue;
-            const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
+            const ulong at = (ulong)span.q0 + row; /* the row in the views */
+            const ulong q_at = q_offset + b * q_s0 + h * q_s1 + at * q_s2;
             float dot = 0.0f;
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
                 dot = fma(LOAD(Q_DTYPE, Q, q_at + d * q_s3), k_row[d], dot);
-            const float lse = lse_in[lse_offset + b * lse_s0 + h * lse_s1 + (ulong)row * lse_s2];
+            const float lse = lse_in[lse_offset + b * lse_s0 + h * lse_s1 + at * lse_s2];
             const bwd_pair pair = bwd_recompute(dot, scale, softcap, band, row, key,
                                                 BWD_MASK_TERM(row, key), lse, norm_relu);
             if (pair.p == 0.0f && pair.grad == 0.0f)
                 continue;
-            const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
+            const ulong go_at = go_offset + b * go_s0 + h * go_s1 + at * go_s2;
             /* dropout (score.cl): the forward's factor z on what met V: dV by p z, dp by z */
             const float z = SCORE_DROPOUT ? DROPOUT_OF(bh, row, key) : 1.0f;
             const float pz = pair.p * z;
@@ -187,16 +213,18 @@ __kernel void bwd_dkdv(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(
                 dp = fma(go, v_row[d], dp);
                 dv[d] = fma(pz, go, dv[d]);
             }
-            const float dx =
-                pair.grad * (dp * z - scratch[delta_at + bh * seq_q + row]) * pair.dcap;
+            const float dx = pair.grad *
+                             (dp * z - scratch[delta_at + ROW_INDEX(bh, h, span, row)]) *
+                             pair.dcap;
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
                 dk[d] = fma(dx, LOAD(Q_DTYPE, Q, q_at + d * q_s3), dk[d]);
         }
     }
     if (to_scratch) {
-        /* packed (b, g, key, col) partial sums of part `part`: dK's, then dV's dv_part_at on */
+        /* packed (b, g, key, col) partial sums of part `part` (KEY_INDEX): dK's, then dV's
+         * dv_part_at on */
         __global float *out = scratch + part_at + part * part_stride;
-        const ulong k_elems = (ulong)bg * seq_k + key;
+        const ulong k_elems = KEY_INDEX(bg, g, span, key);
         for (uint d = 0; d < HEAD_DIM_QK; ++d)
             out[k_elems * HEAD_DIM_QK + d] = dk[d];
         out += dv_part_at;
@@ -204,8 +232,8 @@ __kernel void bwd_dkdv(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(
             out[k_elems * HEAD_DIM_V + d] = dv[d];
         return;
     }
-    const ulong dk_at = dk_offset + b * dk_s0 + g * dk_s1 + (ulong)key * dk_s2;
-    const ulong dv_at = dv_offset + b * dv_s0 + g * dv_s1 + (ulong)key * dv_s2;
+    const ulong dk_at = dk_offset + b * dk_s0 + g * dk_s1 + ((ulong)span.k0 + key) * dk_s2;
+    const ulong dv_at = dv_offset + b * dv_s0 + g * dv_s1 + ((ulong)span.k0 + key) * dv_s2;
     for (uint d = 0; d < HEAD_DIM_QK; ++d)
         STORE(DK_DTYPE, dk[d], DK, dk_at + d * dk_s3);
     for (uint d = 0; d < HEAD_DIM_V; ++d)
@@ -218,27 +246,29 @@ __kernel void bwd_dq(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_
                      __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
                      __global const float *lse_in, __global float *scratch,
                      __global ELEM_T(DQ_DTYPE) *DQ, __global const ELEM_T(MASK_DTYPE) *mask,
-                     __global const uchar *key_padding, SCORE_BUFFERS,
+                     __global const uchar *key_padding, SCORE_BUFFERS, BWD_CU_ARGS,
                      const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
     const uint row = get_global_id(0);
     const ulong bh = bh_base + get_global_id(1);
-    if (row >= seq_q)
-        return;
     const ulong b = bh / heads, h = bh - b * heads, g = h / kv_group;
-    const key_band band = BAND_OF(b, h);
+    const seq_span span = SPAN_OF(b); /* the batch's rows and keys (score.cl) */
+    if (row >= span.rows)
+        return;
+    const key_band band = BAND_SPAN(b, h, span);
+    const ulong at = (ulong)span.q0 + row; /* the row in the views */
     float q_row[HEAD_DIM_QK], go_row[HEAD_DIM_V], dq[HEAD_DIM_QK];
-    const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
-    const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
+    const ulong q_at = q_offset + b * q_s0 + h * q_s1 + at * q_s2;
+    const ulong go_at = go_offset + b * go_s0 + h * go_s1 + at * go_s2;
     for (uint d = 0; d < HEAD_DIM_QK; ++d) {
         q_row[d] = LOAD(Q_DTYPE, Q, q_at + d * q_s3);
         dq[d] = 0.0f;
     }
     for (uint d = 0; d < HEAD_DIM_V; ++d)
         go_row[d] = LOAD(GO_DTYPE, GO, go_at + d * go_s3);
-    const float lse = lse_in[lse_offset + b * lse_s0 + h * lse_s1 + (ulong)row * lse_s2];
-    const float delta = scratch[delta_at + bh * seq_q + row];
+    const float lse = lse_in[lse_offset + b * lse_s0 + h * lse_s1 + at * lse_s2];
+    const float delta = scratch[delta_at + ROW_INDEX(bh, h, span, row)];
     __global float *dmask_row = scratch + dmask_at + (bh * seq_q + row) * (ulong)seq_k;
     if (has_dmask)
         for (uint key = part_begin; key < part_stop; ++key)
@@ -249,8 +279,8 @@ __kernel void bwd_dq(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_
         if (key_padded(has_key_padding, key_padding,
                        key_padding_offset + b * key_padding_s0 + (ulong)key * key_padding_s1))
             continue;
-        const ulong k_at = k_offset + b * k_s0 + g * k_s1 + (ulong)key * k_s2;
-        const ulong v_at = v_offset + b * v_s0 + g * v_s1 + (ulong)key * v_s2;
+        const ulong k_at = k_offset + b * k_s0 + g * k_s1 + ((ulong)span.k0 + key) * k_s2;
+        const ulong v_at = v_offset + b * v_s0 + g * v_s1 + ((ulong)span.k0 + key) * v_s2;
         float dot = 0.0f;
         for (uint d = 0; d < HEAD_DIM_QK; ++d)
             dot = fma(q_row[d], LOAD(K_DTYPE, K, k_at + d * k_s3), dot);
@@ -271,13 +301,13 @@ __kernel void bwd_dq(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_
             dq[d] = fma(dx, LOAD(K_DTYPE, K, k_at + d * k_s3), dq[d]);
     }
     if (to_scratch) {
-        __global float *out =
-            scratch + part_at + part * part_stride + (bh * seq_q + row) * HEAD_DIM_QK;
+        __global float *out = scratch + part_at + part * part_stride +
+                              ROW_INDEX(bh, h, span, row) * HEAD_DIM_QK;
         for (uint d = 0; d < HEAD_DIM_QK; ++d)
             out[d] = dq[d];
         return;
     }
-    const ulong dq_at = dq_offset + b * dq_s0 + h * dq_s1 + (ulong)row * dq_s2;
+    const ulong dq_at = dq_offset + b * dq_s0 + h * dq_s1 + at * dq_s2;
     for (uint d = 0; d < HEAD_DIM_QK; ++d)
         STORE(DQ_DTYPE, dq[d], DQ, dq_at + d * dq_s3);
 }
@@ -420,7 +450,7 @@ void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
                   __global const float *lse_in, __global float *scratch,
                   __global ELEM_T(DK_DTYPE) *DK, __global ELEM_T(DV_DTYPE) *DV,
                   __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
-                  SCORE_BUFFERS, const clattn_flash_bwd_params params)
+                  SCORE_BUFFERS, BWD_CU_ARGS, const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
     /* the block's keys and values transposed (keys in lanes), its dK and dV transposed; its
@@ -432,15 +462,18 @@ void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
     const ulong bg = bh_base + get_global_id(1);
     const ulong kv_heads = heads / kv_group;
     const ulong b = bg / kv_heads, g = bg - b * kv_heads;
+    const seq_span span = SPAN_OF(b); /* the batch's rows and keys (score.cl) */
+    const uint row_stop = min(part_stop, span.rows);
     /* Work-group i takes key blocks i, i + n, ... (n work-groups along dimension 0: one block
      * each, or dq_slots, each summing its blocks' dQ into its own slot) */
-    const uint blocks = (seq_k + BWD_BK - 1) / BWD_BK;
+    const uint blocks = (span.keys + BWD_BK - 1) / BWD_BK;
     for (uint block = get_group_id(0); block < blocks; block += get_num_groups(0)) {
         const uint key0 = block * BWD_BK;
-        const uint keys = min((uint)BWD_BK, seq_k - key0);
+        const uint keys = min((uint)BWD_BK, span.keys - key0);
         float pad_terms[BWD_BK];
-        bwd_stage_keys(K, V, k_offset + b * k_s0 + g * k_s1, k_s2, k_s3,
-                       v_offset + b * v_s0 + g * v_s1, v_s2, v_s3, key0, keys, has_key_padding,
+        bwd_stage_keys(K, V, k_offset + b * k_s0 + g * k_s1 + span.k0 * k_s2, k_s2, k_s3,
+                       v_offset + b * v_s0 + g * v_s1 + span.k0 * v_s2, v_s2, v_s3, key0, keys,
+                       has_key_padding,
                        key_padding, key_padding_offset + b * key_padding_s0, key_padding_s1, kt, vt,
                        dq_slots ? k_rows : NULL, pad_terms);
         for (uint d = 0; d < HEAD_DIM_QK; ++d)
@@ -451,31 +484,32 @@ void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
                 vstore16((float16)(0.0f), v, dvt[d]);
         for (uint t = 0; t < kv_group; ++t) {
             const ulong h = g * kv_group + t;
-            const key_band band = BAND_OF(b, h);
+            const key_band band = BAND_SPAN(b, h, span);
             if (key0 >= band.limit)
                 break; /* past the batch's key count: no row sees the block */
             const ulong bh = b * heads + h;
             /* the rows whose band meets the block: both band ends grow with the row */
             uint first = part_begin, last;
-            while (first < part_stop && band_end(band, first) <= key0)
+            while (first < row_stop && band_end(band, first) <= key0)
                 ++first;
-            for (last = first; last < part_stop && band_begin(band, last) < key0 + keys; ++last)
+            for (last = first; last < row_stop && band_begin(band, last) < key0 + keys; ++last)
                 ;
             for (uint row0 = first; row0 < last; row0 += BWD_RB) {
                 float lse_r[BWD_RB], delta_r[BWD_RB];
                 for (uint r = 0; r < BWD_RB; ++r) {
                     const uint row = row0 + r;
                     const bool here = row < last;
-                    const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
-                    const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
+                    const ulong at = (ulong)span.q0 + row; /* the row in the views */
+                    const ulong q_at = q_offset + b * q_s0 + h * q_s1 + at * q_s2;
+                    const ulong go_at = go_offset + b * go_s0 + h * go_s1 + at * go_s2;
                     for (uint d = 0; d < HEAD_DIM_QK; ++d)
                         q_rows[r][d] = here ? LOAD(Q_DTYPE, Q, q_at + d * q_s3) : 0.0f;
                     for (uint d = 0; d < HEAD_DIM_V; ++d)
                         go_rows[r][d] = here ? LOAD(GO_DTYPE, GO, go_at + d * go_s3) : 0.0f;
-                    lse_r[r] = here ? lse_in[lse_offset + b * lse_s0 + h * lse_s1 +
-                                             (ulong)row * lse_s2]
+                    lse_r[r] = here ? lse_in[lse_offset + b * lse_s0 + h * lse_s1 + at * lse_s2]
                                     : NEG_INF;
-                    delta_r[r] = here ? scratch[delta_at + bh * seq_q + row] : 0.0f;
+                    delta_r[r] =
+                        here ? scratch[delta_at + ROW_INDEX(bh, h, span, row)] : 0.0f;
                 }
                 BWD_DOTS(q_rows, go_rows)
                 float16 p[BWD_RB][BWD_NV], dx[BWD_RB][BWD_NV];
@@ -527,7 +561,7 @@ void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
                             vstore16(dx[r][v], v, dxj[r]);
                     __global float *slot = scratch + dq_slots_at +
                                            get_group_id(0) * dq_slot_stride +
-                                           (bh * seq_q + row0) * HEAD_DIM_QK;
+                                           ROW_INDEX(bh, h, span, row0) * HEAD_DIM_QK;
                     const uint n = min((uint)BWD_RB, last - row0);
                     for (uint c = 0; c < HEAD_DIM_QK / 16; ++c) {
                         float16 acc[BWD_RB];
@@ -550,15 +584,17 @@ void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
             const uint key = key0 + j;
             if (to_scratch) {
                 __global float *out = scratch + part_at + part * part_stride;
-                const ulong k_elems = bg * seq_k + key;
+                const ulong k_elems = KEY_INDEX(bg, g, span, key);
                 for (uint d = 0; d < HEAD_DIM_QK; ++d)
                     out[k_elems * HEAD_DIM_QK + d] = dkt[d][j];
                 for (uint d = 0; d < HEAD_DIM_V; ++d)
                     out[dv_part_at + k_elems * HEAD_DIM_V + d] = dvt[d][j];
                 continue;
             }
-            const ulong dk_at = dk_offset + b * dk_s0 + g * dk_s1 + (ulong)key * dk_s2;
-            const ulong dv_at = dv_offset + b * dv_s0 + g * dv_s1 + (ulong)key * dv_s2;
+            const ulong dk_at =
+                dk_offset + b * dk_s0 + g * dk_s1 + ((ulong)span.k0 + key) * dk_s2;
+            const ulong dv_at =
+                dv_offset + b * dv_s0 + g * dv_s1 + ((ulong)span.k0 + key) * dv_s2;
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
                 STORE(DK_DTYPE, dkt[d][j], DK, dk_at + d * dk_s3);
             for (uint d = 0; d < HEAD_DIM_V; ++d)
@@ -572,7 +608,7 @@ void bwd_dq_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE
                 __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
                 __global const float *lse_in, __global float *scratch,
                 __global ELEM_T(DQ_DTYPE) *DQ, __global const ELEM_T(MASK_DTYPE) *mask,
-                __global const uchar *key_padding, SCORE_BUFFERS,
+                __global const uchar *key_padding, SCORE_BUFFERS, BWD_CU_ARGS,
                 const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
@@ -582,23 +618,26 @@ void bwd_dq_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE
     const uint row0 = get_group_id(0) * BWD_BQ;
     const ulong bh = bh_base + get_global_id(1);
     const ulong b = bh / heads, h = bh - b * heads, g = h / kv_group;
-    const key_band band = BAND_OF(b, h);
-    const uint rows = min((uint)BWD_BQ, seq_q - row0);
+    const seq_span span = SPAN_OF(b); /* the batch's rows and keys (score.cl) */
+    if (row0 >= span.rows)
+        return; /* (a work-group of one work-item) */
+    const key_band band = BAND_SPAN(b, h, span);
+    const uint rows = min((uint)BWD_BQ, span.rows - row0);
     float lse_all[BWD_BQ], delta_all[BWD_BQ];
     for (uint r = 0; r < BWD_BQ; ++r) {
         const uint row = row0 + r;
         const bool here = r < rows;
-        const ulong q_at = q_offset + b * q_s0 + h * q_s1 + (ulong)row * q_s2;
-        const ulong go_at = go_offset + b * go_s0 + h * go_s1 + (ulong)row * go_s2;
+        const ulong at = (ulong)span.q0 + row; /* the row in the views */
+        const ulong q_at = q_offset + b * q_s0 + h * q_s1 + at * q_s2;
+        const ulong go_at = go_offset + b * go_s0 + h * go_s1 + at * go_s2;
         for (uint d = 0; d < HEAD_DIM_QK; ++d) {
             q_all[r][d] = here ? LOAD(Q_DTYPE, Q, q_at + d * q_s3) : 0.0f;
             dq_acc[r][d] = 0.0f;
         }
         for (uint d = 0; d < HEAD_DIM_V; ++d)
             go_all[r][d] = here ? LOAD(GO_DTYPE, GO, go_at + d * go_s3) : 0.0f;
-        lse_all[r] =
-            here ? lse_in[lse_offset + b * lse_s0 + h * lse_s1 + (ulong)row * lse_s2] : NEG_INF;
-        delta_all[r] = here ? scratch[delta_at + bh * seq_q + row] : 0.0f;
+        lse_all[r] = here ? lse_in[lse_offset + b * lse_s0 + h * lse_s1 + at * lse_s2] : NEG_INF;
+        delta_all[r] = here ? scratch[delta_at + ROW_INDEX(bh, h, span, row)] : 0.0f;
         if (has_dmask && here)
             for (uint key = part_begin; key < part_stop; ++key)
                 scratch[dmask_at + (bh * seq_q + row) * (ulong)seq_k + key] = 0.0f;
@@ -609,10 +648,10 @@ void bwd_dq_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE
     float pad_terms[BWD_BK];
     for (uint key0 = first; key0 < stop; key0 += BWD_BK) {
         const uint keys = min((uint)BWD_BK, stop - key0);
-        bwd_stage_keys(K, V, k_offset + b * k_s0 + g * k_s1, k_s2, k_s3,
-                       v_offset + b * v_s0 + g * v_s1, v_s2, v_s3, key0, keys, has_key_padding,
-                       key_padding, key_padding_offset + b * key_padding_s0, key_padding_s1, kt,
-                       vt, k_rows, pad_terms);
+        bwd_stage_keys(K, V, k_offset + b * k_s0 + g * k_s1 + span.k0 * k_s2, k_s2, k_s3,
+                       v_offset + b * v_s0 + g * v_s1 + span.k0 * v_s2, v_s2, v_s3, key0, keys,
+                       has_key_padding, key_padding, key_padding_offset + b * key_padding_s0,
+                       key_padding_s1, kt, vt, k_rows, pad_terms);
         for (uint r0 = 0; r0 < rows; r0 += BWD_RB) {
             BWD_DOTS(q_all + r0, go_all + r0)
             float dxj[BWD_RB][BWD_BK];
@@ -663,13 +702,13 @@ void bwd_dq_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE
     for (uint r = 0; r < rows; ++r) {
         const uint row = row0 + r;
         if (to_scratch) {
-            __global float *out =
-                scratch + part_at + part * part_stride + (bh * seq_q + row) * HEAD_DIM_QK;
+            __global float *out = scratch + part_at + part * part_stride +
+                                  ROW_INDEX(bh, h, span, row) * HEAD_DIM_QK;
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
                 out[d] = dq_acc[r][d];
             continue;
         }
-        const ulong dq_at = dq_offset + b * dq_s0 + h * dq_s1 + (ulong)row * dq_s2;
+        const ulong dq_at = dq_offset + b * dq_s0 + h * dq_s1 + ((ulong)span.q0 + row) * dq_s2;
         for (uint d = 0; d < HEAD_DIM_QK; ++d)
             STORE(DQ_DTYPE, dq_acc[r][d], DQ, dq_at + d * dq_s3);
     }
@@ -757,4 +796,54 @@ __kernel void bwd_sinks(__global const float *scratch, __global const float *lse
             }
     }
     out[out_offset + h * out_s0] = -sum;
+}
+
+/* The unfused path's step between its matmuls (host/attn/sdpa_backward_unfused.c), one
+ * work-item per query row of (b, h), over the packed (b, h, i, j) matrices in the scratch: the
+ * raw dots x_ij = q_i . k_j (at dmask_at), the weights p_ij the forward's softmax kernel forms
+ * from them, undropped (at p_at), and dp_ij = dO_i . v_j (at dp_at). First D_i = sum_j p_ij
+ * z_ij dp_ij (= dO_i . O_i; into the scratch at delta_at), then per key: p z over p (what met
+ * V: dV = (P Z)^T dO), dX = dS * scale * cap'(x) over dp (dQ = dX K, dK = dX^T Q) and dS
+ * over the dot (a float mask's gradient). dS = g (dp z - D) with g = p (softmax) or
+ * [s > 0] / sum relu = p / s (relu). */
+__kernel void bwd_unfused_rows(__global float *scratch, __global const ELEM_T(MASK_DTYPE) *mask,
+                               __global const uchar *key_padding, SCORE_BUFFERS,
+                               const clattn_flash_bwd_params params)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    const uint row = get_global_id(0);
+    const ulong bh = bh_base + get_global_id(1);
+    if (row >= seq_q)
+        return;
+    const ulong b = bh / heads, h = bh - b * heads;
+    const ulong at = (bh * seq_q + row) * (ulong)seq_k;
+    __global float *raw = scratch + dmask_at + at;
+    __global float *p = scratch + p_at + at;
+    __global float *dp = scratch + dp_at + at;
+    float delta = 0.0f;
+    for (uint key = 0; key < seq_k; ++key) {
+        const float z = SCORE_DROPOUT ? DROPOUT_OF(bh, row, key) : 1.0f;
+        delta = fma(p[key] * z, dp[key], delta);
+    }
+    scratch[delta_at + bh * seq_q + row] = delta;
+    const key_band band = BAND_OF(b, h);
+    for (uint key = 0; key < seq_k; ++key) {
+        const float x = scale * raw[key];
+        const float pk = p[key];
+        float grad = pk;
+        if (norm_relu) {
+            const float s = score_value(x, softcap, band, row, key) + BWD_MASK_TERM(row, key);
+            grad = pk > 0.0f ? pk / s : 0.0f;
+        }
+        const float z = SCORE_DROPOUT ? DROPOUT_OF(bh, row, key) : 1.0f;
+        const float ds = grad * (dp[key] * z - delta);
+        float cap = 1.0f;
+        if (softcap > 0.0f) {
+            const float t = tanh(x / softcap);
+            cap = 1.0f - t * t;
+        }
+        p[key] = pk * z;
+        dp[key] = ds * scale * cap;
+        raw[key] = ds;
+    }
 }

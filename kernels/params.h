@@ -234,7 +234,13 @@ CLATTN_PARAMS_STRUCT(append, CLATTN_APPEND_PARAMS)
  * (b, h, row, col) dq_slot_stride apart from dq_slots_at); bh_base: the first (batch * heads) index
  * of this launch (of
  * batch * kv_heads for bwd_dkdv); rows [part_begin, part_stop) (bwd_dkdv) or keys (bwd_dq) of
- * this launch, which is part `part`; kv_group: query heads per k/v head. */
+ * this launch, which is part `part`; kv_group: query heads per k/v head; packed variable-length
+ * batches (VARLEN, score.cl): the offsets' first elements (cu_q_offset, cu_k_offset) and the
+ * packed totals (total_q, total_k), as the flash family's; delta, the parts' and the slots'
+ * rows are then at their packed index per head ((h, packed row) instead of (b, h, row); dK/dV
+ * parts (g, packed key)). The unfused path's
+ * bwd_unfused_rows: the weights P at p_at and dP = dO V^T at dp_at, packed (b, h, i, j); the
+ * raw scores q . k at dmask_at (dS written over them). */
 #define CLATTN_FLASH_BWD_PARAMS(X)                                                                \
     X(ulong, q_offset) X(ulong, q_s0) X(ulong, q_s1) X(ulong, q_s2) X(ulong, q_s3)                \
     X(ulong, k_offset) X(ulong, k_s0) X(ulong, k_s1) X(ulong, k_s2) X(ulong, k_s3)                \
@@ -247,8 +253,9 @@ CLATTN_PARAMS_STRUCT(append, CLATTN_APPEND_PARAMS)
     X(ulong, lse_offset) X(ulong, lse_s0) X(ulong, lse_s1) X(ulong, lse_s2) X(ulong, bh_base)     \
     X(ulong, delta_at) X(ulong, dmask_at) X(ulong, part_at) X(ulong, part_stride)                 \
     X(ulong, dv_part_at) X(ulong, dq_slots_at) X(ulong, dq_slot_stride)                          \
+    X(ulong, p_at) X(ulong, dp_at) X(ulong, cu_q_offset) X(ulong, cu_k_offset)                   \
     X(uint, kv_group) X(uint, part_begin) X(uint, part_stop) X(uint, part) X(int, to_scratch)     \
-    X(int, has_dmask) X(uint, dq_slots) X(uint, bwd_pad_)
+    X(int, has_dmask) X(uint, dq_slots) X(uint, bwd_pad_) X(uint, total_q) X(uint, total_k)
 CLATTN_SCORED_PARAMS_STRUCT(flash_bwd, CLATTN_FLASH_BWD_PARAMS)
 
 /* ---- attention backward's reductions (flash_bwd.cl: bwd_sum_parts, bwd_mask_reduce,

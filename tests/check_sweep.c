@@ -27,9 +27,11 @@
  *   whether the draw runs the backward too (AX_BACKWARD, below).
  *
  * The backward (clattn_sdpa_backward_plan_create): every drawn problem it takes (the fused
- * path's, without a past, pages, quantized k/v, packed sequences, weights or softmax_f64; one
+ * path's, without a past, pages, quantized k/v, weights or softmax_f64; packed sequences too,
+ * unforced draws only; one
  * in BACKWARD_ONE_IN_SMALL at small scale) runs it after the three paths, on the same context:
- * the forward on FUSED with lse, then the backward on NaN-poisoned gradients, twice, dQ, dK,
+ * the forward on FUSED with lse, then the backward (on its unfused reference path in about a
+ * quarter of the draws whose head_dim has stride 1) on NaN-poisoned gradients, twice, dQ, dK,
  * dV, a float mask's gradient (summed over its broadcast dims) and the sinks' against
  * ref_sdpa_backward with check_backward.c's tolerances. Listed combinations force it with
  * grouped heads, broadcast float masks, sinks, softcap, ALiBi, relu, windows, key counts,
@@ -1153,13 +1155,13 @@ static int read_of(const pb_sdpa_spec *s, int config, int route)
 }
 
 /* Whether clattn_sdpa_backward_plan_create takes the problem (clattn.h): what the fused path
- * runs, less a past, rope, a paged cache, packed sequences, weights, softmax_f64 and quantized
- * k/v. The forward then runs on FUSED with lse (the backward's input). */
+ * runs, less a past, rope, a paged cache, weights, softmax_f64 and quantized k/v (packed
+ * sequences included: their draws have no masks or dropout). The forward then runs on FUSED
+ * with lse (the backward's input). */
 static int backward_takes(const pb_sdpa_spec *s)
 {
     return expected_status(s, CLATTN_PATH_FUSED) == CLATTN_SUCCESS && s->past == 0 && !s->rope &&
-           s->page_size == 0 && !s->varlen && !s->want_weights && !s->softmax_f64 &&
-           !quantized(s);
+           s->page_size == 0 && !s->want_weights && !s->softmax_f64 && !quantized(s);
 }
 
 /* Whether the draw meets its forced combination (the route included). */
@@ -1213,7 +1215,7 @@ static coverage bwd_;        /* what the draws that ran the backward reached */
 static coverage census_bwd_; /* what the generator's backward draws can reach */
 static long path_ran_[3], path_refused_[3];
 /* draws that ran the backward: all, forced, with a float mask's gradient, with the sinks' */
-static long bwd_ran_, bwd_forced_, bwd_mask_grads_, bwd_sinks_grads_;
+static long bwd_ran_, bwd_forced_, bwd_mask_grads_, bwd_sinks_grads_, bwd_unfused_;
 /* draws that ran with dropout: all, by how the offset was drawn, refused (by every path), on
  * a one-row decode with grouped heads (which the plan runs ungrouped), with the backward */
 static long drop_draws_, drop_offsets_[DOFF_COUNT], drop_refused_, drop_decode_, drop_bwd_;
@@ -1256,9 +1258,9 @@ static void print_backward_coverage(int list_missed)
 {
     printf("sweep: backward: %ld of %ld draws ran it (%ld forced by a listed combination; the "
            "census: %ld of %d; gradients of q, k and v in all, of a float mask in %ld, of the "
-           "sinks in %ld); their axis values:\n",
+           "sinks in %ld; %ld on the unfused reference path); their axis values:\n",
            bwd_ran_, run_.draws, bwd_forced_, census_bwd_.draws, CENSUS_DRAWS, bwd_mask_grads_,
-           bwd_sinks_grads_);
+           bwd_sinks_grads_, bwd_unfused_);
     int varies[AX_COUNT];
     for (int a = 0; a < AX_COUNT; ++a) {
         int reachable = 0;
@@ -1436,24 +1438,14 @@ static void bwd_reference_make(const pb_sdpa_problem *p, const float *grad_out, 
     const pb_sdpa_spec *s = &p->spec;
     const size_t counts[G_COUNT] = {p->q_count, p->k_count, p->v_count,
                                      p->mask_count ? p->mask_count : 1, s->heads};
-    ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
-    shape.kv_len = p->kv_len;
-    float *alibi = NULL;
-    if (p->alibi != NULL) { /* (B, H) */
-        alibi = tu_floats(s->batch * s->heads);
-        for (size_t i = 0; i < s->batch * s->heads; ++i)
-            alibi[i] = p->alibi[s->alibi == 1 ? i % s->heads : i];
-    }
-    shape.alibi = alibi;
-    shape.sinks = p->sinks;
-    float *mask = pb_expand_mask(p);
     double *dscores = tu_doubles(s->batch * s->heads * s->seq_q * s->seq_k);
     for (int magnitudes = 0; magnitudes < 2; ++magnitudes) {
         double *g[G_COUNT];
         for (int i = 0; i < G_COUNT; ++i)
             g[i] = tu_doubles(counts[i]);
-        ref_sdpa_backward(&shape, p->q, p->k, p->v, mask, p->padding, grad_out, out, magnitudes,
-                          g[G_Q], g[G_K], g[G_V], dscores, g[G_SINKS]);
+        /* (packed sequences: each sequence alone, the gradients packed) */
+        pb_sdpa_backward_reference(p, grad_out, out, magnitudes, g[G_Q], g[G_K], g[G_V],
+                                   dscores, g[G_SINKS]);
         if (want_mask)
             pb_reduce_to_mask(p, dscores, g[G_MASK]);
         for (int i = 0; i < G_COUNT; ++i) {
@@ -1468,8 +1460,6 @@ static void bwd_reference_make(const pb_sdpa_problem *p, const float *grad_out, 
         }
     }
     free(dscores);
-    free(mask);
-    free(alibi);
 }
 
 static void bwd_reference_free(bwd_reference *r)
@@ -1490,9 +1480,11 @@ static void run_backward(clattn_ctx *ctx, pb_sdpa_problem *p)
 {
     pb_sdpa_spec *s = &p->spec;
     const size_t lse_dims[3] = {s->batch, s->heads, s->seq_q};
+    const size_t packed_lse[2] = {s->heads, p->total_q}; /* packed sequences' */
     s->want_lse = 1;
     if (pb_tensor_count(&p->layouts.lse) == 0)
-        pb_make_layout(&p->layouts.lse, CLATTN_DTYPE_F32, 3, lse_dims, PB_PACKED);
+        pb_make_layout(&p->layouts.lse, CLATTN_DTYPE_F32, s->varlen ? 2 : 3,
+                       s->varlen ? packed_lse : lse_dims, PB_PACKED);
     set_path(p, 0);
     const int want_mask = p->mask != NULL && s->mask == PB_MASK_FLOAT;
     const int want_sinks = p->sinks != NULL;
@@ -1520,6 +1512,13 @@ static void run_backward(clattn_ctx *ctx, pb_sdpa_problem *p)
         CL_SUCCESS)
         goto done;
     CLATTN_BIND_ROLES(desc, bound); /* the layouts, now with the gradients' */
+    /* About one draw in four (a function of its sizes, so the generator's stream is
+     * untouched) runs the unfused reference backward where head_dim has stride 1 */
+    if ((s->batch + s->heads + s->seq_q + s->seq_k + s->dk) % 4 == 1 && !head_dim_strided(s) &&
+        !s->varlen) { /* (packed sequences: the fused backward only) */
+        desc.path = CLATTN_PATH_UNFUSED;
+        ++bwd_unfused_;
+    }
     if (!tu_expect_status(clattn_sdpa_backward_plan_create(ctx, &desc, &backward),
                           CLATTN_SUCCESS, "backward plan"))
         goto done;

@@ -38,6 +38,10 @@ CASES = {
     "window-alibi": dict(B=1, Hq=2, Hkv=2, Lq=17, Lk=33, dk=16, dv=16, rank3=False,
                          window=(6, 2), offset=16, alibi=True,
                          args=["--window", "6,2", "--causal-align", "bottom-right", "--alibi"]),
+    # both passes unfused (no lse: the backward's reference path), causal, grouped heads
+    "unfused-gqa": dict(B=2, Hq=4, Hkv=2, Lq=19, Lk=19, dk=16, dv=24, rank3=False, causal=0,
+                        args=["--path", "unfused", "--causal", "--q-heads", "4", "--kv-heads",
+                              "2"]),
 }
 
 
@@ -76,7 +80,7 @@ def check(name, d):
 (gen if sys.argv[1] == "gen" else check)(sys.argv[2], sys.argv[3])
 EOF
 
-for name in causal gqa-mask-sinks-softcap window-alibi; do
+for name in causal gqa-mask-sinks-softcap window-alibi unfused-gqa; do
     dir=$work/$name
     mkdir -p "$dir"
     extra=$("$python" "$work/ref.py" gen "$name" "$dir") || { echo "FAIL $name: gen"; exit 1; }
@@ -92,6 +96,62 @@ for name in causal gqa-mask-sinks-softcap window-alibi; do
     fi
     "$python" "$work/ref.py" check "$name" "$dir" || fail=1
 done
+
+# Packed sequences (--cu-seqlens-q/-k): Q (total_q, Hq, d), K and V (total_k, Hkv, d), dO
+# packed as Y; lengths with an empty one, Lq != Lk per sequence, grouped heads, bottom-right
+# causal (each sequence's own diagonal); the reference per sequence.
+dir=$work/varlen
+mkdir -p "$dir"
+cat >"$work/varlen.py" <<'EOF'
+import os
+import sys
+import numpy as np
+
+sys.path.insert(0, os.environ["CLI_TESTS_DIR"])
+from cli_reference import attention, compare  # noqa: E402
+
+LQ, LK, HQ, HKV, D = [5, 0, 9, 1], [7, 3, 12, 4], 4, 2, 16
+cq, ck = np.concatenate([[0], np.cumsum(LQ)]), np.concatenate([[0], np.cumsum(LK)])
+d = sys.argv[2]
+if sys.argv[1] == "gen":
+    r = np.random.default_rng(29)
+    f32 = np.float32
+    np.save(f"{d}/q.npy", r.standard_normal((cq[-1], HQ, D)).astype(f32))
+    np.save(f"{d}/k.npy", r.standard_normal((ck[-1], HKV, D)).astype(f32))
+    np.save(f"{d}/v.npy", r.standard_normal((ck[-1], HKV, D)).astype(f32))
+    np.save(f"{d}/do.npy", r.standard_normal((cq[-1], HQ, D)).astype(f32))
+    np.save(f"{d}/cq.npy", cq.astype(np.int32))
+    np.save(f"{d}/ck.npy", ck.astype(np.int32))
+    sys.exit(0)
+load = lambda n: np.load(f"{d}/{n}.npy").astype(np.float64)
+q, k, v, do = load("q"), load("k"), load("v"), load("do")
+want = {n: np.zeros_like(a) for n, a in (("y", do), ("dq", q), ("dk", k), ("dv", v))}
+for b in range(len(LQ)):
+    rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+    if LQ[b] == 0:
+        continue
+    seq = lambda a, rows: a[rows].transpose(1, 0, 2)[None]  # (1, H, L, d)
+    c = dict(causal=LK[b] - LQ[b])  # bottom-right: key j <= i + Lk - Lq
+    got = attention(c, seq(q, rq), seq(k, rk), seq(v, rk), seq(do, rq))
+    for n, rows in (("y", rq), ("dq", rq), ("dk", rk), ("dv", rk)):
+        want[n][rows] = got[n][0].transpose(1, 0, 2)
+bad = 0
+for n, ref in want.items():
+    bad |= not compare("varlen", n, load(n), ref)
+sys.exit(bad)
+EOF
+if "$python" "$work/varlen.py" gen "$dir" &&
+    "$clattn" sdpa --q "$dir/q.npy" --k "$dir/k.npy" --v "$dir/v.npy" \
+        --cu-seqlens-q "$dir/cq.npy" --cu-seqlens-k "$dir/ck.npy" --causal \
+        --causal-align bottom-right --backward --grad-out "$dir/do.npy" --out "$dir/y.npy" \
+        --grad-q-out "$dir/dq.npy" --grad-k-out "$dir/dk.npy" --grad-v-out "$dir/dv.npy" \
+        >"$work/out.txt" 2>"$work/err.txt"; then
+    "$python" "$work/varlen.py" check "$dir" || fail=1
+else
+    echo "FAIL varlen: clattn sdpa --cu-seqlens-q --backward exited non-zero:"
+    cat "$work/out.txt" "$work/err.txt"
+    fail=1
+fi
 
 # Refusals: a non-zero exit and one line naming the cause (the library's, for the backward's).
 refuse() { # name, expected status, a word the line must hold, then sdpa options

@@ -1080,12 +1080,17 @@ static void draw_varlen(pb_sdpa_problem *p)
     }
     const size_t ends[2] = {s->seq_q, s->seq_k};
     const size_t longest = pb_rand_below(s->batch); /* spans both maxima (the plan's) */
+    /* varlen 2 (batch >= 3): the next sequence has no query rows, the one after no keys */
+    const size_t no_rows = s->varlen == 2 && s->batch >= 3 ? (longest + 1) % s->batch : s->batch;
+    const size_t no_keys = s->varlen == 2 && s->batch >= 3 ? (longest + 2) % s->batch : s->batch;
     int32_t *cu[2];
     size_t totals[2];
     for (int x = 0; x < 2; ++x) {
         cu[x] = pb_calloc(s->batch + 1, sizeof(int32_t));
         for (size_t b = 0; b < s->batch; ++b) {
-            const size_t pick = b == longest ? 0 : pb_rand_below(5);
+            const size_t pick = b == longest                 ? 0
+                                : b == (x ? no_keys : no_rows) ? 1
+                                                               : pb_rand_below(5);
             const size_t n = pick == 0 ? ends[x] : pick == 1 ? 0 : pb_rand_below(ends[x] + 1);
             cu[x][b + 1] = cu[x][b] + (int32_t)n;
         }
@@ -1622,10 +1627,14 @@ cl_int pb_sdpa_upload_gradients(clattn_ctx *ctx, const pb_sdpa_problem *p, const
     const size_t v_dims[4] = {s->batch, kv_heads, s->seq_k, s->dv};
     const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
     const size_t sink_dims[1] = {s->heads};
-    pb_make_layout(&bound->grad_out, s->out_dtype, 4, o_dims, s->out_layout);
-    pb_make_layout(&bound->grad_q, s->q_dtype, 4, q_dims, s->q_layout);
-    pb_make_layout(&bound->grad_k, s->k_dtype, 4, k_dims, s->k_layout);
-    pb_make_layout(&bound->grad_v, s->v_dtype, 4, v_dims, s->v_layout);
+    /* packed sequences: rank 3 over the packed rows, as q, k, v and out */
+    const size_t pq[3] = {p->total_q, s->heads, s->dk}, pk[3] = {p->total_k, kv_heads, s->dk};
+    const size_t pv[3] = {p->total_k, kv_heads, s->dv}, po[3] = {p->total_q, s->heads, s->dv};
+    const int rank = s->varlen ? 3 : 4;
+    pb_make_layout(&bound->grad_out, s->out_dtype, rank, s->varlen ? po : o_dims, s->out_layout);
+    pb_make_layout(&bound->grad_q, s->q_dtype, rank, s->varlen ? pq : q_dims, s->q_layout);
+    pb_make_layout(&bound->grad_k, s->k_dtype, rank, s->varlen ? pk : k_dims, s->k_layout);
+    pb_make_layout(&bound->grad_v, s->v_dtype, rank, s->varlen ? pv : v_dims, s->v_layout);
     if (want_mask) {
         pb_make_layout(&bound->grad_attn_mask, s->mask_dtype, p->mask_rank, p->mask_dims,
                        PB_PACKED);
@@ -1643,6 +1652,109 @@ cl_int pb_sdpa_upload_gradients(clattn_ctx *ctx, const pb_sdpa_problem *p, const
         }
     }
     return err;
+}
+
+/* Rows first .. first + n - 1 of (total, heads, d) packed double values from the (heads, n, d)
+ * `seq`, added (a sequence's gradient into the packed one). */
+static void scatter_rows(const double *seq, double *packed, size_t first, size_t n, size_t heads,
+                         size_t d)
+{
+    for (size_t h = 0; h < heads; ++h) {
+        for (size_t i = 0; i < n; ++i) {
+            for (size_t x = 0; x < d; ++x) {
+                packed[((first + i) * heads + h) * d + x] += seq[(h * n + i) * d + x];
+            }
+        }
+    }
+}
+
+/* spec.varlen: each sequence's backward alone (as varlen_reference runs its forward),
+ * scattered into the packed gradients; the sinks' gradients summed over the sequences. */
+static void varlen_backward_reference(const pb_sdpa_problem *p, const float *grad_out,
+                                      const float *out, int magnitudes, double *dq, double *dk,
+                                      double *dv, double *dsinks)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
+    memset(dq, 0, p->q_count * sizeof(double));
+    memset(dk, 0, p->k_count * sizeof(double));
+    memset(dv, 0, p->v_count * sizeof(double));
+    memset(dsinks, 0, s->heads * sizeof(double));
+    double *seq_sinks = pb_calloc(s->heads, sizeof(double));
+    for (size_t b = 0; b < s->batch; ++b) {
+        const size_t q0 = (size_t)p->cu_q[b], k0 = (size_t)p->cu_k[b];
+        const size_t nq = (size_t)p->cu_q[b + 1] - q0, nk = (size_t)p->cu_k[b + 1] - k0;
+        if (nq == 0) {
+            continue; /* no row: its keys' gradients are 0 */
+        }
+        float *q = pb_calloc(s->heads * nq * s->dk, sizeof(float));
+        float *k = pb_calloc(kv_heads * nk * s->dk, sizeof(float));
+        float *v = pb_calloc(kv_heads * nk * s->dv, sizeof(float));
+        float *go = pb_calloc(s->heads * nq * s->dv, sizeof(float));
+        float *o = out ? pb_calloc(s->heads * nq * s->dv, sizeof(float)) : NULL;
+        double *sq = pb_calloc(s->heads * nq * s->dk, sizeof(double));
+        double *sk = pb_calloc(kv_heads * nk * s->dk, sizeof(double));
+        double *sv = pb_calloc(kv_heads * nk * s->dv, sizeof(double));
+        gather_rows(p->q, q, q0, nq, s->heads, s->dk);
+        gather_rows(p->k, k, k0, nk, kv_heads, s->dk);
+        gather_rows(p->v, v, k0, nk, kv_heads, s->dv);
+        gather_rows(grad_out, go, q0, nq, s->heads, s->dv);
+        if (o != NULL) {
+            gather_rows(out, o, q0, nq, s->heads, s->dv);
+        }
+        ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
+        shape.batch = 1;
+        shape.seq_q = nq;
+        shape.seq_k = nk;
+        const int32_t count = (int32_t)nk;
+        shape.kv_len = &count; /* the sequence's key count: ONNX's rule as bottom-right */
+        shape.alibi = p->alibi ? p->alibi + (s->alibi == 1 ? 0 : b * s->heads) : NULL;
+        shape.sinks = p->sinks;
+        ref_sdpa_backward(&shape, q, k, v, NULL, NULL, go, o, magnitudes, sq, sk, sv, NULL,
+                          seq_sinks);
+        scatter_rows(sq, dq, q0, nq, s->heads, s->dk);
+        scatter_rows(sk, dk, k0, nk, kv_heads, s->dk);
+        scatter_rows(sv, dv, k0, nk, kv_heads, s->dv);
+        for (size_t h = 0; h < s->heads; ++h) {
+            dsinks[h] += seq_sinks[h];
+        }
+        free(q);
+        free(k);
+        free(v);
+        free(go);
+        free(o);
+        free(sq);
+        free(sk);
+        free(sv);
+    }
+    free(seq_sinks);
+}
+
+void pb_sdpa_backward_reference(const pb_sdpa_problem *p, const float *grad_out, const float *out,
+                                int magnitudes, double *dq, double *dk, double *dv,
+                                double *dscores, double *dsinks)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    if (s->varlen) {
+        varlen_backward_reference(p, grad_out, out, magnitudes, dq, dk, dv, dsinks);
+        return;
+    }
+    ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
+    shape.kv_len = p->kv_len;
+    float *alibi = NULL;
+    if (p->alibi != NULL) { /* (B, H) */
+        alibi = pb_calloc(s->batch * s->heads, sizeof(float));
+        for (size_t i = 0; i < s->batch * s->heads; ++i) {
+            alibi[i] = p->alibi[s->alibi == 1 ? i % s->heads : i];
+        }
+    }
+    shape.alibi = alibi;
+    shape.sinks = p->sinks;
+    float *mask = pb_expand_mask(p);
+    ref_sdpa_backward(&shape, p->q, p->k, p->v, mask, p->padding, grad_out, out, magnitudes, dq,
+                      dk, dv, dscores, dsinks);
+    free(mask);
+    free(alibi);
 }
 
 cl_int pb_sdpa_poison(clattn_ctx *ctx, cl_command_queue queue, const clattn_tensors *bound)

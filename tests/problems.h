@@ -197,7 +197,8 @@ typedef struct pb_sdpa_spec {
      * into q (total_q, H, dk), k and v (total_k, Hkv, d), out (total_q, H, dv) and lse
      * (H, total_q), with the spec's layouts; seq_q and seq_k are the plan's max_seqlen_q/_k.
      * The reference runs each sequence alone. No masks, kv_len, past, pages, rope or
-     * weights. */
+     * weights. 2: as 1, and (batch >= 3) the sequence after the longest has no query rows, the
+     * one after that no keys. */
     int varlen;
     /* Dropout (clattn_sdpa_desc.dropout_p, _seed, _offset): 0 off; the reference drops the
      * same weights (ref_dropout_factor). Not with varlen, pages or quantized k/v (refused). */
@@ -291,9 +292,19 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
 /* The backward's tensors into bound, each at a random offset of its own buffer: dO (grad_out's
  * values, out's dtype and layout) and, poisoned (NaN), grad_q/_k/_v with their inputs' dtypes
  * and layouts, grad_attn_mask (want_mask: the mask's dims and dtype, packed) and grad_sinks
- * (want_sinks: F32 (heads)). */
+ * (want_sinks: F32 (heads)). Packed sequences (spec.varlen): dO, grad_q/_k/_v rank 3 over the
+ * packed rows, as out, q, k and v. */
 cl_int pb_sdpa_upload_gradients(clattn_ctx *ctx, const pb_sdpa_problem *p, const float *grad_out,
                                 int want_mask, int want_sinks, clattn_tensors *bound);
+/* The float64 backward of the problem (ref_sdpa_backward with its key counts, slopes, sinks
+ * and mask; delta from `out`, the forward's output as stored, when not NULL): dq, dk, dv in q's,
+ * k's and v's logical packed order (q_count, k_count, v_count), dsinks (H), dscores (B, H, Lq,
+ * Lk; may be NULL). Packed sequences (spec.varlen): each sequence alone, scattered into the
+ * packed gradients, the sinks' summed over them; dscores is not computed (no mask there).
+ * magnitudes as ref_sdpa_backward's (every term's magnitude summed: the error scales). */
+void pb_sdpa_backward_reference(const pb_sdpa_problem *p, const float *grad_out, const float *out,
+                                int magnitudes, double *dq, double *dk, double *dv,
+                                double *dscores, double *dsinks);
 /* Poisons the output buffers of bound again (before a new execution). */
 cl_int pb_sdpa_poison(clattn_ctx *ctx, cl_command_queue queue, const clattn_tensors *bound);
 /* Downloads out, weights and lse from bound and compares them with the reference: out within

@@ -80,7 +80,7 @@ static const char bench_usage_serving[] =
     "cu_seqlens in one fused launch, then right-padded to (B, L, H, d) with their lengths as\n"
     "kv_seqlen (causal from row 0): packing's gain over padding. Rate: real tokens/s (the\n"
     "padding not counted).\n"
-    "backward (not in the default set): training's attention step on the fused path over\n"
+    "backward (not in the default set): training's attention step over\n"
     "(--batch, --heads, --seq (= seq_q), --seq-k, --head-dim) with --kv-heads, --causal\n"
     "(top-left), --softcap, --alibi, --sinks, --dropout, --dtype (q, k, v, out, dO and the\n"
     "gradients): the forward with its lse (clattn_sdpa_desc's lse output), then the backward\n"
@@ -88,7 +88,9 @@ static const char bench_usage_serving[] =
     "row's time and rate are the backward's; after them the forward's ms and GFLOP/s, the\n"
     "ratio backward/forward and each plan's workspace bytes (clattn_plan_workspace_size).\n"
     "Flops: forward 4·B·H·Lq·Lk·d, backward 2.5 times that (10·B·H·Lq·Lk·d: FlashAttention-2's\n"
-    "convention, the recomputed Q·Kᵀ not counted), both halved with --causal.\n";
+    "convention, the recomputed Q·Kᵀ not counted), both halved with --causal. --path: the\n"
+    "backward's fused kernels, its unfused reference path (matmuls around three Lq x Lk float\n"
+    "matrices; the forward stays fused), or both (the default).\n";
 static const char bench_usage_rest[] =
     "softmax: the normalisation has no entry point of its own; it times the unfused attention\n"
     "plan that returns the attention weights (scores = Q·Kᵀ, softmax written to the weights,\n"
@@ -735,13 +737,16 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
 /* backward: the fused forward with lse, then the backward, each plan made once and timed on
  * its own; the row is the backward's, the forward's time and rate, the ratio and the plans'
  * workspace bytes after it. */
-static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype)
+static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype,
+                          clattn_path path)
 {
     const bench_options *o = b->options;
     const size_t bh = o->batch * o->heads, d = o->head_dim;
     const size_t kv_heads = o->kv_heads ? o->kv_heads : o->heads;
     const clattn_dtype type = dtypes[dtype];
-    case_result r = {.op = "backward", .unit = "gflops", .path = "fused"};
+    case_result r = {.op = "backward",
+                     .unit = "gflops",
+                     .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
     char kv_text[32] = "";
     if (kv_heads != o->heads)
         snprintf(kv_text, sizeof kv_text, " Hkv=%zu", kv_heads);
@@ -787,6 +792,7 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype)
     bwd.tensors.grad_out = bwd.tensors.grad_q = t->q;
     bwd.tensors.grad_k = bwd.tensors.grad_v = t->k;
     CLATTN_BIND_ROLES(desc, bwd.tensors);
+    desc.path = path; /* the forward is fused (with lse) either way */
     if (status == CLATTN_SUCCESS)
         status = clattn_sdpa_backward_plan_create(b->ctx, &desc, &bwd.plan);
     const size_t q_count = bh * seq_q * d, kv_count = o->batch * kv_heads * seq_k * d;
@@ -1684,7 +1690,10 @@ int cmd_bench(int argc, char **argv)
     for (size_t i = 0; rc == CLI_OK && o.ops[8] && i < o.num_seq; ++i)
         for (int t = 0; rc == CLI_OK && t < 3; ++t)
             if (o.dtypes[t])
-                rc = bench_backward(&b, o.seq[i], o.seq_k ? o.seq_k : o.seq[i], t);
+                for (int p = 0; rc == CLI_OK && p < 2; ++p)
+                    if (o.paths[p])
+                        rc = bench_backward(&b, o.seq[i], o.seq_k ? o.seq_k : o.seq[i], t,
+                                            paths[p]);
     for (size_t i = 0; rc == CLI_OK && o.ops[5] && i < o.num_seq; ++i)
         for (int p = 0; rc == CLI_OK && p < 2; ++p)
             if (o.paths[p])

@@ -122,9 +122,11 @@ static const char sdpa_usage_backward[] =
     "  (Hq) float32); at least one of them. --out still writes Y (not printed without it).\n"
     "  Takes masks, --nonpad-kv-seqlen, --causal and its alignments, --window, grouped heads,\n"
     "  --softcap, --scale, --alibi, --norm relu, --sinks, --dropout (the forward's mask,\n"
-    "  regenerated); the library refuses (exit 2) past/present, --rope, pages, packed\n"
-    "  sequences, --qk-out, --softmax-precision 11, --kv-dtype and --path unfused; not with\n"
-    "  --ring.\n";
+    "  regenerated), packed sequences (--cu-seqlens-q: DO and the gradients packed as Q, K,\n"
+    "  V); the library refuses (exit 2) past/present, --rope, pages, --qk-out and\n"
+    "  --kv-dtype; not with --ring. --path unfused (or\n"
+    "  --softmax-precision 11): both passes unfused, the backward's reference path (matmuls\n"
+    "  around the Lq x Lk matrices, the weights recomputed whole; no --grad-sinks-out).\n";
 /* Dropout's help. */
 static const char sdpa_usage_dropout[] =
     "--dropout P [--seed S] [--dropout-offset N]: dropout on the attention weights (training;\n"
@@ -867,6 +869,7 @@ static cl_int run_backward(clattn_ctx *ctx, sdpa_data *d, const clattn_tensors *
     bound.attn_mask.mem = d->mem[M_MASK], bound.kv_seqlen.mem = d->mem[M_NONPAD];
     bound.alibi_slopes.mem = d->mem[M_ALIBI], bound.sinks.mem = d->mem[M_SINKS];
     bound.grad_out.mem = d->mem[M_GRAD_OUT];
+    bound.cu_seqlens_q.mem = d->mem[M_CU_Q], bound.cu_seqlens_k.mem = d->mem[M_CU_K];
     clattn_tensor *grads[5] = {&bound.grad_q, &bound.grad_k, &bound.grad_v,
                                &bound.grad_attn_mask, &bound.grad_sinks};
     for (int i = 0; i < 5; ++i)
@@ -1228,7 +1231,13 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     clattn_sdpa_desc back_desc = desc;
     size_t grad_counts[5] = {0};
     if (o->backward) {
-        t->lse = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, batch, heads, seq_q, 0);
+        /* lse from the fused forward; unfused (--path unfused, --softmax-precision 11) both
+         * passes run without it (the backward's reference path recomputes the weights whole) */
+        if (desc.path != CLATTN_PATH_UNFUSED && !desc.softmax_f64)
+            t->lse = o->varlen /* packed sequences: (Hq, total_q) */
+                         ? clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, heads, seq_q, 0, 0)
+                         : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, batch, heads, seq_q,
+                                              0);
         back_tensors = desc_tensors;
         CLATTN_BIND_ROLES(back_desc, back_tensors);
         back_tensors.grad_out = t->out;
@@ -1313,7 +1322,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             d->mem[M_KQ] = upload(ctx, NULL, kq_bytes, CL_MEM_READ_WRITE, &err);
         if (err == CL_SUCCESS && vq_bytes)
             d->mem[M_VQ] = upload(ctx, NULL, vq_bytes, CL_MEM_READ_WRITE, &err);
-        if (err == CL_SUCCESS && o->backward)
+        if (err == CL_SUCCESS && o->backward && t->lse.rank != 0)
             d->mem[M_LSE] =
                 upload(ctx, NULL, batch * heads * seq_q * sizeof(float), CL_MEM_READ_WRITE, &err);
         if (err == CL_SUCCESS && kq_bytes) { /* quantize on the device, then attend */

@@ -125,6 +125,10 @@ clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, 
     clattn_ctx *ctx = plan->ctx;
     const size_t target[4] = {batch, heads, seq_q, seq_k};
     score->batch = batch, score->heads = heads, score->seq_q = seq_q, score->seq_k = seq_k;
+    /* packed sequences (clattn__pack_varlen): seq_q and seq_k are then the longest */
+    score->varlen = plan->varlen;
+    score->total_q = plan->varlen ? plan->varlen_total_q : 0;
+    score->total_k = plan->varlen ? plan->varlen_total_k : 0;
     const clattn__layout *mask = &plan->layouts[R_MASK];
     score->has_mask = mask->present;
     memset(&plan->mask_view, 0, sizeof plan->mask_view);

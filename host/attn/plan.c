@@ -313,5 +313,181 @@ clattn__score_masks clattn__bound_masks(const clattn_plan *plan, const cl_mem *m
         views[i]->mem = mems[roles[i]];
         views[i]->offset = offsets[roles[i]];
     }
+    if (plan->varlen) { /* packed sequences' offsets */
+        m.varlen.cu_q = mems[R_CU_Q];
+        m.varlen.cu_k = mems[R_CU_K];
+        m.varlen.q_offset = offsets[R_CU_Q];
+        m.varlen.k_offset = offsets[R_CU_K];
+    }
     return m;
+}
+
+/* The roles packed sequences make (batch, heads, max_seqlen, d) views, and whether their rows
+ * are keys (else query rows). */
+static const struct {
+    clattn__role role;
+    bool keys;
+} varlen_roles[] = {{R_Q, false},       {R_K, true},        {R_V, true},
+                    {R_OUT, false},     {R_LSE, false},     {R_GRAD_OUT, false},
+                    {R_GRAD_Q, false},  {R_GRAD_K, true},   {R_GRAD_V, true}};
+
+bool clattn__varlen_role(clattn__role role)
+{
+    for (size_t i = 0; i < sizeof varlen_roles / sizeof varlen_roles[0]; ++i)
+        if (varlen_roles[i].role == role)
+            return true;
+    return false;
+}
+
+/* The backward's gradients (absent in the forward: its roles refuse them) against the packed
+ * dims of the tensors they are the gradients of. */
+static clattn_status check_packed_gradients(clattn_plan *plan)
+{
+    const clattn__layout *l = plan->layouts;
+    static const struct {
+        clattn__role role, like;
+        const char *name, *shape;
+    } grads[] = {
+        {R_GRAD_OUT, R_OUT, "grad_out", "(total_q, heads, head_dim_v), out's"},
+        {R_GRAD_Q, R_Q, "grad_q", "(total_q, heads, head_dim_qk), q's"},
+        {R_GRAD_K, R_K, "grad_k", "(total_k, kv_heads, head_dim_qk), k's"},
+        {R_GRAD_V, R_V, "grad_v", "(total_k, kv_heads, head_dim_v), v's"},
+    };
+    clattn_status status = CLATTN_SUCCESS;
+    for (size_t i = 0; i < sizeof grads / sizeof grads[0] && status == CLATTN_SUCCESS; ++i)
+        if (l[grads[i].role].present)
+            status = clattn__layout_expect(plan->ctx, plan->op, grads[i].name, &l[grads[i].role],
+                                           3, l[grads[i].like].dims, grads[i].shape);
+    return status;
+}
+
+clattn_status clattn__pack_varlen(clattn_plan *plan, const clattn_sdpa_desc *desc,
+                                  clattn__score_shape *score)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    clattn__layout *l = plan->layouts;
+    const clattn__layout *cu_q = &l[R_CU_Q], *cu_k = &l[R_CU_K];
+    if (!cu_q->present || !cu_k->present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: cu_seqlens_q and cu_seqlens_k go together (%s is absent)", op,
+                            cu_q->present ? "cu_seqlens_k" : "cu_seqlens_q");
+    if (cu_q->rank != 1 || cu_q->dims[0] < 2 || cu_q->strides[0] != 1)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: cu_seqlens_q must be I32 (batch + 1) offsets with unit stride, "
+                            "batch >= 1 (got rank %d, dim 0 %zu)",
+                            op, cu_q->rank, cu_q->rank ? cu_q->dims[0] : 0);
+    const size_t want_cu[1] = {cu_q->dims[0]};
+    clattn_status status = clattn__layout_expect(ctx, op, "cu_seqlens_k", cu_k, 1, want_cu,
+                                                 "(batch + 1) offsets, as cu_seqlens_q");
+    if (status != CLATTN_SUCCESS)
+        return status;
+    if (cu_k->strides[0] != 1)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: cu_seqlens_k must have unit stride (got %zu)", op,
+                            cu_k->strides[0]);
+    static const struct {
+        clattn__role role;
+        const char *name;
+    } refused[] = {{R_MASK, "attn_mask"},     {R_KPM, "key_padding_mask"},
+                   {R_KVLEN, "kv_seqlen"},    {R_BLOCK_TABLE, "block_table"},
+                   {R_PAST_K, "past_k"},      {R_PAST_V, "past_v"},
+                   {R_PRESENT_K, "present_k"}, {R_PRESENT_V, "present_v"},
+                   {R_WEIGHTS, "weights"},    {R_SCORES, "scores"},
+                   {R_GRAD_MASK, "grad_attn_mask"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; ++i)
+        if (l[refused[i].role].present)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: cu_seqlens_q/cu_seqlens_k with %s: not supported (packed "
+                                "sequences run on the fused path, each attending within itself)",
+                                op, refused[i].name);
+    if (desc->rope != 0 || desc->softmax_f64 != 0)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: cu_seqlens_q/cu_seqlens_k with %s: not supported (packed "
+                            "sequences run on the fused path only)",
+                            op, desc->rope != 0 ? "rope" : "softmax_f64");
+    static const char *const names[4] = {"q", "k", "v", "out"};
+    static const char *const shapes[4] = {"(total_q, heads, head_dim_qk)",
+                                          "(total_k, kv_heads, head_dim_qk)",
+                                          "(total_k, kv_heads, head_dim_v)",
+                                          "(total_q, heads, head_dim_v)"};
+    for (int role = R_Q; role <= R_OUT; ++role)
+        if (!l[role].present || l[role].rank != 3)
+            return clattn__fail(ctx, l[role].present ? CLATTN_ERR_INVALID_SHAPE
+                                                     : CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: with cu_seqlens, %s must be a packed rank-3 tensor %s, got "
+                                "rank %d",
+                                op, names[role], shapes[role], l[role].rank);
+    const size_t total_q = l[R_Q].dims[0], heads = l[R_Q].dims[1];
+    const size_t total_k = l[R_K].dims[0], kv_heads = l[R_K].dims[1];
+    const size_t v_dims[3] = {total_k, kv_heads, l[R_V].dims[2]};
+    const size_t o_dims[3] = {total_q, heads, l[R_V].dims[2]};
+    const size_t lse_dims[2] = {heads, total_q};
+    if ((status = clattn__layout_expect(ctx, op, "v", &l[R_V], 3, v_dims,
+                                        "(total_k, kv_heads, head_dim_v) from k")) ||
+        (status = clattn__layout_expect(ctx, op, "out", &l[R_OUT], 3, o_dims,
+                                        "(total_q, heads, head_dim_v) from q and v")) ||
+        (l[R_LSE].present && (status = clattn__layout_expect(ctx, op, "lse", &l[R_LSE], 2,
+                                                             lse_dims, "(heads, total_q)"))) ||
+        (status = check_packed_gradients(plan)))
+        return status;
+    if (total_q > UINT32_MAX || total_k > UINT32_MAX || cu_q->dims[0] - 1 > UINT32_MAX)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: packed totals above 2^32 - 1 rows (%zu queries, %zu keys)", op,
+                            total_q, total_k);
+    const size_t max_q = desc->max_seqlen_q ? desc->max_seqlen_q : total_q;
+    const size_t max_k = desc->max_seqlen_k ? desc->max_seqlen_k : total_k;
+    if (max_q > total_q || max_k > total_k || max_q == 0 || max_k == 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: max_seqlen_q=%zu, max_seqlen_k=%zu: each from 1 to its total "
+                            "(total_q %zu, total_k %zu; 0 takes the total)",
+                            op, desc->max_seqlen_q, desc->max_seqlen_k, total_q, total_k);
+    const size_t batch = cu_q->dims[0] - 1;
+    for (size_t i = 0; i < sizeof varlen_roles / sizeof varlen_roles[0]; ++i) {
+        const clattn__role role = varlen_roles[i].role;
+        if (!l[role].present)
+            continue;
+        const clattn__layout packed = l[role];
+        clattn__layout *x = &l[role];
+        const bool is_lse = role == R_LSE;
+        x->rank = is_lse ? 3 : 4;
+        x->dims[0] = batch;
+        x->strides[0] = 0;
+        x->dims[1] = is_lse ? packed.dims[0] : packed.dims[1]; /* heads */
+        x->strides[1] = is_lse ? packed.strides[0] : packed.strides[1];
+        x->dims[2] = varlen_roles[i].keys ? max_k : max_q;
+        x->strides[2] = is_lse ? packed.strides[1] : packed.strides[0]; /* per token */
+        if (!is_lse) {
+            x->dims[3] = packed.dims[2];
+            x->strides[3] = packed.strides[2];
+        }
+        plan->varlen_layouts[role] = packed;
+    }
+    plan->varlen = true;
+    plan->varlen_total_q = total_q;
+    plan->varlen_total_k = total_k;
+    score->varlen = true;
+    score->total_q = total_q;
+    score->total_k = total_k;
+    return CLATTN_SUCCESS;
+}
+
+void clattn__unpack_varlen(clattn_plan *plan)
+{
+    for (size_t i = 0; i < sizeof varlen_roles / sizeof varlen_roles[0]; ++i) {
+        const clattn__role role = varlen_roles[i].role;
+        if (!plan->layouts[role].present)
+            continue;
+        const clattn__layout kernels = plan->layouts[role];
+        plan->layouts[role] = plan->varlen_layouts[role];
+        plan->varlen_layouts[role] = kernels;
+    }
+}
+
+clattn__view clattn__kernel_view(const clattn_plan *plan, const cl_mem *mems,
+                                 const size_t *offsets, clattn__role role)
+{
+    if (!plan->varlen || !clattn__varlen_role(role) || !plan->layouts[role].present)
+        return clattn__role_view(plan, mems, offsets, role);
+    return clattn__bound_view(&plan->varlen_layouts[role], mems[role], offsets[role]);
 }

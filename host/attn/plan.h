@@ -91,6 +91,25 @@ typedef struct clattn__attention_io {
     clattn__score_masks masks;
 } clattn__attention_io;
 
+/* The backward's unfused reference path (sdpa_backward_unfused.c): the score matrices in the
+ * workspace, matmuls around one elementwise step (flash_bwd.cl's bwd_unfused_rows). */
+typedef struct clattn__unfused_bwd {
+    bool on;
+    clattn__score_shape score;      /* the rule (dropout included: the rows step applies it) */
+    clattn__softmax_plan softmax;   /* the forward's weights, undropped */
+    clattn__matmul_plan qk, dov;    /* x = Q K^T, dp = dO V^T */
+    clattn__matmul_plan dq, dk, dv; /* dX K, then per group member dX^T Q, (P Z)^T dO */
+    cl_kernel rows, sum_q, sum_k, sum_v, mask_reduce, sinks;
+    size_t local_rows;
+    size_t head_dim_qk, head_dim_v;
+    bool want_dmask, want_dsinks;
+    /* workspace float offsets: the (B, H, Lq, Lk) matrices, delta (B, H, Lq), the gradients'
+     * F32 sums (dQ (B, H, Lq, dk); dK, dV: one (B, kv_heads, Lk, d) part per group member),
+     * the matmuls' scratch */
+    size_t raw_at, p_at, dp_at, delta_at, dq_at, dk_at, dv_at, mm_at;
+    size_t dk_part, dv_part; /* floats of one part */
+} clattn__unfused_bwd;
+
 typedef struct clattn__mha {
     size_t batch, seq_q, seq_k, heads, qk_dim, v_dim, head_dim_qk, head_dim_v;
     size_t kv_heads, kv_qk_dim, kv_v_dim; /* grouped-query: k/v heads and projected widths */
@@ -238,20 +257,45 @@ struct clattn_plan {
     clattn__posenc posenc; /* also ROPE plans' freq */
     clattn__rope_plan rope;
     clattn__flash_bwd_plan backward; /* SDPA_BACKWARD: the passes */
+    clattn__unfused_bwd unfused_bwd; /* SDPA_BACKWARD on the unfused path (unfused_bwd.on) */
     clattn__view grad_mask_view;     /* its grad_attn_mask, the mask's dims (mem bound later) */
     size_t decode_group; /* SDPA: > 1 when the group's query heads run as rows (sdpa.c) */
     size_t page_size, num_pages; /* SDPA with a block table: k and v are pools of pages */
-    /* SDPA over packed sequences (cu_seqlens): q, k, v, out and lse as the (batch, heads,
-     * max_seqlen, d) views the kernels take (batch stride 0, the token stride per row), by
-     * role; layouts[] keep the caller's packed ones, which execution binds. */
+    /* SDPA (and its backward) over packed sequences (cu_seqlens): q, k, v, out and lse (and
+     * the backward's grad_out, grad_q, grad_k, grad_v) as the (batch, heads, max_seqlen, d)
+     * views the kernels take (batch stride 0, the token stride per row), by role
+     * (clattn__varlen_role); layouts[] keep the caller's packed ones, which execution binds.
+     * The packed totals of query rows and keys (clattn__plan_masks copies them to the score). */
     bool varlen;
-    clattn__layout varlen_layouts[R_LSE + 1];
+    clattn__layout varlen_layouts[R_COUNT];
+    size_t varlen_total_q, varlen_total_k;
     char info[512];      /* clattn_plan_info */
     size_t workspace_floats;
 };
 
+/* Packed variable-length batches (roles R_CU_Q, R_CU_K; SDPA and its backward): checks the
+ * packed operands (q, k, v, out rank 3, lse (heads, total_q); the backward's grad_out, grad_q,
+ * grad_k, grad_v as out, q, k, v), refuses what packed sequences do not take, then makes every
+ * packed role the (batch, heads, max_seqlen, d) view the rest of create and the kernels take
+ * (batch stride 0, the token stride per row; score.cl's VARLEN adds each sequence's offset).
+ * Sets plan->varlen and the totals, and score's varlen fields. The caller's layouts go to
+ * plan->varlen_layouts until clattn__unpack_varlen swaps them back at the end of create. */
+clattn_status clattn__pack_varlen(clattn_plan *plan, const clattn_sdpa_desc *desc,
+                                  clattn__score_shape *score);
+/* The caller's packed layouts back into plan->layouts (which execution binds), the kernels'
+ * views into plan->varlen_layouts. */
+void clattn__unpack_varlen(clattn_plan *plan);
+/* Whether packed sequences make `role` a (batch, heads, max_seqlen, d) view: q, k, v, out, lse,
+ * grad_out, grad_q, grad_k, grad_v. */
+bool clattn__varlen_role(clattn__role role);
+/* A role's view as the kernels take it: with packed sequences, the (batch, heads, max_seqlen, d)
+ * view of the packed tensor (clattn__varlen_role); else clattn__role_view's. */
+clattn__view clattn__kernel_view(const clattn_plan *plan, const cl_mem *mems,
+                                 const size_t *offsets, clattn__role role);
+
 /* Builds the broadcast views of the masks from the plan's layouts (masks in roles R_MASK and
- * R_KPM) for a (batch, heads, seq_q, seq_k) problem and fills the score shape's mask fields. */
+ * R_KPM) for a (batch, heads, seq_q, seq_k) problem and fills the score shape's mask fields
+ * and its packed sequences' (plan->varlen, the totals: clattn__pack_varlen). */
 clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, size_t seq_q,
                                  size_t seq_k, clattn__score_shape *score);
 /* The ALiBi slopes (role R_ALIBI: F32 (heads) or (batch, heads)) as plan->alibi_view, and
@@ -289,6 +333,16 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
                                         size_t *workspace_floats);
 clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attention_io *io,
                                         cl_mem workspace, clattn_chain *chain);
+
+/* The backward's unfused path (sdpa_backward_unfused.c): prepares plan->unfused_bwd for the
+ * score shape (masks, band, sinks, dropout set), the plan's layouts (q, k, v, grad_out with
+ * unit head_dim stride) and the gradients asked for; the workspace from *workspace_floats on. */
+clattn_status clattn__unfused_bwd_prepare(clattn_plan *plan, const clattn__score_shape *score,
+                                          size_t head_dim_qk, size_t head_dim_v, bool want_dmask,
+                                          bool want_dsinks, size_t *workspace_floats);
+/* Its execution: io as the fused backward's (ops.h's clattn__flash_bwd_io). */
+clattn_status clattn__unfused_bwd_enqueue(const clattn_plan *plan, const clattn__flash_bwd_io *io,
+                                          cl_mem workspace, clattn_chain *chain);
 
 /* A read-only device copy of `bytes` of host memory in *mem, owned by the plan (released with
  * it); `what` names it in the message on failure (posenc.c). */
@@ -359,8 +413,8 @@ clattn_status clattn__expect_unit_stride(const clattn_plan *plan, const char *na
 
 /* A plan's layout bound to a buffer at an element offset: the op-level view. */
 clattn__view clattn__bound_view(const clattn__layout *l, cl_mem mem, size_t offset);
-/* The plan's mask views (mask, key padding, kv_seqlen, ALiBi's slopes) bound to the execution's
- * buffers (an absent role's mem is NULL). */
+/* The plan's mask views (mask, key padding, kv_seqlen, ALiBi's slopes, sinks) and packed
+ * sequences' offsets bound to the execution's buffers (an absent role's mem is NULL). */
 clattn__score_masks clattn__bound_masks(const clattn_plan *plan, const cl_mem *mems,
                                         const size_t *offsets);
 /* The plan's tensor in `role` bound to its buffer (mems, offsets as execute gets them); a

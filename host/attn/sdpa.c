@@ -53,131 +53,6 @@ static clattn_status unfused_quantized(clattn_plan *plan)
                         clattn__dtype_name(l[R_V].dtype));
 }
 
-/* Packed variable-length batches (cu_seqlens_q/_k): checks the packed operands, then makes
- * q, k, v, out and lse the (batch, heads, max_seqlen, d) views the rest of create and the
- * kernels take (batch stride 0, the token stride per row; score.cl's VARLEN adds each
- * sequence's offset). The caller's layouts go to plan->varlen_layouts until create ends
- * (unpack_varlen swaps them back: execution binds the packed ones). */
-static clattn_status pack_varlen(clattn_plan *plan, const clattn_sdpa_desc *desc,
-                                 clattn__score_shape *score)
-{
-    clattn_ctx *ctx = plan->ctx;
-    const char *op = plan->op;
-    clattn__layout *l = plan->layouts;
-    const clattn__layout *cu_q = &l[R_CU_Q], *cu_k = &l[R_CU_K];
-    if (!cu_q->present || !cu_k->present)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: cu_seqlens_q and cu_seqlens_k go together (%s is absent)", op,
-                            cu_q->present ? "cu_seqlens_k" : "cu_seqlens_q");
-    if (cu_q->rank != 1 || cu_q->dims[0] < 2 || cu_q->strides[0] != 1)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                            "%s: cu_seqlens_q must be I32 (batch + 1) offsets with unit stride, "
-                            "batch >= 1 (got rank %d, dim 0 %zu)",
-                            op, cu_q->rank, cu_q->rank ? cu_q->dims[0] : 0);
-    const size_t want_cu[1] = {cu_q->dims[0]};
-    clattn_status status = clattn__layout_expect(ctx, op, "cu_seqlens_k", cu_k, 1, want_cu,
-                                                 "(batch + 1) offsets, as cu_seqlens_q");
-    if (status != CLATTN_SUCCESS)
-        return status;
-    if (cu_k->strides[0] != 1)
-        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                            "%s: cu_seqlens_k must have unit stride (got %zu)", op,
-                            cu_k->strides[0]);
-    static const struct {
-        clattn__role role;
-        const char *name;
-    } refused[] = {{R_MASK, "attn_mask"},     {R_KPM, "key_padding_mask"},
-                   {R_KVLEN, "kv_seqlen"},    {R_BLOCK_TABLE, "block_table"},
-                   {R_PAST_K, "past_k"},      {R_PAST_V, "past_v"},
-                   {R_PRESENT_K, "present_k"}, {R_PRESENT_V, "present_v"},
-                   {R_WEIGHTS, "weights"},    {R_SCORES, "scores"}};
-    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; ++i)
-        if (l[refused[i].role].present)
-            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                                "%s: cu_seqlens_q/cu_seqlens_k with %s: not supported (packed "
-                                "sequences run on the fused path, each attending within itself)",
-                                op, refused[i].name);
-    if (desc->rope != 0 || desc->softmax_f64 != 0)
-        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                            "%s: cu_seqlens_q/cu_seqlens_k with %s: not supported (packed "
-                            "sequences run on the fused path only)",
-                            op, desc->rope != 0 ? "rope" : "softmax_f64");
-    static const char *const names[4] = {"q", "k", "v", "out"};
-    static const char *const shapes[4] = {"(total_q, heads, head_dim_qk)",
-                                          "(total_k, kv_heads, head_dim_qk)",
-                                          "(total_k, kv_heads, head_dim_v)",
-                                          "(total_q, heads, head_dim_v)"};
-    for (int role = R_Q; role <= R_OUT; ++role)
-        if (!l[role].present || l[role].rank != 3)
-            return clattn__fail(ctx, l[role].present ? CLATTN_ERR_INVALID_SHAPE
-                                                     : CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: with cu_seqlens, %s must be a packed rank-3 tensor %s, got "
-                                "rank %d",
-                                op, names[role], shapes[role], l[role].rank);
-    const size_t total_q = l[R_Q].dims[0], heads = l[R_Q].dims[1];
-    const size_t total_k = l[R_K].dims[0], kv_heads = l[R_K].dims[1];
-    const size_t v_dims[3] = {total_k, kv_heads, l[R_V].dims[2]};
-    const size_t o_dims[3] = {total_q, heads, l[R_V].dims[2]};
-    const size_t lse_dims[2] = {heads, total_q};
-    if ((status = clattn__layout_expect(ctx, op, "v", &l[R_V], 3, v_dims,
-                                        "(total_k, kv_heads, head_dim_v) from k")) ||
-        (status = clattn__layout_expect(ctx, op, "out", &l[R_OUT], 3, o_dims,
-                                        "(total_q, heads, head_dim_v) from q and v")) ||
-        (l[R_LSE].present && (status = clattn__layout_expect(ctx, op, "lse", &l[R_LSE], 2,
-                                                             lse_dims, "(heads, total_q)"))))
-        return status;
-    if (total_q > UINT32_MAX || total_k > UINT32_MAX || cu_q->dims[0] - 1 > UINT32_MAX)
-        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                            "%s: packed totals above 2^32 - 1 rows (%zu queries, %zu keys)", op,
-                            total_q, total_k);
-    const size_t max_q = desc->max_seqlen_q ? desc->max_seqlen_q : total_q;
-    const size_t max_k = desc->max_seqlen_k ? desc->max_seqlen_k : total_k;
-    if (max_q > total_q || max_k > total_k || max_q == 0 || max_k == 0)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: max_seqlen_q=%zu, max_seqlen_k=%zu: each from 1 to its total "
-                            "(total_q %zu, total_k %zu; 0 takes the total)",
-                            op, desc->max_seqlen_q, desc->max_seqlen_k, total_q, total_k);
-    const size_t batch = cu_q->dims[0] - 1;
-    for (int role = R_Q; role <= R_LSE; ++role) {
-        if (role == R_MASK || role == R_KPM || role == R_WEIGHTS || !l[role].present)
-            continue;
-        const clattn__layout packed = l[role];
-        clattn__layout *x = &l[role];
-        const bool is_lse = role == R_LSE;
-        const size_t rows = role == R_K || role == R_V ? max_k : max_q;
-        x->rank = is_lse ? 3 : 4;
-        x->dims[0] = batch;
-        x->strides[0] = 0;
-        x->dims[1] = is_lse ? packed.dims[0] : packed.dims[1]; /* heads */
-        x->strides[1] = is_lse ? packed.strides[0] : packed.strides[1];
-        x->dims[2] = rows;
-        x->strides[2] = is_lse ? packed.strides[1] : packed.strides[0]; /* per token */
-        if (!is_lse) {
-            x->dims[3] = packed.dims[2];
-            x->strides[3] = packed.strides[2];
-        }
-        plan->varlen_layouts[role] = packed;
-    }
-    plan->varlen = true;
-    score->varlen = true;
-    score->total_q = total_q;
-    score->total_k = total_k;
-    return CLATTN_SUCCESS;
-}
-
-/* The caller's packed layouts back into plan->layouts (which execution binds), the kernels'
- * views into plan->varlen_layouts. */
-static void unpack_varlen(clattn_plan *plan)
-{
-    for (int role = R_Q; role <= R_LSE; ++role) {
-        if (role == R_MASK || role == R_KPM || role == R_WEIGHTS || !plan->layouts[role].present)
-            continue;
-        const clattn__layout kernels = plan->layouts[role];
-        plan->layouts[role] = plan->varlen_layouts[role];
-        plan->varlen_layouts[role] = kernels;
-    }
-}
-
 static clattn_status create(clattn_plan *plan, const void *any)
 {
     const clattn_sdpa_desc *desc = any;
@@ -185,11 +60,11 @@ static clattn_status create(clattn_plan *plan, const void *any)
     const char *op = plan->op;
     clattn_status status = CLATTN_SUCCESS;
     const clattn__layout *l = plan->layouts;
-    /* the score shape's packed-sequence fields, set by pack_varlen before the rest */
+    /* the score shape's packed-sequence fields, set by clattn__pack_varlen before the rest */
     clattn__score_shape varlen_score;
     memset(&varlen_score, 0, sizeof varlen_score);
     if ((l[R_CU_Q].present || l[R_CU_K].present) &&
-        (status = pack_varlen(plan, desc, &varlen_score)))
+        (status = clattn__pack_varlen(plan, desc, &varlen_score)))
         goto done;
     static const char *const required[4] = {"q", "k", "v", "out"};
     for (int role = R_Q; role <= R_OUT && status == CLATTN_SUCCESS; ++role)
@@ -494,7 +369,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
                                                     : "the scores (batch, heads, seq_q, seq_k)");
 done:
     if (plan->varlen)
-        unpack_varlen(plan);
+        clattn__unpack_varlen(plan);
     return status;
 }
 
@@ -559,9 +434,7 @@ static void heads_as_rows(clattn__view *view, int axis, size_t group)
 static clattn__view sdpa_view(const clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                               clattn__role role)
 {
-    if (!plan->varlen || role > R_LSE || !plan->layouts[role].present)
-        return clattn__role_view(plan, mems, offsets, role);
-    return clattn__bound_view(&plan->varlen_layouts[role], mems[role], offsets[role]);
+    return clattn__kernel_view(plan, mems, offsets, role);
 }
 
 static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
@@ -593,13 +466,7 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
         k = present_k;
         v = present_v;
     }
-    clattn__score_masks masks = clattn__bound_masks(plan, mems, offsets);
-    if (plan->varlen) {
-        masks.varlen.cu_q = mems[R_CU_Q];
-        masks.varlen.cu_k = mems[R_CU_K];
-        masks.varlen.q_offset = offsets[R_CU_Q];
-        masks.varlen.k_offset = offsets[R_CU_K];
-    }
+    clattn__score_masks masks = clattn__bound_masks(plan, mems, offsets); /* (and cu_seqlens) */
     if (plan->attention.score.kv_paged) {
         /* the pools (pages, slot, head, d) as (batch, head, key, d) views with batch stride 0
          * and the slot stride per key; the page strides apart (score.cl's paged keys) */

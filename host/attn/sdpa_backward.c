@@ -24,6 +24,34 @@ static clattn_status create(clattn_plan *plan, const void *any)
                                 "%s: %s must be a rank-4 tensor (batch, heads, seq, head_dim), "
                                 "got rank %d",
                                 op, required_names[role], l[role].rank);
+    /* The path: fused (flash_bwd.cl, from lse) unless asked otherwise, normalising in double,
+     * without lse, or past the fused kernels' head sizes (the unfused path takes any). */
+    const bool big = l[R_Q].dims[3] > BACKWARD_MAX_HEAD_DIM ||
+                     l[R_V].dims[3] > BACKWARD_MAX_HEAD_DIM;
+    bool unfused = false;
+    switch (desc->path) {
+    case CLATTN_PATH_AUTO:
+        unfused = desc->softmax_f64 != 0 || !l[R_LSE].present || big;
+        break;
+    case CLATTN_PATH_UNFUSED:
+        unfused = true;
+        break;
+    case CLATTN_PATH_FUSED:
+        if (desc->softmax_f64 != 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: path=FUSED recomputes the weights in float; softmax_f64 "
+                                "runs on the unfused path: use AUTO or UNFUSED",
+                                op);
+        if (big)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: path=FUSED takes head sizes up to %d (got %zu, %zu): use "
+                                "AUTO or UNFUSED",
+                                op, BACKWARD_MAX_HEAD_DIM, l[R_Q].dims[3], l[R_V].dims[3]);
+        break;
+    default:
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: path=%d is not a clattn_path",
+                            op, (int)desc->path);
+    }
     static const struct {
         clattn__role role;
         const char *why;
@@ -34,7 +62,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
         {R_GRAD_K, "where dK goes"},
         {R_GRAD_V, "where dV goes"},
     };
-    for (size_t i = 0; i < sizeof needed / sizeof needed[0]; ++i)
+    for (size_t i = unfused ? 1 : 0; i < sizeof needed / sizeof needed[0]; ++i)
         if (!l[needed[i].role].present)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is required (%s)", op,
                                 clattn__sdpa_role_names[needed[i].role], needed[i].why);
@@ -44,12 +72,6 @@ static clattn_status create(clattn_plan *plan, const void *any)
                             "rotary plan before the forward, give the rotated ones to both, and "
                             "carry the gradient back through the rotation yourself)",
                             op);
-    if (desc->softmax_f64 != 0 || desc->path == CLATTN_PATH_UNFUSED)
-        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                            "%s: %s: not supported by the backward (it recomputes the weights "
-                            "in float in one fused pass; the unfused reference path is not "
-                            "there yet)",
-                            op, desc->softmax_f64 != 0 ? "softmax_f64" : "path UNFUSED");
     const size_t batch = l[R_Q].dims[0], heads = l[R_Q].dims[1], seq_q = l[R_Q].dims[2];
     const size_t dk = l[R_Q].dims[3], dv = l[R_V].dims[3], seq_k = l[R_K].dims[2];
     const size_t kv_heads = l[R_K].dims[1];
@@ -75,8 +97,9 @@ static clattn_status create(clattn_plan *plan, const void *any)
                                         "k's (batch, kv_heads, seq_k, head_dim_qk)")) ||
         (status = clattn__layout_expect(ctx, op, "grad_v", &l[R_GRAD_V], 4, v_dims,
                                         "v's (batch, kv_heads, seq_k, head_dim_v)")) ||
-        (status = clattn__layout_expect(ctx, op, "lse", &l[R_LSE], 3, o_dims,
-                                        "the forward's (batch, heads, seq_q)")))
+        (l[R_LSE].present &&
+         (status = clattn__layout_expect(ctx, op, "lse", &l[R_LSE], 3, o_dims,
+                                         "the forward's (batch, heads, seq_q)"))))
         return status;
     const size_t dims[6] = {batch, heads, seq_q, seq_k, dk, dv};
     static const char *const dim_names[6] = {"batch", "heads", "seq_q", "seq_k", "head_dim_qk",
@@ -84,10 +107,6 @@ static clattn_status create(clattn_plan *plan, const void *any)
     if ((status = clattn__check_dims(ctx, op, dims, dim_names, 6, false)) ||
         (status = clattn__check_dims(ctx, op, dims, dim_names, 6, true)))
         return status;
-    if (dk > BACKWARD_MAX_HEAD_DIM || dv > BACKWARD_MAX_HEAD_DIM)
-        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                            "%s: head sizes %zu, %zu: the backward takes head sizes up to %d", op,
-                            dk, dv, BACKWARD_MAX_HEAD_DIM);
 
     clattn__flash_bwd_shape shape;
     memset(&shape, 0, sizeof shape);
@@ -131,6 +150,24 @@ static clattn_status create(clattn_plan *plan, const void *any)
             return status;
         shape.want_dsinks = true;
     }
+    plan->attention.score = *score;
+    if (unfused) {
+        score->softmax_f64 = desc->softmax_f64 != 0;
+        plan->attention.score = *score;
+        plan->backward.shape = shape; /* want_dmask: the execution binds grad_attn_mask */
+        if ((status = clattn__unfused_bwd_prepare(plan, score, dk, dv, shape.want_dmask,
+                                                  shape.want_dsinks, &plan->workspace_floats)))
+            return status;
+        snprintf(plan->info, sizeof plan->info,
+                 "%s: unfused reference backward: matmuls (Q K^T, dO V^T), the forward's "
+                 "softmax rows%s, bwd_unfused_rows (dS), matmuls (dQ, dK, dV)%s%s%s, "
+                 "deterministic",
+                 op, desc->softmax_f64 != 0 ? " in double" : "",
+                 score->dropout ? ", dropout" : "",
+                 shape.want_dmask ? ", the mask's gradient" : "",
+                 shape.want_dsinks ? ", the sinks' gradient" : "");
+        return clattn__plan_finish(plan, "three (batch, heads, seq_q, seq_k) score matrices");
+    }
     shape.head_dim_qk = dk;
     shape.head_dim_v = dv;
     shape.q_dtype = l[R_Q].dtype;
@@ -147,11 +184,18 @@ static clattn_status create(clattn_plan *plan, const void *any)
     plan->attention.fused = true;
     plan->workspace_floats = plan->backward.scratch_floats;
     const clattn__flash_bwd_plan *bwd = &plan->backward;
-    char cpu_geometry[96] = "dK/dV per key, dQ per row";
+    char cpu_geometry[160] = "dK/dV per key, dQ per row";
     if (bwd->cpu)
         snprintf(cpu_geometry, sizeof cpu_geometry,
                  "CPU variant: dK/dV per %u keys, dQ per %u rows, float16 lanes",
                  16 * bwd->cpu_nv, bwd->cpu_rows);
+    else if (bwd->gpu)
+        snprintf(cpu_geometry, sizeof cpu_geometry,
+                 "GPU variant: flash_bwd_gpu.cl dK/dV per %u keys in %u-row tiles, %s, "
+                 "%zu items",
+                 bwd->gpu_keys, bwd->gpu_rows,
+                 bwd->gpu_dq ? "dQ per block of rows in key tiles" : "dQ per row",
+                 bwd->local_dkdv);
     snprintf(plan->info, sizeof plan->info,
              "%s: fused backward, flash_bwd.cl (%s; %zu row part%s, %zu key part%s)%s%s, "
              "deterministic",
@@ -171,15 +215,15 @@ static clattn_status backward_execute(clattn_plan *plan, const cl_mem *mems, con
 {
     clattn__flash_bwd_io io;
     memset(&io, 0, sizeof io);
-    io.q = clattn__role_view(plan, mems, offsets, R_Q);
-    io.k = clattn__role_view(plan, mems, offsets, R_K);
-    io.v = clattn__role_view(plan, mems, offsets, R_V);
-    io.out = clattn__role_view(plan, mems, offsets, R_OUT);
-    io.grad_out = clattn__role_view(plan, mems, offsets, R_GRAD_OUT);
-    io.lse = clattn__role_view(plan, mems, offsets, R_LSE);
-    io.dq = clattn__role_view(plan, mems, offsets, R_GRAD_Q);
-    io.dk = clattn__role_view(plan, mems, offsets, R_GRAD_K);
-    io.dv = clattn__role_view(plan, mems, offsets, R_GRAD_V);
+    io.q = clattn__kernel_view(plan, mems, offsets, R_Q);
+    io.k = clattn__kernel_view(plan, mems, offsets, R_K);
+    io.v = clattn__kernel_view(plan, mems, offsets, R_V);
+    io.out = clattn__kernel_view(plan, mems, offsets, R_OUT);
+    io.grad_out = clattn__kernel_view(plan, mems, offsets, R_GRAD_OUT);
+    io.lse = clattn__kernel_view(plan, mems, offsets, R_LSE);
+    io.dq = clattn__kernel_view(plan, mems, offsets, R_GRAD_Q);
+    io.dk = clattn__kernel_view(plan, mems, offsets, R_GRAD_K);
+    io.dv = clattn__kernel_view(plan, mems, offsets, R_GRAD_V);
     io.dsinks = clattn__role_view(plan, mems, offsets, R_GRAD_SINKS);
     if (plan->backward.shape.want_dmask) {
         io.dmask = plan->grad_mask_view;
@@ -187,18 +231,64 @@ static clattn_status backward_execute(clattn_plan *plan, const cl_mem *mems, con
         io.dmask.offset = offsets[R_GRAD_MASK];
     }
     io.masks = clattn__bound_masks(plan, mems, offsets);
+    if (plan->unfused_bwd.on)
+        return clattn__unfused_bwd_enqueue(plan, &io, workspace, chain);
     const clattn__scratch scratch = {workspace, 0};
     return clattn__flash_bwd_enqueue(chain, &plan->backward, &io, scratch);
 }
 
-/* The forward's inputs and out, its masks and rule's tensors, lse, dO and the gradients. */
+/* Packed variable-length batches (cu_seqlens_q/_k): create runs on the (batch, heads,
+ * max_seqlen, d) views of the packed tensors (clattn__pack_varlen: its checks and refusals
+ * first), the caller's packed layouts back after (execution binds them; backward_execute's
+ * kernel views are the packed ones). The fused path only (flash_bwd.cl's VARLEN: each
+ * sequence's span), so lse is required. */
+static clattn_status create_any(clattn_plan *plan, const void *any)
+{
+    const clattn_sdpa_desc *desc = any;
+    const clattn__layout *l = plan->layouts;
+    if (!l[R_CU_Q].present && !l[R_CU_K].present)
+        return create(plan, any);
+    clattn__score_shape packed; /* (plan_masks copies the fields to create's score) */
+    memset(&packed, 0, sizeof packed);
+    clattn_status status = clattn__pack_varlen(plan, desc, &packed);
+    if (status == CLATTN_SUCCESS && desc->path == CLATTN_PATH_UNFUSED)
+        status = clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
+                              "%s: cu_seqlens_q/cu_seqlens_k with path UNFUSED: not supported "
+                              "(packed sequences run on the fused path only)",
+                              plan->op);
+    if (status == CLATTN_SUCCESS && !l[R_LSE].present)
+        status = clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                              "%s: lse is required with packed sequences (the forward's F32 "
+                              "(heads, total_q) log-sum-exp: the fused backward's input)",
+                              plan->op);
+    if (status == CLATTN_SUCCESS)
+        status = create(plan, any);
+    if (status == CLATTN_SUCCESS && !plan->attention.fused)
+        status = clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
+                              "%s: packed sequences (cu_seqlens) run on the fused backward only "
+                              "(head sizes up to %d; got %zu, %zu)",
+                              plan->op, BACKWARD_MAX_HEAD_DIM, l[R_Q].dims[3], l[R_V].dims[3]);
+    if (status == CLATTN_SUCCESS) {
+        const size_t used = strlen(plan->info);
+        snprintf(plan->info + used, sizeof plan->info - used,
+                 ", %zu packed sequences (total_q %zu, total_k %zu)", l[R_Q].dims[0],
+                 plan->varlen_total_q, plan->varlen_total_k);
+    }
+    if (plan->varlen)
+        clattn__unpack_varlen(plan);
+    return status;
+}
+
+/* The forward's inputs and out, its masks and rule's tensors, lse, dO and the gradients, packed
+ * sequences' offsets. */
 #define BACKWARD_ROLES                                                                             \
     (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
      CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_LSE) | CLATTN__ROLE(R_KVLEN) |    \
      CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS) | CLATTN__ROLE(R_GRAD_OUT) |                    \
      CLATTN__ROLE(R_GRAD_Q) | CLATTN__ROLE(R_GRAD_K) | CLATTN__ROLE(R_GRAD_V) |                    \
-     CLATTN__ROLE(R_GRAD_MASK) | CLATTN__ROLE(R_GRAD_SINKS))
+     CLATTN__ROLE(R_GRAD_MASK) | CLATTN__ROLE(R_GRAD_SINKS) | CLATTN__ROLE(R_CU_Q) |              \
+     CLATTN__ROLE(R_CU_K))
 
-CLATTN__PLAN_KIND(sdpa_backward, CLATTN__SDPA_BACKWARD, clattn_sdpa_desc, create,
+CLATTN__PLAN_KIND(sdpa_backward, CLATTN__SDPA_BACKWARD, clattn_sdpa_desc, create_any,
                   backward_execute, clattn_sdpa_backward_plan_create, "sdpa_backward",
                   clattn__sdpa_role_names, BACKWARD_ROLES)

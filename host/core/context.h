@@ -21,6 +21,7 @@ typedef enum clattn_source {
     CLATTN_SRC_ROPE,
     CLATTN_SRC_ADDITIVE,
     CLATTN_SRC_FLASH_BWD,
+    CLATTN_SRC_FLASH_BWD_GPU,
     CLATTN_SRC_COUNT
 } clattn_source;
 

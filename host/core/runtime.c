@@ -426,6 +426,8 @@ done:
 typedef struct source_entry {
     const char *file; /* for CLATTN_KERNEL_DIR and messages */
     const char *embedded;
+    const char *base_file; /* a source that precedes this one in its programs, or NULL */
+    const char *base_embedded;
 } source_entry;
 
 static const source_entry sources[CLATTN_SRC_COUNT] = {
@@ -439,6 +441,9 @@ static const source_entry sources[CLATTN_SRC_COUNT] = {
     [CLATTN_SRC_ROPE] = {"rope.cl", clattn_kernel_rope},
     [CLATTN_SRC_ADDITIVE] = {"additive.cl", clattn_kernel_additive},
     [CLATTN_SRC_FLASH_BWD] = {"flash_bwd.cl", clattn_kernel_flash_bwd},
+    /* the GPU backward shares flash_bwd.cl's definitions (bwd_recompute, ROW_INDEX, ...) */
+    [CLATTN_SRC_FLASH_BWD_GPU] = {"flash_bwd_gpu.cl", clattn_kernel_flash_bwd_gpu, "flash_bwd.cl",
+                                  clattn_kernel_flash_bwd},
 };
 
 /* Reads dir/file into a malloc'd string; NULL on failure. */
@@ -476,18 +481,25 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
     /* common.cl, types.cl (dtype loads and stores), params.h (the kernel families' parameter
      * structs, shared with the host) and score.cl (the score rule) precede every kernel
      * source. */
-    enum { PRELUDE = 4, TEXTS = PRELUDE + 1 };
+    enum { PRELUDE = 4, TEXTS = PRELUDE + 2 };
     static const char *const prelude_files[PRELUDE] = {"common.cl", "types.cl", "params.h",
                                                        "score.cl"};
-    char *disk[TEXTS] = {NULL, NULL, NULL, NULL, NULL};
+    /* the source's base (if any), then the source */
+    const bool has_base = sources[source].base_embedded != NULL;
+    const cl_uint count = has_base ? TEXTS : TEXTS - 1;
+    char *disk[TEXTS] = {NULL, NULL, NULL, NULL, NULL, NULL};
     const char *texts[TEXTS] = {clattn_kernel_common, clattn_kernel_types, clattn_kernel_params,
-                                clattn_kernel_score, sources[source].embedded};
+                                clattn_kernel_score,
+                                has_base ? sources[source].base_embedded : sources[source].embedded,
+                                sources[source].embedded};
     cl_program program = NULL;
     cl_int err = CL_SUCCESS;
 
     if (kernel_dir && kernel_dir[0]) {
-        for (int i = 0; i < TEXTS; ++i) {
-            const char *file = i < PRELUDE ? prelude_files[i] : sources[source].file;
+        for (cl_uint i = 0; i < count; ++i) {
+            const char *file = i < PRELUDE                ? prelude_files[i]
+                               : has_base && i == PRELUDE ? sources[source].base_file
+                                                          : sources[source].file;
             disk[i] = read_text_file(kernel_dir, file);
             if (disk[i] == NULL) {
                 status = clattn__fail(ctx, CLATTN_ERR_BUILD,
@@ -497,7 +509,7 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
             texts[i] = disk[i];
         }
     }
-    program = clCreateProgramWithSource(ctx->context, TEXTS, texts, NULL, &err);
+    program = clCreateProgramWithSource(ctx->context, count, texts, NULL, &err);
     CL_CHECK(ctx, err, "clCreateProgramWithSource");
     char options[sizeof ctx->build_options + 256];
     snprintf(options, sizeof options, "%s %s", ctx->build_options, extra);

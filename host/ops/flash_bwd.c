@@ -100,6 +100,12 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
     plan->keys_per_part = keys == 0 || keys >= score->seq_k ? score->seq_k : keys;
     plan->row_parts = (score->seq_q + plan->rows_per_part - 1) / plan->rows_per_part;
     plan->key_parts = (score->seq_k + plan->keys_per_part - 1) / plan->keys_per_part;
+    /* GPU-class parameters, dK/dV in one launch: the tiled GPU pass (ops/flash_bwd_gpu.c)
+     * where it fits the device (not with packed sequences yet: the generic kernels take their
+     * spans) */
+    if (!ctx->tuning.flash_cpu && plan->row_parts == 1 && !score->varlen &&
+        !clattn__flash_bwd_gpu_prepare(ctx, shape, extra, plan, &status) && status)
+        return status;
 
     /* CPUs without the mask's gradient or parts: dQ summed in the dK/dV pass (FlashAttention-2's
      * one pass; bwd_dq_cpu recomputes the scores otherwise), into one slot per work-group of a
@@ -112,9 +118,13 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
         plan->dq_slots = slots > blocks ? blocks : slots < 1 ? 1 : slots;
     }
     /* The scratch (floats): delta (B, H, Lq); dS (B, H, Lq, Lk) for a float mask's gradient;
-     * the parts' partial sums; the dQ slots. */
+     * the parts' partial sums; the dQ slots. Packed sequences: rows (keys) by their packed
+     * index, (H, total_q) ((Hkv, total_k)) in place of (B, H, Lq) ((B, Hkv, Lk); ROW_INDEX). */
+    const size_t q_rows = score->varlen ? score->total_q : score->seq_q;
+    const size_t q_batch = score->varlen ? 1 : score->batch;
+    const size_t k_rows = score->varlen ? score->total_k : score->seq_k;
     size_t cursor = 0, n = 0;
-    if (!clattn__product(&n, 3, score->batch, score->heads, score->seq_q))
+    if (!clattn__product(&n, 3, q_batch, score->heads, q_rows))
         goto overflow;
     plan->delta_at = cursor;
     cursor += n;
@@ -125,8 +135,8 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
     }
     if (plan->row_parts > 1) {
         size_t kn = 0, vn = 0;
-        if (!clattn__product(&kn, 4, score->batch, kv_heads, score->seq_k, dk) ||
-            !clattn__product(&vn, 4, score->batch, kv_heads, score->seq_k, dv) ||
+        if (!clattn__product(&kn, 4, q_batch, kv_heads, k_rows, dk) ||
+            !clattn__product(&vn, 4, q_batch, kv_heads, k_rows, dv) ||
             !clattn__add(kn, vn, &plan->dkdv_part_floats) ||
             !clattn__product(&n, 2, plan->dkdv_part_floats, plan->row_parts))
             goto overflow;
@@ -136,8 +146,7 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
             goto overflow;
     }
     if (plan->key_parts > 1) {
-        if (!clattn__product(&plan->dq_part_floats, 4, score->batch, score->heads, score->seq_q,
-                             dk) ||
+        if (!clattn__product(&plan->dq_part_floats, 4, q_batch, score->heads, q_rows, dk) ||
             !clattn__product(&n, 2, plan->dq_part_floats, plan->key_parts))
             goto overflow;
         plan->dq_parts_at = cursor;
@@ -145,8 +154,7 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
             goto overflow;
     }
     if (plan->dq_slots) {
-        if (!clattn__product(&plan->dq_part_floats, 4, score->batch, score->heads, score->seq_q,
-                             dk) ||
+        if (!clattn__product(&plan->dq_part_floats, 4, q_batch, score->heads, q_rows, dk) ||
             !clattn__product(&n, 2, plan->dq_part_floats, (size_t)plan->dq_slots))
             goto overflow;
         plan->dq_parts_at = cursor;
@@ -217,6 +225,21 @@ static clattn_status launch_rows(clattn_chain *chain, cl_kernel kernel, const ch
     return status;
 }
 
+/* The kernels' view of a gradient as the parts' sums see it: with packed sequences the
+ * caller's packed tensor as (1, heads, total, d) (its (batch, heads, max_seqlen, d) view has
+ * batch stride 0 and the token's stride per row; the parts hold (head, packed row) in that
+ * order: flash_bwd.cl's ROW_INDEX, KEY_INDEX); else the view itself. */
+static clattn__view summed_view(const clattn__view *kernels, const clattn__score_shape *score,
+                                bool keys)
+{
+    clattn__view v = *kernels;
+    if (score->varlen) {
+        v.dims[0] = 1;
+        v.dims[2] = keys ? score->total_k : score->total_q;
+    }
+    return v;
+}
+
 /* bwd_sum_parts: `parts` packed partial sums at `at` (floats of the scratch), `stride` apart,
  * into the (d0, d1, d2, d3) view `out`. */
 static clattn_status sum_parts(clattn_chain *chain, cl_kernel kernel, clattn__scratch scratch,
@@ -272,12 +295,26 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
     params.dmask_at = scratch.offset + plan->dmask_at;
     params.kv_group = (cl_uint)group;
     params.has_dmask = shape->want_dmask;
+    /* packed sequences (VARLEN): their offsets and totals (the kernels' cu_seqlens arguments:
+     * any valid buffer without) */
+    const cl_mem cu_q = score->varlen ? io->masks.varlen.cu_q : io->q.mem;
+    const cl_mem cu_k = score->varlen ? io->masks.varlen.cu_k : io->q.mem;
+    if (score->varlen) {
+        params.cu_q_offset = io->masks.varlen.q_offset;
+        params.cu_k_offset = io->masks.varlen.k_offset;
+        params.total_q = (cl_uint)score->total_q;
+        params.total_k = (cl_uint)score->total_k;
+    }
+    const clattn__view dq_sums = summed_view(&io->dq, score, false);
+    const clattn__view dk_sums = summed_view(&io->dk, score, true);
+    const clattn__view dv_sums = summed_view(&io->dv, score, true);
 
     clattn_status status;
     {
         clattn_arg args[] = {CLATTN_ARG(io->out.mem), CLATTN_ARG(io->grad_out.mem),
-                             CLATTN_ARG(scratch.mem), CLATTN_ARG(params)};
-        if ((status = launch_rows(chain, plan->delta, "bwd_delta", args, 4, &params,
+                             CLATTN_ARG(scratch.mem), CLATTN_ARG(cu_q),
+                             CLATTN_ARG(cu_k),        CLATTN_ARG(params)};
+        if ((status = launch_rows(chain, plan->delta, "bwd_delta", args, 6, &params,
                                   score->seq_q, plan->local_delta, bh)))
             return status;
     }
@@ -312,9 +349,12 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
                              CLATTN_ARG(io->dk.mem),       CLATTN_ARG(io->dv.mem),
                              CLATTN_ARG(buffers.mask),     CLATTN_ARG(buffers.key_padding),
                              CLATTN_ARG(buffers.kv_len),   CLATTN_ARG(buffers.alibi),
-                             CLATTN_ARG(buffers.sinks),    CLATTN_ARG(params)};
-        if ((status = launch_rows(chain, plan->dkdv, "bwd_dkdv", args, 14, &params,
+                             CLATTN_ARG(buffers.sinks),    CLATTN_ARG(cu_q),
+                             CLATTN_ARG(cu_k),             CLATTN_ARG(params)};
+        if ((status = launch_rows(chain, plan->dkdv, "bwd_dkdv", args, 16, &params,
                                   plan->dq_slots ? plan->dq_slots
+                                  : plan->gpu    ? (score->seq_k + plan->gpu_keys - 1) /
+                                                    plan->gpu_keys * plan->local_dkdv
                                   : plan->cpu    ? (score->seq_k + 16 * plan->cpu_nv - 1) /
                                                     (16 * plan->cpu_nv)
                                             : score->seq_k,
@@ -324,14 +364,14 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
     if (plan->row_parts > 1) {
         const size_t at = plan->dkdv_parts_at;
         if ((status = sum_parts(chain, plan->sum_k, scratch, at, plan->dkdv_part_floats,
-                                plan->row_parts, &io->dk)) ||
+                                plan->row_parts, &dk_sums)) ||
             (status = sum_parts(chain, plan->sum_v, scratch, at + plan->dv_part_at,
-                                plan->dkdv_part_floats, plan->row_parts, &io->dv)))
+                                plan->dkdv_part_floats, plan->row_parts, &dv_sums)))
             return status;
     }
     if (plan->dq_slots && /* dQ: the slots' sums, in order */
         (status = sum_parts(chain, plan->sum_q, scratch, plan->dq_parts_at, plan->dq_part_floats,
-                            plan->dq_slots, &io->dq)))
+                            plan->dq_slots, &dq_sums)))
         return status;
     /* dQ (and dS for the mask): per row, over the keys (none with dq_slots) */
     params.to_scratch = plan->key_parts > 1;
@@ -350,56 +390,79 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
                              CLATTN_ARG(io->dq.mem),       CLATTN_ARG(buffers.mask),
                              CLATTN_ARG(buffers.key_padding), CLATTN_ARG(buffers.kv_len),
                              CLATTN_ARG(buffers.alibi),    CLATTN_ARG(buffers.sinks),
+                             CLATTN_ARG(cu_q),             CLATTN_ARG(cu_k),
                              CLATTN_ARG(params)};
-        if ((status = launch_rows(chain, plan->dq, "bwd_dq", args, 13, &params,
-                                  plan->cpu ? (score->seq_q + plan->cpu_rows - 1) / plan->cpu_rows
-                                            : score->seq_q,
+        if ((status = launch_rows(chain, plan->dq, "bwd_dq", args, 15, &params,
+                                  plan->gpu_dq ? (score->seq_q + plan->gpu_keys - 1) /
+                                                     plan->gpu_keys * plan->local_dq
+                                  : plan->cpu ? (score->seq_q + plan->cpu_rows - 1) / plan->cpu_rows
+                                              : score->seq_q,
                                   plan->local_dq, bh)))
             return status;
     }
     if (plan->key_parts > 1 &&
         (status = sum_parts(chain, plan->sum_q, scratch, plan->dq_parts_at, plan->dq_part_floats,
-                            plan->key_parts, &io->dq)))
+                            plan->key_parts, &dq_sums)))
         return status;
     if (shape->want_dmask) {
         /* dS (B, H, Lq, Lk) summed over the mask's broadcast dims into its gradient */
-        clattn_bwd_reduce_params p;
-        memset(&p, 0, sizeof p);
-        const clattn__view *out = &io->dmask;
-        clattn__view_fields(out, &p.out_offset, &p.out_s0, &p.out_s1, &p.out_s2, &p.out_s3);
-        p.in_at = scratch.offset + plan->dmask_at;
-        p.d0 = (cl_uint)out->dims[0], p.d1 = (cl_uint)out->dims[1];
-        p.d2 = (cl_uint)out->dims[2], p.d3 = (cl_uint)out->dims[3];
-        p.n0 = (cl_uint)score->batch, p.n1 = (cl_uint)score->heads;
-        p.n2 = (cl_uint)score->seq_q, p.n3 = (cl_uint)score->seq_k;
-        p.total = (cl_ulong)out->dims[0] * out->dims[1] * out->dims[2] * out->dims[3];
-        const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(out->mem), CLATTN_ARG(p)};
-        const size_t local = 64, global = rounded((size_t)p.total, local);
-        if ((status = clattn__launch_kernel(chain, plan->mask_reduce, "bwd_mask_reduce", args, 3,
-                                            1, &global, &local)))
+        if ((status = clattn__bwd_mask_reduce(chain, plan->mask_reduce, scratch, plan->dmask_at,
+                                              score, &io->dmask)))
             return status;
     }
-    if (shape->want_dsinks) {
-        clattn_bwd_reduce_params p;
-        memset(&p, 0, sizeof p);
-        p.out_offset = io->dsinks.offset;
-        p.out_s0 = io->dsinks.strides[3];
-        p.out_s1 = io->lse.strides[1];
-        p.out_s2 = io->lse.strides[2];
-        p.out_s3 = io->lse.strides[3];
-        p.in_stride = io->lse.offset;
-        p.in_at = scratch.offset + plan->delta_at;
-        p.aux_offset = io->masks.sinks.offset;
-        p.aux_s0 = io->masks.sinks.strides[2];
-        p.n0 = (cl_uint)score->batch, p.n1 = (cl_uint)score->heads;
-        p.n2 = (cl_uint)score->seq_q;
-        const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(io->lse.mem),
-                                   CLATTN_ARG(io->masks.sinks.mem), CLATTN_ARG(io->dsinks.mem),
-                                   CLATTN_ARG(p)};
-        const size_t local = 1, global = score->heads;
-        if ((status = clattn__launch_kernel(chain, plan->sinks, "bwd_sinks", args, 5, 1, &global,
-                                            &local)))
-            return status;
-    }
+    if (shape->want_dsinks &&
+        (status = clattn__bwd_sinks(chain, plan->sinks, scratch, plan->delta_at, score, io)))
+        return status;
     return CLATTN_SUCCESS;
+}
+
+/* The reductions (also the unfused path's: host/attn/sdpa_backward_unfused.c). */
+clattn_status clattn__bwd_sum_parts(clattn_chain *chain, cl_kernel kernel, clattn__scratch scratch,
+                                    size_t at, size_t stride, size_t parts,
+                                    const clattn__view *out)
+{
+    return sum_parts(chain, kernel, scratch, at, stride, parts, out);
+}
+
+clattn_status clattn__bwd_mask_reduce(clattn_chain *chain, cl_kernel kernel,
+                                      clattn__scratch scratch, size_t at,
+                                      const clattn__score_shape *score, const clattn__view *out)
+{
+    clattn_bwd_reduce_params p;
+    memset(&p, 0, sizeof p);
+    clattn__view_fields(out, &p.out_offset, &p.out_s0, &p.out_s1, &p.out_s2, &p.out_s3);
+    p.in_at = scratch.offset + at;
+    p.d0 = (cl_uint)out->dims[0], p.d1 = (cl_uint)out->dims[1];
+    p.d2 = (cl_uint)out->dims[2], p.d3 = (cl_uint)out->dims[3];
+    p.n0 = (cl_uint)score->batch, p.n1 = (cl_uint)score->heads;
+    p.n2 = (cl_uint)score->seq_q, p.n3 = (cl_uint)score->seq_k;
+    p.total = (cl_ulong)out->dims[0] * out->dims[1] * out->dims[2] * out->dims[3];
+    const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(out->mem), CLATTN_ARG(p)};
+    const size_t local = 64, global = rounded((size_t)p.total, local);
+    return clattn__launch_kernel(chain, kernel, "bwd_mask_reduce", args, 3, 1, &global, &local);
+}
+
+clattn_status clattn__bwd_sinks(clattn_chain *chain, cl_kernel kernel, clattn__scratch scratch,
+                                size_t delta_at, const clattn__score_shape *score,
+                                const clattn__flash_bwd_io *io)
+{
+    clattn_bwd_reduce_params p;
+    memset(&p, 0, sizeof p);
+    p.out_offset = io->dsinks.offset;
+    p.out_s0 = io->dsinks.strides[3];
+    p.out_s1 = io->lse.strides[1];
+    p.out_s2 = io->lse.strides[2];
+    p.out_s3 = io->lse.strides[3];
+    p.in_stride = io->lse.offset;
+    p.in_at = scratch.offset + delta_at;
+    p.aux_offset = io->masks.sinks.offset;
+    p.aux_s0 = io->masks.sinks.strides[2];
+    /* (packed sequences: every packed row of lse (heads, total_q) and delta, as batch 1) */
+    p.n0 = (cl_uint)(score->varlen ? 1 : score->batch), p.n1 = (cl_uint)score->heads;
+    p.n2 = (cl_uint)(score->varlen ? score->total_q : score->seq_q);
+    const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(io->lse.mem),
+                               CLATTN_ARG(io->masks.sinks.mem), CLATTN_ARG(io->dsinks.mem),
+                               CLATTN_ARG(p)};
+    const size_t local = 1, global = score->heads;
+    return clattn__launch_kernel(chain, kernel, "bwd_sinks", args, 5, 1, &global, &local);
 }

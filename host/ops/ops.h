@@ -373,6 +373,10 @@ typedef struct clattn__flash_bwd_plan {
     clattn__flash_bwd_shape shape;
     bool cpu; /* the CPU variants (bwd_dkdv_cpu, bwd_dq_cpu: blocks of keys or rows) */
     unsigned cpu_nv, cpu_rows; /* their 16-key vectors per key block, rows per dQ work-item */
+    bool gpu; /* dK/dV by bwd_dkdv_gpu (flash_bwd_gpu.cl: gpu_keys per work-group of
+               * local_dkdv work-items, query rows in tiles of gpu_rows) */
+    unsigned gpu_keys, gpu_rows;
+    bool gpu_dq; /* dQ by bwd_dq_gpu: gpu_keys rows per work-group, keys in tiles of gpu_rows */
     unsigned dq_slots; /* > 0: dQ summed in bwd_dkdv_cpu, one slot per work-group (no bwd_dq) */
     cl_kernel zero;    /* bwd_zero: the slots cleared first */
     cl_kernel delta, dkdv, dq;                    /* the passes */
@@ -399,5 +403,26 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
                                         clattn__flash_bwd_plan *plan);
 clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash_bwd_plan *plan,
                                         const clattn__flash_bwd_io *io, clattn__scratch scratch);
+/* The GPU dK/dV pass (ops/flash_bwd_gpu.c, kernels/flash_bwd_gpu.cl) built with flash_bwd.cl's
+ * options `extra` and tiles that fit the device: true when it replaced plan->dkdv (plan->gpu,
+ * gpu_keys, gpu_rows, local_dkdv set; and plan->dq, local_dq, gpu_dq without a mask gradient
+ * or key parts); false where it does not fit (or CLATTN_BWD_GPU=0), or on an error
+ * (*status). */
+bool clattn__flash_bwd_gpu_prepare(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
+                                   const char *extra, clattn__flash_bwd_plan *plan,
+                                   clattn_status *status);
+/* Its reductions, for the unfused path: bwd_sum_parts (`parts` packed partial sums at float
+ * `at` of the scratch, `stride` apart, into `out`), bwd_mask_reduce (the packed (B, H, Lq, Lk)
+ * dS at `at` into a mask's gradient `out`), bwd_sinks (delta at `delta_at`, io's lse, sinks and
+ * dsinks). */
+clattn_status clattn__bwd_sum_parts(clattn_chain *chain, cl_kernel kernel, clattn__scratch scratch,
+                                    size_t at, size_t stride, size_t parts,
+                                    const clattn__view *out);
+clattn_status clattn__bwd_mask_reduce(clattn_chain *chain, cl_kernel kernel,
+                                      clattn__scratch scratch, size_t at,
+                                      const clattn__score_shape *score, const clattn__view *out);
+clattn_status clattn__bwd_sinks(clattn_chain *chain, cl_kernel kernel, clattn__scratch scratch,
+                                size_t delta_at, const clattn__score_shape *score,
+                                const clattn__flash_bwd_io *io);
 
 #endif

@@ -42,14 +42,21 @@ class SdpaFunction(torch.autograd.Function):
                 cl_ctx, path, dropout_p=0.0, dropout_seed=None, dropout_offset=0):
         dropout = dict(dropout_p=dropout_p, dropout_seed=dropout_seed,
                        dropout_offset=dropout_offset)
-        out, lse = functional.sdpa_forward(
-            _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
-            _torch.to_numpy(attn_mask), is_causal, scale, enable_gqa,
-            sinks=_torch.to_numpy(sinks), ctx=cl_ctx, path=path, **dropout)
+        arrays = (_torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
+                  _torch.to_numpy(attn_mask))
+        if path == "unfused":  # no lse there: the backward's unfused path recomputes P whole
+            out = functional.scaled_dot_product_attention(
+                *arrays, dropout_p, is_causal, scale, enable_gqa, sinks=_torch.to_numpy(sinks),
+                ctx=cl_ctx, path=path, dropout_seed=dropout_seed, dropout_offset=dropout_offset)
+            lse = None
+        else:
+            out, lse = functional.sdpa_forward(
+                *arrays, is_causal, scale, enable_gqa, sinks=_torch.to_numpy(sinks),
+                ctx=cl_ctx, path=path, **dropout)
         result = _torch.from_numpy(out, query, query.dtype)
         fctx.save_for_backward(query, key, value, result, attn_mask, sinks)
         fctx.lse = lse  # numpy float32: no tensor of the graph, nothing for autograd to track
-        fctx.options = (is_causal, scale, enable_gqa, cl_ctx)
+        fctx.options = (is_causal, scale, enable_gqa, cl_ctx, path)
         fctx.dropout = dropout  # the seed and offset: the backward redraws the same mask
         return result
 
@@ -57,7 +64,7 @@ class SdpaFunction(torch.autograd.Function):
     @once_differentiable
     def backward(fctx, grad_out):
         query, key, value, out, attn_mask, sinks = fctx.saved_tensors
-        is_causal, scale, enable_gqa, cl_ctx = fctx.options
+        is_causal, scale, enable_gqa, cl_ctx, path = fctx.options
         needs = fctx.needs_input_grad
         want_mask = attn_mask is not None and needs[3] and attn_mask.dtype != torch.bool
         grads = functional.sdpa_backward(
@@ -65,7 +72,7 @@ class SdpaFunction(torch.autograd.Function):
             _torch.to_numpy(out), fctx.lse, _torch.to_numpy(grad_out),
             _torch.to_numpy(attn_mask), is_causal, scale, enable_gqa,
             sinks=_torch.to_numpy(sinks), ctx=cl_ctx, want_mask_grad=want_mask,
-            **fctx.dropout)
+            path="unfused" if path == "unfused" else "auto", **fctx.dropout)
 
         def tensor(g, like, needed):
             return _torch.from_numpy(g, like, like.dtype) if needed and g is not None else None

@@ -495,12 +495,13 @@ class SdpaGrads(tuple):
 
 
 def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: ArrayLike,
-                  lse: ArrayLike, grad_out: ArrayLike, attn_mask: Optional[ArrayLike] = None,
-                  is_causal: bool = False, scale: Optional[float] = None,
-                  enable_gqa: bool = False, *, sinks: Optional[ArrayLike] = None,
-                  ctx: Optional[Context] = None, want_mask_grad: bool = False,
-                  dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
-                  dropout_offset: int = 0) -> SdpaGrads:
+                  lse: Optional[ArrayLike], grad_out: ArrayLike,
+                  attn_mask: Optional[ArrayLike] = None, is_causal: bool = False,
+                  scale: Optional[float] = None, enable_gqa: bool = False, *,
+                  sinks: Optional[ArrayLike] = None, ctx: Optional[Context] = None,
+                  want_mask_grad: bool = False, dropout_p: float = 0.0,
+                  dropout_seed: Optional[int] = None, dropout_offset: int = 0,
+                  path: str = "auto") -> SdpaGrads:
     """The backward pass of ``scaled_dot_product_attention`` on the clattn device
     (clattn_sdpa_backward_plan_create: FlashAttention-2's recomputation from the lse, memory
     linear in the sequence), on numpy arrays.
@@ -518,7 +519,13 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
     grouped heads grad_key and grad_value sum each group's query heads), with attributes
     ``grad_attn_mask`` (with want_mask_grad, else None) and ``grad_sinks`` (float32 (Hq,),
     when sinks are given, else None). torch tensors are read detached; use
-    ``scaled_dot_product_attention`` on tensors that require grad for autograd."""
+    ``scaled_dot_product_attention`` on tensors that require grad for autograd.
+    path (keyword only): "auto" (fused with lse, else unfused), "fused", or "unfused": the
+    reference backward over whole (Lq, Lk) score matrices, the weights recomputed by the
+    forward's softmax; lse may then be None (but with sinks, whose gradient needs it)."""
+    if path not in _PATHS:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
     query, key, value, out, lse, grad_out, attn_mask, sinks = (
         _torch.to_numpy(a) for a in (query, key, value, out, lse, grad_out, attn_mask, sinks))
     _check_options(attn_mask, is_causal, scale)
@@ -532,17 +539,18 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
                             "gradient)")
     out_shape, lse_shape = tuple(pb.result_shape), tuple(pb.result_shape[:-1])
     out_a, dout_a = _as_float("out", out), _as_float("grad_out", grad_out)
-    lse_a = np.asarray(lse)
+    lse_a = None if lse is None else np.asarray(lse)
     for name, a, want in (("out", out_a, out_shape), ("grad_out", dout_a, out_shape),
                           ("lse", lse_a, lse_shape)):
-        if tuple(a.shape) != want:
+        if a is not None and tuple(a.shape) != want:
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                 f"{name} has shape {tuple(a.shape)}; the forward's is {want}")
     # The gradients are per batch: every input is uploaded whole (no stride-0 batch).
     qc, kc, vc = (np.ascontiguousarray(a) for a in (pb.q4, pb.k4, pb.v4))
     oc = np.ascontiguousarray(out_a).reshape((B, H, L, Ev))
     dc = np.ascontiguousarray(dout_a).reshape((B, H, L, Ev))
-    lc = np.ascontiguousarray(lse_a, dtype=np.float32).reshape((B, H, L))
+    lc = None if lse_a is None else np.ascontiguousarray(lse_a, dtype=np.float32).reshape(
+        (B, H, L))
     grads = {"grad_q": np.empty(qc.shape, np.float32), "grad_k": np.empty(kc.shape, np.float32),
              "grad_v": np.empty(vc.shape, np.float32)}
     if want_mask_grad:
@@ -550,8 +558,9 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
     if pb.sinks1 is not None:
         grads["grad_sinks"] = np.empty(pb.sinks1.shape, np.float32)
     inputs = {"q": (dtypes[0], qc), "k": (dtypes[1], kc), "v": (dtypes[2], vc),
-              "out": (clattn_dtype(oc.dtype), oc), "grad_out": (clattn_dtype(dc.dtype), dc),
-              "lse": (_lib.F32, lc)}
+              "out": (clattn_dtype(oc.dtype), oc), "grad_out": (clattn_dtype(dc.dtype), dc)}
+    if lc is not None:
+        inputs["lse"] = (_lib.F32, lc)
     if pb.mask4 is not None:
         inputs["attn_mask"] = (pb.mask4[1], pb.mask4[0])
     if pb.sinks1 is not None:
@@ -567,7 +576,7 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
 
     key_ = ("sdpa-backward", bool(is_causal), scale,
             tuple((n, c, a.shape, _strides_of(a)) for n, (c, a) in inputs.items()),
-            tuple((n, a.shape) for n, a in grads.items()), drop)
+            tuple((n, a.shape) for n, a in grads.items()), drop, path)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -577,7 +586,7 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
             setattr(t, name, getattr(src, name))
         desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
         desc.scale = float("nan") if scale is None else float(scale)
-        desc.path = _lib.PATH_AUTO
+        desc.path = _PATHS[path]
         _set_dropout(desc, drop)
         plan = ctypes.c_void_p()
         ctx.check(lib.clattn_sdpa_backward_plan_create(ctx.handle, ctypes.byref(desc),

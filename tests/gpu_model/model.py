@@ -317,20 +317,162 @@ def bwd_dq(batch, heads, seq_q, seq_k, dk, dv, limit, causal, has_kv_len, elem=4
                   fma=pairs * (2 * dk + dv), exp=pairs)
 
 
+# --- the GPU dK/dV pass (kernels/flash_bwd_gpu.cl, bwd_dkdv_gpu) ----------------------------
+BWD_GPU_TX, BWD_GPU_TY = 16, 8   # host/ops/flash_bwd_gpu.c: 128 work-items
+
+
+def bwd_gpu_tiles(seq_q, dk, dv, local_mem=LOCAL_MEM):
+    """host/ops/flash_bwd_gpu.c's tiles: keys per work-group BK and rows per tile BR, from 32
+    and 32: BR halved while it still covers seq_q (down to TY), then, until the local arrays
+    fit local_mem - 1 KiB, BR halved (down to TY), then BK (down to TX)."""
+    tx, ty, bk, br = BWD_GPU_TX, BWD_GPU_TY, 32, 32
+
+    def local_bytes(bk, br):
+        return 4 * ((bk + br) * ((dk + 3) // 4 * 4 + 4 + (dv + 3) // 4 * 4 + 4)
+                    + 2 * bk * (br + 4) + 2 * br)
+    while br // 2 >= ty and br // 2 % 4 == 0 and br // 2 >= seq_q:
+        br //= 2
+    while local_bytes(bk, br) > local_mem - 1024:
+        if br // 2 >= ty and br // 2 % 4 == 0:
+            br //= 2
+        elif bk // 2 >= tx and bk // 2 % ty == 0:
+            bk //= 2
+        else:
+            return None
+    return bk, br
+
+
+def bwd_dkdv_gpu(batch, heads, kv_heads, seq_q, seq_k, dk, dv, limit, causal, has_kv_len,
+                 elem=4, local_mem=LOCAL_MEM):
+    """bwd_dkdv_gpu: a work-group of T = TX x TY items per block of BK keys of a (batch, k/v
+    head) (keys = min(BK, seq_k - key0) of them valid). It stages the block's K and V rows
+    once (keys * (dk + dv) global loads; BK * (dk4 + dv4) local stores, dk4 / dv4 = the head
+    sizes rounded up to whole float4s), loads the key count once per item and query head
+    (given), and per query head walks the rows whose band meets the block (first = the first
+    row whose band end passes key0, to seq_q; none when key0 >= limit) in tiles of BR rows
+    (`rows` valid). Per tile:
+      staging: rows * (dk + dv) + 2 * rows (lse, delta) global loads; BR * (dk4 + dv4 + 2)
+        local stores; T barriers;
+      S and dP: each item RM x RN (RM = BR/TY, RN = BK/TX) of each from float4 rows:
+        T * (RM + RN) * (dk4 + dv4) / 4 local loads (16 bytes) and BR * BK * (dk4 + dv4)
+        FMAs; 2 * T * RM local loads of lse and delta; one exp per kept pair; p z and dX
+        into the tiles: 2 * BR * BK local stores; T barriers;
+      dV, dK: rows4 = rows rounded up to 4, per four rows each item loads 2 * RK float4s of
+        p z and dX (RK = BK/TY keys) and TY * (dk + dv) * 4 dO and q words over the group
+        (dims past d are not loaded), and makes 4 * BK * TX * (RDK + RDV) FMAs (RD = the
+        head sizes over TX, rounded up); T barriers.
+    Stores dK, dV of the valid keys: keys * (dk + dv)."""
+    tiles = bwd_gpu_tiles(seq_q, dk, dv, local_mem)
+    bk, br = tiles
+    tx, ty = BWD_GPU_TX, BWD_GPU_TY
+    t = tx * ty
+    rm, rn, rk = br // ty, bk // tx, bk // ty
+    rdk, rdv = cdiv(dk, tx), cdiv(dv, tx)
+    dk4, dv4 = cdiv(dk, 4) * 4, cdiv(dv, 4) * 4
+    group = heads // kv_heads
+    c = counts()
+    elem_loads = f32_loads = 0
+    for key0 in range(0, seq_k, bk):
+        keys = min(bk, seq_k - key0)
+        elem_loads += keys * (dk + dv)
+        c["local_stores"] += bk * (dk4 + dv4)
+        c["global_stores"] += keys * (dk + dv)
+        f32_loads += group * t if has_kv_len else 0
+        if key0 >= limit:
+            continue
+        first = next((i for i in range(seq_q) if band_end(i, limit, causal) > key0), seq_q)
+        for row0 in range(first, seq_q, br):
+            rows = min(br, seq_q - row0)
+            elem_loads += rows * (dk + dv) * group
+            f32_loads += 2 * rows * group
+            c["local_stores"] += (br * (dk4 + dv4 + 2) + 2 * br * bk) * group
+            c["local_loads"] += (t * (rm + rn) * (dk4 + dv4) // 4 + 2 * t * rm) * group
+            c["local_load_bytes"] += (4 * t * (rm + rn) * (dk4 + dv4) + 8 * t * rm) * group
+            rows4 = cdiv(rows, 4)
+            c["local_loads"] += rows4 * (2 * t * rk + 4 * ty * (dk + dv)) * group
+            c["local_load_bytes"] += rows4 * (32 * t * rk + 16 * ty * (dk + dv)) * group
+            c["fma"] += (br * bk * (dk4 + dv4) + 4 * rows4 * bk * tx * (rdk + rdv)) * group
+            c["barriers"] += 3 * t * group
+    c["local_store_bytes"] = 4 * c["local_stores"]
+    c["global_loads"] = elem_loads + f32_loads
+    c["global_load_bytes"] = elem * elem_loads + 4 * f32_loads
+    c["global_store_bytes"] = elem * c["global_stores"]
+    c = {k: v * batch * kv_heads for k, v in c.items()}
+    c["exp"] = batch * heads * bwd_kept(seq_q, limit, causal)
+    return c
+
+
+def bwd_dq_gpu(batch, heads, seq_q, seq_k, dk, dv, limit, causal, has_kv_len, elem=4,
+               local_mem=LOCAL_MEM):
+    """bwd_dq_gpu: bwd_dkdv_gpu with the roles swapped, a work-group of T items per block of
+    BK rows of a (batch, head) (`rows` valid), the same BK and BR. It stages the block's Q and
+    dO rows once (rows * (dk + dv) global loads, BK * (dk4 + dv4) local stores), each item
+    loads lse and delta of its RN = BK/TX rows of S^T (TY * rows * 2 over the group) and the
+    key count (given); then walks the keys 0 .. band_end(last row) in tiles of BR (`keys`
+    valid). Per tile:
+      staging: keys * (dk + dv) global loads, BR * (dk4 + dv4) local stores; T barriers;
+      S^T and dP^T: as bwd_dkdv_gpu's step 2 (T * (RM + RN) * (dk4 + dv4) / 4 float4 loads,
+        BR * BK * (dk4 + dv4) FMAs), one exp per kept pair, BK * BR stores of dX; T barriers;
+      dQ: keys4 = keys rounded up to 4, per four keys T * RK float4s of dX and TY * dk * 4
+        K words over the group, 4 * BK * TX * RDK FMAs; T barriers.
+    Stores dQ of the valid rows: rows * dk."""
+    bk, br = bwd_gpu_tiles(seq_q, dk, dv, local_mem)
+    tx, ty = BWD_GPU_TX, BWD_GPU_TY
+    t = tx * ty
+    rm, rn, rk = br // ty, bk // tx, bk // ty
+    rdk = cdiv(dk, tx)
+    dk4, dv4 = cdiv(dk, 4) * 4, cdiv(dv, 4) * 4
+    c = counts()
+    elem_loads = f32_loads = 0
+    for row0 in range(0, seq_q, bk):
+        rows = min(bk, seq_q - row0)
+        elem_loads += rows * (dk + dv)
+        f32_loads += 2 * ty * rows + (t if has_kv_len else 0)
+        c["local_stores"] += bk * (dk4 + dv4)
+        c["global_stores"] += rows * dk
+        stop = band_end(row0 + rows - 1, limit, causal)
+        for key0 in range(0, stop, br):
+            keys = min(br, stop - key0)
+            elem_loads += keys * (dk + dv)
+            c["local_stores"] += br * (dk4 + dv4) + bk * br
+            c["local_loads"] += t * (rm + rn) * (dk4 + dv4) // 4
+            c["local_load_bytes"] += 4 * t * (rm + rn) * (dk4 + dv4)
+            keys4 = cdiv(keys, 4)
+            c["local_loads"] += keys4 * (t * rk + 4 * ty * dk)
+            c["local_load_bytes"] += keys4 * (16 * t * rk + 16 * ty * dk)
+            c["fma"] += br * bk * (dk4 + dv4) + 4 * keys4 * bk * tx * rdk
+            c["barriers"] += 3 * t
+    c["local_store_bytes"] = 4 * c["local_stores"]
+    c["global_loads"] = elem_loads + f32_loads
+    c["global_load_bytes"] = elem * elem_loads + 4 * f32_loads
+    c["global_store_bytes"] = elem * c["global_stores"]
+    c = {k: v * batch * heads for k, v in c.items()}
+    c["exp"] = batch * heads * bwd_kept(seq_q, limit, causal)
+    return c
+
+
 def backward_launches(batch, heads, kv_heads, seq_q, seq_k, dk, dv=None, causal=False,
-                      kv_len=0, elem=4):
+                      kv_len=0, elem=4, dkdv="gpu"):
     """The launches of an SDPA backward plan on a GPU (packed tensors, no mask gradient, no
     sinks; loop_trip_limit 0: one row part and one key part, so no bwd_sum_parts):
-    bwd_delta, bwd_dkdv, bwd_dq, as (kernel, counts). Nothing is staged in local memory and
-    there are no barriers: every operand comes from global memory per (row, key) pair."""
+    bwd_delta, then bwd_dkdv_gpu and bwd_dq_gpu (dkdv="gpu", what the host runs since
+    2026-12-06) or the generic bwd_dkdv and bwd_dq (dkdv="generic": nothing staged in local
+    memory, no barriers, every operand from global memory per (row, key) pair), as (kernel,
+    counts)."""
     dv = dk if dv is None else dv
     limit = kv_len if kv_len else seq_k
     has_kv_len = kv_len > 0
-    return [("bwd_delta", bwd_delta(batch * heads * seq_q, dv, elem)),
-            ("bwd_dkdv", bwd_dkdv(batch, heads, kv_heads, seq_q, seq_k, dk, dv, limit, causal,
-                                  has_kv_len, elem)),
-            ("bwd_dq", bwd_dq(batch, heads, seq_q, seq_k, dk, dv, limit, causal, has_kv_len,
-                              elem))]
+    if dkdv == "gpu" and bwd_gpu_tiles(seq_q, dk, dv) is not None:
+        pass_dkdv = ("bwd_dkdv_gpu", bwd_dkdv_gpu(batch, heads, kv_heads, seq_q, seq_k, dk, dv,
+                                                  limit, causal, has_kv_len, elem))
+        pass_dq = ("bwd_dq_gpu", bwd_dq_gpu(batch, heads, seq_q, seq_k, dk, dv, limit, causal,
+                                            has_kv_len, elem))
+    else:
+        pass_dkdv = ("bwd_dkdv", bwd_dkdv(batch, heads, kv_heads, seq_q, seq_k, dk, dv, limit,
+                                          causal, has_kv_len, elem))
+        pass_dq = ("bwd_dq", bwd_dq(batch, heads, seq_q, seq_k, dk, dv, limit, causal,
+                                    has_kv_len, elem))
+    return [("bwd_delta", bwd_delta(batch * heads * seq_q, dv, elem)), pass_dkdv, pass_dq]
 
 
 # --- the cases: (name, driver arguments, expected launches) ---------------------------------
@@ -389,6 +531,11 @@ CASES = [
     backward_case("backward kvlen 30/45 B2 H2 9x45 d20", 2, 2, 2, 9, 45, 20, kv_len=30),
     backward_case("backward causal f16 H4/2 10x14 d24", 1, 4, 2, 10, 14, 24, causal=True,
                   dtype="f16"),
+    # the GPU dK/dV pass's tiles (bwd_dkdv_gpu): d = 64, GQA 2:1, causal, 40 rows in tiles of
+    # 32 (one of 8) over 70 keys in blocks of 32 (one of 6), blocks past a row tile's band
+    # skipped; d = 128, where the row tile shrinks to 8 rows to fit 48 KiB (3 tiles, one of 4)
+    backward_case("backward GPU tiles causal H2/1 40x70 d64", 1, 2, 1, 40, 70, 64, causal=True),
+    backward_case("backward GPU tiles 20x33 d128", 1, 1, 1, 20, 33, 128),
 ]
 
 

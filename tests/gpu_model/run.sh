@@ -56,29 +56,29 @@ if [ "${GPU_MODEL_CANARY:-1}" != 0 ]; then
             failed=1
         fi
     fi
-    # The backward: an extra (volatile, discarded) global load of the q row in bwd_dkdv's
-    # dK += dX q loop must be failed on global_loads.
-    cp "$here/../../kernels/flash_bwd.cl" "$scratch/kernels/flash_bwd.cl"
-    update='dk\[d\] = fma(dx, LOAD(Q_DTYPE, Q, q_at + d \* q_s3), dk\[d\]);'
-    extra='(void)((volatile __global const float *)Q)[q_at + d * q_s3];'
-    sed -i "s/^\( *\)$update\$/\1{ dk[d] = fma(dx, LOAD(Q_DTYPE, Q, q_at + d * q_s3), dk[d]); $extra \/* canary *\/ }/" \
-        "$scratch/kernels/flash_bwd.cl"
-    if ! grep -q 'canary' "$scratch/kernels/flash_bwd.cl"; then
-        echo "gpu_model canary: FAILED: cannot plant the extra load (flash_bwd.cl changed?):" \
-             "update tests/gpu_model/run.sh"
+    # The backward: an extra (volatile, discarded) global load of a row's lse per row tile of
+    # bwd_dkdv_gpu (flash_bwd_gpu.cl, what GPUs run) must be failed on global_loads.
+    cp "$here/../../kernels/flash_bwd_gpu.cl" "$scratch/kernels/flash_bwd_gpu.cl"
+    tile='const uint rows = min((uint)BG_BR, last - row0);'
+    extra='(void)((volatile __global const float *)lse_in)[lse_base];'
+    sed -i "s/^\( *\)$tile\$/\1$tile $extra \/* canary *\//" \
+        "$scratch/kernels/flash_bwd_gpu.cl"
+    if ! grep -q 'canary' "$scratch/kernels/flash_bwd_gpu.cl"; then
+        echo "gpu_model canary: FAILED: cannot plant the extra load (flash_bwd_gpu.cl" \
+             "changed?): update tests/gpu_model/run.sh"
         failed=1
     else
         python3 "$here/model.py" "$build_dir" --kernels "$scratch/kernels" \
             --case "backward GQA H2/1 12x20 d24" >"$scratch/canary_bwd.out" 2>&1
         status=$?
-        if [ "$status" -eq 1 ] && grep -q 'bwd_dkdv global_loads: measured' \
+        if [ "$status" -eq 1 ] && grep -q 'bwd_dkdv_gpu global_loads: measured' \
             "$scratch/canary_bwd.out"; then
-            echo "gpu_model canary: ok: an extra global load in bwd_dkdv is failed" \
-                 "($(grep -m1 'bwd_dkdv global_loads: measured' "$scratch/canary_bwd.out" |
+            echo "gpu_model canary: ok: an extra global load in bwd_dkdv_gpu is failed" \
+                 "($(grep -m1 'bwd_dkdv_gpu global_loads: measured' "$scratch/canary_bwd.out" |
                      sed 's/^ *//'))"
         else
             echo "gpu_model canary: FAILED: model.py exit $status on a planted extra global" \
-                 "load in bwd_dkdv; expected exit 1 and a global_loads mismatch"
+                 "load in bwd_dkdv_gpu; expected exit 1 and a global_loads mismatch"
             tail -n 20 "$scratch/canary_bwd.out"
             failed=1
         fi

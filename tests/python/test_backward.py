@@ -231,6 +231,51 @@ def test_numpy_sdpa_backward():
         clattn.sdpa_backward(q, k, v, out, lse[..., 1:], go, mask, enable_gqa=True)
 
 
+@pytest.mark.parametrize("causal,gqa,mask", [(False, False, True), (True, True, False),
+                                             (False, True, True)])
+def test_numpy_sdpa_backward_unfused(causal, gqa, mask):
+    """The unfused reference backward (no lse) against float64 autograd and the fused path."""
+    rng = np.random.default_rng(5)
+    hk = 2 if gqa else 4
+    q = rng.standard_normal((2, 4, 7, 16)).astype(np.float32)
+    k = rng.standard_normal((2, hk, 11, 16)).astype(np.float32)
+    v = rng.standard_normal((2, hk, 11, 8)).astype(np.float32)
+    m = rng.standard_normal((7, 11)).astype(np.float32) if mask else None
+    go = rng.standard_normal((2, 4, 7, 8)).astype(np.float32)
+    out, lse = clattn.sdpa_forward(q, k, v, m, is_causal=causal, enable_gqa=gqa)
+    unfused = clattn.sdpa_backward(q, k, v, out, None, go, m, is_causal=causal,
+                                   enable_gqa=gqa, want_mask_grad=mask, path="unfused")
+    fused = clattn.sdpa_backward(q, k, v, out, lse, go, m, is_causal=causal, enable_gqa=gqa,
+                                 want_mask_grad=mask, path="fused")
+    ts = [torch.from_numpy(a).double().requires_grad_() for a in (q, k, v)]
+    tm = torch.from_numpy(m).double().requires_grad_() if mask else None
+    want = reference(ts[0], ts[1], ts[2], tm, is_causal=causal)
+    want.backward(torch.from_numpy(go).double())
+    for i, t in enumerate(ts):
+        assert rel_err(torch.from_numpy(unfused[i]), t.grad) <= TOL
+        np.testing.assert_allclose(unfused[i], fused[i], rtol=1e-4, atol=1e-5)
+    if mask:
+        assert rel_err(torch.from_numpy(unfused.grad_attn_mask), tm.grad) <= TOL
+    with pytest.raises(clattn.ArgumentError):
+        clattn.sdpa_backward(q, k, v, out, None, go, m, is_causal=causal, enable_gqa=gqa,
+                             path="sideways")
+
+
+def test_autograd_unfused_path():
+    """path="unfused" on tensors that require grad: both passes unfused (no lse)."""
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = randn(gen, 2, 3, 9, 16), randn(gen, 2, 3, 13, 16), randn(gen, 2, 3, 13, 8)
+    mask = randn(gen, 9, 13)
+    out = clattn.scaled_dot_product_attention(q, k, v, mask, path="unfused")
+    go = torch.randn(out.shape, generator=gen)
+    out.backward(go)
+    ts = [t.detach().double().requires_grad_() for t in (q, k, v, mask)]
+    want = reference(*ts)
+    want.backward(go.double())
+    for got, t in zip((q, k, v, mask), ts):
+        assert rel_err(got.grad, t.grad) <= TOL
+
+
 def test_half_inputs():
     gen = torch.Generator().manual_seed(8)
     q, k, v = (randn(gen, 1, 2, n, 16).half().detach().requires_grad_() for n in (9, 13, 13))

@@ -23,6 +23,7 @@ import sys
 import tempfile
 
 PRELUDE = ("common.cl", "types.cl", "params.h", "score.cl")  # what host/core/runtime.c prepends
+BASES = {"flash_bwd_gpu.cl": ("flash_bwd.cl",)}  # sources compiled before a source (runtime.c)
 NV_TRIPLE, NV_CPU, NV_PTX, NV_ARCH = "nvptx64-unknown-nvidiacl", "sm_80", "ptx75", "sm_90"
 AMD_TRIPLE, AMD_CPU = "amdgcn-unknown-amdhsa", "gfx90a"
 SKIP = 77
@@ -164,7 +165,7 @@ def measure(tools, kernel_dir, file, options, maxrregcount, with_amd):
     with tempfile.TemporaryDirectory(prefix="clattn-res-") as work:
         source = os.path.join(work, "program.cl")
         with open(source, "w") as out:
-            for name in PRELUDE + (file,):
+            for name in PRELUDE + BASES.get(file, ()) + (file,):
                 with open(os.path.join(kernel_dir, name)) as f:
                     out.write(f.read())
         nv = nvidia(tools, source, options, work, maxrregcount)
