@@ -10,6 +10,7 @@ the peer is the math it runs on CPUs without its fused kernel; a torch 2.x venv
 F.scaled_dot_product_attention instead when it exists.
 
     python3 bench/backward_peers.py --clattn build/clattn --seq 256,1024 [--causal] [--dropout P]
+        [--path unfused]
 
 Prints one row per length: ms of each pass, backward / forward, and the forward + backward
 step of clattn over torch's (> 1: clattn faster)."""
@@ -24,9 +25,10 @@ import sys
 import time
 
 
-def clattn_times(binary, batch, heads, seq, dim, causal, runs, dropout):
+def clattn_times(binary, batch, heads, seq, dim, causal, runs, dropout, path="fused"):
     cmd = [binary, "bench", "--op", "backward", "--batch", str(batch), "--heads", str(heads),
-           "--seq", str(seq), "--head-dim", str(dim), "--runs", str(runs), "--json"]
+           "--seq", str(seq), "--head-dim", str(dim), "--runs", str(runs), "--json",
+           "--path", path]
     if causal:
         cmd.append("--causal")
     if dropout > 0:
@@ -79,6 +81,8 @@ def main():
     ap.add_argument("--seq", default="256,1024")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--path", choices=("fused", "unfused"), default="fused",
+                    help="clattn's backward: fused, or the unfused reference path")
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="dropout_p on the weights, both sides (torch: in its own SDPA call)")
     args = ap.parse_args()
@@ -88,13 +92,13 @@ def main():
         sys.exit("backward_peers: no torch (Debian: apt-get install python3-torch)")
     torch.set_num_threads(os.cpu_count() or 1)
     print(f"# B={args.batch} H={args.heads} d={args.head_dim} f32 causal={args.causal}, "
-          f"dropout={args.dropout}, median of {args.runs}; torch {torch.__version__} ({os.cpu_count()} threads)")
+          f"dropout={args.dropout}, clattn backward {args.path}, median of {args.runs}; torch {torch.__version__} ({os.cpu_count()} threads)")
     print("| L | clattn fwd ms | clattn bwd ms | bwd/fwd | torch fwd ms | torch bwd ms | "
           "torch bwd/fwd | fwd+bwd clattn/torch speed | clattn bwd workspace |")
     print("|---|---|---|---|---|---|---|---|---|")
     for seq in (int(x) for x in args.seq.split(",")):
         cf, cb, ws = clattn_times(args.clattn, args.batch, args.heads, seq, args.head_dim,
-                                  args.causal, args.runs, args.dropout)
+                                  args.causal, args.runs, args.dropout, args.path)
         tf, tb, fused = torch_times(torch, args.batch, args.heads, seq, args.head_dim,
                                     args.causal, args.runs, args.dropout)
         print(f"| {seq} | {cf:.1f} | {cb:.1f} | {cb / cf:.2f} | {tf:.1f} | {tb:.1f} | "
