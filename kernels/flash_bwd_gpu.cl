@@ -81,6 +81,27 @@
 #define BG_V_PAD (BG_VK4 + 4)                          /* words per staged dO, v row */
 #define BG_BR_PAD (BG_BR + 4)                          /* words per key of P Z, dX */
 
+/* acc[i][j] = a row (ty + i*BG_TY) . b row (tx + j*BG_TX) over n4 float4s of two local tiles
+ * (rows a_row4 and b_row4 float4s apart): step 2's S and dP (S^T, dP^T) in registers. */
+#define BG_DOTS(acc, a4, a_row4, b4, b_row4, n4)                                                   \
+    for (uint i = 0; i < BG_RM; ++i)                                                              \
+        for (uint j = 0; j < BG_RN; ++j)                                                          \
+            acc[i][j] = 0.0f;                                                                     \
+    for (uint d4 = 0; d4 < (n4); ++d4) {                                                          \
+        float4 av[BG_RM], bv[BG_RN];                                                              \
+        for (uint i = 0; i < BG_RM; ++i)                                                          \
+            av[i] = (a4)[(ty + i * BG_TY) * (a_row4) + d4];                                       \
+        for (uint j = 0; j < BG_RN; ++j)                                                          \
+            bv[j] = (b4)[(tx + j * BG_TX) * (b_row4) + d4];                                       \
+        for (uint i = 0; i < BG_RM; ++i)                                                          \
+            for (uint j = 0; j < BG_RN; ++j) {                                                    \
+                acc[i][j] = fma(av[i].x, bv[j].x, acc[i][j]);                                     \
+                acc[i][j] = fma(av[i].y, bv[j].y, acc[i][j]);                                     \
+                acc[i][j] = fma(av[i].z, bv[j].z, acc[i][j]);                                     \
+                acc[i][j] = fma(av[i].w, bv[j].w, acc[i][j]);                                     \
+            }                                                                                     \
+    }
+
 /* Step 3 for row r0 + u of the tile, its weights in component `comp` of p4[i], x4[i]. */
 #define BG_SUM_ROW(u, comp)                                                                       \
     {                                                                                             \
@@ -231,37 +252,8 @@ void bwd_dkdv_gpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
 
             /* 2. S and dP, then p z and dX into the transposed tiles */
             float s[BG_RM][BG_RN], dp[BG_RM][BG_RN];
-            for (uint i = 0; i < BG_RM; ++i)
-                for (uint j = 0; j < BG_RN; ++j)
-                    s[i][j] = dp[i][j] = 0.0f;
-            for (uint d4 = 0; d4 < BG_QK4 / 4; ++d4) {
-                float4 qv[BG_RM], kv[BG_RN];
-                for (uint i = 0; i < BG_RM; ++i)
-                    qv[i] = q_tile4[(ty + i * BG_TY) * (BG_QK_PAD / 4) + d4];
-                for (uint j = 0; j < BG_RN; ++j)
-                    kv[j] = k_tile4[(tx + j * BG_TX) * (BG_QK_PAD / 4) + d4];
-                for (uint i = 0; i < BG_RM; ++i)
-                    for (uint j = 0; j < BG_RN; ++j) {
-                        s[i][j] = fma(qv[i].x, kv[j].x, s[i][j]);
-                        s[i][j] = fma(qv[i].y, kv[j].y, s[i][j]);
-                        s[i][j] = fma(qv[i].z, kv[j].z, s[i][j]);
-                        s[i][j] = fma(qv[i].w, kv[j].w, s[i][j]);
-                    }
-            }
-            for (uint d4 = 0; d4 < BG_VK4 / 4; ++d4) {
-                float4 gv[BG_RM], vv[BG_RN];
-                for (uint i = 0; i < BG_RM; ++i)
-                    gv[i] = go_tile4[(ty + i * BG_TY) * (BG_V_PAD / 4) + d4];
-                for (uint j = 0; j < BG_RN; ++j)
-                    vv[j] = v_tile4[(tx + j * BG_TX) * (BG_V_PAD / 4) + d4];
-                for (uint i = 0; i < BG_RM; ++i)
-                    for (uint j = 0; j < BG_RN; ++j) {
-                        dp[i][j] = fma(gv[i].x, vv[j].x, dp[i][j]);
-                        dp[i][j] = fma(gv[i].y, vv[j].y, dp[i][j]);
-                        dp[i][j] = fma(gv[i].z, vv[j].z, dp[i][j]);
-                        dp[i][j] = fma(gv[i].w, vv[j].w, dp[i][j]);
-                    }
-            }
+            BG_DOTS(s, q_tile4, BG_QK_PAD / 4, k_tile4, BG_QK_PAD / 4, BG_QK4 / 4)
+            BG_DOTS(dp, go_tile4, BG_V_PAD / 4, v_tile4, BG_V_PAD / 4, BG_VK4 / 4)
             for (uint i = 0; i < BG_RM; ++i) {
                 const uint r = ty + i * BG_TY, row = row0 + r;
                 const float lse = lse_t[r], delta = delta_t[r];
@@ -416,37 +408,8 @@ void bwd_dq_gpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE
 
         /* 2. S^T and dP^T: keys ty + i*TY of the tile, rows tx + j*TX of the block */
         float s[BG_RM][BG_RN], dp[BG_RM][BG_RN];
-        for (uint i = 0; i < BG_RM; ++i)
-            for (uint j = 0; j < BG_RN; ++j)
-                s[i][j] = dp[i][j] = 0.0f;
-        for (uint d4 = 0; d4 < BG_QK4 / 4; ++d4) {
-            float4 kv[BG_RM], qv[BG_RN];
-            for (uint i = 0; i < BG_RM; ++i)
-                kv[i] = k_tile4[(ty + i * BG_TY) * (BG_QK_PAD / 4) + d4];
-            for (uint j = 0; j < BG_RN; ++j)
-                qv[j] = q_tile4[(tx + j * BG_TX) * (BG_QK_PAD / 4) + d4];
-            for (uint i = 0; i < BG_RM; ++i)
-                for (uint j = 0; j < BG_RN; ++j) {
-                    s[i][j] = fma(kv[i].x, qv[j].x, s[i][j]);
-                    s[i][j] = fma(kv[i].y, qv[j].y, s[i][j]);
-                    s[i][j] = fma(kv[i].z, qv[j].z, s[i][j]);
-                    s[i][j] = fma(kv[i].w, qv[j].w, s[i][j]);
-                }
-        }
-        for (uint d4 = 0; d4 < BG_VK4 / 4; ++d4) {
-            float4 vv[BG_RM], gv[BG_RN];
-            for (uint i = 0; i < BG_RM; ++i)
-                vv[i] = v_tile4[(ty + i * BG_TY) * (BG_V_PAD / 4) + d4];
-            for (uint j = 0; j < BG_RN; ++j)
-                gv[j] = go_tile4[(tx + j * BG_TX) * (BG_V_PAD / 4) + d4];
-            for (uint i = 0; i < BG_RM; ++i)
-                for (uint j = 0; j < BG_RN; ++j) {
-                    dp[i][j] = fma(vv[i].x, gv[j].x, dp[i][j]);
-                    dp[i][j] = fma(vv[i].y, gv[j].y, dp[i][j]);
-                    dp[i][j] = fma(vv[i].z, gv[j].z, dp[i][j]);
-                    dp[i][j] = fma(vv[i].w, gv[j].w, dp[i][j]);
-                }
-        }
+        BG_DOTS(s, k_tile4, BG_QK_PAD / 4, q_tile4, BG_QK_PAD / 4, BG_QK4 / 4)
+        BG_DOTS(dp, v_tile4, BG_V_PAD / 4, go_tile4, BG_V_PAD / 4, BG_VK4 / 4)
         for (uint i = 0; i < BG_RM; ++i) {
             const uint kk = ty + i * BG_TY, key = key0 + kk;
             const bool key_ok =

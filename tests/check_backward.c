@@ -22,25 +22,6 @@ typedef struct bwd_case {
     int grad_mask, grad_sinks;
 } bwd_case;
 
-/* The reference's shape with the problem's key counts, slopes (B, H) and sinks; *alibi_out
- * holds the expanded slopes (the caller frees it). */
-static ref_sdpa_shape reference_shape(const pb_sdpa_problem *p, float **alibi_out)
-{
-    const pb_sdpa_spec *s = &p->spec;
-    ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
-    shape.kv_len = p->kv_len;
-    float *alibi = NULL;
-    if (p->alibi != NULL) {
-        alibi = tu_floats(s->batch * s->heads);
-        for (size_t i = 0; i < s->batch * s->heads; ++i)
-            alibi[i] = p->alibi[s->alibi == 1 ? i % s->heads : i];
-    }
-    shape.alibi = alibi;
-    shape.sinks = p->sinks;
-    *alibi_out = alibi;
-    return shape;
-}
-
 /* The path the backward plans of run_case take (test_backward_unfused sets it). */
 static clattn_path backward_path_ = CLATTN_PATH_FUSED;
 static int has_fp64_;
@@ -467,6 +448,39 @@ START_TEST(test_backward_varlen)
 }
 END_TEST
 
+/* The refusal tests' base: the gradients' F32 packed layouts (rank `rank`: q's, k's (and v's)
+ * and out's dims) added to t, the descriptor over t, and the base problem accepted. */
+static clattn_sdpa_desc refusal_base(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors *t,
+                                     int rank, const size_t *q_dims, const size_t *k_dims,
+                                     const size_t *o_dims, const char *what)
+{
+    pb_make_layout(&t->grad_out, CLATTN_DTYPE_F32, rank, o_dims, PB_PACKED);
+    pb_make_layout(&t->grad_q, CLATTN_DTYPE_F32, rank, q_dims, PB_PACKED);
+    pb_make_layout(&t->grad_k, CLATTN_DTYPE_F32, rank, k_dims, PB_PACKED);
+    pb_make_layout(&t->grad_v, CLATTN_DTYPE_F32, rank, k_dims, PB_PACKED);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(p, &desc);
+    desc.by_role = t->by_role;
+    desc.num_roles = CLATTN_ROLE_COUNT;
+    clattn_plan *plan = NULL;
+    tu_expect_status(clattn_sdpa_backward_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS, what);
+    clattn_plan_release(plan);
+    return desc;
+}
+
+/* d (over its tensors) is refused with `want` and a message holding `word`, no plan made. */
+static void expect_refused(clattn_ctx *ctx, const clattn_sdpa_desc *d, clattn_status want,
+                           const char *word, const char *what)
+{
+    clattn_plan *plan = NULL;
+    const clattn_status got = clattn_sdpa_backward_plan_create(ctx, d, &plan);
+    const char *message = clattn_last_error(ctx);
+    tu_expect(got == want && plan == NULL && strstr(message, word),
+              "%s: got %s (%s), want %s naming %s", what, clattn_status_string(got), message,
+              clattn_status_string(want), word);
+    clattn_plan_release(plan);
+}
+
 /* What the backward refuses with packed sequences, each with a message naming the argument. */
 START_TEST(test_backward_varlen_refusals)
 {
@@ -481,20 +495,8 @@ START_TEST(test_backward_varlen_refusals)
     clattn_tensors t = p.layouts;
     const size_t o_dims[3] = {p.total_q, 2, 8}, q_dims[3] = {p.total_q, 2, 8};
     const size_t k_dims[3] = {p.total_k, 2, 8};
-    pb_make_layout(&t.grad_out, CLATTN_DTYPE_F32, 3, o_dims, PB_PACKED);
-    pb_make_layout(&t.grad_q, CLATTN_DTYPE_F32, 3, q_dims, PB_PACKED);
-    pb_make_layout(&t.grad_k, CLATTN_DTYPE_F32, 3, k_dims, PB_PACKED);
-    pb_make_layout(&t.grad_v, CLATTN_DTYPE_F32, 3, k_dims, PB_PACKED);
-    clattn_sdpa_desc desc;
-    pb_sdpa_desc(&p, &desc);
-    desc.by_role = t.by_role;
-    desc.num_roles = CLATTN_ROLE_COUNT;
-    clattn_plan *plan = NULL;
-    /* the base problem is accepted */
-    tu_expect_status(clattn_sdpa_backward_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS,
-                     "backward plan (packed sequences)");
-    clattn_plan_release(plan);
-    plan = NULL;
+    const clattn_sdpa_desc desc = refusal_base(ctx, &p, &t, 3, q_dims, k_dims, o_dims,
+                                               "backward plan (packed sequences)");
     struct {
         const char *what, *word;
         clattn_status want;
@@ -537,14 +539,7 @@ START_TEST(test_backward_varlen_refusals)
         case 9: d.dropout_p = 0.5; break;
         default: memset(&u.cu_seqlens_k, 0, sizeof u.cu_seqlens_k); break;
         }
-        const clattn_status got = clattn_sdpa_backward_plan_create(ctx, &d, &plan);
-        const char *message = clattn_last_error(ctx);
-        tu_expect(got == refusals[r].want && plan == NULL && strstr(message, refusals[r].word),
-                  "%s: got %s (%s), want %s naming %s", refusals[r].what,
-                  clattn_status_string(got), message, clattn_status_string(refusals[r].want),
-                  refusals[r].word);
-        clattn_plan_release(plan);
-        plan = NULL;
+        expect_refused(ctx, &d, refusals[r].want, refusals[r].word, refusals[r].what);
     }
     pb_sdpa_free(&p);
     TU_END_TEST();
@@ -596,7 +591,7 @@ START_TEST(test_reference_by_differences)
     pb_sdpa_make(&p, &spec);
     tu_set_case("differences: %s", p.label);
     float *alibi = NULL;
-    const ref_sdpa_shape shape = reference_shape(&p, &alibi);
+    const ref_sdpa_shape shape = pb_sdpa_problem_ref_shape(&p, &alibi);
     float *mask = pb_expand_mask(&p);
     float *grad_out = tu_random_floats(p.out_count);
     double *grads[3] = {tu_doubles(p.q_count), tu_doubles(p.k_count), tu_doubles(p.v_count)};
@@ -653,20 +648,8 @@ START_TEST(test_backward_refusals)
     clattn_tensors t = p.layouts;
     const size_t q_dims[4] = {1, 2, 4, 8}, o_dims[4] = {1, 2, 4, 8};
     const size_t k_dims[4] = {1, 2, 6, 8};
-    pb_make_layout(&t.grad_out, CLATTN_DTYPE_F32, 4, o_dims, PB_PACKED);
-    pb_make_layout(&t.grad_q, CLATTN_DTYPE_F32, 4, q_dims, PB_PACKED);
-    pb_make_layout(&t.grad_k, CLATTN_DTYPE_F32, 4, k_dims, PB_PACKED);
-    pb_make_layout(&t.grad_v, CLATTN_DTYPE_F32, 4, k_dims, PB_PACKED);
-    clattn_sdpa_desc desc;
-    pb_sdpa_desc(&p, &desc);
-    desc.by_role = t.by_role;
-    desc.num_roles = CLATTN_ROLE_COUNT;
-    clattn_plan *plan = NULL;
-    /* the base problem is accepted */
-    tu_expect_status(clattn_sdpa_backward_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS,
-                     "backward plan");
-    clattn_plan_release(plan);
-    plan = NULL;
+    const clattn_sdpa_desc desc =
+        refusal_base(ctx, &p, &t, 4, q_dims, k_dims, o_dims, "backward plan");
     struct {
         const char *what, *word;
         clattn_status want;
@@ -711,14 +694,7 @@ START_TEST(test_backward_refusals)
             break;
         default: d.path = (clattn_path)7; break;
         }
-        const clattn_status got = clattn_sdpa_backward_plan_create(ctx, &d, &plan);
-        const char *message = clattn_last_error(ctx);
-        tu_expect(got == refusals[r].want && plan == NULL && strstr(message, refusals[r].word),
-                  "%s: got %s (%s), want %s naming %s", refusals[r].what,
-                  clattn_status_string(got), message, clattn_status_string(refusals[r].want),
-                  refusals[r].word);
-        clattn_plan_release(plan);
-        plan = NULL;
+        expect_refused(ctx, &d, refusals[r].want, refusals[r].word, refusals[r].what);
     }
     pb_sdpa_free(&p);
     TU_END_TEST();

@@ -823,6 +823,23 @@ ref_sdpa_shape pb_sdpa_ref_shape(const pb_sdpa_spec *spec)
     return shape;
 }
 
+ref_sdpa_shape pb_sdpa_problem_ref_shape(const pb_sdpa_problem *p, float **alibi_out)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
+    shape.kv_len = p->kv_len;
+    float *alibi = NULL;
+    if (p->alibi != NULL) { /* (B, H) */
+        alibi = pb_calloc(s->batch * s->heads, sizeof(float));
+        for (size_t i = 0; i < s->batch * s->heads; ++i)
+            alibi[i] = p->alibi[s->alibi == 1 ? i % s->heads : i];
+    }
+    shape.alibi = alibi;
+    shape.sinks = p->sinks;
+    *alibi_out = alibi;
+    return shape;
+}
+
 int pb_sdpa_expect_fused(const pb_sdpa_spec *spec)
 {
     if (spec->path == CLATTN_PATH_FUSED) {
@@ -1325,17 +1342,8 @@ void pb_sdpa_reference(pb_sdpa_problem *p)
         varlen_reference(p);
         return;
     }
-    ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
-    shape.kv_len = p->kv_len;
     float *alibi = NULL;
-    if (p->alibi != NULL) { /* (B, H) */
-        alibi = pb_calloc(s->batch * s->heads, sizeof(float));
-        for (size_t i = 0; i < s->batch * s->heads; ++i) {
-            alibi[i] = p->alibi[s->alibi == 1 ? i % s->heads : i];
-        }
-    }
-    shape.alibi = alibi;
-    shape.sinks = p->sinks;
+    ref_sdpa_shape shape = pb_sdpa_problem_ref_shape(p, &alibi);
     float *mask = pb_expand_mask(p);
     const ref_rope_spec rope = {.pairs = s->rope_style == CLATTN_ROPE_PAIRS,
                                 .dims = s->rope_dims,
@@ -1739,17 +1747,8 @@ void pb_sdpa_backward_reference(const pb_sdpa_problem *p, const float *grad_out,
         varlen_backward_reference(p, grad_out, out, magnitudes, dq, dk, dv, dsinks);
         return;
     }
-    ref_sdpa_shape shape = pb_sdpa_ref_shape(s);
-    shape.kv_len = p->kv_len;
     float *alibi = NULL;
-    if (p->alibi != NULL) { /* (B, H) */
-        alibi = pb_calloc(s->batch * s->heads, sizeof(float));
-        for (size_t i = 0; i < s->batch * s->heads; ++i) {
-            alibi[i] = p->alibi[s->alibi == 1 ? i % s->heads : i];
-        }
-    }
-    shape.alibi = alibi;
-    shape.sinks = p->sinks;
+    ref_sdpa_shape shape = pb_sdpa_problem_ref_shape(p, &alibi);
     float *mask = pb_expand_mask(p);
     ref_sdpa_backward(&shape, p->q, p->k, p->v, mask, p->padding, grad_out, out, magnitudes, dq,
                       dk, dv, dscores, dsinks);

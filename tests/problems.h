@@ -274,6 +274,9 @@ void pb_sdpa_free(pb_sdpa_problem *p);
 
 /* The reference shape of a spec (scale resolved). */
 ref_sdpa_shape pb_sdpa_ref_shape(const pb_sdpa_spec *spec);
+/* ... with the problem's key counts, ALiBi slopes expanded to (B, H) (into *alibi_out, which
+ * the caller frees; NULL without ALiBi) and sinks. */
+ref_sdpa_shape pb_sdpa_problem_ref_shape(const pb_sdpa_problem *p, float **alibi_out);
 /* The expanded (B, H, Lq, Lk) additive mask of the problem's attn_mask (bool: 0 / -INFINITY),
  * for ref_sdpa; NULL when the problem has none. The caller frees it. */
 float *pb_expand_mask(const pb_sdpa_problem *p);
