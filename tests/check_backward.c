@@ -81,6 +81,7 @@ static void run_case(clattn_ctx *ctx, const bwd_case *c)
     if (backward_path_ != CLATTN_PATH_FUSED)
         tu_expect(strstr(clattn_plan_info(backward), "unfused") != NULL,
                   "the backward runs unfused: %s", clattn_plan_info(backward));
+    float *first[5] = {NULL, NULL, NULL, NULL, NULL}; /* the first run's gradients */
     for (int run = 0; run < 2 && !tu_failed(); ++run) { /* twice: the workspace is reused */
         if (run == 1) {
             /* the forward again on the same tensors, the gradients' roles (last) left out */
@@ -161,6 +162,16 @@ static void run_case(clattn_ctx *ctx, const bwd_case *c)
                                     scales[i],
                                     checks[i].t->dtype == CLATTN_DTYPE_F32 && !half ? tol
                                                                                   : 3e-2);
+                /* deterministic: no atomics, a fixed order, so the rerun gives the same bits */
+                if (run == 0) {
+                    first[i] = got;
+                    got = NULL;
+                } else if (first[i] != NULL) {
+                    tu_expect(memcmp(first[i], got, checks[i].count * sizeof(float)) == 0,
+                              "%s: the rerun's bits differ from the first run's (the backward "
+                              "is deterministic)",
+                              checks[i].name);
+                }
             }
             free(got);
         }
@@ -172,6 +183,8 @@ static void run_case(clattn_ctx *ctx, const bwd_case *c)
         free(dk);
         free(dq);
     }
+    for (int i = 0; i < 5; ++i)
+        free(first[i]);
 done:
     clattn_plan_release(backward);
     clattn_plan_release(forward);
