@@ -55,9 +55,9 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 7
+#define CLATTN_VERSION_MINOR 8
 #define CLATTN_VERSION_PATCH 0
-#define CLATTN_VERSION_STRING "0.7.0"
+#define CLATTN_VERSION_STRING "0.8.0"
 
 #if defined(_WIN32)
 #define CLATTN_API
