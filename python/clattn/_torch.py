@@ -16,6 +16,14 @@ def is_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def compiling() -> bool:
+    """Whether torch.compile is tracing now (then clattn's torch entry points go through the
+    custom operators of clattn.ops)."""
+    torch = sys.modules.get("torch")
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
 def any_tensor(*xs: Any) -> Any:
     """The first torch tensor among xs, or None."""
     for x in xs:

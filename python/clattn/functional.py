@@ -45,7 +45,7 @@ def _warn_float64() -> None:
     global _warned_float64
     if not _warned_float64:
         _warned_float64 = True
-        here, level, frame = __file__.rsplit("/", 1)[0], 1, sys._getframe(1)
+        here, level, frame = __file__.rsplit("/", 1)[0], 2, sys._getframe(1)
         while frame is not None and frame.f_code.co_filename.startswith(here):
             frame, level = frame.f_back, level + 1  # point at the caller's line
         warnings.warn("clattn computes float64 inputs in float32 (about 1e-7 relative error) "
@@ -155,6 +155,13 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     Returns (..., Hq, L, Ev) in query's dtype. Raises clattn.ArgumentError (a ValueError) for
     bad shapes or options, TypeError for unsupported dtypes, clattn.DeviceError for device
     failures; a row whose keys are all masked gives zeros (PyTorch gives NaN)."""
+    if _torch.compiling():  # torch.compile: the custom operator, traced without a break
+        if need_weights:
+            raise ArgumentError(_lib.ERR_UNSUPPORTED, "need_weights=True under torch.compile: "
+                                "the weights output is not an operator; call it eagerly")
+        from .ops import sdpa
+        return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                    sinks=sinks, softcap=softcap, window_size=window_size, path=path)
     if not isinstance(dropout_p, (int, float, np.integer, np.floating)) or \
             isinstance(dropout_p, (bool, np.bool_)) or not 0.0 <= float(dropout_p) <= 1.0:
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,

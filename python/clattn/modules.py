@@ -1,4 +1,5 @@
-"""clattn.MultiheadAttention: PyTorch's nn.MultiheadAttention forward (eval mode) on clattn."""
+"""clattn.NumpyMultiheadAttention: PyTorch's nn.MultiheadAttention forward (eval mode) on clattn,
+for numpy (and pyopencl) arrays. Torch users: clattn.MultiheadAttention, an nn.Module."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 from . import _lib, _torch
 from ._core import ArgumentError, ArrayLike, Buffer, Context, default_context, layout
 from ._lib import lib
+from .functional import _needs_grad
 
 _PATHS = {"auto": _lib.PATH_AUTO, "fused": _lib.PATH_FUSED, "unfused": _lib.PATH_UNFUSED}
 
@@ -23,8 +25,10 @@ def _numpy(value: Any, name: str) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
-class MultiheadAttention:
-    """``torch.nn.MultiheadAttention``'s forward in eval mode, on the clattn device.
+class NumpyMultiheadAttention:
+    """``torch.nn.MultiheadAttention``'s forward in eval mode, on the clattn device, for numpy
+    users (no torch needed). Torch users want ``clattn.MultiheadAttention``, the nn.Module
+    (parameters, state_dict, .to, autograd); this class refuses tensors that require grad.
 
     Same constructor meanings (embed_dim, num_heads, bias, kdim, vdim, batch_first; dropout
     is accepted and ignored: eval mode; add_bias_kv and add_zero_attn are not supported).
@@ -37,7 +41,7 @@ class MultiheadAttention:
     pyopencl arrays when the module is made with ``ctx=clattn.Context.from_pyopencl(queue)``
     (read where they lie, results are pyopencl arrays on that queue).
 
-        mha = clattn.MultiheadAttention(512, 8, batch_first=True)
+        mha = clattn.NumpyMultiheadAttention(512, 8, batch_first=True)
         mha.load_state_dict(torch_module.state_dict())
         out, weights = mha(x, x, x, need_weights=False)"""
 
@@ -110,6 +114,10 @@ class MultiheadAttention:
             return self._call_device(query, key, value, key_padding_mask, need_weights,
                                      attn_mask, average_attn_weights, is_causal)
         like = _torch.any_tensor(query, key, value)
+        if like is not None and _needs_grad(query, key, value, attn_mask, key_padding_mask):
+            raise TypeError("clattn.NumpyMultiheadAttention computes no gradients, and these "
+                            "tensors require grad: use clattn.MultiheadAttention (an "
+                            "nn.Module with torch's autograd), or call under torch.no_grad()")
         if like is not None:  # torch in, torch out (of the query's dtype, on its device)
             out, weights = self(*(_torch.to_numpy(a) for a in (query, key, value)),
                                 _torch.to_numpy(key_padding_mask), need_weights,

@@ -8,11 +8,29 @@ from typing import Optional
 
 import numpy as np
 
-from . import _lib
-from ._core import (ArgumentError, ArrayLike, Buffer, Context, clattn_dtype, default_context,
-                    layout)
+from . import _lib, _torch
+from ._core import (BFLOAT16, ArgumentError, ArrayLike, Buffer, Context, clattn_dtype,
+                    default_context, layout)
 from ._lib import lib
-from .functional import _PATHS, _as_float, _is_pyopencl
+from .functional import _PATHS, _as_float, _is_pyopencl, _needs_grad
+
+
+def _storage_dtype(dtype) -> np.dtype:
+    """A numpy dtype from a numpy or torch dtype or a name ('float16', 'bfloat16', ...)."""
+    name = getattr(dtype, "__module__", "") == "torch" and str(dtype).replace("torch.", "")
+    if name or isinstance(dtype, str):
+        name = name or dtype
+        if name == "bfloat16":
+            if BFLOAT16 is None:
+                raise TypeError("clattn: a bfloat16 cache needs ml_dtypes (pip install "
+                                "ml_dtypes)")
+            return BFLOAT16
+        try:
+            return np.dtype(name)
+        except TypeError:
+            raise TypeError(f"clattn: dtype {dtype!r}: expected float32, float16, bfloat16, "
+                            f"'q8_0' or 'q4_0'") from None
+    return np.dtype(dtype)
 
 _STYLES = {"halves": _lib.ROPE_HALVES, "pairs": _lib.ROPE_PAIRS}
 
@@ -146,9 +164,12 @@ class KVCache:
     (default: room for every sequence to fill) of ``page_size`` keys, found through a block
     table; appends take the lowest free page unless ``map_pages`` gave the block one.
 
-    dtype 'q8_0' or 'q4_0' stores llama.cpp's blocks (head sizes multiples of 32): appends
-    take float32 keys and values and quantize them on the device; attention dequantizes as
-    it reads (the fused path)."""
+    dtype: the storage type, numpy's or torch's (float32, float16, bfloat16) or its name; or
+    'q8_0' / 'q4_0', llama.cpp's blocks (head sizes multiples of 32, else ArgumentError, as
+    paged_attention): appends take float32 keys and values and quantize them on the device;
+    attention dequantizes as it reads (the fused path). Torch tensors in (append, attend)
+    give torch tensors out; the cache is not differentiable (a query that requires grad is
+    refused with TypeError)."""
 
     def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  head_dim_v: Optional[int] = None, dtype=np.float32, *,
@@ -156,7 +177,12 @@ class KVCache:
                  ctx: Optional[Context] = None):
         self.ctx = ctx or default_context()
         block = _lib.BLOCK_TYPES.get(dtype) if isinstance(dtype, str) else None
-        self.dtype = np.dtype(np.float32 if block else dtype)  # what appends take
+        if block and (head_dim % 32 or (head_dim_v or head_dim) % 32):
+            raise ArgumentError(_lib.ERR_UNSUPPORTED,
+                                f"dtype={dtype!r}: the head sizes (k {head_dim}, v "
+                                f"{head_dim_v or head_dim}) must be multiples of 32 (a block "
+                                f"holds 32 values)")
+        self.dtype = np.dtype(np.float32) if block else _storage_dtype(dtype)  # appends take
         desc = _lib.KvCacheDesc()
         lib.clattn_kv_cache_desc_init(ctypes.byref(desc))
         desc.batch, desc.kv_heads, desc.capacity = batch, kv_heads, capacity
@@ -184,8 +210,8 @@ class KVCache:
                 self.ctx.check(lib.clattn_kv_cache_append(self._handle, ctypes.byref(kt),
                                                           ctypes.byref(vt), 0, None, None))
             return
-        k = np.ascontiguousarray(np.asarray(key), dtype=self.dtype)
-        v = np.ascontiguousarray(np.asarray(value), dtype=self.dtype)
+        k = np.ascontiguousarray(np.asarray(_torch.to_numpy(key)), dtype=self.dtype)
+        v = np.ascontiguousarray(np.asarray(_torch.to_numpy(value)), dtype=self.dtype)
         dtype = clattn_dtype(self.dtype)
         with self.ctx.lock:
             kb, vb = Buffer(self.ctx, k), Buffer(self.ctx, v)
@@ -224,6 +250,14 @@ class KVCache:
                                 f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
         if scale is not None and not math.isfinite(scale):
             raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
+        like = _torch.any_tensor(query)
+        if like is not None:  # torch in, torch out
+            if _needs_grad(query):
+                raise TypeError("clattn.KVCache.attend is not differentiable (an inference "
+                                "cache) and query requires grad: call it under "
+                                "torch.no_grad(), or use clattn.scaled_dot_product_attention")
+            return _torch.from_numpy(self.attend(_torch.to_numpy(query), scale=scale,
+                                                 path=path), like, like.dtype)
         device = _is_pyopencl(query)
         q = self._device(query, "query") if device else \
             np.ascontiguousarray(_as_float("query", query))

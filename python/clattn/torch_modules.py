@@ -1,6 +1,8 @@
-"""clattn.TorchMultiheadAttention: a trainable torch.nn.Module with nn.MultiheadAttention's
-parameters and call, whose attention core is clattn's (forward and backward on the clattn
-device). This module imports torch; ``clattn.TorchMultiheadAttention`` loads it on first use."""
+"""clattn.MultiheadAttention: a trainable torch.nn.Module with nn.MultiheadAttention's
+constructor, parameters, defaults and call, whose attention core is clattn's (forward and
+backward on the clattn device). This module imports torch; ``clattn.MultiheadAttention`` (and
+its old name ``clattn.TorchMultiheadAttention``) loads it on first use. Numpy users without
+torch: ``clattn.NumpyMultiheadAttention``."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from .dropout import _probability
 from .functional import scaled_dot_product_attention
 
 
-class TorchMultiheadAttention(nn.Module):
-    """``torch.nn.MultiheadAttention`` for training, with clattn's attention in the middle.
+class MultiheadAttention(nn.Module):
+    """``torch.nn.MultiheadAttention``, a drop-in, with clattn's attention in the middle.
 
     The parameters are nn.MultiheadAttention's, under its names, so ``load_state_dict`` works
     both ways between the two: in_proj_weight (3E, E) and in_proj_bias (3E,) (packed q, k, v;
@@ -27,8 +29,8 @@ class TorchMultiheadAttention(nn.Module):
     attention runs through ``clattn.scaled_dot_product_attention``, whose backward is clattn's
     (clattn.autograd), computed in float32.
 
-    embed_dim, num_heads, bias, kdim, vdim, batch_first, device, dtype: as in torch, but
-    batch_first defaults to True. dropout: attention dropout on the weights, as torch's (in
+    embed_dim, num_heads, bias, kdim, vdim, batch_first (default False: (L, N, E) inputs),
+    device, dtype: as in torch. dropout: attention dropout on the weights, as torch's (in
     [0, 1]; only in training mode, ``module.train()``, the default; ``eval()`` turns it off),
     each call drawing its seed from torch's default generator (``torch.manual_seed`` repeats
     runs; the backward regenerates the forward's mask; see scaled_dot_product_attention's
@@ -36,24 +38,27 @@ class TorchMultiheadAttention(nn.Module):
     path (keyword only): the clattn.Context and the forward's path (see
     scaled_dot_product_attention).
 
-    forward(query, key, value, key_padding_mask=None, need_weights=False, attn_mask=None,
-    average_attn_weights=True, is_causal=False) -> (output, None): torch's arguments and mask
-    conventions (attn_mask (L, S) or (N * num_heads, L, S), bool True = may NOT attend, or
-    float added to the scores; key_padding_mask (N, S), bool True = ignore that key, or
-    float added); is_causal=True with no attn_mask is causal masking. Unbatched (L, E)
-    inputs work. The attention weights are never formed (need_weights=True raises
-    NotImplementedError), so the second result is None. A query row whose keys are all
-    masked gives zeros (torch gives NaN).
+    forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+    average_attn_weights=True, is_causal=False) -> (output, weights): torch's arguments,
+    defaults and mask conventions (attn_mask (L, S) or (N * num_heads, L, S), bool True = may
+    NOT attend, or float added to the scores; key_padding_mask (N, S), bool True = ignore
+    that key, or float added); is_causal=True with no attn_mask is causal masking. Unbatched
+    (L, E) inputs work. need_weights=True (torch's default) also returns the attention
+    weights, averaged over the heads (N, L, S) or per head (N, num_heads, L, S) with
+    average_attn_weights=False, after dropout as torch's; they come from clattn's unfused
+    path (a second pass over the scores, as torch's own weights cost): pass
+    need_weights=False for the fused kernel alone, and the second result is None. A query
+    row whose keys are all masked gives zeros (torch gives NaN).
 
-        mha = clattn.TorchMultiheadAttention(64, 4)
-        mha.load_state_dict(torch.nn.MultiheadAttention(64, 4, batch_first=True).state_dict())
-        out, _ = mha(x, x, x)
+        mha = clattn.MultiheadAttention(64, 4)
+        mha.load_state_dict(torch.nn.MultiheadAttention(64, 4).state_dict())
+        out, weights = mha(x, x, x)          # x (L, N, E), as torch's
         out.sum().backward()"""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False,
                  kdim: Optional[int] = None, vdim: Optional[int] = None,
-                 batch_first: bool = True, device=None, dtype=None, *,
+                 batch_first: bool = False, device=None, dtype=None, *,
                  ctx: Optional[Context] = None, path: str = "auto"):
         super().__init__()
         if add_bias_kv or add_zero_attn:
@@ -87,6 +92,8 @@ class TorchMultiheadAttention(nn.Module):
         else:
             self.register_parameter("in_proj_bias", None)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.bias_k = self.bias_v = None  # torch's attributes (add_bias_kv is refused)
+        self.add_zero_attn = False
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
@@ -153,12 +160,9 @@ class TorchMultiheadAttention(nn.Module):
         return total
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor,
-                key_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
+                key_padding_mask: Optional[Tensor] = None, need_weights: bool = True,
                 attn_mask: Optional[Tensor] = None, average_attn_weights: bool = True,
-                is_causal: bool = False) -> Tuple[Tensor, None]:
-        if need_weights:
-            raise NotImplementedError("clattn.TorchMultiheadAttention never forms the attention "
-                                      "weights: pass need_weights=False")
+                is_causal: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         batched = query.dim() == 3
         if not batched:
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
@@ -175,10 +179,21 @@ class TorchMultiheadAttention(nn.Module):
         causal = bool(is_causal) and mask is None
         attn = scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                             dropout_p=self.dropout if self.training else 0.0,
-                                            is_causal=causal, ctx=self.ctx, path=self.path)
+                                            is_causal=causal, ctx=self.ctx, path=self.path,
+                                            need_weights=bool(need_weights))
+        weights = None
+        if need_weights:
+            attn, weights = attn  # (N, H, L, S)
+            if average_attn_weights:
+                weights = weights.mean(dim=1)
+            if not batched:
+                weights = weights.squeeze(0)
         out = self.out_proj(attn.transpose(1, 2).reshape(n, l, self.embed_dim))
         if not batched:
             out = out.squeeze(0)
         elif not self.batch_first:
             out = out.transpose(0, 1)
-        return out, None
+        return out, weights
+
+
+TorchMultiheadAttention = MultiheadAttention  # the name before 0.8

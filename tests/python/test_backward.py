@@ -308,12 +308,16 @@ def test_module_matches_torch_mha():
         causal = torch.ones(l, s, dtype=torch.bool).triu(1)
         for kw in ({}, {"key_padding_mask": pad}, {"attn_mask": causal},
                    {"attn_mask": torch.randn(n * h, l, s), "key_padding_mask": pad}):
-            want, _ = ref(x, y, y, need_weights=False, **kw)
+            want, want_weights = ref(x, y, y, **kw)  # torch's defaults: averaged weights
             got, weights = mha(x, y, y, **kw)
-            assert weights is None
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    with pytest.raises(NotImplementedError):
-        mha(x, y, y, need_weights=True)
+            torch.testing.assert_close(weights, want_weights, rtol=1e-4, atol=1e-6)
+            _, per_head = mha(x, y, y, average_attn_weights=False, **kw)
+            assert per_head.shape == (n, h, l, s)
+            torch.testing.assert_close(per_head.mean(1), want_weights, rtol=1e-4, atol=1e-6)
+            got, none = mha(x, y, y, need_weights=False, **kw)
+            assert none is None
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 class _Model(nn.Module):

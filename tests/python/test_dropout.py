@@ -345,8 +345,8 @@ def test_p_one_gives_zeros():
 def test_module_dropout_in_train_and_eval():
     torch.manual_seed(0)
     e, h, n, l = 16, 4, 2, 9
-    mha = clattn.TorchMultiheadAttention(e, h, dropout=0.5)
-    plain = clattn.TorchMultiheadAttention(e, h)
+    mha = clattn.TorchMultiheadAttention(e, h, dropout=0.5, batch_first=True)
+    plain = clattn.TorchMultiheadAttention(e, h, batch_first=True)
     plain.load_state_dict(mha.state_dict())
     assert mha.dropout == 0.5 and mha.training
     x = torch.randn(n, l, e)

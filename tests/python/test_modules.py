@@ -84,7 +84,7 @@ def test_against_float64(path, kw):
     rng = np.random.default_rng(7)
     e, h, n, l, s = 16, 4, 2, 9, 13
     state = random_state(rng, e, kw.get("kdim"), kw.get("vdim"), kw.get("bias", True))
-    mha = clattn.MultiheadAttention(e, h, batch_first=True, path=path, **kw)
+    mha = clattn.NumpyMultiheadAttention(e, h, batch_first=True, path=path, **kw)
     mha.load_state_dict(state)
     q = rng.standard_normal((n, l, e)).astype(np.float32)
     k = rng.standard_normal((n, s, kw.get("kdim", e))).astype(np.float32)
@@ -115,9 +115,9 @@ def test_positional_order_is_torchs(path):
     rng = np.random.default_rng(8)
     e, h, n, l, s, kdim, vdim = 16, 4, 2, 9, 13, 12, 20
     state = random_state(rng, e, kdim, vdim)
-    positional = clattn.MultiheadAttention(e, h, 0.0, True, False, False, kdim, vdim, True,
+    positional = clattn.NumpyMultiheadAttention(e, h, 0.0, True, False, False, kdim, vdim, True,
                                            path=path)
-    keyword = clattn.MultiheadAttention(e, h, kdim=kdim, vdim=vdim, batch_first=True,
+    keyword = clattn.NumpyMultiheadAttention(e, h, kdim=kdim, vdim=vdim, batch_first=True,
                                         path=path)
     for mha in (positional, keyword):
         mha.load_state_dict(state)
@@ -145,11 +145,11 @@ def test_positional_order_is_torchs(path):
     if need:
         np.testing.assert_allclose(weights, want_w, rtol=1e-5, atol=2e-6)
     with pytest.raises(TypeError):  # a 9th positional argument is not taken for ctx
-        clattn.MultiheadAttention(e, h, 0.0, True, False, False, None, None, True, None)
+        clattn.NumpyMultiheadAttention(e, h, 0.0, True, False, False, None, None, True, None)
 
 
 def test_bad_calls_raise():
-    mha = clattn.MultiheadAttention(8, 2, batch_first=True)
+    mha = clattn.NumpyMultiheadAttention(8, 2, batch_first=True)
     x = np.zeros((1, 3, 8), np.float32)
     with pytest.raises(clattn.ArgumentError, match="load_state_dict"):
         mha(x, x, x)
@@ -161,4 +161,4 @@ def test_bad_calls_raise():
     with pytest.raises(clattn.ArgumentError, match="attn_mask"):
         mha(x, x, x, attn_mask=np.zeros((2, 2), bool))
     with pytest.raises(clattn.ArgumentError):
-        clattn.MultiheadAttention(10, 3)
+        clattn.NumpyMultiheadAttention(10, 3)

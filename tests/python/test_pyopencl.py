@@ -133,7 +133,7 @@ def test_multihead_attention_on_device_arrays(queue, path, batch_first, masks):
     e, h, n, l, s = 16, 4, 2, 13, 7
     ctx = clattn.Context.from_pyopencl(queue)
     state = random_state(rng, e)
-    mha = clattn.MultiheadAttention(e, h, batch_first=batch_first, ctx=ctx, path=path)
+    mha = clattn.NumpyMultiheadAttention(e, h, batch_first=batch_first, ctx=ctx, path=path)
     mha.load_state_dict(state)
     q = clrandom.rand(queue, (n, l, e) if batch_first else (l, n, e), np.float32, a=-1, b=1)
     kv = clrandom.rand(queue, (n, s, e) if batch_first else (s, n, e), np.float32, a=-1, b=1)
@@ -174,7 +174,7 @@ def test_multihead_attention_on_device_arrays(queue, path, batch_first, masks):
 
 
 def test_multihead_attention_needs_the_arrays_context(queue):
-    mha = clattn.MultiheadAttention(8, 2, batch_first=True)  # the default context
+    mha = clattn.NumpyMultiheadAttention(8, 2, batch_first=True)  # the default context
     from test_modules import random_state
     mha.load_state_dict(random_state(np.random.default_rng(0), 8))
     x = clrandom.rand(queue, (1, 3, 8), np.float32)

@@ -48,7 +48,7 @@ def test_mha_against_torch(path, kw, batch_first):
     torch.manual_seed(1)
     e, h, n, l, s = 16, 4, 3, 7, 11
     ref = torch.nn.MultiheadAttention(e, h, batch_first=batch_first, **kw).eval()
-    mha = clattn.MultiheadAttention(e, h, batch_first=batch_first, path=path, **kw)
+    mha = clattn.NumpyMultiheadAttention(e, h, batch_first=batch_first, path=path, **kw)
     mha.load_state_dict(ref.state_dict())
     kdim, vdim = kw.get("kdim", e), kw.get("vdim", e)
 
@@ -80,7 +80,7 @@ def test_mha_against_torch(path, kw, batch_first):
 def test_mha_unbatched():
     torch.manual_seed(2)
     ref = torch.nn.MultiheadAttention(8, 2).eval()
-    mha = clattn.MultiheadAttention(8, 2)
+    mha = clattn.NumpyMultiheadAttention(8, 2)
     mha.load_state_dict({k: v.numpy() for k, v in ref.state_dict().items()})
     x = torch.randn(5, 8)
     with torch.no_grad():
@@ -150,7 +150,7 @@ def test_torch_conversions_share_memory():
 def test_mha_torch_in_torch_out(dtype):
     torch.manual_seed(4)
     ref = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
-    mha = clattn.MultiheadAttention(16, 4, batch_first=True)
+    mha = clattn.NumpyMultiheadAttention(16, 4, batch_first=True)
     mha.load_state_dict(ref.state_dict())
     x = torch.randn(2, 9, 16).to(dtype)
     out, weights = mha(x, x, x)
@@ -177,7 +177,7 @@ import numpy as np
 import clattn
 x = np.random.default_rng(0).standard_normal((1, 2, 5, 8)).astype(np.float32)
 clattn.scaled_dot_product_attention(x, x, x, None, 0.0, True)
-mha = clattn.MultiheadAttention(8, 2, batch_first=True)
+mha = clattn.NumpyMultiheadAttention(8, 2, batch_first=True)
 rng = np.random.default_rng(1)
 mha.load_state_dict({"in_proj_weight": rng.standard_normal((24, 8)).astype(np.float32),
                      "in_proj_bias": np.zeros(24, np.float32),
