@@ -5,8 +5,9 @@ torch is in sys.modules, so ``is_tensor`` looks there and costs numpy users noth
 
 from __future__ import annotations
 
+import functools
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -67,3 +68,44 @@ def from_numpy(a: Any, like: Any, dtype: Any = None) -> Any:
     if t.dtype != want or t.device != like.device:
         t = t.to(device=like.device, dtype=want)
     return t
+
+
+def _requires_grad(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.is_grad_enabled() and isinstance(x, torch.Tensor) and \
+        x.requires_grad
+
+
+def _to_torch(result: Any, like: Any) -> Any:
+    """A numpy result (or a tuple, list or dict of them) as torch tensors on like's device:
+    floats in like's dtype, other dtypes (uint8 blocks, integers) as they are."""
+    if isinstance(result, dict):
+        return {k: _to_torch(v, like) for k, v in result.items()}
+    if isinstance(result, (tuple, list)):
+        return type(result)(_to_torch(v, like) for v in result)
+    if isinstance(result, np.ndarray):
+        floating = result.dtype.kind == "f" or result.dtype.name == "bfloat16"
+        return from_numpy(result, like, like.dtype if floating else None)
+    return result
+
+
+def torch_io(name: str) -> Callable:
+    """Torch tensors in, torch tensors out for a function computed on numpy arrays: tensor
+    arguments are read as numpy views, the results come back as tensors of the first tensor
+    argument's dtype (floats) and device. Such a function has no backward: on tensors that
+    require grad it raises TypeError naming it (never a detached result)."""
+    def wrap(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            like = any_tensor(*args, *kwargs.values())
+            if like is None:
+                return function(*args, **kwargs)
+            if any(_requires_grad(a) for a in (*args, *kwargs.values())):
+                raise TypeError(f"clattn.{name} is not differentiable and an argument "
+                                f"requires grad: call it under torch.no_grad() or on "
+                                f"detached tensors")
+            result = function(*(to_numpy(a) for a in args),
+                              **{k: to_numpy(v) for k, v in kwargs.items()})
+            return _to_torch(result, like)
+        return call
+    return wrap

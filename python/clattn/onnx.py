@@ -8,7 +8,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from . import _lib
+from . import _lib, _torch
 from ._core import ArgumentError, Buffer, Context, clattn_dtype, default_context, layout
 from ._lib import lib
 from .functional import _PATHS, _context_for_queue, _is_pyopencl
@@ -65,6 +65,7 @@ def _heads_view(name: str, a, heads: Optional[int]):
     raise ArgumentError(_lib.ERR_INVALID_SHAPE, f"{name} has {a.ndim} dims; expected 3 or 4")
 
 
+@_torch.torch_io("onnx_attention")
 def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
                    nonpad_kv_seqlen=None, *, is_causal: int = 0,
                    kv_num_heads: Optional[int] = None, q_num_heads: Optional[int] = None,

@@ -35,6 +35,11 @@ def _storage_dtype(dtype) -> np.dtype:
 _STYLES = {"halves": _lib.ROPE_HALVES, "pairs": _lib.ROPE_PAIRS}
 
 
+@_torch.torch_io("positional_encoding")
+def _positional_encoding_host(x, **options):
+    return positional_encoding(x, **options)
+
+
 def positional_encoding(x=None, *, seq: Optional[int] = None, dim: Optional[int] = None,
                         start: int = 0, base: float = 10000.0, table=None,
                         ctx: Optional[Context] = None) -> np.ndarray:
@@ -44,7 +49,24 @@ def positional_encoding(x=None, *, seq: Optional[int] = None, dim: Optional[int]
     With ``x`` ((seq, dim), (batch, seq, dim) or rank 4; numpy, float32/float16/bfloat16/
     float64): returns x + PE in x's dtype. Without x: returns the (seq, dim) table, float32.
     PE(pos, 2k) = sin(pos / base^(2k/dim)), PE(pos, 2k+1) = cos(...); the angle is reduced in
-    extended precision on the device (within about 1e-6 below position 2^24)."""
+    extended precision on the device (within about 1e-6 below position 2^24).
+    torch tensors in give torch tensors out (x's dtype and device); on tensors that require
+    grad the sum is formed in torch (its gradient is the identity for x, and the used rows
+    for a learned table), the sinusoidal table coming from the device."""
+    like = _torch.any_tensor(x, table)
+    if like is not None and _needs_grad(x, table):
+        if table is not None:
+            n = x.shape[-2] if x is not None else int(seq)
+            rows = (table if _torch.is_tensor(table) else
+                    _torch.from_numpy(np.asarray(table), like))[int(start):int(start) + n]
+        else:
+            pe = positional_encoding(seq=x.shape[-2], dim=x.shape[-1], start=start,
+                                     base=base, ctx=ctx)
+            rows = _torch.from_numpy(pe, like)
+        return rows if x is None else x + rows.to(x.dtype)
+    if like is not None:
+        return _positional_encoding_host(x, seq=seq, dim=dim, start=start, base=base,
+                                         table=table, ctx=ctx)
     ctx = ctx or default_context()
     if x is not None:
         x_in = np.asarray(x)
@@ -98,6 +120,7 @@ def positional_encoding(x=None, *, seq: Optional[int] = None, dim: Optional[int]
     return out
 
 
+@_torch.torch_io("rotary_embedding")
 def rotary_embedding(x, *, style: str = "halves", rotary_dim: Optional[int] = None,
                      base: float = 10000.0, start: int = 0, position_ids=None,
                      ctx: Optional[Context] = None) -> np.ndarray:
