@@ -77,22 +77,24 @@ def _requires_grad(x: Any) -> bool:
 
 
 def _to_torch(result: Any, like: Any) -> Any:
-    """A numpy result (or a tuple, list or dict of them) as torch tensors on like's device:
-    floats in like's dtype, other dtypes (uint8 blocks, integers) as they are."""
+    """A numpy result (or a tuple, list or dict of them, or anything with a ``_map``) as torch
+    tensors of the same dtypes (clattn's results already have their inputs' dtypes; lse is
+    float32, quantized blocks uint8) on like's device."""
+    if hasattr(result, "_map"):
+        return result._map(lambda v: _to_torch(v, like))
     if isinstance(result, dict):
         return {k: _to_torch(v, like) for k, v in result.items()}
     if isinstance(result, (tuple, list)):
         return type(result)(_to_torch(v, like) for v in result)
     if isinstance(result, np.ndarray):
-        floating = result.dtype.kind == "f" or result.dtype.name == "bfloat16"
-        return from_numpy(result, like, like.dtype if floating else None)
+        return from_numpy(result, like)
     return result
 
 
 def torch_io(name: str) -> Callable:
     """Torch tensors in, torch tensors out for a function computed on numpy arrays: tensor
-    arguments are read as numpy views, the results come back as tensors of the first tensor
-    argument's dtype (floats) and device. Such a function has no backward: on tensors that
+    arguments are read as numpy views, the results come back as tensors (of the dtypes the
+    numpy results have) on the first tensor argument's device. Such a function has no backward: on tensors that
     require grad it raises TypeError naming it (never a detached result)."""
     def wrap(function: Callable) -> Callable:
         @functools.wraps(function)

@@ -501,6 +501,7 @@ def _sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
     return g.reshape(shape)
 
 
+@_torch.torch_io("sdpa_forward")
 def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
                  attn_mask: Optional[ArrayLike] = None, is_causal: bool = False,
                  scale: Optional[float] = None, enable_gqa: bool = False, *,
@@ -511,8 +512,9 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
     """``scaled_dot_product_attention`` on numpy arrays that also returns the rows'
     log-sum-exp, what :func:`sdpa_backward` takes: ``(out, lse)``.
 
-    The arguments are scaled_dot_product_attention's (numpy in, numpy out; torch tensors are
-    read through numpy views, detached). Dropout (keyword only): dropout_p with an explicit
+    The arguments are scaled_dot_product_attention's (numpy in, numpy out; torch tensors in,
+    torch tensors out, and TypeError on tensors that require grad: autograd is
+    scaled_dot_product_attention's). Dropout (keyword only): dropout_p with an explicit
     dropout_seed (an integer in [0, 2^64); required when dropout_p > 0, nothing is drawn
     here) and dropout_offset, as scaled_dot_product_attention takes them; give
     :func:`sdpa_backward` the same three. out is (..., Hq, L, Ev) in query's dtype (the
@@ -591,11 +593,17 @@ class SdpaGrads(tuple):
         self.grad_sinks = grad_sinks
         return self
 
+    def _map(self, f) -> "SdpaGrads":
+        """The same gradients, each passed through f (None stays None)."""
+        return SdpaGrads(*(None if g is None else f(g) for g in
+                           (*self, self.grad_attn_mask, self.grad_sinks)))
+
     grad_query = property(lambda self: self[0])
     grad_key = property(lambda self: self[1])
     grad_value = property(lambda self: self[2])
 
 
+@_torch.torch_io("sdpa_backward")
 def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: ArrayLike,
                   lse: Optional[ArrayLike], grad_out: ArrayLike,
                   attn_mask: Optional[ArrayLike] = None, is_causal: bool = False,
@@ -622,8 +630,8 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
     grad_value), each of its input's shape and dtype (float64 inputs give float64; with
     grouped heads grad_key and grad_value sum each group's query heads), with attributes
     ``grad_attn_mask`` (with want_mask_grad, else None) and ``grad_sinks`` (float32 (Hq,),
-    when sinks are given, else None). torch tensors are read detached; use
-    ``scaled_dot_product_attention`` on tensors that require grad for autograd.
+    when sinks are given, else None). torch tensors in give torch tensors out; tensors that
+    require grad are refused (TypeError): autograd is ``scaled_dot_product_attention``'s.
     path (keyword only): "auto" (fused with lse, else unfused), "fused", or "unfused": the
     reference backward over whole (Lq, Lk) score matrices, the weights recomputed by the
     forward's softmax; lse may then be None (but with sinks, whose gradient needs it)."""

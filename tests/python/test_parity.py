@@ -1,0 +1,260 @@
+"""One rule for every public Python function (issue 46): the same arguments reach the same
+core whether they come as numpy arrays or as torch tensors, and torch in gives torch out.
+
+Each public function has cases that together give a non-default value to every one of its
+parameters (a parameter the cases do not cover fails the test, so a new argument must be
+added here), and each case is checked three ways:
+  1. coverage: every parameter of the signature is given, or listed in NO_EFFECT with why;
+  2. sensitivity: on numpy, leaving out any one given argument (its default instead) changes
+     the result, so a call that dropped it would be seen;
+  3. parity: the same call on torch tensors gives torch tensors with the numpy call's numbers.
+test_a_planted_dropped_argument_fails shows that a torch branch that drops one argument fails
+the check."""
+
+import functools
+import inspect
+
+import numpy as np
+import pytest
+
+import clattn
+
+torch = pytest.importorskip("torch")
+
+# Parameters that do not change the numbers by design, with the reason.
+NO_EFFECT = {
+    "ctx": "which context (device) runs it; the default context is the one the cases use",
+    "path": "the fused and unfused paths compute the same attention",
+    "generator": "draws dropout_seed when none is given; the cases give the seed",
+    "max_seqlen_q": "a bound for the launch geometry, at least the longest sequence",
+    "max_seqlen_k": "a bound for the launch geometry, at least the longest sequence",
+    "deterministic": "clattn's backward is always deterministic (flash-attn's flag)",
+}
+
+
+def rng_arrays(seed):
+    rng = np.random.default_rng(seed)
+    return lambda *shape, dtype=np.float32: rng.standard_normal(shape).astype(dtype)
+
+
+def to_torch(x):
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x.copy())
+    if isinstance(x, (tuple, list)) and any(isinstance(v, np.ndarray) for v in x):
+        return type(x)(to_torch(v) for v in x)
+    return x
+
+
+def flatten(result, torch_out):
+    """The arrays of a result (tensor, array, tuple, dict, SdpaGrads) as numpy, in order;
+    with torch_out, every array must be a tensor."""
+    if isinstance(result, dict):
+        return [a for k in sorted(result) for a in flatten(result[k], torch_out)]
+    if isinstance(result, (tuple, list)):
+        extra = [getattr(result, n) for n in ("grad_attn_mask", "grad_sinks")
+                 if hasattr(result, n)]
+        return [a for r in list(result) + extra for a in flatten(r, torch_out)]
+    if result is None:
+        return [None]
+    if torch_out:
+        assert isinstance(result, torch.Tensor), f"torch in gave {type(result).__name__} out"
+        if result.dtype == torch.bfloat16:
+            result = result.float()
+        return [result.detach().numpy()]
+    assert not isinstance(result, torch.Tensor), "numpy in gave a torch tensor out"
+    return [np.asarray(result, dtype=np.float32) if np.asarray(result).dtype.name ==
+            "bfloat16" else np.asarray(result)]
+
+
+def same(a, b) -> bool:
+    """Bit for bit (the torch branch runs the same core on the same values)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if (x is None) != (y is None):
+            return False
+        if x is not None and (x.shape != y.shape or x.dtype != y.dtype or
+                              not np.array_equal(x, y, equal_nan=True)):
+            return False
+    return True
+
+
+def is_default(value, param) -> bool:
+    if param.default is inspect.Parameter.empty or isinstance(value, np.ndarray):
+        return False
+    try:
+        return bool(value == param.default)
+    except Exception:
+        return False
+
+
+def check_case(fn, args, kwargs):
+    """Sensitivity and parity of one call (see the module's docstring); returns the names of
+    the parameters it gave."""
+    sig = inspect.signature(fn)
+    bound = sig.bind(*args, **kwargs)
+    want = flatten(fn(*args, **kwargs), False)
+    for name, value in bound.arguments.items():
+        param = sig.parameters[name]
+        if param.default is inspect.Parameter.empty or name in NO_EFFECT or \
+                is_default(value, param):
+            continue
+        rest = {n: v for n, v in bound.arguments.items() if n != name}
+        try:
+            other = flatten(fn(**rest), False)
+        except (ValueError, TypeError):  # refused without it (e.g. a seed with dropout)
+            continue
+        assert not same(want, other), \
+            f"{fn.__qualname__}: {name}={value!r} changes nothing in this case; give a value " \
+            f"that does (or list it in NO_EFFECT with the reason)"
+    got = flatten(fn(*(to_torch(a) for a in args),
+                     **{k: to_torch(v) for k, v in kwargs.items()}), True)
+    assert same(want, got), f"{fn.__qualname__}: torch and numpy inputs give other numbers"
+    return set(bound.arguments)
+
+
+def check(fn, cases, skip=()):
+    """Every case of fn, and the coverage of its parameters by them."""
+    given = set()
+    for args, kwargs in cases:
+        given |= check_case(fn, args, kwargs)
+    params = [p for p in inspect.signature(fn).parameters if p != "self"]
+    missing = [p for p in params if p not in given and p not in NO_EFFECT and p not in skip]
+    assert not missing, f"{fn.__qualname__}: no parity case gives {missing}"
+
+
+def sdpa_cases(a):
+    q, k, v = a(2, 4, 5, 8), a(2, 2, 7, 8), a(2, 2, 7, 8)
+    mask, sinks = a(5, 7), a(4)
+    with_mask = ((q, k, v, mask, 0.3, False, 0.4, True),
+                 dict(sinks=sinks, softcap=2.0, window_size=(3, 1), need_weights=True,
+                      dropout_seed=5, dropout_offset=3, path="unfused"))
+    causal = ((q, k, v), dict(is_causal=True, enable_gqa=True, ctx=clattn.default_context()))
+    return [with_mask, causal]
+
+
+def test_scaled_dot_product_attention():
+    check(clattn.scaled_dot_product_attention, sdpa_cases(rng_arrays(1)))
+
+
+def test_sdpa_forward_and_backward():
+    a = rng_arrays(2)
+    q, k, v = a(2, 4, 5, 8), a(2, 2, 7, 8), a(2, 2, 7, 8)
+    mask, sinks = a(5, 7), a(4)
+    opts = dict(sinks=sinks, softcap=2.0, window_size=(3, 1), dropout_p=0.3, dropout_seed=5,
+                dropout_offset=3)
+    check(clattn.sdpa_forward, [((q, k, v, mask, False, 0.4, True), dict(opts)),
+                                ((q, k, v), dict(is_causal=True, enable_gqa=True,
+                                                 path="fused"))])
+    out, lse = clattn.sdpa_forward(q, k, v, mask, False, 0.4, True, **opts)
+    dout = a(*out.shape)
+    check(clattn.sdpa_backward,
+          [((q, k, v, out, lse, dout, mask, False, 0.4, True),
+            dict(opts, want_mask_grad=True)),
+           ((q, k, v, *clattn.sdpa_forward(q, k, v, is_causal=True, enable_gqa=True), dout,
+             None, True, None, True), dict(path="auto"))])
+
+
+def test_paged_attention():
+    a = rng_arrays(3)
+    q = a(2, 4, 3, 32)
+    k_pages, v_pages = a(6, 4, 2, 32), a(6, 4, 2, 32)
+    table = np.array([[3, 1, 5], [0, 2, 4]], np.int32)
+    lens = np.array([10, 7], np.int32)
+    check(clattn.paged_attention,
+          [((q, k_pages, v_pages, table, lens), dict(is_causal=True, scale=0.3, sinks=a(4))),
+           ((q, k_pages, v_pages, table, lens), dict(kv_dtype="q8_0"))])
+
+
+def test_varlen_attention():
+    a = rng_arrays(4)
+    cu_q, cu_k = np.array([0, 3, 4, 9], np.int32), np.array([0, 5, 11, 13], np.int32)
+    q, k, v = a(9, 4, 8), a(13, 2, 8), a(13, 2, 8)
+    sig = inspect.signature(clattn.varlen_attention).parameters
+    full = dict(softmax_scale=0.3, causal=True, window_size=(4, 2), softcap=2.5,
+                alibi_slopes=np.abs(a(4)), sinks=a(4), return_attn_probs=True)
+    if "dropout_p" in sig:
+        full.update(dropout_p=0.2, dropout_seed=7) if "dropout_seed" in sig else None
+    cases = [((q, k, v, cu_q, cu_k), {n: x for n, x in full.items() if n in sig}),
+             ((q, k, v, cu_q, cu_k), {"scale": 0.7} if "scale" in sig else {})]
+    check(clattn.varlen_attention, cases,
+          skip={"dropout_p"} - set(full))  # dropout with packed sequences: where supported
+
+
+def test_quantize_and_positions():
+    a = rng_arrays(5)
+    x = a(2, 3, 5, 32)
+    check(clattn.quantize, [((x, "q4_0"), {})])
+    check(clattn.rotary_embedding,
+          [((x,), dict(style="pairs", rotary_dim=16, base=500.0, start=3)),
+           ((x,), dict(position_ids=np.array([[4, 1, 0, 9, 2], [3, 3, 1, 0, 7]], np.int32)))])
+    check(clattn.positional_encoding,
+          [((x[0, 0],), dict(start=4, base=300.0)),
+           ((), dict(seq=5, dim=32, start=1)),
+           ((x[0, 0],), dict(table=a(12, 32), start=2))])
+
+
+def test_onnx_attention():
+    a = rng_arrays(6)
+    q, k, v = a(2, 4, 3, 8), a(2, 2, 5, 8), a(2, 2, 5, 8)
+    past_k, past_v = a(2, 2, 2, 8), a(2, 2, 2, 8)
+    mask = a(3, 7)
+    check(clattn.onnx_attention,
+          [((q, k, v, mask, past_k, past_v), dict(is_causal=1, scale=0.3, softcap=3.0,
+                                                  softmax_precision=11,
+                                                  want_qk_matmul_output=True,
+                                                  qk_matmul_output_mode=1)),
+           ((q.transpose(0, 2, 1, 3).reshape(2, 3, 32), k.transpose(0, 2, 1, 3).reshape(2, 5, 16),
+             v.transpose(0, 2, 1, 3).reshape(2, 5, 16), None, None, None,
+             np.array([5, 3], np.int64)),
+            dict(q_num_heads=4, kv_num_heads=2, left_window_size=2,
+                 right_window_size=1, path="fused"))])
+
+
+def test_numpy_multihead_attention_and_kv_cache():
+    a = rng_arrays(7)
+    e, h = 16, 4
+    mha = clattn.NumpyMultiheadAttention(e, h, batch_first=True)
+    mha.load_state_dict(torch.nn.MultiheadAttention(e, h, batch_first=True).state_dict())
+    x, y = a(2, 5, e), a(2, 7, e)
+    pad = np.zeros((2, 7), bool)
+    pad[1, 4:] = True
+    check(mha.__call__, [((x, y, y, pad, True, a(5, 7), False), {}),
+                         ((x, x, x), dict(is_causal=True, need_weights=False))])
+
+    def attend(keys, values, query, **kw):
+        cache = clattn.KVCache(2, 2, 16, 32)
+        cache.append(keys, values)
+        return cache.attend(query, **kw)
+
+    attend.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+         for n in ("keys", "values", "query")] +
+        list(inspect.signature(clattn.KVCache.attend).parameters.values())[2:])
+    check(attend, [((a(2, 2, 6, 32), a(2, 2, 6, 32), a(2, 4, 2, 32)),
+                    dict(scale=0.2, path="fused"))])
+
+
+def test_flash_attn_functions():
+    fa = pytest.importorskip("clattn.flash_attn")
+    a = rng_arrays(8)
+    q, k, v = a(2, 5, 4, 8), a(2, 7, 2, 8), a(2, 7, 2, 8)
+    common = dict(softmax_scale=0.3, causal=True, window_size=(4, 1), softcap=2.0,
+                  alibi_slopes=np.abs(a(4)))
+    check(fa.flash_attn_func, [((q, k, v), dict(common, return_attn_probs=True)),
+                               ((q, k, v), dict(dropout_p=0.2, deterministic=True))],
+          skip={"dropout_p"})
+
+
+def test_a_planted_dropped_argument_fails():
+    """The check catches a torch branch that loses one argument on the way to the core."""
+    real = clattn.scaled_dot_product_attention
+
+    @functools.wraps(real)
+    def planted(*args, **kwargs):
+        if any(isinstance(x, torch.Tensor) for x in args):
+            kwargs.pop("softcap", None)  # the bug: the torch branch forgets softcap
+        return real(*args, **kwargs)
+
+    with pytest.raises(AssertionError, match="torch and numpy inputs give other numbers"):
+        check(planted, sdpa_cases(rng_arrays(1)))
