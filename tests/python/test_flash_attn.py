@@ -470,3 +470,43 @@ def test_kvcache_torch_append_in_place():
         [2, 1], dtype=torch.int32), block_table=table)
     assert torch.equal(kc[1, 0], k_new[0, 0]) and torch.equal(vc[0, 1], v_new[1, 0])
     assert isinstance(out, torch.Tensor) and tuple(out.shape) == (2, 1, 4, 8)
+
+
+def test_kvcache_rotary_not_causal():
+    """Neither causal nor windowed: flash-attn rotates every query row at position
+    cache_seqlens[b] (the new keys still at cache_seqlens[b] + i)."""
+    rng = np.random.default_rng(14)
+    q, k_new, v_new = rand(rng, 2, 3, 2, 16), rand(rng, 2, 3, 2, 16), rand(rng, 2, 3, 2, 16)
+    kc, vc = rand(rng, 2, 8, 2, 16), rand(rng, 2, 8, 2, 16)
+    seqlens = np.array([4, 1], np.int32)
+    angles = rng.uniform(0, 6, (8, 8))  # rotary_dim 16: the whole head
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    out = flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cos, sin, seqlens,
+                                  rotary_interleaved=False)
+    for b in range(2):
+        n = int(seqlens[b])
+        q_rot = rotate(q[b:b + 1], cos, sin, np.full((1, 3), n), False)
+        want, _ = reference(q_rot, kc[None, b, :n + 3], vc[None, b, :n + 3])
+        np.testing.assert_allclose(out[b:b + 1], want, **TOL)
+
+
+def test_varlen_paged_backward_reaches_the_cache():
+    """flash_attn_varlen_func with block_table gathers the pages differentiably: the gradient
+    of a page equals the gradient of the keys it holds."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(15)
+    k_cache = torch.tensor(rand(rng, 4, 2, 1, 8), requires_grad=True)
+    v_cache = torch.tensor(rand(rng, 4, 2, 1, 8), requires_grad=True)
+    table = torch.tensor([[3, 0], [1, 2]], dtype=torch.int32)
+    cq, ck = torch.tensor([0, 1, 3], dtype=torch.int32), torch.tensor([0, 3, 7],
+                                                                        dtype=torch.int32)
+    q = torch.tensor(rand(rng, 3, 2, 8), requires_grad=True)
+    flash_attn_varlen_func(q, k_cache, v_cache, cq, ck, 2, 4, causal=True,
+                           block_table=table).sum().backward()
+    k = torch.cat([k_cache[3], k_cache[0, :1], k_cache[1], k_cache[2]]).detach()
+    v = torch.cat([v_cache[3], v_cache[0, :1], v_cache[1], v_cache[2]]).detach()
+    k.requires_grad_(True)
+    v.requires_grad_(True)
+    flash_attn_varlen_func(q.detach(), k, v, cq, ck, 2, 4, causal=True).sum().backward()
+    assert torch.equal(k_cache.grad[3], k.grad[:2]) and torch.equal(k_cache.grad[2], k.grad[5:])
+    assert torch.equal(v_cache.grad[0, 0], v.grad[2]) and not v_cache.grad[0, 1].any()
