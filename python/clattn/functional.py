@@ -1347,8 +1347,8 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
     cu_seqlens_q[i] .. cu_seqlens_q[i + 1] - 1 of q and cu_seqlens_k[i] .. - 1 of k and v, and
     attends only within itself. max_seqlen_q/_k: bounds on the longest spans (None: computed;
     a value below the longest span is refused, one past the total taken as the total).
-    dropout_p: must be 0 (clattn has no dropout on packed batches; ArgumentError otherwise). softmax_scale (or clattn's older keyword ``scale``):
-    None for 1/sqrt(E). causal and window_size (left, right; -1 unbounded) per sequence,
+    dropout_p: must be 0 (clattn has no dropout on packed batches; ArgumentError otherwise).
+    softmax_scale (or clattn's older keyword ``scale``): None for 1/sqrt(E). causal and window_size (left, right; -1 unbounded) per sequence,
     bottom-right aligned (its queries are its last keys), as FlashAttention's. softcap > 0
     caps the scores. alibi_slopes (Hq,) or (B, Hq): bias -slope * |i + Lk - Lq - j| per
     sequence. deterministic: accepted; clattn's backward is always deterministic.
