@@ -1350,8 +1350,9 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
     dropout_p: must be 0 (clattn has no dropout on packed batches; ArgumentError otherwise).
     softmax_scale (or clattn's older keyword ``scale``): None for 1/sqrt(E). causal and
     window_size (left, right; -1 unbounded) per sequence, bottom-right aligned (its queries
-    are its last keys), as FlashAttention's. softcap > 0 caps the scores. alibi_slopes (Hq,) or (B, Hq): bias -slope * |i + Lk - Lq - j| per
-    sequence. deterministic: accepted; clattn's backward is always deterministic.
+    are its last keys), as FlashAttention's. softcap > 0 caps the scores. alibi_slopes (Hq,)
+    or (B, Hq): bias -slope * |i + Lk - Lq - j| per sequence. deterministic: accepted;
+    clattn's backward is always deterministic.
     return_attn_probs: return ``(out, lse, None)``, lse float32 (Hq, total_q) (the rows'
     log-sum-exp; the probabilities are not materialised: None). Keyword only: sinks (Hq,)
     attention-sink logits, ctx.
