@@ -22,6 +22,8 @@ Where clattn differs:
 - dropout_p > 0 works in flash_attn_func/qkvpacked/kvpacked (clattn's Philox mask: seed from
   torch's generator, or ``dropout_seed=`` keyword; the backward regenerates it) but not in
   the varlen functions (the C library has no dropout on packed batches: ArgumentError).
+- a query row that sees no key gives zeros and an lse of -inf (log 0; flash-attn writes
+  +inf there).
 - ``deterministic`` is accepted and has no effect: clattn's backward is always deterministic.
 - ``num_splits`` is accepted and ignored (a scheduling hint).
 - flash_attn_with_kvcache: ``rotary_cos``/``rotary_sin`` with ``cache_leftpad`` raise
