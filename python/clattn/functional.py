@@ -986,29 +986,52 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
                     scale: Optional[float] = None, sinks: Optional[ArrayLike] = None,
                     kv_dtype: Optional[str] = None,
                     ctx: Optional[Context] = None) -> ArrayLike:
-    """Attention over a paged KV cache, FlashAttention's ``flash_attn_with_kvcache`` layout (as
-    vLLM keeps it), on the clattn device (the fused kernel reads the pages through the table).
+    """Attention over a paged KV cache (the pools in vLLM's and flash-attn's page layout), on
+    the clattn device (the fused kernel reads the pages through the table).
+
+    The query is clattn's (B, Hq, Lq, E), heads before rows, as scaled_dot_product_attention
+    takes it, NOT flash-attn's (B, Lq, Hq, E): for flash-attn's own call (query (B, Lq, H, D),
+    appending new keys, rotary, windows, softcap, ALiBi, lse) use
+    :func:`clattn.flash_attn.flash_attn_with_kvcache`. A query whose dim 1 is not a multiple
+    of the pools' Hkv is refused, with a hint when it looks transposed (a query with Hkv = 1,
+    or one whose Lq and Hq are both multiples of Hkv, cannot be told apart: mind the order).
 
     query (B, Hq, Lq, E); k_pages (pages, page_size, Hkv, E) and v_pages (pages, page_size,
-    Hkv, Ev): float32, float16, bfloat16 (ml_dtypes) or float64 (computed in float32);
-    block_table (B, blocks) and seqlens_k (B,) integers: key j of sequence b is slot
-    j % page_size of page block_table[b, j // page_size], its keys 0 .. seqlens_k[b] - 1. A
-    sequence's pages need not be contiguous nor in order. Hkv divides Hq (grouped heads).
+    Hkv, Ev) (flash-attn's paged k_cache/v_cache): float32, float16, bfloat16 (ml_dtypes) or
+    float64 (computed in float32); block_table (B, blocks) and seqlens_k (B,) integers: key j
+    of sequence b is slot j % page_size of page block_table[b, j // page_size], its keys
+    0 .. seqlens_k[b] - 1. A sequence's pages need not be contiguous nor in order. Hkv divides
+    Hq (query head h uses pool head h // (Hq // Hkv)).
     is_causal: per sequence, the queries being its last Lq keys (bottom-right). scale: None for
     1/sqrt(E). sinks: (Hq,) attention-sink logits (see scaled_dot_product_attention).
-    kv_dtype: 'q8_0' or 'q4_0' (llama.cpp's block formats; E and Ev multiples of 32): float
-    pools are quantized on the device first (``quantize``'s rounding), and uint8 pools are
-    taken as those blocks as they are, (pages, page_size, Hkv, E // 32 * 34) for q8_0 (18 for
-    q4_0), a ggml cache handed over byte for byte; the kernel dequantizes as it reads.
-    torch tensors in give a torch tensor out. Raises clattn.ArgumentError naming the argument
-    for a block index outside the pool (among a sequence's used blocks), a count past the
+    kv_dtype: 'q8_0' or 'q4_0' (llama.cpp's block formats; E and Ev multiples of 32, else
+    ArgumentError): float pools are quantized on the device first (``quantize``'s rounding),
+    and uint8 pools are taken as those blocks as they are, (pages, page_size, Hkv,
+    E // 32 * 34) for q8_0 (18 for q4_0), a ggml cache handed over byte for byte; the kernel
+    dequantizes as it reads.
+    torch tensors in give a torch tensor out (every argument, kv_dtype included, reaches the
+    same core as for numpy). Not differentiable (clattn's backward refuses paged caches): on
+    tensors that require grad while torch records gradients it raises clattn.ArgumentError
+    naming them, never a detached result. Raises clattn.ArgumentError naming the argument for
+    a block index outside the pool (among a sequence's used blocks), a count past the
     table's pages, or shapes that do not fit. Returns (B, Hq, Lq, Ev) in query's dtype."""
     like = _torch.any_tensor(query, k_pages, v_pages)
     if like is not None:
+        if _needs_grad(query, k_pages, v_pages, sinks):
+            names = [n for n, x in (("query", query), ("k_pages", k_pages),
+                                    ("v_pages", v_pages), ("sinks", sinks))
+                     if getattr(x, "requires_grad", False)]
+            raise ArgumentError(_lib.ERR_UNSUPPORTED,
+                                f"paged_attention is not differentiable: {', '.join(names)} "
+                                f"require{'s' if len(names) == 1 else ''} grad, but clattn's "
+                                f"backward refuses paged KV caches (as flash-attn's "
+                                f"flash_attn_with_kvcache has none); call it under "
+                                f"torch.no_grad() or pass detached tensors, or use "
+                                f"varlen_attention for a differentiable packed batch")
         result = paged_attention(
             _torch.to_numpy(query), _torch.to_numpy(k_pages), _torch.to_numpy(v_pages),
             _torch.to_numpy(block_table), _torch.to_numpy(seqlens_k), is_causal=is_causal,
-            scale=scale, sinks=_torch.to_numpy(sinks), ctx=ctx)
+            scale=scale, sinks=_torch.to_numpy(sinks), kv_dtype=kv_dtype, ctx=ctx)
         return _torch.from_numpy(result, like)
     ctx = ctx or default_context()
     q_in = np.asarray(query)
@@ -1043,10 +1066,16 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
     B, Hq, Lq, E = q.shape
     pages, page_size, Hkv, Ek = kp.shape
     if vp.shape[:3] != kp.shape[:3] or Ek != E or Hkv == 0 or Hq % Hkv != 0:
+        hint = ""
+        if Hkv and Hq % Hkv and Lq % Hkv == 0:
+            hint = (f"; query {q.shape} looks like flash-attn's (B, Lq, H, D): paged_attention "
+                    f"takes (B, H, Lq, D) (pass query.transpose(1, 2)), or use "
+                    f"clattn.flash_attn.flash_attn_with_kvcache, which takes (B, Lq, H, D)")
         raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                             f"k_pages {kp.shape}, v_pages {vp.shape}, query {q.shape}: the pools "
-                            f"must share pages, page size and heads (a divisor of Hq), and k "
-                            f"the query's head size")
+                            f"must share pages, page size and heads (Hkv = {Hkv}, a divisor of "
+                            f"the query's heads, dim 1 of (B, Hq, Lq, E)), and k the query's "
+                            f"head size{hint}")
     if not np.issubdtype(table.dtype, np.integer) or table.ndim != 2 or table.shape[0] != B \
             or table.shape[1] == 0:
         raise ArgumentError(_lib.ERR_INVALID_SHAPE,
@@ -1171,60 +1200,73 @@ def _offsets(name: str, cu, total: int, count: Optional[int]) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int32)
 
 
-def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
-                     cu_seqlens_k: ArrayLike, *, max_seqlen_q: Optional[int] = None,
-                     max_seqlen_k: Optional[int] = None, causal: bool = False,
-                     scale: Optional[float] = None, window_size=(-1, -1), softcap: float = 0.0,
-                     alibi_slopes: Optional[ArrayLike] = None, sinks: Optional[ArrayLike] = None,
-                     ctx: Optional[Context] = None) -> ArrayLike:
-    """Packed variable-length batches, as FlashAttention's ``flash_attn_varlen_func`` takes
-    them, in one launch of the fused kernel (no padding, no work on other sequences' keys).
+def _window(window_size) -> tuple:
+    """flash-attn's window_size (left, right) as two ints (-1: unbounded on that side)."""
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"window_size={window_size!r}: expected (left, right) integers, -1 "
+                            f"for unbounded") from None
+    return left, right
 
-    q (total_q, Hq, E), k (total_k, Hkv, E), v (total_k, Hkv, Ev): float32, float16, bfloat16
-    (ml_dtypes) or float64 (computed in float32); Hkv divides Hq. cu_seqlens_q and cu_seqlens_k
-    (B + 1,) integers from 0, non-decreasing, ending at total_q and total_k: sequence i is rows
-    cu_seqlens_q[i] .. cu_seqlens_q[i + 1] - 1 of q and cu_seqlens_k[i] .. - 1 of k and v, and
-    attends only within itself. max_seqlen_q/_k: the longest spans (None: computed). causal and
-    window_size (left, right; -1 unbounded) per sequence, bottom-right aligned (its queries are
-    its last keys), as FlashAttention's. softcap > 0 caps the scores. alibi_slopes (Hq,) or
-    (B, Hq); sinks (Hq,). torch tensors in give a torch tensor out. Raises
-    clattn.ArgumentError naming the argument for offsets that are not as above. Returns
-    (total_q, Hq, Ev) in q's dtype."""
-    like = _torch.any_tensor(q, k, v)
-    if like is not None:
-        result = varlen_attention(
-            _torch.to_numpy(q), _torch.to_numpy(k), _torch.to_numpy(v),
-            _torch.to_numpy(cu_seqlens_q), _torch.to_numpy(cu_seqlens_k),
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, scale=scale,
-            window_size=window_size, softcap=softcap, alibi_slopes=_torch.to_numpy(alibi_slopes),
-            sinks=_torch.to_numpy(sinks), ctx=ctx)
-        return _torch.from_numpy(result, like)
-    ctx = ctx or default_context()
-    q_in = np.asarray(q)
+
+def _scale_alias(softmax_scale, scale):
+    """flash-attn's softmax_scale, or clattn's older scale= keyword (not both)."""
+    if softmax_scale is not None and scale is not None:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            "softmax_scale and scale are the same argument: give one")
+    return scale if softmax_scale is None else softmax_scale
+
+
+def _flash_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                   scale, window_size, softcap, alibi_slopes, sinks, drop, ctx,
+                   entry: str = "varlen_attention") -> SimpleNamespace:
+    """The checked arguments of a FlashAttention-style call on numpy arrays, as the C plan
+    takes them. Packed (cu_seqlens given): q (total_q, Hq, E), k (total_k, Hkv, E), v (total_k,
+    Hkv, Ev). Batched (cu_seqlens_q None): q (B, Lq, Hq, E), k (B, Lk, Hkv, E), v (B, Lk,
+    Hkv, Ev) bound as the (B, H, L, E) views of that memory (no transpose copy). causal and
+    the window bottom-right aligned per sequence, as FlashAttention's. drop: (p, seed, offset)
+    or None (the batched form only: the C library has no dropout with cu_seqlens)."""
+    packed = cu_seqlens_q is not None
+    q_dtype = np.asarray(q).dtype
     qa, ka, va = (_as_float(n, a) for n, a in (("q", q), ("k", k), ("v", v)))
-    if qa.ndim != 3 or ka.ndim != 3 or va.ndim != 3 or 0 in qa.shape or 0 in ka.shape or \
-            va.shape[:2] != ka.shape[:2] or ka.shape[2] != qa.shape[2] or \
-            qa.shape[1] % ka.shape[1] or 0 in va.shape:
+    rank = 3 if packed else 4
+    if qa.ndim != rank or ka.ndim != rank or va.ndim != rank or 0 in qa.shape or \
+            0 in ka.shape or 0 in va.shape or va.shape[:-1] != ka.shape[:-1] or \
+            ka.shape[-1] != qa.shape[-1] or qa.shape[-2] % ka.shape[-2] or \
+            (not packed and qa.shape[0] != ka.shape[0]):
+        want = ("(total_q, Hq, E), (total_k, Hkv, E), (total_k, Hkv, Ev)" if packed else
+                "(B, Lq, Hq, E), (B, Lk, Hkv, E), (B, Lk, Hkv, Ev)")
         raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                            f"q {qa.shape}, k {ka.shape}, v {va.shape}: expected packed "
-                            f"(total_q, Hq, E), (total_k, Hkv, E), (total_k, Hkv, Ev), Hkv "
-                            f"dividing Hq, no dimension 0")
-    cq = _offsets("cu_seqlens_q", cu_seqlens_q, qa.shape[0], None)
-    ck = _offsets("cu_seqlens_k", cu_seqlens_k, ka.shape[0], cq.shape[0])
-    B, Hq = cq.shape[0] - 1, qa.shape[1]
-    longest = (max(1, int(np.max(np.diff(cq)))), max(1, int(np.max(np.diff(ck)))))
+                            f"{entry}: q {qa.shape}, k {ka.shape}, v {va.shape}: expected {want}, "
+                            f"Hkv dividing Hq, no dimension 0")
+    Hq = qa.shape[-2]
+    if packed:
+        cq = _offsets("cu_seqlens_q", cu_seqlens_q, qa.shape[0], None)
+        ck = _offsets("cu_seqlens_k", cu_seqlens_k, ka.shape[0], cq.shape[0])
+        B = cq.shape[0] - 1
+        longest = (max(1, int(np.max(np.diff(cq)))), max(1, int(np.max(np.diff(ck)))))
+        totals = (qa.shape[0], ka.shape[0])
+    else:
+        cq = ck = None
+        B = qa.shape[0]
+        longest = totals = (qa.shape[1], ka.shape[1])
     given = (max_seqlen_q, max_seqlen_k)
-    for name, m, need, total in (("max_seqlen_q", given[0], longest[0], qa.shape[0]),
-                                 ("max_seqlen_k", given[1], longest[1], ka.shape[0])):
-        if m is not None and not need <= int(m) <= total:
+    for name, m, need in (("max_seqlen_q", given[0], longest[0]),
+                          ("max_seqlen_k", given[1], longest[1])):
+        if m is not None and int(m) < need:
             raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                                f"{name}={m}: the longest sequence has {need} rows and the "
-                                f"total is {total}")
-    max_q = int(given[0]) if given[0] is not None else longest[0]
-    max_k = int(given[1]) if given[1] is not None else longest[1]
+                                f"{name}={m}: the longest sequence has {need} rows")
+    # an upper bound past the total (flash-attn takes any bound) is the total
+    max_q = min(int(given[0]), totals[0]) if given[0] is not None and packed else longest[0]
+    max_k = min(int(given[1]), totals[1]) if given[1] is not None and packed else longest[1]
     if scale is not None and not math.isfinite(scale):
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
-    left, right = (int(w) for w in window_size)
+    if not math.isfinite(float(softcap)) or float(softcap) < 0:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"softcap={softcap}: expected a finite value >= 0 (0: off)")
+    left, right = _window(window_size)
     extras = {}
     if sinks is not None:
         extras["sinks"] = _sinks_array(sinks, Hq)
@@ -1236,53 +1278,213 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
                                 f"({Hq},) or ({B}, {Hq})")
     qc, kc, vc = (np.ascontiguousarray(a) for a in (qa, ka, va))
     dtypes = tuple(clattn_dtype(a.dtype) for a in (qc, kc, vc))
-    out = np.empty(qc.shape[:2] + (vc.shape[2],), dtype=qc.dtype)
-    windowed = left >= 0 or right >= 0
+    if packed:
+        lse_shape = (Hq, qc.shape[0])
+    else:
+        lse_shape = (B, Hq, qc.shape[1])
+    return SimpleNamespace(packed=packed, q_dtype=q_dtype, qc=qc, kc=kc, vc=vc, cq=cq, ck=ck,
+                           B=B, Hq=Hq, max_q=max_q, max_k=max_k, causal=bool(causal),
+                           scale=scale, softcap=float(softcap), left=left, right=right,
+                           extras=extras, dtypes=dtypes, drop=drop, ctx=ctx or default_context(),
+                           out_shape=qc.shape[:-1] + (vc.shape[-1],), lse_shape=lse_shape)
+
+
+def _flash_layout(pb, code, a):
+    """A (packed rank 3, or batched (B, L, H, D)) array's clattn layout: batched arrays are
+    bound as their (B, H, L, D) view."""
+    if pb.packed:
+        return layout(code, a.shape)
+    B, L, H, D = a.shape
+    return layout(code, (B, H, L, D), (L * H * D, D, H * D, 1))
+
+
+def _flash_desc(pb, tensors: dict):
+    """The SDPA descriptor of a FlashAttention-style problem with these role layouts."""
+    desc = _lib.SdpaDesc()
+    lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+    t = desc.tensors
+    for name, lay in tensors.items():
+        setattr(t, name, lay)
+    align = _lib.CAUSAL_BOTTOM_RIGHT
+    desc.causal = align if pb.causal else _lib.CAUSAL_NONE
+    if pb.left >= 0 or pb.right >= 0:
+        desc.window_align, desc.window_left, desc.window_right = align, pb.left, pb.right
+    desc.scale = float("nan") if pb.scale is None else float(pb.scale)
+    desc.softcap = pb.softcap
+    if pb.packed:
+        desc.max_seqlen_q, desc.max_seqlen_k = pb.max_q, pb.max_k
+    desc.path = _lib.PATH_FUSED
+    _set_dropout(desc, pb.drop)
+    return desc
+
+
+def _flash_key(pb, kind: str, arrays: dict) -> tuple:
+    return (kind, pb.packed, tuple((n, c, a.shape) for n, (c, a) in arrays.items()),
+            pb.max_q, pb.max_k, pb.causal, pb.scale, pb.left, pb.right, pb.softcap, pb.drop)
+
+
+def _flash_execute(pb, kind: str, inputs: dict, outputs: dict, create_plan) -> None:
+    """Upload `inputs` (role -> (clattn dtype, array)), run the plan (cached per layout; a
+    dropout plan per call) and read `outputs` (role -> (clattn dtype, array)) back in place."""
+    ctx = pb.ctx
 
     def tensors():
-        t = _lib.Tensors()
-        t.q, t.k, t.v = (layout(c, a.shape) for c, a in zip(dtypes, (qc, kc, vc)))
-        t.out = layout(dtypes[0], out.shape)
-        t.cu_seqlens_q = layout(_lib.I32, cq.shape)
-        t.cu_seqlens_k = layout(_lib.I32, ck.shape)
-        for name, a in extras.items():
-            setattr(t, name, layout(_lib.F32, a.shape))
-        return t
-
-    key_ = ("varlen", qc.shape, kc.shape, vc.shape, dtypes, cq.shape, max_q, max_k,
-            bool(causal), scale, left, right, float(softcap),
-            tuple((n, a.shape) for n, a in extras.items()))
+        src = {}
+        for name, (code, a) in list(inputs.items()) + list(outputs.items()):
+            if name in ("cu_seqlens_q", "cu_seqlens_k", "sinks", "alibi_slopes", "lse",
+                        "grad_sinks"):
+                src[name] = layout(code, a.shape)
+            else:
+                src[name] = _flash_layout(pb, code, a)
+        return src
 
     def create():
-        desc = _lib.SdpaDesc()
-        lib.clattn_sdpa_desc_init(ctypes.byref(desc))
-        t, src = desc.tensors, tensors()
-        for name in ("q", "k", "v", "out", "cu_seqlens_q", "cu_seqlens_k") + tuple(extras):
-            setattr(t, name, getattr(src, name))
-        align = _lib.CAUSAL_BOTTOM_RIGHT
-        desc.causal = align if causal else _lib.CAUSAL_NONE
-        if windowed:
-            desc.window_align, desc.window_left, desc.window_right = align, left, right
-        desc.scale = float("nan") if scale is None else float(scale)
-        desc.softcap = float(softcap)
-        desc.max_seqlen_q, desc.max_seqlen_k = max_q, max_k
-        desc.path = _lib.PATH_FUSED
-        return _sdpa_plan(ctx, desc)
+        return create_plan(_flash_desc(pb, tensors()))
 
-    with ctx.lock:
-        plan = ctx.plan(key_, create)
-        arrays = [qc, kc, vc, cq, ck] + list(extras.values())
-        buffers = [Buffer(ctx, a) for a in arrays]
-        out_buf = Buffer(ctx, nbytes=out.nbytes)
-        t = tensors()
-        names = ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"] + list(extras)
-        for name, buf in zip(names, buffers):
-            getattr(t, name).mem = buf.mem
-        t.out.mem = out_buf.mem
+    key_ = _flash_key(pb, kind, {**inputs, **outputs})
+    with ctx.lock, _plan_for(ctx, key_, create, pb.drop) as plan:
+        t = _lib.Tensors()
+        buffers = {}
+        for name, lay in tensors().items():
+            setattr(t, name, lay)
+        for name, (_, a) in inputs.items():
+            buffers[name] = Buffer(ctx, a)
+            getattr(t, name).mem = buffers[name].mem
+        for name, (_, a) in outputs.items():
+            buffers[name] = Buffer(ctx, nbytes=a.nbytes)
+            getattr(t, name).mem = buffers[name].mem
         ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(t), _lib.ROLE_COUNT, None, None, 0,
                                           None, None))
-        out_buf.read(ctx, out)
-    return out.astype(q_in.dtype) if q_in.dtype == np.float64 else out
+        for name, (_, a) in outputs.items():
+            buffers[name].read(ctx, a)
+
+
+def _flash_inputs(pb) -> dict:
+    inputs = {"q": (pb.dtypes[0], pb.qc), "k": (pb.dtypes[1], pb.kc),
+              "v": (pb.dtypes[2], pb.vc)}
+    if pb.packed:
+        inputs["cu_seqlens_q"] = (_lib.I32, pb.cq)
+        inputs["cu_seqlens_k"] = (_lib.I32, pb.ck)
+    for name, a in pb.extras.items():
+        inputs[name] = (_lib.F32, a)
+    return inputs
+
+
+def _flash_forward(pb, want_lse: bool):
+    """(out, lse): out of q's shape but Ev and of q's dtype (float64 in, float64 out); lse
+    float32 (Hq, total_q) packed or (B, Hq, Lq) batched, None unless want_lse."""
+    out = np.empty(pb.out_shape, dtype=pb.qc.dtype)
+    outputs = {"out": (pb.dtypes[0], out)}
+    lse = None
+    if want_lse:
+        lse = np.empty(pb.lse_shape, np.float32)
+        outputs["lse"] = (_lib.F32, lse)
+    _flash_execute(pb, "flash-fwd", _flash_inputs(pb), outputs,
+                   lambda desc: _sdpa_plan(pb.ctx, desc))
+    if pb.q_dtype == np.float64:
+        out = out.astype(np.float64)
+    return out, lse
+
+
+def _flash_backward(pb, out, lse, grad_out) -> tuple:
+    """clattn's backward (clattn_sdpa_backward_plan_create) of the problem pb whose forward
+    gave out and lse: (dq, dk, dv, dsinks) as float32 arrays of q's, k's, v's shapes (dsinks
+    (Hq,) or None)."""
+    oc = np.ascontiguousarray(_as_float("out", out))
+    dc = np.ascontiguousarray(_as_float("grad_out", grad_out))
+    if oc.shape != pb.out_shape or dc.shape != pb.out_shape:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"out {oc.shape} and grad_out {dc.shape}: the forward's is "
+                            f"{pb.out_shape}")
+    inputs = _flash_inputs(pb)
+    inputs["out"] = (clattn_dtype(oc.dtype), oc)
+    inputs["grad_out"] = (clattn_dtype(dc.dtype), dc)
+    inputs["lse"] = (_lib.F32, np.ascontiguousarray(lse, dtype=np.float32))
+    grads = {"grad_q": (_lib.F32, np.empty(pb.qc.shape, np.float32)),
+             "grad_k": (_lib.F32, np.empty(pb.kc.shape, np.float32)),
+             "grad_v": (_lib.F32, np.empty(pb.vc.shape, np.float32))}
+    if "sinks" in pb.extras:
+        grads["grad_sinks"] = (_lib.F32, np.empty(pb.extras["sinks"].shape, np.float32))
+
+    def create(desc):
+        plan = ctypes.c_void_p()
+        pb.ctx.check(lib.clattn_sdpa_backward_plan_create(pb.ctx.handle, ctypes.byref(desc),
+                                                          ctypes.byref(plan)))
+        return plan
+
+    _flash_execute(pb, "flash-bwd", inputs, grads, create)
+    return (grads["grad_q"][1], grads["grad_k"][1], grads["grad_v"][1],
+            grads["grad_sinks"][1] if "grad_sinks" in grads else None)
+
+
+def _varlen_dropout(dropout_p, entry: str = "varlen_attention") -> None:
+    """Packed sequences have no dropout in the C library: refuse dropout_p > 0 clearly."""
+    from .dropout import _probability
+    p = _probability(dropout_p)
+    if p > 0.0:
+        raise ArgumentError(_lib.ERR_UNSUPPORTED,
+                            f"{entry}: dropout_p={p}: clattn has no dropout on packed "
+                            f"variable-length batches (cu_seqlens); pad the batch and use "
+                            f"clattn.flash_attn.flash_attn_func or scaled_dot_product_attention "
+                            f"with dropout_p, or pass dropout_p=0 (evaluation)")
+
+
+def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike,
+                     cu_seqlens_k: ArrayLike, max_seqlen_q: Optional[int] = None,
+                     max_seqlen_k: Optional[int] = None, dropout_p: float = 0.0,
+                     softmax_scale: Optional[float] = None, causal: bool = False,
+                     window_size=(-1, -1), softcap: float = 0.0,
+                     alibi_slopes: Optional[ArrayLike] = None, deterministic: bool = False,
+                     return_attn_probs: bool = False, *, scale: Optional[float] = None,
+                     sinks: Optional[ArrayLike] = None, ctx: Optional[Context] = None):
+    """Packed variable-length batches with FlashAttention's ``flash_attn_varlen_func``
+    signature (the same positional order), in one launch of the fused kernel (no padding, no
+    work on other sequences' keys).
+
+    q (total_q, Hq, E), k (total_k, Hkv, E), v (total_k, Hkv, Ev): float32, float16, bfloat16
+    (ml_dtypes) or float64 (computed in float32); Hkv divides Hq. cu_seqlens_q and cu_seqlens_k
+    (B + 1,) integers from 0, non-decreasing, ending at total_q and total_k: sequence i is rows
+    cu_seqlens_q[i] .. cu_seqlens_q[i + 1] - 1 of q and cu_seqlens_k[i] .. - 1 of k and v, and
+    attends only within itself. max_seqlen_q/_k: bounds on the longest spans (None: computed;
+    a value below the longest span is refused, one past the total taken as the total).
+    dropout_p: must be 0 (clattn has no dropout on packed batches; ArgumentError otherwise).
+    softmax_scale (or clattn's older keyword ``scale``): None for 1/sqrt(E). causal and
+    window_size (left, right; -1 unbounded) per sequence, bottom-right aligned (its queries
+    are its last keys), as FlashAttention's. softcap > 0 caps the scores. alibi_slopes (Hq,)
+    or (B, Hq): bias -slope * |i + Lk - Lq - j| per sequence. deterministic: accepted;
+    clattn's backward is always deterministic.
+    return_attn_probs: return ``(out, lse, None)``, lse float32 (Hq, total_q) (the rows'
+    log-sum-exp; the probabilities are not materialised: None). Keyword only: sinks (Hq,)
+    attention-sink logits, ctx.
+    torch tensors in give torch tensors out (q's dtype and device); where torch records
+    gradients and q, k, v or sinks require grad, the result is differentiable (clattn's
+    packed backward; alibi_slopes has no gradient and refuses requires_grad).
+    Raises clattn.ArgumentError naming the argument for offsets that are not as above.
+    Returns (total_q, Hq, Ev) in q's dtype."""
+    scale = _scale_alias(softmax_scale, scale)
+    _varlen_dropout(dropout_p)
+    like = _torch.any_tensor(q, k, v)
+    if like is not None:
+        if _needs_grad(q, k, v, sinks, alibi_slopes):
+            from ._flash_autograd import flash_autograd
+            out, lse = flash_autograd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      max_seqlen_k, causal, scale, window_size, softcap,
+                                      alibi_slopes, sinks, None, ctx, entry="varlen_attention")
+            return (out, lse, None) if return_attn_probs else out
+        pb = _flash_problem(*(_torch.to_numpy(a) for a in (q, k, v, cu_seqlens_q,
+                                                           cu_seqlens_k)),
+                            max_seqlen_q, max_seqlen_k, causal, scale, window_size, softcap,
+                            _torch.to_numpy(alibi_slopes), _torch.to_numpy(sinks), None, ctx)
+        out, lse = _flash_forward(pb, return_attn_probs)
+        out = _torch.from_numpy(out, like)
+        if return_attn_probs:
+            return out, _torch.from_numpy(lse, like), None
+        return out
+    pb = _flash_problem(q, k, v, _torch.to_numpy(cu_seqlens_q), _torch.to_numpy(cu_seqlens_k),
+                        max_seqlen_q, max_seqlen_k, causal, scale, window_size, softcap,
+                        _torch.to_numpy(alibi_slopes), _torch.to_numpy(sinks), None, ctx)
+    out, lse = _flash_forward(pb, return_attn_probs)
+    return (out, lse, None) if return_attn_probs else out
 
 
 def quantize(x: ArrayLike, kv_dtype: str, *, ctx: Optional[Context] = None) -> np.ndarray:

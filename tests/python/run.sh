@@ -104,8 +104,9 @@ else
     POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$venv/bin/python" -m pytest -q \
         -p no:cacheprovider "$root/tests/python" "$@"
     status=$?
-    # test_torch.py, test_backward.py and test_dropout.py (autograd) against Debian's torch
-    # (see the header), the same wheel's sources
+    # test_torch.py, test_backward.py, test_dropout.py, test_flash_attn.py and
+    # test_varlen_paged.py (autograd) against Debian's torch (see the header), the same
+    # wheel's sources
     tvenv=$build/venv-python-torch
     if [ "${CLATTN_PY_TORCH:-1}" = 0 ]; then
         echo "python: torch step skipped (CLATTN_PY_TORCH=0)"
@@ -131,8 +132,10 @@ else
             esac
             POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$tvenv/bin/python" -m pytest \
                 -q -p no:cacheprovider "$root/tests/python/test_torch.py" \
-                "$root/tests/python/test_backward.py" "$root/tests/python/test_dropout.py" "$@"
-            rc=$?  # 5: a -k filter left nothing in the three files
+                "$root/tests/python/test_backward.py" "$root/tests/python/test_dropout.py" \
+                "$root/tests/python/test_flash_attn.py" "$root/tests/python/test_varlen_paged.py" \
+                "$@"
+            rc=$?  # 5: a -k filter left nothing in these files
             [ $rc = 0 ] || [ $rc = 5 ] || status=1
             echo "python: torch step (Debian's torch" \
                 "$("$tvenv/bin/python" -c 'import torch; print(torch.__version__)')) took" \
