@@ -1487,6 +1487,7 @@ def varlen_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Arr
     return (out, lse, None) if return_attn_probs else out
 
 
+@_torch.torch_io("quantize")
 def quantize(x: ArrayLike, kv_dtype: str, *, ctx: Optional[Context] = None) -> np.ndarray:
     """llama.cpp's block quantization on the clattn device: x (..., E) float32, float16,
     bfloat16 or float64, E a multiple of 32, rank 1 to 4; kv_dtype 'q8_0' (per 32 values an

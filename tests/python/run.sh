@@ -104,9 +104,11 @@ else
     POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$venv/bin/python" -m pytest -q \
         -p no:cacheprovider "$root/tests/python" "$@"
     status=$?
-    # test_torch.py, test_backward.py, test_dropout.py, test_flash_attn.py and
-    # test_varlen_paged.py (autograd) against Debian's torch (see the header), the same
-    # wheel's sources
+    # the test files that use torch (autograd, torch in/out, parity) against Debian's torch
+    # (see the header), the same wheel's sources; test_compile.py and test_transformers.py
+    # need a newer torch (run_hf.sh's step)
+    torch_tests=(test_torch.py test_backward.py test_dropout.py test_flash_attn.py
+                 test_varlen_paged.py test_dropin.py test_parity.py)
     tvenv=$build/venv-python-torch
     if [ "${CLATTN_PY_TORCH:-1}" = 0 ]; then
         echo "python: torch step skipped (CLATTN_PY_TORCH=0)"
@@ -131,10 +133,7 @@ else
                    status=1 ;;
             esac
             POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$tvenv/bin/python" -m pytest \
-                -q -p no:cacheprovider "$root/tests/python/test_torch.py" \
-                "$root/tests/python/test_backward.py" "$root/tests/python/test_dropout.py" \
-                "$root/tests/python/test_flash_attn.py" "$root/tests/python/test_varlen_paged.py" \
-                "$@"
+                -q -p no:cacheprovider "${torch_tests[@]/#/$root/tests/python/}" "$@"
             rc=$?  # 5: a -k filter left nothing in these files
             [ $rc = 0 ] || [ $rc = 5 ] || status=1
             echo "python: torch step (Debian's torch" \

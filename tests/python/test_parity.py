@@ -107,6 +107,8 @@ def check_case(fn, args, kwargs):
         assert not same(want, other), \
             f"{fn.__qualname__}: {name}={value!r} changes nothing in this case; give a value " \
             f"that does (or list it in NO_EFFECT with the reason)"
+    if not any(isinstance(x, np.ndarray) for x in (*args, *kwargs.values())):
+        return set(bound.arguments)  # no array in: no torch form of this call
     got = flatten(fn(*(to_torch(a) for a in args),
                      **{k: to_torch(v) for k, v in kwargs.items()}), True)
     assert same(want, got), f"{fn.__qualname__}: torch and numpy inputs give other numbers"
@@ -235,15 +237,64 @@ def test_numpy_multihead_attention_and_kv_cache():
                     dict(scale=0.2, path="fused"))])
 
 
+def with_copies(fn, *names):
+    """fn with the named array arguments copied first (functions that write into their
+    inputs, as flash_attn_with_kvcache's caches), same signature."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        for n in names:
+            x = bound.arguments.get(n)
+            if x is not None:
+                bound.arguments[n] = x.clone() if isinstance(x, torch.Tensor) else x.copy()
+        return fn(*bound.args, **bound.kwargs)
+    return call
+
+
 def test_flash_attn_functions():
     fa = pytest.importorskip("clattn.flash_attn")
     a = rng_arrays(8)
     q, k, v = a(2, 5, 4, 8), a(2, 7, 2, 8), a(2, 7, 2, 8)
-    common = dict(softmax_scale=0.3, causal=True, window_size=(4, 1), softcap=2.0,
-                  alibi_slopes=np.abs(a(4)))
-    check(fa.flash_attn_func, [((q, k, v), dict(common, return_attn_probs=True)),
-                               ((q, k, v), dict(dropout_p=0.2, deterministic=True))],
+    slopes, sinks = np.abs(a(4)), a(4)
+    common = dict(softmax_scale=0.3, causal=True, window_size=(2, 2), softcap=2.0,
+                  alibi_slopes=slopes, sinks=sinks)
+    dropped = dict(dropout_p=0.2, dropout_seed=11, dropout_offset=2, return_attn_probs=True)
+    check(fa.flash_attn_func, [((q, k, v), common), ((q, k, v), dropped)])
+    qkv = a(2, 5, 3, 4, 8)
+    check(fa.flash_attn_qkvpacked_func, [((qkv,), common), ((qkv,), dropped)])
+    kv = a(2, 7, 2, 2, 8)
+    check(fa.flash_attn_kvpacked_func, [((q, kv), common), ((q, kv), dropped)])
+    cu_q, cu_k = np.array([0, 3, 4, 9], np.int32), np.array([0, 5, 11, 13], np.int32)
+    pq, pk, pv = a(9, 4, 8), a(13, 2, 8), a(13, 2, 8)
+    varlen = dict(common, return_attn_probs=True)
+    check(fa.flash_attn_varlen_func,
+          [((pq, pk, pv, cu_q, cu_k, 5, 6), varlen),
+           ((pq, a(6, 4, 2, 8), a(6, 4, 2, 8), cu_q, np.array([0, 5, 11, 13], np.int32), 5,
+             6), dict(block_table=np.array([[1, 4], [0, 3], [5, 2]], np.int32)))],
+          skip={"dropout_p"})  # no dropout with packed sequences (refused)
+    cu = np.array([0, 4, 6, 11], np.int32)
+    check(fa.flash_attn_varlen_qkvpacked_func, [((a(11, 3, 4, 8), cu, 5), varlen)],
           skip={"dropout_p"})
+    check(fa.flash_attn_varlen_kvpacked_func, [((pq, a(13, 2, 2, 8), cu_q, cu_k, 5, 6),
+                                                varlen)], skip={"dropout_p"})
+    cache = with_copies(fa.flash_attn_with_kvcache, "k_cache", "v_cache")
+    kc, vc = a(3, 12, 2, 32), a(3, 12, 2, 32)
+    qd, kn, vn = a(2, 2, 4, 32), a(2, 2, 2, 32), a(2, 2, 2, 32)
+    lens = np.array([5, 8], np.int32)
+    cos, sin = a(16, 8), a(16, 8)
+    check(cache, [((qd, kc, vc, kn, vn, cos, sin, lens, np.array([2, 0], np.int32)),
+                   dict(softmax_scale=0.3, causal=True, rotary_interleaved=False,
+                        return_softmax_lse=True, sinks=sinks)),
+                  ((qd, kc, vc), dict(cache_seqlens=lens, cache_leftpad=np.array([1, 2],
+                                                                                  np.int32),
+                                      window_size=(3, 0), softcap=2.0, alibi_slopes=slopes)),
+                  ((qd, a(6, 4, 2, 32), a(6, 4, 2, 32), kn, vn), dict(
+                      cache_seqlens=lens, block_table=np.array([[1, 4, 0], [5, 2, 3]],
+                                                               np.int32),
+                      kv_dtype="q8_0"))],
+          skip={"num_splits"})  # flash-attn's split-KV hint: ignored (documented)
 
 
 def test_a_planted_dropped_argument_fails():
