@@ -477,6 +477,88 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
     return result, lse.reshape(pb.result_shape[:-1])
 
 
+def sdpa_weights(query: ArrayLike, key: ArrayLike, value: ArrayLike,
+                 attn_mask: Optional[ArrayLike] = None, is_causal: bool = False,
+                 scale: Optional[float] = None, enable_gqa: bool = False, *,
+                 sinks: Optional[ArrayLike] = None, softcap: float = 0.0,
+                 ctx: Optional[Context] = None):
+    """``scaled_dot_product_attention`` that also returns the attention weights (the
+    unfused path, which materialises them): ``(out, weights)``. The arguments are
+    scaled_dot_product_attention's (no dropout); softcap > 0 caps each scaled score s to
+    softcap * tanh(s / softcap) before the masks (Gemma 2). torch tensors in (read detached)
+    give torch tensors out, numpy in gives numpy out. out is (..., Hq, L, Ev) in query's
+    dtype; weights are float32 (..., Hq, L, S), each row's softmax (the sink's share left
+    out, so such a row sums to less than 1; zeros for a row whose keys are all masked).
+    Not differentiable: for gradients, call scaled_dot_product_attention for the output."""
+    like = _torch.any_tensor(query, key, value)
+    query, key, value, attn_mask, sinks = (_torch.to_numpy(a) for a in
+                                           (query, key, value, attn_mask, sinks))
+    _check_options(attn_mask, is_causal, scale)
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"softcap={softcap}: expected a finite value >= 0 (0: off)")
+    ctx = ctx or default_context()
+    pb = _problem(query, key, value, attn_mask, enable_gqa, sinks)
+    (qc, qs), (kc, ks), (vc, vs) = _packed(pb.q4), _packed(pb.k4), _packed(pb.v4)
+    B, H, L, S, Ev, dtypes = pb.B, pb.heads_q, pb.L, pb.S, pb.Ev, pb.dtypes
+    out = np.empty((B, H, L, Ev), dtype=pb.q4.dtype)
+    weights = np.empty((B, H, L, S), dtype=np.float32)
+
+    def tensors():
+        t = _lib.Tensors()
+        t.q = layout(dtypes[0], pb.q4.shape, qs)
+        t.k = layout(dtypes[1], pb.k4.shape, ks)
+        t.v = layout(dtypes[2], pb.v4.shape, vs)
+        t.out = layout(dtypes[0], out.shape)
+        t.weights = layout(_lib.F32, weights.shape)
+        if pb.mask4 is not None:
+            t.attn_mask = layout(pb.mask4[1], pb.mask4[0].shape)
+        if pb.sinks1 is not None:
+            t.sinks = layout(_lib.F32, pb.sinks1.shape)
+        return t
+
+    key_ = ("sdpa-weights", pb.q4.shape, pb.k4.shape, pb.v4.shape, dtypes, qs, ks, vs,
+            None if pb.mask4 is None else (pb.mask4[0].shape, pb.mask4[1]), bool(is_causal),
+            scale, pb.sinks1 is not None, float(softcap))
+
+    def create():
+        desc = _lib.SdpaDesc()
+        lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+        src, t = tensors(), desc.tensors
+        for name in ("q", "k", "v", "out", "weights", "attn_mask", "sinks"):
+            setattr(t, name, getattr(src, name))
+        desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
+        desc.scale = float("nan") if scale is None else float(scale)
+        desc.softcap = float(softcap)
+        desc.path = _lib.PATH_UNFUSED
+        return _sdpa_plan(ctx, desc)
+
+    with ctx.lock, _plan_for(ctx, key_, create, None) as plan:
+        t = tensors()
+        inputs = [("q", qc), ("k", kc), ("v", vc)]
+        if pb.mask4 is not None:
+            inputs.append(("attn_mask", pb.mask4[0]))
+        if pb.sinks1 is not None:
+            inputs.append(("sinks", pb.sinks1))
+        buffers = []
+        for name, a in inputs:
+            buffers.append(Buffer(ctx, a))
+            getattr(t, name).mem = buffers[-1].mem
+        out_buf, w_buf = Buffer(ctx, nbytes=out.nbytes), Buffer(ctx, nbytes=weights.nbytes)
+        t.out.mem, t.weights.mem = out_buf.mem, w_buf.mem
+        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(t), _lib.ROLE_COUNT, None, None, 0,
+                                          None, None))
+        out_buf.read(ctx, out)
+        w_buf.read(ctx, weights)
+    result = out.reshape(pb.result_shape)
+    if pb.q_in.dtype == np.float64:
+        result = result.astype(np.float64)
+    weights = weights.reshape(pb.result_shape[:-1] + (S,))
+    if like is not None:
+        return _torch.from_numpy(result, like), _torch.from_numpy(weights, like)
+    return result, weights
+
+
 class SdpaGrads(tuple):
     """What :func:`sdpa_backward` returns: the tuple ``(grad_query, grad_key, grad_value)``
     (so ``dq, dk, dv = sdpa_backward(...)`` works), with the optional gradients as
