@@ -6,8 +6,9 @@ import contextlib
 import ctypes
 import math
 import sys
+import warnings
 from types import SimpleNamespace
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -35,9 +36,27 @@ def _sinks_array(sinks, heads: int) -> Optional[np.ndarray]:
     return a
 
 
+_warned_float64 = False
+
+
+def _warn_float64() -> None:
+    """Says once per process that float64 inputs are computed in float32 (clattn's kernels
+    store f32, f16 and bf16 and compute in float32; the results come back as float64)."""
+    global _warned_float64
+    if not _warned_float64:
+        _warned_float64 = True
+        here, level, frame = __file__.rsplit("/", 1)[0], 1, sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(here):
+            frame, level = frame.f_back, level + 1  # point at the caller's line
+        warnings.warn("clattn computes float64 inputs in float32 (about 1e-7 relative error) "
+                      "and returns float64; said once per process", RuntimeWarning,
+                      stacklevel=level)
+
+
 def _as_float(name: str, array) -> np.ndarray:
     a = np.asarray(array)
     if a.dtype == np.float64:
+        _warn_float64()
         return a.astype(np.float32)
     try:
         clattn_dtype(a.dtype)
@@ -73,6 +92,8 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
                                  is_causal: bool = False, scale: Optional[float] = None,
                                  enable_gqa: bool = False, *, ctx: Optional[Context] = None,
                                  path: str = "auto", sinks: Optional[ArrayLike] = None,
+                                 softcap: float = 0.0, window_size=(-1, -1),
+                                 need_weights: bool = False,
                                  dropout_seed: Optional[int] = None, dropout_offset: int = 0,
                                  generator=None) -> ArrayLike:
     """Attention as ``torch.nn.functional.scaled_dot_product_attention`` computes it, on the
@@ -116,6 +137,18 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     head h's sink joins each row's softmax denominator and takes no value,
     p_ij = exp(s_ij - m) / (sum_j exp(s_ij - m) + exp(sinks[h] - m)); -inf is no sink. With
     every mask, causal masking and grouped heads (numpy and torch inputs).
+    softcap (keyword only): C > 0 caps each scaled score s to C * tanh(s / C) before the masks
+    (Gemma 2, Grok); 0 is off. window_size (keyword only): (left, right), query i sees keys
+    i - left .. i + right (-1: unbounded; top-left aligned, as is_causal), a sliding window
+    (Mistral, Gemma) without a mask.
+    need_weights (keyword only): also return the attention weights, ``(out, weights)``,
+    weights (..., Hq, L, S) in query's dtype (softmax(scores), the sink's share left out,
+    after dropout, as torch's nn.MultiheadAttention returns them), computed by the unfused
+    path (path "fused" is then refused). With autograd both results are differentiable: the
+    weights' own gradient is computed in torch from the weights (softmax, masks, sinks,
+    GQA; with softcap or dropout that gradient raises NotImplementedError).
+    float64 inputs are computed in float32 (the kernels' arithmetic), returned as float64,
+    with one RuntimeWarning per process saying so.
     Repeated calls with the same shapes, strides, dtypes and options reuse the plan made by
     the first (and, for numpy, its device buffers): a call then costs the copies, the launch
     and a few microseconds of Python (bench/python_overhead.py).
@@ -131,34 +164,39 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
     drop = _dropout_args(dropout_p, dropout_seed, dropout_offset,
                          torch_inputs=like is not None, generator=generator)
     p, seed, offset = drop if drop is not None else (0.0, None, 0)
+    sc = _score(attn_mask, is_causal, scale, softcap, window_size, path)
+    if need_weights and sc.path == _lib.PATH_FUSED:
+        raise ArgumentError(_lib.ERR_UNSUPPORTED,
+                            "need_weights=True: the weights come from the unfused path; "
+                            "path='fused' never forms them")
     if like is not None and _needs_grad(query, key, value, attn_mask, sinks):
         from .autograd import sdpa_autograd  # torch autograd: the forward keeps its lse
         return sdpa_autograd(query, key, value, attn_mask, is_causal, scale, enable_gqa,
                              sinks=sinks, ctx=ctx, path=path, dropout_p=p, dropout_seed=seed,
-                             dropout_offset=offset)
+                             dropout_offset=offset, softcap=softcap, window_size=window_size,
+                             need_weights=need_weights)
     if like is not None:  # torch in, torch out: numpy views of the tensors' memory
         result = scaled_dot_product_attention(
             _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
             _torch.to_numpy(attn_mask), p, is_causal, scale, enable_gqa, ctx=ctx, path=path,
-            sinks=_torch.to_numpy(sinks), dropout_seed=seed, dropout_offset=offset)
+            sinks=_torch.to_numpy(sinks), softcap=softcap, window_size=window_size,
+            need_weights=need_weights, dropout_seed=seed, dropout_offset=offset)
+        if need_weights:
+            return _torch.from_numpy(result[0], like), _torch.from_numpy(result[1], like)
         return _torch.from_numpy(result, like)
     if _torch.is_tensor(attn_mask):
         attn_mask = _torch.to_numpy(attn_mask)
     if _torch.is_tensor(sinks):
         sinks = _torch.to_numpy(sinks)
-    if path not in _PATHS:
-        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                            f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
-    if attn_mask is not None and is_causal:
-        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                            "attn_mask and is_causal are exclusive (as in PyTorch)")
-    if scale is not None and not math.isfinite(scale):
-        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
     if _is_pyopencl(query) or _is_pyopencl(key) or _is_pyopencl(value):
-        return _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, ctx,
-                              path, sinks, drop)
+        if need_weights:
+            raise ArgumentError(_lib.ERR_UNSUPPORTED,
+                                "need_weights=True takes numpy arrays or torch tensors, not "
+                                "pyopencl arrays")
+        return _sdpa_pyopencl(query, key, value, attn_mask, enable_gqa, ctx, sc, sinks, drop)
     ctx = ctx or default_context()
-    fast_key = None if sinks is not None or drop is not None else _numpy_key(
+    plain = sc.softcap == 0 and sc.left < 0 and sc.right < 0 and not need_weights
+    fast_key = None if sinks is not None or drop is not None or not plain else _numpy_key(
         query, key, value, attn_mask, is_causal, scale, enable_gqa, path)
     if fast_key is not None:
         with ctx.lock:
@@ -173,9 +211,11 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
                                                 pb.result_shape)
     out_dtype = dtypes[0]
     (qc, qs), (kc, ks), (vc, vs) = _packed(q4), _packed(k4), _packed(v4)
+    S = pb.S
+    weights = np.empty((B, heads_q, L, S), np.float32) if need_weights else None
     key_ = ("sdpa", q4.shape, k4.shape, v4.shape, dtypes, qs, ks, vs,
-            None if mask4 is None else (mask4[0].shape, mask4[1]), bool(is_causal),
-            scale, _PATHS[path], sinks1 is not None, drop)
+            None if mask4 is None else (mask4[0].shape, mask4[1]), sc, sinks1 is not None,
+            drop, need_weights)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -189,10 +229,9 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
             t.attn_mask = layout(mask4[1], mask4[0].shape)
         if sinks1 is not None:
             t.sinks = layout(_lib.F32, sinks1.shape)
-        desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
-        desc.scale = float("nan") if scale is None else float(scale)
-        desc.path = _PATHS[path]
-        _set_dropout(desc, drop)
+        if weights is not None:
+            t.weights = layout(_lib.F32, weights.shape)
+        _fill(desc, sc, drop)
         return _sdpa_plan(ctx, desc)
 
     raw = [query, key, value] + ([attn_mask] if attn_mask is not None else [])
@@ -244,11 +283,21 @@ def scaled_dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayL
             buffers.append(Buffer(ctx, sinks1))
             tensors.sinks = layout(_lib.F32, sinks1.shape)
             tensors.sinks.mem = buffers[-1].mem
+        if weights is not None:
+            buffers.append(Buffer(ctx, nbytes=weights.nbytes))
+            tensors.weights = layout(_lib.F32, weights.shape)
+            tensors.weights.mem = buffers[-1].mem
         ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(tensors), _lib.ROLE_COUNT,
                                           None, None, 0, None, None))
         buffers[3].read(ctx, out)
+        if weights is not None:
+            buffers[-1].read(ctx, weights)
     result = out.reshape(result_shape)
-    return result.astype(q_in.dtype) if q_in.dtype == np.float64 else result
+    if q_in.dtype == np.float64:
+        result = result.astype(q_in.dtype)
+    if weights is None:
+        return result
+    return result, weights.reshape(result_shape[:-1] + (S,)).astype(result.dtype, copy=False)
 
 
 def _problem(query, key, value, attn_mask, enable_gqa, sinks) -> SimpleNamespace:
@@ -346,6 +395,57 @@ def _set_dropout(desc, drop: Optional[tuple]) -> None:
         desc.dropout_p, desc.dropout_seed, desc.dropout_offset = drop
 
 
+class _Score(NamedTuple):
+    """The score options of an SDPA call, checked once: what every plan descriptor of the
+    numpy, torch and pyopencl paths (forward, forward with lse, backward) takes, and part of
+    each plan's cache key."""
+    causal: int
+    scale: Optional[float]
+    softcap: float
+    left: int
+    right: int
+    path: int
+
+
+def _score(attn_mask, is_causal, scale, softcap=0.0, window_size=(-1, -1),
+           path="auto") -> _Score:
+    """The options checked (ArgumentError naming the argument) as a _Score."""
+    if path not in _PATHS:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
+    _check_options(attn_mask, is_causal, scale)
+    try:
+        cap = float(softcap)
+    except (TypeError, ValueError):
+        cap = float("nan")
+    if not math.isfinite(cap) or cap < 0:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"softcap={softcap!r}: expected a finite number >= 0 (0: off)")
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        left = right = -2
+    if left < -1 or right < -1:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"window_size={window_size!r}: expected (left, right), each -1 "
+                            f"(unbounded) or >= 0")
+    return _Score(_lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE,
+                  None if scale is None else float(scale), cap, left, right, _PATHS[path])
+
+
+def _fill(desc, score: _Score, drop: Optional[tuple] = None) -> None:
+    """A plan descriptor's score fields from a _Score (the window is top-left aligned, as
+    is_causal: query i sees keys i - left .. i + right) and dropout's from drop."""
+    desc.causal = score.causal
+    desc.scale = float("nan") if score.scale is None else score.scale
+    desc.softcap = score.softcap
+    if score.left >= 0 or score.right >= 0:
+        desc.window_align = _lib.CAUSAL_TOP_LEFT
+        desc.window_left, desc.window_right = score.left, score.right
+    desc.path = score.path
+    _set_dropout(desc, drop)
+
+
 @contextlib.contextmanager
 def _plan_for(ctx: Context, key: tuple, create, drop: Optional[tuple]):
     """The plan for `key`: the context's cached one, or, with dropout (whose seed is part of
@@ -399,7 +499,8 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
                  scale: Optional[float] = None, enable_gqa: bool = False, *,
                  sinks: Optional[ArrayLike] = None, ctx: Optional[Context] = None,
                  path: str = "auto", dropout_p: float = 0.0,
-                 dropout_seed: Optional[int] = None, dropout_offset: int = 0):
+                 dropout_seed: Optional[int] = None, dropout_offset: int = 0,
+                 softcap: float = 0.0, window_size=(-1, -1)):
     """``scaled_dot_product_attention`` on numpy arrays that also returns the rows'
     log-sum-exp, what :func:`sdpa_backward` takes: ``(out, lse)``.
 
@@ -411,12 +512,9 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
     dropped weights' output); lse is float32 (..., Hq, L): the log-sum-exp of each row's
     masked, scaled scores (the sink included; undropped), -inf for a row whose keys are all
     masked."""
-    if path not in _PATHS:
-        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                            f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
     query, key, value, attn_mask, sinks = (_torch.to_numpy(a) for a in
                                            (query, key, value, attn_mask, sinks))
-    _check_options(attn_mask, is_causal, scale)
+    sc = _score(attn_mask, is_causal, scale, softcap, window_size, path)
     drop = _dropout_args(dropout_p, dropout_seed, dropout_offset, entry="sdpa_forward")
     ctx = ctx or default_context()
     pb = _problem(query, key, value, attn_mask, enable_gqa, sinks)
@@ -439,8 +537,8 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
         return t
 
     key_ = ("sdpa-lse", pb.q4.shape, pb.k4.shape, pb.v4.shape, dtypes, qs, ks, vs,
-            None if pb.mask4 is None else (pb.mask4[0].shape, pb.mask4[1]), bool(is_causal),
-            scale, _PATHS[path], pb.sinks1 is not None, drop)
+            None if pb.mask4 is None else (pb.mask4[0].shape, pb.mask4[1]), sc,
+            pb.sinks1 is not None, drop)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -448,10 +546,7 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
         src, t = tensors(), desc.tensors
         for name in ("q", "k", "v", "out", "lse", "attn_mask", "sinks"):
             setattr(t, name, getattr(src, name))
-        desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
-        desc.scale = float("nan") if scale is None else float(scale)
-        desc.path = _PATHS[path]
-        _set_dropout(desc, drop)
+        _fill(desc, sc, drop)
         return _sdpa_plan(ctx, desc)
 
     with ctx.lock, _plan_for(ctx, key_, create, drop) as plan:
@@ -501,13 +596,15 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
                   sinks: Optional[ArrayLike] = None, ctx: Optional[Context] = None,
                   want_mask_grad: bool = False, dropout_p: float = 0.0,
                   dropout_seed: Optional[int] = None, dropout_offset: int = 0,
-                  path: str = "auto") -> SdpaGrads:
+                  path: str = "auto", softcap: float = 0.0,
+                  window_size=(-1, -1)) -> SdpaGrads:
     """The backward pass of ``scaled_dot_product_attention`` on the clattn device
     (clattn_sdpa_backward_plan_create: FlashAttention-2's recomputation from the lse, memory
     linear in the sequence), on numpy arrays.
 
-    query, key, value, attn_mask, is_causal, scale, enable_gqa, sinks, and dropout_p,
-    dropout_seed, dropout_offset (keyword only; the seed is required when dropout_p > 0):
+    query, key, value, attn_mask, is_causal, scale, enable_gqa, sinks, softcap, window_size,
+    and dropout_p, dropout_seed, dropout_offset (keyword only; the seed is required when
+    dropout_p > 0):
     exactly what the forward got (same shapes and meanings; rank 2 to 4 and broadcast batch
     dims as there); the dropout mask is regenerated from them, never stored.
     out and lse: the forward's results, as :func:`sdpa_forward` returns them (out
@@ -523,12 +620,9 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
     path (keyword only): "auto" (fused with lse, else unfused), "fused", or "unfused": the
     reference backward over whole (Lq, Lk) score matrices, the weights recomputed by the
     forward's softmax; lse may then be None (but with sinks, whose gradient needs it)."""
-    if path not in _PATHS:
-        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                            f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
     query, key, value, out, lse, grad_out, attn_mask, sinks = (
         _torch.to_numpy(a) for a in (query, key, value, out, lse, grad_out, attn_mask, sinks))
-    _check_options(attn_mask, is_causal, scale)
+    sc = _score(attn_mask, is_causal, scale, softcap, window_size, path)
     drop = _dropout_args(dropout_p, dropout_seed, dropout_offset, entry="sdpa_backward")
     ctx = ctx or default_context()
     pb = _problem(query, key, value, attn_mask, enable_gqa, sinks)
@@ -574,9 +668,9 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
             setattr(t, name, layout(_lib.F32, a.shape))
         return t
 
-    key_ = ("sdpa-backward", bool(is_causal), scale,
+    key_ = ("sdpa-backward", sc,
             tuple((n, c, a.shape, _strides_of(a)) for n, (c, a) in inputs.items()),
-            tuple((n, a.shape) for n, a in grads.items()), drop, path)
+            tuple((n, a.shape) for n, a in grads.items()), drop)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -584,10 +678,7 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
         src, t = tensors(), desc.tensors
         for name in tuple(inputs) + tuple(grads):
             setattr(t, name, getattr(src, name))
-        desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
-        desc.scale = float("nan") if scale is None else float(scale)
-        desc.path = _PATHS[path]
-        _set_dropout(desc, drop)
+        _fill(desc, sc, drop)
         plan = ctypes.c_void_p()
         ctx.check(lib.clattn_sdpa_backward_plan_create(ctx.handle, ctypes.byref(desc),
                                                        ctypes.byref(plan)))
@@ -682,8 +773,8 @@ def _device_layout(name: str, a, rank: int):
     return t
 
 
-def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, ctx, path,
-                   sinks=None, drop=None):
+def _sdpa_pyopencl(query, key, value, attn_mask, enable_gqa, ctx, sc: _Score, sinks=None,
+                   drop=None):
     import pyopencl.array as cla
     arrays = (query, key, value)
     kind = type(query)
@@ -699,7 +790,7 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
                     key.dtype, value.shape, value.strides, value.dtype,
                     None if attn_mask is None else
                     (attn_mask.shape, attn_mask.strides, attn_mask.dtype),
-                    bool(is_causal), scale, bool(enable_gqa), path)
+                    sc, bool(enable_gqa))
         with ctx.lock:
             bound = ctx.lookup(fast_key)
             if bound is not None:  # the same layouts as an earlier call: bind and launch
@@ -717,9 +808,6 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
         raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                             f"query has {heads_q} heads, key and value {heads_k}: pass "
                             f"enable_gqa=True with a divisor of the query heads")
-    if attn_mask is not None and is_causal:
-        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                            "attn_mask and is_causal are exclusive (as in PyTorch)")
     out_shape = tuple(query.shape[:-1]) + (value.shape[-1],)
     out = cla.empty(queue, out_shape, query.dtype)
     o = _device_layout("out", out, 4)
@@ -770,8 +858,8 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
         return (t.dtype, tuple(t.dims), tuple(t.strides))
 
     key_ = ("sdpa-device", shape_key(q), shape_key(k), shape_key(v), shape_key(o),
-            None if mask_t is None else (mask_t.rank, shape_key(mask_t)), bool(is_causal),
-            scale, _PATHS[path], None if sinks_t is None else shape_key(sinks_t), drop)
+            None if mask_t is None else (mask_t.rank, shape_key(mask_t)), sc,
+            None if sinks_t is None else shape_key(sinks_t), drop)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -781,10 +869,7 @@ def _sdpa_pyopencl(query, key, value, attn_mask, is_causal, scale, enable_gqa, c
             desc.tensors.attn_mask = mask_t
         if sinks_t is not None:
             desc.tensors.sinks = sinks_t
-        desc.causal = _lib.CAUSAL_TOP_LEFT if is_causal else _lib.CAUSAL_NONE
-        desc.scale = float("nan") if scale is None else float(scale)
-        desc.path = _PATHS[path]
-        _set_dropout(desc, drop)
+        _fill(desc, sc, drop)
         return _sdpa_plan(ctx, desc)
 
     with ctx.lock:
