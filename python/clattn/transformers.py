@@ -17,8 +17,9 @@ What each attention layer passes reaches clattn: grouped-query heads (enable_gqa
 and value heads read where they lie), ``scaling``, ``dropout`` (clattn's dropout, drawn from
 torch's generator), ``softcap`` (Gemma 2's logit soft-capping), ``s_aux`` (GPT-OSS's learned
 sinks, differentiable), ``position_bias`` (added to the mask as transformers' SDPA path
-does). ``output_attentions=True`` returns clattn's attention weights (the unfused path,
-:func:`clattn.functional.sdpa_weights`); they are not differentiable (the output is).
+does). ``output_attentions=True`` returns clattn's attention weights
+(scaled_dot_product_attention's need_weights=True: the unfused path; differentiable, but for
+soft-capping and dropout).
 Tensors that require grad go through clattn's backward (clattn.autograd), so training works.
 
 Differences from "eager": a query row whose keys are all masked (the padded rows of a
@@ -31,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from .functional import scaled_dot_product_attention, sdpa_weights
+from .functional import scaled_dot_product_attention
 
 NAME = "clattn"
 
@@ -81,30 +82,13 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             attention_mask.dtype != query.dtype and attention_mask.is_floating_point():
         attention_mask = attention_mask.to(query.dtype)
     gqa = key.shape[1] != query.shape[1]
-    sinks = s_aux
-    cap = float(softcap) if softcap else 0.0
-
-    weights = None
-    if _weights_wanted(kwargs):
-        out, weights = sdpa_weights(query, key, value, attention_mask, is_causal, scaling, gqa,
-                                    sinks=sinks, softcap=cap)
-        weights = weights.to(query.dtype)
-        if dropout > 0.0 or not _needs_grad(query, key, value, attention_mask, sinks):
-            if dropout > 0.0:  # the weights shown are the undropped ones
-                out = None
-            else:
-                return out.transpose(1, 2).contiguous(), weights
-    extra = {"sinks": sinks}
-    if cap:
-        extra["softcap"] = cap
-    out = scaled_dot_product_attention(query, key, value, attention_mask, float(dropout),
-                                       is_causal, scaling, gqa, **extra)
+    want_weights = _weights_wanted(kwargs)
+    result = scaled_dot_product_attention(query, key, value, attention_mask, float(dropout),
+                                          is_causal, scaling, gqa, sinks=s_aux,
+                                          softcap=float(softcap) if softcap else 0.0,
+                                          need_weights=want_weights)
+    out, weights = result if want_weights else (result, None)
     return out.transpose(1, 2).contiguous(), weights
-
-
-def _needs_grad(*xs) -> bool:
-    return torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
 
 
 def register(name: str = NAME) -> str:
