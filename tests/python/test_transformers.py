@@ -295,6 +295,21 @@ def test_gpt_oss_gradients(gpt_oss):
         assert (eager[name] - ours[name]).abs().max().item() <= 1e-4 * scale, name
 
 
+# --- T5: cross-attention and a relative position bias (position_bias) -------------------------
+
+def test_t5_position_bias_cross_attention():
+    from transformers import T5Config, T5ForConditionalGeneration
+    cfg = T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                   dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    model = T5ForConditionalGeneration(cfg).eval()
+    ids, dec = torch.randint(3, 128, (2, 8)), torch.randint(3, 128, (2, 5))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 6:] = 0
+    e, c = both(model, lambda m: m(input_ids=ids, attention_mask=mask, decoder_input_ids=dec))
+    close(e.logits, c.logits)
+    check_generate(model, ids, mask, steps=5)
+
+
 # --- the interface ----------------------------------------------------------------------------
 
 def test_register_and_from_config():
