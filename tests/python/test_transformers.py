@@ -5,7 +5,8 @@ fetched), each run once with attn_implementation="eager" and once with "clattn" 
 weights: logits, cached decode, greedy generate, output_attentions and parameter gradients
 must agree within float32 round-off. Skips as a whole where transformers (or a torch it
 accepts) cannot be imported, except under CLATTN_PY_HF_REQUIRED=1 (tests/python/run_hf.sh,
-whose venv has them). Runs in about 25 s on 2 cores with PoCL."""
+whose venv has them). About 15-30 s on 2 cores with PoCL (about 65 s with a cold PoCL
+kernel cache)."""
 
 import os
 
