@@ -63,7 +63,9 @@
 #   python    the Python package (tests/python/run.sh): a venv build/venv-python (numpy, pytest,
 #             hypothesis, ml_dtypes, pyopencl from PyPI), `pip install .` through the in-tree
 #             backend from a read-only copy of the checkout, pytest on tests/python, then
-#             test_torch.py on Debian's python3-torch where installed; then again on a wheel
+#             test_torch.py on Debian's python3-torch where installed, then transformers on
+#             clattn with PyPI's torch (tests/python/run_hf.sh, build/venv-python-hf: about
+#             5.3 GB on the first run; CLATTN_PY_HF=0 skips it); then again on a wheel
 #             built with ASan + UBSan (CLATTN_PY_ASAN=1); the same in both tiers (about two
 #             minutes)
 #   mutants   every mutant of tests/mutants/mutants.txt must be killed (tests/mutants/run.sh);

@@ -25,6 +25,11 @@
 # go into it, both --no-deps: nothing there shadows Debian's numpy. CLATTN_PY_TORCH=0 skips
 # that step; without Debian's torch it is skipped with a note. CLATTN_PY_VENV=DIR uses an
 # existing venv for the main step instead: the requirements are added to it if missing.
+#
+# Hugging Face transformers: a third step, tests/python/run_hf.sh, runs test_transformers.py
+# (and test_compile*.py) in BUILD_DIR/venv-python-hf with PyPI's torch and a pinned
+# transformers (the first run installs about 5.3 GB, CUDA's wheels included, which torch's
+# PyPI wheel needs to import). CLATTN_PY_HF=0 skips it.
 set -u -o pipefail
 build=$(cd "${1:?usage: tests/python/run.sh BUILD_DIR [pytest options...]}" && pwd) || exit 2
 shift
@@ -142,6 +147,15 @@ else
         else
             echo "python: pip install into $tvenv failed" >&2; status=1
         fi
+    fi
+    # Hugging Face transformers on clattn (test_transformers.py, test_compile*.py) with a
+    # PyPI torch that transformers accepts, in BUILD_DIR/venv-python-hf: tests/python/run_hf.sh
+    # (see its header; the venv is reused; the first run downloads about 5.3 GB).
+    if [ "${CLATTN_PY_HF:-1}" = 0 ]; then
+        echo "python: transformers step skipped (CLATTN_PY_HF=0)"
+    else
+        CLATTN_PY_SRC=$src CLATTN_CMAKE_ARGS=$cmake_args "$here/run_hf.sh" "$build" "$@" ||
+            status=1
     fi
 fi
 echo "python lane$([ "$asan" = 1 ] && echo ' (asan)'): pytest exited $status after" \
