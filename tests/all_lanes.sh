@@ -168,7 +168,7 @@ ensure_build() {
 # CI tier leaves out check_backward too: its 44 cases compile one backward variant each, 517 s
 # on rusticl at CLATTN_TEST_SCALE=small (measured 2026-12-05); --full runs it (the pocl and
 # Oclgrind lanes run it in the CI tier).
-rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring|cli_backward|cli_dropout)$'
+rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring|cli_backward|cli_dropout|docs)$'
 lane_rusticl() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip"
