@@ -202,6 +202,34 @@ def _split_comments(text, kind):
     return "".join(out), comments
 
 
+def _signature(args):
+    """[(name, default text or None, keyword_only)] when a span's argument list is a
+    signature (every item `name`, `name=default` or `*`); None for a call with values."""
+    items, depth, cur = [], 0, ""
+    for ch in args:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        items.append(cur.strip())
+    out, kw = [], False
+    for item in items:
+        if item == "*":
+            kw = True
+            continue
+        m = re.match(r"^([A-Za-z_]\w*)\s*(?:=\s*(.+))?$", item)
+        if not m:
+            return None
+        out.append((m.group(1), m.group(2), kw))
+    return out if len(out) >= 2 else None
+
+
 class Block:
     def __init__(self, path, line, lang, text, marker):
         self.path, self.line, self.lang, self.text, self.marker = path, line, lang, text, marker
@@ -432,55 +460,68 @@ class Runner:
         return first in self.dir_names or "<" in first
 
     def references(self, rel, prose, py_names):
-        text = "\n".join(line for _, line in prose)
-        old_names = None  # inside a paragraph after an old-names marker
+        # The prose with code blocks blanked (line numbers kept), so a code span may run over
+        # a line break, as Markdown allows.
+        last = prose[-1][0] if prose else 0
+        lines = [""] * (last + 1)
+        for num, line in prose:
+            lines[num] = line
+        skipped = set()  # lines of a paragraph after an old-names marker
         for num, line in prose:
             m = MARKER.search(line)
             if m and m.group(1).startswith("old-names"):
                 reason = re.match(r"old-names\s*\((.+)\)\s*$", m.group(1))
                 if not reason:
                     self.record("FAIL", f"{rel}:{num}", "old-names marker without a (reason)")
-                old_names = (num, reason.group(1) if reason else "")
-                self.record("SKIP", f"{rel}:{num}", f"names not checked: {old_names[1]}")
+                self.record("SKIP", f"{rel}:{num}",
+                            f"names not checked: {reason.group(1) if reason else ''}")
+                k = num + 1
+                while k <= last and not lines[k].strip():
+                    k += 1
+                while k <= last and lines[k].strip():
+                    skipped.add(k)
+                    k += 1
+        text = "\n".join(lines)
+        for m in re.finditer(r"`([^`]+)`", text):
+            num = text.count("\n", 0, m.start())
+            if num in skipped:
                 continue
-            if old_names and not line.strip() and num > old_names[0] + 1:
-                old_names = None
-            if old_names:
-                continue
-            if line.startswith("    ") and not line.lstrip().startswith(("-", "|")):
-                continue  # an indented code block
-            for span in re.findall(r"``?([^`]+)``?", line):
-                where = f"{rel}:{num}"
-                command = span.split()[0] in COMMANDS if span.split() else False
-                for tok in span.split():
-                    tok = tok.strip(",;:()'\"")
-                    tok = re.sub(r"[(\[].*$", "", tok)
-                    if not tok or tok.startswith(self.NOT_REPO) or "=" in tok:
-                        continue
-                    if tok.startswith(("-", "http")):
-                        continue
-                    if command and "/" not in tok:
-                        continue  # `cc app.c ...`: the user's own files
-                    if self.PATH_TOKEN.match(tok) and not re.match(r"^clattn(\.\w+)+$", tok) \
-                            and ("/" not in tok or self.looks_like_repo_path(tok)):
-                        if not self.path_ok(tok):
-                            self.record("FAIL", where, f"file `{tok}` does not exist")
-                for name in re.findall(r"(?<![\w.$/-])(clattn__\w+|clattn_\w+|CLATTN_\w+)"
-                                       r"(?:\.(\w+))?", span):
-                    sym, field = name
-                    if sym.endswith("_") and any(w.startswith(sym) for w in self.words):
-                        continue  # a prefix: `clattn__plan_*`
-                    if sym not in self.words and not self.path_ok(sym):
-                        self.record("FAIL", where, f"C name `{sym}` is not in the sources")
-                    elif field and sym in self.header_words and field not in self.header_words \
-                            and field not in ("h", "pc", "so"):
-                        self.record("FAIL", where, f"`{sym}.{field}`: no field `{field}` in "
-                                    "the public headers")
-                for dotted in re.findall(r"(?<![\w./$-])(clattn(?:\.[A-Za-z_]\w*)+)", span):
-                    if dotted in ("clattn.h", "clattn.pc") or dotted.endswith((".py", ".so")):
-                        continue
-                    py_names.setdefault(dotted, where)
+            self.span(m.group(1).replace("\n", " "), f"{rel}:{num}", py_names)
         self.version_text(text, rel)
+
+    def span(self, span, where, py_names):
+        command = span.split()[0] in COMMANDS if span.split() else False
+        for tok in span.split():
+            tok = tok.strip(",;:()'\"")
+            tok = re.sub(r"[(\[].*$", "", tok)
+            if not tok or tok.startswith(self.NOT_REPO) or "=" in tok:
+                continue
+            if tok.startswith(("-", "http")):
+                continue
+            if command and "/" not in tok:
+                continue  # `cc app.c ...`: the user's own files
+            if self.PATH_TOKEN.match(tok) and not re.match(r"^clattn(\.\w+)+$", tok) \
+                    and ("/" not in tok or self.looks_like_repo_path(tok)):
+                if not self.path_ok(tok):
+                    self.record("FAIL", where, f"file `{tok}` does not exist")
+        for sym, field in re.findall(r"(?<![\w.$/-])(clattn__\w+|clattn_\w+|CLATTN_\w+)"
+                                     r"(?:\.(\w+))?", span):
+            if sym.endswith("_") and any(w.startswith(sym) for w in self.words):
+                continue  # a prefix: `clattn__plan_*`
+            if sym not in self.words and not self.path_ok(sym):
+                self.record("FAIL", where, f"C name `{sym}` is not in the sources")
+            elif field and sym in self.header_words and field not in self.header_words \
+                    and field not in ("h", "pc", "so"):
+                self.record("FAIL", where, f"`{sym}.{field}`: no field `{field}` in the "
+                            "public headers")
+        for dotted, args in re.findall(r"(?<![\w./$-])(clattn(?:\.[A-Za-z_]\w*)+)"
+                                       r"(?:\(([^()]*(?:\([^()]*\)[^()]*)*)\))?", span):
+            if dotted in ("clattn.h", "clattn.pc") or dotted.endswith((".py", ".so")):
+                continue
+            entry = py_names.setdefault(dotted, [where, []])
+            signature = _signature(args) if args else None
+            if signature:
+                entry[1].append((where, signature))
 
     def comment_references(self):
         """Paths and C names cited in the sources' comments must exist too."""
@@ -511,10 +552,13 @@ class Runner:
                                     "the code")
 
     def python_names(self, py_names, device):
+        """Each cited clattn.name must resolve; a cited signature (`clattn.f(a, b=1, *, c=None)`)
+        must list the code's parameters, in order, with its keyword-only split and its literal
+        defaults."""
         if not py_names:
             return
         script = r"""
-import importlib, json, sys
+import ast, importlib, inspect, json, sys
 out = {}
 for name in json.loads(sys.argv[1]):
     parts = name.split(".")
@@ -525,13 +569,21 @@ for name in json.loads(sys.argv[1]):
                 obj = getattr(obj, p)
             except AttributeError:
                 obj = importlib.import_module(".".join(parts[:i + 1]))
-        out[name] = "ok"
+        try:
+            sig = inspect.signature(obj)
+            params = [(p.name, repr(p.default) if p.default is not p.empty else None,
+                       p.kind == p.KEYWORD_ONLY) for p in sig.parameters.values()
+                      if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        except (TypeError, ValueError):
+            params = None
+        out[name] = ["ok", params]
     except ModuleNotFoundError as e:
-        out[name] = "module:" + str(e.name)
+        out[name] = ["module:" + str(e.name), None]
     except Exception as e:
-        out[name] = "error:" + type(e).__name__ + ": " + str(e)
+        out[name] = ["error:" + type(e).__name__ + ": " + str(e), None]
 print(json.dumps(out))
 """
+        import ast
         import json
         r = subprocess.run([sys.executable, "-c", script, json.dumps(sorted(py_names))],
                            env=self.env, capture_output=True, text=True, cwd=self.work)
@@ -539,13 +591,15 @@ print(json.dumps(out))
             self.record("FAIL", "python names", r.stderr.strip()[-2000:])
             return
         found = json.loads(r.stdout)
-        for name, where in sorted(py_names.items()):
-            res = found.get(name, "error:not checked")
+        for name, (where, signatures) in sorted(py_names.items()):
+            res, params = found.get(name, ["error:not checked", None])
             pending = next((p for p in PENDING if name == p or name.startswith(p + ".")), None)
             if res == "ok":
                 if pending:
                     self.record("NOTE", where, f"`{name}` exists now: remove it from PENDING "
                                 "in tests/docs/run_docs_test.py (and its skip markers)")
+                for sig_where, sig in signatures:
+                    self.check_signature(name, sig_where, sig, params)
                 continue
             if pending:
                 self.record("SKIP", where, f"`{name}`: {PENDING[pending]}")
@@ -553,6 +607,33 @@ print(json.dumps(out))
                 self.record("SKIP", where, f"`{name}` needs {res[7:]}, which this Python lacks")
             else:
                 self.record("FAIL", where, f"Python name `{name}`: {res}")
+
+    def check_signature(self, name, where, doc, code):
+        import ast
+        if code is None:
+            return
+        code = [c for c in code if c[0] != "self"]
+        doc_names, code_names = [d[0] for d in doc], [c[0] for c in code]
+        if doc_names != code_names:
+            self.record("FAIL", where, f"`{name}`: the docs give the parameters "
+                        f"({', '.join(doc_names)}), the code ({', '.join(code_names)})")
+            return
+        for (pname, ddef, dkw), (_, cdef, ckw) in zip(doc, code):
+            if dkw != ckw:
+                self.record("FAIL", where, f"`{name}`: `{pname}` is "
+                            f"{'' if ckw else 'not '}keyword-only in the code")
+            if ddef is None or cdef is None:
+                if (ddef is None) != (cdef is None):
+                    self.record("FAIL", where, f"`{name}`: `{pname}` has "
+                                f"{'a default ' + cdef if cdef else 'no default'} in the code")
+                continue
+            try:
+                same = ast.literal_eval(ddef) == ast.literal_eval(cdef)
+            except (ValueError, SyntaxError):
+                continue  # not a literal (np.float32): not compared
+            if not same:
+                self.record("FAIL", where, f"`{name}`: `{pname}={ddef}` in the docs, "
+                            f"`{pname}={cdef}` in the code")
 
     # ---- versions ----------------------------------------------------------------------------
     def project_version(self):
