@@ -37,7 +37,8 @@ README's `<!-- test-command -->`, may come between):
                                           they declare what the fragment uses, with real
                                           buffers), then compiled and run.
 
-Then the references, in every inline `code` span outside code blocks:
+Then the references: every Markdown link to a page of the tree must resolve, and in every
+inline `code` span outside code blocks:
   - file paths (`kernels/score.cl`, `tests/check_sweep.c`, `host/ops/`, `flash_cpu.cl`)
     must be tracked files or folders (a bare file name anywhere in the tree; `<unit>` is a
     wildcard);
@@ -482,6 +483,13 @@ class Runner:
                     skipped.add(k)
                     k += 1
         text = "\n".join(lines)
+        for m in re.finditer(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):  # [page](docs/x.md)
+            target = os.path.normpath(os.path.join(os.path.dirname(rel), m.group(1)))
+            if not m.group(1).startswith(("http:", "https:", "mailto:")) and \
+                    target not in self.files and target not in self.dirs and \
+                    not os.path.exists(os.path.join(self.src, target)):
+                self.record("FAIL", f"{rel}:{text.count(chr(10), 0, m.start())}",
+                            f"link to `{m.group(1)}`, which does not exist")
         for m in re.finditer(r"`([^`]+)`", text):
             num = text.count("\n", 0, m.start())
             if num in skipped:
