@@ -45,6 +45,8 @@ inline `code` span outside code blocks:
   - C names (`clattn_*`, `CLATTN_*`, `clattn__*`) must occur in the sources (include/,
     host/, kernels/, tools/, tests/, python/, examples/, bench/, CMake files); a field named
     as `clattn_type.field` must occur in the public headers;
+  - command lines (`clattn sdpa --causal ...`): each option in that command's --help; on
+    docs/cli.md a lone `--option` in some command's --help;
   - Python names (`clattn.xxx`, `clattn.Context.from_pyopencl`) must resolve in the package
     (names that need torch are skipped without torch; PENDING lists the ones being built).
 And the version: every version named in README/docs (`find_package(clattn X.Y`, "version
@@ -69,6 +71,7 @@ OPTIONAL_MODULES = ("torch", "safetensors", "pyopencl", "mpi4py", "transformers"
 PENDING = {"clattn.flash_attn": "issue 46's flash-attn interface, being built",
            "clattn.transformers": "issue 46's transformers interface, being built"}
 TIMEOUT = 120  # seconds per block
+CLI_COMMANDS = ("devices", "info", "demo", "run", "sdpa", "rope", "additive", "bench", "tune")
 PLACEHOLDERS = {"name", "this", "file", "foo", "prog", "app"}
 # A code span that starts with one of these is a command line: its bare file names are the
 # user's own files (`cc app.c ...`), not the repository's.
@@ -497,7 +500,35 @@ class Runner:
             self.span(m.group(1).replace("\n", " "), f"{rel}:{num}", py_names)
         self.version_text(text, rel)
 
+    def cli_flags(self, command=None):
+        """The options `clattn COMMAND --help` names (all commands' when None)."""
+        if not hasattr(self, "_help"):
+            self._help = {}
+            cli = os.path.join(self.build, "clattn")
+            for cmd in CLI_COMMANDS:
+                r = subprocess.run([cli, cmd, "--help"], env=self.env, capture_output=True,
+                                   text=True)
+                self._help[cmd] = set(re.findall(r"--[a-z0-9][a-z0-9-]*", r.stdout + r.stderr))
+        if command is None:
+            return set().union(*self._help.values())
+        return self._help.get(command, set())
+
+    def cli_span(self, span, where, lone_flags):
+        """`clattn CMD --flag ...`: each flag in CMD's --help; on the CLI's page a lone
+        `--flag` in some command's --help."""
+        words = span.split()
+        if len(words) >= 2 and words[0] == "clattn" and words[1] in CLI_COMMANDS:
+            known, what = self.cli_flags(words[1]), f"`clattn {words[1]} --help`"
+        elif lone_flags and words and re.match(r"^--[a-z]", words[0]):
+            known, what = self.cli_flags(), "any command's --help"
+        else:
+            return
+        for flag in re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", span):
+            if flag not in known and flag != "--help":
+                self.record("FAIL", where, f"`{flag}` is not in {what}")
+
     def span(self, span, where, py_names):
+        self.cli_span(span, where, where.startswith("docs/cli.md"))
         command = span.split()[0] in COMMANDS if span.split() else False
         for tok in span.split():
             tok = tok.strip(",;:()'\"")
