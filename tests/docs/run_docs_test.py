@@ -687,6 +687,10 @@ print(json.dumps(out))
             if v != self.version:
                 self.record("FAIL", "include/clattn.h", f"CLATTN_VERSION_* say {v}, "
                             f"CMakeLists.txt {self.version}")
+        m = re.search(r'#define CLATTN_VERSION_STRING\s+"([^"]+)"', header)
+        if m and m.group(1) != self.version:
+            self.record("FAIL", "include/clattn.h", f"CLATTN_VERSION_STRING is {m.group(1)}, "
+                        f"CMakeLists.txt {self.version}")
         py = open(os.path.join(self.src, "python/clattn/__init__.py")).read()
         m = re.search(r"__version__\s*=\s*\"([^\"]+)\"", py)
         if not m or m.group(1) != self.version:
