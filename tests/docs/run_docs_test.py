@@ -96,7 +96,8 @@ static inline cl_mem device_buffer(clattn_ctx *ctx, size_t floats)
 {
     cl_int err = CL_SUCCESS;
     float *host = filled(floats);
-    cl_mem mem = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+    cl_mem mem = clCreateBuffer(clattn_ctx_cl_context(ctx),
+                                CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
                                 floats * sizeof(float), host, &err);
     free(host);
     return err == CL_SUCCESS ? mem : NULL;
@@ -622,7 +623,6 @@ for name in json.loads(sys.argv[1]):
         out[name] = ["error:" + type(e).__name__ + ": " + str(e), None]
 print(json.dumps(out))
 """
-        import ast
         import json
         r = subprocess.run([sys.executable, "-c", script, json.dumps(sorted(py_names))],
                            env=self.env, capture_output=True, text=True, cwd=self.work)
