@@ -50,7 +50,7 @@ CLATTN_API const char *clattn_mpi_status_string(clattn_status status);
  *   the lengths are gathered at plan creation and must sum to seq_len.
  * ZIGZAG: the sequence is cut into 2N chunks as evenly as possible (the first seq_len % 2N
  *   chunks one row longer); rank r holds chunks r and 2N - 1 - r, in that order, as its
- *   local rows (local_len is then ignored: clattn_ring_local_rows gives it). Why: with causal
+ *   local rows (local_len is then ignored: clattn_ring_plan_rows gives them). Why: with causal
  *   masking, query row i attends i + 1 keys, so with contiguous blocks the last rank does about
  *   2N - 1 times the work of the first, and every step waits for the slowest rank. Pairing an
  *   early chunk with its mirror gives every rank the same number of (query, key) pairs, within

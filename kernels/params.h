@@ -9,8 +9,8 @@
  * construction: the fields come in the same order, the types have the same sizes (ulong/long
  * 8 bytes, uint/int/float 4), every 8-byte field precedes every 4-byte one, and each struct
  * asserts (host: _Static_assert; kernel: a negative array size) that it has no padding at all,
- * so each field's offset is the sum of the sizes before it. tests/check_params.c also reads
- * sizeof and offsets back from a device.
+ * so each field's offset is the sum of the sizes before it. tests/check_runtime.c
+ * (test_params_layout) also passes every struct to a device and reads each field back.
  *
  * In a kernel, CLATTN_UNPACK(LIST) declares a const local per field from the struct argument
  * `params`, with the field's name, so the kernel body reads `seq_k`, `q_s2` as it would an

@@ -42,8 +42,8 @@
  * nondecreasing in i, so a block's first and last rows bound the keys the block needs.
  * Kernels take the key counts and the ALiBi slopes (F32, per batch and head; strides 0
  * broadcast) as the buffers SCORE_BUFFERS, and the band, offsets, strides and flags in their
- * parameter struct (params.h: CLATTN_SCORE_FIELDS_8/_4, shared by the flash and softmax
- * families).
+ * parameter struct (params.h: clattn_score_params, from the CLATTN_SCORE_PARAMS list, the
+ * head of the flash, softmax and backward families' structs).
  */
 #ifndef CLATTN_SCORE_CL
 #define CLATTN_SCORE_CL

@@ -7,7 +7,7 @@
 #         asan fuzz rusticl oclgrind onnx python; with --full, all nine)
 #
 # Two tiers. The default is the CI tier, sized to stay under 40 minutes on the 2-core CI machine
-# (the times are in README); --full runs every lane at full scale (about 2.5 hours there).
+# (the times are in docs/testing.md); --full runs every lane at full scale (about 2.5 hours there).
 # The ctest lanes (pocl, asan, rusticl) run $(nproc) entries at a time: a suite alone leaves a
 # core idle while it compiles kernels or computes its float64 references on one thread, and
 # no entry shares a file or folder with another (temporary folders; the tune -> *_tuned order
@@ -81,7 +81,7 @@
 #
 # Every lane runs even when an earlier one failed (the table at the end says which); the exit
 # status is 1 when any failed. The build trees share one PoCL kernel cache (build/pocl-cache),
-# so each kernel variant is compiled once. Measured on the 2-core CI machine: see README.
+# so each kernel variant is compiled once. Measured on the 2-core CI machine: see docs/testing.md.
 set -u -o pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -170,7 +170,7 @@ ensure_build() {
 # CI tier leaves out check_backward too: its 44 cases compile one backward variant each, 517 s
 # on rusticl at CLATTN_TEST_SCALE=small (measured 2026-12-05); --full runs it (the pocl and
 # Oclgrind lanes run it in the CI tier).
-rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring|cli_backward|cli_dropout)$'
+rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring|cli_backward|cli_dropout|docs)$'
 lane_rusticl() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip"

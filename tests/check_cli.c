@@ -2392,7 +2392,7 @@ static const bad_case bad_cases[] = {
     {"demo dot --png %2$s/dot.png", "--png draws the posenc chapter's table"},
     {"demo dot rope", "one chapter at a time"},
     {"demo --chapter dot", "unknown option '--chapter'"},
-    /* Output paths are checked before any work (README's exit contract: 2). */
+    /* Output paths are checked before any work (docs/cli.md's exit contract: 2). */
     {"run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 "
      "--out /nonexistent/dir/o.npy",
      "--out: cannot write '/nonexistent/dir/o.npy': the folder '/nonexistent/dir' does not"},

@@ -1124,10 +1124,10 @@ static void expect_binding_error(clattn_plan *plan, const pb_sdpa_problem *p,
 
 
 /* Tensors bound by role through an array with a count (clattn_sdpa_desc.by_role and
- * clattn_plan_execute_roles), checked against the float64 reference: every role (a padding
- * mask, causal), only q, k, v and out (num_roles 4), and a caller that knows more roles than
- * this version (the extra entries absent). Then the refusals: a role this version does not
- * know, both `tensors` and by_role, by_role NULL with a count. */
+ * clattn_plan_execute's by_role and num_roles), checked against the float64 reference: every
+ * role (a padding mask, causal), only q, k, v and out (num_roles 4), and a caller that knows
+ * more roles than this version (the extra entries absent). Then the refusals: a role this
+ * version does not know, both `tensors` and by_role, by_role NULL with a count. */
 START_TEST(test_by_role)
 {
     TU_BEGIN_TEST();

@@ -88,7 +88,7 @@
 
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-/* Draws per run of each tier (measured: see README's Testing section). */
+/* Draws per run of each tier (measured: see docs/testing.md's interaction sweep). */
 #define SWEEP_DRAWS_CI 153
 #define SWEEP_DRAWS_SMALL 12
 #define SWEEP_DRAWS_FULL 1500

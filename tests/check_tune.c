@@ -304,7 +304,7 @@ static const bad_case bad_cases[] = {
     {"CLATTN_PARAMS=gpu", "tune --quick --dry-run", "CLATTN_PARAMS"},
     {"CLATTN_MATMUL=tiled", "tune --quick --dry-run", "CLATTN_MATMUL"},
     {"", "info --frobnicate", "unknown option"},
-    /* README's contract: a malformed device spec, or one naming an index that does not
+    /* docs/cli.md's exit contract: a malformed device spec, or one naming an index that does not
      * exist, is a bad option (2), on every command; so are a bad tuning file (named as such,
      * not "no device"), an unknown CLATTN_PARAMS, an unknown bench option and an output path
      * that cannot be written (checked before any work). */

@@ -23,7 +23,7 @@ cc -shared -fPIC -O2 -o "$work/log_builds.so" "$here/log_builds.c" -ldl || exit 
 log=$work/builds.txt
 : >"$log"
 
-run() { # run CLATTN_ARGS... under Oclgrind with the shim, logging builds
+run() { # run clattn with the ARGS given under Oclgrind with the shim, logging builds
     CLATTN_BUILD_LOG=$log CLATTN_PARAMS=gpu oclgrind --local-mem-size 49152 \
         sh -c 'LD_PRELOAD=$0:$LD_PRELOAD exec "$@"' "$work/log_builds.so" \
         "$build/clattn" "$@" >/dev/null 2>"$work/err" ||
