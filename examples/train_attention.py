@@ -48,7 +48,7 @@ def main():
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    ours = Model(lambda e, h: clattn.TorchMultiheadAttention(e, h, batch_first=True))
+    ours = Model(lambda e, h: clattn.MultiheadAttention(e, h, batch_first=True))
     theirs = Model(lambda e, h: nn.MultiheadAttention(e, h, batch_first=True))
     theirs.load_state_dict(ours.state_dict())  # the same starting point
     gen = torch.Generator().manual_seed(1)

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Hugging Face transformers on clattn (tests/python/test_transformers.py, and any
-# tests/python/test_compile*.py: torch.compile) in a virtual environment of its own,
+# tests/python/test_compile*.py: torch.compile; then the docs test on the pages whose
+# examples need them) in a virtual environment of its own,
 # BUILD_DIR/venv-python-hf, with a torch that transformers accepts. The python lane
 # (tests/python/run.sh) runs it after its Debian-torch step; it also runs by hand:
 #
@@ -64,6 +65,13 @@ HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CLATTN_PY_HF_REQUIRED=1 \
     -p no:cacheprovider "${tests[@]}" "$@"
 status=$?
 [ $status = 5 ] && status=0
+# The docs' torch, transformers and torch.compile examples (the docs test skips them on
+# Debian's torch in the pocl lane): README.md and docs/python.md, run with this venv.
+if [ -x "$build/clattn" ]; then
+    POCL_CACHE_DIR=${POCL_CACHE_DIR:-$build/pocl-cache} "$venv/bin/python" \
+        "$root/tests/docs/run_docs_test.py" "$build" --only README.md docs/python.md \
+        docs/training.md || status=1
+fi
 echo "python-hf: setup $setup s (venv $venv_s s, clattn wheel $(( setup - venv_s )) s), tests $(( $(date +%s) - tstart )) s (torch" \
     "$("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null)," \
     "transformers $("$venv/bin/python" -c 'import transformers; print(transformers.__version__)' 2>/dev/null))"
