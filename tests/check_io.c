@@ -553,6 +553,11 @@ static const bad_npy bad_npys[] = {
     {"wrong magic", BODY_RAW, 1, NULL, 0, "\x93NUMPX\x01\x00\x10\x00{}", 12, 0,
      CLATTN_IO_ERR_FORMAT, "not a .npy file (bad magic)"},
     {"text file", BODY_RAW, 1, NULL, 0, "hello, world\n", 13, 0, CLATTN_IO_ERR_FORMAT, "bad magic"},
+    /* issue 46: another format is named, not only refused */
+    {"a safetensors file", BODY_RAW, 1, NULL, 0, "\x02\0\0\0\0\0\0\0{}", 10, 0,
+     CLATTN_IO_ERR_FORMAT, "not a .npy file (it is a safetensors file)"},
+    {"a PNG image", BODY_RAW, 1, NULL, 0, "\x89PNG\r\n\x1a\n\0\0", 10, 0, CLATTN_IO_ERR_FORMAT,
+     "not a .npy file (it is a PNG image)"},
     {"magic only", BODY_RAW, 1, NULL, 0, "\x93NUMPY\x01", 7, 0, CLATTN_IO_ERR_FORMAT, "header"},
     {"truncated length field", BODY_RAW, 2, NULL, 0, "\x93NUMPY\x02\x00\x10\x00", 10, 0,
      CLATTN_IO_ERR_FORMAT, "header"},
@@ -1318,7 +1323,10 @@ static const bad_st bad_sts[] = {
     {"empty file", NULL, 0, 0, "", 0, CLATTN_IO_ERR_FORMAT, "too short"},
     {"seven bytes", NULL, 0, 0, "\x02\0\0\0\0\0\0", 7, CLATTN_IO_ERR_FORMAT, "too short"},
     {"header length past EOF", ST_ONE("F32", "[1]", "[0, 4]"), 4, 100, NULL, 0,
-     CLATTN_IO_ERR_FORMAT, "runs past the end of the file"},
+     CLATTN_IO_ERR_FORMAT, "not a safetensors file: header length 161 runs past the end of the file"},
+    /* issue 46: a .npy given as --weights was "a 379 TB header" */
+    {"a .npy file", NULL, 0, 0, "\x93NUMPY\x01\x00\x10\x00{'descr': '<f4'}", 26, CLATTN_IO_ERR_FORMAT,
+     "not a safetensors file (it is a .npy file)"},
     {"header length 2^62", NULL, 0, 0, "\0\0\0\0\0\0\0\x40{}", 10, CLATTN_IO_ERR_FORMAT,
      "header length 4611686018427387904 runs past the end"},
     {"header length 2^64-1", NULL, 0, 0, "\xff\xff\xff\xff\xff\xff\xff\xff{}", 10,
