@@ -9,7 +9,9 @@
 
 static const char run_usage[] =
     "Inputs: the query is (L, E) or (B, L, E) float32, float64, float16 or bfloat16 (integer\n"
-    "and bool arrays are refused, as by `clattn sdpa`); key and value default to the query\n"
+    "and bool arrays are refused, as by `clattn sdpa`), a .npy or a safetensors file of one\n"
+    "tensor (FILE:NAME: tensor NAME of several; read as float32, so the output is float32);\n"
+    "every array option reads both formats. Key and value default to the query\n"
     "(self-attention) and value defaults to the key; they are (S, kdim) / (S, vdim) with the\n"
     "query's batching.\n"
     "Weights, either:\n"
