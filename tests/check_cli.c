@@ -3857,8 +3857,8 @@ static bool names_option(const char *text, const char *option)
 START_TEST(test_option_tables)
 {
     TU_BEGIN_TEST();
-    static const char *const commands[] = {"devices", "info",     "run",   "sdpa",
-                                           "rope",    "additive", "bench", "tune"};
+    static const char *const commands[] = {"devices",  "info",  "demo", "run", "sdpa",
+                                           "additive", "bench", "rope", "tune"};
     for (size_t c = 0; c < sizeof commands / sizeof commands[0]; ++c) {
         char args[512];
         snprintf(args, sizeof args, "%s --help", commands[c]);

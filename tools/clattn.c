@@ -20,9 +20,10 @@ static const char usage[] =
     "  bench     time matmul, softmax, attention and MHA forward on the device\n"
     "  tune      search the kernel parameters on the device; write them to the tuning cache\n"
     "\n"
-    "Each command takes --help. An option may be given once (\"--scale given twice\" otherwise).\n"
-    "Array inputs are .npy files, or safetensors files of one tensor (FILE:NAME picks one of\n"
-    "several). The device is chosen by --device SPEC or the environment\n"
+    "Each command takes --help. An option is given once (\"--scale given twice\" otherwise),\n"
+    "except where its help says it may be repeated (bench --op). Array inputs are .npy files,\n"
+    "or safetensors files of one tensor (FILE:NAME picks one of several). The device is\n"
+    "chosen by --device SPEC or the environment\n"
     "variable CLATTN_DEVICE: gpu, cpu, or P:D (platform and device index, see `clattn\n"
     "devices`); by default the first GPU, else the first CPU device.\n"
     "clattn " CLATTN_VERSION_STRING "\n"
@@ -74,7 +75,7 @@ typedef struct device_options {
 static const cli_option device_table[] = {CLI_USE("--device", device_options, device)};
 
 static const char *const devices_help[] = {devices_usage, NULL};
-static const cli_command devices_command = {"devices", device_table, 1, devices_help};
+static const cli_command devices_command = CLI_COMMAND("devices", device_table, devices_help);
 
 int cmd_devices(int argc, char **argv)
 {
@@ -167,7 +168,7 @@ static const char info_usage[] =
     "or CLATTN_DEVICE, or one naming a device that does not exist; a bad CLATTN_TUNING file).\n";
 
 static const char *const info_help[] = {info_usage, NULL};
-static const cli_command info_command = {"info", device_table, 1, info_help};
+static const cli_command info_command = CLI_COMMAND("info", device_table, info_help);
 
 int cmd_info(int argc, char **argv)
 {

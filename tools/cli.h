@@ -104,13 +104,21 @@ typedef struct cli_option {
 /* clang-format on */
 
 /* A command: its name ("run"), its table, and the prose of --help after the option list
- * (strings printed in turn, NULL-ended; the last ends with the "Exit status" line). */
+ * (strings printed in turn, NULL-ended; the last ends with the "Exit status" line); and, for
+ * a command that takes operands (`demo posenc`), their usage text and their parser (called
+ * with each argument that does not start with '-'; NULL: none taken). */
 typedef struct cli_command {
     const char *name;
     const cli_option *options;
     size_t count;
     const char *const *help;
+    const char *operands;
+    cli_handler operand;
 } cli_command;
+/* clang-format off */
+#define CLI_COMMAND(command_name, table, prose)                                                    \
+    {.name = (command_name), .options = (table), .count = CLI_COUNT(table), .help = (prose)}
+/* clang-format on */
 /* Parses argv (argv[0] the command's name) into the options struct `base` (its defaults set
  * by the caller): CLI_OK; -1 after printing --help (-h); CLI_BAD_INPUT after the one-line
  * error (an unknown option, a bad value, a value missing, an option given twice). */

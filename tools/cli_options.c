@@ -70,7 +70,7 @@ static int parse_rope(const cli_args *args, const char *value, void *target)
 
 const cli_option cli_shared_options[] = {
     {CLI_OPT("--device", CLI_PATH, 0, "SPEC",
-             "the OpenCL device: gpu, cpu or P:D (see `clattn devices`; default CLATTN_DEVICE)")},
+             "gpu, cpu or P:D (see `clattn devices`; default: CLATTN_DEVICE)")},
     {CLI_OPT("--causal", CLI_FLAG, 0, NULL, "causal mask: query i sees keys j <= i")},
     {CLI_OPT("--softcap", CLI_FLOAT, 0, "C",
              "soft-capping: each scaled score s becomes C tanh(s / C) (C > 0)"),
@@ -209,6 +209,11 @@ int cli_parse_command(const cli_command *command, int argc, char **argv, void *b
             rc = -1;
             break;
         }
+        if (command->operand && args.name[0] != '-' && !args.inline_value) {
+            if (command->operand(&args, args.name, base) < 0)
+                rc = CLI_BAD_INPUT;
+            continue;
+        }
         size_t i = 0;
         while (i < command->count && !cli_is(&args, command->options[i].name))
             ++i;
@@ -245,8 +250,12 @@ size_t cli_usage(const cli_command *command, char *text, size_t size)
 {
     char lead[64], item[320];
     const int indent = snprintf(lead, sizeof lead, "usage: clattn %s", command->name);
+    char operands[128] = "";
+    if (command->operands)
+        snprintf(operands, sizeof operands, " %s", command->operands);
     size_t used = 0, column = (size_t)indent;
-    used += (size_t)snprintf(text, size, "%s", lead);
+    used += (size_t)snprintf(text, size, "%s%s", lead, operands);
+    column += strlen(operands);
     for (size_t i = 0; i < command->count; ++i) {
         const cli_option o = resolve(&command->options[i]);
         char option[300];
@@ -280,8 +289,8 @@ void cli_print_help(const cli_command *command, FILE *out)
         const cli_option o = resolve(&command->options[i]);
         char option[300];
         option_text(&o, option, sizeof option);
-        fprintf(out, "  %-30s %s%s\n", option, o.help ? o.help : "",
-                o.flags & CLI_REPEATABLE ? " (may be repeated)" : "");
+        /* a repeatable option's help says so and what repeating does */
+        fprintf(out, "  %-30s %s\n", option, o.help ? o.help : "");
     }
     fputs("\n", out);
     for (const char *const *part = command->help; part && *part; ++part)

@@ -100,8 +100,8 @@ static const cli_option additive_table[] = {
 #undef AT
 
 static const char *const additive_help[] = {additive_usage, NULL};
-static const cli_command additive_command_spec = {"additive", additive_table,
-                                                  CLI_COUNT(additive_table), additive_help};
+static const cli_command additive_command_spec =
+    CLI_COMMAND("additive", additive_table, additive_help);
 
 static int parse_options(int argc, char **argv, additive_options *o)
 {

@@ -1554,8 +1554,8 @@ static const cli_choice mask_choices[] = {{"none", 0}, {"padding", 1}, {"additiv
 #define AT(field) CLI_AT(bench_options, field)
 static const cli_option bench_table[] = {
     {CLI_OPT("--op", CLI_CUSTOM, 0, "OP,...",
-             "matmul, softmax, attention, mha (the default set), decode, additive, paged, "
-             "varlen, backward"),
+             "matmul, softmax, attention, mha (default), decode, additive, paged, varlen, "
+             "backward; repeated, the lists add up"),
      .handle = parse_ops, .flags = CLI_REPEATABLE},
     {CLI_OPT("--runs", CLI_SIZE, AT(runs), "N", "timed runs, the median reported (default 10)"),
      .min = 1},
@@ -1596,8 +1596,7 @@ static const cli_option bench_table[] = {
 
 static const char *const bench_help[] = {bench_usage, bench_usage_more, bench_usage_serving,
                                          bench_usage_rest, NULL};
-static const cli_command bench_command_spec = {"bench", bench_table, CLI_COUNT(bench_table),
-                                               bench_help};
+static const cli_command bench_command_spec = CLI_COMMAND("bench", bench_table, bench_help);
 
 static int parse_bench_options(int argc, char **argv, bench_options *o)
 {

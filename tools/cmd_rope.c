@@ -67,7 +67,7 @@ static const cli_option rope_table[] = {
 #undef AT
 
 static const char *const rope_help[] = {rope_usage, NULL};
-static const cli_command rope_command_spec = {"rope", rope_table, CLI_COUNT(rope_table), rope_help};
+static const cli_command rope_command_spec = CLI_COMMAND("rope", rope_table, rope_help);
 
 static int parse_rope_options(int argc, char **argv, rope_options *o)
 {

@@ -153,7 +153,7 @@ static const cli_option run_table[] = {
     {CLI_OPT("--weights", CLI_PATH, AT(weights), "W.safetensors",
              "an nn.MultiheadAttention state_dict (or a model's, with --prefix)")},
     {CLI_OPT("--prefix", CLI_PATH, AT(prefix), "P",
-             "the block's key prefix in --weights (layers.0.self_attn. or layers.0.self_attn)")},
+             "the block's key prefix (layers.0.self_attn. or layers.0.self_attn)")},
     {CLI_OPT("--heads", CLI_SIZE, AT(heads), "H", "the heads (needed with --weights; default 1)"),
      .min = 1, .given = CLI_GIVEN(run_options, heads_given)},
     {CLI_OPT("--wq", CLI_PATH, AT(wq), "WQ.npy", "textbook X.W query weights (E, dk)")},
@@ -164,7 +164,7 @@ static const cli_option run_table[] = {
      .min = 1},
     CLI_USE("--causal", run_options, causal),
     {CLI_OPT("--attn-mask", CLI_PATH, AT(attn_mask), "M.npy",
-             "(L, S) or (B * H, L, S): float added, or bool (True = masked by default)")},
+             "(L, S) or (B * H, L, S): float added, or bool (True = masked)")},
     CLI_USE_GIVEN("--mask-true", run_options, mask_true_masked, mask_true_given),
     {CLI_OPT("--key-padding-mask", CLI_PATH, AT(key_padding_mask), "P.npy",
              "(B, S) or (S): true = ignore that key")},
@@ -195,7 +195,7 @@ static const cli_option run_table[] = {
 #undef AT
 
 static const char *const run_help[] = {run_usage, run_usage_more, NULL};
-static const cli_command run_command_spec = {"run", run_table, CLI_COUNT(run_table), run_help};
+static const cli_command run_command_spec = CLI_COMMAND("run", run_table, run_help);
 
 static int parse_options(int argc, char **argv, run_options *o)
 {

@@ -310,7 +310,7 @@ static const cli_option sdpa_table[] = {
     {CLI_OPT("--cu-seqlens-k", CLI_PATH, AT(cu_k), "CK.npy",
              "packed sequences' key offsets (B + 1)")},
     {CLI_OPT("--attn-mask", CLI_PATH, AT(mask), "M.npy",
-             "bool (True = attend by default) or float (added), broadcast to (B, Hq, Lq, Lk)")},
+             "bool (True = attend) or float (added), broadcast to (B, Hq, Lq, Lk)")},
     CLI_USE_GIVEN("--mask-true", sdpa_options, mask_true_masked, mask_true_given),
     {CLI_OPT("--past-key", CLI_PATH, AT(past_k), "PK.npy",
              "a KV cache's past keys (B, Hkv, P, d)")},
@@ -377,7 +377,7 @@ static const cli_option sdpa_table[] = {
 
 static const char *const sdpa_help[] = {sdpa_usage,         sdpa_usage_serving, sdpa_usage_backward,
                                         sdpa_usage_dropout, sdpa_usage_outputs, NULL};
-static const cli_command sdpa_command_spec = {"sdpa", sdpa_table, CLI_COUNT(sdpa_table), sdpa_help};
+static const cli_command sdpa_command_spec = CLI_COMMAND("sdpa", sdpa_table, sdpa_help);
 
 static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
 {

@@ -872,7 +872,7 @@ static const cli_option tune_table[] = {
 #undef AT
 
 static const char *const tune_help[] = {tune_usage, NULL};
-static const cli_command tune_command = {"tune", tune_table, CLI_COUNT(tune_table), tune_help};
+static const cli_command tune_command = CLI_COMMAND("tune", tune_table, tune_help);
 
 static int parse_options(int argc, char **argv, tune_options *o)
 {
