@@ -239,9 +239,6 @@ void cli_ring_finalize(void);
 int cli_ring_bench(int argc, char **argv);
 #endif
 
-/* --png-scale row|log|global (clattn_heatmap_scale); CLI_OK or CLI_BAD_INPUT after the line. */
-int cli_parse_png_scale(const char *command, const char *text, clattn_heatmap_scale *scale);
-
 /* What masked the weights of batch 0, so that the heatmap paints those cells as masked:
  * causal (top-left), a top-left window (-1 sides unbounded), key padding (cols bytes, nonzero =
  * ignored), an additive mask whose -inf cells are masked ((rows, cols), or (heads, rows, cols)

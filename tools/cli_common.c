@@ -514,20 +514,6 @@ void cli_print_matrix(const char *title, const float *values, size_t rows, size_
     printf("\n");
 }
 
-int cli_parse_png_scale(const char *command, const char *text, clattn_heatmap_scale *scale)
-{
-    if (strcmp(text, "row") == 0)
-        *scale = CLATTN_HEATMAP_ROW;
-    else if (strcmp(text, "log") == 0)
-        *scale = CLATTN_HEATMAP_LOG;
-    else if (strcmp(text, "global") == 0)
-        *scale = CLATTN_HEATMAP_GLOBAL;
-    else
-        return cli_fail(command, CLI_BAD_INPUT, "--png-scale: '%s' is not row, log or global",
-                        text);
-    return CLI_OK;
-}
-
 int cli_write_attention_png(const char *command, const char *path, const float *weights,
                             const cli_png_masks *m, clattn_heatmap_scale scale)
 {
