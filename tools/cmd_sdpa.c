@@ -379,6 +379,35 @@ static const char *const sdpa_help[] = {sdpa_usage,         sdpa_usage_serving, 
                                         sdpa_usage_dropout, sdpa_usage_outputs, NULL};
 static const cli_command sdpa_command_spec = CLI_COMMAND("sdpa", sdpa_table, sdpa_help);
 
+/* What --ring (cli_ring.c) takes: CLI_OK, or CLI_BAD_INPUT after the line. */
+static int check_ring_options(const sdpa_options *o)
+{
+    const char *other = o->mask                          ? "--attn-mask"
+                        : o->past_k                      ? "--past-key"
+                        : o->present_k                   ? "--present-key-out"
+                        : o->qk_out                      ? "--qk-out"
+                        : o->attn_png                    ? "--attn-png"
+                        : o->alibi                       ? "--alibi"
+                        : o->alibi_slopes                ? "--alibi-slopes"
+                        : o->rope.on                     ? "--rope"
+                        : o->softmax_f64                 ? "--softmax-precision"
+                        : o->norm != CLATTN_NORM_SOFTMAX ? "--norm relu"
+                                                         : NULL;
+    if (other)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--ring takes --causal, --window, --softcap, --scale, grouped "
+                        "heads, --sinks, --nonpad-kv-seqlen and keys of another length, "
+                        "not %s",
+                        other);
+    if (o->nonpad && (o->causal || o->window.on) &&
+        !(o->align_given && o->align == CLATTN_CAUSAL_TOP_LEFT))
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--ring with --nonpad-kv-seqlen and --causal or --window: give "
+                        "--causal-align top-left (the ring's diagonal is the sequence's, "
+                        "not each batch's key count as onnx's and bottom-right's are)");
+    return CLI_OK;
+}
+
 static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
 {
     const int rc = cli_parse_command(&sdpa_command_spec, argc, argv, o);
@@ -502,32 +531,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         !cli_check_output("sdpa", "--qk-out", o->qk_out) ||
         !cli_check_output("sdpa", "--attn-png", o->attn_png))
         return CLI_BAD_INPUT;
-    if (o->ring) {
-        const char *other = o->mask                          ? "--attn-mask"
-                            : o->past_k                      ? "--past-key"
-                            : o->present_k                   ? "--present-key-out"
-                            : o->qk_out                      ? "--qk-out"
-                            : o->attn_png                    ? "--attn-png"
-                            : o->alibi                       ? "--alibi"
-                            : o->alibi_slopes                ? "--alibi-slopes"
-                            : o->rope.on                     ? "--rope"
-                            : o->softmax_f64                 ? "--softmax-precision"
-                            : o->norm != CLATTN_NORM_SOFTMAX ? "--norm relu"
-                                                             : NULL;
-        if (other)
-            return cli_fail("sdpa", CLI_BAD_INPUT,
-                            "--ring takes --causal, --window, --softcap, --scale, grouped "
-                            "heads, --sinks, --nonpad-kv-seqlen and keys of another length, "
-                            "not %s",
-                            other);
-        if (o->nonpad && (o->causal || o->window.on) &&
-            !(o->align_given && o->align == CLATTN_CAUSAL_TOP_LEFT))
-            return cli_fail("sdpa", CLI_BAD_INPUT,
-                            "--ring with --nonpad-kv-seqlen and --causal or --window: give "
-                            "--causal-align top-left (the ring's diagonal is the sequence's, "
-                            "not each batch's key count as onnx's and bottom-right's are)");
-    }
-    return CLI_OK;
+    return o->ring ? check_ring_options(o) : CLI_OK;
 }
 
 static int load(const char *path, clattn_array *out, bool mask)
