@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -3613,6 +3614,306 @@ static void write_broken_files(void)
         fclose(in);
 }
 
+/* --- issue 46: the CLI's formats, prefixes, printing, repeated options, option tables -------- */
+
+/* Writes float32 tensors (names[i], shapes[i] of ndims[i] dims, values[i]) as a safetensors
+ * file. */
+static void write_safetensors_f32(const char *path, size_t count, const char *const *names,
+                                  const int *ndims, const size_t (*shapes)[4],
+                                  const float *const *values)
+{
+    char header[2048];
+    size_t used = (size_t)snprintf(header, sizeof header, "{"), offset = 0;
+    for (size_t t = 0; t < count; ++t) {
+        size_t elems = 1;
+        used += (size_t)snprintf(header + used, sizeof header - used,
+                                 "%s\"%s\": {\"dtype\": \"F32\", \"shape\": [", t ? ", " : "",
+                                 names[t]);
+        for (int i = 0; i < ndims[t]; ++i) {
+            elems *= shapes[t][i];
+            used += (size_t)snprintf(header + used, sizeof header - used, "%s%zu", i ? ", " : "",
+                                     shapes[t][i]);
+        }
+        used += (size_t)snprintf(header + used, sizeof header - used,
+                                 "], \"data_offsets\": [%zu, %zu]}", offset, offset + 4 * elems);
+        offset += 4 * elems;
+    }
+    used += (size_t)snprintf(header + used, sizeof header - used, "}");
+    FILE *f = fopen(path, "wb");
+    tu_expect(f != NULL, "cannot write %s", path);
+    if (f == NULL)
+        return;
+    unsigned char length[8];
+    for (int i = 0; i < 8; ++i)
+        length[i] = (unsigned char)((uint64_t)used >> (8 * i));
+    fwrite(length, 1, 8, f);
+    fwrite(header, 1, used, f);
+    for (size_t t = 0; t < count; ++t) {
+        size_t elems = 1;
+        for (int i = 0; i < ndims[t]; ++i)
+            elems *= shapes[t][i];
+        fwrite(values[t], sizeof(float), elems, f);
+    }
+    fclose(f);
+}
+
+/* Whether two .npy files hold the same shape and the same values, bit for bit. */
+static bool same_npy(const char *a_path, const char *b_path)
+{
+    char msg[512];
+    clattn_array a = {0}, b = {0};
+    bool same = clattn_npy_read(a_path, &a, msg, sizeof msg) == CLATTN_IO_OK &&
+                clattn_npy_read(b_path, &b, msg, sizeof msg) == CLATTN_IO_OK && a.ndim == b.ndim &&
+                a.count == b.count && a.count > 0 &&
+                memcmp(a.shape, b.shape, sizeof a.shape) == 0 &&
+                memcmp(a.data, b.data, a.count * sizeof(float)) == 0;
+    clattn_array_free(&a);
+    clattn_array_free(&b);
+    return same;
+}
+
+/* Runs args (printf'd with the fixtures and the scratch folder) and expects exit 2 with one
+ * line on stderr naming `needle`. */
+static void expect_refused(const char *needle, const char *format, ...)
+{
+    char args[3000];
+    va_list list;
+    va_start(list, format);
+    vsnprintf(args, sizeof args, format, list);
+    va_end(list);
+    const int status = run_cli(args);
+    const char *err = captured("stderr");
+    tu_expect(status == 2 && count_lines(err) == 1 && strstr(err, needle) != NULL,
+              "clattn %s: status %d, want 2 and one line naming '%s': %s", args, status, needle,
+              err);
+}
+
+/* `run --query x.safetensors` reads the file by its format: a one-tensor safetensors file (or
+ * FILE:NAME of a file of several) gives the .npy's output bit for bit; --weights x.npy says
+ * what the file is; a prefix without its final dot finds the block. */
+START_TEST(test_run_reads_formats)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("run on safetensors inputs, --weights x.npy, --prefix without the dot");
+    char msg[512], path[512], npy_out[512], st_out[512], one[512], two[512];
+    snprintf(path, sizeof path, "%s/self_query.npy", fixtures);
+    clattn_array query = {0};
+    tu_expect(clattn_npy_read(path, &query, msg, sizeof msg) == CLATTN_IO_OK, "%s", msg);
+    snprintf(one, sizeof one, "%s/query_one.safetensors", scratch);
+    snprintf(two, sizeof two, "%s/query_two.safetensors", scratch);
+    const size_t shapes[2][4] = {{query.shape[0], query.shape[1], query.shape[2]}, {3}};
+    static const float other[3] = {1.0f, 2.0f, 3.0f};
+    const char *const names[2] = {"query", "other"};
+    const int ndims[2] = {3, 1};
+    const float *const values[2] = {query.data, other};
+    write_safetensors_f32(one, 1, names, ndims, shapes, values);
+    write_safetensors_f32(two, 2, names, ndims, shapes, values);
+    clattn_array_free(&query);
+
+    snprintf(npy_out, sizeof npy_out, "%s/formats_npy.npy", scratch);
+    snprintf(st_out, sizeof st_out, "%s/formats_st.npy", scratch);
+    char args[4096];
+    snprintf(args, sizeof args,
+             "run --query %s/self_query.npy --weights %s/self.safetensors "
+             "--heads 2 --causal --out %s",
+             fixtures, fixtures, npy_out);
+    int status = run_cli(args);
+    tu_expect(status == 0, "%s: status %d: %s", args, status, captured("stderr"));
+    const char *inputs[2] = {one, NULL};
+    char named[600];
+    snprintf(named, sizeof named, "%s:query", two);
+    inputs[1] = named;
+    for (int i = 0; i < 2; ++i) {
+        remove(st_out);
+        snprintf(args, sizeof args,
+                 "run --query %s --weights %s/self.safetensors --heads 2 "
+                 "--causal --out %s",
+                 inputs[i], fixtures, st_out);
+        status = run_cli(args);
+        tu_expect(status == 0 && same_npy(npy_out, st_out),
+                  "%s: status %d, output differs from the .npy query's: %s", args, status,
+                  captured("stderr"));
+    }
+    expect_refused("name the one to read as",
+                   "run --query %s --weights %s/self.safetensors "
+                   "--heads 2",
+                   two, fixtures);
+    expect_refused("no tensor 'nope'",
+                   "run --query %s:nope --weights %s/self.safetensors "
+                   "--heads 2",
+                   two, fixtures);
+    expect_refused("self_query.npy: not a safetensors file (it is a .npy file)",
+                   "run --query %1$s/self_query.npy --weights %1$s/self_query.npy --heads 2",
+                   fixtures);
+    expect_refused("garbage.npy: not a .npy file (bad magic); expected a .npy or a safetensors",
+                   "run --query %2$s/garbage.npy --weights %1$s/self.safetensors --heads 2",
+                   fixtures, scratch);
+    expect_refused("not a safetensors file",
+                   "run --query %1$s/self_query.npy --weights "
+                   "%2$s/garbage.npy --heads 2",
+                   fixtures, scratch);
+
+    /* --prefix layers.0.self_attn (no dot) reads the block --prefix layers.0.self_attn. reads */
+    for (int dot = 0; dot < 2; ++dot) {
+        snprintf(args, sizeof args,
+                 "run --query %s/self_query.npy --weights "
+                 "%s/model_two.safetensors --prefix layers.0.self_attn%s --heads 2 --out %s",
+                 fixtures, fixtures, dot ? "." : "", dot ? st_out : npy_out);
+        status = run_cli(args);
+        tu_expect(status == 0, "%s: status %d: %s", args, status, captured("stderr"));
+    }
+    tu_expect(same_npy(npy_out, st_out), "--prefix without the dot gave another output");
+    TU_END_TEST();
+}
+END_TEST
+
+/* `sdpa` prints its (B, H) blocks as Y[b,h]; --attn-png draws the weights (as --qk-out's mode
+ * 3 holds them) and is refused where the weights are never formed. */
+START_TEST(test_sdpa_blocks_and_png)
+{
+    TU_BEGIN_TEST();
+    enum { B = 2, H = 4, L = 3, D = 2 };
+    tu_set_case("sdpa Y[b,h] and --attn-png (B=%d, H=%d)", B, H);
+    char msg[512], q[512], png[512], args[4096];
+    snprintf(q, sizeof q, "%s/blocks_q.npy", scratch);
+    snprintf(png, sizeof png, "%s/blocks.png", scratch);
+    float *values = tu_random_floats(B * H * L * D);
+    const size_t shape[4] = {B, H, L, D};
+    tu_expect(clattn_npy_write(q, values, 4, shape, msg, sizeof msg) == CLATTN_IO_OK, "%s", msg);
+    free(values);
+    snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s", q, q, q);
+    int status = run_cli(args);
+    const char *out = captured("stdout");
+    tu_expect(status == 0 && strstr(out, "Y[0,0]") && strstr(out, "Y[1,3]") &&
+                  strstr(out, "Y[7]") == NULL,
+              "%s: status %d, blocks not titled Y[b,h]: %s", args, status, out);
+
+    remove(png);
+    snprintf(args, sizeof args, "sdpa --q %s --k %s --v %s --causal --attn-png %s --png-scale log",
+             q, q, q, png);
+    status = run_cli(args);
+    unsigned char signature[8] = {0};
+    FILE *f = fopen(png, "rb");
+    const size_t got = f ? fread(signature, 1, 8, f) : 0;
+    if (f)
+        fclose(f);
+    tu_expect(status == 0 && got == 8 && png_sig_cmp(signature, 0, 8) == 0,
+              "%s: status %d, no PNG written: %s", args, status, captured("stderr"));
+    expect_refused("--path fused never forms the attention weights",
+                   "sdpa --q %1$s --k %1$s --v %1$s --path fused --attn-png %2$s", q, png);
+    expect_refused("--attn-png",
+                   "sdpa --q %1$s --k %1$s --v %1$s --kv-dtype q8_0 "
+                   "--attn-png %2$s",
+                   q, png);
+    TU_END_TEST();
+}
+END_TEST
+
+/* An option given twice is refused, naming it, unless the table says it may repeat (bench's
+ * --op adds up); a number beyond float32 says so. */
+START_TEST(test_repeated_and_range)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("repeated options, --scale 1e40");
+    static const char run_head[] =
+        "run --query %1$s/self_query.npy --weights %1$s/self.safetensors --heads 2 ";
+    char format[512];
+    snprintf(format, sizeof format, "%s--scale 1 --scale 2", run_head);
+    expect_refused("--scale given twice", format, fixtures);
+    snprintf(format, sizeof format, "%s--causal --causal", run_head);
+    expect_refused("--causal given twice", format, fixtures);
+    snprintf(format, sizeof format, "%s--heads 2", run_head);
+    expect_refused("--heads given twice", format, fixtures);
+    expect_refused("--q given twice", "sdpa --q a --q b --k c --v d");
+    expect_refused("--x given twice", "rope --x a --x b");
+    expect_refused("--device given twice", "devices --device cpu --device gpu");
+    expect_refused("--runs given twice", "bench --runs 1 --runs 2");
+    snprintf(format, sizeof format, "%s--scale 1e40", run_head);
+    expect_refused("--scale: '1e40' is out of float32's range", format, fixtures);
+    expect_refused("--softcap: '-1e39' is out of float32's range",
+                   "sdpa --q a --k b --v c --softcap -1e39");
+    expect_refused("--scale: '1e-60' is too small for float32", "sdpa --q a --k b --v c "
+                                                                "--scale 1e-60");
+    expect_refused("--scale: 'nan' is not a number", "sdpa --q a --k b --v c --scale nan");
+    TU_END_TEST();
+}
+END_TEST
+
+/* Whether text names the option as a word of a usage line ("[--q Q.npy]", " --q Q.npy"). */
+static bool names_option(const char *text, const char *option)
+{
+    const size_t length = strlen(option);
+    for (const char *at = strstr(text, option); at; at = strstr(at + 1, option)) {
+        const char before = at == text ? ' ' : at[-1], after = at[length];
+        if ((before == ' ' || before == '[') &&
+            (after == ' ' || after == ']' || after == '\n' || after == '\0'))
+            return true;
+    }
+    return false;
+}
+
+/* Every option in a command's table (the option list of --help, made from it) is in the
+ * usage line and is accepted by the parser (never "unknown option"). */
+START_TEST(test_option_tables)
+{
+    TU_BEGIN_TEST();
+    static const char *const commands[] = {"devices",  "info",  "demo", "run", "sdpa",
+                                           "additive", "bench", "rope", "tune"};
+    for (size_t c = 0; c < sizeof commands / sizeof commands[0]; ++c) {
+        char args[512];
+        snprintf(args, sizeof args, "%s --help", commands[c]);
+        tu_set_case("clattn %s", args);
+        int status = run_cli(args);
+        static char help[1 << 16];
+        snprintf(help, sizeof help, "%s", captured("stdout"));
+        char *usage_end = strstr(help, "\n\n");
+        const char *list = strstr(help, "\noptions:\n");
+        tu_expect(status == 0 && usage_end && list,
+                  "%s: status %d, no usage line and option "
+                  "list: %s",
+                  args, status, help);
+        if (!usage_end || !list)
+            continue;
+        *usage_end = '\0'; /* help now holds the usage line(s) alone */
+        size_t options = 0;
+        for (const char *line = list + 10; line[0] == ' '; line = strchr(line, '\n') + 1) {
+            char name[64];
+            if (sscanf(line, " %63s", name) != 1 || strncmp(name, "--", 2) != 0)
+                break;
+            ++options;
+            tu_expect(names_option(help, name), "clattn %s: %s is not in the usage line: %s",
+                      commands[c], name, help);
+            /* `--x --x --zz`: a flag is given twice; an option with a value takes "--x" and
+             * the parser stops at --zz, before any device work */
+            char unknown[96];
+            snprintf(args, sizeof args, "%s %s %s --zz", commands[c], name, name);
+            snprintf(unknown, sizeof unknown, "unknown option '%s'", name);
+            status = run_cli(args);
+            const char *err = captured("stderr");
+            tu_expect(status == 2 && strstr(err, unknown) == NULL,
+                      "clattn %s: status %d (want 2, not unknown): %s", args, status, err);
+            if (!strchr(line, '\n'))
+                break;
+        }
+        tu_expect(options >= 1, "clattn %s --help lists no option", commands[c]);
+    }
+    /* Issue 46's omissions. */
+    static const struct {
+        const char *command, *option;
+    } listed[] = {{"sdpa", "--kv-dtype"}, {"sdpa", "--attn-png"}, {"additive", "--png-scale"},
+                  {"run", "--prefix"},    {"sdpa", "--dropout"},  {"bench", "--page-size"}};
+    for (size_t i = 0; i < sizeof listed / sizeof listed[0]; ++i) {
+        char args[128];
+        snprintf(args, sizeof args, "%s --help", listed[i].command);
+        run_cli(args);
+        const char *out = captured("stdout"), *end = strstr(out, "\n\n");
+        const char *at = strstr(out, listed[i].option);
+        tu_expect(at && end && at < end, "clattn %s: usage line lacks %s", args, listed[i].option);
+    }
+    TU_END_TEST();
+}
+END_TEST
+
 static void remove_scratch(void)
 {
     char command[600];
@@ -3684,6 +3985,10 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_help_ends_with_exit_status);
     tcase_add_test(tc, test_run_model_files);
     tcase_add_test(tc, test_causal_heatmap_pixels);
+    tcase_add_test(tc, test_run_reads_formats);
+    tcase_add_test(tc, test_sdpa_blocks_and_png);
+    tcase_add_test(tc, test_repeated_and_range);
+    tcase_add_test(tc, test_option_tables);
     suite_add_tcase(suite, tc);
     int result = tu_run_suite(suite);
     remove_scratch();

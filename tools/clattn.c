@@ -14,13 +14,16 @@ static const char usage[] =
     "  info      the device clattn uses and the tuning rows that apply to it\n"
     "  demo      the textbook attention examples on the device, chapter by chapter\n"
     "  run       multi-head or single-head attention on .npy / .safetensors files\n"
-    "  sdpa      scaled dot-product attention on .npy files (ONNX Attention's core)\n"
-    "  rope      rotary position embeddings on .npy files (ONNX RotaryEmbedding)\n"
-    "  additive  additive (Bahdanau) attention on .npy files\n"
+    "  sdpa      scaled dot-product attention on .npy / .safetensors files (ONNX Attention)\n"
+    "  rope      rotary position embeddings on .npy / .safetensors files (ONNX RotaryEmbedding)\n"
+    "  additive  additive (Bahdanau) attention on .npy / .safetensors files\n"
     "  bench     time matmul, softmax, attention and MHA forward on the device\n"
     "  tune      search the kernel parameters on the device; write them to the tuning cache\n"
     "\n"
-    "Each command takes --help. The device is chosen by --device SPEC or the environment\n"
+    "Each command takes --help. An option is given once (\"--scale given twice\" otherwise),\n"
+    "except where its help says it may be repeated (bench --op). Array inputs are .npy files,\n"
+    "or safetensors files of one tensor (FILE:NAME picks one of several). The device is\n"
+    "chosen by --device SPEC or the environment\n"
     "variable CLATTN_DEVICE: gpu, cpu, or P:D (platform and device index, see `clattn\n"
     "devices`); by default the first GPU, else the first CPU device.\n"
     "clattn " CLATTN_VERSION_STRING "\n"
@@ -33,7 +36,6 @@ static const char usage[] =
  * ------------------------------------------------------------------------------------------- */
 
 static const char devices_usage[] =
-    "usage: clattn devices [--device SPEC]\n"
     "Lists every OpenCL platform and device: index P:D, type, compute units, global and local\n"
     "memory, max work-group size, fp16/fp64 support. '*' marks the device clattn uses by\n"
     "default (or the one --device / CLATTN_DEVICE selects).\n"
@@ -66,22 +68,22 @@ static const char *type_name(cl_device_type type)
                                                  : "other";
 }
 
+/* devices and info take only --device. */
+typedef struct device_options {
+    const char *device;
+} device_options;
+static const cli_option device_table[] = {CLI_USE("--device", device_options, device)};
+
+static const char *const devices_help[] = {devices_usage, NULL};
+static const cli_command devices_command = CLI_COMMAND("devices", device_table, devices_help);
+
 int cmd_devices(int argc, char **argv)
 {
-    cli_args args = {argc, argv, 1, NULL, NULL, "devices"};
-    const char *device_spec = NULL;
-    while (cli_next(&args)) {
-        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
-            fputs(devices_usage, stdout);
-            return CLI_OK;
-        } else if (cli_is(&args, "--device")) {
-            if (!(device_spec = cli_value(&args)))
-                return CLI_BAD_INPUT;
-        } else {
-            return cli_fail("devices", CLI_BAD_INPUT, "unknown option '%s' (see --help)",
-                            args.name);
-        }
-    }
+    device_options options = {NULL};
+    const int rc = cli_parse_command(&devices_command, argc, argv, &options);
+    if (rc != CLI_OK)
+        return rc < 0 ? CLI_OK : rc;
+    const char *device_spec = options.device;
     cl_platform_id platforms[16];
     cl_uint num_platforms = 0;
     cl_int err = clGetPlatformIDs(16, platforms, &num_platforms);
@@ -158,7 +160,6 @@ int cmd_devices(int argc, char **argv)
  * ------------------------------------------------------------------------------------------- */
 
 static const char info_usage[] =
-    "usage: clattn info [--device SPEC]\n"
     "Prints the device clattn uses and its tuning: which rows of the built-in table and of the\n"
     "tuning cache (`clattn tune`, $XDG_CACHE_HOME/clattn/tuning) or of CLATTN_TUNING=FILE\n"
     "applied, the cache rows ignored (malformed, stale, or values the device cannot run: rerun\n"
@@ -166,21 +167,16 @@ static const char info_usage[] =
     "Exit status: 0 success, 1 device or library failure, 2 bad options (a malformed --device\n"
     "or CLATTN_DEVICE, or one naming a device that does not exist; a bad CLATTN_TUNING file).\n";
 
+static const char *const info_help[] = {info_usage, NULL};
+static const cli_command info_command = CLI_COMMAND("info", device_table, info_help);
+
 int cmd_info(int argc, char **argv)
 {
-    cli_args args = {argc, argv, 1, NULL, NULL, "info"};
-    const char *device_spec = NULL;
-    while (cli_next(&args)) {
-        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
-            fputs(info_usage, stdout);
-            return CLI_OK;
-        } else if (cli_is(&args, "--device")) {
-            if (!(device_spec = cli_value(&args)))
-                return CLI_BAD_INPUT;
-        } else {
-            return cli_fail("info", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
-        }
-    }
+    device_options options = {NULL};
+    const int rc = cli_parse_command(&info_command, argc, argv, &options);
+    if (rc != CLI_OK)
+        return rc < 0 ? CLI_OK : rc;
+    const char *device_spec = options.device;
     clattn_ctx *ctx = cli_context("info", device_spec);
     if (ctx == NULL)
         return cli_context_exit();

@@ -6,7 +6,7 @@
 #include "clattn_io.h"
 
 #include <stdbool.h>
-#include <stddef.h>
+#include <stddef.h> /* offsetof */
 #include <stdint.h>
 #include <stdio.h>
 
@@ -40,35 +40,114 @@ int cli_flag(const cli_args *args, const char *option);
 /* The current option's value; NULL (after printing the error) when it has none. */
 const char *cli_value(cli_args *args);
 
-/* A table of a command's options (each command's parse function walks its table, then the
- * options that need code of their own):
+/* A command's options are ONE table of cli_option (tools/cmd_*.c), from which the parser, the
+ * usage line and the option list of --help are made (cli_parse_command, cli_print_help), so
+ * that the usage line names every option the parser takes. Kinds:
  *   PATH    target const char **: the value as given
  *   FLAG    target bool *: true (a value, --flag=x, is refused)
  *   SIZE    target size_t *: a whole number >= min
- *   FLOAT   target float *: a finite number, > 0 when min is 1
+ *   FLOAT   target float *: a finite float32, > 0 when min is 1
  *   CHOICE  target int *: choices[i].value for the value named choices[i].name (NULL-ended)
- * `given` (NULL: none) becomes true when the option appears. */
-typedef enum { CLI_PATH, CLI_FLAG, CLI_SIZE, CLI_FLOAT, CLI_CHOICE } cli_kind;
+ *   CUSTOM  handle(args, value, target) parses it (value NULL when arg is NULL: a flag)
+ *   SHARED  an option declared once in cli_shared_options (--device, --causal, --softcap,
+ *           --norm, --path, --window, --alibi, --alibi-slopes, --mask-true, --attn-png,
+ *           --png-scale, --rope...): its kind, placeholder, help and parser come from there;
+ *           the entry gives the target (and `given`, and may give its own help).
+ * target and given are offsets into the command's options struct (CLI_AT, CLI_GIVEN); given
+ * (0: none) names a bool set when the option appears. An option may appear once, unless
+ * flagged CLI_REPEATABLE: "--scale given twice" otherwise. CLI_REQUIRED marks one the usage
+ * line shows without brackets (the command still checks it after parsing). */
+typedef enum {
+    CLI_PATH,
+    CLI_FLAG,
+    CLI_SIZE,
+    CLI_FLOAT,
+    CLI_CHOICE,
+    CLI_CUSTOM,
+    CLI_SHARED
+} cli_kind;
+enum { CLI_REQUIRED = 1, CLI_REPEATABLE = 2 };
 typedef struct cli_choice {
     const char *name;
     int value;
 } cli_choice;
+/* Parses value (NULL for a flag) into target; 1, or -1 after printing the error. */
+typedef int (*cli_handler)(const cli_args *args, const char *value, void *target);
 typedef struct cli_option {
     const char *name;
     cli_kind kind;
-    void *target;
+    size_t target;    /* CLI_AT(type, field) */
+    const char *arg;  /* the value's placeholder in the usage line ("Q.npy"); NULL: a flag, or
+                       * a CHOICE's names joined by '|' */
+    const char *help; /* one line for --help's option list */
     size_t min;
     const cli_choice *choices;
-    bool *given;
+    cli_handler handle;
+    unsigned flags; /* CLI_REQUIRED, CLI_REPEATABLE */
+    size_t given;   /* CLI_GIVEN(type, field), 0: none */
 } cli_option;
-/* When the current option is in the table: parses it into its target and returns 1, or -1
- * after printing the error ("--name: 'value' is not a, b or c"); 0 when it is not there. */
-int cli_parse_table(cli_args *args, const cli_option *table, size_t count);
+/* clang-format off */
+#define CLI_AT(type, field) offsetof(type, field)
+#define CLI_GIVEN(type, field) (offsetof(type, field) + 1)
 #define CLI_COUNT(table) (sizeof(table) / sizeof((table)[0]))
+/* A row's first fields: {CLI_OPT("--out", CLI_PATH, CLI_AT(t, out), "O.npy", "help"), .min...} */
+#define CLI_OPT(option, option_kind, option_target, placeholder, text)                             \
+    .name = (option), .kind = (option_kind), .target = (option_target), .arg = (placeholder),      \
+    .help = (text)
+/* A shared option at a field of the command's options struct. */
+#define CLI_USE(option, type, field)                                                               \
+    {.name = option, .kind = CLI_SHARED, .target = offsetof(type, field)}
+/* The same, with the bool that says it was given. */
+#define CLI_USE_GIVEN(option, type, field, given_field)                                           \
+    {.name = option, .kind = CLI_SHARED, .target = offsetof(type, field),                        \
+     .given = CLI_GIVEN(type, given_field)}
+/* clang-format on */
+
+/* A command: its name ("run"), its table, and the prose of --help after the option list
+ * (strings printed in turn, NULL-ended; the last ends with the "Exit status" line); and, for
+ * a command that takes operands (`demo posenc`), their usage text and their parser (called
+ * with each argument that does not start with '-'; NULL: none taken). */
+typedef struct cli_command {
+    const char *name;
+    const cli_option *options;
+    size_t count;
+    const char *const *help;
+    const char *operands;
+    cli_handler operand;
+} cli_command;
+/* clang-format off */
+#define CLI_COMMAND(command_name, table, prose)                                                    \
+    {.name = (command_name), .options = (table), .count = CLI_COUNT(table), .help = (prose)}
+/* clang-format on */
+/* Parses argv (argv[0] the command's name) into the options struct `base` (its defaults set
+ * by the caller): CLI_OK; -1 after printing --help (-h); CLI_BAD_INPUT after the one-line
+ * error (an unknown option, a bad value, a value missing, an option given twice). */
+int cli_parse_command(const cli_command *command, int argc, char **argv, void *base);
+/* The usage line(s), the option list and the prose. */
+void cli_print_help(const cli_command *command, FILE *out);
+/* The usage line(s) alone: "usage: clattn run --query Q.npy [--key K.npy] ..." wrapped to
+ * 100 columns; the number of characters it needs (as snprintf). */
+size_t cli_usage(const cli_command *command, char *text, size_t size);
+/* The options declared once, shared by the commands (CLI_USE). */
+extern const cli_option cli_shared_options[];
+extern const size_t cli_shared_count;
+/* --window's destination: LEFT,RIGHT, on when given. */
+typedef struct cli_window {
+    bool on;
+    long long left, right;
+} cli_window;
+
 /* The choices every command shares. */
 extern const cli_choice cli_path_choices[];       /* auto, fused, unfused */
 extern const cli_choice cli_norm_choices[];       /* softmax, relu */
 extern const cli_choice cli_causal_align_choices[]; /* onnx, top-left, bottom-right */
+
+/* Reads an input array by its format (the file's first bytes, not its name): a .npy, or a
+ * safetensors file holding one tensor; FILE:NAME reads tensor NAME of a safetensors file that
+ * holds several (when FILE:NAME is not itself a file). Safetensors tensors are read as float32
+ * (F32, F16, BF16, F64): an output follows them as float32. Prints the one-line error naming
+ * the file and what it holds otherwise; CLI_OK or CLI_BAD_INPUT. */
+int cli_read_array(const char *command, const char *path, clattn_array *out);
 
 /* Strict number parsing: the whole text must be a number in range; prints an error naming the
  * option and returns false otherwise. */
@@ -87,17 +166,15 @@ bool cli_parse_window(const char *command, const char *text, long long *left, lo
 bool cli_parse_size_list(const char *command, const char *option, const char *text, size_t *out,
                          size_t max_count, size_t *count);
 
-/* The rotary options of `run` and `sdpa`: --rope [--rope-style halves|pairs] [--rope-dims N]
- * [--rope-base B] [--rope-start P], for clattn_mha_desc's and clattn_sdpa_desc's rope fields. */
+/* The rotary options of `run` and `sdpa` (shared options, all with a cli_rope target): --rope
+ * [--rope-style halves|pairs] [--rope-dims N] [--rope-base B] [--rope-start P], for
+ * clattn_mha_desc's and clattn_sdpa_desc's rope fields. */
 typedef struct cli_rope {
     bool on, option; /* --rope; any --rope-* option */
     clattn_rope_style style;
     size_t dims, start; /* dims 0: the head size */
     float base;         /* 0: the library's default, 10000 */
 } cli_rope;
-/* When the current option is one of them: parses it into rope and returns 1, or -1 after
- * printing the error; 0 for any other option. */
-int cli_parse_rope(cli_args *args, cli_rope *rope);
 /* After the options: false (after printing why) when a --rope-* option came without --rope. */
 bool cli_check_rope(const char *command, const cli_rope *rope);
 
@@ -161,9 +238,6 @@ void cli_ring_finalize(void);
 /* `clattn bench --op ring` (cmd_bench hands over when --op is ring). */
 int cli_ring_bench(int argc, char **argv);
 #endif
-
-/* --png-scale row|log|global (clattn_heatmap_scale); CLI_OK or CLI_BAD_INPUT after the line. */
-int cli_parse_png_scale(const char *command, const char *text, clattn_heatmap_scale *scale);
 
 /* What masked the weights of batch 0, so that the heatmap paints those cells as masked:
  * causal (top-left), a top-left window (-1 sides unbounded), key padding (cols bytes, nonzero =

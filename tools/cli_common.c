@@ -3,6 +3,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -74,70 +75,69 @@ const char *cli_value(cli_args *args)
     return args->argv[args->index++];
 }
 
-const cli_choice cli_path_choices[] = {{"auto", CLATTN_PATH_AUTO},
-                                       {"fused", CLATTN_PATH_FUSED},
-                                       {"unfused", CLATTN_PATH_UNFUSED},
-                                       {NULL, 0}};
-const cli_choice cli_norm_choices[] = {
-    {"softmax", CLATTN_NORM_SOFTMAX}, {"relu", CLATTN_NORM_RELU}, {NULL, 0}};
-const cli_choice cli_causal_align_choices[] = {{"onnx", CLATTN_CAUSAL_ONNX},
-                                               {"top-left", CLATTN_CAUSAL_TOP_LEFT},
-                                               {"bottom-right", CLATTN_CAUSAL_BOTTOM_RIGHT},
-                                               {NULL, 0}};
-
-static int parse_choice(const cli_args *args, const cli_option *o, const char *value)
+/* FILE:NAME, when path is not a file but FILE is: FILE into file, NAME returned; else NULL. */
+static const char *tensor_name(const char *path, char *file, size_t size)
 {
-    char names[256] = "";
-    size_t used = 0, count = 0;
-    for (const cli_choice *c = o->choices; c->name; ++c, ++count)
-        if (strcmp(value, c->name) == 0) {
-            *(int *)o->target = c->value;
-            return 1;
-        }
-    for (size_t i = 0; i < count && used < sizeof names; ++i)
-        used += (size_t)snprintf(names + used, sizeof names - used, "%s%s",
-                                 i == 0 ? "" : i + 1 == count ? " or " : ", ",
-                                 o->choices[i].name);
-    cli_fail(args->command, CLI_BAD_INPUT, "%s: '%s' is not %s", o->name, value, names);
-    return -1;
+    struct stat st;
+    const char *colon = strrchr(path, ':');
+    if (stat(path, &st) == 0 || colon == NULL || strchr(colon, '/') != NULL ||
+        (size_t)(colon - path) >= size)
+        return NULL;
+    snprintf(file, size, "%.*s", (int)(colon - path), path);
+    return stat(file, &st) == 0 ? colon + 1 : NULL;
 }
 
-int cli_parse_table(cli_args *args, const cli_option *table, size_t count)
+/* "a, b, c and 4 more": the names of the file's tensors. */
+static void tensor_list(const clattn_safetensors *file, char *text, size_t size)
 {
-    for (size_t i = 0; i < count; ++i) {
-        const cli_option *o = &table[i];
-        if (!cli_is(args, o->name))
-            continue;
-        if (o->given)
-            *o->given = true;
-        if (o->kind == CLI_FLAG) {
-            if (cli_flag(args, o->name) < 0)
-                return -1;
-            *(bool *)o->target = true;
-            return 1;
-        }
-        const char *value = cli_value(args);
-        if (value == NULL)
-            return -1;
-        switch (o->kind) {
-        case CLI_PATH:
-            *(const char **)o->target = value;
-            return 1;
-        case CLI_SIZE:
-            return cli_parse_size(args->command, o->name, value, o->min, o->target) ? 1 : -1;
-        case CLI_FLOAT:
-            if (!cli_parse_float(args->command, o->name, value, o->target))
-                return -1;
-            if (o->min > 0 && !(*(float *)o->target > 0.0f)) {
-                cli_fail(args->command, CLI_BAD_INPUT, "%s: %s is not positive", o->name, value);
-                return -1;
-            }
-            return 1;
-        default:
-            return parse_choice(args, o, value);
-        }
-    }
-    return 0;
+    const size_t count = clattn_safetensors_count(file);
+    size_t used = 0, i = 0;
+    text[0] = '\0';
+    for (; i < count && i < 6 && used < size; ++i)
+        used += (size_t)snprintf(text + used, size - used, "%s'%s'", i ? ", " : "",
+                                 clattn_safetensors_name(file, i));
+    if (i < count && used < size)
+        snprintf(text + used, size - used, " and %zu more", count - i);
+}
+
+static int read_safetensors_array(const char *command, const char *file, const char *name,
+                                  clattn_array *out)
+{
+    char msg[1024], names[600];
+    clattn_safetensors *st = NULL;
+    if (clattn_safetensors_open(file, &st, msg, sizeof msg) != CLATTN_IO_OK)
+        return cli_fail(command, CLI_BAD_INPUT, "%s", msg);
+    int rc = CLI_OK;
+    const size_t count = clattn_safetensors_count(st);
+    tensor_list(st, names, sizeof names);
+    if (name == NULL && count != 1)
+        rc = cli_fail(command, CLI_BAD_INPUT,
+                      "%s: a safetensors file of %zu tensors%s%s: name the one to read as "
+                      "%s:NAME",
+                      file, count, count ? " " : "", names, file);
+    else if (name && !clattn_safetensors_has(st, name))
+        rc = cli_fail(command, CLI_BAD_INPUT, "%s: no tensor '%s' (it holds %s)", file, name,
+                      count ? names : "none");
+    else if (clattn_safetensors_read(st, name ? name : clattn_safetensors_name(st, 0), out, msg,
+                                     sizeof msg) != CLATTN_IO_OK)
+        rc = cli_fail(command, CLI_BAD_INPUT, "%s", msg);
+    clattn_safetensors_close(st);
+    return rc;
+}
+
+int cli_read_array(const char *command, const char *path, clattn_array *out)
+{
+    char msg[1024], file[4096];
+    const char *name = tensor_name(path, file, sizeof file);
+    if (name)
+        return read_safetensors_array(command, file, name, out);
+    if (clattn_npy_read(path, out, msg, sizeof msg) == CLATTN_IO_OK)
+        return CLI_OK;
+    if (strstr(msg, "(it is a safetensors file)") == NULL)
+        return cli_fail(command, CLI_BAD_INPUT, "%s%s", msg,
+                        strstr(msg, "not a .npy file") ? "; expected a .npy or a safetensors file"
+                                                       : "");
+    return read_safetensors_array(command, path, NULL, out);
 }
 
 bool cli_parse_size(const char *command, const char *option, const char *text, size_t min,
@@ -161,9 +161,20 @@ bool cli_parse_float(const char *command, const char *option, const char *text, 
     char *end = NULL;
     errno = 0;
     double value = strtod(text, &end);
-    if (text[0] == '\0' || *end != '\0' || errno == ERANGE || !isfinite(value) ||
-        fabs(value) > 3.0e38) {
-        cli_fail(command, CLI_BAD_INPUT, "%s: '%s' is not a finite number", option, text);
+    if (text[0] == '\0' || *end != '\0' || isnan(value)) {
+        cli_fail(command, CLI_BAD_INPUT, "%s: '%s' is not a number", option, text);
+        return false;
+    }
+    /* The values are float32: say so when the number is beyond its range (not "infinite"). */
+    if (isinf(value) || fabs(value) > FLT_MAX) {
+        cli_fail(command, CLI_BAD_INPUT, "%s: '%s' is %s float32's range (largest %g)", option,
+                 text, isinf(value) && errno != ERANGE ? "infinite, outside" : "out of",
+                 (double)FLT_MAX);
+        return false;
+    }
+    if (value != 0.0 && fabs(value) < FLT_TRUE_MIN) {
+        cli_fail(command, CLI_BAD_INPUT, "%s: '%s' is too small for float32 (it would be 0)",
+                 option, text);
         return false;
     }
     *out = (float)value;
@@ -246,42 +257,6 @@ bool cli_parse_size_list(const char *command, const char *option, const char *te
         return false;
     }
     return true;
-}
-
-int cli_parse_rope(cli_args *args, cli_rope *rope)
-{
-    const char *command = args->command, *value = NULL;
-    const int flag = cli_flag(args, "--rope");
-    if (flag != 0) {
-        rope->on = flag > 0;
-        return flag;
-    }
-    if (!cli_is(args, "--rope-style") && !cli_is(args, "--rope-dims") &&
-        !cli_is(args, "--rope-base") && !cli_is(args, "--rope-start"))
-        return 0;
-    rope->option = true;
-    if (!(value = cli_value(args)))
-        return -1;
-    if (cli_is(args, "--rope-style")) {
-        if (strcmp(value, "pairs") == 0)
-            rope->style = CLATTN_ROPE_PAIRS;
-        else if (strcmp(value, "halves") == 0)
-            rope->style = CLATTN_ROPE_HALVES;
-        else
-            return cli_fail(command, -1, "--rope-style: '%s' is not pairs or halves", value);
-    } else if (cli_is(args, "--rope-dims")) {
-        if (!cli_parse_size(command, "--rope-dims", value, 2, &rope->dims))
-            return -1;
-    } else if (cli_is(args, "--rope-start")) {
-        if (!cli_parse_size(command, "--rope-start", value, 0, &rope->start))
-            return -1;
-    } else {
-        if (!cli_parse_float(command, "--rope-base", value, &rope->base))
-            return -1;
-        if (!(rope->base > 0.0f))
-            return cli_fail(command, -1, "--rope-base: %s is not a positive base", value);
-    }
-    return 1;
 }
 
 bool cli_check_rope(const char *command, const cli_rope *rope)
@@ -537,20 +512,6 @@ void cli_print_matrix(const char *title, const float *values, size_t rows, size_
         printf("\n");
     }
     printf("\n");
-}
-
-int cli_parse_png_scale(const char *command, const char *text, clattn_heatmap_scale *scale)
-{
-    if (strcmp(text, "row") == 0)
-        *scale = CLATTN_HEATMAP_ROW;
-    else if (strcmp(text, "log") == 0)
-        *scale = CLATTN_HEATMAP_LOG;
-    else if (strcmp(text, "global") == 0)
-        *scale = CLATTN_HEATMAP_GLOBAL;
-    else
-        return cli_fail(command, CLI_BAD_INPUT, "--png-scale: '%s' is not row, log or global",
-                        text);
-    return CLI_OK;
 }
 
 int cli_write_attention_png(const char *command, const char *path, const float *weights,

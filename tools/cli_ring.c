@@ -291,12 +291,7 @@ int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root)
 /* ---- clattn bench --op ring ------------------------------------------------------------- */
 
 static const char ring_bench_usage[] =
-    "usage: mpirun -np N clattn bench --op ring [--seq L,...] [--batch B] [--heads H]\n"
-    "                    [--kv-heads H] [--head-dim D] [--causal] [--ring-layout "
-    "contiguous|zigzag]\n"
-    "                    [--dtype f32|f16|bf16] [--runs N] [--warmup N] [--json]\n"
-    "                    [--device SPEC]\n"
-    "\n"
+    "Run as: mpirun -np N clattn bench --op ring [options].\n"
     "Ring attention (libclattn_mpi) over the ranks: each rank makes random inputs for its own\n"
     "rows only (memory O(L/N): q, k, v, out plus two k/v blocks in flight), one plan per size,\n"
     "--warmup runs, then --runs timed ones. Rank 0 prints, per rank, the median run's time and\n"
@@ -442,77 +437,80 @@ static int ring_bench_case(clattn_ctx *ctx, const clattn_ring_desc *base, size_t
     return rc;
 }
 
+typedef struct ring_bench_options {
+    size_t seqs[16], num_seq, runs, warmup, batch, heads, kv_heads, head_dim;
+    bool json, causal;
+    int zigzag, dtype;
+    const char *device, *op;
+} ring_bench_options;
+
+static int parse_ring_op(const cli_args *args, const char *value, void *target)
+{
+    if (strcmp(value, "ring") != 0)
+        return cli_fail(args->command, -1, "--op ring runs alone, not with '%s'", value);
+    *(const char **)target = value;
+    return 1;
+}
+
+static int parse_ring_seq(const cli_args *args, const char *value, void *target)
+{
+    ring_bench_options *o = target;
+    return cli_parse_size_list(args->command, "--seq", value, o->seqs, 16, &o->num_seq) ? 1 : -1;
+}
+
+static const cli_choice ring_layouts[] = {{"contiguous", 0}, {"zigzag", 1}, {NULL, 0}};
+static const cli_choice ring_dtypes[] = {
+    {"f32", CLATTN_DTYPE_F32}, {"f16", CLATTN_DTYPE_F16}, {"bf16", CLATTN_DTYPE_BF16}, {NULL, 0}};
+
+#define AT(field) CLI_AT(ring_bench_options, field)
+static const cli_option ring_bench_table[] = {
+    {CLI_OPT("--op", CLI_CUSTOM, AT(op), "ring", "ring attention over the MPI ranks"),
+     .handle = parse_ring_op, .flags = CLI_REQUIRED},
+    {CLI_OPT("--seq", CLI_CUSTOM, 0, "L,...", "sequence lengths (default 2048)"),
+     .handle = parse_ring_seq},
+    {CLI_OPT("--batch", CLI_SIZE, AT(batch), "B", "batch (default 1)"), .min = 1},
+    {CLI_OPT("--heads", CLI_SIZE, AT(heads), "H", "heads (default 8)"), .min = 1},
+    {CLI_OPT("--kv-heads", CLI_SIZE, AT(kv_heads), "H", "grouped K/V heads"), .min = 1},
+    {CLI_OPT("--head-dim", CLI_SIZE, AT(head_dim), "D", "head size (default 64)"), .min = 1},
+    CLI_USE("--causal", ring_bench_options, causal),
+    {CLI_OPT("--ring-layout", CLI_CHOICE, AT(zigzag), NULL, "the rows of each rank"),
+     .choices = ring_layouts},
+    {CLI_OPT("--dtype", CLI_CHOICE, AT(dtype), NULL, "q, k, v and out storage (default f32)"),
+     .choices = ring_dtypes},
+    {CLI_OPT("--runs", CLI_SIZE, AT(runs), "N", "timed runs (default 5)"), .min = 1},
+    {CLI_OPT("--warmup", CLI_SIZE, AT(warmup), "N", "untimed runs first (default 1)")},
+    {CLI_OPT("--json", CLI_FLAG, AT(json), NULL, "one JSON line per rank and size")},
+    CLI_USE("--device", ring_bench_options, device),
+};
+#undef AT
+static const char *const ring_bench_help[] = {ring_bench_usage, NULL};
+static const cli_command ring_bench_command =
+    CLI_COMMAND("bench", ring_bench_table, ring_bench_help);
+
 int cli_ring_bench(int argc, char **argv)
 {
-    cli_args args = {.argc = argc, .argv = argv, .index = 1, .command = "bench"};
-    size_t seqs[16] = {2048}, num_seq = 1, runs = 5, warmup = 1;
+    ring_bench_options o = {.seqs = {2048},
+                            .num_seq = 1,
+                            .runs = 5,
+                            .warmup = 1,
+                            .batch = 1,
+                            .heads = 8,
+                            .head_dim = 64,
+                            .dtype = CLATTN_DTYPE_F32};
+    const int parsed = cli_parse_command(&ring_bench_command, argc, argv, &o);
+    if (parsed != CLI_OK)
+        return parsed < 0 ? CLI_OK : parsed;
+    size_t *seqs = o.seqs;
+    const size_t num_seq = o.num_seq, runs = o.runs, warmup = o.warmup;
+    const bool json = o.json;
+    const char *device = o.device;
     clattn_ring_desc desc;
     clattn_ring_desc_init(&desc);
-    desc.batch = 1, desc.heads = 8, desc.head_dim_qk = desc.head_dim_v = 64;
-    bool json = false;
-    const char *device = NULL, *value = NULL;
-    int flag = 0;
-    while (cli_next(&args)) {
-        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
-            fputs(ring_bench_usage, stdout);
-            return CLI_OK;
-        } else if (cli_is(&args, "--op")) {
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            if (strcmp(value, "ring") != 0)
-                return cli_fail("bench", CLI_BAD_INPUT, "--op ring runs alone, not with '%s'",
-                                value);
-        } else if ((flag = cli_flag(&args, "--causal")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            desc.causal = CLATTN_CAUSAL_TOP_LEFT;
-        } else if ((flag = cli_flag(&args, "--json")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            json = true;
-        } else if (cli_is(&args, "--seq")) {
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_size_list("bench", "--seq", value, seqs, 16, &num_seq))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--ring-layout")) {
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            if (strcmp(value, "zigzag") == 0)
-                desc.layout = CLATTN_RING_ZIGZAG;
-            else if (strcmp(value, "contiguous") != 0)
-                return cli_fail("bench", CLI_BAD_INPUT,
-                                "--ring-layout: '%s' is not contiguous or zigzag", value);
-        } else if (cli_is(&args, "--device")) {
-            if (!(device = cli_value(&args)))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--dtype")) {
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            if (strcmp(value, "f16") == 0)
-                desc.dtype = CLATTN_DTYPE_F16;
-            else if (strcmp(value, "bf16") == 0)
-                desc.dtype = CLATTN_DTYPE_BF16;
-            else if (strcmp(value, "f32") != 0)
-                return cli_fail("bench", CLI_BAD_INPUT, "--dtype: '%s' is not f32, f16 or bf16",
-                                value);
-        } else {
-            static const char *const names[] = {"--batch",    "--heads", "--kv-heads",
-                                                "--head-dim", "--runs",  "--warmup"};
-            size_t *targets[] = {&desc.batch,       &desc.heads, &desc.kv_heads,
-                                 &desc.head_dim_qk, &runs,       &warmup};
-            bool matched = false;
-            for (int i = 0; i < 6 && !matched; ++i)
-                if (cli_is(&args, names[i])) {
-                    matched = true;
-                    if (!(value = cli_value(&args)) ||
-                        !cli_parse_size("bench", names[i], value, i == 5 ? 0 : 1, targets[i]))
-                        return CLI_BAD_INPUT;
-                }
-            if (!matched)
-                return cli_fail("bench", CLI_BAD_INPUT, "--op ring: unknown option '%s'",
-                                args.name);
-        }
-    }
+    desc.batch = o.batch, desc.heads = o.heads, desc.kv_heads = o.kv_heads;
+    desc.head_dim_qk = o.head_dim;
+    desc.causal = o.causal ? CLATTN_CAUSAL_TOP_LEFT : desc.causal;
+    desc.layout = o.zigzag ? CLATTN_RING_ZIGZAG : desc.layout;
+    desc.dtype = (clattn_dtype)o.dtype;
     desc.head_dim_v = desc.head_dim_qk;
     int rc = cli_ring_init();
     if (rc != CLI_OK)

@@ -8,13 +8,6 @@
 #include <string.h>
 
 static const char additive_usage[] =
-    "usage: clattn additive --query Q.npy [--key K.npy] [--value V.npy] --w1 W1.npy\n"
-    "                       --w2 W2.npy --w w.npy [--b1 B1.npy] [--b2 B2.npy] [--heads H]\n"
-    "                       [--causal] [--attn-mask M.npy [--mask-true attend|masked]]\n"
-    "                       [--key-padding-mask P.npy]\n"
-    "                       [--norm softmax|relu] [--path auto|fused|unfused] [--out O.npy]\n"
-    "                       [--attn-out A.npy] [--attn-png A.png] [--device SPEC]\n"
-    "\n"
     "Additive attention (Bahdanau, Cho and Bengio 2015): the score of query i and key j is\n"
     "  score(i, j) = w . tanh(q_i W1 + b1 + k_j W2 + b2),\n"
     "then the masks and softmax (or relu) over j, and out_i = sum_j weights_ij v_j.\n"
@@ -73,54 +66,49 @@ static void additive_free(additive_data *d)
     free(d->weights);
 }
 
+#define AT(field) CLI_AT(additive_options, field)
+static const cli_option additive_table[] = {
+    {CLI_OPT("--query", CLI_PATH, AT(query), "Q.npy", "the queries, (L, dq) or (B, L, dq)"),
+     .flags = CLI_REQUIRED},
+    {CLI_OPT("--key", CLI_PATH, AT(key), "K.npy", "the keys, (S, dk) or (B, S, dk) (default: Q)")},
+    {CLI_OPT("--value", CLI_PATH, AT(value), "V.npy",
+             "the values, (S, dv) or (B, S, dv) (default: K)")},
+    {CLI_OPT("--w1", CLI_PATH, AT(w1), "W1.npy", "the query weights (dq, da)"),
+     .flags = CLI_REQUIRED},
+    {CLI_OPT("--w2", CLI_PATH, AT(w2), "W2.npy", "the key weights (dk, da)"),
+     .flags = CLI_REQUIRED},
+    {CLI_OPT("--w", CLI_PATH, AT(w), "w.npy", "the score vector (da)"), .flags = CLI_REQUIRED},
+    {CLI_OPT("--b1", CLI_PATH, AT(b1), "B1.npy", "the query bias (da)")},
+    {CLI_OPT("--b2", CLI_PATH, AT(b2), "B2.npy", "the key bias (da)")},
+    {CLI_OPT("--heads", CLI_SIZE, AT(heads), "H", "heads, each with its own weights (default 1)"),
+     .min = 1, .given = CLI_GIVEN(additive_options, heads_given)},
+    CLI_USE("--causal", additive_options, causal),
+    {CLI_OPT("--attn-mask", CLI_PATH, AT(attn_mask), "M.npy",
+             "(L, S): float added, or bool (True = masked by default)")},
+    CLI_USE_GIVEN("--mask-true", additive_options, mask_true_masked, mask_true_given),
+    {CLI_OPT("--key-padding-mask", CLI_PATH, AT(key_padding_mask), "P.npy",
+             "(B, S) or (S): true = ignore that key")},
+    CLI_USE("--norm", additive_options, norm),
+    CLI_USE("--path", additive_options, path),
+    {CLI_OPT("--out", CLI_PATH, AT(out), "O.npy",
+             "write the output (else it is printed when small)")},
+    {CLI_OPT("--attn-out", CLI_PATH, AT(attn_out), "A.npy", "write the weights (B, H, L, S)")},
+    CLI_USE("--attn-png", additive_options, attn_png),
+    CLI_USE("--png-scale", additive_options, png_scale),
+    CLI_USE("--device", additive_options, device),
+};
+#undef AT
+
+static const char *const additive_help[] = {additive_usage, NULL};
+static const cli_command additive_command_spec =
+    CLI_COMMAND("additive", additive_table, additive_help);
+
 static int parse_options(int argc, char **argv, additive_options *o)
 {
-    cli_args args = {.argc = argc, .argv = argv, .index = 1, .command = "additive"};
-    const cli_option table[] = {
-        {"--query", CLI_PATH, &o->query, 0, NULL, NULL},
-        {"--key", CLI_PATH, &o->key, 0, NULL, NULL},
-        {"--value", CLI_PATH, &o->value, 0, NULL, NULL},
-        {"--w1", CLI_PATH, &o->w1, 0, NULL, NULL},
-        {"--w2", CLI_PATH, &o->w2, 0, NULL, NULL},
-        {"--w", CLI_PATH, &o->w, 0, NULL, NULL},
-        {"--b1", CLI_PATH, &o->b1, 0, NULL, NULL},
-        {"--b2", CLI_PATH, &o->b2, 0, NULL, NULL},
-        {"--attn-mask", CLI_PATH, &o->attn_mask, 0, NULL, NULL},
-        {"--key-padding-mask", CLI_PATH, &o->key_padding_mask, 0, NULL, NULL},
-        {"--out", CLI_PATH, &o->out, 0, NULL, NULL},
-        {"--attn-out", CLI_PATH, &o->attn_out, 0, NULL, NULL},
-        {"--attn-png", CLI_PATH, &o->attn_png, 0, NULL, NULL},
-        {"--device", CLI_PATH, &o->device, 0, NULL, NULL},
-        {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
-        {"--heads", CLI_SIZE, &o->heads, 1, NULL, &o->heads_given},
-        {"--norm", CLI_CHOICE, &o->norm, 0, cli_norm_choices, NULL},
-        {"--path", CLI_CHOICE, &o->path, 0, cli_path_choices, NULL},
-    };
     o->heads = 1;
-    while (cli_next(&args)) {
-        const int parsed = cli_parse_table(&args, table, CLI_COUNT(table));
-        if (parsed < 0)
-            return CLI_BAD_INPUT;
-        if (parsed > 0)
-            continue;
-        const char *value = NULL;
-        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
-            fputs(additive_usage, stdout);
-            return -1;
-        } else if (cli_is(&args, "--mask-true")) {
-            if (!(value = cli_value(&args)) ||
-                cli_parse_mask_true("additive", value, &o->mask_true_masked) != CLI_OK)
-                return CLI_BAD_INPUT;
-            o->mask_true_given = true;
-        } else if (cli_is(&args, "--png-scale")) {
-            if (!(value = cli_value(&args)) ||
-                cli_parse_png_scale("additive", value, &o->png_scale) != CLI_OK)
-                return CLI_BAD_INPUT;
-        } else {
-            return cli_fail("additive", CLI_BAD_INPUT, "unknown option '%s' (see --help)",
-                            args.name);
-        }
-    }
+    const int rc = cli_parse_command(&additive_command_spec, argc, argv, o);
+    if (rc != CLI_OK)
+        return rc;
     if (!o->query || !o->w1 || !o->w2 || !o->w)
         return cli_fail("additive", CLI_BAD_INPUT,
                         "--query, --w1, --w2 and --w are required (see --help)");
@@ -147,9 +135,8 @@ static const char *shape_text(const clattn_array *a, char *text, size_t size)
 
 static int load(const char *path, clattn_array *out)
 {
-    char msg[1024];
-    if (clattn_npy_read(path, out, msg, sizeof msg) != CLATTN_IO_OK)
-        return cli_fail("additive", CLI_BAD_INPUT, "%s", msg);
+    if (cli_read_array("additive", path, out) != CLI_OK)
+        return CLI_BAD_INPUT;
     if (out->source == CLATTN_IO_INT)
         return cli_fail("additive", CLI_BAD_INPUT, "%s: expected float values", path);
     return CLI_OK;

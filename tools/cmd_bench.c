@@ -11,19 +11,7 @@
 #include <time.h>
 
 static const char bench_usage[] =
-    "usage: clattn bench [--op matmul,softmax,attention,mha,decode,additive,paged,varlen,\n"
-    "                          backward]\n"
-    "                    [--runs N]\n"
-    "                    [--warmup N]\n"
-    "                    [--json]\n"
-    "                    [--mnk MxNxK,...] [--batch B] [--heads H] [--kv-heads H]\n"
-    "                    [--softcap C] [--alibi] [--sinks] [--rope] [--dropout P]\n"
-    "                    [--seq L,...] [--seq-k S]\n"
-    "                    [--head-dim D] [--embed E] [--path fused,unfused]\n"
-    "                    [--dtype f32,f16,bf16] [--causal] [--mask none,padding,additive]\n"
-    "                    [--device SPEC]\n"
-    "       mpirun -np N clattn bench --op ring ... (ring attention over MPI; --op ring --help)\n"
-    "\n"
+    "Also: mpirun -np N clattn bench --op ring ... (ring attention over MPI; --op ring --help).\n"
     "Times each op on the device: the median of --runs runs (default 10) after --warmup runs\n"
     "(default 1). softmax, attention and mha create their plan once, before any run (that\n"
     "validates, chooses the kernels and compiles them), and time its executions only.\n"
@@ -128,7 +116,7 @@ typedef struct bench_options {
     const char *device;
     bool ops[9]; /* matmul, softmax, attention, mha, decode, additive, paged, varlen, backward */
     size_t page_sizes[MAX_SIZES], num_page_sizes; /* paged: 0 = contiguous */
-    bool seq_given;
+    bool seq_given, op_given;
     size_t runs, warmup;
     bool json;
     size_t mnk[MAX_SIZES][3], num_mnk;
@@ -1478,122 +1466,141 @@ static bool parse_mnk(const char *text, bench_options *o)
     return o->num_mnk > 0;
 }
 
+/* --op a,b,...: the ops; repeated, the lists add up (the first replaces the default set). */
+static int parse_ops(const cli_args *args, const char *value, void *target)
+{
+    bench_options *o = target;
+    char buffer[128];
+    snprintf(buffer, sizeof buffer, "%s", value);
+    char *save = NULL;
+    bool any = false;
+    for (char *item = strtok_r(buffer, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        int found = -1;
+        for (int i = 0; i < 9; ++i)
+            if (strcmp(item, op_names[i]) == 0)
+                found = i;
+        if (found < 0)
+            return cli_fail(args->command, -1,
+                            "--op: unknown op '%s' (matmul, softmax, attention, mha, decode, "
+                            "additive, paged, varlen, backward)",
+                            item);
+        if (!o->op_given)
+            memset(o->ops, 0, sizeof o->ops);
+        o->ops[found] = any = o->op_given = true;
+    }
+    if (!any)
+        return cli_fail(args->command, -1,
+                        "--op: no op in '%s' (matmul, softmax, attention, mha, decode, "
+                        "additive, paged, varlen, backward)",
+                        value);
+    return 1;
+}
+
+static int parse_paths(const cli_args *args, const char *value, void *target)
+{
+    static const char *const names[2] = {"fused", "unfused"};
+    if (!parse_names("--path", value, names, 2, target))
+        return -1;
+    (void)args;
+    return 1;
+}
+
+static int parse_dtypes(const cli_args *args, const char *value, void *target)
+{
+    (void)args;
+    return parse_names("--dtype", value, dtype_names, 3, target) ? 1 : -1;
+}
+
+static int parse_kv_dtypes(const cli_args *args, const char *value, void *target)
+{
+    bench_options *o = target;
+    (void)args;
+    o->kv_dtype_given = true;
+    return parse_names("--kv-dtype", value, kv_dtype_names, 5, o->kv_dtypes) ? 1 : -1;
+}
+
+static int parse_mnk_option(const cli_args *args, const char *value, void *target)
+{
+    if (!parse_mnk(value, target))
+        return cli_fail(args->command, -1,
+                        "--mnk: '%s' is not a list of MxNxK sizes (each 1 .. 1048576)", value);
+    return 1;
+}
+
+static int parse_seq(const cli_args *args, const char *value, void *target)
+{
+    bench_options *o = target;
+    o->seq_given = true;
+    return cli_parse_size_list(args->command, "--seq", value, o->seq, MAX_SIZES, &o->num_seq) ? 1
+                                                                                              : -1;
+}
+
+static int parse_page_sizes(const cli_args *args, const char *value, void *target)
+{
+    bench_options *o = target;
+    return cli_parse_size_list(args->command, "--page-size", value, o->page_sizes, MAX_SIZES,
+                               &o->num_page_sizes)
+               ? 1
+               : -1;
+}
+
+static int parse_dropout(const cli_args *args, const char *value, void *target)
+{
+    return cli_parse_probability(args->command, "--dropout", value, target) ? 1 : -1;
+}
+
+static const cli_choice mask_choices[] = {{"none", 0}, {"padding", 1}, {"additive", 2}, {NULL, 0}};
+
+#define AT(field) CLI_AT(bench_options, field)
+static const cli_option bench_table[] = {
+    {CLI_OPT("--op", CLI_CUSTOM, 0, "OP,...",
+             "matmul, softmax, attention, mha (default), decode, additive, paged, varlen, "
+             "backward; repeated, the lists add up"),
+     .handle = parse_ops, .flags = CLI_REPEATABLE},
+    {CLI_OPT("--runs", CLI_SIZE, AT(runs), "N", "timed runs, the median reported (default 10)"),
+     .min = 1},
+    {CLI_OPT("--warmup", CLI_SIZE, AT(warmup), "N", "untimed runs first (default 1)")},
+    {CLI_OPT("--json", CLI_FLAG, AT(json), NULL, "one JSON line per measurement")},
+    {CLI_OPT("--mnk", CLI_CUSTOM, 0, "MxNxK,...", "matmul sizes"), .handle = parse_mnk_option},
+    {CLI_OPT("--batch", CLI_SIZE, AT(batch), "B", "batch (default 1)"), .min = 1},
+    {CLI_OPT("--heads", CLI_SIZE, AT(heads), "H", "heads (default 8)"), .min = 1},
+    {CLI_OPT("--kv-heads", CLI_SIZE, AT(kv_heads), "H", "attention: grouped K/V heads"), .min = 1},
+    CLI_USE("--softcap", bench_options, softcap),
+    CLI_USE("--alibi", bench_options, alibi),
+    {CLI_OPT("--sinks", CLI_FLAG, AT(sinks), NULL, "attention, decode: attention sinks")},
+    {CLI_OPT("--rope", CLI_FLAG, AT(rope), NULL, "mha: rotary embeddings on q and k")},
+    {CLI_OPT("--dropout", CLI_CUSTOM, AT(dropout), "P", "attention, backward: dropout probability"),
+     .handle = parse_dropout},
+    {CLI_OPT("--seq", CLI_CUSTOM, 0, "L,...", "sequence lengths (default 512,1024)"),
+     .handle = parse_seq},
+    {CLI_OPT("--seq-k", CLI_SIZE, AT(seq_k), "S", "key length (default: the sequence's)"),
+     .min = 1},
+    {CLI_OPT("--head-dim", CLI_SIZE, AT(head_dim), "D", "head size (default 64)"), .min = 1},
+    {CLI_OPT("--embed", CLI_SIZE, AT(embed), "E", "mha, additive: embedding (default 512)"),
+     .min = 1},
+    {CLI_OPT("--path", CLI_CUSTOM, AT(paths), "fused,unfused", "the paths (default both)"),
+     .handle = parse_paths},
+    {CLI_OPT("--dtype", CLI_CUSTOM, AT(dtypes), "f32,f16,bf16", "storage types (default f32)"),
+     .handle = parse_dtypes},
+    {CLI_OPT("--kv-dtype", CLI_CUSTOM, 0, "f32,f16,bf16,q8_0,q4_0",
+             "decode, paged: the cache's types"),
+     .handle = parse_kv_dtypes},
+    {CLI_OPT("--page-size", CLI_CUSTOM, 0, "N,...", "paged: page sizes (0 = contiguous)"),
+     .handle = parse_page_sizes},
+    CLI_USE("--causal", bench_options, causal),
+    {CLI_OPT("--mask", CLI_CHOICE, AT(mask), NULL, "attention: no mask, key padding or additive"),
+     .choices = mask_choices},
+    CLI_USE("--device", bench_options, device),
+};
+#undef AT
+
+static const char *const bench_help[] = {bench_usage, bench_usage_more, bench_usage_serving,
+                                         bench_usage_rest, NULL};
+static const cli_command bench_command_spec = CLI_COMMAND("bench", bench_table, bench_help);
+
 static int parse_bench_options(int argc, char **argv, bench_options *o)
 {
-    cli_args args = {argc, argv, 1, NULL, NULL, "bench"};
-    const char *value = NULL;
-    bool any_op = false;
-    static const cli_choice masks[] = {{"none", 0}, {"padding", 1}, {"additive", 2}, {NULL, 0}};
-    const cli_option table[] = {
-        {"--device", CLI_PATH, &o->device, 0, NULL, NULL},
-        {"--json", CLI_FLAG, &o->json, 0, NULL, NULL},
-        {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
-        {"--alibi", CLI_FLAG, &o->alibi, 0, NULL, NULL},
-        {"--sinks", CLI_FLAG, &o->sinks, 0, NULL, NULL},
-        {"--rope", CLI_FLAG, &o->rope, 0, NULL, NULL},
-        {"--mask", CLI_CHOICE, &o->mask, 0, masks, NULL},
-        {"--softcap", CLI_FLOAT, &o->softcap, 1, NULL, NULL},
-        {"--runs", CLI_SIZE, &o->runs, 1, NULL, NULL},
-        {"--warmup", CLI_SIZE, &o->warmup, 0, NULL, NULL},
-        {"--batch", CLI_SIZE, &o->batch, 1, NULL, NULL},
-        {"--heads", CLI_SIZE, &o->heads, 1, NULL, NULL},
-        {"--head-dim", CLI_SIZE, &o->head_dim, 1, NULL, NULL},
-        {"--embed", CLI_SIZE, &o->embed, 1, NULL, NULL},
-        {"--seq-k", CLI_SIZE, &o->seq_k, 1, NULL, NULL},
-        {"--kv-heads", CLI_SIZE, &o->kv_heads, 1, NULL, NULL},
-    };
-    while (cli_next(&args)) {
-        const int parsed = cli_parse_table(&args, table, CLI_COUNT(table));
-        if (parsed < 0)
-            return CLI_BAD_INPUT;
-        if (parsed > 0)
-            continue;
-        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
-            fputs(bench_usage, stdout);
-            fputs(bench_usage_more, stdout);
-            fputs(bench_usage_serving, stdout);
-            fputs(bench_usage_rest, stdout);
-            return -1;
-        }
-        static const char *const valued[] = {"--op",  "--path",      "--dtype",    "--mnk",
-                                             "--seq", "--page-size", "--kv-dtype", "--dropout"};
-        bool known = false;
-        for (size_t i = 0; i < sizeof valued / sizeof valued[0] && !known; ++i)
-            known = cli_is(&args, valued[i]);
-        if (!known) /* before asking for a value: `--bogus` is unknown, not value-less */
-            return cli_fail("bench", CLI_BAD_INPUT, "unknown option '%s' (see --help)",
-                            args.name);
-        if (!(value = cli_value(&args)))
-            return CLI_BAD_INPUT;
-        if (cli_is(&args, "--op")) {
-            char buffer[128];
-            snprintf(buffer, sizeof buffer, "%s", value);
-            char *save = NULL;
-            for (char *item = strtok_r(buffer, ",", &save); item;
-                 item = strtok_r(NULL, ",", &save)) {
-                int found = -1;
-                for (int i = 0; i < 9; ++i)
-                    if (strcmp(item, op_names[i]) == 0)
-                        found = i;
-                if (found < 0)
-                    return cli_fail("bench", CLI_BAD_INPUT,
-                                    "--op: unknown op '%s' (matmul, "
-                                    "softmax, attention, mha, decode, additive, paged, varlen, "
-                                    "backward)",
-                                    item);
-                if (!any_op)
-                    memset(o->ops, 0, sizeof o->ops);
-                o->ops[found] = any_op = true;
-            }
-            if (!any_op)
-                return cli_fail("bench", CLI_BAD_INPUT,
-                                "--op: no op in '%s' (matmul, softmax, attention, mha, decode, "
-                                "additive, paged, varlen, backward)",
-                                value);
-        } else if (cli_is(&args, "--path")) {
-            o->paths[0] = o->paths[1] = false;
-            char buffer[64];
-            snprintf(buffer, sizeof buffer, "%s", value);
-            char *save = NULL;
-            for (char *item = strtok_r(buffer, ",", &save); item;
-                 item = strtok_r(NULL, ",", &save)) {
-                if (strcmp(item, "fused") == 0)
-                    o->paths[0] = true;
-                else if (strcmp(item, "unfused") == 0)
-                    o->paths[1] = true;
-                else
-                    return cli_fail("bench", CLI_BAD_INPUT, "--path: '%s' is not fused or unfused",
-                                    item);
-            }
-            if (!o->paths[0] && !o->paths[1])
-                return cli_fail("bench", CLI_BAD_INPUT, "--path: empty list");
-        } else if (cli_is(&args, "--dtype")) {
-            if (!parse_names("--dtype", value, dtype_names, 3, o->dtypes))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--mnk")) {
-            if (!parse_mnk(value, o))
-                return cli_fail("bench", CLI_BAD_INPUT,
-                                "--mnk: '%s' is not a list of MxNxK "
-                                "sizes (each 1 .. 1048576)",
-                                value);
-        } else if (cli_is(&args, "--seq")) {
-            o->seq_given = true;
-            if (!cli_parse_size_list("bench", "--seq", value, o->seq, MAX_SIZES, &o->num_seq))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--kv-dtype")) {
-            if (!parse_names("--kv-dtype", value, kv_dtype_names, 5, o->kv_dtypes))
-                return CLI_BAD_INPUT;
-            o->kv_dtype_given = true;
-        } else if (cli_is(&args, "--dropout")) {
-            if (!cli_parse_probability("bench", "--dropout", value, &o->dropout))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--page-size")) {
-            if (!cli_parse_size_list("bench", "--page-size", value, o->page_sizes, MAX_SIZES,
-                                     &o->num_page_sizes))
-                return CLI_BAD_INPUT;
-        }
-    }
-    return CLI_OK;
+    return cli_parse_command(&bench_command_spec, argc, argv, o);
 }
 
 int cmd_bench(int argc, char **argv)

@@ -10,8 +10,6 @@
 #include <string.h>
 
 static const char demo_usage[] =
-    "usage: clattn demo [dot|multihead|posenc|rope|additive|all] [--png FILE] [--device SPEC]\n"
-    "\n"
     "The textbook's attention examples, computed on the device with clattn's kernels. Every\n"
     "matrix is printed with its name in Hung-yi Lee's lecture notation (inputs a^i, queries\n"
     "q^i, keys k^i, values v^i, scores α, weights α', outputs b^i) and what it is.\n"
@@ -29,11 +27,6 @@ static const char demo_usage[] =
     "  additive   Bahdanau's additive attention: α_{i,j} = wᵀ tanh(q^i W1 + k^j W2),\n"
     "             α' = softmax over j, b^i = Σ_j α'_{i,j} v^j (an additive attention plan)\n"
     "  all        every chapter in order\n"
-    "options:\n"
-    "  --png FILE     (posenc, all) draw the sinusoidal table of 128 positions x 64\n"
-    "                 dimensions as a heatmap PNG: positions down, dimensions across\n"
-    "  --device SPEC  gpu, cpu or P:D (see clattn devices); default: CLATTN_DEVICE, else\n"
-    "                 the first GPU, else the first CPU device\n"
     "Exit status: 0 success, 1 device or library failure, 2 bad options (an unwritable --png\n"
     "FILE or a malformed --device included).\n";
 
@@ -836,41 +829,58 @@ static int run_chapter(demo *d, int chapter, const char *png)
     }
 }
 
+typedef struct demo_options {
+    const char *device, *png, *chapter_name;
+    int chapter;
+} demo_options;
+
+/* The chapter operand: one at a time. */
+static int parse_chapter(const cli_args *args, const char *value, void *target)
+{
+    demo_options *o = target;
+    if (o->chapter_name)
+        return cli_fail(args->command, -1,
+                        "one chapter at a time (got '%s' and '%s'; 'all' runs every one)",
+                        o->chapter_name, value);
+    o->chapter_name = value;
+    for (o->chapter = 0; o->chapter <= CHAPTER_ALL; ++o->chapter)
+        if (strcmp(value, chapter_names[o->chapter]) == 0)
+            return 1;
+    return cli_fail(args->command, -1,
+                    "unknown chapter '%s' (chapters: dot, multihead, posenc, rope, additive, all)",
+                    value);
+}
+
+static int parse_png(const cli_args *args, const char *value, void *target)
+{
+    if (value[0] == '\0')
+        return cli_fail(args->command, -1, "--png needs a file name");
+    *(const char **)target = value;
+    return 1;
+}
+
+static const cli_option demo_table[] = {
+    {CLI_OPT("--png", CLI_CUSTOM, CLI_AT(demo_options, png), "FILE",
+             "(posenc, all) the sinusoidal table (128 x 64) as a heatmap PNG"),
+     .handle = parse_png},
+    CLI_USE("--device", demo_options, device),
+};
+static const char *const demo_help[] = {demo_usage, NULL};
+static const cli_command demo_command = {.name = "demo",
+                                         .options = demo_table,
+                                         .count = CLI_COUNT(demo_table),
+                                         .help = demo_help,
+                                         .operands = "[dot|multihead|posenc|rope|additive|all]",
+                                         .operand = parse_chapter};
+
 int cmd_demo(int argc, char **argv)
 {
-    cli_args args = {argc, argv, 1, NULL, NULL, "demo"};
-    const char *device_spec = NULL, *png = NULL, *chapter_name = NULL;
-    int chapter = CHAPTER_DOT;
-    while (cli_next(&args)) {
-        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
-            fputs(demo_usage, stdout);
-            return CLI_OK;
-        } else if (cli_is(&args, "--device")) {
-            if (!(device_spec = cli_value(&args)))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--png")) {
-            if (!(png = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            if (png[0] == '\0')
-                return cli_fail("demo", CLI_BAD_INPUT, "--png needs a file name");
-        } else if (args.name[0] == '-') {
-            return cli_fail("demo", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
-        } else if (chapter_name) {
-            return cli_fail("demo", CLI_BAD_INPUT,
-                            "one chapter at a time (got '%s' and '%s'; 'all' runs every one)",
-                            chapter_name, args.name);
-        } else {
-            chapter_name = args.name;
-            for (chapter = 0; chapter <= CHAPTER_ALL; ++chapter)
-                if (strcmp(chapter_name, chapter_names[chapter]) == 0)
-                    break;
-            if (chapter > CHAPTER_ALL)
-                return cli_fail("demo", CLI_BAD_INPUT,
-                                "unknown chapter '%s' (chapters: dot, multihead, posenc, rope, "
-                                "additive, all)",
-                                chapter_name);
-        }
-    }
+    demo_options options = {.chapter = CHAPTER_DOT};
+    const int rc = cli_parse_command(&demo_command, argc, argv, &options);
+    if (rc != CLI_OK)
+        return rc < 0 ? CLI_OK : rc;
+    const char *device_spec = options.device, *png = options.png;
+    const int chapter = options.chapter;
     if (png && chapter != CHAPTER_POSENC && chapter != CHAPTER_ALL)
         return cli_fail("demo", CLI_BAD_INPUT,
                         "--png draws the posenc chapter's table: use it with posenc or all");

@@ -8,10 +8,6 @@
 #include <string.h>
 
 static const char rope_usage[] =
-    "usage: clattn rope --x X.npy [--cos C.npy --sin S.npy] [--position-ids P.npy]\n"
-    "                   [--num-heads H] [--interleaved] [--rotary-dim R] [--base B]\n"
-    "                   [--start P] [--out Y.npy] [--device SPEC]\n"
-    "\n"
     "Rotary position embeddings (RoFormer), as ONNX's RotaryEmbedding operator computes them:\n"
     "row (b, h, s) at position pos has pair j < R / 2 of its first R columns turned by t_j,\n"
     "  (x1, x2) -> (x1 cos t_j - x2 sin t_j, x1 sin t_j + x2 cos t_j),\n"
@@ -52,34 +48,32 @@ static void rope_free(rope_data *d)
     free(d->out);
 }
 
+#define AT(field) CLI_AT(rope_options, field)
+static const cli_option rope_table[] = {
+    {CLI_OPT("--x", CLI_PATH, AT(x), "X.npy", "the input, (B, H, S, d) or (B, S, H * d)"),
+     .flags = CLI_REQUIRED},
+    {CLI_OPT("--cos", CLI_PATH, AT(cos), "C.npy", "a cosine cache (max_pos, R/2) or (B, S, R/2)")},
+    {CLI_OPT("--sin", CLI_PATH, AT(sin), "S.npy", "the sine cache, as --cos")},
+    {CLI_OPT("--position-ids", CLI_PATH, AT(ids), "P.npy", "positions (B, S) int64")},
+    {CLI_OPT("--num-heads", CLI_SIZE, AT(num_heads), "H", "the heads of a rank 3 input"), .min = 1},
+    {CLI_OPT("--interleaved", CLI_FLAG, AT(interleaved), NULL, "pairs (x[2j], x[2j + 1])")},
+    {CLI_OPT("--rotary-dim", CLI_SIZE, AT(rotary_dim), "R",
+             "the columns that turn (even; default d)")},
+    {CLI_OPT("--base", CLI_FLOAT, AT(base), "B", "the angles' base (default 10000)"), .min = 1},
+    {CLI_OPT("--start", CLI_SIZE, AT(start), "P", "the position of row 0 without ids (default 0)")},
+    {CLI_OPT("--out", CLI_PATH, AT(out), "Y.npy", "write Y (else it is printed when small)")},
+    CLI_USE("--device", rope_options, device),
+};
+#undef AT
+
+static const char *const rope_help[] = {rope_usage, NULL};
+static const cli_command rope_command_spec = CLI_COMMAND("rope", rope_table, rope_help);
+
 static int parse_rope_options(int argc, char **argv, rope_options *o)
 {
-    cli_args args = {.argc = argc, .argv = argv, .index = 1, .command = "rope"};
-    const cli_option table[] = {
-        {"--x", CLI_PATH, &o->x, 0, NULL, NULL},
-        {"--cos", CLI_PATH, &o->cos, 0, NULL, NULL},
-        {"--sin", CLI_PATH, &o->sin, 0, NULL, NULL},
-        {"--out", CLI_PATH, &o->out, 0, NULL, NULL},
-        {"--position-ids", CLI_PATH, &o->ids, 0, NULL, NULL},
-        {"--device", CLI_PATH, &o->device, 0, NULL, NULL},
-        {"--interleaved", CLI_FLAG, &o->interleaved, 0, NULL, NULL},
-        {"--num-heads", CLI_SIZE, &o->num_heads, 1, NULL, NULL},
-        {"--rotary-dim", CLI_SIZE, &o->rotary_dim, 0, NULL, NULL},
-        {"--start", CLI_SIZE, &o->start, 0, NULL, NULL},
-        {"--base", CLI_FLOAT, &o->base, 1, NULL, NULL},
-    };
-    while (cli_next(&args)) {
-        const int parsed = cli_parse_table(&args, table, CLI_COUNT(table));
-        if (parsed < 0)
-            return CLI_BAD_INPUT;
-        if (parsed > 0)
-            continue;
-        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
-            fputs(rope_usage, stdout);
-            return -1;
-        }
-        return cli_fail("rope", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
-    }
+    const int rc = cli_parse_command(&rope_command_spec, argc, argv, o);
+    if (rc != CLI_OK)
+        return rc;
     if (!o->x)
         return cli_fail("rope", CLI_BAD_INPUT, "--x X.npy is required (see --help)");
     if (!o->cos != !o->sin)
@@ -91,9 +85,8 @@ static int parse_rope_options(int argc, char **argv, rope_options *o)
 
 static int load(const char *path, clattn_array *out, bool integer)
 {
-    char msg[1024];
-    if (clattn_npy_read(path, out, msg, sizeof msg) != CLATTN_IO_OK)
-        return cli_fail("rope", CLI_BAD_INPUT, "%s", msg);
+    if (cli_read_array("rope", path, out) != CLI_OK)
+        return CLI_BAD_INPUT;
     if (integer != (out->source == CLATTN_IO_INT))
         return cli_fail("rope", CLI_BAD_INPUT, "%s: expected %s values", path,
                         integer ? "int64 or int32" : "float");

@@ -8,22 +8,10 @@
 #include <string.h>
 
 static const char run_usage[] =
-    "usage: clattn run --query Q.npy [--key K.npy] [--value V.npy]\n"
-    "                  (--weights W.safetensors [--prefix P] --heads H\n"
-    "                   | --wq WQ.npy --wk WK.npy --wv WV.npy\n"
-    "                   [--wo WO.npy] [--heads H]) [--kv-heads G]\n"
-    "                  [--causal] [--attn-mask M.npy [--mask-true attend|masked]]\n"
-    "                  [--key-padding-mask P.npy]\n"
-    "                  [--softcap C] [--window LEFT,RIGHT] [--alibi | --alibi-slopes S.npy]\n"
-    "                  [--posenc sinusoidal | --posenc-table T.npy]\n"
-    "                  [--rope [--rope-base B] [--rope-dims N] [--rope-style pairs|halves]\n"
-    "                   [--rope-start P]]\n"
-    "                  [--scale S] [--norm softmax|relu] [--path auto|fused|unfused]\n"
-    "                  [--out O.npy] [--attn-out A.npy] [--attn-png A.png\n"
-    "                   [--png-scale row|log|global]] [--device SPEC]\n"
-    "\n"
     "Inputs: the query is (L, E) or (B, L, E) float32, float64, float16 or bfloat16 (integer\n"
-    "and bool arrays are refused, as by `clattn sdpa`); key and value default to the query\n"
+    "and bool arrays are refused, as by `clattn sdpa`), a .npy or a safetensors file of one\n"
+    "tensor (FILE:NAME: tensor NAME of several; read as float32, so the output is float32);\n"
+    "every array option reads both formats. Key and value default to the query\n"
     "(self-attention) and value defaults to the key; they are (S, kdim) / (S, vdim) with the\n"
     "query's batching.\n"
     "Weights, either:\n"
@@ -31,7 +19,9 @@ static const char run_usage[] =
     "    (in_proj_weight (3E, E) [+ in_proj_bias], or q_proj_weight (E, E), k_proj_weight\n"
     "    (E, kdim), v_proj_weight (E, vdim) [+ in_proj_bias]; out_proj.weight (E, E)\n"
     "    [+ out_proj.bias]; F32, F16, BF16 or F64), with --heads H. A whole model's state dict\n"
-    "    works: --prefix P reads P + those names (e.g. --prefix layers.0.self_attn.); without\n"
+    "    works: --prefix P reads P + those names (e.g. --prefix layers.0.self_attn.; a prefix\n"
+    "    without its final dot, layers.0.self_attn, reads P + '.' + the names when P + the\n"
+    "    names are not in the file); without\n"
     "    it a file holding exactly one such block under some prefix is read with a note on\n"
     "    stderr, one holding several is refused with their prefixes listed; or\n"
     "  --wq/--wk/--wv[/--wo]: textbook single-head weights in the X·W layout, Wq (E, dk),\n"
@@ -48,8 +38,7 @@ static const char run_usage[] =
     "--mask-true attend|masked says which (a note on stderr when a bool mask comes without\n"
     "it); --key-padding-mask (B, S) (or (S) unbatched), bool or 0/1, true = ignore that key\n"
     "(every framework's convention; --mask-true does not change it). A fully masked row\n"
-    "gives zeros.\n"
-    ;
+    "gives zeros.\n";
 /* Two strings: C99 compilers need only take 4095 characters in one. */
 static const char run_usage_more[] =
     "--softcap C: soft-capping (Gemma 2), each scaled score s becomes C tanh(s / C) before the\n"
@@ -92,11 +81,11 @@ typedef struct run_options {
     bool posenc;              /* --posenc sinusoidal */
     cli_rope rope;            /* --rope and its options */
     size_t heads, kv_heads;   /* kv_heads 0: heads */
-    bool heads_given, causal, alibi, window;
+    bool heads_given, causal, alibi;
+    cli_window window;                      /* --window LEFT,RIGHT */
     bool mask_true_masked, mask_true_given; /* --mask-true (default masked, as PyTorch MHA) */
     clattn_heatmap_scale png_scale;         /* --png-scale (default row) */
-    float softcap;                       /* 0: off */
-    long long window_left, window_right; /* with window */
+    float softcap;                          /* 0: off */
     float scale; /* NAN unless --scale was given (the library default, 1/sqrt(head dim)) */
     clattn_norm norm;
     clattn_path path;
@@ -133,82 +122,86 @@ static void run_free(run_data *d)
     free(d->weights);
 }
 
+static int parse_scale(const cli_args *args, const char *value, void *target)
+{
+    if (!cli_parse_float(args->command, "--scale", value, target))
+        return -1;
+    if (*(float *)target == 0.0f)
+        return cli_fail(args->command, -1, "--scale: 0 would ignore the scores");
+    return 1;
+}
+
+static int parse_posenc(const cli_args *args, const char *value, void *target)
+{
+    if (strcmp(value, "sinusoidal") != 0)
+        return cli_fail(args->command, -1,
+                        "--posenc: '%s' is not sinusoidal (a learned table: --posenc-table T.npy)",
+                        value);
+    *(bool *)target = true;
+    return 1;
+}
+
+static const cli_choice posenc_choices[] = {{"sinusoidal", 1}, {NULL, 0}};
+
+#define AT(field) CLI_AT(run_options, field)
+static const cli_option run_table[] = {
+    {CLI_OPT("--query", CLI_PATH, AT(query), "Q.npy",
+             "the query, (L, E) or (B, L, E) (.npy or a one-tensor .safetensors)"),
+     .flags = CLI_REQUIRED},
+    {CLI_OPT("--key", CLI_PATH, AT(key), "K.npy", "the key, (S, kdim) (default: the query)")},
+    {CLI_OPT("--value", CLI_PATH, AT(value), "V.npy", "the value, (S, vdim) (default: the key)")},
+    {CLI_OPT("--weights", CLI_PATH, AT(weights), "W.safetensors",
+             "an nn.MultiheadAttention state_dict (or a model's, with --prefix)")},
+    {CLI_OPT("--prefix", CLI_PATH, AT(prefix), "P",
+             "the block's key prefix (layers.0.self_attn. or layers.0.self_attn)")},
+    {CLI_OPT("--heads", CLI_SIZE, AT(heads), "H", "the heads (needed with --weights; default 1)"),
+     .min = 1, .given = CLI_GIVEN(run_options, heads_given)},
+    {CLI_OPT("--wq", CLI_PATH, AT(wq), "WQ.npy", "textbook X.W query weights (E, dk)")},
+    {CLI_OPT("--wk", CLI_PATH, AT(wk), "WK.npy", "textbook key weights (kdim, dk)")},
+    {CLI_OPT("--wv", CLI_PATH, AT(wv), "WV.npy", "textbook value weights (vdim, dv)")},
+    {CLI_OPT("--wo", CLI_PATH, AT(wo), "WO.npy", "textbook output weights (dv, E)")},
+    {CLI_OPT("--kv-heads", CLI_SIZE, AT(kv_heads), "G", "grouped-query attention: K/V heads"),
+     .min = 1},
+    CLI_USE("--causal", run_options, causal),
+    {CLI_OPT("--attn-mask", CLI_PATH, AT(attn_mask), "M.npy",
+             "(L, S) or (B * H, L, S): float added, or bool (True = masked)")},
+    CLI_USE_GIVEN("--mask-true", run_options, mask_true_masked, mask_true_given),
+    {CLI_OPT("--key-padding-mask", CLI_PATH, AT(key_padding_mask), "P.npy",
+             "(B, S) or (S): true = ignore that key")},
+    CLI_USE("--softcap", run_options, softcap),
+    CLI_USE("--window", run_options, window),
+    CLI_USE("--alibi", run_options, alibi),
+    CLI_USE("--alibi-slopes", run_options, alibi_slopes),
+    {CLI_OPT("--posenc", CLI_CUSTOM, AT(posenc), NULL, "add the sinusoidal positional encoding"),
+     .choices = posenc_choices, .handle = parse_posenc},
+    {CLI_OPT("--posenc-table", CLI_PATH, AT(posenc_table), "T.npy",
+             "add rows of a learned positional table (max_len, features)")},
+    CLI_USE("--rope", run_options, rope),
+    CLI_USE("--rope-style", run_options, rope),
+    CLI_USE("--rope-dims", run_options, rope),
+    CLI_USE("--rope-base", run_options, rope),
+    CLI_USE("--rope-start", run_options, rope),
+    {CLI_OPT("--scale", CLI_CUSTOM, AT(scale), "S", "the scores' scale (default 1/sqrt(head dim))"),
+     .handle = parse_scale},
+    CLI_USE("--norm", run_options, norm),
+    CLI_USE("--path", run_options, path),
+    {CLI_OPT("--out", CLI_PATH, AT(out), "O.npy", "write the output (else it is printed)")},
+    {CLI_OPT("--attn-out", CLI_PATH, AT(attn_out), "A.npy",
+             "write the per-head weights (B, H, L, S)")},
+    CLI_USE("--attn-png", run_options, attn_png),
+    CLI_USE("--png-scale", run_options, png_scale),
+    CLI_USE("--device", run_options, device),
+};
+#undef AT
+
+static const char *const run_help[] = {run_usage, run_usage_more, NULL};
+static const cli_command run_command_spec = CLI_COMMAND("run", run_table, run_help);
+
 static int parse_options(int argc, char **argv, run_options *o)
 {
-    cli_args args = {argc, argv, 1, NULL, NULL, "run"};
-    const cli_option table[] = {
-        {"--device", CLI_PATH, &o->device, 0, NULL, NULL},
-        {"--query", CLI_PATH, &o->query, 0, NULL, NULL},
-        {"--key", CLI_PATH, &o->key, 0, NULL, NULL},
-        {"--value", CLI_PATH, &o->value, 0, NULL, NULL},
-        {"--weights", CLI_PATH, &o->weights, 0, NULL, NULL},
-        {"--wq", CLI_PATH, &o->wq, 0, NULL, NULL},
-        {"--wk", CLI_PATH, &o->wk, 0, NULL, NULL},
-        {"--wv", CLI_PATH, &o->wv, 0, NULL, NULL},
-        {"--wo", CLI_PATH, &o->wo, 0, NULL, NULL},
-        {"--attn-mask", CLI_PATH, &o->attn_mask, 0, NULL, NULL},
-        {"--key-padding-mask", CLI_PATH, &o->key_padding_mask, 0, NULL, NULL},
-        {"--out", CLI_PATH, &o->out, 0, NULL, NULL},
-        {"--attn-out", CLI_PATH, &o->attn_out, 0, NULL, NULL},
-        {"--attn-png", CLI_PATH, &o->attn_png, 0, NULL, NULL},
-        {"--alibi-slopes", CLI_PATH, &o->alibi_slopes, 0, NULL, NULL},
-        {"--posenc-table", CLI_PATH, &o->posenc_table, 0, NULL, NULL},
-        {"--prefix", CLI_PATH, &o->prefix, 0, NULL, NULL},
-        {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
-        {"--alibi", CLI_FLAG, &o->alibi, 0, NULL, NULL},
-        {"--softcap", CLI_FLOAT, &o->softcap, 1, NULL, NULL},
-        {"--heads", CLI_SIZE, &o->heads, 1, NULL, &o->heads_given},
-        {"--kv-heads", CLI_SIZE, &o->kv_heads, 1, NULL, NULL},
-        {"--path", CLI_CHOICE, &o->path, 0, cli_path_choices, NULL},
-        {"--norm", CLI_CHOICE, &o->norm, 0, cli_norm_choices, NULL},
-    };
-    while (cli_next(&args)) {
-        const int parsed = cli_parse_table(&args, table, CLI_COUNT(table));
-        if (parsed < 0)
-            return CLI_BAD_INPUT;
-        if (parsed > 0)
-            continue;
-        const char *value = NULL;
-        int flag = 0;
-        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
-            fputs(run_usage, stdout);
-            fputs(run_usage_more, stdout);
-            return -1;
-        } else if ((flag = cli_parse_rope(&args, &o->rope)) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--posenc")) {
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            if (strcmp(value, "sinusoidal") != 0)
-                return cli_fail("run", CLI_BAD_INPUT,
-                                "--posenc: '%s' is not sinusoidal (a learned table: "
-                                "--posenc-table T.npy)",
-                                value);
-            o->posenc = true;
-        } else if (cli_is(&args, "--window")) {
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_window("run", value, &o->window_left, &o->window_right))
-                return CLI_BAD_INPUT;
-            o->window = true;
-        } else if (cli_is(&args, "--scale")) {
-            if (!(value = cli_value(&args)) || !cli_parse_float("run", "--scale", value, &o->scale))
-                return CLI_BAD_INPUT;
-            if (o->scale == 0.0f)
-                return cli_fail("run", CLI_BAD_INPUT, "--scale: 0 would ignore the scores");
-        } else if (cli_is(&args, "--mask-true")) {
-            if (!(value = cli_value(&args)) ||
-                cli_parse_mask_true("run", value, &o->mask_true_masked) != CLI_OK)
-                return CLI_BAD_INPUT;
-            o->mask_true_given = true;
-        } else if (cli_is(&args, "--png-scale")) {
-            if (!(value = cli_value(&args)) ||
-                cli_parse_png_scale("run", value, &o->png_scale) != CLI_OK)
-                return CLI_BAD_INPUT;
-        } else {
-            return cli_fail("run", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
-        }
-    }
+    const int rc = cli_parse_command(&run_command_spec, argc, argv, o);
+    if (rc != CLI_OK)
+        return rc;
     if (!o->query)
         return cli_fail("run", CLI_BAD_INPUT, "--query Q.npy is required (see --help)");
     const bool textbook = o->wq || o->wk || o->wv || o->wo;
@@ -250,9 +243,7 @@ static int parse_options(int argc, char **argv, run_options *o)
 
 static int load_npy(const char *path, clattn_array *out)
 {
-    char msg[1024];
-    clattn_io_status s = clattn_npy_read(path, out, msg, sizeof msg);
-    return s == CLATTN_IO_OK ? CLI_OK : cli_fail("run", CLI_BAD_INPUT, "%s", msg);
+    return cli_read_array("run", path, out);
 }
 
 /* An input sequence (query, key, value): floats only, as `clattn sdpa` takes them. */
@@ -386,8 +377,17 @@ static int read_tensor(run_data *d, const char *path, const char *name, clattn_a
  * several: refuses, listing them. */
 static int find_prefix(const run_options *o, run_data *d, const char *path)
 {
-    if (o->prefix) {
+    if (o->prefix) { /* "layers.0.self_attn." or, without the dot, "layers.0.self_attn" */
         snprintf(d->prefix, sizeof d->prefix, "%s", o->prefix);
+        const bool found = clattn_safetensors_has(d->safetensors, st_key(d, "in_proj_weight")) ||
+                           clattn_safetensors_has(d->safetensors, st_key(d, "q_proj_weight"));
+        const size_t length = strlen(d->prefix);
+        if (!found && length > 0 && d->prefix[length - 1] != '.') {
+            snprintf(d->prefix, sizeof d->prefix, "%s.", o->prefix);
+            if (!clattn_safetensors_has(d->safetensors, st_key(d, "in_proj_weight")) &&
+                !clattn_safetensors_has(d->safetensors, st_key(d, "q_proj_weight")))
+                d->prefix[length] = '\0'; /* neither: the first read names what is missing */
+        }
         return CLI_OK;
     }
     d->prefix[0] = '\0';
@@ -753,10 +753,10 @@ static int run(const run_options *o, run_data *d, bool check_only)
     desc.rope_dims = o->rope.dims ? o->rope.dims : CLATTN_ROPE_WHOLE_HEAD;
     desc.rope_base = o->rope.base ? o->rope.base : CLATTN_ROPE_BASE_DEFAULT;
     desc.rope_start = o->rope.start;
-    if (o->window) {
+    if (o->window.on) {
         desc.window_align = CLATTN_CAUSAL_TOP_LEFT;
-        desc.window_left = o->window_left;
-        desc.window_right = o->window_right;
+        desc.window_left = o->window.left;
+        desc.window_right = o->window.right;
     }
     if ((rc = o->weights ? load_torch_weights(o, d, &desc)
                          : load_textbook_weights(o, d, &desc, embed)))
@@ -901,9 +901,9 @@ static int run(const run_options *o, run_data *d, bool check_only)
                                          .rows = seq_q,
                                          .cols = seq_k,
                                          .causal = o->causal,
-                                         .window = o->window,
-                                         .window_left = o->window_left,
-                                         .window_right = o->window_right,
+                                         .window = o->window.on,
+                                         .window_left = o->window.left,
+                                         .window_right = o->window.right,
                                          .padding = d->padding_bytes,
                                          .additive = d->mask_additive,
                                          .per_head_mask = desc.attn_mask_per_head != 0};

@@ -9,29 +9,10 @@
 #include <string.h>
 
 static const char sdpa_usage[] =
-    "usage: clattn sdpa --q Q.npy (--k K.npy --v V.npy | --k-pages KP.npy --v-pages VP.npy\n"
-    "                   --block-table BT.npy --seqlens-k N.npy) [--q-heads H] [--kv-heads H]\n"
-    "                   [--cu-seqlens-q CQ.npy --cu-seqlens-k CK.npy]\n"
-    "                   [--attn-mask M.npy [--mask-true attend|masked]]\n"
-    "                   [--past-key PK.npy --past-value PV.npy]\n"
-    "                   [--nonpad-kv-seqlen N.npy] [--causal] [--causal-align "
-    "onnx|top-left|bottom-right]\n"
-    "                   [--window LEFT,RIGHT] [--softcap C] [--scale S] [--norm softmax|relu]\n"
-    "                   [--alibi | --alibi-slopes S.npy] [--sinks S.npy]\n"
-    "                   [--rope [--rope-style halves|pairs] [--rope-dims N] [--rope-base B]\n"
-    "                    [--rope-start P]]\n"
-    "                   [--present-key-out PK.npy --present-value-out PV.npy]\n"
-    "                   [--qk-output-mode 0|1|2|3 --qk-out S.npy] [--softmax-precision 1]\n"
-    "                   [--path auto|fused|unfused] [--out Y.npy] [--device SPEC]\n"
-    "                   [--ring [--ring-layout contiguous|zigzag] [--ring-timing]]\n"
-    "                   [--backward --grad-out DO.npy [--grad-q-out DQ.npy]\n"
-    "                    [--grad-k-out DK.npy] [--grad-v-out DV.npy] [--grad-mask-out DM.npy]\n"
-    "                    [--grad-sinks-out DS.npy]]\n"
-    "                   [--dropout P [--seed S] [--dropout-offset N]]\n"
-    "\n"
     "Attention with no projections, as ONNX's Attention operator computes it:\n"
     "  Y = softmax(cap(scale * Q Kᵀ) + mask) V,  cap(s) = C tanh(s / C) with --softcap C.\n"
-    "Inputs (float32, float64, float16 or bfloat16 .npy), all of rank 4 or all of rank 3:\n"
+    "Inputs (float32, float64, float16 or bfloat16 .npy, or a safetensors file of one tensor,\n"
+    "FILE:NAME for one of several: read as float32), all of rank 4 or all of rank 3:\n"
     "  rank 4: Q (B, Hq, Lq, d), K (B, Hkv, Lk, d), V (B, Hkv, Lk, dv);\n"
     "  rank 3: Q (B, Lq, Hq * d), K (B, Lk, Hkv * d), V (B, Lk, Hkv * dv) with --q-heads Hq and\n"
     "          --kv-heads Hkv (default Hq).\n"
@@ -99,6 +80,10 @@ static const char sdpa_usage_outputs[] =
     "--qk-out S.npy (B, Hq, Lq, P + Lk), unfused path: the scores by --qk-output-mode (ONNX's\n"
     "  qk_matmul_output_mode): 0 scale * Q Kᵀ, 1 after soft-capping, 2 after the masks too\n"
     "  (-inf where a key is dropped), 3 the softmax probabilities.\n"
+    "--attn-png A.png: the weights of batch 0 as a heatmap, one panel per head (query position\n"
+    "  down, key position across; the unfused path's weights, as --qk-output-mode 3 writes\n"
+    "  them); --png-scale row (default), log or global (see `clattn run --help`). Masked cells\n"
+    "  are grey for --causal and --window on the main diagonal and for an (Lq, Lk) mask.\n"
     "--softmax-precision: ONNX's type code: 1 (float, the default) or 11 (double: the unfused\n"
     "  path, on devices with cl_khr_fp64); 10 and 16 (16-bit) are not supported.\n"
     "--ring (under mpirun -np N; a build with -DCLATTN_MPI=ON): ring attention over the ranks:\n"
@@ -159,14 +144,18 @@ typedef struct sdpa_options {
     bool qk_mode_given;
     bool softmax_f64;         /* --softmax-precision 11 */
     size_t q_heads, kv_heads; /* 0: not given */
-    bool causal, align_given, window;
+    bool causal, align_given;
+    cli_window window;                      /* --window LEFT,RIGHT */
     bool mask_true_masked, mask_true_given; /* --mask-true (default attend, as ONNX) */
-    clattn_causal align; /* TOP_LEFT, BOTTOM_RIGHT or ONNX */
-    long long window_left, window_right;
+    clattn_causal align;                    /* TOP_LEFT, BOTTOM_RIGHT or ONNX */
     float scale, softcap; /* scale NAN: the default */
     clattn_norm norm;
     clattn_path path;
-    bool ring, ring_zigzag, ring_timing, ring_option; /* --ring, its layout, --ring-timing */
+    bool ring, ring_timing, ring_option; /* --ring, --ring-timing, either ring option */
+    int ring_zigzag;                     /* --ring-layout zigzag */
+    bool ring_layout_given;
+    const char *attn_png;           /* --attn-png: the weights of batch 0 as a heatmap */
+    clattn_heatmap_scale png_scale; /* --png-scale */
     clattn_dtype kv_dtype; /* --kv-dtype: F32 (as given), Q8_0 or Q4_0 */
     bool backward;         /* --backward: the gradients from --grad-out */
     const char *grad_out, *grad_q, *grad_k, *grad_v, *grad_mask, *grad_sinks;
@@ -263,134 +252,168 @@ static const char *fused_only_conflict(const sdpa_options *o)
            : o->present_k                   ? "--present-key-out"
            : o->rope.on                     ? "--rope"
            : o->qk_out                      ? "--qk-out"
+           : o->attn_png                    ? "--attn-png"
            : o->softmax_f64                 ? "--softmax-precision 11"
            : o->ring                        ? "--ring"
            : o->path == CLATTN_PATH_UNFUSED ? "--path unfused"
                                             : NULL;
 }
 
+static int parse_softmax_precision(const cli_args *args, const char *value, void *target)
+{
+    size_t number = 0;
+    if (!cli_parse_size(args->command, "--softmax-precision", value, 0, &number))
+        return -1;
+    if (number != 1 && number != 11)
+        return cli_fail(args->command, -1,
+                        "--softmax-precision %s: clattn normalises in float (1) or double (11); "
+                        "%s is not supported",
+                        value,
+                        number == 10   ? "float16 (10)"
+                        : number == 16 ? "bfloat16 (16)"
+                                       : "that type");
+    *(bool *)target = number == 11;
+    return 1;
+}
+
+static int parse_probability(const cli_args *args, const char *value, void *target)
+{
+    return cli_parse_probability(args->command, args->name, value, target) ? 1 : -1;
+}
+
+static int parse_u64(const cli_args *args, const char *value, void *target)
+{
+    return cli_parse_u64(args->command, args->name, value, target) ? 1 : -1;
+}
+
+static const cli_choice qk_mode_choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {NULL, 0}};
+static const cli_choice ring_layout_choices[] = {{"contiguous", 0}, {"zigzag", 1}, {NULL, 0}};
+
+#define AT(field) CLI_AT(sdpa_options, field)
+#define GIVEN(field) CLI_GIVEN(sdpa_options, field)
+static const cli_option sdpa_table[] = {
+    {CLI_OPT("--q", CLI_PATH, AT(q), "Q.npy", "the queries, (B, Hq, Lq, d) or (B, Lq, Hq * d)"),
+     .flags = CLI_REQUIRED},
+    {CLI_OPT("--k", CLI_PATH, AT(k), "K.npy", "the keys, (B, Hkv, Lk, d) or (B, Lk, Hkv * d)")},
+    {CLI_OPT("--v", CLI_PATH, AT(v), "V.npy", "the values, (B, Hkv, Lk, dv) or (B, Lk, Hkv * dv)")},
+    {CLI_OPT("--k-pages", CLI_PATH, AT(k_pages), "KP.npy",
+             "a paged cache's keys (pages, size, Hkv, d)")},
+    {CLI_OPT("--v-pages", CLI_PATH, AT(v_pages), "VP.npy", "a paged cache's values")},
+    {CLI_OPT("--block-table", CLI_PATH, AT(block_table), "BT.npy",
+             "a paged cache's table (B, blocks)")},
+    {CLI_OPT("--seqlens-k", CLI_PATH, AT(seqlens_k), "N.npy", "a paged cache's key counts (B)")},
+    {CLI_OPT("--q-heads", CLI_SIZE, AT(q_heads), "H", "Q's heads (rank 3 inputs)"), .min = 1},
+    {CLI_OPT("--kv-heads", CLI_SIZE, AT(kv_heads), "H", "K's and V's heads (rank 3; default Hq)"),
+     .min = 1},
+    {CLI_OPT("--cu-seqlens-q", CLI_PATH, AT(cu_q), "CQ.npy",
+             "packed sequences' query offsets (B + 1)")},
+    {CLI_OPT("--cu-seqlens-k", CLI_PATH, AT(cu_k), "CK.npy",
+             "packed sequences' key offsets (B + 1)")},
+    {CLI_OPT("--attn-mask", CLI_PATH, AT(mask), "M.npy",
+             "bool (True = attend) or float (added), broadcast to (B, Hq, Lq, Lk)")},
+    CLI_USE_GIVEN("--mask-true", sdpa_options, mask_true_masked, mask_true_given),
+    {CLI_OPT("--past-key", CLI_PATH, AT(past_k), "PK.npy",
+             "a KV cache's past keys (B, Hkv, P, d)")},
+    {CLI_OPT("--past-value", CLI_PATH, AT(past_v), "PV.npy", "a KV cache's past values")},
+    {CLI_OPT("--nonpad-kv-seqlen", CLI_PATH, AT(nonpad), "N.npy",
+             "batch b has keys 0 .. N[b] - 1")},
+    CLI_USE("--causal", sdpa_options, causal),
+    {CLI_OPT("--causal-align", CLI_CHOICE, AT(align), NULL,
+             "where the causal diagonal and window sit"),
+     .choices = cli_causal_align_choices, .given = GIVEN(align_given)},
+    CLI_USE("--window", sdpa_options, window),
+    CLI_USE("--softcap", sdpa_options, softcap),
+    {CLI_OPT("--scale", CLI_FLOAT, AT(scale), "S", "the scores' scale (default 1/sqrt(d))")},
+    CLI_USE("--norm", sdpa_options, norm),
+    CLI_USE("--alibi", sdpa_options, alibi),
+    CLI_USE("--alibi-slopes", sdpa_options, alibi_slopes),
+    {CLI_OPT("--sinks", CLI_PATH, AT(sinks), "S.npy", "attention sinks, one logit per query head")},
+    {CLI_OPT("--kv-dtype", CLI_CHOICE, AT(kv_dtype), NULL, "quantize K and V on the device"),
+     .choices = kv_dtype_choices},
+    CLI_USE("--rope", sdpa_options, rope),
+    CLI_USE("--rope-style", sdpa_options, rope),
+    CLI_USE("--rope-dims", sdpa_options, rope),
+    CLI_USE("--rope-base", sdpa_options, rope),
+    CLI_USE("--rope-start", sdpa_options, rope),
+    {CLI_OPT("--present-key-out", CLI_PATH, AT(present_k), "PK.npy", "write past + new keys")},
+    {CLI_OPT("--present-value-out", CLI_PATH, AT(present_v), "PV.npy", "write past + new values")},
+    {CLI_OPT("--qk-output-mode", CLI_CHOICE, AT(qk_mode), NULL,
+             "what --qk-out holds (ONNX's modes)"),
+     .choices = qk_mode_choices, .given = GIVEN(qk_mode_given)},
+    {CLI_OPT("--qk-out", CLI_PATH, AT(qk_out), "S.npy", "write the scores or weights (unfused)")},
+    {CLI_OPT("--softmax-precision", CLI_CUSTOM, AT(softmax_f64), "1|11",
+             "ONNX's type code: float (1, default) or double (11)"),
+     .handle = parse_softmax_precision},
+    CLI_USE("--path", sdpa_options, path),
+    {CLI_OPT("--out", CLI_PATH, AT(out), "Y.npy", "write Y (else it is printed when small)")},
+    {.name = "--attn-png",
+     .kind = CLI_SHARED,
+     .target = AT(attn_png),
+     .help = "the weights of batch 0 as a heatmap, one panel per head (unfused)"},
+    CLI_USE("--png-scale", sdpa_options, png_scale),
+    CLI_USE("--device", sdpa_options, device),
+    {CLI_OPT("--ring", CLI_FLAG, AT(ring), NULL, "ring attention over MPI ranks (mpirun)")},
+    {CLI_OPT("--ring-layout", CLI_CHOICE, AT(ring_zigzag), NULL,
+             "with --ring: the rows of each rank"),
+     .choices = ring_layout_choices, .given = GIVEN(ring_layout_given)},
+    {CLI_OPT("--ring-timing", CLI_FLAG, AT(ring_timing), NULL, "with --ring: print the times")},
+    {CLI_OPT("--backward", CLI_FLAG, AT(backward), NULL, "the gradients from --grad-out")},
+    {CLI_OPT("--grad-out", CLI_PATH, AT(grad_out), "DO.npy", "dL/dY, Y's shape")},
+    {CLI_OPT("--grad-q-out", CLI_PATH, AT(grad_q), "DQ.npy", "write dL/dQ")},
+    {CLI_OPT("--grad-k-out", CLI_PATH, AT(grad_k), "DK.npy", "write dL/dK")},
+    {CLI_OPT("--grad-v-out", CLI_PATH, AT(grad_v), "DV.npy", "write dL/dV")},
+    {CLI_OPT("--grad-mask-out", CLI_PATH, AT(grad_mask), "DM.npy",
+             "write the float mask's gradient")},
+    {CLI_OPT("--grad-sinks-out", CLI_PATH, AT(grad_sinks), "DS.npy", "write the sinks' gradient")},
+    {CLI_OPT("--dropout", CLI_CUSTOM, AT(dropout_p), "P", "dropout on the weights, probability P"),
+     .handle = parse_probability},
+    {CLI_OPT("--seed", CLI_CUSTOM, AT(dropout_seed), "S", "dropout's Philox key (default 0)"),
+     .handle = parse_u64},
+    {CLI_OPT("--dropout-offset", CLI_CUSTOM, AT(dropout_offset), "N", "dropout's first stream"),
+     .handle = parse_u64},
+};
+#undef AT
+#undef GIVEN
+
+static const char *const sdpa_help[] = {sdpa_usage,         sdpa_usage_serving, sdpa_usage_backward,
+                                        sdpa_usage_dropout, sdpa_usage_outputs, NULL};
+static const cli_command sdpa_command_spec = CLI_COMMAND("sdpa", sdpa_table, sdpa_help);
+
+/* What --ring (cli_ring.c) takes: CLI_OK, or CLI_BAD_INPUT after the line. */
+static int check_ring_options(const sdpa_options *o)
+{
+    const char *other = o->mask                          ? "--attn-mask"
+                        : o->past_k                      ? "--past-key"
+                        : o->present_k                   ? "--present-key-out"
+                        : o->qk_out                      ? "--qk-out"
+                        : o->attn_png                    ? "--attn-png"
+                        : o->alibi                       ? "--alibi"
+                        : o->alibi_slopes                ? "--alibi-slopes"
+                        : o->rope.on                     ? "--rope"
+                        : o->softmax_f64                 ? "--softmax-precision"
+                        : o->norm != CLATTN_NORM_SOFTMAX ? "--norm relu"
+                                                         : NULL;
+    if (other)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--ring takes --causal, --window, --softcap, --scale, grouped "
+                        "heads, --sinks, --nonpad-kv-seqlen and keys of another length, "
+                        "not %s",
+                        other);
+    if (o->nonpad && (o->causal || o->window.on) &&
+        !(o->align_given && o->align == CLATTN_CAUSAL_TOP_LEFT))
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--ring with --nonpad-kv-seqlen and --causal or --window: give "
+                        "--causal-align top-left (the ring's diagonal is the sequence's, "
+                        "not each batch's key count as onnx's and bottom-right's are)");
+    return CLI_OK;
+}
+
 static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
 {
-    cli_args args = {.argc = argc, .argv = argv, .index = 1, .command = "sdpa"};
-    const cli_option table[] = {
-        {"--q", CLI_PATH, &o->q, 0, NULL, NULL},
-        {"--k", CLI_PATH, &o->k, 0, NULL, NULL},
-        {"--v", CLI_PATH, &o->v, 0, NULL, NULL},
-        {"--attn-mask", CLI_PATH, &o->mask, 0, NULL, NULL},
-        {"--out", CLI_PATH, &o->out, 0, NULL, NULL},
-        {"--device", CLI_PATH, &o->device, 0, NULL, NULL},
-        {"--past-key", CLI_PATH, &o->past_k, 0, NULL, NULL},
-        {"--past-value", CLI_PATH, &o->past_v, 0, NULL, NULL},
-        {"--present-key-out", CLI_PATH, &o->present_k, 0, NULL, NULL},
-        {"--present-value-out", CLI_PATH, &o->present_v, 0, NULL, NULL},
-        {"--nonpad-kv-seqlen", CLI_PATH, &o->nonpad, 0, NULL, NULL},
-        {"--qk-out", CLI_PATH, &o->qk_out, 0, NULL, NULL},
-        {"--alibi-slopes", CLI_PATH, &o->alibi_slopes, 0, NULL, NULL},
-        {"--sinks", CLI_PATH, &o->sinks, 0, NULL, NULL},
-        {"--k-pages", CLI_PATH, &o->k_pages, 0, NULL, NULL},
-        {"--v-pages", CLI_PATH, &o->v_pages, 0, NULL, NULL},
-        {"--block-table", CLI_PATH, &o->block_table, 0, NULL, NULL},
-        {"--seqlens-k", CLI_PATH, &o->seqlens_k, 0, NULL, NULL},
-        {"--cu-seqlens-q", CLI_PATH, &o->cu_q, 0, NULL, NULL},
-        {"--cu-seqlens-k", CLI_PATH, &o->cu_k, 0, NULL, NULL},
-        {"--grad-out", CLI_PATH, &o->grad_out, 0, NULL, NULL},
-        {"--grad-q-out", CLI_PATH, &o->grad_q, 0, NULL, NULL},
-        {"--grad-k-out", CLI_PATH, &o->grad_k, 0, NULL, NULL},
-        {"--grad-v-out", CLI_PATH, &o->grad_v, 0, NULL, NULL},
-        {"--grad-mask-out", CLI_PATH, &o->grad_mask, 0, NULL, NULL},
-        {"--grad-sinks-out", CLI_PATH, &o->grad_sinks, 0, NULL, NULL},
-        {"--backward", CLI_FLAG, &o->backward, 0, NULL, NULL},
-        {"--alibi", CLI_FLAG, &o->alibi, 0, NULL, NULL},
-        {"--ring", CLI_FLAG, &o->ring, 0, NULL, NULL},
-        {"--causal", CLI_FLAG, &o->causal, 0, NULL, NULL},
-        {"--q-heads", CLI_SIZE, &o->q_heads, 1, NULL, NULL},
-        {"--kv-heads", CLI_SIZE, &o->kv_heads, 1, NULL, NULL},
-        {"--causal-align", CLI_CHOICE, &o->align, 0, cli_causal_align_choices, &o->align_given},
-        {"--scale", CLI_FLOAT, &o->scale, 0, NULL, NULL},
-        {"--softcap", CLI_FLOAT, &o->softcap, 1, NULL, NULL},
-        {"--norm", CLI_CHOICE, &o->norm, 0, cli_norm_choices, NULL},
-        {"--path", CLI_CHOICE, &o->path, 0, cli_path_choices, NULL},
-        {"--kv-dtype", CLI_CHOICE, &o->kv_dtype, 0, kv_dtype_choices, NULL},
-    };
-    while (cli_next(&args)) {
-        const int parsed = cli_parse_table(&args, table, CLI_COUNT(table));
-        if (parsed < 0)
-            return CLI_BAD_INPUT;
-        if (parsed > 0)
-            continue;
-        const char *value = NULL;
-        int flag = 0;
-        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
-            fputs(sdpa_usage, stdout);
-            fputs(sdpa_usage_serving, stdout);
-            fputs(sdpa_usage_backward, stdout);
-            fputs(sdpa_usage_dropout, stdout);
-            fputs(sdpa_usage_outputs, stdout);
-            return -1;
-        } else if ((flag = cli_flag(&args, "--ring-timing")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->ring_timing = o->ring_option = true;
-        } else if (cli_is(&args, "--ring-layout")) {
-            if (!(value = cli_value(&args)))
-                return CLI_BAD_INPUT;
-            o->ring_option = true;
-            if (strcmp(value, "zigzag") == 0)
-                o->ring_zigzag = true;
-            else if (strcmp(value, "contiguous") != 0)
-                return cli_fail("sdpa", CLI_BAD_INPUT,
-                                "--ring-layout: '%s' is not contiguous or zigzag", value);
-        } else if ((flag = cli_parse_rope(&args, &o->rope)) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--qk-output-mode") || cli_is(&args, "--softmax-precision")) {
-            const bool mode = cli_is(&args, "--qk-output-mode");
-            size_t number = 0;
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_size("sdpa", mode ? "--qk-output-mode" : "--softmax-precision", value, 0,
-                                &number))
-                return CLI_BAD_INPUT;
-            if (mode && number > 3)
-                return cli_fail("sdpa", CLI_BAD_INPUT, "--qk-output-mode: %s is not 0, 1, 2 or 3",
-                                value);
-            if (mode) {
-                o->qk_mode = (int)number;
-                o->qk_mode_given = true;
-            } else if (number == 11) {
-                o->softmax_f64 = true;
-            } else if (number != 1) {
-                return cli_fail("sdpa", CLI_BAD_INPUT,
-                                "--softmax-precision %s: clattn normalises in float (1) or "
-                                "double (11); %s is not supported",
-                                value,
-                                number == 10   ? "float16 (10)"
-                                : number == 16 ? "bfloat16 (16)"
-                                               : "that type");
-            }
-        } else if (cli_is(&args, "--window")) {
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_window("sdpa", value, &o->window_left, &o->window_right))
-                return CLI_BAD_INPUT;
-            o->window = true;
-        } else if (cli_is(&args, "--dropout")) {
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_probability("sdpa", "--dropout", value, &o->dropout_p))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--seed") || cli_is(&args, "--dropout-offset")) {
-            const bool seed = cli_is(&args, "--seed");
-            if (!(value = cli_value(&args)) ||
-                !cli_parse_u64("sdpa", seed ? "--seed" : "--dropout-offset", value,
-                               seed ? &o->dropout_seed : &o->dropout_offset))
-                return CLI_BAD_INPUT;
-        } else if (cli_is(&args, "--mask-true")) {
-            if (!(value = cli_value(&args)) ||
-                cli_parse_mask_true("sdpa", value, &o->mask_true_masked) != CLI_OK)
-                return CLI_BAD_INPUT;
-            o->mask_true_given = true;
-        } else {
-            return cli_fail("sdpa", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
-        }
-    }
+    const int rc = cli_parse_command(&sdpa_command_spec, argc, argv, o);
+    if (rc != CLI_OK)
+        return rc;
+    o->ring_option = o->ring_timing || o->ring_layout_given;
     o->paged = o->k_pages || o->v_pages || o->block_table || o->seqlens_k;
     if (o->paged) { /* a paged cache: its pools stand for --k and --v, its counts for N */
         if (!o->k_pages || !o->v_pages || !o->block_table || !o->seqlens_k)
@@ -427,7 +450,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
     }
     if (!o->q || !o->k || !o->v)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--q, --k and --v are required (see --help)");
-    if (o->align_given && !o->causal && !o->window)
+    if (o->align_given && !o->causal && !o->window.on)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--causal-align needs --causal or --window");
     if (!o->past_k != !o->past_v)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--past-key and --past-value go together");
@@ -436,6 +459,14 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                         "--present-key-out and --present-value-out go together");
     if (o->qk_mode_given && !o->qk_out)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--qk-output-mode needs --qk-out");
+    if (o->attn_png && o->qk_out && o->qk_mode != 3)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--attn-png draws the weights: with --qk-out, give --qk-output-mode 3 "
+                        "(the same weights) or drop one of them");
+    if (o->attn_png && o->path == CLATTN_PATH_FUSED)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--path fused never forms the attention weights: drop --attn-png or use "
+                        "--path auto");
     if (o->alibi && o->alibi_slopes)
         return cli_fail("sdpa", CLI_BAD_INPUT, "give --alibi or --alibi-slopes, not both");
     if (!cli_check_rope("sdpa", &o->rope))
@@ -497,40 +528,16 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         !cli_check_output("sdpa", "--grad-sinks-out", o->grad_sinks) ||
         !cli_check_output("sdpa", "--present-key-out", o->present_k) ||
         !cli_check_output("sdpa", "--present-value-out", o->present_v) ||
-        !cli_check_output("sdpa", "--qk-out", o->qk_out))
+        !cli_check_output("sdpa", "--qk-out", o->qk_out) ||
+        !cli_check_output("sdpa", "--attn-png", o->attn_png))
         return CLI_BAD_INPUT;
-    if (o->ring) {
-        const char *other = o->mask                          ? "--attn-mask"
-                            : o->past_k                      ? "--past-key"
-                            : o->present_k                   ? "--present-key-out"
-                            : o->qk_out                      ? "--qk-out"
-                            : o->alibi                       ? "--alibi"
-                            : o->alibi_slopes                ? "--alibi-slopes"
-                            : o->rope.on                     ? "--rope"
-                            : o->softmax_f64                 ? "--softmax-precision"
-                            : o->norm != CLATTN_NORM_SOFTMAX ? "--norm relu"
-                                                             : NULL;
-        if (other)
-            return cli_fail("sdpa", CLI_BAD_INPUT,
-                            "--ring takes --causal, --window, --softcap, --scale, grouped "
-                            "heads, --sinks, --nonpad-kv-seqlen and keys of another length, "
-                            "not %s",
-                            other);
-        if (o->nonpad && (o->causal || o->window) &&
-            !(o->align_given && o->align == CLATTN_CAUSAL_TOP_LEFT))
-            return cli_fail("sdpa", CLI_BAD_INPUT,
-                            "--ring with --nonpad-kv-seqlen and --causal or --window: give "
-                            "--causal-align top-left (the ring's diagonal is the sequence's, "
-                            "not each batch's key count as onnx's and bottom-right's are)");
-    }
-    return CLI_OK;
+    return o->ring ? check_ring_options(o) : CLI_OK;
 }
 
 static int load(const char *path, clattn_array *out, bool mask)
 {
-    char msg[1024];
-    if (clattn_npy_read(path, out, msg, sizeof msg) != CLATTN_IO_OK)
-        return cli_fail("sdpa", CLI_BAD_INPUT, "%s", msg);
+    if (cli_read_array("sdpa", path, out) != CLI_OK)
+        return CLI_BAD_INPUT;
     if (!mask && (out->source == CLATTN_IO_BOOL || out->source == CLATTN_IO_INT))
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "%s: %s array; expected float32, float64, float16 or bfloat16", path,
@@ -687,8 +694,11 @@ static int write_out(const sdpa_options *o, const sdpa_data *d, size_t batch, si
     /* Printed as (B * Hq) matrices of (Lq, dv) (rank 4) or B matrices of (Lq, Hq * dv). */
     const size_t matrices = rank3 ? batch : batch * heads, cols = rank3 ? heads * dv : dv;
     for (size_t m = 0; m < matrices; ++m) {
-        char title[64];
-        snprintf(title, sizeof title, "Y[%zu]", m);
+        char title[64]; /* Y[b, h] (rank 4), Y[b] (rank 3) */
+        if (rank3)
+            snprintf(title, sizeof title, "Y[%zu]", m);
+        else
+            snprintf(title, sizeof title, "Y[%zu,%zu]", m / heads, m % heads);
         cli_print_matrix(title, d->out + m * seq_q * cols, seq_q, cols);
     }
     return CLI_OK;
@@ -701,7 +711,7 @@ static int write_out(const sdpa_options *o, const sdpa_data *d, size_t batch, si
 static int paged_views(const sdpa_options *o, sdpa_data *d, sdpa_view *q, sdpa_view *k,
                        sdpa_view *v)
 {
-    char a[128], b[128], msg[1024];
+    char a[128], b[128];
     const clattn_array *kp = &d->k, *vp = &d->v, *table = &d->table;
     if (d->q.ndim != 4)
         return cli_fail("sdpa", CLI_BAD_INPUT, "%s: with --k-pages q must be rank 4 (B, Hq, Lq, d)",
@@ -716,8 +726,8 @@ static int paged_views(const sdpa_options *o, sdpa_data *d, sdpa_view *q, sdpa_v
         if (kp->shape[i] == 0 || vp->shape[i] == 0)
             return cli_fail("sdpa", CLI_BAD_INPUT, "--k-pages %s, --v-pages %s: no dim may be 0",
                             shape_text(kp, a, sizeof a), shape_text(vp, b, sizeof b));
-    if (clattn_npy_read(o->block_table, &d->table, msg, sizeof msg) != CLATTN_IO_OK)
-        return cli_fail("sdpa", CLI_BAD_INPUT, "%s", msg);
+    if (cli_read_array("sdpa", o->block_table, &d->table) != CLI_OK)
+        return CLI_BAD_INPUT;
     if (table->source != CLATTN_IO_INT || table->ndim != 2 || table->shape[0] != q->dims[0] ||
         table->shape[1] == 0)
         return cli_fail("sdpa", CLI_BAD_INPUT,
@@ -769,7 +779,7 @@ static int check_block_table(const sdpa_options *o, sdpa_data *d, size_t batch)
 static int varlen_views(const sdpa_options *o, sdpa_data *d, sdpa_view *q, sdpa_view *k,
                         sdpa_view *v)
 {
-    char a[128], msg[1024];
+    char a[128];
     const clattn_array *arrays[3] = {&d->q, &d->k, &d->v};
     sdpa_view *views[3] = {q, k, v};
     static const char *const names[3] = {"q", "k", "v"};
@@ -793,8 +803,8 @@ static int varlen_views(const sdpa_options *o, sdpa_data *d, sdpa_view *q, sdpa_
     const size_t totals[2] = {d->q.shape[0], d->k.shape[0]};
     for (int x = 0; x < 2; ++x) {
         clattn_array *cu = &d->cu_file[x];
-        if (clattn_npy_read(paths[x], cu, msg, sizeof msg) != CLATTN_IO_OK)
-            return cli_fail("sdpa", CLI_BAD_INPUT, "%s", msg);
+        if (cli_read_array("sdpa", paths[x], cu) != CLI_OK)
+            return CLI_BAD_INPUT;
         if (cu->source != CLATTN_IO_INT || cu->ndim != 1 || cu->shape[0] < 2)
             return cli_fail("sdpa", CLI_BAD_INPUT,
                             "%s: %s has shape %s; expected int32 or int64 (B + 1) offsets, B >= 1",
@@ -906,9 +916,44 @@ static int write_grads(const sdpa_options *o, sdpa_data *d, size_t seq_k, size_t
     return CLI_OK;
 }
 
+/* --attn-png: the weights of batch 0 (the first heads * Lq * Lk of d->scores). Masked cells
+ * are marked grey where the CLI knows them cell by cell: --causal and --window when their
+ * diagonal is the main one (top-left, or Lq = Lk with no past keys or counts), and a mask
+ * that is (Lq, Lk) for every batch and head; other masked cells show as weight 0. */
+static int write_heatmap(const sdpa_options *o, const sdpa_data *d, size_t heads, size_t seq_q,
+                         size_t seq_k)
+{
+    const bool main_diagonal =
+        !o->past_k && !o->nonpad && !o->paged && !o->varlen &&
+        (seq_q == seq_k || (o->align_given && o->align == CLATTN_CAUSAL_TOP_LEFT));
+    const bool plain_mask = o->mask && d->mask.count / d->mask.shape[d->mask.ndim - 1] == seq_q;
+    float *additive = NULL;
+    if (plain_mask) {
+        additive = malloc(seq_q * seq_k * sizeof(float));
+        if (additive == NULL)
+            return cli_fail("sdpa", CLI_FAILED, "out of memory for the heatmap");
+        for (size_t i = 0; i < seq_q * seq_k; ++i)
+            additive[i] = d->mask_keep ? (d->mask_keep[i] ? 0.0f : -INFINITY) : d->mask_f32[i];
+    }
+    const cli_png_masks masks = {.heads = heads,
+                                 .rows = seq_q,
+                                 .cols = seq_k,
+                                 .causal = o->causal && main_diagonal,
+                                 .window = o->window.on && main_diagonal,
+                                 .window_left = o->window.left,
+                                 .window_right = o->window.right,
+                                 .additive = additive};
+    const int rc = cli_write_attention_png("sdpa", o->attn_png, d->scores, &masks, o->png_scale);
+    free(additive);
+    return rc;
+}
+
 static int run_sdpa(const sdpa_options *o, sdpa_data *d)
 {
     int rc;
+    /* --qk-out, or --attn-png (the weights, --qk-output-mode 3's) */
+    const bool scores_out = o->qk_out || o->attn_png;
+    const int qk_mode = o->attn_png ? 3 : o->qk_mode;
     char a[128], b[128];
     if ((rc = load(o->q, &d->q, false)) || (rc = load(o->k, &d->k, false)) ||
         (rc = load(o->v, &d->v, false)) || (o->mask && (rc = load(o->mask, &d->mask, true))) ||
@@ -916,9 +961,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         (o->past_v && (rc = load(o->past_v, &d->past_v, false))))
         return rc;
     if (o->nonpad) {
-        char msg[1024];
-        if (clattn_npy_read(o->nonpad, &d->nonpad, msg, sizeof msg) != CLATTN_IO_OK)
-            return cli_fail("sdpa", CLI_BAD_INPUT, "%s", msg);
+        if (cli_read_array("sdpa", o->nonpad, &d->nonpad) != CLI_OK)
+            return CLI_BAD_INPUT;
         if (d->nonpad.source != CLATTN_IO_INT)
             return cli_fail("sdpa", CLI_BAD_INPUT,
                             "%s: nonpad_kv_seqlen must be an int64 or int32 array", o->nonpad);
@@ -1081,13 +1125,14 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
                             .counts = d->counts,
                             .sinks = d->sinks.data,
                             .storage = storage,
-                            .bottom_right = o->align_given && o->align == CLATTN_CAUSAL_BOTTOM_RIGHT,
+                            .bottom_right =
+                                o->align_given && o->align == CLATTN_CAUSAL_BOTTOM_RIGHT,
                             .causal = o->causal,
-                            .window = o->window,
+                            .window = o->window.on,
                             .zigzag = o->ring_zigzag,
                             .timing = o->ring_timing,
-                            .window_left = o->window_left,
-                            .window_right = o->window_right,
+                            .window_left = o->window.left,
+                            .window_right = o->window.right,
                             .scale = o->scale,
                             .softcap = o->softcap,
                             .device = o->device};
@@ -1126,10 +1171,10 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     desc.dropout_offset = o->dropout_offset;
     const clattn_causal align = o->align_given ? o->align : CLATTN_CAUSAL_ONNX;
     desc.causal = o->causal ? align : CLATTN_CAUSAL_NONE;
-    if (o->window) {
+    if (o->window.on) {
         desc.window_align = align;
-        desc.window_left = o->window_left;
-        desc.window_right = o->window_right;
+        desc.window_left = o->window.left;
+        desc.window_right = o->window.right;
     }
     clattn_tensors *t = &desc_tensors;
     clattn_tensor *roles[4] = {&t->q, &t->k, &t->v, &t->out};
@@ -1210,13 +1255,13 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     if (d->sinks.data)
         t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0);
     size_t scores_count = 0;
-    if (o->qk_out) {
+    if (scores_out) {
         if (seq_k > SIZE_MAX / batch / heads / seq_q / sizeof(float))
             return cli_fail("sdpa", CLI_BAD_INPUT, "the scores are too large");
         scores_count = batch * heads * seq_q * seq_k;
-        clattn_tensor *target = o->qk_mode == 3 ? &t->weights : &t->scores;
+        clattn_tensor *target = qk_mode == 3 ? &t->weights : &t->scores;
         *target = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, heads, seq_q, seq_k);
-        desc.scores_mode = o->qk_mode == 3 ? CLATTN_SCORES_SCALED : (clattn_scores)o->qk_mode;
+        desc.scores_mode = qk_mode == 3 ? CLATTN_SCORES_SCALED : (clattn_scores)qk_mode;
         d->scores = malloc(scores_count * sizeof(float));
         if (d->scores == NULL)
             return cli_fail("sdpa", CLI_FAILED, "out of memory for the scores");
@@ -1300,7 +1345,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         if (err == CL_SUCCESS && d->present_k)
             d->mem[M_PRESENT_V] =
                 upload(ctx, NULL, pv_count * sizeof(float), CL_MEM_READ_WRITE, &err);
-        if (err == CL_SUCCESS && o->qk_out)
+        if (err == CL_SUCCESS && scores_out)
             d->mem[M_SCORES] =
                 upload(ctx, NULL, scores_count * sizeof(float), CL_MEM_READ_WRITE, &err);
         if (err == CL_SUCCESS && o->nonpad)
@@ -1348,15 +1393,15 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             bound.present_k.mem = d->mem[M_PRESENT_K], bound.present_v.mem = d->mem[M_PRESENT_V];
             bound.kv_seqlen.mem = d->mem[M_NONPAD];
             bound.lse.mem = d->mem[M_LSE];
-            bound.scores.mem = o->qk_out && o->qk_mode != 3 ? d->mem[M_SCORES] : NULL;
-            bound.weights.mem = o->qk_out && o->qk_mode == 3 ? d->mem[M_SCORES] : NULL;
+            bound.scores.mem = scores_out && qk_mode != 3 ? d->mem[M_SCORES] : NULL;
+            bound.weights.mem = scores_out && qk_mode == 3 ? d->mem[M_SCORES] : NULL;
             status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
                                          NULL, NULL);
         }
         if (err == CL_SUCCESS && status == CLATTN_SUCCESS)
             err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_OUT], CL_TRUE, 0,
                                       out_count * sizeof(float), d->out, 0, NULL, NULL);
-        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && o->qk_out)
+        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && scores_out)
             err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_SCORES], CL_TRUE, 0,
                                       scores_count * sizeof(float), d->scores, 0, NULL, NULL);
         if (err == CL_SUCCESS && status == CLATTN_SUCCESS && d->present_k)
@@ -1395,6 +1440,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         return rc;
     const size_t scores_shape[4] = {batch, heads, seq_q, seq_k};
     if (o->qk_out && (rc = write_npy(o->qk_out, d->scores, 4, scores_shape, &d->q)))
+        return rc;
+    if (o->attn_png && (rc = write_heatmap(o, d, heads, seq_q, seq_k)))
         return rc;
     if (o->backward && (rc = write_grads(o, d, seq_k, heads)))
         return rc;

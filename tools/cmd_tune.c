@@ -16,8 +16,6 @@
 #include <unistd.h>
 
 static const char tune_usage[] =
-    "usage: clattn tune [--op matmul|softmax|flash|all] [--quick] [--out FILE] [--dry-run]\n"
-    "                   [--min-gain PCT] [--device SPEC]\n"
     "Searches the kernel parameters of each op (default all) on the device: coordinate descent\n"
     "from the built-in table's values, one key at a time over its candidates (tools/\n"
     "tune_space.h), each candidate in a fresh context. A candidate's outputs must match the\n"
@@ -824,58 +822,61 @@ static bool default_cache_path(char *path, size_t size)
 
 /* --- the command -------------------------------------------------------------------------- */
 
+static int parse_op(const cli_args *args, const char *value, void *target)
+{
+    bool found = strcmp(value, "all") == 0;
+    for (size_t i = 0; i < sizeof tune_ops / sizeof tune_ops[0]; ++i)
+        found = found || strcmp(value, tune_ops[i].name) == 0;
+    if (!found)
+        return cli_fail(args->command, -1, "--op '%s': expected matmul, softmax, flash or all",
+                        value);
+    *(const char **)target = value;
+    return 1;
+}
+
+static int parse_out(const cli_args *args, const char *value, void *target)
+{
+    if (value[0] == '\0')
+        return cli_fail(args->command, -1, "--out: empty path");
+    *(const char **)target = value;
+    return 1;
+}
+
+static int parse_min_gain(const cli_args *args, const char *value, void *target)
+{
+    float gain = 0.0f;
+    if (!cli_parse_float(args->command, "--min-gain", value, &gain))
+        return -1;
+    if (gain <= -100.0f || gain >= 100.0f)
+        return cli_fail(args->command, -1,
+                        "--min-gain %s: expected a percentage above -100 and below 100", value);
+    *(double *)target = gain;
+    return 1;
+}
+
+#define AT(field) CLI_AT(tune_options, field)
+static const cli_option tune_table[] = {
+    {CLI_OPT("--op", CLI_CUSTOM, AT(op), "matmul|softmax|flash|all",
+             "the op to tune (default all)"),
+     .handle = parse_op},
+    {CLI_OPT("--quick", CLI_FLAG, AT(quick), NULL,
+             "smaller sizes, fewer candidates (rows go to --out only)")},
+    {CLI_OPT("--out", CLI_CUSTOM, AT(out), "FILE", "write the rows there (default: the cache)"),
+     .handle = parse_out},
+    {CLI_OPT("--dry-run", CLI_FLAG, AT(dry_run), NULL, "measure and print, write nothing")},
+    {CLI_OPT("--min-gain", CLI_CUSTOM, AT(min_gain), "PCT",
+             "keep a candidate only if this much faster (default 3)"),
+     .handle = parse_min_gain},
+    CLI_USE("--device", tune_options, device),
+};
+#undef AT
+
+static const char *const tune_help[] = {tune_usage, NULL};
+static const cli_command tune_command = CLI_COMMAND("tune", tune_table, tune_help);
+
 static int parse_options(int argc, char **argv, tune_options *o)
 {
-    cli_args args = {argc, argv, 1, NULL, NULL, "tune"};
-    while (cli_next(&args)) {
-        int flag;
-        if (cli_is(&args, "--help") || cli_is(&args, "-h")) {
-            fputs(tune_usage, stdout);
-            return -1;
-        } else if ((flag = cli_flag(&args, "--quick")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->quick = true;
-        } else if ((flag = cli_flag(&args, "--dry-run")) != 0) {
-            if (flag < 0)
-                return CLI_BAD_INPUT;
-            o->dry_run = true;
-        } else if (cli_is(&args, "--op") || cli_is(&args, "--out") || cli_is(&args, "--device") ||
-                   cli_is(&args, "--min-gain")) {
-            const char *name = args.name;
-            const char *value = cli_value(&args);
-            if (value == NULL)
-                return CLI_BAD_INPUT;
-            if (strcmp(name, "--op") == 0) {
-                bool found = strcmp(value, "all") == 0;
-                for (size_t i = 0; i < sizeof tune_ops / sizeof tune_ops[0]; ++i)
-                    found = found || strcmp(value, tune_ops[i].name) == 0;
-                if (!found)
-                    return cli_fail("tune", CLI_BAD_INPUT,
-                                    "--op '%s': expected matmul, softmax, flash or all", value);
-                o->op = value;
-            } else if (strcmp(name, "--out") == 0) {
-                if (value[0] == '\0')
-                    return cli_fail("tune", CLI_BAD_INPUT, "--out: empty path");
-                o->out = value;
-            } else if (strcmp(name, "--device") == 0) {
-                o->device = value;
-            } else {
-                float gain = 0.0f;
-                if (!cli_parse_float("tune", "--min-gain", value, &gain))
-                    return CLI_BAD_INPUT;
-                if (gain <= -100.0f || gain >= 100.0f)
-                    return cli_fail("tune", CLI_BAD_INPUT,
-                                    "--min-gain %s: expected a percentage above -100 and below "
-                                    "100",
-                                    value);
-                o->min_gain = gain;
-            }
-        } else {
-            return cli_fail("tune", CLI_BAD_INPUT, "unknown option '%s' (see --help)", args.name);
-        }
-    }
-    return CLI_OK;
+    return cli_parse_command(&tune_command, argc, argv, o);
 }
 
 int cmd_tune(int argc, char **argv)

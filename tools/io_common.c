@@ -348,3 +348,22 @@ clattn_io_status io_alloc_floats(size_t count, float **out, const char *path, ch
                        "out of memory allocating %zu bytes", bytes);
     return CLATTN_IO_OK;
 }
+
+const char *io_sniff_format(const unsigned char *head, size_t got, uint64_t file_size)
+{
+    static const unsigned char npy[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+    static const unsigned char png[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (got >= sizeof npy && memcmp(head, npy, sizeof npy) == 0)
+        return "a .npy file";
+    if (got >= sizeof png && memcmp(head, png, sizeof png) == 0)
+        return "a PNG image";
+    if (got >= 4 && memcmp(head, "PK\x03\x04", 4) == 0)
+        return "a ZIP archive (numpy's .npz?)";
+    /* safetensors: a little-endian u64 header length that fits the file (then '{', when a
+     * ninth byte was read). The first 8 bytes of text or of another format read as a huge
+     * number. */
+    if (got >= 8 && (got == 8 || head[8] == '{') && file_size >= 10 && io_load_u64(head) >= 2 &&
+        io_load_u64(head) <= file_size - 8)
+        return "a safetensors file";
+    return NULL;
+}

@@ -37,6 +37,10 @@ clattn_io_status io_open_input(const char *path, FILE **out, uint64_t *size, cha
 int io_seek_to(FILE *file, uint64_t offset);
 clattn_io_status io_read_exact(FILE *file, void *dst, size_t size, const char *what,
                                const char *path, char *msg, size_t msg_size);
+/* What a file's first bytes (got of them; the file is file_size bytes) show it to be, for a
+ * reader refusing it: "a .npy file", "a safetensors file", "a PNG image", "a ZIP archive (numpy's
+ * .npz?)", or NULL when none of these. */
+const char *io_sniff_format(const unsigned char *head, size_t got, uint64_t file_size);
 uint16_t io_load_u16(const unsigned char *bytes);
 uint32_t io_load_u32(const unsigned char *bytes);
 uint64_t io_load_u64(const unsigned char *bytes);

@@ -303,8 +303,13 @@ static clattn_io_status npy_read_preamble(FILE *file, uint64_t file_size, uint32
     static const unsigned char magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
     unsigned char preamble[12];
     size_t got = fread(preamble, 1, 8, file);
-    if (got < sizeof magic || memcmp(preamble, magic, sizeof magic) != 0)
+    if (got < sizeof magic || memcmp(preamble, magic, sizeof magic) != 0) {
+        const char *what = io_sniff_format(preamble, got, file_size);
+        if (what)
+            return io_fail(msg, msg_size, CLATTN_IO_ERR_FORMAT, path, "not a .npy file (it is %s)",
+                           what);
         return io_fail(msg, msg_size, CLATTN_IO_ERR_FORMAT, path, "not a .npy file (bad magic)");
+    }
     if (got < 8)
         return io_fail(msg, msg_size, CLATTN_IO_ERR_FORMAT, path,
                        "file ends inside the header (%zu bytes)", got);

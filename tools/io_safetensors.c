@@ -284,6 +284,25 @@ done:
     return status;
 }
 
+/* Refuses, as "not a safetensors file", a file whose first bytes show another format (a .npy,
+ * a PNG, ...) or whose header length cannot be one (past the end of the file: the first 8
+ * bytes of some other file read as a number). */
+static clattn_io_status st_check_kind(const unsigned char length_bytes[8], uint64_t file_size,
+                                      const char *path, char *msg, size_t msg_size)
+{
+    const char *what = io_sniff_format(length_bytes, 8, file_size);
+    if (what && strcmp(what, "a safetensors file") != 0)
+        return io_fail(msg, msg_size, CLATTN_IO_ERR_FORMAT, path,
+                       "not a safetensors file (it is %s)", what);
+    const uint64_t header_length = io_load_u64(length_bytes);
+    if (header_length > file_size - 8)
+        return io_fail(msg, msg_size, CLATTN_IO_ERR_FORMAT, path,
+                       "not a safetensors file: header length %" PRIu64
+                       " runs past the end of the file (%" PRIu64 " bytes)",
+                       header_length, file_size);
+    return CLATTN_IO_OK;
+}
+
 clattn_io_status clattn_safetensors_open(const char *path, clattn_safetensors **out, char *msg,
                                          size_t msg_size)
 {
@@ -317,14 +336,9 @@ clattn_io_status clattn_safetensors_open(const char *path, clattn_safetensors **
                            msg, msg_size);
     if (status != CLATTN_IO_OK)
         goto done;
-    uint64_t header_length = io_load_u64(length_bytes);
-    if (header_length > file_size - 8) {
-        status =
-            io_fail(msg, msg_size, CLATTN_IO_ERR_FORMAT, path,
-                    "header length %" PRIu64 " runs past the end of the file (%" PRIu64 " bytes)",
-                    header_length, file_size);
+    if ((status = st_check_kind(length_bytes, file_size, path, msg, msg_size)))
         goto done;
-    }
+    uint64_t header_length = io_load_u64(length_bytes);
     if (header_length > ST_MAX_HEADER) {
         status = io_fail(msg, msg_size, CLATTN_IO_ERR_TOO_LARGE, path,
                          "header length %" PRIu64 " exceeds the 100 MiB limit", header_length);
