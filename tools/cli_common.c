@@ -379,7 +379,7 @@ clattn_ctx *cli_context(const char *command, const char *device)
 int cli_context_failure(const char *command, const char *device, clattn_status status,
                         const char *message)
 {
-    /* The exit code follows README's contract: a device spec that is malformed or names an
+    /* The exit code follows docs/cli.md's contract: a device spec that is malformed or names an
      * index that does not exist, a bad CLATTN_TUNING file and an unknown CLATTN_PARAMS are
      * bad input (2), each named as what it is; a device that is absent or fails is 1. */
     const char *spec = device ? device : getenv("CLATTN_DEVICE");
