@@ -26,8 +26,9 @@ from .positions import KVCache, positional_encoding, rotary_embedding
 _TORCH_CLASSES = ("MultiheadAttention", "TorchMultiheadAttention")
 _SUBMODULES = ("autograd", "flash_attn", "transformers", "ops")
 
-__all__ = ["ArgumentError", "Context", "DeviceError", "Error", "KVCache", "MultiheadAttention",
-           "NumpyMultiheadAttention", "TorchMultiheadAttention", "default_context",
+# (not the torch-only names: `from clattn import *` must work without torch)
+__all__ = ["ArgumentError", "Context", "DeviceError", "Error", "KVCache",
+           "NumpyMultiheadAttention", "default_context",
            "dropout_mask", "onnx_attention", "paged_attention", "positional_encoding",
            "quantize", "ring_attention", "rotary_embedding", "scaled_dot_product_attention",
            "SdpaGrads", "sdpa_backward", "sdpa_forward", "varlen_attention"]
@@ -53,4 +54,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
+    return sorted(set(globals()) | set(__all__) | set(_TORCH_CLASSES) | set(_SUBMODULES))
