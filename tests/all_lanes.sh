@@ -63,11 +63,11 @@
 #   python    the Python package (tests/python/run.sh): a venv build/venv-python (numpy, pytest,
 #             hypothesis, ml_dtypes, pyopencl from PyPI), `pip install .` through the in-tree
 #             backend from a read-only copy of the checkout, pytest on tests/python, then
-#             test_torch.py on Debian's python3-torch where installed, then transformers on
-#             clattn with PyPI's torch (tests/python/run_hf.sh, build/venv-python-hf: about
-#             5.3 GB on the first run; CLATTN_PY_HF=0 skips it); then again on a wheel
-#             built with ASan + UBSan (CLATTN_PY_ASAN=1); the same in both tiers (about two
-#             minutes)
+#             the files that use torch on Debian's python3-torch where installed, then
+#             transformers, torch.compile and the docs' torch pages on clattn with PyPI's
+#             torch (tests/python/run_hf.sh, build/venv-python-hf: about 5.3 GB and 87 s on
+#             the first run; CLATTN_PY_HF=0 skips it); then again on a wheel built with ASan
+#             + UBSan (CLATTN_PY_ASAN=1); the same in both tiers (about 4.5 minutes)
 #   mutants   every mutant of tests/mutants/mutants.txt must be killed (tests/mutants/run.sh);
 #             --full only (about 15 minutes: each mutant reruns the suites that should kill it)
 #   resources registers, stack, spills and shared memory of every GPU kernel variant by proxy
