@@ -18,23 +18,15 @@ Needs torch and transformers (a venv: never pip-install them system-wide), e.g.
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import clattn
+from python_overhead import median_us  # bench/: the same timer as the overhead benchmark
 
 
 def median_ms(fn, runs, warmup=1):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return median_us(fn, runs, warmup) / 1e3
 
 
 def row(name, ours, theirs, peer):
