@@ -26,6 +26,22 @@ from clattn.flash_attn import (flash_attn_func, flash_attn_qkvpacked_func,
 TOL = dict(rtol=2e-5, atol=5e-6)
 
 
+
+def band(Lq, Lk, causal, window):
+    """flash-attn's bottom-right band as a bool (Lq, Lk) matrix (True = the key is seen):
+    query i sits at key position i + Lk - Lq; causal keeps keys up to it, window (left,
+    right) keys within left before and right after it (-1 unbounded)."""
+    i, j = np.arange(Lq)[:, None], np.arange(Lk)[None, :]
+    diag = i + Lk - Lq
+    keep = np.ones((Lq, Lk), bool)
+    if causal:
+        keep &= j <= diag
+    if window[0] >= 0:
+        keep &= j >= diag - window[0]
+    if window[1] >= 0:
+        keep &= j <= diag + window[1]
+    return keep
+
 def rand(rng, *shape):
     return rng.uniform(-1, 1, size=shape).astype(np.float32)
 
@@ -48,13 +64,7 @@ def reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=None, s
     if alibi is not None:
         slopes = np.broadcast_to(np.asarray(alibi, np.float64), (B, H))
         s = s - slopes[:, :, None, None] * np.abs(diag - j)
-    keep = np.ones((Lq, Lk), bool)
-    if causal:
-        keep &= j <= diag
-    if window[0] >= 0:
-        keep &= j >= diag - window[0]
-    if window[1] >= 0:
-        keep &= j <= diag + window[1]
+    keep = band(Lq, Lk, causal, window)
     s = np.where(keep, s, -np.inf)
     m = s.max(-1, keepdims=True)
     if sinks is not None:
@@ -354,14 +364,7 @@ def torch_reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=N
     if alibi is not None:
         slopes = torch.as_tensor(np.asarray(alibi), dtype=torch.float64).expand(B, H)
         s = s - slopes[:, :, None, None] * (diag - j).abs()
-    keep = torch.ones(Lq, Lk, dtype=torch.bool)
-    if causal:
-        keep &= j <= diag
-    if window[0] >= 0:
-        keep &= j >= diag - window[0]
-    if window[1] >= 0:
-        keep &= j <= diag + window[1]
-    s = s.masked_fill(~keep, float("-inf"))
+    s = s.masked_fill(~torch.from_numpy(band(Lq, Lk, causal, window)), float("-inf"))
     if sinks is not None:
         s = torch.cat([s, sinks[None, :, None, None].expand(B, H, Lq, 1)], dim=-1)
     w = torch.softmax(s, dim=-1)
