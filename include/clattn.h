@@ -382,6 +382,12 @@ typedef enum clattn_role {
     CLATTN_ROLE_GRAD_V,         /* dV */
     CLATTN_ROLE_GRAD_ATTN_MASK, /* a float attn_mask's gradient */
     CLATTN_ROLE_GRAD_SINKS,     /* the attention sinks' gradient */
+    /* user score functions (clattn_flex_desc), since 0.9: */
+    CLATTN_ROLE_FLEX_AUX0, /* the auxiliary tensors the source reads by name */
+    CLATTN_ROLE_FLEX_AUX1,
+    CLATTN_ROLE_FLEX_AUX2,
+    CLATTN_ROLE_FLEX_AUX3,
+    CLATTN_ROLE_BLOCK_MASK, /* U8 (batch|1, heads|1, query blocks, key blocks) */
     CLATTN_ROLE_COUNT /* the roles this version knows */
 } clattn_role;
 
@@ -505,6 +511,8 @@ typedef union clattn_tensors {
         clattn_tensor cu_seqlens_q, cu_seqlens_k;
         /* the backward's (clattn_sdpa_backward_plan_create): dO, then the gradients it gives */
         clattn_tensor grad_out, grad_q, grad_k, grad_v, grad_attn_mask, grad_sinks;
+        /* user score functions (clattn_flex_desc): auxiliary tensors and the block mask */
+        clattn_tensor flex_aux0, flex_aux1, flex_aux2, flex_aux3, block_mask;
     };
 } clattn_tensors;
 
@@ -532,6 +540,47 @@ typedef enum clattn_scores {
 
 /* Scaled dot-product attention: out = normalise(scale * q kᵀ + masks) v, per (batch, head).
  * Start from clattn_sdpa_desc_init (struct_size and every default), then bind the tensors. */
+/* User score and mask functions (PyTorch's FlexAttention on OpenCL), since 0.9: OpenCL C
+ * source built into the plan's own kernels, forward and backward, fused and unfused. The
+ * source defines any of
+ *     float score_mod(float score, int b, int h, int q_idx, int kv_idx);
+ *     int   mask_mod(int b, int h, int q_idx, int kv_idx);   nonzero: the key is kept
+ *     float score_mod_grad(float score, int b, int h, int q_idx, int kv_idx);
+ * (bool may stand for int) and says which in the flags. score is the scaled, soft-capped
+ * score plus ALiBi's bias (the built-ins come first; a float attn_mask is added after
+ * score_mod); q_idx is the query row within its sequence, kv_idx the key's index (a packed
+ * sequence's or a paged cache's own). mask_mod joins the keep test (band, padding, bool mask);
+ * neither function is called for keys outside the row's band or past its key count.
+ * score_mod_grad is d score_mod / d score, which the backward needs (a backward plan with
+ * score_mod but without it is refused). Auxiliary tensors: aux_names[i] (a C identifier)
+ * names the tensor bound in role CLATTN_ROLE_FLEX_AUX0 + i (F32, I32 or U8, rank 1-4,
+ * contiguous row-major), which the functions read as `__global const float *` (int, uchar)
+ * at flat element indices; they are constants (no gradient), copied into the plan's
+ * workspace at each execution. Helper functions the source defines cannot see them unless
+ * passed. Identical source and names build the same programs once per context.
+ * Block masks (role CLATTN_ROLE_BLOCK_MASK, U8 (batch or 1, heads or 1, ceil(seq_q /
+ * block_q), ceil(seq_k / block_k)), contiguous: 0 empty, 1 partial, 2 full;
+ * clattn_flex_block_mask makes one from a mask_mod): the fused kernels skip every tile whose
+ * blocks are all empty and call mask_mod only on tiles with a partial block. A block mask
+ * must agree with mask_mod (an "empty" block whose keys mask_mod keeps loses them). With
+ * count_tiles 1 the fused kernels count the tiles they visit (clattn_plan_tiles_visited).
+ * A build error returns CLATTN_ERR_BUILD with the compiler's log, the source's lines numbered
+ * as "score_mod.cl:LINE". Not with additive attention, nor with decode's grouped heads
+ * (grouped-query decoding then runs a row per query head). */
+enum { CLATTN_FLEX_AUX_MAX = 4 };
+typedef enum clattn_flex_flags {
+    CLATTN_FLEX_SCORE_MOD = 1,
+    CLATTN_FLEX_MASK_MOD = 2,
+    CLATTN_FLEX_SCORE_MOD_GRAD = 4
+} clattn_flex_flags;
+typedef struct clattn_flex_desc {
+    const char *source;  /* NULL or "": no user functions */
+    unsigned functions;  /* clattn_flex_flags: what the source defines */
+    const char *aux_names[CLATTN_FLEX_AUX_MAX];
+    size_t block_q, block_k; /* the block mask's block sizes (with a block mask) */
+    int count_tiles;
+} clattn_flex_desc;
+
 typedef struct clattn_sdpa_desc {
     size_t struct_size;
     /* The tensors' layouts by role (clattn_role): by_role[r] for r < num_roles; roles past
@@ -597,6 +646,8 @@ typedef struct clattn_sdpa_desc {
      * (cu_seqlens), a paged cache, or quantized k/v. Since 0.8. */
     double dropout_p;
     unsigned long long dropout_seed, dropout_offset;
+    /* User score and mask functions (see clattn_flex_desc). Since 0.9. */
+    clattn_flex_desc flex;
 } clattn_sdpa_desc;
 
 typedef enum clattn_weight_layout {
@@ -708,6 +759,33 @@ CLATTN_API clattn_status clattn_sdpa_backward_plan_create(clattn_ctx *ctx,
  * 2^32 - 1. For checking a device or rebuilding the mask on the host. Since 0.8. */
 CLATTN_API int clattn_dropout_keep(double dropout_p, unsigned long long seed,
                                    unsigned long long stream, size_t row, size_t key);
+
+/* The tiles the fused kernels visited in the plan's last execution with flex.count_tiles
+ * (clattn_flex_desc), read from `workspace` (NULL: the context's) once that execution has
+ * finished (wait for its event first). tile_rows and tile_keys (may be NULL) receive the
+ * kernel's tile: a tile is tile_rows query rows of one (batch, head) against tile_keys keys.
+ * Since 0.9. */
+CLATTN_API clattn_status clattn_plan_tiles_visited(clattn_plan *plan, cl_mem workspace,
+                                                   unsigned long long *tiles, size_t *tile_rows,
+                                                   size_t *tile_keys);
+
+/* A block mask from a mask_mod, on the device (PyTorch's create_block_mask): block (b, h, qb,
+ * kb) of out (U8 (batch, heads, ceil(seq_q / block_q), ceil(seq_k / block_k)), contiguous) is
+ * 0 when mask_mod keeps no (q, k) of it, 2 when it keeps every one (inside seq_q x seq_k),
+ * else 1. flex: its source (CLATTN_FLEX_MASK_MOD), aux_names, and the auxiliary tensors in
+ * aux[0 .. 3] (as clattn_flex_desc's roles); block_q, block_k: the sizes. Enqueued on the
+ * context's queue after `wait`. Since 0.9. */
+typedef struct clattn_block_mask_desc {
+    size_t struct_size;
+    clattn_flex_desc flex;
+    const clattn_tensor *aux; /* CLATTN_FLEX_AUX_MAX tensors; rank 0: absent */
+    size_t batch, heads, seq_q, seq_k;
+    clattn_tensor out;
+} clattn_block_mask_desc;
+CLATTN_API void clattn_block_mask_desc_init(clattn_block_mask_desc *desc);
+CLATTN_API clattn_status clattn_flex_block_mask(clattn_ctx *ctx, const clattn_block_mask_desc *desc,
+                                                cl_uint num_wait, const cl_event *wait,
+                                                cl_event *event);
 
 /* NULL is a no-op. */
 CLATTN_API void clattn_plan_release(clattn_plan *plan);

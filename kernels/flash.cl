@@ -233,6 +233,14 @@ void flash_attention(FLASH_KERNEL_PARAMS)
                                 : key_begin;
 
     for (uint k0 = key_first; k0 < key_end; k0 += BLOCK_K) {
+        /* the block mask's verdict on the tile (score.cl; uniform): empty tiles are skipped */
+        const uint tile_state =
+            FLEX_TILE(b, h, first_row, last_row, k0, min(k0 + BLOCK_K, band.limit));
+        if (tile_state == FLEX_EMPTY)
+            continue;
+        const key_band tile_band = flex_tile_band(band, tile_state);
+        if (lid == 0)
+            FLEX_COUNT_TILE();
         /* Rows with unit stride along head_dim (every packed or (B, L, H*d) layout) skip the
          * multiply; the branch is uniform over the work-group. */
         if (k_s3 == 1 && v_s3 == 1) {
@@ -300,7 +308,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
             for (uint d = 0; d < QK_VECS; ++d)
                 partial = mad(q[d], row_load(d, k_tile[j]), partial);
 #endif
-            s[j] = score_rule(row_sum(partial), softcap, band, safe_row, key, row_key_begin,
+            s[j] = score_rule(row_sum(partial), softcap, tile_band, safe_row, key, row_key_begin,
                               row_key_end, tile_padded[j], has_mask, mask, key * mask_s3);
             tile_max = fmax(tile_max, s[j]);
         }

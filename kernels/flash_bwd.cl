@@ -85,8 +85,11 @@ inline bwd_pair bwd_recompute(const float dot, const float scale, const float so
                               const float mask_value, const float lse, const int norm_relu)
 {
     bwd_pair r = {0.0f, 0.0f, 0.0f};
+    if (!flex_keep(band, row, key)) /* the user's mask_mod (score.cl) */
+        return r;
     const float x = scale * dot;
-    const float s = score_value(x, softcap, band, row, key) + mask_value;
+    const float pre = score_builtin(x, softcap, band, row, key);
+    const float s = flex_score(band, pre, row, key) + mask_value;
     if (s == NEG_INF || lse == NEG_INF)
         return r;
     if (norm_relu) {
@@ -104,7 +107,7 @@ inline bwd_pair bwd_recompute(const float dot, const float scale, const float so
         const float t = tanh(x / softcap);
         cap = 1.0f - t * t;
     }
-    r.dcap = scale * cap;
+    r.dcap = scale * cap * flex_grad(band, pre, row, key); /* chain rule through score_mod */
     return r;
 }
 
@@ -137,6 +140,7 @@ __kernel void bwd_delta(__global const ELEM_T(O_DTYPE) *O, __global const ELEM_T
                         const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    FLEX_FROM_SCRATCH
     const uint row = get_global_id(0);
     const ulong bh = bh_base + get_global_id(1);
     const ulong b = bh / heads, h = bh - b * heads;
@@ -159,9 +163,10 @@ __kernel void bwd_dkdv(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(
                        __global const float *lse_in, __global float *scratch,
                        __global ELEM_T(DK_DTYPE) *DK, __global ELEM_T(DV_DTYPE) *DV,
                        __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
-                       SCORE_BUFFERS, BWD_CU_ARGS, const clattn_flash_bwd_params params)
+                       SCORE_BUFFERS_BASE, BWD_CU_ARGS, const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    FLEX_FROM_SCRATCH
     const uint key = get_global_id(0);
     const ulong bg = bh_base + get_global_id(1);
     const ulong kv_heads = heads / kv_group;
@@ -246,10 +251,11 @@ __kernel void bwd_dq(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_
                      __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
                      __global const float *lse_in, __global float *scratch,
                      __global ELEM_T(DQ_DTYPE) *DQ, __global const ELEM_T(MASK_DTYPE) *mask,
-                     __global const uchar *key_padding, SCORE_BUFFERS, BWD_CU_ARGS,
+                     __global const uchar *key_padding, SCORE_BUFFERS_BASE, BWD_CU_ARGS,
                      const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    FLEX_FROM_SCRATCH
     const uint row = get_global_id(0);
     const ulong bh = bh_base + get_global_id(1);
     const ulong b = bh / heads, h = bh - b * heads, g = h / kv_group;
@@ -346,7 +352,8 @@ inline void bwd_block16(const float16 xs, const float16 dp, const float softcap,
                         const int norm_relu, const float16 drop, float16 *p_out, float16 *dx_out,
                         float16 *ds_out)
 {
-    float16 sv = score_value16(xs, softcap, band, row, key0) + pad;
+    const float16 pre = score_builtin16(xs, softcap, band, row, key0);
+    float16 sv = flex_keep16(band, flex_score16(band, pre, row, key0) + pad, row, key0);
     if (has_mask) {
         float m[16];
         for (uint j = 0; j < 16; ++j)
@@ -371,6 +378,8 @@ inline void bwd_block16(const float16 xs, const float16 dp, const float softcap,
         const float16 t = tanh(xs * (1.0f / softcap));
         dcap = scale * (1.0f - t * t);
     }
+    if (FLEX_SCORE)
+        dcap *= flex_grad16(band, pre, row, key0); /* chain rule through score_mod */
     const float16 ds = select((float16)(0.0f), grad * (dp * drop - delta), keep);
     *p_out = p * drop;
     *ds_out = ds;
@@ -450,9 +459,10 @@ void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
                   __global const float *lse_in, __global float *scratch,
                   __global ELEM_T(DK_DTYPE) *DK, __global ELEM_T(DV_DTYPE) *DV,
                   __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
-                  SCORE_BUFFERS, BWD_CU_ARGS, const clattn_flash_bwd_params params)
+                  SCORE_BUFFERS_BASE, BWD_CU_ARGS, const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    FLEX_FROM_SCRATCH
     /* the block's keys and values transposed (keys in lanes), its dK and dV transposed; its
      * keys as rows too when dQ is summed here (dq_slots) */
     __local float kt[HEAD_DIM_QK][BWD_BK], vt[HEAD_DIM_V][BWD_BK];
@@ -608,10 +618,11 @@ void bwd_dq_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE
                 __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
                 __global const float *lse_in, __global float *scratch,
                 __global ELEM_T(DQ_DTYPE) *DQ, __global const ELEM_T(MASK_DTYPE) *mask,
-                __global const uchar *key_padding, SCORE_BUFFERS, BWD_CU_ARGS,
+                __global const uchar *key_padding, SCORE_BUFFERS_BASE, BWD_CU_ARGS,
                 const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    FLEX_FROM_SCRATCH
     __local float kt[HEAD_DIM_QK][BWD_BK], vt[HEAD_DIM_V][BWD_BK], k_rows[BWD_BK][HEAD_DIM_QK];
     __local float q_all[BWD_BQ][HEAD_DIM_QK], go_all[BWD_BQ][HEAD_DIM_V];
     __local float dq_acc[BWD_BQ][HEAD_DIM_QK];
@@ -807,10 +818,11 @@ __kernel void bwd_sinks(__global const float *scratch, __global const float *lse
  * over the dot (a float mask's gradient). dS = g (dp z - D) with g = p (softmax) or
  * [s > 0] / sum relu = p / s (relu). */
 __kernel void bwd_unfused_rows(__global float *scratch, __global const ELEM_T(MASK_DTYPE) *mask,
-                               __global const uchar *key_padding, SCORE_BUFFERS,
+                               __global const uchar *key_padding, SCORE_BUFFERS_BASE,
                                const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    FLEX_FROM_SCRATCH
     const uint row = get_global_id(0);
     const ulong bh = bh_base + get_global_id(1);
     if (row >= seq_q)
@@ -842,6 +854,8 @@ __kernel void bwd_unfused_rows(__global float *scratch, __global const ELEM_T(MA
             const float t = tanh(x / softcap);
             cap = 1.0f - t * t;
         }
+        if (FLEX_SCORE && pk != 0.0f) /* chain rule through score_mod (kept keys only) */
+            cap *= flex_grad(band, score_builtin(x, softcap, band, row, key), row, key);
         p[key] = pk * z;
         dp[key] = ds * scale * cap;
         raw[key] = ds;

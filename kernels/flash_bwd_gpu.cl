@@ -144,9 +144,10 @@ void bwd_dkdv_gpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
                   __global const float *lse_in, __global float *scratch,
                   __global ELEM_T(DK_DTYPE) *DK, __global ELEM_T(DV_DTYPE) *DV,
                   __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
-                  SCORE_BUFFERS, BWD_CU_ARGS, const clattn_flash_bwd_params params)
+                  SCORE_BUFFERS_BASE, BWD_CU_ARGS, const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    FLEX_FROM_SCRATCH
     __local float4 k_tile4[BG_BK * BG_QK_PAD / 4], v_tile4[BG_BK * BG_V_PAD / 4];
     __local float4 q_tile4[BG_BR * BG_QK_PAD / 4], go_tile4[BG_BR * BG_V_PAD / 4];
     __local float4 p_tile4[BG_BK * BG_BR_PAD / 4], dx_tile4[BG_BK * BG_BR_PAD / 4];
@@ -328,10 +329,11 @@ void bwd_dq_gpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE
                 __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
                 __global const float *lse_in, __global float *scratch,
                 __global ELEM_T(DQ_DTYPE) *DQ, __global const ELEM_T(MASK_DTYPE) *mask,
-                __global const uchar *key_padding, SCORE_BUFFERS, BWD_CU_ARGS,
+                __global const uchar *key_padding, SCORE_BUFFERS_BASE, BWD_CU_ARGS,
                 const clattn_flash_bwd_params params)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    FLEX_FROM_SCRATCH
     __local float4 q_tile4[BG_BK * BG_QK_PAD / 4], go_tile4[BG_BK * BG_V_PAD / 4];
     __local float4 k_tile4[BG_BR * BG_QK_PAD / 4], v_tile4[BG_BR * BG_V_PAD / 4];
     __local float4 dx_tile4[BG_BK * BG_BR_PAD / 4];

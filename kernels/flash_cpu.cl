@@ -420,6 +420,12 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
             const bool diagonal =
                 k0 + FC_KT > band_end(band, row0) || k0 < band_begin(band, block_last);
 #endif
+            /* the block mask's verdict on the block's tile (score.cl): empty ones skipped */
+            const uint tile_state = FLEX_TILE(b, h, row0, min(span.rows, row0 + FC_RB) - 1, k0,
+                                              min(k0 + FC_KT, band.limit));
+            if (tile_state == FLEX_EMPTY)
+                continue;
+            FLEX_COUNT_TILE();
             /* s = (q * scale) . k for FC_RB rows x 64 keys, FC_KV vectors of 16 keys at a
              * time (FC_RB x FC_KV float16 accumulators held in registers over d) */
             float16 s[FC_RB][4];
@@ -487,6 +493,14 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
                         s[r][v] += alibi_bias16(band, row0 + r, k0 + 16 * v);
                 }
             }
+#if FLEX_SCORE
+            /* the user's score_mod (score.cl's SCORE), on the block's rows inside the batch */
+            for (uint r = 0; r < FC_RB && row0 + r < span.rows; ++r) {
+#pragma unroll
+                for (uint v = 0; v < 4; ++v)
+                    s[r][v] = flex_score16(band, s[r][v], row0 + r, k0 + 16 * v);
+            }
+#endif
 
             /* The score rule on the tile (score.cl): only where something can be dropped. */
 #if SCORE_MASK
@@ -559,6 +573,14 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
                                          key >= row_end || key < row_begin);
                     }
                 }
+            }
+#endif
+#if FLEX_MASK
+            /* the user's mask_mod (score.cl's KEEP), but on a tile the block mask calls full */
+            for (uint r = 0; tile_state != FLEX_FULL && r < FC_RB && row0 + r < span.rows; ++r) {
+#pragma unroll
+                for (uint v = 0; v < 4; ++v)
+                    s[r][v] = flex_keep16(band, s[r][v], row0 + r, k0 + 16 * v);
             }
 #endif
 

@@ -244,6 +244,14 @@ void flash_attention(FLASH_KERNEL_PARAMS)
                                 : key_begin;
 
     for (uint k0 = key_first; k0 < key_end; k0 += FG_BK) {
+        /* the block mask's verdict on the tile (score.cl; uniform): empty tiles are skipped */
+        const uint tile_state =
+            FLEX_TILE(b, h, first_row, last_row, k0, min(k0 + FG_BK, band.limit));
+        if (tile_state == FLEX_EMPTY)
+            continue;
+        const key_band tile_band = flex_tile_band(band, tile_state);
+        if (lid == 0)
+            FLEX_COUNT_TILE();
         /* 1. K tile and key padding. */
         for (uint e = lid; e < FG_BK * QK4; e += FG_THREADS) {
             const uint j = e / QK4, d = e - j * QK4;
@@ -285,7 +293,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
             for (uint j = 0; j < FG_RN; ++j) {
                 const uint jj = tx + j * FG_TX, key = k0 + jj;
                 p_tile[r * P_PAD + jj] = score_rule(
-                    s[i][j], cap, band, safe_row, key, row_key_begin, row_key_end,
+                    s[i][j], cap, tile_band, safe_row, key, row_key_begin, row_key_end,
                     use_padding && tile_padded[jj], use_mask, mask,
                     safe_row * mask_s2 + key * mask_s3);
             }

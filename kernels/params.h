@@ -91,7 +91,10 @@
  * and ALiBi slopes per (b, h) with their presence flags; attention sinks per (h, i) (the
  * query head h of a row; i: a row of a decode group's heads, else stride 0) and their flag,
  * which a launch that leaves its row unfinished clears; the key band (see score.cl); dropout's
- * Philox key and stream base, keep threshold and scale (score.cl's SCORE_DROPOUT). The
+ * Philox key and stream base, keep threshold and scale (score.cl's SCORE_DROPOUT); user score
+ * functions (score.cl's FLEX_*): the byte offsets in the flex arena of the auxiliary tensors
+ * (flex_aux0..3), of the block mask (flex_bm; its (b, h, query block) strides in bytes, 1 per
+ * key block) and of the tile counter (flex_count), the block mask's block sizes. The
  * buffers themselves are kernel arguments (mask, key_padding, SCORE_BUFFERS). The host fills
  * it in one place (ops.h: clattn__score_params). */
 #define CLATTN_SCORE_PARAMS(X)                                                                    \
@@ -100,10 +103,12 @@
     X(ulong, key_padding_s1) X(ulong, kv_len_offset) X(ulong, kv_len_s0) X(long, band_diag)       \
     X(long, band_upper) X(long, band_lower) X(ulong, alibi_offset) X(ulong, alibi_s0)             \
     X(ulong, alibi_s1) X(ulong, sinks_offset) X(ulong, sinks_s0) X(ulong, sinks_s1)               \
-    X(ulong, dropout_seed) X(ulong, dropout_offset) X(int, has_mask) X(int, has_key_padding) X(int, has_kv_len) X(int, band_diag_kv)              \
+    X(ulong, dropout_seed) X(ulong, dropout_offset) X(ulong, flex_aux0) X(ulong, flex_aux1)      \
+    X(ulong, flex_aux2) X(ulong, flex_aux3) X(ulong, flex_bm) X(ulong, flex_bm_s0)                \
+    X(ulong, flex_bm_s1) X(ulong, flex_bm_s2) X(ulong, flex_count) X(int, has_mask) X(int, has_key_padding) X(int, has_kv_len) X(int, band_diag_kv)              \
     X(int, has_alibi) X(uint, heads) X(uint, seq_q) X(uint, seq_k) X(float, scale)                \
     X(float, softcap) X(int, norm_relu) X(int, has_sinks) X(uint, dropout_threshold)             \
-    X(float, dropout_scale)
+    X(float, dropout_scale) X(uint, flex_bq) X(uint, flex_bk)
 CLATTN_PARAMS_STRUCT(score, CLATTN_SCORE_PARAMS)
 
 /* ---- fused attention (flash.cl, flash_cpu.cl, flash_gpu.cl) --------------------------------
@@ -257,6 +262,15 @@ CLATTN_PARAMS_STRUCT(append, CLATTN_APPEND_PARAMS)
     X(uint, kv_group) X(uint, part_begin) X(uint, part_stop) X(uint, part) X(int, to_scratch)     \
     X(int, has_dmask) X(uint, dq_slots) X(uint, bwd_pad_) X(uint, total_q) X(uint, total_k)
 CLATTN_SCORED_PARAMS_STRUCT(flash_bwd, CLATTN_FLASH_BWD_PARAMS)
+
+/* ---- block masks from a mask_mod (flex.cl: flex_block_mask) ------------------------------
+ * out: the mask's first byte in its buffer; aux0..3: the auxiliary tensors' byte offsets in
+ * the arena; the problem's sizes, the block sizes and the blocks per row and column. */
+#define CLATTN_BLOCK_MASK_PARAMS(X)                                                               \
+    X(ulong, out_offset) X(ulong, aux0) X(ulong, aux1) X(ulong, aux2) X(ulong, aux3)             \
+    X(uint, batch) X(uint, heads) X(uint, seq_q) X(uint, seq_k) X(uint, block_q)                 \
+    X(uint, block_k) X(uint, q_blocks) X(uint, k_blocks)
+CLATTN_PARAMS_STRUCT(block_mask, CLATTN_BLOCK_MASK_PARAMS)
 
 /* ---- attention backward's reductions (flash_bwd.cl: bwd_sum_parts, bwd_mask_reduce,
  * bwd_sinks) ---------------------------------------------------------------------------------

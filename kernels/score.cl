@@ -52,7 +52,39 @@
 #define MASK_DTYPE 0 /* dtype code of the attention mask (F32 when there is none) */
 #endif
 
-/* A row's key band (see above) without its row: per batch; and the head's ALiBi slope. */
+/* ---- user score functions (FlexAttention's score_mod / mask_mod; host/ops/flex.c) ---------
+ * FLEX_SCORE: the program holds the user's `float score_mod(float score, int b, int h,
+ * int q_idx, int kv_idx)`, applied to every kept key's score after the built-in value
+ * modifiers (soft-capping, ALiBi) and before a float mask's term; FLEX_GRAD: also its
+ * derivative by the score, `score_mod_grad` (the backward's chain rule). FLEX_MASK: the user's
+ * `mask_mod(int b, int h, int q_idx, int kv_idx)`, nonzero where the key is kept, joins the
+ * keep test (band, padding, bool mask). q_idx is the row within its sequence, kv_idx the key's
+ * logical index (a paged cache's or a packed sequence's own). The host puts the user's source,
+ * after a prelude of its own, ahead of this file (flex_user_score_mod & co.: the user's functions
+ * with the auxiliary tensors as extra pointer parameters, FLEX_AUX_FROM(arena, offsets) the
+ * arguments that pass them from the flex arena). FLEX_BLOCKS: a block mask in the arena (per
+ * (b, h, query block, key block): 0 empty, 1 partial, 2 full; blocks of flex_bq x flex_bk)
+ * lets the fused kernels skip empty tiles and call mask_mod on partial ones only; FLEX_COUNT:
+ * they count the tiles they visit (a uint at flex_count in the arena). */
+#ifndef FLEX_SCORE
+#define FLEX_SCORE 0
+#endif
+#ifndef FLEX_MASK
+#define FLEX_MASK 0
+#endif
+#ifndef FLEX_GRAD
+#define FLEX_GRAD 0
+#endif
+#ifndef FLEX_BLOCKS
+#define FLEX_BLOCKS 0
+#endif
+#ifndef FLEX_COUNT
+#define FLEX_COUNT 0
+#endif
+#define FLEX_USER (FLEX_SCORE || FLEX_MASK)
+
+/* The row's open: what every score and keep test of one (batch, head) reads. Its key band
+ * (see above), the head's ALiBi slope, and for user functions the batch, head and arena. */
 typedef struct key_band {
     uint limit;  /* keys at and past it are dropped */
     long diag;   /* row i sits at key position i + diag */
@@ -60,17 +92,29 @@ typedef struct key_band {
     long lower;  /* j >= i + diag - lower; < 0: no bound */
     float slope; /* ALiBi: the head's slope; 0: none */
     long apos;   /* ALiBi: row i sits at key position i + apos (n_b - seq_q) */
+#if FLEX_USER
+    int b, h;                     /* the user functions' batch and head */
+    __global const uchar *arena;  /* the flex arena: the auxiliary tensors */
+    ulong4 aux;                   /* their byte offsets in it */
+    int mask_on;                  /* 0 on a tile the block mask calls full: no mask_mod */
+#endif
 } key_band;
 
-/* The buffers of the key counts and ALiBi slopes: kernel arguments of every kernel that applies
- * the rule (their offsets, strides and flags are in the family's parameter struct). */
-#define SCORE_BUFFERS                                                                             \
+/* The buffers of the key counts, ALiBi slopes, sinks and the flex arena: kernel arguments of
+ * every kernel that applies the rule (their offsets, strides and flags are in the family's
+ * parameter struct). */
+#define SCORE_BUFFERS_BASE                                                                        \
     __global const int *kv_len, __global const float *alibi, __global const float *sinks
+#define SCORE_BUFFERS SCORE_BUFFERS_BASE, __global uchar *flex
+/* The backward's kernels take SCORE_BUFFERS_BASE: their scratch is the plan's workspace,
+ * which holds the arena (FLEX_FROM_SCRATCH declares `flex` from it). */
+#define FLEX_FROM_SCRATCH __global uchar *flex = (__global uchar *)scratch;
 /* The band of batch b and the slope of head h. */
 #define BAND_OF(b, h)                                                                             \
-    make_band(kv_len, kv_len_offset + (b) * kv_len_s0, has_kv_len, seq_k, band_diag,              \
-              band_diag_kv, band_upper, band_lower, alibi,                                        \
-              alibi_offset + (b) * alibi_s0 + (h) * alibi_s1, has_alibi, seq_q)
+    flex_band(make_band(kv_len, kv_len_offset + (b) * kv_len_s0, has_kv_len, seq_k, band_diag,    \
+                        band_diag_kv, band_upper, band_lower, alibi,                              \
+                        alibi_offset + (b) * alibi_s0 + (h) * alibi_s1, has_alibi, seq_q),        \
+              (b), (h), flex, (ulong4)(flex_aux0, flex_aux1, flex_aux2, flex_aux3))
 
 inline key_band make_band(__global const int *kv_len, const ulong index, const int has_kv_len,
                           const uint seq_k, const long diag, const int diag_kv, const long upper,
@@ -87,6 +131,125 @@ inline key_band make_band(__global const int *kv_len, const ulong index, const i
     band.apos = (long)band.limit - (long)seq_q;
     return band;
 }
+
+/* The user functions' batch, head and arena on a band (nothing without FLEX_USER). */
+inline key_band flex_band(key_band band, const ulong b, const ulong h, __global uchar *arena,
+                          const ulong4 aux)
+{
+#if FLEX_USER
+    band.b = (int)b;
+    band.h = (int)h;
+    band.arena = arena;
+    band.aux = aux;
+    band.mask_on = 1;
+#endif
+    return band;
+}
+
+/* The band for one tile of the block mask's verdict `state` (FLEX_TILE): mask_mod off on a
+ * full tile. */
+inline key_band flex_tile_band(key_band band, const uint state)
+{
+#if FLEX_USER
+    band.mask_on = state != 2u;
+#endif
+    return band;
+}
+
+/* SCORE's user step: score_mod on a kept key's score (identity without FLEX_SCORE). */
+inline float flex_score(const key_band band, const float s, const uint row, const uint key)
+{
+#if FLEX_SCORE
+    return flex_user_score_mod(s, band.b, band.h, (int)row, (int)key
+                               FLEX_AUX_FROM(band.arena, band.aux));
+#else
+    return s;
+#endif
+}
+
+/* score_mod's derivative by its score at s (1 without FLEX_SCORE). */
+inline float flex_grad(const key_band band, const float s, const uint row, const uint key)
+{
+#if FLEX_SCORE && FLEX_GRAD
+    return flex_user_score_mod_grad(s, band.b, band.h, (int)row, (int)key
+                                    FLEX_AUX_FROM(band.arena, band.aux));
+#else
+    return 1.0f;
+#endif
+}
+
+/* KEEP's user step: whether mask_mod keeps the key (true without FLEX_MASK). */
+inline bool flex_keep(const key_band band, const uint row, const uint key)
+{
+#if FLEX_MASK
+    return !band.mask_on || flex_user_mask_mod(band.b, band.h, (int)row, (int)key
+                                               FLEX_AUX_FROM(band.arena, band.aux)) != 0;
+#else
+    return true;
+#endif
+}
+
+/* score_mod on 16 keys key0 .. key0 + 15 of one row, a lane at a time. */
+inline float16 flex_score16(const key_band band, float16 s, const uint row, const uint key0)
+{
+#if FLEX_SCORE
+    float lanes[16];
+    vstore16(s, 0, lanes);
+    for (uint j = 0; j < 16 && key0 + j < band.limit; ++j) /* (keys past it: never kept) */
+        lanes[j] = flex_score(band, lanes[j], row, key0 + j);
+    s = vload16(0, lanes);
+#endif
+    return s;
+}
+
+/* -inf where mask_mod drops one of the 16 keys key0 .. key0 + 15 of one row. */
+inline float16 flex_keep16(const key_band band, float16 s, const uint row, const uint key0)
+{
+#if FLEX_MASK
+    float lanes[16];
+    vstore16(s, 0, lanes);
+    for (uint j = 0; j < 16; ++j)
+        lanes[j] = key0 + j < band.limit && flex_keep(band, row, key0 + j) ? lanes[j] : NEG_INF;
+    s = vload16(0, lanes);
+#endif
+    return s;
+}
+
+/* The block mask's verdict on a tile of rows row0 .. row1 and keys key0 .. key1 - 1 of
+ * (b, h) (FLEX_BLOCKS; the kernel's locals flex, flex_bm* and its block sizes): 0 when every
+ * block it touches is empty (the tile is skipped), 2 when every one is full (mask_mod is not
+ * called), else 1. Without a block mask: 1 (mask_mod on every score). */
+#define FLEX_EMPTY 0u
+#define FLEX_PARTIAL 1u
+#define FLEX_FULL 2u
+inline uint flex_tile(__global const uchar *arena, const ulong at, const ulong s0,
+                      const ulong s1, const ulong s2, const uint bq, const uint bk, const ulong b,
+                      const ulong h, const uint row0, const uint row1, const uint key0,
+                      const uint key1)
+{
+    bool any = false, all_full = true;
+    const __global uchar *blocks = arena + at + b * s0 + h * s1;
+    for (uint qb = row0 / bq; qb <= row1 / bq; ++qb)
+        for (uint kb = key0 / bk; kb <= (key1 - 1) / bk; ++kb) {
+            const uchar state = blocks[qb * s2 + kb];
+            any = any || state != FLEX_EMPTY;
+            all_full = all_full && state == FLEX_FULL;
+        }
+    return !any ? FLEX_EMPTY : all_full ? FLEX_FULL : FLEX_PARTIAL;
+}
+#if FLEX_BLOCKS
+#define FLEX_TILE(b, h, row0, row1, key0, key1)                                                   \
+    flex_tile(flex, flex_bm, flex_bm_s0, flex_bm_s1, flex_bm_s2, flex_bq, flex_bk, (b), (h),      \
+              (row0), (row1), (key0), (key1))
+#else
+#define FLEX_TILE(b, h, row0, row1, key0, key1) FLEX_PARTIAL
+#endif
+/* One more tile visited (FLEX_COUNT). */
+#if FLEX_COUNT
+#define FLEX_COUNT_TILE() atomic_inc((volatile __global uint *)(flex + flex_count))
+#else
+#define FLEX_COUNT_TILE() ((void)0)
+#endif
 
 /* ALiBi's bias of key `key` in row `row`: -slope * |row + apos - key| (0 without slopes). The
  * distance is exact in float up to 2^24. The float16 form for 16 keys key0 .. key0 + 15. */
@@ -289,19 +452,27 @@ inline float masked_score(const float scaled_dot, const uint key, const uint key
 
 /* ---- the rule, composed in one place: every kernel computes its scores through these ----
  * score_value: a kept key's value before the mask term: the scaled dot product soft-capped,
- * then ALiBi's bias (the float16 form: 16 keys key0 .. key0 + 15 of one row, uniform branches).
+ * then ALiBi's bias (score_builtin), then the user's score_mod (the float16 form: 16 keys
+ * key0 .. key0 + 15 of one row, uniform branches).
  * score_rule: one key's score: -inf where key_masked, else score_value plus the mask term.
  * The order (scale, cap, ALiBi, mask, band and padding, then normalisation) is written here
  * and nowhere else; a new modifier of the value goes into score_value(16), a new way to drop
  * keys into key_masked. */
-inline float score_value(const float scaled_dot, const float softcap, const key_band band,
-                         const uint row, const uint key)
+inline float score_builtin(const float scaled_dot, const float softcap, const key_band band,
+                           const uint row, const uint key)
 {
     return soft_cap(scaled_dot, softcap) + alibi_bias(band, row, key);
 }
 
-inline float16 score_value16(float16 scaled_dot, const float softcap, const key_band band,
-                             const uint row, const uint key0)
+inline float score_value(const float scaled_dot, const float softcap, const key_band band,
+                         const uint row, const uint key)
+{
+    return flex_score(band, score_builtin(scaled_dot, softcap, band, row, key), row, key);
+}
+
+/* score_builtin on 16 keys: the built-in value modifiers before the user's score_mod. */
+inline float16 score_builtin16(float16 scaled_dot, const float softcap, const key_band band,
+                               const uint row, const uint key0)
 {
     if (softcap > 0.0f)
         scaled_dot = soft_cap16(scaled_dot, softcap);
@@ -310,13 +481,36 @@ inline float16 score_value16(float16 scaled_dot, const float softcap, const key_
     return scaled_dot;
 }
 
+inline float16 score_value16(const float16 scaled_dot, const float softcap, const key_band band,
+                             const uint row, const uint key0)
+{
+    return flex_score16(band, score_builtin16(scaled_dot, softcap, band, row, key0), row, key0);
+}
+
+/* score_mod's derivative on 16 keys (1 without FLEX_GRAD); pre: score_builtin16's values. */
+inline float16 flex_grad16(const key_band band, const float16 pre, const uint row,
+                           const uint key0)
+{
+#if FLEX_SCORE && FLEX_GRAD
+    float lanes[16];
+    vstore16(pre, 0, lanes);
+    for (uint j = 0; j < 16; ++j)
+        lanes[j] = key0 + j < band.limit ? flex_grad(band, lanes[j], row, key0 + j) : 0.0f;
+    return vload16(0, lanes);
+#else
+    return (float16)(1.0f);
+#endif
+}
+
 inline float score_rule(const float scaled_dot, const float softcap, const key_band band,
                         const uint row, const uint key, const uint key_begin, const uint key_end,
                         const bool padded, const int has_mask,
                         __global const ELEM_T(MASK_DTYPE) *mask, const ulong mask_index)
 {
-    return masked_score(score_value(scaled_dot, softcap, band, row, key), key, key_begin, key_end,
-                        padded, has_mask, mask, mask_index);
+    /* the keep test first: the user's functions see only keys inside the row's band */
+    if (key_masked(key, key_begin, key_end, padded) || !flex_keep(band, row, key))
+        return NEG_INF;
+    return add_mask(score_value(scaled_dot, softcap, band, row, key), has_mask, mask, mask_index);
 }
 
 /* Attention sinks: the sink logit of row i of head h (SINK_OF(h, i); the rows of a decode

@@ -63,7 +63,8 @@ inline float row_score(__global const float *raw, const uint c, const float scal
                        __global const uchar *key_padding, const ulong key_padding_s1)
 {
     if (key_masked(c, key_begin, key_end,
-                   key_padded(has_key_padding, key_padding, c * key_padding_s1)))
+                   key_padded(has_key_padding, key_padding, c * key_padding_s1)) ||
+        !flex_keep(band, row, c))
         return NEG_INF;
     return add_mask(score_value(scale * raw[c], softcap, band, row, c), has_mask, mask,
                     c * mask_s3);
@@ -158,6 +159,7 @@ inline float16 row_scores16(__global const float *raw, const uint c, const float
         }
         s = select(s, (float16)(NEG_INF), convert_int16(padding) != 0);
     }
+    s = flex_keep16(band, s, row, c); /* the user's mask_mod (score.cl) */
     return s;
 }
 

@@ -39,7 +39,20 @@ int main(void)
     FIELD(clattn_sdpa_desc, diag_offset);
     FIELD(clattn_sdpa_desc, max_seqlen_q), FIELD(clattn_sdpa_desc, max_seqlen_k);
     FIELD(clattn_sdpa_desc, dropout_p), FIELD(clattn_sdpa_desc, dropout_seed);
-    FIELD(clattn_sdpa_desc, dropout_offset);
+    FIELD(clattn_sdpa_desc, dropout_offset), FIELD(clattn_sdpa_desc, flex);
+    END();
+
+    BEGIN(clattn_flex_desc, "FlexDesc");
+    FIELD(clattn_flex_desc, source), FIELD(clattn_flex_desc, functions);
+    FIELD(clattn_flex_desc, aux_names), FIELD(clattn_flex_desc, block_q);
+    FIELD(clattn_flex_desc, block_k), FIELD(clattn_flex_desc, count_tiles);
+    END();
+
+    BEGIN(clattn_block_mask_desc, "BlockMaskDesc");
+    FIELD(clattn_block_mask_desc, struct_size), FIELD(clattn_block_mask_desc, flex);
+    FIELD(clattn_block_mask_desc, aux), FIELD(clattn_block_mask_desc, batch);
+    FIELD(clattn_block_mask_desc, heads), FIELD(clattn_block_mask_desc, seq_q);
+    FIELD(clattn_block_mask_desc, seq_k), FIELD(clattn_block_mask_desc, out);
     END();
 
     BEGIN(clattn_mha_desc, "MhaDesc");

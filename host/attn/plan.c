@@ -79,7 +79,9 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, con
                             (!backward && (role == R_OUT || role == R_WEIGHTS || role == R_LSE ||
                                            role == R_PRESENT_K || role == R_PRESENT_V ||
                                            role == R_SCORES));
-        const unsigned dtypes = role == R_KPM                          ? CLATTN__U8
+        const unsigned dtypes = role == R_KPM || role == R_BLOCK_MASK   ? CLATTN__U8
+                                : role >= R_FLEX_AUX0 && role <= R_FLEX_AUX3
+                                    ? CLATTN__F32 | CLATTN__I32 | CLATTN__U8
                                 : role == R_KVLEN || role == R_POS_IDS || role == R_BLOCK_TABLE ||
                                         role == R_CU_Q || role == R_CU_K
                                     ? CLATTN__I32

@@ -51,7 +51,12 @@
     X(R_GRAD_V, grad_v, CLATTN_ROLE_GRAD_V, "grad_v", "grad_v", "grad_v")                          \
     X(R_GRAD_MASK, grad_attn_mask, CLATTN_ROLE_GRAD_ATTN_MASK, "grad_attn_mask",                   \
       "grad_attn_mask", "grad_attn_mask")                                                          \
-    X(R_GRAD_SINKS, grad_sinks, CLATTN_ROLE_GRAD_SINKS, "grad_sinks", "grad_sinks", "grad_sinks")
+    X(R_GRAD_SINKS, grad_sinks, CLATTN_ROLE_GRAD_SINKS, "grad_sinks", "grad_sinks", "grad_sinks") \
+    X(R_FLEX_AUX0, flex_aux0, CLATTN_ROLE_FLEX_AUX0, "flex_aux0", "flex_aux0", "flex_aux0")        \
+    X(R_FLEX_AUX1, flex_aux1, CLATTN_ROLE_FLEX_AUX1, "flex_aux1", "flex_aux1", "flex_aux1")        \
+    X(R_FLEX_AUX2, flex_aux2, CLATTN_ROLE_FLEX_AUX2, "flex_aux2", "flex_aux2", "flex_aux2")        \
+    X(R_FLEX_AUX3, flex_aux3, CLATTN_ROLE_FLEX_AUX3, "flex_aux3", "flex_aux3", "flex_aux3")        \
+    X(R_BLOCK_MASK, block_mask, CLATTN_ROLE_BLOCK_MASK, "block_mask", "block_mask", "block_mask")
 
 typedef enum clattn__role {
 #define CLATTN__ROLE_ENUM(role, field, pub, sdpa, mha, x) role = pub,
@@ -64,6 +69,10 @@ const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role rol
 
 /* A set of roles: bit (1 << role) per role. */
 #define CLATTN__ROLE(r) ((uint64_t)1 << (r))
+/* The user score functions' roles (clattn_flex_desc). */
+#define CLATTN__FLEX_ROLES                                                                         \
+    (CLATTN__ROLE(R_FLEX_AUX0) | CLATTN__ROLE(R_FLEX_AUX1) | CLATTN__ROLE(R_FLEX_AUX2) |          \
+     CLATTN__ROLE(R_FLEX_AUX3) | CLATTN__ROLE(R_BLOCK_MASK))
 _Static_assert(R_COUNT <= 64, "a role set is a 64-bit mask");
 
 /* Attention over (batch, heads, seq, head_dim) views: the steps both plans share. */
@@ -269,6 +278,16 @@ struct clattn_plan {
     bool varlen;
     clattn__layout varlen_layouts[R_COUNT];
     size_t varlen_total_q, varlen_total_k;
+    /* User score functions (flex.c): the arena in the workspace (float offset arena_at,
+     * bytes) and where each auxiliary tensor, the block mask and the counter sit in it */
+    struct {
+        bool on, blocks, count;
+        size_t arena_at, arena_bytes;
+        size_t aux_at[CLATTN_FLEX_AUX_MAX], aux_bytes[CLATTN_FLEX_AUX_MAX];
+        size_t blocks_at, blocks_bytes, count_at;
+        size_t block_q, block_k, bm_s0, bm_s1, bm_s2;
+        size_t tile_rows, tile_keys; /* the fused kernel's tile (clattn_plan_tiles_visited) */
+    } flex;
     char info[512];      /* clattn_plan_info */
     size_t workspace_floats;
 };
@@ -308,6 +327,21 @@ clattn_status clattn__plan_sinks(clattn_plan *plan, clattn__score_shape *score);
  * refuses it with packed sequences, a paged cache or quantized k/v (the plan's layouts). */
 clattn_status clattn__plan_dropout(clattn_plan *plan, double p, unsigned long long seed,
                                    unsigned long long offset, clattn__score_shape *score);
+/* User score functions (flex.c): validates desc->flex against the plan's layouts (aux
+ * roles, block mask for (batch, heads, seq_q, seq_k)), registers the source with its prelude,
+ * sets score's flex fields and sizes the arena. Nothing without a source (a flex role bound
+ * then fails). backward: refuses score_mod without its gradient. */
+clattn_status clattn__plan_flex(clattn_plan *plan, const clattn_flex_desc *flex, size_t batch,
+                                size_t heads, size_t seq_q, size_t seq_k, bool backward,
+                                clattn__score_shape *score);
+/* Reserves the arena at the end of the plan's workspace (plan->workspace_floats): called
+ * once the other steps have reserved theirs. */
+void clattn__flex_reserve(clattn_plan *plan);
+/* At execution: copies the auxiliary tensors and block mask into the arena, zeroes the
+ * counter (on the chain), and points masks->flex at it. Nothing without flex. */
+clattn_status clattn__flex_stage(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                 cl_mem workspace, clattn_chain *chain,
+                                 clattn__score_masks *masks);
 /* Validates the score rule's settings and resolves scale (NAN: 1/sqrt(head_dim_qk)). */
 clattn_status clattn__plan_score(clattn_plan *plan, float scale, clattn_norm norm,
                                  size_t head_dim_qk, clattn__score_shape *score);

@@ -283,6 +283,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
         (status = clattn__plan_sinks(plan, &score)) ||
         (status = clattn__plan_dropout(plan, desc->dropout_p, desc->dropout_seed,
                                        desc->dropout_offset, &score)) ||
+        (status = clattn__plan_flex(plan, &desc->flex, batch, heads, seq_q, total_k, false,
+                                    &score)) ||
         (status = clattn__plan_band(
              plan, desc->causal, desc->window_align, desc->window_left, desc->window_right,
              cache->has_past ? (long long)cache->past_len : -1, desc->diag_offset, &score)))
@@ -320,7 +322,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
     }
     plan->decode_group = 1;
     if (fused_likely && seq_q == 1 && !plan->varlen && score.kv_group > 1 &&
-        score.band_lower < 0 && ends_at_count && !score.has_alibi && !score.dropout) {
+        score.band_lower < 0 && ends_at_count && !score.has_alibi && !score.dropout &&
+        !score.flex_id) {
         plan->decode_group = score.kv_group;
         score.heads = kv_heads;
         score.seq_q = score.kv_group;
@@ -364,6 +367,17 @@ static clattn_status create(clattn_plan *plan, const void *any)
                                       "needs stride 1 there (the fused path takes any)",
                                       op, names[i], l[roles[i]].strides[3]);
     }
+    if (status == CLATTN_SUCCESS && plan->flex.blocks && !plan->attention.fused)
+        status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                              "%s: a block_mask runs on the fused path only (the unfused path "
+                              "calls mask_mod on every score: drop the block mask there)",
+                              op);
+    if (status == CLATTN_SUCCESS && plan->flex.count && !plan->attention.fused)
+        status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                              "%s: flex.count_tiles counts the fused kernels' tiles: not on the "
+                              "unfused path",
+                              op);
+    clattn__flex_reserve(plan);
     if (status == CLATTN_SUCCESS)
         status = clattn__plan_finish(plan, rope->on ? "the rotated q and k, and the scores"
                                                     : "the scores (batch, heads, seq_q, seq_k)");
@@ -467,6 +481,12 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
         v = present_v;
     }
     clattn__score_masks masks = clattn__bound_masks(plan, mems, offsets); /* (and cu_seqlens) */
+    {
+        const clattn_status status = clattn__flex_stage(plan, mems, offsets, workspace, chain,
+                                                        &masks);
+        if (status != CLATTN_SUCCESS)
+            return status;
+    }
     if (plan->attention.score.kv_paged) {
         /* the pools (pages, slot, head, d) as (batch, head, key, d) views with batch stride 0
          * and the slot stride per key; the page strides apart (score.cl's paged keys) */
@@ -522,7 +542,7 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
      CLATTN__ROLE(R_KVLEN) | CLATTN__ROLE(R_PAST_K) | CLATTN__ROLE(R_PAST_V) |                     \
      CLATTN__ROLE(R_PRESENT_K) | CLATTN__ROLE(R_PRESENT_V) | CLATTN__ROLE(R_SCORES) |              \
      CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS) | CLATTN__ROLE(R_BLOCK_TABLE) |                \
-     CLATTN__ROLE(R_CU_Q) | CLATTN__ROLE(R_CU_K))
+     CLATTN__ROLE(R_CU_Q) | CLATTN__ROLE(R_CU_K) | CLATTN__FLEX_ROLES)
 
 CLATTN__PLAN_KIND(sdpa, CLATTN__SDPA, clattn_sdpa_desc, create, sdpa_execute,
                   clattn_sdpa_plan_create, "sdpa", clattn__sdpa_role_names, SDPA_ROLES)

@@ -116,6 +116,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
         (status = clattn__plan_alibi(plan, score)) || (status = clattn__plan_sinks(plan, score)) ||
         (status = clattn__plan_dropout(plan, desc->dropout_p, desc->dropout_seed,
                                        desc->dropout_offset, score)) ||
+        (status = clattn__plan_flex(plan, &desc->flex, batch, heads, seq_q, seq_k, true,
+                                    score)) ||
         (status = clattn__plan_band(plan, desc->causal, desc->window_align, desc->window_left,
                                     desc->window_right, -1, desc->diag_offset, score)))
         return status;
@@ -166,6 +168,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
                  score->dropout ? ", dropout" : "",
                  shape.want_dmask ? ", the mask's gradient" : "",
                  shape.want_dsinks ? ", the sinks' gradient" : "");
+        clattn__flex_reserve(plan);
         return clattn__plan_finish(plan, "three (batch, heads, seq_q, seq_k) score matrices");
     }
     shape.head_dim_qk = dk;
@@ -183,6 +186,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
     plan->attention.score = *score;
     plan->attention.fused = true;
     plan->workspace_floats = plan->backward.scratch_floats;
+    clattn__flex_reserve(plan);
     const clattn__flash_bwd_plan *bwd = &plan->backward;
     char cpu_geometry[160] = "dK/dV per key, dQ per row";
     if (bwd->cpu)
@@ -231,6 +235,10 @@ static clattn_status backward_execute(clattn_plan *plan, const cl_mem *mems, con
         io.dmask.offset = offsets[R_GRAD_MASK];
     }
     io.masks = clattn__bound_masks(plan, mems, offsets);
+    const clattn_status status =
+        clattn__flex_stage(plan, mems, offsets, workspace, chain, &io.masks);
+    if (status != CLATTN_SUCCESS)
+        return status;
     if (plan->unfused_bwd.on)
         return clattn__unfused_bwd_enqueue(plan, &io, workspace, chain);
     const clattn__scratch scratch = {workspace, 0};
@@ -287,7 +295,7 @@ static clattn_status create_any(clattn_plan *plan, const void *any)
      CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS) | CLATTN__ROLE(R_GRAD_OUT) |                    \
      CLATTN__ROLE(R_GRAD_Q) | CLATTN__ROLE(R_GRAD_K) | CLATTN__ROLE(R_GRAD_V) |                    \
      CLATTN__ROLE(R_GRAD_MASK) | CLATTN__ROLE(R_GRAD_SINKS) | CLATTN__ROLE(R_CU_Q) |              \
-     CLATTN__ROLE(R_CU_K))
+     CLATTN__ROLE(R_CU_K) | CLATTN__FLEX_ROLES)
 
 CLATTN__PLAN_KIND(sdpa_backward, CLATTN__SDPA_BACKWARD, clattn_sdpa_desc, create_any,
                   backward_execute, clattn_sdpa_backward_plan_create, "sdpa_backward",

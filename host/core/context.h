@@ -22,6 +22,7 @@ typedef enum clattn_source {
     CLATTN_SRC_ADDITIVE,
     CLATTN_SRC_FLASH_BWD,
     CLATTN_SRC_FLASH_BWD_GPU,
+    CLATTN_SRC_FLEX,
     CLATTN_SRC_COUNT
 } clattn_source;
 
@@ -85,7 +86,7 @@ enum { CLATTN_TUNING_RECORDS = 16 };
 typedef struct clattn_variant {
     clattn_source source;
     char name[32];
-    char options[256];
+    char options[512];
     cl_program program;
     cl_kernel kernel;
 } clattn_variant;
@@ -117,6 +118,12 @@ struct clattn_ctx {
         cl_event event;
     } *trace;
     size_t trace_count, trace_dropped;
+    /* User score functions' sources (host/ops/flex.c): interned, so that the same source
+     * gets the same id (score.cl's FLEX_SRC = index + 1) and its programs are built once;
+     * builds_user counts the programs built with one of them (tests). */
+    char **flex_sources;
+    size_t num_flex_sources;
+    size_t builds_user;
 };
 
 

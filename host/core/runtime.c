@@ -370,6 +370,9 @@ void clattn_ctx_release(clattn_ctx *ctx)
         clReleaseProgram(ctx->variants[i].program);
     }
     free(ctx->variants);
+    for (size_t i = 0; i < ctx->num_flex_sources; ++i)
+        free(ctx->flex_sources[i]);
+    free(ctx->flex_sources);
     for (int i = 0; i < CLATTN_WS_COUNT; ++i)
         if (ctx->workspace[i])
             clReleaseMemObject(ctx->workspace[i]);
@@ -444,6 +447,7 @@ static const source_entry sources[CLATTN_SRC_COUNT] = {
     /* the GPU backward shares flash_bwd.cl's definitions (bwd_recompute, ROW_INDEX, ...) */
     [CLATTN_SRC_FLASH_BWD_GPU] = {"flash_bwd_gpu.cl", clattn_kernel_flash_bwd_gpu, "flash_bwd.cl",
                                   clattn_kernel_flash_bwd},
+    [CLATTN_SRC_FLEX] = {"flex.cl", clattn_kernel_flex},
 };
 
 /* Reads dir/file into a malloc'd string; NULL on failure. */
@@ -481,15 +485,22 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
     /* common.cl, types.cl (dtype loads and stores), params.h (the kernel families' parameter
      * structs, shared with the host) and score.cl (the score rule) precede every kernel
      * source. */
-    enum { PRELUDE = 4, TEXTS = PRELUDE + 2 };
+    enum { PRELUDE = 4, TEXTS = PRELUDE + 3 };
     static const char *const prelude_files[PRELUDE] = {"common.cl", "types.cl", "params.h",
                                                        "score.cl"};
+    /* A user's score functions (-DFLEX_SRC=n: the context's source n - 1, host/ops/flex.c)
+     * go between params.h and score.cl, which calls them. */
+    const char *flex_at = strstr(extra, "-DFLEX_SRC=");
+    const long flex_id = flex_at ? strtol(flex_at + strlen("-DFLEX_SRC="), NULL, 10) : 0;
+    const char *flex_text = flex_id > 0 && (size_t)flex_id <= ctx->num_flex_sources
+                                ? ctx->flex_sources[flex_id - 1]
+                                : "";
     /* the source's base (if any), then the source */
     const bool has_base = sources[source].base_embedded != NULL;
     const cl_uint count = has_base ? TEXTS : TEXTS - 1;
-    char *disk[TEXTS] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    char *disk[TEXTS] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     const char *texts[TEXTS] = {clattn_kernel_common, clattn_kernel_types, clattn_kernel_params,
-                                clattn_kernel_score,
+                                flex_text, clattn_kernel_score,
                                 has_base ? sources[source].base_embedded : sources[source].embedded,
                                 sources[source].embedded};
     cl_program program = NULL;
@@ -497,8 +508,11 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
 
     if (kernel_dir && kernel_dir[0]) {
         for (cl_uint i = 0; i < count; ++i) {
-            const char *file = i < PRELUDE                ? prelude_files[i]
-                               : has_base && i == PRELUDE ? sources[source].base_file
+            if (i == 3)
+                continue; /* the user's functions: not a file */
+            const cl_uint f = i < 3 ? i : i - 1; /* the file's index without them */
+            const char *file = f < PRELUDE                ? prelude_files[f]
+                               : has_base && f == PRELUDE ? sources[source].base_file
                                                           : sources[source].file;
             disk[i] = read_text_file(kernel_dir, file);
             if (disk[i] == NULL) {
@@ -526,13 +540,22 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
         if (log && clGetProgramBuildInfo(program, ctx->device, CL_PROGRAM_BUILD_LOG, log_size, log,
                                          NULL) != CL_SUCCESS)
             log[0] = '\0';
-        status = clattn__fail(
-            ctx, err == CL_BUILD_PROGRAM_FAILURE ? CLATTN_ERR_BUILD : (clattn_status)err,
-            "clBuildProgram(%s, %s): %s (%d)\n%s", sources[source].file, options,
-            clattn__cl_error_name(err), (int)err, log ? log : "(no build log)");
+        if (flex_text[0]) /* the user's source: its own lines first (#line "score_mod.cl") */
+            status = clattn__fail(
+                ctx, err == CL_BUILD_PROGRAM_FAILURE ? CLATTN_ERR_BUILD : (clattn_status)err,
+                "the user's score functions do not build (lines of score_mod.cl are the "
+                "source's own): %s (%d)\n%s",
+                clattn__cl_error_name(err), (int)err, log ? log : "(no build log)");
+        else
+            status = clattn__fail(
+                ctx, err == CL_BUILD_PROGRAM_FAILURE ? CLATTN_ERR_BUILD : (clattn_status)err,
+                "clBuildProgram(%s, %s): %s (%d)\n%s", sources[source].file, options,
+                clattn__cl_error_name(err), (int)err, log ? log : "(no build log)");
         free(log);
         goto done;
     }
+    if (flex_text[0])
+        ++ctx->builds_user;
     *out = program;
     program = NULL;
 done:

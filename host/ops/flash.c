@@ -130,6 +130,7 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
         return status;
     plan->cpu = true;
     plan->key_tile = FC_KT;
+    plan->tile_rows = rb;
     plan->block_q = rb * nb;
     snprintf(plan->variant, sizeof plan->variant,
              "flash_cpu.cl (%u x %u-row blocks, %d-key tiles%s)", nb, rb, FC_KT,
@@ -226,6 +227,7 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
         if (kernel != NULL) {
             plan->kernel = kernel;
             plan->key_tile = block_k;
+            plan->tile_rows = rows;
             plan->block_q = rows;
             plan->group_items = rows;
             snprintf(plan->variant, sizeof plan->variant,
@@ -484,6 +486,7 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
                                    CLATTN_ARG(buffers.kv_len),
                                    CLATTN_ARG(buffers.alibi),
                                    CLATTN_ARG(buffers.sinks),
+                                   CLATTN_ARG(buffers.flex),
                                    CLATTN_ARG(score_w),
                                    CLATTN_ARG(block_table),
                                    CLATTN_ARG(cu_q),

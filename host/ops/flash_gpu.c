@@ -99,6 +99,7 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
     snprintf(plan->variant, sizeof plan->variant, "flash_gpu.cl (%u x %u tiles, %u x %u items)",
              bq, bk, tx, ty);
     plan->key_tile = bk;
+    plan->tile_rows = bq;
     plan->block_q = bq;
     plan->group_items = tx * ty;
     const size_t part_keys = keys_per_launch(ctx, dk, dv, bq, bk, tx, ty);

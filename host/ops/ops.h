@@ -86,6 +86,12 @@ typedef struct clattn__score_shape {
     uint64_t dropout_seed, dropout_offset;
     uint32_t dropout_threshold;
     float dropout_scale;
+    /* User score functions (score.cl's FLEX_*; host/ops/flex.c): flex_id, the context's
+     * registered source (clattn__flex_register; 0: none) built into every program of the
+     * plan; which functions it defines; whether a block mask and the tile counter are on
+     * (clattn__score_masks.flex). */
+    int flex_id;
+    bool flex_score, flex_mask, flex_grad, flex_blocks, flex_count;
 } clattn__score_shape;
 
 /* Dropout's threshold and scale for probability p (0 < p <= 1; score.cl's rule). */
@@ -112,6 +118,15 @@ typedef struct clattn__score_masks {
         cl_mem cu_q, cu_k;
         size_t q_offset, k_offset;
     } varlen;
+    /* score.flex_id: the flex arena (the auxiliary tensors, the block mask and the tile
+     * counter, copied in by the plan; byte offsets in it) and the block mask's geometry */
+    struct {
+        cl_mem arena;
+        size_t arena_offset; /* bytes: where the arena starts in its buffer */
+        size_t aux[4], blocks, count;
+        size_t bm_s0, bm_s1, bm_s2; /* bytes per batch, head (0: broadcast), query block */
+        size_t block_q, block_k;
+    } flex;
 } clattn__score_masks;
 
 /* Whether the band has a diagonal edge (causal or a sliding window). */
@@ -124,7 +139,7 @@ static inline bool clattn__band_diagonal(const clattn__score_shape *score)
  * SCORE_BUFFERS: kv_len, alibi, sinks); an absent one is `fallback` (any valid buffer: the kernel
  * never reads it without its flag). */
 typedef struct clattn__score_buffers {
-    cl_mem mask, key_padding, kv_len, alibi, sinks;
+    cl_mem mask, key_padding, kv_len, alibi, sinks, flex;
 } clattn__score_buffers;
 
 /* The score rule's operands (params.h's clattn_score_params, the head of the flash and softmax
@@ -138,7 +153,8 @@ typedef enum clattn__score_family {
     CLATTN__FAMILY_SOFTMAX = 1u << 0,   /* softmax.cl */
     CLATTN__FAMILY_FLASH = 1u << 1,     /* flash.cl */
     CLATTN__FAMILY_FLASH_GPU = 1u << 2, /* flash_gpu.cl */
-    CLATTN__FAMILY_FLASH_CPU = 1u << 3  /* flash_cpu.cl */
+    CLATTN__FAMILY_FLASH_CPU = 1u << 3, /* flash_cpu.cl */
+    CLATTN__FAMILY_ALL = 15u
 } clattn__score_family;
 
 /* The score rule's compile-time switches for `family` as build options ("-DMASK_DTYPE=2
@@ -194,6 +210,7 @@ typedef struct clattn__flash_plan {
     size_t scratch_floats; /* (batch*heads*seq_q) when keys are split and no lse is wanted;
                             * decode splits: splits * (rows * dv + rows) */
     unsigned key_tile;     /* keys per tile of the kernel: parts and splits are whole tiles */
+    unsigned tile_rows;    /* query rows of a tile (a block mask's verdicts, counted tiles) */
     /* Decode splits (few query rows against many keys, too few work-groups for the device):
      * `splits` work-groups per row block attend split_keys keys each into scratch, partial
      * outputs and log-sum-exps, which `merge` (heads.cl's flash_merge) combines. 1: none. */

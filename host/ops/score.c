@@ -22,6 +22,7 @@ void clattn__score_params(const clattn__score_shape *score, const clattn__score_
     buffers->kv_len = has_kv_len ? masks->kv_len.mem : fallback;
     buffers->alibi = has_alibi ? masks->alibi.mem : fallback;
     buffers->sinks = has_sinks ? masks->sinks.mem : fallback;
+    buffers->flex = score->flex_id && masks->flex.arena ? masks->flex.arena : fallback;
     if (has_mask) {
         p->mask_offset = mask->offset;
         p->mask_s0 = mask->strides[0];
@@ -63,6 +64,20 @@ void clattn__score_params(const clattn__score_shape *score, const clattn__score_
     p->scale = score->scale;
     p->softcap = score->softcap;
     p->norm_relu = score->norm == CLATTN_NORM_RELU;
+    if (score->flex_id && masks->flex.arena) { /* byte offsets in the arena's buffer */
+        const size_t base = masks->flex.arena_offset;
+        p->flex_aux0 = base + masks->flex.aux[0];
+        p->flex_aux1 = base + masks->flex.aux[1];
+        p->flex_aux2 = base + masks->flex.aux[2];
+        p->flex_aux3 = base + masks->flex.aux[3];
+        p->flex_bm = base + masks->flex.blocks;
+        p->flex_bm_s0 = masks->flex.bm_s0;
+        p->flex_bm_s1 = masks->flex.bm_s1;
+        p->flex_bm_s2 = masks->flex.bm_s2;
+        p->flex_count = base + masks->flex.count;
+        p->flex_bq = (cl_uint)masks->flex.block_q;
+        p->flex_bk = (cl_uint)masks->flex.block_k;
+    }
     if (score->dropout) {
         p->dropout_seed = score->dropout_seed;
         p->dropout_offset = score->dropout_offset;
@@ -143,6 +158,30 @@ static int dropout(const clattn__score_shape *score)
 {
     return score->dropout;
 }
+static int flex_source(const clattn__score_shape *score)
+{
+    return score->flex_id;
+}
+static int flex_score(const clattn__score_shape *score)
+{
+    return score->flex_id && score->flex_score;
+}
+static int flex_mask(const clattn__score_shape *score)
+{
+    return score->flex_id && score->flex_mask;
+}
+static int flex_grad(const clattn__score_shape *score)
+{
+    return score->flex_id && score->flex_grad;
+}
+static int flex_blocks(const clattn__score_shape *score)
+{
+    return score->flex_id && score->flex_blocks;
+}
+static int flex_count(const clattn__score_shape *score)
+{
+    return score->flex_id && score->flex_count;
+}
 
 /* The switches: the macro (score.cl says what each means), its value for a score shape, and
  * the families that compile it in. */
@@ -150,21 +189,32 @@ static const struct score_switch {
     const char *macro;
     int (*value)(const clattn__score_shape *score);
     unsigned families;
+    bool omit_zero; /* left out at 0 (score.cl's default): plans without it keep their keys */
 } switches[] = {
     {"MASK_DTYPE", mask_dtype,
      CLATTN__FAMILY_SOFTMAX | CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU |
-         CLATTN__FAMILY_FLASH_CPU},
-    {"SCORE_MASK", has_mask, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU},
-    {"SCORE_KPAD", has_key_padding, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU},
-    {"SCORE_BAND", band_diagonal, CLATTN__FAMILY_FLASH_CPU},
-    {"SCORE_RELU", norm_relu, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU},
-    {"SCORE_SOFTCAP", has_softcap, CLATTN__FAMILY_FLASH_GPU},
+         CLATTN__FAMILY_FLASH_CPU, false},
+    {"SCORE_MASK", has_mask, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU, false},
+    {"SCORE_KPAD", has_key_padding, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU, false},
+    {"SCORE_BAND", band_diagonal, CLATTN__FAMILY_FLASH_CPU, false},
+    {"SCORE_RELU", norm_relu, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU, false},
+    {"SCORE_SOFTCAP", has_softcap, CLATTN__FAMILY_FLASH_GPU, false},
     {"KV_PAGED", kv_paged,
-     CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU},
-    {"VARLEN", varlen, CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU},
+     CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU, false},
+    {"VARLEN", varlen, CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU, false},
     {"SCORE_DROPOUT", dropout,
      CLATTN__FAMILY_SOFTMAX | CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU |
-         CLATTN__FAMILY_FLASH_CPU},
+         CLATTN__FAMILY_FLASH_CPU, false},
+    /* user score functions (score.cl's FLEX_*): FLEX_SRC names the context's registered
+     * source that build_program puts ahead of score.cl (runtime.c), so the cache key holds it */
+    {"FLEX_SRC", flex_source, CLATTN__FAMILY_ALL, true},
+    {"FLEX_SCORE", flex_score, CLATTN__FAMILY_ALL, true},
+    {"FLEX_MASK", flex_mask, CLATTN__FAMILY_ALL, true},
+    {"FLEX_GRAD", flex_grad, CLATTN__FAMILY_ALL, true},
+    {"FLEX_BLOCKS", flex_blocks, CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU |
+                                     CLATTN__FAMILY_FLASH_CPU, true},
+    {"FLEX_COUNT", flex_count, CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU |
+                                   CLATTN__FAMILY_FLASH_CPU, true},
 };
 
 void clattn__score_switches(const clattn__score_shape *score, clattn__score_family family,
@@ -173,10 +223,11 @@ void clattn__score_switches(const clattn__score_shape *score, clattn__score_fami
     size_t used = 0;
     out[0] = '\0';
     for (size_t i = 0; i < sizeof switches / sizeof switches[0]; ++i) {
-        if (!(switches[i].families & (unsigned)family))
+        const int value = switches[i].value(score);
+        if (!(switches[i].families & (unsigned)family) || (switches[i].omit_zero && value == 0))
             continue;
         const int n = snprintf(out + used, size - used, "%s-D%s=%d", used ? " " : "",
-                               switches[i].macro, switches[i].value(score));
+                               switches[i].macro, value);
         if (n < 0 || (size_t)n >= size - used)
             return; /* the callers' buffers hold every switch (checked by their own sizes) */
         used += (size_t)n;

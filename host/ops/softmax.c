@@ -111,7 +111,7 @@ static clattn_status launch_rows(clattn_chain *chain, const clattn__softmax_plan
     const clattn_arg args[] = {CLATTN_ARG(raw->mem),       CLATTN_ARG(out->mem),
                                CLATTN_ARG(buffers.mask),   CLATTN_ARG(buffers.key_padding),
                                CLATTN_ARG(buffers.kv_len), CLATTN_ARG(buffers.alibi),
-                               CLATTN_ARG(buffers.sinks),  CLATTN_ARG(params)};
+                               CLATTN_ARG(buffers.sinks),  CLATTN_ARG(buffers.flex), CLATTN_ARG(params)};
     return clattn__launch_kernel(chain, kernel, name, args, sizeof args / sizeof args[0], 1, global,
                                  local);
 }

@@ -44,7 +44,8 @@ TENSOR_ROLES = ("q", "k", "v", "out", "attn_mask", "key_padding_mask", "weights"
                 "present_k", "present_v", "scores", "alibi_slopes", "pos_table", "rope_cos",
                 "rope_sin", "position_ids", "score_weight", "sinks", "block_table",
                 "cu_seqlens_q", "cu_seqlens_k", "grad_out", "grad_q", "grad_k", "grad_v",
-                "grad_attn_mask", "grad_sinks")
+                "grad_attn_mask", "grad_sinks", "flex_aux0", "flex_aux1", "flex_aux2",
+                "flex_aux3", "block_mask")
 
 
 class Tensors(Structure):
@@ -76,6 +77,23 @@ class _PlanDesc(Structure):
 _HEAD = [("struct_size", c_size_t), ("by_role", POINTER(Tensor)), ("num_roles", c_size_t)]
 
 
+FLEX_AUX_MAX = 4
+FLEX_SCORE_MOD, FLEX_MASK_MOD, FLEX_SCORE_MOD_GRAD = 1, 2, 4
+
+
+class FlexDesc(Structure):
+    """clattn_flex_desc: user score and mask functions (OpenCL C source) and their tensors."""
+    _fields_ = [("source", c_char_p), ("functions", c_uint),
+                ("aux_names", c_char_p * FLEX_AUX_MAX), ("block_q", c_size_t),
+                ("block_k", c_size_t), ("count_tiles", c_int)]
+
+
+class BlockMaskDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("flex", FlexDesc), ("aux", POINTER(Tensor)),
+                ("batch", c_size_t), ("heads", c_size_t), ("seq_q", c_size_t),
+                ("seq_k", c_size_t), ("out", Tensor)]
+
+
 class SdpaDesc(_PlanDesc):
     _fields_ = _HEAD + [("causal", c_int), ("scale", c_float), ("norm", c_int), ("path", c_int),
                         ("softcap", c_float), ("window_align", c_int), ("window_left", c_longlong),
@@ -84,7 +102,8 @@ class SdpaDesc(_PlanDesc):
                         ("rope_dims", c_size_t), ("rope_base", c_double), ("rope_start", c_size_t),
                         ("diag_offset", c_longlong), ("max_seqlen_q", c_size_t),
                         ("max_seqlen_k", c_size_t), ("dropout_p", c_double),
-                        ("dropout_seed", c_ulonglong), ("dropout_offset", c_ulonglong)]
+                        ("dropout_seed", c_ulonglong), ("dropout_offset", c_ulonglong),
+                        ("flex", FlexDesc)]
 
 
 class MhaDesc(_PlanDesc):
@@ -193,6 +212,11 @@ _declare(lib.clattn_kv_cache_block_table, None, c_void_p, POINTER(Tensor))
 _declare(lib.clattn_quantize, c_int, _ctx_p, POINTER(Tensor), POINTER(Tensor), c_uint, c_void_p,
          c_void_p)
 _declare(lib.clattn_kv_cache_map_pages, c_int, c_void_p, POINTER(c_int32), c_uint, c_void_p,
+         c_void_p)
+_declare(lib.clattn_plan_tiles_visited, c_int, _plan_p, c_void_p, POINTER(c_ulonglong),
+         POINTER(c_size_t), POINTER(c_size_t))
+_declare(lib.clattn_block_mask_desc_init, None, POINTER(BlockMaskDesc))
+_declare(lib.clattn_flex_block_mask, c_int, _ctx_p, POINTER(BlockMaskDesc), c_uint, c_void_p,
          c_void_p)
 _declare(lib.clattn_plan_execute, c_int, _plan_p, POINTER(Tensors), c_size_t, c_void_p, c_void_p,
          c_uint, c_void_p, c_void_p)

@@ -1,0 +1,467 @@
+/* User score and mask functions (clattn_flex_desc: PyTorch's FlexAttention on OpenCL): the
+ * source and its prelude registered with the context (score.cl's FLEX_SRC), the arena in the
+ * workspace that holds the auxiliary tensors, the block mask and the tile counter, and the
+ * block mask made from a mask_mod (kernels/flex.cl). The kernels' side is score.cl's
+ * flex_score / flex_keep / flex_grad and FLEX_TILE. */
+#include "plan.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { ARENA_ALIGN = 64 }; /* bytes: each region of the arena starts on such a boundary */
+
+static bool is_identifier(const char *name)
+{
+    if (name == NULL || !(isalpha((unsigned char)name[0]) || name[0] == '_'))
+        return false;
+    for (const char *c = name; *c; ++c)
+        if (!(isalnum((unsigned char)*c) || *c == '_'))
+            return false;
+    return strlen(name) < 64;
+}
+
+static const char *c_type(clattn_dtype dtype)
+{
+    return dtype == CLATTN_DTYPE_I32 ? "int" : dtype == CLATTN_DTYPE_U8 ? "uchar" : "float";
+}
+
+/* The text built ahead of score.cl: the auxiliary tensors as parameters of the user's
+ * functions (their definitions renamed flex_user_* by macros taking FlexAttention's
+ * arguments), the source with its own line numbers, then score.cl's. */
+static char *flex_text(const char *source, const char *const *names, const clattn_dtype *dtypes,
+                       size_t count)
+{
+    char decl[1024] = "", from[1024] = "";
+    size_t d = 0, f = 0;
+    for (size_t i = 0; i < count; ++i) {
+        d += (size_t)snprintf(decl + d, sizeof decl - d, ", __global const %s *%s",
+                              c_type(dtypes[i]), names[i]);
+        f += (size_t)snprintf(from + f, sizeof from - f,
+                              ", (__global const %s *)((arena) + (off).s%zu)", c_type(dtypes[i]),
+                              i);
+    }
+    static const char format[] =
+        "/* clattn: the user's score functions (host/attn/flex.c) */\n"
+        "#define FLEX_AUX_DECL %s\n"
+        "#define FLEX_AUX_FROM(arena, off) %s\n"
+        "#define score_mod(a0_, a1_, a2_, a3_, a4_) "
+        "flex_user_score_mod(a0_, a1_, a2_, a3_, a4_ FLEX_AUX_DECL)\n"
+        "#define mask_mod(a0_, a1_, a2_, a3_) flex_user_mask_mod(a0_, a1_, a2_, a3_ FLEX_AUX_DECL)\n"
+        "#define score_mod_grad(a0_, a1_, a2_, a3_, a4_) "
+        "flex_user_score_mod_grad(a0_, a1_, a2_, a3_, a4_ FLEX_AUX_DECL)\n"
+        "#line 1 \"score_mod.cl\"\n"
+        "%s\n"
+        "#undef score_mod\n#undef mask_mod\n#undef score_mod_grad\n"
+        "#line 1 \"score.cl\"\n";
+    const size_t size = sizeof format + strlen(decl) + strlen(from) + strlen(source);
+    char *text = malloc(size);
+    if (text)
+        snprintf(text, size, format, decl, from, source);
+    return text;
+}
+
+/* The id of `text` in the context (score.cl's FLEX_SRC), interned: takes text (freed when a
+ * copy is held already). 0 and a message on failure. */
+static int flex_register(clattn_ctx *ctx, char *text)
+{
+    for (size_t i = 0; i < ctx->num_flex_sources; ++i)
+        if (strcmp(ctx->flex_sources[i], text) == 0) {
+            free(text);
+            return (int)i + 1;
+        }
+    char **grown = realloc(ctx->flex_sources, (ctx->num_flex_sources + 1) * sizeof *grown);
+    if (grown == NULL || ctx->num_flex_sources >= 1000000) {
+        free(text);
+        if (grown)
+            ctx->flex_sources = grown;
+        return 0;
+    }
+    ctx->flex_sources = grown;
+    ctx->flex_sources[ctx->num_flex_sources++] = text;
+    return (int)ctx->num_flex_sources;
+}
+
+/* Whether a layout is contiguous row-major (its flat elements are its strides' order). */
+static bool row_major(const clattn__layout *l)
+{
+    size_t expected = 1;
+    for (int i = l->rank - 1; i >= 0; --i) {
+        if (l->dims[i] != 1 && l->strides[i] != expected)
+            return false;
+        expected *= l->dims[i];
+    }
+    return true;
+}
+
+/* Validates the flex descriptor's source, names and auxiliary layouts (aux[i]: NULL or rank 0:
+ * absent); registers the text; *id the source's, *names_out the names in use. */
+static clattn_status flex_source(clattn_ctx *ctx, const char *op, const clattn_flex_desc *flex,
+                                 const clattn__layout *const *aux, int *id, size_t *count)
+{
+    if ((flex->functions & ~7u) != 0 || flex->functions == 0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: flex.functions=%u: must name what flex.source defines "
+                            "(CLATTN_FLEX_SCORE_MOD | CLATTN_FLEX_MASK_MOD | "
+                            "CLATTN_FLEX_SCORE_MOD_GRAD)",
+                            op, flex->functions);
+    if ((flex->functions & CLATTN_FLEX_SCORE_MOD_GRAD) && !(flex->functions & CLATTN_FLEX_SCORE_MOD))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: flex.functions has CLATTN_FLEX_SCORE_MOD_GRAD without "
+                            "CLATTN_FLEX_SCORE_MOD",
+                            op);
+    const char *names[CLATTN_FLEX_AUX_MAX];
+    clattn_dtype dtypes[CLATTN_FLEX_AUX_MAX];
+    size_t n = 0;
+    for (size_t i = 0; i < CLATTN_FLEX_AUX_MAX; ++i) {
+        const char *name = flex->aux_names[i];
+        const bool bound = aux[i] != NULL && aux[i]->present;
+        if (name == NULL && !bound)
+            continue;
+        if (name == NULL || !bound)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: flex.aux_names[%zu] is %s but flex_aux%zu is %s: give both "
+                                "or neither",
+                                op, i, name ? name : "NULL", i, bound ? "bound" : "absent");
+        if (i != n)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: flex.aux_names[%zu] is set but flex.aux_names[%zu] is not: "
+                                "use the first ones",
+                                op, i, n);
+        if (!is_identifier(name))
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: flex.aux_names[%zu]=\"%s\" is not a C identifier (letters, "
+                                "digits, '_'; under 64 characters)",
+                                op, i, name);
+        for (size_t j = 0; j < n; ++j)
+            if (strcmp(names[j], name) == 0)
+                return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                    "%s: flex.aux_names[%zu]=\"%s\" repeats flex.aux_names[%zu]",
+                                    op, i, name, j);
+        if (!row_major(aux[i]))
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: flex_aux%zu (\"%s\") must be contiguous row-major (its "
+                                "elements are read at flat indices)",
+                                op, i, name);
+        names[n] = name;
+        dtypes[n] = aux[i]->dtype;
+        ++n;
+    }
+    char *text = flex_text(flex->source, names, dtypes, n);
+    if (text == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
+    *id = flex_register(ctx, text);
+    if (*id == 0)
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
+    *count = n;
+    return CLATTN_SUCCESS;
+}
+
+static size_t align_up(size_t bytes)
+{
+    return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+}
+
+static size_t layout_elems(const clattn__layout *l)
+{
+    size_t n = 1;
+    for (int i = 0; i < l->rank; ++i)
+        n *= l->dims[i]; /* (checked against its buffer's reach when it was made) */
+    return n;
+}
+
+clattn_status clattn__plan_flex(clattn_plan *plan, const clattn_flex_desc *flex, size_t batch,
+                                size_t heads, size_t seq_q, size_t seq_k, bool backward,
+                                clattn__score_shape *score)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
+    memset(&plan->flex, 0, sizeof plan->flex);
+    if (flex->source == NULL || flex->source[0] == '\0') {
+        for (int role = R_FLEX_AUX0; role <= R_BLOCK_MASK; ++role)
+            if (l[role].present)
+                return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                    "%s: %s is bound but flex.source is empty (no user score "
+                                    "functions)",
+                                    op, clattn__sdpa_role_names[role]);
+        return CLATTN_SUCCESS;
+    }
+    if (backward && (flex->functions & CLATTN_FLEX_SCORE_MOD) &&
+        !(flex->functions & CLATTN_FLEX_SCORE_MOD_GRAD))
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: flex.source's score_mod has no score_mod_grad (d score_mod / "
+                            "d score), which the backward needs: define it and add "
+                            "CLATTN_FLEX_SCORE_MOD_GRAD to flex.functions",
+                            op);
+    if (score->additive)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: user score functions with additive attention", op);
+    const clattn__layout *aux[CLATTN_FLEX_AUX_MAX] = {&l[R_FLEX_AUX0], &l[R_FLEX_AUX1],
+                                                      &l[R_FLEX_AUX2], &l[R_FLEX_AUX3]};
+    int id = 0;
+    size_t count = 0;
+    clattn_status status = flex_source(ctx, op, flex, aux, &id, &count);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    /* the arena: the auxiliary tensors, the block mask, the counter, each 64-byte aligned */
+    size_t at = 0;
+    for (size_t i = 0; i < count; ++i) {
+        plan->flex.aux_at[i] = at;
+        plan->flex.aux_bytes[i] = layout_elems(aux[i]) * clattn_dtype_size(aux[i]->dtype);
+        at += align_up(plan->flex.aux_bytes[i]);
+    }
+    const clattn__layout *bm = &l[R_BLOCK_MASK];
+    if (bm->present) {
+        if (flex->block_q == 0 || flex->block_k == 0 || flex->block_q > UINT32_MAX ||
+            flex->block_k > UINT32_MAX)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: flex.block_q=%zu, flex.block_k=%zu: a block mask needs "
+                                "both block sizes (at least 1)",
+                                op, flex->block_q, flex->block_k);
+        const size_t q_blocks = (seq_q + flex->block_q - 1) / flex->block_q;
+        const size_t k_blocks = (seq_k + flex->block_k - 1) / flex->block_k;
+        const bool dims_ok = bm->rank == 4 && (bm->dims[0] == batch || bm->dims[0] == 1) &&
+                             (bm->dims[1] == heads || bm->dims[1] == 1) &&
+                             bm->dims[2] == q_blocks && bm->dims[3] == k_blocks;
+        if (!dims_ok || !row_major(bm))
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                "%s: block_mask must be a contiguous U8 (batch %zu or 1, heads "
+                                "%zu or 1, %zu, %zu) for blocks of %zu x %zu; got rank %d",
+                                op, batch, heads, q_blocks, k_blocks, flex->block_q,
+                                flex->block_k, bm->rank);
+        plan->flex.blocks = true;
+        plan->flex.blocks_at = at;
+        plan->flex.blocks_bytes = layout_elems(bm);
+        plan->flex.block_q = flex->block_q;
+        plan->flex.block_k = flex->block_k;
+        plan->flex.bm_s2 = k_blocks;
+        plan->flex.bm_s1 = bm->dims[1] == 1 ? 0 : q_blocks * k_blocks;
+        plan->flex.bm_s0 = bm->dims[0] == 1 ? 0 : bm->dims[1] * q_blocks * k_blocks;
+        at += align_up(plan->flex.blocks_bytes);
+    }
+    plan->flex.count = flex->count_tiles != 0;
+    plan->flex.count_at = at;
+    at += ARENA_ALIGN;
+    plan->flex.on = true;
+    plan->flex.arena_bytes = at;
+    score->flex_id = id;
+    score->flex_score = (flex->functions & CLATTN_FLEX_SCORE_MOD) != 0;
+    score->flex_mask = (flex->functions & CLATTN_FLEX_MASK_MOD) != 0;
+    score->flex_grad = (flex->functions & CLATTN_FLEX_SCORE_MOD_GRAD) != 0;
+    score->flex_blocks = plan->flex.blocks;
+    score->flex_count = plan->flex.count;
+    return CLATTN_SUCCESS;
+}
+
+void clattn__flex_reserve(clattn_plan *plan)
+{
+    if (!plan->flex.on)
+        return;
+    plan->flex.arena_at = plan->workspace_floats;
+    plan->workspace_floats += plan->flex.arena_bytes / sizeof(float);
+}
+
+/* A device copy (or, src NULL, a fill with zeros) on the chain. */
+static clattn_status chain_copy(clattn_chain *chain, cl_mem src, size_t src_at, cl_mem dst,
+                                size_t dst_at, size_t bytes, const char *what)
+{
+    cl_event event = NULL;
+    const cl_uint zero = 0;
+    const cl_int err =
+        src ? clEnqueueCopyBuffer(chain->queue, src, dst, src_at, dst_at, bytes, chain->num_wait,
+                                  chain->wait, &event)
+            : clEnqueueFillBuffer(chain->queue, dst, &zero, sizeof zero, dst_at, bytes,
+                                  chain->num_wait, chain->wait, &event);
+    if (err != CL_SUCCESS)
+        return clattn__fail(chain->ctx, (clattn_status)err, "%s(%s): %s (%d)",
+                            src ? "clEnqueueCopyBuffer" : "clEnqueueFillBuffer", what,
+                            clattn__cl_error_name(err), (int)err);
+    clattn__chain_push(chain, event);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__flex_stage(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                                 cl_mem workspace, clattn_chain *chain,
+                                 clattn__score_masks *masks)
+{
+    if (!plan->flex.on)
+        return CLATTN_SUCCESS;
+    const size_t base = plan->flex.arena_at * sizeof(float);
+    const clattn__layout *l = plan->layouts;
+    clattn_status status = CLATTN_SUCCESS;
+    for (int i = 0; i < CLATTN_FLEX_AUX_MAX && status == CLATTN_SUCCESS; ++i)
+        if (plan->flex.aux_bytes[i])
+            status = chain_copy(chain, mems[R_FLEX_AUX0 + i],
+                                offsets[R_FLEX_AUX0 + i] *
+                                    clattn_dtype_size(l[R_FLEX_AUX0 + i].dtype),
+                                workspace, base + plan->flex.aux_at[i], plan->flex.aux_bytes[i],
+                                "flex_aux");
+    if (status == CLATTN_SUCCESS && plan->flex.blocks)
+        status = chain_copy(chain, mems[R_BLOCK_MASK], offsets[R_BLOCK_MASK], workspace,
+                            base + plan->flex.blocks_at, plan->flex.blocks_bytes, "block_mask");
+    if (status == CLATTN_SUCCESS && plan->flex.count)
+        status = chain_copy(chain, NULL, 0, workspace, base + plan->flex.count_at, sizeof(cl_uint),
+                            "tile counter");
+    masks->flex.arena = workspace;
+    masks->flex.arena_offset = base;
+    for (int i = 0; i < CLATTN_FLEX_AUX_MAX; ++i)
+        masks->flex.aux[i] = plan->flex.aux_at[i];
+    masks->flex.blocks = plan->flex.blocks_at;
+    masks->flex.count = plan->flex.count_at;
+    masks->flex.bm_s0 = plan->flex.bm_s0;
+    masks->flex.bm_s1 = plan->flex.bm_s1;
+    masks->flex.bm_s2 = plan->flex.bm_s2;
+    masks->flex.block_q = plan->flex.block_q;
+    masks->flex.block_k = plan->flex.block_k;
+    return status;
+}
+
+clattn_status clattn_plan_tiles_visited(clattn_plan *plan, cl_mem workspace,
+                                        unsigned long long *tiles, size_t *tile_rows,
+                                        size_t *tile_keys)
+{
+    if (plan == NULL || tiles == NULL)
+        return plan ? clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                   "clattn_plan_tiles_visited: tiles is NULL")
+                    : CLATTN_ERR_INVALID_ARGUMENT;
+    clattn_ctx *ctx = plan->ctx;
+    if (!plan->flex.count || !plan->attention.fused)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "clattn_plan_tiles_visited: the plan counts no tiles (it needs "
+                            "flex.count_tiles = 1 and the fused path)");
+    clattn_status status = CLATTN_SUCCESS;
+    if (workspace == NULL &&
+        (status = clattn__workspace(ctx, "clattn_plan_tiles_visited", CLATTN_WS_PLAN,
+                                    plan->workspace_floats * sizeof(float), &workspace)))
+        return status;
+    cl_uint count = 0;
+    const cl_int err = clEnqueueReadBuffer(
+        ctx->queue, workspace, CL_TRUE,
+        plan->flex.arena_at * sizeof(float) + plan->flex.count_at, sizeof count, &count, 0, NULL,
+        NULL);
+    if (err != CL_SUCCESS)
+        return clattn__fail(ctx, (clattn_status)err,
+                            "clattn_plan_tiles_visited: clEnqueueReadBuffer: %s (%d)",
+                            clattn__cl_error_name(err), (int)err);
+    *tiles = count;
+    if (tile_rows)
+        *tile_rows = plan->attention.flash.tile_rows;
+    if (tile_keys)
+        *tile_keys = plan->attention.flash.key_tile;
+    return CLATTN_SUCCESS;
+}
+
+void clattn_block_mask_desc_init(clattn_block_mask_desc *desc)
+{
+    if (desc) {
+        memset(desc, 0, sizeof *desc);
+        desc->struct_size = sizeof *desc;
+    }
+}
+
+clattn_status clattn_flex_block_mask(clattn_ctx *ctx, const clattn_block_mask_desc *desc,
+                                     cl_uint num_wait, const cl_event *wait, cl_event *event)
+{
+    static const char op[] = "clattn_flex_block_mask";
+    clattn_status status = clattn__entry(ctx, op, desc, num_wait, wait, event);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    if (desc->struct_size != sizeof *desc)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: desc.struct_size=%zu, expected %zu (clattn_block_mask_desc_init)",
+                            op, desc->struct_size, sizeof *desc);
+    const clattn_flex_desc *flex = &desc->flex;
+    if (flex->source == NULL || !(flex->functions & CLATTN_FLEX_MASK_MOD))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: flex.source must define mask_mod (CLATTN_FLEX_MASK_MOD)", op);
+    const size_t sizes[6] = {desc->batch, desc->heads, desc->seq_q, desc->seq_k, flex->block_q,
+                             flex->block_k};
+    static const char *const size_names[6] = {"batch", "heads", "seq_q", "seq_k", "block_q",
+                                               "block_k"};
+    if ((status = clattn__check_dims(ctx, op, sizes, size_names, 6, false)) ||
+        (status = clattn__check_dims(ctx, op, sizes, size_names, 6, true)))
+        return status;
+    const size_t q_blocks = (desc->seq_q + flex->block_q - 1) / flex->block_q;
+    const size_t k_blocks = (desc->seq_k + flex->block_k - 1) / flex->block_k;
+    size_t blocks = 0;
+    if (!clattn__product(&blocks, 4, desc->batch, desc->heads, q_blocks, k_blocks) ||
+        blocks > UINT32_MAX)
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: too many blocks", op);
+    /* the output: U8 (batch, heads, q_blocks, k_blocks), contiguous */
+    clattn__layout out;
+    if ((status = clattn__layout_from(ctx, op, "out", &desc->out, CLATTN__U8, true, &out)))
+        return status;
+    const size_t want[4] = {desc->batch, desc->heads, q_blocks, k_blocks};
+    if ((status = clattn__layout_expect(ctx, op, "out", &out, 4, want,
+                                        "(batch, heads, query blocks, key blocks)")))
+        return status;
+    if (!row_major(&out))
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED, "%s: out must be contiguous", op);
+    clattn__layout aux_layouts[CLATTN_FLEX_AUX_MAX];
+    const clattn__layout *aux[CLATTN_FLEX_AUX_MAX] = {NULL, NULL, NULL, NULL};
+    for (int i = 0; i < CLATTN_FLEX_AUX_MAX && desc->aux; ++i) {
+        char name[16];
+        snprintf(name, sizeof name, "aux[%d]", i);
+        if ((status = clattn__layout_from(ctx, op, name, &desc->aux[i],
+                                          CLATTN__F32 | CLATTN__I32 | CLATTN__U8, false,
+                                          &aux_layouts[i])))
+            return status;
+        aux[i] = &aux_layouts[i];
+    }
+    int id = 0;
+    size_t count = 0;
+    clattn_flex_desc masks_only = *flex;
+    masks_only.functions = CLATTN_FLEX_MASK_MOD | (flex->functions & 7u);
+    if ((status = flex_source(ctx, op, &masks_only, aux, &id, &count)))
+        return status;
+    char extra[64];
+    snprintf(extra, sizeof extra, "-DFLEX_SRC=%d -DFLEX_MASK=1", id);
+    cl_kernel kernel = NULL;
+    if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLEX, "flex_block_mask", extra, &kernel)))
+        return clattn__end_message(ctx, op, status);
+    /* the arena: the auxiliary tensors copied in (the context's workspace) */
+    size_t at = 0, aux_at[CLATTN_FLEX_AUX_MAX] = {0, 0, 0, 0}, bytes[CLATTN_FLEX_AUX_MAX];
+    for (size_t i = 0; i < count; ++i) {
+        aux_at[i] = at;
+        bytes[i] = layout_elems(aux[i]) * clattn_dtype_size(aux[i]->dtype);
+        at += align_up(bytes[i]);
+    }
+    clattn_chain chain;
+    if ((status = clattn__begin(ctx, op, &chain, NULL, false, num_wait, wait)))
+        return status;
+    cl_mem arena = NULL;
+    status = clattn__workspace(ctx, op, CLATTN_WS_PLAN, at, &arena);
+    for (size_t i = 0; i < count && status == CLATTN_SUCCESS; ++i)
+        status = chain_copy(&chain, desc->aux[i].mem,
+                            desc->aux[i].offset * clattn_dtype_size(aux[i]->dtype), arena,
+                            aux_at[i], bytes[i], "aux");
+    if (status == CLATTN_SUCCESS) {
+        clattn_block_mask_params params;
+        memset(&params, 0, sizeof params);
+        params.out_offset = desc->out.offset;
+        params.aux0 = aux_at[0];
+        params.aux1 = aux_at[1];
+        params.aux2 = aux_at[2];
+        params.aux3 = aux_at[3];
+        params.batch = (cl_uint)desc->batch;
+        params.heads = (cl_uint)desc->heads;
+        params.seq_q = (cl_uint)desc->seq_q;
+        params.seq_k = (cl_uint)desc->seq_k;
+        params.block_q = (cl_uint)flex->block_q;
+        params.block_k = (cl_uint)flex->block_k;
+        params.q_blocks = (cl_uint)q_blocks;
+        params.k_blocks = (cl_uint)k_blocks;
+        const size_t local = ctx->info.max_work_group_size < 64 ? 1 : 64;
+        size_t global = 0;
+        if (!clattn__round_up(blocks, local, &global))
+            status = clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: too many blocks", op);
+        const clattn_arg args[] = {CLATTN_ARG(desc->out.mem), CLATTN_ARG(arena),
+                                   CLATTN_ARG(params)};
+        if (status == CLATTN_SUCCESS)
+            status = clattn__launch_kernel(&chain, kernel, "flex_block_mask", args, 3, 1, &global,
+                                           &local);
+    }
+    return clattn__end(op, &chain, status, event);
+}
