@@ -429,7 +429,7 @@ inline float soft_cap(const float x, const float softcap)
 
 inline float16 soft_cap16(const float16 x, const float softcap)
 {
-    return softcap * tanh(x * (1.0f / softcap));
+    return softcap * tanh(x / softcap); /* (as soft_cap: the same bits lane by lane) */
 }
 
 /* The scaled dot product plus the mask term at element mask_index of `mask` (when there is a
