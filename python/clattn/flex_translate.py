@@ -28,7 +28,8 @@ raises TranslateError naming the construct and the line.
 
 score_mod_grad is the forward-mode derivative of score_mod with respect to score: torch.where
 and if/else take the chosen branch's derivative, clamp/min/max the selected side's
-(torch.minimum/maximum split ties evenly, as torch does), comparisons, casts to int,
+(torch.clamp passes it only strictly inside the bounds and torch.minimum/maximum split ties
+evenly, as torch does; builtin min/max follow Python's choice of the first on ties), comparisons, casts to int,
 floor, sign and integer expressions have derivative 0. Gradients with respect to captured
 tensors are not produced.
 
@@ -311,16 +312,16 @@ def _tensor_array(obj):
         arr = np.asarray(obj)
     dt = arr.dtype
     if dt == np.bool_:
-        return np.ascontiguousarray(arr, dtype=np.uint8).copy(), "uchar", "bool"
+        return np.array(arr, dtype=np.uint8, order="C"), "uchar", "bool"
     if dt == np.uint8:
-        return np.ascontiguousarray(arr).copy(), "uchar", "int"
+        return np.array(arr, order="C"), "uchar", "int"
     if dt.kind == "f":
-        return np.ascontiguousarray(arr, dtype=np.float32).copy(), "float", "float"
+        return np.array(arr, dtype=np.float32, order="C"), "float", "float"
     if dt.kind in "iu":
         if arr.size and (arr.min() < -2**31 or arr.max() > 2**31 - 1):
             raise TranslateError(f"captured {dt} tensor holds values outside int32's range "
                                  f"({arr.min()}..{arr.max()})")
-        return np.ascontiguousarray(arr, dtype=np.int32).copy(), "int", "int"
+        return np.array(arr, dtype=np.int32, order="C"), "int", "int"
     raise TranslateError(f"captured tensors of dtype {dt} are not in the subset clattn translates")
 
 
@@ -865,6 +866,8 @@ class _Translator:
         parts = []
         const_result = True
         for op, rnode in zip(node.ops, node.comparators):
+            if not isinstance(op, (ast.Is, ast.IsNot)) and type(op) not in _CMPOPS:
+                self.fail(f"the comparison {type(op).__name__} is not in the subset clattn translates")
             right = self.eval(rnode, frame)
             frame.lineno = node.lineno
             if isinstance(op, (ast.Is, ast.IsNot)):
@@ -939,6 +942,9 @@ class _Translator:
         self.fail(f"calling '{name}' is not in the subset clattn translates")
 
     def method(self, x, attr, node, frame):
+        if attr not in _CASTS and attr not in ("to", "type"):
+            self.fail(f"tensor method '.{attr}()' is not in the subset clattn translates (only "
+                      "the casts .float(), .int(), .long(), .bool(), .to(dtype))")
         args = [self.eval(a, frame) for a in node.args]
         kwargs = {k.arg: self.eval(k.value, frame) for k in node.keywords}
         frame.lineno = node.lineno
@@ -976,7 +982,8 @@ class _Translator:
             return r
         if op in ("float", "int", "bool"):
             (x,) = self.args(name, args, kwargs, ["x"], 1)
-            x = self.need(x)
+            if not (isinstance(x, _V) and x.t == "str"):
+                x = self.need(x)
             if x.is_const:
                 try:
                     return _const({"float": float, "int": int, "bool": bool}[op](x.const))
@@ -1009,8 +1016,8 @@ class _Translator:
                     continue
                 X, Vc = self.code(x), self.code(v)
                 d = None
-                if x.d or v.d:
-                    d = f"({X} {sym} {Vc}) ? {self.dz(v.d)} : {self.dz(x.d)}"
+                if x.d or v.d:  # torch: the gradient passes only strictly inside the bounds
+                    d = f"({X} {sym}= {Vc}) ? {self.dz(v.d)} : {self.dz(x.d)}"
                 x = self.tmp(t, f"({X} {sym} {Vc}) ? {Vc} : {X}", d)
             return x
         if op in ("minimum", "maximum"):
