@@ -1008,3 +1008,42 @@ def test_flex_attention_accepts_the_same_functions():
     bm = create_block_mask(and_masks(doc_causal, sliding_window), B, H, L, L, device="cpu")
     out = flex_attention(q, q, q, score_mod=t5_bias, block_mask=bm)
     assert torch.isfinite(out).all()
+
+
+# --------------------------------------------------------------------------- OpenCL C 1.2
+
+CLANG = shutil.which("clang")
+
+
+def _opencl_syntax_check(src, aux, tmp_path, has_mask):
+    """clang's OpenCL C 1.2 front end, -Werror (no double, no implicit declarations); the
+    aux pointers become null pointer macros, as the syntax needs only their type."""
+    pre = "".join(f"#define {a.name} ((__global const {a.ctype} *)0)\n" for a in aux)
+    kernel = ("__kernel void k(__global float *o, __global int *mo) {"
+              " o[0] = score_mod(1.0f, 0, 1, 2, 3) + score_mod_grad(1.0f, 0, 1, 2, 3);"
+              + (" mo[0] = mask_mod(0, 1, 2, 3);" if has_mask else "") + " }\n")
+    path = tmp_path / "flex.cl"
+    path.write_text(pre + src + kernel)
+    r = subprocess.run([CLANG, "-x", "cl", "-cl-std=CL1.2", "-Xclang", "-finclude-default-header",
+                        "-fsyntax-only", "-Werror", str(path)], capture_output=True, text=True)
+    if r.returncode and "finclude-default-header" in r.stderr:
+        pytest.skip("this clang has no OpenCL default header")
+    assert r.returncode == 0, r.stderr + "\n" + pre + src
+
+
+@pytest.mark.skipif(CLANG is None, reason="needs clang for the OpenCL C syntax check")
+@pytest.mark.parametrize("pair", ["python", "torch"])
+def test_generated_source_is_opencl_c_1_2(tmp_path, pair):
+    if pair == "python":
+        pairs = [(py_multi, py_floordiv_mod), (py_float_floordiv_mod, py_chained),
+                 (py_ifelse, py_composed), (py_table, py_window), (py_alibi, None)]
+    else:
+        if not HAVE_TORCH:
+            pytest.skip("needs torch with flex_attention")
+        pairs = [(math_funcs, None), (int_math, and_masks(doc_causal, sliding_abs)),
+                 (t5_bias, torch_floordiv_mod_mask), (torch_floordiv_score, bool_mul),
+                 (torch_mod_score, chained_torch), (if_else_torch, prefix_lm_full),
+                 (casts, None), (aux_dtypes, None), (builtins_elementwise, None)]
+    for score, mask in pairs:
+        src, aux = ft.translate(score, mask)
+        _opencl_syntax_check(src, aux, tmp_path, mask is not None)
