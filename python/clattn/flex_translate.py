@@ -915,7 +915,7 @@ class _Translator:
         f = node.func
         if isinstance(f, ast.Attribute):
             base = self.eval(f.value, frame)
-            if isinstance(base, (_V, _Tensor)) and not (isinstance(base, _Tensor) and False):
+            if isinstance(base, (_V, _Tensor)):
                 if isinstance(base, _Tensor) and len(base.idx) < len(base.info[2]):
                     self.fail(f"method '.{f.attr}()' of captured tensor '{base.aux.name}' is not "
                               "in the subset clattn translates")
