@@ -388,6 +388,7 @@ typedef enum clattn_role {
     CLATTN_ROLE_FLEX_AUX2,
     CLATTN_ROLE_FLEX_AUX3,
     CLATTN_ROLE_BLOCK_MASK, /* U8 (batch|1, heads|1, query blocks, key blocks) */
+    CLATTN_ROLE_T5_BIAS,    /* F32 (t5_num_buckets, heads): T5's relative_attention_bias */
     CLATTN_ROLE_COUNT /* the roles this version knows */
 } clattn_role;
 
@@ -513,6 +514,7 @@ typedef union clattn_tensors {
         clattn_tensor grad_out, grad_q, grad_k, grad_v, grad_attn_mask, grad_sinks;
         /* user score functions (clattn_flex_desc): auxiliary tensors and the block mask */
         clattn_tensor flex_aux0, flex_aux1, flex_aux2, flex_aux3, block_mask;
+        clattn_tensor t5_bias; /* T5's relative-position bias table (clattn_sdpa_desc.t5_*) */
     };
 } clattn_tensors;
 
@@ -648,6 +650,19 @@ typedef struct clattn_sdpa_desc {
     unsigned long long dropout_seed, dropout_offset;
     /* User score and mask functions (see clattn_flex_desc). Since 0.9. */
     clattn_flex_desc flex;
+    /* T5's relative-position buckets (Raffel et al. 2020; HF's T5Attention), on when the
+     * t5_bias role is bound (F32 (t5_num_buckets, heads), the relative_attention_bias
+     * weight): each score gets t5_bias[bucket(j - (i + seq_k - seq_q)), h], the bucket of the
+     * key's distance from the query's position: t5_num_buckets in all (2 to 4096; half per
+     * side when t5_bidirectional is 1, else only keys before the query count), exact up to
+     * half of a side's buckets, then logarithmic up to t5_max_distance (below which the
+     * exact buckets must end). No defaults: give all three (T5: 32, 128, 1 in the encoder, 0
+     * in the decoder); T5 uses scale 1. A score function (flex.c) built into the same hook
+     * as clattn_flex_desc's, so it takes one of its CLATTN_FLEX_AUX_MAX auxiliary slots;
+     * its gradient by the score is 1 (the table gets none). Not with packed sequences.
+     * Since 0.9. */
+    size_t t5_num_buckets, t5_max_distance;
+    int t5_bidirectional;
 } clattn_sdpa_desc;
 
 typedef enum clattn_weight_layout {

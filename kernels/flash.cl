@@ -47,12 +47,6 @@
  * at d = 64, 62 registers and 1088 bytes at d = 128 (BLOCK_K 16), no spills (gfx90a: 245 and
  * 256 VGPRs, 1 wave per SIMD at d = 128): hence flash_gpu.cl.
  */
-#ifndef HEAD_DIM_QK
-#define HEAD_DIM_QK 64 /* d_k, fixed per program variant */
-#endif
-#ifndef HEAD_DIM_V
-#define HEAD_DIM_V 64 /* d_v */
-#endif
 #ifndef BLOCK_Q
 #define BLOCK_Q 64 /* query rows (= work-items) per work-group */
 #endif
@@ -61,18 +55,6 @@
 #endif
 #ifndef FLASH_VW
 #define FLASH_VW 1 /* floats per vector in the row loops: 1, 4 or 8 (divides both head sizes) */
-#endif
-#ifndef Q_DTYPE
-#define Q_DTYPE 0 /* dtype codes (types.cl) of q, k, v and out */
-#endif
-#ifndef K_DTYPE
-#define K_DTYPE 0
-#endif
-#ifndef V_DTYPE
-#define V_DTYPE 0
-#endif
-#ifndef O_DTYPE
-#define O_DTYPE 0
 #endif
 #ifndef ADDITIVE
 #define ADDITIVE 0 /* 1: additive attention's score (below) instead of the dot product */
@@ -151,12 +133,10 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         return; /* the whole work-group past a packed sequence's rows (uniform) */
     const bool valid = row < span.rows;
     const uint safe_row = valid ? row : 0; /* rows past the batch's compute row 0, store nothing */
-    /* Decode splits (split_keys > 0): dimension 2 numbers the split; each takes its own
-     * split_keys keys of the part and writes its own partial output and log-sum-exp, o_split
-     * and lse_split elements on, which flash_merge (heads.cl) combines. */
+    /* the launch's keys (score.cl's split_begin: a decode split's, else the part's) */
     const uint split = get_global_id(2);
-    const uint key_begin = split_keys ? part_begin + split * split_keys : part_begin;
-    const uint key_stop = split_keys ? min(part_stop, key_begin + split_keys) : part_stop;
+    const uint key_begin = split_begin(part_begin, split_keys, split);
+    const uint key_stop = split_stop(part_stop, split_keys, key_begin);
 
     const ulong q_row = span.q0 + safe_row;
     Q += q_offset + b * q_s0 + h * q_s1 + q_row * q_s2;
@@ -216,31 +196,19 @@ void flash_attention(FLASH_KERNEL_PARAMS)
 
     /* The row's key band; the group needs keys from its first row's begin to its last row's
      * end (uniform bounds), the tiles before the begin skipped whole. */
-    /* a paged cache (score.cl): the batch's keys end at its first block outside the pool */
-#if KV_PAGED
-    const ulong bt_row = bt_offset + b * bt_s0;
-    key_band band = BAND_OF(b, h);
-    band.limit = paged_limit(block_table, bt_row, bt_s1, page_size, num_pages, band.limit);
-#else
-    const key_band band = BAND_SPAN(b, h, span);
-#endif
+    OPEN_PAGED_ROW(b)
+    const key_band band = FUSED_BAND(b, h, span); /* score.cl's row open */
     const uint row_key_begin = band_begin(band, safe_row), row_key_end = band_end(band, safe_row);
-    const uint last_row = min(span.rows, first_row + BLOCK_Q) - 1;
-    const uint key_end = min(key_stop, band_end(band, last_row));
-    const uint group_begin = band_begin(band, first_row);
-    const uint key_first =
-        group_begin > key_begin ? key_begin + (group_begin - key_begin) / BLOCK_K * BLOCK_K
-                                : key_begin;
+    const group_keys group = open_group(band, span.rows, first_row, BLOCK_Q, key_begin, key_stop, BLOCK_K);
+    const uint last_row = group.last_row, key_end = group.key_end;
 
-    for (uint k0 = key_first; k0 < key_end; k0 += BLOCK_K) {
+    for (uint k0 = group.key_first; k0 < key_end; k0 += BLOCK_K) {
         /* the block mask's verdict on the tile (score.cl; uniform): empty tiles are skipped */
-        const uint tile_state =
-            FLEX_TILE(b, h, first_row, last_row, k0, min(k0 + BLOCK_K, band.limit));
+        const uint tile_state = FLEX_VISIT(
+            FLEX_TILE(b, h, first_row, last_row, k0, min(k0 + BLOCK_K, band.limit)), lid == 0);
         if (tile_state == FLEX_EMPTY)
             continue;
         const key_band tile_band = flex_tile_band(band, tile_state);
-        if (lid == 0)
-            FLEX_COUNT_TILE();
         /* Rows with unit stride along head_dim (every packed or (B, L, H*d) layout) skip the
          * multiply; the branch is uniform over the work-group. */
         if (k_s3 == 1 && v_s3 == 1) {

@@ -38,24 +38,6 @@
  * MASK_DTYPE, VARLEN (packed sequences: each batch its span of packed rows and keys; ROW_INDEX
  * below) (score.cl). Work-group sizes are the host's (any).
  */
-#ifndef HEAD_DIM_QK
-#define HEAD_DIM_QK 64 /* d_k, fixed per program variant */
-#endif
-#ifndef HEAD_DIM_V
-#define HEAD_DIM_V 64 /* d_v */
-#endif
-#ifndef Q_DTYPE
-#define Q_DTYPE 0 /* dtype codes (types.cl) of the inputs and the gradients */
-#endif
-#ifndef K_DTYPE
-#define K_DTYPE 0
-#endif
-#ifndef V_DTYPE
-#define V_DTYPE 0
-#endif
-#ifndef O_DTYPE
-#define O_DTYPE 0
-#endif
 #ifndef GO_DTYPE
 #define GO_DTYPE 0
 #endif
@@ -134,6 +116,24 @@ inline bwd_pair bwd_recompute(const float dot, const float scale, const float so
 #define KEY_INDEX(bg, g, span, key) ((ulong)(bg) * seq_k + (key))
 #endif
 
+/* The parameters of the dK/dV kernels (bwd_dkdv, bwd_dkdv_cpu, flash_bwd_gpu.cl's bwd_dkdv_gpu)
+ * and of the dQ kernels (bwd_dq, bwd_dq_cpu, bwd_dq_gpu), and what each of them opens with: the
+ * struct's fields as locals, the flex arena in the scratch (score.cl). */
+#define BWD_DKDV_PARAMS                                                                           \
+    __global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,                        \
+        __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,                  \
+        __global const float *lse_in, __global float *scratch, __global ELEM_T(DK_DTYPE) *DK,    \
+        __global ELEM_T(DV_DTYPE) *DV, __global const ELEM_T(MASK_DTYPE) *mask,                  \
+        __global const uchar *key_padding, SCORE_BUFFERS_BASE, BWD_CU_ARGS,                      \
+        const clattn_flash_bwd_params params
+#define BWD_DQ_PARAMS                                                                             \
+    __global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,                        \
+        __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,                  \
+        __global const float *lse_in, __global float *scratch, __global ELEM_T(DQ_DTYPE) *DQ,    \
+        __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,              \
+        SCORE_BUFFERS_BASE, BWD_CU_ARGS, const clattn_flash_bwd_params params
+#define BWD_OPEN CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS) FLEX_FROM_SCRATCH
+
 /* delta_i = dO_i . O_i per (b, h, row), into the scratch (packed (b, h, row); ROW_INDEX). */
 __kernel void bwd_delta(__global const ELEM_T(O_DTYPE) *O, __global const ELEM_T(GO_DTYPE) *GO,
                         __global float *scratch, BWD_CU_ARGS,
@@ -158,15 +158,9 @@ __kernel void bwd_delta(__global const ELEM_T(O_DTYPE) *O, __global const ELEM_T
 
 /* dK_j and dV_j of key j of (b, k/v head g): rows part_begin .. part_stop - 1 of every query
  * head of the group. To the outputs, or (to_scratch) as part `part`'s partial sums. */
-__kernel void bwd_dkdv(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
-                       __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
-                       __global const float *lse_in, __global float *scratch,
-                       __global ELEM_T(DK_DTYPE) *DK, __global ELEM_T(DV_DTYPE) *DV,
-                       __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
-                       SCORE_BUFFERS_BASE, BWD_CU_ARGS, const clattn_flash_bwd_params params)
+__kernel void bwd_dkdv(BWD_DKDV_PARAMS)
 {
-    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
-    FLEX_FROM_SCRATCH
+    BWD_OPEN
     const uint key = get_global_id(0);
     const ulong bg = bh_base + get_global_id(1);
     const ulong kv_heads = heads / kv_group;
@@ -247,15 +241,9 @@ __kernel void bwd_dkdv(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(
 
 /* dQ_i of row i of (b, h): keys part_begin .. part_stop - 1 of its band; with has_dmask, the
  * row's dS over every key of the part into the scratch (packed (b, h, i, j) at dmask_at). */
-__kernel void bwd_dq(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
-                     __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
-                     __global const float *lse_in, __global float *scratch,
-                     __global ELEM_T(DQ_DTYPE) *DQ, __global const ELEM_T(MASK_DTYPE) *mask,
-                     __global const uchar *key_padding, SCORE_BUFFERS_BASE, BWD_CU_ARGS,
-                     const clattn_flash_bwd_params params)
+__kernel void bwd_dq(BWD_DQ_PARAMS)
 {
-    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
-    FLEX_FROM_SCRATCH
+    BWD_OPEN
     const uint row = get_global_id(0);
     const ulong bh = bh_base + get_global_id(1);
     const ulong b = bh / heads, h = bh - b * heads, g = h / kv_group;
@@ -454,15 +442,9 @@ inline void bwd_stage_keys(__global const ELEM_T(K_DTYPE) *K, __global const ELE
         }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
-                  __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
-                  __global const float *lse_in, __global float *scratch,
-                  __global ELEM_T(DK_DTYPE) *DK, __global ELEM_T(DV_DTYPE) *DV,
-                  __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
-                  SCORE_BUFFERS_BASE, BWD_CU_ARGS, const clattn_flash_bwd_params params)
+void bwd_dkdv_cpu(BWD_DKDV_PARAMS)
 {
-    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
-    FLEX_FROM_SCRATCH
+    BWD_OPEN
     /* the block's keys and values transposed (keys in lanes), its dK and dV transposed; its
      * keys as rows too when dQ is summed here (dq_slots) */
     __local float kt[HEAD_DIM_QK][BWD_BK], vt[HEAD_DIM_V][BWD_BK];
@@ -614,15 +596,9 @@ void bwd_dkdv_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void bwd_dq_cpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
-                __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
-                __global const float *lse_in, __global float *scratch,
-                __global ELEM_T(DQ_DTYPE) *DQ, __global const ELEM_T(MASK_DTYPE) *mask,
-                __global const uchar *key_padding, SCORE_BUFFERS_BASE, BWD_CU_ARGS,
-                const clattn_flash_bwd_params params)
+void bwd_dq_cpu(BWD_DQ_PARAMS)
 {
-    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
-    FLEX_FROM_SCRATCH
+    BWD_OPEN
     __local float kt[HEAD_DIM_QK][BWD_BK], vt[HEAD_DIM_V][BWD_BK], k_rows[BWD_BK][HEAD_DIM_QK];
     __local float q_all[BWD_BQ][HEAD_DIM_QK], go_all[BWD_BQ][HEAD_DIM_V];
     __local float dq_acc[BWD_BQ][HEAD_DIM_QK];

@@ -139,15 +139,9 @@
  * of every query head of the group, to DK and DV (no parts: the host takes flash_bwd.cl's
  * bwd_dkdv where a device caps loop trips). Arguments as bwd_dkdv's. */
 __kernel __attribute__((reqd_work_group_size(BG_THREADS, 1, 1)))
-void bwd_dkdv_gpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
-                  __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
-                  __global const float *lse_in, __global float *scratch,
-                  __global ELEM_T(DK_DTYPE) *DK, __global ELEM_T(DV_DTYPE) *DV,
-                  __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
-                  SCORE_BUFFERS_BASE, BWD_CU_ARGS, const clattn_flash_bwd_params params)
+void bwd_dkdv_gpu(BWD_DKDV_PARAMS)
 {
-    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
-    FLEX_FROM_SCRATCH
+    BWD_OPEN
     __local float4 k_tile4[BG_BK * BG_QK_PAD / 4], v_tile4[BG_BK * BG_V_PAD / 4];
     __local float4 q_tile4[BG_BR * BG_QK_PAD / 4], go_tile4[BG_BR * BG_V_PAD / 4];
     __local float4 p_tile4[BG_BK * BG_BR_PAD / 4], dx_tile4[BG_BK * BG_BR_PAD / 4];
@@ -325,15 +319,9 @@ void bwd_dkdv_gpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTY
  * Keys: from the first row's band begin to the last row's band end (both nondecreasing).
  * No mask gradient (the host takes bwd_dq for it) and no key parts. */
 __kernel __attribute__((reqd_work_group_size(BG_THREADS, 1, 1)))
-void bwd_dq_gpu(__global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(K_DTYPE) *K,
-                __global const ELEM_T(V_DTYPE) *V, __global const ELEM_T(GO_DTYPE) *GO,
-                __global const float *lse_in, __global float *scratch,
-                __global ELEM_T(DQ_DTYPE) *DQ, __global const ELEM_T(MASK_DTYPE) *mask,
-                __global const uchar *key_padding, SCORE_BUFFERS_BASE, BWD_CU_ARGS,
-                const clattn_flash_bwd_params params)
+void bwd_dq_gpu(BWD_DQ_PARAMS)
 {
-    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
-    FLEX_FROM_SCRATCH
+    BWD_OPEN
     __local float4 q_tile4[BG_BK * BG_QK_PAD / 4], go_tile4[BG_BK * BG_V_PAD / 4];
     __local float4 k_tile4[BG_BR * BG_QK_PAD / 4], v_tile4[BG_BR * BG_V_PAD / 4];
     __local float4 dx_tile4[BG_BK * BG_BR_PAD / 4];

@@ -44,12 +44,6 @@
  * + 64 * (FC_RB + HEAD_DIM_QK + FC_DVP + 1) floats (96 rows at d = 256: 324 KiB); the host
  * checks the device's size.
  */
-#ifndef HEAD_DIM_QK
-#define HEAD_DIM_QK 64
-#endif
-#ifndef HEAD_DIM_V
-#define HEAD_DIM_V 64
-#endif
 #ifndef FC_RB
 #define FC_RB 6 /* query rows per register block */
 #endif
@@ -73,18 +67,6 @@
 #endif
 #ifndef SCORE_RELU
 #define SCORE_RELU 0
-#endif
-#ifndef Q_DTYPE
-#define Q_DTYPE 0
-#endif
-#ifndef K_DTYPE
-#define K_DTYPE 0
-#endif
-#ifndef V_DTYPE
-#define V_DTYPE 0
-#endif
-#ifndef O_DTYPE
-#define O_DTYPE 0
 #endif
 
 #define FC_KT 64                         /* keys per tile: 4 vectors of 16 */
@@ -281,16 +263,11 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
     const seq_span span = SPAN_OF(b);
     if (first_row >= span.rows)
         return; /* past a packed sequence's rows */
-    /* Decode splits (split_keys > 0): dimension 2 numbers the split; each takes its own
-     * split_keys keys of the part and writes its own partial output and log-sum-exp, o_split
-     * and lse_split elements on, which flash_merge (heads.cl) combines. */
+    /* the launch's keys (score.cl's split_begin: a decode split's, else the part's) */
     const uint split = get_global_id(2);
-    const uint key_begin = split_keys ? part_begin + split * split_keys : part_begin;
-    const uint key_stop = split_keys ? min(part_stop, key_begin + split_keys) : part_stop;
-    Q += q_offset + b * q_s0 + h * q_s1 + span.q0 * q_s2;
-    /* grouped-query: a shared head (ADVANCE: the block types' rows are whole blocks) */
-    K = ADVANCE(K_DTYPE, K, k_offset + b * k_s0 + (h / kv_group) * k_s1 + span.k0 * k_s2);
-    V = ADVANCE(V_DTYPE, V, v_offset + b * v_s0 + (h / kv_group) * v_s1 + span.k0 * v_s2);
+    const uint key_begin = split_begin(part_begin, split_keys, split);
+    const uint key_stop = split_stop(part_stop, split_keys, key_begin);
+    OPEN_GROUP_QKV(b, h, span) /* score.cl: Q, K, V at the group's batch, head, sequence */
 #if SCORE_KPAD
     key_padding += key_padding_offset + b * key_padding_s0;
 #endif
@@ -320,23 +297,13 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
         }
     }
 
-    /* a paged cache (score.cl): the batch's keys end at its first block outside the pool */
-#if KV_PAGED
-    const ulong bt_row = bt_offset + b * bt_s0;
-    key_band band = BAND_OF(b, h);
-    band.limit = paged_limit(block_table, bt_row, bt_s1, page_size, num_pages, band.limit);
-#else
-    const key_band band = BAND_SPAN(b, h, span);
-#endif
-    const uint last_row = min(span.rows, first_row + FC_ROWS) - 1;
-    const uint key_end = min(key_stop, band_end(band, last_row));
-    const uint group_begin = band_begin(band, first_row);
-    const uint key_first =
-        group_begin > key_begin ? key_begin + (group_begin - key_begin) / FC_KT * FC_KT
-                                : key_begin;
+    OPEN_PAGED_ROW(b)
+    const key_band band = FUSED_BAND(b, h, span); /* score.cl's row open */
+    const group_keys group = open_group(band, span.rows, first_row, FC_ROWS, key_begin, key_stop, FC_KT);
+    const uint last_row = group.last_row, key_end = group.key_end;
     const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 
-    for (uint k0 = key_first; k0 < key_end; k0 += FC_KT) {
+    for (uint k0 = group.key_first; k0 < key_end; k0 += FC_KT) {
         /* a tile with keys past the batch's key count (or seq_k): never read, packed as 0 */
         const bool edge = k0 + FC_KT > band.limit;
         /* FC_DIRECT: a tile of unit-stride rows is read where it lies, the edge tile's keys
@@ -421,11 +388,11 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
                 k0 + FC_KT > band_end(band, row0) || k0 < band_begin(band, block_last);
 #endif
             /* the block mask's verdict on the block's tile (score.cl): empty ones skipped */
-            const uint tile_state = FLEX_TILE(b, h, row0, min(span.rows, row0 + FC_RB) - 1, k0,
-                                              min(k0 + FC_KT, band.limit));
+            const uint tile_state = FLEX_VISIT(FLEX_TILE(b, h, row0, min(span.rows, row0 + FC_RB) - 1,
+                                                         k0, min(k0 + FC_KT, band.limit)),
+                                               true);
             if (tile_state == FLEX_EMPTY)
                 continue;
-            FLEX_COUNT_TILE();
             /* s = (q * scale) . k for FC_RB rows x 64 keys, FC_KV vectors of 16 keys at a
              * time (FC_RB x FC_KV float16 accumulators held in registers over d) */
             float16 s[FC_RB][4];

@@ -64,12 +64,6 @@
  * Rows past seq_q are computed from zero queries and never stored; keys past seq_k load as
  * zeros and are masked by the score rule.
  */
-#ifndef HEAD_DIM_QK
-#define HEAD_DIM_QK 64 /* d_k, fixed per program variant */
-#endif
-#ifndef HEAD_DIM_V
-#define HEAD_DIM_V 64 /* d_v */
-#endif
 #ifndef FG_BQ
 #define FG_BQ 64 /* query rows per work-group (a multiple of FG_TY) */
 #endif
@@ -81,18 +75,6 @@
 #endif
 #ifndef FG_TY
 #define FG_TY 8 /* work-items along the rows */
-#endif
-#ifndef Q_DTYPE
-#define Q_DTYPE 0 /* dtype codes (types.cl) of q, k, v and out */
-#endif
-#ifndef K_DTYPE
-#define K_DTYPE 0
-#endif
-#ifndef V_DTYPE
-#define V_DTYPE 0
-#endif
-#ifndef O_DTYPE
-#define O_DTYPE 0
 #endif
 
 /* Score switches (host/ops/score.c's one table, as flash_cpu.cl has them): a variant built
@@ -170,17 +152,12 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     const seq_span span = SPAN_OF(b);
     if (first_row >= span.rows)
         return; /* the whole work-group past a packed sequence's rows (uniform) */
-    /* Decode splits (split_keys > 0): dimension 2 numbers the split; each takes its own
-     * split_keys keys of the part and writes its own partial output and log-sum-exp, o_split
-     * and lse_split elements on, which flash_merge (heads.cl) combines. */
+    /* the launch's keys (score.cl's split_begin: a decode split's, else the part's) */
     const uint split = get_global_id(2);
-    const uint key_begin = split_keys ? part_begin + split * split_keys : part_begin;
-    const uint key_stop = split_keys ? min(part_stop, key_begin + split_keys) : part_stop;
+    const uint key_begin = split_begin(part_begin, split_keys, split);
+    const uint key_stop = split_stop(part_stop, split_keys, key_begin);
 
-    Q += q_offset + b * q_s0 + h * q_s1 + span.q0 * q_s2;
-    /* grouped-query: a shared head (ADVANCE: the block types' rows are whole blocks) */
-    K = ADVANCE(K_DTYPE, K, k_offset + b * k_s0 + (h / kv_group) * k_s1 + span.k0 * k_s2);
-    V = ADVANCE(V_DTYPE, V, v_offset + b * v_s0 + (h / kv_group) * v_s1 + span.k0 * v_s2);
+    OPEN_GROUP_QKV(b, h, span) /* score.cl: Q, K, V at the group's batch, head, sequence */
     O += o_offset + split * o_split + b * o_s0 + h * o_s1 + span.q0 * o_s2;
     const ulong lse_base =
         lse_offset + split * lse_split + b * lse_s0 + h * lse_s1 + span.q0 * lse_s2;
@@ -228,30 +205,18 @@ void flash_attention(FLASH_KERNEL_PARAMS)
 
     /* Keys the group needs: from its first row's band begin to its last row's band end
      * (bounds uniform over the group). */
-    /* a paged cache (score.cl): the batch's keys end at its first block outside the pool */
-#if KV_PAGED
-    const ulong bt_row = bt_offset + b * bt_s0;
-    key_band band = BAND_OF(b, h);
-    band.limit = paged_limit(block_table, bt_row, bt_s1, page_size, num_pages, band.limit);
-#else
-    const key_band band = BAND_SPAN(b, h, span);
-#endif
-    const uint last_row = min(span.rows, first_row + FG_BQ) - 1;
-    const uint key_end = min(key_stop, band_end(band, last_row));
-    const uint group_begin = band_begin(band, first_row);
-    const uint key_first =
-        group_begin > key_begin ? key_begin + (group_begin - key_begin) / FG_BK * FG_BK
-                                : key_begin;
+    OPEN_PAGED_ROW(b)
+    const key_band band = FUSED_BAND(b, h, span); /* score.cl's row open */
+    const group_keys group = open_group(band, span.rows, first_row, FG_BQ, key_begin, key_stop, FG_BK);
+    const uint last_row = group.last_row, key_end = group.key_end;
 
-    for (uint k0 = key_first; k0 < key_end; k0 += FG_BK) {
-        /* the block mask's verdict on the tile (score.cl; uniform): empty tiles are skipped */
-        const uint tile_state =
-            FLEX_TILE(b, h, first_row, last_row, k0, min(k0 + FG_BK, band.limit));
+    for (uint k0 = group.key_first; k0 < key_end; k0 += FG_BK) {
+        /* score.cl's block-mask verdict on the tile (uniform): empty ones skipped */
+        const uint tile_state = FLEX_VISIT(
+            FLEX_TILE(b, h, first_row, last_row, k0, min(k0 + FG_BK, band.limit)), lid == 0);
         if (tile_state == FLEX_EMPTY)
             continue;
         const key_band tile_band = flex_tile_band(band, tile_state);
-        if (lid == 0)
-            FLEX_COUNT_TILE();
         /* 1. K tile and key padding. */
         for (uint e = lid; e < FG_BK * QK4; e += FG_THREADS) {
             const uint j = e / QK4, d = e - j * QK4;

@@ -27,12 +27,6 @@
 #ifndef POSENC_WG
 #define POSENC_WG 256 /* work-items per work-group */
 #endif
-#ifndef X_DTYPE
-#define X_DTYPE 0 /* dtype code of x (types.cl) */
-#endif
-#ifndef O_DTYPE
-#define O_DTYPE 0 /* dtype code of out */
-#endif
 #ifndef T_DTYPE
 #define T_DTYPE 0 /* dtype code of the table */
 #endif

@@ -22,12 +22,6 @@
 #ifndef ROPE_WG
 #define ROPE_WG 256 /* work-items per work-group */
 #endif
-#ifndef X_DTYPE
-#define X_DTYPE 0 /* dtype code of x (types.cl) */
-#endif
-#ifndef O_DTYPE
-#define O_DTYPE 0 /* dtype code of out */
-#endif
 #ifndef C_DTYPE
 #define C_DTYPE 0 /* dtype code of the cos and sin caches */
 #endif

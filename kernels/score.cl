@@ -48,6 +48,12 @@
 #ifndef CLATTN_SCORE_CL
 #define CLATTN_SCORE_CL
 
+#ifndef HEAD_DIM_QK
+#define HEAD_DIM_QK 64 /* d_k, fixed per program variant */
+#endif
+#ifndef HEAD_DIM_V
+#define HEAD_DIM_V 64 /* d_v */
+#endif
 #ifndef MASK_DTYPE
 #define MASK_DTYPE 0 /* dtype code of the attention mask (F32 when there is none) */
 #endif
@@ -244,12 +250,6 @@ inline uint flex_tile(__global const uchar *arena, const ulong at, const ulong s
 #else
 #define FLEX_TILE(b, h, row0, row1, key0, key1) FLEX_PARTIAL
 #endif
-/* One more tile visited (FLEX_COUNT). */
-#if FLEX_COUNT
-#define FLEX_COUNT_TILE() atomic_inc((volatile __global uint *)(flex + flex_count))
-#else
-#define FLEX_COUNT_TILE() ((void)0)
-#endif
 
 /* ALiBi's bias of key `key` in row `row`: -slope * |row + apos - key| (0 without slopes). The
  * distance is exact in float up to 2^24. The float16 form for 16 keys key0 .. key0 + 15. */
@@ -316,6 +316,14 @@ inline uint paged_limit(__global const int *block_table, const ulong bt_row, con
     return limit;
 }
 
+/* The band with its limit lowered to the pool's end (paged_limit). */
+inline key_band paged_band(key_band band, __global const int *block_table, const ulong bt_row,
+                           const ulong bt_s1, const uint page_size, const uint num_pages)
+{
+    band.limit = paged_limit(block_table, bt_row, bt_s1, page_size, num_pages, band.limit);
+    return band;
+}
+
 /* The element offset of key `key`'s row in K or V: KEY_AT(key, k_s2, k_page) (the kernel's
  * locals bt_row, bt_s1, page_size and its block_table argument); unpaged: key * row stride. */
 #if KV_PAGED
@@ -324,6 +332,65 @@ inline uint paged_limit(__global const int *block_table, const ulong bt_row, con
 #else
 #define KEY_AT(key, row_stride, page_stride) ((ulong)(key) * (row_stride))
 #endif
+
+/* ---- the row open of the fused forward kernels (flash.cl, flash_cpu.cl, flash_gpu.cl) ----
+ * A work-group's rows first_row .. last_row of one (b, h) need the keys from its first row's
+ * band begin to its last row's band end (both ends grow with the row, so the bounds are the
+ * group's, uniform), cut to its launch's keys [key_begin, key_stop); key_first: the tile
+ * (a multiple of `tile` from key_begin) that holds the first. FUSED_BAND(b, h, span): the
+ * band of batch b, head h (score.cl's BAND_SPAN; with a paged cache, its limit lowered to the
+ * first block outside the pool: the kernel's local bt_row, KEY_AT's, names its table row). */
+typedef struct group_keys {
+    uint last_row, key_first, key_end;
+} group_keys;
+
+inline group_keys open_group(const key_band band, const uint span_rows, const uint first_row,
+                             const uint group_rows, const uint key_begin, const uint key_stop,
+                             const uint tile)
+{
+    group_keys g;
+    g.last_row = min(span_rows, first_row + group_rows) - 1;
+    g.key_end = min(key_stop, band_end(band, g.last_row));
+    const uint group_begin = band_begin(band, first_row);
+    g.key_first = group_begin > key_begin ? key_begin + (group_begin - key_begin) / tile * tile
+                                          : key_begin;
+    return g;
+}
+
+/* Decode splits (split_keys > 0): global dimension 2 numbers the split; each takes its own
+ * split_keys keys of the launch's part [part_begin, part_stop) and writes its own partial
+ * output and log-sum-exp (o_split and lse_split elements on), which flash_merge (heads.cl)
+ * combines. split_begin / split_stop: the keys of split `split` (the part's without splits). */
+inline uint split_begin(const uint part_begin, const uint split_keys, const uint split)
+{
+    return split_keys ? part_begin + split * split_keys : part_begin;
+}
+
+inline uint split_stop(const uint part_stop, const uint split_keys, const uint begin)
+{
+    return split_keys ? min(part_stop, begin + split_keys) : part_stop;
+}
+
+/* Q, K and V advanced to batch b, query head h and its sequence's first row and key (a
+ * fused kernel's locals and arguments; grouped-query: the shared k/v head h / kv_group;
+ * ADVANCE: the block types' rows are whole blocks). */
+#define OPEN_GROUP_QKV(b, h, span)                                                                \
+    Q += q_offset + (b) * q_s0 + (h) * q_s1 + (span).q0 * q_s2;                                   \
+    K = ADVANCE(K_DTYPE, K, k_offset + (b) * k_s0 + ((h) / kv_group) * k_s1 + (span).k0 * k_s2);  \
+    V = ADVANCE(V_DTYPE, V, v_offset + (b) * v_s0 + ((h) / kv_group) * v_s1 + (span).k0 * v_s2);
+
+/* The block mask's verdict on a tile (FLEX_TILE), counted as visited (FLEX_COUNT) by the
+ * work-item that `counts` unless it is empty. */
+inline uint flex_visit(const uint state, const bool counts, __global uchar *flex,
+                       const ulong flex_count)
+{
+#if FLEX_COUNT
+    if (counts && state != FLEX_EMPTY)
+        atomic_inc((volatile __global uint *)(flex + flex_count));
+#endif
+    return state;
+}
+#define FLEX_VISIT(state, counts) flex_visit((state), (counts), flex, flex_count)
 
 /* ---- packed variable-length batches (VARLEN: FlashAttention's varlen layout) ---------------
  * Sequence b's query rows are the packed rows cu_q[b] .. cu_q[b + 1] - 1 of Q, O and lse, its
@@ -392,6 +459,15 @@ inline key_band span_band(key_band band, const seq_span span, const long diag,
 #else
 #define SPAN_OF(b) whole_span(seq_q, seq_k)
 #define BAND_SPAN(b, h, span) BAND_OF(b, h)
+#endif
+#if KV_PAGED
+#define FUSED_BAND(b, h, span)                                                                    \
+    paged_band(BAND_OF(b, h), block_table, bt_row, bt_s1, page_size, num_pages)
+/* The block table's row of batch b as the local bt_row (KEY_AT's and FUSED_BAND's). */
+#define OPEN_PAGED_ROW(b) const ulong bt_row = bt_offset + (b) * bt_s0;
+#else
+#define FUSED_BAND(b, h, span) BAND_SPAN(b, h, span)
+#define OPEN_PAGED_ROW(b)
 #endif
 
 /* Whether key padding drops the key at element `index` of the padding row. */

@@ -257,6 +257,24 @@ softmax_row_vec(__global const float *raw, __global float *out, const float scal
 #define DROPOUT_ROW(first, step) ((void)0)
 #endif
 
+/* The row open of the softmax kernels (score.cl's contract): row `row` of the (b, h, i) rows,
+ * its batch, head and row index, raw, out, mask and key padding advanced to it, its band
+ * (the rule's row open) and key range. Remainders as x - (x / y) * y: a division and
+ * remainder of the same operands become an LLVM `freeze`, which Oclgrind's --uninitialized
+ * checker cannot run. */
+#define SOFTMAX_ROW_OPEN(row)                                                                     \
+    const ulong bh = (row) / seq_q;                                                               \
+    const uint i = (uint)((row) - bh * seq_q);                                                    \
+    const ulong b = bh / heads, h = bh - b * heads;                                               \
+    raw += raw_offset + b * raw_s0 + h * raw_s1 + i * raw_s2;                                     \
+    out += out_offset + b * out_s0 + h * out_s1 + i * out_s2;                                     \
+    if (has_mask)                                                                                 \
+        mask += mask_offset + b * mask_s0 + h * mask_s1 + i * mask_s2;                            \
+    if (has_key_padding)                                                                          \
+        key_padding += key_padding_offset + b * key_padding_s0;                                   \
+    const key_band band = BAND_OF(b, h);                                                          \
+    const uint key_begin = band_begin(band, i), key_end = band_end(band, i);
+
 __kernel __attribute__((reqd_work_group_size(SOFTMAX_GROUP, 1, 1)))
 void softmax_rows(__global const float *raw, __global float *out,
                   __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
@@ -273,20 +291,7 @@ void softmax_rows(__global const float *raw, __global float *out,
     const uint lid = get_local_id(0);
     const ulong row = get_group_id(0); /* the grid holds exactly `rows` groups */
 #endif
-    /* Remainders as x - (x / y) * y: a division and remainder of the same operands become an
-     * LLVM `freeze`, which Oclgrind's --uninitialized checker cannot run. */
-    const ulong bh = row / seq_q;
-    const uint i = (uint)(row - bh * seq_q);
-    const ulong b = bh / heads, h = bh - b * heads;
-
-    raw += raw_offset + b * raw_s0 + h * raw_s1 + i * raw_s2;
-    out += out_offset + b * out_s0 + h * out_s1 + i * out_s2;
-    if (has_mask)
-        mask += mask_offset + b * mask_s0 + h * mask_s1 + i * mask_s2;
-    if (has_key_padding)
-        key_padding += key_padding_offset + b * key_padding_s0;
-    const key_band band = BAND_OF(b, h);
-    const uint key_begin = band_begin(band, i), key_end = band_end(band, i);
+    SOFTMAX_ROW_OPEN(row)
     const float sink = SINK_OF(h, i); /* attention sinks (score.cl); -inf: none */
 #if SOFTMAX_VEC
     if (has_mask || has_key_padding)
@@ -395,17 +400,7 @@ __kernel void softmax_rows_f64(__global const float *raw, __global float *out,
     const ulong row = get_global_id(0);
     if (row >= rows)
         return;
-    const ulong bh = row / seq_q;
-    const uint i = (uint)(row - bh * seq_q);
-    const ulong b = bh / heads, h = bh - b * heads;
-    raw += raw_offset + b * raw_s0 + h * raw_s1 + i * raw_s2;
-    out += out_offset + b * out_s0 + h * out_s1 + i * out_s2;
-    if (has_mask)
-        mask += mask_offset + b * mask_s0 + h * mask_s1 + i * mask_s2;
-    if (has_key_padding)
-        key_padding += key_padding_offset + b * key_padding_s0;
-    const key_band band = BAND_OF(b, h);
-    const uint key_begin = band_begin(band, i), key_end = band_end(band, i);
+    SOFTMAX_ROW_OPEN(row)
 #define SCORE64(c)                                                                                \
     ((double)row_score(raw, (c), scale, softcap, band, i, key_begin, key_end, has_mask, mask,    \
                        mask_s3, has_key_padding, key_padding, key_padding_s1))

@@ -38,6 +38,25 @@
 #define DTYPE_Q8_0 5
 #define DTYPE_Q4_0 6
 
+/* The kernels' operand dtypes, 0 (F32) unless built with others: the attention kernels' q, k,
+ * v and out (flash*.cl, flash_bwd*.cl; out also posenc.cl's and rope.cl's) */
+#ifndef Q_DTYPE
+#define Q_DTYPE 0
+#endif
+#ifndef K_DTYPE
+#define K_DTYPE 0
+#endif
+#ifndef V_DTYPE
+#define V_DTYPE 0
+#endif
+#ifndef O_DTYPE
+#define O_DTYPE 0
+#endif
+/* ... and of the positional kernels' input x (posenc.cl, rope.cl) */
+#ifndef X_DTYPE
+#define X_DTYPE 0
+#endif
+
 /* Two levels, so that a code given as a macro (Q_DTYPE) is expanded before pasting. */
 #define ELEM_T(code) ELEM_T_(code)
 #define ELEM_T_(code) ELEM_T_##code

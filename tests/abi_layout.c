@@ -40,6 +40,8 @@ int main(void)
     FIELD(clattn_sdpa_desc, max_seqlen_q), FIELD(clattn_sdpa_desc, max_seqlen_k);
     FIELD(clattn_sdpa_desc, dropout_p), FIELD(clattn_sdpa_desc, dropout_seed);
     FIELD(clattn_sdpa_desc, dropout_offset), FIELD(clattn_sdpa_desc, flex);
+    FIELD(clattn_sdpa_desc, t5_num_buckets), FIELD(clattn_sdpa_desc, t5_max_distance);
+    FIELD(clattn_sdpa_desc, t5_bidirectional);
     END();
 
     BEGIN(clattn_flex_desc, "FlexDesc");

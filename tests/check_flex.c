@@ -12,7 +12,10 @@
  *      kernel visits (the counter) exactly the non-empty ones of its tile geometry;
  *   5. a source that does not compile: CLATTN_ERR_BUILD naming the user's line; the same
  *      source and names reuse the built programs (the context's build count); bad names and
- *      shapes refused with messages naming them.
+ *      shapes refused with messages naming them;
+ *   6. T5's relative-position buckets (t5_bias, a built-in made of score functions) bit for
+ *      bit the same bias as a user score_mod over host-made bucket indices, forward and
+ *      backward, and against float64.
  * On a CPU the fused kernel is flash_cpu.cl; flex_gpu_params (CLATTN_PARAMS=gpu, the Oclgrind
  * lane) runs flash_gpu.cl and the generic backward. */
 #include "problems.h"
@@ -629,6 +632,157 @@ START_TEST(test_block_mask)
 }
 END_TEST
 
+/* --- 6. T5's relative-position buckets: a built-in made of score functions ------------------ */
+
+/* HF's T5Attention._relative_position_bucket in float32, as the kernels compute it. */
+static int t5_bucket(long rel, int buckets, int max_distance, int bidirectional)
+{
+    int n = buckets, bucket = 0;
+    if (bidirectional) {
+        n /= 2;
+        bucket = rel > 0 ? n : 0;
+        rel = labs(rel);
+    } else {
+        rel = rel < 0 ? -rel : 0;
+    }
+    const int exact = n / 2;
+    if (rel < exact)
+        return bucket + (int)rel;
+    const float scaled =
+        logf((float)rel / (float)exact) / logf((float)max_distance / (float)exact) * (float)(n - exact);
+    const int large = exact + (int)scaled;
+    return bucket + (large < n - 1 ? large : n - 1);
+}
+
+/* The built-in (t5_bias) against the same bias as a user score_mod that reads a host-made
+ * (Lq, Lk) table of bucket indices: the same float added, so the same bits, forward (fused and
+ * unfused) and backward; and against a float64 reference. */
+START_TEST(test_t5_buckets)
+{
+    TU_BEGIN_TEST();
+    const int bidirectional = _i == 0;
+    const flex_sizes s = {2, 3, 37, 211, 16};
+    const size_t buckets = bidirectional ? 32 : 16, max_distance = 64;
+    const size_t nq = s.batch * s.heads * s.seq_q * s.dim, nk = s.batch * s.heads * s.seq_k * s.dim;
+    float *q = tu_random_floats(nq), *k = tu_random_floats(nk), *v = tu_random_floats(nk);
+    float *go = tu_random_floats(nq);
+    float *table = tu_random_floats(buckets * s.heads);
+    float *index = tu_floats(s.seq_q * s.seq_k);
+    for (size_t i = 0; i < s.seq_q; ++i)
+        for (size_t j = 0; j < s.seq_k; ++j)
+            index[i * s.seq_k + j] = (float)t5_bucket(
+                (long)j - (long)(i + s.seq_k - s.seq_q), (int)buckets, (int)max_distance,
+                bidirectional);
+    char source[512];
+    snprintf(source, sizeof source,
+             "float score_mod(float score, int b, int h, int q, int k)\n"
+             "{ return score + tab[bucket[q * %zu + k] * %zu + h]; }\n"
+             "float score_mod_grad(float score, int b, int h, int q, int k) { return 1.0f; }\n",
+             s.seq_k, s.heads);
+    const size_t tdims[2] = {buckets, s.heads}, idims[2] = {s.seq_q, s.seq_k};
+    const size_t lse_dims[3] = {s.batch, s.heads, s.seq_q};
+    float *got[2][2] = {{NULL, NULL}, {NULL, NULL}}; /* [builtin or user][out or dq] */
+    for (int path = CLATTN_PATH_FUSED; path <= CLATTN_PATH_UNFUSED; ++path) {
+        tu_set_case("T5 buckets, %s, %s", bidirectional ? "bidirectional" : "causal side",
+                    path == CLATTN_PATH_FUSED ? "fused" : "unfused");
+        for (int user = 0; user < 2; ++user) {
+            clattn_tensors t;
+            memset(&t, 0, sizeof t);
+            t.q = f32_4(s.batch, s.heads, s.seq_q, s.dim, q);
+            t.k = f32_4(s.batch, s.heads, s.seq_k, s.dim, k);
+            t.v = f32_4(s.batch, s.heads, s.seq_k, s.dim, v);
+            t.out = f32_4(s.batch, s.heads, s.seq_q, s.dim, NULL);
+            if (path == CLATTN_PATH_FUSED) /* (the backward's; only the fused path gives it) */
+                t.lse = vec(CLATTN_DTYPE_F32, 3, lse_dims, NULL);
+            clattn_sdpa_desc desc;
+            clattn_sdpa_desc_init(&desc);
+            desc.path = (clattn_path)path;
+            desc.scale = 1.0f;
+            if (user) {
+                t.flex_aux0 = vec(CLATTN_DTYPE_F32, 2, tdims, table);
+                t.flex_aux1 = vec(CLATTN_DTYPE_I32, 2, idims, index);
+                desc.flex.source = source;
+                desc.flex.functions = CLATTN_FLEX_SCORE_MOD | CLATTN_FLEX_SCORE_MOD_GRAD;
+                desc.flex.aux_names[0] = "tab";
+                desc.flex.aux_names[1] = "bucket";
+            } else {
+                t.t5_bias = vec(CLATTN_DTYPE_F32, 2, tdims, table);
+                desc.t5_num_buckets = buckets;
+                desc.t5_max_distance = max_distance;
+                desc.t5_bidirectional = bidirectional;
+            }
+            CLATTN_BIND_ROLES(desc, t);
+            clattn_plan *plan = NULL, *backward = NULL;
+            if (tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &desc, &plan), CLATTN_SUCCESS,
+                                 user ? "the user's plan" : "the T5 plan"))
+                got[user][0] = run_plan(plan, &t, &t.out);
+            if (path == CLATTN_PATH_FUSED && plan) {
+                t.grad_out = f32_4(s.batch, s.heads, s.seq_q, s.dim, go);
+                t.grad_q = f32_4(s.batch, s.heads, s.seq_q, s.dim, NULL);
+                t.grad_k = f32_4(s.batch, s.heads, s.seq_k, s.dim, NULL);
+                t.grad_v = f32_4(s.batch, s.heads, s.seq_k, s.dim, NULL);
+                CLATTN_BIND_ROLES(desc, t);
+                if (tu_expect_status(clattn_sdpa_backward_plan_create(tu_ctx(), &desc, &backward),
+                                     CLATTN_SUCCESS, "backward")) {
+                    tu_expect_status(clattn_plan_execute(backward, t.by_role, CLATTN_ROLE_COUNT,
+                                                         NULL, NULL, 0, NULL, NULL),
+                                     CLATTN_SUCCESS, "backward execute");
+                    got[user][1] = tu_floats(nq);
+                    pb_download(tu_ctx(), NULL, &t.grad_q, got[user][1], NULL);
+                }
+            }
+            clattn_plan_release(plan);
+            clattn_plan_release(backward);
+            pb_release_tensors(&t);
+        }
+        for (int which = 0; which < 2; ++which)
+            if (got[0][which] && got[1][which])
+                tu_expect(memcmp(got[0][which], got[1][which], nq * sizeof(float)) == 0,
+                          "t5_bias's %s differs from the same bias as a user score_mod",
+                          which ? "dq" : "out");
+        /* the float64 reference of the forward */
+        if (got[0][0]) {
+            double *want = tu_doubles(nq), *row = tu_doubles(s.seq_k);
+            for (size_t bh = 0; bh < s.batch * s.heads; ++bh) {
+                const size_t h = bh % s.heads;
+                for (size_t i = 0; i < s.seq_q; ++i) {
+                    double m = -INFINITY, total = 0.0;
+                    for (size_t j = 0; j < s.seq_k; ++j) {
+                        double dot = 0.0;
+                        for (size_t c = 0; c < s.dim; ++c)
+                            dot += (double)q[(bh * s.seq_q + i) * s.dim + c] *
+                                   k[(bh * s.seq_k + j) * s.dim + c];
+                        row[j] = dot + table[(size_t)index[i * s.seq_k + j] * s.heads + h];
+                        m = fmax(m, row[j]);
+                    }
+                    for (size_t j = 0; j < s.seq_k; ++j)
+                        total += exp(row[j] - m);
+                    for (size_t j = 0; j < s.seq_k; ++j)
+                        for (size_t c = 0; c < s.dim; ++c)
+                            want[(bh * s.seq_q + i) * s.dim + c] +=
+                                exp(row[j] - m) / total * v[(bh * s.seq_k + j) * s.dim + c];
+                }
+            }
+            tu_expect_close("out", got[0][0], want, nq, TU_TOL);
+            free(want);
+            free(row);
+        }
+        for (int a = 0; a < 2; ++a)
+            for (int b = 0; b < 2; ++b) {
+                free(got[a][b]);
+                got[a][b] = NULL;
+            }
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(go);
+    free(table);
+    free(index);
+    TU_END_TEST();
+}
+END_TEST
+
 /* --- 5. build errors, the program cache, refusals ---------------------------------------- */
 
 START_TEST(test_flex_errors)
@@ -709,6 +863,7 @@ int main(void)
     tcase_add_loop_test(tc, test_flex_backward, 0, sizes_run);
     tcase_add_loop_test(tc, test_block_mask, 0, tu_small() ? 1 : 2);
     tcase_add_loop_test(tc, test_flex_errors, 0, 1);
+    tcase_add_loop_test(tc, test_t5_buckets, 0, 2);
     suite_add_tcase(suite, tc);
     return tu_run_suite(suite);
 }

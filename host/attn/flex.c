@@ -27,38 +27,74 @@ static const char *c_type(clattn_dtype dtype)
     return dtype == CLATTN_DTYPE_I32 ? "int" : dtype == CLATTN_DTYPE_U8 ? "uchar" : "float";
 }
 
-/* The text built ahead of score.cl: the auxiliary tensors as parameters of the user's
- * functions (their definitions renamed flex_user_* by macros taking FlexAttention's
- * arguments), the source with its own line numbers, then score.cl's. */
-static char *flex_text(const char *source, const char *const *names, const clattn_dtype *dtypes,
-                       size_t count)
+/* The text built ahead of score.cl from the parts (a built-in's, the user's): the auxiliary
+ * tensors as parameters of every part's functions (their definitions renamed flex_p<i>_* by
+ * macros that take FlexAttention's arguments), each part's source with its own line numbers,
+ * then flex_user_score_mod, _mask_mod and _score_mod_grad (score.cl's hooks) composing them:
+ * the score through each part's score_mod in order, the gradient by the chain rule, the keep
+ * test the AND of the parts' mask_mods. NULL when out of memory. */
+static char *flex_text(const clattn__flex_parts *parts, const clattn__layout *const *aux_layouts)
 {
-    char decl[1024] = "", from[1024] = "";
-    size_t d = 0, f = 0;
-    for (size_t i = 0; i < count; ++i) {
-        d += (size_t)snprintf(decl + d, sizeof decl - d, ", __global const %s *%s",
-                              c_type(dtypes[i]), names[i]);
-        f += (size_t)snprintf(from + f, sizeof from - f,
-                              ", (__global const %s *)((arena) + (off).s%zu)", c_type(dtypes[i]),
-                              i);
-    }
-    static const char format[] =
-        "/* clattn: the user's score functions (host/attn/flex.c) */\n"
-        "#define FLEX_AUX_DECL %s\n"
-        "#define FLEX_AUX_FROM(arena, off) %s\n"
-        "#define score_mod(a0_, a1_, a2_, a3_, a4_) "
-        "flex_user_score_mod(a0_, a1_, a2_, a3_, a4_ FLEX_AUX_DECL)\n"
-        "#define mask_mod(a0_, a1_, a2_, a3_) flex_user_mask_mod(a0_, a1_, a2_, a3_ FLEX_AUX_DECL)\n"
-        "#define score_mod_grad(a0_, a1_, a2_, a3_, a4_) "
-        "flex_user_score_mod_grad(a0_, a1_, a2_, a3_, a4_ FLEX_AUX_DECL)\n"
-        "#line 1 \"score_mod.cl\"\n"
-        "%s\n"
-        "#undef score_mod\n#undef mask_mod\n#undef score_mod_grad\n"
-        "#line 1 \"score.cl\"\n";
-    const size_t size = sizeof format + strlen(decl) + strlen(from) + strlen(source);
+    char decl[1024] = "", from[1024] = "", names[512] = "";
+    size_t d = 0, f = 0, m = 0, slot = 0;
+    for (size_t p = 0; p < parts->count; ++p)
+        for (size_t i = 0; i < parts->part[p].num_aux; ++i, ++slot) {
+            const char *type = c_type(aux_layouts[slot]->dtype), *name = parts->part[p].names[i];
+            d += (size_t)snprintf(decl + d, sizeof decl - d, ", __global const %s *%s", type, name);
+            f += (size_t)snprintf(from + f, sizeof from - f,
+                                  ", (__global const %s *)((arena) + (off).s%zu)", type, slot);
+            m += (size_t)snprintf(names + m, sizeof names - m, ", %s", name);
+        }
+    size_t size = 4096 + d + f + 4 * m;
+    for (size_t p = 0; p < parts->count; ++p)
+        size += strlen(parts->part[p].source) + 512;
     char *text = malloc(size);
-    if (text)
-        snprintf(text, size, format, decl, from, source);
+    if (text == NULL)
+        return NULL;
+    size_t at = (size_t)snprintf(text, size,
+                                 "/* clattn: the score functions (host/attn/flex.c) */\n"
+                                 "#define FLEX_AUX_DECL %s\n#define FLEX_AUX_FROM(arena, off) %s\n",
+                                 decl, from);
+    for (size_t p = 0; p < parts->count; ++p)
+        at += (size_t)snprintf(
+            text + at, size - at,
+            "#define score_mod(a0_, a1_, a2_, a3_, a4_) "
+            "flex_p%zu_score_mod(a0_, a1_, a2_, a3_, a4_ FLEX_AUX_DECL)\n"
+            "#define mask_mod(a0_, a1_, a2_, a3_) flex_p%zu_mask_mod(a0_, a1_, a2_, a3_ FLEX_AUX_DECL)\n"
+            "#define score_mod_grad(a0_, a1_, a2_, a3_, a4_) "
+            "flex_p%zu_score_mod_grad(a0_, a1_, a2_, a3_, a4_ FLEX_AUX_DECL)\n"
+            "#line 1 \"%s\"\n%s\n#undef score_mod\n#undef mask_mod\n#undef score_mod_grad\n",
+            p, p, p, parts->part[p].file, parts->part[p].source);
+    /* the composition */
+    at += (size_t)snprintf(text + at, size - at,
+                           "#line 1 \"flex_parts.cl\"\n"
+                           "inline float flex_user_score_mod(float s, int b, int h, int q, int k "
+                           "FLEX_AUX_DECL)\n{\n");
+    for (size_t p = 0; p < parts->count; ++p)
+        if (parts->part[p].functions & CLATTN_FLEX_SCORE_MOD)
+            at += (size_t)snprintf(text + at, size - at,
+                                   "    s = flex_p%zu_score_mod(s, b, h, q, k%s);\n", p, names);
+    at += (size_t)snprintf(text + at, size - at,
+                           "    return s;\n}\n"
+                           "inline float flex_user_score_mod_grad(float s, int b, int h, int q, "
+                           "int k FLEX_AUX_DECL)\n{\n    float g = 1.0f;\n");
+    for (size_t p = 0; p < parts->count; ++p)
+        if ((parts->part[p].functions & CLATTN_FLEX_SCORE_MOD) &&
+            (parts->part[p].functions & CLATTN_FLEX_SCORE_MOD_GRAD))
+            at += (size_t)snprintf(text + at, size - at,
+                                   "    g *= flex_p%zu_score_mod_grad(s, b, h, q, k%s);\n"
+                                   "    s = flex_p%zu_score_mod(s, b, h, q, k%s);\n",
+                                   p, names, p, names);
+    at += (size_t)snprintf(text + at, size - at,
+                           "    return g;\n}\n"
+                           "inline int flex_user_mask_mod(int b, int h, int q, int k "
+                           "FLEX_AUX_DECL)\n{\n    return 1");
+    for (size_t p = 0; p < parts->count; ++p)
+        if (parts->part[p].functions & CLATTN_FLEX_MASK_MOD)
+            at += (size_t)snprintf(text + at, size - at,
+                                   " &&\n           flex_p%zu_mask_mod(b, h, q, k%s) != 0", p,
+                                   names);
+    snprintf(text + at, size - at, ";\n}\n#line 1 \"score.cl\"\n");
     return text;
 }
 
@@ -95,11 +131,10 @@ static bool row_major(const clattn__layout *l)
     return true;
 }
 
-/* Validates the flex descriptor's source, names and auxiliary layouts (aux[i]: NULL or rank 0:
- * absent); registers the text; *id the source's, *names_out the names in use. */
-static clattn_status flex_source(clattn_ctx *ctx, const char *op, const clattn_flex_desc *flex,
-                                 const clattn__layout *const *aux, int *id, size_t *count)
+clattn_status clattn__flex_user_part(clattn_ctx *ctx, const char *op, const clattn_flex_desc *flex,
+                                     const clattn__layout *const *aux, clattn__flex_part *part)
 {
+    memset(part, 0, sizeof *part);
     if ((flex->functions & ~7u) != 0 || flex->functions == 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: flex.functions=%u: must name what flex.source defines "
@@ -111,9 +146,9 @@ static clattn_status flex_source(clattn_ctx *ctx, const char *op, const clattn_f
                             "%s: flex.functions has CLATTN_FLEX_SCORE_MOD_GRAD without "
                             "CLATTN_FLEX_SCORE_MOD",
                             op);
-    const char *names[CLATTN_FLEX_AUX_MAX];
-    clattn_dtype dtypes[CLATTN_FLEX_AUX_MAX];
-    size_t n = 0;
+    part->file = "score_mod.cl";
+    part->source = flex->source;
+    part->functions = flex->functions;
     for (size_t i = 0; i < CLATTN_FLEX_AUX_MAX; ++i) {
         const char *name = flex->aux_names[i];
         const bool bound = aux[i] != NULL && aux[i]->present;
@@ -124,37 +159,55 @@ static clattn_status flex_source(clattn_ctx *ctx, const char *op, const clattn_f
                                 "%s: flex.aux_names[%zu] is %s but flex_aux%zu is %s: give both "
                                 "or neither",
                                 op, i, name ? name : "NULL", i, bound ? "bound" : "absent");
-        if (i != n)
+        if (i != part->num_aux)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                                 "%s: flex.aux_names[%zu] is set but flex.aux_names[%zu] is not: "
                                 "use the first ones",
-                                op, i, n);
-        if (!is_identifier(name))
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: flex.aux_names[%zu]=\"%s\" is not a C identifier (letters, "
-                                "digits, '_'; under 64 characters)",
-                                op, i, name);
-        for (size_t j = 0; j < n; ++j)
-            if (strcmp(names[j], name) == 0)
-                return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                    "%s: flex.aux_names[%zu]=\"%s\" repeats flex.aux_names[%zu]",
-                                    op, i, name, j);
-        if (!row_major(aux[i]))
-            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                                "%s: flex_aux%zu (\"%s\") must be contiguous row-major (its "
-                                "elements are read at flat indices)",
-                                op, i, name);
-        names[n] = name;
-        dtypes[n] = aux[i]->dtype;
-        ++n;
+                                op, i, part->num_aux);
+        part->names[i] = name;
+        part->roles[i] = R_FLEX_AUX0 + (int)i;
+        ++part->num_aux;
     }
-    char *text = flex_text(flex->source, names, dtypes, n);
-    if (text == NULL)
+    return CLATTN_SUCCESS;
+}
+
+/* Checks the parts' auxiliary names (C identifiers, unique over the parts, at most
+ * CLATTN_FLEX_AUX_MAX in all) and layouts (contiguous row-major), then registers their text:
+ * *id the source's (score.cl's FLEX_SRC). aux_layouts[slot]: the slots' layouts, in order. */
+static clattn_status flex_compose(clattn_ctx *ctx, const char *op, const clattn__flex_parts *parts,
+                                  const clattn__layout *const *aux_layouts, size_t slots, int *id)
+{
+    if (slots > CLATTN_FLEX_AUX_MAX)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %zu auxiliary tensors in all (the built-ins' and flex's): at "
+                            "most %d",
+                            op, slots, (int)CLATTN_FLEX_AUX_MAX);
+    size_t slot = 0;
+    const char *seen[CLATTN_FLEX_AUX_MAX];
+    for (size_t p = 0; p < parts->count; ++p)
+        for (size_t i = 0; i < parts->part[p].num_aux; ++i, ++slot) {
+            const char *name = parts->part[p].names[i];
+            if (!is_identifier(name))
+                return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                    "%s: flex.aux_names[%zu]=\"%s\" is not a C identifier "
+                                    "(letters, digits, '_'; under 64 characters)",
+                                    op, i, name);
+            for (size_t j = 0; j < slot; ++j)
+                if (strcmp(seen[j], name) == 0)
+                    return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                        "%s: flex.aux_names[%zu]=\"%s\" is taken (by another "
+                                        "auxiliary tensor or a built-in's)",
+                                        op, i, name);
+            seen[slot] = name;
+            if (!row_major(aux_layouts[slot]))
+                return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                    "%s: the auxiliary tensor \"%s\" must be contiguous row-major "
+                                    "(its elements are read at flat indices)",
+                                    op, name);
+        }
+    char *text = flex_text(parts, aux_layouts);
+    if (text == NULL || (*id = flex_register(ctx, text)) == 0)
         return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
-    *id = flex_register(ctx, text);
-    if (*id == 0)
-        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
-    *count = n;
     return CLATTN_SUCCESS;
 }
 
@@ -171,25 +224,42 @@ static size_t layout_elems(const clattn__layout *l)
     return n;
 }
 
-clattn_status clattn__plan_flex(clattn_plan *plan, const clattn_flex_desc *flex, size_t batch,
-                                size_t heads, size_t seq_q, size_t seq_k, bool backward,
+clattn_status clattn__plan_flex(clattn_plan *plan, const clattn__flex_parts *builtin,
+                                const clattn_flex_desc *flex, size_t batch, size_t heads,
+                                size_t seq_q, size_t seq_k, bool backward,
                                 clattn__score_shape *score)
 {
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
     const clattn__layout *l = plan->layouts;
     memset(&plan->flex, 0, sizeof plan->flex);
-    if (flex->source == NULL || flex->source[0] == '\0') {
+    clattn__flex_parts parts = *builtin;
+    const bool user = flex->source != NULL && flex->source[0] != '\0';
+    if (!user)
         for (int role = R_FLEX_AUX0; role <= R_BLOCK_MASK; ++role)
             if (l[role].present)
                 return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                                     "%s: %s is bound but flex.source is empty (no user score "
                                     "functions)",
                                     op, clattn__sdpa_role_names[role]);
-        return CLATTN_SUCCESS;
+    clattn_status status = CLATTN_SUCCESS;
+    if (user) {
+        const clattn__layout *aux[CLATTN_FLEX_AUX_MAX] = {&l[R_FLEX_AUX0], &l[R_FLEX_AUX1],
+                                                          &l[R_FLEX_AUX2], &l[R_FLEX_AUX3]};
+        if ((status = clattn__flex_user_part(ctx, op, flex, aux, &parts.part[parts.count])))
+            return status;
+        ++parts.count;
     }
-    if (backward && (flex->functions & CLATTN_FLEX_SCORE_MOD) &&
-        !(flex->functions & CLATTN_FLEX_SCORE_MOD_GRAD))
+    if (parts.count == 0)
+        return CLATTN_SUCCESS;
+    unsigned functions = 0, grads = CLATTN_FLEX_SCORE_MOD_GRAD;
+    for (size_t p = 0; p < parts.count; ++p) {
+        functions |= parts.part[p].functions;
+        if ((parts.part[p].functions & CLATTN_FLEX_SCORE_MOD) &&
+            !(parts.part[p].functions & CLATTN_FLEX_SCORE_MOD_GRAD))
+            grads = 0;
+    }
+    if (backward && (functions & CLATTN_FLEX_SCORE_MOD) && !grads)
         return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
                             "%s: flex.source's score_mod has no score_mod_grad (d score_mod / "
                             "d score), which the backward needs: define it and add "
@@ -197,21 +267,26 @@ clattn_status clattn__plan_flex(clattn_plan *plan, const clattn_flex_desc *flex,
                             op);
     if (score->additive)
         return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                            "%s: user score functions with additive attention", op);
-    const clattn__layout *aux[CLATTN_FLEX_AUX_MAX] = {&l[R_FLEX_AUX0], &l[R_FLEX_AUX1],
-                                                      &l[R_FLEX_AUX2], &l[R_FLEX_AUX3]};
-    int id = 0;
+                            "%s: score functions with additive attention", op);
+    /* the arena's slots: the parts' auxiliary tensors in order */
+    const clattn__layout *slots[2 * CLATTN_FLEX_AUX_MAX];
     size_t count = 0;
-    clattn_status status = flex_source(ctx, op, flex, aux, &id, &count);
-    if (status != CLATTN_SUCCESS)
+    for (size_t p = 0; p < parts.count; ++p)
+        for (size_t i = 0; i < parts.part[p].num_aux && count < 2 * CLATTN_FLEX_AUX_MAX; ++i) {
+            plan->flex.aux_roles[count] = parts.part[p].roles[i];
+            slots[count++] = &l[parts.part[p].roles[i]];
+        }
+    int id = 0;
+    if ((status = flex_compose(ctx, op, &parts, slots, count, &id)))
         return status;
     /* the arena: the auxiliary tensors, the block mask, the counter, each 64-byte aligned */
     size_t at = 0;
     for (size_t i = 0; i < count; ++i) {
         plan->flex.aux_at[i] = at;
-        plan->flex.aux_bytes[i] = layout_elems(aux[i]) * clattn_dtype_size(aux[i]->dtype);
+        plan->flex.aux_bytes[i] = layout_elems(slots[i]) * clattn_dtype_size(slots[i]->dtype);
         at += align_up(plan->flex.aux_bytes[i]);
     }
+    plan->flex.num_aux = count;
     const clattn__layout *bm = &l[R_BLOCK_MASK];
     if (bm->present) {
         if (flex->block_q == 0 || flex->block_k == 0 || flex->block_q > UINT32_MAX ||
@@ -241,15 +316,15 @@ clattn_status clattn__plan_flex(clattn_plan *plan, const clattn_flex_desc *flex,
         plan->flex.bm_s0 = bm->dims[0] == 1 ? 0 : bm->dims[1] * q_blocks * k_blocks;
         at += align_up(plan->flex.blocks_bytes);
     }
-    plan->flex.count = flex->count_tiles != 0;
+    plan->flex.count = user && flex->count_tiles != 0;
     plan->flex.count_at = at;
     at += ARENA_ALIGN;
     plan->flex.on = true;
     plan->flex.arena_bytes = at;
     score->flex_id = id;
-    score->flex_score = (flex->functions & CLATTN_FLEX_SCORE_MOD) != 0;
-    score->flex_mask = (flex->functions & CLATTN_FLEX_MASK_MOD) != 0;
-    score->flex_grad = (flex->functions & CLATTN_FLEX_SCORE_MOD_GRAD) != 0;
+    score->flex_score = (functions & CLATTN_FLEX_SCORE_MOD) != 0;
+    score->flex_mask = (functions & CLATTN_FLEX_MASK_MOD) != 0;
+    score->flex_grad = grads != 0 && score->flex_score;
     score->flex_blocks = plan->flex.blocks;
     score->flex_count = plan->flex.count;
     return CLATTN_SUCCESS;
@@ -291,13 +366,12 @@ clattn_status clattn__flex_stage(clattn_plan *plan, const cl_mem *mems, const si
     const size_t base = plan->flex.arena_at * sizeof(float);
     const clattn__layout *l = plan->layouts;
     clattn_status status = CLATTN_SUCCESS;
-    for (int i = 0; i < CLATTN_FLEX_AUX_MAX && status == CLATTN_SUCCESS; ++i)
-        if (plan->flex.aux_bytes[i])
-            status = chain_copy(chain, mems[R_FLEX_AUX0 + i],
-                                offsets[R_FLEX_AUX0 + i] *
-                                    clattn_dtype_size(l[R_FLEX_AUX0 + i].dtype),
-                                workspace, base + plan->flex.aux_at[i], plan->flex.aux_bytes[i],
-                                "flex_aux");
+    for (size_t i = 0; i < plan->flex.num_aux && status == CLATTN_SUCCESS; ++i) {
+        const int role = plan->flex.aux_roles[i];
+        status = chain_copy(chain, mems[role], offsets[role] * clattn_dtype_size(l[role].dtype),
+                            workspace, base + plan->flex.aux_at[i], plan->flex.aux_bytes[i],
+                            clattn__sdpa_role_names[role]);
+    }
     if (status == CLATTN_SUCCESS && plan->flex.blocks)
         status = chain_copy(chain, mems[R_BLOCK_MASK], offsets[R_BLOCK_MASK], workspace,
                             base + plan->flex.blocks_at, plan->flex.blocks_bytes, "block_mask");
@@ -410,11 +484,14 @@ clattn_status clattn_flex_block_mask(clattn_ctx *ctx, const clattn_block_mask_de
             return status;
         aux[i] = &aux_layouts[i];
     }
+    clattn__flex_parts parts;
+    memset(&parts, 0, sizeof parts);
+    parts.count = 1;
+    if ((status = clattn__flex_user_part(ctx, op, flex, aux, &parts.part[0])))
+        return status;
+    const size_t count = parts.part[0].num_aux;
     int id = 0;
-    size_t count = 0;
-    clattn_flex_desc masks_only = *flex;
-    masks_only.functions = CLATTN_FLEX_MASK_MOD | (flex->functions & 7u);
-    if ((status = flex_source(ctx, op, &masks_only, aux, &id, &count)))
+    if ((status = flex_compose(ctx, op, &parts, aux, count, &id)))
         return status;
     char extra[64];
     snprintf(extra, sizeof extra, "-DFLEX_SRC=%d -DFLEX_MASK=1", id);

@@ -80,7 +80,7 @@ clattn_status clattn__plan_new(clattn_ctx *ctx, const clattn__plan_ops *ops, con
                                            role == R_PRESENT_K || role == R_PRESENT_V ||
                                            role == R_SCORES));
         const unsigned dtypes = role == R_KPM || role == R_BLOCK_MASK   ? CLATTN__U8
-                                : role >= R_FLEX_AUX0 && role <= R_FLEX_AUX3
+                                : role >= R_FLEX_AUX0 /* (the modifiers check their own) */
                                     ? CLATTN__F32 | CLATTN__I32 | CLATTN__U8
                                 : role == R_KVLEN || role == R_POS_IDS || role == R_BLOCK_TABLE ||
                                         role == R_CU_Q || role == R_CU_K

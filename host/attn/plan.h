@@ -56,7 +56,8 @@
     X(R_FLEX_AUX1, flex_aux1, CLATTN_ROLE_FLEX_AUX1, "flex_aux1", "flex_aux1", "flex_aux1")        \
     X(R_FLEX_AUX2, flex_aux2, CLATTN_ROLE_FLEX_AUX2, "flex_aux2", "flex_aux2", "flex_aux2")        \
     X(R_FLEX_AUX3, flex_aux3, CLATTN_ROLE_FLEX_AUX3, "flex_aux3", "flex_aux3", "flex_aux3")        \
-    X(R_BLOCK_MASK, block_mask, CLATTN_ROLE_BLOCK_MASK, "block_mask", "block_mask", "block_mask")
+    X(R_BLOCK_MASK, block_mask, CLATTN_ROLE_BLOCK_MASK, "block_mask", "block_mask", "block_mask") \
+    X(R_T5_BIAS, t5_bias, CLATTN_ROLE_T5_BIAS, "t5_bias", "t5_bias", "t5_bias")
 
 typedef enum clattn__role {
 #define CLATTN__ROLE_ENUM(role, field, pub, sdpa, mha, x) role = pub,
@@ -69,10 +70,11 @@ const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role rol
 
 /* A set of roles: bit (1 << role) per role. */
 #define CLATTN__ROLE(r) ((uint64_t)1 << (r))
-/* The user score functions' roles (clattn_flex_desc). */
+/* The roles of the score modifiers' tables and functions (modifiers.c, clattn_flex_desc): the
+ * roles from flex_aux0 on, each validated by its modifier's step. */
 #define CLATTN__FLEX_ROLES                                                                         \
     (CLATTN__ROLE(R_FLEX_AUX0) | CLATTN__ROLE(R_FLEX_AUX1) | CLATTN__ROLE(R_FLEX_AUX2) |          \
-     CLATTN__ROLE(R_FLEX_AUX3) | CLATTN__ROLE(R_BLOCK_MASK))
+     CLATTN__ROLE(R_FLEX_AUX3) | CLATTN__ROLE(R_BLOCK_MASK) | CLATTN__ROLE(R_T5_BIAS))
 _Static_assert(R_COUNT <= 64, "a role set is a 64-bit mask");
 
 /* Attention over (batch, heads, seq, head_dim) views: the steps both plans share. */
@@ -283,11 +285,14 @@ struct clattn_plan {
     struct {
         bool on, blocks, count;
         size_t arena_at, arena_bytes;
-        size_t aux_at[CLATTN_FLEX_AUX_MAX], aux_bytes[CLATTN_FLEX_AUX_MAX];
+        size_t num_aux; /* the arena's auxiliary tensors: their roles, offsets and sizes */
+        int aux_roles[2 * CLATTN_FLEX_AUX_MAX];
+        size_t aux_at[2 * CLATTN_FLEX_AUX_MAX], aux_bytes[2 * CLATTN_FLEX_AUX_MAX];
         size_t blocks_at, blocks_bytes, count_at;
         size_t block_q, block_k, bm_s0, bm_s1, bm_s2;
         size_t tile_rows, tile_keys; /* the fused kernel's tile (clattn_plan_tiles_visited) */
     } flex;
+    char t5_source[1536]; /* T5's buckets as a score function, with its constants */
     char info[512];      /* clattn_plan_info */
     size_t workspace_floats;
 };
@@ -327,12 +332,33 @@ clattn_status clattn__plan_sinks(clattn_plan *plan, clattn__score_shape *score);
  * refuses it with packed sequences, a paged cache or quantized k/v (the plan's layouts). */
 clattn_status clattn__plan_dropout(clattn_plan *plan, double p, unsigned long long seed,
                                    unsigned long long offset, clattn__score_shape *score);
-/* User score functions (flex.c): validates desc->flex against the plan's layouts (aux
- * roles, block mask for (batch, heads, seq_q, seq_k)), registers the source with its prelude,
- * sets score's flex fields and sizes the arena. Nothing without a source (a flex role bound
- * then fails). backward: refuses score_mod without its gradient. */
-clattn_status clattn__plan_flex(clattn_plan *plan, const clattn_flex_desc *flex, size_t batch,
-                                size_t heads, size_t seq_q, size_t seq_k, bool backward,
+/* Score functions as OpenCL C (flex.c): a part is one source's score_mod / mask_mod /
+ * score_mod_grad (clattn_flex_flags), its file name in compiler messages and its auxiliary
+ * tensors (names the source reads, the roles that hold them). The built-in modifiers written
+ * as functions (modifiers.c) are parts; the user's clattn_flex_desc is the last. */
+typedef struct clattn__flex_part {
+    const char *file;
+    const char *source;
+    unsigned functions;
+    size_t num_aux;
+    const char *names[CLATTN_FLEX_AUX_MAX];
+    int roles[CLATTN_FLEX_AUX_MAX];
+} clattn__flex_part;
+typedef struct clattn__flex_parts {
+    size_t count;
+    clattn__flex_part part[3];
+} clattn__flex_parts;
+/* The user's part from desc.flex (flex_aux0..3's layouts in aux): functions and names. */
+clattn_status clattn__flex_user_part(clattn_ctx *ctx, const char *op, const clattn_flex_desc *flex,
+                                     const clattn__layout *const *aux, clattn__flex_part *part);
+/* Composes the built-ins' parts and the user's (desc.flex) into the plan's score functions:
+ * validates the names and layouts (the block mask's for (batch, heads, seq_q, seq_k)),
+ * registers the text with the context, sets score's flex fields and sizes the arena. Nothing
+ * without parts (a flex role bound then fails). backward: refuses a score_mod without its
+ * gradient. */
+clattn_status clattn__plan_flex(clattn_plan *plan, const clattn__flex_parts *builtin,
+                                const clattn_flex_desc *flex, size_t batch, size_t heads,
+                                size_t seq_q, size_t seq_k, bool backward,
                                 clattn__score_shape *score);
 /* Reserves the arena at the end of the plan's workspace (plan->workspace_floats): called
  * once the other steps have reserved theirs. */
@@ -342,6 +368,13 @@ void clattn__flex_reserve(clattn_plan *plan);
 clattn_status clattn__flex_stage(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
                                  cl_mem workspace, clattn_chain *chain,
                                  clattn__score_masks *masks);
+/* The score modifiers' table (modifiers.c): every modifier's validation, refusals and score
+ * shape fields for an SDPA plan or its backward, in one pass (batch, heads, seq_q, seq_k: the
+ * problem's, seq_k counting past keys; past_len -1: no past tensors). */
+clattn_status clattn__plan_modifiers(clattn_plan *plan, const clattn_sdpa_desc *desc,
+                                     size_t batch, size_t heads, size_t seq_q, size_t seq_k,
+                                     size_t head_dim_qk, long long past_len, bool backward,
+                                     clattn__score_shape *score);
 /* Validates the score rule's settings and resolves scale (NAN: 1/sqrt(head_dim_qk)). */
 clattn_status clattn__plan_score(clattn_plan *plan, float scale, clattn_norm norm,
                                  size_t head_dim_qk, clattn__score_shape *score);

@@ -277,26 +277,11 @@ static clattn_status create(clattn_plan *plan, const void *any)
         goto done;
     }
     score.softmax_f64 = desc->softmax_f64 == 1;
-    if ((status = clattn__plan_score(plan, desc->scale, desc->norm, dk, &score)) ||
-        (status = clattn__plan_masks(plan, batch, heads, seq_q, total_k, &score)) ||
-        (status = clattn__plan_alibi(plan, &score)) ||
-        (status = clattn__plan_sinks(plan, &score)) ||
-        (status = clattn__plan_dropout(plan, desc->dropout_p, desc->dropout_seed,
-                                       desc->dropout_offset, &score)) ||
-        (status = clattn__plan_flex(plan, &desc->flex, batch, heads, seq_q, total_k, false,
-                                    &score)) ||
-        (status = clattn__plan_band(
-             plan, desc->causal, desc->window_align, desc->window_left, desc->window_right,
-             cache->has_past ? (long long)cache->past_len : -1, desc->diag_offset, &score)))
+    if ((status = clattn__plan_modifiers(plan, desc, batch, heads, seq_q, total_k, dk,
+                                         cache->has_past ? (long long)cache->past_len : -1,
+                                         false, &score)))
         goto done;
     score.kv_group = heads / kv_heads;
-    if (!(desc->softcap >= 0.0f && desc->softcap <= FLT_MAX)) {
-        status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                              "%s: softcap=%g: must be 0 (off) or a finite positive cap", op,
-                              (double)desc->softcap);
-        goto done;
-    }
-    score.softcap = desc->softcap;
     score.kv_paged = paged;
     /* Decoding with grouped heads: one query row per head, and every row's band ends at the
      * batch's key count (causal bottom-right or ONNX, or none; no window). The fused kernel

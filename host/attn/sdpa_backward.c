@@ -111,21 +111,9 @@ static clattn_status create(clattn_plan *plan, const void *any)
     clattn__flash_bwd_shape shape;
     memset(&shape, 0, sizeof shape);
     clattn__score_shape *score = &shape.score;
-    if ((status = clattn__plan_score(plan, desc->scale, desc->norm, dk, score)) ||
-        (status = clattn__plan_masks(plan, batch, heads, seq_q, seq_k, score)) ||
-        (status = clattn__plan_alibi(plan, score)) || (status = clattn__plan_sinks(plan, score)) ||
-        (status = clattn__plan_dropout(plan, desc->dropout_p, desc->dropout_seed,
-                                       desc->dropout_offset, score)) ||
-        (status = clattn__plan_flex(plan, &desc->flex, batch, heads, seq_q, seq_k, true,
-                                    score)) ||
-        (status = clattn__plan_band(plan, desc->causal, desc->window_align, desc->window_left,
-                                    desc->window_right, -1, desc->diag_offset, score)))
+    if ((status = clattn__plan_modifiers(plan, desc, batch, heads, seq_q, seq_k, dk, -1, true,
+                                         score)))
         return status;
-    if (!(desc->softcap >= 0.0f && desc->softcap <= FLT_MAX))
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: softcap=%g: must be 0 (off) or a finite positive cap", op,
-                            (double)desc->softcap);
-    score->softcap = desc->softcap;
     score->kv_group = heads / kv_heads;
 
     /* A float mask's gradient: the mask's own dims (summed over the broadcast ones). */

@@ -45,7 +45,7 @@ TENSOR_ROLES = ("q", "k", "v", "out", "attn_mask", "key_padding_mask", "weights"
                 "rope_sin", "position_ids", "score_weight", "sinks", "block_table",
                 "cu_seqlens_q", "cu_seqlens_k", "grad_out", "grad_q", "grad_k", "grad_v",
                 "grad_attn_mask", "grad_sinks", "flex_aux0", "flex_aux1", "flex_aux2",
-                "flex_aux3", "block_mask")
+                "flex_aux3", "block_mask", "t5_bias")
 
 
 class Tensors(Structure):
@@ -103,7 +103,8 @@ class SdpaDesc(_PlanDesc):
                         ("diag_offset", c_longlong), ("max_seqlen_q", c_size_t),
                         ("max_seqlen_k", c_size_t), ("dropout_p", c_double),
                         ("dropout_seed", c_ulonglong), ("dropout_offset", c_ulonglong),
-                        ("flex", FlexDesc)]
+                        ("flex", FlexDesc), ("t5_num_buckets", c_size_t),
+                        ("t5_max_distance", c_size_t), ("t5_bidirectional", c_int)]
 
 
 class MhaDesc(_PlanDesc):
