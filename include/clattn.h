@@ -55,9 +55,9 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 8
+#define CLATTN_VERSION_MINOR 9
 #define CLATTN_VERSION_PATCH 0
-#define CLATTN_VERSION_STRING "0.8.0"
+#define CLATTN_VERSION_STRING "0.9.0"
 
 #if defined(_WIN32)
 #define CLATTN_API
@@ -567,8 +567,8 @@ typedef enum clattn_scores {
  * must agree with mask_mod (an "empty" block whose keys mask_mod keeps loses them). With
  * count_tiles 1 the fused kernels count the tiles they visit (clattn_plan_tiles_visited).
  * A build error returns CLATTN_ERR_BUILD with the compiler's log, the source's lines numbered
- * as "score_mod.cl:LINE". Not with additive attention, nor with decode's grouped heads
- * (grouped-query decoding then runs a row per query head). */
+ * as its own, in the file "score_mod" (score_mod:LINE). Not with additive attention, nor with
+ * decode's grouped heads (grouped-query decoding then runs a row per query head). */
 enum { CLATTN_FLEX_AUX_MAX = 4 };
 typedef enum clattn_flex_flags {
     CLATTN_FLEX_SCORE_MOD = 1,

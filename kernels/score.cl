@@ -58,7 +58,7 @@
 #define MASK_DTYPE 0 /* dtype code of the attention mask (F32 when there is none) */
 #endif
 
-/* ---- user score functions (FlexAttention's score_mod / mask_mod; host/ops/flex.c) ---------
+/* ---- user score functions (FlexAttention's score_mod / mask_mod; host/attn/flex.c) ---------
  * FLEX_SCORE: the program holds the user's `float score_mod(float score, int b, int h,
  * int q_idx, int kv_idx)`, applied to every kept key's score after the built-in value
  * modifiers (soft-capping, ALiBi) and before a float mask's term; FLEX_GRAD: also its

@@ -803,7 +803,7 @@ START_TEST(test_flex_errors)
             CLATTN_FLEX_SCORE_MOD);
     clattn_status status = clattn_sdpa_plan_create(tu_ctx(), &desc, &plan);
     tu_expect(status == CLATTN_ERR_BUILD && plan == NULL &&
-                  strstr(clattn_last_error(tu_ctx()), "score_mod.cl:2") != NULL,
+                  strstr(clattn_last_error(tu_ctx()), "score_mod:2") != NULL,
               "a bad source: %s, message: %.300s", clattn_status_string(status),
               clattn_last_error(tu_ctx()));
     /* the same source and names twice: built once */

@@ -67,7 +67,7 @@ static char *flex_text(const clattn__flex_parts *parts, const clattn__layout *co
             p, p, p, parts->part[p].file, parts->part[p].source);
     /* the composition */
     at += (size_t)snprintf(text + at, size - at,
-                           "#line 1 \"flex_parts.cl\"\n"
+                           "#line 1 \"flex_parts\"\n"
                            "inline float flex_user_score_mod(float s, int b, int h, int q, int k "
                            "FLEX_AUX_DECL)\n{\n");
     for (size_t p = 0; p < parts->count; ++p)
@@ -146,7 +146,7 @@ clattn_status clattn__flex_user_part(clattn_ctx *ctx, const char *op, const clat
                             "%s: flex.functions has CLATTN_FLEX_SCORE_MOD_GRAD without "
                             "CLATTN_FLEX_SCORE_MOD",
                             op);
-    part->file = "score_mod.cl";
+    part->file = "score_mod";
     part->source = flex->source;
     part->functions = flex->functions;
     for (size_t i = 0; i < CLATTN_FLEX_AUX_MAX; ++i) {

@@ -159,7 +159,7 @@ static clattn_status step_t5(clattn_plan *plan, const score_args *a, clattn__sco
              (long long)a->seq_k - (long long)a->seq_q, t5_source);
     clattn__flex_part *part = &parts->part[parts->count++];
     memset(part, 0, sizeof *part);
-    part->file = "t5_buckets.cl";
+    part->file = "t5_buckets";
     part->source = text;
     part->functions = CLATTN_FLEX_SCORE_MOD | CLATTN_FLEX_SCORE_MOD_GRAD;
     part->num_aux = 1;

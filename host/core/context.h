@@ -118,7 +118,7 @@ struct clattn_ctx {
         cl_event event;
     } *trace;
     size_t trace_count, trace_dropped;
-    /* User score functions' sources (host/ops/flex.c): interned, so that the same source
+    /* User score functions' sources (host/attn/flex.c): interned, so that the same source
      * gets the same id (score.cl's FLEX_SRC = index + 1) and its programs are built once;
      * builds_user counts the programs built with one of them (tests). */
     char **flex_sources;

@@ -488,7 +488,7 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
     enum { PRELUDE = 4, TEXTS = PRELUDE + 3 };
     static const char *const prelude_files[PRELUDE] = {"common.cl", "types.cl", "params.h",
                                                        "score.cl"};
-    /* A user's score functions (-DFLEX_SRC=n: the context's source n - 1, host/ops/flex.c)
+    /* A user's score functions (-DFLEX_SRC=n: the context's source n - 1, host/attn/flex.c)
      * go between params.h and score.cl, which calls them. */
     const char *flex_at = strstr(extra, "-DFLEX_SRC=");
     const long flex_id = flex_at ? strtol(flex_at + strlen("-DFLEX_SRC="), NULL, 10) : 0;
@@ -540,10 +540,10 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
         if (log && clGetProgramBuildInfo(program, ctx->device, CL_PROGRAM_BUILD_LOG, log_size, log,
                                          NULL) != CL_SUCCESS)
             log[0] = '\0';
-        if (flex_text[0]) /* the user's source: its own lines first (#line "score_mod.cl") */
+        if (flex_text[0]) /* the user's source: its lines numbered as its own (a #line directive) */
             status = clattn__fail(
                 ctx, err == CL_BUILD_PROGRAM_FAILURE ? CLATTN_ERR_BUILD : (clattn_status)err,
-                "the user's score functions do not build (lines of score_mod.cl are the "
+                "the user's score functions do not build (lines of score_mod are the "
                 "source's own): %s (%d)\n%s",
                 clattn__cl_error_name(err), (int)err, log ? log : "(no build log)");
         else

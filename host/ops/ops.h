@@ -86,8 +86,8 @@ typedef struct clattn__score_shape {
     uint64_t dropout_seed, dropout_offset;
     uint32_t dropout_threshold;
     float dropout_scale;
-    /* User score functions (score.cl's FLEX_*; host/ops/flex.c): flex_id, the context's
-     * registered source (clattn__flex_register; 0: none) built into every program of the
+    /* User score functions (score.cl's FLEX_*; host/attn/flex.c): flex_id, the context's
+     * registered source (flex.c's flex_register; 0: none) built into every program of the
      * plan; which functions it defines; whether a block mask and the tile counter are on
      * (clattn__score_masks.flex). */
     int flex_id;

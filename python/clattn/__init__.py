@@ -32,7 +32,7 @@ __all__ = ["ArgumentError", "Context", "DeviceError", "Error", "KVCache",
            "dropout_mask", "onnx_attention", "paged_attention", "positional_encoding",
            "quantize", "ring_attention", "rotary_embedding", "scaled_dot_product_attention",
            "SdpaGrads", "sdpa_backward", "sdpa_forward", "varlen_attention"]
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 
 def __getattr__(name):
