@@ -131,8 +131,6 @@ static const char sdpa_usage_dropout[] =
     "  nn.MultiheadAttention returns them). Not with pages, packed sequences, --kv-dtype or\n"
     "  --ring.\n";
 
-/* --aux NAME=FILE (repeated): the auxiliary tensors of --score-mod, bound in the order given to
- * flex_aux0, flex_aux1, ... under their names. */
 /* User score functions' help. */
 static const char sdpa_usage_flex[] =
     "--score-mod FILE.cl [--aux NAME=FILE ...] [--block-mask BQ,BK]: user score and mask\n"
@@ -146,12 +144,16 @@ static const char sdpa_usage_flex[] =
     "  scaled, soft-capped score (plus ALiBi); --backward needs score_mod_grad (d score_mod /\n"
     "  d score) with a score_mod. --aux NAME=FILE (up to 4, in order): a .npy the functions\n"
     "  read as the pointer NAME at flat indices: float32 (float64 rounded) as float, int32 or\n"
-    "  int64 (values within +-2^24) as int, bool or uint8 as uchar; no gradient. A build\n"
-    "  error prints the compiler's lines naming score_mod.cl:LINE (exit 2). --block-mask\n"
-    "  BQ,BK: the block mask of blocks BQ x BK made on the device from mask_mod\n"
-    "  (clattn_flex_block_mask), so the fused kernels skip the tiles it empties; not with\n"
-    "  --cu-seqlens-q or --path unfused.\n";
+    "  int64 (values within +-2^24) as int, bool or uint8 as uchar; no gradient. A source\n"
+    "  that does not build: one line, the compiler's first diagnostic on its own lines\n"
+    "  (score_mod.cl:LINE:COL), exit 2. --block-mask BQ,BK: the block mask of BQ x BK blocks\n"
+    "  made on the device from mask_mod (clattn_flex_block_mask) for both passes, so the\n"
+    "  fused kernels skip the tiles it empties; the fused path only (not with --path unfused,\n"
+    "  --qk-out, --attn-png, --softmax-precision 11, past/present, --rope or packed\n"
+    "  sequences).\n";
 
+/* --aux NAME=FILE (repeated): the auxiliary tensors of --score-mod, bound in the order given to
+ * flex_aux0, flex_aux1, ... under their names. */
 typedef struct sdpa_aux {
     size_t count;
     char names[CLATTN_FLEX_AUX_MAX][64]; /* C identifiers (the library's limit: under 64) */
