@@ -2,6 +2,8 @@
  * Attention operator and of torch.nn.functional.scaled_dot_product_attention). */
 #include "cli.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -129,6 +131,35 @@ static const char sdpa_usage_dropout[] =
     "  nn.MultiheadAttention returns them). Not with pages, packed sequences, --kv-dtype or\n"
     "  --ring.\n";
 
+/* User score functions' help. */
+static const char sdpa_usage_flex[] =
+    "--score-mod FILE.cl [--aux NAME=FILE ...] [--block-mask BQ,BK]: user score and mask\n"
+    "  functions (PyTorch's FlexAttention; clattn_sdpa_desc.flex), OpenCL C built into the\n"
+    "  attention kernels, forward and --backward, any of\n"
+    "    float score_mod(float score, int b, int h, int q_idx, int kv_idx);\n"
+    "    int   mask_mod(int b, int h, int q_idx, int kv_idx);  /* nonzero: keep the key */\n"
+    "    float score_mod_grad(float score, int b, int h, int q_idx, int kv_idx);\n"
+    "  The file defines those whose name stands at file scope (outside any braces or\n"
+    "  parentheses; comments, strings and # lines skipped) followed by '('. score is the\n"
+    "  scaled, soft-capped score (plus ALiBi); --backward needs score_mod_grad (d score_mod /\n"
+    "  d score) with a score_mod. --aux NAME=FILE (up to 4, in order): a .npy the functions\n"
+    "  read as the pointer NAME at flat indices: float32 (float64 rounded) as float, int32 or\n"
+    "  int64 (values within +-2^24) as int, bool or uint8 as uchar; no gradient. A source\n"
+    "  that does not build: one line, the compiler's first diagnostic on its own lines\n"
+    "  (score_mod.cl:LINE:COL), exit 2. --block-mask BQ,BK: the block mask of BQ x BK blocks\n"
+    "  made on the device from mask_mod (clattn_flex_block_mask) for both passes, so the\n"
+    "  fused kernels skip the tiles it empties; the fused path only (not with --path unfused,\n"
+    "  --qk-out, --attn-png, --softmax-precision 11, past/present, --rope or packed\n"
+    "  sequences).\n";
+
+/* --aux NAME=FILE (repeated): the auxiliary tensors of --score-mod, bound in the order given to
+ * flex_aux0, flex_aux1, ... under their names. */
+typedef struct sdpa_aux {
+    size_t count;
+    char names[CLATTN_FLEX_AUX_MAX][64]; /* C identifiers (the library's limit: under 64) */
+    const char *paths[CLATTN_FLEX_AUX_MAX];
+} sdpa_aux;
+
 typedef struct sdpa_options {
     const char *device, *q, *k, *v, *mask, *out;
     const char *past_k, *past_v, *present_k, *present_v, *nonpad, *qk_out, *alibi_slopes;
@@ -162,6 +193,9 @@ typedef struct sdpa_options {
     double dropout_p;                  /* --dropout (0: off) */
     unsigned long long dropout_seed;   /* --seed (default 0) */
     unsigned long long dropout_offset; /* --dropout-offset (default 0) */
+    const char *score_mod;             /* --score-mod FILE.cl: user score and mask functions */
+    sdpa_aux aux;                      /* --aux NAME=FILE, up to CLATTN_FLEX_AUX_MAX */
+    size_t block_sizes[2];             /* --block-mask BQ,BK (0, 0: none) */
 } sdpa_options;
 
 static const cli_choice kv_dtype_choices[] = {{"f32", CLATTN_DTYPE_F32},
@@ -195,6 +229,11 @@ enum {
     M_GRAD_V,
     M_GRAD_MASK,
     M_GRAD_SINKS,
+    M_AUX0, /* --score-mod: the auxiliary tensors (M_AUX0 + i), and the block mask */
+    M_AUX1,
+    M_AUX2,
+    M_AUX3,
+    M_BLOCK_MASK,
     M_COUNT
 };
 
@@ -209,6 +248,11 @@ typedef struct sdpa_data {
     float *out, *present_k, *present_v, *scores;
     clattn_array grad_out; /* --backward: dO */
     float *grad[5];        /* dQ, dK, dV, the mask's and the sinks' */
+    char *flex_source;     /* --score-mod: the file's text */
+    unsigned flex_functions; /* clattn_flex_flags: what it defines */
+    clattn_array aux_file[CLATTN_FLEX_AUX_MAX]; /* --aux files as read */
+    void *aux[CLATTN_FLEX_AUX_MAX]; /* and as bound: float, int32_t or uint8_t */
+    clattn_dtype aux_dtype[CLATTN_FLEX_AUX_MAX];
     cl_mem mem[M_COUNT];
 } sdpa_data;
 
@@ -242,6 +286,12 @@ static void sdpa_free(sdpa_data *d)
     clattn_array_free(&d->grad_out);
     for (int i = 0; i < 5; ++i)
         free(d->grad[i]);
+    free(d->flex_source);
+    for (int i = 0; i < CLATTN_FLEX_AUX_MAX; ++i) {
+        if (d->aux[i] != d->aux_file[i].data)
+            free(d->aux[i]);
+        clattn_array_free(&d->aux_file[i]);
+    }
 }
 
 /* What a fused-only feature (a paged cache, quantized K and V) cannot run with: the first
@@ -284,6 +334,56 @@ static int parse_probability(const cli_args *args, const char *value, void *targ
 static int parse_u64(const cli_args *args, const char *value, void *target)
 {
     return cli_parse_u64(args->command, args->name, value, target) ? 1 : -1;
+}
+
+/* Whether name is a C identifier the library takes as an aux name (under 64 characters). */
+static bool is_identifier(const char *name, size_t length)
+{
+    if (length == 0 || length >= 64 || !(isalpha((unsigned char)name[0]) || name[0] == '_'))
+        return false;
+    for (size_t i = 0; i < length; ++i)
+        if (!(isalnum((unsigned char)name[i]) || name[i] == '_'))
+            return false;
+    return true;
+}
+
+/* --aux NAME=FILE: the next auxiliary tensor, in the order given. */
+static int parse_aux(const cli_args *args, const char *value, void *target)
+{
+    sdpa_aux *aux = target;
+    const char *equals = strchr(value, '=');
+    if (equals == NULL || equals[1] == '\0')
+        return cli_fail(args->command, -1, "--aux: '%s' is not NAME=FILE (e.g. bias=bias.npy)",
+                        value);
+    const size_t length = (size_t)(equals - value);
+    if (!is_identifier(value, length))
+        return cli_fail(args->command, -1,
+                        "--aux: '%.*s' is not a C identifier (letters, digits and '_', not "
+                        "starting with a digit; under 64 characters)",
+                        (int)(length < 200 ? length : 200), value);
+    if (aux->count == CLATTN_FLEX_AUX_MAX)
+        return cli_fail(args->command, -1, "--aux: at most %d auxiliary tensors",
+                        (int)CLATTN_FLEX_AUX_MAX);
+    for (size_t i = 0; i < aux->count; ++i)
+        if (strlen(aux->names[i]) == length && strncmp(aux->names[i], value, length) == 0)
+            return cli_fail(args->command, -1, "--aux: the name '%s' is given twice",
+                            aux->names[i]);
+    memcpy(aux->names[aux->count], value, length);
+    aux->names[aux->count][length] = '\0';
+    aux->paths[aux->count++] = equals + 1;
+    return 1;
+}
+
+/* --block-mask BQ,BK: two block sizes >= 1. */
+static int parse_block_mask(const cli_args *args, const char *value, void *target)
+{
+    size_t *sizes = target, count = 0;
+    if (!cli_parse_size_list(args->command, "--block-mask", value, sizes, 2, &count))
+        return -1;
+    if (count != 2)
+        return cli_fail(args->command, -1,
+                        "--block-mask: '%s' is not BQ,BK (the query and key block sizes)", value);
+    return 1;
 }
 
 static const cli_choice qk_mode_choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {NULL, 0}};
@@ -371,12 +471,22 @@ static const cli_option sdpa_table[] = {
      .handle = parse_u64},
     {CLI_OPT("--dropout-offset", CLI_CUSTOM, AT(dropout_offset), "N", "dropout's first stream"),
      .handle = parse_u64},
+    {CLI_OPT("--score-mod", CLI_PATH, AT(score_mod), "FILE.cl",
+             "OpenCL C defining score_mod, mask_mod, score_mod_grad (FlexAttention)")},
+    {CLI_OPT("--aux", CLI_CUSTOM, AT(aux), "NAME=FILE",
+             "an array the functions read as NAME; repeated, up to 4 (in order)"),
+     .handle = parse_aux, .flags = CLI_REPEATABLE},
+    {CLI_OPT("--block-mask", CLI_CUSTOM, AT(block_sizes), "BQ,BK",
+             "skip the tiles mask_mod empties (blocks of BQ x BK, fused path)"),
+     .handle = parse_block_mask},
 };
 #undef AT
 #undef GIVEN
 
-static const char *const sdpa_help[] = {sdpa_usage,         sdpa_usage_serving, sdpa_usage_backward,
-                                        sdpa_usage_dropout, sdpa_usage_outputs, NULL};
+static const char *const sdpa_help[] = {sdpa_usage,          sdpa_usage_serving,
+                                        sdpa_usage_backward, sdpa_usage_dropout,
+                                        sdpa_usage_flex,     sdpa_usage_outputs,
+                                        NULL};
 static const cli_command sdpa_command_spec = CLI_COMMAND("sdpa", sdpa_table, sdpa_help);
 
 /* What --ring (cli_ring.c) takes: CLI_OK, or CLI_BAD_INPUT after the line. */
@@ -392,6 +502,7 @@ static int check_ring_options(const sdpa_options *o)
                         : o->rope.on                     ? "--rope"
                         : o->softmax_f64                 ? "--softmax-precision"
                         : o->norm != CLATTN_NORM_SOFTMAX ? "--norm relu"
+                        : o->score_mod                   ? "--score-mod"
                                                          : NULL;
     if (other)
         return cli_fail("sdpa", CLI_BAD_INPUT,
@@ -519,6 +630,16 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--grad-mask-out needs a float --attn-mask");
     if (o->grad_sinks && !o->sinks)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--grad-sinks-out needs --sinks");
+    if (!o->score_mod && (o->aux.count || o->block_sizes[0]))
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s needs --score-mod FILE.cl",
+                        o->aux.count ? "--aux" : "--block-mask");
+    if (o->block_sizes[0]) { /* the fused kernels skip tiles: dense batches, the fused path */
+        const char *other =
+            o->varlen ? "--cu-seqlens-q (packed sequences)" : fused_only_conflict(o);
+        if (other)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "--block-mask (the fused path) cannot be combined with %s", other);
+    }
     /* Before any work: an output that cannot be written fails now, not after the run. */
     if (!cli_check_output("sdpa", "--out", o->out) ||
         !cli_check_output("sdpa", "--grad-q-out", o->grad_q) ||
@@ -880,6 +1001,9 @@ static cl_int run_backward(clattn_ctx *ctx, sdpa_data *d, const clattn_tensors *
     bound.alibi_slopes.mem = d->mem[M_ALIBI], bound.sinks.mem = d->mem[M_SINKS];
     bound.grad_out.mem = d->mem[M_GRAD_OUT];
     bound.cu_seqlens_q.mem = d->mem[M_CU_Q], bound.cu_seqlens_k.mem = d->mem[M_CU_K];
+    for (int i = 0; i < CLATTN_FLEX_AUX_MAX; ++i)
+        bound.by_role[CLATTN_ROLE_FLEX_AUX0 + i].mem = d->mem[M_AUX0 + i];
+    bound.block_mask.mem = d->mem[M_BLOCK_MASK];
     clattn_tensor *grads[5] = {&bound.grad_q, &bound.grad_k, &bound.grad_v,
                                &bound.grad_attn_mask, &bound.grad_sinks};
     for (int i = 0; i < 5; ++i)
@@ -948,6 +1072,182 @@ static int write_heatmap(const sdpa_options *o, const sdpa_data *d, size_t heads
     return rc;
 }
 
+/* Past blanks and comments. */
+static const char *skip_blank(const char *p)
+{
+    for (;;) {
+        if (isspace((unsigned char)*p))
+            ++p;
+        else if (p[0] == '/' && p[1] == '*') {
+            const char *end = strstr(p + 2, "*/");
+            p = end ? end + 2 : p + strlen(p);
+        } else if (p[0] == '/' && p[1] == '/') {
+            p += strcspn(p, "\n");
+        } else {
+            return p;
+        }
+    }
+}
+
+/* Which of score_mod, mask_mod and score_mod_grad the source defines (clattn_flex_flags): each
+ * whose name stands at file scope (outside braces, parentheses and brackets) followed by '('
+ * (blanks and comments may come between); comments, string and character literals and
+ * preprocessor lines are skipped. A prototype counts as well (the build then names it). */
+static unsigned flex_functions(const char *source)
+{
+    static const struct {
+        const char *name;
+        unsigned flag;
+    } functions[] = {{"score_mod", CLATTN_FLEX_SCORE_MOD},
+                     {"mask_mod", CLATTN_FLEX_MASK_MOD},
+                     {"score_mod_grad", CLATTN_FLEX_SCORE_MOD_GRAD}};
+    unsigned found = 0;
+    long depth = 0;
+    bool line_start = true; /* nothing but blanks yet on this line: '#' starts a directive */
+    const char *p = source;
+    while (*p) {
+        const char c = *p;
+        if (c == '\n') {
+            line_start = true;
+            ++p;
+        } else if (isspace((unsigned char)c)) {
+            ++p;
+        } else if (c == '/' && p[1] == '/') {
+            p += strcspn(p, "\n");
+        } else if (c == '/' && p[1] == '*') {
+            const char *end = strstr(p + 2, "*/");
+            p = end ? end + 2 : p + strlen(p);
+        } else if (c == '#' && line_start) { /* to the line's end, through continuations */
+            while (*p && *p != '\n')
+                p += p[0] == '\\' && p[1] == '\n' ? 2 : 1;
+        } else if (c == '"' || c == '\'') {
+            for (++p; *p && *p != c && *p != '\n'; ++p)
+                if (p[0] == '\\' && p[1])
+                    ++p;
+            if (*p == c)
+                ++p;
+            line_start = false;
+        } else if (isalnum((unsigned char)c) || c == '_') {
+            const char *start = p;
+            while (isalnum((unsigned char)*p) || *p == '_')
+                ++p;
+            const size_t length = (size_t)(p - start);
+            for (size_t i = 0; i < 3 && depth == 0; ++i)
+                if (strlen(functions[i].name) == length &&
+                    memcmp(start, functions[i].name, length) == 0 && *skip_blank(p) == '(')
+                    found |= functions[i].flag;
+            line_start = false;
+        } else {
+            depth += c == '{' || c == '(' || c == '[';
+            depth -= (c == '}' || c == ')' || c == ']') && depth > 0;
+            line_start = false;
+            ++p;
+        }
+    }
+    return found;
+}
+
+/* --score-mod's file, whole; NULL after the line. */
+static char *read_source(const char *path)
+{
+    enum { MAX_SOURCE = 1 << 20 };
+    FILE *file = fopen(path, "rb");
+    if (file == NULL) {
+        cli_fail("sdpa", CLI_BAD_INPUT, "--score-mod %s: cannot read it: %s", path,
+                 strerror(errno));
+        return NULL;
+    }
+    char *text = malloc(MAX_SOURCE + 1);
+    size_t length = text ? fread(text, 1, MAX_SOURCE + 1, file) : 0;
+    const bool failed = text && ferror(file);
+    fclose(file);
+    if (text == NULL) {
+        cli_fail("sdpa", CLI_FAILED, "out of memory for %s", path);
+        return NULL;
+    }
+    const char *why = failed                       ? "cannot read it"
+                      : length > MAX_SOURCE        ? "over 1 MiB; expected OpenCL C source"
+                      : memchr(text, '\0', length) ? "holds a NUL byte; expected OpenCL C text"
+                                                   : NULL;
+    if (why) {
+        free(text);
+        cli_fail("sdpa", CLI_BAD_INPUT, "--score-mod %s: %s", path, why);
+        return NULL;
+    }
+    text[length] = '\0';
+    return text;
+}
+
+/* --score-mod and --aux: the source and what it defines, and each auxiliary array as the
+ * library takes it (F32, I32 or U8, flat: the functions read it at flat indices). */
+static int load_flex(const sdpa_options *o, sdpa_data *d)
+{
+    if ((d->flex_source = read_source(o->score_mod)) == NULL)
+        return CLI_BAD_INPUT; /* (or out of memory: said) */
+    d->flex_functions = flex_functions(d->flex_source);
+    if (d->flex_functions == 0)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--score-mod %s defines none of score_mod, mask_mod and score_mod_grad "
+                        "(each name at file scope, followed by '(')",
+                        o->score_mod);
+    if (!(d->flex_functions & CLATTN_FLEX_SCORE_MOD) &&
+        (d->flex_functions & CLATTN_FLEX_SCORE_MOD_GRAD))
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--score-mod %s defines score_mod_grad but no score_mod", o->score_mod);
+    if (o->block_sizes[0] && !(d->flex_functions & CLATTN_FLEX_MASK_MOD))
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--block-mask is made from mask_mod, which --score-mod %s does not define",
+                        o->score_mod);
+    for (size_t i = 0; i < o->aux.count; ++i) {
+        clattn_array *a = &d->aux_file[i];
+        const char *name = o->aux.names[i], *path = o->aux.paths[i];
+        if (cli_read_array("sdpa", path, a) != CLI_OK)
+            return CLI_BAD_INPUT;
+        if (a->source == CLATTN_IO_F16 || a->source == CLATTN_IO_BF16)
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "--aux %s: %s is %s; expected float32, int32, int64, bool or uint8",
+                            name, path, a->source == CLATTN_IO_F16 ? "float16" : "bfloat16");
+        if (a->count == 0)
+            return cli_fail("sdpa", CLI_BAD_INPUT, "--aux %s: %s holds no element", name, path);
+        if (a->source == CLATTN_IO_F32) {
+            d->aux[i] = a->data;
+            d->aux_dtype[i] = CLATTN_DTYPE_F32;
+            continue;
+        }
+        const bool bytes = a->source == CLATTN_IO_BOOL;
+        d->aux_dtype[i] = bytes ? CLATTN_DTYPE_U8 : CLATTN_DTYPE_I32;
+        if ((d->aux[i] = malloc(a->count * (bytes ? 1 : sizeof(int32_t)))) == NULL)
+            return cli_fail("sdpa", CLI_FAILED, "out of memory for %s", path);
+        for (size_t j = 0; j < a->count; ++j) {
+            const float value = a->data[j];
+            if (bytes) {
+                ((uint8_t *)d->aux[i])[j] = (uint8_t)value; /* 0 .. 255 */
+                continue;
+            }
+            /* integers read exactly up to 2^24 in magnitude (clattn_io's float values) */
+            if (!(value >= -16777216.0f && value <= 16777216.0f))
+                return cli_fail("sdpa", CLI_BAD_INPUT,
+                                "--aux %s: %s[%zu] = %.0f is outside -2^24 .. 2^24 (the integers "
+                                "clattn reads exactly)",
+                                name, path, j, (double)value);
+            ((int32_t *)d->aux[i])[j] = (int32_t)value;
+        }
+    }
+    return CLI_OK;
+}
+
+/* A build error's first line about the user's source (a line of the compiler's log naming
+ * score_mod.cl, the library's name for it), or NULL. */
+static const char *first_source_line(const char *message)
+{
+    for (const char *line = strchr(message, '\n'); line; line = strchr(line, '\n')) {
+        const char *at = strstr(++line, "score_mod.cl:");
+        if (at && at < line + strcspn(line, "\n"))
+            return line;
+    }
+    return NULL;
+}
+
 static int run_sdpa(const sdpa_options *o, sdpa_data *d)
 {
     int rc;
@@ -958,7 +1258,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     if ((rc = load(o->q, &d->q, false)) || (rc = load(o->k, &d->k, false)) ||
         (rc = load(o->v, &d->v, false)) || (o->mask && (rc = load(o->mask, &d->mask, true))) ||
         (o->past_k && (rc = load(o->past_k, &d->past_k, false))) ||
-        (o->past_v && (rc = load(o->past_v, &d->past_v, false))))
+        (o->past_v && (rc = load(o->past_v, &d->past_v, false))) ||
+        (o->score_mod && (rc = load_flex(o, d))))
         return rc;
     if (o->nonpad) {
         if (cli_read_array("sdpa", o->nonpad, &d->nonpad) != CLI_OK)
@@ -1269,6 +1570,29 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     d->out = malloc(out_count * sizeof(float));
     if (d->out == NULL)
         return cli_fail("sdpa", CLI_FAILED, "out of memory for the output");
+    /* --score-mod: the source, its auxiliary arrays (flat, as the functions index them) and
+     * the block mask's layout (U8 (B, Hq, ceil(Lq / BQ), ceil(Lk / BK)), made on the device) */
+    size_t block_mask_count = 0;
+    if (o->score_mod) {
+        desc.flex.source = d->flex_source;
+        desc.flex.functions = d->flex_functions;
+        for (size_t i = 0; i < o->aux.count; ++i) {
+            desc.flex.aux_names[i] = o->aux.names[i];
+            t->by_role[CLATTN_ROLE_FLEX_AUX0 + i] =
+                clattn_tensor_make(NULL, 0, d->aux_dtype[i], 1, d->aux_file[i].count, 0, 0, 0);
+        }
+        if (o->block_sizes[0]) {
+            const size_t bq = o->block_sizes[0], bk = o->block_sizes[1];
+            const size_t q_blocks = (seq_q - 1) / bq + 1, k_blocks = (seq_k - 1) / bk + 1;
+            if (k_blocks > SIZE_MAX / batch / heads / q_blocks)
+                return cli_fail("sdpa", CLI_BAD_INPUT, "--block-mask: the block mask is too large");
+            desc.flex.block_q = bq;
+            desc.flex.block_k = bk;
+            t->block_mask =
+                clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 4, batch, heads, q_blocks, k_blocks);
+            block_mask_count = batch * heads * q_blocks * k_blocks;
+        }
+    }
     const size_t mask_count = o->mask ? d->mask.count / d->mask.shape[d->mask.ndim - 1] * seq_k : 0;
     /* --backward: the forward keeps lse; the backward's descriptor adds dO and the gradients,
      * float32 in their inputs' layouts. */
@@ -1370,7 +1694,28 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         if (err == CL_SUCCESS && o->backward && t->lse.rank != 0)
             d->mem[M_LSE] =
                 upload(ctx, NULL, batch * heads * seq_q * sizeof(float), CL_MEM_READ_WRITE, &err);
-        if (err == CL_SUCCESS && kq_bytes) { /* quantize on the device, then attend */
+        for (size_t i = 0; err == CL_SUCCESS && i < o->aux.count; ++i)
+            d->mem[M_AUX0 + i] =
+                upload(ctx, d->aux[i], d->aux_file[i].count * clattn_dtype_size(d->aux_dtype[i]),
+                       CL_MEM_READ_ONLY, &err);
+        if (err == CL_SUCCESS && block_mask_count)
+            d->mem[M_BLOCK_MASK] = upload(ctx, NULL, block_mask_count, CL_MEM_READ_WRITE, &err);
+        if (err == CL_SUCCESS && block_mask_count) { /* from mask_mod, on the device */
+            clattn_tensors aux = desc_tensors;
+            for (int i = 0; i < CLATTN_FLEX_AUX_MAX; ++i)
+                aux.by_role[CLATTN_ROLE_FLEX_AUX0 + i].mem = d->mem[M_AUX0 + i];
+            clattn_block_mask_desc masks;
+            clattn_block_mask_desc_init(&masks);
+            masks.flex = desc.flex;
+            masks.aux = &aux.by_role[CLATTN_ROLE_FLEX_AUX0];
+            masks.batch = batch, masks.heads = heads, masks.seq_q = seq_q, masks.seq_k = seq_k;
+            masks.out = t->block_mask;
+            masks.out.mem = d->mem[M_BLOCK_MASK];
+            status = clattn_flex_block_mask(ctx, &masks, 0, NULL, NULL);
+            if (status != CLATTN_SUCCESS)
+                stage = "--block-mask: ";
+        }
+        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && kq_bytes) { /* quantize, then attend */
             clattn_tensor kq = t->k, vq = t->v;
             k_float.mem = d->mem[M_K], v_float.mem = d->mem[M_V];
             kq.mem = d->mem[M_KQ], vq.mem = d->mem[M_VQ];
@@ -1393,6 +1738,9 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             bound.present_k.mem = d->mem[M_PRESENT_K], bound.present_v.mem = d->mem[M_PRESENT_V];
             bound.kv_seqlen.mem = d->mem[M_NONPAD];
             bound.lse.mem = d->mem[M_LSE];
+            for (int i = 0; i < CLATTN_FLEX_AUX_MAX; ++i)
+                bound.by_role[CLATTN_ROLE_FLEX_AUX0 + i].mem = d->mem[M_AUX0 + i];
+            bound.block_mask.mem = d->mem[M_BLOCK_MASK];
             bound.scores.mem = scores_out && qk_mode != 3 ? d->mem[M_SCORES] : NULL;
             bound.weights.mem = scores_out && qk_mode == 3 ? d->mem[M_SCORES] : NULL;
             status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
@@ -1416,11 +1764,21 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         }
     }
     if (status != CLATTN_SUCCESS) {
+        /* (a --score-mod source that does not build is the user's input too) */
         const bool input_error = refused || status == CLATTN_ERR_INVALID_ARGUMENT ||
+                                 (o->score_mod && status == CLATTN_ERR_BUILD) ||
                                  status == CLATTN_ERR_INVALID_SHAPE ||
                                  status == CLATTN_ERR_OVERFLOW || status == CLATTN_ERR_TOO_LARGE;
-        rc = cli_fail("sdpa", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s%s: %s", stage,
-                      clattn_status_string(status), clattn_last_error(ctx));
+        const char *message = clattn_last_error(ctx), *diagnostic = NULL;
+        if (o->score_mod && status == CLATTN_ERR_BUILD) /* the log's first line on the source */
+            diagnostic = first_source_line(message);
+        if (diagnostic)
+            rc = cli_fail("sdpa", CLI_BAD_INPUT, "%s%s: --score-mod %s does not build: %.*s",
+                          stage, clattn_status_string(status), o->score_mod,
+                          (int)strcspn(diagnostic, "\n"), diagnostic);
+        else
+            rc = cli_fail("sdpa", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s%s: %s", stage,
+                          clattn_status_string(status), message);
     } else if (err != CL_SUCCESS) {
         rc = cli_fail("sdpa", CLI_FAILED, "OpenCL error %d moving the data", (int)err);
     }
