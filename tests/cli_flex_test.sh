@@ -158,8 +158,8 @@ refuse five-aux "at most 4" --score-mod "$d/score.cl" --aux a="$d/bias.npy" \
     --aux b="$d/bias.npy" --aux c="$d/bias.npy" --aux e="$d/bias.npy" --aux f="$d/bias.npy"
 refuse repeated-name "given twice" --score-mod "$d/score.cl" --aux a="$d/bias.npy" \
     --aux a="$d/qdoc.npy"
-refuse build-error "score_mod.cl:3" --score-mod "$work/broken.cl"
-refuse undeclared-aux "score_mod.cl:" --score-mod "$d/score.cl" --aux bias="$d/bias.npy"
+refuse build-error "score_mod:3" --score-mod "$work/broken.cl"
+refuse undeclared-aux "score_mod:" --score-mod "$d/score.cl" --aux bias="$d/bias.npy"
 refuse float16-aux "float16" --score-mod "$d/score.cl" --aux bias="$work/half.npy"
 refuse int64-range "2^24" --score-mod "$d/score.cl" --aux bias="$work/huge.npy"
 refuse defines-none "defines none" --score-mod "$work/none.cl"

@@ -146,7 +146,7 @@ static const char sdpa_usage_flex[] =
     "  read as the pointer NAME at flat indices: float32 (float64 rounded) as float, int32 or\n"
     "  int64 (values within +-2^24) as int, bool or uint8 as uchar; no gradient. A source\n"
     "  that does not build: one line, the compiler's first diagnostic on its own lines\n"
-    "  (score_mod.cl:LINE:COL), exit 2. --block-mask BQ,BK: the block mask of BQ x BK blocks\n"
+    "  (score_mod:LINE:COL), exit 2. --block-mask BQ,BK: the block mask of BQ x BK blocks\n"
     "  made on the device from mask_mod (clattn_flex_block_mask) for both passes, so the\n"
     "  fused kernels skip the tiles it empties; the fused path only (not with --path unfused,\n"
     "  --qk-out, --attn-png, --softmax-precision 11, past/present, --rope or packed\n"
@@ -1237,11 +1237,11 @@ static int load_flex(const sdpa_options *o, sdpa_data *d)
 }
 
 /* A build error's first line about the user's source (a line of the compiler's log naming
- * score_mod.cl, the library's name for it), or NULL. */
+ * "score_mod:", the library's name for it), or NULL. */
 static const char *first_source_line(const char *message)
 {
     for (const char *line = strchr(message, '\n'); line; line = strchr(line, '\n')) {
-        const char *at = strstr(++line, "score_mod.cl:");
+        const char *at = strstr(++line, "score_mod:");
         if (at && at < line + strcspn(line, "\n"))
             return line;
     }
