@@ -181,8 +181,8 @@ typedef struct sdpa_shape {
     clattn_dtype dtype;                                       /* of q, k, v and out */
     size_t batch, heads, kv_heads, seq_q, seq_k, dim, kv_len; /* kv_len 0: no kv_seqlen */
     size_t dim_v;                                             /* d_v (dv=N; 0: D) */
-    size_t flex_docs;         /* flexdoc=N: a document mask_mod of N documents (0: none) */
-    size_t flex_bq, flex_bk;  /* blocks=BQ,BK: a block mask of those blocks (0: none) */
+    size_t flex_docs;        /* flexdoc=N: a document mask_mod of N documents (0: none) */
+    size_t flex_bq, flex_bk; /* blocks=BQ,BK: a block mask of those blocks (0: none) */
 } sdpa_shape;
 
 /* The user mask_mod of flexdoc=N: the same document (doc: the I32 aux tensor of ids). */
@@ -285,8 +285,8 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
             bdesc.heads = s->heads;
             bdesc.seq_q = s->seq_q;
             bdesc.seq_k = s->seq_k;
-            bdesc.out = clattn_tensor_make(block_mask, 0, CLATTN_DTYPE_U8, 4, s->batch, s->heads,
-                                           qb, kb);
+            bdesc.out =
+                clattn_tensor_make(block_mask, 0, CLATTN_DTYPE_U8, 4, s->batch, s->heads, qb, kb);
             if (clattn_flex_block_mask(ctx, &bdesc, 0, NULL, NULL) != CLATTN_SUCCESS ||
                 clattn_finish(ctx) != CLATTN_SUCCESS) {
                 fprintf(stderr, "gpu_model_driver: block mask: %s\n", clattn_last_error(ctx));
@@ -329,8 +329,8 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
     printf("sdpa %s B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu d=%zu causal=%d kvlen=%zu flexdoc=%zu "
            "blocks=%zux%zu: checksum %.6g\n",
            clattn_plan_is_fused(plan) ? "fused" : "unfused", s->batch, s->heads, s->kv_heads,
-           s->seq_q, s->seq_k, s->dim, s->causal, s->kv_len, s->flex_docs, s->flex_bq,
-           s->flex_bk, sum);
+           s->seq_q, s->seq_k, s->dim, s->causal, s->kv_len, s->flex_docs, s->flex_bq, s->flex_bk,
+           sum);
     rc = isfinite(sum) ? 0 : 1;
 done:
     clattn_plan_release(plan);
@@ -388,8 +388,8 @@ int main(int argc, char **argv)
                 return usage();
         }
         /* flexdoc: the fused path, LQ = LK (the ids index both); blocks only with flexdoc */
-        if ((shape.flex_docs && (!shape.fused || shape.seq_q != shape.seq_k ||
-                                 shape.flex_docs > shape.seq_q)) ||
+        if ((shape.flex_docs &&
+             (!shape.fused || shape.seq_q != shape.seq_k || shape.flex_docs > shape.seq_q)) ||
             (shape.flex_bq && !shape.flex_docs))
             return usage();
     } else {
