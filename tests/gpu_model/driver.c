@@ -18,6 +18,13 @@
  * q, k, v and out stored in that type (float32 arithmetic in the kernels). Prints the device's
  * compute units and local memory, the tuning parameters (clattn_ctx_tuning), the plan's kind and a
  * checksum of the output; exits 1 on any error, 2 on bad usage.
+ *   gpu_model_driver sdpa fused B H KV_HEADS L L D flexdoc=N [blocks=BQ,BK]
+ *       the fused SDPA with a user mask_mod (clattn_flex_desc): document masking, key j kept
+ *       for query i when doc[i] == doc[j], doc an I32 aux tensor of L document ids, N
+ *       documents of equal length (doc[i] = i * N / L; LQ must equal LK). blocks=BQ,BK: with a
+ *       block mask of BQ x BK blocks (U8 (B, H, ceil(L / BQ), ceil(L / BK))) made on the
+ *       device from the same mask_mod by clattn_flex_block_mask (a launch of
+ *       `flex_block_mask`, kernels/flex.cl) before the plan's `flash_attention`.
  *   gpu_model_driver backward B H KV_HEADS LQ LK D [causal] [kvlen=N] [dv=N] [f16|bf16]
  *       the attention backward (clattn_sdpa_backward_plan_create) of the same shape: dQ, dK, dV
  *       from random q, k, v, out, dO and an F32 lse uniform in [-1, 1) (the counts do not depend
@@ -40,6 +47,8 @@ static int usage(void)
     fprintf(stderr, "usage: gpu_model_driver matmul M N K\n"
                     "       gpu_model_driver sdpa fused|unfused B H KV_HEADS LQ LK D [causal] "
                     "[kvlen=N] [dv=N] [f16|bf16]\n"
+                    "       gpu_model_driver sdpa fused B H KV_HEADS L L D flexdoc=N "
+                    "[blocks=BQ,BK]\n"
                     "       gpu_model_driver backward B H KV_HEADS LQ LK D [causal] [kvlen=N] "
                     "[dv=N] [f16|bf16]\n");
     return 2;
@@ -172,7 +181,25 @@ typedef struct sdpa_shape {
     clattn_dtype dtype;                                       /* of q, k, v and out */
     size_t batch, heads, kv_heads, seq_q, seq_k, dim, kv_len; /* kv_len 0: no kv_seqlen */
     size_t dim_v;                                             /* d_v (dv=N; 0: D) */
+    size_t flex_docs;        /* flexdoc=N: a document mask_mod of N documents (0: none) */
+    size_t flex_bq, flex_bk; /* blocks=BQ,BK: a block mask of those blocks (0: none) */
 } sdpa_shape;
+
+/* The user mask_mod of flexdoc=N: the same document (doc: the I32 aux tensor of ids). */
+static const char flex_doc_source[] = "int mask_mod(int b, int h, int q_idx, int kv_idx)\n"
+                                      "{\n"
+                                      "    return doc[q_idx] == doc[kv_idx];\n"
+                                      "}\n";
+
+static void flex_doc_desc(clattn_flex_desc *flex, const sdpa_shape *s)
+{
+    memset(flex, 0, sizeof *flex);
+    flex->source = flex_doc_source;
+    flex->functions = CLATTN_FLEX_MASK_MOD;
+    flex->aux_names[0] = "doc";
+    flex->block_q = s->flex_bq;
+    flex->block_k = s->flex_bk;
+}
 
 static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
 {
@@ -186,7 +213,7 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
     cl_mem q = make_buffer(ctx, dt, q_n, &seed, 1), k = make_buffer(ctx, dt, kv_n, &seed, 1);
     cl_mem v = make_buffer(ctx, dt, v_n, &seed, 1),
            out = make_buffer(ctx, dt, o_n, &seed, s->backward);
-    cl_mem lens = NULL;
+    cl_mem lens = NULL, doc = NULL, block_mask = NULL; /* flexdoc=N, blocks=BQ,BK */
     /* the backward's: lse (F32), dO (random), dQ, dK, dV (zeros) */
     cl_mem lse = NULL, go = NULL, dq = NULL, dk = NULL, dv = NULL;
     clattn_plan *plan = NULL;
@@ -228,6 +255,46 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
             goto done;
         t->kv_seqlen = clattn_tensor_make(lens, 0, CLATTN_DTYPE_I32, 1, s->batch, 0, 0, 0);
     }
+    if (s->flex_docs) {
+        /* the document ids, then the block mask from the same mask_mod (on the device) */
+        cl_int *ids = malloc(s->seq_q * sizeof *ids);
+        cl_int err = CL_SUCCESS;
+        if (ids == NULL)
+            goto done;
+        for (size_t i = 0; i < s->seq_q; ++i)
+            ids[i] = (cl_int)(i * s->flex_docs / s->seq_q);
+        doc = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                             s->seq_q * sizeof *ids, ids, &err);
+        free(ids);
+        if (err != CL_SUCCESS)
+            goto done;
+        t->flex_aux0 = clattn_tensor_make(doc, 0, CLATTN_DTYPE_I32, 1, s->seq_q, 0, 0, 0);
+        flex_doc_desc(&desc.flex, s);
+        if (s->flex_bq) {
+            const size_t qb = (s->seq_q + s->flex_bq - 1) / s->flex_bq,
+                         kb = (s->seq_k + s->flex_bk - 1) / s->flex_bk;
+            block_mask = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE,
+                                        s->batch * s->heads * qb * kb, NULL, &err);
+            if (err != CL_SUCCESS)
+                goto done;
+            clattn_block_mask_desc bdesc;
+            clattn_block_mask_desc_init(&bdesc);
+            flex_doc_desc(&bdesc.flex, s);
+            bdesc.aux = &t->flex_aux0; /* (flex_aux0 .. 3: the four aux roles in a row) */
+            bdesc.batch = s->batch;
+            bdesc.heads = s->heads;
+            bdesc.seq_q = s->seq_q;
+            bdesc.seq_k = s->seq_k;
+            bdesc.out =
+                clattn_tensor_make(block_mask, 0, CLATTN_DTYPE_U8, 4, s->batch, s->heads, qb, kb);
+            if (clattn_flex_block_mask(ctx, &bdesc, 0, NULL, NULL) != CLATTN_SUCCESS ||
+                clattn_finish(ctx) != CLATTN_SUCCESS) {
+                fprintf(stderr, "gpu_model_driver: block mask: %s\n", clattn_last_error(ctx));
+                goto done;
+            }
+            t->block_mask = bdesc.out;
+        }
+    }
     if (s->backward) {
         t->lse = clattn_tensor_make(lse, 0, CLATTN_DTYPE_F32, 3, s->batch, s->heads, s->seq_q, 0);
         t->grad_out = clattn_tensor_make(go, 0, dt, 4, s->batch, s->heads, s->seq_q, dim_v);
@@ -259,14 +326,15 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
         goto done;
     }
     const double sum = checksum(ctx, dt, out, o_n);
-    printf("sdpa %s B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu d=%zu causal=%d kvlen=%zu: "
-           "checksum %.6g\n",
+    printf("sdpa %s B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu d=%zu causal=%d kvlen=%zu flexdoc=%zu "
+           "blocks=%zux%zu: checksum %.6g\n",
            clattn_plan_is_fused(plan) ? "fused" : "unfused", s->batch, s->heads, s->kv_heads,
-           s->seq_q, s->seq_k, s->dim, s->causal, s->kv_len, sum);
+           s->seq_q, s->seq_k, s->dim, s->causal, s->kv_len, s->flex_docs, s->flex_bq, s->flex_bk,
+           sum);
     rc = isfinite(sum) ? 0 : 1;
 done:
     clattn_plan_release(plan);
-    cl_mem mems[] = {q, k, v, out, lens, lse, go, dq, dk, dv};
+    cl_mem mems[] = {q, k, v, out, lens, doc, block_mask, lse, go, dq, dk, dv};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; ++i)
         if (mems[i])
             clReleaseMemObject(mems[i]);
@@ -304,10 +372,26 @@ int main(int argc, char **argv)
             else if (strncmp(argv[i], "dv=", 3) == 0) {
                 if (!parse_size(argv[i] + 3, &shape.dim_v))
                     return usage();
+            } else if (strncmp(argv[i], "flexdoc=", 8) == 0 && !shape.backward) {
+                if (!parse_size(argv[i] + 8, &shape.flex_docs))
+                    return usage();
+            } else if (strncmp(argv[i], "blocks=", 7) == 0 && !shape.backward) {
+                char *comma = strchr(argv[i] + 7, ',');
+                if (comma == NULL)
+                    return usage();
+                *comma = '\0';
+                if (!parse_size(argv[i] + 7, &shape.flex_bq) ||
+                    !parse_size(comma + 1, &shape.flex_bk))
+                    return usage();
             } else if (strncmp(argv[i], "kvlen=", 6) != 0 ||
                        !parse_size(argv[i] + 6, &shape.kv_len))
                 return usage();
         }
+        /* flexdoc: the fused path, LQ = LK (the ids index both); blocks only with flexdoc */
+        if ((shape.flex_docs &&
+             (!shape.fused || shape.seq_q != shape.seq_k || shape.flex_docs > shape.seq_q)) ||
+            (shape.flex_bq && !shape.flex_docs))
+            return usage();
     } else {
         return usage();
     }

@@ -147,7 +147,7 @@ def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM):
 
 
 def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, limit, causal,
-                has_kv_len, has_lse, elem=4, p=PARAMS, has_padding=False):
+                has_kv_len, has_lse, elem=4, p=PARAMS, has_padding=False, flex=None):
     """One work-group: query rows first_row .. first_row + bq - 1 (those past seq_q are padding,
     computed from zero queries on row 0's band, never stored), keys key_begin .. key_stop - 1.
 
@@ -166,7 +166,12 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     bk % 4 last keys); the V words, bk*dv per row of work-items (TY); the row pass 2 + bk (its
     max) + bk (its weights, unless every key of the tile is masked for the row). FMAs per
     work-item and tile: d4*RM*RN (S) + bk*RM*RD (P V, RD = ceil(dv/TX) dims each, padded dims
-    included). exp: per row and tile that keeps a key, bk weights and one rescale."""
+    included). exp: per row and tile that keeps a key, bk weights and one rescale.
+
+    flex (a Flex: a user mask_mod, optionally a block mask; see flex_tiles): the tiles and the
+    rows that keep a key of them come from the mask, and flex_tiles' global loads (block-mask
+    bytes, mask_mod's aux loads) are added; everything else is counted as above over the
+    visited tiles."""
     tx, ty = p["fg_tx"], p["fg_ty"]
     items, rm, rn, rd = tx * ty, bq // ty, bk // tx, cdiv(dv, tx)
     d4, bk4 = cdiv(dk, 4) * 4, bk // 4 * 4
@@ -174,6 +179,10 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     last_row = min(seq_q, first_row + bq) - 1
     key_end = min(key_stop, band_end(last_row, limit, causal))
     tiles = list(range(key_begin, key_end, bk))
+    flex_loads = flex_load_bytes = 0
+    if flex is not None:
+        tiles, kept_row_tiles, flex_loads, flex_load_bytes = flex_tiles(
+            flex, tiles, bq, bk, seq_q, seq_k, first_row, last_row, limit, causal, items)
     keys_read = sum(max(0, min(bk, limit - k0)) for k0 in tiles)
 
     def row_keeps(r, k0):  # whether row r keeps a key of the tile at k0 (padding: row 0's band)
@@ -181,12 +190,15 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
         end = band_end(row if row < seq_q else 0, limit, causal)
         return k0 < end
 
-    kept_row_tiles = sum(row_keeps(r, k0) for r in range(bq) for k0 in tiles)
+    if flex is None:
+        kept_row_tiles = sum(row_keeps(r, k0) for r in range(bq) for k0 in tiles)
     t = len(tiles)
     kv_counts = items if has_kv_len else 0
     g_loads = valid * dk + keys_read * (dk + dv) + kv_counts
     g_stores = valid * dv + (valid if has_lse else 0)
     g_load_bytes = elem * (g_loads - kv_counts) + 4 * kv_counts     # q, k, v: elem bytes
+    g_loads += flex_loads
+    g_load_bytes += flex_load_bytes
     g_store_bytes = elem * valid * dv + (4 * valid if has_lse else 0)
     l_loads_vec4 = t * items * (d4 // 4 * (rm + rn) + bk4 // 4 * rm)     # S; P, 4 keys
     l_loads_words = (items * rm                                           # acc init: row l
@@ -209,6 +221,96 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
                   barriers=items * (6 * t + 2),
                   fma=t * items * (d4 * rm * rn + bk * rm * rd),
                   exp=kept_row_tiles * (bk + 1))
+
+
+# --- user mask functions (clattn_flex_desc; score.cl's FLEX section, kernels/flex.cl) -------
+class Flex:
+    """A user mask_mod and its costs: keep(q, k) -> bool (the same for every batch and head),
+    aux_loads: the global loads of one call (each of aux_bytes bytes), blocks: (BQ, BK) of a
+    block mask made from it (clattn_flex_block_mask), or None."""
+
+    def __init__(self, keep, aux_loads, aux_bytes, blocks=None):
+        self.keep, self.aux_loads, self.aux_bytes, self.blocks = keep, aux_loads, aux_bytes, blocks
+
+
+def doc_mask(seq, docs, blocks=None):
+    """The driver's flexdoc=N: doc[i] = i * N / L, kept when doc[q] == doc[k]; mask_mod reads
+    doc twice (two I32 loads a call: both kept by the compiler, nothing hoisted)."""
+    doc = [i * docs // seq for i in range(seq)]
+    return Flex(lambda q, k: doc[q] == doc[k], 2, 4, blocks)
+
+
+def block_states(flex, seq_q, seq_k):
+    """flex_block_mask's verdicts (kernels/flex.cl) per (query block, key block): 0 empty, 1
+    partial, 2 full, and the mask_mod calls that made them (a work-item stops at the first pair
+    that makes its block partial: once it has seen a kept and a dropped pair)."""
+    fbq, fbk = flex.blocks
+    states, calls = {}, 0
+    for qb in range(cdiv(seq_q, fbq)):
+        for kb in range(cdiv(seq_k, fbk)):
+            seen_any, seen_all = False, True
+            for q in range(qb * fbq, min(seq_q, (qb + 1) * fbq)):
+                for k in range(kb * fbk, min(seq_k, (kb + 1) * fbk)):
+                    keep = flex.keep(q, k)
+                    calls += 1
+                    seen_any, seen_all = seen_any or keep, seen_all and keep
+                    if seen_any and not seen_all:
+                        break
+                if seen_any and not seen_all:
+                    break
+            states[qb, kb] = 0 if not seen_any else 2 if seen_all else 1
+    return states, calls
+
+
+def flex_block_mask(batch, heads, seq_q, seq_k, flex):
+    """kernels/flex.cl flex_block_mask, one work-item per block of every (b, h) (the work-items
+    past the last block, up to a multiple of 64, leave): mask_mod's loads per call it makes
+    (block_states), one U8 store per block. No local memory, barriers, FMAs or exps."""
+    states, calls = block_states(flex, seq_q, seq_k)
+    loads = batch * heads * calls * flex.aux_loads
+    stores = batch * heads * len(states)
+    return counts(global_loads=loads, global_load_bytes=flex.aux_bytes * loads,
+                  global_stores=stores, global_store_bytes=stores)
+
+
+def flex_tiles(flex, tiles, bq, bk, seq_q, seq_k, first_row, last_row, limit, causal, items):
+    """A flash_attention work-group's key tiles with a user mask_mod (flash_gpu.cl's key-tile
+    loop, score.cl's FLEX_TILE, flex_tile_band, score_rule): (the tiles visited, the (row, tile)
+    pairs where the row keeps a key of the tile, the extra global loads and their bytes).
+
+    With a block mask every work-item computes the tile's verdict (flex_tile: one U8 load per
+    block that rows first_row .. last_row (the valid ones) and keys k0 .. min(k0 + BK, limit) - 1
+    touch), on every tile of the group's key range; a tile whose blocks are all empty is skipped
+    (nothing else is loaded, stored or counted for it), one whose blocks are all full is visited
+    without mask_mod. Without a block mask every tile is visited, mask_mod on. Where mask_mod is
+    on, score_rule calls it for each (row, key) of the tile inside the row's band (key below
+    band_end; so never past the key count), every row of the block: padding rows (past seq_q)
+    too, as row 0 (their safe_row); aux_loads global loads per call. A row keeps a key of the
+    tile when some key inside its band passes mask_mod (every one on a full tile)."""
+    fbq, fbk = flex.blocks or (0, 0)
+    states = block_states(flex, seq_q, seq_k)[0] if flex.blocks else None
+    visited, kept, block_loads, calls = [], 0, 0, 0
+    for k0 in tiles:
+        state = 1
+        if states is not None:
+            key1 = min(k0 + bk, limit)
+            blocks = [states[qb, kb] for qb in range(first_row // fbq, last_row // fbq + 1)
+                      for kb in range(k0 // fbk, (key1 - 1) // fbk + 1)]
+            block_loads += items * len(blocks)
+            state = 0 if not any(blocks) else 2 if all(b == 2 for b in blocks) else 1
+        if state == 0:
+            continue
+        visited.append(k0)
+        for r in range(bq):
+            row = first_row + r if first_row + r < seq_q else 0
+            keys = range(k0, min(k0 + bk, band_end(row, limit, causal)))
+            if state == 1:
+                calls += len(keys)
+                kept += any(flex.keep(row, k) for k in keys)
+            else:
+                kept += len(keys) > 0
+    mask_loads = calls * flex.aux_loads
+    return visited, kept, block_loads + mask_loads, block_loads + flex.aux_bytes * mask_loads
 
 
 def decode_splits(groups, seq_k, bk, p=PARAMS):
@@ -234,9 +336,10 @@ def flash_merge(rows, dv, splits):
 
 
 def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False, kv_len=0,
-                  elem=4):
+                  elem=4, flex=None):
     """The launches of an SDPA plan (packed, d_k = d_v = dim, q, k, v and out of `elem` bytes:
-    float32, or F16 / BF16 on the fused path), as (kernel, counts)."""
+    float32, or F16 / BF16 on the fused path), as (kernel, counts). flex (fused only): a user
+    mask_mod (Flex), and with flex.blocks the driver's flex_block_mask launch first."""
     limit = kv_len if kv_len else seq_k
     has_kv_len = kv_len > 0
     if path == "unfused":
@@ -247,7 +350,7 @@ def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False,
                 ("matmul", matmul(seq_q, dim, seq_k, bh))]
     # The grouped decode (host/attn/sdpa.c): one query row per head, no causal band and no
     # window: the query heads of a k/v head become the rows of one block.
-    if seq_q == 1 and heads > kv_heads and not causal:
+    if seq_q == 1 and heads > kv_heads and not causal and flex is None:
         heads, seq_q = kv_heads, heads // kv_heads
     bq, bk = flash_gpu_tiles(dim, dim, seq_q)
     blocks = cdiv(seq_q, bq)
@@ -258,9 +361,11 @@ def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False,
         stop = min(seq_k, begin + split_keys) if splits > 1 else seq_k
         for block in range(blocks):
             group = flash_group(bq, bk, dim, dim, seq_q, seq_k, block * bq, begin, stop, limit,
-                                causal, has_kv_len, splits > 1, elem)
+                                causal, has_kv_len, splits > 1, elem, flex=flex)
             total = add(total, {k: v * batch * heads for k, v in group.items()})
     launches = [("flash_attention", total)]
+    if flex is not None and flex.blocks:
+        launches.insert(0, ("flex_block_mask", flex_block_mask(batch, heads, seq_q, seq_k, flex)))
     if splits > 1:
         launches.append(("flash_merge", flash_merge(batch * heads * seq_q, dim, splits)))
     return launches
@@ -484,6 +589,15 @@ def sdpa_case(name, path, b, h, hkv, lq, lk, d, causal=False, kv_len=0, dtype="f
     return name, args, sdpa_launches(path, b, h, hkv, lq, lk, d, causal, kv_len, elem)
 
 
+def flex_case(name, b, h, hkv, length, d, docs, blocks=None):
+    """The fused SDPA with the driver's document mask_mod (flexdoc=N, LQ = LK = length) and,
+    with blocks = (BQ, BK), a block mask made from it on the device."""
+    args = ["sdpa", "fused"] + [str(x) for x in (b, h, hkv, length, length, d)]
+    args += [f"flexdoc={docs}"] + ([f"blocks={blocks[0]},{blocks[1]}"] if blocks else [])
+    flex = doc_mask(length, docs, blocks)
+    return name, args, sdpa_launches("fused", b, h, hkv, length, length, d, flex=flex)
+
+
 
 def backward_case(name, b, h, hkv, lq, lk, dk, dv=None, causal=False, kv_len=0, dtype="f32"):
     args = ["backward"] + [str(x) for x in (b, h, hkv, lq, lk, dk)]
@@ -507,6 +621,16 @@ CASES = [
     sdpa_case("fused 70x50 d64", "fused", 1, 1, 1, 70, 50, 64),
     sdpa_case("fused causal 66x66 d24", "fused", 1, 1, 1, 66, 66, 24, True),
     sdpa_case("fused 40x20 d128", "fused", 1, 1, 1, 40, 20, 128),
+    # user mask functions (clattn_flex_desc): a document mask_mod over 4 documents (two I32
+    # aux loads a call). Without a block mask every tile is visited and mask_mod is called on
+    # every (row, key) of it, padding rows as row 0 (200 = 3 * 64 + 8 rows); with 32 x 16
+    # blocks inside documents of 64 the tiles are full (no mask_mod) or empty (skipped), each
+    # verdict reading 2 x 2 blocks; with 128 x 32 blocks over documents of 50 the visited
+    # tiles are partial, mixed with empty ones, padding rows included. First flex_block_mask
+    # (kernels/flex.cl) makes the block mask.
+    flex_case("flex doc4 200x200 d32", 1, 1, 1, 200, 32, 4),
+    flex_case("flex doc4 256x256 d32 blocks 32x16", 1, 1, 1, 256, 32, 4, (32, 16)),
+    flex_case("flex doc4 200x200 d32 blocks 128x32", 1, 1, 1, 200, 32, 4, (128, 32)),
     # 16-bit storage: q, k, v, out of 2 bytes (F16 through vload_half / vstore_half_rte, BF16
     # through 16-bit loads and shifts); the counts in operations do not change
     sdpa_case("fused f16 33x20 d64", "fused", 1, 1, 1, 33, 20, 64, dtype="f16"),
