@@ -63,12 +63,15 @@ class TranslateError(TypeError):
 
 
 class Aux:
-    """One captured tensor the generated source reads as `__global const ctype *name`."""
+    """One captured tensor the generated source reads as `__global const ctype *name`.
+    requires_grad: whether the captured object is a torch tensor that requires grad (the
+    translation treats it as a constant; callers that differentiate refuse it)."""
 
-    def __init__(self, name, array, ctype):
+    def __init__(self, name, array, ctype, requires_grad=False):
         self.name = name
         self.array = array
         self.ctype = ctype
+        self.requires_grad = requires_grad
 
     def __repr__(self):
         return f"Aux(name={self.name!r}, ctype={self.ctype!r}, shape={self.array.shape})"
@@ -570,7 +573,7 @@ class _Translator:
             while cname in used:
                 cname = f"{base}_{k}"
                 k += 1
-            aux = Aux(cname, arr, ctype)
+            aux = Aux(cname, arr, ctype, bool(getattr(obj, "requires_grad", False)))
             self.aux.append(aux)
             ent = (obj, aux, arr.shape, vt)
             self.aux_info[id(obj)] = ent

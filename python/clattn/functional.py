@@ -508,7 +508,7 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
                  sinks: Optional[ArrayLike] = None, ctx: Optional[Context] = None,
                  path: str = "auto", dropout_p: float = 0.0,
                  dropout_seed: Optional[int] = None, dropout_offset: int = 0,
-                 softcap: float = 0.0, window_size=(-1, -1)):
+                 softcap: float = 0.0, window_size=(-1, -1), _flex=None):
     """``scaled_dot_product_attention`` on numpy arrays that also returns the rows'
     log-sum-exp, what :func:`sdpa_backward` takes: ``(out, lse)``.
 
@@ -520,7 +520,8 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
     :func:`sdpa_backward` the same three. out is (..., Hq, L, Ev) in query's dtype (the
     dropped weights' output); lse is float32 (..., Hq, L): the log-sum-exp of each row's
     masked, scaled scores (the sink included; undropped), -inf for a row whose keys are all
-    masked."""
+    masked. (_flex: clattn.flex's user score functions and their tensors, for
+    :func:`clattn.flex_attention`.)"""
     query, key, value, attn_mask, sinks = (_torch.to_numpy(a) for a in
                                            (query, key, value, attn_mask, sinks))
     sc = _score(attn_mask, is_causal, scale, softcap, window_size, path)
@@ -543,19 +544,24 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
             t.attn_mask = layout(pb.mask4[1], pb.mask4[0].shape)
         if pb.sinks1 is not None:
             t.sinks = layout(_lib.F32, pb.sinks1.shape)
+        for name, (code, a) in flex_inputs.items():
+            setattr(t, name, layout(code, a.shape))
         return t
 
+    flex_inputs = {} if _flex is None else _flex.inputs()
     key_ = ("sdpa-lse", pb.q4.shape, pb.k4.shape, pb.v4.shape, dtypes, qs, ks, vs,
             None if pb.mask4 is None else (pb.mask4[0].shape, pb.mask4[1]), sc,
-            pb.sinks1 is not None, drop)
+            pb.sinks1 is not None, drop, None if _flex is None else _flex.key)
 
     def create():
         desc = _lib.SdpaDesc()
         lib.clattn_sdpa_desc_init(ctypes.byref(desc))
         src, t = tensors(), desc.tensors
-        for name in ("q", "k", "v", "out", "lse", "attn_mask", "sinks"):
+        for name in ("q", "k", "v", "out", "lse", "attn_mask", "sinks", *flex_inputs):
             setattr(t, name, getattr(src, name))
         _fill(desc, sc, drop)
+        if _flex is not None:
+            _flex.fill(desc)
         return _sdpa_plan(ctx, desc)
 
     with ctx.lock, _plan_for(ctx, key_, create, drop) as plan:
@@ -565,6 +571,7 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
             inputs.append(("attn_mask", pb.mask4[0]))
         if pb.sinks1 is not None:
             inputs.append(("sinks", pb.sinks1))
+        inputs += [(name, a) for name, (_, a) in flex_inputs.items()]
         buffers = []
         for name, a in inputs:
             buffers.append(Buffer(ctx, a))
@@ -575,6 +582,8 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
                                           None, None))
         out_buf.read(ctx, out)
         lse_buf.read(ctx, lse)
+        if _flex is not None:
+            _flex.executed(ctx, plan)
     result = out.reshape(pb.result_shape)
     if pb.q_in.dtype == np.float64:
         result = result.astype(np.float64)
@@ -612,7 +621,7 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
                   want_mask_grad: bool = False, dropout_p: float = 0.0,
                   dropout_seed: Optional[int] = None, dropout_offset: int = 0,
                   path: str = "auto", softcap: float = 0.0,
-                  window_size=(-1, -1)) -> SdpaGrads:
+                  window_size=(-1, -1), _flex=None) -> SdpaGrads:
     """The backward pass of ``scaled_dot_product_attention`` on the clattn device
     (clattn_sdpa_backward_plan_create: FlashAttention-2's recomputation from the lse, memory
     linear in the sequence), on numpy arrays.
@@ -634,7 +643,8 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
     require grad are refused (TypeError): autograd is ``scaled_dot_product_attention``'s.
     path (keyword only): "auto" (fused with lse, else unfused), "fused", or "unfused": the
     reference backward over whole (Lq, Lk) score matrices, the weights recomputed by the
-    forward's softmax; lse may then be None (but with sinks, whose gradient needs it)."""
+    forward's softmax; lse may then be None (but with sinks, whose gradient needs it).
+    (_flex: clattn.flex's user score functions, for :func:`clattn.flex_attention`.)"""
     query, key, value, out, lse, grad_out, attn_mask, sinks = (
         _torch.to_numpy(a) for a in (query, key, value, out, lse, grad_out, attn_mask, sinks))
     sc = _score(attn_mask, is_causal, scale, softcap, window_size, path)
@@ -674,6 +684,8 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
         inputs["attn_mask"] = (pb.mask4[1], pb.mask4[0])
     if pb.sinks1 is not None:
         inputs["sinks"] = (_lib.F32, pb.sinks1)
+    if _flex is not None:
+        inputs.update(_flex.inputs())
 
     def tensors():
         t = _lib.Tensors()
@@ -685,7 +697,8 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
 
     key_ = ("sdpa-backward", sc,
             tuple((n, c, a.shape, _strides_of(a)) for n, (c, a) in inputs.items()),
-            tuple((n, a.shape) for n, a in grads.items()), drop)
+            tuple((n, a.shape) for n, a in grads.items()), drop,
+            None if _flex is None else _flex.key)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -694,6 +707,8 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
         for name in tuple(inputs) + tuple(grads):
             setattr(t, name, getattr(src, name))
         _fill(desc, sc, drop)
+        if _flex is not None:
+            _flex.fill(desc)
         plan = ctypes.c_void_p()
         ctx.check(lib.clattn_sdpa_backward_plan_create(ctx.handle, ctypes.byref(desc),
                                                        ctypes.byref(plan)))
