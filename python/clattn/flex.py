@@ -372,7 +372,8 @@ def flex_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, score_mod
     it). Either function may instead be OpenCL C source (see clattn_flex_desc in clattn.h; a
     score_mod source must define score_mod_grad too for the backward); its auxiliary tensors
     come in ``aux`` (keyword only): a dict C name -> array or tensor, read by the source as
-    ``__global const float/int/uchar *NAME`` at flat indices. A source that does not build
+    ``__global const float/int/uchar *NAME`` at flat indices (a name the block mask's own
+    aux has is overridden here: its blocks must still agree with the mask). A source that does not build
     raises clattn.DeviceError with the compiler's log, its lines numbered
     ``score_mod.cl:LINE``.
     block_mask: a :class:`BlockMask` from :func:`create_block_mask` of (B|1, Hq|1, L, S), or
