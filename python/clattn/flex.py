@@ -413,8 +413,9 @@ def flex_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, score_mod
         from ._flex_autograd import flex_autograd
         out, lse = flex_autograd(query, key, value, spec, scale, enable_gqa, ctx)
     else:
-        out, lse = functional.sdpa_forward(query, key, value, None, False, scale,
-                                           bool(enable_gqa), ctx=ctx, _flex=spec)
+        forward = _torch.torch_io("flex_attention")(functional._sdpa_forward)
+        out, lse = forward(query, key, value, None, False, scale, bool(enable_gqa), ctx=ctx,
+                           _flex=spec)
     if count_tiles:
         _counted.last = None if spec is None else spec.tiles
     if not return_lse:

@@ -508,7 +508,7 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
                  sinks: Optional[ArrayLike] = None, ctx: Optional[Context] = None,
                  path: str = "auto", dropout_p: float = 0.0,
                  dropout_seed: Optional[int] = None, dropout_offset: int = 0,
-                 softcap: float = 0.0, window_size=(-1, -1), _flex=None):
+                 softcap: float = 0.0, window_size=(-1, -1)):
     """``scaled_dot_product_attention`` on numpy arrays that also returns the rows'
     log-sum-exp, what :func:`sdpa_backward` takes: ``(out, lse)``.
 
@@ -520,8 +520,19 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
     :func:`sdpa_backward` the same three. out is (..., Hq, L, Ev) in query's dtype (the
     dropped weights' output); lse is float32 (..., Hq, L): the log-sum-exp of each row's
     masked, scaled scores (the sink included; undropped), -inf for a row whose keys are all
-    masked. (_flex: clattn.flex's user score functions and their tensors, for
-    :func:`clattn.flex_attention`.)"""
+    masked."""
+    return _sdpa_forward(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                         sinks=sinks, ctx=ctx, path=path, dropout_p=dropout_p,
+                         dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+                         softcap=softcap, window_size=window_size)
+
+
+def _sdpa_forward(query, key, value, attn_mask=None, is_causal=False, scale=None,
+                  enable_gqa=False, *, sinks=None, ctx=None, path="auto", dropout_p=0.0,
+                  dropout_seed=None, dropout_offset=0, softcap=0.0, window_size=(-1, -1),
+                  _flex=None):
+    """sdpa_forward on numpy arrays; _flex: clattn.flex's user score functions and their
+    tensors (clattn.flex_attention)."""
     query, key, value, attn_mask, sinks = (_torch.to_numpy(a) for a in
                                            (query, key, value, attn_mask, sinks))
     sc = _score(attn_mask, is_causal, scale, softcap, window_size, path)
@@ -621,7 +632,7 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
                   want_mask_grad: bool = False, dropout_p: float = 0.0,
                   dropout_seed: Optional[int] = None, dropout_offset: int = 0,
                   path: str = "auto", softcap: float = 0.0,
-                  window_size=(-1, -1), _flex=None) -> SdpaGrads:
+                  window_size=(-1, -1)) -> SdpaGrads:
     """The backward pass of ``scaled_dot_product_attention`` on the clattn device
     (clattn_sdpa_backward_plan_create: FlashAttention-2's recomputation from the lse, memory
     linear in the sequence), on numpy arrays.
@@ -643,8 +654,20 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
     require grad are refused (TypeError): autograd is ``scaled_dot_product_attention``'s.
     path (keyword only): "auto" (fused with lse, else unfused), "fused", or "unfused": the
     reference backward over whole (Lq, Lk) score matrices, the weights recomputed by the
-    forward's softmax; lse may then be None (but with sinks, whose gradient needs it).
-    (_flex: clattn.flex's user score functions, for :func:`clattn.flex_attention`.)"""
+    forward's softmax; lse may then be None (but with sinks, whose gradient needs it)."""
+    return _sdpa_backward(query, key, value, out, lse, grad_out, attn_mask, is_causal, scale,
+                          enable_gqa, sinks=sinks, ctx=ctx, want_mask_grad=want_mask_grad,
+                          dropout_p=dropout_p, dropout_seed=dropout_seed,
+                          dropout_offset=dropout_offset, path=path, softcap=softcap,
+                          window_size=window_size)
+
+
+def _sdpa_backward(query, key, value, out, lse, grad_out, attn_mask=None, is_causal=False,
+                   scale=None, enable_gqa=False, *, sinks=None, ctx=None,
+                   want_mask_grad=False, dropout_p=0.0, dropout_seed=None, dropout_offset=0,
+                   path="auto", softcap=0.0, window_size=(-1, -1), _flex=None) -> SdpaGrads:
+    """sdpa_backward on numpy arrays; _flex: clattn.flex's user score functions and their
+    tensors (clattn.flex_attention)."""
     query, key, value, out, lse, grad_out, attn_mask, sinks = (
         _torch.to_numpy(a) for a in (query, key, value, out, lse, grad_out, attn_mask, sinks))
     sc = _score(attn_mask, is_causal, scale, softcap, window_size, path)
