@@ -7,12 +7,15 @@ The functions take PyTorch's argument meanings; see help(clattn.scaled_dot_produ
 Torch users: torch tensors in give torch tensors out, with autograd; clattn.MultiheadAttention
 is an nn.Module; clattn.flash_attn has flash-attn's functions; clattn.transformers.register()
 makes clattn an attention implementation of Hugging Face transformers.
+clattn.flex_attention and clattn.create_block_mask are PyTorch's FlexAttention (score_mod and
+mask_mod Python functions translated into OpenCL C), on numpy arrays or torch tensors.
 """
 
 import importlib as _importlib
 
 from ._core import ArgumentError, Context, DeviceError, Error, default_context
 from .dropout import dropout_mask
+from .flex import BlockMask, create_block_mask, flex_attention, last_tiles_visited
 from .functional import (SdpaGrads, paged_attention, quantize, scaled_dot_product_attention,
                          sdpa_backward, sdpa_forward, varlen_attention)
 from .ring import ring_attention
@@ -27,10 +30,10 @@ _TORCH_CLASSES = ("MultiheadAttention", "TorchMultiheadAttention")
 _SUBMODULES = ("autograd", "flash_attn", "transformers", "ops")
 
 # (not the torch-only names: `from clattn import *` must work without torch)
-__all__ = ["ArgumentError", "Context", "DeviceError", "Error", "KVCache",
-           "NumpyMultiheadAttention", "default_context",
-           "dropout_mask", "onnx_attention", "paged_attention", "positional_encoding",
-           "quantize", "ring_attention", "rotary_embedding", "scaled_dot_product_attention",
+__all__ = ["ArgumentError", "BlockMask", "Context", "DeviceError", "Error", "KVCache",
+           "NumpyMultiheadAttention", "create_block_mask", "default_context",
+           "dropout_mask", "flex_attention", "last_tiles_visited", "onnx_attention",
+           "paged_attention", "positional_encoding", "quantize", "ring_attention", "rotary_embedding", "scaled_dot_product_attention",
            "SdpaGrads", "sdpa_backward", "sdpa_forward", "varlen_attention"]
 __version__ = "0.9.0"
 

@@ -521,6 +521,18 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
     dropped weights' output); lse is float32 (..., Hq, L): the log-sum-exp of each row's
     masked, scaled scores (the sink included; undropped), -inf for a row whose keys are all
     masked."""
+    return _sdpa_forward(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                         sinks=sinks, ctx=ctx, path=path, dropout_p=dropout_p,
+                         dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+                         softcap=softcap, window_size=window_size)
+
+
+def _sdpa_forward(query, key, value, attn_mask=None, is_causal=False, scale=None,
+                  enable_gqa=False, *, sinks=None, ctx=None, path="auto", dropout_p=0.0,
+                  dropout_seed=None, dropout_offset=0, softcap=0.0, window_size=(-1, -1),
+                  _flex=None):
+    """sdpa_forward on numpy arrays; _flex: clattn.flex's user score functions and their
+    tensors (clattn.flex_attention)."""
     query, key, value, attn_mask, sinks = (_torch.to_numpy(a) for a in
                                            (query, key, value, attn_mask, sinks))
     sc = _score(attn_mask, is_causal, scale, softcap, window_size, path)
@@ -543,19 +555,24 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
             t.attn_mask = layout(pb.mask4[1], pb.mask4[0].shape)
         if pb.sinks1 is not None:
             t.sinks = layout(_lib.F32, pb.sinks1.shape)
+        for name, (code, a) in flex_inputs.items():
+            setattr(t, name, layout(code, a.shape))
         return t
 
+    flex_inputs = {} if _flex is None else _flex.inputs()
     key_ = ("sdpa-lse", pb.q4.shape, pb.k4.shape, pb.v4.shape, dtypes, qs, ks, vs,
             None if pb.mask4 is None else (pb.mask4[0].shape, pb.mask4[1]), sc,
-            pb.sinks1 is not None, drop)
+            pb.sinks1 is not None, drop, None if _flex is None else _flex.key)
 
     def create():
         desc = _lib.SdpaDesc()
         lib.clattn_sdpa_desc_init(ctypes.byref(desc))
         src, t = tensors(), desc.tensors
-        for name in ("q", "k", "v", "out", "lse", "attn_mask", "sinks"):
+        for name in ("q", "k", "v", "out", "lse", "attn_mask", "sinks", *flex_inputs):
             setattr(t, name, getattr(src, name))
         _fill(desc, sc, drop)
+        if _flex is not None:
+            _flex.fill(desc)
         return _sdpa_plan(ctx, desc)
 
     with ctx.lock, _plan_for(ctx, key_, create, drop) as plan:
@@ -565,6 +582,7 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
             inputs.append(("attn_mask", pb.mask4[0]))
         if pb.sinks1 is not None:
             inputs.append(("sinks", pb.sinks1))
+        inputs += [(name, a) for name, (_, a) in flex_inputs.items()]
         buffers = []
         for name, a in inputs:
             buffers.append(Buffer(ctx, a))
@@ -575,6 +593,8 @@ def sdpa_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike,
                                           None, None))
         out_buf.read(ctx, out)
         lse_buf.read(ctx, lse)
+        if _flex is not None:
+            _flex.executed(ctx, plan)
     result = out.reshape(pb.result_shape)
     if pb.q_in.dtype == np.float64:
         result = result.astype(np.float64)
@@ -635,6 +655,19 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
     path (keyword only): "auto" (fused with lse, else unfused), "fused", or "unfused": the
     reference backward over whole (Lq, Lk) score matrices, the weights recomputed by the
     forward's softmax; lse may then be None (but with sinks, whose gradient needs it)."""
+    return _sdpa_backward(query, key, value, out, lse, grad_out, attn_mask, is_causal, scale,
+                          enable_gqa, sinks=sinks, ctx=ctx, want_mask_grad=want_mask_grad,
+                          dropout_p=dropout_p, dropout_seed=dropout_seed,
+                          dropout_offset=dropout_offset, path=path, softcap=softcap,
+                          window_size=window_size)
+
+
+def _sdpa_backward(query, key, value, out, lse, grad_out, attn_mask=None, is_causal=False,
+                   scale=None, enable_gqa=False, *, sinks=None, ctx=None,
+                   want_mask_grad=False, dropout_p=0.0, dropout_seed=None, dropout_offset=0,
+                   path="auto", softcap=0.0, window_size=(-1, -1), _flex=None) -> SdpaGrads:
+    """sdpa_backward on numpy arrays; _flex: clattn.flex's user score functions and their
+    tensors (clattn.flex_attention)."""
     query, key, value, out, lse, grad_out, attn_mask, sinks = (
         _torch.to_numpy(a) for a in (query, key, value, out, lse, grad_out, attn_mask, sinks))
     sc = _score(attn_mask, is_causal, scale, softcap, window_size, path)
@@ -674,6 +707,8 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
         inputs["attn_mask"] = (pb.mask4[1], pb.mask4[0])
     if pb.sinks1 is not None:
         inputs["sinks"] = (_lib.F32, pb.sinks1)
+    if _flex is not None:
+        inputs.update(_flex.inputs())
 
     def tensors():
         t = _lib.Tensors()
@@ -685,7 +720,8 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
 
     key_ = ("sdpa-backward", sc,
             tuple((n, c, a.shape, _strides_of(a)) for n, (c, a) in inputs.items()),
-            tuple((n, a.shape) for n, a in grads.items()), drop)
+            tuple((n, a.shape) for n, a in grads.items()), drop,
+            None if _flex is None else _flex.key)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -694,6 +730,8 @@ def sdpa_backward(query: ArrayLike, key: ArrayLike, value: ArrayLike, out: Array
         for name in tuple(inputs) + tuple(grads):
             setattr(t, name, getattr(src, name))
         _fill(desc, sc, drop)
+        if _flex is not None:
+            _flex.fill(desc)
         plan = ctypes.c_void_p()
         ctx.check(lib.clattn_sdpa_backward_plan_create(ctx.handle, ctypes.byref(desc),
                                                        ctypes.byref(plan)))

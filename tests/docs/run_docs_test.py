@@ -12,7 +12,8 @@ block may use the files an earlier block of the same page wrote):
               linked with BUILD_DIR's libclattn, and run (exit 0 required).
   ```sh       must carry a marker: `run` (run with bash -e, BUILD_DIR first in PATH, so
               `clattn` is the built command and `python3` this interpreter) or `skip (...)`.
-  ```python   executed with PYTHONPATH=python/ and CLATTN_LIBRARY=BUILD_DIR's libclattn; a
+  ```python   executed (from a file block_LINE.py in the scratch folder) with
+              PYTHONPATH=python/ and CLATTN_LIBRARY=BUILD_DIR's libclattn; a
               block that needs an optional third-party module this Python lacks (torch,
               safetensors, pyopencl, mpi4py, transformers, ml_dtypes) is reported SKIPPED
               with the module's name, never passed.
@@ -372,7 +373,12 @@ class Runner:
             elif not device:
                 self.record("SKIP", b.where(), "Python block: no OpenCL device")
             else:
-                self.run([sys.executable, "-"], cwd, b.where(), "Python block", stdin=b.text)
+                # from a file, as a user's script runs (inspect.getsource works: clattn's
+                # FlexAttention translator reads the functions' source)
+                script = os.path.join(cwd, f"block_{b.line}.py")
+                with open(script, "w", encoding="utf-8") as f:
+                    f.write(b.text)
+                self.run([sys.executable, script], cwd, b.where(), "Python block")
         elif b.lang == "cmake":
             self.version_text(b.text, b.where())
             self.record("PASS", b.where(), "cmake block: versions")

@@ -113,7 +113,7 @@ else
     # (see the header), the same wheel's sources; test_compile.py and test_transformers.py
     # need a newer torch (run_hf.sh's step)
     torch_tests=(test_torch.py test_backward.py test_dropout.py test_flash_attn.py
-                 test_varlen_paged.py test_dropin.py test_parity.py)
+                 test_varlen_paged.py test_dropin.py test_parity.py test_flex.py)
     tvenv=$build/venv-python-torch
     if [ "${CLATTN_PY_TORCH:-1}" = 0 ]; then
         echo "python: torch step skipped (CLATTN_PY_TORCH=0)"

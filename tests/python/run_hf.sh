@@ -1,7 +1,7 @@
 #!/bin/bash
 # Hugging Face transformers on clattn (tests/python/test_transformers.py, and any
-# tests/python/test_compile*.py: torch.compile; then the docs test on the pages whose
-# examples need them) in a virtual environment of its own,
+# tests/python/test_compile*.py: torch.compile; test_flex.py: against torch's flex_attention;
+# then the docs test on the pages whose examples need them) in a virtual environment of its own,
 # BUILD_DIR/venv-python-hf, with a torch that transformers accepts. The python lane
 # (tests/python/run.sh) runs it after its Debian-torch step; it also runs by hand:
 #
@@ -54,7 +54,9 @@ env -u CLATTN_BUILD_DIR XDG_CACHE_HOME="$build/python-cache" \
     CLATTN_CMAKE_ARGS=${CLATTN_CMAKE_ARGS:-} "$venv/bin/pip" install -q --force-reinstall \
     --no-deps "$src" || { echo "python-hf: pip install of clattn into $venv failed" >&2; exit 1; }
 setup=$(( $(date +%s) - start ))
-tests=("$root/tests/python/test_transformers.py")
+# test_flex.py: clattn.flex_attention against torch's own flex_attention (which Debian's
+# torch lacks: those cases skip in run.sh's steps)
+tests=("$root/tests/python/test_transformers.py" "$root/tests/python/test_flex.py")
 for f in "$root"/tests/python/test_compile*.py; do
     [ -e "$f" ] && tests+=("$f")
 done

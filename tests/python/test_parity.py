@@ -29,6 +29,8 @@ NO_EFFECT = {
     "max_seqlen_q": "a bound for the launch geometry, at least the longest sequence",
     "max_seqlen_k": "a bound for the launch geometry, at least the longest sequence",
     "deterministic": "clattn's backward is always deterministic (flash-attn's flag)",
+    "kernel_options": "flex_attention: counts the tiles visited (last_tiles_visited) or "
+                      "carries torch's Triton options; the same numbers",
 }
 
 
@@ -155,6 +157,30 @@ def test_sdpa_forward_and_backward():
             dict(opts, want_mask_grad=True)),
            ((q, k, v, *clattn.sdpa_forward(q, k, v, is_causal=True, enable_gqa=True), dout,
              None, True, None, True), dict(path="auto"))])
+
+
+def test_flex_attention():
+    a = rng_arrays(9)
+    q, k, v = a(2, 4, 5, 8), a(2, 2, 7, 8), a(2, 2, 7, 8)
+    bias = a(4)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + bias[h] * (q_idx - kv_idx)
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+    block_mask = clattn.create_block_mask(causal, None, None, 5, 7, BLOCK_SIZE=2)
+    keep_src = "int mask_mod(int b, int h, int q_idx, int kv_idx) { return keep[kv_idx]; }"
+    keep = np.array([1, 0, 1, 1, 0, 1, 1], np.uint8)
+    # one partial block under both tensors: flex_attention's aux (which overrides the block
+    # mask's own) decides which keys mask_mod keeps
+    c_mask = clattn.create_block_mask(keep_src, None, None, 5, 7, BLOCK_SIZE=8,
+                                      aux={"keep": np.array([0, 1, 1, 1, 1, 0, 1], np.uint8)})
+    assert c_mask.to_dense().tolist() == [[[[1]]]]
+    check(clattn.flex_attention,
+          [((q, k, v, score_mod, block_mask, 0.4, True, True, {"count_tiles": True}), {}),
+           ((q, k, v), dict(block_mask=c_mask, enable_gqa=True, aux={"keep": keep},
+                            ctx=clattn.default_context()))])
 
 
 def test_paged_attention():
