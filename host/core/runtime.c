@@ -3,6 +3,7 @@
 #include "tuning.h"
 #include "kernels_embedded.h"
 
+#include <ctype.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -476,6 +477,72 @@ static char *read_text_file(const char *dir, const char *file)
     return text;
 }
 
+static size_t count_lines(const char *text)
+{
+    size_t n = 0;
+    for (; *text; ++text)
+        n += *text == '\n';
+    return n;
+}
+
+/* The build log with the score functions' lines named as their own: a compiler that ignores
+ * #line (Oclgrind numbers the whole program as input.cl) names a line of one of the parts in
+ * `flex` (the text that follows `before` lines of the program) by its place in the whole; each
+ * `FILE:LINE:` that falls inside a part becomes `PART:LINE':`, PART the name its #line gives
+ * (host/attn/flex.c). Returns a new string, or NULL (out of memory: the caller keeps log). */
+static char *map_flex_lines(const char *log, const char *flex, size_t before)
+{
+    enum { PARTS = 8 };
+    struct { size_t first, last; char name[32]; } parts[PARTS];
+    size_t count = 0, line = 1;
+    for (const char *at = flex; *at && count < PARTS; ++line) {
+        const char *end = strchr(at, '\n');
+        if (end == NULL)
+            break;
+        char name[32];
+        if (sscanf(at, "#line 1 \"%31[^\"]\"", name) == 1 && strcmp(name, "score.cl") != 0) {
+            parts[count].first = before + line + 1;
+            parts[count].last = SIZE_MAX;
+            snprintf(parts[count].name, sizeof parts[count].name, "%s", name);
+            ++count;
+        } else if (count && parts[count - 1].last == SIZE_MAX &&
+                   strncmp(at, "#undef score_mod\n", 17) == 0) {
+            parts[count - 1].last = before + line - 1;
+        }
+        at = end + 1;
+    }
+    const size_t size = strlen(log) * 2 + 64;
+    char *out = malloc(size);
+    if (out == NULL)
+        return NULL;
+    size_t used = 0;
+    for (const char *at = log; *at && used + 48 < size;) {
+        /* a token of file-name characters followed by ":digits:" */
+        size_t token = 0;
+        while (at[token] && (isalnum((unsigned char)at[token]) || strchr("._-<>/", at[token])))
+            ++token;
+        if (token > 0 && at[token] == ':' && isdigit((unsigned char)at[token + 1])) {
+            char *digits_end = NULL;
+            const unsigned long long n = strtoull(at + token + 1, &digits_end, 10);
+            size_t p = 0;
+            while (p < count && !(n >= parts[p].first && n <= parts[p].last))
+                ++p;
+            if (*digits_end == ':' && p < count) {
+                used += (size_t)snprintf(out + used, size - used, "%s:%llu", parts[p].name,
+                                         n - parts[p].first + 1);
+                at = digits_end;
+                continue;
+            }
+        }
+        const size_t step = token > 0 ? token : 1;
+        for (size_t i = 0; i < step && used + 1 < size; ++i)
+            out[used++] = at[i];
+        at += step;
+    }
+    out[used < size ? used : size - 1] = '\0';
+    return out;
+}
+
 /* Builds `source` with the context's options plus `extra` (may be ""). */
 static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const char *extra,
                                    cl_program *out)
@@ -540,7 +607,15 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
         if (log && clGetProgramBuildInfo(program, ctx->device, CL_PROGRAM_BUILD_LOG, log_size, log,
                                          NULL) != CL_SUCCESS)
             log[0] = '\0';
-        if (flex_text[0]) /* the user's source: its lines numbered as its own (a #line directive) */
+        if (flex_text[0] && log) { /* the user's source: its lines numbered as its own */
+            char *mapped = map_flex_lines(
+                log, flex_text, count_lines(texts[0]) + count_lines(texts[1]) + count_lines(texts[2]));
+            if (mapped) {
+                free(log);
+                log = mapped;
+            }
+        }
+        if (flex_text[0])
             status = clattn__fail(
                 ctx, err == CL_BUILD_PROGRAM_FAILURE ? CLATTN_ERR_BUILD : (clattn_status)err,
                 "the user's score functions do not build (lines of score_mod are the "
