@@ -134,7 +134,7 @@ lane_pocl() {
 # tracer after every test had passed. clattn's own leaks are still reported (leak_canary).
 lane_asan() {
     local vendors scale=small
-    local exclude='^runtime_rusticl$|_(tiled|default_tuning|split|tuned)$|^(matmul|softmax|attention|mha|plan)_gpu_params$'
+    local exclude='^runtime_rusticl$|_(tiled|default_tuning|split|tuned)$|^(matmul|softmax|attention|mha|plan|flex)_gpu_params$'
     if [ "$full" -eq 1 ]; then
         scale=full
         exclude='^runtime_rusticl$'
@@ -170,7 +170,7 @@ ensure_build() {
 # CI tier leaves out check_backward too: its 44 cases compile one backward variant each, 517 s
 # on rusticl at CLATTN_TEST_SCALE=small (measured 2026-12-05); --full runs it (the pocl and
 # Oclgrind lanes run it in the CI tier).
-rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring|cli_backward|cli_dropout|docs)$'
+rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring|cli_backward|cli_dropout|cli_flex|docs)$'
 lane_rusticl() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip"
