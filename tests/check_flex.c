@@ -56,6 +56,19 @@ static clattn_tensor vec(clattn_dtype dtype, int rank, const size_t *dims, const
     return t;
 }
 
+/* q, k, v (packed F32 from the host arrays) and a poisoned out of the sizes s; the rest absent. */
+static clattn_tensors qkv_tensors(const flex_sizes *s, const float *q, const float *k,
+                                  const float *v)
+{
+    clattn_tensors t;
+    memset(&t, 0, sizeof t);
+    t.q = f32_4(s->batch, s->heads, s->seq_q, s->dim, q);
+    t.k = f32_4(s->batch, s->heads, s->seq_k, s->dim, k);
+    t.v = f32_4(s->batch, s->heads, s->seq_k, s->dim, v);
+    t.out = f32_4(s->batch, s->heads, s->seq_q, s->dim, NULL);
+    return t;
+}
+
 /* The problem of test 1: document ids of queries and keys, a (heads, seq_q + seq_k) bias. */
 typedef struct problem {
     flex_sizes s;
@@ -81,10 +94,7 @@ static void problem_make(problem *p, const flex_sizes *s)
         p->kdoc[j] = (float)(j * docs / s->seq_k);
     p->bias = tu_floats(s->heads * (s->seq_q + s->seq_k));
     tu_fill_uniform(p->bias, s->heads * (s->seq_q + s->seq_k), -2.0f, 2.0f);
-    p->t.q = f32_4(s->batch, s->heads, s->seq_q, s->dim, p->q);
-    p->t.k = f32_4(s->batch, s->heads, s->seq_k, s->dim, p->k);
-    p->t.v = f32_4(s->batch, s->heads, s->seq_k, s->dim, p->v);
-    p->t.out = f32_4(s->batch, s->heads, s->seq_q, s->dim, NULL);
+    p->t = qkv_tensors(s, p->q, p->k, p->v);
     const size_t lq[1] = {s->seq_q}, lk[1] = {s->seq_k};
     const size_t bd[2] = {s->heads, s->seq_q + s->seq_k};
     p->t.flex_aux0 = vec(CLATTN_DTYPE_I32, 1, lq, p->qdoc);
@@ -307,12 +317,7 @@ START_TEST(test_builtin_as_user_function)
         tu_set_case("%s, %s", builtin_names[which], path == CLATTN_PATH_FUSED ? "fused" : "unfused");
         float *outs[2] = {NULL, NULL};
         for (int user = 0; user < 2; ++user) {
-            clattn_tensors t;
-            memset(&t, 0, sizeof t);
-            t.q = f32_4(s.batch, s.heads, s.seq_q, s.dim, q);
-            t.k = f32_4(s.batch, s.heads, s.seq_k, s.dim, k);
-            t.v = f32_4(s.batch, s.heads, s.seq_k, s.dim, v);
-            t.out = f32_4(s.batch, s.heads, s.seq_q, s.dim, NULL);
+            clattn_tensors t = qkv_tensors(&s, q, k, v);
             clattn_sdpa_desc desc;
             clattn_sdpa_desc_init(&desc);
             desc.path = (clattn_path)path;
@@ -686,12 +691,7 @@ START_TEST(test_t5_buckets)
         tu_set_case("T5 buckets, %s, %s", bidirectional ? "bidirectional" : "causal side",
                     path == CLATTN_PATH_FUSED ? "fused" : "unfused");
         for (int user = 0; user < 2; ++user) {
-            clattn_tensors t;
-            memset(&t, 0, sizeof t);
-            t.q = f32_4(s.batch, s.heads, s.seq_q, s.dim, q);
-            t.k = f32_4(s.batch, s.heads, s.seq_k, s.dim, k);
-            t.v = f32_4(s.batch, s.heads, s.seq_k, s.dim, v);
-            t.out = f32_4(s.batch, s.heads, s.seq_q, s.dim, NULL);
+            clattn_tensors t = qkv_tensors(&s, q, k, v);
             if (path == CLATTN_PATH_FUSED) /* (the backward's; only the fused path gives it) */
                 t.lse = vec(CLATTN_DTYPE_F32, 3, lse_dims, NULL);
             clattn_sdpa_desc desc;
