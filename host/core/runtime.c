@@ -486,8 +486,8 @@ static size_t count_lines(const char *text)
 }
 
 /* The build log with the score functions' lines named as their own: a compiler that ignores
- * #line (Oclgrind numbers the whole program as input.cl) names a line of one of the parts in
- * `flex` (the text that follows `before` lines of the program) by its place in the whole; each
+ * #line (Oclgrind numbers the whole program's lines as one file's) names a line of one of the
+ * parts in `flex` (the text that follows `before` lines of the program) by its place; each
  * `FILE:LINE:` that falls inside a part becomes `PART:LINE':`, PART the name its #line gives
  * (host/attn/flex.c). Returns a new string, or NULL (out of memory: the caller keeps log). */
 static char *map_flex_lines(const char *log, const char *flex, size_t before)
