@@ -55,6 +55,10 @@ typedef struct clattn_device_info {
     cl_uint compute_units;
     cl_uint preferred_float_width;
     bool has_fp64; /* CL_DEVICE_DOUBLE_FP_CONFIG != 0 (cl_khr_fp64) */
+    /* CL_DRIVER_VERSION and the platform's CL_PLATFORM_VERSION: with the name and clattn's
+     * version they key the tuning cache's rows and the validation records (clattn__driver_key) */
+    char driver_version[128];
+    char platform_version[128];
 } clattn_device_info;
 
 /* Kernel parameters: the default row computed from the device's limits, then the rows of the

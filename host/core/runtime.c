@@ -136,6 +136,17 @@ static clattn_status choose_device(const char *spec, cl_device_id *out, char *ms
  * Device limits and tuning
  * ------------------------------------------------------------------------------------------- */
 
+void clattn__driver_key(const clattn_ctx *ctx, char *out, size_t size)
+{
+    if (size == 0)
+        return;
+    snprintf(out, size, "%s | driver %s | %s | clattn %s", ctx->info.name,
+             ctx->info.driver_version, ctx->info.platform_version, CLATTN_VERSION_STRING);
+    for (char *c = out; *c; ++c)
+        if (*c == '\t' || *c == '\n' || *c == '\r')
+            *c = ' ';
+}
+
 static clattn_status query_device(clattn_ctx *ctx)
 {
     clattn_status status = CLATTN_SUCCESS;
@@ -185,6 +196,20 @@ static clattn_status query_device(clattn_ctx *ctx)
         info->has_fp64 = clGetDeviceInfo(ctx->device, CL_DEVICE_DOUBLE_FP_CONFIG, sizeof fp64,
                                          &fp64, NULL) == CL_SUCCESS &&
                          fp64 != 0;
+    }
+    {
+        /* Not CL_CHECKed: they key records (clattn__driver_key); an empty string is a key too. */
+        cl_platform_id platform = NULL;
+        if (clGetDeviceInfo(ctx->device, CL_DRIVER_VERSION, sizeof info->driver_version,
+                            info->driver_version, NULL) != CL_SUCCESS)
+            info->driver_version[0] = '\0';
+        if (clGetDeviceInfo(ctx->device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL) !=
+                CL_SUCCESS ||
+            clGetPlatformInfo(platform, CL_PLATFORM_VERSION, sizeof info->platform_version,
+                              info->platform_version, NULL) != CL_SUCCESS)
+            info->platform_version[0] = '\0';
+        info->driver_version[sizeof info->driver_version - 1] = '\0';
+        info->platform_version[sizeof info->platform_version - 1] = '\0';
     }
     info->name[sizeof info->name - 1] = '\0';
     info->vendor[sizeof info->vendor - 1] = '\0';

@@ -6,6 +6,11 @@
 #include "context.h"
 #include "status.h"
 
+/* The device's identity as records key it: "<device name> | driver <CL_DRIVER_VERSION> |
+ * <CL_PLATFORM_VERSION> | clattn <version>", tabs and line breaks as spaces. A new driver, platform
+ * or clattn version is a new key: its tuning rows and validation records start afresh. */
+void clattn__driver_key(const clattn_ctx *ctx, char *out, size_t size);
+
 /* *out = product of count sizes; false on overflow. */
 bool clattn__product(size_t *out, int count, ...);
 
