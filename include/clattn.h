@@ -84,7 +84,10 @@ typedef enum clattn_status {
     CLATTN_ERR_BUILD = -2053,            /* a kernel failed to compile; message has the log */
     CLATTN_ERR_HOST_MEMORY = -2054,      /* malloc failed */
     CLATTN_ERR_UNSUPPORTED = -2055,      /* the device cannot run this (limits, features) */
-    CLATTN_ERR_TOO_LARGE = -2056         /* a buffer would exceed the device's allocation limit */
+    CLATTN_ERR_TOO_LARGE = -2056,        /* a buffer would exceed the device's allocation limit */
+    CLATTN_ERR_UNTRUSTED = -2057         /* every kernel variant that could run this failed
+                                          * validation on the device (clattn_ctx_validations);
+                                          * since 0.10 */
 } clattn_status;
 
 /* A static name for any status, e.g. "CLATTN_ERR_INVALID_SHAPE" or "CL_OUT_OF_RESOURCES".
@@ -193,6 +196,39 @@ CLATTN_API clattn_status clattn_ctx_set_workspace_limit(clattn_ctx *ctx, size_t 
 /* Bytes of device workspace the context holds now (it grows to the largest call's need and is
  * kept for reuse until clattn_ctx_release). */
 CLATTN_API size_t clattn_ctx_workspace_bytes(const clattn_ctx *ctx);
+
+/* Self-validation (since 0.10). The first time a plan would use a kernel variant on the device,
+ * the variant runs a small random problem that exercises its switches (awkward sizes, NaN-
+ * poisoned outputs) and is compared with a float64 host reference. A variant that fails is not
+ * used: its -cl-opt-disable build is tried, then the family's next variant (GPU or CPU fused ->
+ * generic fused -> unfused), and a plan that nothing trusted fails with CLATTN_ERR_UNTRUSTED.
+ * Outcomes are recorded per (device, driver version, platform version, clattn version, variant)
+ * in $XDG_CACHE_HOME/clattn/validation (or ~/.cache/clattn/validation, or the file
+ * CLATTN_VALIDATION_FILE names), so a later process on the same driver probes nothing again.
+ * CLATTN_VALIDATE=off|first-use|always (default first-use; always probes every variant once
+ * per context, ignoring the records). Test switch: CLATTN_FAULT_VARIANT=PATTERN[:wrong|:build|
+ * :enqueue][,...] plants a fault in each variant whose "file:kernel@key options" contains
+ * PATTERN: one wrong output element (-DCLATTN_FAULT_WRONG), a failed build, or
+ * CL_OUT_OF_RESOURCES at every enqueue; validation must then catch it. */
+typedef enum clattn_check {
+    CLATTN_CHECK_PASSED = 0, /* probed now: within tolerance of the float64 reference */
+    CLATTN_CHECK_RECORDED,   /* recorded good for this driver: used without a probe */
+    CLATTN_CHECK_FAILED,     /* probed now, failed to build, or recorded bad: not used */
+    CLATTN_CHECK_UNCHECKED   /* its features are beyond the probe (detail says which): used */
+} clattn_check;
+typedef struct clattn_validation {
+    char variant[64];   /* "flash_cpu.cl:flash_cpu@3f9c0e12a4b5d678": file, kernel, options' key */
+    char unit[32];      /* the probe: "flash attention", "matmul", "softmax rows", ... */
+    char detail[192];   /* the failing step or element, or what went unchecked; else the options */
+    clattn_check result;
+    double max_error;   /* against the reference (0 when not probed) */
+    double tolerance;   /* the bound the probe held it to */
+    double milliseconds; /* the probe's wall time, host reference included (0: not probed) */
+} clattn_validation;
+/* The context's validation log, oldest first: copies min(capacity, total) entries into out and
+ * returns the total (out may be NULL with capacity 0 to count). */
+CLATTN_API size_t clattn_ctx_validations(const clattn_ctx *ctx, clattn_validation *out,
+                                         size_t capacity);
 
 /* Waits for all work enqueued through this context. */
 CLATTN_API clattn_status clattn_finish(clattn_ctx *ctx);

@@ -367,4 +367,8 @@ void pack_b(const uint N, const uint K, const ulong batch1, const ulong batch_ba
                 dst[kk * VEC_N + j] = j < cols ? LOAD(B_DTYPE, row, j) : 0.0f;
         }
     }
+#ifdef CLATTN_FAULT_WRONG /* (types.cl) the first packed element off by one */
+    if (k0 == 0 && panel == 0 && get_global_id(2) == 0)
+        dst[0] += 1.0f;
+#endif
 }

@@ -275,6 +275,16 @@ softmax_row_vec(__global const float *raw, __global float *out, const float scal
     const key_band band = BAND_OF(b, h);                                                          \
     const uint key_begin = band_begin(band, i), key_end = band_end(band, i);
 
+/* CLATTN_FAULT_WRONG (types.cl): the first row's first weight off by one, written by the
+ * work-item that wrote it. */
+#ifdef CLATTN_FAULT_WRONG
+#define FAULT_ROW(owner)                                                                          \
+    if (row == 0 && (owner))                                                                      \
+        out[0] += 1.0f;
+#else
+#define FAULT_ROW(owner)
+#endif
+
 __kernel __attribute__((reqd_work_group_size(SOFTMAX_GROUP, 1, 1)))
 void softmax_rows(__global const float *raw, __global float *out,
                   __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,
@@ -302,6 +312,7 @@ void softmax_rows(__global const float *raw, __global float *out,
         softmax_row_vec(raw, out, scale, softcap, band, i, key_begin, key_end, seq_k, 0, mask, 0,
                         0, key_padding, 0, norm_relu, sink);
     DROPOUT_ROW(0, 1);
+    FAULT_ROW(1);
 #else
 #define SCORE(c)                                                                                  \
     row_score(raw, (c), scale, softcap, band, i, key_begin, key_end, has_mask, mask, mask_s3,    \
@@ -316,6 +327,7 @@ void softmax_rows(__global const float *raw, __global float *out,
         for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
             out[c] = relu_weight(SCORE(c)) * inv;
         DROPOUT_ROW(lid, SOFTMAX_WG);
+        FAULT_ROW(lid == 0);
         return;
     }
 
@@ -337,6 +349,7 @@ void softmax_rows(__global const float *raw, __global float *out,
     for (uint c = lid; c < seq_k; c += SOFTMAX_WG)
         out[c] *= inv;
     DROPOUT_ROW(lid, SOFTMAX_WG);
+        FAULT_ROW(lid == 0);
 #undef SCORE
 #endif
 }
@@ -411,6 +424,7 @@ __kernel void softmax_rows_f64(__global const float *raw, __global float *out,
         for (uint c = 0; c < seq_k; ++c)
             out[c] = total > 0.0 ? (float)(fmax(SCORE64(c), 0.0) / total) : 0.0f;
         DROPOUT_ROW(0, 1);
+    FAULT_ROW(1);
         return;
     }
     const double sink = (double)SINK_OF(h, i); /* attention sinks (score.cl); -inf: none */
@@ -424,6 +438,7 @@ __kernel void softmax_rows_f64(__global const float *raw, __global float *out,
     for (uint c = 0; c < seq_k; ++c)
         out[c] = total > 0.0 ? (float)(exp(SCORE64(c) - shift) / total) : 0.0f;
     DROPOUT_ROW(0, 1);
+    FAULT_ROW(1);
 #undef SCORE64
 }
 #endif

@@ -187,7 +187,28 @@ BF16_FROM_FLOATN(16)
 #define LOAD_5(p, i) load_q8_0((p), (i))
 #define LOAD_6(p, i) load_q4_0((p), (i))
 
-#define STORE(code, v, p, i) STORE_(code, v, p, i)
+/* CLATTN_FAULT_WRONG: the test switch CLATTN_FAULT_VARIANT=<variant>:wrong builds the variant
+ * with element 0 of every store off by one (FAULT, FAULTN), which self-validation (the host's
+ * host/core/validate.c) must catch; never set otherwise. */
+#ifdef CLATTN_FAULT_WRONG
+#define FAULT(v, i) ((i) == 0 ? (v) + 1.0f : (v))
+#define FAULTN(n, v, i) fault##n((v), (i))
+#define FAULT_VEC(n)                                                                               \
+    inline float##n fault##n(float##n v, const ulong i)                                            \
+    {                                                                                              \
+        v.s0 += i == 0 ? 1.0f : 0.0f;                                                              \
+        return v;                                                                                  \
+    }
+FAULT_VEC(2)
+FAULT_VEC(4)
+FAULT_VEC(8)
+FAULT_VEC(16)
+#else
+#define FAULT(v, i) (v)
+#define FAULTN(n, v, i) (v)
+#endif
+
+#define STORE(code, v, p, i) STORE_(code, FAULT(v, i), p, i)
 #define STORE_(code, v, p, i) STORE_##code(v, p, i)
 #define STORE_0(v, p, i) ((p)[i] = (v))
 #define STORE_1(v, p, i) vstore_half_rte((v), (i), (p))
@@ -212,7 +233,7 @@ BF16_FROM_FLOATN(16)
 #define STORE4(code, v, p, i) STOREN_(code, 4, v, p, i)
 #define STORE8(code, v, p, i) STOREN_(code, 8, v, p, i)
 #define STORE16(code, v, p, i) STOREN_(code, 16, v, p, i)
-#define STOREN_(code, n, v, p, i) STOREN__(code, n, v, p, i)
+#define STOREN_(code, n, v, p, i) STOREN__(code, n, FAULTN(n, v, i), p, i)
 #define STOREN__(code, n, v, p, i) STOREN_##code(n, v, p, i)
 
 #endif

@@ -8,7 +8,8 @@
  * ordered on an out-of-order queue) the suite counts how many calls a run makes, then for every
  * N makes the N-th fail on a fresh context and checks that the run returns that kind's status
  * (CL_MEM_OBJECT_ALLOCATION_FAILURE, CL_OUT_OF_RESOURCES, CLATTN_ERR_BUILD) with a message
- * naming the user's call, that a plan whose execution failed executes correctly afterwards,
+ * naming the user's call (or, for a build, the right numbers through the variant's
+ * -cl-opt-disable build), that a plan whose execution failed executes correctly afterwards,
  * that the next run on the same context succeeds with the right output (float64 reference),
  * and (under -DCLATTN_SANITIZE=ON) that nothing leaks.
  */
@@ -305,13 +306,16 @@ START_TEST(test_walk_faults)
         clattn__fault_arm(kind, n);
         clattn_status status = forward(ctx, &p, 0, &failed_plan);
         clattn__fault_arm(kind, 0);
-        tu_expect(status == kind_status[kind],
+        /* A failed build is cured by the variant's -cl-opt-disable build (self-validation's
+         * fallback, host/core/runtime.c): then the run succeeds, with the right numbers. */
+        const bool cured = kind == CLATTN_FAULT_BUILD && status == CLATTN_SUCCESS;
+        tu_expect(status == kind_status[kind] || cured,
                   "%s %ld of %ld failed: the run returned %s (%d), "
                   "expected %s",
                   kind_names[kind], n, calls, clattn_status_string(status), (int)status,
                   clattn_status_string(kind_status[kind]));
         const char *message = clattn_last_error(ctx);
-        tu_expect(strncmp(message, op, strlen(op)) == 0 && message[strlen(op)] == ':',
+        tu_expect(cured || (strncmp(message, op, strlen(op)) == 0 && message[strlen(op)] == ':'),
                   "%s %ld: message '%s' does not start with the op name %s", kind_names[kind], n,
                   message, op);
         if (failed_plan != NULL) {

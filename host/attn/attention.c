@@ -4,6 +4,7 @@
  * their launch (execution). Called by the kinds' files; it calls only ops/ and core/. */
 #include "plan.h"
 #include "core/tuning.h"
+#include "core/validate.h"
 
 #include <float.h>
 #include <math.h>
@@ -356,8 +357,19 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
             .tuning = &a->tuning,
         };
         clattn_status status = clattn__flash_prepare(ctx, &shape, &a->flash);
-        if (status != CLATTN_SUCCESS)
+        /* No fused variant survived validation (core/validate.h): AUTO goes unfused where
+         * that path can run the problem. */
+        const bool quantized = ((1u << k_dtype) | (1u << v_dtype)) & CLATTN__QUANT;
+        if (status != CLATTN_SUCCESS && path == CLATTN_PATH_AUTO &&
+            clattn__variant_fallible(status) && !want_lse && !score->varlen &&
+            !score->kv_paged && !score->flex_blocks && !score->flex_count && !quantized) {
+            snprintf(a->fallback, sizeof a->fallback, "%.150s", ctx->message);
+            a->fused = false;
+        } else if (status != CLATTN_SUCCESS) {
             return status;
+        }
+    }
+    if (a->fused) {
         snprintf(plan->info, sizeof plan->info,
                  "%s: fused, %s%s%s%s; %s phase, tuning records: %s", op, a->flash.variant,
                  a->flash.splits > 1 ? " in decode splits" : "",
@@ -403,9 +415,10 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
                             "%s: the scores (batch, heads, seq_q, seq_k) overflow size_t", op);
     a->own_scores = !want_weights;
-    snprintf(plan->info, sizeof plan->info, "%s: unfused, %s, softmax rows, matmul (P V)%s", op,
-             score->additive ? "additive scores" : "matmul (Q K^T)",
-             want_weights ? ", the weights returned" : "");
+    snprintf(plan->info, sizeof plan->info, "%s: unfused, %s, softmax rows, matmul (P V)%s%s%s",
+             op, score->additive ? "additive scores" : "matmul (Q K^T)",
+             want_weights ? ", the weights returned" : "",
+             a->fallback[0] ? "; the fused path failed validation: " : "", a->fallback);
     const size_t scratch = a->qk.scratch_floats > a->pv.scratch_floats ? a->qk.scratch_floats
                                                                        : a->pv.scratch_floats;
     if ((a->own_scores && !reserve(workspace_floats, scores, &a->scores_at)) ||

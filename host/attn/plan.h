@@ -84,6 +84,7 @@ typedef struct clattn__attention {
     clattn_tuning tuning;   /* the problem's: the context's row and the records that select it */
     char tuning_records[160]; /* which records applied ("" none) */
     bool fused;
+    char fallback[160]; /* "" or why the fused path failed validation (then unfused) */
     clattn__flash_plan flash;
     clattn__matmul_plan qk, pv;
     clattn__additive_plan additive; /* score.additive: the raw scores instead of qk */

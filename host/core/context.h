@@ -93,7 +93,16 @@ typedef struct clattn_variant {
     char options[512];
     cl_program program;
     cl_kernel kernel;
+    char key[64]; /* "<file>:<kernel>@<hash>" (host/core/validate.c) */
+    int fault;    /* CLATTN_FAULT_VARIANT's injected fault: 0 none, 1 wrong, 2 build, 3 enqueue */
+    int trust;    /* validation in this context: 0 unknown, 1 good, 2 bad, 3 being probed */
 } clattn_variant;
+
+/* A validation record of this context's driver (host/core/validate.c). */
+typedef struct clattn_trust_record {
+    char key[64];
+    bool good;
+} clattn_trust_record;
 
 struct clattn_ctx {
     cl_context context;
@@ -128,6 +137,17 @@ struct clattn_ctx {
     char **flex_sources;
     size_t num_flex_sources;
     size_t builds_user;
+    /* Self-validation (host/core/validate.c): CLATTN_VALIDATE's mode (0 off, 1 first-use,
+     * 2 always), whether a probe is running, this driver's records (loaded on first use) and
+     * the log clattn_ctx_validations returns. */
+    int validate_mode;
+    bool probing;
+    bool enqueue_faults; /* a variant with CLATTN_FAULT_VARIANT=...:enqueue was built */
+    bool records_loaded;
+    clattn_trust_record *records;
+    size_t num_records, records_capacity;
+    struct clattn_validation *validations;
+    size_t num_validations, validations_capacity;
 };
 
 

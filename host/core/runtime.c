@@ -1,5 +1,6 @@
 /* Device choice, context and queue, per-device tuning, program cache, launches, workspace. */
 #include "runtime.h"
+#include "validate.h"
 #include "tuning.h"
 #include "kernels_embedded.h"
 
@@ -227,6 +228,8 @@ static clattn_status finish_create(clattn_ctx *ctx, const clattn_ctx_desc *desc,
                                    char *msg, size_t msg_size)
 {
     clattn_status status = query_device(ctx);
+    if (status == CLATTN_SUCCESS && !clattn__validate_mode_from_env(ctx))
+        status = CLATTN_ERR_INVALID_ARGUMENT;
     if (status == CLATTN_SUCCESS)
         status = clattn__choose_tuning(ctx, desc ? desc->tuning_file : NULL,
                                        desc ? desc->tuning_rows : NULL);
@@ -396,6 +399,7 @@ void clattn_ctx_release(clattn_ctx *ctx)
         clReleaseProgram(ctx->variants[i].program);
     }
     free(ctx->variants);
+    clattn__validation_release(ctx);
     for (size_t i = 0; i < ctx->num_flex_sources; ++i)
         free(ctx->flex_sources[i]);
     free(ctx->flex_sources);
@@ -570,7 +574,7 @@ static char *map_flex_lines(const char *log, const char *flex, size_t before)
 
 /* Builds `source` with the context's options plus `extra` (may be ""). */
 static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const char *extra,
-                                   cl_program *out)
+                                   int fault, cl_program *out)
 {
     clattn_status status = CLATTN_SUCCESS;
     const char *kernel_dir = getenv("CLATTN_KERNEL_DIR");
@@ -618,8 +622,10 @@ static clattn_status build_program(clattn_ctx *ctx, clattn_source source, const 
     program = clCreateProgramWithSource(ctx->context, count, texts, NULL, &err);
     CL_CHECK(ctx, err, "clCreateProgramWithSource");
     char options[sizeof ctx->build_options + 256];
-    snprintf(options, sizeof options, "%s %s", ctx->build_options, extra);
-    err = clattn__fault(CLATTN_FAULT_BUILD)
+    /* CLATTN_FAULT_VARIANT's planted faults (validate.c): 1 a wrong element, 2 a failed build */
+    snprintf(options, sizeof options, "%s %s%s", ctx->build_options, extra,
+             fault == 1 ? " -DCLATTN_FAULT_WRONG=1" : "");
+    err = clattn__fault(CLATTN_FAULT_BUILD) || fault == 2
               ? CL_BUILD_PROGRAM_FAILURE
               : clBuildProgram(program, 1, &ctx->device, options, NULL, NULL);
     if (err != CL_SUCCESS) {
@@ -678,7 +684,9 @@ clattn_status clattn__launch_kernel(clattn_chain *chain, cl_kernel kernel, const
                                 (unsigned)i, clattn__cl_error_name(err), (int)err);
     }
     cl_event event = NULL;
-    cl_int err = clattn__fault(CLATTN_FAULT_ENQUEUE)
+    /* CLATTN_FAULT_VARIANT=...:enqueue plants CL_OUT_OF_RESOURCES in a variant's launches */
+    cl_int err = clattn__fault(CLATTN_FAULT_ENQUEUE) ||
+                         (ctx->enqueue_faults && clattn__kernel_faulted(ctx, kernel))
                      ? CL_OUT_OF_RESOURCES
                      : clEnqueueNDRangeKernel(chain->queue, kernel, dims, NULL, global, local,
                                               chain->num_wait, chain->num_wait ? chain->wait : NULL,
@@ -769,6 +777,34 @@ clattn_status clattn_ctx_kernel_times(clattn_ctx *ctx, clattn_kernel_time *out, 
     return status;
 }
 
+/* A variant whose build failed: its -cl-opt-disable build (a compiler's crash is often in an
+ * optimisation), kept under the original options too so that it is built once; the user's
+ * score functions excepted (their errors are theirs to see). Else the build's status. */
+static clattn_status safe_instead(clattn_ctx *ctx, clattn_source source, const char *name,
+                                  const char *extra, clattn_status status, cl_kernel *out)
+{
+    char safe[sizeof ctx->variants[0].options];
+    if (status != CLATTN_ERR_BUILD || strstr(extra, "-cl-opt-disable") ||
+        strstr(extra, "-DFLEX_SRC=") ||
+        snprintf(safe, sizeof safe, "%s -cl-opt-disable", extra) >= (int)sizeof safe)
+        return status;
+    char message[sizeof ctx->message];
+    memcpy(message, ctx->message, sizeof message);
+    cl_kernel kernel = NULL;
+    if (clattn__variant_kernel(ctx, source, name, safe, &kernel) != CLATTN_SUCCESS ||
+        ctx->num_variants == ctx->variant_capacity) {
+        memcpy(ctx->message, message, sizeof message);
+        return status;
+    }
+    clattn_variant alias = ctx->variants[ctx->num_variants - 1];
+    snprintf(alias.options, sizeof alias.options, "%s", extra);
+    clRetainProgram(alias.program);
+    clRetainKernel(alias.kernel);
+    ctx->variants[ctx->num_variants++] = alias;
+    *out = kernel;
+    return CLATTN_SUCCESS;
+}
+
 clattn_status clattn__variant_kernel(clattn_ctx *ctx, clattn_source source, const char *name,
                                      const char *extra, cl_kernel *out)
 {
@@ -789,10 +825,23 @@ clattn_status clattn__variant_kernel(clattn_ctx *ctx, clattn_source source, cons
         ctx->variants = grown;
         ctx->variant_capacity = capacity;
     }
+    /* The entry is filled first (its key and planted fault), and kept only once built. */
+    clattn_variant *v = &ctx->variants[ctx->num_variants];
+    memset(v, 0, sizeof *v);
+    v->source = source;
+    snprintf(v->name, sizeof v->name, "%s", name);
+    snprintf(v->options, sizeof v->options, "%s", extra);
+    clattn__variant_identity(ctx, sources[source].file, v);
     cl_program program = NULL;
-    clattn_status status = build_program(ctx, source, extra, &program);
-    if (status != CLATTN_SUCCESS)
-        return status;
+    clattn_status status = build_program(ctx, source, extra, v->fault, &program);
+    if (status != CLATTN_SUCCESS) {
+        const clattn_variant failed = *v;
+        char message[sizeof ctx->message];
+        memcpy(message, ctx->message, sizeof message);
+        clattn__note_build_failure(ctx, &failed, status);
+        memcpy(ctx->message, message, sizeof message);
+        return safe_instead(ctx, source, name, extra, status, out);
+    }
     cl_int err = CL_SUCCESS;
     cl_kernel kernel = clCreateKernel(program, name, &err);
     if (err != CL_SUCCESS) {
@@ -800,12 +849,11 @@ clattn_status clattn__variant_kernel(clattn_ctx *ctx, clattn_source source, cons
         return clattn__fail(ctx, (clattn_status)err, "clCreateKernel(%s): %s (%d)", name,
                             clattn__cl_error_name(err), (int)err);
     }
-    clattn_variant *v = &ctx->variants[ctx->num_variants++];
-    v->source = source;
-    snprintf(v->name, sizeof v->name, "%s", name);
-    snprintf(v->options, sizeof v->options, "%s", extra);
     v->program = program;
     v->kernel = kernel;
+    ctx->num_variants++;
+    if (v->fault == 3)
+        ctx->enqueue_faults = true;
     *out = kernel;
     return CLATTN_SUCCESS;
 }

@@ -87,6 +87,7 @@ static const name_entry status_names[] = {
     NAME(CLATTN_ERR_OVERFLOW),  NAME(CLATTN_ERR_BUFFER_TOO_SMALL), NAME(CLATTN_ERR_NO_DEVICE),
     NAME(CLATTN_ERR_BUILD),     NAME(CLATTN_ERR_HOST_MEMORY),      NAME(CLATTN_ERR_UNSUPPORTED),
     NAME(CLATTN_ERR_TOO_LARGE),
+    NAME(CLATTN_ERR_UNTRUSTED),
 };
 
 static const char *find_name(const name_entry *table, size_t count, cl_int code)

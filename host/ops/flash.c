@@ -3,6 +3,7 @@
  * kernels/flash_cpu.cl (CPUs: tuning key flash_cpu=1) and kernels/flash_gpu.cl (GPUs:
  * flash_gpu=1; its tiles are chosen in ops/flash_gpu.c). */
 #include "ops.h"
+#include "core/validate.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -286,8 +287,8 @@ static void choose_splits(const clattn_ctx *ctx, const clattn__flash_plan *plan,
     *split_keys = keys;
 }
 
-clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
-                                    clattn__flash_plan *plan)
+static clattn_status prepare_once(clattn_ctx *ctx, const clattn__flash_shape *shape,
+                                  clattn__flash_plan *plan)
 {
     clattn_status status = prepare_kernel(ctx, shape, plan);
     if (status != CLATTN_SUCCESS)
@@ -325,6 +326,35 @@ clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *
     snprintf(extra, sizeof extra, "-DHEADS_WG=%u -DO_DTYPE=%d", ctx->tuning.heads_wg,
              (int)shape->out_dtype);
     return clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, "flash_merge", extra, &plan->merge);
+}
+
+clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
+                                    clattn__flash_plan *plan)
+{
+    /* Self-validation's ladder (core/validate.h): the tuning's preferred variant (flash_cpu.cl,
+     * flash_gpu.cl), else flash.cl, each only once its probe passed on this device. */
+    clattn_tuning tuning = *shape->tuning;
+    clattn__flash_shape attempt = *shape;
+    attempt.tuning = &tuning;
+    char passed[sizeof plan->passed] = "";
+    for (;;) {
+        clattn_status status = prepare_once(ctx, &attempt, plan);
+        const bool cpu = plan->cpu;
+        if (status == CLATTN_SUCCESS)
+            status = clattn__flash_trust(ctx, plan);
+        plan->shape.tuning = shape->tuning;
+        if (status == CLATTN_SUCCESS) {
+            if (passed[0])
+                snprintf(plan->passed, sizeof plan->passed, "%s", passed);
+            return CLATTN_SUCCESS;
+        }
+        if (!(tuning.flash_cpu || tuning.flash_gpu) || !clattn__variant_fallible(status))
+            return status;
+        snprintf(passed, sizeof passed, "%s failed on this device (%s)",
+                 tuning.flash_cpu && cpu ? "flash_cpu.cl" : "flash_gpu.cl",
+                 clattn_status_string(status));
+        tuning.flash_cpu = tuning.flash_gpu = 0;
+    }
 }
 
 /* flash_merge over the decode splits in scratch: out and, when the plan has it, lse. */

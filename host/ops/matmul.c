@@ -1,6 +1,7 @@
 /* Batched strided matmul: variant choice, launch geometry and argument packing for
  * kernels/matmul.cl (ops.h), and the public clattn_matmul with its argument checks. */
 #include "ops.h"
+#include "core/validate.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -22,10 +23,9 @@ static const char *dtype_name(clattn_dtype dtype)
     return (unsigned)dtype < sizeof names / sizeof names[0] ? names[dtype] : "?";
 }
 
-clattn_status clattn__matmul_prepare(clattn_ctx *ctx, const clattn__matmul_shape *shape,
-                                     clattn__matmul_plan *plan)
+static clattn_status prepare_variant(clattn_ctx *ctx, const clattn__matmul_shape *shape,
+                                     const clattn_tuning *t, clattn__matmul_plan *plan)
 {
-    const clattn_tuning *t = &ctx->tuning;
     memset(plan, 0, sizeof *plan);
     plan->shape = *shape;
     if (!matmul_dtype(shape->a_dtype) || !matmul_dtype(shape->b_dtype) ||
@@ -93,6 +93,22 @@ clattn_status clattn__matmul_prepare(clattn_ctx *ctx, const clattn__matmul_shape
             plan->k_step = 1;
     }
     return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__matmul_prepare(clattn_ctx *ctx, const clattn__matmul_shape *shape,
+                                     clattn__matmul_plan *plan)
+{
+    /* Self-validation's ladder (core/validate.h): matmul_vec where the tuning asks for it,
+     * else (or when it fails on this device) the tiled kernel. */
+    clattn_tuning tuning = ctx->tuning;
+    for (;;) {
+        clattn_status status = prepare_variant(ctx, shape, &tuning, plan);
+        if (status == CLATTN_SUCCESS)
+            status = clattn__matmul_trust(ctx, plan);
+        if (status == CLATTN_SUCCESS || !tuning.matmul_vec || !clattn__variant_fallible(status))
+            return status;
+        tuning.matmul_vec = 0;
+    }
 }
 
 /* A batch stride as the kernels take it: 0 where the operand has one matrix along that dim. */

@@ -1,6 +1,7 @@
 /* The score rule and normalisation over rows of raw scores: variant and launch for
  * kernels/softmax.cl. */
 #include "ops.h"
+#include "core/validate.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -20,8 +21,8 @@ static clattn_status prepare_copy(clattn_ctx *ctx, const clattn__score_shape *sc
     return clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, "score_copy", extra, &plan->copy);
 }
 
-clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape *score,
-                                      clattn__softmax_plan *plan)
+static clattn_status prepare_variant(clattn_ctx *ctx, const clattn__score_shape *score,
+                                     unsigned rows_vec, clattn__softmax_plan *plan)
 {
     static const char op[] = "softmax_rows";
     memset(plan, 0, sizeof *plan);
@@ -55,10 +56,10 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
             return status;
         return prepare_copy(ctx, score, plan, extra);
     }
-    if (ctx->tuning.softmax_rows > 0) {
+    if (rows_vec > 0) {
         /* A work-item per row: smaller groups while there are too few of them to keep two
          * threads per compute unit busy (each group size is its own build). */
-        size_t local = ctx->tuning.softmax_rows;
+        size_t local = rows_vec;
         while (local > 1 && plan->rows / local < 2 * (size_t)ctx->info.compute_units)
             local /= 2;
         plan->local = local;
@@ -82,6 +83,23 @@ clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape
     if (status != CLATTN_SUCCESS || !score->want_scores)
         return status;
     return prepare_copy(ctx, score, plan, extra);
+}
+
+clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape *score,
+                                      clattn__softmax_plan *plan)
+{
+    /* Self-validation's ladder (core/validate.h): a work-item per row where the tuning asks
+     * for it, else (or when it fails on this device) a work-group per row. */
+    unsigned rows_vec = ctx->tuning.softmax_rows;
+    for (;;) {
+        clattn_status status = prepare_variant(ctx, score, rows_vec, plan);
+        if (status == CLATTN_SUCCESS)
+            status = clattn__softmax_trust(ctx, plan);
+        if (status == CLATTN_SUCCESS || rows_vec == 0 || score->softmax_f64 ||
+            !clattn__variant_fallible(status))
+            return status;
+        rows_vec = 0;
+    }
 }
 
 /* Launches one of softmax.cl's kernels (each takes raw, out, the score buffers and the

@@ -1,0 +1,860 @@
+/* Probes for self-validation (core/validate.h): each family's prepared variant runs a small
+ * random problem that exercises the switches it was built with, with NaN-poisoned outputs, and
+ * is compared with a float64 reference computed here. Inputs lie on the grid k/64 in [-1, 1]
+ * (k/8 for Q4_0), which F16, BF16, Q8_0 (scale 1/64) and Q4_0 (scale 1/8) hold exactly, so the
+ * reference sees the very values the device reads.
+ *
+ * flash attention (flash.cl, flash_cpu.cl, flash_gpu.cl; heads.cl's flash_merge after decode
+ * splits): the prepared plan itself (its kernels, tiles, key parts and splits) on a batch of at
+ * most 2, at most 2 k/v heads with the plan's query group, up to 19 query rows (a decode's few
+ * rows as they are) and one tile, key part or split plus 13 keys; every modifier the plan has:
+ * masks of its dtype, key padding, key counts, the band, ALiBi, per-row sinks, soft-capping,
+ * relu, grouped heads, a paged pool of 7-key pages whose tables hold indices outside the pool
+ * past the keys (and, in the second sequence, inside them: its keys end there), quantized k/v.
+ * Left unprobed (logged CLATTN_CHECK_UNCHECKED): packed sequences, user score functions,
+ * dropout and additive scores.
+ * softmax rows: the plan's kernel on random raw scores with the same modifiers.
+ * matmul: the plan's kernels (and pack_b) on 37 x (panel + 5) x 19 products, two batches. */
+#include "ops.h"
+#include "core/validate.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct probe_rng {
+    uint64_t state;
+} probe_rng;
+
+static uint32_t next_u32(probe_rng *r)
+{
+    r->state = r->state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(r->state >> 33);
+}
+
+static double grid_value(probe_rng *r, clattn_dtype dtype)
+{
+    if (dtype == CLATTN_DTYPE_Q4_0)
+        return ((int)(next_u32(r) % 16) - 8) / 8.0;
+    return ((int)(next_u32(r) % 129) - 64) / 64.0;
+}
+
+/* The F16 bits of a grid value (0, or a normal number: exact). */
+static uint16_t half_bits(double x)
+{
+    if (x == 0.0)
+        return 0;
+    const float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t sign = (u >> 16) & 0x8000u;
+    const uint32_t exponent = ((u >> 23) & 0xffu) - 127u + 15u;
+    return (uint16_t)(sign | (exponent << 10) | ((u >> 13) & 0x3ffu));
+}
+
+static double half_value(uint16_t h)
+{
+    const int exponent = (h >> 10) & 31, mantissa = h & 1023;
+    const double sign = h & 0x8000u ? -1.0 : 1.0;
+    if (exponent == 31)
+        return mantissa ? NAN : sign * INFINITY;
+    if (exponent == 0)
+        return sign * ldexp(mantissa, -24);
+    return sign * ldexp(1024 + mantissa, exponent - 25);
+}
+
+static size_t elem_bytes(clattn_dtype dtype, size_t count)
+{
+    switch (dtype) {
+    case CLATTN_DTYPE_F16:
+    case CLATTN_DTYPE_BF16:
+        return 2 * count;
+    case CLATTN_DTYPE_U8:
+        return count;
+    case CLATTN_DTYPE_Q8_0:
+        return count / 32 * 34;
+    case CLATTN_DTYPE_Q4_0:
+        return count / 32 * 18;
+    default:
+        return 4 * count;
+    }
+}
+
+/* x[0 .. count) in dtype's layout (count a multiple of 32 for the block types). */
+static void encode(clattn_dtype dtype, const double *x, size_t count, unsigned char *out)
+{
+    for (size_t i = 0; i < count; ++i) {
+        const float f = (float)x[i];
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        switch (dtype) {
+        case CLATTN_DTYPE_F16: {
+            const uint16_t h = half_bits(x[i]);
+            memcpy(out + 2 * i, &h, 2);
+            break;
+        }
+        case CLATTN_DTYPE_BF16: {
+            const uint16_t h = (uint16_t)(u >> 16);
+            memcpy(out + 2 * i, &h, 2);
+            break;
+        }
+        case CLATTN_DTYPE_U8:
+            out[i] = (unsigned char)x[i];
+            break;
+        case CLATTN_DTYPE_Q8_0:
+        case CLATTN_DTYPE_Q4_0: {
+            const bool q8 = dtype == CLATTN_DTYPE_Q8_0;
+            unsigned char *block = out + (i / 32) * (q8 ? 34 : 18);
+            const size_t j = i % 32;
+            if (j == 0) {
+                const uint16_t scale = half_bits(q8 ? 1.0 / 64 : 1.0 / 8);
+                memcpy(block, &scale, 2);
+                memset(block + 2, 0, q8 ? 32 : 16);
+            }
+            if (q8)
+                block[2 + j] = (unsigned char)(signed char)lround(x[i] * 64);
+            else
+                block[2 + j % 16] |= (unsigned char)((lround(x[i] * 8) + 8) << (j < 16 ? 0 : 4));
+            break;
+        }
+        default:
+            memcpy(out + 4 * i, &f, 4);
+        }
+    }
+}
+
+static double decode_one(clattn_dtype dtype, const unsigned char *in, size_t i)
+{
+    uint16_t h;
+    float f;
+    switch (dtype) {
+    case CLATTN_DTYPE_F16:
+        memcpy(&h, in + 2 * i, 2);
+        return half_value(h);
+    case CLATTN_DTYPE_BF16: {
+        memcpy(&h, in + 2 * i, 2);
+        const uint32_t u = (uint32_t)h << 16;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    default:
+        memcpy(&f, in + 4 * i, 4);
+        return f;
+    }
+}
+
+/* ---- device buffers ------------------------------------------------------------------------ */
+
+enum { MAX_BUFFERS = 16 };
+typedef struct probe_mem {
+    cl_mem mems[MAX_BUFFERS];
+    int count;
+} probe_mem;
+
+/* A buffer holding bytes of data (or `bytes` of 0xff, NaN in every float dtype, when data is
+ * NULL: the outputs' poison). */
+static clattn_status upload(clattn_ctx *ctx, probe_mem *pm, const void *data, size_t bytes,
+                            cl_mem *out)
+{
+    if (pm->count == MAX_BUFFERS)
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: too many buffers");
+    const size_t size = bytes ? bytes : 4;
+    void *poison = NULL;
+    if (data == NULL || bytes == 0) {
+        poison = malloc(size);
+        if (poison == NULL)
+            return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        memset(poison, 0xff, size);
+        if (data && bytes == 0)
+            memset(poison, 0, size);
+    }
+    cl_int err = CL_SUCCESS;
+    *out = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, size,
+                          poison ? poison : (void *)data, &err);
+    free(poison);
+    if (err != CL_SUCCESS)
+        return clattn__cl_fail(ctx, err, "probe: clCreateBuffer");
+    pm->mems[pm->count++] = *out;
+    return CLATTN_SUCCESS;
+}
+
+static void release_all(probe_mem *pm)
+{
+    for (int i = 0; i < pm->count; ++i)
+        clReleaseMemObject(pm->mems[i]);
+    pm->count = 0;
+}
+
+/* Blocking read after the chain's last step. */
+static clattn_status download(clattn_chain *chain, cl_mem mem, size_t bytes, void *out)
+{
+    const cl_int err = clEnqueueReadBuffer(chain->queue, mem, CL_TRUE, 0, bytes, out,
+                                           chain->last ? 1 : 0, chain->last ? &chain->last : NULL,
+                                           NULL);
+    return err == CL_SUCCESS ? CLATTN_SUCCESS : clattn__cl_fail(chain->ctx, err, "probe: read");
+}
+
+static clattn_chain probe_chain(clattn_ctx *ctx)
+{
+    clattn_chain chain;
+    memset(&chain, 0, sizeof chain);
+    chain.ctx = ctx;
+    chain.queue = ctx->queue;
+    chain.out_of_order = ctx->out_of_order;
+    chain.private_workspace = true;
+    return chain;
+}
+
+static clattn__view packed_view(cl_mem mem, clattn_dtype dtype, size_t d0, size_t d1, size_t d2,
+                                size_t d3)
+{
+    return (clattn__view){.mem = mem,
+                          .dtype = dtype,
+                          .dims = {d0, d1, d2, d3},
+                          .strides = {d1 * d2 * d3, d2 * d3, d3, 1}};
+}
+
+/* ---- the score rule in float64 (ops.h, kernels/score.cl) ----------------------------------- */
+
+typedef struct probe_scores {
+    const clattn__score_shape *s;
+    const double *mask;         /* (b, h, i, j), or NULL */
+    const unsigned char *kpm;   /* (b, j), or NULL */
+    const int *kv_len;          /* (b), or NULL */
+    const double *alibi;        /* (b, h), or NULL */
+    const double *sinks;        /* (h, i), or NULL */
+    const int *table;           /* paged: (b, blocks) */
+    size_t blocks, page_size, num_pages;
+} probe_scores;
+
+/* Weights of row (b, h, i) from its raw dot products raw[0 .. seq_k) into w; false when the
+ * row keeps no key (zeros). *lse: the row's log-sum-exp (softmax). */
+static void reference_row(const probe_scores *p, size_t b, size_t h, size_t i, const double *raw,
+                          double *w, double *lse)
+{
+    const clattn__score_shape *s = p->s;
+    const long long n = p->kv_len ? p->kv_len[b] : (long long)s->seq_k;
+    long long limit = n <= 0 ? 0 : n >= (long long)s->seq_k ? (long long)s->seq_k : n;
+    const long long apos = limit - (long long)s->seq_q;
+    if (p->table) { /* a paged sequence ends at its first block outside the pool */
+        for (long long blk = 0; blk * (long long)p->page_size < limit; ++blk) {
+            const int page = p->table[b * p->blocks + (size_t)blk];
+            if (page < 0 || (size_t)page >= p->num_pages) {
+                limit = blk * (long long)p->page_size;
+                break;
+            }
+        }
+    }
+    const long long pos = (long long)i + s->band_diag + (s->band_diag_kv ? n : 0);
+    const double slope = p->alibi ? p->alibi[b * s->heads + h] : 0.0;
+    const double sink = p->sinks ? p->sinks[h * s->seq_q + i] : -INFINITY;
+    double top = sink;
+    for (size_t j = 0; j < s->seq_k; ++j) {
+        double x = -INFINITY;
+        const long long jj = (long long)j;
+        const bool kept = jj < limit && !(s->band_upper >= 0 && jj > pos + s->band_upper) &&
+                          !(s->band_lower >= 0 && jj < pos - s->band_lower) &&
+                          !(p->kpm && p->kpm[b * s->seq_k + j]);
+        const size_t m = ((b * s->heads + h) * s->seq_q + i) * s->seq_k + j;
+        if (kept && !(p->mask && s->mask_dtype == CLATTN_DTYPE_U8 && p->mask[m] == 0.0)) {
+            x = (double)s->scale * raw[j];
+            if (s->softcap > 0.0f)
+                x = s->softcap * tanh(x / s->softcap);
+            x -= slope * fabs((double)((long long)i + apos - jj));
+            if (p->mask && s->mask_dtype != CLATTN_DTYPE_U8)
+                x += p->mask[m];
+        }
+        w[j] = x;
+        top = x > top ? x : top;
+    }
+    double total = 0.0;
+    if (s->norm == CLATTN_NORM_RELU) {
+        for (size_t j = 0; j < s->seq_k; ++j)
+            total += w[j] > 0.0 ? w[j] : 0.0;
+        for (size_t j = 0; j < s->seq_k; ++j)
+            w[j] = total > 0.0 && w[j] > 0.0 ? w[j] / total : 0.0;
+        *lse = NAN;
+        return;
+    }
+    for (size_t j = 0; j < s->seq_k; ++j)
+        total += w[j] == -INFINITY ? 0.0 : exp(w[j] - top);
+    if (sink != -INFINITY)
+        total += exp(sink - top);
+    for (size_t j = 0; j < s->seq_k; ++j)
+        w[j] = total > 0.0 && w[j] != -INFINITY ? exp(w[j] - top) / total : 0.0;
+    *lse = total > 0.0 ? top + log(total) : -INFINITY;
+}
+
+/* Host copies of the modifiers' inputs, drawn for shape s, and their device buffers as masks. */
+typedef struct probe_inputs {
+    double *mask, *alibi, *sinks;
+    unsigned char *kpm;
+    int *kv_len, *table;
+    probe_scores scores;
+} probe_inputs;
+
+static void free_inputs(probe_inputs *in)
+{
+    free(in->mask);
+    free(in->alibi);
+    free(in->sinks);
+    free(in->kpm);
+    free(in->kv_len);
+    free(in->table);
+}
+
+static clattn_status draw_modifiers(clattn_ctx *ctx, probe_rng *rng, const clattn__score_shape *s,
+                                    probe_mem *pm, probe_inputs *in, clattn__score_masks *masks)
+{
+    const size_t b = s->batch, h = s->heads, q = s->seq_q, k = s->seq_k;
+    memset(in, 0, sizeof *in);
+    memset(masks, 0, sizeof *masks);
+    in->scores.s = s;
+    clattn_status status = CLATTN_SUCCESS;
+    cl_mem mem = NULL;
+    unsigned char *bytes = NULL;
+    if (s->has_mask) {
+        const size_t count = b * h * q * k;
+        in->mask = malloc(count * sizeof(double));
+        bytes = malloc(elem_bytes(s->mask_dtype, count) + 4);
+        if (!in->mask || !bytes)
+            goto oom;
+        for (size_t i = 0; i < count; ++i)
+            in->mask[i] = s->mask_dtype == CLATTN_DTYPE_U8 ? (next_u32(rng) % 5 != 0)
+                                                           : grid_value(rng, s->mask_dtype);
+        encode(s->mask_dtype, in->mask, count, bytes);
+        if ((status = upload(ctx, pm, bytes, elem_bytes(s->mask_dtype, count), &mem)))
+            goto done;
+        masks->mask = packed_view(mem, s->mask_dtype, b, h, q, k);
+        in->scores.mask = in->mask;
+        free(bytes);
+        bytes = NULL;
+    }
+    if (s->has_key_padding) {
+        in->kpm = malloc(b * k + 1);
+        if (!in->kpm)
+            goto oom;
+        for (size_t i = 0; i < b * k; ++i)
+            in->kpm[i] = next_u32(rng) % 6 == 0;
+        if ((status = upload(ctx, pm, in->kpm, b * k, &mem)))
+            goto done;
+        masks->key_padding = packed_view(mem, CLATTN_DTYPE_U8, 1, 1, b, k);
+        in->scores.kpm = in->kpm;
+    }
+    if (s->has_kv_len) {
+        in->kv_len = malloc(b * sizeof(int));
+        if (!in->kv_len)
+            goto oom;
+        for (size_t i = 0; i < b; ++i) /* the first full, the others anywhere up to seq_k */
+            in->kv_len[i] = i == 0 ? (int)k : (int)(next_u32(rng) % (k + 1));
+        if ((status = upload(ctx, pm, in->kv_len, b * sizeof(int), &mem)))
+            goto done;
+        masks->kv_len = packed_view(mem, CLATTN_DTYPE_F32, 1, 1, 1, b);
+        in->scores.kv_len = in->kv_len;
+    }
+    float values[64];
+    if (s->has_alibi) {
+        in->alibi = malloc(b * h * sizeof(double));
+        if (!in->alibi || b * h > 64)
+            goto oom;
+        for (size_t i = 0; i < b * h; ++i)
+            values[i] = (float)(in->alibi[i] = (1 + next_u32(rng) % 16) / 64.0);
+        if ((status = upload(ctx, pm, values, b * h * sizeof(float), &mem)))
+            goto done;
+        masks->alibi = packed_view(mem, CLATTN_DTYPE_F32, 1, 1, b, h);
+        in->scores.alibi = in->alibi;
+    }
+    if (s->has_sinks) { /* one per (head, row): each query head's own, decode groups' too */
+        in->sinks = malloc(h * q * sizeof(double));
+        float *host = malloc(h * q * sizeof(float) + 4);
+        if (!in->sinks || !host) {
+            free(host);
+            goto oom;
+        }
+        for (size_t i = 0; i < h * q; ++i)
+            host[i] = (float)(in->sinks[i] = 2.0 * grid_value(rng, CLATTN_DTYPE_F32));
+        status = upload(ctx, pm, host, h * q * sizeof(float), &mem);
+        free(host);
+        if (status)
+            goto done;
+        masks->sinks = packed_view(mem, CLATTN_DTYPE_F32, 1, 1, h, q);
+        in->scores.sinks = in->sinks;
+    }
+    goto done;
+oom:
+    status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+done:
+    free(bytes);
+    return status;
+}
+
+/* The largest error of got (dtype) against want over count elements; NaN counts as infinite.
+ * *where: the first element at that error. */
+static double max_error(clattn_dtype dtype, const unsigned char *got, const double *want,
+                        size_t count, size_t *where)
+{
+    double worst = 0.0;
+    for (size_t i = 0; i < count; ++i) {
+        const double g = decode_one(dtype, got, i);
+        const double e = isnan(g) ? INFINITY : fabs(g - want[i]);
+        if (e > worst) {
+            worst = e;
+            *where = i;
+        }
+    }
+    return worst;
+}
+
+static double tolerance_of(clattn_dtype dtype)
+{
+    return dtype == CLATTN_DTYPE_BF16 ? 1.6e-2 : dtype == CLATTN_DTYPE_F16 ? 2e-3 : 2e-4;
+}
+
+/* ---- flash attention ----------------------------------------------------------------------- */
+
+static size_t at_most(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
+/* The plan on the probe's sizes: its kernels, tiles and splits as prepared. */
+static void probe_flash_plan(const clattn__flash_plan *prepared, clattn__flash_plan *run)
+{
+    *run = *prepared;
+    clattn__score_shape *s = &run->shape.score;
+    const size_t group = s->kv_group > 1 ? s->kv_group : 1;
+    s->batch = at_most(s->batch, 2);
+    s->heads = at_most(s->heads / group, 2) * group;
+    s->seq_q = s->seq_q <= 8 ? s->seq_q : at_most(s->seq_q, 19);
+    const bool parts = prepared->part_keys < prepared->shape.score.seq_k;
+    const size_t unit = prepared->splits > 1 ? prepared->split_keys
+                        : parts              ? prepared->part_keys
+                                             : prepared->key_tile;
+    s->seq_k = at_most(s->seq_k, unit + 13);
+    run->part_keys = parts ? prepared->part_keys : s->seq_k;
+    const size_t rows = s->batch * s->heads * s->seq_q;
+    if (prepared->splits > 1) {
+        run->splits = (unsigned)((s->seq_k + run->split_keys - 1) / run->split_keys);
+        run->scratch_floats = run->splits * rows * (run->shape.head_dim_v + 1);
+        const size_t items = rows * run->shape.head_dim_v;
+        run->merge_global = (items + run->merge_local - 1) / run->merge_local * run->merge_local;
+    } else {
+        run->scratch_floats = run->part_keys < s->seq_k ? rows : 0;
+    }
+}
+
+typedef struct flash_host {
+    double *q, *k, *v, *out, *lse, *raw, *w;
+} flash_host;
+
+static void free_flash_host(flash_host *h)
+{
+    free(h->q);
+    free(h->k);
+    free(h->v);
+    free(h->out);
+    free(h->lse);
+    free(h->raw);
+    free(h->w);
+}
+
+/* k or v drawn as (batch, kv_heads, seq_k, d) values; on the device packed, or in a pool of
+ * pages (pages, page_size, kv_heads, d) at the table's pages. */
+static clattn_status upload_keys(clattn_ctx *ctx, probe_mem *pm, clattn_dtype dtype,
+                                 const double *x, const clattn__score_shape *s, size_t kv_heads,
+                                 size_t d, const probe_scores *ps, clattn__view *view)
+{
+    const size_t per_batch = kv_heads * s->seq_k * d;
+    size_t count = s->batch * per_batch;
+    double *laid = NULL;
+    if (ps->table) { /* the pool: each (page, slot, head) row from its key, zeros elsewhere */
+        count = ps->num_pages * ps->page_size * kv_heads * d;
+        laid = calloc(count, sizeof(double));
+        if (laid == NULL)
+            return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        for (size_t b = 0; b < s->batch; ++b)
+            for (size_t j = 0; j < s->seq_k; ++j) {
+                const int page = ps->table[b * ps->blocks + j / ps->page_size];
+                if (page < 0 || (size_t)page >= ps->num_pages)
+                    continue;
+                for (size_t h = 0; h < kv_heads; ++h)
+                    memcpy(laid + (((size_t)page * ps->page_size + j % ps->page_size) * kv_heads +
+                                   h) * d,
+                           x + ((b * kv_heads + h) * s->seq_k + j) * d, d * sizeof(double));
+            }
+    }
+    unsigned char *bytes = malloc(elem_bytes(dtype, count) + 4);
+    if (bytes == NULL) {
+        free(laid);
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+    }
+    encode(dtype, laid ? laid : x, count, bytes);
+    cl_mem mem = NULL;
+    const clattn_status status = upload(ctx, pm, bytes, elem_bytes(dtype, count), &mem);
+    free(bytes);
+    free(laid);
+    if (status)
+        return status;
+    *view = packed_view(mem, dtype, s->batch, kv_heads, s->seq_k, d);
+    if (ps->table) { /* sdpa.c's paged views: batch stride 0, the slot stride per key */
+        view->strides[0] = 0;
+        view->strides[1] = d;
+        view->strides[2] = kv_heads * d;
+    }
+    return CLATTN_SUCCESS;
+}
+
+/* The paged pool's table: 7-key pages, a random page per block; past each sequence's keys an
+ * index outside the pool (never read), and in the second sequence one inside its keys too
+ * (its keys end there). */
+static clattn_status draw_table(clattn_ctx *ctx, probe_rng *rng, const clattn__score_shape *s,
+                                probe_mem *pm, probe_inputs *in, clattn__score_masks *masks)
+{
+    probe_scores *ps = &in->scores;
+    ps->page_size = 7;
+    ps->blocks = (s->seq_k + ps->page_size - 1) / ps->page_size;
+    ps->num_pages = s->batch * ps->blocks + 2;
+    in->table = malloc(s->batch * ps->blocks * sizeof(int));
+    if (in->table == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+    for (size_t b = 0; b < s->batch; ++b) {
+        const size_t keys = in->kv_len ? (size_t)in->kv_len[b] : s->seq_k;
+        const size_t used = (keys + ps->page_size - 1) / ps->page_size;
+        for (size_t blk = 0; blk < ps->blocks; ++blk) /* pages in reverse: not the identity */
+            in->table[b * ps->blocks + blk] =
+                blk < used ? (int)(ps->num_pages - 1 - (b * ps->blocks + blk))
+                           : (next_u32(rng) % 2 ? -1 : (int)ps->num_pages + 3);
+        if (b == 1 && used >= 3)
+            in->table[b * ps->blocks + 1] = (int)ps->num_pages + 9;
+    }
+    ps->table = in->table;
+    cl_mem mem = NULL;
+    const clattn_status status =
+        upload(ctx, pm, in->table, s->batch * ps->blocks * sizeof(int), &mem);
+    if (status)
+        return status;
+    masks->paging.block_table = packed_view(mem, CLATTN_DTYPE_F32, 1, 1, s->batch, ps->blocks);
+    masks->paging.page_size = ps->page_size;
+    masks->paging.num_pages = ps->num_pages;
+    return CLATTN_SUCCESS;
+}
+
+static const char *flash_unprobed(const clattn__score_shape *s)
+{
+    return s->varlen     ? "packed sequences (cu_seqlens)"
+           : s->flex_id  ? "user score functions (flex)"
+           : s->dropout  ? "dropout"
+           : s->additive ? "additive scores"
+                         : NULL;
+}
+
+static clattn_status run_flash_probe(clattn_ctx *ctx, const clattn__flash_plan *run,
+                                     probe_mem *pm, flash_host *host, probe_inputs *in,
+                                     clattn__probe_result *r)
+{
+    const clattn__flash_shape *shape = &run->shape;
+    const clattn__score_shape *s = &shape->score;
+    const size_t group = s->kv_group > 1 ? s->kv_group : 1, kv_heads = s->heads / group;
+    const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
+    const size_t rows = s->batch * s->heads * s->seq_q;
+    const size_t nq = rows * dk, nk = s->batch * kv_heads * s->seq_k * dk;
+    const size_t nv = s->batch * kv_heads * s->seq_k * dv, no = rows * dv;
+    probe_rng rng = {0x5eed0000ULL + dk * 131 + s->seq_k};
+    host->q = malloc(nq * sizeof(double));
+    host->k = malloc(nk * sizeof(double));
+    host->v = malloc(nv * sizeof(double));
+    host->out = malloc(no * sizeof(double));
+    host->lse = malloc(rows * sizeof(double));
+    host->raw = malloc(s->seq_k * sizeof(double));
+    host->w = malloc(s->seq_k * sizeof(double));
+    unsigned char *got = malloc(elem_bytes(CLATTN_DTYPE_F32, no > rows ? no : rows) + 4);
+    clattn_status status = CLATTN_SUCCESS;
+    if (!host->q || !host->k || !host->v || !host->out || !host->lse || !host->raw || !host->w ||
+        !got) {
+        free(got);
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+    }
+    for (size_t i = 0; i < nq; ++i)
+        host->q[i] = grid_value(&rng, shape->q_dtype);
+    for (size_t i = 0; i < nk; ++i)
+        host->k[i] = grid_value(&rng, shape->k_dtype);
+    for (size_t i = 0; i < nv; ++i)
+        host->v[i] = grid_value(&rng, shape->v_dtype);
+    clattn__score_masks masks;
+    clattn__view q, k, v, out, lse = {0};
+    cl_mem mem = NULL, scratch = NULL;
+    unsigned char *bytes = malloc(elem_bytes(CLATTN_DTYPE_F32, nq) + 4);
+    if (bytes == NULL) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    encode(shape->q_dtype, host->q, nq, bytes);
+    if ((status = draw_modifiers(ctx, &rng, s, pm, in, &masks)) ||
+        (s->kv_paged && (status = draw_table(ctx, &rng, s, pm, in, &masks))) ||
+        (status = upload(ctx, pm, bytes, elem_bytes(shape->q_dtype, nq), &mem)))
+        goto done;
+    q = packed_view(mem, shape->q_dtype, s->batch, s->heads, s->seq_q, dk);
+    if ((status = upload_keys(ctx, pm, shape->k_dtype, host->k, s, kv_heads, dk, &in->scores,
+                              &k)) ||
+        (status = upload_keys(ctx, pm, shape->v_dtype, host->v, s, kv_heads, dv, &in->scores,
+                              &v)) ||
+        (status = upload(ctx, pm, NULL, elem_bytes(shape->out_dtype, no), &mem)))
+        goto done;
+    out = packed_view(mem, shape->out_dtype, s->batch, s->heads, s->seq_q, dv);
+    if (s->kv_paged) {
+        masks.paging.k_page = masks.paging.page_size * kv_heads * dk;
+        masks.paging.v_page = masks.paging.page_size * kv_heads * dv;
+    }
+    if (shape->has_lse) {
+        if ((status = upload(ctx, pm, NULL, rows * sizeof(float), &mem)))
+            goto done;
+        lse = packed_view(mem, CLATTN_DTYPE_F32, 1, s->batch, s->heads, s->seq_q);
+    }
+    if ((status = upload(ctx, pm, NULL, run->scratch_floats * sizeof(float), &scratch)))
+        goto done;
+    clattn_chain chain = probe_chain(ctx);
+    status = clattn__flash_enqueue(&chain, run, &q, &k, &v, &out, &lse, &masks,
+                                   (clattn__scratch){scratch, 0});
+    if (status == CLATTN_SUCCESS)
+        status = download(&chain, out.mem, elem_bytes(shape->out_dtype, no), got);
+    /* the reference, while the device works */
+    for (size_t b = 0; b < s->batch; ++b)
+        for (size_t h = 0; h < s->heads; ++h)
+            for (size_t i = 0; i < s->seq_q; ++i) {
+                const size_t row = (b * s->heads + h) * s->seq_q + i;
+                const double *qi = host->q + row * dk;
+                const size_t kv = b * kv_heads + h / group;
+                for (size_t j = 0; j < s->seq_k; ++j) {
+                    const double *kj = host->k + (kv * s->seq_k + j) * dk;
+                    double dot = 0.0;
+                    for (size_t c = 0; c < dk; ++c)
+                        dot += qi[c] * kj[c];
+                    host->raw[j] = dot;
+                }
+                reference_row(&in->scores, b, h, i, host->raw, host->w, &host->lse[row]);
+                for (size_t c = 0; c < dv; ++c) {
+                    double acc = 0.0;
+                    for (size_t j = 0; j < s->seq_k; ++j)
+                        acc += host->w[j] * host->v[(kv * s->seq_k + j) * dv + c];
+                    host->out[row * dv + c] = acc;
+                }
+            }
+    if (status == CLATTN_SUCCESS) {
+        size_t where = 0;
+        r->tolerance = tolerance_of(shape->out_dtype);
+        r->max_error = max_error(shape->out_dtype, got, host->out, no, &where);
+        snprintf(r->why, sizeof r->why, "out[%zu] of (%zu, %zu, %zu, %zu)", where, s->batch,
+                 s->heads, s->seq_q, dv);
+    }
+    if (status == CLATTN_SUCCESS && shape->has_lse && s->norm == CLATTN_NORM_SOFTMAX &&
+        (status = download(&chain, lse.mem, rows * sizeof(float), got)) == CLATTN_SUCCESS) {
+        for (size_t i = 0; i < rows; ++i) { /* (rows that keep nothing: -inf, not compared) */
+            const double g = decode_one(CLATTN_DTYPE_F32, got, i);
+            const double e = !isfinite(host->lse[i]) ? 0.0 : isnan(g) ? INFINITY
+                                                                      : fabs(g - host->lse[i]);
+            if (e > r->max_error && e > r->tolerance) {
+                r->max_error = e;
+                snprintf(r->why, sizeof r->why, "lse[%zu] of %zu rows", i, rows);
+            }
+        }
+    }
+    clattn__chain_push(&chain, NULL);
+done:
+    free(bytes);
+    free(got);
+    return status;
+}
+
+static clattn_status flash_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const clattn__flash_plan *prepared = unit;
+    const char *unprobed = flash_unprobed(&prepared->shape.score);
+    if (unprobed) {
+        r->checked = false;
+        snprintf(r->why, sizeof r->why, "%s", unprobed);
+        return CLATTN_SUCCESS;
+    }
+    clattn__flash_plan run;
+    probe_flash_plan(prepared, &run);
+    probe_mem pm = {.count = 0};
+    flash_host host;
+    memset(&host, 0, sizeof host);
+    probe_inputs in;
+    memset(&in, 0, sizeof in);
+    const clattn_status status = run_flash_probe(ctx, &run, &pm, &host, &in, r);
+    release_all(&pm);
+    free_flash_host(&host);
+    free_inputs(&in);
+    return status;
+}
+
+clattn_status clattn__flash_trust(clattn_ctx *ctx, clattn__flash_plan *plan)
+{
+    cl_kernel *slots[2] = {&plan->kernel, &plan->merge};
+    return clattn__trust(ctx, "flash attention", slots, plan->splits > 1 ? 2 : 1, flash_probe,
+                         plan);
+}
+
+/* ---- softmax rows -------------------------------------------------------------------------- */
+
+static clattn_status softmax_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const clattn__softmax_plan *prepared = unit;
+    if (prepared->score.flex_id || prepared->score.dropout) {
+        r->checked = false;
+        snprintf(r->why, sizeof r->why, "%s",
+                 prepared->score.flex_id ? "user score functions (flex)" : "dropout");
+        return CLATTN_SUCCESS;
+    }
+    clattn__softmax_plan run = *prepared;
+    clattn__score_shape *s = &run.score;
+    s->batch = at_most(s->batch, 2);
+    s->heads = at_most(s->heads, 2);
+    s->seq_q = at_most(s->seq_q, 19);
+    s->seq_k = at_most(s->seq_k, 77);
+    s->kv_group = 1;
+    run.rows = s->batch * s->heads * s->seq_q;
+    /* a work-group per row, or a work-item per row in groups of `local` (a build option) */
+    run.global = prepared->global == prepared->rows * prepared->local
+                     ? run.rows * run.local
+                     : (run.rows + run.local - 1) / run.local * run.local;
+    const size_t count = run.rows * s->seq_k;
+    probe_rng rng = {0xab5eedULL + count};
+    probe_mem pm = {.count = 0};
+    probe_inputs in;
+    clattn__score_masks masks;
+    double *raw = malloc(count * sizeof(double)), *want = malloc(count * sizeof(double));
+    float *host = malloc(count * sizeof(float) + 4);
+    clattn_status status = CLATTN_SUCCESS;
+    memset(&in, 0, sizeof in);
+    if (!raw || !want || !host) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < count; ++i)
+        host[i] = (float)(raw[i] = 4.0 * grid_value(&rng, CLATTN_DTYPE_F32));
+    cl_mem in_mem = NULL, out_mem = NULL;
+    if ((status = draw_modifiers(ctx, &rng, s, &pm, &in, &masks)) ||
+        (status = upload(ctx, &pm, host, count * sizeof(float), &in_mem)) ||
+        (status = upload(ctx, &pm, NULL, count * sizeof(float), &out_mem)))
+        goto done;
+    const clattn__view raw_view = packed_view(in_mem, CLATTN_DTYPE_F32, s->batch, s->heads,
+                                              s->seq_q, s->seq_k);
+    const clattn__view out_view = packed_view(out_mem, CLATTN_DTYPE_F32, s->batch, s->heads,
+                                              s->seq_q, s->seq_k);
+    clattn_chain chain = probe_chain(ctx);
+    status = clattn__softmax_enqueue(&chain, &run, &raw_view, &out_view, &masks);
+    if (status == CLATTN_SUCCESS)
+        status = download(&chain, out_mem, count * sizeof(float), host);
+    clattn__chain_push(&chain, NULL);
+    for (size_t row = 0; row < run.rows; ++row) {
+        double lse;
+        const size_t b = row / (s->heads * s->seq_q), h = row / s->seq_q % s->heads;
+        reference_row(&in.scores, b, h, row % s->seq_q, raw + row * s->seq_k,
+                      want + row * s->seq_k, &lse);
+    }
+    if (status == CLATTN_SUCCESS) {
+        size_t where = 0;
+        r->tolerance = 2e-5;
+        r->max_error = max_error(CLATTN_DTYPE_F32, (const unsigned char *)host, want, count,
+                                 &where);
+        snprintf(r->why, sizeof r->why, "weight %zu of (%zu, %zu, %zu, %zu)", where, s->batch,
+                 s->heads, s->seq_q, s->seq_k);
+    }
+done:
+    release_all(&pm);
+    free_inputs(&in);
+    free(raw);
+    free(want);
+    free(host);
+    return status;
+}
+
+clattn_status clattn__softmax_trust(clattn_ctx *ctx, clattn__softmax_plan *plan)
+{
+    cl_kernel *slots[1] = {&plan->kernel};
+    return clattn__trust(ctx, "softmax rows", slots, 1, softmax_probe, plan);
+}
+
+/* ---- matmul -------------------------------------------------------------------------------- */
+
+static clattn_status matmul_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const clattn__matmul_plan *prepared = unit;
+    clattn__matmul_shape shape = prepared->shape;
+    shape.m = 37;
+    shape.n = (prepared->panel ? prepared->panel : 16) + 5;
+    shape.k = 19;
+    shape.batch[0] = 1;
+    shape.batch[1] = 2;
+    shape.b_group = 1;
+    clattn__matmul_plan run;
+    clattn_status status = clattn__matmul_prepare(ctx, &shape, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    run.kernel = prepared->kernel; /* the kernels judged, whatever prepare found */
+    run.pack = prepared->pack;
+    const size_t m = shape.m, n = shape.n, k = shape.k, na = 2 * m * k, nb = 2 * k * n;
+    probe_rng rng = {0x3a7a11ULL + n};
+    probe_mem pm = {.count = 0};
+    double *a = malloc((na + nb + n + 2 * m * n) * sizeof(double));
+    unsigned char *bytes = malloc(4 * (na + nb + n + 2 * m * n) + 4);
+    cl_mem ma = NULL, mb = NULL, mbias = NULL, mc = NULL, scratch = NULL;
+    if (!a || !bytes) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    double *b = a + na, *bias = b + nb, *want = bias + n;
+    for (size_t i = 0; i < na + nb + n; ++i)
+        a[i] = grid_value(&rng, CLATTN_DTYPE_F32);
+    encode(shape.a_dtype, a, na, bytes);
+    if ((status = upload(ctx, &pm, bytes, elem_bytes(shape.a_dtype, na), &ma)))
+        goto done;
+    encode(shape.b_dtype, b, nb, bytes);
+    if ((status = upload(ctx, &pm, bytes, elem_bytes(shape.b_dtype, nb), &mb)))
+        goto done;
+    encode(CLATTN_DTYPE_F32, bias, n, bytes);
+    if ((status = upload(ctx, &pm, bytes, 4 * n, &mbias)) ||
+        (status = upload(ctx, &pm, NULL, elem_bytes(shape.c_dtype, 2 * m * n), &mc)) ||
+        (status = upload(ctx, &pm, NULL, run.scratch_floats * sizeof(float), &scratch)))
+        goto done;
+    const clattn__view va = shape.trans_a ? packed_view(ma, shape.a_dtype, 1, 2, k, m)
+                                          : packed_view(ma, shape.a_dtype, 1, 2, m, k);
+    const clattn__view vb = shape.trans_b ? packed_view(mb, shape.b_dtype, 1, 2, n, k)
+                                          : packed_view(mb, shape.b_dtype, 1, 2, k, n);
+    const clattn__view vbias = packed_view(mbias, CLATTN_DTYPE_F32, 1, 1, 1, n);
+    const clattn__view vc = packed_view(mc, shape.c_dtype, 1, 2, m, n);
+    clattn_chain chain = probe_chain(ctx);
+    status = clattn__matmul_enqueue(&chain, &run, &va, &vb, &vbias, &vc, 0.5f, 0.0f,
+                                    (clattn__scratch){scratch, 0});
+    if (status == CLATTN_SUCCESS)
+        status = download(&chain, mc, elem_bytes(shape.c_dtype, 2 * m * n), bytes);
+    clattn__chain_push(&chain, NULL);
+    for (size_t e = 0; e < 2; ++e)
+        for (size_t i = 0; i < m; ++i)
+            for (size_t j = 0; j < n; ++j) {
+                double acc = 0.0;
+                for (size_t c = 0; c < k; ++c)
+                    acc += a[e * m * k + (shape.trans_a ? c * m + i : i * k + c)] *
+                           b[e * k * n + (shape.trans_b ? j * k + c : c * n + j)];
+                want[(e * m + i) * n + j] = 0.5 * acc + (shape.has_bias ? bias[j] : 0.0);
+            }
+    if (status == CLATTN_SUCCESS) {
+        size_t where = 0;
+        r->tolerance = tolerance_of(shape.c_dtype) * 8;
+        r->max_error = max_error(shape.c_dtype, bytes, want, 2 * m * n, &where);
+        snprintf(r->why, sizeof r->why, "c[%zu] of (2, %zu, %zu), k %zu", where, m, n, k);
+    }
+done:
+    release_all(&pm);
+    free(a);
+    free(bytes);
+    return status;
+}
+
+clattn_status clattn__matmul_trust(clattn_ctx *ctx, clattn__matmul_plan *plan)
+{
+    cl_kernel *slots[2] = {&plan->kernel, &plan->pack};
+    return clattn__trust(ctx, "matmul", slots, plan->pack ? 2 : 1, matmul_probe, plan);
+}

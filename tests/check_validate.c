@@ -1,0 +1,345 @@
+/*
+ * check_validate: self-validation at first use (host/core/validate.c, host/ops/probe.c).
+ * For each problem below (one per kernel family the probes cover: flash_cpu.cl or
+ * flash_gpu.cl with every modifier, a grouped decode through decode splits and flash_merge,
+ * a paged quantized cache, flash.cl, the unfused path's matmul_vec / pack_b / matmul and
+ * softmax_rows, softmax_rows_f64) a clean context runs it once and lists the variants its plan
+ * used; then, for each of those variants and each planted fault (CLATTN_FAULT_VARIANT=<key>:
+ * wrong, :build, :enqueue), a fresh context must still give the float64 reference's numbers
+ * (NaN-poisoned outputs), log the variant as failed, and write a "bad" record naming the
+ * variant and this driver. A fault planted in a whole family (flash_cpu.cl, flash_gpu.cl)
+ * falls to flash.cl; in every fused kernel, AUTO falls to the unfused path and FUSED fails
+ * with CLATTN_ERR_UNTRUSTED naming the variant, never a wrong answer. Records: a second
+ * context on the same driver probes nothing (every entry CLATTN_CHECK_RECORDED, no time); a
+ * record of another driver does not count; CLATTN_VALIDATE=off logs nothing, =always probes
+ * again, and an unknown value is refused.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "problems.h"
+#include "reference.h"
+#include "testutil.h"
+
+static char records[200];
+
+/* A fresh records file for the test (none of another test's records). */
+static void fresh_records(void)
+{
+    snprintf(records, sizeof records, "/tmp/clattn-validate-%ld-%llu", (long)getpid(),
+             (unsigned long long)tu_seed());
+    remove(records);
+    setenv("CLATTN_VALIDATION_FILE", records, 1);
+}
+
+static clattn_ctx *fresh_ctx(const char *row)
+{
+    clattn_ctx_desc desc;
+    clattn_ctx_desc_init(&desc);
+    desc.tuning_rows = row;
+    clattn_ctx *ctx = NULL;
+    char message[512] = "";
+    const clattn_status status = clattn_ctx_create_desc(&desc, &ctx, message, sizeof message);
+    tu_expect(status == CLATTN_SUCCESS, "clattn_ctx_create_desc: %s: %s",
+              clattn_status_string(status), message);
+    return ctx;
+}
+
+typedef struct problem {
+    const char *name;
+    const char *params; /* CLATTN_PARAMS: "cpu" or "gpu" */
+    const char *row;    /* a tuning row for the context, or NULL */
+    void (*spec)(pb_sdpa_spec *s);
+} problem;
+
+static void prefill_all(pb_sdpa_spec *s)
+{
+    s->batch = 2, s->heads = 4, s->kv_heads = 2, s->seq_q = 17, s->seq_k = 67;
+    s->dk = 16, s->dv = 8;
+    s->mask = PB_MASK_FLOAT, s->mask_rank = 4, s->padding = 1, s->alibi = 1, s->sinks = 1;
+    s->softcap = 3.0f, s->causal = CLATTN_CAUSAL_BOTTOM_RIGHT, s->want_lse = 1;
+    s->q_dtype = CLATTN_DTYPE_F16, s->out_dtype = CLATTN_DTYPE_BF16;
+}
+
+/* (no lse: the unfused path can take it) */
+static void prefill_no_lse(pb_sdpa_spec *s)
+{
+    prefill_all(s);
+    s->want_lse = 0;
+}
+
+static void decode_group(pb_sdpa_spec *s)
+{
+    s->batch = 1, s->heads = 4, s->kv_heads = 1, s->seq_q = 1, s->seq_k = 300;
+    s->dk = 32, s->dv = 32, s->sinks = 1, s->kv_len = 1;
+    s->causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+}
+
+static void paged_quantized(pb_sdpa_spec *s)
+{
+    s->batch = 2, s->heads = 2, s->seq_q = 3, s->seq_k = 96, s->page_size = 16;
+    s->dk = 32, s->dv = 32;
+    s->k_dtype = CLATTN_DTYPE_Q8_0, s->v_dtype = CLATTN_DTYPE_Q4_0;
+    s->causal = CLATTN_CAUSAL_BOTTOM_RIGHT, s->mask = PB_MASK_BOOL, s->mask_rank = 4;
+}
+
+static void unfused_weights(pb_sdpa_spec *s)
+{
+    s->batch = 1, s->heads = 3, s->seq_q = 19, s->seq_k = 41, s->dk = 24;
+    s->dv = 24, s->want_weights = 1, s->mask = PB_MASK_BOOL, s->mask_rank = 4;
+    s->causal = CLATTN_CAUSAL_TOP_LEFT, s->sinks = 1;
+}
+
+static void unfused_f64(pb_sdpa_spec *s)
+{
+    unfused_weights(s);
+    s->softmax_f64 = 1, s->sinks = 0, s->norm = CLATTN_NORM_RELU;
+}
+
+static const problem problems[] = {
+    {"prefill, every modifier (flash_cpu.cl)", "cpu", NULL, prefill_all},
+    {"prefill, every modifier (flash_gpu.cl)", "gpu", NULL, prefill_all},
+    {"grouped decode in splits (flash_merge)", "cpu", "any | * | * | decode_keys=16",
+     decode_group},
+    {"grouped decode in splits, GPU parameters", "gpu", "any | * | * | decode_keys=16",
+     decode_group},
+    {"paged q8_0/q4_0 cache", "cpu", NULL, paged_quantized},
+    {"unfused with weights (matmul, softmax rows)", "cpu", NULL, unfused_weights},
+    {"unfused, GPU parameters (tiled matmul)", "gpu", NULL, unfused_weights},
+    {"unfused, softmax in double", "cpu", NULL, unfused_f64},
+    {"prefill without lse", "cpu", NULL, prefill_no_lse},
+};
+enum { PROBLEMS = sizeof problems / sizeof problems[0], MAX_KEYS = 16 };
+
+/* Runs the problem on a fresh context (params, row) and checks its numbers; the context's
+ * log into log[0 .. *count). path overrides the spec's (-1: keep). */
+static clattn_status run_problem(const problem *pr, int path, clattn_validation *log,
+                                 size_t *count, char *info, size_t info_size)
+{
+    setenv("CLATTN_PARAMS", pr->params, 1);
+    clattn_ctx *ctx = fresh_ctx(pr->row);
+    unsetenv("CLATTN_PARAMS");
+    if (ctx == NULL)
+        return CLATTN_ERR_NO_DEVICE;
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    pr->spec(&spec);
+    if (path >= 0)
+        spec.path = (clattn_path)path;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("%s: %s", pr->name, p.label);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    clattn_plan *plan = NULL;
+    clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    if (status == CLATTN_SUCCESS) {
+        snprintf(info, info_size, "%s", clattn_plan_info(plan));
+        clattn_tensors bound;
+        tu_expect(pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS, "upload");
+        tu_expect(pb_sdpa_poison(ctx, NULL, &bound) == CL_SUCCESS, "poison");
+        status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL,
+                                     NULL);
+        tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute");
+        if (status == CLATTN_SUCCESS)
+            pb_sdpa_check(ctx, NULL, &p, &bound);
+        pb_release_tensors(&bound);
+        clattn_plan_release(plan);
+    } else {
+        snprintf(info, info_size, "%s", clattn_last_error(ctx));
+    }
+    *count = clattn_ctx_validations(ctx, log, MAX_KEYS);
+    if (*count > MAX_KEYS)
+        *count = MAX_KEYS;
+    clattn_ctx_release(ctx);
+    pb_sdpa_free(&p);
+    return status;
+}
+
+/* Whether the records file has a line "<verdict>\t<...driver...>\t<key>". */
+static int record_names(const char *verdict, const char *key, const char *device)
+{
+    FILE *f = fopen(records, "r");
+    if (f == NULL)
+        return 0;
+    char line[2048];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = strncmp(line, verdict, strlen(verdict)) == 0 && strstr(line, key) &&
+                strstr(line, device) && strstr(line, "| driver ");
+    fclose(f);
+    return found;
+}
+
+static const char *const fault_kinds[] = {"wrong", "build", "enqueue"};
+
+/* Each variant a clean run used, with each fault planted in it alone (its exact key: its
+ * -cl-opt-disable build or the family's next variant takes over). */
+START_TEST(test_fault_each_variant)
+{
+    TU_BEGIN_TEST();
+    const problem *pr = &problems[_i];
+    fresh_records();
+    clattn_validation clean[MAX_KEYS], log[MAX_KEYS];
+    size_t used = 0, count = 0;
+    char info[1024];
+    setenv("CLATTN_VALIDATE", "always", 1);
+    tu_expect_status(run_problem(pr, -1, clean, &used, info, sizeof info), CLATTN_SUCCESS,
+                     "the clean run");
+    tu_expect(used > 0, "%s: the clean run validated no variant (%s)", pr->name, info);
+    for (size_t u = 0; u < used && !tu_failed(); ++u) {
+        tu_expect(clean[u].result == CLATTN_CHECK_PASSED, "%s: %s: %s (%s)", pr->name,
+                  clean[u].variant, "not passed on a clean run", clean[u].detail);
+        for (int f = 0; f < 3 && !tu_failed(); ++f) {
+            char fault[sizeof clean[u].variant + 16];
+            snprintf(fault, sizeof fault, "%.63s:%s", clean[u].variant, fault_kinds[f]);
+            setenv("CLATTN_FAULT_VARIANT", fault, 1);
+            const clattn_status status = run_problem(pr, -1, log, &count, info, sizeof info);
+            unsetenv("CLATTN_FAULT_VARIANT");
+            tu_expect_status(status, CLATTN_SUCCESS, fault);
+            int logged = 0;
+            for (size_t i = 0; i < count; ++i)
+                logged |= log[i].result == CLATTN_CHECK_FAILED &&
+                          strncmp(log[i].variant, clean[u].variant,
+                                  strchr(clean[u].variant, '@') - clean[u].variant) == 0;
+            tu_expect(logged, "%s: fault %s: no failed entry in the log (%s)", pr->name, fault,
+                      info);
+            char named[sizeof clean[u].variant];
+            snprintf(named, sizeof named, "\t%.*s@", (int)(strchr(clean[u].variant, '@') -
+                                                          clean[u].variant),
+                     clean[u].variant);
+            tu_expect(record_names("bad", named, " | clattn "),
+                      "%s: fault %s: no bad record naming the variant and the driver in %s",
+                      pr->name, fault, records);
+        }
+    }
+    unsetenv("CLATTN_VALIDATE");
+    remove(records);
+    TU_END_TEST();
+}
+END_TEST
+
+/* A fault in a whole family: flash_cpu.cl or flash_gpu.cl falls to flash.cl; in every fused
+ * kernel, AUTO runs unfused and FUSED refuses (CLATTN_ERR_UNTRUSTED, naming the variant). */
+START_TEST(test_fault_family)
+{
+    TU_BEGIN_TEST();
+    fresh_records();
+    clattn_validation log[MAX_KEYS];
+    size_t count = 0;
+    char info[1024];
+    static const struct {
+        int problem;
+        const char *fault;
+        int path;
+        const char *info_has;
+        clattn_status status;
+    } cases[] = {
+        {0, "flash_cpu.cl", -1, "flash.cl", CLATTN_SUCCESS},
+        {1, "flash_gpu.cl:enqueue", -1, "flash.cl", CLATTN_SUCCESS},
+        {2, "flash_cpu.cl:build", -1, "flash.cl", CLATTN_SUCCESS},
+        {8, "flash_cpu.cl,flash.cl", -1, "unfused", CLATTN_SUCCESS},
+        {2, "flash_cpu.cl,flash.cl", -1, "unfused", CLATTN_SUCCESS},
+        {8, "flash_cpu.cl,flash.cl", CLATTN_PATH_FUSED, "failed validation", CLATTN_ERR_UNTRUSTED},
+    };
+    const size_t n = sizeof cases / sizeof cases[0];
+    for (size_t c = 0; c < n && !tu_failed(); ++c) {
+        setenv("CLATTN_FAULT_VARIANT", cases[c].fault, 1);
+        const clattn_status status =
+            run_problem(&problems[cases[c].problem], cases[c].path, log, &count, info,
+                        sizeof info);
+        unsetenv("CLATTN_FAULT_VARIANT");
+        tu_expect_status(status, cases[c].status, cases[c].fault);
+        tu_expect(strstr(info, cases[c].info_has) != NULL, "fault %s: the plan says '%s'",
+                  cases[c].fault, info);
+    }
+    remove(records);
+    TU_END_TEST();
+}
+END_TEST
+
+/* Records: a second context on this driver probes nothing; another driver's records and
+ * CLATTN_VALIDATE=always do not count; off logs nothing; an unknown mode is refused. */
+START_TEST(test_records)
+{
+    TU_BEGIN_TEST();
+    fresh_records();
+    clattn_validation first[MAX_KEYS], second[MAX_KEYS];
+    size_t n1 = 0, n2 = 0;
+    char info[1024];
+    run_problem(&problems[0], -1, first, &n1, info, sizeof info);
+    tu_expect(n1 > 0, "the first context validated nothing");
+    for (size_t i = 0; i < n1; ++i)
+        tu_expect(first[i].result == CLATTN_CHECK_PASSED && first[i].milliseconds > 0.0,
+                  "first context: %s: result %d, %.3f ms", first[i].variant,
+                  (int)first[i].result, first[i].milliseconds);
+    run_problem(&problems[0], -1, second, &n2, info, sizeof info);
+    tu_expect(n2 == n1, "the second context logged %zu entries, the first %zu", n2, n1);
+    for (size_t i = 0; i < n2; ++i)
+        tu_expect(second[i].result == CLATTN_CHECK_RECORDED && second[i].milliseconds == 0.0,
+                  "second context: %s: result %d, %.3f ms (a probe)", second[i].variant,
+                  (int)second[i].result, second[i].milliseconds);
+    /* the same records under another driver's name: probed again */
+    FILE *in = fopen(records, "r");
+    char other[256];
+    snprintf(other, sizeof other, "%s.other", records);
+    FILE *out = fopen(other, "w");
+    char line[2048];
+    while (in && out && fgets(line, sizeof line, in)) {
+        char *driver = strstr(line, "| driver ");
+        if (driver)
+            driver[9] = driver[9] == 'X' ? 'Y' : 'X';
+        fputs(line, out);
+    }
+    if (in)
+        fclose(in);
+    if (out)
+        fclose(out);
+    setenv("CLATTN_VALIDATION_FILE", other, 1);
+    run_problem(&problems[0], -1, second, &n2, info, sizeof info);
+    for (size_t i = 0; i < n2; ++i)
+        tu_expect(second[i].result == CLATTN_CHECK_PASSED,
+                  "another driver's record counted: %s: result %d", second[i].variant,
+                  (int)second[i].result);
+    setenv("CLATTN_VALIDATION_FILE", records, 1);
+    setenv("CLATTN_VALIDATE", "always", 1);
+    run_problem(&problems[0], -1, second, &n2, info, sizeof info);
+    for (size_t i = 0; i < n2; ++i)
+        tu_expect(second[i].result == CLATTN_CHECK_PASSED, "always: %s: result %d",
+                  second[i].variant, (int)second[i].result);
+    setenv("CLATTN_VALIDATE", "off", 1);
+    run_problem(&problems[0], -1, second, &n2, info, sizeof info);
+    tu_expect(n2 == 0, "CLATTN_VALIDATE=off logged %zu entries", n2);
+    setenv("CLATTN_VALIDATE", "sometimes", 1);
+    clattn_ctx *ctx = NULL;
+    char message[512] = "";
+    const clattn_status status = clattn_ctx_create(NULL, &ctx, message, sizeof message);
+    tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && strstr(message, "CLATTN_VALIDATE"),
+              "CLATTN_VALIDATE=sometimes: %s: %s", clattn_status_string(status), message);
+    clattn_ctx_release(ctx);
+    unsetenv("CLATTN_VALIDATE");
+    remove(other);
+    remove(records);
+    TU_END_TEST();
+}
+END_TEST
+
+int main(void)
+{
+    tu_suite_begin("validate");
+    Suite *suite = suite_create("validate");
+    TCase *faults = tcase_create("faults");
+    tcase_set_timeout(faults, 900);
+    tcase_add_loop_test(faults, test_fault_each_variant, 0, PROBLEMS - 1);
+    tcase_add_loop_test(faults, test_fault_family, 0, 1);
+    suite_add_tcase(suite, faults);
+    TCase *recs = tcase_create("records");
+    tcase_set_timeout(recs, 900);
+    tcase_add_loop_test(recs, test_records, 0, 1);
+    suite_add_tcase(suite, recs);
+    return tu_run_suite(suite);
+}
