@@ -3471,6 +3471,14 @@ START_TEST(test_tune_hint)
     tu_expect(status == 0 && captured("stderr")[0] == '\0',
               "the second run on the same device hinted again (exit %d): %s", status,
               captured("stderr"));
+    /* The device's driver fields: the "driver key:" line after the name. */
+    char fields[1024] = "";
+    const char *key = strstr(captured("stdout"), "\ndriver key: ");
+    const char *after_name = key ? strstr(key, " | driver ") : NULL;
+    if (after_name)
+        snprintf(fields, sizeof fields, "%.*s", (int)strcspn(after_name + 3, "\n"),
+                 after_name + 3);
+    tu_expect(fields[0] != '\0', "clattn info prints no driver key: %s", captured("stdout"));
     snprintf(path, sizeof path, "%s/clattn/tune-hinted", dir);
     tu_expect(access(path, F_OK) == 0, "no %s after the hint", path);
 
@@ -3481,7 +3489,7 @@ START_TEST(test_tune_hint)
     snprintf(path, sizeof path, "%s/clattn/tuning", dir);
     FILE *f = fopen(path, "w");
     if (f) {
-        fputs("any | * | * | softmax_rows=4\n", f);
+        fprintf(f, "any | * | * | %s | softmax_rows=4\n", fields);
         fclose(f);
     }
     setenv("XDG_CACHE_HOME", dir, 1);
