@@ -165,6 +165,9 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
         goto done;
     snprintf(info, sizeof info, "%s", captured("stdout"));
     device_name(info, name, sizeof name);
+    char fields[1024];
+    driver_fields(info, fields, sizeof fields);
+    tu_expect(fields[0] != '\0', "`clattn info` prints no driver key: %s", info);
     info_line(info, "rows: ", rows, sizeof rows);
     tu_expect(strstr(rows, "cache") == NULL, "rows from an absent cache: %s", rows);
     /* --quick without --out measures at toy sizes: it prints its rows and must leave the
@@ -194,6 +197,14 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
     const int count = device_rows(text, name, keys, sizeof keys);
     tu_expect(count >= 1 && count <= 3, "%d rows for '%s' in:\n%s", count, name, text);
     printf("check_tune: the quick tune wrote:\n%s", text);
+    /* Each row carries the device's driver key: "class | vendor | NAME | FIELDS | keys". */
+    char keyed[1536];
+    snprintf(keyed, sizeof keyed, " | %s | %s | ", name, fields);
+    int keyed_rows = 0;
+    for (const char *at = strstr(text, keyed); at; at = strstr(at + 1, keyed))
+        ++keyed_rows;
+    tu_expect(keyed_rows == count, "%d of %d rows carry the driver key '%s':\n%s", keyed_rows,
+              count, keyed, text);
 
     /* A new context applies them: `clattn info` names cache lines and shows their values. */
     tu_expect(run_cli(env, "info") == 0, "clattn info failed: %s", captured("stderr"));
@@ -230,13 +241,23 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
         tu_expect(system(command) == 0, "%s failed", command);
     }
 
-    /* Tuning one op again replaces that op's rows only; another device's row stays. */
-    char appended[70000];
+    /* Tuning one op again replaces that op's rows only; another device's row stays. A row of
+     * this device tuned on another driver is not applied, and noted, until then; re-tuning its
+     * op replaces it. */
+    char appended[70000], vendor[256];
+    info_line(info, "vendor: ", vendor, sizeof vendor);
     snprintf(appended, sizeof appended,
              "%s# by hand\ngpu | NoSuchVendor | NoSuchGPU | "
-             "softmax_wg=64\n",
-             text);
+             "softmax_wg=64\n"
+             "# clattn tune softmax, on another driver\n%s | %s | %s | driver 0.0-another | "
+             "OpenCL 0.0 | clattn 0.0.1 | softmax_rows=0 softmax_wg=2\n",
+             text, strstr(info, "(CPU)") ? "cpu" : "gpu", vendor, name);
     write_text(cache, appended);
+    tu_expect(run_cli(env, "info") == 0, "clattn info failed: %s", captured("stderr"));
+    char ignored[2048];
+    info_line(captured("stdout"), "ignored: ", ignored, sizeof ignored);
+    tu_expect(strstr(ignored, "tuned on another driver") && strstr(ignored, "driver 0.0-another"),
+              "the other driver's row is not noted: %s", captured("stdout"));
     char before[1024];
     snprintf(before, sizeof before, "%s", keys);
     snprintf(args, sizeof args, "tune --quick --op softmax --min-gain=-90 --out '%s'", cache);
@@ -255,7 +276,12 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
     for (const char *at = text ? strstr(text, "# clattn tune softmax") : NULL; at;
          at = strstr(at + 1, "# clattn tune softmax"))
         ++softmax_comments;
-    tu_expect(softmax_comments <= 1, "%d softmax rows:\n%s", softmax_comments, text);
+    tu_expect(softmax_comments <= 1, "%d softmax rows:\n%s", softmax_comments, text ? text : "");
+    tu_expect(text && strstr(text, "driver 0.0-another") == NULL,
+              "re-tuning softmax kept the other driver's softmax row:\n%s", text ? text : "");
+    tu_expect(run_cli(env, "info") == 0, "clattn info failed: %s", captured("stderr"));
+    info_line(captured("stdout"), "ignored: ", ignored, sizeof ignored);
+    tu_expect(strcmp(ignored, "none") == 0, "ignored after re-tuning: %s", ignored);
 done:
     TU_END_TEST();
 }
