@@ -125,7 +125,11 @@ CLATTN_API clattn_status clattn_ctx_create_from_queue(cl_command_queue queue, cl
  * there, or one the device cannot run, fails context creation); CLATTN_TUNING=default applies
  * no row at all (quirks excepted). A row of the cache that is malformed, stale (a key this
  * version does not know) or that the device cannot run is ignored, whole, and listed by
- * clattn_ctx_tuning: rerun `clattn tune` or delete the file. */
+ * clattn_ctx_tuning: rerun `clattn tune` or delete the file. A row may carry, after the device
+ * name, the driver key's fields of the device it was tuned on (`| driver D | PLATFORM |
+ * clattn V`, clattn_ctx_tuning's "driver key:" line): it applies on that driver, platform and
+ * clattn version only, else it is listed as tuned on another driver. The cache's rows must
+ * carry them (`clattn tune` writes them); a FILE's may. */
 
 /* Context options: zero-initialise and set struct_size = sizeof(clattn_ctx_desc), or call
  * clattn_ctx_desc_init; later versions may append fields. */
@@ -148,10 +152,12 @@ CLATTN_API void clattn_ctx_desc_init(clattn_ctx_desc *desc);
 CLATTN_API clattn_status clattn_ctx_create_desc(const clattn_ctx_desc *desc, clattn_ctx **out,
                                                 char *message, size_t message_size);
 
-/* Which tuning rows the context applied, as text for people and tools, four lines:
+/* Which tuning rows the context applied, as text for people and tools, one item a line:
  *   rows: table row 0; cache line 3         (or "none")
+ *   records: cache line 4 (@head_dim=64: ...) (rows with selectors; or "none")
  *   file: PATH (the tuning cache)           (", absent"; or the CLATTN_TUNING file; "none ...")
- *   ignored: cache line 5 (why)             (or "none")
+ *   driver key: NAME | driver D | PLATFORM | clattn V   (what the cache's rows must carry)
+ *   ignored: cache line 5 (why)             (or "none"; rows tuned on another driver too)
  *   parameters: key=value ...               (every key, as the kernels get them)
  * Valid as long as the context. NULL ctx gives a static message. */
 CLATTN_API const char *clattn_ctx_tuning(const clattn_ctx *ctx);

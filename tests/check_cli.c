@@ -3449,7 +3449,10 @@ static void restore_env(const char *name, char *saved)
 
 /* The first command on a device that the tuning cache does not tune says once that `clattn
  * tune` would (issue 27): not again for the same device (noted in the cache folder's
- * tune-hinted), never with a cache row for it, a CLATTN_TUNING file or CLATTN_NO_TUNE_HINT=1. */
+ * tune-hinted), never with a cache row for it, a CLATTN_TUNING file or CLATTN_NO_TUNE_HINT=1.
+ * A cache whose rows for the device were tuned on another driver (or carry no driver key)
+ * says once per driver key that they are not applied and that `clattn tune` re-tunes
+ * (issue 48). */
 START_TEST(test_tune_hint)
 {
     TU_BEGIN_TEST();
@@ -3471,6 +3474,14 @@ START_TEST(test_tune_hint)
     tu_expect(status == 0 && captured("stderr")[0] == '\0',
               "the second run on the same device hinted again (exit %d): %s", status,
               captured("stderr"));
+    /* The device's driver fields: the "driver key:" line after the name. */
+    char fields[1024] = "";
+    const char *key = strstr(captured("stdout"), "\ndriver key: ");
+    const char *after_name = key ? strstr(key, " | driver ") : NULL;
+    if (after_name)
+        snprintf(fields, sizeof fields, "%.*s", (int)strcspn(after_name + 3, "\n"),
+                 after_name + 3);
+    tu_expect(fields[0] != '\0', "clattn info prints no driver key: %s", captured("stdout"));
     snprintf(path, sizeof path, "%s/clattn/tune-hinted", dir);
     tu_expect(access(path, F_OK) == 0, "no %s after the hint", path);
 
@@ -3481,7 +3492,7 @@ START_TEST(test_tune_hint)
     snprintf(path, sizeof path, "%s/clattn/tuning", dir);
     FILE *f = fopen(path, "w");
     if (f) {
-        fputs("any | * | * | softmax_rows=4\n", f);
+        fprintf(f, "any | * | * | %s | softmax_rows=4\n", fields);
         fclose(f);
     }
     setenv("XDG_CACHE_HOME", dir, 1);
@@ -3491,6 +3502,27 @@ START_TEST(test_tune_hint)
               captured("stderr"));
     snprintf(path, sizeof path, "%s/clattn/tune-hinted", dir);
     tu_expect(access(path, F_OK) != 0, "%s written without a hint", path);
+
+    /* The same row without the driver key (an older clattn's): once per driver. */
+    snprintf(dir, sizeof dir, "%s/xdg-stale", scratch);
+    snprintf(path, sizeof path, "%s/clattn", dir);
+    tu_expect(mkdir(dir, 0755) == 0 && mkdir(path, 0755) == 0, "mkdir %s failed", path);
+    snprintf(path, sizeof path, "%s/clattn/tuning", dir);
+    if ((f = fopen(path, "w")) != NULL) {
+        fputs("any | * | * | softmax_rows=4\n", f);
+        fclose(f);
+    }
+    setenv("XDG_CACHE_HOME", dir, 1);
+    tu_set_case("XDG_CACHE_HOME=%s (a cache row without a driver key): clattn info, twice", dir);
+    status = run_cli("info");
+    err = captured("stderr");
+    tu_expect(status == 0 && count_lines(err) == 1 && strstr(err, "another driver") != NULL &&
+                  strstr(err, "`clattn tune`") != NULL && strstr(err, "once per driver") != NULL,
+              "no one-line note of the other driver's rows (exit %d): %s", status, err);
+    status = run_cli("info");
+    tu_expect(status == 0 && captured("stderr")[0] == '\0',
+              "the second run on the same driver hinted again (exit %d): %s", status,
+              captured("stderr"));
 
     /* A CLATTN_TUNING file, or CLATTN_NO_TUNE_HINT=1: no hint either. */
     snprintf(dir, sizeof dir, "%s/xdg-off", scratch);

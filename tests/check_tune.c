@@ -1,14 +1,16 @@
 /*
  * check_tune: `clattn tune` and the tuning cache, run as a user runs them. A quick tune writes
- * rows for the device (with their comments) into $XDG_CACHE_HOME/clattn/tuning; a new context
- * (`clattn info`) applies them, CLATTN_TUNING=default and CLATTN_TUNING=FILE do not; tuning one
- * op again replaces that op's rows only and keeps other devices' rows; --dry-run writes
- * nothing; a garbage cache is ignored row by row (contexts still work, `clattn info` lists the
- * ignored lines); bad options exit 2; the row parser refuses and applies rows by each of its
- * rules (test_row_parser). The cache the quick tune wrote is copied to the folder
- * given as the third argument, where the *_tuned ctest entries (XDG_CACHE_HOME) read it: the
- * suites must pass with the tuned rows too.
- * Arguments: the clattn binary, that folder.
+ * rows for the device (with their comments and the device's driver key) into
+ * $XDG_CACHE_HOME/clattn/tuning; a new context (`clattn info`) applies them,
+ * CLATTN_TUNING=default and CLATTN_TUNING=FILE do not; tuning one op again replaces that op's
+ * rows only (this device's rows of another driver too) and keeps other devices' rows;
+ * --dry-run writes nothing; a garbage cache is ignored row by row (contexts still work,
+ * `clattn info` lists the ignored lines); bad options exit 2; the row parser refuses and
+ * applies rows by each of its rules (test_row_parser); rows keyed by another driver or clattn
+ * version, or by none in the cache, are not applied and noted (test_driver_key). The cache the
+ * quick tune wrote is copied to the folder given as the third argument, where the *_tuned ctest
+ * entries (XDG_CACHE_HOME) read it: the suites must pass with the tuned rows too. Arguments: the
+ * clattn binary, that folder.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -76,6 +78,17 @@ static void info_line(const char *info, const char *line, char *out, size_t size
         at += strlen(line);
         snprintf(out, size, "%.*s", (int)strcspn(at, "\n"), at);
     }
+}
+
+/* The device's driver fields as the tuning cache's rows carry them ("driver D | PLATFORM |
+ * clattn V"): the "driver key:" line of a report (clattn_ctx_tuning, `clattn info`) after the
+ * device name. */
+static void driver_fields(const char *report, char *out, size_t size)
+{
+    char key[1024];
+    info_line(report, "driver key: ", key, sizeof key);
+    const char *fields = strstr(key, " | driver ");
+    snprintf(out, size, "%s", fields ? fields + 3 : "");
 }
 
 /* Rows of the file (lines that are neither comments nor blank) naming `name`; each must
@@ -152,6 +165,9 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
         goto done;
     snprintf(info, sizeof info, "%s", captured("stdout"));
     device_name(info, name, sizeof name);
+    char fields[1024];
+    driver_fields(info, fields, sizeof fields);
+    tu_expect(fields[0] != '\0', "`clattn info` prints no driver key: %s", info);
     info_line(info, "rows: ", rows, sizeof rows);
     tu_expect(strstr(rows, "cache") == NULL, "rows from an absent cache: %s", rows);
     /* --quick without --out measures at toy sizes: it prints its rows and must leave the
@@ -181,6 +197,14 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
     const int count = device_rows(text, name, keys, sizeof keys);
     tu_expect(count >= 1 && count <= 3, "%d rows for '%s' in:\n%s", count, name, text);
     printf("check_tune: the quick tune wrote:\n%s", text);
+    /* Each row carries the device's driver key: "class | vendor | NAME | FIELDS | keys". */
+    char keyed[1536];
+    snprintf(keyed, sizeof keyed, " | %s | %s | ", name, fields);
+    int keyed_rows = 0;
+    for (const char *at = strstr(text, keyed); at; at = strstr(at + 1, keyed))
+        ++keyed_rows;
+    tu_expect(keyed_rows == count, "%d of %d rows carry the driver key '%s':\n%s", keyed_rows,
+              count, keyed, text);
 
     /* A new context applies them: `clattn info` names cache lines and shows their values. */
     tu_expect(run_cli(env, "info") == 0, "clattn info failed: %s", captured("stderr"));
@@ -217,13 +241,23 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
         tu_expect(system(command) == 0, "%s failed", command);
     }
 
-    /* Tuning one op again replaces that op's rows only; another device's row stays. */
-    char appended[70000];
+    /* Tuning one op again replaces that op's rows only; another device's row stays. A row of
+     * this device tuned on another driver is not applied, and noted, until then; re-tuning its
+     * op replaces it. */
+    char appended[70000], vendor[256];
+    info_line(info, "vendor: ", vendor, sizeof vendor);
     snprintf(appended, sizeof appended,
              "%s# by hand\ngpu | NoSuchVendor | NoSuchGPU | "
-             "softmax_wg=64\n",
-             text);
+             "softmax_wg=64\n"
+             "# clattn tune softmax, on another driver\n%s | %s | %s | driver 0.0-another | "
+             "OpenCL 0.0 | clattn 0.0.1 | softmax_rows=0 softmax_wg=2\n",
+             text, strstr(info, "(CPU)") ? "cpu" : "gpu", vendor, name);
     write_text(cache, appended);
+    tu_expect(run_cli(env, "info") == 0, "clattn info failed: %s", captured("stderr"));
+    char ignored[2048];
+    info_line(captured("stdout"), "ignored: ", ignored, sizeof ignored);
+    tu_expect(strstr(ignored, "tuned on another driver") && strstr(ignored, "driver 0.0-another"),
+              "the other driver's row is not noted: %s", captured("stdout"));
     char before[1024];
     snprintf(before, sizeof before, "%s", keys);
     snprintf(args, sizeof args, "tune --quick --op softmax --min-gain=-90 --out '%s'", cache);
@@ -242,7 +276,12 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
     for (const char *at = text ? strstr(text, "# clattn tune softmax") : NULL; at;
          at = strstr(at + 1, "# clattn tune softmax"))
         ++softmax_comments;
-    tu_expect(softmax_comments <= 1, "%d softmax rows:\n%s", softmax_comments, text);
+    tu_expect(softmax_comments <= 1, "%d softmax rows:\n%s", softmax_comments, text ? text : "");
+    tu_expect(text && strstr(text, "driver 0.0-another") == NULL,
+              "re-tuning softmax kept the other driver's softmax row:\n%s", text ? text : "");
+    tu_expect(run_cli(env, "info") == 0, "clattn info failed: %s", captured("stderr"));
+    info_line(captured("stdout"), "ignored: ", ignored, sizeof ignored);
+    tu_expect(strcmp(ignored, "none") == 0, "ignored after re-tuning: %s", ignored);
 done:
     TU_END_TEST();
 }
@@ -379,8 +418,14 @@ START_TEST(test_ctx_desc)
     char command[2048];
     snprintf(command, sizeof command, "mkdir -p '%s/clattn'", dir);
     tu_expect(system(command) == 0, "%s failed", command);
-    write_text(cache, "# a cache row for every device\nany | * | * | softmax_wg=8\n"
-                      "any | * | * | no_such_key=1\n");
+    char fields[1024], rows_text[4096];
+    driver_fields(clattn_ctx_tuning(tu_ctx()), fields, sizeof fields);
+    tu_expect(fields[0] != '\0', "no driver key: %s", clattn_ctx_tuning(tu_ctx()));
+    snprintf(rows_text, sizeof rows_text,
+             "# a cache row for every device on this driver\nany | * | * | %s | softmax_wg=8\n"
+             "any | * | * | %s | no_such_key=1\n",
+             fields, fields);
+    write_text(cache, rows_text);
     const char *saved = getenv("XDG_CACHE_HOME");
     char *saved_copy = saved ? strdup(saved) : NULL;
     setenv("XDG_CACHE_HOME", dir, 1);
@@ -655,11 +700,13 @@ START_TEST(test_row_parser)
     expect_refused(path, NULL, "file line 2", "tile=8");
     write_text(path, "any | * | * | flash_gpu=\n");
     expect_refused(path, NULL, "file line 1", "flash_gpu=");
-    snprintf(row, sizeof row,
-             "any | * | * | tile=8\nany | * | * | flash_gpu=\n"
-             "any | * | * | softmax_wg=%ld\n",
-             wg);
-    write_text(path, row);
+    char fields[1024], cache_rows[4096];
+    driver_fields(clattn_ctx_tuning(ctx), fields, sizeof fields);
+    snprintf(cache_rows, sizeof cache_rows,
+             "any | * | * | %s | tile=8\nany | * | * | %s | flash_gpu=\n"
+             "any | * | * | %s | softmax_wg=%ld\n",
+             fields, fields, fields, wg);
+    write_text(path, cache_rows);
     const char *saved = getenv("XDG_CACHE_HOME");
     char *saved_copy = saved ? strdup(saved) : NULL;
     const char *saved_tuning = getenv("CLATTN_TUNING");
@@ -684,6 +731,140 @@ START_TEST(test_row_parser)
         setenv("CLATTN_TUNING", saved_tuning_copy, 1);
     free(saved_copy);
     free(saved_tuning_copy);
+    TU_END_TEST();
+}
+END_TEST
+
+/* --- rows keyed by the driver (issue 48) ---------------------------------------------------- */
+
+/* `fields` with its first occurrence of `from` replaced by `to`. */
+static void replaced(const char *fields, const char *from, const char *to, char *out, size_t size)
+{
+    const char *at = strstr(fields, from);
+    if (at == NULL)
+        snprintf(out, size, "%s", fields);
+    else
+        snprintf(out, size, "%.*s%s%s", (int)(at - fields), fields, to, at + strlen(from));
+}
+
+/* A context reading `text` as the tuning cache (tuning_file NULL) or as a CLATTN_TUNING file
+ * (file true) in dir; returns its status, the report in report. */
+static clattn_status ctx_with_file(const char *dir, bool file, const char *text, char *report,
+                                   size_t report_size, char *message, size_t message_size)
+{
+    char path[800];
+    snprintf(path, sizeof path, "%s/clattn/tuning", dir);
+    write_text(path, text);
+    return ctx_with_rows(file ? path : NULL, NULL, report, report_size, message, message_size);
+}
+
+/* The tuning cache's rows carry the driver key of the device they were measured on
+ * ("class | vendor | NAME | driver D | PLATFORM | clattn V | keys", the "driver key:" line of
+ * clattn_ctx_tuning after the name): a row with this device's key applies (whitespace runs
+ * compared as one space); the same row with another driver, or another clattn version, or
+ * without the key (an older clattn's) is not applied, and the report's ignored line names its
+ * line, says it was tuned on another driver and offers `clattn tune`; another device's row is
+ * silently not applied. A CLATTN_TUNING file's row without the key applies as before; with
+ * another driver's it is ignored with the same note (not an error); malformed driver fields
+ * are refused there and ignored in the cache. */
+START_TEST(test_driver_key)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("tuning rows keyed by the driver");
+    char report[4096], message[1024], fields[1024], ignored[2048];
+    if (!tu_expect_status(ctx_with_rows("", NULL, report, sizeof report, message, sizeof message),
+                          CLATTN_SUCCESS, "no rows"))
+        goto done;
+    const long plain = param_of(report, "softmax_wg"), wg = plain == 4 ? 8 : 4;
+    driver_fields(report, fields, sizeof fields);
+    if (!tu_expect(tu_starts_with(fields, "driver ") &&
+                       strstr(fields, " | clattn " CLATTN_VERSION_STRING) != NULL,
+                   "the driver key: %s", report))
+        goto done;
+    char name[256] = "";
+    clGetDeviceInfo(clattn_ctx_device(tu_ctx()), CL_DEVICE_NAME, sizeof name - 1, name, NULL);
+    /* the same fields another way: every separator and space doubled */
+    char spaced[2048] = "", other_driver[1100], other_clattn[1100];
+    for (const char *c = fields; *c && strlen(spaced) + 4 < sizeof spaced; ++c)
+        strcat(spaced, *c == ' ' ? "  " : *c == '|' ? " | " : (char[]){*c, '\0'});
+    replaced(fields, "driver ", "driver 0.0-another-", other_driver, sizeof other_driver);
+    replaced(fields, " | clattn " CLATTN_VERSION_STRING, " | clattn 0.0.1", other_clattn,
+             sizeof other_clattn);
+
+    char dir[700], path[800];
+    snprintf(dir, sizeof dir, "%s/driver", scratch);
+    snprintf(path, sizeof path, "%s/clattn", dir);
+    mkdir(dir, 0755);
+    mkdir(path, 0755);
+    char *saved = getenv("XDG_CACHE_HOME") ? strdup(getenv("XDG_CACHE_HOME")) : NULL;
+    char *saved_tuning = getenv("CLATTN_TUNING") ? strdup(getenv("CLATTN_TUNING")) : NULL;
+    setenv("XDG_CACHE_HOME", dir, 1);
+    unsetenv("CLATTN_TUNING");
+    static const char *const another = "tuned on another driver or clattn version";
+    const struct {
+        const char *label, *device, *fields; /* fields NULL: a row without them */
+        bool file, applies;
+        const char *note; /* in the ignored line, with "line 1" and `clattn tune`; NULL: none */
+    } cases[] = {
+        {"the cache, this driver", name, fields, false, true, NULL},
+        {"the cache, this driver spaced out", name, spaced, false, true, NULL},
+        {"the cache, another driver", name, other_driver, false, false, other_driver},
+        {"the cache, another clattn", name, other_clattn, false, false, other_clattn},
+        {"the cache, no driver key", name, NULL, false, false, "no driver key"},
+        {"the cache, another device", "NoSuchDevice", other_driver, false, false, NULL},
+        {"a file, no driver key", name, NULL, true, true, NULL},
+        {"a file, this driver", name, fields, true, true, NULL},
+        {"a file, another driver", name, other_driver, true, false, other_driver},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        char row[4096];
+        if (cases[i].fields)
+            snprintf(row, sizeof row, "# %s\nany | * | %s | %s | softmax_wg=%ld\n", cases[i].label,
+                     cases[i].device, cases[i].fields, wg);
+        else
+            snprintf(row, sizeof row, "# %s\nany | * | %s | softmax_wg=%ld\n", cases[i].label,
+                     cases[i].device, wg);
+        if (!tu_expect_status(ctx_with_file(dir, cases[i].file, row, report, sizeof report, message,
+                                            sizeof message),
+                              CLATTN_SUCCESS, cases[i].label))
+            continue;
+        const char *origin = cases[i].file ? "file line 2" : "cache line 2";
+        info_line(report, "ignored: ", ignored, sizeof ignored);
+        tu_expect(row_listed(report, origin) == cases[i].applies &&
+                      param_of(report, "softmax_wg") == (cases[i].applies ? wg : plain),
+                  "%s: the row should %sapply:\n%s\n%s", cases[i].label,
+                  cases[i].applies ? "" : "not ", row, report);
+        if (cases[i].note)
+            tu_expect(strstr(ignored, origin) && strstr(ignored, another) &&
+                          strstr(ignored, cases[i].note) && strstr(ignored, "`clattn tune`"),
+                      "%s: the ignored line does not say why: %s", cases[i].label, ignored);
+        else
+            tu_expect(strcmp(ignored, "none") == 0, "%s: ignored %s", cases[i].label, ignored);
+    }
+    /* Driver fields that are not "driver D | PLATFORM | clattn V": refused in a file (and in
+     * the descriptor's rows), ignored in the cache. */
+    static const char *const malformed = "any | * | * | driver 1 | clattnX | softmax_wg=8\n";
+    tu_expect_status(
+        ctx_with_file(dir, true, malformed, report, sizeof report, message, sizeof message),
+        CLATTN_ERR_INVALID_ARGUMENT, "malformed driver fields in a file");
+    tu_expect(strstr(message, "file line 1") && strstr(message, "driver 1 | clattnX"),
+              "malformed driver fields in a file: %s", message);
+    if (tu_expect_status(
+            ctx_with_file(dir, false, malformed, report, sizeof report, message, sizeof message),
+            CLATTN_SUCCESS, "malformed driver fields in the cache")) {
+        info_line(report, "ignored: ", ignored, sizeof ignored);
+        tu_expect(strstr(ignored, "cache line 1") && strstr(ignored, "driver 1 | clattnX"),
+                  "malformed driver fields in the cache: %s", report);
+    }
+    if (saved)
+        setenv("XDG_CACHE_HOME", saved, 1);
+    else
+        unsetenv("XDG_CACHE_HOME");
+    if (saved_tuning)
+        setenv("CLATTN_TUNING", saved_tuning, 1);
+    free(saved);
+    free(saved_tuning);
+done:
     TU_END_TEST();
 }
 END_TEST
@@ -713,6 +894,7 @@ int main(int argc, char **argv)
     /* The library's row parser first: milliseconds, and no tuning run in the way. */
     TCase *parser = tcase_create("row parser");
     tcase_add_test(parser, test_row_parser);
+    tcase_add_test(parser, test_driver_key);
     suite_add_tcase(suite, parser);
     TCase *tc = tcase_create("clattn tune");
     tcase_set_timeout(tc, 600);

@@ -308,10 +308,26 @@ bool cli_cache_file(const char *name, char *path, size_t size)
     return n > 0 && (size_t)n < size;
 }
 
+/* The text of a line of clattn_ctx_tuning's report ("ignored: ", ...) into out; "" if none. */
+static void tuning_line(const char *tuning, const char *label, char *out, size_t size)
+{
+    const size_t length = strlen(label);
+    const char *at = tuning;
+    while (at && strncmp(at, label, length) != 0)
+        at = (at = strchr(at, '\n')) ? at + 1 : NULL;
+    if (at)
+        snprintf(out, size, "%.*s", (int)strcspn(at + length, "\n"), at + length);
+    else if (size)
+        out[0] = '\0';
+}
+
 /* Once per device (the names noted in the cache folder's tune-hinted), when no row of the
  * tuning cache applied to it and no CLATTN_TUNING file is in use: one line on stderr saying
  * that the parameters are the class defaults and that `clattn tune` measures better ones.
- * CLATTN_NO_TUNE_HINT=1 silences it (the test suites set it). */
+ * Where the cache has rows of the device tuned on another driver or clattn version (the
+ * report's ignored line says so), once per driver key instead (noted the same way): they are
+ * not applied, and `clattn tune` re-tunes. CLATTN_NO_TUNE_HINT=1 silences both (the test
+ * suites set it). */
 static void tune_hint(clattn_ctx *ctx)
 {
     static bool shown;
@@ -319,33 +335,45 @@ static void tune_hint(clattn_ctx *ctx)
     if (shown || (off && off[0] && strcmp(off, "0") != 0) || (file && file[0]))
         return;
     const char *tuning = clattn_ctx_tuning(ctx);
-    const char *end = strchr(tuning, '\n');
-    const char *cached = strstr(tuning, "cache line");
-    if (cached != NULL && (end == NULL || cached < end))
-        return; /* the "rows:" line names a row of the tuning cache */
+    char rows[1024], ignored[2048], key[1024];
+    tuning_line(tuning, "rows: ", rows, sizeof rows);
+    tuning_line(tuning, "ignored: ", ignored, sizeof ignored);
+    tuning_line(tuning, "driver key: ", key, sizeof key);
+    const bool stale = strstr(ignored, "tuned on another driver") != NULL && key[0];
+    if (!stale && strstr(rows, "cache line") != NULL)
+        return; /* a row of the tuning cache applied */
     char name[256] = "";
     if (clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_NAME, sizeof name - 1, name, NULL) !=
         CL_SUCCESS)
         return;
-    char path[1024], line[300];
+    const char *noted_as = stale ? key : name;
+    char path[1024], line[1100];
     const bool have_path = cli_cache_file("tune-hinted", path, sizeof path);
     FILE *f = have_path ? fopen(path, "r") : NULL;
     bool noted = false;
     while (f && !noted && fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = '\0';
-        noted = strcmp(line, name) == 0;
+        noted = strcmp(line, noted_as) == 0;
     }
     if (f)
         fclose(f);
     shown = true;
     if (noted)
         return;
-    fprintf(stderr,
-            "clattn: no tuned parameters for '%s' (the defaults of its device class): `clattn "
-            "tune` measures its best ones in a few minutes (this note comes once per device)\n",
-            name);
+    if (stale)
+        fprintf(stderr,
+                "clattn: the tuning cache's rows for '%s' were tuned on another driver or clattn "
+                "version and are not applied (`clattn info` lists them): `clattn tune` re-tunes "
+                "this one in a few minutes (this note comes once per driver)\n",
+                name);
+    else
+        fprintf(stderr,
+                "clattn: no tuned parameters for '%s' (the defaults of its device class): "
+                "`clattn tune` measures its best ones in a few minutes (this note comes once "
+                "per device)\n",
+                name);
     if (have_path && cli_make_dirs(path) == 0 && (f = fopen(path, "a")) != NULL) {
-        fprintf(f, "%s\n", name);
+        fprintf(f, "%s\n", noted_as);
         fclose(f);
     }
 }

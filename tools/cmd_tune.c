@@ -36,9 +36,11 @@ static const char tune_usage[] =
     "A winner must beat the current best by --min-gain percent (default 3) and hold that in a\n"
     "paired re-measurement\n"
     "against the defaults. The winners' keys that differ from the defaults are written as rows\n"
-    "`class | vendor | device name | key=value ...`, with a comment, to --out FILE or (a full\n"
-    "tune only) the tuning cache $XDG_CACHE_HOME/clattn/tuning (~/.cache/clattn/tuning),\n"
-    "replacing earlier rows of this device for the tuned ops and keeping the rest. --quick\n"
+    "`class | vendor | device name | driver D | PLATFORM | clattn V | key=value ...` (the\n"
+    "device's driver key, as `clattn info` prints it: the rows apply on that driver, platform\n"
+    "and clattn version only), with a comment, to --out FILE or (a full tune only) the tuning\n"
+    "cache $XDG_CACHE_HOME/clattn/tuning (~/.cache/clattn/tuning), replacing earlier rows of\n"
+    "this device (whatever their driver) for the tuned ops and keeping the rest. --quick\n"
     "without --out prints its rows and writes nothing: measured at toy sizes, they must not\n"
     "reach the cache every context reads. --dry-run prints the rows only.\n"
     "Every context reads the cache; CLATTN_TUNING=FILE reads FILE instead, and\n"
@@ -364,6 +366,7 @@ typedef struct tune_state {
     const tune_options *options;
     bool cpu; /* the device's class */
     char vendor[256], name[256];
+    char driver[640];       /* the driver key's fields after the name: "driver D | P | clattn V" */
     char base_params[2048]; /* the "parameters:" line of the defaults' context */
     unsigned base[MAX_KEYS], value[MAX_KEYS];
     bool known[MAX_KEYS]; /* the library knows the key (it is in base_params) */
@@ -735,8 +738,9 @@ static void trim(char *text)
     memmove(text, text + start, n - start + 1);
 }
 
-/* Whether a row (a line without its comment) belongs to this device and sets a key of one of
- * the ops being tuned (or no key at all): such rows are replaced. */
+/* Whether a row (a line without its comment) belongs to this device, keyed by any driver or
+ * none, and sets a key of one of the ops being tuned (or no key at all): such rows are
+ * replaced. */
 static bool replaced_row(const tune_state *s, const char *line, const bool *ops)
 {
     char text[2048];
@@ -744,14 +748,19 @@ static bool replaced_row(const tune_state *s, const char *line, const bool *ops)
     char *hash = strchr(text, '#');
     if (hash)
         *hash = '\0';
-    char *fields[4] = {text, NULL, NULL, NULL};
-    for (int i = 1; i < 4; ++i) {
-        char *bar = strchr(fields[i - 1], '|');
-        if (bar == NULL)
+    /* class | vendor | name [| driver fields] | keys (host/core/tuning.c's apply_row) */
+    char *fields[4] = {text, NULL, NULL, strrchr(text, '|')};
+    for (int i = 1; i < 3; ++i) {
+        char *bar = fields[i - 1] ? strchr(fields[i - 1], '|') : NULL;
+        if (bar == NULL || bar >= fields[3])
             return false;
         *bar = '\0';
         fields[i] = bar + 1;
     }
+    *fields[3]++ = '\0';
+    char *driver = strchr(fields[2], '|');
+    if (driver)
+        *driver = '\0';
     for (int i = 0; i < 4; ++i)
         trim(fields[i]);
     if (strcmp(fields[0], s->cpu ? "cpu" : "gpu") || strcmp(fields[1], s->vendor) ||
@@ -921,7 +930,16 @@ int cmd_tune(int argc, char **argv)
         err = clGetDeviceInfo(device, CL_DEVICE_NAME, sizeof s.name - 1, s.name, NULL);
     const char *params = strstr(clattn_ctx_tuning(ctx), "parameters:");
     snprintf(s.base_params, sizeof s.base_params, "%s", params ? params + 11 : "");
+    /* The rows carry the device's driver key (clattn_ctx_tuning's "driver key:" line, the name
+     * first): the library applies them on this driver, platform and clattn version only. */
+    const char *key = strstr(clattn_ctx_tuning(ctx), "\ndriver key: ");
+    const char *fields = key ? strstr(key, " | driver ") : NULL;
+    if (fields)
+        snprintf(s.driver, sizeof s.driver, "%.*s", (int)strcspn(fields + 3, "\n"), fields + 3);
     clattn_ctx_release(ctx);
+    if (s.driver[0] == '\0')
+        return cli_fail("tune", CLI_FAILED,
+                        "the library gave no driver key for the device (clattn_ctx_tuning)");
     if (err != CL_SUCCESS)
         return cli_fail("tune", CLI_FAILED, "clGetDeviceInfo: %d", (int)err);
     trim(s.vendor);
@@ -947,8 +965,8 @@ int cmd_tune(int argc, char **argv)
         rc = tune_op_search(&s, &tune_ops[i], keys, sizeof keys, comment, sizeof comment);
         const size_t used = strlen(added);
         if (rc == CLI_OK && keys[0])
-            snprintf(added + used, sizeof added - used, "%s\n%s | %s | %s | %s\n", comment,
-                     s.cpu ? "cpu" : "gpu", s.vendor, s.name, keys);
+            snprintf(added + used, sizeof added - used, "%s\n%s | %s | %s | %s | %s\n", comment,
+                     s.cpu ? "cpu" : "gpu", s.vendor, s.name, s.driver, keys);
     }
     if (rc != CLI_OK)
         return rc;

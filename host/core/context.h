@@ -59,6 +59,8 @@ typedef struct clattn_device_info {
      * version they key the tuning cache's rows and the validation records (clattn__driver_key) */
     char driver_version[128];
     char platform_version[128];
+    /* clattn__driver_key's text, made once: the tuning cache's rows must carry it (tuning.c) */
+    char driver_key[640];
 } clattn_device_info;
 
 /* Kernel parameters: the default row computed from the device's limits, then the rows of the
@@ -113,7 +115,8 @@ struct clattn_ctx {
     clattn_tuning_record tuning_records[CLATTN_TUNING_RECORDS];
     size_t num_tuning_records;
     char tuning_rows[256];     /* which rows applied (for `clattn info` and tests) */
-    char tuning_summary[2048]; /* clattn_ctx_tuning(): rows, records, file, parameters */
+    char tuning_summary[4096]; /* clattn_ctx_tuning(): rows, records, file, driver key,
+                                  ignored rows, parameters */
     char build_options[512];
     clattn_variant *variants;
     size_t num_variants, variant_capacity;

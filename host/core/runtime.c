@@ -216,6 +216,7 @@ static clattn_status query_device(clattn_ctx *ctx)
     info->vendor[sizeof info->vendor - 1] = '\0';
     for (int d = 0; d < 3; ++d)
         info->max_item_sizes[d] = item_sizes[d];
+    clattn__driver_key(ctx, info->driver_key, sizeof info->driver_key);
 done:
     return status;
 }

@@ -1,6 +1,8 @@
 /* Kernel parameters per device: a default row computed from the device's limits, then the
  * rows of the tuning table (host/tuning/table.h), of the tuning cache written by `clattn tune`
- * (or of CLATTN_TUNING=FILE instead), of the context descriptor, and the quirks, that match. */
+ * (or of CLATTN_TUNING=FILE instead), of the context descriptor, and the quirks, that match.
+ * A row may carry the driver key of the device it was measured on (driver_rows below); the
+ * cache's rows must, and apply only on that driver, platform and clattn version. */
 #include "status.h"
 #include "tuning.h"
 #include "tuning/table.h"
@@ -8,6 +10,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,27 +171,114 @@ static clattn_status parse_selector(clattn_ctx *ctx, const char *origin, const c
     return CLATTN_SUCCESS;
 }
 
-/* Applies one row (`origin` names it in messages) when it matches the device: a row with
- * selectors becomes a record (clattn__tuning_for), any other sets ctx->tuning. */
-static clattn_status apply_row(clattn_ctx *ctx, const char *row, const char *origin)
+/* Rows keyed by the driver. A row may name, after the device name, the driver fields of the
+ * device it was measured on (the driver key after the name, ctx->info.driver_key, made by
+ * clattn__driver_key in host/core/runtime.c):
+ *
+ *     class | vendor | NAME | driver CL_DRIVER_VERSION | CL_PLATFORM_VERSION | clattn V | keys
+ *
+ * `clattn tune` writes its rows so. Such a row applies only where those fields are the
+ * device's (compared with whitespace runs as one space); a row of this device keyed by another
+ * driver, platform or clattn version is not applied and noted, never an error. In the tuning
+ * cache the key is required: a row without one (an older clattn's) is noted the same way. */
+typedef struct driver_rows {
+    const char *fields;     /* this device's driver fields, "driver D | P | clattn V" */
+    bool required;          /* set while the cache is read */
+    char unkeyed[192];      /* origins of this device's rows without one, where required */
+    char other[192];        /* origins of this device's rows keyed by another driver */
+    char other_fields[256]; /* the first of those rows' driver fields */
+} driver_rows;
+
+/* Driver fields as they are compared: whitespace runs ('#' too: a row cannot hold one) as one
+ * space, none next to a '|' or at the ends. */
+static void compact_fields(const char *in, char *out, size_t size)
+{
+    size_t n = 0;
+    bool space = false;
+    for (const char *c = in; *c && n + 2 < size; ++c) {
+        if (isspace((unsigned char)*c) || *c == '#') {
+            space = true;
+            continue;
+        }
+        if (space && n > 0 && *c != '|' && out[n - 1] != '|')
+            out[n++] = ' ';
+        space = false;
+        out[n++] = *c;
+    }
+    out[n] = '\0';
+}
+
+/* Appends origin to a list of origins (size bytes), separated by ", ". */
+static void add_origin(char *list, size_t size, const char *origin)
+{
+    const size_t used = strlen(list);
+    if (used + 1 < size)
+        snprintf(list + used, size - used, "%s%s", used ? ", " : "", origin);
+}
+
+/* Whether a row of this device applies, given its driver fields (NULL: none); if not, it is
+ * noted in rows. */
+static bool driver_matches(driver_rows *rows, const char *fields, const char *origin)
+{
+    if (fields == NULL) {
+        if (rows->required)
+            add_origin(rows->unkeyed, sizeof rows->unkeyed, origin);
+        return !rows->required;
+    }
+    char theirs[512], ours[512];
+    compact_fields(fields, theirs, sizeof theirs);
+    compact_fields(rows->fields, ours, sizeof ours);
+    if (strcmp(theirs, ours) == 0)
+        return true;
+    if (rows->other[0] == '\0')
+        snprintf(rows->other_fields, sizeof rows->other_fields, "%s", fields);
+    add_origin(rows->other, sizeof rows->other, origin);
+    return false;
+}
+
+/* Applies one row (`origin` names it in messages) when it matches the device (and its driver,
+ * driver_rows): a row with selectors becomes a record (clattn__tuning_for), any other sets
+ * ctx->tuning. */
+static clattn_status apply_row(clattn_ctx *ctx, const char *row, const char *origin,
+                               driver_rows *drivers)
 {
     char text[1024];
     if (strlen(row) >= sizeof text)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "tuning %s: row too long", origin);
     strcpy(text, row);
-    char *fields[4] = {text, NULL, NULL, NULL};
-    for (int i = 1; i < 4; ++i) {
+    /* class | vendor | name [| driver fields] | keys: the keys follow the last bar. */
+    char *fields[4] = {text, NULL, NULL, strrchr(text, '|')};
+    for (int i = 1; i < 3; ++i) {
         char *bar = fields[i - 1] ? strchr(fields[i - 1], '|') : NULL;
-        if (bar == NULL)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "tuning %s: expected 'class | vendor | name | key=value ...', "
-                                "got '%s'",
-                                origin, row);
-        *bar = '\0';
-        fields[i] = bar + 1;
+        fields[i] = bar && bar < fields[3] ? bar + 1 : NULL;
+        if (bar && fields[i])
+            *bar = '\0';
     }
+    if (fields[2] == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "tuning %s: expected 'class | vendor | name | key=value ...' (or "
+                            "'class | vendor | name | driver D | PLATFORM | clattn V | "
+                            "key=value ...'), got '%s'",
+                            origin, row);
+    *fields[3]++ = '\0';
+    char *driver = strchr(fields[2], '|');
+    if (driver)
+        *driver++ = '\0';
     for (int i = 0; i < 4; ++i)
         trim(fields[i]);
+    if (driver) {
+        trim(driver);
+        char compact[512];
+        compact_fields(driver, compact, sizeof compact);
+        const char *last = strrchr(compact, '|');
+        if (strncmp(compact, "driver", 6) != 0 || (compact[6] != ' ' && compact[6] != '|') ||
+            last == NULL || strncmp(last + 1, "clattn ", 7) != 0)
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "tuning %s: '%s' after the device name is not the driver "
+                                "fields 'driver D | PLATFORM | clattn V' (`clattn info` prints "
+                                "the device's driver key)",
+                                origin, driver);
+    }
     const bool cpu = ctx->tuning.cpu_params;
     if (strcmp(fields[0], "any") != 0 && strcmp(fields[0], "cpu") != 0 &&
         strcmp(fields[0], "gpu") != 0)
@@ -242,7 +332,7 @@ static clattn_status apply_row(clattn_ctx *ctx, const char *row, const char *ori
                                 "tuning %s: %s is one value per context; a row with @selectors "
                                 "sets only the fused kernels' keys (flash_*, fg_*, decode_keys)",
                                 origin, tuning_keys[k].name);
-    if (!applies)
+    if (!applies || !driver_matches(drivers, driver, origin))
         return CLATTN_SUCCESS;
     if (selectors == 0) {
         ctx->tuning = parsed;
@@ -261,7 +351,7 @@ static clattn_status apply_row(clattn_ctx *ctx, const char *row, const char *ori
     return CLATTN_SUCCESS;
 }
 
-static clattn_status apply_file(clattn_ctx *ctx, const char *path)
+static clattn_status apply_file(clattn_ctx *ctx, const char *path, driver_rows *drivers)
 {
     FILE *f = fopen(path, "r");
     if (f == NULL)
@@ -278,7 +368,7 @@ static clattn_status apply_file(clattn_ctx *ctx, const char *path)
             continue;
         /* The path too: the message must say it is the tuning file that is wrong. */
         snprintf(origin, sizeof origin, "file line %d (%.500s)", number, path);
-        status = apply_row(ctx, line, origin);
+        status = apply_row(ctx, line, origin, drivers);
     }
     /* A folder opens on Linux but cannot be read (EISDIR). */
     if (status == CLATTN_SUCCESS && ferror(f))
@@ -288,7 +378,7 @@ static clattn_status apply_file(clattn_ctx *ctx, const char *path)
     return status;
 }
 
-static void add_note(char *buf, size_t size, const char *fmt, const char *a, const char *b);
+static void add_note(char *buf, size_t size, const char *fmt, ...);
 
 /* Refuses parameters that the kernels or the device cannot run; `rows` names where they came
  * from in the message. */
@@ -386,8 +476,8 @@ static clattn_status check_records(clattn_ctx *ctx, char *ignored, size_t ignore
         if (check_values(ctx, &t, r->origin) != CLATTN_SUCCESS) {
             if (!r->lenient)
                 return CLATTN_ERR_UNSUPPORTED; /* the message is set */
-            add_note(ignored, ignored_size, "%s%s: %s", r->origin,
-                     "values this device or the kernels cannot run");
+            add_note(ignored, ignored_size, "%s: values this device or the kernels cannot run",
+                     r->origin);
             continue;
         }
         ctx->tuning_records[kept++] = *r;
@@ -397,11 +487,17 @@ static clattn_status check_records(clattn_ctx *ctx, char *ignored, size_t ignore
 }
 
 /* Appends a formatted note to buf (size bytes), separated by "; ". */
-static void add_note(char *buf, size_t size, const char *fmt, const char *a, const char *b)
+static void add_note(char *buf, size_t size, const char *fmt, ...)
 {
-    const size_t used = strlen(buf);
-    if (used + 1 < size)
-        snprintf(buf + used, size - used, fmt, used ? "; " : "", a, b);
+    size_t used = strlen(buf);
+    if (used && used + 3 < size)
+        used += (size_t)snprintf(buf + used, size - used, "; ");
+    if (used + 1 < size) {
+        va_list args;
+        va_start(args, fmt);
+        vsnprintf(buf + used, size - used, fmt, args);
+        va_end(args);
+    }
 }
 
 /* The tuning cache `clattn tune` writes: $XDG_CACHE_HOME/clattn/tuning, or
@@ -421,12 +517,13 @@ static bool cache_path(char *path, size_t size)
  * (or names a key this version does not know) or that gives values the device cannot run is
  * ignored, whole, and noted in `ignored` (clattn_ctx_tuning, `clattn info`), never an error.
  * A missing file is no row (returns false). */
-static bool apply_cache(clattn_ctx *ctx, const char *path, char *ignored, size_t ignored_size)
+static bool apply_cache(clattn_ctx *ctx, const char *path, driver_rows *drivers, char *ignored,
+                        size_t ignored_size)
 {
     FILE *f = fopen(path, "r");
     if (f == NULL) {
         if (errno != ENOENT)
-            add_note(ignored, ignored_size, "%s%s: %s", path, "cannot open it");
+            add_note(ignored, ignored_size, "%s: cannot open it", path);
         return errno != ENOENT;
     }
     char line[1024], origin[48];
@@ -440,25 +537,25 @@ static bool apply_cache(clattn_ctx *ctx, const char *path, char *ignored, size_t
         snprintf(origin, sizeof origin, "cache line %d", number);
         const clattn_tuning before = ctx->tuning;
         const size_t records = ctx->num_tuning_records;
-        if (apply_row(ctx, line, origin) != CLATTN_SUCCESS) {
-            add_note(ignored, ignored_size, "%s%s%.240s", "", ctx->message);
+        if (apply_row(ctx, line, origin, drivers) != CLATTN_SUCCESS) {
+            add_note(ignored, ignored_size, "%.240s", ctx->message);
         } else if (check_row(ctx) != CLATTN_SUCCESS) {
             ctx->tuning = before;
-            add_note(ignored, ignored_size, "%s%s: %s", origin,
-                     "values this device or the kernels cannot run");
+            add_note(ignored, ignored_size, "%s: values this device or the kernels cannot run",
+                     origin);
         } else if (ctx->num_tuning_records > records) {
             ctx->tuning_records[records].lenient = true; /* checked with the others */
         }
     }
     if (ferror(f))
-        add_note(ignored, ignored_size, "%s%s: %s", path, "cannot read it");
+        add_note(ignored, ignored_size, "%s: cannot read it", path);
     fclose(f);
     return true;
 }
 
 /* Rows given as text (the context descriptor's tuning_rows), one per line, # comments; a
  * malformed row fails, as CLATTN_TUNING=FILE's do. */
-static clattn_status apply_text(clattn_ctx *ctx, const char *text)
+static clattn_status apply_text(clattn_ctx *ctx, const char *text, driver_rows *drivers)
 {
     char line[1024], origin[48];
     clattn_status status = CLATTN_SUCCESS;
@@ -477,13 +574,15 @@ static clattn_status apply_text(clattn_ctx *ctx, const char *text)
         if (line[0] == '\0')
             continue;
         snprintf(origin, sizeof origin, "tuning_rows line %d", number);
-        status = apply_row(ctx, line, origin);
+        status = apply_row(ctx, line, origin, drivers);
     }
     return status;
 }
 
-/* What clattn_ctx_tuning reports: where the rows came from, which ignored, the parameters. */
-static void summarise(clattn_ctx *ctx, const char *source, const char *ignored)
+/* What clattn_ctx_tuning reports: where the rows came from, the driver key, which rows were
+ * ignored, the parameters. */
+static void summarise(clattn_ctx *ctx, const char *source, const char *driver_key,
+                      const char *ignored)
 {
     char *out = ctx->tuning_summary;
     const size_t size = sizeof ctx->tuning_summary;
@@ -502,7 +601,8 @@ static void summarise(clattn_ctx *ctx, const char *source, const char *ignored)
             n += snprintf(out + n, size - (size_t)n, ")");
     }
     if (n > 0 && (size_t)n < size)
-        n += snprintf(out + n, size - (size_t)n, "\nfile: %s\nignored: %s\nparameters:", source,
+        n += snprintf(out + n, size - (size_t)n,
+                      "\nfile: %s\ndriver key: %s\nignored: %s\nparameters:", source, driver_key,
                       ignored[0] ? ignored : "none");
     for (size_t k = 0; n > 0 && (size_t)n < size && k < NUM_KEYS; ++k)
         n += snprintf(out + n, size - (size_t)n, " %s=%u", tuning_keys[k].name,
@@ -534,8 +634,17 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
      * unset or empty; "": no file; "default": no row at all; else that file. */
     const char *file = tuning_file ? tuning_file : getenv("CLATTN_TUNING");
     const bool only_default = file && strcmp(file, "default") == 0;
-    char cache[512] = "", ignored[512] = "", source[600] = "none";
+    char cache[512] = "", ignored[1536] = "", source[600] = "none";
     char origin[32];
+    /* The driver key as rows carry it: '#' would start a comment there. Its fields follow the
+     * device name (clattn__driver_key: "NAME | driver D | P | clattn V"). */
+    char key[sizeof ctx->info.driver_key];
+    snprintf(key, sizeof key, "%s", ctx->info.driver_key);
+    for (char *c = key; *c; ++c)
+        if (*c == '#')
+            *c = ' ';
+    const size_t name_length = strlen(ctx->info.name);
+    driver_rows drivers = {.fields = strlen(key) > name_length + 3 ? key + name_length + 3 : ""};
     for (size_t i = 0; status == CLATTN_SUCCESS && !only_default &&
                        i < sizeof clattn_tuning_table / sizeof clattn_tuning_table[0];
          ++i) {
@@ -544,30 +653,32 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
         const clattn_tuning before = *t;
         const size_t records = ctx->num_tuning_records;
         snprintf(origin, sizeof origin, "table row %zu", i);
-        status = apply_row(ctx, clattn_tuning_table[i], origin);
+        status = apply_row(ctx, clattn_tuning_table[i], origin, &drivers);
         if (status == CLATTN_SUCCESS && check_row(ctx) != CLATTN_SUCCESS)
             *t = before;
         else if (status == CLATTN_SUCCESS && ctx->num_tuning_records > records)
             ctx->tuning_records[records].lenient = true;
     }
     if (status == CLATTN_SUCCESS && file && file[0] && !only_default) {
-        status = apply_file(ctx, file);
+        status = apply_file(ctx, file, &drivers);
         snprintf(source, sizeof source, "%s", file);
     } else if (status == CLATTN_SUCCESS && !only_default && tuning_file == NULL &&
                cache_path(cache, sizeof cache)) {
-        const bool present = apply_cache(ctx, cache, ignored, sizeof ignored);
+        drivers.required = true;
+        const bool present = apply_cache(ctx, cache, &drivers, ignored, sizeof ignored);
+        drivers.required = false;
         snprintf(source, sizeof source, "%s (the tuning cache%s)", cache,
                  present ? "" : ", absent");
     } else if (only_default) {
         snprintf(source, sizeof source, "none (CLATTN_TUNING=default: no row applies)");
     }
     if (status == CLATTN_SUCCESS && tuning_rows)
-        status = apply_text(ctx, tuning_rows);
+        status = apply_text(ctx, tuning_rows, &drivers);
     for (size_t i = 0; status == CLATTN_SUCCESS &&
                        i < sizeof clattn_quirk_table / sizeof clattn_quirk_table[0];
          ++i) {
         snprintf(origin, sizeof origin, "quirk row %zu", i);
-        status = apply_row(ctx, clattn_quirk_table[i], origin);
+        status = apply_row(ctx, clattn_quirk_table[i], origin, &drivers);
     }
     /* CLATTN_MATMUL=tiled|vec picks the matmul kernel whatever the rows say (tests run both). */
     const char *choice = getenv("CLATTN_MATMUL");
@@ -593,7 +704,18 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
         status = check_records(ctx, ignored, sizeof ignored);
     if (status != CLATTN_SUCCESS)
         return status;
-    summarise(ctx, source, ignored);
+    if (drivers.other[0])
+        add_note(ignored, sizeof ignored,
+                 "%s: tuned on another driver or clattn version (%.200s; this device's is the "
+                 "driver key line), not applied: re-run `clattn tune` to re-tune",
+                 drivers.other, drivers.other_fields);
+    if (drivers.unkeyed[0])
+        add_note(ignored, sizeof ignored,
+                 "%s: tuned on another driver or clattn version (no driver key: an older "
+                 "clattn's row, or one added by hand), not applied: re-run `clattn tune` to "
+                 "re-tune",
+                 drivers.unkeyed);
+    summarise(ctx, source, key, ignored);
     snprintf(ctx->build_options, sizeof ctx->build_options,
              "-cl-std=CL1.2 -DTILE_M=%u -DTILE_N=%u -DTILE_K=%u -DWPT_M=%u -DWPT_N=%u "
              "-DVEC_RM=%u -DVEC_W=%u -DVEC_WG=%u -DTRANSPOSE_WG=%u -DSOFTMAX_WG=%u "

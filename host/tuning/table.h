@@ -15,6 +15,9 @@
  * same format, # comments) applies after these rows, or CLATTN_TUNING=FILE's rows instead;
  * CLATTN_TUNING=default applies no row at all. A row of FILE whose values do not fit the
  * device's limits is refused when the context is created; such a row of the cache is ignored.
+ * The cache's rows also carry the driver key of the device they were measured on, after the
+ * name (`| driver D | PLATFORM | clattn V`), and apply on that driver only; these rows, which
+ * name devices, not drivers, need not (host/core/tuning.c: driver_rows).
  */
 #ifndef CLATTN_TUNING_TABLE_H
 #define CLATTN_TUNING_TABLE_H
