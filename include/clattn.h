@@ -55,9 +55,9 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 9
+#define CLATTN_VERSION_MINOR 10
 #define CLATTN_VERSION_PATCH 0
-#define CLATTN_VERSION_STRING "0.9.0"
+#define CLATTN_VERSION_STRING "0.10.0"
 
 #if defined(_WIN32)
 #define CLATTN_API
@@ -235,6 +235,17 @@ typedef struct clattn_validation {
  * returns the total (out may be NULL with capacity 0 to count). */
 CLATTN_API size_t clattn_ctx_validations(const clattn_ctx *ctx, clattn_validation *out,
                                          size_t capacity);
+
+/* Runs self-validation over every SDPA configuration family the device can build (F32, F16,
+ * BF16; head sizes 16 to 256; masks, key padding, ALiBi, sinks, soft-capping, relu; prefill,
+ * grouped decodes, paged and Q8_0/Q4_0 caches; the unfused path's matmuls and softmax rows,
+ * softmax in double), probing every variant on ctx whatever the records say (`clattn doctor`,
+ * `clattn.doctor()`). The entries are appended to the context's log (clattn_ctx_validations);
+ * *checked counts them, *failed the failed ones plus plans that could not be made (either may
+ * be NULL). json_path (may be NULL): the report as JSON (device, driver key, each case's
+ * outcome, each variant's result, error, tolerance, time and detail). Since 0.10. */
+CLATTN_API clattn_status clattn_doctor(clattn_ctx *ctx, const char *json_path, size_t *checked,
+                                       size_t *failed);
 
 /* Waits for all work enqueued through this context. */
 CLATTN_API clattn_status clattn_finish(clattn_ctx *ctx);

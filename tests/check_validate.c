@@ -188,8 +188,13 @@ START_TEST(test_fault_each_variant)
     size_t used = 0, count = 0;
     char info[1024];
     setenv("CLATTN_VALIDATE", "always", 1);
-    tu_expect_status(run_problem(pr, -1, clean, &used, info, sizeof info), CLATTN_SUCCESS,
-                     "the clean run");
+    const clattn_status clean_status = run_problem(pr, -1, clean, &used, info, sizeof info);
+    if (clean_status == CLATTN_ERR_UNSUPPORTED && pr->spec == unfused_f64) {
+        printf("validate: %s: skipped (%s)\n", pr->name, info); /* no doubles: rusticl */
+        unsetenv("CLATTN_VALIDATE");
+        return;
+    }
+    tu_expect_status(clean_status, CLATTN_SUCCESS, "the clean run");
     tu_expect(used > 0, "%s: the clean run validated no variant (%s)", pr->name, info);
     for (size_t u = 0; u < used && !tu_failed(); ++u) {
         tu_expect(clean[u].result == CLATTN_CHECK_PASSED, "%s: %s: %s (%s)", pr->name,

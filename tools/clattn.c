@@ -189,6 +189,75 @@ int cmd_info(int argc, char **argv)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * clattn doctor
+ * ------------------------------------------------------------------------------------------- */
+
+static const char doctor_usage[] =
+    "Checks every kernel variant the device builds for clattn's attention problems (dtypes,\n"
+    "head sizes, masks, ALiBi, sinks, decode, paged and quantized caches, the unfused path) on\n"
+    "small random problems against a float64 host reference, whatever the validation records\n"
+    "say, and prints a table: the probe, the variant, the result, the max error and the\n"
+    "tolerance, the time, and the variant's options or what failed. --json FILE writes the\n"
+    "report to attach to a bug report. CLATTN_FAULT_VARIANT=PATTERN[:wrong|:build|:enqueue]\n"
+    "plants a fault to see it caught.\n"
+    "Exit status: 0 every variant passed, 1 a variant failed (named above; plans fell back to\n"
+    "another) or a device or library failure, 2 bad options.\n";
+
+typedef struct doctor_options {
+    const char *device;
+    const char *json;
+} doctor_options;
+static const cli_option doctor_table[] = {
+    CLI_USE("--device", doctor_options, device),
+    {CLI_OPT("--json", CLI_PATH, CLI_AT(doctor_options, json), "FILE",
+             "write the report as JSON to FILE")},
+};
+static const char *const doctor_help[] = {doctor_usage, NULL};
+static const cli_command doctor_command = CLI_COMMAND("doctor", doctor_table, doctor_help);
+
+int cmd_doctor(int argc, char **argv)
+{
+    doctor_options options = {NULL, NULL};
+    const int rc = cli_parse_command(&doctor_command, argc, argv, &options);
+    if (rc != CLI_OK)
+        return rc < 0 ? CLI_OK : rc;
+    clattn_ctx *ctx = cli_context("doctor", options.device);
+    if (ctx == NULL)
+        return cli_context_exit();
+    size_t checked = 0, failed = 0;
+    const clattn_status status = clattn_doctor(ctx, options.json, &checked, &failed);
+    cli_print_device(stdout, clattn_ctx_device(ctx));
+    static const char *const results[] = {"passed", "recorded", "FAILED", "unchecked"};
+    const size_t total = clattn_ctx_validations(ctx, NULL, 0);
+    clattn_validation *log = calloc(total ? total : 1, sizeof *log);
+    if (log)
+        clattn_ctx_validations(ctx, log, total);
+    printf("%-16s %-44s %-9s %10s %9s %8s  %s\n", "probe", "variant", "result", "max error",
+           "tolerance", "ms", "options or what failed");
+    for (size_t i = 0; log && i < total; ++i)
+        printf("%-16s %-44s %-9s %10.3g %9.3g %8.2f  %s\n", log[i].unit, log[i].variant,
+               results[log[i].result], log[i].max_error, log[i].tolerance, log[i].milliseconds,
+               log[i].detail);
+    free(log);
+    int exit_code = CLI_OK;
+    if (status != CLATTN_SUCCESS) {
+        fprintf(stderr, "clattn doctor: %s\n", clattn_last_error(ctx));
+        exit_code = CLI_FAILED;
+    } else if (failed) {
+        fprintf(stderr, "clattn doctor: %zu of %zu checks failed on this device (plans fell back "
+                        "to other variants)%s%s\n",
+                failed, checked, options.json ? "; report: " : "",
+                options.json ? options.json : "");
+        exit_code = CLI_FAILED;
+    } else {
+        printf("clattn doctor: all %zu variants passed%s%s\n", checked,
+               options.json ? "; report: " : "", options.json ? options.json : "");
+    }
+    clattn_ctx_release(ctx);
+    return exit_code;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * main
  * ------------------------------------------------------------------------------------------- */
 
@@ -215,6 +284,7 @@ int main(int argc, char **argv)
         {"devices", cmd_devices},   {"info", cmd_info},   {"demo", cmd_demo},
         {"run", cmd_run},           {"sdpa", cmd_sdpa},   {"rope", cmd_rope},
         {"additive", cmd_additive}, {"bench", cmd_bench}, {"tune", cmd_tune},
+        {"doctor", cmd_doctor},
     };
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; ++i)
         if (strcmp(command, commands[i].name) == 0)
@@ -222,7 +292,7 @@ int main(int argc, char **argv)
     fprintf(stderr,
             "clattn: unknown command '%s' (commands: devices, info, demo, run, sdpa, rope, "
             "additive, bench, "
-            "tune; "
+            "tune, doctor; "
             "see clattn --help)\n",
             command);
     return CLI_BAD_INPUT;

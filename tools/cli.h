@@ -271,6 +271,7 @@ int cmd_additive(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
 int cmd_info(int argc, char **argv);
+int cmd_doctor(int argc, char **argv);
 
 /* `clattn run` up to the device: parses the options, reads every file and checks every shape,
  * printing the one-line error on failure; returns the exit code. The argument-validation fuzz

@@ -222,6 +222,17 @@ _declare(lib.clattn_flex_block_mask, c_int, _ctx_p, POINTER(BlockMaskDesc), c_ui
 _declare(lib.clattn_plan_execute, c_int, _plan_p, POINTER(Tensors), c_size_t, c_void_p, c_void_p,
          c_uint, c_void_p, c_void_p)
 
+class Validation(ctypes.Structure):
+    """clattn_validation: one entry of a context's self-validation log."""
+    _fields_ = [("variant", ctypes.c_char * 64), ("unit", ctypes.c_char * 32),
+                ("detail", ctypes.c_char * 192), ("result", c_int),
+                ("max_error", ctypes.c_double), ("tolerance", ctypes.c_double),
+                ("milliseconds", ctypes.c_double)]
+
+
+_declare(lib.clattn_ctx_validations, c_size_t, _ctx_p, POINTER(Validation), c_size_t)
+_declare(lib.clattn_doctor, c_int, _ctx_p, c_char_p, POINTER(c_size_t), POINTER(c_size_t))
+
 # OpenCL 1.2 (the ICD loader's)
 CL_MEM_READ_WRITE = 1 << 0
 CL_MEM_READ_ONLY = 1 << 2

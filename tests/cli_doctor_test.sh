@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# clattn doctor: on a clean device every variant passes (exit 0) and the JSON report lists each
+# variant the table printed; with a fault planted in every fused kernel (CLATTN_FAULT_VARIANT=
+# flash) it exits 1, its table marks a flash variant FAILED, the one-line summary goes to
+# stderr, and the report's failed entries name the variant.
+# Usage: tests/cli_doctor_test.sh CLATTN_BINARY (exit 77 when no device).
+set -u
+cli=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+export CLATTN_VALIDATION_FILE=$dir/records
+"$cli" devices >/dev/null 2>&1 || { echo "cli_doctor: no OpenCL device: skipped"; exit 77; }
+fail() { echo "cli_doctor: FAILED: $*" >&2; exit 1; }
+
+start=$(date +%s)
+"$cli" doctor --json "$dir/clean.json" >"$dir/clean.out" 2>"$dir/clean.err" ||
+    fail "clean run exited $? ($(tail -n 3 "$dir/clean.out" "$dir/clean.err"))"
+grep -q "all [0-9]* variants passed" "$dir/clean.out" || fail "no summary: $(tail -n 2 "$dir/clean.out")"
+python3 - "$dir/clean.json" "$dir/clean.out" <<'PY' || fail "the clean report"
+import json, sys
+report = json.load(open(sys.argv[1]))
+printed = open(sys.argv[2]).read()
+variants = report["variants"]
+assert variants and report["driver_key"], report
+assert all(v["result"] in ("passed", "unchecked") for v in variants), variants
+for v in variants:
+    assert v["variant"] in printed, v["variant"]
+assert all(c["outcome"] for c in report["cases"])
+print(f"cli_doctor: clean: {len(variants)} variants, {len(report['cases'])} cases")
+PY
+
+CLATTN_FAULT_VARIANT=flash "$cli" doctor --json "$dir/fault.json" >"$dir/fault.out" 2>"$dir/fault.err"
+status=$?
+[ "$status" -eq 1 ] || fail "with a planted fault the doctor exited $status, not 1"
+grep -E "flash[a-z_]*\.cl:[a-z_]+@[0-9a-f]+ +FAILED" "$dir/fault.out" >/dev/null ||
+    fail "no FAILED flash variant in the table: $(head -n 5 "$dir/fault.out")"
+[ "$(wc -l <"$dir/fault.err")" -ge 1 ] && grep -q "checks failed" "$dir/fault.err" ||
+    fail "no one-line summary on stderr: $(cat "$dir/fault.err")"
+python3 - "$dir/fault.json" <<'PY' || fail "the fault report"
+import json, sys
+report = json.load(open(sys.argv[1]))
+failed = [v for v in report["variants"] if v["result"] == "failed"]
+assert failed and all("flash" in v["variant"] for v in failed), failed
+assert any("fault injected" in v["detail"] or "build" in v["unit"] for v in failed), failed
+PY
+echo "cli_doctor: passed in $(( $(date +%s) - start )) s"
