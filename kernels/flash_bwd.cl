@@ -153,7 +153,7 @@ __kernel void bwd_delta(__global const ELEM_T(O_DTYPE) *O, __global const ELEM_T
     float sum = 0.0f;
     for (uint d = 0; d < HEAD_DIM_V; ++d)
         sum = fma(LOAD(O_DTYPE, O, o + d * o_s3), LOAD(GO_DTYPE, GO, go + d * go_s3), sum);
-    scratch[delta_at + ROW_INDEX(bh, h, span, row)] = sum;
+    scratch[delta_at + ROW_INDEX(bh, h, span, row)] = FAULT(sum, bh + row); /* (types.cl) */
 }
 
 /* dK_j and dV_j of key j of (b, k/v head g): rows part_begin .. part_stop - 1 of every query

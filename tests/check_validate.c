@@ -333,6 +333,105 @@ START_TEST(test_records)
 }
 END_TEST
 
+/* The backward (flash_bwd.cl; bwd_dkdv_cpu on CPUs, flash_bwd_gpu.cl under GPU parameters):
+ * forward, then the backward plan on a fresh context; dQ, dK, dV against float64. keys: the
+ * backward variants the context judged (NULL: not wanted). */
+static clattn_status run_backward(const char *params, clattn_validation *log, size_t *count)
+{
+    setenv("CLATTN_PARAMS", params, 1);
+    clattn_ctx *ctx = fresh_ctx(NULL);
+    unsetenv("CLATTN_PARAMS");
+    if (ctx == NULL)
+        return CLATTN_ERR_NO_DEVICE;
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = 2, spec.heads = 4, spec.kv_heads = 2, spec.seq_q = 19, spec.seq_k = 37;
+    spec.dk = 32, spec.dv = 16, spec.mask = PB_MASK_FLOAT, spec.mask_rank = 4, spec.alibi = 1;
+    spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT, spec.softcap = 4.0f, spec.want_lse = 1;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("backward (%s parameters): %s", params, p.label);
+    clattn_tensors bound;
+    clattn_plan *forward = NULL, *backward = NULL;
+    float *grad_out = tu_random_floats(p.out_count);
+    clattn_sdpa_desc desc;
+    clattn_status status = CLATTN_ERR_INVALID_ARGUMENT;
+    if (pb_sdpa_upload(ctx, &p, &bound) != CL_SUCCESS)
+        goto done;
+    pb_sdpa_desc(&p, &desc);
+    if ((status = clattn_sdpa_plan_create(ctx, &desc, &forward)) ||
+        (status = clattn_plan_execute(forward, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                      NULL, NULL)))
+        goto done;
+    if (pb_sdpa_upload_gradients(ctx, &p, grad_out, 0, 0, &bound) != CL_SUCCESS)
+        goto done;
+    CLATTN_BIND_ROLES(desc, bound);
+    if ((status = clattn_sdpa_backward_plan_create(ctx, &desc, &backward)) ||
+        (status = clattn_plan_execute(backward, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                      NULL, NULL)))
+        goto done;
+    double *dq = tu_doubles(p.q_count), *dk = tu_doubles(p.k_count), *dv = tu_doubles(p.v_count);
+    float *out = tu_floats(p.out_count), *got = tu_floats(p.q_count + p.k_count + p.v_count);
+    pb_download(ctx, NULL, &bound.out, out, NULL);
+    pb_sdpa_backward_reference(&p, grad_out, out, 0, dq, dk, dv, NULL, NULL);
+    pb_download(ctx, NULL, &bound.grad_q, got, NULL);
+    tu_expect_close("grad_q", got, dq, p.q_count, 2e-4);
+    pb_download(ctx, NULL, &bound.grad_k, got, NULL);
+    tu_expect_close("grad_k", got, dk, p.k_count, 2e-4);
+    pb_download(ctx, NULL, &bound.grad_v, got, NULL);
+    tu_expect_close("grad_v", got, dv, p.v_count, 2e-4);
+done:
+    if (status != CLATTN_SUCCESS)
+        tu_expect(0, "backward: %s: %s", clattn_status_string(status), clattn_last_error(ctx));
+    *count = clattn_ctx_validations(ctx, log, MAX_KEYS);
+    if (*count > MAX_KEYS)
+        *count = MAX_KEYS;
+    clattn_plan_release(forward);
+    clattn_plan_release(backward);
+    pb_release_tensors(&bound);
+    clattn_ctx_release(ctx);
+    pb_sdpa_free(&p);
+    return status;
+}
+
+/* A fault in each backward variant judged: the right gradients through the fallback. */
+START_TEST(test_fault_backward)
+{
+    TU_BEGIN_TEST();
+    const char *params = _i == 0 ? "cpu" : "gpu";
+    fresh_records();
+    clattn_validation clean[MAX_KEYS], log[MAX_KEYS];
+    size_t used = 0, count = 0;
+    setenv("CLATTN_VALIDATE", "always", 1);
+    run_backward(params, clean, &used);
+    int judged = 0;
+    for (size_t u = 0; u < used && !tu_failed(); ++u) {
+        if (strcmp(clean[u].unit, "attention backward") != 0)
+            continue;
+        ++judged;
+        tu_expect(clean[u].result == CLATTN_CHECK_PASSED, "%s: %s (%s)", clean[u].variant,
+                  "not passed on a clean run", clean[u].detail);
+        for (int f = 0; f < 3 && !tu_failed(); ++f) {
+            char fault[sizeof clean[u].variant + 16];
+            snprintf(fault, sizeof fault, "%.63s:%s", clean[u].variant, fault_kinds[f]);
+            setenv("CLATTN_FAULT_VARIANT", fault, 1);
+            run_backward(params, log, &count);
+            unsetenv("CLATTN_FAULT_VARIANT");
+            int logged = 0;
+            for (size_t i = 0; i < count; ++i)
+                logged |= log[i].result == CLATTN_CHECK_FAILED &&
+                          strncmp(log[i].variant, clean[u].variant,
+                                  strchr(clean[u].variant, '@') - clean[u].variant) == 0;
+            tu_expect(logged, "fault %s: no failed entry in the log", fault);
+        }
+    }
+    tu_expect(judged > 0, "the backward judged no variant");
+    unsetenv("CLATTN_VALIDATE");
+    remove(records);
+    TU_END_TEST();
+}
+END_TEST
+
 int main(void)
 {
     tu_suite_begin("validate");
@@ -341,6 +440,7 @@ int main(void)
     tcase_set_timeout(faults, 900);
     tcase_add_loop_test(faults, test_fault_each_variant, 0, PROBLEMS - 1);
     tcase_add_loop_test(faults, test_fault_family, 0, 1);
+    tcase_add_loop_test(faults, test_fault_backward, 0, 2);
     suite_add_tcase(suite, faults);
     TCase *recs = tcase_create("records");
     tcase_set_timeout(recs, 900);

@@ -1,6 +1,7 @@
 /* SDPA's backward plans (clattn_sdpa_backward_plan_create): the gradients of q, k, v (and of a
  * float mask and the sinks) from dO, the forward's inputs, out and lse (ops/flash_bwd.c). */
 #include "plan.h"
+#include "core/validate.h"
 
 #include <float.h>
 #include <stdio.h>
@@ -141,24 +142,6 @@ static clattn_status create(clattn_plan *plan, const void *any)
         shape.want_dsinks = true;
     }
     plan->attention.score = *score;
-    if (unfused) {
-        score->softmax_f64 = desc->softmax_f64 != 0;
-        plan->attention.score = *score;
-        plan->backward.shape = shape; /* want_dmask: the execution binds grad_attn_mask */
-        if ((status = clattn__unfused_bwd_prepare(plan, score, dk, dv, shape.want_dmask,
-                                                  shape.want_dsinks, &plan->workspace_floats)))
-            return status;
-        snprintf(plan->info, sizeof plan->info,
-                 "%s: unfused reference backward: matmuls (Q K^T, dO V^T), the forward's "
-                 "softmax rows%s, bwd_unfused_rows (dS), matmuls (dQ, dK, dV)%s%s%s, "
-                 "deterministic",
-                 op, desc->softmax_f64 != 0 ? " in double" : "",
-                 score->dropout ? ", dropout" : "",
-                 shape.want_dmask ? ", the mask's gradient" : "",
-                 shape.want_dsinks ? ", the sinks' gradient" : "");
-        clattn__flex_reserve(plan);
-        return clattn__plan_finish(plan, "three (batch, heads, seq_q, seq_k) score matrices");
-    }
     shape.head_dim_qk = dk;
     shape.head_dim_v = dv;
     shape.q_dtype = l[R_Q].dtype;
@@ -169,8 +152,35 @@ static clattn_status create(clattn_plan *plan, const void *any)
     shape.dq_dtype = l[R_GRAD_Q].dtype;
     shape.dk_dtype = l[R_GRAD_K].dtype;
     shape.dv_dtype = l[R_GRAD_V].dtype;
-    if ((status = clattn__flash_bwd_prepare(ctx, &shape, &plan->backward)))
-        return status;
+    char fallback[160] = "";
+    if (!unfused && (status = clattn__flash_bwd_prepare(ctx, &shape, &plan->backward))) {
+        /* No fused variant survived validation (core/validate.h): AUTO goes unfused, where
+         * that path runs the problem (not packed sequences). */
+        if (desc->path != CLATTN_PATH_AUTO || !clattn__variant_fallible(status) ||
+            plan->varlen)
+            return status;
+        snprintf(fallback, sizeof fallback, "; the fused backward failed validation: %.100s",
+                 ctx->message);
+        unfused = true;
+    }
+    if (unfused) {
+        score->softmax_f64 = desc->softmax_f64 != 0;
+        plan->attention.score = *score;
+        plan->backward.shape = shape; /* want_dmask: the execution binds grad_attn_mask */
+        if ((status = clattn__unfused_bwd_prepare(plan, score, dk, dv, shape.want_dmask,
+                                                  shape.want_dsinks, &plan->workspace_floats)))
+            return status;
+        snprintf(plan->info, sizeof plan->info,
+                 "%s: unfused reference backward: matmuls (Q K^T, dO V^T), the forward's "
+                 "softmax rows%s, bwd_unfused_rows (dS), matmuls (dQ, dK, dV)%s%s%s, "
+                 "deterministic%s",
+                 op, desc->softmax_f64 != 0 ? " in double" : "",
+                 score->dropout ? ", dropout" : "",
+                 shape.want_dmask ? ", the mask's gradient" : "",
+                 shape.want_dsinks ? ", the sinks' gradient" : "", fallback);
+        clattn__flex_reserve(plan);
+        return clattn__plan_finish(plan, "three (batch, heads, seq_q, seq_k) score matrices");
+    }
     plan->attention.score = *score;
     plan->attention.fused = true;
     plan->workspace_floats = plan->backward.scratch_floats;

@@ -292,6 +292,18 @@ static clattn_variant *variant_of(clattn_ctx *ctx, cl_kernel kernel)
     return NULL;
 }
 
+bool clattn__same_variant(const clattn_ctx *ctx, cl_kernel judged, cl_kernel built)
+{
+    if (judged == built)
+        return true;
+    const clattn_variant *a = variant_of((clattn_ctx *)ctx, judged);
+    const clattn_variant *b = variant_of((clattn_ctx *)ctx, built);
+    if (a == NULL || b == NULL || a->source != b->source || strcmp(a->name, b->name) != 0)
+        return false;
+    const size_t n = strlen(b->options);
+    return strncmp(a->options, b->options, n) == 0 && strcmp(a->options + n, " -cl-opt-disable") == 0;
+}
+
 static double now_ms(void)
 {
     struct timespec t;

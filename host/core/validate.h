@@ -50,6 +50,10 @@ bool clattn__validate_mode_from_env(clattn_ctx *ctx);
  * failed validation) rather than the caller's error. */
 bool clattn__variant_fallible(clattn_status status);
 
+/* Whether `judged` is `built` or its -cl-opt-disable build (a probe that prepared its own plan
+ * then runs the judged kernel in its place). */
+bool clattn__same_variant(const clattn_ctx *ctx, cl_kernel judged, cl_kernel built);
+
 void clattn__validation_release(clattn_ctx *ctx);
 
 #endif

@@ -35,8 +35,8 @@ static size_t group_size(cl_kernel kernel, const clattn_ctx *ctx, size_t want)
     return size;
 }
 
-clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
-                                        clattn__flash_bwd_plan *plan)
+static clattn_status prepare_once(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
+                                  clattn__flash_bwd_plan *plan)
 {
     memset(plan, 0, sizeof *plan);
     plan->shape = *shape;
@@ -198,6 +198,14 @@ overflow:
     return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
                         "sdpa_backward: the scratch (delta, partial sums, the mask's gradient) "
                         "overflows size_t");
+}
+
+clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
+                                        clattn__flash_bwd_plan *plan)
+{
+    /* Self-validation (core/validate.h): the passes' kernels are probed before use. */
+    const clattn_status status = prepare_once(ctx, shape, plan);
+    return status != CLATTN_SUCCESS ? status : clattn__flash_bwd_trust(ctx, plan);
 }
 
 /* global[0] rounded up to a multiple of local. */

@@ -225,9 +225,11 @@ typedef struct clattn__flash_plan {
 /* Self-validation (ops/probe.c; core/validate.h): whether a prepared plan's kernels may be
  * used on this device; CLATTN_ERR_UNTRUSTED (or the build's or enqueue's status) if not, after
  * trying their -cl-opt-disable builds, which then replace them in the plan. */
+struct clattn__flash_bwd_plan;
 clattn_status clattn__flash_trust(clattn_ctx *ctx, struct clattn__flash_plan *plan);
 clattn_status clattn__softmax_trust(clattn_ctx *ctx, struct clattn__softmax_plan *plan);
 clattn_status clattn__matmul_trust(clattn_ctx *ctx, struct clattn__matmul_plan *plan);
+clattn_status clattn__flash_bwd_trust(clattn_ctx *ctx, struct clattn__flash_bwd_plan *plan);
 
 /* Whether the fused kernel takes these head sizes. */
 bool clattn__flash_supports(size_t head_dim_qk, size_t head_dim_v);
