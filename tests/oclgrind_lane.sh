@@ -24,6 +24,10 @@
 # products, a sequence of 8192, the fused kernel on 65542 heads, ...) unregistered and print
 # one "NOT RUN" line saying which and why; every kernel and kernel variant still runs.
 #
+# The suites run with CLATTN_VALIDATE=off (each new variant's first-use probe would run in the
+# simulator too); after them, `clattn doctor` probes every variant of the GPU parameters
+# against float64 under the same race and API checks (OCLGRIND_LANE_DOCTOR=0 skips it).
+#
 # Before the suites, a canary checks the checker: a scratch copy of the kernels with a
 # deliberate write-write race in softmax_rows (loaded through CLATTN_KERNEL_DIR) must pass
 # its numbers and still be failed by the lane. OCLGRIND_LANE_CANARY=0 skips it.
@@ -97,7 +101,7 @@ run_one() {
     local env=()
     while [ "$1" != "--" ]; do env+=("$1"); shift; done
     shift
-    env CLATTN_TEST_SCALE=small CLATTN_PARAMS="$params" CK_FORK=no \
+    env CLATTN_TEST_SCALE=small CLATTN_PARAMS="$params" CK_FORK=no CLATTN_VALIDATE=off \
         CK_XML_LOG_FILE_NAME="$prefix.xml" "${env[@]}" \
         timeout "$timeout_s" "${launcher[@]}" oclgrind $oclgrind_checks "$@" >"$prefix.out" 2>&1
     status=$?
@@ -205,6 +209,24 @@ for suite in "${suites[@]}"; do
     [ "$suite" = runtime ] && echo "    runtime: NOT RUN: the 'contexts' test case (host" \
         "threads: Oclgrind's runtime is not thread-safe; deliberate API errors)"
 done
+
+# --- clattn doctor: every GPU variant's probe, under the race and API checks ----------------
+if [ "${OCLGRIND_LANE_DOCTOR:-1}" != 0 ]; then
+    start=$(now)
+    run_one doctor "$logs/doctor" CLATTN_VALIDATE=first-use \
+        CLATTN_VALIDATION_FILE="$logs/doctor.records" -- \
+        "$build_dir/clattn" doctor --json "$logs/doctor.json"
+    summary=$(grep -o 'all [0-9]* variants passed' "$logs/doctor.out")
+    if [ "$status" -eq 0 ] && [ "$findings" -eq 0 ] && [ -n "$summary" ]; then
+        echo "doctor: passed in $(seconds_since "$start") s ($summary)"
+        passed=$((passed + 1))
+    else
+        echo "doctor: FAILED in $(seconds_since "$start") s: exit status $status, $findings" \
+             "Oclgrind report line(s)"
+        grep -E 'FAILED|clattn doctor' "$logs/doctor.out" | head -n 10 | sed 's/^/    /'
+        failed=$((failed + 1))
+    fi
+fi
 
 echo "oclgrind lane: $(seconds_since "$lane_start") s in all"
 [ "$failed_any" -eq 0 ] || echo "the canary FAILED: Oclgrind's reports would go unnoticed"
