@@ -99,5 +99,6 @@ void additive_scores(__global const float *p1, __global const float *p2,
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     if (i0 + ti < seq_q && j0 + tj < seq_k)
-        raw[raw_offset + b * raw_s0 + h * raw_s1 + (i0 + ti) * raw_s2 + j0 + tj] = sum;
+        raw[raw_offset + b * raw_s0 + h * raw_s1 + (i0 + ti) * raw_s2 + j0 + tj] =
+            FAULT(sum, b + h + i0 + ti + j0 + tj); /* (types.cl) */
 }

@@ -56,7 +56,7 @@ void mean_heads(__global const float *src, const ulong src_offset, const ulong s
     float sum = 0.0f;
     for (uint h = 0; h < heads; ++h)
         sum += base[h * src_s1];
-    dst[dst_offset + b * dst_s0 + i * dst_s1 + c * dst_s2] = sum / (float)heads;
+    dst[dst_offset + b * dst_s0 + i * dst_s1 + c * dst_s2] = FAULT(sum / (float)heads, index);
 }
 
 /*

@@ -87,6 +87,20 @@ static void paged_quantized(pb_sdpa_spec *s)
     s->causal = CLATTN_CAUSAL_BOTTOM_RIGHT, s->mask = PB_MASK_BOOL, s->mask_rank = 4;
 }
 
+/* rope on q and k (rope.cl), halves */
+static void rotary(pb_sdpa_spec *s)
+{
+    s->batch = 1, s->heads = 2, s->seq_q = 9, s->seq_k = 21, s->dk = 16, s->dv = 8, s->rope = 1;
+    s->rope_style = CLATTN_ROPE_HALVES, s->causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+}
+
+/* past/present: the cache's copies (heads.cl's copy4d), F16 present */
+static void kv_cache(pb_sdpa_spec *s)
+{
+    s->batch = 2, s->heads = 2, s->seq_q = 3, s->seq_k = 29, s->past = 23, s->dk = 16, s->dv = 16;
+    s->causal = CLATTN_CAUSAL_ONNX;
+}
+
 static void unfused_weights(pb_sdpa_spec *s)
 {
     s->batch = 1, s->heads = 3, s->seq_q = 19, s->seq_k = 41, s->dk = 24;
@@ -111,6 +125,8 @@ static const problem problems[] = {
     {"unfused with weights (matmul, softmax rows)", "cpu", NULL, unfused_weights},
     {"unfused, GPU parameters (tiled matmul)", "gpu", NULL, unfused_weights},
     {"unfused, softmax in double", "cpu", NULL, unfused_f64},
+    {"a KV cache's past and present (copy4d)", "cpu", NULL, kv_cache},
+    {"rotary embeddings on q and k (rope.cl)", "cpu", NULL, rotary},
     {"prefill without lse", "cpu", NULL, prefill_no_lse},
 };
 enum { PROBLEMS = sizeof problems / sizeof problems[0], MAX_KEYS = 16 };
@@ -247,9 +263,9 @@ START_TEST(test_fault_family)
         {0, "flash_cpu.cl", -1, "flash.cl", CLATTN_SUCCESS},
         {1, "flash_gpu.cl:enqueue", -1, "flash.cl", CLATTN_SUCCESS},
         {2, "flash_cpu.cl:build", -1, "flash.cl", CLATTN_SUCCESS},
-        {8, "flash_cpu.cl,flash.cl", -1, "unfused", CLATTN_SUCCESS},
+        {10, "flash_cpu.cl,flash.cl", -1, "unfused", CLATTN_SUCCESS},
         {2, "flash_cpu.cl,flash.cl", -1, "unfused", CLATTN_SUCCESS},
-        {8, "flash_cpu.cl,flash.cl", CLATTN_PATH_FUSED, "failed validation", CLATTN_ERR_UNTRUSTED},
+        {10, "flash_cpu.cl,flash.cl", CLATTN_PATH_FUSED, "failed validation", CLATTN_ERR_UNTRUSTED},
     };
     const size_t n = sizeof cases / sizeof cases[0];
     for (size_t c = 0; c < n && !tu_failed(); ++c) {
@@ -432,6 +448,156 @@ START_TEST(test_fault_backward)
 }
 END_TEST
 
+/* MHA with averaged weights (heads.cl's mean_heads, the projections' matmuls) on a fresh
+ * context; its numbers checked by pb_mha_run against float64. */
+static clattn_status run_mha(const char *params, clattn_validation *log, size_t *count)
+{
+    setenv("CLATTN_PARAMS", params, 1);
+    clattn_ctx *ctx = fresh_ctx(NULL);
+    unsetenv("CLATTN_PARAMS");
+    if (ctx == NULL)
+        return CLATTN_ERR_NO_DEVICE;
+    pb_mha_spec spec;
+    pb_mha_spec_init(&spec);
+    spec.batch = 2, spec.seq_q = 7, spec.seq_k = 11, spec.embed_dim = 24, spec.num_heads = 3;
+    spec.form = PB_SEPARATE_CROSS, spec.in_biases = 1, spec.out_proj = 1, spec.out_bias = 1;
+    spec.need_weights = CLATTN_WEIGHTS_AVERAGED, spec.mask = PB_MASK_FLOAT;
+    pb_mha_problem p;
+    pb_mha_make(&p, &spec);
+    tu_set_case("mha (%s parameters): %s", params, p.label);
+    const clattn_status status = pb_mha_run(ctx, &p, NULL);
+    *count = clattn_ctx_validations(ctx, log, MAX_KEYS);
+    if (*count > MAX_KEYS)
+        *count = MAX_KEYS;
+    clattn_ctx_release(ctx);
+    pb_mha_free(&p);
+    return status;
+}
+
+/* A fault in each variant an MHA plan with averaged weights judged (mean over heads, matmuls,
+ * softmax rows): the right numbers through the fallback. */
+START_TEST(test_fault_mha)
+{
+    TU_BEGIN_TEST();
+    const char *params = _i == 0 ? "cpu" : "gpu";
+    fresh_records();
+    clattn_validation clean[MAX_KEYS], log[MAX_KEYS];
+    size_t used = 0, count = 0;
+    setenv("CLATTN_VALIDATE", "always", 1);
+    tu_expect_status(run_mha(params, clean, &used), CLATTN_SUCCESS, "the clean run");
+    int means = 0;
+    for (size_t u = 0; u < used && !tu_failed(); ++u) {
+        means += strcmp(clean[u].unit, "mean over heads") == 0;
+        for (int f = 0; f < 3 && !tu_failed(); ++f) {
+            char fault[sizeof clean[u].variant + 16];
+            snprintf(fault, sizeof fault, "%.63s:%s", clean[u].variant, fault_kinds[f]);
+            setenv("CLATTN_FAULT_VARIANT", fault, 1);
+            tu_expect_status(run_mha(params, log, &count), CLATTN_SUCCESS, fault);
+            unsetenv("CLATTN_FAULT_VARIANT");
+            int logged = 0;
+            for (size_t i = 0; i < count; ++i)
+                logged |= log[i].result == CLATTN_CHECK_FAILED &&
+                          strncmp(log[i].variant, clean[u].variant,
+                                  strchr(clean[u].variant, '@') - clean[u].variant) == 0;
+            tu_expect(logged, "fault %s: no failed entry in the log", fault);
+        }
+    }
+    tu_expect(means == 1, "the MHA plan judged %d mean_heads variants, not 1", means);
+    unsetenv("CLATTN_VALIDATE");
+    remove(records);
+    TU_END_TEST();
+}
+END_TEST
+
+/* A plan of the family on a fresh context (layouts only): its log into log[0 .. *count). */
+static clattn_status family_plan(int family, clattn_validation *log, size_t *count)
+{
+    clattn_ctx *ctx = fresh_ctx(NULL);
+    if (ctx == NULL)
+        return CLATTN_ERR_NO_DEVICE;
+    clattn_tensor roles[CLATTN_ROLE_COUNT];
+    memset(roles, 0, sizeof roles);
+    clattn_plan *plan = NULL;
+    clattn_status status;
+    if (family == 0) { /* positional encodings: x + the sinusoid, F16 out */
+        roles[CLATTN_ROLE_Q] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, 2, 9, 10, 0);
+        roles[CLATTN_ROLE_OUT] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F16, 3, 2, 9, 10, 0);
+        clattn_posenc_desc desc;
+        clattn_posenc_desc_init(&desc);
+        desc.by_role = roles;
+        desc.num_roles = CLATTN_ROLE_COUNT;
+        status = clattn_posenc_plan_create(ctx, &desc, &plan);
+    } else { /* additive attention, unfused (additive.cl's scores) */
+        roles[CLATTN_ROLE_Q] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, 2, 7, 12, 0);
+        roles[CLATTN_ROLE_K] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, 2, 9, 12, 0);
+        roles[CLATTN_ROLE_V] = roles[CLATTN_ROLE_K];
+        roles[CLATTN_ROLE_OUT] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, 2, 7, 12, 0);
+        roles[CLATTN_ROLE_Q_WEIGHT] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, 12, 16, 0, 0);
+        roles[CLATTN_ROLE_K_WEIGHT] = roles[CLATTN_ROLE_Q_WEIGHT];
+        roles[CLATTN_ROLE_SCORE_WEIGHT] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, 16, 0, 0, 0);
+        clattn_additive_desc desc;
+        clattn_additive_desc_init(&desc);
+        desc.by_role = roles;
+        desc.num_roles = CLATTN_ROLE_COUNT;
+        desc.num_heads = 2;
+        desc.path = CLATTN_PATH_UNFUSED;
+        status = clattn_additive_plan_create(ctx, &desc, &plan);
+    }
+    clattn_plan_release(plan);
+    *count = clattn_ctx_validations(ctx, log, MAX_KEYS);
+    if (*count > MAX_KEYS)
+        *count = MAX_KEYS;
+    clattn_ctx_release(ctx);
+    return status;
+}
+
+/* Positional encodings and additive scores (their numbers: the probe's, against float64): a
+ * fault in the variant's exact key is cured by its -cl-opt-disable build (the plan is made,
+ * the variant logged failed, its safe build passed); one in every build of the kernel leaves
+ * no variant: CLATTN_ERR_UNTRUSTED (or the build's status), never a plan. */
+START_TEST(test_fault_elementwise)
+{
+    TU_BEGIN_TEST();
+    static const char *const units[2] = {"positional encoding", "additive scores"};
+    static const char *const files[2] = {"posenc.cl", "additive.cl"};
+    fresh_records();
+    clattn_validation clean[MAX_KEYS], log[MAX_KEYS];
+    size_t used = 0, count = 0;
+    setenv("CLATTN_VALIDATE", "always", 1);
+    tu_expect_status(family_plan(_i, clean, &used), CLATTN_SUCCESS, "the clean plan");
+    const clattn_validation *mine = NULL;
+    for (size_t u = 0; u < used; ++u)
+        if (strcmp(clean[u].unit, units[_i]) == 0)
+            mine = &clean[u];
+    tu_expect(mine && mine->result == CLATTN_CHECK_PASSED, "no passed %s variant", units[_i]);
+    for (int f = 0; f < 3 && mine && !tu_failed(); ++f) {
+        char fault[sizeof mine->variant + 16];
+        snprintf(fault, sizeof fault, "%.63s:%s", mine->variant, fault_kinds[f]);
+        setenv("CLATTN_FAULT_VARIANT", fault, 1);
+        tu_expect_status(family_plan(_i, log, &count), CLATTN_SUCCESS, fault);
+        int failed = 0, cured = 0;
+        for (size_t i = 0; i < count; ++i) {
+            failed |= log[i].result == CLATTN_CHECK_FAILED && strcmp(log[i].unit, "build") != 0;
+            failed |= log[i].result == CLATTN_CHECK_FAILED && f == 1;
+            cured |= log[i].result == CLATTN_CHECK_PASSED && strcmp(log[i].unit, units[_i]) == 0 &&
+                     strstr(log[i].detail, "-cl-opt-disable") != NULL;
+        }
+        tu_expect(failed && cured, "fault %s: failed %d, cured by the safe build %d", fault, failed,
+                  cured);
+        snprintf(fault, sizeof fault, "%s:%s", files[_i], fault_kinds[f]);
+        setenv("CLATTN_FAULT_VARIANT", fault, 1);
+        const clattn_status status = family_plan(_i, log, &count);
+        tu_expect(status == CLATTN_ERR_UNTRUSTED || status == CLATTN_ERR_BUILD,
+                  "fault %s in every build: %s, expected no plan", fault,
+                  clattn_status_string(status));
+        unsetenv("CLATTN_FAULT_VARIANT");
+    }
+    unsetenv("CLATTN_VALIDATE");
+    remove(records);
+    TU_END_TEST();
+}
+END_TEST
+
 int main(void)
 {
     tu_suite_begin("validate");
@@ -441,6 +607,8 @@ int main(void)
     tcase_add_loop_test(faults, test_fault_each_variant, 0, PROBLEMS - 1);
     tcase_add_loop_test(faults, test_fault_family, 0, 1);
     tcase_add_loop_test(faults, test_fault_backward, 0, 2);
+    tcase_add_loop_test(faults, test_fault_mha, 0, 2);
+    tcase_add_loop_test(faults, test_fault_elementwise, 0, 2);
     suite_add_tcase(suite, faults);
     TCase *recs = tcase_create("records");
     tcase_set_timeout(recs, 900);

@@ -1,5 +1,6 @@
 /* Additive attention's scores: variant and launch for kernels/additive.cl. */
 #include "ops.h"
+#include "core/validate.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -64,7 +65,7 @@ clattn_status clattn__additive_prepare(clattn_ctx *ctx, size_t batch, size_t hea
     plan->local[0] = plan->local[1] = tile;
     plan->local[2] = 1;
     plan->tile = tile;
-    return CLATTN_SUCCESS;
+    return clattn__additive_trust(ctx, plan); /* self-validation (core/validate.h) */
 }
 
 clattn_status clattn__additive_enqueue(clattn_chain *chain, const clattn__additive_plan *plan,

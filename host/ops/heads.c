@@ -21,7 +21,10 @@ clattn_status clattn__mean_heads_prepare(clattn_ctx *ctx, size_t batch, size_t h
                             op, batch, seq_q, seq_k);
     char extra[32];
     snprintf(extra, sizeof extra, "-DHEADS_WG=%u", ctx->tuning.heads_wg);
-    return clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, op, extra, &plan->kernel);
+    const clattn_status status =
+        clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, op, extra, &plan->kernel);
+    /* self-validation (core/validate.h; ops/probe.c) */
+    return status != CLATTN_SUCCESS ? status : clattn__mean_heads_trust(ctx, plan);
 }
 
 clattn_status clattn__mean_heads_enqueue(clattn_chain *chain, const clattn__mean_heads_plan *plan,
@@ -68,7 +71,10 @@ clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn
     size_t block = 1, bytes = 0;
     clattn__dtype_blocks(dst_dtype, &block, &bytes);
     const size_t box[4] = {dims[0], dims[1], dims[2], dims[3] / block};
-    return clattn__elementwise_prepare(ctx, box, CLATTN_SRC_HEADS, "copy4d", extra, plan);
+    const clattn_status status =
+        clattn__elementwise_prepare(ctx, box, CLATTN_SRC_HEADS, "copy4d", extra, plan);
+    /* self-validation (core/validate.h; ops/probe.c) */
+    return status != CLATTN_SUCCESS ? status : clattn__copy_trust(ctx, plan, src_dtype, dst_dtype);
 }
 
 clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan *plan,

@@ -230,6 +230,18 @@ clattn_status clattn__flash_trust(clattn_ctx *ctx, struct clattn__flash_plan *pl
 clattn_status clattn__softmax_trust(clattn_ctx *ctx, struct clattn__softmax_plan *plan);
 clattn_status clattn__matmul_trust(clattn_ctx *ctx, struct clattn__matmul_plan *plan);
 clattn_status clattn__flash_bwd_trust(clattn_ctx *ctx, struct clattn__flash_bwd_plan *plan);
+struct clattn__elementwise_plan;
+struct clattn__mean_heads_plan;
+clattn_status clattn__copy_trust(clattn_ctx *ctx, struct clattn__elementwise_plan *plan,
+                                 clattn_dtype src, clattn_dtype dst);
+clattn_status clattn__mean_heads_trust(clattn_ctx *ctx, struct clattn__mean_heads_plan *plan);
+struct clattn__rope_plan;
+struct clattn__additive_plan;
+clattn_status clattn__posenc_trust(clattn_ctx *ctx, struct clattn__elementwise_plan *plan,
+                                   clattn_dtype x, clattn_dtype out, clattn_dtype table);
+clattn_status clattn__additive_trust(clattn_ctx *ctx, struct clattn__additive_plan *plan);
+clattn_status clattn__rope_trust(clattn_ctx *ctx, struct clattn__rope_plan *plan, clattn_dtype x,
+                                 clattn_dtype out, clattn_dtype cache);
 
 /* Whether the fused kernel takes these head sizes. */
 bool clattn__flash_supports(size_t head_dim_qk, size_t head_dim_v);

@@ -11,7 +11,12 @@ clattn_status clattn__posenc_prepare(clattn_ctx *ctx, const size_t dims[4], clat
     char extra[96];
     snprintf(extra, sizeof extra, "-DPOSENC_WG=%u -DX_DTYPE=%d -DO_DTYPE=%d -DT_DTYPE=%d",
              ctx->tuning.heads_wg, (int)x_dtype, (int)out_dtype, (int)table_dtype);
-    return clattn__elementwise_prepare(ctx, dims, CLATTN_SRC_POSENC, "posenc_add", extra, plan);
+    const clattn_status status =
+        clattn__elementwise_prepare(ctx, dims, CLATTN_SRC_POSENC, "posenc_add", extra, plan);
+    /* self-validation (core/validate.h; ops/probe.c) */
+    return status != CLATTN_SUCCESS
+               ? status
+               : clattn__posenc_trust(ctx, plan, x_dtype, out_dtype, table_dtype);
 }
 
 clattn_status clattn__posenc_enqueue(clattn_chain *chain, const clattn__posenc_plan *plan,

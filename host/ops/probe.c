@@ -1080,3 +1080,411 @@ clattn_status clattn__flash_bwd_trust(clattn_ctx *ctx, clattn__flash_bwd_plan *p
     return clattn__trust(ctx, "attention backward", slots, plan->dq_slots ? 2 : 3, bwd_probe,
                          plan);
 }
+
+/* ---- strided copies and the mean over heads (heads.cl) ------------------------------------- */
+
+/* copy4d over a (2, 3, 5, 7) box (block destinations: unprobed) from a packed source into a
+ * destination with a row gap, converting dtypes. */
+static clattn_status copy_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const struct copy_unit {
+        clattn__copy_plan *plan;
+        clattn_dtype src, dst;
+    } *u = unit;
+    size_t block = 1, bytes = 0, src_block = 1;
+    clattn__dtype_blocks(u->src, &src_block, &bytes);
+    if ((clattn__dtype_blocks(u->dst, &block, &bytes) && block > 1) || src_block > 1) {
+        r->checked = false;
+        snprintf(r->why, sizeof r->why, "blocks (a quantizing or dequantizing copy)");
+        return CLATTN_SUCCESS;
+    }
+    const size_t dims[4] = {2, 3, 5, 7}, n = 2 * 3 * 5 * 7, gap = 3;
+    clattn__copy_plan run;
+    clattn_status status = clattn__copy_prepare(ctx, dims, u->src, u->dst, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    run.kernel = u->plan->kernel;
+    probe_rng rng = {0xc0ffeeULL};
+    probe_mem pm = {.count = 0};
+    const size_t padded = 2 * 3 * 5 * (7 + gap);
+    double *x = malloc(padded * sizeof(double)), *want = malloc(padded * sizeof(double));
+    unsigned char *host = malloc(4 * padded + 8);
+    cl_mem src = NULL, dst = NULL;
+    if (!x || !want || !host) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; ++i)
+        x[i] = grid_value(&rng, u->src);
+    encode(u->src, x, n, host);
+    if ((status = upload(ctx, &pm, host, elem_bytes(u->src, n), &src)) ||
+        (status = upload(ctx, &pm, NULL, elem_bytes(u->dst, padded), &dst)))
+        goto done;
+    const clattn__view vs = packed_view(src, u->src, 2, 3, 5, 7);
+    clattn__view vd = packed_view(dst, u->dst, 2, 3, 5, 7 + gap);
+    vd.dims[3] = 7;
+    clattn_chain chain = probe_chain(ctx);
+    status = clattn__copy_enqueue(&chain, &run, &vs, &vd);
+    if (status == CLATTN_SUCCESS)
+        status = download(&chain, dst, elem_bytes(u->dst, padded), host);
+    clattn__chain_push(&chain, NULL);
+    if (status == CLATTN_SUCCESS) {
+        size_t worst = 0;
+        r->tolerance = tolerance_of(u->dst);
+        r->max_error = 0.0;
+        for (size_t row = 0; row < 30; ++row)
+            for (size_t c = 0; c < 7; ++c) {
+                const double g = decode_one(u->dst, host, row * (7 + gap) + c);
+                const double e = isnan(g) ? INFINITY : fabs(g - x[row * 7 + c]);
+                if (e > r->max_error) {
+                    r->max_error = e;
+                    worst = row * 7 + c;
+                }
+            }
+        snprintf(r->why, sizeof r->why, "element %zu of (2, 3, 5, 7)", worst);
+    }
+done:
+    release_all(&pm);
+    free(x);
+    free(want);
+    free(host);
+    return status;
+}
+
+clattn_status clattn__copy_trust(clattn_ctx *ctx, clattn__copy_plan *plan, clattn_dtype src,
+                                 clattn_dtype dst)
+{
+    struct copy_unit {
+        clattn__copy_plan *plan;
+        clattn_dtype src, dst;
+    } unit = {plan, src, dst};
+    cl_kernel *slots[1] = {&plan->kernel};
+    return clattn__trust(ctx, "strided copy", slots, 1, copy_probe, &unit);
+}
+
+/* mean_heads over (2, 3, 7, 11) weights into (1, 2, 7, 11). */
+static clattn_status mean_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const clattn__mean_heads_plan *prepared = unit;
+    clattn__mean_heads_plan run;
+    clattn_status status = clattn__mean_heads_prepare(ctx, 2, 3, 7, 11, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    run.kernel = prepared->kernel;
+    const size_t n = 2 * 3 * 7 * 11, m = 2 * 7 * 11;
+    probe_rng rng = {0x3ea11ULL};
+    probe_mem pm = {.count = 0};
+    float *x = malloc(n * sizeof(float)), *got = malloc(m * sizeof(float));
+    double *want = calloc(m, sizeof(double));
+    cl_mem src = NULL, dst = NULL;
+    if (!x || !got || !want) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; ++i)
+        x[i] = (float)grid_value(&rng, CLATTN_DTYPE_F32);
+    for (size_t b = 0; b < 2; ++b)
+        for (size_t h = 0; h < 3; ++h)
+            for (size_t e = 0; e < 77; ++e)
+                want[b * 77 + e] += x[(b * 3 + h) * 77 + e] / 3.0;
+    if ((status = upload(ctx, &pm, x, n * sizeof(float), &src)) ||
+        (status = upload(ctx, &pm, NULL, m * sizeof(float), &dst)))
+        goto done;
+    const clattn__view vs = packed_view(src, CLATTN_DTYPE_F32, 2, 3, 7, 11);
+    const clattn__view vd = packed_view(dst, CLATTN_DTYPE_F32, 1, 2, 7, 11);
+    clattn_chain chain = probe_chain(ctx);
+    status = clattn__mean_heads_enqueue(&chain, &run, &vs, &vd);
+    if (status == CLATTN_SUCCESS)
+        status = download(&chain, dst, m * sizeof(float), got);
+    clattn__chain_push(&chain, NULL);
+    if (status == CLATTN_SUCCESS) {
+        size_t where = 0;
+        r->tolerance = 1e-6;
+        r->max_error = max_error(CLATTN_DTYPE_F32, (const unsigned char *)got, want, m, &where);
+        snprintf(r->why, sizeof r->why, "mean %zu of (1, 2, 7, 11)", where);
+    }
+done:
+    release_all(&pm);
+    free(x);
+    free(got);
+    free(want);
+    return status;
+}
+
+clattn_status clattn__mean_heads_trust(clattn_ctx *ctx, clattn__mean_heads_plan *plan)
+{
+    cl_kernel *slots[1] = {&plan->kernel};
+    return clattn__trust(ctx, "mean over heads", slots, 1, mean_probe, plan);
+}
+
+/* ---- rotary embeddings (rope.cl) ----------------------------------------------------------- */
+
+typedef struct rope_unit {
+    clattn__rope_plan *plan;
+    clattn_dtype x, out, cache;
+} rope_unit;
+
+/* The plan's rotation (its pairs or halves, rot of dim, its cache mode) over (2, 3, 5, dim)
+ * rows from position 3: angles pos * w_j for grid frequencies w_j, or grid cos and sin caches
+ * (by position: 9 rows; by row). */
+static clattn_status rope_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const rope_unit *u = unit;
+    clattn__rope_shape shape = u->plan->shape;
+    shape.batch = 2, shape.heads = 3, shape.seq = 5, shape.start = 3;
+    clattn__rope_plan run;
+    clattn_status status = clattn__rope_prepare(ctx, &shape, u->x, u->out, u->cache, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    run.kernel = u->plan->kernel;
+    const size_t rows = 2 * 3 * 5, dim = shape.dim, half = shape.rot / 2, n = rows * dim;
+    const size_t cache_rows = shape.cache_mode == 1 ? 9 : 10; /* by row: (2, 5) rows */
+    probe_rng rng = {0x20beULL + dim};
+    probe_mem pm = {.count = 0};
+    double *x = malloc(n * sizeof(double)), *want = malloc(n * sizeof(double));
+    double *c = malloc((2 * cache_rows * half + 1) * sizeof(double));
+    float *freq = malloc((2 * half + 1) * sizeof(float));
+    unsigned char *bytes = malloc(4 * (n > 2 * cache_rows * half ? n : 2 * cache_rows * half) + 8);
+    clattn__rope_io io;
+    memset(&io, 0, sizeof io);
+    cl_mem mx = NULL, mo = NULL, mcos = NULL, msin = NULL;
+    if (!x || !want || !c || !freq || !bytes) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; ++i)
+        x[i] = grid_value(&rng, u->x);
+    for (size_t j = 0; j < half; ++j) {
+        freq[2 * j] = (float)((1 + next_u32(&rng) % 64) / 64.0);
+        freq[2 * j + 1] = 0.0f;
+    }
+    for (size_t i = 0; i < 2 * cache_rows * half; ++i)
+        c[i] = grid_value(&rng, u->cache);
+    for (size_t row = 0; row < rows; ++row) {
+        const size_t s = row % 5, b = row / 15, pos = 3 + s;
+        const size_t at = shape.cache_mode == 1 ? (pos < cache_rows ? pos : cache_rows - 1)
+                                                : b * 5 + s;
+        for (size_t i = 0; i < dim; ++i)
+            want[row * dim + i] = x[row * dim + i];
+        for (size_t j = 0; j < half; ++j) {
+            const double t = (double)pos * freq[2 * j];
+            const double ct = shape.cache_mode ? c[at * half + j] : cos(t);
+            const double st = shape.cache_mode ? c[cache_rows * half + at * half + j] : sin(t);
+            const size_t i1 = shape.pairs ? 2 * j : j, i2 = shape.pairs ? 2 * j + 1 : j + half;
+            const double x1 = x[row * dim + i1], x2 = x[row * dim + i2];
+            want[row * dim + i1] = x1 * ct - x2 * st;
+            want[row * dim + i2] = x1 * st + x2 * ct;
+        }
+    }
+    encode(u->x, x, n, bytes);
+    if ((status = upload(ctx, &pm, bytes, elem_bytes(u->x, n), &mx)) ||
+        (status = upload(ctx, &pm, NULL, elem_bytes(u->out, n), &mo)))
+        goto done;
+    if (shape.cache_mode) {
+        encode(u->cache, c, 2 * cache_rows * half, bytes);
+        if ((status = upload(ctx, &pm, bytes, elem_bytes(u->cache, cache_rows * half), &mcos)) ||
+            (status = upload(ctx, &pm, bytes + elem_bytes(u->cache, cache_rows * half),
+                             elem_bytes(u->cache, cache_rows * half), &msin)))
+            goto done;
+        io.cos = shape.cache_mode == 1 ? packed_view(mcos, u->cache, 1, 1, cache_rows, half)
+                                       : packed_view(mcos, u->cache, 1, 2, 5, half);
+        io.sin = io.cos;
+        io.sin.mem = msin;
+    } else if ((status = upload(ctx, &pm, freq, 2 * half * sizeof(float), &io.freq))) {
+        goto done;
+    }
+    io.x = packed_view(mx, u->x, 2, 3, 5, dim);
+    io.out = packed_view(mo, u->out, 2, 3, 5, dim);
+    clattn_chain chain = probe_chain(ctx);
+    status = clattn__rope_enqueue(&chain, &run, &io);
+    if (status == CLATTN_SUCCESS)
+        status = download(&chain, mo, elem_bytes(u->out, n), bytes);
+    clattn__chain_push(&chain, NULL);
+    if (status == CLATTN_SUCCESS) {
+        size_t where = 0;
+        r->tolerance = tolerance_of(u->out) * 2;
+        r->max_error = max_error(u->out, bytes, want, n, &where);
+        snprintf(r->why, sizeof r->why, "element %zu of (2, 3, 5, %zu)", where, dim);
+    }
+done:
+    release_all(&pm);
+    free(x);
+    free(want);
+    free(c);
+    free(freq);
+    free(bytes);
+    return status;
+}
+
+clattn_status clattn__rope_trust(clattn_ctx *ctx, clattn__rope_plan *plan, clattn_dtype x,
+                                 clattn_dtype out, clattn_dtype cache)
+{
+    rope_unit unit = {plan, x, out, cache};
+    cl_kernel *slots[1] = {&plan->kernel};
+    return clattn__trust(ctx, "rotary embedding", slots, 1, rope_probe, &unit);
+}
+
+/* ---- positional encodings (posenc.cl) ------------------------------------------------------ */
+
+typedef struct posenc_unit {
+    clattn__posenc_plan *plan;
+    clattn_dtype x, out, table;
+} posenc_unit;
+
+/* Over (2, 3, 5, dim) from position 3: x + the sinusoid of grid frequencies, then a grid
+ * table's rows without x. */
+static clattn_status posenc_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const posenc_unit *u = unit;
+    const size_t dim = u->plan->dims[3], dims[4] = {2, 3, 5, dim}, n = 30 * dim, start = 3;
+    clattn__posenc_plan run;
+    clattn_status status = clattn__posenc_prepare(ctx, dims, u->x, u->out, u->table, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    run.kernel = u->plan->kernel;
+    probe_rng rng = {0x9e5ULL + dim};
+    probe_mem pm = {.count = 0};
+    const size_t pairs = (dim + 1) / 2, rows = start + 5;
+    double *x = malloc(n * sizeof(double)), *want = malloc(n * sizeof(double));
+    double *table = malloc(rows * dim * sizeof(double));
+    float *freq = malloc(2 * pairs * sizeof(float));
+    unsigned char *bytes = malloc(4 * (n > rows * dim ? n : rows * dim) + 8);
+    cl_mem mx = NULL, mo = NULL, mt = NULL, mf = NULL;
+    if (!x || !want || !table || !freq || !bytes) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; ++i)
+        x[i] = grid_value(&rng, u->x);
+    for (size_t i = 0; i < rows * dim; ++i)
+        table[i] = grid_value(&rng, u->table);
+    for (size_t j = 0; j < pairs; ++j) {
+        freq[2 * j] = (float)((1 + next_u32(&rng) % 64) / 64.0);
+        freq[2 * j + 1] = 0.0f;
+    }
+    encode(u->x, x, n, bytes);
+    if ((status = upload(ctx, &pm, bytes, elem_bytes(u->x, n), &mx)) ||
+        (status = upload(ctx, &pm, NULL, elem_bytes(u->out, n), &mo)) ||
+        (status = upload(ctx, &pm, freq, 2 * pairs * sizeof(float), &mf)))
+        goto done;
+    encode(u->table, table, rows * dim, bytes);
+    if ((status = upload(ctx, &pm, bytes, elem_bytes(u->table, rows * dim), &mt)))
+        goto done;
+    const clattn__view vx = packed_view(mx, u->x, 2, 3, 5, dim);
+    const clattn__view vo = packed_view(mo, u->out, 2, 3, 5, dim);
+    const clattn__view none = {0};
+    const clattn__view vt = packed_view(mt, u->table, 1, 1, rows, dim);
+    r->tolerance = tolerance_of(u->out) * 4;
+    r->max_error = 0.0;
+    for (int pass = 0; pass < 2 && status == CLATTN_SUCCESS; ++pass) {
+        for (size_t e = 0; e < n; ++e) {
+            const size_t i = e % dim, p = e / dim % 5;
+            const double t = (double)(start + p) * freq[2 * (i / 2)];
+            want[e] = pass == 0 ? x[e] + (i & 1 ? cos(t) : sin(t)) : table[(start + p) * dim + i];
+        }
+        clattn_chain chain = probe_chain(ctx);
+        status = clattn__posenc_enqueue(&chain, &run, pass == 0 ? &vx : &none, &vo,
+                                        pass == 0 ? &none : &vt, pass == 0 ? mf : NULL, start);
+        if (status == CLATTN_SUCCESS)
+            status = download(&chain, mo, elem_bytes(u->out, n), bytes);
+        clattn__chain_push(&chain, NULL);
+        size_t where = 0;
+        const double err = status == CLATTN_SUCCESS ? max_error(u->out, bytes, want, n, &where)
+                                                    : 0.0;
+        if (err > r->max_error) {
+            r->max_error = err;
+            snprintf(r->why, sizeof r->why, "element %zu of (2, 3, 5, %zu), %s", where, dim,
+                     pass == 0 ? "x + the sinusoid" : "the table");
+        }
+    }
+done:
+    release_all(&pm);
+    free(x);
+    free(want);
+    free(table);
+    free(freq);
+    free(bytes);
+    return status;
+}
+
+clattn_status clattn__posenc_trust(clattn_ctx *ctx, clattn__posenc_plan *plan, clattn_dtype x,
+                                   clattn_dtype out, clattn_dtype table)
+{
+    posenc_unit unit = {plan, x, out, table};
+    cl_kernel *slots[1] = {&plan->kernel};
+    return clattn__trust(ctx, "positional encoding", slots, 1, posenc_probe, &unit);
+}
+
+/* ---- additive attention's scores (additive.cl) --------------------------------------------- */
+
+/* raw over (2, 2, 19, 23) with dim 37 (a chunk and a part): sum_c w[h, c] tanh(p1 + p2). */
+static clattn_status additive_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const clattn__additive_plan *prepared = unit;
+    const size_t b = 2, h = 2, q = 19, k = 23, d = 37;
+    clattn__additive_plan run;
+    clattn_status status = clattn__additive_prepare(ctx, b, h, q, k, d, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    if (!clattn__same_variant(ctx, prepared->kernel, run.kernel)) {
+        r->checked = false;
+        snprintf(r->why, sizeof r->why, "the probe's sizes take another tile");
+        return CLATTN_SUCCESS;
+    }
+    run.kernel = prepared->kernel;
+    probe_rng rng = {0xadd1ULL};
+    probe_mem pm = {.count = 0};
+    const size_t n1 = b * h * q * d, n2 = b * h * k * d, nw = h * d, nr = b * h * q * k;
+    float *host = malloc((n1 + n2 + nw) * sizeof(float));
+    float *got = malloc(nr * sizeof(float));
+    double *want = malloc(nr * sizeof(double));
+    cl_mem m1 = NULL, m2 = NULL, mw = NULL, mr = NULL;
+    if (!host || !got || !want) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n1 + n2 + nw; ++i)
+        host[i] = (float)(2.0 * grid_value(&rng, CLATTN_DTYPE_F32));
+    const float *p1 = host, *p2 = host + n1, *w = host + n1 + n2;
+    for (size_t bh = 0; bh < b * h; ++bh)
+        for (size_t i = 0; i < q; ++i)
+            for (size_t j = 0; j < k; ++j) {
+                double sum = 0.0;
+                for (size_t c = 0; c < d; ++c)
+                    sum += (double)w[(bh % h) * d + c] *
+                           tanh((double)p1[(bh * q + i) * d + c] + p2[(bh * k + j) * d + c]);
+                want[(bh * q + i) * k + j] = sum;
+            }
+    if ((status = upload(ctx, &pm, p1, n1 * sizeof(float), &m1)) ||
+        (status = upload(ctx, &pm, p2, n2 * sizeof(float), &m2)) ||
+        (status = upload(ctx, &pm, w, nw * sizeof(float), &mw)) ||
+        (status = upload(ctx, &pm, NULL, nr * sizeof(float), &mr)))
+        goto done;
+    const clattn__view v1 = packed_view(m1, CLATTN_DTYPE_F32, b, h, q, d);
+    const clattn__view v2 = packed_view(m2, CLATTN_DTYPE_F32, b, h, k, d);
+    const clattn__view vw = packed_view(mw, CLATTN_DTYPE_F32, 1, 1, h, d);
+    const clattn__view vr = packed_view(mr, CLATTN_DTYPE_F32, b, h, q, k);
+    clattn_chain chain = probe_chain(ctx);
+    status = clattn__additive_enqueue(&chain, &run, &v1, &v2, &vw, &vr);
+    if (status == CLATTN_SUCCESS)
+        status = download(&chain, mr, nr * sizeof(float), got);
+    clattn__chain_push(&chain, NULL);
+    if (status == CLATTN_SUCCESS) {
+        size_t where = 0;
+        r->tolerance = 1e-4 * (double)d;
+        r->max_error = max_error(CLATTN_DTYPE_F32, (const unsigned char *)got, want, nr, &where);
+        snprintf(r->why, sizeof r->why, "raw[%zu] of (2, 2, 19, 23)", where);
+    }
+done:
+    release_all(&pm);
+    free(host);
+    free(got);
+    free(want);
+    return status;
+}
+
+clattn_status clattn__additive_trust(clattn_ctx *ctx, clattn__additive_plan *plan)
+{
+    cl_kernel *slots[1] = {&plan->kernel};
+    return clattn__trust(ctx, "additive scores", slots, 1, additive_probe, plan);
+}

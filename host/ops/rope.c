@@ -21,7 +21,11 @@ clattn_status clattn__rope_prepare(clattn_ctx *ctx, const clattn__rope_shape *sh
     char extra[96];
     snprintf(extra, sizeof extra, "-DROPE_WG=%u -DX_DTYPE=%d -DO_DTYPE=%d -DC_DTYPE=%d",
              ctx->tuning.heads_wg, (int)x_dtype, (int)out_dtype, (int)cache_dtype);
-    return clattn__variant_kernel(ctx, CLATTN_SRC_ROPE, op, extra, &plan->kernel);
+    const clattn_status status =
+        clattn__variant_kernel(ctx, CLATTN_SRC_ROPE, op, extra, &plan->kernel);
+    /* self-validation (core/validate.h; ops/probe.c) */
+    return status != CLATTN_SUCCESS ? status
+                                    : clattn__rope_trust(ctx, plan, x_dtype, out_dtype, cache_dtype);
 }
 
 clattn_status clattn__rope_enqueue(clattn_chain *chain, const clattn__rope_plan *plan,
