@@ -1845,6 +1845,7 @@ START_TEST(test_status_strings)
         {CLATTN_ERR_HOST_MEMORY, "CLATTN_ERR_HOST_MEMORY"},
         {CLATTN_ERR_UNSUPPORTED, "CLATTN_ERR_UNSUPPORTED"},
         {CLATTN_ERR_TOO_LARGE, "CLATTN_ERR_TOO_LARGE"},
+        {CLATTN_ERR_UNTRUSTED, "CLATTN_ERR_UNTRUSTED"},
         {CL_DEVICE_NOT_FOUND, "CL_DEVICE_NOT_FOUND"},
         {CL_OUT_OF_RESOURCES, "CL_OUT_OF_RESOURCES"},
         {CL_OUT_OF_HOST_MEMORY, "CL_OUT_OF_HOST_MEMORY"},
@@ -1864,7 +1865,7 @@ START_TEST(test_status_strings)
     }
     tu_expect(strcmp(clattn_status_string((clattn_status)-5), "CL_OUT_OF_RESOURCES") == 0,
               "clattn_status_string(-5) = '%s'", clattn_status_string((clattn_status)-5));
-    static const int unknown[] = {12345, 1, -500, -999, -2047, -2057, -3000, INT32_MIN};
+    static const int unknown[] = {12345, 1, -500, -999, -2047, -2058, -3000, INT32_MIN};
     for (int i = 0; i < COUNT_OF(unknown); ++i) {
         const char *got = clattn_status_string((clattn_status)unknown[i]);
         tu_expect(got != NULL && strcmp(got, "CLATTN_UNKNOWN_STATUS") == 0,

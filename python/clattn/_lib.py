@@ -31,6 +31,7 @@ ERR_BUILD = -2053
 ERR_HOST_MEMORY = -2054
 ERR_UNSUPPORTED = -2055
 ERR_TOO_LARGE = -2056
+ERR_UNTRUSTED = -2057  # every variant that could run it failed validation (docs/validation.md)
 
 
 class Tensor(Structure):
