@@ -57,6 +57,13 @@ int main(void)
     FIELD(clattn_block_mask_desc, seq_k), FIELD(clattn_block_mask_desc, out);
     END();
 
+    BEGIN(clattn_validation, "Validation");
+    FIELD(clattn_validation, variant), FIELD(clattn_validation, unit);
+    FIELD(clattn_validation, detail), FIELD(clattn_validation, result);
+    FIELD(clattn_validation, max_error), FIELD(clattn_validation, tolerance);
+    FIELD(clattn_validation, milliseconds);
+    END();
+
     BEGIN(clattn_mha_desc, "MhaDesc");
     FIELD(clattn_mha_desc, struct_size);
     FIELD(clattn_mha_desc, by_role), FIELD(clattn_mha_desc, num_roles);

@@ -13,7 +13,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-enum { TRUST_UNKNOWN = 0, TRUST_GOOD, TRUST_BAD, TRUST_PROBING };
 enum { FAULT_NONE = 0, FAULT_WRONG, FAULT_BUILD, FAULT_ENQUEUE };
 static const char *const fault_names[] = {"", "wrong", "build", "enqueue"};
 
@@ -99,7 +98,7 @@ void clattn__variant_identity(const clattn_ctx *ctx, const char *file, clattn_va
     if (v->fault != FAULT_NONE) /* a planted fault is another variant: its own records */
         h = hash_text(h, fault_names[v->fault]);
     snprintf(v->key, sizeof v->key, "%s:%s@%016llx", file, v->name, (unsigned long long)h);
-    v->trust = TRUST_UNKNOWN;
+    v->trust = CLATTN__TRUST_UNKNOWN;
 }
 
 bool clattn__kernel_faulted(const clattn_ctx *ctx, cl_kernel kernel)
@@ -153,13 +152,13 @@ static void remember(clattn_ctx *ctx, const char *key, bool good)
 static void load_records(clattn_ctx *ctx)
 {
     ctx->records_loaded = true;
-    char path[600], driver[640], line[1400];
+    char path[600], line[1400];
+    const char *driver = ctx->info.driver_key;
     if (!records_path(path, sizeof path))
         return;
     FILE *f = fopen(path, "r");
     if (f == NULL)
         return;
-    clattn__driver_key(ctx, driver, sizeof driver);
     while (fgets(line, sizeof line, f)) {
         char *verdict = line, *drv = strchr(line, '\t');
         char *key = drv ? strchr(drv + 1, '\t') : NULL;
@@ -211,14 +210,14 @@ static void write_record(clattn_ctx *ctx, const clattn_variant *v, bool good, co
      * must not reach a records file that other programs read */
     (void)detail;
 #else
-    char path[600], driver[640];
+    char path[600];
+    const char *driver = ctx->info.driver_key;
     if (!records_path(path, sizeof path))
         return;
     make_parents(path);
     FILE *f = fopen(path, "a");
     if (f == NULL)
         return;
-    clattn__driver_key(ctx, driver, sizeof driver);
     char clean[200];
     snprintf(clean, sizeof clean, "%s", detail);
     for (char *c = clean; *c; ++c)
@@ -284,7 +283,7 @@ void clattn__validation_release(clattn_ctx *ctx)
 
 /* ---- trust -------------------------------------------------------------------------------- */
 
-static clattn_variant *variant_of(clattn_ctx *ctx, cl_kernel kernel)
+clattn_variant *clattn__variant_of(clattn_ctx *ctx, cl_kernel kernel)
 {
     for (size_t i = 0; i < ctx->num_variants; ++i)
         if (ctx->variants[i].kernel == kernel)
@@ -296,8 +295,8 @@ bool clattn__same_variant(const clattn_ctx *ctx, cl_kernel judged, cl_kernel bui
 {
     if (judged == built)
         return true;
-    const clattn_variant *a = variant_of((clattn_ctx *)ctx, judged);
-    const clattn_variant *b = variant_of((clattn_ctx *)ctx, built);
+    const clattn_variant *a = clattn__variant_of((clattn_ctx *)ctx, judged);
+    const clattn_variant *b = clattn__variant_of((clattn_ctx *)ctx, built);
     if (a == NULL || b == NULL || a->source != b->source || strcmp(a->name, b->name) != 0)
         return false;
     const size_t n = strlen(b->options);
@@ -313,7 +312,7 @@ static double now_ms(void)
 
 /* Runs the probe on the unit as its slots hold it now: whether it passed, what it found and
  * how long it took. ctx's message is kept (a probe's failure is not the caller's error). */
-static bool probe_once(clattn_ctx *ctx, clattn__probe_fn probe, void *unit,
+bool clattn__run_probe(clattn_ctx *ctx, clattn__probe_fn probe, void *unit,
                        clattn__probe_result *r, double *ms, char *detail, size_t size)
 {
     memset(r, 0, sizeof *r);
@@ -340,10 +339,10 @@ static bool probe_once(clattn_ctx *ctx, clattn__probe_fn probe, void *unit,
 }
 
 /* Judges v: logs it and records it (what the probe could not check is not recorded). */
-static void judge(clattn_ctx *ctx, clattn_variant *v, const char *unit_name, bool good,
+void clattn__judge(clattn_ctx *ctx, clattn_variant *v, const char *unit_name, bool good,
                   const clattn__probe_result *r, double ms, const char *detail)
 {
-    v->trust = good ? TRUST_GOOD : TRUST_BAD;
+    v->trust = good ? CLATTN__TRUST_GOOD : CLATTN__TRUST_BAD;
     const clattn_check result = !good        ? CLATTN_CHECK_FAILED
                                 : !r->checked ? CLATTN_CHECK_UNCHECKED
                                               : CLATTN_CHECK_PASSED;
@@ -357,112 +356,20 @@ static void judge(clattn_ctx *ctx, clattn_variant *v, const char *unit_name, boo
 }
 
 /* Whether every kernel is judged good already (known in this context, or recorded). */
-static bool judged_good(clattn_ctx *ctx, clattn_variant **vs, int count, const char *unit_name)
+bool clattn__judged_good(clattn_ctx *ctx, clattn_variant **vs, int count, const char *unit_name)
 {
     bool all = true;
     for (int i = 0; i < count; ++i) {
         clattn_variant *v = vs[i];
         bool good = false;
-        if (v->trust == TRUST_UNKNOWN && ctx->validate_mode == 1 && v->fault == FAULT_NONE &&
+        if (v->trust == CLATTN__TRUST_UNKNOWN && ctx->validate_mode == 1 && v->fault == FAULT_NONE &&
             recorded(ctx, v->key, &good)) {
-            v->trust = good ? TRUST_GOOD : TRUST_BAD;
+            v->trust = good ? CLATTN__TRUST_GOOD : CLATTN__TRUST_BAD;
             log_entry(ctx, v, unit_name, good ? CLATTN_CHECK_RECORDED : CLATTN_CHECK_FAILED, NULL,
                       0.0, good ? "" : "recorded bad for this driver (the validation records)");
         }
-        all &= v->trust == TRUST_GOOD;
+        all &= v->trust == CLATTN__TRUST_GOOD;
     }
     return all;
 }
 
-/* The variant's -cl-opt-disable build (the usual cure for a miscompile), or NULL. */
-static cl_kernel safe_build(clattn_ctx *ctx, const clattn_variant *v)
-{
-    char options[sizeof v->options], name[sizeof v->name];
-    if (strstr(v->options, "-cl-opt-disable") ||
-        snprintf(options, sizeof options, "%s -cl-opt-disable", v->options) >=
-            (int)sizeof options)
-        return NULL;
-    snprintf(name, sizeof name, "%s", v->name);
-    const clattn_source source = v->source;
-    char saved[sizeof ctx->message];
-    memcpy(saved, ctx->message, sizeof saved);
-    cl_kernel safe = NULL;
-    if (clattn__variant_kernel(ctx, source, name, options, &safe) != CLATTN_SUCCESS)
-        safe = NULL; /* (the build failure is logged and recorded) */
-    memcpy(ctx->message, saved, sizeof saved);
-    return safe;
-}
-
-clattn_status clattn__trust(clattn_ctx *ctx, const char *unit_name, cl_kernel *const *slots,
-                            int count, clattn__probe_fn probe, void *unit)
-{
-    enum { MOST = 4 };
-    if (ctx->validate_mode == 0 || ctx->probing || count > MOST)
-        return CLATTN_SUCCESS;
-    clattn_variant *vs[MOST];
-#define RESOLVE()                                                                                  \
-    for (int j = 0; j < count; ++j)                                                                \
-        if ((vs[j] = variant_of(ctx, *slots[j])) == NULL)                                           \
-            return CLATTN_SUCCESS; /* not a cached variant: nothing to judge it by */
-    RESOLVE();
-    if (judged_good(ctx, vs, count, unit_name))
-        return CLATTN_SUCCESS;
-    clattn__probe_result r;
-    double ms = 0.0;
-    char detail[192] = "", first[192] = "";
-    bool any_bad = false;
-    for (int i = 0; i < count; ++i)
-        any_bad |= vs[i]->trust == TRUST_BAD;
-    if (!any_bad) {
-        const bool good = probe_once(ctx, probe, unit, &r, &ms, detail, sizeof detail);
-        for (int i = 0; i < count && good; ++i)
-            if (vs[i]->trust == TRUST_UNKNOWN)
-                judge(ctx, vs[i], unit_name, true, &r, ms, detail);
-        if (good)
-            return CLATTN_SUCCESS;
-        snprintf(first, sizeof first, "%s", detail);
-    }
-    /* The culprit: the kernel whose -cl-opt-disable build alone makes the unit pass. */
-    for (int i = 0; i < count; ++i) {
-        if (vs[i]->trust == TRUST_GOOD)
-            continue;
-        const cl_kernel original = *slots[i];
-        const cl_kernel safe = safe_build(ctx, vs[i]);
-        RESOLVE();
-        clattn_variant *bad = vs[i];
-        if (safe == NULL)
-            continue;
-        *slots[i] = safe;
-        RESOLVE();
-        if (vs[i]->trust != TRUST_BAD &&
-            probe_once(ctx, probe, unit, &r, &ms, detail, sizeof detail)) {
-            if (bad->trust != TRUST_BAD) {
-                const clattn__probe_result none = {.checked = true};
-                judge(ctx, bad, unit_name, false, &none, 0.0, first);
-            }
-            for (int j = 0; j < count; ++j)
-                if (vs[j]->trust == TRUST_UNKNOWN)
-                    judge(ctx, vs[j], unit_name, true, &r, ms, detail);
-            return CLATTN_SUCCESS;
-        }
-        *slots[i] = original;
-        RESOLVE();
-    }
-    /* Nothing cured it: the first kernel not judged good takes the blame. */
-    clattn_variant *bad = vs[0];
-    for (int i = 0; i < count; ++i)
-        if (vs[i]->trust != TRUST_GOOD) {
-            bad = vs[i];
-            break;
-        }
-    if (bad->trust != TRUST_BAD) {
-        const clattn__probe_result none = {.checked = true};
-        judge(ctx, bad, unit_name, false, &none, 0.0, first);
-    }
-#undef RESOLVE
-    return clattn__fail(ctx, CLATTN_ERR_UNTRUSTED,
-                        "%s: variant %s failed validation on %s (%s); its -cl-opt-disable build "
-                        "too",
-                        unit_name, bad->key, ctx->info.name,
-                        first[0] ? first : "recorded bad for this driver");
-}

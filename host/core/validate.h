@@ -23,7 +23,10 @@ typedef struct clattn__probe_result {
  * probe's problem. A status other than success (an enqueue refused, a build) fails the unit. */
 typedef clattn_status (*clattn__probe_fn)(clattn_ctx *ctx, void *unit, clattn__probe_result *r);
 
-/* Whether the kernels in slots[0 .. count) may be used: passes when validation is off, when
+/* A variant's standing in its context (clattn_variant.trust). */
+enum { CLATTN__TRUST_UNKNOWN = 0, CLATTN__TRUST_GOOD, CLATTN__TRUST_BAD, CLATTN__TRUST_PROBING };
+
+/* Whether the kernels in slots[0 .. count) may be used (host/ops/trust.c): passes when validation is off, when
  * each is known good in this context or recorded good for this driver (first-use mode), or
  * when the probe passes. On a failure each failing kernel's slot is replaced by its
  * -cl-opt-disable build and the probe runs again; if that fails too the result is
@@ -32,6 +35,19 @@ typedef clattn_status (*clattn__probe_fn)(clattn_ctx *ctx, void *unit, clattn__p
  * probe runs, nested plans of the probe trust everything (no recursion). */
 clattn_status clattn__trust(clattn_ctx *ctx, const char *unit_name, cl_kernel *const *slots,
                             int count, clattn__probe_fn probe, void *unit);
+
+/* The steps clattn__trust takes (validate.c). The variant built as `kernel` (NULL: none). */
+clattn_variant *clattn__variant_of(clattn_ctx *ctx, cl_kernel kernel);
+/* Runs the probe on the unit as its slots hold it now: whether it passed, what it found, its
+ * time and a detail (what failed; "" when it passed); ctx's message is kept. */
+bool clattn__run_probe(clattn_ctx *ctx, clattn__probe_fn probe, void *unit,
+                       clattn__probe_result *r, double *ms, char *detail, size_t size);
+/* Judges v good or bad: logs it and records it (what the probe could not check is not). */
+void clattn__judge(clattn_ctx *ctx, clattn_variant *v, const char *unit_name, bool good,
+                   const clattn__probe_result *r, double ms, const char *detail);
+/* Whether every kernel is judged good already (in this context, or recorded for this driver
+ * in first-use mode: those are logged CLATTN_CHECK_RECORDED). */
+bool clattn__judged_good(clattn_ctx *ctx, clattn_variant **vs, int count, const char *unit_name);
 
 /* A build (or kernel creation) of a variant failed: logs and records it as failed. */
 void clattn__note_build_failure(clattn_ctx *ctx, const clattn_variant *v, clattn_status status);

@@ -1,8 +1,10 @@
 /* Additive attention's scores: variant and launch for kernels/additive.cl. */
 #include "ops.h"
-#include "core/validate.h"
+#include "probe.h" /* self-validation (core/validate.h) */
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 clattn_status clattn__additive_prepare(clattn_ctx *ctx, size_t batch, size_t heads, size_t seq_q,
@@ -95,4 +97,78 @@ clattn_status clattn__additive_enqueue(clattn_chain *chain, const clattn__additi
                                CLATTN_ARG(raw->mem), CLATTN_ARG(params)};
     return clattn__launch_kernel(chain, plan->kernel, "additive_scores", args,
                                  sizeof args / sizeof args[0], 3, plan->global, plan->local);
+}
+
+/* ---- additive attention's scores (additive.cl) --------------------------------------------- */
+
+/* raw over (2, 2, 19, 23) with dim 37 (a chunk and a part): sum_c w[h, c] tanh(p1 + p2). */
+static clattn_status additive_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const clattn__additive_plan *prepared = unit;
+    const size_t b = 2, h = 2, q = 19, k = 23, d = 37;
+    clattn__additive_plan run;
+    clattn_status status = clattn__additive_prepare(ctx, b, h, q, k, d, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    if (!clattn__same_variant(ctx, prepared->kernel, run.kernel)) {
+        r->checked = false;
+        snprintf(r->why, sizeof r->why, "the probe's sizes take another tile");
+        return CLATTN_SUCCESS;
+    }
+    run.kernel = prepared->kernel;
+    clattn__probe_rng rng = {0xadd1ULL};
+    clattn__probe_mem pm = {.count = 0};
+    const size_t n1 = b * h * q * d, n2 = b * h * k * d, nw = h * d, nr = b * h * q * k;
+    float *host = malloc((n1 + n2 + nw) * sizeof(float));
+    float *got = malloc(nr * sizeof(float));
+    double *want = malloc(nr * sizeof(double));
+    cl_mem m1 = NULL, m2 = NULL, mw = NULL, mr = NULL;
+    if (!host || !got || !want) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n1 + n2 + nw; ++i)
+        host[i] = (float)(2.0 * clattn__probe_grid(&rng, CLATTN_DTYPE_F32));
+    const float *p1 = host, *p2 = host + n1, *w = host + n1 + n2;
+    for (size_t bh = 0; bh < b * h; ++bh)
+        for (size_t i = 0; i < q; ++i)
+            for (size_t j = 0; j < k; ++j) {
+                double sum = 0.0;
+                for (size_t c = 0; c < d; ++c)
+                    sum += (double)w[(bh % h) * d + c] *
+                           tanh((double)p1[(bh * q + i) * d + c] + p2[(bh * k + j) * d + c]);
+                want[(bh * q + i) * k + j] = sum;
+            }
+    if ((status = clattn__probe_upload(ctx, &pm, p1, n1 * sizeof(float), &m1)) ||
+        (status = clattn__probe_upload(ctx, &pm, p2, n2 * sizeof(float), &m2)) ||
+        (status = clattn__probe_upload(ctx, &pm, w, nw * sizeof(float), &mw)) ||
+        (status = clattn__probe_upload(ctx, &pm, NULL, nr * sizeof(float), &mr)))
+        goto done;
+    const clattn__view v1 = clattn__probe_view(m1, CLATTN_DTYPE_F32, b, h, q, d);
+    const clattn__view v2 = clattn__probe_view(m2, CLATTN_DTYPE_F32, b, h, k, d);
+    const clattn__view vw = clattn__probe_view(mw, CLATTN_DTYPE_F32, 1, 1, h, d);
+    const clattn__view vr = clattn__probe_view(mr, CLATTN_DTYPE_F32, b, h, q, k);
+    clattn_chain chain = clattn__probe_chain(ctx);
+    status = clattn__additive_enqueue(&chain, &run, &v1, &v2, &vw, &vr);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__probe_download(&chain, mr, nr * sizeof(float), got);
+    clattn__chain_push(&chain, NULL);
+    if (status == CLATTN_SUCCESS) {
+        size_t where = 0;
+        r->tolerance = 1e-4 * (double)d;
+        r->max_error = clattn__probe_max_error(CLATTN_DTYPE_F32, (const unsigned char *)got, want, nr, &where);
+        snprintf(r->why, sizeof r->why, "raw[%zu] of (2, 2, 19, 23)", where);
+    }
+done:
+    clattn__probe_release(&pm);
+    free(host);
+    free(got);
+    free(want);
+    return status;
+}
+
+clattn_status clattn__additive_trust(clattn_ctx *ctx, clattn__additive_plan *plan)
+{
+    cl_kernel *slots[1] = {&plan->kernel};
+    return clattn__trust(ctx, "additive scores", slots, 1, additive_probe, plan);
 }

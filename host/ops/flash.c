@@ -3,9 +3,11 @@
  * kernels/flash_cpu.cl (CPUs: tuning key flash_cpu=1) and kernels/flash_gpu.cl (GPUs:
  * flash_gpu=1; its tiles are chosen in ops/flash_gpu.c). */
 #include "ops.h"
-#include "core/validate.h"
+#include "probe.h" /* self-validation (core/validate.h) */
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define FLASH_MAX_HEAD_DIM 256
@@ -531,4 +533,284 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
         status = merge_splits(chain, plan, scratch, rows, final_out, lse, masks);
     }
     return status;
+}
+
+/* ---- flash attention ----------------------------------------------------------------------- */
+
+/* The plan on the probe's sizes: its kernels, tiles and splits as prepared. */
+static void probe_flash_plan(const clattn__flash_plan *prepared, clattn__flash_plan *run)
+{
+    *run = *prepared;
+    clattn__score_shape *s = &run->shape.score;
+    const size_t group = s->kv_group > 1 ? s->kv_group : 1;
+    s->batch = clattn__probe_at_most(s->batch, 2);
+    s->heads = clattn__probe_at_most(s->heads / group, 2) * group;
+    s->seq_q = s->seq_q <= 8 ? s->seq_q : clattn__probe_at_most(s->seq_q, 19);
+    const bool parts = prepared->part_keys < prepared->shape.score.seq_k;
+    const size_t unit = prepared->splits > 1 ? prepared->split_keys
+                        : parts              ? prepared->part_keys
+                                             : prepared->key_tile;
+    s->seq_k = clattn__probe_at_most(s->seq_k, unit + 13);
+    run->part_keys = parts ? prepared->part_keys : s->seq_k;
+    const size_t rows = s->batch * s->heads * s->seq_q;
+    if (prepared->splits > 1) {
+        run->splits = (unsigned)((s->seq_k + run->split_keys - 1) / run->split_keys);
+        run->scratch_floats = run->splits * rows * (run->shape.head_dim_v + 1);
+        const size_t items = rows * run->shape.head_dim_v;
+        run->merge_global = (items + run->merge_local - 1) / run->merge_local * run->merge_local;
+    } else {
+        run->scratch_floats = run->part_keys < s->seq_k ? rows : 0;
+    }
+}
+
+typedef struct flash_host {
+    double *q, *k, *v, *out, *lse, *raw, *w;
+} flash_host;
+
+static void free_flash_host(flash_host *h)
+{
+    free(h->q);
+    free(h->k);
+    free(h->v);
+    free(h->out);
+    free(h->lse);
+    free(h->raw);
+    free(h->w);
+}
+
+/* k or v drawn as (batch, kv_heads, seq_k, d) values; on the device packed, or in a pool of
+ * pages (pages, page_size, kv_heads, d) at the table's pages. */
+static clattn_status upload_keys(clattn_ctx *ctx, clattn__probe_mem *pm, clattn_dtype dtype,
+                                 const double *x, const clattn__score_shape *s, size_t kv_heads,
+                                 size_t d, const clattn__probe_scores *ps, clattn__view *view)
+{
+    const size_t per_batch = kv_heads * s->seq_k * d;
+    size_t count = s->batch * per_batch;
+    double *laid = NULL;
+    if (ps->table) { /* the pool: each (page, slot, head) row from its key, zeros elsewhere */
+        count = ps->num_pages * ps->page_size * kv_heads * d;
+        laid = calloc(count, sizeof(double));
+        if (laid == NULL)
+            return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        for (size_t b = 0; b < s->batch; ++b)
+            for (size_t j = 0; j < s->seq_k; ++j) {
+                const int page = ps->table[b * ps->blocks + j / ps->page_size];
+                if (page < 0 || (size_t)page >= ps->num_pages)
+                    continue;
+                for (size_t h = 0; h < kv_heads; ++h)
+                    memcpy(laid + (((size_t)page * ps->page_size + j % ps->page_size) * kv_heads +
+                                   h) * d,
+                           x + ((b * kv_heads + h) * s->seq_k + j) * d, d * sizeof(double));
+            }
+    }
+    unsigned char *bytes = malloc(clattn__probe_bytes(dtype, count) + 4);
+    if (bytes == NULL) {
+        free(laid);
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+    }
+    clattn__probe_encode(dtype, laid ? laid : x, count, bytes);
+    cl_mem mem = NULL;
+    const clattn_status status = clattn__probe_upload(ctx, pm, bytes, clattn__probe_bytes(dtype, count), &mem);
+    free(bytes);
+    free(laid);
+    if (status)
+        return status;
+    *view = clattn__probe_view(mem, dtype, s->batch, kv_heads, s->seq_k, d);
+    if (ps->table) { /* sdpa.c's paged views: batch stride 0, the slot stride per key */
+        view->strides[0] = 0;
+        view->strides[1] = d;
+        view->strides[2] = kv_heads * d;
+    }
+    return CLATTN_SUCCESS;
+}
+
+/* The paged pool's table: 7-key pages, a random page per block; past each sequence's keys an
+ * index outside the pool (never read), and in the second sequence one inside its keys too
+ * (its keys end there). */
+static clattn_status draw_table(clattn_ctx *ctx, clattn__probe_rng *rng, const clattn__score_shape *s,
+                                clattn__probe_mem *pm, clattn__probe_inputs *in, clattn__score_masks *masks)
+{
+    clattn__probe_scores *ps = &in->scores;
+    ps->page_size = 7;
+    ps->blocks = (s->seq_k + ps->page_size - 1) / ps->page_size;
+    ps->num_pages = s->batch * ps->blocks + 2;
+    in->table = malloc(s->batch * ps->blocks * sizeof(int));
+    if (in->table == NULL)
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+    for (size_t b = 0; b < s->batch; ++b) {
+        const size_t keys = in->kv_len ? (size_t)in->kv_len[b] : s->seq_k;
+        const size_t used = (keys + ps->page_size - 1) / ps->page_size;
+        for (size_t blk = 0; blk < ps->blocks; ++blk) /* pages in reverse: not the identity */
+            in->table[b * ps->blocks + blk] =
+                blk < used ? (int)(ps->num_pages - 1 - (b * ps->blocks + blk))
+                           : (clattn__probe_next(rng) % 2 ? -1 : (int)ps->num_pages + 3);
+        if (b == 1 && used >= 3)
+            in->table[b * ps->blocks + 1] = (int)ps->num_pages + 9;
+    }
+    ps->table = in->table;
+    cl_mem mem = NULL;
+    const clattn_status status =
+        clattn__probe_upload(ctx, pm, in->table, s->batch * ps->blocks * sizeof(int), &mem);
+    if (status)
+        return status;
+    masks->paging.block_table = clattn__probe_view(mem, CLATTN_DTYPE_F32, 1, 1, s->batch, ps->blocks);
+    masks->paging.page_size = ps->page_size;
+    masks->paging.num_pages = ps->num_pages;
+    return CLATTN_SUCCESS;
+}
+
+static const char *flash_unprobed(const clattn__score_shape *s)
+{
+    return s->varlen     ? "packed sequences (cu_seqlens)"
+           : s->flex_id  ? "user score functions (flex)"
+           : s->dropout  ? "dropout"
+           : s->additive ? "additive scores"
+                         : NULL;
+}
+
+static clattn_status run_flash_probe(clattn_ctx *ctx, const clattn__flash_plan *run,
+                                     clattn__probe_mem *pm, flash_host *host, clattn__probe_inputs *in,
+                                     clattn__probe_result *r)
+{
+    const clattn__flash_shape *shape = &run->shape;
+    const clattn__score_shape *s = &shape->score;
+    const size_t group = s->kv_group > 1 ? s->kv_group : 1, kv_heads = s->heads / group;
+    const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
+    const size_t rows = s->batch * s->heads * s->seq_q;
+    const size_t nq = rows * dk, nk = s->batch * kv_heads * s->seq_k * dk;
+    const size_t nv = s->batch * kv_heads * s->seq_k * dv, no = rows * dv;
+    clattn__probe_rng rng = {0x5eed0000ULL + dk * 131 + s->seq_k};
+    host->q = malloc(nq * sizeof(double));
+    host->k = malloc(nk * sizeof(double));
+    host->v = malloc(nv * sizeof(double));
+    host->out = malloc(no * sizeof(double));
+    host->lse = malloc(rows * sizeof(double));
+    host->raw = malloc(s->seq_k * sizeof(double));
+    host->w = malloc(s->seq_k * sizeof(double));
+    unsigned char *got = malloc(clattn__probe_bytes(CLATTN_DTYPE_F32, no > rows ? no : rows) + 4);
+    clattn_status status = CLATTN_SUCCESS;
+    if (!host->q || !host->k || !host->v || !host->out || !host->lse || !host->raw || !host->w ||
+        !got) {
+        free(got);
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+    }
+    for (size_t i = 0; i < nq; ++i)
+        host->q[i] = clattn__probe_grid(&rng, shape->q_dtype);
+    for (size_t i = 0; i < nk; ++i)
+        host->k[i] = clattn__probe_grid(&rng, shape->k_dtype);
+    for (size_t i = 0; i < nv; ++i)
+        host->v[i] = clattn__probe_grid(&rng, shape->v_dtype);
+    clattn__score_masks masks;
+    clattn__view q, k, v, out, lse = {0};
+    cl_mem mem = NULL, scratch = NULL;
+    unsigned char *bytes = malloc(clattn__probe_bytes(CLATTN_DTYPE_F32, nq) + 4);
+    if (bytes == NULL) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    clattn__probe_encode(shape->q_dtype, host->q, nq, bytes);
+    if ((status = clattn__probe_draw_modifiers(ctx, &rng, s, pm, in, &masks)) ||
+        (s->kv_paged && (status = draw_table(ctx, &rng, s, pm, in, &masks))) ||
+        (status = clattn__probe_upload(ctx, pm, bytes, clattn__probe_bytes(shape->q_dtype, nq), &mem)))
+        goto done;
+    q = clattn__probe_view(mem, shape->q_dtype, s->batch, s->heads, s->seq_q, dk);
+    if ((status = upload_keys(ctx, pm, shape->k_dtype, host->k, s, kv_heads, dk, &in->scores,
+                              &k)) ||
+        (status = upload_keys(ctx, pm, shape->v_dtype, host->v, s, kv_heads, dv, &in->scores,
+                              &v)) ||
+        (status = clattn__probe_upload(ctx, pm, NULL, clattn__probe_bytes(shape->out_dtype, no), &mem)))
+        goto done;
+    out = clattn__probe_view(mem, shape->out_dtype, s->batch, s->heads, s->seq_q, dv);
+    if (s->kv_paged) {
+        masks.paging.k_page = masks.paging.page_size * kv_heads * dk;
+        masks.paging.v_page = masks.paging.page_size * kv_heads * dv;
+    }
+    if (shape->has_lse) {
+        if ((status = clattn__probe_upload(ctx, pm, NULL, rows * sizeof(float), &mem)))
+            goto done;
+        lse = clattn__probe_view(mem, CLATTN_DTYPE_F32, 1, s->batch, s->heads, s->seq_q);
+    }
+    if ((status = clattn__probe_upload(ctx, pm, NULL, run->scratch_floats * sizeof(float), &scratch)))
+        goto done;
+    clattn_chain chain = clattn__probe_chain(ctx);
+    status = clattn__flash_enqueue(&chain, run, &q, &k, &v, &out, &lse, &masks,
+                                   (clattn__scratch){scratch, 0});
+    if (status == CLATTN_SUCCESS)
+        status = clattn__probe_download(&chain, out.mem, clattn__probe_bytes(shape->out_dtype, no), got);
+    /* the reference, while the device works */
+    for (size_t b = 0; b < s->batch; ++b)
+        for (size_t h = 0; h < s->heads; ++h)
+            for (size_t i = 0; i < s->seq_q; ++i) {
+                const size_t row = (b * s->heads + h) * s->seq_q + i;
+                const double *qi = host->q + row * dk;
+                const size_t kv = b * kv_heads + h / group;
+                for (size_t j = 0; j < s->seq_k; ++j) {
+                    const double *kj = host->k + (kv * s->seq_k + j) * dk;
+                    double dot = 0.0;
+                    for (size_t c = 0; c < dk; ++c)
+                        dot += qi[c] * kj[c];
+                    host->raw[j] = dot;
+                }
+                clattn__probe_reference_row(&in->scores, b, h, i, host->raw, host->w, &host->lse[row], NULL);
+                for (size_t c = 0; c < dv; ++c) {
+                    double acc = 0.0;
+                    for (size_t j = 0; j < s->seq_k; ++j)
+                        acc += host->w[j] * host->v[(kv * s->seq_k + j) * dv + c];
+                    host->out[row * dv + c] = acc;
+                }
+            }
+    if (status == CLATTN_SUCCESS) {
+        size_t where = 0;
+        r->tolerance = clattn__probe_tolerance(shape->out_dtype);
+        r->max_error = clattn__probe_max_error(shape->out_dtype, got, host->out, no, &where);
+        snprintf(r->why, sizeof r->why, "out[%zu] of (%zu, %zu, %zu, %zu)", where, s->batch,
+                 s->heads, s->seq_q, dv);
+    }
+    if (status == CLATTN_SUCCESS && shape->has_lse && s->norm == CLATTN_NORM_SOFTMAX &&
+        (status = clattn__probe_download(&chain, lse.mem, rows * sizeof(float), got)) == CLATTN_SUCCESS) {
+        for (size_t i = 0; i < rows; ++i) { /* (rows that keep nothing: -inf, not compared) */
+            const double g = clattn__probe_decode(CLATTN_DTYPE_F32, got, i);
+            const double e = !isfinite(host->lse[i]) ? 0.0 : isnan(g) ? INFINITY
+                                                                      : fabs(g - host->lse[i]);
+            if (e > r->max_error && e > r->tolerance) {
+                r->max_error = e;
+                snprintf(r->why, sizeof r->why, "lse[%zu] of %zu rows", i, rows);
+            }
+        }
+    }
+    clattn__chain_push(&chain, NULL);
+done:
+    free(bytes);
+    free(got);
+    return status;
+}
+
+static clattn_status flash_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const clattn__flash_plan *prepared = unit;
+    const char *unprobed = flash_unprobed(&prepared->shape.score);
+    if (unprobed) {
+        r->checked = false;
+        snprintf(r->why, sizeof r->why, "%s", unprobed);
+        return CLATTN_SUCCESS;
+    }
+    clattn__flash_plan run;
+    probe_flash_plan(prepared, &run);
+    clattn__probe_mem pm = {.count = 0};
+    flash_host host;
+    memset(&host, 0, sizeof host);
+    clattn__probe_inputs in;
+    memset(&in, 0, sizeof in);
+    const clattn_status status = run_flash_probe(ctx, &run, &pm, &host, &in, r);
+    clattn__probe_release(&pm);
+    free_flash_host(&host);
+    clattn__probe_free_inputs(&in);
+    return status;
+}
+
+clattn_status clattn__flash_trust(clattn_ctx *ctx, clattn__flash_plan *plan)
+{
+    cl_kernel *slots[2] = {&plan->kernel, &plan->merge};
+    return clattn__trust(ctx, "flash attention", slots, plan->splits > 1 ? 2 : 1, flash_probe,
+                         plan);
 }

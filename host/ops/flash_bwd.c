@@ -1,8 +1,11 @@
 /* The attention backward's launches (kernels/flash_bwd.cl): delta, dK/dV per key, dQ per row,
  * then the reductions (parts, a broadcast mask's gradient, the sinks'). */
 #include "ops.h"
+#include "probe.h" /* self-validation (core/validate.h) */
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_BH_PER_LAUNCH 65535u
@@ -473,4 +476,224 @@ clattn_status clattn__bwd_sinks(clattn_chain *chain, cl_kernel kernel, clattn__s
                                CLATTN_ARG(p)};
     const size_t local = 1, global = score->heads;
     return clattn__launch_kernel(chain, kernel, "bwd_sinks", args, 5, 1, &global, &local);
+}
+
+/* ---- attention backward -------------------------------------------------------------------- */
+
+typedef struct bwd_host {
+    double *q, *k, *v, *o, *go, *dq, *dk, *dv, *raw, *w, *dcap, *lse;
+    unsigned char *bytes;
+} bwd_host;
+
+static void free_bwd_host(bwd_host *h)
+{
+    double *all[] = {h->q, h->k, h->v, h->o, h->go, h->dq, h->dk, h->dv, h->raw, h->w, h->dcap,
+                     h->lse};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
+        free(all[i]);
+    free(h->bytes);
+}
+
+/* dQ, dK, dV in float64: P from the score rule, delta = rowsum(dO * O) of the O given, dS =
+ * P (dP - delta) times the soft-cap's derivative, summed over a k/v head's query group. */
+static void reference_backward(const clattn__flash_bwd_shape *shape, const clattn__probe_scores *ps,
+                               bwd_host *h)
+{
+    const clattn__score_shape *s = &shape->score;
+    const size_t group = s->kv_group > 1 ? s->kv_group : 1, kv_heads = s->heads / group;
+    const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
+    memset(h->dk, 0, s->batch * kv_heads * s->seq_k * dk * sizeof(double));
+    memset(h->dv, 0, s->batch * kv_heads * s->seq_k * dv * sizeof(double));
+    for (size_t b = 0; b < s->batch; ++b)
+        for (size_t hd = 0; hd < s->heads; ++hd)
+            for (size_t i = 0; i < s->seq_q; ++i) {
+                const size_t row = (b * s->heads + hd) * s->seq_q + i;
+                const size_t kv = b * kv_heads + hd / group;
+                const double *qi = h->q + row * dk, *gi = h->go + row * dv;
+                for (size_t j = 0; j < s->seq_k; ++j) {
+                    double dot = 0.0;
+                    for (size_t c = 0; c < dk; ++c)
+                        dot += qi[c] * h->k[(kv * s->seq_k + j) * dk + c];
+                    h->raw[j] = dot;
+                }
+                double lse;
+                clattn__probe_reference_row(ps, b, hd, i, h->raw, h->w, &lse, h->dcap);
+                h->lse[row] = lse;
+                double delta = 0.0;
+                for (size_t c = 0; c < dv; ++c)
+                    delta += gi[c] * h->o[row * dv + c];
+                for (size_t c = 0; c < dk; ++c)
+                    h->dq[row * dk + c] = 0.0;
+                for (size_t j = 0; j < s->seq_k; ++j) {
+                    const double p = h->w[j];
+                    if (p == 0.0)
+                        continue;
+                    double dp = 0.0;
+                    for (size_t c = 0; c < dv; ++c) {
+                        dp += gi[c] * h->v[(kv * s->seq_k + j) * dv + c];
+                        h->dv[(kv * s->seq_k + j) * dv + c] += p * gi[c];
+                    }
+                    const double ds = p * (dp - delta) * h->dcap[j] * s->scale;
+                    for (size_t c = 0; c < dk; ++c) {
+                        h->dq[row * dk + c] += ds * h->k[(kv * s->seq_k + j) * dk + c];
+                        h->dk[(kv * s->seq_k + j) * dk + c] += ds * qi[c];
+                    }
+                }
+            }
+}
+
+static clattn_status upload_values(clattn_ctx *ctx, clattn__probe_mem *pm, clattn_dtype dtype,
+                                   const double *x, size_t count, unsigned char *bytes,
+                                   cl_mem *out)
+{
+    clattn__probe_encode(dtype, x, count, bytes);
+    return clattn__probe_upload(ctx, pm, bytes, clattn__probe_bytes(dtype, count), out);
+}
+
+static const char *bwd_unprobed(const clattn__flash_bwd_shape *shape)
+{
+    const clattn__score_shape *s = &shape->score;
+    return s->varlen                        ? "packed sequences (cu_seqlens)"
+           : s->flex_id                     ? "user score functions (flex)"
+           : s->dropout                     ? "dropout"
+           : s->norm == CLATTN_NORM_RELU    ? "relu normalisation"
+           : shape->want_dmask              ? "the mask's gradient"
+           : shape->want_dsinks             ? "the sinks' gradient"
+                                            : NULL;
+}
+
+static clattn_status run_bwd_probe(clattn_ctx *ctx, const clattn__flash_bwd_plan *run,
+                                   clattn__probe_mem *pm, bwd_host *h, clattn__probe_inputs *in,
+                                   clattn__probe_result *r)
+{
+    const clattn__flash_bwd_shape *shape = &run->shape;
+    const clattn__score_shape *s = &shape->score;
+    const size_t group = s->kv_group > 1 ? s->kv_group : 1, kv_heads = s->heads / group;
+    const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
+    const size_t rows = s->batch * s->heads * s->seq_q;
+    const size_t nq = rows * dk, no = rows * dv;
+    const size_t nk = s->batch * kv_heads * s->seq_k * dk, nv = s->batch * kv_heads * s->seq_k * dv;
+    const size_t most = nq > nk ? (nq > nv ? nq : nv) : (nk > nv ? nk : nv);
+    clattn__probe_rng rng = {0xbac4ULL + dk * 7 + s->seq_k};
+    double **arrays[] = {&h->q, &h->k, &h->v, &h->o, &h->go, &h->dq, &h->dk, &h->dv};
+    const size_t counts[] = {nq, nk, nv, no, no, nq, nk, nv};
+    for (int i = 0; i < 8; ++i)
+        *arrays[i] = malloc(counts[i] * sizeof(double) + 8);
+    h->raw = malloc(s->seq_k * sizeof(double));
+    h->w = malloc(s->seq_k * sizeof(double));
+    h->dcap = malloc(s->seq_k * sizeof(double));
+    h->lse = malloc(rows * sizeof(double));
+    h->bytes = malloc(4 * (most > rows ? most : rows) + 8);
+    for (int i = 0; i < 8; ++i)
+        if (*arrays[i] == NULL)
+            return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+    if (!h->raw || !h->w || !h->dcap || !h->lse || !h->bytes)
+        return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+    const clattn_dtype in_dtypes[5] = {shape->q_dtype, shape->k_dtype, shape->v_dtype,
+                                       shape->o_dtype, shape->go_dtype};
+    for (int i = 0; i < 5; ++i)
+        for (size_t e = 0; e < counts[i]; ++e)
+            (*arrays[i])[e] = clattn__probe_grid(&rng, in_dtypes[i]);
+    clattn__flash_bwd_io io;
+    memset(&io, 0, sizeof io);
+    clattn_status status = clattn__probe_draw_modifiers(ctx, &rng, s, pm, in, &io.masks);
+    if (status)
+        return status;
+    reference_backward(shape, &in->scores, h);
+    cl_mem mems[9] = {NULL};
+    for (int i = 0; i < 5 && status == CLATTN_SUCCESS; ++i)
+        status = upload_values(ctx, pm, in_dtypes[i], *arrays[i], counts[i], h->bytes, &mems[i]);
+    float *lse = (float *)h->bytes;
+    for (size_t i = 0; i < rows; ++i)
+        lse[i] = (float)h->lse[i];
+    const clattn_dtype out_dtypes[3] = {shape->dq_dtype, shape->dk_dtype, shape->dv_dtype};
+    cl_mem scratch = NULL;
+    if (status == CLATTN_SUCCESS &&
+        ((status = clattn__probe_upload(ctx, pm, lse, rows * sizeof(float), &mems[5])) ||
+         (status = clattn__probe_upload(ctx, pm, NULL, clattn__probe_bytes(out_dtypes[0], nq), &mems[6])) ||
+         (status = clattn__probe_upload(ctx, pm, NULL, clattn__probe_bytes(out_dtypes[1], nk), &mems[7])) ||
+         (status = clattn__probe_upload(ctx, pm, NULL, clattn__probe_bytes(out_dtypes[2], nv), &mems[8])) ||
+         (status = clattn__probe_upload(ctx, pm, NULL, run->scratch_floats * sizeof(float), &scratch))))
+        return status;
+    if (status)
+        return status;
+    io.q = clattn__probe_view(mems[0], shape->q_dtype, s->batch, s->heads, s->seq_q, dk);
+    io.k = clattn__probe_view(mems[1], shape->k_dtype, s->batch, kv_heads, s->seq_k, dk);
+    io.v = clattn__probe_view(mems[2], shape->v_dtype, s->batch, kv_heads, s->seq_k, dv);
+    io.out = clattn__probe_view(mems[3], shape->o_dtype, s->batch, s->heads, s->seq_q, dv);
+    io.grad_out = clattn__probe_view(mems[4], shape->go_dtype, s->batch, s->heads, s->seq_q, dv);
+    io.lse = clattn__probe_view(mems[5], CLATTN_DTYPE_F32, 1, s->batch, s->heads, s->seq_q);
+    io.dq = clattn__probe_view(mems[6], out_dtypes[0], s->batch, s->heads, s->seq_q, dk);
+    io.dk = clattn__probe_view(mems[7], out_dtypes[1], s->batch, kv_heads, s->seq_k, dk);
+    io.dv = clattn__probe_view(mems[8], out_dtypes[2], s->batch, kv_heads, s->seq_k, dv);
+    clattn_chain chain = clattn__probe_chain(ctx);
+    status = clattn__flash_bwd_enqueue(&chain, run, &io, (clattn__scratch){scratch, 0});
+    const double *want[3] = {h->dq, h->dk, h->dv};
+    const size_t sizes[3] = {nq, nk, nv};
+    static const char *const names[3] = {"dq", "dk", "dv"};
+    r->tolerance = 0.0;
+    for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i) {
+        status = clattn__probe_download(&chain, mems[6 + i], clattn__probe_bytes(out_dtypes[i], sizes[i]), h->bytes);
+        if (status)
+            break;
+        /* gradients grow with the keys summed: the bound scales with seq_k */
+        const double tol = clattn__probe_tolerance(out_dtypes[i]) * 8;
+        size_t where = 0;
+        const double err = clattn__probe_max_error(out_dtypes[i], h->bytes, want[i], sizes[i], &where);
+        if (i == 0 || err / tol > r->max_error / r->tolerance) {
+            r->max_error = err;
+            r->tolerance = tol;
+            snprintf(r->why, sizeof r->why, "%s[%zu] of %zu", names[i], where, sizes[i]);
+        }
+    }
+    clattn__chain_push(&chain, NULL);
+    return status;
+}
+
+static clattn_status bwd_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const clattn__flash_bwd_plan *prepared = unit;
+    const char *unprobed = bwd_unprobed(&prepared->shape);
+    clattn__flash_bwd_shape shape = prepared->shape;
+    clattn__score_shape *s = &shape.score;
+    const size_t group = s->kv_group > 1 ? s->kv_group : 1;
+    s->batch = clattn__probe_at_most(s->batch, 2);
+    s->heads = clattn__probe_at_most(s->heads / group, 2) * group;
+    s->seq_q = clattn__probe_at_most(s->seq_q, 19);
+    s->seq_k = clattn__probe_at_most(s->seq_k, 37);
+    clattn__flash_bwd_plan run;
+    clattn_status status = unprobed ? CLATTN_SUCCESS : clattn__flash_bwd_prepare(ctx, &shape, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    /* the judged kernels in the probe's plan (its sizes may take another variant: then not
+     * probed) */
+    cl_kernel *mine[3] = {&run.delta, &run.dkdv, &run.dq};
+    const cl_kernel judged[3] = {prepared->delta, prepared->dkdv, prepared->dq};
+    for (int i = 0; i < 3 && !unprobed; ++i) {
+        if (!clattn__same_variant(ctx, judged[i], *mine[i]))
+            unprobed = "the probe's sizes take another variant";
+        *mine[i] = judged[i];
+    }
+    if (unprobed) {
+        r->checked = false;
+        snprintf(r->why, sizeof r->why, "%s", unprobed);
+        return CLATTN_SUCCESS;
+    }
+    clattn__probe_mem pm = {.count = 0};
+    bwd_host host;
+    memset(&host, 0, sizeof host);
+    clattn__probe_inputs in;
+    memset(&in, 0, sizeof in);
+    status = run_bwd_probe(ctx, &run, &pm, &host, &in, r);
+    clattn__probe_release(&pm);
+    free_bwd_host(&host);
+    clattn__probe_free_inputs(&in);
+    return status;
+}
+
+clattn_status clattn__flash_bwd_trust(clattn_ctx *ctx, clattn__flash_bwd_plan *plan)
+{
+    cl_kernel *slots[3] = {&plan->dkdv, plan->dq_slots ? &plan->delta : &plan->dq, &plan->delta};
+    return clattn__trust(ctx, "attention backward", slots, plan->dq_slots ? 2 : 3, bwd_probe,
+                         plan);
 }

@@ -1,7 +1,10 @@
 /* Attention weights averaged over heads: variant and launch for kernels/heads.cl. */
 #include "ops.h"
+#include "probe.h" /* self-validation (core/validate.h) */
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 clattn_status clattn__mean_heads_prepare(clattn_ctx *ctx, size_t batch, size_t heads, size_t seq_q,
@@ -157,4 +160,140 @@ clattn_status clattn__append_enqueue(clattn_chain *chain, const clattn__append_p
                                CLATTN_ARG(params)};
     return clattn__launch_kernel(chain, plan->kernel, "kv_append", args,
                                  sizeof args / sizeof args[0], 2, plan->global, local);
+}
+
+/* ---- strided copies and the mean over heads (heads.cl) ------------------------------------- */
+
+/* copy4d over a (2, 3, 5, 7) box (block destinations: unprobed) from a packed source into a
+ * destination with a row gap, converting dtypes. */
+static clattn_status copy_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const struct copy_unit {
+        clattn__copy_plan *plan;
+        clattn_dtype src, dst;
+    } *u = unit;
+    size_t block = 1, bytes = 0, src_block = 1;
+    clattn__dtype_blocks(u->src, &src_block, &bytes);
+    if ((clattn__dtype_blocks(u->dst, &block, &bytes) && block > 1) || src_block > 1) {
+        r->checked = false;
+        snprintf(r->why, sizeof r->why, "blocks (a quantizing or dequantizing copy)");
+        return CLATTN_SUCCESS;
+    }
+    const size_t dims[4] = {2, 3, 5, 7}, n = 2 * 3 * 5 * 7, gap = 3;
+    clattn__copy_plan run;
+    clattn_status status = clattn__copy_prepare(ctx, dims, u->src, u->dst, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    run.kernel = u->plan->kernel;
+    clattn__probe_rng rng = {0xc0ffeeULL};
+    clattn__probe_mem pm = {.count = 0};
+    const size_t padded = 2 * 3 * 5 * (7 + gap);
+    double *x = malloc(padded * sizeof(double)), *want = malloc(padded * sizeof(double));
+    unsigned char *host = malloc(4 * padded + 8);
+    cl_mem src = NULL, dst = NULL;
+    if (!x || !want || !host) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; ++i)
+        x[i] = clattn__probe_grid(&rng, u->src);
+    clattn__probe_encode(u->src, x, n, host);
+    if ((status = clattn__probe_upload(ctx, &pm, host, clattn__probe_bytes(u->src, n), &src)) ||
+        (status = clattn__probe_upload(ctx, &pm, NULL, clattn__probe_bytes(u->dst, padded), &dst)))
+        goto done;
+    const clattn__view vs = clattn__probe_view(src, u->src, 2, 3, 5, 7);
+    clattn__view vd = clattn__probe_view(dst, u->dst, 2, 3, 5, 7 + gap);
+    vd.dims[3] = 7;
+    clattn_chain chain = clattn__probe_chain(ctx);
+    status = clattn__copy_enqueue(&chain, &run, &vs, &vd);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__probe_download(&chain, dst, clattn__probe_bytes(u->dst, padded), host);
+    clattn__chain_push(&chain, NULL);
+    if (status == CLATTN_SUCCESS) {
+        size_t worst = 0;
+        r->tolerance = clattn__probe_tolerance(u->dst);
+        r->max_error = 0.0;
+        for (size_t row = 0; row < 30; ++row)
+            for (size_t c = 0; c < 7; ++c) {
+                const double g = clattn__probe_decode(u->dst, host, row * (7 + gap) + c);
+                const double e = isnan(g) ? INFINITY : fabs(g - x[row * 7 + c]);
+                if (e > r->max_error) {
+                    r->max_error = e;
+                    worst = row * 7 + c;
+                }
+            }
+        snprintf(r->why, sizeof r->why, "element %zu of (2, 3, 5, 7)", worst);
+    }
+done:
+    clattn__probe_release(&pm);
+    free(x);
+    free(want);
+    free(host);
+    return status;
+}
+
+clattn_status clattn__copy_trust(clattn_ctx *ctx, clattn__copy_plan *plan, clattn_dtype src,
+                                 clattn_dtype dst)
+{
+    struct copy_unit {
+        clattn__copy_plan *plan;
+        clattn_dtype src, dst;
+    } unit = {plan, src, dst};
+    cl_kernel *slots[1] = {&plan->kernel};
+    return clattn__trust(ctx, "strided copy", slots, 1, copy_probe, &unit);
+}
+
+/* mean_heads over (2, 3, 7, 11) weights into (1, 2, 7, 11). */
+static clattn_status mean_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const clattn__mean_heads_plan *prepared = unit;
+    clattn__mean_heads_plan run;
+    clattn_status status = clattn__mean_heads_prepare(ctx, 2, 3, 7, 11, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    run.kernel = prepared->kernel;
+    const size_t n = 2 * 3 * 7 * 11, m = 2 * 7 * 11;
+    clattn__probe_rng rng = {0x3ea11ULL};
+    clattn__probe_mem pm = {.count = 0};
+    float *x = malloc(n * sizeof(float)), *got = malloc(m * sizeof(float));
+    double *want = calloc(m, sizeof(double));
+    cl_mem src = NULL, dst = NULL;
+    if (!x || !got || !want) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; ++i)
+        x[i] = (float)clattn__probe_grid(&rng, CLATTN_DTYPE_F32);
+    for (size_t b = 0; b < 2; ++b)
+        for (size_t h = 0; h < 3; ++h)
+            for (size_t e = 0; e < 77; ++e)
+                want[b * 77 + e] += x[(b * 3 + h) * 77 + e] / 3.0;
+    if ((status = clattn__probe_upload(ctx, &pm, x, n * sizeof(float), &src)) ||
+        (status = clattn__probe_upload(ctx, &pm, NULL, m * sizeof(float), &dst)))
+        goto done;
+    const clattn__view vs = clattn__probe_view(src, CLATTN_DTYPE_F32, 2, 3, 7, 11);
+    const clattn__view vd = clattn__probe_view(dst, CLATTN_DTYPE_F32, 1, 2, 7, 11);
+    clattn_chain chain = clattn__probe_chain(ctx);
+    status = clattn__mean_heads_enqueue(&chain, &run, &vs, &vd);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__probe_download(&chain, dst, m * sizeof(float), got);
+    clattn__chain_push(&chain, NULL);
+    if (status == CLATTN_SUCCESS) {
+        size_t where = 0;
+        r->tolerance = 1e-6;
+        r->max_error = clattn__probe_max_error(CLATTN_DTYPE_F32, (const unsigned char *)got, want, m, &where);
+        snprintf(r->why, sizeof r->why, "mean %zu of (1, 2, 7, 11)", where);
+    }
+done:
+    clattn__probe_release(&pm);
+    free(x);
+    free(got);
+    free(want);
+    return status;
+}
+
+clattn_status clattn__mean_heads_trust(clattn_ctx *ctx, clattn__mean_heads_plan *plan)
+{
+    cl_kernel *slots[1] = {&plan->kernel};
+    return clattn__trust(ctx, "mean over heads", slots, 1, mean_probe, plan);
 }

@@ -1,10 +1,12 @@
 /* Batched strided matmul: variant choice, launch geometry and argument packing for
  * kernels/matmul.cl (ops.h), and the public clattn_matmul with its argument checks. */
 #include "ops.h"
-#include "core/validate.h"
+#include "probe.h" /* self-validation (core/validate.h) */
 
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define OP "matmul"
@@ -470,4 +472,86 @@ clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, con
                                                      shape.has_bias ? &views[2] : NULL, &views[3],
                                                      desc->alpha, desc->beta, scratch);
     return clattn__end(OP, &chain, status, event);
+}
+
+/* ---- matmul -------------------------------------------------------------------------------- */
+
+static clattn_status matmul_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const clattn__matmul_plan *prepared = unit;
+    clattn__matmul_shape shape = prepared->shape;
+    shape.m = 37;
+    shape.n = (prepared->panel ? prepared->panel : 16) + 5;
+    shape.k = 19;
+    shape.batch[0] = 1;
+    shape.batch[1] = 2;
+    shape.b_group = 1;
+    clattn__matmul_plan run;
+    clattn_status status = clattn__matmul_prepare(ctx, &shape, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    run.kernel = prepared->kernel; /* the kernels judged, whatever prepare found */
+    run.pack = prepared->pack;
+    const size_t m = shape.m, n = shape.n, k = shape.k, na = 2 * m * k, nb = 2 * k * n;
+    clattn__probe_rng rng = {0x3a7a11ULL + n};
+    clattn__probe_mem pm = {.count = 0};
+    double *a = malloc((na + nb + n + 2 * m * n) * sizeof(double));
+    unsigned char *bytes = malloc(4 * (na + nb + n + 2 * m * n) + 4);
+    cl_mem ma = NULL, mb = NULL, mbias = NULL, mc = NULL, scratch = NULL;
+    if (!a || !bytes) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    double *b = a + na, *bias = b + nb, *want = bias + n;
+    for (size_t i = 0; i < na + nb + n; ++i)
+        a[i] = clattn__probe_grid(&rng, CLATTN_DTYPE_F32);
+    clattn__probe_encode(shape.a_dtype, a, na, bytes);
+    if ((status = clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(shape.a_dtype, na), &ma)))
+        goto done;
+    clattn__probe_encode(shape.b_dtype, b, nb, bytes);
+    if ((status = clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(shape.b_dtype, nb), &mb)))
+        goto done;
+    clattn__probe_encode(CLATTN_DTYPE_F32, bias, n, bytes);
+    if ((status = clattn__probe_upload(ctx, &pm, bytes, 4 * n, &mbias)) ||
+        (status = clattn__probe_upload(ctx, &pm, NULL, clattn__probe_bytes(shape.c_dtype, 2 * m * n), &mc)) ||
+        (status = clattn__probe_upload(ctx, &pm, NULL, run.scratch_floats * sizeof(float), &scratch)))
+        goto done;
+    const clattn__view va = shape.trans_a ? clattn__probe_view(ma, shape.a_dtype, 1, 2, k, m)
+                                          : clattn__probe_view(ma, shape.a_dtype, 1, 2, m, k);
+    const clattn__view vb = shape.trans_b ? clattn__probe_view(mb, shape.b_dtype, 1, 2, n, k)
+                                          : clattn__probe_view(mb, shape.b_dtype, 1, 2, k, n);
+    const clattn__view vbias = clattn__probe_view(mbias, CLATTN_DTYPE_F32, 1, 1, 1, n);
+    const clattn__view vc = clattn__probe_view(mc, shape.c_dtype, 1, 2, m, n);
+    clattn_chain chain = clattn__probe_chain(ctx);
+    status = clattn__matmul_enqueue(&chain, &run, &va, &vb, &vbias, &vc, 0.5f, 0.0f,
+                                    (clattn__scratch){scratch, 0});
+    if (status == CLATTN_SUCCESS)
+        status = clattn__probe_download(&chain, mc, clattn__probe_bytes(shape.c_dtype, 2 * m * n), bytes);
+    clattn__chain_push(&chain, NULL);
+    for (size_t e = 0; e < 2; ++e)
+        for (size_t i = 0; i < m; ++i)
+            for (size_t j = 0; j < n; ++j) {
+                double acc = 0.0;
+                for (size_t c = 0; c < k; ++c)
+                    acc += a[e * m * k + (shape.trans_a ? c * m + i : i * k + c)] *
+                           b[e * k * n + (shape.trans_b ? j * k + c : c * n + j)];
+                want[(e * m + i) * n + j] = 0.5 * acc + (shape.has_bias ? bias[j] : 0.0);
+            }
+    if (status == CLATTN_SUCCESS) {
+        size_t where = 0;
+        r->tolerance = clattn__probe_tolerance(shape.c_dtype) * 8;
+        r->max_error = clattn__probe_max_error(shape.c_dtype, bytes, want, 2 * m * n, &where);
+        snprintf(r->why, sizeof r->why, "c[%zu] of (2, %zu, %zu), k %zu", where, m, n, k);
+    }
+done:
+    clattn__probe_release(&pm);
+    free(a);
+    free(bytes);
+    return status;
+}
+
+clattn_status clattn__matmul_trust(clattn_ctx *ctx, clattn__matmul_plan *plan)
+{
+    cl_kernel *slots[2] = {&plan->kernel, &plan->pack};
+    return clattn__trust(ctx, "matmul", slots, plan->pack ? 2 : 1, matmul_probe, plan);
 }

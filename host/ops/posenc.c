@@ -1,7 +1,10 @@
 /* Positional encodings: variant and launch for kernels/posenc.cl. */
 #include "ops.h"
+#include "probe.h" /* self-validation (core/validate.h) */
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 clattn_status clattn__posenc_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype x_dtype,
@@ -52,4 +55,95 @@ clattn_status clattn__posenc_enqueue(clattn_chain *chain, const clattn__posenc_p
                                CLATTN_ARG(freq_mem), CLATTN_ARG(params)};
     return clattn__launch_kernel(chain, plan->kernel, "posenc_add", args,
                                  sizeof args / sizeof args[0], 1, &plan->global, &plan->local);
+}
+
+/* ---- positional encodings (posenc.cl) ------------------------------------------------------ */
+
+typedef struct posenc_unit {
+    clattn__posenc_plan *plan;
+    clattn_dtype x, out, table;
+} posenc_unit;
+
+/* Over (2, 3, 5, dim) from position 3: x + the sinusoid of grid frequencies, then a grid
+ * table's rows without x. */
+static clattn_status posenc_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const posenc_unit *u = unit;
+    const size_t dim = u->plan->dims[3], dims[4] = {2, 3, 5, dim}, n = 30 * dim, start = 3;
+    clattn__posenc_plan run;
+    clattn_status status = clattn__posenc_prepare(ctx, dims, u->x, u->out, u->table, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    run.kernel = u->plan->kernel;
+    clattn__probe_rng rng = {0x9e5ULL + dim};
+    clattn__probe_mem pm = {.count = 0};
+    const size_t pairs = (dim + 1) / 2, rows = start + 5;
+    double *x = malloc(n * sizeof(double)), *want = malloc(n * sizeof(double));
+    double *table = malloc(rows * dim * sizeof(double));
+    float *freq = malloc(2 * pairs * sizeof(float));
+    unsigned char *bytes = malloc(4 * (n > rows * dim ? n : rows * dim) + 8);
+    cl_mem mx = NULL, mo = NULL, mt = NULL, mf = NULL;
+    if (!x || !want || !table || !freq || !bytes) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; ++i)
+        x[i] = clattn__probe_grid(&rng, u->x);
+    for (size_t i = 0; i < rows * dim; ++i)
+        table[i] = clattn__probe_grid(&rng, u->table);
+    for (size_t j = 0; j < pairs; ++j) {
+        freq[2 * j] = (float)((1 + clattn__probe_next(&rng) % 64) / 64.0);
+        freq[2 * j + 1] = 0.0f;
+    }
+    clattn__probe_encode(u->x, x, n, bytes);
+    if ((status = clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(u->x, n), &mx)) ||
+        (status = clattn__probe_upload(ctx, &pm, NULL, clattn__probe_bytes(u->out, n), &mo)) ||
+        (status = clattn__probe_upload(ctx, &pm, freq, 2 * pairs * sizeof(float), &mf)))
+        goto done;
+    clattn__probe_encode(u->table, table, rows * dim, bytes);
+    if ((status = clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(u->table, rows * dim), &mt)))
+        goto done;
+    const clattn__view vx = clattn__probe_view(mx, u->x, 2, 3, 5, dim);
+    const clattn__view vo = clattn__probe_view(mo, u->out, 2, 3, 5, dim);
+    const clattn__view none = {0};
+    const clattn__view vt = clattn__probe_view(mt, u->table, 1, 1, rows, dim);
+    r->tolerance = clattn__probe_tolerance(u->out) * 4;
+    r->max_error = 0.0;
+    for (int pass = 0; pass < 2 && status == CLATTN_SUCCESS; ++pass) {
+        for (size_t e = 0; e < n; ++e) {
+            const size_t i = e % dim, p = e / dim % 5;
+            const double t = (double)(start + p) * freq[2 * (i / 2)];
+            want[e] = pass == 0 ? x[e] + (i & 1 ? cos(t) : sin(t)) : table[(start + p) * dim + i];
+        }
+        clattn_chain chain = clattn__probe_chain(ctx);
+        status = clattn__posenc_enqueue(&chain, &run, pass == 0 ? &vx : &none, &vo,
+                                        pass == 0 ? &none : &vt, pass == 0 ? mf : NULL, start);
+        if (status == CLATTN_SUCCESS)
+            status = clattn__probe_download(&chain, mo, clattn__probe_bytes(u->out, n), bytes);
+        clattn__chain_push(&chain, NULL);
+        size_t where = 0;
+        const double err = status == CLATTN_SUCCESS ? clattn__probe_max_error(u->out, bytes, want, n, &where)
+                                                    : 0.0;
+        if (err > r->max_error) {
+            r->max_error = err;
+            snprintf(r->why, sizeof r->why, "element %zu of (2, 3, 5, %zu), %s", where, dim,
+                     pass == 0 ? "x + the sinusoid" : "the table");
+        }
+    }
+done:
+    clattn__probe_release(&pm);
+    free(x);
+    free(want);
+    free(table);
+    free(freq);
+    free(bytes);
+    return status;
+}
+
+clattn_status clattn__posenc_trust(clattn_ctx *ctx, clattn__posenc_plan *plan, clattn_dtype x,
+                                   clattn_dtype out, clattn_dtype table)
+{
+    posenc_unit unit = {plan, x, out, table};
+    cl_kernel *slots[1] = {&plan->kernel};
+    return clattn__trust(ctx, "positional encoding", slots, 1, posenc_probe, &unit);
 }

@@ -1,7 +1,10 @@
 /* Rotary position embeddings: variant and launch for kernels/rope.cl. */
 #include "ops.h"
+#include "probe.h" /* self-validation (core/validate.h) */
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 clattn_status clattn__rope_prepare(clattn_ctx *ctx, const clattn__rope_shape *shape,
@@ -68,4 +71,111 @@ clattn_status clattn__rope_enqueue(clattn_chain *chain, const clattn__rope_plan 
                                CLATTN_ARG(params)};
     return clattn__launch_kernel(chain, plan->kernel, "rope", args, sizeof args / sizeof args[0], 1,
                                  &plan->global, &plan->local);
+}
+
+/* ---- rotary embeddings (rope.cl) ----------------------------------------------------------- */
+
+typedef struct rope_unit {
+    clattn__rope_plan *plan;
+    clattn_dtype x, out, cache;
+} rope_unit;
+
+/* The plan's rotation (its pairs or halves, rot of dim, its cache mode) over (2, 3, 5, dim)
+ * rows from position 3: angles pos * w_j for grid frequencies w_j, or grid cos and sin caches
+ * (by position: 9 rows; by row). */
+static clattn_status rope_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const rope_unit *u = unit;
+    clattn__rope_shape shape = u->plan->shape;
+    shape.batch = 2, shape.heads = 3, shape.seq = 5, shape.start = 3;
+    clattn__rope_plan run;
+    clattn_status status = clattn__rope_prepare(ctx, &shape, u->x, u->out, u->cache, &run);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    run.kernel = u->plan->kernel;
+    const size_t rows = 2 * 3 * 5, dim = shape.dim, half = shape.rot / 2, n = rows * dim;
+    const size_t cache_rows = shape.cache_mode == 1 ? 9 : 10; /* by row: (2, 5) rows */
+    clattn__probe_rng rng = {0x20beULL + dim};
+    clattn__probe_mem pm = {.count = 0};
+    double *x = malloc(n * sizeof(double)), *want = malloc(n * sizeof(double));
+    double *c = malloc((2 * cache_rows * half + 1) * sizeof(double));
+    float *freq = malloc((2 * half + 1) * sizeof(float));
+    unsigned char *bytes = malloc(4 * (n > 2 * cache_rows * half ? n : 2 * cache_rows * half) + 8);
+    clattn__rope_io io;
+    memset(&io, 0, sizeof io);
+    cl_mem mx = NULL, mo = NULL, mcos = NULL, msin = NULL;
+    if (!x || !want || !c || !freq || !bytes) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; ++i)
+        x[i] = clattn__probe_grid(&rng, u->x);
+    for (size_t j = 0; j < half; ++j) {
+        freq[2 * j] = (float)((1 + clattn__probe_next(&rng) % 64) / 64.0);
+        freq[2 * j + 1] = 0.0f;
+    }
+    for (size_t i = 0; i < 2 * cache_rows * half; ++i)
+        c[i] = clattn__probe_grid(&rng, u->cache);
+    for (size_t row = 0; row < rows; ++row) {
+        const size_t s = row % 5, b = row / 15, pos = 3 + s;
+        const size_t at = shape.cache_mode == 1 ? (pos < cache_rows ? pos : cache_rows - 1)
+                                                : b * 5 + s;
+        for (size_t i = 0; i < dim; ++i)
+            want[row * dim + i] = x[row * dim + i];
+        for (size_t j = 0; j < half; ++j) {
+            const double t = (double)pos * freq[2 * j];
+            const double ct = shape.cache_mode ? c[at * half + j] : cos(t);
+            const double st = shape.cache_mode ? c[cache_rows * half + at * half + j] : sin(t);
+            const size_t i1 = shape.pairs ? 2 * j : j, i2 = shape.pairs ? 2 * j + 1 : j + half;
+            const double x1 = x[row * dim + i1], x2 = x[row * dim + i2];
+            want[row * dim + i1] = x1 * ct - x2 * st;
+            want[row * dim + i2] = x1 * st + x2 * ct;
+        }
+    }
+    clattn__probe_encode(u->x, x, n, bytes);
+    if ((status = clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(u->x, n), &mx)) ||
+        (status = clattn__probe_upload(ctx, &pm, NULL, clattn__probe_bytes(u->out, n), &mo)))
+        goto done;
+    if (shape.cache_mode) {
+        clattn__probe_encode(u->cache, c, 2 * cache_rows * half, bytes);
+        if ((status = clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(u->cache, cache_rows * half), &mcos)) ||
+            (status = clattn__probe_upload(ctx, &pm, bytes + clattn__probe_bytes(u->cache, cache_rows * half),
+                             clattn__probe_bytes(u->cache, cache_rows * half), &msin)))
+            goto done;
+        io.cos = shape.cache_mode == 1 ? clattn__probe_view(mcos, u->cache, 1, 1, cache_rows, half)
+                                       : clattn__probe_view(mcos, u->cache, 1, 2, 5, half);
+        io.sin = io.cos;
+        io.sin.mem = msin;
+    } else if ((status = clattn__probe_upload(ctx, &pm, freq, 2 * half * sizeof(float), &io.freq))) {
+        goto done;
+    }
+    io.x = clattn__probe_view(mx, u->x, 2, 3, 5, dim);
+    io.out = clattn__probe_view(mo, u->out, 2, 3, 5, dim);
+    clattn_chain chain = clattn__probe_chain(ctx);
+    status = clattn__rope_enqueue(&chain, &run, &io);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__probe_download(&chain, mo, clattn__probe_bytes(u->out, n), bytes);
+    clattn__chain_push(&chain, NULL);
+    if (status == CLATTN_SUCCESS) {
+        size_t where = 0;
+        r->tolerance = clattn__probe_tolerance(u->out) * 2;
+        r->max_error = clattn__probe_max_error(u->out, bytes, want, n, &where);
+        snprintf(r->why, sizeof r->why, "element %zu of (2, 3, 5, %zu)", where, dim);
+    }
+done:
+    clattn__probe_release(&pm);
+    free(x);
+    free(want);
+    free(c);
+    free(freq);
+    free(bytes);
+    return status;
+}
+
+clattn_status clattn__rope_trust(clattn_ctx *ctx, clattn__rope_plan *plan, clattn_dtype x,
+                                 clattn_dtype out, clattn_dtype cache)
+{
+    rope_unit unit = {plan, x, out, cache};
+    cl_kernel *slots[1] = {&plan->kernel};
+    return clattn__trust(ctx, "rotary embedding", slots, 1, rope_probe, &unit);
 }

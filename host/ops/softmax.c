@@ -1,9 +1,11 @@
 /* The score rule and normalisation over rows of raw scores: variant and launch for
  * kernels/softmax.cl. */
 #include "ops.h"
-#include "core/validate.h"
+#include "probe.h" /* self-validation (core/validate.h) */
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* score_copy (the scores output) from the program of `extra`. */
@@ -148,4 +150,85 @@ clattn_status clattn__softmax_enqueue(clattn_chain *chain, const clattn__softmax
 {
     return launch_rows(chain, plan, plan->kernel, "softmax_rows", &plan->global, &plan->local, raw,
                        out, masks);
+}
+
+/* ---- softmax rows -------------------------------------------------------------------------- */
+
+static clattn_status softmax_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
+{
+    const clattn__softmax_plan *prepared = unit;
+    if (prepared->score.flex_id || prepared->score.dropout) {
+        r->checked = false;
+        snprintf(r->why, sizeof r->why, "%s",
+                 prepared->score.flex_id ? "user score functions (flex)" : "dropout");
+        return CLATTN_SUCCESS;
+    }
+    clattn__softmax_plan run = *prepared;
+    clattn__score_shape *s = &run.score;
+    s->batch = clattn__probe_at_most(s->batch, 2);
+    s->heads = clattn__probe_at_most(s->heads, 2);
+    s->seq_q = clattn__probe_at_most(s->seq_q, 19);
+    s->seq_k = clattn__probe_at_most(s->seq_k, 77);
+    s->kv_group = 1;
+    run.rows = s->batch * s->heads * s->seq_q;
+    /* a work-group per row, or a work-item per row in groups of `local` (a build option) */
+    run.global = prepared->global == prepared->rows * prepared->local
+                     ? run.rows * run.local
+                     : (run.rows + run.local - 1) / run.local * run.local;
+    const size_t count = run.rows * s->seq_k;
+    clattn__probe_rng rng = {0xab5eedULL + count};
+    clattn__probe_mem pm = {.count = 0};
+    clattn__probe_inputs in;
+    clattn__score_masks masks;
+    double *raw = malloc(count * sizeof(double)), *want = malloc(count * sizeof(double));
+    float *host = malloc(count * sizeof(float) + 4);
+    clattn_status status = CLATTN_SUCCESS;
+    memset(&in, 0, sizeof in);
+    if (!raw || !want || !host) {
+        status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
+        goto done;
+    }
+    for (size_t i = 0; i < count; ++i)
+        host[i] = (float)(raw[i] = 4.0 * clattn__probe_grid(&rng, CLATTN_DTYPE_F32));
+    cl_mem in_mem = NULL, out_mem = NULL;
+    if ((status = clattn__probe_draw_modifiers(ctx, &rng, s, &pm, &in, &masks)) ||
+        (status = clattn__probe_upload(ctx, &pm, host, count * sizeof(float), &in_mem)) ||
+        (status = clattn__probe_upload(ctx, &pm, NULL, count * sizeof(float), &out_mem)))
+        goto done;
+    const clattn__view raw_view = clattn__probe_view(in_mem, CLATTN_DTYPE_F32, s->batch, s->heads,
+                                              s->seq_q, s->seq_k);
+    const clattn__view out_view = clattn__probe_view(out_mem, CLATTN_DTYPE_F32, s->batch, s->heads,
+                                              s->seq_q, s->seq_k);
+    clattn_chain chain = clattn__probe_chain(ctx);
+    status = clattn__softmax_enqueue(&chain, &run, &raw_view, &out_view, &masks);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__probe_download(&chain, out_mem, count * sizeof(float), host);
+    clattn__chain_push(&chain, NULL);
+    for (size_t row = 0; row < run.rows; ++row) {
+        double lse;
+        const size_t b = row / (s->heads * s->seq_q), h = row / s->seq_q % s->heads;
+        clattn__probe_reference_row(&in.scores, b, h, row % s->seq_q, raw + row * s->seq_k,
+                      want + row * s->seq_k, &lse, NULL);
+    }
+    if (status == CLATTN_SUCCESS) {
+        size_t where = 0;
+        r->tolerance = 2e-5;
+        r->max_error = clattn__probe_max_error(CLATTN_DTYPE_F32, (const unsigned char *)host, want, count,
+                                 &where);
+        snprintf(r->why, sizeof r->why, "weight %zu of (%zu, %zu, %zu, %zu)", where, s->batch,
+                 s->heads, s->seq_q, s->seq_k);
+    }
+done:
+    clattn__probe_release(&pm);
+    clattn__probe_free_inputs(&in);
+    free(raw);
+    free(want);
+    free(host);
+    return status;
+}
+
+clattn_status clattn__softmax_trust(clattn_ctx *ctx, clattn__softmax_plan *plan)
+{
+    cl_kernel *slots[1] = {&plan->kernel};
+    return clattn__trust(ctx, "softmax rows", slots, 1, softmax_probe, plan);
 }
