@@ -733,6 +733,91 @@ START_TEST(test_decode_splits)
 }
 END_TEST
 
+/* Attention sinks in a grouped one-row decode whose keys are split (issue 48): the group's
+ * query heads run as the rows of their k/v head (host/attn/sdpa.c's decode_group, the sinks
+ * viewed through heads_as_rows), the splits leave the sinks out, and flash_merge must fold each
+ * row's own query head's sink, not the group's first row's nor the k/v head's index. The sinks
+ * differ per head (one -inf) and are large beside the scores (q_gain 1), so a row given a
+ * neighbour's sink is off by percents. One batch entry and one k/v head are one work-group,
+ * fewer than twice any device's compute units: the decode context (decode_keys=16) splits
+ * the keys there on every device; case 2's two k/v heads (where the k/v head's index and the
+ * group's first row differ) split on devices with 2 or more units (PoCL; not Oclgrind's 1).
+ * Against the float64 reference (lse too), on NaN-poisoned outputs, twice. */
+typedef struct group_sink_case {
+    size_t heads, kv_heads, seq_k, dk;
+    int kv_len; /* a key count inside the keys (0: all seq_k) */
+    int lse;
+    clattn_dtype out_dtype;
+    pb_layout sinks_layout;
+} group_sink_case;
+
+static const group_sink_case group_sink_cases[] = {
+    {4, 1, 200, 64, 0, 1, CLATTN_DTYPE_F32, PB_PACKED},
+    {8, 1, 200, 16, 177, 0, CLATTN_DTYPE_F16, PB_PADDED},
+    {8, 2, 150, 32, 0, 1, CLATTN_DTYPE_F32, PB_PADDED},
+};
+
+START_TEST(test_decode_split_group_sinks)
+{
+    TU_BEGIN_TEST();
+    const group_sink_case *c = &group_sink_cases[_i];
+    /* one per query head, each unlike its group's first and its k/v head's index */
+    static const float sinks[8] = {3.0f, -1.0f, 5.5f, -INFINITY, 1.5f, 4.5f, -2.5f, 6.0f};
+    if (decode_ctx == NULL)
+        decode_ctx = ctx_with_row("any | * | * | decode_keys=16");
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = 1, spec.heads = c->heads, spec.kv_heads = c->kv_heads;
+    spec.seq_q = 1, spec.seq_k = c->seq_k, spec.dk = spec.dv = c->dk;
+    spec.kv_len = c->kv_len != 0;
+    spec.out_dtype = c->out_dtype;
+    spec.want_lse = c->lse;
+    spec.sinks = 1;
+    spec.sinks_layout = c->sinks_layout;
+    spec.path = CLATTN_PATH_FUSED;
+    spec.q_gain = 1.0f;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    for (size_t h = 0; h < c->heads; ++h)
+        p.sinks[h] = sinks[h];
+    if (c->kv_len)
+        p.kv_len[0] = c->kv_len;
+    pb_sdpa_reference(&p);
+    tu_set_case("grouped decode splits with per-head sinks: %s", p.label);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    clattn_plan *plan = NULL;
+    if (decode_ctx != NULL && tu_expect_status(clattn_sdpa_plan_create(decode_ctx, &desc, &plan),
+                                               CLATTN_SUCCESS, "create")) {
+        cl_uint units = 0;
+        clGetDeviceInfo(clattn_ctx_device(decode_ctx), CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units,
+                        &units, NULL);
+        /* (under a loop-trip limit the keys may run in sequential parts instead) */
+        const char *limit = strstr(clattn_ctx_tuning(decode_ctx), "loop_trip_limit=");
+        const int limited = limit != NULL && strtoul(limit + 16, NULL, 10) != 0;
+        const char *info = clattn_plan_info(plan);
+        tu_expect(limited || c->kv_heads >= 2 * (size_t)units ||
+                      strstr(info, "in decode splits") != NULL,
+                  "the grouped decode did not split its keys (%u compute units): %s", units, info);
+        clattn_tensors bound;
+        if (pb_sdpa_upload(decode_ctx, &p, &bound) == CL_SUCCESS) {
+            for (int run = 0; run < 2; ++run) { /* twice: the scratch is reused */
+                if (run == 1)
+                    pb_sdpa_poison(decode_ctx, NULL, &bound);
+                if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT,
+                                                         NULL, NULL, 0, NULL, NULL),
+                                     CLATTN_SUCCESS, "execute"))
+                    pb_sdpa_check(decode_ctx, NULL, &p, &bound);
+            }
+            pb_release_tensors(&bound);
+        }
+    }
+    clattn_plan_release(plan);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 /* Generation with a KV cache: 64 steps of one token each (grouped heads, causal, soft-capping,
  * a sliding window of 16 keys, smaller than the cache), through one SDPA plan made once from
  * the cache's tensors (capacity, kv_seqlen), must match the full causal forward of the same
@@ -1604,5 +1689,19 @@ int main(void)
     if (!small)
         tcase_add_loop_test(tc, test_long_sequence_under_cap, 0, 2);
     suite_add_tcase(suite, tc);
+    /* Issue 48's blind spots, a case of their own (CK_RUN_CASE="decode edges" runs them
+     * alone): a few rows over at most 200 keys, under a second each on PoCL. Small scale
+     * (Oclgrind) leaves out the case whose point is another device's: two k/v heads split
+     * on 2+ compute units only (Oclgrind has 1). */
+    static const int heavy_group_sinks[] = {2};
+    if (small)
+        tu_not_run("test_decode_split_group_sinks case 2 (two k/v heads)");
+    TCase *edges = tcase_create("decode edges");
+    tcase_set_timeout(edges, 900);
+    tu_add_loop_except(edges, test_decode_split_group_sinks, 0,
+                       (int)(sizeof group_sink_cases / sizeof group_sink_cases[0]),
+                       heavy_group_sinks, small ? 1 : 0);
+    tcase_add_unchecked_fixture(edges, NULL, release_decode_ctx);
+    suite_add_tcase(suite, edges);
     return tu_run_suite(suite);
 }
