@@ -866,11 +866,14 @@ START_TEST(test_sdpa_sinks)
 END_TEST
 
 /* A paged KV cache (--k-pages, --v-pages, --block-table, --seqlens-k): pools of 5-key pages in
- * a shuffled order with NaN in every slot past a sequence's count, blocks past the count
- * pointing outside the pool, grouped heads, causal bottom-right, with and without sinks,
- * against the float64 reference of the same keys laid out contiguously; then the refusals:
- * a block index outside the pool, a count past the table's pages, --k with --k-pages, a
- * missing --seqlens-k and --path unfused, each one line and exit 2. */
+ * a shuffled order with NaN in every slot past a sequence's count, grouped heads, causal
+ * bottom-right, with and without sinks, against the float64 reference of the same keys laid
+ * out contiguously. Counts of 13 and 1 end inside a block (ceil(count / 5) blocks hold keys);
+ * the blocks past them hold garbage the check must accept and never use (the page just past
+ * the pool, 2^31 - 1, 2^40, -7; issue 48). Then the refusals: a block index outside the pool
+ * in a whole block and in a sequence's partial last block (keys 10 .. 12 of 13), a count past
+ * the table's pages, --k with --k-pages, a missing --seqlens-k and --path unfused, each one
+ * line and exit 2. */
 START_TEST(test_sdpa_paged)
 {
     TU_BEGIN_TEST();
@@ -893,12 +896,14 @@ START_TEST(test_sdpa_paged)
         order[j] = swap;
     }
     long long table[B * BLOCKS], lengths[B];
+    static const long long garbage[4] = {PAGES, 2147483647LL, 1LL << 40, -7};
     const size_t pool_count = (size_t)PAGES * PS * G * D;
     float *kp = tu_nan_floats(pool_count), *vp = tu_nan_floats(pool_count);
     for (int b = 0; b < B; ++b) {
         lengths[b] = counts[b];
         for (int blk = 0; blk < BLOCKS; ++blk)
-            table[b * BLOCKS + blk] = blk * PS < counts[b] ? order[b * BLOCKS + blk] : -1;
+            table[b * BLOCKS + blk] =
+                blk * PS < counts[b] ? order[b * BLOCKS + blk] : garbage[(b + blk) % 4];
         for (int j = 0; j < counts[b]; ++j)
             for (int h = 0; h < G; ++h)
                 for (int c = 0; c < D; ++c) {
@@ -947,13 +952,17 @@ START_TEST(test_sdpa_paged)
                                  out_count, 4, (const size_t[]){B, H, LQ, D});
     }
     /* Refusals: one line, exit 2. */
-    char bad_bt[512], bad_n[512];
+    char bad_bt[512], partial_bt[512], bad_n[512];
     snprintf(bad_bt, sizeof bad_bt, "%s/paged_bad_bt.npy", scratch);
+    snprintf(partial_bt, sizeof partial_bt, "%s/paged_partial_bt.npy", scratch);
     snprintf(bad_n, sizeof bad_n, "%s/paged_bad_n.npy", scratch);
     long long outside[B * BLOCKS], longer[B] = {13, LK + 1, 1};
     memcpy(outside, table, sizeof table);
     outside[1] = PAGES; /* sequence 0's second block (keys 5 .. 9 of its 13) */
     write_i64_npy_rows(bad_bt, outside, B * BLOCKS, B);
+    memcpy(outside, table, sizeof table);
+    outside[2] = PAGES; /* sequence 0's partial last block (keys 10 .. 12 of its 13) */
+    write_i64_npy_rows(partial_bt, outside, B * BLOCKS, B);
     write_i64_npy(bad_n, longer, B);
     char common[2600];
     snprintf(common, sizeof common, "sdpa --q %s --k-pages %s --v-pages %s", q_path, kp_path,
@@ -962,14 +971,21 @@ START_TEST(test_sdpa_paged)
         const char *form, *want;
     } bad[] = {
         {"%s --block-table %s --seqlens-k %s", "block_table[0, 1] = 14 is not a page of the pool"},
+        {"%s --block-table %s --seqlens-k %s", "block_table[0, 2] = 14 is not a page of the pool"},
         {"%s --block-table %s --seqlens-k %s", "seqlens_k[1] = 21 is not in 0 .. 20"},
         {"%s --block-table %s --seqlens-k %s --k %s", "cannot be combined with --k"},
         {"%s --block-table %s%s", "--seqlens-k together"},
         {"%s --block-table %s --seqlens-k %s --path unfused", "cannot be combined with --path"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
-        snprintf(args, sizeof args, bad[i].form, common, i == 0 ? bad_bt : bt_path,
-                 i == 3 ? "" : i == 1 ? bad_n : n_path, q_path);
+        snprintf(args, sizeof args, bad[i].form, common,
+                 i == 0   ? bad_bt
+                 : i == 1 ? partial_bt
+                          : bt_path,
+                 i == 4   ? ""
+                 : i == 2 ? bad_n
+                          : n_path,
+                 q_path);
         const int status = run_cli(args);
         tu_expect(status == 2 && strstr(captured("stderr"), bad[i].want) &&
                       strchr(captured("stderr"), '\n') == strrchr(captured("stderr"), '\n'),

@@ -733,6 +733,246 @@ START_TEST(test_decode_splits)
 }
 END_TEST
 
+/* Attention sinks in a grouped one-row decode whose keys are split (issue 48): the group's
+ * query heads run as the rows of their k/v head (host/attn/sdpa.c's decode_group, the sinks
+ * viewed through heads_as_rows), the splits leave the sinks out, and flash_merge must fold each
+ * row's own query head's sink, not the group's first row's nor the k/v head's index. The sinks
+ * differ per head (one -inf) and are large beside the scores (q_gain 1), so a row given a
+ * neighbour's sink is off by percents. One batch entry and one k/v head are one work-group,
+ * fewer than twice any device's compute units: the decode context (decode_keys=16) splits
+ * the keys there on every device; case 2's two k/v heads (where the k/v head's index and the
+ * group's first row differ) split on devices with 2 or more units (PoCL; not Oclgrind's 1).
+ * Against the float64 reference (lse too), on NaN-poisoned outputs, twice. */
+typedef struct group_sink_case {
+    size_t heads, kv_heads, seq_k, dk;
+    int kv_len; /* a key count inside the keys (0: all seq_k) */
+    int lse;
+    clattn_dtype out_dtype;
+    pb_layout sinks_layout;
+} group_sink_case;
+
+static const group_sink_case group_sink_cases[] = {
+    {4, 1, 200, 64, 0, 1, CLATTN_DTYPE_F32, PB_PACKED},
+    {8, 1, 200, 16, 177, 0, CLATTN_DTYPE_F16, PB_PADDED},
+    {8, 2, 150, 32, 0, 1, CLATTN_DTYPE_F32, PB_PADDED},
+};
+
+START_TEST(test_decode_split_group_sinks)
+{
+    TU_BEGIN_TEST();
+    const group_sink_case *c = &group_sink_cases[_i];
+    /* one per query head, each unlike its group's first and its k/v head's index */
+    static const float sinks[8] = {3.0f, -1.0f, 5.5f, -INFINITY, 1.5f, 4.5f, -2.5f, 6.0f};
+    if (decode_ctx == NULL)
+        decode_ctx = ctx_with_row("any | * | * | decode_keys=16");
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = 1, spec.heads = c->heads, spec.kv_heads = c->kv_heads;
+    spec.seq_q = 1, spec.seq_k = c->seq_k, spec.dk = spec.dv = c->dk;
+    spec.kv_len = c->kv_len != 0;
+    spec.out_dtype = c->out_dtype;
+    spec.want_lse = c->lse;
+    spec.sinks = 1;
+    spec.sinks_layout = c->sinks_layout;
+    spec.path = CLATTN_PATH_FUSED;
+    spec.q_gain = 1.0f;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    for (size_t h = 0; h < c->heads; ++h)
+        p.sinks[h] = sinks[h];
+    if (c->kv_len)
+        p.kv_len[0] = c->kv_len;
+    pb_sdpa_reference(&p);
+    tu_set_case("grouped decode splits with per-head sinks: %s", p.label);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    clattn_plan *plan = NULL;
+    if (decode_ctx != NULL && tu_expect_status(clattn_sdpa_plan_create(decode_ctx, &desc, &plan),
+                                               CLATTN_SUCCESS, "create")) {
+        cl_uint units = 0;
+        clGetDeviceInfo(clattn_ctx_device(decode_ctx), CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units,
+                        &units, NULL);
+        /* (under a loop-trip limit the keys may run in sequential parts instead) */
+        const char *limit = strstr(clattn_ctx_tuning(decode_ctx), "loop_trip_limit=");
+        const int limited = limit != NULL && strtoul(limit + 16, NULL, 10) != 0;
+        const char *info = clattn_plan_info(plan);
+        tu_expect(limited || c->kv_heads >= 2 * (size_t)units ||
+                      strstr(info, "in decode splits") != NULL,
+                  "the grouped decode did not split its keys (%u compute units): %s", units, info);
+        clattn_tensors bound;
+        if (pb_sdpa_upload(decode_ctx, &p, &bound) == CL_SUCCESS) {
+            for (int run = 0; run < 2; ++run) { /* twice: the scratch is reused */
+                if (run == 1)
+                    pb_sdpa_poison(decode_ctx, NULL, &bound);
+                if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT,
+                                                         NULL, NULL, 0, NULL, NULL),
+                                     CLATTN_SUCCESS, "execute"))
+                    pb_sdpa_check(decode_ctx, NULL, &p, &bound);
+            }
+            pb_release_tensors(&bound);
+        }
+    }
+    clattn_plan_release(plan);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
+/* A paged KV cache whose sequences end inside a block (issue 48): kv_seqlen not a multiple of
+ * the page size, so each sequence's last block is partial and its index must be read and
+ * used (ceil(count / page_size) blocks hold keys), and its keys must end at the count inside
+ * it. The table's entries past a sequence's used blocks are garbage that must never be read:
+ * the first one past them is num_pages, a page just past the pool, the others INT32_MAX, -1 or
+ * INT32_MIN. The pools are (num_pages, page_size, Hkv, d) with two pages of NaN after them in
+ * the buffer (so a read one block too far, or of a block outside the pool, turns a row into
+ * NaN on any device; under Oclgrind the wilder indices are out-of-bounds reads it reports),
+ * and NaN in every slot no sequence's count reaches. `cut` marks sequences whose partial last
+ * block holds an index outside the pool (num_pages + 1): their keys end where that block
+ * begins (clattn.h: at the first index outside the pool), however many kv_seqlen says.
+ * Grouped heads, page sizes 3, 5, 7, 9 and 16 across the kernels' key tiles, one query row (the
+ * grouped decode; on the decode-split context too) and several, causal bottom-right, lse;
+ * against the float64 reference on NaN-poisoned outputs, twice. */
+typedef struct partial_case {
+    size_t page_size, blocks, seq_q;
+    clattn_causal causal;
+    int kv_len[3];
+    unsigned cut; /* bit b: sequence b's partial last block lies outside the pool */
+} partial_case;
+
+static const partial_case partial_cases[] = {
+    {3, 4, 2, CLATTN_CAUSAL_BOTTOM_RIGHT, {7, 12, 1}, 0},
+    /* the longest sequence's partial block is the table's last column */
+    {5, 3, 1, CLATTN_CAUSAL_NONE, {11, 5, 14}, 0},
+    {16, 2, 3, CLATTN_CAUSAL_NONE, {17, 31, 3}, 2u},
+    /* sequence 2's only block is partial and outside: no keys (zeros, lse -inf) */
+    {7, 3, 1, CLATTN_CAUSAL_NONE, {10, 20, 6}, 5u},
+    /* past flash_cpu.cl's first 64-key tile, which ends inside a page */
+    {9, 12, 1, CLATTN_CAUSAL_NONE, {100, 67, 108}, 0},
+};
+
+/* Pools (num_pages + 2 pages: the last two NaN) of p's logical keys or values (x 0: k, 1: v)
+ * in the pages `table` names for each sequence's first `counts[b]` keys, NaN elsewhere; a
+ * packed (num_pages, page_size, Hkv, d) buffer at offset 0. */
+static cl_mem paged_pool(const pb_sdpa_problem *p, int x, const int32_t *table, const int *counts)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t ps = s->page_size, hkv = s->kv_heads, d = x ? s->dv : s->dk;
+    const size_t count = (p->num_pages + 2) * ps * hkv * d;
+    float *pool = tu_nan_floats(count);
+    const float *logical = x ? p->v : p->k;
+    for (size_t b = 0; b < s->batch; ++b)
+        for (size_t j = 0; j < (size_t)counts[b]; ++j)
+            for (size_t h = 0; h < hkv; ++h)
+                memcpy(pool + (((size_t)table[b * p->blocks + j / ps] * ps + j % ps) * hkv + h) * d,
+                       logical + ((b * hkv + h) * s->seq_k + j) * d, d * sizeof(float));
+    cl_mem mem = tu_upload_floats(pool, count);
+    free(pool);
+    return mem;
+}
+
+START_TEST(test_paged_partial_blocks)
+{
+    TU_BEGIN_TEST();
+    const partial_case *c = &partial_cases[_i];
+    enum { B = 3 };
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = B, spec.heads = 4, spec.kv_heads = 2;
+    spec.seq_q = c->seq_q, spec.seq_k = c->page_size * c->blocks, spec.dk = spec.dv = 16;
+    spec.page_size = c->page_size;
+    spec.causal = c->causal;
+    spec.want_lse = 1;
+    spec.path = CLATTN_PATH_FUSED;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    /* The pages each sequence's blocks use, in a drawn order; garbage past them. */
+    const size_t ps = c->page_size, blocks = p.blocks, pages = p.num_pages;
+    size_t *order = calloc(pages, sizeof *order);
+    for (size_t i = 0; i < pages; ++i)
+        order[i] = i;
+    for (size_t i = pages; i > 1; --i) {
+        const size_t j = tu_rand_below(i), swap = order[i - 1];
+        order[i - 1] = order[j];
+        order[j] = swap;
+    }
+    static const int32_t garbage[3] = {INT32_MAX, -1, INT32_MIN};
+    int32_t *table = calloc(B * blocks, sizeof *table);
+    int kept[B]; /* the keys each sequence attends: its count, or up to its cut block */
+    for (size_t b = 0; b < B; ++b) {
+        const size_t count = (size_t)c->kv_len[b], used = (count + ps - 1) / ps;
+        const int cut = (c->cut >> b) & 1u;
+        kept[b] = cut ? (int)((used - 1) * ps) : (int)count;
+        for (size_t blk = 0; blk < blocks; ++blk)
+            table[b * blocks + blk] = blk < used    ? (int32_t)order[b * blocks + blk]
+                                      : blk == used ? (int32_t)pages
+                                                    : garbage[(b + blk) % 3];
+        if (cut)
+            table[b * blocks + used - 1] = (int32_t)pages + 1;
+    }
+    free(order);
+    /* the reference: each sequence's kept keys; pb_sdpa_upload's pools are replaced below */
+    for (size_t b = 0; b < B; ++b) {
+        p.kv_len[b] = kept[b];
+        for (size_t blk = 0; blk < blocks; ++blk)
+            p.block_table[b * blocks + blk] =
+                blk * ps < (size_t)kept[b] ? table[b * blocks + blk] : -1;
+    }
+    pb_sdpa_reference(&p);
+    tu_set_case("paged, partial last blocks: kv_seqlen %d %d %d, cut %u: %s", c->kv_len[0],
+                c->kv_len[1], c->kv_len[2], c->cut, p.label);
+    clattn_ctx *ctxs[2] = {tu_ctx(), NULL};
+    if (c->seq_q == 1) { /* the grouped decode over split keys too */
+        if (decode_ctx == NULL)
+            decode_ctx = ctx_with_row("any | * | * | decode_keys=16");
+        ctxs[1] = decode_ctx;
+    }
+    for (int which = 0; which < 2; ++which) {
+        clattn_ctx *ctx = ctxs[which];
+        if (ctx == NULL)
+            continue;
+        clattn_sdpa_desc desc;
+        pb_sdpa_desc(&p, &desc);
+        clattn_plan *plan = NULL;
+        clattn_tensors bound;
+        if (!tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS,
+                              "create") ||
+            pb_sdpa_upload(ctx, &p, &bound) != CL_SUCCESS) {
+            clattn_plan_release(plan);
+            continue;
+        }
+        /* the pools with their NaN pages after, the counts as given, the table with garbage */
+        clReleaseMemObject(bound.k.mem);
+        clReleaseMemObject(bound.v.mem);
+        bound.k.mem = paged_pool(&p, 0, table, kept);
+        bound.v.mem = paged_pool(&p, 1, table, kept);
+        bound.k.offset = bound.v.offset = 0;
+        float counts[B];
+        for (size_t b = 0; b < B; ++b)
+            counts[b] = (float)c->kv_len[b];
+        cl_int err = pb_rewrite(ctx, NULL, &bound.kv_seqlen, counts);
+        if (err == CL_SUCCESS)
+            err = clEnqueueWriteBuffer(clattn_ctx_queue(ctx), bound.block_table.mem, CL_TRUE,
+                                       bound.block_table.offset * sizeof(int32_t),
+                                       B * blocks * sizeof(int32_t), table, 0, NULL, NULL);
+        if (tu_expect(err == CL_SUCCESS, "writing the counts and the table: %d", (int)err)) {
+            for (int run = 0; run < 2; ++run) { /* twice: the scratch is reused */
+                if (run == 1)
+                    pb_sdpa_poison(ctx, NULL, &bound);
+                if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT,
+                                                         NULL, NULL, 0, NULL, NULL),
+                                     CLATTN_SUCCESS, which ? "execute (decode splits)" : "execute"))
+                    pb_sdpa_check(ctx, NULL, &p, &bound);
+            }
+        }
+        pb_release_tensors(&bound);
+        clattn_plan_release(plan);
+    }
+    free(table);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 /* Generation with a KV cache: 64 steps of one token each (grouped heads, causal, soft-capping,
  * a sliding window of 16 keys, smaller than the cache), through one SDPA plan made once from
  * the cache's tensors (capacity, kv_seqlen), must match the full causal forward of the same
@@ -1604,5 +1844,24 @@ int main(void)
     if (!small)
         tcase_add_loop_test(tc, test_long_sequence_under_cap, 0, 2);
     suite_add_tcase(suite, tc);
+    /* Issue 48's blind spots, a case of their own (CK_RUN_CASE="decode edges" runs them
+     * alone): a few rows over at most 200 keys, under a second each on PoCL. Small scale
+     * (Oclgrind: 15 s for all of them) leaves out the two cases whose point is another
+     * device's: two k/v heads split on 2+ compute units only (Oclgrind has 1), and the
+     * 108-key pages cross flash_cpu.cl's 64-key tile (the pocl lane's kernel). */
+    static const int heavy_group_sinks[] = {2}, heavy_partial[] = {4};
+    if (small)
+        tu_not_run("test_decode_split_group_sinks case 2 (two k/v heads), "
+                   "test_paged_partial_blocks case 4 (past flash_cpu.cl's first key tile)");
+    TCase *edges = tcase_create("decode edges");
+    tcase_set_timeout(edges, 900);
+    tu_add_loop_except(edges, test_decode_split_group_sinks, 0,
+                       (int)(sizeof group_sink_cases / sizeof group_sink_cases[0]),
+                       heavy_group_sinks, small ? 1 : 0);
+    tu_add_loop_except(edges, test_paged_partial_blocks, 0,
+                       (int)(sizeof partial_cases / sizeof partial_cases[0]), heavy_partial,
+                       small ? 1 : 0);
+    tcase_add_unchecked_fixture(edges, NULL, release_decode_ctx);
+    suite_add_tcase(suite, edges);
     return tu_run_suite(suite);
 }

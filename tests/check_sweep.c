@@ -9,11 +9,11 @@
  *   Lq != Lk), the causal alignment and the window alignment drawn separately (none, top-left,
  *   bottom-right, ONNX, a diagonal offset), the window's left and right sizes (unbounded, 0,
  *   small, beyond every key), soft-capping, ALiBi ((H) or (B, H) slopes), attention sinks (one
- *   logit per query head, some -inf, packed or strided), a paged KV cache (pages of 1 key,
- *   2..17 or 32..256, in a drawn order; the fused path only), the mask (none, bool,
- *   float), its rank (1 to 4, or a rank-4 view with stride 0 on its broadcast dims) and whether
- *   it differs between heads, the key rules (all keys, per-batch key counts, a past with
- *   present_k/present_v), key padding, storage (F32, F16, BF16, mixed), the normalisation
+ *   logit per query head, some -inf, packed or strided, near the head's log-sum-exp), a paged KV
+ *   cache (pages of 1 key, 2..17 or 32..256, in a drawn order; the fused path only), the mask
+ *   (none, bool, float), its rank (1 to 4, or a rank-4 view with stride 0 on its broadcast dims)
+ *   and whether it differs between heads, the key rules (all keys, per-batch key counts, a past
+ *   with present_k/present_v), key padding, storage (F32, F16, BF16, mixed), the normalisation
  *   (softmax, relu, softmax in double), the layouts (packed, (B, L, H*d) views, padded, stride 2
  *   along head_dim, mixed), the outputs (out, + lse, + weights), the head sizes and dropout
  *   (p = 0.1, 0.5, 0.9 on about a quarter of the problems that take it, p = 1 rarely; the seed
@@ -23,8 +23,10 @@
  *   Derived and counted too: the route AUTO takes (fused, the grouped one-row decode of
  *   host/attn/sdpa.c, unfused, or refused), predicted from sdpa.c's rule, and whether that fused
  *   kernel reads K and V tiles where they lie (kv_read: flash_cpu.cl's in-place decode read,
- *   predicted from host/ops/flash.c's rule and checked against the plan's description), and
- *   whether the draw runs the backward too (AX_BACKWARD, below).
+ *   predicted from host/ops/flash.c's rule and checked against the plan's description), whether
+ *   that plan splits the keys (AX_MERGE: decode splits merged by flash_merge, as the plan
+ *   says; checked where the draw predicts them), and whether the draw runs the backward too
+ *   (AX_BACKWARD, below).
  *
  * The backward (clattn_sdpa_backward_plan_create): every drawn problem it takes (the fused
  * path's, without a past, pages, quantized k/v, weights or softmax_f64; packed sequences too,
@@ -89,7 +91,7 @@
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* Draws per run of each tier (measured: see docs/testing.md's interaction sweep). */
-#define SWEEP_DRAWS_CI 153
+#define SWEEP_DRAWS_CI 155
 #define SWEEP_DRAWS_SMALL 12
 #define SWEEP_DRAWS_FULL 1500
 #define CENSUS_DRAWS 20000
@@ -128,6 +130,7 @@ typedef enum axis_id {
     AX_DROPOUT,
     AX_ROUTE, /* derived: what AUTO runs */
     AX_READ,  /* derived: whether AUTO's fused kernel reads K and V tiles in place */
+    AX_MERGE, /* derived: whether AUTO's fused plan splits the keys (decode splits, flash_merge) */
     AX_BACKWARD, /* whether the draw runs the backward too (where it takes the problem) */
     AX_COUNT
 } axis_id;
@@ -156,6 +159,10 @@ enum { HD_3_5, HD_16, HD_64, HD_64_16 };
 enum { DROP_OFF, DROP_01, DROP_05, DROP_09, DROP_1 };
 enum { ROUTE_FUSED, ROUTE_GROUPED, ROUTE_UNFUSED, ROUTE_REFUSED };
 enum { READ_PACKED, READ_IN_PLACE };
+enum { MERGE_NONE, MERGE_SPLITS };
+/* Keys from which a one-work-group decode on the decode_split context must split: past two of
+ * the largest default key tile (flash_cpu.cl's 64), so two splits of whole tiles exist */
+#define SPLIT_KEYS 129
 
 #define MAX_VALUES 6
 
@@ -195,6 +202,7 @@ static const axis_def axes[AX_COUNT] = {
     [AX_DROPOUT] = {"dropout", 5, {"off", "0.1", "0.5", "0.9", "1"}},
     [AX_ROUTE] = {"route", 4, {"fused", "grouped_decode", "unfused", "refused"}},
     [AX_READ] = {"kv_read", 2, {"packed", "in_place"}},
+    [AX_MERGE] = {"merge", 2, {"none", "splits"}},
     [AX_BACKWARD] = {"backward", 2, {"off", "on"}},
 };
 
@@ -314,6 +322,9 @@ static const combo required[] = {
     C2(AX_SINKS, ON, AX_KEYS, KEYS_PAST),
     C3(AX_SINKS, ON, AX_WINDOW, AL_BOTTOM_RIGHT, AX_WLEFT, WS_SMALL),
     C2(AX_READ, READ_IN_PLACE, AX_SINKS, ON),
+    /* ...and the grouped decode whose keys are split (issue 48): flash_merge folds each row's
+     * own query head's sink, not its group's first nor its k/v head's */
+    C3(AX_SINKS, ON, AX_ROUTE, ROUTE_GROUPED, AX_MERGE, MERGE_SPLITS),
     /* A paged KV cache (issue 28): through the block table on every fused kernel and context,
      * with the score rules, storage and layouts; refused off the fused path */
     C2(AX_PAGED, PAGED_1, AX_ROUTE, ROUTE_GROUPED),
@@ -330,6 +341,8 @@ static const combo required[] = {
     C2(AX_PAGED, PAGED_1, AX_ALIBI, ALIBI_BH),
     C3(AX_PAGED, PAGED_SMALL, AX_WINDOW, AL_BOTTOM_RIGHT, AX_WLEFT, WS_SMALL),
     C2(AX_PAGED, PAGED_LARGE, AX_PADDING, PAD_ON),
+    /* each split of a grouped decode ends its keys in a partial last page (issue 48) */
+    C3(AX_PAGED, PAGED_SMALL, AX_ROUTE, ROUTE_GROUPED, AX_MERGE, MERGE_SPLITS),
     /* Quantized k and v (issue 28): the grouped decode, pages, the in-place read, decode
      * splits, the GPU kernel, sinks, strided rows, and the unfused path's refusal */
     C2(AX_QUANT, QUANT_Q8_0, AX_ROUTE, ROUTE_GROUPED),
@@ -473,6 +486,7 @@ typedef struct draw {
     unsigned forced; /* bit per axis */
     int want_grouped;
     int want_in_place;
+    int want_merge;    /* forced decode splits: the decode_split context, one row, many keys */
     int want_backward; /* forced: steer the draw to what the backward takes */
     int combo; /* the forced combination's index into required */
     int dropout_offset; /* DOFF_*: how dropout_offset was drawn (with dropout on) */
@@ -533,11 +547,17 @@ static int active_count_;
  * leaves those two alone (default, decode_split). Set by choose_in_place from the default
  * context's parameters. */
 static int in_place_on_[CFG_COUNT];
+/* Whether the decode_split context runs without a loop limit (its keys then split, not in
+ * sequential parts): set by choose_in_place from the default context's parameters. */
+static int merge_on_;
 
 static int combo_possible(const combo *c)
 {
     for (int i = 0; i < 3; ++i) {
         if (c->c[i].axis == AX_CONFIG && !config_on_[c->c[i].value])
+            return 0;
+        if (c->c[i].axis == AX_MERGE && c->c[i].value == MERGE_SPLITS &&
+            (!config_on_[CFG_DECODE_SPLIT] || !merge_on_))
             return 0;
         if (c->c[i].axis == AX_READ && c->c[i].value == READ_IN_PLACE) {
             int any = 0;
@@ -552,6 +572,8 @@ static int combo_possible(const combo *c)
 
 static int pick_config(draw *d)
 {
+    if (d->want_merge) /* (on: combo_possible) */
+        return pick(d, AX_CONFIG, CFG_DECODE_SPLIT);
     int on[CFG_COUNT], count = 0;
     for (int c = 0; c < CFG_COUNT; ++c)
         if (config_on_[c] && (!d->want_in_place || in_place_on_[c]))
@@ -736,6 +758,10 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
                 d->want_in_place = c.value == READ_IN_PLACE;
                 continue;
             }
+            if (c.axis == AX_MERGE) {
+                d->want_merge = c.value == MERGE_SPLITS;
+                continue;
+            }
             if (c.axis == AX_BACKWARD) {
                 d->want_backward = c.value == ON;
                 continue;
@@ -744,7 +770,10 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
             d->forced |= 1u << c.axis;
         }
     }
-    const int grouped = d->want_grouped;
+    /* forced decode splits: one work-group of rows (one batch entry and k/v head on the
+     * decode_split context), the grouped decode's, and SPLIT_KEYS keys or more */
+    const int merge = d->want_merge;
+    const int grouped = d->want_grouped || merge;
     const int in_place = d->want_in_place; /* few rows, a whole key tile, head sizes of 16s */
     /* the backward takes no past, pages, quantized k/v, packed sequences, weights, double
      * softmax or mixed alignments: a forced backward draws none of them (unless forced) */
@@ -761,7 +790,7 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
                         grouped    ? LQ_ONE
                         : in_place ? LQ_ONE + uniform(2)
                                    : weighted(lq_w, 3));
-    int lk = pick(d, AX_LK, in_place ? LK_LONG : uniform(3));
+    int lk = pick(d, AX_LK, in_place || merge ? LK_LONG : uniform(3));
     static const int keys_w[] = {40, 30, 30};
     static const int backward_keys_w[] = {50, 50, 0};
     int keys = pick(d, AX_KEYS, weighted(backward ? backward_keys_w : keys_w, 3));
@@ -842,6 +871,7 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     for (;;) {
         s->seq_k = lk == LK_SAME    ? s->seq_q
                    : lk == LK_SHORT ? in_range(short_low, 17)
+                   : merge          ? in_range(SPLIT_KEYS, small_ ? SPLIT_KEYS + 7 : 200)
                                     : in_range(in_place ? 64 : long_low, long_high);
         if (lk == LK_SAME || s->seq_k != s->seq_q)
             break;
@@ -1154,6 +1184,23 @@ static int read_of(const pb_sdpa_spec *s, int config, int route)
                : READ_PACKED;
 }
 
+/* AX_MERGE as predicted (host/ops/flash.c's choose_splits), only where the plan must split on
+ * any device: the decode_split context (decode_keys=16) without a loop limit, one work-group
+ * of rows (one batch entry: the grouped decode of one k/v head, or one row of one head), fewer
+ * than twice any device's compute units, not packed sequences, and SPLIT_KEYS keys or more.
+ * Elsewhere MERGE_NONE; test_draw then counts what AUTO's plan did (check_read). */
+static int merge_of(const pb_sdpa_spec *s, int config, int route)
+{
+    const int one_group =
+        s->batch == 1 &&
+        (route == ROUTE_GROUPED ? s->kv_heads == 1
+                                : route == ROUTE_FUSED && s->heads == 1 && s->seq_q == 1);
+    return merge_on_ && config == CFG_DECODE_SPLIT && one_group && !s->varlen &&
+                   s->seq_k >= SPLIT_KEYS
+               ? MERGE_SPLITS
+               : MERGE_NONE;
+}
+
 /* Whether clattn_sdpa_backward_plan_create takes the problem (clattn.h): what the fused path
  * runs, less a past, rope, a paged cache, weights, softmax_f64 and quantized k/v (packed
  * sequences included: their draws have no masks or dropout). The forward then runs on FUSED
@@ -1187,6 +1234,7 @@ static void draw_met(int index, draw *d, pb_sdpa_spec *s)
         draw_spec(index, d, s);
         d->v[AX_ROUTE] = route_of(s);
         d->v[AX_READ] = read_of(s, d->v[AX_CONFIG], d->v[AX_ROUTE]);
+        d->v[AX_MERGE] = merge_of(s, d->v[AX_CONFIG], d->v[AX_ROUTE]);
         d->v[AX_BACKWARD] = d->want_backward && backward_takes(s) ? ON : OFF;
         if (combo_met(d))
             break;
@@ -1219,6 +1267,9 @@ static long bwd_ran_, bwd_forced_, bwd_mask_grads_, bwd_sinks_grads_, bwd_unfuse
 /* draws that ran with dropout: all, by how the offset was drawn, refused (by every path), on
  * a one-row decode with grouped heads (which the plan runs ungrouped), with the backward */
 static long drop_draws_, drop_offsets_[DOFF_COUNT], drop_refused_, drop_decode_, drop_bwd_;
+/* draws whose AUTO plan split its keys (flash_merge): all, with sinks, grouped decodes with
+ * sinks (each row its query head's sink), grouped decodes over a paged cache */
+static long merge_draws_, merge_sinks_, merge_group_sinks_, merge_group_paged_;
 
 static void count_draw(coverage *c, const draw *d)
 {
@@ -1344,6 +1395,10 @@ static void print_coverage(void)
     printf("; %ld refused as documented: packed sequences, pages, quantized k/v), %ld one-row "
            "decodes with grouped heads (run ungrouped), %ld with the backward\n",
            drop_refused_, drop_decode_, drop_bwd_);
+    printf("sweep: decode splits (merged by flash_merge): %ld of %ld draws, %ld with sinks, %ld "
+           "of them grouped decodes (each row its query head's sink), %ld grouped decodes over "
+           "a paged cache\n",
+           merge_draws_, run_.draws, merge_sinks_, merge_group_sinks_, merge_group_paged_);
     int missed = 0, off = 0;
     for (int i = 0; i < COUNT_OF(required); ++i) {
         char text[160];
@@ -1396,19 +1451,24 @@ static void set_path(pb_sdpa_problem *p, int path_index)
 
 /* AUTO's plan reads K and V in place exactly where the draw predicts it (AX_READ): on a
  * context that runs flash_cpu.cl without a loop limit, the plan says "read in place" iff
- * in_place_built, and it runs flash_cpu.cl whenever the draw counts as in place. */
-static void check_read(clattn_ctx *ctx, const pb_sdpa_problem *p, const draw *d)
+ * in_place_built, and it runs flash_cpu.cl whenever the draw counts as in place. It splits
+ * its keys wherever the draw predicts decode splits (AX_MERGE). Returns what it did: MERGE_SPLITS
+ * when the plan says "in decode splits", else MERGE_NONE. */
+static int check_read(clattn_ctx *ctx, const pb_sdpa_problem *p, const draw *d)
 {
     const int route = d->v[AX_ROUTE];
     if (route != ROUTE_FUSED && route != ROUTE_GROUPED)
-        return;
+        return MERGE_NONE;
     clattn_sdpa_desc desc;
     pb_sdpa_desc(p, &desc);
     clattn_plan *plan = NULL;
     if (!tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS,
                           "auto plan (read in place)"))
-        return;
+        return MERGE_NONE;
     const char *info = clattn_plan_info(plan);
+    const int merge = strstr(info, "in decode splits") != NULL ? MERGE_SPLITS : MERGE_NONE;
+    tu_expect(d->v[AX_MERGE] == MERGE_NONE || merge == MERGE_SPLITS,
+              "the draw splits its keys (decode splits), the plan does not: %s", info);
     const int cpu = strstr(info, "flash_cpu.cl") != NULL;
     const int says = strstr(info, "read in place") != NULL;
     if (d->v[AX_READ] == READ_IN_PLACE)
@@ -1418,6 +1478,7 @@ static void check_read(clattn_ctx *ctx, const pb_sdpa_problem *p, const draw *d)
                   "flash_cpu.cl %s in place, host/ops/flash.c's rule says %s: %s",
                   says ? "reads" : "does not read", says ? "no" : "yes", info);
     clattn_plan_release(plan);
+    return merge;
 }
 
 /* --- the backward ---------------------------------------------------------------------------- */
@@ -1582,6 +1643,38 @@ done:
     free(grad_out);
 }
 
+/* The sinks where the draw's scores are (issue 48): problems.c draws them in [-2, 4), which
+ * the scores of a large scale or q_gain drown (a row's log-sum-exp reached 20 and more), and
+ * then a row given another head's sink passed unseen. Each finite sink moves to its head's
+ * mean log-sum-exp over its rows without sinks, plus its drawn value less 1 (-3 .. 3 around
+ * it: a sink that takes a few percent of a row's weight up to most of it); the reference is
+ * computed again. */
+static void sinks_on_score_scale(pb_sdpa_problem *p)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    float *drawn = tu_copy_floats(p->sinks, s->heads);
+    for (size_t h = 0; h < s->heads; ++h)
+        p->sinks[h] = -INFINITY;
+    pb_sdpa_reference(p);
+    /* lse_ref: (B, H, Lq), packed sequences' (H, total_q) */
+    const size_t batches = s->varlen ? 1 : s->batch, rows = s->varlen ? p->total_q : s->seq_q;
+    for (size_t h = 0; h < s->heads; ++h) {
+        double sum = 0.0;
+        size_t count = 0;
+        for (size_t b = 0; b < batches; ++b)
+            for (size_t i = 0; i < rows; ++i) {
+                const double lse = p->lse_ref[(b * s->heads + h) * rows + i];
+                if (isfinite(lse))
+                    sum += lse, ++count;
+            }
+        p->sinks[h] = isfinite(drawn[h]) && count > 0
+                          ? (float)(sum / (double)count + (double)drawn[h] - 1.0)
+                          : drawn[h];
+    }
+    free(drawn);
+    pb_sdpa_reference(p);
+}
+
 static double now_seconds(void)
 {
     struct timespec t;
@@ -1600,6 +1693,8 @@ START_TEST(test_draw)
     draw_met(_i, &d, &spec);
     pb_sdpa_problem p;
     pb_sdpa_make(&p, &spec);
+    if (p.sinks != NULL)
+        sinks_on_score_scale(&p);
     char forced[160] = "none";
     if (d.combo >= 0)
         describe_combo(&required[d.combo], forced, sizeof forced);
@@ -1615,8 +1710,8 @@ START_TEST(test_draw)
                 const pb_run_options options = {.executions = 2};
                 tu_expect_status(pb_sdpa_run(ctx, &p, &options), CLATTN_SUCCESS, "pb_sdpa_run");
                 path_ran_[k]++;
-                if (paths[k] == CLATTN_PATH_AUTO)
-                    check_read(ctx, &p, &d);
+                if (paths[k] == CLATTN_PATH_AUTO) /* (what AUTO's plan did: counted so) */
+                    d.v[AX_MERGE] = check_read(ctx, &p, &d);
                 continue;
             }
             clattn_sdpa_desc desc;
@@ -1639,6 +1734,12 @@ START_TEST(test_draw)
             count_draw(&bwd_, &d);
         }
         count_draw(&run_, &d);
+        if (d.v[AX_MERGE] == MERGE_SPLITS) {
+            merge_draws_++;
+            merge_sinks_ += d.v[AX_SINKS] == ON;
+            merge_group_sinks_ += d.v[AX_SINKS] == ON && d.v[AX_ROUTE] == ROUTE_GROUPED;
+            merge_group_paged_ += d.v[AX_PAGED] != PAGED_OFF && d.v[AX_ROUTE] == ROUTE_GROUPED;
+        }
         if (d.v[AX_DROPOUT] != DROP_OFF) {
             drop_draws_++;
             drop_offsets_[d.dropout_offset]++;
@@ -1700,7 +1801,7 @@ static void choose_seed(int full)
 }
 
 /* in_place_on_: the default context's parameters say flash_cpu=1 and loop_trip_limit=0 (the
- * default and decode_split contexts add only decode_keys to them). */
+ * default and decode_split contexts add only decode_keys to them); merge_on_: the latter. */
 static void choose_in_place(void)
 {
     const char *t = clattn_ctx_tuning(tu_ctx());
@@ -1709,6 +1810,10 @@ static void choose_in_place(void)
                    (getenv("CLATTN_PARAMS") == NULL || getenv("CLATTN_PARAMS")[0] == '\0');
     in_place_on_[CFG_DEFAULT] = on;
     in_place_on_[CFG_DECODE_SPLIT] = on;
+    /* (the decode_split context's keys split where no loop limit makes them run in parts) */
+    merge_on_ =
+        t != NULL && strstr(t, " loop_trip_limit=0") != NULL &&
+        (getenv("CLATTN_LOOP_TRIP_LIMIT") == NULL || getenv("CLATTN_LOOP_TRIP_LIMIT")[0] == '\0');
 }
 
 static void choose_configs(void)

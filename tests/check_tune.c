@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "problems.h"
 #include "testutil.h"
 
 static const char *clattn_bin;
@@ -870,6 +871,96 @@ done:
 }
 END_TEST
 
+/* --- records scoped to a dtype ---------------------------------------------------------- */
+
+/* Tuning records scoped to q's dtype (@dtype=, host/core/tuning.c's clattn__tuning_for) set
+ * the plans of that dtype only (issue 48). For each selector f32, f16 and bf16, a context
+ * whose one row is that record (flash.cl in groups of 4 rows with 8-float vectors, whatever
+ * the device's own row picks) makes fused SDPA plans of one problem stored in F32, F16 and
+ * BF16: the record's dtype's plan lists the record and runs that flash.cl variant, which
+ * executes against the float64 reference; each other dtype's plan lists no record and is
+ * described exactly as a context without the row describes it (the same kernel, variant and
+ * geometry). */
+static const char *const record_dtype_names[3] = {"f32", "f16", "bf16"};
+static const clattn_dtype record_dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16,
+                                              CLATTN_DTYPE_BF16};
+
+static void dtype_problem(pb_sdpa_problem *p, clattn_dtype dtype)
+{
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = 1, spec.heads = 2, spec.seq_q = 5, spec.seq_k = 40, spec.dk = spec.dv = 16;
+    spec.q_dtype = spec.k_dtype = spec.v_dtype = spec.out_dtype = dtype;
+    spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    spec.path = CLATTN_PATH_FUSED;
+    pb_sdpa_make(p, &spec);
+}
+
+/* The plan's description (clattn_plan_info) into text; 0 when the plan was not made. */
+static int dtype_plan_info(clattn_ctx *ctx, const pb_sdpa_problem *p, char *text, size_t size)
+{
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(p, &desc);
+    clattn_plan *plan = NULL;
+    text[0] = '\0';
+    if (!tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS, p->label))
+        return 0;
+    snprintf(text, size, "%s", clattn_plan_info(plan));
+    clattn_plan_release(plan);
+    return 1;
+}
+
+START_TEST(test_records_by_dtype)
+{
+    TU_BEGIN_TEST();
+    pb_sdpa_problem problems[3];
+    char plain[3][1024];
+    for (int t = 0; t < 3; ++t) {
+        dtype_problem(&problems[t], record_dtypes[t]);
+        dtype_plan_info(tu_ctx(), &problems[t], plain[t], sizeof plain[t]);
+    }
+    for (int r = 0; r < 3; ++r) {
+        char row[160], message[1024] = "";
+        snprintf(row, sizeof row,
+                 "any | * | * | @dtype=%s flash_cpu=0 flash_gpu=0 flash_rows=4 flash_vw=8",
+                 record_dtype_names[r]);
+        tu_set_case("record '%s'", row);
+        clattn_ctx_desc desc;
+        clattn_ctx_desc_init(&desc);
+        desc.queue = clattn_ctx_queue(tu_ctx());
+        desc.tuning_rows = row;
+        clattn_ctx *ctx = NULL;
+        if (!tu_expect_status(clattn_ctx_create_desc(&desc, &ctx, message, sizeof message),
+                              CLATTN_SUCCESS, message))
+            continue;
+        char listed[64];
+        snprintf(listed, sizeof listed, "tuning_rows line 1 (@dtype=%s)", record_dtype_names[r]);
+        for (int t = 0; t < 3; ++t) {
+            const pb_sdpa_problem *p = &problems[t];
+            tu_set_case("record '%s', a plan stored in %s: %s", row, record_dtype_names[t],
+                        p->label);
+            char info[1024];
+            if (!dtype_plan_info(ctx, p, info, sizeof info))
+                continue;
+            if (t == r) {
+                tu_expect(strstr(info, listed) && strstr(info, "flash.cl (4 rows") &&
+                              strstr(info, "8-float vectors"),
+                          "the %s plan did not take its record: %s", record_dtype_names[t], info);
+                tu_expect_status(pb_sdpa_run(ctx, p, NULL), CLATTN_SUCCESS, "pb_sdpa_run");
+            } else {
+                tu_expect(strstr(info, "tuning_rows") == NULL && strcmp(info, plain[t]) == 0,
+                          "the %s plan took the @dtype=%s record: '%s' (without the row: '%s')",
+                          record_dtype_names[t], record_dtype_names[r], info, plain[t]);
+            }
+        }
+        clattn_ctx_release(ctx);
+    }
+    for (int t = 0; t < 3; ++t)
+        pb_sdpa_free(&problems[t]);
+    TU_END_TEST();
+}
+END_TEST
+
 static void remove_scratch(void)
 {
     char command[600];
@@ -897,6 +988,11 @@ int main(int argc, char **argv)
     tcase_add_test(parser, test_row_parser);
     tcase_add_test(parser, test_driver_key);
     suite_add_tcase(suite, parser);
+    /* Plans (a few kernel builds): CK_RUN_CASE="records by dtype" runs it alone. */
+    TCase *records = tcase_create("records by dtype");
+    tcase_set_timeout(records, 300);
+    tcase_add_test(records, test_records_by_dtype);
+    suite_add_tcase(suite, records);
     TCase *tc = tcase_create("clattn tune");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_quick_tune_writes_rows_that_apply);
