@@ -115,6 +115,11 @@ bool clattn__kernel_faulted(const clattn_ctx *ctx, cl_kernel kernel)
  * $HOME/.cache/clattn/validation; false if none. */
 static bool records_path(char *path, size_t size)
 {
+    /* Kernels loaded from CLATTN_KERNEL_DIR are not the shipped ones a key names: no
+     * records (a developer's edits are probed afresh in each process). */
+    const char *kernel_dir = getenv("CLATTN_KERNEL_DIR");
+    if (kernel_dir && kernel_dir[0])
+        return false;
     const char *file = getenv("CLATTN_VALIDATION_FILE");
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     int n = -1;
