@@ -186,6 +186,10 @@ bool cli_check_rope(const char *command, const cli_rope *rope);
  * measures better parameters. */
 clattn_ctx *cli_context(const char *command, const char *device);
 int cli_context_exit(void);
+/* Releases ctx (NULL: nothing), first printing one line on stderr when self-validation
+ * turned a kernel variant down on this device (docs/validation.md): the results came from
+ * another variant. */
+void cli_release_context(clattn_ctx *ctx);
 /* $XDG_CACHE_HOME/clattn/NAME, else $HOME/.cache/clattn/NAME (a relative XDG_CACHE_HOME is
  * ignored, as the library's tuning cache path does); false if neither fits. */
 bool cli_cache_file(const char *name, char *path, size_t size);

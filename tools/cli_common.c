@@ -391,6 +391,30 @@ int cli_make_dirs(const char *path)
     return 0;
 }
 
+void cli_release_context(clattn_ctx *ctx)
+{
+    if (ctx == NULL)
+        return;
+    const size_t total = clattn_ctx_validations(ctx, NULL, 0);
+    clattn_validation *log = total ? calloc(total, sizeof *log) : NULL;
+    size_t failed = 0, first = 0;
+    if (log) {
+        clattn_ctx_validations(ctx, log, total);
+        for (size_t i = 0; i < total; ++i)
+            if (log[i].result == CLATTN_CHECK_FAILED && failed++ == 0)
+                first = i;
+    }
+    if (failed)
+        fprintf(stderr,
+                "clattn: %zu kernel variant%s failed validation on this device and %s not used "
+                "(%s: %s); the results come from another variant (`clattn doctor` checks them "
+                "all)\n",
+                failed, failed == 1 ? "" : "s", failed == 1 ? "was" : "were", log[first].variant,
+                log[first].detail);
+    free(log);
+    clattn_ctx_release(ctx);
+}
+
 clattn_ctx *cli_context(const char *command, const char *device)
 {
     clattn_ctx *ctx = NULL;

@@ -332,7 +332,7 @@ static int run(const additive_options *o, additive_data *d)
         rc = cli_fail("additive", CLI_FAILED, "OpenCL error %d", (int)err);
     }
     clattn_plan_release(plan);
-    clattn_ctx_release(ctx);
+    cli_release_context(ctx);
     if (rc != CLI_OK)
         return rc;
 

@@ -231,7 +231,7 @@ static int run_rope(const rope_options *o, rope_data *d)
         rc = cli_fail("rope", CLI_FAILED, "OpenCL error %d", (int)err);
     }
     clattn_plan_release(plan);
-    clattn_ctx_release(ctx);
+    cli_release_context(ctx);
     if (rc != CLI_OK)
         return rc;
     if (o->out) {

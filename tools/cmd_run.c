@@ -865,7 +865,7 @@ static int run(const run_options *o, run_data *d, bool check_only)
         if ((rc = add_posenc(ctx, &d->pos_table, &d->query, o->query)) ||
             (o->key && (rc = add_posenc(ctx, &d->pos_table, &d->key, o->key))) ||
             (o->value && (rc = add_posenc(ctx, &d->pos_table, &d->value, o->value)))) {
-            clattn_ctx_release(ctx);
+            cli_release_context(ctx);
             return rc;
         }
     }
@@ -878,10 +878,10 @@ static int run(const run_options *o, run_data *d, bool check_only)
                                  status == CLATTN_ERR_OVERFLOW || status == CLATTN_ERR_TOO_LARGE;
         rc = cli_fail("run", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s: %s",
                       clattn_status_string(status), clattn_last_error(ctx));
-        clattn_ctx_release(ctx);
+        cli_release_context(ctx);
         return rc;
     }
-    clattn_ctx_release(ctx);
+    cli_release_context(ctx);
 
     const size_t out_shape[3] = {batch, seq_q, out_features};
     if (o->out) {

@@ -1788,7 +1788,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         if (d->mem[i])
             clReleaseMemObject(d->mem[i]);
     memset(d->mem, 0, sizeof d->mem);
-    clattn_ctx_release(ctx);
+    cli_release_context(ctx);
     if (rc != CLI_OK)
         return rc;
     const size_t present_k_shape[4] = {batch, kv_heads, seq_k, dk};
