@@ -239,7 +239,8 @@ CLATTN_API size_t clattn_ctx_validations(const clattn_ctx *ctx, clattn_validatio
 /* Runs self-validation over every SDPA configuration family the device can build (F32, F16,
  * BF16; head sizes 16 to 256; masks, key padding, ALiBi, sinks, soft-capping, relu; prefill,
  * grouped decodes, paged and Q8_0/Q4_0 caches; the unfused path's matmuls and softmax rows,
- * softmax in double), probing every variant on ctx whatever the records say (`clattn doctor`,
+ * softmax in double; rotary embeddings, a KV cache's copies; the backward), probing every
+ * variant on ctx whatever the records say (`clattn doctor`,
  * `clattn.doctor()`). The entries are appended to the context's log (clattn_ctx_validations);
  * *checked counts them, *failed the failed ones plus plans that could not be made (either may
  * be NULL). json_path (may be NULL): the report as JSON (device, driver key, each case's

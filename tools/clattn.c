@@ -232,10 +232,10 @@ int cmd_doctor(int argc, char **argv)
     clattn_validation *log = calloc(total ? total : 1, sizeof *log);
     if (log)
         clattn_ctx_validations(ctx, log, total);
-    printf("%-16s %-44s %-9s %10s %9s %8s  %s\n", "probe", "variant", "result", "max error",
+    printf("%-18s %-44s %-9s %10s %9s %8s  %s\n", "probe", "variant", "result", "max error",
            "tolerance", "ms", "options or what failed");
     for (size_t i = 0; log && i < total; ++i)
-        printf("%-16s %-44s %-9s %10.3g %9.3g %8.2f  %s\n", log[i].unit, log[i].variant,
+        printf("%-18s %-44s %-9s %10.3g %9.3g %8.2f  %s\n", log[i].unit, log[i].variant,
                results[log[i].result], log[i].max_error, log[i].tolerance, log[i].milliseconds,
                log[i].detail);
     free(log);

@@ -1,7 +1,7 @@
 /* clattn_doctor: self-validation over every SDPA configuration family the device can build
  * (dtypes, head sizes, masks, ALiBi, sinks, soft-capping, relu, grouped decodes with and
  * without splits, paged and quantized caches, the unfused path's matmuls and softmax rows,
- * softmax in double), each plan created on the context with validation forced to "always";
+ * softmax in double, rotary embeddings and a KV cache's copies, the backward), each plan created on the context with validation forced to "always";
  * the context's log is the report (clattn_ctx_validations), written as JSON on request. */
 #include "plan.h"
 #include "core/validate.h"
@@ -31,6 +31,9 @@ enum {
     DOC_F64 = 1024u,
     DOC_CAUSAL = 2048u,
     DOC_LSE = 4096u,
+    DOC_BACKWARD = 8192u, /* the backward plan (dQ, dK, dV from dO and the forward's lse) */
+    DOC_ROPE = 16384u,    /* rotary embeddings on q and k (rope.cl), halves */
+    DOC_PAST = 32768u,    /* a KV cache: past_k/past_v copied into present (heads.cl's copy4d) */
 };
 
 #define F32 CLATTN_DTYPE_F32
@@ -62,6 +65,12 @@ static const doctor_case cases[] = {
     {"unfused softmax in double", F32, F32, F32, 16, 2, 2, 19, 41, DOC_F64 | DOC_WEIGHTS,
      CLATTN_PATH_AUTO},
     {"fused head size 256", F32, F32, F32, 256, 1, 1, 9, 40, DOC_CAUSAL, CLATTN_PATH_FUSED},
+    {"prefill f32 d64 rope, KV cache", F32, F32, F32, 64, 4, 2, 7, 96, DOC_ROPE | DOC_PAST,
+     CLATTN_PATH_AUTO},
+    {"backward f32 d64 causal, mask", F32, F32, F32, 64, 4, 2, 65, 65,
+     DOC_BACKWARD | DOC_CAUSAL | DOC_MASK | DOC_LSE, CLATTN_PATH_AUTO},
+    {"backward bf16 d32 alibi, softcap", BF16, BF16, BF16, 32, 2, 2, 33, 47,
+     DOC_BACKWARD | DOC_ALIBI | DOC_SOFTCAP | DOC_LSE, CLATTN_PATH_AUTO},
 };
 #undef F32
 #undef F16
@@ -112,6 +121,24 @@ static clattn_status doctor_plan(clattn_ctx *ctx, const doctor_case *c, char *sk
     if (c->extras & DOC_LSE)
         roles[CLATTN_ROLE_LSE] =
             clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, batch, c->heads, c->seq_q, 0);
+    if (c->extras & DOC_BACKWARD) { /* the gradients, as their tensors */
+        roles[CLATTN_ROLE_GRAD_OUT] = roles[CLATTN_ROLE_OUT];
+        roles[CLATTN_ROLE_GRAD_Q] = roles[CLATTN_ROLE_Q];
+        roles[CLATTN_ROLE_GRAD_K] = roles[CLATTN_ROLE_K];
+        roles[CLATTN_ROLE_GRAD_V] = roles[CLATTN_ROLE_V];
+    }
+    if (c->extras & DOC_PAST) { /* seq_k - seq_q past keys, then the new ones */
+        const size_t past = c->seq_k - c->seq_q;
+        roles[CLATTN_ROLE_K] = clattn_tensor_make(NULL, 0, c->kv, 4, batch, c->kv_heads, c->seq_q,
+                                                  c->dk);
+        roles[CLATTN_ROLE_V] = roles[CLATTN_ROLE_K];
+        roles[CLATTN_ROLE_PAST_K] =
+            clattn_tensor_make(NULL, 0, c->kv, 4, batch, c->kv_heads, past, c->dk);
+        roles[CLATTN_ROLE_PAST_V] = roles[CLATTN_ROLE_PAST_K];
+        roles[CLATTN_ROLE_PRESENT_K] =
+            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F16, 4, batch, c->kv_heads, c->seq_k, c->dk);
+        roles[CLATTN_ROLE_PRESENT_V] = roles[CLATTN_ROLE_PRESENT_K];
+    }
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
     desc.by_role = roles;
@@ -121,8 +148,14 @@ static clattn_status doctor_plan(clattn_ctx *ctx, const doctor_case *c, char *sk
     desc.softcap = c->extras & DOC_SOFTCAP ? 5.0f : 0.0f;
     desc.softmax_f64 = c->extras & DOC_F64 ? 1 : 0;
     desc.path = c->path;
+    if (c->extras & DOC_ROPE)
+        desc.rope = 1;
+    if (c->extras & DOC_PAST)
+        desc.causal = CLATTN_CAUSAL_ONNX;
     clattn_plan *plan = NULL;
-    const clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    const clattn_status status = c->extras & DOC_BACKWARD
+                                     ? clattn_sdpa_backward_plan_create(ctx, &desc, &plan)
+                                     : clattn_sdpa_plan_create(ctx, &desc, &plan);
     clattn_plan_release(plan);
     skipped[0] = '\0';
     if (status == CLATTN_ERR_UNSUPPORTED) {
