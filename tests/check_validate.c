@@ -396,12 +396,18 @@ static clattn_status run_backward(const char *params, clattn_validation *log, si
     tu_expect_close("grad_k", got, dk, p.k_count, 2e-4);
     pb_download(ctx, NULL, &bound.grad_v, got, NULL);
     tu_expect_close("grad_v", got, dv, p.v_count, 2e-4);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(out);
+    free(got);
 done:
     if (status != CLATTN_SUCCESS)
         tu_expect(0, "backward: %s: %s", clattn_status_string(status), clattn_last_error(ctx));
     *count = clattn_ctx_validations(ctx, log, MAX_KEYS);
     if (*count > MAX_KEYS)
         *count = MAX_KEYS;
+    free(grad_out);
     clattn_plan_release(forward);
     clattn_plan_release(backward);
     pb_release_tensors(&bound);

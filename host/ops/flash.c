@@ -542,18 +542,20 @@ static void probe_flash_plan(const clattn__flash_plan *prepared, clattn__flash_p
 {
     *run = *prepared;
     clattn__score_shape *s = &run->shape.score;
+    /* (the query group is a launch argument too: at most 4 query heads a k/v head) */
     const size_t group = s->kv_group > 1 ? s->kv_group : 1;
     s->batch = clattn__probe_at_most(s->batch, 2);
-    s->heads = clattn__probe_at_most(s->heads / group, 2) * group;
+    s->kv_group = group > 1 ? clattn__probe_at_most(group, 4) : s->kv_group;
+    s->heads = clattn__probe_at_most(s->heads / group, 2) * clattn__probe_at_most(group, 4);
     s->seq_q = s->seq_q <= 8 ? s->seq_q : clattn__probe_at_most(s->seq_q, 19);
+    /* Key parts and decode splits are launch arguments: one tile each here, so that a few
+     * tiles (however long the plan's parts and splits) exercise them. */
     const bool parts = prepared->part_keys < prepared->shape.score.seq_k;
-    const size_t unit = prepared->splits > 1 ? prepared->split_keys
-                        : parts              ? prepared->part_keys
-                                             : prepared->key_tile;
-    s->seq_k = clattn__probe_at_most(s->seq_k, unit + 13);
-    run->part_keys = parts ? prepared->part_keys : s->seq_k;
+    s->seq_k = clattn__probe_at_most(s->seq_k, 2 * (size_t)prepared->key_tile + 13);
+    run->part_keys = parts ? prepared->key_tile : s->seq_k;
     const size_t rows = s->batch * s->heads * s->seq_q;
     if (prepared->splits > 1) {
+        run->split_keys = prepared->key_tile;
         run->splits = (unsigned)((s->seq_k + run->split_keys - 1) / run->split_keys);
         run->scratch_floats = run->splits * rows * (run->shape.head_dim_v + 1);
         const size_t items = rows * run->shape.head_dim_v;

@@ -658,7 +658,8 @@ static clattn_status bwd_probe(clattn_ctx *ctx, void *unit, clattn__probe_result
     clattn__score_shape *s = &shape.score;
     const size_t group = s->kv_group > 1 ? s->kv_group : 1;
     s->batch = clattn__probe_at_most(s->batch, 2);
-    s->heads = clattn__probe_at_most(s->heads / group, 2) * group;
+    s->kv_group = group > 1 ? clattn__probe_at_most(group, 4) : s->kv_group;
+    s->heads = clattn__probe_at_most(s->heads / group, 2) * clattn__probe_at_most(group, 4);
     s->seq_q = clattn__probe_at_most(s->seq_q, 19);
     s->seq_k = clattn__probe_at_most(s->seq_k, 37);
     clattn__flash_bwd_plan run;

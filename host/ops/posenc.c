@@ -69,7 +69,9 @@ typedef struct posenc_unit {
 static clattn_status posenc_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
 {
     const posenc_unit *u = unit;
-    const size_t dim = u->plan->dims[3], dims[4] = {2, 3, 5, dim}, n = 30 * dim, start = 3;
+    /* the width is a launch argument: at most 64 columns here */
+    const size_t dim = clattn__probe_at_most(u->plan->dims[3], 64);
+    const size_t dims[4] = {2, 3, 5, dim}, n = 30 * dim, start = 3;
     clattn__posenc_plan run;
     clattn_status status = clattn__posenc_prepare(ctx, dims, u->x, u->out, u->table, &run);
     if (status != CLATTN_SUCCESS)

@@ -88,6 +88,9 @@ static clattn_status rope_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
     const rope_unit *u = unit;
     clattn__rope_shape shape = u->plan->shape;
     shape.batch = 2, shape.heads = 3, shape.seq = 5, shape.start = 3;
+    /* the row's width and rotation are launch arguments: at most 64 columns here */
+    shape.dim = clattn__probe_at_most(shape.dim, 64);
+    shape.rot = clattn__probe_at_most(shape.rot, shape.dim) / 2 * 2;
     clattn__rope_plan run;
     clattn_status status = clattn__rope_prepare(ctx, &shape, u->x, u->out, u->cache, &run);
     if (status != CLATTN_SUCCESS)
