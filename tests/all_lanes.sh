@@ -31,8 +31,8 @@
 #   fuzz      each libFuzzer target for FUZZ_SECONDS (default 60; CI tier 20), build-fuzz/ (clang)
 #   rusticl   the ctest suite again on Mesa's rusticl (tests/rusticl_lane.sh), build/, less the
 #             entries that only change parameters or test host-side code (rusticl_skip below);
-#             CI tier: CLATTN_TEST_SCALE=small and not flash_cpu_split, backward or
-#             backward_split (every forward kernel variant still compiles and runs through Mesa;
+#             CI tier: CLATTN_TEST_SCALE=small and not flash_cpu_split, backward,
+#             backward_split or validate (cli_doctor still validates there; every forward kernel variant still compiles and runs through Mesa;
 #             the pocl lane runs the heavy cases, the pocl and oclgrind lanes the backward)
 #   oclgrind  the kernel suites' reduced set under Oclgrind --data-races (tests/oclgrind_lane.sh);
 #             CI tier: the canary and the attention, flash, posenc and backward suites, which
@@ -169,14 +169,16 @@ ensure_build() {
 # forced key splits), not the variants the pocl lane already runs with other parameters. The
 # CI tier leaves out check_backward too: its 44 cases compile one backward variant each, 517 s
 # on rusticl at CLATTN_TEST_SCALE=small (measured 2026-12-05); --full runs it (the pocl and
-# Oclgrind lanes run it in the CI tier).
+# Oclgrind lanes run it in the CI tier), and check_validate (its fault walks build each variant
+# again on fresh contexts: 66 s on rusticl at small scale; the pocl and asan lanes run it, and
+# cli_doctor runs self-validation on rusticl in the CI tier).
 rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring|cli_backward|cli_dropout|cli_flex|docs)$'
 lane_rusticl() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip"
     else
         ensure_build && CLATTN_TEST_SCALE=small \
-            tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip|^flash_cpu_split$|^backward(_split)?$"
+            tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip|^flash_cpu_split$|^backward(_split)?$|^validate$"
     fi
 }
 lane_oclgrind() {
