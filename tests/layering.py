@@ -6,6 +6,11 @@
    calling file to the defining one) has no cycle.
 2. No __kernel in kernels/ or host/mpi/ takes more than 16 parameters (each kernel family
    takes its buffers plus one struct from kernels/params.h).
+3. (issue 49) No circle anywhere in the tree: no `#include "..."` loop among the C, header and
+   OpenCL files of any folder, and no import loop among the Python package's modules
+   (python/clattn; an import inside a function counts: a lazy import is still a circle).
+4. (issue 49) No file outside host/ includes a header of host/: tools, tests, bench and
+   examples use the installed public headers (include/) and their own.
 
 Prints what it checked and each violation; exit status 1 on a violation.
     tests/layering.py [REPO_ROOT]
@@ -132,6 +137,69 @@ def kernel_params(root):
     return result
 
 
+SKIP_DIRS = {".git", "__pycache__", ".gpu"}
+
+
+def tree_files(root, exts):
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.startswith("build")
+                         and not x.startswith("venv"))
+        out += [os.path.join(d, f) for f in sorted(files) if f.endswith(exts)]
+    return out
+
+
+def include_graph(root):
+    """`#include "..."` edges among every C, header and OpenCL file of the tree (resolved
+    against the including file's folder, then include/, host/, host/ops and host/attn, the
+    library's include path), and the files outside host/ that include one of host/."""
+    files = tree_files(root, (".c", ".h", ".cl"))
+    search = [os.path.join(root, d) for d in ("include", "host", "host/ops", "host/attn")]
+    host = os.path.join(root, "host") + os.sep
+    graph = collections.defaultdict(set)
+    reaching = []
+    for path in files:
+        text = open(path, encoding="utf-8", errors="replace").read()
+        for m in re.finditer(r'^\s*#\s*include\s+"([^"]+)"', text, re.M):
+            for base in [os.path.dirname(path)] + search:
+                candidate = os.path.normpath(os.path.join(base, m.group(1)))
+                if os.path.exists(candidate):
+                    graph[path].add(candidate)
+                    if candidate.startswith(host) and not path.startswith(host):
+                        reaching.append((path, candidate))
+                    break
+    return files, graph, reaching
+
+
+def python_graph(root):
+    """Import edges among python/clattn's modules (module-level and in functions)."""
+    import ast
+    pkg = os.path.join(root, "python", "clattn")
+    modules = {os.path.splitext(f)[0]: os.path.join(pkg, f)
+               for f in os.listdir(pkg) if f.endswith(".py")} if os.path.isdir(pkg) else {}
+    graph = collections.defaultdict(set)
+    for name, path in modules.items():
+        tree = ast.parse(open(path, encoding="utf-8").read(), path)
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level >= 1 or base == "clattn" or base.startswith("clattn."):
+                    base = base[len("clattn."):] if base.startswith("clattn.") else (
+                        "" if base == "clattn" else base)
+                    if base:
+                        targets.append(base.split(".")[0])
+                    else:  # from . import a, b
+                        targets += [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets += [a.name.split(".")[1] for a in node.names
+                            if a.name.startswith("clattn.")]
+            for t in targets:
+                if t in modules and t != name and t != "__init__":
+                    graph[path].add(modules[t])
+    return list(modules.values()), graph
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
     root = os.path.abspath(root)
@@ -144,6 +212,25 @@ def main():
     for loop in loops:
         failed = True
         print("  loop: " + " <-> ".join(os.path.relpath(p, root) for p in loop))
+    tree, includes, reaching = include_graph(root)
+    include_loops = cycles(includes)
+    print(f"includes: {len(tree)} C/OpenCL files in the tree, "
+          f"{sum(len(v) for v in includes.values())} include edges, {len(include_loops)} loop(s), "
+          f"{len(reaching)} include(s) of host/ from outside it")
+    for loop in include_loops:
+        failed = True
+        print("  include loop: " + " <-> ".join(os.path.relpath(p, root) for p in loop))
+    for path, header in reaching:
+        failed = True
+        print(f"  {os.path.relpath(path, root)} includes {os.path.relpath(header, root)} "
+              "(outside host/: the public headers only)")
+    modules, imports = python_graph(root)
+    import_loops = cycles(imports)
+    print(f"python: {len(modules)} modules of python/clattn, "
+          f"{sum(len(v) for v in imports.values())} import edges, {len(import_loops)} loop(s)")
+    for loop in import_loops:
+        failed = True
+        print("  import loop: " + " <-> ".join(os.path.relpath(p, root) for p in loop))
     kernels = kernel_params(root)
     if not kernels:
         failed = True
