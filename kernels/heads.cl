@@ -145,6 +145,29 @@ void copy4d(__global const ELEM_T(SRC_DTYPE) *src, const ulong src_offset, const
 }
 
 /*
+ * copy4d_vec4: copy4d's float32-to-float32 case where both last dimensions are contiguous
+ * (src_s3 = dst_s3 = 1) and d3 is a multiple of 4 (the KV cache's past and new keys and values
+ * into present, the usual case): one work-item per 4 elements of a row, d3 counting them
+ * (vload4/vstore4 need only a float's alignment, so any offset and strides serve).
+ */
+__kernel __attribute__((reqd_work_group_size(HEADS_WG, 1, 1)))
+void copy4d_vec4(__global const float *src, const ulong src_offset, const ulong src_s0,
+                 const ulong src_s1, const ulong src_s2, __global float *dst,
+                 const ulong dst_offset, const ulong dst_s0, const ulong dst_s1,
+                 const ulong dst_s2, const ulong total, const uint d1, const uint d2,
+                 const uint d3)
+{
+    const ulong index = get_global_id(0);
+    if (index >= total)
+        return;
+    ulong i0, i1, i2, i3;
+    box_coords(index, d1, d2, d3, &i0, &i1, &i2, &i3);
+    const float4 x = vload4(0, src + src_offset + i0 * src_s0 + i1 * src_s1 + i2 * src_s2 + 4 * i3);
+    vstore4(FAULTN(4, x, index), 0,
+            dst + dst_offset + i0 * dst_s0 + i1 * dst_s1 + i2 * dst_s2 + 4 * i3);
+}
+
+/*
  * kv_append: one decode step's append to the KV cache in one launch (it was three commands:
  * a copy4d of the keys, one of the values, and a fill of the key counts, each a launch with
  * its own gap on the queue). Work-item (i, 0) copies element i of the new keys' box, (i, 1)

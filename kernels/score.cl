@@ -23,7 +23,7 @@
  *   relu:    w_ij = relu(s_ij) / sum_j relu(s_ij)
  *   a row whose sum is 0 (every key masked, or relu of nothing positive) gives zeros, not NaN.
  *
- * Compile-time switches, from the host's one table (host/ops/score.c, clattn__score_switches):
+ * Compile-time switches, from the host's one table (host/ops/score.c, clattn__score_defines):
  * MASK_DTYPE, the dtype code of the mask (types.cl; every family; it only matters in programs
  * launched with a mask); SCORE_MASK, SCORE_KPAD, SCORE_BAND (the band has a diagonal edge) and
  * SCORE_RELU, compiled into flash_cpu.cl; SCORE_MASK, SCORE_KPAD, SCORE_RELU and SCORE_SOFTCAP

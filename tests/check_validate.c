@@ -99,6 +99,15 @@ static void kv_cache(pb_sdpa_spec *s)
 {
     s->batch = 2, s->heads = 2, s->seq_q = 3, s->seq_k = 29, s->past = 23, s->dk = 16, s->dv = 16;
     s->causal = CLATTN_CAUSAL_ONNX;
+    s->k_dtype = s->v_dtype = CLATTN_DTYPE_F16; /* (F32 rows of whole float4s: copy4d_vec4) */
+}
+
+/* past/present in F32 rows of whole float4s: heads.cl's copy4d_vec4 (d = 20 and 12); the
+ * decode's one query row */
+static void kv_cache_vec4(pb_sdpa_spec *s)
+{
+    s->batch = 3, s->heads = 2, s->seq_q = 1, s->seq_k = 65, s->past = 64, s->dk = 20, s->dv = 12;
+    s->causal = CLATTN_CAUSAL_ONNX;
 }
 
 static void unfused_weights(pb_sdpa_spec *s)
@@ -126,6 +135,7 @@ static const problem problems[] = {
     {"unfused, GPU parameters (tiled matmul)", "gpu", NULL, unfused_weights},
     {"unfused, softmax in double", "cpu", NULL, unfused_f64},
     {"a KV cache's past and present (copy4d)", "cpu", NULL, kv_cache},
+    {"a KV cache's past and present in float4 rows (copy4d_vec4)", "cpu", NULL, kv_cache_vec4},
     {"rotary embeddings on q and k (rope.cl)", "cpu", NULL, rotary},
     {"prefill without lse", "cpu", NULL, prefill_no_lse},
 };

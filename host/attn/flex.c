@@ -10,6 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The block-mask builder's family (core/family.h): kernels/flex.cl with the user's functions
+ * (FLEX_SRC: the context's registered source, put ahead of score.cl). */
+#define FLEX_SWITCHES(X) X(FLEX_SRC, 0, NULL) X(FLEX_MASK, 0, NULL)
+CLATTN_FAMILY(flex, FLEX_SWITCHES, .label = "flex.cl", .source = CLATTN_SRC_FLEX,
+              .sources = {"flex.cl"});
+
 enum { ARENA_ALIGN = 64 }; /* bytes: each region of the arena starts on such a boundary */
 
 static bool is_identifier(const char *name)
@@ -493,10 +499,10 @@ clattn_status clattn_flex_block_mask(clattn_ctx *ctx, const clattn_block_mask_de
     int id = 0;
     if ((status = flex_compose(ctx, op, &parts, aux, count, &id)))
         return status;
-    char extra[64];
-    snprintf(extra, sizeof extra, "-DFLEX_SRC=%d -DFLEX_MASK=1", id);
+    const flex_switches sw = {.FLEX_SRC = id, .FLEX_MASK = 1};
     cl_kernel kernel = NULL;
-    if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLEX, "flex_block_mask", extra, &kernel)))
+    if ((status = clattn__family_kernel(ctx, &flex_family, "flex_block_mask", &sw, NULL, 0,
+                                        &kernel)))
         return clattn__end_message(ctx, op, status);
     /* the arena: the auxiliary tensors copied in (the context's workspace) */
     size_t at = 0, aux_at[CLATTN_FLEX_AUX_MAX] = {0, 0, 0, 0}, bytes[CLATTN_FLEX_AUX_MAX];

@@ -45,12 +45,11 @@ static size_t rounded(size_t n, size_t local)
     return (n + local - 1) / local * local;
 }
 
+/* flash_bwd.cl's reductions into a gradient of `dtype` (ops/flash_bwd.c's family). */
 static clattn_status reduction(clattn_ctx *ctx, const char *name, clattn_dtype dtype,
                                cl_kernel *kernel)
 {
-    char options[32];
-    snprintf(options, sizeof options, "-DOUT_DTYPE=%d", (int)dtype);
-    return clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, name, options, kernel);
+    return clattn__flash_bwd_out_kernel(ctx, name, dtype, kernel);
 }
 
 clattn_status clattn__unfused_bwd_prepare(clattn_plan *plan, const clattn__score_shape *score,
@@ -110,8 +109,6 @@ clattn_status clattn__unfused_bwd_prepare(clattn_plan *plan, const clattn__score
     /* the forward's weights, undropped: the rows step applies dropout where P meets V */
     clattn__score_shape weights = *score;
     weights.dropout = false;
-    char switches[256];
-    clattn__score_switches(score, CLATTN__FAMILY_FLASH, switches, sizeof switches);
     clattn_status status;
     if ((status = clattn__matmul_prepare(ctx, &qk, &u->qk)) ||
         (status = clattn__matmul_prepare(ctx, &dov, &u->dov)) ||
@@ -119,15 +116,14 @@ clattn_status clattn__unfused_bwd_prepare(clattn_plan *plan, const clattn__score
         (status = clattn__matmul_prepare(ctx, &dk, &u->dk)) ||
         (status = clattn__matmul_prepare(ctx, &dv, &u->dv)) ||
         (status = clattn__softmax_prepare(ctx, &weights, &u->softmax)) ||
-        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_unfused_rows", switches,
-                                         &u->rows)) ||
+        (status = clattn__flash_bwd_plain_kernel(ctx, "bwd_unfused_rows", score, &u->rows)) ||
         (status = reduction(ctx, "bwd_sum_parts", l[R_GRAD_Q].dtype, &u->sum_q)) ||
         (status = reduction(ctx, "bwd_sum_parts", l[R_GRAD_K].dtype, &u->sum_k)) ||
         (status = reduction(ctx, "bwd_sum_parts", l[R_GRAD_V].dtype, &u->sum_v)) ||
         (want_dmask &&
          (status = reduction(ctx, "bwd_mask_reduce", l[R_GRAD_MASK].dtype, &u->mask_reduce))) ||
         (want_dsinks &&
-         (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_sinks", "", &u->sinks))))
+         (status = clattn__flash_bwd_plain_kernel(ctx, "bwd_sinks", NULL, &u->sinks))))
         return status;
     u->local_rows = (ctx->info.type & CL_DEVICE_TYPE_GPU) ? 64 : 16;
     if (u->local_rows > ctx->info.max_work_group_size)

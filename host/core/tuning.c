@@ -3,6 +3,7 @@
  * (or of CLATTN_TUNING=FILE instead), of the context descriptor, and the quirks, that match.
  * A row may carry the driver key of the device it was measured on (driver_rows below); the
  * cache's rows must, and apply only on that driver, platform and clattn version. */
+#include "family.h"
 #include "status.h"
 #include "tuning.h"
 #include "tuning/table.h"
@@ -15,6 +16,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The context's build options (core/family.h): the device-scope keys every program takes. */
+/* clang-format off */
+#define CONTEXT_SWITCHES(X)                                                                        \
+    X(TILE_M, 0, NULL) X(TILE_N, 0, NULL) X(TILE_K, 0, NULL) X(WPT_M, 0, NULL) X(WPT_N, 0, NULL)   \
+    X(VEC_RM, 0, NULL) X(VEC_W, 0, NULL) X(VEC_WG, 0, NULL) X(TRANSPOSE_WG, 0, NULL)               \
+    X(SOFTMAX_WG, 0, NULL) X(HEADS_WG, 0, NULL)
+/* clang-format on */
+CLATTN_FAMILY(context, CONTEXT_SWITCHES, .label = "every program", .flags = "-cl-std=CL1.2");
 
 typedef struct tuning_key {
     const char *name;
@@ -716,11 +726,13 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
                  "re-tune",
                  drivers.unkeyed);
     summarise(ctx, source, key, ignored);
-    snprintf(ctx->build_options, sizeof ctx->build_options,
-             "-cl-std=CL1.2 -DTILE_M=%u -DTILE_N=%u -DTILE_K=%u -DWPT_M=%u -DWPT_N=%u "
-             "-DVEC_RM=%u -DVEC_W=%u -DVEC_WG=%u -DTRANSPOSE_WG=%u -DSOFTMAX_WG=%u "
-             "-DHEADS_WG=%u",
-             t->tile_m, t->tile_n, t->tile_k, t->wpt_m, t->wpt_n, t->vec_rm, t->vec_width,
-             t->vec_wg, t->transpose_wg, t->softmax_wg, t->heads_wg);
+    const context_switches sw = {
+        .TILE_M = t->tile_m, .TILE_N = t->tile_n, .TILE_K = t->tile_k, .WPT_M = t->wpt_m,
+        .WPT_N = t->wpt_n, .VEC_RM = t->vec_rm, .VEC_W = t->vec_width, .VEC_WG = t->vec_wg,
+        .TRANSPOSE_WG = t->transpose_wg, .SOFTMAX_WG = t->softmax_wg, .HEADS_WG = t->heads_wg};
+    status = clattn__family_options(ctx, &context_family, &sw, NULL, 0, ctx->build_options,
+                                    sizeof ctx->build_options);
+    if (status != CLATTN_SUCCESS)
+        return status;
     return CLATTN_SUCCESS;
 }

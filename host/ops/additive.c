@@ -7,6 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The family (core/family.h): TILE x TILE work-items, CHUNK features per step. */
+#define ADDITIVE_SWITCHES(X) X(TILE, 0, NULL) X(CHUNK, 0, NULL)
+CLATTN_FAMILY(additive, ADDITIVE_SWITCHES, .label = "additive.cl", .source = CLATTN_SRC_ADDITIVE,
+              .sources = {"additive.cl"});
+
 clattn_status clattn__additive_prepare(clattn_ctx *ctx, size_t batch, size_t heads, size_t seq_q,
                                        size_t seq_k, size_t dim, clattn__additive_plan *plan)
 {
@@ -41,10 +46,9 @@ clattn_status clattn__additive_prepare(clattn_ctx *ctx, size_t batch, size_t hea
     /* The compiled kernel may run fewer work-items than the device's limit (Mesa's llvmpipe:
      * 32): shrink the tile until it fits. */
     for (;; tile /= 2) {
-        char extra[64];
-        snprintf(extra, sizeof extra, "-DTILE=%u -DCHUNK=%u", tile, chunk);
+        const additive_switches sw = {.TILE = tile, .CHUNK = chunk};
         clattn_status status =
-            clattn__variant_kernel(ctx, CLATTN_SRC_ADDITIVE, op, extra, &plan->kernel);
+            clattn__family_kernel(ctx, &additive_family, op, &sw, NULL, 0, &plan->kernel);
         if (status != CLATTN_SUCCESS)
             return status;
         size_t kernel_max = 0;
@@ -156,7 +160,8 @@ static clattn_status additive_probe(clattn_ctx *ctx, void *unit, clattn__probe_r
     if (status == CLATTN_SUCCESS) {
         size_t where = 0;
         r->tolerance = 1e-4 * (double)d;
-        r->max_error = clattn__probe_max_error(CLATTN_DTYPE_F32, (const unsigned char *)got, want, nr, &where);
+        r->max_error =
+            clattn__probe_max_error(CLATTN_DTYPE_F32, (const unsigned char *)got, want, nr, &where);
         snprintf(r->why, sizeof r->why, "raw[%zu] of (2, 2, 19, 23)", where);
     }
 done:

@@ -10,6 +10,33 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The families this file builds (core/family.h): the CPU fused kernel and the portable one. */
+/* clang-format off */
+#define FLASH_CPU_SWITCHES(X)                                                                      \
+    X(HEAD_DIM_QK, 0, NULL) X(HEAD_DIM_V, 0, NULL) X(FC_NB, 0, "%ld")                              \
+    X(FC_RB, 0, "x %ld-row blocks") X(FC_KV, 0, NULL) X(FC_DIRECT, 0, NULL) X(Q_DTYPE, 0, NULL)    \
+    X(K_DTYPE, 0, NULL) X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL)
+/* clang-format on */
+CLATTN_FAMILY(flash_cpu, FLASH_CPU_SWITCHES, .label = "flash_cpu.cl",
+              .source = CLATTN_SRC_FLASH_CPU, .sources = {"flash_cpu.cl"},
+              .score_family = CLATTN__FAMILY_FLASH_CPU,
+              .tuning_keys = "flash_cpu flash_cpu_rb flash_cpu_nb flash_cpu_kv");
+
+/* clang-format off */
+#define FLASH_SWITCHES(X)                                                                          \
+    X(HEAD_DIM_QK, 0, NULL) X(HEAD_DIM_V, 0, NULL) X(BLOCK_Q, 0, "%ld rows")                       \
+    X(BLOCK_K, 0, "%ld-key tiles") X(FLASH_VW, 0, "%ld-float vectors") X(Q_DTYPE, 0, NULL)         \
+    X(K_DTYPE, 0, NULL) X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL) X(ADDITIVE, 0, NULL)
+/* clang-format on */
+CLATTN_FAMILY(flash, FLASH_SWITCHES, .label = "flash.cl", .source = CLATTN_SRC_FLASH,
+              .sources = {"flash.cl"}, .score_family = CLATTN__FAMILY_FLASH,
+              .tuning_keys = "flash_rows flash_vw");
+
+/* The decode splits' merge (kernels/heads.cl's flash_merge) */
+#define FLASH_MERGE_SWITCHES(X) X(HEADS_WG, 0, NULL) X(O_DTYPE, 0, NULL)
+CLATTN_FAMILY(flash_merge, FLASH_MERGE_SWITCHES, .label = "heads.cl", .source = CLATTN_SRC_HEADS,
+              .sources = {"heads.cl"}, .tuning_keys = "heads_wg decode_keys");
+
 #define FLASH_MAX_HEAD_DIM 256
 /* NVIDIA's OpenCL maps global dimension 1 onto a grid dimension of at most 65535 blocks. */
 #define MAX_BH_PER_LAUNCH 65535u
@@ -60,7 +87,7 @@ static bool float_dtype(clattn_dtype dtype)
     return dtype == CLATTN_DTYPE_F32 || dtype == CLATTN_DTYPE_F16 || dtype == CLATTN_DTYPE_BF16;
 }
 
-#define FC_KT 64 /* keys per tile in flash_cpu.cl */
+#define FC_KT 64         /* keys per tile in flash_cpu.cl */
 #define FC_DIRECT_ROWS 8 /* flash_cpu.cl: at most this many query rows run as one block */
 
 /* flash_cpu's loop trips per 64-key tile and outside the tiles, counted as if no loop were
@@ -107,8 +134,10 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     while (nb > 1 && CPU_LOCAL(nb) > local_budget)
         nb /= 2;
     if (CPU_LOCAL(nb) > local_budget)
-        return clattn__flash_pass(plan, "flash_cpu: a %u-row block needs more than %llu bytes "
-                                        "of local memory", rb, (unsigned long long)local_budget);
+        return clattn__flash_pass(plan,
+                                  "flash_cpu: a %u-row block needs more than %llu bytes "
+                                  "of local memory",
+                                  rb, (unsigned long long)local_budget);
 #undef CPU_LOCAL
     /* Keys in parts under a loop limit: whole tiles whose trips stay within half of it; a
      * shape whose one tile does not fit runs flash.cl (finer key tiles) instead. */
@@ -117,27 +146,34 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     const size_t outside = (size_t)rb * nb * (dk + 2 * dvp + 2 * dv + 4);
     const size_t per_tile = cpu_trips_per_tile(score, dk, dv, rb, nb);
     if (limit != 0 && limit / 2 <= outside + per_tile)
-        return clattn__flash_pass(plan, "flash_cpu: one key tile exceeds the device's loop "
-                                        "limit (%zu)", limit);
+        return clattn__flash_pass(plan,
+                                  "flash_cpu: one key tile exceeds the device's loop "
+                                  "limit (%zu)",
+                                  limit);
     const size_t part_tiles = limit == 0 ? tiles : (limit / 2 - outside) / per_tile;
-    char switches[256], extra[448];
-    clattn__score_switches(score, CLATTN__FAMILY_FLASH_CPU, switches, sizeof switches);
-    snprintf(extra, sizeof extra,
-             "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFC_RB=%u -DFC_NB=%u -DFC_KV=%u -DFC_DIRECT=%d "
-             "-DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d %s",
-             dk, dv, rb, nb, shape->tuning->flash_cpu_kv, direct ? 1 : 0, (int)shape->q_dtype,
-             (int)shape->k_dtype, (int)shape->v_dtype, (int)shape->out_dtype, switches);
-    clattn_status status =
-        clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_CPU, "flash_cpu", extra, &plan->kernel);
+    const flash_cpu_switches sw = {.HEAD_DIM_QK = (long)dk,
+                                   .HEAD_DIM_V = (long)dv,
+                                   .FC_NB = nb,
+                                   .FC_RB = rb,
+                                   .FC_KV = shape->tuning->flash_cpu_kv,
+                                   .FC_DIRECT = direct,
+                                   .Q_DTYPE = shape->q_dtype,
+                                   .K_DTYPE = shape->k_dtype,
+                                   .V_DTYPE = shape->v_dtype,
+                                   .O_DTYPE = shape->out_dtype};
+    clattn_define defines[CLATTN_DEFINES_MAX];
+    const size_t count = clattn__score_defines(score, flash_cpu_family.score_family, defines);
+    clattn_status status = clattn__family_kernel(ctx, &flash_cpu_family, "flash_cpu", &sw, defines,
+                                                 count, &plan->kernel);
     if (status != CLATTN_SUCCESS)
         return status;
     plan->cpu = true;
     plan->key_tile = FC_KT;
     plan->tile_rows = rb;
     plan->block_q = rb * nb;
-    snprintf(plan->variant, sizeof plan->variant,
-             "flash_cpu.cl (%u x %u-row blocks, %d-key tiles%s)", nb, rb, FC_KT,
-             direct ? ", read in place" : "");
+    char tail[48];
+    snprintf(tail, sizeof tail, "%d-key tiles%s", FC_KT, direct ? ", read in place" : "");
+    clattn__family_describe(&flash_cpu_family, &sw, tail, plan->variant, sizeof plan->variant);
     plan->part_keys = part_tiles >= tiles ? score->seq_k : part_tiles * FC_KT;
     size_t lse_floats = 0;
     if (plan->part_keys < score->seq_k && !shape->has_lse &&
@@ -212,19 +248,22 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
         vw = 4;
     if (vw == 4 && (dk % 4 != 0 || dv % 4 != 0))
         vw = 1;
-    char switches[256];
-    clattn__score_switches(score, CLATTN__FAMILY_FLASH, switches, sizeof switches);
+    clattn_define defines[CLATTN_DEFINES_MAX];
+    const size_t count = clattn__score_defines(score, flash_family.score_family, defines);
     for (;;) {
-        char extra[448];
-        snprintf(extra, sizeof extra,
-                 "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DBLOCK_Q=%u -DBLOCK_K=%u "
-                 "-DFLASH_VW=%u -DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d "
-                 "%s -DADDITIVE=%d",
-                 dk, dv, rows, block_k, vw, (int)shape->q_dtype, (int)shape->k_dtype,
-                 (int)shape->v_dtype, (int)shape->out_dtype, switches, score->additive ? 1 : 0);
+        const flash_switches sw = {.HEAD_DIM_QK = (long)dk,
+                                   .HEAD_DIM_V = (long)dv,
+                                   .BLOCK_Q = rows,
+                                   .BLOCK_K = block_k,
+                                   .FLASH_VW = vw,
+                                   .Q_DTYPE = shape->q_dtype,
+                                   .K_DTYPE = shape->k_dtype,
+                                   .V_DTYPE = shape->v_dtype,
+                                   .O_DTYPE = shape->out_dtype,
+                                   .ADDITIVE = score->additive};
         cl_kernel kernel = NULL;
         const clattn_status status =
-            clattn__variant_fits(ctx, CLATTN_SRC_FLASH, op, extra, rows, &kernel);
+            clattn__family_fits(ctx, &flash_family, op, &sw, defines, count, rows, &kernel);
         if (status != CLATTN_SUCCESS)
             return status;
         if (kernel != NULL) {
@@ -233,8 +272,7 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
             plan->tile_rows = rows;
             plan->block_q = rows;
             plan->group_items = rows;
-            snprintf(plan->variant, sizeof plan->variant,
-                     "flash.cl (%u rows, %u-key tiles, %u-float vectors)", rows, block_k, vw);
+            clattn__family_describe(&flash_family, &sw, NULL, plan->variant, sizeof plan->variant);
             break;
         }
         if (rows == 1)
@@ -324,10 +362,9 @@ static clattn_status prepare_once(clattn_ctx *ctx, const clattn__flash_shape *sh
     plan->merge_local = ctx->tuning.heads_wg;
     if (!clattn__round_up(rows * shape->head_dim_v, plan->merge_local, &plan->merge_global))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "flash_merge: rows overflow size_t");
-    char extra[64];
-    snprintf(extra, sizeof extra, "-DHEADS_WG=%u -DO_DTYPE=%d", ctx->tuning.heads_wg,
-             (int)shape->out_dtype);
-    return clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, "flash_merge", extra, &plan->merge);
+    const flash_merge_switches sw = {.HEADS_WG = ctx->tuning.heads_wg, .O_DTYPE = shape->out_dtype};
+    return clattn__family_kernel(ctx, &flash_merge_family, "flash_merge", &sw, NULL, 0,
+                                 &plan->merge);
 }
 
 clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
@@ -396,8 +433,8 @@ static clattn_status merge_splits(clattn_chain *chain, const clattn__flash_plan 
                                CLATTN_ARG(out->mem),    CLATTN_ARG(lse_mem),
                                CLATTN_ARG(sinks_mem),   CLATTN_ARG(params)};
     return clattn__launch_kernel(chain, plan->merge, "flash_merge", args,
-                                              sizeof args / sizeof args[0], 1, &plan->merge_global,
-                                              &plan->merge_local);
+                                 sizeof args / sizeof args[0], 1, &plan->merge_global,
+                                 &plan->merge_local);
 }
 
 clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_plan *plan,
@@ -438,7 +475,9 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
                                             : 0;
     /* (packed sequences: the scratch lse is (heads, total_q), rows at their packed index) */
     const size_t scratch_rows = score->varlen ? score->total_q : score->seq_q;
-    const cl_ulong lse_s0 = own_lse ? lse->strides[1] : score->varlen ? 0 : score->heads * score->seq_q;
+    const cl_ulong lse_s0 = own_lse         ? lse->strides[1]
+                            : score->varlen ? 0
+                                            : score->heads * score->seq_q;
     const cl_ulong lse_s1 = own_lse ? lse->strides[2] : scratch_rows;
     const cl_ulong lse_s2 = own_lse ? lse->strides[3] : 1;
     clattn_flash_params params;
@@ -600,8 +639,9 @@ static clattn_status upload_keys(clattn_ctx *ctx, clattn__probe_mem *pm, clattn_
                 if (page < 0 || (size_t)page >= ps->num_pages)
                     continue;
                 for (size_t h = 0; h < kv_heads; ++h)
-                    memcpy(laid + (((size_t)page * ps->page_size + j % ps->page_size) * kv_heads +
-                                   h) * d,
+                    memcpy(laid +
+                               (((size_t)page * ps->page_size + j % ps->page_size) * kv_heads + h) *
+                                   d,
                            x + ((b * kv_heads + h) * s->seq_k + j) * d, d * sizeof(double));
             }
     }
@@ -612,7 +652,8 @@ static clattn_status upload_keys(clattn_ctx *ctx, clattn__probe_mem *pm, clattn_
     }
     clattn__probe_encode(dtype, laid ? laid : x, count, bytes);
     cl_mem mem = NULL;
-    const clattn_status status = clattn__probe_upload(ctx, pm, bytes, clattn__probe_bytes(dtype, count), &mem);
+    const clattn_status status =
+        clattn__probe_upload(ctx, pm, bytes, clattn__probe_bytes(dtype, count), &mem);
     free(bytes);
     free(laid);
     if (status)
@@ -629,8 +670,9 @@ static clattn_status upload_keys(clattn_ctx *ctx, clattn__probe_mem *pm, clattn_
 /* The paged pool's table: 7-key pages, a random page per block; past each sequence's keys an
  * index outside the pool (never read), and in the second sequence one inside its keys too
  * (its keys end there). */
-static clattn_status draw_table(clattn_ctx *ctx, clattn__probe_rng *rng, const clattn__score_shape *s,
-                                clattn__probe_mem *pm, clattn__probe_inputs *in, clattn__score_masks *masks)
+static clattn_status draw_table(clattn_ctx *ctx, clattn__probe_rng *rng,
+                                const clattn__score_shape *s, clattn__probe_mem *pm,
+                                clattn__probe_inputs *in, clattn__score_masks *masks)
 {
     clattn__probe_scores *ps = &in->scores;
     ps->page_size = 7;
@@ -655,7 +697,8 @@ static clattn_status draw_table(clattn_ctx *ctx, clattn__probe_rng *rng, const c
         clattn__probe_upload(ctx, pm, in->table, s->batch * ps->blocks * sizeof(int), &mem);
     if (status)
         return status;
-    masks->paging.block_table = clattn__probe_view(mem, CLATTN_DTYPE_F32, 1, 1, s->batch, ps->blocks);
+    masks->paging.block_table =
+        clattn__probe_view(mem, CLATTN_DTYPE_F32, 1, 1, s->batch, ps->blocks);
     masks->paging.page_size = ps->page_size;
     masks->paging.num_pages = ps->num_pages;
     return CLATTN_SUCCESS;
@@ -671,8 +714,8 @@ static const char *flash_unprobed(const clattn__score_shape *s)
 }
 
 static clattn_status run_flash_probe(clattn_ctx *ctx, const clattn__flash_plan *run,
-                                     clattn__probe_mem *pm, flash_host *host, clattn__probe_inputs *in,
-                                     clattn__probe_result *r)
+                                     clattn__probe_mem *pm, flash_host *host,
+                                     clattn__probe_inputs *in, clattn__probe_result *r)
 {
     const clattn__flash_shape *shape = &run->shape;
     const clattn__score_shape *s = &shape->score;
@@ -713,14 +756,16 @@ static clattn_status run_flash_probe(clattn_ctx *ctx, const clattn__flash_plan *
     clattn__probe_encode(shape->q_dtype, host->q, nq, bytes);
     if ((status = clattn__probe_draw_modifiers(ctx, &rng, s, pm, in, &masks)) ||
         (s->kv_paged && (status = draw_table(ctx, &rng, s, pm, in, &masks))) ||
-        (status = clattn__probe_upload(ctx, pm, bytes, clattn__probe_bytes(shape->q_dtype, nq), &mem)))
+        (status =
+             clattn__probe_upload(ctx, pm, bytes, clattn__probe_bytes(shape->q_dtype, nq), &mem)))
         goto done;
     q = clattn__probe_view(mem, shape->q_dtype, s->batch, s->heads, s->seq_q, dk);
-    if ((status = upload_keys(ctx, pm, shape->k_dtype, host->k, s, kv_heads, dk, &in->scores,
-                              &k)) ||
-        (status = upload_keys(ctx, pm, shape->v_dtype, host->v, s, kv_heads, dv, &in->scores,
-                              &v)) ||
-        (status = clattn__probe_upload(ctx, pm, NULL, clattn__probe_bytes(shape->out_dtype, no), &mem)))
+    if ((status =
+             upload_keys(ctx, pm, shape->k_dtype, host->k, s, kv_heads, dk, &in->scores, &k)) ||
+        (status =
+             upload_keys(ctx, pm, shape->v_dtype, host->v, s, kv_heads, dv, &in->scores, &v)) ||
+        (status =
+             clattn__probe_upload(ctx, pm, NULL, clattn__probe_bytes(shape->out_dtype, no), &mem)))
         goto done;
     out = clattn__probe_view(mem, shape->out_dtype, s->batch, s->heads, s->seq_q, dv);
     if (s->kv_paged) {
@@ -732,13 +777,15 @@ static clattn_status run_flash_probe(clattn_ctx *ctx, const clattn__flash_plan *
             goto done;
         lse = clattn__probe_view(mem, CLATTN_DTYPE_F32, 1, s->batch, s->heads, s->seq_q);
     }
-    if ((status = clattn__probe_upload(ctx, pm, NULL, run->scratch_floats * sizeof(float), &scratch)))
+    if ((status =
+             clattn__probe_upload(ctx, pm, NULL, run->scratch_floats * sizeof(float), &scratch)))
         goto done;
     clattn_chain chain = clattn__probe_chain(ctx);
     status = clattn__flash_enqueue(&chain, run, &q, &k, &v, &out, &lse, &masks,
                                    (clattn__scratch){scratch, 0});
     if (status == CLATTN_SUCCESS)
-        status = clattn__probe_download(&chain, out.mem, clattn__probe_bytes(shape->out_dtype, no), got);
+        status =
+            clattn__probe_download(&chain, out.mem, clattn__probe_bytes(shape->out_dtype, no), got);
     /* the reference, while the device works */
     for (size_t b = 0; b < s->batch; ++b)
         for (size_t h = 0; h < s->heads; ++h)
@@ -753,7 +800,8 @@ static clattn_status run_flash_probe(clattn_ctx *ctx, const clattn__flash_plan *
                         dot += qi[c] * kj[c];
                     host->raw[j] = dot;
                 }
-                clattn__probe_reference_row(&in->scores, b, h, i, host->raw, host->w, &host->lse[row], NULL);
+                clattn__probe_reference_row(&in->scores, b, h, i, host->raw, host->w,
+                                            &host->lse[row], NULL);
                 for (size_t c = 0; c < dv; ++c) {
                     double acc = 0.0;
                     for (size_t j = 0; j < s->seq_k; ++j)
@@ -769,11 +817,13 @@ static clattn_status run_flash_probe(clattn_ctx *ctx, const clattn__flash_plan *
                  s->heads, s->seq_q, dv);
     }
     if (status == CLATTN_SUCCESS && shape->has_lse && s->norm == CLATTN_NORM_SOFTMAX &&
-        (status = clattn__probe_download(&chain, lse.mem, rows * sizeof(float), got)) == CLATTN_SUCCESS) {
+        (status = clattn__probe_download(&chain, lse.mem, rows * sizeof(float), got)) ==
+            CLATTN_SUCCESS) {
         for (size_t i = 0; i < rows; ++i) { /* (rows that keep nothing: -inf, not compared) */
             const double g = clattn__probe_decode(CLATTN_DTYPE_F32, got, i);
-            const double e = !isfinite(host->lse[i]) ? 0.0 : isnan(g) ? INFINITY
-                                                                      : fabs(g - host->lse[i]);
+            const double e = !isfinite(host->lse[i]) ? 0.0
+                             : isnan(g)              ? INFINITY
+                                                     : fabs(g - host->lse[i]);
             if (e > r->max_error && e > r->tolerance) {
                 r->max_error = e;
                 snprintf(r->why, sizeof r->why, "lse[%zu] of %zu rows", i, rows);

@@ -38,31 +38,63 @@ static size_t group_size(cl_kernel kernel, const clattn_ctx *ctx, size_t want)
     return size;
 }
 
-static clattn_status prepare_once(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
-                                  clattn__flash_bwd_plan *plan)
+/* The families (core/family.h): the passes (flash_bwd.cl, CLATTN__FLASH_BWD_SWITCHES in
+ * ops.h), the reductions that store in one dtype, and the ones without switches. */
+CLATTN_FAMILY(flash_bwd, CLATTN__FLASH_BWD_SWITCHES, .label = "flash_bwd.cl",
+              .source = CLATTN_SRC_FLASH_BWD, .sources = {"flash_bwd.cl"},
+              .score_family = CLATTN__FAMILY_FLASH, .tuning_keys = "flash_cpu loop_trip_limit");
+#define FLASH_BWD_OUT_SWITCHES(X) X(OUT_DTYPE, 0, NULL)
+CLATTN_FAMILY(flash_bwd_out, FLASH_BWD_OUT_SWITCHES, .label = "flash_bwd.cl",
+              .source = CLATTN_SRC_FLASH_BWD, .sources = {"flash_bwd.cl"});
+static const clattn_family flash_bwd_plain_family = {
+    .label = "flash_bwd.cl",
+    .source = CLATTN_SRC_FLASH_BWD,
+    .sources = {"flash_bwd.cl"},
+    .score_family = CLATTN__FAMILY_FLASH,
+};
+
+clattn_status clattn__flash_bwd_plain_kernel(clattn_ctx *ctx, const char *name,
+                                             const clattn__score_shape *score, cl_kernel *out)
 {
-    memset(plan, 0, sizeof *plan);
-    plan->shape = *shape;
-    const clattn__score_shape *score = &shape->score;
-    char switches[256];
-    clattn__score_switches(score, CLATTN__FAMILY_FLASH, switches, sizeof switches);
-    char extra[512];
-    snprintf(extra, sizeof extra,
-             "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d "
-             "-DO_DTYPE=%d -DGO_DTYPE=%d -DDQ_DTYPE=%d -DDK_DTYPE=%d -DDV_DTYPE=%d %s",
-             shape->head_dim_qk, shape->head_dim_v, (int)shape->q_dtype, (int)shape->k_dtype,
-             (int)shape->v_dtype, (int)shape->o_dtype, (int)shape->go_dtype, (int)shape->dq_dtype,
-             (int)shape->dk_dtype, (int)shape->dv_dtype, switches);
-    /* The CPU variants where the tuning takes the CPU fused kernel (flash_cpu: CPUs, not
-     * CLATTN_PARAMS=gpu), head sizes are multiples of 16 and no loop-trip cap applies (their
-     * walks are long): blocks of keys (rows) in float16 lanes; elsewhere one key (row) per
-     * work-item. BWD_CPU compiles them in: their local arrays are CPU-sized. */
-    plan->cpu = ctx->tuning.flash_cpu && ctx->tuning.loop_trip_limit == 0 &&
-                shape->head_dim_qk % 16 == 0 && shape->head_dim_v % 16 == 0;
+    clattn_define defines[CLATTN_DEFINES_MAX];
+    const size_t count =
+        score ? clattn__score_defines(score, flash_bwd_plain_family.score_family, defines) : 0;
+    return clattn__family_kernel(ctx, &flash_bwd_plain_family, name, NULL, defines, count, out);
+}
+
+clattn_status clattn__flash_bwd_out_kernel(clattn_ctx *ctx, const char *name, clattn_dtype dtype,
+                                           cl_kernel *out)
+{
+    const flash_bwd_out_switches sw = {.OUT_DTYPE = dtype};
+    return clattn__family_kernel(ctx, &flash_bwd_out_family, name, &sw, NULL, 0, out);
+}
+
+/* The passes' kernels: delta, dK/dV and dQ, the CPU variants where the tuning takes the CPU
+ * fused kernel (flash_cpu: CPUs, not CLATTN_PARAMS=gpu), head sizes are multiples of 16 and no
+ * loop-trip cap applies (their walks are long): blocks of keys (rows) in float16 lanes;
+ * elsewhere one key (row) per work-item. BWD_CPU compiles them in: their local arrays are
+ * CPU-sized. */
+static clattn_status build_passes(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
+                                  clattn__flash_bwd_plan *plan, flash_bwd_switches *sw,
+                                  clattn_define *defines, size_t *count)
+{
+    const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
+    *sw = (flash_bwd_switches){.HEAD_DIM_QK = (long)dk,
+                               .HEAD_DIM_V = (long)dv,
+                               .Q_DTYPE = shape->q_dtype,
+                               .K_DTYPE = shape->k_dtype,
+                               .V_DTYPE = shape->v_dtype,
+                               .O_DTYPE = shape->o_dtype,
+                               .GO_DTYPE = shape->go_dtype,
+                               .DQ_DTYPE = shape->dq_dtype,
+                               .DK_DTYPE = shape->dk_dtype,
+                               .DV_DTYPE = shape->dv_dtype};
+    *count = clattn__score_defines(&shape->score, flash_bwd_family.score_family, defines);
+    plan->cpu =
+        ctx->tuning.flash_cpu && ctx->tuning.loop_trip_limit == 0 && dk % 16 == 0 && dv % 16 == 0;
     if (plan->cpu) {
         /* 16-key vectors per key block and query rows per bwd_dq_cpu work-item: the largest
          * whose local arrays fit the device's local memory */
-        const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
         plan->cpu_nv = 4;
         plan->cpu_rows = 64;
         while (plan->cpu_nv > 1 && (2 * dk + 2 * dv) * 16 * plan->cpu_nv * sizeof(float) +
@@ -74,28 +106,34 @@ static clattn_status prepare_once(clattn_ctx *ctx, const clattn__flash_bwd_shape
                        sizeof(float) >
                    ctx->info.local_mem_size / 2)
             plan->cpu_rows /= 2;
-        const size_t used = strlen(extra);
-        snprintf(extra + used, sizeof extra - used, " -DBWD_CPU=1 -DBWD_NV=%u -DBWD_BQ=%u",
-                 plan->cpu_nv, plan->cpu_rows);
+        sw->BWD_CPU = 1, sw->BWD_NV = plan->cpu_nv, sw->BWD_BQ = plan->cpu_rows;
     }
+    const clattn_family *f = &flash_bwd_family;
     clattn_status status;
-    if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_delta", extra,
-                                         &plan->delta)) ||
-        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD,
-                                         plan->cpu ? "bwd_dkdv_cpu" : "bwd_dkdv", extra,
-                                         &plan->dkdv)) ||
-        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD,
-                                         plan->cpu ? "bwd_dq_cpu" : "bwd_dq", extra, &plan->dq)))
+    if ((status = clattn__family_kernel(ctx, f, "bwd_delta", sw, defines, *count, &plan->delta)) ||
+        (status = clattn__family_kernel(ctx, f, plan->cpu ? "bwd_dkdv_cpu" : "bwd_dkdv", sw,
+                                        defines, *count, &plan->dkdv)) ||
+        (status = clattn__family_kernel(ctx, f, plan->cpu ? "bwd_dq_cpu" : "bwd_dq", sw, defines,
+                                        *count, &plan->dq)))
         return status;
     const size_t want = (ctx->info.type & CL_DEVICE_TYPE_GPU) ? 64 : 16;
     plan->local_dkdv = plan->cpu ? 1 : group_size(plan->dkdv, ctx, want);
     plan->local_dq = plan->cpu ? 1 : group_size(plan->dq, ctx, want);
     plan->local_delta = group_size(plan->delta, ctx, 64);
+    return CLATTN_SUCCESS;
+}
 
-    /* Parts of the walks where the device caps loop trips: dK/dV over rows, dQ over keys. */
+/* Parts of the walks where the device caps loop trips (dK/dV over rows, dQ over keys), and on
+ * CPUs without the mask's gradient or parts, dQ summed in the dK/dV pass (FlashAttention-2's
+ * one pass; bwd_dq_cpu recomputes the scores otherwise), into one slot per work-group of a
+ * (batch, k/v head), summed in order after: enough work-groups for twice the compute units,
+ * at most one per key block. */
+static void plan_parts(const clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
+                       clattn__flash_bwd_plan *plan)
+{
+    const clattn__score_shape *score = &shape->score;
     const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
     const size_t group = score->kv_group > 1 ? score->kv_group : 1;
-    const size_t kv_heads = score->heads / group;
     size_t rows = steps_per_launch(ctx, group * (2 * dk + 2 * dv + 8), 3 * dk + 3 * dv);
     size_t keys = steps_per_launch(ctx, 2 * dk + dv + 8 + (shape->want_dmask ? 1 : 0),
                                    3 * dk + dv + (shape->want_dmask ? score->seq_k : 0));
@@ -103,26 +141,30 @@ static clattn_status prepare_once(clattn_ctx *ctx, const clattn__flash_bwd_shape
     plan->keys_per_part = keys == 0 || keys >= score->seq_k ? score->seq_k : keys;
     plan->row_parts = (score->seq_q + plan->rows_per_part - 1) / plan->rows_per_part;
     plan->key_parts = (score->seq_k + plan->keys_per_part - 1) / plan->keys_per_part;
-    /* GPU-class parameters, dK/dV in one launch: the tiled GPU pass (ops/flash_bwd_gpu.c)
-     * where it fits the device (not with packed sequences yet: the generic kernels take their
-     * spans) */
-    if (!ctx->tuning.flash_cpu && plan->row_parts == 1 && !score->varlen &&
-        !clattn__flash_bwd_gpu_prepare(ctx, shape, extra, plan, &status) && status)
-        return status;
+}
 
-    /* CPUs without the mask's gradient or parts: dQ summed in the dK/dV pass (FlashAttention-2's
-     * one pass; bwd_dq_cpu recomputes the scores otherwise), into one slot per work-group of a
-     * (batch, k/v head), summed in order after: enough work-groups for twice the compute units,
-     * at most one per key block. */
+static void plan_dq_slots(const clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
+                          clattn__flash_bwd_plan *plan)
+{
+    const clattn__score_shape *score = &shape->score;
+    const size_t group = score->kv_group > 1 ? score->kv_group : 1;
     if (plan->cpu && !shape->want_dmask && plan->row_parts == 1 && plan->key_parts == 1) {
         const size_t blocks = (score->seq_k + 16 * plan->cpu_nv - 1) / (16 * plan->cpu_nv);
-        const size_t pairs = score->batch * kv_heads;
+        const size_t pairs = score->batch * (score->heads / group);
         size_t slots = (2 * (size_t)ctx->info.compute_units + pairs - 1) / pairs;
         plan->dq_slots = slots > blocks ? blocks : slots < 1 ? 1 : slots;
     }
-    /* The scratch (floats): delta (B, H, Lq); dS (B, H, Lq, Lk) for a float mask's gradient;
-     * the parts' partial sums; the dQ slots. Packed sequences: rows (keys) by their packed
-     * index, (H, total_q) ((Hkv, total_k)) in place of (B, H, Lq) ((B, Hkv, Lk); ROW_INDEX). */
+}
+
+/* The scratch (floats): delta (B, H, Lq); dS (B, H, Lq, Lk) for a float mask's gradient; the
+ * parts' partial sums; the dQ slots. Packed sequences: rows (keys) by their packed index,
+ * (H, total_q) ((Hkv, total_k)) in place of (B, H, Lq) ((B, Hkv, Lk); ROW_INDEX). */
+static clattn_status plan_scratch(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
+                                  clattn__flash_bwd_plan *plan)
+{
+    const clattn__score_shape *score = &shape->score;
+    const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
+    const size_t kv_heads = score->heads / (score->kv_group > 1 ? score->kv_group : 1);
     const size_t q_rows = score->varlen ? score->total_q : score->seq_q;
     const size_t q_batch = score->varlen ? 1 : score->batch;
     const size_t k_rows = score->varlen ? score->total_k : score->seq_k;
@@ -166,41 +208,62 @@ static clattn_status prepare_once(clattn_ctx *ctx, const clattn__flash_bwd_shape
     }
     plan->scratch_floats = cursor;
 
-    /* The reductions, built only when used. */
-    char out_extra[64];
-    if (plan->row_parts > 1) {
-        snprintf(out_extra, sizeof out_extra, "-DOUT_DTYPE=%d", (int)shape->dk_dtype);
-        if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_sum_parts", out_extra,
-                                             &plan->sum_k)))
-            return status;
-        snprintf(out_extra, sizeof out_extra, "-DOUT_DTYPE=%d", (int)shape->dv_dtype);
-        if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_sum_parts", out_extra,
-                                             &plan->sum_v)))
-            return status;
-    }
-    if (plan->dq_slots &&
-        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_zero", "", &plan->zero)))
-        return status;
-    if (plan->key_parts > 1 || plan->dq_slots) {
-        snprintf(out_extra, sizeof out_extra, "-DOUT_DTYPE=%d", (int)shape->dq_dtype);
-        if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_sum_parts", out_extra,
-                                             &plan->sum_q)))
-            return status;
-    }
-    if (shape->want_dmask) {
-        snprintf(out_extra, sizeof out_extra, "-DOUT_DTYPE=%d", (int)shape->dmask_dtype);
-        if ((status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_mask_reduce",
-                                             out_extra, &plan->mask_reduce)))
-            return status;
-    }
-    if (shape->want_dsinks &&
-        (status = clattn__variant_kernel(ctx, CLATTN_SRC_FLASH_BWD, "bwd_sinks", "", &plan->sinks)))
-        return status;
     return CLATTN_SUCCESS;
 overflow:
     return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
                         "sdpa_backward: the scratch (delta, partial sums, the mask's gradient) "
                         "overflows size_t");
+}
+
+/* The reductions, built only when used. */
+static clattn_status build_reductions(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
+                                      clattn__flash_bwd_plan *plan)
+{
+    clattn_status status;
+    if (plan->row_parts > 1 &&
+        ((status =
+              clattn__flash_bwd_out_kernel(ctx, "bwd_sum_parts", shape->dk_dtype, &plan->sum_k)) ||
+         (status =
+              clattn__flash_bwd_out_kernel(ctx, "bwd_sum_parts", shape->dv_dtype, &plan->sum_v))))
+        return status;
+    if (plan->dq_slots &&
+        (status = clattn__flash_bwd_plain_kernel(ctx, "bwd_zero", NULL, &plan->zero)))
+        return status;
+    if ((plan->key_parts > 1 || plan->dq_slots) &&
+        (status =
+             clattn__flash_bwd_out_kernel(ctx, "bwd_sum_parts", shape->dq_dtype, &plan->sum_q)))
+        return status;
+    if (shape->want_dmask && (status = clattn__flash_bwd_out_kernel(
+                                  ctx, "bwd_mask_reduce", shape->dmask_dtype, &plan->mask_reduce)))
+        return status;
+    if (shape->want_dsinks &&
+        (status = clattn__flash_bwd_plain_kernel(ctx, "bwd_sinks", NULL, &plan->sinks)))
+        return status;
+    return CLATTN_SUCCESS;
+}
+
+static clattn_status prepare_once(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
+                                  clattn__flash_bwd_plan *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->shape = *shape;
+    flash_bwd_switches sw;
+    clattn_define defines[CLATTN_DEFINES_MAX];
+    size_t count = 0;
+    clattn_status status = build_passes(ctx, shape, plan, &sw, defines, &count);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    plan_parts(ctx, shape, plan);
+    /* GPU-class parameters, dK/dV in one launch: the tiled GPU pass (ops/flash_bwd_gpu.c)
+     * where it fits the device (not with packed sequences yet: the generic kernels take their
+     * spans) */
+    if (!ctx->tuning.flash_cpu && plan->row_parts == 1 && !shape->score.varlen &&
+        !clattn__flash_bwd_gpu_prepare(ctx, shape, &sw, defines, count, plan, &status) && status)
+        return status;
+    plan_dq_slots(ctx, shape, plan);
+    if ((status = plan_scratch(ctx, shape, plan)))
+        return status;
+    return build_reductions(ctx, shape, plan);
 }
 
 clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
@@ -227,9 +290,9 @@ static clattn_status launch_rows(clattn_chain *chain, cl_kernel kernel, const ch
     for (size_t first = 0; first < count && status == CLATTN_SUCCESS; first += MAX_BH_PER_LAUNCH) {
         params->bh_base = first;
         args[n - 1] = CLATTN_ARG(*params);
-        const size_t global[2] = {rounded(items, local),
-                                  count - first < MAX_BH_PER_LAUNCH ? count - first
-                                                                    : MAX_BH_PER_LAUNCH};
+        const size_t global[2] = {rounded(items, local), count - first < MAX_BH_PER_LAUNCH
+                                                             ? count - first
+                                                             : MAX_BH_PER_LAUNCH};
         const size_t local2[2] = {local, 1};
         status = clattn__launch_kernel(chain, kernel, name, args, n, 2, global, local2);
     }
@@ -325,8 +388,8 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
         clattn_arg args[] = {CLATTN_ARG(io->out.mem), CLATTN_ARG(io->grad_out.mem),
                              CLATTN_ARG(scratch.mem), CLATTN_ARG(cu_q),
                              CLATTN_ARG(cu_k),        CLATTN_ARG(params)};
-        if ((status = launch_rows(chain, plan->delta, "bwd_delta", args, 6, &params,
-                                  score->seq_q, plan->local_delta, bh)))
+        if ((status = launch_rows(chain, plan->delta, "bwd_delta", args, 6, &params, score->seq_q,
+                                  plan->local_delta, bh)))
             return status;
     }
     if (plan->dq_slots) { /* the slots start at zero */
@@ -336,8 +399,8 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
         p.total = (cl_ulong)plan->dq_part_floats * plan->dq_slots;
         const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(p)};
         const size_t local = 64, global = rounded((size_t)p.total, local);
-        if ((status = clattn__launch_kernel(chain, plan->zero, "bwd_zero", args, 2, 1, &global,
-                                            &local)))
+        if ((status =
+                 clattn__launch_kernel(chain, plan->zero, "bwd_zero", args, 2, 1, &global, &local)))
             return status;
         params.dq_slots = plan->dq_slots;
         params.dq_slots_at = scratch.offset + plan->dq_parts_at;
@@ -351,24 +414,24 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
     for (size_t part = 0; part < plan->row_parts; ++part) {
         params.part = (cl_uint)part;
         params.part_begin = (cl_uint)(part * plan->rows_per_part);
-        params.part_stop = (cl_uint)(part + 1 == plan->row_parts
-                                         ? score->seq_q
-                                         : (part + 1) * plan->rows_per_part);
-        clattn_arg args[] = {CLATTN_ARG(io->q.mem),        CLATTN_ARG(io->k.mem),
-                             CLATTN_ARG(io->v.mem),        CLATTN_ARG(io->grad_out.mem),
-                             CLATTN_ARG(io->lse.mem),      CLATTN_ARG(scratch.mem),
-                             CLATTN_ARG(io->dk.mem),       CLATTN_ARG(io->dv.mem),
-                             CLATTN_ARG(buffers.mask),     CLATTN_ARG(buffers.key_padding),
-                             CLATTN_ARG(buffers.kv_len),   CLATTN_ARG(buffers.alibi),
-                             CLATTN_ARG(buffers.sinks),    CLATTN_ARG(cu_q),
-                             CLATTN_ARG(cu_k),             CLATTN_ARG(params)};
+        params.part_stop =
+            (cl_uint)(part + 1 == plan->row_parts ? score->seq_q
+                                                  : (part + 1) * plan->rows_per_part);
+        clattn_arg args[] = {CLATTN_ARG(io->q.mem),      CLATTN_ARG(io->k.mem),
+                             CLATTN_ARG(io->v.mem),      CLATTN_ARG(io->grad_out.mem),
+                             CLATTN_ARG(io->lse.mem),    CLATTN_ARG(scratch.mem),
+                             CLATTN_ARG(io->dk.mem),     CLATTN_ARG(io->dv.mem),
+                             CLATTN_ARG(buffers.mask),   CLATTN_ARG(buffers.key_padding),
+                             CLATTN_ARG(buffers.kv_len), CLATTN_ARG(buffers.alibi),
+                             CLATTN_ARG(buffers.sinks),  CLATTN_ARG(cu_q),
+                             CLATTN_ARG(cu_k),           CLATTN_ARG(params)};
         if ((status = launch_rows(chain, plan->dkdv, "bwd_dkdv", args, 16, &params,
                                   plan->dq_slots ? plan->dq_slots
                                   : plan->gpu    ? (score->seq_k + plan->gpu_keys - 1) /
                                                     plan->gpu_keys * plan->local_dkdv
-                                  : plan->cpu    ? (score->seq_k + 16 * plan->cpu_nv - 1) /
-                                                    (16 * plan->cpu_nv)
-                                            : score->seq_k,
+                                  : plan->cpu
+                                      ? (score->seq_k + 16 * plan->cpu_nv - 1) / (16 * plan->cpu_nv)
+                                      : score->seq_k,
                                   plan->local_dkdv, bg)))
             return status;
     }
@@ -392,16 +455,23 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
     for (size_t part = 0; part < (plan->dq_slots ? 0 : plan->key_parts); ++part) {
         params.part = (cl_uint)part;
         params.part_begin = (cl_uint)(part * plan->keys_per_part);
-        params.part_stop = (cl_uint)(part + 1 == plan->key_parts
-                                         ? score->seq_k
-                                         : (part + 1) * plan->keys_per_part);
-        clattn_arg args[] = {CLATTN_ARG(io->q.mem),        CLATTN_ARG(io->k.mem),
-                             CLATTN_ARG(io->v.mem),        CLATTN_ARG(io->grad_out.mem),
-                             CLATTN_ARG(io->lse.mem),      CLATTN_ARG(scratch.mem),
-                             CLATTN_ARG(io->dq.mem),       CLATTN_ARG(buffers.mask),
-                             CLATTN_ARG(buffers.key_padding), CLATTN_ARG(buffers.kv_len),
-                             CLATTN_ARG(buffers.alibi),    CLATTN_ARG(buffers.sinks),
-                             CLATTN_ARG(cu_q),             CLATTN_ARG(cu_k),
+        params.part_stop =
+            (cl_uint)(part + 1 == plan->key_parts ? score->seq_k
+                                                  : (part + 1) * plan->keys_per_part);
+        clattn_arg args[] = {CLATTN_ARG(io->q.mem),
+                             CLATTN_ARG(io->k.mem),
+                             CLATTN_ARG(io->v.mem),
+                             CLATTN_ARG(io->grad_out.mem),
+                             CLATTN_ARG(io->lse.mem),
+                             CLATTN_ARG(scratch.mem),
+                             CLATTN_ARG(io->dq.mem),
+                             CLATTN_ARG(buffers.mask),
+                             CLATTN_ARG(buffers.key_padding),
+                             CLATTN_ARG(buffers.kv_len),
+                             CLATTN_ARG(buffers.alibi),
+                             CLATTN_ARG(buffers.sinks),
+                             CLATTN_ARG(cu_q),
+                             CLATTN_ARG(cu_k),
                              CLATTN_ARG(params)};
         if ((status = launch_rows(chain, plan->dq, "bwd_dq", args, 15, &params,
                                   plan->gpu_dq ? (score->seq_q + plan->gpu_keys - 1) /
@@ -429,8 +499,7 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
 
 /* The reductions (also the unfused path's: host/attn/sdpa_backward_unfused.c). */
 clattn_status clattn__bwd_sum_parts(clattn_chain *chain, cl_kernel kernel, clattn__scratch scratch,
-                                    size_t at, size_t stride, size_t parts,
-                                    const clattn__view *out)
+                                    size_t at, size_t stride, size_t parts, const clattn__view *out)
 {
     return sum_parts(chain, kernel, scratch, at, stride, parts, out);
 }
@@ -487,8 +556,8 @@ typedef struct bwd_host {
 
 static void free_bwd_host(bwd_host *h)
 {
-    double *all[] = {h->q, h->k, h->v, h->o, h->go, h->dq, h->dk, h->dv, h->raw, h->w, h->dcap,
-                     h->lse};
+    double *all[] = {h->q,  h->k,  h->v,   h->o, h->go,   h->dq,
+                     h->dk, h->dv, h->raw, h->w, h->dcap, h->lse};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
         free(all[i]);
     free(h->bytes);
@@ -543,8 +612,7 @@ static void reference_backward(const clattn__flash_bwd_shape *shape, const clatt
 }
 
 static clattn_status upload_values(clattn_ctx *ctx, clattn__probe_mem *pm, clattn_dtype dtype,
-                                   const double *x, size_t count, unsigned char *bytes,
-                                   cl_mem *out)
+                                   const double *x, size_t count, unsigned char *bytes, cl_mem *out)
 {
     clattn__probe_encode(dtype, x, count, bytes);
     return clattn__probe_upload(ctx, pm, bytes, clattn__probe_bytes(dtype, count), out);
@@ -553,13 +621,13 @@ static clattn_status upload_values(clattn_ctx *ctx, clattn__probe_mem *pm, clatt
 static const char *bwd_unprobed(const clattn__flash_bwd_shape *shape)
 {
     const clattn__score_shape *s = &shape->score;
-    return s->varlen                        ? "packed sequences (cu_seqlens)"
-           : s->flex_id                     ? "user score functions (flex)"
-           : s->dropout                     ? "dropout"
-           : s->norm == CLATTN_NORM_RELU    ? "relu normalisation"
-           : shape->want_dmask              ? "the mask's gradient"
-           : shape->want_dsinks             ? "the sinks' gradient"
-                                            : NULL;
+    return s->varlen                     ? "packed sequences (cu_seqlens)"
+           : s->flex_id                  ? "user score functions (flex)"
+           : s->dropout                  ? "dropout"
+           : s->norm == CLATTN_NORM_RELU ? "relu normalisation"
+           : shape->want_dmask           ? "the mask's gradient"
+           : shape->want_dsinks          ? "the sinks' gradient"
+                                         : NULL;
 }
 
 static clattn_status run_bwd_probe(clattn_ctx *ctx, const clattn__flash_bwd_plan *run,
@@ -610,10 +678,14 @@ static clattn_status run_bwd_probe(clattn_ctx *ctx, const clattn__flash_bwd_plan
     cl_mem scratch = NULL;
     if (status == CLATTN_SUCCESS &&
         ((status = clattn__probe_upload(ctx, pm, lse, rows * sizeof(float), &mems[5])) ||
-         (status = clattn__probe_upload(ctx, pm, NULL, clattn__probe_bytes(out_dtypes[0], nq), &mems[6])) ||
-         (status = clattn__probe_upload(ctx, pm, NULL, clattn__probe_bytes(out_dtypes[1], nk), &mems[7])) ||
-         (status = clattn__probe_upload(ctx, pm, NULL, clattn__probe_bytes(out_dtypes[2], nv), &mems[8])) ||
-         (status = clattn__probe_upload(ctx, pm, NULL, run->scratch_floats * sizeof(float), &scratch))))
+         (status = clattn__probe_upload(ctx, pm, NULL, clattn__probe_bytes(out_dtypes[0], nq),
+                                        &mems[6])) ||
+         (status = clattn__probe_upload(ctx, pm, NULL, clattn__probe_bytes(out_dtypes[1], nk),
+                                        &mems[7])) ||
+         (status = clattn__probe_upload(ctx, pm, NULL, clattn__probe_bytes(out_dtypes[2], nv),
+                                        &mems[8])) ||
+         (status =
+              clattn__probe_upload(ctx, pm, NULL, run->scratch_floats * sizeof(float), &scratch))))
         return status;
     if (status)
         return status;
@@ -633,13 +705,15 @@ static clattn_status run_bwd_probe(clattn_ctx *ctx, const clattn__flash_bwd_plan
     static const char *const names[3] = {"dq", "dk", "dv"};
     r->tolerance = 0.0;
     for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i) {
-        status = clattn__probe_download(&chain, mems[6 + i], clattn__probe_bytes(out_dtypes[i], sizes[i]), h->bytes);
+        status = clattn__probe_download(&chain, mems[6 + i],
+                                        clattn__probe_bytes(out_dtypes[i], sizes[i]), h->bytes);
         if (status)
             break;
         /* gradients grow with the keys summed: the bound scales with seq_k */
         const double tol = clattn__probe_tolerance(out_dtypes[i]) * 8;
         size_t where = 0;
-        const double err = clattn__probe_max_error(out_dtypes[i], h->bytes, want[i], sizes[i], &where);
+        const double err =
+            clattn__probe_max_error(out_dtypes[i], h->bytes, want[i], sizes[i], &where);
         if (i == 0 || err / tol > r->max_error / r->tolerance) {
             r->max_error = err;
             r->tolerance = tol;
@@ -695,6 +769,5 @@ static clattn_status bwd_probe(clattn_ctx *ctx, void *unit, clattn__probe_result
 clattn_status clattn__flash_bwd_trust(clattn_ctx *ctx, clattn__flash_bwd_plan *plan)
 {
     cl_kernel *slots[3] = {&plan->dkdv, plan->dq_slots ? &plan->delta : &plan->dq, &plan->delta};
-    return clattn__trust(ctx, "attention backward", slots, plan->dq_slots ? 2 : 3, bwd_probe,
-                         plan);
+    return clattn__trust(ctx, "attention backward", slots, plan->dq_slots ? 2 : 3, bwd_probe, plan);
 }

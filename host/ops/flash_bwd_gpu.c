@@ -19,9 +19,23 @@ static cl_ulong local_bytes(size_t dk, size_t dv, unsigned bk, unsigned br)
            sizeof(float);
 }
 
+/* The family (core/family.h): flash_bwd.cl's switches and the tiles, after flash_bwd.cl */
+/* clang-format off */
+#define FLASH_BWD_GPU_SWITCHES(X)                                                                  \
+    CLATTN__FLASH_BWD_SWITCHES(X) X(BG_BK, 0, NULL) X(BG_BR, 0, NULL) X(BG_TX, 0, NULL)            \
+    X(BG_TY, 0, NULL)
+/* clang-format on */
+CLATTN_FAMILY(flash_bwd_gpu, FLASH_BWD_GPU_SWITCHES, .label = "flash_bwd_gpu.cl",
+              .source = CLATTN_SRC_FLASH_BWD_GPU, .sources = {"flash_bwd.cl", "flash_bwd_gpu.cl"},
+              .score_family = CLATTN__FAMILY_FLASH, .tuning_keys = "flash_cpu");
+/* flash_bwd.cl's switches, the head of flash_bwd_gpu_switches */
+#define BASE_COUNT(macro, flags, describe) +1
+enum { FLASH_BWD_SWITCH_COUNT = 0 CLATTN__FLASH_BWD_SWITCHES(BASE_COUNT) };
+#undef BASE_COUNT
+
 bool clattn__flash_bwd_gpu_prepare(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
-                                   const char *extra, clattn__flash_bwd_plan *plan,
-                                   clattn_status *status)
+                                   const void *base, const clattn_define *defines, size_t count,
+                                   clattn__flash_bwd_plan *plan, clattn_status *status)
 {
     *status = CLATTN_SUCCESS;
     /* CLATTN_BWD_GPU=0: the generic kernels everywhere (a switch for comparing them) */
@@ -49,12 +63,12 @@ bool clattn__flash_bwd_gpu_prepare(clattn_ctx *ctx, const clattn__flash_bwd_shap
         else
             return false;
     }
-    char gpu_extra[640];
-    snprintf(gpu_extra, sizeof gpu_extra, "%s -DBG_BK=%u -DBG_BR=%u -DBG_TX=%u -DBG_TY=%u", extra,
-             bk, br, tx, ty);
+    flash_bwd_gpu_switches sw;
+    memcpy(&sw, base, FLASH_BWD_SWITCH_COUNT * sizeof(long));
+    sw.BG_BK = bk, sw.BG_BR = br, sw.BG_TX = tx, sw.BG_TY = ty;
     cl_kernel kernel = NULL;
-    *status = clattn__variant_fits(ctx, CLATTN_SRC_FLASH_BWD_GPU, "bwd_dkdv_gpu", gpu_extra,
-                                   items, &kernel);
+    *status = clattn__family_fits(ctx, &flash_bwd_gpu_family, "bwd_dkdv_gpu", &sw, defines, count,
+                                  items, &kernel);
     if (*status != CLATTN_SUCCESS || kernel == NULL) /* an error, or too many registers */
         return false;
     plan->dkdv = kernel;
@@ -65,8 +79,8 @@ bool clattn__flash_bwd_gpu_prepare(clattn_ctx *ctx, const clattn__flash_bwd_shap
     /* dQ the same way (blocks of bk rows, tiles of br keys: less local memory) where no
      * mask gradient (bwd_dq writes dS) or key parts are wanted */
     if (!shape->want_dmask && plan->key_parts == 1) {
-        *status = clattn__variant_fits(ctx, CLATTN_SRC_FLASH_BWD_GPU, "bwd_dq_gpu", gpu_extra,
-                                       items, &kernel);
+        *status = clattn__family_fits(ctx, &flash_bwd_gpu_family, "bwd_dq_gpu", &sw, defines, count,
+                                      items, &kernel);
         if (*status != CLATTN_SUCCESS)
             return false;
         if (kernel != NULL) {

@@ -7,6 +7,18 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+/* The family (core/family.h) */
+/* clang-format off */
+#define FLASH_GPU_SWITCHES(X)                                                                      \
+    X(HEAD_DIM_QK, 0, NULL) X(HEAD_DIM_V, 0, NULL) X(FG_BQ, 0, "%ld") X(FG_BK, 0, "x %ld tiles")   \
+    X(FG_TX, 0, "%ld") X(FG_TY, 0, "x %ld items") X(Q_DTYPE, 0, NULL) X(K_DTYPE, 0, NULL)          \
+    X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL)
+/* clang-format on */
+CLATTN_FAMILY(flash_gpu, FLASH_GPU_SWITCHES, .label = "flash_gpu.cl",
+              .source = CLATTN_SRC_FLASH_GPU, .sources = {"flash_gpu.cl"},
+              .score_family = CLATTN__FAMILY_FLASH_GPU,
+              .tuning_keys = "flash_gpu fg_bq fg_bk fg_tx fg_ty");
+
 /* Local memory the variant declares (kernels/flash_gpu.cl: q_tile, kv_tile, p_tile, the three
  * row arrays, tile_padded). */
 static cl_ulong local_bytes(size_t dk, size_t dv, unsigned bq, unsigned bk)
@@ -21,8 +33,8 @@ static cl_ulong local_bytes(size_t dk, size_t dv, unsigned bq, unsigned bk)
 
 /* Loop trips of one work-item per key tile and outside the tiles, counted as if no loop were
  * unrolled, over-estimated; for devices that cap them (tuning.loop_trip_limit). */
-static size_t keys_per_launch(const clattn_ctx *ctx, size_t dk, size_t dv, unsigned bq,
-                              unsigned bk, unsigned tx, unsigned ty)
+static size_t keys_per_launch(const clattn_ctx *ctx, size_t dk, size_t dv, unsigned bq, unsigned bk,
+                              unsigned tx, unsigned ty)
 {
     const size_t limit = ctx->tuning.loop_trip_limit;
     if (limit == 0)
@@ -56,8 +68,10 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
     const clattn__score_shape *score = &shape->score;
     unsigned tx = t->fg_tx, ty = t->fg_ty, bq = t->fg_bq, bk = t->fg_bk;
     if (tx == 0 || ty == 0 || bq < ty || bk < tx || bq % ty != 0 || bk % tx != 0)
-        return clattn__flash_pass(plan, "flash_gpu: fg_bq=%u fg_bk=%u do not tile by fg_ty=%u "
-                                        "fg_tx=%u", bq, bk, ty, tx);
+        return clattn__flash_pass(plan,
+                                  "flash_gpu: fg_bq=%u fg_bk=%u do not tile by fg_ty=%u "
+                                  "fg_tx=%u",
+                                  bq, bk, ty, tx);
     /* No bigger than the problem needs (fewer idle rows for short sequences). */
     while (bq / 2 >= ty && bq / 2 % ty == 0 && bq / 2 >= score->seq_q)
         bq /= 2;
@@ -76,28 +90,36 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
             return clattn__flash_pass(plan, "flash_gpu: no tile fits %llu bytes of local memory",
                                       (unsigned long long)budget);
     }
-    if ((size_t)tx * ty > ctx->info.max_work_group_size || (size_t)tx * ty > ctx->info.max_item_sizes[0])
-        return clattn__flash_pass(plan, "flash_gpu: fg_tx * fg_ty = %u work-items, more than the "
-                                        "device's group (%zu)", tx * ty,
-                                  ctx->info.max_work_group_size);
-    char switches[256], extra[448];
-    clattn__score_switches(score, CLATTN__FAMILY_FLASH_GPU, switches, sizeof switches);
-    snprintf(extra, sizeof extra,
-             "-DHEAD_DIM_QK=%zu -DHEAD_DIM_V=%zu -DFG_BQ=%u -DFG_BK=%u -DFG_TX=%u -DFG_TY=%u "
-             "-DQ_DTYPE=%d -DK_DTYPE=%d -DV_DTYPE=%d -DO_DTYPE=%d %s",
-             dk, dv, bq, bk, tx, ty, (int)shape->q_dtype, (int)shape->k_dtype,
-             (int)shape->v_dtype, (int)shape->out_dtype, switches);
+    if ((size_t)tx * ty > ctx->info.max_work_group_size ||
+        (size_t)tx * ty > ctx->info.max_item_sizes[0])
+        return clattn__flash_pass(plan,
+                                  "flash_gpu: fg_tx * fg_ty = %u work-items, more than the "
+                                  "device's group (%zu)",
+                                  tx * ty, ctx->info.max_work_group_size);
+    const flash_gpu_switches sw = {.HEAD_DIM_QK = (long)dk,
+                                   .HEAD_DIM_V = (long)dv,
+                                   .FG_BQ = bq,
+                                   .FG_BK = bk,
+                                   .FG_TX = tx,
+                                   .FG_TY = ty,
+                                   .Q_DTYPE = shape->q_dtype,
+                                   .K_DTYPE = shape->k_dtype,
+                                   .V_DTYPE = shape->v_dtype,
+                                   .O_DTYPE = shape->out_dtype};
+    clattn_define defines[CLATTN_DEFINES_MAX];
+    const size_t count = clattn__score_defines(score, flash_gpu_family.score_family, defines);
     cl_kernel kernel = NULL;
-    clattn_status status =
-        clattn__variant_fits(ctx, CLATTN_SRC_FLASH_GPU, op, extra, (size_t)tx * ty, &kernel);
+    clattn_status status = clattn__family_fits(ctx, &flash_gpu_family, op, &sw, defines, count,
+                                               (size_t)tx * ty, &kernel);
     if (status != CLATTN_SUCCESS)
         return status;
     if (kernel == NULL) /* too many registers for this many work-items */
-        return clattn__flash_pass(plan, "flash_gpu: the compiled kernel runs fewer than %u "
-                                        "work-items per group (registers)", tx * ty);
+        return clattn__flash_pass(plan,
+                                  "flash_gpu: the compiled kernel runs fewer than %u "
+                                  "work-items per group (registers)",
+                                  tx * ty);
     plan->kernel = kernel;
-    snprintf(plan->variant, sizeof plan->variant, "flash_gpu.cl (%u x %u tiles, %u x %u items)",
-             bq, bk, tx, ty);
+    clattn__family_describe(&flash_gpu_family, &sw, NULL, plan->variant, sizeof plan->variant);
     plan->key_tile = bk;
     plan->tile_rows = bq;
     plan->block_q = bq;

@@ -1,4 +1,5 @@
-/* Attention weights averaged over heads: variant and launch for kernels/heads.cl. */
+/* kernels/heads.cl's element-wise kernels: attention weights averaged over heads, strided 4-d
+ * copies (head split and merge, dtype conversion) and the KV cache's append. */
 #include "ops.h"
 #include "probe.h" /* self-validation (core/validate.h) */
 
@@ -6,6 +7,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The families (core/family.h); HEADS_WG: work-items per group (tuning key heads_wg). */
+#define MEAN_HEADS_SWITCHES(X) X(HEADS_WG, 0, NULL)
+CLATTN_FAMILY(mean_heads, MEAN_HEADS_SWITCHES, .label = "heads.cl", .source = CLATTN_SRC_HEADS,
+              .sources = {"heads.cl"}, .tuning_keys = "heads_wg");
+/* clang-format off */
+#define COPY_SWITCHES(X)                                                                           \
+    X(HEADS_WG, 0, NULL) X(SRC_DTYPE, 0, NULL) X(DST_DTYPE, 0, NULL)
+/* clang-format on */
+CLATTN_FAMILY(copy, COPY_SWITCHES, .label = "heads.cl", .source = CLATTN_SRC_HEADS,
+              .sources = {"heads.cl"}, .tuning_keys = "heads_wg");
+/* clang-format off */
+#define APPEND_SWITCHES(X)                                                                         \
+    X(HEADS_WG, 0, NULL) X(K_SRC_DTYPE, 0, NULL) X(V_SRC_DTYPE, 0, NULL) X(DST_DTYPE, 0, NULL)     \
+    X(APPEND_PAGED, CLATTN_SWITCH_OPTIONAL, NULL)
+/* clang-format on */
+CLATTN_FAMILY(append, APPEND_SWITCHES, .label = "heads.cl", .source = CLATTN_SRC_HEADS,
+              .sources = {"heads.cl"}, .tuning_keys = "heads_wg");
 
 clattn_status clattn__mean_heads_prepare(clattn_ctx *ctx, size_t batch, size_t heads, size_t seq_q,
                                          size_t seq_k, clattn__mean_heads_plan *plan)
@@ -22,10 +41,9 @@ clattn_status clattn__mean_heads_prepare(clattn_ctx *ctx, size_t batch, size_t h
         !clattn__round_up(total, plan->local, &plan->global))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu weights overflow size_t",
                             op, batch, seq_q, seq_k);
-    char extra[32];
-    snprintf(extra, sizeof extra, "-DHEADS_WG=%u", ctx->tuning.heads_wg);
+    const mean_heads_switches sw = {.HEADS_WG = ctx->tuning.heads_wg};
     const clattn_status status =
-        clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, op, extra, &plan->kernel);
+        clattn__family_kernel(ctx, &mean_heads_family, op, &sw, NULL, 0, &plan->kernel);
     /* self-validation (core/validate.h; ops/probe.c) */
     return status != CLATTN_SUCCESS ? status : clattn__mean_heads_trust(ctx, plan);
 }
@@ -50,8 +68,8 @@ clattn_status clattn__mean_heads_enqueue(clattn_chain *chain, const clattn__mean
 }
 
 clattn_status clattn__elementwise_prepare(clattn_ctx *ctx, const size_t dims[4],
-                                          clattn_source source, const char *name,
-                                          const char *extra, clattn__elementwise_plan *plan)
+                                          const clattn_family *family, const char *name,
+                                          const void *values, clattn__elementwise_plan *plan)
 {
     size_t total = 0;
     memset(plan, 0, sizeof *plan);
@@ -61,28 +79,79 @@ clattn_status clattn__elementwise_prepare(clattn_ctx *ctx, const size_t dims[4],
         !clattn__round_up(total, plan->local, &plan->global))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu x %zu overflow size_t",
                             name, dims[0], dims[1], dims[2], dims[3]);
-    return clattn__variant_kernel(ctx, source, name, extra, &plan->kernel);
+    return clattn__family_kernel(ctx, family, name, values, NULL, 0, &plan->kernel);
+}
+
+/* copy4d_vec4 where it applies (F32 to F32, rows of whole float4s), its probe passed: a
+ * variant that fails its probe is passed over for copy4d (ctx's log names it). */
+static clattn_status prepare_vec4(clattn_ctx *ctx, const size_t dims[4], clattn_dtype src_dtype,
+                                  clattn_dtype dst_dtype, clattn__copy_plan *plan)
+{
+    plan->vec4 = NULL;
+    if (src_dtype != CLATTN_DTYPE_F32 || dst_dtype != CLATTN_DTYPE_F32 || dims[3] % 4 != 0)
+        return CLATTN_SUCCESS;
+    if (!clattn__round_up(plan->global / 4 + 1, plan->local, &plan->vec4_global))
+        return CLATTN_SUCCESS; /* (copy4d takes it) */
+    const copy_switches sw = {
+        .HEADS_WG = ctx->tuning.heads_wg, .SRC_DTYPE = src_dtype, .DST_DTYPE = dst_dtype};
+    cl_kernel kernel = NULL;
+    clattn_status status =
+        clattn__family_kernel(ctx, &copy_family, "copy4d_vec4", &sw, NULL, 0, &kernel);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    plan->vec4 = kernel;
+    char message[sizeof ctx->message];
+    memcpy(message, ctx->message, sizeof message);
+    status = clattn__copy_trust(ctx, plan, src_dtype, dst_dtype);
+    if (status == CLATTN_ERR_UNTRUSTED) {
+        plan->vec4 = NULL;
+        memcpy(ctx->message, message, sizeof message);
+        return CLATTN_SUCCESS;
+    }
+    return status;
 }
 
 clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype src_dtype,
                                    clattn_dtype dst_dtype, clattn__copy_plan *plan)
 {
-    char extra[64];
-    snprintf(extra, sizeof extra, "-DHEADS_WG=%u -DSRC_DTYPE=%d -DDST_DTYPE=%d",
-             ctx->tuning.heads_wg, (int)src_dtype, (int)dst_dtype);
+    const copy_switches sw = {
+        .HEADS_WG = ctx->tuning.heads_wg, .SRC_DTYPE = src_dtype, .DST_DTYPE = dst_dtype};
     /* A block destination: one work-item per block of the last dimension. */
     size_t block = 1, bytes = 0;
     clattn__dtype_blocks(dst_dtype, &block, &bytes);
     const size_t box[4] = {dims[0], dims[1], dims[2], dims[3] / block};
-    const clattn_status status =
-        clattn__elementwise_prepare(ctx, box, CLATTN_SRC_HEADS, "copy4d", extra, plan);
+    clattn_status status = clattn__elementwise_prepare(ctx, box, &copy_family, "copy4d", &sw, plan);
     /* self-validation (core/validate.h; ops/probe.c) */
-    return status != CLATTN_SUCCESS ? status : clattn__copy_trust(ctx, plan, src_dtype, dst_dtype);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__copy_trust(ctx, plan, src_dtype, dst_dtype);
+    return status != CLATTN_SUCCESS ? status : prepare_vec4(ctx, dims, src_dtype, dst_dtype, plan);
+}
+
+static clattn_status copy_vec4(clattn_chain *chain, const clattn__copy_plan *plan,
+                               const clattn__view *src, const clattn__view *dst)
+{
+    const cl_ulong total =
+        (cl_ulong)plan->dims[0] * plan->dims[1] * plan->dims[2] * plan->dims[3] / 4;
+    const cl_ulong src_s[3] = {src->strides[0], src->strides[1], src->strides[2]};
+    const cl_ulong dst_s[3] = {dst->strides[0], dst->strides[1], dst->strides[2]};
+    const cl_uint d1 = (cl_uint)plan->dims[1], d2 = (cl_uint)plan->dims[2];
+    const cl_uint d3 = (cl_uint)plan->dims[3] / 4;
+    const clattn_arg args[] = {
+        CLATTN_ARG(src->mem),    CLATTN_ARG(src->offset), CLATTN_ARG(src_s[0]),
+        CLATTN_ARG(src_s[1]),    CLATTN_ARG(src_s[2]),    CLATTN_ARG(dst->mem),
+        CLATTN_ARG(dst->offset), CLATTN_ARG(dst_s[0]),    CLATTN_ARG(dst_s[1]),
+        CLATTN_ARG(dst_s[2]),    CLATTN_ARG(total),       CLATTN_ARG(d1),
+        CLATTN_ARG(d2),          CLATTN_ARG(d3),
+    };
+    return clattn__launch_kernel(chain, plan->vec4, "copy4d_vec4", args,
+                                 sizeof args / sizeof args[0], 1, &plan->vec4_global, &plan->local);
 }
 
 clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan *plan,
                                    const clattn__view *src, const clattn__view *dst)
 {
+    if (plan->vec4 && src->strides[3] == 1 && dst->strides[3] == 1)
+        return copy_vec4(chain, plan, src, dst);
     const cl_ulong total = (cl_ulong)plan->dims[0] * plan->dims[1] * plan->dims[2] * plan->dims[3];
     const cl_ulong src_s[4] = {src->strides[0], src->strides[1], src->strides[2], src->strides[3]};
     const cl_ulong dst_s[4] = {dst->strides[0], dst->strides[1], dst->strides[2], dst->strides[3]};
@@ -96,8 +165,8 @@ clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan 
         CLATTN_ARG(total),    CLATTN_ARG(d1),          CLATTN_ARG(d2),
         CLATTN_ARG(d3),
     };
-    return clattn__launch_kernel(chain, plan->kernel, "copy4d", args, sizeof args / sizeof args[0], 1,
-                                 &plan->global, &plan->local);
+    return clattn__launch_kernel(chain, plan->kernel, "copy4d", args, sizeof args / sizeof args[0],
+                                 1, &plan->global, &plan->local);
 }
 
 clattn_status clattn__append_prepare(clattn_ctx *ctx, size_t batch, size_t kv_heads, size_t n,
@@ -119,12 +188,12 @@ clattn_status clattn__append_prepare(clattn_ctx *ctx, size_t batch, size_t kv_he
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu x %zu overflow size_t",
                             op, batch, kv_heads, n, dk > dv ? dk : dv);
     plan->global[1] = 2;
-    char extra[128];
-    snprintf(extra, sizeof extra,
-             "-DHEADS_WG=%u -DK_SRC_DTYPE=%d -DV_SRC_DTYPE=%d -DDST_DTYPE=%d%s",
-             ctx->tuning.heads_wg, (int)k_dtype, (int)v_dtype, (int)cache_dtype,
-             page_size > 0 ? " -DAPPEND_PAGED=1" : "");
-    return clattn__variant_kernel(ctx, CLATTN_SRC_HEADS, op, extra, &plan->kernel);
+    const append_switches sw = {.HEADS_WG = ctx->tuning.heads_wg,
+                                .K_SRC_DTYPE = k_dtype,
+                                .V_SRC_DTYPE = v_dtype,
+                                .DST_DTYPE = cache_dtype,
+                                .APPEND_PAGED = page_size > 0};
+    return clattn__family_kernel(ctx, &append_family, op, &sw, NULL, 0, &plan->kernel);
 }
 
 clattn_status clattn__append_enqueue(clattn_chain *chain, const clattn__append_plan *plan,
@@ -155,8 +224,8 @@ clattn_status clattn__append_enqueue(clattn_chain *chain, const clattn__append_p
     params.num_pages = (cl_uint)pages->num_pages;
     params.start = (cl_uint)pages->start;
     const size_t local[2] = {plan->local, 1};
-    const clattn_arg args[] = {CLATTN_ARG(k->mem),     CLATTN_ARG(v->mem),    CLATTN_ARG(k_dst->mem),
-                               CLATTN_ARG(v_dst->mem), CLATTN_ARG(lengths),   CLATTN_ARG(table),
+    const clattn_arg args[] = {CLATTN_ARG(k->mem),     CLATTN_ARG(v->mem),  CLATTN_ARG(k_dst->mem),
+                               CLATTN_ARG(v_dst->mem), CLATTN_ARG(lengths), CLATTN_ARG(table),
                                CLATTN_ARG(params)};
     return clattn__launch_kernel(chain, plan->kernel, "kv_append", args,
                                  sizeof args / sizeof args[0], 2, plan->global, local);
@@ -165,7 +234,8 @@ clattn_status clattn__append_enqueue(clattn_chain *chain, const clattn__append_p
 /* ---- strided copies and the mean over heads (heads.cl) ------------------------------------- */
 
 /* copy4d over a (2, 3, 5, 7) box (block destinations: unprobed) from a packed source into a
- * destination with a row gap, converting dtypes. */
+ * destination with a row gap, converting dtypes; copy4d_vec4 (the unit's plan has it) over
+ * (2, 3, 5, 8). */
 static clattn_status copy_probe(clattn_ctx *ctx, void *unit, clattn__probe_result *r)
 {
     const struct copy_unit {
@@ -179,15 +249,17 @@ static clattn_status copy_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
         snprintf(r->why, sizeof r->why, "blocks (a quantizing or dequantizing copy)");
         return CLATTN_SUCCESS;
     }
-    const size_t dims[4] = {2, 3, 5, 7}, n = 2 * 3 * 5 * 7, gap = 3;
+    const size_t cols = u->plan->vec4 ? 8 : 7, gap = 3;
+    const size_t dims[4] = {2, 3, 5, cols}, n = 2 * 3 * 5 * cols;
     clattn__copy_plan run;
     clattn_status status = clattn__copy_prepare(ctx, dims, u->src, u->dst, &run);
     if (status != CLATTN_SUCCESS)
         return status;
     run.kernel = u->plan->kernel;
+    run.vec4 = u->plan->vec4;
     clattn__probe_rng rng = {0xc0ffeeULL};
     clattn__probe_mem pm = {.count = 0};
-    const size_t padded = 2 * 3 * 5 * (7 + gap);
+    const size_t padded = 2 * 3 * 5 * (cols + gap);
     double *x = malloc(padded * sizeof(double)), *want = malloc(padded * sizeof(double));
     unsigned char *host = malloc(4 * padded + 8);
     cl_mem src = NULL, dst = NULL;
@@ -201,9 +273,9 @@ static clattn_status copy_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
     if ((status = clattn__probe_upload(ctx, &pm, host, clattn__probe_bytes(u->src, n), &src)) ||
         (status = clattn__probe_upload(ctx, &pm, NULL, clattn__probe_bytes(u->dst, padded), &dst)))
         goto done;
-    const clattn__view vs = clattn__probe_view(src, u->src, 2, 3, 5, 7);
-    clattn__view vd = clattn__probe_view(dst, u->dst, 2, 3, 5, 7 + gap);
-    vd.dims[3] = 7;
+    const clattn__view vs = clattn__probe_view(src, u->src, 2, 3, 5, cols);
+    clattn__view vd = clattn__probe_view(dst, u->dst, 2, 3, 5, cols + gap);
+    vd.dims[3] = cols;
     clattn_chain chain = clattn__probe_chain(ctx);
     status = clattn__copy_enqueue(&chain, &run, &vs, &vd);
     if (status == CLATTN_SUCCESS)
@@ -214,15 +286,15 @@ static clattn_status copy_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
         r->tolerance = clattn__probe_tolerance(u->dst);
         r->max_error = 0.0;
         for (size_t row = 0; row < 30; ++row)
-            for (size_t c = 0; c < 7; ++c) {
-                const double g = clattn__probe_decode(u->dst, host, row * (7 + gap) + c);
-                const double e = isnan(g) ? INFINITY : fabs(g - x[row * 7 + c]);
+            for (size_t c = 0; c < cols; ++c) {
+                const double g = clattn__probe_decode(u->dst, host, row * (cols + gap) + c);
+                const double e = isnan(g) ? INFINITY : fabs(g - x[row * cols + c]);
                 if (e > r->max_error) {
                     r->max_error = e;
-                    worst = row * 7 + c;
+                    worst = row * cols + c;
                 }
             }
-        snprintf(r->why, sizeof r->why, "element %zu of (2, 3, 5, 7)", worst);
+        snprintf(r->why, sizeof r->why, "element %zu of (2, 3, 5, %zu)", worst, cols);
     }
 done:
     clattn__probe_release(&pm);
@@ -239,7 +311,7 @@ clattn_status clattn__copy_trust(clattn_ctx *ctx, clattn__copy_plan *plan, clatt
         clattn__copy_plan *plan;
         clattn_dtype src, dst;
     } unit = {plan, src, dst};
-    cl_kernel *slots[1] = {&plan->kernel};
+    cl_kernel *slots[1] = {plan->vec4 ? &plan->vec4 : &plan->kernel};
     return clattn__trust(ctx, "strided copy", slots, 1, copy_probe, &unit);
 }
 
@@ -281,7 +353,8 @@ static clattn_status mean_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
     if (status == CLATTN_SUCCESS) {
         size_t where = 0;
         r->tolerance = 1e-6;
-        r->max_error = clattn__probe_max_error(CLATTN_DTYPE_F32, (const unsigned char *)got, want, m, &where);
+        r->max_error =
+            clattn__probe_max_error(CLATTN_DTYPE_F32, (const unsigned char *)got, want, m, &where);
         snprintf(r->why, sizeof r->why, "mean %zu of (1, 2, 7, 11)", where);
     }
 done:

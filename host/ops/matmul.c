@@ -3,8 +3,8 @@
 #include "ops.h"
 #include "probe.h" /* self-validation (core/validate.h) */
 
-#include <stdint.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +13,28 @@
 
 /* NVIDIA's OpenCL maps global dimension 2 onto a grid dimension limited to 65535 blocks. */
 #define MAX_BATCH_PER_LAUNCH 65535u
+
+/* The families (core/family.h): the local-tile kernel, the register-blocked vector kernel
+ * (CPUs) and its B packing. The device-wide tiles (TILE_M, VEC_RM, ...) are the context's
+ * options (core/tuning.c). */
+/* clang-format off */
+#define MATMUL_SWITCHES(X)                                                                         \
+    X(A_DTYPE, 0, NULL) X(B_DTYPE, 0, NULL) X(C_DTYPE, 0, NULL)
+/* clang-format on */
+CLATTN_FAMILY(matmul, MATMUL_SWITCHES, .label = "matmul.cl", .source = CLATTN_SRC_MATMUL,
+              .sources = {"matmul.cl"},
+              .tuning_keys = "matmul_vec tile_m tile_n tile_k wpt_m wpt_n");
+/* clang-format off */
+#define MATMUL_VEC_SWITCHES(X)                                                                     \
+    X(A_DTYPE, 0, NULL) X(B_DTYPE, 0, NULL) X(C_DTYPE, 0, NULL) X(VEC_NV, 0, NULL)                 \
+    X(VEC_RB, 0, NULL) X(VEC_KC, 0, NULL)
+/* clang-format on */
+CLATTN_FAMILY(matmul_vec, MATMUL_VEC_SWITCHES, .label = "matmul.cl", .source = CLATTN_SRC_MATMUL,
+              .sources = {"matmul.cl"}, .flags = "-cl-mad-enable",
+              .tuning_keys = "matmul_vec vec_rm vec_width vec_nv vec_rb vec_kc vec_wg vec_stream");
+#define PACK_B_SWITCHES(X) X(B_DTYPE, 0, NULL) X(VEC_NV, 0, NULL)
+CLATTN_FAMILY(pack_b, PACK_B_SWITCHES, .label = "matmul.cl", .source = CLATTN_SRC_MATMUL,
+              .sources = {"matmul.cl"}, .tuning_keys = "vec_nv vec_width");
 
 static bool matmul_dtype(clattn_dtype dtype)
 {
@@ -51,21 +73,22 @@ static clattn_status prepare_variant(clattn_ctx *ctx, const clattn__matmul_shape
          !clattn__mul(plan->scratch_floats, sizeof(float), &bytes)))
         plan->scratch_floats = SIZE_MAX;
 
-    char options[160];
-    if (vec)
-        snprintf(options, sizeof options,
-                 "-DA_DTYPE=%d -DB_DTYPE=0 -DC_DTYPE=%d -DVEC_NV=%u -DVEC_RB=%u -DVEC_KC=%u "
-                 "-cl-mad-enable",
-                 (int)shape->a_dtype, (int)shape->c_dtype, t->vec_nv, t->vec_rb, t->vec_kc);
-    else
-        snprintf(options, sizeof options, "-DA_DTYPE=%d -DB_DTYPE=%d -DC_DTYPE=%d",
-                 (int)shape->a_dtype, (int)shape->b_dtype, (int)shape->c_dtype);
-    clattn_status status = clattn__variant_kernel(
-        ctx, CLATTN_SRC_MATMUL, vec ? "matmul_vec" : "matmul", options, &plan->kernel);
-    if (status == CLATTN_SUCCESS && vec) {
-        snprintf(options, sizeof options, "-DB_DTYPE=%d -DVEC_NV=%u", (int)shape->b_dtype,
-                 t->vec_nv);
-        status = clattn__variant_kernel(ctx, CLATTN_SRC_MATMUL, "pack_b", options, &plan->pack);
+    clattn_status status;
+    if (vec) {
+        const matmul_vec_switches sw = {.A_DTYPE = shape->a_dtype,
+                                        .C_DTYPE = shape->c_dtype,
+                                        .VEC_NV = t->vec_nv,
+                                        .VEC_RB = t->vec_rb,
+                                        .VEC_KC = t->vec_kc};
+        const pack_b_switches pack = {.B_DTYPE = shape->b_dtype, .VEC_NV = t->vec_nv};
+        if (!(status = clattn__family_kernel(ctx, &matmul_vec_family, "matmul_vec", &sw, NULL, 0,
+                                             &plan->kernel)))
+            status =
+                clattn__family_kernel(ctx, &pack_b_family, "pack_b", &pack, NULL, 0, &plan->pack);
+    } else {
+        const matmul_switches sw = {
+            .A_DTYPE = shape->a_dtype, .B_DTYPE = shape->b_dtype, .C_DTYPE = shape->c_dtype};
+        status = clattn__family_kernel(ctx, &matmul_family, "matmul", &sw, NULL, 0, &plan->kernel);
     }
     if (status != CLATTN_SUCCESS)
         return status;
@@ -163,7 +186,7 @@ static clattn_status pack_b(clattn_chain *chain, const clattn__matmul_plan *plan
             CLATTN_ARG(trans),      CLATTN_ARG(scratch.mem), CLATTN_ARG(dst_offset),
         };
         status = clattn__launch_kernel(chain, plan->pack, "matmul (pack b)", args,
-                                                    sizeof args / sizeof args[0], 3, global, local);
+                                       sizeof args / sizeof args[0], 3, global, local);
     }
     *bp = (clattn__view){.mem = scratch.mem, .offset = scratch.offset, .dtype = CLATTN_DTYPE_F32};
     bp->dims[0] = copies0, bp->dims[1] = copies1, bp->dims[2] = k, bp->dims[3] = n;
@@ -253,10 +276,8 @@ clattn_status clattn__matmul_enqueue(clattn_chain *chain, const clattn__matmul_p
                         launch_kib >= ctx->tuning.vec_stream};
         const clattn_arg args[] = {CLATTN_ARG(a->mem), CLATTN_ARG(b->mem), CLATTN_ARG(c->mem),
                                    CLATTN_ARG(bias_mem), CLATTN_ARG(params)};
-        status =
-            clattn__launch_kernel(chain, plan->kernel, vec ? "matmul_vec" : "matmul",
-                                               args, sizeof args / sizeof args[0], 3, global,
-                                               plan->local);
+        status = clattn__launch_kernel(chain, plan->kernel, vec ? "matmul_vec" : "matmul", args,
+                                       sizeof args / sizeof args[0], 3, global, plan->local);
     }
     return status;
 }
@@ -469,8 +490,8 @@ clattn_status clattn_matmul(clattn_ctx *ctx, const clattn_matmul_desc *desc, con
     }
     if (status == CLATTN_SUCCESS)
         status = clattn__matmul_enqueue(&chain, &plan, &views[0], &views[1],
-                                                     shape.has_bias ? &views[2] : NULL, &views[3],
-                                                     desc->alpha, desc->beta, scratch);
+                                        shape.has_bias ? &views[2] : NULL, &views[3], desc->alpha,
+                                        desc->beta, scratch);
     return clattn__end(OP, &chain, status, event);
 }
 
@@ -506,15 +527,19 @@ static clattn_status matmul_probe(clattn_ctx *ctx, void *unit, clattn__probe_res
     for (size_t i = 0; i < na + nb + n; ++i)
         a[i] = clattn__probe_grid(&rng, CLATTN_DTYPE_F32);
     clattn__probe_encode(shape.a_dtype, a, na, bytes);
-    if ((status = clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(shape.a_dtype, na), &ma)))
+    if ((status =
+             clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(shape.a_dtype, na), &ma)))
         goto done;
     clattn__probe_encode(shape.b_dtype, b, nb, bytes);
-    if ((status = clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(shape.b_dtype, nb), &mb)))
+    if ((status =
+             clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(shape.b_dtype, nb), &mb)))
         goto done;
     clattn__probe_encode(CLATTN_DTYPE_F32, bias, n, bytes);
     if ((status = clattn__probe_upload(ctx, &pm, bytes, 4 * n, &mbias)) ||
-        (status = clattn__probe_upload(ctx, &pm, NULL, clattn__probe_bytes(shape.c_dtype, 2 * m * n), &mc)) ||
-        (status = clattn__probe_upload(ctx, &pm, NULL, run.scratch_floats * sizeof(float), &scratch)))
+        (status = clattn__probe_upload(ctx, &pm, NULL,
+                                       clattn__probe_bytes(shape.c_dtype, 2 * m * n), &mc)) ||
+        (status =
+             clattn__probe_upload(ctx, &pm, NULL, run.scratch_floats * sizeof(float), &scratch)))
         goto done;
     const clattn__view va = shape.trans_a ? clattn__probe_view(ma, shape.a_dtype, 1, 2, k, m)
                                           : clattn__probe_view(ma, shape.a_dtype, 1, 2, m, k);
@@ -526,7 +551,8 @@ static clattn_status matmul_probe(clattn_ctx *ctx, void *unit, clattn__probe_res
     status = clattn__matmul_enqueue(&chain, &run, &va, &vb, &vbias, &vc, 0.5f, 0.0f,
                                     (clattn__scratch){scratch, 0});
     if (status == CLATTN_SUCCESS)
-        status = clattn__probe_download(&chain, mc, clattn__probe_bytes(shape.c_dtype, 2 * m * n), bytes);
+        status = clattn__probe_download(&chain, mc, clattn__probe_bytes(shape.c_dtype, 2 * m * n),
+                                        bytes);
     clattn__chain_push(&chain, NULL);
     for (size_t e = 0; e < 2; ++e)
         for (size_t i = 0; i < m; ++i)

@@ -6,6 +6,7 @@
 #define CLATTN_OPS_H
 
 #include "../../kernels/params.h" /* the kernel families' parameter structs */
+#include "core/family.h"
 #include "core/runtime.h"
 #include "core/tensor.h"
 
@@ -148,7 +149,7 @@ typedef struct clattn__score_buffers {
 void clattn__score_params(const clattn__score_shape *score, const clattn__score_masks *masks,
                           cl_mem fallback, clattn_score_params *p, clattn__score_buffers *buffers);
 
-/* The kernel families that apply the score rule, for clattn__score_switches. */
+/* The kernel families that apply the score rule, for clattn__score_defines. */
 typedef enum clattn__score_family {
     CLATTN__FAMILY_SOFTMAX = 1u << 0,   /* softmax.cl */
     CLATTN__FAMILY_FLASH = 1u << 1,     /* flash.cl */
@@ -157,11 +158,12 @@ typedef enum clattn__score_family {
     CLATTN__FAMILY_ALL = 15u
 } clattn__score_family;
 
-/* The score rule's compile-time switches for `family` as build options ("-DMASK_DTYPE=2
- * -DSCORE_MASK=1 ..."), from the one table in ops/score.c: a switch a family does not compile
- * in is a kernel argument there (params.h), so one program serves every value. */
-void clattn__score_switches(const clattn__score_shape *score, clattn__score_family family,
-                            char *out, size_t size);
+/* The score rule's compile-time switches for `family` (a clattn__score_family bit, as a
+ * clattn_family's score_family) as definitions (MASK_DTYPE=2, SCORE_MASK=1, ...) in out (room
+ * for CLATTN_DEFINES_MAX); returns their count. From the one table in ops/score.c: a switch a
+ * family does not compile in is a kernel argument there (params.h), so one program serves
+ * every value. */
+size_t clattn__score_defines(const clattn__score_shape *score, unsigned family, clattn_define *out);
 
 /* ---- softmax rows (ops/softmax.c, kernels/softmax.cl) --------------------------------------
  * out[b,h,i,:] = normalise(score rule applied to raw[b,h,i,:]) where raw holds q.k dot products
@@ -305,13 +307,17 @@ typedef struct clattn__elementwise_plan {
     size_t dims[4];
     cl_kernel kernel;
     size_t local, global;
+    /* copy4d_vec4 (F32 to F32, dims[3] a multiple of 4): 4 elements a work-item, launched
+     * where both views' last dimensions are contiguous; NULL where it does not apply */
+    cl_kernel vec4;
+    size_t vec4_global;
 } clattn__elementwise_plan;
 
-/* The plan's geometry and kernel `name` of `source` built with `extra`; fails naming `name`
- * when the element count overflows. */
+/* The plan's geometry and kernel `name` of `family` built with its switches `values`; fails
+ * naming `name` when the element count overflows. */
 clattn_status clattn__elementwise_prepare(clattn_ctx *ctx, const size_t dims[4],
-                                          clattn_source source, const char *name,
-                                          const char *extra, clattn__elementwise_plan *plan);
+                                          const clattn_family *family, const char *name,
+                                          const void *values, clattn__elementwise_plan *plan);
 
 /* ---- positional encodings (ops/posenc.c, kernels/posenc.cl) --------------------------------
  * out[a, b, p, i] = x[a, b, p, i] (when x is bound) + PE(start + p, i) over a box of dims
@@ -417,11 +423,11 @@ typedef struct clattn__flash_bwd_plan {
     bool gpu_dq; /* dQ by bwd_dq_gpu: gpu_keys rows per work-group, keys in tiles of gpu_rows */
     unsigned dq_slots; /* > 0: dQ summed in bwd_dkdv_cpu, one slot per work-group (no bwd_dq) */
     cl_kernel zero;    /* bwd_zero: the slots cleared first */
-    cl_kernel delta, dkdv, dq;                    /* the passes */
+    cl_kernel delta, dkdv, dq;                         /* the passes */
     cl_kernel sum_q, sum_k, sum_v, mask_reduce, sinks; /* the reductions (NULL: not used) */
-    size_t local_delta, local_dkdv, local_dq;     /* work-group sizes */
-    size_t rows_per_part, row_parts;              /* dK/dV's walk over the rows, in launches */
-    size_t keys_per_part, key_parts;              /* dQ's walk over the keys */
+    size_t local_delta, local_dkdv, local_dq;          /* work-group sizes */
+    size_t rows_per_part, row_parts;                   /* dK/dV's walk over the rows, in launches */
+    size_t keys_per_part, key_parts;                   /* dQ's walk over the keys */
     /* scratch float offsets: delta, dS, the parts' partial sums (dK's then dV's dv_part_at on,
      * dkdv_part_floats a part; dQ's, dq_part_floats a part) */
     size_t delta_at, dmask_at, dkdv_parts_at, dq_parts_at, dv_part_at;
@@ -441,14 +447,31 @@ clattn_status clattn__flash_bwd_prepare(clattn_ctx *ctx, const clattn__flash_bwd
                                         clattn__flash_bwd_plan *plan);
 clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash_bwd_plan *plan,
                                         const clattn__flash_bwd_io *io, clattn__scratch scratch);
+/* flash_bwd.cl's switches (ops/flash_bwd.c's family; flash_bwd_gpu.c's family adds its tiles
+ * to these). BWD_CPU compiles the CPU variants in (BWD_NV 16-key vectors per key block,
+ * BWD_BQ query rows per bwd_dq_cpu work-item). */
+/* clang-format off */
+#define CLATTN__FLASH_BWD_SWITCHES(X)                                                              \
+    X(HEAD_DIM_QK, 0, NULL) X(HEAD_DIM_V, 0, NULL) X(Q_DTYPE, 0, NULL) X(K_DTYPE, 0, NULL)         \
+    X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL) X(GO_DTYPE, 0, NULL) X(DQ_DTYPE, 0, NULL)              \
+    X(DK_DTYPE, 0, NULL) X(DV_DTYPE, 0, NULL) X(BWD_CPU, CLATTN_SWITCH_OPTIONAL, NULL)             \
+    X(BWD_NV, CLATTN_SWITCH_OPTIONAL, NULL) X(BWD_BQ, CLATTN_SWITCH_OPTIONAL, NULL)
+/* clang-format on */
+/* flash_bwd.cl's kernels that take one switch, the dtype they store (bwd_sum_parts,
+ * bwd_mask_reduce), or only the score rule's (bwd_unfused_rows; score NULL: none, for bwd_zero
+ * and bwd_sinks); the unfused backward (attn/sdpa_backward_unfused.c) runs them too. */
+clattn_status clattn__flash_bwd_out_kernel(clattn_ctx *ctx, const char *name, clattn_dtype dtype,
+                                           cl_kernel *out);
+clattn_status clattn__flash_bwd_plain_kernel(clattn_ctx *ctx, const char *name,
+                                             const clattn__score_shape *score, cl_kernel *out);
 /* The GPU dK/dV pass (ops/flash_bwd_gpu.c, kernels/flash_bwd_gpu.cl) built with flash_bwd.cl's
- * options `extra` and tiles that fit the device: true when it replaced plan->dkdv (plan->gpu,
- * gpu_keys, gpu_rows, local_dkdv set; and plan->dq, local_dq, gpu_dq without a mask gradient
- * or key parts); false where it does not fit (or CLATTN_BWD_GPU=0), or on an error
- * (*status). */
+ * switches `base` (CLATTN__FLASH_BWD_SWITCHES' values) and score `defines`, and tiles that fit
+ * the device: true when it replaced plan->dkdv (plan->gpu, gpu_keys, gpu_rows, local_dkdv set;
+ * and plan->dq, local_dq, gpu_dq without a mask gradient or key parts); false where it does
+ * not fit (or CLATTN_BWD_GPU=0), or on an error (*status). */
 bool clattn__flash_bwd_gpu_prepare(clattn_ctx *ctx, const clattn__flash_bwd_shape *shape,
-                                   const char *extra, clattn__flash_bwd_plan *plan,
-                                   clattn_status *status);
+                                   const void *base, const clattn_define *defines, size_t count,
+                                   clattn__flash_bwd_plan *plan, clattn_status *status);
 /* Its reductions, for the unfused path: bwd_sum_parts (`parts` packed partial sums at float
  * `at` of the scratch, `stride` apart, into `out`), bwd_mask_reduce (the packed (B, H, Lq, Lk)
  * dS at `at` into a mask's gradient `out`), bwd_sinks (delta at `delta_at`, io's lse, sinks and

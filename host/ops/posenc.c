@@ -7,15 +7,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The family (core/family.h); POSENC_WG: work-items per group (tuning key heads_wg). */
+/* clang-format off */
+#define POSENC_SWITCHES(X)                                                                         \
+    X(POSENC_WG, 0, NULL) X(X_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL) X(T_DTYPE, 0, NULL)
+/* clang-format on */
+CLATTN_FAMILY(posenc, POSENC_SWITCHES, .label = "posenc.cl", .source = CLATTN_SRC_POSENC,
+              .sources = {"posenc.cl"}, .tuning_keys = "heads_wg");
+
 clattn_status clattn__posenc_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype x_dtype,
                                      clattn_dtype out_dtype, clattn_dtype table_dtype,
                                      clattn__posenc_plan *plan)
 {
-    char extra[96];
-    snprintf(extra, sizeof extra, "-DPOSENC_WG=%u -DX_DTYPE=%d -DO_DTYPE=%d -DT_DTYPE=%d",
-             ctx->tuning.heads_wg, (int)x_dtype, (int)out_dtype, (int)table_dtype);
+    const posenc_switches sw = {.POSENC_WG = ctx->tuning.heads_wg,
+                                .X_DTYPE = x_dtype,
+                                .O_DTYPE = out_dtype,
+                                .T_DTYPE = table_dtype};
     const clattn_status status =
-        clattn__elementwise_prepare(ctx, dims, CLATTN_SRC_POSENC, "posenc_add", extra, plan);
+        clattn__elementwise_prepare(ctx, dims, &posenc_family, "posenc_add", &sw, plan);
     /* self-validation (core/validate.h; ops/probe.c) */
     return status != CLATTN_SUCCESS
                ? status
@@ -103,7 +112,8 @@ static clattn_status posenc_probe(clattn_ctx *ctx, void *unit, clattn__probe_res
         (status = clattn__probe_upload(ctx, &pm, freq, 2 * pairs * sizeof(float), &mf)))
         goto done;
     clattn__probe_encode(u->table, table, rows * dim, bytes);
-    if ((status = clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(u->table, rows * dim), &mt)))
+    if ((status =
+             clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(u->table, rows * dim), &mt)))
         goto done;
     const clattn__view vx = clattn__probe_view(mx, u->x, 2, 3, 5, dim);
     const clattn__view vo = clattn__probe_view(mo, u->out, 2, 3, 5, dim);
@@ -124,8 +134,9 @@ static clattn_status posenc_probe(clattn_ctx *ctx, void *unit, clattn__probe_res
             status = clattn__probe_download(&chain, mo, clattn__probe_bytes(u->out, n), bytes);
         clattn__chain_push(&chain, NULL);
         size_t where = 0;
-        const double err = status == CLATTN_SUCCESS ? clattn__probe_max_error(u->out, bytes, want, n, &where)
-                                                    : 0.0;
+        const double err = status == CLATTN_SUCCESS
+                               ? clattn__probe_max_error(u->out, bytes, want, n, &where)
+                               : 0.0;
         if (err > r->max_error) {
             r->max_error = err;
             snprintf(r->why, sizeof r->why, "element %zu of (2, 3, 5, %zu), %s", where, dim,

@@ -7,6 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The family (core/family.h); ROPE_WG: work-items per group (tuning key heads_wg). */
+/* clang-format off */
+#define ROPE_SWITCHES(X)                                                                           \
+    X(ROPE_WG, 0, NULL) X(X_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL) X(C_DTYPE, 0, NULL)
+/* clang-format on */
+CLATTN_FAMILY(rope, ROPE_SWITCHES, .label = "rope.cl", .source = CLATTN_SRC_ROPE,
+              .sources = {"rope.cl"}, .tuning_keys = "heads_wg");
+
 clattn_status clattn__rope_prepare(clattn_ctx *ctx, const clattn__rope_shape *shape,
                                    clattn_dtype x_dtype, clattn_dtype out_dtype,
                                    clattn_dtype cache_dtype, clattn__rope_plan *plan)
@@ -21,14 +29,16 @@ clattn_status clattn__rope_prepare(clattn_ctx *ctx, const clattn__rope_shape *sh
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu x %zu x %zu rows overflow size_t",
                             op, shape->batch, shape->heads, shape->seq);
     plan->total = total;
-    char extra[96];
-    snprintf(extra, sizeof extra, "-DROPE_WG=%u -DX_DTYPE=%d -DO_DTYPE=%d -DC_DTYPE=%d",
-             ctx->tuning.heads_wg, (int)x_dtype, (int)out_dtype, (int)cache_dtype);
+    const rope_switches sw = {.ROPE_WG = ctx->tuning.heads_wg,
+                              .X_DTYPE = x_dtype,
+                              .O_DTYPE = out_dtype,
+                              .C_DTYPE = cache_dtype};
     const clattn_status status =
-        clattn__variant_kernel(ctx, CLATTN_SRC_ROPE, op, extra, &plan->kernel);
+        clattn__family_kernel(ctx, &rope_family, op, &sw, NULL, 0, &plan->kernel);
     /* self-validation (core/validate.h; ops/probe.c) */
-    return status != CLATTN_SUCCESS ? status
-                                    : clattn__rope_trust(ctx, plan, x_dtype, out_dtype, cache_dtype);
+    return status != CLATTN_SUCCESS
+               ? status
+               : clattn__rope_trust(ctx, plan, x_dtype, out_dtype, cache_dtype);
 }
 
 clattn_status clattn__rope_enqueue(clattn_chain *chain, const clattn__rope_plan *plan,
@@ -121,8 +131,8 @@ static clattn_status rope_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
         c[i] = clattn__probe_grid(&rng, u->cache);
     for (size_t row = 0; row < rows; ++row) {
         const size_t s = row % 5, b = row / 15, pos = 3 + s;
-        const size_t at = shape.cache_mode == 1 ? (pos < cache_rows ? pos : cache_rows - 1)
-                                                : b * 5 + s;
+        const size_t at =
+            shape.cache_mode == 1 ? (pos < cache_rows ? pos : cache_rows - 1) : b * 5 + s;
         for (size_t i = 0; i < dim; ++i)
             want[row * dim + i] = x[row * dim + i];
         for (size_t j = 0; j < half; ++j) {
@@ -141,15 +151,18 @@ static clattn_status rope_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
         goto done;
     if (shape.cache_mode) {
         clattn__probe_encode(u->cache, c, 2 * cache_rows * half, bytes);
-        if ((status = clattn__probe_upload(ctx, &pm, bytes, clattn__probe_bytes(u->cache, cache_rows * half), &mcos)) ||
-            (status = clattn__probe_upload(ctx, &pm, bytes + clattn__probe_bytes(u->cache, cache_rows * half),
-                             clattn__probe_bytes(u->cache, cache_rows * half), &msin)))
+        if ((status = clattn__probe_upload(
+                 ctx, &pm, bytes, clattn__probe_bytes(u->cache, cache_rows * half), &mcos)) ||
+            (status = clattn__probe_upload(
+                 ctx, &pm, bytes + clattn__probe_bytes(u->cache, cache_rows * half),
+                 clattn__probe_bytes(u->cache, cache_rows * half), &msin)))
             goto done;
         io.cos = shape.cache_mode == 1 ? clattn__probe_view(mcos, u->cache, 1, 1, cache_rows, half)
                                        : clattn__probe_view(mcos, u->cache, 1, 2, 5, half);
         io.sin = io.cos;
         io.sin.mem = msin;
-    } else if ((status = clattn__probe_upload(ctx, &pm, freq, 2 * half * sizeof(float), &io.freq))) {
+    } else if ((status =
+                    clattn__probe_upload(ctx, &pm, freq, 2 * half * sizeof(float), &io.freq))) {
         goto done;
     }
     io.x = clattn__probe_view(mx, u->x, 2, 3, 5, dim);

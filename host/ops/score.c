@@ -1,6 +1,7 @@
 /* The score rule on the host: its operands for the kernels (clattn__score_params) and its
- * compile-time switches (clattn__score_switches), each written once for every kernel family
- * that applies the rule (softmax, flash, flash_gpu, flash_cpu). kernels/score.cl is the device
+ * compile-time switches (clattn__score_defines), each written once for every kernel family
+ * that applies the rule (softmax, flash, flash_gpu, flash_cpu), as -D definitions that
+ * host/core/family.c writes into the build options. kernels/score.cl is the device
  * side. A new score modifier: a row in `switches` when it is compiled in, fields in params.h's
  * CLATTN_SCORE_PARAMS filled in clattn__score_params when it is an argument. */
 #include "ops.h"
@@ -193,7 +194,8 @@ static const struct score_switch {
 } switches[] = {
     {"MASK_DTYPE", mask_dtype,
      CLATTN__FAMILY_SOFTMAX | CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU |
-         CLATTN__FAMILY_FLASH_CPU, false},
+         CLATTN__FAMILY_FLASH_CPU,
+     false},
     {"SCORE_MASK", has_mask, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU, false},
     {"SCORE_KPAD", has_key_padding, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU, false},
     {"SCORE_BAND", band_diagonal, CLATTN__FAMILY_FLASH_CPU, false},
@@ -201,35 +203,32 @@ static const struct score_switch {
     {"SCORE_SOFTCAP", has_softcap, CLATTN__FAMILY_FLASH_GPU, false},
     {"KV_PAGED", kv_paged,
      CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU, false},
-    {"VARLEN", varlen, CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU, false},
+    {"VARLEN", varlen, CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU,
+     false},
     {"SCORE_DROPOUT", dropout,
      CLATTN__FAMILY_SOFTMAX | CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU |
-         CLATTN__FAMILY_FLASH_CPU, false},
+         CLATTN__FAMILY_FLASH_CPU,
+     false},
     /* user score functions (score.cl's FLEX_*): FLEX_SRC names the context's registered
      * source that build_program puts ahead of score.cl (runtime.c), so the cache key holds it */
     {"FLEX_SRC", flex_source, CLATTN__FAMILY_ALL, true},
     {"FLEX_SCORE", flex_score, CLATTN__FAMILY_ALL, true},
     {"FLEX_MASK", flex_mask, CLATTN__FAMILY_ALL, true},
     {"FLEX_GRAD", flex_grad, CLATTN__FAMILY_ALL, true},
-    {"FLEX_BLOCKS", flex_blocks, CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU |
-                                     CLATTN__FAMILY_FLASH_CPU, true},
-    {"FLEX_COUNT", flex_count, CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU |
-                                   CLATTN__FAMILY_FLASH_CPU, true},
+    {"FLEX_BLOCKS", flex_blocks,
+     CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU, true},
+    {"FLEX_COUNT", flex_count,
+     CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU | CLATTN__FAMILY_FLASH_CPU, true},
 };
 
-void clattn__score_switches(const clattn__score_shape *score, clattn__score_family family,
-                            char *out, size_t size)
+size_t clattn__score_defines(const clattn__score_shape *score, unsigned family, clattn_define *out)
 {
-    size_t used = 0;
-    out[0] = '\0';
+    size_t count = 0;
     for (size_t i = 0; i < sizeof switches / sizeof switches[0]; ++i) {
         const int value = switches[i].value(score);
-        if (!(switches[i].families & (unsigned)family) || (switches[i].omit_zero && value == 0))
+        if (!(switches[i].families & family) || (switches[i].omit_zero && value == 0))
             continue;
-        const int n = snprintf(out + used, size - used, "%s-D%s=%d", used ? " " : "",
-                               switches[i].macro, value);
-        if (n < 0 || (size_t)n >= size - used)
-            return; /* the callers' buffers hold every switch (checked by their own sizes) */
-        used += (size_t)n;
+        out[count++] = (clattn_define){switches[i].macro, value};
     }
+    return count;
 }

@@ -8,9 +8,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* score_copy (the scores output) from the program of `extra`. */
+/* The family (core/family.h): a work-group per row (SOFTMAX_WG), a work-item per row
+ * (SOFTMAX_VEC, SOFTMAX_ROWS per group) or a work-item per row in double (SOFTMAX_F64). */
+/* clang-format off */
+#define SOFTMAX_SWITCHES(X)                                                                        \
+    X(SOFTMAX_VEC, CLATTN_SWITCH_OPTIONAL, NULL) X(SOFTMAX_ROWS, CLATTN_SWITCH_OPTIONAL, NULL)     \
+    X(SOFTMAX_WG, CLATTN_SWITCH_OPTIONAL, NULL) X(SOFTMAX_F64, CLATTN_SWITCH_OPTIONAL, NULL)
+/* clang-format on */
+CLATTN_FAMILY(softmax, SOFTMAX_SWITCHES, .label = "softmax.cl", .source = CLATTN_SRC_SOFTMAX,
+              .sources = {"softmax.cl"}, .score_family = CLATTN__FAMILY_SOFTMAX,
+              .tuning_keys = "softmax_rows softmax_wg");
+
+/* Kernel `name` of the softmax program for `sw` and the score's switches. */
+static clattn_status softmax_kernel(clattn_ctx *ctx, const clattn__score_shape *score,
+                                    const char *name, const softmax_switches *sw, cl_kernel *out)
+{
+    clattn_define defines[CLATTN_DEFINES_MAX];
+    const size_t count = clattn__score_defines(score, softmax_family.score_family, defines);
+    return clattn__family_kernel(ctx, &softmax_family, name, sw, defines, count, out);
+}
+
+/* score_copy (the scores output) from the program of `sw`. */
 static clattn_status prepare_copy(clattn_ctx *ctx, const clattn__score_shape *score,
-                                  clattn__softmax_plan *plan, const char *extra)
+                                  clattn__softmax_plan *plan, const softmax_switches *sw)
 {
     static const char op[] = "score_copy";
     /* score_copy: the same program; groups of up to 64 work-items. */
@@ -20,7 +40,7 @@ static clattn_status prepare_copy(clattn_ctx *ctx, const clattn__score_shape *sc
     plan->copy_local = ctx->info.max_work_group_size < 64 ? ctx->info.max_work_group_size : 64;
     if (!clattn__round_up(elements, plan->copy_local, &plan->copy_global))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the scores overflow size_t", op);
-    return clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, "score_copy", extra, &plan->copy);
+    return softmax_kernel(ctx, score, "score_copy", sw, &plan->copy);
 }
 
 static clattn_status prepare_variant(clattn_ctx *ctx, const clattn__score_shape *score,
@@ -35,10 +55,8 @@ static clattn_status prepare_variant(clattn_ctx *ctx, const clattn__score_shape 
     if (score->has_mask && (unsigned)score->mask_dtype > CLATTN_DTYPE_U8)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: mask dtype %d is unknown", op,
                             (int)score->mask_dtype);
-    char switches[256];
-    clattn__score_switches(score, CLATTN__FAMILY_SOFTMAX, switches, sizeof switches);
     /* One variant per mask dtype (none shares F32's); the rest are kernel arguments. */
-    char extra[384];
+    softmax_switches sw = {0};
     if (score->softmax_f64) {
         if (!ctx->info.has_fp64)
             return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
@@ -50,13 +68,11 @@ static clattn_status prepare_variant(clattn_ctx *ctx, const clattn__score_shape 
         if (!clattn__round_up(plan->rows, plan->local, &plan->global))
             return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu rows overflow size_t", op,
                                 plan->rows);
-        snprintf(extra, sizeof extra, "-DSOFTMAX_WG=%u %s -DSOFTMAX_F64=1",
-                 ctx->tuning.softmax_wg, switches);
-        clattn_status status = clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, "softmax_rows_f64",
-                                                      extra, &plan->kernel);
+        sw.SOFTMAX_WG = ctx->tuning.softmax_wg, sw.SOFTMAX_F64 = 1;
+        clattn_status status = softmax_kernel(ctx, score, "softmax_rows_f64", &sw, &plan->kernel);
         if (status != CLATTN_SUCCESS || !score->want_scores)
             return status;
-        return prepare_copy(ctx, score, plan, extra);
+        return prepare_copy(ctx, score, plan, &sw);
     }
     if (rows_vec > 0) {
         /* A work-item per row: smaller groups while there are too few of them to keep two
@@ -69,22 +85,19 @@ static clattn_status prepare_variant(clattn_ctx *ctx, const clattn__score_shape 
         if (plan->global < plan->rows)
             return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: %zu rows overflow size_t", op,
                                 plan->rows);
-        snprintf(extra, sizeof extra, "-DSOFTMAX_VEC=1 -DSOFTMAX_ROWS=%zu %s", local,
-                 switches);
+        sw.SOFTMAX_VEC = 1, sw.SOFTMAX_ROWS = (long)local;
     } else {
         plan->local = ctx->tuning.softmax_wg;
         if (!clattn__mul(plan->rows, plan->local, &plan->global))
             return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
                                 "%s: %zu x %zu x %zu rows overflow size_t", op, score->batch,
                                 score->heads, score->seq_q);
-        snprintf(extra, sizeof extra, "-DSOFTMAX_WG=%u %s", ctx->tuning.softmax_wg,
-                 switches);
+        sw.SOFTMAX_WG = ctx->tuning.softmax_wg;
     }
-    clattn_status status =
-        clattn__variant_kernel(ctx, CLATTN_SRC_SOFTMAX, op, extra, &plan->kernel);
+    clattn_status status = softmax_kernel(ctx, score, op, &sw, &plan->kernel);
     if (status != CLATTN_SUCCESS || !score->want_scores)
         return status;
-    return prepare_copy(ctx, score, plan, extra);
+    return prepare_copy(ctx, score, plan, &sw);
 }
 
 clattn_status clattn__softmax_prepare(clattn_ctx *ctx, const clattn__score_shape *score,
@@ -131,7 +144,8 @@ static clattn_status launch_rows(clattn_chain *chain, const clattn__softmax_plan
     const clattn_arg args[] = {CLATTN_ARG(raw->mem),       CLATTN_ARG(out->mem),
                                CLATTN_ARG(buffers.mask),   CLATTN_ARG(buffers.key_padding),
                                CLATTN_ARG(buffers.kv_len), CLATTN_ARG(buffers.alibi),
-                               CLATTN_ARG(buffers.sinks),  CLATTN_ARG(buffers.flex), CLATTN_ARG(params)};
+                               CLATTN_ARG(buffers.sinks),  CLATTN_ARG(buffers.flex),
+                               CLATTN_ARG(params)};
     return clattn__launch_kernel(chain, kernel, name, args, sizeof args / sizeof args[0], 1, global,
                                  local);
 }
@@ -140,8 +154,8 @@ clattn_status clattn__score_copy_enqueue(clattn_chain *chain, const clattn__soft
                                          const clattn__view *raw, const clattn__view *dst,
                                          const clattn__score_masks *masks)
 {
-    return launch_rows(chain, plan, plan->copy, "score_copy", &plan->copy_global,
-                       &plan->copy_local, raw, dst, masks);
+    return launch_rows(chain, plan, plan->copy, "score_copy", &plan->copy_global, &plan->copy_local,
+                       raw, dst, masks);
 }
 
 clattn_status clattn__softmax_enqueue(clattn_chain *chain, const clattn__softmax_plan *plan,
@@ -195,10 +209,10 @@ static clattn_status softmax_probe(clattn_ctx *ctx, void *unit, clattn__probe_re
         (status = clattn__probe_upload(ctx, &pm, host, count * sizeof(float), &in_mem)) ||
         (status = clattn__probe_upload(ctx, &pm, NULL, count * sizeof(float), &out_mem)))
         goto done;
-    const clattn__view raw_view = clattn__probe_view(in_mem, CLATTN_DTYPE_F32, s->batch, s->heads,
-                                              s->seq_q, s->seq_k);
-    const clattn__view out_view = clattn__probe_view(out_mem, CLATTN_DTYPE_F32, s->batch, s->heads,
-                                              s->seq_q, s->seq_k);
+    const clattn__view raw_view =
+        clattn__probe_view(in_mem, CLATTN_DTYPE_F32, s->batch, s->heads, s->seq_q, s->seq_k);
+    const clattn__view out_view =
+        clattn__probe_view(out_mem, CLATTN_DTYPE_F32, s->batch, s->heads, s->seq_q, s->seq_k);
     clattn_chain chain = clattn__probe_chain(ctx);
     status = clattn__softmax_enqueue(&chain, &run, &raw_view, &out_view, &masks);
     if (status == CLATTN_SUCCESS)
@@ -208,13 +222,13 @@ static clattn_status softmax_probe(clattn_ctx *ctx, void *unit, clattn__probe_re
         double lse;
         const size_t b = row / (s->heads * s->seq_q), h = row / s->seq_q % s->heads;
         clattn__probe_reference_row(&in.scores, b, h, row % s->seq_q, raw + row * s->seq_k,
-                      want + row * s->seq_k, &lse, NULL);
+                                    want + row * s->seq_k, &lse, NULL);
     }
     if (status == CLATTN_SUCCESS) {
         size_t where = 0;
         r->tolerance = 2e-5;
-        r->max_error = clattn__probe_max_error(CLATTN_DTYPE_F32, (const unsigned char *)host, want, count,
-                                 &where);
+        r->max_error = clattn__probe_max_error(CLATTN_DTYPE_F32, (const unsigned char *)host, want,
+                                               count, &where);
         snprintf(r->why, sizeof r->why, "weight %zu of (%zu, %zu, %zu, %zu)", where, s->batch,
                  s->heads, s->seq_q, s->seq_k);
     }
