@@ -36,7 +36,7 @@ static unsigned floor_pow2(size_t value, unsigned cap)
 }
 
 /* Keys per launch where the device caps the loop iterations of a work-item in all
- * (tuning.loop_trip_limit, from the quirks table in runtime.c): whole tiles whose loop trips,
+ * (tuning.loop_trip_limit, from the quirk rows in tuning/table.h): whole tiles whose loop trips,
  * counted as if no loop were unrolled, stay within half the limit. 0: all keys in one launch. */
 static size_t keys_per_launch(const clattn_ctx *ctx, size_t dk, size_t dv, unsigned rows,
                               unsigned block_k, unsigned vw)

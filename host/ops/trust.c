@@ -1,6 +1,6 @@
 /* Self-validation's decision (core/validate.h's clattn__trust): whether a family's prepared
  * kernels may be used, probing them when nothing says so yet, and finding which kernel failed
- * by its -cl-opt-disable build. In the ops layer: it builds variants (core/runtime.c) and
+ * by its -cl-opt-disable build. In the ops layer: it builds variants (core/programs.c) and
  * judges them (core/validate.c), and the families call it with their probes. */
 #include "ops.h"
 #include "core/validate.h"
