@@ -142,44 +142,33 @@ clattn_status clattn__query_device(clattn_ctx *ctx)
     clattn_status status = CLATTN_SUCCESS;
     clattn_device_info *info = &ctx->info;
     size_t item_sizes[3] = {1, 1, 1};
-    CL_CHECK(ctx,
-             clGetDeviceInfo(ctx->device, CL_DEVICE_TYPE, sizeof info->type, &info->type, NULL),
-             "clGetDeviceInfo(CL_DEVICE_TYPE)");
-    CL_CHECK(ctx, clGetDeviceInfo(ctx->device, CL_DEVICE_NAME, sizeof info->name, info->name, NULL),
-             "clGetDeviceInfo(CL_DEVICE_NAME)");
-    CL_CHECK(
-        ctx,
-        clGetDeviceInfo(ctx->device, CL_DEVICE_VENDOR, sizeof info->vendor, info->vendor, NULL),
-        "clGetDeviceInfo(CL_DEVICE_VENDOR)");
-    CL_CHECK(ctx,
-             clGetDeviceInfo(ctx->device, CL_DEVICE_MAX_WORK_GROUP_SIZE,
-                             sizeof info->max_work_group_size, &info->max_work_group_size, NULL),
-             "clGetDeviceInfo(CL_DEVICE_MAX_WORK_GROUP_SIZE)");
-    CL_CHECK(ctx,
-             clGetDeviceInfo(ctx->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof item_sizes,
-                             item_sizes, NULL),
-             "clGetDeviceInfo(CL_DEVICE_MAX_WORK_ITEM_SIZES)");
-    CL_CHECK(ctx,
-             clGetDeviceInfo(ctx->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof info->local_mem_size,
-                             &info->local_mem_size, NULL),
-             "clGetDeviceInfo(CL_DEVICE_LOCAL_MEM_SIZE)");
-    CL_CHECK(ctx,
-             clGetDeviceInfo(ctx->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof info->max_alloc_size,
-                             &info->max_alloc_size, NULL),
-             "clGetDeviceInfo(CL_DEVICE_MAX_MEM_ALLOC_SIZE)");
-    CL_CHECK(ctx,
-             clGetDeviceInfo(ctx->device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof info->global_mem_size,
-                             &info->global_mem_size, NULL),
-             "clGetDeviceInfo(CL_DEVICE_GLOBAL_MEM_SIZE)");
-    CL_CHECK(ctx,
-             clGetDeviceInfo(ctx->device, CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT,
-                             sizeof info->preferred_float_width, &info->preferred_float_width,
-                             NULL),
-             "clGetDeviceInfo(CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT)");
-    CL_CHECK(ctx,
-             clGetDeviceInfo(ctx->device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof info->compute_units,
-                             &info->compute_units, NULL),
-             "clGetDeviceInfo(CL_DEVICE_MAX_COMPUTE_UNITS)");
+    /* The limits every context needs, in this order; a failed query fails the context. */
+/* clang-format off */
+#define DEVICE_QUERY(param, field) {param, sizeof(field), &(field), "clGetDeviceInfo(" #param ")"}
+    /* clang-format on */
+    const struct {
+        cl_device_info param;
+        size_t size;
+        void *value;
+        const char *what;
+    } queries[] = {
+        DEVICE_QUERY(CL_DEVICE_TYPE, info->type),
+        DEVICE_QUERY(CL_DEVICE_NAME, info->name),
+        DEVICE_QUERY(CL_DEVICE_VENDOR, info->vendor),
+        DEVICE_QUERY(CL_DEVICE_MAX_WORK_GROUP_SIZE, info->max_work_group_size),
+        DEVICE_QUERY(CL_DEVICE_MAX_WORK_ITEM_SIZES, item_sizes),
+        DEVICE_QUERY(CL_DEVICE_LOCAL_MEM_SIZE, info->local_mem_size),
+        DEVICE_QUERY(CL_DEVICE_MAX_MEM_ALLOC_SIZE, info->max_alloc_size),
+        DEVICE_QUERY(CL_DEVICE_GLOBAL_MEM_SIZE, info->global_mem_size),
+        DEVICE_QUERY(CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT, info->preferred_float_width),
+        DEVICE_QUERY(CL_DEVICE_MAX_COMPUTE_UNITS, info->compute_units),
+    };
+#undef DEVICE_QUERY
+    for (size_t i = 0; i < sizeof queries / sizeof queries[0]; ++i)
+        CL_CHECK(
+            ctx,
+            clGetDeviceInfo(ctx->device, queries[i].param, queries[i].size, queries[i].value, NULL),
+            queries[i].what);
     {
         /* Not CL_CHECKed: a device without doubles may refuse the query instead of 0. */
         cl_device_fp_config fp64 = 0;
