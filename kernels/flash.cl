@@ -36,7 +36,7 @@
  * key_stop too or seq_k); with resume set it starts from the output row and log-sum-exp that
  * the launch before it wrote (the same state, written as (m = lse, l = 1, acc = O)). The host
  * splits the keys only on devices that cap a work-item's loop iterations (Mesa's llvmpipe; see
- * host/core/runtime.c). An output of F16 or BF16 is rounded between parts.
+ * host/tuning/table.h). An output of F16 or BF16 is rounded between parts.
  *
  * Resources, measured 2026-12-03 (tests/resources/run.sh: clang 15 + libclc, ptxas
  * -arch=sm_90; LLVM 15 for gfx90a), BLOCK_Q 64, BLOCK_K 32, FLASH_VW 1 (the GPU row): the

@@ -308,7 +308,7 @@ START_TEST(test_walk_faults)
         clattn_status status = forward(ctx, &p, 0, &failed_plan);
         clattn__fault_arm(kind, 0);
         /* A failed build is cured by the variant's -cl-opt-disable build (self-validation's
-         * fallback, host/core/runtime.c): then the run succeeds, with the right numbers. */
+         * fallback, host/core/programs.c): then the run succeeds, with the right numbers. */
         const bool cured = kind == CLATTN_FAULT_BUILD && status == CLATTN_SUCCESS;
         tu_expect(status == kind_status[kind] || cured,
                   "%s %ld of %ld failed: the run returned %s (%d), "

@@ -1448,7 +1448,7 @@ static int write_text(const char *dir, const char *name, const char *text)
     return fclose(f) == 0 && ok;
 }
 
-/* The files every program is built with before its own source (runtime.c's prelude). */
+/* The files every program is built with before its own source (programs.c's prelude). */
 static int write_prelude(const char *dir)
 {
     return write_text(dir, "common.cl", "/* empty */\n") &&

@@ -13,8 +13,7 @@
 /* The block-mask builder's family (core/family.h): kernels/flex.cl with the user's functions
  * (FLEX_SRC: the context's registered source, put ahead of score.cl). */
 #define FLEX_SWITCHES(X) X(FLEX_SRC, 0, NULL) X(FLEX_MASK, 0, NULL)
-CLATTN_FAMILY(flex, FLEX_SWITCHES, .label = "flex.cl", .source = CLATTN_SRC_FLEX,
-              .sources = {"flex.cl"});
+CLATTN_FAMILY(flex, FLEX_SWITCHES, .sources = {"flex.cl"});
 
 enum { ARENA_ALIGN = 64 }; /* bytes: each region of the arena starts on such a boundary */
 

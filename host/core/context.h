@@ -10,21 +10,8 @@
 #include <stdbool.h>
 
 /* The kernel sources; each op file owns one. common.cl is prepended to every program. */
-typedef enum clattn_source {
-    CLATTN_SRC_MATMUL = 0,
-    CLATTN_SRC_SOFTMAX,
-    CLATTN_SRC_HEADS,
-    CLATTN_SRC_FLASH,
-    CLATTN_SRC_FLASH_CPU,
-    CLATTN_SRC_FLASH_GPU,
-    CLATTN_SRC_POSENC,
-    CLATTN_SRC_ROPE,
-    CLATTN_SRC_ADDITIVE,
-    CLATTN_SRC_FLASH_BWD,
-    CLATTN_SRC_FLASH_BWD_GPU,
-    CLATTN_SRC_FLEX,
-    CLATTN_SRC_COUNT
-} clattn_source;
+/* A kernel family's registry entry (host/core/family.h) */
+typedef struct clattn_family clattn_family;
 
 /* Device-memory scratch owned by the context, reused across calls and grown on demand.
  * Host-API staging buffers live here too. */
@@ -90,7 +77,7 @@ enum { CLATTN_TUNING_RECORDS = 16 };
 
 /* A program built with extra -D options (e.g. per head size) and its one kernel. */
 typedef struct clattn_variant {
-    clattn_source source;
+    const clattn_family *family;
     char name[32];
     char options[512];
     cl_program program;

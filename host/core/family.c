@@ -38,8 +38,16 @@ clattn_status clattn__family_options(clattn_ctx *ctx, const clattn_family *famil
     }
     if (!fits)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: build options too long",
-                            family->label);
+                            family->label ? family->label : clattn__family_file(family));
     return CLATTN_SUCCESS;
+}
+
+const char *clattn__family_file(const clattn_family *family)
+{
+    const char *file = "";
+    for (size_t i = 0; i < CLATTN_FAMILY_SOURCES && family->sources[i]; ++i)
+        file = family->sources[i];
+    return file;
 }
 
 /* Appends to out like snprintf, truncating at size (used never passes size - 1). */
@@ -60,7 +68,7 @@ void clattn__family_describe(const clattn_family *family, const void *values, co
     size_t used = 0;
     bool first = true;
     out[0] = '\0';
-    append(out, size, &used, "%s (", family->label);
+    append(out, size, &used, "%s (", family->label ? family->label : clattn__family_file(family));
     for (size_t i = 0; i < family->num_switches; ++i) {
         const char *phrase = family->switches[i].describe;
         if (phrase == NULL)

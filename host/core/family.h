@@ -1,29 +1,31 @@
-/* Kernel families as data (host/core/family.c). A family is one kernel source program and the
- * compile-time switches its kernels take; its registry entry (a clattn_family, declared beside
- * the op that launches it in host/ops/) lists:
- *   - its sources: the kernels/ files after the prelude (common.cl, types.cl, params.h,
- *     score.cl), in build order, so a kernel's dependencies are declared here, not in a table;
+/* Kernel families as data (host/core/family.c). A family is one kernel program (its sources)
+ * and the compile-time switches its kernels take. Its registry entry (a clattn_family,
+ * declared beside the op that launches it in host/ops/) lists:
+ *   - its sources: the kernels/ files after the prelude (common.cl, types.cl, params.h, the
+ *     user's score functions, score.cl), in build order: a kernel's dependencies are declared
+ *     here (host/core/programs.c looks the files up by name);
  *   - its switches: one X-macro list, X(MACRO, flags, "plan_info phrase"), which makes the
  *     struct of values the op fills (one `long` per switch, named as the macro), the -D build
- *     options (built here and nowhere else), hence the program-cache and validation key, and
- *     plan_info's description of the variant;
+ *     options (written in family.c and nowhere else), hence the program cache's and
+ *     validation's key, and plan_info's description of the variant;
  *   - the score rule's switches it compiles in (ops/score.c's table) and extra build flags;
- *   - the tuning keys its chooser reads (for plan_info readers and docs/architecture.md).
+ *   - the tuning keys its chooser reads (for readers; docs/architecture.md lists them).
  *
- * A family's switch list, e.g.
+ * For example (host/ops/heads.c):
  *
- *     #define HEADS_COPY_SWITCHES(X) X(HEADS_WG, 0, NULL) X(SRC_DTYPE, 0, NULL) ...
- *     CLATTN_SWITCHES(heads_copy_switches, HEADS_COPY_SWITCHES);
+ *     #define COPY_SWITCHES(X) X(HEADS_WG, 0, NULL) X(SRC_DTYPE, 0, NULL) X(DST_DTYPE, 0, NULL)
+ *     CLATTN_FAMILY(copy, COPY_SWITCHES, .sources = {"heads.cl"}, .tuning_keys = "heads_wg");
+ *     ...
+ *     const copy_switches sw = {.HEADS_WG = 256, .SRC_DTYPE = src, .DST_DTYPE = dst};
+ *     clattn__family_kernel(ctx, &copy_family, "copy4d", &sw, NULL, 0, &kernel);
  *
- * declares `heads_copy_switches` (a struct of longs) and its table; the entry names the table
- * with CLATTN_FAMILY_SWITCHES(heads_copy_switches). The phrase is a printf format of one %ld,
- * NULL when the switch is not described; a phrase that starts with "x " joins the one before
- * it with a space ("64", "x 32 tiles" -> "64 x 32 tiles"), the others with ", ". */
+ * A phrase is a printf format of one %ld (NULL: the switch is not described); one that starts
+ * with "x " joins the one before it with a space ("64", "x 32 tiles" -> "64 x 32 tiles"), the
+ * others with ", ". */
 #ifndef CLATTN_CORE_FAMILY_H
 #define CLATTN_CORE_FAMILY_H
 
 #include "context.h"
-#include "runtime.h"
 #include "status.h"
 
 #include <stddef.h>
@@ -46,16 +48,19 @@ typedef struct clattn_define {
 } clattn_define;
 enum { CLATTN_DEFINES_MAX = 24 };
 
-typedef struct clattn_family {
-    const char *label;      /* plan_info's name of the variant, e.g. "flash.cl" */
-    clattn_source source;   /* the program cache's source (host/core/runtime.c) */
-    const char *sources[3]; /* kernels/ files after the prelude, in order (NULL-ended) */
+enum { CLATTN_FAMILY_SOURCES = 3 };
+
+struct clattn_family {
+    const char *label; /* plan_info's name of the variant (NULL: its main source's name) */
+    /* kernels/ files after the prelude, in build order (the unused ones NULL): the last is
+     * the family's own, the ones before it sources it builds on */
+    const char *sources[CLATTN_FAMILY_SOURCES];
     const clattn_switch *switches;
     size_t num_switches;
     const char *flags;       /* extra build flags, e.g. "-cl-mad-enable" ("" or NULL: none) */
     unsigned score_family;   /* ops/score.c's family bit of the score switches (0: none) */
     const char *tuning_keys; /* the tuning keys its chooser reads, space-separated */
-} clattn_family;
+};
 
 #define CLATTN__SWITCH_FIELD(macro, flags, describe) long macro;
 #define CLATTN__SWITCH_ROW(macro, flags, describe) {#macro, flags, describe},
@@ -84,36 +89,8 @@ clattn_status clattn__family_options(clattn_ctx *ctx, const clattn_family *famil
                                      const void *values, const clattn_define *defines, size_t count,
                                      char *out, size_t size);
 
-/* Kernel `kernel` of `family` built with those switches, cached per context (the options are
- * the cache key). */
-static inline clattn_status clattn__family_kernel(clattn_ctx *ctx, const clattn_family *family,
-                                                  const char *kernel, const void *values,
-                                                  const clattn_define *defines, size_t count,
-                                                  cl_kernel *out)
-{
-    char options[sizeof ctx->variants[0].options];
-    const clattn_status status =
-        clattn__family_options(ctx, family, values, defines, count, options, sizeof options);
-    return status != CLATTN_SUCCESS
-               ? status
-               : clattn__variant_kernel(ctx, family->source, kernel, options, out);
-}
-
-/* The same, in *out only when the compiled kernel runs work-groups of `items` work-items;
- * else *out is NULL (register pressure: the caller shrinks the group or takes another
- * variant). */
-static inline clattn_status clattn__family_fits(clattn_ctx *ctx, const clattn_family *family,
-                                                const char *kernel, const void *values,
-                                                const clattn_define *defines, size_t count,
-                                                size_t items, cl_kernel *out)
-{
-    char options[sizeof ctx->variants[0].options];
-    const clattn_status status =
-        clattn__family_options(ctx, family, values, defines, count, options, sizeof options);
-    return status != CLATTN_SUCCESS
-               ? status
-               : clattn__variant_fits(ctx, family->source, kernel, options, items, out);
-}
+/* The family's main source (its last; "" for the context's options) */
+const char *clattn__family_file(const clattn_family *family);
 
 /* plan_info's description: "<label> (<phrases>)", e.g. "flash.cl (64 rows, 32-key tiles)";
  * `tail` (may be NULL or "") is appended inside the parentheses after ", ". */

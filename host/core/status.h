@@ -4,6 +4,7 @@
 #define CLATTN_CORE_STATUS_H
 
 #include "context.h"
+#include "fault.h" /* clattn__fault: the OpenCL calls a test build may make fail */
 
 #include <stdint.h>
 
@@ -29,29 +30,6 @@ void clattn__copy_message(char *dst, size_t dst_size, const char *src);
             goto done;                                                                             \
         }                                                                                          \
     } while (0)
-
-/* --- fault injection (test builds only) ----------------------------------------------------
- * Built with -DCLATTN_FAULT_INJECTION (the clattn_fault test library, never the shipped one),
- * the N-th device allocation, command enqueue or program build after clattn__fault_arm fails
- * as if the OpenCL call had. Process-wide counters: a test-only exception to "no global
- * state". */
-typedef enum clattn_fault_kind {
-    CLATTN_FAULT_ALLOC = 0, /* clCreateBuffer */
-    CLATTN_FAULT_ENQUEUE,   /* clEnqueueNDRangeKernel, read/write buffer, marker */
-    CLATTN_FAULT_BUILD,     /* clBuildProgram */
-    CLATTN_FAULT_KINDS
-} clattn_fault_kind;
-
-#ifdef CLATTN_FAULT_INJECTION
-/* True when this call of `kind` is the one armed to fail. */
-bool clattn__fault(clattn_fault_kind kind);
-/* Arms `kind` to fail its n-th call from now (n = 0: never) and resets its counter. */
-CLATTN_API void clattn__fault_arm(clattn_fault_kind kind, long n);
-/* Calls of `kind` since it was last armed. */
-CLATTN_API long clattn__fault_calls(clattn_fault_kind kind);
-#else
-#define clattn__fault(kind) false
-#endif
 
 /* --- size arithmetic (overflow-checked) ---------------------------------------------------- */
 

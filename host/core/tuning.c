@@ -183,7 +183,7 @@ static clattn_status parse_selector(clattn_ctx *ctx, const char *origin, const c
 
 /* Rows keyed by the driver. A row may name, after the device name, the driver fields of the
  * device it was measured on (the driver key after the name, ctx->info.driver_key, made by
- * clattn__driver_key in host/core/runtime.c):
+ * clattn__driver_key in host/core/device.c):
  *
  *     class | vendor | NAME | driver CL_DRIVER_VERSION | CL_PLATFORM_VERSION | clattn V | keys
  *

@@ -302,7 +302,7 @@ bool clattn__same_variant(const clattn_ctx *ctx, cl_kernel judged, cl_kernel bui
         return true;
     const clattn_variant *a = clattn__variant_of((clattn_ctx *)ctx, judged);
     const clattn_variant *b = clattn__variant_of((clattn_ctx *)ctx, built);
-    if (a == NULL || b == NULL || a->source != b->source || strcmp(a->name, b->name) != 0)
+    if (a == NULL || b == NULL || a->family != b->family || strcmp(a->name, b->name) != 0)
         return false;
     const size_t n = strlen(b->options);
     return strncmp(a->options, b->options, n) == 0 && strcmp(a->options + n, " -cl-opt-disable") == 0;

@@ -9,8 +9,7 @@
 
 /* The family (core/family.h): TILE x TILE work-items, CHUNK features per step. */
 #define ADDITIVE_SWITCHES(X) X(TILE, 0, NULL) X(CHUNK, 0, NULL)
-CLATTN_FAMILY(additive, ADDITIVE_SWITCHES, .label = "additive.cl", .source = CLATTN_SRC_ADDITIVE,
-              .sources = {"additive.cl"});
+CLATTN_FAMILY(additive, ADDITIVE_SWITCHES, .sources = {"additive.cl"});
 
 clattn_status clattn__additive_prepare(clattn_ctx *ctx, size_t batch, size_t heads, size_t seq_q,
                                        size_t seq_k, size_t dim, clattn__additive_plan *plan)

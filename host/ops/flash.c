@@ -17,8 +17,7 @@
     X(FC_RB, 0, "x %ld-row blocks") X(FC_KV, 0, NULL) X(FC_DIRECT, 0, NULL) X(Q_DTYPE, 0, NULL)    \
     X(K_DTYPE, 0, NULL) X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL)
 /* clang-format on */
-CLATTN_FAMILY(flash_cpu, FLASH_CPU_SWITCHES, .label = "flash_cpu.cl",
-              .source = CLATTN_SRC_FLASH_CPU, .sources = {"flash_cpu.cl"},
+CLATTN_FAMILY(flash_cpu, FLASH_CPU_SWITCHES, .sources = {"flash_cpu.cl"},
               .score_family = CLATTN__FAMILY_FLASH_CPU,
               .tuning_keys = "flash_cpu flash_cpu_rb flash_cpu_nb flash_cpu_kv");
 
@@ -28,14 +27,13 @@ CLATTN_FAMILY(flash_cpu, FLASH_CPU_SWITCHES, .label = "flash_cpu.cl",
     X(BLOCK_K, 0, "%ld-key tiles") X(FLASH_VW, 0, "%ld-float vectors") X(Q_DTYPE, 0, NULL)         \
     X(K_DTYPE, 0, NULL) X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL) X(ADDITIVE, 0, NULL)
 /* clang-format on */
-CLATTN_FAMILY(flash, FLASH_SWITCHES, .label = "flash.cl", .source = CLATTN_SRC_FLASH,
-              .sources = {"flash.cl"}, .score_family = CLATTN__FAMILY_FLASH,
+CLATTN_FAMILY(flash, FLASH_SWITCHES, .sources = {"flash.cl"}, .score_family = CLATTN__FAMILY_FLASH,
               .tuning_keys = "flash_rows flash_vw");
 
 /* The decode splits' merge (kernels/heads.cl's flash_merge) */
 #define FLASH_MERGE_SWITCHES(X) X(HEADS_WG, 0, NULL) X(O_DTYPE, 0, NULL)
-CLATTN_FAMILY(flash_merge, FLASH_MERGE_SWITCHES, .label = "heads.cl", .source = CLATTN_SRC_HEADS,
-              .sources = {"heads.cl"}, .tuning_keys = "heads_wg decode_keys");
+CLATTN_FAMILY(flash_merge, FLASH_MERGE_SWITCHES, .sources = {"heads.cl"},
+              .tuning_keys = "heads_wg decode_keys");
 
 #define FLASH_MAX_HEAD_DIM 256
 /* NVIDIA's OpenCL maps global dimension 1 onto a grid dimension of at most 65535 blocks. */
@@ -63,7 +61,7 @@ static unsigned floor_pow2(size_t value, unsigned cap)
 }
 
 /* Keys per launch where the device caps the loop iterations of a work-item in all
- * (tuning.loop_trip_limit, from the quirks table in runtime.c): whole tiles whose loop trips,
+ * (tuning.loop_trip_limit, from the quirk rows in tuning/table.h): whole tiles whose loop trips,
  * counted as if no loop were unrolled, stay within half the limit. 0: all keys in one launch. */
 static size_t keys_per_launch(const clattn_ctx *ctx, size_t dk, size_t dv, unsigned rows,
                               unsigned block_k, unsigned vw)

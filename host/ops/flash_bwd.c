@@ -40,15 +40,11 @@ static size_t group_size(cl_kernel kernel, const clattn_ctx *ctx, size_t want)
 
 /* The families (core/family.h): the passes (flash_bwd.cl, CLATTN__FLASH_BWD_SWITCHES in
  * ops.h), the reductions that store in one dtype, and the ones without switches. */
-CLATTN_FAMILY(flash_bwd, CLATTN__FLASH_BWD_SWITCHES, .label = "flash_bwd.cl",
-              .source = CLATTN_SRC_FLASH_BWD, .sources = {"flash_bwd.cl"},
+CLATTN_FAMILY(flash_bwd, CLATTN__FLASH_BWD_SWITCHES, .sources = {"flash_bwd.cl"},
               .score_family = CLATTN__FAMILY_FLASH, .tuning_keys = "flash_cpu loop_trip_limit");
 #define FLASH_BWD_OUT_SWITCHES(X) X(OUT_DTYPE, 0, NULL)
-CLATTN_FAMILY(flash_bwd_out, FLASH_BWD_OUT_SWITCHES, .label = "flash_bwd.cl",
-              .source = CLATTN_SRC_FLASH_BWD, .sources = {"flash_bwd.cl"});
+CLATTN_FAMILY(flash_bwd_out, FLASH_BWD_OUT_SWITCHES, .sources = {"flash_bwd.cl"});
 static const clattn_family flash_bwd_plain_family = {
-    .label = "flash_bwd.cl",
-    .source = CLATTN_SRC_FLASH_BWD,
     .sources = {"flash_bwd.cl"},
     .score_family = CLATTN__FAMILY_FLASH,
 };

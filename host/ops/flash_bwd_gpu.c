@@ -25,9 +25,9 @@ static cl_ulong local_bytes(size_t dk, size_t dv, unsigned bk, unsigned br)
     CLATTN__FLASH_BWD_SWITCHES(X) X(BG_BK, 0, NULL) X(BG_BR, 0, NULL) X(BG_TX, 0, NULL)            \
     X(BG_TY, 0, NULL)
 /* clang-format on */
-CLATTN_FAMILY(flash_bwd_gpu, FLASH_BWD_GPU_SWITCHES, .label = "flash_bwd_gpu.cl",
-              .source = CLATTN_SRC_FLASH_BWD_GPU, .sources = {"flash_bwd.cl", "flash_bwd_gpu.cl"},
-              .score_family = CLATTN__FAMILY_FLASH, .tuning_keys = "flash_cpu");
+CLATTN_FAMILY(flash_bwd_gpu, FLASH_BWD_GPU_SWITCHES,
+              .sources = {"flash_bwd.cl", "flash_bwd_gpu.cl"}, .score_family = CLATTN__FAMILY_FLASH,
+              .tuning_keys = "flash_cpu");
 /* flash_bwd.cl's switches, the head of flash_bwd_gpu_switches */
 #define BASE_COUNT(macro, flags, describe) +1
 enum { FLASH_BWD_SWITCH_COUNT = 0 CLATTN__FLASH_BWD_SWITCHES(BASE_COUNT) };

@@ -14,8 +14,7 @@
     X(FG_TX, 0, "%ld") X(FG_TY, 0, "x %ld items") X(Q_DTYPE, 0, NULL) X(K_DTYPE, 0, NULL)          \
     X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL)
 /* clang-format on */
-CLATTN_FAMILY(flash_gpu, FLASH_GPU_SWITCHES, .label = "flash_gpu.cl",
-              .source = CLATTN_SRC_FLASH_GPU, .sources = {"flash_gpu.cl"},
+CLATTN_FAMILY(flash_gpu, FLASH_GPU_SWITCHES, .sources = {"flash_gpu.cl"},
               .score_family = CLATTN__FAMILY_FLASH_GPU,
               .tuning_keys = "flash_gpu fg_bq fg_bk fg_tx fg_ty");
 

@@ -10,21 +10,18 @@
 
 /* The families (core/family.h); HEADS_WG: work-items per group (tuning key heads_wg). */
 #define MEAN_HEADS_SWITCHES(X) X(HEADS_WG, 0, NULL)
-CLATTN_FAMILY(mean_heads, MEAN_HEADS_SWITCHES, .label = "heads.cl", .source = CLATTN_SRC_HEADS,
-              .sources = {"heads.cl"}, .tuning_keys = "heads_wg");
+CLATTN_FAMILY(mean_heads, MEAN_HEADS_SWITCHES, .sources = {"heads.cl"}, .tuning_keys = "heads_wg");
 /* clang-format off */
 #define COPY_SWITCHES(X)                                                                           \
     X(HEADS_WG, 0, NULL) X(SRC_DTYPE, 0, NULL) X(DST_DTYPE, 0, NULL)
 /* clang-format on */
-CLATTN_FAMILY(copy, COPY_SWITCHES, .label = "heads.cl", .source = CLATTN_SRC_HEADS,
-              .sources = {"heads.cl"}, .tuning_keys = "heads_wg");
+CLATTN_FAMILY(copy, COPY_SWITCHES, .sources = {"heads.cl"}, .tuning_keys = "heads_wg");
 /* clang-format off */
 #define APPEND_SWITCHES(X)                                                                         \
     X(HEADS_WG, 0, NULL) X(K_SRC_DTYPE, 0, NULL) X(V_SRC_DTYPE, 0, NULL) X(DST_DTYPE, 0, NULL)     \
     X(APPEND_PAGED, CLATTN_SWITCH_OPTIONAL, NULL)
 /* clang-format on */
-CLATTN_FAMILY(append, APPEND_SWITCHES, .label = "heads.cl", .source = CLATTN_SRC_HEADS,
-              .sources = {"heads.cl"}, .tuning_keys = "heads_wg");
+CLATTN_FAMILY(append, APPEND_SWITCHES, .sources = {"heads.cl"}, .tuning_keys = "heads_wg");
 
 clattn_status clattn__mean_heads_prepare(clattn_ctx *ctx, size_t batch, size_t heads, size_t seq_q,
                                          size_t seq_k, clattn__mean_heads_plan *plan)

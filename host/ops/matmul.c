@@ -21,20 +21,17 @@
 #define MATMUL_SWITCHES(X)                                                                         \
     X(A_DTYPE, 0, NULL) X(B_DTYPE, 0, NULL) X(C_DTYPE, 0, NULL)
 /* clang-format on */
-CLATTN_FAMILY(matmul, MATMUL_SWITCHES, .label = "matmul.cl", .source = CLATTN_SRC_MATMUL,
-              .sources = {"matmul.cl"},
+CLATTN_FAMILY(matmul, MATMUL_SWITCHES, .sources = {"matmul.cl"},
               .tuning_keys = "matmul_vec tile_m tile_n tile_k wpt_m wpt_n");
 /* clang-format off */
 #define MATMUL_VEC_SWITCHES(X)                                                                     \
     X(A_DTYPE, 0, NULL) X(B_DTYPE, 0, NULL) X(C_DTYPE, 0, NULL) X(VEC_NV, 0, NULL)                 \
     X(VEC_RB, 0, NULL) X(VEC_KC, 0, NULL)
 /* clang-format on */
-CLATTN_FAMILY(matmul_vec, MATMUL_VEC_SWITCHES, .label = "matmul.cl", .source = CLATTN_SRC_MATMUL,
-              .sources = {"matmul.cl"}, .flags = "-cl-mad-enable",
+CLATTN_FAMILY(matmul_vec, MATMUL_VEC_SWITCHES, .sources = {"matmul.cl"}, .flags = "-cl-mad-enable",
               .tuning_keys = "matmul_vec vec_rm vec_width vec_nv vec_rb vec_kc vec_wg vec_stream");
 #define PACK_B_SWITCHES(X) X(B_DTYPE, 0, NULL) X(VEC_NV, 0, NULL)
-CLATTN_FAMILY(pack_b, PACK_B_SWITCHES, .label = "matmul.cl", .source = CLATTN_SRC_MATMUL,
-              .sources = {"matmul.cl"}, .tuning_keys = "vec_nv vec_width");
+CLATTN_FAMILY(pack_b, PACK_B_SWITCHES, .sources = {"matmul.cl"}, .tuning_keys = "vec_nv vec_width");
 
 static bool matmul_dtype(clattn_dtype dtype)
 {

@@ -12,8 +12,7 @@
 #define POSENC_SWITCHES(X)                                                                         \
     X(POSENC_WG, 0, NULL) X(X_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL) X(T_DTYPE, 0, NULL)
 /* clang-format on */
-CLATTN_FAMILY(posenc, POSENC_SWITCHES, .label = "posenc.cl", .source = CLATTN_SRC_POSENC,
-              .sources = {"posenc.cl"}, .tuning_keys = "heads_wg");
+CLATTN_FAMILY(posenc, POSENC_SWITCHES, .sources = {"posenc.cl"}, .tuning_keys = "heads_wg");
 
 clattn_status clattn__posenc_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype x_dtype,
                                      clattn_dtype out_dtype, clattn_dtype table_dtype,

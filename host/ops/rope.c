@@ -12,8 +12,7 @@
 #define ROPE_SWITCHES(X)                                                                           \
     X(ROPE_WG, 0, NULL) X(X_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL) X(C_DTYPE, 0, NULL)
 /* clang-format on */
-CLATTN_FAMILY(rope, ROPE_SWITCHES, .label = "rope.cl", .source = CLATTN_SRC_ROPE,
-              .sources = {"rope.cl"}, .tuning_keys = "heads_wg");
+CLATTN_FAMILY(rope, ROPE_SWITCHES, .sources = {"rope.cl"}, .tuning_keys = "heads_wg");
 
 clattn_status clattn__rope_prepare(clattn_ctx *ctx, const clattn__rope_shape *shape,
                                    clattn_dtype x_dtype, clattn_dtype out_dtype,

@@ -210,7 +210,7 @@ static const struct score_switch {
          CLATTN__FAMILY_FLASH_CPU,
      false},
     /* user score functions (score.cl's FLEX_*): FLEX_SRC names the context's registered
-     * source that build_program puts ahead of score.cl (runtime.c), so the cache key holds it */
+     * source that build_program puts ahead of score.cl (programs.c), so the cache key holds it */
     {"FLEX_SRC", flex_source, CLATTN__FAMILY_ALL, true},
     {"FLEX_SCORE", flex_score, CLATTN__FAMILY_ALL, true},
     {"FLEX_MASK", flex_mask, CLATTN__FAMILY_ALL, true},

@@ -15,9 +15,8 @@
     X(SOFTMAX_VEC, CLATTN_SWITCH_OPTIONAL, NULL) X(SOFTMAX_ROWS, CLATTN_SWITCH_OPTIONAL, NULL)     \
     X(SOFTMAX_WG, CLATTN_SWITCH_OPTIONAL, NULL) X(SOFTMAX_F64, CLATTN_SWITCH_OPTIONAL, NULL)
 /* clang-format on */
-CLATTN_FAMILY(softmax, SOFTMAX_SWITCHES, .label = "softmax.cl", .source = CLATTN_SRC_SOFTMAX,
-              .sources = {"softmax.cl"}, .score_family = CLATTN__FAMILY_SOFTMAX,
-              .tuning_keys = "softmax_rows softmax_wg");
+CLATTN_FAMILY(softmax, SOFTMAX_SWITCHES, .sources = {"softmax.cl"},
+              .score_family = CLATTN__FAMILY_SOFTMAX, .tuning_keys = "softmax_rows softmax_wg");
 
 /* Kernel `name` of the softmax program for `sw` and the score's switches. */
 static clattn_status softmax_kernel(clattn_ctx *ctx, const clattn__score_shape *score,

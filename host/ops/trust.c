@@ -1,9 +1,9 @@
 /* Self-validation's decision (core/validate.h's clattn__trust): whether a family's prepared
  * kernels may be used, probing them when nothing says so yet, and finding which kernel failed
- * by its -cl-opt-disable build. In the ops layer: it builds variants (core/runtime.c) and
+ * by its -cl-opt-disable build. In the ops layer: it builds variants (core/programs.c) and
  * judges them (core/validate.c), and the families call it with their probes. */
-#include "ops.h"
 #include "core/validate.h"
+#include "ops.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -13,15 +13,14 @@ static cl_kernel safe_build(clattn_ctx *ctx, const clattn_variant *v)
 {
     char options[sizeof v->options], name[sizeof v->name];
     if (strstr(v->options, "-cl-opt-disable") ||
-        snprintf(options, sizeof options, "%s -cl-opt-disable", v->options) >=
-            (int)sizeof options)
+        snprintf(options, sizeof options, "%s -cl-opt-disable", v->options) >= (int)sizeof options)
         return NULL;
     snprintf(name, sizeof name, "%s", v->name);
-    const clattn_source source = v->source;
+    const clattn_family *family = v->family;
     char saved[sizeof ctx->message];
     memcpy(saved, ctx->message, sizeof saved);
     cl_kernel safe = NULL;
-    if (clattn__variant_kernel(ctx, source, name, options, &safe) != CLATTN_SUCCESS)
+    if (clattn__variant_kernel(ctx, family, name, options, &safe) != CLATTN_SUCCESS)
         safe = NULL; /* (the build failure is logged and recorded) */
     memcpy(ctx->message, saved, sizeof saved);
     return safe;
@@ -36,7 +35,7 @@ clattn_status clattn__trust(clattn_ctx *ctx, const char *unit_name, cl_kernel *c
     clattn_variant *vs[MOST];
 #define RESOLVE()                                                                                  \
     for (int j = 0; j < count; ++j)                                                                \
-        if ((vs[j] = clattn__variant_of(ctx, *slots[j])) == NULL)                                           \
+        if ((vs[j] = clattn__variant_of(ctx, *slots[j])) == NULL)                                  \
             return CLATTN_SUCCESS; /* not a cached variant: nothing to judge it by */
     RESOLVE();
     if (clattn__judged_good(ctx, vs, count, unit_name))

@@ -22,8 +22,8 @@ import subprocess
 import sys
 import tempfile
 
-PRELUDE = ("common.cl", "types.cl", "params.h", "score.cl")  # what host/core/runtime.c prepends
-BASES = {"flash_bwd_gpu.cl": ("flash_bwd.cl",)}  # sources compiled before a source (runtime.c)
+PRELUDE = ("common.cl", "types.cl", "params.h", "score.cl")  # what host/core/programs.c prepends
+BASES = {"flash_bwd_gpu.cl": ("flash_bwd.cl",)}  # sources compiled before a source (programs.c)
 NV_TRIPLE, NV_CPU, NV_PTX, NV_ARCH = "nvptx64-unknown-nvidiacl", "sm_80", "ptx75", "sm_90"
 AMD_TRIPLE, AMD_CPU = "amdgcn-unknown-amdhsa", "gfx90a"
 SKIP = 77

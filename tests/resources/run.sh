@@ -9,7 +9,7 @@
 #
 # Pipeline, per line of variants.txt (FILE<TAB>OPTIONS, recorded from clBuildProgram by
 # capture.sh under Oclgrind with CLATTN_PARAMS=gpu and 48 KiB of local memory):
-#   common.cl + types.cl + params.h + score.cl + FILE (as host/core/runtime.c concatenates them)
+#   common.cl + types.cl + params.h + score.cl + FILE (as host/core/programs.c concatenates them)
 #     -> clang-15 -x cl -target nvptx64-unknown-nvidiacl -O3 OPTIONS (OpenCL C 1.2)
 #     -> llvm-link-15 --internalize --only-needed with libclc-15's nvptx64--nvidiacl.bc
 #        (its builtins become internal, so they inline; clang 14 cannot read LLVM 15 bitcode)
