@@ -41,7 +41,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import _lib, _torch, functional
+from . import _common, _flash, _lib, _serving, _torch, _varlen
 from ._core import ArgumentError, Context
 from .dropout import _dropout_args
 
@@ -56,16 +56,16 @@ def _batched(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, al
     like = _torch.any_tensor(q, k, v)
     drop = _dropout_args(dropout_p, dropout_seed, dropout_offset, torch_inputs=like is not None,
                          generator=generator, entry=entry)
-    if like is not None and functional._needs_grad(q, k, v, sinks, alibi_slopes):
+    if like is not None and _common._needs_grad(q, k, v, sinks, alibi_slopes):
         from ._flash_autograd import flash_autograd
         out, lse = flash_autograd(q, k, v, None, None, None, None, causal, softmax_scale,
                                   window_size, softcap, alibi_slopes, sinks, drop, ctx, entry)
         return (out, lse, None) if return_attn_probs else out
-    pb = functional._flash_problem(
+    pb = _flash._flash_problem(
         _torch.to_numpy(q), _torch.to_numpy(k), _torch.to_numpy(v), None, None, None, None,
         causal, softmax_scale, window_size, softcap, _torch.to_numpy(alibi_slopes),
         _torch.to_numpy(sinks), drop, ctx, entry)
-    out, lse = functional._flash_forward(pb, return_attn_probs)
+    out, lse = _flash._flash_forward(pb, return_attn_probs)
     if like is not None:
         out = _torch.from_numpy(out, like, like.dtype)
         lse = _torch.from_numpy(lse, like)
@@ -192,11 +192,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         rows = _paged_rows("k", k, block_table, np.diff(ck))
         k = _gather_rows(k.reshape((-1,) + tuple(k.shape[2:])), rows)
         v = _gather_rows(v.reshape((-1,) + tuple(v.shape[2:])), rows)
-    functional._varlen_dropout(dropout_p, "flash_attn_varlen_func")
-    return functional.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                       max_seqlen_k, 0.0, softmax_scale, causal, window_size,
-                                       softcap, alibi_slopes, deterministic, return_attn_probs,
-                                       sinks=sinks, ctx=ctx)
+    _flash._varlen_dropout(dropout_p, "flash_attn_varlen_func")
+    return _varlen.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, 0.0, softmax_scale, causal, window_size,
+                                    softcap, alibi_slopes, deterministic, return_attn_probs,
+                                    sinks=sinks, ctx=ctx)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: float = 0.0,
@@ -295,8 +295,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     blocks, float caches quantized on the way; not with window_size, softcap, alibi_slopes,
     cache_leftpad or return_softmax_lse), ctx."""
     like = _torch.any_tensor(q, k_cache, v_cache, k, v)
-    if like is not None and functional._needs_grad(q, k_cache, v_cache, k, v, sinks,
-                                                   alibi_slopes):
+    if like is not None and _common._needs_grad(q, k_cache, v_cache, k, v, sinks,
+                                                alibi_slopes):
         names = [n for n, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k),
                                 ("v", v), ("sinks", sinks), ("alibi_slopes", alibi_slopes))
                  if getattr(x, "requires_grad", False)]
@@ -414,7 +414,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             flat_v[where] = _like(v_new[b], v_cache)
 
     kc, vc = np.asarray(_torch.to_numpy(k_cache)), np.asarray(_torch.to_numpy(v_cache))
-    left, right = functional._window(window_size)
+    left, right = _flash._window(window_size)
     fast = (left, right) == (-1, -1) and not float(softcap) and alibi_slopes is None and \
         cache_leftpad is None and not return_softmax_lse
     if kv_dtype is not None and not fast:
@@ -427,7 +427,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         else:
             pools = (kc, vc)  # (B_cache, L_cache, ...) = pages of L_cache slots
             tab = rows[:, None]
-        out = functional.paged_attention(
+        out = _serving.paged_attention(
             np.swapaxes(qn, 1, 2), *pools, tab, ends, is_causal=causal, scale=softmax_scale,
             sinks=_torch.to_numpy(sinks), kv_dtype=kv_dtype, ctx=ctx)
         out = np.ascontiguousarray(np.swapaxes(out, 1, 2))
@@ -441,11 +441,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         vf = vc.reshape((-1,) + vc.shape[2:])[idx]
         cu_q = np.arange(B + 1, dtype=np.int32) * Lq
         cu_k = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-        pb = functional._flash_problem(
+        pb = _flash._flash_problem(
             qn.reshape((B * Lq,) + qn.shape[2:]), kf, vf, cu_q, cu_k, None, None, causal,
             softmax_scale, window_size, softcap, _torch.to_numpy(alibi_slopes),
             _torch.to_numpy(sinks), None, ctx, "flash_attn_with_kvcache")
-        out, lse = functional._flash_forward(pb, return_softmax_lse)
+        out, lse = _flash._flash_forward(pb, return_softmax_lse)
         out = out.reshape((B, Lq) + out.shape[1:])
         if lse is not None:
             lse = np.ascontiguousarray(lse.reshape(lse.shape[0], B, Lq).transpose(1, 0, 2))

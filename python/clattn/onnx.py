@@ -11,7 +11,8 @@ import numpy as np
 from . import _lib, _torch
 from ._core import ArgumentError, Buffer, Context, clattn_dtype, default_context, layout
 from ._lib import lib
-from .functional import _PATHS, _context_for_queue, _is_pyopencl
+from ._common import _PATHS, _is_pyopencl
+from ._pyopencl import _context_for_queue
 
 
 def _host(a):

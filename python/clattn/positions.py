@@ -12,7 +12,7 @@ from . import _lib, _torch
 from ._core import (BFLOAT16, ArgumentError, ArrayLike, Buffer, Context, clattn_dtype,
                     default_context, layout)
 from ._lib import lib
-from .functional import _PATHS, _as_float, _is_pyopencl, _needs_grad
+from ._common import _PATHS, _as_float, _is_pyopencl, _needs_grad
 
 
 def _storage_dtype(dtype) -> np.dtype:
