@@ -35,8 +35,9 @@ static int compare(const void *a, const void *b)
 static cl_mem upload(clattn_ctx *ctx, const void *host, size_t bytes)
 {
     cl_int err = CL_SUCCESS;
-    cl_mem mem = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
-                                bytes, (void *)host, &err);
+    cl_mem mem =
+        clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, bytes,
+                       (void *)host, &err);
     if (err != CL_SUCCESS) {
         fprintf(stderr, "flex_bench: clCreateBuffer(%zu bytes) failed (%d)\n", bytes, (int)err);
         exit(1);
@@ -72,162 +73,228 @@ static void check(clattn_ctx *ctx, clattn_status status, const char *what)
 enum { NONE, DENSE, FLEX, BLOCKS, WAYS };
 static const char *const names[WAYS] = {"none", "dense", "flex", "blocks"};
 
-int main(int argc, char **argv)
+struct options {
+    size_t seq, heads, dim, docs, block, runs;
+    const char *device;
+};
+
+/* The command line into o (its defaults kept where not given); 2 on an unknown option or a
+ * size that is not positive, else 0. */
+static int parse_options(int argc, char **argv, struct options *o)
 {
-    size_t seq = 4096, heads = 8, dim = 64, docs = 8, block = 128, runs = 5;
-    const char *device = NULL;
+    const struct {
+        const char *name;
+        size_t *value;
+    } sizes[] = {{"--seq", &o->seq},   {"--heads", &o->heads}, {"--dim", &o->dim},
+                 {"--docs", &o->docs}, {"--block", &o->block}, {"--runs", &o->runs}};
+    const size_t count = sizeof sizes / sizeof sizes[0];
     for (int i = 1; i + 1 < argc; i += 2) {
-        const size_t v = strtoull(argv[i + 1], NULL, 10);
-        if (strcmp(argv[i], "--seq") == 0)
-            seq = v;
-        else if (strcmp(argv[i], "--heads") == 0)
-            heads = v;
-        else if (strcmp(argv[i], "--dim") == 0)
-            dim = v;
-        else if (strcmp(argv[i], "--docs") == 0)
-            docs = v;
-        else if (strcmp(argv[i], "--block") == 0)
-            block = v;
-        else if (strcmp(argv[i], "--runs") == 0)
-            runs = v;
+        size_t s = 0;
+        while (s < count && strcmp(argv[i], sizes[s].name) != 0)
+            ++s;
+        if (s < count)
+            *sizes[s].value = strtoull(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--device") == 0)
-            device = argv[i + 1];
+            o->device = argv[i + 1];
         else {
             fprintf(stderr, "flex_bench: unknown option %s\n", argv[i]);
             return 2;
         }
     }
-    if (seq == 0 || heads == 0 || dim == 0 || docs == 0 || block == 0 || runs == 0 || runs > 99) {
+    if (o->seq == 0 || o->heads == 0 || o->dim == 0 || o->docs == 0 || o->block == 0 ||
+        o->runs == 0 || o->runs > 99) {
         fprintf(stderr, "flex_bench: sizes must be positive (runs at most 99)\n");
         return 2;
     }
-    clattn_ctx *ctx = NULL;
-    char message[512];
-    if (clattn_ctx_create(device, &ctx, message, sizeof message) != CLATTN_SUCCESS) {
-        fprintf(stderr, "flex_bench: no device: %s\n", message);
-        return 1;
-    }
-    const size_t n = heads * seq * dim;
-    float *x = malloc(n * sizeof *x);
+    return 0;
+}
+
+/* What the four ways share (q = k = v, one output buffer, the document ids and masks) and
+ * each way's plan, bound tensors and output. */
+struct bench {
+    clattn_ctx *ctx;
+    size_t n; /* heads * seq * dim: the floats of q, k, v and out */
+    cl_mem q, k, v, o, id_mem, mask_mem, bm_mem;
+    clattn_block_mask_desc bdesc; /* mask_mod over the ids, and the block mask it makes */
+    clattn_tensor aux[CLATTN_FLEX_AUX_MAX];
+    clattn_plan *plans[WAYS];
+    clattn_tensors t[WAYS];
+    float *out[WAYS];
+};
+
+/* Random q = k = v, the document ids (docs equal runs of positions) and the dense (L, L) mask
+ * uploaded; 1 when the host arrays cannot be allocated. */
+static int upload_inputs(struct bench *b, const struct options *o)
+{
+    const size_t seq = o->seq, nb = (seq + o->block - 1) / o->block;
+    b->n = o->heads * seq * o->dim;
+    float *x = malloc(b->n * sizeof *x);
     int32_t *ids = malloc(seq * sizeof *ids);
     uint8_t *dense = malloc(seq * seq);
-    float *out[WAYS];
     if (!x || !ids || !dense)
         return 1;
     srand(47);
-    for (size_t i = 0; i < n; ++i)
+    for (size_t i = 0; i < b->n; ++i)
         x[i] = (float)rand() / RAND_MAX - 0.5f;
     for (size_t i = 0; i < seq; ++i)
-        ids[i] = (int32_t)(i * docs / seq);
+        ids[i] = (int32_t)(i * o->docs / seq);
     for (size_t i = 0; i < seq; ++i)
         for (size_t j = 0; j < seq; ++j)
             dense[i * seq + j] = ids[i] == ids[j];
-    cl_mem q = upload(ctx, x, n * 4), k = upload(ctx, x, n * 4), v = upload(ctx, x, n * 4);
-    cl_mem o = upload(ctx, x, n * 4), id_mem = upload(ctx, ids, seq * 4);
-    cl_mem mask_mem = upload(ctx, dense, seq * seq);
-    const size_t qdims[4] = {1, heads, seq, dim}, mdims[4] = {1, 1, seq, seq}, idims[1] = {seq};
-    const size_t nb = (seq + block - 1) / block;
-    const size_t bdims[4] = {1, 1, nb, nb};
-    cl_mem bm_mem = upload(ctx, dense, nb * nb); /* (contents replaced below) */
-    const char *source = "int mask_mod(int b, int h, int q_idx, int kv_idx)\n"
-                         "{ return doc[q_idx] == doc[kv_idx]; }\n";
-    clattn_block_mask_desc bdesc;
-    clattn_block_mask_desc_init(&bdesc);
-    bdesc.flex.source = source;
-    bdesc.flex.functions = CLATTN_FLEX_MASK_MOD;
-    bdesc.flex.aux_names[0] = "doc";
-    bdesc.flex.block_q = bdesc.flex.block_k = block;
-    clattn_tensor aux[CLATTN_FLEX_AUX_MAX];
-    memset(aux, 0, sizeof aux);
-    aux[0] = tensor(id_mem, CLATTN_DTYPE_I32, 1, idims);
-    bdesc.aux = aux;
-    bdesc.batch = bdesc.heads = 1;
-    bdesc.seq_q = bdesc.seq_k = seq;
-    bdesc.out = tensor(bm_mem, CLATTN_DTYPE_U8, 4, bdims);
-    const double bm_start = now_ms();
-    check(ctx, clattn_flex_block_mask(ctx, &bdesc, 0, NULL, NULL), "clattn_flex_block_mask");
-    check(ctx, clattn_finish(ctx), "clattn_finish");
-    const double bm_ms = now_ms() - bm_start;
+    b->q = upload(b->ctx, x, b->n * 4);
+    b->k = upload(b->ctx, x, b->n * 4);
+    b->v = upload(b->ctx, x, b->n * 4);
+    b->o = upload(b->ctx, x, b->n * 4);
+    b->id_mem = upload(b->ctx, ids, seq * 4);
+    b->mask_mem = upload(b->ctx, dense, seq * seq);
+    b->bm_mem = upload(b->ctx, dense, nb * nb); /* (contents replaced by make_block_mask) */
+    free(x);
+    free(ids);
+    free(dense);
+    return 0;
+}
 
-    clattn_plan *plans[WAYS];
-    clattn_tensors t[WAYS];
+/* The mask_mod over the document ids and the block mask it makes on the device; returns the
+ * milliseconds that took (its first call: the build included). */
+static double make_block_mask(struct bench *b, const struct options *o)
+{
+    const size_t seq = o->seq, nb = (seq + o->block - 1) / o->block;
+    const size_t idims[1] = {seq}, bdims[4] = {1, 1, nb, nb};
+    clattn_block_mask_desc *bdesc = &b->bdesc;
+    clattn_block_mask_desc_init(bdesc);
+    bdesc->flex.source = "int mask_mod(int b, int h, int q_idx, int kv_idx)\n"
+                         "{ return doc[q_idx] == doc[kv_idx]; }\n";
+    bdesc->flex.functions = CLATTN_FLEX_MASK_MOD;
+    bdesc->flex.aux_names[0] = "doc";
+    bdesc->flex.block_q = bdesc->flex.block_k = o->block;
+    memset(b->aux, 0, sizeof b->aux);
+    b->aux[0] = tensor(b->id_mem, CLATTN_DTYPE_I32, 1, idims);
+    bdesc->aux = b->aux;
+    bdesc->batch = bdesc->heads = 1;
+    bdesc->seq_q = bdesc->seq_k = seq;
+    bdesc->out = tensor(b->bm_mem, CLATTN_DTYPE_U8, 4, bdims);
+    const double start = now_ms();
+    check(b->ctx, clattn_flex_block_mask(b->ctx, bdesc, 0, NULL, NULL), "clattn_flex_block_mask");
+    check(b->ctx, clattn_finish(b->ctx), "clattn_finish");
+    return now_ms() - start;
+}
+
+/* Each way's fused plan and bound tensors: none, the dense U8 mask, mask_mod alone, and
+ * mask_mod with the block mask (counting the tiles it visits). */
+static void make_plans(struct bench *b, const struct options *o)
+{
+    const size_t qdims[4] = {1, o->heads, o->seq, o->dim}, mdims[4] = {1, 1, o->seq, o->seq};
     for (int w = 0; w < WAYS; ++w) {
-        memset(&t[w], 0, sizeof t[w]);
-        t[w].q = tensor(q, CLATTN_DTYPE_F32, 4, qdims);
-        t[w].k = tensor(k, CLATTN_DTYPE_F32, 4, qdims);
-        t[w].v = tensor(v, CLATTN_DTYPE_F32, 4, qdims);
-        t[w].out = tensor(o, CLATTN_DTYPE_F32, 4, qdims);
+        clattn_tensors *t = &b->t[w];
+        memset(t, 0, sizeof *t);
+        t->q = tensor(b->q, CLATTN_DTYPE_F32, 4, qdims);
+        t->k = tensor(b->k, CLATTN_DTYPE_F32, 4, qdims);
+        t->v = tensor(b->v, CLATTN_DTYPE_F32, 4, qdims);
+        t->out = tensor(b->o, CLATTN_DTYPE_F32, 4, qdims);
         clattn_sdpa_desc desc;
         clattn_sdpa_desc_init(&desc);
         desc.path = CLATTN_PATH_FUSED;
         if (w == DENSE)
-            t[w].attn_mask = tensor(mask_mem, CLATTN_DTYPE_U8, 4, mdims);
+            t->attn_mask = tensor(b->mask_mem, CLATTN_DTYPE_U8, 4, mdims);
         if (w == FLEX || w == BLOCKS) {
-            desc.flex = bdesc.flex;
-            t[w].flex_aux0 = aux[0];
+            desc.flex = b->bdesc.flex;
+            t->flex_aux0 = b->aux[0];
         }
         if (w == BLOCKS) {
-            t[w].block_mask = bdesc.out;
+            t->block_mask = b->bdesc.out;
             desc.flex.count_tiles = 1;
         }
-        CLATTN_BIND_ROLES(desc, t[w]);
-        check(ctx, clattn_sdpa_plan_create(ctx, &desc, &plans[w]), names[w]);
-        out[w] = malloc(n * sizeof(float));
+        CLATTN_BIND_ROLES(desc, *t);
+        check(b->ctx, clattn_sdpa_plan_create(b->ctx, &desc, &b->plans[w]), names[w]);
+        b->out[w] = malloc(b->n * sizeof(float));
     }
+}
+
+/* Every way run runs + 1 times in turns (run 0: the warm-up, builds and first touches), each
+ * clFinish-timed; the last run's outputs read back; median[w] the median of way w's times. */
+static void time_ways(struct bench *b, size_t runs, double median[WAYS])
+{
     double times[WAYS][100];
-    for (size_t r = 0; r <= runs; ++r) /* run 0: the warm-up (builds, first touches) */
+    for (size_t r = 0; r <= runs; ++r)
         for (int w = 0; w < WAYS; ++w) {
             const double start = now_ms();
-            check(ctx, clattn_plan_execute(plans[w], t[w].by_role, CLATTN_ROLE_COUNT, NULL, NULL,
-                                           0, NULL, NULL),
+            check(b->ctx,
+                  clattn_plan_execute(b->plans[w], b->t[w].by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                      0, NULL, NULL),
                   names[w]);
-            check(ctx, clattn_finish(ctx), "clattn_finish");
+            check(b->ctx, clattn_finish(b->ctx), "clattn_finish");
             if (r > 0)
                 times[w][r - 1] = now_ms() - start;
             if (r == runs)
-                clEnqueueReadBuffer(clattn_ctx_queue(ctx), o, CL_TRUE, 0, n * 4, out[w], 0, NULL,
-                                    NULL);
+                clEnqueueReadBuffer(clattn_ctx_queue(b->ctx), b->o, CL_TRUE, 0, b->n * 4, b->out[w],
+                                    0, NULL, NULL);
         }
-    unsigned long long tiles = 0;
-    size_t tile_rows = 0, tile_keys = 0;
-    check(ctx, clattn_plan_tiles_visited(plans[BLOCKS], NULL, &tiles, &tile_rows, &tile_keys),
-          "clattn_plan_tiles_visited");
-    const size_t dense_tiles = heads * ((seq + tile_rows - 1) / tile_rows) *
-                               ((seq + tile_keys - 1) / tile_keys);
-    double median[WAYS];
     for (int w = 0; w < WAYS; ++w) {
         qsort(times[w], runs, sizeof(double), compare);
         median[w] = times[w][runs / 2];
     }
+}
+
+/* The table, the block mask's time and tile count, and the outputs' agreement; 0 when flex
+ * and blocks agree with dense (max |difference| < 1e-5), else 1. */
+static int report(struct bench *b, const struct options *o, const double median[WAYS], double bm_ms)
+{
+    unsigned long long tiles = 0;
+    size_t tile_rows = 0, tile_keys = 0;
+    check(b->ctx, clattn_plan_tiles_visited(b->plans[BLOCKS], NULL, &tiles, &tile_rows, &tile_keys),
+          "clattn_plan_tiles_visited");
+    const size_t dense_tiles =
+        o->heads * ((o->seq + tile_rows - 1) / tile_rows) * ((o->seq + tile_keys - 1) / tile_keys);
     double diff_flex = 0.0, diff_blocks = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-        diff_flex = fmax(diff_flex, fabs((double)out[FLEX][i] - out[DENSE][i]));
-        diff_blocks = fmax(diff_blocks, fabs((double)out[BLOCKS][i] - out[DENSE][i]));
+    for (size_t i = 0; i < b->n; ++i) {
+        diff_flex = fmax(diff_flex, fabs((double)b->out[FLEX][i] - b->out[DENSE][i]));
+        diff_blocks = fmax(diff_blocks, fabs((double)b->out[BLOCKS][i] - b->out[DENSE][i]));
     }
     char name[256] = "";
-    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_NAME, sizeof name, name, NULL);
+    clGetDeviceInfo(clattn_ctx_device(b->ctx), CL_DEVICE_NAME, sizeof name, name, NULL);
     printf("flex_bench: %s; B=1 H=%zu L=%zu d=%zu, %zu documents, blocks of %zu, median of %zu\n",
-           name, heads, seq, dim, docs, block, runs);
+           name, o->heads, o->seq, o->dim, o->docs, o->block, o->runs);
     printf("| mask | ms | vs dense |\n|---|---:|---:|\n");
     for (int w = 0; w < WAYS; ++w)
         printf("| %s | %.2f | %.2fx |\n", names[w], median[w], median[DENSE] / median[w]);
     printf("block mask made in %.2f ms (first call: its build included); tiles visited %llu of "
            "%zu (%zu rows x %zu keys); max |out - dense|: flex %.2g, blocks %.2g\n",
            bm_ms, tiles, dense_tiles, tile_rows, tile_keys, diff_flex, diff_blocks);
-    for (int w = 0; w < WAYS; ++w) {
-        clattn_plan_release(plans[w]);
-        free(out[w]);
-    }
-    clReleaseMemObject(q);
-    clReleaseMemObject(k);
-    clReleaseMemObject(v);
-    clReleaseMemObject(o);
-    clReleaseMemObject(id_mem);
-    clReleaseMemObject(mask_mem);
-    clReleaseMemObject(bm_mem);
-    clattn_ctx_release(ctx);
-    free(x);
-    free(ids);
-    free(dense);
     return diff_flex < 1e-5 && diff_blocks < 1e-5 ? 0 : 1;
+}
+
+static void release(struct bench *b)
+{
+    for (int w = 0; w < WAYS; ++w) {
+        clattn_plan_release(b->plans[w]);
+        free(b->out[w]);
+    }
+    const cl_mem mems[] = {b->q, b->k, b->v, b->o, b->id_mem, b->mask_mem, b->bm_mem};
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; ++i)
+        clReleaseMemObject(mems[i]);
+    clattn_ctx_release(b->ctx);
+}
+
+int main(int argc, char **argv)
+{
+    struct options o = {.seq = 4096, .heads = 8, .dim = 64, .docs = 8, .block = 128, .runs = 5};
+    const int bad = parse_options(argc, argv, &o);
+    if (bad)
+        return bad;
+    struct bench b;
+    memset(&b, 0, sizeof b);
+    char message[512];
+    if (clattn_ctx_create(o.device, &b.ctx, message, sizeof message) != CLATTN_SUCCESS) {
+        fprintf(stderr, "flex_bench: no device: %s\n", message);
+        return 1;
+    }
+    if (upload_inputs(&b, &o))
+        return 1;
+    const double bm_ms = make_block_mask(&b, &o);
+    make_plans(&b, &o);
+    double median[WAYS];
+    time_ways(&b, o.runs, median);
+    const int status = report(&b, &o, median, bm_ms);
+    release(&b);
+    return status;
 }

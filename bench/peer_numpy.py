@@ -6,9 +6,10 @@ dot-product attention and a PyTorch-style MHA forward, same sizes as bench_core,
 Run: pip install numpy threadpoolctl; python3 bench/peer_numpy.py [--runs N] [--quick]
 """
 import argparse
-import time
 
 import numpy as np
+
+from timing import median_time  # bench/timing.py, next to this script
 
 try:
     from threadpoolctl import threadpool_info
@@ -17,13 +18,7 @@ except ImportError:  # the BLAS description is informative only
 
 
 def median_ms(fn, runs):
-    fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
+    return float(median_time(fn, runs))
 
 
 def softmax_rows(s):

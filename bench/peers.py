@@ -44,6 +44,8 @@ import subprocess
 import sys
 import time
 
+from timing import median_time  # bench/timing.py, next to this script
+
 
 def log(message):
     print(f"peers: {message}", file=sys.stderr, flush=True)
@@ -159,16 +161,7 @@ def torch_sdpa(t):
 
 
 def median_ms(fn, runs, warmup):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    n = len(times)
-    return times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
+    return median_time(fn, runs, warmup)
 
 
 class Torch:
@@ -414,7 +407,7 @@ def fit_exponent(ls, ts):
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else float("nan")
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="fewer sizes, 3 runs (a few minutes on 2 cores)")
@@ -438,39 +431,47 @@ def main():
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--markdown", help="also write the report to this file")
     parser.add_argument("--json", help="write every measurement to this file")
-    args = parser.parse_args()
-    runs = args.runs or (3 if args.quick else 5)
-    started = time.time()
-    load_start = loadavg()
-    log(f"load average at start: {load_start}")
-    if not shutil.which(args.clattn) and not os.path.exists(args.clattn):
-        raise SystemExit(f"peers: no clattn binary at '{args.clattn}' (--clattn, CLATTN_BIN)")
+    return parser.parse_args()
 
-    torch_peer = None
-    if not args.no_torch:
+
+class Session:
+    """One run's settings, peers and results: rows (dicts: group, size, unit, ours, torch,
+    numpy, clblast, copy, target) and series ((name, [(L, ours ms, torch ms, flops)]))."""
+
+    def __init__(self, args):
+        self.args = args
+        self.runs = args.runs or (3 if args.quick else 5)
+        self.warmup = args.warmup
+        self.torch = None
+        if not args.no_torch:
+            try:
+                self.torch = Torch(args.threads)
+            except ImportError:
+                log("torch is not installed: no PyTorch column")
         try:
-            torch_peer = Torch(args.threads)
+            self.numpy = Numpy()
         except ImportError:
-            log("torch is not installed: no PyTorch column")
-    try:
-        numpy_peer = Numpy()
-    except ImportError:
-        numpy_peer = None
-        log("numpy is not installed: no numpy column")
+            self.numpy = None
+            log("numpy is not installed: no numpy column")
+        self.rows = []
+        self.series = []
 
-    attention, mha, mm, proj, softmax_l = plan(args.quick)
-    only = set(args.only.split(","))
-    if only - {"attention", "gqa", "alibi", "mha", "matmul", "softmax", "decode", "bahdanau"}:
-        raise SystemExit(f"peers: --only: unknown group in '{args.only}'")
-    attention = [a[1:] for a in attention if a[0] in ("gqa", "alibi") and a[0] in only] + \
-                [a for a in attention if a[0] not in ("gqa", "alibi") and "attention" in only]
-    mha = mha if "mha" in only else []
-    if "matmul" not in only:
-        mm, proj = [], []
-    rows = []  # dicts: group, size, unit, ours, torch, numpy, clblast, copy, target
-    series = []  # (name, expected kind, [(L, ours ms, torch ms, flops)])
+    def clattn(self, arguments):
+        return run_clattn(self.args.clattn, arguments, self.runs, self.warmup)
 
-    # Attention: fused kernel, B=1, H=8 (k/v heads kv: 8, or grouped-query).
+    def torch_ms(self, what, method, *sizes):
+        """torch's median ms for Torch.method(*sizes, runs, warmup, ...) (None without torch),
+        the machine settled after it."""
+        if not self.torch:
+            return None
+        log(what)
+        ms = getattr(self.torch, method)(*sizes)
+        self.torch.settle()
+        return ms
+
+
+def bench_attention(run, attention):
+    """Attention: fused kernel, B=1, H=8 (k/v heads kv: 8, or grouped-query)."""
     for variant, d, causal, mask, ls, kv in attention:
         extra = ["--causal"] if causal else []
         if mask == "alibi":
@@ -479,154 +480,154 @@ def main():
             extra += ["--mask", mask]
         if kv != 8:
             extra += ["--kv-heads", str(kv)]
-        lines = run_clattn(args.clattn, ["--op", "attention", "--path", "fused", "--batch", "1",
-                                         "--heads", "8", "--head-dim", str(d), "--seq",
-                                         ",".join(map(str, ls))] + extra, runs, args.warmup)
+        lines = run.clattn(["--op", "attention", "--path", "fused", "--batch", "1",
+                            "--heads", "8", "--head-dim", str(d), "--seq",
+                            ",".join(map(str, ls))] + extra)
         points = []
         for line in lines:
             l = line["seq_q"]
             flops = 4.0 * 8 * l * l * d
-            peer_ms = None
-            if torch_peer:
-                log(f"torch sdpa {variant} L={l} d={d}")
-                peer_ms = torch_peer.sdpa(l, d, causal, mask, runs, args.warmup, kv)
-                torch_peer.settle()
-            rows.append({"group": f"attention {variant}",
-                         "size": f"B=1 H=8 L={l} d={d}" + (f" Hkv={kv}" if kv != 8 else "") +
-                                 (" causal" if causal else "") +
-                                 (f" mask={mask}" if mask != "none" else ""),
-                         "unit": "GFLOP/s", "ours": clattn_rate(line),
-                         "torch": flops / peer_ms / 1e6 if peer_ms else None})
+            peer_ms = run.torch_ms(f"torch sdpa {variant} L={l} d={d}", "sdpa", l, d, causal,
+                                   mask, run.runs, run.warmup, kv)
+            run.rows.append({"group": f"attention {variant}",
+                             "size": f"B=1 H=8 L={l} d={d}" + (f" Hkv={kv}" if kv != 8 else "") +
+                                     (" causal" if causal else "") +
+                                     (f" mask={mask}" if mask != "none" else ""),
+                             "unit": "GFLOP/s", "ours": clattn_rate(line),
+                             "torch": flops / peer_ms / 1e6 if peer_ms else None})
             points.append((l, line["median_ms"], peer_ms, flops))
         if len(points) > 1:
-            series.append((f"attention {variant} (d={d})", points))
+            run.series.append((f"attention {variant} (d={d})", points))
 
-    # Decode steps over a KV cache (group "decode"): B=1, 8 heads at d=64 (issue 27's case),
-    # then 32 query heads on 8 k/v heads at d=128 (a grouped-query model's). The copy column is
-    # the cache read per step as a fraction of a device copy's rate (issue 27: at least 0.7
-    # once the cache is past the last-level cache).
-    if "decode" in only:
-        lengths = [1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
-        for heads, kv_heads, d in ((8, 8, 64), (32, 8, 128)):
-            lines = run_clattn(args.clattn, ["--op", "decode", "--path", "fused", "--batch", "1",
-                                             "--heads", str(heads), "--kv-heads", str(kv_heads),
-                                             "--head-dim", str(d),
-                                             "--seq", ",".join(map(str, lengths))],
-                               runs, args.warmup)
-            for line in lines:
-                length = line["cache"]
-                peer_ms = None
-                if torch_peer:
-                    log(f"torch decode step H={heads} Hkv={kv_heads} d={d}, cache {length}")
-                    peer_ms = torch_peer.decode(length, runs, args.warmup, heads, kv_heads, d)
-                    torch_peer.settle()
-                shape = f"H={heads}" + (f" Hkv={kv_heads}" if kv_heads != heads else "")
-                rows.append({"group": "decode", "size": f"B=1 {shape} d={d} cache={length}",
+
+def bench_decode(run):
+    """Decode steps over a KV cache (group "decode"): B=1, 8 heads at d=64 (issue 27's case),
+    then 32 query heads on 8 k/v heads at d=128 (a grouped-query model's). The copy column is
+    the cache read per step as a fraction of a device copy's rate (issue 27: at least 0.7
+    once the cache is past the last-level cache)."""
+    lengths = [1024, 4096, 16384] if run.args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
+    for heads, kv_heads, d in ((8, 8, 64), (32, 8, 128)):
+        lines = run.clattn(["--op", "decode", "--path", "fused", "--batch", "1",
+                            "--heads", str(heads), "--kv-heads", str(kv_heads),
+                            "--head-dim", str(d), "--seq", ",".join(map(str, lengths))])
+        for line in lines:
+            length = line["cache"]
+            peer_ms = run.torch_ms(f"torch decode step H={heads} Hkv={kv_heads} d={d}, cache "
+                                   f"{length}", "decode", length, run.runs, run.warmup, heads,
+                                   kv_heads, d)
+            shape = f"H={heads}" + (f" Hkv={kv_heads}" if kv_heads != heads else "")
+            run.rows.append({"group": "decode", "size": f"B=1 {shape} d={d} cache={length}",
                              "unit": "tok/s", "ours": line["tokens_per_s"],
                              "torch": 1e3 / peer_ms if peer_ms else None,
                              "cache_vs_copy": line.get("cache_vs_copy"),
                              "past_llc": 2 * length * kv_heads * d * 4 > last_level_cache(),
                              "target": ("torch", 1.0)})
 
-    # Additive (Bahdanau) self-attention (group "bahdanau"): B=1, H=8, E=512, da=64, fused.
-    if "bahdanau" in only:
-        ls = [256, 512] if args.quick else [256, 512, 1024, 2048]
-        lines = run_clattn(args.clattn, ["--op", "additive", "--path", "fused", "--batch", "1",
-                                         "--heads", "8", "--embed", "512", "--head-dim", "64",
-                                         "--seq", ",".join(map(str, ls))], runs, args.warmup)
-        for line in lines:
-            l = line["seq_q"]
-            terms = 8.0 * l * l * 64
-            peer_ms = None
-            if torch_peer:
-                log(f"torch additive attention L={l}")
-                peer_ms = torch_peer.bahdanau(l, 512, 8, 64, runs, args.warmup)
-                torch_peer.settle()
-            rows.append({"group": "additive (Bahdanau)", "size": f"B=1 H=8 L={l} E=512 da=64",
+
+def bench_bahdanau(run):
+    """Additive (Bahdanau) self-attention (group "bahdanau"): B=1, H=8, E=512, da=64, fused."""
+    ls = [256, 512] if run.args.quick else [256, 512, 1024, 2048]
+    lines = run.clattn(["--op", "additive", "--path", "fused", "--batch", "1",
+                        "--heads", "8", "--embed", "512", "--head-dim", "64",
+                        "--seq", ",".join(map(str, ls))])
+    for line in lines:
+        l = line["seq_q"]
+        terms = 8.0 * l * l * 64
+        peer_ms = run.torch_ms(f"torch additive attention L={l}", "bahdanau", l, 512, 8, 64,
+                               run.runs, run.warmup)
+        run.rows.append({"group": "additive (Bahdanau)", "size": f"B=1 H=8 L={l} E=512 da=64",
                          "unit": "Gterm/s", "ours": line["gterms_per_s"],
                          "torch": terms / peer_ms / 1e6 if peer_ms else None})
 
-    # MHA forward: self-attention, packed in_proj, output projection, H = 8.
+
+def bench_mha(run, mha):
+    """MHA forward: self-attention, packed in_proj, output projection, H = 8."""
     for e, b, ls in mha:
-        lines = run_clattn(args.clattn, ["--op", "mha", "--path", "fused", "--batch", str(b),
-                                         "--heads", "8", "--embed", str(e), "--seq",
-                                         ",".join(map(str, ls))], runs, args.warmup)
+        lines = run.clattn(["--op", "mha", "--path", "fused", "--batch", str(b),
+                            "--heads", "8", "--embed", str(e), "--seq",
+                            ",".join(map(str, ls))])
         points = []
         for line in lines:
             l = line["seq_q"]
             flops = 8.0 * b * l * e * e + 4.0 * b * l * l * e
-            peer_ms = None
-            if torch_peer:
-                log(f"torch mha E={e} B={b} L={l}")
-                peer_ms = torch_peer.mha(e, b, l, runs, args.warmup)
-                torch_peer.settle()
-            rows.append({"group": "mha", "size": f"B={b} H=8 L={l} E={e}", "unit": "GFLOP/s",
-                         "ours": clattn_rate(line),
-                         "torch": flops / peer_ms / 1e6 if peer_ms else None,
-                         "target": ("torch", 1.5 if l >= 1024 else 1.0)})
+            peer_ms = run.torch_ms(f"torch mha E={e} B={b} L={l}", "mha", e, b, l, run.runs,
+                                   run.warmup)
+            run.rows.append({"group": "mha", "size": f"B={b} H=8 L={l} E={e}",
+                             "unit": "GFLOP/s", "ours": clattn_rate(line),
+                             "torch": flops / peer_ms / 1e6 if peer_ms else None,
+                             "target": ("torch", 1.5 if l >= 1024 else 1.0)})
             points.append((l, line["median_ms"], peer_ms, flops))
         if len(points) > 1:
-            series.append((f"mha E={e} B={b}", points))
+            run.series.append((f"mha E={e} B={b}", points))
 
-    # Matmul, and the projection shape over L.
+
+def clblast_times(run, mm):
+    """CLBlast's ms per matmul size and notes on how they were taken. CLBlast picks its
+    direct kernel (XgemmDirect) below XGEMM_MIN_INDIRECT_SIZE³ and the tuned Xgemm (with
+    pad/transpose helpers) above; its routine tuner sets that threshold by timing both. We
+    time both paths at every size and keep the faster."""
+    args = run.args
+    overrides = []
+    if args.clblast_tuned:
+        overrides, notes = clblast_overrides(args.clblast_tuned)
+        if not overrides:
+            notes = [f"no tuner JSON in {args.clblast_tuned}: built-in parameters"]
+    else:
+        notes = ["built-in parameters (no --clblast-tuned)"]
+    paths = {"indirect (Xgemm)": ["--override", "GemmRoutine:XGEMM_MIN_INDIRECT_SIZE=0"],
+             "direct (XgemmDirect)": ["--override",
+                                      "GemmRoutine:XGEMM_MIN_INDIRECT_SIZE=1000000"]}
+    best = {}
+    for path, force in paths.items():
+        log(f"CLBlast SGEMM, {path}")
+        for size, ms in run_clblast(args.clblast, mm, run.runs, run.warmup,
+                                    overrides + force).items():
+            if size not in best or ms < best[size][0]:
+                best[size] = (ms, path)
+    notes.append("each size on both CLBlast paths, the faster kept: " + ", ".join(
+        f"{m}x{n}x{k} {path}" for (m, n, k), (_, path) in best.items()))
+    return {size: ms for size, (ms, _) in best.items()}, notes
+
+
+def bench_matmul(run, mm, proj):
+    """Matmul, and the projection shape over L; returns CLBlast's notes."""
     all_mm = mm + [s for s in proj if s not in mm]
-    lines = [] if not all_mm else run_clattn(args.clattn, ["--op", "matmul", "--mnk",
-                                     ",".join(f"{m}x{n}x{k}" for m, n, k in all_mm)],
-                       runs, args.warmup)
+    lines = [] if not all_mm else run.clattn(["--op", "matmul", "--mnk",
+                                              ",".join(f"{m}x{n}x{k}" for m, n, k in all_mm)])
     ours_mm = {(j["m"], j["n"], j["k"]): j for j in lines}
     clblast_ms, clblast_notes = {}, []
-    if args.clblast and mm:
-        overrides = []
-        if args.clblast_tuned:
-            overrides, clblast_notes = clblast_overrides(args.clblast_tuned)
-            if not overrides:
-                clblast_notes = [f"no tuner JSON in {args.clblast_tuned}: built-in parameters"]
-        else:
-            clblast_notes = ["built-in parameters (no --clblast-tuned)"]
-        # CLBlast picks its direct kernel (XgemmDirect) below XGEMM_MIN_INDIRECT_SIZE³ and the
-        # tuned Xgemm (with pad/transpose helpers) above; its routine tuner sets that threshold
-        # by timing both. We time both paths at every size and keep the faster.
-        paths = {"indirect (Xgemm)": ["--override", "GemmRoutine:XGEMM_MIN_INDIRECT_SIZE=0"],
-                 "direct (XgemmDirect)": ["--override",
-                                          "GemmRoutine:XGEMM_MIN_INDIRECT_SIZE=1000000"]}
-        for path, force in paths.items():
-            log(f"CLBlast SGEMM, {path}")
-            for size, ms in run_clblast(args.clblast, mm, runs, args.warmup,
-                                        overrides + force).items():
-                if size not in clblast_ms or ms < clblast_ms[size][0]:
-                    clblast_ms[size] = (ms, path)
-        clblast_notes.append("each size on both CLBlast paths, the faster kept: " + ", ".join(
-            f"{m}x{n}x{k} {path}" for (m, n, k), (_, path) in clblast_ms.items()))
-        clblast_ms = {size: ms for size, (ms, _) in clblast_ms.items()}
+    if run.args.clblast and mm:
+        clblast_ms, clblast_notes = clblast_times(run, mm)
     proj_points = []
     for m, n, k in all_mm:
         line = ours_mm.get((m, n, k))
         if line is None:
             continue
         flops = 2.0 * m * n * k
-        t_ms = n_ms = None
-        if torch_peer:
-            log(f"torch mm {m}x{n}x{k}")
-            t_ms = torch_peer.mm(m, n, k, runs, args.warmup)
-            torch_peer.settle()
-        if numpy_peer:
+        t_ms = run.torch_ms(f"torch mm {m}x{n}x{k}", "mm", m, n, k, run.runs, run.warmup)
+        n_ms = None
+        if run.numpy:
             log(f"numpy matmul {m}x{n}x{k}")
-            n_ms = numpy_peer.mm(m, n, k, runs, args.warmup)
+            n_ms = run.numpy.mm(m, n, k, run.runs, run.warmup)
         if (m, n, k) in mm:
             c_ms = clblast_ms.get((m, n, k))
-            rows.append({"group": "matmul", "size": f"{m} x {n} x {k}", "unit": "GFLOP/s",
-                         "ours": clattn_rate(line),
-                         "torch": flops / t_ms / 1e6 if t_ms else None,
-                         "numpy": flops / n_ms / 1e6 if n_ms else None,
-                         "clblast": flops / c_ms / 1e6 if c_ms else None})
+            run.rows.append({"group": "matmul", "size": f"{m} x {n} x {k}", "unit": "GFLOP/s",
+                             "ours": clattn_rate(line),
+                             "torch": flops / t_ms / 1e6 if t_ms else None,
+                             "numpy": flops / n_ms / 1e6 if n_ms else None,
+                             "clblast": flops / c_ms / 1e6 if c_ms else None})
         if (m, n, k) in proj:
             proj_points.append((m, line["median_ms"], t_ms, flops))
     if len(proj_points) > 1:
-        series.append(("matmul L x 1536 x 512 (projection)", sorted(proj_points)))
+        run.series.append(("matmul L x 1536 x 512 (projection)", sorted(proj_points)))
+    return clblast_notes
 
-    # Softmax against the copy bandwidth at 8 x L x L floats.
-    softmax_lines = [] if "softmax" not in only else run_clattn(args.clattn, ["--op", "softmax", "--batch", "1", "--heads", "8",
-                                             "--seq", str(softmax_l)], runs, args.warmup)
+
+def bench_softmax(run, softmax_l, wanted):
+    """Softmax against the copy bandwidth at 8 x L x L floats: returns (copies: name -> GB/s,
+    the highest as (name, GB/s) or None, whether clattn gave the step's own time)."""
+    softmax_lines = [] if not wanted else run.clattn(["--op", "softmax", "--batch", "1",
+                                                      "--heads", "8", "--seq", str(softmax_l)])
     count = 8 * softmax_l * softmax_l
     copies = {}
     # Newer clattn bench lines carry the softmax step alone ("step_gbps": the device time of
@@ -636,30 +637,30 @@ def main():
     for j in softmax_lines:
         if j.get("copy_gbps"):
             copies["clEnqueueCopyBuffer on the device"] = j["copy_gbps"]
-    if numpy_peer and softmax_lines:
+    if run.numpy and softmax_lines:
         log("numpy copy")
-        ms = numpy_peer.copy(count, runs, args.warmup)
+        ms = run.numpy.copy(count, run.runs, run.warmup)
         copies["numpy copyto (1 thread)"] = 2 * 4 * count / ms / 1e6
-    if torch_peer and softmax_lines:
+    if run.torch and softmax_lines:
         log("torch copy_")
-        ms = torch_peer.copy(count, runs, args.warmup)
-        copies[f"torch copy_ ({args.threads} threads)"] = 2 * 4 * count / ms / 1e6
+        ms = run.torch.copy(count, run.runs, run.warmup)
+        copies[f"torch copy_ ({run.args.threads} threads)"] = 2 * 4 * count / ms / 1e6
     reference = max(copies.items(), key=lambda kv: kv[1]) if copies else None
     for line in softmax_lines:
-        rows.append({"group": "softmax", "size": f"8 x {softmax_l} x {softmax_l}" +
-                     (" (step)" if step else " (whole unfused plan)"), "unit": "GB/s",
-                     "ours": line["step_gbps"] if step else clattn_rate(line),
-                     "copy": reference[1] if reference else None})
+        run.rows.append({"group": "softmax", "size": f"8 x {softmax_l} x {softmax_l}" +
+                         (" (step)" if step else " (whole unfused plan)"), "unit": "GB/s",
+                         "ours": line["step_gbps"] if step else clattn_rate(line),
+                         "copy": reference[1] if reference else None})
+    return copies, reference, bool(step)
 
-    load_end = loadavg()
-    log(f"load average at end: {load_end} ({time.time() - started:.0f} s)")
 
-    # --- report ---
-    out = []
-    out.append(f"clattn vs peers, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}"
-               f"{' (--quick)' if args.quick else ''}: median of {runs} runs after "
-               f"{args.warmup} warm-up, one run back to back")
-    out.append("")
+def report_header(run, started, loads, clblast_notes, softmax):
+    """The report's title and its list of the machine, devices, loads and definitions."""
+    args = run.args
+    copies, reference, step = softmax
+    out = [f"clattn vs peers, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}"
+           f"{' (--quick)' if args.quick else ''}: median of {run.runs} runs after "
+           f"{args.warmup} warm-up, one run back to back", ""]
     for line in machine(args.threads):
         out.append(f"- {line}")
     listing = command_output([args.clattn, "devices"]).splitlines()
@@ -670,7 +671,7 @@ def main():
         out.append(f"- clattn: {args.clattn} on {listing[used[0]][2:].strip()}, "
                    f"{platform_line.strip()}")
     out.append("- CLBlast: " + ("; ".join(clblast_notes) if args.clblast else "not run"))
-    out.append(f"- load average (1, 5, 15 min) at start {load_start}, at end {load_end}")
+    out.append(f"- load average (1, 5, 15 min) at start {loads[0]}, at end {loads[1]}")
     if reference:
         out.append("- copy reference (bytes read + written): " +
                    ", ".join(f"{k} {v:.1f} GB/s" for k, v in copies.items()) +
@@ -681,49 +682,75 @@ def main():
                     "(4·B·H·L²·4 bytes over products and softmax)"))
     out.append("- flops: attention 4·B·H·L²·d (causal and masked counted as full), "
                "MHA 8·B·L·E² + 4·B·L²·E, matmul 2·M·N·K (M x N x K: A is M x K)")
-    out.append("")
-    out.append("| op | size | clattn | torch | clattn/torch | numpy | clattn/numpy "
-               "| CLBlast | clattn/CLBlast | target | met |")
-    out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
-    for r in rows:
-        target = r.get("target") or TARGETS.get(r["group"])
-        checks = []
-        if r["group"] == "matmul":
-            target_text = "0.9x numpy, 3x CLBlast"
-            checks = [ratio(r["ours"], r.get("numpy")), 0.9,
-                      ratio(r["ours"], r.get("clblast")), 3.0]
-        elif r["group"] == "softmax":
-            target_text = "0.8x copy"
-            checks = [ratio(r["ours"], r.get("copy")), 0.8]
-        elif r["group"] == "decode":
-            # 1.0x torch; past the last-level cache also 0.7 of the device's copy rate
-            copy = r.get("cache_vs_copy")
-            target_text = "1.0x torch" + (", 0.7x copy" if r["past_llc"] else "") + (
-                f" (cache read {copy:.2f}x copy)" if copy is not None else "")
-            checks = [ratio(r["ours"], r.get("torch")), 1.0]
-            if r["past_llc"]:
-                checks += [r.get("cache_vs_copy"), 0.7]
-        else:
-            target_text = f"{target[1]}x {target[0]}" if target else ""
-            checks = [ratio(r["ours"], r.get(target[0])), target[1]] if target else []
-        verdicts = []
-        names = (["numpy", "CLBlast"] if r["group"] == "matmul" else
-                 ["torch", "copy"] if r["group"] == "decode" else [""])
-        for i in range(0, len(checks), 2):
-            if checks[i] is not None:
-                verdict = "yes" if checks[i] >= checks[i + 1] else "**no**"
-                verdicts.append(f"{names[i // 2]}: {verdict}" if names[i // 2] else verdict)
-        met = ", ".join(verdicts) if verdicts else "n/a"
-        unit = "GB/s" if r["unit"] == "GB/s" else ""
-        peer_copy = r.get("copy")
-        out.append(
-            f"| {r['group']} | {r['size']} | {fmt(r['ours'])}{' ' + unit if unit else ''} "
+    return out
+
+
+def row_target(r):
+    """A row's target as text and its checks: [ratio, minimum, ...] pairs."""
+    target = r.get("target") or TARGETS.get(r["group"])
+    if r["group"] == "matmul":
+        return "0.9x numpy, 3x CLBlast", [ratio(r["ours"], r.get("numpy")), 0.9,
+                                          ratio(r["ours"], r.get("clblast")), 3.0]
+    if r["group"] == "softmax":
+        return "0.8x copy", [ratio(r["ours"], r.get("copy")), 0.8]
+    if r["group"] == "decode":
+        # 1.0x torch; past the last-level cache also 0.7 of the device's copy rate
+        copy = r.get("cache_vs_copy")
+        target_text = "1.0x torch" + (", 0.7x copy" if r["past_llc"] else "") + (
+            f" (cache read {copy:.2f}x copy)" if copy is not None else "")
+        checks = [ratio(r["ours"], r.get("torch")), 1.0]
+        if r["past_llc"]:
+            checks += [r.get("cache_vs_copy"), 0.7]
+        return target_text, checks
+    target_text = f"{target[1]}x {target[0]}" if target else ""
+    return target_text, [ratio(r["ours"], r.get(target[0])), target[1]] if target else []
+
+
+def report_row(r):
+    """One row of the results table."""
+    target_text, checks = row_target(r)
+    verdicts = []
+    names = (["numpy", "CLBlast"] if r["group"] == "matmul" else
+             ["torch", "copy"] if r["group"] == "decode" else [""])
+    for i in range(0, len(checks), 2):
+        if checks[i] is not None:
+            verdict = "yes" if checks[i] >= checks[i + 1] else "**no**"
+            verdicts.append(f"{names[i // 2]}: {verdict}" if names[i // 2] else verdict)
+    met = ", ".join(verdicts) if verdicts else "n/a"
+    unit = "GB/s" if r["unit"] == "GB/s" else ""
+    peer_copy = r.get("copy")
+    return (f"| {r['group']} | {r['size']} | {fmt(r['ours'])}{' ' + unit if unit else ''} "
             f"| {fmt(r.get('torch'))} | {fmt(ratio(r['ours'], r.get('torch')), 2)} "
             f"| {fmt(r.get('numpy'))} | {fmt(ratio(r['ours'], r.get('numpy')), 2)} "
             f"| {fmt(r.get('clblast'))} | {fmt(ratio(r['ours'], r.get('clblast')), 2)} "
             f"| {target_text}"
             + (f" ({fmt(peer_copy)} GB/s: {fmt(ratio(r['ours'], peer_copy), 2)}x)"
                if peer_copy else "") + f" | {met} |")
+
+
+def report_series(name, points):
+    """One row of the growth table: the fitted exponents and the flagged neighbours."""
+    ls = [p[0] for p in points]
+    ours = fit_exponent(ls, [p[1] for p in points])
+    theirs = fit_exponent(ls, [p[2] for p in points]) if all(p[2] for p in points) else None
+    expected = fit_exponent(ls, [p[3] for p in points])
+    local, flags = [], []
+    for (l0, t0, _, f0), (l1, t1, _, f1) in zip(points, points[1:]):
+        e = math.log(t1 / t0) / math.log(l1 / l0)
+        want = math.log(f1 / f0) / math.log(l1 / l0)
+        local.append(f"{l0}-{l1}: {e:.2f}")
+        if abs(e - want) > 0.25:
+            flags.append(f"{l0}-{l1} ({e:.2f} vs {want:.2f})")
+    return (f"| {name} | {', '.join(map(str, ls))} | {ours:.2f} | {fmt(theirs, 2)} "
+            f"| {expected:.2f} | {'; '.join(local)} | {'; '.join(flags) or 'none'} |")
+
+
+def report(run, header):
+    """The whole markdown report: the header, the results table and the growth table."""
+    out = header + ["", "| op | size | clattn | torch | clattn/torch | numpy | clattn/numpy "
+                    "| CLBlast | clattn/CLBlast | target | met |",
+                    "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    out += [report_row(r) for r in run.rows]
     out.append("")
     out.append("Rates in GFLOP/s unless marked. Growth over L: least-squares exponent of log "
                "time on log L; expected = the exponent the flop count implies (2 for attention, "
@@ -733,30 +760,50 @@ def main():
     out.append("| series | L | clattn exponent | torch exponent | expected | local (clattn) "
                "| flagged |")
     out.append("|---|---|---:|---:|---:|---|---|")
-    for name, points in series:
-        ls = [p[0] for p in points]
-        ours = fit_exponent(ls, [p[1] for p in points])
-        theirs = fit_exponent(ls, [p[2] for p in points]) if all(p[2] for p in points) else None
-        expected = fit_exponent(ls, [p[3] for p in points])
-        local, flags = [], []
-        for (l0, t0, _, f0), (l1, t1, _, f1) in zip(points, points[1:]):
-            e = math.log(t1 / t0) / math.log(l1 / l0)
-            want = math.log(f1 / f0) / math.log(l1 / l0)
-            local.append(f"{l0}-{l1}: {e:.2f}")
-            if abs(e - want) > 0.25:
-                flags.append(f"{l0}-{l1} ({e:.2f} vs {want:.2f})")
-        out.append(f"| {name} | {', '.join(map(str, ls))} | {ours:.2f} | {fmt(theirs, 2)} "
-                   f"| {expected:.2f} | {'; '.join(local)} | {'; '.join(flags) or 'none'} |")
-    report = "\n".join(out)
-    print(report)
+    out += [report_series(name, points) for name, points in run.series]
+    return "\n".join(out)
+
+
+def main():
+    args = parse_args()
+    started = time.time()
+    load_start = loadavg()
+    log(f"load average at start: {load_start}")
+    if not shutil.which(args.clattn) and not os.path.exists(args.clattn):
+        raise SystemExit(f"peers: no clattn binary at '{args.clattn}' (--clattn, CLATTN_BIN)")
+    run = Session(args)
+
+    attention, mha, mm, proj, softmax_l = plan(args.quick)
+    only = set(args.only.split(","))
+    if only - {"attention", "gqa", "alibi", "mha", "matmul", "softmax", "decode", "bahdanau"}:
+        raise SystemExit(f"peers: --only: unknown group in '{args.only}'")
+    attention = [a[1:] for a in attention if a[0] in ("gqa", "alibi") and a[0] in only] + \
+                [a for a in attention if a[0] not in ("gqa", "alibi") and "attention" in only]
+    mha = mha if "mha" in only else []
+    if "matmul" not in only:
+        mm, proj = [], []
+
+    bench_attention(run, attention)
+    if "decode" in only:
+        bench_decode(run)
+    if "bahdanau" in only:
+        bench_bahdanau(run)
+    bench_mha(run, mha)
+    clblast_notes = bench_matmul(run, mm, proj)
+    softmax = bench_softmax(run, softmax_l, "softmax" in only)
+
+    load_end = loadavg()
+    log(f"load average at end: {load_end} ({time.time() - started:.0f} s)")
+    text = report(run, report_header(run, started, (load_start, load_end), clblast_notes,
+                                     softmax))
+    print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(report + "\n")
+            f.write(text + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "series": series, "load": [load_start, load_end]}, f,
-                      indent=1)
-
+            json.dump({"rows": run.rows, "series": run.series,
+                       "load": [load_start, load_end]}, f, indent=1)
 
 if __name__ == "__main__":
     main()

@@ -21,24 +21,17 @@ import argparse
 import ctypes
 import statistics
 import sys
-import time
 
 import numpy as np
 
 import clattn
 from clattn import _lib
 from clattn._core import Buffer, layout
+from timing import median_time  # bench/timing.py, next to this script
 
 
 def median_us(fn, runs, warmup):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+    return median_time(fn, runs, warmup, 1e6)
 
 
 def c_call(ctx, shape):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _lib, _torch, functional
+from . import _flash, _lib, _torch
 from ._core import ArgumentError
 from .autograd import _as_tensor
 
@@ -17,7 +17,7 @@ from .autograd import _as_tensor
 def _problem(q, k, v, sinks, args):
     (cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, alibi, drop, cl_ctx,
      entry) = args
-    return functional._flash_problem(
+    return _flash._flash_problem(
         _torch.to_numpy(q), _torch.to_numpy(k), _torch.to_numpy(v), cu_q, cu_k, max_q, max_k,
         causal, scale, window, softcap, alibi, _torch.to_numpy(sinks), drop, cl_ctx, entry)
 
@@ -29,7 +29,7 @@ class FlashFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx, q, k, v, sinks, args):
-        out, lse = functional._flash_forward(_problem(q, k, v, sinks, args), True)
+        out, lse = _flash._flash_forward(_problem(q, k, v, sinks, args), True)
         out_t = _torch.from_numpy(out, q, q.dtype)
         lse_t = _torch.from_numpy(lse, q)
         fctx.save_for_backward(q, k, v, sinks, out_t, lse_t)
@@ -42,7 +42,7 @@ class FlashFunction(torch.autograd.Function):
     def backward(fctx, grad_out, grad_lse):
         q, k, v, sinks, out, lse = fctx.saved_tensors
         pb = _problem(q, k, v, sinks, fctx.args)
-        dq, dk, dv, dsinks = functional._flash_backward(pb, _torch.to_numpy(out),
+        dq, dk, dv, dsinks = _flash._flash_backward(pb, _torch.to_numpy(out),
                                                          _torch.to_numpy(lse),
                                                          _torch.to_numpy(grad_out))
         needs = fctx.needs_input_grad

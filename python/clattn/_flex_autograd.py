@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _torch, functional
+from . import _sdpa_grad, _torch
 from .autograd import _as_tensor
 
 
@@ -20,7 +20,7 @@ class FlexFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx, query, key, value, spec, scale, enable_gqa, cl_ctx):
-        out, lse = functional._sdpa_forward(
+        out, lse = _sdpa_grad._sdpa_forward(
             _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value), None, False,
             scale, enable_gqa, ctx=cl_ctx, _flex=spec)
         out_t = _torch.from_numpy(out, query, query.dtype)
@@ -40,7 +40,7 @@ class FlexFunction(torch.autograd.Function):
             return (None,) * 7
         query, key, value, out = fctx.saved_tensors
         spec, scale, enable_gqa, cl_ctx = fctx.options
-        g = functional._sdpa_backward(
+        g = _sdpa_grad._sdpa_backward(
             _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
             _torch.to_numpy(out), fctx.lse, _torch.to_numpy(grad_out.contiguous()), None, False,
             scale, enable_gqa, ctx=cl_ctx, _flex=spec)

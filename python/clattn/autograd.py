@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _torch, functional
+from . import _sdpa, _sdpa_grad, _torch
 from ._core import Context
 from .dropout import _dropout_args
 
@@ -92,7 +92,7 @@ class SdpaFunction(torch.autograd.Function):
                   _torch.to_numpy(attn_mask))
         weights = None
         if path == "unfused":  # no lse there: the backward's unfused path recomputes P whole
-            out = functional.scaled_dot_product_attention(
+            out = _sdpa.sdpa_arrays(
                 *arrays, dropout_p, is_causal, scale, enable_gqa, sinks=_torch.to_numpy(sinks),
                 ctx=cl_ctx, path=path, dropout_seed=dropout_seed, dropout_offset=dropout_offset,
                 need_weights=need_weights, **score)
@@ -100,11 +100,11 @@ class SdpaFunction(torch.autograd.Function):
                 out, weights = out
             lse = None
         else:
-            out, lse = functional.sdpa_forward(
+            out, lse = _sdpa_grad.sdpa_forward(
                 *arrays, is_causal, scale, enable_gqa, sinks=_torch.to_numpy(sinks),
                 ctx=cl_ctx, path=path, **dropout, **score)
             if need_weights:  # a second pass on the unfused path (the same dropout mask)
-                weights = functional.scaled_dot_product_attention(
+                weights = _sdpa.sdpa_arrays(
                     *arrays, dropout_p, is_causal, scale, enable_gqa,
                     sinks=_torch.to_numpy(sinks), ctx=cl_ctx, path="unfused",
                     dropout_seed=dropout_seed, dropout_offset=dropout_offset,
@@ -129,7 +129,7 @@ class SdpaFunction(torch.autograd.Function):
         want_mask = attn_mask is not None and needs[3] and attn_mask.dtype != torch.bool
         grads = [None] * 5  # query, key, value, attn_mask, sinks
         if grad_out is not None:
-            g = functional.sdpa_backward(
+            g = _sdpa_grad.sdpa_backward(
                 _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
                 _torch.to_numpy(out), fctx.lse, _torch.to_numpy(grad_out.contiguous()),
                 _torch.to_numpy(attn_mask), is_causal, scale, enable_gqa,

@@ -37,11 +37,12 @@ clattn's extras, keyword-only everywhere: ``sinks`` ((H,) attention-sink logits,
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
 
-from . import _lib, _torch, functional
+from . import _common, _flash, _lib, _serving, _torch, _varlen
 from ._core import ArgumentError, Context
 from .dropout import _dropout_args
 
@@ -56,16 +57,16 @@ def _batched(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, al
     like = _torch.any_tensor(q, k, v)
     drop = _dropout_args(dropout_p, dropout_seed, dropout_offset, torch_inputs=like is not None,
                          generator=generator, entry=entry)
-    if like is not None and functional._needs_grad(q, k, v, sinks, alibi_slopes):
+    if like is not None and _common._needs_grad(q, k, v, sinks, alibi_slopes):
         from ._flash_autograd import flash_autograd
         out, lse = flash_autograd(q, k, v, None, None, None, None, causal, softmax_scale,
                                   window_size, softcap, alibi_slopes, sinks, drop, ctx, entry)
         return (out, lse, None) if return_attn_probs else out
-    pb = functional._flash_problem(
+    pb = _flash._flash_problem(
         _torch.to_numpy(q), _torch.to_numpy(k), _torch.to_numpy(v), None, None, None, None,
         causal, softmax_scale, window_size, softcap, _torch.to_numpy(alibi_slopes),
         _torch.to_numpy(sinks), drop, ctx, entry)
-    out, lse = functional._flash_forward(pb, return_attn_probs)
+    out, lse = _flash._flash_forward(pb, return_attn_probs)
     if like is not None:
         out = _torch.from_numpy(out, like, like.dtype)
         lse = _torch.from_numpy(lse, like)
@@ -192,11 +193,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         rows = _paged_rows("k", k, block_table, np.diff(ck))
         k = _gather_rows(k.reshape((-1,) + tuple(k.shape[2:])), rows)
         v = _gather_rows(v.reshape((-1,) + tuple(v.shape[2:])), rows)
-    functional._varlen_dropout(dropout_p, "flash_attn_varlen_func")
-    return functional.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                       max_seqlen_k, 0.0, softmax_scale, causal, window_size,
-                                       softcap, alibi_slopes, deterministic, return_attn_probs,
-                                       sinks=sinks, ctx=ctx)
+    _flash._varlen_dropout(dropout_p, "flash_attn_varlen_func")
+    return _varlen.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, 0.0, softmax_scale, causal, window_size,
+                                    softcap, alibi_slopes, deterministic, return_attn_probs,
+                                    sinks=sinks, ctx=ctx)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: float = 0.0,
@@ -295,8 +296,52 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     blocks, float caches quantized on the way; not with window_size, softcap, alibi_slopes,
     cache_leftpad or return_softmax_lse), ctx."""
     like = _torch.any_tensor(q, k_cache, v_cache, k, v)
-    if like is not None and functional._needs_grad(q, k_cache, v_cache, k, v, sinks,
-                                                   alibi_slopes):
+    if like is not None:
+        _refuse_grad(q, k_cache, v_cache, k, v, sinks, alibi_slopes)
+    _check_together(k, v, rotary_cos, rotary_sin, cache_leftpad, block_table, cache_batch_idx)
+    qn = np.asarray(_torch.to_numpy(q))
+    if qn.ndim != 4:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"q has shape {qn.shape}; expected (B, Lq, H, D)")
+    geo = _cache_geometry(qn.shape[0], k_cache, v_cache, k, block_table, cache_batch_idx,
+                          cache_seqlens, cache_leftpad)
+    if rotary_cos is not None:
+        qn, k_new, v_new = _rotary(qn, k, v, rotary_cos, rotary_sin, geo, causal, window_size,
+                                   rotary_interleaved)
+    elif k is not None:
+        k_new, v_new = np.asarray(_torch.to_numpy(k)), np.asarray(_torch.to_numpy(v))
+    if k is not None:  # append in place, as flash-attn does
+        _append(k_cache, v_cache, k_new, v_new, geo)
+    kc, vc = np.asarray(_torch.to_numpy(k_cache)), np.asarray(_torch.to_numpy(v_cache))
+    left, right = _flash._window(window_size)
+    fast = (left, right) == (-1, -1) and not float(softcap) and alibi_slopes is None and \
+        cache_leftpad is None and not return_softmax_lse
+    if kv_dtype is not None and not fast:
+        raise ArgumentError(_lib.ERR_UNSUPPORTED,
+                            f"kv_dtype={kv_dtype!r} is not supported with window_size, softcap, "
+                            f"alibi_slopes, cache_leftpad or return_softmax_lse")
+    if fast:  # the fused paged kernel reads the cache where it lies
+        # (B_cache, L_cache, ...) unpaged = pages of L_cache slots
+        tab = geo.table if geo.paged else geo.rows[:, None]
+        out = _serving.paged_attention(
+            np.swapaxes(qn, 1, 2), kc, vc, tab, geo.ends, is_causal=causal,
+            scale=softmax_scale, sinks=_torch.to_numpy(sinks), kv_dtype=kv_dtype, ctx=ctx)
+        out = np.ascontiguousarray(np.swapaxes(out, 1, 2))
+        lse = None
+    else:  # each sequence's keys gathered into a packed batch
+        out, lse = _attend_gathered(qn, kc, vc, geo, causal, softmax_scale, window_size,
+                                    softcap, alibi_slopes, sinks, ctx, return_softmax_lse)
+    if like is not None:
+        out = _torch.from_numpy(out, q if _torch.is_tensor(q) else like,
+                                q.dtype if _torch.is_tensor(q) else None)
+        lse = _torch.from_numpy(lse, like)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _refuse_grad(q, k_cache, v_cache, k, v, sinks, alibi_slopes) -> None:
+    """flash_attn_with_kvcache has no backward: tensors that require grad (while torch
+    records gradients) are refused, naming them."""
+    if _common._needs_grad(q, k_cache, v_cache, k, v, sinks, alibi_slopes):
         names = [n for n, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k),
                                 ("v", v), ("sinks", sinks), ("alibi_slopes", alibi_slopes))
                  if getattr(x, "requires_grad", False)]
@@ -305,6 +350,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             f"{', '.join(names)} require{'s' if len(names) == 1 else ''} grad; "
                             f"call it under torch.no_grad() or on detached tensors, or use "
                             f"flash_attn_func / flash_attn_varlen_func for training")
+
+
+def _check_together(k, v, rotary_cos, rotary_sin, cache_leftpad, block_table,
+                    cache_batch_idx) -> None:
+    """The arguments that go together (k and v, the rotary pair with k and v) or exclude
+    each other (rotary and cache_leftpad, block_table and cache_batch_idx)."""
     if (k is None) != (v is None):
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, "k and v are given together, or neither")
     if (rotary_cos is None) != (rotary_sin is None):
@@ -322,17 +373,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                             "cache_batch_idx is not supported with block_table (nor in "
                             "flash-attn)")
-    qn = np.asarray(_torch.to_numpy(q))
-    if qn.ndim != 4:
-        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                            f"q has shape {qn.shape}; expected (B, Lq, H, D)")
-    B, Lq = qn.shape[:2]
+
+
+def _cache_geometry(B, k_cache, v_cache, k, block_table, cache_batch_idx, cache_seqlens,
+                    cache_leftpad) -> SimpleNamespace:
+    """Where each sequence's keys lie in the cache, checked: paged (table, the cache's
+    pages), else rows (the cache row of each sequence); capacity (slots per sequence),
+    seqlens (keys already cached), new (keys appended), ends (seqlens + new) and starts
+    (cache_leftpad), all (B,) int64."""
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if len(tuple(x.shape)) != 4:
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                 f"{name} has shape {tuple(x.shape)}; expected (B_cache, "
                                 f"L_cache, Hkv, D) or paged (num_blocks, page_size, Hkv, D)")
     paged = block_table is not None
+    table = rows = None
     if paged:
         table = np.asarray(_torch.to_numpy(block_table))
         if table.ndim != 2 or table.shape[0] != B or \
@@ -371,89 +426,82 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if (starts < 0).any() or (starts > seqlens).any():
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                             f"cache_leftpad {starts.tolist()} must be in 0 .. cache_seqlens")
+    return SimpleNamespace(B=B, paged=paged, table=table, rows=rows, capacity=capacity,
+                           pages=k_cache.shape[0], page_size=k_cache.shape[1], seqlens=seqlens,
+                           new=new, ends=ends, starts=starts)
 
-    def flat_rows(b, positions):
-        if paged:
-            page_size = k_cache.shape[1]
-            page = table[b, positions // page_size].astype(np.int64)
-            if ((page < 0) | (page >= k_cache.shape[0])).any():
-                raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                                    f"block_table row {b} names a page outside the cache's "
-                                    f"{k_cache.shape[0]}")
-            return page * page_size + positions % page_size
-        return rows[b] * capacity + positions
 
-    if rotary_cos is not None:
-        cos = np.asarray(_torch.to_numpy(rotary_cos), dtype=np.float32)
-        sin = np.asarray(_torch.to_numpy(rotary_sin), dtype=np.float32)
-        if cos.ndim != 2 or cos.shape != sin.shape or 2 * cos.shape[1] > qn.shape[-1] or \
-                cos.shape[0] < int(ends.max(initial=0)):
-            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                                f"rotary_cos/rotary_sin have shapes {cos.shape}, {sin.shape}; "
-                                f"expected (seqlen_ro >= {int(ends.max(initial=0))}, "
-                                f"rotary_dim / 2), rotary_dim <= {qn.shape[-1]}")
-        kpos = seqlens[:, None] + np.arange(new)[None, :]
-        windowed = tuple(int(w) for w in window_size) != (-1, -1)
-        qpos = seqlens[:, None] + (np.arange(Lq)[None, :] if causal or windowed else
-                                   np.zeros((1, Lq), np.int64))
-        qn = _rotate(qn, cos, sin, qpos, rotary_interleaved).astype(qn.dtype)
-        k_new = _rotate(np.asarray(_torch.to_numpy(k)), cos, sin, kpos, rotary_interleaved)
-        v_new = np.asarray(_torch.to_numpy(v))
-    elif k is not None:
-        k_new, v_new = np.asarray(_torch.to_numpy(k)), np.asarray(_torch.to_numpy(v))
-    if k is not None:  # append in place, as flash-attn does
-        flat_k = k_cache.reshape((-1,) + tuple(k_cache.shape[2:]))
-        flat_v = v_cache.reshape((-1,) + tuple(v_cache.shape[2:]))
-        if not _shares_memory(flat_k, k_cache) or not _shares_memory(flat_v, v_cache):
+def _flat_rows(geo, b, positions):
+    """The rows of the flattened cache (B_cache * L_cache or pages * page_size) that hold
+    sequence b's key positions."""
+    if geo.paged:
+        page = geo.table[b, positions // geo.page_size].astype(np.int64)
+        if ((page < 0) | (page >= geo.pages)).any():
             raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                                "k_cache and v_cache must be contiguous to be appended to in "
-                                "place")
-        for b in range(B):
-            where = _index(flat_rows(b, np.arange(seqlens[b], ends[b])), k_cache)
-            flat_k[where] = _like(k_new[b], k_cache)
-            flat_v[where] = _like(v_new[b], v_cache)
+                                f"block_table row {b} names a page outside the cache's "
+                                f"{geo.pages}")
+        return page * geo.page_size + positions % geo.page_size
+    return geo.rows[b] * geo.capacity + positions
 
-    kc, vc = np.asarray(_torch.to_numpy(k_cache)), np.asarray(_torch.to_numpy(v_cache))
-    left, right = functional._window(window_size)
-    fast = (left, right) == (-1, -1) and not float(softcap) and alibi_slopes is None and \
-        cache_leftpad is None and not return_softmax_lse
-    if kv_dtype is not None and not fast:
-        raise ArgumentError(_lib.ERR_UNSUPPORTED,
-                            f"kv_dtype={kv_dtype!r} is not supported with window_size, softcap, "
-                            f"alibi_slopes, cache_leftpad or return_softmax_lse")
-    if fast:  # the fused paged kernel reads the cache where it lies
-        if paged:
-            pools, tab = (kc, vc), table
-        else:
-            pools = (kc, vc)  # (B_cache, L_cache, ...) = pages of L_cache slots
-            tab = rows[:, None]
-        out = functional.paged_attention(
-            np.swapaxes(qn, 1, 2), *pools, tab, ends, is_causal=causal, scale=softmax_scale,
-            sinks=_torch.to_numpy(sinks), kv_dtype=kv_dtype, ctx=ctx)
-        out = np.ascontiguousarray(np.swapaxes(out, 1, 2))
-        lse = None
-    else:  # each sequence's keys gathered into a packed batch
-        idx = np.concatenate([flat_rows(b, np.arange(starts[b], ends[b])) for b in range(B)])
-        lengths = ends - starts
-        if idx.size == 0:
-            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, "no sequence has a key")
-        kf = kc.reshape((-1,) + kc.shape[2:])[idx]
-        vf = vc.reshape((-1,) + vc.shape[2:])[idx]
-        cu_q = np.arange(B + 1, dtype=np.int32) * Lq
-        cu_k = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-        pb = functional._flash_problem(
-            qn.reshape((B * Lq,) + qn.shape[2:]), kf, vf, cu_q, cu_k, None, None, causal,
-            softmax_scale, window_size, softcap, _torch.to_numpy(alibi_slopes),
-            _torch.to_numpy(sinks), None, ctx, "flash_attn_with_kvcache")
-        out, lse = functional._flash_forward(pb, return_softmax_lse)
-        out = out.reshape((B, Lq) + out.shape[1:])
-        if lse is not None:
-            lse = np.ascontiguousarray(lse.reshape(lse.shape[0], B, Lq).transpose(1, 0, 2))
-    if like is not None:
-        out = _torch.from_numpy(out, q if _torch.is_tensor(q) else like,
-                                q.dtype if _torch.is_tensor(q) else None)
-        lse = _torch.from_numpy(lse, like)
-    return (out, lse) if return_softmax_lse else out
+
+def _rotary(qn, k, v, rotary_cos, rotary_sin, geo, causal, window_size, interleaved):
+    """(q, k, v) with flash-attn's rotary embedding applied: k at its cache positions, q at
+    its own when causal or windowed, else at the cache's length."""
+    ends, seqlens, Lq = geo.ends, geo.seqlens, qn.shape[1]
+    cos = np.asarray(_torch.to_numpy(rotary_cos), dtype=np.float32)
+    sin = np.asarray(_torch.to_numpy(rotary_sin), dtype=np.float32)
+    if cos.ndim != 2 or cos.shape != sin.shape or 2 * cos.shape[1] > qn.shape[-1] or \
+            cos.shape[0] < int(ends.max(initial=0)):
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"rotary_cos/rotary_sin have shapes {cos.shape}, {sin.shape}; "
+                            f"expected (seqlen_ro >= {int(ends.max(initial=0))}, "
+                            f"rotary_dim / 2), rotary_dim <= {qn.shape[-1]}")
+    kpos = seqlens[:, None] + np.arange(geo.new)[None, :]
+    windowed = tuple(int(w) for w in window_size) != (-1, -1)
+    qpos = seqlens[:, None] + (np.arange(Lq)[None, :] if causal or windowed else
+                               np.zeros((1, Lq), np.int64))
+    qn = _rotate(qn, cos, sin, qpos, interleaved).astype(qn.dtype)
+    k_new = _rotate(np.asarray(_torch.to_numpy(k)), cos, sin, kpos, interleaved)
+    return qn, k_new, np.asarray(_torch.to_numpy(v))
+
+
+def _append(k_cache, v_cache, k_new, v_new, geo) -> None:
+    """The new keys and values written into the caches in place at cache_seqlens."""
+    flat_k = k_cache.reshape((-1,) + tuple(k_cache.shape[2:]))
+    flat_v = v_cache.reshape((-1,) + tuple(v_cache.shape[2:]))
+    if not _shares_memory(flat_k, k_cache) or not _shares_memory(flat_v, v_cache):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            "k_cache and v_cache must be contiguous to be appended to in "
+                            "place")
+    for b in range(geo.B):
+        where = _index(_flat_rows(geo, b, np.arange(geo.seqlens[b], geo.ends[b])), k_cache)
+        flat_k[where] = _like(k_new[b], k_cache)
+        flat_v[where] = _like(v_new[b], v_cache)
+
+
+def _attend_gathered(qn, kc, vc, geo, causal, softmax_scale, window_size, softcap,
+                     alibi_slopes, sinks, ctx, return_softmax_lse):
+    """Each sequence's keys (cache_leftpad .. end) gathered into a packed batch and attended
+    by the varlen kernel: (out (B, Lq, H, Dv), lse (B, H, Lq) or None)."""
+    B, Lq = geo.B, qn.shape[1]
+    idx = np.concatenate([_flat_rows(geo, b, np.arange(geo.starts[b], geo.ends[b]))
+                          for b in range(B)])
+    lengths = geo.ends - geo.starts
+    if idx.size == 0:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, "no sequence has a key")
+    kf = kc.reshape((-1,) + kc.shape[2:])[idx]
+    vf = vc.reshape((-1,) + vc.shape[2:])[idx]
+    cu_q = np.arange(B + 1, dtype=np.int32) * Lq
+    cu_k = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    pb = _flash._flash_problem(
+        qn.reshape((B * Lq,) + qn.shape[2:]), kf, vf, cu_q, cu_k, None, None, causal,
+        softmax_scale, window_size, softcap, _torch.to_numpy(alibi_slopes),
+        _torch.to_numpy(sinks), None, ctx, "flash_attn_with_kvcache")
+    out, lse = _flash._flash_forward(pb, return_softmax_lse)
+    out = out.reshape((B, Lq) + out.shape[1:])
+    if lse is not None:
+        lse = np.ascontiguousarray(lse.reshape(lse.shape[0], B, Lq).transpose(1, 0, 2))
+    return out, lse
 
 
 def _shares_memory(view, base) -> bool:

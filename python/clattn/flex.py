@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from . import _lib, _torch, flex_translate, functional
+from . import _common, _lib, _sdpa_grad, _torch, flex_translate
 from ._core import ArgumentError, ArrayLike, Buffer, Context, default_context, layout
 from ._lib import cl, lib
 from .flex_translate import TranslateError, translate
@@ -62,7 +62,7 @@ class _Flex:
     """The user functions of one call as the C plans take them (clattn_flex_desc): OpenCL C
     source, its clattn_flex_flags, the auxiliary tensors (name, flat array, clattn dtype), and
     the block mask (uint8 (B|1, H|1, q blocks, k blocks)) with its block sizes. What
-    functional.sdpa_forward / sdpa_backward bind through their _flex argument: key (part of
+    _sdpa_grad.sdpa_forward / sdpa_backward bind through their _flex argument: key (part of
     the plan's cache key), inputs() (role -> (clattn dtype, array)), fill(desc) and
     executed(ctx, plan) (reads the tile count)."""
 
@@ -409,11 +409,11 @@ def flex_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, score_mod
         spec = _Flex(source, functions, entries, None if bm is None else bm.blocks,
                      (0, 0) if bm is None else bm.BLOCK_SIZE, count_tiles)
     like = _torch.any_tensor(query, key, value)
-    if like is not None and functional._needs_grad(query, key, value):
+    if like is not None and _common._needs_grad(query, key, value):
         from ._flex_autograd import flex_autograd
         out, lse = flex_autograd(query, key, value, spec, scale, enable_gqa, ctx)
     else:
-        forward = _torch.torch_io("flex_attention")(functional._sdpa_forward)
+        forward = _torch.torch_io("flex_attention")(_sdpa_grad._sdpa_forward)
         out, lse = forward(query, key, value, None, False, scale, bool(enable_gqa), ctx=ctx,
                            _flex=spec)
     if count_tiles:

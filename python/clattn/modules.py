@@ -11,7 +11,7 @@ import numpy as np
 from . import _lib, _torch
 from ._core import ArgumentError, ArrayLike, Buffer, Context, default_context, layout
 from ._lib import lib
-from .functional import _needs_grad
+from ._common import _needs_grad
 
 _PATHS = {"auto": _lib.PATH_AUTO, "fused": _lib.PATH_FUSED, "unfused": _lib.PATH_UNFUSED}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from types import SimpleNamespace
 from typing import Dict, Optional
 
 import numpy as np
@@ -11,7 +12,8 @@ import numpy as np
 from . import _lib, _torch
 from ._core import ArgumentError, Buffer, Context, clattn_dtype, default_context, layout
 from ._lib import lib
-from .functional import _PATHS, _context_for_queue, _is_pyopencl
+from ._common import _PATHS, _is_pyopencl
+from ._pyopencl import _context_for_queue
 
 
 def _host(a):
@@ -91,6 +93,48 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
     the outputs are pyopencl arrays on Q's queue; past_key/past_value, a full-length uint8,
     bool or float attn_mask and nonpad_kv_seqlen given as pyopencl arrays are used on the
     device too (a short or other mask is read back and padded on the host)."""
+    _check_attributes(path, qk_matmul_output_mode, softmax_precision, scale, past_key,
+                      past_value)
+    device, queue = _device_queue(Q, K, V)
+    if device:
+        ctx = ctx or _context_for_queue(queue)
+    ctx = ctx or default_context()
+    pb = _problem(Q, K, V, past_key, past_value, kv_num_heads, q_num_heads, device)
+    scores_role = None
+    if want_qk_matmul_output:
+        scores_role = "weights" if qk_matmul_output_mode == 3 else "scores"
+    desc = _lib.SdpaDesc()
+    lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+    mask = _bind_layouts(desc.tensors, pb, attn_mask)
+    counts = _bind_counts(desc.tensors, pb, nonpad_kv_seqlen)
+    if scores_role is not None:
+        setattr(desc.tensors, scores_role, layout(_lib.F32, pb.scores_shape))
+        desc.scores_mode = 0 if qk_matmul_output_mode == 3 else qk_matmul_output_mode
+    desc.causal = _lib.CAUSAL_ONNX if is_causal else _lib.CAUSAL_NONE
+    if left_window_size >= 0 or right_window_size >= 0:
+        desc.window_align = _lib.CAUSAL_ONNX
+        desc.window_left, desc.window_right = left_window_size, right_window_size
+    desc.scale = float("nan") if scale is None else float(scale)
+    desc.softcap = float(softcap)
+    desc.softmax_f64 = 1 if softmax_precision == 11 else 0
+    desc.path = _PATHS[path]
+    inputs = (("q", pb.q), ("k", pb.k), ("v", pb.v), ("past_k", pb.pk), ("past_v", pb.pv),
+              ("kv_seqlen", counts), ("attn_mask", None if mask is None else mask[0]))
+    results = _execute(ctx, desc, pb, inputs, scores_role, queue if device else None)
+    outputs: Dict[str, np.ndarray] = {"Y": results["out"]}
+    if pb.pk is not None:
+        outputs["present_key"] = results["present_k"]
+        outputs["present_value"] = results["present_v"]
+    if scores_role is not None:
+        outputs["qk_matmul_output"] = results[scores_role].astype(pb.q.dtype)
+    if not device and np.asarray(Q).dtype == np.float64:
+        outputs = {name: a.astype(np.float64) for name, a in outputs.items()}
+    return outputs
+
+
+def _check_attributes(path, qk_matmul_output_mode, softmax_precision, scale, past_key,
+                      past_value) -> None:
+    """The attributes and options in their accepted ranges (ArgumentError naming them)."""
     if path not in _PATHS:
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                             f"path={path!r}: expected 'auto', 'fused' or 'unfused'")
@@ -105,6 +149,11 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
     if (past_key is None) != (past_value is None):
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, "past_key and past_value go together")
+
+
+def _device_queue(Q, K, V):
+    """(device, queue): whether Q, K and V are pyopencl arrays (all or none, of one OpenCL
+    context) and Q's queue if so."""
     device = any(_is_pyopencl(x) for x in (Q, K, V))
     queue = None
     if device:
@@ -115,18 +164,23 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
         if any(x.context.int_ptr != queue.context.int_ptr for x in (Q, K, V)):
             raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                                 "Q, K and V belong to different OpenCL contexts")
-        ctx = ctx or _context_for_queue(queue)
-    ctx = ctx or default_context()
+    return device, queue
+
+
+def _problem(Q, K, V, past_key, past_value, kv_num_heads, q_num_heads,
+             device) -> SimpleNamespace:
+    """Q, K, V (and the past cache) checked as the (B, H, L, d) views the plan takes: the
+    arrays, their dims and strides, b, hq, lq, d, hkv, dv, total (past + new keys)."""
     q, k, v = _array("Q", Q), _array("K", K), _array("V", V)
     if not (q.ndim == k.ndim == v.ndim):
         raise ArgumentError(_lib.ERR_INVALID_SHAPE, "Q, K and V must all be 3-d or all 4-d")
-    q_dims, q_strides = _heads_view("Q", q, q_num_heads)
+    q_view = _heads_view("Q", q, q_num_heads)
     kv_heads = kv_num_heads if kv_num_heads is not None else q_num_heads
-    k_dims, k_strides = _heads_view("K", k, kv_heads)
-    v_dims, v_strides = _heads_view("V", v, kv_heads)
-    b, hq, lq, d = q_dims
-    hkv, lk_new = k_dims[1], k_dims[2]
-    dv = v_dims[3]
+    k_view = _heads_view("K", k, kv_heads)
+    v_view = _heads_view("V", v, kv_heads)
+    b, hq, lq, d = q_view[0]
+    hkv, lk_new = k_view[0][1], k_view[0][2]
+    dv = v_view[0][3]
     past = 0
     pk = pv = None
     if past_key is not None:
@@ -140,17 +194,22 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
                                 f"({b}, {hkv}, P, {d}) and ({b}, {hkv}, P, {dv})")
         past = pk.shape[2]
     total = past + lk_new
+    return SimpleNamespace(q=q, k=k, v=v, views=(q_view, k_view, v_view), pk=pk, pv=pv, b=b,
+                           hq=hq, lq=lq, d=d, hkv=hkv, dv=dv, total=total,
+                           rank3=q.ndim == 3, scores_shape=(b, hq, lq, total))
 
-    desc = _lib.SdpaDesc()
-    lib.clattn_sdpa_desc_init(ctypes.byref(desc))
-    t = desc.tensors
-    dt = {n: clattn_dtype(a.dtype) for n, a in (("q", q), ("k", k), ("v", v))}
+
+def _bind_layouts(t, pb, attn_mask):
+    """The layouts of q, k, v, out, the mask and the past and present caches set on the
+    descriptor's tensors t; returns the mask as (array, clattn dtype) or None (a short mask
+    padded as masked, ONNX's rule; a pyopencl one of full length used where it lies)."""
+    (q_dims, q_strides), (k_dims, k_strides), (v_dims, v_strides) = pb.views
+    dt = {n: clattn_dtype(a.dtype) for n, a in (("q", pb.q), ("k", pb.k), ("v", pb.v))}
     t.q, t.k = layout(dt["q"], q_dims, q_strides), layout(dt["k"], k_dims, k_strides)
     t.v = layout(dt["v"], v_dims, v_strides)
-    rank3 = q.ndim == 3
-    out_strides = (hq * lq * dv, dv, hq * dv, 1) if rank3 else None
+    b, hq, lq, dv, total = pb.b, pb.hq, pb.lq, pb.dv, pb.total
+    out_strides = (hq * lq * dv, dv, hq * dv, 1) if pb.rank3 else None
     t.out = layout(dt["q"], (b, hq, lq, dv), out_strides)
-    keep: dict = {}
     mask = None
     if _is_pyopencl(attn_mask) and attn_mask.shape[-1] == total and \
             attn_mask.dtype in (np.bool_, np.uint8, np.float32, np.float16) and \
@@ -174,65 +233,60 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
             m = _array("attn_mask", m)
             mask = (m, clattn_dtype(m.dtype))
         t.attn_mask = layout(mask[1], mask[0].shape)
-    if pk is not None:
-        t.past_k = layout(clattn_dtype(pk.dtype), pk.shape, _strides(pk))
-        t.past_v = layout(clattn_dtype(pv.dtype), pv.shape, _strides(pv))
-        t.present_k = layout(dt["k"], (b, hkv, total, d))
-        t.present_v = layout(dt["v"], (b, hkv, total, dv))
-    counts = None
-    if nonpad_kv_seqlen is not None:
-        if _is_pyopencl(nonpad_kv_seqlen):
-            counts = nonpad_kv_seqlen
-            if counts.dtype != np.int32:
-                counts = counts.astype(np.int32)  # on the device
-        else:
-            counts = np.ascontiguousarray(np.asarray(nonpad_kv_seqlen), dtype=np.int32)
-        if counts.shape != (b,):
-            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
-                                f"nonpad_kv_seqlen has shape {counts.shape}, expected ({b},)")
-        t.kv_seqlen = layout(_lib.I32, (b,), _strides(counts))
-    scores_shape = (b, hq, lq, total)
-    if want_qk_matmul_output:
-        target = "weights" if qk_matmul_output_mode == 3 else "scores"
-        setattr(t, target, layout(_lib.F32, scores_shape))
-        desc.scores_mode = 0 if qk_matmul_output_mode == 3 else qk_matmul_output_mode
-    desc.causal = _lib.CAUSAL_ONNX if is_causal else _lib.CAUSAL_NONE
-    if left_window_size >= 0 or right_window_size >= 0:
-        desc.window_align = _lib.CAUSAL_ONNX
-        desc.window_left, desc.window_right = left_window_size, right_window_size
-    desc.scale = float("nan") if scale is None else float(scale)
-    desc.softcap = float(softcap)
-    desc.softmax_f64 = 1 if softmax_precision == 11 else 0
-    desc.path = _PATHS[path]
+    if pb.pk is not None:
+        t.past_k = layout(clattn_dtype(pb.pk.dtype), pb.pk.shape, _strides(pb.pk))
+        t.past_v = layout(clattn_dtype(pb.pv.dtype), pb.pv.shape, _strides(pb.pv))
+        t.present_k = layout(dt["k"], (b, pb.hkv, total, pb.d))
+        t.present_v = layout(dt["v"], (b, pb.hkv, total, dv))
+    return mask
 
+
+def _bind_counts(t, pb, nonpad_kv_seqlen):
+    """nonpad_kv_seqlen as int32 (b,) (a pyopencl array converted on the device) with its
+    layout set on t; None when not given."""
+    if nonpad_kv_seqlen is None:
+        return None
+    if _is_pyopencl(nonpad_kv_seqlen):
+        counts = nonpad_kv_seqlen
+        if counts.dtype != np.int32:
+            counts = counts.astype(np.int32)  # on the device
+    else:
+        counts = np.ascontiguousarray(np.asarray(nonpad_kv_seqlen), dtype=np.int32)
+    if counts.shape != (pb.b,):
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"nonpad_kv_seqlen has shape {counts.shape}, expected ({pb.b},)")
+    t.kv_seqlen = layout(_lib.I32, (pb.b,), _strides(counts))
+    return counts
+
+
+def _execute(ctx, desc, pb, inputs, scores_role, queue) -> dict:
+    """The plan made, run and released: the results by role (out, present_k/_v, the scores or
+    weights), numpy arrays read back, or pyopencl arrays on queue (not None)."""
     plan = ctypes.c_void_p()
     ctx.check(lib.clattn_sdpa_plan_create(ctx.handle, ctypes.byref(desc), ctypes.byref(plan)))
-    outputs: Dict[str, np.ndarray] = {}
+    keep: dict = {}
     try:
-        if device:
+        if queue is not None:
             import pyopencl.array as cla
 
             def empty(shape, dtype):
                 return cla.empty(queue, shape, dtype)
         else:
             empty = np.empty
-        y = empty((b, lq, hq * dv) if rank3 else (b, hq, lq, dv), q.dtype)
+        b, hq, lq, dv, total = pb.b, pb.hq, pb.lq, pb.dv, pb.total
+        y = empty((b, lq, hq * dv) if pb.rank3 else (b, hq, lq, dv), pb.q.dtype)
         with ctx.lock:
             bound = _lib.Tensors()
             results = {"out": y}
-            if pk is not None:
-                results["present_k"] = empty((b, hkv, total, d), k.dtype)
-                results["present_v"] = empty((b, hkv, total, dv), v.dtype)
-            if want_qk_matmul_output:
-                results["weights" if qk_matmul_output_mode == 3 else "scores"] = \
-                    empty(scores_shape, np.float32)
-            for role, array in (("q", q), ("k", k), ("v", v), ("past_k", pk), ("past_v", pv),
-                                ("kv_seqlen", counts),
-                                ("attn_mask", None if mask is None else mask[0])) + \
-                    tuple(results.items()):
+            if pb.pk is not None:
+                results["present_k"] = empty((b, pb.hkv, total, pb.d), pb.k.dtype)
+                results["present_v"] = empty((b, pb.hkv, total, dv), pb.v.dtype)
+            if scores_role is not None:
+                results[scores_role] = empty(pb.scores_shape, np.float32)
+            for role, array in inputs + tuple(results.items()):
                 if array is None:
                     continue
-                setattr(bound, role, getattr(t, role))
+                setattr(bound, role, getattr(desc.tensors, role))
                 if _is_pyopencl(array):
                     getattr(bound, role).mem = array.base_data.int_ptr
                     getattr(bound, role).offset = array.offset // array.dtype.itemsize
@@ -244,7 +298,7 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
                     getattr(bound, role).mem = keep[role].mem
             ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), _lib.ROLE_COUNT,
                                               None, None, 0, None, None))
-            if device:
+            if queue is not None:
                 if keep:  # uploaded inputs must outlive the kernels that read them
                     ctx.check(lib.clattn_finish(ctx.handle))
             else:
@@ -252,13 +306,4 @@ def onnx_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None,
                     keep[role].read(ctx, array)
     finally:
         lib.clattn_plan_release(plan)
-    outputs["Y"] = y
-    if pk is not None:
-        outputs["present_key"] = results["present_k"]
-        outputs["present_value"] = results["present_v"]
-    if want_qk_matmul_output:
-        scores = results["weights" if qk_matmul_output_mode == 3 else "scores"]
-        outputs["qk_matmul_output"] = scores.astype(q.dtype)
-    if not device and np.asarray(Q).dtype == np.float64:
-        outputs = {name: a.astype(np.float64) for name, a in outputs.items()}
-    return outputs
+    return results

@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _lib, _torch, functional
+from . import _lib, _sdpa_grad, _torch
 from ._core import ArgumentError
 
 if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
@@ -37,7 +37,7 @@ def _sdpa_op(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tens
              sinks: Optional[Tensor], is_causal: bool, scale: Optional[float], enable_gqa: bool,
              softcap: float, window_left: int, window_right: int,
              path: str) -> Tuple[Tensor, Tensor]:
-    out, lse = functional.sdpa_forward(
+    out, lse = _sdpa_grad.sdpa_forward(
         _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
         _torch.to_numpy(attn_mask), is_causal, scale, enable_gqa, sinks=_torch.to_numpy(sinks),
         path=path, softcap=softcap, window_size=(window_left, window_right))
@@ -58,7 +58,7 @@ def _sdpa_backward_op(grad_out: Tensor, query: Tensor, key: Tensor, value: Tenso
                       is_causal: bool, scale: Optional[float], enable_gqa: bool, softcap: float,
                       window_left: int, window_right: int,
                       want_mask_grad: bool) -> List[Tensor]:
-    g = functional.sdpa_backward(
+    g = _sdpa_grad.sdpa_backward(
         _torch.to_numpy(query), _torch.to_numpy(key), _torch.to_numpy(value),
         _torch.to_numpy(out), _torch.to_numpy(lse), _torch.to_numpy(grad_out.contiguous()),
         _torch.to_numpy(attn_mask), is_causal, scale, enable_gqa, sinks=_torch.to_numpy(sinks),

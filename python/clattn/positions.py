@@ -12,7 +12,7 @@ from . import _lib, _torch
 from ._core import (BFLOAT16, ArgumentError, ArrayLike, Buffer, Context, clattn_dtype,
                     default_context, layout)
 from ._lib import lib
-from .functional import _PATHS, _as_float, _is_pyopencl, _needs_grad
+from ._common import _PATHS, _as_float, _is_pyopencl, _needs_grad, _sdpa_plan
 
 
 def _storage_dtype(dtype) -> np.dtype:
@@ -176,6 +176,13 @@ def rotary_embedding(x, *, style: str = "halves", rotary_dim: Optional[int] = No
     return out.astype(np.float64) if x_in.dtype == np.float64 else out
 
 
+def _bind(t, q, out, cache) -> None:
+    """q, out and a KV cache's (k, v, lengths, block table) set on t (a descriptor's tensors
+    or a call's)."""
+    t.q, t.out = q, out
+    t.k, t.v, t.kv_seqlen, t.block_table = cache
+
+
 class KVCache:
     """Keys and values of a fixed capacity on the device, for decoding (clattn_kv_cache):
     ``append(k, v)`` adds (batch, kv_heads, T, head_dim) steps on the device, ``attend(q)``
@@ -289,36 +296,17 @@ class KVCache:
         if q.ndim != 4:
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                 f"query has shape {q.shape}; expected (batch, heads, Lq, d)")
-        k_t, v_t, len_t, bt_t = _lib.Tensor(), _lib.Tensor(), _lib.Tensor(), _lib.Tensor()
-        lib.clattn_kv_cache_tensors(self._handle, ctypes.byref(k_t), ctypes.byref(v_t),
-                                    ctypes.byref(len_t))
-        lib.clattn_kv_cache_block_table(self._handle, ctypes.byref(bt_t))
+        cache = self._cache_tensors()
         dtype = clattn_dtype(q.dtype)
         out_shape = q.shape[:3] + (self.shape[4],)
-        key_ = (q.shape, dtype, scale, path)
-        plan = self._plans.get(key_)
-        if plan is None:
-            desc = _lib.SdpaDesc()
-            lib.clattn_sdpa_desc_init(ctypes.byref(desc))
-            desc.tensors.q = layout(dtype, q.shape)
-            desc.tensors.out = layout(dtype, out_shape)
-            desc.tensors.k, desc.tensors.v, desc.tensors.kv_seqlen = k_t, v_t, len_t
-            desc.tensors.block_table = bt_t
-            desc.causal = _lib.CAUSAL_BOTTOM_RIGHT
-            desc.scale = float("nan") if scale is None else float(scale)
-            desc.path = _PATHS[path]
-            plan = ctypes.c_void_p()
-            self.ctx.check(lib.clattn_sdpa_plan_create(self.ctx.handle, ctypes.byref(desc),
-                                                       ctypes.byref(plan)))
-            self._plans[key_] = plan
+        plan = self._plan((q.shape, dtype, scale, path), layout(dtype, q.shape),
+                          layout(dtype, out_shape), cache, scale, path)
         out = np.empty(out_shape, q.dtype)
         with self.ctx.lock:
             qb, ob = Buffer(self.ctx, q), Buffer(self.ctx, nbytes=out.nbytes)
             bound = _lib.Tensors()
-            bound.q, bound.out = layout(dtype, q.shape), layout(dtype, out_shape)
+            _bind(bound, layout(dtype, q.shape), layout(dtype, out_shape), cache)
             bound.q.mem, bound.out.mem = qb.mem, ob.mem
-            bound.k, bound.v, bound.kv_seqlen = k_t, v_t, len_t
-            bound.block_table = bt_t
             self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), _lib.ROLE_COUNT,
                                                    None, None, 0, None, None))
             ob.read(self.ctx, out)
@@ -347,38 +335,43 @@ class KVCache:
 
     def _attend_device(self, query, q: _lib.Tensor, scale, path):
         import pyopencl.array as cla
-        k_t, v_t, len_t, bt_t = _lib.Tensor(), _lib.Tensor(), _lib.Tensor(), _lib.Tensor()
-        lib.clattn_kv_cache_tensors(self._handle, ctypes.byref(k_t), ctypes.byref(v_t),
-                                    ctypes.byref(len_t))
-        lib.clattn_kv_cache_block_table(self._handle, ctypes.byref(bt_t))
+        cache = self._cache_tensors()
         out_shape = tuple(query.shape[:3]) + (self.shape[4],)
         out = cla.empty(query.queue, out_shape, query.dtype)
         o = layout(q.dtype, out_shape)
         o.mem = out.base_data.int_ptr
         o.offset = out.offset // out.dtype.itemsize
         key_ = ("device", q.dtype, tuple(q.dims), tuple(q.strides), scale, path)
-        plan = self._plans.get(key_)
-        if plan is None:
-            desc = _lib.SdpaDesc()
-            lib.clattn_sdpa_desc_init(ctypes.byref(desc))
-            desc.tensors.q, desc.tensors.out = q, o
-            desc.tensors.k, desc.tensors.v, desc.tensors.kv_seqlen = k_t, v_t, len_t
-            desc.tensors.block_table = bt_t
-            desc.causal = _lib.CAUSAL_BOTTOM_RIGHT
-            desc.scale = float("nan") if scale is None else float(scale)
-            desc.path = _PATHS[path]
-            plan = ctypes.c_void_p()
-            self.ctx.check(lib.clattn_sdpa_plan_create(self.ctx.handle, ctypes.byref(desc),
-                                                       ctypes.byref(plan)))
-            self._plans[key_] = plan
+        plan = self._plan(key_, q, o, cache, scale, path)
         bound = _lib.Tensors()
-        bound.q, bound.out = q, o
-        bound.k, bound.v, bound.kv_seqlen = k_t, v_t, len_t
-        bound.block_table = bt_t
+        _bind(bound, q, o, cache)
         with self.ctx.lock:
             self.ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(bound), _lib.ROLE_COUNT,
                                                    None, None, 0, None, None))
         return out
+
+    def _cache_tensors(self) -> tuple:
+        """The cache's k, v, lengths and block table as tensors bound to its buffers."""
+        k_t, v_t, len_t, bt_t = _lib.Tensor(), _lib.Tensor(), _lib.Tensor(), _lib.Tensor()
+        lib.clattn_kv_cache_tensors(self._handle, ctypes.byref(k_t), ctypes.byref(v_t),
+                                    ctypes.byref(len_t))
+        lib.clattn_kv_cache_block_table(self._handle, ctypes.byref(bt_t))
+        return k_t, v_t, len_t, bt_t
+
+    def _plan(self, key_, q, out, cache, scale, path):
+        """The attend plan for key_ (made on its first use, kept until close): the query
+        bottom-right aligned on the cache's keys."""
+        plan = self._plans.get(key_)
+        if plan is None:
+            desc = _lib.SdpaDesc()
+            lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+            _bind(desc.tensors, q, out, cache)
+            desc.causal = _lib.CAUSAL_BOTTOM_RIGHT
+            desc.scale = float("nan") if scale is None else float(scale)
+            desc.path = _PATHS[path]
+            plan = _sdpa_plan(self.ctx, desc)
+            self._plans[key_] = plan
+        return plan
 
     def close(self) -> None:
         """Releases the cache's buffers and plans (idempotent)."""

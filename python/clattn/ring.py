@@ -183,7 +183,7 @@ def ring_attention(q, k, v, comm=None, *, layout_name: str = "contiguous",
             tq.mem, tk.mem, tv.mem = (b.mem for b in ins)
             to.mem, tl.mem = outs[0].mem, outs[1].mem
             if sinks is not None:
-                from .functional import _sinks_array
+                from ._common import _sinks_array
                 held = _sinks_array(sinks, H)
                 sink_buffer = Buffer(ctx, held)
                 ts = layout(_lib.F32, held.shape)

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from . import _lib
 from ._core import ArgumentError, Context
 from .dropout import _probability
-from .functional import scaled_dot_product_attention
+from ._sdpa_entry import scaled_dot_product_attention
 
 
 class MultiheadAttention(nn.Module):

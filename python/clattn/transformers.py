@@ -32,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from .functional import scaled_dot_product_attention
+from ._sdpa_entry import scaled_dot_product_attention
 
 NAME = "clattn"
 

@@ -166,8 +166,8 @@ def test_sdpa_softcap_window_weights_against_float64(lq, lk, hq, hkv, d):
 
 def test_float64_says_once_that_it_computes_in_float32(monkeypatch):
     """Old: float64 came back float64, computed in float32, with no word."""
-    from clattn import functional
-    monkeypatch.setattr(functional, "_warned_float64", False)
+    from clattn import _common
+    monkeypatch.setattr(_common, "_warned_float64", False)
     q = torch.randn(1, 2, 5, 8, dtype=torch.float64)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

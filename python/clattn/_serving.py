@@ -1,0 +1,274 @@
+"""Serving: attention over a paged KV cache (:func:`paged_attention`, vLLM's and flash-attn's
+page layout, float or llama.cpp-quantized pools) and the block quantization it reads
+(:func:`quantize`). clattn.flash_attn.flash_attn_with_kvcache and clattn.KVCache build on
+the same fused paged kernel."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from types import SimpleNamespace
+from typing import Optional
+
+import numpy as np
+
+from . import _lib, _torch
+from ._common import _as_float, _needs_grad, _sdpa_plan, _sinks_array
+from ._core import ArgumentError, ArrayLike, Buffer, Context, clattn_dtype, default_context, layout
+from ._lib import lib
+
+
+def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
+                    block_table: ArrayLike, seqlens_k: ArrayLike, *, is_causal: bool = False,
+                    scale: Optional[float] = None, sinks: Optional[ArrayLike] = None,
+                    kv_dtype: Optional[str] = None,
+                    ctx: Optional[Context] = None) -> ArrayLike:
+    """Attention over a paged KV cache (the pools in vLLM's and flash-attn's page layout), on
+    the clattn device (the fused kernel reads the pages through the table).
+
+    The query is clattn's (B, Hq, Lq, E), heads before rows, as scaled_dot_product_attention
+    takes it, NOT flash-attn's (B, Lq, Hq, E): for flash-attn's own call (query (B, Lq, H, D),
+    appending new keys, rotary, windows, softcap, ALiBi, lse) use
+    :func:`clattn.flash_attn.flash_attn_with_kvcache`. A query whose dim 1 is not a multiple
+    of the pools' Hkv is refused, with a hint when it looks transposed (a query with Hkv = 1,
+    or one whose Lq and Hq are both multiples of Hkv, cannot be told apart: mind the order).
+
+    query (B, Hq, Lq, E); k_pages (pages, page_size, Hkv, E) and v_pages (pages, page_size,
+    Hkv, Ev) (flash-attn's paged k_cache/v_cache): float32, float16, bfloat16 (ml_dtypes) or
+    float64 (computed in float32); block_table (B, blocks) and seqlens_k (B,) integers: key j
+    of sequence b is slot j % page_size of page block_table[b, j // page_size], its keys
+    0 .. seqlens_k[b] - 1. A sequence's pages need not be contiguous nor in order. Hkv divides
+    Hq (query head h uses pool head h // (Hq // Hkv)).
+    is_causal: per sequence, the queries being its last Lq keys (bottom-right). scale: None for
+    1/sqrt(E). sinks: (Hq,) attention-sink logits (see scaled_dot_product_attention).
+    kv_dtype: 'q8_0' or 'q4_0' (llama.cpp's block formats; E and Ev multiples of 32, else
+    ArgumentError): float pools are quantized on the device first (``quantize``'s rounding),
+    and uint8 pools are taken as those blocks as they are, (pages, page_size, Hkv,
+    E // 32 * 34) for q8_0 (18 for q4_0), a ggml cache handed over byte for byte; the kernel
+    dequantizes as it reads.
+    torch tensors in give a torch tensor out (every argument, kv_dtype included, reaches the
+    same core as for numpy). Not differentiable (clattn's backward refuses paged caches): on
+    tensors that require grad while torch records gradients it raises clattn.ArgumentError
+    naming them, never a detached result. Raises clattn.ArgumentError naming the argument for
+    a block index outside the pool (among a sequence's used blocks), a count past the
+    table's pages, or shapes that do not fit. Returns (B, Hq, Lq, Ev) in query's dtype."""
+    like = _torch.any_tensor(query, k_pages, v_pages)
+    if like is not None:
+        _refuse_grad(query, k_pages, v_pages, sinks)
+        result = paged_attention(
+            _torch.to_numpy(query), _torch.to_numpy(k_pages), _torch.to_numpy(v_pages),
+            _torch.to_numpy(block_table), _torch.to_numpy(seqlens_k), is_causal=is_causal,
+            scale=scale, sinks=_torch.to_numpy(sinks), kv_dtype=kv_dtype, ctx=ctx)
+        return _torch.from_numpy(result, like)
+    ctx = ctx or default_context()
+    q_in = np.asarray(query)
+    pools = _pools(query, k_pages, v_pages, kv_dtype)
+    table = np.asarray(block_table)
+    counts = np.asarray(seqlens_k)
+    _check_pools(pools.q, pools.kp, pools.vp)
+    _check_table(table, counts, pools.q.shape[0], pools.kp.shape[0], pools.kp.shape[1])
+    if scale is not None and not math.isfinite(scale):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
+    sinks1 = _sinks_array(sinks, pools.q.shape[1])
+    E = pools.q.shape[3]
+    if pools.block is not None and (E % 32 or pools.vp.shape[-1] % 32):
+        raise ArgumentError(_lib.ERR_UNSUPPORTED,
+                            f"kv_dtype={kv_dtype!r}: the head sizes (k {E}, v "
+                            f"{pools.vp.shape[-1]}) must be multiples of 32 (a block holds 32 "
+                            f"values)")
+    out = _paged_execute(ctx, pools, table, counts, sinks1, is_causal, scale)
+    return out.astype(q_in.dtype) if q_in.dtype == np.float64 else out
+
+
+def _refuse_grad(query, k_pages, v_pages, sinks) -> None:
+    """paged_attention has no backward: tensors that require grad (while torch records
+    gradients) are refused, naming them, never given a detached result."""
+    if _needs_grad(query, k_pages, v_pages, sinks):
+        names = [n for n, x in (("query", query), ("k_pages", k_pages),
+                                ("v_pages", v_pages), ("sinks", sinks))
+                 if getattr(x, "requires_grad", False)]
+        raise ArgumentError(_lib.ERR_UNSUPPORTED,
+                            f"paged_attention is not differentiable: {', '.join(names)} "
+                            f"require{'s' if len(names) == 1 else ''} grad, but clattn's "
+                            f"backward refuses paged KV caches (as flash-attn's "
+                            f"flash_attn_with_kvcache has none); call it under "
+                            f"torch.no_grad() or pass detached tensors, or use "
+                            f"varlen_attention for a differentiable packed batch")
+
+
+def _pools(query, k_pages, v_pages, kv_dtype) -> SimpleNamespace:
+    """The query and pools as floats, or, for a given uint8 cache of kv_dtype's blocks, the
+    blocks as they are (kb, vb) with kp, vp empty float arrays of the shapes they hold
+    (E from the bytes per row). block: kv_dtype's (clattn dtype, bytes per block) or None."""
+    block = None  # (clattn dtype, bytes per block) with kv_dtype
+    if kv_dtype is not None:
+        if kv_dtype not in _lib.BLOCK_TYPES:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"kv_dtype={kv_dtype!r}: expected 'q8_0' or 'q4_0'")
+        block = _lib.BLOCK_TYPES[kv_dtype]
+    given_blocks = block is not None and np.asarray(k_pages).dtype == np.uint8
+    if given_blocks:  # the blocks as a ggml cache holds them: E from the bytes per row
+        kb, vb = np.asarray(k_pages), np.asarray(v_pages)
+        if kb.ndim != 4 or vb.ndim != 4 or vb.dtype != np.uint8 or kb.shape[-1] % block[1] \
+                or vb.shape[-1] % block[1]:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"k_pages {kb.shape} {kb.dtype}, v_pages {vb.shape} {vb.dtype}: "
+                                f"{kv_dtype} blocks are uint8 (pages, page_size, Hkv, "
+                                f"E // 32 * {block[1]})")
+        q = _as_float("query", query)
+        kp = np.empty(kb.shape[:3] + (kb.shape[3] // block[1] * 32,), np.float32)  # shapes only
+        vp = np.empty(vb.shape[:3] + (vb.shape[3] // block[1] * 32,), np.float32)
+    else:
+        q, kp, vp = (_as_float(n, a) for n, a in (("query", query), ("k_pages", k_pages),
+                                                  ("v_pages", v_pages)))
+        kb = vb = None
+    return SimpleNamespace(q=q, kp=kp, vp=vp, kb=kb, vb=vb, block=block,
+                           given_blocks=given_blocks)
+
+
+def _check_pools(q, kp, vp) -> None:
+    """The query's and pools' ranks, and the pools sharing pages, page size and heads (Hkv, a
+    divisor of the query's heads) and k the query's head size (with a hint for a query in
+    flash-attn's (B, Lq, H, D) order)."""
+    if q.ndim != 4 or kp.ndim != 4 or vp.ndim != 4:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"query {q.shape}, k_pages {kp.shape}, v_pages {vp.shape}: expected "
+                            f"(B, Hq, Lq, E), (pages, page_size, Hkv, E), (pages, page_size, "
+                            f"Hkv, Ev)")
+    B, Hq, Lq, E = q.shape
+    pages, page_size, Hkv, Ek = kp.shape
+    if vp.shape[:3] != kp.shape[:3] or Ek != E or Hkv == 0 or Hq % Hkv != 0:
+        hint = ""
+        if Hkv and Hq % Hkv and Lq % Hkv == 0:
+            hint = (f"; query {q.shape} looks like flash-attn's (B, Lq, H, D): paged_attention "
+                    f"takes (B, H, Lq, D) (pass query.transpose(1, 2)), or use "
+                    f"clattn.flash_attn.flash_attn_with_kvcache, which takes (B, Lq, H, D)")
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"k_pages {kp.shape}, v_pages {vp.shape}, query {q.shape}: the pools "
+                            f"must share pages, page size and heads (Hkv = {Hkv}, a divisor of "
+                            f"the query's heads, dim 1 of (B, Hq, Lq, E)), and k the query's "
+                            f"head size{hint}")
+
+
+def _check_table(table, counts, B, pages, page_size) -> None:
+    """block_table (B, blocks) and seqlens_k (B,) integers, each sequence's count within its
+    blocks and its used blocks pages of the pool."""
+    if not np.issubdtype(table.dtype, np.integer) or table.ndim != 2 or table.shape[0] != B \
+            or table.shape[1] == 0:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"block_table has shape {table.shape} and dtype {table.dtype}; "
+                            f"expected integers (B, blocks) = ({B}, blocks >= 1)")
+    if not np.issubdtype(counts.dtype, np.integer) or counts.shape != (B,):
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"seqlens_k has shape {counts.shape} and dtype {counts.dtype}; "
+                            f"expected integers ({B},)")
+    blocks = table.shape[1]
+    for b in range(B):
+        n = int(counts[b])
+        if not 0 <= n <= blocks * page_size:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"seqlens_k[{b}] = {n} is not in 0 .. {blocks * page_size}: "
+                                f"block_table holds {blocks} blocks of {page_size} keys")
+        used = table[b, :(n + page_size - 1) // page_size]
+        bad = np.nonzero((used < 0) | (used >= pages))[0]
+        if bad.size:
+            j = int(bad[0])
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"block_table[{b}, {j}] = {int(used[j])} is not a page of the "
+                                f"pool (0 .. {pages - 1}); sequence {b} has {n} keys")
+
+
+def _paged_execute(ctx, pools, table, counts, sinks1, is_causal, scale) -> np.ndarray:
+    """The fused paged kernel on the checked arrays (float pools of kv_dtype quantized on the
+    device first): out (B, Hq, Lq, Ev) in the query's computed dtype."""
+    q, kp, vp, block, given_blocks = pools.q, pools.kp, pools.vp, pools.block, pools.given_blocks
+    B, Hq, Lq, E = q.shape
+    pages = kp.shape[0]
+    qc = np.ascontiguousarray(q)
+    kc, vc = (np.ascontiguousarray(a) for a in ((pools.kb, pools.vb) if given_blocks else (kp, vp)))
+    table32 = np.ascontiguousarray(np.where((table >= 0) & (table < pages), table, -1),
+                                   dtype=np.int32)
+    counts32 = np.ascontiguousarray(counts, dtype=np.int32)
+    dtypes = (clattn_dtype(qc.dtype),) + ((block[0], block[0]) if block is not None else
+                                          (clattn_dtype(kc.dtype), clattn_dtype(vc.dtype)))
+    Ev = vp.shape[-1]
+    out = np.empty((B, Hq, Lq, Ev), dtype=qc.dtype)
+
+    def tensors():
+        t = _lib.Tensors()
+        t.q = layout(dtypes[0], qc.shape)
+        t.k = layout(dtypes[1], kp.shape)
+        t.v = layout(dtypes[2], vp.shape)
+        t.out = layout(dtypes[0], out.shape)
+        t.block_table = layout(_lib.I32, table32.shape)
+        t.kv_seqlen = layout(_lib.I32, counts32.shape)
+        if sinks1 is not None:
+            t.sinks = layout(_lib.F32, sinks1.shape)
+        return t
+
+    key_ = ("paged", qc.shape, kp.shape, vp.shape, dtypes, table32.shape, bool(is_causal), scale,
+            sinks1 is not None)
+
+    def create():
+        desc = _lib.SdpaDesc()
+        lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+        t, src = desc.tensors, tensors()
+        for name in ("q", "k", "v", "out", "block_table", "kv_seqlen", "sinks"):
+            setattr(t, name, getattr(src, name))
+        desc.causal = _lib.CAUSAL_BOTTOM_RIGHT if is_causal else _lib.CAUSAL_NONE
+        desc.scale = float("nan") if scale is None else float(scale)
+        desc.path = _lib.PATH_FUSED
+        return _sdpa_plan(ctx, desc)
+
+    with ctx.lock:
+        plan = ctx.plan(key_, create)
+        arrays = [qc, kc, vc, table32, counts32] + ([sinks1] if sinks1 is not None else [])
+        buffers = [Buffer(ctx, a) for a in arrays] + [Buffer(ctx, nbytes=out.nbytes)]
+        t = tensors()
+        t.q.mem, t.k.mem, t.v.mem = buffers[0].mem, buffers[1].mem, buffers[2].mem
+        if block is not None and not given_blocks:  # float pools: quantized on the device
+            for i, (name, pool) in enumerate((("k", kc), ("v", vc))):
+                src = layout(clattn_dtype(pool.dtype), pool.shape)
+                src.mem = buffers[1 + i].mem
+                blocks = Buffer(ctx, nbytes=pool.size // 32 * block[1])
+                buffers.append(blocks)
+                getattr(t, name).mem = blocks.mem
+                ctx.check(lib.clattn_quantize(ctx.handle, ctypes.byref(src),
+                                              ctypes.byref(getattr(t, name)), 0, None, None))
+        t.block_table.mem, t.kv_seqlen.mem = buffers[3].mem, buffers[4].mem
+        if sinks1 is not None:
+            t.sinks.mem = buffers[5].mem
+        t.out.mem = buffers[len(arrays)].mem
+        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(t), _lib.ROLE_COUNT, None, None, 0,
+                                          None, None))
+        buffers[len(arrays)].read(ctx, out)
+    return out
+
+
+@_torch.torch_io("quantize")
+def quantize(x: ArrayLike, kv_dtype: str, *, ctx: Optional[Context] = None) -> np.ndarray:
+    """llama.cpp's block quantization on the clattn device: x (..., E) float32, float16,
+    bfloat16 or float64, E a multiple of 32, rank 1 to 4; kv_dtype 'q8_0' (per 32 values an
+    fp16 scale amax / 127 and int8 round(x / scale)) or 'q4_0' (an fp16 scale m / -8, m the
+    value of largest magnitude, and nibbles min(15, int(x / scale + 8.5)), element j with
+    j + 16 in one byte). Returns uint8 (..., E // 32 * 34) or (..., E // 32 * 18): ggml's
+    block_q8_0 / block_q4_0 bytes, as ``paged_attention(kv_dtype=...)`` takes them."""
+    if kv_dtype not in _lib.BLOCK_TYPES:
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"kv_dtype={kv_dtype!r}: expected 'q8_0' or 'q4_0'")
+    code, size = _lib.BLOCK_TYPES[kv_dtype]
+    a = np.ascontiguousarray(_as_float("x", x))
+    if not 1 <= a.ndim <= 4 or a.shape[-1] % 32 or 0 in a.shape:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"x has shape {a.shape}: expected rank 1 to 4 with the last "
+                            f"dimension a multiple of 32")
+    ctx = ctx or default_context()
+    out = np.empty(a.shape[:-1] + (a.shape[-1] // 32 * size,), np.uint8)
+    with ctx.lock:
+        src_buf, dst_buf = Buffer(ctx, a), Buffer(ctx, nbytes=out.nbytes)
+        src, dst = layout(clattn_dtype(a.dtype), a.shape), layout(code, a.shape)
+        src.mem, dst.mem = src_buf.mem, dst_buf.mem
+        ctx.check(lib.clattn_quantize(ctx.handle, ctypes.byref(src), ctypes.byref(dst), 0, None,
+                                      None))
+        dst_buf.read(ctx, out)
+    return out
