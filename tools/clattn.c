@@ -70,20 +70,21 @@ static const char *type_name(cl_device_type type)
 
 /* devices and info take only --device. */
 typedef struct device_options {
-    const char *device;
+    cli_exec exec; /* --device */
 } device_options;
-static const cli_option device_table[] = {CLI_USE("--device", device_options, device)};
+static const cli_option device_table[] = {
+    CLI_USE(cli_exec_group, device_options, exec, CLI_EXEC_DEVICE)};
 
 static const char *const devices_help[] = {devices_usage, NULL};
 static const cli_command devices_command = CLI_COMMAND("devices", device_table, devices_help);
 
 int cmd_devices(int argc, char **argv)
 {
-    device_options options = {NULL};
+    device_options options = {{NULL}};
     const int rc = cli_parse_command(&devices_command, argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
-    const char *device_spec = options.device;
+    const char *device_spec = options.exec.device;
     cl_platform_id platforms[16];
     cl_uint num_platforms = 0;
     cl_int err = clGetPlatformIDs(16, platforms, &num_platforms);
@@ -172,11 +173,11 @@ static const cli_command info_command = CLI_COMMAND("info", device_table, info_h
 
 int cmd_info(int argc, char **argv)
 {
-    device_options options = {NULL};
+    device_options options = {{NULL}};
     const int rc = cli_parse_command(&info_command, argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
-    const char *device_spec = options.device;
+    const char *device_spec = options.exec.device;
     clattn_ctx *ctx = cli_context("info", device_spec);
     if (ctx == NULL)
         return cli_context_exit();
@@ -204,11 +205,11 @@ static const char doctor_usage[] =
     "another) or a device or library failure, 2 bad options.\n";
 
 typedef struct doctor_options {
-    const char *device;
+    cli_exec exec; /* --device */
     const char *json;
 } doctor_options;
 static const cli_option doctor_table[] = {
-    CLI_USE("--device", doctor_options, device),
+    CLI_USE(cli_exec_group, doctor_options, exec, CLI_EXEC_DEVICE),
     {CLI_OPT("--json", CLI_PATH, CLI_AT(doctor_options, json), "FILE",
              "write the report as JSON to FILE")},
 };
@@ -217,11 +218,11 @@ static const cli_command doctor_command = CLI_COMMAND("doctor", doctor_table, do
 
 int cmd_doctor(int argc, char **argv)
 {
-    doctor_options options = {NULL, NULL};
+    doctor_options options = {{NULL}, NULL};
     const int rc = cli_parse_command(&doctor_command, argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
-    clattn_ctx *ctx = cli_context("doctor", options.device);
+    clattn_ctx *ctx = cli_context("doctor", options.exec.device);
     if (ctx == NULL)
         return cli_context_exit();
     size_t checked = 0, failed = 0;

@@ -438,10 +438,12 @@ static int ring_bench_case(clattn_ctx *ctx, const clattn_ring_desc *base, size_t
 }
 
 typedef struct ring_bench_options {
-    size_t seqs[16], num_seq, runs, warmup, batch, heads, kv_heads, head_dim;
-    bool json, causal;
+    size_t seqs[16], num_seq;
+    cli_bench shape; /* --batch --heads --kv-heads --head-dim --runs --warmup --json */
+    cli_score score; /* --causal */
+    cli_exec exec;   /* --device */
     int zigzag, dtype;
-    const char *device, *op;
+    const char *op;
 } ring_bench_options;
 
 static int parse_ring_op(const cli_args *args, const char *value, void *target)
@@ -468,19 +470,13 @@ static const cli_option ring_bench_table[] = {
      .handle = parse_ring_op, .flags = CLI_REQUIRED},
     {CLI_OPT("--seq", CLI_CUSTOM, 0, "L,...", "sequence lengths (default 2048)"),
      .handle = parse_ring_seq},
-    {CLI_OPT("--batch", CLI_SIZE, AT(batch), "B", "batch (default 1)"), .min = 1},
-    {CLI_OPT("--heads", CLI_SIZE, AT(heads), "H", "heads (default 8)"), .min = 1},
-    {CLI_OPT("--kv-heads", CLI_SIZE, AT(kv_heads), "H", "grouped K/V heads"), .min = 1},
-    {CLI_OPT("--head-dim", CLI_SIZE, AT(head_dim), "D", "head size (default 64)"), .min = 1},
-    CLI_USE("--causal", ring_bench_options, causal),
+    CLI_USE(cli_bench_group, ring_bench_options, shape, 0),
+    CLI_USE(cli_score_group, ring_bench_options, score, CLI_SCORE_CAUSAL),
     {CLI_OPT("--ring-layout", CLI_CHOICE, AT(zigzag), NULL, "the rows of each rank"),
      .choices = ring_layouts},
     {CLI_OPT("--dtype", CLI_CHOICE, AT(dtype), NULL, "q, k, v and out storage (default f32)"),
      .choices = ring_dtypes},
-    {CLI_OPT("--runs", CLI_SIZE, AT(runs), "N", "timed runs (default 5)"), .min = 1},
-    {CLI_OPT("--warmup", CLI_SIZE, AT(warmup), "N", "untimed runs first (default 1)")},
-    {CLI_OPT("--json", CLI_FLAG, AT(json), NULL, "one JSON line per rank and size")},
-    CLI_USE("--device", ring_bench_options, device),
+    CLI_USE(cli_exec_group, ring_bench_options, exec, CLI_EXEC_DEVICE),
 };
 #undef AT
 static const char *const ring_bench_help[] = {ring_bench_usage, NULL};
@@ -489,26 +485,23 @@ static const cli_command ring_bench_command =
 
 int cli_ring_bench(int argc, char **argv)
 {
-    ring_bench_options o = {.seqs = {2048},
-                            .num_seq = 1,
-                            .runs = 5,
-                            .warmup = 1,
-                            .batch = 1,
-                            .heads = 8,
-                            .head_dim = 64,
-                            .dtype = CLATTN_DTYPE_F32};
+    ring_bench_options o = {
+        .seqs = {2048},
+        .num_seq = 1,
+        .shape = {.batch = 1, .heads = 8, .head_dim = 64, .runs = 5, .warmup = 1},
+        .dtype = CLATTN_DTYPE_F32};
     const int parsed = cli_parse_command(&ring_bench_command, argc, argv, &o);
     if (parsed != CLI_OK)
         return parsed < 0 ? CLI_OK : parsed;
     size_t *seqs = o.seqs;
-    const size_t num_seq = o.num_seq, runs = o.runs, warmup = o.warmup;
-    const bool json = o.json;
-    const char *device = o.device;
+    const size_t num_seq = o.num_seq, runs = o.shape.runs, warmup = o.shape.warmup;
+    const bool json = o.shape.json;
+    const char *device = o.exec.device;
     clattn_ring_desc desc;
     clattn_ring_desc_init(&desc);
-    desc.batch = o.batch, desc.heads = o.heads, desc.kv_heads = o.kv_heads;
-    desc.head_dim_qk = o.head_dim;
-    desc.causal = o.causal ? CLATTN_CAUSAL_TOP_LEFT : desc.causal;
+    desc.batch = o.shape.batch, desc.heads = o.shape.heads, desc.kv_heads = o.shape.kv_heads;
+    desc.head_dim_qk = o.shape.head_dim;
+    desc.causal = o.score.causal ? CLATTN_CAUSAL_TOP_LEFT : desc.causal;
     desc.layout = o.zigzag ? CLATTN_RING_ZIGZAG : desc.layout;
     desc.dtype = (clattn_dtype)o.dtype;
     desc.head_dim_v = desc.head_dim_qk;

@@ -33,14 +33,14 @@ static const char additive_usage[] =
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
 typedef struct additive_options {
-    const char *device, *query, *key, *value, *w1, *w2, *w, *b1, *b2;
-    const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png;
+    const char *query, *key, *value, *w1, *w2, *w, *b1, *b2;
+    const char *attn_mask, *out, *attn_out;
     size_t heads;
-    bool causal, heads_given;
-    bool mask_true_masked, mask_true_given; /* --mask-true (default masked) */
-    clattn_heatmap_scale png_scale;         /* --png-scale (default row) */
-    clattn_norm norm;
-    clattn_path path;
+    bool heads_given;
+    cli_score score;     /* --causal, --norm */
+    cli_masks masks;     /* --mask-true (default masked), --key-padding-mask */
+    cli_heatmap heatmap; /* --attn-png, --png-scale (default row) */
+    cli_exec exec;       /* --device, --path */
 } additive_options;
 
 enum { A_Q, A_K, A_V, A_W1, A_W2, A_W, A_B1, A_B2, A_MASK, A_KPM, A_COUNT };
@@ -82,20 +82,15 @@ static const cli_option additive_table[] = {
     {CLI_OPT("--b2", CLI_PATH, AT(b2), "B2.npy", "the key bias (da)")},
     {CLI_OPT("--heads", CLI_SIZE, AT(heads), "H", "heads, each with its own weights (default 1)"),
      .min = 1, .given = CLI_GIVEN(additive_options, heads_given)},
-    CLI_USE("--causal", additive_options, causal),
+    CLI_USE(cli_score_group, additive_options, score, CLI_SCORE_CAUSAL | CLI_SCORE_NORM),
     {CLI_OPT("--attn-mask", CLI_PATH, AT(attn_mask), "M.npy",
              "(L, S): float added, or bool (True = masked by default)")},
-    CLI_USE_GIVEN("--mask-true", additive_options, mask_true_masked, mask_true_given),
-    {CLI_OPT("--key-padding-mask", CLI_PATH, AT(key_padding_mask), "P.npy",
-             "(B, S) or (S): true = ignore that key")},
-    CLI_USE("--norm", additive_options, norm),
-    CLI_USE("--path", additive_options, path),
+    CLI_USE(cli_masks_group, additive_options, masks, 0),
     {CLI_OPT("--out", CLI_PATH, AT(out), "O.npy",
              "write the output (else it is printed when small)")},
     {CLI_OPT("--attn-out", CLI_PATH, AT(attn_out), "A.npy", "write the weights (B, H, L, S)")},
-    CLI_USE("--attn-png", additive_options, attn_png),
-    CLI_USE("--png-scale", additive_options, png_scale),
-    CLI_USE("--device", additive_options, device),
+    CLI_USE(cli_heatmap_group, additive_options, heatmap, 0),
+    CLI_USE(cli_exec_group, additive_options, exec, 0),
 };
 #undef AT
 
@@ -112,13 +107,13 @@ static int parse_options(int argc, char **argv, additive_options *o)
     if (!o->query || !o->w1 || !o->w2 || !o->w)
         return cli_fail("additive", CLI_BAD_INPUT,
                         "--query, --w1, --w2 and --w are required (see --help)");
-    if (o->path == CLATTN_PATH_FUSED && (o->attn_out || o->attn_png))
+    if (o->exec.path == CLATTN_PATH_FUSED && (o->attn_out || o->heatmap.png))
         return cli_fail("additive", CLI_BAD_INPUT,
                         "--path fused never forms the weights: drop --attn-out/--attn-png or use "
                         "--path auto");
     if (!cli_check_output("additive", "--out", o->out) ||
         !cli_check_output("additive", "--attn-out", o->attn_out) ||
-        !cli_check_output("additive", "--attn-png", o->attn_png))
+        !cli_check_output("additive", "--attn-png", o->heatmap.png))
         return CLI_BAD_INPUT;
     return CLI_OK;
 }
@@ -180,7 +175,7 @@ static int run(const additive_options *o, additive_data *d)
                                   o->b1,
                                   o->b2,
                                   o->attn_mask,
-                                  o->key_padding_mask};
+                                  o->masks.key_padding};
     for (int i = 0; i < A_COUNT; ++i)
         if (files[i] && (rc = load(files[i], &d->in[i])))
             return rc;
@@ -221,20 +216,20 @@ static int run(const additive_options *o, additive_data *d)
             return cli_fail("additive", CLI_FAILED, "out of memory");
         const bool boolean = m->source == CLATTN_IO_BOOL;
         if (boolean)
-            cli_note_mask_convention("additive", "--attn-mask", o->mask_true_masked,
-                                     o->mask_true_given);
+            cli_note_mask_convention("additive", "--attn-mask", o->masks.true_masked,
+                                     o->masks.true_given);
         for (size_t i = 0; i < m->count; ++i)
             d->mask[i] = boolean
-                             ? ((m->data[i] != 0.0f) == o->mask_true_masked ? -INFINITY : 0.0f)
+                             ? ((m->data[i] != 0.0f) == o->masks.true_masked ? -INFINITY : 0.0f)
                              : m->data[i];
     }
-    if (o->key_padding_mask) {
+    if (o->masks.key_padding) {
         const clattn_array *p = &d->in[A_KPM];
         const bool ok = batched ? p->ndim == 2 && p->shape[0] == batch && p->shape[1] == seq_k
                                 : p->ndim == 1 && p->shape[0] == seq_k;
         if (!ok)
             return cli_fail("additive", CLI_BAD_INPUT, "%s has shape %s, expected %s",
-                            o->key_padding_mask, shape_text(p, text, sizeof text),
+                            o->masks.key_padding, shape_text(p, text, sizeof text),
                             batched ? "(B, S)" : "(S,)");
         d->padding = malloc(p->count ? p->count : 1);
         if (d->padding == NULL)
@@ -248,9 +243,9 @@ static int run(const additive_options *o, additive_data *d)
     clattn_tensors desc_tensors = {0};
     CLATTN_BIND_ROLES(desc, desc_tensors);
     desc.num_heads = heads;
-    desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
-    desc.norm = o->norm;
-    desc.path = o->path;
+    desc.causal = o->score.causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    desc.norm = o->score.norm;
+    desc.path = o->exec.path;
     clattn_tensors *t = &desc_tensors;
     t->q = tensor_of(q);
     t->k = tensor_of(k);
@@ -268,7 +263,7 @@ static int run(const additive_options *o, additive_data *d)
         t->attn_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
     if (d->padding)
         t->key_padding_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, batch, seq_k, 0, 0);
-    const bool want_weights = o->attn_out || o->attn_png;
+    const bool want_weights = o->attn_out || o->heatmap.png;
     size_t weight_count = 0, out_count = 0;
     size_t rows = 0;
     if (!product(batch, seq_q, &rows) || !product(rows, dv, &out_count) ||
@@ -283,7 +278,7 @@ static int run(const additive_options *o, additive_data *d)
     if (d->out == NULL || (want_weights && d->weights == NULL))
         return cli_fail("additive", CLI_FAILED, "out of memory for the outputs");
 
-    clattn_ctx *ctx = cli_context("additive", o->device);
+    clattn_ctx *ctx = cli_context("additive", o->exec.device);
     if (ctx == NULL)
         return cli_context_exit();
     clattn_plan *plan = NULL;
@@ -356,15 +351,15 @@ static int run(const additive_options *o, additive_data *d)
         clattn_npy_write(o->attn_out, d->weights, batched ? 4 : 3, batched ? w_shape : w_shape + 1,
                          msg, sizeof msg) != CLATTN_IO_OK)
         return cli_fail("additive", CLI_FAILED, "%s", msg);
-    if (o->attn_png) {
+    if (o->heatmap.png) {
         const cli_png_masks masks_png = {.heads = heads,
                                          .rows = seq_q,
                                          .cols = seq_k,
-                                         .causal = o->causal,
+                                         .causal = o->score.causal,
                                          .padding = d->padding,
                                          .additive = d->mask};
-        return cli_write_attention_png("additive", o->attn_png, d->weights, &masks_png,
-                                       o->png_scale);
+        return cli_write_attention_png("additive", o->heatmap.png, d->weights, &masks_png,
+                                       o->heatmap.scale);
     }
     return CLI_OK;
 }
@@ -373,7 +368,7 @@ int cmd_additive(int argc, char **argv)
 {
     additive_options options;
     memset(&options, 0, sizeof options);
-    options.mask_true_masked = true; /* PyTorch's nn.MultiheadAttention convention */
+    options.masks.true_masked = true; /* PyTorch's nn.MultiheadAttention convention */
     int rc = parse_options(argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;

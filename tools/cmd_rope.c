@@ -22,7 +22,8 @@ static const char rope_usage[] =
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
 typedef struct rope_options {
-    const char *device, *x, *cos, *sin, *ids, *out;
+    cli_exec exec; /* --device */
+    const char *x, *cos, *sin, *ids, *out;
     size_t num_heads, rotary_dim, start;
     bool interleaved;
     float base; /* 0: the default */
@@ -62,7 +63,7 @@ static const cli_option rope_table[] = {
     {CLI_OPT("--base", CLI_FLOAT, AT(base), "B", "the angles' base (default 10000)"), .min = 1},
     {CLI_OPT("--start", CLI_SIZE, AT(start), "P", "the position of row 0 without ids (default 0)")},
     {CLI_OPT("--out", CLI_PATH, AT(out), "Y.npy", "write Y (else it is printed when small)")},
-    CLI_USE("--device", rope_options, device),
+    CLI_USE(cli_exec_group, rope_options, exec, CLI_EXEC_DEVICE),
 };
 #undef AT
 
@@ -194,7 +195,7 @@ static int run_rope(const rope_options *o, rope_data *d)
     if (d->out == NULL)
         return cli_fail("rope", CLI_FAILED, "out of memory for the output");
 
-    clattn_ctx *ctx = cli_context("rope", o->device);
+    clattn_ctx *ctx = cli_context("rope", o->exec.device);
     if (ctx == NULL)
         return cli_context_exit();
     clattn_plan *plan = NULL;

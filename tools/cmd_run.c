@@ -74,21 +74,18 @@ static const char run_usage_more[] =
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
 typedef struct run_options {
-    const char *device, *query, *key, *value, *weights, *wq, *wk, *wv, *wo;
-    const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png, *alibi_slopes;
+    const char *query, *key, *value, *weights, *wq, *wk, *wv, *wo;
+    const char *attn_mask, *out, *attn_out;
     const char *posenc_table; /* --posenc-table */
     const char *prefix;       /* --prefix: the block's key prefix in a whole model's file */
     bool posenc;              /* --posenc sinusoidal */
-    cli_rope rope;            /* --rope and its options */
     size_t heads, kv_heads;   /* kv_heads 0: heads */
-    bool heads_given, causal, alibi;
-    cli_window window;                      /* --window LEFT,RIGHT */
-    bool mask_true_masked, mask_true_given; /* --mask-true (default masked, as PyTorch MHA) */
-    clattn_heatmap_scale png_scale;         /* --png-scale (default row) */
-    float softcap;                          /* 0: off */
-    float scale; /* NAN unless --scale was given (the library default, 1/sqrt(head dim)) */
-    clattn_norm norm;
-    clattn_path path;
+    bool heads_given;
+    cli_score score;     /* --causal, --softcap, --window, --alibi, --scale, --norm */
+    cli_rope rope;       /* --rope and its options */
+    cli_masks masks;     /* --mask-true (default masked, as PyTorch MHA), --key-padding-mask */
+    cli_heatmap heatmap; /* --attn-png, --png-scale */
+    cli_exec exec;       /* --device, --path */
 } run_options;
 
 /* Everything loaded from files; freed by run_free. */
@@ -122,15 +119,6 @@ static void run_free(run_data *d)
     free(d->weights);
 }
 
-static int parse_scale(const cli_args *args, const char *value, void *target)
-{
-    if (!cli_parse_float(args->command, "--scale", value, target))
-        return -1;
-    if (*(float *)target == 0.0f)
-        return cli_fail(args->command, -1, "--scale: 0 would ignore the scores");
-    return 1;
-}
-
 static int parse_posenc(const cli_args *args, const char *value, void *target)
 {
     if (strcmp(value, "sinusoidal") != 0)
@@ -162,35 +150,20 @@ static const cli_option run_table[] = {
     {CLI_OPT("--wo", CLI_PATH, AT(wo), "WO.npy", "textbook output weights (dv, E)")},
     {CLI_OPT("--kv-heads", CLI_SIZE, AT(kv_heads), "G", "grouped-query attention: K/V heads"),
      .min = 1},
-    CLI_USE("--causal", run_options, causal),
     {CLI_OPT("--attn-mask", CLI_PATH, AT(attn_mask), "M.npy",
              "(L, S) or (B * H, L, S): float added, or bool (True = masked)")},
-    CLI_USE_GIVEN("--mask-true", run_options, mask_true_masked, mask_true_given),
-    {CLI_OPT("--key-padding-mask", CLI_PATH, AT(key_padding_mask), "P.npy",
-             "(B, S) or (S): true = ignore that key")},
-    CLI_USE("--softcap", run_options, softcap),
-    CLI_USE("--window", run_options, window),
-    CLI_USE("--alibi", run_options, alibi),
-    CLI_USE("--alibi-slopes", run_options, alibi_slopes),
+    CLI_USE(cli_masks_group, run_options, masks, 0),
+    CLI_USE(cli_score_group, run_options, score, ~(unsigned)CLI_SCORE_ALIGN),
     {CLI_OPT("--posenc", CLI_CUSTOM, AT(posenc), NULL, "add the sinusoidal positional encoding"),
      .choices = posenc_choices, .handle = parse_posenc},
     {CLI_OPT("--posenc-table", CLI_PATH, AT(posenc_table), "T.npy",
              "add rows of a learned positional table (max_len, features)")},
-    CLI_USE("--rope", run_options, rope),
-    CLI_USE("--rope-style", run_options, rope),
-    CLI_USE("--rope-dims", run_options, rope),
-    CLI_USE("--rope-base", run_options, rope),
-    CLI_USE("--rope-start", run_options, rope),
-    {CLI_OPT("--scale", CLI_CUSTOM, AT(scale), "S", "the scores' scale (default 1/sqrt(head dim))"),
-     .handle = parse_scale},
-    CLI_USE("--norm", run_options, norm),
-    CLI_USE("--path", run_options, path),
+    CLI_USE(cli_rope_group, run_options, rope, 0),
     {CLI_OPT("--out", CLI_PATH, AT(out), "O.npy", "write the output (else it is printed)")},
     {CLI_OPT("--attn-out", CLI_PATH, AT(attn_out), "A.npy",
              "write the per-head weights (B, H, L, S)")},
-    CLI_USE("--attn-png", run_options, attn_png),
-    CLI_USE("--png-scale", run_options, png_scale),
-    CLI_USE("--device", run_options, device),
+    CLI_USE(cli_heatmap_group, run_options, heatmap, 0),
+    CLI_USE(cli_exec_group, run_options, exec, 0),
 };
 #undef AT
 
@@ -202,6 +175,8 @@ static int parse_options(int argc, char **argv, run_options *o)
     const int rc = cli_parse_command(&run_command_spec, argc, argv, o);
     if (rc != CLI_OK)
         return rc;
+    if (o->score.scale == 0.0f) /* sdpa leaves that to the library; here it is refused */
+        return cli_fail("run", CLI_BAD_INPUT, "--scale: 0 would ignore the scores");
     if (!o->query)
         return cli_fail("run", CLI_BAD_INPUT, "--query Q.npy is required (see --help)");
     const bool textbook = o->wq || o->wk || o->wv || o->wo;
@@ -212,7 +187,7 @@ static int parse_options(int argc, char **argv, run_options *o)
                         "weights needed: --weights W.safetensors --heads H, or --wq --wk --wv");
     if (textbook && !(o->wq && o->wk && o->wv))
         return cli_fail("run", CLI_BAD_INPUT, "--wq, --wk and --wv go together");
-    if (o->path == CLATTN_PATH_FUSED && (o->attn_out || o->attn_png))
+    if (o->exec.path == CLATTN_PATH_FUSED && (o->attn_out || o->heatmap.png))
         return cli_fail("run", CLI_BAD_INPUT,
                         "--path fused never forms the attention weights: "
                         "drop --attn-out/--attn-png or use --path auto");
@@ -228,7 +203,7 @@ static int parse_options(int argc, char **argv, run_options *o)
         return CLI_BAD_INPUT;
     if (o->posenc && o->posenc_table)
         return cli_fail("run", CLI_BAD_INPUT, "give --posenc or --posenc-table, not both");
-    if (o->alibi && o->alibi_slopes)
+    if (o->score.alibi && o->score.alibi_slopes)
         return cli_fail("run", CLI_BAD_INPUT, "give --alibi or --alibi-slopes, not both");
     if (o->kv_heads && o->heads % o->kv_heads != 0)
         return cli_fail("run", CLI_BAD_INPUT, "--kv-heads %zu does not divide --heads %zu",
@@ -236,7 +211,7 @@ static int parse_options(int argc, char **argv, run_options *o)
     /* Before any work: an output that cannot be written fails now, not after the run. */
     if (!cli_check_output("run", "--out", o->out) ||
         !cli_check_output("run", "--attn-out", o->attn_out) ||
-        !cli_check_output("run", "--attn-png", o->attn_png))
+        !cli_check_output("run", "--attn-png", o->heatmap.png))
         return CLI_BAD_INPUT;
     return CLI_OK;
 }
@@ -577,15 +552,15 @@ static int load_masks(const run_options *o, run_data *d, clattn_mha_host_desc *d
             return cli_fail("run", CLI_FAILED, "out of memory");
         const bool boolean = d->mask.source == CLATTN_IO_BOOL;
         if (boolean)
-            cli_note_mask_convention("run", "--attn-mask", o->mask_true_masked,
-                                     o->mask_true_given);
+            cli_note_mask_convention("run", "--attn-mask", o->masks.true_masked,
+                                     o->masks.true_given);
         for (size_t i = 0; i < d->mask.count; ++i)
             d->mask_additive[i] =
-                boolean ? ((d->mask.data[i] != 0.0f) == o->mask_true_masked ? -INFINITY : 0.0f)
+                boolean ? ((d->mask.data[i] != 0.0f) == o->masks.true_masked ? -INFINITY : 0.0f)
                         : d->mask.data[i];
     }
-    if (o->key_padding_mask) {
-        if ((rc = load_npy(o->key_padding_mask, &d->padding)))
+    if (o->masks.key_padding) {
+        if ((rc = load_npy(o->masks.key_padding, &d->padding)))
             return rc;
         const bool ok = batched ? d->padding.ndim == 2 && d->padding.shape[0] == desc->batch &&
                                       d->padding.shape[1] == desc->seq_k
@@ -597,7 +572,7 @@ static int load_masks(const run_options *o, run_data *d, clattn_mha_host_desc *d
             else
                 snprintf(want, sizeof want, "(%zu,)", desc->seq_k);
             return cli_fail("run", CLI_BAD_INPUT, "%s has shape %s, expected %s",
-                            o->key_padding_mask, shape_text(&d->padding, text, sizeof text), want);
+                            o->masks.key_padding, shape_text(&d->padding, text, sizeof text), want);
         }
         d->padding_bytes = malloc(d->padding.count ? d->padding.count : 1);
         if (d->padding_bytes == NULL)
@@ -743,20 +718,20 @@ static int run(const run_options *o, run_data *d, bool check_only)
     desc.seq_k = seq_k;
     desc.num_heads = o->heads;
     desc.num_kv_heads = o->kv_heads ? o->kv_heads : CLATTN_KV_HEADS_ALL;
-    desc.scale = o->scale;
-    desc.norm = o->norm;
-    desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
-    desc.path = o->path;
-    desc.softcap = o->softcap;
+    desc.scale = o->score.scale;
+    desc.norm = o->score.norm;
+    desc.causal = o->score.causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    desc.path = o->exec.path;
+    desc.softcap = o->score.softcap;
     desc.rope = o->rope.on;
     desc.rope_style = o->rope.style;
     desc.rope_dims = o->rope.dims ? o->rope.dims : CLATTN_ROPE_WHOLE_HEAD;
     desc.rope_base = o->rope.base ? o->rope.base : CLATTN_ROPE_BASE_DEFAULT;
     desc.rope_start = o->rope.start;
-    if (o->window.on) {
+    if (o->score.window.on) {
         desc.window_align = CLATTN_CAUSAL_TOP_LEFT;
-        desc.window_left = o->window.left;
-        desc.window_right = o->window.right;
+        desc.window_left = o->score.window.left;
+        desc.window_right = o->score.window.right;
     }
     if ((rc = o->weights ? load_torch_weights(o, d, &desc)
                          : load_textbook_weights(o, d, &desc, embed)))
@@ -782,7 +757,7 @@ static int run(const run_options *o, run_data *d, bool check_only)
     if ((rc = load_masks(o, d, &desc, batched)))
         return rc;
 
-    const bool want_weights = o->attn_out || o->attn_png;
+    const bool want_weights = o->attn_out || o->heatmap.png;
     desc.need_weights = want_weights ? CLATTN_WEIGHTS_PER_HEAD : CLATTN_WEIGHTS_NONE;
     const size_t out_features = d->param[P_OUT_W].data ? desc.embed_dim
                                 : desc.v_dim           ? desc.v_dim
@@ -819,24 +794,24 @@ static int run(const run_options *o, run_data *d, bool check_only)
         w.v_bias = p[P_IN_B].data + e + kv_rows;
     }
     /* ALiBi: the paper's slopes, or the file's (H). */
-    if (o->alibi) {
+    if (o->score.alibi) {
         d->slopes.data = malloc(o->heads * sizeof(float));
         if (!d->slopes.data)
             return cli_fail("run", CLI_FAILED, "out of memory for the ALiBi slopes");
         if (clattn_alibi_slopes(o->heads, 8.0f, d->slopes.data) != CLATTN_SUCCESS)
             return cli_fail("run", CLI_FAILED, "clattn_alibi_slopes failed for %zu heads",
                             o->heads);
-    } else if (o->alibi_slopes) {
-        if ((rc = load_npy(o->alibi_slopes, &d->slopes)))
+    } else if (o->score.alibi_slopes) {
+        if ((rc = load_npy(o->score.alibi_slopes, &d->slopes)))
             return rc;
         if (d->slopes.ndim != 1 || d->slopes.shape[0] != o->heads)
             return cli_fail("run", CLI_BAD_INPUT,
                             "%s: the ALiBi slopes must be (%zu) floats, one per head",
-                            o->alibi_slopes, o->heads);
+                            o->score.alibi_slopes, o->heads);
         for (size_t h = 0; h < o->heads; ++h)
             if (!isfinite(d->slopes.data[h]))
                 return cli_fail("run", CLI_BAD_INPUT, "%s: slope %zu is not finite",
-                                o->alibi_slopes, h);
+                                o->score.alibi_slopes, h);
     }
     const clattn_host_masks masks = {.attn_mask = d->mask_additive,
                                      .key_padding_mask = d->padding_bytes,
@@ -858,7 +833,7 @@ static int run(const run_options *o, run_data *d, bool check_only)
 
     if (check_only)
         return CLI_OK;
-    clattn_ctx *ctx = cli_context("run", o->device);
+    clattn_ctx *ctx = cli_context("run", o->exec.device);
     if (ctx == NULL)
         return cli_context_exit();
     if (o->posenc || o->posenc_table) {
@@ -896,19 +871,19 @@ static int run(const run_options *o, run_data *d, bool check_only)
         if ((rc = write_npy(o->attn_out, d->weights, batched ? 4 : 3, batched ? shape : shape + 1)))
             return rc;
     }
-    if (o->attn_png) {
+    if (o->heatmap.png) {
         const cli_png_masks masks_png = {.heads = o->heads,
                                          .rows = seq_q,
                                          .cols = seq_k,
-                                         .causal = o->causal,
-                                         .window = o->window.on,
-                                         .window_left = o->window.left,
-                                         .window_right = o->window.right,
+                                         .causal = o->score.causal,
+                                         .window = o->score.window.on,
+                                         .window_left = o->score.window.left,
+                                         .window_right = o->score.window.right,
                                          .padding = d->padding_bytes,
                                          .additive = d->mask_additive,
                                          .per_head_mask = desc.attn_mask_per_head != 0};
-        if ((rc = cli_write_attention_png("run", o->attn_png, d->weights, &masks_png,
-                                          o->png_scale)))
+        if ((rc = cli_write_attention_png("run", o->heatmap.png, d->weights, &masks_png,
+                                          o->heatmap.scale)))
             return rc;
     }
     return CLI_OK;
@@ -916,8 +891,8 @@ static int run(const run_options *o, run_data *d, bool check_only)
 
 static int run_command(int argc, char **argv, bool check_only)
 {
-    run_options options = {.norm = CLATTN_NORM_SOFTMAX, .scale = NAN, /* NAN: the default */
-                           .mask_true_masked = true};
+    run_options options = {.score = {.norm = CLATTN_NORM_SOFTMAX, .scale = NAN}, /* the default */
+                           .masks = {.true_masked = true}};
     int rc = parse_options(argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;

@@ -161,32 +161,26 @@ typedef struct sdpa_aux {
 } sdpa_aux;
 
 typedef struct sdpa_options {
-    const char *device, *q, *k, *v, *mask, *out;
-    const char *past_k, *past_v, *present_k, *present_v, *nonpad, *qk_out, *alibi_slopes;
+    const char *q, *k, *v, *mask, *out;
+    const char *past_k, *past_v, *present_k, *present_v, *nonpad, *qk_out;
     const char *sinks; /* --sinks S.npy */
     const char *k_pages, *v_pages, *block_table, *seqlens_k; /* a paged cache */
     bool paged;
     const char *cu_q, *cu_k; /* packed variable-length batches */
     bool varlen;
     bool check_only; /* cmd_sdpa_check: stop before the ring and any device work */
-    bool alibi;    /* --alibi: the paper's slopes */
     cli_rope rope; /* --rope and its options */
     int qk_mode;   /* --qk-output-mode, 0 .. 3 */
     bool qk_mode_given;
     bool softmax_f64;         /* --softmax-precision 11 */
     size_t q_heads, kv_heads; /* 0: not given */
-    bool causal, align_given;
-    cli_window window;                      /* --window LEFT,RIGHT */
-    bool mask_true_masked, mask_true_given; /* --mask-true (default attend, as ONNX) */
-    clattn_causal align;                    /* TOP_LEFT, BOTTOM_RIGHT or ONNX */
-    float scale, softcap; /* scale NAN: the default */
-    clattn_norm norm;
-    clattn_path path;
+    cli_score score;  /* --causal, --causal-align, --window, --softcap, --scale, --norm... */
+    cli_masks masks;  /* --mask-true (default attend, as ONNX) */
+    cli_exec exec;    /* --device, --path */
     bool ring, ring_timing, ring_option; /* --ring, --ring-timing, either ring option */
     int ring_zigzag;                     /* --ring-layout zigzag */
     bool ring_layout_given;
-    const char *attn_png;           /* --attn-png: the weights of batch 0 as a heatmap */
-    clattn_heatmap_scale png_scale; /* --png-scale */
+    cli_heatmap heatmap; /* --attn-png: the weights of batch 0 as a heatmap, --png-scale */
     clattn_dtype kv_dtype; /* --kv-dtype: F32 (as given), Q8_0 or Q4_0 */
     bool backward;         /* --backward: the gradients from --grad-out */
     const char *grad_out, *grad_q, *grad_k, *grad_v, *grad_mask, *grad_sinks;
@@ -302,10 +296,10 @@ static const char *fused_only_conflict(const sdpa_options *o)
            : o->present_k                   ? "--present-key-out"
            : o->rope.on                     ? "--rope"
            : o->qk_out                      ? "--qk-out"
-           : o->attn_png                    ? "--attn-png"
+           : o->heatmap.png                    ? "--attn-png"
            : o->softmax_f64                 ? "--softmax-precision 11"
            : o->ring                        ? "--ring"
-           : o->path == CLATTN_PATH_UNFUSED ? "--path unfused"
+           : o->exec.path == CLATTN_PATH_UNFUSED ? "--path unfused"
                                             : NULL;
 }
 
@@ -411,30 +405,17 @@ static const cli_option sdpa_table[] = {
              "packed sequences' key offsets (B + 1)")},
     {CLI_OPT("--attn-mask", CLI_PATH, AT(mask), "M.npy",
              "bool (True = attend) or float (added), broadcast to (B, Hq, Lq, Lk)")},
-    CLI_USE_GIVEN("--mask-true", sdpa_options, mask_true_masked, mask_true_given),
+    CLI_USE(cli_masks_group, sdpa_options, masks, CLI_MASKS_TRUE),
     {CLI_OPT("--past-key", CLI_PATH, AT(past_k), "PK.npy",
              "a KV cache's past keys (B, Hkv, P, d)")},
     {CLI_OPT("--past-value", CLI_PATH, AT(past_v), "PV.npy", "a KV cache's past values")},
     {CLI_OPT("--nonpad-kv-seqlen", CLI_PATH, AT(nonpad), "N.npy",
              "batch b has keys 0 .. N[b] - 1")},
-    CLI_USE("--causal", sdpa_options, causal),
-    {CLI_OPT("--causal-align", CLI_CHOICE, AT(align), NULL,
-             "where the causal diagonal and window sit"),
-     .choices = cli_causal_align_choices, .given = GIVEN(align_given)},
-    CLI_USE("--window", sdpa_options, window),
-    CLI_USE("--softcap", sdpa_options, softcap),
-    {CLI_OPT("--scale", CLI_FLOAT, AT(scale), "S", "the scores' scale (default 1/sqrt(d))")},
-    CLI_USE("--norm", sdpa_options, norm),
-    CLI_USE("--alibi", sdpa_options, alibi),
-    CLI_USE("--alibi-slopes", sdpa_options, alibi_slopes),
+    CLI_USE(cli_score_group, sdpa_options, score, 0),
     {CLI_OPT("--sinks", CLI_PATH, AT(sinks), "S.npy", "attention sinks, one logit per query head")},
     {CLI_OPT("--kv-dtype", CLI_CHOICE, AT(kv_dtype), NULL, "quantize K and V on the device"),
      .choices = kv_dtype_choices},
-    CLI_USE("--rope", sdpa_options, rope),
-    CLI_USE("--rope-style", sdpa_options, rope),
-    CLI_USE("--rope-dims", sdpa_options, rope),
-    CLI_USE("--rope-base", sdpa_options, rope),
-    CLI_USE("--rope-start", sdpa_options, rope),
+    CLI_USE(cli_rope_group, sdpa_options, rope, 0),
     {CLI_OPT("--present-key-out", CLI_PATH, AT(present_k), "PK.npy", "write past + new keys")},
     {CLI_OPT("--present-value-out", CLI_PATH, AT(present_v), "PV.npy", "write past + new values")},
     {CLI_OPT("--qk-output-mode", CLI_CHOICE, AT(qk_mode), NULL,
@@ -444,14 +425,9 @@ static const cli_option sdpa_table[] = {
     {CLI_OPT("--softmax-precision", CLI_CUSTOM, AT(softmax_f64), "1|11",
              "ONNX's type code: float (1, default) or double (11)"),
      .handle = parse_softmax_precision},
-    CLI_USE("--path", sdpa_options, path),
+    CLI_USE(cli_exec_group, sdpa_options, exec, 0),
     {CLI_OPT("--out", CLI_PATH, AT(out), "Y.npy", "write Y (else it is printed when small)")},
-    {.name = "--attn-png",
-     .kind = CLI_SHARED,
-     .target = AT(attn_png),
-     .help = "the weights of batch 0 as a heatmap, one panel per head (unfused)"},
-    CLI_USE("--png-scale", sdpa_options, png_scale),
-    CLI_USE("--device", sdpa_options, device),
+    CLI_USE(cli_heatmap_group, sdpa_options, heatmap, 0),
     {CLI_OPT("--ring", CLI_FLAG, AT(ring), NULL, "ring attention over MPI ranks (mpirun)")},
     {CLI_OPT("--ring-layout", CLI_CHOICE, AT(ring_zigzag), NULL,
              "with --ring: the rows of each rank"),
@@ -496,12 +472,12 @@ static int check_ring_options(const sdpa_options *o)
                         : o->past_k                      ? "--past-key"
                         : o->present_k                   ? "--present-key-out"
                         : o->qk_out                      ? "--qk-out"
-                        : o->attn_png                    ? "--attn-png"
-                        : o->alibi                       ? "--alibi"
-                        : o->alibi_slopes                ? "--alibi-slopes"
+                        : o->heatmap.png                    ? "--attn-png"
+                        : o->score.alibi                       ? "--alibi"
+                        : o->score.alibi_slopes                ? "--alibi-slopes"
                         : o->rope.on                     ? "--rope"
                         : o->softmax_f64                 ? "--softmax-precision"
-                        : o->norm != CLATTN_NORM_SOFTMAX ? "--norm relu"
+                        : o->score.norm != CLATTN_NORM_SOFTMAX ? "--norm relu"
                         : o->score_mod                   ? "--score-mod"
                                                          : NULL;
     if (other)
@@ -510,8 +486,8 @@ static int check_ring_options(const sdpa_options *o)
                         "heads, --sinks, --nonpad-kv-seqlen and keys of another length, "
                         "not %s",
                         other);
-    if (o->nonpad && (o->causal || o->window.on) &&
-        !(o->align_given && o->align == CLATTN_CAUSAL_TOP_LEFT))
+    if (o->nonpad && (o->score.causal || o->score.window.on) &&
+        !(o->score.align_given && o->score.align == CLATTN_CAUSAL_TOP_LEFT))
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--ring with --nonpad-kv-seqlen and --causal or --window: give "
                         "--causal-align top-left (the ring's diagonal is the sequence's, "
@@ -561,7 +537,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
     }
     if (!o->q || !o->k || !o->v)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--q, --k and --v are required (see --help)");
-    if (o->align_given && !o->causal && !o->window.on)
+    if (o->score.align_given && !o->score.causal && !o->score.window.on)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--causal-align needs --causal or --window");
     if (!o->past_k != !o->past_v)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--past-key and --past-value go together");
@@ -570,19 +546,19 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                         "--present-key-out and --present-value-out go together");
     if (o->qk_mode_given && !o->qk_out)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--qk-output-mode needs --qk-out");
-    if (o->attn_png && o->qk_out && o->qk_mode != 3)
+    if (o->heatmap.png && o->qk_out && o->qk_mode != 3)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--attn-png draws the weights: with --qk-out, give --qk-output-mode 3 "
                         "(the same weights) or drop one of them");
-    if (o->attn_png && o->path == CLATTN_PATH_FUSED)
+    if (o->heatmap.png && o->exec.path == CLATTN_PATH_FUSED)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--path fused never forms the attention weights: drop --attn-png or use "
                         "--path auto");
-    if (o->alibi && o->alibi_slopes)
+    if (o->score.alibi && o->score.alibi_slopes)
         return cli_fail("sdpa", CLI_BAD_INPUT, "give --alibi or --alibi-slopes, not both");
     if (!cli_check_rope("sdpa", &o->rope))
         return CLI_BAD_INPUT;
-    if (o->sinks && o->norm != CLATTN_NORM_SOFTMAX)
+    if (o->sinks && o->score.norm != CLATTN_NORM_SOFTMAX)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--sinks with --norm relu: attention sinks join a softmax's denominator");
     if (o->past_k && o->nonpad)
@@ -650,7 +626,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         !cli_check_output("sdpa", "--present-key-out", o->present_k) ||
         !cli_check_output("sdpa", "--present-value-out", o->present_v) ||
         !cli_check_output("sdpa", "--qk-out", o->qk_out) ||
-        !cli_check_output("sdpa", "--attn-png", o->attn_png))
+        !cli_check_output("sdpa", "--attn-png", o->heatmap.png))
         return CLI_BAD_INPUT;
     return o->ring ? check_ring_options(o) : CLI_OK;
 }
@@ -750,7 +726,7 @@ static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4
     const size_t rows = m->count / width; /* fits: the file held m->count values */
     const bool keep = m->source == CLATTN_IO_BOOL;
     if (keep)
-        cli_note_mask_convention("sdpa", "--attn-mask", o->mask_true_masked, o->mask_true_given);
+        cli_note_mask_convention("sdpa", "--attn-mask", o->masks.true_masked, o->masks.true_given);
     if (rows > SIZE_MAX / seq_k / sizeof(float))
         return cli_fail("sdpa", CLI_BAD_INPUT, "%s: the padded mask is too large", o->mask);
     const size_t padded = rows * seq_k; /* at least 1: no dim is 0 */
@@ -765,7 +741,7 @@ static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4
             const float value = c < width ? m->data[r * width + c] : 0.0f;
             if (keep)
                 d->mask_keep[r * seq_k + c] = /* True = attend, or masked with --mask-true */
-                    c < width && (value != 0.0f) != o->mask_true_masked;
+                    c < width && (value != 0.0f) != o->masks.true_masked;
             else
                 d->mask_f32[r * seq_k + c] = c < width ? value : -INFINITY;
         }
@@ -1049,7 +1025,7 @@ static int write_heatmap(const sdpa_options *o, const sdpa_data *d, size_t heads
 {
     const bool main_diagonal =
         !o->past_k && !o->nonpad && !o->paged && !o->varlen &&
-        (seq_q == seq_k || (o->align_given && o->align == CLATTN_CAUSAL_TOP_LEFT));
+        (seq_q == seq_k || (o->score.align_given && o->score.align == CLATTN_CAUSAL_TOP_LEFT));
     const bool plain_mask = o->mask && d->mask.count / d->mask.shape[d->mask.ndim - 1] == seq_q;
     float *additive = NULL;
     if (plain_mask) {
@@ -1062,12 +1038,12 @@ static int write_heatmap(const sdpa_options *o, const sdpa_data *d, size_t heads
     const cli_png_masks masks = {.heads = heads,
                                  .rows = seq_q,
                                  .cols = seq_k,
-                                 .causal = o->causal && main_diagonal,
-                                 .window = o->window.on && main_diagonal,
-                                 .window_left = o->window.left,
-                                 .window_right = o->window.right,
+                                 .causal = o->score.causal && main_diagonal,
+                                 .window = o->score.window.on && main_diagonal,
+                                 .window_left = o->score.window.left,
+                                 .window_right = o->score.window.right,
                                  .additive = additive};
-    const int rc = cli_write_attention_png("sdpa", o->attn_png, d->scores, &masks, o->png_scale);
+    const int rc = cli_write_attention_png("sdpa", o->heatmap.png, d->scores, &masks, o->heatmap.scale);
     free(additive);
     return rc;
 }
@@ -1252,8 +1228,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
 {
     int rc;
     /* --qk-out, or --attn-png (the weights, --qk-output-mode 3's) */
-    const bool scores_out = o->qk_out || o->attn_png;
-    const int qk_mode = o->attn_png ? 3 : o->qk_mode;
+    const bool scores_out = o->qk_out || o->heatmap.png;
+    const int qk_mode = o->heatmap.png ? 3 : o->qk_mode;
     char a[128], b[128];
     if ((rc = load(o->q, &d->q, false)) || (rc = load(o->k, &d->k, false)) ||
         (rc = load(o->v, &d->v, false)) || (o->mask && (rc = load(o->mask, &d->mask, true))) ||
@@ -1345,15 +1321,15 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     if (o->paged && (rc = check_block_table(o, d, batch)))
         return rc;
     /* ALiBi: the paper's slopes (Hq), or the file's (Hq) or (B, Hq). */
-    if (o->alibi) {
+    if (o->score.alibi) {
         d->slopes.data = malloc(heads * sizeof(float));
         if (d->slopes.data == NULL)
             return cli_fail("sdpa", CLI_FAILED, "out of memory");
         d->slopes.ndim = 1, d->slopes.shape[0] = heads, d->slopes.count = heads;
         if (clattn_alibi_slopes(heads, 8.0f, d->slopes.data) != CLATTN_SUCCESS)
             return cli_fail("sdpa", CLI_FAILED, "clattn_alibi_slopes failed for %zu heads", heads);
-    } else if (o->alibi_slopes) {
-        if ((rc = load(o->alibi_slopes, &d->slopes, false)))
+    } else if (o->score.alibi_slopes) {
+        if ((rc = load(o->score.alibi_slopes, &d->slopes, false)))
             return rc;
         const size_t slope_rows = o->varlen ? d->sequences : batch; /* per sequence */
         const bool per_head = d->slopes.ndim == 1 && d->slopes.shape[0] == heads;
@@ -1362,12 +1338,12 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
         if (!per_head && !per_batch)
             return cli_fail("sdpa", CLI_BAD_INPUT,
                             "%s: the ALiBi slopes have shape %s; expected (%zu,) or (%zu, %zu)",
-                            o->alibi_slopes, shape_text(&d->slopes, a, sizeof a), heads,
+                            o->score.alibi_slopes, shape_text(&d->slopes, a, sizeof a), heads,
                             slope_rows, heads);
         for (size_t i = 0; i < d->slopes.count; ++i)
             if (!isfinite(d->slopes.data[i]))
                 return cli_fail("sdpa", CLI_BAD_INPUT, "%s: slope %zu is not finite",
-                                o->alibi_slopes, i);
+                                o->score.alibi_slopes, i);
     }
     /* Attention sinks: (Hq) logits, finite or -inf (no sink). */
     if (o->sinks) {
@@ -1427,16 +1403,16 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
                             .sinks = d->sinks.data,
                             .storage = storage,
                             .bottom_right =
-                                o->align_given && o->align == CLATTN_CAUSAL_BOTTOM_RIGHT,
-                            .causal = o->causal,
-                            .window = o->window.on,
+                                o->score.align_given && o->score.align == CLATTN_CAUSAL_BOTTOM_RIGHT,
+                            .causal = o->score.causal,
+                            .window = o->score.window.on,
                             .zigzag = o->ring_zigzag,
                             .timing = o->ring_timing,
-                            .window_left = o->window.left,
-                            .window_right = o->window.right,
-                            .scale = o->scale,
-                            .softcap = o->softcap,
-                            .device = o->device};
+                            .window_left = o->score.window.left,
+                            .window_right = o->score.window.right,
+                            .scale = o->score.scale,
+                            .softcap = o->score.softcap,
+                            .device = o->exec.device};
         memcpy(job.q_dims, q.dims, sizeof q.dims), memcpy(job.q_strides, q.strides, sizeof q.dims);
         memcpy(job.k_dims, k.dims, sizeof k.dims), memcpy(job.k_strides, k.strides, sizeof k.dims);
         memcpy(job.v_dims, v.dims, sizeof v.dims), memcpy(job.v_strides, v.strides, sizeof v.dims);
@@ -1457,10 +1433,10 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     clattn_sdpa_desc_init(&desc);
     clattn_tensors desc_tensors = {0};
     CLATTN_BIND_ROLES(desc, desc_tensors);
-    desc.scale = o->scale;
-    desc.softcap = o->softcap;
-    desc.norm = o->norm;
-    desc.path = o->path;
+    desc.scale = o->score.scale;
+    desc.softcap = o->score.softcap;
+    desc.norm = o->score.norm;
+    desc.path = o->exec.path;
     desc.softmax_f64 = o->softmax_f64;
     desc.rope = o->rope.on;
     desc.rope_style = o->rope.style;
@@ -1470,12 +1446,12 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     desc.dropout_p = o->dropout_p; /* back_desc copies desc: the backward regenerates the mask */
     desc.dropout_seed = o->dropout_seed;
     desc.dropout_offset = o->dropout_offset;
-    const clattn_causal align = o->align_given ? o->align : CLATTN_CAUSAL_ONNX;
-    desc.causal = o->causal ? align : CLATTN_CAUSAL_NONE;
-    if (o->window.on) {
+    const clattn_causal align = o->score.align_given ? o->score.align : CLATTN_CAUSAL_ONNX;
+    desc.causal = o->score.causal ? align : CLATTN_CAUSAL_NONE;
+    if (o->score.window.on) {
         desc.window_align = align;
-        desc.window_left = o->window.left;
-        desc.window_right = o->window.right;
+        desc.window_left = o->score.window.left;
+        desc.window_right = o->score.window.right;
     }
     clattn_tensors *t = &desc_tensors;
     clattn_tensor *roles[4] = {&t->q, &t->k, &t->v, &t->out};
@@ -1629,7 +1605,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
 
     if (o->check_only)
         return CLI_OK;
-    clattn_ctx *ctx = cli_context("sdpa", o->device);
+    clattn_ctx *ctx = cli_context("sdpa", o->exec.device);
     if (ctx == NULL)
         return cli_context_exit();
     clattn_plan *plan = NULL, *backward = NULL;
@@ -1799,7 +1775,7 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
     const size_t scores_shape[4] = {batch, heads, seq_q, seq_k};
     if (o->qk_out && (rc = write_npy(o->qk_out, d->scores, 4, scores_shape, &d->q)))
         return rc;
-    if (o->attn_png && (rc = write_heatmap(o, d, heads, seq_q, seq_k)))
+    if (o->heatmap.png && (rc = write_heatmap(o, d, heads, seq_q, seq_k)))
         return rc;
     if (o->backward && (rc = write_grads(o, d, seq_k, heads)))
         return rc;
@@ -1811,7 +1787,8 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
 
 static int sdpa_command(int argc, char **argv, bool check_only)
 {
-    sdpa_options options = {.scale = NAN, .norm = CLATTN_NORM_SOFTMAX, .check_only = check_only};
+    sdpa_options options = {.score = {.scale = NAN, .norm = CLATTN_NORM_SOFTMAX},
+                            .check_only = check_only};
     int rc = parse_sdpa_options(argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;

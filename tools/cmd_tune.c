@@ -51,7 +51,8 @@ static const char tune_usage[] =
 enum { MAX_KEYS = sizeof tune_space / sizeof tune_space[0] };
 
 typedef struct tune_options {
-    const char *device, *out, *op;
+    cli_exec exec; /* --device */
+    const char *out, *op;
     bool quick, dry_run;
     double min_gain; /* percent */
 } tune_options;
@@ -392,7 +393,7 @@ static clattn_status tune_context(const tune_state *s, const char *rows, clattn_
 {
     clattn_ctx_desc desc;
     clattn_ctx_desc_init(&desc);
-    desc.device_spec = s->options->device;
+    desc.device_spec = s->options->exec.device;
     desc.tuning_file = "";
     desc.tuning_rows = rows;
     return clattn_ctx_create_desc(&desc, ctx, message, size);
@@ -876,7 +877,7 @@ static const cli_option tune_table[] = {
     {CLI_OPT("--min-gain", CLI_CUSTOM, AT(min_gain), "PCT",
              "keep a candidate only if this much faster (default 3)"),
      .handle = parse_min_gain},
-    CLI_USE("--device", tune_options, device),
+    CLI_USE(cli_exec_group, tune_options, exec, CLI_EXEC_DEVICE),
 };
 #undef AT
 
@@ -920,7 +921,7 @@ int cmd_tune(int argc, char **argv)
     char message[1024] = "";
     clattn_status status = tune_context(&s, NULL, &ctx, message, sizeof message);
     if (status != CLATTN_SUCCESS)
-        return cli_context_failure("tune", o.device, status, message);
+        return cli_context_failure("tune", o.exec.device, status, message);
     cl_device_type type = 0;
     cl_device_id device = clattn_ctx_device(ctx);
     cl_int err = clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
