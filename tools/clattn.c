@@ -75,16 +75,23 @@ typedef struct device_options {
 static const cli_option device_table[] = {
     CLI_USE(cli_exec_group, device_options, exec, CLI_EXEC_DEVICE)};
 
-static const char *const devices_help[] = {devices_usage, NULL};
-static const cli_command devices_command = CLI_COMMAND("devices", device_table, devices_help);
-
-int cmd_devices(int argc, char **argv)
+/* devices or info (name, prose): parses --device, then shows what the command shows. */
+static int device_command(const char *name, const char *prose, int (*show)(const char *device),
+                          int argc, char **argv)
 {
+    const char *const help[] = {prose, NULL};
+    const cli_command command = {
+        .name = name, .options = device_table, .count = CLI_COUNT(device_table), .help = help};
     device_options options = {{NULL}};
-    const int rc = cli_parse_command(&devices_command, argc, argv, &options);
+    const int rc = cli_parse_command(&command, argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
-    const char *device_spec = options.exec.device;
+    return show(options.exec.device);
+}
+
+/* The platforms and their devices, the one `device_spec` picks marked. */
+static int list_devices(const char *device_spec)
+{
     cl_platform_id platforms[16];
     cl_uint num_platforms = 0;
     cl_int err = clGetPlatformIDs(16, platforms, &num_platforms);
@@ -156,6 +163,11 @@ int cmd_devices(int argc, char **argv)
     return chosen ? CLI_OK : CLI_FAILED;
 }
 
+int cmd_devices(int argc, char **argv)
+{
+    return device_command("devices", devices_usage, list_devices, argc, argv);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * clattn info
  * ------------------------------------------------------------------------------------------- */
@@ -168,16 +180,9 @@ static const char info_usage[] =
     "Exit status: 0 success, 1 device or library failure, 2 bad options (a malformed --device\n"
     "or CLATTN_DEVICE, or one naming a device that does not exist; a bad CLATTN_TUNING file).\n";
 
-static const char *const info_help[] = {info_usage, NULL};
-static const cli_command info_command = CLI_COMMAND("info", device_table, info_help);
-
-int cmd_info(int argc, char **argv)
+/* The device device_spec picks, clattn's version and the tuning applied. */
+static int show_info(const char *device_spec)
 {
-    device_options options = {{NULL}};
-    const int rc = cli_parse_command(&info_command, argc, argv, &options);
-    if (rc != CLI_OK)
-        return rc < 0 ? CLI_OK : rc;
-    const char *device_spec = options.exec.device;
     clattn_ctx *ctx = cli_context("info", device_spec);
     if (ctx == NULL)
         return cli_context_exit();
@@ -187,6 +192,11 @@ int cmd_info(int argc, char **argv)
     printf("vendor: %s\nclattn: %s\n%s\n", vendor, CLATTN_VERSION_STRING, clattn_ctx_tuning(ctx));
     clattn_ctx_release(ctx);
     return CLI_OK;
+}
+
+int cmd_info(int argc, char **argv)
+{
+    return device_command("info", info_usage, show_info, argc, argv);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -316,6 +316,18 @@ typedef struct cli_png_masks {
 int cli_write_attention_png(const char *command, const char *path, const float *weights,
                             const cli_png_masks *masks, clattn_heatmap_scale scale);
 
+/* Releases the buffers that are set among mems[0 .. count - 1] and clears them. */
+void cli_release_buffers(cl_mem *mems, size_t count);
+/* Frees the arrays (clattn_array_free) and the blocks (free) a command read and made. */
+void cli_free_all(clattn_array *const arrays[], size_t num_arrays, void *const blocks[],
+                  size_t num_blocks);
+/* After a library call: CLI_OK when status and err are both success; else the one line,
+ * "STATUS: the library's last error", exit 2 when the status refused the input (an invalid
+ * argument or shape; with sizes_are_input an overflow or a size too large too), else 1; or
+ * "OpenCL error N" (exit 1). */
+int cli_call_failure(const char *command, clattn_ctx *ctx, clattn_status status,
+                     bool sizes_are_input, cl_int err);
+
 /* Prints the device's name and type on one line. */
 void cli_print_device(FILE *out, cl_device_id device);
 

@@ -319,13 +319,6 @@ static cl_mem output_buffer(bench_state *b, size_t bytes)
     return err == CL_SUCCESS ? mem : NULL;
 }
 
-static void release_all(cl_mem *mems, size_t count)
-{
-    for (size_t i = 0; i < count; ++i)
-        if (mems[i])
-            clReleaseMemObject(mems[i]);
-}
-
 static bool all_made(const cl_mem *mems, size_t count)
 {
     for (size_t i = 0; i < count; ++i)
@@ -455,7 +448,7 @@ static int bench_matmul(bench_state *b, size_t m, size_t n, size_t k)
                                             : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     r.rate = status == CLATTN_SUCCESS ? 2.0 * m * n * k / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, (m * k + k * n + m * n) * sizeof(float));
-    release_all(mem, 3);
+    cli_release_buffers(mem, 3);
     return rc;
 }
 
@@ -618,7 +611,8 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
              !softmax && o->mask ? ", \"mask\": \"" : "",
              !softmax && o->mask ? mask_names[o->mask] : "", !softmax && o->mask ? "\"" : "");
     snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu%s Lq=%zu Lk=%zu d=%zu%s%s%s%s%s",
-             o->shape.batch, o->shape.heads, kv_text, seq_q, seq_k, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             o->shape.batch, o->shape.heads, kv_text, seq_q, seq_k, d,
+             type == CLATTN_DTYPE_F32 ? "" : " ",
              type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype],
              !softmax && o->score.causal ? " causal" : "", !softmax && o->mask ? " mask=" : "",
              !softmax && o->mask ? mask_names[o->mask] : "");
@@ -640,8 +634,8 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
     t->v = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, kv_heads, seq_k, d);
     t->out = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, o->shape.heads, seq_q, d);
     if (softmax)
-        t->weights =
-            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, o->shape.batch, o->shape.heads, seq_q, seq_k);
+        t->weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, o->shape.batch,
+                                        o->shape.heads, seq_q, seq_k);
     if (mask == 1)
         t->key_padding_mask =
             clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, o->shape.batch, seq_k, 0, 0);
@@ -714,7 +708,7 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         measure_softmax_step(b, &c, scores, &r);
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.plan);
-    release_all(mem, 8);
+    cli_release_buffers(mem, 8);
     return rc;
 }
 
@@ -739,16 +733,17 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype,
              "\"seq_k\": %zu, \"head_dim\": %zu, \"dtype\": \"%s\", \"causal\": %s, "
              "\"softcap\": %g, \"alibi\": %s, \"sinks\": %s, \"dropout\": %g",
              o->shape.batch, o->shape.heads, kv_heads, seq_q, seq_k, d, dtype_names[dtype],
-             o->score.causal ? "true" : "false", (double)o->score.softcap, o->score.alibi ? "true" : "false",
-             o->sinks ? "true" : "false", o->dropout);
+             o->score.causal ? "true" : "false", (double)o->score.softcap,
+             o->score.alibi ? "true" : "false", o->sinks ? "true" : "false", o->dropout);
     char drop_text[32] = "";
     if (o->dropout > 0.0)
         snprintf(drop_text, sizeof drop_text, " drop=%g", o->dropout);
     snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu%s Lq=%zu Lk=%zu d=%zu%s%s%s%s%s%s%s",
-             o->shape.batch, o->shape.heads, kv_text, seq_q, seq_k, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             o->shape.batch, o->shape.heads, kv_text, seq_q, seq_k, d,
+             type == CLATTN_DTYPE_F32 ? "" : " ",
              type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], o->score.causal ? " causal" : "",
-             o->score.softcap > 0.0f ? " cap" : "", o->score.alibi ? " alibi" : "", o->sinks ? " sinks" : "",
-             drop_text);
+             o->score.softcap > 0.0f ? " cap" : "", o->score.alibi ? " alibi" : "",
+             o->sinks ? " sinks" : "", drop_text);
     int rc = fresh_context(b);
     if (rc != CLI_OK)
         return rc;
@@ -765,7 +760,8 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype,
     t->k = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, kv_heads, seq_k, d);
     t->v = t->k;
     t->out = t->q;
-    t->lse = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, o->shape.batch, o->shape.heads, seq_q, 0);
+    t->lse =
+        clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, o->shape.batch, o->shape.heads, seq_q, 0);
     if (o->score.alibi)
         t->alibi_slopes = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->shape.heads, 0, 0, 0);
     if (o->sinks)
@@ -850,8 +846,8 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype,
                  json_number(text[0], sizeof text[0], "%.6f", fwd_ms),
                  json_number(text[1], sizeof text[1], "%.6f", fwd_wall_ms),
                  json_number(text[2], sizeof text[2], "%.6g", fwd_gflops),
-                 json_number(text[3], sizeof text[3], "%.3f", r.device_ms / fwd_ms), fwd_ws,
-                 bwd_ws, o->score.causal ? ", halved (causal)" : "");
+                 json_number(text[3], sizeof text[3], "%.3f", r.device_ms / fwd_ms), fwd_ws, bwd_ws,
+                 o->score.causal ? ", halved (causal)" : "");
         snprintf(r.extra_text, sizeof r.extra_text,
                  "  fwd %.3f ms %.2f GFLOP/s; bwd/fwd %.2fx; ws fwd %zu B bwd %zu B", fwd_ms,
                  fwd_gflops, r.device_ms / fwd_ms, fwd_ws, bwd_ws);
@@ -859,7 +855,7 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype,
     rc = report(b, &r, status, bytes);
     clattn_plan_release(bwd.plan);
     clattn_plan_release(fwd.plan);
-    release_all(mem, 11);
+    cli_release_buffers(mem, 11);
     return rc;
 }
 
@@ -964,7 +960,8 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
                         size_t page_size, int cache_index)
 {
     const bench_options *o = b->options;
-    const size_t kv_heads = o->shape.kv_heads ? o->shape.kv_heads : o->shape.heads, d = o->shape.head_dim;
+    const size_t kv_heads = o->shape.kv_heads ? o->shape.kv_heads : o->shape.heads,
+                 d = o->shape.head_dim;
     /* q, out and the appended tokens: --dtype; the cache: --kv-dtype (default the same) */
     const clattn_dtype type = dtypes[dtype];
     const clattn_dtype cache_type = cache_index < 0 ? type : kv_dtypes[cache_index];
@@ -980,12 +977,14 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
              "\"head_dim\": %zu, \"dtype\": \"%s\", \"kv_dtype\": \"%s\", \"page_size\": %zu%s%s",
              o->shape.batch, o->shape.heads, kv_heads, length, d, dtype_names[dtype],
              cache_index < 0 ? dtype_names[dtype] : kv_dtype_names[cache_index], page_size,
-             o->score.softcap > 0.0f ? ", \"softcap\": true" : "", o->sinks ? ", \"sinks\": true" : "");
+             o->score.softcap > 0.0f ? ", \"softcap\": true" : "",
+             o->sinks ? ", \"sinks\": true" : "");
     char page_text[32] = "";
     if (page_size)
         snprintf(page_text, sizeof page_text, " page=%zu", page_size);
     snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s%s%s",
-             o->shape.batch, o->shape.heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             o->shape.batch, o->shape.heads, kv_heads, length, d,
+             type == CLATTN_DTYPE_F32 ? "" : " ",
              type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], cache_text, page_text,
              o->sinks ? " sinks" : "");
     int rc = fresh_context(b);
@@ -1056,7 +1055,7 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.attend.plan);
     clattn_kv_cache_release(c.cache);
-    release_all(mem, 5);
+    cli_release_buffers(mem, 5);
     return rc;
 }
 
@@ -1067,7 +1066,8 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
 static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_size)
 {
     const bench_options *o = b->options;
-    const size_t kv_heads = o->shape.kv_heads ? o->shape.kv_heads : o->shape.heads, d = o->shape.head_dim;
+    const size_t kv_heads = o->shape.kv_heads ? o->shape.kv_heads : o->shape.heads,
+                 d = o->shape.head_dim;
     const clattn_dtype type = dtypes[dtype];
     case_result r = {.op = "paged", .unit = "tokens_per_s", .path = "fused"};
     snprintf(r.size_json, sizeof r.size_json,
@@ -1078,10 +1078,10 @@ static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_siz
     char page_text[32] = " contiguous";
     if (page_size)
         snprintf(page_text, sizeof page_text, " page=%zu", page_size);
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s%s",
-             o->shape.batch, o->shape.heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
-             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], page_text,
-             o->sinks ? " sinks" : "");
+    snprintf(
+        r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s%s",
+        o->shape.batch, o->shape.heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+        type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], page_text, o->sinks ? " sinks" : "");
     int rc = fresh_context(b);
     if (rc != CLI_OK)
         return rc;
@@ -1100,7 +1100,8 @@ static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_siz
     t->out = t->q;
     if (page_size) {
         t->k = clattn_tensor_make(NULL, 0, type, 4, pages, page_size, kv_heads, d);
-        t->block_table = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, o->shape.batch, blocks, 0, 0);
+        t->block_table =
+            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, o->shape.batch, blocks, 0, 0);
     } else {
         t->k = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, kv_heads, length, d);
     }
@@ -1164,7 +1165,7 @@ static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_siz
     free(table);
     free(counts);
     clattn_plan_release(c.plan);
-    release_all(mem, COUNT);
+    cli_release_buffers(mem, COUNT);
     return rc;
 }
 
@@ -1271,7 +1272,7 @@ static int bench_varlen(bench_state *b, size_t longest, int dtype, bool padded)
     rc = report(b, &r, status, bytes);
     free(cu);
     clattn_plan_release(c.plan);
-    release_all(mem, COUNT);
+    cli_release_buffers(mem, COUNT);
     return rc;
 }
 
@@ -1288,8 +1289,8 @@ static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
              "\"embed_dim\": %zu, \"dtype\": \"%s\"%s",
              o->shape.batch, o->shape.heads, seq, seq, e / o->shape.heads, e, dtype_names[dtype],
              o->rope ? ", \"rope\": true" : "");
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu%s%s%s", o->shape.batch, o->shape.heads,
-             seq, e, type == CLATTN_DTYPE_F32 ? "" : " ",
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu%s%s%s", o->shape.batch,
+             o->shape.heads, seq, e, type == CLATTN_DTYPE_F32 ? "" : " ",
              type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], o->rope ? " rope" : "");
     if (e % o->shape.heads)
         return cli_fail("bench", CLI_BAD_INPUT, "--embed %zu is not divisible by --heads %zu", e,
@@ -1342,7 +1343,7 @@ static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
     r.rate = status == CLATTN_SUCCESS ? flops / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.plan);
-    release_all(mem, COUNT);
+    cli_release_buffers(mem, COUNT);
     return rc;
 }
 
@@ -1358,8 +1359,8 @@ static int bench_additive(bench_state *b, size_t seq, clattn_path path)
              "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"da\": %zu, "
              "\"embed_dim\": %zu",
              o->shape.batch, h, seq, seq, da, e);
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu da=%zu", o->shape.batch, h, seq, e,
-             da);
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu da=%zu", o->shape.batch, h,
+             seq, e, da);
     if (e % h)
         return cli_fail("bench", CLI_BAD_INPUT, "--embed %zu is not divisible by --heads %zu", e,
                         h);
@@ -1382,8 +1383,13 @@ static int bench_additive(bench_state *b, size_t seq, clattn_path path)
     plan_case c = {.tensors = desc_tensors};
     clattn_status status = clattn_additive_plan_create(b->ctx, &desc, &c.plan);
     enum { X, OUT, W1, W2, B1, B2, W, COUNT };
-    const size_t counts[COUNT] = {
-        o->shape.batch * seq * e, o->shape.batch * seq * e, e * h * da, e * h * da, h * da, h * da, h * da};
+    const size_t counts[COUNT] = {o->shape.batch * seq * e,
+                                  o->shape.batch * seq * e,
+                                  e * h * da,
+                                  e * h * da,
+                                  h * da,
+                                  h * da,
+                                  h * da};
     cl_mem mem[COUNT] = {NULL};
     size_t bytes = 0;
     if (status == CLATTN_SUCCESS) {
@@ -1406,7 +1412,7 @@ static int bench_additive(bench_state *b, size_t seq, clattn_path path)
     r.rate = status == CLATTN_SUCCESS ? terms / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.plan);
-    release_all(mem, COUNT);
+    cli_release_buffers(mem, COUNT);
     return rc;
 }
 

@@ -38,15 +38,10 @@ typedef struct rope_data {
 
 static void rope_free(rope_data *d)
 {
-    for (int i = 0; i < 5; ++i)
-        if (d->mem[i])
-            clReleaseMemObject(d->mem[i]);
-    clattn_array_free(&d->x);
-    clattn_array_free(&d->cos);
-    clattn_array_free(&d->sin);
-    clattn_array_free(&d->ids);
-    free(d->ids32);
-    free(d->out);
+    cli_release_buffers(d->mem, 5);
+    clattn_array *const arrays[] = {&d->x, &d->cos, &d->sin, &d->ids};
+    void *const blocks[] = {d->ids32, d->out};
+    cli_free_all(arrays, CLI_COUNT(arrays), blocks, CLI_COUNT(blocks));
 }
 
 #define AT(field) CLI_AT(rope_options, field)
@@ -223,14 +218,7 @@ static int run_rope(const rope_options *o, rope_data *d)
             err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[1], CL_TRUE, 0,
                                       x->count * sizeof(float), d->out, 0, NULL, NULL);
     }
-    if (status != CLATTN_SUCCESS) {
-        const bool input_error =
-            status == CLATTN_ERR_INVALID_ARGUMENT || status == CLATTN_ERR_INVALID_SHAPE;
-        rc = cli_fail("rope", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s: %s",
-                      clattn_status_string(status), clattn_last_error(ctx));
-    } else if (err != CL_SUCCESS) {
-        rc = cli_fail("rope", CLI_FAILED, "OpenCL error %d", (int)err);
-    }
+    rc = cli_call_failure("rope", ctx, status, false, err);
     clattn_plan_release(plan);
     cli_release_context(ctx);
     if (rc != CLI_OK)

@@ -289,12 +289,8 @@ static clattn_status case_run(clattn_ctx *ctx, const tune_case *c, const case_da
                 queue, outs[i], CL_TRUE, 0, out_counts[i] * sizeof(float),
                 out + (i ? out_counts[0] : 0), 0, NULL, NULL);
     clattn_plan_release(plan);
-    for (int i = 0; i < 3; ++i)
-        if (in[i])
-            clReleaseMemObject(in[i]);
-    for (int i = 0; i < 2; ++i)
-        if (outs[i])
-            clReleaseMemObject(outs[i]);
+    cli_release_buffers(in, 3);
+    cli_release_buffers(outs, 2);
     free(times);
     return status;
 }
