@@ -72,8 +72,7 @@ static const char *type_name(cl_device_type type)
 typedef struct device_options {
     cli_exec exec; /* --device */
 } device_options;
-static const cli_option device_table[] = {
-    CLI_USE(cli_exec_group, device_options, exec, CLI_EXEC_DEVICE)};
+static const cli_option device_table[] = {CLI_USE(cli_exec_group, device_options, exec, 0)};
 
 /* devices or info (name, prose): parses --device, then shows what the command shows. */
 static int device_command(const char *name, const char *prose, int (*show)(const char *device),
@@ -163,11 +162,6 @@ static int list_devices(const char *device_spec)
     return chosen ? CLI_OK : CLI_FAILED;
 }
 
-int cmd_devices(int argc, char **argv)
-{
-    return device_command("devices", devices_usage, list_devices, argc, argv);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * clattn info
  * ------------------------------------------------------------------------------------------- */
@@ -194,6 +188,11 @@ static int show_info(const char *device_spec)
     return CLI_OK;
 }
 
+/* devices and info: one parser, then what each shows. */
+int cmd_devices(int argc, char **argv)
+{
+    return device_command("devices", devices_usage, list_devices, argc, argv);
+}
 int cmd_info(int argc, char **argv)
 {
     return device_command("info", info_usage, show_info, argc, argv);
@@ -219,7 +218,7 @@ typedef struct doctor_options {
     const char *json;
 } doctor_options;
 static const cli_option doctor_table[] = {
-    CLI_USE(cli_exec_group, doctor_options, exec, CLI_EXEC_DEVICE),
+    CLI_USE(cli_exec_group, doctor_options, exec, 0),
     {CLI_OPT("--json", CLI_PATH, CLI_AT(doctor_options, json), "FILE",
              "write the report as JSON to FILE")},
 };
@@ -292,10 +291,9 @@ int main(int argc, char **argv)
         const char *name;
         int (*run)(int, char **);
     } commands[] = {
-        {"devices", cmd_devices},   {"info", cmd_info},   {"demo", cmd_demo},
-        {"run", cmd_run},           {"sdpa", cmd_sdpa},   {"rope", cmd_rope},
-        {"additive", cmd_additive}, {"bench", cmd_bench}, {"tune", cmd_tune},
-        {"doctor", cmd_doctor},
+#define COMMAND_ENTRY(name) {#name, cmd_##name},
+        CLI_COMMANDS(COMMAND_ENTRY)
+#undef COMMAND_ENTRY
     };
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; ++i)
         if (strcmp(command, commands[i].name) == 0)

@@ -50,9 +50,9 @@ const char *cli_value(cli_args *args);
  *   CHOICE  target int *: choices[i].value for the value named choices[i].name (NULL-ended)
  *   CUSTOM  handle(args, value, target) parses it (value NULL when arg is NULL: a flag)
  *   GROUP   the options of one concern, declared once in tools/cli_options.c over one struct
- *           (cli_score_group: --causal, --softcap, --scale...; cli_rope_group, cli_masks_group,
- *           cli_heatmap_group, cli_exec_group: --device, --path; cli_bench_group): the entry
- *           puts that struct at target and picks its members (pick: a mask of their
+ *           (cli_score_group: --causal, --softcap, --scale, --path...; cli_rope_group,
+ *           cli_masks_group, cli_heatmap_group, cli_exec_group: --device; cli_bench_group): the
+ * entry puts that struct at target and picks its members (pick: a mask of their
  *           CLI_<GROUP>_<MEMBER> bits, 0: all), which stand in the table in the group's order.
  * target and given are offsets into the command's options struct (CLI_AT, CLI_GIVEN); given
  * (0: none) names a bool set when the option appears. An option may appear once, unless
@@ -118,7 +118,7 @@ typedef struct cli_window {
     long long left, right;
 } cli_window;
 /* How the scores are formed and masked: --causal --causal-align --window --softcap --scale
- * --norm --alibi --alibi-slopes. */
+ * --norm --alibi --alibi-slopes, and whether they are formed whole: --path. */
 typedef struct cli_score {
     bool causal, align_given;
     clattn_causal align; /* --causal-align */
@@ -128,6 +128,7 @@ typedef struct cli_score {
     clattn_norm norm;
     bool alibi;               /* the paper's slopes */
     const char *alibi_slopes; /* --alibi-slopes S.npy */
+    clattn_path path;         /* auto, fused or unfused */
 } cli_score;
 enum {
     CLI_SCORE_CAUSAL = 1u << 0,
@@ -137,7 +138,8 @@ enum {
     CLI_SCORE_SCALE = 1u << 4,
     CLI_SCORE_NORM = 1u << 5,
     CLI_SCORE_ALIBI = 1u << 6,
-    CLI_SCORE_ALIBI_SLOPES = 1u << 7
+    CLI_SCORE_ALIBI_SLOPES = 1u << 7,
+    CLI_SCORE_PATH = 1u << 8
 };
 extern const cli_group cli_score_group;
 /* The rotary options: --rope [--rope-style halves|pairs] [--rope-dims N] [--rope-base B]
@@ -162,12 +164,10 @@ typedef struct cli_heatmap {
     clattn_heatmap_scale scale; /* default row */
 } cli_heatmap;
 extern const cli_group cli_heatmap_group;
-/* Where and how it runs: --device SPEC, --path auto|fused|unfused. */
+/* Where it runs: --device SPEC. */
 typedef struct cli_exec {
     const char *device;
-    clattn_path path;
 } cli_exec;
-enum { CLI_EXEC_DEVICE = 1u << 0, CLI_EXEC_PATH = 1u << 1 };
 extern const cli_group cli_exec_group;
 /* A benchmark's problem and its measurement: --batch --heads --kv-heads --head-dim --runs
  * --warmup --json (the command sets the defaults). */
@@ -334,17 +334,13 @@ void cli_print_device(FILE *out, cl_device_id device);
 /* Prints a rows x cols matrix with a title, aligned. */
 void cli_print_matrix(const char *title, const float *values, size_t rows, size_t cols);
 
-/* The sub-commands. argv[0] is the sub-command's name. */
-int cmd_devices(int argc, char **argv);
-int cmd_demo(int argc, char **argv);
-int cmd_run(int argc, char **argv);
-int cmd_sdpa(int argc, char **argv);
-int cmd_rope(int argc, char **argv);
-int cmd_additive(int argc, char **argv);
-int cmd_bench(int argc, char **argv);
-int cmd_tune(int argc, char **argv);
-int cmd_info(int argc, char **argv);
-int cmd_doctor(int argc, char **argv);
+/* The sub-commands, cmd_NAME(argc, argv) with argv[0] the sub-command's name; clattn.c's
+ * dispatch table is made from this list. */
+#define CLI_COMMANDS(X)                                                                            \
+    X(devices) X(info) X(demo) X(run) X(sdpa) X(rope) X(additive) X(bench) X(tune) X(doctor)
+#define CLI_DECLARE_COMMAND(name) int cmd_##name(int argc, char **argv);
+CLI_COMMANDS(CLI_DECLARE_COMMAND)
+#undef CLI_DECLARE_COMMAND
 
 /* `clattn run` up to the device: parses the options, reads every file and checks every shape,
  * printing the one-line error on failure; returns the exit code. The argument-validation fuzz

@@ -90,6 +90,9 @@ static const cli_option score_options[] = {
     {CLI_OPT("--alibi", CLI_FLAG, AT(alibi), NULL, "ALiBi biases with the paper's slopes")},
     {CLI_OPT("--alibi-slopes", CLI_PATH, AT(alibi_slopes), "S.npy",
              "ALiBi with your own slopes, one per head")},
+    {CLI_OPT("--path", CLI_CHOICE, AT(path), NULL,
+             "auto (default), fused (never forms the scores) or unfused"),
+     .choices = cli_path_choices},
 };
 #undef AT
 const cli_group cli_score_group = {score_options, CLI_COUNT(score_options)};
@@ -133,9 +136,6 @@ const cli_group cli_heatmap_group = {heatmap_options, CLI_COUNT(heatmap_options)
 static const cli_option exec_options[] = {
     {CLI_OPT("--device", CLI_PATH, CLI_AT(cli_exec, device), "SPEC",
              "gpu, cpu or P:D (see `clattn devices`; default: CLATTN_DEVICE)")},
-    {CLI_OPT("--path", CLI_CHOICE, CLI_AT(cli_exec, path), NULL,
-             "auto (default), fused (never forms the scores) or unfused"),
-     .choices = cli_path_choices},
 };
 const cli_group cli_exec_group = {exec_options, CLI_COUNT(exec_options)};
 

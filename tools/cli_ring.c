@@ -528,7 +528,7 @@ static const cli_option ring_bench_table[] = {
      .choices = ring_layouts},
     {CLI_OPT("--dtype", CLI_CHOICE, AT(dtype), NULL, "q, k, v and out storage (default f32)"),
      .choices = ring_dtypes},
-    CLI_USE(cli_exec_group, ring_bench_options, exec, CLI_EXEC_DEVICE),
+    CLI_USE(cli_exec_group, ring_bench_options, exec, 0),
 };
 #undef AT
 static const char *const ring_bench_help[] = {ring_bench_usage, NULL};

@@ -37,10 +37,10 @@ typedef struct additive_options {
     const char *out, *attn_out; /* --out O.npy, --attn-out A.npy */
     size_t heads;
     bool heads_given;
-    cli_score score;     /* --causal, --norm */
+    cli_score score;     /* --causal, --norm, --path */
     cli_masks masks;     /* --mask-true (default masked), --key-padding-mask */
     cli_heatmap heatmap; /* --attn-png, --png-scale (default row) */
-    cli_exec exec;       /* --device, --path */
+    cli_exec exec;       /* --device */
 } additive_options;
 
 enum { A_Q, A_K, A_V, A_W1, A_W2, A_W, A_B1, A_B2, A_MASK, A_KPM, A_COUNT };
@@ -78,7 +78,8 @@ static const cli_option additive_table[] = {
     {CLI_OPT("--b2", CLI_PATH, AT(b2), "B2.npy", "the key bias (da)")},
     {CLI_OPT("--heads", CLI_SIZE, AT(heads), "H", "heads, each with its own weights (default 1)"),
      .min = 1, .given = CLI_GIVEN(additive_options, heads_given)},
-    CLI_USE(cli_score_group, additive_options, score, CLI_SCORE_CAUSAL | CLI_SCORE_NORM),
+    CLI_USE(cli_score_group, additive_options, score,
+            CLI_SCORE_CAUSAL | CLI_SCORE_NORM | CLI_SCORE_PATH),
     {CLI_OPT("--attn-mask", CLI_PATH, AT(attn_mask), "M.npy",
              "(L, S): float added, or bool (True = masked by default)")},
     CLI_USE(cli_masks_group, additive_options, masks, 0),
@@ -103,7 +104,7 @@ static int parse_options(int argc, char **argv, additive_options *o)
     if (!o->query || !o->w1 || !o->w2 || !o->w)
         return cli_fail("additive", CLI_BAD_INPUT,
                         "--query, --w1, --w2 and --w are required (see --help)");
-    if (o->exec.path == CLATTN_PATH_FUSED && (o->attn_out || o->heatmap.png))
+    if (o->score.path == CLATTN_PATH_FUSED && (o->attn_out || o->heatmap.png))
         return cli_fail("additive", CLI_BAD_INPUT,
                         "--path fused never forms the weights: drop --attn-out/--attn-png or use "
                         "--path auto");
@@ -261,7 +262,7 @@ static int describe(const additive_options *o, additive_data *d, additive_sizes 
     desc->num_heads = heads;
     desc->causal = o->score.causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
     desc->norm = o->score.norm;
-    desc->path = o->exec.path;
+    desc->path = o->score.path;
     t->q = tensor_of(&d->in[A_Q]);
     t->k = tensor_of(&d->in[A_K]);
     t->v = tensor_of(&d->in[A_V]);
@@ -405,14 +406,12 @@ static int run(const additive_options *o, additive_data *d)
 
 int cmd_additive(int argc, char **argv)
 {
-    additive_options options;
-    memset(&options, 0, sizeof options);
-    options.masks.true_masked = true; /* PyTorch's nn.MultiheadAttention convention */
+    /* True = masked: PyTorch's nn.MultiheadAttention convention */
+    additive_options options = {.masks = {.true_masked = true}};
     int rc = parse_options(argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
-    additive_data data;
-    memset(&data, 0, sizeof data);
+    additive_data data = {.mask = NULL}; /* everything empty */
     rc = run(&options, &data);
     additive_free(&data);
     return rc;

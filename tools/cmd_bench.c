@@ -1584,7 +1584,7 @@ static const cli_option bench_table[] = {
      .handle = parse_page_sizes},
     {CLI_OPT("--mask", CLI_CHOICE, AT(mask), NULL, "attention: no mask, key padding or additive"),
      .choices = mask_choices},
-    CLI_USE(cli_exec_group, bench_options, exec, CLI_EXEC_DEVICE),
+    CLI_USE(cli_exec_group, bench_options, exec, 0),
 };
 #undef AT
 

@@ -864,7 +864,7 @@ static const cli_option demo_table[] = {
     {CLI_OPT("--png", CLI_CUSTOM, CLI_AT(demo_options, png), "FILE",
              "(posenc, all) the sinusoidal table (128 x 64) as a heatmap PNG"),
      .handle = parse_png},
-    CLI_USE(cli_exec_group, demo_options, exec, CLI_EXEC_DEVICE),
+    CLI_USE(cli_exec_group, demo_options, exec, 0),
 };
 static const char *const demo_help[] = {demo_usage, NULL};
 static const cli_command demo_command = {.name = "demo",

@@ -58,7 +58,7 @@ static const cli_option rope_table[] = {
     {CLI_OPT("--base", CLI_FLOAT, AT(base), "B", "the angles' base (default 10000)"), .min = 1},
     {CLI_OPT("--start", CLI_SIZE, AT(start), "P", "the position of row 0 without ids (default 0)")},
     {CLI_OPT("--out", CLI_PATH, AT(out), "Y.npy", "write Y (else it is printed when small)")},
-    CLI_USE(cli_exec_group, rope_options, exec, CLI_EXEC_DEVICE),
+    CLI_USE(cli_exec_group, rope_options, exec, 0),
 };
 #undef AT
 

@@ -81,11 +81,11 @@ typedef struct run_options {
     bool posenc;              /* --posenc sinusoidal */
     size_t heads, kv_heads;   /* kv_heads 0: heads */
     bool heads_given;
-    cli_score score;     /* --causal, --softcap, --window, --alibi, --scale, --norm */
+    cli_score score;     /* --causal, --softcap, --window, --alibi, --scale, --norm, --path */
     cli_rope rope;       /* --rope and its options */
     cli_masks masks;     /* --mask-true (default masked, as PyTorch MHA), --key-padding-mask */
     cli_heatmap heatmap; /* --attn-png, --png-scale */
-    cli_exec exec;       /* --device, --path */
+    cli_exec exec;       /* --device */
 } run_options;
 
 /* Everything loaded from files; freed by run_free. */
@@ -180,7 +180,7 @@ static int parse_options(int argc, char **argv, run_options *o)
                         "weights needed: --weights W.safetensors --heads H, or --wq --wk --wv");
     if (textbook && !(o->wq && o->wk && o->wv))
         return cli_fail("run", CLI_BAD_INPUT, "--wq, --wk and --wv go together");
-    if (o->exec.path == CLATTN_PATH_FUSED && (o->attn_out || o->heatmap.png))
+    if (o->score.path == CLATTN_PATH_FUSED && (o->attn_out || o->heatmap.png))
         return cli_fail("run", CLI_BAD_INPUT,
                         "--path fused never forms the attention weights: "
                         "drop --attn-out/--attn-png or use --path auto");
@@ -727,7 +727,7 @@ static void describe(const run_options *o, const run_sizes *z, clattn_mha_host_d
     desc->scale = o->score.scale;
     desc->norm = o->score.norm;
     desc->causal = o->score.causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
-    desc->path = o->exec.path;
+    desc->path = o->score.path;
     desc->softcap = o->score.softcap;
     desc->rope = o->rope.on;
     desc->rope_style = o->rope.style;

@@ -176,7 +176,7 @@ typedef struct sdpa_options {
     size_t q_heads, kv_heads; /* 0: not given */
     cli_score score; /* --causal, --causal-align, --window, --softcap, --scale, --norm... */
     cli_masks masks; /* --mask-true (default attend, as ONNX) */
-    cli_exec exec;   /* --device, --path */
+    cli_exec exec;   /* --device */
     bool ring, ring_timing, ring_option; /* --ring, --ring-timing, either ring option */
     int ring_zigzag;                     /* --ring-layout zigzag */
     bool ring_layout_given;
@@ -272,15 +272,15 @@ static void sdpa_free(sdpa_data *d)
  * such option given, or NULL. */
 static const char *fused_only_conflict(const sdpa_options *o)
 {
-    return o->past_k                             ? "--past-key"
-           : o->present_k                        ? "--present-key-out"
-           : o->rope.on                          ? "--rope"
-           : o->qk_out                           ? "--qk-out"
-           : o->heatmap.png                      ? "--attn-png"
-           : o->softmax_f64                      ? "--softmax-precision 11"
-           : o->ring                             ? "--ring"
-           : o->exec.path == CLATTN_PATH_UNFUSED ? "--path unfused"
-                                                 : NULL;
+    return o->past_k                              ? "--past-key"
+           : o->present_k                         ? "--present-key-out"
+           : o->rope.on                           ? "--rope"
+           : o->qk_out                            ? "--qk-out"
+           : o->heatmap.png                       ? "--attn-png"
+           : o->softmax_f64                       ? "--softmax-precision 11"
+           : o->ring                              ? "--ring"
+           : o->score.path == CLATTN_PATH_UNFUSED ? "--path unfused"
+                                                  : NULL;
 }
 
 static int parse_softmax_precision(const cli_args *args, const char *value, void *target)
@@ -530,7 +530,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--attn-png draws the weights: with --qk-out, give --qk-output-mode 3 "
                         "(the same weights) or drop one of them");
-    if (o->heatmap.png && o->exec.path == CLATTN_PATH_FUSED)
+    if (o->heatmap.png && o->score.path == CLATTN_PATH_FUSED)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--path fused never forms the attention weights: drop --attn-png or use "
                         "--path auto");
@@ -1495,7 +1495,7 @@ static void describe_options(const sdpa_options *o, clattn_sdpa_desc *desc)
     desc->scale = o->score.scale;
     desc->softcap = o->score.softcap;
     desc->norm = o->score.norm;
-    desc->path = o->exec.path;
+    desc->path = o->score.path;
     desc->softmax_f64 = o->softmax_f64;
     desc->rope = o->rope.on;
     desc->rope_style = o->rope.style;

@@ -873,7 +873,7 @@ static const cli_option tune_table[] = {
     {CLI_OPT("--min-gain", CLI_CUSTOM, AT(min_gain), "PCT",
              "keep a candidate only if this much faster (default 3)"),
      .handle = parse_min_gain},
-    CLI_USE(cli_exec_group, tune_options, exec, CLI_EXEC_DEVICE),
+    CLI_USE(cli_exec_group, tune_options, exec, 0),
 };
 #undef AT
 
