@@ -21,11 +21,24 @@ typedef struct tuning_key {
     size_t offset;
     bool problem; /* scope PROBLEM: rows with selectors may set it */
     unsigned long long lo, hi;
+    /* `clattn tune`'s columns and the doc line (clattn_tuning_key_get) */
+    const char *op, *device_class, *when, *values, *quick, *doc;
 } tuning_key;
 
 enum { DEVICE = 0, PROBLEM = 1 };
-#define KEY(field, scope, lo, hi, op, cls, when, values, quick, doc)                              \
-    {#field, offsetof(clattn_tuning, field), scope == PROBLEM, lo, hi},
+#define KEY(field, scope, lo, hi, op, cls, when, values, quick, doc)                               \
+    {                                                                                              \
+        #field,                                                                                    \
+        offsetof(clattn_tuning, field),                                                            \
+        scope == PROBLEM,                                                                          \
+        lo,                                                                                        \
+        hi,                                                                                        \
+        op,                                                                                        \
+        cls,                                                                                       \
+        when,                                                                                      \
+        values,                                                                                    \
+        quick,                                                                                     \
+        doc},
 static const tuning_key tuning_keys[] = {CLATTN_TUNING_KEYS(KEY)};
 #undef KEY
 enum { NUM_KEYS = sizeof tuning_keys / sizeof tuning_keys[0] };
@@ -722,5 +735,35 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
              "-DHEADS_WG=%u",
              t->tile_m, t->tile_n, t->tile_k, t->wpt_m, t->wpt_n, t->vec_rm, t->vec_width,
              t->vec_wg, t->transpose_wg, t->softmax_wg, t->heads_wg);
+    return CLATTN_SUCCESS;
+}
+
+size_t clattn_tuning_key_count(void)
+{
+    return NUM_KEYS;
+}
+
+clattn_status clattn_tuning_key_get(size_t index, clattn_tuning_key_info *out)
+{
+    if (out == NULL || index >= NUM_KEYS)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    const size_t size = out->struct_size;
+    if (size == 0 || size > sizeof *out || size % 8 != 0)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    const tuning_key *k = &tuning_keys[index];
+    const clattn_tuning_key_info info = {
+        .struct_size = size,
+        .name = k->name,
+        .op = k->op,
+        .device_class = k->device_class,
+        .when = k->when,
+        .values = k->values,
+        .quick = k->quick,
+        .doc = k->doc,
+        .lo = (unsigned)k->lo,
+        .hi = (unsigned)k->hi,
+        .scope = k->problem ? CLATTN_TUNING_PROBLEM : CLATTN_TUNING_DEVICE,
+    };
+    memcpy(out, &info, size); /* an earlier version's struct: the fields it has */
     return CLATTN_SUCCESS;
 }
