@@ -51,9 +51,10 @@ const char *cli_value(cli_args *args);
  *   CUSTOM  handle(args, value, target) parses it (value NULL when arg is NULL: a flag)
  *   GROUP   the options of one concern, declared once in tools/cli_options.c over one struct
  *           (cli_score_group: --causal, --softcap, --scale, --path...; cli_rope_group,
- *           cli_masks_group, cli_heatmap_group, cli_exec_group: --device; cli_bench_group): the
- * entry puts that struct at target and picks its members (pick: a mask of their
- *           CLI_<GROUP>_<MEMBER> bits, 0: all), which stand in the table in the group's order.
+ *           cli_masks_group, cli_heatmap_group, cli_exec_group: --device; cli_bench_group):
+ *           the entry puts that struct at target and picks its members (pick: a mask of
+ *           their CLI_<GROUP>_<MEMBER> bits, 0: all), which stand in the table in the
+ *           group's order (CLI_USE).
  * target and given are offsets into the command's options struct (CLI_AT, CLI_GIVEN); given
  * (0: none) names a bool set when the option appears. An option may appear once, unless
  * flagged CLI_REPEATABLE: "--scale given twice" otherwise. CLI_REQUIRED marks one the usage

@@ -1,5 +1,7 @@
-/* The commands' option tables: the shared options (declared once), the parser, the usage line
- * and --help, all made from one cli_option table per command (cli.h). */
+/* The options several commands share, each declared once in the table of its concern (score,
+ * rope, masks, heatmap, device, a benchmark's problem), and the parser, the usage line and
+ * --help, all made from one cli_option table per command, which names the concerns it takes
+ * (cli.h). */
 #include "cli.h"
 
 #include <math.h>
@@ -96,6 +98,8 @@ static const cli_option score_options[] = {
 };
 #undef AT
 const cli_group cli_score_group = {score_options, CLI_COUNT(score_options)};
+_Static_assert(CLI_COUNT(score_options) == 9 && CLI_SCORE_PATH == 1u << 8,
+               "the CLI_SCORE_* bits name score_options' rows in order");
 
 static const cli_option rope_options[] = {
     {CLI_OPT("--rope", CLI_CUSTOM, 0, NULL, "rotary position embeddings on q and k"),
@@ -123,6 +127,8 @@ static const cli_option masks_options[] = {
              "(B, S) or (S): true = ignore that key")},
 };
 const cli_group cli_masks_group = {masks_options, CLI_COUNT(masks_options)};
+_Static_assert(CLI_COUNT(masks_options) == 2 && CLI_MASKS_KEY_PADDING == 1u << 1,
+               "the CLI_MASKS_* bits name masks_options' rows in order");
 
 static const cli_option heatmap_options[] = {
     {CLI_OPT("--attn-png", CLI_PATH, CLI_AT(cli_heatmap, png), "A.png",

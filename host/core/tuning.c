@@ -21,26 +21,21 @@ typedef struct tuning_key {
     size_t offset;
     bool problem; /* scope PROBLEM: rows with selectors may set it */
     unsigned long long lo, hi;
-    /* `clattn tune`'s columns and the doc line (clattn_tuning_key_get) */
-    const char *op, *device_class, *when, *values, *quick, *doc;
 } tuning_key;
 
 enum { DEVICE = 0, PROBLEM = 1 };
-#define KEY(field, scope, lo, hi, op, cls, when, values, quick, doc)                               \
-    {                                                                                              \
-        #field,                                                                                    \
-        offsetof(clattn_tuning, field),                                                            \
-        scope == PROBLEM,                                                                          \
-        lo,                                                                                        \
-        hi,                                                                                        \
-        op,                                                                                        \
-        cls,                                                                                       \
-        when,                                                                                      \
-        values,                                                                                    \
-        quick,                                                                                     \
-        doc},
+#define KEY(field, scope, lo, hi, op, cls, when, values, quick, doc)                              \
+    {#field, offsetof(clattn_tuning, field), scope == PROBLEM, lo, hi},
 static const tuning_key tuning_keys[] = {CLATTN_TUNING_KEYS(KEY)};
 #undef KEY
+/* The same list as the public API gives it (clattn_tuning_key_get). */
+/* clang-format off */
+#define KEY_INFO(field, scope, lo, hi, op, cls, when, values, quick, doc)                         \
+    {sizeof(clattn_tuning_key_info), #field, op, cls, when, values, quick, doc, lo, hi,          \
+     scope == PROBLEM ? CLATTN_TUNING_PROBLEM : CLATTN_TUNING_DEVICE},
+/* clang-format on */
+static const clattn_tuning_key_info public_keys[] = {CLATTN_TUNING_KEYS(KEY_INFO)};
+#undef KEY_INFO
 enum { NUM_KEYS = sizeof tuning_keys / sizeof tuning_keys[0] };
 _Static_assert(NUM_KEYS <= 64, "clattn_tuning_record.set has a bit per key");
 
@@ -750,20 +745,7 @@ clattn_status clattn_tuning_key_get(size_t index, clattn_tuning_key_info *out)
     const size_t size = out->struct_size;
     if (size == 0 || size > sizeof *out || size % 8 != 0)
         return CLATTN_ERR_INVALID_ARGUMENT;
-    const tuning_key *k = &tuning_keys[index];
-    const clattn_tuning_key_info info = {
-        .struct_size = size,
-        .name = k->name,
-        .op = k->op,
-        .device_class = k->device_class,
-        .when = k->when,
-        .values = k->values,
-        .quick = k->quick,
-        .doc = k->doc,
-        .lo = (unsigned)k->lo,
-        .hi = (unsigned)k->hi,
-        .scope = k->problem ? CLATTN_TUNING_PROBLEM : CLATTN_TUNING_DEVICE,
-    };
-    memcpy(out, &info, size); /* an earlier version's struct: the fields it has */
+    memcpy(out, &public_keys[index], size); /* an earlier version's struct: the fields it has */
+    out->struct_size = size;
     return CLATTN_SUCCESS;
 }
