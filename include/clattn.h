@@ -162,6 +162,35 @@ CLATTN_API clattn_status clattn_ctx_create_desc(const clattn_ctx_desc *desc, cla
  * Valid as long as the context. NULL ctx gives a static message. */
 CLATTN_API const char *clattn_ctx_tuning(const clattn_ctx *ctx);
 
+/* The tuning keys (since 0.11): the names a row may set, in the order `clattn info` lists them
+ * and `clattn tune` searches them, with what the search tries. Set struct_size =
+ * sizeof(clattn_tuning_key_info) before clattn_tuning_key_get; later versions append fields
+ * (an earlier version's smaller struct gets the fields it has). The strings are static. */
+typedef enum clattn_tuning_scope {
+    CLATTN_TUNING_DEVICE = 0, /* one value per context (build options, every op) */
+    CLATTN_TUNING_PROBLEM = 1 /* a row with @selectors may set it per attention problem */
+} clattn_tuning_scope;
+typedef struct clattn_tuning_key_info {
+    size_t struct_size;
+    const char *name;         /* the key, as rows write it (key=value) */
+    const char *op;           /* the op whose timing decides it in `clattn tune`: "matmul",
+                               * "softmax" or "flash"; "": not searched */
+    const char *device_class; /* the devices it is searched on: "cpu", "gpu" or "any" */
+    const char *when;         /* "" or "key=value": searched only while that key has that value */
+    const char *values;       /* the candidates, space-separated */
+    const char *quick;        /* the candidates of a quick search ("": not searched then) */
+    const char *doc;          /* what it sets, one line */
+    unsigned lo, hi;          /* the values a row may give */
+    clattn_tuning_scope scope;
+} clattn_tuning_key_info;
+
+/* How many tuning keys this version knows. */
+CLATTN_API size_t clattn_tuning_key_count(void);
+/* Key `index` (0 .. clattn_tuning_key_count() - 1) into *out. CLATTN_ERR_INVALID_ARGUMENT for
+ * a NULL out, an index out of range, or a struct_size that is 0, larger than this version's or
+ * not a multiple of 8. */
+CLATTN_API clattn_status clattn_tuning_key_get(size_t index, clattn_tuning_key_info *out);
+
 /* Releases everything the context holds. NULL is a no-op. Waits for the context's queued
  * work to finish first. */
 CLATTN_API void clattn_ctx_release(clattn_ctx *ctx);

@@ -961,6 +961,74 @@ START_TEST(test_records_by_dtype)
 }
 END_TEST
 
+/* The public list of tuning keys (clattn_tuning_key_get, what `clattn tune` searches): every
+ * key below in this order (later keys may be added between them), each in the parameters line
+ * of clattn_ctx_tuning, with sane columns; and the struct_size rules. */
+static const char *const known_keys[] = {
+    "matmul_vec",   "vec_rm",       "vec_width",    "vec_nv",       "vec_rb",
+    "vec_kc",       "vec_wg",       "vec_stream",   "tile_m",       "tile_n",
+    "tile_k",       "wpt_m",        "wpt_n",        "transpose_wg", "softmax_rows",
+    "softmax_wg",   "heads_wg",     "flash_cpu",    "flash_cpu_rb", "flash_cpu_nb",
+    "flash_cpu_kv", "flash_gpu",    "fg_bq",        "fg_bk",        "fg_tx",
+    "fg_ty",        "flash_rows",   "flash_vw",     "decode_keys",  "loop_trip_limit"};
+
+START_TEST(test_public_key_list)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("clattn_tuning_key_count / clattn_tuning_key_get");
+    const size_t count = clattn_tuning_key_count();
+    const size_t known = sizeof known_keys / sizeof known_keys[0];
+    tu_expect(count >= known && count <= 64, "%zu keys, expected %zu to 64", count, known);
+    const char *parameters = strstr(clattn_ctx_tuning(tu_ctx()), "parameters:");
+    tu_expect(parameters != NULL, "clattn_ctx_tuning has no parameters line");
+    size_t next = 0; /* the next known key expected */
+    for (size_t i = 0; i < count; ++i) {
+        clattn_tuning_key_info info = {.struct_size = sizeof info};
+        if (!tu_expect_status(clattn_tuning_key_get(i, &info), CLATTN_SUCCESS, "key_get"))
+            continue;
+        if (next < known && strcmp(info.name, known_keys[next]) == 0)
+            ++next;
+        char item[80];
+        snprintf(item, sizeof item, " %s=", info.name);
+        tu_expect(parameters && strstr(parameters, item), "key %zu '%s' is not a parameter", i,
+                  info.name);
+        tu_expect(info.lo <= info.hi && info.struct_size == sizeof info, "%s: range %u .. %u",
+                  info.name, info.lo, info.hi);
+        const bool op = !strcmp(info.op, "") || !strcmp(info.op, "matmul") ||
+                        !strcmp(info.op, "softmax") || !strcmp(info.op, "flash");
+        const bool device_class = !strcmp(info.device_class, "any") ||
+                                  !strcmp(info.device_class, "cpu") ||
+                                  !strcmp(info.device_class, "gpu");
+        tu_expect(op && device_class && info.when && info.quick && info.doc[0] != '\0' &&
+                      (info.op[0] == '\0' || info.values[0] != '\0'),
+                  "%s: op '%s', class '%s', values '%s'", info.name, info.op, info.device_class,
+                  info.values);
+        tu_expect(info.scope == CLATTN_TUNING_DEVICE || info.scope == CLATTN_TUNING_PROBLEM,
+                  "%s: scope %d", info.name, (int)info.scope);
+    }
+    tu_expect(next == known, "the list lacks '%s' (or has it out of order)",
+              next < known ? known_keys[next] : "");
+    /* struct_size: an earlier version's smaller struct gets the fields it has */
+    clattn_tuning_key_info older = {.struct_size = 16, .op = "untouched"};
+    tu_expect_status(clattn_tuning_key_get(0, &older), CLATTN_SUCCESS, "struct_size 16");
+    tu_expect(older.struct_size == 16 && older.name && !strcmp(older.name, known_keys[0]) &&
+                  !strcmp(older.op, "untouched"),
+              "struct_size 16: name '%s', op '%s'", older.name ? older.name : "(null)",
+              older.op);
+    const size_t bad_sizes[] = {0, 12, sizeof(clattn_tuning_key_info) + 8};
+    for (size_t b = 0; b < sizeof bad_sizes / sizeof bad_sizes[0]; ++b) {
+        clattn_tuning_key_info info = {.struct_size = bad_sizes[b]};
+        tu_expect_status(clattn_tuning_key_get(0, &info), CLATTN_ERR_INVALID_ARGUMENT,
+                         "a bad struct_size");
+    }
+    clattn_tuning_key_info info = {.struct_size = sizeof info};
+    tu_expect_status(clattn_tuning_key_get(count, &info), CLATTN_ERR_INVALID_ARGUMENT,
+                     "index == count");
+    tu_expect_status(clattn_tuning_key_get(0, NULL), CLATTN_ERR_INVALID_ARGUMENT, "NULL out");
+    TU_END_TEST();
+}
+END_TEST
+
 static void remove_scratch(void)
 {
     char command[600];
@@ -987,6 +1055,7 @@ int main(int argc, char **argv)
     TCase *parser = tcase_create("row parser");
     tcase_add_test(parser, test_row_parser);
     tcase_add_test(parser, test_driver_key);
+    tcase_add_test(parser, test_public_key_list);
     suite_add_tcase(suite, parser);
     /* Plans (a few kernel builds): CK_RUN_CASE="records by dtype" runs it alone. */
     TCase *records = tcase_create("records by dtype");

@@ -70,20 +70,27 @@ static const char *type_name(cl_device_type type)
 
 /* devices and info take only --device. */
 typedef struct device_options {
-    const char *device;
+    cli_exec exec; /* --device */
 } device_options;
-static const cli_option device_table[] = {CLI_USE("--device", device_options, device)};
+static const cli_option device_table[] = {CLI_USE(cli_exec_group, device_options, exec, 0)};
 
-static const char *const devices_help[] = {devices_usage, NULL};
-static const cli_command devices_command = CLI_COMMAND("devices", device_table, devices_help);
-
-int cmd_devices(int argc, char **argv)
+/* devices or info (name, prose): parses --device, then shows what the command shows. */
+static int device_command(const char *name, const char *prose, int (*show)(const char *device),
+                          int argc, char **argv)
 {
-    device_options options = {NULL};
-    const int rc = cli_parse_command(&devices_command, argc, argv, &options);
+    const char *const help[] = {prose, NULL};
+    const cli_command command = {
+        .name = name, .options = device_table, .count = CLI_COUNT(device_table), .help = help};
+    device_options options = {{NULL}};
+    const int rc = cli_parse_command(&command, argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
-    const char *device_spec = options.device;
+    return show(options.exec.device);
+}
+
+/* The platforms and their devices, the one `device_spec` picks marked. */
+static int list_devices(const char *device_spec)
+{
     cl_platform_id platforms[16];
     cl_uint num_platforms = 0;
     cl_int err = clGetPlatformIDs(16, platforms, &num_platforms);
@@ -167,16 +174,9 @@ static const char info_usage[] =
     "Exit status: 0 success, 1 device or library failure, 2 bad options (a malformed --device\n"
     "or CLATTN_DEVICE, or one naming a device that does not exist; a bad CLATTN_TUNING file).\n";
 
-static const char *const info_help[] = {info_usage, NULL};
-static const cli_command info_command = CLI_COMMAND("info", device_table, info_help);
-
-int cmd_info(int argc, char **argv)
+/* The device device_spec picks, clattn's version and the tuning applied. */
+static int show_info(const char *device_spec)
 {
-    device_options options = {NULL};
-    const int rc = cli_parse_command(&info_command, argc, argv, &options);
-    if (rc != CLI_OK)
-        return rc < 0 ? CLI_OK : rc;
-    const char *device_spec = options.device;
     clattn_ctx *ctx = cli_context("info", device_spec);
     if (ctx == NULL)
         return cli_context_exit();
@@ -186,6 +186,16 @@ int cmd_info(int argc, char **argv)
     printf("vendor: %s\nclattn: %s\n%s\n", vendor, CLATTN_VERSION_STRING, clattn_ctx_tuning(ctx));
     clattn_ctx_release(ctx);
     return CLI_OK;
+}
+
+/* devices and info: one parser, then what each shows. */
+int cmd_devices(int argc, char **argv)
+{
+    return device_command("devices", devices_usage, list_devices, argc, argv);
+}
+int cmd_info(int argc, char **argv)
+{
+    return device_command("info", info_usage, show_info, argc, argv);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -204,11 +214,11 @@ static const char doctor_usage[] =
     "another) or a device or library failure, 2 bad options.\n";
 
 typedef struct doctor_options {
-    const char *device;
+    cli_exec exec; /* --device */
     const char *json;
 } doctor_options;
 static const cli_option doctor_table[] = {
-    CLI_USE("--device", doctor_options, device),
+    CLI_USE(cli_exec_group, doctor_options, exec, 0),
     {CLI_OPT("--json", CLI_PATH, CLI_AT(doctor_options, json), "FILE",
              "write the report as JSON to FILE")},
 };
@@ -217,11 +227,11 @@ static const cli_command doctor_command = CLI_COMMAND("doctor", doctor_table, do
 
 int cmd_doctor(int argc, char **argv)
 {
-    doctor_options options = {NULL, NULL};
+    doctor_options options = {{NULL}, NULL};
     const int rc = cli_parse_command(&doctor_command, argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
-    clattn_ctx *ctx = cli_context("doctor", options.device);
+    clattn_ctx *ctx = cli_context("doctor", options.exec.device);
     if (ctx == NULL)
         return cli_context_exit();
     size_t checked = 0, failed = 0;
@@ -281,10 +291,9 @@ int main(int argc, char **argv)
         const char *name;
         int (*run)(int, char **);
     } commands[] = {
-        {"devices", cmd_devices},   {"info", cmd_info},   {"demo", cmd_demo},
-        {"run", cmd_run},           {"sdpa", cmd_sdpa},   {"rope", cmd_rope},
-        {"additive", cmd_additive}, {"bench", cmd_bench}, {"tune", cmd_tune},
-        {"doctor", cmd_doctor},
+#define COMMAND_ENTRY(name) {#name, cmd_##name},
+        CLI_COMMANDS(COMMAND_ENTRY)
+#undef COMMAND_ENTRY
     };
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; ++i)
         if (strcmp(command, commands[i].name) == 0)

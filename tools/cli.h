@@ -49,10 +49,12 @@ const char *cli_value(cli_args *args);
  *   FLOAT   target float *: a finite float32, > 0 when min is 1
  *   CHOICE  target int *: choices[i].value for the value named choices[i].name (NULL-ended)
  *   CUSTOM  handle(args, value, target) parses it (value NULL when arg is NULL: a flag)
- *   SHARED  an option declared once in cli_shared_options (--device, --causal, --softcap,
- *           --norm, --path, --window, --alibi, --alibi-slopes, --mask-true, --attn-png,
- *           --png-scale, --rope...): its kind, placeholder, help and parser come from there;
- *           the entry gives the target (and `given`, and may give its own help).
+ *   GROUP   the options of one concern, declared once in tools/cli_options.c over one struct
+ *           (cli_score_group: --causal, --softcap, --scale, --path...; cli_rope_group,
+ *           cli_masks_group, cli_heatmap_group, cli_exec_group: --device; cli_bench_group):
+ *           the entry puts that struct at target and picks its members (pick: a mask of
+ *           their CLI_<GROUP>_<MEMBER> bits, 0: all), which stand in the table in the
+ *           group's order (CLI_USE).
  * target and given are offsets into the command's options struct (CLI_AT, CLI_GIVEN); given
  * (0: none) names a bool set when the option appears. An option may appear once, unless
  * flagged CLI_REPEATABLE: "--scale given twice" otherwise. CLI_REQUIRED marks one the usage
@@ -64,7 +66,7 @@ typedef enum {
     CLI_FLOAT,
     CLI_CHOICE,
     CLI_CUSTOM,
-    CLI_SHARED
+    CLI_GROUP
 } cli_kind;
 enum { CLI_REQUIRED = 1, CLI_REPEATABLE = 2 };
 typedef struct cli_choice {
@@ -73,6 +75,7 @@ typedef struct cli_choice {
 } cli_choice;
 /* Parses value (NULL for a flag) into target; 1, or -1 after printing the error. */
 typedef int (*cli_handler)(const cli_args *args, const char *value, void *target);
+typedef struct cli_group cli_group;
 typedef struct cli_option {
     const char *name;
     cli_kind kind;
@@ -85,7 +88,14 @@ typedef struct cli_option {
     cli_handler handle;
     unsigned flags; /* CLI_REQUIRED, CLI_REPEATABLE */
     size_t given;   /* CLI_GIVEN(type, field), 0: none */
+    const cli_group *group; /* GROUP: the concern's table */
+    unsigned pick;          /* GROUP: its members taken (bit i: member i), 0: all */
 } cli_option;
+/* One concern's options, their targets offsets into its struct. */
+struct cli_group {
+    const cli_option *options;
+    size_t count;
+};
 /* clang-format off */
 #define CLI_AT(type, field) offsetof(type, field)
 #define CLI_GIVEN(type, field) (offsetof(type, field) + 1)
@@ -94,14 +104,80 @@ typedef struct cli_option {
 #define CLI_OPT(option, option_kind, option_target, placeholder, text)                             \
     .name = (option), .kind = (option_kind), .target = (option_target), .arg = (placeholder),      \
     .help = (text)
-/* A shared option at a field of the command's options struct. */
-#define CLI_USE(option, type, field)                                                               \
-    {.name = option, .kind = CLI_SHARED, .target = offsetof(type, field)}
-/* The same, with the bool that says it was given. */
-#define CLI_USE_GIVEN(option, type, field, given_field)                                           \
-    {.name = option, .kind = CLI_SHARED, .target = offsetof(type, field),                        \
-     .given = CLI_GIVEN(type, given_field)}
+/* A concern's options (members: a mask of its CLI_<GROUP>_* bits, 0: all) at a field of the
+ * command's options struct. */
+#define CLI_USE(concern, type, field, members)                                                     \
+    {.name = #concern, .kind = CLI_GROUP, .target = offsetof(type, field), .group = &(concern),  \
+     .pick = (members)}
 /* clang-format on */
+
+/* The concerns. Each struct's defaults are zero unless said otherwise (the command sets them
+ * before parsing). */
+/* --window's destination: LEFT,RIGHT, on when given. */
+typedef struct cli_window {
+    bool on;
+    long long left, right;
+} cli_window;
+/* How the scores are formed and masked: --causal --causal-align --window --softcap --scale
+ * --norm --alibi --alibi-slopes, and whether they are formed whole: --path. */
+typedef struct cli_score {
+    bool causal, align_given;
+    clattn_causal align; /* --causal-align */
+    cli_window window;
+    float softcap; /* 0: off */
+    float scale;   /* NAN (set by the command): the default, 1/sqrt(head size) */
+    clattn_norm norm;
+    bool alibi;               /* the paper's slopes */
+    const char *alibi_slopes; /* --alibi-slopes S.npy */
+    clattn_path path;         /* auto, fused or unfused */
+} cli_score;
+enum {
+    CLI_SCORE_CAUSAL = 1u << 0,
+    CLI_SCORE_ALIGN = 1u << 1,
+    CLI_SCORE_WINDOW = 1u << 2,
+    CLI_SCORE_SOFTCAP = 1u << 3,
+    CLI_SCORE_SCALE = 1u << 4,
+    CLI_SCORE_NORM = 1u << 5,
+    CLI_SCORE_ALIBI = 1u << 6,
+    CLI_SCORE_ALIBI_SLOPES = 1u << 7,
+    CLI_SCORE_PATH = 1u << 8
+};
+extern const cli_group cli_score_group;
+/* The rotary options: --rope [--rope-style halves|pairs] [--rope-dims N] [--rope-base B]
+ * [--rope-start P], for clattn_mha_desc's and clattn_sdpa_desc's rope fields. */
+typedef struct cli_rope {
+    bool on, option; /* --rope; any --rope-* option */
+    clattn_rope_style style;
+    size_t dims, start; /* dims 0: the head size */
+    float base;         /* 0: the library's default, 10000 */
+} cli_rope;
+extern const cli_group cli_rope_group;
+/* What a mask file means: --mask-true attend|masked, --key-padding-mask P.npy. */
+typedef struct cli_masks {
+    bool true_masked, true_given; /* --mask-true (the default is the command's) */
+    const char *key_padding;
+} cli_masks;
+enum { CLI_MASKS_TRUE = 1u << 0, CLI_MASKS_KEY_PADDING = 1u << 1 };
+extern const cli_group cli_masks_group;
+/* The weights as a picture: --attn-png A.png, --png-scale row|log|global. */
+typedef struct cli_heatmap {
+    const char *png;
+    clattn_heatmap_scale scale; /* default row */
+} cli_heatmap;
+extern const cli_group cli_heatmap_group;
+/* Where it runs: --device SPEC. */
+typedef struct cli_exec {
+    const char *device;
+} cli_exec;
+extern const cli_group cli_exec_group;
+/* A benchmark's problem and its measurement: --batch --heads --kv-heads --head-dim --runs
+ * --warmup --json (the command sets the defaults). */
+typedef struct cli_bench {
+    size_t batch, heads, kv_heads, head_dim; /* kv_heads 0: heads */
+    size_t runs, warmup;
+    bool json;
+} cli_bench;
+extern const cli_group cli_bench_group;
 
 /* A command: its name ("run"), its table, and the prose of --help after the option list
  * (strings printed in turn, NULL-ended; the last ends with the "Exit status" line); and, for
@@ -128,15 +204,6 @@ void cli_print_help(const cli_command *command, FILE *out);
 /* The usage line(s) alone: "usage: clattn run --query Q.npy [--key K.npy] ..." wrapped to
  * 100 columns; the number of characters it needs (as snprintf). */
 size_t cli_usage(const cli_command *command, char *text, size_t size);
-/* The options declared once, shared by the commands (CLI_USE). */
-extern const cli_option cli_shared_options[];
-extern const size_t cli_shared_count;
-/* --window's destination: LEFT,RIGHT, on when given. */
-typedef struct cli_window {
-    bool on;
-    long long left, right;
-} cli_window;
-
 /* The choices every command shares. */
 extern const cli_choice cli_path_choices[];       /* auto, fused, unfused */
 extern const cli_choice cli_norm_choices[];       /* softmax, relu */
@@ -166,15 +233,6 @@ bool cli_parse_window(const char *command, const char *text, long long *left, lo
 bool cli_parse_size_list(const char *command, const char *option, const char *text, size_t *out,
                          size_t max_count, size_t *count);
 
-/* The rotary options of `run` and `sdpa` (shared options, all with a cli_rope target): --rope
- * [--rope-style halves|pairs] [--rope-dims N] [--rope-base B] [--rope-start P], for
- * clattn_mha_desc's and clattn_sdpa_desc's rope fields. */
-typedef struct cli_rope {
-    bool on, option; /* --rope; any --rope-* option */
-    clattn_rope_style style;
-    size_t dims, start; /* dims 0: the head size */
-    float base;         /* 0: the library's default, 10000 */
-} cli_rope;
 /* After the options: false (after printing why) when a --rope-* option came without --rope. */
 bool cli_check_rope(const char *command, const cli_rope *rope);
 
@@ -259,23 +317,31 @@ typedef struct cli_png_masks {
 int cli_write_attention_png(const char *command, const char *path, const float *weights,
                             const cli_png_masks *masks, clattn_heatmap_scale scale);
 
+/* Releases the buffers that are set among mems[0 .. count - 1] and clears them. */
+void cli_release_buffers(cl_mem *mems, size_t count);
+/* Frees the arrays (clattn_array_free) and the blocks (free) a command read and made. */
+void cli_free_all(clattn_array *const arrays[], size_t num_arrays, void *const blocks[],
+                  size_t num_blocks);
+/* After a library call: CLI_OK when status and err are both success; else the one line,
+ * "STATUS: the library's last error", exit 2 when the status refused the input (an invalid
+ * argument or shape; with sizes_are_input an overflow or a size too large too), else 1; or
+ * "OpenCL error N" (exit 1). */
+int cli_call_failure(const char *command, clattn_ctx *ctx, clattn_status status,
+                     bool sizes_are_input, cl_int err);
+
 /* Prints the device's name and type on one line. */
 void cli_print_device(FILE *out, cl_device_id device);
 
 /* Prints a rows x cols matrix with a title, aligned. */
 void cli_print_matrix(const char *title, const float *values, size_t rows, size_t cols);
 
-/* The sub-commands. argv[0] is the sub-command's name. */
-int cmd_devices(int argc, char **argv);
-int cmd_demo(int argc, char **argv);
-int cmd_run(int argc, char **argv);
-int cmd_sdpa(int argc, char **argv);
-int cmd_rope(int argc, char **argv);
-int cmd_additive(int argc, char **argv);
-int cmd_bench(int argc, char **argv);
-int cmd_tune(int argc, char **argv);
-int cmd_info(int argc, char **argv);
-int cmd_doctor(int argc, char **argv);
+/* The sub-commands, cmd_NAME(argc, argv) with argv[0] the sub-command's name; clattn.c's
+ * dispatch table is made from this list. */
+#define CLI_COMMANDS(X)                                                                            \
+    X(devices) X(info) X(demo) X(run) X(sdpa) X(rope) X(additive) X(bench) X(tune) X(doctor)
+#define CLI_DECLARE_COMMAND(name) int cmd_##name(int argc, char **argv);
+CLI_COMMANDS(CLI_DECLARE_COMMAND)
+#undef CLI_DECLARE_COMMAND
 
 /* `clattn run` up to the device: parses the options, reads every file and checks every shape,
  * printing the one-line error on failure; returns the exit code. The argument-validation fuzz

@@ -596,3 +596,34 @@ int cli_write_attention_png(const char *command, const char *path, const float *
     free(masked);
     return status == CLATTN_IO_OK ? CLI_OK : cli_fail(command, CLI_FAILED, "%s", msg);
 }
+
+void cli_release_buffers(cl_mem *mems, size_t count)
+{
+    for (size_t i = 0; i < count; ++i)
+        if (mems[i]) {
+            clReleaseMemObject(mems[i]);
+            mems[i] = NULL;
+        }
+}
+
+int cli_call_failure(const char *command, clattn_ctx *ctx, clattn_status status,
+                     bool sizes_are_input, cl_int err)
+{
+    if (status == CLATTN_SUCCESS)
+        return err == CL_SUCCESS ? CLI_OK
+                                 : cli_fail(command, CLI_FAILED, "OpenCL error %d", (int)err);
+    const bool input_error =
+        status == CLATTN_ERR_INVALID_ARGUMENT || status == CLATTN_ERR_INVALID_SHAPE ||
+        (sizes_are_input && (status == CLATTN_ERR_OVERFLOW || status == CLATTN_ERR_TOO_LARGE));
+    return cli_fail(command, input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s: %s",
+                    clattn_status_string(status), clattn_last_error(ctx));
+}
+
+void cli_free_all(clattn_array *const arrays[], size_t num_arrays, void *const blocks[],
+                  size_t num_blocks)
+{
+    for (size_t i = 0; i < num_arrays; ++i)
+        clattn_array_free(arrays[i]);
+    for (size_t i = 0; i < num_blocks; ++i)
+        free(blocks[i]);
+}

@@ -80,31 +80,24 @@ static clattn_ring_rows rows_of(bool zigzag, size_t seq, int ranks, int r)
     return rows;
 }
 
-/* Packs rows of a strided (B, H, L, d) host view into (B, H, count, d). */
-static void pack_rows(const float *data, const size_t dims[4], const size_t strides[4],
-                      const clattn_ring_rows *rows, float *packed)
+/* Moves the rows of a strided (B, H, L, d) host view to and from (B, H, count, d): packs
+ * view's rows into out when view is given, else unpacks packed into out's rows. */
+static void move_rows(const float *view, const float *packed, const size_t dims[4],
+                      const size_t strides[4], const clattn_ring_rows *rows, float *out)
 {
     size_t at = 0;
     for (size_t b = 0; b < dims[0]; ++b)
         for (size_t h = 0; h < dims[1]; ++h)
             for (size_t s = 0; s < rows->segments; ++s)
                 for (size_t i = 0; i < rows->length[s]; ++i)
-                    for (size_t c = 0; c < dims[3]; ++c)
-                        packed[at++] = data[b * strides[0] + h * strides[1] +
-                                            (rows->start[s] + i) * strides[2] + c * strides[3]];
-}
-
-static void unpack_rows(const float *packed, const size_t dims[4], const size_t strides[4],
-                        const clattn_ring_rows *rows, float *data)
-{
-    size_t at = 0;
-    for (size_t b = 0; b < dims[0]; ++b)
-        for (size_t h = 0; h < dims[1]; ++h)
-            for (size_t s = 0; s < rows->segments; ++s)
-                for (size_t i = 0; i < rows->length[s]; ++i)
-                    for (size_t c = 0; c < dims[3]; ++c)
-                        data[b * strides[0] + h * strides[1] + (rows->start[s] + i) * strides[2] +
-                             c * strides[3]] = packed[at++];
+                    for (size_t c = 0; c < dims[3]; ++c, ++at) {
+                        const size_t cell = b * strides[0] + h * strides[1] +
+                                            (rows->start[s] + i) * strides[2] + c * strides[3];
+                        if (view)
+                            out[at] = view[cell];
+                        else
+                            out[cell] = packed[at];
+                    }
 }
 
 static cl_mem device_copy(clattn_ctx *ctx, const void *data, size_t bytes, cl_int *err)
@@ -114,127 +107,225 @@ static cl_mem device_copy(clattn_ctx *ctx, const void *data, size_t bytes, cl_in
                           (void *)data, err);
 }
 
+/* This rank's share of a ring run: its rows of q and of k and v, their sizes, and the host
+ * buffers (packed rows, 16-bit staging, the key padding). */
+typedef struct ring_share {
+    int rank, ranks;
+    clattn_ring_rows rows, krows;
+    size_t n, nk, b, h, hkv, dk, dv;
+    size_t q_count, k_count, v_count, o_count;
+    bool half; /* 16-bit files: the ring runs in their type (the values are exact in it) */
+    clattn_dtype dtype;
+    size_t es; /* dtype's bytes */
+    float *q, *k, *v, *o;
+    uint16_t *bits;
+    uint8_t *kpm; /* --nonpad-kv-seqlen: (b, nk), nonzero = padding */
+} ring_share;
+
+/* The rank's rows (the queries' and the keys': cross-attention has a sequence of its own, split
+ * alike) and room for them; false when out of memory. */
+static bool share_of(const cli_ring_job *job, ring_share *s)
+{
+    MPI_Comm_rank(MPI_COMM_WORLD, &s->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &s->ranks);
+    s->rows = rows_of(job->zigzag, job->q_dims[2], s->ranks, s->rank);
+    s->krows = rows_of(job->zigzag, job->k_dims[2], s->ranks, s->rank);
+    s->n = s->rows.count, s->nk = s->krows.count, s->b = job->q_dims[0], s->h = job->q_dims[1];
+    s->hkv = job->k_dims[1], s->dk = job->q_dims[3], s->dv = job->v_dims[3];
+    s->q_count = s->b * s->h * s->n * s->dk, s->k_count = s->b * s->hkv * s->nk * s->dk;
+    s->v_count = s->b * s->hkv * s->nk * s->dv, s->o_count = s->b * s->h * s->n * s->dv;
+    s->half = job->storage == CLATTN_IO_F16 || job->storage == CLATTN_IO_BF16;
+    s->dtype = job->storage == CLATTN_IO_F16    ? CLATTN_DTYPE_F16
+               : job->storage == CLATTN_IO_BF16 ? CLATTN_DTYPE_BF16
+                                                : CLATTN_DTYPE_F32;
+    s->es = clattn_dtype_size(s->dtype);
+    const size_t most = s->q_count > s->k_count ? s->q_count : s->k_count;
+    s->q = malloc((s->q_count ? s->q_count : 1) * sizeof(float));
+    s->k = malloc((s->k_count ? s->k_count : 1) * sizeof(float));
+    s->v = malloc((s->v_count ? s->v_count : 1) * sizeof(float));
+    s->o = malloc((s->o_count ? s->o_count : 1) * sizeof(float));
+    s->bits =
+        s->half ? malloc(((most > s->v_count ? most : s->v_count) + s->o_count + 1) * 2) : NULL;
+    s->kpm = job->counts ? malloc(s->b * s->nk + 1) : NULL;
+    return s->q && s->k && s->v && s->o && (!s->half || s->bits) && (!job->counts || s->kpm);
+}
+
+static void share_free(ring_share *s)
+{
+    free(s->q), free(s->k), free(s->v), free(s->o), free(s->bits), free(s->kpm);
+}
+
+/* The rank's rows packed; the key padding (--nonpad-kv-seqlen: the keys past a batch's count
+ * are padding, where they lie). */
+static void pack_share(const cli_ring_job *job, ring_share *s)
+{
+    move_rows(job->q, NULL, job->q_dims, job->q_strides, &s->rows, s->q);
+    move_rows(job->k, NULL, job->k_dims, job->k_strides, &s->krows, s->k);
+    move_rows(job->v, NULL, job->v_dims, job->v_strides, &s->krows, s->v);
+    for (size_t bi = 0; s->kpm && bi < s->b; ++bi) {
+        size_t at = 0;
+        for (size_t g = 0; g < s->krows.segments; ++g)
+            for (size_t i = 0; i < s->krows.length[g]; ++i, ++at)
+                s->kpm[bi * s->nk + at] =
+                    (long long)(s->krows.start[g] + i) >= (long long)job->counts[bi];
+    }
+}
+
+/* The ring's descriptor for this rank's share. */
+static void ring_describe(const cli_ring_job *job, const ring_share *s, clattn_ring_desc *desc)
+{
+    clattn_ring_desc_init(desc);
+    desc->batch = s->b, desc->heads = s->h, desc->kv_heads = s->hkv;
+    desc->head_dim_qk = s->dk, desc->head_dim_v = s->dv, desc->seq_len = job->q_dims[2];
+    desc->layout = job->zigzag ? CLATTN_RING_ZIGZAG : CLATTN_RING_CONTIGUOUS;
+    desc->local_len = s->n;
+    desc->kv_seq_len = job->k_dims[2], desc->kv_local_len = s->nk;
+    desc->dtype = s->dtype;
+    desc->key_padding = s->kpm != NULL;
+    const clattn_causal align =
+        job->bottom_right ? CLATTN_CAUSAL_BOTTOM_RIGHT : CLATTN_CAUSAL_TOP_LEFT;
+    desc->causal = job->causal ? align : CLATTN_CAUSAL_NONE;
+    desc->window_align = job->window ? align : CLATTN_CAUSAL_NONE;
+    desc->window_left = job->window_left, desc->window_right = job->window_right;
+    desc->scale = job->scale, desc->softcap = job->softcap;
+}
+
+/* The share on the device (mems: q, k, v, out, the padding, the sinks); the first error. */
+static cl_int upload_share(clattn_ctx *ctx, clattn_ring_plan *plan, const cli_ring_job *job,
+                           ring_share *s, cl_mem mems[6])
+{
+    cl_int err = CL_SUCCESS;
+    const float *sources[3] = {s->q, s->k, s->v};
+    const size_t counts[3] = {s->q_count, s->k_count, s->v_count};
+    const bool held[3] = {s->n > 0, s->nk > 0, s->nk > 0};
+    for (int i = 0; i < 3 && err == CL_SUCCESS; ++i) { /* 16-bit: rounded (exactly) */
+        if (s->half && held[i])
+            clattn_io_round16(sources[i], counts[i], job->storage, s->bits);
+        mems[i] = device_copy(ctx,
+                              !held[i]  ? NULL
+                              : s->half ? (const void *)s->bits
+                                        : (const void *)sources[i],
+                              counts[i] * s->es, &err);
+    }
+    if (err == CL_SUCCESS)
+        mems[3] = device_copy(ctx, NULL, s->o_count * s->es, &err);
+    if (err == CL_SUCCESS && s->kpm)
+        mems[4] = device_copy(ctx, s->nk ? s->kpm : NULL, s->b * s->nk, &err);
+    if (err == CL_SUCCESS && job->sinks) { /* the sinks join each row once, at the end */
+        mems[5] = device_copy(ctx, job->sinks, s->h * sizeof(float), &err);
+        const clattn_tensor ts = clattn_tensor_make(mems[5], 0, CLATTN_DTYPE_F32, 1, s->h, 0, 0, 0);
+        if (err == CL_SUCCESS && clattn_ring_set_sinks(plan, &ts) != CLATTN_SUCCESS)
+            err = CL_INVALID_VALUE;
+    }
+    return err;
+}
+
+/* The ring run on the uploaded share (every rank agreeing that its buffers are there), its
+ * rows of the output read back into s->o; --ring-timing's line. */
+static int execute_share(clattn_ctx *ctx, clattn_ring_plan *plan, const cli_ring_job *job,
+                         ring_share *s, const cl_mem mems[6], cl_int err)
+{
+    const size_t b = s->b, h = s->h, hkv = s->hkv, n = s->n, nk = s->nk;
+    const clattn_tensor tq = clattn_tensor_make(mems[0], 0, s->dtype, 4, b, h, n, s->dk);
+    const clattn_tensor tk = clattn_tensor_make(mems[1], 0, s->dtype, 4, b, hkv, nk, s->dk);
+    const clattn_tensor tv = clattn_tensor_make(mems[2], 0, s->dtype, 4, b, hkv, nk, s->dv);
+    const clattn_tensor to = clattn_tensor_make(mems[3], 0, s->dtype, 4, b, h, n, s->dv);
+    const clattn_tensor tp = clattn_tensor_make(mems[4], 0, CLATTN_DTYPE_U8, 2, b, nk, 0, 0);
+    if (!agree_ok(err == CL_SUCCESS))
+        return cli_fail("sdpa", CLI_FAILED, "--ring: device buffers failed (on some rank)");
+    const clattn_status status =
+        clattn_ring_execute(plan, &tq, &tk, &tv, &to, NULL, s->kpm ? &tp : NULL);
+    if (status == CLATTN_SUCCESS && n > 0)
+        err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), mems[3], CL_TRUE, 0, s->o_count * s->es,
+                                  s->half ? (void *)s->bits : (void *)s->o, 0, NULL, NULL);
+    if (status == CLATTN_SUCCESS && n > 0 && s->half && err == CL_SUCCESS)
+        clattn_io_widen16(s->bits, s->o_count, job->storage, s->o);
+    if (status != CLATTN_SUCCESS)
+        return cli_fail("sdpa", CLI_FAILED, "--ring: %s: %s", clattn_mpi_status_string(status),
+                        clattn_ring_last_error(plan));
+    if (!agree_ok(err == CL_SUCCESS))
+        return cli_fail("sdpa", CLI_FAILED, "--ring: reading the output failed");
+    if (job->timing) {
+        const clattn_ring_timing t = clattn_ring_last_timing(plan);
+        fprintf(stderr,
+                "ring rank %d/%d: rows %zu, %.3f s over %d steps (compute %.3f, comm "
+                "%.3f, waiting %.3f, staging %.3f, sync %.3f), %zu bytes sent\n",
+                s->rank, s->ranks, n, t.total_s, t.steps, t.compute_s, t.comm_s, t.comm_wait_s,
+                t.staging_s, t.sync_s, t.bytes_sent);
+    }
+    return CLI_OK;
+}
+
+/* Gather: rank 0 receives every rank's packed rows and places them in out. (Every rank reaches
+ * this with the same rc: the ring and the agreements fail alike everywhere.) */
+static int gather_output(const cli_ring_job *job, const ring_share *s, float *out)
+{
+    int rc = CLI_OK;
+    const size_t seq = job->q_dims[2], b = s->b, h = s->h, dv = s->dv;
+    int *counts = NULL, *displs = NULL;
+    float *all = NULL;
+    bool fits = true;
+    if (s->rank == 0) {
+        counts = calloc((size_t)s->ranks, sizeof *counts);
+        displs = calloc((size_t)s->ranks, sizeof *displs);
+        size_t total = 0;
+        for (int r = 0; r < s->ranks && counts && displs; ++r) {
+            const size_t c = b * h * rows_of(job->zigzag, seq, s->ranks, r).count * dv;
+            fits = fits && c <= INT_MAX && total <= INT_MAX;
+            counts[r] = (int)c;
+            displs[r] = (int)total;
+            total += c;
+        }
+        all = malloc((total ? total : 1) * sizeof(float));
+        fits = fits && counts && displs && all && total <= INT_MAX;
+    }
+    if (!agree_ok(fits && s->o_count <= INT_MAX)) {
+        rc = cli_fail("sdpa", CLI_FAILED, "--ring: the output is too large to gather");
+    } else if (MPI_Gatherv(s->o, (int)s->o_count, MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0,
+                           MPI_COMM_WORLD) != MPI_SUCCESS) {
+        rc = cli_fail("sdpa", CLI_FAILED, "--ring: MPI_Gatherv failed");
+    } else if (s->rank == 0) {
+        const size_t dims[4] = {b, h, seq, dv};
+        for (int r = 0; r < s->ranks; ++r) {
+            const clattn_ring_rows rr = rows_of(job->zigzag, seq, s->ranks, r);
+            move_rows(NULL, all + displs[r], dims, job->out_strides, &rr, out);
+        }
+    }
+    free(counts);
+    free(displs);
+    free(all);
+    return rc;
+}
+
 int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root)
 {
-    int rank = 0, ranks = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-    *root = rank == 0;
-    /* the queries' rows and the keys' (cross-attention: a sequence of its own, split alike) */
-    const size_t seq = job->q_dims[2], kseq = job->k_dims[2];
-    const clattn_ring_rows rows = rows_of(job->zigzag, seq, ranks, rank);
-    const clattn_ring_rows krows = rows_of(job->zigzag, kseq, ranks, rank);
-    const size_t n = rows.count, nk = krows.count, b = job->q_dims[0], h = job->q_dims[1];
-    const size_t hkv = job->k_dims[1], dk = job->q_dims[3], dv = job->v_dims[3];
-    const size_t q_count = b * h * n * dk, k_count = b * hkv * nk * dk, v_count = b * hkv * nk * dv;
-    const size_t o_count = b * h * n * dv;
-    /* 16-bit files: the ring runs in their type (the values are exact in it) */
-    const bool half = job->storage == CLATTN_IO_F16 || job->storage == CLATTN_IO_BF16;
-    const clattn_dtype dtype = job->storage == CLATTN_IO_F16    ? CLATTN_DTYPE_F16
-                               : job->storage == CLATTN_IO_BF16 ? CLATTN_DTYPE_BF16
-                                                                : CLATTN_DTYPE_F32;
-    const size_t es = clattn_dtype_size(dtype), most = q_count > k_count ? q_count : k_count;
-    float *q = malloc((q_count ? q_count : 1) * sizeof(float));
-    float *k = malloc((k_count ? k_count : 1) * sizeof(float));
-    float *v = malloc((v_count ? v_count : 1) * sizeof(float));
-    float *o = malloc((o_count ? o_count : 1) * sizeof(float));
-    uint16_t *bits = half ? malloc(((most > v_count ? most : v_count) + o_count + 1) * 2) : NULL;
-    uint8_t *kpm = job->counts ? malloc(b * nk + 1) : NULL;
+    ring_share s;
+    memset(&s, 0, sizeof s);
+    bool ok = share_of(job, &s);
+    *root = s.rank == 0;
     clattn_ctx *ctx = NULL;
-    bool ok = q && k && v && o && (!half || bits) && (!job->counts || kpm);
     if (!ok)
-        cli_fail("sdpa", CLI_FAILED, "--ring: out of memory for rank %d's rows", rank);
+        cli_fail("sdpa", CLI_FAILED, "--ring: out of memory for rank %d's rows", s.rank);
     else if ((ctx = cli_context("sdpa", job->device)) == NULL)
         ok = false;
     if (!agree_start(ok)) {
-        free(q), free(k), free(v), free(o), free(bits), free(kpm);
+        share_free(&s);
         clattn_ctx_release(ctx);
         return ok ? cli_fail("sdpa", CLI_FAILED, "--ring: another rank failed before the ring")
                   : CLI_FAILED;
     }
-    pack_rows(job->q, job->q_dims, job->q_strides, &rows, q);
-    pack_rows(job->k, job->k_dims, job->k_strides, &krows, k);
-    pack_rows(job->v, job->v_dims, job->v_strides, &krows, v);
-    /* --nonpad-kv-seqlen: the keys past a batch's count are padding, where they lie */
-    for (size_t bi = 0; kpm && bi < b; ++bi) {
-        size_t at = 0;
-        for (size_t s = 0; s < krows.segments; ++s)
-            for (size_t i = 0; i < krows.length[s]; ++i, ++at)
-                kpm[bi * nk + at] = (long long)(krows.start[s] + i) >= (long long)job->counts[bi];
-    }
-
+    pack_share(job, &s);
     int rc = CLI_OK;
     clattn_ring_desc desc;
-    clattn_ring_desc_init(&desc);
-    desc.batch = b, desc.heads = h, desc.kv_heads = hkv;
-    desc.head_dim_qk = dk, desc.head_dim_v = dv, desc.seq_len = seq;
-    desc.layout = job->zigzag ? CLATTN_RING_ZIGZAG : CLATTN_RING_CONTIGUOUS;
-    desc.local_len = n;
-    desc.kv_seq_len = kseq, desc.kv_local_len = nk;
-    desc.dtype = dtype;
-    desc.key_padding = kpm != NULL;
-    const clattn_causal align = job->bottom_right ? CLATTN_CAUSAL_BOTTOM_RIGHT
-                                                  : CLATTN_CAUSAL_TOP_LEFT;
-    desc.causal = job->causal ? align : CLATTN_CAUSAL_NONE;
-    desc.window_align = job->window ? align : CLATTN_CAUSAL_NONE;
-    desc.window_left = job->window_left, desc.window_right = job->window_right;
-    desc.scale = job->scale, desc.softcap = job->softcap;
+    ring_describe(job, &s, &desc);
     clattn_ring_plan *plan = NULL;
     char message[1024] = "";
     clattn_status status =
         clattn_ring_plan_create(ctx, MPI_COMM_WORLD, &desc, &plan, message, sizeof message);
-    cl_mem mq = NULL, mk = NULL, mv = NULL, mo = NULL, mp = NULL, ms = NULL;
-    cl_int err = CL_SUCCESS;
+    cl_mem mems[6] = {NULL}; /* q, k, v, out, the padding, the sinks */
     if (status == CLATTN_SUCCESS) {
-        const float *sources[3] = {q, k, v};
-        const size_t counts[3] = {q_count, k_count, v_count};
-        const bool held[3] = {n > 0, nk > 0, nk > 0};
-        cl_mem *mems[3] = {&mq, &mk, &mv};
-        for (int i = 0; i < 3 && err == CL_SUCCESS; ++i) { /* 16-bit: rounded (exactly) */
-            if (half && held[i])
-                clattn_io_round16(sources[i], counts[i], job->storage, bits);
-            *mems[i] = device_copy(ctx, !held[i] ? NULL : half ? (const void *)bits
-                                                               : (const void *)sources[i],
-                                   counts[i] * es, &err);
-        }
-        if (err == CL_SUCCESS)
-            mo = device_copy(ctx, NULL, o_count * es, &err);
-        if (err == CL_SUCCESS && kpm)
-            mp = device_copy(ctx, nk ? kpm : NULL, b * nk, &err);
-        if (err == CL_SUCCESS && job->sinks) { /* the sinks join each row once, at the end */
-            ms = device_copy(ctx, job->sinks, h * sizeof(float), &err);
-            const clattn_tensor ts = clattn_tensor_make(ms, 0, CLATTN_DTYPE_F32, 1, h, 0, 0, 0);
-            if (err == CL_SUCCESS && clattn_ring_set_sinks(plan, &ts) != CLATTN_SUCCESS)
-                err = CL_INVALID_VALUE;
-        }
-        const clattn_tensor tq = clattn_tensor_make(mq, 0, dtype, 4, b, h, n, dk);
-        const clattn_tensor tk = clattn_tensor_make(mk, 0, dtype, 4, b, hkv, nk, dk);
-        const clattn_tensor tv = clattn_tensor_make(mv, 0, dtype, 4, b, hkv, nk, dv);
-        const clattn_tensor to = clattn_tensor_make(mo, 0, dtype, 4, b, h, n, dv);
-        const clattn_tensor tp = clattn_tensor_make(mp, 0, CLATTN_DTYPE_U8, 2, b, nk, 0, 0);
-        if (!agree_ok(err == CL_SUCCESS)) {
-            rc = cli_fail("sdpa", CLI_FAILED, "--ring: device buffers failed (on some rank)");
-        } else {
-            status = clattn_ring_execute(plan, &tq, &tk, &tv, &to, NULL, kpm ? &tp : NULL);
-            if (status == CLATTN_SUCCESS && n > 0)
-                err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), mo, CL_TRUE, 0, o_count * es,
-                                          half ? (void *)bits : (void *)o, 0, NULL, NULL);
-            if (status == CLATTN_SUCCESS && n > 0 && half && err == CL_SUCCESS)
-                clattn_io_widen16(bits, o_count, job->storage, o);
-            if (status != CLATTN_SUCCESS)
-                rc = cli_fail("sdpa", CLI_FAILED, "--ring: %s: %s",
-                              clattn_mpi_status_string(status), clattn_ring_last_error(plan));
-            else if (!agree_ok(err == CL_SUCCESS))
-                rc = cli_fail("sdpa", CLI_FAILED, "--ring: reading the output failed");
-            else if (job->timing) {
-                const clattn_ring_timing t = clattn_ring_last_timing(plan);
-                fprintf(stderr,
-                        "ring rank %d/%d: rows %zu, %.3f s over %d steps (compute %.3f, comm "
-                        "%.3f, waiting %.3f, staging %.3f, sync %.3f), %zu bytes sent\n",
-                        rank, ranks, n, t.total_s, t.steps, t.compute_s, t.comm_s, t.comm_wait_s,
-                        t.staging_s, t.sync_s, t.bytes_sent);
-            }
-        }
+        const cl_int err = upload_share(ctx, plan, job, &s, mems);
+        rc = execute_share(ctx, plan, job, &s, mems, err);
     } else {
         rc = cli_fail("sdpa",
                       status == CLATTN_ERR_INVALID_ARGUMENT || status == CLATTN_ERR_INVALID_SHAPE
@@ -242,49 +333,12 @@ int cli_ring_sdpa(const cli_ring_job *job, float *out, bool *root)
                           : CLI_FAILED,
                       "--ring: %s: %s", clattn_mpi_status_string(status), message);
     }
-    /* Gather: rank 0 receives every rank's packed rows and places them. (Every rank reaches
-     * this with the same rc: the ring and the agreements above fail alike everywhere.) */
-    if (rc == CLI_OK) {
-        int *counts = NULL, *displs = NULL;
-        float *all = NULL;
-        bool fits = true;
-        if (rank == 0) {
-            counts = calloc((size_t)ranks, sizeof *counts);
-            displs = calloc((size_t)ranks, sizeof *displs);
-            size_t total = 0;
-            for (int r = 0; r < ranks && counts && displs; ++r) {
-                const size_t c = b * h * rows_of(job->zigzag, seq, ranks, r).count * dv;
-                fits = fits && c <= INT_MAX && total <= INT_MAX;
-                counts[r] = (int)c;
-                displs[r] = (int)total;
-                total += c;
-            }
-            all = malloc((total ? total : 1) * sizeof(float));
-            fits = fits && counts && displs && all && total <= INT_MAX;
-        }
-        if (!agree_ok(fits && o_count <= INT_MAX)) {
-            rc = cli_fail("sdpa", CLI_FAILED, "--ring: the output is too large to gather");
-        } else if (MPI_Gatherv(o, (int)o_count, MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0,
-                               MPI_COMM_WORLD) != MPI_SUCCESS) {
-            rc = cli_fail("sdpa", CLI_FAILED, "--ring: MPI_Gatherv failed");
-        } else if (rank == 0) {
-            const size_t dims[4] = {b, h, seq, dv};
-            for (int r = 0; r < ranks; ++r) {
-                const clattn_ring_rows rr = rows_of(job->zigzag, seq, ranks, r);
-                unpack_rows(all + displs[r], dims, job->out_strides, &rr, out);
-            }
-        }
-        free(counts);
-        free(displs);
-        free(all);
-    }
+    if (rc == CLI_OK)
+        rc = gather_output(job, &s, out);
     clattn_ring_plan_release(plan);
-    const cl_mem mems[6] = {mq, mk, mv, mo, mp, ms};
-    for (int i = 0; i < 6; ++i)
-        if (mems[i])
-            clReleaseMemObject(mems[i]);
+    cli_release_buffers(mems, 6);
     clattn_ctx_release(ctx);
-    free(q), free(k), free(v), free(o), free(bits), free(kpm);
+    share_free(&s);
     return rc;
 }
 
@@ -427,9 +481,7 @@ static int ring_bench_case(clattn_ctx *ctx, const clattn_ring_desc *base, size_t
         free(totals);
     }
     clattn_ring_plan_release(plan);
-    for (int i = 0; i < 4; ++i)
-        if (mem[i])
-            clReleaseMemObject(mem[i]);
+    cli_release_buffers(mem, 4);
     const int fields = (int)(sizeof mine / sizeof(double));
     if (MPI_Gather(&mine, fields, MPI_DOUBLE, all, fields, MPI_DOUBLE, 0, MPI_COMM_WORLD) !=
         MPI_SUCCESS)
@@ -438,10 +490,12 @@ static int ring_bench_case(clattn_ctx *ctx, const clattn_ring_desc *base, size_t
 }
 
 typedef struct ring_bench_options {
-    size_t seqs[16], num_seq, runs, warmup, batch, heads, kv_heads, head_dim;
-    bool json, causal;
+    size_t seqs[16], num_seq;
+    cli_bench shape; /* --batch --heads --kv-heads --head-dim --runs --warmup --json */
+    cli_score score; /* --causal */
+    cli_exec exec;   /* --device */
     int zigzag, dtype;
-    const char *device, *op;
+    const char *op;
 } ring_bench_options;
 
 static int parse_ring_op(const cli_args *args, const char *value, void *target)
@@ -468,19 +522,13 @@ static const cli_option ring_bench_table[] = {
      .handle = parse_ring_op, .flags = CLI_REQUIRED},
     {CLI_OPT("--seq", CLI_CUSTOM, 0, "L,...", "sequence lengths (default 2048)"),
      .handle = parse_ring_seq},
-    {CLI_OPT("--batch", CLI_SIZE, AT(batch), "B", "batch (default 1)"), .min = 1},
-    {CLI_OPT("--heads", CLI_SIZE, AT(heads), "H", "heads (default 8)"), .min = 1},
-    {CLI_OPT("--kv-heads", CLI_SIZE, AT(kv_heads), "H", "grouped K/V heads"), .min = 1},
-    {CLI_OPT("--head-dim", CLI_SIZE, AT(head_dim), "D", "head size (default 64)"), .min = 1},
-    CLI_USE("--causal", ring_bench_options, causal),
+    CLI_USE(cli_bench_group, ring_bench_options, shape, 0),
+    CLI_USE(cli_score_group, ring_bench_options, score, CLI_SCORE_CAUSAL),
     {CLI_OPT("--ring-layout", CLI_CHOICE, AT(zigzag), NULL, "the rows of each rank"),
      .choices = ring_layouts},
     {CLI_OPT("--dtype", CLI_CHOICE, AT(dtype), NULL, "q, k, v and out storage (default f32)"),
      .choices = ring_dtypes},
-    {CLI_OPT("--runs", CLI_SIZE, AT(runs), "N", "timed runs (default 5)"), .min = 1},
-    {CLI_OPT("--warmup", CLI_SIZE, AT(warmup), "N", "untimed runs first (default 1)")},
-    {CLI_OPT("--json", CLI_FLAG, AT(json), NULL, "one JSON line per rank and size")},
-    CLI_USE("--device", ring_bench_options, device),
+    CLI_USE(cli_exec_group, ring_bench_options, exec, 0),
 };
 #undef AT
 static const char *const ring_bench_help[] = {ring_bench_usage, NULL};
@@ -489,26 +537,23 @@ static const cli_command ring_bench_command =
 
 int cli_ring_bench(int argc, char **argv)
 {
-    ring_bench_options o = {.seqs = {2048},
-                            .num_seq = 1,
-                            .runs = 5,
-                            .warmup = 1,
-                            .batch = 1,
-                            .heads = 8,
-                            .head_dim = 64,
-                            .dtype = CLATTN_DTYPE_F32};
+    ring_bench_options o = {
+        .seqs = {2048},
+        .num_seq = 1,
+        .shape = {.batch = 1, .heads = 8, .head_dim = 64, .runs = 5, .warmup = 1},
+        .dtype = CLATTN_DTYPE_F32};
     const int parsed = cli_parse_command(&ring_bench_command, argc, argv, &o);
     if (parsed != CLI_OK)
         return parsed < 0 ? CLI_OK : parsed;
     size_t *seqs = o.seqs;
-    const size_t num_seq = o.num_seq, runs = o.runs, warmup = o.warmup;
-    const bool json = o.json;
-    const char *device = o.device;
+    const size_t num_seq = o.num_seq, runs = o.shape.runs, warmup = o.shape.warmup;
+    const bool json = o.shape.json;
+    const char *device = o.exec.device;
     clattn_ring_desc desc;
     clattn_ring_desc_init(&desc);
-    desc.batch = o.batch, desc.heads = o.heads, desc.kv_heads = o.kv_heads;
-    desc.head_dim_qk = o.head_dim;
-    desc.causal = o.causal ? CLATTN_CAUSAL_TOP_LEFT : desc.causal;
+    desc.batch = o.shape.batch, desc.heads = o.shape.heads, desc.kv_heads = o.shape.kv_heads;
+    desc.head_dim_qk = o.shape.head_dim;
+    desc.causal = o.score.causal ? CLATTN_CAUSAL_TOP_LEFT : desc.causal;
     desc.layout = o.zigzag ? CLATTN_RING_ZIGZAG : desc.layout;
     desc.dtype = (clattn_dtype)o.dtype;
     desc.head_dim_v = desc.head_dim_qk;

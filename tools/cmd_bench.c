@@ -113,23 +113,19 @@ static const char bench_usage_rest[] =
 #define MAX_SIZES 16
 
 typedef struct bench_options {
-    const char *device;
+    cli_exec exec;   /* --device */
+    cli_bench shape; /* --batch --heads --kv-heads --head-dim --runs --warmup --json */
+    cli_score score; /* attention: --causal (top-left), --softcap, --alibi (the paper's) */
     bool ops[9]; /* matmul, softmax, attention, mha, decode, additive, paged, varlen, backward */
     size_t page_sizes[MAX_SIZES], num_page_sizes; /* paged: 0 = contiguous */
     bool seq_given, op_given;
-    size_t runs, warmup;
-    bool json;
     size_t mnk[MAX_SIZES][3], num_mnk;
-    size_t batch, heads, head_dim, embed, seq_k;
-    size_t kv_heads; /* attention: heads of k and v (0: --heads): grouped-query attention */
-    float softcap;   /* attention: 0 or the cap */
+    size_t embed, seq_k;
     size_t seq[MAX_SIZES], num_seq;
     bool paths[2];  /* fused, unfused */
     bool dtypes[3]; /* f32, f16, bf16 */
     bool kv_dtypes[5]; /* decode: the cache's f32, f16, bf16, q8_0, q4_0 (--kv-dtype) */
     bool kv_dtype_given;
-    bool causal;    /* attention: top-left causal */
-    bool alibi;     /* attention: ALiBi slopes (the paper's) */
     bool sinks;     /* attention, decode: attention sinks (sinks_buffer's logits) */
     bool rope;      /* mha: rotary embeddings on the projected q and k */
     int mask;       /* attention: 0 none, 1 key padding (U8), 2 additive (F32) */
@@ -195,7 +191,7 @@ static clattn_status measure(bench_state *b, const char *label, bench_fn fn, voi
 {
     const char *timer = getenv("CLATTN_BENCH_TIMER");
     bool use_wall = timer && strcmp(timer, "wall") == 0;
-    const size_t runs = b->options->runs, total = b->options->warmup + runs;
+    const size_t runs = b->options->shape.runs, total = b->options->shape.warmup + runs;
     double *device = calloc(runs, sizeof *device), *wall = calloc(runs, sizeof *wall);
     if (!device || !wall) {
         free(device);
@@ -216,7 +212,7 @@ static clattn_status measure(bench_state *b, const char *label, bench_fn fn, voi
             status = (clattn_status)clWaitForEvents(1, &end);
         if (status == CLATTN_SUCCESS)
             status = (clattn_status)clFinish(b->queue);
-        if (status == CLATTN_SUCCESS && r >= b->options->warmup) {
+        if (status == CLATTN_SUCCESS && r >= b->options->shape.warmup) {
             const double wall_run = (now_s() - t0) * 1e3;
             cl_ulong begin_ns = 0, end_ns = 0;
             const bool queried =
@@ -229,8 +225,8 @@ static clattn_status measure(bench_state *b, const char *label, bench_fn fn, voi
              * or none at all (placeholder timestamps) is no measurement. */
             if (!queried || span <= 0.0 || span > 2.0 * wall_run + 1.0)
                 use_wall = true;
-            device[r - b->options->warmup] = span;
-            wall[r - b->options->warmup] = wall_run;
+            device[r - b->options->shape.warmup] = span;
+            wall[r - b->options->shape.warmup] = wall_run;
         }
         if (start)
             clReleaseEvent(start);
@@ -323,13 +319,6 @@ static cl_mem output_buffer(bench_state *b, size_t bytes)
     return err == CL_SUCCESS ? mem : NULL;
 }
 
-static void release_all(cl_mem *mems, size_t count)
-{
-    for (size_t i = 0; i < count; ++i)
-        if (mems[i])
-            clReleaseMemObject(mems[i]);
-}
-
 static bool all_made(const cl_mem *mems, size_t count)
 {
     for (size_t i = 0; i < count; ++i)
@@ -377,7 +366,7 @@ static int report(bench_state *b, case_result *r, clattn_status status, size_t b
     if (refused) {
         const char *why = b->ctx && clattn_last_error(b->ctx)[0] ? clattn_last_error(b->ctx)
                                                                  : clattn_status_string(status);
-        if (o->json) {
+        if (o->shape.json) {
             printf("{\"op\": \"%s\"%s, %s, \"refused\": \"", r->op, path_json, r->size_json);
             for (const char *c = why; *c; ++c)
                 if (*c != '"' && *c != '\\' && (unsigned char)*c >= 0x20)
@@ -392,11 +381,11 @@ static int report(bench_state *b, case_result *r, clattn_status status, size_t b
     size_t workspace = b->ctx ? clattn_ctx_workspace_bytes(b->ctx) : 0;
     r->device_mib = (double)(buffer_bytes + workspace) / 1048576.0;
     const double rss = peak_rss_mib();
-    if (o->json) {
+    if (o->shape.json) {
         char median_text[32], wall_text[32], rate_text[32];
         printf("{\"op\": \"%s\"%s, %s, \"runs\": %zu, \"median_ms\": %s, \"timer\": \"%s\", "
                "\"wall_ms\": %s, \"%s\": %s, \"device_mib\": %.1f, \"peak_rss_mib\": %.1f%s}\n",
-               r->op, path_json, r->size_json, o->runs,
+               r->op, path_json, r->size_json, o->shape.runs,
                json_number(median_text, sizeof median_text, "%.6f", r->device_ms),
                r->wall_timer ? "wall" : "device",
                json_number(wall_text, sizeof wall_text, "%.6f", r->wall_ms), r->unit,
@@ -459,7 +448,7 @@ static int bench_matmul(bench_state *b, size_t m, size_t n, size_t k)
                                             : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     r.rate = status == CLATTN_SUCCESS ? 2.0 * m * n * k / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, (m * k + k * n + m * n) * sizeof(float));
-    release_all(mem, 3);
+    cli_release_buffers(mem, 3);
     return rc;
 }
 
@@ -500,11 +489,11 @@ static clattn_status run_copy(bench_state *b, void *p, cl_uint nw, const cl_even
 static bool softmax_kernel_ms(bench_state *b, plan_case *c, double *step_ms)
 {
     const bench_options *o = b->options;
-    double *times = calloc(o->runs, sizeof *times);
+    double *times = calloc(o->shape.runs, sizeof *times);
     clattn_kernel_time kernels[64];
     bool ok = times && clattn_ctx_trace_kernels(b->ctx, 1) == CLATTN_SUCCESS;
     size_t kept = 0;
-    for (size_t run = 0; ok && run < o->warmup + o->runs; ++run) {
+    for (size_t run = 0; ok && run < o->shape.warmup + o->shape.runs; ++run) {
         size_t count = 0;
         double sum = 0.0;
         bool found = false;
@@ -516,7 +505,7 @@ static bool softmax_kernel_ms(bench_state *b, plan_case *c, double *step_ms)
                 found = true;
             }
         ok = ok && found && sum > 0.0;
-        if (ok && run >= o->warmup)
+        if (ok && run >= o->shape.warmup)
             times[kept++] = sum;
     }
     clattn_ctx_trace_kernels(b->ctx, 0);
@@ -576,21 +565,21 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
                       clattn_path path)
 {
     const bench_options *o = b->options;
-    const size_t bh = o->batch * o->heads, d = o->head_dim;
-    const size_t kv_heads = !softmax && o->kv_heads ? o->kv_heads : o->heads;
+    const size_t bh = o->shape.batch * o->shape.heads, d = o->shape.head_dim;
+    const size_t kv_heads = !softmax && o->shape.kv_heads ? o->shape.kv_heads : o->shape.heads;
     const clattn_dtype type = dtypes[dtype];
     char kv_json[96] = "", kv_text[64] = "";
-    if (kv_heads != o->heads) {
+    if (kv_heads != o->shape.heads) {
         snprintf(kv_json, sizeof kv_json, ", \"kv_heads\": %zu", kv_heads);
         snprintf(kv_text, sizeof kv_text, " Hkv=%zu", kv_heads);
     }
-    const float softcap = softmax ? 0.0f : o->softcap;
+    const float softcap = softmax ? 0.0f : o->score.softcap;
     if (softcap > 0.0f) {
         const size_t used = strlen(kv_json), used_text = strlen(kv_text);
         snprintf(kv_json + used, sizeof kv_json - used, ", \"softcap\": %g", (double)softcap);
         snprintf(kv_text + used_text, sizeof kv_text - used_text, " cap=%g", (double)softcap);
     }
-    const bool alibi = !softmax && o->alibi;
+    const bool alibi = !softmax && o->score.alibi;
     if (alibi) {
         const size_t used = strlen(kv_json), used_text = strlen(kv_text);
         snprintf(kv_json + used, sizeof kv_json - used, ", \"alibi\": true");
@@ -616,15 +605,16 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"head_dim\": %zu, "
              "\"dtype\": \"%s\"%s%s%s%s%s%s",
-             o->batch, o->heads, seq_q, seq_k, d, dtype_names[dtype], kv_json,
+             o->shape.batch, o->shape.heads, seq_q, seq_k, d, dtype_names[dtype], kv_json,
              softmax ? ", \"timed\": \"sdpa_unfused_weights\"" : "",
-             !softmax && o->causal ? ", \"causal\": true" : "",
+             !softmax && o->score.causal ? ", \"causal\": true" : "",
              !softmax && o->mask ? ", \"mask\": \"" : "",
              !softmax && o->mask ? mask_names[o->mask] : "", !softmax && o->mask ? "\"" : "");
     snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu%s Lq=%zu Lk=%zu d=%zu%s%s%s%s%s",
-             o->batch, o->heads, kv_text, seq_q, seq_k, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             o->shape.batch, o->shape.heads, kv_text, seq_q, seq_k, d,
+             type == CLATTN_DTYPE_F32 ? "" : " ",
              type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype],
-             !softmax && o->causal ? " causal" : "", !softmax && o->mask ? " mask=" : "",
+             !softmax && o->score.causal ? " causal" : "", !softmax && o->mask ? " mask=" : "",
              !softmax && o->mask ? mask_names[o->mask] : "");
     int rc = fresh_context(b);
     if (rc != CLI_OK)
@@ -637,46 +627,46 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
     desc.softcap = softcap;
     desc.dropout_p = dropout;
     const int mask = softmax ? 0 : o->mask;
-    desc.causal = !softmax && o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    desc.causal = !softmax && o->score.causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
     clattn_tensors *t = &desc_tensors;
-    t->q = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_q, d);
-    t->k = clattn_tensor_make(NULL, 0, type, 4, o->batch, kv_heads, seq_k, d);
-    t->v = clattn_tensor_make(NULL, 0, type, 4, o->batch, kv_heads, seq_k, d);
-    t->out = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_q, d);
+    t->q = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, o->shape.heads, seq_q, d);
+    t->k = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, kv_heads, seq_k, d);
+    t->v = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, kv_heads, seq_k, d);
+    t->out = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, o->shape.heads, seq_q, d);
     if (softmax)
-        t->weights =
-            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, o->batch, o->heads, seq_q, seq_k);
+        t->weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, o->shape.batch,
+                                        o->shape.heads, seq_q, seq_k);
     if (mask == 1)
         t->key_padding_mask =
-            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, o->batch, seq_k, 0, 0);
+            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 2, o->shape.batch, seq_k, 0, 0);
     if (mask == 2)
         t->attn_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, seq_q, seq_k, 0, 0);
     if (alibi)
-        t->alibi_slopes = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
+        t->alibi_slopes = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->shape.heads, 0, 0, 0);
     if (sinks)
-        t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
+        t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->shape.heads, 0, 0, 0);
     plan_case c = {.tensors = desc_tensors};
     /* The plan first: a case the device cannot hold is refused before any buffer is made. */
     clattn_status status = clattn_sdpa_plan_create(b->ctx, &desc, &c.plan);
-    const size_t q_count = bh * seq_q * d, kv_count = o->batch * kv_heads * seq_k * d;
+    const size_t q_count = bh * seq_q * d, kv_count = o->shape.batch * kv_heads * seq_k * d;
     const size_t scores = bh * seq_q * seq_k;
     cl_mem mem[8] = {NULL};
     size_t bytes = 0;
     if (status == CLATTN_SUCCESS) {
         if (sinks) {
-            mem[7] = sinks_buffer(b, o->heads);
-            bind(&c.tensors.sinks, mem[7], o->heads, &bytes);
+            mem[7] = sinks_buffer(b, o->shape.heads);
+            bind(&c.tensors.sinks, mem[7], o->shape.heads, &bytes);
         }
         if (alibi) {
-            float *slopes = malloc(o->heads * sizeof(float));
+            float *slopes = malloc(o->shape.heads * sizeof(float));
             cl_int err = CL_SUCCESS;
-            if (slopes && clattn_alibi_slopes(o->heads, 8.0f, slopes) == CLATTN_SUCCESS)
+            if (slopes && clattn_alibi_slopes(o->shape.heads, 8.0f, slopes) == CLATTN_SUCCESS)
                 mem[6] = clCreateBuffer(b->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                        o->heads * sizeof(float), slopes, &err);
+                                        o->shape.heads * sizeof(float), slopes, &err);
             free(slopes);
             if (err != CL_SUCCESS)
                 mem[6] = NULL;
-            bind(&c.tensors.alibi_slopes, mem[6], o->heads, &bytes);
+            bind(&c.tensors.alibi_slopes, mem[6], o->shape.heads, &bytes);
         }
         mem[0] = random_buffer(b, q_count, type, 6);
         mem[1] = random_buffer(b, kv_count, type, 7);
@@ -690,17 +680,17 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         if (softmax)
             bind(&c.tensors.weights, mem[4], scores, &bytes);
         if (mask == 1) { /* the last seq_k/8 keys of every batch are padding */
-            unsigned char *pad = malloc(o->batch * seq_k);
-            for (size_t i = 0; pad && i < o->batch * seq_k; ++i)
+            unsigned char *pad = malloc(o->shape.batch * seq_k);
+            for (size_t i = 0; pad && i < o->shape.batch * seq_k; ++i)
                 pad[i] = i % seq_k >= seq_k - seq_k / 8;
             cl_int err = CL_SUCCESS;
             mem[5] = pad ? clCreateBuffer(b->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                          o->batch * seq_k, pad, &err)
+                                          o->shape.batch * seq_k, pad, &err)
                          : NULL;
             free(pad);
             if (err != CL_SUCCESS)
                 mem[5] = NULL;
-            bind(&c.tensors.key_padding_mask, mem[5], o->batch * seq_k, &bytes);
+            bind(&c.tensors.key_padding_mask, mem[5], o->shape.batch * seq_k, &bytes);
         } else if (mask == 2) {
             mem[5] = random_buffer(b, seq_q * seq_k, CLATTN_DTYPE_F32, 9);
             bind(&c.tensors.attn_mask, mem[5], seq_q * seq_k, &bytes);
@@ -718,7 +708,7 @@ static int bench_sdpa(bench_state *b, bool softmax, size_t seq_q, size_t seq_k, 
         measure_softmax_step(b, &c, scores, &r);
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.plan);
-    release_all(mem, 8);
+    cli_release_buffers(mem, 8);
     return rc;
 }
 
@@ -729,30 +719,31 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype,
                           clattn_path path)
 {
     const bench_options *o = b->options;
-    const size_t bh = o->batch * o->heads, d = o->head_dim;
-    const size_t kv_heads = o->kv_heads ? o->kv_heads : o->heads;
+    const size_t bh = o->shape.batch * o->shape.heads, d = o->shape.head_dim;
+    const size_t kv_heads = o->shape.kv_heads ? o->shape.kv_heads : o->shape.heads;
     const clattn_dtype type = dtypes[dtype];
     case_result r = {.op = "backward",
                      .unit = "gflops",
                      .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
     char kv_text[32] = "";
-    if (kv_heads != o->heads)
+    if (kv_heads != o->shape.heads)
         snprintf(kv_text, sizeof kv_text, " Hkv=%zu", kv_heads);
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"seq_q\": %zu, "
              "\"seq_k\": %zu, \"head_dim\": %zu, \"dtype\": \"%s\", \"causal\": %s, "
              "\"softcap\": %g, \"alibi\": %s, \"sinks\": %s, \"dropout\": %g",
-             o->batch, o->heads, kv_heads, seq_q, seq_k, d, dtype_names[dtype],
-             o->causal ? "true" : "false", (double)o->softcap, o->alibi ? "true" : "false",
-             o->sinks ? "true" : "false", o->dropout);
+             o->shape.batch, o->shape.heads, kv_heads, seq_q, seq_k, d, dtype_names[dtype],
+             o->score.causal ? "true" : "false", (double)o->score.softcap,
+             o->score.alibi ? "true" : "false", o->sinks ? "true" : "false", o->dropout);
     char drop_text[32] = "";
     if (o->dropout > 0.0)
         snprintf(drop_text, sizeof drop_text, " drop=%g", o->dropout);
     snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu%s Lq=%zu Lk=%zu d=%zu%s%s%s%s%s%s%s",
-             o->batch, o->heads, kv_text, seq_q, seq_k, d, type == CLATTN_DTYPE_F32 ? "" : " ",
-             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], o->causal ? " causal" : "",
-             o->softcap > 0.0f ? " cap" : "", o->alibi ? " alibi" : "", o->sinks ? " sinks" : "",
-             drop_text);
+             o->shape.batch, o->shape.heads, kv_text, seq_q, seq_k, d,
+             type == CLATTN_DTYPE_F32 ? "" : " ",
+             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], o->score.causal ? " causal" : "",
+             o->score.softcap > 0.0f ? " cap" : "", o->score.alibi ? " alibi" : "",
+             o->sinks ? " sinks" : "", drop_text);
     int rc = fresh_context(b);
     if (rc != CLI_OK)
         return rc;
@@ -762,18 +753,19 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype,
     clattn_tensors *t = &fwd.tensors;
     CLATTN_BIND_ROLES(desc, fwd.tensors);
     desc.path = CLATTN_PATH_FUSED;
-    desc.softcap = o->softcap;
+    desc.softcap = o->score.softcap;
     desc.dropout_p = o->dropout; /* the same mask in both plans (seed 0, offset 0) */
-    desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
-    t->q = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, seq_q, d);
-    t->k = clattn_tensor_make(NULL, 0, type, 4, o->batch, kv_heads, seq_k, d);
+    desc.causal = o->score.causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    t->q = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, o->shape.heads, seq_q, d);
+    t->k = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, kv_heads, seq_k, d);
     t->v = t->k;
     t->out = t->q;
-    t->lse = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, o->batch, o->heads, seq_q, 0);
-    if (o->alibi)
-        t->alibi_slopes = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
+    t->lse =
+        clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, o->shape.batch, o->shape.heads, seq_q, 0);
+    if (o->score.alibi)
+        t->alibi_slopes = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->shape.heads, 0, 0, 0);
     if (o->sinks)
-        t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
+        t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->shape.heads, 0, 0, 0);
     /* The plans first: a case the device cannot hold is refused before any buffer is made. */
     clattn_status status = clattn_sdpa_plan_create(b->ctx, &desc, &fwd.plan);
     bwd.tensors = fwd.tensors;
@@ -783,7 +775,7 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype,
     desc.path = path; /* the forward is fused (with lse) either way */
     if (status == CLATTN_SUCCESS)
         status = clattn_sdpa_backward_plan_create(b->ctx, &desc, &bwd.plan);
-    const size_t q_count = bh * seq_q * d, kv_count = o->batch * kv_heads * seq_k * d;
+    const size_t q_count = bh * seq_q * d, kv_count = o->shape.batch * kv_heads * seq_k * d;
     cl_mem mem[11] = {NULL};
     size_t bytes = 0;
     double fwd_ms = 0.0, fwd_wall_ms = 0.0;
@@ -809,26 +801,26 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype,
         bind(&g->grad_k, mem[7], kv_count, &bytes);
         bind(&g->grad_v, mem[8], kv_count, &bytes);
         if (o->sinks) {
-            mem[9] = sinks_buffer(b, o->heads);
-            bind(&t->sinks, mem[9], o->heads, &bytes);
+            mem[9] = sinks_buffer(b, o->shape.heads);
+            bind(&t->sinks, mem[9], o->shape.heads, &bytes);
         }
-        if (o->alibi) {
-            float *slopes = malloc(o->heads * sizeof(float));
+        if (o->score.alibi) {
+            float *slopes = malloc(o->shape.heads * sizeof(float));
             cl_int err = CL_SUCCESS;
-            if (slopes && clattn_alibi_slopes(o->heads, 8.0f, slopes) == CLATTN_SUCCESS)
+            if (slopes && clattn_alibi_slopes(o->shape.heads, 8.0f, slopes) == CLATTN_SUCCESS)
                 mem[10] = clCreateBuffer(b->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                         o->heads * sizeof(float), slopes, &err);
+                                         o->shape.heads * sizeof(float), slopes, &err);
             free(slopes);
             if (err != CL_SUCCESS)
                 mem[10] = NULL;
-            bind(&t->alibi_slopes, mem[10], o->heads, &bytes);
+            bind(&t->alibi_slopes, mem[10], o->shape.heads, &bytes);
         }
         /* the backward reads the forward's buffers: the same bindings, plus its own */
         g->q = t->q, g->k = t->k, g->v = t->v, g->out = t->out, g->lse = t->lse;
         g->sinks = t->sinks, g->alibi_slopes = t->alibi_slopes;
         char label[160];
         snprintf(label, sizeof label, "%s forward", r.size_text);
-        status = all_made(mem, 9) && (!o->sinks || mem[9]) && (!o->alibi || mem[10])
+        status = all_made(mem, 9) && (!o->sinks || mem[9]) && (!o->score.alibi || mem[10])
                      ? measure(b, label, run_plan, &fwd, &fwd_ms, &fwd_wall_ms, &fwd_wall)
                      : CL_MEM_OBJECT_ALLOCATION_FAILURE;
         if (status == CLATTN_SUCCESS)
@@ -840,7 +832,7 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype,
     }
     if (status == CLATTN_SUCCESS) {
         const double fwd_flops =
-            4.0 * (double)bh * seq_q * seq_k * d * (o->causal ? 0.5 : 1.0);
+            4.0 * (double)bh * seq_q * seq_k * d * (o->score.causal ? 0.5 : 1.0);
         const double fwd_gflops = fwd_flops / fwd_ms / 1e6;
         const size_t fwd_ws = clattn_plan_workspace_size(fwd.plan);
         const size_t bwd_ws = clattn_plan_workspace_size(bwd.plan);
@@ -854,8 +846,8 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype,
                  json_number(text[0], sizeof text[0], "%.6f", fwd_ms),
                  json_number(text[1], sizeof text[1], "%.6f", fwd_wall_ms),
                  json_number(text[2], sizeof text[2], "%.6g", fwd_gflops),
-                 json_number(text[3], sizeof text[3], "%.3f", r.device_ms / fwd_ms), fwd_ws,
-                 bwd_ws, o->causal ? ", halved (causal)" : "");
+                 json_number(text[3], sizeof text[3], "%.3f", r.device_ms / fwd_ms), fwd_ws, bwd_ws,
+                 o->score.causal ? ", halved (causal)" : "");
         snprintf(r.extra_text, sizeof r.extra_text,
                  "  fwd %.3f ms %.2f GFLOP/s; bwd/fwd %.2fx; ws fwd %zu B bwd %zu B", fwd_ms,
                  fwd_gflops, r.device_ms / fwd_ms, fwd_ws, bwd_ws);
@@ -863,7 +855,7 @@ static int bench_backward(bench_state *b, size_t seq_q, size_t seq_k, int dtype,
     rc = report(b, &r, status, bytes);
     clattn_plan_release(bwd.plan);
     clattn_plan_release(fwd.plan);
-    release_all(mem, 11);
+    cli_release_buffers(mem, 11);
     return rc;
 }
 
@@ -899,19 +891,19 @@ static void decode_breakdown(bench_state *b, decode_case *c, double cache_bytes,
     const bench_options *o = b->options;
     enum { MOST = 16 };
     clattn_kernel_time kernels[MOST];
-    double *times = calloc(o->runs * MOST, sizeof *times);
+    double *times = calloc(o->shape.runs * MOST, sizeof *times);
     size_t launches = 0, kept = 0;
     bool ok = !r->wall_timer && times && clattn_ctx_trace_kernels(b->ctx, 1) == CLATTN_SUCCESS;
-    for (size_t run = 0; ok && run < o->warmup + o->runs; ++run) {
+    for (size_t run = 0; ok && run < o->shape.warmup + o->shape.runs; ++run) {
         size_t count = 0;
         ok = run_decode(b, c, 0, NULL, NULL) == CLATTN_SUCCESS &&
              clFinish(b->queue) == CL_SUCCESS &&
              clattn_ctx_kernel_times(b->ctx, kernels, MOST, &count, NULL) == CLATTN_SUCCESS &&
              count > 0 && count <= MOST && (run == 0 || count == launches);
         launches = count;
-        if (ok && run >= o->warmup) {
+        if (ok && run >= o->shape.warmup) {
             for (size_t k = 0; k < count; ++k)
-                times[k * o->runs + kept] = kernels[k].ms;
+                times[k * o->shape.runs + kept] = kernels[k].ms;
             ++kept;
         }
     }
@@ -926,7 +918,7 @@ static void decode_breakdown(bench_state *b, decode_case *c, double cache_bytes,
     ok = ok && copy.to != NULL &&
          measure(b, "decode: copy", run_copy, &copy, &copy_ms, &wall_ms, &wall_timer) ==
              CLATTN_SUCCESS &&
-         !wall_timer && copy_ms > 0.0 && kept == o->runs;
+         !wall_timer && copy_ms > 0.0 && kept == o->shape.runs;
     if (copy.to)
         clReleaseMemObject(copy.to);
     if (ok) {
@@ -943,7 +935,7 @@ static void decode_breakdown(bench_state *b, decode_case *c, double cache_bytes,
         for (size_t i = 0; i < launches && at < sizeof r->extra_json; ++i)
             at += (size_t)snprintf(r->extra_json + at, sizeof r->extra_json - at,
                                    "%s\"%zu %s\": %.4f", i ? ", " : "", i, kernels[i].name,
-                                   median(times + i * o->runs, o->runs));
+                                   median(times + i * o->shape.runs, o->shape.runs));
         if (at < sizeof r->extra_json)
             snprintf(r->extra_json + at, sizeof r->extra_json - at, "}");
     }
@@ -968,11 +960,12 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
                         size_t page_size, int cache_index)
 {
     const bench_options *o = b->options;
-    const size_t kv_heads = o->kv_heads ? o->kv_heads : o->heads, d = o->head_dim;
+    const size_t kv_heads = o->shape.kv_heads ? o->shape.kv_heads : o->shape.heads,
+                 d = o->shape.head_dim;
     /* q, out and the appended tokens: --dtype; the cache: --kv-dtype (default the same) */
     const clattn_dtype type = dtypes[dtype];
     const clattn_dtype cache_type = cache_index < 0 ? type : kv_dtypes[cache_index];
-    const size_t steps = o->warmup + o->runs;
+    const size_t steps = o->shape.warmup + o->shape.runs;
     case_result r = {.op = "decode",
                      .unit = "tokens_per_s",
                      .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
@@ -982,14 +975,16 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"cache\": %zu, "
              "\"head_dim\": %zu, \"dtype\": \"%s\", \"kv_dtype\": \"%s\", \"page_size\": %zu%s%s",
-             o->batch, o->heads, kv_heads, length, d, dtype_names[dtype],
+             o->shape.batch, o->shape.heads, kv_heads, length, d, dtype_names[dtype],
              cache_index < 0 ? dtype_names[dtype] : kv_dtype_names[cache_index], page_size,
-             o->softcap > 0.0f ? ", \"softcap\": true" : "", o->sinks ? ", \"sinks\": true" : "");
+             o->score.softcap > 0.0f ? ", \"softcap\": true" : "",
+             o->sinks ? ", \"sinks\": true" : "");
     char page_text[32] = "";
     if (page_size)
         snprintf(page_text, sizeof page_text, " page=%zu", page_size);
     snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s%s%s",
-             o->batch, o->heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             o->shape.batch, o->shape.heads, kv_heads, length, d,
+             type == CLATTN_DTYPE_F32 ? "" : " ",
              type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], cache_text, page_text,
              o->sinks ? " sinks" : "");
     int rc = fresh_context(b);
@@ -1004,63 +999,63 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
     clattn_kv_cache_desc cd;
     clattn_kv_cache_desc_init(&cd);
     /* room for the timed steps' tokens and as many more for decode_breakdown's */
-    cd.batch = o->batch, cd.kv_heads = kv_heads, cd.capacity = length + steps;
+    cd.batch = o->shape.batch, cd.kv_heads = kv_heads, cd.capacity = length + steps;
     cd.head_dim_qk = d, cd.head_dim_v = d, cd.dtype = cache_type;
     cd.page_size = page_size;
     clattn_status status = clattn_kv_cache_create(b->ctx, &cd, &c.cache);
-    const size_t prefill = length - steps, q_count = o->batch * o->heads * d;
+    const size_t prefill = length - steps, q_count = o->shape.batch * o->shape.heads * d;
     cl_mem mem[5] = {NULL};
     size_t bytes = 0;
     if (status == CLATTN_SUCCESS) {
         /* The prompt's keys and values (random), then one token's per step. */
-        if (o->sinks && (mem[4] = sinks_buffer(b, o->heads)) == NULL)
+        if (o->sinks && (mem[4] = sinks_buffer(b, o->shape.heads)) == NULL)
             status = CL_MEM_OBJECT_ALLOCATION_FAILURE;
         const size_t block = prefill > 0 ? prefill : 1;
-        mem[0] = random_buffer(b, o->batch * kv_heads * block * d, type, 11);
-        mem[1] = random_buffer(b, o->batch * kv_heads * d, type, 12);
+        mem[0] = random_buffer(b, o->shape.batch * kv_heads * block * d, type, 11);
+        mem[1] = random_buffer(b, o->shape.batch * kv_heads * d, type, 12);
         mem[2] = random_buffer(b, q_count, type, 13);
         mem[3] = output_buffer(b, q_count * clattn_dtype_size(type));
-        bytes = (size_t)(2.0 * (double)(length * o->batch * kv_heads * d) *
+        bytes = (size_t)(2.0 * (double)(length * o->shape.batch * kv_heads * d) *
                          cache_elem_bytes(cache_type)) +
                 2 * q_count * clattn_dtype_size(type);
         if (!all_made(mem, 4))
             status = CL_MEM_OBJECT_ALLOCATION_FAILURE;
         if (status == CLATTN_SUCCESS && prefill > 0) {
             const clattn_tensor prompt =
-                clattn_tensor_make(mem[0], 0, type, 4, o->batch, kv_heads, prefill, d);
+                clattn_tensor_make(mem[0], 0, type, 4, o->shape.batch, kv_heads, prefill, d);
             status = clattn_kv_cache_append(c.cache, &prompt, &prompt, 0, NULL, NULL);
         }
     }
     if (status == CLATTN_SUCCESS) {
-        c.k_new = clattn_tensor_make(mem[1], 0, type, 4, o->batch, kv_heads, 1, d);
+        c.k_new = clattn_tensor_make(mem[1], 0, type, 4, o->shape.batch, kv_heads, 1, d);
         c.v_new = c.k_new;
         clattn_sdpa_desc desc;
         clattn_sdpa_desc_init(&desc);
         clattn_tensors desc_tensors = {0};
         CLATTN_BIND_ROLES(desc, desc_tensors);
         desc.path = path;
-        desc.softcap = o->softcap;
+        desc.softcap = o->score.softcap;
         desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
         clattn_tensors *t = &desc_tensors;
-        t->q = clattn_tensor_make(mem[2], 0, type, 4, o->batch, o->heads, 1, d);
-        t->out = clattn_tensor_make(mem[3], 0, type, 4, o->batch, o->heads, 1, d);
+        t->q = clattn_tensor_make(mem[2], 0, type, 4, o->shape.batch, o->shape.heads, 1, d);
+        t->out = clattn_tensor_make(mem[3], 0, type, 4, o->shape.batch, o->shape.heads, 1, d);
         clattn_kv_cache_tensors(c.cache, &t->k, &t->v, &t->kv_seqlen);
         clattn_kv_cache_block_table(c.cache, &t->block_table);
         if (o->sinks)
-            t->sinks = clattn_tensor_make(mem[4], 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
+            t->sinks = clattn_tensor_make(mem[4], 0, CLATTN_DTYPE_F32, 1, o->shape.heads, 0, 0, 0);
         c.attend.tensors = desc_tensors;
         status = clattn_sdpa_plan_create(b->ctx, &desc, &c.attend.plan);
     }
     if (status == CLATTN_SUCCESS)
         status = measure(b, r.size_text, run_decode, &c, &r.device_ms, &r.wall_ms, &r.wall_timer);
     if (status == CLATTN_SUCCESS) {
-        const double cache_bytes = step_rates(&r, o->batch, length, kv_heads, d, cache_type);
+        const double cache_bytes = step_rates(&r, o->shape.batch, length, kv_heads, d, cache_type);
         decode_breakdown(b, &c, cache_bytes, &r);
     }
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.attend.plan);
     clattn_kv_cache_release(c.cache);
-    release_all(mem, 5);
+    cli_release_buffers(mem, 5);
     return rc;
 }
 
@@ -1071,28 +1066,29 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
 static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_size)
 {
     const bench_options *o = b->options;
-    const size_t kv_heads = o->kv_heads ? o->kv_heads : o->heads, d = o->head_dim;
+    const size_t kv_heads = o->shape.kv_heads ? o->shape.kv_heads : o->shape.heads,
+                 d = o->shape.head_dim;
     const clattn_dtype type = dtypes[dtype];
     case_result r = {.op = "paged", .unit = "tokens_per_s", .path = "fused"};
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"cache\": %zu, "
              "\"head_dim\": %zu, \"dtype\": \"%s\", \"page_size\": %zu%s",
-             o->batch, o->heads, kv_heads, length, d, dtype_names[dtype], page_size,
+             o->shape.batch, o->shape.heads, kv_heads, length, d, dtype_names[dtype], page_size,
              o->sinks ? ", \"sinks\": true" : "");
     char page_text[32] = " contiguous";
     if (page_size)
         snprintf(page_text, sizeof page_text, " page=%zu", page_size);
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s%s",
-             o->batch, o->heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
-             type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], page_text,
-             o->sinks ? " sinks" : "");
+    snprintf(
+        r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s%s",
+        o->shape.batch, o->shape.heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+        type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], page_text, o->sinks ? " sinks" : "");
     int rc = fresh_context(b);
     if (rc != CLI_OK)
         return rc;
     const size_t blocks = page_size ? (length + page_size - 1) / page_size : 0;
-    const size_t pages = o->batch * blocks;
-    const size_t slots = page_size ? pages * page_size : o->batch * length;
-    const size_t kv_count = slots * kv_heads * d, q_count = o->batch * o->heads * d;
+    const size_t pages = o->shape.batch * blocks;
+    const size_t slots = page_size ? pages * page_size : o->shape.batch * length;
+    const size_t kv_count = slots * kv_heads * d, q_count = o->shape.batch * o->shape.heads * d;
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
     clattn_tensors desc_tensors = {0};
@@ -1100,18 +1096,19 @@ static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_siz
     desc.path = CLATTN_PATH_FUSED;
     desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
     clattn_tensors *t = &desc_tensors;
-    t->q = clattn_tensor_make(NULL, 0, type, 4, o->batch, o->heads, 1, d);
+    t->q = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, o->shape.heads, 1, d);
     t->out = t->q;
     if (page_size) {
         t->k = clattn_tensor_make(NULL, 0, type, 4, pages, page_size, kv_heads, d);
-        t->block_table = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, o->batch, blocks, 0, 0);
+        t->block_table =
+            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, o->shape.batch, blocks, 0, 0);
     } else {
-        t->k = clattn_tensor_make(NULL, 0, type, 4, o->batch, kv_heads, length, d);
+        t->k = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, kv_heads, length, d);
     }
     t->v = t->k;
-    t->kv_seqlen = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, o->batch, 0, 0, 0);
+    t->kv_seqlen = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, o->shape.batch, 0, 0, 0);
     if (o->sinks)
-        t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->heads, 0, 0, 0);
+        t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, o->shape.heads, 0, 0, 0);
     plan_case c = {.tensors = desc_tensors};
     clattn_status status = clattn_sdpa_plan_create(b->ctx, &desc, &c.plan);
     enum { COUNT = 7 };
@@ -1124,7 +1121,7 @@ static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_siz
         mem[2] = random_buffer(b, kv_count, type, 23);
         mem[3] = output_buffer(b, q_count * clattn_dtype_size(type));
         table = malloc((blocks ? pages : 1) * sizeof *table);
-        counts = malloc(o->batch * sizeof *counts);
+        counts = malloc(o->shape.batch * sizeof *counts);
         cl_int err = table && counts ? CL_SUCCESS : CL_OUT_OF_HOST_MEMORY;
         for (size_t i = 0; table && i < pages; ++i) /* a shuffled order of the pages */
             table[i] = (int32_t)i;
@@ -1136,25 +1133,25 @@ static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_siz
             table[i - 1] = table[j];
             table[j] = swap;
         }
-        for (size_t i = 0; counts && i < o->batch; ++i)
+        for (size_t i = 0; counts && i < o->shape.batch; ++i)
             counts[i] = (int32_t)length;
         if (err == CL_SUCCESS)
             mem[4] = clCreateBuffer(b->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                    o->batch * sizeof *counts, counts, &err);
+                                    o->shape.batch * sizeof *counts, counts, &err);
         if (err == CL_SUCCESS && page_size)
             mem[5] = clCreateBuffer(b->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
                                     pages * sizeof *table, table, &err);
         if (o->sinks)
-            mem[6] = sinks_buffer(b, o->heads);
+            mem[6] = sinks_buffer(b, o->shape.heads);
         bind(&c.tensors.q, mem[0], q_count, &bytes);
         bind(&c.tensors.k, mem[1], kv_count, &bytes);
         bind(&c.tensors.v, mem[2], kv_count, &bytes);
         bind(&c.tensors.out, mem[3], q_count, &bytes);
-        bind(&c.tensors.kv_seqlen, mem[4], o->batch, &bytes);
+        bind(&c.tensors.kv_seqlen, mem[4], o->shape.batch, &bytes);
         if (page_size)
             bind(&c.tensors.block_table, mem[5], pages, &bytes);
         if (o->sinks)
-            bind(&c.tensors.sinks, mem[6], o->heads, &bytes);
+            bind(&c.tensors.sinks, mem[6], o->shape.heads, &bytes);
         status = err == CL_SUCCESS && all_made(mem, 5) && (!page_size || mem[5]) &&
                          (!o->sinks || mem[6])
                      ? measure(b, r.size_text, run_plan, &c, &r.device_ms, &r.wall_ms,
@@ -1162,13 +1159,13 @@ static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_siz
                      : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     }
     if (status == CLATTN_SUCCESS) {
-        step_rates(&r, o->batch, length, kv_heads, d, type);
+        step_rates(&r, o->shape.batch, length, kv_heads, d, type);
     }
     rc = report(b, &r, status, bytes);
     free(table);
     free(counts);
     clattn_plan_release(c.plan);
-    release_all(mem, COUNT);
+    cli_release_buffers(mem, COUNT);
     return rc;
 }
 
@@ -1181,8 +1178,8 @@ static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_siz
 static int bench_varlen(bench_state *b, size_t longest, int dtype, bool padded)
 {
     const bench_options *o = b->options;
-    const size_t seqs = o->batch > 1 ? o->batch : 8, d = o->head_dim;
-    const size_t kv_heads = o->kv_heads ? o->kv_heads : o->heads;
+    const size_t seqs = o->shape.batch > 1 ? o->shape.batch : 8, d = o->shape.head_dim;
+    const size_t kv_heads = o->shape.kv_heads ? o->shape.kv_heads : o->shape.heads;
     const clattn_dtype type = dtypes[dtype];
     case_result r = {.op = "varlen", .unit = "tokens_per_s", .path = "fused"};
     int32_t *cu = malloc((seqs + 1) * sizeof *cu);
@@ -1197,10 +1194,10 @@ static int bench_varlen(bench_state *b, size_t longest, int dtype, bool padded)
     snprintf(r.size_json, sizeof r.size_json,
              "\"sequences\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"longest\": %zu, "
              "\"tokens\": %zu, \"head_dim\": %zu, \"dtype\": \"%s\", \"layout\": \"%s\"",
-             seqs, o->heads, kv_heads, longest, total, d, dtype_names[dtype],
+             seqs, o->shape.heads, kv_heads, longest, total, d, dtype_names[dtype],
              padded ? "padded" : "packed");
     snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L<=%zu tok=%zu d=%zu%s%s %s", seqs,
-             o->heads, longest, total, d, type == CLATTN_DTYPE_F32 ? "" : " ",
+             o->shape.heads, longest, total, d, type == CLATTN_DTYPE_F32 ? "" : " ",
              type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], padded ? "padded" : "packed");
     int rc = fresh_context(b);
     if (rc != CLI_OK) {
@@ -1208,7 +1205,7 @@ static int bench_varlen(bench_state *b, size_t longest, int dtype, bool padded)
         return rc;
     }
     const size_t rows = padded ? seqs * longest : total;
-    const size_t q_count = rows * o->heads * d, kv_count = rows * kv_heads * d;
+    const size_t q_count = rows * o->shape.heads * d, kv_count = rows * kv_heads * d;
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
     clattn_tensors desc_tensors = {0};
@@ -1218,16 +1215,16 @@ static int bench_varlen(bench_state *b, size_t longest, int dtype, bool padded)
     clattn_tensors *t = &desc_tensors;
     if (padded) { /* right-padded (B, L, H, d) buffers as (B, H, L, d) views; causal from the
                    * first row (the real rows' mask as packed: n_q = n_k) */
-        t->q = clattn_tensor_make(NULL, 0, type, 4, seqs, o->heads, longest, d);
+        t->q = clattn_tensor_make(NULL, 0, type, 4, seqs, o->shape.heads, longest, d);
         t->k = clattn_tensor_make(NULL, 0, type, 4, seqs, kv_heads, longest, d);
-        const size_t hq = o->heads * d, hk = kv_heads * d;
+        const size_t hq = o->shape.heads * d, hk = kv_heads * d;
         const size_t qs[4] = {longest * hq, d, hq, 1}, ks[4] = {longest * hk, d, hk, 1};
         memcpy(t->q.strides, qs, sizeof qs);
         memcpy(t->k.strides, ks, sizeof ks);
         t->kv_seqlen = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, seqs, 0, 0, 0);
         desc.causal = CLATTN_CAUSAL_TOP_LEFT;
     } else {
-        t->q = clattn_tensor_make(NULL, 0, type, 3, total, o->heads, d, 0);
+        t->q = clattn_tensor_make(NULL, 0, type, 3, total, o->shape.heads, d, 0);
         t->k = clattn_tensor_make(NULL, 0, type, 3, total, kv_heads, d, 0);
         t->cu_seqlens_q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, seqs + 1, 0, 0, 0);
         t->cu_seqlens_k = t->cu_seqlens_q;
@@ -1275,7 +1272,7 @@ static int bench_varlen(bench_state *b, size_t longest, int dtype, bool padded)
     rc = report(b, &r, status, bytes);
     free(cu);
     clattn_plan_release(c.plan);
-    release_all(mem, COUNT);
+    cli_release_buffers(mem, COUNT);
     return rc;
 }
 
@@ -1290,14 +1287,14 @@ static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"head_dim\": %zu, "
              "\"embed_dim\": %zu, \"dtype\": \"%s\"%s",
-             o->batch, o->heads, seq, seq, e / o->heads, e, dtype_names[dtype],
+             o->shape.batch, o->shape.heads, seq, seq, e / o->shape.heads, e, dtype_names[dtype],
              o->rope ? ", \"rope\": true" : "");
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu%s%s%s", o->batch, o->heads,
-             seq, e, type == CLATTN_DTYPE_F32 ? "" : " ",
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu%s%s%s", o->shape.batch,
+             o->shape.heads, seq, e, type == CLATTN_DTYPE_F32 ? "" : " ",
              type == CLATTN_DTYPE_F32 ? "" : dtype_names[dtype], o->rope ? " rope" : "");
-    if (e % o->heads)
+    if (e % o->shape.heads)
         return cli_fail("bench", CLI_BAD_INPUT, "--embed %zu is not divisible by --heads %zu", e,
-                        o->heads);
+                        o->shape.heads);
     int rc = fresh_context(b);
     if (rc != CLI_OK)
         return rc;
@@ -1305,12 +1302,12 @@ static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
     clattn_mha_desc_init(&desc);
     clattn_tensors desc_tensors = {0};
     CLATTN_BIND_ROLES(desc, desc_tensors);
-    desc.num_heads = o->heads;
+    desc.num_heads = o->shape.heads;
     desc.layout = CLATTN_LAYOUT_TORCH;
     desc.path = path;
     desc.rope = o->rope;
     clattn_tensors *t = &desc_tensors;
-    t->q = clattn_tensor_make(NULL, 0, type, 3, o->batch, seq, e, 0);
+    t->q = clattn_tensor_make(NULL, 0, type, 3, o->shape.batch, seq, e, 0);
     t->k = t->q;
     t->v = t->q;
     t->out = t->q;
@@ -1322,7 +1319,7 @@ static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
     clattn_status status = clattn_mha_plan_create(b->ctx, &desc, &c.plan);
     enum { X, OUT, IN_W, IN_B, OUT_W, OUT_B, COUNT };
     const size_t counts[COUNT] = {
-        o->batch * seq * e, o->batch * seq * e, 3 * e * e, 3 * e, e * e, e};
+        o->shape.batch * seq * e, o->shape.batch * seq * e, 3 * e * e, 3 * e, e * e, e};
     cl_mem mem[COUNT] = {NULL};
     size_t bytes = 0;
     if (status == CLATTN_SUCCESS) {
@@ -1342,11 +1339,11 @@ static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
                                                 &r.wall_ms, &r.wall_timer)
                                       : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     }
-    const double flops = 8.0 * o->batch * seq * e * e + 4.0 * o->batch * seq * seq * e;
+    const double flops = 8.0 * o->shape.batch * seq * e * e + 4.0 * o->shape.batch * seq * seq * e;
     r.rate = status == CLATTN_SUCCESS ? flops / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.plan);
-    release_all(mem, COUNT);
+    cli_release_buffers(mem, COUNT);
     return rc;
 }
 
@@ -1354,16 +1351,16 @@ static int bench_mha(bench_state *b, size_t seq, int dtype, clattn_path path)
 static int bench_additive(bench_state *b, size_t seq, clattn_path path)
 {
     const bench_options *o = b->options;
-    const size_t e = o->embed, h = o->heads, da = o->head_dim;
+    const size_t e = o->embed, h = o->shape.heads, da = o->shape.head_dim;
     case_result r = {.op = "additive",
                      .unit = "gterms_per_s",
                      .path = path == CLATTN_PATH_FUSED ? "fused" : "unfused"};
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"seq_q\": %zu, \"seq_k\": %zu, \"da\": %zu, "
              "\"embed_dim\": %zu",
-             o->batch, h, seq, seq, da, e);
-    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu da=%zu", o->batch, h, seq, e,
-             da);
+             o->shape.batch, h, seq, seq, da, e);
+    snprintf(r.size_text, sizeof r.size_text, "B=%zu H=%zu L=%zu E=%zu da=%zu", o->shape.batch, h,
+             seq, e, da);
     if (e % h)
         return cli_fail("bench", CLI_BAD_INPUT, "--embed %zu is not divisible by --heads %zu", e,
                         h);
@@ -1377,7 +1374,7 @@ static int bench_additive(bench_state *b, size_t seq, clattn_path path)
     desc.num_heads = h;
     desc.path = path;
     clattn_tensors *t = &desc_tensors;
-    t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, o->batch, seq, e, 0);
+    t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, o->shape.batch, seq, e, 0);
     t->k = t->v = t->out = t->q;
     t->q_weight = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, e, h * da, 0, 0);
     t->k_weight = t->q_weight;
@@ -1386,8 +1383,13 @@ static int bench_additive(bench_state *b, size_t seq, clattn_path path)
     plan_case c = {.tensors = desc_tensors};
     clattn_status status = clattn_additive_plan_create(b->ctx, &desc, &c.plan);
     enum { X, OUT, W1, W2, B1, B2, W, COUNT };
-    const size_t counts[COUNT] = {
-        o->batch * seq * e, o->batch * seq * e, e * h * da, e * h * da, h * da, h * da, h * da};
+    const size_t counts[COUNT] = {o->shape.batch * seq * e,
+                                  o->shape.batch * seq * e,
+                                  e * h * da,
+                                  e * h * da,
+                                  h * da,
+                                  h * da,
+                                  h * da};
     cl_mem mem[COUNT] = {NULL};
     size_t bytes = 0;
     if (status == CLATTN_SUCCESS) {
@@ -1406,11 +1408,11 @@ static int bench_additive(bench_state *b, size_t seq, clattn_path path)
                                                 &r.wall_ms, &r.wall_timer)
                                       : CL_MEM_OBJECT_ALLOCATION_FAILURE;
     }
-    const double terms = (double)o->batch * h * seq * seq * da;
+    const double terms = (double)o->shape.batch * h * seq * seq * da;
     r.rate = status == CLATTN_SUCCESS ? terms / r.device_ms / 1e6 : 0.0;
     rc = report(b, &r, status, bytes);
     clattn_plan_release(c.plan);
-    release_all(mem, COUNT);
+    cli_release_buffers(mem, COUNT);
     return rc;
 }
 
@@ -1557,16 +1559,10 @@ static const cli_option bench_table[] = {
              "matmul, softmax, attention, mha (default), decode, additive, paged, varlen, "
              "backward; repeated, the lists add up"),
      .handle = parse_ops, .flags = CLI_REPEATABLE},
-    {CLI_OPT("--runs", CLI_SIZE, AT(runs), "N", "timed runs, the median reported (default 10)"),
-     .min = 1},
-    {CLI_OPT("--warmup", CLI_SIZE, AT(warmup), "N", "untimed runs first (default 1)")},
-    {CLI_OPT("--json", CLI_FLAG, AT(json), NULL, "one JSON line per measurement")},
     {CLI_OPT("--mnk", CLI_CUSTOM, 0, "MxNxK,...", "matmul sizes"), .handle = parse_mnk_option},
-    {CLI_OPT("--batch", CLI_SIZE, AT(batch), "B", "batch (default 1)"), .min = 1},
-    {CLI_OPT("--heads", CLI_SIZE, AT(heads), "H", "heads (default 8)"), .min = 1},
-    {CLI_OPT("--kv-heads", CLI_SIZE, AT(kv_heads), "H", "attention: grouped K/V heads"), .min = 1},
-    CLI_USE("--softcap", bench_options, softcap),
-    CLI_USE("--alibi", bench_options, alibi),
+    CLI_USE(cli_bench_group, bench_options, shape, 0),
+    CLI_USE(cli_score_group, bench_options, score,
+            CLI_SCORE_CAUSAL | CLI_SCORE_SOFTCAP | CLI_SCORE_ALIBI),
     {CLI_OPT("--sinks", CLI_FLAG, AT(sinks), NULL, "attention, decode: attention sinks")},
     {CLI_OPT("--rope", CLI_FLAG, AT(rope), NULL, "mha: rotary embeddings on q and k")},
     {CLI_OPT("--dropout", CLI_CUSTOM, AT(dropout), "P", "attention, backward: dropout probability"),
@@ -1575,7 +1571,6 @@ static const cli_option bench_table[] = {
      .handle = parse_seq},
     {CLI_OPT("--seq-k", CLI_SIZE, AT(seq_k), "S", "key length (default: the sequence's)"),
      .min = 1},
-    {CLI_OPT("--head-dim", CLI_SIZE, AT(head_dim), "D", "head size (default 64)"), .min = 1},
     {CLI_OPT("--embed", CLI_SIZE, AT(embed), "E", "mha, additive: embedding (default 512)"),
      .min = 1},
     {CLI_OPT("--path", CLI_CUSTOM, AT(paths), "fused,unfused", "the paths (default both)"),
@@ -1587,10 +1582,9 @@ static const cli_option bench_table[] = {
      .handle = parse_kv_dtypes},
     {CLI_OPT("--page-size", CLI_CUSTOM, 0, "N,...", "paged: page sizes (0 = contiguous)"),
      .handle = parse_page_sizes},
-    CLI_USE("--causal", bench_options, causal),
     {CLI_OPT("--mask", CLI_CHOICE, AT(mask), NULL, "attention: no mask, key padding or additive"),
      .choices = mask_choices},
-    CLI_USE("--device", bench_options, device),
+    CLI_USE(cli_exec_group, bench_options, exec, 0),
 };
 #undef AT
 
@@ -1615,13 +1609,9 @@ int cmd_bench(int argc, char **argv)
 #endif
         }
     bench_options o = {.ops = {true, true, true, true, false, false},
-                       .runs = 10,
-                       .warmup = 1,
+                       .shape = {.batch = 1, .heads = 8, .head_dim = 64, .runs = 10, .warmup = 1},
                        .mnk = {{512, 512, 512}, {1024, 1024, 1024}, {4096, 64, 4096}},
                        .num_mnk = 3,
-                       .batch = 1,
-                       .heads = 8,
-                       .head_dim = 64,
                        .embed = 512,
                        .seq = {512, 1024},
                        .num_seq = 2,
@@ -1632,7 +1622,7 @@ int cmd_bench(int argc, char **argv)
         return rc < 0 ? CLI_OK : rc;
 
     /* A profiling queue of our own, handed to clattn (the embedding path). */
-    clattn_ctx *probe = cli_context("bench", o.device);
+    clattn_ctx *probe = cli_context("bench", o.exec.device);
     if (probe == NULL)
         return cli_context_exit();
     bench_state b = {.options = &o, .context = clattn_ctx_cl_context(probe)};
@@ -1641,9 +1631,9 @@ int cmd_bench(int argc, char **argv)
         clCreateCommandQueue(b.context, clattn_ctx_device(probe), CL_QUEUE_PROFILING_ENABLE, &err);
     if (err != CL_SUCCESS)
         rc = cli_fail("bench", CLI_FAILED, "clCreateCommandQueue(profiling): %d", (int)err);
-    if (rc == CLI_OK && !o.json) {
+    if (rc == CLI_OK && !o.shape.json) {
         cli_print_device(stdout, clattn_ctx_device(probe));
-        printf("median of %zu runs after %zu warm-up run(s)\n", o.runs, o.warmup);
+        printf("median of %zu runs after %zu warm-up run(s)\n", o.shape.runs, o.shape.warmup);
         printf("%-18s %-32s %10s%5s %10s %17s %9s %9s\n", "op", "size", "device ms", "", "wall ms",
                "rate", "dev MiB", "rss MiB");
     }

@@ -830,7 +830,8 @@ static int run_chapter(demo *d, int chapter, const char *png)
 }
 
 typedef struct demo_options {
-    const char *device, *png, *chapter_name;
+    cli_exec exec; /* --device */
+    const char *png, *chapter_name;
     int chapter;
 } demo_options;
 
@@ -863,7 +864,7 @@ static const cli_option demo_table[] = {
     {CLI_OPT("--png", CLI_CUSTOM, CLI_AT(demo_options, png), "FILE",
              "(posenc, all) the sinusoidal table (128 x 64) as a heatmap PNG"),
      .handle = parse_png},
-    CLI_USE("--device", demo_options, device),
+    CLI_USE(cli_exec_group, demo_options, exec, 0),
 };
 static const char *const demo_help[] = {demo_usage, NULL};
 static const cli_command demo_command = {.name = "demo",
@@ -879,7 +880,7 @@ int cmd_demo(int argc, char **argv)
     const int rc = cli_parse_command(&demo_command, argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
-    const char *device_spec = options.device, *png = options.png;
+    const char *device_spec = options.exec.device, *png = options.png;
     const int chapter = options.chapter;
     if (png && chapter != CHAPTER_POSENC && chapter != CHAPTER_ALL)
         return cli_fail("demo", CLI_BAD_INPUT,

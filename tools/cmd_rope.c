@@ -22,7 +22,8 @@ static const char rope_usage[] =
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
 typedef struct rope_options {
-    const char *device, *x, *cos, *sin, *ids, *out;
+    cli_exec exec; /* --device */
+    const char *x, *cos, *sin, *ids, *out;
     size_t num_heads, rotary_dim, start;
     bool interleaved;
     float base; /* 0: the default */
@@ -37,15 +38,10 @@ typedef struct rope_data {
 
 static void rope_free(rope_data *d)
 {
-    for (int i = 0; i < 5; ++i)
-        if (d->mem[i])
-            clReleaseMemObject(d->mem[i]);
-    clattn_array_free(&d->x);
-    clattn_array_free(&d->cos);
-    clattn_array_free(&d->sin);
-    clattn_array_free(&d->ids);
-    free(d->ids32);
-    free(d->out);
+    cli_release_buffers(d->mem, 5);
+    clattn_array *const arrays[] = {&d->x, &d->cos, &d->sin, &d->ids};
+    void *const blocks[] = {d->ids32, d->out};
+    cli_free_all(arrays, CLI_COUNT(arrays), blocks, CLI_COUNT(blocks));
 }
 
 #define AT(field) CLI_AT(rope_options, field)
@@ -62,7 +58,7 @@ static const cli_option rope_table[] = {
     {CLI_OPT("--base", CLI_FLOAT, AT(base), "B", "the angles' base (default 10000)"), .min = 1},
     {CLI_OPT("--start", CLI_SIZE, AT(start), "P", "the position of row 0 without ids (default 0)")},
     {CLI_OPT("--out", CLI_PATH, AT(out), "Y.npy", "write Y (else it is printed when small)")},
-    CLI_USE("--device", rope_options, device),
+    CLI_USE(cli_exec_group, rope_options, exec, 0),
 };
 #undef AT
 
@@ -194,7 +190,7 @@ static int run_rope(const rope_options *o, rope_data *d)
     if (d->out == NULL)
         return cli_fail("rope", CLI_FAILED, "out of memory for the output");
 
-    clattn_ctx *ctx = cli_context("rope", o->device);
+    clattn_ctx *ctx = cli_context("rope", o->exec.device);
     if (ctx == NULL)
         return cli_context_exit();
     clattn_plan *plan = NULL;
@@ -222,14 +218,7 @@ static int run_rope(const rope_options *o, rope_data *d)
             err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[1], CL_TRUE, 0,
                                       x->count * sizeof(float), d->out, 0, NULL, NULL);
     }
-    if (status != CLATTN_SUCCESS) {
-        const bool input_error =
-            status == CLATTN_ERR_INVALID_ARGUMENT || status == CLATTN_ERR_INVALID_SHAPE;
-        rc = cli_fail("rope", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s: %s",
-                      clattn_status_string(status), clattn_last_error(ctx));
-    } else if (err != CL_SUCCESS) {
-        rc = cli_fail("rope", CLI_FAILED, "OpenCL error %d", (int)err);
-    }
+    rc = cli_call_failure("rope", ctx, status, false, err);
     clattn_plan_release(plan);
     cli_release_context(ctx);
     if (rc != CLI_OK)

@@ -74,21 +74,18 @@ static const char run_usage_more[] =
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
 typedef struct run_options {
-    const char *device, *query, *key, *value, *weights, *wq, *wk, *wv, *wo;
-    const char *attn_mask, *key_padding_mask, *out, *attn_out, *attn_png, *alibi_slopes;
+    const char *query, *key, *value, *weights, *wq, *wk, *wv, *wo;
+    const char *attn_mask, *out, *attn_out;
     const char *posenc_table; /* --posenc-table */
     const char *prefix;       /* --prefix: the block's key prefix in a whole model's file */
     bool posenc;              /* --posenc sinusoidal */
-    cli_rope rope;            /* --rope and its options */
     size_t heads, kv_heads;   /* kv_heads 0: heads */
-    bool heads_given, causal, alibi;
-    cli_window window;                      /* --window LEFT,RIGHT */
-    bool mask_true_masked, mask_true_given; /* --mask-true (default masked, as PyTorch MHA) */
-    clattn_heatmap_scale png_scale;         /* --png-scale (default row) */
-    float softcap;                          /* 0: off */
-    float scale; /* NAN unless --scale was given (the library default, 1/sqrt(head dim)) */
-    clattn_norm norm;
-    clattn_path path;
+    bool heads_given;
+    cli_score score;     /* --causal, --softcap, --window, --alibi, --scale, --norm, --path */
+    cli_rope rope;       /* --rope and its options */
+    cli_masks masks;     /* --mask-true (default masked, as PyTorch MHA), --key-padding-mask */
+    cli_heatmap heatmap; /* --attn-png, --png-scale */
+    cli_exec exec;       /* --device */
 } run_options;
 
 /* Everything loaded from files; freed by run_free. */
@@ -106,29 +103,13 @@ enum { P_IN_W, P_IN_B, P_Q, P_K, P_V, P_OUT_W, P_OUT_B, P_COUNT };
 
 static void run_free(run_data *d)
 {
-    clattn_array_free(&d->query);
-    clattn_array_free(&d->key);
-    clattn_array_free(&d->value);
-    clattn_array_free(&d->mask);
-    clattn_array_free(&d->padding);
-    clattn_array_free(&d->slopes);
-    clattn_array_free(&d->pos_table);
+    clattn_array *const arrays[] = {&d->query,   &d->key,    &d->value,    &d->mask,
+                                    &d->padding, &d->slopes, &d->pos_table};
+    void *const blocks[] = {d->mask_additive, d->padding_bytes, d->out, d->weights};
+    cli_free_all(arrays, CLI_COUNT(arrays), blocks, CLI_COUNT(blocks));
     for (int i = 0; i < P_COUNT; ++i)
         clattn_array_free(&d->param[i]);
     clattn_safetensors_close(d->safetensors);
-    free(d->mask_additive);
-    free(d->padding_bytes);
-    free(d->out);
-    free(d->weights);
-}
-
-static int parse_scale(const cli_args *args, const char *value, void *target)
-{
-    if (!cli_parse_float(args->command, "--scale", value, target))
-        return -1;
-    if (*(float *)target == 0.0f)
-        return cli_fail(args->command, -1, "--scale: 0 would ignore the scores");
-    return 1;
 }
 
 static int parse_posenc(const cli_args *args, const char *value, void *target)
@@ -162,35 +143,20 @@ static const cli_option run_table[] = {
     {CLI_OPT("--wo", CLI_PATH, AT(wo), "WO.npy", "textbook output weights (dv, E)")},
     {CLI_OPT("--kv-heads", CLI_SIZE, AT(kv_heads), "G", "grouped-query attention: K/V heads"),
      .min = 1},
-    CLI_USE("--causal", run_options, causal),
     {CLI_OPT("--attn-mask", CLI_PATH, AT(attn_mask), "M.npy",
              "(L, S) or (B * H, L, S): float added, or bool (True = masked)")},
-    CLI_USE_GIVEN("--mask-true", run_options, mask_true_masked, mask_true_given),
-    {CLI_OPT("--key-padding-mask", CLI_PATH, AT(key_padding_mask), "P.npy",
-             "(B, S) or (S): true = ignore that key")},
-    CLI_USE("--softcap", run_options, softcap),
-    CLI_USE("--window", run_options, window),
-    CLI_USE("--alibi", run_options, alibi),
-    CLI_USE("--alibi-slopes", run_options, alibi_slopes),
+    CLI_USE(cli_masks_group, run_options, masks, 0),
+    CLI_USE(cli_score_group, run_options, score, ~(unsigned)CLI_SCORE_ALIGN),
     {CLI_OPT("--posenc", CLI_CUSTOM, AT(posenc), NULL, "add the sinusoidal positional encoding"),
      .choices = posenc_choices, .handle = parse_posenc},
     {CLI_OPT("--posenc-table", CLI_PATH, AT(posenc_table), "T.npy",
              "add rows of a learned positional table (max_len, features)")},
-    CLI_USE("--rope", run_options, rope),
-    CLI_USE("--rope-style", run_options, rope),
-    CLI_USE("--rope-dims", run_options, rope),
-    CLI_USE("--rope-base", run_options, rope),
-    CLI_USE("--rope-start", run_options, rope),
-    {CLI_OPT("--scale", CLI_CUSTOM, AT(scale), "S", "the scores' scale (default 1/sqrt(head dim))"),
-     .handle = parse_scale},
-    CLI_USE("--norm", run_options, norm),
-    CLI_USE("--path", run_options, path),
+    CLI_USE(cli_rope_group, run_options, rope, 0),
     {CLI_OPT("--out", CLI_PATH, AT(out), "O.npy", "write the output (else it is printed)")},
     {CLI_OPT("--attn-out", CLI_PATH, AT(attn_out), "A.npy",
              "write the per-head weights (B, H, L, S)")},
-    CLI_USE("--attn-png", run_options, attn_png),
-    CLI_USE("--png-scale", run_options, png_scale),
-    CLI_USE("--device", run_options, device),
+    CLI_USE(cli_heatmap_group, run_options, heatmap, 0),
+    CLI_USE(cli_exec_group, run_options, exec, 0),
 };
 #undef AT
 
@@ -202,6 +168,8 @@ static int parse_options(int argc, char **argv, run_options *o)
     const int rc = cli_parse_command(&run_command_spec, argc, argv, o);
     if (rc != CLI_OK)
         return rc;
+    if (o->score.scale == 0.0f) /* sdpa leaves that to the library; here it is refused */
+        return cli_fail("run", CLI_BAD_INPUT, "--scale: 0 would ignore the scores");
     if (!o->query)
         return cli_fail("run", CLI_BAD_INPUT, "--query Q.npy is required (see --help)");
     const bool textbook = o->wq || o->wk || o->wv || o->wo;
@@ -212,7 +180,7 @@ static int parse_options(int argc, char **argv, run_options *o)
                         "weights needed: --weights W.safetensors --heads H, or --wq --wk --wv");
     if (textbook && !(o->wq && o->wk && o->wv))
         return cli_fail("run", CLI_BAD_INPUT, "--wq, --wk and --wv go together");
-    if (o->path == CLATTN_PATH_FUSED && (o->attn_out || o->attn_png))
+    if (o->score.path == CLATTN_PATH_FUSED && (o->attn_out || o->heatmap.png))
         return cli_fail("run", CLI_BAD_INPUT,
                         "--path fused never forms the attention weights: "
                         "drop --attn-out/--attn-png or use --path auto");
@@ -228,7 +196,7 @@ static int parse_options(int argc, char **argv, run_options *o)
         return CLI_BAD_INPUT;
     if (o->posenc && o->posenc_table)
         return cli_fail("run", CLI_BAD_INPUT, "give --posenc or --posenc-table, not both");
-    if (o->alibi && o->alibi_slopes)
+    if (o->score.alibi && o->score.alibi_slopes)
         return cli_fail("run", CLI_BAD_INPUT, "give --alibi or --alibi-slopes, not both");
     if (o->kv_heads && o->heads % o->kv_heads != 0)
         return cli_fail("run", CLI_BAD_INPUT, "--kv-heads %zu does not divide --heads %zu",
@@ -236,7 +204,7 @@ static int parse_options(int argc, char **argv, run_options *o)
     /* Before any work: an output that cannot be written fails now, not after the run. */
     if (!cli_check_output("run", "--out", o->out) ||
         !cli_check_output("run", "--attn-out", o->attn_out) ||
-        !cli_check_output("run", "--attn-png", o->attn_png))
+        !cli_check_output("run", "--attn-png", o->heatmap.png))
         return CLI_BAD_INPUT;
     return CLI_OK;
 }
@@ -577,15 +545,15 @@ static int load_masks(const run_options *o, run_data *d, clattn_mha_host_desc *d
             return cli_fail("run", CLI_FAILED, "out of memory");
         const bool boolean = d->mask.source == CLATTN_IO_BOOL;
         if (boolean)
-            cli_note_mask_convention("run", "--attn-mask", o->mask_true_masked,
-                                     o->mask_true_given);
+            cli_note_mask_convention("run", "--attn-mask", o->masks.true_masked,
+                                     o->masks.true_given);
         for (size_t i = 0; i < d->mask.count; ++i)
             d->mask_additive[i] =
-                boolean ? ((d->mask.data[i] != 0.0f) == o->mask_true_masked ? -INFINITY : 0.0f)
+                boolean ? ((d->mask.data[i] != 0.0f) == o->masks.true_masked ? -INFINITY : 0.0f)
                         : d->mask.data[i];
     }
-    if (o->key_padding_mask) {
-        if ((rc = load_npy(o->key_padding_mask, &d->padding)))
+    if (o->masks.key_padding) {
+        if ((rc = load_npy(o->masks.key_padding, &d->padding)))
             return rc;
         const bool ok = batched ? d->padding.ndim == 2 && d->padding.shape[0] == desc->batch &&
                                       d->padding.shape[1] == desc->seq_k
@@ -597,7 +565,7 @@ static int load_masks(const run_options *o, run_data *d, clattn_mha_host_desc *d
             else
                 snprintf(want, sizeof want, "(%zu,)", desc->seq_k);
             return cli_fail("run", CLI_BAD_INPUT, "%s has shape %s, expected %s",
-                            o->key_padding_mask, shape_text(&d->padding, text, sizeof text), want);
+                            o->masks.key_padding, shape_text(&d->padding, text, sizeof text), want);
         }
         d->padding_bytes = malloc(d->padding.count ? d->padding.count : 1);
         if (d->padding_bytes == NULL)
@@ -690,9 +658,7 @@ static int add_posenc(clattn_ctx *ctx, const clattn_array *table, clattn_array *
             err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), mem[0], CL_TRUE, 0,
                                       a->count * sizeof(float), a->data, 0, NULL, NULL);
     }
-    for (int i = 0; i < 2; ++i)
-        if (mem[i])
-            clReleaseMemObject(mem[i]);
+    cli_release_buffers(mem, 2);
     clattn_plan_release(plan);
     if (status != CLATTN_SUCCESS)
         return cli_fail("run", CLI_FAILED, "positional encoding of %s: %s: %s", path,
@@ -704,107 +670,132 @@ static int add_posenc(clattn_ctx *ctx, const clattn_array *table, clattn_array *
 }
 
 /* Loads and validates everything; with check_only, stops before the device. */
-static int run(const run_options *o, run_data *d, bool check_only)
+/* The inputs' sizes: the query (B, L, E) or (L, E), the key and value (S, kdim), (S, vdim). */
+typedef struct run_sizes {
+    size_t batch, seq_q, embed, seq_k, kdim, vdim, out_features;
+    const char *key_path, *value_path; /* the files they came from (the query's by default) */
+    bool batched;
+} run_sizes;
+
+/* Reads the query, key and value (key and value default to the query, value to the key):
+ * one batching, as many values as keys. */
+static int load_sequences(const run_options *o, run_data *d, run_sizes *z)
 {
     int rc;
-    size_t batch, seq_q, embed, kb, seq_k, kdim, vb, seq_v, vdim;
+    size_t kb, vb, seq_v;
     if ((rc = load_input(o->query, &d->query)) ||
-        (rc = sequence_dims(o->query, &d->query, &batch, &seq_q, &embed)))
+        (rc = sequence_dims(o->query, &d->query, &z->batch, &z->seq_q, &z->embed)))
         return rc;
     const clattn_array *key = &d->query, *value = &d->query;
-    const char *key_path = o->query, *value_path = o->query;
+    z->key_path = o->query;
     if (o->key) {
         if ((rc = load_input(o->key, &d->key)))
             return rc;
-        key = &d->key, key_path = o->key;
+        key = &d->key, z->key_path = o->key;
     }
-    value = key, value_path = key_path;
+    value = key, z->value_path = z->key_path;
     if (o->value) {
         if ((rc = load_input(o->value, &d->value)))
             return rc;
-        value = &d->value, value_path = o->value;
+        value = &d->value, z->value_path = o->value;
     }
-    if ((rc = sequence_dims(key_path, key, &kb, &seq_k, &kdim)) ||
-        (rc = sequence_dims(value_path, value, &vb, &seq_v, &vdim)))
+    if ((rc = sequence_dims(z->key_path, key, &kb, &z->seq_k, &z->kdim)) ||
+        (rc = sequence_dims(z->value_path, value, &vb, &seq_v, &z->vdim)))
         return rc;
-    if (key->ndim != d->query.ndim || value->ndim != d->query.ndim || kb != batch || vb != batch)
+    if (key->ndim != d->query.ndim || value->ndim != d->query.ndim || kb != z->batch ||
+        vb != z->batch)
         return cli_fail("run", CLI_BAD_INPUT,
                         "%s, %s and %s must all be (L, features) or all "
                         "(B, L, features) with the same B",
-                        o->query, key_path, value_path);
-    if (seq_v != seq_k)
-        return cli_fail("run", CLI_BAD_INPUT, "%s has %zu positions but %s has %zu", value_path,
-                        seq_v, key_path, seq_k);
+                        o->query, z->key_path, z->value_path);
+    if (seq_v != z->seq_k)
+        return cli_fail("run", CLI_BAD_INPUT, "%s has %zu positions but %s has %zu", z->value_path,
+                        seq_v, z->key_path, z->seq_k);
+    z->batched = d->query.ndim == 3;
+    return CLI_OK;
+}
 
-    clattn_mha_host_desc desc;
-    clattn_mha_host_desc_init(&desc); /* struct_size; scale NAN = 1/sqrt(head dim) */
-    desc.batch = batch;
-    desc.seq_q = seq_q;
-    desc.seq_k = seq_k;
-    desc.num_heads = o->heads;
-    desc.num_kv_heads = o->kv_heads ? o->kv_heads : CLATTN_KV_HEADS_ALL;
-    desc.scale = o->scale;
-    desc.norm = o->norm;
-    desc.causal = o->causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
-    desc.path = o->path;
-    desc.softcap = o->softcap;
-    desc.rope = o->rope.on;
-    desc.rope_style = o->rope.style;
-    desc.rope_dims = o->rope.dims ? o->rope.dims : CLATTN_ROPE_WHOLE_HEAD;
-    desc.rope_base = o->rope.base ? o->rope.base : CLATTN_ROPE_BASE_DEFAULT;
-    desc.rope_start = o->rope.start;
-    if (o->window.on) {
-        desc.window_align = CLATTN_CAUSAL_TOP_LEFT;
-        desc.window_left = o->window.left;
-        desc.window_right = o->window.right;
+/* The descriptor's sizes and options (the weights and masks come after). */
+static void describe(const run_options *o, const run_sizes *z, clattn_mha_host_desc *desc)
+{
+    clattn_mha_host_desc_init(desc); /* struct_size; scale NAN = 1/sqrt(head dim) */
+    desc->batch = z->batch;
+    desc->seq_q = z->seq_q;
+    desc->seq_k = z->seq_k;
+    desc->num_heads = o->heads;
+    desc->num_kv_heads = o->kv_heads ? o->kv_heads : CLATTN_KV_HEADS_ALL;
+    desc->scale = o->score.scale;
+    desc->norm = o->score.norm;
+    desc->causal = o->score.causal ? CLATTN_CAUSAL_TOP_LEFT : CLATTN_CAUSAL_NONE;
+    desc->path = o->score.path;
+    desc->softcap = o->score.softcap;
+    desc->rope = o->rope.on;
+    desc->rope_style = o->rope.style;
+    desc->rope_dims = o->rope.dims ? o->rope.dims : CLATTN_ROPE_WHOLE_HEAD;
+    desc->rope_base = o->rope.base ? o->rope.base : CLATTN_ROPE_BASE_DEFAULT;
+    desc->rope_start = o->rope.start;
+    if (o->score.window.on) {
+        desc->window_align = CLATTN_CAUSAL_TOP_LEFT;
+        desc->window_left = o->score.window.left;
+        desc->window_right = o->score.window.right;
     }
-    if ((rc = o->weights ? load_torch_weights(o, d, &desc)
-                         : load_textbook_weights(o, d, &desc, embed)))
-        return rc;
-    const size_t want_kdim = desc.kdim ? desc.kdim : desc.embed_dim;
-    const size_t want_vdim = desc.vdim ? desc.vdim : desc.embed_dim;
-    if (embed != desc.embed_dim)
+}
+
+/* The inputs' widths against the weights' embed_dim, kdim and vdim. */
+static int check_features(const run_options *o, const run_sizes *z,
+                          const clattn_mha_host_desc *desc)
+{
+    const size_t want_kdim = desc->kdim ? desc->kdim : desc->embed_dim;
+    const size_t want_vdim = desc->vdim ? desc->vdim : desc->embed_dim;
+    if (z->embed != desc->embed_dim)
         return cli_fail("run", CLI_BAD_INPUT,
                         "%s has %zu features but the weights expect "
                         "embed_dim %zu",
-                        o->query, embed, desc.embed_dim);
-    if (kdim != want_kdim)
+                        o->query, z->embed, desc->embed_dim);
+    if (z->kdim != want_kdim)
         return cli_fail("run", CLI_BAD_INPUT,
                         "%s has %zu features but the weights expect "
                         "kdim %zu",
-                        key_path, kdim, want_kdim);
-    if (vdim != want_vdim)
+                        z->key_path, z->kdim, want_kdim);
+    if (z->vdim != want_vdim)
         return cli_fail("run", CLI_BAD_INPUT,
                         "%s has %zu features but the weights expect "
                         "vdim %zu",
-                        value_path, vdim, want_vdim);
-    const bool batched = d->query.ndim == 3;
-    if ((rc = load_masks(o, d, &desc, batched)))
-        return rc;
+                        z->value_path, z->vdim, want_vdim);
+    return CLI_OK;
+}
 
-    const bool want_weights = o->attn_out || o->attn_png;
-    desc.need_weights = want_weights ? CLATTN_WEIGHTS_PER_HEAD : CLATTN_WEIGHTS_NONE;
-    const size_t out_features = d->param[P_OUT_W].data ? desc.embed_dim
-                                : desc.v_dim           ? desc.v_dim
-                                                       : desc.embed_dim;
-    const size_t out_count = batch * seq_q * out_features; /* fits: inputs were read */
+/* Host room for the output and, when asked for, the per-head weights. */
+static int allocate_outputs(const run_options *o, run_data *d, run_sizes *z,
+                            clattn_mha_host_desc *desc)
+{
+    const bool want_weights = o->attn_out || o->heatmap.png;
+    desc->need_weights = want_weights ? CLATTN_WEIGHTS_PER_HEAD : CLATTN_WEIGHTS_NONE;
+    z->out_features = d->param[P_OUT_W].data ? desc->embed_dim
+                      : desc->v_dim          ? desc->v_dim
+                                             : desc->embed_dim;
+    const size_t out_count = z->batch * z->seq_q * z->out_features; /* fits: inputs were read */
     size_t weights_count = 0;
     if (want_weights) {
-        const double count = (double)batch * o->heads * seq_q * seq_k;
+        const double count = (double)z->batch * o->heads * z->seq_q * z->seq_k;
         if (count * sizeof(float) > 64.0 * 1073741824.0)
             return cli_fail("run", CLI_BAD_INPUT,
                             "the attention weights (%zu x %zu x %zu x "
                             "%zu) are too large to return",
-                            batch, o->heads, seq_q, seq_k);
-        weights_count = batch * o->heads * seq_q * seq_k;
+                            z->batch, o->heads, z->seq_q, z->seq_k);
+        weights_count = z->batch * o->heads * z->seq_q * z->seq_k;
     }
     d->out = malloc(out_count * sizeof(float));
     d->weights = want_weights ? malloc(weights_count * sizeof(float)) : NULL;
     if (!d->out || (want_weights && !d->weights))
         return cli_fail("run", CLI_FAILED, "out of memory for the outputs");
+    return CLI_OK;
+}
 
+/* The loaded parameters as clattn_mha_forward_host takes them. */
+static clattn_mha_host_weights host_weights(const run_data *d, size_t embed_dim)
+{
     const clattn_array *p = d->param;
-    const size_t e = desc.embed_dim;
     clattn_mha_host_weights w = {.in_proj_weight = p[P_IN_W].data,
                                  .q_weight = p[P_Q].data,
                                  .k_weight = p[P_K].data,
@@ -815,50 +806,63 @@ static int run(const run_options *o, run_data *d, bool check_only)
         w.in_proj_bias = p[P_IN_B].data;
     else if (p[P_IN_B].data) { /* PyTorch keeps one in_proj_bias even with separate weights */
         const size_t kv_rows = p[P_K].shape[0]; /* TORCH layout: (outputs, kdim) */
-        w.q_bias = p[P_IN_B].data, w.k_bias = p[P_IN_B].data + e;
-        w.v_bias = p[P_IN_B].data + e + kv_rows;
+        w.q_bias = p[P_IN_B].data, w.k_bias = p[P_IN_B].data + embed_dim;
+        w.v_bias = p[P_IN_B].data + embed_dim + kv_rows;
     }
-    /* ALiBi: the paper's slopes, or the file's (H). */
-    if (o->alibi) {
+    return w;
+}
+
+/* ALiBi: the paper's slopes, or the file's (H). */
+static int load_slopes(const run_options *o, run_data *d)
+{
+    int rc;
+    if (o->score.alibi) {
         d->slopes.data = malloc(o->heads * sizeof(float));
         if (!d->slopes.data)
             return cli_fail("run", CLI_FAILED, "out of memory for the ALiBi slopes");
         if (clattn_alibi_slopes(o->heads, 8.0f, d->slopes.data) != CLATTN_SUCCESS)
             return cli_fail("run", CLI_FAILED, "clattn_alibi_slopes failed for %zu heads",
                             o->heads);
-    } else if (o->alibi_slopes) {
-        if ((rc = load_npy(o->alibi_slopes, &d->slopes)))
-            return rc;
-        if (d->slopes.ndim != 1 || d->slopes.shape[0] != o->heads)
-            return cli_fail("run", CLI_BAD_INPUT,
-                            "%s: the ALiBi slopes must be (%zu) floats, one per head",
-                            o->alibi_slopes, o->heads);
-        for (size_t h = 0; h < o->heads; ++h)
-            if (!isfinite(d->slopes.data[h]))
-                return cli_fail("run", CLI_BAD_INPUT, "%s: slope %zu is not finite",
-                                o->alibi_slopes, h);
-    }
-    const clattn_host_masks masks = {.attn_mask = d->mask_additive,
-                                     .key_padding_mask = d->padding_bytes,
-                                     .alibi_slopes = d->slopes.data};
-    /* A learned positional table: as wide as every input, as long as the longest. */
-    if (o->posenc_table) {
-        if ((rc = load_npy(o->posenc_table, &d->pos_table)))
-            return rc;
-        const size_t rows = d->pos_table.ndim == 2 ? d->pos_table.shape[0] : 0;
-        const size_t cols = d->pos_table.ndim == 2 ? d->pos_table.shape[1] : 0;
-        const size_t longest = seq_q > seq_k ? seq_q : seq_k;
-        if (d->pos_table.ndim != 2 || rows < longest || cols != embed || (o->key && cols != kdim) ||
-            (o->value && cols != vdim))
-            return cli_fail("run", CLI_BAD_INPUT,
-                            "%s: the positional table must be (max_len >= %zu, %zu) floats, "
-                            "as wide as every input",
-                            o->posenc_table, longest, embed);
-    }
-
-    if (check_only)
         return CLI_OK;
-    clattn_ctx *ctx = cli_context("run", o->device);
+    }
+    if (!o->score.alibi_slopes)
+        return CLI_OK;
+    if ((rc = load_npy(o->score.alibi_slopes, &d->slopes)))
+        return rc;
+    if (d->slopes.ndim != 1 || d->slopes.shape[0] != o->heads)
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "%s: the ALiBi slopes must be (%zu) floats, one per head",
+                        o->score.alibi_slopes, o->heads);
+    for (size_t h = 0; h < o->heads; ++h)
+        if (!isfinite(d->slopes.data[h]))
+            return cli_fail("run", CLI_BAD_INPUT, "%s: slope %zu is not finite",
+                            o->score.alibi_slopes, h);
+    return CLI_OK;
+}
+
+/* A learned positional table: as wide as every input, as long as the longest. */
+static int load_pos_table(const run_options *o, run_data *d, const run_sizes *z)
+{
+    int rc;
+    if ((rc = load_npy(o->posenc_table, &d->pos_table)))
+        return rc;
+    const size_t rows = d->pos_table.ndim == 2 ? d->pos_table.shape[0] : 0;
+    const size_t cols = d->pos_table.ndim == 2 ? d->pos_table.shape[1] : 0;
+    const size_t longest = z->seq_q > z->seq_k ? z->seq_q : z->seq_k;
+    if (d->pos_table.ndim != 2 || rows < longest || cols != z->embed ||
+        (o->key && cols != z->kdim) || (o->value && cols != z->vdim))
+        return cli_fail("run", CLI_BAD_INPUT,
+                        "%s: the positional table must be (max_len >= %zu, %zu) floats, "
+                        "as wide as every input",
+                        o->posenc_table, longest, z->embed);
+    return CLI_OK;
+}
+
+/* On the device: the positional encoding added to the inputs, then the attention. */
+static int run_device(const run_options *o, run_data *d, const clattn_mha_host_desc *desc)
+{
+    int rc = CLI_OK;
+    clattn_ctx *ctx = cli_context("run", o->exec.device);
     if (ctx == NULL)
         return cli_context_exit();
     if (o->posenc || o->posenc_table) {
@@ -869,55 +873,77 @@ static int run(const run_options *o, run_data *d, bool check_only)
             return rc;
         }
     }
+    const clattn_mha_host_weights w = host_weights(d, desc->embed_dim);
+    const clattn_host_masks masks = {.attn_mask = d->mask_additive,
+                                     .key_padding_mask = d->padding_bytes,
+                                     .alibi_slopes = d->slopes.data};
     clattn_status status =
-        clattn_mha_forward_host(ctx, &desc, &w, d->query.data, o->key ? d->key.data : NULL,
+        clattn_mha_forward_host(ctx, desc, &w, d->query.data, o->key ? d->key.data : NULL,
                                 o->value ? d->value.data : NULL, &masks, d->out, d->weights);
-    if (status != CLATTN_SUCCESS) {
-        const bool input_error = status == CLATTN_ERR_INVALID_ARGUMENT ||
-                                 status == CLATTN_ERR_INVALID_SHAPE ||
-                                 status == CLATTN_ERR_OVERFLOW || status == CLATTN_ERR_TOO_LARGE;
-        rc = cli_fail("run", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s: %s",
-                      clattn_status_string(status), clattn_last_error(ctx));
-        cli_release_context(ctx);
-        return rc;
-    }
+    rc = cli_call_failure("run", ctx, status, true, CL_SUCCESS);
     cli_release_context(ctx);
+    return rc;
+}
 
-    const size_t out_shape[3] = {batch, seq_q, out_features};
+/* The output (written, or printed), the weights and their heatmap. */
+static int write_results(const run_options *o, const run_data *d, const run_sizes *z,
+                         const clattn_mha_host_desc *desc)
+{
+    int rc;
+    const bool batched = z->batched;
+    const size_t out_shape[3] = {z->batch, z->seq_q, z->out_features};
     if (o->out) {
         if ((rc = write_typed(o->out, d->out, batched ? 3 : 2,
                               batched ? out_shape : out_shape + 1, d->query.source)))
             return rc;
     } else {
-        print_output(d->out, batched, batch, seq_q, out_features);
+        print_output(d->out, batched, z->batch, z->seq_q, z->out_features);
     }
     if (o->attn_out) {
-        const size_t shape[4] = {batch, o->heads, seq_q, seq_k};
+        const size_t shape[4] = {z->batch, o->heads, z->seq_q, z->seq_k};
         if ((rc = write_npy(o->attn_out, d->weights, batched ? 4 : 3, batched ? shape : shape + 1)))
             return rc;
     }
-    if (o->attn_png) {
-        const cli_png_masks masks_png = {.heads = o->heads,
-                                         .rows = seq_q,
-                                         .cols = seq_k,
-                                         .causal = o->causal,
-                                         .window = o->window.on,
-                                         .window_left = o->window.left,
-                                         .window_right = o->window.right,
-                                         .padding = d->padding_bytes,
-                                         .additive = d->mask_additive,
-                                         .per_head_mask = desc.attn_mask_per_head != 0};
-        if ((rc = cli_write_attention_png("run", o->attn_png, d->weights, &masks_png,
-                                          o->png_scale)))
-            return rc;
-    }
-    return CLI_OK;
+    if (!o->heatmap.png)
+        return CLI_OK;
+    const cli_png_masks masks_png = {.heads = o->heads,
+                                     .rows = z->seq_q,
+                                     .cols = z->seq_k,
+                                     .causal = o->score.causal,
+                                     .window = o->score.window.on,
+                                     .window_left = o->score.window.left,
+                                     .window_right = o->score.window.right,
+                                     .padding = d->padding_bytes,
+                                     .additive = d->mask_additive,
+                                     .per_head_mask = desc->attn_mask_per_head != 0};
+    return cli_write_attention_png("run", o->heatmap.png, d->weights, &masks_png, o->heatmap.scale);
+}
+
+static int run(const run_options *o, run_data *d, bool check_only)
+{
+    int rc;
+    run_sizes sizes = {0};
+    clattn_mha_host_desc desc;
+    if ((rc = load_sequences(o, d, &sizes)))
+        return rc;
+    describe(o, &sizes, &desc);
+    if ((rc = o->weights ? load_torch_weights(o, d, &desc)
+                         : load_textbook_weights(o, d, &desc, sizes.embed)) ||
+        (rc = check_features(o, &sizes, &desc)) || (rc = load_masks(o, d, &desc, sizes.batched)) ||
+        (rc = allocate_outputs(o, d, &sizes, &desc)) || (rc = load_slopes(o, d)) ||
+        (o->posenc_table && (rc = load_pos_table(o, d, &sizes))))
+        return rc;
+    if (check_only)
+        return CLI_OK;
+    if ((rc = run_device(o, d, &desc)))
+        return rc;
+    return write_results(o, d, &sizes, &desc);
 }
 
 static int run_command(int argc, char **argv, bool check_only)
 {
-    run_options options = {.norm = CLATTN_NORM_SOFTMAX, .scale = NAN, /* NAN: the default */
-                           .mask_true_masked = true};
+    run_options options = {.score = {.norm = CLATTN_NORM_SOFTMAX, .scale = NAN}, /* the default */
+                           .masks = {.true_masked = true}};
     int rc = parse_options(argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;

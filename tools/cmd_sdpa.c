@@ -161,32 +161,26 @@ typedef struct sdpa_aux {
 } sdpa_aux;
 
 typedef struct sdpa_options {
-    const char *device, *q, *k, *v, *mask, *out;
-    const char *past_k, *past_v, *present_k, *present_v, *nonpad, *qk_out, *alibi_slopes;
+    const char *q, *k, *v, *mask, *out;
+    const char *past_k, *past_v, *present_k, *present_v, *nonpad, *qk_out;
     const char *sinks; /* --sinks S.npy */
     const char *k_pages, *v_pages, *block_table, *seqlens_k; /* a paged cache */
     bool paged;
     const char *cu_q, *cu_k; /* packed variable-length batches */
     bool varlen;
     bool check_only; /* cmd_sdpa_check: stop before the ring and any device work */
-    bool alibi;    /* --alibi: the paper's slopes */
     cli_rope rope; /* --rope and its options */
     int qk_mode;   /* --qk-output-mode, 0 .. 3 */
     bool qk_mode_given;
     bool softmax_f64;         /* --softmax-precision 11 */
     size_t q_heads, kv_heads; /* 0: not given */
-    bool causal, align_given;
-    cli_window window;                      /* --window LEFT,RIGHT */
-    bool mask_true_masked, mask_true_given; /* --mask-true (default attend, as ONNX) */
-    clattn_causal align;                    /* TOP_LEFT, BOTTOM_RIGHT or ONNX */
-    float scale, softcap; /* scale NAN: the default */
-    clattn_norm norm;
-    clattn_path path;
+    cli_score score; /* --causal, --causal-align, --window, --softcap, --scale, --norm... */
+    cli_masks masks; /* --mask-true (default attend, as ONNX) */
+    cli_exec exec;   /* --device */
     bool ring, ring_timing, ring_option; /* --ring, --ring-timing, either ring option */
     int ring_zigzag;                     /* --ring-layout zigzag */
     bool ring_layout_given;
-    const char *attn_png;           /* --attn-png: the weights of batch 0 as a heatmap */
-    clattn_heatmap_scale png_scale; /* --png-scale */
+    cli_heatmap heatmap;   /* --attn-png: the weights of batch 0 as a heatmap, --png-scale */
     clattn_dtype kv_dtype; /* --kv-dtype: F32 (as given), Q8_0 or Q4_0 */
     bool backward;         /* --backward: the gradients from --grad-out */
     const char *grad_out, *grad_q, *grad_k, *grad_v, *grad_mask, *grad_sinks;
@@ -258,35 +252,15 @@ typedef struct sdpa_data {
 
 static void sdpa_free(sdpa_data *d)
 {
-    for (int i = 0; i < M_COUNT; ++i)
-        if (d->mem[i])
-            clReleaseMemObject(d->mem[i]);
-    clattn_array_free(&d->q);
-    clattn_array_free(&d->k);
-    clattn_array_free(&d->v);
-    clattn_array_free(&d->mask);
-    clattn_array_free(&d->past_k);
-    clattn_array_free(&d->past_v);
-    clattn_array_free(&d->nonpad);
-    clattn_array_free(&d->slopes);
-    clattn_array_free(&d->sinks);
-    clattn_array_free(&d->table);
-    clattn_array_free(&d->cu_file[0]);
-    clattn_array_free(&d->cu_file[1]);
-    free(d->cu[0]);
-    free(d->cu[1]);
-    free(d->block_table);
-    free(d->counts);
-    free(d->present_k);
-    free(d->present_v);
-    free(d->scores);
-    free(d->mask_f32);
-    free(d->mask_keep);
-    free(d->out);
-    clattn_array_free(&d->grad_out);
-    for (int i = 0; i < 5; ++i)
-        free(d->grad[i]);
-    free(d->flex_source);
+    cli_release_buffers(d->mem, M_COUNT);
+    clattn_array *const arrays[] = {
+        &d->q,      &d->k,     &d->v,     &d->mask,       &d->past_k,     &d->past_v,  &d->nonpad,
+        &d->slopes, &d->sinks, &d->table, &d->cu_file[0], &d->cu_file[1], &d->grad_out};
+    void *const blocks[] = {d->cu[0],     d->cu[1],     d->block_table, d->counts,
+                            d->present_k, d->present_v, d->scores,      d->mask_f32,
+                            d->mask_keep, d->out,       d->flex_source, d->grad[0],
+                            d->grad[1],   d->grad[2],   d->grad[3],     d->grad[4]};
+    cli_free_all(arrays, CLI_COUNT(arrays), blocks, CLI_COUNT(blocks));
     for (int i = 0; i < CLATTN_FLEX_AUX_MAX; ++i) {
         if (d->aux[i] != d->aux_file[i].data)
             free(d->aux[i]);
@@ -298,15 +272,15 @@ static void sdpa_free(sdpa_data *d)
  * such option given, or NULL. */
 static const char *fused_only_conflict(const sdpa_options *o)
 {
-    return o->past_k                        ? "--past-key"
-           : o->present_k                   ? "--present-key-out"
-           : o->rope.on                     ? "--rope"
-           : o->qk_out                      ? "--qk-out"
-           : o->attn_png                    ? "--attn-png"
-           : o->softmax_f64                 ? "--softmax-precision 11"
-           : o->ring                        ? "--ring"
-           : o->path == CLATTN_PATH_UNFUSED ? "--path unfused"
-                                            : NULL;
+    return o->past_k                              ? "--past-key"
+           : o->present_k                         ? "--present-key-out"
+           : o->rope.on                           ? "--rope"
+           : o->qk_out                            ? "--qk-out"
+           : o->heatmap.png                       ? "--attn-png"
+           : o->softmax_f64                       ? "--softmax-precision 11"
+           : o->ring                              ? "--ring"
+           : o->score.path == CLATTN_PATH_UNFUSED ? "--path unfused"
+                                                  : NULL;
 }
 
 static int parse_softmax_precision(const cli_args *args, const char *value, void *target)
@@ -411,30 +385,17 @@ static const cli_option sdpa_table[] = {
              "packed sequences' key offsets (B + 1)")},
     {CLI_OPT("--attn-mask", CLI_PATH, AT(mask), "M.npy",
              "bool (True = attend) or float (added), broadcast to (B, Hq, Lq, Lk)")},
-    CLI_USE_GIVEN("--mask-true", sdpa_options, mask_true_masked, mask_true_given),
+    CLI_USE(cli_masks_group, sdpa_options, masks, CLI_MASKS_TRUE),
     {CLI_OPT("--past-key", CLI_PATH, AT(past_k), "PK.npy",
              "a KV cache's past keys (B, Hkv, P, d)")},
     {CLI_OPT("--past-value", CLI_PATH, AT(past_v), "PV.npy", "a KV cache's past values")},
     {CLI_OPT("--nonpad-kv-seqlen", CLI_PATH, AT(nonpad), "N.npy",
              "batch b has keys 0 .. N[b] - 1")},
-    CLI_USE("--causal", sdpa_options, causal),
-    {CLI_OPT("--causal-align", CLI_CHOICE, AT(align), NULL,
-             "where the causal diagonal and window sit"),
-     .choices = cli_causal_align_choices, .given = GIVEN(align_given)},
-    CLI_USE("--window", sdpa_options, window),
-    CLI_USE("--softcap", sdpa_options, softcap),
-    {CLI_OPT("--scale", CLI_FLOAT, AT(scale), "S", "the scores' scale (default 1/sqrt(d))")},
-    CLI_USE("--norm", sdpa_options, norm),
-    CLI_USE("--alibi", sdpa_options, alibi),
-    CLI_USE("--alibi-slopes", sdpa_options, alibi_slopes),
+    CLI_USE(cli_score_group, sdpa_options, score, 0),
     {CLI_OPT("--sinks", CLI_PATH, AT(sinks), "S.npy", "attention sinks, one logit per query head")},
     {CLI_OPT("--kv-dtype", CLI_CHOICE, AT(kv_dtype), NULL, "quantize K and V on the device"),
      .choices = kv_dtype_choices},
-    CLI_USE("--rope", sdpa_options, rope),
-    CLI_USE("--rope-style", sdpa_options, rope),
-    CLI_USE("--rope-dims", sdpa_options, rope),
-    CLI_USE("--rope-base", sdpa_options, rope),
-    CLI_USE("--rope-start", sdpa_options, rope),
+    CLI_USE(cli_rope_group, sdpa_options, rope, 0),
     {CLI_OPT("--present-key-out", CLI_PATH, AT(present_k), "PK.npy", "write past + new keys")},
     {CLI_OPT("--present-value-out", CLI_PATH, AT(present_v), "PV.npy", "write past + new values")},
     {CLI_OPT("--qk-output-mode", CLI_CHOICE, AT(qk_mode), NULL,
@@ -444,14 +405,9 @@ static const cli_option sdpa_table[] = {
     {CLI_OPT("--softmax-precision", CLI_CUSTOM, AT(softmax_f64), "1|11",
              "ONNX's type code: float (1, default) or double (11)"),
      .handle = parse_softmax_precision},
-    CLI_USE("--path", sdpa_options, path),
+    CLI_USE(cli_exec_group, sdpa_options, exec, 0),
     {CLI_OPT("--out", CLI_PATH, AT(out), "Y.npy", "write Y (else it is printed when small)")},
-    {.name = "--attn-png",
-     .kind = CLI_SHARED,
-     .target = AT(attn_png),
-     .help = "the weights of batch 0 as a heatmap, one panel per head (unfused)"},
-    CLI_USE("--png-scale", sdpa_options, png_scale),
-    CLI_USE("--device", sdpa_options, device),
+    CLI_USE(cli_heatmap_group, sdpa_options, heatmap, 0),
     {CLI_OPT("--ring", CLI_FLAG, AT(ring), NULL, "ring attention over MPI ranks (mpirun)")},
     {CLI_OPT("--ring-layout", CLI_CHOICE, AT(ring_zigzag), NULL,
              "with --ring: the rows of each rank"),
@@ -492,26 +448,26 @@ static const cli_command sdpa_command_spec = CLI_COMMAND("sdpa", sdpa_table, sdp
 /* What --ring (cli_ring.c) takes: CLI_OK, or CLI_BAD_INPUT after the line. */
 static int check_ring_options(const sdpa_options *o)
 {
-    const char *other = o->mask                          ? "--attn-mask"
-                        : o->past_k                      ? "--past-key"
-                        : o->present_k                   ? "--present-key-out"
-                        : o->qk_out                      ? "--qk-out"
-                        : o->attn_png                    ? "--attn-png"
-                        : o->alibi                       ? "--alibi"
-                        : o->alibi_slopes                ? "--alibi-slopes"
-                        : o->rope.on                     ? "--rope"
-                        : o->softmax_f64                 ? "--softmax-precision"
-                        : o->norm != CLATTN_NORM_SOFTMAX ? "--norm relu"
-                        : o->score_mod                   ? "--score-mod"
-                                                         : NULL;
+    const char *other = o->mask                                ? "--attn-mask"
+                        : o->past_k                            ? "--past-key"
+                        : o->present_k                         ? "--present-key-out"
+                        : o->qk_out                            ? "--qk-out"
+                        : o->heatmap.png                       ? "--attn-png"
+                        : o->score.alibi                       ? "--alibi"
+                        : o->score.alibi_slopes                ? "--alibi-slopes"
+                        : o->rope.on                           ? "--rope"
+                        : o->softmax_f64                       ? "--softmax-precision"
+                        : o->score.norm != CLATTN_NORM_SOFTMAX ? "--norm relu"
+                        : o->score_mod                         ? "--score-mod"
+                                                               : NULL;
     if (other)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--ring takes --causal, --window, --softcap, --scale, grouped "
                         "heads, --sinks, --nonpad-kv-seqlen and keys of another length, "
                         "not %s",
                         other);
-    if (o->nonpad && (o->causal || o->window.on) &&
-        !(o->align_given && o->align == CLATTN_CAUSAL_TOP_LEFT))
+    if (o->nonpad && (o->score.causal || o->score.window.on) &&
+        !(o->score.align_given && o->score.align == CLATTN_CAUSAL_TOP_LEFT))
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--ring with --nonpad-kv-seqlen and --causal or --window: give "
                         "--causal-align top-left (the ring's diagonal is the sequence's, "
@@ -561,7 +517,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
     }
     if (!o->q || !o->k || !o->v)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--q, --k and --v are required (see --help)");
-    if (o->align_given && !o->causal && !o->window.on)
+    if (o->score.align_given && !o->score.causal && !o->score.window.on)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--causal-align needs --causal or --window");
     if (!o->past_k != !o->past_v)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--past-key and --past-value go together");
@@ -570,19 +526,19 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
                         "--present-key-out and --present-value-out go together");
     if (o->qk_mode_given && !o->qk_out)
         return cli_fail("sdpa", CLI_BAD_INPUT, "--qk-output-mode needs --qk-out");
-    if (o->attn_png && o->qk_out && o->qk_mode != 3)
+    if (o->heatmap.png && o->qk_out && o->qk_mode != 3)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--attn-png draws the weights: with --qk-out, give --qk-output-mode 3 "
                         "(the same weights) or drop one of them");
-    if (o->attn_png && o->path == CLATTN_PATH_FUSED)
+    if (o->heatmap.png && o->score.path == CLATTN_PATH_FUSED)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--path fused never forms the attention weights: drop --attn-png or use "
                         "--path auto");
-    if (o->alibi && o->alibi_slopes)
+    if (o->score.alibi && o->score.alibi_slopes)
         return cli_fail("sdpa", CLI_BAD_INPUT, "give --alibi or --alibi-slopes, not both");
     if (!cli_check_rope("sdpa", &o->rope))
         return CLI_BAD_INPUT;
-    if (o->sinks && o->norm != CLATTN_NORM_SOFTMAX)
+    if (o->sinks && o->score.norm != CLATTN_NORM_SOFTMAX)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--sinks with --norm relu: attention sinks join a softmax's denominator");
     if (o->past_k && o->nonpad)
@@ -650,7 +606,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
         !cli_check_output("sdpa", "--present-key-out", o->present_k) ||
         !cli_check_output("sdpa", "--present-value-out", o->present_v) ||
         !cli_check_output("sdpa", "--qk-out", o->qk_out) ||
-        !cli_check_output("sdpa", "--attn-png", o->attn_png))
+        !cli_check_output("sdpa", "--attn-png", o->heatmap.png))
         return CLI_BAD_INPUT;
     return o->ring ? check_ring_options(o) : CLI_OK;
 }
@@ -750,7 +706,7 @@ static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4
     const size_t rows = m->count / width; /* fits: the file held m->count values */
     const bool keep = m->source == CLATTN_IO_BOOL;
     if (keep)
-        cli_note_mask_convention("sdpa", "--attn-mask", o->mask_true_masked, o->mask_true_given);
+        cli_note_mask_convention("sdpa", "--attn-mask", o->masks.true_masked, o->masks.true_given);
     if (rows > SIZE_MAX / seq_k / sizeof(float))
         return cli_fail("sdpa", CLI_BAD_INPUT, "%s: the padded mask is too large", o->mask);
     const size_t padded = rows * seq_k; /* at least 1: no dim is 0 */
@@ -765,7 +721,7 @@ static int prepare_mask(const sdpa_options *o, sdpa_data *d, const size_t full[4
             const float value = c < width ? m->data[r * width + c] : 0.0f;
             if (keep)
                 d->mask_keep[r * seq_k + c] = /* True = attend, or masked with --mask-true */
-                    c < width && (value != 0.0f) != o->mask_true_masked;
+                    c < width && (value != 0.0f) != o->masks.true_masked;
             else
                 d->mask_f32[r * seq_k + c] = c < width ? value : -INFINITY;
         }
@@ -1049,7 +1005,7 @@ static int write_heatmap(const sdpa_options *o, const sdpa_data *d, size_t heads
 {
     const bool main_diagonal =
         !o->past_k && !o->nonpad && !o->paged && !o->varlen &&
-        (seq_q == seq_k || (o->align_given && o->align == CLATTN_CAUSAL_TOP_LEFT));
+        (seq_q == seq_k || (o->score.align_given && o->score.align == CLATTN_CAUSAL_TOP_LEFT));
     const bool plain_mask = o->mask && d->mask.count / d->mask.shape[d->mask.ndim - 1] == seq_q;
     float *additive = NULL;
     if (plain_mask) {
@@ -1062,12 +1018,13 @@ static int write_heatmap(const sdpa_options *o, const sdpa_data *d, size_t heads
     const cli_png_masks masks = {.heads = heads,
                                  .rows = seq_q,
                                  .cols = seq_k,
-                                 .causal = o->causal && main_diagonal,
-                                 .window = o->window.on && main_diagonal,
-                                 .window_left = o->window.left,
-                                 .window_right = o->window.right,
+                                 .causal = o->score.causal && main_diagonal,
+                                 .window = o->score.window.on && main_diagonal,
+                                 .window_left = o->score.window.left,
+                                 .window_right = o->score.window.right,
                                  .additive = additive};
-    const int rc = cli_write_attention_png("sdpa", o->attn_png, d->scores, &masks, o->png_scale);
+    const int rc =
+        cli_write_attention_png("sdpa", o->heatmap.png, d->scores, &masks, o->heatmap.scale);
     free(additive);
     return rc;
 }
@@ -1248,12 +1205,31 @@ static const char *first_source_line(const char *message)
     return NULL;
 }
 
-static int run_sdpa(const sdpa_options *o, sdpa_data *d)
+/* The problem's sizes, from the inputs' views. */
+typedef struct sdpa_shape {
+    sdpa_view q, k, v, out;
+    size_t batch, heads, seq_q, dv, kv_heads, dk;
+    size_t past, seq_k; /* a KV cache's past keys; the keys attended (past + new) */
+    size_t out_count;
+    bool rank3;
+} sdpa_shape;
+
+/* What the run binds and moves: the descriptors (bound to the tensors here: never copied),
+ * the float K and V of --kv-dtype, and the buffers' sizes. */
+typedef struct sdpa_job {
+    clattn_sdpa_desc desc, back_desc;
+    clattn_tensors tensors, back_tensors;
+    clattn_tensor k_float, v_float;
+    bool scores_out; /* --qk-out, or --attn-png (the weights, --qk-output-mode 3's) */
+    int qk_mode;
+    size_t kq_bytes, vq_bytes, pk_count, pv_count, scores_count, block_mask_count, mask_count;
+    size_t grad_counts[5];
+} sdpa_job;
+
+/* Reads q, k, v and the optional arrays; q, k and v of one rank. */
+static int load_inputs(const sdpa_options *o, sdpa_data *d)
 {
     int rc;
-    /* --qk-out, or --attn-png (the weights, --qk-output-mode 3's) */
-    const bool scores_out = o->qk_out || o->attn_png;
-    const int qk_mode = o->attn_png ? 3 : o->qk_mode;
     char a[128], b[128];
     if ((rc = load(o->q, &d->q, false)) || (rc = load(o->k, &d->k, false)) ||
         (rc = load(o->v, &d->v, false)) || (o->mask && (rc = load(o->mask, &d->mask, true))) ||
@@ -1273,213 +1249,279 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
                         "q %s, k %s and v %s must all be rank 4 or all rank 3",
                         shape_text(&d->q, a, sizeof a), shape_text(&d->k, b, sizeof b),
                         d->v.ndim == 4 ? "(rank 4)" : "(rank 3)");
+    return CLI_OK;
+}
+
+/* q, k and v as (B, H, L, d) views (packed sequences, a paged cache), checked against each
+ * other; the sizes into s. */
+static int shape_views(const sdpa_options *o, sdpa_data *d, sdpa_shape *s)
+{
+    int rc;
     const size_t kv_option = o->kv_heads ? o->kv_heads : o->q_heads;
-    sdpa_view q, k, v;
+    sdpa_view *q = &s->q, *k = &s->k, *v = &s->v;
     if (o->varlen) {
-        if ((rc = varlen_views(o, d, &q, &k, &v)))
+        if ((rc = varlen_views(o, d, q, k, v)))
             return rc;
-    } else if ((rc = view_of("q", o->q, &d->q, o->q_heads, "--q-heads", &q)) ||
-               (!o->paged && ((rc = view_of("k", o->k, &d->k, kv_option, "--kv-heads", &k)) ||
-                              (rc = view_of("v", o->v, &d->v, kv_option, "--kv-heads", &v)))) ||
-               (o->paged && (rc = paged_views(o, d, &q, &k, &v)))) {
+    } else if ((rc = view_of("q", o->q, &d->q, o->q_heads, "--q-heads", q)) ||
+               (!o->paged && ((rc = view_of("k", o->k, &d->k, kv_option, "--kv-heads", k)) ||
+                              (rc = view_of("v", o->v, &d->v, kv_option, "--kv-heads", v)))) ||
+               (o->paged && (rc = paged_views(o, d, q, k, v)))) {
         return rc;
     }
-    if (k.dims[0] != q.dims[0] || v.dims[0] != q.dims[0])
-        return cli_fail("sdpa", CLI_BAD_INPUT, "batch: q has %zu, k %zu, v %zu", q.dims[0],
-                        k.dims[0], v.dims[0]);
-    if (v.dims[1] != k.dims[1] || v.dims[2] != k.dims[2])
+    if (k->dims[0] != q->dims[0] || v->dims[0] != q->dims[0])
+        return cli_fail("sdpa", CLI_BAD_INPUT, "batch: q has %zu, k %zu, v %zu", q->dims[0],
+                        k->dims[0], v->dims[0]);
+    if (v->dims[1] != k->dims[1] || v->dims[2] != k->dims[2])
         return cli_fail("sdpa", CLI_BAD_INPUT,
-                        "%s: v has %zu heads and %zu keys; k has %zu and %zu", o->v, v.dims[1],
-                        v.dims[2], k.dims[1], k.dims[2]);
-    if (k.dims[3] != q.dims[3])
+                        "%s: v has %zu heads and %zu keys; k has %zu and %zu", o->v, v->dims[1],
+                        v->dims[2], k->dims[1], k->dims[2]);
+    if (k->dims[3] != q->dims[3])
         return cli_fail("sdpa", CLI_BAD_INPUT, "%s: k's head size is %zu but q's is %zu", o->k,
-                        k.dims[3], q.dims[3]);
-    if (q.dims[1] % k.dims[1] != 0)
+                        k->dims[3], q->dims[3]);
+    if (q->dims[1] % k->dims[1] != 0)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "k/v have %zu heads, which must divide q's %zu (grouped-query "
                         "attention)",
-                        k.dims[1], q.dims[1]);
-    const size_t batch = q.dims[0], heads = q.dims[1], seq_q = q.dims[2], new_k = k.dims[2];
-    const size_t dv = v.dims[3], kv_heads = k.dims[1], dk = k.dims[3];
-    size_t past = 0;
-    if (o->past_k) {
-        const clattn_array *pk = &d->past_k, *pv = &d->past_v;
-        if (pk->ndim != 4 || pv->ndim != 4 || pk->shape[0] != batch || pk->shape[1] != kv_heads ||
-            pk->shape[3] != dk || pv->shape[0] != batch || pv->shape[1] != kv_heads ||
-            pv->shape[2] != pk->shape[2] || pv->shape[3] != dv || pk->shape[2] == 0)
-            return cli_fail(
-                "sdpa", CLI_BAD_INPUT,
-                "past key %s and value %s: expected (B, Hkv, P, d) = (%zu, %zu, P, %zu) "
-                "and (%zu, %zu, P, %zu), P >= 1",
-                shape_text(pk, a, sizeof a), shape_text(pv, b, sizeof b), batch, kv_heads, dk,
-                batch, kv_heads, dv);
-        past = pk->shape[2];
-        if (past > UINT32_MAX - new_k)
-            return cli_fail("sdpa", CLI_BAD_INPUT, "past + new keys exceed 2^32 - 1");
-    }
-    const size_t seq_k = past + new_k; /* the keys attended */
-    if (o->nonpad) {
-        if (d->nonpad.ndim != 1 || d->nonpad.shape[0] != batch)
-            return cli_fail("sdpa", CLI_BAD_INPUT,
-                            "%s: nonpad_kv_seqlen has shape %s; expected (%zu,)", o->nonpad,
-                            shape_text(&d->nonpad, a, sizeof a), batch);
-        d->counts = malloc(batch * sizeof *d->counts);
-        if (d->counts == NULL)
-            return cli_fail("sdpa", CLI_FAILED, "out of memory");
-        for (size_t i = 0; i < batch; ++i) {
-            const float n = d->nonpad.data[i];
-            if (!(n >= 0.0f && n <= (float)seq_k)) {
-                if (o->paged)
-                    return cli_fail("sdpa", CLI_BAD_INPUT,
-                                    "%s: seqlens_k[%zu] = %g is not in 0 .. %zu: the block "
-                                    "table holds %zu blocks of %zu keys",
-                                    o->nonpad, i, (double)n, seq_k, d->table.shape[1],
-                                    d->k.shape[1]);
+                        k->dims[1], q->dims[1]);
+    s->batch = q->dims[0], s->heads = q->dims[1], s->seq_q = q->dims[2];
+    s->dv = v->dims[3], s->kv_heads = k->dims[1], s->dk = k->dims[3];
+    return CLI_OK;
+}
+
+/* A KV cache's past keys and values (B, Hkv, P, d): s->past, and s->seq_k = past + new. */
+static int shape_past(const sdpa_options *o, const sdpa_data *d, sdpa_shape *s)
+{
+    char a[128], b[128];
+    const size_t new_k = s->k.dims[2], batch = s->batch, kv_heads = s->kv_heads;
+    s->seq_k = new_k;
+    if (!o->past_k)
+        return CLI_OK;
+    const clattn_array *pk = &d->past_k, *pv = &d->past_v;
+    if (pk->ndim != 4 || pv->ndim != 4 || pk->shape[0] != batch || pk->shape[1] != kv_heads ||
+        pk->shape[3] != s->dk || pv->shape[0] != batch || pv->shape[1] != kv_heads ||
+        pv->shape[2] != pk->shape[2] || pv->shape[3] != s->dv || pk->shape[2] == 0)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "past key %s and value %s: expected (B, Hkv, P, d) = (%zu, %zu, P, %zu) "
+                        "and (%zu, %zu, P, %zu), P >= 1",
+                        shape_text(pk, a, sizeof a), shape_text(pv, b, sizeof b), batch, kv_heads,
+                        s->dk, batch, kv_heads, s->dv);
+    s->past = pk->shape[2];
+    if (s->past > UINT32_MAX - new_k)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "past + new keys exceed 2^32 - 1");
+    s->seq_k = s->past + new_k;
+    return CLI_OK;
+}
+
+/* --nonpad-kv-seqlen: each batch's key count as I32 in d->counts, within the keys. */
+static int check_counts(const sdpa_options *o, sdpa_data *d, const sdpa_shape *s)
+{
+    char a[128];
+    const size_t batch = s->batch, seq_k = s->seq_k;
+    if (d->nonpad.ndim != 1 || d->nonpad.shape[0] != batch)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s: nonpad_kv_seqlen has shape %s; expected (%zu,)",
+                        o->nonpad, shape_text(&d->nonpad, a, sizeof a), batch);
+    d->counts = malloc(batch * sizeof *d->counts);
+    if (d->counts == NULL)
+        return cli_fail("sdpa", CLI_FAILED, "out of memory");
+    for (size_t i = 0; i < batch; ++i) {
+        const float n = d->nonpad.data[i];
+        if (!(n >= 0.0f && n <= (float)seq_k)) {
+            if (o->paged)
                 return cli_fail("sdpa", CLI_BAD_INPUT,
-                                "%s: nonpad_kv_seqlen[%zu] = %g is not in 0 .. %zu (the keys)",
-                                o->nonpad, i, (double)n, seq_k);
-            }
-            d->counts[i] = (int32_t)n;
+                                "%s: seqlens_k[%zu] = %g is not in 0 .. %zu: the block "
+                                "table holds %zu blocks of %zu keys",
+                                o->nonpad, i, (double)n, seq_k, d->table.shape[1], d->k.shape[1]);
+            return cli_fail("sdpa", CLI_BAD_INPUT,
+                            "%s: nonpad_kv_seqlen[%zu] = %g is not in 0 .. %zu (the keys)",
+                            o->nonpad, i, (double)n, seq_k);
         }
+        d->counts[i] = (int32_t)n;
     }
-    if (o->paged && (rc = check_block_table(o, d, batch)))
-        return rc;
-    /* ALiBi: the paper's slopes (Hq), or the file's (Hq) or (B, Hq). */
-    if (o->alibi) {
+    return CLI_OK;
+}
+
+/* ALiBi: the paper's slopes (Hq), or the file's (Hq) or (B, Hq) (per sequence when packed). */
+static int load_slopes(const sdpa_options *o, sdpa_data *d, size_t batch, size_t heads)
+{
+    int rc;
+    char a[128];
+    if (o->score.alibi) {
         d->slopes.data = malloc(heads * sizeof(float));
         if (d->slopes.data == NULL)
             return cli_fail("sdpa", CLI_FAILED, "out of memory");
         d->slopes.ndim = 1, d->slopes.shape[0] = heads, d->slopes.count = heads;
         if (clattn_alibi_slopes(heads, 8.0f, d->slopes.data) != CLATTN_SUCCESS)
             return cli_fail("sdpa", CLI_FAILED, "clattn_alibi_slopes failed for %zu heads", heads);
-    } else if (o->alibi_slopes) {
-        if ((rc = load(o->alibi_slopes, &d->slopes, false)))
-            return rc;
-        const size_t slope_rows = o->varlen ? d->sequences : batch; /* per sequence */
-        const bool per_head = d->slopes.ndim == 1 && d->slopes.shape[0] == heads;
-        const bool per_batch = d->slopes.ndim == 2 && d->slopes.shape[0] == slope_rows &&
-                               d->slopes.shape[1] == heads;
-        if (!per_head && !per_batch)
-            return cli_fail("sdpa", CLI_BAD_INPUT,
-                            "%s: the ALiBi slopes have shape %s; expected (%zu,) or (%zu, %zu)",
-                            o->alibi_slopes, shape_text(&d->slopes, a, sizeof a), heads,
-                            slope_rows, heads);
-        for (size_t i = 0; i < d->slopes.count; ++i)
-            if (!isfinite(d->slopes.data[i]))
-                return cli_fail("sdpa", CLI_BAD_INPUT, "%s: slope %zu is not finite",
-                                o->alibi_slopes, i);
+        return CLI_OK;
     }
-    /* Attention sinks: (Hq) logits, finite or -inf (no sink). */
-    if (o->sinks) {
-        if ((rc = load(o->sinks, &d->sinks, false)))
-            return rc;
-        if (d->sinks.ndim != 1 || d->sinks.shape[0] != heads)
+    if (!o->score.alibi_slopes)
+        return CLI_OK;
+    if ((rc = load(o->score.alibi_slopes, &d->slopes, false)))
+        return rc;
+    const size_t slope_rows = o->varlen ? d->sequences : batch; /* per sequence */
+    const bool per_head = d->slopes.ndim == 1 && d->slopes.shape[0] == heads;
+    const bool per_batch =
+        d->slopes.ndim == 2 && d->slopes.shape[0] == slope_rows && d->slopes.shape[1] == heads;
+    if (!per_head && !per_batch)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "%s: the ALiBi slopes have shape %s; expected (%zu,) or (%zu, %zu)",
+                        o->score.alibi_slopes, shape_text(&d->slopes, a, sizeof a), heads,
+                        slope_rows, heads);
+    for (size_t i = 0; i < d->slopes.count; ++i)
+        if (!isfinite(d->slopes.data[i]))
+            return cli_fail("sdpa", CLI_BAD_INPUT, "%s: slope %zu is not finite",
+                            o->score.alibi_slopes, i);
+    return CLI_OK;
+}
+
+/* Attention sinks: (Hq) logits, finite or -inf (no sink). */
+static int load_sinks(const sdpa_options *o, sdpa_data *d, size_t heads)
+{
+    int rc;
+    char a[128];
+    if ((rc = load(o->sinks, &d->sinks, false)))
+        return rc;
+    if (d->sinks.ndim != 1 || d->sinks.shape[0] != heads)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "%s: the sinks have shape %s; expected (%zu,): one logit per query "
+                        "head",
+                        o->sinks, shape_text(&d->sinks, a, sizeof a), heads);
+    for (size_t i = 0; i < d->sinks.count; ++i)
+        if (isnan(d->sinks.data[i]) || d->sinks.data[i] == INFINITY)
             return cli_fail("sdpa", CLI_BAD_INPUT,
-                            "%s: the sinks have shape %s; expected (%zu,): one logit per query "
-                            "head",
-                            o->sinks, shape_text(&d->sinks, a, sizeof a), heads);
-        for (size_t i = 0; i < d->sinks.count; ++i)
-            if (isnan(d->sinks.data[i]) || d->sinks.data[i] == INFINITY)
-                return cli_fail("sdpa", CLI_BAD_INPUT,
-                                "%s: sink %zu is %g; expected a finite logit or -inf (no sink)",
-                                o->sinks, i, (double)d->sinks.data[i]);
-    }
-    const bool rank3 = d->q.ndim == 3;
-    sdpa_view out = {{batch, heads, seq_q, dv}, {heads * seq_q * dv, seq_q * dv, dv, 1}};
-    if (rank3) {
-        out.strides[1] = dv, out.strides[2] = heads * dv;
+                            "%s: sink %zu is %g; expected a finite logit or -inf (no sink)",
+                            o->sinks, i, (double)d->sinks.data[i]);
+    return CLI_OK;
+}
+
+/* Y's view (q's layout) and count; with --backward, dO must have Y's shape. */
+static int shape_output(const sdpa_options *o, sdpa_data *d, sdpa_shape *s)
+{
+    int rc;
+    char a[128], b[128];
+    const size_t batch = s->batch, heads = s->heads, seq_q = s->seq_q, dv = s->dv;
+    s->rank3 = d->q.ndim == 3;
+    s->out = (sdpa_view){{batch, heads, seq_q, dv}, {heads * seq_q * dv, seq_q * dv, dv, 1}};
+    if (s->rank3) {
+        s->out.strides[1] = dv, s->out.strides[2] = heads * dv;
     }
     if (heads > SIZE_MAX / batch / seq_q / dv / sizeof(float))
         return cli_fail("sdpa", CLI_BAD_INPUT, "the output is too large");
-    const size_t out_count = batch * heads * seq_q * dv;
-    if (o->backward) { /* dO: Y's shape */
-        if ((rc = load(o->grad_out, &d->grad_out, false)))
-            return rc;
-        const size_t shape4[4] = {batch, heads, seq_q, dv}, shape3[3] = {batch, seq_q, heads * dv};
-        const size_t packed[3] = {seq_q, heads, dv};
-        const size_t *want = o->varlen ? packed : rank3 ? shape3 : shape4;
-        bool same = d->grad_out.ndim == d->q.ndim;
-        for (int i = 0; same && i < d->q.ndim; ++i)
-            same = d->grad_out.shape[i] == want[i];
-        if (!same) {
-            clattn_array y = {.ndim = d->q.ndim};
-            memcpy(y.shape, want, (size_t)d->q.ndim * sizeof *want);
-            return cli_fail("sdpa", CLI_BAD_INPUT, "%s: dO has shape %s; expected Y's, %s",
-                            o->grad_out, shape_text(&d->grad_out, a, sizeof a),
-                            shape_text(&y, b, sizeof b));
-        }
+    s->out_count = batch * heads * seq_q * dv;
+    if (!o->backward) /* dO: Y's shape */
+        return CLI_OK;
+    if ((rc = load(o->grad_out, &d->grad_out, false)))
+        return rc;
+    const size_t shape4[4] = {batch, heads, seq_q, dv}, shape3[3] = {batch, seq_q, heads * dv};
+    const size_t packed[3] = {seq_q, heads, dv};
+    const size_t *want = o->varlen ? packed : s->rank3 ? shape3 : shape4;
+    bool same = d->grad_out.ndim == d->q.ndim;
+    for (int i = 0; same && i < d->q.ndim; ++i)
+        same = d->grad_out.shape[i] == want[i];
+    if (!same) {
+        clattn_array y = {.ndim = d->q.ndim};
+        memcpy(y.shape, want, (size_t)d->q.ndim * sizeof *want);
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s: dO has shape %s; expected Y's, %s", o->grad_out,
+                        shape_text(&d->grad_out, a, sizeof a), shape_text(&y, b, sizeof b));
     }
+    return CLI_OK;
+}
 
-    if (o->ring) {
-        if (o->check_only)
-            return CLI_OK;
+/* Every file read and checked against the others: the problem's sizes into s. */
+static int read_problem(const sdpa_options *o, sdpa_data *d, sdpa_shape *s)
+{
+    int rc;
+    if ((rc = load_inputs(o, d)) || (rc = shape_views(o, d, s)) || (rc = shape_past(o, d, s)) ||
+        (o->nonpad && (rc = check_counts(o, d, s))) ||
+        (o->paged && (rc = check_block_table(o, d, s->batch))) ||
+        (rc = load_slopes(o, d, s->batch, s->heads)) ||
+        (o->sinks && (rc = load_sinks(o, d, s->heads))))
+        return rc;
+    return shape_output(o, d, s);
+}
+
+/* --ring: the whole inputs to cli_ring.c; rank 0 writes Y. */
+static int run_ring(const sdpa_options *o, sdpa_data *d, const sdpa_shape *s)
+{
 #ifdef CLATTN_CLI_MPI
-        /* 16-bit files all of one type: the ring runs in it (its blocks travel at 2 bytes) */
-        const clattn_io_dtype storage =
-            d->q.source == d->k.source && d->q.source == d->v.source &&
-                    (d->q.source == CLATTN_IO_F16 || d->q.source == CLATTN_IO_BF16)
-                ? d->q.source
-                : CLATTN_IO_F32;
-        cli_ring_job job = {.q = d->q.data,
-                            .k = d->k.data,
-                            .v = d->v.data,
-                            .counts = d->counts,
-                            .sinks = d->sinks.data,
-                            .storage = storage,
-                            .bottom_right =
-                                o->align_given && o->align == CLATTN_CAUSAL_BOTTOM_RIGHT,
-                            .causal = o->causal,
-                            .window = o->window.on,
-                            .zigzag = o->ring_zigzag,
-                            .timing = o->ring_timing,
-                            .window_left = o->window.left,
-                            .window_right = o->window.right,
-                            .scale = o->scale,
-                            .softcap = o->softcap,
-                            .device = o->device};
-        memcpy(job.q_dims, q.dims, sizeof q.dims), memcpy(job.q_strides, q.strides, sizeof q.dims);
-        memcpy(job.k_dims, k.dims, sizeof k.dims), memcpy(job.k_strides, k.strides, sizeof k.dims);
-        memcpy(job.v_dims, v.dims, sizeof v.dims), memcpy(job.v_strides, v.strides, sizeof v.dims);
-        memcpy(job.out_strides, out.strides, sizeof out.strides);
-        d->out = malloc(out_count * sizeof(float));
-        if (d->out == NULL)
-            return cli_fail("sdpa", CLI_FAILED, "out of memory for the output");
-        bool root = false;
-        if ((rc = cli_ring_sdpa(&job, d->out, &root)) != CLI_OK || !root)
-            return rc;
-        return write_out(o, d, batch, heads, seq_q, dv, rank3);
+    /* 16-bit files all of one type: the ring runs in it (its blocks travel at 2 bytes) */
+    const clattn_io_dtype storage =
+        d->q.source == d->k.source && d->q.source == d->v.source &&
+                (d->q.source == CLATTN_IO_F16 || d->q.source == CLATTN_IO_BF16)
+            ? d->q.source
+            : CLATTN_IO_F32;
+    cli_ring_job job = {.q = d->q.data,
+                        .k = d->k.data,
+                        .v = d->v.data,
+                        .counts = d->counts,
+                        .sinks = d->sinks.data,
+                        .storage = storage,
+                        .bottom_right =
+                            o->score.align_given && o->score.align == CLATTN_CAUSAL_BOTTOM_RIGHT,
+                        .causal = o->score.causal,
+                        .window = o->score.window.on,
+                        .zigzag = o->ring_zigzag,
+                        .timing = o->ring_timing,
+                        .window_left = o->score.window.left,
+                        .window_right = o->score.window.right,
+                        .scale = o->score.scale,
+                        .softcap = o->score.softcap,
+                        .device = o->exec.device};
+    memcpy(job.q_dims, s->q.dims, sizeof s->q.dims);
+    memcpy(job.q_strides, s->q.strides, sizeof s->q.dims);
+    memcpy(job.k_dims, s->k.dims, sizeof s->k.dims);
+    memcpy(job.k_strides, s->k.strides, sizeof s->k.dims);
+    memcpy(job.v_dims, s->v.dims, sizeof s->v.dims);
+    memcpy(job.v_strides, s->v.strides, sizeof s->v.dims);
+    memcpy(job.out_strides, s->out.strides, sizeof s->out.strides);
+    d->out = malloc(s->out_count * sizeof(float));
+    if (d->out == NULL)
+        return cli_fail("sdpa", CLI_FAILED, "out of memory for the output");
+    bool root = false;
+    int rc;
+    if ((rc = cli_ring_sdpa(&job, d->out, &root)) != CLI_OK || !root)
+        return rc;
+    return write_out(o, d, s->batch, s->heads, s->seq_q, s->dv, s->rank3);
 #else
-        return cli_fail("sdpa", CLI_BAD_INPUT,
-                        "--ring: this clattn was built without MPI (cmake -DCLATTN_MPI=ON)");
+    (void)o, (void)d, (void)s;
+    return cli_fail("sdpa", CLI_BAD_INPUT,
+                    "--ring: this clattn was built without MPI (cmake -DCLATTN_MPI=ON)");
 #endif
+}
+
+/* The descriptor's options: the scores' rules, rotary, dropout, the masks' alignment. */
+static void describe_options(const sdpa_options *o, clattn_sdpa_desc *desc)
+{
+    desc->scale = o->score.scale;
+    desc->softcap = o->score.softcap;
+    desc->norm = o->score.norm;
+    desc->path = o->score.path;
+    desc->softmax_f64 = o->softmax_f64;
+    desc->rope = o->rope.on;
+    desc->rope_style = o->rope.style;
+    desc->rope_dims = o->rope.dims ? o->rope.dims : CLATTN_ROPE_WHOLE_HEAD;
+    desc->rope_base = o->rope.base ? o->rope.base : CLATTN_ROPE_BASE_DEFAULT;
+    desc->rope_start = o->rope.start;
+    desc->dropout_p = o->dropout_p; /* back_desc copies desc: the backward regenerates the mask */
+    desc->dropout_seed = o->dropout_seed;
+    desc->dropout_offset = o->dropout_offset;
+    const clattn_causal align = o->score.align_given ? o->score.align : CLATTN_CAUSAL_ONNX;
+    desc->causal = o->score.causal ? align : CLATTN_CAUSAL_NONE;
+    if (o->score.window.on) {
+        desc->window_align = align;
+        desc->window_left = o->score.window.left;
+        desc->window_right = o->score.window.right;
     }
-    clattn_sdpa_desc desc;
-    clattn_sdpa_desc_init(&desc);
-    clattn_tensors desc_tensors = {0};
-    CLATTN_BIND_ROLES(desc, desc_tensors);
-    desc.scale = o->scale;
-    desc.softcap = o->softcap;
-    desc.norm = o->norm;
-    desc.path = o->path;
-    desc.softmax_f64 = o->softmax_f64;
-    desc.rope = o->rope.on;
-    desc.rope_style = o->rope.style;
-    desc.rope_dims = o->rope.dims ? o->rope.dims : CLATTN_ROPE_WHOLE_HEAD;
-    desc.rope_base = o->rope.base ? o->rope.base : CLATTN_ROPE_BASE_DEFAULT;
-    desc.rope_start = o->rope.start;
-    desc.dropout_p = o->dropout_p; /* back_desc copies desc: the backward regenerates the mask */
-    desc.dropout_seed = o->dropout_seed;
-    desc.dropout_offset = o->dropout_offset;
-    const clattn_causal align = o->align_given ? o->align : CLATTN_CAUSAL_ONNX;
-    desc.causal = o->causal ? align : CLATTN_CAUSAL_NONE;
-    if (o->window.on) {
-        desc.window_align = align;
-        desc.window_left = o->window.left;
-        desc.window_right = o->window.right;
-    }
-    clattn_tensors *t = &desc_tensors;
+}
+
+/* q, k, v and out as the views say, or packed (varlen), or a paged cache's pools; with
+ * --kv-dtype, k and v become packed blocks quantized on the device from the float views. */
+static int describe_qkv(const sdpa_options *o, const sdpa_data *d, const sdpa_shape *s,
+                        sdpa_job *job)
+{
+    clattn_tensors *t = &job->tensors;
     clattn_tensor *roles[4] = {&t->q, &t->k, &t->v, &t->out};
-    const sdpa_view *views[4] = {&q, &k, &v, &out};
+    const sdpa_view *views[4] = {&s->q, &s->k, &s->v, &s->out};
     for (int r = 0; r < 4; ++r) {
         *roles[r] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, 0, 0, 0, 0);
         for (int i = 0; i < 4; ++i) {
@@ -1487,43 +1529,52 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
             roles[r]->strides[i] = views[r]->strides[i];
         }
     }
+    const size_t heads = s->heads, kv_heads = s->kv_heads, dk = s->dk, dv = s->dv;
     if (o->varlen) { /* packed rank-3 operands, the offsets, the longest spans */
-        t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, seq_q, heads, dk, 0);
-        t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, seq_k, kv_heads, dk, 0);
-        t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, seq_k, kv_heads, dv, 0);
-        t->out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, seq_q, heads, dv, 0);
+        t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, s->seq_q, heads, dk, 0);
+        t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, s->seq_k, kv_heads, dk, 0);
+        t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, s->seq_k, kv_heads, dv, 0);
+        t->out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, s->seq_q, heads, dv, 0);
         t->cu_seqlens_q =
             clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, d->sequences + 1, 0, 0, 0);
         t->cu_seqlens_k = t->cu_seqlens_q;
-        desc.max_seqlen_q = d->max_len[0];
-        desc.max_seqlen_k = d->max_len[1];
+        job->desc.max_seqlen_q = d->max_len[0];
+        job->desc.max_seqlen_k = d->max_len[1];
     }
     if (o->paged) { /* the pools as they are, and the table */
         const size_t *kp = d->k.shape, *vp = d->v.shape;
         t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, kp[0], kp[1], kp[2], kp[3]);
         t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, vp[0], vp[1], vp[2], vp[3]);
         t->block_table =
-            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, batch, d->table.shape[1], 0, 0);
+            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, s->batch, d->table.shape[1], 0, 0);
     }
-    /* --kv-dtype: k and v become packed blocks of their dims, quantized on the device from
-     * the float views (k_float, v_float). */
-    clattn_tensor k_float = t->k, v_float = t->v;
-    size_t kq_bytes = 0, vq_bytes = 0;
-    if (o->kv_dtype != CLATTN_DTYPE_F32) {
-        const char *name = o->kv_dtype == CLATTN_DTYPE_Q8_0 ? "q8_0" : "q4_0";
-        if (dk % 32 != 0 || dv % 32 != 0)
-            return cli_fail("sdpa", CLI_BAD_INPUT,
-                            "--kv-dtype %s: the head sizes (k %zu, v %zu) must be multiples of "
-                            "32 (a block holds 32 values)",
-                            name, dk, dv);
-        const size_t block_bytes = o->kv_dtype == CLATTN_DTYPE_Q8_0 ? 34 : 18;
-        const size_t *kd = t->k.dims, *vd = t->v.dims;
-        const int rank = t->k.rank; /* 4, or 3 for packed sequences */
-        t->k = clattn_tensor_make(NULL, 0, o->kv_dtype, rank, kd[0], kd[1], kd[2], kd[3]);
-        t->v = clattn_tensor_make(NULL, 0, o->kv_dtype, rank, vd[0], vd[1], vd[2], vd[3]);
-        kq_bytes = tensor_count(&t->k) / 32 * block_bytes; /* <= the floats' bytes */
-        vq_bytes = tensor_count(&t->v) / 32 * block_bytes;
-    }
+    job->k_float = t->k, job->v_float = t->v;
+    if (o->kv_dtype == CLATTN_DTYPE_F32)
+        return CLI_OK;
+    const char *name = o->kv_dtype == CLATTN_DTYPE_Q8_0 ? "q8_0" : "q4_0";
+    if (dk % 32 != 0 || dv % 32 != 0)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--kv-dtype %s: the head sizes (k %zu, v %zu) must be multiples of "
+                        "32 (a block holds 32 values)",
+                        name, dk, dv);
+    const size_t block_bytes = o->kv_dtype == CLATTN_DTYPE_Q8_0 ? 34 : 18;
+    const size_t *kd = t->k.dims, *vd = t->v.dims;
+    const int rank = t->k.rank; /* 4, or 3 for packed sequences */
+    t->k = clattn_tensor_make(NULL, 0, o->kv_dtype, rank, kd[0], kd[1], kd[2], kd[3]);
+    t->v = clattn_tensor_make(NULL, 0, o->kv_dtype, rank, vd[0], vd[1], vd[2], vd[3]);
+    job->kq_bytes = tensor_count(&t->k) / 32 * block_bytes; /* <= the floats' bytes */
+    job->vq_bytes = tensor_count(&t->v) / 32 * block_bytes;
+    return CLI_OK;
+}
+
+/* The mask, a KV cache, the counts, the slopes, the sinks and --qk-out's scores (host room
+ * for the outputs included). */
+static int describe_extras(const sdpa_options *o, sdpa_data *d, const sdpa_shape *s, sdpa_job *job)
+{
+    int rc;
+    clattn_tensors *t = &job->tensors;
+    const size_t batch = s->batch, heads = s->heads, seq_q = s->seq_q, seq_k = s->seq_k;
+    const size_t kv_heads = s->kv_heads, dk = s->dk, dv = s->dv;
     if (o->mask) {
         const size_t full[4] = {batch, heads, seq_q, seq_k};
         if ((rc = prepare_mask(o, d, full, &t->attn_mask)))
@@ -1533,16 +1584,16 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
                             "--grad-mask-out: %s is a bool mask; only a float mask has a gradient",
                             o->mask);
     }
-    const size_t pk_count = batch * kv_heads * seq_k * dk, pv_count = batch * kv_heads * seq_k * dv;
+    job->pk_count = batch * kv_heads * seq_k * dk, job->pv_count = batch * kv_heads * seq_k * dv;
     if (o->past_k) {
-        t->past_k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, past, dk);
-        t->past_v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, past, dv);
+        t->past_k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, s->past, dk);
+        t->past_v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, s->past, dv);
     }
     if (o->past_k || o->present_k) {
         t->present_k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, seq_k, dk);
         t->present_v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, kv_heads, seq_k, dv);
-        d->present_k = malloc(pk_count * sizeof(float));
-        d->present_v = malloc(pv_count * sizeof(float));
+        d->present_k = malloc(job->pk_count * sizeof(float));
+        d->present_v = malloc(job->pv_count * sizeof(float));
         if (d->present_k == NULL || d->present_v == NULL)
             return cli_fail("sdpa", CLI_FAILED, "out of memory for the present key and value");
     }
@@ -1555,263 +1606,335 @@ static int run_sdpa(const sdpa_options *o, sdpa_data *d)
                 : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, d->slopes.shape[0], heads, 0, 0);
     if (d->sinks.data)
         t->sinks = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, heads, 0, 0, 0);
-    size_t scores_count = 0;
-    if (scores_out) {
+    if (job->scores_out) {
         if (seq_k > SIZE_MAX / batch / heads / seq_q / sizeof(float))
             return cli_fail("sdpa", CLI_BAD_INPUT, "the scores are too large");
-        scores_count = batch * heads * seq_q * seq_k;
-        clattn_tensor *target = qk_mode == 3 ? &t->weights : &t->scores;
+        job->scores_count = batch * heads * seq_q * seq_k;
+        clattn_tensor *target = job->qk_mode == 3 ? &t->weights : &t->scores;
         *target = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, batch, heads, seq_q, seq_k);
-        desc.scores_mode = qk_mode == 3 ? CLATTN_SCORES_SCALED : (clattn_scores)qk_mode;
-        d->scores = malloc(scores_count * sizeof(float));
+        job->desc.scores_mode =
+            job->qk_mode == 3 ? CLATTN_SCORES_SCALED : (clattn_scores)job->qk_mode;
+        d->scores = malloc(job->scores_count * sizeof(float));
         if (d->scores == NULL)
             return cli_fail("sdpa", CLI_FAILED, "out of memory for the scores");
     }
-    d->out = malloc(out_count * sizeof(float));
+    d->out = malloc(s->out_count * sizeof(float));
     if (d->out == NULL)
         return cli_fail("sdpa", CLI_FAILED, "out of memory for the output");
-    /* --score-mod: the source, its auxiliary arrays (flat, as the functions index them) and
-     * the block mask's layout (U8 (B, Hq, ceil(Lq / BQ), ceil(Lk / BK)), made on the device) */
-    size_t block_mask_count = 0;
-    if (o->score_mod) {
-        desc.flex.source = d->flex_source;
-        desc.flex.functions = d->flex_functions;
-        for (size_t i = 0; i < o->aux.count; ++i) {
-            desc.flex.aux_names[i] = o->aux.names[i];
-            t->by_role[CLATTN_ROLE_FLEX_AUX0 + i] =
-                clattn_tensor_make(NULL, 0, d->aux_dtype[i], 1, d->aux_file[i].count, 0, 0, 0);
-        }
-        if (o->block_sizes[0]) {
-            const size_t bq = o->block_sizes[0], bk = o->block_sizes[1];
-            const size_t q_blocks = (seq_q - 1) / bq + 1, k_blocks = (seq_k - 1) / bk + 1;
-            if (k_blocks > SIZE_MAX / batch / heads / q_blocks)
-                return cli_fail("sdpa", CLI_BAD_INPUT, "--block-mask: the block mask is too large");
-            desc.flex.block_q = bq;
-            desc.flex.block_k = bk;
-            t->block_mask =
-                clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 4, batch, heads, q_blocks, k_blocks);
-            block_mask_count = batch * heads * q_blocks * k_blocks;
-        }
-    }
-    const size_t mask_count = o->mask ? d->mask.count / d->mask.shape[d->mask.ndim - 1] * seq_k : 0;
-    /* --backward: the forward keeps lse; the backward's descriptor adds dO and the gradients,
-     * float32 in their inputs' layouts. */
-    clattn_tensors back_tensors = {0};
-    clattn_sdpa_desc back_desc = desc;
-    size_t grad_counts[5] = {0};
-    if (o->backward) {
-        /* lse from the fused forward; unfused (--path unfused, --softmax-precision 11) both
-         * passes run without it (the backward's reference path recomputes the weights whole) */
-        if (desc.path != CLATTN_PATH_UNFUSED && !desc.softmax_f64)
-            t->lse = o->varlen /* packed sequences: (Hq, total_q) */
-                         ? clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, heads, seq_q, 0, 0)
-                         : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, batch, heads, seq_q,
-                                              0);
-        back_tensors = desc_tensors;
-        CLATTN_BIND_ROLES(back_desc, back_tensors);
-        back_tensors.grad_out = t->out;
-        back_tensors.grad_q = t->q;
-        back_tensors.grad_k = k_float, back_tensors.grad_k.dtype = CLATTN_DTYPE_F32;
-        back_tensors.grad_v = v_float, back_tensors.grad_v.dtype = CLATTN_DTYPE_F32;
-        if (o->grad_mask)
-            back_tensors.grad_attn_mask = t->attn_mask;
-        if (o->grad_sinks)
-            back_tensors.grad_sinks = t->sinks;
-        grad_counts[0] = tensor_count(&back_tensors.grad_q);
-        grad_counts[1] = tensor_count(&back_tensors.grad_k);
-        grad_counts[2] = tensor_count(&back_tensors.grad_v);
-        grad_counts[3] = o->grad_mask ? mask_count : 0;
-        grad_counts[4] = o->grad_sinks ? heads : 0;
-        for (int i = 0; i < 5; ++i)
-            if (grad_counts[i] && (d->grad[i] = malloc(grad_counts[i] * sizeof(float))) == NULL)
-                return cli_fail("sdpa", CLI_FAILED, "out of memory for the gradients");
-    }
+    job->mask_count = o->mask ? d->mask.count / d->mask.shape[d->mask.ndim - 1] * seq_k : 0;
+    return CLI_OK;
+}
 
-    if (o->check_only)
+/* --score-mod: the source, its auxiliary arrays (flat, as the functions index them) and the
+ * block mask's layout (U8 (B, Hq, ceil(Lq / BQ), ceil(Lk / BK)), made on the device). */
+static int describe_flex(const sdpa_options *o, const sdpa_data *d, const sdpa_shape *s,
+                         sdpa_job *job)
+{
+    clattn_sdpa_desc *desc = &job->desc;
+    clattn_tensors *t = &job->tensors;
+    desc->flex.source = d->flex_source;
+    desc->flex.functions = d->flex_functions;
+    for (size_t i = 0; i < o->aux.count; ++i) {
+        desc->flex.aux_names[i] = o->aux.names[i];
+        t->by_role[CLATTN_ROLE_FLEX_AUX0 + i] =
+            clattn_tensor_make(NULL, 0, d->aux_dtype[i], 1, d->aux_file[i].count, 0, 0, 0);
+    }
+    if (!o->block_sizes[0])
         return CLI_OK;
-    clattn_ctx *ctx = cli_context("sdpa", o->device);
+    const size_t bq = o->block_sizes[0], bk = o->block_sizes[1];
+    const size_t q_blocks = (s->seq_q - 1) / bq + 1, k_blocks = (s->seq_k - 1) / bk + 1;
+    if (k_blocks > SIZE_MAX / s->batch / s->heads / q_blocks)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "--block-mask: the block mask is too large");
+    desc->flex.block_q = bq;
+    desc->flex.block_k = bk;
+    t->block_mask =
+        clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 4, s->batch, s->heads, q_blocks, k_blocks);
+    job->block_mask_count = s->batch * s->heads * q_blocks * k_blocks;
+    return CLI_OK;
+}
+
+/* --backward: the forward keeps lse; the backward's descriptor adds dO and the gradients,
+ * float32 in their inputs' layouts (host room for them included). */
+static int describe_backward(const sdpa_options *o, sdpa_data *d, const sdpa_shape *s,
+                             sdpa_job *job)
+{
+    clattn_tensors *t = &job->tensors, *back = &job->back_tensors;
+    /* lse from the fused forward; unfused (--path unfused, --softmax-precision 11) both
+     * passes run without it (the backward's reference path recomputes the weights whole) */
+    if (job->desc.path != CLATTN_PATH_UNFUSED && !job->desc.softmax_f64)
+        t->lse =
+            o->varlen /* packed sequences: (Hq, total_q) */
+                ? clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, s->heads, s->seq_q, 0, 0)
+                : clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, s->batch, s->heads, s->seq_q, 0);
+    *back = *t;
+    CLATTN_BIND_ROLES(job->back_desc, *back);
+    back->grad_out = t->out;
+    back->grad_q = t->q;
+    back->grad_k = job->k_float, back->grad_k.dtype = CLATTN_DTYPE_F32;
+    back->grad_v = job->v_float, back->grad_v.dtype = CLATTN_DTYPE_F32;
+    if (o->grad_mask)
+        back->grad_attn_mask = t->attn_mask;
+    if (o->grad_sinks)
+        back->grad_sinks = t->sinks;
+    size_t *counts = job->grad_counts;
+    counts[0] = tensor_count(&back->grad_q);
+    counts[1] = tensor_count(&back->grad_k);
+    counts[2] = tensor_count(&back->grad_v);
+    counts[3] = o->grad_mask ? job->mask_count : 0;
+    counts[4] = o->grad_sinks ? s->heads : 0;
+    for (int i = 0; i < 5; ++i)
+        if (counts[i] && (d->grad[i] = malloc(counts[i] * sizeof(float))) == NULL)
+            return cli_fail("sdpa", CLI_FAILED, "out of memory for the gradients");
+    return CLI_OK;
+}
+
+/* The descriptors and the tensors' layouts for the run. */
+static int describe(const sdpa_options *o, sdpa_data *d, const sdpa_shape *s, sdpa_job *job)
+{
+    int rc;
+    job->scores_out = o->qk_out || o->heatmap.png;
+    job->qk_mode = o->heatmap.png ? 3 : o->qk_mode;
+    clattn_sdpa_desc_init(&job->desc);
+    CLATTN_BIND_ROLES(job->desc, job->tensors);
+    describe_options(o, &job->desc);
+    if ((rc = describe_qkv(o, d, s, job)) || (rc = describe_extras(o, d, s, job)) ||
+        (o->score_mod && (rc = describe_flex(o, d, s, job))))
+        return rc;
+    job->back_desc = job->desc; /* the backward's own tensors bound in describe_backward */
+    return o->backward ? describe_backward(o, d, s, job) : CLI_OK;
+}
+
+/* The device buffers: the inputs uploaded, room for the outputs; the first error in *err. */
+static void upload_all(clattn_ctx *ctx, const sdpa_options *o, sdpa_data *d, const sdpa_shape *s,
+                       const sdpa_job *job, cl_int *err)
+{
+    const size_t f = sizeof(float);
+    struct {
+        bool on;
+        int slot;
+        const void *data;
+        size_t bytes;
+        cl_mem_flags flags;
+    } const buffers[] = {
+        {true, M_Q, d->q.data, d->q.count * f, CL_MEM_READ_ONLY},
+        {true, M_K, d->k.data, d->k.count * f, CL_MEM_READ_ONLY},
+        {true, M_V, d->v.data, d->v.count * f, CL_MEM_READ_ONLY},
+        {o->mask && d->mask_keep, M_MASK, d->mask_keep, job->mask_count, CL_MEM_READ_ONLY},
+        {o->mask && !d->mask_keep, M_MASK, d->mask_f32, job->mask_count * f, CL_MEM_READ_ONLY},
+        {true, M_OUT, NULL, s->out_count * f, CL_MEM_WRITE_ONLY},
+        {o->past_k, M_PAST_K, d->past_k.data, d->past_k.count * f, CL_MEM_READ_ONLY},
+        {o->past_k, M_PAST_V, d->past_v.data, d->past_v.count * f, CL_MEM_READ_ONLY},
+        {d->present_k, M_PRESENT_K, NULL, job->pk_count * f, CL_MEM_READ_WRITE},
+        {d->present_k, M_PRESENT_V, NULL, job->pv_count * f, CL_MEM_READ_WRITE},
+        {job->scores_out, M_SCORES, NULL, job->scores_count * f, CL_MEM_READ_WRITE},
+        {o->nonpad, M_NONPAD, d->counts, s->batch * sizeof(int32_t), CL_MEM_READ_ONLY},
+        {d->slopes.data, M_ALIBI, d->slopes.data, d->slopes.count * f, CL_MEM_READ_ONLY},
+        {d->block_table, M_BLOCK_TABLE, d->block_table, d->table.count * sizeof(int32_t),
+         CL_MEM_READ_ONLY},
+        {o->varlen, M_CU_Q, d->cu[0], (d->sequences + 1) * sizeof(int32_t), CL_MEM_READ_ONLY},
+        {o->varlen, M_CU_K, d->cu[1], (d->sequences + 1) * sizeof(int32_t), CL_MEM_READ_ONLY},
+        {d->sinks.data, M_SINKS, d->sinks.data, s->heads * f, CL_MEM_READ_ONLY},
+        {job->kq_bytes, M_KQ, NULL, job->kq_bytes, CL_MEM_READ_WRITE},
+        {job->vq_bytes, M_VQ, NULL, job->vq_bytes, CL_MEM_READ_WRITE},
+        {o->backward && job->tensors.lse.rank != 0, M_LSE, NULL, s->batch * s->heads * s->seq_q * f,
+         CL_MEM_READ_WRITE},
+    };
+    for (size_t i = 0; *err == CL_SUCCESS && i < sizeof buffers / sizeof buffers[0]; ++i)
+        if (buffers[i].on)
+            d->mem[buffers[i].slot] =
+                upload(ctx, buffers[i].data, buffers[i].bytes, buffers[i].flags, err);
+    for (size_t i = 0; *err == CL_SUCCESS && i < o->aux.count; ++i)
+        d->mem[M_AUX0 + i] =
+            upload(ctx, d->aux[i], d->aux_file[i].count * clattn_dtype_size(d->aux_dtype[i]),
+                   CL_MEM_READ_ONLY, err);
+    if (*err == CL_SUCCESS && job->block_mask_count)
+        d->mem[M_BLOCK_MASK] = upload(ctx, NULL, job->block_mask_count, CL_MEM_READ_WRITE, err);
+}
+
+/* --block-mask: the block mask from mask_mod, on the device. */
+static clattn_status make_block_mask(clattn_ctx *ctx, const sdpa_data *d, const sdpa_shape *s,
+                                     const sdpa_job *job)
+{
+    clattn_tensors aux = job->tensors;
+    for (int i = 0; i < CLATTN_FLEX_AUX_MAX; ++i)
+        aux.by_role[CLATTN_ROLE_FLEX_AUX0 + i].mem = d->mem[M_AUX0 + i];
+    clattn_block_mask_desc masks;
+    clattn_block_mask_desc_init(&masks);
+    masks.flex = job->desc.flex;
+    masks.aux = &aux.by_role[CLATTN_ROLE_FLEX_AUX0];
+    masks.batch = s->batch, masks.heads = s->heads, masks.seq_q = s->seq_q, masks.seq_k = s->seq_k;
+    masks.out = job->tensors.block_mask;
+    masks.out.mem = d->mem[M_BLOCK_MASK];
+    return clattn_flex_block_mask(ctx, &masks, 0, NULL, NULL);
+}
+
+/* --kv-dtype: K and V quantized on the device, from their float buffers. */
+static clattn_status quantize_kv(clattn_ctx *ctx, const sdpa_data *d, sdpa_job *job)
+{
+    clattn_tensor kq = job->tensors.k, vq = job->tensors.v;
+    job->k_float.mem = d->mem[M_K], job->v_float.mem = d->mem[M_V];
+    kq.mem = d->mem[M_KQ], vq.mem = d->mem[M_VQ];
+    clattn_status status = clattn_quantize(ctx, &job->k_float, &kq, 0, NULL, NULL);
+    if (status == CLATTN_SUCCESS)
+        status = clattn_quantize(ctx, &job->v_float, &vq, 0, NULL, NULL);
+    return status;
+}
+
+/* The forward plan run on the uploaded buffers. */
+static clattn_status execute_forward(clattn_plan *plan, const sdpa_data *d, const sdpa_job *job)
+{
+    clattn_tensors bound = job->tensors;
+    bound.alibi_slopes.mem = d->mem[M_ALIBI];
+    bound.sinks.mem = d->mem[M_SINKS];
+    bound.block_table.mem = d->mem[M_BLOCK_TABLE];
+    bound.cu_seqlens_q.mem = d->mem[M_CU_Q];
+    bound.cu_seqlens_k.mem = d->mem[M_CU_K];
+    bound.q.mem = d->mem[M_Q], bound.k.mem = d->mem[M_K], bound.v.mem = d->mem[M_V];
+    if (job->kq_bytes)
+        bound.k.mem = d->mem[M_KQ], bound.v.mem = d->mem[M_VQ];
+    bound.attn_mask.mem = d->mem[M_MASK], bound.out.mem = d->mem[M_OUT];
+    bound.past_k.mem = d->mem[M_PAST_K], bound.past_v.mem = d->mem[M_PAST_V];
+    bound.present_k.mem = d->mem[M_PRESENT_K], bound.present_v.mem = d->mem[M_PRESENT_V];
+    bound.kv_seqlen.mem = d->mem[M_NONPAD];
+    bound.lse.mem = d->mem[M_LSE];
+    for (int i = 0; i < CLATTN_FLEX_AUX_MAX; ++i)
+        bound.by_role[CLATTN_ROLE_FLEX_AUX0 + i].mem = d->mem[M_AUX0 + i];
+    bound.block_mask.mem = d->mem[M_BLOCK_MASK];
+    bound.scores.mem = job->scores_out && job->qk_mode != 3 ? d->mem[M_SCORES] : NULL;
+    bound.weights.mem = job->scores_out && job->qk_mode == 3 ? d->mem[M_SCORES] : NULL;
+    return clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
+}
+
+/* Y, the scores and the present key and value back to the host. */
+static cl_int read_back(clattn_ctx *ctx, sdpa_data *d, const sdpa_shape *s, const sdpa_job *job)
+{
+    const struct {
+        bool on;
+        int slot;
+        void *host;
+        size_t count;
+    } reads[] = {{true, M_OUT, d->out, s->out_count},
+                 {job->scores_out, M_SCORES, d->scores, job->scores_count},
+                 {d->present_k, M_PRESENT_K, d->present_k, job->pk_count},
+                 {d->present_k, M_PRESENT_V, d->present_v, job->pv_count}};
+    cl_int err = CL_SUCCESS;
+    for (size_t i = 0; err == CL_SUCCESS && i < sizeof reads / sizeof reads[0]; ++i)
+        if (reads[i].on)
+            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[reads[i].slot], CL_TRUE, 0,
+                                      reads[i].count * sizeof(float), reads[i].host, 0, NULL, NULL);
+    return err;
+}
+
+/* The one line for a failed run: a status (the stage it came from) or an OpenCL error. */
+static int report_failure(clattn_ctx *ctx, const sdpa_options *o, clattn_status status,
+                          bool refused, const char *stage, cl_int err)
+{
+    if (status == CLATTN_SUCCESS)
+        return err == CL_SUCCESS
+                   ? CLI_OK
+                   : cli_fail("sdpa", CLI_FAILED, "OpenCL error %d moving the data", (int)err);
+    /* (a --score-mod source that does not build is the user's input too) */
+    const bool input_error = refused || status == CLATTN_ERR_INVALID_ARGUMENT ||
+                             (o->score_mod && status == CLATTN_ERR_BUILD) ||
+                             status == CLATTN_ERR_INVALID_SHAPE || status == CLATTN_ERR_OVERFLOW ||
+                             status == CLATTN_ERR_TOO_LARGE;
+    const char *message = clattn_last_error(ctx), *diagnostic = NULL;
+    if (o->score_mod && status == CLATTN_ERR_BUILD) /* the log's first line on the source */
+        diagnostic = first_source_line(message);
+    if (diagnostic)
+        return cli_fail("sdpa", CLI_BAD_INPUT, "%s%s: --score-mod %s does not build: %.*s", stage,
+                        clattn_status_string(status), o->score_mod, (int)strcspn(diagnostic, "\n"),
+                        diagnostic);
+    return cli_fail("sdpa", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s%s: %s", stage,
+                    clattn_status_string(status), message);
+}
+
+/* The plans made and run on the device (the backward's plan first: what it refuses fails
+ * before any device work); the results in d. */
+static int run_device(const sdpa_options *o, sdpa_data *d, const sdpa_shape *s, sdpa_job *job)
+{
+    clattn_ctx *ctx = cli_context("sdpa", o->exec.device);
     if (ctx == NULL)
         return cli_context_exit();
     clattn_plan *plan = NULL, *backward = NULL;
-    /* The backward's plan first: what it refuses fails before any device work. */
     clattn_status status = o->backward
-                               ? clattn_sdpa_backward_plan_create(ctx, &back_desc, &backward)
+                               ? clattn_sdpa_backward_plan_create(ctx, &job->back_desc, &backward)
                                : CLATTN_SUCCESS;
     const char *stage = status == CLATTN_SUCCESS ? "" : "--backward: ";
     const bool refused = status == CLATTN_ERR_UNSUPPORTED; /* an option the backward lacks */
     if (status == CLATTN_SUCCESS)
-        status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+        status = clattn_sdpa_plan_create(ctx, &job->desc, &plan);
     cl_int err = CL_SUCCESS;
-    if (status == CLATTN_SUCCESS) {
-        d->mem[M_Q] = upload(ctx, d->q.data, d->q.count * sizeof(float), CL_MEM_READ_ONLY, &err);
-        if (err == CL_SUCCESS)
-            d->mem[M_K] =
-                upload(ctx, d->k.data, d->k.count * sizeof(float), CL_MEM_READ_ONLY, &err);
-        if (err == CL_SUCCESS)
-            d->mem[M_V] =
-                upload(ctx, d->v.data, d->v.count * sizeof(float), CL_MEM_READ_ONLY, &err);
-        if (err == CL_SUCCESS && o->mask)
-            d->mem[M_MASK] =
-                d->mask_keep
-                    ? upload(ctx, d->mask_keep, mask_count, CL_MEM_READ_ONLY, &err)
-                    : upload(ctx, d->mask_f32, mask_count * sizeof(float), CL_MEM_READ_ONLY, &err);
-        if (err == CL_SUCCESS)
-            d->mem[M_OUT] = upload(ctx, NULL, out_count * sizeof(float), CL_MEM_WRITE_ONLY, &err);
-        if (err == CL_SUCCESS && o->past_k)
-            d->mem[M_PAST_K] = upload(ctx, d->past_k.data, d->past_k.count * sizeof(float),
-                                      CL_MEM_READ_ONLY, &err);
-        if (err == CL_SUCCESS && o->past_k)
-            d->mem[M_PAST_V] = upload(ctx, d->past_v.data, d->past_v.count * sizeof(float),
-                                      CL_MEM_READ_ONLY, &err);
-        if (err == CL_SUCCESS && d->present_k)
-            d->mem[M_PRESENT_K] =
-                upload(ctx, NULL, pk_count * sizeof(float), CL_MEM_READ_WRITE, &err);
-        if (err == CL_SUCCESS && d->present_k)
-            d->mem[M_PRESENT_V] =
-                upload(ctx, NULL, pv_count * sizeof(float), CL_MEM_READ_WRITE, &err);
-        if (err == CL_SUCCESS && scores_out)
-            d->mem[M_SCORES] =
-                upload(ctx, NULL, scores_count * sizeof(float), CL_MEM_READ_WRITE, &err);
-        if (err == CL_SUCCESS && o->nonpad)
-            d->mem[M_NONPAD] =
-                upload(ctx, d->counts, batch * sizeof(int32_t), CL_MEM_READ_ONLY, &err);
-        if (err == CL_SUCCESS && d->slopes.data)
-            d->mem[M_ALIBI] = upload(ctx, d->slopes.data, d->slopes.count * sizeof(float),
-                                     CL_MEM_READ_ONLY, &err);
-        if (err == CL_SUCCESS && d->block_table)
-            d->mem[M_BLOCK_TABLE] = upload(ctx, d->block_table, d->table.count * sizeof(int32_t),
-                                           CL_MEM_READ_ONLY, &err);
-        for (int x = 0; x < 2 && err == CL_SUCCESS && o->varlen; ++x)
-            d->mem[M_CU_Q + x] = upload(ctx, d->cu[x], (d->sequences + 1) * sizeof(int32_t),
-                                        CL_MEM_READ_ONLY, &err);
-        if (err == CL_SUCCESS && d->sinks.data)
-            d->mem[M_SINKS] =
-                upload(ctx, d->sinks.data, heads * sizeof(float), CL_MEM_READ_ONLY, &err);
-        if (err == CL_SUCCESS && kq_bytes)
-            d->mem[M_KQ] = upload(ctx, NULL, kq_bytes, CL_MEM_READ_WRITE, &err);
-        if (err == CL_SUCCESS && vq_bytes)
-            d->mem[M_VQ] = upload(ctx, NULL, vq_bytes, CL_MEM_READ_WRITE, &err);
-        if (err == CL_SUCCESS && o->backward && t->lse.rank != 0)
-            d->mem[M_LSE] =
-                upload(ctx, NULL, batch * heads * seq_q * sizeof(float), CL_MEM_READ_WRITE, &err);
-        for (size_t i = 0; err == CL_SUCCESS && i < o->aux.count; ++i)
-            d->mem[M_AUX0 + i] =
-                upload(ctx, d->aux[i], d->aux_file[i].count * clattn_dtype_size(d->aux_dtype[i]),
-                       CL_MEM_READ_ONLY, &err);
-        if (err == CL_SUCCESS && block_mask_count)
-            d->mem[M_BLOCK_MASK] = upload(ctx, NULL, block_mask_count, CL_MEM_READ_WRITE, &err);
-        if (err == CL_SUCCESS && block_mask_count) { /* from mask_mod, on the device */
-            clattn_tensors aux = desc_tensors;
-            for (int i = 0; i < CLATTN_FLEX_AUX_MAX; ++i)
-                aux.by_role[CLATTN_ROLE_FLEX_AUX0 + i].mem = d->mem[M_AUX0 + i];
-            clattn_block_mask_desc masks;
-            clattn_block_mask_desc_init(&masks);
-            masks.flex = desc.flex;
-            masks.aux = &aux.by_role[CLATTN_ROLE_FLEX_AUX0];
-            masks.batch = batch, masks.heads = heads, masks.seq_q = seq_q, masks.seq_k = seq_k;
-            masks.out = t->block_mask;
-            masks.out.mem = d->mem[M_BLOCK_MASK];
-            status = clattn_flex_block_mask(ctx, &masks, 0, NULL, NULL);
-            if (status != CLATTN_SUCCESS)
-                stage = "--block-mask: ";
-        }
-        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && kq_bytes) { /* quantize, then attend */
-            clattn_tensor kq = t->k, vq = t->v;
-            k_float.mem = d->mem[M_K], v_float.mem = d->mem[M_V];
-            kq.mem = d->mem[M_KQ], vq.mem = d->mem[M_VQ];
-            status = clattn_quantize(ctx, &k_float, &kq, 0, NULL, NULL);
-            if (status == CLATTN_SUCCESS)
-                status = clattn_quantize(ctx, &v_float, &vq, 0, NULL, NULL);
-        }
-        if (err == CL_SUCCESS && status == CLATTN_SUCCESS) {
-            clattn_tensors bound = desc_tensors;
-            bound.alibi_slopes.mem = d->mem[M_ALIBI];
-            bound.sinks.mem = d->mem[M_SINKS];
-            bound.block_table.mem = d->mem[M_BLOCK_TABLE];
-            bound.cu_seqlens_q.mem = d->mem[M_CU_Q];
-            bound.cu_seqlens_k.mem = d->mem[M_CU_K];
-            bound.q.mem = d->mem[M_Q], bound.k.mem = d->mem[M_K], bound.v.mem = d->mem[M_V];
-            if (kq_bytes)
-                bound.k.mem = d->mem[M_KQ], bound.v.mem = d->mem[M_VQ];
-            bound.attn_mask.mem = d->mem[M_MASK], bound.out.mem = d->mem[M_OUT];
-            bound.past_k.mem = d->mem[M_PAST_K], bound.past_v.mem = d->mem[M_PAST_V];
-            bound.present_k.mem = d->mem[M_PRESENT_K], bound.present_v.mem = d->mem[M_PRESENT_V];
-            bound.kv_seqlen.mem = d->mem[M_NONPAD];
-            bound.lse.mem = d->mem[M_LSE];
-            for (int i = 0; i < CLATTN_FLEX_AUX_MAX; ++i)
-                bound.by_role[CLATTN_ROLE_FLEX_AUX0 + i].mem = d->mem[M_AUX0 + i];
-            bound.block_mask.mem = d->mem[M_BLOCK_MASK];
-            bound.scores.mem = scores_out && qk_mode != 3 ? d->mem[M_SCORES] : NULL;
-            bound.weights.mem = scores_out && qk_mode == 3 ? d->mem[M_SCORES] : NULL;
-            status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
-                                         NULL, NULL);
-        }
-        if (err == CL_SUCCESS && status == CLATTN_SUCCESS)
-            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_OUT], CL_TRUE, 0,
-                                      out_count * sizeof(float), d->out, 0, NULL, NULL);
-        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && scores_out)
-            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_SCORES], CL_TRUE, 0,
-                                      scores_count * sizeof(float), d->scores, 0, NULL, NULL);
-        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && d->present_k)
-            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_PRESENT_K], CL_TRUE, 0,
-                                      pk_count * sizeof(float), d->present_k, 0, NULL, NULL);
-        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && d->present_k)
-            err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), d->mem[M_PRESENT_V], CL_TRUE, 0,
-                                      pv_count * sizeof(float), d->present_v, 0, NULL, NULL);
-        if (err == CL_SUCCESS && status == CLATTN_SUCCESS && o->backward) {
-            stage = "--backward: ";
-            err = run_backward(ctx, d, &back_tensors, backward, grad_counts, &status);
-        }
+    if (status == CLATTN_SUCCESS)
+        upload_all(ctx, o, d, s, job, &err);
+    if (err == CL_SUCCESS && status == CLATTN_SUCCESS && job->block_mask_count) {
+        status = make_block_mask(ctx, d, s, job);
+        if (status != CLATTN_SUCCESS)
+            stage = "--block-mask: ";
     }
-    if (status != CLATTN_SUCCESS) {
-        /* (a --score-mod source that does not build is the user's input too) */
-        const bool input_error = refused || status == CLATTN_ERR_INVALID_ARGUMENT ||
-                                 (o->score_mod && status == CLATTN_ERR_BUILD) ||
-                                 status == CLATTN_ERR_INVALID_SHAPE ||
-                                 status == CLATTN_ERR_OVERFLOW || status == CLATTN_ERR_TOO_LARGE;
-        const char *message = clattn_last_error(ctx), *diagnostic = NULL;
-        if (o->score_mod && status == CLATTN_ERR_BUILD) /* the log's first line on the source */
-            diagnostic = first_source_line(message);
-        if (diagnostic)
-            rc = cli_fail("sdpa", CLI_BAD_INPUT, "%s%s: --score-mod %s does not build: %.*s",
-                          stage, clattn_status_string(status), o->score_mod,
-                          (int)strcspn(diagnostic, "\n"), diagnostic);
-        else
-            rc = cli_fail("sdpa", input_error ? CLI_BAD_INPUT : CLI_FAILED, "%s%s: %s", stage,
-                          clattn_status_string(status), message);
-    } else if (err != CL_SUCCESS) {
-        rc = cli_fail("sdpa", CLI_FAILED, "OpenCL error %d moving the data", (int)err);
+    if (err == CL_SUCCESS && status == CLATTN_SUCCESS && job->kq_bytes) /* quantize, attend */
+        status = quantize_kv(ctx, d, job);
+    if (err == CL_SUCCESS && status == CLATTN_SUCCESS)
+        status = execute_forward(plan, d, job);
+    if (err == CL_SUCCESS && status == CLATTN_SUCCESS)
+        err = read_back(ctx, d, s, job);
+    if (err == CL_SUCCESS && status == CLATTN_SUCCESS && o->backward) {
+        stage = "--backward: ";
+        err = run_backward(ctx, d, &job->back_tensors, backward, job->grad_counts, &status);
     }
+    const int rc = report_failure(ctx, o, status, refused, stage, err);
     clattn_plan_release(backward);
     clattn_plan_release(plan);
-    for (int i = 0; i < M_COUNT; ++i)
-        if (d->mem[i])
-            clReleaseMemObject(d->mem[i]);
-    memset(d->mem, 0, sizeof d->mem);
+    cli_release_buffers(d->mem, M_COUNT);
     cli_release_context(ctx);
-    if (rc != CLI_OK)
-        return rc;
-    const size_t present_k_shape[4] = {batch, kv_heads, seq_k, dk};
-    const size_t present_v_shape[4] = {batch, kv_heads, seq_k, dv};
+    return rc;
+}
+
+/* The outputs asked for: the present key and value, the scores, the heatmap, the gradients
+ * and Y. */
+static int write_results(const sdpa_options *o, sdpa_data *d, const sdpa_shape *s)
+{
+    int rc;
+    const size_t batch = s->batch, heads = s->heads, seq_q = s->seq_q, seq_k = s->seq_k;
+    const size_t present_k_shape[4] = {batch, s->kv_heads, seq_k, s->dk};
+    const size_t present_v_shape[4] = {batch, s->kv_heads, seq_k, s->dv};
     if (o->present_k && ((rc = write_npy(o->present_k, d->present_k, 4, present_k_shape, &d->k)) ||
                          (rc = write_npy(o->present_v, d->present_v, 4, present_v_shape, &d->v))))
         return rc;
     const size_t scores_shape[4] = {batch, heads, seq_q, seq_k};
     if (o->qk_out && (rc = write_npy(o->qk_out, d->scores, 4, scores_shape, &d->q)))
         return rc;
-    if (o->attn_png && (rc = write_heatmap(o, d, heads, seq_q, seq_k)))
+    if (o->heatmap.png && (rc = write_heatmap(o, d, heads, seq_q, seq_k)))
         return rc;
     if (o->backward && (rc = write_grads(o, d, seq_k, heads)))
         return rc;
     if (o->backward && !o->out) /* the gradients are the result: Y is not printed */
         return CLI_OK;
+    return write_out(o, d, batch, heads, seq_q, s->dv, s->rank3);
+}
 
-    return write_out(o, d, batch, heads, seq_q, dv, rank3);
+static int run_sdpa(const sdpa_options *o, sdpa_data *d)
+{
+    int rc;
+    sdpa_shape shape = {0};
+    if ((rc = read_problem(o, d, &shape)))
+        return rc;
+    if (o->ring)
+        return o->check_only ? CLI_OK : run_ring(o, d, &shape);
+    sdpa_job job; /* the descriptors point into it: it stays here */
+    memset(&job, 0, sizeof job);
+    rc = describe(o, d, &shape, &job);
+    if (rc == CLI_OK && !o->check_only)
+        rc = run_device(o, d, &shape, &job);
+    if (rc != CLI_OK || o->check_only)
+        return rc;
+    return write_results(o, d, &shape);
 }
 
 static int sdpa_command(int argc, char **argv, bool check_only)
 {
-    sdpa_options options = {.scale = NAN, .norm = CLATTN_NORM_SOFTMAX, .check_only = check_only};
+    sdpa_options options = {.score = {.scale = NAN, .norm = CLATTN_NORM_SOFTMAX},
+                            .check_only = check_only};
     int rc = parse_sdpa_options(argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;

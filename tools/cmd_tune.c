@@ -48,10 +48,12 @@ static const char tune_usage[] =
     "Exit status: 0 success, 1 device or library failure, 2 bad options (an unwritable --out,\n"
     "a malformed --device, CLATTN_PARAMS / CLATTN_MATMUL / CLATTN_LOOP_TRIP_LIMIT set).\n";
 
-enum { MAX_KEYS = sizeof tune_space / sizeof tune_space[0] };
+static tune_space_key tune_space[TUNE_MAX_KEYS]; /* the library's keys (tune_space_load) */
+static size_t num_keys;                          /* how many */
 
 typedef struct tune_options {
-    const char *device, *out, *op;
+    cli_exec exec; /* --device */
+    const char *out, *op;
     bool quick, dry_run;
     double min_gain; /* percent */
 } tune_options;
@@ -288,12 +290,8 @@ static clattn_status case_run(clattn_ctx *ctx, const tune_case *c, const case_da
                 queue, outs[i], CL_TRUE, 0, out_counts[i] * sizeof(float),
                 out + (i ? out_counts[0] : 0), 0, NULL, NULL);
     clattn_plan_release(plan);
-    for (int i = 0; i < 3; ++i)
-        if (in[i])
-            clReleaseMemObject(in[i]);
-    for (int i = 0; i < 2; ++i)
-        if (outs[i])
-            clReleaseMemObject(outs[i]);
+    cli_release_buffers(in, 3);
+    cli_release_buffers(outs, 2);
     free(times);
     return status;
 }
@@ -368,8 +366,8 @@ typedef struct tune_state {
     char vendor[256], name[256];
     char driver[640];       /* the driver key's fields after the name: "driver D | P | clattn V" */
     char base_params[2048]; /* the "parameters:" line of the defaults' context */
-    unsigned base[MAX_KEYS], value[MAX_KEYS];
-    bool known[MAX_KEYS]; /* the library knows the key (it is in base_params) */
+    unsigned base[TUNE_MAX_KEYS], value[TUNE_MAX_KEYS];
+    bool known[TUNE_MAX_KEYS]; /* the library knows the key (it is in base_params) */
 } tune_state;
 
 /* The value of key in a "parameters: k=v k=v" text; false if absent. */
@@ -392,7 +390,7 @@ static clattn_status tune_context(const tune_state *s, const char *rows, clattn_
 {
     clattn_ctx_desc desc;
     clattn_ctx_desc_init(&desc);
-    desc.device_spec = s->options->device;
+    desc.device_spec = s->options->exec.device;
     desc.tuning_file = "";
     desc.tuning_rows = rows;
     return clattn_ctx_create_desc(&desc, ctx, message, size);
@@ -403,7 +401,7 @@ static void diff_keys(const tune_state *s, const unsigned *values, const char *o
                       size_t size)
 {
     text[0] = '\0';
-    for (size_t i = 0; i < MAX_KEYS; ++i) {
+    for (size_t i = 0; i < num_keys; ++i) {
         const size_t used = strlen(text);
         if (s->known[i] && values[i] != s->base[i] && (!op || !strcmp(tune_space[i].op, op)))
             snprintf(text + used, size - used, "%s%s=%u", used ? " " : "", tune_space[i].key,
@@ -423,7 +421,7 @@ static bool when_holds(const tune_state *s, const unsigned *values, const char *
         return true;
     const char *eq = strchr(when, '=');
     const unsigned want = (unsigned)strtoul(eq + 1, NULL, 10);
-    for (size_t i = 0; i < MAX_KEYS; ++i)
+    for (size_t i = 0; i < num_keys; ++i)
         if (strlen(tune_space[i].key) == (size_t)(eq - when) &&
             strncmp(tune_space[i].key, when, (size_t)(eq - when)) == 0)
             return s->known[i] && values[i] == want;
@@ -527,10 +525,10 @@ static const char *const joint_keys[][2] = {
 
 static size_t key_index(const char *name)
 {
-    for (size_t i = 0; i < MAX_KEYS; ++i)
+    for (size_t i = 0; i < num_keys; ++i)
         if (strcmp(tune_space[i].key, name) == 0)
             return i;
-    return MAX_KEYS;
+    return num_keys;
 }
 
 /* Whether key i is searched for op on this device with the current best values. */
@@ -548,18 +546,18 @@ static bool searched_now(const tune_state *s, const tune_op *op, size_t i)
     return values[0] != '\0';
 }
 
-/* The key searched together with key i (joint_keys), when it is searched now; else MAX_KEYS. */
+/* The key searched together with key i (joint_keys), when it is searched now; else num_keys. */
 static size_t joint_partner(const tune_state *s, const tune_op *op, size_t i)
 {
     for (size_t g = 0; g < sizeof joint_keys / sizeof joint_keys[0]; ++g)
         if (strcmp(joint_keys[g][0], tune_space[i].key) == 0) {
             const size_t partner = key_index(joint_keys[g][1]);
-            const tune_space_key *key = partner < MAX_KEYS ? &tune_space[partner] : NULL;
+            const tune_space_key *key = partner < num_keys ? &tune_space[partner] : NULL;
             if (key && strcmp(key->op, op->name) == 0 && class_matches(s, key->class_name) &&
                 when_holds(s, s->value, key->when) && s->known[partner])
                 return partner;
         }
-    return MAX_KEYS;
+    return num_keys;
 }
 
 /* Key i's candidates (--quick's or the full list), its current value first, no repeats. */
@@ -618,19 +616,20 @@ static int tune_op_search(tune_state *s, const tune_op *op, char *keys, size_t k
         else if (check_cases(defaults, cases, data, count, true, why, sizeof why) != TRY_OK)
             rc = cli_fail("tune", CLI_FAILED, "%s with the default parameters: %s", op->name, why);
     }
-    for (size_t i = 0; i < MAX_KEYS; ++i)
+    for (size_t i = 0; i < num_keys; ++i)
         s->value[i] = s->base[i];
     best = defaults;
     const double accept = 1.0 + s->options->min_gain / 100.0;
     unsigned tried = 0, refused = 0;
-    bool done[MAX_KEYS] = {false}; /* the second key of a joint pair, searched with the first */
-    for (size_t i = 0; i < MAX_KEYS && rc == CLI_OK; ++i) {
+    bool done[TUNE_MAX_KEYS] = {
+        false}; /* the second key of a joint pair, searched with the first */
+    for (size_t i = 0; i < num_keys && rc == CLI_OK; ++i) {
         if (done[i] || !searched_now(s, op, i))
             continue;
         const size_t partner = joint_partner(s, op, i);
         const size_t pair[2] = {i, partner};
-        const size_t keys_in_trial = partner < MAX_KEYS ? 2 : 1;
-        if (partner < MAX_KEYS)
+        const size_t keys_in_trial = partner < num_keys ? 2 : 1;
+        if (partner < num_keys)
             done[partner] = true;
         /* each key's candidates, its current value first (a pair: their cross product) */
         unsigned candidates[2][MAX_CANDIDATES];
@@ -645,7 +644,7 @@ static int tune_op_search(tune_state *s, const tune_op *op, char *keys, size_t k
         }
         for (size_t a = 0; a < counts[0] && rc == CLI_OK; ++a)
             for (size_t b = 0; b < (keys_in_trial == 2 ? counts[1] : 1); ++b) {
-                unsigned trial[MAX_KEYS];
+                unsigned trial[TUNE_MAX_KEYS];
                 memcpy(trial, s->value, sizeof trial);
                 trial[i] = candidates[0][a];
                 if (keys_in_trial == 2)
@@ -772,7 +771,7 @@ static bool replaced_row(const tune_state *s, const char *line, const bool *ops)
     for (char *item = strtok_r(fields[3], " \t", &save); item;
          item = strtok_r(NULL, " \t", &save)) {
         const size_t length = strcspn(item, "=");
-        for (size_t k = 0; k < MAX_KEYS; ++k)
+        for (size_t k = 0; k < num_keys; ++k)
             if (strlen(tune_space[k].key) == length && !strncmp(tune_space[k].key, item, length))
                 for (size_t o = 0; o < sizeof tune_ops / sizeof tune_ops[0]; ++o)
                     if (ops[o] && !strcmp(tune_ops[o].name, tune_space[k].op))
@@ -876,7 +875,7 @@ static const cli_option tune_table[] = {
     {CLI_OPT("--min-gain", CLI_CUSTOM, AT(min_gain), "PCT",
              "keep a candidate only if this much faster (default 3)"),
      .handle = parse_min_gain},
-    CLI_USE("--device", tune_options, device),
+    CLI_USE(cli_exec_group, tune_options, exec, 0),
 };
 #undef AT
 
@@ -891,6 +890,9 @@ static int parse_options(int argc, char **argv, tune_options *o)
 int cmd_tune(int argc, char **argv)
 {
     tune_options o = {.op = "all", .min_gain = 3.0};
+    num_keys = tune_space_load(tune_space);
+    if (num_keys == 0)
+        return cli_fail("tune", CLI_FAILED, "the library's tuning keys could not be read");
     const int parsed = parse_options(argc, argv, &o);
     if (parsed != CLI_OK)
         return parsed < 0 ? CLI_OK : parsed;
@@ -920,7 +922,7 @@ int cmd_tune(int argc, char **argv)
     char message[1024] = "";
     clattn_status status = tune_context(&s, NULL, &ctx, message, sizeof message);
     if (status != CLATTN_SUCCESS)
-        return cli_context_failure("tune", o.device, status, message);
+        return cli_context_failure("tune", o.exec.device, status, message);
     cl_device_type type = 0;
     cl_device_id device = clattn_ctx_device(ctx);
     cl_int err = clGetDeviceInfo(device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
@@ -949,7 +951,7 @@ int cmd_tune(int argc, char **argv)
                         "device '%s' of '%s': a name the tuning table cannot hold ('|', '#')",
                         s.name, s.vendor);
     s.cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
-    for (size_t i = 0; i < MAX_KEYS; ++i)
+    for (size_t i = 0; i < num_keys; ++i)
         s.known[i] = param_value(s.base_params, tune_space[i].key, &s.base[i]);
     printf("device: %s (%s, %s)%s\n", s.name, s.vendor, s.cpu ? "CPU" : "GPU",
            o.quick ? ", --quick" : "");

@@ -1,6 +1,7 @@
 /*
- * The search space of `clattn tune` (tools/cmd_tune.c), made from the one list of tuning keys
- * (host/tuning/keys.h: CLATTN_TUNING_KEYS; its columns op, class, when, values and quick):
+ * The search space of `clattn tune` (tools/cmd_tune.c): the library's one list of tuning keys
+ * (host/tuning/keys.h: CLATTN_TUNING_KEYS), read through the public API
+ * (clattn_tuning_key_get), its columns op, class, when, values and quick:
  *
  *     op:      the op whose timing decides the key: matmul, softmax (the unfused attention
  *              path with its weights) or flash (the fused attention kernel); "": not searched
@@ -18,15 +19,32 @@
 #ifndef CLATTN_TUNE_SPACE_H
 #define CLATTN_TUNE_SPACE_H
 
-#include "../host/tuning/keys.h"
+#include "clattn.h"
+
+#include <stddef.h>
 
 typedef struct tune_space_key {
     const char *op, *class_name, *when, *key, *values, *quick;
 } tune_space_key;
 
-#define CLATTN_TUNE_SPACE_ROW(name, scope, lo, hi, op, cls, when, values, quick, doc)           \
-    {op, cls, when, #name, values, quick},
-static const tune_space_key tune_space[] = {CLATTN_TUNING_KEYS(CLATTN_TUNE_SPACE_ROW)};
-#undef CLATTN_TUNE_SPACE_ROW
+/* The most keys the search holds (the library keeps a bit per key in 64). */
+enum { TUNE_MAX_KEYS = 64 };
+
+/* Fills space with the library's keys in their order: their count, or 0 when the library
+ * has more than TUNE_MAX_KEYS or refuses one. */
+static inline size_t tune_space_load(tune_space_key space[TUNE_MAX_KEYS])
+{
+    const size_t count = clattn_tuning_key_count();
+    if (count > TUNE_MAX_KEYS)
+        return 0;
+    for (size_t i = 0; i < count; ++i) {
+        clattn_tuning_key_info info = {.struct_size = sizeof info};
+        if (clattn_tuning_key_get(i, &info) != CLATTN_SUCCESS)
+            return 0;
+        space[i] = (tune_space_key){info.op,   info.device_class, info.when,
+                                    info.name, info.values,       info.quick};
+    }
+    return count;
+}
 
 #endif

@@ -38,6 +38,14 @@ enum { DEVICE = 0, PROBLEM = 1 };
     {#field, offsetof(clattn_tuning, field), scope == PROBLEM, lo, hi},
 static const tuning_key tuning_keys[] = {CLATTN_TUNING_KEYS(KEY)};
 #undef KEY
+/* The same list as the public API gives it (clattn_tuning_key_get). */
+/* clang-format off */
+#define KEY_INFO(field, scope, lo, hi, op, cls, when, values, quick, doc)                         \
+    {sizeof(clattn_tuning_key_info), #field, op, cls, when, values, quick, doc, lo, hi,          \
+     scope == PROBLEM ? CLATTN_TUNING_PROBLEM : CLATTN_TUNING_DEVICE},
+/* clang-format on */
+static const clattn_tuning_key_info public_keys[] = {CLATTN_TUNING_KEYS(KEY_INFO)};
+#undef KEY_INFO
 enum { NUM_KEYS = sizeof tuning_keys / sizeof tuning_keys[0] };
 _Static_assert(NUM_KEYS <= 64, "clattn_tuning_record.set has a bit per key");
 
@@ -734,5 +742,22 @@ clattn_status clattn__choose_tuning(clattn_ctx *ctx, const char *tuning_file,
                                     sizeof ctx->build_options);
     if (status != CLATTN_SUCCESS)
         return status;
+    return CLATTN_SUCCESS;
+}
+
+size_t clattn_tuning_key_count(void)
+{
+    return NUM_KEYS;
+}
+
+clattn_status clattn_tuning_key_get(size_t index, clattn_tuning_key_info *out)
+{
+    if (out == NULL || index >= NUM_KEYS)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    const size_t size = out->struct_size;
+    if (size == 0 || size > sizeof *out || size % 8 != 0)
+        return CLATTN_ERR_INVALID_ARGUMENT;
+    memcpy(out, &public_keys[index], size); /* an earlier version's struct: the fields it has */
+    out->struct_size = size;
     return CLATTN_SUCCESS;
 }

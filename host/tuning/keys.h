@@ -1,9 +1,10 @@
 /*
  * The tuning keys: one line each, the only list of them. It makes clattn_tuning's fields
  * (host/core/context.h), the row parser's key table, the range checks and the summary
- * (host/core/tuning.c), and the search space of `clattn tune` (tools/tune_space.h). A new key
- * is one line here (its default in tuning.c's default_row; rules that tie it to other keys
- * in check_row). The columns:
+ * (host/core/tuning.c), and the public list of clattn_tuning_key_get (`clattn tune`'s search
+ * space, tools/tune_space.h). A new key is one line here (its default in tuning.c's
+ * default_row; rules that tie it to other keys in check_row; its name in check_tune's
+ * known_keys). The columns:
  *
  *     name     the key, a field of clattn_tuning
  *     scope    DEVICE: one value per context (it goes into the programs' build options or
