@@ -3985,8 +3985,7 @@ int main(int argc, char **argv)
     }
     write_broken_files();
     Suite *suite = suite_create("cli");
-    TCase *tc = tcase_create("clattn command");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = tu_tcase(suite, "clattn command", 600);
     tcase_add_loop_test(tc, test_run_matches_pytorch, 0,
                         (int)(sizeof torch_cases / sizeof torch_cases[0]));
     tcase_add_test(tc, test_run_textbook_and_png);
@@ -4037,7 +4036,6 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_sdpa_blocks_and_png);
     tcase_add_test(tc, test_repeated_and_range);
     tcase_add_test(tc, test_option_tables);
-    suite_add_tcase(suite, tc);
     int result = tu_run_suite(suite);
     remove_scratch();
     return result;

@@ -1742,8 +1742,7 @@ int main(void)
 {
     tu_suite_begin("check_flash");
     Suite *suite = suite_create("flash");
-    TCase *tc = tcase_create("fused attention");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = tu_tcase(suite, "fused attention", 900);
     /* A reduced run (CLATTN_TEST_SCALE=small, for Oclgrind) leaves out the cases that take
      * minutes there with GPU parameters; their variants run in the other cases (BLOCK_K=16 of
      * case 6 in case 8; several row blocks and key tiles with every mask in cases 4, 5, 11).
@@ -1843,7 +1842,6 @@ int main(void)
     tcase_add_loop_test(tc, test_mha_auto_is_fused, 0, 2);
     if (!small)
         tcase_add_loop_test(tc, test_long_sequence_under_cap, 0, 2);
-    suite_add_tcase(suite, tc);
     /* Issue 48's blind spots, a case of their own (CK_RUN_CASE="decode edges" runs them
      * alone): a few rows over at most 200 keys, under a second each on PoCL. Small scale
      * (Oclgrind: 15 s for all of them) leaves out the two cases whose point is another
@@ -1853,8 +1851,7 @@ int main(void)
     if (small)
         tu_not_run("test_decode_split_group_sinks case 2 (two k/v heads), "
                    "test_paged_partial_blocks case 4 (past flash_cpu.cl's first key tile)");
-    TCase *edges = tcase_create("decode edges");
-    tcase_set_timeout(edges, 900);
+    TCase *edges = tu_tcase(suite, "decode edges", 900);
     tu_add_loop_except(edges, test_decode_split_group_sinks, 0,
                        (int)(sizeof group_sink_cases / sizeof group_sink_cases[0]),
                        heavy_group_sinks, small ? 1 : 0);
@@ -1862,6 +1859,5 @@ int main(void)
                        (int)(sizeof partial_cases / sizeof partial_cases[0]), heavy_partial,
                        small ? 1 : 0);
     tcase_add_unchecked_fixture(edges, NULL, release_decode_ctx);
-    suite_add_tcase(suite, edges);
     return tu_run_suite(suite);
 }

@@ -2449,8 +2449,7 @@ int main(void)
     tcase_add_test(host, test_dtype_conversions);
     suite_add_tcase(suite, host);
 
-    TCase *layouts = tcase_create("layouts");
-    tcase_set_timeout(layouts, 900);
+    TCase *layouts = tu_tcase(suite, "layouts", 900);
     if (small) {
         add_loop_only(layouts, test_views, views_small, COUNT_OF(views_small));
         tcase_add_loop_test(layouts, test_broadcast_inputs, 0, 1);
@@ -2462,10 +2461,8 @@ int main(void)
     }
     tcase_add_loop_test(layouts, test_packed_qkv_views, 0, small ? 1 : 3);
     tcase_add_loop_test(layouts, test_mha_views, 0, 4);
-    suite_add_tcase(suite, layouts);
 
-    TCase *masks = tcase_create("masks");
-    tcase_set_timeout(masks, 900);
+    TCase *masks = tu_tcase(suite, "masks", 900);
     if (small) {
         add_loop_only(masks, test_mask_shapes, masks_small, COUNT_OF(masks_small));
         add_loop_only(masks, test_causal_alignments, causal_small, COUNT_OF(causal_small));
@@ -2476,10 +2473,8 @@ int main(void)
         tcase_add_loop_test(masks, test_lse, 0, 8);
     }
     tcase_add_test(masks, test_mask_shape_errors);
-    suite_add_tcase(suite, masks);
 
-    TCase *execution = tcase_create("execution");
-    tcase_set_timeout(execution, 900);
+    TCase *execution = tu_tcase(suite, "execution", 900);
     tcase_add_loop_test(execution, test_plan_reuse, 0, 2);
     tcase_add_loop_test(execution, test_second_queue, 0, 2);
     tcase_add_loop_test(execution, test_caller_workspace, 0, 2);
@@ -2488,12 +2483,10 @@ int main(void)
     tcase_add_loop_test(execution, test_by_role, 0, 3);
     tcase_add_loop_test(execution, test_bindings, 0, 2);
     tcase_add_test(execution, test_tuning_file);
-    suite_add_tcase(suite, execution);
 
     /* Feature interactions (issue 24), at every scale: each test kills a class of one-line
      * bugs that passed the suites before (tests/mutants/mutants.txt, "issue 24"). */
-    TCase *interactions = tcase_create("interactions");
-    tcase_set_timeout(interactions, 900);
+    TCase *interactions = tu_tcase(suite, "interactions", 900);
     tcase_add_loop_test(interactions, test_window_with_causal, 0, COUNT_OF(band_cases));
     tcase_add_test(interactions, test_mixed_alignments_refused);
     tcase_add_loop_test(interactions, test_grouped_decode, 0, COUNT_OF(decode_group_cases));
@@ -2509,11 +2502,8 @@ int main(void)
     tcase_add_test(interactions, test_paged_and_sinks);
     tcase_add_loop_test(interactions, test_varlen, 0, 3 * COUNT_OF(varlen_cases));
     tcase_add_test(interactions, test_varlen_offsets_and_refusals);
-    suite_add_tcase(suite, interactions);
 
-    TCase *problems = tcase_create("problems");
-    tcase_set_timeout(problems, 900);
+    TCase *problems = tu_tcase(suite, "problems", 900);
     tcase_add_loop_test(problems, test_random_problems, 0, small ? 8 : 32);
-    suite_add_tcase(suite, problems);
     return tu_run_suite(suite);
 }

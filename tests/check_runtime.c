@@ -2166,8 +2166,7 @@ END_TEST
 static Suite *runtime_suite(void)
 {
     Suite *suite = suite_create("runtime");
-    TCase *queues = tcase_create("queues");
-    tcase_set_timeout(queues, 600);
+    TCase *queues = tu_tcase(suite, "queues", 600);
     /* Out-of-order cases (loop index 1, or odd indices) are registered only where the device
      * has out-of-order queues: a test that did not run its path must not report "passed". */
     const int ooo = device_supports_out_of_order(clattn_ctx_device(tu_ctx()));
@@ -2191,10 +2190,8 @@ static Suite *runtime_suite(void)
     tcase_add_test(queues, test_plan_lifetimes);
     /* In "queues", the case the Oclgrind lane runs: the layout is checked on all three. */
     tcase_add_test(queues, test_params_layout);
-    suite_add_tcase(suite, queues);
 
-    TCase *contexts = tcase_create("contexts");
-    tcase_set_timeout(contexts, 600);
+    TCase *contexts = tu_tcase(suite, "contexts", 600);
     tcase_add_test(contexts, test_accessors_and_two_contexts);
     tcase_add_test(contexts, test_kernel_trace);
     tcase_add_test(contexts, test_own_context_lifecycle);
@@ -2203,12 +2200,10 @@ static Suite *runtime_suite(void)
     tcase_add_test(contexts, test_device_specs);
     tcase_add_test(contexts, test_kernel_dir_failures);
     tcase_add_test(contexts, test_params_overrides);
-    suite_add_tcase(suite, contexts);
     return suite;
 }
 
 int main(void)
 {
-    tu_suite_begin("check_runtime");
-    return tu_run_suite(runtime_suite());
+    return tu_main("check_runtime", runtime_suite);
 }
