@@ -392,26 +392,8 @@ START_TEST(test_max_alloc_refused_or_fused)
             v_abs[j] = fabsf(v[j]);
         const size_t rows[2] = {0, seq - 1};
         for (int r = 0; r < 2; ++r) {
-            const ref_sdpa_shape one = {1,
-                                        1,
-                                        1,
-                                        seq,
-                                        1,
-                                        1,
-                                        1.0,
-                                        CLATTN_NORM_SOFTMAX,
-                                        CLATTN_CAUSAL_NONE,
-                                        0,
-                                        0,
-                                        NULL,
-                                        0,
-                                        0,
-                                        CLATTN_CAUSAL_NONE,
-                                        0,
-                                        0,
-                                        NULL,
-                                        0,
-                                        NULL};
+            ref_sdpa_shape one = ref_softmax_shape(1, 1, 1, seq, 1, 1);
+            one.scale = 1.0;
             double want = 0.0, magnitude = 0.0;
             ref_sdpa(&one, q + rows[r], k, v, NULL, NULL, &want, NULL, NULL);
             ref_sdpa(&one, q + rows[r], k, v_abs, NULL, NULL, &magnitude, NULL, NULL);

@@ -1124,21 +1124,10 @@ START_TEST(test_generation)
                         step_out, 0, NULL, NULL);
     /* The reference: the full causal forward (k and v rounded as the cache stores them for
      * the steps; the full forward read them unrounded). */
-    const ref_sdpa_shape shape = {.batch = batch,
-                                  .heads = heads,
-                                  .seq_q = STEPS,
-                                  .seq_k = STEPS,
-                                  .dk = D,
-                                  .dv = D,
-                                  .scale = ref_resolve_scale(NAN, D),
-                                  .norm = CLATTN_NORM_SOFTMAX,
-                                  .causal = CLATTN_CAUSAL_TOP_LEFT,
-                                  .kv_heads = kv_heads,
-                                  .softcap = softcap,
-                                  .window_align = CLATTN_CAUSAL_TOP_LEFT,
-                                  .window_left = WINDOW,
-                                  .window_right = -1,
-                                  .sinks = with_sinks ? sinks : NULL};
+    ref_sdpa_shape shape = ref_softmax_shape(batch, heads, STEPS, STEPS, D, D);
+    shape.causal = CLATTN_CAUSAL_TOP_LEFT, shape.kv_heads = kv_heads, shape.softcap = softcap;
+    shape.window_align = CLATTN_CAUSAL_TOP_LEFT, shape.window_left = WINDOW;
+    shape.window_right = -1, shape.sinks = with_sinks ? sinks : NULL;
     double *ref = tu_doubles(q_count);
     ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
     tu_expect_close("full forward", full_out, ref, q_count, TU_TOL);
@@ -1698,26 +1687,7 @@ START_TEST(test_long_sequence_under_cap)
                 for (size_t s = 0; s < 24; ++s) {
                     const size_t row = s == 0 ? 0 : s == 23 ? seq - 1 : tu_rand_below(seq);
                     /* One query row; causal as an additive mask on keys past `row`. */
-                    const ref_sdpa_shape one = {1,
-                                                1,
-                                                1,
-                                                seq,
-                                                dim,
-                                                dim,
-                                                ref_resolve_scale(NAN, dim),
-                                                CLATTN_NORM_SOFTMAX,
-                                                CLATTN_CAUSAL_NONE,
-                                                0,
-                                                0,
-                                                NULL,
-                                                0,
-                                                0,
-                                                CLATTN_CAUSAL_NONE,
-                                                0,
-                                                0,
-                                                NULL,
-                                                0,
-                                                NULL};
+                    ref_sdpa_shape one = ref_softmax_shape(1, 1, 1, seq, dim, dim);
                     for (size_t j = 0; j < seq; ++j)
                         row_mask[j] = c.causal && j > row ? -INFINITY : 0.0f;
                     double want[64];

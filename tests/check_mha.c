@@ -825,29 +825,8 @@ static void reference_with_rules(pb_mha_problem *p, const float *mask, const ref
     float *v = project(value, b * lk, s->vdim, wv, bv, vd, torch);
     float *qh = split_heads(q, b, lq, h, dk), *kh = split_heads(k, b, lk, h, dk);
     float *vh = split_heads(v, b, lk, h, dv);
-    const ref_sdpa_shape shape = {b,
-                                  h,
-                                  lq,
-                                  lk,
-                                  dk,
-                                  dv,
-                                  ref_resolve_scale(s->scale, dk),
-                                  s->norm,
-                                  s->causal,
-                                  0,
-                                  0,
-                                  NULL,
-                                  0,
-                                  0,
-                                  CLATTN_CAUSAL_NONE,
-                                  0,
-                                  0,
-                                  NULL,
-                                  0,
-                                  NULL,
-                                  0.0,
-                                  0,
-                                  0};
+    ref_sdpa_shape shape = ref_softmax_shape(b, h, lq, lk, dk, dv);
+    shape.scale = ref_resolve_scale(s->scale, dk), shape.norm = s->norm, shape.causal = s->causal;
     ref_sdpa_shape ruled = shape;
     if (rules != NULL) {
         ruled.softcap = rules->softcap;

@@ -1896,17 +1896,8 @@ static void kv_attend(const kv_model *m, clattn_plan *plan, size_t rows, const c
             CLATTN_SUCCESS, what)) {
         tu_read_floats(t.out.mem, 0, out_count, out);
         const int32_t kv_len[KV_B] = {(int32_t)m->length, (int32_t)m->length};
-        const ref_sdpa_shape shape = {.batch = KV_B,
-                                      .heads = KV_HQ,
-                                      .seq_q = rows,
-                                      .seq_k = KV_CAP,
-                                      .dk = KV_DK,
-                                      .dv = KV_DV,
-                                      .scale = ref_resolve_scale(NAN, KV_DK),
-                                      .norm = CLATTN_NORM_SOFTMAX,
-                                      .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
-                                      .kv_heads = KV_HKV,
-                                      .kv_len = kv_len};
+        ref_sdpa_shape shape = ref_softmax_shape(KV_B, KV_HQ, rows, KV_CAP, KV_DK, KV_DV);
+        shape.causal = CLATTN_CAUSAL_BOTTOM_RIGHT, shape.kv_heads = KV_HKV, shape.kv_len = kv_len;
         double *ref = tu_doubles(out_count);
         ref_sdpa(&shape, q, m->k, m->v, NULL, NULL, ref, NULL, NULL);
         char label[160];
@@ -2211,23 +2202,12 @@ START_TEST(test_quantized_kv)
                                              NULL, NULL),
                          CLATTN_SUCCESS, "execute")) {
         tu_read_floats(t.out.mem, 0, o_count, out);
-        const ref_sdpa_shape shape = {.batch = c->batch,
-                                      .heads = c->heads,
-                                      .seq_q = c->seq_q,
-                                      .seq_k = c->seq_k,
-                                      .dk = c->dk,
-                                      .dv = c->dv,
-                                      .scale = ref_resolve_scale(NAN, c->dk),
-                                      .norm = CLATTN_NORM_SOFTMAX,
-                                      .causal = desc.causal,
-                                      .kv_heads = c->kv_heads,
-                                      .kv_len = c->kv_len ? kv_len : NULL,
-                                      .softcap = desc.softcap,
-                                      .window_align = desc.window_align,
-                                      .window_left = 40,
-                                      .window_right = -1,
-                                      .alibi = c->alibi ? slopes : NULL,
-                                      .sinks = c->sinks ? sinks : NULL};
+        ref_sdpa_shape shape =
+            ref_softmax_shape(c->batch, c->heads, c->seq_q, c->seq_k, c->dk, c->dv);
+        shape.causal = desc.causal, shape.kv_heads = c->kv_heads;
+        shape.kv_len = c->kv_len ? kv_len : NULL, shape.softcap = desc.softcap;
+        shape.window_align = desc.window_align, shape.window_left = 40, shape.window_right = -1;
+        shape.alibi = c->alibi ? slopes : NULL, shape.sinks = c->sinks ? sinks : NULL;
         double *ref = tu_doubles(o_count), *exact = tu_doubles(o_count);
         ref_sdpa(&shape, q, deq[0], deq[1], NULL, NULL, ref, NULL, NULL);
         ref_sdpa(&shape, q, x[0], x[1], NULL, NULL, exact, NULL, NULL);
@@ -2384,12 +2364,9 @@ START_TEST(test_quantized_cache)
                              CLATTN_SUCCESS, "decode")) {
             tu_read_floats(run.out.mem, 0, B * HQ * D, out);
             const int32_t kv_len[B] = {(int32_t)length, (int32_t)length};
-            const ref_sdpa_shape shape = {.batch = B, .heads = HQ, .seq_q = 1, .seq_k = CAP,
-                                          .dk = D, .dv = D,
-                                          .scale = ref_resolve_scale(NAN, D),
-                                          .norm = CLATTN_NORM_SOFTMAX,
-                                          .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
-                                          .kv_heads = HKV, .kv_len = kv_len};
+            ref_sdpa_shape shape = ref_softmax_shape(B, HQ, 1, CAP, D, D);
+            shape.causal = CLATTN_CAUSAL_BOTTOM_RIGHT, shape.kv_heads = HKV,
+            shape.kv_len = kv_len;
             double *ref = tu_doubles(B * HQ * D);
             ref_sdpa(&shape, q, kq, vq, NULL, NULL, ref, NULL, NULL);
             tu_expect_close("quantized cache decode", out, ref, B * HQ * D, TU_TOL);
