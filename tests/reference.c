@@ -70,14 +70,11 @@ double ref_resolve_scale(float scale, size_t head_dim_qk)
 ref_sdpa_shape ref_softmax_shape(size_t batch, size_t heads, size_t seq_q, size_t seq_k, size_t dk,
                                  size_t dv)
 {
-    const ref_sdpa_shape shape = {.batch = batch,
-                                  .heads = heads,
-                                  .seq_q = seq_q,
-                                  .seq_k = seq_k,
-                                  .dk = dk,
-                                  .dv = dv,
-                                  .scale = ref_resolve_scale(NAN, dk),
-                                  .norm = CLATTN_NORM_SOFTMAX};
+    ref_sdpa_shape shape;
+    memset(&shape, 0, sizeof shape); /* every rule off */
+    shape.batch = batch, shape.heads = heads, shape.seq_q = seq_q, shape.seq_k = seq_k;
+    shape.dk = dk, shape.dv = dv, shape.scale = ref_resolve_scale(NAN, dk);
+    shape.norm = CLATTN_NORM_SOFTMAX;
     return shape;
 }
 
