@@ -429,16 +429,13 @@ END_TEST
 static Suite *additive_suite(void)
 {
     Suite *suite = suite_create("additive");
-    TCase *tc = tcase_create("additive");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = tu_tcase(suite, "additive", 600);
     tcase_add_loop_test(tc, test_additive_cases, 0, 2 * CASES);
     tcase_add_test(tc, test_additive_errors);
-    suite_add_tcase(suite, tc);
     return suite;
 }
 
 int main(void)
 {
-    tu_suite_begin("check_additive");
-    return tu_run_suite(additive_suite());
+    return tu_main("check_additive", additive_suite);
 }

@@ -455,15 +455,12 @@ END_TEST
 static Suite *attention_suite(void)
 {
     Suite *suite = suite_create("attention");
-    TCase *textbook = tcase_create("textbook");
-    tcase_set_timeout(textbook, 600);
+    TCase *textbook = tu_tcase(suite, "textbook", 600);
     tcase_add_test(textbook, test_textbook_mha_host);
     tcase_add_test(textbook, test_textbook_ops);
     tcase_add_test(textbook, test_textbook_attention_host);
-    suite_add_tcase(suite, textbook);
 
-    TCase *shapes = tcase_create("shapes");
-    tcase_set_timeout(shapes, 600);
+    TCase *shapes = tu_tcase(suite, "shapes", 600);
     /* A reduced run (CLATTN_TEST_SCALE=small, for Oclgrind) leaves out the cases that take
      * minutes there with GPU parameters; their kernel variants run in the other cases. */
     /* Case 7 (127 x 127 keys at d=64, causal: 25 s of Oclgrind) too: causal rows run in
@@ -483,12 +480,10 @@ static Suite *attention_suite(void)
     tcase_add_loop_test(shapes, test_attention_random, 0, small ? 1 : 24);
     if (!small)
         tcase_add_test(shapes, test_attention_many_heads);
-    suite_add_tcase(suite, shapes);
     return suite;
 }
 
 int main(void)
 {
-    tu_suite_begin("check_attention");
-    return tu_run_suite(attention_suite());
+    return tu_main("check_attention", attention_suite);
 }

@@ -724,8 +724,7 @@ int main(void)
                     fp64 != 0;
     }
     Suite *suite = suite_create("backward");
-    TCase *tc = tcase_create("backward");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = tu_tcase(suite, "backward", 900);
     /* Small scale (Oclgrind, rusticl): the d = 128 decode and the 127 x 127 prefill stay out
      * (minutes there); every feature still runs in the other cases. */
     static const int heavy[] = {14, 15};
@@ -747,6 +746,5 @@ int main(void)
     tcase_add_loop_test(tc, test_backward_random, 0, tu_small() ? 4 : 24);
     tcase_add_loop_test(tc, test_reference_by_differences, 0, 3);
     tcase_add_test(tc, test_backward_refusals);
-    suite_add_tcase(suite, tc);
     return tu_run_suite(suite);
 }

@@ -641,10 +641,7 @@ END_TEST
 static ref_sdpa_shape bottom_right_shape(size_t b, size_t h, size_t g, size_t lq, size_t lk,
                                          size_t d)
 {
-    ref_sdpa_shape shape;
-    memset(&shape, 0, sizeof shape);
-    shape.batch = b, shape.heads = h, shape.seq_q = lq, shape.seq_k = lk, shape.dk = d;
-    shape.dv = d, shape.scale = ref_resolve_scale(NAN, d), shape.norm = CLATTN_NORM_SOFTMAX;
+    ref_sdpa_shape shape = ref_softmax_shape(b, h, lq, lk, d, d);
     shape.causal = CLATTN_CAUSAL_BOTTOM_RIGHT, shape.kv_heads = g;
     return shape;
 }
@@ -1166,21 +1163,9 @@ START_TEST(test_sdpa_cache_command)
         memcpy(all_v + bg * LK * DV, pv + bg * P * DV, P * DV * sizeof(float));
         memcpy(all_v + (bg * LK + P) * DV, v + bg * LN * DV, LN * DV * sizeof(float));
     }
-    ref_sdpa_shape shape = {.batch = B,
-                            .heads = H,
-                            .seq_q = LQ,
-                            .seq_k = LK,
-                            .dk = D,
-                            .dv = DV,
-                            .scale = ref_resolve_scale(NAN, D),
-                            .norm = CLATTN_NORM_SOFTMAX,
-                            .causal = CLATTN_CAUSAL_ONNX,
-                            .kv_heads = G,
-                            .has_past = 1,
-                            .past = P,
-                            .window_align = CLATTN_CAUSAL_ONNX,
-                            .window_left = 2,
-                            .window_right = -1};
+    ref_sdpa_shape shape = ref_softmax_shape(B, H, LQ, LK, D, DV);
+    shape.causal = CLATTN_CAUSAL_ONNX, shape.kv_heads = G, shape.has_past = 1, shape.past = P;
+    shape.window_align = CLATTN_CAUSAL_ONNX, shape.window_left = 2, shape.window_right = -1;
     const size_t out_count = (size_t)B * H * LQ * DV, s_count = (size_t)B * H * LQ * LK;
     double *ref = tu_doubles(out_count), *weights = tu_doubles(s_count);
     double *ref_scores = tu_doubles(s_count);
@@ -1368,16 +1353,8 @@ START_TEST(test_sdpa_rope_command)
     snprintf(kr_path, sizeof kr_path, "%s/rope_sdpa_kr.npy", scratch);
     snprintf(files_out, sizeof files_out, "%s/rope_sdpa_files_y.npy", scratch);
     snprintf(out, sizeof out, "%s/rope_sdpa_y.npy", scratch);
-    const ref_sdpa_shape shape = {.batch = B,
-                                  .heads = H,
-                                  .seq_q = LQ,
-                                  .seq_k = LK,
-                                  .dk = D,
-                                  .dv = DV,
-                                  .scale = ref_resolve_scale(NAN, D),
-                                  .norm = CLATTN_NORM_SOFTMAX,
-                                  .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
-                                  .kv_heads = G};
+    ref_sdpa_shape shape = ref_softmax_shape(B, H, LQ, LK, D, DV);
+    shape.causal = CLATTN_CAUSAL_BOTTOM_RIGHT, shape.kv_heads = G;
     const ref_rope_spec rope = {.pairs = 1, .dims = 6, .start = START, .base = 500.0};
     const size_t out_count = (size_t)B * H * LQ * DV;
     double *ref = tu_doubles(out_count);
@@ -1637,18 +1614,8 @@ START_TEST(test_sdpa_typed_outputs)
         memcpy(all_v + bg * LK * DV, pv + bg * P * DV, P * DV * sizeof(float));
         memcpy(all_v + (bg * LK + P) * DV, v + bg * LN * DV, LN * DV * sizeof(float));
     }
-    const ref_sdpa_shape shape = {.batch = B,
-                                  .heads = H,
-                                  .seq_q = LQ,
-                                  .seq_k = LK,
-                                  .dk = D,
-                                  .dv = DV,
-                                  .scale = ref_resolve_scale(NAN, D),
-                                  .norm = CLATTN_NORM_SOFTMAX,
-                                  .causal = CLATTN_CAUSAL_ONNX,
-                                  .kv_heads = G,
-                                  .has_past = 1,
-                                  .past = P};
+    ref_sdpa_shape shape = ref_softmax_shape(B, H, LQ, LK, D, DV);
+    shape.causal = CLATTN_CAUSAL_ONNX, shape.kv_heads = G, shape.has_past = 1, shape.past = P;
     const size_t out_count = (size_t)B * H * LQ * DV, s_count = (size_t)B * H * LQ * LK;
     double *ref = tu_doubles(out_count), *ref_scores = tu_doubles(s_count);
     double *all_k64 = tu_doubles(k_count), *all_v64 = tu_doubles(v_count);
@@ -1727,17 +1694,8 @@ START_TEST(test_sdpa_command)
         for (size_t i = 0; i < LQ; ++i)
             for (size_t j = 0; j < LK; ++j)
                 mask[(bh * LQ + i) * LK + j] = j < MW && keep[i * MW + j] ? 0.0f : -INFINITY;
-    const ref_sdpa_shape shape = {.batch = B,
-                                  .heads = H,
-                                  .seq_q = LQ,
-                                  .seq_k = LK,
-                                  .dk = D,
-                                  .dv = DV,
-                                  .scale = ref_resolve_scale(NAN, D),
-                                  .norm = CLATTN_NORM_SOFTMAX,
-                                  .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
-                                  .kv_heads = G,
-                                  .softcap = 2.5};
+    ref_sdpa_shape shape = ref_softmax_shape(B, H, LQ, LK, D, DV);
+    shape.causal = CLATTN_CAUSAL_BOTTOM_RIGHT, shape.kv_heads = G, shape.softcap = 2.5;
     const size_t out_count = (size_t)B * H * LQ * DV;
     double *ref = tu_doubles(out_count);
     ref_sdpa(&shape, q, k, v, mask, NULL, ref, NULL, NULL);
@@ -3985,8 +3943,7 @@ int main(int argc, char **argv)
     }
     write_broken_files();
     Suite *suite = suite_create("cli");
-    TCase *tc = tcase_create("clattn command");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = tu_tcase(suite, "clattn command", 600);
     tcase_add_loop_test(tc, test_run_matches_pytorch, 0,
                         (int)(sizeof torch_cases / sizeof torch_cases[0]));
     tcase_add_test(tc, test_run_textbook_and_png);
@@ -4037,7 +3994,6 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_sdpa_blocks_and_png);
     tcase_add_test(tc, test_repeated_and_range);
     tcase_add_test(tc, test_option_tables);
-    suite_add_tcase(suite, tc);
     int result = tu_run_suite(suite);
     remove_scratch();
     return result;

@@ -973,8 +973,7 @@ int main(void)
 {
     tu_suite_begin("check_dropout");
     Suite *suite = suite_create("dropout");
-    TCase *tc = tcase_create("dropout");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = tu_tcase(suite, "dropout", 900);
     tcase_add_test(tc, test_philox_known_answers);
     tcase_add_test(tc, test_keep_matches_reference);
     /* Small scale (Oclgrind): the 63 x 63, 127- and 129-key problems stay out (dv = seq_k makes
@@ -992,7 +991,6 @@ int main(void)
     tcase_add_loop_test(tc, test_p_zero_and_one, 0, 2);
     tcase_add_loop_test(tc, test_backward_boundary, 0, 2);
     tcase_add_test(tc, test_refusals);
-    suite_add_tcase(suite, tc);
     const int status = tu_run_suite(suite);
     printf("dropout: the masks were drawn by %s\n", kernels_seen[0] ? kernels_seen : "nothing");
     return status;

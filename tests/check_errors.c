@@ -2412,8 +2412,7 @@ END_TEST
 static Suite *errors_suite(void)
 {
     Suite *suite = suite_create("errors");
-    TCase *ops = tcase_create("ops");
-    tcase_set_timeout(ops, 600);
+    TCase *ops = tu_tcase(suite, "ops", 600);
     tcase_add_test(ops, test_matmul_errors);
     tcase_add_test(ops, test_sdpa_create_errors);
     tcase_add_test(ops, test_sdpa_execute_errors);
@@ -2421,10 +2420,8 @@ static Suite *errors_suite(void)
     tcase_add_test(ops, test_mha_execute_errors);
     tcase_add_test(ops, test_attention_host_errors);
     tcase_add_test(ops, test_mha_host_errors);
-    suite_add_tcase(suite, ops);
 
-    TCase *runtime = tcase_create("runtime");
-    tcase_set_timeout(runtime, 600);
+    TCase *runtime = tu_tcase(suite, "runtime", 600);
     tcase_add_test(runtime, test_context_errors);
     tcase_add_test(runtime, test_status_strings);
     tcase_add_test(runtime, test_host_too_large);
@@ -2433,12 +2430,10 @@ static Suite *errors_suite(void)
     tcase_add_test(runtime, test_dimension_limit);
     tcase_add_test(runtime, test_tuning_environment);
     tcase_add_test(runtime, test_more_argument_errors);
-    suite_add_tcase(suite, runtime);
     return suite;
 }
 
 int main(void)
 {
-    tu_suite_begin("check_errors");
-    return tu_run_suite(errors_suite());
+    return tu_main("check_errors", errors_suite);
 }

@@ -15,11 +15,12 @@
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/status.h" /* clattn__fault_arm */
+#include "fault_hooks.h"
 #include "problems.h"
 #include "reference.h"
 #include "testutil.h"
@@ -391,26 +392,8 @@ START_TEST(test_max_alloc_refused_or_fused)
             v_abs[j] = fabsf(v[j]);
         const size_t rows[2] = {0, seq - 1};
         for (int r = 0; r < 2; ++r) {
-            const ref_sdpa_shape one = {1,
-                                        1,
-                                        1,
-                                        seq,
-                                        1,
-                                        1,
-                                        1.0,
-                                        CLATTN_NORM_SOFTMAX,
-                                        CLATTN_CAUSAL_NONE,
-                                        0,
-                                        0,
-                                        NULL,
-                                        0,
-                                        0,
-                                        CLATTN_CAUSAL_NONE,
-                                        0,
-                                        0,
-                                        NULL,
-                                        0,
-                                        NULL};
+            ref_sdpa_shape one = ref_softmax_shape(1, 1, 1, seq, 1, 1);
+            one.scale = 1.0;
             double want = 0.0, magnitude = 0.0;
             ref_sdpa(&one, q + rows[r], k, v, NULL, NULL, &want, NULL, NULL);
             ref_sdpa(&one, q + rows[r], k, v_abs, NULL, NULL, &magnitude, NULL, NULL);
@@ -430,6 +413,46 @@ START_TEST(test_max_alloc_refused_or_fused)
 }
 END_TEST
 
+/* A user's score function equal in text to one built before, at another address, is not
+ * built again: the context interns flex sources, so the second plan's programs all come from
+ * the program cache. (Here, not in check_flex, because counting builds needs this library's
+ * hook.) */
+START_TEST(test_flex_source_built_once)
+{
+    TU_BEGIN_TEST();
+    tu_set_case("two SDPA plans with the same score_mod text at two addresses");
+    static const char source[] = "float score_mod(float score, int b, int h, int q_idx, int kv_idx)\n"
+                                 "{\n"
+                                 "    return score + 0.25f * (float)(q_idx - kv_idx);\n"
+                                 "}\n";
+    char copy[sizeof source];
+    memcpy(copy, source, sizeof source);
+    clattn_tensors t;
+    memset(&t, 0, sizeof t);
+    t.q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, 1, 2, 17, 16);
+    t.k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, 1, 2, 19, 16);
+    t.v = t.k;
+    t.out = t.q;
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    CLATTN_BIND_ROLES(desc, t);
+    desc.flex.source = source;
+    desc.flex.functions = CLATTN_FLEX_SCORE_MOD;
+    clattn_plan *first = NULL, *second = NULL;
+    clattn__fault_arm(CLATTN_FAULT_BUILD, 0);
+    tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &desc, &first), CLATTN_SUCCESS, "first");
+    const long built = clattn__fault_calls(CLATTN_FAULT_BUILD);
+    desc.flex.source = copy;
+    tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &desc, &second), CLATTN_SUCCESS, "second");
+    tu_expect(built > 0 && clattn__fault_calls(CLATTN_FAULT_BUILD) == built,
+              "program builds: %ld for the first plan, %ld after the second", built,
+              clattn__fault_calls(CLATTN_FAULT_BUILD));
+    clattn_plan_release(first);
+    clattn_plan_release(second);
+    TU_END_TEST();
+}
+END_TEST
+
 int main(void)
 {
     /* The error paths of plans, not self-validation's (check_validate): probes would add
@@ -437,8 +460,7 @@ int main(void)
     setenv("CLATTN_VALIDATE", "off", 1);
     tu_suite_begin("check_fault");
     Suite *suite = suite_create("fault");
-    TCase *faults = tcase_create("fault injection");
-    tcase_set_timeout(faults, 900);
+    TCase *faults = tu_tcase(suite, "fault injection", 900);
     /* The out-of-order scenario (the last) is registered only where the device has
      * out-of-order queues (Mesa's rusticl has none): a walk that did not run must not pass. */
     cl_command_queue_properties properties = 0;
@@ -452,11 +474,9 @@ int main(void)
                scenario_names[SC_OUT_OF_ORDER]);
     tcase_add_loop_test(faults, test_walk_faults, 0,
                         (out_of_order ? SC_COUNT : SC_OUT_OF_ORDER) * CLATTN_FAULT_KINDS);
-    suite_add_tcase(suite, faults);
-    TCase *limits = tcase_create("limits");
-    tcase_set_timeout(limits, 900);
+    TCase *limits = tu_tcase(suite, "limits", 900);
     tcase_add_test(limits, test_max_alloc_refused_or_fused);
-    suite_add_tcase(suite, limits);
+    tcase_add_test(limits, test_flex_source_built_once);
     int result = tu_run_suite(suite);
     printf("check_fault: walked %ld allocation, %ld enqueue and %ld build failure points\n",
            walked[CLATTN_FAULT_ALLOC], walked[CLATTN_FAULT_ENQUEUE], walked[CLATTN_FAULT_BUILD]);

@@ -1124,21 +1124,10 @@ START_TEST(test_generation)
                         step_out, 0, NULL, NULL);
     /* The reference: the full causal forward (k and v rounded as the cache stores them for
      * the steps; the full forward read them unrounded). */
-    const ref_sdpa_shape shape = {.batch = batch,
-                                  .heads = heads,
-                                  .seq_q = STEPS,
-                                  .seq_k = STEPS,
-                                  .dk = D,
-                                  .dv = D,
-                                  .scale = ref_resolve_scale(NAN, D),
-                                  .norm = CLATTN_NORM_SOFTMAX,
-                                  .causal = CLATTN_CAUSAL_TOP_LEFT,
-                                  .kv_heads = kv_heads,
-                                  .softcap = softcap,
-                                  .window_align = CLATTN_CAUSAL_TOP_LEFT,
-                                  .window_left = WINDOW,
-                                  .window_right = -1,
-                                  .sinks = with_sinks ? sinks : NULL};
+    ref_sdpa_shape shape = ref_softmax_shape(batch, heads, STEPS, STEPS, D, D);
+    shape.causal = CLATTN_CAUSAL_TOP_LEFT, shape.kv_heads = kv_heads, shape.softcap = softcap;
+    shape.window_align = CLATTN_CAUSAL_TOP_LEFT, shape.window_left = WINDOW;
+    shape.window_right = -1, shape.sinks = with_sinks ? sinks : NULL;
     double *ref = tu_doubles(q_count);
     ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
     tu_expect_close("full forward", full_out, ref, q_count, TU_TOL);
@@ -1698,26 +1687,7 @@ START_TEST(test_long_sequence_under_cap)
                 for (size_t s = 0; s < 24; ++s) {
                     const size_t row = s == 0 ? 0 : s == 23 ? seq - 1 : tu_rand_below(seq);
                     /* One query row; causal as an additive mask on keys past `row`. */
-                    const ref_sdpa_shape one = {1,
-                                                1,
-                                                1,
-                                                seq,
-                                                dim,
-                                                dim,
-                                                ref_resolve_scale(NAN, dim),
-                                                CLATTN_NORM_SOFTMAX,
-                                                CLATTN_CAUSAL_NONE,
-                                                0,
-                                                0,
-                                                NULL,
-                                                0,
-                                                0,
-                                                CLATTN_CAUSAL_NONE,
-                                                0,
-                                                0,
-                                                NULL,
-                                                0,
-                                                NULL};
+                    ref_sdpa_shape one = ref_softmax_shape(1, 1, 1, seq, dim, dim);
                     for (size_t j = 0; j < seq; ++j)
                         row_mask[j] = c.causal && j > row ? -INFINITY : 0.0f;
                     double want[64];
@@ -1742,8 +1712,7 @@ int main(void)
 {
     tu_suite_begin("check_flash");
     Suite *suite = suite_create("flash");
-    TCase *tc = tcase_create("fused attention");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = tu_tcase(suite, "fused attention", 900);
     /* A reduced run (CLATTN_TEST_SCALE=small, for Oclgrind) leaves out the cases that take
      * minutes there with GPU parameters; their variants run in the other cases (BLOCK_K=16 of
      * case 6 in case 8; several row blocks and key tiles with every mask in cases 4, 5, 11).
@@ -1843,7 +1812,6 @@ int main(void)
     tcase_add_loop_test(tc, test_mha_auto_is_fused, 0, 2);
     if (!small)
         tcase_add_loop_test(tc, test_long_sequence_under_cap, 0, 2);
-    suite_add_tcase(suite, tc);
     /* Issue 48's blind spots, a case of their own (CK_RUN_CASE="decode edges" runs them
      * alone): a few rows over at most 200 keys, under a second each on PoCL. Small scale
      * (Oclgrind: 15 s for all of them) leaves out the two cases whose point is another
@@ -1853,8 +1821,7 @@ int main(void)
     if (small)
         tu_not_run("test_decode_split_group_sinks case 2 (two k/v heads), "
                    "test_paged_partial_blocks case 4 (past flash_cpu.cl's first key tile)");
-    TCase *edges = tcase_create("decode edges");
-    tcase_set_timeout(edges, 900);
+    TCase *edges = tu_tcase(suite, "decode edges", 900);
     tu_add_loop_except(edges, test_decode_split_group_sinks, 0,
                        (int)(sizeof group_sink_cases / sizeof group_sink_cases[0]),
                        heavy_group_sinks, small ? 1 : 0);
@@ -1862,6 +1829,5 @@ int main(void)
                        (int)(sizeof partial_cases / sizeof partial_cases[0]), heavy_partial,
                        small ? 1 : 0);
     tcase_add_unchecked_fixture(edges, NULL, release_decode_ctx);
-    suite_add_tcase(suite, edges);
     return tu_run_suite(suite);
 }

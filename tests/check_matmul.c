@@ -1028,8 +1028,7 @@ static void add_size_loop(TCase *tcase, const TTest *test, const char *name, con
 static Suite *matmul_suite(void)
 {
     Suite *suite = suite_create("matmul");
-    TCase *sizes = tcase_create("sizes");
-    tcase_set_timeout(sizes, 600);
+    TCase *sizes = tu_tcase(suite, "sizes", 600);
     tcase_add_loop_test(sizes, test_matmul_awkward_sizes, 0, COUNT_OF(awkward_sizes));
     add_size_loop(sizes, test_matmul_primes_and_large, "test_matmul_primes_and_large",
                   prime_and_large_sizes, COUNT_OF(prime_and_large_sizes));
@@ -1047,10 +1046,8 @@ static Suite *matmul_suite(void)
                    not_run_, SMALL_GRID_STRIDE);
     else
         tcase_add_test(sizes, test_matmul_many_batches);
-    suite_add_tcase(suite, sizes);
 
-    TCase *options = tcase_create("options");
-    tcase_set_timeout(options, 600);
+    TCase *options = tu_tcase(suite, "options", 600);
     tcase_add_test(options, test_matmul_alpha_beta);
     tcase_add_test(options, test_matmul_bias);
     tcase_add_test(options, test_matmul_batched_strides);
@@ -1077,12 +1074,10 @@ static Suite *matmul_suite(void)
                    SMALL_BLOCK_MACS);
     else
         tcase_add_test(options, test_matmul_cpu_stream);
-    suite_add_tcase(suite, options);
     return suite;
 }
 
 int main(void)
 {
-    tu_suite_begin("check_matmul");
-    return tu_run_suite(matmul_suite());
+    return tu_main("check_matmul", matmul_suite);
 }

@@ -825,29 +825,8 @@ static void reference_with_rules(pb_mha_problem *p, const float *mask, const ref
     float *v = project(value, b * lk, s->vdim, wv, bv, vd, torch);
     float *qh = split_heads(q, b, lq, h, dk), *kh = split_heads(k, b, lk, h, dk);
     float *vh = split_heads(v, b, lk, h, dv);
-    const ref_sdpa_shape shape = {b,
-                                  h,
-                                  lq,
-                                  lk,
-                                  dk,
-                                  dv,
-                                  ref_resolve_scale(s->scale, dk),
-                                  s->norm,
-                                  s->causal,
-                                  0,
-                                  0,
-                                  NULL,
-                                  0,
-                                  0,
-                                  CLATTN_CAUSAL_NONE,
-                                  0,
-                                  0,
-                                  NULL,
-                                  0,
-                                  NULL,
-                                  0.0,
-                                  0,
-                                  0};
+    ref_sdpa_shape shape = ref_softmax_shape(b, h, lq, lk, dk, dv);
+    shape.scale = ref_resolve_scale(s->scale, dk), shape.norm = s->norm, shape.causal = s->causal;
     ref_sdpa_shape ruled = shape;
     if (rules != NULL) {
         ruled.softcap = rules->softcap;
@@ -1204,8 +1183,7 @@ END_TEST
 static Suite *mha_suite(void)
 {
     Suite *suite = suite_create("mha");
-    TCase *forward = tcase_create("forward");
-    tcase_set_timeout(forward, 600);
+    TCase *forward = tu_tcase(suite, "forward", 600);
     /* A reduced run (CLATTN_TEST_SCALE=small, for Oclgrind) leaves out what takes minutes
      * there with GPU parameters; every projection form, layout, need_weights mode, path, mask,
      * head count 1..16 and normalisation still runs in the other mha_cases. */
@@ -1245,22 +1223,18 @@ static Suite *mha_suite(void)
     tcase_add_loop_test(forward, test_mha_rank4_mask, 0, COUNT_OF(mask4_cases));
     tcase_add_loop_test(forward, test_mha_score_rules, 0, COUNT_OF(rules_cases));
     tcase_add_loop_test(forward, test_mha_rope, 0, COUNT_OF(rope_mha_cases));
-    suite_add_tcase(suite, forward);
 
-    TCase *workspace = tcase_create("workspace");
-    tcase_set_timeout(workspace, 600);
+    TCase *workspace = tu_tcase(suite, "workspace", 600);
     if (!small)
         tcase_add_test(workspace, test_mha_host_workspace_reuse);
     tcase_add_test(workspace, test_mha_host_masks_only_from_argument);
     static const int workspace_skip[] = {1, 3};
     tu_add_loop_except(workspace, test_mha_workspace_is_projections, 0, 4, workspace_skip,
                        small ? COUNT_OF(workspace_skip) : 0);
-    suite_add_tcase(suite, workspace);
     return suite;
 }
 
 int main(void)
 {
-    tu_suite_begin("check_mha");
-    return tu_run_suite(mha_suite());
+    return tu_main("check_mha", mha_suite);
 }

@@ -914,8 +914,7 @@ int main(int argc, char **argv)
     snprintf(name, sizeof name, "check_mpi[%d/%d]", rank_, ranks_);
     tu_suite_begin(name);
     Suite *suite = suite_create("mpi");
-    TCase *tc = tcase_create("ring");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = tu_tcase(suite, "ring", 600);
     tcase_add_test(tc, test_split_helpers);
     /* Small scale (Oclgrind): the four largest cases left out; every layout, rule and the
      * merge kernel still run. Case 1 alone took 54 of the suite's 136 s under Oclgrind; its
@@ -931,7 +930,6 @@ int main(int argc, char **argv)
                         (int)(sizeof cross_cases / sizeof cross_cases[0]));
     tcase_add_test(tc, test_ring_errors);
     tcase_add_test(tc, test_head_split);
-    suite_add_tcase(suite, tc);
     const int result = tu_run_suite(suite);
     int worst = 0;
     MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

@@ -1896,17 +1896,8 @@ static void kv_attend(const kv_model *m, clattn_plan *plan, size_t rows, const c
             CLATTN_SUCCESS, what)) {
         tu_read_floats(t.out.mem, 0, out_count, out);
         const int32_t kv_len[KV_B] = {(int32_t)m->length, (int32_t)m->length};
-        const ref_sdpa_shape shape = {.batch = KV_B,
-                                      .heads = KV_HQ,
-                                      .seq_q = rows,
-                                      .seq_k = KV_CAP,
-                                      .dk = KV_DK,
-                                      .dv = KV_DV,
-                                      .scale = ref_resolve_scale(NAN, KV_DK),
-                                      .norm = CLATTN_NORM_SOFTMAX,
-                                      .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
-                                      .kv_heads = KV_HKV,
-                                      .kv_len = kv_len};
+        ref_sdpa_shape shape = ref_softmax_shape(KV_B, KV_HQ, rows, KV_CAP, KV_DK, KV_DV);
+        shape.causal = CLATTN_CAUSAL_BOTTOM_RIGHT, shape.kv_heads = KV_HKV, shape.kv_len = kv_len;
         double *ref = tu_doubles(out_count);
         ref_sdpa(&shape, q, m->k, m->v, NULL, NULL, ref, NULL, NULL);
         char label[160];
@@ -2211,23 +2202,12 @@ START_TEST(test_quantized_kv)
                                              NULL, NULL),
                          CLATTN_SUCCESS, "execute")) {
         tu_read_floats(t.out.mem, 0, o_count, out);
-        const ref_sdpa_shape shape = {.batch = c->batch,
-                                      .heads = c->heads,
-                                      .seq_q = c->seq_q,
-                                      .seq_k = c->seq_k,
-                                      .dk = c->dk,
-                                      .dv = c->dv,
-                                      .scale = ref_resolve_scale(NAN, c->dk),
-                                      .norm = CLATTN_NORM_SOFTMAX,
-                                      .causal = desc.causal,
-                                      .kv_heads = c->kv_heads,
-                                      .kv_len = c->kv_len ? kv_len : NULL,
-                                      .softcap = desc.softcap,
-                                      .window_align = desc.window_align,
-                                      .window_left = 40,
-                                      .window_right = -1,
-                                      .alibi = c->alibi ? slopes : NULL,
-                                      .sinks = c->sinks ? sinks : NULL};
+        ref_sdpa_shape shape =
+            ref_softmax_shape(c->batch, c->heads, c->seq_q, c->seq_k, c->dk, c->dv);
+        shape.causal = desc.causal, shape.kv_heads = c->kv_heads;
+        shape.kv_len = c->kv_len ? kv_len : NULL, shape.softcap = desc.softcap;
+        shape.window_align = desc.window_align, shape.window_left = 40, shape.window_right = -1;
+        shape.alibi = c->alibi ? slopes : NULL, shape.sinks = c->sinks ? sinks : NULL;
         double *ref = tu_doubles(o_count), *exact = tu_doubles(o_count);
         ref_sdpa(&shape, q, deq[0], deq[1], NULL, NULL, ref, NULL, NULL);
         ref_sdpa(&shape, q, x[0], x[1], NULL, NULL, exact, NULL, NULL);
@@ -2384,12 +2364,9 @@ START_TEST(test_quantized_cache)
                              CLATTN_SUCCESS, "decode")) {
             tu_read_floats(run.out.mem, 0, B * HQ * D, out);
             const int32_t kv_len[B] = {(int32_t)length, (int32_t)length};
-            const ref_sdpa_shape shape = {.batch = B, .heads = HQ, .seq_q = 1, .seq_k = CAP,
-                                          .dk = D, .dv = D,
-                                          .scale = ref_resolve_scale(NAN, D),
-                                          .norm = CLATTN_NORM_SOFTMAX,
-                                          .causal = CLATTN_CAUSAL_BOTTOM_RIGHT,
-                                          .kv_heads = HKV, .kv_len = kv_len};
+            ref_sdpa_shape shape = ref_softmax_shape(B, HQ, 1, CAP, D, D);
+            shape.causal = CLATTN_CAUSAL_BOTTOM_RIGHT, shape.kv_heads = HKV,
+            shape.kv_len = kv_len;
             double *ref = tu_doubles(B * HQ * D);
             ref_sdpa(&shape, q, kq, vq, NULL, NULL, ref, NULL, NULL);
             tu_expect_close("quantized cache decode", out, ref, B * HQ * D, TU_TOL);
@@ -2449,8 +2426,7 @@ int main(void)
     tcase_add_test(host, test_dtype_conversions);
     suite_add_tcase(suite, host);
 
-    TCase *layouts = tcase_create("layouts");
-    tcase_set_timeout(layouts, 900);
+    TCase *layouts = tu_tcase(suite, "layouts", 900);
     if (small) {
         add_loop_only(layouts, test_views, views_small, COUNT_OF(views_small));
         tcase_add_loop_test(layouts, test_broadcast_inputs, 0, 1);
@@ -2462,10 +2438,8 @@ int main(void)
     }
     tcase_add_loop_test(layouts, test_packed_qkv_views, 0, small ? 1 : 3);
     tcase_add_loop_test(layouts, test_mha_views, 0, 4);
-    suite_add_tcase(suite, layouts);
 
-    TCase *masks = tcase_create("masks");
-    tcase_set_timeout(masks, 900);
+    TCase *masks = tu_tcase(suite, "masks", 900);
     if (small) {
         add_loop_only(masks, test_mask_shapes, masks_small, COUNT_OF(masks_small));
         add_loop_only(masks, test_causal_alignments, causal_small, COUNT_OF(causal_small));
@@ -2476,10 +2450,8 @@ int main(void)
         tcase_add_loop_test(masks, test_lse, 0, 8);
     }
     tcase_add_test(masks, test_mask_shape_errors);
-    suite_add_tcase(suite, masks);
 
-    TCase *execution = tcase_create("execution");
-    tcase_set_timeout(execution, 900);
+    TCase *execution = tu_tcase(suite, "execution", 900);
     tcase_add_loop_test(execution, test_plan_reuse, 0, 2);
     tcase_add_loop_test(execution, test_second_queue, 0, 2);
     tcase_add_loop_test(execution, test_caller_workspace, 0, 2);
@@ -2488,12 +2460,10 @@ int main(void)
     tcase_add_loop_test(execution, test_by_role, 0, 3);
     tcase_add_loop_test(execution, test_bindings, 0, 2);
     tcase_add_test(execution, test_tuning_file);
-    suite_add_tcase(suite, execution);
 
     /* Feature interactions (issue 24), at every scale: each test kills a class of one-line
      * bugs that passed the suites before (tests/mutants/mutants.txt, "issue 24"). */
-    TCase *interactions = tcase_create("interactions");
-    tcase_set_timeout(interactions, 900);
+    TCase *interactions = tu_tcase(suite, "interactions", 900);
     tcase_add_loop_test(interactions, test_window_with_causal, 0, COUNT_OF(band_cases));
     tcase_add_test(interactions, test_mixed_alignments_refused);
     tcase_add_loop_test(interactions, test_grouped_decode, 0, COUNT_OF(decode_group_cases));
@@ -2509,11 +2479,8 @@ int main(void)
     tcase_add_test(interactions, test_paged_and_sinks);
     tcase_add_loop_test(interactions, test_varlen, 0, 3 * COUNT_OF(varlen_cases));
     tcase_add_test(interactions, test_varlen_offsets_and_refusals);
-    suite_add_tcase(suite, interactions);
 
-    TCase *problems = tcase_create("problems");
-    tcase_set_timeout(problems, 900);
+    TCase *problems = tu_tcase(suite, "problems", 900);
     tcase_add_loop_test(problems, test_random_problems, 0, small ? 8 : 32);
-    suite_add_tcase(suite, problems);
     return tu_run_suite(suite);
 }

@@ -316,20 +316,17 @@ END_TEST
 static Suite *posenc_suite(void)
 {
     Suite *suite = suite_create("posenc");
-    TCase *tc = tcase_create("posenc");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = tu_tcase(suite, "posenc", 600);
     tcase_add_loop_test(tc, test_posenc_cases, 0, (int)(sizeof cases / sizeof cases[0]));
     if (tu_small())
         tu_not_run("test_posenc_long 0 (65536 x 64 values): the last 300 positions below 2^24 "
                    "still run");
     tcase_add_loop_test(tc, test_posenc_long, tu_small() ? 1 : 0, 2);
     tcase_add_test(tc, test_posenc_errors);
-    suite_add_tcase(suite, tc);
     return suite;
 }
 
 int main(void)
 {
-    tu_suite_begin("check_posenc");
-    return tu_run_suite(posenc_suite());
+    return tu_main("check_posenc", posenc_suite);
 }

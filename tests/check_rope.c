@@ -721,8 +721,7 @@ END_TEST
 static Suite *rope_suite(void)
 {
     Suite *suite = suite_create("rope");
-    TCase *tc = tcase_create("rope");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = tu_tcase(suite, "rope", 600);
     tcase_add_loop_test(tc, test_rope_cases, 0, (int)(sizeof cases / sizeof cases[0]));
     tcase_add_loop_test(tc, test_rope_decode_offset, 0, 2);
     tcase_add_test(tc, test_rope_far_positions);
@@ -732,19 +731,15 @@ static Suite *rope_suite(void)
     else
         tcase_add_test(tc, test_rope_untabled);
     tcase_add_test(tc, test_rope_errors);
-    suite_add_tcase(suite, tc);
-    TCase *sdpa = tcase_create("sdpa_rope");
-    tcase_set_timeout(sdpa, 600);
+    TCase *sdpa = tu_tcase(suite, "sdpa_rope", 600);
     tcase_add_loop_test(sdpa, test_sdpa_rope_cases, 0,
                         (int)(sizeof sdpa_rope_cases / sizeof sdpa_rope_cases[0]));
     tcase_add_loop_test(sdpa, test_sdpa_rope_decode, 0, 3);
     tcase_add_test(sdpa, test_sdpa_rope_errors);
-    suite_add_tcase(suite, sdpa);
     return suite;
 }
 
 int main(void)
 {
-    tu_suite_begin("check_rope");
-    return tu_run_suite(rope_suite());
+    return tu_main("check_rope", rope_suite);
 }

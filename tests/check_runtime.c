@@ -442,29 +442,8 @@ static void run_event_chain(int out_of_order)
                                     packed[(b * seq + pos) * 3 * embed + (size_t)part * embed +
                                            h * head_dim + x_];
             }
-            ref_sdpa_shape shape = {batch,
-                                    heads,
-                                    seq,
-                                    seq,
-                                    head_dim,
-                                    head_dim,
-                                    ref_resolve_scale(NAN, head_dim),
-                                    CLATTN_NORM_SOFTMAX,
-                                    CLATTN_CAUSAL_TOP_LEFT,
-                                    0,
-                                    0,
-                                    NULL,
-                                    0,
-                                    0,
-                                    CLATTN_CAUSAL_NONE,
-                                    0,
-                                    0,
-                                    NULL,
-                                    0,
-                                    NULL,
-                                    0.0,
-                                    0,
-                                    0};
+            ref_sdpa_shape shape = ref_softmax_shape(batch, heads, seq, seq, head_dim, head_dim);
+            shape.causal = CLATTN_CAUSAL_TOP_LEFT;
             double *o_ref = tu_doubles(part_count), *concat = tu_doubles(part_count);
             double *expected = tu_doubles(part_count);
             ref_sdpa(&shape, qkv[0], qkv[1], qkv[2], NULL, NULL, o_ref, NULL, NULL);
@@ -1084,29 +1063,7 @@ START_TEST(test_plan_lifetimes)
             float *q = tu_random_floats(2 * 5 * 3), *k = tu_random_floats(2 * 6 * 3);
             float *v = tu_random_floats(2 * 6 * 2), *out = tu_nan_floats(2 * 5 * 2);
             double *ref = tu_doubles(2 * 5 * 2);
-            const ref_sdpa_shape shape = {1,
-                                          2,
-                                          5,
-                                          6,
-                                          3,
-                                          2,
-                                          ref_resolve_scale(NAN, 3),
-                                          CLATTN_NORM_SOFTMAX,
-                                          CLATTN_CAUSAL_NONE,
-                                          0,
-                                          0,
-                                          NULL,
-                                          0,
-                                          0,
-                                          CLATTN_CAUSAL_NONE,
-                                          0,
-                                          0,
-                                          NULL,
-                                          0,
-                                          NULL,
-                                          0.0,
-                                          0,
-                                          0};
+            ref_sdpa_shape shape = ref_softmax_shape(1, 2, 5, 6, 3, 2);
             ref_sdpa(&shape, q, k, v, NULL, NULL, ref, NULL, NULL);
             status = clattn_attention_host(ctx, &host, q, k, v, NULL, out, NULL);
             if (tu_expect_status(status, CLATTN_SUCCESS, "host call in between")) {
@@ -1187,29 +1144,9 @@ START_TEST(test_contexts_on_threads)
             work[t].out[call] = tu_nan_floats(out_counts[t]);
         }
         refs[t] = tu_doubles(out_counts[t]);
-        const ref_sdpa_shape shape = {desc->batch,
-                                      desc->heads,
-                                      desc->seq_q,
-                                      desc->seq_k,
-                                      desc->head_dim_qk,
-                                      desc->head_dim_v,
-                                      ref_resolve_scale(NAN, desc->head_dim_qk),
-                                      CLATTN_NORM_SOFTMAX,
-                                      desc->causal,
-                                      0,
-                                      0,
-                                      NULL,
-                                      0,
-                                      0,
-                                      CLATTN_CAUSAL_NONE,
-                                      0,
-                                      0,
-                                      NULL,
-                                      0,
-                                      NULL,
-                                      0.0,
-                                      0,
-                                      0};
+        ref_sdpa_shape shape = ref_softmax_shape(desc->batch, desc->heads, desc->seq_q,
+                                                 desc->seq_k, desc->head_dim_qk, desc->head_dim_v);
+        shape.causal = desc->causal;
         ref_sdpa(&shape, work[t].q, work[t].k, work[t].v, NULL, NULL, refs[t], NULL, NULL);
     }
     for (int t = 0; t < THREAD_COUNT; ++t) {
@@ -2166,8 +2103,7 @@ END_TEST
 static Suite *runtime_suite(void)
 {
     Suite *suite = suite_create("runtime");
-    TCase *queues = tcase_create("queues");
-    tcase_set_timeout(queues, 600);
+    TCase *queues = tu_tcase(suite, "queues", 600);
     /* Out-of-order cases (loop index 1, or odd indices) are registered only where the device
      * has out-of-order queues: a test that did not run its path must not report "passed". */
     const int ooo = device_supports_out_of_order(clattn_ctx_device(tu_ctx()));
@@ -2191,10 +2127,8 @@ static Suite *runtime_suite(void)
     tcase_add_test(queues, test_plan_lifetimes);
     /* In "queues", the case the Oclgrind lane runs: the layout is checked on all three. */
     tcase_add_test(queues, test_params_layout);
-    suite_add_tcase(suite, queues);
 
-    TCase *contexts = tcase_create("contexts");
-    tcase_set_timeout(contexts, 600);
+    TCase *contexts = tu_tcase(suite, "contexts", 600);
     tcase_add_test(contexts, test_accessors_and_two_contexts);
     tcase_add_test(contexts, test_kernel_trace);
     tcase_add_test(contexts, test_own_context_lifecycle);
@@ -2203,12 +2137,10 @@ static Suite *runtime_suite(void)
     tcase_add_test(contexts, test_device_specs);
     tcase_add_test(contexts, test_kernel_dir_failures);
     tcase_add_test(contexts, test_params_overrides);
-    suite_add_tcase(suite, contexts);
     return suite;
 }
 
 int main(void)
 {
-    tu_suite_begin("check_runtime");
-    return tu_run_suite(runtime_suite());
+    return tu_main("check_runtime", runtime_suite);
 }

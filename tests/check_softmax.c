@@ -504,8 +504,7 @@ static Suite *softmax_suite(void)
                    "test_softmax_random with 1000 keys, 129 queries or more than 2 heads, "
                    "test_softmax_vec_edges with 1031 keys: "
                    "minutes each on Oclgrind");
-    TCase *shapes = tcase_create("shapes");
-    tcase_set_timeout(shapes, 600);
+    TCase *shapes = tu_tcase(suite, "shapes", 600);
     tu_add_loop_except(shapes, test_softmax_awkward, 0, COUNT_OF(awkward_cases), awkward_heavy,
                        small ? COUNT_OF(awkward_heavy) : 0);
     tcase_add_loop_test(shapes, test_softmax_all_masks_both_placements, 0, small ? 7 : 8);
@@ -515,28 +514,22 @@ static Suite *softmax_suite(void)
                         (COUNT_OF(vec_lengths) - (small ? 1 : 0)) * VEC_CONFIGS);
     if (!small)
         tcase_add_loop_test(shapes, test_softmax_long, 0, COUNT_OF(long_cases));
-    suite_add_tcase(suite, shapes);
 
     /* "masks" is the case tests/oclgrind_lane.sh's canary runs (CK_RUN_CASE=masks). */
-    TCase *masks = tcase_create("masks");
-    tcase_set_timeout(masks, 600);
+    TCase *masks = tu_tcase(suite, "masks", 600);
     tcase_add_loop_test(masks, test_softmax_causal, 0, COUNT_OF(causal_cases));
     tu_add_loop_except(masks, test_softmax_fully_masked, 0, COUNT_OF(fully_masked_cases),
                        fully_masked_heavy, small ? COUNT_OF(fully_masked_heavy) : 0);
-    suite_add_tcase(suite, masks);
 
-    TCase *numerics = tcase_create("numerics");
-    tcase_set_timeout(numerics, 600);
+    TCase *numerics = tu_tcase(suite, "numerics", 600);
     tu_add_loop_except(numerics, test_softmax_large_scores, 0, COUNT_OF(large_score_cases),
                        large_heavy, small ? COUNT_OF(large_heavy) : 0);
     tcase_add_test(numerics, test_softmax_extreme_rows);
     tcase_add_test(numerics, test_softmax_events);
-    suite_add_tcase(suite, numerics);
     return suite;
 }
 
 int main(void)
 {
-    tu_suite_begin("check_softmax");
-    return tu_run_suite(softmax_suite());
+    return tu_main("check_softmax", softmax_suite);
 }

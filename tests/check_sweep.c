@@ -1904,14 +1904,12 @@ int main(void)
     fflush(stdout);
 
     Suite *suite = suite_create("sweep");
-    TCase *tc = tcase_create("draws");
-    tcase_set_timeout(tc, 3600);
+    TCase *tc = tu_tcase(suite, "draws", 3600);
     if (only >= 0)
         tcase_add_loop_test(tc, test_draw, (int)only, (int)only + 1);
     else
         tcase_add_loop_test(tc, test_draw, 0, (int)draws);
     tcase_add_unchecked_fixture(tc, NULL, release_configs);
-    suite_add_tcase(suite, tc);
     census();
     const int status = tu_run_suite(suite);
     print_coverage();

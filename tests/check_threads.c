@@ -860,24 +860,19 @@ END_TEST
 static Suite *threads_suite(void)
 {
     Suite *suite = suite_create("threads");
-    TCase *concurrency = tcase_create("concurrency");
-    tcase_set_timeout(concurrency, 600);
+    TCase *concurrency = tu_tcase(suite, "concurrency", 600);
     tcase_add_test(concurrency, test_threads_own_contexts);
     tcase_add_test(concurrency, test_threads_contexts_from_shared_cl_context);
     tcase_add_test(concurrency, test_threads_shared_context_serialised);
-    suite_add_tcase(suite, concurrency);
 
-    TCase *determinism = tcase_create("determinism");
-    tcase_set_timeout(determinism, 600);
+    TCase *determinism = tu_tcase(suite, "determinism", 600);
     tcase_add_loop_test(determinism, test_determinism_attention, 0, 2);
     tcase_add_loop_test(determinism, test_determinism_mha, 0, COUNT_OF(mha_determinism_modes));
     tcase_add_loop_test(determinism, test_determinism_matmul, 0, COUNT_OF(matmul_cases));
-    suite_add_tcase(suite, determinism);
     return suite;
 }
 
 int main(void)
 {
-    tu_suite_begin("check_threads");
-    return tu_run_suite(threads_suite());
+    return tu_main("check_threads", threads_suite);
 }

@@ -371,11 +371,9 @@ int main(int argc, char **argv)
     if (!load_fixture(fixture_path))
         fprintf(stderr, "check_torch: cannot parse fixture %s\n", fixture_path);
     Suite *suite = suite_create("torch");
-    TCase *tc = tcase_create("nn.MultiheadAttention");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = tu_tcase(suite, "nn.MultiheadAttention", 600);
     tcase_add_test(tc, test_fixture_loaded);
     tcase_add_loop_test(tc, test_torch_cases, 0, num_cases * MODE_COUNT);
-    suite_add_tcase(suite, tc);
     int result = tu_run_suite(suite);
     free_fixture();
     return result;

@@ -1058,19 +1058,15 @@ int main(int argc, char **argv)
     tcase_add_test(parser, test_public_key_list);
     suite_add_tcase(suite, parser);
     /* Plans (a few kernel builds): CK_RUN_CASE="records by dtype" runs it alone. */
-    TCase *records = tcase_create("records by dtype");
-    tcase_set_timeout(records, 300);
+    TCase *records = tu_tcase(suite, "records by dtype", 300);
     tcase_add_test(records, test_records_by_dtype);
-    suite_add_tcase(suite, records);
-    TCase *tc = tcase_create("clattn tune");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = tu_tcase(suite, "clattn tune", 600);
     tcase_add_test(tc, test_quick_tune_writes_rows_that_apply);
     tcase_add_test(tc, test_garbage_cache_is_ignored);
     tcase_add_loop_test(tc, test_bad_options_exit_2, 0,
                         (int)(sizeof bad_cases / sizeof bad_cases[0]));
     tcase_add_test(tc, test_dry_run_and_out);
     tcase_add_test(tc, test_ctx_desc);
-    suite_add_tcase(suite, tc);
     const int failed = tu_run_suite(suite);
     remove_scratch();
     return failed ? 1 : 0;

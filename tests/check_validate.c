@@ -616,8 +616,7 @@ int main(void)
 {
     tu_suite_begin("validate");
     Suite *suite = suite_create("validate");
-    TCase *faults = tcase_create("faults");
-    tcase_set_timeout(faults, 900);
+    TCase *faults = tu_tcase(suite, "faults", 900);
     /* Every fault walk builds each variant again on fresh contexts: on a slow compiler
      * (rusticl, ASan's allocator) the small scale walks the CPU parameters' families only. */
     const int small = tu_small();
@@ -634,10 +633,7 @@ int main(void)
     tcase_add_loop_test(faults, test_fault_backward, 0, small ? 1 : 2);
     tcase_add_loop_test(faults, test_fault_mha, 0, small ? 1 : 2);
     tcase_add_loop_test(faults, test_fault_elementwise, 0, 2);
-    suite_add_tcase(suite, faults);
-    TCase *recs = tcase_create("records");
-    tcase_set_timeout(recs, 900);
+    TCase *recs = tu_tcase(suite, "records", 900);
     tcase_add_loop_test(recs, test_records, 0, 1);
-    suite_add_tcase(suite, recs);
     return tu_run_suite(suite);
 }

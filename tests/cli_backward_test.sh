@@ -7,21 +7,12 @@
 # Usage: cli_backward_test.sh CLATTN [PYTHON] (PYTHON: one with numpy, default /usr/bin/python3;
 # exit 77, skipped, without it).
 set -u
-clattn=$1 python=${2:-/usr/bin/python3}
-"$python" -c 'import numpy' 2>/dev/null || { echo "SKIP: no numpy for $python"; exit 77; }
-work=$(mktemp -d) || exit 1
-trap 'rm -rf "$work"' EXIT
-fail=0
-# the shared float64 reference (tests/cli_reference.py)
-CLI_TESTS_DIR=$(cd "$(dirname "$0")" && pwd)
-export CLI_TESTS_DIR
+. "$(dirname "$0")/cli_test_setup.sh"
 cat >"$work/ref.py" <<'EOF'
-import os
 import sys
-import numpy as np
 
-sys.path.insert(0, os.environ["CLI_TESTS_DIR"])
-from cli_reference import attention, compare, from_file, load_inputs, save_inputs  # noqa: E402
+import numpy as np
+from cli_reference import attention, compare, from_file, load_inputs, save_inputs
 
 # name: B, Hq, Hkv, Lq, Lk, dk, dv, rank 3 files?, options; and what the reference applies
 CASES = {
@@ -103,12 +94,10 @@ done
 dir=$work/varlen
 mkdir -p "$dir"
 cat >"$work/varlen.py" <<'EOF'
-import os
 import sys
-import numpy as np
 
-sys.path.insert(0, os.environ["CLI_TESTS_DIR"])
-from cli_reference import attention, compare  # noqa: E402
+import numpy as np
+from cli_reference import attention, compare
 
 LQ, LK, HQ, HKV, D = [5, 0, 9, 1], [7, 3, 12, 4], 4, 2, 16
 cq, ck = np.concatenate([[0], np.cumsum(LQ)]), np.concatenate([[0], np.cumsum(LK)])

@@ -13,21 +13,12 @@
 # Usage: cli_dropout_test.sh CLATTN [PYTHON] (PYTHON: one with numpy, default /usr/bin/python3;
 # exit 77, skipped, without it).
 set -u
-clattn=$1 python=${2:-/usr/bin/python3}
-"$python" -c 'import numpy' 2>/dev/null || { echo "SKIP: no numpy for $python"; exit 77; }
-work=$(mktemp -d) || exit 1
-trap 'rm -rf "$work"' EXIT
-fail=0
-# the shared float64 reference and numpy Philox (tests/cli_reference.py)
-CLI_TESTS_DIR=$(cd "$(dirname "$0")" && pwd)
-export CLI_TESTS_DIR
+. "$(dirname "$0")/cli_test_setup.sh"
 cat >"$work/ref.py" <<'EOF'
-import os
 import sys
-import numpy as np
 
-sys.path.insert(0, os.environ["CLI_TESTS_DIR"])
-from cli_reference import (attention, compare, dropout_factor, from_file,  # noqa: E402
+import numpy as np
+from cli_reference import (attention, compare, dropout_factor, from_file,
                            load_inputs, philox_self_test, save_inputs)
 
 # name: B, Hq, Hkv, Lq, Lk, dk, dv, rank 3 files?, options; and what the reference applies

@@ -8,20 +8,12 @@
 # Usage: cli_flex_test.sh CLATTN [PYTHON] (PYTHON: one with numpy, default /usr/bin/python3;
 # exit 77, skipped, without it).
 set -u
-clattn=$1 python=${2:-/usr/bin/python3}
-"$python" -c 'import numpy' 2>/dev/null || { echo "SKIP: no numpy for $python"; exit 77; }
-work=$(mktemp -d) || exit 1
-trap 'rm -rf "$work"' EXIT
-fail=0
-CLI_TESTS_DIR=$(cd "$(dirname "$0")" && pwd)
-export CLI_TESTS_DIR
+. "$(dirname "$0")/cli_test_setup.sh"
 cat >"$work/ref.py" <<'EOF'
-import os
 import sys
-import numpy as np
 
-sys.path.insert(0, os.environ["CLI_TESTS_DIR"])
-from cli_reference import compare  # noqa: E402
+import numpy as np
+from cli_reference import compare
 
 B, H, LQ, LK, D, CAP = 2, 3, 17, 33, 16, 4.0
 W = LQ + LK - 1  # the bias table's width: q - k + LK - 1 in 0 .. W - 1

@@ -67,6 +67,17 @@ double ref_resolve_scale(float scale, size_t head_dim_qk)
     return isnan(scale) ? 1.0 / sqrt((double)head_dim_qk) : (double)scale;
 }
 
+ref_sdpa_shape ref_softmax_shape(size_t batch, size_t heads, size_t seq_q, size_t seq_k, size_t dk,
+                                 size_t dv)
+{
+    ref_sdpa_shape shape;
+    memset(&shape, 0, sizeof shape); /* every rule off */
+    shape.batch = batch, shape.heads = heads, shape.seq_q = seq_q, shape.seq_k = seq_k;
+    shape.dk = dk, shape.dv = dv, shape.scale = ref_resolve_scale(NAN, dk);
+    shape.norm = CLATTN_NORM_SOFTMAX;
+    return shape;
+}
+
 /* The offset of an alignment for batch b: query i sits at key position i + offset. */
 static long long align_offset(const ref_sdpa_shape *s, clattn_causal align, size_t b)
 {

@@ -73,6 +73,11 @@ typedef struct ref_sdpa_shape {
     uint64_t dropout_seed, dropout_offset;
 } ref_sdpa_shape;
 
+/* Softmax attention of these sizes at the default scale (1/sqrt(dk)) with every other rule off
+ * (no causal mask, kv_heads = heads): the shape tests then set their features' fields on. */
+ref_sdpa_shape ref_softmax_shape(size_t batch, size_t heads, size_t seq_q, size_t seq_k, size_t dk,
+                                 size_t dv);
+
 /* Philox 4x32-10 (Salmon et al., SC 2011): the block of counter ctr under key (key[0], key[1])
  * into out, written from the paper's definition (tests check it against Random123's known
  * answers). */

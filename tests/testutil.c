@@ -132,6 +132,20 @@ int tu_run_suite(Suite *suite)
     return failed == 0 ? 0 : 1;
 }
 
+int tu_main(const char *program, Suite *(*make_suite)(void))
+{
+    tu_suite_begin(program);
+    return tu_run_suite(make_suite());
+}
+
+TCase *tu_tcase(Suite *suite, const char *name, double timeout)
+{
+    TCase *tcase = tcase_create(name);
+    tcase_set_timeout(tcase, timeout);
+    suite_add_tcase(suite, tcase);
+    return tcase;
+}
+
 void tu_test_begin(const char *test_name, int loop_index)
 {
     snprintf(test_name_, sizeof test_name_, "%s", test_name);

@@ -38,6 +38,14 @@ void tu_suite_begin(const char *suite_name);
  * returns the process exit status (0 all passed, 1 otherwise). */
 int tu_run_suite(Suite *suite);
 
+/* tu_suite_begin(program), then tu_run_suite(make_suite()): a suite's whole main. */
+int tu_main(const char *program, Suite *(*make_suite)(void));
+
+/* A test case named `name`, added to `suite`, timed out after `timeout` seconds (where check
+ * forks; the suites run in-process, CK_NOFORK). Fill it after adding: check runs a case's tests
+ * as they stand when the suite runs. */
+TCase *tu_tcase(Suite *suite, const char *name, double timeout);
+
 /* Reseeds the generator for this test and clears the failure collector and case label. */
 void tu_test_begin(const char *test_name, int loop_index);
 #define TU_BEGIN_TEST() tu_test_begin(__func__, _i)
