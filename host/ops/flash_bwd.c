@@ -329,108 +329,163 @@ static clattn_status sum_parts(clattn_chain *chain, cl_kernel kernel, clattn__sc
     return clattn__launch_kernel(chain, kernel, "bwd_sum_parts", args, 3, 1, &global, &local);
 }
 
+/* One backward's launch state: the passes' parameter struct and the buffers they share. */
+typedef struct bwd_launch {
+    clattn_flash_bwd_params params;
+    clattn__score_buffers buffers;
+    cl_mem cu_q, cu_k; /* packed sequences' offsets (any valid buffer without) */
+} bwd_launch;
+
+/* The parameters every pass reads: views, the score rule's operands, the scratch's slots. */
+static void fill_params(const clattn__flash_bwd_plan *plan, const clattn__flash_bwd_io *io,
+                        clattn__scratch scratch, bwd_launch *l)
+{
+    const clattn__score_shape *score = &plan->shape.score;
+    clattn_flash_bwd_params *p = &l->params;
+    memset(p, 0, sizeof *p);
+    clattn__score_params(score, &io->masks, io->q.mem, &p->score, &l->buffers);
+    clattn__view_fields(&io->q, &p->q_offset, &p->q_s0, &p->q_s1, &p->q_s2, &p->q_s3);
+    clattn__view_fields(&io->k, &p->k_offset, &p->k_s0, &p->k_s1, &p->k_s2, &p->k_s3);
+    clattn__view_fields(&io->v, &p->v_offset, &p->v_s0, &p->v_s1, &p->v_s2, &p->v_s3);
+    clattn__view_fields(&io->out, &p->o_offset, &p->o_s0, &p->o_s1, &p->o_s2, &p->o_s3);
+    clattn__view_fields(&io->grad_out, &p->go_offset, &p->go_s0, &p->go_s1, &p->go_s2, &p->go_s3);
+    clattn__view_fields(&io->dq, &p->dq_offset, &p->dq_s0, &p->dq_s1, &p->dq_s2, &p->dq_s3);
+    clattn__view_fields(&io->dk, &p->dk_offset, &p->dk_s0, &p->dk_s1, &p->dk_s2, &p->dk_s3);
+    clattn__view_fields(&io->dv, &p->dv_offset, &p->dv_s0, &p->dv_s1, &p->dv_s2, &p->dv_s3);
+    /* lse (batch, heads, seq_q) as the view (1, batch, heads, seq_q) */
+    p->lse_offset = io->lse.offset;
+    p->lse_s0 = io->lse.strides[1];
+    p->lse_s1 = io->lse.strides[2];
+    p->lse_s2 = io->lse.strides[3];
+    p->delta_at = scratch.offset + plan->delta_at;
+    p->dmask_at = scratch.offset + plan->dmask_at;
+    p->kv_group = (cl_uint)(score->kv_group > 1 ? score->kv_group : 1);
+    p->has_dmask = plan->shape.want_dmask;
+    /* packed sequences (VARLEN): their offsets and totals */
+    l->cu_q = score->varlen ? io->masks.varlen.cu_q : io->q.mem;
+    l->cu_k = score->varlen ? io->masks.varlen.cu_k : io->q.mem;
+    if (score->varlen) {
+        p->cu_q_offset = io->masks.varlen.q_offset;
+        p->cu_k_offset = io->masks.varlen.k_offset;
+        p->total_q = (cl_uint)score->total_q;
+        p->total_k = (cl_uint)score->total_k;
+    }
+}
+
+/* dQ's slots (summed in the dK/dV pass) start at zero. */
+static clattn_status zero_slots(clattn_chain *chain, const clattn__flash_bwd_plan *plan,
+                                clattn__scratch scratch, bwd_launch *l)
+{
+    clattn_bwd_reduce_params p;
+    memset(&p, 0, sizeof p);
+    p.in_at = scratch.offset + plan->dq_parts_at;
+    p.total = (cl_ulong)plan->dq_part_floats * plan->dq_slots;
+    const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(p)};
+    const size_t local = 64, global = rounded((size_t)p.total, local);
+    l->params.dq_slots = plan->dq_slots;
+    l->params.dq_slots_at = scratch.offset + plan->dq_parts_at;
+    l->params.dq_slot_stride = plan->dq_part_floats;
+    return clattn__launch_kernel(chain, plan->zero, "bwd_zero", args, 2, 1, &global, &local);
+}
+
+/* dK, dV: per key, over the rows (in parts where the device caps loop trips). */
+static clattn_status dkdv_pass(clattn_chain *chain, const clattn__flash_bwd_plan *plan,
+                               const clattn__flash_bwd_io *io, clattn__scratch scratch,
+                               bwd_launch *l)
+{
+    const clattn__score_shape *score = &plan->shape.score;
+    clattn_flash_bwd_params *p = &l->params;
+    const size_t bg = score->batch * score->heads / (size_t)p->kv_group;
+    const size_t items =
+        plan->dq_slots ? plan->dq_slots
+        : plan->gpu    ? (score->seq_k + plan->gpu_keys - 1) / plan->gpu_keys * plan->local_dkdv
+        : plan->cpu    ? (score->seq_k + 16 * plan->cpu_nv - 1) / (16 * plan->cpu_nv)
+                       : score->seq_k;
+    p->to_scratch = plan->row_parts > 1;
+    p->part_at = scratch.offset + plan->dkdv_parts_at;
+    p->part_stride = plan->dkdv_part_floats;
+    p->dv_part_at = plan->dv_part_at;
+    clattn_status status = CLATTN_SUCCESS;
+    for (size_t part = 0; part < plan->row_parts && status == CLATTN_SUCCESS; ++part) {
+        p->part = (cl_uint)part;
+        p->part_begin = (cl_uint)(part * plan->rows_per_part);
+        p->part_stop = (cl_uint)(part + 1 == plan->row_parts ? score->seq_q
+                                                             : (part + 1) * plan->rows_per_part);
+        clattn_arg args[] = {CLATTN_ARG(io->q.mem),         CLATTN_ARG(io->k.mem),
+                             CLATTN_ARG(io->v.mem),         CLATTN_ARG(io->grad_out.mem),
+                             CLATTN_ARG(io->lse.mem),       CLATTN_ARG(scratch.mem),
+                             CLATTN_ARG(io->dk.mem),        CLATTN_ARG(io->dv.mem),
+                             CLATTN_ARG(l->buffers.mask),   CLATTN_ARG(l->buffers.key_padding),
+                             CLATTN_ARG(l->buffers.kv_len), CLATTN_ARG(l->buffers.alibi),
+                             CLATTN_ARG(l->buffers.sinks),  CLATTN_ARG(l->cu_q),
+                             CLATTN_ARG(l->cu_k),           CLATTN_ARG(*p)};
+        status =
+            launch_rows(chain, plan->dkdv, "bwd_dkdv", args, 16, p, items, plan->local_dkdv, bg);
+    }
+    return status;
+}
+
+/* dQ (and dS for the mask): per row, over the keys (not with dq_slots). */
+static clattn_status dq_pass(clattn_chain *chain, const clattn__flash_bwd_plan *plan,
+                             const clattn__flash_bwd_io *io, clattn__scratch scratch, bwd_launch *l)
+{
+    const clattn__score_shape *score = &plan->shape.score;
+    clattn_flash_bwd_params *p = &l->params;
+    const size_t items = plan->gpu_dq
+                             ? (score->seq_q + plan->gpu_keys - 1) / plan->gpu_keys * plan->local_dq
+                         : plan->cpu ? (score->seq_q + plan->cpu_rows - 1) / plan->cpu_rows
+                                     : score->seq_q;
+    p->to_scratch = plan->key_parts > 1;
+    p->dq_slots = 0;
+    p->part_at = scratch.offset + plan->dq_parts_at;
+    p->part_stride = plan->dq_part_floats;
+    clattn_status status = CLATTN_SUCCESS;
+    for (size_t part = 0; part < plan->key_parts && status == CLATTN_SUCCESS; ++part) {
+        p->part = (cl_uint)part;
+        p->part_begin = (cl_uint)(part * plan->keys_per_part);
+        p->part_stop = (cl_uint)(part + 1 == plan->key_parts ? score->seq_k
+                                                             : (part + 1) * plan->keys_per_part);
+        clattn_arg args[] = {CLATTN_ARG(io->q.mem),
+                             CLATTN_ARG(io->k.mem),
+                             CLATTN_ARG(io->v.mem),
+                             CLATTN_ARG(io->grad_out.mem),
+                             CLATTN_ARG(io->lse.mem),
+                             CLATTN_ARG(scratch.mem),
+                             CLATTN_ARG(io->dq.mem),
+                             CLATTN_ARG(l->buffers.mask),
+                             CLATTN_ARG(l->buffers.key_padding),
+                             CLATTN_ARG(l->buffers.kv_len),
+                             CLATTN_ARG(l->buffers.alibi),
+                             CLATTN_ARG(l->buffers.sinks),
+                             CLATTN_ARG(l->cu_q),
+                             CLATTN_ARG(l->cu_k),
+                             CLATTN_ARG(*p)};
+        status = launch_rows(chain, plan->dq, "bwd_dq", args, 15, p, items, plan->local_dq,
+                             score->batch * score->heads);
+    }
+    return status;
+}
+
 clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash_bwd_plan *plan,
                                         const clattn__flash_bwd_io *io, clattn__scratch scratch)
 {
     const clattn__flash_bwd_shape *shape = &plan->shape;
     const clattn__score_shape *score = &shape->score;
-    const size_t group = score->kv_group > 1 ? score->kv_group : 1;
-    const size_t bh = score->batch * score->heads, bg = bh / group;
-    clattn_flash_bwd_params params;
-    memset(&params, 0, sizeof params);
-    clattn__score_buffers buffers;
-    clattn__score_params(score, &io->masks, io->q.mem, &params.score, &buffers);
-    clattn__view_fields(&io->q, &params.q_offset, &params.q_s0, &params.q_s1, &params.q_s2,
-                        &params.q_s3);
-    clattn__view_fields(&io->k, &params.k_offset, &params.k_s0, &params.k_s1, &params.k_s2,
-                        &params.k_s3);
-    clattn__view_fields(&io->v, &params.v_offset, &params.v_s0, &params.v_s1, &params.v_s2,
-                        &params.v_s3);
-    clattn__view_fields(&io->out, &params.o_offset, &params.o_s0, &params.o_s1, &params.o_s2,
-                        &params.o_s3);
-    clattn__view_fields(&io->grad_out, &params.go_offset, &params.go_s0, &params.go_s1,
-                        &params.go_s2, &params.go_s3);
-    clattn__view_fields(&io->dq, &params.dq_offset, &params.dq_s0, &params.dq_s1, &params.dq_s2,
-                        &params.dq_s3);
-    clattn__view_fields(&io->dk, &params.dk_offset, &params.dk_s0, &params.dk_s1, &params.dk_s2,
-                        &params.dk_s3);
-    clattn__view_fields(&io->dv, &params.dv_offset, &params.dv_s0, &params.dv_s1, &params.dv_s2,
-                        &params.dv_s3);
-    /* lse (batch, heads, seq_q) as the view (1, batch, heads, seq_q) */
-    params.lse_offset = io->lse.offset;
-    params.lse_s0 = io->lse.strides[1];
-    params.lse_s1 = io->lse.strides[2];
-    params.lse_s2 = io->lse.strides[3];
-    params.delta_at = scratch.offset + plan->delta_at;
-    params.dmask_at = scratch.offset + plan->dmask_at;
-    params.kv_group = (cl_uint)group;
-    params.has_dmask = shape->want_dmask;
-    /* packed sequences (VARLEN): their offsets and totals (the kernels' cu_seqlens arguments:
-     * any valid buffer without) */
-    const cl_mem cu_q = score->varlen ? io->masks.varlen.cu_q : io->q.mem;
-    const cl_mem cu_k = score->varlen ? io->masks.varlen.cu_k : io->q.mem;
-    if (score->varlen) {
-        params.cu_q_offset = io->masks.varlen.q_offset;
-        params.cu_k_offset = io->masks.varlen.k_offset;
-        params.total_q = (cl_uint)score->total_q;
-        params.total_k = (cl_uint)score->total_k;
-    }
+    const size_t bh = score->batch * score->heads;
+    bwd_launch l;
+    fill_params(plan, io, scratch, &l);
     const clattn__view dq_sums = summed_view(&io->dq, score, false);
     const clattn__view dk_sums = summed_view(&io->dk, score, true);
     const clattn__view dv_sums = summed_view(&io->dv, score, true);
-
     clattn_status status;
-    {
-        clattn_arg args[] = {CLATTN_ARG(io->out.mem), CLATTN_ARG(io->grad_out.mem),
-                             CLATTN_ARG(scratch.mem), CLATTN_ARG(cu_q),
-                             CLATTN_ARG(cu_k),        CLATTN_ARG(params)};
-        if ((status = launch_rows(chain, plan->delta, "bwd_delta", args, 6, &params, score->seq_q,
-                                  plan->local_delta, bh)))
-            return status;
-    }
-    if (plan->dq_slots) { /* the slots start at zero */
-        clattn_bwd_reduce_params p;
-        memset(&p, 0, sizeof p);
-        p.in_at = scratch.offset + plan->dq_parts_at;
-        p.total = (cl_ulong)plan->dq_part_floats * plan->dq_slots;
-        const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(p)};
-        const size_t local = 64, global = rounded((size_t)p.total, local);
-        if ((status =
-                 clattn__launch_kernel(chain, plan->zero, "bwd_zero", args, 2, 1, &global, &local)))
-            return status;
-        params.dq_slots = plan->dq_slots;
-        params.dq_slots_at = scratch.offset + plan->dq_parts_at;
-        params.dq_slot_stride = plan->dq_part_floats;
-    }
-    /* dK, dV: per key, over the rows (in parts where the device caps loop trips) */
-    params.to_scratch = plan->row_parts > 1;
-    params.part_at = scratch.offset + plan->dkdv_parts_at;
-    params.part_stride = plan->dkdv_part_floats;
-    params.dv_part_at = plan->dv_part_at;
-    for (size_t part = 0; part < plan->row_parts; ++part) {
-        params.part = (cl_uint)part;
-        params.part_begin = (cl_uint)(part * plan->rows_per_part);
-        params.part_stop =
-            (cl_uint)(part + 1 == plan->row_parts ? score->seq_q
-                                                  : (part + 1) * plan->rows_per_part);
-        clattn_arg args[] = {CLATTN_ARG(io->q.mem),      CLATTN_ARG(io->k.mem),
-                             CLATTN_ARG(io->v.mem),      CLATTN_ARG(io->grad_out.mem),
-                             CLATTN_ARG(io->lse.mem),    CLATTN_ARG(scratch.mem),
-                             CLATTN_ARG(io->dk.mem),     CLATTN_ARG(io->dv.mem),
-                             CLATTN_ARG(buffers.mask),   CLATTN_ARG(buffers.key_padding),
-                             CLATTN_ARG(buffers.kv_len), CLATTN_ARG(buffers.alibi),
-                             CLATTN_ARG(buffers.sinks),  CLATTN_ARG(cu_q),
-                             CLATTN_ARG(cu_k),           CLATTN_ARG(params)};
-        if ((status = launch_rows(chain, plan->dkdv, "bwd_dkdv", args, 16, &params,
-                                  plan->dq_slots ? plan->dq_slots
-                                  : plan->gpu    ? (score->seq_k + plan->gpu_keys - 1) /
-                                                    plan->gpu_keys * plan->local_dkdv
-                                  : plan->cpu
-                                      ? (score->seq_k + 16 * plan->cpu_nv - 1) / (16 * plan->cpu_nv)
-                                      : score->seq_k,
-                                  plan->local_dkdv, bg)))
-            return status;
-    }
+    clattn_arg delta_args[] = {CLATTN_ARG(io->out.mem), CLATTN_ARG(io->grad_out.mem),
+                               CLATTN_ARG(scratch.mem), CLATTN_ARG(l.cu_q),
+                               CLATTN_ARG(l.cu_k),      CLATTN_ARG(l.params)};
+    if ((status = launch_rows(chain, plan->delta, "bwd_delta", delta_args, 6, &l.params,
+                              score->seq_q, plan->local_delta, bh)) ||
+        (plan->dq_slots && (status = zero_slots(chain, plan, scratch, &l))) ||
+        (status = dkdv_pass(chain, plan, io, scratch, &l)))
+        return status;
     if (plan->row_parts > 1) {
         const size_t at = plan->dkdv_parts_at;
         if ((status = sum_parts(chain, plan->sum_k, scratch, at, plan->dkdv_part_floats,
@@ -439,54 +494,17 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
                                 plan->dkdv_part_floats, plan->row_parts, &dv_sums)))
             return status;
     }
-    if (plan->dq_slots && /* dQ: the slots' sums, in order */
-        (status = sum_parts(chain, plan->sum_q, scratch, plan->dq_parts_at, plan->dq_part_floats,
-                            plan->dq_slots, &dq_sums)))
+    /* dQ: the slots' sums, in order; else the dQ pass (and its parts' sums) */
+    const size_t dq_parts = plan->dq_slots ? plan->dq_slots : plan->key_parts;
+    if ((!plan->dq_slots && (status = dq_pass(chain, plan, io, scratch, &l))) ||
+        ((plan->dq_slots || dq_parts > 1) &&
+         (status = sum_parts(chain, plan->sum_q, scratch, plan->dq_parts_at, plan->dq_part_floats,
+                             dq_parts, &dq_sums))))
         return status;
-    /* dQ (and dS for the mask): per row, over the keys (none with dq_slots) */
-    params.to_scratch = plan->key_parts > 1;
-    params.dq_slots = 0;
-    params.part_at = scratch.offset + plan->dq_parts_at;
-    params.part_stride = plan->dq_part_floats;
-    for (size_t part = 0; part < (plan->dq_slots ? 0 : plan->key_parts); ++part) {
-        params.part = (cl_uint)part;
-        params.part_begin = (cl_uint)(part * plan->keys_per_part);
-        params.part_stop =
-            (cl_uint)(part + 1 == plan->key_parts ? score->seq_k
-                                                  : (part + 1) * plan->keys_per_part);
-        clattn_arg args[] = {CLATTN_ARG(io->q.mem),
-                             CLATTN_ARG(io->k.mem),
-                             CLATTN_ARG(io->v.mem),
-                             CLATTN_ARG(io->grad_out.mem),
-                             CLATTN_ARG(io->lse.mem),
-                             CLATTN_ARG(scratch.mem),
-                             CLATTN_ARG(io->dq.mem),
-                             CLATTN_ARG(buffers.mask),
-                             CLATTN_ARG(buffers.key_padding),
-                             CLATTN_ARG(buffers.kv_len),
-                             CLATTN_ARG(buffers.alibi),
-                             CLATTN_ARG(buffers.sinks),
-                             CLATTN_ARG(cu_q),
-                             CLATTN_ARG(cu_k),
-                             CLATTN_ARG(params)};
-        if ((status = launch_rows(chain, plan->dq, "bwd_dq", args, 15, &params,
-                                  plan->gpu_dq ? (score->seq_q + plan->gpu_keys - 1) /
-                                                     plan->gpu_keys * plan->local_dq
-                                  : plan->cpu ? (score->seq_q + plan->cpu_rows - 1) / plan->cpu_rows
-                                              : score->seq_q,
-                                  plan->local_dq, bh)))
-            return status;
-    }
-    if (plan->key_parts > 1 &&
-        (status = sum_parts(chain, plan->sum_q, scratch, plan->dq_parts_at, plan->dq_part_floats,
-                            plan->key_parts, &dq_sums)))
+    /* dS (B, H, Lq, Lk) summed over the mask's broadcast dims into its gradient */
+    if (shape->want_dmask && (status = clattn__bwd_mask_reduce(chain, plan->mask_reduce, scratch,
+                                                               plan->dmask_at, score, &io->dmask)))
         return status;
-    if (shape->want_dmask) {
-        /* dS (B, H, Lq, Lk) summed over the mask's broadcast dims into its gradient */
-        if ((status = clattn__bwd_mask_reduce(chain, plan->mask_reduce, scratch, plan->dmask_at,
-                                              score, &io->dmask)))
-            return status;
-    }
     if (shape->want_dsinks &&
         (status = clattn__bwd_sinks(chain, plan->sinks, scratch, plan->delta_at, score, io)))
         return status;
