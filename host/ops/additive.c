@@ -122,9 +122,9 @@ static clattn_status additive_probe(clattn_ctx *ctx, void *unit, clattn__probe_r
     clattn__probe_rng rng = {0xadd1ULL};
     clattn__probe_mem pm = {.count = 0};
     const size_t n1 = b * h * q * d, n2 = b * h * k * d, nw = h * d, nr = b * h * q * k;
-    float *host = malloc((n1 + n2 + nw) * sizeof(float));
-    float *got = malloc(nr * sizeof(float));
-    double *want = malloc(nr * sizeof(double));
+    float *host = clattn__probe_alloc(&pm, (n1 + n2 + nw) * sizeof(float));
+    float *got = clattn__probe_alloc(&pm, nr * sizeof(float));
+    double *want = clattn__probe_alloc(&pm, nr * sizeof(double));
     cl_mem m1 = NULL, m2 = NULL, mw = NULL, mr = NULL;
     if (!host || !got || !want) {
         status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
@@ -165,14 +165,10 @@ static clattn_status additive_probe(clattn_ctx *ctx, void *unit, clattn__probe_r
     }
 done:
     clattn__probe_release(&pm);
-    free(host);
-    free(got);
-    free(want);
     return status;
 }
 
 clattn_status clattn__additive_trust(clattn_ctx *ctx, clattn__additive_plan *plan)
 {
-    cl_kernel *slots[1] = {&plan->kernel};
-    return clattn__trust(ctx, "additive scores", slots, 1, additive_probe, plan);
+    return clattn__trust_one(ctx, "additive scores", &plan->kernel, additive_probe, plan);
 }

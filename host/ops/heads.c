@@ -257,8 +257,9 @@ static clattn_status copy_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
     clattn__probe_rng rng = {0xc0ffeeULL};
     clattn__probe_mem pm = {.count = 0};
     const size_t padded = 2 * 3 * 5 * (cols + gap);
-    double *x = malloc(padded * sizeof(double)), *want = malloc(padded * sizeof(double));
-    unsigned char *host = malloc(4 * padded + 8);
+    double *x = clattn__probe_alloc(&pm, padded * sizeof(double)),
+           *want = clattn__probe_alloc(&pm, padded * sizeof(double));
+    unsigned char *host = clattn__probe_alloc(&pm, 4 * padded + 8);
     cl_mem src = NULL, dst = NULL;
     if (!x || !want || !host) {
         status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
@@ -295,9 +296,6 @@ static clattn_status copy_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
     }
 done:
     clattn__probe_release(&pm);
-    free(x);
-    free(want);
-    free(host);
     return status;
 }
 
@@ -308,8 +306,8 @@ clattn_status clattn__copy_trust(clattn_ctx *ctx, clattn__copy_plan *plan, clatt
         clattn__copy_plan *plan;
         clattn_dtype src, dst;
     } unit = {plan, src, dst};
-    cl_kernel *slots[1] = {plan->vec4 ? &plan->vec4 : &plan->kernel};
-    return clattn__trust(ctx, "strided copy", slots, 1, copy_probe, &unit);
+    return clattn__trust_one(ctx, "strided copy", plan->vec4 ? &plan->vec4 : &plan->kernel,
+                             copy_probe, &unit);
 }
 
 /* mean_heads over (2, 3, 7, 11) weights into (1, 2, 7, 11). */
@@ -324,8 +322,9 @@ static clattn_status mean_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
     const size_t n = 2 * 3 * 7 * 11, m = 2 * 7 * 11;
     clattn__probe_rng rng = {0x3ea11ULL};
     clattn__probe_mem pm = {.count = 0};
-    float *x = malloc(n * sizeof(float)), *got = malloc(m * sizeof(float));
-    double *want = calloc(m, sizeof(double));
+    float *x = clattn__probe_alloc(&pm, n * sizeof(float)),
+          *got = clattn__probe_alloc(&pm, m * sizeof(float));
+    double *want = clattn__probe_alloc(&pm, m * sizeof(double));
     cl_mem src = NULL, dst = NULL;
     if (!x || !got || !want) {
         status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
@@ -356,14 +355,10 @@ static clattn_status mean_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
     }
 done:
     clattn__probe_release(&pm);
-    free(x);
-    free(got);
-    free(want);
     return status;
 }
 
 clattn_status clattn__mean_heads_trust(clattn_ctx *ctx, clattn__mean_heads_plan *plan)
 {
-    cl_kernel *slots[1] = {&plan->kernel};
-    return clattn__trust(ctx, "mean over heads", slots, 1, mean_probe, plan);
+    return clattn__trust_one(ctx, "mean over heads", &plan->kernel, mean_probe, plan);
 }

@@ -88,10 +88,11 @@ static clattn_status posenc_probe(clattn_ctx *ctx, void *unit, clattn__probe_res
     clattn__probe_rng rng = {0x9e5ULL + dim};
     clattn__probe_mem pm = {.count = 0};
     const size_t pairs = (dim + 1) / 2, rows = start + 5;
-    double *x = malloc(n * sizeof(double)), *want = malloc(n * sizeof(double));
-    double *table = malloc(rows * dim * sizeof(double));
-    float *freq = malloc(2 * pairs * sizeof(float));
-    unsigned char *bytes = malloc(4 * (n > rows * dim ? n : rows * dim) + 8);
+    double *x = clattn__probe_alloc(&pm, n * sizeof(double)),
+           *want = clattn__probe_alloc(&pm, n * sizeof(double));
+    double *table = clattn__probe_alloc(&pm, rows * dim * sizeof(double));
+    float *freq = clattn__probe_alloc(&pm, 2 * pairs * sizeof(float));
+    unsigned char *bytes = clattn__probe_alloc(&pm, 4 * (n > rows * dim ? n : rows * dim) + 8);
     cl_mem mx = NULL, mo = NULL, mt = NULL, mf = NULL;
     if (!x || !want || !table || !freq || !bytes) {
         status = clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: out of host memory");
@@ -144,11 +145,6 @@ static clattn_status posenc_probe(clattn_ctx *ctx, void *unit, clattn__probe_res
     }
 done:
     clattn__probe_release(&pm);
-    free(x);
-    free(want);
-    free(table);
-    free(freq);
-    free(bytes);
     return status;
 }
 
@@ -156,6 +152,5 @@ clattn_status clattn__posenc_trust(clattn_ctx *ctx, clattn__posenc_plan *plan, c
                                    clattn_dtype out, clattn_dtype table)
 {
     posenc_unit unit = {plan, x, out, table};
-    cl_kernel *slots[1] = {&plan->kernel};
-    return clattn__trust(ctx, "positional encoding", slots, 1, posenc_probe, &unit);
+    return clattn__trust_one(ctx, "positional encoding", &plan->kernel, posenc_probe, &unit);
 }

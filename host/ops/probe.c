@@ -128,12 +128,10 @@ double clattn__probe_decode(clattn_dtype dtype, const unsigned char *in, size_t 
 
 /* ---- device buffers ------------------------------------------------------------------------ */
 
-
-
 /* A buffer holding bytes of data (or `bytes` of 0xff, NaN in every float dtype, when data is
  * NULL: the outputs' poison). */
-clattn_status clattn__probe_upload(clattn_ctx *ctx, clattn__probe_mem *pm, const void *data, size_t bytes,
-                            cl_mem *out)
+clattn_status clattn__probe_upload(clattn_ctx *ctx, clattn__probe_mem *pm, const void *data,
+                                   size_t bytes, cl_mem *out)
 {
     if (pm->count == CLATTN__PROBE_BUFFERS)
         return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "probe: too many buffers");
@@ -162,14 +160,34 @@ void clattn__probe_release(clattn__probe_mem *pm)
     for (int i = 0; i < pm->count; ++i)
         clReleaseMemObject(pm->mems[i]);
     pm->count = 0;
+    for (int i = 0; i < pm->host_count; ++i)
+        free(pm->host[i]);
+    pm->host_count = 0;
+}
+
+void *clattn__probe_alloc(clattn__probe_mem *pm, size_t bytes)
+{
+    if (pm->host_count == CLATTN__PROBE_BUFFERS)
+        return NULL;
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (p)
+        pm->host[pm->host_count++] = p;
+    return p;
+}
+
+clattn_status clattn__trust_one(clattn_ctx *ctx, const char *unit_name, cl_kernel *slot,
+                                clattn__probe_fn probe, void *unit)
+{
+    cl_kernel *slots[1] = {slot};
+    return clattn__trust(ctx, unit_name, slots, 1, probe, unit);
 }
 
 /* Blocking read after the chain's last step. */
 clattn_status clattn__probe_download(clattn_chain *chain, cl_mem mem, size_t bytes, void *out)
 {
-    const cl_int err = clEnqueueReadBuffer(chain->queue, mem, CL_TRUE, 0, bytes, out,
-                                           chain->last ? 1 : 0, chain->last ? &chain->last : NULL,
-                                           NULL);
+    const cl_int err =
+        clEnqueueReadBuffer(chain->queue, mem, CL_TRUE, 0, bytes, out, chain->last ? 1 : 0,
+                            chain->last ? &chain->last : NULL, NULL);
     return err == CL_SUCCESS ? CLATTN_SUCCESS : clattn__cl_fail(chain->ctx, err, "probe: read");
 }
 
@@ -195,12 +213,10 @@ clattn__view clattn__probe_view(cl_mem mem, clattn_dtype dtype, size_t d0, size_
 
 /* ---- the score rule in float64 (ops.h, kernels/score.cl) ----------------------------------- */
 
-
-
 /* Weights of row (b, h, i) from its raw dot products raw[0 .. seq_k) into w; false when the
  * row keeps no key (zeros). *lse: the row's log-sum-exp (softmax). */
-void clattn__probe_reference_row(const clattn__probe_scores *p, size_t b, size_t h, size_t i, const double *raw,
-                          double *w, double *lse, double *dcap)
+void clattn__probe_reference_row(const clattn__probe_scores *p, size_t b, size_t h, size_t i,
+                                 const double *raw, double *w, double *lse, double *dcap)
 {
     const clattn__score_shape *s = p->s;
     const long long n = p->kv_len ? p->kv_len[b] : (long long)s->seq_k;
@@ -259,7 +275,6 @@ void clattn__probe_reference_row(const clattn__probe_scores *p, size_t b, size_t
 
 /* Host copies of the modifiers' inputs, drawn for shape s, and their device buffers as masks. */
 
-
 void clattn__probe_free_inputs(clattn__probe_inputs *in)
 {
     free(in->mask);
@@ -270,8 +285,9 @@ void clattn__probe_free_inputs(clattn__probe_inputs *in)
     free(in->table);
 }
 
-clattn_status clattn__probe_draw_modifiers(clattn_ctx *ctx, clattn__probe_rng *rng, const clattn__score_shape *s,
-                                    clattn__probe_mem *pm, clattn__probe_inputs *in, clattn__score_masks *masks)
+clattn_status clattn__probe_draw_modifiers(clattn_ctx *ctx, clattn__probe_rng *rng,
+                                           const clattn__score_shape *s, clattn__probe_mem *pm,
+                                           clattn__probe_inputs *in, clattn__score_masks *masks)
 {
     const size_t b = s->batch, h = s->heads, q = s->seq_q, k = s->seq_k;
     memset(in, 0, sizeof *in);
@@ -290,7 +306,8 @@ clattn_status clattn__probe_draw_modifiers(clattn_ctx *ctx, clattn__probe_rng *r
             in->mask[i] = s->mask_dtype == CLATTN_DTYPE_U8 ? (clattn__probe_next(rng) % 5 != 0)
                                                            : clattn__probe_grid(rng, s->mask_dtype);
         clattn__probe_encode(s->mask_dtype, in->mask, count, bytes);
-        if ((status = clattn__probe_upload(ctx, pm, bytes, clattn__probe_bytes(s->mask_dtype, count), &mem)))
+        if ((status = clattn__probe_upload(ctx, pm, bytes,
+                                           clattn__probe_bytes(s->mask_dtype, count), &mem)))
             goto done;
         masks->mask = clattn__probe_view(mem, s->mask_dtype, b, h, q, k);
         in->scores.mask = in->mask;
@@ -358,7 +375,7 @@ done:
 /* The largest error of got (dtype) against want over count elements; NaN counts as infinite.
  * *where: the first element at that error. */
 double clattn__probe_max_error(clattn_dtype dtype, const unsigned char *got, const double *want,
-                        size_t count, size_t *where)
+                               size_t count, size_t *where)
 {
     double worst = 0.0;
     for (size_t i = 0; i < count; ++i) {

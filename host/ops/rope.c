@@ -109,10 +109,12 @@ static clattn_status rope_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
     const size_t cache_rows = shape.cache_mode == 1 ? 9 : 10; /* by row: (2, 5) rows */
     clattn__probe_rng rng = {0x20beULL + dim};
     clattn__probe_mem pm = {.count = 0};
-    double *x = malloc(n * sizeof(double)), *want = malloc(n * sizeof(double));
-    double *c = malloc((2 * cache_rows * half + 1) * sizeof(double));
-    float *freq = malloc((2 * half + 1) * sizeof(float));
-    unsigned char *bytes = malloc(4 * (n > 2 * cache_rows * half ? n : 2 * cache_rows * half) + 8);
+    double *x = clattn__probe_alloc(&pm, n * sizeof(double)),
+           *want = clattn__probe_alloc(&pm, n * sizeof(double));
+    double *c = clattn__probe_alloc(&pm, (2 * cache_rows * half + 1) * sizeof(double));
+    float *freq = clattn__probe_alloc(&pm, (2 * half + 1) * sizeof(float));
+    unsigned char *bytes =
+        clattn__probe_alloc(&pm, 4 * (n > 2 * cache_rows * half ? n : 2 * cache_rows * half) + 8);
     clattn__rope_io io;
     memset(&io, 0, sizeof io);
     cl_mem mx = NULL, mo = NULL, mcos = NULL, msin = NULL;
@@ -179,11 +181,6 @@ static clattn_status rope_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
     }
 done:
     clattn__probe_release(&pm);
-    free(x);
-    free(want);
-    free(c);
-    free(freq);
-    free(bytes);
     return status;
 }
 
@@ -191,6 +188,5 @@ clattn_status clattn__rope_trust(clattn_ctx *ctx, clattn__rope_plan *plan, clatt
                                  clattn_dtype out, clattn_dtype cache)
 {
     rope_unit unit = {plan, x, out, cache};
-    cl_kernel *slots[1] = {&plan->kernel};
-    return clattn__trust(ctx, "rotary embedding", slots, 1, rope_probe, &unit);
+    return clattn__trust_one(ctx, "rotary embedding", &plan->kernel, rope_probe, &unit);
 }

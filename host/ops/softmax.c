@@ -193,8 +193,9 @@ static clattn_status softmax_probe(clattn_ctx *ctx, void *unit, clattn__probe_re
     clattn__probe_mem pm = {.count = 0};
     clattn__probe_inputs in;
     clattn__score_masks masks;
-    double *raw = malloc(count * sizeof(double)), *want = malloc(count * sizeof(double));
-    float *host = malloc(count * sizeof(float) + 4);
+    double *raw = clattn__probe_alloc(&pm, count * sizeof(double)),
+           *want = clattn__probe_alloc(&pm, count * sizeof(double));
+    float *host = clattn__probe_alloc(&pm, count * sizeof(float) + 4);
     clattn_status status = CLATTN_SUCCESS;
     memset(&in, 0, sizeof in);
     if (!raw || !want || !host) {
@@ -234,14 +235,10 @@ static clattn_status softmax_probe(clattn_ctx *ctx, void *unit, clattn__probe_re
 done:
     clattn__probe_release(&pm);
     clattn__probe_free_inputs(&in);
-    free(raw);
-    free(want);
-    free(host);
     return status;
 }
 
 clattn_status clattn__softmax_trust(clattn_ctx *ctx, clattn__softmax_plan *plan)
 {
-    cl_kernel *slots[1] = {&plan->kernel};
-    return clattn__trust(ctx, "softmax rows", slots, 1, softmax_probe, plan);
+    return clattn__trust_one(ctx, "softmax rows", &plan->kernel, softmax_probe, plan);
 }
