@@ -25,56 +25,62 @@ clattn_status clattn_alibi_slopes(size_t heads, float max_bias, float *slopes)
     return CLATTN_SUCCESS;
 }
 
+/* A per-head F32 table (ALiBi's slopes, the sinks) in `role`: *given says whether it is, its
+ * view *v is zeroed, and a given one is checked to be (rank, dims) (`what` describes them). */
+static clattn_status check_table(clattn_plan *plan, clattn__role role, const char *name, int rank,
+                                 const size_t *dims, const char *what, bool *given,
+                                 clattn__view *v)
+{
+    const clattn__layout *l = &plan->layouts[role];
+    *given = l->present;
+    memset(v, 0, sizeof *v);
+    return l->present ? clattn__layout_expect(plan->ctx, plan->op, name, l, rank, dims, what)
+                      : CLATTN_SUCCESS;
+}
+
+/* The table as the (1, 1, rows, cols) view v the score step reads; a stride 0 broadcasts (mem
+ * bound at execution). */
+static void table_view(size_t rows, size_t row_stride, size_t cols, size_t col_stride,
+                       clattn__view *v)
+{
+    v->dtype = CLATTN_DTYPE_F32;
+    v->dims[0] = v->dims[1] = 1;
+    v->dims[2] = rows;
+    v->strides[2] = row_stride;
+    v->dims[3] = cols;
+    v->strides[3] = col_stride;
+}
+
 clattn_status clattn__plan_alibi(clattn_plan *plan, clattn__score_shape *score)
 {
     const clattn__layout *alibi = &plan->layouts[R_ALIBI];
-    score->has_alibi = alibi->present;
-    memset(&plan->alibi_view, 0, sizeof plan->alibi_view);
-    if (!alibi->present)
-        return CLATTN_SUCCESS;
     const size_t per_head[1] = {score->heads};
     const size_t per_batch[2] = {score->batch, score->heads};
     const bool rank1 = alibi->rank == 1;
-    clattn_status status = clattn__layout_expect(plan->ctx, plan->op, "alibi_slopes", alibi,
-                                                 rank1 ? 1 : 2, rank1 ? per_head : per_batch,
-                                                 "(heads) or (batch, heads) of F32 slopes (ALiBi)");
-    if (status != CLATTN_SUCCESS)
-        return status;
-    clattn__view *v = &plan->alibi_view;
-    v->dtype = CLATTN_DTYPE_F32;
-    v->dims[0] = v->dims[1] = 1;
-    v->dims[2] = score->batch;
-    v->strides[2] = rank1 ? 0 : alibi->strides[0];
-    v->dims[3] = score->heads;
-    v->strides[3] = alibi->strides[rank1 ? 0 : 1];
-    return CLATTN_SUCCESS;
+    const clattn_status status = check_table(
+        plan, R_ALIBI, "alibi_slopes", rank1 ? 1 : 2, rank1 ? per_head : per_batch,
+        "(heads) or (batch, heads) of F32 slopes (ALiBi)", &score->has_alibi, &plan->views.alibi);
+    if (status == CLATTN_SUCCESS && alibi->present)
+        table_view(score->batch, rank1 ? 0 : alibi->strides[0], score->heads,
+                   alibi->strides[rank1 ? 0 : 1], &plan->views.alibi);
+    return status;
 }
 
 clattn_status clattn__plan_sinks(clattn_plan *plan, clattn__score_shape *score)
 {
     const clattn__layout *sinks = &plan->layouts[R_SINKS];
-    score->has_sinks = sinks->present;
-    memset(&plan->sinks_view, 0, sizeof plan->sinks_view);
-    if (!sinks->present)
-        return CLATTN_SUCCESS;
-    if (score->norm != CLATTN_NORM_SOFTMAX)
+    if (sinks->present && score->norm != CLATTN_NORM_SOFTMAX)
         return clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
                             "%s: sinks with norm=CLATTN_NORM_RELU: attention sinks join a "
                             "softmax's denominator (use CLATTN_NORM_SOFTMAX)",
                             plan->op);
     const size_t per_head[1] = {score->heads};
-    clattn_status status = clattn__layout_expect(plan->ctx, plan->op, "sinks", sinks, 1, per_head,
-                                                 "(heads) of F32 logits (attention sinks)");
-    if (status != CLATTN_SUCCESS)
-        return status;
-    clattn__view *v = &plan->sinks_view;
-    v->dtype = CLATTN_DTYPE_F32;
-    v->dims[0] = v->dims[1] = 1;
-    v->dims[2] = score->heads;
-    v->strides[2] = sinks->strides[0];
-    v->dims[3] = score->seq_q;
-    v->strides[3] = 0;
-    return CLATTN_SUCCESS;
+    const clattn_status status =
+        check_table(plan, R_SINKS, "sinks", 1, per_head, "(heads) of F32 logits (attention sinks)",
+                    &score->has_sinks, &plan->views.sinks);
+    if (status == CLATTN_SUCCESS && sinks->present)
+        table_view(score->heads, sinks->strides[0], score->seq_q, 0, &plan->views.sinks);
+    return status;
 }
 
 clattn_status clattn__plan_dropout(clattn_plan *plan, double p, unsigned long long seed,
@@ -127,20 +133,20 @@ clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, 
     const size_t target[4] = {batch, heads, seq_q, seq_k};
     score->batch = batch, score->heads = heads, score->seq_q = seq_q, score->seq_k = seq_k;
     /* packed sequences (clattn__pack_varlen): seq_q and seq_k are then the longest */
-    score->varlen = plan->varlen;
-    score->total_q = plan->varlen ? plan->varlen_total_q : 0;
-    score->total_k = plan->varlen ? plan->varlen_total_k : 0;
+    score->varlen = plan->varlen.on;
+    score->total_q = plan->varlen.on ? plan->varlen.total_q : 0;
+    score->total_k = plan->varlen.on ? plan->varlen.total_k : 0;
     const clattn__layout *mask = &plan->layouts[R_MASK];
     score->has_mask = mask->present;
-    memset(&plan->mask_view, 0, sizeof plan->mask_view);
-    memset(&plan->kpm_view, 0, sizeof plan->kpm_view);
+    memset(&plan->views.mask, 0, sizeof plan->views.mask);
+    memset(&plan->views.key_padding, 0, sizeof plan->views.key_padding);
     if (mask->present) {
-        clattn__view_of(mask, &plan->mask_view);
+        clattn__view_of(mask, &plan->views.mask);
         score->mask_dtype = mask->dtype;
         for (int d = 0; d < 4; ++d) {
-            if (plan->mask_view.dims[d] == target[d])
+            if (plan->views.mask.dims[d] == target[d])
                 continue;
-            if (plan->mask_view.dims[d] != 1) {
+            if (plan->views.mask.dims[d] != 1) {
                 char got[128], want[128];
                 clattn__format_dims(got, sizeof got, mask->rank, mask->dims);
                 clattn__format_dims(want, sizeof want, 4, target);
@@ -149,8 +155,8 @@ clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, 
                                     "(batch, heads, seq_q, seq_k) = %s",
                                     plan->op, got, want);
             }
-            plan->mask_view.dims[d] = target[d];
-            plan->mask_view.strides[d] = 0;
+            plan->views.mask.dims[d] = target[d];
+            plan->views.mask.strides[d] = 0;
         }
     }
     const clattn__layout *kpm = &plan->layouts[R_KPM];
@@ -161,7 +167,7 @@ clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, 
                                                      want, "(batch, seq_k)");
         if (status != CLATTN_SUCCESS)
             return status;
-        clattn__view_of(kpm, &plan->kpm_view);
+        clattn__view_of(kpm, &plan->views.key_padding);
     }
     return CLATTN_SUCCESS;
 }
@@ -237,14 +243,14 @@ clattn_status clattn__plan_band(clattn_plan *plan, clattn_causal causal, clattn_
                             plan->op, (int)causal, (int)window_align);
     const clattn__layout *kv_len = &plan->layouts[R_KVLEN];
     score->has_kv_len = kv_len->present;
-    memset(&plan->kv_len_view, 0, sizeof plan->kv_len_view);
+    memset(&plan->views.kv_len, 0, sizeof plan->views.kv_len);
     if (kv_len->present) {
         const size_t want[1] = {score->batch};
         clattn_status status = clattn__layout_expect(ctx, plan->op, "kv_seqlen", kv_len, 1, want,
                                                      "(batch) of I32 key counts");
         if (status != CLATTN_SUCCESS)
             return status;
-        clattn__view_of(kv_len, &plan->kv_len_view);
+        clattn__view_of(kv_len, &plan->views.kv_len);
     }
     const clattn_causal align = causal != CLATTN_CAUSAL_NONE ? causal : window_align;
     const long long seq_q = (long long)score->seq_q, seq_k = (long long)score->seq_k;
@@ -341,7 +347,7 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
                             op);
     /* The problem's tuning: one query row per head (a decode group's rows are heads) is the
      * decode phase. */
-    const bool decode = score->seq_q == 1 || plan->decode_group > 1;
+    const bool decode = score->seq_q == 1 || plan->attention.decode_group > 1;
     clattn__tuning_for(ctx, head_dim_qk, q_dtype, decode, &a->tuning, a->tuning_records,
                        sizeof a->tuning_records);
     if (a->fused) {
@@ -463,8 +469,6 @@ clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attenti
                                                0.0f, scratch);
 }
 
-/* A (batch, seq, features) layout as a matmul operand: (1, 1, batch*seq, f) when flat, else
- * (1, batch, seq, f). */
 /* A (batch, seq, features) layout as a matmul operand: (1, 1, batch*seq, f) when flat, else
  * (1, batch, seq, f). */
 clattn__view clattn__rows_view(const clattn__layout *l, cl_mem mem, size_t offset, bool flat)

@@ -38,14 +38,10 @@ void clattn_kv_cache_release(clattn_kv_cache *cache)
 {
     if (cache == NULL)
         return;
-    if (cache->k)
-        clReleaseMemObject(cache->k);
-    if (cache->v)
-        clReleaseMemObject(cache->v);
-    if (cache->lengths)
-        clReleaseMemObject(cache->lengths);
-    if (cache->table)
-        clReleaseMemObject(cache->table);
+    const cl_mem mems[4] = {cache->k, cache->v, cache->lengths, cache->table};
+    for (int i = 0; i < 4; ++i)
+        if (mems[i])
+            clReleaseMemObject(mems[i]);
     free(cache->map);
     free(cache->used);
     free(cache);

@@ -32,6 +32,21 @@ static const char *c_type(clattn_dtype dtype)
     return dtype == CLATTN_DTYPE_I32 ? "int" : dtype == CLATTN_DTYPE_U8 ? "uchar" : "float";
 }
 
+/* One composed function into text (size bytes, from `at` on; returns the new end): `open`,
+ * then `call` for each part whose functions include all of `needs`, formatted with the part's
+ * index and the auxiliary tensors' names (`, a, b`), given twice for a call that names the
+ * part twice (printf ignores arguments past its format's), then `close`. */
+static size_t compose(char *text, size_t size, size_t at, const clattn__flex_parts *parts,
+                      unsigned needs, const char *names, const char *open, const char *call,
+                      const char *close)
+{
+    at += (size_t)snprintf(text + at, size - at, "%s", open);
+    for (size_t p = 0; p < parts->count; ++p)
+        if ((parts->part[p].functions & needs) == needs)
+            at += (size_t)snprintf(text + at, size - at, call, p, names, p, names);
+    return at + (size_t)snprintf(text + at, size - at, "%s", close);
+}
+
 /* The text built ahead of score.cl from the parts (a built-in's, the user's): the auxiliary
  * tensors as parameters of every part's functions (their definitions renamed flex_p<i>_* by
  * macros that take FlexAttention's arguments), each part's source with its own line numbers,
@@ -71,35 +86,22 @@ static char *flex_text(const clattn__flex_parts *parts, const clattn__layout *co
             "#line 1 \"%s\"\n%s\n#undef score_mod\n#undef mask_mod\n#undef score_mod_grad\n",
             p, p, p, parts->part[p].file, parts->part[p].source);
     /* the composition */
-    at += (size_t)snprintf(text + at, size - at,
-                           "#line 1 \"flex_parts\"\n"
-                           "inline float flex_user_score_mod(float s, int b, int h, int q, int k "
-                           "FLEX_AUX_DECL)\n{\n");
-    for (size_t p = 0; p < parts->count; ++p)
-        if (parts->part[p].functions & CLATTN_FLEX_SCORE_MOD)
-            at += (size_t)snprintf(text + at, size - at,
-                                   "    s = flex_p%zu_score_mod(s, b, h, q, k%s);\n", p, names);
-    at += (size_t)snprintf(text + at, size - at,
-                           "    return s;\n}\n"
-                           "inline float flex_user_score_mod_grad(float s, int b, int h, int q, "
-                           "int k FLEX_AUX_DECL)\n{\n    float g = 1.0f;\n");
-    for (size_t p = 0; p < parts->count; ++p)
-        if ((parts->part[p].functions & CLATTN_FLEX_SCORE_MOD) &&
-            (parts->part[p].functions & CLATTN_FLEX_SCORE_MOD_GRAD))
-            at += (size_t)snprintf(text + at, size - at,
-                                   "    g *= flex_p%zu_score_mod_grad(s, b, h, q, k%s);\n"
-                                   "    s = flex_p%zu_score_mod(s, b, h, q, k%s);\n",
-                                   p, names, p, names);
-    at += (size_t)snprintf(text + at, size - at,
-                           "    return g;\n}\n"
-                           "inline int flex_user_mask_mod(int b, int h, int q, int k "
-                           "FLEX_AUX_DECL)\n{\n    return 1");
-    for (size_t p = 0; p < parts->count; ++p)
-        if (parts->part[p].functions & CLATTN_FLEX_MASK_MOD)
-            at += (size_t)snprintf(text + at, size - at,
-                                   " &&\n           flex_p%zu_mask_mod(b, h, q, k%s) != 0", p,
-                                   names);
-    snprintf(text + at, size - at, ";\n}\n#line 1 \"score.cl\"\n");
+    at = compose(text, size, at, parts, CLATTN_FLEX_SCORE_MOD, names,
+                 "#line 1 \"flex_parts\"\n"
+                 "inline float flex_user_score_mod(float s, int b, int h, int q, int k "
+                 "FLEX_AUX_DECL)\n{\n",
+                 "    s = flex_p%zu_score_mod(s, b, h, q, k%s);\n", "    return s;\n}\n");
+    at = compose(text, size, at, parts, CLATTN_FLEX_SCORE_MOD | CLATTN_FLEX_SCORE_MOD_GRAD, names,
+                 "inline float flex_user_score_mod_grad(float s, int b, int h, int q, "
+                 "int k FLEX_AUX_DECL)\n{\n    float g = 1.0f;\n",
+                 "    g *= flex_p%zu_score_mod_grad(s, b, h, q, k%s);\n"
+                 "    s = flex_p%zu_score_mod(s, b, h, q, k%s);\n",
+                 "    return g;\n}\n");
+    at = compose(text, size, at, parts, CLATTN_FLEX_MASK_MOD, names,
+                 "inline int flex_user_mask_mod(int b, int h, int q, int k "
+                 "FLEX_AUX_DECL)\n{\n    return 1",
+                 " &&\n           flex_p%zu_mask_mod(b, h, q, k%s) != 0", ";\n}\n");
+    snprintf(text + at, size - at, "#line 1 \"score.cl\"\n");
     return text;
 }
 
@@ -520,21 +522,13 @@ clattn_status clattn_flex_block_mask(clattn_ctx *ctx, const clattn_block_mask_de
                             desc->aux[i].offset * clattn_dtype_size(aux[i]->dtype), arena,
                             aux_at[i], bytes[i], "aux");
     if (status == CLATTN_SUCCESS) {
-        clattn_block_mask_params params;
-        memset(&params, 0, sizeof params);
-        params.out_offset = desc->out.offset;
-        params.aux0 = aux_at[0];
-        params.aux1 = aux_at[1];
-        params.aux2 = aux_at[2];
-        params.aux3 = aux_at[3];
-        params.batch = (cl_uint)desc->batch;
-        params.heads = (cl_uint)desc->heads;
-        params.seq_q = (cl_uint)desc->seq_q;
-        params.seq_k = (cl_uint)desc->seq_k;
-        params.block_q = (cl_uint)flex->block_q;
-        params.block_k = (cl_uint)flex->block_k;
-        params.q_blocks = (cl_uint)q_blocks;
-        params.k_blocks = (cl_uint)k_blocks;
+        const clattn_block_mask_params params = {
+            .out_offset = desc->out.offset, .aux0 = aux_at[0], .aux1 = aux_at[1],
+            .aux2 = aux_at[2], .aux3 = aux_at[3], .batch = (cl_uint)desc->batch,
+            .heads = (cl_uint)desc->heads, .seq_q = (cl_uint)desc->seq_q,
+            .seq_k = (cl_uint)desc->seq_k, .block_q = (cl_uint)flex->block_q,
+            .block_k = (cl_uint)flex->block_k, .q_blocks = (cl_uint)q_blocks,
+            .k_blocks = (cl_uint)k_blocks};
         const size_t local = ctx->info.max_work_group_size < 64 ? 1 : 64;
         size_t global = 0;
         if (!clattn__round_up(blocks, local, &global))

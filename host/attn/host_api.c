@@ -251,18 +251,29 @@ clattn_status clattn_attention_host(clattn_ctx *ctx, const clattn_attention_host
     return clattn__end_message(ctx, op, status);
 }
 
-clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_desc *desc,
-                                      const clattn_mha_host_weights *weights, const float *query,
-                                      const float *key, const float *value,
-                                      const clattn_host_masks *masks, float *out,
-                                      float *attn_weights)
+/* An MHA host call's sizes, the descriptor's zeros resolved (kdim, vdim, qk_dim, v_dim:
+ * embed_dim) and grouped-query heads' widths (kv_qk, kv_vd). */
+typedef struct mha_host_dims {
+    size_t b, lq, lk, e, h, kdim, vdim, qk, vd, out_dim, kv_qk, kv_vd;
+} mha_host_dims;
+
+/* One weight or bias of an MHA host call: its data (NULL: not given), the plan's tensor and its
+ * (d_in, d_out) (d_in 0: a bias of d_out). */
+typedef struct host_param {
+    const float *data;
+    clattn_tensor *tensor;
+    size_t d_in, d_out;
+} host_param;
+#define MHA_HOST_PARAMS 10
+
+/* Validates an MHA host call's pointers and sizes into *d; key and value default to query and
+ * key (self-attention). */
+static clattn_status check_mha_host(clattn_ctx *ctx, const char *op,
+                                    const clattn_mha_host_desc *desc,
+                                    const clattn_mha_host_weights *weights, const float *query,
+                                    const float **key, const float **value, const float *out,
+                                    const float *attn_weights, mha_host_dims *d)
 {
-    static const char op[] = "mha_forward";
-    clattn_mha_host_desc full;
-    clattn_status status = clattn__create_entry(ctx, op, desc, true, &mha_host_desc, &full);
-    desc = &full;
-    if (status != CLATTN_SUCCESS)
-        return status;
     if (weights == NULL)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: weights is NULL", op);
     const char *missing = !query ? "query" : !out ? "out" : NULL;
@@ -275,135 +286,141 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
     static const char *const names[5] = {"batch", "seq_q", "seq_k", "embed_dim", "num_heads"};
     const size_t dims[5] = {desc->batch, desc->seq_q, desc->seq_k, desc->embed_dim,
                             desc->num_heads};
-    if ((status = check_dims(ctx, op, dims, names, 5)))
+    clattn_status status = check_dims(ctx, op, dims, names, 5);
+    if (status != CLATTN_SUCCESS)
         return status;
-    const size_t e = desc->embed_dim, b = desc->batch, lq = desc->seq_q, lk = desc->seq_k;
-    const size_t kdim = desc->kdim ? desc->kdim : e, vdim = desc->vdim ? desc->vdim : e;
-    const size_t qk = desc->qk_dim ? desc->qk_dim : e, vd = desc->v_dim ? desc->v_dim : e;
-    const size_t out_dim = weights->out_weight ? e : vd;
+    const size_t e = desc->embed_dim;
+    d->e = e, d->b = desc->batch, d->lq = desc->seq_q, d->lk = desc->seq_k;
+    d->kdim = desc->kdim ? desc->kdim : e, d->vdim = desc->vdim ? desc->vdim : e;
+    d->qk = desc->qk_dim ? desc->qk_dim : e, d->vd = desc->v_dim ? desc->v_dim : e;
+    d->out_dim = weights->out_weight ? e : d->vd;
     /* Grouped-query projections: k and v project to num_kv_heads heads of the query side's
      * head sizes (the plan reports a num_kv_heads that does not divide num_heads). */
     const size_t h = desc->num_heads;
     const size_t kv = desc->num_kv_heads == CLATTN_KV_HEADS_ALL ? h : desc->num_kv_heads;
-    const bool grouped = kv != 0 && kv != h && h % kv == 0 && qk % h == 0 && vd % h == 0;
-    const size_t kv_qk = grouped ? qk / h * kv : qk, kv_vd = grouped ? vd / h * kv : vd;
-    if (key == NULL)
-        key = query;
-    if (value == NULL)
-        value = key;
-    if ((key == query && kdim != e) || (value == key && vdim != kdim))
+    const bool grouped = kv != 0 && kv != h && h % kv == 0 && d->qk % h == 0 && d->vd % h == 0;
+    d->h = h;
+    d->kv_qk = grouped ? d->qk / h * kv : d->qk, d->kv_vd = grouped ? d->vd / h * kv : d->vd;
+    if (*key == NULL)
+        *key = query;
+    if (*value == NULL)
+        *value = *key;
+    if ((*key == query && d->kdim != e) || (*value == *key && d->vdim != d->kdim))
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: key/value omitted (self-attention) but kdim/vdim differ from "
                             "embed_dim",
                             op);
-    if ((key == query || value == query) && lk != lq)
+    if ((*key == query || *value == query) && d->lk != d->lq)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                            "%s: key or value is the query but seq_k=%zu != seq_q=%zu", op, lk,
-                            lq);
+                            "%s: key or value is the query but seq_k=%zu != seq_q=%zu", op, d->lk,
+                            d->lq);
     if (desc->layout != CLATTN_LAYOUT_XW && desc->layout != CLATTN_LAYOUT_TORCH)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: layout=%d is not a clattn_weight_layout", op,
                             (int)desc->layout);
-    const bool torch = desc->layout == CLATTN_LAYOUT_TORCH;
+    return CLATTN_SUCCESS;
+}
 
-    clattn_mha_desc md;
-    clattn_mha_desc_init(&md);
-    clattn_tensors tensors = {0};
-    clattn_tensors *t = &tensors;
-    CLATTN_BIND_ROLES(md, tensors);
+/* The MHA plan's descriptor and tensor layouts for the host call (buffers are staged after
+ * the plan validated them); params lists the weights and biases with their tensors. */
+static void mha_host_plan(const clattn_mha_host_desc *desc,
+                          const clattn_mha_host_weights *weights, const clattn_host_masks *masks,
+                          const mha_host_dims *d, clattn_mha_desc *md, clattn_tensors *t,
+                          host_param params[MHA_HOST_PARAMS])
+{
+    const size_t e = d->e, b = d->b, lq = d->lq, lk = d->lk;
+    clattn_mha_desc_init(md);
+    CLATTN_BIND_ROLES(*md, *t);
     t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lq, e, 0);
-    t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lk, kdim, 0);
-    t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lk, vdim, 0);
-    t->out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lq, out_dim, 0);
+    t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lk, d->kdim, 0);
+    t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lk, d->vdim, 0);
+    t->out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lq, d->out_dim, 0);
     if (desc->need_weights == CLATTN_WEIGHTS_PER_HEAD)
         t->weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, b, desc->num_heads, lq, lk);
     else if (desc->need_weights == CLATTN_WEIGHTS_AVERAGED)
         t->weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, b, lq, lk, 0);
     /* Parameters: (d_in, d_out) for XW, (d_out, d_in) for TORCH. */
-    const struct {
-        const float *data;
-        clattn_tensor *tensor;
-        size_t d_in, d_out; /* d_in 0: a bias of d_out */
-    } params[] = {
+    const host_param table[MHA_HOST_PARAMS] = {
         {weights->in_proj_weight, &t->in_proj_weight, e, 3 * e},
         {weights->in_proj_bias, &t->in_proj_bias, 0, 3 * e},
-        {weights->q_weight, &t->q_weight, e, qk},
-        {weights->k_weight, &t->k_weight, kdim, kv_qk},
-        {weights->v_weight, &t->v_weight, vdim, kv_vd},
-        {weights->q_bias, &t->q_bias, 0, qk},
-        {weights->k_bias, &t->k_bias, 0, kv_qk},
-        {weights->v_bias, &t->v_bias, 0, kv_vd},
-        {weights->out_weight, &t->out_weight, vd, e},
+        {weights->q_weight, &t->q_weight, e, d->qk},
+        {weights->k_weight, &t->k_weight, d->kdim, d->kv_qk},
+        {weights->v_weight, &t->v_weight, d->vdim, d->kv_vd},
+        {weights->q_bias, &t->q_bias, 0, d->qk},
+        {weights->k_bias, &t->k_bias, 0, d->kv_qk},
+        {weights->v_bias, &t->v_bias, 0, d->kv_vd},
+        {weights->out_weight, &t->out_weight, d->vd, e},
         {weights->out_bias, &t->out_bias, 0, e},
     };
-    const size_t count = sizeof params / sizeof params[0];
-    for (size_t i = 0; i < count; ++i) {
-        if (params[i].data == NULL)
+    const bool torch = desc->layout == CLATTN_LAYOUT_TORCH;
+    for (size_t i = 0; i < MHA_HOST_PARAMS; ++i) {
+        const host_param *p = &params[i];
+        params[i] = table[i];
+        if (p->data == NULL)
             continue;
-        if (params[i].d_in == 0)
-            *params[i].tensor =
-                clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, params[i].d_out, 0, 0, 0);
-        else if (torch || params[i].tensor == &t->in_proj_weight)
-            *params[i].tensor = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2,
-                                                   params[i].d_out, params[i].d_in, 0, 0);
+        if (p->d_in == 0)
+            *p->tensor = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, p->d_out, 0, 0, 0);
+        else if (torch || p->tensor == &t->in_proj_weight)
+            *p->tensor = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, p->d_out, p->d_in, 0, 0);
         else
-            *params[i].tensor = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, params[i].d_in,
-                                                   params[i].d_out, 0, 0);
+            *p->tensor = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, p->d_in, p->d_out, 0, 0);
     }
-    mask_layouts(masks, b, h, lq, lk, desc->attn_mask_per_head != 0, t);
-    md.num_heads = desc->num_heads;
-    md.num_kv_heads = desc->num_kv_heads;
-    md.layout = desc->layout;
-    md.need_weights = desc->need_weights;
-#define COPY(field) md.field = desc->field;
+    mask_layouts(masks, b, d->h, lq, lk, desc->attn_mask_per_head != 0, t);
+    md->num_heads = desc->num_heads;
+    md->num_kv_heads = desc->num_kv_heads;
+    md->layout = desc->layout;
+    md->need_weights = desc->need_weights;
+#define COPY(field) md->field = desc->field;
     CLATTN__SCORE_FIELDS(COPY)
 #undef COPY
-    md.rope = desc->rope;
-    md.rope_style = desc->rope_style;
-    md.rope_dims = desc->rope_dims;
-    md.rope_base = desc->rope_base;
-    md.rope_start = desc->rope_start;
-    clattn_plan *plan = NULL;
-    if ((status = clattn_mha_plan_create(ctx, &md, &plan)))
-        return clattn__end_message(ctx, op, status);
+    md->rope = desc->rope;
+    md->rope_style = desc->rope_style;
+    md->rope_dims = desc->rope_dims;
+    md->rope_base = desc->rope_base;
+    md->rope_start = desc->rope_start;
+}
 
-    /* Every given parameter goes into one staging buffer, one after another. */
-    size_t offsets[sizeof params / sizeof params[0]] = {0}, total = 0, total_bytes = 0;
+/* Every given parameter into one staging buffer, one after another: packed on the host, then
+ * one transfer; each tensor then points into it. */
+static clattn_status stage_params(clattn_ctx *ctx, const char *op,
+                                  const host_param params[MHA_HOST_PARAMS])
+{
+    size_t offsets[MHA_HOST_PARAMS] = {0}, total = 0, total_bytes = 0;
     bool overflow = false;
-    for (size_t i = 0; i < count; ++i) {
+    for (size_t i = 0; i < MHA_HOST_PARAMS; ++i) {
         offsets[i] = total;
         /* Each size was checked by the plan; their sum was not. */
         if (params[i].data && !clattn__add(total, elems_of(params[i].tensor), &total))
             overflow = true;
     }
-    if (overflow || !clattn__mul(total, sizeof(float), &total_bytes)) {
-        clattn_plan_release(plan);
+    if (overflow || !clattn__mul(total, sizeof(float), &total_bytes))
         return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
                             "%s: the weights and biases to stage overflow size_t together", op);
-    }
-    /* One transfer: the parameters packed on the host, then uploaded from offset 0. */
     clattn_tensor staged;
     float *packed = malloc((total ? total : 1) * sizeof(float));
-    if (packed == NULL) {
-        clattn_plan_release(plan);
+    if (packed == NULL)
         return clattn__fail(ctx, CLATTN_ERR_HOST_MEMORY, "%s: out of host memory", op);
-    }
-    for (size_t i = 0; i < count; ++i)
+    for (size_t i = 0; i < MHA_HOST_PARAMS; ++i)
         if (params[i].data)
             memcpy(packed + offsets[i], params[i].data,
                    elems_of(params[i].tensor) * sizeof(float));
-    status = reserve(ctx, op, CLATTN_WS_HOST_W, total, sizeof(float));
+    clattn_status status = reserve(ctx, op, CLATTN_WS_HOST_W, total, sizeof(float));
     if (status == CLATTN_SUCCESS && total > 0)
         status = upload(ctx, op, CLATTN_WS_HOST_W, 0, packed, total, sizeof(float), &staged);
     free(packed);
-    for (size_t i = 0; i < count && status == CLATTN_SUCCESS; ++i)
+    for (size_t i = 0; i < MHA_HOST_PARAMS && status == CLATTN_SUCCESS; ++i)
         if (params[i].data) {
             params[i].tensor->mem = ctx->workspace[CLATTN_WS_HOST_W];
             params[i].tensor->offset = offsets[i];
         }
-    /* Inputs: self-attention uploads once, so that the plan can project q, k, v together. */
-    if (status == CLATTN_SUCCESS)
-        status = stage(ctx, op, CLATTN_WS_HOST_IN0, query, &t->q);
+    return status;
+}
+
+/* The inputs: self-attention uploads once, so that the plan can project q, k, v together. */
+static clattn_status stage_inputs(clattn_ctx *ctx, const char *op, const float *query,
+                                  const float *key, const float *value, clattn_tensors *t)
+{
+    clattn_status status = stage(ctx, op, CLATTN_WS_HOST_IN0, query, &t->q);
     if (status == CLATTN_SUCCESS && key == query)
         t->k.mem = t->q.mem;
     else if (status == CLATTN_SUCCESS)
@@ -412,10 +429,38 @@ clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_des
         t->v.mem = value == query ? t->q.mem : t->k.mem;
     else if (status == CLATTN_SUCCESS)
         status = stage(ctx, op, CLATTN_WS_HOST_IN2, value, &t->v);
-    const size_t bhqk[4] = {b, h, lq, lk};
+    return status;
+}
+
+clattn_status clattn_mha_forward_host(clattn_ctx *ctx, const clattn_mha_host_desc *desc,
+                                      const clattn_mha_host_weights *weights, const float *query,
+                                      const float *key, const float *value,
+                                      const clattn_host_masks *masks, float *out,
+                                      float *attn_weights)
+{
+    static const char op[] = "mha_forward";
+    clattn_mha_host_desc full;
+    clattn_status status = clattn__create_entry(ctx, op, desc, true, &mha_host_desc, &full);
+    mha_host_dims d;
+    memset(&d, 0, sizeof d);
     if (status == CLATTN_SUCCESS)
-        status = run_and_read(ctx, op, plan, masks, bhqk, desc->attn_mask_per_head != 0, t, out,
-                              attn_weights);
+        status = check_mha_host(ctx, op, &full, weights, query, &key, &value, out, attn_weights,
+                                &d);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    clattn_mha_desc md;
+    clattn_tensors tensors = {0};
+    host_param params[MHA_HOST_PARAMS];
+    mha_host_plan(&full, weights, masks, &d, &md, &tensors, params);
+    clattn_plan *plan = NULL;
+    if ((status = clattn_mha_plan_create(ctx, &md, &plan)))
+        return clattn__end_message(ctx, op, status);
+    if ((status = stage_params(ctx, op, params)) == CLATTN_SUCCESS &&
+        (status = stage_inputs(ctx, op, query, key, value, &tensors)) == CLATTN_SUCCESS) {
+        const size_t bhqk[4] = {d.b, d.h, d.lq, d.lk};
+        status = run_and_read(ctx, op, plan, masks, bhqk, full.attn_mask_per_head != 0, &tensors,
+                              out, attn_weights);
+    }
     clattn_plan_release(plan);
     return clattn__end_message(ctx, op, status);
 }

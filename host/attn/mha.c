@@ -80,14 +80,13 @@ static clattn_status check_input(clattn_plan *plan, int role, const char *what, 
 
 static clattn_status prepare_rope(clattn_plan *plan, const clattn_mha_desc *desc);
 
-static clattn_status create(clattn_plan *plan, const void *any)
+/* The layout and need_weights fields, then query, key and value (rank 3, one batch, unit
+ * feature stride) and the head counts into *d. */
+static clattn_status check_inputs(clattn_plan *plan, const clattn_mha_desc *desc, mha_dims *d)
 {
-    const clattn_mha_desc *desc = any;
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
     const clattn__layout *l = plan->layouts;
-    clattn__mha *m = &plan->mha;
-    clattn_status status;
     if (desc->layout != CLATTN_LAYOUT_XW && desc->layout != CLATTN_LAYOUT_TORCH)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: layout=%d is not a clattn_weight_layout", op, (int)desc->layout);
@@ -96,107 +95,131 @@ static clattn_status create(clattn_plan *plan, const void *any)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: need_weights=%d is not a clattn_need_weights", op,
                             (int)desc->need_weights);
-    m->trans_w = desc->layout == CLATTN_LAYOUT_TORCH;
-    m->need_weights = desc->need_weights;
+    plan->mha.trans_w = desc->layout == CLATTN_LAYOUT_TORCH;
+    plan->mha.need_weights = desc->need_weights;
     if (!l[R_Q].present || l[R_Q].rank != 3)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: query must be a rank-3 tensor (batch, seq_q, embed_dim), got "
                             "rank %d",
                             op, l[R_Q].rank);
-    mha_dims d = {.batch = l[R_Q].dims[0], .seq_q = l[R_Q].dims[1], .embed = l[R_Q].dims[2]};
-    d.seq_k = l[R_K].present && l[R_K].rank == 3 ? l[R_K].dims[1] : 0;
-    d.kdim = l[R_K].present && l[R_K].rank == 3 ? l[R_K].dims[2] : 0;
-    d.vdim = l[R_V].present && l[R_V].rank == 3 ? l[R_V].dims[2] : 0;
-    if ((status = check_input(plan, R_Q, "(batch, seq_q, embed_dim)", d.batch, d.seq_q)) ||
-        (status = check_input(plan, R_K, "(batch, seq_k, kdim)", d.batch, d.seq_k)) ||
-        (status = check_input(plan, R_V, "(batch, seq_k, vdim)", d.batch, d.seq_k)))
+    d->batch = l[R_Q].dims[0], d->seq_q = l[R_Q].dims[1], d->embed = l[R_Q].dims[2];
+    d->seq_k = l[R_K].present && l[R_K].rank == 3 ? l[R_K].dims[1] : 0;
+    d->kdim = l[R_K].present && l[R_K].rank == 3 ? l[R_K].dims[2] : 0;
+    d->vdim = l[R_V].present && l[R_V].rank == 3 ? l[R_V].dims[2] : 0;
+    clattn_status status;
+    if ((status = check_input(plan, R_Q, "(batch, seq_q, embed_dim)", d->batch, d->seq_q)) ||
+        (status = check_input(plan, R_K, "(batch, seq_k, kdim)", d->batch, d->seq_k)) ||
+        (status = check_input(plan, R_V, "(batch, seq_k, vdim)", d->batch, d->seq_k)))
         return status;
-    d.heads = desc->num_heads;
-    if (d.heads == 0)
+    d->heads = desc->num_heads;
+    if (d->heads == 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
                             "%s: num_heads=0: every dimension must be at least 1", op);
-    d.kv_heads = desc->num_kv_heads == CLATTN_KV_HEADS_ALL ? d.heads : desc->num_kv_heads;
-    if (d.kv_heads == 0 || d.heads % d.kv_heads != 0)
+    d->kv_heads = desc->num_kv_heads == CLATTN_KV_HEADS_ALL ? d->heads : desc->num_kv_heads;
+    if (d->kv_heads == 0 || d->heads % d->kv_heads != 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
                             "%s: num_kv_heads=%zu must divide num_heads=%zu (grouped-query "
                             "attention: query head h attends with k/v head "
                             "h / (num_heads / num_kv_heads))",
-                            op, d.kv_heads, d.heads);
-    m->packed_in_proj = l[R_IN_W].present;
-    if (m->packed_in_proj && d.kv_heads != d.heads)
+                            op, d->kv_heads, d->heads);
+    return CLATTN_SUCCESS;
+}
+
+/* PyTorch's packed in_proj_weight (3E, E) and in_proj_bias: the projected widths are E. */
+static clattn_status check_packed_weights(clattn_plan *plan, mha_dims *d)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
+    if (d->kv_heads != d->heads)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: num_kv_heads=%zu with in_proj_weight: grouped-query projections "
                             "need separate q/k/v weights (in_proj_weight packs three E x E "
                             "matrices)",
-                            op, d.kv_heads);
-    if (m->packed_in_proj) {
-        if (!m->trans_w)
+                            op, d->kv_heads);
+    if (!plan->mha.trans_w)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: in_proj_weight is PyTorch's packed (3E, E) matrix: it needs "
+                            "layout TORCH",
+                            op);
+    for (int role = R_QW; role <= R_VB; ++role)
+        if (l[role].present)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: in_proj_weight is PyTorch's packed (3E, E) matrix: it needs "
-                                "layout TORCH",
+                                "%s: give in_proj_weight/in_proj_bias or the separate q/k/v "
+                                "weights and biases, not both",
                                 op);
-        for (int role = R_QW; role <= R_VB; ++role)
-            if (l[role].present)
-                return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                    "%s: give in_proj_weight/in_proj_bias or the separate q/k/v "
-                                    "weights and biases, not both",
-                                    op);
-        if (d.kdim != d.embed || d.vdim != d.embed)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                                "%s: in_proj_weight needs kdim = vdim = embed_dim = %zu (got "
-                                "kdim=%zu, vdim=%zu)",
-                                op, d.embed, d.kdim, d.vdim);
-        d.qk_dim = d.v_dim = d.kv_qk_dim = d.kv_v_dim = d.embed;
-        const size_t in_dims[2] = {3 * d.embed, d.embed}, bias_dim = 3 * d.embed;
-        if ((status = clattn__layout_expect(ctx, op, "in_proj_weight", &l[R_IN_W], 2, in_dims,
-                                            "(3 * embed_dim, embed_dim)")) ||
-            (status = check_bias(plan, R_IN_B, "in_proj_bias", bias_dim)) ||
-            (status = clattn__expect_unit_stride(plan, "in_proj_weight", &l[R_IN_W], "last dim")))
-            return status;
-    } else {
-        if (l[R_IN_B].present)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: in_proj_bias goes with in_proj_weight", op);
-        if (!l[R_QW].present || !l[R_KW].present || !l[R_VW].present)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: q_weight, k_weight and v_weight are required (or "
-                                "in_proj_weight)",
-                                op);
-        /* The projected widths come from the weights' output dims: q_weight's is qk_dim,
-         * v_weight's the k/v heads' width (v_dim without grouped-query heads). */
-        const int out_axis = m->trans_w ? 0 : 1;
-        d.qk_dim = l[R_QW].rank == 2 ? l[R_QW].dims[out_axis] : 0;
-        d.kv_v_dim = l[R_VW].rank == 2 ? l[R_VW].dims[out_axis] : 0;
-        if (d.kv_heads != d.heads && (d.qk_dim % d.heads != 0 || d.kv_v_dim % d.kv_heads != 0))
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                                "%s: q_weight's %zu outputs must be divisible by num_heads=%zu "
-                                "and v_weight's %zu by num_kv_heads=%zu",
-                                op, d.qk_dim, d.heads, d.kv_v_dim, d.kv_heads);
-        d.kv_qk_dim = d.qk_dim / d.heads * d.kv_heads;
-        d.v_dim = d.kv_v_dim / d.kv_heads * d.heads;
-        if (d.kv_heads == d.heads)
-            d.kv_qk_dim = d.qk_dim, d.v_dim = d.kv_v_dim;
-        if ((status = check_weight(plan, R_QW, "q_weight", m->trans_w, d.embed, d.qk_dim, true)) ||
-            (status = check_weight(plan, R_KW, "k_weight", m->trans_w, d.kdim, d.kv_qk_dim,
-                                   true)) ||
-            (status = check_weight(plan, R_VW, "v_weight", m->trans_w, d.vdim, d.kv_v_dim,
-                                   true)) ||
-            (status = check_bias(plan, R_QB, "q_bias", d.qk_dim)) ||
-            (status = check_bias(plan, R_KB, "k_bias", d.kv_qk_dim)) ||
-            (status = check_bias(plan, R_VB, "v_bias", d.kv_v_dim)))
-            return status;
-    }
-    if (d.qk_dim % d.heads != 0 || d.v_dim % d.heads != 0)
+    if (d->kdim != d->embed || d->vdim != d->embed)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: in_proj_weight needs kdim = vdim = embed_dim = %zu (got "
+                            "kdim=%zu, vdim=%zu)",
+                            op, d->embed, d->kdim, d->vdim);
+    d->qk_dim = d->v_dim = d->kv_qk_dim = d->kv_v_dim = d->embed;
+    const size_t in_dims[2] = {3 * d->embed, d->embed}, bias_dim = 3 * d->embed;
+    clattn_status status;
+    if ((status = clattn__layout_expect(ctx, op, "in_proj_weight", &l[R_IN_W], 2, in_dims,
+                                        "(3 * embed_dim, embed_dim)")) ||
+        (status = check_bias(plan, R_IN_B, "in_proj_bias", bias_dim)))
+        return status;
+    return clattn__expect_unit_stride(plan, "in_proj_weight", &l[R_IN_W], "last dim");
+}
+
+/* The separate q_weight, k_weight, v_weight and their biases: the projected widths come from
+ * the weights' output dims (q_weight's is qk_dim, v_weight's the k/v heads' width). */
+static clattn_status check_separate_weights(clattn_plan *plan, mha_dims *d)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
+    const bool trans = plan->mha.trans_w;
+    if (l[R_IN_B].present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: in_proj_bias goes with in_proj_weight", op);
+    if (!l[R_QW].present || !l[R_KW].present || !l[R_VW].present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: q_weight, k_weight and v_weight are required (or "
+                            "in_proj_weight)",
+                            op);
+    const int out_axis = trans ? 0 : 1;
+    d->qk_dim = l[R_QW].rank == 2 ? l[R_QW].dims[out_axis] : 0;
+    d->kv_v_dim = l[R_VW].rank == 2 ? l[R_VW].dims[out_axis] : 0;
+    if (d->kv_heads != d->heads && (d->qk_dim % d->heads != 0 || d->kv_v_dim % d->kv_heads != 0))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: q_weight's %zu outputs must be divisible by num_heads=%zu "
+                            "and v_weight's %zu by num_kv_heads=%zu",
+                            op, d->qk_dim, d->heads, d->kv_v_dim, d->kv_heads);
+    d->kv_qk_dim = d->qk_dim / d->heads * d->kv_heads;
+    d->v_dim = d->kv_v_dim / d->kv_heads * d->heads;
+    if (d->kv_heads == d->heads)
+        d->kv_qk_dim = d->qk_dim, d->v_dim = d->kv_v_dim;
+    clattn_status status;
+    if ((status = check_weight(plan, R_QW, "q_weight", trans, d->embed, d->qk_dim, true)) ||
+        (status = check_weight(plan, R_KW, "k_weight", trans, d->kdim, d->kv_qk_dim, true)) ||
+        (status = check_weight(plan, R_VW, "v_weight", trans, d->vdim, d->kv_v_dim, true)) ||
+        (status = check_bias(plan, R_QB, "q_bias", d->qk_dim)) ||
+        (status = check_bias(plan, R_KB, "k_bias", d->kv_qk_dim)))
+        return status;
+    return check_bias(plan, R_VB, "v_bias", d->kv_v_dim);
+}
+
+/* The heads' widths, the output projection, out and the weights asked for. */
+static clattn_status check_outputs(clattn_plan *plan, const clattn_mha_desc *desc, mha_dims *d)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
+    clattn__mha *m = &plan->mha;
+    clattn_status status;
+    if (d->qk_dim % d->heads != 0 || d->v_dim % d->heads != 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
                             "%s: qk_dim=%zu and v_dim=%zu must be divisible by num_heads=%zu", op,
-                            d.qk_dim, d.v_dim, d.heads);
+                            d->qk_dim, d->v_dim, d->heads);
     m->has_out_proj = l[R_OW].present;
-    d.out_dim = d.v_dim;
+    d->out_dim = d->v_dim;
     if (m->has_out_proj) {
-        d.out_dim = l[R_OW].rank == 2 ? l[R_OW].dims[m->trans_w ? 0 : 1] : 0;
-        if ((status = check_weight(plan, R_OW, "out_weight", m->trans_w, d.v_dim, d.out_dim,
+        d->out_dim = l[R_OW].rank == 2 ? l[R_OW].dims[m->trans_w ? 0 : 1] : 0;
+        if ((status = check_weight(plan, R_OW, "out_weight", m->trans_w, d->v_dim, d->out_dim,
                                    true)) ||
-            (status = check_bias(plan, R_OB, "out_bias", d.out_dim)))
+            (status = check_bias(plan, R_OB, "out_bias", d->out_dim)))
             return status;
     } else if (l[R_OB].present) {
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: out_bias goes with out_weight",
@@ -204,7 +227,7 @@ static clattn_status create(clattn_plan *plan, const void *any)
     }
     if (!l[R_OUT].present)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: out is required", op);
-    const size_t out_dims[3] = {d.batch, d.seq_q, d.out_dim};
+    const size_t out_dims[3] = {d->batch, d->seq_q, d->out_dim};
     if ((status = clattn__layout_expect(ctx, op, "out", &l[R_OUT], 3, out_dims,
                                         "(batch, seq_q, out_dim)")))
         return status;
@@ -213,48 +236,55 @@ static clattn_status create(clattn_plan *plan, const void *any)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: weights is %s but need_weights=%d", op,
                             l[R_WEIGHTS].present ? "given" : "absent", (int)desc->need_weights);
-    if (want_weights) {
-        const size_t per_head[4] = {d.batch, d.heads, d.seq_q, d.seq_k};
-        const size_t averaged[3] = {d.batch, d.seq_q, d.seq_k};
-        const bool averaged_wanted = desc->need_weights == CLATTN_WEIGHTS_AVERAGED;
-        status = averaged_wanted ? clattn__layout_expect(ctx, op, "weights", &l[R_WEIGHTS], 3,
-                                                         averaged, "(batch, seq_q, seq_k)")
-                                 : clattn__layout_expect(ctx, op, "weights", &l[R_WEIGHTS], 4,
-                                                         per_head,
-                                                         "(batch, num_heads, seq_q, seq_k)");
-        if (status == CLATTN_SUCCESS && l[R_WEIGHTS].strides[l[R_WEIGHTS].rank - 1] != 1)
-            status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                                  "%s: weights must have stride 1 along seq_k", op);
-        if (status != CLATTN_SUCCESS)
-            return status;
-    }
-    m->batch = d.batch, m->seq_q = d.seq_q, m->seq_k = d.seq_k, m->heads = d.heads;
-    m->qk_dim = d.qk_dim, m->v_dim = d.v_dim;
-    m->head_dim_qk = d.qk_dim / d.heads, m->head_dim_v = d.v_dim / d.heads;
-    m->kv_heads = d.kv_heads, m->kv_qk_dim = d.kv_qk_dim, m->kv_v_dim = d.kv_v_dim;
+    if (!want_weights)
+        return CLATTN_SUCCESS;
+    const size_t per_head[4] = {d->batch, d->heads, d->seq_q, d->seq_k};
+    const size_t averaged[3] = {d->batch, d->seq_q, d->seq_k};
+    status = desc->need_weights == CLATTN_WEIGHTS_AVERAGED
+                 ? clattn__layout_expect(ctx, op, "weights", &l[R_WEIGHTS], 3, averaged,
+                                         "(batch, seq_q, seq_k)")
+                 : clattn__layout_expect(ctx, op, "weights", &l[R_WEIGHTS], 4, per_head,
+                                         "(batch, num_heads, seq_q, seq_k)");
+    if (status == CLATTN_SUCCESS && l[R_WEIGHTS].strides[l[R_WEIGHTS].rank - 1] != 1)
+        status = clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                              "%s: weights must have stride 1 along seq_k", op);
+    return status;
+}
 
-    /* Workspace: the projections q | k | v one after another (so that a packed self-attention
-     * projection (B*L, 3E) is the same region), the concatenated heads, per-head weights. */
-    size_t q_size, k_size, v_size, concat = 0, scores = 0, cursor = 0;
-    if (!clattn__product(&q_size, 3, d.batch, d.seq_q, d.qk_dim) ||
-        !clattn__product(&k_size, 3, d.batch, d.seq_k, d.kv_qk_dim) ||
-        !clattn__product(&v_size, 3, d.batch, d.seq_k, d.kv_v_dim) ||
-        (m->has_out_proj && !clattn__product(&concat, 3, d.batch, d.seq_q, d.v_dim)) ||
-        (desc->need_weights == CLATTN_WEIGHTS_AVERAGED &&
-         !clattn__product(&scores, 4, d.batch, d.heads, d.seq_q, d.seq_k)))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW,
-                            "%s: the projections' sizes overflow size_t", op);
+/* Workspace: the projections q | k | v one after another (so that a packed self-attention
+ * projection (B*L, 3E) is the same region), the concatenated heads, per-head weights; *cursor
+ * is then the end. */
+static clattn_status plan_workspace(clattn_plan *plan, const mha_dims *d, size_t *cursor)
+{
+    clattn__mha *m = &plan->mha;
+    size_t q_size, k_size, v_size, concat = 0, scores = 0;
+    if (!clattn__product(&q_size, 3, d->batch, d->seq_q, d->qk_dim) ||
+        !clattn__product(&k_size, 3, d->batch, d->seq_k, d->kv_qk_dim) ||
+        !clattn__product(&v_size, 3, d->batch, d->seq_k, d->kv_v_dim) ||
+        (m->has_out_proj && !clattn__product(&concat, 3, d->batch, d->seq_q, d->v_dim)) ||
+        (m->need_weights == CLATTN_WEIGHTS_AVERAGED &&
+         !clattn__product(&scores, 4, d->batch, d->heads, d->seq_q, d->seq_k)))
+        return clattn__fail(plan->ctx, CLATTN_ERR_OVERFLOW,
+                            "%s: the projections' sizes overflow size_t", plan->op);
     m->q_at = 0;
     m->k_at = q_size;
     m->v_at = q_size + k_size;
-    if (!clattn__add(m->v_at, v_size, &cursor))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t", op);
-    m->concat_at = cursor;
-    m->weights_at = cursor + concat;
-    if (!clattn__add(cursor, concat, &cursor) || !clattn__add(cursor, scores, &cursor))
-        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t", op);
+    if (!clattn__add(m->v_at, v_size, cursor))
+        return clattn__fail(plan->ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t",
+                            plan->op);
+    m->concat_at = *cursor;
+    m->weights_at = *cursor + concat;
+    if (!clattn__add(*cursor, concat, cursor) || !clattn__add(*cursor, scores, cursor))
+        return clattn__fail(plan->ctx, CLATTN_ERR_OVERFLOW, "%s: the workspace overflows size_t",
+                            plan->op);
+    return CLATTN_SUCCESS;
+}
 
-    /* Projections. */
+/* The input projections (and PyTorch's packed self-attention one) and the output's. */
+static clattn_status prepare_projections(clattn_plan *plan, const mha_dims *d)
+{
+    const clattn__layout *l = plan->layouts;
+    clattn__mha *m = &plan->mha;
     const bool flat_q = clattn__rows_flatten(&l[R_Q]), flat_k = clattn__rows_flatten(&l[R_K]);
     const bool flat_v = clattn__rows_flatten(&l[R_V]);
     const clattn__layout *wq = m->packed_in_proj ? &l[R_IN_W] : &l[R_QW];
@@ -263,57 +293,89 @@ static clattn_status create(clattn_plan *plan, const void *any)
     const bool bias_q = m->packed_in_proj ? l[R_IN_B].present : l[R_QB].present;
     const bool bias_k = m->packed_in_proj ? l[R_IN_B].present : l[R_KB].present;
     const bool bias_v = m->packed_in_proj ? l[R_IN_B].present : l[R_VB].present;
-    if ((status = prepare_projection(plan, &l[R_Q], wq, d.seq_q, d.qk_dim, bias_q,
+    clattn_status status;
+    if ((status = prepare_projection(plan, &l[R_Q], wq, d->seq_q, d->qk_dim, bias_q,
                                      CLATTN_DTYPE_F32, flat_q, &m->q_proj)) ||
-        (status = prepare_projection(plan, &l[R_K], wk, d.seq_k, d.kv_qk_dim, bias_k,
+        (status = prepare_projection(plan, &l[R_K], wk, d->seq_k, d->kv_qk_dim, bias_k,
                                      CLATTN_DTYPE_F32, flat_k, &m->k_proj)) ||
-        (status = prepare_projection(plan, &l[R_V], wv, d.seq_k, d.kv_v_dim, bias_v,
+        (status = prepare_projection(plan, &l[R_V], wv, d->seq_k, d->kv_v_dim, bias_v,
                                      CLATTN_DTYPE_F32, flat_v, &m->v_proj)))
         return status;
-    if (m->packed_in_proj && d.seq_q == d.seq_k &&
-        (status = prepare_projection(plan, &l[R_Q], &l[R_IN_W], d.seq_q, 3 * d.embed, bias_q,
+    if (m->packed_in_proj && d->seq_q == d->seq_k &&
+        (status = prepare_projection(plan, &l[R_Q], &l[R_IN_W], d->seq_q, 3 * d->embed, bias_q,
                                      CLATTN_DTYPE_F32, flat_q, &m->qkv_proj)))
         return status;
-    if (m->has_out_proj) {
-        clattn__layout concat_layout = {
-            .present = true,
-            .dtype = CLATTN_DTYPE_F32,
-            .rank = 3,
-            .dims = {d.batch, d.seq_q, d.v_dim},
-            .strides = {d.seq_q * d.v_dim, d.v_dim, 1},
-        };
-        const bool flat_out = clattn__rows_flatten(&l[R_OUT]);
-        if ((status = prepare_projection(plan, &concat_layout, &l[R_OW], d.seq_q, d.out_dim,
-                                         l[R_OB].present, l[R_OUT].dtype, flat_out,
-                                         &m->out_proj)))
-            return status;
-    }
+    if (!m->has_out_proj)
+        return CLATTN_SUCCESS;
+    clattn__layout concat_layout = {
+        .present = true,
+        .dtype = CLATTN_DTYPE_F32,
+        .rank = 3,
+        .dims = {d->batch, d->seq_q, d->v_dim},
+        .strides = {d->seq_q * d->v_dim, d->v_dim, 1},
+    };
+    const bool flat_out = clattn__rows_flatten(&l[R_OUT]);
+    return prepare_projection(plan, &concat_layout, &l[R_OW], d->seq_q, d->out_dim,
+                              l[R_OB].present, l[R_OUT].dtype, flat_out, &m->out_proj);
+}
 
+/* The score rule and the attention steps on the heads (and the weights' mean over heads),
+ * reserving workspace from *cursor on. */
+static clattn_status prepare_attention(clattn_plan *plan, const clattn_mha_desc *desc,
+                                       const mha_dims *d, size_t *cursor)
+{
+    clattn__mha *m = &plan->mha;
     clattn__score_shape score;
     memset(&score, 0, sizeof score);
+    clattn_status status;
     if ((status = clattn__plan_score(plan, desc->scale, desc->norm, m->head_dim_qk, &score)) ||
-        (status = clattn__plan_masks(plan, d.batch, d.heads, d.seq_q, d.seq_k, &score)) ||
+        (status = clattn__plan_masks(plan, d->batch, d->heads, d->seq_q, d->seq_k, &score)) ||
         (status = clattn__plan_alibi(plan, &score)) ||
         (status = clattn__plan_sinks(plan, &score)) ||
         (status = clattn__plan_band(plan, desc->causal, desc->window_align, desc->window_left,
                                     desc->window_right, -1, 0, &score)))
         return status;
     if (!(desc->softcap >= 0.0f && desc->softcap <= FLT_MAX))
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: softcap=%g: must be 0 (off) or a finite positive cap", op,
+        return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: softcap=%g: must be 0 (off) or a finite positive cap", plan->op,
                             (double)desc->softcap);
     score.softcap = desc->softcap;
-    score.kv_group = d.heads / d.kv_heads;
-    const clattn_dtype heads_out = m->has_out_proj ? CLATTN_DTYPE_F32 : l[R_OUT].dtype;
-    if ((status = clattn__attention_prepare(plan, &score, m->head_dim_qk, m->head_dim_v,
-                                            CLATTN_DTYPE_F32, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32,
-                                            heads_out, want_weights, false, desc->path,
-                                            &cursor)))
+    score.kv_group = d->heads / d->kv_heads;
+    const clattn_dtype heads_out =
+        m->has_out_proj ? CLATTN_DTYPE_F32 : plan->layouts[R_OUT].dtype;
+    if ((status = clattn__attention_prepare(
+             plan, &score, m->head_dim_qk, m->head_dim_v, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32,
+             CLATTN_DTYPE_F32, heads_out, m->need_weights != CLATTN_WEIGHTS_NONE, false,
+             desc->path, cursor)))
         return status;
-    if (desc->need_weights == CLATTN_WEIGHTS_AVERAGED &&
-        (status = clattn__mean_heads_prepare(ctx, d.batch, d.heads, d.seq_q, d.seq_k, &m->mean)))
+    if (m->need_weights == CLATTN_WEIGHTS_AVERAGED)
+        return clattn__mean_heads_prepare(plan->ctx, d->batch, d->heads, d->seq_q, d->seq_k,
+                                          &m->mean);
+    return CLATTN_SUCCESS;
+}
+
+static clattn_status create(clattn_plan *plan, const void *any)
+{
+    const clattn_mha_desc *desc = any;
+    clattn__mha *m = &plan->mha;
+    mha_dims d;
+    memset(&d, 0, sizeof d);
+    size_t cursor = 0;
+    clattn_status status;
+    m->packed_in_proj = plan->layouts[R_IN_W].present;
+    if ((status = check_inputs(plan, desc, &d)) ||
+        (status = m->packed_in_proj ? check_packed_weights(plan, &d)
+                                    : check_separate_weights(plan, &d)) ||
+        (status = check_outputs(plan, desc, &d)))
         return status;
-    if ((status = prepare_rope(plan, desc)))
+    m->batch = d.batch, m->seq_q = d.seq_q, m->seq_k = d.seq_k, m->heads = d.heads;
+    m->qk_dim = d.qk_dim, m->v_dim = d.v_dim;
+    m->head_dim_qk = d.qk_dim / d.heads, m->head_dim_v = d.v_dim / d.heads;
+    m->kv_heads = d.kv_heads, m->kv_qk_dim = d.kv_qk_dim, m->kv_v_dim = d.kv_v_dim;
+    if ((status = plan_workspace(plan, &d, &cursor)) ||
+        (status = prepare_projections(plan, &d)) ||
+        (status = prepare_attention(plan, desc, &d, &cursor)) ||
+        (status = prepare_rope(plan, desc)))
         return status;
     /* The projections' matmul scratch (a transposed weight on CPUs) after everything else. */
     size_t scratch = 0;
@@ -479,8 +541,8 @@ static clattn_status mha_execute(clattn_plan *plan, const cl_mem *mems, const si
         .masks = clattn__bound_masks(plan, mems, offsets),
     };
     if (m->rope) { /* rotate the projected q and k heads in place */
-        clattn__rope_io rope = {.x = io.q, .out = io.q, .freq = plan->posenc.freq};
-        if (plan->posenc.angles)
+        clattn__rope_io rope = {.x = io.q, .out = io.q, .freq = plan->angles.freq};
+        if (plan->angles.table)
             clattn__angle_views(plan, &rope.cos, &rope.sin);
         if ((status = clattn__rope_enqueue(chain, &m->rope_q, &rope)))
             return status;

@@ -142,7 +142,7 @@ static clattn_status step_t5(clattn_plan *plan, const score_args *a, clattn__sco
     if (status == CLATTN_SUCCESS && bias->dtype != CLATTN_DTYPE_F32)
         status = clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: t5_bias must be F32",
                               plan->op);
-    if (status == CLATTN_SUCCESS && plan->varlen)
+    if (status == CLATTN_SUCCESS && plan->varlen.on)
         status = clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
                               "%s: t5_bias with packed sequences (cu_seqlens): not supported",
                               plan->op);

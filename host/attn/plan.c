@@ -196,10 +196,10 @@ void clattn_plan_release(clattn_plan *plan)
 {
     if (plan && plan->ops && plan->ops->release)
         plan->ops->release(plan);
-    if (plan && plan->posenc.freq)
-        clReleaseMemObject(plan->posenc.freq);
-    if (plan && plan->posenc.angles)
-        clReleaseMemObject(plan->posenc.angles);
+    if (plan && plan->angles.freq)
+        clReleaseMemObject(plan->angles.freq);
+    if (plan && plan->angles.table)
+        clReleaseMemObject(plan->angles.table);
     free(plan);
 }
 
@@ -304,24 +304,52 @@ clattn__view clattn__role_view(const clattn_plan *plan, const cl_mem *mems, cons
 clattn__score_masks clattn__bound_masks(const clattn_plan *plan, const cl_mem *mems,
                                         const size_t *offsets)
 {
-    clattn__score_masks m = {.mask = plan->mask_view,
-                             .key_padding = plan->kpm_view,
-                             .kv_len = plan->kv_len_view,
-                             .alibi = plan->alibi_view,
-                             .sinks = plan->sinks_view};
+    clattn__score_masks m = {.mask = plan->views.mask,
+                             .key_padding = plan->views.key_padding,
+                             .kv_len = plan->views.kv_len,
+                             .alibi = plan->views.alibi,
+                             .sinks = plan->views.sinks};
     clattn__view *views[5] = {&m.mask, &m.key_padding, &m.kv_len, &m.alibi, &m.sinks};
     static const clattn__role roles[5] = {R_MASK, R_KPM, R_KVLEN, R_ALIBI, R_SINKS};
     for (int i = 0; i < 5; ++i) {
         views[i]->mem = mems[roles[i]];
         views[i]->offset = offsets[roles[i]];
     }
-    if (plan->varlen) { /* packed sequences' offsets */
+    if (plan->varlen.on) { /* packed sequences' offsets */
         m.varlen.cu_q = mems[R_CU_Q];
         m.varlen.cu_k = mems[R_CU_K];
         m.varlen.q_offset = offsets[R_CU_Q];
         m.varlen.k_offset = offsets[R_CU_K];
     }
     return m;
+}
+
+clattn_status clattn__expect_operands(const clattn_plan *plan, int rank, bool packed,
+                                      const char *const shapes[4])
+{
+    static const char *const names[4] = {"q", "k", "v", "out"};
+    const clattn__layout *l = plan->layouts;
+    for (int role = R_Q; role <= R_OUT; ++role)
+        if (!l[role].present || l[role].rank != rank)
+            return clattn__fail(plan->ctx, l[role].present ? CLATTN_ERR_INVALID_SHAPE
+                                                           : CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: %s%s must be a %srank-%d tensor %s, got rank %d", plan->op,
+                                packed ? "with cu_seqlens, " : "", names[role],
+                                packed ? "packed " : "", rank,
+                                shapes ? shapes[role] : "(batch, heads, seq, head_dim)",
+                                l[role].rank);
+    return CLATTN_SUCCESS;
+}
+
+clattn_status clattn__check_kv_heads(const clattn_plan *plan, size_t heads, size_t kv_heads)
+{
+    if (kv_heads != 0 && heads % kv_heads == 0)
+        return CLATTN_SUCCESS;
+    return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_SHAPE,
+                        "%s: k has %zu heads (dim 1), which must divide q's %zu heads "
+                        "(grouped-query attention: query head h reads k/v head "
+                        "h / (q heads / k heads))",
+                        plan->op, kv_heads, heads);
 }
 
 /* The roles packed sequences make (batch, heads, max_seqlen, d) views, and whether their rows
@@ -408,18 +436,12 @@ clattn_status clattn__pack_varlen(clattn_plan *plan, const clattn_sdpa_desc *des
                             "%s: cu_seqlens_q/cu_seqlens_k with %s: not supported (packed "
                             "sequences run on the fused path only)",
                             op, desc->rope != 0 ? "rope" : "softmax_f64");
-    static const char *const names[4] = {"q", "k", "v", "out"};
     static const char *const shapes[4] = {"(total_q, heads, head_dim_qk)",
                                           "(total_k, kv_heads, head_dim_qk)",
                                           "(total_k, kv_heads, head_dim_v)",
                                           "(total_q, heads, head_dim_v)"};
-    for (int role = R_Q; role <= R_OUT; ++role)
-        if (!l[role].present || l[role].rank != 3)
-            return clattn__fail(ctx, l[role].present ? CLATTN_ERR_INVALID_SHAPE
-                                                     : CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: with cu_seqlens, %s must be a packed rank-3 tensor %s, got "
-                                "rank %d",
-                                op, names[role], shapes[role], l[role].rank);
+    if ((status = clattn__expect_operands(plan, 3, true, shapes)))
+        return status;
     const size_t total_q = l[R_Q].dims[0], heads = l[R_Q].dims[1];
     const size_t total_k = l[R_K].dims[0], kv_heads = l[R_K].dims[1];
     const size_t v_dims[3] = {total_k, kv_heads, l[R_V].dims[2]};
@@ -463,11 +485,11 @@ clattn_status clattn__pack_varlen(clattn_plan *plan, const clattn_sdpa_desc *des
             x->dims[3] = packed.dims[2];
             x->strides[3] = packed.strides[2];
         }
-        plan->varlen_layouts[role] = packed;
+        plan->varlen.layouts[role] = packed;
     }
-    plan->varlen = true;
-    plan->varlen_total_q = total_q;
-    plan->varlen_total_k = total_k;
+    plan->varlen.on = true;
+    plan->varlen.total_q = total_q;
+    plan->varlen.total_k = total_k;
     score->varlen = true;
     score->total_q = total_q;
     score->total_k = total_k;
@@ -481,15 +503,22 @@ void clattn__unpack_varlen(clattn_plan *plan)
         if (!plan->layouts[role].present)
             continue;
         const clattn__layout kernels = plan->layouts[role];
-        plan->layouts[role] = plan->varlen_layouts[role];
-        plan->varlen_layouts[role] = kernels;
+        plan->layouts[role] = plan->varlen.layouts[role];
+        plan->varlen.layouts[role] = kernels;
     }
 }
 
 clattn__view clattn__kernel_view(const clattn_plan *plan, const cl_mem *mems,
                                  const size_t *offsets, clattn__role role)
 {
-    if (!plan->varlen || !clattn__varlen_role(role) || !plan->layouts[role].present)
+    if (!plan->varlen.on || !clattn__varlen_role(role) || !plan->layouts[role].present)
         return clattn__role_view(plan, mems, offsets, role);
-    return clattn__bound_view(&plan->varlen_layouts[role], mems[role], offsets[role]);
+    return clattn__bound_view(&plan->varlen.layouts[role], mems[role], offsets[role]);
+}
+
+void clattn__bind_views(const clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                        size_t count, const clattn__role *roles, clattn__view *const *views)
+{
+    for (size_t i = 0; i < count; ++i)
+        *views[i] = clattn__kernel_view(plan, mems, offsets, roles[i]);
 }

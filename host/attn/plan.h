@@ -76,11 +76,21 @@ const clattn_tensor *clattn__tensor_of(const clattn_tensors *t, clattn__role rol
     (CLATTN__ROLE(R_FLEX_AUX0) | CLATTN__ROLE(R_FLEX_AUX1) | CLATTN__ROLE(R_FLEX_AUX2) |          \
      CLATTN__ROLE(R_FLEX_AUX3) | CLATTN__ROLE(R_BLOCK_MASK) | CLATTN__ROLE(R_T5_BIAS))
 _Static_assert(R_COUNT <= 64, "a role set is a 64-bit mask");
+/* The roles SDPA and its backward both take: the operands and out, the masks, lse, kv_seqlen,
+ * ALiBi's slopes, the attention sinks, packed sequences' offsets and the score functions'. */
+#define CLATTN__SDPA_RULE_ROLES                                                                    \
+    (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
+     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_LSE) | CLATTN__ROLE(R_KVLEN) |    \
+     CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS) | CLATTN__ROLE(R_CU_Q) | CLATTN__ROLE(R_CU_K) | \
+     CLATTN__FLEX_ROLES)
 
 /* Attention over (batch, heads, seq, head_dim) views: the steps both plans share. */
 typedef struct clattn__attention {
     clattn__score_shape score;
     size_t head_dim_qk, head_dim_v;
+    /* > 1: a decode group's query heads run as the rows of their k/v head (sdpa.c); its
+     * tuning is the decode phase's */
+    size_t decode_group;
     clattn_tuning tuning;   /* the problem's: the context's row and the records that select it */
     char tuning_records[160]; /* which records applied ("" none) */
     bool fused;
@@ -134,7 +144,7 @@ typedef struct clattn__mha {
     clattn__mean_heads_plan mean;
     clattn_need_weights need_weights;
     bool trans_w; /* layout TORCH: weights stored (d_out, d_in) */
-    bool rope;    /* RoPE on the projected q and k, in place (rope_q, rope_k; plan->posenc.freq) */
+    bool rope;    /* RoPE on the projected q and k, in place (rope_q, rope_k; plan->angles) */
     clattn__rope_plan rope_q, rope_k;
 } clattn__mha;
 
@@ -172,16 +182,71 @@ typedef enum clattn__plan_kind {
     CLATTN__SDPA_BACKWARD
 } clattn__plan_kind;
 
-/* Positional encodings: the op, and the sinusoid's frequencies on the device. */
-typedef struct clattn__posenc {
-    clattn__posenc_plan op;
-    size_t start;
+/* The device tables of angles a plan uploads (posenc.c, rope.c): the sinusoid's frequencies and
+ * RoPE's (the POSENC and ROPE kinds', SDPA's and MHA's rotary embeddings); released with the
+ * plan (plan.c). */
+typedef struct clattn__angles {
     cl_mem freq; /* (dim + 1) / 2 float pairs (hi, lo); NULL for a table */
     /* RoPE with positions known at creation: cos then sin of every (row, pair) angle,
      * (rows, half) each, computed in double on the host (clattn__make_angle_table) */
-    cl_mem angles;
-    size_t angle_rows, angle_half;
+    cl_mem table;
+    size_t rows, half;
+} clattn__angles;
+
+/* Positional-encoding plans (posenc.c): the op and the first position. */
+typedef struct clattn__posenc {
+    clattn__posenc_plan op;
+    size_t start;
 } clattn__posenc;
+
+/* SDPA plans (sdpa.c). */
+typedef struct clattn__sdpa {
+    clattn__sdpa_cache cache;
+    clattn__sdpa_rope rope;
+    size_t page_size, num_pages; /* with a block table: k and v are pools of pages */
+} clattn__sdpa;
+
+/* SDPA's backward (sdpa_backward.c): the fused passes, or the unfused path (unfused.on); the
+ * fused plan's shape (want_dmask) is set on both paths. */
+typedef struct clattn__sdpa_backward {
+    clattn__flash_bwd_plan flash;
+    clattn__unfused_bwd unfused;
+    clattn__view grad_mask_view; /* grad_attn_mask, the mask's dims (mem bound later) */
+} clattn__sdpa_backward;
+
+/* The score masks' views, built from the plan's layouts at creation (attention.c); their mem
+ * and offset are bound at execution (clattn__bound_masks). */
+typedef struct clattn__score_views {
+    clattn__view mask, key_padding; /* broadcast views of the masks */
+    clattn__view kv_len;            /* (1, 1, 1, batch) view of kv_seqlen */
+    clattn__view alibi;             /* (1, 1, batch, heads) view of alibi_slopes */
+    clattn__view sinks;             /* (1, 1, heads, seq_q) view of sinks (per-row stride 0) */
+} clattn__score_views;
+
+/* Packed sequences (cu_seqlens; SDPA and its backward): q, k, v, out and lse (and the
+ * backward's grad_out, grad_q, grad_k, grad_v) as the (batch, heads, max_seqlen, d) views the
+ * kernels take (batch stride 0, the token stride per row), by role (clattn__varlen_role); the
+ * plan's layouts[] keep the caller's packed ones, which execution binds. The packed totals of
+ * query rows and keys (clattn__plan_masks copies them to the score). */
+typedef struct clattn__varlen {
+    bool on;
+    clattn__layout layouts[R_COUNT];
+    size_t total_q, total_k;
+} clattn__varlen;
+
+/* User score functions (flex.c; SDPA and its backward): the arena in the workspace (float
+ * offset arena_at, bytes) and where each auxiliary tensor, the block mask and the counter sit
+ * in it. */
+typedef struct clattn__flex_arena {
+    bool on, blocks, count;
+    size_t arena_at, arena_bytes;
+    size_t num_aux; /* the arena's auxiliary tensors: their roles, offsets and sizes */
+    int aux_roles[2 * CLATTN_FLEX_AUX_MAX];
+    size_t aux_at[2 * CLATTN_FLEX_AUX_MAX], aux_bytes[2 * CLATTN_FLEX_AUX_MAX];
+    size_t blocks_at, blocks_bytes, count_at;
+    size_t block_q, block_k, bm_s0, bm_s1, bm_s2;
+    size_t tile_rows, tile_keys; /* the fused kernel's tile (clattn_plan_tiles_visited) */
+} clattn__flex_arena;
 
 /* What a plan kind provides (one table per kind, defined in its own file): plan.c reaches a kind
  * only through it, so no file of host/attn calls back into the one that calls it. The kind's
@@ -253,49 +318,31 @@ extern const char *const clattn__mha_role_names[];
 extern const char *const clattn__x_role_names[];
 
 struct clattn_plan {
+    /* The prologue every kind shares (plan.c). */
     clattn_ctx *ctx;
-    const clattn__plan_ops *ops;
-    const char *op; /* "sdpa" or "mha" */
+    const clattn__plan_ops *ops; /* ops->kind names the member of the union below */
+    const char *op;              /* the call's name in messages: "sdpa", "mha", .. */
     clattn__layout layouts[R_COUNT];
-    clattn__view mask_view, kpm_view; /* broadcast views of the masks (mem bound at execution) */
-    clattn__view kv_len_view;         /* (1, 1, 1, batch) view of kv_seqlen */
-    clattn__view alibi_view;          /* (1, 1, batch, heads) view of alibi_slopes */
-    clattn__view sinks_view;          /* (1, 1, heads, seq_q) view of sinks (per-row stride 0) */
-    clattn__attention attention;
-    clattn__mha mha;
-    clattn__additive additive;
-    clattn__sdpa_cache cache;
-    clattn__sdpa_rope sdpa_rope;
-    clattn__posenc posenc; /* also ROPE plans' freq */
-    clattn__rope_plan rope;
-    clattn__flash_bwd_plan backward; /* SDPA_BACKWARD: the passes */
-    clattn__unfused_bwd unfused_bwd; /* SDPA_BACKWARD on the unfused path (unfused_bwd.on) */
-    clattn__view grad_mask_view;     /* its grad_attn_mask, the mask's dims (mem bound later) */
-    size_t decode_group; /* SDPA: > 1 when the group's query heads run as rows (sdpa.c) */
-    size_t page_size, num_pages; /* SDPA with a block table: k and v are pools of pages */
-    /* SDPA (and its backward) over packed sequences (cu_seqlens): q, k, v, out and lse (and
-     * the backward's grad_out, grad_q, grad_k, grad_v) as the (batch, heads, max_seqlen, d)
-     * views the kernels take (batch stride 0, the token stride per row), by role
-     * (clattn__varlen_role); layouts[] keep the caller's packed ones, which execution binds.
-     * The packed totals of query rows and keys (clattn__plan_masks copies them to the score). */
-    bool varlen;
-    clattn__layout varlen_layouts[R_COUNT];
-    size_t varlen_total_q, varlen_total_k;
-    /* User score functions (flex.c): the arena in the workspace (float offset arena_at,
-     * bytes) and where each auxiliary tensor, the block mask and the counter sit in it */
-    struct {
-        bool on, blocks, count;
-        size_t arena_at, arena_bytes;
-        size_t num_aux; /* the arena's auxiliary tensors: their roles, offsets and sizes */
-        int aux_roles[2 * CLATTN_FLEX_AUX_MAX];
-        size_t aux_at[2 * CLATTN_FLEX_AUX_MAX], aux_bytes[2 * CLATTN_FLEX_AUX_MAX];
-        size_t blocks_at, blocks_bytes, count_at;
-        size_t block_q, block_k, bm_s0, bm_s1, bm_s2;
-        size_t tile_rows, tile_keys; /* the fused kernel's tile (clattn_plan_tiles_visited) */
-    } flex;
-    char t5_source[1536]; /* T5's buckets as a score function, with its constants */
-    char info[512];      /* clattn_plan_info */
+    clattn__angles angles;
+    char info[512]; /* clattn_plan_info */
     size_t workspace_floats;
+    /* The score steps' state (attention.c, modifiers.c, flex.c): the kinds that compute
+     * attention scores (SDPA, its backward, MHA, additive); zero in posenc and rope plans.
+     * varlen, flex and t5_source serve SDPA and its backward only. */
+    clattn__score_views views;
+    clattn__attention attention;
+    clattn__varlen varlen;
+    clattn__flex_arena flex;
+    char t5_source[1536]; /* T5's buckets as a score function, with its constants */
+    /* What one kind alone uses: the member ops->kind names (the others overlap it). */
+    union {
+        clattn__sdpa sdpa;                  /* CLATTN__SDPA */
+        clattn__sdpa_backward backward;     /* CLATTN__SDPA_BACKWARD */
+        clattn__mha mha;                    /* CLATTN__MHA */
+        clattn__additive additive;          /* CLATTN__ADDITIVE */
+        clattn__posenc posenc;              /* CLATTN__POSENC */
+        clattn__rope_plan rope;             /* CLATTN__ROPE */
+    };
 };
 
 /* Packed variable-length batches (roles R_CU_Q, R_CU_K; SDPA and its backward): checks the
@@ -303,13 +350,22 @@ struct clattn_plan {
  * grad_k, grad_v as out, q, k, v), refuses what packed sequences do not take, then makes every
  * packed role the (batch, heads, max_seqlen, d) view the rest of create and the kernels take
  * (batch stride 0, the token stride per row; score.cl's VARLEN adds each sequence's offset).
- * Sets plan->varlen and the totals, and score's varlen fields. The caller's layouts go to
- * plan->varlen_layouts until clattn__unpack_varlen swaps them back at the end of create. */
+ * Sets plan->varlen (on, the totals) and score's varlen fields. The caller's layouts go to
+ * plan->varlen.layouts until clattn__unpack_varlen swaps them back at the end of create. */
 clattn_status clattn__pack_varlen(clattn_plan *plan, const clattn_sdpa_desc *desc,
                                   clattn__score_shape *score);
 /* The caller's packed layouts back into plan->layouts (which execution binds), the kernels'
- * views into plan->varlen_layouts. */
+ * views into plan->varlen.layouts. */
 void clattn__unpack_varlen(clattn_plan *plan);
+/* Fails unless q, k, v and out (roles R_Q .. R_OUT) are given with rank `rank`, naming the
+ * dims shapes[role] describes (NULL: "(batch, heads, seq, head_dim)" for all; "with
+ * cu_seqlens, .. a packed rank-3 tensor" when packed). */
+clattn_status clattn__expect_operands(const clattn_plan *plan, int rank, bool packed,
+                                      const char *const shapes[4]);
+/* Grouped-query (and multi-query) attention in SDPA and its backward: k and v may have fewer
+ * heads than q, a divisor of q's; query head h then reads k/v head h / (heads / kv_heads).
+ * Fails (naming k's and q's heads) unless kv_heads divides heads. */
+clattn_status clattn__check_kv_heads(const clattn_plan *plan, size_t heads, size_t kv_heads);
 /* Whether packed sequences make `role` a (batch, heads, max_seqlen, d) view: q, k, v, out, lse,
  * grad_out, grad_q, grad_k, grad_v. */
 bool clattn__varlen_role(clattn__role role);
@@ -317,16 +373,20 @@ bool clattn__varlen_role(clattn__role role);
  * view of the packed tensor (clattn__varlen_role); else clattn__role_view's. */
 clattn__view clattn__kernel_view(const clattn_plan *plan, const cl_mem *mems,
                                  const size_t *offsets, clattn__role role);
+/* The kernels' views (clattn__kernel_view) of `count` roles into *views[i]: an execution's
+ * operands bound in one table. */
+void clattn__bind_views(const clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
+                        size_t count, const clattn__role *roles, clattn__view *const *views);
 
 /* Builds the broadcast views of the masks from the plan's layouts (masks in roles R_MASK and
  * R_KPM) for a (batch, heads, seq_q, seq_k) problem and fills the score shape's mask fields
- * and its packed sequences' (plan->varlen, the totals: clattn__pack_varlen). */
+ * and its packed sequences' (plan->varlen: clattn__pack_varlen). */
 clattn_status clattn__plan_masks(clattn_plan *plan, size_t batch, size_t heads, size_t seq_q,
                                  size_t seq_k, clattn__score_shape *score);
-/* The ALiBi slopes (role R_ALIBI: F32 (heads) or (batch, heads)) as plan->alibi_view, and
+/* The ALiBi slopes (role R_ALIBI: F32 (heads) or (batch, heads)) as plan->views.alibi, and
  * score->has_alibi; score's batch and heads set. */
 clattn_status clattn__plan_alibi(clattn_plan *plan, clattn__score_shape *score);
-/* The attention sinks (role R_SINKS: F32 (heads)) as plan->sinks_view, and score->has_sinks;
+/* The attention sinks (role R_SINKS: F32 (heads)) as plan->views.sinks, and score->has_sinks;
  * score's heads, seq_q and norm set. */
 clattn_status clattn__plan_sinks(clattn_plan *plan, clattn__score_shape *score);
 /* Dropout (clattn_sdpa_desc.dropout_p, _seed, _offset) into the score shape; validates p and
@@ -402,8 +462,8 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
 clattn_status clattn__attention_enqueue(clattn_plan *plan, const clattn__attention_io *io,
                                         cl_mem workspace, clattn_chain *chain);
 
-/* The backward's unfused path (sdpa_backward_unfused.c): prepares plan->unfused_bwd for the
- * score shape (masks, band, sinks, dropout set), the plan's layouts (q, k, v, grad_out with
+/* The backward's unfused path (sdpa_backward_unfused.c): prepares plan->backward.unfused for
+ * the score shape (masks, band, sinks, dropout set), the plan's layouts (q, k, v, grad_out with
  * unit head_dim stride) and the gradients asked for; the workspace from *workspace_floats on. */
 clattn_status clattn__unfused_bwd_prepare(clattn_plan *plan, const clattn__score_shape *score,
                                           size_t head_dim_qk, size_t head_dim_v, bool want_dmask,
@@ -419,9 +479,9 @@ clattn_status clattn__plan_upload(clattn_plan *plan, cl_mem *mem, const void *ho
 /* A frequency base: `given`, or 10000 for 0; fails naming the field `name` unless finite and
  * positive (posenc.c). */
 clattn_status clattn__plan_base(clattn_plan *plan, const char *name, double given, double *base);
-/* The float pairs (hi, lo) of base^(-2k / dim), k < count, in plan->posenc.freq (posenc.c). */
+/* The float pairs (hi, lo) of base^(-2k / dim), k < count, in plan->angles.freq (posenc.c). */
 clattn_status clattn__make_frequencies(clattn_plan *plan, size_t count, size_t dim, double base);
-/* RoPE's angle table for positions start .. start + rows - 1 (plan->posenc.angles): cos, then
+/* RoPE's angle table for positions start .. start + rows - 1 (plan->angles.table): cos, then
  * sin, of (start + r) * base^(-2j / rot), j < rot / 2, in double, rounded to float. Tables of
  * more than CLATTN__ANGLE_TABLE_MAX entries are not made (the device computes the angles). */
 #define CLATTN__ANGLE_TABLE_MAX ((size_t)1 << 22)

@@ -25,7 +25,7 @@ clattn_status clattn__make_frequencies(clattn_plan *plan, size_t count, size_t d
         pairs[2 * k + 1] = (float)(w - (double)pairs[2 * k]);
     }
     const clattn_status status =
-        clattn__plan_upload(plan, &plan->posenc.freq, pairs, 2 * count * sizeof(float),
+        clattn__plan_upload(plan, &plan->angles.freq, pairs, 2 * count * sizeof(float),
                             "the frequencies");
     free(pairs);
     return status;
@@ -126,11 +126,12 @@ static clattn_status posenc_execute(clattn_plan *plan, const cl_mem *mems, const
                                     cl_mem workspace, clattn_chain *chain)
 {
     (void)workspace; /* no workspace */
-    const clattn__view x = clattn__role_view(plan, mems, offsets, R_Q);
-    const clattn__view out = clattn__role_view(plan, mems, offsets, R_OUT);
-    const clattn__view table = clattn__role_view(plan, mems, offsets, R_POS_TABLE);
+    clattn__view x, out, table;
+    static const clattn__role roles[3] = {R_Q, R_OUT, R_POS_TABLE};
+    clattn__view *const views[3] = {&x, &out, &table};
+    clattn__bind_views(plan, mems, offsets, 3, roles, views);
     return clattn__posenc_enqueue(chain, &plan->posenc.op, &x, &out, &table,
-                                               plan->posenc.freq, plan->posenc.start);
+                                               plan->angles.freq, plan->posenc.start);
 }
 
 CLATTN__PLAN_KIND(posenc, CLATTN__POSENC, clattn_posenc_desc, create, posenc_execute,

@@ -40,19 +40,19 @@ clattn_status clattn__make_angle_table(clattn_plan *plan, size_t rows, size_t ro
         }
     }
     const clattn_status status = clattn__plan_upload(
-        plan, &plan->posenc.angles, values, 2 * count * sizeof(float), "the rotary angles");
+        plan, &plan->angles.table, values, 2 * count * sizeof(float), "the rotary angles");
     free(values);
     if (status != CLATTN_SUCCESS)
         return status;
-    plan->posenc.angle_rows = rows;
-    plan->posenc.angle_half = half;
+    plan->angles.rows = rows;
+    plan->angles.half = half;
     return CLATTN_SUCCESS;
 }
 
 void clattn__angle_views(const clattn_plan *plan, clattn__view *cos_view, clattn__view *sin_view)
 {
-    const size_t rows = plan->posenc.angle_rows, half = plan->posenc.angle_half;
-    clattn__view v = {.mem = plan->posenc.angles,
+    const size_t rows = plan->angles.rows, half = plan->angles.half;
+    clattn__view v = {.mem = plan->angles.table,
                       .offset = 0,
                       .dtype = CLATTN_DTYPE_F32,
                       .dims = {1, 1, rows, half},
@@ -111,14 +111,78 @@ clattn_status clattn__rope_fields_prepare(clattn_plan *plan, const clattn__rope_
     return CLATTN_SUCCESS;
 }
 
+/* Where the angles come from (shape's cache_mode, start): the caller's rope_cos/rope_sin, by
+ * position_ids (1) or per (batch, row) (2); else computed: a table of the positions made now
+ * when they are known and it fits (1), or the frequencies, the device computing the angles. */
+static clattn_status plan_angles(clattn_plan *plan, const clattn_rope_desc *desc,
+                                 clattn__rope_shape *shape)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
+    const clattn__layout *cos_l = &l[R_ROPE_COS], *sin_l = &l[R_ROPE_SIN], *ids = &l[R_POS_IDS];
+    const size_t half = shape->rot / 2;
+    clattn_status status;
+    if (ids->present) {
+        const size_t want[2] = {shape->batch, shape->seq};
+        if ((status = clattn__layout_expect(ctx, op, "position_ids", ids, 2, want,
+                                            "(batch, seq) of I32 positions")))
+            return status;
+    }
+    if (cos_l->present != sin_l->present)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: rope_cos and rope_sin go together", op);
+    if (cos_l->present) {
+        if (!same_layout(cos_l, sin_l))
+            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                "%s: rope_cos and rope_sin must have the same dims, strides and "
+                                "dtype",
+                                op);
+        if (ids->present) {
+            if (cos_l->rank != 2 || cos_l->dims[1] != half)
+                return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                                    "%s: with position_ids, rope_cos must be (max_pos, "
+                                    "rotary_dim / 2 = %zu)",
+                                    op, half);
+            shape->cache_mode = 1;
+            return CLATTN_SUCCESS;
+        }
+        const size_t want[3] = {shape->batch, shape->seq, half};
+        if ((status = clattn__layout_expect(ctx, op, "rope_cos", cos_l, 3, want,
+                                            "(batch, seq, rotary_dim / 2) without "
+                                            "position_ids")))
+            return status;
+        shape->cache_mode = 2;
+        return CLATTN_SUCCESS;
+    }
+    size_t end = 0;
+    if (!clattn__add(desc->start, shape->seq, &end))
+        return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: start + seq overflows size_t", op);
+    if (!ids->present && end > ((size_t)1 << 24))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: positions %zu .. %zu: computed angles take positions below "
+                            "2^24 = 16777216",
+                            op, desc->start, end - 1);
+    double base = 0.0;
+    if ((status = clattn__plan_base(plan, "base", desc->base, &base)))
+        return status;
+    if (ids->present || shape->seq * half > CLATTN__ANGLE_TABLE_MAX)
+        return clattn__make_frequencies(plan, half, shape->rot, base);
+    /* Positions known now: the angles once, in double (the device would recompute each for
+     * every batch entry and head). */
+    if ((status = clattn__make_angle_table(plan, shape->seq, shape->rot, desc->start, base)))
+        return status;
+    shape->cache_mode = 1;
+    shape->start = 0; /* row s of the table is position start + s */
+    return CLATTN_SUCCESS;
+}
+
 static clattn_status create(clattn_plan *plan, const void *any)
 {
     const clattn_rope_desc *desc = any;
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
-    const clattn__layout *l = plan->layouts;
-    const clattn__layout *x = &l[R_Q], *out = &l[R_OUT], *cos_l = &l[R_ROPE_COS];
-    const clattn__layout *sin_l = &l[R_ROPE_SIN], *ids = &l[R_POS_IDS];
+    const clattn__layout *x = &plan->layouts[R_Q], *out = &plan->layouts[R_OUT];
     if ((unsigned)desc->style > CLATTN_ROPE_PAIRS)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: style=%d is not a clattn_rope_style", op, (int)desc->style);
@@ -145,61 +209,9 @@ static clattn_status create(clattn_plan *plan, const void *any)
                             "%s: rotary_dim=%zu: must be even, at least 2 and at most "
                             "head_dim=%zu (CLATTN_ROPE_WHOLE_HEAD: all)",
                             op, desc->rotary_dim, shape.dim);
-    const size_t half = shape.rot / 2;
-    if (ids->present) {
-        const size_t want[2] = {shape.batch, shape.seq};
-        if ((status = clattn__layout_expect(ctx, op, "position_ids", ids, 2, want,
-                                            "(batch, seq) of I32 positions")))
-            return status;
-    }
-    if (cos_l->present != sin_l->present)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: rope_cos and rope_sin go together", op);
-    if (cos_l->present) {
-        if (!same_layout(cos_l, sin_l))
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                                "%s: rope_cos and rope_sin must have the same dims, strides and "
-                                "dtype",
-                                op);
-        if (ids->present) {
-            const bool ok = cos_l->rank == 2 && cos_l->dims[1] == half;
-            if (!ok)
-                return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                                    "%s: with position_ids, rope_cos must be (max_pos, "
-                                    "rotary_dim / 2 = %zu)",
-                                    op, half);
-            shape.cache_mode = 1;
-        } else {
-            const size_t want[3] = {shape.batch, shape.seq, half};
-            if ((status = clattn__layout_expect(ctx, op, "rope_cos", cos_l, 3, want,
-                                                "(batch, seq, rotary_dim / 2) without "
-                                                "position_ids")))
-                return status;
-            shape.cache_mode = 2;
-        }
-    } else {
-        size_t end = 0;
-        if (!clattn__add(desc->start, shape.seq, &end))
-            return clattn__fail(ctx, CLATTN_ERR_OVERFLOW, "%s: start + seq overflows size_t", op);
-        if (!ids->present && end > ((size_t)1 << 24))
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: positions %zu .. %zu: computed angles take positions below "
-                                "2^24 = 16777216",
-                                op, desc->start, end - 1);
-        double base = 0.0;
-        if ((status = clattn__plan_base(plan, "base", desc->base, &base)))
-            return status;
-        if (!ids->present && shape.seq * half <= CLATTN__ANGLE_TABLE_MAX) {
-            /* Positions known now: the angles once, in double (the device would recompute
-             * each for every batch entry and head). */
-            if ((status = clattn__make_angle_table(plan, shape.seq, shape.rot, desc->start, base)))
-                return status;
-            shape.cache_mode = 1;
-            shape.start = 0; /* row s of the table is position start + s */
-        } else if ((status = clattn__make_frequencies(plan, half, shape.rot, base))) {
-            return status;
-        }
-    }
+    if ((status = plan_angles(plan, desc, &shape)))
+        return status;
+    const clattn__layout *cos_l = &plan->layouts[R_ROPE_COS];
     const clattn_dtype cache_dtype = cos_l->present ? cos_l->dtype : CLATTN_DTYPE_F32;
     return clattn__rope_prepare(ctx, &shape, x->dtype, out->dtype, cache_dtype,
                                 &plan->rope); /* no workspace */
@@ -211,13 +223,11 @@ static clattn_status rope_execute(clattn_plan *plan, const cl_mem *mems, const s
     (void)workspace; /* no workspace */
     clattn__rope_io io;
     memset(&io, 0, sizeof io);
-    io.x = clattn__role_view(plan, mems, offsets, R_Q);
-    io.out = clattn__role_view(plan, mems, offsets, R_OUT);
-    io.cos = clattn__role_view(plan, mems, offsets, R_ROPE_COS);
-    io.sin = clattn__role_view(plan, mems, offsets, R_ROPE_SIN);
-    io.position_ids = clattn__role_view(plan, mems, offsets, R_POS_IDS);
-    io.freq = plan->posenc.freq;
-    if (plan->posenc.angles)
+    static const clattn__role roles[5] = {R_Q, R_OUT, R_ROPE_COS, R_ROPE_SIN, R_POS_IDS};
+    clattn__view *const views[5] = {&io.x, &io.out, &io.cos, &io.sin, &io.position_ids};
+    clattn__bind_views(plan, mems, offsets, 5, roles, views);
+    io.freq = plan->angles.freq;
+    if (plan->angles.table)
         clattn__angle_views(plan, &io.cos, &io.sin);
     return clattn__rope_enqueue(chain, &plan->rope, &io);
 }

@@ -10,49 +10,48 @@
 /* Head sizes the backward's kernels keep in registers (rows of floats per work-item). */
 #define BACKWARD_MAX_HEAD_DIM 256
 
-static clattn_status create(clattn_plan *plan, const void *any)
+/* The path: fused (flash_bwd.cl, from lse) unless asked otherwise, normalising in double,
+ * without lse, or past the fused kernels' head sizes (the unfused path takes any). */
+static clattn_status choose_path(clattn_plan *plan, const clattn_sdpa_desc *desc, bool *unfused)
 {
-    const clattn_sdpa_desc *desc = any;
+    const clattn__layout *l = plan->layouts;
+    const bool big = l[R_Q].dims[3] > BACKWARD_MAX_HEAD_DIM ||
+                     l[R_V].dims[3] > BACKWARD_MAX_HEAD_DIM;
+    *unfused = false;
+    switch (desc->path) {
+    case CLATTN_PATH_AUTO:
+        *unfused = desc->softmax_f64 != 0 || !l[R_LSE].present || big;
+        return CLATTN_SUCCESS;
+    case CLATTN_PATH_UNFUSED:
+        *unfused = true;
+        return CLATTN_SUCCESS;
+    case CLATTN_PATH_FUSED:
+        if (desc->softmax_f64 != 0)
+            return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: path=FUSED recomputes the weights in float; softmax_f64 "
+                                "runs on the unfused path: use AUTO or UNFUSED",
+                                plan->op);
+        if (big)
+            return clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: path=FUSED takes head sizes up to %d (got %zu, %zu): use "
+                                "AUTO or UNFUSED",
+                                plan->op, BACKWARD_MAX_HEAD_DIM, l[R_Q].dims[3], l[R_V].dims[3]);
+        return CLATTN_SUCCESS;
+    default:
+        return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: path=%d is not a clattn_path", plan->op, (int)desc->path);
+    }
+}
+
+/* The roles the path needs (lse on the fused one; dO and the three gradients), rope refused,
+ * then every operand against q's (batch, heads, seq_q, head_dim_qk), k's seq_k and v's
+ * head_dim_v, and those sizes' limits. */
+static clattn_status check_operands(clattn_plan *plan, const clattn_sdpa_desc *desc,
+                                    bool unfused)
+{
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
     const clattn__layout *l = plan->layouts;
-    clattn_status status = CLATTN_SUCCESS;
-    static const char *const required_names[] = {"q", "k", "v", "out"};
-    for (int role = R_Q; role <= R_OUT; ++role)
-        if (!l[role].present || l[role].rank != 4)
-            return clattn__fail(ctx, l[role].present ? CLATTN_ERR_INVALID_SHAPE
-                                                     : CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: %s must be a rank-4 tensor (batch, heads, seq, head_dim), "
-                                "got rank %d",
-                                op, required_names[role], l[role].rank);
-    /* The path: fused (flash_bwd.cl, from lse) unless asked otherwise, normalising in double,
-     * without lse, or past the fused kernels' head sizes (the unfused path takes any). */
-    const bool big = l[R_Q].dims[3] > BACKWARD_MAX_HEAD_DIM ||
-                     l[R_V].dims[3] > BACKWARD_MAX_HEAD_DIM;
-    bool unfused = false;
-    switch (desc->path) {
-    case CLATTN_PATH_AUTO:
-        unfused = desc->softmax_f64 != 0 || !l[R_LSE].present || big;
-        break;
-    case CLATTN_PATH_UNFUSED:
-        unfused = true;
-        break;
-    case CLATTN_PATH_FUSED:
-        if (desc->softmax_f64 != 0)
-            return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                                "%s: path=FUSED recomputes the weights in float; softmax_f64 "
-                                "runs on the unfused path: use AUTO or UNFUSED",
-                                op);
-        if (big)
-            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                                "%s: path=FUSED takes head sizes up to %d (got %zu, %zu): use "
-                                "AUTO or UNFUSED",
-                                op, BACKWARD_MAX_HEAD_DIM, l[R_Q].dims[3], l[R_V].dims[3]);
-        break;
-    default:
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: path=%d is not a clattn_path",
-                            op, (int)desc->path);
-    }
     static const struct {
         clattn__role role;
         const char *why;
@@ -76,15 +75,12 @@ static clattn_status create(clattn_plan *plan, const void *any)
     const size_t batch = l[R_Q].dims[0], heads = l[R_Q].dims[1], seq_q = l[R_Q].dims[2];
     const size_t dk = l[R_Q].dims[3], dv = l[R_V].dims[3], seq_k = l[R_K].dims[2];
     const size_t kv_heads = l[R_K].dims[1];
-    if (kv_heads == 0 || heads % kv_heads != 0)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                            "%s: k has %zu heads (dim 1), which must divide q's %zu heads "
-                            "(grouped-query attention)",
-                            op, kv_heads, heads);
     const size_t k_dims[4] = {batch, kv_heads, seq_k, dk};
     const size_t v_dims[4] = {batch, kv_heads, seq_k, dv};
     const size_t o_dims[4] = {batch, heads, seq_q, dv};
-    if ((status = clattn__layout_expect(ctx, op, "k", &l[R_K], 4, k_dims,
+    clattn_status status;
+    if ((status = clattn__check_kv_heads(plan, heads, kv_heads)) ||
+        (status = clattn__layout_expect(ctx, op, "k", &l[R_K], 4, k_dims,
                                         "(batch, kv_heads, seq_k, head_dim_qk) from q")) ||
         (status = clattn__layout_expect(ctx, op, "v", &l[R_V], 4, v_dims,
                                         "(batch, kv_heads, seq_k, head_dim_v) from q and k")) ||
@@ -105,19 +101,19 @@ static clattn_status create(clattn_plan *plan, const void *any)
     const size_t dims[6] = {batch, heads, seq_q, seq_k, dk, dv};
     static const char *const dim_names[6] = {"batch", "heads", "seq_q", "seq_k", "head_dim_qk",
                                              "head_dim_v"};
-    if ((status = clattn__check_dims(ctx, op, dims, dim_names, 6, false)) ||
-        (status = clattn__check_dims(ctx, op, dims, dim_names, 6, true)))
+    if ((status = clattn__check_dims(ctx, op, dims, dim_names, 6, false)))
         return status;
+    return clattn__check_dims(ctx, op, dims, dim_names, 6, true);
+}
 
-    clattn__flash_bwd_shape shape;
-    memset(&shape, 0, sizeof shape);
-    clattn__score_shape *score = &shape.score;
-    if ((status = clattn__plan_modifiers(plan, desc, batch, heads, seq_q, seq_k, dk, -1, true,
-                                         score)))
-        return status;
-    score->kv_group = heads / kv_heads;
-
-    /* A float mask's gradient: the mask's own dims (summed over the broadcast ones). */
+/* The optional gradients: a float mask's (the mask's own dims, summed over the broadcast
+ * ones) and the sinks'; shape's want_dmask, dmask_dtype and want_dsinks. */
+static clattn_status check_optional_gradients(clattn_plan *plan, clattn__flash_bwd_shape *shape)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
+    clattn_status status;
     if (l[R_GRAD_MASK].present) {
         const clattn__layout *mask = &l[R_MASK];
         if (!mask->present || mask->dtype == CLATTN_DTYPE_U8)
@@ -127,65 +123,72 @@ static clattn_status create(clattn_plan *plan, const void *any)
         if ((status = clattn__layout_expect(ctx, op, "grad_attn_mask", &l[R_GRAD_MASK],
                                             mask->rank, mask->dims, "attn_mask's dims")))
             return status;
-        clattn__view_of(&l[R_GRAD_MASK], &plan->grad_mask_view);
-        shape.want_dmask = true;
-        shape.dmask_dtype = l[R_GRAD_MASK].dtype;
+        clattn__view_of(&l[R_GRAD_MASK], &plan->backward.grad_mask_view);
+        shape->want_dmask = true;
+        shape->dmask_dtype = l[R_GRAD_MASK].dtype;
     }
     if (l[R_GRAD_SINKS].present) {
-        const size_t sink_dims[1] = {heads};
+        const size_t sink_dims[1] = {l[R_Q].dims[1]};
         if (!l[R_SINKS].present)
             return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                                 "%s: grad_sinks needs sinks (none is given)", op);
         if ((status = clattn__layout_expect(ctx, op, "grad_sinks", &l[R_GRAD_SINKS], 1, sink_dims,
                                             "(heads), as sinks")))
             return status;
-        shape.want_dsinks = true;
+        shape->want_dsinks = true;
     }
+    return CLATTN_SUCCESS;
+}
+
+/* The operands' head sizes and dtypes into the fused passes' shape. */
+static void bind_dtypes(const clattn_plan *plan, clattn__flash_bwd_shape *shape)
+{
+    const clattn__layout *l = plan->layouts;
+    shape->head_dim_qk = l[R_Q].dims[3];
+    shape->head_dim_v = l[R_V].dims[3];
+    shape->q_dtype = l[R_Q].dtype;
+    shape->k_dtype = l[R_K].dtype;
+    shape->v_dtype = l[R_V].dtype;
+    shape->o_dtype = l[R_OUT].dtype;
+    shape->go_dtype = l[R_GRAD_OUT].dtype;
+    shape->dq_dtype = l[R_GRAD_Q].dtype;
+    shape->dk_dtype = l[R_GRAD_K].dtype;
+    shape->dv_dtype = l[R_GRAD_V].dtype;
+}
+
+/* The unfused reference path on the plan's score shape; fallback says why the fused one was
+ * passed over ("" when it was not tried). */
+static clattn_status prepare_unfused(clattn_plan *plan, const clattn_sdpa_desc *desc,
+                                     clattn__flash_bwd_shape *shape, const char *fallback)
+{
+    clattn__score_shape *score = &shape->score;
+    score->softmax_f64 = desc->softmax_f64 != 0;
     plan->attention.score = *score;
-    shape.head_dim_qk = dk;
-    shape.head_dim_v = dv;
-    shape.q_dtype = l[R_Q].dtype;
-    shape.k_dtype = l[R_K].dtype;
-    shape.v_dtype = l[R_V].dtype;
-    shape.o_dtype = l[R_OUT].dtype;
-    shape.go_dtype = l[R_GRAD_OUT].dtype;
-    shape.dq_dtype = l[R_GRAD_Q].dtype;
-    shape.dk_dtype = l[R_GRAD_K].dtype;
-    shape.dv_dtype = l[R_GRAD_V].dtype;
-    char fallback[160] = "";
-    if (!unfused && (status = clattn__flash_bwd_prepare(ctx, &shape, &plan->backward))) {
-        /* No fused variant survived validation (core/validate.h): AUTO goes unfused, where
-         * that path runs the problem (not packed sequences). */
-        if (desc->path != CLATTN_PATH_AUTO || !clattn__variant_fallible(status) ||
-            plan->varlen)
-            return status;
-        snprintf(fallback, sizeof fallback, "; the fused backward failed validation: %.100s",
-                 ctx->message);
-        unfused = true;
-    }
-    if (unfused) {
-        score->softmax_f64 = desc->softmax_f64 != 0;
-        plan->attention.score = *score;
-        plan->backward.shape = shape; /* want_dmask: the execution binds grad_attn_mask */
-        if ((status = clattn__unfused_bwd_prepare(plan, score, dk, dv, shape.want_dmask,
-                                                  shape.want_dsinks, &plan->workspace_floats)))
-            return status;
-        snprintf(plan->info, sizeof plan->info,
-                 "%s: unfused reference backward: matmuls (Q K^T, dO V^T), the forward's "
-                 "softmax rows%s, bwd_unfused_rows (dS), matmuls (dQ, dK, dV)%s%s%s, "
-                 "deterministic%s",
-                 op, desc->softmax_f64 != 0 ? " in double" : "",
-                 score->dropout ? ", dropout" : "",
-                 shape.want_dmask ? ", the mask's gradient" : "",
-                 shape.want_dsinks ? ", the sinks' gradient" : "", fallback);
-        clattn__flex_reserve(plan);
-        return clattn__plan_finish(plan, "three (batch, heads, seq_q, seq_k) score matrices");
-    }
-    plan->attention.score = *score;
-    plan->attention.fused = true;
-    plan->workspace_floats = plan->backward.scratch_floats;
+    plan->backward.flash.shape = *shape; /* want_dmask: the execution binds grad_attn_mask */
+    clattn_status status = clattn__unfused_bwd_prepare(
+        plan, score, shape->head_dim_qk, shape->head_dim_v, shape->want_dmask,
+        shape->want_dsinks, &plan->workspace_floats);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    snprintf(plan->info, sizeof plan->info,
+             "%s: unfused reference backward: matmuls (Q K^T, dO V^T), the forward's "
+             "softmax rows%s, bwd_unfused_rows (dS), matmuls (dQ, dK, dV)%s%s%s, "
+             "deterministic%s",
+             plan->op, desc->softmax_f64 != 0 ? " in double" : "",
+             score->dropout ? ", dropout" : "", shape->want_dmask ? ", the mask's gradient" : "",
+             shape->want_dsinks ? ", the sinks' gradient" : "", fallback);
     clattn__flex_reserve(plan);
-    const clattn__flash_bwd_plan *bwd = &plan->backward;
+    return clattn__plan_finish(plan, "three (batch, heads, seq_q, seq_k) score matrices");
+}
+
+/* The fused passes as prepared (plan->backward.flash) for shape: their workspace and
+ * plan_info. */
+static clattn_status finish_fused(clattn_plan *plan, const clattn__flash_bwd_shape *shape)
+{
+    const clattn__flash_bwd_plan *bwd = &plan->backward.flash;
+    plan->attention.fused = true;
+    plan->workspace_floats = bwd->scratch_floats;
+    clattn__flex_reserve(plan);
     char cpu_geometry[160] = "dK/dV per key, dQ per row";
     if (bwd->cpu)
         snprintf(cpu_geometry, sizeof cpu_geometry,
@@ -201,15 +204,50 @@ static clattn_status create(clattn_plan *plan, const void *any)
     snprintf(plan->info, sizeof plan->info,
              "%s: fused backward, flash_bwd.cl (%s; %zu row part%s, %zu key part%s)%s%s, "
              "deterministic",
-             op,
-             cpu_geometry,
-             bwd->row_parts, bwd->row_parts > 1 ? "s" : "",
+             plan->op, cpu_geometry, bwd->row_parts, bwd->row_parts > 1 ? "s" : "",
              bwd->key_parts, bwd->key_parts > 1 ? "s" : "",
-             shape.want_dmask ? ", the mask's gradient" : "",
-             shape.want_dsinks ? ", the sinks' gradient" : "");
-    return clattn__plan_finish(plan, shape.want_dmask
+             shape->want_dmask ? ", the mask's gradient" : "",
+             shape->want_dsinks ? ", the sinks' gradient" : "");
+    return clattn__plan_finish(plan, shape->want_dmask
                                          ? "the scores' gradient (batch, heads, seq_q, seq_k)"
                                          : "delta (batch, heads, seq_q)");
+}
+
+static clattn_status create(clattn_plan *plan, const void *any)
+{
+    const clattn_sdpa_desc *desc = any;
+    clattn_ctx *ctx = plan->ctx;
+    const clattn__layout *l = plan->layouts;
+    bool unfused = false;
+    clattn_status status;
+    if ((status = clattn__expect_operands(plan, 4, false, NULL)) ||
+        (status = choose_path(plan, desc, &unfused)) ||
+        (status = check_operands(plan, desc, unfused)))
+        return status;
+    clattn__flash_bwd_shape shape;
+    memset(&shape, 0, sizeof shape);
+    const size_t heads = l[R_Q].dims[1];
+    if ((status = clattn__plan_modifiers(plan, desc, l[R_Q].dims[0], heads, l[R_Q].dims[2],
+                                         l[R_K].dims[2], l[R_Q].dims[3], -1, true,
+                                         &shape.score)))
+        return status;
+    shape.score.kv_group = heads / l[R_K].dims[1];
+    if ((status = check_optional_gradients(plan, &shape)))
+        return status;
+    plan->attention.score = shape.score;
+    bind_dtypes(plan, &shape);
+    if (unfused)
+        return prepare_unfused(plan, desc, &shape, "");
+    if ((status = clattn__flash_bwd_prepare(ctx, &shape, &plan->backward.flash)) == CLATTN_SUCCESS)
+        return finish_fused(plan, &shape);
+    /* No fused variant survived validation (core/validate.h): AUTO goes unfused, where that
+     * path runs the problem (not packed sequences). */
+    if (desc->path != CLATTN_PATH_AUTO || !clattn__variant_fallible(status) || plan->varlen.on)
+        return status;
+    char fallback[160];
+    snprintf(fallback, sizeof fallback, "; the fused backward failed validation: %.100s",
+             ctx->message);
+    return prepare_unfused(plan, desc, &shape, fallback);
 }
 
 static clattn_status backward_execute(clattn_plan *plan, const cl_mem *mems, const size_t *offsets,
@@ -217,18 +255,13 @@ static clattn_status backward_execute(clattn_plan *plan, const cl_mem *mems, con
 {
     clattn__flash_bwd_io io;
     memset(&io, 0, sizeof io);
-    io.q = clattn__kernel_view(plan, mems, offsets, R_Q);
-    io.k = clattn__kernel_view(plan, mems, offsets, R_K);
-    io.v = clattn__kernel_view(plan, mems, offsets, R_V);
-    io.out = clattn__kernel_view(plan, mems, offsets, R_OUT);
-    io.grad_out = clattn__kernel_view(plan, mems, offsets, R_GRAD_OUT);
-    io.lse = clattn__kernel_view(plan, mems, offsets, R_LSE);
-    io.dq = clattn__kernel_view(plan, mems, offsets, R_GRAD_Q);
-    io.dk = clattn__kernel_view(plan, mems, offsets, R_GRAD_K);
-    io.dv = clattn__kernel_view(plan, mems, offsets, R_GRAD_V);
-    io.dsinks = clattn__role_view(plan, mems, offsets, R_GRAD_SINKS);
-    if (plan->backward.shape.want_dmask) {
-        io.dmask = plan->grad_mask_view;
+    static const clattn__role roles[10] = {R_Q,   R_K,        R_V,      R_OUT,    R_GRAD_OUT,
+                                           R_LSE, R_GRAD_Q,   R_GRAD_K, R_GRAD_V, R_GRAD_SINKS};
+    clattn__view *const views[10] = {&io.q,   &io.k,  &io.v,  &io.out, &io.grad_out,
+                                     &io.lse, &io.dq, &io.dk, &io.dv,  &io.dsinks};
+    clattn__bind_views(plan, mems, offsets, 10, roles, views);
+    if (plan->backward.flash.shape.want_dmask) {
+        io.dmask = plan->backward.grad_mask_view;
         io.dmask.mem = mems[R_GRAD_MASK];
         io.dmask.offset = offsets[R_GRAD_MASK];
     }
@@ -237,10 +270,10 @@ static clattn_status backward_execute(clattn_plan *plan, const cl_mem *mems, con
         clattn__flex_stage(plan, mems, offsets, workspace, chain, &io.masks);
     if (status != CLATTN_SUCCESS)
         return status;
-    if (plan->unfused_bwd.on)
+    if (plan->backward.unfused.on)
         return clattn__unfused_bwd_enqueue(plan, &io, workspace, chain);
     const clattn__scratch scratch = {workspace, 0};
-    return clattn__flash_bwd_enqueue(chain, &plan->backward, &io, scratch);
+    return clattn__flash_bwd_enqueue(chain, &plan->backward.flash, &io, scratch);
 }
 
 /* Packed variable-length batches (cu_seqlens_q/_k): create runs on the (batch, heads,
@@ -278,22 +311,18 @@ static clattn_status create_any(clattn_plan *plan, const void *any)
         const size_t used = strlen(plan->info);
         snprintf(plan->info + used, sizeof plan->info - used,
                  ", %zu packed sequences (total_q %zu, total_k %zu)", l[R_Q].dims[0],
-                 plan->varlen_total_q, plan->varlen_total_k);
+                 plan->varlen.total_q, plan->varlen.total_k);
     }
-    if (plan->varlen)
+    if (plan->varlen.on)
         clattn__unpack_varlen(plan);
     return status;
 }
 
-/* The forward's inputs and out, its masks and rule's tensors, lse, dO and the gradients, packed
- * sequences' offsets. */
+/* The forward's rule's roles (its inputs, out and lse), dO and the gradients. */
 #define BACKWARD_ROLES                                                                             \
-    (CLATTN__ROLE(R_Q) | CLATTN__ROLE(R_K) | CLATTN__ROLE(R_V) | CLATTN__ROLE(R_OUT) |             \
-     CLATTN__ROLE(R_MASK) | CLATTN__ROLE(R_KPM) | CLATTN__ROLE(R_LSE) | CLATTN__ROLE(R_KVLEN) |    \
-     CLATTN__ROLE(R_ALIBI) | CLATTN__ROLE(R_SINKS) | CLATTN__ROLE(R_GRAD_OUT) |                    \
-     CLATTN__ROLE(R_GRAD_Q) | CLATTN__ROLE(R_GRAD_K) | CLATTN__ROLE(R_GRAD_V) |                    \
-     CLATTN__ROLE(R_GRAD_MASK) | CLATTN__ROLE(R_GRAD_SINKS) | CLATTN__ROLE(R_CU_Q) |              \
-     CLATTN__ROLE(R_CU_K) | CLATTN__FLEX_ROLES)
+    (CLATTN__SDPA_RULE_ROLES | CLATTN__ROLE(R_GRAD_OUT) | CLATTN__ROLE(R_GRAD_Q) |                 \
+     CLATTN__ROLE(R_GRAD_K) | CLATTN__ROLE(R_GRAD_V) | CLATTN__ROLE(R_GRAD_MASK) |                 \
+     CLATTN__ROLE(R_GRAD_SINKS))
 
 CLATTN__PLAN_KIND(sdpa_backward, CLATTN__SDPA_BACKWARD, clattn_sdpa_desc, create_any,
                   backward_execute, clattn_sdpa_backward_plan_create, "sdpa_backward",

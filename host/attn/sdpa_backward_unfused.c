@@ -59,7 +59,7 @@ clattn_status clattn__unfused_bwd_prepare(clattn_plan *plan, const clattn__score
     clattn_ctx *ctx = plan->ctx;
     const char *op = plan->op;
     const clattn__layout *l = plan->layouts;
-    clattn__unfused_bwd *u = &plan->unfused_bwd;
+    clattn__unfused_bwd *u = &plan->backward.unfused;
     memset(u, 0, sizeof *u);
     u->on = true;
     u->score = *score;
@@ -202,7 +202,7 @@ static clattn_status rows_step(clattn_chain *chain, const clattn__unfused_bwd *u
 clattn_status clattn__unfused_bwd_enqueue(const clattn_plan *plan, const clattn__flash_bwd_io *io,
                                           cl_mem workspace, clattn_chain *chain)
 {
-    const clattn__unfused_bwd *u = &plan->unfused_bwd;
+    const clattn__unfused_bwd *u = &plan->backward.unfused;
     const clattn__score_shape *s = &u->score;
     const size_t batch = s->batch, heads = s->heads, seq_q = s->seq_q, seq_k = s->seq_k;
     const size_t group = s->kv_group > 1 ? s->kv_group : 1, kv_heads = heads / group;

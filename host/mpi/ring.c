@@ -832,6 +832,37 @@ static void release_event(cl_event *event)
     }
 }
 
+/* A kernel argument: its size and value (clSetKernelArg's). */
+typedef struct ring_arg {
+    size_t size;
+    const void *value;
+} ring_arg;
+
+/* Sets kernel's arguments and launches it over `count` work-items (work-groups of
+ * MERGE_LOCAL) on the context's queue after *last, which then becomes the launch's event
+ * (ring_merge, ring_sink, ring_store); `name` names the kernel in messages. */
+static clattn_status launch_after(clattn_ring_plan *plan, cl_kernel kernel, const char *name,
+                                  const ring_arg *args, cl_uint num_args, cl_uint count,
+                                  cl_event *last)
+{
+    cl_int err = CL_SUCCESS;
+    for (cl_uint a = 0; a < num_args; ++a)
+        if ((err = clSetKernelArg(kernel, a, args[a].size, args[a].value)) != CL_SUCCESS)
+            return fail(plan, (clattn_status)err, "ring: clSetKernelArg(%s, %u): %s", name, a,
+                        clattn_status_string((clattn_status)err));
+    const size_t local = MERGE_LOCAL;
+    const size_t global = ((size_t)count + local - 1) / local * local;
+    cl_event done = NULL;
+    err = clEnqueueNDRangeKernel(clattn_ctx_queue(plan->ctx), kernel, 1, NULL, &global, &local,
+                                 *last ? 1 : 0, *last ? last : NULL, &done);
+    if (err != CL_SUCCESS)
+        return fail(plan, (clattn_status)err, "ring: clEnqueueNDRangeKernel(%s): %s", name,
+                    clattn_status_string((clattn_status)err));
+    release_event(last);
+    *last = done;
+    return CLATTN_SUCCESS;
+}
+
 /* Enqueues the sub-plans and merges of the block of rank `src`; *last receives the event of
  * the last command (chained after *last's previous value, which it releases). */
 static clattn_status compute_block(clattn_ring_plan *plan, int src, const ring_kv *kv,
@@ -882,10 +913,7 @@ static clattn_status compute_block(clattn_ring_plan *plan, int src, const ring_k
             const cl_uint rows = (cl_uint)mine->count, row0 = (cl_uint)mine->local[qs];
             const cl_uint qlen = (cl_uint)ql, dv = (cl_uint)d->head_dim_v;
             const cl_uint count = (cl_uint)(d->batch * d->heads * ql);
-            const struct {
-                size_t size;
-                const void *value;
-            } args[] = {{sizeof(cl_mem), &out->mem},
+            const ring_arg args[] = {{sizeof(cl_mem), &out->mem},
                         {sizeof out_offset, &out_offset},
                         {sizeof(cl_mem), &lse},
                         {sizeof lse_off, &lse_off},
@@ -895,22 +923,10 @@ static clattn_status compute_block(clattn_ring_plan *plan, int src, const ring_k
                         {sizeof row0, &row0},
                         {sizeof qlen, &qlen},
                         {sizeof dv, &dv},
-                        {sizeof count, &count}};
-            cl_int err = CL_SUCCESS;
-            for (cl_uint a = 0; a < sizeof args / sizeof args[0]; ++a)
-                if ((err = clSetKernelArg(plan->merge, a, args[a].size, args[a].value)) !=
-                    CL_SUCCESS)
-                    return fail(plan, (clattn_status)err,
-                                "ring: clSetKernelArg(ring_merge, %u): %s", a,
-                                clattn_status_string((clattn_status)err));
-            const size_t local = MERGE_LOCAL;
-            const size_t global = ((size_t)count + local - 1) / local * local;
-            err = clEnqueueNDRangeKernel(queue, plan->merge, 1, NULL, &global, &local, 1, last,
-                                         &done);
-            if (err != CL_SUCCESS)
-                return fail_cl(plan, err, "clEnqueueNDRangeKernel(ring_merge)");
-            release_event(last);
-            *last = done;
+                                     {sizeof count, &count}};
+            if ((status = launch_after(plan, plan->merge, "ring_merge", args,
+                                       sizeof args / sizeof args[0], count, last)))
+                return status;
         }
     return CLATTN_SUCCESS;
 }
@@ -982,25 +998,19 @@ static clattn_status post_exchange(clattn_ring_plan *plan, int src, int next_src
     const int vf_out = (int)block_bytes(plan, src, plan->desc.head_dim_v);
     const int pb_in = (int)(plan->desc.batch * plan->kblocks[next_src].count);
     const int pb_out = (int)(plan->desc.batch * plan->kblocks[src].count);
+    /* k (tag 0), v (tag 1) and the key padding (tag 2, when given): every receive, then every
+     * send */
+    void *const in[3] = {plan->host_k[into], plan->host_v[into], plan->host_kpm[into]};
+    void *const out[3] = {plan->host_k[from], plan->host_v[from], plan->host_kpm[from]};
+    const int in_bytes[3] = {kf_in, vf_in, pb_in}, out_bytes[3] = {kf_out, vf_out, pb_out};
+    const MPI_Datatype types[3] = {MPI_BYTE, MPI_BYTE, MPI_UNSIGNED_CHAR};
+    const int parts = plan->desc.key_padding ? 3 : 2;
     int rc = MPI_SUCCESS;
     *count = 0;
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Irecv(plan->host_k[into], kf_in, MPI_BYTE, left, 0, plan->comm,
-                       &requests[(*count)++]);
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Irecv(plan->host_v[into], vf_in, MPI_BYTE, left, 1, plan->comm,
-                       &requests[(*count)++]);
-    if (rc == MPI_SUCCESS && plan->desc.key_padding)
-        rc = MPI_Irecv(plan->host_kpm[into], pb_in, MPI_UNSIGNED_CHAR, left, 2, plan->comm,
-                       &requests[(*count)++]);
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Isend(plan->host_k[from], kf_out, MPI_BYTE, right, 0, plan->comm,
-                       &requests[(*count)++]);
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Isend(plan->host_v[from], vf_out, MPI_BYTE, right, 1, plan->comm,
-                       &requests[(*count)++]);
-    if (rc == MPI_SUCCESS && plan->desc.key_padding)
-        rc = MPI_Isend(plan->host_kpm[from], pb_out, MPI_UNSIGNED_CHAR, right, 2, plan->comm,
+    for (int i = 0; i < parts && rc == MPI_SUCCESS; ++i)
+        rc = MPI_Irecv(in[i], in_bytes[i], types[i], left, i, plan->comm, &requests[(*count)++]);
+    for (int i = 0; i < parts && rc == MPI_SUCCESS; ++i)
+        rc = MPI_Isend(out[i], out_bytes[i], types[i], right, i, plan->comm,
                        &requests[(*count)++]);
     if (rc != MPI_SUCCESS) {
         --*count; /* the failed call gave no request */
@@ -1076,30 +1086,14 @@ static clattn_status fold_sinks(clattn_ring_plan *plan, const clattn_tensor *tar
     const cl_uint count = (cl_uint)(d->batch * d->heads) * rows; /* below 2^32: creation */
     const cl_ulong out_offset = target->offset, lse_off = lse_offset;
     const cl_ulong s_offset = plan->sinks.offset, s_stride = plan->sinks.strides[0];
-    const struct {
-        size_t size;
-        const void *value;
-    } args[] = {{sizeof(cl_mem), &target->mem}, {sizeof out_offset, &out_offset},
-                {sizeof(cl_mem), &lse},          {sizeof lse_off, &lse_off},
-                {sizeof(cl_mem), &plan->sinks.mem}, {sizeof s_offset, &s_offset},
-                {sizeof s_stride, &s_stride},    {sizeof heads, &heads},
-                {sizeof rows, &rows},            {sizeof dv, &dv},
-                {sizeof count, &count}};
-    cl_int err = CL_SUCCESS;
-    for (cl_uint a = 0; a < sizeof args / sizeof args[0] && err == CL_SUCCESS; ++a)
-        err = clSetKernelArg(plan->sink, a, args[a].size, args[a].value);
-    if (err != CL_SUCCESS)
-        return fail_cl(plan, err, "clSetKernelArg(ring_sink)");
-    const size_t local = MERGE_LOCAL;
-    const size_t global = ((size_t)count + local - 1) / local * local;
-    cl_event done = NULL;
-    err = clEnqueueNDRangeKernel(clattn_ctx_queue(plan->ctx), plan->sink, 1, NULL, &global,
-                                 &local, *last ? 1 : 0, *last ? last : NULL, &done);
-    if (err != CL_SUCCESS)
-        return fail_cl(plan, err, "clEnqueueNDRangeKernel(ring_sink)");
-    release_event(last);
-    *last = done;
-    return CLATTN_SUCCESS;
+    const ring_arg args[] = {{sizeof(cl_mem), &target->mem},   {sizeof out_offset, &out_offset},
+                             {sizeof(cl_mem), &lse},           {sizeof lse_off, &lse_off},
+                             {sizeof(cl_mem), &plan->sinks.mem}, {sizeof s_offset, &s_offset},
+                             {sizeof s_stride, &s_stride},     {sizeof heads, &heads},
+                             {sizeof rows, &rows},             {sizeof dv, &dv},
+                             {sizeof count, &count}};
+    return launch_after(plan, plan->sink, "ring_sink", args, sizeof args / sizeof args[0], count,
+                        last);
 }
 
 /* A 16-bit out: the float32 running output rounded into it (ring_store), after *last. */
@@ -1110,27 +1104,11 @@ static clattn_status store_out(clattn_ring_plan *plan, const clattn_tensor *out,
                                     d->head_dim_v); /* below 2^32: checked at creation */
     const cl_ulong offset = out->offset;
     const cl_int bf16 = d->dtype == CLATTN_DTYPE_BF16;
-    cl_int err = clSetKernelArg(plan->store, 0, sizeof(cl_mem), &plan->out_acc);
-    if (err == CL_SUCCESS)
-        err = clSetKernelArg(plan->store, 1, sizeof(cl_mem), &out->mem);
-    if (err == CL_SUCCESS)
-        err = clSetKernelArg(plan->store, 2, sizeof offset, &offset);
-    if (err == CL_SUCCESS)
-        err = clSetKernelArg(plan->store, 3, sizeof count, &count);
-    if (err == CL_SUCCESS)
-        err = clSetKernelArg(plan->store, 4, sizeof bf16, &bf16);
-    if (err != CL_SUCCESS)
-        return fail_cl(plan, err, "clSetKernelArg(ring_store)");
-    const size_t local = MERGE_LOCAL;
-    const size_t global = ((size_t)count + local - 1) / local * local;
-    cl_event done = NULL;
-    err = clEnqueueNDRangeKernel(clattn_ctx_queue(plan->ctx), plan->store, 1, NULL, &global,
-                                 &local, *last ? 1 : 0, *last ? last : NULL, &done);
-    if (err != CL_SUCCESS)
-        return fail_cl(plan, err, "clEnqueueNDRangeKernel(ring_store)");
-    release_event(last);
-    *last = done;
-    return CLATTN_SUCCESS;
+    const ring_arg args[] = {{sizeof(cl_mem), &plan->out_acc}, {sizeof(cl_mem), &out->mem},
+                             {sizeof offset, &offset},         {sizeof count, &count},
+                             {sizeof bf16, &bf16}};
+    return launch_after(plan, plan->store, "ring_store", args, sizeof args / sizeof args[0], count,
+                        last);
 }
 
 clattn_status clattn_ring_execute(clattn_ring_plan *plan, const clattn_tensor *q,
