@@ -111,8 +111,9 @@ typedef float row_t;
 /* ---- flash_attention's steps (score.cl's contract), always inlined into the kernel (PoCL
  * left plain `inline` steps as calls, their row arrays in memory): the row open
  * (fl_additive_open, fl_open_acc), per key tile the staging (fl_stage_tile, fl_stage_exp), the
- * scores (in the kernel), the online softmax update with P.V (fl_accumulate), the row close
- * (fl_close_row). Every work-item calls each of them; the barriers stay in the kernel. */
+ * row close (fl_close_row); the scores and the online softmax update with P.V stay in the
+ * kernel (as a step, the update cost gfx90a 82 spilled VGPRs at d = 128 in the resources
+ * proxy). Every work-item calls each step; the barriers stay in the kernel. */
 
 #if ADDITIVE
 /* Additive attention (host/attn/additive.c): Q and K hold the projections P1 = q W1 + b1
@@ -223,44 +224,6 @@ fl_stage_tile(__local float (*k_tile)[HEAD_DIM_QK], __local float (*v_tile)[HEAD
         tile_padded[j] = key < seq_k && key_padded(has_key_padding, key_padding,
                                                    key * key_padding_s1);
     }
-}
-
-/* The online softmax update with the tile's scores s (max tile_max) and P.V: the row's
- * weights (relu's, or softmax's after rescaling acc and the sum by exp(m_old - m_new)), the
- * sum of the undropped weights, acc += weight (dropped: score.cl) * the key's V row. */
-__attribute__((always_inline)) inline void
-fl_accumulate(row_t *acc, float *row_max_io, float *total_io, const float *s,
-              const float tile_max, __local float (*v_tile)[HEAD_DIM_V],
-              const clattn_flash_params params, const ulong bh, const uint safe_row,
-              const uint k0)
-{
-    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
-    float row_max = *row_max_io, total = *total_io;
-    if (norm_relu) {
-        for (uint j = 0; j < BLOCK_K; ++j) {
-            const float p = relu_weight(s[j]);
-            total += p;
-            const float pv = SCORE_DROPOUT ? p * DROPOUT_OF(bh, safe_row, k0 + j) : p;
-            for (uint d = 0; d < V_VECS; ++d)
-                acc[d] = mad((row_t)(pv), row_load(d, v_tile[j]), acc[d]);
-        }
-    } else if (tile_max != NEG_INF) { /* a tile with every key masked changes nothing */
-        const float new_max = fmax(row_max, tile_max);
-        const float correction = exp(row_max - new_max); /* 0 while row_max is -inf */
-        total *= correction;
-        for (uint d = 0; d < V_VECS; ++d)
-            acc[d] *= correction;
-        for (uint j = 0; j < BLOCK_K; ++j) {
-            const float p = softmax_weight(s[j], new_max);
-            total += p; /* the undropped sum; dropout (score.cl) on what meets V */
-            const float pv = SCORE_DROPOUT ? p * DROPOUT_OF(bh, safe_row, k0 + j) : p;
-            for (uint d = 0; d < V_VECS; ++d)
-                acc[d] = mad((row_t)(pv), row_load(d, v_tile[j]), acc[d]);
-        }
-        row_max = new_max;
-    }
-    *row_max_io = row_max;
-    *total_io = total;
 }
 
 /* The row close: attention sinks (score.cl) into the row's denominator, in the launch that
@@ -393,7 +356,31 @@ void flash_attention(FLASH_KERNEL_PARAMS)
                               row_key_end, tile_padded[j], has_mask, mask, key * mask_s3);
             tile_max = fmax(tile_max, s[j]);
         }
-        fl_accumulate(acc, &row_max, &total, s, tile_max, v_tile, params, bh, safe_row, k0);
+        /* the online softmax update (relu: the weights as they are) and P.V; dropout (score.cl)
+         * on what meets V */
+        if (norm_relu) {
+            for (uint j = 0; j < BLOCK_K; ++j) {
+                const float p = relu_weight(s[j]);
+                total += p;
+                const float pv = SCORE_DROPOUT ? p * DROPOUT_OF(bh, safe_row, k0 + j) : p;
+                for (uint d = 0; d < V_VECS; ++d)
+                    acc[d] = mad((row_t)(pv), row_load(d, v_tile[j]), acc[d]);
+            }
+        } else if (tile_max != NEG_INF) { /* a tile with every key masked changes nothing */
+            const float new_max = fmax(row_max, tile_max);
+            const float correction = exp(row_max - new_max); /* 0 while row_max is -inf */
+            total *= correction;
+            for (uint d = 0; d < V_VECS; ++d)
+                acc[d] *= correction;
+            for (uint j = 0; j < BLOCK_K; ++j) {
+                const float p = softmax_weight(s[j], new_max);
+                total += p; /* the undropped sum; dropout (score.cl) on what meets V */
+                const float pv = SCORE_DROPOUT ? p * DROPOUT_OF(bh, safe_row, k0 + j) : p;
+                for (uint d = 0; d < V_VECS; ++d)
+                    acc[d] = mad((row_t)(pv), row_load(d, v_tile[j]), acc[d]);
+            }
+            row_max = new_max;
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
