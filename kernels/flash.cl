@@ -108,6 +108,142 @@ typedef float row_t;
 
 #define V_VECS (HEAD_DIM_V / FLASH_VW)
 
+/* ---- flash_attention's steps (score.cl's contract), always inlined into the kernel (PoCL
+ * left plain `inline` steps as calls, their row arrays in memory): the row open
+ * (fl_additive_open, fl_open_acc), per key tile the staging (fl_stage_tile, fl_stage_exp), the
+ * row close (fl_close_row); the scores and the online softmax update with P.V stay in the
+ * kernel (as a step, the update cost gfx90a 82 spilled VGPRs at d = 128 in the resources
+ * proxy). Every work-item calls each step; the barriers stay in the kernel. */
+
+#if ADDITIVE
+/* Additive attention (host/attn/additive.c): Q and K hold the projections P1 = q W1 + b1
+ * and P2 = k W2 + b2 of the head (HEAD_DIM_QK = da; scale 1), and the score of key j is
+ * sum_c w[h, c] tanh(P1[i, c] + P2[j, c]); the head's w stays in registers.
+ * One tanh per term is what the score costs; instead, with E1 = exp(2 P1) per row and
+ * E2 = exp(2 P2) per key (each computed once),
+ *   tanh(a + b) = 1 - 2 / (1 + E1 E2),  so  sum_c w_c tanh = sum_c w_c - 2 sum_c w_c / (1 + E1 E2)
+ * (a product, an add and a division per term). The error in tanh is at most half the
+ * relative error of E1 E2 (d tanh / dP = 2 / (1 + P)^2), so within a few 1e-7; a product
+ * past the float range gives 0 or 1 / inf, the exact limits. Only exponentials of
+ * |P| > ADDITIVE_BIG (40: e^80 is still a float) would overflow: a row or a key tile
+ * holding one takes the tanh path instead (flags: row_big, tile_big).
+ * The row's part: w, -2 w, E1, sum_c w_c (w_total) and its flag (row_big > 0). */
+__attribute__((always_inline)) inline void
+fl_additive_open(row_t *w_row, row_t *w_neg2, row_t *q_exp, float *w_total, float *row_big,
+                 const row_t *q, __global const float *score_w, const clattn_flash_params params,
+                 const ulong h)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    score_w += w_offset + h * w_s0;
+    *w_total = 0.0f;
+    *row_big = 0.0f;
+    for (uint d = 0; d < QK_VECS; ++d) {
+        w_row[d] = row_gather(0, score_w, d, w_s1);
+        w_neg2[d] = -2.0f * w_row[d];
+        *w_total += row_sum(w_row[d]);
+        *row_big += row_sum(step((row_t)(ADDITIVE_BIG), fabs(q[d])));
+        q_exp[d] = exp(2.0f * clamp(q[d], -ADDITIVE_BIG, ADDITIVE_BIG));
+    }
+}
+
+/* exp(2 P2) of the elements this work-item loaded into k_tile (its own writes), and the
+ * tile's flag (parity's). */
+__attribute__((always_inline)) inline void
+fl_stage_exp(__local float (*e_tile)[HEAD_DIM_QK], __local int *tile_big,
+             __local float (*k_tile)[HEAD_DIM_QK], const uint parity, const uint lid)
+{
+    for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
+        const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
+        const float p = k_tile[j][d];
+        e_tile[j][d] = exp(2.0f * clamp(p, -ADDITIVE_BIG, ADDITIVE_BIG));
+        if (fabs(p) > ADDITIVE_BIG)
+            atomic_or(&tile_big[parity], 1);
+    }
+}
+#endif
+
+/* The row's accumulator, max and sum at the start, or the state the previous key part left
+ * (resume; see the header). */
+__attribute__((always_inline)) inline void
+fl_open_acc(row_t *acc, float *row_max_out, float *total_out,
+            __global const ELEM_T(O_DTYPE) *out, __global const float *lse,
+            const clattn_flash_params params, const bool valid, const ulong lse_index)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint d = 0; d < V_VECS; ++d)
+        acc[d] = (row_t)(0.0f);
+    float row_max = NEG_INF, total = 0.0f; /* running max and sum of the row */
+    if (resume && valid) {
+        const float previous = lse[lse_index];
+        if (previous != NEG_INF) { /* else no key so far counted: the initial state */
+            total = norm_relu ? exp(previous) : 1.0f;
+            row_max = norm_relu ? NEG_INF : previous;
+            for (uint d = 0; d < V_VECS; ++d)
+                acc[d] = row_gather(O_DTYPE, out, d, o_s3) * total;
+        }
+    }
+    *row_max_out = row_max;
+    *total_out = total;
+}
+
+/* The tile's K and V rows (as float; zeros past the key count) and its keys' padding flags. */
+__attribute__((always_inline)) inline void
+fl_stage_tile(__local float (*k_tile)[HEAD_DIM_QK], __local float (*v_tile)[HEAD_DIM_V],
+              __local uchar *tile_padded, __global const ELEM_T(K_DTYPE) *K,
+              __global const ELEM_T(V_DTYPE) *V, __global const uchar *key_padding,
+              __global const int *block_table, const ulong bt_row,
+              const clattn_flash_params params, const key_band band, const uint k0,
+              const uint lid)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    /* Rows with unit stride along head_dim (every packed or (B, L, H*d) layout) skip the
+     * multiply; the branch is uniform over the work-group. */
+    if (k_s3 == 1 && v_s3 == 1) {
+        for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
+            const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
+            k_tile[j][d] = k0 + j < band.limit ? LOAD(K_DTYPE, K, KEY_AT(k0 + j, k_s2, k_page) + d) : 0.0f;
+        }
+        for (uint e = lid; e < BLOCK_K * HEAD_DIM_V; e += BLOCK_Q) {
+            const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
+            v_tile[j][d] = k0 + j < band.limit ? LOAD(V_DTYPE, V, KEY_AT(k0 + j, v_s2, v_page) + d) : 0.0f;
+        }
+    } else {
+        for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
+            const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
+            k_tile[j][d] =
+                k0 + j < band.limit ? LOAD(K_DTYPE, K, KEY_AT(k0 + j, k_s2, k_page) + d * k_s3) : 0.0f;
+        }
+        for (uint e = lid; e < BLOCK_K * HEAD_DIM_V; e += BLOCK_Q) {
+            const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
+            v_tile[j][d] =
+                k0 + j < band.limit ? LOAD(V_DTYPE, V, KEY_AT(k0 + j, v_s2, v_page) + d * v_s3) : 0.0f;
+        }
+    }
+    for (uint j = lid; j < BLOCK_K; j += BLOCK_Q) {
+        const uint key = k0 + j;
+        tile_padded[j] = key < seq_k && key_padded(has_key_padding, key_padding,
+                                                   key * key_padding_s1);
+    }
+}
+
+/* The row close: attention sinks (score.cl) into the row's denominator, in the launch that
+ * finishes it; the output row normalised and stored, its log-sum-exp. */
+__attribute__((always_inline)) inline void
+fl_close_row(__global ELEM_T(O_DTYPE) *out, __global float *lse, __global const float *sinks,
+             const row_t *acc, float row_max, float total, const clattn_flash_params params,
+             const ulong h, const uint row, const ulong lse_index)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    const sunk_row sunk = sink_fold(SINK_OF(h, row), row_max, total);
+    row_max = sunk.max;
+    total = sunk.total;
+    const float inv = sunk.factor * inverse_total(total);
+    for (uint d = 0; d < V_VECS; ++d)
+        row_scatter(O_DTYPE, acc[d] * inv, out, d, o_s3);
+    if (has_lse)
+        lse[lse_index] = total > 0.0f ? (norm_relu ? log(total) : row_max + log(total)) : NEG_INF;
+}
+
 __kernel __attribute__((reqd_work_group_size(BLOCK_Q, 1, 1)))
 void flash_attention(FLASH_KERNEL_PARAMS)
 {
@@ -154,45 +290,17 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     for (uint d = 0; d < QK_VECS; ++d)
         q[d] = row_gather(Q_DTYPE, Q, d, q_s3) * scale;
 #if ADDITIVE
-    /* Additive attention (host/attn/additive.c): Q and K hold the projections P1 = q W1 + b1
-     * and P2 = k W2 + b2 of the head (HEAD_DIM_QK = da; scale 1), and the score of key j is
-     * sum_c w[h, c] tanh(P1[i, c] + P2[j, c]); the head's w stays in registers.
-     * One tanh per term is what the score costs; instead, with E1 = exp(2 P1) per row and
-     * E2 = exp(2 P2) per key (each computed once),
-     *   tanh(a + b) = 1 - 2 / (1 + E1 E2),  so  sum_c w_c tanh = sum_c w_c - 2 sum_c w_c / (1 + E1 E2)
-     * (a product, an add and a division per term). The error in tanh is at most half the
-     * relative error of E1 E2 (d tanh / dP = 2 / (1 + P)^2), so within a few 1e-7; a product
-     * past the float range gives 0 or 1 / inf, the exact limits. Only exponentials of
-     * |P| > ADDITIVE_BIG (40: e^80 is still a float) would overflow: a row or a key tile
-     * holding one takes the tanh path instead (flags: row_big, tile_big). */
     row_t w_row[QK_VECS], w_neg2[QK_VECS], q_exp[QK_VECS];
-    score_w += w_offset + h * w_s0;
-    float w_total = 0.0f, row_big = 0.0f;
-    for (uint d = 0; d < QK_VECS; ++d) {
-        w_row[d] = row_gather(0, score_w, d, w_s1);
-        w_neg2[d] = -2.0f * w_row[d];
-        w_total += row_sum(w_row[d]);
-        row_big += row_sum(step((row_t)(ADDITIVE_BIG), fabs(q[d])));
-        q_exp[d] = exp(2.0f * clamp(q[d], -ADDITIVE_BIG, ADDITIVE_BIG));
-    }
+    float w_total, row_big;
+    fl_additive_open(w_row, w_neg2, q_exp, &w_total, &row_big, q, score_w, params, h);
     if (lid == 0)
         tile_big[0] = tile_big[1] = 0;
     barrier(CLK_LOCAL_MEM_FENCE);
     uint parity = 0;
 #endif
     row_t acc[V_VECS];
-    for (uint d = 0; d < V_VECS; ++d)
-        acc[d] = (row_t)(0.0f);
-    float row_max = NEG_INF, total = 0.0f; /* running max and sum of the row */
-    if (resume && valid) {
-        const float previous = lse[lse_index];
-        if (previous != NEG_INF) { /* else no key so far counted: the initial state */
-            total = norm_relu ? exp(previous) : 1.0f;
-            row_max = norm_relu ? NEG_INF : previous;
-            for (uint d = 0; d < V_VECS; ++d)
-                acc[d] = row_gather(O_DTYPE, out, d, o_s3) * total;
-        }
-    }
+    float row_max, total; /* running max and sum of the row */
+    fl_open_acc(acc, &row_max, &total, out, lse, params, valid, lse_index);
 
     /* The row's key band; the group needs keys from its first row's begin to its last row's
      * end (uniform bounds), the tiles before the begin skipped whole. */
@@ -209,43 +317,10 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         if (tile_state == FLEX_EMPTY)
             continue;
         const key_band tile_band = flex_tile_band(band, tile_state);
-        /* Rows with unit stride along head_dim (every packed or (B, L, H*d) layout) skip the
-         * multiply; the branch is uniform over the work-group. */
-        if (k_s3 == 1 && v_s3 == 1) {
-            for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
-                const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
-                k_tile[j][d] = k0 + j < band.limit ? LOAD(K_DTYPE, K, KEY_AT(k0 + j, k_s2, k_page) + d) : 0.0f;
-            }
-            for (uint e = lid; e < BLOCK_K * HEAD_DIM_V; e += BLOCK_Q) {
-                const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
-                v_tile[j][d] = k0 + j < band.limit ? LOAD(V_DTYPE, V, KEY_AT(k0 + j, v_s2, v_page) + d) : 0.0f;
-            }
-        } else {
-            for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
-                const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
-                k_tile[j][d] =
-                    k0 + j < band.limit ? LOAD(K_DTYPE, K, KEY_AT(k0 + j, k_s2, k_page) + d * k_s3) : 0.0f;
-            }
-            for (uint e = lid; e < BLOCK_K * HEAD_DIM_V; e += BLOCK_Q) {
-                const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
-                v_tile[j][d] =
-                    k0 + j < band.limit ? LOAD(V_DTYPE, V, KEY_AT(k0 + j, v_s2, v_page) + d * v_s3) : 0.0f;
-            }
-        }
-        for (uint j = lid; j < BLOCK_K; j += BLOCK_Q) {
-            const uint key = k0 + j;
-            tile_padded[j] = key < seq_k && key_padded(has_key_padding, key_padding,
-                                                       key * key_padding_s1);
-        }
+        fl_stage_tile(k_tile, v_tile, tile_padded, K, V, key_padding, block_table, bt_row,
+                      params, band, k0, lid);
 #if ADDITIVE
-        /* exp(2 P2) of the elements this work-item loaded into k_tile (its own writes). */
-        for (uint e = lid; e < BLOCK_K * HEAD_DIM_QK; e += BLOCK_Q) {
-            const uint j = e / HEAD_DIM_QK, d = e - j * HEAD_DIM_QK;
-            const float p = k_tile[j][d];
-            e_tile[j][d] = exp(2.0f * clamp(p, -ADDITIVE_BIG, ADDITIVE_BIG));
-            if (fabs(p) > ADDITIVE_BIG)
-                atomic_or(&tile_big[parity], 1);
-        }
+        fl_stage_exp(e_tile, tile_big, k_tile, parity, lid);
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
 #if ADDITIVE
@@ -257,6 +332,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         parity ^= 1;
 #endif
 
+        /* SCORE and KEEP (score.cl's score_rule) on the row's keys of the tile */
         float s[BLOCK_K];
         float tile_max = NEG_INF;
         for (uint j = 0; j < BLOCK_K; ++j) {
@@ -280,7 +356,8 @@ void flash_attention(FLASH_KERNEL_PARAMS)
                               row_key_end, tile_padded[j], has_mask, mask, key * mask_s3);
             tile_max = fmax(tile_max, s[j]);
         }
-
+        /* the online softmax update (relu: the weights as they are) and P.V; dropout (score.cl)
+         * on what meets V */
         if (norm_relu) {
             for (uint j = 0; j < BLOCK_K; ++j) {
                 const float p = relu_weight(s[j]);
@@ -309,13 +386,5 @@ void flash_attention(FLASH_KERNEL_PARAMS)
 
     if (!valid)
         return;
-    /* attention sinks (score.cl): into the row's denominator, in the launch that finishes it */
-    const sunk_row sunk = sink_fold(SINK_OF(h, row), row_max, total);
-    row_max = sunk.max;
-    total = sunk.total;
-    const float inv = sunk.factor * inverse_total(total);
-    for (uint d = 0; d < V_VECS; ++d)
-        row_scatter(O_DTYPE, acc[d] * inv, out, d, o_s3);
-    if (has_lse)
-        lse[lse_index] = total > 0.0f ? (norm_relu ? log(total) : row_max + log(total)) : NEG_INF;
+    fl_close_row(out, lse, sinks, acc, row_max, total, params, h, row, lse_index);
 }

@@ -441,6 +441,64 @@ inline void bwd_stage_keys(__global const ELEM_T(K_DTYPE) *K, __global const ELE
                 dp[r][v] = fma((float16)((go_rows)[r][d]), vd, dp[r][v]);                         \
         }
 
+/* The CPU kernels' steps, always inlined (PoCL left plain `inline` steps as calls, their
+ * register blocks in memory). bwd_load_row: row `row` of (b, h) (the row's open): its q and dO
+ * rows into q_row and go_row, its lse and delta (ROW_INDEX) into *lse and *delta; zeros (lse
+ * -inf) where the row is not `here`. */
+__attribute__((always_inline)) inline void
+bwd_load_row(__local float *q_row, __local float *go_row, float *lse, float *delta,
+             __global const ELEM_T(Q_DTYPE) *Q, __global const ELEM_T(GO_DTYPE) *GO,
+             __global const float *lse_in, __global const float *scratch,
+             const clattn_flash_bwd_params params, const ulong b, const ulong h, const ulong bh,
+             const seq_span span, const uint row, const bool here)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    const ulong at = (ulong)span.q0 + row; /* the row in the views */
+    const ulong q_at = q_offset + b * q_s0 + h * q_s1 + at * q_s2;
+    const ulong go_at = go_offset + b * go_s0 + h * go_s1 + at * go_s2;
+    for (uint d = 0; d < HEAD_DIM_QK; ++d)
+        q_row[d] = here ? LOAD(Q_DTYPE, Q, q_at + d * q_s3) : 0.0f;
+    for (uint d = 0; d < HEAD_DIM_V; ++d)
+        go_row[d] = here ? LOAD(GO_DTYPE, GO, go_at + d * go_s3) : 0.0f;
+    *lse = here ? lse_in[lse_offset + b * lse_s0 + h * lse_s1 + at * lse_s2] : NEG_INF;
+    *delta = here ? scratch[delta_at + ROW_INDEX(bh, h, span, row)] : 0.0f;
+}
+
+/* dQ_i += sum_j dX_ij k_j for rows row0 .. min(row0 + BWD_RB, last) - 1 of (b, h) against the
+ * block's first `keys` keys (k_rows), into this work-group's slot of the scratch (bwd_dkdv_cpu
+ * with dq_slots; bwd_sum_parts adds the slots in order). */
+__attribute__((always_inline)) inline void
+bwd_dq_slots(__global float *scratch, float16 (*dx)[BWD_NV], __local float (*k_rows)[HEAD_DIM_QK],
+             const clattn_flash_bwd_params params, const ulong h, const ulong bh,
+             const seq_span span, const uint row0, const uint last, const uint keys)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    float dxj[BWD_RB][BWD_BK];
+#pragma unroll
+    for (uint r = 0; r < BWD_RB; ++r)
+#pragma unroll
+        for (uint v = 0; v < BWD_NV; ++v)
+            vstore16(dx[r][v], v, dxj[r]);
+    __global float *slot = scratch + dq_slots_at +
+                           get_group_id(0) * dq_slot_stride +
+                           ROW_INDEX(bh, h, span, row0) * HEAD_DIM_QK;
+    const uint n = min((uint)BWD_RB, last - row0);
+    for (uint c = 0; c < HEAD_DIM_QK / 16; ++c) {
+        float16 acc[BWD_RB];
+#pragma unroll
+        for (uint r = 0; r < BWD_RB; ++r)
+            acc[r] = r < n ? vload16(c, slot + r * HEAD_DIM_QK) : (float16)(0.0f);
+        for (uint j = 0; j < keys; ++j) {
+            const float16 kj = vload16(c, k_rows[j]);
+#pragma unroll
+            for (uint r = 0; r < BWD_RB; ++r)
+                acc[r] = fma((float16)(dxj[r][j]), kj, acc[r]);
+        }
+        for (uint r = 0; r < n; ++r)
+            vstore16(acc[r], c, slot + r * HEAD_DIM_QK);
+    }
+}
+
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bwd_dkdv_cpu(BWD_DKDV_PARAMS)
 {
@@ -488,21 +546,9 @@ void bwd_dkdv_cpu(BWD_DKDV_PARAMS)
                 ;
             for (uint row0 = first; row0 < last; row0 += BWD_RB) {
                 float lse_r[BWD_RB], delta_r[BWD_RB];
-                for (uint r = 0; r < BWD_RB; ++r) {
-                    const uint row = row0 + r;
-                    const bool here = row < last;
-                    const ulong at = (ulong)span.q0 + row; /* the row in the views */
-                    const ulong q_at = q_offset + b * q_s0 + h * q_s1 + at * q_s2;
-                    const ulong go_at = go_offset + b * go_s0 + h * go_s1 + at * go_s2;
-                    for (uint d = 0; d < HEAD_DIM_QK; ++d)
-                        q_rows[r][d] = here ? LOAD(Q_DTYPE, Q, q_at + d * q_s3) : 0.0f;
-                    for (uint d = 0; d < HEAD_DIM_V; ++d)
-                        go_rows[r][d] = here ? LOAD(GO_DTYPE, GO, go_at + d * go_s3) : 0.0f;
-                    lse_r[r] = here ? lse_in[lse_offset + b * lse_s0 + h * lse_s1 + at * lse_s2]
-                                    : NEG_INF;
-                    delta_r[r] =
-                        here ? scratch[delta_at + ROW_INDEX(bh, h, span, row)] : 0.0f;
-                }
+                for (uint r = 0; r < BWD_RB; ++r)
+                    bwd_load_row(q_rows[r], go_rows[r], &lse_r[r], &delta_r[r], Q, GO, lse_in,
+                                 scratch, params, b, h, bh, span, row0 + r, row0 + r < last);
                 BWD_DOTS(q_rows, go_rows)
                 float16 p[BWD_RB][BWD_NV], dx[BWD_RB][BWD_NV];
 #pragma unroll
@@ -544,32 +590,8 @@ void bwd_dkdv_cpu(BWD_DKDV_PARAMS)
                             acc = fma((float16)(q_rows[r][d]), dx[r][v], acc);
                         vstore16(acc, v, dkt[d]);
                     }
-                if (dq_slots) { /* dQ_i += sum_j dX_ij k_j into this work-group's slot */
-                    float dxj[BWD_RB][BWD_BK];
-#pragma unroll
-                    for (uint r = 0; r < BWD_RB; ++r)
-#pragma unroll
-                        for (uint v = 0; v < BWD_NV; ++v)
-                            vstore16(dx[r][v], v, dxj[r]);
-                    __global float *slot = scratch + dq_slots_at +
-                                           get_group_id(0) * dq_slot_stride +
-                                           ROW_INDEX(bh, h, span, row0) * HEAD_DIM_QK;
-                    const uint n = min((uint)BWD_RB, last - row0);
-                    for (uint c = 0; c < HEAD_DIM_QK / 16; ++c) {
-                        float16 acc[BWD_RB];
-#pragma unroll
-                        for (uint r = 0; r < BWD_RB; ++r)
-                            acc[r] = r < n ? vload16(c, slot + r * HEAD_DIM_QK) : (float16)(0.0f);
-                        for (uint j = 0; j < keys; ++j) {
-                            const float16 kj = vload16(c, k_rows[j]);
-#pragma unroll
-                            for (uint r = 0; r < BWD_RB; ++r)
-                                acc[r] = fma((float16)(dxj[r][j]), kj, acc[r]);
-                        }
-                        for (uint r = 0; r < n; ++r)
-                            vstore16(acc[r], c, slot + r * HEAD_DIM_QK);
-                    }
-                }
+                if (dq_slots) /* dQ_i += sum_j dX_ij k_j into this work-group's slot */
+                    bwd_dq_slots(scratch, dx, k_rows, params, h, bh, span, row0, last, keys);
             }
         }
         for (uint j = 0; j < keys; ++j) {
@@ -614,17 +636,10 @@ void bwd_dq_cpu(BWD_DQ_PARAMS)
     for (uint r = 0; r < BWD_BQ; ++r) {
         const uint row = row0 + r;
         const bool here = r < rows;
-        const ulong at = (ulong)span.q0 + row; /* the row in the views */
-        const ulong q_at = q_offset + b * q_s0 + h * q_s1 + at * q_s2;
-        const ulong go_at = go_offset + b * go_s0 + h * go_s1 + at * go_s2;
-        for (uint d = 0; d < HEAD_DIM_QK; ++d) {
-            q_all[r][d] = here ? LOAD(Q_DTYPE, Q, q_at + d * q_s3) : 0.0f;
+        bwd_load_row(q_all[r], go_all[r], &lse_all[r], &delta_all[r], Q, GO, lse_in, scratch,
+                     params, b, h, bh, span, row, here);
+        for (uint d = 0; d < HEAD_DIM_QK; ++d)
             dq_acc[r][d] = 0.0f;
-        }
-        for (uint d = 0; d < HEAD_DIM_V; ++d)
-            go_all[r][d] = here ? LOAD(GO_DTYPE, GO, go_at + d * go_s3) : 0.0f;
-        lse_all[r] = here ? lse_in[lse_offset + b * lse_s0 + h * lse_s1 + at * lse_s2] : NEG_INF;
-        delta_all[r] = here ? scratch[delta_at + ROW_INDEX(bh, h, span, row)] : 0.0f;
         if (has_dmask && here)
             for (uint key = part_begin; key < part_stop; ++key)
                 scratch[dmask_at + (bh * seq_q + row) * (ulong)seq_k + key] = 0.0f;

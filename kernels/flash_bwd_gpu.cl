@@ -135,6 +135,102 @@
                 dq[i][c] = fma(x4[i].comp, kd[c], dq[i][c]);                                      \
     }
 
+/* ---- bwd_dkdv_gpu's steps, always inlined (PoCL left plain `inline` steps as calls, their
+ * register arrays in memory); every work-item calls each, the barriers stay in the kernel. */
+
+/* The rows first .. last - 1 (of part_begin .. row_stop - 1) whose band meets keys key0 ..
+ * key0 + keys - 1, as (first, last): both band ends are nondecreasing in the row, so two
+ * bisections find them (uniform over the group); none where the block is past the key count. */
+__attribute__((always_inline)) inline uint2
+bg_block_rows(const key_band band, const uint part_begin, const uint row_stop, const uint key0,
+              const uint keys)
+{
+    uint lo = part_begin, hi = max(part_begin, row_stop);
+    while (lo < hi) {
+        const uint mid = lo + (hi - lo) / 2;
+        if (band_end(band, mid) > key0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    const uint first = lo;
+    hi = max(first, row_stop);
+    while (lo < hi) {
+        const uint mid = lo + (hi - lo) / 2;
+        if (band_begin(band, mid) >= key0 + keys)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    const uint last = key0 < band.limit ? lo : first;
+    return (uint2)(first, last);
+}
+
+/* Step 2's rule on this item's S and dP (rows ty + i*BG_TY of the tile, keys tx + j*BG_TX of
+ * the block): bwd_recompute's p and dX = dS * scale * cap', dropout's factor z (score.cl) on
+ * p and dp, into the transposed tiles (0 for rows past the tile's, keys not key_ok, keys
+ * outside the row's band). */
+__attribute__((always_inline)) inline void
+bg_weights(__local float *p_tile, __local float *dx_tile, float (*s)[BG_RN],
+           float (*dp)[BG_RN], __local const float *lse_t, __local const float *delta_t,
+           const bool *key_ok, __global const ELEM_T(MASK_DTYPE) *mask,
+           const clattn_flash_bwd_params params, const key_band band, const ulong b,
+           const ulong h, const ulong bh, const uint row0, const uint rows, const uint key0,
+           const uint tx, const uint ty)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    for (uint i = 0; i < BG_RM; ++i) {
+        const uint r = ty + i * BG_TY, row = row0 + r;
+        const float lse = lse_t[r], delta = delta_t[r];
+        const uint kb = band_begin(band, row), ke = band_end(band, row);
+        for (uint j = 0; j < BG_RN; ++j) {
+            const uint kk = tx + j * BG_TX, key = key0 + kk;
+            float pz = 0.0f, dx = 0.0f;
+            if (r < rows && key_ok[j] && key >= kb && key < ke) {
+                const bwd_pair pair =
+                    bwd_recompute(s[i][j], scale, softcap, band, row, key,
+                                  BWD_MASK_TERM(row, key), lse, norm_relu);
+                if (pair.p != 0.0f || pair.grad != 0.0f) {
+                    /* dropout (score.cl): the forward's factor z on what met V */
+                    const float z = SCORE_DROPOUT ? DROPOUT_OF(bh, row, key) : 1.0f;
+                    pz = pair.p * z;
+                    dx = pair.grad * (dp[i][j] * z - delta) * pair.dcap;
+                }
+            }
+            p_tile[kk * BG_BR_PAD + r] = pz;
+            dx_tile[kk * BG_BR_PAD + r] = dx;
+        }
+    }
+}
+
+/* The block's dK and dV, this item's keys ty + i*BG_TY and dims tx + c*BG_TX, to DK and DV. */
+__attribute__((always_inline)) inline void
+bg_store_dkdv(__global ELEM_T(DK_DTYPE) *DK, __global ELEM_T(DV_DTYPE) *DV, float (*dk)[BG_RDK],
+              float (*dv)[BG_RDV], const clattn_flash_bwd_params params, const ulong b,
+              const ulong g, const seq_span span, const uint key0, const uint keys,
+              const uint tx, const uint ty)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_BWD_PARAMS)
+    for (uint i = 0; i < BG_RK; ++i) {
+        const uint kk = ty + i * BG_TY;
+        if (kk >= keys)
+            continue;
+        const ulong key_at = (ulong)span.k0 + key0 + kk;
+        const ulong dk_at = dk_offset + b * dk_s0 + g * dk_s1 + key_at * dk_s2;
+        const ulong dv_at = dv_offset + b * dv_s0 + g * dv_s1 + key_at * dv_s2;
+        for (uint c = 0; c < BG_RDK; ++c) {
+            const uint dim = tx + c * BG_TX;
+            if (dim < HEAD_DIM_QK)
+                STORE(DK_DTYPE, dk[i][c], DK, dk_at + dim * dk_s3);
+        }
+        for (uint c = 0; c < BG_RDV; ++c) {
+            const uint dim = tx + c * BG_TX;
+            if (dim < HEAD_DIM_V)
+                STORE(DV_DTYPE, dv[i][c], DV, dv_at + dim * dv_s3);
+        }
+    }
+}
+
 /* dK and dV of keys BG_BK * group .. of (b, k/v head g) over rows part_begin .. part_stop - 1
  * of every query head of the group, to DK and DV (no parts: the host takes flash_bwd.cl's
  * bwd_dkdv where a device caps loop trips). Arguments as bwd_dkdv's. */
@@ -197,26 +293,9 @@ void bwd_dkdv_gpu(BWD_DKDV_PARAMS)
         const ulong h = g * kv_group + t;
         const ulong bh = b * heads + h;
         const key_band band = BAND_SPAN(b, h, span);
-        /* The rows whose band meets keys key0 .. key0 + keys - 1: first .. last - 1 (both band
-         * ends are nondecreasing in the row: bisection; uniform over the group). */
-        uint lo = part_begin, hi = max(part_begin, row_stop);
-        while (lo < hi) {
-            const uint mid = lo + (hi - lo) / 2;
-            if (band_end(band, mid) > key0)
-                hi = mid;
-            else
-                lo = mid + 1;
-        }
-        const uint first = lo;
-        hi = max(first, row_stop);
-        while (lo < hi) {
-            const uint mid = lo + (hi - lo) / 2;
-            if (band_begin(band, mid) >= key0 + keys)
-                hi = mid;
-            else
-                lo = mid + 1;
-        }
-        const uint last = key0 < band.limit ? lo : first;
+        /* the rows whose band meets the block (uniform over the group) */
+        const uint2 block_rows = bg_block_rows(band, part_begin, row_stop, key0, keys);
+        const uint first = block_rows.x, last = block_rows.y;
         const ulong q_base = q_offset + b * q_s0 + h * q_s1 + (ulong)span.q0 * q_s2;
         const ulong go_base = go_offset + b * go_s0 + h * go_s1 + (ulong)span.q0 * go_s2;
         const ulong lse_base = lse_offset + b * lse_s0 + h * lse_s1 + (ulong)span.q0 * lse_s2;
@@ -249,28 +328,8 @@ void bwd_dkdv_gpu(BWD_DKDV_PARAMS)
             float s[BG_RM][BG_RN], dp[BG_RM][BG_RN];
             BG_DOTS(s, q_tile4, BG_QK_PAD / 4, k_tile4, BG_QK_PAD / 4, BG_QK4 / 4)
             BG_DOTS(dp, go_tile4, BG_V_PAD / 4, v_tile4, BG_V_PAD / 4, BG_VK4 / 4)
-            for (uint i = 0; i < BG_RM; ++i) {
-                const uint r = ty + i * BG_TY, row = row0 + r;
-                const float lse = lse_t[r], delta = delta_t[r];
-                const uint kb = band_begin(band, row), ke = band_end(band, row);
-                for (uint j = 0; j < BG_RN; ++j) {
-                    const uint kk = tx + j * BG_TX, key = key0 + kk;
-                    float pz = 0.0f, dx = 0.0f;
-                    if (r < rows && key_ok[j] && key >= kb && key < ke) {
-                        const bwd_pair pair =
-                            bwd_recompute(s[i][j], scale, softcap, band, row, key,
-                                          BWD_MASK_TERM(row, key), lse, norm_relu);
-                        if (pair.p != 0.0f || pair.grad != 0.0f) {
-                            /* dropout (score.cl): the forward's factor z on what met V */
-                            const float z = SCORE_DROPOUT ? DROPOUT_OF(bh, row, key) : 1.0f;
-                            pz = pair.p * z;
-                            dx = pair.grad * (dp[i][j] * z - delta) * pair.dcap;
-                        }
-                    }
-                    p_tile[kk * BG_BR_PAD + r] = pz;
-                    dx_tile[kk * BG_BR_PAD + r] = dx;
-                }
-            }
+            bg_weights(p_tile, dx_tile, s, dp, lse_t, delta_t, key_ok, mask, params, band, b, h,
+                       bh, row0, rows, key0, tx, ty);
             barrier(CLK_LOCAL_MEM_FENCE);
 
             /* 3. dV += (P Z)^T dO, dK += dX^T Q over the tile's rows, four at a time */
@@ -291,24 +350,7 @@ void bwd_dkdv_gpu(BWD_DKDV_PARAMS)
         }
     }
 
-    for (uint i = 0; i < BG_RK; ++i) {
-        const uint kk = ty + i * BG_TY;
-        if (kk >= keys)
-            continue;
-        const ulong key_at = (ulong)span.k0 + key0 + kk;
-        const ulong dk_at = dk_offset + b * dk_s0 + g * dk_s1 + key_at * dk_s2;
-        const ulong dv_at = dv_offset + b * dv_s0 + g * dv_s1 + key_at * dv_s2;
-        for (uint c = 0; c < BG_RDK; ++c) {
-            const uint dim = tx + c * BG_TX;
-            if (dim < HEAD_DIM_QK)
-                STORE(DK_DTYPE, dk[i][c], DK, dk_at + dim * dk_s3);
-        }
-        for (uint c = 0; c < BG_RDV; ++c) {
-            const uint dim = tx + c * BG_TX;
-            if (dim < HEAD_DIM_V)
-                STORE(DV_DTYPE, dv[i][c], DV, dv_at + dim * dv_s3);
-        }
-    }
+    bg_store_dkdv(DK, DV, dk, dv, params, b, g, span, key0, keys, tx, ty);
 }
 
 /* dQ of rows BG_BK * group .. of (b, h) over its keys: bwd_dkdv_gpu with the roles swapped

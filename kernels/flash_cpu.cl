@@ -244,6 +244,426 @@ inline void fc_pv_direct(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT
 }
 #endif
 
+/* ---- flash_cpu's steps (score.cl's contract): the row open (fc_open_rows), per key tile the
+ * pack (fc_paged_rows, fc_pack_tile) and per register block its dot products
+ * (fc_block_dots), SCORE (fc_block_value), KEEP (fc_block_keep), the online softmax update
+ * (fc_block_weights) and P.V (fc_block_accumulate), then the row close (fc_close_rows). Each
+ * takes the kernel's parameter struct and reads its fields by name (CLATTN_UNPACK_SCORED).
+ * Always inlined: PoCL 3.1 left plain `inline` steps as calls, the register blocks s and corr
+ * in memory and the struct copied per call (half the speed); `static inline` crashed its LLVM
+ * 15 inliner. Inlined, the kernel compiles to the code of the single body it replaced. */
+
+/* Row open: the group's q rows, times scale, into qs; acc, row_max and total at the rows'
+ * start, or the state the previous key part left (resume; flash.cl). */
+__attribute__((always_inline)) inline void
+fc_open_rows(__global const ELEM_T(Q_DTYPE) *Q,
+             __global const ELEM_T(O_DTYPE) *O, __global const float *lse,
+             const clattn_flash_params params, const seq_span span,
+             const uint first_row, __local float (*qs)[HEAD_DIM_QK],
+             __local float (*acc)[FC_DVP], __local float *row_max,
+             __local float *total)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint i = 0; i < FC_ROWS; ++i) {
+        const uint row = first_row + i;
+        const bool valid = row < span.rows;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d)
+            qs[i][d] = valid ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale : 0.0f;
+        for (uint d = 0; d < FC_DVP; ++d)
+            acc[i][d] = 0.0f;
+        row_max[i] = NEG_INF;
+        total[i] = 0.0f;
+        if (resume && valid) { /* the state the previous key part left (flash.cl) */
+            const float previous = lse[row * lse_s2];
+            if (previous != NEG_INF) {
+                total[i] = SCORE_RELU ? exp(previous) : 1.0f;
+                row_max[i] = SCORE_RELU ? NEG_INF : previous;
+                for (uint d = 0; d < HEAD_DIM_V; ++d)
+                    acc[i][d] = LOAD(O_DTYPE, O, row * o_s2 + d * o_s3) * total[i];
+            }
+        }
+    }
+}
+
+#if KV_PAGED
+/* A paged cache (score.cl): each key's row from the block table, once per tile; one
+ * division for the tile's first key, then slots counted up (a division per key was
+ * most of a paged decode step's time), the table read once per page and only for
+ * keys inside the count. krow[j], vrow[j]: the element offsets of key k0 + j's rows. */
+__attribute__((always_inline)) inline void
+fc_paged_rows(__global const int *block_table, const ulong bt_row,
+              const clattn_flash_params params, const key_band band,
+              const uint k0, ulong *krow, ulong *vrow)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    uint block = k0 / page_size, slot = k0 - block * page_size;
+    ulong page = k0 < band.limit ? (ulong)(uint)block_table[bt_row + block * bt_s1] : 0;
+    for (uint j = 0; j < FC_KT; ++j) {
+        const bool real = k0 + j < band.limit;
+        krow[j] = real ? page * k_page + slot * k_s2 : 0;
+        vrow[j] = real ? page * v_page + slot * v_s2 : 0;
+        if (++slot == page_size) {
+            slot = 0;
+            ++block;
+            if (k0 + j + 1 < band.limit)
+                page = (ulong)(uint)block_table[bt_row + block * bt_s1];
+        }
+    }
+}
+#define FC_KROW(j) krow[j]
+#define FC_VROW(j) vrow[j]
+#else
+#define FC_KROW(j) ((k0 + (j)) * k_s2)
+#define FC_VROW(j) ((k0 + (j)) * v_s2)
+#endif
+
+/* The tile k0 .. k0 + 63 for the register blocks: K transposed into kt, V's rows padded with
+ * zeros into vt (keys past the count, edge, packed as zeros), and in kb score.cl's key_masked
+ * for the keys every row drops (padded, past the count). A direct tile (FC_DIRECT, see the
+ * header) is read where it lies: only kb, and only where something can be dropped. krow,
+ * vrow: fc_paged_rows' offsets (KV_PAGED; else unused). */
+__attribute__((always_inline)) inline void
+fc_pack_tile(__global const ELEM_T(K_DTYPE) *K,
+             __global const ELEM_T(V_DTYPE) *V,
+             __global const uchar *key_padding,
+             const clattn_flash_params params, const key_band band,
+             const uint k0, const bool edge, const bool direct, const uint nk,
+             const ulong *krow, const ulong *vrow, __local float (*kt)[FC_KT],
+             __local float (*vt)[FC_DVP], __local float *kb)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    if (direct) {
+        if (SCORE_MASK || SCORE_KPAD || edge) {
+            for (uint j = 0; j < FC_KT; ++j) { /* key_masked: padded and past the count */
+                const uint key = k0 + j;
+                kb[j] = key_masked(key, 0, band.limit,
+                                   j < nk && key_padded(SCORE_KPAD, key_padding,
+                                                        key * key_padding_s1))
+                            ? NEG_INF
+                            : 0.0f;
+            }
+        }
+    } else if (!edge && k_s3 == 1) {
+        for (uint d = 0; d < HEAD_DIM_QK; ++d)
+            for (uint j = 0; j < FC_KT; ++j)
+                kt[d][j] = LOAD(K_DTYPE, K, FC_KROW(j) + d);
+    } else {
+        for (uint d = 0; d < HEAD_DIM_QK; ++d)
+            for (uint j = 0; j < FC_KT; ++j)
+                kt[d][j] = k0 + j < band.limit ? LOAD(K_DTYPE, K, FC_KROW(j) + d * k_s3) : 0.0f;
+    }
+    /* (a bound, not `&& !direct`: PoCL warned of the constant operand at every build) */
+    for (uint j = 0; j < (direct ? 0u : (uint)FC_KT); ++j) {
+        const bool real = k0 + j < band.limit;
+        if (real && v_s3 == 1) {
+            for (uint d = 0; d < HEAD_DIM_V; ++d)
+                vt[j][d] = LOAD(V_DTYPE, V, FC_VROW(j) + d);
+        } else {
+            for (uint d = 0; d < HEAD_DIM_V; ++d)
+                vt[j][d] = real ? LOAD(V_DTYPE, V, FC_VROW(j) + d * v_s3) : 0.0f;
+        }
+        for (uint d = HEAD_DIM_V; d < FC_DVP; ++d)
+            vt[j][d] = 0.0f;
+        /* key_masked for keys past the key count and padded keys */
+        const uint key = k0 + j;
+        kb[j] = key_masked(key, 0, band.limit,
+                           real && key_padded(SCORE_KPAD, key_padding, key * key_padding_s1))
+                    ? NEG_INF
+                    : 0.0f;
+    }
+}
+
+/* The dot products of block r0 (rows r0 .. r0 + FC_RB - 1 of qs) with the tile's keys: s =
+ * (q * scale) . k for FC_RB rows x 64 keys, FC_KV vectors of 16 keys at a time (FC_RB x
+ * FC_KV float16 accumulators held in registers over d); a direct tile's (FC_DIRECT) through
+ * pt, from K where it lies (krow: fc_paged_rows' offsets). */
+__attribute__((always_inline)) inline void
+fc_block_dots(float16 (*s)[4], __global const ELEM_T(K_DTYPE) *K,
+              const ulong *krow, const clattn_flash_params params,
+              __local float (*qs)[HEAD_DIM_QK], __local float (*kt)[FC_KT],
+              __local float (*pt)[FC_KT], const uint r0, const uint k0,
+              const uint nk, const bool direct)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+#if FC_DIRECT
+    if (direct) {
+#if KV_PAGED
+        fc_scores_paged(K, krow, qs + r0, pt, nk);
+#else
+        fc_scores_direct(ADVANCE(K_DTYPE, K, k0 * k_s2), k_s2, qs + r0, pt, nk);
+#endif
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+            for (uint v = 0; v < 4; ++v)
+                s[r][v] = vload16(v, pt[r]);
+        }
+    } else
+#endif
+#pragma unroll
+    for (uint v0 = 0; v0 < 4; v0 += FC_KV) {
+        float16 a[FC_RB][FC_KV];
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+            for (uint w = 0; w < FC_KV; ++w)
+                a[r][w] = (float16)(0.0f);
+        }
+        for (uint d = 0; d < HEAD_DIM_QK; ++d) {
+            float16 k[FC_KV];
+#pragma unroll
+            for (uint w = 0; w < FC_KV; ++w)
+                k[w] = vload16(v0 + w, kt[d]);
+#pragma unroll
+            for (uint r = 0; r < FC_RB; ++r) {
+                const float16 q = (float16)(qs[r0 + r][d]);
+#pragma unroll
+                for (uint w = 0; w < FC_KV; ++w)
+                    a[r][w] = fma(q, k[w], a[r][w]);
+            }
+        }
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+            for (uint w = 0; w < FC_KV; ++w)
+                s[r][v0 + w] = a[r][w];
+        }
+    }
+}
+
+/* SCORE on block row0's tile: the rule's value (score.cl's score_value16: soft-capping, then
+ * ALiBi, then the user's score_mod), before any mask, written out as two loops under uniform
+ * branches: one loop calling score_value16 ran 20-25% slower with key padding on PoCL
+ * (L = 1024, d = 64). */
+__attribute__((always_inline)) inline void
+fc_block_value(float16 (*s)[4], const float softcap, const key_band band,
+               const seq_span span, const uint row0, const uint k0)
+{
+    if (softcap > 0.0f) {
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+            for (uint v = 0; v < 4; ++v)
+                s[r][v] = soft_cap16(s[r][v], softcap);
+        }
+    }
+    if (band.slope != 0.0f) {
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+            for (uint v = 0; v < 4; ++v)
+                s[r][v] += alibi_bias16(band, row0 + r, k0 + 16 * v);
+        }
+    }
+#if FLEX_SCORE
+    /* the user's score_mod (score.cl's SCORE), on the block's rows inside the batch */
+    for (uint r = 0; r < FC_RB && row0 + r < span.rows; ++r) {
+#pragma unroll
+        for (uint v = 0; v < 4; ++v)
+            s[r][v] = flex_score16(band, s[r][v], row0 + r, k0 + 16 * v);
+    }
+#endif
+}
+
+/* KEEP on block row0's tile (score.cl), only where something can be dropped: the mask, the
+ * keys every row drops (kb), the band's diagonal bounds (diagonal: the tile crosses one of
+ * the block's band edges), the user's mask_mod (but on a tile the block mask calls full). */
+__attribute__((always_inline)) inline void
+fc_block_keep(float16 (*s)[4], __global const ELEM_T(MASK_DTYPE) *mask,
+              const clattn_flash_params params, const key_band band,
+              const seq_span span, const uint row0, const uint k0,
+              const bool edge, const bool diagonal, const uint tile_state,
+              __local float (*pt)[FC_KT], __local const float *kb)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+#if SCORE_MASK
+    if (!edge && mask_s3 == 1) {
+        /* masked_score on 16 keys at a time (a tile inside seq_k, a mask row of unit
+         * stride): the mask term, and -inf for padded keys (kb); the band's diagonal bounds
+         * below */
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+            const uint row = row0 + r;
+            __global const ELEM_T(MASK_DTYPE) *mask_row =
+                mask + (row < span.rows ? row : 0) * mask_s2 + k0;
+#pragma unroll
+            for (uint v = 0; v < 4; ++v)
+                s[r][v] = select(s[r][v] + fc_mask_term16(mask_row + 16 * v),
+                                 (float16)(NEG_INF), vload16(v, kb) != (float16)(0.0f));
+        }
+    } else {
+        /* every score through masked_score: the mask term, the band, the key
+         * padding and seq_k (kb says which keys are padded or past seq_k) */
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+            for (uint v = 0; v < 4; ++v)
+                vstore16(s[r][v], v, pt[r]);
+        }
+        for (uint r = 0; r < FC_RB; ++r) {
+            const uint row = row0 + r;
+            const uint safe_row = row < span.rows ? row : 0;
+            const uint row_begin = band_begin(band, safe_row);
+            const uint row_end = band_end(band, safe_row);
+            __global const ELEM_T(MASK_DTYPE) *mask_row = mask + safe_row * mask_s2;
+            for (uint j = 0; j < FC_KT; ++j) {
+                const uint key = k0 + j;
+                pt[r][j] = masked_score(pt[r][j], key, row_begin, row_end, kb[j] != 0.0f,
+                                        1, mask_row, key * mask_s3);
+            }
+        }
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+#pragma unroll
+            for (uint v = 0; v < 4; ++v)
+                s[r][v] = vload16(v, pt[r]);
+        }
+    }
+#else
+    if (SCORE_KPAD || edge) { /* key_masked for padding and keys past the count: KB */
+        const float16 b_0 = vload16(0, kb), b_1 = vload16(1, kb);
+        const float16 b_2 = vload16(2, kb), b_3 = vload16(3, kb);
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+            s[r][0] += b_0;
+            s[r][1] += b_1;
+            s[r][2] += b_2;
+            s[r][3] += b_3;
+        }
+    }
+#endif
+#if SCORE_BAND
+    if (diagonal) { /* key_masked(key, the row's band) on 16 keys at a time */
+        const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#pragma unroll
+        for (uint r = 0; r < FC_RB; ++r) {
+            const uint row = row0 + r < span.rows ? row0 + r : row0;
+            const int16 row_begin = (int16)((int)band_begin(band, row));
+            const int16 row_end = (int16)((int)band_end(band, row));
+#pragma unroll
+            for (uint v = 0; v < 4; ++v) {
+                const int16 key = (int16)((int)(k0 + 16 * v)) + lane;
+                s[r][v] = select(s[r][v], (float16)(NEG_INF),
+                                 key >= row_end || key < row_begin);
+            }
+        }
+    }
+#endif
+#if FLEX_MASK
+    /* the user's mask_mod (score.cl's KEEP), but on a tile the block mask calls full */
+    for (uint r = 0; tile_state != FLEX_FULL && r < FC_RB && row0 + r < span.rows; ++r) {
+#pragma unroll
+        for (uint v = 0; v < 4; ++v)
+            s[r][v] = flex_keep16(band, s[r][v], row0 + r, k0 + 16 * v);
+    }
+#endif
+}
+
+/* The online softmax update of block r0 (rows row0 ..) on the tile: its weights into pt
+ * (dropout's factors applied after the row sums), the row maxima and sums, and each row's
+ * rescale factor in corr (1 unless the row's max grew; relu: always 1). */
+__attribute__((always_inline)) inline void
+fc_block_weights(float16 (*s)[4], float *corr, __local float (*pt)[FC_KT],
+                 __local float *row_max, __local float *total,
+                 const clattn_flash_params params, const ulong bh,
+                 const uint r0, const uint row0, const uint k0)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+#pragma unroll
+    for (uint r = 0; r < FC_RB; ++r) {
+#if SCORE_RELU
+        corr[r] = 1.0f;
+        float16 p[4];
+#pragma unroll
+        for (uint v = 0; v < 4; ++v)
+            p[v] = fmax(s[r][v], (float16)(0.0f)); /* relu_weight */
+#else
+        const float old_max = row_max[r0 + r];
+        const float new_max = fmax(
+            old_max, fc_hmax(fmax(fmax(s[r][0], s[r][1]), fmax(s[r][2], s[r][3]))));
+        /* softmax_weight(s, softmax_shift(max)) on 16 scores at a time */
+        const float16 shift = (float16)(softmax_shift(new_max));
+        float16 p[4];
+#pragma unroll
+        for (uint v = 0; v < 4; ++v)
+            p[v] = exp16_nonpositive(s[r][v] - shift);
+        corr[r] = 1.0f;
+        if (new_max > old_max) { /* 0 while the row had no key */
+            corr[r] = exp16_nonpositive((float16)(old_max - new_max)).s0;
+            row_max[r0 + r] = new_max;
+        }
+#endif
+        total[r0 + r] = total[r0 + r] * corr[r] + fc_hsum((p[0] + p[1]) + (p[2] + p[3]));
+#if SCORE_DROPOUT
+        { /* after the row's sum: its normaliser is the undropped row's (score.cl) */
+            float16 keep[4];
+            DROPOUT64_OF(bh, row0 + r, k0, keep);
+#pragma unroll
+            for (uint v = 0; v < 4; ++v)
+                p[v] *= keep[v];
+        }
+#endif
+#pragma unroll
+        for (uint v = 0; v < 4; ++v)
+            vstore16(p[v], v, pt[r]);
+    }
+}
+
+/* acc = acc * corr + p . V for block r0, 16 * FC_KV output columns at a time (a direct
+ * tile's V read where it lies; vrow: fc_paged_rows' offsets). */
+__attribute__((always_inline)) inline void
+fc_block_accumulate(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
+                    __local float (*vt)[FC_DVP],
+                    __global const ELEM_T(V_DTYPE) *V, const ulong *vrow,
+                    const clattn_flash_params params, const float *corr,
+                    const uint r0, const uint k0, const uint nk,
+                    const bool direct)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+#if FC_DIRECT
+    if (direct) {
+        for (uint c0 = 0; c0 < FC_DVV; c0 += FC_PVW)
+#if KV_PAGED
+            fc_pv_paged(acc + r0, pt, V, vrow, corr, c0, nk);
+#else
+            fc_pv_direct(acc + r0, pt, ADVANCE(V_DTYPE, V, k0 * v_s2), v_s2, corr, c0, nk);
+#endif
+        return;
+    }
+#endif
+    for (uint c0 = 0; c0 + FC_KV <= FC_DVV; c0 += FC_KV)
+        fc_pv(acc + r0, pt, vt, corr, c0, FC_KV);
+#if FC_DVV % FC_KV != 0
+    fc_pv(acc + r0, pt, vt, corr, FC_DVV - FC_DVV % FC_KV, FC_DVV % FC_KV);
+#endif
+}
+
+/* Row close: each row's sink folded in (score.cl), its output normalised and stored, its
+ * log-sum-exp (has_lse). */
+__attribute__((always_inline)) inline void
+fc_close_rows(__global ELEM_T(O_DTYPE) *O, __global float *lse,
+              __global const float *sinks, const clattn_flash_params params,
+              const ulong h, const seq_span span, const uint first_row,
+              __local float (*acc)[FC_DVP], __local const float *row_max,
+              __local const float *total)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint i = 0; i < FC_ROWS; ++i) {
+        const uint row = first_row + i;
+        if (row >= span.rows)
+            break;
+        /* attention sinks (score.cl): into the row's denominator, in the launch that ends it */
+        const sunk_row sunk = sink_fold(SINK_OF(h, row), row_max[i], total[i]);
+        const float inv = sunk.factor * inverse_total(sunk.total);
+        for (uint d = 0; d < HEAD_DIM_V; ++d)
+            STORE(O_DTYPE, acc[i][d] * inv, O, row * o_s2 + d * o_s3);
+        if (has_lse)
+            lse[row * lse_s2] = sunk.total > 0.0f
+                                    ? (SCORE_RELU ? log(sunk.total) : sunk.max + log(sunk.total))
+                                    : NEG_INF;
+    }
+}
+
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void flash_cpu(FLASH_KERNEL_PARAMS)
 {
@@ -276,32 +696,12 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
 #if SCORE_MASK
     mask += mask_offset + b * mask_s0 + h * mask_s1;
 #endif
-
-    for (uint i = 0; i < FC_ROWS; ++i) {
-        const uint row = first_row + i;
-        const bool valid = row < span.rows;
-        for (uint d = 0; d < HEAD_DIM_QK; ++d)
-            qs[i][d] = valid ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale : 0.0f;
-        for (uint d = 0; d < FC_DVP; ++d)
-            acc[i][d] = 0.0f;
-        row_max[i] = NEG_INF;
-        total[i] = 0.0f;
-        if (resume && valid) { /* the state the previous key part left (flash.cl) */
-            const float previous = lse[row * lse_s2];
-            if (previous != NEG_INF) {
-                total[i] = SCORE_RELU ? exp(previous) : 1.0f;
-                row_max[i] = SCORE_RELU ? NEG_INF : previous;
-                for (uint d = 0; d < HEAD_DIM_V; ++d)
-                    acc[i][d] = LOAD(O_DTYPE, O, row * o_s2 + d * o_s3) * total[i];
-            }
-        }
-    }
+    fc_open_rows(Q, O, lse, params, span, first_row, qs, acc, row_max, total);
 
     OPEN_PAGED_ROW(b)
     const key_band band = FUSED_BAND(b, h, span); /* score.cl's row open */
     const group_keys group = open_group(band, span.rows, first_row, FC_ROWS, key_begin, key_stop, FC_KT);
-    const uint last_row = group.last_row, key_end = group.key_end;
-    const int16 lane = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const uint key_end = group.key_end;
 
     for (uint k0 = group.key_first; k0 < key_end; k0 += FC_KT) {
         /* a tile with keys past the batch's key count (or seq_k): never read, packed as 0 */
@@ -310,72 +710,14 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
          * inside the count only (nk of them) */
         const bool direct = FC_DIRECT && k_s3 == 1 && v_s3 == 1;
 #if KV_PAGED
-        /* a paged cache (score.cl): each key's row from the block table, once per tile; one
-         * division for the tile's first key, then slots counted up (a division per key was
-         * most of a paged decode step's time), the table read once per page and only for
-         * keys inside the count */
         ulong krow[FC_KT], vrow[FC_KT];
-        {
-            uint block = k0 / page_size, slot = k0 - block * page_size;
-            ulong page = k0 < band.limit ? (ulong)(uint)block_table[bt_row + block * bt_s1] : 0;
-            for (uint j = 0; j < FC_KT; ++j) {
-                const bool real = k0 + j < band.limit;
-                krow[j] = real ? page * k_page + slot * k_s2 : 0;
-                vrow[j] = real ? page * v_page + slot * v_s2 : 0;
-                if (++slot == page_size) {
-                    slot = 0;
-                    ++block;
-                    if (k0 + j + 1 < band.limit)
-                        page = (ulong)(uint)block_table[bt_row + block * bt_s1];
-                }
-            }
-        }
-#define FC_KROW(j) krow[j]
-#define FC_VROW(j) vrow[j]
+        fc_paged_rows(block_table, bt_row, params, band, k0, krow, vrow);
 #else
-#define FC_KROW(j) ((k0 + (j)) * k_s2)
-#define FC_VROW(j) ((k0 + (j)) * v_s2)
+        const ulong *krow = 0, *vrow = 0; /* (unpaged: rows at key * stride) */
 #endif
         const uint nk = edge ? band.limit - k0 : FC_KT; /* k0 < key_end <= band.limit */
-        if (direct) {
-            if (SCORE_MASK || SCORE_KPAD || edge) {
-                for (uint j = 0; j < FC_KT; ++j) { /* key_masked: padded and past the count */
-                    const uint key = k0 + j;
-                    kb[j] = key_masked(key, 0, band.limit,
-                                       j < nk && key_padded(SCORE_KPAD, key_padding,
-                                                            key * key_padding_s1))
-                                ? NEG_INF
-                                : 0.0f;
-                }
-            }
-        } else if (!edge && k_s3 == 1) {
-            for (uint d = 0; d < HEAD_DIM_QK; ++d)
-                for (uint j = 0; j < FC_KT; ++j)
-                    kt[d][j] = LOAD(K_DTYPE, K, FC_KROW(j) + d);
-        } else {
-            for (uint d = 0; d < HEAD_DIM_QK; ++d)
-                for (uint j = 0; j < FC_KT; ++j)
-                    kt[d][j] = k0 + j < band.limit ? LOAD(K_DTYPE, K, FC_KROW(j) + d * k_s3) : 0.0f;
-        }
-        /* (a bound, not `&& !direct`: PoCL warned of the constant operand at every build) */
-        for (uint j = 0; j < (direct ? 0u : (uint)FC_KT); ++j) {
-            const bool real = k0 + j < band.limit;
-            if (real && v_s3 == 1) {
-                for (uint d = 0; d < HEAD_DIM_V; ++d)
-                    vt[j][d] = LOAD(V_DTYPE, V, FC_VROW(j) + d);
-            } else {
-                for (uint d = 0; d < HEAD_DIM_V; ++d)
-                    vt[j][d] = real ? LOAD(V_DTYPE, V, FC_VROW(j) + d * v_s3) : 0.0f;
-            }
-            for (uint d = HEAD_DIM_V; d < FC_DVP; ++d)
-                vt[j][d] = 0.0f;
-            /* key_masked for keys past the key count and padded keys */
-            const uint key = k0 + j;
-            kb[j] = key_masked(key, 0, band.limit,
-                               real && key_padded(SCORE_KPAD, key_padding, key * key_padding_s1))
-                        ? NEG_INF
-                        : 0.0f;
-        }
+        fc_pack_tile(K, V, key_padding, params, band, k0, edge, direct, nk, krow, vrow, kt, vt,
+                     kb);
         for (uint blk = 0; blk < FC_NB; ++blk) {
             const uint r0 = blk * FC_RB, row0 = first_row + r0;
             if (row0 >= span.rows)
@@ -386,6 +728,8 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
                 continue; /* the block sees no key of this tile */
             const bool diagonal =
                 k0 + FC_KT > band_end(band, row0) || k0 < band_begin(band, block_last);
+#else
+            const bool diagonal = false;
 #endif
             /* the block mask's verdict on the block's tile (score.cl): empty ones skipped */
             const uint tile_state = FLEX_VISIT(FLEX_TILE(b, h, row0, min(span.rows, row0 + FC_RB) - 1,
@@ -393,238 +737,15 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
                                                true);
             if (tile_state == FLEX_EMPTY)
                 continue;
-            /* s = (q * scale) . k for FC_RB rows x 64 keys, FC_KV vectors of 16 keys at a
-             * time (FC_RB x FC_KV float16 accumulators held in registers over d) */
-            float16 s[FC_RB][4];
-#if FC_DIRECT
-            if (direct) {
-#if KV_PAGED
-                fc_scores_paged(K, krow, qs + r0, pt, nk);
-#else
-                fc_scores_direct(ADVANCE(K_DTYPE, K, k0 * k_s2), k_s2, qs + r0, pt, nk);
-#endif
-#pragma unroll
-                for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-                    for (uint v = 0; v < 4; ++v)
-                        s[r][v] = vload16(v, pt[r]);
-                }
-            } else
-#endif
-#pragma unroll
-            for (uint v0 = 0; v0 < 4; v0 += FC_KV) {
-                float16 a[FC_RB][FC_KV];
-#pragma unroll
-                for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-                    for (uint w = 0; w < FC_KV; ++w)
-                        a[r][w] = (float16)(0.0f);
-                }
-                for (uint d = 0; d < HEAD_DIM_QK; ++d) {
-                    float16 k[FC_KV];
-#pragma unroll
-                    for (uint w = 0; w < FC_KV; ++w)
-                        k[w] = vload16(v0 + w, kt[d]);
-#pragma unroll
-                    for (uint r = 0; r < FC_RB; ++r) {
-                        const float16 q = (float16)(qs[r0 + r][d]);
-#pragma unroll
-                        for (uint w = 0; w < FC_KV; ++w)
-                            a[r][w] = fma(q, k[w], a[r][w]);
-                    }
-                }
-#pragma unroll
-                for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-                    for (uint w = 0; w < FC_KV; ++w)
-                        s[r][v0 + w] = a[r][w];
-                }
-            }
-
-            /* The rule's value (score.cl's score_value16: soft-capping, then ALiBi), before any
-             * mask, written out as two loops under uniform branches: one loop calling
-             * score_value16 ran 20-25% slower with key padding on PoCL (L = 1024, d = 64). */
-            if (softcap > 0.0f) {
-#pragma unroll
-                for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-                    for (uint v = 0; v < 4; ++v)
-                        s[r][v] = soft_cap16(s[r][v], softcap);
-                }
-            }
-            if (band.slope != 0.0f) {
-#pragma unroll
-                for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-                    for (uint v = 0; v < 4; ++v)
-                        s[r][v] += alibi_bias16(band, row0 + r, k0 + 16 * v);
-                }
-            }
-#if FLEX_SCORE
-            /* the user's score_mod (score.cl's SCORE), on the block's rows inside the batch */
-            for (uint r = 0; r < FC_RB && row0 + r < span.rows; ++r) {
-#pragma unroll
-                for (uint v = 0; v < 4; ++v)
-                    s[r][v] = flex_score16(band, s[r][v], row0 + r, k0 + 16 * v);
-            }
-#endif
-
-            /* The score rule on the tile (score.cl): only where something can be dropped. */
-#if SCORE_MASK
-            if (!edge && mask_s3 == 1) {
-                /* masked_score on 16 keys at a time (a tile inside seq_k, a mask row of unit
-                 * stride): the mask term, and -inf for padded keys (kb); the band's diagonal bounds
-                 * below */
-#pragma unroll
-                for (uint r = 0; r < FC_RB; ++r) {
-                    const uint row = row0 + r;
-                    __global const ELEM_T(MASK_DTYPE) *mask_row =
-                        mask + (row < span.rows ? row : 0) * mask_s2 + k0;
-#pragma unroll
-                    for (uint v = 0; v < 4; ++v)
-                        s[r][v] = select(s[r][v] + fc_mask_term16(mask_row + 16 * v),
-                                         (float16)(NEG_INF), vload16(v, kb) != (float16)(0.0f));
-                }
-            } else {
-                /* every score through masked_score: the mask term, the band, the key
-                 * padding and seq_k (kb says which keys are padded or past seq_k) */
-#pragma unroll
-                for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-                    for (uint v = 0; v < 4; ++v)
-                        vstore16(s[r][v], v, pt[r]);
-                }
-                for (uint r = 0; r < FC_RB; ++r) {
-                    const uint row = row0 + r;
-                    const uint safe_row = row < span.rows ? row : 0;
-                    const uint row_begin = band_begin(band, safe_row);
-                    const uint row_end = band_end(band, safe_row);
-                    __global const ELEM_T(MASK_DTYPE) *mask_row = mask + safe_row * mask_s2;
-                    for (uint j = 0; j < FC_KT; ++j) {
-                        const uint key = k0 + j;
-                        pt[r][j] = masked_score(pt[r][j], key, row_begin, row_end, kb[j] != 0.0f,
-                                                1, mask_row, key * mask_s3);
-                    }
-                }
-#pragma unroll
-                for (uint r = 0; r < FC_RB; ++r) {
-#pragma unroll
-                    for (uint v = 0; v < 4; ++v)
-                        s[r][v] = vload16(v, pt[r]);
-                }
-            }
-#else
-            if (SCORE_KPAD || edge) { /* key_masked for padding and keys past the count: KB */
-                const float16 b_0 = vload16(0, kb), b_1 = vload16(1, kb);
-                const float16 b_2 = vload16(2, kb), b_3 = vload16(3, kb);
-#pragma unroll
-                for (uint r = 0; r < FC_RB; ++r) {
-                    s[r][0] += b_0;
-                    s[r][1] += b_1;
-                    s[r][2] += b_2;
-                    s[r][3] += b_3;
-                }
-            }
-#endif
-#if SCORE_BAND
-            if (diagonal) { /* key_masked(key, the row's band) on 16 keys at a time */
-#pragma unroll
-                for (uint r = 0; r < FC_RB; ++r) {
-                    const uint row = row0 + r < span.rows ? row0 + r : row0;
-                    const int16 row_begin = (int16)((int)band_begin(band, row));
-                    const int16 row_end = (int16)((int)band_end(band, row));
-#pragma unroll
-                    for (uint v = 0; v < 4; ++v) {
-                        const int16 key = (int16)((int)(k0 + 16 * v)) + lane;
-                        s[r][v] = select(s[r][v], (float16)(NEG_INF),
-                                         key >= row_end || key < row_begin);
-                    }
-                }
-            }
-#endif
-#if FLEX_MASK
-            /* the user's mask_mod (score.cl's KEEP), but on a tile the block mask calls full */
-            for (uint r = 0; tile_state != FLEX_FULL && r < FC_RB && row0 + r < span.rows; ++r) {
-#pragma unroll
-                for (uint v = 0; v < 4; ++v)
-                    s[r][v] = flex_keep16(band, s[r][v], row0 + r, k0 + 16 * v);
-            }
-#endif
-
-            /* Weights of the tile, the row sums, and each row's rescale factor. */
-            float corr[FC_RB];
-#pragma unroll
-            for (uint r = 0; r < FC_RB; ++r) {
-#if SCORE_RELU
-                corr[r] = 1.0f;
-                float16 p[4];
-#pragma unroll
-                for (uint v = 0; v < 4; ++v)
-                    p[v] = fmax(s[r][v], (float16)(0.0f)); /* relu_weight */
-#else
-                const float old_max = row_max[r0 + r];
-                const float new_max = fmax(
-                    old_max, fc_hmax(fmax(fmax(s[r][0], s[r][1]), fmax(s[r][2], s[r][3]))));
-                /* softmax_weight(s, softmax_shift(max)) on 16 scores at a time */
-                const float16 shift = (float16)(softmax_shift(new_max));
-                float16 p[4];
-#pragma unroll
-                for (uint v = 0; v < 4; ++v)
-                    p[v] = exp16_nonpositive(s[r][v] - shift);
-                corr[r] = 1.0f;
-                if (new_max > old_max) { /* 0 while the row had no key */
-                    corr[r] = exp16_nonpositive((float16)(old_max - new_max)).s0;
-                    row_max[r0 + r] = new_max;
-                }
-#endif
-                total[r0 + r] = total[r0 + r] * corr[r] + fc_hsum((p[0] + p[1]) + (p[2] + p[3]));
-#if SCORE_DROPOUT
-                { /* after the row's sum: its normaliser is the undropped row's (score.cl) */
-                    float16 keep[4];
-                    DROPOUT64_OF(bh, row0 + r, k0, keep);
-#pragma unroll
-                    for (uint v = 0; v < 4; ++v)
-                        p[v] *= keep[v];
-                }
-#endif
-#pragma unroll
-                for (uint v = 0; v < 4; ++v)
-                    vstore16(p[v], v, pt[r]);
-            }
-
-            /* acc = acc * corr + p . V, 16 * FC_KV output columns at a time */
-#if FC_DIRECT
-            if (direct) {
-                for (uint c0 = 0; c0 < FC_DVV; c0 += FC_PVW)
-#if KV_PAGED
-                    fc_pv_paged(acc + r0, pt, V, vrow, corr, c0, nk);
-#else
-                    fc_pv_direct(acc + r0, pt, ADVANCE(V_DTYPE, V, k0 * v_s2), v_s2, corr, c0, nk);
-#endif
-                continue;
-            }
-#endif
-            for (uint c0 = 0; c0 + FC_KV <= FC_DVV; c0 += FC_KV)
-                fc_pv(acc + r0, pt, vt, corr, c0, FC_KV);
-#if FC_DVV % FC_KV != 0
-            fc_pv(acc + r0, pt, vt, corr, FC_DVV - FC_DVV % FC_KV, FC_DVV % FC_KV);
-#endif
+            float16 s[FC_RB][4]; /* the block's scores, then weights, on the tile */
+            float corr[FC_RB];   /* each row's rescale factor */
+            fc_block_dots(s, K, krow, params, qs, kt, pt, r0, k0, nk, direct);
+            fc_block_value(s, softcap, band, span, row0, k0);
+            fc_block_keep(s, mask, params, band, span, row0, k0, edge, diagonal, tile_state, pt,
+                          kb);
+            fc_block_weights(s, corr, pt, row_max, total, params, bh, r0, row0, k0);
+            fc_block_accumulate(acc, pt, vt, V, vrow, params, corr, r0, k0, nk, direct);
         }
     }
-
-    for (uint i = 0; i < FC_ROWS; ++i) {
-        const uint row = first_row + i;
-        if (row >= span.rows)
-            break;
-        /* attention sinks (score.cl): into the row's denominator, in the launch that ends it */
-        const sunk_row sunk = sink_fold(SINK_OF(h, row), row_max[i], total[i]);
-        const float inv = sunk.factor * inverse_total(sunk.total);
-        for (uint d = 0; d < HEAD_DIM_V; ++d)
-            STORE(O_DTYPE, acc[i][d] * inv, O, row * o_s2 + d * o_s3);
-        if (has_lse)
-            lse[row * lse_s2] = sunk.total > 0.0f
-                                    ? (SCORE_RELU ? log(sunk.total) : sunk.max + log(sunk.total))
-                                    : NEG_INF;
-    }
+    fc_close_rows(O, lse, sinks, params, h, span, first_row, acc, row_max, total);
 }
-

@@ -126,6 +126,281 @@
                 acc[i][cc] = fma(p4[i].c, v[cc], acc[i][cc]);                                     \
     }
 
+/* ---- flash_attention's steps (score.cl's contract), always inlined into the kernel (PoCL
+ * left plain `inline` steps as calls, their register arrays in memory): the row open
+ * (fg_load_q, fg_open_rows, fg_open_acc), per key tile steps 1-4 of the header (fg_stage_k,
+ * fg_scores, fg_weights, fg_stage_v, fg_accumulate), the row close (fg_close_rows,
+ * fg_store). Every work-item calls each of them; the barriers between them stay in the
+ * kernel. Each takes the kernel's parameter struct and reads its fields by name. */
+
+/* The query block, scaled; rows past seq_q and dims past d_k are zeros. */
+__attribute__((always_inline)) inline void
+fg_load_q(__local float *q_tile, __global const ELEM_T(Q_DTYPE) *Q,
+          const clattn_flash_params params, const seq_span span, const uint first_row,
+          const uint lid)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint e = lid; e < FG_BQ * QK4; e += FG_THREADS) {
+        const uint r = e / QK4, d = e - r * QK4;
+        const uint row = first_row + r;
+        q_tile[r * QK_PAD + d] = row < span.rows && d < HEAD_DIM_QK
+                                     ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale
+                                     : 0.0f;
+    }
+}
+
+/* Row state: the initial one, or the state the previous key part left (m = lse, l = 1;
+ * relu: l = exp(lse)). */
+__attribute__((always_inline)) inline void
+fg_open_rows(__local float *row_m, __local float *row_l, __global const float *lse,
+             const clattn_flash_params params, const seq_span span, const uint first_row,
+             const ulong lse_base, const uint lid, const int relu)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint r = lid; r < FG_BQ; r += FG_THREADS) {
+        const uint row = first_row + r;
+        float m = NEG_INF, l = 0.0f;
+        if (resume && row < span.rows) {
+            const float previous = lse[lse_base + row * lse_s2];
+            if (previous != NEG_INF) {
+                l = relu ? exp(previous) : 1.0f;
+                m = relu ? NEG_INF : previous;
+            }
+        }
+        row_m[r] = m;
+        row_l[r] = l;
+    }
+}
+
+/* This item's FG_RM x FG_RD block of the output: zeros, or the previous key part's (resume). */
+__attribute__((always_inline)) inline void
+fg_open_acc(float (*acc)[FG_RD], __local const float *row_l, __global const ELEM_T(O_DTYPE) *O,
+            const clattn_flash_params params, const seq_span span, const uint first_row,
+            const uint tx, const uint ty)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint i = 0; i < FG_RM; ++i) {
+        const uint r = ty + i * FG_TY, row = first_row + r;
+        const float l = row_l[r];
+        for (uint c = 0; c < FG_RD; ++c) {
+            const uint dim = tx + c * FG_TX;
+            acc[i][c] = resume && l > 0.0f && row < span.rows && dim < HEAD_DIM_V
+                            ? LOAD(O_DTYPE, O, row * o_s2 + dim * o_s3) * l
+                            : 0.0f;
+        }
+    }
+}
+
+/* 1. K tile and key padding. */
+__attribute__((always_inline)) inline void
+fg_stage_k(__local float *kv_tile, __local uchar *tile_padded,
+           __global const ELEM_T(K_DTYPE) *K, __global const uchar *key_padding,
+           __global const int *block_table, const ulong bt_row,
+           const clattn_flash_params params, const key_band band, const uint k0,
+           const uint lid, const int use_padding)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint e = lid; e < FG_BK * QK4; e += FG_THREADS) {
+        const uint j = e / QK4, d = e - j * QK4;
+        kv_tile[j * QK_PAD + d] = k0 + j < band.limit && d < HEAD_DIM_QK
+                                      ? LOAD(K_DTYPE, K, KEY_AT(k0 + j, k_s2, k_page) + d * k_s3)
+                                      : 0.0f;
+    }
+    if (use_padding) /* (no flags to stage or read without key padding) */
+        for (uint j = lid; j < FG_BK; j += FG_THREADS) {
+            const uint key = k0 + j;
+            tile_padded[j] = key < seq_k && key_padded(1, key_padding, key * key_padding_s1);
+        }
+}
+
+/* 2. Scores of this item's FG_RM x FG_RN block (SCORE, KEEP: score.cl's score_rule), masked,
+ * into p_tile. */
+__attribute__((always_inline)) inline void
+fg_scores(__local float *p_tile, __local const float4 *q_tile4, __local const float4 *kv_tile4,
+          __local const uchar *tile_padded, __global const ELEM_T(MASK_DTYPE) *mask,
+          const clattn_flash_params params, const key_band band, const key_band tile_band,
+          const seq_span span, const uint first_row, const uint k0, const uint tx,
+          const uint ty, const float cap, const int use_padding, const int use_mask)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    float s[FG_RM][FG_RN];
+    for (uint i = 0; i < FG_RM; ++i)
+        for (uint j = 0; j < FG_RN; ++j)
+            s[i][j] = 0.0f;
+    for (uint d4 = 0; d4 < QK4 / 4; ++d4) {
+        float4 a[FG_RM], k[FG_RN];
+        for (uint i = 0; i < FG_RM; ++i)
+            a[i] = q_tile4[(ty + i * FG_TY) * (QK_PAD / 4) + d4];
+        for (uint j = 0; j < FG_RN; ++j)
+            k[j] = kv_tile4[(tx + j * FG_TX) * (QK_PAD / 4) + d4];
+        for (uint i = 0; i < FG_RM; ++i)
+            for (uint j = 0; j < FG_RN; ++j) {
+                s[i][j] = fma(a[i].x, k[j].x, s[i][j]);
+                s[i][j] = fma(a[i].y, k[j].y, s[i][j]);
+                s[i][j] = fma(a[i].z, k[j].z, s[i][j]);
+                s[i][j] = fma(a[i].w, k[j].w, s[i][j]);
+            }
+    }
+    for (uint i = 0; i < FG_RM; ++i) {
+        const uint r = ty + i * FG_TY, row = first_row + r;
+        const uint safe_row = row < span.rows ? row : 0;
+        const uint row_key_begin = band_begin(band, safe_row);
+        const uint row_key_end = band_end(band, safe_row);
+        for (uint j = 0; j < FG_RN; ++j) {
+            const uint jj = tx + j * FG_TX, key = k0 + jj;
+            p_tile[r * P_PAD + jj] = score_rule(
+                s[i][j], cap, tile_band, safe_row, key, row_key_begin, row_key_end,
+                use_padding && tile_padded[jj], use_mask, mask,
+                safe_row * mask_s2 + key * mask_s3);
+        }
+    }
+}
+
+/* 3. Weights (the online softmax update), one work-item per row: each row's tile of p_tile
+ * becomes its weights (dropout's factors after the row sum), its running max and sum move
+ * on, and its accumulator's rescale factor goes to row_c. */
+__attribute__((always_inline)) inline void
+fg_weights(__local float *p_tile, __local float *row_m, __local float *row_l,
+           __local float *row_c, const clattn_flash_params params, const ulong bh,
+           const uint first_row, const uint k0, const uint lid, const int relu)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint r = lid; r < FG_BQ; r += FG_THREADS) {
+        __local float *p = p_tile + r * P_PAD;
+        float m = row_m[r], l = row_l[r], c = 1.0f;
+        if (relu) {
+            for (uint j = 0; j < FG_BK; ++j) {
+                const float w = relu_weight(p[j]);
+                p[j] = w;
+                l += w;
+            }
+        } else {
+            float tile_max = NEG_INF;
+            for (uint j = 0; j < FG_BK; ++j)
+                tile_max = fmax(tile_max, p[j]);
+            if (tile_max == NEG_INF) { /* every key of the tile masked: nothing changes */
+                for (uint j = 0; j < FG_BK; ++j)
+                    p[j] = 0.0f;
+            } else {
+                const float new_max = fmax(m, tile_max);
+                c = exp(m - new_max); /* 0 while m is -inf */
+                l *= c;
+                for (uint j = 0; j < FG_BK; ++j) {
+                    const float w = softmax_weight(p[j], new_max);
+                    p[j] = w;
+                    l += w;
+                }
+                m = new_max;
+            }
+        }
+#if SCORE_DROPOUT
+        /* after the row sum: the normaliser is the undropped row's (score.cl) */
+        for (uint j = 0; j < FG_BK; ++j)
+            p[j] *= DROPOUT_OF(bh, first_row + r, k0 + j);
+#endif
+        row_m[r] = m;
+        row_l[r] = l;
+        row_c[r] = c;
+    }
+}
+
+/* The V tile over K in kv_tile (rows of V_PAD words). */
+__attribute__((always_inline)) inline void
+fg_stage_v(__local float *kv_tile, __global const ELEM_T(V_DTYPE) *V,
+           __global const int *block_table, const ulong bt_row,
+           const clattn_flash_params params, const key_band band, const uint k0,
+           const uint lid)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint e = lid; e < FG_BK * HEAD_DIM_V; e += FG_THREADS) {
+        const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
+        kv_tile[j * V_PAD + d] =
+            k0 + j < band.limit ? LOAD(V_DTYPE, V, KEY_AT(k0 + j, v_s2, v_page) + d * v_s3) : 0.0f;
+    }
+}
+
+/* 4. O = O * c + P V on this item's FG_RM x FG_RD block. */
+__attribute__((always_inline)) inline void
+fg_accumulate(float (*acc)[FG_RD], __local const float4 *p_tile4, __local const float *p_tile,
+              __local const float *kv_tile, __local const float *row_c, const uint tx,
+              const uint ty)
+{
+    for (uint i = 0; i < FG_RM; ++i) {
+        const float c = row_c[ty + i * FG_TY];
+        for (uint cc = 0; cc < FG_RD; ++cc)
+            acc[i][cc] *= c;
+    }
+    /* four keys at a time: each row's four weights in one float4 load */
+    for (uint j4 = 0; j4 < BK4 / 4; ++j4) {
+        float4 p4[FG_RM];
+        for (uint i = 0; i < FG_RM; ++i)
+            p4[i] = p_tile4[(ty + i * FG_TY) * (P_PAD / 4) + j4];
+        FG_PV_KEY(4 * j4, x)
+        FG_PV_KEY(4 * j4 + 1, y)
+        FG_PV_KEY(4 * j4 + 2, z)
+        FG_PV_KEY(4 * j4 + 3, w)
+    }
+    for (uint j = BK4; j < FG_BK; ++j) { /* FG_BK not a multiple of 4: the last keys */
+        float v[FG_RD];
+        for (uint cc = 0; cc < FG_RD; ++cc) {
+            const uint dim = tx + cc * FG_TX;
+            v[cc] = dim < HEAD_DIM_V ? kv_tile[j * V_PAD + dim] : 0.0f;
+        }
+        for (uint i = 0; i < FG_RM; ++i) {
+            const float p = p_tile[(ty + i * FG_TY) * P_PAD + j];
+            for (uint cc = 0; cc < FG_RD; ++cc)
+                acc[i][cc] = fma(p, v[cc], acc[i][cc]);
+        }
+    }
+}
+
+/* The row close, by the row owners: the sinks (score.cl) folded in, each row's normaliser
+ * into row_c, the log-sum-exp. */
+__attribute__((always_inline)) inline void
+fg_close_rows(__local float *row_m, __local const float *row_l, __local float *row_c,
+              __global float *lse, __global const float *sinks,
+              const clattn_flash_params params, const ulong h, const seq_span span,
+              const uint first_row, const ulong lse_base, const uint lid, const int relu)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint r = lid; r < FG_BQ; r += FG_THREADS) {
+        const uint row = first_row + r;
+        /* attention sinks (score.cl): into the row's denominator, in the launch that ends it
+         * (rows past seq_q read no sink) */
+        float l = row_l[r], factor = 1.0f;
+        if (has_sinks && row < span.rows) {
+            const sunk_row sunk = sink_fold(SINK_OF(h, row), row_m[r], l);
+            l = sunk.total;
+            factor = sunk.factor;
+            row_m[r] = sunk.max;
+        }
+        row_c[r] = factor * inverse_total(l);
+        if (has_lse && row < span.rows)
+            lse[lse_base + row * lse_s2] =
+                l > 0.0f ? (relu ? log(l) : row_m[r] + log(l)) : NEG_INF;
+    }
+}
+
+/* This item's block of the output, normalised (row_c), stored. */
+__attribute__((always_inline)) inline void
+fg_store(__global ELEM_T(O_DTYPE) *O, float (*acc)[FG_RD], __local const float *row_c,
+         const clattn_flash_params params, const seq_span span, const uint first_row,
+         const uint tx, const uint ty)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint i = 0; i < FG_RM; ++i) {
+        const uint r = ty + i * FG_TY, row = first_row + r;
+        if (row >= span.rows)
+            continue;
+        const float inv = row_c[r];
+        for (uint cc = 0; cc < FG_RD; ++cc) {
+            const uint dim = tx + cc * FG_TX;
+            if (dim < HEAD_DIM_V)
+                STORE(O_DTYPE, acc[i][cc] * inv, O, row * o_s2 + dim * o_s3);
+        }
+    }
+}
+
 __kernel __attribute__((reqd_work_group_size(FG_THREADS, 1, 1)))
 void flash_attention(FLASH_KERNEL_PARAMS)
 {
@@ -166,42 +441,11 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     if (use_padding)
         key_padding += key_padding_offset + b * key_padding_s0;
 
-    /* The query block, scaled; rows past seq_q and dims past d_k are zeros. */
-    for (uint e = lid; e < FG_BQ * QK4; e += FG_THREADS) {
-        const uint r = e / QK4, d = e - r * QK4;
-        const uint row = first_row + r;
-        q_tile[r * QK_PAD + d] = row < span.rows && d < HEAD_DIM_QK
-                                     ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale
-                                     : 0.0f;
-    }
-    /* Row state: the initial one, or the state the previous key part left (m = lse, l = 1;
-     * relu: l = exp(lse)). */
-    for (uint r = lid; r < FG_BQ; r += FG_THREADS) {
-        const uint row = first_row + r;
-        float m = NEG_INF, l = 0.0f;
-        if (resume && row < span.rows) {
-            const float previous = lse[lse_base + row * lse_s2];
-            if (previous != NEG_INF) {
-                l = relu ? exp(previous) : 1.0f;
-                m = relu ? NEG_INF : previous;
-            }
-        }
-        row_m[r] = m;
-        row_l[r] = l;
-    }
+    fg_load_q(q_tile, Q, params, span, first_row, lid);
+    fg_open_rows(row_m, row_l, lse, params, span, first_row, lse_base, lid, relu);
     barrier(CLK_LOCAL_MEM_FENCE);
-
     float acc[FG_RM][FG_RD];
-    for (uint i = 0; i < FG_RM; ++i) {
-        const uint r = ty + i * FG_TY, row = first_row + r;
-        const float l = row_l[r];
-        for (uint c = 0; c < FG_RD; ++c) {
-            const uint dim = tx + c * FG_TX;
-            acc[i][c] = resume && l > 0.0f && row < span.rows && dim < HEAD_DIM_V
-                            ? LOAD(O_DTYPE, O, row * o_s2 + dim * o_s3) * l
-                            : 0.0f;
-        }
-    }
+    fg_open_acc(acc, row_l, O, params, span, first_row, tx, ty);
 
     /* Keys the group needs: from its first row's band begin to its last row's band end
      * (bounds uniform over the group). */
@@ -217,162 +461,28 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         if (tile_state == FLEX_EMPTY)
             continue;
         const key_band tile_band = flex_tile_band(band, tile_state);
-        /* 1. K tile and key padding. */
-        for (uint e = lid; e < FG_BK * QK4; e += FG_THREADS) {
-            const uint j = e / QK4, d = e - j * QK4;
-            kv_tile[j * QK_PAD + d] = k0 + j < band.limit && d < HEAD_DIM_QK
-                                          ? LOAD(K_DTYPE, K, KEY_AT(k0 + j, k_s2, k_page) + d * k_s3)
-                                          : 0.0f;
-        }
-        if (use_padding) /* (no flags to stage or read without key padding) */
-            for (uint j = lid; j < FG_BK; j += FG_THREADS) {
-                const uint key = k0 + j;
-                tile_padded[j] = key < seq_k && key_padded(1, key_padding, key * key_padding_s1);
-            }
+        fg_stage_k(kv_tile, tile_padded, K, key_padding, block_table, bt_row, params, band, k0,
+                   lid, use_padding);
         barrier(CLK_LOCAL_MEM_FENCE);
-
-        /* 2. Scores of this item's FG_RM x FG_RN block, masked, into p_tile. */
-        float s[FG_RM][FG_RN];
-        for (uint i = 0; i < FG_RM; ++i)
-            for (uint j = 0; j < FG_RN; ++j)
-                s[i][j] = 0.0f;
-        for (uint d4 = 0; d4 < QK4 / 4; ++d4) {
-            float4 a[FG_RM], k[FG_RN];
-            for (uint i = 0; i < FG_RM; ++i)
-                a[i] = q_tile4[(ty + i * FG_TY) * (QK_PAD / 4) + d4];
-            for (uint j = 0; j < FG_RN; ++j)
-                k[j] = kv_tile4[(tx + j * FG_TX) * (QK_PAD / 4) + d4];
-            for (uint i = 0; i < FG_RM; ++i)
-                for (uint j = 0; j < FG_RN; ++j) {
-                    s[i][j] = fma(a[i].x, k[j].x, s[i][j]);
-                    s[i][j] = fma(a[i].y, k[j].y, s[i][j]);
-                    s[i][j] = fma(a[i].z, k[j].z, s[i][j]);
-                    s[i][j] = fma(a[i].w, k[j].w, s[i][j]);
-                }
-        }
-        for (uint i = 0; i < FG_RM; ++i) {
-            const uint r = ty + i * FG_TY, row = first_row + r;
-            const uint safe_row = row < span.rows ? row : 0;
-            const uint row_key_begin = band_begin(band, safe_row);
-            const uint row_key_end = band_end(band, safe_row);
-            for (uint j = 0; j < FG_RN; ++j) {
-                const uint jj = tx + j * FG_TX, key = k0 + jj;
-                p_tile[r * P_PAD + jj] = score_rule(
-                    s[i][j], cap, tile_band, safe_row, key, row_key_begin, row_key_end,
-                    use_padding && tile_padded[jj], use_mask, mask,
-                    safe_row * mask_s2 + key * mask_s3);
-            }
-        }
+        fg_scores(p_tile, q_tile4, kv_tile4, tile_padded, mask, params, band, tile_band, span,
+                  first_row, k0, tx, ty, cap, use_padding, use_mask);
         barrier(CLK_LOCAL_MEM_FENCE);
-
-        /* 3. Weights, one work-item per row, while the group stages V over K. */
-        for (uint r = lid; r < FG_BQ; r += FG_THREADS) {
-            __local float *p = p_tile + r * P_PAD;
-            float m = row_m[r], l = row_l[r], c = 1.0f;
-            if (relu) {
-                for (uint j = 0; j < FG_BK; ++j) {
-                    const float w = relu_weight(p[j]);
-                    p[j] = w;
-                    l += w;
-                }
-            } else {
-                float tile_max = NEG_INF;
-                for (uint j = 0; j < FG_BK; ++j)
-                    tile_max = fmax(tile_max, p[j]);
-                if (tile_max == NEG_INF) { /* every key of the tile masked: nothing changes */
-                    for (uint j = 0; j < FG_BK; ++j)
-                        p[j] = 0.0f;
-                } else {
-                    const float new_max = fmax(m, tile_max);
-                    c = exp(m - new_max); /* 0 while m is -inf */
-                    l *= c;
-                    for (uint j = 0; j < FG_BK; ++j) {
-                        const float w = softmax_weight(p[j], new_max);
-                        p[j] = w;
-                        l += w;
-                    }
-                    m = new_max;
-                }
-            }
-#if SCORE_DROPOUT
-            /* after the row sum: the normaliser is the undropped row's (score.cl) */
-            for (uint j = 0; j < FG_BK; ++j)
-                p[j] *= DROPOUT_OF(bh, first_row + r, k0 + j);
-#endif
-            row_m[r] = m;
-            row_l[r] = l;
-            row_c[r] = c;
-        }
+        /* 3. while the group stages V over K */
+        fg_weights(p_tile, row_m, row_l, row_c, params, bh, first_row, k0, lid, relu);
         /* A barrier the algorithm does not need (the V staging below touches none of the row
          * pass's data), but PoCL 3.1 computes wrong weights without it: seen as NaN outputs
          * on the CPU with more than one work-item per group; Oclgrind is clean either way. */
         barrier(CLK_LOCAL_MEM_FENCE);
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (uint e = lid; e < FG_BK * HEAD_DIM_V; e += FG_THREADS) {
-            const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
-            kv_tile[j * V_PAD + d] =
-                k0 + j < band.limit ? LOAD(V_DTYPE, V, KEY_AT(k0 + j, v_s2, v_page) + d * v_s3) : 0.0f;
-        }
+        fg_stage_v(kv_tile, V, block_table, bt_row, params, band, k0, lid);
         barrier(CLK_LOCAL_MEM_FENCE);
-
-        /* 4. O = O * c + P V on this item's FG_RM x FG_RD block. */
-        for (uint i = 0; i < FG_RM; ++i) {
-            const float c = row_c[ty + i * FG_TY];
-            for (uint cc = 0; cc < FG_RD; ++cc)
-                acc[i][cc] *= c;
-        }
-        /* four keys at a time: each row's four weights in one float4 load */
-        for (uint j4 = 0; j4 < BK4 / 4; ++j4) {
-            float4 p4[FG_RM];
-            for (uint i = 0; i < FG_RM; ++i)
-                p4[i] = p_tile4[(ty + i * FG_TY) * (P_PAD / 4) + j4];
-            FG_PV_KEY(4 * j4, x)
-            FG_PV_KEY(4 * j4 + 1, y)
-            FG_PV_KEY(4 * j4 + 2, z)
-            FG_PV_KEY(4 * j4 + 3, w)
-        }
-        for (uint j = BK4; j < FG_BK; ++j) { /* FG_BK not a multiple of 4: the last keys */
-            float v[FG_RD];
-            for (uint cc = 0; cc < FG_RD; ++cc) {
-                const uint dim = tx + cc * FG_TX;
-                v[cc] = dim < HEAD_DIM_V ? kv_tile[j * V_PAD + dim] : 0.0f;
-            }
-            for (uint i = 0; i < FG_RM; ++i) {
-                const float p = p_tile[(ty + i * FG_TY) * P_PAD + j];
-                for (uint cc = 0; cc < FG_RD; ++cc)
-                    acc[i][cc] = fma(p, v[cc], acc[i][cc]);
-            }
-        }
+        fg_accumulate(acc, p_tile4, p_tile, kv_tile, row_c, tx, ty);
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
     /* Normalise and store; the log-sum-exp by the row owners. */
-    for (uint r = lid; r < FG_BQ; r += FG_THREADS) {
-        const uint row = first_row + r;
-        /* attention sinks (score.cl): into the row's denominator, in the launch that ends it
-         * (rows past seq_q read no sink) */
-        float l = row_l[r], factor = 1.0f;
-        if (has_sinks && row < span.rows) {
-            const sunk_row sunk = sink_fold(SINK_OF(h, row), row_m[r], l);
-            l = sunk.total;
-            factor = sunk.factor;
-            row_m[r] = sunk.max;
-        }
-        row_c[r] = factor * inverse_total(l);
-        if (has_lse && row < span.rows)
-            lse[lse_base + row * lse_s2] =
-                l > 0.0f ? (relu ? log(l) : row_m[r] + log(l)) : NEG_INF;
-    }
+    fg_close_rows(row_m, row_l, row_c, lse, sinks, params, h, span, first_row, lse_base, lid,
+                  relu);
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint i = 0; i < FG_RM; ++i) {
-        const uint r = ty + i * FG_TY, row = first_row + r;
-        if (row >= span.rows)
-            continue;
-        const float inv = row_c[r];
-        for (uint cc = 0; cc < FG_RD; ++cc) {
-            const uint dim = tx + cc * FG_TX;
-            if (dim < HEAD_DIM_V)
-                STORE(O_DTYPE, acc[i][cc] * inv, O, row * o_s2 + dim * o_s3);
-        }
-    }
+    fg_store(O, acc, row_c, params, span, first_row, tx, ty);
 }

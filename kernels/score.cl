@@ -467,7 +467,8 @@ inline key_band span_band(key_band band, const seq_span span, const long diag,
 #define OPEN_PAGED_ROW(b) const ulong bt_row = bt_offset + (b) * bt_s0;
 #else
 #define FUSED_BAND(b, h, span) BAND_SPAN(b, h, span)
-#define OPEN_PAGED_ROW(b)
+/* (no table: 0, for the kernels' steps that take bt_row and pass it to KEY_AT, unread) */
+#define OPEN_PAGED_ROW(b) const ulong bt_row = 0;
 #endif
 
 /* Whether key padding drops the key at element `index` of the padding row. */
