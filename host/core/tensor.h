@@ -28,6 +28,10 @@ static inline void clattn__view_fields(const clattn__view *view, cl_ulong *offse
     *s2 = view->strides[2];
     *s3 = view->strides[3];
 }
+/* The same into the fields named `prefix`_offset, `prefix`_s0 .. _s3 of struct `p`. */
+#define CLATTN__VIEW_FIELDS(view, p, prefix)                                                       \
+    clattn__view_fields((view), &(p).prefix##_offset, &(p).prefix##_s0, &(p).prefix##_s1,          \
+                        &(p).prefix##_s2, &(p).prefix##_s3)
 
 /* Device scratch at element offset `offset` (float elements) of `mem`. */
 typedef struct clattn__scratch {
@@ -47,7 +51,8 @@ typedef struct clattn__layout {
 } clattn__layout;
 
 /* Bit sets of allowed dtypes for clattn__layout_from. */
-#define CLATTN__FLOATS ((1u << CLATTN_DTYPE_F32) | (1u << CLATTN_DTYPE_F16) | (1u << CLATTN_DTYPE_BF16))
+#define CLATTN__FLOATS                                                                             \
+    ((1u << CLATTN_DTYPE_F32) | (1u << CLATTN_DTYPE_F16) | (1u << CLATTN_DTYPE_BF16))
 #define CLATTN__F32 (1u << CLATTN_DTYPE_F32)
 #define CLATTN__QUANT ((1u << CLATTN_DTYPE_Q8_0) | (1u << CLATTN_DTYPE_Q4_0))
 #define CLATTN__U8 (1u << CLATTN_DTYPE_U8)
@@ -84,9 +89,9 @@ bool clattn__desc_reset(void *desc, size_t size);
  * sizeof), and the fields it lacks take their defaults. Fields are appended in whole 8-byte
  * units, so an earlier struct's tail padding never covers part of a later field. */
 typedef struct clattn__desc_type {
-    const char *name;              /* "clattn_sdpa_desc" */
-    size_t size;                   /* sizeof in this version */
-    size_t min_size;               /* the smallest struct_size taken (the fields every version had) */
+    const char *name; /* "clattn_sdpa_desc" */
+    size_t size;      /* sizeof in this version */
+    size_t min_size;  /* the smallest struct_size taken (the fields every version had) */
     void (*defaults)(void *desc); /* the type's _init */
 } clattn__desc_type;
 
@@ -96,6 +101,6 @@ typedef struct clattn__desc_type {
  * *full (type->size bytes) receives the defaults, then the caller's struct_size bytes over
  * them, with struct_size = type->size: the create reads *full, never desc. */
 clattn_status clattn__create_entry(clattn_ctx *ctx, const char *op, const void *desc, bool has_out,
-                                  const clattn__desc_type *type, void *full);
+                                   const clattn__desc_type *type, void *full);
 
 #endif

@@ -151,6 +151,16 @@ static void trim(char *s)
     memmove(s, s + start, n - start + 1);
 }
 
+/* A row's text: without its comment (from '#') and surrounding spaces; false when empty. */
+static bool strip_line(char *line)
+{
+    char *hash = strchr(line, '#');
+    if (hash)
+        *hash = '\0';
+    trim(line);
+    return line[0] != '\0';
+}
+
 /* One selector of a row, "@head_dim=N", "@dtype=f32|f16|bf16" or "@phase=prefill|decode",
  * into the record (and its text into record->selectors). */
 static clattn_status parse_selector(clattn_ctx *ctx, const char *origin, const char *item,
@@ -378,11 +388,7 @@ static clattn_status apply_file(clattn_ctx *ctx, const char *path, driver_rows *
     char line[1024], origin[640];
     clattn_status status = CLATTN_SUCCESS;
     for (int number = 1; status == CLATTN_SUCCESS && fgets(line, sizeof line, f); ++number) {
-        char *hash = strchr(line, '#');
-        if (hash)
-            *hash = '\0';
-        trim(line);
-        if (line[0] == '\0')
+        if (!strip_line(line))
             continue;
         /* The path too: the message must say it is the tuning file that is wrong. */
         snprintf(origin, sizeof origin, "file line %d (%.500s)", number, path);
@@ -546,11 +552,7 @@ static bool apply_cache(clattn_ctx *ctx, const char *path, driver_rows *drivers,
     }
     char line[1024], origin[48];
     for (int number = 1; fgets(line, sizeof line, f); ++number) {
-        char *hash = strchr(line, '#');
-        if (hash)
-            *hash = '\0';
-        trim(line);
-        if (line[0] == '\0')
+        if (!strip_line(line))
             continue;
         snprintf(origin, sizeof origin, "cache line %d", number);
         const clattn_tuning before = ctx->tuning;
@@ -585,11 +587,7 @@ static clattn_status apply_text(clattn_ctx *ctx, const char *text, driver_rows *
         memcpy(line, text, length);
         line[length] = '\0';
         text += length + (text[length] == '\n');
-        char *hash = strchr(line, '#');
-        if (hash)
-            *hash = '\0';
-        trim(line);
-        if (line[0] == '\0')
+        if (!strip_line(line))
             continue;
         snprintf(origin, sizeof origin, "tuning_rows line %d", number);
         status = apply_row(ctx, line, origin, drivers);

@@ -410,8 +410,7 @@ static clattn_status merge_splits(clattn_chain *chain, const clattn__flash_plan 
     /* The parts as sub-buffers would need alignment; the kernel takes element offsets. */
     params.o_parts_at = scratch.offset;
     params.lse_parts_at = scratch.offset + (cl_ulong)params.splits * rows * params.dv;
-    clattn__view_fields(out, &params.o_offset, &params.o_s0, &params.o_s1, &params.o_s2,
-                        &params.o_s3);
+    CLATTN__VIEW_FIELDS(out, params, o);
     params.has_lse = has_lse;
     if (has_lse) { /* lse: (1, b, h, row) */
         params.lse_offset = lse->offset;
@@ -482,14 +481,10 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
     memset(&params, 0, sizeof params);
     clattn__score_buffers buffers;
     clattn__score_params(score, masks, q->mem, &params.score, &buffers);
-    clattn__view_fields(q, &params.q_offset, &params.q_s0, &params.q_s1, &params.q_s2,
-                        &params.q_s3);
-    clattn__view_fields(k, &params.k_offset, &params.k_s0, &params.k_s1, &params.k_s2,
-                        &params.k_s3);
-    clattn__view_fields(v, &params.v_offset, &params.v_s0, &params.v_s1, &params.v_s2,
-                        &params.v_s3);
-    clattn__view_fields(out, &params.o_offset, &params.o_s0, &params.o_s1, &params.o_s2,
-                        &params.o_s3);
+    CLATTN__VIEW_FIELDS(q, params, q);
+    CLATTN__VIEW_FIELDS(k, params, k);
+    CLATTN__VIEW_FIELDS(v, params, v);
+    CLATTN__VIEW_FIELDS(out, params, o);
     params.lse_offset = lse_offset;
     params.lse_s0 = lse_s0;
     params.lse_s1 = lse_s1;

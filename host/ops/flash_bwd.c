@@ -317,7 +317,7 @@ static clattn_status sum_parts(clattn_chain *chain, cl_kernel kernel, clattn__sc
 {
     clattn_bwd_reduce_params p;
     memset(&p, 0, sizeof p);
-    clattn__view_fields(out, &p.out_offset, &p.out_s0, &p.out_s1, &p.out_s2, &p.out_s3);
+    CLATTN__VIEW_FIELDS(out, p, out);
     p.in_at = scratch.offset + at;
     p.in_stride = stride;
     p.d0 = (cl_uint)out->dims[0], p.d1 = (cl_uint)out->dims[1];
@@ -344,14 +344,14 @@ static void fill_params(const clattn__flash_bwd_plan *plan, const clattn__flash_
     clattn_flash_bwd_params *p = &l->params;
     memset(p, 0, sizeof *p);
     clattn__score_params(score, &io->masks, io->q.mem, &p->score, &l->buffers);
-    clattn__view_fields(&io->q, &p->q_offset, &p->q_s0, &p->q_s1, &p->q_s2, &p->q_s3);
-    clattn__view_fields(&io->k, &p->k_offset, &p->k_s0, &p->k_s1, &p->k_s2, &p->k_s3);
-    clattn__view_fields(&io->v, &p->v_offset, &p->v_s0, &p->v_s1, &p->v_s2, &p->v_s3);
-    clattn__view_fields(&io->out, &p->o_offset, &p->o_s0, &p->o_s1, &p->o_s2, &p->o_s3);
-    clattn__view_fields(&io->grad_out, &p->go_offset, &p->go_s0, &p->go_s1, &p->go_s2, &p->go_s3);
-    clattn__view_fields(&io->dq, &p->dq_offset, &p->dq_s0, &p->dq_s1, &p->dq_s2, &p->dq_s3);
-    clattn__view_fields(&io->dk, &p->dk_offset, &p->dk_s0, &p->dk_s1, &p->dk_s2, &p->dk_s3);
-    clattn__view_fields(&io->dv, &p->dv_offset, &p->dv_s0, &p->dv_s1, &p->dv_s2, &p->dv_s3);
+    CLATTN__VIEW_FIELDS(&io->q, *p, q);
+    CLATTN__VIEW_FIELDS(&io->k, *p, k);
+    CLATTN__VIEW_FIELDS(&io->v, *p, v);
+    CLATTN__VIEW_FIELDS(&io->out, *p, o);
+    CLATTN__VIEW_FIELDS(&io->grad_out, *p, go);
+    CLATTN__VIEW_FIELDS(&io->dq, *p, dq);
+    CLATTN__VIEW_FIELDS(&io->dk, *p, dk);
+    CLATTN__VIEW_FIELDS(&io->dv, *p, dv);
     /* lse (batch, heads, seq_q) as the view (1, batch, heads, seq_q) */
     p->lse_offset = io->lse.offset;
     p->lse_s0 = io->lse.strides[1];
@@ -370,6 +370,57 @@ static void fill_params(const clattn__flash_bwd_plan *plan, const clattn__flash_
         p->total_q = (cl_uint)score->total_q;
         p->total_k = (cl_uint)score->total_k;
     }
+}
+
+/* The passes' arguments: q, k, v, grad_out, lse, the scratch, the gradients the pass writes
+ * (dK and dV, or dQ), the score rule's buffers, the packed offsets, the parameters; their
+ * count (at most 16). */
+static cl_uint pass_args(const clattn__flash_bwd_io *io, const clattn__scratch *scratch,
+                         const bwd_launch *l, const cl_mem *const *grads, cl_uint num_grads,
+                         clattn_arg *args)
+{
+    cl_uint n = 0;
+    const cl_mem *const first[] = {&io->q.mem,        &io->k.mem,   &io->v.mem,
+                                   &io->grad_out.mem, &io->lse.mem, &scratch->mem};
+    for (size_t i = 0; i < sizeof first / sizeof first[0]; ++i)
+        args[n++] = (clattn_arg){sizeof(cl_mem), first[i]};
+    for (cl_uint i = 0; i < num_grads; ++i)
+        args[n++] = (clattn_arg){sizeof(cl_mem), grads[i]};
+    const cl_mem *const rest[] = {&l->buffers.mask,  &l->buffers.key_padding, &l->buffers.kv_len,
+                                  &l->buffers.alibi, &l->buffers.sinks,       &l->cu_q,
+                                  &l->cu_k};
+    for (size_t i = 0; i < sizeof rest / sizeof rest[0]; ++i)
+        args[n++] = (clattn_arg){sizeof(cl_mem), rest[i]};
+    args[n++] = CLATTN_ARG(l->params);
+    return n;
+}
+
+/* A pass's launches: its walk in `parts` parts of `per_part` of `total` rows (keys), each
+ * over (items, count) work-items in groups of `local`. */
+typedef struct bwd_pass {
+    cl_kernel kernel;
+    const char *name;
+    size_t parts, per_part, total, items, local, count;
+    const cl_mem *const *grads;
+    cl_uint num_grads;
+} bwd_pass;
+
+static clattn_status run_pass(clattn_chain *chain, const clattn__flash_bwd_io *io,
+                              const clattn__scratch *scratch, bwd_launch *l, const bwd_pass *pass)
+{
+    clattn_flash_bwd_params *p = &l->params;
+    clattn_status status = CLATTN_SUCCESS;
+    for (size_t part = 0; part < pass->parts && status == CLATTN_SUCCESS; ++part) {
+        p->part = (cl_uint)part;
+        p->part_begin = (cl_uint)(part * pass->per_part);
+        p->part_stop =
+            (cl_uint)(part + 1 == pass->parts ? pass->total : (part + 1) * pass->per_part);
+        clattn_arg args[16];
+        const cl_uint n = pass_args(io, scratch, l, pass->grads, pass->num_grads, args);
+        status = launch_rows(chain, pass->kernel, pass->name, args, n, p, pass->items, pass->local,
+                             pass->count);
+    }
+    return status;
 }
 
 /* dQ's slots (summed in the dK/dV pass) start at zero. */
@@ -405,23 +456,11 @@ static clattn_status dkdv_pass(clattn_chain *chain, const clattn__flash_bwd_plan
     p->part_at = scratch.offset + plan->dkdv_parts_at;
     p->part_stride = plan->dkdv_part_floats;
     p->dv_part_at = plan->dv_part_at;
-    clattn_status status = CLATTN_SUCCESS;
-    for (size_t part = 0; part < plan->row_parts && status == CLATTN_SUCCESS; ++part) {
-        p->part = (cl_uint)part;
-        p->part_begin = (cl_uint)(part * plan->rows_per_part);
-        p->part_stop = (cl_uint)(part + 1 == plan->row_parts ? score->seq_q
-                                                             : (part + 1) * plan->rows_per_part);
-        clattn_arg args[] = {CLATTN_ARG(io->q.mem),         CLATTN_ARG(io->k.mem),
-                             CLATTN_ARG(io->v.mem),         CLATTN_ARG(io->grad_out.mem),
-                             CLATTN_ARG(io->lse.mem),       CLATTN_ARG(scratch.mem),
-                             CLATTN_ARG(io->dk.mem),        CLATTN_ARG(io->dv.mem),
-                             CLATTN_ARG(l->buffers.mask),   CLATTN_ARG(l->buffers.key_padding),
-                             CLATTN_ARG(l->buffers.kv_len), CLATTN_ARG(l->buffers.alibi),
-                             CLATTN_ARG(l->buffers.sinks),  CLATTN_ARG(l->cu_q),
-                             CLATTN_ARG(l->cu_k),           CLATTN_ARG(*p)};
-        status =
-            launch_rows(chain, plan->dkdv, "bwd_dkdv", args, 16, p, items, plan->local_dkdv, bg);
-    }
+    const cl_mem *grads[2] = {&io->dk.mem, &io->dv.mem};
+    const bwd_pass pass = {plan->dkdv,   "bwd_dkdv", plan->row_parts,  plan->rows_per_part,
+                           score->seq_q, items,      plan->local_dkdv, bg,
+                           grads,        2};
+    clattn_status status = run_pass(chain, io, &scratch, l, &pass);
     return status;
 }
 
@@ -439,30 +478,11 @@ static clattn_status dq_pass(clattn_chain *chain, const clattn__flash_bwd_plan *
     p->dq_slots = 0;
     p->part_at = scratch.offset + plan->dq_parts_at;
     p->part_stride = plan->dq_part_floats;
-    clattn_status status = CLATTN_SUCCESS;
-    for (size_t part = 0; part < plan->key_parts && status == CLATTN_SUCCESS; ++part) {
-        p->part = (cl_uint)part;
-        p->part_begin = (cl_uint)(part * plan->keys_per_part);
-        p->part_stop = (cl_uint)(part + 1 == plan->key_parts ? score->seq_k
-                                                             : (part + 1) * plan->keys_per_part);
-        clattn_arg args[] = {CLATTN_ARG(io->q.mem),
-                             CLATTN_ARG(io->k.mem),
-                             CLATTN_ARG(io->v.mem),
-                             CLATTN_ARG(io->grad_out.mem),
-                             CLATTN_ARG(io->lse.mem),
-                             CLATTN_ARG(scratch.mem),
-                             CLATTN_ARG(io->dq.mem),
-                             CLATTN_ARG(l->buffers.mask),
-                             CLATTN_ARG(l->buffers.key_padding),
-                             CLATTN_ARG(l->buffers.kv_len),
-                             CLATTN_ARG(l->buffers.alibi),
-                             CLATTN_ARG(l->buffers.sinks),
-                             CLATTN_ARG(l->cu_q),
-                             CLATTN_ARG(l->cu_k),
-                             CLATTN_ARG(*p)};
-        status = launch_rows(chain, plan->dq, "bwd_dq", args, 15, p, items, plan->local_dq,
-                             score->batch * score->heads);
-    }
+    const cl_mem *grads[1] = {&io->dq.mem};
+    const bwd_pass pass = {plan->dq,     "bwd_dq", plan->key_parts, plan->keys_per_part,
+                           score->seq_k, items,    plan->local_dq,  score->batch * score->heads,
+                           grads,        1};
+    clattn_status status = run_pass(chain, io, &scratch, l, &pass);
     return status;
 }
 
@@ -524,7 +544,7 @@ clattn_status clattn__bwd_mask_reduce(clattn_chain *chain, cl_kernel kernel,
 {
     clattn_bwd_reduce_params p;
     memset(&p, 0, sizeof p);
-    clattn__view_fields(out, &p.out_offset, &p.out_s0, &p.out_s1, &p.out_s2, &p.out_s3);
+    CLATTN__VIEW_FIELDS(out, p, out);
     p.in_at = scratch.offset + at;
     p.d0 = (cl_uint)out->dims[0], p.d1 = (cl_uint)out->dims[1];
     p.d2 = (cl_uint)out->dims[2], p.d3 = (cl_uint)out->dims[3];

@@ -200,14 +200,10 @@ clattn_status clattn__append_enqueue(clattn_chain *chain, const clattn__append_p
                                      const clattn__append_pages *pages)
 {
     clattn_append_params params = {0};
-    clattn__view_fields(k, &params.ks_offset, &params.ks_s0, &params.ks_s1, &params.ks_s2,
-                        &params.ks_s3);
-    clattn__view_fields(v, &params.vs_offset, &params.vs_s0, &params.vs_s1, &params.vs_s2,
-                        &params.vs_s3);
-    clattn__view_fields(k_dst, &params.kd_offset, &params.kd_s0, &params.kd_s1, &params.kd_s2,
-                        &params.kd_s3);
-    clattn__view_fields(v_dst, &params.vd_offset, &params.vd_s0, &params.vd_s1, &params.vd_s2,
-                        &params.vd_s3);
+    CLATTN__VIEW_FIELDS(k, params, ks);
+    CLATTN__VIEW_FIELDS(v, params, vs);
+    CLATTN__VIEW_FIELDS(k_dst, params, kd);
+    CLATTN__VIEW_FIELDS(v_dst, params, vd);
     params.d0 = (cl_uint)plan->batch;
     params.d1 = (cl_uint)plan->kv_heads;
     params.d2 = (cl_uint)plan->n;

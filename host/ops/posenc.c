@@ -42,10 +42,8 @@ clattn_status clattn__posenc_enqueue(clattn_chain *chain, const clattn__posenc_p
     const cl_mem freq_mem = freq ? freq : out->mem;
     clattn_posenc_params params = {0};
     if (has_x)
-        clattn__view_fields(x, &params.x_offset, &params.x_s0, &params.x_s1, &params.x_s2,
-                            &params.x_s3);
-    clattn__view_fields(out, &params.out_offset, &params.out_s0, &params.out_s1, &params.out_s2,
-                        &params.out_s3);
+        CLATTN__VIEW_FIELDS(x, params, x);
+    CLATTN__VIEW_FIELDS(out, params, out);
     if (has_table) {
         params.table_offset = table->offset;
         params.table_s0 = table->strides[2];

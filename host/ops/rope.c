@@ -46,10 +46,8 @@ clattn_status clattn__rope_enqueue(clattn_chain *chain, const clattn__rope_plan 
     const clattn__rope_shape *shape = &plan->shape;
     const clattn__view *x = &io->x, *out = &io->out;
     clattn_rope_params params = {0};
-    clattn__view_fields(x, &params.x_offset, &params.x_s0, &params.x_s1, &params.x_s2,
-                        &params.x_s3);
-    clattn__view_fields(out, &params.out_offset, &params.out_s0, &params.out_s1, &params.out_s2,
-                        &params.out_s3);
+    CLATTN__VIEW_FIELDS(x, params, x);
+    CLATTN__VIEW_FIELDS(out, params, out);
     /* Absent operands: any valid buffer (never read). */
     const cl_mem cos_mem = io->cos.mem ? io->cos.mem : out->mem;
     const cl_mem sin_mem = io->sin.mem ? io->sin.mem : out->mem;
