@@ -128,7 +128,8 @@
 
 /* ---- flash_attention's steps (score.cl's contract), always inlined into the kernel (PoCL
  * left plain `inline` steps as calls, their register arrays in memory): the row open
- * (fg_load_q, fg_open_rows, fg_open_acc), per key tile steps 1-4 of the header (fg_stage_k,
+ * (fg_load_q, fg_open_rows; the accumulators' start stays in the kernel: as a step it cost
+ * gfx90a 16 VGPRs at d = 256 in the resources proxy), per key tile steps 1-4 (fg_stage_k,
  * fg_scores, fg_weights, fg_stage_v, fg_accumulate), the row close (fg_close_rows,
  * fg_store). Every work-item calls each of them; the barriers between them stay in the
  * kernel. Each takes the kernel's parameter struct and reads its fields by name. */
@@ -169,25 +170,6 @@ fg_open_rows(__local float *row_m, __local float *row_l, __global const float *l
         }
         row_m[r] = m;
         row_l[r] = l;
-    }
-}
-
-/* This item's FG_RM x FG_RD block of the output: zeros, or the previous key part's (resume). */
-__attribute__((always_inline)) inline void
-fg_open_acc(float (*acc)[FG_RD], __local const float *row_l, __global const ELEM_T(O_DTYPE) *O,
-            const clattn_flash_params params, const seq_span span, const uint first_row,
-            const uint tx, const uint ty)
-{
-    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
-    for (uint i = 0; i < FG_RM; ++i) {
-        const uint r = ty + i * FG_TY, row = first_row + r;
-        const float l = row_l[r];
-        for (uint c = 0; c < FG_RD; ++c) {
-            const uint dim = tx + c * FG_TX;
-            acc[i][c] = resume && l > 0.0f && row < span.rows && dim < HEAD_DIM_V
-                            ? LOAD(O_DTYPE, O, row * o_s2 + dim * o_s3) * l
-                            : 0.0f;
-        }
     }
 }
 
@@ -444,8 +426,18 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     fg_load_q(q_tile, Q, params, span, first_row, lid);
     fg_open_rows(row_m, row_l, lse, params, span, first_row, lse_base, lid, relu);
     barrier(CLK_LOCAL_MEM_FENCE);
+    /* this item's FG_RM x FG_RD block of the output: zeros, or the previous key part's */
     float acc[FG_RM][FG_RD];
-    fg_open_acc(acc, row_l, O, params, span, first_row, tx, ty);
+    for (uint i = 0; i < FG_RM; ++i) {
+        const uint r = ty + i * FG_TY, row = first_row + r;
+        const float l = row_l[r];
+        for (uint c = 0; c < FG_RD; ++c) {
+            const uint dim = tx + c * FG_TX;
+            acc[i][c] = resume && l > 0.0f && row < span.rows && dim < HEAD_DIM_V
+                            ? LOAD(O_DTYPE, O, row * o_s2 + dim * o_s3) * l
+                            : 0.0f;
+        }
+    }
 
     /* Keys the group needs: from its first row's band begin to its last row's band end
      * (bounds uniform over the group). */
