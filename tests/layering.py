@@ -200,37 +200,34 @@ def python_graph(root):
     return list(modules.values()), graph
 
 
+def report(root, summary, loops, kind):
+    """Prints the summary and each loop; whether there was one."""
+    print(summary + f", {len(loops)} loop(s)")
+    for loop in loops:
+        print(f"  {kind}: " + " <-> ".join(os.path.relpath(p, root) for p in loop))
+    return bool(loops)
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
     root = os.path.abspath(root)
-    failed = False
     files, graph = host_graph(root)
-    edges = sum(len(v) for v in graph.values())
-    loops = cycles(graph)
-    print(f"layering: {len(files)} files of host/, {edges} include/call edges, "
-          f"{len(loops)} loop(s)")
-    for loop in loops:
-        failed = True
-        print("  loop: " + " <-> ".join(os.path.relpath(p, root) for p in loop))
+    failed = report(root, f"layering: {len(files)} files of host/, "
+                    f"{sum(len(v) for v in graph.values())} include/call edges",
+                    cycles(graph), "loop")
     tree, includes, reaching = include_graph(root)
-    include_loops = cycles(includes)
-    print(f"includes: {len(tree)} C/OpenCL files in the tree, "
-          f"{sum(len(v) for v in includes.values())} include edges, {len(include_loops)} loop(s), "
-          f"{len(reaching)} include(s) of host/ from outside it")
-    for loop in include_loops:
-        failed = True
-        print("  include loop: " + " <-> ".join(os.path.relpath(p, root) for p in loop))
+    failed |= report(root, f"includes: {len(tree)} C/OpenCL files in the tree, "
+                     f"{sum(len(v) for v in includes.values())} include edges, "
+                     f"{len(reaching)} include(s) of host/ from outside it",
+                     cycles(includes), "include loop")
     for path, header in reaching:
         failed = True
         print(f"  {os.path.relpath(path, root)} includes {os.path.relpath(header, root)} "
               "(outside host/: the public headers only)")
     modules, imports = python_graph(root)
-    import_loops = cycles(imports)
-    print(f"python: {len(modules)} modules of python/clattn, "
-          f"{sum(len(v) for v in imports.values())} import edges, {len(import_loops)} loop(s)")
-    for loop in import_loops:
-        failed = True
-        print("  import loop: " + " <-> ".join(os.path.relpath(p, root) for p in loop))
+    failed |= report(root, f"python: {len(modules)} modules of python/clattn, "
+                     f"{sum(len(v) for v in imports.values())} import edges",
+                     cycles(imports), "import loop")
     kernels = kernel_params(root)
     if not kernels:
         failed = True
