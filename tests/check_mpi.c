@@ -112,29 +112,32 @@ static clattn_ring_rows rows_of(const ring_case *c, int rank)
     return rows_for(c->layout, c->seq, rank);
 }
 
-/* Copies rows of a (outer, seq, width) array into a (outer, local, width) one. */
-static void take_rows(const float *global, size_t outer, size_t seq, size_t width,
-                      const clattn_ring_rows *rows, float *local)
+/* Copies rows of a (outer, seq, width) array of `size`-byte elements into a (outer, local,
+ * width) one. */
+static void take_row_bytes(const void *global, size_t outer, size_t seq, size_t width,
+                           size_t size, const clattn_ring_rows *rows, void *local)
 {
+    const char *from = global;
+    char *to = local;
     for (size_t o = 0; o < outer; ++o) {
         size_t at = 0;
         for (size_t s = 0; s < rows->segments; ++s)
             for (size_t i = 0; i < rows->length[s]; ++i, ++at)
-                memcpy(local + (o * rows->count + at) * width,
-                       global + (o * seq + rows->start[s] + i) * width, width * sizeof(float));
+                memcpy(to + (o * rows->count + at) * width * size,
+                       from + (o * seq + rows->start[s] + i) * width * size, width * size);
     }
+}
+
+static void take_rows(const float *global, size_t outer, size_t seq, size_t width,
+                      const clattn_ring_rows *rows, float *local)
+{
+    take_row_bytes(global, outer, seq, width, sizeof(float), rows, local);
 }
 
 static void take_rows_double(const double *global, size_t outer, size_t seq, size_t width,
                              const clattn_ring_rows *rows, double *local)
 {
-    for (size_t o = 0; o < outer; ++o) {
-        size_t at = 0;
-        for (size_t s = 0; s < rows->segments; ++s)
-            for (size_t i = 0; i < rows->length[s]; ++i, ++at)
-                memcpy(local + (o * rows->count + at) * width,
-                       global + (o * seq + rows->start[s] + i) * width, width * sizeof(double));
-    }
+    take_row_bytes(global, outer, seq, width, sizeof(double), rows, local);
 }
 
 /* The global problem of a case. */
