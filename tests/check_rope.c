@@ -342,17 +342,8 @@ START_TEST(test_rope_untabled)
 }
 END_TEST
 
-static void expect_refused(const clattn_rope_desc *desc, clattn_status want, const char *needle,
-                           const char *call)
-{
-    clattn_plan *plan = (clattn_plan *)&plan;
-    const clattn_status got = clattn_rope_plan_create(tu_ctx(), desc, &plan);
-    tu_expect_status(got, want, call);
-    tu_expect(plan == NULL, "%s: *out not NULL after a refusal", call);
-    const char *message = clattn_last_error(tu_ctx());
-    tu_expect(strstr(message, needle) != NULL && strstr(message, "rope") != NULL,
-              "%s: the message '%s' does not name '%s'", call, message, needle);
-}
+#define expect_refused(desc, want, needle, call) \
+    TU_EXPECT_REFUSED(clattn_rope_plan_create, "rope", desc, want, needle, call)
 
 START_TEST(test_rope_errors)
 {
@@ -647,17 +638,8 @@ START_TEST(test_sdpa_rope_decode)
 }
 END_TEST
 
-static void expect_sdpa_refused(const clattn_sdpa_desc *desc, clattn_status want,
-                                const char *needle, const char *call)
-{
-    clattn_plan *plan = (clattn_plan *)&plan;
-    const clattn_status got = clattn_sdpa_plan_create(tu_ctx(), desc, &plan);
-    tu_expect_status(got, want, call);
-    tu_expect(plan == NULL, "%s: *out not NULL after a refusal", call);
-    const char *message = clattn_last_error(tu_ctx());
-    tu_expect(strstr(message, needle) != NULL && strstr(message, "sdpa") != NULL,
-              "%s: the message '%s' does not name '%s'", call, message, needle);
-}
+#define expect_sdpa_refused(desc, want, needle, call) \
+    TU_EXPECT_REFUSED(clattn_sdpa_plan_create, "sdpa", desc, want, needle, call)
 
 START_TEST(test_sdpa_rope_errors)
 {

@@ -212,6 +212,16 @@ int tu_expect_status(clattn_status got, clattn_status want, const char *call)
                      clattn_last_error(shared_ctx_));
 }
 
+void tu_expect_refused(clattn_status got, const clattn_plan *plan, clattn_status want,
+                       const char *kind, const char *needle, const char *call)
+{
+    tu_expect_status(got, want, call);
+    tu_expect(plan == NULL, "%s: *out not NULL after a refusal", call);
+    const char *message = clattn_last_error(tu_ctx());
+    tu_expect(strstr(message, needle) != NULL && strstr(message, kind) != NULL,
+              "%s: the message '%s' does not name '%s'", call, message, needle);
+}
+
 double tu_rel_error(const float *got, const double *ref, size_t count)
 {
     double max_ref = 0.0;

@@ -65,6 +65,20 @@ int tu_expect(int ok, const char *format, ...) CK_ATTRIBUTE_FORMAT(printf, 2, 3)
 /* Records a failure when got != want, naming both statuses and the context's last error. */
 int tu_expect_status(clattn_status got, clattn_status want, const char *call);
 
+/* A plan creation's refusal, as each plan kind's suite checks it: status `want`, *out set to
+ * NULL (plan; the caller primes it with a non-NULL value) and the context's last message naming
+ * both `needle` and the plan kind `kind`. */
+void tu_expect_refused(clattn_status got, const clattn_plan *plan, clattn_status want,
+                       const char *kind, const char *needle, const char *call);
+
+/* Calls create(tu_ctx(), desc, &plan) with plan primed non-NULL and checks the refusal. */
+#define TU_EXPECT_REFUSED(create, kind, desc, want, needle, call)                                  \
+    do {                                                                                           \
+        clattn_plan *tu_plan_ = (clattn_plan *)&tu_plan_;                                          \
+        const clattn_status tu_got_ = create(tu_ctx(), (desc), &tu_plan_);                         \
+        tu_expect_refused(tu_got_, tu_plan_, (want), (kind), (needle), (call));                    \
+    } while (0)
+
 /* Relative error of got vs ref (see tu_rel_error), counted in the suite's worst-error tracker;
  * records a failure when it exceeds tol. Returns the error. */
 double tu_expect_close(const char *what, const float *got, const double *ref, size_t count,
