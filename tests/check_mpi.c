@@ -140,6 +140,18 @@ static void take_rows_double(const double *global, size_t outer, size_t seq, siz
     take_row_bytes(global, outer, seq, width, sizeof(double), rows, local);
 }
 
+/* A ring plan over MPI_COMM_WORLD for desc, which must be created (NULL when it was not). */
+static clattn_ring_plan *create_ring_plan(const clattn_ring_desc *desc)
+{
+    clattn_ring_plan *plan = NULL;
+    char message[1024] = "";
+    clattn_status status =
+        clattn_ring_plan_create(tu_ctx(), MPI_COMM_WORLD, desc, &plan, message, sizeof message);
+    tu_expect(status == CLATTN_SUCCESS, "clattn_ring_plan_create: %s: %s",
+              clattn_mpi_status_string(status), message);
+    return plan;
+}
+
 /* The global problem of a case. */
 typedef struct ring_problem {
     size_t hkv, q_count, k_count, v_count, out_count, lse_count;
@@ -392,12 +404,7 @@ START_TEST(test_ring_vs_reference)
     upload_rank(c, &p, &rows, &b);
     clattn_ring_desc desc;
     ring_desc_of(c, &rows, &desc);
-    clattn_ring_plan *plan = NULL;
-    char message[1024] = "";
-    clattn_status status =
-        clattn_ring_plan_create(tu_ctx(), MPI_COMM_WORLD, &desc, &plan, message, sizeof message);
-    tu_expect(status == CLATTN_SUCCESS, "clattn_ring_plan_create: %s: %s",
-              clattn_mpi_status_string(status), message);
+    clattn_ring_plan *plan = create_ring_plan(&desc);
     if (plan) {
         /* What the plan holds beyond the caller's tensors: two host blocks of the largest
          * rank's k, v and key padding; on the device one such block, the partials of this
@@ -433,7 +440,8 @@ START_TEST(test_ring_vs_reference)
                 tu_write_floats(b.lse.mem, 0, nan, PAD_LSE + b.lse_count + PAD_AFTER);
                 free(nan);
             }
-            status = clattn_ring_execute(plan, &b.q, &b.k, &b.v, &b.out, &b.lse, &b.kpm);
+            const clattn_status status =
+                clattn_ring_execute(plan, &b.q, &b.k, &b.v, &b.out, &b.lse, &b.kpm);
             if (tu_expect(status == CLATTN_SUCCESS, "clattn_ring_execute (run %d): %s: %s", run,
                           clattn_mpi_status_string(status), clattn_ring_last_error(plan)) &&
                 rows.count > 0)
@@ -592,12 +600,7 @@ START_TEST(test_ring_cross_and_16bit)
     desc.window_align = c->window, desc.window_left = c->left, desc.window_right = c->right;
     desc.key_padding = padding != NULL;
     desc.dtype = c->dtype;
-    clattn_ring_plan *plan = NULL;
-    char message[1024] = "";
-    clattn_status status =
-        clattn_ring_plan_create(tu_ctx(), MPI_COMM_WORLD, &desc, &plan, message, sizeof message);
-    tu_expect(status == CLATTN_SUCCESS, "clattn_ring_plan_create: %s: %s",
-              clattn_mpi_status_string(status), message);
+    clattn_ring_plan *plan = create_ring_plan(&desc);
     if (plan) {
         clattn_tensor ts = {0};
         if (c->sinks) {
@@ -610,7 +613,8 @@ START_TEST(test_ring_cross_and_16bit)
         tu_expect(got.count == krows.count && got.start[0] == krows.start[0],
                   "plan kv rows %zu from %zu, want %zu from %zu", got.count, got.start[0],
                   krows.count, krows.start[0]);
-        status = clattn_ring_execute(plan, &tq, &tk, &tv, &to, &tl, padding ? &tp : NULL);
+        const clattn_status status =
+            clattn_ring_execute(plan, &tq, &tk, &tv, &to, &tl, padding ? &tp : NULL);
         if (tu_expect(status == CLATTN_SUCCESS, "clattn_ring_execute: %s: %s",
                       clattn_mpi_status_string(status), clattn_ring_last_error(plan)) &&
             qrows.count > 0) {
