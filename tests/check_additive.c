@@ -319,7 +319,7 @@ START_TEST(test_additive_cases)
 }
 END_TEST
 
-#define expect_refused(desc, want, needle, call) \
+#define expect_refused(desc, want, needle, call)                                                   \
     TU_EXPECT_REFUSED(clattn_additive_plan_create, "additive", desc, want, needle, call)
 
 START_TEST(test_additive_errors)

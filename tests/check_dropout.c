@@ -43,14 +43,6 @@ static uint32_t philox_word(uint64_t seed, uint64_t stream, uint32_t row, uint32
     return out[key % 4];
 }
 
-static int device_has_fp64(void)
-{
-    cl_device_fp_config fp64 = 0;
-    return clGetDeviceInfo(clattn_ctx_device(tu_ctx()), CL_DEVICE_DOUBLE_FP_CONFIG, sizeof fp64,
-                           &fp64, NULL) == CL_SUCCESS &&
-           fp64 != 0;
-}
-
 /* --- 1. Philox known answers ---------------------------------------------------------------- */
 
 /* Random123's tests/kat_vectors, the three "philox4x32 10" lines (DEShawResearch/random123 at
@@ -411,7 +403,7 @@ START_TEST(test_device_masks)
 {
     TU_BEGIN_TEST();
     const mask_case *c = &mask_cases[_i];
-    const int f64 = c->softmax_f64 && device_has_fp64();
+    const int f64 = c->softmax_f64 && tu_device_has_fp64();
     pb_sdpa_problem p;
     make_mask_problem(&p, c, f64);
     double *w0 = undropped_weights(&p);

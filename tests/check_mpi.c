@@ -114,8 +114,8 @@ static clattn_ring_rows rows_of(const ring_case *c, int rank)
 
 /* Copies rows of a (outer, seq, width) array of `size`-byte elements into a (outer, local,
  * width) one. */
-static void take_row_bytes(const void *global, size_t outer, size_t seq, size_t width,
-                           size_t size, const clattn_ring_rows *rows, void *local)
+static void take_row_bytes(const void *global, size_t outer, size_t seq, size_t width, size_t size,
+                           const clattn_ring_rows *rows, void *local)
 {
     const char *from = global;
     char *to = local;

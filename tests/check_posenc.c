@@ -224,7 +224,7 @@ START_TEST(test_posenc_long)
 END_TEST
 
 /* Every refusal: status, and a message naming what is wrong. */
-#define expect_refused(desc, want, needle, call) \
+#define expect_refused(desc, want, needle, call)                                                   \
     TU_EXPECT_REFUSED(clattn_posenc_plan_create, "posenc", desc, want, needle, call)
 
 START_TEST(test_posenc_errors)

@@ -340,7 +340,7 @@ START_TEST(test_rope_untabled)
 }
 END_TEST
 
-#define expect_refused(desc, want, needle, call) \
+#define expect_refused(desc, want, needle, call)                                                   \
     TU_EXPECT_REFUSED(clattn_rope_plan_create, "rope", desc, want, needle, call)
 
 START_TEST(test_rope_errors)
@@ -636,7 +636,7 @@ START_TEST(test_sdpa_rope_decode)
 }
 END_TEST
 
-#define expect_sdpa_refused(desc, want, needle, call) \
+#define expect_sdpa_refused(desc, want, needle, call)                                              \
     TU_EXPECT_REFUSED(clattn_sdpa_plan_create, "sdpa", desc, want, needle, call)
 
 START_TEST(test_sdpa_rope_errors)

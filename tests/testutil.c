@@ -534,6 +534,29 @@ int tu_starts_with(const char *text, const char *prefix)
     return text != NULL && strncmp(text, prefix, strlen(prefix)) == 0;
 }
 
+cl_ulong tu_device_ulong(cl_device_info param)
+{
+    cl_ulong value = 0;
+    if (clGetDeviceInfo(clattn_ctx_device(tu_ctx()), param, sizeof value, &value, NULL) !=
+        CL_SUCCESS)
+        return 0;
+    return value;
+}
+
+int tu_device_has_fp64(void)
+{
+    cl_device_fp_config fp64 = 0;
+    return clGetDeviceInfo(clattn_ctx_device(tu_ctx()), CL_DEVICE_DOUBLE_FP_CONFIG, sizeof fp64,
+                           &fp64, NULL) == CL_SUCCESS &&
+           fp64 != 0;
+}
+
+void tu_make_temp_dir(char *template)
+{
+    if (mkdtemp(template) == NULL)
+        ck_abort_msg("mkdtemp %s failed: %s [%s]", template, strerror(errno), tu_where());
+}
+
 /* --- reduced runs ------------------------------------------------------------------------- */
 
 int tu_small(void)

@@ -71,6 +71,18 @@ int tu_expect_status(clattn_status got, clattn_status want, const char *call);
 void tu_expect_refused(clattn_status got, const clattn_plan *plan, clattn_status want,
                        const char *kind, const char *needle, const char *call);
 
+/* A row of a suite's refusal table: what is given (a label, tuning rows, ...), a word the
+ * message must hold, and the status wanted. */
+typedef struct tu_refusal {
+    const char *given, *needle;
+    clattn_status want;
+} tu_refusal;
+
+/* The same without a status (one the table's loop knows): what is given, and the word. */
+typedef struct tu_needle {
+    const char *given, *needle;
+} tu_needle;
+
 /* Calls create(tu_ctx(), desc, &plan) with plan primed non-NULL and checks the refusal. */
 #define TU_EXPECT_REFUSED(create, kind, desc, want, needle, call)                                  \
     do {                                                                                           \
@@ -161,6 +173,16 @@ int tu_mentions_word(const char *text, const char *word);
 
 /* 1 when text starts with prefix. */
 int tu_starts_with(const char *text, const char *prefix);
+
+/* A cl_ulong-sized property (a size, a bitfield) of the shared context's device; 0 when the
+ * query fails. */
+cl_ulong tu_device_ulong(cl_device_info param);
+
+/* 1 when the shared context's device has double precision (CL_DEVICE_DOUBLE_FP_CONFIG). */
+int tu_device_has_fp64(void);
+
+/* mkdtemp(template), aborting the test (a failure) when no directory could be made. */
+void tu_make_temp_dir(char *template);
 
 /* --- reduced runs ------------------------------------------------------------------------- */
 
