@@ -319,17 +319,8 @@ START_TEST(test_additive_cases)
 }
 END_TEST
 
-static void expect_refused(const clattn_additive_desc *desc, clattn_status want, const char *needle,
-                           const char *call)
-{
-    clattn_plan *plan = (clattn_plan *)&plan;
-    const clattn_status got = clattn_additive_plan_create(tu_ctx(), desc, &plan);
-    tu_expect_status(got, want, call);
-    tu_expect(plan == NULL, "%s: *out not NULL after a refusal", call);
-    const char *message = clattn_last_error(tu_ctx());
-    tu_expect(strstr(message, needle) != NULL && strstr(message, "additive") != NULL,
-              "%s: the message '%s' does not name '%s'", call, message, needle);
-}
+#define expect_refused(desc, want, needle, call)                                                   \
+    TU_EXPECT_REFUSED(clattn_additive_plan_create, "additive", desc, want, needle, call)
 
 START_TEST(test_additive_errors)
 {

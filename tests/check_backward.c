@@ -510,10 +510,7 @@ START_TEST(test_backward_varlen_refusals)
     const size_t k_dims[3] = {p.total_k, 2, 8};
     const clattn_sdpa_desc desc = refusal_base(ctx, &p, &t, 3, q_dims, k_dims, o_dims,
                                                "backward plan (packed sequences)");
-    struct {
-        const char *what, *word;
-        clattn_status want;
-    } refusals[] = {
+    const tu_refusal refusals[] = {
         {"grad_attn_mask (no mask can be given)", "grad_attn_mask", CLATTN_ERR_UNSUPPORTED},
         {"attn_mask", "attn_mask", CLATTN_ERR_UNSUPPORTED},
         {"key_padding_mask", "key_padding_mask", CLATTN_ERR_UNSUPPORTED},
@@ -552,7 +549,7 @@ START_TEST(test_backward_varlen_refusals)
         case 9: d.dropout_p = 0.5; break;
         default: memset(&u.cu_seqlens_k, 0, sizeof u.cu_seqlens_k); break;
         }
-        expect_refused(ctx, &d, refusals[r].want, refusals[r].word, refusals[r].what);
+        expect_refused(ctx, &d, refusals[r].want, refusals[r].needle, refusals[r].given);
     }
     pb_sdpa_free(&p);
     TU_END_TEST();
@@ -663,10 +660,7 @@ START_TEST(test_backward_refusals)
     const size_t k_dims[4] = {1, 2, 6, 8};
     const clattn_sdpa_desc desc =
         refusal_base(ctx, &p, &t, 4, q_dims, k_dims, o_dims, "backward plan");
-    struct {
-        const char *what, *word;
-        clattn_status want;
-    } refusals[] = {
+    const tu_refusal refusals[] = {
         {"no lse", "lse", CLATTN_ERR_INVALID_ARGUMENT},
         {"no grad_out", "grad_out", CLATTN_ERR_INVALID_ARGUMENT},
         {"grad_k of the wrong dims", "grad_k", CLATTN_ERR_INVALID_SHAPE},
@@ -707,7 +701,7 @@ START_TEST(test_backward_refusals)
             break;
         default: d.path = (clattn_path)7; break;
         }
-        expect_refused(ctx, &d, refusals[r].want, refusals[r].word, refusals[r].what);
+        expect_refused(ctx, &d, refusals[r].want, refusals[r].needle, refusals[r].given);
     }
     pb_sdpa_free(&p);
     TU_END_TEST();
@@ -717,12 +711,7 @@ END_TEST
 int main(void)
 {
     tu_suite_begin("check_backward");
-    {
-        cl_device_fp_config fp64 = 0;
-        has_fp64_ = clGetDeviceInfo(clattn_ctx_device(tu_ctx()), CL_DEVICE_DOUBLE_FP_CONFIG,
-                                    sizeof fp64, &fp64, NULL) == CL_SUCCESS &&
-                    fp64 != 0;
-    }
+    has_fp64_ = tu_device_has_fp64();
     Suite *suite = suite_create("backward");
     TCase *tc = tu_tcase(suite, "backward", 900);
     /* Small scale (Oclgrind, rusticl): the d = 128 decode and the 127 x 127 prefill stay out

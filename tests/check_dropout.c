@@ -43,14 +43,6 @@ static uint32_t philox_word(uint64_t seed, uint64_t stream, uint32_t row, uint32
     return out[key % 4];
 }
 
-static int device_has_fp64(void)
-{
-    cl_device_fp_config fp64 = 0;
-    return clGetDeviceInfo(clattn_ctx_device(tu_ctx()), CL_DEVICE_DOUBLE_FP_CONFIG, sizeof fp64,
-                           &fp64, NULL) == CL_SUCCESS &&
-           fp64 != 0;
-}
-
 /* --- 1. Philox known answers ---------------------------------------------------------------- */
 
 /* Random123's tests/kat_vectors, the three "philox4x32 10" lines (DEShawResearch/random123 at
@@ -398,11 +390,20 @@ static float *download(const pb_sdpa_problem *p, const clattn_tensors *bound, in
     return values;
 }
 
+/* A case's teardown: its plan, its device tensors, the undropped weights and the problem. */
+static void release_case(clattn_plan *plan, clattn_tensors *bound, double *w0, pb_sdpa_problem *p)
+{
+    clattn_plan_release(plan);
+    pb_release_tensors(bound);
+    free(w0);
+    pb_sdpa_free(p);
+}
+
 START_TEST(test_device_masks)
 {
     TU_BEGIN_TEST();
     const mask_case *c = &mask_cases[_i];
-    const int f64 = c->softmax_f64 && device_has_fp64();
+    const int f64 = c->softmax_f64 && tu_device_has_fp64();
     pb_sdpa_problem p;
     make_mask_problem(&p, c, f64);
     double *w0 = undropped_weights(&p);
@@ -434,10 +435,7 @@ START_TEST(test_device_masks)
         }
         free(out);
     }
-    clattn_plan_release(plan);
-    pb_release_tensors(&bound);
-    free(w0);
-    pb_sdpa_free(&p);
+    release_case(plan, &bound, w0, &p);
     TU_END_TEST();
 }
 END_TEST
@@ -598,10 +596,7 @@ done:
     free(second);
     free(first);
     clattn_plan_release(other);
-    clattn_plan_release(plan);
-    pb_release_tensors(&bound);
-    free(w0);
-    pb_sdpa_free(&p);
+    release_case(plan, &bound, w0, &p);
     TU_END_TEST();
 }
 END_TEST
@@ -677,23 +672,12 @@ END_TEST
 static int run_backward(const pb_sdpa_problem *p, clattn_tensors *bound, const float *grad_out,
                         float *got[3])
 {
-    const pb_sdpa_spec *s = &p->spec;
-    const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
-    const size_t q_dims[4] = {s->batch, s->heads, s->seq_q, s->dk};
-    const size_t k_dims[4] = {s->batch, kv_heads, s->seq_k, s->dk};
-    const size_t v_dims[4] = {s->batch, kv_heads, s->seq_k, s->dv};
-    const size_t o_dims[4] = {s->batch, s->heads, s->seq_q, s->dv};
-    pb_make_layout(&bound->grad_out, CLATTN_DTYPE_F32, 4, o_dims, PB_PACKED);
-    pb_make_layout(&bound->grad_q, CLATTN_DTYPE_F32, 4, q_dims, PB_PACKED);
-    pb_make_layout(&bound->grad_k, CLATTN_DTYPE_F32, 4, k_dims, PB_PACKED);
-    pb_make_layout(&bound->grad_v, CLATTN_DTYPE_F32, 4, v_dims, PB_PACKED);
+    /* the specs here are f32, packed and not varlen: the shared upload lays dO, dQ, dK, dV out
+     * as this suite's reference reads them (dO, then each gradient, at a random offset) */
+    if (pb_sdpa_upload_gradients(tu_ctx(), p, grad_out, 0, 0, bound) != CL_SUCCESS)
+        return 0;
     clattn_tensor *grads[3] = {&bound->grad_q, &bound->grad_k, &bound->grad_v};
     const size_t counts[3] = {p->q_count, p->k_count, p->v_count};
-    if (pb_upload(tu_ctx(), &bound->grad_out, tu_rand_below(5), grad_out) != CL_SUCCESS)
-        return 0;
-    for (int g = 0; g < 3; ++g)
-        if (pb_upload(tu_ctx(), grads[g], tu_rand_below(5), NULL) != CL_SUCCESS)
-            return 0;
     clattn_sdpa_desc desc;
     pb_sdpa_desc(p, &desc);
     CLATTN_BIND_ROLES(desc, *bound); /* the layouts, now with the gradients' */
@@ -870,10 +854,7 @@ done:
     }
     free(out);
     free(grad_out);
-    clattn_plan_release(forward);
-    pb_release_tensors(&bound);
-    free(w0);
-    pb_sdpa_free(&p);
+    release_case(forward, &bound, w0, &p);
     TU_END_TEST();
 }
 END_TEST

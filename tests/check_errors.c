@@ -2262,10 +2262,7 @@ START_TEST(test_tuning_environment)
 {
     TU_BEGIN_TEST();
     char dir[] = "/tmp/clattn-tuning-XXXXXX", path[600], missing[600];
-    if (!tu_expect(mkdtemp(dir) != NULL, "mkdtemp failed")) {
-        TU_END_TEST();
-        return;
-    }
+    tu_make_temp_dir(dir);
     snprintf(missing, sizeof missing, "%s/does-not-exist.txt", dir);
     expect_env_create("CLATTN_TUNING", missing, CLATTN_ERR_INVALID_ARGUMENT, "CLATTN_TUNING",
                       "does-not-exist.txt");

@@ -346,9 +346,7 @@ START_TEST(test_max_alloc_refused_or_fused)
 {
     TU_BEGIN_TEST();
     clattn_ctx *ctx = tu_ctx();
-    cl_ulong max_alloc = 0;
-    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc,
-                    &max_alloc, NULL);
+    const cl_ulong max_alloc = tu_device_ulong(CL_DEVICE_MAX_MEM_ALLOC_SIZE);
     const size_t seq = (size_t)sqrt((double)max_alloc / sizeof(float)) + 2; /* seq^2 floats > max */
     tu_set_case("B=1 H=1 Lq=Lk=%zu d=1: scores of %.2f GiB vs max allocation %.2f GiB", seq,
                 (double)seq * seq * 4 / 1073741824.0, max_alloc / 1073741824.0);
@@ -463,11 +461,8 @@ int main(void)
     TCase *faults = tu_tcase(suite, "fault injection", 900);
     /* The out-of-order scenario (the last) is registered only where the device has
      * out-of-order queues (Mesa's rusticl has none): a walk that did not run must not pass. */
-    cl_command_queue_properties properties = 0;
     const int out_of_order =
-        clGetDeviceInfo(clattn_ctx_device(tu_ctx()), CL_DEVICE_QUEUE_PROPERTIES, sizeof properties,
-                        &properties, NULL) == CL_SUCCESS &&
-        (properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0;
+        (tu_device_ulong(CL_DEVICE_QUEUE_PROPERTIES) & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0;
     if (!out_of_order)
         printf("check_fault: NOT RUN: the device has no out-of-order queues; the '%s' walks are "
                "not registered\n",

@@ -497,10 +497,7 @@ START_TEST(test_softmax_f64)
     pb_sdpa_problem p;
     pb_sdpa_make(&p, &spec);
     tu_set_case("softmax_f64: %s", p.label);
-    cl_device_fp_config fp64 = 0;
-    const int has_fp64 = clGetDeviceInfo(clattn_ctx_device(tu_ctx()), CL_DEVICE_DOUBLE_FP_CONFIG,
-                                         sizeof fp64, &fp64, NULL) == CL_SUCCESS &&
-                         fp64 != 0;
+    const int has_fp64 = tu_device_has_fp64();
     clattn_sdpa_desc desc;
     pb_sdpa_desc(&p, &desc);
     clattn_tensors desc_tensors = p.layouts;
@@ -1375,9 +1372,8 @@ END_TEST
 START_TEST(test_tuning_record_errors)
 {
     TU_BEGIN_TEST();
-    static const struct {
-        const char *row, *message;
-    } bad_rows[] = {
+    /* given: the tuning row */
+    static const tu_needle bad_rows[] = {
         {"any | * | * | @head_dim=64 tile_m=32", "tile_m is one value per context"},
         {"any | * | * | @head_dim=0 flash_rows=4", "'@head_dim=0' is not a selector"},
         {"any | * | * | @dtype=f64 flash_rows=4", "'@dtype=f64' is not a selector"},
@@ -1386,17 +1382,17 @@ START_TEST(test_tuning_record_errors)
         {"any | * | * | @head_dim=8 flash_cpu_rb=9", "flash_cpu_rb=9, outside the kernels' 1 .. 8"},
     };
     for (size_t i = 0; i < sizeof bad_rows / sizeof bad_rows[0]; ++i) {
-        tu_set_case("record row '%s'", bad_rows[i].row);
+        tu_set_case("record row '%s'", bad_rows[i].given);
         clattn_ctx_desc desc;
         clattn_ctx_desc_init(&desc);
         desc.queue = clattn_ctx_queue(tu_ctx());
-        desc.tuning_rows = bad_rows[i].row;
+        desc.tuning_rows = bad_rows[i].given;
         clattn_ctx *ctx = NULL;
         char message[512] = "";
         const clattn_status status = clattn_ctx_create_desc(&desc, &ctx, message, sizeof message);
-        tu_expect(status != CLATTN_SUCCESS && ctx == NULL, "accepted: %s", bad_rows[i].row);
-        tu_expect(strstr(message, bad_rows[i].message) && strstr(message, "tuning_rows line 1"),
-                  "message '%s' lacks '%s' or the line", message, bad_rows[i].message);
+        tu_expect(status != CLATTN_SUCCESS && ctx == NULL, "accepted: %s", bad_rows[i].given);
+        tu_expect(strstr(message, bad_rows[i].needle) && strstr(message, "tuning_rows line 1"),
+                  "message '%s' lacks '%s' or the line", message, bad_rows[i].needle);
         clattn_ctx_release(ctx);
     }
     TU_END_TEST();

@@ -752,19 +752,16 @@ static double half_value(uint16_t bits)
     return sign * ldexp(mantissa + 1024, exponent - 25);
 }
 
-static double bfloat16_value(uint16_t bits)
-{
-    uint32_t wide = (uint32_t)bits << 16;
-    float value;
-    memcpy(&value, &wide, sizeof value);
-    return value;
-}
-
 static float float_with_bits(uint32_t bits)
 {
     float value;
     memcpy(&value, &bits, sizeof value);
     return value;
+}
+
+static double bfloat16_value(uint16_t bits)
+{
+    return float_with_bits((uint32_t)bits << 16);
 }
 
 typedef struct typed_value {

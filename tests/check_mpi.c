@@ -112,29 +112,44 @@ static clattn_ring_rows rows_of(const ring_case *c, int rank)
     return rows_for(c->layout, c->seq, rank);
 }
 
-/* Copies rows of a (outer, seq, width) array into a (outer, local, width) one. */
-static void take_rows(const float *global, size_t outer, size_t seq, size_t width,
-                      const clattn_ring_rows *rows, float *local)
+/* Copies rows of a (outer, seq, width) array of `size`-byte elements into a (outer, local,
+ * width) one. */
+static void take_row_bytes(const void *global, size_t outer, size_t seq, size_t width, size_t size,
+                           const clattn_ring_rows *rows, void *local)
 {
+    const char *from = global;
+    char *to = local;
     for (size_t o = 0; o < outer; ++o) {
         size_t at = 0;
         for (size_t s = 0; s < rows->segments; ++s)
             for (size_t i = 0; i < rows->length[s]; ++i, ++at)
-                memcpy(local + (o * rows->count + at) * width,
-                       global + (o * seq + rows->start[s] + i) * width, width * sizeof(float));
+                memcpy(to + (o * rows->count + at) * width * size,
+                       from + (o * seq + rows->start[s] + i) * width * size, width * size);
     }
+}
+
+static void take_rows(const float *global, size_t outer, size_t seq, size_t width,
+                      const clattn_ring_rows *rows, float *local)
+{
+    take_row_bytes(global, outer, seq, width, sizeof(float), rows, local);
 }
 
 static void take_rows_double(const double *global, size_t outer, size_t seq, size_t width,
                              const clattn_ring_rows *rows, double *local)
 {
-    for (size_t o = 0; o < outer; ++o) {
-        size_t at = 0;
-        for (size_t s = 0; s < rows->segments; ++s)
-            for (size_t i = 0; i < rows->length[s]; ++i, ++at)
-                memcpy(local + (o * rows->count + at) * width,
-                       global + (o * seq + rows->start[s] + i) * width, width * sizeof(double));
-    }
+    take_row_bytes(global, outer, seq, width, sizeof(double), rows, local);
+}
+
+/* A ring plan over MPI_COMM_WORLD for desc, which must be created (NULL when it was not). */
+static clattn_ring_plan *create_ring_plan(const clattn_ring_desc *desc)
+{
+    clattn_ring_plan *plan = NULL;
+    char message[1024] = "";
+    clattn_status status =
+        clattn_ring_plan_create(tu_ctx(), MPI_COMM_WORLD, desc, &plan, message, sizeof message);
+    tu_expect(status == CLATTN_SUCCESS, "clattn_ring_plan_create: %s: %s",
+              clattn_mpi_status_string(status), message);
+    return plan;
 }
 
 /* The global problem of a case. */
@@ -389,12 +404,7 @@ START_TEST(test_ring_vs_reference)
     upload_rank(c, &p, &rows, &b);
     clattn_ring_desc desc;
     ring_desc_of(c, &rows, &desc);
-    clattn_ring_plan *plan = NULL;
-    char message[1024] = "";
-    clattn_status status =
-        clattn_ring_plan_create(tu_ctx(), MPI_COMM_WORLD, &desc, &plan, message, sizeof message);
-    tu_expect(status == CLATTN_SUCCESS, "clattn_ring_plan_create: %s: %s",
-              clattn_mpi_status_string(status), message);
+    clattn_ring_plan *plan = create_ring_plan(&desc);
     if (plan) {
         /* What the plan holds beyond the caller's tensors: two host blocks of the largest
          * rank's k, v and key padding; on the device one such block, the partials of this
@@ -430,7 +440,8 @@ START_TEST(test_ring_vs_reference)
                 tu_write_floats(b.lse.mem, 0, nan, PAD_LSE + b.lse_count + PAD_AFTER);
                 free(nan);
             }
-            status = clattn_ring_execute(plan, &b.q, &b.k, &b.v, &b.out, &b.lse, &b.kpm);
+            const clattn_status status =
+                clattn_ring_execute(plan, &b.q, &b.k, &b.v, &b.out, &b.lse, &b.kpm);
             if (tu_expect(status == CLATTN_SUCCESS, "clattn_ring_execute (run %d): %s: %s", run,
                           clattn_mpi_status_string(status), clattn_ring_last_error(plan)) &&
                 rows.count > 0)
@@ -589,12 +600,7 @@ START_TEST(test_ring_cross_and_16bit)
     desc.window_align = c->window, desc.window_left = c->left, desc.window_right = c->right;
     desc.key_padding = padding != NULL;
     desc.dtype = c->dtype;
-    clattn_ring_plan *plan = NULL;
-    char message[1024] = "";
-    clattn_status status =
-        clattn_ring_plan_create(tu_ctx(), MPI_COMM_WORLD, &desc, &plan, message, sizeof message);
-    tu_expect(status == CLATTN_SUCCESS, "clattn_ring_plan_create: %s: %s",
-              clattn_mpi_status_string(status), message);
+    clattn_ring_plan *plan = create_ring_plan(&desc);
     if (plan) {
         clattn_tensor ts = {0};
         if (c->sinks) {
@@ -607,7 +613,8 @@ START_TEST(test_ring_cross_and_16bit)
         tu_expect(got.count == krows.count && got.start[0] == krows.start[0],
                   "plan kv rows %zu from %zu, want %zu from %zu", got.count, got.start[0],
                   krows.count, krows.start[0]);
-        status = clattn_ring_execute(plan, &tq, &tk, &tv, &to, &tl, padding ? &tp : NULL);
+        const clattn_status status =
+            clattn_ring_execute(plan, &tq, &tk, &tv, &to, &tl, padding ? &tp : NULL);
         if (tu_expect(status == CLATTN_SUCCESS, "clattn_ring_execute: %s: %s",
                       clattn_mpi_status_string(status), clattn_ring_last_error(plan)) &&
             qrows.count > 0) {

@@ -806,9 +806,7 @@ START_TEST(test_second_queue)
 {
     TU_BEGIN_TEST();
     clattn_ctx *ctx = tu_ctx();
-    cl_command_queue_properties supported = 0;
-    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_QUEUE_PROPERTIES, sizeof supported,
-                    &supported, NULL);
+    const cl_command_queue_properties supported = tu_device_ulong(CL_DEVICE_QUEUE_PROPERTIES);
     const int out_of_order = _i == 1;
     if (out_of_order && !(supported & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)) {
         printf("check_plan: the device has no out-of-order queues: test_second_queue 1 checks "
@@ -1439,10 +1437,8 @@ START_TEST(test_tuning_file)
         pb_sdpa_free(&p);
     }
 
-    static const struct {
-        const char *rows, *needle;
-        clattn_status want;
-    } malformed[] = {
+    /* given: the tuning rows */
+    static const tu_refusal malformed[] = {
         {"any | * | * | softmax_wg=abc\n", "line 1", CLATTN_ERR_INVALID_ARGUMENT},
         {"# comment\n\nany | * | * | no_such_key=4\n", "line 3", CLATTN_ERR_INVALID_ARGUMENT},
         {"just some words\n", "class | vendor | name", CLATTN_ERR_INVALID_ARGUMENT},
@@ -1452,10 +1448,10 @@ START_TEST(test_tuning_file)
     };
     for (int i = 0; i < COUNT_OF(malformed); ++i) {
         tu_set_case("malformed tuning file %d: '%s'", i,
-                    malformed[i].rows ? malformed[i].rows : "(missing file)");
+                    malformed[i].given ? malformed[i].given : "(missing file)");
         char message[1024] = "";
         clattn_ctx *ctx = NULL;
-        clattn_status status = ctx_with_tuning(malformed[i].rows, &ctx, message, sizeof message);
+        clattn_status status = ctx_with_tuning(malformed[i].given, &ctx, message, sizeof message);
         tu_expect(status == malformed[i].want && ctx == NULL &&
                       strstr(message, malformed[i].needle) != NULL,
                   "got %s, ctx %p, message '%s' (want %s mentioning '%s')",

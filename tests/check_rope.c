@@ -278,6 +278,28 @@ START_TEST(test_rope_decode_offset)
 }
 END_TEST
 
+/* The device's rope of x (one head: S rows of D, positions start ..; `pairs` as
+ * ref_rope takes it) against float64 angles base 10000: the largest absolute error, which must
+ * be within 5e-6. */
+static double expect_float64_angles(const float *x, const float *got, size_t S, size_t D,
+                                    size_t start, int pairs)
+{
+    double *cosv = tu_doubles(S * D / 2), *sinv = tu_doubles(S * D / 2);
+    for (size_t s = 0; s < S; ++s)
+        for (size_t j = 0; j < D / 2; ++j) {
+            const double t = (double)(start + s) * pow(10000.0, -2.0 * (double)j / D);
+            cosv[s * D / 2 + j] = cos(t), sinv[s * D / 2 + j] = sin(t);
+        }
+    double *want = tu_doubles(S * D);
+    ref_rope(1, 1, S, D, D, pairs, x, cosv, sinv, want);
+    const double err = tu_abs_error(got, want, S * D);
+    tu_expect(err <= 5e-6, "largest error %.3g", err);
+    free(want);
+    free(sinv);
+    free(cosv);
+    return err;
+}
+
 /* Computed angles at the last positions below 2^24 (x = 1 in every column: each output is
  * cos t - sin t or sin t + cos t) within 5e-6 of float64. */
 START_TEST(test_rope_far_positions)
@@ -291,20 +313,8 @@ START_TEST(test_rope_far_positions)
     for (size_t e = 0; e < (size_t)S * D; ++e)
         x[e] = 1.0f;
     float *got = run_computed(x, dims, start, HALVES);
-    double *cosv = tu_doubles((size_t)S * D / 2), *sinv = tu_doubles((size_t)S * D / 2);
-    for (size_t s = 0; s < S; ++s)
-        for (size_t j = 0; j < D / 2; ++j) {
-            const double t = (double)(start + s) * pow(10000.0, -2.0 * (double)j / D);
-            cosv[s * D / 2 + j] = cos(t), sinv[s * D / 2 + j] = sin(t);
-        }
-    double *want = tu_doubles((size_t)S * D);
-    ref_rope(1, 1, S, D, D, 0, x, cosv, sinv, want);
-    const double err = tu_abs_error(got, want, (size_t)S * D);
-    tu_expect(err <= 5e-6, "largest error %.3g", err);
+    const double err = expect_float64_angles(x, got, S, D, start, 0);
     printf("check_rope: positions %zu .. %zu: largest error %.3g\n", start, start + S - 1, err);
-    free(want);
-    free(sinv);
-    free(cosv);
     free(got);
     free(x);
     TU_END_TEST();
@@ -322,37 +332,16 @@ START_TEST(test_rope_untabled)
     const size_t dims[4] = {1, 1, S, D}, count = (size_t)S * D;
     float *x = tu_random_floats(count);
     float *got = run_computed(x, dims, 100, PAIRS);
-    double *cosv = tu_doubles(count / 2), *sinv = tu_doubles(count / 2);
-    for (size_t s = 0; s < S; ++s)
-        for (size_t j = 0; j < D / 2; ++j) {
-            const double t = (double)(100 + s) * pow(10000.0, -2.0 * (double)j / D);
-            cosv[s * D / 2 + j] = cos(t), sinv[s * D / 2 + j] = sin(t);
-        }
-    double *want = tu_doubles(count);
-    ref_rope(1, 1, S, D, D, 1, x, cosv, sinv, want);
-    const double err = tu_abs_error(got, want, count);
-    tu_expect(err <= 5e-6, "largest error %.3g", err);
+    const double err = expect_float64_angles(x, got, S, D, 100, 1);
     printf("check_rope: %d rows computed on the device: largest error %.3g\n", S, err);
-    free(want);
-    free(sinv);
-    free(cosv);
     free(got);
     free(x);
     TU_END_TEST();
 }
 END_TEST
 
-static void expect_refused(const clattn_rope_desc *desc, clattn_status want, const char *needle,
-                           const char *call)
-{
-    clattn_plan *plan = (clattn_plan *)&plan;
-    const clattn_status got = clattn_rope_plan_create(tu_ctx(), desc, &plan);
-    tu_expect_status(got, want, call);
-    tu_expect(plan == NULL, "%s: *out not NULL after a refusal", call);
-    const char *message = clattn_last_error(tu_ctx());
-    tu_expect(strstr(message, needle) != NULL && strstr(message, "rope") != NULL,
-              "%s: the message '%s' does not name '%s'", call, message, needle);
-}
+#define expect_refused(desc, want, needle, call)                                                   \
+    TU_EXPECT_REFUSED(clattn_rope_plan_create, "rope", desc, want, needle, call)
 
 START_TEST(test_rope_errors)
 {
@@ -647,17 +636,8 @@ START_TEST(test_sdpa_rope_decode)
 }
 END_TEST
 
-static void expect_sdpa_refused(const clattn_sdpa_desc *desc, clattn_status want,
-                                const char *needle, const char *call)
-{
-    clattn_plan *plan = (clattn_plan *)&plan;
-    const clattn_status got = clattn_sdpa_plan_create(tu_ctx(), desc, &plan);
-    tu_expect_status(got, want, call);
-    tu_expect(plan == NULL, "%s: *out not NULL after a refusal", call);
-    const char *message = clattn_last_error(tu_ctx());
-    tu_expect(strstr(message, needle) != NULL && strstr(message, "sdpa") != NULL,
-              "%s: the message '%s' does not name '%s'", call, message, needle);
-}
+#define expect_sdpa_refused(desc, want, needle, call)                                              \
+    TU_EXPECT_REFUSED(clattn_sdpa_plan_create, "sdpa", desc, want, needle, call)
 
 START_TEST(test_sdpa_rope_errors)
 {

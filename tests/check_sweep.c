@@ -1863,12 +1863,7 @@ int main(void)
     tu_suite_begin("check_sweep");
     choose_in_place();
     choose_configs();
-    {
-        cl_device_fp_config fp64 = 0;
-        has_fp64_ = clGetDeviceInfo(clattn_ctx_device(tu_ctx()), CL_DEVICE_DOUBLE_FP_CONFIG,
-                                    sizeof fp64, &fp64, NULL) == CL_SUCCESS &&
-                    fp64 != 0;
-    }
+    has_fp64_ = tu_device_has_fp64();
     const long draws =
         env_long("CLATTN_SWEEP_DRAWS", small_ ? SWEEP_DRAWS_SMALL : full ? SWEEP_DRAWS_FULL
                                                                         : SWEEP_DRAWS_CI);

@@ -498,20 +498,18 @@ START_TEST(test_ctx_desc)
     unsetenv("CLATTN_TUNING");
 
     /* Errors: a malformed row, values the device cannot run, the struct, NULLs. */
-    static const struct {
-        const char *rows, *needle;
-        clattn_status want;
-    } bad[] = {
+    /* given: the tuning rows */
+    static const tu_refusal bad[] = {
         {"not a row", "tuning_rows line 1", CLATTN_ERR_INVALID_ARGUMENT},
         {"# ok\nany | * | * | no_such_key=3", "tuning_rows line 2", CLATTN_ERR_INVALID_ARGUMENT},
         {"any | * | * | vec_width=5", "tuning_rows line 1", CLATTN_ERR_UNSUPPORTED},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
-        desc.tuning_rows = bad[i].rows;
+        desc.tuning_rows = bad[i].given;
         message[0] = '\0';
         tu_expect_status(clattn_ctx_create_desc(&desc, &ctx, message, sizeof message), bad[i].want,
-                         bad[i].rows);
-        tu_expect(ctx == NULL && strstr(message, bad[i].needle), "'%s': %s", bad[i].rows, message);
+                         bad[i].given);
+        tu_expect(ctx == NULL && strstr(message, bad[i].needle), "'%s': %s", bad[i].given, message);
         clattn_ctx_release(ctx);
         ctx = NULL;
     }
@@ -623,9 +621,8 @@ START_TEST(test_row_parser)
 {
     TU_BEGIN_TEST();
     tu_set_case("tuning rows: keys, values, vendor and device prefixes");
-    static const struct {
-        const char *rows, *item;
-    } refused[] = {
+    /* given: the tuning rows */
+    static const tu_needle refused[] = {
         {"any | * | * | tile=8", "tile=8"},
         {"any | * | * | flash_cpu_r=4", "flash_cpu_r=4"},
         {"any | * | * | softmax_w=8", "softmax_w=8"},
@@ -638,7 +635,7 @@ START_TEST(test_row_parser)
         {"any | * | no such device | flash_gpu=", "flash_gpu="},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; ++i)
-        expect_refused("", refused[i].rows, "tuning_rows line 1", refused[i].item);
+        expect_refused("", refused[i].given, "tuning_rows line 1", refused[i].needle);
 
     char report[4096], message[1024];
     tu_expect_status(ctx_with_rows("", NULL, report, sizeof report, message, sizeof message),

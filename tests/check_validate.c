@@ -36,6 +36,13 @@ static void fresh_records(void)
     setenv("CLATTN_VALIDATION_FILE", records, 1);
 }
 
+/* A test's end: validation off again and its records file gone. */
+static void drop_records(void)
+{
+    unsetenv("CLATTN_VALIDATE");
+    remove(records);
+}
+
 static clattn_ctx *fresh_ctx(const char *row)
 {
     clattn_ctx_desc desc;
@@ -46,6 +53,15 @@ static clattn_ctx *fresh_ctx(const char *row)
     const clattn_status status = clattn_ctx_create_desc(&desc, &ctx, message, sizeof message);
     tu_expect(status == CLATTN_SUCCESS, "clattn_ctx_create_desc: %s: %s",
               clattn_status_string(status), message);
+    return ctx;
+}
+
+/* A fresh context made under CLATTN_PARAMS=params (unset again after). */
+static clattn_ctx *fresh_ctx_under(const char *params)
+{
+    setenv("CLATTN_PARAMS", params, 1);
+    clattn_ctx *ctx = fresh_ctx(NULL);
+    unsetenv("CLATTN_PARAMS");
     return ctx;
 }
 
@@ -254,8 +270,7 @@ START_TEST(test_fault_each_variant)
                       pr->name, fault, records);
         }
     }
-    unsetenv("CLATTN_VALIDATE");
-    remove(records);
+    drop_records();
     TU_END_TEST();
 }
 END_TEST
@@ -358,9 +373,8 @@ START_TEST(test_records)
     tu_expect(status == CLATTN_ERR_INVALID_ARGUMENT && strstr(message, "CLATTN_VALIDATE"),
               "CLATTN_VALIDATE=sometimes: %s: %s", clattn_status_string(status), message);
     clattn_ctx_release(ctx);
-    unsetenv("CLATTN_VALIDATE");
+    drop_records();
     remove(other);
-    remove(records);
     TU_END_TEST();
 }
 END_TEST
@@ -370,9 +384,7 @@ END_TEST
  * backward variants the context judged (NULL: not wanted). */
 static clattn_status run_backward(const char *params, clattn_validation *log, size_t *count)
 {
-    setenv("CLATTN_PARAMS", params, 1);
-    clattn_ctx *ctx = fresh_ctx(NULL);
-    unsetenv("CLATTN_PARAMS");
+    clattn_ctx *ctx = fresh_ctx_under(params);
     if (ctx == NULL)
         return CLATTN_ERR_NO_DEVICE;
     pb_sdpa_spec spec;
@@ -460,8 +472,7 @@ START_TEST(test_fault_backward)
         }
     }
     tu_expect(judged > 0, "the backward judged no variant");
-    unsetenv("CLATTN_VALIDATE");
-    remove(records);
+    drop_records();
     TU_END_TEST();
 }
 END_TEST
@@ -470,9 +481,7 @@ END_TEST
  * context; its numbers checked by pb_mha_run against float64. */
 static clattn_status run_mha(const char *params, clattn_validation *log, size_t *count)
 {
-    setenv("CLATTN_PARAMS", params, 1);
-    clattn_ctx *ctx = fresh_ctx(NULL);
-    unsetenv("CLATTN_PARAMS");
+    clattn_ctx *ctx = fresh_ctx_under(params);
     if (ctx == NULL)
         return CLATTN_ERR_NO_DEVICE;
     pb_mha_spec spec;
@@ -517,8 +526,7 @@ START_TEST(test_fault_mha)
         }
     }
     tu_expect(means == 1, "the MHA plan judged %d mean_heads variants, not 1", means);
-    unsetenv("CLATTN_VALIDATE");
-    remove(records);
+    drop_records();
     TU_END_TEST();
 }
 END_TEST
@@ -606,8 +614,7 @@ START_TEST(test_fault_elementwise)
                   clattn_status_string(status));
         unsetenv("CLATTN_FAULT_VARIANT");
     }
-    unsetenv("CLATTN_VALIDATE");
-    remove(records);
+    drop_records();
     TU_END_TEST();
 }
 END_TEST

@@ -146,17 +146,7 @@ fi
 refuse() { # name, expected status, a word the line must hold, then sdpa options
     name=$1 want=$2 word=$3
     shift 3
-    "$clattn" sdpa "$@" >"$work/out.txt" 2>"$work/err.txt"
-    status=$?
-    lines=$(grep -c . "$work/err.txt")
-    if [ "$status" -ne "$want" ] || [ "$lines" -ne 1 ] || ! grep -q -- "$word" "$work/err.txt" ||
-        [ -e "$work/dq.npy" ]; then
-        echo "FAIL refuse $name: status $status (want $want), $lines stderr lines:"
-        cat "$work/out.txt" "$work/err.txt"
-        fail=1
-    else
-        echo "ok   refuse $name: $(cat "$work/err.txt")"
-    fi
+    cli_refuse "$name" "$want" "$word" "$work/dq.npy" sdpa "$@"
 }
 d=$work/causal
 refuse rope 2 rope --q "$d/q.npy" --k "$d/k.npy" --v "$d/v.npy" --rope --backward \

@@ -191,17 +191,7 @@ fi
 refuse() { # name, a word the line must hold, then the command's arguments
     name=$1 word=$2
     shift 2
-    "$clattn" "$@" >"$work/out.txt" 2>"$work/err.txt"
-    status=$?
-    lines=$(grep -c . "$work/err.txt")
-    if [ "$status" -ne 2 ] || [ "$lines" -ne 1 ] || ! grep -q -- "$word" "$work/err.txt" ||
-        [ -e "$work/never.npy" ]; then
-        echo "FAIL refuse $name: status $status (want 2), $lines stderr lines:"
-        cat "$work/out.txt" "$work/err.txt"
-        fail=1
-    else
-        echo "ok   refuse $name: $(cat "$work/err.txt")"
-    fi
+    cli_refuse "$name" 2 "$word" "$work/never.npy" "$@"
 }
 d=$work/gqa-causal
 io="--q $d/q.npy --k $d/k.npy --v $d/v.npy --out $work/never.npy"

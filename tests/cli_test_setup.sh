@@ -10,3 +10,21 @@ trap 'rm -rf "$work"' EXIT
 fail=0
 PYTHONPATH=$(cd "$(dirname "$0")" && pwd)${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONPATH
+
+# A refusal: `clattn ARGS...` exits with status WANT and writes exactly one stderr line, which
+# holds WORD, and no file NEVER. Usage: cli_refuse NAME WANT WORD NEVER ARGS...
+cli_refuse() {
+    name=$1 want=$2 word=$3 never=$4
+    shift 4
+    "$clattn" "$@" >"$work/out.txt" 2>"$work/err.txt"
+    status=$?
+    lines=$(grep -c . "$work/err.txt")
+    if [ "$status" -ne "$want" ] || [ "$lines" -ne 1 ] || ! grep -q -- "$word" "$work/err.txt" ||
+        [ -e "$never" ]; then
+        echo "FAIL refuse $name: status $status (want $want), $lines stderr lines:"
+        cat "$work/out.txt" "$work/err.txt"
+        fail=1
+    else
+        echo "ok   refuse $name: $(cat "$work/err.txt")"
+    fi
+}

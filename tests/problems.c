@@ -10,12 +10,17 @@
 
 static uint64_t default_state_ = 1;
 
-static uint64_t default_rand_u64(void)
+uint64_t pb_splitmix64(uint64_t *state)
 {
-    uint64_t z = (default_state_ += UINT64_C(0x9E3779B97F4A7C15));
+    uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
     z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
     z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
     return z ^ (z >> 31);
+}
+
+static uint64_t default_rand_u64(void)
+{
+    return pb_splitmix64(&default_state_);
 }
 
 static void default_fail(const char *message)
@@ -47,12 +52,18 @@ size_t pb_rand_below(size_t bound)
     return (size_t)(pb_rand_u64() % (uint64_t)bound);
 }
 
-void pb_fill_uniform(float *values, size_t count, float low, float high)
+void pb_fill_uniform_from(double (*unit)(void), float *values, size_t count, float low, float high)
 {
     for (size_t i = 0; i < count; ++i) {
-        float value = (float)(low + (high - low) * pb_rand_unit());
+        float value = (float)(low + (high - low) * unit());
+        /* float rounding can land on `high`; keep the interval half-open. */
         values[i] = value < high ? value : low;
     }
+}
+
+void pb_fill_uniform(float *values, size_t count, float low, float high)
+{
+    pb_fill_uniform_from(pb_rand_unit, values, count, low, high);
 }
 
 int pb_fail(const char *format, ...)

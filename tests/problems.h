@@ -43,6 +43,11 @@ double pb_rand_unit(void);          /* [0, 1) */
 size_t pb_rand_below(size_t bound); /* [0, bound), bound > 0 */
 void pb_fill_uniform(float *values, size_t count, float low, float high);
 
+/* The generators' pieces, for testutil's own stream: one splitmix64 step of *state, and a
+ * uniform [low, high) fill drawing from `unit` ([0, 1) values). */
+uint64_t pb_splitmix64(uint64_t *state);
+void pb_fill_uniform_from(double (*unit)(void), float *values, size_t count, float low, float high);
+
 /* Reports a failure through the hook (printf-style). Always returns 0. */
 int pb_fail(const char *format, ...)
 #if defined(__GNUC__)

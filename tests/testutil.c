@@ -34,17 +34,9 @@ static clattn_ctx *shared_ctx_;
 
 /* --- random numbers (splitmix64) ---------------------------------------------------------- */
 
-static uint64_t splitmix64_next(uint64_t *state)
-{
-    uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
 uint64_t tu_rand_u64(void)
 {
-    return splitmix64_next(&rng_state_);
+    return pb_splitmix64(&rng_state_);
 }
 
 double tu_rand_unit(void)
@@ -59,11 +51,7 @@ size_t tu_rand_below(size_t bound)
 
 void tu_fill_uniform(float *values, size_t count, float low, float high)
 {
-    for (size_t i = 0; i < count; ++i) {
-        float value = (float)(low + (high - low) * tu_rand_unit());
-        /* float rounding can land on `high`; keep the interval half-open. */
-        values[i] = value < high ? value : low;
-    }
+    pb_fill_uniform_from(tu_rand_unit, values, count, low, high);
 }
 
 void tu_fill_nan(float *values, size_t count)
@@ -94,7 +82,7 @@ static uint64_t seed_from_environment(void)
         for (const char *c = suite_name_; *c != '\0'; ++c)
             mix = (mix ^ (uint64_t)(unsigned char)*c) * UINT64_C(0x100000001b3);
     }
-    return splitmix64_next(&mix) % UINT64_C(1000000000000);
+    return pb_splitmix64(&mix) % UINT64_C(1000000000000);
 }
 
 /* --- suite and test life cycle ------------------------------------------------------------ */
@@ -158,10 +146,10 @@ void tu_test_begin(const char *test_name, int loop_index)
     uint64_t state = suite_seed_;
     for (const char *c = test_name; *c != '\0'; ++c) {
         state ^= (uint64_t)(unsigned char)*c;
-        (void)splitmix64_next(&state);
+        (void)pb_splitmix64(&state);
     }
     state ^= (uint64_t)(uint32_t)loop_index * UINT64_C(0x100000001B3);
-    rng_state_ = splitmix64_next(&state);
+    rng_state_ = pb_splitmix64(&state);
 }
 
 void tu_set_case(const char *format, ...)
@@ -222,6 +210,16 @@ int tu_expect_status(clattn_status got, clattn_status want, const char *call)
     return tu_expect(got == want, "%s returned %s (%d), expected %s; last error: '%s'", call,
                      clattn_status_string(got), (int)got, clattn_status_string(want),
                      clattn_last_error(shared_ctx_));
+}
+
+void tu_expect_refused(clattn_status got, const clattn_plan *plan, clattn_status want,
+                       const char *kind, const char *needle, const char *call)
+{
+    tu_expect_status(got, want, call);
+    tu_expect(plan == NULL, "%s: *out not NULL after a refusal", call);
+    const char *message = clattn_last_error(tu_ctx());
+    tu_expect(strstr(message, needle) != NULL && strstr(message, kind) != NULL,
+              "%s: the message '%s' does not name '%s'", call, message, needle);
 }
 
 double tu_rel_error(const float *got, const double *ref, size_t count)
@@ -459,30 +457,33 @@ cl_mem tu_nan_buffer(size_t count)
     return mem;
 }
 
-void tu_write_floats(cl_mem mem, size_t offset, const float *values, size_t count)
+/* One blocking transfer of count floats at offset (after a finish): a write from src when it is
+ * set, else a read into dst; aborts the test on either failure. */
+static void transfer_floats(cl_mem mem, size_t offset, size_t count, const float *src, float *dst)
 {
+    const int write = src != NULL;
     clattn_ctx *ctx = tu_ctx();
     clattn_status status = clattn_finish(ctx);
-    cl_int err = clEnqueueWriteBuffer(clattn_ctx_queue(ctx), mem, CL_TRUE, offset * sizeof(float),
-                                      count * sizeof(float), values, 0, NULL, NULL);
+    const size_t at = offset * sizeof(float), bytes = count * sizeof(float);
+    cl_command_queue queue = clattn_ctx_queue(ctx);
+    cl_int err = write ? clEnqueueWriteBuffer(queue, mem, CL_TRUE, at, bytes, src, 0, NULL, NULL)
+                       : clEnqueueReadBuffer(queue, mem, CL_TRUE, at, bytes, dst, 0, NULL, NULL);
     if (status != CLATTN_SUCCESS || err != CL_SUCCESS) {
-        ck_abort_msg("write of %zu floats failed: finish %s, write %s [%s]", count,
-                     clattn_status_string(status), clattn_status_string((clattn_status)err),
+        const char *what = write ? "write" : "read";
+        ck_abort_msg("%s of %zu floats failed: finish %s, %s %s [%s]", what, count,
+                     clattn_status_string(status), what, clattn_status_string((clattn_status)err),
                      tu_where());
     }
 }
 
+void tu_write_floats(cl_mem mem, size_t offset, const float *values, size_t count)
+{
+    transfer_floats(mem, offset, count, values, NULL);
+}
+
 void tu_read_floats(cl_mem mem, size_t offset, size_t count, float *dst)
 {
-    clattn_ctx *ctx = tu_ctx();
-    clattn_status status = clattn_finish(ctx);
-    cl_int err = clEnqueueReadBuffer(clattn_ctx_queue(ctx), mem, CL_TRUE, offset * sizeof(float),
-                                     count * sizeof(float), dst, 0, NULL, NULL);
-    if (status != CLATTN_SUCCESS || err != CL_SUCCESS) {
-        ck_abort_msg("read of %zu floats failed: finish %s, read %s [%s]", count,
-                     clattn_status_string(status), clattn_status_string((clattn_status)err),
-                     tu_where());
-    }
+    transfer_floats(mem, offset, count, NULL, dst);
 }
 
 void tu_release_mem(cl_mem mem)
@@ -531,6 +532,29 @@ int tu_mentions_word(const char *text, const char *word)
 int tu_starts_with(const char *text, const char *prefix)
 {
     return text != NULL && strncmp(text, prefix, strlen(prefix)) == 0;
+}
+
+cl_ulong tu_device_ulong(cl_device_info param)
+{
+    cl_ulong value = 0;
+    if (clGetDeviceInfo(clattn_ctx_device(tu_ctx()), param, sizeof value, &value, NULL) !=
+        CL_SUCCESS)
+        return 0;
+    return value;
+}
+
+int tu_device_has_fp64(void)
+{
+    cl_device_fp_config fp64 = 0;
+    return clGetDeviceInfo(clattn_ctx_device(tu_ctx()), CL_DEVICE_DOUBLE_FP_CONFIG, sizeof fp64,
+                           &fp64, NULL) == CL_SUCCESS &&
+           fp64 != 0;
+}
+
+void tu_make_temp_dir(char *template)
+{
+    if (mkdtemp(template) == NULL)
+        ck_abort_msg("mkdtemp %s failed: %s [%s]", template, strerror(errno), tu_where());
 }
 
 /* --- reduced runs ------------------------------------------------------------------------- */

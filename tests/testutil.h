@@ -65,6 +65,32 @@ int tu_expect(int ok, const char *format, ...) CK_ATTRIBUTE_FORMAT(printf, 2, 3)
 /* Records a failure when got != want, naming both statuses and the context's last error. */
 int tu_expect_status(clattn_status got, clattn_status want, const char *call);
 
+/* A plan creation's refusal, as each plan kind's suite checks it: status `want`, *out set to
+ * NULL (plan; the caller primes it with a non-NULL value) and the context's last message naming
+ * both `needle` and the plan kind `kind`. */
+void tu_expect_refused(clattn_status got, const clattn_plan *plan, clattn_status want,
+                       const char *kind, const char *needle, const char *call);
+
+/* A row of a suite's refusal table: what is given (a label, tuning rows, ...), a word the
+ * message must hold, and the status wanted. */
+typedef struct tu_refusal {
+    const char *given, *needle;
+    clattn_status want;
+} tu_refusal;
+
+/* The same without a status (one the table's loop knows): what is given, and the word. */
+typedef struct tu_needle {
+    const char *given, *needle;
+} tu_needle;
+
+/* Calls create(tu_ctx(), desc, &plan) with plan primed non-NULL and checks the refusal. */
+#define TU_EXPECT_REFUSED(create, kind, desc, want, needle, call)                                  \
+    do {                                                                                           \
+        clattn_plan *tu_plan_ = (clattn_plan *)&tu_plan_;                                          \
+        const clattn_status tu_got_ = create(tu_ctx(), (desc), &tu_plan_);                         \
+        tu_expect_refused(tu_got_, tu_plan_, (want), (kind), (needle), (call));                    \
+    } while (0)
+
 /* Relative error of got vs ref (see tu_rel_error), counted in the suite's worst-error tracker;
  * records a failure when it exceeds tol. Returns the error. */
 double tu_expect_close(const char *what, const float *got, const double *ref, size_t count,
@@ -147,6 +173,16 @@ int tu_mentions_word(const char *text, const char *word);
 
 /* 1 when text starts with prefix. */
 int tu_starts_with(const char *text, const char *prefix);
+
+/* A cl_ulong-sized property (a size, a bitfield) of the shared context's device; 0 when the
+ * query fails. */
+cl_ulong tu_device_ulong(cl_device_info param);
+
+/* 1 when the shared context's device has double precision (CL_DEVICE_DOUBLE_FP_CONFIG). */
+int tu_device_has_fp64(void);
+
+/* mkdtemp(template), aborting the test (a failure) when no directory could be made. */
+void tu_make_temp_dir(char *template);
 
 /* --- reduced runs ------------------------------------------------------------------------- */
 

@@ -140,17 +140,25 @@ def test_reference_passes_gradcheck():
                                                                               v[..., :3, :]))
 
 
+def expect_masked_grads(out, ours, ref, go):
+    """out (clattn on ours: q, k, v, attn_mask) and the reference on ref, backward from go
+    (given to clattn in float32): each leaf's gradient float32, of its leaf's shape and within
+    TOL of the reference's."""
+    out.backward(go.float())
+    reference(*ref[:3], ref[3]).backward(go)
+    for a, b in zip(ours, ref):
+        assert a.grad.dtype == torch.float32 and a.grad.shape == b.shape
+        assert rel_err(a.grad, b.grad) <= TOL
+
+
 def test_against_float32_autograd():
     gen = torch.Generator().manual_seed(11)
     q, k, v = randn(gen, 2, 3, 9, 8), randn(gen, 2, 3, 12, 8), randn(gen, 2, 3, 12, 8)
     mask = randn(gen, 3, 9, 12)
     go = torch.randn(2, 3, 9, 8, generator=gen)
     ours, ref = leaves(q, k, v, mask), leaves(q, k, v, mask)
-    clattn.scaled_dot_product_attention(*ours[:3], attn_mask=ours[3]).backward(go)
-    reference(*ref[:3], ref[3]).backward(go)
-    for a, b in zip(ours, ref):
-        assert a.grad.dtype == torch.float32
-        assert rel_err(a.grad, b.grad) <= TOL
+    out = clattn.scaled_dot_product_attention(*ours[:3], attn_mask=ours[3])
+    expect_masked_grads(out, ours, ref, go)
 
 
 def test_rank3_and_only_some_inputs_require_grad():
@@ -177,11 +185,7 @@ def test_broadcast_batches_and_ranks(shapes):
     ours = leaves(*ref)
     out = clattn.scaled_dot_product_attention(*ours[:3], attn_mask=ours[3])
     go = torch.randn(out.shape, generator=gen, dtype=torch.float64)
-    out.backward(go.float())
-    reference(*ref[:3], ref[3]).backward(go)
-    for a, b in zip(ours, ref):
-        assert a.grad.shape == b.shape
-        assert rel_err(a.grad, b.grad) <= TOL
+    expect_masked_grads(out, ours, ref, go)
 
 
 def test_no_grad_path_unchanged():

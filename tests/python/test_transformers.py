@@ -139,11 +139,28 @@ def left_padded(batch=2, length=9, pad=3):
     return ids, mask
 
 
-def test_llama_logits_and_attentions(llama):
-    ids = torch.randint(2, 128, (2, 9))
-    e, c = both(llama, lambda m: m(ids, output_attentions=True))
+def check_logits_and_attentions(model, length):
+    """Two random sequences of `length` tokens: logits and attention weights as eager's.
+    Returns the ids and clattn's output."""
+    ids = torch.randint(2, 128, (2, length))
+    e, c = both(model, lambda m: m(ids, output_attentions=True))
     close(e.logits, c.logits)
     check_attentions(e.attentions, c.attentions)
+    return ids, c
+
+
+def check_left_padded_decode_generate(model):
+    """Left-padded logits (the real tokens'), cached decode and generation past the window."""
+    ids, mask = left_padded(length=10, pad=2)
+    e, c = both(model, lambda m: m(ids, attention_mask=mask))
+    rows = mask.bool()
+    close(e.logits[rows], c.logits[rows])
+    check_decode(model, ids, mask)
+    check_generate(model, ids[:1], steps=8)
+
+
+def test_llama_logits_and_attentions(llama):
+    check_logits_and_attentions(llama, 9)
 
 
 def test_llama_left_padded(llama):
@@ -223,10 +240,7 @@ def gemma2():
 
 
 def test_gemma2_logits_and_attentions(gemma2):
-    ids = torch.randint(2, 128, (2, 10))
-    e, c = both(gemma2, lambda m: m(ids, output_attentions=True))
-    close(e.logits, c.logits)
-    check_attentions(e.attentions, c.attentions)
+    ids, c = check_logits_and_attentions(gemma2, 10)
     # the cap does bend the scores here: without it the logits differ
     gemma2.config.attn_logit_softcapping = None
     for layer in gemma2.model.layers:
@@ -241,12 +255,7 @@ def test_gemma2_logits_and_attentions(gemma2):
 
 
 def test_gemma2_left_padded_decode_generate(gemma2):
-    ids, mask = left_padded(length=10, pad=2)
-    e, c = both(gemma2, lambda m: m(ids, attention_mask=mask))
-    rows = mask.bool()
-    close(e.logits[rows], c.logits[rows])
-    check_decode(gemma2, ids, mask)
-    check_generate(gemma2, ids[:1], steps=8)  # past the window
+    check_left_padded_decode_generate(gemma2)
 
 
 def test_gemma2_gradients(gemma2):
@@ -271,19 +280,11 @@ def gpt_oss():
 
 
 def test_gpt_oss_logits_and_attentions(gpt_oss):
-    ids = torch.randint(2, 128, (2, 10))
-    e, c = both(gpt_oss, lambda m: m(ids, output_attentions=True))
-    close(e.logits, c.logits)
-    check_attentions(e.attentions, c.attentions)
+    check_logits_and_attentions(gpt_oss, 10)
 
 
 def test_gpt_oss_decode_generate(gpt_oss):
-    ids, mask = left_padded(length=10, pad=2)
-    e, c = both(gpt_oss, lambda m: m(ids, attention_mask=mask))
-    rows = mask.bool()
-    close(e.logits[rows], c.logits[rows])
-    check_decode(gpt_oss, ids, mask)
-    check_generate(gpt_oss, ids[:1], steps=8)
+    check_left_padded_decode_generate(gpt_oss)
 
 
 def test_gpt_oss_gradients(gpt_oss):
