@@ -142,8 +142,7 @@ static void unfused_f64(pb_sdpa_spec *s)
 static const problem problems[] = {
     {"prefill, every modifier (flash_cpu.cl)", "cpu", NULL, prefill_all},
     {"prefill, every modifier (flash_gpu.cl)", "gpu", NULL, prefill_all},
-    {"grouped decode in splits (flash_merge)", "cpu", "any | * | * | decode_keys=16",
-     decode_group},
+    {"grouped decode in splits (flash_merge)", "cpu", "any | * | * | decode_keys=16", decode_group},
     {"grouped decode in splits, GPU parameters", "gpu", "any | * | * | decode_keys=16",
      decode_group},
     {"paged q8_0/q4_0 cache", "cpu", NULL, paged_quantized},
@@ -159,8 +158,8 @@ enum { PROBLEMS = sizeof problems / sizeof problems[0], MAX_KEYS = 16 };
 
 /* Runs the problem on a fresh context (params, row) and checks its numbers; the context's
  * log into log[0 .. *count). path overrides the spec's (-1: keep). */
-static clattn_status run_problem(const problem *pr, int path, clattn_validation *log,
-                                 size_t *count, char *info, size_t info_size)
+static clattn_status run_problem(const problem *pr, int path, clattn_validation *log, size_t *count,
+                                 char *info, size_t info_size)
 {
     setenv("CLATTN_PARAMS", pr->params, 1);
     clattn_ctx *ctx = fresh_ctx(pr->row);
@@ -184,8 +183,8 @@ static clattn_status run_problem(const problem *pr, int path, clattn_validation 
         clattn_tensors bound;
         tu_expect(pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS, "upload");
         tu_expect(pb_sdpa_poison(ctx, NULL, &bound) == CL_SUCCESS, "poison");
-        status = clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL,
-                                     NULL);
+        status =
+            clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
         tu_expect_status(status, CLATTN_SUCCESS, "clattn_plan_execute");
         if (status == CLATTN_SUCCESS)
             pb_sdpa_check(ctx, NULL, &p, &bound);
@@ -262,9 +261,8 @@ START_TEST(test_fault_each_variant)
             tu_expect(logged_failed(log, count, clean[u].variant),
                       "%s: fault %s: no failed entry in the log (%s)", pr->name, fault, info);
             char named[sizeof clean[u].variant];
-            snprintf(named, sizeof named, "\t%.*s@", (int)(strchr(clean[u].variant, '@') -
-                                                          clean[u].variant),
-                     clean[u].variant);
+            snprintf(named, sizeof named, "\t%.*s@",
+                     (int)(strchr(clean[u].variant, '@') - clean[u].variant), clean[u].variant);
             tu_expect(record_names("bad", named, " | clattn "),
                       "%s: fault %s: no bad record naming the variant and the driver in %s",
                       pr->name, fault, records);
@@ -302,8 +300,7 @@ START_TEST(test_fault_family)
     for (size_t c = 0; c < n && !tu_failed(); ++c) {
         setenv("CLATTN_FAULT_VARIANT", cases[c].fault, 1);
         const clattn_status status =
-            run_problem(&problems[cases[c].problem], cases[c].path, log, &count, info,
-                        sizeof info);
+            run_problem(&problems[cases[c].problem], cases[c].path, log, &count, info, sizeof info);
         unsetenv("CLATTN_FAULT_VARIANT");
         tu_expect_status(status, cases[c].status, cases[c].fault);
         tu_expect(strstr(info, cases[c].info_has) != NULL, "fault %s: the plan says '%s'",
@@ -327,8 +324,8 @@ START_TEST(test_records)
     tu_expect(n1 > 0, "the first context validated nothing");
     for (size_t i = 0; i < n1; ++i)
         tu_expect(first[i].result == CLATTN_CHECK_PASSED && first[i].milliseconds > 0.0,
-                  "first context: %s: result %d, %.3f ms", first[i].variant,
-                  (int)first[i].result, first[i].milliseconds);
+                  "first context: %s: result %d, %.3f ms", first[i].variant, (int)first[i].result,
+                  first[i].milliseconds);
     run_problem(&problems[0], -1, second, &n2, info, sizeof info);
     tu_expect(n2 == n1, "the second context logged %zu entries, the first %zu", n2, n1);
     for (size_t i = 0; i < n2; ++i)
@@ -445,13 +442,33 @@ done:
 }
 
 /* A fault in each backward variant judged: the right gradients through the fallback. */
+/* Each fault kind planted in variant v alone, `run` again under `params`: the log must name
+ * v failed (and, with check_status, the run still succeed: the family's next variant). */
+static void walk_faults(clattn_status (*run)(const char *, clattn_validation *, size_t *),
+                        const char *params, const clattn_validation *v, int check_status)
+{
+    clattn_validation log[MAX_KEYS];
+    size_t count = 0;
+    for (int f = 0; f < 3 && !tu_failed(); ++f) {
+        char fault[sizeof v->variant + 16];
+        snprintf(fault, sizeof fault, "%.63s:%s", v->variant, fault_kinds[f]);
+        setenv("CLATTN_FAULT_VARIANT", fault, 1);
+        const clattn_status status = run(params, log, &count);
+        unsetenv("CLATTN_FAULT_VARIANT");
+        if (check_status)
+            tu_expect_status(status, CLATTN_SUCCESS, fault);
+        tu_expect(logged_failed(log, count, v->variant), "fault %s: no failed entry in the log",
+                  fault);
+    }
+}
+
 START_TEST(test_fault_backward)
 {
     TU_BEGIN_TEST();
     const char *params = _i == 0 ? "cpu" : "gpu";
     fresh_records();
-    clattn_validation clean[MAX_KEYS], log[MAX_KEYS];
-    size_t used = 0, count = 0;
+    clattn_validation clean[MAX_KEYS];
+    size_t used = 0;
     setenv("CLATTN_VALIDATE", "always", 1);
     run_backward(params, clean, &used);
     int judged = 0;
@@ -461,15 +478,7 @@ START_TEST(test_fault_backward)
         ++judged;
         tu_expect(clean[u].result == CLATTN_CHECK_PASSED, "%s: %s (%s)", clean[u].variant,
                   "not passed on a clean run", clean[u].detail);
-        for (int f = 0; f < 3 && !tu_failed(); ++f) {
-            char fault[sizeof clean[u].variant + 16];
-            snprintf(fault, sizeof fault, "%.63s:%s", clean[u].variant, fault_kinds[f]);
-            setenv("CLATTN_FAULT_VARIANT", fault, 1);
-            run_backward(params, log, &count);
-            unsetenv("CLATTN_FAULT_VARIANT");
-            tu_expect(logged_failed(log, count, clean[u].variant),
-                      "fault %s: no failed entry in the log", fault);
-        }
+        walk_faults(run_backward, params, &clean[u], 0);
     }
     tu_expect(judged > 0, "the backward judged no variant");
     drop_records();
@@ -508,22 +517,14 @@ START_TEST(test_fault_mha)
     TU_BEGIN_TEST();
     const char *params = _i == 0 ? "cpu" : "gpu";
     fresh_records();
-    clattn_validation clean[MAX_KEYS], log[MAX_KEYS];
-    size_t used = 0, count = 0;
+    clattn_validation clean[MAX_KEYS];
+    size_t used = 0;
     setenv("CLATTN_VALIDATE", "always", 1);
     tu_expect_status(run_mha(params, clean, &used), CLATTN_SUCCESS, "the clean run");
     int means = 0;
     for (size_t u = 0; u < used && !tu_failed(); ++u) {
         means += strcmp(clean[u].unit, "mean over heads") == 0;
-        for (int f = 0; f < 3 && !tu_failed(); ++f) {
-            char fault[sizeof clean[u].variant + 16];
-            snprintf(fault, sizeof fault, "%.63s:%s", clean[u].variant, fault_kinds[f]);
-            setenv("CLATTN_FAULT_VARIANT", fault, 1);
-            tu_expect_status(run_mha(params, log, &count), CLATTN_SUCCESS, fault);
-            unsetenv("CLATTN_FAULT_VARIANT");
-            tu_expect(logged_failed(log, count, clean[u].variant),
-                      "fault %s: no failed entry in the log", fault);
-        }
+        walk_faults(run_mha, params, &clean[u], 1);
     }
     tu_expect(means == 1, "the MHA plan judged %d mean_heads variants, not 1", means);
     drop_records();
@@ -554,9 +555,11 @@ static clattn_status family_plan(int family, clattn_validation *log, size_t *cou
         roles[CLATTN_ROLE_K] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, 2, 9, 12, 0);
         roles[CLATTN_ROLE_V] = roles[CLATTN_ROLE_K];
         roles[CLATTN_ROLE_OUT] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, 2, 7, 12, 0);
-        roles[CLATTN_ROLE_Q_WEIGHT] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, 12, 16, 0, 0);
+        roles[CLATTN_ROLE_Q_WEIGHT] =
+            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, 12, 16, 0, 0);
         roles[CLATTN_ROLE_K_WEIGHT] = roles[CLATTN_ROLE_Q_WEIGHT];
-        roles[CLATTN_ROLE_SCORE_WEIGHT] = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, 16, 0, 0, 0);
+        roles[CLATTN_ROLE_SCORE_WEIGHT] =
+            clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 1, 16, 0, 0, 0);
         clattn_additive_desc desc;
         clattn_additive_desc_init(&desc);
         desc.by_role = roles;

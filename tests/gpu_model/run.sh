@@ -29,6 +29,30 @@ done
 start=$(date +%s)
 failed=0
 
+# The planted kernels in $scratch/kernels: $1 the file, $2 its kernel, $3 the counter the
+# planted load must fail, $4 the model's case, $5 what was planted. Expects model.py's exit 1
+# and a mismatch of that counter; sets failed=1 otherwise.
+canary_check() {
+    if ! grep -q 'canary' "$scratch/kernels/$1"; then
+        echo "gpu_model canary: FAILED: cannot plant the extra load ($1 changed?):" \
+             "update tests/gpu_model/run.sh"
+        failed=1
+        return
+    fi
+    python3 "$here/model.py" "$build_dir" --kernels "$scratch/kernels" --case "$4" \
+        >"$scratch/canary.out" 2>&1
+    status=$?
+    if [ "$status" -eq 1 ] && grep -q "$2 $3: measured" "$scratch/canary.out"; then
+        echo "gpu_model canary: ok: an extra $5 in $2 ($1) is failed" \
+             "($(grep -m1 "$2 $3: measured" "$scratch/canary.out" | sed 's/^ *//'))"
+    else
+        echo "gpu_model canary: FAILED: model.py exit $status on a planted extra $5 in $2;" \
+             "expected exit 1 and a $3 mismatch"
+        tail -n 20 "$scratch/canary.out"
+        failed=1
+    fi
+}
+
 if [ "${GPU_MODEL_CANARY:-1}" != 0 ]; then
     scratch=$(mktemp -d "${TMPDIR:-/tmp}/gpu_model.XXXXXX") || exit 2
     cp -r "$here/../../kernels" "$scratch/kernels"
@@ -38,26 +62,8 @@ if [ "${GPU_MODEL_CANARY:-1}" != 0 ]; then
     extra='(void)((volatile __local float4 *)p_tile4)[(ty + i * FG_TY) * (P_PAD \/ 4) + j4];'
     sed -i "s/^\( *\)$weight\$/\1{ p4[i] = p_tile4[(ty + i * FG_TY) * (P_PAD \/ 4) + j4]; $extra \/* canary *\/ }/" \
         "$scratch/kernels/flash_gpu.cl"
-    if ! grep -q 'canary' "$scratch/kernels/flash_gpu.cl"; then
-        echo "gpu_model canary: FAILED: cannot plant the extra load (flash_gpu.cl changed?):" \
-             "update tests/gpu_model/run.sh"
-        failed=1
-    else
-        python3 "$here/model.py" "$build_dir" --kernels "$scratch/kernels" \
-            --case "decode grouped H8/2 kvlen 37/80 d64" >"$scratch/canary.out" 2>&1
-        status=$?
-        if [ "$status" -eq 1 ] && grep -q 'flash_attention local_loads: measured' \
-            "$scratch/canary.out"; then
-            echo "gpu_model canary: ok: an extra local load in flash_gpu.cl is failed" \
-                 "($(grep -m1 'flash_attention local_loads: measured' "$scratch/canary.out" |
-                     sed 's/^ *//'))"
-        else
-            echo "gpu_model canary: FAILED: model.py exit $status on a planted extra local" \
-                 "load; expected exit 1 and a local_loads mismatch"
-            tail -n 20 "$scratch/canary.out"
-            failed=1
-        fi
-    fi
+    canary_check flash_gpu.cl flash_attention local_loads \
+        "decode grouped H8/2 kvlen 37/80 d64" "local load"
     # The backward: an extra (volatile, discarded) global load of a row's lse per row tile of
     # bwd_dkdv_gpu (flash_bwd_gpu.cl, what GPUs run) must be failed on global_loads.
     cp "$here/../../kernels/flash_bwd_gpu.cl" "$scratch/kernels/flash_bwd_gpu.cl"
@@ -65,26 +71,8 @@ if [ "${GPU_MODEL_CANARY:-1}" != 0 ]; then
     extra='(void)((volatile __global const float *)lse_in)[lse_base];'
     sed -i "s/^\( *\)$tile\$/\1$tile $extra \/* canary *\//" \
         "$scratch/kernels/flash_bwd_gpu.cl"
-    if ! grep -q 'canary' "$scratch/kernels/flash_bwd_gpu.cl"; then
-        echo "gpu_model canary: FAILED: cannot plant the extra load (flash_bwd_gpu.cl" \
-             "changed?): update tests/gpu_model/run.sh"
-        failed=1
-    else
-        python3 "$here/model.py" "$build_dir" --kernels "$scratch/kernels" \
-            --case "backward GQA H2/1 12x20 d24" >"$scratch/canary_bwd.out" 2>&1
-        status=$?
-        if [ "$status" -eq 1 ] && grep -q 'bwd_dkdv_gpu global_loads: measured' \
-            "$scratch/canary_bwd.out"; then
-            echo "gpu_model canary: ok: an extra global load in bwd_dkdv_gpu is failed" \
-                 "($(grep -m1 'bwd_dkdv_gpu global_loads: measured' "$scratch/canary_bwd.out" |
-                     sed 's/^ *//'))"
-        else
-            echo "gpu_model canary: FAILED: model.py exit $status on a planted extra global" \
-                 "load in bwd_dkdv_gpu; expected exit 1 and a global_loads mismatch"
-            tail -n 20 "$scratch/canary_bwd.out"
-            failed=1
-        fi
-    fi
+    canary_check flash_bwd_gpu.cl bwd_dkdv_gpu global_loads "backward GQA H2/1 12x20 d24" \
+        "global load"
     rm -rf "$scratch"
 fi
 
