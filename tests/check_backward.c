@@ -85,10 +85,7 @@ static void run_case(clattn_ctx *ctx, const bwd_case *c)
     for (int run = 0; run < 2 && !tu_failed(); ++run) { /* twice: the workspace is reused */
         if (run == 1) {
             /* the forward again on the same tensors, the gradients' roles (last) left out */
-            pb_rewrite(ctx, NULL, &bound.out, NULL);
-            tu_expect_status(clattn_plan_execute(forward, bound.by_role, CLATTN_ROLE_GRAD_OUT,
-                                                 NULL, NULL, 0, NULL, NULL),
-                             CLATTN_SUCCESS, "forward, the gradients' roles left out");
+            tu_forward_again(ctx, forward, &bound, "forward, the gradients' roles left out");
             clattn_tensor *grads[5] = {&bound.grad_q, &bound.grad_k, &bound.grad_v,
                                        &bound.grad_attn_mask, &bound.grad_sinks};
             for (int i = 0; i < 5; ++i)

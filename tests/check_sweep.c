@@ -1594,10 +1594,8 @@ static void run_backward(clattn_ctx *ctx, pb_sdpa_problem *p)
                      s->v_dtype != CLATTN_DTYPE_F32 || s->out_dtype != CLATTN_DTYPE_F32;
     for (int run = 0; run < 2 && !tu_failed(); ++run) { /* twice: the workspace is reused */
         if (run == 1) {
-            pb_rewrite(ctx, NULL, &bound.out, NULL);
-            tu_expect_status(clattn_plan_execute(forward, bound.by_role, CLATTN_ROLE_GRAD_OUT,
-                                                 NULL, NULL, 0, NULL, NULL),
-                             CLATTN_SUCCESS, "backward: forward, the gradients' roles left out");
+            tu_forward_again(ctx, forward, &bound,
+                             "backward: forward, the gradients' roles left out");
             for (int i = 0; i < G_COUNT; ++i)
                 if (grads[i]->mem != NULL)
                     pb_rewrite(ctx, NULL, grads[i], NULL);

@@ -391,7 +391,7 @@ clattn_ctx *tu_ctx(void)
         const char *ci = getenv("CI");
         const int in_ci = ci != NULL && strcmp(ci, "true") == 0;
         printf("%s: %s: NO OPENCL DEVICE (CLATTN_DEVICE='%s'): %s\n", suite_name_,
-               in_ci ? "FAILED under CI=true" : "SKIPPED, nothing was tested", 
+               in_ci ? "FAILED under CI=true" : "SKIPPED, nothing was tested",
                getenv("CLATTN_DEVICE") ? getenv("CLATTN_DEVICE") : "", message);
         fprintf(stderr, "%s: no OpenCL device: this suite ran NO test\n", suite_name_);
         exit(in_ci ? 1 : 77);
@@ -603,4 +603,13 @@ void tu_add_loop_except(TCase *tcase, const TTest *test, int start, int end, con
             tcase_add_loop_test(tcase, test, i, i + 1);
         }
     }
+}
+
+void tu_forward_again(clattn_ctx *ctx, clattn_plan *forward, clattn_tensors *bound,
+                      const char *what)
+{
+    pb_rewrite(ctx, NULL, &bound->out, NULL);
+    tu_expect_status(clattn_plan_execute(forward, bound->by_role, CLATTN_ROLE_GRAD_OUT, NULL, NULL,
+                                         0, NULL, NULL),
+                     CLATTN_SUCCESS, what);
 }

@@ -211,4 +211,9 @@ void tu_add_loop_except(TCase *tcase, const TTest *test, int start, int end, con
  * d becomes g with a copy of g's tensors, bound to d. */
 #define RESET(d, g) ((d) = (g), d##_tensors = g##_tensors, CLATTN_BIND_ROLES(d, d##_tensors))
 
+/* The SDPA forward `forward` again on bound's tensors (out poisoned first), the gradients'
+ * roles (CLATTN_ROLE_GRAD_OUT on) left out; expects success (`what` names it). */
+void tu_forward_again(clattn_ctx *ctx, clattn_plan *forward, clattn_tensors *bound,
+                      const char *what);
+
 #endif /* CLATTN_TESTUTIL_H */

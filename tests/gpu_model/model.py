@@ -447,6 +447,18 @@ def bwd_gpu_tiles(seq_q, dk, dv, local_mem=LOCAL_MEM):
     return bk, br
 
 
+def bwd_gpu_totals(c, elem, elem_loads, f32_loads, groups, exps):
+    """A GPU backward pass's counts per work-group, completed (bytes, global loads) and times
+    its `groups` work-groups; `exps` exponentials in all."""
+    c["local_store_bytes"] = 4 * c["local_stores"]
+    c["global_loads"] = elem_loads + f32_loads
+    c["global_load_bytes"] = elem * elem_loads + 4 * f32_loads
+    c["global_store_bytes"] = elem * c["global_stores"]
+    c = {k: v * groups for k, v in c.items()}
+    c["exp"] = exps
+    return c
+
+
 def bwd_dkdv_gpu(batch, heads, kv_heads, seq_q, seq_k, dk, dv, limit, causal, has_kv_len,
                  elem=4, local_mem=LOCAL_MEM):
     """bwd_dkdv_gpu: a work-group of T = TX x TY items per block of BK keys of a (batch, k/v
@@ -498,13 +510,8 @@ def bwd_dkdv_gpu(batch, heads, kv_heads, seq_q, seq_k, dk, dv, limit, causal, ha
             c["local_load_bytes"] += rows4 * (32 * t * rk + 16 * ty * (dk + dv)) * group
             c["fma"] += (br * bk * (dk4 + dv4) + 4 * rows4 * bk * tx * (rdk + rdv)) * group
             c["barriers"] += 3 * t * group
-    c["local_store_bytes"] = 4 * c["local_stores"]
-    c["global_loads"] = elem_loads + f32_loads
-    c["global_load_bytes"] = elem * elem_loads + 4 * f32_loads
-    c["global_store_bytes"] = elem * c["global_stores"]
-    c = {k: v * batch * kv_heads for k, v in c.items()}
-    c["exp"] = batch * heads * bwd_kept(seq_q, limit, causal)
-    return c
+    return bwd_gpu_totals(c, elem, elem_loads, f32_loads, batch * kv_heads,
+                          batch * heads * bwd_kept(seq_q, limit, causal))
 
 
 def bwd_dq_gpu(batch, heads, seq_q, seq_k, dk, dv, limit, causal, has_kv_len, elem=4,
@@ -547,13 +554,8 @@ def bwd_dq_gpu(batch, heads, seq_q, seq_k, dk, dv, limit, causal, has_kv_len, el
             c["local_load_bytes"] += keys4 * (16 * t * rk + 16 * ty * dk)
             c["fma"] += br * bk * (dk4 + dv4) + 4 * keys4 * bk * tx * rdk
             c["barriers"] += 3 * t
-    c["local_store_bytes"] = 4 * c["local_stores"]
-    c["global_loads"] = elem_loads + f32_loads
-    c["global_load_bytes"] = elem * elem_loads + 4 * f32_loads
-    c["global_store_bytes"] = elem * c["global_stores"]
-    c = {k: v * batch * heads for k, v in c.items()}
-    c["exp"] = batch * heads * bwd_kept(seq_q, limit, causal)
-    return c
+    return bwd_gpu_totals(c, elem, elem_loads, f32_loads, batch * heads,
+                          batch * heads * bwd_kept(seq_q, limit, causal))
 
 
 def backward_launches(batch, heads, kv_heads, seq_q, seq_k, dk, dv=None, causal=False,
