@@ -216,4 +216,17 @@ void tu_add_loop_except(TCase *tcase, const TTest *test, int start, int end, con
 void tu_forward_again(clattn_ctx *ctx, clattn_plan *forward, clattn_tensors *bound,
                       const char *what);
 
+/* A plan creator's first checks: the descriptor `good` creates a plan (released), a NULL ctx
+ * and a NULL desc are refused (CLATTN_ERR_INVALID_ARGUMENT). */
+#define TU_EXPECT_PLAN_BASICS(create, good)                                                        \
+    do {                                                                                           \
+        clattn_plan *basics_ = NULL;                                                               \
+        tu_expect_status(create(tu_ctx(), &(good), &basics_), CLATTN_SUCCESS, "good");             \
+        clattn_plan_release(basics_);                                                              \
+        tu_expect_status(create(NULL, &(good), &basics_), CLATTN_ERR_INVALID_ARGUMENT,             \
+                         "NULL ctx");                                                              \
+        tu_expect_status(create(tu_ctx(), NULL, &basics_), CLATTN_ERR_INVALID_ARGUMENT,            \
+                         "NULL desc");                                                             \
+    } while (0)
+
 #endif /* CLATTN_TESTUTIL_H */
