@@ -87,7 +87,9 @@ static clattn_status prepare_vec4(clattn_ctx *ctx, const size_t dims[4], clattn_
     plan->vec4 = NULL;
     if (src_dtype != CLATTN_DTYPE_F32 || dst_dtype != CLATTN_DTYPE_F32 || dims[3] % 4 != 0)
         return CLATTN_SUCCESS;
-    if (!clattn__round_up(plan->global / 4 + 1, plan->local, &plan->vec4_global))
+    /* a work-item per float4: the box's elements (checked by copy4d's prepare) over 4 */
+    const size_t quads = dims[0] * dims[1] * dims[2] * (dims[3] / 4);
+    if (!clattn__round_up(quads, plan->local, &plan->vec4_global))
         return CLATTN_SUCCESS; /* (copy4d takes it) */
     const copy_switches sw = {
         .HEADS_WG = ctx->tuning.heads_wg, .SRC_DTYPE = src_dtype, .DST_DTYPE = dst_dtype};
