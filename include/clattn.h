@@ -1104,6 +1104,39 @@ CLATTN_API clattn_status clattn_quantize(clattn_ctx *ctx, const clattn_tensor *s
                                          const clattn_tensor *dst, cl_uint num_wait,
                                          const cl_event *wait, cl_event *event);
 
+/* ---- Speculative decoding: keeping the accepted draft tokens (since 0.12) ------------------
+ * A verification step writes each sequence's draft tokens' keys and values after its committed
+ * keys (draft token t of sequence b at key kv_seqlen[b] + t) and attends over them with a tree
+ * mask; clattn_kv_commit then keeps the accepted path's rows and drops the rest, on the
+ * device: for i = 0, 1, .. key kv_seqlen[b] + accepted[b, i] moves to kv_seqlen[b] + i, and
+ * kv_seqlen[b] grows by the number of entries taken. A sequence's list ends at its first
+ * entry that is not above the one before it (the first: not >= 0; -1 pads a short list), not
+ * below draft_len, or whose rows lie outside the cache (past its capacity, or in a block with
+ * no page of the pool): the entries are read on the device, and a bad one ends the list rather
+ * than writing outside the cache. A path of a tree whose tokens are numbered parents first
+ * rises, as the rule asks. A sequence whose kv_seqlen is negative is left alone. Rows after
+ * the new count keep what they held (they are past the key count, which every plan reads).
+ *
+ * k: keys, contiguous (batch, kv_heads, capacity, head_dim_qk) or, with block_table, a pool of
+ * pages (num_pages, page_size, kv_heads, head_dim_qk) as SDPA plans take them; any storage type
+ * (F32, F16, BF16, Q8_0, Q4_0), any strides but stride 1 along head_dim (rows move as bytes).
+ * v: values, the same form with head_dim_v, or absent (rank 0: keys only, e.g. multi-head latent
+ * attention's one latent cache whose values are a view of its keys). k and v must not overlap.
+ * block_table: I32 (batch, blocks), or absent for a contiguous cache. kv_seqlen: I32 (batch),
+ * read and advanced in place. accepted: I32 (batch, max_accepted). draft_len >= 1: the draft
+ * tokens written after each sequence's keys. Two launches (the moves, then the counts), on the
+ * context's queue after the wait list. */
+typedef struct clattn_kv_commit_desc {
+    size_t struct_size;
+    clattn_tensor k, v, block_table, kv_seqlen, accepted;
+    size_t draft_len;
+} clattn_kv_commit_desc;
+
+CLATTN_API void clattn_kv_commit_desc_init(clattn_kv_commit_desc *desc);
+CLATTN_API clattn_status clattn_kv_commit(clattn_ctx *ctx, const clattn_kv_commit_desc *desc,
+                                          cl_uint num_wait, const cl_event *wait,
+                                          cl_event *event);
+
 /* ---------------------------------------------------------------------------------------------
  * Host-pointer API: packed float32 arrays in and out; synchronous. Built on plans.
  * ------------------------------------------------------------------------------------------- */

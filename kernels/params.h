@@ -228,6 +228,20 @@ CLATTN_PARAMS_STRUCT(merge, CLATTN_MERGE_PARAMS)
     X(ulong, bt_s0) X(uint, page_size) X(uint, num_pages) X(uint, start) X(uint, append_pad)
 CLATTN_PARAMS_STRUCT(append, CLATTN_APPEND_PARAMS)
 
+/* ---- speculative decoding's commit (commit.cl) ----------------------------------------------
+ * table (paged: (batch, blocks) I32, bt_s0 its row stride), accepted (batch, max_accepted) and
+ * lengths (batch) I32: element offsets and strides; the caches k and v: BYTE offsets and the
+ * byte strides of (page, slot, head) for pools, else (batch, head, key); k_row / v_row: bytes
+ * of a row (v_row 0: no value cache); capacity: keys a sequence holds; draft_len: the drafts
+ * written after each sequence's keys. */
+#define CLATTN_COMMIT_PARAMS(X)                                                                   \
+    X(ulong, bt_offset) X(ulong, bt_s0) X(ulong, capacity) X(ulong, acc_offset) X(ulong, acc_s0) \
+    X(ulong, acc_s1) X(ulong, len_offset) X(ulong, len_s0) X(ulong, k_offset) X(ulong, k_s0)      \
+    X(ulong, k_s1) X(ulong, k_s2) X(ulong, v_offset) X(ulong, v_s0) X(ulong, v_s1) X(ulong, v_s2) \
+    X(uint, page_size) X(uint, num_pages) X(uint, max_accepted) X(uint, draft_len) X(uint, k_row) \
+    X(uint, v_row) X(uint, batch) X(uint, commit_pad)
+CLATTN_PARAMS_STRUCT(commit, CLATTN_COMMIT_PARAMS)
+
 
 /* ---- attention backward (flash_bwd.cl) -----------------------------------------------------
  * q, k, v, o, go (the output's gradient dO), dq, dk, dv: (b, h, row, col) strides and element

@@ -1800,7 +1800,8 @@ static const char params_echo_source[] =
     "PLAIN(posenc, CLATTN_POSENC_PARAMS)\n"
     "PLAIN(additive, CLATTN_ADDITIVE_PARAMS)\n"
     "PLAIN(merge, CLATTN_MERGE_PARAMS)\n"
-    "PLAIN(append, CLATTN_APPEND_PARAMS)\n";
+    "PLAIN(append, CLATTN_APPEND_PARAMS)\n"
+    "PLAIN(commit, CLATTN_COMMIT_PARAMS)\n";
 
 #define PARAMS_MAX_FIELDS 128
 /* Fills the struct's fields with 1, 2, ... and the expected bits. */
@@ -1908,6 +1909,7 @@ START_TEST(test_params_layout)
     ECHO_PLAIN(additive, CLATTN_ADDITIVE_PARAMS);
     ECHO_PLAIN(merge, CLATTN_MERGE_PARAMS);
     ECHO_PLAIN(append, CLATTN_APPEND_PARAMS);
+    ECHO_PLAIN(commit, CLATTN_COMMIT_PARAMS);
 done:
     if (program)
         clReleaseProgram(program);

@@ -395,6 +395,42 @@ clattn_status clattn__append_enqueue(clattn_chain *chain, const clattn__append_p
                                      cl_mem lengths, size_t length,
                                      const clattn__append_pages *pages);
 
+/* ---- speculative decoding's commit (ops/commit.c, kernels/commit.cl) ------------------------
+ * Moves each sequence's accepted draft rows down to follow its committed keys and advances the
+ * key counts (the rules: kernels/commit.cl). Rows move as bytes: k_row / v_row bytes each. */
+typedef struct clattn__commit_shape {
+    size_t batch, heads, k_row, v_row; /* v_row 0: no value cache */
+    size_t page_size, num_pages;       /* page_size 0: contiguous (batch, heads, capacity, d) */
+    size_t capacity;                   /* keys a sequence can hold */
+    size_t max_accepted, draft_len;
+} clattn__commit_shape;
+
+typedef struct clattn__commit_plan {
+    clattn__commit_shape shape;
+    cl_kernel kernel, lengths_kernel;
+    size_t local, global[3], lengths_global;
+} clattn__commit_plan;
+
+/* A cache: its buffer, element offset and strides (pools: page, slot, head; else batch, head,
+ * key), and its dtype's block (elements) and bytes per block (1 and the element size for
+ * unblocked types). mem NULL: absent. */
+typedef struct clattn__commit_cache {
+    cl_mem mem;
+    size_t offset, strides[3], block, elem_bytes;
+} clattn__commit_cache;
+
+/* The I32 operands: element offsets and strides. table NULL: contiguous. */
+typedef struct clattn__commit_lists {
+    cl_mem table, accepted, lengths;
+    cl_ulong table_offset, table_s0, acc_offset, acc_s0, acc_s1, len_offset, len_s0;
+} clattn__commit_lists;
+
+clattn_status clattn__commit_prepare(clattn_ctx *ctx, const clattn__commit_shape *shape,
+                                     clattn__commit_plan *plan);
+clattn_status clattn__commit_enqueue(clattn_chain *chain, const clattn__commit_plan *plan,
+                                     const clattn__commit_cache *k, const clattn__commit_cache *v,
+                                     const clattn__commit_lists *lists);
+
 clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn_dtype src_dtype,
                                    clattn_dtype dst_dtype, clattn__copy_plan *plan);
 clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan *plan,
