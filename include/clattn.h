@@ -885,6 +885,35 @@ CLATTN_API clattn_status clattn_flex_block_mask(clattn_ctx *ctx, const clattn_bl
                                                 cl_uint num_wait, const cl_event *wait,
                                                 cl_event *event);
 
+/* Speculative decoding's tree mask (since 0.12): fills `flex` (source, CLATTN_FLEX_MASK_MOD,
+ * aux_names; the rest untouched) with a mask_mod that lets each draft token see the cached
+ * prefix and its own ancestors in the draft tree. Bind two auxiliary tensors:
+ *   CLATTN_ROLE_FLEX_AUX0 tree_bits, U8 (bytes): per sequence b with n_b > 0 drafts, an n_b x
+ *     n_b bit matrix, row-major, bit (i, j) = 1 when draft j is draft i or an ancestor of it,
+ *     at bit (i * n_b + j) of the sequence's bytes, least significant bit first
+ *     (FlashInfer's packed custom_mask, np.packbits(..., bitorder="little"), for the draft
+ *     block only), starting at byte tree_meta[b, 2];
+ *   CLATTN_ROLE_FLEX_AUX1 tree_meta, I32 (batch, 3): the sequence's first draft key (its
+ *     committed length), its draft count n_b (0: no tree: every key is kept, as for a decoding
+ *     or prefilling sequence of a mixed batch) and the byte offset of its bits.
+ * Query row i of sequence b is draft i: it keeps keys below tree_meta[b, 0] and draft key
+ * tree_meta[b, 0] + j where bit (i, j) is set; rows past n_b keep the prefix only. It joins
+ * the other rules (causal, key counts): with causal BOTTOM_RIGHT, drafts numbered parents
+ * first keep exactly their ancestors. clattn_kv_commit then keeps the accepted path. */
+#define CLATTN_TREE_MASK_SOURCE                                                                    \
+    "int mask_mod(int b, int h, int q_idx, int kv_idx)\n"                                          \
+    "{\n"                                                                                         \
+    "    const int start = tree_meta[3 * b], n = tree_meta[3 * b + 1];\n"                          \
+    "    if (kv_idx < start || n == 0)\n"                                                         \
+    "        return 1;\n"                                                                         \
+    "    const int j = kv_idx - start;\n"                                                         \
+    "    if (j >= n || q_idx >= n)\n"                                                             \
+    "        return 0;\n"                                                                         \
+    "    const int bit = q_idx * n + j;\n"                                                        \
+    "    return (tree_bits[tree_meta[3 * b + 2] + (bit >> 3)] >> (bit & 7)) & 1;\n"               \
+    "}\n"
+CLATTN_API void clattn_flex_tree_mask(clattn_flex_desc *flex);
+
 /* NULL is a no-op. */
 CLATTN_API void clattn_plan_release(clattn_plan *plan);
 

@@ -98,5 +98,12 @@ int main(void)
     FIELD(clattn_kv_cache_desc, dtype), FIELD(clattn_kv_cache_desc, page_size);
     FIELD(clattn_kv_cache_desc, num_pages);
     END();
+
+    BEGIN(clattn_kv_commit_desc, "KvCommitDesc");
+    FIELD(clattn_kv_commit_desc, struct_size), FIELD(clattn_kv_commit_desc, k);
+    FIELD(clattn_kv_commit_desc, v), FIELD(clattn_kv_commit_desc, block_table);
+    FIELD(clattn_kv_commit_desc, kv_seqlen), FIELD(clattn_kv_commit_desc, accepted);
+    FIELD(clattn_kv_commit_desc, draft_len);
+    END();
     return 0;
 }

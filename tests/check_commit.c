@@ -2,6 +2,7 @@
  * contiguous and paged caches of every storage type, the key counts advanced, every other byte
  * of the caches unchanged, against a host model of the rule; bad lists end where the header
  * says; refusals name the argument. */
+#include "problems.h"
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -300,6 +301,103 @@ START_TEST(test_commit_refusals)
 }
 END_TEST
 
+
+/* --- the tree mask (clattn_flex_tree_mask) ------------------------------------------------ */
+
+/* Each sequence's draft tree: parents first (draft i's parent below i, or -1: the prefix);
+ * bits (i, j) = j is i or an ancestor, n x n row-major, LSB first, from byte offsets[b]. */
+static uint8_t *tree_bits(const size_t *n, size_t batch, size_t *offsets, size_t *total)
+{
+    *total = 0;
+    for (size_t b = 0; b < batch; ++b)
+        offsets[b] = *total, *total += (n[b] * n[b] + 7) / 8;
+    uint8_t *bits = tu_bytes(*total + 1);
+    for (size_t b = 0; b < batch; ++b) {
+        int parent[64];
+        for (size_t i = 0; i < n[b]; ++i) {
+            parent[i] = i == 0 ? -1 : (int)tu_rand_below(i + 1) - 1;
+            for (int j = (int)i; j >= 0; j = j == (int)i ? parent[i] : parent[j]) {
+                const size_t bit = i * n[b] + (size_t)j;
+                bits[offsets[b] + bit / 8] |= (uint8_t)(1u << (bit % 8));
+            }
+        }
+    }
+    return bits;
+}
+
+static int tree_keeps(const uint8_t *bits, size_t offset, size_t n, size_t start, size_t i,
+                      size_t j)
+{
+    if (j < start || n == 0)
+        return 1;
+    if (j - start >= n || i >= n)
+        return 0;
+    const size_t bit = i * n + (j - start);
+    return (bits[offset + bit / 8] >> (bit % 8)) & 1;
+}
+
+/* A verification step: drafts (7, 3 and none) after each sequence's prefix in a paged or
+ * contiguous cache, the tree mask against the float64 reference of the same rule as a bool
+ * attn_mask (rows past a sequence's drafts see its prefix only). */
+START_TEST(test_tree_mask)
+{
+    TU_BEGIN_TEST();
+    static const size_t pages[] = {16, 1, 0};
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = 3, spec.heads = 4, spec.kv_heads = _i == 1 ? 4 : 2;
+    spec.seq_q = 7, spec.seq_k = pages[_i] ? pages[_i] * (_i ? 29 : 5) : 65;
+    spec.dk = 16, spec.dv = 8, spec.kv_len = 1, spec.page_size = pages[_i];
+    spec.path = CLATTN_PATH_FUSED;
+    spec.causal = _i == 2 ? CLATTN_CAUSAL_NONE : CLATTN_CAUSAL_BOTTOM_RIGHT;
+    spec.mask = PB_MASK_BOOL, spec.mask_rank = 4, spec.mask_ones = PB_MASK_ONES_H;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    size_t n[3] = {7, 3, 0}, offsets[3], total = 0;
+    for (size_t b = 0; b < 3; ++b) /* the drafts are a sequence's last keys (drawn counts) */
+        n[b] = n[b] < (size_t)p.kv_len[b] ? n[b] : (size_t)p.kv_len[b];
+    uint8_t *bits = tree_bits(n, 3, offsets, &total);
+    int32_t meta[9];
+    for (size_t b = 0; b < 3; ++b) {
+        meta[3 * b] = p.kv_len[b] - (int32_t)n[b], meta[3 * b + 1] = (int32_t)n[b];
+        meta[3 * b + 2] = (int32_t)offsets[b];
+        for (size_t i = 0; i < spec.seq_q; ++i)
+            for (size_t j = 0; j < spec.seq_k; ++j)
+                p.mask[(b * spec.seq_q + i) * spec.seq_k + j] =
+                    (float)tree_keeps(bits, offsets[b], n[b], (size_t)meta[3 * b], i, j);
+    }
+    pb_sdpa_reference(&p);
+    tu_set_case("tree mask, %s", p.label);
+    clattn_tensors layouts = p.layouts, bound;
+    layouts.attn_mask.rank = 0;
+    layouts.flex_aux0 = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 1, total + 1, 0, 0, 0);
+    layouts.flex_aux1 = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, 3, 3, 0, 0);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    CLATTN_BIND_ROLES(desc, layouts);
+    clattn_flex_tree_mask(&desc.flex);
+    clattn_plan *plan = NULL;
+    if (tu_expect_status(clattn_sdpa_plan_create(tu_ctx(), &desc, &plan), CLATTN_SUCCESS,
+                         "create") &&
+        tu_expect(pb_sdpa_upload(tu_ctx(), &p, &bound) == CL_SUCCESS, "upload")) {
+        tu_release_mem(bound.attn_mask.mem);
+        bound.attn_mask = layouts.attn_mask;
+        bound.flex_aux0 = layouts.flex_aux0, bound.flex_aux1 = layouts.flex_aux1;
+        bound.flex_aux0.mem = tu_upload_bytes(bits, total + 1);
+        bound.flex_aux1.mem = tu_upload_bytes(meta, sizeof meta);
+        if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL,
+                                                 NULL, 0, NULL, NULL),
+                             CLATTN_SUCCESS, "execute"))
+            pb_sdpa_check(tu_ctx(), NULL, &p, &bound);
+        pb_release_tensors(&bound);
+    }
+    clattn_plan_release(plan);
+    free(bits);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 static Suite *commit_suite(void)
 {
     Suite *suite = suite_create("commit");
@@ -307,6 +405,8 @@ static Suite *commit_suite(void)
     tcase_add_loop_test(rows, test_commit_rows, 0, NUM_CASES);
     TCase *refusals = tu_tcase(suite, "refusals", 120);
     tcase_add_test(refusals, test_commit_refusals);
+    TCase *tree = tu_tcase(suite, "tree", 300);
+    tcase_add_loop_test(tree, test_tree_mask, 0, 3);
     return suite;
 }
 

@@ -541,3 +541,13 @@ clattn_status clattn_flex_block_mask(clattn_ctx *ctx, const clattn_block_mask_de
     }
     return clattn__end(op, &chain, status, event);
 }
+
+void clattn_flex_tree_mask(clattn_flex_desc *flex)
+{
+    if (flex == NULL)
+        return;
+    flex->source = CLATTN_TREE_MASK_SOURCE;
+    flex->functions = CLATTN_FLEX_MASK_MOD;
+    flex->aux_names[0] = "tree_bits";
+    flex->aux_names[1] = "tree_meta";
+}

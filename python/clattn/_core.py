@@ -278,14 +278,17 @@ def clattn_dtype(dtype: np.dtype) -> int:
 class Buffer:
     """A device buffer created from (or for) a numpy array, released when collected."""
 
-    def __init__(self, ctx: Context, array: Optional[np.ndarray] = None, nbytes: int = 0):
+    def __init__(self, ctx: Context, array: Optional[np.ndarray] = None, nbytes: int = 0,
+                 writable: bool = False):
+        """array: the buffer's contents (read-only to kernels unless writable); else nbytes
+        uninitialised (read-write)."""
         err = ctypes.c_int32(0)
         context = lib.clattn_ctx_cl_context(ctx.handle)
         if array is not None:
             data = np.ascontiguousarray(array)
             nbytes = max(data.nbytes, 1)
-            self.mem = cl.clCreateBuffer(context,
-                                         _lib.CL_MEM_READ_ONLY | _lib.CL_MEM_COPY_HOST_PTR,
+            access = _lib.CL_MEM_READ_WRITE if writable else _lib.CL_MEM_READ_ONLY
+            self.mem = cl.clCreateBuffer(context, access | _lib.CL_MEM_COPY_HOST_PTR,
                                          nbytes, data.ctypes.data_as(ctypes.c_void_p),
                                          ctypes.byref(err))
         else:

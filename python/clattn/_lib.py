@@ -132,6 +132,11 @@ class KvCacheDesc(Structure):
                 ("dtype", c_int), ("page_size", c_size_t), ("num_pages", c_size_t)]
 
 
+class KvCommitDesc(Structure):
+    _fields_ = [("struct_size", c_size_t), ("k", Tensor), ("v", Tensor), ("block_table", Tensor),
+                ("kv_seqlen", Tensor), ("accepted", Tensor), ("draft_len", c_size_t)]
+
+
 POSENC_SINUSOIDAL, POSENC_TABLE = 0, 1
 ROPE_HALVES, ROPE_PAIRS = 0, 1
 
@@ -213,6 +218,9 @@ _declare(lib.clattn_kv_cache_tensors, None, c_void_p, POINTER(Tensor), POINTER(T
 _declare(lib.clattn_kv_cache_block_table, None, c_void_p, POINTER(Tensor))
 _declare(lib.clattn_quantize, c_int, _ctx_p, POINTER(Tensor), POINTER(Tensor), c_uint, c_void_p,
          c_void_p)
+_declare(lib.clattn_flex_tree_mask, None, POINTER(FlexDesc))
+_declare(lib.clattn_kv_commit_desc_init, None, POINTER(KvCommitDesc))
+_declare(lib.clattn_kv_commit, c_int, _ctx_p, POINTER(KvCommitDesc), c_uint, c_void_p, c_void_p)
 _declare(lib.clattn_kv_cache_map_pages, c_int, c_void_p, POINTER(c_int32), c_uint, c_void_p,
          c_void_p)
 _declare(lib.clattn_plan_tiles_visited, c_int, _plan_p, c_void_p, POINTER(c_ulonglong),

@@ -272,3 +272,93 @@ def quantize(x: ArrayLike, kv_dtype: str, *, ctx: Optional[Context] = None) -> n
                                       None))
         dst_buf.read(ctx, out)
     return out
+
+
+def kv_commit(k_cache: ArrayLike, v_cache: Optional[ArrayLike], kv_seqlen: ArrayLike,
+              accepted: ArrayLike, draft_len: int, *, block_table: Optional[ArrayLike] = None,
+              kv_dtype: Optional[str] = None, ctx: Optional[Context] = None) -> tuple:
+    """Speculative decoding's commit (clattn_kv_commit, on the clattn device): after a
+    verification step wrote each sequence's ``draft_len`` draft tokens after its keys (draft
+    token t of sequence b at key kv_seqlen[b] + t), keeps the accepted path's rows and drops
+    the rest: key kv_seqlen[b] + accepted[b, i] moves to kv_seqlen[b] + i for i = 0, 1, .. and
+    kv_seqlen[b] grows by the number taken. A list ends at its first entry that is not above
+    the one before it (-1 pads a short list), not below draft_len, or whose rows lie outside
+    the cache (past its capacity, or, paged, in a block whose index is outside the pool); a
+    negative kv_seqlen[b] leaves sequence b alone.
+
+    k_cache (B, Hkv, capacity, E) contiguous, or with block_table (B, blocks) the pools
+    (pages, page_size, Hkv, E) as :func:`paged_attention` takes them; v_cache the same with
+    Ev, or None (keys only: e.g. one latent cache whose values are a view of its keys).
+    float32, float16 or bfloat16 (ml_dtypes); with kv_dtype 'q8_0' / 'q4_0' uint8 rows of
+    blocks (..., E // 32 * 34 / 18 bytes) as :func:`quantize` gives them. kv_seqlen (B,) and
+    accepted (B, A) integers. Returns (k_cache, v_cache, kv_seqlen): new arrays (v_cache None
+    when given None), the inputs unchanged; torch tensors in give torch tensors out."""
+    like = _torch.any_tensor(k_cache, v_cache, kv_seqlen, accepted, block_table)
+    if like is not None:
+        conv = [None if a is None else _torch.to_numpy(a)
+                for a in (k_cache, v_cache, kv_seqlen, accepted, block_table)]
+        k, v, n = kv_commit(conv[0], conv[1], conv[2], conv[3], draft_len, block_table=conv[4],
+                            kv_dtype=kv_dtype, ctx=ctx)
+        return tuple(None if a is None else _torch.from_numpy(a, like) for a in (k, v, n))
+    caches = [_commit_cache(name, a, kv_dtype) for name, a in (("k_cache", k_cache),
+                                                             ("v_cache", v_cache))]
+    ints = {name: None if a is None else np.ascontiguousarray(a, dtype=np.int32)
+            for name, a in (("kv_seqlen", kv_seqlen), ("accepted", accepted),
+                            ("block_table", block_table))}
+    for name, rank in (("kv_seqlen", 1), ("accepted", 2), ("block_table", 2)):
+        if ints[name] is not None and ints[name].ndim != rank:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"{name} has shape {ints[name].shape}: expected rank {rank}")
+    ctx = ctx or default_context()
+    desc = _lib.KvCommitDesc()
+    lib.clattn_kv_commit_desc_init(ctypes.byref(desc))
+    desc.draft_len = int(draft_len)
+    out = {}
+    with ctx.lock:
+        buffers = []
+        for field, (array, code, shape) in zip(("k", "v"), caches):
+            if array is None:
+                continue
+            buf = Buffer(ctx, array, writable=True)
+            buffers.append((field, buf, array))
+            t = layout(code, shape)
+            t.mem = buf.mem
+            setattr(desc, field, t)
+        for name, array in ints.items():
+            if array is None:
+                continue
+            buf = Buffer(ctx, array, writable=name == "kv_seqlen")
+            buffers.append((name, buf, array))
+            t = layout(_lib.I32, array.shape)
+            t.mem = buf.mem
+            setattr(desc, name, t)
+        ctx.check(lib.clattn_kv_commit(ctx.handle, ctypes.byref(desc), 0, None, None))
+        for name, buf, array in buffers:
+            if name in ("k", "v", "kv_seqlen"):
+                out[name] = np.empty_like(array)
+                buf.read(ctx, out[name])
+    return out["k"], out.get("v"), out["kv_seqlen"]
+
+
+def _commit_cache(name, array, kv_dtype):
+    """(array, clattn dtype, element shape) of a cache for kv_commit, (None, 0, None) absent."""
+    if array is None:
+        if name == "k_cache":
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, "k_cache is None")
+        return None, 0, None
+    a = np.asarray(array)
+    if kv_dtype is not None:
+        if kv_dtype not in _lib.BLOCK_TYPES or a.dtype != np.uint8:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"{name}: kv_dtype={kv_dtype!r} takes uint8 rows of 'q8_0' or "
+                                f"'q4_0' blocks, got {a.dtype}")
+        code, size = _lib.BLOCK_TYPES[kv_dtype]
+        if a.ndim != 4 or a.shape[-1] % size:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"{name} has shape {a.shape}: expected rank 4 with rows of whole "
+                                f"{size}-byte blocks")
+        return np.ascontiguousarray(a), code, a.shape[:3] + (a.shape[3] // size * 32,)
+    a = np.ascontiguousarray(a)
+    if a.ndim != 4:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE, f"{name} has shape {a.shape}: expected rank 4")
+    return a, clattn_dtype(a.dtype), a.shape

@@ -427,3 +427,37 @@ def flex_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, score_mod
     elif np.asarray(query).dtype == np.float64:
         lse = lse.astype(np.float64)
     return out, lse
+
+
+def tree_mask(trees, prefix_lens) -> tuple:
+    """Speculative decoding's tree mask (clattn_flex_tree_mask) as a FlexAttention mask_mod:
+    returns (mask_mod, aux), the OpenCL C source and its tensors, for
+    ``create_block_mask(mask_mod, ..., aux=aux)`` and ``flex_attention(..., aux=aux)`` (or the
+    C library's plans over a paged cache and packed batches).
+
+    trees: per sequence b, an (n_b, n_b) boolean matrix whose (i, j) is True when draft j is
+    draft i or one of its ancestors (None or an empty matrix: no tree, every key kept).
+    prefix_lens: per sequence, the keys before its drafts (its committed length). Query row i
+    of sequence b is draft i: it keeps the prefix and the draft keys prefix_lens[b] + j that
+    row i of its matrix sets; rows past n_b keep the prefix only. The bits travel packed as
+    FlashInfer's custom_mask (row-major, np.packbits(bitorder="little")), one sequence after
+    another from a byte boundary; ``aux["tree_meta"]`` is int32 (B, 3): prefix, n_b, byte
+    offset."""
+    desc = _lib.FlexDesc()
+    lib.clattn_flex_tree_mask(ctypes.byref(desc))
+    chunks, meta, offset = [], [], 0
+    if len(trees) != len(prefix_lens):
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"{len(trees)} trees but {len(prefix_lens)} prefix_lens")
+    for b, tree in enumerate(trees):
+        m = np.zeros((0, 0), bool) if tree is None else np.asarray(tree, bool)
+        if m.ndim != 2 or m.shape[0] != m.shape[1]:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"trees[{b}] has shape {m.shape}: expected (n, n)")
+        packed = np.packbits(m.reshape(-1), bitorder="little")
+        meta.append((int(prefix_lens[b]), m.shape[0], offset))
+        chunks.append(packed)
+        offset += packed.size
+    bits = np.concatenate(chunks + [np.zeros(1, np.uint8)])  # (never empty)
+    aux = {"tree_bits": bits.astype(np.uint8), "tree_meta": np.array(meta, np.int32)}
+    return desc.source.decode(), aux
