@@ -184,10 +184,10 @@ lane_rusticl() {
 lane_oclgrind() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/oclgrind_lane.sh build softmax matmul attention mha flash plan \
-            runtime posenc rope additive mpi sweep backward dropout flex
+            runtime posenc rope additive mpi sweep backward dropout flex commit
     else
         ensure_build && CLATTN_SWEEP_DRAWS=8 tests/oclgrind_lane.sh build attention flash posenc \
-            sweep backward dropout flex
+            sweep backward dropout flex commit
     fi
     local status=$?
     # The GPU work model (tests/gpu_model): every GPU kernel's counts against their formulas.

@@ -163,4 +163,56 @@ refuse block-mask-no-mask-mod "mask_mod" --score-mod "$work/nograd.cl" --block-m
 refuse block-mask-unfused "fused path" --score-mod "$d/score.cl" --block-mask 8,8 \
     --path unfused
 refuse block-mask-one-size "BQ,BK" --score-mod "$d/score.cl" --block-mask 8
+refuse tree-without-aux "tree_meta" --score-mod @tree
+
+# --score-mod @tree: speculative decoding's tree mask (clattn_flex_tree_mask), two sequences'
+# draft trees (5 and 2 drafts) after their prefixes, against float64 attention with the mask.
+t=$work/tree
+mkdir -p "$t"
+cat >"$t/tree.py" <<'EOF'
+import sys
+
+import numpy as np
+from cli_reference import compare
+
+B, H, LQ, LK, D = 2, 2, 5, 21, 8
+PARENTS = ([-1, 0, 0, 1, 3], [-1, -1])
+d = sys.argv[2]
+keep = np.zeros((B, LQ, LK), bool)
+bits, meta = [], []
+for b, parents in enumerate(PARENTS):
+    n, start = len(parents), LK - len(parents)
+    m = np.zeros((n, n), bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            m[i, j], j = True, parents[j]
+    keep[b, :, :start] = True
+    keep[b, :n, start:] = m
+    meta.append((start, n, sum(x.size for x in bits)))
+    bits.append(np.packbits(m.reshape(-1), bitorder="little"))
+if sys.argv[1] == "gen":
+    r = np.random.default_rng(8)
+    for n, s in (("q", (B, H, LQ, D)), ("k", (B, H, LK, D)), ("v", (B, H, LK, D))):
+        np.save(f"{d}/{n}.npy", r.standard_normal(s).astype(np.float32))
+    np.save(f"{d}/bits.npy", np.concatenate(bits))
+    np.save(f"{d}/meta.npy", np.array(meta, np.int32))
+else:
+    q, k, v = (np.load(f"{d}/{n}.npy").astype(np.float64) for n in "qkv")
+    s = np.einsum("bhid,bhjd->bhij", q, k) / np.sqrt(D)
+    s = np.where(keep[:, None], s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    want = (e / e.sum(-1, keepdims=True)) @ v
+    sys.exit(0 if compare("tree", "y", np.load(f"{d}/y.npy").astype(np.float64), want) else 1)
+EOF
+if "$python" "$t/tree.py" gen "$t" &&
+    "$clattn" sdpa --q "$t/q.npy" --k "$t/k.npy" --v "$t/v.npy" --score-mod @tree \
+        --aux tree_bits="$t/bits.npy" --aux tree_meta="$t/meta.npy" --out "$t/y.npy" \
+        >"$work/out.txt" 2>"$work/err.txt"; then
+    "$python" "$t/tree.py" check "$t" || fail=1
+else
+    echo "FAIL tree: clattn sdpa --score-mod @tree exited non-zero:"
+    cat "$work/out.txt" "$work/err.txt"
+    fail=1
+fi
 exit $fail

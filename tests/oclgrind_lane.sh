@@ -51,7 +51,7 @@ shift
 suites=("${@#check_}")
 [ ${#suites[@]} -gt 0 ] ||
     suites=(softmax matmul attention mha flash plan runtime posenc rope additive sweep backward
-            dropout flex)
+            dropout flex commit)
 if ! command -v oclgrind >/dev/null; then
     echo "$0: oclgrind not found (apt-get install oclgrind)" >&2
     exit 2

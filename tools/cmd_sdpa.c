@@ -146,7 +146,11 @@ static const char sdpa_usage_flex[] =
     "  read as the pointer NAME at flat indices: float32 (float64 rounded) as float, int32 or\n"
     "  int64 (values within +-2^24) as int, bool or uint8 as uchar; no gradient. A source\n"
     "  that does not build: one line, the compiler's first diagnostic on its own lines\n"
-    "  (score_mod:LINE:COL), exit 2. --block-mask BQ,BK: the block mask of BQ x BK blocks\n"
+    "  (score_mod:LINE:COL), exit 2. --score-mod @tree: speculative decoding's tree mask\n"
+    "  (clattn_flex_tree_mask), with --aux tree_bits=BITS.npy (uint8: each sequence's draft\n"
+    "  block, bit (i * n + j), LSB first) --aux tree_meta=META.npy (int32 (batch, 3): the\n"
+    "  first draft key, the draft count, the bits' byte offset). --block-mask BQ,BK: the\n"
+    "  block mask of BQ x BK blocks\n"
     "  made on the device from mask_mod (clattn_flex_block_mask) for both passes, so the\n"
     "  fused kernels skip the tiles it empties; the fused path only (not with --path unfused,\n"
     "  --qk-out, --attn-png, --softmax-precision 11, past/present, --rope or packed\n"
@@ -428,7 +432,8 @@ static const cli_option sdpa_table[] = {
     {CLI_OPT("--dropout-offset", CLI_CUSTOM, AT(dropout_offset), "N", "dropout's first stream"),
      .handle = parse_u64},
     {CLI_OPT("--score-mod", CLI_PATH, AT(score_mod), "FILE.cl",
-             "OpenCL C defining score_mod, mask_mod, score_mod_grad (FlexAttention)")},
+             "OpenCL C defining score_mod, mask_mod, score_mod_grad (FlexAttention; @tree: "
+             "the tree mask)")},
     {CLI_OPT("--aux", CLI_CUSTOM, AT(aux), "NAME=FILE",
              "an array the functions read as NAME; repeated, up to 4 (in order)"),
      .handle = parse_aux, .flags = CLI_REPEATABLE},
@@ -1108,6 +1113,14 @@ static unsigned flex_functions(const char *source)
 static char *read_source(const char *path)
 {
     enum { MAX_SOURCE = 1 << 20 };
+    if (strcmp(path, "@tree") == 0) { /* the library's tree mask (clattn_flex_tree_mask) */
+        char *text = malloc(sizeof CLATTN_TREE_MASK_SOURCE);
+        if (text == NULL)
+            cli_fail("sdpa", CLI_FAILED, "out of memory for @tree");
+        else
+            memcpy(text, CLATTN_TREE_MASK_SOURCE, sizeof CLATTN_TREE_MASK_SOURCE);
+        return text;
+    }
     FILE *file = fopen(path, "rb");
     if (file == NULL) {
         cli_fail("sdpa", CLI_BAD_INPUT, "--score-mod %s: cannot read it: %s", path,
