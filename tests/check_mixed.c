@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "testutil.h"
 
@@ -310,6 +311,119 @@ START_TEST(test_chunk_first)
 }
 END_TEST
 
+/* --- clattn serve (the CLI; CLATTN_TEST_CLI names the binary) -------------------------------- */
+
+/* A version 1.0 .npy of `count` values, '<f4' (floats) or '<i4' (ints) of shape dims. */
+static bool write_npy(const char *dir, const char *name, const void *data, bool ints, int ndim,
+                      const size_t *dims)
+{
+    char path[512], shape[128] = "", header[256];
+    size_t count = 1, at = 0;
+    for (int i = 0; i < ndim; ++i) {
+        at += (size_t)snprintf(shape + at, sizeof shape - at, "%zu,%s", dims[i],
+                               i + 1 < ndim ? " " : "");
+        count *= dims[i];
+    }
+    int len = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, "
+                                              "'shape': (%s), }",
+                       ints ? "<i4" : "<f4", shape);
+    while ((10 + len + 1) % 64 != 0)
+        header[len++] = ' ';
+    header[len++] = '\n';
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+        return false;
+    const unsigned char magic[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(len & 255),
+                                     (unsigned char)(len >> 8)};
+    const bool ok = fwrite(magic, 1, 10, f) == 10 && fwrite(header, 1, (size_t)len, f) == (size_t)len &&
+                    fwrite(data, 4, count, f) == count;
+    return fclose(f) == 0 && ok;
+}
+
+/* Reads `count` float32 values after a .npy's header (the CLI writes '<f4' version 1.0). */
+static bool read_npy(const char *dir, const char *name, float *values, size_t count)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    unsigned char head[10];
+    bool ok = f != NULL && fread(head, 1, 10, f) == 10 &&
+              fseek(f, 10 + head[8] + 256 * head[9], SEEK_SET) == 0 &&
+              fread(values, sizeof(float), count, f) == count;
+    if (f)
+        fclose(f);
+    return ok;
+}
+
+/* The second case's batch through `clattn serve` (its files written here), equal to the
+ * reference; then a decreasing cu_seqlens_q refused with exit 2, naming the offset. */
+START_TEST(test_cli)
+{
+    TU_BEGIN_TEST();
+    const char *cli = getenv("CLATTN_TEST_CLI");
+    if (cli == NULL || !*cli) {
+        tu_not_run("test_cli (CLATTN_TEST_CLI, the clattn binary, is unset)");
+        TU_END_TEST();
+        return;
+    }
+    mixed_case c = cases[1];
+    c.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    c.heads = 4, c.kv_heads = 2;
+    mixed_problem p;
+    make_problem(&p, &c);
+    reference(&p);
+    tu_set_case("clattn serve: %s, causal", c.name);
+    char dir[] = "/tmp/clattn_mixed_XXXXXX";
+    tu_make_temp_dir(dir);
+    const size_t q_dims[3] = {p.total_q, c.heads, c.dk};
+    const size_t k_dims[4] = {p.num_pages, c.page_size, c.kv_heads, c.dk};
+    const size_t v_dims[4] = {p.num_pages, c.page_size, c.kv_heads, c.dv};
+    const size_t t_dims[2] = {p.batch, p.blocks}, n_dims[1] = {p.batch},
+                 c_dims[1] = {p.batch + 1};
+    int32_t bad_cu[MAX_REQ + 1];
+    memcpy(bad_cu, p.cu_q, sizeof bad_cu);
+    bad_cu[2] = bad_cu[1] - 1;
+    tu_expect(write_npy(dir, "q.npy", p.q, false, 3, q_dims) &&
+                  write_npy(dir, "kp.npy", p.k_pool, false, 4, k_dims) &&
+                  write_npy(dir, "vp.npy", p.v_pool, false, 4, v_dims) &&
+                  write_npy(dir, "bt.npy", p.table, true, 2, t_dims) &&
+                  write_npy(dir, "n.npy", p.kv_len, true, 1, n_dims) &&
+                  write_npy(dir, "cq.npy", p.cu_q, true, 1, c_dims) &&
+                  write_npy(dir, "bad.npy", bad_cu, true, 1, c_dims),
+              "writing the .npy files in %s", dir);
+    char command[2048];
+    const char *common = "%s serve --q %s/q.npy --k-pages %s/kp.npy --v-pages %s/vp.npy "
+                         "--block-table %s/bt.npy --seqlens-k %s/n.npy --causal ";
+    int at = snprintf(command, sizeof command, common, cli, dir, dir, dir, dir, dir);
+    snprintf(command + at, sizeof command - (size_t)at,
+             "--cu-seqlens-q %s/cq.npy --out %s/o.npy --lse-out %s/l.npy", dir, dir, dir);
+    int rc = system(command);
+    const size_t n_out = p.total_q * c.heads * c.dv;
+    float *got = tu_nan_floats(n_out);
+    if (tu_expect(rc == 0, "%s: exit status %d", command, rc) &&
+        tu_expect(read_npy(dir, "o.npy", got, n_out), "reading o.npy"))
+        tu_expect_close("clattn serve's out", got, p.ref_out, n_out, TU_TOL);
+    snprintf(command + at, sizeof command - (size_t)at,
+             "--cu-seqlens-q %s/bad.npy --out %s/o.npy 2> %s/err.txt", dir, dir, dir);
+    rc = system(command);
+    char err_path[600], text[512] = "";
+    snprintf(err_path, sizeof err_path, "%s/err.txt", dir);
+    FILE *f = fopen(err_path, "r");
+    if (f) {
+        text[fread(text, 1, sizeof text - 1, f)] = '\0';
+        fclose(f);
+    }
+    tu_expect(WIFEXITED(rc) && WEXITSTATUS(rc) == 2 && strstr(text, "cu_seqlens_q[2]") != NULL,
+              "a decreasing cu_seqlens_q: exit status %d, '%s'", rc, text);
+    snprintf(command, sizeof command, "rm -rf %s", dir);
+    tu_expect(system(command) == 0, "%s", command);
+    free(got);
+    free_problem(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 /* What the packed paged plan does not take, each refused naming it. */
 START_TEST(test_refusals)
 {
@@ -391,5 +505,6 @@ int main(void)
                    tu_small() ? "; the first case with a 40-row chunk over 70 keys" : "");
     tcase_add_test(mixed, test_chunk_first);
     tcase_add_test(mixed, test_refusals);
+    tcase_add_test(mixed, test_cli);
     return tu_run_suite(suite);
 }
