@@ -6,6 +6,7 @@ defined in the module of what it serves.
     sdpa_forward, sdpa_backward, SdpaGrads  _sdpa_grad  (training: lse and the backward)
     varlen_attention                        _varlen     (packed variable-length batches)
     paged_attention, quantize               _serving    (paged KV caches, block quantization)
+    paged_varlen_attention                  _serving    (packed queries over a paged cache)
 
 The package's modules and who imports whom (bottom up, no circle): docs/python.md, "The
 package's modules".
@@ -13,8 +14,8 @@ package's modules".
 
 from ._sdpa_entry import scaled_dot_product_attention
 from ._sdpa_grad import SdpaGrads, sdpa_backward, sdpa_forward
-from ._serving import paged_attention, quantize
+from ._serving import paged_attention, paged_varlen_attention, quantize
 from ._varlen import varlen_attention
 
-__all__ = ["SdpaGrads", "paged_attention", "quantize", "scaled_dot_product_attention",
-           "sdpa_backward", "sdpa_forward", "varlen_attention"]
+__all__ = ["SdpaGrads", "paged_attention", "paged_varlen_attention", "quantize",
+           "scaled_dot_product_attention", "sdpa_backward", "sdpa_forward", "varlen_attention"]
