@@ -38,7 +38,7 @@ __all__ = ["ArgumentError", "BlockMask", "Context", "DeviceError", "Error", "KVC
            "paged_attention", "paged_varlen_attention", "positional_encoding", "quantize",
            "ring_attention", "rotary_embedding", "scaled_dot_product_attention",
            "SdpaGrads", "sdpa_backward", "sdpa_forward", "validations", "varlen_attention"]
-__version__ = "0.11.0"
+__version__ = "0.12.0"
 
 
 def __getattr__(name):

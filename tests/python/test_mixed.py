@@ -30,8 +30,9 @@ def mixed_problem(rng, rows, keys, H=4, Hkv=2, E=16, Ev=8, page=16):
     return q, kp, vp, cq, table, np.array(keys, np.int32)
 
 
-def reference(q, kp, vp, cq, table, counts, causal, scale=None):
-    """Each request alone in float64: (out (total_q, H, Ev), lse (H, total_q))."""
+def reference(q, kp, vp, cq, table, counts, causal, scale=None, softcap=0.0, sinks=None):
+    """Each request alone in float64: (out (total_q, H, Ev), lse (H, total_q)); softcap caps
+    the scaled scores, a sink joins each row's denominator (and its lse)."""
     page, H, Hkv = kp.shape[1], q.shape[1], kp.shape[2]
     out = np.zeros(q.shape[:2] + (vp.shape[3],))
     lse = np.full((H, q.shape[0]), -np.inf)
@@ -44,11 +45,17 @@ def reference(q, kp, vp, cq, table, counts, causal, scale=None):
         for h in range(H):
             s = q[rows, h].astype(np.float64) @ K[:, h // (H // Hkv)].T
             s *= scale or q.shape[2] ** -0.5
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
             keep = np.tril(np.ones((nq, n), bool), k=n - nq) if causal else np.ones((nq, n), bool)
             s = np.where(keep, s, -np.inf)
             m = np.max(s, axis=1, keepdims=True, initial=-np.inf)
+            if sinks is not None:
+                m = np.maximum(m, sinks[h])
             w = np.where(keep, np.exp(s - np.where(np.isfinite(m), m, 0)), 0.0)
             total = w.sum(1, keepdims=True)
+            if sinks is not None:
+                total = total + np.exp(sinks[h] - m)
             out[rows, h] = (w / np.maximum(total, 1e-300)) @ V[:, h // (H // Hkv)]
             lse[h, rows] = np.where(total[:, 0] > 0, m[:, 0] + np.log(np.maximum(total[:, 0],
                                                                                  1e-300)), -np.inf)
@@ -66,6 +73,18 @@ def test_mixed_batch_matches_each_request(rows, keys, page, causal):
     out, lse = clattn.paged_varlen_attention(q, kp, vp, cq, table, counts, causal=causal,
                                              return_lse=True)
     want, want_lse = reference(q, kp, vp, cq, table, counts, causal)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=2e-6)
+
+
+def test_softcap_and_sinks():
+    rng = np.random.default_rng(54)
+    q, kp, vp, cq, table, counts = mixed_problem(rng, [1, 33, 1], [50, 80, 1], page=16)
+    q *= 4
+    sinks = rng.uniform(-1, 1, 4).astype(np.float32)
+    out, lse = clattn.paged_varlen_attention(q, kp, vp, cq, table, counts, causal=True,
+                                             softcap=2.5, sinks=sinks, return_lse=True)
+    want, want_lse = reference(q, kp, vp, cq, table, counts, True, softcap=2.5, sinks=sinks)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=2e-6)
 
