@@ -8,7 +8,9 @@
  *             q (1, H, C, d)) over the same pool, executed one after the other
  * Both read and write the same packed buffers (the separate plans through strided views), so
  * their outputs must agree (max |difference| printed). Each way is timed with clFinish, the
- * median of --runs runs taken in turns (the machines are shared and noisy), after a warm-up.
+ * median of --runs runs taken in turns (the machines are shared and noisy), after a warm-up;
+ * with the process's CPU time per run too (on a CPU device the work done, whatever else runs
+ * on the machine).
  *
  *   mixed_bench [--decodes D] [--keys K] [--chunk C] [--past P] [--heads H] [--kv-heads G]
  *               [--dim d] [--page S] [--runs R] [--device SPEC]
@@ -24,6 +26,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* The process's CPU time (every thread: a CPU device's workers included), ms. */
+static double cpu_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
 
 static void check(clattn_ctx *ctx, clattn_status status, const char *what)
 {
@@ -211,6 +221,7 @@ int main(int argc, char **argv)
     const size_t n_out = (o.decodes + o.chunk) * o.heads * o.dim;
     float *out[2] = {malloc(n_out * 4), malloc(n_out * 4)};
     double *times[2] = {malloc(o.runs * sizeof(double)), malloc(o.runs * sizeof(double))};
+    double *cpu[2] = {malloc(o.runs * sizeof(double)), malloc(o.runs * sizeof(double))};
     for (int way = 0; way < 2; ++way) { /* warm-up, and each way's output */
         run_way(&b, way);
         clEnqueueReadBuffer(clattn_ctx_queue(b.ctx), b.t_mixed.out.mem, CL_TRUE, 0, n_out * 4,
@@ -219,25 +230,30 @@ int main(int argc, char **argv)
     for (size_t r = 0; r < o.runs; ++r)
         for (int k = 0; k < 2; ++k) { /* in turns, the order alternating */
             const int way = (int)((r + (size_t)k) % 2);
-            const double t0 = now_ms();
+            const double t0 = now_ms(), c0 = cpu_ms();
             run_way(&b, way);
             times[way][r] = now_ms() - t0;
+            cpu[way][r] = cpu_ms() - c0;
         }
     double diff = 0.0;
     for (size_t i = 0; i < n_out; ++i)
         diff = fmax(diff, fabs((double)out[0][i] - (double)out[1][i]));
-    double median[2];
+    double median[2], cpu_median[2];
     for (int w = 0; w < 2; ++w) {
         qsort(times[w], o.runs, sizeof(double), compare);
+        qsort(cpu[w], o.runs, sizeof(double), compare);
         median[w] = times[w][o.runs / 2];
+        cpu_median[w] = cpu[w][o.runs / 2];
     }
     printf("mixed_bench: %zu decodes at %zu keys + a %zu-row chunk over %zu keys, H=%zu Hkv=%zu "
            "d=%zu, pages of %zu; median of %zu runs; max |mixed - separate| = %.2g\n",
            o.decodes, o.keys, o.chunk, o.past + o.chunk, o.heads, o.kv_heads, o.dim, o.page,
            o.runs, diff);
-    printf("| way | ms | vs separate |\n|---|---|---|\n");
-    printf("| mixed (one launch) | %.3f | %.2fx |\n", median[0], median[1] / median[0]);
-    printf("| separate (decode + prefill plans) | %.3f | 1.00x |\n", median[1]);
+    printf("| way | ms | vs separate | CPU ms | vs separate |\n|---|---|---|---|---|\n");
+    printf("| mixed (one launch) | %.3f | %.2fx | %.3f | %.2fx |\n", median[0],
+           median[1] / median[0], cpu_median[0], cpu_median[1] / cpu_median[0]);
+    printf("| separate (decode + prefill plans) | %.3f | 1.00x | %.3f | 1.00x |\n", median[1],
+           cpu_median[1]);
     printf("mixed: %s\ndecode: %s\nprefill: %s\n", clattn_plan_info(b.mixed),
            clattn_plan_info(b.decode), clattn_plan_info(b.prefill));
     return diff < 1e-4 ? 0 : 1;
