@@ -235,9 +235,16 @@ static void run_case(clattn_ctx *ctx, const mixed_case *c, bool traced)
             size_t count = 0, dropped = 0;
             tu_expect_status(clattn_ctx_kernel_times(ctx, times, 8, &count, &dropped),
                              CLATTN_SUCCESS, "kernel times");
-            tu_expect(count == 1 && dropped == 0 &&
-                          (strcmp(times[0].name, "flash_cpu") == 0 ||
-                           strcmp(times[0].name, "flash_attention") == 0),
+            /* (a device with a loop-trip limit, llvmpipe's quirk or CLATTN_LOOP_TRIP_LIMIT,
+             * splits the keys over launches: each a fused launch of all the requests) */
+            char name[256] = "";
+            clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_NAME, sizeof name, name, NULL);
+            const bool parts = getenv("CLATTN_LOOP_TRIP_LIMIT") || strstr(name, "llvmpipe");
+            bool fused = count >= 1 && dropped == 0;
+            for (size_t i = 0; i < count && i < 8; ++i)
+                fused = fused && (strcmp(times[i].name, "flash_cpu") == 0 ||
+                                  strcmp(times[i].name, "flash_attention") == 0);
+            tu_expect(fused && (count == 1 || parts),
                       "the mixed batch took %zu launches (first '%s'), want one fused launch",
                       count, count ? times[0].name : "");
             clattn_ctx_trace_kernels(ctx, 0);
