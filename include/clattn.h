@@ -55,9 +55,9 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 11
+#define CLATTN_VERSION_MINOR 12
 #define CLATTN_VERSION_PATCH 0
-#define CLATTN_VERSION_STRING "0.11.0"
+#define CLATTN_VERSION_STRING "0.12.0"
 
 #if defined(_WIN32)
 #define CLATTN_API
@@ -557,6 +557,26 @@ typedef enum clattn_role {
  *   f16/bf16 and quantized k/v. The fused path only: attn_mask, key_padding_mask, kv_seqlen,
  *   block_table, past/present, weights, scores, softmax_f64 and rope are refused.
  *   Since 0.8.
+ *
+ * Packed queries over a paged cache (SDPA only; optional; chunked prefill and a mixed batch
+ *   of decoding and prefilling requests in one launch; FlashAttention's flash_attn_varlen_func
+ *   with block_table, vLLM's seqused_k): cu_seqlens_q with block_table and kv_seqlen, and no
+ *   cu_seqlens_k. q (total_q, heads, head_dim_qk), out (total_q, heads, head_dim_v) and lse
+ *   (heads, total_q) are packed as above (request b's rows cu_seqlens_q[b] ..
+ *   cu_seqlens_q[b + 1] - 1: one for a decoding request, a chunk's for a prefilling one); k
+ *   and v are the paged cache's pools, block_table (batch, blocks) and kv_seqlen (batch) as
+ *   for a paged cache, batch = cu_seqlens_q's dim 0 - 1: request b attends its first
+ *   kv_seqlen[b] keys (a chunk's own keys written to its pages before the attention, by the
+ *   caller's append). The rules apply per request with seq_q its rows and seq_k its key
+ *   count: causal BOTTOM_RIGHT puts its rows at the end of its keys (the chunk's last row
+ *   sees every key of its request; offset kv_seqlen[b] - rows). One launch of the fused
+ *   kernel, whose work-groups are numbered over all requests' row blocks (each request gets
+ *   the groups its rows need, at most one more: no padding to the longest). With GQA,
+ *   softcap and sinks (tested), and not refusing the paged cache's other options (windows,
+ *   ALiBi, relu, 16-bit and quantized pools: the same kernel code, not yet tested here).
+ *   Refused: cu_seqlens_k (kv_seqlen counts the keys), max_seqlen_k (unused: give 0), the
+ *   unfused path, attn_mask, key_padding_mask, past/present, weights, scores, softmax_f64,
+ *   rope and the backward (clattn_sdpa_backward_plan_create refuses a paged cache). Since 0.12.
  *
  * MHA: query (batch, seq_q, embed_dim), key (batch, seq_k, kdim), value (batch, seq_k, vdim),
  *   out (batch, seq_q, out_dim). Weights as matrices (see clattn_weight_layout): q_weight maps

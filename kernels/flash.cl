@@ -257,12 +257,8 @@ void flash_attention(FLASH_KERNEL_PARAMS)
 #endif
 
     const uint lid = get_local_id(0);
-    const uint first_row = get_group_id(0) * BLOCK_Q;
+    OPEN_GROUP_ROWS(BLOCK_Q) /* score.cl: first_row, bh, b, h (the packed grid's, or by id) */
     const uint row = first_row + lid;
-    const ulong bh = bh_base + get_global_id(1);
-    /* h as bh - b * heads, not bh % heads: a division and remainder of the same operands
-     * become an LLVM `freeze`, which Oclgrind's --uninitialized checker cannot run. */
-    const ulong b = bh / heads, h = bh - b * heads;
     /* the batch's rows and keys (score.cl: a packed sequence's, or seq_q and seq_k) */
     const seq_span span = SPAN_OF(b);
     if (first_row >= span.rows)

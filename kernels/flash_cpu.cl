@@ -676,9 +676,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
     __local float vt[FC_KT][FC_DVP];      /* the tile's values, rows padded with zeros */
     __local float kb[FC_KT]; /* 0, or -inf for a key the rule drops in every row */
 
-    const uint first_row = get_group_id(0) * FC_ROWS;
-    const ulong bh = bh_base + get_global_id(1);
-    const ulong b = bh / heads, h = bh - b * heads;
+    OPEN_GROUP_ROWS(FC_ROWS) /* score.cl: first_row, bh, b, h (the packed grid's, or by id) */
     /* the batch's rows and keys (score.cl: a packed sequence's, or seq_q and seq_k) */
     const seq_span span = SPAN_OF(b);
     if (first_row >= span.rows)

@@ -402,9 +402,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
 
     const uint lid = get_local_id(0);
     const uint tx = lid % FG_TX, ty = lid / FG_TX;
-    const uint first_row = get_group_id(0) * FG_BQ;
-    const ulong bh = bh_base + get_global_id(1);
-    const ulong b = bh / heads, h = bh - b * heads; /* not %: see flash.cl */
+    OPEN_GROUP_ROWS(FG_BQ) /* score.cl: first_row, bh, b, h (the packed grid's, or by id) */
     /* the batch's rows and keys (score.cl: a packed sequence's, or seq_q and seq_k) */
     const seq_span span = SPAN_OF(b);
     if (first_row >= span.rows)

@@ -121,7 +121,8 @@ CLATTN_PARAMS_STRUCT(score, CLATTN_SCORE_PARAMS)
  * key's slot is k_s2 / v_s2 within its page; k_s0 = v_s0 = 0), page_size keys a page, pages
  * 0 .. num_pages - 1 in the pool; packed variable-length batches (VARLEN, score.cl): the
  * offsets' first elements in their buffers (cu_q_offset, cu_k_offset; unit stride) and the
- * packed totals of query rows and keys (total_q, total_k) that clamp the offsets. */
+ * packed totals of query rows and keys (total_q, total_k) that clamp the offsets; packed
+ * queries over a paged cache (score.cl's PACKED_GRID): packed_batch, the sequences. */
 #define CLATTN_FLASH_PARAMS(X)                                                                    \
     X(ulong, q_offset) X(ulong, q_s0) X(ulong, q_s1) X(ulong, q_s2) X(ulong, q_s3)                \
     X(ulong, k_offset) X(ulong, k_s0) X(ulong, k_s1) X(ulong, k_s2) X(ulong, k_s3)                \
@@ -132,7 +133,8 @@ CLATTN_PARAMS_STRUCT(score, CLATTN_SCORE_PARAMS)
     X(ulong, w_s1) X(ulong, bt_offset) X(ulong, bt_s0) X(ulong, bt_s1) X(ulong, k_page)           \
     X(ulong, v_page) X(int, has_lse) X(uint, part_begin) X(uint, part_stop) X(int, resume)        \
     X(uint, kv_group) X(uint, split_keys) X(uint, page_size) X(uint, num_pages)        \
-    X(ulong, cu_q_offset) X(ulong, cu_k_offset) X(uint, total_q) X(uint, total_k)
+    X(ulong, cu_q_offset) X(ulong, cu_k_offset) X(uint, total_q) X(uint, total_k)               \
+    X(uint, packed_batch) X(uint, packed_pad_)
 CLATTN_SCORED_PARAMS_STRUCT(flash, CLATTN_FLASH_PARAMS)
 #if defined(__OPENCL_VERSION__) || defined(__OPENCL_C_VERSION__)
 /* The fused kernels' parameter list (flash.cl, flash_gpu.cl, flash_cpu.cl: one launch serves

@@ -451,7 +451,76 @@ inline key_band span_band(key_band band, const seq_span span, const long diag,
 /* SPAN_OF(b): batch b's rows and keys (the kernel's locals seq_q, seq_k, total_q, total_k,
  * cu_q_offset, cu_k_offset and its cu_seqlens_q, cu_seqlens_k arguments); BAND_SPAN(b, h,
  * span): its band. */
-#if VARLEN
+/* Packed queries over a paged cache (VARLEN and KV_PAGED: chunked prefill and mixed batches):
+ * sequence b's rows are packed as above, its keys are its pages' first kv_len[b] keys (clamped
+ * to 0 .. seq_k, the table's blocks * page_size), k0 = 0; no cu_seqlens_k. */
+inline seq_span paged_varlen_span(__global const int *cu_q, __global const int *kv_len,
+                                  const ulong b, const uint total_q, const uint seq_q,
+                                  const uint seq_k)
+{
+    seq_span span;
+    span.q0 = packed_offset(cu_q, b, total_q);
+    const uint q_end = max(span.q0, packed_offset(cu_q, b + 1, total_q));
+    span.rows = min(q_end - span.q0, seq_q);
+    span.k0 = 0u;
+    const int keys = kv_len[0];
+    span.keys = keys <= 0 ? 0u : min((uint)keys, seq_k);
+    return span;
+}
+
+/* PACKED_GRID (packed queries over a paged cache): global dimension 0 numbers row blocks of
+ * all sequences, dimension 1 the heads; sequence b owns the groups from
+ * packed_offset(cu_q, b) / rows + b on (strictly increasing in b, so found by bisection), at
+ * least as many as its rows need and at most one more: a batch of one-row decodes and a long
+ * chunk launches about total_q / rows + batch groups, not batch x the longest. The host
+ * launches total_q / rows + batch of them (clattn_flash_params.packed_batch = batch). */
+#define PACKED_GRID (VARLEN && KV_PAGED)
+typedef struct packed_group {
+    ulong b;        /* the group's sequence */
+    uint first_row; /* its first row within the sequence */
+} packed_group;
+
+inline packed_group packed_group_of(__global const int *cu_q, const uint group, const uint batch,
+                                    const uint total_q, const uint rows)
+{
+    uint lo = 0u, hi = batch; /* the last sequence whose first group is at or before `group` */
+    while (hi - lo > 1u) {
+        const uint mid = lo + (hi - lo) / 2u;
+        if (packed_offset(cu_q, mid, total_q) / rows + mid <= group)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    packed_group g;
+    g.b = lo;
+    g.first_row = (group - min(group, packed_offset(cu_q, lo, total_q) / rows + lo)) * rows;
+    return g;
+}
+
+/* OPEN_GROUP_ROWS(rows): the work-group's first_row, bh, b and h (a kernel's locals): from
+ * the packed grid (PACKED_GRID), else row block get_group_id(0) of (batch * heads) index
+ * bh_base + get_global_id(1). h as bh - b * heads, not bh % heads: a division and remainder
+ * of the same operands become an LLVM `freeze`, which Oclgrind's --uninitialized checker
+ * cannot run. */
+#if PACKED_GRID
+#define OPEN_GROUP_ROWS(rows)                                                                     \
+    const packed_group group_at = packed_group_of(cu_seqlens_q + cu_q_offset, get_group_id(0),   \
+                                                  packed_batch, total_q, (rows));                \
+    const uint first_row = group_at.first_row;                                                    \
+    const ulong b = group_at.b, h = bh_base + get_global_id(1), bh = b * heads + h;
+#else
+#define OPEN_GROUP_ROWS(rows)                                                                     \
+    const uint first_row = get_group_id(0) * (rows);                                              \
+    const ulong bh = bh_base + get_global_id(1);                                                  \
+    const ulong b = bh / heads, h = bh - b * heads;
+#endif
+
+#if VARLEN && KV_PAGED
+#define SPAN_OF(b)                                                                                \
+    paged_varlen_span(cu_seqlens_q + cu_q_offset, kv_len + kv_len_offset + (b) * kv_len_s0, (b), \
+                      total_q, seq_q, seq_k)
+#define BAND_SPAN(b, h, span) span_band(BAND_OF(b, h), (span), band_diag, band_diag_kv, seq_q)
+#elif VARLEN
 #define SPAN_OF(b)                                                                                \
     varlen_span(cu_seqlens_q + cu_q_offset, cu_seqlens_k + cu_k_offset, (b), total_q, total_k,     \
                 seq_q, seq_k)
@@ -462,7 +531,7 @@ inline key_band span_band(key_band band, const seq_span span, const long diag,
 #endif
 #if KV_PAGED
 #define FUSED_BAND(b, h, span)                                                                    \
-    paged_band(BAND_OF(b, h), block_table, bt_row, bt_s1, page_size, num_pages)
+    paged_band(BAND_SPAN(b, h, span), block_table, bt_row, bt_s1, page_size, num_pages)
 /* The block table's row of batch b as the local bt_row (KEY_AT's and FUSED_BAND's). */
 #define OPEN_PAGED_ROW(b) const ulong bt_row = bt_offset + (b) * bt_s0;
 #else

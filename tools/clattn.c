@@ -17,6 +17,7 @@ static const char usage[] =
     "  sdpa      scaled dot-product attention on .npy / .safetensors files (ONNX Attention)\n"
     "  rope      rotary position embeddings on .npy / .safetensors files (ONNX RotaryEmbedding)\n"
     "  additive  additive (Bahdanau) attention on .npy / .safetensors files\n"
+    "  serve     one serving step: decodes and prefill chunks packed over a paged KV cache\n"
     "  bench     time matmul, softmax, attention and MHA forward on the device\n"
     "  tune      search the kernel parameters on the device; write them to the tuning cache\n"
     "\n"
@@ -301,7 +302,7 @@ int main(int argc, char **argv)
     fprintf(stderr,
             "clattn: unknown command '%s' (commands: devices, info, demo, run, sdpa, rope, "
             "additive, bench, "
-            "tune, doctor; "
+            "tune, doctor, serve; "
             "see clattn --help)\n",
             command);
     return CLI_BAD_INPUT;

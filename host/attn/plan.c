@@ -369,6 +369,13 @@ bool clattn__varlen_role(clattn__role role)
     return false;
 }
 
+/* Whether the plan's packed sequences pack varlen_roles[i] (a paged cache's k and v stay pools). */
+static bool packs(const clattn_plan *plan, size_t i)
+{
+    return plan->layouts[varlen_roles[i].role].present &&
+           !(plan->varlen.paged && varlen_roles[i].keys);
+}
+
 /* The backward's gradients (absent in the forward: its roles refuse them) against the packed
  * dims of the tensors they are the gradients of. */
 static clattn_status check_packed_gradients(clattn_plan *plan)
@@ -391,6 +398,88 @@ static clattn_status check_packed_gradients(clattn_plan *plan)
     return status;
 }
 
+static void pack_roles(clattn_plan *plan, size_t batch, size_t max_q, size_t max_k);
+
+static clattn_status check_cu_q(const clattn_plan *plan)
+{
+    const clattn__layout *cu_q = &plan->layouts[R_CU_Q];
+    if (cu_q->rank != 1 || cu_q->dims[0] < 2 || cu_q->strides[0] != 1)
+        return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: cu_seqlens_q must be I32 (batch + 1) offsets with unit stride, "
+                            "batch >= 1 (got rank %d, dim 0 %zu)",
+                            plan->op, cu_q->rank, cu_q->rank ? cu_q->dims[0] : 0);
+    return CLATTN_SUCCESS;
+}
+
+/* Packed queries over a paged cache (cu_seqlens_q with block_table and kv_seqlen; no
+ * cu_seqlens_k): q (total_q, heads, head_dim_qk), out (total_q, heads, head_dim_v) and lse
+ * (heads, total_q) packed as clattn__pack_varlen's; k and v stay the cache's pools (sdpa.c's
+ * check_paged checks them, the table and kv_seqlen, with batch = cu_seqlens_q's). */
+static clattn_status pack_paged(clattn_plan *plan, const clattn_sdpa_desc *desc,
+                                clattn__score_shape *score)
+{
+    clattn_ctx *ctx = plan->ctx;
+    const char *op = plan->op;
+    const clattn__layout *l = plan->layouts;
+    static const struct {
+        clattn__role role;
+        const char *name;
+    } refused[] = {{R_MASK, "attn_mask"},      {R_KPM, "key_padding_mask"},
+                   {R_PAST_K, "past_k"},       {R_PAST_V, "past_v"},
+                   {R_PRESENT_K, "present_k"}, {R_PRESENT_V, "present_v"},
+                   {R_WEIGHTS, "weights"},     {R_SCORES, "scores"},
+                   {R_GRAD_OUT, "grad_out (the backward)"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; ++i)
+        if (l[refused[i].role].present)
+            return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                                "%s: cu_seqlens_q over a paged cache (block_table) with %s: not "
+                                "supported (the forward on the fused path only)",
+                                op, refused[i].name);
+    if (desc->rope != 0 || desc->softmax_f64 != 0 || desc->max_seqlen_k != 0)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: cu_seqlens_q over a paged cache (block_table) with %s: not "
+                            "supported (kv_seqlen counts each sequence's keys)",
+                            op, desc->rope != 0          ? "rope"
+                                : desc->softmax_f64 != 0 ? "softmax_f64"
+                                                         : "max_seqlen_k");
+    clattn_status status = check_cu_q(plan);
+    if (status == CLATTN_SUCCESS && (l[R_Q].rank != 3 || l[R_OUT].rank != 3))
+        status = clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                              "%s: with cu_seqlens_q, %s must be a packed rank-3 tensor %s, got "
+                              "rank %d",
+                              op, l[R_Q].rank != 3 ? "q" : "out",
+                              l[R_Q].rank != 3 ? "(total_q, heads, head_dim_qk)"
+                                               : "(total_q, heads, head_dim_v)",
+                              l[R_Q].rank != 3 ? l[R_Q].rank : l[R_OUT].rank);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    const size_t total_q = l[R_Q].dims[0], heads = l[R_Q].dims[1];
+    const size_t batch = l[R_CU_Q].dims[0] - 1;
+    const size_t o_dims[3] = {total_q, heads, l[R_OUT].dims[2]};
+    const size_t lse_dims[2] = {heads, total_q};
+    if ((status = clattn__layout_expect(ctx, op, "out", &l[R_OUT], 3, o_dims,
+                                        "(total_q, heads, head_dim_v) from q")) ||
+        (l[R_LSE].present && (status = clattn__layout_expect(ctx, op, "lse", &l[R_LSE], 2,
+                                                             lse_dims, "(heads, total_q)"))))
+        return status;
+    const size_t max_q = desc->max_seqlen_q ? desc->max_seqlen_q : total_q;
+    if (total_q > UINT32_MAX || batch > UINT32_MAX || max_q > total_q || max_q == 0)
+        return clattn__fail(ctx, total_q > UINT32_MAX || batch > UINT32_MAX
+                                     ? CLATTN_ERR_UNSUPPORTED
+                                     : CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: total_q %zu, batch %zu, max_seqlen_q=%zu: the totals below "
+                            "2^32, max_seqlen_q from 1 to total_q (0 takes the total)",
+                            op, total_q, batch, desc->max_seqlen_q);
+    plan->varlen.paged = true;
+    pack_roles(plan, batch, max_q, 0);
+    plan->varlen.total_q = total_q;
+    plan->varlen.total_k = 0;
+    score->varlen = true;
+    score->total_q = total_q;
+    score->total_k = 0;
+    return CLATTN_SUCCESS;
+}
+
 clattn_status clattn__pack_varlen(clattn_plan *plan, const clattn_sdpa_desc *desc,
                                   clattn__score_shape *score)
 {
@@ -398,18 +487,24 @@ clattn_status clattn__pack_varlen(clattn_plan *plan, const clattn_sdpa_desc *des
     const char *op = plan->op;
     clattn__layout *l = plan->layouts;
     const clattn__layout *cu_q = &l[R_CU_Q], *cu_k = &l[R_CU_K];
+    if (cu_q->present && !cu_k->present && l[R_BLOCK_TABLE].present)
+        return pack_paged(plan, desc, score);
+    if (cu_k->present && l[R_BLOCK_TABLE].present)
+        return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
+                            "%s: cu_seqlens_k with block_table: not supported (a paged cache's "
+                            "keys are counted by kv_seqlen: give cu_seqlens_q, block_table and "
+                            "kv_seqlen)",
+                            op);
     if (!cu_q->present || !cu_k->present)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
                             "%s: cu_seqlens_q and cu_seqlens_k go together (%s is absent)", op,
                             cu_q->present ? "cu_seqlens_k" : "cu_seqlens_q");
-    if (cu_q->rank != 1 || cu_q->dims[0] < 2 || cu_q->strides[0] != 1)
-        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
-                            "%s: cu_seqlens_q must be I32 (batch + 1) offsets with unit stride, "
-                            "batch >= 1 (got rank %d, dim 0 %zu)",
-                            op, cu_q->rank, cu_q->rank ? cu_q->dims[0] : 0);
+    clattn_status status = check_cu_q(plan);
+    if (status != CLATTN_SUCCESS)
+        return status;
     const size_t want_cu[1] = {cu_q->dims[0]};
-    clattn_status status = clattn__layout_expect(ctx, op, "cu_seqlens_k", cu_k, 1, want_cu,
-                                                 "(batch + 1) offsets, as cu_seqlens_q");
+    status = clattn__layout_expect(ctx, op, "cu_seqlens_k", cu_k, 1, want_cu,
+                                   "(batch + 1) offsets, as cu_seqlens_q");
     if (status != CLATTN_SUCCESS)
         return status;
     if (cu_k->strides[0] != 1)
@@ -466,10 +561,23 @@ clattn_status clattn__pack_varlen(clattn_plan *plan, const clattn_sdpa_desc *des
                             "%s: max_seqlen_q=%zu, max_seqlen_k=%zu: each from 1 to its total "
                             "(total_q %zu, total_k %zu; 0 takes the total)",
                             op, desc->max_seqlen_q, desc->max_seqlen_k, total_q, total_k);
-    const size_t batch = cu_q->dims[0] - 1;
+    pack_roles(plan, cu_q->dims[0] - 1, max_q, max_k);
+    plan->varlen.total_q = total_q;
+    plan->varlen.total_k = total_k;
+    score->varlen = true;
+    score->total_q = total_q;
+    score->total_k = total_k;
+    return CLATTN_SUCCESS;
+}
+
+/* The packed roles' layouts as the kernels' (batch, heads, max_seqlen, d) views (batch
+ * stride 0, the token stride per row); the caller's into plan->varlen.layouts. */
+static void pack_roles(clattn_plan *plan, size_t batch, size_t max_q, size_t max_k)
+{
+    clattn__layout *l = plan->layouts;
     for (size_t i = 0; i < sizeof varlen_roles / sizeof varlen_roles[0]; ++i) {
         const clattn__role role = varlen_roles[i].role;
-        if (!l[role].present)
+        if (!packs(plan, i))
             continue;
         const clattn__layout packed = l[role];
         clattn__layout *x = &l[role];
@@ -488,19 +596,13 @@ clattn_status clattn__pack_varlen(clattn_plan *plan, const clattn_sdpa_desc *des
         plan->varlen.layouts[role] = packed;
     }
     plan->varlen.on = true;
-    plan->varlen.total_q = total_q;
-    plan->varlen.total_k = total_k;
-    score->varlen = true;
-    score->total_q = total_q;
-    score->total_k = total_k;
-    return CLATTN_SUCCESS;
 }
 
 void clattn__unpack_varlen(clattn_plan *plan)
 {
     for (size_t i = 0; i < sizeof varlen_roles / sizeof varlen_roles[0]; ++i) {
         const clattn__role role = varlen_roles[i].role;
-        if (!plan->layouts[role].present)
+        if (!packs(plan, i))
             continue;
         const clattn__layout kernels = plan->layouts[role];
         plan->layouts[role] = plan->varlen.layouts[role];
@@ -511,7 +613,8 @@ void clattn__unpack_varlen(clattn_plan *plan)
 clattn__view clattn__kernel_view(const clattn_plan *plan, const cl_mem *mems,
                                  const size_t *offsets, clattn__role role)
 {
-    if (!plan->varlen.on || !clattn__varlen_role(role) || !plan->layouts[role].present)
+    if (!plan->varlen.on || !clattn__varlen_role(role) || !plan->layouts[role].present ||
+        (plan->varlen.paged && (role == R_K || role == R_V)))
         return clattn__role_view(plan, mems, offsets, role);
     return clattn__bound_view(&plan->varlen.layouts[role], mems[role], offsets[role]);
 }

@@ -230,6 +230,7 @@ typedef struct clattn__score_views {
  * query rows and keys (clattn__plan_masks copies them to the score). */
 typedef struct clattn__varlen {
     bool on;
+    bool paged; /* packed queries over a paged cache: k and v stay pools (not packed) */
     clattn__layout layouts[R_COUNT];
     size_t total_q, total_k;
 } clattn__varlen;

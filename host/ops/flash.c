@@ -509,7 +509,8 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
     }
     const cl_mem block_table = score->kv_paged ? masks->paging.block_table.mem : q->mem;
     const cl_mem cu_q = score->varlen ? masks->varlen.cu_q : q->mem;
-    const cl_mem cu_k = score->varlen ? masks->varlen.cu_k : q->mem;
+    /* (packed queries over a paged cache have no cu_seqlens_k: q's buffer, unread) */
+    const cl_mem cu_k = score->varlen && masks->varlen.cu_k ? masks->varlen.cu_k : q->mem;
     if (score->varlen) { /* packed sequences: their offsets and totals */
         params.cu_q_offset = masks->varlen.q_offset;
         params.cu_k_offset = masks->varlen.k_offset;
@@ -517,14 +518,19 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
         params.total_k = (cl_uint)score->total_k;
     }
     const cl_mem score_w = score->additive ? masks->additive_w.mem : q->mem;
-    const size_t bh_total = score->batch * score->heads;
+    /* Packed queries over a paged cache (score.cl's PACKED_GRID): the row blocks of all
+     * sequences in dimension 0 (total_q / block_q + batch of them), the heads in dimension 1. */
+    const bool packed_grid = score->varlen && score->kv_paged;
+    params.packed_batch = packed_grid ? (cl_uint)score->batch : 0u;
+    const size_t bh_total = packed_grid ? score->heads : score->batch * score->heads;
     /* flash_cpu.cl: one work-item per group, the masks' presence, whether the band has a
      * diagonal edge and the normalisation compiled in (so not arguments); flash.cl and
      * flash_gpu.cl: group_items. */
     const size_t items = plan->cpu ? 1 : plan->group_items;
     const size_t local[3] = {items, 1, 1};
-    size_t global[3] = {((score->seq_q + plan->block_q - 1) / plan->block_q) * items, 1,
-                        plan->splits};
+    const size_t row_blocks = packed_grid ? score->total_q / plan->block_q + score->batch
+                                          : (score->seq_q + plan->block_q - 1) / plan->block_q;
+    size_t global[3] = {row_blocks * items, 1, plan->splits};
     const char *name = plan->cpu ? "flash_cpu" : "flash_attention";
 
     clattn_status status = CLATTN_SUCCESS;

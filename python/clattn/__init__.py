@@ -17,7 +17,7 @@ from ._core import ArgumentError, Context, DeviceError, Error, default_context
 from .doctor import doctor, validations
 from .dropout import dropout_mask
 from .flex import BlockMask, create_block_mask, flex_attention, last_tiles_visited, tree_mask
-from .functional import (SdpaGrads, kv_commit, paged_attention, quantize,
+from .functional import (SdpaGrads, kv_commit, paged_attention, paged_varlen_attention, quantize,
                          scaled_dot_product_attention, sdpa_backward, sdpa_forward,
                          varlen_attention)
 from .ring import ring_attention
@@ -35,10 +35,11 @@ _SUBMODULES = ("autograd", "flash_attn", "transformers", "ops")
 __all__ = ["ArgumentError", "BlockMask", "Context", "DeviceError", "Error", "KVCache",
            "NumpyMultiheadAttention", "create_block_mask", "default_context", "doctor",
            "dropout_mask", "flex_attention", "kv_commit", "last_tiles_visited", "onnx_attention",
-           "paged_attention", "positional_encoding", "quantize", "ring_attention", "rotary_embedding", "scaled_dot_product_attention",
+           "paged_attention", "paged_varlen_attention", "positional_encoding", "quantize",
+           "ring_attention", "rotary_embedding", "scaled_dot_product_attention",
            "SdpaGrads", "sdpa_backward", "sdpa_forward", "tree_mask", "validations",
            "varlen_attention"]
-__version__ = "0.11.0"
+__version__ = "0.12.0"
 
 
 def __getattr__(name):

@@ -245,6 +245,121 @@ def _paged_execute(ctx, pools, table, counts, sinks1, is_causal, scale) -> np.nd
     return out
 
 
+def paged_varlen_attention(q: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
+                           cu_seqlens_q: ArrayLike, block_table: ArrayLike, seqlens_k: ArrayLike,
+                           *, causal: bool = False, softmax_scale: Optional[float] = None,
+                           softcap: float = 0.0, sinks: Optional[ArrayLike] = None,
+                           return_lse: bool = False, ctx: Optional[Context] = None):
+    """A serving step's attention in one fused launch: packed query rows of B requests (each
+    decoding, one row, or prefilling a chunk, many rows) over one paged KV cache (chunked
+    prefill and a mixed batch; the C API's cu_seqlens_q with block_table and kv_seqlen).
+
+    q (total_q, Hq, E) packed as flash-attn's varlen functions take it: request b's rows are
+    cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 ((B + 1,) integers from 0, non-decreasing, ending
+    at total_q). k_pages (pages, page_size, Hkv, E), v_pages (pages, page_size, Hkv, Ev):
+    flash-attn's paged caches; block_table (B, blocks) and seqlens_k (B,) integers: request b
+    attends its first seqlens_k[b] keys, key j in slot j % page_size of page
+    block_table[b, j // page_size] (a chunk's own keys already written there). causal:
+    bottom-right per request (row i of n rows over N keys sees keys j <= i + N - n).
+    softmax_scale: None for 1/sqrt(E); softcap > 0 caps the scores; sinks (Hq,) logits.
+    float32, float16, bfloat16 (ml_dtypes) or float64 (computed in float32); torch tensors in
+    give torch tensors out. Not differentiable (clattn's backward refuses paged caches: tensors
+    that require grad are refused). Raises clattn.ArgumentError naming the argument for
+    offsets, counts or block indices that are not as above. Returns out (total_q, Hq, Ev) in
+    q's dtype, or with return_lse ``(out, lse)``, lse float32 (Hq, total_q), -inf for a row
+    that sees no key."""
+    like = _torch.any_tensor(q, k_pages, v_pages)
+    if like is not None:
+        _refuse_grad(q, k_pages, v_pages, sinks)
+        got = paged_varlen_attention(
+            *(_torch.to_numpy(a) for a in (q, k_pages, v_pages, cu_seqlens_q, block_table,
+                                            seqlens_k)),
+            causal=causal, softmax_scale=softmax_scale, softcap=softcap,
+            sinks=_torch.to_numpy(sinks), return_lse=return_lse, ctx=ctx)
+        if return_lse:
+            return _torch.from_numpy(got[0], like), _torch.from_numpy(got[1], like)
+        return _torch.from_numpy(got, like)
+    ctx = ctx or default_context()
+    q_in = np.asarray(q)
+    qf, kp, vp = (_as_float(n, a) for n, a in (("q", q), ("k_pages", k_pages),
+                                               ("v_pages", v_pages)))
+    if qf.ndim != 3:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"q has shape {qf.shape}; expected packed rows (total_q, Hq, E)")
+    _check_pools(qf.transpose(1, 0, 2)[None], kp, vp)
+    cu = np.asarray(cu_seqlens_q)
+    if not np.issubdtype(cu.dtype, np.integer) or cu.ndim != 1 or cu.size < 2:
+        raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                            f"cu_seqlens_q has shape {cu.shape} and dtype {cu.dtype}; expected "
+                            f"(B + 1,) integers, B >= 1")
+    if cu[0] != 0 or cu[-1] != qf.shape[0] or np.any(np.diff(cu) < 0):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"cu_seqlens_q = {cu.tolist()[:8]}...: the offsets must run from 0 to "
+                            f"total_q = {qf.shape[0]} and never decrease")
+    table, counts = np.asarray(block_table), np.asarray(seqlens_k)
+    _check_table(table, counts, cu.size - 1, kp.shape[0], kp.shape[1])
+    if softmax_scale is not None and not math.isfinite(softmax_scale):
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"softmax_scale={softmax_scale}: must be "
+                            f"finite")
+    sinks1 = _sinks_array(sinks, qf.shape[1])
+    out, lse = _mixed_execute(ctx, qf, kp, vp, cu, table, counts, sinks1,
+                              (bool(causal), softmax_scale, float(softcap)))
+    out = out.astype(q_in.dtype) if q_in.dtype == np.float64 else out
+    return (out, lse) if return_lse else out
+
+
+def _mixed_execute(ctx, q, kp, vp, cu, table, counts, sinks1, rule):
+    """paged_varlen_attention's plan on the checked arrays: (out, lse)."""
+    causal, scale, softcap = rule
+    qc, kc, vc = (np.ascontiguousarray(a) for a in (q, kp, vp))
+    arrays = [qc, kc, vc, np.ascontiguousarray(table, dtype=np.int32),
+              np.ascontiguousarray(counts, dtype=np.int32), np.ascontiguousarray(cu, np.int32)]
+    names = ["q", "k", "v", "block_table", "kv_seqlen", "cu_seqlens_q"]
+    if sinks1 is not None:
+        arrays.append(sinks1)
+        names.append("sinks")
+    total_q, Hq = qc.shape[:2]
+    out = np.empty((total_q, Hq, vc.shape[-1]), dtype=qc.dtype)
+    lse = np.empty((Hq, total_q), dtype=np.float32)
+
+    def tensors():
+        t = _lib.Tensors()
+        for name, a in zip(names, arrays):
+            setattr(t, name, layout(_lib.I32 if a.dtype == np.int32 else clattn_dtype(a.dtype),
+                                    a.shape))
+        t.out = layout(clattn_dtype(out.dtype), out.shape)
+        t.lse = layout(_lib.F32, lse.shape)
+        return t
+
+    key_ = ("paged varlen", tuple((a.shape, a.dtype.str) for a in arrays), rule)
+
+    def create():
+        desc = _lib.SdpaDesc()
+        lib.clattn_sdpa_desc_init(ctypes.byref(desc))
+        t, src = desc.tensors, tensors()
+        for name in names + ["out", "lse"]:
+            setattr(t, name, getattr(src, name))
+        desc.causal = _lib.CAUSAL_BOTTOM_RIGHT if causal else _lib.CAUSAL_NONE
+        desc.scale = float("nan") if scale is None else float(scale)
+        desc.softcap = softcap
+        desc.path = _lib.PATH_FUSED
+        return _sdpa_plan(ctx, desc)
+
+    with ctx.lock:
+        plan = ctx.plan(key_, create)
+        buffers = [Buffer(ctx, a) for a in arrays]
+        results = [Buffer(ctx, nbytes=out.nbytes), Buffer(ctx, nbytes=lse.nbytes)]
+        t = tensors()
+        for name, buffer in zip(names, buffers):
+            getattr(t, name).mem = buffer.mem
+        t.out.mem, t.lse.mem = results[0].mem, results[1].mem
+        ctx.check(lib.clattn_plan_execute(plan, ctypes.byref(t), _lib.ROLE_COUNT, None, None, 0,
+                                          None, None))
+        results[0].read(ctx, out)
+        results[1].read(ctx, lse)
+    return out, lse
+
+
 @_torch.torch_io("quantize")
 def quantize(x: ArrayLike, kv_dtype: str, *, ctx: Optional[Context] = None) -> np.ndarray:
     """llama.cpp's block quantization on the clattn device: x (..., E) float32, float16,

@@ -182,7 +182,22 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     cu_seqlens_k[b + 1] - cu_seqlens_k[b] slots through its row of the table (gathered into a
     packed batch first: differentiable, but a copy). dropout_p must be 0 (ArgumentError).
     Returns out (total_q, H, Dv), or with return_attn_probs ``(out, softmax_lse (H, total_q)
-    float32, None)``. Differentiable in q, k, v and sinks."""
+    float32, None)``. Differentiable in q, k, v and sinks. With block_table and nothing that
+    needs the gather (no gradient recorded, no ALiBi, no window, dropout_p 0) it runs as one
+    fused launch over the pages (clattn.paged_varlen_attention: the mixed batch of decodes and
+    prefill chunks), the keys read where they lie."""
+    if block_table is not None and dropout_p == 0 and alibi_slopes is None and \
+            tuple(window_size) == (-1, -1) and not _common._needs_grad(q, k, v, sinks):
+        ck = np.asarray(_torch.to_numpy(cu_seqlens_k)).astype(np.int64)
+        if ck.ndim != 1 or ck.size < 2 or np.any(np.diff(ck) < 0):
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"cu_seqlens_k has shape {ck.shape}: with block_table its (B + 1) "
+                                f"offsets give each sequence's key count (non-decreasing)")
+        got = _serving.paged_varlen_attention(q, k, v, cu_seqlens_q, block_table,
+                                              np.diff(ck).astype(np.int32), causal=causal,
+                                              softmax_scale=softmax_scale, softcap=softcap,
+                                              sinks=sinks, return_lse=return_attn_probs, ctx=ctx)
+        return (got[0], got[1], None) if return_attn_probs else got
     if block_table is not None:
         for name, x in (("k", k), ("v", v)):
             if len(tuple(x.shape)) != 4:

@@ -73,7 +73,8 @@ OPTIONAL_MODULES = ("torch", "safetensors", "pyopencl", "mpi4py", "transformers"
 # Python names being built (issue 46): allowed to be missing until they land.
 PENDING: dict = {}
 TIMEOUT = 120  # seconds per block
-CLI_COMMANDS = ("devices", "info", "demo", "run", "sdpa", "rope", "additive", "bench", "tune")
+CLI_COMMANDS = ("devices", "info", "demo", "run", "sdpa", "rope", "additive", "bench", "tune",
+                "serve")
 PLACEHOLDERS = {"name", "this", "file", "foo", "prog", "app"}
 # A code span that starts with one of these is a command line: its bare file names are the
 # user's own files (`cc app.c ...`), not the repository's.
