@@ -28,28 +28,31 @@ typedef struct mixed_case {
     int count;                          /* requests */
     size_t rows[MAX_REQ], keys[MAX_REQ]; /* each request's query rows and key count */
     int lse;
+    int tree; /* 1 + the request whose rows are a speculative tree's drafts, its last keys
+               * (clattn_flex_tree_mask: a random tree, parents first); 0: none */
 } mixed_case;
 
-/* The issue's done-when case first: 3 decodes and a 200-row chunk whose cache already holds
- * 100 keys before it (300 in all), over shuffled pages of 16. */
+/* The issue's done-when case first: 3 decodes, a 200-row chunk whose cache already holds 100
+ * keys before it (300 in all) and a tree of 7 draft tokens after 45 keys, over shuffled pages
+ * of 16. */
 static const mixed_case cases[] = {
-    {"3 decodes + 200-row chunk, pages of 16", 4, 2, 64, 64, 16, CLATTN_CAUSAL_BOTTOM_RIGHT, 4,
-     {1, 1, 200, 1}, {63, 129, 300, 1}, 1},
+    {"3 decodes + 200-row chunk + 7-draft tree, pages of 16", 4, 2, 64, 64, 16,
+     CLATTN_CAUSAL_BOTTOM_RIGHT, 5, {1, 1, 200, 1, 7}, {63, 129, 300, 1, 52}, 1, 5},
     {"rows 1/17/65, pages of 1, no causal", 2, 1, 16, 8, 1, CLATTN_CAUSAL_NONE, 4,
-     {1, 17, 65, 1}, {1, 63, 129, 17}, 0},
+     {1, 17, 65, 1}, {1, 63, 129, 17}, 0, 0},
     {"rows 17/1/65, pages of 48, fewer keys than rows", 3, 3, 16, 8, 48,
-     CLATTN_CAUSAL_BOTTOM_RIGHT, 3, {17, 1, 65}, {129, 63, 63}, 1},
+     CLATTN_CAUSAL_BOTTOM_RIGHT, 3, {17, 1, 65}, {129, 63, 63}, 1, 0},
     /* full scale: more mixes */
     {"7 decodes + 33-row chunk, GQA 8/2, pages of 16", 8, 2, 64, 64, 16,
-     CLATTN_CAUSAL_BOTTOM_RIGHT, 8, {1, 1, 1, 33, 1, 1, 1, 1}, {17, 2, 48, 97, 1, 300, 16, 33}, 1},
+     CLATTN_CAUSAL_BOTTOM_RIGHT, 8, {1, 1, 1, 33, 1, 1, 1, 1}, {17, 2, 48, 97, 1, 300, 16, 33}, 1, 0},
     {"one request, rows 65, pages of 48", 2, 2, 16, 8, 48, CLATTN_CAUSAL_BOTTOM_RIGHT, 1, {65},
-     {130}, 1},
+     {130}, 1, 0},
 };
 #define DEFAULT_CASES 3
 /* CLATTN_TEST_SCALE=small (Oclgrind): the first case with a 40-row chunk over 70 keys, 2 heads */
 static const mixed_case small_first = {
-    "3 decodes + 40-row chunk, pages of 16 (small)", 2, 1, 32, 32, 16, CLATTN_CAUSAL_BOTTOM_RIGHT,
-    4, {1, 1, 40, 1}, {63, 17, 70, 1}, 1};
+    "3 decodes + 40-row chunk + 7-draft tree, pages of 16 (small)", 2, 1, 32, 32, 16,
+    CLATTN_CAUSAL_BOTTOM_RIGHT, 5, {1, 1, 40, 1, 7}, {63, 17, 70, 1, 20}, 1, 5};
 
 typedef struct mixed_problem {
     const mixed_case *c;
@@ -58,11 +61,48 @@ typedef struct mixed_problem {
     int32_t *table;            /* (batch, blocks) */
     float *q, *k_pool, *v_pool; /* q (total_q, heads, dk); pools (pages, page, kv_heads, d) */
     double *ref_out, *ref_lse;  /* (total_q, heads, dv), (heads, total_q) */
+    /* c->tree: the tree mask's tensors, tree_bits (bytes) and tree_meta (batch, 3) */
+    uint8_t *tree_bits;
+    size_t tree_bytes;
+    int32_t tree_meta[3 * MAX_REQ];
 } mixed_problem;
 
 static size_t ceil_div(size_t a, size_t b)
 {
     return (a + b - 1) / b;
+}
+
+/* The tree request's draft tree: draft i's parent below i (or -1: the prefix), bit (i, j) of
+ * its n x n matrix set when j is i or an ancestor (LSB first, clattn_flex_tree_mask's
+ * layout); the other requests have no tree (n = 0: every key kept). */
+static void make_tree(mixed_problem *p)
+{
+    const size_t t = (size_t)p->c->tree - 1, n = p->c->rows[t];
+    p->tree_bytes = (n * n + 7) / 8 + 1;
+    p->tree_bits = tu_bytes(p->tree_bytes);
+    int parent[64];
+    for (size_t i = 0; i < n && i < 64; ++i) {
+        parent[i] = i == 0 ? -1 : (int)tu_rand_below(i + 1) - 1;
+        for (int j = (int)i; j >= 0; j = j == (int)i ? parent[i] : parent[j])
+            p->tree_bits[(i * n + (size_t)j) / 8] |= (uint8_t)(1u << ((i * n + (size_t)j) % 8));
+    }
+    for (size_t b = 0; b < p->batch; ++b) {
+        p->tree_meta[3 * b] = b == t ? (int32_t)(p->c->keys[t] - n) : 0;
+        p->tree_meta[3 * b + 1] = b == t ? (int32_t)n : 0;
+        p->tree_meta[3 * b + 2] = 0;
+    }
+}
+
+/* Whether row i of request b keeps key j by the tree mask (the rule of clattn_flex_tree_mask). */
+static bool tree_keeps(const mixed_problem *p, size_t b, size_t i, size_t j)
+{
+    const size_t start = (size_t)p->tree_meta[3 * b], n = (size_t)p->tree_meta[3 * b + 1];
+    if (n == 0 || j < start)
+        return true;
+    if (j - start >= n || i >= n)
+        return false;
+    const size_t bit = i * n + (j - start);
+    return (p->tree_bits[bit / 8] >> (bit % 8)) & 1;
 }
 
 /* Pages: every request's blocks get distinct pages of a shuffled pool with 3 spares; slots
@@ -107,6 +147,8 @@ static void make_problem(mixed_problem *p, const mixed_case *c)
         }
     free(perm);
     p->q = tu_random_floats(p->total_q * c->heads * c->dk);
+    if (c->tree)
+        make_tree(p);
 }
 
 /* Each request alone, in float64: row i of request b sees keys j < n_b (j <= i + n_b - rows_b
@@ -132,6 +174,9 @@ static void reference(mixed_problem *p)
                     last = (long long)i + (long long)n - (long long)rows;
                 double m = -INFINITY, sum = 0.0;
                 for (long long j = 0; j <= last && j < (long long)n; ++j) {
+                    w[j] = -INFINITY;
+                    if (p->c->tree && !tree_keeps(p, b, i, (size_t)j))
+                        continue;
                     const size_t pg = (size_t)p->table[b * p->blocks + (size_t)j / page];
                     const float *kj =
                         p->k_pool + ((pg * page + (size_t)j % page) * c->kv_heads + kvh) * c->dk;
@@ -142,7 +187,7 @@ static void reference(mixed_problem *p)
                     m = w[j] > m ? w[j] : m;
                 }
                 for (long long j = 0; j <= last && j < (long long)n; ++j)
-                    sum += (w[j] = exp(w[j] - m));
+                    sum += (w[j] = m == -INFINITY ? 0.0 : exp(w[j] - m));
                 double *o = p->ref_out + (t * heads + h) * c->dv;
                 for (long long j = 0; j <= last && j < (long long)n; ++j) {
                     const size_t pg = (size_t)p->table[b * p->blocks + (size_t)j / page];
@@ -165,6 +210,7 @@ static void free_problem(mixed_problem *p)
     free(p->v_pool);
     free(p->ref_out);
     free(p->ref_lse);
+    free(p->tree_bits);
 }
 
 /* The plan's layouts (no buffers): q, out, lse packed; k, v pools; the table, the counts. */
@@ -183,6 +229,10 @@ static void layouts(const mixed_problem *p, clattn_tensors *t)
     t->block_table = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, p->batch, p->blocks, 0, 0);
     t->kv_seqlen = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, p->batch, 0, 0, 0);
     t->cu_seqlens_q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, p->batch + 1, 0, 0, 0);
+    if (c->tree) {
+        t->flex_aux0 = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_U8, 1, p->tree_bytes, 0, 0, 0);
+        t->flex_aux1 = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, p->batch, 3, 0, 0);
+    }
 }
 
 static void make_desc(const mixed_case *c, clattn_tensors *t, clattn_sdpa_desc *desc)
@@ -190,6 +240,8 @@ static void make_desc(const mixed_case *c, clattn_tensors *t, clattn_sdpa_desc *
     clattn_sdpa_desc_init(desc);
     CLATTN_BIND_ROLES(*desc, *t);
     desc->causal = c->causal;
+    if (c->tree)
+        clattn_flex_tree_mask(&desc->flex);
 }
 
 #define PAD 5 /* NaN floats before and after out and lse */
@@ -225,6 +277,10 @@ static void run_case(clattn_ctx *ctx, const mixed_case *c, bool traced)
     t.block_table.mem = tu_upload_bytes(p.table, p.batch * p.blocks * sizeof(int32_t));
     t.kv_seqlen.mem = tu_upload_bytes(p.kv_len, p.batch * sizeof(int32_t));
     t.cu_seqlens_q.mem = tu_upload_bytes(p.cu_q, (p.batch + 1) * sizeof(int32_t));
+    if (c->tree) {
+        t.flex_aux0.mem = tu_upload_bytes(p.tree_bits, p.tree_bytes);
+        t.flex_aux1.mem = tu_upload_bytes(p.tree_meta, 3 * p.batch * sizeof(int32_t));
+    }
     if (traced)
         clattn_ctx_trace_kernels(ctx, 1);
     if (tu_expect_status(clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
