@@ -17,6 +17,7 @@ static const char usage[] =
     "  sdpa      scaled dot-product attention on .npy / .safetensors files (ONNX Attention)\n"
     "  rope      rotary position embeddings on .npy / .safetensors files (ONNX RotaryEmbedding)\n"
     "  additive  additive (Bahdanau) attention on .npy / .safetensors files\n"
+    "  merge     two partial attention states merged by their log-sum-exp (merge_state)\n"
     "  bench     time matmul, softmax, attention and MHA forward on the device\n"
     "  tune      search the kernel parameters on the device; write them to the tuning cache\n"
     "\n"
@@ -300,7 +301,7 @@ int main(int argc, char **argv)
             return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr,
             "clattn: unknown command '%s' (commands: devices, info, demo, run, sdpa, rope, "
-            "additive, bench, "
+            "additive, merge, bench, "
             "tune, doctor; "
             "see clattn --help)\n",
             command);
