@@ -1133,11 +1133,13 @@ CLATTN_API clattn_status clattn_merge_states(clattn_ctx *ctx, const clattn_tenso
 
 /* Cascade decoding: a batch of B requests whose sequences all begin with one prefix of P keys,
  * stored once (a system prompt), each followed by its own suffix. A step attends the prefix as
- * ONE problem, every request's query row against the one prefix (q viewed as batch 1 with B
- * rows per head, no causal rule: the rows are after the prefix), each suffix per request (an
- * SDPA plan over the caller's suffix cache), and merges the two states (clattn_merge_states),
- * so the prefix's keys and values are read once per step (once per query head), not once per
- * request. The result is attention of each row over its prefix and suffix keys together.
+ * ONE problem, every request's query rows against the one prefix (per kv head, the rows of
+ * its group of query heads for all B requests as one batch: q viewed so through its strides,
+ * or, with grouped heads, copied so first; no causal rule: the rows are after the prefix),
+ * each suffix per request (an SDPA plan over the caller's suffix cache), and merges the two
+ * states (clattn_merge_states), so each kv head's prefix keys and values are read once per
+ * step, not once per request. The result is attention of each row over its prefix and suffix
+ * keys together.
  * Tensors (mem and offset ignored at creation; execution binds the same layouts):
  *   q (B, H, 1, head_dim_qk): one decoding row per request (more rows are refused);
  *   prefix_k (1, Hkv, P, head_dim_qk), prefix_v (1, Hkv, P, head_dim_v): any float or block
@@ -1149,8 +1151,8 @@ CLATTN_API clattn_status clattn_merge_states(clattn_ctx *ctx, const clattn_tenso
  *   row's log-sum-exp.
  * Hkv divides H (GQA, as SDPA's). scale NAN: 1/sqrt(head_dim_qk). No masks or other score
  * modifiers (the parts would need them alike). Scratch: (2 B H head_dim_v + 2 B H) floats of
- * device memory the cascade holds; the two SDPA plans use the context's workspace. Start from
- * clattn_cascade_desc_init. */
+ * device memory the cascade holds (B H head_dim_qk more with grouped heads); the two SDPA
+ * plans use the context's workspace. Start from clattn_cascade_desc_init. */
 typedef struct clattn_cascade_desc {
     size_t struct_size;
     clattn_tensor q;
@@ -1165,8 +1167,9 @@ CLATTN_API void clattn_cascade_desc_init(clattn_cascade_desc *desc);
  * error names the part ("cascade (the shared prefix): ..."). Keeps ctx: release first. */
 CLATTN_API clattn_status clattn_cascade_create(clattn_ctx *ctx, const clattn_cascade_desc *desc,
                                                clattn_cascade **out);
-/* One step: the prefix, the suffixes and the merge (three enqueues) on the context's queue
- * after `wait`, on `tensors` (the creation's layouts with buffers). */
+/* One step: the prefix, the suffixes and the merge (three enqueues; a copy of q first with
+ * grouped heads) on the context's queue after `wait`, on `tensors` (the creation's layouts with
+ * buffers). */
 CLATTN_API clattn_status clattn_cascade_execute(clattn_cascade *cascade,
                                                 const clattn_cascade_desc *tensors,
                                                 cl_uint num_wait, const cl_event *wait,

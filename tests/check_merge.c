@@ -257,16 +257,18 @@ typedef struct cascade_case {
     size_t batch, heads, kv_heads, prefix, suffix, dk, dv;
     size_t page_size; /* 0: padded (B, Hkv, suffix, d) with kv_seqlen */
     clattn_dtype out_dtype;
+    clattn_dtype q_dtype;
+    pb_layout q_layout;
 } cascade_case;
 
 /* clang-format off */
 static const cascade_case cascade_cases[] = {
-    /* B  H  Hkv prefix suffix dk  dv  page  out */
-    {1, 1, 1,    1,     1,     16, 16, 0,    F32},
-    {3, 4, 2,   67,    17,     64, 64, 0,    F32},
-    {5, 6, 3,  129,    33,     33, 17, 16,   F32},
-    {8, 8, 8,  255,    40,     64, 64, 7,    F16},
-    {2, 8, 1,   63,     5,    128, 128, 0,   BF16},
+    /* B  H  Hkv prefix suffix dk  dv  page  out   q     q layout */
+    {1, 1, 1,    1,     1,     16, 16, 0,    F32,  F32,  PB_PACKED},
+    {3, 4, 2,   67,    17,     64, 64, 0,    F32,  F16,  PB_PADDED},
+    {5, 6, 3,  129,    33,     33, 17, 16,   F32,  F32,  PB_SEQ_MAJOR},
+    {8, 8, 8,  255,    40,     64, 64, 7,    F16,  BF16, PB_PADDED},
+    {2, 8, 1,   63,     5,    128, 128, 0,   BF16, F32,  PB_PACKED},
 };
 /* clang-format on */
 
@@ -283,6 +285,7 @@ static void cascade_draw(cascade_problem *p, const cascade_case *c)
     p->c = c;
     const size_t B = c->batch, Hkv = c->kv_heads;
     p->q = tu_random_floats(B * c->heads * c->dk);
+    pb_round_array(c->q_dtype, p->q, B * c->heads * c->dk);
     p->pk = tu_random_floats(Hkv * c->prefix * c->dk);
     p->pv = tu_random_floats(Hkv * c->prefix * c->dv);
     p->sk = tu_random_floats(B * Hkv * c->suffix * c->dk);
@@ -345,13 +348,13 @@ static void cascade_reference(const cascade_problem *p, double *out, double *lse
     }
 }
 
-/* The cascade's tensors (layouts, then buffers when `upload`). */
-static void cascade_tensors(const cascade_problem *p, clattn_cascade_desc *d, int upload)
+/* The cascade's layouts (padded gaps drawn). */
+static void cascade_layouts(const cascade_problem *p, clattn_cascade_desc *d)
 {
     const cascade_case *c = p->c;
     const size_t B = c->batch, H = c->heads, Hkv = c->kv_heads;
     clattn_cascade_desc_init(d);
-    d->q = clattn_tensor_make(NULL, 0, F32, 4, B, H, 1, c->dk);
+    pb_make_layout(&d->q, c->q_dtype, 4, (size_t[]){B, H, 1, c->dk}, c->q_layout);
     d->prefix_k = clattn_tensor_make(NULL, 0, F32, 4, 1, Hkv, c->prefix, c->dk);
     d->prefix_v = clattn_tensor_make(NULL, 0, F32, 4, 1, Hkv, c->prefix, c->dv);
     d->kv_seqlen = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, B, 0, 0, 0);
@@ -365,9 +368,14 @@ static void cascade_tensors(const cascade_problem *p, clattn_cascade_desc *d, in
     }
     pb_make_layout(&d->out, c->out_dtype, 4, (size_t[]){B, H, 1, c->dv}, PB_SEQ_MAJOR);
     d->lse = clattn_tensor_make(NULL, 0, F32, 3, B, H, 1, 0);
-    if (!upload)
-        return;
-    d->q.mem = tu_upload_floats(p->q, B * H * c->dk);
+}
+
+/* Buffers holding the problem for the layouts *d holds (outputs poisoned). */
+static void cascade_upload(const cascade_problem *p, clattn_cascade_desc *d)
+{
+    const cascade_case *c = p->c;
+    const size_t B = c->batch, H = c->heads, Hkv = c->kv_heads;
+    pb_upload(tu_ctx(), &d->q, 2, p->q);
     d->prefix_k.mem = tu_upload_floats(p->pk, Hkv * c->prefix * c->dk);
     d->prefix_v.mem = tu_upload_floats(p->pv, Hkv * c->prefix * c->dv);
     d->kv_seqlen.mem = tu_upload_bytes(p->lens, B * sizeof *p->lens);
@@ -389,18 +397,21 @@ START_TEST(test_cascade_cases)
 {
     TU_BEGIN_TEST();
     const cascade_case *c = &cascade_cases[_i];
-    tu_set_case("cascade B=%zu H=%zu Hkv=%zu prefix=%zu suffix=%zu dk=%zu dv=%zu page=%zu out=%s",
+    tu_set_case("cascade B=%zu H=%zu Hkv=%zu prefix=%zu suffix=%zu dk=%zu dv=%zu page=%zu out=%s "
+                "q=%s %s",
                 c->batch, c->heads, c->kv_heads, c->prefix, c->suffix, c->dk, c->dv, c->page_size,
-                pb_dtype_name(c->out_dtype));
+                pb_dtype_name(c->out_dtype), pb_dtype_name(c->q_dtype),
+                pb_layout_name(c->q_layout));
     clattn_ctx *ctx = tu_ctx();
     cascade_problem p;
     cascade_draw(&p, c);
     clattn_cascade_desc layouts, bound;
-    cascade_tensors(&p, &layouts, 0);
+    cascade_layouts(&p, &layouts);
     clattn_cascade *cascade = NULL;
     tu_expect_status(clattn_cascade_create(ctx, &layouts, &cascade), CLATTN_SUCCESS,
                      "clattn_cascade_create");
-    cascade_tensors(&p, &bound, 1);
+    bound = layouts;
+    cascade_upload(&p, &bound);
     const size_t rows = c->batch * c->heads, count = rows * c->dv;
     double *ref = tu_doubles(count), *ref_lse = tu_doubles(rows);
     cascade_reference(&p, ref, ref_lse);
@@ -466,21 +477,21 @@ START_TEST(test_refusals)
     cascade_problem p;
     cascade_draw(&p, &cascade_cases[1]);
     clattn_cascade_desc d;
-    cascade_tensors(&p, &d, 0);
+    cascade_layouts(&p, &d);
     clattn_cascade *cascade = (clattn_cascade *)&d;
     d.q.dims[2] = 2;
     expect_failure(clattn_cascade_create(ctx, &d, &cascade), CLATTN_ERR_INVALID_SHAPE,
                    "one decoding row", "q with 2 rows");
     tu_expect(cascade == NULL, "a refused create leaves *out NULL");
-    cascade_tensors(&p, &d, 0);
+    cascade_layouts(&p, &d);
     d.prefix_k.dims[0] = 2;
     expect_failure(clattn_cascade_create(ctx, &d, &cascade), CLATTN_ERR_INVALID_SHAPE,
                    "prefix_k", "prefix of batch 2");
-    cascade_tensors(&p, &d, 0);
+    cascade_layouts(&p, &d);
     d.prefix_k.dims[1] = 3; /* 3 kv heads do not divide 4 */
     d.prefix_v.dims[1] = 3;
     expect_failure(clattn_cascade_create(ctx, &d, &cascade), CLATTN_ERR_INVALID_SHAPE,
-                   "shared prefix", "prefix kv_heads 3 of 4 heads");
+                   "divides", "prefix kv_heads 3 of 4 heads");
     tu_expect_status(clattn_cascade_create(ctx, NULL, &cascade), CLATTN_ERR_INVALID_ARGUMENT,
                      "NULL desc");
     tu_expect_status(clattn_cascade_execute(NULL, &d, 0, NULL, NULL), CLATTN_ERR_INVALID_ARGUMENT,

@@ -104,14 +104,21 @@ clattn_status clattn_merge_states(clattn_ctx *ctx, const clattn_tensor *o_a,
 
 /* ---- cascade decoding ------------------------------------------------------------------- */
 
+/* Rows of the merge: (batch, kv heads, group), query head h = g * group + j. The prefix runs
+ * per kv head with its group's rows of every request together, (1, Hkv, B * group, d), so a
+ * kv head's prefix is read once whatever the group size; with group > 1, q is first copied
+ * into that order (the copy `fold`), one (B, H, d) copy per step. */
 struct clattn_cascade {
     clattn_ctx *ctx;
     clattn_cascade_desc desc; /* the layouts it was made for (mem and offset unused) */
-    size_t batch, heads, dv;
+    size_t batch, heads, kv_heads, group, dk, dv;
     clattn_plan *prefix, *suffix; /* the two SDPA plans */
+    clattn__copy_plan fold;       /* group > 1: q into (Hkv, B, group, dk) float32 */
     clattn__merge_plan merge;
-    cl_mem scratch; /* float32: o_p (H, B, dv), o_s (B, H, dv), lse_p (H, B), lse_s (B, H) */
-    size_t o_s_at, lse_p_at, lse_s_at;
+    /* float32 scratch: o_p (Hkv, B * group, dv) at 0, o_s (B, H, dv), lse_p (Hkv, B * group),
+     * lse_s (B, H), the folded q (Hkv, B * group, dk) */
+    cl_mem scratch;
+    size_t o_s_at, lse_p_at, lse_s_at, q_at;
     clattn__layout out, lse; /* the caller's outputs, as bound at execution */
 };
 
@@ -140,21 +147,31 @@ void clattn_cascade_release(clattn_cascade *cascade)
     free(cascade);
 }
 
-/* The prefix problem's tensors: q (B, H, 1, d) viewed as batch 1 with B rows per head,
- * (1, H, B, d) through its strides; out and lse into scratch, (1, H, B, dv) and (1, H, B). */
+/* The prefix problem's tensors: every request's rows of a kv head's group as one batch,
+ * (1, Hkv, B * group, d): q viewed so through its strides when group is 1 (rows b), else the
+ * folded copy (rows b * group + j); out and lse into scratch. */
 static void prefix_tensors(const clattn_cascade *c, const clattn_cascade_desc *d,
                            clattn_tensors *t)
 {
     memset(t, 0, sizeof *t);
     const clattn_tensor *q = &d->q;
-    t->q = (clattn_tensor){q->mem, q->offset, q->dtype, 4,
-                           {1, c->heads, c->batch, q->dims[3]},
-                           {c->batch * q->strides[0], q->strides[1], q->strides[0], q->strides[3]}};
+    const size_t rows = c->batch * c->group;
+    if (c->group == 1)
+        t->q = (clattn_tensor){q->mem,
+                               q->offset,
+                               q->dtype,
+                               4,
+                               {1, c->heads, c->batch, c->dk},
+                               {c->batch * q->strides[0], q->strides[1], q->strides[0],
+                                q->strides[3]}};
+    else
+        t->q = clattn_tensor_make(c->scratch, c->q_at, CLATTN_DTYPE_F32, 4, 1, c->kv_heads, rows,
+                                  c->dk);
     t->k = d->prefix_k;
     t->v = d->prefix_v;
-    t->out = clattn_tensor_make(c->scratch, 0, CLATTN_DTYPE_F32, 4, 1, c->heads, c->batch, c->dv);
-    t->lse = clattn_tensor_make(c->scratch, c->lse_p_at, CLATTN_DTYPE_F32, 3, 1, c->heads,
-                                c->batch, 0);
+    t->out = clattn_tensor_make(c->scratch, 0, CLATTN_DTYPE_F32, 4, 1, c->kv_heads, rows, c->dv);
+    t->lse = clattn_tensor_make(c->scratch, c->lse_p_at, CLATTN_DTYPE_F32, 3, 1, c->kv_heads,
+                                rows, 0);
 }
 
 /* The suffixes' problem: the caller's q, k, v, kv_seqlen, block_table; out and lse into
@@ -185,10 +202,10 @@ static clattn_status cascade_plan(clattn_cascade *c, const clattn_tensors *t, cl
 }
 
 /* The shapes the cascade takes (beyond what the SDPA plans check): one query row per request,
- * a prefix of batch 1. */
+ * a prefix of batch 1 whose kv heads divide q's heads. */
 static clattn_status cascade_shapes(clattn_ctx *ctx, const char *op, const clattn_cascade_desc *d)
 {
-    if (d->q.rank != 4 || d->q.dims[2] != 1)
+    if (d->q.rank != 4 || d->q.dims[2] != 1 || d->q.dims[0] == 0 || d->q.dims[1] == 0)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
                             "%s: q must be (batch, heads, 1, head_dim_qk): one decoding row per "
                             "request (rank %d, %zu rows given)",
@@ -199,6 +216,12 @@ static clattn_status cascade_shapes(clattn_ctx *ctx, const char *op, const clatt
                             "%s: prefix_k and prefix_v must be (1, kv_heads, prefix_len, "
                             "head_dim): one prefix stored once for the whole batch",
                             op);
+    const size_t kv_heads = d->prefix_k.dims[1];
+    if (kv_heads == 0 || d->q.dims[1] % kv_heads != 0 || d->prefix_v.dims[1] != kv_heads)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: prefix_k has %zu kv heads and prefix_v %zu: expected one "
+                            "count that divides q's %zu heads",
+                            op, kv_heads, d->prefix_v.dims[1], d->q.dims[1]);
     if (d->out.rank != 4 || d->out.dims[0] != d->q.dims[0] || d->out.dims[1] != d->q.dims[1] ||
         d->out.dims[2] != 1 || d->out.dims[3] != d->prefix_v.dims[3])
         return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
@@ -209,21 +232,23 @@ static clattn_status cascade_shapes(clattn_ctx *ctx, const char *op, const clatt
 
 static clattn_status cascade_scratch(clattn_cascade *c, const char *op)
 {
-    size_t rows = 0, block = 0, floats = 0;
+    size_t rows = 0, block = 0, q_floats = 0, floats = 0;
     if (!clattn__product(&rows, 2, c->batch, c->heads) ||
-        !clattn__product(&block, 2, rows, c->dv) || !clattn__product(&floats, 2, block + 1, 2) ||
-        floats > SIZE_MAX / sizeof(float))
+        !clattn__product(&block, 2, rows, c->dv) ||
+        !clattn__product(&q_floats, 2, rows, c->group > 1 ? c->dk : 0) ||
+        !clattn__product(&floats, 2, block + rows, 2) || floats > SIZE_MAX - q_floats ||
+        floats + q_floats > SIZE_MAX / sizeof(float))
         return clattn__fail(c->ctx, CLATTN_ERR_OVERFLOW, "%s: the states overflow size_t", op);
     c->o_s_at = block;
     c->lse_p_at = 2 * block;
     c->lse_s_at = 2 * block + rows;
+    c->q_at = floats;
+    const size_t bytes = (floats + q_floats) * sizeof(float);
     cl_int err = CL_SUCCESS;
-    c->scratch = clCreateBuffer(c->ctx->context, CL_MEM_READ_WRITE,
-                                (2 * block + 2 * rows) * sizeof(float), NULL, &err);
+    c->scratch = clCreateBuffer(c->ctx->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
     if (err != CL_SUCCESS || c->scratch == NULL)
         return clattn__fail(c->ctx, err != CL_SUCCESS ? (clattn_status)err : CLATTN_ERR_HOST_MEMORY,
-                            "%s: clCreateBuffer(states, %zu bytes)", op,
-                            (2 * block + 2 * rows) * sizeof(float));
+                            "%s: clCreateBuffer(states, %zu bytes)", op, bytes);
     return CLATTN_SUCCESS;
 }
 
@@ -249,9 +274,17 @@ static clattn_status cascade_build(clattn_cascade *c, const char *op)
         return status;
     c->batch = d->q.dims[0];
     c->heads = d->q.dims[1];
+    c->kv_heads = d->prefix_k.dims[1];
+    c->group = c->heads / c->kv_heads;
+    c->dk = d->q.dims[3];
     c->dv = d->prefix_v.dims[3];
     if ((status = cascade_outputs(c, op)) || (status = cascade_scratch(c, op)))
         return status;
+    if (c->group > 1) {
+        const size_t box[4] = {c->kv_heads, c->batch, c->group, c->dk};
+        if ((status = clattn__copy_prepare(c->ctx, box, d->q.dtype, CLATTN_DTYPE_F32, &c->fold)))
+            return status;
+    }
     clattn_tensors t;
     prefix_tensors(c, d, &t);
     if ((status = cascade_plan(c, &t, &c->prefix)))
@@ -259,7 +292,7 @@ static clattn_status cascade_build(clattn_cascade *c, const char *op)
     suffix_tensors(c, d, &t);
     if ((status = cascade_plan(c, &t, &c->suffix)))
         return clattn__end_message(c->ctx, "cascade (the suffixes)", status);
-    const size_t rows[3] = {c->batch, c->heads, 1};
+    const size_t rows[3] = {c->batch, c->kv_heads, c->group};
     return clattn__merge_prepare(c->ctx, rows, c->dv, CLATTN_DTYPE_F32, CLATTN_DTYPE_F32,
                                  c->out.dtype, &c->merge);
 }
@@ -287,38 +320,96 @@ clattn_status clattn_cascade_create(clattn_ctx *ctx, const clattn_cascade_desc *
     return CLATTN_SUCCESS;
 }
 
-/* The merge's operands: o_s and o_p (scratch, as (B, H, 1, dv) views), the caller's out. */
+/* A caller's output bound (clattn__bind) as the merge's (B, Hkv, group) rows: query head
+ * g * group + j at g * group * s1 + j * s1. `rows_at` is 0 for out ((B, H, 1, dv): rows in
+ * dims 0 .. 2), 1 for lse ((B, H, 1): rows in dims 1 .. 3). */
+static clattn_status bind_grouped(clattn_cascade *c, const char *name, const clattn__layout *l,
+                                  const clattn_tensor *t, int rows_at, clattn__view *view)
+{
+    memset(view, 0, sizeof *view);
+    cl_mem mem = NULL;
+    size_t offset = 0;
+    const clattn_status status = clattn__bind(c->ctx, "cascade_execute", name, l, t, &mem, &offset);
+    if (status != CLATTN_SUCCESS || !l->present)
+        return status;
+    const size_t G = c->kv_heads, group = c->group;
+    *view = (clattn__view){mem, offset, l->dtype, {0}, {0}};
+    const size_t dims[4] = {c->batch, G, group, c->dv};
+    const size_t strides[4] = {l->strides[0], group * l->strides[1], l->strides[1],
+                               rows_at == 0 ? l->strides[3] : 0};
+    for (int i = 0; i < 4 - rows_at; ++i) {
+        view->dims[i + rows_at] = dims[i];
+        view->strides[i + rows_at] = strides[i];
+    }
+    if (rows_at == 1)
+        view->dims[0] = 1;
+    return CLATTN_SUCCESS;
+}
+
+/* The merge's operands over (B, Hkv, group) rows: o_s and o_p in scratch, the caller's out. */
 static clattn_status merge_views(clattn_cascade *c, const clattn_cascade_desc *d,
                                  clattn__merge_io *io)
 {
-    const size_t B = c->batch, H = c->heads, dv = c->dv;
-    const clattn__view o_s = {c->scratch, c->o_s_at, CLATTN_DTYPE_F32, {B, H, 1, dv},
-                              {H * dv, dv, dv, 1}};
-    const clattn__view o_p = {c->scratch, 0, CLATTN_DTYPE_F32, {B, H, 1, dv}, {dv, B * dv, dv, 1}};
+    const size_t B = c->batch, H = c->heads, G = c->kv_heads, g = c->group, dv = c->dv;
+    const clattn__view o_s = {c->scratch, c->o_s_at, CLATTN_DTYPE_F32, {B, G, g, dv},
+                              {H * dv, g * dv, dv, 1}};
+    const clattn__view o_p = {c->scratch, 0, CLATTN_DTYPE_F32, {B, G, g, dv},
+                              {g * dv, B * g * dv, dv, 1}};
     /* lse views hold the rows in dims 1 .. 3 */
-    const clattn__view lse_s = {c->scratch, c->lse_s_at, CLATTN_DTYPE_F32, {1, B, H, 1},
-                                {0, H, 1, 1}};
-    const clattn__view lse_p = {c->scratch, c->lse_p_at, CLATTN_DTYPE_F32, {1, B, H, 1},
-                                {0, 1, B, 1}};
+    const clattn__view lse_s = {c->scratch, c->lse_s_at, CLATTN_DTYPE_F32, {1, B, G, g},
+                                {0, H, g, 1}};
+    const clattn__view lse_p = {c->scratch, c->lse_p_at, CLATTN_DTYPE_F32, {1, B, G, g},
+                                {0, g, B * g, 1}};
     *io = (clattn__merge_io){.o_a = o_s, .lse_a = lse_s, .o_b = o_p, .lse_b = lse_p};
-    cl_mem mem = NULL;
-    size_t offset = 0;
-    clattn_status status = clattn__bind(c->ctx, "cascade_execute", "out", &c->out, &d->out, &mem,
-                                        &offset);
-    if (status != CLATTN_SUCCESS)
-        return status;
-    clattn__view_of(&c->out, &io->o);
-    io->o.mem = mem;
-    io->o.offset = offset;
-    if ((status = clattn__bind(c->ctx, "cascade_execute", "lse", &c->lse, &d->lse, &mem,
-                               &offset)))
-        return status;
-    if (c->lse.present) {
-        clattn__view_of(&c->lse, &io->lse);
-        io->lse.mem = mem;
-        io->lse.offset = offset;
+    clattn_status status = bind_grouped(c, "out", &c->out, &d->out, 0, &io->o);
+    if (status == CLATTN_SUCCESS)
+        status = bind_grouped(c, "lse", &c->lse, &d->lse, 1, &io->lse);
+    return status;
+}
+
+/* group > 1: q (B, H, 1, dk) into scratch as (Hkv, B, group, dk) float32, after `wait`. */
+static clattn_status fold_queries(clattn_cascade *c, const clattn_cascade_desc *d,
+                                  cl_uint num_wait, const cl_event *wait, cl_event *done)
+{
+    static const char op[] = "cascade_execute";
+    const clattn_tensor *q = &d->q;
+    const size_t G = c->kv_heads, g = c->group;
+    const clattn__view src = {q->mem, q->offset, q->dtype, {G, c->batch, g, c->dk},
+                              {g * q->strides[1], q->strides[0], q->strides[1], q->strides[3]}};
+    const clattn__view dst = {c->scratch, c->q_at, CLATTN_DTYPE_F32, {G, c->batch, g, c->dk},
+                              {c->batch * g * c->dk, g * c->dk, c->dk, 1}};
+    clattn_chain chain;
+    clattn_status status = clattn__begin(c->ctx, op, &chain, NULL, false, num_wait, wait);
+    if (status == CLATTN_SUCCESS)
+        status = clattn__copy_enqueue(&chain, &c->fold, &src, &dst);
+    return clattn__end(op, &chain, status, done);
+}
+
+/* The prefix and the suffixes (after the fold when there is one); *suffix_done: the last. */
+static clattn_status attend_parts(clattn_cascade *c, const clattn_cascade_desc *d,
+                                  cl_uint num_wait, const cl_event *wait, cl_event *suffix_done)
+{
+    cl_event folded = NULL, prefix_done = NULL;
+    clattn_status status = CLATTN_SUCCESS;
+    if (c->group > 1) {
+        if ((status = fold_queries(c, d, num_wait, wait, &folded)))
+            return status;
+        num_wait = 1, wait = &folded;
     }
-    return CLATTN_SUCCESS;
+    clattn_tensors t;
+    prefix_tensors(c, d, &t);
+    status = clattn_plan_execute(c->prefix, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, num_wait,
+                                 wait, &prefix_done);
+    if (status == CLATTN_SUCCESS) {
+        suffix_tensors(c, d, &t);
+        status = clattn_plan_execute(c->suffix, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 1,
+                                     &prefix_done, suffix_done);
+    }
+    if (folded)
+        clReleaseEvent(folded);
+    if (prefix_done)
+        clReleaseEvent(prefix_done);
+    return status;
 }
 
 clattn_status clattn_cascade_execute(clattn_cascade *cascade, const clattn_cascade_desc *tensors,
@@ -334,27 +425,14 @@ clattn_status clattn_cascade_execute(clattn_cascade *cascade, const clattn_casca
     clattn__merge_io io;
     if ((status = merge_views(cascade, tensors, &io)))
         return status;
-    cl_event prefix_done = NULL, suffix_done = NULL;
-    clattn_tensors t;
-    prefix_tensors(cascade, tensors, &t);
-    status = clattn_plan_execute(cascade->prefix, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
-                                 num_wait, wait, &prefix_done);
-    if (status == CLATTN_SUCCESS) {
-        suffix_tensors(cascade, tensors, &t);
-        status = clattn_plan_execute(cascade->suffix, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 1,
-                                     &prefix_done, &suffix_done);
-    }
-    if (status != CLATTN_SUCCESS) {
-        if (prefix_done)
-            clReleaseEvent(prefix_done);
+    cl_event suffix_done = NULL;
+    if ((status = attend_parts(cascade, tensors, num_wait, wait, &suffix_done)))
         return clattn__end_message(ctx, op, status);
-    }
     clattn_chain chain;
     status = clattn__begin(ctx, op, &chain, NULL, false, 1, &suffix_done);
     if (status == CLATTN_SUCCESS)
         status = clattn__merge_enqueue(&chain, &cascade->merge, &io);
     status = clattn__end(op, &chain, status, event);
-    clReleaseEvent(prefix_done);
     clReleaseEvent(suffix_done);
     return status;
 }
