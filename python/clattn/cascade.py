@@ -21,29 +21,6 @@ from ._core import ArgumentError, ArrayLike, Buffer, Context, clattn_dtype, defa
 from ._lib import lib
 
 
-class CascadeDesc(ctypes.Structure):
-    """clattn_cascade_desc (include/clattn.h)."""
-    _fields_ = [("struct_size", ctypes.c_size_t), ("q", _lib.Tensor), ("prefix_k", _lib.Tensor),
-                ("prefix_v", _lib.Tensor), ("k", _lib.Tensor), ("v", _lib.Tensor),
-                ("kv_seqlen", _lib.Tensor), ("block_table", _lib.Tensor), ("out", _lib.Tensor),
-                ("lse", _lib.Tensor), ("scale", ctypes.c_float)]
-
-
-_P = ctypes.POINTER
-lib.clattn_merge_states.restype = ctypes.c_int
-lib.clattn_merge_states.argtypes = [ctypes.c_void_p] + [_P(_lib.Tensor)] * 6 + [
-    ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
-lib.clattn_cascade_desc_init.restype = None
-lib.clattn_cascade_desc_init.argtypes = [_P(CascadeDesc)]
-lib.clattn_cascade_create.restype = ctypes.c_int
-lib.clattn_cascade_create.argtypes = [ctypes.c_void_p, _P(CascadeDesc), _P(ctypes.c_void_p)]
-lib.clattn_cascade_execute.restype = ctypes.c_int
-lib.clattn_cascade_execute.argtypes = [ctypes.c_void_p, _P(CascadeDesc), ctypes.c_uint,
-                                       ctypes.c_void_p, ctypes.c_void_p]
-lib.clattn_cascade_release.restype = None
-lib.clattn_cascade_release.argtypes = [ctypes.c_void_p]
-
-
 def _bound(ctx: Context, array: np.ndarray, buffers: list, dtype: Optional[int] = None,
            shape=None, strides=None) -> _lib.Tensor:
     """A tensor of array's (or the given view's) layout on a new device copy of array."""
@@ -135,7 +112,7 @@ def cascade_decode(q: ArrayLike, prefix_k: ArrayLike, prefix_v: ArrayLike, k_cac
     lse = np.empty((B, H), np.float32)
     keep: list = []
     with ctx.lock:
-        d = CascadeDesc()
+        d = _lib.CascadeDesc()
         lib.clattn_cascade_desc_init(ctypes.byref(d))
         d.q = _bound(ctx, qa, keep, shape=(B, H, 1, D), strides=(H * D, D, D, 1))
         d.prefix_k = _bound(ctx, pk, keep, shape=(1, G, P, D), strides=(P * G * D, D, G * D, 1))
