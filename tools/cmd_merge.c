@@ -12,8 +12,8 @@ static const char merge_usage[] =
     "w = exp(lse - m), O = (w_a O_a + w_b O_b) / (w_a + w_b), LSE = m + log(w_a + w_b).\n"
     "O_a, O_b: (rows.., head_dim), rank 2 to 4, e.g. (seq_len, heads, head_dim) or an sdpa\n"
     "output (B, H, L, d); LSE_a, LSE_b: the same dims without head_dim, the natural-log\n"
-    "log-sum-exp (`clattn sdpa --lse-out`; FlashInfer's base-2 lse times ln 2). A row with\n"
-    "lse -inf saw no key: the other side is taken as it is.\n"
+    "log-sum-exp (clattn's lse, torch.logsumexp of the scaled scores; FlashInfer's base-2 lse\n"
+    "times ln 2). A row with lse -inf saw no key: the other side is taken as it is.\n"
     "Output: O to --out (else printed when small), LSE to --lse-out.\n"
     "Exit status: 0 success, 1 device or library failure, 2 bad options or input files.\n";
 
@@ -139,6 +139,9 @@ int cmd_merge(int argc, char **argv)
     int rc = cli_parse_command(&merge_command_spec, argc, argv, &options);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
+    if (!options.o_a || !options.lse_a || !options.o_b || !options.lse_b)
+        return cli_fail("merge", CLI_BAD_INPUT,
+                        "--o-a, --lse-a, --o-b and --lse-b are required (see --help)");
     if (!cli_check_output("merge", "--out", options.out) ||
         !cli_check_output("merge", "--lse-out", options.lse_out))
         return CLI_BAD_INPUT;
