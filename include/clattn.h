@@ -1169,7 +1169,8 @@ CLATTN_API clattn_status clattn_cascade_create(clattn_ctx *ctx, const clattn_cas
                                                clattn_cascade **out);
 /* One step: the prefix, the suffixes and the merge (three enqueues; a copy of q first with
  * grouped heads) on the context's queue after `wait`, on `tensors` (the creation's layouts with
- * buffers). */
+ * buffers). Steps of one cascade share its scratch, so they run one after another (as the
+ * context's calls do). */
 CLATTN_API clattn_status clattn_cascade_execute(clattn_cascade *cascade,
                                                 const clattn_cascade_desc *tensors,
                                                 cl_uint num_wait, const cl_event *wait,
