@@ -13,7 +13,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "clattn.h"
 
-#include "bench_util.h"
+#include "bench_common.h"
 
 #include <math.h>
 #include <stdio.h>

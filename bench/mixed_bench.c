@@ -18,7 +18,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "clattn.h"
 
-#include "bench_util.h"
+#include "bench_common.h"
 
 #include <math.h>
 #include <stdbool.h>

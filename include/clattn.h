@@ -1187,6 +1187,80 @@ CLATTN_API clattn_status clattn_kv_commit(clattn_ctx *ctx, const clattn_kv_commi
                                           cl_event *event);
 
 /* ---------------------------------------------------------------------------------------------
+ * Attention states and shared prefixes (cascade attention). Since 0.12.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Merges two partial attention results of the same query rows over disjoint sets of keys,
+ * (o_a, lse_a) and (o_b, lse_b), into the result over their union (FlashInfer's merge_state;
+ * ring attention's and the decode splits' step): per row, with m = max(lse_a, lse_b) and
+ * w_x = exp(lse_x - m),
+ *   o = (w_a o_a + w_b o_b) / (w_a + w_b),   lse = m + log(w_a + w_b).
+ * lse is the natural-log log-sum-exp, as the SDPA plans' lse output gives it (FlashInfer's
+ * kernels give base 2 by default: multiply theirs by ln 2 first). It is associative, and a
+ * side with lse = -INFINITY (no key) changes nothing: the other side's o (converted to o's
+ * dtype) and lse are copied bit for bit, the empty side's o is not read; both empty give zeros
+ * and -INFINITY. Tensors:
+ *   o_a, o_b, o: rank 2 to 4, (rows.., head_dim), the same dims, any float dtype and strides
+ *   (FlashInfer's (seq_len, heads, head_dim), or an SDPA out (batch, heads, seq_q, head_dim));
+ *   lse_a, lse_b, lse: F32, o_a's dims without head_dim ((seq_len, heads); (batch, heads,
+ *   seq_q)), any strides. lse may be NULL or absent (rank 0): not written.
+ * In place: o may be o_a or o_b (the same buffer, offset, dtype and strides), lse likewise
+ * lse_a or lse_b; other overlaps of an output with an input are undefined. Each dimension
+ * below 2^32 (CLATTN_ERR_UNSUPPORTED). One launch on the context's queue after `wait`. */
+CLATTN_API clattn_status clattn_merge_states(clattn_ctx *ctx, const clattn_tensor *o_a,
+                                             const clattn_tensor *lse_a, const clattn_tensor *o_b,
+                                             const clattn_tensor *lse_b, const clattn_tensor *o,
+                                             const clattn_tensor *lse, cl_uint num_wait,
+                                             const cl_event *wait, cl_event *event);
+
+/* Cascade decoding: a batch of B requests whose sequences all begin with one prefix of P keys,
+ * stored once (a system prompt), each followed by its own suffix. A step attends the prefix as
+ * ONE problem, every request's query rows against the one prefix (per kv head, the rows of
+ * its group of query heads for all B requests as one batch: q viewed so through its strides,
+ * or, with grouped heads, copied so first; no causal rule: the rows are after the prefix),
+ * each suffix per request (an SDPA plan over the caller's suffix cache), and merges the two
+ * states (clattn_merge_states), so each kv head's prefix keys and values are read once per
+ * step, not once per request. The result is attention of each row over its prefix and suffix
+ * keys together.
+ * Tensors (mem and offset ignored at creation; execution binds the same layouts):
+ *   q (B, H, 1, head_dim_qk): one decoding row per request (more rows are refused);
+ *   prefix_k (1, Hkv, P, head_dim_qk), prefix_v (1, Hkv, P, head_dim_v): any float or block
+ *   dtype and strides (an SDPA plan's k and v of batch 1);
+ *   k, v, kv_seqlen, block_table: the suffixes, as an SDPA plan takes them: (B, Hkv, S, d)
+ *   with optional kv_seqlen (I32 (B), a request's suffix keys 0 .. kv_seqlen[b] - 1, 0 for
+ *   none), or a paged pool with block_table and kv_seqlen (clattn_tensors' rules);
+ *   out (B, H, 1, head_dim_v), any float dtype; lse (optional) F32 (B, H, 1): the whole
+ *   row's log-sum-exp.
+ * Hkv divides H (GQA, as SDPA's). scale NAN: 1/sqrt(head_dim_qk). No masks or other score
+ * modifiers (the parts would need them alike). Scratch: (2 B H head_dim_v + 2 B H) floats of
+ * device memory the cascade holds (B H head_dim_qk more with grouped heads); the two SDPA
+ * plans use the context's workspace. Start from clattn_cascade_desc_init. */
+typedef struct clattn_cascade_desc {
+    size_t struct_size;
+    clattn_tensor q;
+    clattn_tensor prefix_k, prefix_v;
+    clattn_tensor k, v, kv_seqlen, block_table;
+    clattn_tensor out, lse;
+    float scale;
+} clattn_cascade_desc;
+typedef struct clattn_cascade clattn_cascade;
+CLATTN_API void clattn_cascade_desc_init(clattn_cascade_desc *desc);
+/* Validates the layouts, makes the prefix's and the suffixes' SDPA plans and the merge; an
+ * error names the part ("cascade (the shared prefix): ..."). Keeps ctx: release first. */
+CLATTN_API clattn_status clattn_cascade_create(clattn_ctx *ctx, const clattn_cascade_desc *desc,
+                                               clattn_cascade **out);
+/* One step: the prefix, the suffixes and the merge (three enqueues; a copy of q first with
+ * grouped heads) on the context's queue after `wait`, on `tensors` (the creation's layouts with
+ * buffers). Steps of one cascade share its scratch, so they run one after another (as the
+ * context's calls do). */
+CLATTN_API clattn_status clattn_cascade_execute(clattn_cascade *cascade,
+                                                const clattn_cascade_desc *tensors,
+                                                cl_uint num_wait, const cl_event *wait,
+                                                cl_event *event);
+/* NULL is a no-op. */
+CLATTN_API void clattn_cascade_release(clattn_cascade *cascade);
+
+/* ---------------------------------------------------------------------------------------------
  * Host-pointer API: packed float32 arrays in and out; synchronous. Built on plans.
  * ------------------------------------------------------------------------------------------- */
 

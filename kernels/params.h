@@ -302,4 +302,17 @@ CLATTN_PARAMS_STRUCT(block_mask, CLATTN_BLOCK_MASK_PARAMS)
     X(uint, n1) X(uint, n2) X(uint, n3) X(uint, parts) X(uint, reduce_pad_)
 CLATTN_PARAMS_STRUCT(bwd_reduce, CLATTN_BWD_REDUCE_PARAMS)
 
+/* ---- attention states merged by their log-sum-exp (merge.cl's merge_states) ----------------
+ * o_a, o_b, o: (i0, i1, i2, col) strides; lse_a, lse_b, lse: (i0, i1, i2) strides; d0 x d1 x
+ * d2 rows of dv columns; has_lse: lse is written. */
+#define CLATTN_MERGE_STATES_PARAMS(X)                                                             \
+    X(ulong, oa_offset) X(ulong, oa_s0) X(ulong, oa_s1) X(ulong, oa_s2) X(ulong, oa_s3)           \
+    X(ulong, ob_offset) X(ulong, ob_s0) X(ulong, ob_s1) X(ulong, ob_s2) X(ulong, ob_s3)           \
+    X(ulong, o_offset) X(ulong, o_s0) X(ulong, o_s1) X(ulong, o_s2) X(ulong, o_s3)                \
+    X(ulong, la_offset) X(ulong, la_s0) X(ulong, la_s1) X(ulong, la_s2) X(ulong, lb_offset)       \
+    X(ulong, lb_s0) X(ulong, lb_s1) X(ulong, lb_s2) X(ulong, l_offset) X(ulong, l_s0)             \
+    X(ulong, l_s1) X(ulong, l_s2) X(uint, d0) X(uint, d1) X(uint, d2) X(uint, dv) X(int, has_lse) \
+    X(int, merge_pad_)
+CLATTN_PARAMS_STRUCT(merge_states, CLATTN_MERGE_STATES_PARAMS)
+
 #endif

@@ -91,6 +91,15 @@ int main(void)
     FIELD(clattn_rope_desc, base), FIELD(clattn_rope_desc, start);
     END();
 
+    BEGIN(clattn_cascade_desc, "CascadeDesc");
+    FIELD(clattn_cascade_desc, struct_size), FIELD(clattn_cascade_desc, q);
+    FIELD(clattn_cascade_desc, prefix_k), FIELD(clattn_cascade_desc, prefix_v);
+    FIELD(clattn_cascade_desc, k), FIELD(clattn_cascade_desc, v);
+    FIELD(clattn_cascade_desc, kv_seqlen), FIELD(clattn_cascade_desc, block_table);
+    FIELD(clattn_cascade_desc, out), FIELD(clattn_cascade_desc, lse);
+    FIELD(clattn_cascade_desc, scale);
+    END();
+
     BEGIN(clattn_kv_cache_desc, "KvCacheDesc");
     FIELD(clattn_kv_cache_desc, struct_size), FIELD(clattn_kv_cache_desc, batch);
     FIELD(clattn_kv_cache_desc, kv_heads), FIELD(clattn_kv_cache_desc, capacity);

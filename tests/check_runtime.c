@@ -1801,7 +1801,8 @@ static const char params_echo_source[] =
     "PLAIN(additive, CLATTN_ADDITIVE_PARAMS)\n"
     "PLAIN(merge, CLATTN_MERGE_PARAMS)\n"
     "PLAIN(append, CLATTN_APPEND_PARAMS)\n"
-    "PLAIN(commit, CLATTN_COMMIT_PARAMS)\n";
+    "PLAIN(commit, CLATTN_COMMIT_PARAMS)\n"
+    "PLAIN(merge_states, CLATTN_MERGE_STATES_PARAMS)\n";
 
 #define PARAMS_MAX_FIELDS 128
 /* Fills the struct's fields with 1, 2, ... and the expected bits. */
@@ -1910,6 +1911,7 @@ START_TEST(test_params_layout)
     ECHO_PLAIN(merge, CLATTN_MERGE_PARAMS);
     ECHO_PLAIN(append, CLATTN_APPEND_PARAMS);
     ECHO_PLAIN(commit, CLATTN_COMMIT_PARAMS);
+    ECHO_PLAIN(merge_states, CLATTN_MERGE_STATES_PARAMS);
 done:
     if (program)
         clReleaseProgram(program);

@@ -18,6 +18,7 @@ static const char usage[] =
     "  rope      rotary position embeddings on .npy / .safetensors files (ONNX RotaryEmbedding)\n"
     "  additive  additive (Bahdanau) attention on .npy / .safetensors files\n"
     "  serve     one serving step: decodes and prefill chunks packed over a paged KV cache\n"
+    "  merge     two partial attention states merged by their log-sum-exp (merge_state)\n"
     "  bench     time matmul, softmax, attention and MHA forward on the device\n"
     "  tune      search the kernel parameters on the device; write them to the tuning cache\n"
     "\n"
@@ -301,7 +302,7 @@ int main(int argc, char **argv)
             return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr,
             "clattn: unknown command '%s' (commands: devices, info, demo, run, sdpa, rope, "
-            "additive, bench, "
+            "additive, merge, bench, "
             "tune, doctor, serve; "
             "see clattn --help)\n",
             command);

@@ -338,7 +338,8 @@ void cli_print_matrix(const char *title, const float *values, size_t rows, size_
 /* The sub-commands, cmd_NAME(argc, argv) with argv[0] the sub-command's name; clattn.c's
  * dispatch table is made from this list. */
 #define CLI_COMMANDS(X)                                                                            \
-    X(devices) X(info) X(demo) X(run) X(sdpa) X(rope) X(additive) X(bench) X(tune) X(doctor) X(serve)
+    X(devices) X(info) X(demo) X(run) X(sdpa) X(rope) X(additive) X(bench) X(tune) X(doctor) X(serve) \
+    X(merge)
 #define CLI_DECLARE_COMMAND(name) int cmd_##name(int argc, char **argv);
 CLI_COMMANDS(CLI_DECLARE_COMMAND)
 #undef CLI_DECLARE_COMMAND

@@ -5,7 +5,7 @@
  * step s rank r holds the block of rank r - s; for each pair (own query segment, visiting key
  * segment) that is not entirely masked, an SDPA sub-plan (made at creation, causal and window
  * aligned with CLATTN_CAUSAL_OFFSET = the segments' global distance) writes a partial output
- * and its log-sum-exp, which ring_merge folds into out and lse. */
+ * and its log-sum-exp, which clattn_merge_states folds into out and lse. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
 #include "clattn_mpi.h"
 
@@ -20,10 +20,11 @@
 #include <string.h>
 #include <time.h>
 
-/* The merge kernel (host/mpi/ring_merge.cl, embedded at build time as clattn_kernel_ring_merge). */
+/* The store and sink kernels (host/mpi/ring_merge.cl, embedded at build time as
+ * clattn_kernel_ring_merge). */
 #include "ring_kernels.h"
 
-#define MERGE_LOCAL 64 /* work-items per merge work-group */
+#define MERGE_LOCAL 64 /* work-items per store or sink work-group */
 
 /* One rank's rows: segments in local order. */
 typedef struct ring_block {
@@ -51,7 +52,7 @@ struct clattn_ring_plan {
     long long shift;       /* a query row's key position minus its own (BOTTOM_RIGHT: Lk - Lq) */
     clattn_plan **sub;     /* [(src * 2 + q_segment) * 2 + k_segment]; NULL: none (skipped) */
     cl_program program;
-    cl_kernel merge, store; /* store: out_acc into a 16-bit out */
+    cl_kernel store;        /* out_acc into a 16-bit out */
     cl_kernel sink;         /* the sinks folded into out and lse after the last merge */
     clattn_tensor sinks;    /* clattn_ring_set_sinks: F32 (heads), rank 0 when none */
     cl_mem part_out,
@@ -499,9 +500,6 @@ static clattn_status make_merge_kernel(clattn_ring_plan *plan)
         return fail(plan, CLATTN_ERR_BUILD, "ring: clBuildProgram(ring_merge): %s: %s",
                     clattn_status_string((clattn_status)err), log);
     }
-    plan->merge = clCreateKernel(plan->program, "ring_merge", &err);
-    if (err != CL_SUCCESS)
-        return fail_cl(plan, err, "clCreateKernel(ring_merge)");
     plan->store = clCreateKernel(plan->program, "ring_store", &err);
     if (err != CL_SUCCESS)
         return fail_cl(plan, err, "clCreateKernel(ring_store)");
@@ -683,8 +681,6 @@ void clattn_ring_plan_release(clattn_ring_plan *plan)
         for (size_t i = 0; i < (size_t)plan->ranks * 4; ++i)
             clattn_plan_release(plan->sub[i]);
     free(plan->sub);
-    if (plan->merge)
-        clReleaseKernel(plan->merge);
     if (plan->store)
         clReleaseKernel(plan->store);
     if (plan->sink)
@@ -840,7 +836,7 @@ typedef struct ring_arg {
 
 /* Sets kernel's arguments and launches it over `count` work-items (work-groups of
  * MERGE_LOCAL) on the context's queue after *last, which then becomes the launch's event
- * (ring_merge, ring_sink, ring_store); `name` names the kernel in messages. */
+ * (ring_sink, ring_store); `name` names the kernel in messages. */
 static clattn_status launch_after(clattn_ring_plan *plan, cl_kernel kernel, const char *name,
                                   const ring_arg *args, cl_uint num_args, cl_uint count,
                                   cl_event *last)
@@ -858,6 +854,36 @@ static clattn_status launch_after(clattn_ring_plan *plan, cl_kernel kernel, cons
     if (err != CL_SUCCESS)
         return fail(plan, (clattn_status)err, "ring: clEnqueueNDRangeKernel(%s): %s", name,
                     clattn_status_string((clattn_status)err));
+    release_event(last);
+    *last = done;
+    return CLATTN_SUCCESS;
+}
+
+/* Folds the sub-plan's partial result (part_out, part_lse: (B, H, qlen) rows) into rows
+ * row0 .. row0 + qlen - 1 of the running out and lse ((B, H, rows) rows), in place, with the
+ * library's clattn_merge_states, after *last (which becomes the merge's event). */
+static clattn_status merge_part(clattn_ring_plan *plan, const clattn_tensor *out, cl_mem lse,
+                                size_t lse_offset, size_t qlen, size_t rows, size_t row0,
+                                cl_event *last)
+{
+    const clattn_ring_desc *d = &plan->desc;
+    const size_t B = d->batch, H = d->heads, dv = d->head_dim_v;
+    clattn_tensor run_o = clattn_tensor_make(out->mem, out->offset + row0 * dv, CLATTN_DTYPE_F32,
+                                             4, B, H, qlen, dv);
+    run_o.strides[0] = H * rows * dv, run_o.strides[1] = rows * dv;
+    clattn_tensor run_lse =
+        clattn_tensor_make(lse, lse_offset + row0, CLATTN_DTYPE_F32, 3, B, H, qlen, 0);
+    run_lse.strides[0] = H * rows, run_lse.strides[1] = rows;
+    const clattn_tensor part_o =
+        clattn_tensor_make(plan->part_out, 0, CLATTN_DTYPE_F32, 4, B, H, qlen, dv);
+    const clattn_tensor part_lse =
+        clattn_tensor_make(plan->part_lse, 0, CLATTN_DTYPE_F32, 3, B, H, qlen, 0);
+    cl_event done = NULL;
+    const clattn_status status =
+        clattn_merge_states(plan->ctx, &run_o, &run_lse, &part_o, &part_lse, &run_o, &run_lse,
+                            *last ? 1 : 0, *last ? last : NULL, &done);
+    if (status != CLATTN_SUCCESS)
+        return fail(plan, status, "ring: merge: %s", clattn_last_error(plan->ctx));
     release_event(last);
     *last = done;
     return CLATTN_SUCCESS;
@@ -908,24 +934,8 @@ static clattn_status compute_block(clattn_ring_plan *plan, int src, const ring_k
                             clattn_last_error(plan->ctx));
             release_event(last);
             *last = done;
-            const cl_ulong out_offset = out->offset;
-            const cl_ulong lse_off = lse_offset;
-            const cl_uint rows = (cl_uint)mine->count, row0 = (cl_uint)mine->local[qs];
-            const cl_uint qlen = (cl_uint)ql, dv = (cl_uint)d->head_dim_v;
-            const cl_uint count = (cl_uint)(d->batch * d->heads * ql);
-            const ring_arg args[] = {{sizeof(cl_mem), &out->mem},
-                        {sizeof out_offset, &out_offset},
-                        {sizeof(cl_mem), &lse},
-                        {sizeof lse_off, &lse_off},
-                        {sizeof(cl_mem), &plan->part_out},
-                        {sizeof(cl_mem), &plan->part_lse},
-                        {sizeof rows, &rows},
-                        {sizeof row0, &row0},
-                        {sizeof qlen, &qlen},
-                        {sizeof dv, &dv},
-                                     {sizeof count, &count}};
-            if ((status = launch_after(plan, plan->merge, "ring_merge", args,
-                                       sizeof args / sizeof args[0], count, last)))
+            if ((status = merge_part(plan, out, lse, lse_offset, ql, mine->count,
+                                     mine->local[qs], last)))
                 return status;
         }
     return CLATTN_SUCCESS;

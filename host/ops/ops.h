@@ -436,6 +436,20 @@ clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn
 clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan *plan,
                                    const clattn__view *src, const clattn__view *dst);
 
+/* ---- attention states merged by their log-sum-exp (ops/merge.c, kernels/merge.cl) ---------
+ * o = (w_a o_a + w_b o_b) / (w_a + w_b), lse = m + log(w_a + w_b), w_x = exp(lse_x - m), per row
+ * of a (d0, d1, d2) box (dims[0..2]) of dims[3] columns; o's views (i0, i1, i2, col), lse's
+ * views with the rows in dims 1 .. 3. lse.mem NULL: not written. o may be o_a or o_b. */
+typedef clattn__elementwise_plan clattn__merge_plan;
+typedef struct clattn__merge_io {
+    clattn__view o_a, lse_a, o_b, lse_b, o, lse;
+} clattn__merge_io;
+clattn_status clattn__merge_prepare(clattn_ctx *ctx, const size_t rows[3], size_t dv,
+                                    clattn_dtype oa_dtype, clattn_dtype ob_dtype,
+                                    clattn_dtype o_dtype, clattn__merge_plan *plan);
+clattn_status clattn__merge_enqueue(clattn_chain *chain, const clattn__merge_plan *plan,
+                                    const clattn__merge_io *io);
+
 /* ---- attention backward (ops/flash_bwd.c, kernels/flash_bwd.cl) ----------------------------
  * dQ, dK, dV (and a float mask's, the sinks' gradients) of the score rule's attention from q,
  * k, v, out, dO and the forward's lse, recomputing the weights (no (seq_q x seq_k) matrix

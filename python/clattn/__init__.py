@@ -14,6 +14,7 @@ mask_mod Python functions translated into OpenCL C), on numpy arrays or torch te
 import importlib as _importlib
 
 from ._core import ArgumentError, Context, DeviceError, Error, default_context
+from .cascade import cascade_decode, merge_state
 from .doctor import doctor, validations
 from .dropout import dropout_mask
 from .flex import BlockMask, create_block_mask, flex_attention, last_tiles_visited, tree_mask
@@ -33,12 +34,12 @@ _SUBMODULES = ("autograd", "flash_attn", "transformers", "ops")
 
 # (not the torch-only names: `from clattn import *` must work without torch)
 __all__ = ["ArgumentError", "BlockMask", "Context", "DeviceError", "Error", "KVCache",
-           "NumpyMultiheadAttention", "create_block_mask", "default_context", "doctor",
-           "dropout_mask", "flex_attention", "kv_commit", "last_tiles_visited", "onnx_attention",
-           "paged_attention", "paged_varlen_attention", "positional_encoding", "quantize",
-           "ring_attention", "rotary_embedding", "scaled_dot_product_attention",
-           "SdpaGrads", "sdpa_backward", "sdpa_forward", "tree_mask", "validations",
-           "varlen_attention"]
+           "NumpyMultiheadAttention", "cascade_decode", "create_block_mask", "default_context",
+           "doctor", "dropout_mask", "flex_attention", "kv_commit", "last_tiles_visited",
+           "merge_state", "onnx_attention", "paged_attention", "paged_varlen_attention",
+           "positional_encoding", "quantize", "ring_attention", "rotary_embedding",
+           "scaled_dot_product_attention", "SdpaGrads", "sdpa_backward", "sdpa_forward",
+           "tree_mask", "validations", "varlen_attention"]
 __version__ = "0.12.0"
 
 

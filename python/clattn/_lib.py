@@ -95,6 +95,13 @@ class BlockMaskDesc(Structure):
                 ("seq_k", c_size_t), ("out", Tensor)]
 
 
+class CascadeDesc(Structure):
+    """clattn_cascade_desc: a shared-prefix decode step's tensors (python/clattn/cascade.py)."""
+    _fields_ = [("struct_size", c_size_t), ("q", Tensor), ("prefix_k", Tensor),
+                ("prefix_v", Tensor), ("k", Tensor), ("v", Tensor), ("kv_seqlen", Tensor),
+                ("block_table", Tensor), ("out", Tensor), ("lse", Tensor), ("scale", c_float)]
+
+
 class SdpaDesc(_PlanDesc):
     _fields_ = _HEAD + [("causal", c_int), ("scale", c_float), ("norm", c_int), ("path", c_int),
                         ("softcap", c_float), ("window_align", c_int), ("window_left", c_longlong),
@@ -230,6 +237,13 @@ _declare(lib.clattn_flex_block_mask, c_int, _ctx_p, POINTER(BlockMaskDesc), c_ui
          c_void_p)
 _declare(lib.clattn_plan_execute, c_int, _plan_p, POINTER(Tensors), c_size_t, c_void_p, c_void_p,
          c_uint, c_void_p, c_void_p)
+_declare(lib.clattn_merge_states, c_int, _ctx_p, *([POINTER(Tensor)] * 6), c_uint, c_void_p,
+         c_void_p)
+_declare(lib.clattn_cascade_desc_init, None, POINTER(CascadeDesc))
+_declare(lib.clattn_cascade_create, c_int, _ctx_p, POINTER(CascadeDesc), POINTER(c_void_p))
+_declare(lib.clattn_cascade_execute, c_int, c_void_p, POINTER(CascadeDesc), c_uint, c_void_p,
+         c_void_p)
+_declare(lib.clattn_cascade_release, None, c_void_p)
 
 class Validation(ctypes.Structure):
     """clattn_validation: one entry of a context's self-validation log."""

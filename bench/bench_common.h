@@ -1,10 +1,10 @@
-/* The benchmarks' shared helpers: a monotonic clock in ms and a qsort comparison of doubles
- * (for medians). Header only: each bench is one program. */
-#ifndef CLATTN_BENCH_UTIL_H
-#define CLATTN_BENCH_UTIL_H
+/* What the C benchmarks share: a monotonic clock and the comparison qsort takes for medians. */
+#ifndef CLATTN_BENCH_COMMON_H
+#define CLATTN_BENCH_COMMON_H
 
 #include <time.h>
 
+/* Milliseconds on CLOCK_MONOTONIC (needs _POSIX_C_SOURCE >= 199309L before any include). */
 static inline double now_ms(void)
 {
     struct timespec t;
@@ -12,6 +12,7 @@ static inline double now_ms(void)
     return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
+/* qsort's ascending order of doubles. */
 static inline int compare(const void *a, const void *b)
 {
     const double x = *(const double *)a, y = *(const double *)b;
