@@ -25,7 +25,7 @@ typedef struct mixed_case {
     const char *name;
     size_t heads, kv_heads, dk, dv, page_size;
     clattn_causal causal;
-    int count;                          /* requests */
+    int count;                           /* requests */
     size_t rows[MAX_REQ], keys[MAX_REQ]; /* each request's query rows and key count */
     int lse;
 } mixed_case;
@@ -33,29 +33,82 @@ typedef struct mixed_case {
 /* The issue's done-when case first: 3 decodes and a 200-row chunk whose cache already holds
  * 100 keys before it (300 in all), over shuffled pages of 16. */
 static const mixed_case cases[] = {
-    {"3 decodes + 200-row chunk, pages of 16", 4, 2, 64, 64, 16, CLATTN_CAUSAL_BOTTOM_RIGHT, 4,
-     {1, 1, 200, 1}, {63, 129, 300, 1}, 1},
-    {"rows 1/17/65, pages of 1, no causal", 2, 1, 16, 8, 1, CLATTN_CAUSAL_NONE, 4,
-     {1, 17, 65, 1}, {1, 63, 129, 17}, 0},
-    {"rows 17/1/65, pages of 48, fewer keys than rows", 3, 3, 16, 8, 48,
-     CLATTN_CAUSAL_BOTTOM_RIGHT, 3, {17, 1, 65}, {129, 63, 63}, 1},
+    {"3 decodes + 200-row chunk, pages of 16",
+     4,
+     2,
+     64,
+     64,
+     16,
+     CLATTN_CAUSAL_BOTTOM_RIGHT,
+     4,
+     {1, 1, 200, 1},
+     {63, 129, 300, 1},
+     1},
+    {"rows 1/17/65, pages of 1, no causal",
+     2,
+     1,
+     16,
+     8,
+     1,
+     CLATTN_CAUSAL_NONE,
+     4,
+     {1, 17, 65, 1},
+     {1, 63, 129, 17},
+     0},
+    {"rows 17/1/65, pages of 48, fewer keys than rows",
+     3,
+     3,
+     16,
+     8,
+     48,
+     CLATTN_CAUSAL_BOTTOM_RIGHT,
+     3,
+     {17, 1, 65},
+     {129, 63, 63},
+     1},
     /* full scale: more mixes */
-    {"7 decodes + 33-row chunk, GQA 8/2, pages of 16", 8, 2, 64, 64, 16,
-     CLATTN_CAUSAL_BOTTOM_RIGHT, 8, {1, 1, 1, 33, 1, 1, 1, 1}, {17, 2, 48, 97, 1, 300, 16, 33}, 1},
-    {"one request, rows 65, pages of 48", 2, 2, 16, 8, 48, CLATTN_CAUSAL_BOTTOM_RIGHT, 1, {65},
-     {130}, 1},
+    {"7 decodes + 33-row chunk, GQA 8/2, pages of 16",
+     8,
+     2,
+     64,
+     64,
+     16,
+     CLATTN_CAUSAL_BOTTOM_RIGHT,
+     8,
+     {1, 1, 1, 33, 1, 1, 1, 1},
+     {17, 2, 48, 97, 1, 300, 16, 33},
+     1},
+    {"one request, rows 65, pages of 48",
+     2,
+     2,
+     16,
+     8,
+     48,
+     CLATTN_CAUSAL_BOTTOM_RIGHT,
+     1,
+     {65},
+     {130},
+     1},
 };
 #define DEFAULT_CASES 3
 /* CLATTN_TEST_SCALE=small (Oclgrind): the first case with a 40-row chunk over 70 keys, 2 heads */
-static const mixed_case small_first = {
-    "3 decodes + 40-row chunk, pages of 16 (small)", 2, 1, 32, 32, 16, CLATTN_CAUSAL_BOTTOM_RIGHT,
-    4, {1, 1, 40, 1}, {63, 17, 70, 1}, 1};
+static const mixed_case small_first = {"3 decodes + 40-row chunk, pages of 16 (small)",
+                                       2,
+                                       1,
+                                       32,
+                                       32,
+                                       16,
+                                       CLATTN_CAUSAL_BOTTOM_RIGHT,
+                                       4,
+                                       {1, 1, 40, 1},
+                                       {63, 17, 70, 1},
+                                       1};
 
 typedef struct mixed_problem {
     const mixed_case *c;
     size_t batch, total_q, blocks, num_pages;
     int32_t cu_q[MAX_REQ + 1], kv_len[MAX_REQ];
-    int32_t *table;            /* (batch, blocks) */
+    int32_t *table;             /* (batch, blocks) */
     float *q, *k_pool, *v_pool; /* q (total_q, heads, dk); pools (pages, page, kv_heads, d) */
     double *ref_out, *ref_lse;  /* (total_q, heads, dv), (heads, total_q) */
 } mixed_problem;
@@ -173,10 +226,10 @@ static void layouts(const mixed_problem *p, clattn_tensors *t)
     const mixed_case *c = p->c;
     memset(t, 0, sizeof *t);
     t->q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, p->total_q, c->heads, c->dk, 0);
-    t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, p->num_pages, c->page_size,
-                              c->kv_heads, c->dk);
-    t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, p->num_pages, c->page_size,
-                              c->kv_heads, c->dv);
+    t->k = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, p->num_pages, c->page_size, c->kv_heads,
+                              c->dk);
+    t->v = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, p->num_pages, c->page_size, c->kv_heads,
+                              c->dv);
     t->out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, p->total_q, c->heads, c->dv, 0);
     if (c->lse)
         t->lse = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, c->heads, p->total_q, 0, 0);
@@ -227,9 +280,9 @@ static void run_case(clattn_ctx *ctx, const mixed_case *c, bool traced)
     t.cu_seqlens_q.mem = tu_upload_bytes(p.cu_q, (p.batch + 1) * sizeof(int32_t));
     if (traced)
         clattn_ctx_trace_kernels(ctx, 1);
-    if (tu_expect_status(clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
-                                             NULL, NULL),
-                         CLATTN_SUCCESS, "execute")) {
+    if (tu_expect_status(
+            clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL),
+            CLATTN_SUCCESS, "execute")) {
         if (traced) {
             clattn_kernel_time times[8];
             size_t count = 0, dropped = 0;
@@ -258,7 +311,8 @@ static void run_case(clattn_ctx *ctx, const mixed_case *c, bool traced)
             tu_read_floats(t.lse.mem, 0, n_lse + 2 * PAD, got);
             for (size_t i = 0; i < n_lse; ++i) {
                 const double want = p.ref_lse[i], have = got[PAD + i];
-                tu_expect(isinf(want) ? have == -INFINITY : fabs(have - want) < 1e-4 * (1 + fabs(want)),
+                tu_expect(isinf(want) ? have == -INFINITY
+                                      : fabs(have - want) < 1e-4 * (1 + fabs(want)),
                           "lse[%zu] = %g, want %g", i, have, want);
             }
             tu_expect_nan_outside("lse's buffer", got, n_lse + 2 * PAD, PAD, n_lse);
@@ -282,7 +336,8 @@ static clattn_ctx *traced_ctx(cl_command_queue *queue)
         return NULL;
     clattn_ctx *ctx = NULL;
     char message[512] = "";
-    const clattn_status status = clattn_ctx_create_from_queue(*queue, &ctx, message, sizeof message);
+    const clattn_status status =
+        clattn_ctx_create_from_queue(*queue, &ctx, message, sizeof message);
     tu_expect(status == CLATTN_SUCCESS, "clattn_ctx_create_from_queue: %s", message);
     return status == CLATTN_SUCCESS ? ctx : NULL;
 }
@@ -331,8 +386,9 @@ static bool write_npy(const char *dir, const char *name, const void *data, bool 
                                i + 1 < ndim ? " " : "");
         count *= dims[i];
     }
-    int len = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, "
-                                              "'shape': (%s), }",
+    int len = snprintf(header, sizeof header,
+                       "{'descr': '%s', 'fortran_order': False, "
+                       "'shape': (%s), }",
                        ints ? "<i4" : "<f4", shape);
     while ((10 + len + 1) % 64 != 0)
         header[len++] = ' ';
@@ -341,9 +397,10 @@ static bool write_npy(const char *dir, const char *name, const void *data, bool 
     FILE *f = fopen(path, "wb");
     if (f == NULL)
         return false;
-    const unsigned char magic[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(len & 255),
-                                     (unsigned char)(len >> 8)};
-    const bool ok = fwrite(magic, 1, 10, f) == 10 && fwrite(header, 1, (size_t)len, f) == (size_t)len &&
+    const unsigned char magic[10] = {
+        0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(len & 255), (unsigned char)(len >> 8)};
+    const bool ok = fwrite(magic, 1, 10, f) == 10 &&
+                    fwrite(header, 1, (size_t)len, f) == (size_t)len &&
                     fwrite(data, 4, count, f) == count;
     return fclose(f) == 0 && ok;
 }
@@ -386,8 +443,7 @@ START_TEST(test_cli)
     const size_t q_dims[3] = {p.total_q, c.heads, c.dk};
     const size_t k_dims[4] = {p.num_pages, c.page_size, c.kv_heads, c.dk};
     const size_t v_dims[4] = {p.num_pages, c.page_size, c.kv_heads, c.dv};
-    const size_t t_dims[2] = {p.batch, p.blocks}, n_dims[1] = {p.batch},
-                 c_dims[1] = {p.batch + 1};
+    const size_t t_dims[2] = {p.batch, p.blocks}, n_dims[1] = {p.batch}, c_dims[1] = {p.batch + 1};
     int32_t bad_cu[MAX_REQ + 1];
     memcpy(bad_cu, p.cu_q, sizeof bad_cu);
     bad_cu[2] = bad_cu[1] - 1;
@@ -458,25 +514,39 @@ START_TEST(test_refusals)
         clattn_sdpa_desc desc;
         make_desc(p.c, &t, &desc);
         switch (r) {
-        case 0: t.cu_seqlens_k = t.cu_seqlens_q; break;
-        case 1: memset(&t.kv_seqlen, 0, sizeof t.kv_seqlen); break;
-        case 2: desc.path = CLATTN_PATH_UNFUSED; break;
+        case 0:
+            t.cu_seqlens_k = t.cu_seqlens_q;
+            break;
+        case 1:
+            memset(&t.kv_seqlen, 0, sizeof t.kv_seqlen);
+            break;
+        case 2:
+            desc.path = CLATTN_PATH_UNFUSED;
+            break;
         case 3:
             t.weights = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, p.batch, 2, 65, 129);
             break;
         case 4:
             t.attn_mask = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, p.total_q, 129, 0, 0);
             break;
-        case 5: desc.max_seqlen_k = 129; break;
+        case 5:
+            desc.max_seqlen_k = 129;
+            break;
         case 6:
             t.out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 4, 1, p.total_q, 2, 8);
             break;
         case 7:
             t.lse = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, p.total_q, 2, 0, 0);
             break;
-        case 8: t.block_table.dims[0] += 1; break;
-        case 9: t.kv_seqlen.dims[0] += 1; break;
-        default: desc.max_seqlen_q = p.total_q + 1; break;
+        case 8:
+            t.block_table.dims[0] += 1;
+            break;
+        case 9:
+            t.kv_seqlen.dims[0] += 1;
+            break;
+        default:
+            desc.max_seqlen_q = p.total_q + 1;
+            break;
         }
         CLATTN_BIND_ROLES(desc, t);
         TU_EXPECT_REFUSED(clattn_sdpa_plan_create, "sdpa", &desc, refusals[r].want,
