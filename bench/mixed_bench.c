@@ -149,31 +149,31 @@ static void setup(struct bench *b, const struct options *o)
     cl_mem pool = upload(ctx, kv, pages * o->page * o->kv_heads * d * 4);
     t->k = clattn_tensor_make(pool, 0, CLATTN_DTYPE_F32, 4, pages, o->page, o->kv_heads, d);
     t->v = t->k; /* (the same pool for values: the traffic is the same) */
-    t->out = clattn_tensor_make(upload(ctx, NULL, total_q * o->heads * d * 4), 0,
-                                CLATTN_DTYPE_F32, 3, total_q, o->heads, d, 0);
-    t->block_table = clattn_tensor_make(upload(ctx, table, batch * blocks * 4), 0,
-                                        CLATTN_DTYPE_I32, 2, batch, blocks, 0, 0);
-    t->kv_seqlen = clattn_tensor_make(upload(ctx, counts, batch * 4), 0, CLATTN_DTYPE_I32, 1,
-                                      batch, 0, 0, 0);
-    t->cu_seqlens_q = clattn_tensor_make(upload(ctx, cu, (batch + 1) * 4), 0, CLATTN_DTYPE_I32,
-                                         1, batch + 1, 0, 0, 0);
+    t->out = clattn_tensor_make(upload(ctx, NULL, total_q * o->heads * d * 4), 0, CLATTN_DTYPE_F32,
+                                3, total_q, o->heads, d, 0);
+    t->block_table = clattn_tensor_make(upload(ctx, table, batch * blocks * 4), 0, CLATTN_DTYPE_I32,
+                                        2, batch, blocks, 0, 0);
+    t->kv_seqlen =
+        clattn_tensor_make(upload(ctx, counts, batch * 4), 0, CLATTN_DTYPE_I32, 1, batch, 0, 0, 0);
+    t->cu_seqlens_q = clattn_tensor_make(upload(ctx, cu, (batch + 1) * 4), 0, CLATTN_DTYPE_I32, 1,
+                                         batch + 1, 0, 0, 0);
     /* the separate plans: the same buffers through views */
     clattn_tensors *dt = &b->t_decode, *pt = &b->t_prefill;
     memset(dt, 0, sizeof *dt);
     dt->q = rows_view(&t->q, 0, o->decodes, true);
     dt->out = rows_view(&t->out, 0, o->decodes, true);
     dt->k = t->k, dt->v = t->v;
-    dt->block_table = clattn_tensor_make(t->block_table.mem, 0, CLATTN_DTYPE_I32, 2, o->decodes,
-                                         blocks, 0, 0);
-    dt->kv_seqlen = clattn_tensor_make(t->kv_seqlen.mem, 0, CLATTN_DTYPE_I32, 1, o->decodes, 0,
-                                       0, 0);
+    dt->block_table =
+        clattn_tensor_make(t->block_table.mem, 0, CLATTN_DTYPE_I32, 2, o->decodes, blocks, 0, 0);
+    dt->kv_seqlen =
+        clattn_tensor_make(t->kv_seqlen.mem, 0, CLATTN_DTYPE_I32, 1, o->decodes, 0, 0, 0);
     *pt = *dt;
     pt->q = rows_view(&t->q, o->decodes, o->chunk, false);
     pt->out = rows_view(&t->out, o->decodes, o->chunk, false);
-    pt->block_table = clattn_tensor_make(t->block_table.mem, o->decodes * blocks,
-                                         CLATTN_DTYPE_I32, 2, 1, blocks, 0, 0);
-    pt->kv_seqlen = clattn_tensor_make(t->kv_seqlen.mem, o->decodes, CLATTN_DTYPE_I32, 1, 1, 0,
-                                       0, 0);
+    pt->block_table = clattn_tensor_make(t->block_table.mem, o->decodes * blocks, CLATTN_DTYPE_I32,
+                                         2, 1, blocks, 0, 0);
+    pt->kv_seqlen =
+        clattn_tensor_make(t->kv_seqlen.mem, o->decodes, CLATTN_DTYPE_I32, 1, 1, 0, 0, 0);
     clattn_tensors *const all[3] = {t, dt, pt};
     clattn_plan **const plans[3] = {&b->mixed, &b->decode, &b->prefill};
     for (int i = 0; i < 3; ++i) {
@@ -192,15 +192,18 @@ static void setup(struct bench *b, const struct options *o)
 static void run_way(struct bench *b, int way)
 {
     if (way == 0) {
-        check(b->ctx, clattn_plan_execute(b->mixed, b->t_mixed.by_role, CLATTN_ROLE_COUNT, NULL,
-                                          NULL, 0, NULL, NULL),
+        check(b->ctx,
+              clattn_plan_execute(b->mixed, b->t_mixed.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                  NULL, NULL),
               "mixed");
     } else {
-        check(b->ctx, clattn_plan_execute(b->decode, b->t_decode.by_role, CLATTN_ROLE_COUNT, NULL,
-                                          NULL, 0, NULL, NULL),
+        check(b->ctx,
+              clattn_plan_execute(b->decode, b->t_decode.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
+                                  NULL, NULL),
               "decode");
-        check(b->ctx, clattn_plan_execute(b->prefill, b->t_prefill.by_role, CLATTN_ROLE_COUNT,
-                                          NULL, NULL, 0, NULL, NULL),
+        check(b->ctx,
+              clattn_plan_execute(b->prefill, b->t_prefill.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                  0, NULL, NULL),
               "prefill");
     }
     clFinish(clattn_ctx_queue(b->ctx));
@@ -247,8 +250,8 @@ int main(int argc, char **argv)
     }
     printf("mixed_bench: %zu decodes at %zu keys + a %zu-row chunk over %zu keys, H=%zu Hkv=%zu "
            "d=%zu, pages of %zu; median of %zu runs; max |mixed - separate| = %.2g\n",
-           o.decodes, o.keys, o.chunk, o.past + o.chunk, o.heads, o.kv_heads, o.dim, o.page,
-           o.runs, diff);
+           o.decodes, o.keys, o.chunk, o.past + o.chunk, o.heads, o.kv_heads, o.dim, o.page, o.runs,
+           diff);
     printf("| way | ms | vs separate | CPU ms | vs separate |\n|---|---|---|---|---|\n");
     printf("| mixed (one launch) | %.3f | %.2fx | %.3f | %.2fx |\n", median[0],
            median[1] / median[0], cpu_median[0], cpu_median[1] / cpu_median[0]);

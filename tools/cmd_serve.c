@@ -49,13 +49,16 @@ static void serve_free(serve_data *d)
 static const cli_option serve_table[] = {
     {CLI_OPT("--q", CLI_PATH, AT(q), "Q.npy", "the packed query rows (total_q, Hq, d)"),
      .flags = CLI_REQUIRED},
-    {CLI_OPT("--cu-seqlens-q", CLI_PATH, AT(cu_q), "CQ.npy", "each request's rows: (B + 1) offsets"),
+    {CLI_OPT("--cu-seqlens-q", CLI_PATH, AT(cu_q), "CQ.npy",
+             "each request's rows: (B + 1) offsets"),
      .flags = CLI_REQUIRED},
-    {CLI_OPT("--k-pages", CLI_PATH, AT(k_pages), "KP.npy", "the cache's keys (pages, size, Hkv, d)"),
+    {CLI_OPT("--k-pages", CLI_PATH, AT(k_pages), "KP.npy",
+             "the cache's keys (pages, size, Hkv, d)"),
      .flags = CLI_REQUIRED},
     {CLI_OPT("--v-pages", CLI_PATH, AT(v_pages), "VP.npy", "its values (pages, size, Hkv, dv)"),
      .flags = CLI_REQUIRED},
-    {CLI_OPT("--block-table", CLI_PATH, AT(block_table), "BT.npy", "each request's pages (B, blocks)"),
+    {CLI_OPT("--block-table", CLI_PATH, AT(block_table), "BT.npy",
+             "each request's pages (B, blocks)"),
      .flags = CLI_REQUIRED},
     {CLI_OPT("--seqlens-k", CLI_PATH, AT(seqlens_k), "N.npy", "each request's key count (B)"),
      .flags = CLI_REQUIRED},
@@ -101,8 +104,7 @@ static int load(const char *path, clattn_array *out, int rank, bool integer, con
 }
 
 /* The integers as I32 in [low, high] (what = the array's name for the message). */
-static int to_i32(const clattn_array *a, const char *what, double low, double high,
-                  int32_t **out)
+static int to_i32(const clattn_array *a, const char *what, double low, double high, int32_t **out)
 {
     *out = malloc((a->count ? a->count : 1) * sizeof(int32_t));
     if (*out == NULL)
@@ -110,8 +112,8 @@ static int to_i32(const clattn_array *a, const char *what, double low, double hi
     for (size_t i = 0; i < a->count; ++i) {
         const double x = a->data[i];
         if (!(x >= low && x <= high))
-            return cli_fail("serve", CLI_BAD_INPUT, "%s[%zu] = %g is not in %g .. %g", what, i,
-                            x, low, high);
+            return cli_fail("serve", CLI_BAD_INPUT, "%s[%zu] = %g is not in %g .. %g", what, i, x,
+                            low, high);
         (*out)[i] = (int32_t)x;
     }
     return CLI_OK;
@@ -192,7 +194,8 @@ static int run_step(const serve_options *o, serve_data *d)
     t.out = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 3, total_q, heads, dv, 0);
     if (o->lse)
         t.lse = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_F32, 2, heads, total_q, 0, 0);
-    t.block_table = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, batch, d->table.shape[1], 0, 0);
+    t.block_table =
+        clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, batch, d->table.shape[1], 0, 0);
     t.kv_seqlen = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, batch, 0, 0, 0);
     t.cu_seqlens_q = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, batch + 1, 0, 0, 0);
     clattn_sdpa_desc desc;
