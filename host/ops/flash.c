@@ -35,7 +35,7 @@ CLATTN_FAMILY(flash, FLASH_SWITCHES, .sources = {"flash.cl"}, .score_family = CL
 CLATTN_FAMILY(flash_merge, FLASH_MERGE_SWITCHES, .sources = {"heads.cl"},
               .tuning_keys = "heads_wg decode_keys");
 
-#define FLASH_MAX_HEAD_DIM 256
+#define FLASH_MAX_HEAD_DIM CLATTN__FLASH_MAX_HEAD_DIM
 /* NVIDIA's OpenCL maps global dimension 1 onto a grid dimension of at most 65535 blocks. */
 #define MAX_BH_PER_LAUNCH 65535u
 
