@@ -31,35 +31,48 @@
 /* Which kernel runs: the context's tuning, or rows that force flash_gpu.cl or flash.cl. */
 enum { KERNEL_TUNED = 0, KERNEL_GPU = 1, KERNEL_PORTABLE = 2 };
 
+/* The scales a case runs at: small (CLATTN_TEST_SCALE=small: Oclgrind, the sanitizers),
+ * the default CI tier, full. */
+enum { TIER_SMALL = 0, TIER_DEFAULT = 1, TIER_FULL = 2 };
+
 typedef struct mla_case {
     size_t batch, heads, seq_q, keys; /* keys: batch 0's; batch 1 has keys - keys / 3 */
     clattn_dtype cache;
     size_t page_size; /* 0: contiguous (batch, 1, keys, 576) */
     int kernel;
+    int tier;
 } mla_case;
 
+#define F32 CLATTN_DTYPE_F32
+#define F16 CLATTN_DTYPE_F16
+#define Q8 CLATTN_DTYPE_Q8_0
 /* clang-format off */
 static const mla_case cases[] = {
-    /* decode (one query row), awkward key counts, both head counts */
-    {1,  16, 1,    1, CLATTN_DTYPE_F32,   0, KERNEL_TUNED},
-    {1,  16, 1,   17, CLATTN_DTYPE_F32,   0, KERNEL_TUNED},
-    {1, 128, 1,   65, CLATTN_DTYPE_F16,   0, KERNEL_TUNED},
-    {1,  16, 1, 1031, CLATTN_DTYPE_F32,  16, KERNEL_TUNED},
-    /* a few query rows, causal bottom-right; paged with shuffled pages; Q8_0 */
-    {2,  16, 3,   65, CLATTN_DTYPE_F32,  16, KERNEL_TUNED},
-    {2,  16, 1,   65, CLATTN_DTYPE_Q8_0, 16, KERNEL_TUNED},
-    {1,  16, 4,   17, CLATTN_DTYPE_Q8_0,  0, KERNEL_TUNED},
-    /* the GPU kernel (flash_gpu.cl) and the portable one (flash.cl) on this device */
-    {2,  16, 1,   65, CLATTN_DTYPE_F32,  16, KERNEL_GPU},
-    {1,  16, 3,   17, CLATTN_DTYPE_Q8_0,  0, KERNEL_GPU},
-    {1,  16, 2,   33, CLATTN_DTYPE_F16,   0, KERNEL_PORTABLE},
-    /* CLATTN_TEST_SCALE=full only (from here) */
-    {1, 128, 1, 1031, CLATTN_DTYPE_Q8_0, 64, KERNEL_TUNED},
-    {1, 128, 5, 1031, CLATTN_DTYPE_F32,  64, KERNEL_TUNED},
-    {2, 128, 1, 1031, CLATTN_DTYPE_F16,   0, KERNEL_GPU},
+    /* small: decode (one query row) and a few rows with causal bottom-right, a paged cache of
+     * shuffled pages, F16 and Q8_0, each kernel */
+    {1,  16, 1,    1, F32,  0, KERNEL_TUNED,    TIER_SMALL},
+    {1,  16, 1,   17, F32,  0, KERNEL_TUNED,    TIER_SMALL},
+    {2,  16, 3,   17, F32,  8, KERNEL_TUNED,    TIER_SMALL},
+    {1,  16, 2,   17, Q8,   0, KERNEL_TUNED,    TIER_SMALL},
+    {1,  16, 1,   17, F16, 16, KERNEL_GPU,      TIER_SMALL},
+    {1,  16, 2,    9, F32,  0, KERNEL_PORTABLE, TIER_SMALL},
+    /* the CI tier: 128 heads, longer caches, each kernel on a paged or Q8_0 cache */
+    {1, 128, 1,   65, F16,  0, KERNEL_TUNED,    TIER_DEFAULT},
+    {1,  16, 1, 1031, F32, 16, KERNEL_TUNED,    TIER_DEFAULT},
+    {2,  16, 3,   65, F32, 16, KERNEL_TUNED,    TIER_DEFAULT},
+    {2,  16, 1,   65, Q8,  16, KERNEL_TUNED,    TIER_DEFAULT},
+    {2,  16, 1,   65, F32, 16, KERNEL_GPU,      TIER_DEFAULT},
+    {1,  16, 3,   17, Q8,   0, KERNEL_GPU,      TIER_DEFAULT},
+    {1,  16, 2,   33, F16,  0, KERNEL_PORTABLE, TIER_DEFAULT},
+    /* full: 128 heads over 1031 keys */
+    {1, 128, 1, 1031, Q8,  64, KERNEL_TUNED,    TIER_FULL},
+    {1, 128, 5, 1031, F32, 64, KERNEL_TUNED,    TIER_FULL},
+    {2, 128, 1, 1031, F16,  0, KERNEL_GPU,      TIER_FULL},
 };
 /* clang-format on */
-#define DEFAULT_CASES 10
+#undef F32
+#undef F16
+#undef Q8
 
 static const char *kernel_name(int kernel)
 {
@@ -389,7 +402,7 @@ START_TEST(test_mla_layout)
     TU_BEGIN_TEST();
     tu_set_case("KV bytes per token, views and refusals");
     clattn_ctx *ctx = tu_ctx();
-    const mla_case mc = {1, 16, 1, 8, CLATTN_DTYPE_F32, 0, KERNEL_TUNED};
+    const mla_case mc = {1, 16, 1, 8, CLATTN_DTYPE_F32, 0, KERNEL_TUNED, TIER_SMALL};
     static const clattn_dtype dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_Q8_0};
     static const size_t per_token[3] = {576 * 4, 576 * 2, 18 * 34};
     for (int i = 0; i < 3; ++i) {
@@ -445,11 +458,15 @@ static Suite *mla_suite(void)
     Suite *suite = suite_create("mla");
     TCase *tc = tu_tcase(suite, "mla", 900);
     const int count = (int)(sizeof cases / sizeof cases[0]);
-    tcase_add_loop_test(tc, test_mla_cases, 0, tu_full() ? count : DEFAULT_CASES);
-    if (!tu_full())
-        tu_not_run("test_mla_cases %d-%d (128 heads over 1031 keys, paged Q8_0, F32 prefill "
-                   "rows, flash_gpu.cl at 128 heads)",
-                   DEFAULT_CASES, count - 1);
+    const int tier = tu_full() ? TIER_FULL : tu_small() ? TIER_SMALL : TIER_DEFAULT;
+    int run = 0;
+    while (run < count && cases[run].tier <= tier)
+        ++run;
+    tcase_add_loop_test(tc, test_mla_cases, 0, run);
+    if (run < count)
+        tu_not_run("test_mla_cases %d-%d (%s)", run, count - 1,
+                   tier == TIER_SMALL ? "128 heads, 65-1031 keys, Q8_0 pages"
+                                      : "128 heads over 1031 keys");
     tcase_add_test(tc, test_mla_layout);
     return suite;
 }

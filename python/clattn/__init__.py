@@ -17,6 +17,7 @@ from ._core import ArgumentError, Context, DeviceError, Error, default_context
 from .doctor import doctor, validations
 from .dropout import dropout_mask
 from .flex import BlockMask, create_block_mask, flex_attention, last_tiles_visited
+from .mla import mla_decode
 from .functional import (SdpaGrads, paged_attention, quantize, scaled_dot_product_attention,
                          sdpa_backward, sdpa_forward, varlen_attention)
 from .ring import ring_attention
@@ -33,7 +34,7 @@ _SUBMODULES = ("autograd", "flash_attn", "transformers", "ops")
 # (not the torch-only names: `from clattn import *` must work without torch)
 __all__ = ["ArgumentError", "BlockMask", "Context", "DeviceError", "Error", "KVCache",
            "NumpyMultiheadAttention", "create_block_mask", "default_context", "doctor",
-           "dropout_mask", "flex_attention", "last_tiles_visited", "onnx_attention",
+           "dropout_mask", "flex_attention", "last_tiles_visited", "mla_decode", "onnx_attention",
            "paged_attention", "positional_encoding", "quantize", "ring_attention", "rotary_embedding", "scaled_dot_product_attention",
            "SdpaGrads", "sdpa_backward", "sdpa_forward", "validations", "varlen_attention"]
 __version__ = "0.11.0"
