@@ -11,6 +11,7 @@
  *   flex_bench [--seq L] [--heads H] [--dim D] [--docs N] [--block B] [--runs R] [--device S]
  */
 #define _POSIX_C_SOURCE 200809L
+#include "bench_time.h"
 #include "clattn.h"
 
 #include <math.h>
@@ -18,19 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static int compare(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static cl_mem upload(clattn_ctx *ctx, const void *host, size_t bytes)
 {

@@ -11,6 +11,7 @@
  *   mla_bench [--seq L,...] [--heads H] [--page-size P] [--runs R] [--device SPEC]
  */
 #define _POSIX_C_SOURCE 200809L
+#include "bench_time.h"
 #include "clattn.h"
 
 #include <math.h>
@@ -23,19 +24,6 @@
 #define DV 512
 #define MAX_SEQS 8
 #define TYPES 3
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static int compare(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static void check(clattn_status status, clattn_ctx *ctx, const char *what)
 {

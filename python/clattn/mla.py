@@ -113,22 +113,23 @@ def _block_table(kv_indptr, kv_indices, kv_len, pages, page_size):
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
                             f"kv_indptr {indptr.tolist()[:8]}: expected B + 1 = {B + 1} "
                             f"non-decreasing offsets from 0 into kv_indices ({indices.shape[0]})")
-    blocks = max(1, int(np.diff(indptr).max()))
-    table = np.full((B, blocks), -1, np.int32)
+    used = indices[:indptr[-1]]  # every request's pages must be pages of the cache
+    outside = np.flatnonzero((used < 0) | (used >= pages))
+    if outside.size:
+        at = int(outside[0])
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"kv_indices[{at}] = {int(used[at])} is not a page of the cache "
+                            f"(0 .. {pages - 1})")
+    held = np.diff(indptr) * page_size  # the keys each request's pages hold
+    over = np.flatnonzero((counts < 0) | (counts > held))
+    if over.size:
+        b = int(over[0])
+        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                            f"kv_len[{b}] = {int(counts[b])} is not in 0 .. {int(held[b])}: "
+                            f"request {b} has {int(held[b]) // page_size} pages of {page_size}")
+    table = np.full((B, max(1, int(np.diff(indptr).max()))), -1, np.int32)
     for b in range(B):
-        mine = indices[indptr[b]:indptr[b + 1]]
-        n = int(counts[b])
-        if not 0 <= n <= mine.shape[0] * page_size:
-            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                                f"kv_len[{b}] = {n} is not in 0 .. {mine.shape[0] * page_size}: "
-                                f"request {b} has {mine.shape[0]} pages of {page_size}")
-        bad = np.nonzero((mine < 0) | (mine >= pages))[0]
-        if bad.size:
-            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                                f"kv_indices[{int(indptr[b]) + int(bad[0])}] = "
-                                f"{int(mine[bad[0]])} is not a page of the cache (0 .. "
-                                f"{pages - 1})")
-        table[b, :mine.shape[0]] = mine
+        table[b, :indptr[b + 1] - indptr[b]] = used[indptr[b]:indptr[b + 1]]
     return table, np.ascontiguousarray(counts, dtype=np.int32)
 
 
