@@ -160,3 +160,19 @@ def test_mla_decode_refusals():
                           qo_indptr=np.array([0, 1, 3], np.int32))
     with pytest.raises(clattn.ArgumentError, match="kv_dtype"):
         clattn.mla_decode(*args, sm_scale=SCALE, kv_dtype="q4_0")
+
+
+def test_mla_decode_torch_tensors():
+    """torch tensors in give a torch tensor out, the same values as numpy's."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(13)
+    ckv, kpe, indptr, indices, kv_len, latents, ropes = paged(rng, [30], 16)
+    q_nope = rng.uniform(-1, 1, (1, 16, LATENT)).astype(np.float32) * 0.2
+    q_pe = rng.uniform(-1, 1, (1, 16, ROPE)).astype(np.float32)
+    got = clattn.mla_decode(torch.from_numpy(q_nope), torch.from_numpy(q_pe),
+                            torch.from_numpy(ckv), torch.from_numpy(kpe),
+                            torch.from_numpy(indptr), torch.from_numpy(indices),
+                            torch.from_numpy(kv_len), sm_scale=SCALE)
+    assert isinstance(got, torch.Tensor) and tuple(got.shape) == (1, 16, LATENT)
+    want = absorbed_reference(q_nope, q_pe, latents, ropes, 1, False)
+    assert rel(got.numpy(), want) < 1e-5
