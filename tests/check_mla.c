@@ -362,9 +362,10 @@ START_TEST(test_mla_cases)
                              : mc->cache == CLATTN_DTYPE_F16 ? 576 * 2
                                                              : 576 * 4;
     size_t cache_bytes = 0;
-    clGetMemObjectInfo(cache, CL_MEM_SIZE, sizeof cache_bytes, &cache_bytes, NULL);
-    tu_expect(cache_bytes == slots * per_token, "the cache holds %zu bytes, not %zu x %zu",
-              cache_bytes, slots, per_token);
+    const cl_int err =
+        clGetMemObjectInfo(cache, CL_MEM_SIZE, sizeof cache_bytes, &cache_bytes, NULL);
+    tu_expect(err == CL_SUCCESS && cache_bytes == slots * per_token,
+              "the cache holds %zu bytes, not %zu x %zu", cache_bytes, slots, per_token);
     clattn_tensors t;
     bind(mc, blocks, num_pages, q, cache, out, table_mem, len_mem, &t);
     clattn_sdpa_desc desc;
