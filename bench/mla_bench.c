@@ -9,6 +9,8 @@
  * in F32, 1152 in F16, 612 in Q8_0).
  *
  *   mla_bench [--seq L,...] [--heads H] [--page-size P] [--runs R] [--device SPEC]
+ *
+ * MLA_BENCH_INFO=1 prints each plan's clattn_plan_info (the kernel and its blocks) on stderr.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "bench_time.h"
