@@ -391,9 +391,11 @@ typedef enum clattn_rope_style {
 } clattn_rope_style;
 
 /* Which attention kernels run. AUTO: the fused (flash) kernel whenever the caller does not ask
- * for the attention weights and the head sizes are at most 256, else the unfused path
- * (matmul, softmax over the materialised scores, matmul). FUSED: always fused (asking for the
- * weights, or a head size over 256, is then an error). UNFUSED: always unfused. */
+ * for the attention weights and the head sizes are at most 576 (256 before 0.12; 576 is
+ * DeepSeek's absorbed multi-head latent attention, d_qk 576 and d_v 512: see the MLA note at
+ * clattn_sdpa_desc), else the unfused path (matmul, softmax over the materialised scores,
+ * matmul). FUSED: always fused (asking for the weights, or a head size over 576, is then an
+ * error). UNFUSED: always unfused. The backward's fused kernels stop at 256. */
 typedef enum clattn_path {
     CLATTN_PATH_AUTO = 0,
     CLATTN_PATH_FUSED = 1,
@@ -537,6 +539,20 @@ typedef enum clattn_role {
  *   index outside 0 .. num_pages - 1, and no page outside the pool is read. The fused path
  *   only (weights, scores and softmax_f64 are refused, as are past_k/present_k and rope).
  *   Since 0.8.
+ *
+ * Multi-head latent attention (DeepSeek V2/V3, Kimi K2; MLA) in its absorbed form (SDPA;
+ *   since 0.12): q (batch, heads, seq_q, 576) holds [q_nope W_UK[h]^T, q_rope] per query head
+ *   (512 latent + 64 rotary columns); k is the latent cache, one KV head for all the query
+ *   heads: (batch, 1, keys, 576) rows [c, k_rope], or a paged pool (num_pages, page_size, 1,
+ *   576) with block_table; v is a view of k's storage, its first 512 columns: the same
+ *   buffer, offset and strides with dims[3] = 512 (k and v may be the same cl_mem); out
+ *   (batch, heads, seq_q, 512) is the latent output, which the caller maps by W_UV[h].
+ *   Give scale explicitly: 1/sqrt(d_nope + d_rope) (DeepSeek: 1/sqrt(192)), not the default
+ *   1/sqrt(576). A cache row is 576 elements: 2304 bytes per token in F32, 1152 in F16, 612 in
+ *   Q8_0 (18 blocks; the view is 16 whole blocks). Decoding (seq_q 1) takes the query heads
+ *   as the rows of the latent head (grouped-query decoding), so each key tile is read once per
+ *   work-group for all heads. The fused path only (head sizes past 256 have no fused
+ *   backward).
  *
  * Packed variable-length batches (SDPA only; optional; FlashAttention's varlen functions):
  *   cu_seqlens_q and cu_seqlens_k, I32 (batch + 1) with unit stride, given together, make q
@@ -1063,7 +1079,7 @@ typedef struct clattn_additive_desc {
     size_t num_heads;     /* at least 1 (the default: one head) */
     clattn_causal causal; /* NONE, TOP_LEFT or BOTTOM_RIGHT */
     clattn_norm norm;
-    clattn_path path; /* AUTO: fused unless the weights are wanted or da, dv / H exceed 256 */
+    clattn_path path; /* AUTO: fused unless the weights are wanted or da, dv / H exceed 576 */
 } clattn_additive_desc;
 
 CLATTN_API void clattn_additive_desc_init(clattn_additive_desc *desc);

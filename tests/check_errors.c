@@ -797,13 +797,13 @@ START_TEST(test_sdpa_create_errors)
                             "sdpa(unfused scores of 16 GiB)");
     }
 
-    /* Paths: FUSED cannot return weights nor take head sizes over 256; lse needs the fused
+    /* Paths: FUSED cannot return weights nor take head sizes over 576; lse needs the fused
      * kernel. */
     RESET(desc, good), desc.path = CLATTN_PATH_FUSED;
     desc_tensors.weights = f32_4(NULL, SB, SH, SQ, SK);
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "weights", "FUSED",
                         "sdpa(FUSED with weights)");
-    static const size_t large_heads[][2] = {{257, SDV}, {SDK, 257}, {300, 300}};
+    static const size_t large_heads[][2] = {{577, SDV}, {SDK, 577}, {600, 600}};
     for (int i = 0; i < COUNT_OF(large_heads); ++i) {
         RESET(desc, good), desc.path = CLATTN_PATH_FUSED;
         desc_tensors.q.dims[3] = desc_tensors.k.dims[3] = large_heads[i][0];
@@ -811,15 +811,15 @@ START_TEST(test_sdpa_create_errors)
         char call[64];
         snprintf(call, sizeof call, "sdpa(FUSED, head sizes %zu, %zu)", large_heads[i][0],
                  large_heads[i][1]);
-        expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "FUSED", "256", call);
+        expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "FUSED", "576", call);
         desc.path = CLATTN_PATH_AUTO;
-        plan = expect_sdpa_created(&desc, "sdpa(AUTO, head size over 256)");
+        plan = expect_sdpa_created(&desc, "sdpa(AUTO, head size over 576)");
         tu_expect(plan == NULL || !clattn_plan_is_fused(plan),
-                  "AUTO with a head size over 256 chose the fused kernel");
+                  "AUTO with a head size over 576 chose the fused kernel");
         clattn_plan_release(plan);
         desc_tensors.lse = f32_3(NULL, SB, SH, SQ);
         expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "lse", NULL,
-                            "sdpa(AUTO, head size over 256, lse)");
+                            "sdpa(AUTO, head size over 576, lse)");
     }
     RESET(desc, good), desc.path = CLATTN_PATH_UNFUSED, desc_tensors.lse = f32_3(NULL, SB, SH, SQ);
     expect_sdpa_refused(&desc, CLATTN_ERR_UNSUPPORTED, 0, "lse", "fused", "sdpa(UNFUSED with lse)");

@@ -1467,9 +1467,9 @@ static void expect_plan_error(clattn_ctx *ctx, const clattn_sdpa_desc *desc, cla
 START_TEST(test_path_errors)
 {
     TU_BEGIN_TEST();
-    tu_set_case("FUSED with weights, FUSED with head size 300, lse unfused, AUTO with 300");
+    tu_set_case("FUSED with weights, FUSED with head size 600, lse unfused, AUTO with 600");
     clattn_ctx *ctx = tu_ctx();
-    const flash_case c = {1, 1, 3, 5, 300, 8, 0, 0, 0, 0, 0, NAN, 0, 0};
+    const flash_case c = {1, 1, 3, 5, 600, 8, 0, 0, 0, 0, 0, NAN, 0, 0};
     pb_sdpa_problem p;
     make_problem(&p, &c, 0);
     clattn_sdpa_desc desc;
@@ -1482,10 +1482,10 @@ START_TEST(test_path_errors)
     desc.path = CLATTN_PATH_FUSED;
     expect_plan_error(ctx, &desc, CLATTN_ERR_INVALID_ARGUMENT, "path=FUSED", "FUSED with weights");
     memset(&desc_tensors.weights, 0, sizeof desc_tensors.weights);
-    expect_plan_error(ctx, &desc, CLATTN_ERR_UNSUPPORTED, "256", "FUSED with head size 300");
+    expect_plan_error(ctx, &desc, CLATTN_ERR_UNSUPPORTED, "576", "FUSED with head size 600");
     desc_tensors.lse = p.layouts.lse;
     desc.path = CLATTN_PATH_AUTO;
-    expect_plan_error(ctx, &desc, CLATTN_ERR_UNSUPPORTED, "lse", "lse, head size 300 (AUTO)");
+    expect_plan_error(ctx, &desc, CLATTN_ERR_UNSUPPORTED, "lse", "lse, head size 600 (AUTO)");
     desc.path = CLATTN_PATH_UNFUSED;
     expect_plan_error(ctx, &desc, CLATTN_ERR_UNSUPPORTED, "lse", "lse with path UNFUSED");
     desc.path = (clattn_path)7;
@@ -1503,7 +1503,7 @@ START_TEST(test_path_errors)
     unfused.spec.path = CLATTN_PATH_AUTO;
     unfused.spec.want_lse = 0;
     memset(&unfused.layouts.lse, 0, sizeof unfused.layouts.lse);
-    tu_expect_status(pb_sdpa_run(ctx, &unfused, NULL), CLATTN_SUCCESS, "AUTO with head size 300");
+    tu_expect_status(pb_sdpa_run(ctx, &unfused, NULL), CLATTN_SUCCESS, "AUTO with head size 600");
 
     /* lse too small: the plan is made for 3 rows (B*H*Lq), the buffer holds 2 */
     const flash_case small_case = {1, 1, 3, 5, 8, 8, 0, 0, 0, 0, 0, NAN, 0, 0};

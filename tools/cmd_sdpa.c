@@ -186,6 +186,7 @@ typedef struct sdpa_options {
     bool ring_layout_given;
     cli_heatmap heatmap;   /* --attn-png: the weights of batch 0 as a heatmap, --png-scale */
     clattn_dtype kv_dtype; /* --kv-dtype: F32 (as given), Q8_0 or Q4_0 */
+    size_t v_from_k;       /* --v-from-k DV: v is k's rows' first DV columns (0: --v) */
     bool backward;         /* --backward: the gradients from --grad-out */
     const char *grad_out, *grad_q, *grad_k, *grad_v, *grad_mask, *grad_sinks;
     double dropout_p;                  /* --dropout (0: off) */
@@ -374,6 +375,9 @@ static const cli_option sdpa_table[] = {
      .flags = CLI_REQUIRED},
     {CLI_OPT("--k", CLI_PATH, AT(k), "K.npy", "the keys, (B, Hkv, Lk, d) or (B, Lk, Hkv * d)")},
     {CLI_OPT("--v", CLI_PATH, AT(v), "V.npy", "the values, (B, Hkv, Lk, dv) or (B, Lk, Hkv * dv)")},
+    {CLI_OPT("--v-from-k", CLI_SIZE, AT(v_from_k), "DV",
+             "v: the first DV columns of k's rows, one buffer (absorbed MLA; no --v)"),
+     .min = 1},
     {CLI_OPT("--k-pages", CLI_PATH, AT(k_pages), "KP.npy",
              "a paged cache's keys (pages, size, Hkv, d)")},
     {CLI_OPT("--v-pages", CLI_PATH, AT(v_pages), "VP.npy", "a paged cache's values")},
@@ -480,12 +484,40 @@ static int check_ring_options(const sdpa_options *o)
     return CLI_OK;
 }
 
+/* --v-from-k DV: v is a view of k's rows, their first DV columns (absorbed multi-head latent
+ * attention: d_qk 576, the latent's 512), on the device the same buffer with k's strides; k's
+ * file stands for --v (or --k-pages' for --v-pages), sliced on the host for the shape checks. */
+static int v_from_k_options(sdpa_options *o)
+{
+    if (o->v || o->v_pages)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--v-from-k: v is the first DV columns of k's rows; drop %s",
+                        o->v ? "--v" : "--v-pages");
+    const char *other = o->cu_q || o->cu_k ? "--cu-seqlens-q (rank 3)"
+                        : o->past_k        ? "--past-key"
+                        : o->present_k     ? "--present-key-out"
+                        : o->backward      ? "--backward"
+                        : o->ring          ? "--ring"
+                        : o->rope.on       ? "--rope"
+                                           : NULL;
+    if (other)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--v-from-k (v a view of k's rows) cannot be combined with %s", other);
+    if (o->k_pages)
+        o->v_pages = o->k_pages;
+    else
+        o->v = o->k;
+    return CLI_OK;
+}
+
 static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
 {
     const int rc = cli_parse_command(&sdpa_command_spec, argc, argv, o);
     if (rc != CLI_OK)
         return rc;
     o->ring_option = o->ring_timing || o->ring_layout_given;
+    if (o->v_from_k && v_from_k_options(o) != CLI_OK)
+        return CLI_BAD_INPUT;
     o->paged = o->k_pages || o->v_pages || o->block_table || o->seqlens_k;
     if (o->paged) { /* a paged cache: its pools stand for --k and --v, its counts for N */
         if (!o->k_pages || !o->v_pages || !o->block_table || !o->seqlens_k)
@@ -1237,7 +1269,24 @@ typedef struct sdpa_job {
     int qk_mode;
     size_t kq_bytes, vq_bytes, pk_count, pv_count, scores_count, block_mask_count, mask_count;
     size_t grad_counts[5];
+    bool v_view; /* --v-from-k: v is bound to k's buffer */
 } sdpa_job;
+
+/* --v-from-k DV: v (k's file read again) cut to its rows' first DV columns (rank 4). */
+static int slice_v(const sdpa_options *o, clattn_array *v)
+{
+    const size_t dv = o->v_from_k;
+    if (v->ndim != 4 || v->shape[3] < dv)
+        return cli_fail("sdpa", CLI_BAD_INPUT,
+                        "--v-from-k %zu: %s must be rank 4 with at least %zu columns", dv, o->k,
+                        dv);
+    const size_t rows = v->count / v->shape[3];
+    for (size_t r = 0; r < rows; ++r)
+        memmove(v->data + r * dv, v->data + r * v->shape[3], dv * sizeof(float));
+    v->shape[3] = dv;
+    v->count = rows * dv;
+    return CLI_OK;
+}
 
 /* Reads q, k, v and the optional arrays; q, k and v of one rank. */
 static int load_inputs(const sdpa_options *o, sdpa_data *d)
@@ -1257,6 +1306,8 @@ static int load_inputs(const sdpa_options *o, sdpa_data *d)
             return cli_fail("sdpa", CLI_BAD_INPUT,
                             "%s: nonpad_kv_seqlen must be an int64 or int32 array", o->nonpad);
     }
+    if (o->v_from_k && (rc = slice_v(o, &d->v)))
+        return rc;
     if (d->q.ndim != d->k.ndim || d->q.ndim != d->v.ndim)
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "q %s, k %s and v %s must all be rank 4 or all rank 3",
@@ -1527,6 +1578,17 @@ static void describe_options(const sdpa_options *o, clattn_sdpa_desc *desc)
     }
 }
 
+/* --v-from-k DV: v as the view of k's rows (k's layout and dtype, DV columns). */
+static int v_view(const sdpa_options *o, sdpa_job *job)
+{
+    if (o->v_from_k) {
+        job->tensors.v = job->tensors.k;
+        job->tensors.v.dims[3] = o->v_from_k;
+        job->v_view = true;
+    }
+    return CLI_OK;
+}
+
 /* q, k, v and out as the views say, or packed (varlen), or a paged cache's pools; with
  * --kv-dtype, k and v become packed blocks quantized on the device from the float views. */
 static int describe_qkv(const sdpa_options *o, const sdpa_data *d, const sdpa_shape *s,
@@ -1563,7 +1625,7 @@ static int describe_qkv(const sdpa_options *o, const sdpa_data *d, const sdpa_sh
     }
     job->k_float = t->k, job->v_float = t->v;
     if (o->kv_dtype == CLATTN_DTYPE_F32)
-        return CLI_OK;
+        return v_view(o, job);
     const char *name = o->kv_dtype == CLATTN_DTYPE_Q8_0 ? "q8_0" : "q4_0";
     if (dk % 32 != 0 || dv % 32 != 0)
         return cli_fail("sdpa", CLI_BAD_INPUT,
@@ -1576,8 +1638,8 @@ static int describe_qkv(const sdpa_options *o, const sdpa_data *d, const sdpa_sh
     t->k = clattn_tensor_make(NULL, 0, o->kv_dtype, rank, kd[0], kd[1], kd[2], kd[3]);
     t->v = clattn_tensor_make(NULL, 0, o->kv_dtype, rank, vd[0], vd[1], vd[2], vd[3]);
     job->kq_bytes = tensor_count(&t->k) / 32 * block_bytes; /* <= the floats' bytes */
-    job->vq_bytes = tensor_count(&t->v) / 32 * block_bytes;
-    return CLI_OK;
+    job->vq_bytes = o->v_from_k ? 0 : tensor_count(&t->v) / 32 * block_bytes;
+    return v_view(o, job);
 }
 
 /* The mask, a KV cache, the counts, the slopes, the sinks and --qk-out's scores (host room
@@ -1731,7 +1793,7 @@ static void upload_all(clattn_ctx *ctx, const sdpa_options *o, sdpa_data *d, con
     } const buffers[] = {
         {true, M_Q, d->q.data, d->q.count * f, CL_MEM_READ_ONLY},
         {true, M_K, d->k.data, d->k.count * f, CL_MEM_READ_ONLY},
-        {true, M_V, d->v.data, d->v.count * f, CL_MEM_READ_ONLY},
+        {!o->v_from_k, M_V, d->v.data, d->v.count * f, CL_MEM_READ_ONLY},
         {o->mask && d->mask_keep, M_MASK, d->mask_keep, job->mask_count, CL_MEM_READ_ONLY},
         {o->mask && !d->mask_keep, M_MASK, d->mask_f32, job->mask_count * f, CL_MEM_READ_ONLY},
         {true, M_OUT, NULL, s->out_count * f, CL_MEM_WRITE_ONLY},
@@ -1788,7 +1850,7 @@ static clattn_status quantize_kv(clattn_ctx *ctx, const sdpa_data *d, sdpa_job *
     job->k_float.mem = d->mem[M_K], job->v_float.mem = d->mem[M_V];
     kq.mem = d->mem[M_KQ], vq.mem = d->mem[M_VQ];
     clattn_status status = clattn_quantize(ctx, &job->k_float, &kq, 0, NULL, NULL);
-    if (status == CLATTN_SUCCESS)
+    if (status == CLATTN_SUCCESS && !job->v_view)
         status = clattn_quantize(ctx, &job->v_float, &vq, 0, NULL, NULL);
     return status;
 }
@@ -1805,6 +1867,8 @@ static clattn_status execute_forward(clattn_plan *plan, const sdpa_data *d, cons
     bound.q.mem = d->mem[M_Q], bound.k.mem = d->mem[M_K], bound.v.mem = d->mem[M_V];
     if (job->kq_bytes)
         bound.k.mem = d->mem[M_KQ], bound.v.mem = d->mem[M_VQ];
+    if (job->v_view)
+        bound.v.mem = bound.k.mem; /* --v-from-k: the same buffer, k's strides */
     bound.attn_mask.mem = d->mem[M_MASK], bound.out.mem = d->mem[M_OUT];
     bound.past_k.mem = d->mem[M_PAST_K], bound.past_v.mem = d->mem[M_PAST_V];
     bound.present_k.mem = d->mem[M_PRESENT_K], bound.present_v.mem = d->mem[M_PRESENT_V];

@@ -332,8 +332,8 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
                                 op);
         if (!supported)
             return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                                "%s: path=FUSED takes head sizes up to 256 (got %zu, %zu)", op,
-                                head_dim_qk, head_dim_v);
+                                "%s: path=FUSED takes head sizes up to %d (got %zu, %zu)", op,
+                                CLATTN__FLASH_MAX_HEAD_DIM, head_dim_qk, head_dim_v);
         a->fused = true;
         break;
     default:
@@ -342,9 +342,9 @@ clattn_status clattn__attention_prepare(clattn_plan *plan, const clattn__score_s
     }
     if (want_lse && !a->fused)
         return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                            "%s: lse comes from the fused kernel only: head sizes up to 256, "
+                            "%s: lse comes from the fused kernel only: head sizes up to %d, "
                             "path AUTO or FUSED, no weights",
-                            op);
+                            op, CLATTN__FLASH_MAX_HEAD_DIM);
     /* The problem's tuning: one query row per head (a decode group's rows are heads) is the
      * decode phase. */
     const bool decode = score->seq_q == 1 || plan->attention.decode_group > 1;

@@ -48,9 +48,9 @@ static clattn_status unfused_quantized(clattn_plan *plan)
     const clattn__layout *l = plan->layouts;
     return clattn__fail(plan->ctx, CLATTN_ERR_UNSUPPORTED,
                         "%s: quantized k/v (%s, %s) run on the fused path only (head sizes up "
-                        "to 256; no weights, scores or softmax_f64)",
+                        "to %d; no weights, scores or softmax_f64)",
                         plan->op, clattn__dtype_name(l[R_K].dtype),
-                        clattn__dtype_name(l[R_V].dtype));
+                        clattn__dtype_name(l[R_V].dtype), CLATTN__FLASH_MAX_HEAD_DIM);
 }
 
 /* An SDPA problem's sizes, from q, k and v (a paged cache's pools, a KV cache's past). */
@@ -335,13 +335,13 @@ static clattn_status check_unfused(clattn_plan *plan, const sdpa_dims *d)
     if (plan->varlen.on)
         return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
                             "%s: packed sequences (cu_seqlens) run on the fused path only "
-                            "(head sizes up to 256; got %zu, %zu)",
-                            op, d->dk, d->dv);
+                            "(head sizes up to %d; got %zu, %zu)",
+                            op, CLATTN__FLASH_MAX_HEAD_DIM, d->dk, d->dv);
     if (d->paged)
         return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
                             "%s: a paged cache (block_table) runs on the fused path only "
-                            "(head sizes up to 256; no weights, scores or softmax_f64)",
-                            op);
+                            "(head sizes up to %d; no weights, scores or softmax_f64)",
+                            op, CLATTN__FLASH_MAX_HEAD_DIM);
     /* The matmuls read and write rows: head_dim must be contiguous on the unfused path (the
      * rotated copies are packed). */
     const bool rotated = plan->sdpa.rope.on;

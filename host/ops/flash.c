@@ -35,7 +35,7 @@ CLATTN_FAMILY(flash, FLASH_SWITCHES, .sources = {"flash.cl"}, .score_family = CL
 CLATTN_FAMILY(flash_merge, FLASH_MERGE_SWITCHES, .sources = {"heads.cl"},
               .tuning_keys = "heads_wg decode_keys");
 
-#define FLASH_MAX_HEAD_DIM 256
+#define FLASH_MAX_HEAD_DIM CLATTN__FLASH_MAX_HEAD_DIM
 /* NVIDIA's OpenCL maps global dimension 1 onto a grid dimension of at most 65535 blocks. */
 #define MAX_BH_PER_LAUNCH 65535u
 
@@ -102,6 +102,23 @@ static size_t cpu_trips_per_tile(const clattn__score_shape *score, size_t dk, si
     return pack + nb * (1 + qk + rule + softmax + pv) + 1;
 }
 
+/* Blocks per group at head sizes past 256 (MLA's 576 / 512: a decode group's 16-128 query heads
+ * as rows of one latent head): packing a 64-key tile (transposing K, converting F16 and Q8_0
+ * element by element) then costs more than the rows' arithmetic on it, so as few groups as
+ * keep every compute unit busy, the rows split evenly among them (at most the tuning's nb;
+ * the local-memory check below halves it where it does not fit). */
+static unsigned wide_head_blocks(const clattn_ctx *ctx, const clattn__score_shape *score,
+                                 size_t dk, unsigned rb, unsigned nb, unsigned tuned)
+{
+    const size_t bh = score->batch * score->heads, units = ctx->info.compute_units;
+    if (dk <= 256 || ctx->tuning.loop_trip_limit || rb == 0 || bh >= units || units == 0)
+        return nb;
+    const size_t blocks = (score->seq_q + rb - 1) / rb;
+    const size_t groups_per_bh = (units + bh - 1) / bh; /* groups per (batch, head) */
+    const size_t even = (blocks + groups_per_bh - 1) / groups_per_bh;
+    return even > nb ? (unsigned)(even < tuned ? even : tuned) : nb;
+}
+
 /* flash_cpu.cl for the shape, when the tuning asks for it and the device has the local memory;
  * plan->cpu stays false otherwise (flash.cl then). */
 static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *shape,
@@ -125,6 +142,7 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     while (nb > 1 && (score->seq_q + (size_t)rb * nb - 1) / ((size_t)rb * nb) * bh <
                          4 * (size_t)ctx->info.compute_units)
         nb /= 2;
+    nb = wide_head_blocks(ctx, score, dk, rb, nb, shape->tuning->flash_cpu_nb);
     const cl_ulong local_budget = ctx->info.local_mem_size > 16384 ? ctx->info.local_mem_size - 1024
                                                                    : ctx->info.local_mem_size;
 #define CPU_LOCAL(nb)                                                                              \

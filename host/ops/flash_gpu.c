@@ -77,7 +77,9 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
     const cl_ulong budget = ctx->info.local_mem_size > 1024 ? ctx->info.local_mem_size - 1024
                                                             : ctx->info.local_mem_size;
     /* Too big (large head sizes): the query block shrinks to 32 rows first, then the key
-     * tile, then the query block again (a key tile of FG_TX keys is one key per work-item). */
+     * tile, then the query block again (a key tile of FG_TX keys is one key per work-item),
+     * then the key tile with the work-items along it (MLA's d_qk = 576, d_v = 512 in 48 KiB:
+     * 8 rows, 8 keys, 8 x 8 items). */
     while (local_bytes(dk, dv, bq, bk) > budget) {
         if (bq / 2 >= ty && bq / 2 % ty == 0 && bq / 2 >= 32)
             bq /= 2;
@@ -85,6 +87,8 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
             bk /= 2;
         else if (bq / 2 >= ty && bq / 2 % ty == 0)
             bq /= 2;
+        else if (tx % 2 == 0 && tx / 2 >= 4 && bk == tx)
+            tx /= 2, bk /= 2;
         else
             return clattn__flash_pass(plan, "flash_gpu: no tile fits %llu bytes of local memory",
                                       (unsigned long long)budget);

@@ -245,6 +245,9 @@ clattn_status clattn__additive_trust(clattn_ctx *ctx, struct clattn__additive_pl
 clattn_status clattn__rope_trust(clattn_ctx *ctx, struct clattn__rope_plan *plan, clattn_dtype x,
                                  clattn_dtype out, clattn_dtype cache);
 
+/* The fused kernels' largest head size (d_qk and d_v alike): 576 since 0.12, DeepSeek's
+ * absorbed multi-head latent attention (512 latent + 64 rotary columns; d_v 512). */
+#define CLATTN__FLASH_MAX_HEAD_DIM 576
 /* Whether the fused kernel takes these head sizes. */
 bool clattn__flash_supports(size_t head_dim_qk, size_t head_dim_v);
 clattn_status clattn__flash_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,

@@ -18,6 +18,7 @@ from .cascade import cascade_decode, merge_state
 from .doctor import doctor, validations
 from .dropout import dropout_mask
 from .flex import BlockMask, create_block_mask, flex_attention, last_tiles_visited, tree_mask
+from .mla import mla_decode
 from .functional import (SdpaGrads, kv_commit, paged_attention, paged_varlen_attention, quantize,
                          scaled_dot_product_attention, sdpa_backward, sdpa_forward,
                          varlen_attention)
@@ -36,10 +37,10 @@ _SUBMODULES = ("autograd", "flash_attn", "transformers", "ops")
 __all__ = ["ArgumentError", "BlockMask", "Context", "DeviceError", "Error", "KVCache",
            "NumpyMultiheadAttention", "cascade_decode", "create_block_mask", "default_context",
            "doctor", "dropout_mask", "flex_attention", "kv_commit", "last_tiles_visited",
-           "merge_state", "onnx_attention", "paged_attention", "paged_varlen_attention",
-           "positional_encoding", "quantize", "ring_attention", "rotary_embedding",
-           "scaled_dot_product_attention", "SdpaGrads", "sdpa_backward", "sdpa_forward",
-           "tree_mask", "validations", "varlen_attention"]
+           "merge_state", "mla_decode", "onnx_attention", "paged_attention",
+           "paged_varlen_attention", "positional_encoding", "quantize", "ring_attention",
+           "rotary_embedding", "scaled_dot_product_attention", "SdpaGrads", "sdpa_backward",
+           "sdpa_forward", "tree_mask", "validations", "varlen_attention"]
 __version__ = "0.12.0"
 
 

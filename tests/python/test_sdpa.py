@@ -211,11 +211,11 @@ def test_bad_inputs_raise(ctx, call, error):
 
 
 def test_errors_carry_the_library_message(ctx):
-    q = np.ones((1, 1, 3, 300), dtype=np.float32)
-    with pytest.raises(clattn.DeviceError) as info:  # head size 300: no fused kernel
+    q = np.ones((1, 1, 3, 600), dtype=np.float32)
+    with pytest.raises(clattn.DeviceError) as info:  # head size 600: no fused kernel
         clattn.scaled_dot_product_attention(q, q, q, ctx=ctx, path="fused")
     assert info.value.status_name.startswith("CLATTN_ERR")
-    assert "256" in str(info.value)
+    assert "576" in str(info.value)
 
 
 def test_context_device_spec():
