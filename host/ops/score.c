@@ -214,7 +214,7 @@ static const struct score_switch {
          CLATTN__FAMILY_FLASH_CPU,
      false},
     /* a KV cache's decode step in one launch (flash_cpu.cl's KV_STEP) */
-    {"KV_STEP", kv_step, CLATTN__FAMILY_FLASH_CPU, true},
+    {"KV_STEP", kv_step, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU, true},
     /* user score functions (score.cl's FLEX_*): FLEX_SRC names the context's registered
      * source that build_program puts ahead of score.cl (programs.c), so the cache key holds it */
     {"FLEX_SRC", flex_source, CLATTN__FAMILY_ALL, true},
