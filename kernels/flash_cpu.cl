@@ -672,17 +672,11 @@ fc_close_rows(__global ELEM_T(O_DTYPE) *O, __global float *lse,
  * With kv_step set the launch attends the cache's step_keys keys plus one new key, key
  * step_keys, whose row is read from k_new / v_new (the step's inputs, never the cache: no
  * work-group reads what another writes in the launch); the host gives seq_k = step_keys + 1
- * and no key counts, so `whole` (FUSED_BAND) is the band after the step and fc_cache_band cuts
- * the tiles to the cached keys. The group of a k/v head's first rows that holds the new key
- * (its decode split) writes the new row into the cache's slot (KEY_AT: a paged cache's page
- * from the block table), converted to the cache's dtype, and head 0's sets the batch's key
- * count to step_keys + 1. A plain launch (kv_step 0) is flash_cpu as without KV_STEP. */
-inline key_band fc_cache_band(key_band whole, const uint kv_step, const uint step_keys)
-{
-    if (kv_step)
-        whole.limit = min(whole.limit, step_keys);
-    return whole;
-}
+ * and no key counts, so `whole` (FUSED_BAND) is the band after the step and
+ * STEP_CACHED_BAND (score.cl) cuts the tiles to the cached keys. The group of a k/v head's
+ * first rows that holds the new key (its decode split) writes the new row into the cache's
+ * slot and head 0's the batch's key count (score.cl's kv_step_store). A plain launch
+ * (kv_step 0) is flash_cpu as without KV_STEP. */
 
 /* The new key's score, weight and value in each row of the group whose band holds it (the
  * online softmax of fc_block_weights on one key, then acc += p v_new). */
@@ -721,30 +715,6 @@ fc_step_attend(__global const ELEM_T(Q_DTYPE) *kn, __global const ELEM_T(Q_DTYPE
     }
 }
 
-/* The new key and value rows into the cache at key step_keys (K, V: the k/v head's first
- * key, as OPEN_GROUP_QKV left them), and the batch's key count (kv_len, by query head 0). */
-__attribute__((always_inline)) inline void
-fc_step_store(__global const ELEM_T(K_DTYPE) *K, __global const ELEM_T(V_DTYPE) *V,
-              __global const ELEM_T(Q_DTYPE) *kn, __global const ELEM_T(Q_DTYPE) *vn,
-              __global const int *kv_len, __global const int *block_table, const ulong bt_row,
-              const clattn_flash_params params, const ulong b, const ulong h)
-{
-    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
-    /* the cache's buffers are the plan's k and v (const to the attention, which never reads
-     * the slot written here) */
-    __global ELEM_T(K_DTYPE) *kw = (__global ELEM_T(K_DTYPE) *)K;
-    __global ELEM_T(V_DTYPE) *vw = (__global ELEM_T(V_DTYPE) *)V;
-    const ulong k_at = KEY_AT(step_keys, k_s2, k_page), v_at = KEY_AT(step_keys, v_s2, v_page);
-    for (uint d = 0; d < HEAD_DIM_QK; ++d)
-        STORE(K_DTYPE, LOAD(Q_DTYPE, kn, d * kn_s3), kw, k_at + d * k_s3);
-    for (uint d = 0; d < HEAD_DIM_V; ++d)
-        STORE(V_DTYPE, LOAD(Q_DTYPE, vn, d * vn_s3), vw, v_at + d * v_s3);
-    if (h == 0)
-        ((__global int *)kv_len)[kv_len_offset + b * kv_len_s0] = (int)step_keys + 1;
-}
-#define FC_CACHE_BAND(whole) fc_cache_band((whole), kv_step, step_keys)
-#else
-#define FC_CACHE_BAND(whole) (whole)
 #endif
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
@@ -783,7 +753,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
 
     OPEN_PAGED_ROW(b)
     const key_band whole = FUSED_BAND(b, h, span); /* score.cl's row open */
-    const key_band band = FC_CACHE_BAND(whole);    /* KV_STEP: the cached keys' tiles */
+    const key_band band = STEP_CACHED_BAND(whole);    /* KV_STEP: the cached keys' tiles */
     const group_keys group = open_group(band, span.rows, first_row, FC_ROWS, key_begin, key_stop, FC_KT);
     const uint key_end = group.key_end;
 
@@ -837,7 +807,7 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
         v_new += vn_offset + b * vn_s0 + (h / kv_group) * vn_s1;
         fc_step_attend(k_new, v_new, params, whole, span, first_row, qs, acc, row_max, total);
         if (first_row == 0 && h % kv_group == 0)
-            fc_step_store(K, V, k_new, v_new, kv_len, block_table, bt_row, params, b, h);
+            kv_step_store(K, V, k_new, v_new, kv_len, block_table, bt_row, params, b, h, 0, 1);
     }
 #endif
     fc_close_rows(O, lse, sinks, params, h, span, first_row, acc, row_max, total);

@@ -388,15 +388,10 @@ fg_store(__global ELEM_T(O_DTYPE) *O, float (*acc)[FG_RD], __local const float *
 #endif
 #if KV_STEP
 /* ---- a KV cache's decode step in one launch (KV_STEP; clattn_kv_cache_decode; flash_cpu.cl
- * says how): the tiles cover the cached keys (fg_cache_band), then the group of the new key's
- * split attends it from k_new / v_new in two passes (the row owners' weights, then every
- * item's accumulators), and a k/v head's first group writes the new row into the cache. */
-inline key_band fg_cache_band(key_band whole, const uint kv_step, const uint step_keys)
-{
-    if (kv_step)
-        whole.limit = min(whole.limit, step_keys);
-    return whole;
-}
+ * says how): the tiles cover the cached keys (STEP_CACHED_BAND), then the group of the new
+ * key's split attends it from k_new / v_new in two passes (the row owners' weights, then
+ * every item's accumulators), and a k/v head's first group writes the new row into the cache
+ * (score.cl's kv_step_store). */
 
 /* The row owners: the new key's weight in p_tile's first column, the rescale factor in row_c
  * (weight 0, factor 1 for a row whose band leaves it out). */
@@ -450,30 +445,6 @@ fg_step_accumulate(float (*acc)[FG_RD], __local const float *p_tile, __local con
     }
 }
 
-/* The new row into the cache at key step_keys (K, V at the k/v head's first key), the
- * group's items along d; the batch's key count by item 0 of query head 0. */
-__attribute__((always_inline)) inline void
-fg_step_store(__global const ELEM_T(K_DTYPE) *K, __global const ELEM_T(V_DTYPE) *V,
-              __global const ELEM_T(Q_DTYPE) *kn, __global const ELEM_T(Q_DTYPE) *vn,
-              __global const int *kv_len, __global const int *block_table, const ulong bt_row,
-              const clattn_flash_params params, const ulong b, const ulong h, const uint lid)
-{
-    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
-    /* the cache's buffers are the plan's k and v (const to the attention, which never reads
-     * the slot written here) */
-    __global ELEM_T(K_DTYPE) *kw = (__global ELEM_T(K_DTYPE) *)K;
-    __global ELEM_T(V_DTYPE) *vw = (__global ELEM_T(V_DTYPE) *)V;
-    const ulong k_at = KEY_AT(step_keys, k_s2, k_page), v_at = KEY_AT(step_keys, v_s2, v_page);
-    for (uint d = lid; d < HEAD_DIM_QK; d += FG_THREADS)
-        STORE(K_DTYPE, LOAD(Q_DTYPE, kn, d * kn_s3), kw, k_at + d * k_s3);
-    for (uint d = lid; d < HEAD_DIM_V; d += FG_THREADS)
-        STORE(V_DTYPE, LOAD(Q_DTYPE, vn, d * vn_s3), vw, v_at + d * v_s3);
-    if (h == 0 && lid == 0)
-        ((__global int *)kv_len)[kv_len_offset + b * kv_len_s0] = (int)step_keys + 1;
-}
-#define FG_CACHE_BAND(whole) fg_cache_band((whole), kv_step, step_keys)
-#else
-#define FG_CACHE_BAND(whole) (whole)
 #endif
 
 __kernel __attribute__((reqd_work_group_size(FG_THREADS, 1, 1)))
@@ -536,7 +507,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
      * (bounds uniform over the group). */
     OPEN_PAGED_ROW(b)
     const key_band whole = FUSED_BAND(b, h, span); /* score.cl's row open */
-    const key_band band = FG_CACHE_BAND(whole);    /* KV_STEP: the cached keys' tiles */
+    const key_band band = STEP_CACHED_BAND(whole);    /* KV_STEP: the cached keys' tiles */
     const group_keys group = open_group(band, span.rows, first_row, FG_BQ, key_begin, key_stop, FG_BK);
     const uint last_row = group.last_row, key_end = group.key_end;
 
@@ -578,7 +549,8 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         fg_step_accumulate(acc, p_tile, row_c, v_new, params, tx, ty);
         barrier(CLK_LOCAL_MEM_FENCE);
         if (first_row == 0 && h % kv_group == 0)
-            fg_step_store(K, V, k_new, v_new, kv_len, block_table, bt_row, params, b, h, lid);
+            kv_step_store(K, V, k_new, v_new, kv_len, block_table, bt_row, params, b, h, lid,
+                          FG_THREADS);
     }
 #endif
     /* Normalise and store; the log-sum-exp by the row owners. */

@@ -70,8 +70,9 @@ static cl_mem upload_as(clattn_ctx *ctx, clattn_dtype dtype, const float *values
         }
     }
     cl_int err = CL_SUCCESS;
-    cl_mem mem = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
-                                count * size, bytes, &err);
+    cl_mem mem = clCreateBuffer(clattn_ctx_cl_context(ctx),
+                                CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, count * size, bytes,
+                                &err);
     free(bytes);
     return err == CL_SUCCESS ? mem : NULL;
 }

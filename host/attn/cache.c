@@ -440,16 +440,25 @@ static clattn_status new_block(clattn_kv_cache *cache, const char *op, const cha
     return CLATTN_SUCCESS;
 }
 
+/* The entry checks of an append or a step (a NULL cache: CLATTN_ERR_INVALID_ARGUMENT, with no
+ * context to hold a message). */
+static clattn_status cache_entry(clattn_kv_cache *cache, const char *op, cl_uint num_wait,
+                                 const cl_event *wait, cl_event *event)
+{
+    return cache == NULL ? CLATTN_ERR_INVALID_ARGUMENT
+                         : clattn__entry(cache->ctx, op, cache, num_wait, wait, event);
+}
+
 clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor *k,
                                      const clattn_tensor *v, cl_uint num_wait, const cl_event *wait,
                                      cl_event *event)
 {
     static const char op[] = "kv_cache_append";
-    if (cache == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn_status status = cache_entry(cache, op, num_wait, wait, event);
+    if (status != CLATTN_SUCCESS)
+        return status;
     clattn_ctx *ctx = cache->ctx;
-    clattn_status status = clattn__entry(ctx, op, cache, num_wait, wait, event);
-    if (status == CLATTN_SUCCESS && (k == NULL || v == NULL))
+    if (k == NULL || v == NULL)
         status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, k ? "v" : "k");
     if (status != CLATTN_SUCCESS)
         return status;
@@ -566,12 +575,10 @@ clattn_status clattn_kv_cache_decode(clattn_kv_cache *cache, clattn_plan *plan,
                                      cl_event *event)
 {
     static const char op[] = "kv_cache_decode";
-    if (cache == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
-    clattn_ctx *ctx = cache->ctx;
-    clattn_status status = clattn__entry(ctx, op, cache, num_wait, wait, event);
+    clattn_status status = cache_entry(cache, op, num_wait, wait, event);
     if (status != CLATTN_SUCCESS)
         return status;
+    clattn_ctx *ctx = cache->ctx;
     const char *null = plan == NULL ? "plan" : k_new == NULL ? "k_new" : v_new == NULL ? "v_new"
                        : by_role == NULL                  ? "by_role"
                                                           : NULL;
