@@ -55,9 +55,9 @@ extern "C" {
 #endif
 
 #define CLATTN_VERSION_MAJOR 0
-#define CLATTN_VERSION_MINOR 11
+#define CLATTN_VERSION_MINOR 12
 #define CLATTN_VERSION_PATCH 0
-#define CLATTN_VERSION_STRING "0.11.0"
+#define CLATTN_VERSION_STRING "0.12.0"
 
 #if defined(_WIN32)
 #define CLATTN_API

@@ -36,7 +36,7 @@ __all__ = ["ArgumentError", "BlockMask", "Context", "DeviceError", "Error", "KVC
            "dropout_mask", "flex_attention", "last_tiles_visited", "onnx_attention",
            "paged_attention", "positional_encoding", "quantize", "ring_attention", "rotary_embedding", "scaled_dot_product_attention",
            "SdpaGrads", "sdpa_backward", "sdpa_forward", "validations", "varlen_attention"]
-__version__ = "0.11.0"
+__version__ = "0.12.0"
 
 
 def __getattr__(name):
