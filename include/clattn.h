@@ -782,6 +782,14 @@ typedef struct clattn_sdpa_desc {
      * Since 0.9. */
     size_t t5_num_buckets, t5_max_distance;
     int t5_bidirectional;
+    /* 1: a plan for a KV cache's decode steps in one launch (clattn_kv_cache_decode: the cache's
+     * append fused into the attention); 0 (the default): off. The plan's tensors are the cache's
+     * (clattn_kv_cache_tensors, kv_seqlen required) and one query row (seq_q = 1); refused
+     * (CLATTN_ERR_UNSUPPORTED) with attn_mask, key_padding_mask, dropout, user score functions,
+     * rope, past/present, weights and path UNFUSED. Causal forms, windows, softcap, ALiBi,
+     * sinks, GQA, relu and paged caches all take it. clattn_plan_execute runs such a plan as
+     * any other (attention over the cache, no append). Since 0.12. */
+    int kv_step;
 } clattn_sdpa_desc;
 
 typedef enum clattn_weight_layout {
@@ -1135,6 +1143,26 @@ CLATTN_API void clattn_kv_cache_release(clattn_kv_cache *cache);
  * cache unchanged. Asynchronous, as every device call. */
 CLATTN_API clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor *k,
                                                 const clattn_tensor *v, cl_uint num_wait,
+                                                const cl_event *wait, cl_event *event);
+/* A decode step in one launch (since 0.12): appends k_new (batch, kv_heads, 1, head_dim_qk)
+ * and v_new (batch, kv_heads, 1, head_dim_v) to the cache and runs `plan`, an SDPA plan made
+ * with kv_step = 1 on the cache's tensors (clattn_sdpa_desc.kv_step), on by_role[0 ..
+ * num_roles) (q, out and the cache's k, v, kv_seqlen and block table, as
+ * clattn_kv_cache_tensors and clattn_kv_cache_block_table give them) over the cache's keys
+ * and the new one, in one kernel: the fused kernel reads the new key and value from k_new and
+ * v_new and writes them into the cache (and its length), so no launch waits on another. The
+ * length advances by 1. k_new, v_new: any strides, q's dtype. The same result in two launches
+ * (clattn_kv_cache_append, then clattn_plan_execute) where the plan's kernel has no step:
+ * flash_cpu.cl has it in this version (GPU devices and the portable kernel do not), for F32,
+ * F16 and BF16 caches (not Q8_0/Q4_0), k_new and v_new in q's dtype. Refused
+ * (CLATTN_ERR_INVALID_ARGUMENT): a NULL argument, a plan without kv_step, by_role's k, v,
+ * kv_seqlen or block table not the cache's; CLATTN_ERR_INVALID_SHAPE: a full cache, k_new
+ * or v_new of other dims. workspace as clattn_plan_execute's. */
+CLATTN_API clattn_status clattn_kv_cache_decode(clattn_kv_cache *cache, clattn_plan *plan,
+                                                const clattn_tensor *k_new,
+                                                const clattn_tensor *v_new,
+                                                const clattn_tensor *by_role, size_t num_roles,
+                                                cl_mem workspace, cl_uint num_wait,
                                                 const cl_event *wait, cl_event *event);
 /* Empties the cache (the length, on the host and the device). */
 CLATTN_API clattn_status clattn_kv_cache_reset(clattn_kv_cache *cache, cl_uint num_wait,

@@ -664,6 +664,59 @@ fc_close_rows(__global ELEM_T(O_DTYPE) *O, __global float *lse,
     }
 }
 
+#ifndef KV_STEP
+#define KV_STEP 0
+#endif
+#if KV_STEP
+/* ---- a KV cache's decode step in one launch (KV_STEP; clattn_kv_cache_decode) -------------
+ * With kv_step set the launch attends the cache's step_keys keys plus one new key, key
+ * step_keys, whose row is read from k_new / v_new (the step's inputs, never the cache: no
+ * work-group reads what another writes in the launch); the host gives seq_k = step_keys + 1
+ * and no key counts, so `whole` (FUSED_BAND) is the band after the step and
+ * STEP_CACHED_BAND (score.cl) cuts the tiles to the cached keys. The group of a k/v head's
+ * first rows that holds the new key (its decode split) writes the new row into the cache's
+ * slot and head 0's the batch's key count (score.cl's kv_step_store). A plain launch
+ * (kv_step 0) is flash_cpu as without KV_STEP. */
+
+/* The new key's score, weight and value in each row of the group whose band holds it (the
+ * online softmax of fc_block_weights on one key, then acc += p v_new). */
+__attribute__((always_inline)) inline void
+fc_step_attend(__global const ELEM_T(Q_DTYPE) *kn, __global const ELEM_T(Q_DTYPE) *vn,
+               const clattn_flash_params params, const key_band whole, const seq_span span,
+               const uint first_row, __local float (*qs)[HEAD_DIM_QK],
+               __local float (*acc)[FC_DVP], __local float *row_max, __local float *total)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    const uint key = step_keys;
+    for (uint i = 0; i < FC_ROWS; ++i) {
+        const uint row = first_row + i;
+        if (row >= span.rows)
+            break;
+        if (key < band_begin(whole, row) || key >= band_end(whole, row))
+            continue;
+        float dot = 0.0f;
+        for (uint d = 0; d < HEAD_DIM_QK; ++d)
+            dot = fma(qs[i][d], LOAD(Q_DTYPE, kn, d * kn_s3), dot);
+        const float s = score_builtin(dot, softcap, whole, row, key);
+        float corr = 1.0f, p;
+#if SCORE_RELU
+        p = fmax(s, 0.0f); /* relu_weight */
+#else
+        const float old_max = row_max[i], new_max = fmax(old_max, s);
+        p = exp(s - softmax_shift(new_max));
+        if (new_max > old_max) {
+            corr = exp(old_max - new_max); /* 0 while the row had no key */
+            row_max[i] = new_max;
+        }
+#endif
+        total[i] = total[i] * corr + p;
+        for (uint d = 0; d < HEAD_DIM_V; ++d)
+            acc[i][d] = acc[i][d] * corr + p * LOAD(Q_DTYPE, vn, d * vn_s3);
+    }
+}
+
+#endif
+
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void flash_cpu(FLASH_KERNEL_PARAMS)
 {
@@ -697,7 +750,8 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
     fc_open_rows(Q, O, lse, params, span, first_row, qs, acc, row_max, total);
 
     OPEN_PAGED_ROW(b)
-    const key_band band = FUSED_BAND(b, h, span); /* score.cl's row open */
+    const key_band whole = FUSED_BAND(b, h, span); /* score.cl's row open */
+    const key_band band = STEP_CACHED_BAND(whole);    /* KV_STEP: the cached keys' tiles */
     const group_keys group = open_group(band, span.rows, first_row, FC_ROWS, key_begin, key_stop, FC_KT);
     const uint key_end = group.key_end;
 
@@ -745,5 +799,14 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
             fc_block_accumulate(acc, pt, vt, V, vrow, params, corr, r0, k0, nk, direct);
         }
     }
+#if KV_STEP
+    if (kv_step && key_begin <= step_keys && step_keys < key_stop) { /* the new key's split */
+        k_new += kn_offset + b * kn_s0 + (h / kv_group) * kn_s1;
+        v_new += vn_offset + b * vn_s0 + (h / kv_group) * vn_s1;
+        fc_step_attend(k_new, v_new, params, whole, span, first_row, qs, acc, row_max, total);
+        if (first_row == 0 && h % kv_group == 0)
+            kv_step_store(K, V, k_new, v_new, kv_len, block_table, bt_row, params, b, h, 0, 1);
+    }
+#endif
     fc_close_rows(O, lse, sinks, params, h, span, first_row, acc, row_max, total);
 }

@@ -383,6 +383,70 @@ fg_store(__global ELEM_T(O_DTYPE) *O, float (*acc)[FG_RD], __local const float *
     }
 }
 
+#ifndef KV_STEP
+#define KV_STEP 0
+#endif
+#if KV_STEP
+/* ---- a KV cache's decode step in one launch (KV_STEP; clattn_kv_cache_decode; flash_cpu.cl
+ * says how): the tiles cover the cached keys (STEP_CACHED_BAND), then the group of the new
+ * key's split attends it from k_new / v_new in two passes (the row owners' weights, then
+ * every item's accumulators), and a k/v head's first group writes the new row into the cache
+ * (score.cl's kv_step_store). */
+
+/* The row owners: the new key's weight in p_tile's first column, the rescale factor in row_c
+ * (weight 0, factor 1 for a row whose band leaves it out). */
+__attribute__((always_inline)) inline void
+fg_step_weights(__local float *p_tile, __local float *row_m, __local float *row_l,
+                __local float *row_c, __local const float *q_tile,
+                __global const ELEM_T(Q_DTYPE) *kn, const clattn_flash_params params,
+                const key_band whole, const seq_span span, const uint first_row,
+                const uint lid, const float cap, const int relu)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    const uint key = step_keys;
+    for (uint r = lid; r < FG_BQ; r += FG_THREADS) {
+        const uint row = first_row + r;
+        float p = 0.0f, c = 1.0f;
+        if (row < span.rows && key >= band_begin(whole, row) && key < band_end(whole, row)) {
+            float dot = 0.0f;
+            for (uint d = 0; d < HEAD_DIM_QK; ++d)
+                dot = fma(q_tile[r * QK_PAD + d], LOAD(Q_DTYPE, kn, d * kn_s3), dot);
+            const float s = score_builtin(dot, cap, whole, row, key);
+            if (relu) {
+                p = relu_weight(s);
+            } else {
+                const float m = row_m[r], new_max = fmax(m, s);
+                c = exp(m - new_max); /* 0 while m is -inf */
+                p = softmax_weight(s, new_max);
+                row_m[r] = new_max;
+            }
+            row_l[r] = row_l[r] * c + p;
+        }
+        p_tile[r * P_PAD] = p;
+        row_c[r] = c;
+    }
+}
+
+/* Every item: acc = acc * c + p v_new on its block. */
+__attribute__((always_inline)) inline void
+fg_step_accumulate(float (*acc)[FG_RD], __local const float *p_tile, __local const float *row_c,
+                   __global const ELEM_T(Q_DTYPE) *vn, const clattn_flash_params params,
+                   const uint tx, const uint ty)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint i = 0; i < FG_RM; ++i) {
+        const uint r = ty + i * FG_TY;
+        const float c = row_c[r], p = p_tile[r * P_PAD];
+        for (uint cc = 0; cc < FG_RD; ++cc) {
+            const uint dim = tx + cc * FG_TX;
+            const float v = dim < HEAD_DIM_V ? LOAD(Q_DTYPE, vn, dim * vn_s3) : 0.0f;
+            acc[i][cc] = fma(p, v, acc[i][cc] * c);
+        }
+    }
+}
+
+#endif
+
 __kernel __attribute__((reqd_work_group_size(FG_THREADS, 1, 1)))
 void flash_attention(FLASH_KERNEL_PARAMS)
 {
@@ -440,7 +504,8 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     /* Keys the group needs: from its first row's band begin to its last row's band end
      * (bounds uniform over the group). */
     OPEN_PAGED_ROW(b)
-    const key_band band = FUSED_BAND(b, h, span); /* score.cl's row open */
+    const key_band whole = FUSED_BAND(b, h, span); /* score.cl's row open */
+    const key_band band = STEP_CACHED_BAND(whole);    /* KV_STEP: the cached keys' tiles */
     const group_keys group = open_group(band, span.rows, first_row, FG_BQ, key_begin, key_stop, FG_BK);
     const uint last_row = group.last_row, key_end = group.key_end;
 
@@ -470,6 +535,22 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
+#if KV_STEP
+    if (kv_step && key_begin <= step_keys && step_keys < key_stop) { /* (uniform) */
+        k_new += kn_offset + b * kn_s0 + (h / kv_group) * kn_s1;
+        v_new += vn_offset + b * vn_s0 + (h / kv_group) * vn_s1;
+        /* (no tile may have run: the accumulators' start read row_l) */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        fg_step_weights(p_tile, row_m, row_l, row_c, q_tile, k_new, params, whole, span,
+                        first_row, lid, cap, relu);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        fg_step_accumulate(acc, p_tile, row_c, v_new, params, tx, ty);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (first_row == 0 && h % kv_group == 0)
+            kv_step_store(K, V, k_new, v_new, kv_len, block_table, bt_row, params, b, h, lid,
+                          FG_THREADS);
+    }
+#endif
     /* Normalise and store; the log-sum-exp by the row owners. */
     fg_close_rows(row_m, row_l, row_c, lse, sinks, params, h, span, first_row, lse_base, lid,
                   relu);

@@ -134,7 +134,14 @@ CLATTN_PARAMS_STRUCT(score, CLATTN_SCORE_PARAMS)
     X(ulong, v_page) X(int, has_lse) X(uint, part_begin) X(uint, part_stop) X(int, resume)        \
     X(uint, kv_group) X(uint, split_keys) X(uint, page_size) X(uint, num_pages)        \
     X(ulong, cu_q_offset) X(ulong, cu_k_offset) X(uint, total_q) X(uint, total_k)               \
-    X(uint, packed_batch) X(uint, packed_pad_)
+    X(uint, packed_batch) X(uint, packed_pad_) CLATTN_FLASH_STEP_PARAMS(X)
+/* A KV cache's decode step in one launch (KV_STEP; clattn_kv_cache_decode): kv_step 1 attends
+ * step_keys cached keys plus one new key and value read from k_new, v_new ((b, kv head, col)
+ * strides kn_*, vn_*), writes them into the cache at key step_keys and sets the key counts to
+ * step_keys + 1; 0: a plain launch. */
+#define CLATTN_FLASH_STEP_PARAMS(X)                                                               \
+    X(ulong, kn_offset) X(ulong, kn_s0) X(ulong, kn_s1) X(ulong, kn_s3) X(ulong, vn_offset)       \
+    X(ulong, vn_s0) X(ulong, vn_s1) X(ulong, vn_s3) X(uint, kv_step) X(uint, step_keys)
 CLATTN_SCORED_PARAMS_STRUCT(flash, CLATTN_FLASH_PARAMS)
 #if defined(__OPENCL_VERSION__) || defined(__OPENCL_C_VERSION__)
 /* The fused kernels' parameter list (flash.cl, flash_gpu.cl, flash_cpu.cl: one launch serves
@@ -146,8 +153,15 @@ CLATTN_SCORED_PARAMS_STRUCT(flash, CLATTN_FLASH_PARAMS)
         __global const ELEM_T(V_DTYPE) *V, __global ELEM_T(O_DTYPE) *O, __global float *lse,     \
         __global const ELEM_T(MASK_DTYPE) *mask, __global const uchar *key_padding,              \
         SCORE_BUFFERS, __global const float *score_w, __global const int *block_table,           \
-        __global const int *cu_seqlens_q, __global const int *cu_seqlens_k,                      \
-        const clattn_flash_params params
+        FLASH_SEQ_BUFFERS, const clattn_flash_params params
+/* varlen's offsets, or (KV_STEP: no packed batches there) the decode step's new key and
+ * value rows, in q's dtype */
+#if defined(KV_STEP) && KV_STEP
+#define FLASH_SEQ_BUFFERS                                                                         \
+    __global const ELEM_T(Q_DTYPE) *k_new, __global const ELEM_T(Q_DTYPE) *v_new
+#else
+#define FLASH_SEQ_BUFFERS __global const int *cu_seqlens_q, __global const int *cu_seqlens_k
+#endif
 #endif
 
 /* ---- score rows (softmax.cl: softmax_rows, softmax_rows_f64, score_copy) -------------------

@@ -333,6 +333,45 @@ inline key_band paged_band(key_band band, __global const int *block_table, const
 #define KEY_AT(key, row_stride, page_stride) ((ulong)(key) * (row_stride))
 #endif
 
+/* ---- a KV cache's decode step (KV_STEP: flash_cpu.cl, flash_gpu.cl; clattn_kv_cache_decode)
+ * The new key and value rows (kn, vn: q's dtype, unit-less strides kn_s3, vn_s3) into the
+ * cache at key step_keys (K, V: the k/v head's first key, as OPEN_GROUP_QKV leaves them;
+ * KEY_AT: a paged cache's page from the block table), converted to the cache's dtype,
+ * elements first, first + stride, .. (a work-group's items); the batch's key count set to
+ * step_keys + 1 by query head 0's first item. The cache's buffers are the plan's k and v,
+ * const to the attention, which never reads the slot written here (so the casts). */
+#if defined(KV_STEP) && KV_STEP
+/* The band without the new key (kv_step: the host gives seq_k = step_keys + 1 and no key
+ * counts, so FUSED_BAND is the band after the step): the tiles' keys, the cached ones. */
+inline key_band kv_step_cached(key_band whole, const uint kv_step, const uint step_keys)
+{
+    if (kv_step)
+        whole.limit = min(whole.limit, step_keys);
+    return whole;
+}
+#define STEP_CACHED_BAND(whole) kv_step_cached((whole), kv_step, step_keys)
+
+inline void kv_step_store(__global const ELEM_T(K_DTYPE) *K, __global const ELEM_T(V_DTYPE) *V,
+                          __global const ELEM_T(Q_DTYPE) *kn, __global const ELEM_T(Q_DTYPE) *vn,
+                          __global const int *kv_len, __global const int *block_table,
+                          const ulong bt_row, const clattn_flash_params params, const ulong b,
+                          const ulong h, const uint first, const uint stride)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    __global ELEM_T(K_DTYPE) *kw = (__global ELEM_T(K_DTYPE) *)K;
+    __global ELEM_T(V_DTYPE) *vw = (__global ELEM_T(V_DTYPE) *)V;
+    const ulong k_at = KEY_AT(step_keys, k_s2, k_page), v_at = KEY_AT(step_keys, v_s2, v_page);
+    for (uint d = first; d < HEAD_DIM_QK; d += stride)
+        STORE(K_DTYPE, LOAD(Q_DTYPE, kn, d * kn_s3), kw, k_at + d * k_s3);
+    for (uint d = first; d < HEAD_DIM_V; d += stride)
+        STORE(V_DTYPE, LOAD(Q_DTYPE, vn, d * vn_s3), vw, v_at + d * v_s3);
+    if (h == 0 && first == 0)
+        ((__global int *)kv_len)[kv_len_offset + b * kv_len_s0] = (int)step_keys + 1;
+}
+#else
+#define STEP_CACHED_BAND(whole) (whole)
+#endif
+
 /* ---- the row open of the fused forward kernels (flash.cl, flash_cpu.cl, flash_gpu.cl) ----
  * A work-group's rows first_row .. last_row of one (b, h) need the keys from its first row's
  * band begin to its last row's band end (both ends grow with the row, so the bounds are the

@@ -42,13 +42,15 @@ static const char bench_usage[] =
 /* Two strings: C99 compilers need only take 4095 characters in one. */
 static const char bench_usage_more[] =
     "decode (not in the default set): one generation step per run, as a model's attention\n"
-    "layer takes it: one new token's key and value appended to a KV cache on the device\n"
-    "(clattn_kv_cache_append), then one query row per head attending the whole cache through\n"
-    "a plan made once on the cache (causal bottom-right; fused: decode splits where the device\n"
-    "would idle). Cache lengths: --seq (default 1024,2048,4096,8192,16384,32768), the length\n"
-    "the last run attends; --batch, --heads, --kv-heads, --head-dim, --dtype (the cache's and\n"
-    "q's storage), --path. Rate: tokens/s (batch / step time); GB/s of the cache read, and\n"
-    "against a device copy of the cache's K bytes (\"copy_gbps\", read + written;\n"
+    "layer takes it: one new token's key and value appended to a KV cache on the device and\n"
+    "one query row per head attending the whole cache through a plan made once on the cache\n"
+    "(causal bottom-right; fused: decode splits where the device would idle), in one launch\n"
+    "where the fused kernel takes the step (clattn_kv_cache_decode; fused path), or with\n"
+    "--two-launch as clattn_kv_cache_append then the plan. Cache lengths: --seq (default\n"
+    "1024,2048,4096,8192,16384,32768), the length the last run attends; --batch, --heads,\n"
+    "--kv-heads, --head-dim, --dtype (the cache's and q's storage), --path. Rate: tokens/s\n"
+    "(batch / step time); GB/s of the cache read, and against a device copy of the cache's K\n"
+    "bytes (\"copy_gbps\", read + written;\n"
     "\"cache_vs_copy\"); the kernels one step launches and each one's median device time\n"
     "(\"launches\", \"kernel_ms\", from clattn's kernel trace). With --page-size P,...: the\n"
     "same steps over a paged cache (clattn_kv_cache_desc.page_size; the built-in allocator's\n"
@@ -127,6 +129,7 @@ typedef struct bench_options {
     bool kv_dtypes[5]; /* decode: the cache's f32, f16, bf16, q8_0, q4_0 (--kv-dtype) */
     bool kv_dtype_given;
     bool sinks;     /* attention, decode: attention sinks (sinks_buffer's logits) */
+    bool two_launch; /* decode: append, then attend (no fused step) */
     bool rope;      /* mha: rotary embeddings on the projected q and k */
     int mask;       /* attention: 0 none, 1 key padding (U8), 2 additive (F32) */
     double dropout; /* attention, backward: dropout_p (seed 0, offset 0) */
@@ -864,12 +867,17 @@ typedef struct decode_case {
     clattn_kv_cache *cache;
     clattn_tensor k_new, v_new;
     plan_case attend;
+    bool fused_step; /* clattn_kv_cache_decode (else append, then execute) */
 } decode_case;
 
 static clattn_status run_decode(bench_state *b, void *p, cl_uint nw, const cl_event *w, cl_event *e)
 {
     (void)b;
     decode_case *c = p;
+    if (c->fused_step)
+        return clattn_kv_cache_decode(c->cache, c->attend.plan, &c->k_new, &c->v_new,
+                                      c->attend.tensors.by_role, CLATTN_ROLE_COUNT, NULL, nw, w,
+                                      e);
     cl_event appended = NULL;
     clattn_status status = clattn_kv_cache_append(c->cache, &c->k_new, &c->v_new, nw, w, &appended);
     if (status == CLATTN_SUCCESS)
@@ -1036,6 +1044,8 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
         desc.path = path;
         desc.softcap = o->score.softcap;
         desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        c.fused_step = path == CLATTN_PATH_FUSED && !o->two_launch;
+        desc.kv_step = c.fused_step;
         clattn_tensors *t = &desc_tensors;
         t->q = clattn_tensor_make(mem[2], 0, type, 4, o->shape.batch, o->shape.heads, 1, d);
         t->out = clattn_tensor_make(mem[3], 0, type, 4, o->shape.batch, o->shape.heads, 1, d);
@@ -1565,6 +1575,8 @@ static const cli_option bench_table[] = {
             CLI_SCORE_CAUSAL | CLI_SCORE_SOFTCAP | CLI_SCORE_ALIBI),
     {CLI_OPT("--sinks", CLI_FLAG, AT(sinks), NULL, "attention, decode: attention sinks")},
     {CLI_OPT("--rope", CLI_FLAG, AT(rope), NULL, "mha: rotary embeddings on q and k")},
+    {CLI_OPT("--two-launch", CLI_FLAG, AT(two_launch), NULL,
+             "decode: append, then attend (not the fused step)")},
     {CLI_OPT("--dropout", CLI_CUSTOM, AT(dropout), "P", "attention, backward: dropout probability"),
      .handle = parse_dropout},
     {CLI_OPT("--seq", CLI_CUSTOM, 0, "L,...", "sequence lengths (default 512,1024)"),

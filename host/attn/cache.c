@@ -440,16 +440,25 @@ static clattn_status new_block(clattn_kv_cache *cache, const char *op, const cha
     return CLATTN_SUCCESS;
 }
 
+/* The entry checks of an append or a step (a NULL cache: CLATTN_ERR_INVALID_ARGUMENT, with no
+ * context to hold a message). */
+static clattn_status cache_entry(clattn_kv_cache *cache, const char *op, cl_uint num_wait,
+                                 const cl_event *wait, cl_event *event)
+{
+    return cache == NULL ? CLATTN_ERR_INVALID_ARGUMENT
+                         : clattn__entry(cache->ctx, op, cache, num_wait, wait, event);
+}
+
 clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor *k,
                                      const clattn_tensor *v, cl_uint num_wait, const cl_event *wait,
                                      cl_event *event)
 {
     static const char op[] = "kv_cache_append";
-    if (cache == NULL)
-        return CLATTN_ERR_INVALID_ARGUMENT;
+    clattn_status status = cache_entry(cache, op, num_wait, wait, event);
+    if (status != CLATTN_SUCCESS)
+        return status;
     clattn_ctx *ctx = cache->ctx;
-    clattn_status status = clattn__entry(ctx, op, cache, num_wait, wait, event);
-    if (status == CLATTN_SUCCESS && (k == NULL || v == NULL))
+    if (k == NULL || v == NULL)
         status = clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, k ? "v" : "k");
     if (status != CLATTN_SUCCESS)
         return status;
@@ -519,6 +528,111 @@ clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor
     if (status == CLATTN_SUCCESS)
         cache->length += n;
     return clattn__end(op, &chain, status, event);
+}
+
+/* Whether by_role binds the cache's own buffers as the plan's k, v, kv_seqlen (and block
+ * table): the fused step writes the new row where the plan reads its keys. */
+static const char *not_the_cache(const clattn_kv_cache *cache, const clattn_tensor *by_role,
+                                 size_t num_roles)
+{
+    static const struct {
+        clattn_role role;
+        const char *name;
+    } roles[4] = {{CLATTN_ROLE_K, "k"},
+                  {CLATTN_ROLE_V, "v"},
+                  {CLATTN_ROLE_KV_SEQLEN, "kv_seqlen"},
+                  {CLATTN_ROLE_BLOCK_TABLE, "block_table"}};
+    const cl_mem mems[4] = {cache->k, cache->v, cache->lengths, cache->table};
+    for (int i = 0; i < (cache->table ? 4 : 3); ++i)
+        if ((size_t)roles[i].role >= num_roles || by_role[roles[i].role].mem != mems[i] ||
+            by_role[roles[i].role].offset != 0)
+            return roles[i].name;
+    return NULL;
+}
+
+/* The new row, then the plan in a second launch (a plan whose kernel takes no step). */
+static clattn_status decode_in_two(clattn_kv_cache *cache, clattn_plan *plan,
+                                   const clattn_tensor *k_new, const clattn_tensor *v_new,
+                                   const clattn_tensor *by_role, size_t num_roles,
+                                   cl_mem workspace, cl_uint num_wait, const cl_event *wait,
+                                   cl_event *event)
+{
+    cl_event appended = NULL;
+    clattn_status status =
+        clattn_kv_cache_append(cache, k_new, v_new, num_wait, wait, &appended);
+    if (status == CLATTN_SUCCESS)
+        status = clattn_plan_execute(plan, by_role, num_roles, NULL, workspace, 1, &appended,
+                                     event);
+    if (appended)
+        clReleaseEvent(appended);
+    return status;
+}
+
+clattn_status clattn_kv_cache_decode(clattn_kv_cache *cache, clattn_plan *plan,
+                                     const clattn_tensor *k_new, const clattn_tensor *v_new,
+                                     const clattn_tensor *by_role, size_t num_roles,
+                                     cl_mem workspace, cl_uint num_wait, const cl_event *wait,
+                                     cl_event *event)
+{
+    static const char op[] = "kv_cache_decode";
+    clattn_status status = cache_entry(cache, op, num_wait, wait, event);
+    if (status != CLATTN_SUCCESS)
+        return status;
+    clattn_ctx *ctx = cache->ctx;
+    const char *null = plan == NULL ? "plan" : k_new == NULL ? "k_new" : v_new == NULL ? "v_new"
+                       : by_role == NULL                  ? "by_role"
+                                                          : NULL;
+    if (null)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, null);
+    if (plan->ctx != ctx || plan->ops->kind != CLATTN__SDPA || !plan->sdpa.kv_step)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: plan is not an SDPA plan made with kv_step = 1 on this cache's "
+                            "context (clattn_sdpa_desc.kv_step)",
+                            op);
+    const char *other = not_the_cache(cache, by_role, num_roles);
+    if (other)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: by_role's %s is not this cache's (bind clattn_kv_cache_tensors "
+                            "and clattn_kv_cache_block_table's tensors)",
+                            op, other);
+    const clattn_kv_cache_desc *d = &cache->desc;
+    if (cache->length >= d->capacity)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_SHAPE,
+                            "%s: the cache is full (%zu of %zu keys): reset it "
+                            "(clattn_kv_cache_reset), or create one with capacity >= %zu",
+                            op, cache->length, d->capacity, cache->length + 1);
+    clattn__kv_step step = {.on = true, .lengths = cache->lengths, .keys = cache->length};
+    if ((status = new_block(cache, op, "k_new", k_new, d->head_dim_qk, 1, &step.k_new)) ||
+        (status = new_block(cache, op, "v_new", v_new, d->head_dim_v, 1, &step.v_new)))
+        return status;
+    const clattn_dtype q_dtype = plan->layouts[R_Q].dtype;
+    if (!plan->attention.fused || !plan->attention.flash.kv_step ||
+        step.k_new.dtype != q_dtype || step.v_new.dtype != q_dtype)
+        return decode_in_two(cache, plan, k_new, v_new, by_role, num_roles, workspace, num_wait,
+                             wait, event);
+    /* Paged: the new key's block mapped first (the table written, blocking, once a page). */
+    cl_event mapped = NULL;
+    if (cache->table && (status = map_blocks(cache, op, 1)) == CLATTN_SUCCESS && cache->dirty) {
+        const cl_int err = clEnqueueWriteBuffer(ctx->queue, cache->table, CL_TRUE, 0,
+                                                d->batch * cache->blocks * sizeof(cl_int),
+                                                cache->map, num_wait, wait, &mapped);
+        if (err != CL_SUCCESS)
+            return clattn__fail(ctx, (clattn_status)err,
+                                "%s: clEnqueueWriteBuffer(block table): %s (%d)", op,
+                                clattn__cl_error_name(err), (int)err);
+        cache->dirty = false;
+    }
+    if (status != CLATTN_SUCCESS)
+        return status;
+    plan->sdpa.step = &step;
+    status = clattn_plan_execute(plan, by_role, num_roles, NULL, workspace,
+                                 mapped ? 1 : num_wait, mapped ? &mapped : wait, event);
+    plan->sdpa.step = NULL;
+    if (mapped)
+        clReleaseEvent(mapped);
+    if (status == CLATTN_SUCCESS)
+        cache->length += 1;
+    return status;
 }
 
 clattn_status clattn_quantize(clattn_ctx *ctx, const clattn_tensor *src, const clattn_tensor *dst,

@@ -204,6 +204,9 @@ typedef struct clattn__sdpa {
     clattn__sdpa_cache cache;
     clattn__sdpa_rope rope;
     size_t page_size, num_pages; /* with a block table: k and v are pools of pages */
+    /* clattn_kv_cache_decode's step, set for the one execution it makes (cache.c); NULL else */
+    const clattn__kv_step *step;
+    bool kv_step; /* made with kv_step = 1 (clattn_sdpa_desc) */
 } clattn__sdpa;
 
 /* SDPA's backward (sdpa_backward.c): the fused passes, or the unfused path (unfused.on); the

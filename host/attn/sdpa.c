@@ -322,6 +322,42 @@ static clattn_status choose_path(clattn_plan *plan, const clattn_sdpa_desc *desc
     return CLATTN_SUCCESS;
 }
 
+/* A plan for a KV cache's decode steps in one launch (desc->kv_step; clattn_kv_cache_decode):
+ * refuses what the step's new key cannot take (a mask's column or dropout's stream for it, user
+ * functions, rope, past/present, packed batches, the unfused path, more than one new row),
+ * then asks the fused kernel for the step (score->kv_step; float caches: a block cache's
+ * steps append and attend in two launches). */
+static clattn_status check_kv_step(clattn_plan *plan, const clattn_sdpa_desc *desc,
+                                   const sdpa_dims *d, clattn__score_shape *score)
+{
+    const clattn__layout *l = plan->layouts;
+    if (desc->kv_step == 0)
+        return CLATTN_SUCCESS;
+    const char *why = desc->kv_step != 1                    ? "is 0 (off) or 1"
+                      : !l[R_KVLEN].present                 ? "needs kv_seqlen (a KV cache's "
+                                                              "tensors: clattn_kv_cache_tensors)"
+                      : d->seq_q != 1                       ? "takes one query row (seq_q = 1)"
+                      : desc->path == CLATTN_PATH_UNFUSED   ? "runs on the fused path"
+                      : score->has_mask || score->has_key_padding
+                          ? "takes no attn_mask or key_padding_mask (the new key has no column)"
+                      : score->dropout                      ? "takes no dropout"
+                      : score->flex_id                      ? "takes no user score functions"
+                      : plan->sdpa.rope.on                  ? "takes no rope (rotate the new key "
+                                                              "before the step)"
+                      : plan->sdpa.cache.has_present        ? "takes no past/present"
+                      : plan->layouts[R_WEIGHTS].present    ? "returns no weights"
+                                                            : NULL;
+    if (why != NULL)
+        return clattn__fail(plan->ctx,
+                            desc->kv_step != 1 ? CLATTN_ERR_INVALID_ARGUMENT
+                                               : CLATTN_ERR_UNSUPPORTED,
+                            "%s: kv_step=%d: a decode step in one launch %s", plan->op,
+                            desc->kv_step, why);
+    score->kv_step = !d->quantized;
+    plan->sdpa.kv_step = true;
+    return CLATTN_SUCCESS;
+}
+
 /* Refuses on the unfused path what only the fused kernels run: quantized k/v, packed
  * sequences, a paged cache, strided head_dim, block masks, tile counts. */
 static clattn_status check_unfused(clattn_plan *plan, const sdpa_dims *d)
@@ -416,7 +452,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
     score.kv_group = d.heads / d.kv_heads;
     score.kv_paged = d.paged;
     /* the path, then the attention steps bound to it */
-    if ((status = choose_path(plan, desc, &d, &score)))
+    if ((status = choose_path(plan, desc, &d, &score)) ||
+        (status = check_kv_step(plan, desc, &d, &score)))
         goto done;
     status = prepare_attention(plan, desc, &d, &score);
     clattn__flex_reserve(plan);
@@ -524,6 +561,8 @@ static clattn_status sdpa_execute(clattn_plan *plan, const cl_mem *mems, const s
         v = present_v;
     }
     clattn__score_masks masks = clattn__bound_masks(plan, mems, offsets); /* (and cu_seqlens) */
+    if (plan->sdpa.step != NULL) /* clattn_kv_cache_decode's step */
+        masks.step = *plan->sdpa.step;
     {
         const clattn_status status = clattn__flex_stage(plan, mems, offsets, workspace, chain,
                                                         &masks);

@@ -184,6 +184,7 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     if (status != CLATTN_SUCCESS)
         return status;
     plan->cpu = true;
+    plan->kv_step = score->kv_step; /* (one key part: keys_per_launch's limit cleared it) */
     plan->key_tile = FC_KT;
     plan->tile_rows = rb;
     plan->block_q = rb * nb;
@@ -191,6 +192,7 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     snprintf(tail, sizeof tail, "%d-key tiles%s", FC_KT, direct ? ", read in place" : "");
     clattn__family_describe(&flash_cpu_family, &sw, tail, plan->variant, sizeof plan->variant);
     plan->part_keys = part_tiles >= tiles ? score->seq_k : part_tiles * FC_KT;
+    plan->kv_step = plan->kv_step && plan->part_keys == score->seq_k;
     size_t lse_floats = 0;
     if (plan->part_keys < score->seq_k && !shape->has_lse &&
         !clattn__product(&lse_floats, 2, score->heads, lse_rows(score)))
@@ -452,6 +454,31 @@ static clattn_status merge_splits(clattn_chain *chain, const clattn__flash_plan 
                                  &plan->merge_local);
 }
 
+/* A decode step's launch (flash_cpu.cl's KV_STEP): the new rows in the slots of varlen's
+ * offsets, seq_k = the keys after the step and no key counts read (the kernel sets them). */
+static void step_fields(const clattn__kv_step *step,
+                        clattn_flash_params *params, clattn__score_buffers *buffers, cl_mem *k_new,
+                        cl_mem *v_new)
+{
+    params->kv_step = 1;
+    params->step_keys = (cl_uint)step->keys;
+    params->kn_offset = step->k_new.offset;
+    params->kn_s0 = step->k_new.strides[0];
+    params->kn_s1 = step->k_new.strides[1];
+    params->kn_s3 = step->k_new.strides[3];
+    params->vn_offset = step->v_new.offset;
+    params->vn_s0 = step->v_new.strides[0];
+    params->vn_s1 = step->v_new.strides[1];
+    params->vn_s3 = step->v_new.strides[3];
+    params->score.seq_k = (cl_uint)(step->keys + 1);
+    params->score.has_kv_len = 0;
+    params->score.kv_len_offset = 0;
+    params->score.kv_len_s0 = 1;
+    buffers->kv_len = step->lengths;
+    *k_new = step->k_new.mem;
+    *v_new = step->v_new.mem;
+}
+
 clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_plan *plan,
                                     const clattn__view *q, const clattn__view *k,
                                     const clattn__view *v, const clattn__view *out,
@@ -526,9 +553,11 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
         params.num_pages = (cl_uint)masks->paging.num_pages;
     }
     const cl_mem block_table = score->kv_paged ? masks->paging.block_table.mem : q->mem;
-    const cl_mem cu_q = score->varlen ? masks->varlen.cu_q : q->mem;
+    cl_mem cu_q = score->varlen ? masks->varlen.cu_q : q->mem;
     /* (packed queries over a paged cache have no cu_seqlens_k: q's buffer, unread) */
-    const cl_mem cu_k = score->varlen && masks->varlen.cu_k ? masks->varlen.cu_k : q->mem;
+    cl_mem cu_k = score->varlen && masks->varlen.cu_k ? masks->varlen.cu_k : q->mem;
+    if (plan->kv_step && masks->step.on)
+        step_fields(&masks->step, &params, &buffers, &cu_q, &cu_k);
     if (score->varlen) { /* packed sequences: their offsets and totals */
         params.cu_q_offset = masks->varlen.q_offset;
         params.cu_k_offset = masks->varlen.k_offset;

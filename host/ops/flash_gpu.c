@@ -129,5 +129,7 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
     plan->group_items = tx * ty;
     const size_t part_keys = keys_per_launch(ctx, dk, dv, bq, bk, tx, ty);
     plan->part_keys = part_keys == 0 || part_keys > score->seq_k ? score->seq_k : part_keys;
+    /* a decode step (KV_STEP) in the one launch of a plan whose keys need no parts */
+    plan->kv_step = score->kv_step && plan->part_keys == score->seq_k;
     return CLATTN_SUCCESS;
 }

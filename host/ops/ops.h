@@ -93,6 +93,9 @@ typedef struct clattn__score_shape {
      * (clattn__score_masks.flex). */
     int flex_id;
     bool flex_score, flex_mask, flex_grad, flex_blocks, flex_count;
+    /* A KV cache's decode step in one launch (clattn_kv_cache_decode; flash_cpu.cl's KV_STEP):
+     * the fused kernel built to take the step's new key and value too (clattn__score_masks.step) */
+    bool kv_step;
 } clattn__score_shape;
 
 /* Dropout's threshold and scale for probability p (0 < p <= 1; score.cl's rule). */
@@ -101,6 +104,13 @@ void clattn__dropout_fields(double p, uint32_t *threshold, float *scale);
 /* Views of the masks at execution: mask dims broadcast to (batch, heads, seq_q, seq_k) with
  * stride 0 on broadcast dims; key_padding as a view with dims (1, 1, batch, seq_k); kv_len as
  * a view with dims (1, 1, 1, batch). */
+typedef struct clattn__kv_step {
+    bool on;
+    clattn__view k_new, v_new;
+    cl_mem lengths;
+    size_t keys;
+} clattn__kv_step;
+
 typedef struct clattn__score_masks {
     clattn__view mask, key_padding, kv_len;
     clattn__view alibi;      /* dims (1, 1, batch, heads), strides 0 on broadcast dims */
@@ -128,6 +138,10 @@ typedef struct clattn__score_masks {
         size_t bm_s0, bm_s1, bm_s2; /* bytes per batch, head (0: broadcast), query block */
         size_t block_q, block_k;
     } flex;
+    /* A decode step (on: the flash plan's kv_step): the new key and value rows (batch,
+     * kv_heads, 1, d) in q's dtype, written into the cache's slot `keys` (k and v being the
+     * cache), and the cache's key counts (I32 (batch), unit stride) set to keys + 1. */
+    clattn__kv_step step;
 } clattn__score_masks;
 
 /* Whether the band has a diagonal edge (causal or a sliding window). */
@@ -220,6 +234,7 @@ typedef struct clattn__flash_plan {
     size_t split_keys;
     cl_kernel merge;
     size_t merge_local, merge_global;
+    bool kv_step;     /* the kernel takes a decode step (score.kv_step on flash_cpu.cl) */
     char variant[80]; /* the kernel and its geometry, for clattn_plan_info */
     char passed[96];  /* "" or why the tuning's preferred variant does not run this shape */
 } clattn__flash_plan;

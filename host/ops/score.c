@@ -159,6 +159,10 @@ static int dropout(const clattn__score_shape *score)
 {
     return score->dropout;
 }
+static int kv_step(const clattn__score_shape *score)
+{
+    return score->kv_step;
+}
 static int flex_source(const clattn__score_shape *score)
 {
     return score->flex_id;
@@ -209,6 +213,8 @@ static const struct score_switch {
      CLATTN__FAMILY_SOFTMAX | CLATTN__FAMILY_FLASH | CLATTN__FAMILY_FLASH_GPU |
          CLATTN__FAMILY_FLASH_CPU,
      false},
+    /* a KV cache's decode step in one launch (flash_cpu.cl's KV_STEP) */
+    {"KV_STEP", kv_step, CLATTN__FAMILY_FLASH_CPU | CLATTN__FAMILY_FLASH_GPU, true},
     /* user score functions (score.cl's FLEX_*): FLEX_SRC names the context's registered
      * source that build_program puts ahead of score.cl (programs.c), so the cache key holds it */
     {"FLEX_SRC", flex_source, CLATTN__FAMILY_ALL, true},

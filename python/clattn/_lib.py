@@ -112,7 +112,8 @@ class SdpaDesc(_PlanDesc):
                         ("max_seqlen_k", c_size_t), ("dropout_p", c_double),
                         ("dropout_seed", c_ulonglong), ("dropout_offset", c_ulonglong),
                         ("flex", FlexDesc), ("t5_num_buckets", c_size_t),
-                        ("t5_max_distance", c_size_t), ("t5_bidirectional", c_int)]
+                        ("t5_max_distance", c_size_t), ("t5_bidirectional", c_int),
+                        ("kv_step", c_int)]
 
 
 class MhaDesc(_PlanDesc):
@@ -219,6 +220,8 @@ _declare(lib.clattn_kv_cache_release, None, c_void_p)
 _declare(lib.clattn_kv_cache_append, c_int, c_void_p, POINTER(Tensor), POINTER(Tensor), c_uint,
          c_void_p, c_void_p)
 _declare(lib.clattn_kv_cache_reset, c_int, c_void_p, c_uint, c_void_p, c_void_p)
+_declare(lib.clattn_kv_cache_decode, c_int, c_void_p, c_void_p, POINTER(Tensor), POINTER(Tensor),
+         c_void_p, c_size_t, c_void_p, c_uint, c_void_p, c_void_p)
 _declare(lib.clattn_kv_cache_length, c_size_t, c_void_p)
 _declare(lib.clattn_kv_cache_tensors, None, c_void_p, POINTER(Tensor), POINTER(Tensor),
          POINTER(Tensor))

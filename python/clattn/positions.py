@@ -312,6 +312,54 @@ class KVCache:
             ob.read(self.ctx, out)
         return out
 
+    def step(self, query: ArrayLike, key: ArrayLike, value: ArrayLike, *,
+             scale: Optional[float] = None) -> ArrayLike:
+        """One decode step in one launch (clattn_kv_cache_decode): appends key and value
+        (batch, kv_heads, 1, head_dim) and returns the attention of query (batch, heads, 1,
+        head_dim) over the cache's keys and the new one, (batch, heads, 1, head_dim_v) in
+        query's dtype. The fused kernel reads the new key and value from the step's inputs
+        and writes them into the cache, so the append is no launch of its own (on devices
+        and caches whose kernel has no step, q8_0/q4_0 among them, the same result in two).
+        Equal to ``append(key, value)`` then ``attend(query)``. Numpy or torch (torch out)."""
+        if scale is not None and not math.isfinite(scale):
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
+        like = _torch.any_tensor(query, key, value)
+        if like is not None:  # torch in, torch out
+            if _needs_grad(query):
+                raise TypeError("clattn.KVCache.step is not differentiable (an inference "
+                                "cache) and query requires grad: call it under "
+                                "torch.no_grad()")
+            out = self.step(_torch.to_numpy(query), _torch.to_numpy(key),
+                            _torch.to_numpy(value), scale=scale)
+            return _torch.from_numpy(out, like, like.dtype)
+        q = np.ascontiguousarray(_as_float("query", query))
+        if q.ndim != 4 or q.shape[2] != 1:
+            raise ArgumentError(_lib.ERR_INVALID_SHAPE,
+                                f"query has shape {q.shape}; expected (batch, heads, 1, d): "
+                                f"one new token per step")
+        # the new rows in the query's dtype (the fused kernel reads them as it reads q)
+        k = np.ascontiguousarray(np.asarray(_torch.to_numpy(key)), dtype=q.dtype)
+        v = np.ascontiguousarray(np.asarray(_torch.to_numpy(value)), dtype=q.dtype)
+        cache = self._cache_tensors()
+        dtype = clattn_dtype(q.dtype)
+        out_shape = q.shape[:3] + (self.shape[4],)
+        plan = self._plan((q.shape, dtype, scale, "step"), layout(dtype, q.shape),
+                          layout(dtype, out_shape), cache, scale, "auto", kv_step=True)
+        out = np.empty(out_shape, q.dtype)
+        with self.ctx.lock:
+            qb, ob = Buffer(self.ctx, q), Buffer(self.ctx, nbytes=out.nbytes)
+            kb, vb = Buffer(self.ctx, k), Buffer(self.ctx, v)
+            kt, vt = layout(dtype, k.shape), layout(dtype, v.shape)
+            kt.mem, vt.mem = kb.mem, vb.mem
+            bound = _lib.Tensors()
+            _bind(bound, layout(dtype, q.shape), layout(dtype, out_shape), cache)
+            bound.q.mem, bound.out.mem = qb.mem, ob.mem
+            self.ctx.check(lib.clattn_kv_cache_decode(
+                self._handle, plan, ctypes.byref(kt), ctypes.byref(vt), ctypes.byref(bound),
+                _lib.ROLE_COUNT, None, 0, None, None))
+            ob.read(self.ctx, out)
+        return out
+
     def _device(self, a, name: str) -> _lib.Tensor:
         """A pyopencl array of the cache's context as a tensor bound where it lies."""
         if not _is_pyopencl(a):
@@ -358,15 +406,16 @@ class KVCache:
         lib.clattn_kv_cache_block_table(self._handle, ctypes.byref(bt_t))
         return k_t, v_t, len_t, bt_t
 
-    def _plan(self, key_, q, out, cache, scale, path):
+    def _plan(self, key_, q, out, cache, scale, path, kv_step=False):
         """The attend plan for key_ (made on its first use, kept until close): the query
-        bottom-right aligned on the cache's keys."""
+        bottom-right aligned on the cache's keys (kv_step: a decode step's plan)."""
         plan = self._plans.get(key_)
         if plan is None:
             desc = _lib.SdpaDesc()
             lib.clattn_sdpa_desc_init(ctypes.byref(desc))
             _bind(desc.tensors, q, out, cache)
             desc.causal = _lib.CAUSAL_BOTTOM_RIGHT
+            desc.kv_step = int(kv_step)
             desc.scale = float("nan") if scale is None else float(scale)
             desc.path = _PATHS[path]
             plan = _sdpa_plan(self.ctx, desc)
