@@ -145,7 +145,14 @@ int main(void)
     tu_suite_begin("check_paged");
     Suite *suite = suite_create("paged");
     TCase *tc = tu_tcase(suite, "paged decode", 900);
-    tcase_add_loop_test(tc, test_paged_decode, 0, CASES);
+    /* Small scale (Oclgrind): the cases of at most 100 keys a sequence, which still take pages
+     * of 16, 48 and 1 (runs inside and across tiles, partial pages), three causal rows and
+     * grouped heads; the 1031-key ones are minutes there. */
+    static const int heavy[] = {1, 2, 3, 6, 7, 8};
+    if (tu_small())
+        tu_not_run("test_paged_decode cases 1-3, 6-8 (1031 keys: minutes on Oclgrind; PoCL "
+                   "runs them at the default scale)");
+    tu_add_loop_except(tc, test_paged_decode, 0, CASES, heavy, tu_small() ? 6 : 0);
     tcase_add_unchecked_fixture(tc, NULL, release_split_ctx);
     return tu_run_suite(suite);
 }
