@@ -124,14 +124,17 @@ inline float fc_hsum(const float16 v)
     } else {                                                                                      \
         _Pragma("unroll") for (uint v = 0; v < 4; ++v) if (v < nv) vv[v] = V_ROW16((j), c0 + v);  \
     }
-#define FC_PV_BODY(V_ROW16, V_ROW32)                                                              \
+/* (in three steps: FC_PV_OPEN, FC_PV_KEYS over keys first .. first + count - 1, FC_PV_CLOSE;
+ * a paged tile takes its keys a page's run at a time) */
+#define FC_PV_OPEN                                                                                \
     float16 o[FC_RB][4];                                                                          \
     _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r)                                            \
     {                                                                                             \
         _Pragma("unroll") for (uint v = 0; v < 4; ++v) if (v < nv) o[r][v] =                      \
             vload16(c0 + v, acc[r]) * corr[r];                                                    \
-    }                                                                                             \
-    for (uint j = 0; j < nk; ++j) {                                                               \
+    }
+#define FC_PV_KEYS(V_ROW16, V_ROW32, first, count)                                                \
+    for (uint j = (first); j < (first) + (count); ++j) {                                          \
         float16 vv[4];                                                                            \
         FC_V_PIECES(V_ROW16, V_ROW32, j, vv);                                                     \
         _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r)                                        \
@@ -140,12 +143,17 @@ inline float fc_hsum(const float16 v)
             _Pragma("unroll") for (uint v = 0; v < 4; ++v) if (v < nv) o[r][v] =                  \
                 fma(p, vv[v], o[r][v]);                                                           \
         }                                                                                         \
-    }                                                                                             \
+    }
+#define FC_PV_CLOSE                                                                               \
     _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r)                                            \
     {                                                                                             \
         _Pragma("unroll") for (uint v = 0; v < 4; ++v) if (v < nv)                                \
             vstore16(o[r][v], c0 + v, acc[r]);                                                    \
     }
+#define FC_PV_BODY(V_ROW16, V_ROW32)                                                              \
+    FC_PV_OPEN                                                                                    \
+    FC_PV_KEYS(V_ROW16, V_ROW32, 0, nk)                                                           \
+    FC_PV_CLOSE
 
 #define FC_PACKED_ROW16(j, v) vload16((v), vt[(j)])
 #define FC_PACKED_ROW32(j, v, lo, hi) ((lo) = vload16((v), vt[(j)]), (hi) = vload16((v) + 1, vt[(j)]))
@@ -180,8 +188,9 @@ inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
 #define FC_KSTEP 1
 #define FC_LOAD_K(row, c, k0, k1) ((k0) = LOAD16(K_DTYPE, (row), 16 * (c)))
 #endif
-#define FC_SCORES_BODY(KEY_ROW)                                                                   \
-    for (uint j = 0; j < nk; ++j) {                                                               \
+/* (FC_SCORES_KEYS: keys first .. first + count - 1; a paged tile takes a page's run at a time) */
+#define FC_SCORES_KEYS(KEY_ROW, first, count)                                                     \
+    for (uint j = (first); j < (first) + (count); ++j) {                                          \
         __global const ELEM_T(K_DTYPE) *row = KEY_ROW(j);                                         \
         float16 t[FC_RB];                                                                         \
         _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r) t[r] = (float16)(0.0f);                \
@@ -196,10 +205,14 @@ inline void fc_pv(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
             }                                                                                     \
         }                                                                                         \
         _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r) pt[r][j] = fc_hsum(t[r]);              \
-    }                                                                                             \
+    }
+#define FC_SCORES_ZERO                                                                            \
     for (uint j = nk; j < FC_KT; ++j) {                                                           \
         _Pragma("unroll") for (uint r = 0; r < FC_RB; ++r) pt[r][j] = 0.0f;                       \
     }
+#define FC_SCORES_BODY(KEY_ROW)                                                                   \
+    FC_SCORES_KEYS(KEY_ROW, 0, nk)                                                                \
+    FC_SCORES_ZERO
 
 #define FC_STRIDED_KEY(j) ADVANCE(K_DTYPE, K, (j) * ks)
 inline void fc_scores_direct(__global const ELEM_T(K_DTYPE) *K, const ulong ks,
@@ -210,24 +223,42 @@ inline void fc_scores_direct(__global const ELEM_T(K_DTYPE) *K, const ulong ks,
 }
 
 #if KV_PAGED
-/* A paged cache's tile read where it lies: key j's row at K + krow[j] (its page's slot;
- * unit stride along d), for fc_scores_paged and fc_pv_paged (V + vrow[j]). */
-#define FC_PAGED_KEY(j) ADVANCE(K_DTYPE, K, krow[(j)])
-inline void fc_scores_paged(__global const ELEM_T(K_DTYPE) *K, const ulong *krow,
+/* A paged cache's tile read where it lies, in runs: the tile's keys in one page are
+ * consecutive slots, rows ks (vs) elements apart from the run's first (unit stride along d),
+ * read as the contiguous tile's are; krow[i] (vrow[i]): run i's first row (fc_paged_runs).
+ * The first run starts at slot `slot` of its page and holds at most page_size - slot keys,
+ * the others at most page_size (one table read a run: one a tile when pages hold whole
+ * tiles). FC_PAGED_RUNS(BODY): BODY(i, j0, run) for each run i of keys j0 .. j0 + run - 1. */
+#define FC_PAGED_RUNS(BODY)                                                                       \
+    for (uint i = 0, j0 = 0, room = page_size - slot; j0 < nk; ++i, room = page_size) {           \
+        const uint run = nk - j0 < room ? nk - j0 : room;                                         \
+        BODY(i, j0, run)                                                                          \
+        j0 += run;                                                                                \
+    }
+#define FC_RUN_KEY(j) ADVANCE(K_DTYPE, K, krow[i] + ((j) - j0) * ks)
+#define FC_RUN_SCORES(i, j0, run) FC_SCORES_KEYS(FC_RUN_KEY, j0, run)
+inline void fc_scores_paged(__global const ELEM_T(K_DTYPE) *K, const ulong *krow, const uint slot,
+                            const uint page_size, const ulong ks,
                             __local float (*qs)[HEAD_DIM_QK], __local float (*pt)[FC_KT],
                             const uint nk)
 {
-    FC_SCORES_BODY(FC_PAGED_KEY)
+    FC_PAGED_RUNS(FC_RUN_SCORES)
+    FC_SCORES_ZERO
 }
 
-#define FC_PAGED_ROW16(j, v) LOAD16(V_DTYPE, ADVANCE(V_DTYPE, V, vrow[(j)]), 16 * (v))
-#define FC_PAGED_ROW32(j, v, lo, hi) FC_LOAD_V32(ADVANCE(V_DTYPE, V, vrow[(j)]), 16 * (v), lo, hi)
+#define FC_RUN_ROW(j) ADVANCE(V_DTYPE, V, vrow[i] + ((j) - j0) * vs)
+#define FC_RUN_ROW16(j, v) LOAD16(V_DTYPE, FC_RUN_ROW(j), 16 * (v))
+#define FC_RUN_ROW32(j, v, lo, hi) FC_LOAD_V32(FC_RUN_ROW(j), 16 * (v), lo, hi)
+#define FC_RUN_PV(i, j0, run) FC_PV_KEYS(FC_RUN_ROW16, FC_RUN_ROW32, j0, run)
 inline void fc_pv_paged(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
-                        __global const ELEM_T(V_DTYPE) *V, const ulong *vrow, const float *corr,
-                        const uint c0, const uint nk)
+                        __global const ELEM_T(V_DTYPE) *V, const ulong *vrow, const uint slot,
+                        const uint page_size, const ulong vs, const float *corr, const uint c0,
+                        const uint nk)
 {
     const uint nv = FC_DVV - c0 < FC_PVW ? FC_DVV - c0 : FC_PVW;
-    FC_PV_BODY(FC_PAGED_ROW16, FC_PAGED_ROW32)
+    FC_PV_OPEN
+    FC_PAGED_RUNS(FC_RUN_PV)
+    FC_PV_CLOSE
 }
 #endif
 
@@ -310,6 +341,24 @@ fc_paged_rows(__global const int *block_table, const ulong bt_row,
         }
     }
 }
+
+/* A direct tile's runs (fc_scores_paged): krow[i], vrow[i], the first row of run i, the
+ * tile's keys in one page (one table read each: a page of a multiple of 64 keys holds the
+ * whole tile), for the nk keys inside the count. */
+__attribute__((always_inline)) inline void
+fc_paged_runs(__global const int *block_table, const ulong bt_row,
+              const clattn_flash_params params, const uint k0, const uint nk, ulong *krow,
+              ulong *vrow)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    uint block = k0 / page_size, slot = k0 - block * page_size;
+    for (uint i = 0, j0 = 0; j0 < nk; ++i, ++block, slot = 0) {
+        const ulong page = (ulong)(uint)block_table[bt_row + block * bt_s1];
+        krow[i] = page * k_page + slot * k_s2;
+        vrow[i] = page * v_page + slot * v_s2;
+        j0 += nk - j0 < page_size - slot ? nk - j0 : page_size - slot;
+    }
+}
 #define FC_KROW(j) krow[j]
 #define FC_VROW(j) vrow[j]
 #else
@@ -376,7 +425,7 @@ fc_pack_tile(__global const ELEM_T(K_DTYPE) *K,
 /* The dot products of block r0 (rows r0 .. r0 + FC_RB - 1 of qs) with the tile's keys: s =
  * (q * scale) . k for FC_RB rows x 64 keys, FC_KV vectors of 16 keys at a time (FC_RB x
  * FC_KV float16 accumulators held in registers over d); a direct tile's (FC_DIRECT) through
- * pt, from K where it lies (krow: fc_paged_rows' offsets). */
+ * pt, from K where it lies (krow: fc_paged_runs' runs). */
 __attribute__((always_inline)) inline void
 fc_block_dots(float16 (*s)[4], __global const ELEM_T(K_DTYPE) *K,
               const ulong *krow, const clattn_flash_params params,
@@ -388,7 +437,7 @@ fc_block_dots(float16 (*s)[4], __global const ELEM_T(K_DTYPE) *K,
 #if FC_DIRECT
     if (direct) {
 #if KV_PAGED
-        fc_scores_paged(K, krow, qs + r0, pt, nk);
+        fc_scores_paged(K, krow, k0 % page_size, page_size, k_s2, qs + r0, pt, nk);
 #else
         fc_scores_direct(ADVANCE(K_DTYPE, K, k0 * k_s2), k_s2, qs + r0, pt, nk);
 #endif
@@ -610,7 +659,7 @@ fc_block_weights(float16 (*s)[4], float *corr, __local float (*pt)[FC_KT],
 }
 
 /* acc = acc * corr + p . V for block r0, 16 * FC_KV output columns at a time (a direct
- * tile's V read where it lies; vrow: fc_paged_rows' offsets). */
+ * tile's V read where it lies; vrow: fc_paged_runs' runs). */
 __attribute__((always_inline)) inline void
 fc_block_accumulate(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
                     __local float (*vt)[FC_DVP],
@@ -624,7 +673,7 @@ fc_block_accumulate(__local float (*acc)[FC_DVP], __local float (*pt)[FC_KT],
     if (direct) {
         for (uint c0 = 0; c0 < FC_DVV; c0 += FC_PVW)
 #if KV_PAGED
-            fc_pv_paged(acc + r0, pt, V, vrow, corr, c0, nk);
+            fc_pv_paged(acc + r0, pt, V, vrow, k0 % page_size, page_size, v_s2, corr, c0, nk);
 #else
             fc_pv_direct(acc + r0, pt, ADVANCE(V_DTYPE, V, k0 * v_s2), v_s2, corr, c0, nk);
 #endif
@@ -761,13 +810,16 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
         /* FC_DIRECT: a tile of unit-stride rows is read where it lies, the edge tile's keys
          * inside the count only (nk of them) */
         const bool direct = FC_DIRECT && k_s3 == 1 && v_s3 == 1;
+        const uint nk = edge ? band.limit - k0 : FC_KT; /* k0 < key_end <= band.limit */
 #if KV_PAGED
-        ulong krow[FC_KT], vrow[FC_KT];
-        fc_paged_rows(block_table, bt_row, params, band, k0, krow, vrow);
+        ulong krow[FC_KT], vrow[FC_KT]; /* the keys' rows; a direct tile's, its runs' */
+        if (direct)
+            fc_paged_runs(block_table, bt_row, params, k0, nk, krow, vrow);
+        else
+            fc_paged_rows(block_table, bt_row, params, band, k0, krow, vrow);
 #else
         const ulong *krow = 0, *vrow = 0; /* (unpaged: rows at key * stride) */
 #endif
-        const uint nk = edge ? band.limit - k0 : FC_KT; /* k0 < key_end <= band.limit */
         fc_pack_tile(K, V, key_padding, params, band, k0, edge, direct, nk, krow, vrow, kt, vt,
                      kb);
         for (uint blk = 0; blk < FC_NB; ++blk) {

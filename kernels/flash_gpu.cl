@@ -173,19 +173,42 @@ fg_open_rows(__local float *row_m, __local float *row_l, __global const float *l
     }
 }
 
+#if KV_PAGED
+/* A paged cache: the tile's keys' pages (tile_pages[j]) and slots (tile_pages[FG_BK + j]),
+ * one table read and one division a key, once a tile for the K and the V staging (each of
+ * their elements took a division and a table read through KEY_AT). Keys past the count: 0. */
+__attribute__((always_inline)) inline void
+fg_stage_pages(__local uint *tile_pages, __global const int *block_table, const ulong bt_row,
+               const clattn_flash_params params, const key_band band, const uint k0,
+               const uint lid)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint j = lid; j < FG_BK; j += FG_THREADS) {
+        const uint key = k0 + j, block = key / page_size;
+        const bool real = key < band.limit;
+        tile_pages[j] = real ? (uint)block_table[bt_row + block * bt_s1] : 0u;
+        tile_pages[FG_BK + j] = real ? key - block * page_size : 0u;
+    }
+}
+/* The element offset of the tile's key j's row (fg_stage_pages' page and slot) */
+#define FG_KEY_AT(j, row_stride, page_stride)                                                     \
+    ((ulong)tile_pages[(j)] * (page_stride) + (ulong)tile_pages[FG_BK + (j)] * (row_stride))
+#else
+#define FG_KEY_AT(j, row_stride, page_stride) ((ulong)(k0 + (j)) * (row_stride))
+#endif
+
 /* 1. K tile and key padding. */
 __attribute__((always_inline)) inline void
 fg_stage_k(__local float *kv_tile, __local uchar *tile_padded,
            __global const ELEM_T(K_DTYPE) *K, __global const uchar *key_padding,
-           __global const int *block_table, const ulong bt_row,
-           const clattn_flash_params params, const key_band band, const uint k0,
-           const uint lid, const int use_padding)
+           __local const uint *tile_pages, const clattn_flash_params params,
+           const key_band band, const uint k0, const uint lid, const int use_padding)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
     for (uint e = lid; e < FG_BK * QK4; e += FG_THREADS) {
         const uint j = e / QK4, d = e - j * QK4;
         kv_tile[j * QK_PAD + d] = k0 + j < band.limit && d < HEAD_DIM_QK
-                                      ? LOAD(K_DTYPE, K, KEY_AT(k0 + j, k_s2, k_page) + d * k_s3)
+                                      ? LOAD(K_DTYPE, K, FG_KEY_AT(j, k_s2, k_page) + d * k_s3)
                                       : 0.0f;
     }
     if (use_padding) /* (no flags to stage or read without key padding) */
@@ -289,15 +312,14 @@ fg_weights(__local float *p_tile, __local float *row_m, __local float *row_l,
 /* The V tile over K in kv_tile (rows of V_PAD words). */
 __attribute__((always_inline)) inline void
 fg_stage_v(__local float *kv_tile, __global const ELEM_T(V_DTYPE) *V,
-           __global const int *block_table, const ulong bt_row,
-           const clattn_flash_params params, const key_band band, const uint k0,
-           const uint lid)
+           __local const uint *tile_pages, const clattn_flash_params params,
+           const key_band band, const uint k0, const uint lid)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
     for (uint e = lid; e < FG_BK * HEAD_DIM_V; e += FG_THREADS) {
         const uint j = e / HEAD_DIM_V, d = e - j * HEAD_DIM_V;
         kv_tile[j * V_PAD + d] =
-            k0 + j < band.limit ? LOAD(V_DTYPE, V, KEY_AT(k0 + j, v_s2, v_page) + d * v_s3) : 0.0f;
+            k0 + j < band.limit ? LOAD(V_DTYPE, V, FG_KEY_AT(j, v_s2, v_page) + d * v_s3) : 0.0f;
     }
 }
 
@@ -463,6 +485,11 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     __local float *p_tile = (__local float *)p_tile4;
     __local float row_m[FG_BQ], row_l[FG_BQ], row_c[FG_BQ]; /* running max, sum, rescale */
     __local uchar tile_padded[FG_BK];
+#if KV_PAGED
+    __local uint tile_pages[2 * FG_BK]; /* the tile's keys' pages and slots (fg_stage_pages) */
+#else
+    __local const uint *tile_pages = 0; /* (unread) */
+#endif
 
     const uint lid = get_local_id(0);
     const uint tx = lid % FG_TX, ty = lid / FG_TX;
@@ -516,8 +543,12 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         if (tile_state == FLEX_EMPTY)
             continue;
         const key_band tile_band = flex_tile_band(band, tile_state);
-        fg_stage_k(kv_tile, tile_padded, K, key_padding, block_table, bt_row, params, band, k0,
-                   lid, use_padding);
+#if KV_PAGED
+        fg_stage_pages(tile_pages, block_table, bt_row, params, band, k0, lid);
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+        fg_stage_k(kv_tile, tile_padded, K, key_padding, tile_pages, params, band, k0, lid,
+                   use_padding);
         barrier(CLK_LOCAL_MEM_FENCE);
         fg_scores(p_tile, q_tile4, kv_tile4, tile_padded, mask, params, band, tile_band, span,
                   first_row, k0, tx, ty, cap, use_padding, use_mask);
@@ -529,7 +560,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
          * on the CPU with more than one work-item per group; Oclgrind is clean either way. */
         barrier(CLK_LOCAL_MEM_FENCE);
         barrier(CLK_LOCAL_MEM_FENCE);
-        fg_stage_v(kv_tile, V, block_table, bt_row, params, band, k0, lid);
+        fg_stage_v(kv_tile, V, tile_pages, params, band, k0, lid);
         barrier(CLK_LOCAL_MEM_FENCE);
         fg_accumulate(acc, p_tile4, p_tile, kv_tile, row_c, tx, ty);
         barrier(CLK_LOCAL_MEM_FENCE);

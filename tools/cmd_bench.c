@@ -64,7 +64,10 @@ static const char bench_usage_serving[] =
     "paged (not in the default set): one decode step's attention (no append) over a paged KV\n"
     "cache of --seq lengths (default as decode's) in pages of --page-size keys (default\n"
     "16,256), each sequence's pages shuffled, after the same keys laid out contiguously: the\n"
-    "page size's cost. Rate: tokens/s and the cache's GB/s.\n"
+    "page size's cost. --page-layout slots (default): vLLM's and FlashAttention's pools\n"
+    "(pages, page_size, kv_heads, d), against contiguous (B, L, kv_heads, d); heads: head-major\n"
+    "pages (pages, kv_heads, page_size, d; strided views of the same dims, as the KV cache\n"
+    "object keeps them) against (B, kv_heads, L, d). Rate: tokens/s and the cache's GB/s.\n"
     "varlen (not in the default set): causal prefill of --batch sequences (the default 1 is\n"
     "taken as 8) whose lengths ramp from L / B to L (--seq L, default 512,1024), packed with\n"
     "cu_seqlens in one fused launch, then right-padded to (B, L, H, d) with their lengths as\n"
@@ -120,6 +123,8 @@ typedef struct bench_options {
     cli_score score; /* attention: --causal (top-left), --softcap, --alibi (the paper's) */
     bool ops[9]; /* matmul, softmax, attention, mha, decode, additive, paged, varlen, backward */
     size_t page_sizes[MAX_SIZES], num_page_sizes; /* paged: 0 = contiguous */
+    bool page_layouts[2]; /* paged: slots (vLLM's (pages, slot, Hkv, d)), heads (head-major) */
+    bool page_layout_given;
     bool seq_given, op_given;
     size_t mnk[MAX_SIZES][3], num_mnk;
     size_t embed, seq_k;
@@ -1073,7 +1078,8 @@ static int bench_decode(bench_state *b, size_t length, int dtype, clattn_path pa
  * pools of page_size keys, each sequence's pages in a shuffled order) or, page_size 0, over the
  * same keys laid out contiguously; both with kv_seqlen = length, causal bottom-right. No
  * append: the page size's cost in the attending kernel alone. */
-static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_size)
+static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_size,
+                       bool head_major)
 {
     const bench_options *o = b->options;
     const size_t kv_heads = o->shape.kv_heads ? o->shape.kv_heads : o->shape.heads,
@@ -1082,12 +1088,16 @@ static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_siz
     case_result r = {.op = "paged", .unit = "tokens_per_s", .path = "fused"};
     snprintf(r.size_json, sizeof r.size_json,
              "\"batch\": %zu, \"heads\": %zu, \"kv_heads\": %zu, \"cache\": %zu, "
-             "\"head_dim\": %zu, \"dtype\": \"%s\", \"page_size\": %zu%s",
+             "\"head_dim\": %zu, \"dtype\": \"%s\", \"page_size\": %zu, \"page_layout\": "
+             "\"%s\"%s",
              o->shape.batch, o->shape.heads, kv_heads, length, d, dtype_names[dtype], page_size,
-             o->sinks ? ", \"sinks\": true" : "");
-    char page_text[32] = " contiguous";
+             head_major ? "heads" : "slots", o->sinks ? ", \"sinks\": true" : "");
+    char page_text[48];
     if (page_size)
-        snprintf(page_text, sizeof page_text, " page=%zu", page_size);
+        snprintf(page_text, sizeof page_text, " page=%zu %s", page_size,
+                 head_major ? "heads" : "slots");
+    else
+        snprintf(page_text, sizeof page_text, " contiguous %s", head_major ? "BHLD" : "BLHD");
     snprintf(
         r.size_text, sizeof r.size_text, "B=%zu H=%zu Hkv=%zu cache=%zu d=%zu%s%s%s%s",
         o->shape.batch, o->shape.heads, kv_heads, length, d, type == CLATTN_DTYPE_F32 ? "" : " ",
@@ -1110,10 +1120,18 @@ static int bench_paged(bench_state *b, size_t length, int dtype, size_t page_siz
     t->out = t->q;
     if (page_size) {
         t->k = clattn_tensor_make(NULL, 0, type, 4, pages, page_size, kv_heads, d);
+        if (head_major) { /* (pages, kv_heads, page_size, d) in memory */
+            t->k.strides[1] = d;
+            t->k.strides[2] = page_size * d;
+        }
         t->block_table =
             clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, o->shape.batch, blocks, 0, 0);
     } else {
         t->k = clattn_tensor_make(NULL, 0, type, 4, o->shape.batch, kv_heads, length, d);
+        if (!head_major) { /* (B, L, kv_heads, d) in memory, as the slots' pools */
+            t->k.strides[1] = d;
+            t->k.strides[2] = kv_heads * d;
+        }
     }
     t->v = t->k;
     t->kv_seqlen = clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 1, o->shape.batch, 0, 0, 0);
@@ -1523,6 +1541,15 @@ static int parse_dtypes(const cli_args *args, const char *value, void *target)
     return parse_names("--dtype", value, dtype_names, 3, target) ? 1 : -1;
 }
 
+static const char *const page_layout_names[2] = {"slots", "heads"};
+static int parse_page_layouts(const cli_args *args, const char *value, void *target)
+{
+    bench_options *o = target;
+    (void)args;
+    o->page_layout_given = true;
+    return parse_names("--page-layout", value, page_layout_names, 2, o->page_layouts) ? 1 : -1;
+}
+
 static int parse_kv_dtypes(const cli_args *args, const char *value, void *target)
 {
     bench_options *o = target;
@@ -1594,6 +1621,9 @@ static const cli_option bench_table[] = {
      .handle = parse_kv_dtypes},
     {CLI_OPT("--page-size", CLI_CUSTOM, 0, "N,...", "paged: page sizes (0 = contiguous)"),
      .handle = parse_page_sizes},
+    {CLI_OPT("--page-layout", CLI_CUSTOM, 0, "slots,heads",
+             "paged: the pools' layouts (default slots)"),
+     .handle = parse_page_layouts},
     {CLI_OPT("--mask", CLI_CHOICE, AT(mask), NULL, "attention: no mask, key padding or additive"),
      .choices = mask_choices},
     CLI_USE(cli_exec_group, bench_options, exec, 0),
@@ -1688,10 +1718,12 @@ int cmd_bench(int argc, char **argv)
     static const size_t default_pages[] = {16, 256};
     const size_t *pages = o.num_page_sizes ? o.page_sizes : default_pages;
     const size_t num_pages = o.num_page_sizes ? o.num_page_sizes : 2;
+    const bool slots_layout = !o.page_layout_given || o.page_layouts[0];
     for (size_t i = 0; rc == CLI_OK && o.ops[6] && i < num_lengths; ++i)
         for (int t = 0; rc == CLI_OK && t < 3; ++t)
-            for (size_t s = 0; rc == CLI_OK && o.dtypes[t] && s <= num_pages; ++s)
-                rc = bench_paged(&b, lengths[i], t, s == 0 ? 0 : pages[s - 1]);
+            for (int l = slots_layout ? 0 : 1; rc == CLI_OK && l < (o.page_layouts[1] ? 2 : 1); ++l)
+                for (size_t s = 0; rc == CLI_OK && o.dtypes[t] && s <= num_pages; ++s)
+                    rc = bench_paged(&b, lengths[i], t, s == 0 ? 0 : pages[s - 1], l == 1);
     for (size_t i = 0; rc == CLI_OK && o.ops[7] && i < o.num_seq; ++i)
         for (int t = 0; rc == CLI_OK && t < 3; ++t)
             for (int padded = 0; rc == CLI_OK && o.dtypes[t] && padded < 2; ++padded)

@@ -19,15 +19,17 @@ CLATTN_FAMILY(flash_gpu, FLASH_GPU_SWITCHES, .sources = {"flash_gpu.cl"},
               .tuning_keys = "flash_gpu fg_bq fg_bk fg_tx fg_ty");
 
 /* Local memory the variant declares (kernels/flash_gpu.cl: q_tile, kv_tile, p_tile, the three
- * row arrays, tile_padded). */
-static cl_ulong local_bytes(size_t dk, size_t dv, unsigned bq, unsigned bk)
+ * row arrays, tile_padded; a paged cache's tile_pages). */
+static cl_ulong local_bytes(size_t dk, size_t dv, unsigned bq, unsigned bk, bool paged)
 {
     /* q and K rows: d_k in whole float4s + 4 words; V rows d_v + 1; weights' rows: bk in
      * whole float4s + 4; the K/V tile rounded up to whole float4s */
     const size_t qk_pad = (dk + 3) / 4 * 4 + 4, v_pad = dv + 1;
     const size_t kv_words = ((size_t)bk * (qk_pad > v_pad ? qk_pad : v_pad) + 3) / 4 * 4;
     const size_t p_pad = ((size_t)bk + 3) / 4 * 4 + 4;
-    return (cl_ulong)(bq * qk_pad + kv_words + bq * p_pad + 3 * bq) * sizeof(float) + bk;
+    return (cl_ulong)(bq * qk_pad + kv_words + bq * p_pad + 3 * bq + (paged ? 2 * bk : 0)) *
+               sizeof(float) +
+           bk;
 }
 
 /* Loop trips of one work-item per key tile and outside the tiles, counted as if no loop were
@@ -80,7 +82,7 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
      * tile, then the query block again (a key tile of FG_TX keys is one key per work-item),
      * then the key tile with the work-items along it (MLA's d_qk = 576, d_v = 512 in 48 KiB:
      * 8 rows, 8 keys, 8 x 8 items). */
-    while (local_bytes(dk, dv, bq, bk) > budget) {
+    while (local_bytes(dk, dv, bq, bk, score->kv_paged) > budget) {
         if (bq / 2 >= ty && bq / 2 % ty == 0 && bq / 2 >= 32)
             bq /= 2;
         else if (bk / 2 >= tx && bk / 2 % tx == 0)
