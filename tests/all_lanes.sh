@@ -134,7 +134,7 @@ lane_pocl() {
 # tracer after every test had passed. clattn's own leaks are still reported (leak_canary).
 lane_asan() {
     local vendors scale=small
-    local exclude='^runtime_rusticl$|_(tiled|default_tuning|split|tuned)$|^(matmul|softmax|attention|mha|plan|flex)_gpu_params$'
+    local exclude='^runtime_rusticl$|_(tiled|default_tuning|split|tuned)$|^(matmul|softmax|attention|mha|plan|flex|mixed)_gpu_params$'
     if [ "$full" -eq 1 ]; then
         scale=full
         exclude='^runtime_rusticl$'
