@@ -173,3 +173,39 @@ def test_torch_float8(kind):
     ref = clattn.paged_attention(q, k8.float() * 0.5, v8.float() * 0.25, table, n,
                                  is_causal=True)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def _cli():
+    """The clattn CLI beside CLATTN_LIBRARY (a build tree), or skip."""
+    import os
+    lib = os.environ.get("CLATTN_LIBRARY", "")
+    path = os.path.join(os.path.dirname(lib), "clattn")
+    if not lib or not os.access(path, os.X_OK):
+        pytest.skip("no clattn CLI beside CLATTN_LIBRARY")
+    return path
+
+
+@pytest.mark.parametrize("kind", sorted(FORMATS))
+def test_cli_kv_dtype(kind, tmp_path):
+    """clattn sdpa --kv-dtype fp8_* --k-scale --v-scale against float64 attention over the
+    decoded values; a scale with float K refused."""
+    import subprocess
+    cli = _cli()
+    rng = np.random.default_rng(13)
+    q = rng.uniform(-1, 1, (1, 4, 3, 40)).astype(np.float32)
+    k = rng.uniform(-2, 2, (1, 2, 19, 40)).astype(np.float32)
+    v = rng.uniform(-1, 1, (1, 2, 19, 24)).astype(np.float32)
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        np.save(tmp_path / f"{name}.npy", a)
+    args = [cli, "sdpa", "--q", str(tmp_path / "q.npy"), "--k", str(tmp_path / "k.npy"),
+            "--v", str(tmp_path / "v.npy"), "--out", str(tmp_path / "o.npy")]
+    done = subprocess.run(args + ["--kv-dtype", kind, "--k-scale", "0.5", "--v-scale", "0.25",
+                                  "--causal", "--causal-align", "bottom-right"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    kd = decode(clattn.quantize(k, kind, scale=0.5), kind) * 0.5
+    vd = decode(clattn.quantize(v, kind, scale=0.25), kind) * 0.25
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), attention(q, kd, vd, [19]),
+                               rtol=1e-4, atol=1e-5)
+    done = subprocess.run(args + ["--k-scale", "2"], capture_output=True, text=True)
+    assert done.returncode != 0 and "k_scale" in done.stderr
