@@ -185,27 +185,47 @@ inline void load_q4_0_32(__global const uchar *p, const ulong i, float16 *lo, fl
  * subnormal codes are m * 2^-9 (e4m3) or m * 2^-16 (e5m2), computed as such (no float
  * denormal, which a flush-to-zero device would drop); e4m3's 0x7f and e5m2's exponent 31
  * are NaN (and e5m2's infinities) with the sign kept. */
-#define FP8_DECODE(suffix, utype, ftype)                                                       \
-    inline ftype fp8_e4m3##suffix(const utype code)                                            \
+inline float fp8_e4m3(const uint code)
+{
+    const uint mag = code & 0x7fu;
+    float x = as_float((mag << 20) + (120u << 23));
+    x = mag < 8u ? (float)mag * 0x1p-9f : x;
+    x = mag == 0x7fu ? as_float(0x7fc00000u) : x;
+    return as_float(as_uint(x) | ((code & 0x80u) << 24));
+}
+
+inline float fp8_e5m2(const uint code)
+{
+    const uint mag = code & 0x7fu;
+    float x = as_float((mag << 21) + (112u << 23));
+    x = mag < 4u ? (float)mag * 0x1p-16f : x;
+    x = mag >= 0x7cu ? as_float((mag << 21) | 0x7f800000u) : x;
+    return as_float(as_uint(x) | ((code & 0x80u) << 24));
+}
+
+/* n codes at once (LOADn): as halves, whose conversion to float is one vector instruction on
+ * CPUs (F16C) and exact everywhere (half subnormals become normal floats). e5m2 is the upper
+ * byte of a half. e4m3 goes to S EEEE MMM -> S 0EEEE MMM0000000 (a half 2^-8 times the
+ * value: the code sign-extended and shifted by 7, its copy of the sign at bit 14 cleared),
+ * and its NaN code (EEEE MMM all ones) gets the half's top exponent bit too, making a NaN
+ * without a select. Measured on PoCL (AVX-512), decode at 4096 keys: e5m2 0.58 -> 0.38 ms
+ * against the integer form above. */
+#define FP8_DECODE_N(n)                                                                        \
+    inline float##n fp8_e5m2_##n(const uchar##n code)                                          \
     {                                                                                          \
-        const utype mag = code & 0x7fu;                                                        \
-        ftype x = as_##ftype((mag << 20) + (120u << 23));                                      \
-        x = select(x, convert_##ftype(mag) * 0x1p-9f, mag < 8u);                               \
-        x = select(x, as_##ftype((utype)0x7fc00000u), mag == 0x7fu);                           \
-        return as_##ftype(as_##utype(x) | ((code & 0x80u) << 24));                             \
+        const ushort##n h = convert_ushort##n(code) << (ushort)8;                              \
+        return vload_half##n(0, (const half *)&h);                                             \
     }                                                                                          \
-    inline ftype fp8_e5m2##suffix(const utype code)                                            \
+    inline float##n fp8_e4m3_##n(const uchar##n code)                                          \
     {                                                                                          \
-        const utype mag = code & 0x7fu;                                                        \
-        ftype x = as_##ftype((mag << 21) + (112u << 23));                                      \
-        x = select(x, convert_##ftype(mag) * 0x1p-16f, mag < 4u);                              \
-        x = select(x, as_##ftype((mag << 21) | 0x7f800000u), mag >= 0x7cu);                    \
-        return as_##ftype(as_##utype(x) | ((code & 0x80u) << 24));                            \
+        ushort##n h = as_ushort##n(convert_short##n(as_char##n(code)) << (short)7) &           \
+                      (ushort)0xbf80;                                                          \
+        h |= ((h & (ushort)0x3f80) + (ushort)0x80) & (ushort)0x4000;                           \
+        return vload_half##n(0, (const half *)&h) * 256.0f;                                    \
     }
-FP8_DECODE(, uint, float)
-FP8_DECODE(4, uint4, float4)
-FP8_DECODE(8, uint8, float8)
-FP8_DECODE(16, uint16, float16)
+FP8_DECODE_N(4)
+FP8_DECODE_N(8)
+FP8_DECODE_N(16)
 
 /* float -> FP8 code (clattn_quantize, the KV cache's appends): round to nearest even, a
  * finite value past the largest finite one saturated to it (+-448, +-57344: vLLM's clamp
@@ -299,8 +319,8 @@ FAULT_VEC(16)
 #define LOADN_1(n, p, i) vload_half##n(0, (p) + (i))
 #define LOADN_2(n, p, i) as_float##n(convert_uint##n(vload##n(0, (p) + (i))) << 16)
 #define LOADN_3(n, p, i) convert_float##n(vload##n(0, (p) + (i)))
-#define LOADN_7(n, p, i) fp8_e4m3##n(convert_uint##n(vload##n(0, (p) + (i))))
-#define LOADN_8(n, p, i) fp8_e5m2##n(convert_uint##n(vload##n(0, (p) + (i))))
+#define LOADN_7(n, p, i) fp8_e4m3_##n(vload##n(0, (p) + (i)))
+#define LOADN_8(n, p, i) fp8_e5m2_##n(vload##n(0, (p) + (i)))
 #define STOREN_0(n, v, p, i) vstore##n((v), 0, (p) + (i))
 #define STOREN_1(n, v, p, i) vstore_half##n##_rte((v), 0, (p) + (i))
 #define STOREN_2(n, v, p, i) vstore##n(bf16_from_float##n(v), 0, (p) + (i))

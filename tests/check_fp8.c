@@ -137,9 +137,87 @@ static void expect_family(const clattn_plan *plan, int which)
 /* --- all 256 codes ---------------------------------------------------------------------------- */
 
 /* Codes as values: v (1, 1, 1, 256) holds code i at column i, one key, one query row: the
- * output row is decode(v) * v_scale (a weight of exactly 1). Codes as keys: 256 batches of one
- * key of head size 1, q = 1, scale 1: lse[b] = decode(code b) * k_scale (infinite keys left
- * out: an infinite score has no log-sum-exp). Loop index: format x family x scale (1, 0.25). */
+ * output row is decode(v) * v_scale (a weight of exactly 1). Codes as keys, one key per batch,
+ * q a unit vector, scale 1: lse = decode(the key's code it picks) * k_scale (infinite keys left
+ * out: an infinite score has no log-sum-exp). `wide` picks the layouts: head size 1:
+ * elementwise loads; or head size 16 (32 batches of 8 heads, head h's key holding its code at
+ * lane h): the CPU kernel's 16-wide in-place loads (LOADn). */
+static void run_codes(clattn_ctx *ctx, int which, clattn_dtype dtype, float kv_scale, bool wide)
+{
+    const size_t dk = wide ? 16 : 1, heads = wide ? 8 : 1, batch = wide ? 32 : 256;
+    uint8_t codes[256], keys[256 * 16] = {0};
+    float q[256 * 16] = {0}, ones[256 * 16];
+    for (int c = 0; c < 256; ++c)
+        codes[c] = (uint8_t)c;
+    for (size_t i = 0; i < 256 * 16; ++i)
+        ones[i] = 1.0f;
+    /* wide: key row (b, h) holds code b * heads + h at lane h, zeros elsewhere (a NaN code
+     * spoils only its own row); q[b, h] = e_h */
+    for (size_t b = 0; b < batch; ++b)
+        for (size_t h = 0; h < heads; ++h) {
+            if (wide)
+                keys[(b * heads + h) * dk + h] = (uint8_t)(b * heads + h);
+            q[(b * heads + h) * dk + h] = 1.0f;
+        }
+    cl_mem code_mem = tu_upload_bytes(codes, 256), key_mem = tu_upload_bytes(keys, sizeof keys);
+    cl_mem q_mem = tu_upload_floats(q, 256 * 16), ones_mem = tu_upload_floats(ones, 256 * 16);
+    cl_mem out_mem = tu_nan_buffer(256 * 16), lse_mem = tu_nan_buffer(256);
+    float got[256];
+    for (int keys_case = 0; keys_case < 2; ++keys_case) {
+        clattn_tensors t = {0};
+        clattn_sdpa_desc desc;
+        clattn_sdpa_desc_init(&desc);
+        CLATTN_BIND_ROLES(desc, t);
+        desc.path = CLATTN_PATH_FUSED;
+        if (keys_case) { /* codes as keys */
+            desc.scale = 1.0f, desc.k_scale = kv_scale;
+            t.q = clattn_tensor_make(q_mem, 0, F32, 4, batch, heads, 1, dk);
+            t.k = clattn_tensor_make(wide ? key_mem : code_mem, 0, dtype, 4, batch, heads, 1, dk);
+            t.v = clattn_tensor_make(ones_mem, 0, F32, 4, batch, heads, 1, dk);
+            t.out = clattn_tensor_make(out_mem, 0, F32, 4, batch, heads, 1, dk);
+            t.lse = clattn_tensor_make(lse_mem, 0, F32, 3, batch, heads, 1, 0);
+        } else { /* codes as values */
+            desc.v_scale = kv_scale;
+            t.q = clattn_tensor_make(ones_mem, 0, F32, 4, 1, 1, 1, dk);
+            t.k = clattn_tensor_make(ones_mem, 0, F32, 4, 1, 1, 1, dk);
+            t.v = clattn_tensor_make(code_mem, 0, dtype, 4, 1, 1, 1, 256);
+            t.out = clattn_tensor_make(out_mem, 0, F32, 4, 1, 1, 1, 256);
+        }
+        clattn_plan *plan = NULL;
+        if (!tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS,
+                              keys_case ? "k plan" : "v plan") ||
+            !tu_expect_status(clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                                  0, NULL, NULL),
+                              CLATTN_SUCCESS, "execute")) {
+            clattn_plan_release(plan);
+            continue;
+        }
+        expect_family(plan, which);
+        if (which == 0 && wide)
+            tu_expect(strstr(clattn_plan_info(plan), "flash_cpu") == NULL ||
+                          strstr(clattn_plan_info(plan), "read in place") != NULL,
+                      "the CPU kernel reads the codes in place: %s", clattn_plan_info(plan));
+        tu_read_floats(keys_case ? lse_mem : out_mem, 0, 256, got);
+        for (int c = 0; c < 256; ++c) {
+            const double want = fp8_decode(dtype, (uint8_t)c) * kv_scale;
+            if (keys_case && isinf(want))
+                continue;
+            /* a NaN score: the kernels drop it as they drop a masked one (float keys too),
+             * so its row has lse -inf or NaN; the value path checks NaN codes decode to NaN */
+            const bool ok = isnan(want) ? (keys_case ? !isfinite(got[c]) : isnan(got[c]))
+                                        : (double)got[c] == want;
+            tu_expect(ok, "%s code 0x%02x: got %a, want %a", keys_case ? "key" : "value", c,
+                      got[c], want);
+        }
+        clattn_plan_release(plan);
+    }
+    clattn_finish(ctx);
+    cl_mem mems[6] = {code_mem, key_mem, q_mem, ones_mem, out_mem, lse_mem};
+    for (int i = 0; i < 6; ++i)
+        tu_release_mem(mems[i]);
+}
+
+/* Loop index: format x family x scale (1, 0.25); each in both layouts. */
 START_TEST(test_all_codes)
 {
     TU_BEGIN_TEST();
@@ -148,81 +226,10 @@ START_TEST(test_all_codes)
     const float kv_scale = _i / 6 ? 0.25f : 1.0f;
     tu_set_case("%s family %d scale %g", format_of(dtype).name, which, kv_scale);
     clattn_ctx *ctx = family_ctx(which);
-    if (ctx == NULL)
-        goto end;
-    uint8_t codes[256];
-    for (int c = 0; c < 256; ++c)
-        codes[c] = (uint8_t)c;
-    cl_mem code_mem = tu_upload_bytes(codes, 256);
-    const float one = 1.0f;
-    float ones[256];
-    for (int i = 0; i < 256; ++i)
-        ones[i] = 1.0f;
-    cl_mem one_mem = tu_upload_floats(&one, 1), ones_mem = tu_upload_floats(ones, 256);
-    cl_mem out_mem = tu_nan_buffer(256), lse_mem = tu_nan_buffer(256);
-    float got[256];
-    /* values */
-    clattn_tensors t = {0};
-    clattn_sdpa_desc desc;
-    clattn_sdpa_desc_init(&desc);
-    CLATTN_BIND_ROLES(desc, t);
-    desc.path = CLATTN_PATH_FUSED;
-    desc.v_scale = kv_scale;
-    t.q = clattn_tensor_make(one_mem, 0, F32, 4, 1, 1, 1, 1);
-    t.k = clattn_tensor_make(one_mem, 0, F32, 4, 1, 1, 1, 1);
-    t.v = clattn_tensor_make(code_mem, 0, dtype, 4, 1, 1, 1, 256);
-    t.out = clattn_tensor_make(out_mem, 0, F32, 4, 1, 1, 1, 256);
-    clattn_plan *plan = NULL;
-    if (tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS, "v plan") &&
-        tu_expect_status(clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
-                                             NULL, NULL),
-                         CLATTN_SUCCESS, "v execute")) {
-        expect_family(plan, which);
-        tu_read_floats(out_mem, 0, 256, got);
-        for (int c = 0; c < 256; ++c) {
-            const double want = fp8_decode(dtype, (uint8_t)c) * kv_scale;
-            tu_expect(isnan(want) ? isnan(got[c]) : (double)got[c] == want,
-                      "value code 0x%02x: got %a, want %a", c, got[c], want);
-        }
+    if (ctx != NULL) {
+        run_codes(ctx, which, dtype, kv_scale, false);
+        run_codes(ctx, which, dtype, kv_scale, true);
     }
-    clattn_plan_release(plan);
-    plan = NULL;
-    /* keys */
-    clattn_sdpa_desc_init(&desc);
-    memset(&t, 0, sizeof t);
-    CLATTN_BIND_ROLES(desc, t);
-    desc.path = CLATTN_PATH_FUSED;
-    desc.scale = 1.0f;
-    desc.k_scale = kv_scale;
-    t.q = clattn_tensor_make(ones_mem, 0, F32, 4, 256, 1, 1, 1);
-    t.k = clattn_tensor_make(code_mem, 0, dtype, 4, 256, 1, 1, 1);
-    t.v = clattn_tensor_make(ones_mem, 0, F32, 4, 256, 1, 1, 1);
-    t.out = clattn_tensor_make(out_mem, 0, F32, 4, 256, 1, 1, 1);
-    t.lse = clattn_tensor_make(lse_mem, 0, F32, 3, 256, 1, 1, 0);
-    if (tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS, "k plan") &&
-        tu_expect_status(clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
-                                             NULL, NULL),
-                         CLATTN_SUCCESS, "k execute")) {
-        expect_family(plan, which);
-        tu_read_floats(lse_mem, 0, 256, got);
-        for (int c = 0; c < 256; ++c) {
-            const double want = fp8_decode(dtype, (uint8_t)c) * kv_scale;
-            if (isinf(want))
-                continue;
-            /* a NaN score: the kernels drop it as they drop a masked one (float keys too),
-             * so its row has lse -inf or NaN; the value path checks NaN codes decode to NaN */
-            tu_expect(isnan(want) ? !isfinite(got[c]) : (double)got[c] == want,
-                      "key code 0x%02x: lse %a, want %a", c, got[c], want);
-        }
-    }
-    clattn_plan_release(plan);
-    clattn_finish(ctx);
-    tu_release_mem(code_mem);
-    tu_release_mem(one_mem);
-    tu_release_mem(ones_mem);
-    tu_release_mem(out_mem);
-    tu_release_mem(lse_mem);
-end:
     TU_END_TEST();
 }
 END_TEST
