@@ -412,99 +412,115 @@ END_TEST
 
 /* --- a paged FP8 KV cache --------------------------------------------------------------------- */
 
+enum { CB = 2, CHQ = 4, CHKV = 2, CDK = 48, CDV = 32, CCAP = 40, PROMPT = 5, STEPS = 3 };
+
+/* A cache under test: its plan and bound tensors, the float keys and values it is fed
+ * (CB, CHKV, CCAP, CDK|CDV) and their host-encoded values. */
+typedef struct cache_run {
+    clattn_ctx *ctx;
+    clattn_kv_cache *cache;
+    clattn_plan *plan;
+    clattn_tensors bound;
+    const float *x[2], *encoded[2]; /* keys, values */
+} cache_run;
+
+/* Appends positions [at, at + n) of every (batch, k/v head) as F32 (encoded by the append),
+ * then one decode step's output against the float64 reference over the encoded keys so far. */
+static void cache_step(const cache_run *r, size_t at, size_t n)
+{
+    const size_t dims[2] = {CDK, CDV};
+    cl_mem mems[4] = {NULL};
+    clattn_tensor rows[2];
+    for (int t = 0; t < 2; ++t) {
+        float *packed = tu_floats(CB * CHKV * n * dims[t]);
+        for (size_t bh = 0; bh < CB * CHKV; ++bh)
+            memcpy(packed + bh * n * dims[t], r->x[t] + (bh * CCAP + at) * dims[t],
+                   n * dims[t] * sizeof(float));
+        mems[t] = tu_upload_floats(packed, CB * CHKV * n * dims[t]);
+        rows[t] = clattn_tensor_make(mems[t], 0, F32, 4, CB, CHKV, n, dims[t]);
+        free(packed);
+    }
+    tu_expect_status(clattn_kv_cache_append(r->cache, &rows[0], &rows[1], 0, NULL, NULL),
+                     CLATTN_SUCCESS, "append");
+    float *q = tu_random_floats(CB * CHQ * CDK), *out = tu_nan_floats(CB * CHQ * CDV);
+    clattn_tensors run = r->bound;
+    run.q.mem = mems[2] = tu_upload_floats(q, CB * CHQ * CDK);
+    run.out.mem = mems[3] = tu_nan_buffer(CB * CHQ * CDV);
+    if (tu_expect_status(clattn_plan_execute(r->plan, run.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
+                                             0, NULL, NULL),
+                         CLATTN_SUCCESS, "decode step")) {
+        tu_read_floats(run.out.mem, 0, CB * CHQ * CDV, out);
+        const int32_t counts[CB] = {(int32_t)(at + n), (int32_t)(at + n)};
+        ref_sdpa_shape shape = ref_softmax_shape(CB, CHQ, 1, CCAP, CDK, CDV);
+        shape.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+        shape.kv_heads = CHKV;
+        shape.kv_len = counts;
+        double *want = tu_doubles(CB * CHQ * CDV);
+        ref_sdpa(&shape, q, r->encoded[0], r->encoded[1], NULL, NULL, want, NULL, NULL);
+        tu_expect_close("fp8 paged cache step", out, want, CB * CHQ * CDV, TU_TOL);
+        free(want);
+    }
+    clattn_finish(r->ctx);
+    for (int i = 0; i < 4; ++i)
+        tu_release_mem(mems[i]);
+    free(q);
+    free(out);
+}
+
 /* An FP8 cache (pages of 3 keys, e4m3; pages of 16, e5m2) with scales: a prompt of 5 keys, then
  * 3 single steps appended as F32 and encoded by the append; each step's grouped decode (GQA 4/2,
  * head sizes 48 / 32) against the float64 reference over the host-encoded keys. */
 START_TEST(test_paged_cache)
 {
     TU_BEGIN_TEST();
-    enum { B = 2, HQ = 4, HKV = 2, DK = 48, DV = 32, CAP = 40, PROMPT = 5, STEPS = 3 };
     const clattn_dtype dtype = _i % 2 ? E5M2 : E4M3;
     const int which = (_i / 2) % 3;
     const size_t page = _i % 2 ? 16 : 3;
-    const double k_scale = 0.5, v_scale = 0.0625;
+    const double scales[2] = {0.5, 0.0625};
     tu_set_case("%s cache, pages of %zu, family %d", format_of(dtype).name, page, which);
-    clattn_ctx *ctx = family_ctx(which);
-    if (ctx == NULL)
+    cache_run r = {.ctx = family_ctx(which)};
+    if (r.ctx == NULL)
         goto end;
     clattn_kv_cache_desc cd;
     clattn_kv_cache_desc_init(&cd);
-    cd.batch = B, cd.kv_heads = HKV, cd.capacity = CAP, cd.head_dim_qk = DK, cd.head_dim_v = DV;
-    cd.dtype = dtype, cd.page_size = page, cd.k_scale = k_scale, cd.v_scale = v_scale;
-    clattn_kv_cache *cache = NULL;
-    clattn_plan *plan = NULL;
-    float *keys = tu_random_floats(B * HKV * CAP * DK), *values = tu_random_floats(B * HKV * CAP * DV);
-    float *kq = tu_floats(B * HKV * CAP * DK), *vq = tu_floats(B * HKV * CAP * DV);
-    for (size_t i = 0; i < B * HKV * CAP * DK; ++i)
-        kq[i] = (float)(fp8_decode(dtype, fp8_encode(dtype, (float)(keys[i] / k_scale))) * k_scale);
-    for (size_t i = 0; i < B * HKV * CAP * DV; ++i)
-        vq[i] = (float)(fp8_decode(dtype, fp8_encode(dtype, (float)(values[i] / v_scale))) *
-                        v_scale);
-    clattn_tensors t = {0};
+    cd.batch = CB, cd.kv_heads = CHKV, cd.capacity = CCAP;
+    cd.head_dim_qk = CDK, cd.head_dim_v = CDV;
+    cd.dtype = dtype, cd.page_size = page, cd.k_scale = scales[0], cd.v_scale = scales[1];
+    float *x[2], *encoded[2];
+    for (int t = 0; t < 2; ++t) {
+        const size_t count = CB * CHKV * CCAP * (t ? CDV : CDK);
+        x[t] = tu_random_floats(count);
+        encoded[t] = tu_floats(count);
+        for (size_t i = 0; i < count; ++i)
+            encoded[t][i] = (float)(fp8_decode(dtype, fp8_encode(dtype,
+                                                                 (float)(x[t][i] / scales[t]))) *
+                                    scales[t]);
+        r.x[t] = x[t], r.encoded[t] = encoded[t];
+    }
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
-    CLATTN_BIND_ROLES(desc, t);
-    if (!tu_expect_status(clattn_kv_cache_create(ctx, &cd, &cache), CLATTN_SUCCESS, "cache"))
-        goto done;
-    t.q = clattn_tensor_make(NULL, 0, F32, 4, B, HQ, 1, DK);
-    t.out = clattn_tensor_make(NULL, 0, F32, 4, B, HQ, 1, DV);
-    clattn_kv_cache_tensors(cache, &t.k, &t.v, &t.kv_seqlen);
-    clattn_kv_cache_block_table(cache, &t.block_table);
+    CLATTN_BIND_ROLES(desc, r.bound);
     desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
-    desc.k_scale = k_scale, desc.v_scale = v_scale;
-    if (!tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan), CLATTN_SUCCESS, "plan"))
-        goto done;
-    expect_family(plan, which);
-    for (size_t length = 0; length < PROMPT + STEPS && !tu_failed();) {
-        const size_t n = length == 0 ? PROMPT : 1;
-        float *kn = tu_floats(B * HKV * n * DK), *vn = tu_floats(B * HKV * n * DV);
-        for (size_t bh = 0; bh < B * HKV; ++bh)
-            for (size_t j = 0; j < n; ++j) {
-                memcpy(kn + (bh * n + j) * DK, keys + (bh * CAP + length + j) * DK,
-                       DK * sizeof(float));
-                memcpy(vn + (bh * n + j) * DV, values + (bh * CAP + length + j) * DV,
-                       DV * sizeof(float));
-            }
-        cl_mem km = tu_upload_floats(kn, B * HKV * n * DK), vm = tu_upload_floats(vn, B * HKV * n * DV);
-        const clattn_tensor kt = clattn_tensor_make(km, 0, F32, 4, B, HKV, n, DK);
-        const clattn_tensor vt = clattn_tensor_make(vm, 0, F32, 4, B, HKV, n, DV);
-        tu_expect_status(clattn_kv_cache_append(cache, &kt, &vt, 0, NULL, NULL), CLATTN_SUCCESS,
-                         "append");
-        length += n;
-        float *q = tu_random_floats(B * HQ * DK), *out = tu_nan_floats(B * HQ * DV);
-        clattn_tensors run = t;
-        run.q.mem = tu_upload_floats(q, B * HQ * DK);
-        run.out.mem = tu_nan_buffer(B * HQ * DV);
-        if (tu_expect_status(clattn_plan_execute(plan, run.by_role, CLATTN_ROLE_COUNT, NULL, NULL,
-                                                 0, NULL, NULL),
-                             CLATTN_SUCCESS, "decode")) {
-            tu_read_floats(run.out.mem, 0, B * HQ * DV, out);
-            const int32_t kv_len[B] = {(int32_t)length, (int32_t)length};
-            ref_sdpa_shape shape = ref_softmax_shape(B, HQ, 1, CAP, DK, DV);
-            shape.causal = CLATTN_CAUSAL_BOTTOM_RIGHT, shape.kv_heads = HKV;
-            shape.kv_len = kv_len;
-            double *ref = tu_doubles(B * HQ * DV);
-            ref_sdpa(&shape, q, kq, vq, NULL, NULL, ref, NULL, NULL);
-            tu_expect_close("fp8 paged cache decode", out, ref, B * HQ * DV, TU_TOL);
-            free(ref);
+    desc.k_scale = scales[0], desc.v_scale = scales[1];
+    if (tu_expect_status(clattn_kv_cache_create(r.ctx, &cd, &r.cache), CLATTN_SUCCESS, "cache")) {
+        r.bound.q = clattn_tensor_make(NULL, 0, F32, 4, CB, CHQ, 1, CDK);
+        r.bound.out = clattn_tensor_make(NULL, 0, F32, 4, CB, CHQ, 1, CDV);
+        clattn_kv_cache_tensors(r.cache, &r.bound.k, &r.bound.v, &r.bound.kv_seqlen);
+        clattn_kv_cache_block_table(r.cache, &r.bound.block_table);
+        if (tu_expect_status(clattn_sdpa_plan_create(r.ctx, &desc, &r.plan), CLATTN_SUCCESS,
+                             "plan")) {
+            expect_family(r.plan, which);
+            cache_step(&r, 0, PROMPT);
+            for (size_t at = PROMPT; at < PROMPT + STEPS && !tu_failed(); ++at)
+                cache_step(&r, at, 1);
         }
-        clattn_finish(ctx);
-        tu_release_mem(run.q.mem);
-        tu_release_mem(run.out.mem);
-        tu_release_mem(km);
-        tu_release_mem(vm);
-        free(q);
-        free(out);
-        free(kn);
-        free(vn);
     }
-done:
-    clattn_plan_release(plan);
-    clattn_kv_cache_release(cache);
-    free(keys);
-    free(values);
-    free(kq);
-    free(vq);
+    clattn_plan_release(r.plan);
+    clattn_kv_cache_release(r.cache);
+    for (int t = 0; t < 2; ++t) {
+        free(x[t]);
+        free(encoded[t]);
+    }
 end:
     TU_END_TEST();
 }
@@ -512,60 +528,51 @@ END_TEST
 
 /* --- refusals ----------------------------------------------------------------------------------- */
 
-/* A plan over (1, 2, 5, 16) q, k, v, out with the given dtypes, path and scales: its status,
- * and the message holding `needle`. */
+/* A plan over (1, 2, 5, 16) q, k, v, out with the given dtypes, path and scales (backward: the
+ * backward's plan, with dO, lse and the gradients): its status, and the message holding
+ * `needle`. */
 static void expect_sdpa(clattn_dtype q_dtype, clattn_dtype kv_dtype, clattn_dtype out_dtype,
-                        clattn_path path, double k_scale, double v_scale, clattn_status want,
-                        const char *needle)
+                        clattn_path path, double k_scale, double v_scale, bool backward,
+                        clattn_status want, const char *needle)
 {
     clattn_tensors t = {0};
     clattn_sdpa_desc desc;
     clattn_sdpa_desc_init(&desc);
     CLATTN_BIND_ROLES(desc, t);
-    t.q = clattn_tensor_make(NULL, 0, q_dtype, 4, 1, 2, 5, 16);
-    t.k = clattn_tensor_make(NULL, 0, kv_dtype, 4, 1, 2, 5, 16);
-    t.v = clattn_tensor_make(NULL, 0, kv_dtype, 4, 1, 2, 5, 16);
-    t.out = clattn_tensor_make(NULL, 0, out_dtype, 4, 1, 2, 5, 16);
+    const clattn_dtype dtypes[4] = {q_dtype, kv_dtype, kv_dtype, out_dtype};
+    clattn_tensor *roles[7] = {&t.q, &t.k, &t.v, &t.out, &t.grad_out, &t.grad_q, &t.grad_k};
+    for (int r = 0; r < (backward ? 7 : 4); ++r)
+        *roles[r] = clattn_tensor_make(NULL, 0, r < 4 ? dtypes[r] : F32, 4, 1, 2, 5, 16);
+    if (backward) {
+        t.grad_v = t.grad_k;
+        t.lse = clattn_tensor_make(NULL, 0, F32, 3, 1, 2, 5, 0);
+    }
     desc.path = path;
     desc.k_scale = k_scale, desc.v_scale = v_scale;
-    TU_EXPECT_REFUSED(clattn_sdpa_plan_create, "sdpa", &desc, want, needle, needle);
+    if (backward)
+        TU_EXPECT_REFUSED(clattn_sdpa_backward_plan_create, "sdpa", &desc, want, needle, needle);
+    else
+        TU_EXPECT_REFUSED(clattn_sdpa_plan_create, "sdpa", &desc, want, needle, needle);
 }
 
 START_TEST(test_refusals)
 {
     TU_BEGIN_TEST();
     clattn_ctx *ctx = tu_ctx();
+    const clattn_status invalid = CLATTN_ERR_INVALID_ARGUMENT;
+    const clattn_path fused = CLATTN_PATH_FUSED;
     /* FP8 q and out: storage for K and V only */
-    expect_sdpa(E4M3, E4M3, F32, CLATTN_PATH_FUSED, 0, 0, CLATTN_ERR_INVALID_ARGUMENT, "q");
-    expect_sdpa(F32, E5M2, E5M2, CLATTN_PATH_FUSED, 0, 0, CLATTN_ERR_INVALID_ARGUMENT, "out");
+    expect_sdpa(E4M3, E4M3, F32, fused, 0, 0, false, invalid, "q");
+    expect_sdpa(F32, E5M2, E5M2, fused, 0, 0, false, invalid, "out");
     /* the unfused path's matmuls read floats */
-    expect_sdpa(F32, E4M3, F32, CLATTN_PATH_UNFUSED, 0, 0, CLATTN_ERR_UNSUPPORTED, "fused");
+    expect_sdpa(F32, E4M3, F32, CLATTN_PATH_UNFUSED, 0, 0, false, CLATTN_ERR_UNSUPPORTED, "fused");
     /* scales: only FP8 operands, finite and > 0 */
-    expect_sdpa(F32, F32, F32, CLATTN_PATH_FUSED, 2.0, 0, CLATTN_ERR_INVALID_ARGUMENT, "k_scale");
-    expect_sdpa(F32, E4M3, F32, CLATTN_PATH_FUSED, 0, -1.0, CLATTN_ERR_INVALID_ARGUMENT,
-                "v_scale");
-    expect_sdpa(F32, E4M3, F32, CLATTN_PATH_FUSED, NAN, 0, CLATTN_ERR_INVALID_ARGUMENT,
-                "k_scale");
-    expect_sdpa(F32, E5M2, F32, CLATTN_PATH_FUSED, 0, 1e300, CLATTN_ERR_INVALID_ARGUMENT,
-                "v_scale");
+    expect_sdpa(F32, F32, F32, fused, 2.0, 0, false, invalid, "k_scale");
+    expect_sdpa(F32, E4M3, F32, fused, 0, -1.0, false, invalid, "v_scale");
+    expect_sdpa(F32, E4M3, F32, fused, NAN, 0, false, invalid, "k_scale");
+    expect_sdpa(F32, E5M2, F32, fused, 0, 1e300, false, invalid, "v_scale");
     /* the backward: k and v as floats only */
-    {
-        clattn_tensors t = {0};
-        clattn_sdpa_desc desc;
-        clattn_sdpa_desc_init(&desc);
-        CLATTN_BIND_ROLES(desc, t);
-        t.q = clattn_tensor_make(NULL, 0, F32, 4, 1, 2, 5, 16);
-        t.k = clattn_tensor_make(NULL, 0, E4M3, 4, 1, 2, 5, 16);
-        t.v = clattn_tensor_make(NULL, 0, E4M3, 4, 1, 2, 5, 16);
-        t.out = clattn_tensor_make(NULL, 0, F32, 4, 1, 2, 5, 16);
-        t.grad_out = clattn_tensor_make(NULL, 0, F32, 4, 1, 2, 5, 16);
-        t.lse = clattn_tensor_make(NULL, 0, F32, 3, 1, 2, 5, 0);
-        t.grad_q = clattn_tensor_make(NULL, 0, F32, 4, 1, 2, 5, 16);
-        t.grad_k = clattn_tensor_make(NULL, 0, F32, 4, 1, 2, 5, 16);
-        t.grad_v = clattn_tensor_make(NULL, 0, F32, 4, 1, 2, 5, 16);
-        TU_EXPECT_REFUSED(clattn_sdpa_backward_plan_create, "sdpa", &desc,
-                          CLATTN_ERR_INVALID_ARGUMENT, "FP8_E4M3", "backward");
-    }
+    expect_sdpa(F32, E4M3, F32, fused, 0, 0, true, invalid, "FP8_E4M3");
     /* caches: a scale without an FP8 dtype, a bad scale */
     clattn_kv_cache_desc cd;
     clattn_kv_cache_desc_init(&cd);
