@@ -93,12 +93,16 @@ static uint8_t fp8_encode(clattn_dtype dtype, float x)
 static const struct family {
     const char *rows; /* tuning rows on top (NULL: the device's own choice) */
     const char *file; /* in clattn_plan_info */
+    const char *trip_limit; /* CLATTN_LOOP_TRIP_LIMIT while the context is made, or NULL */
 } families[] = {
-    {NULL, NULL},
-    {"any | * | * | flash_cpu=0 flash_gpu=1\n", "flash_gpu.cl"},
-    {"any | * | * | flash_cpu=0 flash_gpu=0\n", "flash.cl"},
+    {NULL, NULL, NULL},
+    {"any | * | * | flash_cpu=0 flash_gpu=1\n", "flash_gpu.cl", NULL},
+    {"any | * | * | flash_cpu=0 flash_gpu=0\n", "flash.cl", NULL},
+    /* a loop-trip limit: the keys split over launches, each later one resuming the output
+     * (v_scale taken out and put back) */
+    {NULL, NULL, "64"},
 };
-static clattn_ctx *family_ctxs[3];
+static clattn_ctx *family_ctxs[4];
 
 static clattn_ctx *family_ctx(int which)
 {
@@ -110,16 +114,20 @@ static clattn_ctx *family_ctx(int which)
         desc.queue = clattn_ctx_queue(tu_ctx());
         desc.tuning_rows = families[which].rows;
         char message[512] = "";
+        if (families[which].trip_limit)
+            setenv("CLATTN_LOOP_TRIP_LIMIT", families[which].trip_limit, 1);
         tu_expect_status(clattn_ctx_create_desc(&desc, &family_ctxs[which], message,
                                                 sizeof message),
-                         CLATTN_SUCCESS, families[which].rows);
+                         CLATTN_SUCCESS, "a family's context");
+        if (families[which].trip_limit)
+            unsetenv("CLATTN_LOOP_TRIP_LIMIT");
     }
     return family_ctxs[which];
 }
 
 static void release_family_ctxs(void)
 {
-    for (int i = 1; i < 3; ++i) {
+    for (int i = 1; i < 4; ++i) {
         clattn_ctx_release(family_ctxs[i]);
         family_ctxs[i] = NULL;
     }
@@ -615,15 +623,17 @@ int main(void)
      * all of them everywhere */
     const int n_cases = COUNT_OF(fp8_cases);
     if (full) {
-        tcase_add_loop_test(attention, test_attention, 0, 6 * n_cases);
+        tcase_add_loop_test(attention, test_attention, 0, 8 * n_cases);
     } else {
         /* small (Oclgrind): not the longest case (17 x 1031 keys) */
         for (int i = 0; i < 2 * n_cases; ++i)
             if (!small || i % n_cases != n_cases - 1)
                 tcase_add_loop_test(attention, test_attention, i, i + 1);
-        for (int family = 1; family < 3; ++family)
+        for (int family = 1; family < 4; ++family)
             for (int i = 0; i < (small ? 2 : 4); ++i) {
-                const int at = family * 2 * n_cases + (i % 2) * n_cases + i / 2;
+                /* the loop limit: cases 1 and 2 (keys in several launches) */
+                const int c = family == 3 ? 1 + i / 2 : i / 2;
+                const int at = family * 2 * n_cases + (i % 2) * n_cases + c;
                 tcase_add_loop_test(attention, test_attention, at, at + 1);
             }
     }
