@@ -11,8 +11,9 @@
  *   - attention over FP8 k and v written by clattn_quantize_scaled (awkward sizes, Lq != Lk,
  *     GQA, causal, decode) against the float64 reference over the dequantized values (TU_TOL)
  *     and against the unquantized values within the format's bound, outputs NaN-poisoned;
- *   - a paged FP8 KV cache (pages of 3 and 16 keys) appended on the device with scales, its
- *     decode steps against the reference over the host-encoded keys;
+ *   - an FP8 KV cache (pages of 3 and 16 keys, and contiguous) appended on the device with
+ *     scales, its decode steps against the reference over the host-encoded keys; keys split
+ *     over several launches (a loop-limited context: the resumed output's v_scale);
  *   - refusals: FP8 q or out, the unfused path, the backward, a scale with a float operand,
  *     bad scales, a per-tensor scale for a block type.
  */
@@ -475,17 +476,19 @@ static void cache_step(const cache_run *r, size_t at, size_t n)
     free(out);
 }
 
-/* An FP8 cache (pages of 3 keys, e4m3; pages of 16, e5m2) with scales: a prompt of 5 keys, then
- * 3 single steps appended as F32 and encoded by the append; each step's grouped decode (GQA 4/2,
- * head sizes 48 / 32) against the float64 reference over the host-encoded keys. */
+/* An FP8 cache (pages of 3 keys, e4m3; pages of 16, e5m2; contiguous on the second kernel
+ * family) with scales: a prompt of 5 keys, then 3 single steps appended as F32 and encoded by
+ * the append; each step's grouped decode (GQA 4/2, head sizes 48 / 32) against the float64
+ * reference over the host-encoded keys. */
 START_TEST(test_paged_cache)
 {
     TU_BEGIN_TEST();
     const clattn_dtype dtype = _i % 2 ? E5M2 : E4M3;
     const int which = (_i / 2) % 3;
-    const size_t page = _i % 2 ? 16 : 3;
+    const size_t page = which == 1 ? 0 : _i % 2 ? 16 : 3; /* 0: contiguous */
     const double scales[2] = {0.5, 0.0625};
-    tu_set_case("%s cache, pages of %zu, family %d", format_of(dtype).name, page, which);
+    tu_set_case("%s cache, pages of %zu (0: contiguous), family %d", format_of(dtype).name, page,
+                which);
     cache_run r = {.ctx = family_ctx(which)};
     if (r.ctx == NULL)
         goto end;
@@ -613,8 +616,8 @@ int main(void)
     Suite *suite = suite_create("fp8");
     const int small = tu_small(), full = tu_full();
     if (small)
-        tu_not_run("test_attention's Lq 17 x Lk 1031 case, and the cases past the two smallest "
-                   "on the second and third kernel families");
+        tu_not_run("test_attention's Lq 17 x Lk 1031 case, and on the other kernel families "
+                   "(flash_gpu.cl, flash.cl, a loop limit) one case each per format");
     TCase *codes = tu_tcase(suite, "codes", 900);
     tcase_add_loop_test(codes, test_all_codes, 0, 12);
     tcase_add_loop_test(codes, test_quantize, 0, 4);
