@@ -34,7 +34,7 @@
 #define E4M3 CLATTN_DTYPE_FP8_E4M3
 #define E5M2 CLATTN_DTYPE_FP8_E5M2
 
-/* --- the formats, from the OCP 8-bit floating point specification ------------------------ */
+/* --- the formats, from the OCP 8-bit floating point specification ----------------------------- */
 
 typedef struct fp8_format {
     int mbits, bias;
@@ -89,7 +89,7 @@ static uint8_t fp8_encode(clattn_dtype dtype, float x)
     return sign | best;
 }
 
-/* --- contexts per kernel family ----------------------------------------------------------- */
+/* --- contexts per kernel family --------------------------------------------------------------- */
 
 static const struct family {
     const char *rows; /* tuning rows on top (NULL: the device's own choice) */
@@ -261,7 +261,8 @@ START_TEST(test_quantize)
     float x[N];
     for (int i = 0; i < N; ++i) {
         const double u = tu_rand_unit();
-        x[i] = (float)((tu_rand_unit() < 0.5 ? -1 : 1) * ldexp(1.0 + u, (int)tu_rand_below(40) - 22));
+        const double sign = tu_rand_unit() < 0.5 ? -1.0 : 1.0;
+        x[i] = (float)(sign * ldexp(1.0 + u, (int)tu_rand_below(40) - 22));
     }
     /* ties: halfway between codes c and c + 1 (both finite), and specials */
     for (int c = 0; c < 60; ++c) {
@@ -537,7 +538,7 @@ end:
 }
 END_TEST
 
-/* --- refusals ----------------------------------------------------------------------------------- */
+/* --- refusals --------------------------------------------------------------------------------- */
 
 /* A plan over (1, 2, 5, 16) q, k, v, out with the given dtypes, path and scales (backward: the
  * backward's plan, with dO, lse and the gradients): its status, and the message holding
