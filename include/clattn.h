@@ -304,11 +304,25 @@ typedef enum clattn_dtype {
      * the last dimension is a multiple of 32 with stride 1, the other strides and the offset
      * are multiples of 32 (whole blocks). clattn_quantize writes them on the device. */
     CLATTN_DTYPE_Q8_0 = 5,
-    CLATTN_DTYPE_Q4_0 = 6
+    CLATTN_DTYPE_Q4_0 = 6,
+    /* 8-bit floats (since 0.12), the OCP formats byte for byte, one byte an element, for K and
+     * V of SDPA plans (fused path) and KV caches, as vLLM's fp8 KV cache: x = decode(code) *
+     * scale with one float scale per tensor (clattn_sdpa_desc's k_scale, v_scale;
+     * clattn_kv_cache_desc's). FP8_E4M3 is torch.float8_e4m3fn: sign, 4 exponent bits (bias
+     * 7), 3 mantissa bits, no infinities, S.1111.111 NaN, largest finite 448, subnormals
+     * m * 2^-9. FP8_E5M2 is torch.float8_e5m2: sign, 5 exponent bits (bias 15), 2 mantissa
+     * bits, IEEE-like (exponent 31: infinities and NaNs), largest finite 57344, subnormals
+     * m * 2^-16. The kernels decode every code exactly (integer arithmetic; NaN codes give
+     * NaN). Encoding (clattn_quantize_scaled, KV cache appends) rounds x / scale to nearest
+     * even and saturates: a finite value past the largest finite one gives it (+-448,
+     * +-57344; torch's plain cast would give NaN in e4m3, vLLM clamps first), an infinity
+     * gives +-448 in e4m3 and stays infinite in e5m2, NaN gives 0x7f (sign kept). */
+    CLATTN_DTYPE_FP8_E4M3 = 7,
+    CLATTN_DTYPE_FP8_E5M2 = 8
 } clattn_dtype;
 
 /* Bytes per element of dtype (0 for an unknown value and for the block types: 34 bytes per
- * 32 elements for Q8_0, 18 for Q4_0). */
+ * 32 elements for Q8_0, 18 for Q4_0; 1 for the FP8 types). */
 CLATTN_API size_t clattn_dtype_size(clattn_dtype dtype);
 
 #define CLATTN_MAX_RANK 4
@@ -782,6 +796,15 @@ typedef struct clattn_sdpa_desc {
      * Since 0.9. */
     size_t t5_num_buckets, t5_max_distance;
     int t5_bidirectional;
+    int reserved_; /* (0.11's tail padding, never read: a field there would take an older
+                    * caller's padding bytes as its value) */
+    /* FP8 k and v (CLATTN_DTYPE_FP8_E4M3, _E5M2): their per-tensor scales, vLLM's k_scale and
+     * v_scale: a key's element is decode(code) * k_scale, a value's decode(code) * v_scale.
+     * 0 (the default) means 1; else finite and > 0, and other than 1 only with that operand
+     * in FP8 (CLATTN_ERR_INVALID_ARGUMENT otherwise). The fused kernels fold k_scale into the score
+     * scale and v_scale into the output's normalisation: neither costs a multiply per
+     * element. Since 0.12. */
+    double k_scale, v_scale;
     /* 1: a plan for a KV cache's decode steps in one launch (clattn_kv_cache_decode: the cache's
      * append fused into the attention); 0 (the default): off. The plan's tensors are the cache's
      * (clattn_kv_cache_tensors, kv_seqlen required) and one query row (seq_q = 1); refused
@@ -1128,6 +1151,11 @@ typedef struct clattn_kv_cache_desc {
     size_t batch, kv_heads, capacity, head_dim_qk, head_dim_v;
     clattn_dtype dtype;
     size_t page_size, num_pages; /* since 0.8 */
+    /* dtype FP8_E4M3 or FP8_E5M2 (since 0.12): appends store the new keys as
+     * encode(k / k_scale) and values as encode(v / v_scale) (see clattn_dtype); give plans
+     * over the cache the same scales (clattn_sdpa_desc's k_scale, v_scale). 0 (the default)
+     * means 1; else finite and > 0, and other than 1 only with an FP8 dtype. */
+    double k_scale, v_scale;
 } clattn_kv_cache_desc;
 
 CLATTN_API void clattn_kv_cache_desc_init(clattn_kv_cache_desc *desc);
@@ -1303,6 +1331,16 @@ CLATTN_API clattn_status clattn_cascade_execute(clattn_cascade *cascade,
                                                 cl_event *event);
 /* NULL is a no-op. */
 CLATTN_API void clattn_cascade_release(clattn_cascade *cascade);
+
+/* As clattn_quantize, and dst may be FP8_E4M3 or FP8_E5M2 (any strides, the same dims as
+ * src): dst = encode(src / scale), rounded to nearest even and saturated (see clattn_dtype),
+ * vLLM's scaled fp8 cast with its per-tensor scale. scale 0 means 1; else finite and > 0;
+ * block destinations (Q8_0, Q4_0) take only 0 or 1 (their scales are per block). Since
+ * 0.12. */
+CLATTN_API clattn_status clattn_quantize_scaled(clattn_ctx *ctx, const clattn_tensor *src,
+                                                const clattn_tensor *dst, float scale,
+                                                cl_uint num_wait, const cl_event *wait,
+                                                cl_event *event);
 
 /* ---------------------------------------------------------------------------------------------
  * Host-pointer API: packed float32 arrays in and out; synchronous. Built on plans.

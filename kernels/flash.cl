@@ -179,7 +179,7 @@ fl_open_acc(row_t *acc, float *row_max_out, float *total_out,
             total = norm_relu ? exp(previous) : 1.0f;
             row_max = norm_relu ? NEG_INF : previous;
             for (uint d = 0; d < V_VECS; ++d)
-                acc[d] = row_gather(O_DTYPE, out, d, o_s3) * total;
+                acc[d] = row_gather(O_DTYPE, out, d, o_s3) * (total / FLASH_V_SCALE);
         }
     }
     *row_max_out = row_max;
@@ -237,7 +237,7 @@ fl_close_row(__global ELEM_T(O_DTYPE) *out, __global float *lse, __global const 
     const sunk_row sunk = sink_fold(SINK_OF(h, row), row_max, total);
     row_max = sunk.max;
     total = sunk.total;
-    const float inv = sunk.factor * inverse_total(total);
+    const float inv = sunk.factor * inverse_total(total) * FLASH_V_SCALE;
     for (uint d = 0; d < V_VECS; ++d)
         row_scatter(O_DTYPE, acc[d] * inv, out, d, o_s3);
     if (has_lse)

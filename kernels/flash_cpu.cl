@@ -310,7 +310,8 @@ fc_open_rows(__global const ELEM_T(Q_DTYPE) *Q,
                 total[i] = SCORE_RELU ? exp(previous) : 1.0f;
                 row_max[i] = SCORE_RELU ? NEG_INF : previous;
                 for (uint d = 0; d < HEAD_DIM_V; ++d)
-                    acc[i][d] = LOAD(O_DTYPE, O, row * o_s2 + d * o_s3) * total[i];
+                    acc[i][d] = LOAD(O_DTYPE, O, row * o_s2 + d * o_s3) *
+                                (total[i] / FLASH_V_SCALE);
             }
         }
     }
@@ -703,7 +704,7 @@ fc_close_rows(__global ELEM_T(O_DTYPE) *O, __global float *lse,
             break;
         /* attention sinks (score.cl): into the row's denominator, in the launch that ends it */
         const sunk_row sunk = sink_fold(SINK_OF(h, row), row_max[i], total[i]);
-        const float inv = sunk.factor * inverse_total(sunk.total);
+        const float inv = sunk.factor * inverse_total(sunk.total) * FLASH_V_SCALE;
         for (uint d = 0; d < HEAD_DIM_V; ++d)
             STORE(O_DTYPE, acc[i][d] * inv, O, row * o_s2 + d * o_s3);
         if (has_lse)

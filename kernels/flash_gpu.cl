@@ -378,7 +378,7 @@ fg_close_rows(__local float *row_m, __local const float *row_l, __local float *r
             factor = sunk.factor;
             row_m[r] = sunk.max;
         }
-        row_c[r] = factor * inverse_total(l);
+        row_c[r] = factor * inverse_total(l) * FLASH_V_SCALE;
         if (has_lse && row < span.rows)
             lse[lse_base + row * lse_s2] =
                 l > 0.0f ? (relu ? log(l) : row_m[r] + log(l)) : NEG_INF;
@@ -523,7 +523,7 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         for (uint c = 0; c < FG_RD; ++c) {
             const uint dim = tx + c * FG_TX;
             acc[i][c] = resume && l > 0.0f && row < span.rows && dim < HEAD_DIM_V
-                            ? LOAD(O_DTYPE, O, row * o_s2 + dim * o_s3) * l
+                            ? LOAD(O_DTYPE, O, row * o_s2 + dim * o_s3) * l / FLASH_V_SCALE
                             : 0.0f;
         }
     }

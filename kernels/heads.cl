@@ -73,6 +73,12 @@ void mean_heads(__global const float *src, const ulong src_offset, const ulong s
 #define DST_DTYPE 0
 #endif
 #define DST_BLOCKS (DST_DTYPE == DTYPE_Q8_0 || DST_DTYPE == DTYPE_Q4_0)
+/* An FP8 destination's values are divided by its per-tensor scale (times inv_scale) first. */
+#if IS_FP8(DST_DTYPE)
+#define TO_DST(x, inv_scale) ((x) * (inv_scale))
+#else
+#define TO_DST(x, inv_scale) (x)
+#endif
 
 /*
  * The quantizer, llama.cpp's reference rounding (quantize_row_q8_0_ref / _q4_0_ref), in float
@@ -118,6 +124,25 @@ inline void store_block(const float *x, __global uchar *block)
 }
 #pragma OPENCL FP_CONTRACT ON
 
+#if IS_FP8(DST_DTYPE)
+/* copy4d into FP8 (clattn_quantize_scaled): its per-tensor scale needs one argument more than
+ * copy4d's sixteen, so this variant takes a struct (params.h). */
+__kernel __attribute__((reqd_work_group_size(HEADS_WG, 1, 1)))
+void copy4d(__global const ELEM_T(SRC_DTYPE) *src, __global ELEM_T(DST_DTYPE) *dst,
+            const clattn_copy_fp8_params params)
+{
+    CLATTN_UNPACK(CLATTN_COPY_FP8_PARAMS)
+    const ulong index = get_global_id(0);
+    if (index >= total)
+        return;
+    ulong i0, i1, i2, i3;
+    box_coords(index, d1, d2, d3, &i0, &i1, &i2, &i3);
+    const float value =
+        LOAD(SRC_DTYPE, src, src_offset + i0 * src_s0 + i1 * src_s1 + i2 * src_s2 + i3 * src_s3);
+    STORE(DST_DTYPE, value * inv_scale, dst,
+          dst_offset + i0 * dst_s0 + i1 * dst_s1 + i2 * dst_s2 + i3 * dst_s3);
+}
+#else
 __kernel __attribute__((reqd_work_group_size(HEADS_WG, 1, 1)))
 void copy4d(__global const ELEM_T(SRC_DTYPE) *src, const ulong src_offset, const ulong src_s0,
             const ulong src_s1, const ulong src_s2, const ulong src_s3,
@@ -143,6 +168,7 @@ void copy4d(__global const ELEM_T(SRC_DTYPE) *src, const ulong src_offset, const
     STORE(DST_DTYPE, value, dst, dst_offset + i0 * dst_s0 + i1 * dst_s1 + i2 * dst_s2 + i3 * dst_s3);
 #endif
 }
+#endif
 
 /*
  * copy4d_vec4: copy4d's float32-to-float32 case where both last dimensions are contiguous
@@ -231,11 +257,15 @@ void kv_append(__global const ELEM_T(K_SRC_DTYPE) *ks, __global const ELEM_T(V_S
 #else
     if (values)
         STORE(DST_DTYPE,
-              LOAD(V_SRC_DTYPE, vs, vs_offset + i0 * vs_s0 + i1 * vs_s1 + i2 * vs_s2 + i3 * vs_s3),
+              TO_DST(LOAD(V_SRC_DTYPE, vs,
+                          vs_offset + i0 * vs_s0 + i1 * vs_s1 + i2 * vs_s2 + i3 * vs_s3),
+                     v_inv_scale),
               vd, vd_offset + o0 * vd_s0 + i1 * vd_s1 + o2 * vd_s2 + i3 * vd_s3);
     else
         STORE(DST_DTYPE,
-              LOAD(K_SRC_DTYPE, ks, ks_offset + i0 * ks_s0 + i1 * ks_s1 + i2 * ks_s2 + i3 * ks_s3),
+              TO_DST(LOAD(K_SRC_DTYPE, ks,
+                          ks_offset + i0 * ks_s0 + i1 * ks_s1 + i2 * ks_s2 + i3 * ks_s3),
+                     k_inv_scale),
               kd, kd_offset + o0 * kd_s0 + i1 * kd_s1 + o2 * kd_s2 + i3 * kd_s3);
 #endif
 }

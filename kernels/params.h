@@ -122,7 +122,9 @@ CLATTN_PARAMS_STRUCT(score, CLATTN_SCORE_PARAMS)
  * 0 .. num_pages - 1 in the pool; packed variable-length batches (VARLEN, score.cl): the
  * offsets' first elements in their buffers (cu_q_offset, cu_k_offset; unit stride) and the
  * packed totals of query rows and keys (total_q, total_k) that clamp the offsets; packed
- * queries over a paged cache (score.cl's PACKED_GRID): packed_batch, the sequences. */
+ * queries over a paged cache (score.cl's PACKED_GRID): packed_batch, the sequences; v_scale:
+ * FP8 values' per-tensor scale (1 otherwise), a factor of the output's normalisation
+ * (types.cl's FLASH_V_SCALE). */
 #define CLATTN_FLASH_PARAMS(X)                                                                    \
     X(ulong, q_offset) X(ulong, q_s0) X(ulong, q_s1) X(ulong, q_s2) X(ulong, q_s3)                \
     X(ulong, k_offset) X(ulong, k_s0) X(ulong, k_s1) X(ulong, k_s2) X(ulong, k_s3)                \
@@ -134,7 +136,7 @@ CLATTN_PARAMS_STRUCT(score, CLATTN_SCORE_PARAMS)
     X(ulong, v_page) X(int, has_lse) X(uint, part_begin) X(uint, part_stop) X(int, resume)        \
     X(uint, kv_group) X(uint, split_keys) X(uint, page_size) X(uint, num_pages)        \
     X(ulong, cu_q_offset) X(ulong, cu_k_offset) X(uint, total_q) X(uint, total_k)               \
-    X(uint, packed_batch) X(uint, packed_pad_) CLATTN_FLASH_STEP_PARAMS(X)
+    X(uint, packed_batch) X(float, v_scale) CLATTN_FLASH_STEP_PARAMS(X)
 /* A KV cache's decode step in one launch (KV_STEP; clattn_kv_cache_decode): kv_step 1 attends
  * step_keys cached keys plus one new key and value read from k_new, v_new ((b, kv head, col)
  * strides kn_*, vn_*), writes them into the cache at key step_keys and sets the key counts to
@@ -234,14 +236,16 @@ CLATTN_PARAMS_STRUCT(merge, CLATTN_MERGE_PARAMS)
  * the new keys and values (ks, vs: (b, h, j, c) strides) into the cache's buffers (kd, vd)
  * over the boxes (d0, d1, d2, k_d3) and (d0, d1, d2, v_d3); the key counts lengths[0 .. d0)
  * set to `length`. Paged (APPEND_PAGED): kd_s0 / vd_s0 are page strides, _s2 slot strides;
- * key start + j of batch b lies in page table[b * bt_s0 + (start + j) / page_size]. */
+ * key start + j of batch b lies in page table[b * bt_s0 + (start + j) / page_size]; an FP8
+ * cache stores k * k_inv_scale and v * v_inv_scale (1 / its per-tensor scales). */
 #define CLATTN_APPEND_PARAMS(X)                                                                   \
     X(ulong, ks_offset) X(ulong, ks_s0) X(ulong, ks_s1) X(ulong, ks_s2) X(ulong, ks_s3)           \
     X(ulong, vs_offset) X(ulong, vs_s0) X(ulong, vs_s1) X(ulong, vs_s2) X(ulong, vs_s3)           \
     X(ulong, kd_offset) X(ulong, kd_s0) X(ulong, kd_s1) X(ulong, kd_s2) X(ulong, kd_s3)           \
     X(ulong, vd_offset) X(ulong, vd_s0) X(ulong, vd_s1) X(ulong, vd_s2) X(ulong, vd_s3)           \
     X(uint, d0) X(uint, d1) X(uint, d2) X(uint, k_d3) X(uint, v_d3) X(int, length)               \
-    X(ulong, bt_s0) X(uint, page_size) X(uint, num_pages) X(uint, start) X(uint, append_pad)
+    X(ulong, bt_s0) X(uint, page_size) X(uint, num_pages) X(uint, start) X(uint, append_pad)     \
+    X(float, k_inv_scale) X(float, v_inv_scale)
 CLATTN_PARAMS_STRUCT(append, CLATTN_APPEND_PARAMS)
 
 /* ---- speculative decoding's commit (commit.cl) ----------------------------------------------
@@ -257,6 +261,15 @@ CLATTN_PARAMS_STRUCT(append, CLATTN_APPEND_PARAMS)
     X(uint, page_size) X(uint, num_pages) X(uint, max_accepted) X(uint, draft_len) X(uint, k_row) \
     X(uint, v_row) X(uint, batch) X(uint, commit_pad)
 CLATTN_PARAMS_STRUCT(commit, CLATTN_COMMIT_PARAMS)
+
+/* ---- copy4d into FP8 (heads.cl; clattn_quantize_scaled) ------------------------------------
+ * src, dst: (i0, i1, i2, i3) strides and element offsets; the box (d1, d2, d3; total
+ * elements); inv_scale: 1 / the destination's per-tensor scale. */
+#define CLATTN_COPY_FP8_PARAMS(X)                                                                 \
+    X(ulong, src_offset) X(ulong, src_s0) X(ulong, src_s1) X(ulong, src_s2) X(ulong, src_s3)     \
+    X(ulong, dst_offset) X(ulong, dst_s0) X(ulong, dst_s1) X(ulong, dst_s2) X(ulong, dst_s3)     \
+    X(ulong, total) X(uint, d1) X(uint, d2) X(uint, d3) X(float, inv_scale)
+CLATTN_PARAMS_STRUCT(copy_fp8, CLATTN_COPY_FP8_PARAMS)
 
 
 /* ---- attention backward (flash_bwd.cl) -----------------------------------------------------

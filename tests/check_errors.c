@@ -580,8 +580,9 @@ START_TEST(test_sdpa_create_errors)
             tu_expect(fabs(slopes[h] - want) <= 1e-7 * want, "12 heads: slope %d is %.9g, not %.9g",
                       h, (double)slopes[h], want);
         }
-    RESET(desc, good), desc_tensors.q.dtype = (clattn_dtype)7;
-    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "q", "dtype", "sdpa(q dtype 7)");
+    /* not a dtype (7 is FP8_E4M3 since 0.12) */
+    RESET(desc, good), desc_tensors.q.dtype = (clattn_dtype)31;
+    expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "q", "dtype", "sdpa(q dtype 31)");
     RESET(desc, good), desc_tensors.out.dtype = (clattn_dtype)-1;
     expect_sdpa_refused(&desc, CLATTN_ERR_INVALID_ARGUMENT, 0, "out", "dtype",
                         "sdpa(out dtype -1)");

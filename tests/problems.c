@@ -249,6 +249,10 @@ const char *pb_dtype_name(clattn_dtype dtype)
         return "Q8_0";
     case CLATTN_DTYPE_Q4_0:
         return "Q4_0";
+    case CLATTN_DTYPE_FP8_E4M3:
+        return "FP8_E4M3";
+    case CLATTN_DTYPE_FP8_E5M2:
+        return "FP8_E5M2";
     }
     return "?";
 }

@@ -54,9 +54,10 @@ static const char bench_usage_more[] =
     "\"cache_vs_copy\"); the kernels one step launches and each one's median device time\n"
     "(\"launches\", \"kernel_ms\", from clattn's kernel trace). With --page-size P,...: the\n"
     "same steps over a paged cache (clattn_kv_cache_desc.page_size; the built-in allocator's\n"
-    "pages; fused only), after the contiguous one. --kv-dtype f32,f16,bf16,q8_0,q4_0: the\n"
-    "cache's storage, each in turn (q, out and the appended tokens keep --dtype; q8_0 and\n"
-    "q4_0 are llama.cpp's blocks, 34 and 18 bytes per 32 values, quantized by the append;\n"
+    "pages; fused only), after the contiguous one. --kv-dtype\n"
+    "f32,f16,bf16,q8_0,q4_0,fp8_e4m3,fp8_e5m2: the cache's storage, each in turn (q, out and\n"
+    "the appended tokens keep --dtype; q8_0 and q4_0 are llama.cpp's blocks, 34 and 18 bytes\n"
+    "per 32 values, fp8_* vLLM's fp8 cache, a byte a value (scale 1), quantized by the append;\n"
     "fused only); GB/s counts the bytes the cache stores.\n"
     "";
 /* The serving ops' help (C99 compilers need only take 4095 characters in one string). */
@@ -131,7 +132,7 @@ typedef struct bench_options {
     size_t seq[MAX_SIZES], num_seq;
     bool paths[2];  /* fused, unfused */
     bool dtypes[3]; /* f32, f16, bf16 */
-    bool kv_dtypes[5]; /* decode: the cache's f32, f16, bf16, q8_0, q4_0 (--kv-dtype) */
+    bool kv_dtypes[7]; /* decode: the cache's f32 .. q4_0, fp8_e4m3, fp8_e5m2 (--kv-dtype) */
     bool kv_dtype_given;
     bool sinks;     /* attention, decode: attention sinks (sinks_buffer's logits) */
     bool two_launch; /* decode: append, then attend (no fused step) */
@@ -146,9 +147,12 @@ static const char *const op_names[9] = {"matmul", "softmax",  "attention", "mha"
                                         "additive", "paged", "varlen",    "backward"};
 static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
 static const clattn_dtype dtypes[3] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16};
-static const char *const kv_dtype_names[5] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
-static const clattn_dtype kv_dtypes[5] = {CLATTN_DTYPE_F32, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16,
-                                          CLATTN_DTYPE_Q8_0, CLATTN_DTYPE_Q4_0};
+#define KV_DTYPES 7
+static const char *const kv_dtype_names[KV_DTYPES] = {"f32",  "f16",      "bf16",    "q8_0",
+                                                      "q4_0", "fp8_e4m3", "fp8_e5m2"};
+static const clattn_dtype kv_dtypes[KV_DTYPES] = {
+    CLATTN_DTYPE_F32,  CLATTN_DTYPE_F16,      CLATTN_DTYPE_BF16,    CLATTN_DTYPE_Q8_0,
+    CLATTN_DTYPE_Q4_0, CLATTN_DTYPE_FP8_E4M3, CLATTN_DTYPE_FP8_E5M2};
 
 /* Bytes a cache of `type` stores per element (the block types: 34 or 18 per 32). */
 static double cache_elem_bytes(clattn_dtype type)
@@ -1555,7 +1559,7 @@ static int parse_kv_dtypes(const cli_args *args, const char *value, void *target
     bench_options *o = target;
     (void)args;
     o->kv_dtype_given = true;
-    return parse_names("--kv-dtype", value, kv_dtype_names, 5, o->kv_dtypes) ? 1 : -1;
+    return parse_names("--kv-dtype", value, kv_dtype_names, KV_DTYPES, o->kv_dtypes) ? 1 : -1;
 }
 
 static int parse_mnk_option(const cli_args *args, const char *value, void *target)
@@ -1616,7 +1620,7 @@ static const cli_option bench_table[] = {
      .handle = parse_paths},
     {CLI_OPT("--dtype", CLI_CUSTOM, AT(dtypes), "f32,f16,bf16", "storage types (default f32)"),
      .handle = parse_dtypes},
-    {CLI_OPT("--kv-dtype", CLI_CUSTOM, 0, "f32,f16,bf16,q8_0,q4_0",
+    {CLI_OPT("--kv-dtype", CLI_CUSTOM, 0, "f32,f16,bf16,q8_0,q4_0,fp8_e4m3,fp8_e5m2",
              "decode, paged: the cache's types"),
      .handle = parse_kv_dtypes},
     {CLI_OPT("--page-size", CLI_CUSTOM, 0, "N,...", "paged: page sizes (0 = contiguous)"),
@@ -1705,7 +1709,8 @@ int cmd_bench(int argc, char **argv)
         for (int t = 0; rc == CLI_OK && t < 3; ++t)
             for (size_t s = 0; rc == CLI_OK && o.dtypes[t] && s <= o.num_page_sizes; ++s)
                 for (int p = 0; rc == CLI_OK && p < 2; ++p)
-                    for (int c = o.kv_dtype_given ? 0 : -1; rc == CLI_OK && c < 5; ++c) {
+                    for (int c = o.kv_dtype_given ? 0 : -1; rc == CLI_OK && c < KV_DTYPES;
+                         ++c) {
                         if (c >= 0 && !o.kv_dtypes[c])
                             continue;
                         /* paged caches and block types: the fused path only */

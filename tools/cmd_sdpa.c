@@ -63,7 +63,10 @@ static const char sdpa_usage_serving[] =
     "  block formats (32 values per block: q8_0 an fp16 scale amax/127 and int8 values, q4_0\n"
     "  an fp16 scale max/-8 and 4-bit values), then attend over them, dequantized as they are\n"
     "  read (the fused path; head sizes multiples of 32; not with past/present, --rope,\n"
-    "  --qk-out or --ring).\n"
+    "  --qk-out or --ring). --kv-dtype fp8_e4m3|fp8_e5m2: vLLM's fp8 cache, a byte a value\n"
+    "  (OCP e4m3fn, max 448; e5m2, max 57344), encoded from K / --k-scale and V / --v-scale\n"
+    "  (default 1; rounded to nearest even, saturated) and read as code * scale; any head\n"
+    "  size.\n"
     "--cu-seqlens-q CQ.npy --cu-seqlens-k CK.npy: packed variable-length batches\n"
     "  (FlashAttention's varlen functions): Q (total_q, Hq, d), K (total_k, Hkv, d) and V\n"
     "  (total_k, Hkv, dv), rank 3 with no padding; CQ and CK (B + 1) int32 or int64 offsets\n"
@@ -185,8 +188,9 @@ typedef struct sdpa_options {
     int ring_zigzag;                     /* --ring-layout zigzag */
     bool ring_layout_given;
     cli_heatmap heatmap;   /* --attn-png: the weights of batch 0 as a heatmap, --png-scale */
-    clattn_dtype kv_dtype; /* --kv-dtype: F32 (as given), Q8_0 or Q4_0 */
-    size_t v_from_k;       /* --v-from-k DV: v is k's rows' first DV columns (0: --v) */
+    clattn_dtype kv_dtype;  /* --kv-dtype: F32 (as given), Q8_0, Q4_0, FP8_E4M3 or FP8_E5M2 */
+    float k_scale, v_scale; /* --k-scale, --v-scale: FP8's per-tensor scales (0: 1) */
+    size_t v_from_k;        /* --v-from-k DV: v is k's rows' first DV columns (0: --v) */
     bool backward;         /* --backward: the gradients from --grad-out */
     const char *grad_out, *grad_q, *grad_k, *grad_v, *grad_mask, *grad_sinks;
     double dropout_p;                  /* --dropout (0: off) */
@@ -200,7 +204,18 @@ typedef struct sdpa_options {
 static const cli_choice kv_dtype_choices[] = {{"f32", CLATTN_DTYPE_F32},
                                               {"q8_0", CLATTN_DTYPE_Q8_0},
                                               {"q4_0", CLATTN_DTYPE_Q4_0},
+                                              {"fp8_e4m3", CLATTN_DTYPE_FP8_E4M3},
+                                              {"fp8_e5m2", CLATTN_DTYPE_FP8_E5M2},
                                               {NULL, 0}};
+
+/* --kv-dtype's name of a dtype */
+static const char *kv_dtype_name(clattn_dtype dtype)
+{
+    for (const cli_choice *c = kv_dtype_choices; c->name; ++c)
+        if (c->value == (int)dtype)
+            return c->name;
+    return "?";
+}
 
 enum {
     M_Q,
@@ -403,6 +418,8 @@ static const cli_option sdpa_table[] = {
     {CLI_OPT("--sinks", CLI_PATH, AT(sinks), "S.npy", "attention sinks, one logit per query head")},
     {CLI_OPT("--kv-dtype", CLI_CHOICE, AT(kv_dtype), NULL, "quantize K and V on the device"),
      .choices = kv_dtype_choices},
+    {CLI_OPT("--k-scale", CLI_FLOAT, AT(k_scale), "S", "--kv-dtype fp8_*: K's scale")},
+    {CLI_OPT("--v-scale", CLI_FLOAT, AT(v_scale), "S", "--kv-dtype fp8_*: V's scale")},
     CLI_USE(cli_rope_group, sdpa_options, rope, 0),
     {CLI_OPT("--present-key-out", CLI_PATH, AT(present_k), "PK.npy", "write past + new keys")},
     {CLI_OPT("--present-value-out", CLI_PATH, AT(present_v), "PV.npy", "write past + new values")},
@@ -589,7 +606,7 @@ static int parse_sdpa_options(int argc, char **argv, sdpa_options *o)
             return cli_fail("sdpa", CLI_BAD_INPUT,
                             "--kv-dtype %s (quantized K and V, the fused path) cannot be "
                             "combined with %s",
-                            o->kv_dtype == CLATTN_DTYPE_Q8_0 ? "q8_0" : "q4_0", other);
+                            kv_dtype_name(o->kv_dtype), other);
     }
     if (o->dropout_p > 0.0) { /* what the library (or the ring) takes no dropout with */
         const char *other = o->paged                          ? "--k-pages (a paged cache)"
@@ -1265,6 +1282,7 @@ typedef struct sdpa_job {
     clattn_sdpa_desc desc, back_desc;
     clattn_tensors tensors, back_tensors;
     clattn_tensor k_float, v_float;
+    float k_scale, v_scale; /* --k-scale, --v-scale (FP8) */
     bool scores_out; /* --qk-out, or --attn-png (the weights, --qk-output-mode 3's) */
     int qk_mode;
     size_t kq_bytes, vq_bytes, pk_count, pv_count, scores_count, block_mask_count, mask_count;
@@ -1567,6 +1585,7 @@ static void describe_options(const sdpa_options *o, clattn_sdpa_desc *desc)
     desc->rope_base = o->rope.base ? o->rope.base : CLATTN_ROPE_BASE_DEFAULT;
     desc->rope_start = o->rope.start;
     desc->dropout_p = o->dropout_p; /* back_desc copies desc: the backward regenerates the mask */
+    desc->k_scale = o->k_scale, desc->v_scale = o->v_scale; /* --kv-dtype fp8_*'s */
     desc->dropout_seed = o->dropout_seed;
     desc->dropout_offset = o->dropout_offset;
     const clattn_causal align = o->score.align_given ? o->score.align : CLATTN_CAUSAL_ONNX;
@@ -1624,21 +1643,24 @@ static int describe_qkv(const sdpa_options *o, const sdpa_data *d, const sdpa_sh
             clattn_tensor_make(NULL, 0, CLATTN_DTYPE_I32, 2, s->batch, d->table.shape[1], 0, 0);
     }
     job->k_float = t->k, job->v_float = t->v;
+    job->k_scale = o->k_scale, job->v_scale = o->v_scale;
     if (o->kv_dtype == CLATTN_DTYPE_F32)
         return v_view(o, job);
-    const char *name = o->kv_dtype == CLATTN_DTYPE_Q8_0 ? "q8_0" : "q4_0";
-    if (dk % 32 != 0 || dv % 32 != 0)
+    const char *name = kv_dtype_name(o->kv_dtype);
+    const bool fp8 = o->kv_dtype == CLATTN_DTYPE_FP8_E4M3 || o->kv_dtype == CLATTN_DTYPE_FP8_E5M2;
+    if (!fp8 && (dk % 32 != 0 || dv % 32 != 0))
         return cli_fail("sdpa", CLI_BAD_INPUT,
                         "--kv-dtype %s: the head sizes (k %zu, v %zu) must be multiples of "
                         "32 (a block holds 32 values)",
                         name, dk, dv);
-    const size_t block_bytes = o->kv_dtype == CLATTN_DTYPE_Q8_0 ? 34 : 18;
+    /* bytes per 32 values: blocks of 34 (q8_0) or 18 (q4_0), or a byte a value (fp8) */
+    const size_t block_bytes = fp8 ? 32 : o->kv_dtype == CLATTN_DTYPE_Q8_0 ? 34 : 18;
     const size_t *kd = t->k.dims, *vd = t->v.dims;
     const int rank = t->k.rank; /* 4, or 3 for packed sequences */
     t->k = clattn_tensor_make(NULL, 0, o->kv_dtype, rank, kd[0], kd[1], kd[2], kd[3]);
     t->v = clattn_tensor_make(NULL, 0, o->kv_dtype, rank, vd[0], vd[1], vd[2], vd[3]);
-    job->kq_bytes = tensor_count(&t->k) / 32 * block_bytes; /* <= the floats' bytes */
-    job->vq_bytes = o->v_from_k ? 0 : tensor_count(&t->v) / 32 * block_bytes;
+    job->kq_bytes = fp8 ? tensor_count(&t->k) : tensor_count(&t->k) / 32 * block_bytes;
+    job->vq_bytes = o->v_from_k ? 0 : fp8 ? tensor_count(&t->v) : tensor_count(&t->v) / 32 * block_bytes;
     return v_view(o, job);
 }
 
@@ -1849,9 +1871,10 @@ static clattn_status quantize_kv(clattn_ctx *ctx, const sdpa_data *d, sdpa_job *
     clattn_tensor kq = job->tensors.k, vq = job->tensors.v;
     job->k_float.mem = d->mem[M_K], job->v_float.mem = d->mem[M_V];
     kq.mem = d->mem[M_KQ], vq.mem = d->mem[M_VQ];
-    clattn_status status = clattn_quantize(ctx, &job->k_float, &kq, 0, NULL, NULL);
+    clattn_status status =
+        clattn_quantize_scaled(ctx, &job->k_float, &kq, job->k_scale, 0, NULL, NULL);
     if (status == CLATTN_SUCCESS && !job->v_view)
-        status = clattn_quantize(ctx, &job->v_float, &vq, 0, NULL, NULL);
+        status = clattn_quantize_scaled(ctx, &job->v_float, &vq, job->v_scale, 0, NULL, NULL);
     return status;
 }
 

@@ -4,6 +4,7 @@
  * lowest-free-page allocator (`used`: which pages the table holds) or by the caller. */
 #include "plan.h"
 
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,6 +67,26 @@ static clattn_status new_buffer(clattn_ctx *ctx, const char *op, const char *wha
     return CLATTN_SUCCESS;
 }
 
+/* An FP8 per-tensor scale (clattn_quantize_scaled's, clattn_kv_cache_desc's): 0 means 1; else
+ * a finite float > 0, and only for an FP8 dtype. */
+static clattn_status fp8_scale(clattn_ctx *ctx, const char *op, const char *name, double scale,
+                               clattn_dtype dtype, float *out)
+{
+    *out = 1.0f;
+    if (scale == 0.0)
+        return CLATTN_SUCCESS;
+    if (!(scale >= FLT_MIN && scale <= FLT_MAX))
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %s=%g: a finite float > 0 (0 means 1)", op, name, scale);
+    if (!((1u << dtype) & CLATTN__FP8) && scale != 1.0)
+        return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                            "%s: %s=%g with dtype %s: a per-tensor scale is FP8's (Q8_0 and Q4_0 "
+                            "scale each block)",
+                            op, name, scale, clattn__dtype_name(dtype));
+    *out = (float)scale;
+    return CLATTN_SUCCESS;
+}
+
 clattn_status clattn_kv_cache_create(clattn_ctx *ctx, const clattn_kv_cache_desc *desc,
                                      clattn_kv_cache **out)
 {
@@ -79,8 +100,13 @@ clattn_status clattn_kv_cache_create(clattn_ctx *ctx, const clattn_kv_cache_desc
         return status;
     if ((unsigned)desc->dtype > 31u || !((1u << desc->dtype) & (CLATTN__FLOATS | CLATTN__QUANT)))
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: dtype=%d: the cache stores F32, F16, BF16, Q8_0 or Q4_0", op,
-                            (int)desc->dtype);
+                            "%s: dtype=%d: the cache stores F32, F16, BF16, Q8_0, Q4_0, "
+                            "FP8_E4M3 or FP8_E5M2",
+                            op, (int)desc->dtype);
+    float scales[2];
+    if ((status = fp8_scale(ctx, op, "k_scale", desc->k_scale, desc->dtype, &scales[0])) ||
+        (status = fp8_scale(ctx, op, "v_scale", desc->v_scale, desc->dtype, &scales[1])))
+        return status;
     size_t block = 1, elem = 0;
     clattn__dtype_blocks(desc->dtype, &block, &elem);
     if (desc->head_dim_qk % block != 0 || desc->head_dim_v % block != 0)
@@ -520,6 +546,8 @@ clattn_status clattn_kv_cache_append(clattn_kv_cache *cache, const clattn_tensor
         status = clattn__append_prepare(ctx, d->batch, d->kv_heads, n, d->head_dim_qk,
                                         d->head_dim_v, k_view.dtype, v_view.dtype, d->dtype,
                                         d->page_size, &append);
+    append.k_scale = (float)d->k_scale; /* an FP8 cache's (validated at creation; 0: 1) */
+    append.v_scale = (float)d->v_scale;
     const clattn__append_pages pages = {cache->table, cache->blocks, d->page_size, d->num_pages,
                                         cache->length};
     if (status == CLATTN_SUCCESS)
@@ -638,6 +666,13 @@ clattn_status clattn_kv_cache_decode(clattn_kv_cache *cache, clattn_plan *plan,
 clattn_status clattn_quantize(clattn_ctx *ctx, const clattn_tensor *src, const clattn_tensor *dst,
                               cl_uint num_wait, const cl_event *wait, cl_event *event)
 {
+    return clattn_quantize_scaled(ctx, src, dst, 0.0f, num_wait, wait, event);
+}
+
+clattn_status clattn_quantize_scaled(clattn_ctx *ctx, const clattn_tensor *src,
+                                     const clattn_tensor *dst, float scale, cl_uint num_wait,
+                                     const cl_event *wait, cl_event *event)
+{
     static const char op[] = "quantize";
     clattn_status status = clattn__entry(ctx, op, ctx, num_wait, wait, event);
     if (status != CLATTN_SUCCESS)
@@ -652,8 +687,10 @@ clattn_status clattn_quantize(clattn_ctx *ctx, const clattn_tensor *src, const c
     if (!from.present || !to.present)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s is absent (rank 0)", op,
                             from.present ? "dst" : "src");
+    float dst_scale = 1.0f;
     if ((status = clattn__layout_expect(ctx, op, "dst", &to, from.rank, from.dims,
-                                        "(src's dims)")))
+                                        "(src's dims)")) ||
+        (status = fp8_scale(ctx, op, "scale", scale, to.dtype, &dst_scale)))
         return status;
     clattn__view views[2];
     const clattn__layout *layouts[2] = {&from, &to};
@@ -674,6 +711,9 @@ clattn_status clattn_quantize(clattn_ctx *ctx, const clattn_tensor *src, const c
     clattn_chain chain;
     status = clattn__begin(ctx, op, &chain, NULL, false, num_wait, wait);
     if (status == CLATTN_SUCCESS)
-        status = clattn__copy_enqueue(&chain, &copy, &views[0], &views[1]);
+        status = (1u << to.dtype) & CLATTN__FP8
+                     ? clattn__copy_enqueue_fp8(&chain, &copy, &views[0], &views[1],
+                                                1.0f / dst_scale)
+                     : clattn__copy_enqueue(&chain, &copy, &views[0], &views[1]);
     return clattn__end(op, &chain, status, event);
 }

@@ -1,8 +1,9 @@
 /* clattn_doctor: self-validation over every SDPA configuration family the device can build
  * (dtypes, head sizes, masks, ALiBi, sinks, soft-capping, relu, grouped decodes with and
- * without splits, paged and quantized caches, the unfused path's matmuls and softmax rows,
- * softmax in double, rotary embeddings and a KV cache's copies, the backward), each plan created on the context with validation forced to "always";
- * the context's log is the report (clattn_ctx_validations), written as JSON on request. */
+ * without splits, paged and quantized (Q8_0, Q4_0, FP8) caches, the unfused path's matmuls
+ * and softmax rows, softmax in double, rotary embeddings and a KV cache's copies, the
+ * backward), each plan created on the context with validation forced to "always"; the
+ * context's log is the report (clattn_ctx_validations), written as JSON on request. */
 #include "plan.h"
 #include "core/validate.h"
 
@@ -57,6 +58,10 @@ static const doctor_case cases[] = {
      DOC_PAGED | DOC_KVLEN | DOC_CAUSAL, CLATTN_PATH_AUTO},
     {"decode q4_0 d128", F16, CLATTN_DTYPE_Q4_0, F16, 128, 4, 2, 1, 200, DOC_KVLEN,
      CLATTN_PATH_AUTO},
+    {"decode fp8_e4m3 d64 grouped", F32, CLATTN_DTYPE_FP8_E4M3, F32, 64, 8, 2, 1, 300, DOC_KVLEN,
+     CLATTN_PATH_AUTO},
+    {"prefill paged fp8_e5m2 d48", F16, CLATTN_DTYPE_FP8_E5M2, F16, 48, 2, 2, 5, 96,
+     DOC_PAGED | DOC_KVLEN | DOC_CAUSAL, CLATTN_PATH_AUTO},
     {"unfused f32 d64 weights, mask", F32, F32, F32, 64, 2, 2, 17, 67, DOC_WEIGHTS | DOC_MASK,
      CLATTN_PATH_AUTO},
     {"unfused f16 d32 (matmul f16)", F16, F16, F16, 32, 2, 2, 23, 45, DOC_CAUSAL,

@@ -425,6 +425,36 @@ static clattn_status prepare_attention(clattn_plan *plan, const clattn_sdpa_desc
     return status;
 }
 
+/* FP8 k and v's per-tensor scales (desc->k_scale, v_scale; 0 means 1): k_scale folds into the
+ * score scale (s = scale * q . (k_scale * decode(k))), v_scale into the fused kernels' output
+ * normalisation (score->v_scale). */
+static clattn_status fp8_scales(clattn_plan *plan, const clattn_sdpa_desc *desc,
+                                clattn__score_shape *score)
+{
+    const clattn__layout *l = plan->layouts;
+    const double given[2] = {desc->k_scale, desc->v_scale};
+    const clattn_dtype dtypes[2] = {l[R_K].dtype, l[R_V].dtype};
+    static const char *const names[2] = {"k_scale", "v_scale"}, *const operands[2] = {"k", "v"};
+    float scales[2] = {1.0f, 1.0f};
+    for (int i = 0; i < 2; ++i) {
+        if (given[i] == 0.0)
+            continue;
+        if (!(given[i] >= FLT_MIN && given[i] <= FLT_MAX))
+            return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: %s=%g: a finite float > 0 (0 means 1)", plan->op, names[i],
+                                given[i]);
+        if (!((1u << dtypes[i]) & CLATTN__FP8) && given[i] != 1.0)
+            return clattn__fail(plan->ctx, CLATTN_ERR_INVALID_ARGUMENT,
+                                "%s: %s=%g but %s is %s: the scale is an FP8 %s's (leave it 0)",
+                                plan->op, names[i], given[i], operands[i],
+                                clattn__dtype_name(dtypes[i]), operands[i]);
+        scales[i] = (float)given[i];
+    }
+    score->scale *= scales[0];
+    score->v_scale = scales[1];
+    return CLATTN_SUCCESS;
+}
+
 static clattn_status create(clattn_plan *plan, const void *any)
 {
     const clattn_sdpa_desc *desc = any;
@@ -451,6 +481,8 @@ static clattn_status create(clattn_plan *plan, const void *any)
         goto done;
     score.kv_group = d.heads / d.kv_heads;
     score.kv_paged = d.paged;
+    if ((status = fp8_scales(plan, desc, &score)))
+        goto done;
     /* the path, then the attention steps bound to it */
     if ((status = choose_path(plan, desc, &d, &score)) ||
         (status = check_kv_step(plan, desc, &d, &score)))

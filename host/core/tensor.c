@@ -12,6 +12,8 @@ size_t clattn_dtype_size(clattn_dtype dtype)
     case CLATTN_DTYPE_BF16:
         return 2;
     case CLATTN_DTYPE_U8:
+    case CLATTN_DTYPE_FP8_E4M3:
+    case CLATTN_DTYPE_FP8_E5M2:
         return 1;
     case CLATTN_DTYPE_I32:
         return 4;
@@ -48,6 +50,10 @@ const char *clattn__dtype_name(clattn_dtype dtype)
         return "Q8_0";
     case CLATTN_DTYPE_Q4_0:
         return "Q4_0";
+    case CLATTN_DTYPE_FP8_E4M3:
+        return "FP8_E4M3";
+    case CLATTN_DTYPE_FP8_E5M2:
+        return "FP8_E5M2";
     }
     return "?";
 }
@@ -84,11 +90,12 @@ clattn_status clattn__layout_from(clattn_ctx *ctx, const char *op, const char *n
                             (int)t->dtype);
     if (!(dtypes & (1u << t->dtype)))
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT,
-                            "%s: %s cannot be %s (allowed:%s%s%s%s%s%s%s)", op, name,
+                            "%s: %s cannot be %s (allowed:%s%s%s%s%s%s%s%s)", op, name,
                             clattn__dtype_name(t->dtype), dtypes & 1 ? " F32" : "",
                             dtypes & 2 ? " F16" : "", dtypes & 4 ? " BF16" : "",
                             dtypes & 8 ? " U8" : "", dtypes & 16 ? " I32" : "",
-                            dtypes & 32 ? " Q8_0" : "", dtypes & 64 ? " Q4_0" : "");
+                            dtypes & 32 ? " Q8_0" : "", dtypes & 64 ? " Q4_0" : "",
+                            dtypes & CLATTN__FP8 ? " FP8_E4M3 FP8_E5M2" : "");
     if (block > 1) {
         /* Whole blocks: rows of 32k elements along the last dimension, packed. */
         const int last = t->rank - 1;
@@ -209,7 +216,7 @@ clattn_status clattn__bind(clattn_ctx *ctx, const char *op, const char *name,
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: %s has no buffer (mem is NULL)",
                             op, name);
     clattn__layout given;
-    clattn_status status = clattn__layout_from(ctx, op, name, t, 0x7f, false, &given);
+    clattn_status status = clattn__layout_from(ctx, op, name, t, 0x7fu | CLATTN__FP8, false, &given);
     if (status != CLATTN_SUCCESS)
         return status;
     if (!same_layout(planned, &given)) {

@@ -54,7 +54,10 @@ typedef struct clattn__layout {
 #define CLATTN__FLOATS                                                                             \
     ((1u << CLATTN_DTYPE_F32) | (1u << CLATTN_DTYPE_F16) | (1u << CLATTN_DTYPE_BF16))
 #define CLATTN__F32 (1u << CLATTN_DTYPE_F32)
-#define CLATTN__QUANT ((1u << CLATTN_DTYPE_Q8_0) | (1u << CLATTN_DTYPE_Q4_0))
+/* The quantized KV types: the blocks (Q8_0, Q4_0) and the 8-bit floats (FP8_*; since 0.12),
+ * which the fused kernels decode as they load and the unfused path refuses. */
+#define CLATTN__FP8 ((1u << CLATTN_DTYPE_FP8_E4M3) | (1u << CLATTN_DTYPE_FP8_E5M2))
+#define CLATTN__QUANT ((1u << CLATTN_DTYPE_Q8_0) | (1u << CLATTN_DTYPE_Q4_0) | CLATTN__FP8)
 #define CLATTN__U8 (1u << CLATTN_DTYPE_U8)
 #define CLATTN__I32 (1u << CLATTN_DTYPE_I32)
 

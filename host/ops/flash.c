@@ -218,14 +218,13 @@ static clattn_status prepare_kernel(clattn_ctx *ctx, const clattn__flash_shape *
                             "%s: head_dim_qk=%zu, head_dim_v=%zu: the fused kernel takes head "
                             "sizes 1 to %d",
                             op, dk, dv, FLASH_MAX_HEAD_DIM);
-    /* k and v may be blocks (Q8_0, Q4_0): types.cl's loads dequantize them */
-    const bool k_ok = float_dtype(shape->k_dtype) || shape->k_dtype == CLATTN_DTYPE_Q8_0 ||
-                      shape->k_dtype == CLATTN_DTYPE_Q4_0;
-    const bool v_ok = float_dtype(shape->v_dtype) || shape->v_dtype == CLATTN_DTYPE_Q8_0 ||
-                      shape->v_dtype == CLATTN_DTYPE_Q4_0;
+    /* k and v may be blocks (Q8_0, Q4_0) or FP8: types.cl's loads dequantize them */
+    const bool k_ok = float_dtype(shape->k_dtype) || ((1u << shape->k_dtype) & CLATTN__QUANT);
+    const bool v_ok = float_dtype(shape->v_dtype) || ((1u << shape->v_dtype) & CLATTN__QUANT);
     if (!float_dtype(shape->q_dtype) || !k_ok || !v_ok || !float_dtype(shape->out_dtype))
         return clattn__fail(ctx, CLATTN_ERR_UNSUPPORTED,
-                            "%s: q and out must be F32, F16 or BF16, k and v those or Q8_0, Q4_0",
+                            "%s: q and out must be F32, F16 or BF16, k and v those or Q8_0, "
+                            "Q4_0, FP8_E4M3, FP8_E5M2",
                             op);
     if (score->has_mask && (unsigned)score->mask_dtype > CLATTN_DTYPE_U8)
         return clattn__fail(ctx, CLATTN_ERR_INVALID_ARGUMENT, "%s: mask dtype %d is unknown", op,
@@ -542,6 +541,7 @@ clattn_status clattn__flash_enqueue(clattn_chain *chain, const clattn__flash_pla
     params.has_lse = has_lse;
     params.kv_group = score->kv_group > 1 ? (cl_uint)score->kv_group : 1u;
     params.split_keys = split_keys;
+    params.v_scale = score->v_scale > 0.0f ? score->v_scale : 1.0f; /* FP8 v (score.v_scale) */
     if (score->kv_paged) { /* the block table's (b, block) strides, the pages' */
         const clattn__view *table = &masks->paging.block_table;
         params.bt_offset = table->offset;
@@ -627,6 +627,7 @@ static void probe_flash_plan(const clattn__flash_plan *prepared, clattn__flash_p
 {
     *run = *prepared;
     clattn__score_shape *s = &run->shape.score;
+    s->v_scale = 1.0f; /* FP8 v's scale: the reference takes the codes' values */
     /* (the query group is a launch argument too: at most 4 query heads a k/v head) */
     const size_t group = s->kv_group > 1 ? s->kv_group : 1;
     s->batch = clattn__probe_at_most(s->batch, 2);

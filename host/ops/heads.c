@@ -146,9 +146,29 @@ static clattn_status copy_vec4(clattn_chain *chain, const clattn__copy_plan *pla
                                  sizeof args / sizeof args[0], 1, &plan->vec4_global, &plan->local);
 }
 
+/* copy4d into FP8 (heads.cl's struct variant): dst = encode(src * inv_scale). */
+clattn_status clattn__copy_enqueue_fp8(clattn_chain *chain, const clattn__copy_plan *plan,
+                                       const clattn__view *src, const clattn__view *dst,
+                                       float inv_scale)
+{
+    clattn_copy_fp8_params params = {0};
+    CLATTN__VIEW_FIELDS(src, params, src);
+    CLATTN__VIEW_FIELDS(dst, params, dst);
+    params.total = (cl_ulong)plan->dims[0] * plan->dims[1] * plan->dims[2] * plan->dims[3];
+    params.d1 = (cl_uint)plan->dims[1];
+    params.d2 = (cl_uint)plan->dims[2];
+    params.d3 = (cl_uint)plan->dims[3];
+    params.inv_scale = inv_scale;
+    const clattn_arg args[] = {CLATTN_ARG(src->mem), CLATTN_ARG(dst->mem), CLATTN_ARG(params)};
+    return clattn__launch_kernel(chain, plan->kernel, "copy4d", args, sizeof args / sizeof args[0],
+                                 1, &plan->global, &plan->local);
+}
+
 clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan *plan,
                                    const clattn__view *src, const clattn__view *dst)
 {
+    if ((1u << dst->dtype) & CLATTN__FP8)
+        return clattn__copy_enqueue_fp8(chain, plan, src, dst, 1.0f);
     if (plan->vec4 && src->strides[3] == 1 && dst->strides[3] == 1)
         return copy_vec4(chain, plan, src, dst);
     const cl_ulong total = (cl_ulong)plan->dims[0] * plan->dims[1] * plan->dims[2] * plan->dims[3];
@@ -218,6 +238,8 @@ clattn_status clattn__append_enqueue(clattn_chain *chain, const clattn__append_p
     params.page_size = (cl_uint)pages->page_size;
     params.num_pages = (cl_uint)pages->num_pages;
     params.start = (cl_uint)pages->start;
+    params.k_inv_scale = plan->k_scale > 0.0f ? 1.0f / plan->k_scale : 1.0f; /* FP8 caches */
+    params.v_inv_scale = plan->v_scale > 0.0f ? 1.0f / plan->v_scale : 1.0f;
     const size_t local[2] = {plan->local, 1};
     const clattn_arg args[] = {CLATTN_ARG(k->mem),     CLATTN_ARG(v->mem),  CLATTN_ARG(k_dst->mem),
                                CLATTN_ARG(v_dst->mem), CLATTN_ARG(lengths), CLATTN_ARG(table),
@@ -239,9 +261,10 @@ static clattn_status copy_probe(clattn_ctx *ctx, void *unit, clattn__probe_resul
     } *u = unit;
     size_t block = 1, bytes = 0, src_block = 1;
     clattn__dtype_blocks(u->src, &src_block, &bytes);
-    if ((clattn__dtype_blocks(u->dst, &block, &bytes) && block > 1) || src_block > 1) {
+    const bool fp8 = ((1u << u->dst) | (1u << u->src)) & CLATTN__FP8; /* tests/check_fp8.c */
+    if ((clattn__dtype_blocks(u->dst, &block, &bytes) && block > 1) || src_block > 1 || fp8) {
         r->checked = false;
-        snprintf(r->why, sizeof r->why, "blocks (a quantizing or dequantizing copy)");
+        snprintf(r->why, sizeof r->why, "blocks or FP8 (a quantizing or dequantizing copy)");
         return CLATTN_SUCCESS;
     }
     const size_t cols = u->plan->vec4 ? 8 : 7, gap = 3;

@@ -54,7 +54,8 @@ typedef struct clattn__score_shape {
     size_t batch, heads, seq_q, seq_k;
     size_t kv_group; /* grouped-query attention: query head h reads k/v head h / kv_group (k and
                       * v have heads / kv_group heads); 0 or 1: a k/v head per query head */
-    float scale;     /* resolved: never NAN */
+    float scale;     /* resolved: never NAN (FP8 keys: times their k_scale) */
+    float v_scale;   /* FP8 values' per-tensor scale, the fused kernels' (0 or 1: none) */
     float softcap;   /* 0: off */
     clattn_norm norm;
     bool has_kv_len; /* I32 key counts per batch (clattn__score_masks.kv_len) */
@@ -396,6 +397,7 @@ typedef struct clattn__append_plan {
     size_t batch, kv_heads, n, dk, dv;
     cl_kernel kernel;
     size_t local, global[2];
+    float k_scale, v_scale; /* an FP8 cache's per-tensor scales (0: 1), set after prepare */
 } clattn__append_plan;
 
 typedef struct clattn__append_pages {
@@ -453,6 +455,10 @@ clattn_status clattn__copy_prepare(clattn_ctx *ctx, const size_t dims[4], clattn
                                    clattn_dtype dst_dtype, clattn__copy_plan *plan);
 clattn_status clattn__copy_enqueue(clattn_chain *chain, const clattn__copy_plan *plan,
                                    const clattn__view *src, const clattn__view *dst);
+/* Into an FP8 dst: dst = encode(src * inv_scale) (clattn_quantize_scaled). */
+clattn_status clattn__copy_enqueue_fp8(clattn_chain *chain, const clattn__copy_plan *plan,
+                                       const clattn__view *src, const clattn__view *dst,
+                                       float inv_scale);
 
 /* ---- attention states merged by their log-sum-exp (ops/merge.c, kernels/merge.cl) ---------
  * o = (w_a o_a + w_b o_b) / (w_a + w_b), lse = m + log(w_a + w_b), w_x = exp(lse_x - m), per row

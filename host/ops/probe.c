@@ -19,6 +19,8 @@ double clattn__probe_grid(clattn__probe_rng *r, clattn_dtype dtype)
 {
     if (dtype == CLATTN_DTYPE_Q4_0)
         return ((int)(clattn__probe_next(r) % 16) - 8) / 8.0;
+    if (dtype == CLATTN_DTYPE_FP8_E4M3 || dtype == CLATTN_DTYPE_FP8_E5M2)
+        return ((int)(clattn__probe_next(r) % 17) - 8) / 8.0; /* 3 significant bits: exact */
     return ((int)(clattn__probe_next(r) % 129) - 64) / 64.0;
 }
 
@@ -33,6 +35,30 @@ static uint16_t half_bits(double x)
     const uint32_t sign = (u >> 16) & 0x8000u;
     const uint32_t exponent = ((u >> 23) & 0xffu) - 127u + 15u;
     return (uint16_t)(sign | (exponent << 10) | ((u >> 13) & 0x3ffu));
+}
+
+/* The FP8 code of a grid value (0, or a normal number of that format: exact). */
+static unsigned char fp8_bits(double x, bool e4m3)
+{
+    if (x == 0.0)
+        return 0;
+    const int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+    int exponent = 0;
+    const double mantissa = frexp(fabs(x), &exponent); /* [0.5, 1) */
+    const int m = (int)ldexp(mantissa * 2.0 - 1.0, mbits);
+    return (unsigned char)((x < 0 ? 0x80 : 0) | ((exponent - 1 + bias) << mbits) | m);
+}
+
+static double fp8_value(unsigned char c, bool e4m3)
+{
+    const int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, mag = c & 0x7f;
+    const int exponent = mag >> mbits, m = mag & ((1 << mbits) - 1);
+    const double sign = c & 0x80 ? -1.0 : 1.0;
+    if (e4m3 ? mag == 0x7f : exponent == 31)
+        return !e4m3 && m == 0 ? sign * INFINITY : NAN;
+    if (exponent == 0)
+        return sign * ldexp(m, 1 - bias - mbits);
+    return sign * ldexp((1 << mbits) + m, exponent - bias - mbits);
 }
 
 static double half_value(uint16_t h)
@@ -53,6 +79,8 @@ size_t clattn__probe_bytes(clattn_dtype dtype, size_t count)
     case CLATTN_DTYPE_BF16:
         return 2 * count;
     case CLATTN_DTYPE_U8:
+    case CLATTN_DTYPE_FP8_E4M3:
+    case CLATTN_DTYPE_FP8_E5M2:
         return count;
     case CLATTN_DTYPE_Q8_0:
         return count / 32 * 34;
@@ -83,6 +111,10 @@ void clattn__probe_encode(clattn_dtype dtype, const double *x, size_t count, uns
         }
         case CLATTN_DTYPE_U8:
             out[i] = (unsigned char)x[i];
+            break;
+        case CLATTN_DTYPE_FP8_E4M3:
+        case CLATTN_DTYPE_FP8_E5M2:
+            out[i] = fp8_bits(x[i], dtype == CLATTN_DTYPE_FP8_E4M3);
             break;
         case CLATTN_DTYPE_Q8_0:
         case CLATTN_DTYPE_Q4_0: {
@@ -120,6 +152,9 @@ double clattn__probe_decode(clattn_dtype dtype, const unsigned char *in, size_t 
         memcpy(&f, &u, 4);
         return f;
     }
+    case CLATTN_DTYPE_FP8_E4M3:
+    case CLATTN_DTYPE_FP8_E5M2:
+        return fp8_value(in[i], dtype == CLATTN_DTYPE_FP8_E4M3);
     default:
         memcpy(&f, in + 4 * i, 4);
         return f;

@@ -1,7 +1,8 @@
 /* Self-validation's probes (host/ops/probe.c; core/validate.h): what every family's probe
- * shares. Inputs lie on the grid k/64 in [-1, 1] (k/8 for Q4_0), which F16, BF16, Q8_0 (scale
- * 1/64) and Q4_0 (scale 1/8) hold exactly, so a float64 reference sees the very values the
- * device reads. Outputs are poisoned with NaN (0xff bytes) before a probe writes them. */
+ * shares. Inputs lie on the grid k/64 in [-1, 1] (k/8 for Q4_0 and FP8), which F16, BF16, Q8_0
+ * (scale 1/64), Q4_0 (scale 1/8) and FP8 (3 significant bits) hold exactly, so a float64
+ * reference sees the very values the device reads. Outputs are poisoned with NaN (0xff bytes)
+ * before a probe writes them. */
 #ifndef CLATTN_OPS_PROBE_H
 #define CLATTN_OPS_PROBE_H
 

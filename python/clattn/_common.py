@@ -163,3 +163,18 @@ def _sdpa_plan(ctx: Context, desc) -> ctypes.c_void_p:
 
 def _is_pyopencl(x) -> bool:
     return type(x).__module__.startswith("pyopencl") and hasattr(x, "queue")
+
+
+def _fp8_scales(kv_dtype, k_scale, v_scale) -> tuple:
+    """(k_scale, v_scale) as the C API takes them (0: 1): finite and > 0, given only with an
+    fp8 kv_dtype (else ArgumentError naming it)."""
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if s is None:
+            continue
+        if kv_dtype not in _lib.FP8_TYPES:
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                f"{name}={s}: a per-tensor scale is for kv_dtype 'fp8_e4m3' or "
+                                f"'fp8_e5m2' (got kv_dtype={kv_dtype!r})")
+        if not (math.isfinite(s) and s > 0):
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"{name}={s}: must be finite and > 0")
+    return (float(k_scale or 0.0), float(v_scale or 0.0))

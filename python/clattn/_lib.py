@@ -14,8 +14,11 @@ MAX_RANK = 4
 
 # clattn_dtype
 F32, F16, BF16, U8, I32, Q8_0, Q4_0 = 0, 1, 2, 3, 4, 5, 6
+FP8_E4M3, FP8_E5M2 = 7, 8
 # llama.cpp's block formats: name -> (clattn dtype, bytes per 32 values)
 BLOCK_TYPES = {"q8_0": (Q8_0, 34), "q4_0": (Q4_0, 18)}
+# the OCP 8-bit floats (one byte a value, a per-tensor scale): name -> clattn dtype
+FP8_TYPES = {"fp8_e4m3": FP8_E4M3, "fp8_e5m2": FP8_E5M2}
 # clattn_causal
 CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT, CAUSAL_ONNX, CAUSAL_OFFSET = 0, 1, 2, 3, 4
 # clattn_path
@@ -113,6 +116,7 @@ class SdpaDesc(_PlanDesc):
                         ("dropout_seed", c_ulonglong), ("dropout_offset", c_ulonglong),
                         ("flex", FlexDesc), ("t5_num_buckets", c_size_t),
                         ("t5_max_distance", c_size_t), ("t5_bidirectional", c_int),
+                        ("reserved_", c_int), ("k_scale", c_double), ("v_scale", c_double),
                         ("kv_step", c_int)]
 
 
@@ -137,7 +141,8 @@ class RopeDesc(_PlanDesc):
 class KvCacheDesc(Structure):
     _fields_ = [("struct_size", c_size_t), ("batch", c_size_t), ("kv_heads", c_size_t),
                 ("capacity", c_size_t), ("head_dim_qk", c_size_t), ("head_dim_v", c_size_t),
-                ("dtype", c_int), ("page_size", c_size_t), ("num_pages", c_size_t)]
+                ("dtype", c_int), ("page_size", c_size_t), ("num_pages", c_size_t),
+                ("k_scale", c_double), ("v_scale", c_double)]
 
 
 class KvCommitDesc(Structure):
@@ -231,6 +236,8 @@ _declare(lib.clattn_quantize, c_int, _ctx_p, POINTER(Tensor), POINTER(Tensor), c
 _declare(lib.clattn_flex_tree_mask, None, POINTER(FlexDesc))
 _declare(lib.clattn_kv_commit_desc_init, None, POINTER(KvCommitDesc))
 _declare(lib.clattn_kv_commit, c_int, _ctx_p, POINTER(KvCommitDesc), c_uint, c_void_p, c_void_p)
+_declare(lib.clattn_quantize_scaled, c_int, _ctx_p, POINTER(Tensor), POINTER(Tensor), c_float,
+         c_uint, c_void_p, c_void_p)
 _declare(lib.clattn_kv_cache_map_pages, c_int, c_void_p, POINTER(c_int32), c_uint, c_void_p,
          c_void_p)
 _declare(lib.clattn_plan_tiles_visited, c_int, _plan_p, c_void_p, POINTER(c_ulonglong),

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from . import _lib, _torch
-from ._common import _as_float, _needs_grad, _sdpa_plan, _sinks_array
+from ._common import _as_float, _fp8_scales, _needs_grad, _sdpa_plan, _sinks_array
 from ._core import ArgumentError, ArrayLike, Buffer, Context, clattn_dtype, default_context, layout
 from ._lib import lib
 
@@ -21,7 +21,8 @@ from ._lib import lib
 def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
                     block_table: ArrayLike, seqlens_k: ArrayLike, *, is_causal: bool = False,
                     scale: Optional[float] = None, sinks: Optional[ArrayLike] = None,
-                    kv_dtype: Optional[str] = None,
+                    kv_dtype: Optional[str] = None, k_scale: Optional[float] = None,
+                    v_scale: Optional[float] = None,
                     ctx: Optional[Context] = None) -> ArrayLike:
     """Attention over a paged KV cache (the pools in vLLM's and flash-attn's page layout), on
     the clattn device (the fused kernel reads the pages through the table).
@@ -45,7 +46,11 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
     ArgumentError): float pools are quantized on the device first (``quantize``'s rounding),
     and uint8 pools are taken as those blocks as they are, (pages, page_size, Hkv,
     E // 32 * 34) for q8_0 (18 for q4_0), a ggml cache handed over byte for byte; the kernel
-    dequantizes as it reads.
+    dequantizes as it reads. kv_dtype 'fp8_e4m3' or 'fp8_e5m2' (since 0.12): vLLM's fp8 cache,
+    one byte a value with per-tensor scales k_scale and v_scale (None: 1), a value being
+    decode(code) * scale: float pools are encoded on the device (``quantize``'s rounding), uint8
+    pools (pages, page_size, Hkv, E) are taken as the codes, and torch.float8_e4m3fn /
+    torch.float8_e5m2 pools (torch 2.1+) as theirs, kv_dtype then implied.
     torch tensors in give a torch tensor out (every argument, kv_dtype included, reaches the
     same core as for numpy). Not differentiable (clattn's backward refuses paged caches): on
     tensors that require grad while torch records gradients it raises clattn.ArgumentError
@@ -58,7 +63,9 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
         result = paged_attention(
             _torch.to_numpy(query), _torch.to_numpy(k_pages), _torch.to_numpy(v_pages),
             _torch.to_numpy(block_table), _torch.to_numpy(seqlens_k), is_causal=is_causal,
-            scale=scale, sinks=_torch.to_numpy(sinks), kv_dtype=kv_dtype, ctx=ctx)
+            scale=scale, sinks=_torch.to_numpy(sinks),
+            kv_dtype=kv_dtype or _torch.fp8_kv_dtype(k_pages), k_scale=k_scale,
+            v_scale=v_scale, ctx=ctx)
         return _torch.from_numpy(result, like)
     ctx = ctx or default_context()
     q_in = np.asarray(query)
@@ -71,12 +78,13 @@ def paged_attention(query: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike,
         raise ArgumentError(_lib.ERR_INVALID_ARGUMENT, f"scale={scale}: must be finite")
     sinks1 = _sinks_array(sinks, pools.q.shape[1])
     E = pools.q.shape[3]
-    if pools.block is not None and (E % 32 or pools.vp.shape[-1] % 32):
+    scales = _fp8_scales(kv_dtype, k_scale, v_scale)
+    if pools.block is not None and pools.block[2] == 32 and (E % 32 or pools.vp.shape[-1] % 32):
         raise ArgumentError(_lib.ERR_UNSUPPORTED,
                             f"kv_dtype={kv_dtype!r}: the head sizes (k {E}, v "
                             f"{pools.vp.shape[-1]}) must be multiples of 32 (a block holds 32 "
                             f"values)")
-    out = _paged_execute(ctx, pools, table, counts, sinks1, is_causal, scale)
+    out = _paged_execute(ctx, pools, table, counts, sinks1, is_causal, scale, scales)
     return out.astype(q_in.dtype) if q_in.dtype == np.float64 else out
 
 
@@ -100,12 +108,9 @@ def _pools(query, k_pages, v_pages, kv_dtype) -> SimpleNamespace:
     """The query and pools as floats, or, for a given uint8 cache of kv_dtype's blocks, the
     blocks as they are (kb, vb) with kp, vp empty float arrays of the shapes they hold
     (E from the bytes per row). block: kv_dtype's (clattn dtype, bytes per block) or None."""
-    block = None  # (clattn dtype, bytes per block) with kv_dtype
+    block = None  # (clattn dtype, bytes per block, values per block) with kv_dtype
     if kv_dtype is not None:
-        if kv_dtype not in _lib.BLOCK_TYPES:
-            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                                f"kv_dtype={kv_dtype!r}: expected 'q8_0' or 'q4_0'")
-        block = _lib.BLOCK_TYPES[kv_dtype]
+        block = _kv_type(kv_dtype)
     given_blocks = block is not None and np.asarray(k_pages).dtype == np.uint8
     if given_blocks:  # the blocks as a ggml cache holds them: E from the bytes per row
         kb, vb = np.asarray(k_pages), np.asarray(v_pages)
@@ -114,16 +119,29 @@ def _pools(query, k_pages, v_pages, kv_dtype) -> SimpleNamespace:
             raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                                 f"k_pages {kb.shape} {kb.dtype}, v_pages {vb.shape} {vb.dtype}: "
                                 f"{kv_dtype} blocks are uint8 (pages, page_size, Hkv, "
-                                f"E // 32 * {block[1]})")
+                                f"E // {block[2]} * {block[1]})")
         q = _as_float("query", query)
-        kp = np.empty(kb.shape[:3] + (kb.shape[3] // block[1] * 32,), np.float32)  # shapes only
-        vp = np.empty(vb.shape[:3] + (vb.shape[3] // block[1] * 32,), np.float32)
+        per = block[2]
+        kp = np.empty(kb.shape[:3] + (kb.shape[3] // block[1] * per,), np.float32)  # shapes only
+        vp = np.empty(vb.shape[:3] + (vb.shape[3] // block[1] * per,), np.float32)
     else:
         q, kp, vp = (_as_float(n, a) for n, a in (("query", query), ("k_pages", k_pages),
                                                   ("v_pages", v_pages)))
         kb = vb = None
     return SimpleNamespace(q=q, kp=kp, vp=vp, kb=kb, vb=vb, block=block,
                            given_blocks=given_blocks)
+
+
+def _kv_type(kv_dtype) -> tuple:
+    """kv_dtype's (clattn dtype, bytes per block, values per block): llama.cpp's blocks of 32,
+    or the 8-bit floats (a byte a value); ArgumentError for another name."""
+    if kv_dtype in _lib.FP8_TYPES:
+        return (_lib.FP8_TYPES[kv_dtype], 1, 1)
+    if kv_dtype in _lib.BLOCK_TYPES:
+        return _lib.BLOCK_TYPES[kv_dtype] + (32,)
+    raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                        f"kv_dtype={kv_dtype!r}: expected 'q8_0', 'q4_0', 'fp8_e4m3' or "
+                        f"'fp8_e5m2'")
 
 
 def _check_pools(q, kp, vp) -> None:
@@ -178,7 +196,8 @@ def _check_table(table, counts, B, pages, page_size) -> None:
                                 f"pool (0 .. {pages - 1}); sequence {b} has {n} keys")
 
 
-def _paged_execute(ctx, pools, table, counts, sinks1, is_causal, scale) -> np.ndarray:
+def _paged_execute(ctx, pools, table, counts, sinks1, is_causal, scale,
+                   scales=(0.0, 0.0)) -> np.ndarray:
     """The fused paged kernel on the checked arrays (float pools of kv_dtype quantized on the
     device first): out (B, Hq, Lq, Ev) in the query's computed dtype."""
     q, kp, vp, block, given_blocks = pools.q, pools.kp, pools.vp, pools.block, pools.given_blocks
@@ -207,7 +226,7 @@ def _paged_execute(ctx, pools, table, counts, sinks1, is_causal, scale) -> np.nd
         return t
 
     key_ = ("paged", qc.shape, kp.shape, vp.shape, dtypes, table32.shape, bool(is_causal), scale,
-            sinks1 is not None)
+            sinks1 is not None, scales)
 
     def create():
         desc = _lib.SdpaDesc()
@@ -218,6 +237,7 @@ def _paged_execute(ctx, pools, table, counts, sinks1, is_causal, scale) -> np.nd
         desc.causal = _lib.CAUSAL_BOTTOM_RIGHT if is_causal else _lib.CAUSAL_NONE
         desc.scale = float("nan") if scale is None else float(scale)
         desc.path = _lib.PATH_FUSED
+        desc.k_scale, desc.v_scale = scales
         return _sdpa_plan(ctx, desc)
 
     with ctx.lock:
@@ -230,11 +250,12 @@ def _paged_execute(ctx, pools, table, counts, sinks1, is_causal, scale) -> np.nd
             for i, (name, pool) in enumerate((("k", kc), ("v", vc))):
                 src = layout(clattn_dtype(pool.dtype), pool.shape)
                 src.mem = buffers[1 + i].mem
-                blocks = Buffer(ctx, nbytes=pool.size // 32 * block[1])
+                blocks = Buffer(ctx, nbytes=pool.size // block[2] * block[1])
                 buffers.append(blocks)
                 getattr(t, name).mem = blocks.mem
-                ctx.check(lib.clattn_quantize(ctx.handle, ctypes.byref(src),
-                                              ctypes.byref(getattr(t, name)), 0, None, None))
+                ctx.check(lib.clattn_quantize_scaled(ctx.handle, ctypes.byref(src),
+                                                     ctypes.byref(getattr(t, name)), scales[i],
+                                                     0, None, None))
         t.block_table.mem, t.kv_seqlen.mem = buffers[3].mem, buffers[4].mem
         if sinks1 is not None:
             t.sinks.mem = buffers[5].mem
@@ -361,30 +382,33 @@ def _mixed_execute(ctx, q, kp, vp, cu, table, counts, sinks1, rule):
 
 
 @_torch.torch_io("quantize")
-def quantize(x: ArrayLike, kv_dtype: str, *, ctx: Optional[Context] = None) -> np.ndarray:
+def quantize(x: ArrayLike, kv_dtype: str, *, scale: Optional[float] = None,
+             ctx: Optional[Context] = None) -> np.ndarray:
     """llama.cpp's block quantization on the clattn device: x (..., E) float32, float16,
     bfloat16 or float64, E a multiple of 32, rank 1 to 4; kv_dtype 'q8_0' (per 32 values an
     fp16 scale amax / 127 and int8 round(x / scale)) or 'q4_0' (an fp16 scale m / -8, m the
     value of largest magnitude, and nibbles min(15, int(x / scale + 8.5)), element j with
     j + 16 in one byte). Returns uint8 (..., E // 32 * 34) or (..., E // 32 * 18): ggml's
-    block_q8_0 / block_q4_0 bytes, as ``paged_attention(kv_dtype=...)`` takes them."""
-    if kv_dtype not in _lib.BLOCK_TYPES:
-        raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
-                            f"kv_dtype={kv_dtype!r}: expected 'q8_0' or 'q4_0'")
-    code, size = _lib.BLOCK_TYPES[kv_dtype]
+    block_q8_0 / block_q4_0 bytes, as ``paged_attention(kv_dtype=...)`` takes them.
+    kv_dtype 'fp8_e4m3' or 'fp8_e5m2' (since 0.12; any E): the codes of x / scale (scale None:
+    1), rounded to nearest even and saturated to the largest finite value (e4m3: +-448, no
+    infinities; e5m2: +-57344, infinities kept), NaN to NaN: uint8 (..., E), which
+    ``.view(torch.float8_e4m3fn)`` (or float8_e5m2) reads as torch's values."""
+    code, size, per = _kv_type(kv_dtype)
+    k_scale = _fp8_scales(kv_dtype, scale, None)[0]
     a = np.ascontiguousarray(_as_float("x", x))
-    if not 1 <= a.ndim <= 4 or a.shape[-1] % 32 or 0 in a.shape:
+    if not 1 <= a.ndim <= 4 or a.shape[-1] % per or 0 in a.shape:
         raise ArgumentError(_lib.ERR_INVALID_SHAPE,
                             f"x has shape {a.shape}: expected rank 1 to 4 with the last "
-                            f"dimension a multiple of 32")
+                            f"dimension a multiple of {per}")
     ctx = ctx or default_context()
-    out = np.empty(a.shape[:-1] + (a.shape[-1] // 32 * size,), np.uint8)
+    out = np.empty(a.shape[:-1] + (a.shape[-1] // per * size,), np.uint8)
     with ctx.lock:
         src_buf, dst_buf = Buffer(ctx, a), Buffer(ctx, nbytes=out.nbytes)
         src, dst = layout(clattn_dtype(a.dtype), a.shape), layout(code, a.shape)
         src.mem, dst.mem = src_buf.mem, dst_buf.mem
-        ctx.check(lib.clattn_quantize(ctx.handle, ctypes.byref(src), ctypes.byref(dst), 0, None,
-                                      None))
+        ctx.check(lib.clattn_quantize_scaled(ctx.handle, ctypes.byref(src), ctypes.byref(dst),
+                                             k_scale, 0, None, None))
         dst_buf.read(ctx, out)
     return out
 

@@ -43,6 +43,8 @@ def to_numpy(x: Any) -> Any:
     t = x.detach()
     if t.device.type != "cpu":
         t = t.cpu()
+    if t.dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
+        return t.view(torch.uint8).numpy()  # the codes (fp8_kv_dtype names the format)
     if t.dtype == torch.bfloat16:
         try:
             import ml_dtypes
@@ -51,6 +53,18 @@ def to_numpy(x: Any) -> Any:
                             "(pip install ml_dtypes)") from None
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
+
+
+def fp8_kv_dtype(*xs: Any) -> Any:
+    """'fp8_e4m3' or 'fp8_e5m2' when the first of xs that is a torch tensor is
+    torch.float8_e4m3fn or torch.float8_e5m2 (torch 2.1+), else None."""
+    for x in xs:
+        if is_tensor(x):
+            import torch
+            names = {getattr(torch, "float8_e4m3fn", None): "fp8_e4m3",
+                     getattr(torch, "float8_e5m2", None): "fp8_e5m2"}
+            return names.get(x.dtype) if x.dtype is not None else None
+    return None
 
 
 def from_numpy(a: Any, like: Any, dtype: Any = None) -> Any:

@@ -12,7 +12,7 @@ from . import _lib, _torch
 from ._core import (BFLOAT16, ArgumentError, ArrayLike, Buffer, Context, clattn_dtype,
                     default_context, layout)
 from ._lib import lib
-from ._common import _PATHS, _as_float, _is_pyopencl, _needs_grad, _sdpa_plan
+from ._common import _PATHS, _as_float, _fp8_scales, _is_pyopencl, _needs_grad, _sdpa_plan
 
 
 def _storage_dtype(dtype) -> np.dtype:
@@ -31,6 +31,14 @@ def _storage_dtype(dtype) -> np.dtype:
             raise TypeError(f"clattn: dtype {dtype!r}: expected float32, float16, bfloat16, "
                             f"'q8_0' or 'q4_0'") from None
     return np.dtype(dtype)
+
+def _fp8_name(dtype) -> Optional[str]:
+    """'fp8_e4m3' / 'fp8_e5m2' for those names or torch's float8_e4m3fn / float8_e5m2."""
+    if isinstance(dtype, str):
+        return dtype if dtype in _lib.FP8_TYPES else None
+    name = str(dtype).replace("torch.", "") if getattr(dtype, "__module__", "") == "torch" else ""
+    return {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}.get(name)
+
 
 _STYLES = {"halves": _lib.ROPE_HALVES, "pairs": _lib.ROPE_PAIRS}
 
@@ -197,17 +205,23 @@ class KVCache:
     dtype: the storage type, numpy's or torch's (float32, float16, bfloat16) or its name; or
     'q8_0' / 'q4_0', llama.cpp's blocks (head sizes multiples of 32, else ArgumentError, as
     paged_attention): appends take float32 keys and values and quantize them on the device;
-    attention dequantizes as it reads (the fused path). Torch tensors in (append, attend)
+    attention dequantizes as it reads (the fused path). 'fp8_e4m3' / 'fp8_e5m2' (or
+    torch.float8_e4m3fn / torch.float8_e5m2; since 0.12): vLLM's fp8 cache, one byte a value,
+    appends storing the codes of k / k_scale and v / v_scale (None: 1), attention reading
+    decode(code) * scale. Torch tensors in (append, attend)
     give torch tensors out; the cache is not differentiable (a query that requires grad is
     refused with TypeError)."""
 
     def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  head_dim_v: Optional[int] = None, dtype=np.float32, *,
-                 page_size: int = 0, num_pages: int = 0,
-                 ctx: Optional[Context] = None):
+                 page_size: int = 0, num_pages: int = 0, k_scale: Optional[float] = None,
+                 v_scale: Optional[float] = None, ctx: Optional[Context] = None):
         self.ctx = ctx or default_context()
+        fp8 = _fp8_name(dtype)
         block = _lib.BLOCK_TYPES.get(dtype) if isinstance(dtype, str) else None
-        if block and (head_dim % 32 or (head_dim_v or head_dim) % 32):
+        block = (_lib.FP8_TYPES[fp8], 1) if fp8 else block
+        self._scales = _fp8_scales(fp8, k_scale, v_scale)
+        if block and not fp8 and (head_dim % 32 or (head_dim_v or head_dim) % 32):
             raise ArgumentError(_lib.ERR_UNSUPPORTED,
                                 f"dtype={dtype!r}: the head sizes (k {head_dim}, v "
                                 f"{head_dim_v or head_dim}) must be multiples of 32 (a block "
@@ -220,6 +234,7 @@ class KVCache:
         desc.head_dim_v = head_dim_v if head_dim_v is not None else head_dim
         desc.dtype = block[0] if block else clattn_dtype(self.dtype)
         desc.page_size, desc.num_pages = page_size, num_pages
+        desc.k_scale, desc.v_scale = self._scales
         self.page_size = page_size
         self._handle = ctypes.c_void_p()
         self.ctx.check(lib.clattn_kv_cache_create(self.ctx.handle, ctypes.byref(desc),
@@ -418,6 +433,7 @@ class KVCache:
             desc.kv_step = int(kv_step)
             desc.scale = float("nan") if scale is None else float(scale)
             desc.path = _PATHS[path]
+            desc.k_scale, desc.v_scale = self._scales
             plan = _sdpa_plan(self.ctx, desc)
             self._plans[key_] = plan
         return plan
