@@ -41,7 +41,9 @@ int main(void)
     FIELD(clattn_sdpa_desc, dropout_p), FIELD(clattn_sdpa_desc, dropout_seed);
     FIELD(clattn_sdpa_desc, dropout_offset), FIELD(clattn_sdpa_desc, flex);
     FIELD(clattn_sdpa_desc, t5_num_buckets), FIELD(clattn_sdpa_desc, t5_max_distance);
-    FIELD(clattn_sdpa_desc, t5_bidirectional);
+    FIELD(clattn_sdpa_desc, t5_bidirectional), FIELD(clattn_sdpa_desc, reserved_);
+    FIELD(clattn_sdpa_desc, k_scale), FIELD(clattn_sdpa_desc, v_scale);
+    FIELD(clattn_sdpa_desc, kv_step);
     END();
 
     BEGIN(clattn_flex_desc, "FlexDesc");
@@ -105,7 +107,8 @@ int main(void)
     FIELD(clattn_kv_cache_desc, kv_heads), FIELD(clattn_kv_cache_desc, capacity);
     FIELD(clattn_kv_cache_desc, head_dim_qk), FIELD(clattn_kv_cache_desc, head_dim_v);
     FIELD(clattn_kv_cache_desc, dtype), FIELD(clattn_kv_cache_desc, page_size);
-    FIELD(clattn_kv_cache_desc, num_pages);
+    FIELD(clattn_kv_cache_desc, num_pages), FIELD(clattn_kv_cache_desc, k_scale);
+    FIELD(clattn_kv_cache_desc, v_scale);
     END();
 
     BEGIN(clattn_kv_commit_desc, "KvCommitDesc");
