@@ -33,15 +33,22 @@
 #             entries that only change parameters or test host-side code (rusticl_skip below);
 #             CI tier: CLATTN_TEST_SCALE=small and not flash_cpu_split, backward,
 #             backward_split or validate (cli_doctor still validates there; every forward kernel variant still compiles and runs through Mesa;
-#             the pocl lane runs the heavy cases, the pocl and oclgrind lanes the backward)
+#             the pocl lane runs the heavy cases, the pocl and oclgrind lanes the backward),
+#             nor (issue 50, to keep the tier under 40 minutes) fp8, mla and merge: their
+#             variants (every FP8 code through three kernels, head size 576, the merge and
+#             the cascade's plans) compile through Mesa in --full; pocl, asan and oclgrind
+#             run them in the CI tier
 #   oclgrind  the kernel suites' reduced set under Oclgrind --data-races (tests/oclgrind_lane.sh);
 #             CI tier: the canary and the attention, flash, posenc and backward suites, which
 #             between them run the GPU kernels with local memory or barriers of the core (tiled
 #             matmul, softmax rows, half storage, the fused kernel, positional encodings, the
-#             backward's generic kernels: 27 s), dropout (the GPU kernels' dropout masks,
-#             weight by weight: 42-56 s) and
-#             sweep (8 small draws of the interaction sweep with GPU parameters: about 130 s;
-#             12 in --full); --full adds additive (about 120 s: the additive score tiles and
+#             backward's generic kernels: 27 s), flex, issue 50's serving suites at small
+#             scale (commit 4 s, paged 18 s, decode_step 6 s, mixed 13 s, mla 19 s, fp8) and
+#             sweep (6 small draws of the interaction sweep with GPU parameters: about 100 s;
+#             12 in --full; 8 until issue 50); --full adds dropout (the GPU kernels' dropout
+#             masks weight by weight, 42-56 s; moved out with issue 50: its masks add no local
+#             memory or barrier, and the pocl lane runs dropout_gpu_params), merge (46 s: an
+#             element-wise merge and SDPA plans the other suites run), additive (about 120 s: the additive score tiles and
 #             the fused kernel's additive variant, Bahdanau attention's GPU kernels) and rope
 #             (72 s; both moved out on 2026-12-04, second session, when the tier measured
 #             40.6 and then 43-45 minutes on a slow hour: rope.cl has no local memory or
@@ -178,16 +185,18 @@ lane_rusticl() {
         ensure_build && tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip"
     else
         ensure_build && CLATTN_TEST_SCALE=small \
-            tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip|^flash_cpu_split$|^backward(_split)?$|^validate$"
+            tests/rusticl_lane.sh build -j"$jobs" \
+                -E "$rusticl_skip|^flash_cpu_split$|^backward(_split)?$|^validate$|^(fp8|mla|merge)$"
     fi
 }
 lane_oclgrind() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/oclgrind_lane.sh build softmax matmul attention mha flash plan \
-            runtime posenc rope additive mpi sweep backward dropout flex commit
+            runtime posenc rope additive mpi sweep backward dropout flex commit paged \
+            decode_step mixed mla fp8 merge
     else
-        ensure_build && CLATTN_SWEEP_DRAWS=8 tests/oclgrind_lane.sh build attention flash posenc \
-            sweep backward dropout flex commit
+        ensure_build && CLATTN_SWEEP_DRAWS=6 tests/oclgrind_lane.sh build attention flash posenc \
+            sweep backward flex commit paged decode_step mixed mla fp8
     fi
     local status=$?
     # The GPU work model (tests/gpu_model): every GPU kernel's counts against their formulas.

@@ -41,7 +41,7 @@ set -u
 usage() {
     echo "usage: $0 BUILD_DIR [SUITE...]" \
          "(suites: softmax matmul attention mha flash plan runtime posenc rope additive sweep" \
-         "backward dropout flex paged;" \
+         "backward dropout flex commit paged decode_step mixed mla fp8 merge;" \
          "mpi: check_mpi on 2 ranks under mpirun, each under Oclgrind (-DCLATTN_MPI=ON))" >&2
     exit 2
 }
@@ -51,7 +51,7 @@ shift
 suites=("${@#check_}")
 [ ${#suites[@]} -gt 0 ] ||
     suites=(softmax matmul attention mha flash plan runtime posenc rope additive sweep backward
-            dropout flex commit paged)
+            dropout flex commit paged decode_step mixed mla fp8 merge)
 if ! command -v oclgrind >/dev/null; then
     echo "$0: oclgrind not found (apt-get install oclgrind)" >&2
     exit 2
