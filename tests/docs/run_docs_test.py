@@ -740,7 +740,11 @@ print(json.dumps(out))
             m = re.search(rf"#define {macro}\s*\\?\n?(.*?)(?<!\\)\n", text, re.S)
             body = re.sub(r"\(.*?\)", "", m.group(1).replace("\\\n", " "))
             return len([a for a in body.split(",") if a.strip()])
+        # the macros inside it stand for several parameters each (FLASH_SEQ_BUFFERS: the two
+        # packed-sequence offsets, or the decode step's two new rows; the same count)
         n = count("FLASH_KERNEL_PARAMS", params) - 1 + count("SCORE_BUFFERS", score)
+        if re.search(r"#define FLASH_SEQ_BUFFERS", params):
+            n += count("FLASH_SEQ_BUFFERS", params) - 1
         for where, text in pages_text:
             for m in re.finditer(r"fused kernels take (\d+)", text):
                 if int(m.group(1)) != n:

@@ -191,7 +191,15 @@ def test_paged_attention():
     lens = np.array([10, 7], np.int32)
     check(clattn.paged_attention,
           [((q, k_pages, v_pages, table, lens), dict(is_causal=True, scale=0.3, sinks=a(4))),
-           ((q, k_pages, v_pages, table, lens), dict(kv_dtype="q8_0"))])
+           ((q, k_pages, v_pages, table, lens), dict(kv_dtype="q8_0")),
+           ((q, codes(k_pages.shape), codes(v_pages.shape), table, lens),
+            dict(kv_dtype="fp8_e4m3", k_scale=0.25, v_scale=2.0))])
+
+
+def codes(shape, seed=4):
+    """FP8 e4m3 codes of finite values up to 32 in magnitude, either sign (uint8 pools)."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, 0x60, shape) | (rng.integers(0, 2, shape) << 7)).astype(np.uint8)
 
 
 def test_varlen_attention():
@@ -212,7 +220,7 @@ def test_varlen_attention():
 def test_quantize_and_positions():
     a = rng_arrays(5)
     x = a(2, 3, 5, 32)
-    check(clattn.quantize, [((x, "q4_0"), {})])
+    check(clattn.quantize, [((x, "q4_0"), {}), ((x, "fp8_e5m2"), dict(scale=0.125))])
     check(clattn.rotary_embedding,
           [((x,), dict(style="pairs", rotary_dim=16, base=500.0, start=3)),
            ((x,), dict(position_ids=np.array([[4, 1, 0, 9, 2], [3, 3, 1, 0, 7]], np.int32)))])
