@@ -34,18 +34,24 @@
 #             CI tier: CLATTN_TEST_SCALE=small and not flash_cpu_split, backward,
 #             backward_split or validate (cli_doctor still validates there; every forward kernel variant still compiles and runs through Mesa;
 #             the pocl lane runs the heavy cases, the pocl and oclgrind lanes the backward),
-#             nor (issue 50, to keep the tier under 40 minutes) fp8, mla and merge: their
+#             nor (issue 50, to keep the tier under 40 minutes) the _default_tuning entries
+#             (the default row: the pocl lane runs them) and fp8, mla and merge: their
 #             variants (every FP8 code through three kernels, head size 576, the merge and
 #             the cascade's plans) compile through Mesa in --full; pocl, asan and oclgrind
 #             run them in the CI tier
 #   oclgrind  the kernel suites' reduced set under Oclgrind --data-races (tests/oclgrind_lane.sh);
-#             CI tier: the canary and the attention, flash, posenc and backward suites, which
-#             between them run the GPU kernels with local memory or barriers of the core (tiled
-#             matmul, softmax rows, half storage, the fused kernel, positional encodings, the
-#             backward's generic kernels: 27 s), flex, issue 50's serving suites at small
-#             scale (commit 4 s, paged 18 s, decode_step 6 s, mixed 13 s, mla 19 s, fp8) and
+#             CI tier: the canary and the posenc and backward suites (positional encodings,
+#             the backward's GPU kernels: 260 s), flex, issue 50's serving suites at small
+#             scale (commit 3 s, paged 10 s, decode_step 6 s, mixed 13 s, mla 19 s: each runs
+#             the fused GPU kernel flash_gpu.cl in its own variants) and
 #             sweep (6 small draws of the interaction sweep with GPU parameters: about 100 s;
-#             12 in --full; 8 until issue 50); --full adds dropout (the GPU kernels' dropout
+#             12 in --full; 8 until issue 50); --full adds attention and flash (154 s and
+#             303 s: the unfused path's tiled matmul and softmax rows, and the fused kernel's
+#             own suite; moved out with issue 50 when the tier measured 51 minutes: the sweep's
+#             draws run both paths with GPU parameters, the serving suites and ONNX's 93 cases
+#             the fused kernel, and `clattn doctor` probes every GPU variant, all under
+#             Oclgrind in the CI tier), fp8 (198 s: its 256 codes through each kernel; the pocl
+#             lane runs the same on flash_gpu.cl with GPU parameters), dropout (the GPU kernels' dropout
 #             masks weight by weight, 42-56 s; moved out with issue 50: its masks add no local
 #             memory or barrier, and the pocl lane runs dropout_gpu_params), merge (46 s: an
 #             element-wise merge and SDPA plans the other suites run), additive (about 120 s: the additive score tiles and
@@ -73,8 +79,8 @@
 #             the files that use torch on Debian's python3-torch where installed, then
 #             transformers, torch.compile and the docs' torch pages on clattn with PyPI's
 #             torch (tests/python/run_hf.sh, build/venv-python-hf: about 5.3 GB and 87 s on
-#             the first run; CLATTN_PY_HF=0 skips it); then again on a wheel built with ASan
-#             + UBSan (CLATTN_PY_ASAN=1); the same in both tiers (about 4.5 minutes)
+#             the first run; CLATTN_PY_HF=0 skips it); --full then runs it again on a wheel
+#             built with ASan + UBSan (CLATTN_PY_ASAN=1; in the CI tier until issue 50)
 #   mutants   every mutant of tests/mutants/mutants.txt must be killed (tests/mutants/run.sh);
 #             --full only (about 15 minutes: each mutant reruns the suites that should kill it)
 #   resources registers, stack, spills and shared memory of every GPU kernel variant by proxy
@@ -186,7 +192,7 @@ lane_rusticl() {
     else
         ensure_build && CLATTN_TEST_SCALE=small \
             tests/rusticl_lane.sh build -j"$jobs" \
-                -E "$rusticl_skip|^flash_cpu_split$|^backward(_split)?$|^validate$|^(fp8|mla|merge)$"
+                -E "$rusticl_skip|^flash_cpu_split$|^backward(_split)?$|^validate$|^(fp8|mla|merge)$|_default_tuning$"
     fi
 }
 lane_oclgrind() {
@@ -195,8 +201,8 @@ lane_oclgrind() {
             runtime posenc rope additive mpi sweep backward dropout flex commit paged \
             decode_step mixed mla fp8 merge
     else
-        ensure_build && CLATTN_SWEEP_DRAWS=6 tests/oclgrind_lane.sh build attention flash posenc \
-            sweep backward flex commit paged decode_step mixed mla fp8
+        ensure_build && CLATTN_SWEEP_DRAWS=6 tests/oclgrind_lane.sh build posenc sweep backward \
+            flex commit paged decode_step mixed mla
     fi
     local status=$?
     # The GPU work model (tests/gpu_model): every GPU kernel's counts against their formulas.
@@ -226,9 +232,12 @@ lane_resources() {
 lane_python() {
     local flags
     flags=$(pocl_flags)
-    ensure_build && POCL_CACHE_DIR="$cache" POCL_EXTRA_BUILD_FLAGS=$flags tests/python/run.sh build &&
-        POCL_CACHE_DIR="$cache" POCL_EXTRA_BUILD_FLAGS=$flags CLATTN_PY_ASAN=1 \
-            tests/python/run.sh build
+    ensure_build && POCL_CACHE_DIR="$cache" POCL_EXTRA_BUILD_FLAGS=$flags tests/python/run.sh build ||
+        return 1
+    # the ASan wheel's rerun: --full only since issue 50 (66 s; the asan lane instruments the
+    # same C code under the C suites)
+    [ "$full" -eq 1 ] || return 0
+    POCL_CACHE_DIR="$cache" POCL_EXTRA_BUILD_FLAGS=$flags CLATTN_PY_ASAN=1 tests/python/run.sh build
 }
 
 names=() results=() times=()
