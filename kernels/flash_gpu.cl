@@ -438,7 +438,7 @@ fg_step_weights(__local float *p_tile, __local float *row_m, __local float *row_
                 p = relu_weight(s);
             } else {
                 const float m = row_m[r], new_max = fmax(m, s);
-                c = exp(m - new_max); /* 0 while m is -inf */
+                c = exp(m - new_max); /* 0 while m is -inf (the new key) */
                 p = softmax_weight(s, new_max);
                 row_m[r] = new_max;
             }
