@@ -53,26 +53,11 @@ struct options {
 static void parse(int argc, char **argv, struct options *o)
 {
     *o = (struct options){8, 4096, 256, 8, 8, 64, 16, 15, NULL};
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *name = argv[i];
-        size_t *field = !strcmp(name, "--batch")      ? &o->batch
-                        : !strcmp(name, "--prefix")   ? &o->prefix
-                        : !strcmp(name, "--suffix")   ? &o->suffix
-                        : !strcmp(name, "--heads")    ? &o->heads
-                        : !strcmp(name, "--kv-heads") ? &o->kv_heads
-                        : !strcmp(name, "--dim")      ? &o->dim
-                        : !strcmp(name, "--page")     ? &o->page
-                        : !strcmp(name, "--runs")     ? &o->runs
-                                                      : NULL;
-        if (!strcmp(name, "--device"))
-            o->device = argv[i + 1];
-        else if (field)
-            *field = strtoull(argv[i + 1], NULL, 10);
-        else {
-            fprintf(stderr, "cascade_bench: unknown option %s\n", name);
-            exit(2);
-        }
-    }
+    const bench_size_option sizes[] = {
+        {"--batch", &o->batch}, {"--prefix", &o->prefix},     {"--suffix", &o->suffix},
+        {"--heads", &o->heads}, {"--kv-heads", &o->kv_heads}, {"--dim", &o->dim},
+        {"--page", &o->page},   {"--runs", &o->runs}};
+    bench_parse("cascade_bench", argc, argv, sizes, sizeof sizes / sizeof sizes[0], &o->device);
     if (!o->batch || !o->prefix || !o->suffix || !o->heads || !o->kv_heads || !o->dim ||
         !o->page || !o->runs || o->prefix % o->page || o->suffix % o->page ||
         o->heads % o->kv_heads) {

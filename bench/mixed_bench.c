@@ -65,25 +65,11 @@ struct options {
 static void parse(int argc, char **argv, struct options *o)
 {
     *o = (struct options){7, 2048, 256, 256, 8, 2, 64, 16, 15, NULL};
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *name = argv[i], *value = argv[i + 1];
-        size_t *target = !strcmp(name, "--decodes")    ? &o->decodes
-                         : !strcmp(name, "--keys")     ? &o->keys
-                         : !strcmp(name, "--chunk")    ? &o->chunk
-                         : !strcmp(name, "--past")     ? &o->past
-                         : !strcmp(name, "--heads")    ? &o->heads
-                         : !strcmp(name, "--kv-heads") ? &o->kv_heads
-                         : !strcmp(name, "--dim")      ? &o->dim
-                         : !strcmp(name, "--page")     ? &o->page
-                         : !strcmp(name, "--runs")     ? &o->runs
-                                                       : NULL;
-        if (!strcmp(name, "--device")) {
-            o->device = value;
-        } else if (target == NULL || (*target = strtoul(value, NULL, 10)) == 0) {
-            fprintf(stderr, "mixed_bench: bad option %s %s (see the file's head)\n", name, value);
-            exit(2);
-        }
-    }
+    const bench_size_option sizes[] = {
+        {"--decodes", &o->decodes}, {"--keys", &o->keys},         {"--chunk", &o->chunk},
+        {"--past", &o->past},       {"--heads", &o->heads},       {"--kv-heads", &o->kv_heads},
+        {"--dim", &o->dim},         {"--page", &o->page},         {"--runs", &o->runs}};
+    bench_parse("mixed_bench", argc, argv, sizes, sizeof sizes / sizeof sizes[0], &o->device);
     if (argc % 2 == 0 || o->heads % o->kv_heads) {
         fprintf(stderr, "mixed_bench: options come in pairs; --kv-heads divides --heads\n");
         exit(2);
