@@ -31,8 +31,7 @@ typedef struct bench_size_option {
 /* `--flag value` pairs: each size (>= 1) into its field, --device into *device; an unknown flag,
  * a size of 0 or a flag without a value: one line naming `program` and exit 2. */
 static inline void bench_parse(const char *program, int argc, char **argv,
-                               const bench_size_option *options, size_t count,
-                               const char **device)
+                               const bench_size_option *options, size_t count, const char **device)
 {
     for (int i = 1; i < argc; i += 2) {
         const char *name = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;

@@ -27,8 +27,9 @@
 static cl_mem upload(clattn_ctx *ctx, const void *host, size_t bytes)
 {
     cl_int err = CL_SUCCESS;
-    cl_mem mem = clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_WRITE |
-                                (host ? CL_MEM_COPY_HOST_PTR : 0), bytes, (void *)host, &err);
+    cl_mem mem = clCreateBuffer(clattn_ctx_cl_context(ctx),
+                                CL_MEM_READ_WRITE | (host ? CL_MEM_COPY_HOST_PTR : 0), bytes,
+                                (void *)host, &err);
     if (err != CL_SUCCESS) {
         fprintf(stderr, "cascade_bench: clCreateBuffer(%zu bytes): %d\n", bytes, err);
         exit(1);
@@ -53,14 +54,13 @@ struct options {
 static void parse(int argc, char **argv, struct options *o)
 {
     *o = (struct options){8, 4096, 256, 8, 8, 64, 16, 15, NULL};
-    const bench_size_option sizes[] = {
-        {"--batch", &o->batch}, {"--prefix", &o->prefix},     {"--suffix", &o->suffix},
-        {"--heads", &o->heads}, {"--kv-heads", &o->kv_heads}, {"--dim", &o->dim},
-        {"--page", &o->page},   {"--runs", &o->runs}};
+    const bench_size_option sizes[] = {{"--batch", &o->batch},       {"--prefix", &o->prefix},
+                                       {"--suffix", &o->suffix},     {"--heads", &o->heads},
+                                       {"--kv-heads", &o->kv_heads}, {"--dim", &o->dim},
+                                       {"--page", &o->page},         {"--runs", &o->runs}};
     bench_parse("cascade_bench", argc, argv, sizes, sizeof sizes / sizeof sizes[0], &o->device);
-    if (!o->batch || !o->prefix || !o->suffix || !o->heads || !o->kv_heads || !o->dim ||
-        !o->page || !o->runs || o->prefix % o->page || o->suffix % o->page ||
-        o->heads % o->kv_heads) {
+    if (!o->batch || !o->prefix || !o->suffix || !o->heads || !o->kv_heads || !o->dim || !o->page ||
+        !o->runs || o->prefix % o->page || o->suffix % o->page || o->heads % o->kv_heads) {
         fprintf(stderr, "cascade_bench: sizes must be >= 1, prefix and suffix multiples of the "
                         "page, kv-heads a divisor of heads\n");
         exit(2);
@@ -96,7 +96,8 @@ static void setup(struct bench *b, const struct options *o)
     float *pool_v = random_floats(pages * ps * G * d, &seed);
     float *q = random_floats(B * H * d, &seed);
     /* the prefix tensor (1, G, P, d) from the pool's first pp pages (page, slot, head, col) */
-    float *pk = malloc(G * o->prefix * d * sizeof *pk), *pv = malloc(G * o->prefix * d * sizeof *pv);
+    float *pk = malloc(G * o->prefix * d * sizeof *pk),
+          *pv = malloc(G * o->prefix * d * sizeof *pv);
     for (size_t h = 0; h < G; ++h)
         for (size_t j = 0; j < o->prefix; ++j) {
             memcpy(pk + (h * o->prefix + j) * d, pool_k + (j * G + h) * d, d * sizeof *pk);
@@ -122,9 +123,10 @@ static void setup(struct bench *b, const struct options *o)
     t->q = clattn_tensor_make(qmem, 0, CLATTN_DTYPE_F32, 4, B, H, 1, d);
     t->k = clattn_tensor_make(kmem, 0, CLATTN_DTYPE_F32, 4, pages, ps, G, d);
     t->v = clattn_tensor_make(vmem, 0, CLATTN_DTYPE_F32, 4, pages, ps, G, d);
-    t->out = clattn_tensor_make(upload(ctx, NULL, B * H * d * 4), 0, CLATTN_DTYPE_F32, 4, B, H, 1, d);
-    t->block_table = clattn_tensor_make(upload(ctx, table, B * blocks * 4), 0, CLATTN_DTYPE_I32,
-                                        2, B, blocks, 0, 0);
+    t->out =
+        clattn_tensor_make(upload(ctx, NULL, B * H * d * 4), 0, CLATTN_DTYPE_F32, 4, B, H, 1, d);
+    t->block_table = clattn_tensor_make(upload(ctx, table, B * blocks * 4), 0, CLATTN_DTYPE_I32, 2,
+                                        B, blocks, 0, 0);
     t->kv_seqlen = clattn_tensor_make(upload(ctx, lens, B * 4), 0, CLATTN_DTYPE_I32, 1, B, 0, 0, 0);
     clattn_sdpa_desc sd;
     clattn_sdpa_desc_init(&sd);
@@ -133,16 +135,18 @@ static void setup(struct bench *b, const struct options *o)
     clattn_cascade_desc *c = &b->cas;
     clattn_cascade_desc_init(c);
     c->q = t->q;
-    c->prefix_k = clattn_tensor_make(upload(ctx, pk, G * o->prefix * d * 4), 0, CLATTN_DTYPE_F32,
-                                     4, 1, G, o->prefix, d);
-    c->prefix_v = clattn_tensor_make(upload(ctx, pv, G * o->prefix * d * 4), 0, CLATTN_DTYPE_F32,
-                                     4, 1, G, o->prefix, d);
+    c->prefix_k = clattn_tensor_make(upload(ctx, pk, G * o->prefix * d * 4), 0, CLATTN_DTYPE_F32, 4,
+                                     1, G, o->prefix, d);
+    c->prefix_v = clattn_tensor_make(upload(ctx, pv, G * o->prefix * d * 4), 0, CLATTN_DTYPE_F32, 4,
+                                     1, G, o->prefix, d);
     c->k = t->k;
     c->v = t->v;
-    c->block_table = clattn_tensor_make(upload(ctx, stable, B * sp * 4), 0, CLATTN_DTYPE_I32, 2,
-                                        B, sp, 0, 0);
-    c->kv_seqlen = clattn_tensor_make(upload(ctx, slens, B * 4), 0, CLATTN_DTYPE_I32, 1, B, 0, 0, 0);
-    c->out = clattn_tensor_make(upload(ctx, NULL, B * H * d * 4), 0, CLATTN_DTYPE_F32, 4, B, H, 1, d);
+    c->block_table =
+        clattn_tensor_make(upload(ctx, stable, B * sp * 4), 0, CLATTN_DTYPE_I32, 2, B, sp, 0, 0);
+    c->kv_seqlen =
+        clattn_tensor_make(upload(ctx, slens, B * 4), 0, CLATTN_DTYPE_I32, 1, B, 0, 0, 0);
+    c->out =
+        clattn_tensor_make(upload(ctx, NULL, B * H * d * 4), 0, CLATTN_DTYPE_F32, 4, B, H, 1, d);
     check(ctx, clattn_cascade_create(ctx, c, &b->cascade), "cascade");
     free(pool_k), free(pool_v), free(q), free(pk), free(pv);
     free(table), free(stable), free(lens), free(slens);
@@ -151,8 +155,9 @@ static void setup(struct bench *b, const struct options *o)
 static double run_paged(struct bench *b)
 {
     const double t0 = now_ms();
-    check(b->ctx, clattn_plan_execute(b->plan, b->paged.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0,
-                                      NULL, NULL),
+    check(b->ctx,
+          clattn_plan_execute(b->plan, b->paged.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL,
+                              NULL),
           "paged execute");
     check(b->ctx, clattn_finish(b->ctx), "finish");
     return now_ms() - t0;

@@ -66,9 +66,9 @@ static void parse(int argc, char **argv, struct options *o)
 {
     *o = (struct options){7, 2048, 256, 256, 8, 2, 64, 16, 15, NULL};
     const bench_size_option sizes[] = {
-        {"--decodes", &o->decodes}, {"--keys", &o->keys},         {"--chunk", &o->chunk},
-        {"--past", &o->past},       {"--heads", &o->heads},       {"--kv-heads", &o->kv_heads},
-        {"--dim", &o->dim},         {"--page", &o->page},         {"--runs", &o->runs}};
+        {"--decodes", &o->decodes}, {"--keys", &o->keys},   {"--chunk", &o->chunk},
+        {"--past", &o->past},       {"--heads", &o->heads}, {"--kv-heads", &o->kv_heads},
+        {"--dim", &o->dim},         {"--page", &o->page},   {"--runs", &o->runs}};
     bench_parse("mixed_bench", argc, argv, sizes, sizeof sizes / sizeof sizes[0], &o->device);
     if (argc % 2 == 0 || o->heads % o->kv_heads) {
         fprintf(stderr, "mixed_bench: options come in pairs; --kv-heads divides --heads\n");
