@@ -434,6 +434,10 @@ def kv_commit(k_cache: ArrayLike, v_cache: Optional[ArrayLike], kv_seqlen: Array
     when given None), the inputs unchanged; torch tensors in give torch tensors out."""
     like = _torch.any_tensor(k_cache, v_cache, kv_seqlen, accepted, block_table)
     if like is not None:
+        if _needs_grad(k_cache, v_cache):
+            raise ArgumentError(_lib.ERR_INVALID_ARGUMENT,
+                                "kv_commit: k_cache/v_cache require grad, but the commit moves "
+                                "cache rows and records no gradient: pass detached caches")
         conv = [None if a is None else _torch.to_numpy(a)
                 for a in (k_cache, v_cache, kv_seqlen, accepted, block_table)]
         k, v, n = kv_commit(conv[0], conv[1], conv[2], conv[3], draft_len, block_table=conv[4],

@@ -174,3 +174,11 @@ def test_tree_mask_verification():
             ref = (p / p.sum(axis=1, keepdims=True)) @ v[b, h].astype(np.float64)
             np.testing.assert_allclose(out[b, h], ref, rtol=1e-5, atol=1e-6)
     assert aux["tree_meta"].tolist() == [[33, 7, 0], [37, 3, 7]]
+
+
+def test_torch_requires_grad_refused():
+    torch = pytest.importorskip("torch")
+    k = torch.randn(1, 1, 4, 8, requires_grad=True)
+    with pytest.raises(clattn.ArgumentError, match="require grad"):
+        clattn.kv_commit(k, None, torch.tensor([1], dtype=torch.int32),
+                         torch.tensor([[1]], dtype=torch.int32), 2)
