@@ -53,6 +53,9 @@
 #ifndef FC_KV
 #define FC_KV 4 /* float16 vectors per register-block row: 4 (32 registers), 1 (16: AVX2) */
 #endif
+#ifndef FC_PF
+#define FC_PF 0 /* N > 0: a paged cache's direct tiles prefetch the rows of the tile N ahead */
+#endif
 #ifndef FC_DIRECT
 #define FC_DIRECT 0 /* 1: tiles read straight from K and V where they can (decode; see above) */
 #endif
@@ -365,6 +368,53 @@ fc_paged_runs(__global const int *block_table, const ulong bt_row,
 #else
 #define FC_KROW(j) ((k0 + (j)) * k_s2)
 #define FC_VROW(j) ((k0 + (j)) * v_s2)
+#endif
+
+#if FC_PF && KV_PAGED
+/* Ask for a later tile's K and V rows (tile k0, its first nk keys) while this one runs (the
+ * tile FC_PF ahead; tuning key flash_cpu_pf), into L2: one prefetch per 64-byte line of each
+ * row. A shuffled pool's pages are a few KiB apart in no order, where a CPU's stream
+ * prefetcher stops (it follows one 4 KiB page), so without it each page's run started with
+ * misses to memory: P.V's loads took 3x the contiguous step's (perf, page 16, 16k keys).
+ * Prefetching only a run's first lines (to start the hardware's stream) did not help, and the
+ * contiguous tiles are not prefetched: there the prefetches cost 2-3x the step (they wait for
+ * the line-fill buffers the hardware stream would not need). Clang's __builtin_prefetch where
+ * the program is compiled for the CPU itself (PoCL: x86-64, AArch64), else OpenCL's prefetch()
+ * (SPIR targets: Oclgrind has no llvm.prefetch). */
+#if defined(__has_builtin) && (defined(__x86_64__) || defined(__aarch64__))
+#if __has_builtin(__builtin_prefetch)
+#define FC_PREFETCH_LINE(p) __builtin_prefetch((p), 0, 2)
+#endif
+#endif
+#ifndef FC_PREFETCH_LINE
+#define FC_PREFETCH_LINE(p) prefetch((p), 64)
+#endif
+#define FC_PF_RUN(P, DT, first, run, stride, width)                                               \
+    {                                                                                             \
+        __global const char *at = (__global const char *)ADVANCE(DT, P, first);                  \
+        const ulong step = (ulong)((__global const char *)ADVANCE(DT, P, stride) -               \
+                                   (__global const char *)(P));                                  \
+        const ulong bytes = (ulong)((__global const char *)ADVANCE(DT, P, width) -               \
+                                    (__global const char *)(P));                                 \
+        for (uint j = 0; j < (run); ++j)                                                          \
+            for (ulong c = 0; c < bytes; c += 64)                                                 \
+                FC_PREFETCH_LINE(at + j * step + c);                                              \
+    }
+__attribute__((always_inline)) inline void
+fc_prefetch_tile(__global const ELEM_T(K_DTYPE) *K, __global const ELEM_T(V_DTYPE) *V,
+                 __global const int *block_table, const ulong bt_row,
+                 const clattn_flash_params params, const uint k0, const uint nk)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    uint block = k0 / page_size, slot = k0 - block * page_size;
+    for (uint j0 = 0; j0 < nk; ++block, slot = 0) {
+        const ulong page = (ulong)(uint)block_table[bt_row + block * bt_s1];
+        const uint run = nk - j0 < page_size - slot ? nk - j0 : page_size - slot;
+        FC_PF_RUN(K, K_DTYPE, page * k_page + slot * k_s2, run, k_s2, HEAD_DIM_QK)
+        FC_PF_RUN(V, V_DTYPE, page * v_page + slot * v_s2, run, v_s2, HEAD_DIM_V)
+        j0 += run;
+    }
+}
 #endif
 
 /* The tile k0 .. k0 + 63 for the register blocks: K transposed into kt, V's rows padded with
@@ -820,6 +870,11 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
             fc_paged_rows(block_table, bt_row, params, band, k0, krow, vrow);
 #else
         const ulong *krow = 0, *vrow = 0; /* (unpaged: rows at key * stride) */
+#endif
+#if FC_PF && KV_PAGED
+        if (direct && k0 + FC_PF * FC_KT < key_end) /* (a later tile inside the count) */
+            fc_prefetch_tile(K, V, block_table, bt_row, params, k0 + FC_PF * FC_KT,
+                             min((uint)FC_KT, band.limit - (k0 + FC_PF * FC_KT)));
 #endif
         fc_pack_tile(K, V, key_padding, params, band, k0, edge, direct, nk, krow, vrow, kt, vt,
                      kb);

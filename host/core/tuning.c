@@ -134,6 +134,7 @@ static clattn_status default_row(clattn_ctx *ctx, clattn_tuning *t)
     /* flash_cpu: 6 rows x 4 float16 accumulators need AVX-512's 32 registers; with AVX2's 16
      * one float16 per row (6 x 2 ymm) does not spill (measured on a 2-core EPYC, AVX2). */
     t->flash_cpu_kv = t->vec_width >= 16 ? 4 : 1;
+    t->flash_cpu_pf = 0; /* (the CPU row of host/tuning/table.h sets it) */
     t->flash_gpu = 0;
     t->fg_bq = 64, t->fg_bk = 32, t->fg_tx = 16, t->fg_ty = 8;
     t->loop_trip_limit = 0;

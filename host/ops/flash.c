@@ -15,11 +15,11 @@
 #define FLASH_CPU_SWITCHES(X)                                                                      \
     X(HEAD_DIM_QK, 0, NULL) X(HEAD_DIM_V, 0, NULL) X(FC_NB, 0, "%ld")                              \
     X(FC_RB, 0, "x %ld-row blocks") X(FC_KV, 0, NULL) X(FC_DIRECT, 0, NULL) X(Q_DTYPE, 0, NULL)    \
-    X(K_DTYPE, 0, NULL) X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL)
+    X(K_DTYPE, 0, NULL) X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL) X(FC_PF, 0, NULL)
 /* clang-format on */
 CLATTN_FAMILY(flash_cpu, FLASH_CPU_SWITCHES, .sources = {"flash_cpu.cl"},
               .score_family = CLATTN__FAMILY_FLASH_CPU,
-              .tuning_keys = "flash_cpu flash_cpu_rb flash_cpu_nb flash_cpu_kv");
+              .tuning_keys = "flash_cpu flash_cpu_rb flash_cpu_nb flash_cpu_kv flash_cpu_pf");
 
 /* clang-format off */
 #define FLASH_SWITCHES(X)                                                                          \
@@ -107,8 +107,8 @@ static size_t cpu_trips_per_tile(const clattn__score_shape *score, size_t dk, si
  * element by element) then costs more than the rows' arithmetic on it, so as few groups as
  * keep every compute unit busy, the rows split evenly among them (at most the tuning's nb;
  * the local-memory check below halves it where it does not fit). */
-static unsigned wide_head_blocks(const clattn_ctx *ctx, const clattn__score_shape *score,
-                                 size_t dk, unsigned rb, unsigned nb, unsigned tuned)
+static unsigned wide_head_blocks(const clattn_ctx *ctx, const clattn__score_shape *score, size_t dk,
+                                 unsigned rb, unsigned nb, unsigned tuned)
 {
     const size_t bh = score->batch * score->heads, units = ctx->info.compute_units;
     if (dk <= 256 || ctx->tuning.loop_trip_limit || rb == 0 || bh >= units || units == 0)
@@ -176,7 +176,10 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
                                    .Q_DTYPE = shape->q_dtype,
                                    .K_DTYPE = shape->k_dtype,
                                    .V_DTYPE = shape->v_dtype,
-                                   .O_DTYPE = shape->out_dtype};
+                                   .O_DTYPE = shape->out_dtype,
+                                   /* a paged cache's rows prefetched (direct tiles only) */
+                                   .FC_PF =
+                                       direct && score->kv_paged ? shape->tuning->flash_cpu_pf : 0};
     clattn_define defines[CLATTN_DEFINES_MAX];
     const size_t count = clattn__score_defines(score, flash_cpu_family.score_family, defines);
     clattn_status status = clattn__family_kernel(ctx, &flash_cpu_family, "flash_cpu", &sw, defines,
@@ -455,9 +458,8 @@ static clattn_status merge_splits(clattn_chain *chain, const clattn__flash_plan 
 
 /* A decode step's launch (flash_cpu.cl's KV_STEP): the new rows in the slots of varlen's
  * offsets, seq_k = the keys after the step and no key counts read (the kernel sets them). */
-static void step_fields(const clattn__kv_step *step,
-                        clattn_flash_params *params, clattn__score_buffers *buffers, cl_mem *k_new,
-                        cl_mem *v_new)
+static void step_fields(const clattn__kv_step *step, clattn_flash_params *params,
+                        clattn__score_buffers *buffers, cl_mem *k_new, cl_mem *v_new)
 {
     params->kv_step = 1;
     params->step_keys = (cl_uint)step->keys;

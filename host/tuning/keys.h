@@ -67,6 +67,9 @@
       "flash_cpu: register blocks per group sharing a key tile")                                \
     X(flash_cpu_kv, PROBLEM, 1, 4, "flash", "any", "flash_cpu=1", "1 2 4", "",                   \
       "flash_cpu: float16 vectors per block row (1, 2, 4)")                                     \
+    X(flash_cpu_pf, PROBLEM, 0, 16, "", "cpu", "", "", "",                                       \
+      "flash_cpu: a paged cache's rows prefetched this many key tiles ahead (0: none; not "   \
+      "searched: the search times no paged cache)")                                           \
     X(flash_gpu, PROBLEM, 0, 1, "flash", "gpu", "flash_cpu=0", "0 1", "",                        \
       "1: the cooperative fused kernel for GPUs (flash_gpu.cl)")                                \
     X(fg_bq, PROBLEM, 1, 256, "flash", "gpu", "flash_gpu=1", "16 32 64 128", "",                 \
