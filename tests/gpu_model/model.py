@@ -118,7 +118,7 @@ def softmax_rows(rows, seq_q, seq_k, limit, causal, has_kv_len, p=PARAMS):
 
 
 # --- flash_attention (kernels/flash_gpu.cl; tiles from host/ops/flash_gpu.c) ----------------
-def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM):
+def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM, paged=False):
     """The tiles host/ops/flash_gpu.c picks: FG_BQ halved while the rows still cover seq_q,
     then, until the local arrays fit the local memory less 1 KiB, FG_BQ halved down to 32
     rows, then FG_BK, then FG_BQ again. The arrays: q and K rows of d_k in whole float4s + 4
@@ -131,7 +131,7 @@ def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM):
     def local_bytes(bq, bk):
         qk_pad, v_pad, p_pad = cdiv(dk, 4) * 4 + 4, dv + 1, cdiv(bk, 4) * 4 + 4
         kv_words = cdiv(bk * max(qk_pad, v_pad), 4) * 4
-        return (bq * qk_pad + kv_words + bq * p_pad + 3 * bq) * 4 + bk
+        return (bq * qk_pad + kv_words + bq * p_pad + 3 * bq + (2 * bk if paged else 0)) * 4 + bk
 
     budget = local_mem - 1024 if local_mem > 1024 else local_mem
     while local_bytes(bq, bk) > budget:
@@ -141,13 +141,16 @@ def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM):
             bk //= 2
         elif bq // 2 >= ty and (bq // 2) % ty == 0:
             bq //= 2
+        elif tx % 2 == 0 and tx // 2 >= 4 and bk == tx:
+            tx, bk = tx // 2, bk // 2   # (so TX = min(FG_TX, BK) from here on)
         else:
             raise ValueError("flash_gpu does not fit: the host would run flash.cl")
     return bq, bk
 
 
 def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, limit, causal,
-                has_kv_len, has_lse, elem=4, p=PARAMS, has_padding=False, flex=None):
+                has_kv_len, has_lse, elem=4, p=PARAMS, has_padding=False, flex=None,
+                page_size=0, kv_elem=None):
     """One work-group: query rows first_row .. first_row + bq - 1 (those past seq_q are padding,
     computed from zero queries on row 0's band, never stored), keys key_begin .. key_stop - 1.
 
@@ -172,9 +175,10 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     rows that keep a key of them come from the mask, and flex_tiles' global loads (block-mask
     bytes, mask_mod's aux loads) are added; everything else is counted as above over the
     visited tiles."""
-    tx, ty = p["fg_tx"], p["fg_ty"]
+    tx, ty = min(p["fg_tx"], bk), p["fg_ty"]   # (the host halves TX with BK at BK == TX)
     items, rm, rn, rd = tx * ty, bq // ty, bk // tx, cdiv(dv, tx)
     d4, bk4 = cdiv(dk, 4) * 4, bk // 4 * 4
+    kv_elem = elem if kv_elem is None else kv_elem
     valid = max(0, min(seq_q, first_row + bq) - first_row)
     last_row = min(seq_q, first_row + bq) - 1
     key_end = min(key_stop, band_end(last_row, limit, causal))
@@ -196,7 +200,7 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     kv_counts = items if has_kv_len else 0
     g_loads = valid * dk + keys_read * (dk + dv) + kv_counts
     g_stores = valid * dv + (valid if has_lse else 0)
-    g_load_bytes = elem * (g_loads - kv_counts) + 4 * kv_counts     # q, k, v: elem bytes
+    g_load_bytes = elem * valid * dk + kv_elem * keys_read * (dk + dv) + 4 * kv_counts
     g_loads += flex_loads
     g_load_bytes += flex_load_bytes
     g_store_bytes = elem * valid * dv + (4 * valid if has_lse else 0)
@@ -212,13 +216,25 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     l_loads_bytes = t * items * (rn if rn == 1 else rm * rn) if has_padding else 0
     l_stores_words = bq * d4 + 2 * bq + t * (bk * d4 + 2 * bq * bk + 3 * bq + bk * dv) + bq
     l_stores_bytes = t * bk if has_padding else 0
+    barriers = items * (6 * t + 2)
+    if page_size:
+        # KV_PAGED (fg_stage_pages): each item lowers the limit through the table (paged_limit:
+        # one I32 load per block below it); per tile one I32 table load per key below the
+        # limit, 2 BK words staged (pages, slots), one barrier; each staged K and V element
+        # reads its key's page and slot from local memory
+        table = items * cdiv(limit, page_size) + keys_read
+        g_loads += table
+        g_load_bytes += 4 * table
+        l_stores_words += 2 * bk * t
+        l_loads_words += 2 * keys_read * (dk + dv)
+        barriers += items * t
     return counts(global_loads=g_loads, global_load_bytes=g_load_bytes,
                   global_stores=g_stores, global_store_bytes=g_store_bytes,
                   local_loads=l_loads_vec4 + l_loads_words + l_loads_bytes,
                   local_load_bytes=16 * l_loads_vec4 + 4 * l_loads_words + l_loads_bytes,
                   local_stores=l_stores_words + l_stores_bytes,
                   local_store_bytes=4 * l_stores_words + l_stores_bytes,
-                  barriers=items * (6 * t + 2),
+                  barriers=barriers,
                   fma=t * items * (d4 * rm * rn + bk * rm * rd),
                   exp=kept_row_tiles * (bk + 1))
 
@@ -336,7 +352,7 @@ def flash_merge(rows, dv, splits):
 
 
 def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False, kv_len=0,
-                  elem=4, flex=None):
+                  elem=4, flex=None, dv=None, page_size=0, kv_elem=None):
     """The launches of an SDPA plan (packed, d_k = d_v = dim, q, k, v and out of `elem` bytes:
     float32, or F16 / BF16 on the fused path), as (kernel, counts). flex (fused only): a user
     mask_mod (Flex), and with flex.blocks the driver's flex_block_mask launch first."""
@@ -352,7 +368,9 @@ def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False,
     # window: the query heads of a k/v head become the rows of one block.
     if seq_q == 1 and heads > kv_heads and not causal and flex is None:
         heads, seq_q = kv_heads, heads // kv_heads
-    bq, bk = flash_gpu_tiles(dim, dim, seq_q)
+    dv = dim if dv is None else dv
+    bq, bk = (flash_gpu_tiles(dim, dv, seq_q, paged=True) if page_size
+              else flash_gpu_tiles(dim, dv, seq_q))
     blocks = cdiv(seq_q, bq)
     splits, split_keys = decode_splits(blocks * batch * heads, seq_k, bk)
     total = counts()
@@ -360,14 +378,15 @@ def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False,
         begin = split * split_keys if splits > 1 else 0
         stop = min(seq_k, begin + split_keys) if splits > 1 else seq_k
         for block in range(blocks):
-            group = flash_group(bq, bk, dim, dim, seq_q, seq_k, block * bq, begin, stop, limit,
-                                causal, has_kv_len, splits > 1, elem, flex=flex)
+            group = flash_group(bq, bk, dim, dv, seq_q, seq_k, block * bq, begin, stop, limit,
+                                causal, has_kv_len, splits > 1, elem, flex=flex,
+                                page_size=page_size, kv_elem=kv_elem)
             total = add(total, {k: v * batch * heads for k, v in group.items()})
     launches = [("flash_attention", total)]
     if flex is not None and flex.blocks:
         launches.insert(0, ("flex_block_mask", flex_block_mask(batch, heads, seq_q, seq_k, flex)))
     if splits > 1:
-        launches.append(("flash_merge", flash_merge(batch * heads * seq_q, dim, splits)))
+        launches.append(("flash_merge", flash_merge(batch * heads * seq_q, dv, splits)))
     return launches
 
 
@@ -601,6 +620,18 @@ def flex_case(name, b, h, hkv, length, d, docs, blocks=None):
 
 
 
+def paged_case(name, b, h, hkv, lq, lk, d, kv_len, page_size, dv=None, fp8=None):
+    """The fused SDPA over a paged cache (paged=PS: K and V in pools of pages of page_size
+    keys, capacity lk, in a shuffled order; kv_len keys a sequence) and/or FP8 k and v
+    (fp8="e4m3" or "e5m2": one byte an element, q and out float32)."""
+    args = ["sdpa", "fused"] + [str(x) for x in (b, h, hkv, lq, lk, d)] + [f"kvlen={kv_len}"]
+    args += [f"paged={page_size}"] if page_size else []
+    args += [f"dv={dv}"] if dv is not None else []
+    args += [f"fp8={fp8}"] if fp8 else []
+    return name, args, sdpa_launches("fused", b, h, hkv, lq, lk, d, False, kv_len, dv=dv,
+                                     page_size=page_size, kv_elem=1 if fp8 else None)
+
+
 def backward_case(name, b, h, hkv, lq, lk, dk, dv=None, causal=False, kv_len=0, dtype="f32"):
     args = ["backward"] + [str(x) for x in (b, h, hkv, lq, lk, dk)]
     args += (["causal"] if causal else []) + ([f"kvlen={kv_len}"] if kv_len else [])
@@ -645,6 +676,10 @@ CASES = [
     sdpa_case("decode grouped bf16 H4/1 kvlen 50/64 d64", "fused", 1, 4, 1, 1, 64, 64, False, 50,
               dtype="bf16"),
     sdpa_case("decode split 1x520 d32", "fused", 1, 1, 1, 1, 520, 32),
+    # a paged cache (issue 50): pools of shuffled pages
+    paged_case("paged16 decode grouped H4/2 kvlen 77/80 d64", 2, 4, 2, 1, 80, 64, 77, 16),
+    paged_case("paged64 5x192 kvlen 131 d24", 1, 1, 1, 5, 192, 24, 131, 64),
+    paged_case("paged64 decode split kvlen 531/576 d32", 1, 1, 1, 1, 576, 32, 531, 64),
     # the backward (bwd_delta, bwd_dkdv, bwd_dq: the generic GPU kernels, one key / one row per
     # work-item). Head sizes that are not multiples of 16: Oclgrind reports a CPU device too,
     # and there the host runs the CPU variants (16-key float16 lanes) at multiples of 16. GQA
