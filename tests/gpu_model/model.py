@@ -150,7 +150,7 @@ def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM, paged=False):
 
 def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, limit, causal,
                 has_kv_len, has_lse, elem=4, p=PARAMS, has_padding=False, flex=None,
-                page_size=0, kv_elem=None):
+                page_size=0, kv_elem=None, step=False):
     """One work-group: query rows first_row .. first_row + bq - 1 (those past seq_q are padding,
     computed from zero queries on row 0's band, never stored), keys key_begin .. key_stop - 1.
 
@@ -222,7 +222,9 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
         # one I32 load per block below it); per tile one I32 table load per key below the
         # limit, 2 BK words staged (pages, slots), one barrier; each staged K and V element
         # reads its key's page and slot from local memory
-        table = items * cdiv(limit, page_size) + keys_read
+        # (a decode step's table walk covers the new key's block too: its band is the one after
+        # the step, the tiles' the cached keys')
+        table = items * cdiv(limit + (1 if step else 0), page_size) + keys_read
         g_loads += table
         g_load_bytes += 4 * table
         l_stores_words += 2 * bk * t
@@ -237,6 +239,70 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
                   barriers=barriers,
                   fma=t * items * (d4 * rm * rn + bk * rm * rd),
                   exp=kept_row_tiles * (bk + 1))
+
+
+# --- a KV cache's decode step in one launch (flash_gpu.cl's KV_STEP) ------------------------
+def step_group(bq, bk, dk, dv, valid, stores_row, elem=4, page_size=0, p=PARAMS):
+    """The step's part of a work-group's counts (flash_gpu.cl after the key tiles: the group
+    whose keys hold the new key, step_keys): three barriers; fg_step_weights by the row
+    owners: for each of the `valid` rows (every valid row's band holds the new key: bottom-
+    right causal) the dot of its staged q row (dk local loads) with k_new (dk global loads,
+    dk FMAs), row_m and row_l (2 local loads, 2 stores), two exps (the rescale and the weight),
+    one more FMA (l * c + p, contracted); every row of the block stores its weight (p_tile) and factor (row_c); fg_step_accumulate:
+    each item reads c and p of its RM rows (2 RM local loads) and, per row and dim below dv,
+    v_new from global memory (not hoisted out of the rows: BQ * dv loads a group), RM * RD
+    FMAs (padded dims included); the k/v head's first group (stores_row) copies k_new and v_new
+    into the cache (kv_step_store: dk + dv loads and stores; paged, each of its items first
+    reads the new key's page from the table: one I32 load, the same entry for K and V)."""
+    tx, ty = min(p["fg_tx"], bk), p["fg_ty"]
+    items, rm, rd = tx * ty, bq // ty, cdiv(dv, tx)
+    loads = valid * dk + bq * dv + ((dk + dv) if stores_row else 0)
+    table = items if stores_row and page_size else 0
+    stores = (dk + dv) if stores_row else 0
+    local_loads = valid * (dk + 2) + items * 2 * rm
+    local_stores = 2 * bq + 2 * valid
+    return counts(global_loads=loads + table, global_load_bytes=elem * loads + 4 * table,
+                  global_stores=stores, global_store_bytes=elem * stores,
+                  local_loads=local_loads, local_load_bytes=4 * local_loads,
+                  local_stores=local_stores, local_store_bytes=4 * local_stores,
+                  barriers=3 * items, fma=valid * (dk + 1) + items * rm * rd, exp=2 * valid)
+
+
+def kv_append(batch, kv_heads, n, dk, dv, page_size=0, elem=4):
+    """kernels/heads.cl kv_append (the cache's append of n keys): one work-item per element of
+    the new keys and of the values: one load (+ one block-table load, paged), one store; the
+    batch's key counts stored once each."""
+    elems = batch * kv_heads * n * (dk + dv)
+    table = elems if page_size else 0
+    return counts(global_loads=elems + table, global_load_bytes=elem * elems + 4 * table,
+                  global_stores=elems + batch, global_store_bytes=elem * elems + 4 * batch)
+
+
+def step_launches(batch, heads, kv_heads, n, d, page_size=0, elem=4):
+    """clattn_kv_cache_append of n keys (kv_append), then one decode step
+    (clattn_kv_cache_decode: flash_attention with KV_STEP): seq_k = n + 1 keys, no key counts
+    read (the host gives the step's), the tiles over the n cached keys (flash_group), then the
+    step (step_group) in the group holding key n, and query head 0's first item stores the
+    batch's new key count."""
+    h, rows = heads, 1
+    if heads > kv_heads:   # the grouped decode
+        h, rows = kv_heads, heads // kv_heads
+    bq, bk = (flash_gpu_tiles(d, d, rows, paged=True) if page_size
+              else flash_gpu_tiles(d, d, rows))
+    blocks = cdiv(rows, bq)
+    splits, split_keys = decode_splits(blocks * batch * h, n + 1, bk)
+    assert splits == 1, "the step's model covers one split"
+    total = counts()
+    for block in range(blocks):
+        group = flash_group(bq, bk, d, d, rows, n + 1, block * bq, 0, n + 1, n, False, False,
+                            False, elem, page_size=page_size, step=True)
+        valid = min(rows, block * bq + bq) - block * bq
+        group = add(group, step_group(bq, bk, d, d, valid, block == 0, elem, page_size))
+        total = add(total, {k: v * batch * h for k, v in group.items()})
+    total["global_stores"] += batch
+    total["global_store_bytes"] += 4 * batch
+    return [("kv_append", kv_append(batch, kv_heads, n, d, d, page_size, elem)),
+            ("flash_attention", total)]
 
 
 # --- user mask functions (clattn_flex_desc; score.cl's FLEX section, kernels/flex.cl) -------
@@ -632,6 +698,15 @@ def paged_case(name, b, h, hkv, lq, lk, d, kv_len, page_size, dv=None, fp8=None)
                                      page_size=page_size, kv_elem=1 if fp8 else None)
 
 
+def step_case(name, b, h, hkv, n, d, page_size=0, dtype="f32"):
+    """A KV cache filled with n keys, then one decode step in one launch (the driver's step)."""
+    args = ["step"] + [str(x) for x in (b, h, hkv, n, d)]
+    args += [f"paged={page_size}"] if page_size else []
+    args += [] if dtype == "f32" else [dtype]
+    elem = 4 if dtype == "f32" else 2
+    return name, args, step_launches(b, h, hkv, n, d, page_size, elem)
+
+
 def backward_case(name, b, h, hkv, lq, lk, dk, dv=None, causal=False, kv_len=0, dtype="f32"):
     args = ["backward"] + [str(x) for x in (b, h, hkv, lq, lk, dk)]
     args += (["causal"] if causal else []) + ([f"kvlen={kv_len}"] if kv_len else [])
@@ -680,6 +755,8 @@ CASES = [
     paged_case("paged16 decode grouped H4/2 kvlen 77/80 d64", 2, 4, 2, 1, 80, 64, 77, 16),
     paged_case("paged64 5x192 kvlen 131 d24", 1, 1, 1, 5, 192, 24, 131, 64),
     paged_case("paged64 decode split kvlen 531/576 d32", 1, 1, 1, 1, 576, 32, 531, 64),
+    step_case("step grouped H4/2 37+1 d64", 1, 4, 2, 37, 64),
+    step_case("step paged16 grouped H16/1 B2 50+1 d32", 2, 16, 1, 50, 32, 16),
     # the backward (bwd_delta, bwd_dkdv, bwd_dq: the generic GPU kernels, one key / one row per
     # work-item). Head sizes that are not multiples of 16: Oclgrind reports a CPU device too,
     # and there the host runs the CPU variants (16-key float16 lanes) at multiples of 16. GQA
