@@ -690,7 +690,8 @@ def paged_case(name, b, h, hkv, lq, lk, d, kv_len, page_size, dv=None, fp8=None)
     """The fused SDPA over a paged cache (paged=PS: K and V in pools of pages of page_size
     keys, capacity lk, in a shuffled order; kv_len keys a sequence) and/or FP8 k and v
     (fp8="e4m3" or "e5m2": one byte an element, q and out float32)."""
-    args = ["sdpa", "fused"] + [str(x) for x in (b, h, hkv, lq, lk, d)] + [f"kvlen={kv_len}"]
+    args = ["sdpa", "fused"] + [str(x) for x in (b, h, hkv, lq, lk, d)]
+    args += [f"kvlen={kv_len}"] if kv_len else []
     args += [f"paged={page_size}"] if page_size else []
     args += [f"dv={dv}"] if dv is not None else []
     args += [f"fp8={fp8}"] if fp8 else []
@@ -755,6 +756,11 @@ CASES = [
     paged_case("paged16 decode grouped H4/2 kvlen 77/80 d64", 2, 4, 2, 1, 80, 64, 77, 16),
     paged_case("paged64 5x192 kvlen 131 d24", 1, 1, 1, 5, 192, 24, 131, 64),
     paged_case("paged64 decode split kvlen 531/576 d32", 1, 1, 1, 1, 576, 32, 531, 64),
+    # FP8 k and v (one byte an element, decoded in registers: integer arithmetic and selects,
+    # no FMA or exp), q and out float32
+    paged_case("fp8 e4m3 decode grouped H4/2 kvlen 45/64 d64", 1, 4, 2, 1, 64, 64, 45, 0,
+               fp8="e4m3"),
+    paged_case("fp8 e5m2 paged16 19x48 kvlen 37 d40", 1, 1, 1, 19, 48, 40, 37, 16, fp8="e5m2"),
     step_case("step grouped H4/2 37+1 d64", 1, 4, 2, 37, 64),
     step_case("step paged16 grouped H16/1 B2 50+1 d32", 2, 16, 1, 50, 32, 16),
     # the backward (bwd_delta, bwd_dkdv, bwd_dq: the generic GPU kernels, one key / one row per
