@@ -205,7 +205,14 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     g_load_bytes += flex_load_bytes
     g_store_bytes = elem * valid * dv + (4 * valid if has_lse else 0)
     l_loads_vec4 = t * items * (d4 // 4 * (rm + rn) + bk4 // 4 * rm)     # S; P, 4 keys
-    l_loads_words = (items * rm                                           # acc init: row l
+    s_split = 0
+    if rm == 1 and rn == 1:
+        # one row and one key an item (MLA's 8 x 8 tiles): the compiler splits S's float4
+        # loads (q and K) into four scalar loads each, the same bytes (measured; the weights'
+        # float4 loads stay whole)
+        s_split = t * items * d4 // 4 * 2
+        l_loads_vec4 -= s_split
+    l_loads_words = (4 * s_split + items * rm                             # acc init: row l
                      + t * items * (rm + (bk - bk4) * rm)                 # rescale, P tail
                      + t * ty * bk * dv                                   # V words
                      + t * bq * (2 + bk) + kept_row_tiles * bk            # the row pass
@@ -761,6 +768,9 @@ CASES = [
     paged_case("fp8 e4m3 decode grouped H4/2 kvlen 45/64 d64", 1, 4, 2, 1, 64, 64, 45, 0,
                fp8="e4m3"),
     paged_case("fp8 e5m2 paged16 19x48 kvlen 37 d40", 1, 1, 1, 19, 48, 40, 37, 16, fp8="e5m2"),
+    # MLA's absorbed decode (DeepSeek: d_qk 576, d_v 512, 16 query heads on one latent head):
+    # in 48 KiB the tiles shrink to 8 rows x 8 keys and 8 x 8 work-items (two row blocks)
+    paged_case("mla decode H16/1 kvlen 21/24 dk576 dv512", 1, 16, 1, 1, 24, 576, 21, 0, dv=512),
     step_case("step grouped H4/2 37+1 d64", 1, 4, 2, 37, 64),
     step_case("step paged16 grouped H16/1 B2 50+1 d32", 2, 16, 1, 50, 32, 16),
     # the backward (bwd_delta, bwd_dkdv, bwd_dq: the generic GPU kernels, one key / one row per
