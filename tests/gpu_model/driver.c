@@ -53,7 +53,8 @@ static int usage(void)
                     "[causal] [dv=N] [fp8=e4m3|e5m2]\n"
                     "       gpu_model_driver backward B H KV_HEADS LQ LK D [causal] [kvlen=N] "
                     "[dv=N] [f16|bf16]\n"
-                    "       gpu_model_driver step B H KV_HEADS N D [paged=PS] [f16]\n");
+                    "       gpu_model_driver step B H KV_HEADS N D [paged=PS] [f16]\n"
+                    "       gpu_model_driver mixed H KV_HEADS D PS R1:N1 [R2:N2 ...]\n");
     return 2;
 }
 
@@ -481,13 +482,118 @@ done:
     return rc;
 }
 
+/* mixed H KV_HEADS D PS R1:N1 [R2:N2 ...]: a mixed batch in one launch (packed queries over a
+ * paged cache: cu_seqlens_q, block_table, kv_seqlen; flash_gpu.cl's PACKED_GRID): request b
+ * has R_b query rows attending its N_b keys bottom-right causal, q and out (total_q, H, D),
+ * pools of pages of PS keys (pages, PS, KV_HEADS, D), each request's blocks mapped to pages of
+ * one shuffled order, float32; max_seqlen_q the longest request's rows. */
+static int run_mixed(clattn_ctx *ctx, size_t heads, size_t kv_heads, size_t d, size_t ps,
+                     size_t batch, const cl_int *rows, const cl_int *keys)
+{
+    uint32_t seed = 4;
+    cl_int cu[65] = {0}, lens[64];
+    size_t blocks = 1;
+    for (size_t b = 0; b < batch; ++b) {
+        cu[b + 1] = cu[b] + rows[b];
+        lens[b] = keys[b];
+        const size_t need = ((size_t)keys[b] + ps - 1) / ps;
+        blocks = need > blocks ? need : blocks;
+    }
+    const size_t total_q = (size_t)cu[batch], pages = batch * blocks;
+    const size_t q_n = total_q * heads * d, kv_n = pages * ps * kv_heads * d;
+    cl_mem q = make_buffer(ctx, CLATTN_DTYPE_F32, q_n, &seed, 1);
+    cl_mem k = make_buffer(ctx, CLATTN_DTYPE_F32, kv_n, &seed, 1);
+    cl_mem v = make_buffer(ctx, CLATTN_DTYPE_F32, kv_n, &seed, 1);
+    cl_mem out = make_buffer(ctx, CLATTN_DTYPE_F32, q_n, &seed, 0);
+    cl_mem table = shuffled_table(ctx, batch, blocks, &seed);
+    cl_int err = CL_SUCCESS, err2 = CL_SUCCESS;
+    cl_mem cu_mem = clCreateBuffer(clattn_ctx_cl_context(ctx),
+                                   CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                   (batch + 1) * sizeof cu[0], cu, &err);
+    cl_mem len_mem = clCreateBuffer(clattn_ctx_cl_context(ctx),
+                                    CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                    batch * sizeof lens[0], lens, &err2);
+    clattn_plan *plan = NULL;
+    int rc = 1;
+    if (q == NULL || k == NULL || v == NULL || out == NULL || table == NULL ||
+        err != CL_SUCCESS || err2 != CL_SUCCESS) {
+        fprintf(stderr, "gpu_model_driver: mixed: buffers: out of memory\n");
+        goto done;
+    }
+    clattn_sdpa_desc desc;
+    clattn_sdpa_desc_init(&desc);
+    clattn_tensors t = {0};
+    CLATTN_BIND_ROLES(desc, t);
+    desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    desc.path = CLATTN_PATH_FUSED;
+    for (size_t b = 0; b < batch; ++b) /* the longest request's rows (the host's row blocks) */
+        desc.max_seqlen_q = (size_t)rows[b] > desc.max_seqlen_q ? (size_t)rows[b] : desc.max_seqlen_q;
+    t.q = clattn_tensor_make(q, 0, CLATTN_DTYPE_F32, 3, total_q, heads, d, 0);
+    t.out = clattn_tensor_make(out, 0, CLATTN_DTYPE_F32, 3, total_q, heads, d, 0);
+    t.k = clattn_tensor_make(k, 0, CLATTN_DTYPE_F32, 4, pages, ps, kv_heads, d);
+    t.v = clattn_tensor_make(v, 0, CLATTN_DTYPE_F32, 4, pages, ps, kv_heads, d);
+    t.block_table = clattn_tensor_make(table, 0, CLATTN_DTYPE_I32, 2, batch, blocks, 0, 0);
+    t.kv_seqlen = clattn_tensor_make(len_mem, 0, CLATTN_DTYPE_I32, 1, batch, 0, 0, 0);
+    t.cu_seqlens_q = clattn_tensor_make(cu_mem, 0, CLATTN_DTYPE_I32, 1, batch + 1, 0, 0, 0);
+    clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    if (status == CLATTN_SUCCESS)
+        status =
+            clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
+    if (status == CLATTN_SUCCESS)
+        status = clattn_finish(ctx);
+    if (status != CLATTN_SUCCESS) {
+        fprintf(stderr, "gpu_model_driver: mixed: %s\n", clattn_last_error(ctx));
+        goto done;
+    }
+    const double sum = checksum(ctx, CLATTN_DTYPE_F32, out, q_n);
+    printf("mixed H=%zu Hkv=%zu d=%zu pages of %zu, %zu requests, %zu rows: checksum %.6g (%s)\n",
+           heads, kv_heads, d, ps, batch, total_q, sum, clattn_plan_info(plan));
+    rc = isfinite(sum) ? 0 : 1;
+done:
+    clattn_plan_release(plan);
+    cl_mem mems[] = {q, k, v, out, table, cu_mem, len_mem};
+    for (size_t i = 0; i < sizeof mems / sizeof mems[0]; ++i)
+        if (mems[i])
+            clReleaseMemObject(mems[i]);
+    return rc;
+}
+
+/* mixed's arguments: H KV_HEADS D PS R1:N1 ...; 0 on bad usage. */
+static int parse_mixed(int argc, char **argv, size_t *dims, size_t *batch, cl_int *rows,
+                       cl_int *keys)
+{
+    if (argc < 7 || argc - 6 > 64)
+        return 0;
+    for (int i = 0; i < 4; ++i)
+        if (!parse_size(argv[2 + i], &dims[i]))
+            return 0;
+    *batch = (size_t)(argc - 6);
+    for (int i = 6; i < argc; ++i) {
+        char *colon = strchr(argv[i], ':');
+        size_t r = 0, n = 0;
+        if (colon == NULL)
+            return 0;
+        *colon = '\0';
+        if (!parse_size(argv[i], &r) || !parse_size(colon + 1, &n))
+            return 0;
+        rows[i - 6] = (cl_int)r;
+        keys[i - 6] = (cl_int)n;
+    }
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
         return usage();
     sdpa_shape shape = {0};
     size_t m = 0, n = 0, k = 0;
-    if (strcmp(argv[1], "matmul") == 0) {
+    size_t mixed_dims[4], mixed_batch = 0; /* mixed: H, KV_HEADS, D, PS; the requests */
+    cl_int mixed_rows[64], mixed_keys[64];
+    if (strcmp(argv[1], "mixed") == 0) {
+        if (!parse_mixed(argc, argv, mixed_dims, &mixed_batch, mixed_rows, mixed_keys))
+            return usage();
+    } else if (strcmp(argv[1], "matmul") == 0) {
         if (argc != 5 || !parse_size(argv[2], &m) || !parse_size(argv[3], &n) ||
             !parse_size(argv[4], &k))
             return usage();
@@ -571,7 +677,10 @@ int main(int argc, char **argv)
     const char *parameters = strstr(clattn_ctx_tuning(ctx), "parameters:");
     printf("device: compute_units=%u local_mem_size=%llu\n%s\n", units,
            (unsigned long long)local_mem, parameters ? parameters : "parameters: unknown");
-    const int rc = argv[1][0] == 'm'   ? run_matmul(ctx, m, n, k)
+    const int rc = argv[1][1] == 'a'   ? run_matmul(ctx, m, n, k)
+                   : argv[1][0] == 'm' ? run_mixed(ctx, mixed_dims[0], mixed_dims[1], mixed_dims[2],
+                                                   mixed_dims[3], mixed_batch, mixed_rows,
+                                                   mixed_keys)
                    : argv[1][1] == 't' ? run_step(ctx, &shape)
                                        : run_sdpa(ctx, &shape);
     clattn_ctx_release(ctx);

@@ -150,7 +150,7 @@ def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM, paged=False):
 
 def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, limit, causal,
                 has_kv_len, has_lse, elem=4, p=PARAMS, has_padding=False, flex=None,
-                page_size=0, kv_elem=None, step=False):
+                page_size=0, kv_elem=None, step=False, diag=0):
     """One work-group: query rows first_row .. first_row + bq - 1 (those past seq_q are padding,
     computed from zero queries on row 0's band, never stored), keys key_begin .. key_stop - 1.
 
@@ -181,7 +181,7 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     kv_elem = elem if kv_elem is None else kv_elem
     valid = max(0, min(seq_q, first_row + bq) - first_row)
     last_row = min(seq_q, first_row + bq) - 1
-    key_end = min(key_stop, band_end(last_row, limit, causal))
+    key_end = min(key_stop, band_end(last_row + diag, limit, causal))
     tiles = list(range(key_begin, key_end, bk))
     flex_loads = flex_load_bytes = 0
     if flex is not None:
@@ -191,7 +191,7 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
 
     def row_keeps(r, k0):  # whether row r keeps a key of the tile at k0 (padding: row 0's band)
         row = first_row + r
-        end = band_end(row if row < seq_q else 0, limit, causal)
+        end = band_end((row if row < seq_q else 0) + diag, limit, causal)
         return k0 < end
 
     if flex is None:
@@ -310,6 +310,48 @@ def step_launches(batch, heads, kv_heads, n, d, page_size=0, elem=4):
     total["global_store_bytes"] += 4 * batch
     return [("kv_append", kv_append(batch, kv_heads, n, d, d, page_size, elem)),
             ("flash_attention", total)]
+
+
+# --- a mixed batch in one launch (packed queries over a paged cache: PACKED_GRID) ---------
+def mixed_launches(heads, kv_heads, d, page_size, requests, p=PARAMS):
+    """requests: [(rows, keys)], bottom-right causal, float32. The host sizes BQ for the
+    longest request's rows and launches total_q // BQ + batch work-groups per head (score.cl
+    PACKED_GRID); request b owns the groups from cu_q[b] // BQ + b on. Every item of a group
+    finds its request by bisection over cu_seqlens_q (packed_group_of: one I32 load per step,
+    then one of its request's offset), then its span (paged_varlen_span: the request's two
+    offsets and its key count: 3 loads); a group past its request's rows leaves there. The
+    others are flash_group's over the request's rows and keys (the band's diagonal at
+    keys - rows), paged."""
+    batch = len(requests)
+    cu = [0]
+    for rows, _ in requests:
+        cu.append(cu[-1] + rows)
+    total_q = cu[-1]
+    bq, bk = flash_gpu_tiles(d, d, max(r for r, _ in requests), paged=True)
+    tx, ty = min(p["fg_tx"], bk), p["fg_ty"]
+    items = tx * ty
+    blocks = max(cdiv(n, page_size) for _, n in requests)
+    seq_k = blocks * page_size
+    total = counts()
+    for g in range(total_q // bq + batch):
+        lo, hi, loads = 0, batch, 0
+        while hi - lo > 1:
+            mid = lo + (hi - lo) // 2
+            loads += 1
+            if cu[mid] // bq + mid <= g:
+                lo = mid
+            else:
+                hi = mid
+        first_row = (g - min(g, cu[lo] // bq + lo)) * bq
+        loads += 1 + 3
+        group = counts(global_loads=items * loads, global_load_bytes=4 * items * loads)
+        rows, keys = requests[lo]
+        if first_row < rows:
+            group = add(group, flash_group(bq, bk, d, d, rows, seq_k, first_row, 0, seq_k,
+                                           min(keys, seq_k), True, True, False,
+                                           page_size=page_size, diag=keys - rows))
+        total = add(total, group)
+    return [("flash_attention", {k: v * heads for k, v in total.items()})]
 
 
 # --- user mask functions (clattn_flex_desc; score.cl's FLEX section, kernels/flex.cl) -------
@@ -715,6 +757,13 @@ def step_case(name, b, h, hkv, n, d, page_size=0, dtype="f32"):
     return name, args, step_launches(b, h, hkv, n, d, page_size, elem)
 
 
+def mixed_case(name, h, hkv, d, page_size, requests):
+    """A mixed batch in one launch (the driver's mixed): requests [(rows, keys)]."""
+    args = ["mixed"] + [str(x) for x in (h, hkv, d, page_size)]
+    args += [f"{r}:{n}" for r, n in requests]
+    return name, args, mixed_launches(h, hkv, d, page_size, requests)
+
+
 def backward_case(name, b, h, hkv, lq, lk, dk, dv=None, causal=False, kv_len=0, dtype="f32"):
     args = ["backward"] + [str(x) for x in (b, h, hkv, lq, lk, dk)]
     args += (["causal"] if causal else []) + ([f"kvlen={kv_len}"] if kv_len else [])
@@ -772,6 +821,11 @@ CASES = [
     # in 48 KiB the tiles shrink to 8 rows x 8 keys and 8 x 8 work-items (two row blocks)
     paged_case("mla decode H16/1 kvlen 21/24 dk576 dv512", 1, 16, 1, 1, 24, 576, 21, 0, dv=512),
     step_case("step grouped H4/2 37+1 d64", 1, 4, 2, 37, 64),
+    # a mixed batch in one launch (packed queries over pages of 16, bottom-right causal): two
+    # decodes, a 20-row and a 17-row chunk, a 7-row request; BQ 32: the 17-row chunk's
+    # second group leaves at once
+    mixed_case("mixed H2/1 d32 pages16 1+20+17+1+7 rows", 2, 1, 32, 16,
+               [(1, 63), (20, 50), (17, 33), (1, 1), (7, 20)]),
     step_case("step paged16 grouped H16/1 B2 50+1 d32", 2, 16, 1, 50, 32, 16),
     # the backward (bwd_delta, bwd_dkdv, bwd_dq: the generic GPU kernels, one key / one row per
     # work-item). Head sizes that are not multiples of 16: Oclgrind reports a CPU device too,
