@@ -363,8 +363,8 @@ static int run_sdpa(clattn_ctx *ctx, const sdpa_shape *s)
         goto done;
     }
     if (s->backward) {
-        const double sum = checksum(ctx, dt, dq, q_n) + checksum(ctx, dt, dk, kv_n) +
-                           checksum(ctx, dt, dv, v_n);
+        const double sum =
+            checksum(ctx, dt, dq, q_n) + checksum(ctx, dt, dk, kv_n) + checksum(ctx, dt, dv, v_n);
         printf("backward B=%zu H=%zu Hkv=%zu Lq=%zu Lk=%zu dk=%zu dv=%zu causal=%d kvlen=%zu: "
                "checksum %.6g (%s)\n",
                s->batch, s->heads, s->kv_heads, s->seq_q, s->seq_k, s->dim, dim_v, s->causal,
@@ -401,7 +401,8 @@ static int run_step(clattn_ctx *ctx, const sdpa_shape *s)
     const clattn_dtype dt = s->dtype;
     const size_t prompt_n = s->batch * s->kv_heads * n * d, new_n = s->batch * s->kv_heads * d;
     const size_t q_n = s->batch * s->heads * d;
-    cl_mem pk = make_buffer(ctx, dt, prompt_n, &seed, 1), pv = make_buffer(ctx, dt, prompt_n, &seed, 1);
+    cl_mem pk = make_buffer(ctx, dt, prompt_n, &seed, 1),
+           pv = make_buffer(ctx, dt, prompt_n, &seed, 1);
     cl_mem kn = make_buffer(ctx, dt, new_n, &seed, 1), vn = make_buffer(ctx, dt, new_n, &seed, 1);
     cl_mem q = make_buffer(ctx, dt, q_n, &seed, 1), out = make_buffer(ctx, dt, q_n, &seed, 0);
     clattn_kv_cache *cache = NULL;
@@ -507,16 +508,16 @@ static int run_mixed(clattn_ctx *ctx, size_t heads, size_t kv_heads, size_t d, s
     cl_mem out = make_buffer(ctx, CLATTN_DTYPE_F32, q_n, &seed, 0);
     cl_mem table = shuffled_table(ctx, batch, blocks, &seed);
     cl_int err = CL_SUCCESS, err2 = CL_SUCCESS;
-    cl_mem cu_mem = clCreateBuffer(clattn_ctx_cl_context(ctx),
-                                   CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                   (batch + 1) * sizeof cu[0], cu, &err);
-    cl_mem len_mem = clCreateBuffer(clattn_ctx_cl_context(ctx),
-                                    CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                    batch * sizeof lens[0], lens, &err2);
+    cl_mem cu_mem =
+        clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                       (batch + 1) * sizeof cu[0], cu, &err);
+    cl_mem len_mem =
+        clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                       batch * sizeof lens[0], lens, &err2);
     clattn_plan *plan = NULL;
     int rc = 1;
-    if (q == NULL || k == NULL || v == NULL || out == NULL || table == NULL ||
-        err != CL_SUCCESS || err2 != CL_SUCCESS) {
+    if (q == NULL || k == NULL || v == NULL || out == NULL || table == NULL || err != CL_SUCCESS ||
+        err2 != CL_SUCCESS) {
         fprintf(stderr, "gpu_model_driver: mixed: buffers: out of memory\n");
         goto done;
     }
@@ -527,7 +528,8 @@ static int run_mixed(clattn_ctx *ctx, size_t heads, size_t kv_heads, size_t d, s
     desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
     desc.path = CLATTN_PATH_FUSED;
     for (size_t b = 0; b < batch; ++b) /* the longest request's rows (the host's row blocks) */
-        desc.max_seqlen_q = (size_t)rows[b] > desc.max_seqlen_q ? (size_t)rows[b] : desc.max_seqlen_q;
+        desc.max_seqlen_q =
+            (size_t)rows[b] > desc.max_seqlen_q ? (size_t)rows[b] : desc.max_seqlen_q;
     t.q = clattn_tensor_make(q, 0, CLATTN_DTYPE_F32, 3, total_q, heads, d, 0);
     t.out = clattn_tensor_make(out, 0, CLATTN_DTYPE_F32, 3, total_q, heads, d, 0);
     t.k = clattn_tensor_make(k, 0, CLATTN_DTYPE_F32, 4, pages, ps, kv_heads, d);
@@ -537,8 +539,7 @@ static int run_mixed(clattn_ctx *ctx, size_t heads, size_t kv_heads, size_t d, s
     t.cu_seqlens_q = clattn_tensor_make(cu_mem, 0, CLATTN_DTYPE_I32, 1, batch + 1, 0, 0, 0);
     clattn_status status = clattn_sdpa_plan_create(ctx, &desc, &plan);
     if (status == CLATTN_SUCCESS)
-        status =
-            clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
+        status = clattn_plan_execute(plan, t.by_role, CLATTN_ROLE_COUNT, NULL, NULL, 0, NULL, NULL);
     if (status == CLATTN_SUCCESS)
         status = clattn_finish(ctx);
     if (status != CLATTN_SUCCESS) {
@@ -677,12 +678,12 @@ int main(int argc, char **argv)
     const char *parameters = strstr(clattn_ctx_tuning(ctx), "parameters:");
     printf("device: compute_units=%u local_mem_size=%llu\n%s\n", units,
            (unsigned long long)local_mem, parameters ? parameters : "parameters: unknown");
-    const int rc = argv[1][1] == 'a'   ? run_matmul(ctx, m, n, k)
-                   : argv[1][0] == 'm' ? run_mixed(ctx, mixed_dims[0], mixed_dims[1], mixed_dims[2],
-                                                   mixed_dims[3], mixed_batch, mixed_rows,
-                                                   mixed_keys)
-                   : argv[1][1] == 't' ? run_step(ctx, &shape)
-                                       : run_sdpa(ctx, &shape);
+    const int rc = strcmp(argv[1], "matmul") == 0 ? run_matmul(ctx, m, n, k)
+                   : strcmp(argv[1], "mixed") == 0
+                       ? run_mixed(ctx, mixed_dims[0], mixed_dims[1], mixed_dims[2], mixed_dims[3],
+                                   mixed_batch, mixed_rows, mixed_keys)
+                   : strcmp(argv[1], "step") == 0 ? run_step(ctx, &shape)
+                                                  : run_sdpa(ctx, &shape);
     clattn_ctx_release(ctx);
     return rc;
 }
