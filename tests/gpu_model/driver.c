@@ -388,6 +388,16 @@ done:
     return rc;
 }
 
+/* A fused SDPA plan's description bound to t (zeroed), bottom-right causal: step's and mixed's. */
+static void serving_desc(clattn_sdpa_desc *desc, clattn_tensors *t)
+{
+    clattn_sdpa_desc_init(desc);
+    memset(t, 0, sizeof *t);
+    CLATTN_BIND_ROLES(*desc, *t);
+    desc->path = CLATTN_PATH_FUSED;
+    desc->causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+}
+
 /* step B H KV_HEADS N D [paged=PS] [f16]: a KV cache (capacity N + 1, contiguous or in pages of
  * PS keys mapped in a shuffled order) filled with N random keys and values by
  * clattn_kv_cache_append (a launch of `kv_append`, which the model does not count), then one
@@ -444,12 +454,9 @@ static int run_step(clattn_ctx *ctx, const sdpa_shape *s)
         clattn_finish(ctx) != CLATTN_SUCCESS)
         goto done;
     clattn_sdpa_desc desc;
-    clattn_sdpa_desc_init(&desc);
-    clattn_tensors t = {0};
-    CLATTN_BIND_ROLES(desc, t);
+    clattn_tensors t;
+    serving_desc(&desc, &t);
     desc.kv_step = 1;
-    desc.path = CLATTN_PATH_FUSED;
-    desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
     t.q = clattn_tensor_make(q, 0, dt, 4, s->batch, s->heads, 1, d);
     t.out = clattn_tensor_make(out, 0, dt, 4, s->batch, s->heads, 1, d);
     clattn_kv_cache_tensors(cache, &t.k, &t.v, &t.kv_seqlen);
@@ -522,11 +529,8 @@ static int run_mixed(clattn_ctx *ctx, size_t heads, size_t kv_heads, size_t d, s
         goto done;
     }
     clattn_sdpa_desc desc;
-    clattn_sdpa_desc_init(&desc);
-    clattn_tensors t = {0};
-    CLATTN_BIND_ROLES(desc, t);
-    desc.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
-    desc.path = CLATTN_PATH_FUSED;
+    clattn_tensors t;
+    serving_desc(&desc, &t);
     for (size_t b = 0; b < batch; ++b) /* the longest request's rows (the host's row blocks) */
         desc.max_seqlen_q =
             (size_t)rows[b] > desc.max_seqlen_q ? (size_t)rows[b] : desc.max_seqlen_q;
