@@ -118,7 +118,7 @@ def softmax_rows(rows, seq_q, seq_k, limit, causal, has_kv_len, p=PARAMS):
 
 
 # --- flash_attention (kernels/flash_gpu.cl; tiles from host/ops/flash_gpu.c) ----------------
-def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM):
+def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM, paged=False):
     """The tiles host/ops/flash_gpu.c picks: FG_BQ halved while the rows still cover seq_q,
     then, until the local arrays fit the local memory less 1 KiB, FG_BQ halved down to 32
     rows, then FG_BK, then FG_BQ again. The arrays: q and K rows of d_k in whole float4s + 4
@@ -131,7 +131,7 @@ def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM):
     def local_bytes(bq, bk):
         qk_pad, v_pad, p_pad = cdiv(dk, 4) * 4 + 4, dv + 1, cdiv(bk, 4) * 4 + 4
         kv_words = cdiv(bk * max(qk_pad, v_pad), 4) * 4
-        return (bq * qk_pad + kv_words + bq * p_pad + 3 * bq) * 4 + bk
+        return (bq * qk_pad + kv_words + bq * p_pad + 3 * bq + (2 * bk if paged else 0)) * 4 + bk
 
     budget = local_mem - 1024 if local_mem > 1024 else local_mem
     while local_bytes(bq, bk) > budget:
@@ -141,13 +141,16 @@ def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM):
             bk //= 2
         elif bq // 2 >= ty and (bq // 2) % ty == 0:
             bq //= 2
+        elif tx % 2 == 0 and tx // 2 >= 4 and bk == tx:
+            tx, bk = tx // 2, bk // 2   # (so TX = min(FG_TX, BK) from here on)
         else:
             raise ValueError("flash_gpu does not fit: the host would run flash.cl")
     return bq, bk
 
 
 def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, limit, causal,
-                has_kv_len, has_lse, elem=4, p=PARAMS, has_padding=False, flex=None):
+                has_kv_len, has_lse, elem=4, p=PARAMS, has_padding=False, flex=None,
+                page_size=0, kv_elem=None, step=False, diag=0):
     """One work-group: query rows first_row .. first_row + bq - 1 (those past seq_q are padding,
     computed from zero queries on row 0's band, never stored), keys key_begin .. key_stop - 1.
 
@@ -172,12 +175,13 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     rows that keep a key of them come from the mask, and flex_tiles' global loads (block-mask
     bytes, mask_mod's aux loads) are added; everything else is counted as above over the
     visited tiles."""
-    tx, ty = p["fg_tx"], p["fg_ty"]
+    tx, ty = min(p["fg_tx"], bk), p["fg_ty"]   # (the host halves TX with BK at BK == TX)
     items, rm, rn, rd = tx * ty, bq // ty, bk // tx, cdiv(dv, tx)
     d4, bk4 = cdiv(dk, 4) * 4, bk // 4 * 4
+    kv_elem = elem if kv_elem is None else kv_elem
     valid = max(0, min(seq_q, first_row + bq) - first_row)
     last_row = min(seq_q, first_row + bq) - 1
-    key_end = min(key_stop, band_end(last_row, limit, causal))
+    key_end = min(key_stop, band_end(last_row + diag, limit, causal))
     tiles = list(range(key_begin, key_end, bk))
     flex_loads = flex_load_bytes = 0
     if flex is not None:
@@ -187,7 +191,7 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
 
     def row_keeps(r, k0):  # whether row r keeps a key of the tile at k0 (padding: row 0's band)
         row = first_row + r
-        end = band_end(row if row < seq_q else 0, limit, causal)
+        end = band_end((row if row < seq_q else 0) + diag, limit, causal)
         return k0 < end
 
     if flex is None:
@@ -196,12 +200,19 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     kv_counts = items if has_kv_len else 0
     g_loads = valid * dk + keys_read * (dk + dv) + kv_counts
     g_stores = valid * dv + (valid if has_lse else 0)
-    g_load_bytes = elem * (g_loads - kv_counts) + 4 * kv_counts     # q, k, v: elem bytes
+    g_load_bytes = elem * valid * dk + kv_elem * keys_read * (dk + dv) + 4 * kv_counts
     g_loads += flex_loads
     g_load_bytes += flex_load_bytes
     g_store_bytes = elem * valid * dv + (4 * valid if has_lse else 0)
     l_loads_vec4 = t * items * (d4 // 4 * (rm + rn) + bk4 // 4 * rm)     # S; P, 4 keys
-    l_loads_words = (items * rm                                           # acc init: row l
+    s_split = 0
+    if rm == 1 and rn == 1:
+        # one row and one key an item (MLA's 8 x 8 tiles): the compiler splits S's float4
+        # loads (q and K) into four scalar loads each, the same bytes (measured; the weights'
+        # float4 loads stay whole)
+        s_split = t * items * d4 // 4 * 2
+        l_loads_vec4 -= s_split
+    l_loads_words = (4 * s_split + items * rm                             # acc init: row l
                      + t * items * (rm + (bk - bk4) * rm)                 # rescale, P tail
                      + t * ty * bk * dv                                   # V words
                      + t * bq * (2 + bk) + kept_row_tiles * bk            # the row pass
@@ -212,15 +223,135 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     l_loads_bytes = t * items * (rn if rn == 1 else rm * rn) if has_padding else 0
     l_stores_words = bq * d4 + 2 * bq + t * (bk * d4 + 2 * bq * bk + 3 * bq + bk * dv) + bq
     l_stores_bytes = t * bk if has_padding else 0
+    barriers = items * (6 * t + 2)
+    if page_size:
+        # KV_PAGED (fg_stage_pages): each item lowers the limit through the table (paged_limit:
+        # one I32 load per block below it); per tile one I32 table load per key below the
+        # limit, 2 BK words staged (pages, slots), one barrier; each staged K and V element
+        # reads its key's page and slot from local memory
+        # (a decode step's table walk covers the new key's block too: its band is the one after
+        # the step, the tiles' the cached keys')
+        table = items * cdiv(limit + (1 if step else 0), page_size) + keys_read
+        g_loads += table
+        g_load_bytes += 4 * table
+        l_stores_words += 2 * bk * t
+        l_loads_words += 2 * keys_read * (dk + dv)
+        barriers += items * t
     return counts(global_loads=g_loads, global_load_bytes=g_load_bytes,
                   global_stores=g_stores, global_store_bytes=g_store_bytes,
                   local_loads=l_loads_vec4 + l_loads_words + l_loads_bytes,
                   local_load_bytes=16 * l_loads_vec4 + 4 * l_loads_words + l_loads_bytes,
                   local_stores=l_stores_words + l_stores_bytes,
                   local_store_bytes=4 * l_stores_words + l_stores_bytes,
-                  barriers=items * (6 * t + 2),
+                  barriers=barriers,
                   fma=t * items * (d4 * rm * rn + bk * rm * rd),
                   exp=kept_row_tiles * (bk + 1))
+
+
+# --- a KV cache's decode step in one launch (flash_gpu.cl's KV_STEP) ------------------------
+def step_group(bq, bk, dk, dv, valid, stores_row, elem=4, page_size=0, p=PARAMS):
+    """The step's part of a work-group's counts (flash_gpu.cl after the key tiles: the group
+    whose keys hold the new key, step_keys): three barriers; fg_step_weights by the row
+    owners: for each of the `valid` rows (every valid row's band holds the new key: bottom-
+    right causal) the dot of its staged q row (dk local loads) with k_new (dk global loads,
+    dk FMAs), row_m and row_l (2 local loads, 2 stores), two exps (the rescale and the weight),
+    one more FMA (l * c + p, contracted); every row of the block stores its weight (p_tile) and factor (row_c); fg_step_accumulate:
+    each item reads c and p of its RM rows (2 RM local loads) and, per row and dim below dv,
+    v_new from global memory (not hoisted out of the rows: BQ * dv loads a group), RM * RD
+    FMAs (padded dims included); the k/v head's first group (stores_row) copies k_new and v_new
+    into the cache (kv_step_store: dk + dv loads and stores; paged, each of its items first
+    reads the new key's page from the table: one I32 load, the same entry for K and V)."""
+    tx, ty = min(p["fg_tx"], bk), p["fg_ty"]
+    items, rm, rd = tx * ty, bq // ty, cdiv(dv, tx)
+    loads = valid * dk + bq * dv + ((dk + dv) if stores_row else 0)
+    table = items if stores_row and page_size else 0
+    stores = (dk + dv) if stores_row else 0
+    local_loads = valid * (dk + 2) + items * 2 * rm
+    local_stores = 2 * bq + 2 * valid
+    return counts(global_loads=loads + table, global_load_bytes=elem * loads + 4 * table,
+                  global_stores=stores, global_store_bytes=elem * stores,
+                  local_loads=local_loads, local_load_bytes=4 * local_loads,
+                  local_stores=local_stores, local_store_bytes=4 * local_stores,
+                  barriers=3 * items, fma=valid * (dk + 1) + items * rm * rd, exp=2 * valid)
+
+
+def kv_append(batch, kv_heads, n, dk, dv, page_size=0, elem=4):
+    """kernels/heads.cl kv_append (the cache's append of n keys): one work-item per element of
+    the new keys and of the values: one load (+ one block-table load, paged), one store; the
+    batch's key counts stored once each."""
+    elems = batch * kv_heads * n * (dk + dv)
+    table = elems if page_size else 0
+    return counts(global_loads=elems + table, global_load_bytes=elem * elems + 4 * table,
+                  global_stores=elems + batch, global_store_bytes=elem * elems + 4 * batch)
+
+
+def step_launches(batch, heads, kv_heads, n, d, page_size=0, elem=4):
+    """clattn_kv_cache_append of n keys (kv_append), then one decode step
+    (clattn_kv_cache_decode: flash_attention with KV_STEP): seq_k = n + 1 keys, no key counts
+    read (the host gives the step's), the tiles over the n cached keys (flash_group), then the
+    step (step_group) in the group holding key n, and query head 0's first item stores the
+    batch's new key count."""
+    h, rows = heads, 1
+    if heads > kv_heads:   # the grouped decode
+        h, rows = kv_heads, heads // kv_heads
+    bq, bk = (flash_gpu_tiles(d, d, rows, paged=True) if page_size
+              else flash_gpu_tiles(d, d, rows))
+    blocks = cdiv(rows, bq)
+    splits, split_keys = decode_splits(blocks * batch * h, n + 1, bk)
+    assert splits == 1, "the step's model covers one split"
+    total = counts()
+    for block in range(blocks):
+        group = flash_group(bq, bk, d, d, rows, n + 1, block * bq, 0, n + 1, n, False, False,
+                            False, elem, page_size=page_size, step=True)
+        valid = min(rows, block * bq + bq) - block * bq
+        group = add(group, step_group(bq, bk, d, d, valid, block == 0, elem, page_size))
+        total = add(total, {k: v * batch * h for k, v in group.items()})
+    total["global_stores"] += batch
+    total["global_store_bytes"] += 4 * batch
+    return [("kv_append", kv_append(batch, kv_heads, n, d, d, page_size, elem)),
+            ("flash_attention", total)]
+
+
+# --- a mixed batch in one launch (packed queries over a paged cache: PACKED_GRID) ---------
+def mixed_launches(heads, kv_heads, d, page_size, requests, p=PARAMS):
+    """requests: [(rows, keys)], bottom-right causal, float32. The host sizes BQ for the
+    longest request's rows and launches total_q // BQ + batch work-groups per head (score.cl
+    PACKED_GRID); request b owns the groups from cu_q[b] // BQ + b on. Every item of a group
+    finds its request by bisection over cu_seqlens_q (packed_group_of: one I32 load per step,
+    then one of its request's offset), then its span (paged_varlen_span: the request's two
+    offsets and its key count: 3 loads); a group past its request's rows leaves there. The
+    others are flash_group's over the request's rows and keys (the band's diagonal at
+    keys - rows), paged."""
+    batch = len(requests)
+    cu = [0]
+    for rows, _ in requests:
+        cu.append(cu[-1] + rows)
+    total_q = cu[-1]
+    bq, bk = flash_gpu_tiles(d, d, max(r for r, _ in requests), paged=True)
+    tx, ty = min(p["fg_tx"], bk), p["fg_ty"]
+    items = tx * ty
+    blocks = max(cdiv(n, page_size) for _, n in requests)
+    seq_k = blocks * page_size
+    total = counts()
+    for g in range(total_q // bq + batch):
+        lo, hi, loads = 0, batch, 0
+        while hi - lo > 1:
+            mid = lo + (hi - lo) // 2
+            loads += 1
+            if cu[mid] // bq + mid <= g:
+                lo = mid
+            else:
+                hi = mid
+        first_row = (g - min(g, cu[lo] // bq + lo)) * bq
+        loads += 1 + 3
+        group = counts(global_loads=items * loads, global_load_bytes=4 * items * loads)
+        rows, keys = requests[lo]
+        if first_row < rows:
+            group = add(group, flash_group(bq, bk, d, d, rows, seq_k, first_row, 0, seq_k,
+                                           min(keys, seq_k), True, True, False,
+                                           page_size=page_size, diag=keys - rows))
+        total = add(total, group)
+    return [("flash_attention", {k: v * heads for k, v in total.items()})]
 
 
 # --- user mask functions (clattn_flex_desc; score.cl's FLEX section, kernels/flex.cl) -------
@@ -336,7 +467,7 @@ def flash_merge(rows, dv, splits):
 
 
 def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False, kv_len=0,
-                  elem=4, flex=None):
+                  elem=4, flex=None, dv=None, page_size=0, kv_elem=None):
     """The launches of an SDPA plan (packed, d_k = d_v = dim, q, k, v and out of `elem` bytes:
     float32, or F16 / BF16 on the fused path), as (kernel, counts). flex (fused only): a user
     mask_mod (Flex), and with flex.blocks the driver's flex_block_mask launch first."""
@@ -352,7 +483,9 @@ def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False,
     # window: the query heads of a k/v head become the rows of one block.
     if seq_q == 1 and heads > kv_heads and not causal and flex is None:
         heads, seq_q = kv_heads, heads // kv_heads
-    bq, bk = flash_gpu_tiles(dim, dim, seq_q)
+    dv = dim if dv is None else dv
+    bq, bk = (flash_gpu_tiles(dim, dv, seq_q, paged=True) if page_size
+              else flash_gpu_tiles(dim, dv, seq_q))
     blocks = cdiv(seq_q, bq)
     splits, split_keys = decode_splits(blocks * batch * heads, seq_k, bk)
     total = counts()
@@ -360,14 +493,15 @@ def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False,
         begin = split * split_keys if splits > 1 else 0
         stop = min(seq_k, begin + split_keys) if splits > 1 else seq_k
         for block in range(blocks):
-            group = flash_group(bq, bk, dim, dim, seq_q, seq_k, block * bq, begin, stop, limit,
-                                causal, has_kv_len, splits > 1, elem, flex=flex)
+            group = flash_group(bq, bk, dim, dv, seq_q, seq_k, block * bq, begin, stop, limit,
+                                causal, has_kv_len, splits > 1, elem, flex=flex,
+                                page_size=page_size, kv_elem=kv_elem)
             total = add(total, {k: v * batch * heads for k, v in group.items()})
     launches = [("flash_attention", total)]
     if flex is not None and flex.blocks:
         launches.insert(0, ("flex_block_mask", flex_block_mask(batch, heads, seq_q, seq_k, flex)))
     if splits > 1:
-        launches.append(("flash_merge", flash_merge(batch * heads * seq_q, dim, splits)))
+        launches.append(("flash_merge", flash_merge(batch * heads * seq_q, dv, splits)))
     return launches
 
 
@@ -601,6 +735,35 @@ def flex_case(name, b, h, hkv, length, d, docs, blocks=None):
 
 
 
+def paged_case(name, b, h, hkv, lq, lk, d, kv_len, page_size, dv=None, fp8=None):
+    """The fused SDPA over a paged cache (paged=PS: K and V in pools of pages of page_size
+    keys, capacity lk, in a shuffled order; kv_len keys a sequence) and/or FP8 k and v
+    (fp8="e4m3" or "e5m2": one byte an element, q and out float32)."""
+    args = ["sdpa", "fused"] + [str(x) for x in (b, h, hkv, lq, lk, d)]
+    args += [f"kvlen={kv_len}"] if kv_len else []
+    args += [f"paged={page_size}"] if page_size else []
+    args += [f"dv={dv}"] if dv is not None else []
+    args += [f"fp8={fp8}"] if fp8 else []
+    return name, args, sdpa_launches("fused", b, h, hkv, lq, lk, d, False, kv_len, dv=dv,
+                                     page_size=page_size, kv_elem=1 if fp8 else None)
+
+
+def step_case(name, b, h, hkv, n, d, page_size=0, dtype="f32"):
+    """A KV cache filled with n keys, then one decode step in one launch (the driver's step)."""
+    args = ["step"] + [str(x) for x in (b, h, hkv, n, d)]
+    args += [f"paged={page_size}"] if page_size else []
+    args += [] if dtype == "f32" else [dtype]
+    elem = 4 if dtype == "f32" else 2
+    return name, args, step_launches(b, h, hkv, n, d, page_size, elem)
+
+
+def mixed_case(name, h, hkv, d, page_size, requests):
+    """A mixed batch in one launch (the driver's mixed): requests [(rows, keys)]."""
+    args = ["mixed"] + [str(x) for x in (h, hkv, d, page_size)]
+    args += [f"{r}:{n}" for r, n in requests]
+    return name, args, mixed_launches(h, hkv, d, page_size, requests)
+
+
 def backward_case(name, b, h, hkv, lq, lk, dk, dv=None, causal=False, kv_len=0, dtype="f32"):
     args = ["backward"] + [str(x) for x in (b, h, hkv, lq, lk, dk)]
     args += (["causal"] if causal else []) + ([f"kvlen={kv_len}"] if kv_len else [])
@@ -645,6 +808,25 @@ CASES = [
     sdpa_case("decode grouped bf16 H4/1 kvlen 50/64 d64", "fused", 1, 4, 1, 1, 64, 64, False, 50,
               dtype="bf16"),
     sdpa_case("decode split 1x520 d32", "fused", 1, 1, 1, 1, 520, 32),
+    # a paged cache (issue 50): pools of shuffled pages
+    paged_case("paged16 decode grouped H4/2 kvlen 77/80 d64", 2, 4, 2, 1, 80, 64, 77, 16),
+    paged_case("paged64 5x192 kvlen 131 d24", 1, 1, 1, 5, 192, 24, 131, 64),
+    paged_case("paged64 decode split kvlen 531/576 d32", 1, 1, 1, 1, 576, 32, 531, 64),
+    # FP8 k and v (one byte an element, decoded in registers: integer arithmetic and selects,
+    # no FMA or exp), q and out float32
+    paged_case("fp8 e4m3 decode grouped H4/2 kvlen 45/64 d64", 1, 4, 2, 1, 64, 64, 45, 0,
+               fp8="e4m3"),
+    paged_case("fp8 e5m2 paged16 19x48 kvlen 37 d40", 1, 1, 1, 19, 48, 40, 37, 16, fp8="e5m2"),
+    # MLA's absorbed decode (DeepSeek: d_qk 576, d_v 512, 16 query heads on one latent head):
+    # in 48 KiB the tiles shrink to 8 rows x 8 keys and 8 x 8 work-items (two row blocks)
+    paged_case("mla decode H16/1 kvlen 21/24 dk576 dv512", 1, 16, 1, 1, 24, 576, 21, 0, dv=512),
+    step_case("step grouped H4/2 37+1 d64", 1, 4, 2, 37, 64),
+    # a mixed batch in one launch (packed queries over pages of 16, bottom-right causal): two
+    # decodes, a 20-row and a 17-row chunk, a 7-row request; BQ 32: the 17-row chunk's
+    # second group leaves at once
+    mixed_case("mixed H2/1 d32 pages16 1+20+17+1+7 rows", 2, 1, 32, 16,
+               [(1, 63), (20, 50), (17, 33), (1, 1), (7, 20)]),
+    step_case("step paged16 grouped H16/1 B2 50+1 d32", 2, 16, 1, 50, 32, 16),
     # the backward (bwd_delta, bwd_dkdv, bwd_dq: the generic GPU kernels, one key / one row per
     # work-item). Head sizes that are not multiples of 16: Oclgrind reports a CPU device too,
     # and there the host runs the CPU variants (16-key float16 lanes) at multiples of 16. GQA
