@@ -155,4 +155,4 @@ refuse rank-5 "rank 5" --o-a "$work/rank5.npy" --lse-a "$r3-la.npy" --o-b "$work
 refuse missing-file "missing.npy" --o-a "$work/missing.npy" --lse-a "$r3-la.npy" \
     --o-b "$r3-ob.npy" --lse-b "$r3-lb.npy"
 refuse no-lse-b "--lse-b" --o-a "$r3-oa.npy" --lse-a "$r3-la.npy" --o-b "$r3-ob.npy"
-exit $fail
+exit "$fail"
