@@ -185,7 +185,7 @@ ensure_build() {
 # Oclgrind lanes run it in the CI tier), and check_validate (its fault walks build each variant
 # again on fresh contexts: 66 s on rusticl at small scale; the pocl and asan lanes run it, and
 # cli_doctor runs self-validation on rusticl in the CI tier).
-rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring|cli_backward|cli_dropout|cli_flex|docs)$'
+rusticl_skip='_(tiled|gpu_params|tuned)$|^(tune|cli|io|fault|install_package|textbook_example|threads|runtime_rusticl|mpi_[0-9]|cli_ring|cli_backward|cli_dropout|cli_flex|cli_merge|docs)$'
 lane_rusticl() {
     if [ "$full" -eq 1 ]; then
         ensure_build && tests/rusticl_lane.sh build -j"$jobs" -E "$rusticl_skip"

@@ -331,6 +331,170 @@ def test_flash_attn_functions():
           skip={"num_splits"})  # flash-attn's split-KV hint: ignored (documented)
 
 
+# --- issue 50's serving functions -------------------------------------------------------------
+
+
+def test_merge_state():
+    a = rng_arrays(12)
+    sa, sb = a(17, 3) * 4, a(17, 3) * 4
+    sb[2::5] = -np.inf  # rows with one side empty
+    check(clattn.merge_state, [((a(17, 3, 63), sa, a(17, 3, 63), sb), {}),
+                               ((a(2, 3, 5, 8), a(2, 3, 5), a(2, 3, 5, 8), a(2, 3, 5)),
+                                dict(ctx=clattn.default_context()))])
+
+
+def test_cascade_decode():
+    a = rng_arrays(13)
+    B, H, G, P, S, D, Dv, page = 3, 4, 2, 9, 5, 16, 8, 2
+    q, pk, pv = a(B, H, D), a(P, G, D), a(P, G, Dv)
+    lens = np.array([3, 0, 5], np.int32)
+    table = np.array([[5, 0, 3], [1, 6, 2], [4, 7, 8]], np.int32)
+    check(clattn.cascade_decode,
+          [((q, pk, pv, a(B, S, G, D), a(B, S, G, Dv), lens), dict(scale=0.3, return_lse=True)),
+           ((q, pk, pv, a(9, page, G, D), a(9, page, G, Dv), lens, table), {})])
+
+
+def test_paged_varlen_attention():
+    a = rng_arrays(14)
+    cu_q = np.array([0, 1, 5, 7], np.int32)  # a decode row, a 4-row chunk, 2 rows
+    table = np.array([[3, 1, 5], [0, 2, 4], [6, 7, 8]], np.int32)
+    lens = np.array([10, 9, 4], np.int32)
+    check(clattn.paged_varlen_attention,
+          [((a(7, 4, 16), a(9, 4, 2, 16), a(9, 4, 2, 8), cu_q, table, lens),
+            dict(causal=True, softmax_scale=0.3, softcap=2.0, sinks=a(4), return_lse=True))])
+
+
+def test_mla_decode():
+    a = rng_arrays(15)
+    indptr, indices = np.array([0, 2, 5], np.int32), np.array([3, 0, 4, 1, 2], np.int32)
+    lens = np.array([7, 9], np.int32)
+    ckv, kpe = a(5, 4, 512), a(5, 4, 64)
+    check(clattn.mla_decode,
+          [((a(2, 2, 512), a(2, 2, 64), ckv, kpe, indptr, indices, lens), dict(sm_scale=0.07)),
+           ((a(4, 2, 512), a(4, 2, 64), ckv, kpe, indptr, indices, lens),
+            dict(sm_scale=0.05, causal=True, qo_indptr=np.array([0, 2, 4], np.int32),
+                 kv_dtype="q8_0"))])
+
+
+def test_kv_commit():
+    a = rng_arrays(16)
+    acc = np.array([[0, 2, 3], [1, -1, -1]], np.int32)
+    lens = np.array([3, 5], np.int32)
+    pages = clattn.quantize(a(7, 4, 2, 32), "q8_0")  # (7, 4, 2, 34) bytes
+    check(clattn.kv_commit,
+          [((a(2, 2, 12, 8), a(2, 2, 12, 4), lens, acc, 4), {}),
+           ((pages, pages[::-1].copy(), lens, acc, 4),
+            dict(block_table=np.array([[2, 6, 0], [5, 1, 3]], np.int32), kv_dtype="q8_0"))])
+
+
+def test_tree_mask_in_flex_attention():
+    """tree_mask gives a source and aux arrays (no tensors out); its trees may be torch, and
+    flex_attention over its mask gives the same numbers either way."""
+    a = rng_arrays(17)
+
+    def ancestors(parents):
+        m = np.zeros((len(parents), len(parents)), bool)
+        for i in range(len(parents)):
+            j = i
+            while j >= 0:
+                m[i, j], j = True, parents[j]
+        return m
+
+    def tree_attention(query, key, value, trees, prefix_lens):
+        mask_mod, aux = clattn.tree_mask(trees, prefix_lens)
+        bm = clattn.create_block_mask(mask_mod, 2, None, query.shape[2], key.shape[2],
+                                      BLOCK_SIZE=8, aux=aux)
+        return clattn.flex_attention(query, key, value, block_mask=bm, aux=aux)
+
+    check(tree_attention, [((a(2, 2, 5, 16), a(2, 2, 19, 16), a(2, 2, 19, 16),
+                             [ancestors([-1, 0, 0, 1, 3]), ancestors([-1, -1])], [14, 17]),
+                            {})])
+
+
+def test_kv_cache_step():
+    """KVCache.step (a decode step's append fused into the attention) on an FP8 cache with
+    its scales, after an append; the cache's constructor arguments are the step's here."""
+    a = rng_arrays(18)
+
+    def step(keys, values, query, key, value, dtype=np.float32, k_scale=None, v_scale=None,
+             scale=None):
+        cache = clattn.KVCache(2, 2, 16, 32, dtype=dtype, k_scale=k_scale, v_scale=v_scale)
+        cache.append(keys, values)
+        return cache.step(query, key, value, scale=scale)
+
+    check(step, [((a(2, 2, 6, 32), a(2, 2, 6, 32), a(2, 4, 1, 32), a(2, 2, 1, 32),
+                   a(2, 2, 1, 32)),
+                  dict(dtype="fp8_e5m2", k_scale=0.3, v_scale=1.7, scale=0.2)),
+                 ((a(2, 2, 6, 32), a(2, 2, 6, 32), a(2, 4, 1, 32), a(2, 2, 1, 32),
+                   a(2, 2, 1, 32)), dict(dtype="fp8_e4m3"))])
+
+
+# Every public name and the test here that checks its torch/numpy parity, or why it has none
+# and where its numbers are tested (test_every_public_name_is_covered keeps this complete).
+PARITY = {
+    "scaled_dot_product_attention": "test_scaled_dot_product_attention",
+    "sdpa_forward": "test_sdpa_forward_and_backward",
+    "sdpa_backward": "test_sdpa_forward_and_backward",
+    "flex_attention": "test_flex_attention",
+    "paged_attention": "test_paged_attention",
+    "varlen_attention": "test_varlen_attention",
+    "quantize": "test_quantize_and_positions",
+    "rotary_embedding": "test_quantize_and_positions",
+    "positional_encoding": "test_quantize_and_positions",
+    "onnx_attention": "test_onnx_attention",
+    "NumpyMultiheadAttention": "test_numpy_multihead_attention_and_kv_cache",
+    "KVCache": "test_numpy_multihead_attention_and_kv_cache",  # append, attend
+    "KVCache.step": "test_kv_cache_step",
+    "merge_state": "test_merge_state",
+    "cascade_decode": "test_cascade_decode",
+    "paged_varlen_attention": "test_paged_varlen_attention",
+    "mla_decode": "test_mla_decode",
+    "kv_commit": "test_kv_commit",
+    "tree_mask": "test_tree_mask_in_flex_attention",
+    "create_block_mask": "test_flex_attention",
+}
+NO_PARITY = {
+    "ArgumentError": ("an exception class", None),
+    "DeviceError": ("an exception class", None),
+    "Error": ("an exception class", None),
+    "Context": ("the device handle; every case runs in the default one", None),
+    "BlockMask": ("create_block_mask's result, built from a mask_mod (no arrays in)",
+                  "test_flex.py::test_create_block_mask_matches_brute_force"),
+    "SdpaGrads": ("sdpa_backward's result tuple", None),
+    "default_context": ("no arguments", None),
+    "last_tiles_visited": ("no arguments: the last flex_attention's tile counts",
+                           "test_flex.py::test_block_mask_skips_tiles_same_numbers"),
+    "doctor": ("a device self-check (no arrays in)", "test_doctor.py::test_doctor_clean"),
+    "validations": ("a context's self-validation records (no arrays in)",
+                    "test_doctor.py::test_doctor_clean"),
+    "dropout_mask": ("shape and seed in, a numpy mask out (no arrays in)",
+                     "test_dropout.py::test_mask_matches_clattn_dropout_keep"),
+    "ring_attention": ("needs MPI ranks (mpi4py)", "test_ring.py::test_ring_attention_ranks"),
+}
+
+
+def test_every_public_name_is_covered():
+    """Each name of clattn.__all__ (and KVCache's step) has a parity test here, or a reason
+    and the test of its numbers elsewhere; each named test exists."""
+    import os
+    import re
+    names = set(clattn.__all__) | {"KVCache.step"}
+    both = set(PARITY) & set(NO_PARITY)
+    assert not both, f"{sorted(both)} listed twice"
+    missing = names - set(PARITY) - set(NO_PARITY)
+    assert not missing, f"public names with no parity test listed in PARITY: {sorted(missing)}"
+    stale = (set(PARITY) | set(NO_PARITY)) - names
+    assert not stale, f"listed but not public: {sorted(stale)}"
+    for name, test in PARITY.items():
+        assert callable(globals().get(test)), f"{name}: no test {test} in test_parity.py"
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name, (_, where) in NO_PARITY.items():
+        if where is not None:
+            path, test = where.split("::")
+            with open(os.path.join(here, path), encoding="utf-8") as f:
+                assert re.search(rf"^def {test}\(", f.read(), re.M), f"{name}: no {where}"
+
+
 def test_a_planted_dropped_argument_fails():
     """The check catches a torch branch that loses one argument on the way to the core."""
     real = clattn.scaled_dot_product_attention
