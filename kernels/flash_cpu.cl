@@ -370,15 +370,17 @@ fc_paged_runs(__global const int *block_table, const ulong bt_row,
 #define FC_VROW(j) ((k0 + (j)) * v_s2)
 #endif
 
-#if FC_PF && KV_PAGED
+#if FC_PF
 /* Ask for a later tile's K and V rows (tile k0, its first nk keys) while this one runs (the
  * tile FC_PF ahead; tuning key flash_cpu_pf), into L2: one prefetch per 64-byte line of each
  * row. A shuffled pool's pages are a few KiB apart in no order, where a CPU's stream
  * prefetcher stops (it follows one 4 KiB page), so without it each page's run started with
- * misses to memory: P.V's loads took 3x the contiguous step's (perf, page 16, 16k keys).
- * Prefetching only a run's first lines (to start the hardware's stream) did not help, and the
- * contiguous tiles are not prefetched: there the prefetches cost 2-3x the step (they wait for
- * the line-fill buffers the hardware stream would not need). Clang's __builtin_prefetch where
+ * misses to memory: P.V's loads took 3x the contiguous step's (perf, page 16, 16k keys). Rows
+ * a row or more apart (a (B, L, Hkv, d) cache, vLLM's (pages, page_size, Hkv, d) pools) are
+ * prefetched too: the hardware's stream follows them badly (2x the step at 16k keys). Not
+ * prefetched: tiles of adjacent rows (one block: there the prefetches cost 2-3x the step,
+ * waiting for line-fill buffers the hardware's stream does not need); prefetching only a
+ * run's first lines (to start the hardware's stream) did not help. Clang's __builtin_prefetch where
  * the program is compiled for the CPU itself (PoCL: x86-64, AArch64), else OpenCL's prefetch()
  * (SPIR targets: Oclgrind has no llvm.prefetch). */
 #if defined(__has_builtin) && (defined(__x86_64__) || defined(__aarch64__))
@@ -406,6 +408,7 @@ fc_prefetch_tile(__global const ELEM_T(K_DTYPE) *K, __global const ELEM_T(V_DTYP
                  const clattn_flash_params params, const uint k0, const uint nk)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+#if KV_PAGED
     uint block = k0 / page_size, slot = k0 - block * page_size;
     for (uint j0 = 0; j0 < nk; ++block, slot = 0) {
         const ulong page = (ulong)(uint)block_table[bt_row + block * bt_s1];
@@ -414,6 +417,10 @@ fc_prefetch_tile(__global const ELEM_T(K_DTYPE) *K, __global const ELEM_T(V_DTYP
         FC_PF_RUN(V, V_DTYPE, page * v_page + slot * v_s2, run, v_s2, HEAD_DIM_V)
         j0 += run;
     }
+#else
+    FC_PF_RUN(K, K_DTYPE, k0 * k_s2, nk, k_s2, HEAD_DIM_QK)
+    FC_PF_RUN(V, V_DTYPE, k0 * v_s2, nk, v_s2, HEAD_DIM_V)
+#endif
 }
 #endif
 
@@ -871,8 +878,10 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
 #else
         const ulong *krow = 0, *vrow = 0; /* (unpaged: rows at key * stride) */
 #endif
-#if FC_PF && KV_PAGED
-        if (direct && k0 + FC_PF * FC_KT < key_end) /* (a later tile inside the count) */
+#if FC_PF
+        /* (a later tile inside the count, of a paged cache or rows a row or more apart) */
+        if (direct && (KV_PAGED || k_s2 >= 2 * HEAD_DIM_QK || v_s2 >= 2 * HEAD_DIM_V) &&
+            k0 + FC_PF * FC_KT < key_end)
             fc_prefetch_tile(K, V, block_table, bt_row, params, k0 + FC_PF * FC_KT,
                              min((uint)FC_KT, band.limit - (k0 + FC_PF * FC_KT)));
 #endif

@@ -178,8 +178,8 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
                                    .V_DTYPE = shape->v_dtype,
                                    .O_DTYPE = shape->out_dtype,
                                    /* a paged cache's rows prefetched (direct tiles only) */
-                                   .FC_PF =
-                                       direct && score->kv_paged ? shape->tuning->flash_cpu_pf : 0};
+                                   /* (the kernel prefetches paged or spread rows only) */
+                                   .FC_PF = direct ? shape->tuning->flash_cpu_pf : 0};
     clattn_define defines[CLATTN_DEFINES_MAX];
     const size_t count = clattn__score_defines(score, flash_cpu_family.score_family, defines);
     clattn_status status = clattn__family_kernel(ctx, &flash_cpu_family, "flash_cpu", &sw, defines,

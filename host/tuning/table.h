@@ -40,9 +40,10 @@ static const char *const clattn_tuning_table[] = {
      * 32 blocks sharing each 64-key tile (4% over 16 at L = 1024 and 4096, d = 64; ops/flash.c
      * uses fewer where that leaves under 4 groups per compute unit): 6-8x flash.cl. */
     "flash_cpu=1 flash_cpu_rb=6 flash_cpu_nb=32 "
-    /* A paged cache's decode tiles ask for the K and V rows 4 tiles ahead (flash_cpu.cl's
-     * fc_prefetch_tile): shuffled pages of 16 keys ran at 2.3-2.6x the contiguous step's CPU
-     * time without it, 1.4-1.9x with it (2-vCPU AMD EPYC, H = 8, d = 64, 4k-32k keys). */
+    /* Decode tiles of a paged cache or of spread rows ask for the K and V rows 4 tiles ahead
+     * (flash_cpu.cl's fc_prefetch_tile): shuffled pages of 16 keys ran at 2.3-3.2x the
+     * contiguous step's CPU time without it, 1.3-2.3x with it, and a (B, L, Hkv, d) cache's
+     * decode 2x faster (2-vCPU AMD EPYC, H = 8, d = 64, 4k-32k keys). */
     "flash_cpu_pf=4",
     /* GPUs: local-memory tiles with 4 x 4 register blocks, 256-wide reductions; the fused
      * kernel is flash_gpu.cl (64 query rows x 32-key tiles per group of 16 x 8 work-items, see
