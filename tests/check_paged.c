@@ -43,7 +43,8 @@ static const paged_case cases[] = {
 };
 enum { CASES = sizeof cases / sizeof cases[0] };
 
-static clattn_ctx *split_ctx; /* decode splits from 16 keys (the tuning row's decode_keys) */
+/* decode splits from 16 keys (the tuning row's decode_keys), CPU decode tiles prefetching */
+static clattn_ctx *split_ctx;
 
 static void release_split_ctx(void)
 {
@@ -59,7 +60,8 @@ static clattn_ctx *case_ctx(const paged_case *c)
         clattn_ctx_desc desc;
         clattn_ctx_desc_init(&desc);
         desc.queue = clattn_ctx_queue(tu_ctx());
-        desc.tuning_rows = "any | * | * | decode_keys=16";
+        /* (and the prefetching decode tiles at any size: flash_cpu_pf_min=0) */
+        desc.tuning_rows = "any | * | * | decode_keys=16 flash_cpu_pf_min=0";
         char message[512] = "";
         tu_expect_status(clattn_ctx_create_desc(&desc, &split_ctx, message, sizeof message),
                          CLATTN_SUCCESS, "the decode-splits context");

@@ -39,6 +39,7 @@ typedef struct clattn_device_info {
     cl_ulong local_mem_size;
     cl_ulong max_alloc_size;
     cl_ulong global_mem_size;
+    cl_ulong global_cache_size; /* CL_DEVICE_GLOBAL_MEM_CACHE_SIZE (PoCL: the last level's) */
     cl_uint compute_units;
     cl_uint preferred_float_width;
     bool has_fp64; /* CL_DEVICE_DOUBLE_FP_CONFIG != 0 (cl_khr_fp64) */

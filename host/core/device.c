@@ -160,6 +160,7 @@ clattn_status clattn__query_device(clattn_ctx *ctx)
         DEVICE_QUERY(CL_DEVICE_LOCAL_MEM_SIZE, info->local_mem_size),
         DEVICE_QUERY(CL_DEVICE_MAX_MEM_ALLOC_SIZE, info->max_alloc_size),
         DEVICE_QUERY(CL_DEVICE_GLOBAL_MEM_SIZE, info->global_mem_size),
+        DEVICE_QUERY(CL_DEVICE_GLOBAL_MEM_CACHE_SIZE, info->global_cache_size),
         DEVICE_QUERY(CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT, info->preferred_float_width),
         DEVICE_QUERY(CL_DEVICE_MAX_COMPUTE_UNITS, info->compute_units),
     };

@@ -135,6 +135,10 @@ static clattn_status default_row(clattn_ctx *ctx, clattn_tuning *t)
      * one float16 per row (6 x 2 ymm) does not spill (measured on a 2-core EPYC, AVX2). */
     t->flash_cpu_kv = t->vec_width >= 16 ? 4 : 1;
     t->flash_cpu_pf = 0; /* (the CPU row of host/tuning/table.h sets it) */
+    /* Prefetching pays where keys and values come from memory, not from the cache (ops/flash.c:
+     * cpu_prefetch) */
+    const cl_ulong half_cache_kib = info->global_cache_size / 2048;
+    t->flash_cpu_pf_min = half_cache_kib < 4194304 ? (unsigned)half_cache_kib : 4194304u;
     t->flash_gpu = 0;
     t->fg_bq = 64, t->fg_bk = 32, t->fg_tx = 16, t->fg_ty = 8;
     t->loop_trip_limit = 0;

@@ -68,8 +68,11 @@
     X(flash_cpu_kv, PROBLEM, 1, 4, "flash", "any", "flash_cpu=1", "1 2 4", "",                   \
       "flash_cpu: float16 vectors per block row (1, 2, 4)")                                     \
     X(flash_cpu_pf, PROBLEM, 0, 16, "", "cpu", "", "", "",                                       \
-      "flash_cpu: a paged cache's rows prefetched this many key tiles ahead (0: none; not "   \
-      "searched: the search times no paged cache)")                                           \
+      "flash_cpu: decode tiles of paged or spread rows prefetch this many key tiles ahead (0: " \
+      "none; not searched: the search times no paged cache)")                                 \
+    X(flash_cpu_pf_min, PROBLEM, 0, 4194304, "", "cpu", "", "", "",                              \
+      "flash_cpu_pf: from this many KiB of keys and values (default: half the device's global " \
+      "memory cache)")                                                                        \
     X(flash_gpu, PROBLEM, 0, 1, "flash", "gpu", "flash_cpu=0", "0 1", "",                        \
       "1: the cooperative fused kernel for GPUs (flash_gpu.cl)")                                \
     X(fg_bq, PROBLEM, 1, 256, "flash", "gpu", "flash_gpu=1", "16 32 64 128", "",                 \
