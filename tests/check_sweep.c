@@ -65,7 +65,8 @@
  * CLATTN_TEST_SEED; "random": from the clock), CLATTN_SWEEP_DRAWS=N sets the number of draws,
  * CLATTN_SWEEP_ONLY=I runs draw I alone (each draw is a function of the seed and its index),
  * CLATTN_SWEEP_CONFIGS=default,gpu,... picks the contexts (see config_names), and
- * CLATTN_SWEEP_MISSED=1 lists every pair not reached. The seed is fixed unless set (CI is then
+ * CLATTN_SWEEP_MISSED=1 lists every pair not reached, CLATTN_SWEEP_LIST=1 lists each draw's
+ * forced combination and axis values without running anything. The seed is fixed unless set (CI is then
  * reproducible: a red run is the commit's, not the dice's), except at CLATTN_TEST_SCALE=full
  * (tests/all_lanes.sh --full), which draws a fresh one from the clock to explore; either way it
  * is printed, so every run replays.
@@ -145,7 +146,7 @@ enum { WS_OFF, WS_UNBOUNDED, WS_ZERO, WS_SMALL, WS_LARGE };
 enum { OFF, ON };
 enum { ALIBI_NONE, ALIBI_H, ALIBI_BH };
 enum { PAGED_OFF, PAGED_1, PAGED_SMALL, PAGED_LARGE };
-enum { QUANT_OFF, QUANT_Q8_0, QUANT_Q4_0 };
+enum { QUANT_OFF, QUANT_Q8_0, QUANT_Q4_0, QUANT_FP8_E4M3, QUANT_FP8_E5M2 };
 enum { MASK_NONE, MASK_BOOL, MASK_FLOAT };
 enum { RANK_NONE, RANK_1, RANK_2, RANK_3, RANK_4, RANK_4_STRIDE0 };
 enum { HEADS_NONE, HEADS_SHARED, HEADS_PER_HEAD };
@@ -187,7 +188,7 @@ static const axis_def axes[AX_COUNT] = {
     [AX_ALIBI] = {"alibi", 3, {"none", "(H)", "(B,H)"}},
     [AX_SINKS] = {"sinks", 2, {"off", "on"}},
     [AX_PAGED] = {"paged", 4, {"off", "1", "2..17", "32..256"}},
-    [AX_QUANT] = {"kv_quant", 3, {"off", "q8_0", "q4_0"}},
+    [AX_QUANT] = {"kv_quant", 5, {"off", "q8_0", "q4_0", "fp8_e4m3", "fp8_e5m2"}},
     [AX_VARLEN] = {"varlen", 2, {"off", "on"}},
     [AX_MASK] = {"mask", 3, {"none", "bool", "float"}},
     [AX_MASK_RANK] = {"mask_rank", 6, {"none", "1", "2", "3", "4", "4_stride0"}},
@@ -354,6 +355,20 @@ static const combo required[] = {
     C2(AX_QUANT, QUANT_Q8_0, AX_SINKS, ON),
     C2(AX_QUANT, QUANT_Q4_0, AX_LAYOUT, LAY_PADDED),
     C2(AX_QUANT, QUANT_Q8_0, AX_OUTPUTS, OUT_WEIGHTS),
+    /* FP8 k and v with their scales (issue 50): the grouped decode, pages, the in-place read,
+     * decode splits, split launches (a resumed output keeps v_scale), the GPU kernel, sinks,
+     * packed sequences, strided rows, and the refusals (weights, dropout) */
+    C2(AX_QUANT, QUANT_FP8_E4M3, AX_ROUTE, ROUTE_GROUPED),
+    C2(AX_QUANT, QUANT_FP8_E5M2, AX_PAGED, PAGED_SMALL),
+    C2(AX_QUANT, QUANT_FP8_E4M3, AX_READ, READ_IN_PLACE),
+    C2(AX_QUANT, QUANT_FP8_E5M2, AX_CONFIG, CFG_DECODE_SPLIT),
+    C2(AX_QUANT, QUANT_FP8_E4M3, AX_CONFIG, CFG_SPLIT),
+    C2(AX_QUANT, QUANT_FP8_E5M2, AX_CONFIG, CFG_GPU),
+    C2(AX_QUANT, QUANT_FP8_E4M3, AX_SINKS, ON),
+    C2(AX_QUANT, QUANT_FP8_E5M2, AX_VARLEN, ON),
+    C2(AX_QUANT, QUANT_FP8_E4M3, AX_LAYOUT, LAY_STRIDED_LAST),
+    C2(AX_QUANT, QUANT_FP8_E5M2, AX_OUTPUTS, OUT_WEIGHTS),
+    C2(AX_DROPOUT, DROP_05, AX_QUANT, QUANT_FP8_E4M3),
     /* Packed variable-length batches (issue 28): every fused kernel and context (key parts
      * keep a packed lse in scratch; decode splits are off for them), one-row decode with
      * grouped heads (not run grouped), the in-place read, the score rules per sequence,
@@ -802,12 +817,13 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
                                             : weighted(paged_w, 4));
     if (paged != PAGED_OFF)
         keys = pick(d, AX_KEYS, KEYS_KV_LEN);
-    /* quantized k/v (Q8_0, Q4_0): no past (refused), so a forced past turns quantizing off */
-    static const int quant_w[] = {84, 8, 8};
+    /* quantized k/v (Q8_0, Q4_0, FP8 e4m3 and e5m2 with their scales): no past (refused), so a
+     * forced past turns quantizing off */
+    static const int quant_w[] = {78, 6, 6, 5, 5};
     const int quant = pick(d, AX_QUANT, (keys == KEYS_PAST && is_forced(d, AX_KEYS)) || backward ||
                                                 want_dropout
                                             ? QUANT_OFF
-                                            : weighted(quant_w, 3));
+                                            : weighted(quant_w, 5));
     if (quant != QUANT_OFF && keys == KEYS_PAST)
         keys = pick(d, AX_KEYS, KEYS_ALL);
     /* packed sequences: no per-batch counts, past or pages, masks, padding, weights or
@@ -1022,7 +1038,26 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         if (s->v_layout == PB_STRIDED_LAST)
             s->v_layout = PB_PADDED;
     }
-    if (quant != QUANT_OFF) {
+    if (quant == QUANT_FP8_E4M3 || quant == QUANT_FP8_E5M2) {
+        /* FP8 (issue 50): bytes, any head size and strides; per-tensor scales, 1 (0) on a
+         * quarter, else a power of two or any value in [0.05, 3) (the values' codes then span
+         * the format from its subnormals up). Below the full tier the head sizes of 64 (as the
+         * block types: one kernel variant per format and kernel family) */
+        const clattn_dtype t =
+            quant == QUANT_FP8_E4M3 ? CLATTN_DTYPE_FP8_E4M3 : CLATTN_DTYPE_FP8_E5M2;
+        s->k_dtype = s->v_dtype = t;
+        double *scales[2] = {&s->k_scale, &s->v_scale};
+        for (int i = 0; i < 2; ++i) {
+            const int r = uniform(4);
+            *scales[i] = r == 0   ? 0.0
+                         : r == 1 ? ldexp(1.0, (int)uniform(6) - 3)
+                                  : 0.05 + 2.95 * tu_rand_unit();
+        }
+        if (!full_) {
+            s->dk = s->dv = small_ ? 32 : 64;
+            pick(d, AX_HEAD_DIM, HD_64);
+        }
+    } else if (quant != QUANT_OFF) {
         /* blocks of 32 along the head size; rows of whole blocks (unit last stride) */
         s->k_dtype = s->v_dtype = quant == QUANT_Q8_0 ? CLATTN_DTYPE_Q8_0 : CLATTN_DTYPE_Q4_0;
         s->dk = s->dv = small_ ? 32 : 64;
@@ -1066,11 +1101,16 @@ static int head_dim_strided(const pb_sdpa_spec *s)
            s->v_layout == PB_STRIDED_LAST || s->out_layout == PB_STRIDED_LAST;
 }
 
-/* Whether k or v is a block type (Q8_0, Q4_0). */
+/* Whether k or v is quantized: a block type (Q8_0, Q4_0) or FP8 (what clattn refuses for one
+ * it refuses for all: the unfused path, a past, dropout, the backward). */
 static int quantized(const pb_sdpa_spec *s)
 {
-    return s->k_dtype == CLATTN_DTYPE_Q8_0 || s->k_dtype == CLATTN_DTYPE_Q4_0 ||
-           s->v_dtype == CLATTN_DTYPE_Q8_0 || s->v_dtype == CLATTN_DTYPE_Q4_0;
+    const clattn_dtype t[2] = {s->k_dtype, s->v_dtype};
+    for (int i = 0; i < 2; ++i)
+        if (t[i] == CLATTN_DTYPE_Q8_0 || t[i] == CLATTN_DTYPE_Q4_0 ||
+            t[i] == CLATTN_DTYPE_FP8_E4M3 || t[i] == CLATTN_DTYPE_FP8_E5M2)
+            return 1;
+    return 0;
 }
 
 /* Whether a plan on `path` runs the fused kernel (clattn_path's rule; head sizes <= 256). */
@@ -1775,6 +1815,26 @@ static long env_long(const char *name, long fallback)
     return value;
 }
 
+/* CLATTN_SWEEP_LIST=1: each draw's forced combination and the values of every axis (host only:
+ * nothing runs), to find the draws of an axis value for CLATTN_SWEEP_ONLY. */
+static int list_draws(long draws)
+{
+    for (int i = 0; i < (int)draws; ++i) {
+        tu_test_begin("test_draw_fn", i); /* (the draws' own streams: test_draw's) */
+        draw d;
+        pb_sdpa_spec spec;
+        draw_met(i, &d, &spec);
+        char text[160] = "none";
+        if (d.combo >= 0)
+            describe_combo(&required[d.combo], text, sizeof text);
+        printf("sweep: draw %d (forced: %s):", i, text);
+        for (int a = 0; a < AX_COUNT; ++a)
+            printf(" %s=%s", axes[a].name, axes[a].values[d.v[a]]);
+        printf("\n");
+    }
+    return 0;
+}
+
 /* CLATTN_SWEEP_SEED (or CLATTN_TEST_SEED) as given; else fixed, but from the clock at
  * CLATTN_TEST_SCALE=full or with "random". Handed to testutil as CLATTN_TEST_SEED. */
 static void choose_seed(int full)
@@ -1904,6 +1964,8 @@ int main(void)
         tcase_add_loop_test(tc, test_draw, 0, (int)draws);
     tcase_add_unchecked_fixture(tc, NULL, release_configs);
     census();
+    if (env_long("CLATTN_SWEEP_LIST", 0) != 0)
+        return list_draws(draws);
     const int status = tu_run_suite(suite);
     print_coverage();
     return status;

@@ -183,6 +183,67 @@ float pb_bf16_to_float(uint16_t bits)
     return bits_float((uint32_t)bits << 16);
 }
 
+/* FP8 (OCP 8-bit floats, clattn.h's CLATTN_DTYPE_FP8_*): mantissa bits, exponent bias and the
+ * largest finite value of each format. */
+static int fp8_format(clattn_dtype dtype, int *mbits, int *bias, double *max)
+{
+    *mbits = 0, *bias = 0, *max = 0.0;
+    if (dtype == CLATTN_DTYPE_FP8_E4M3) {
+        *mbits = 3, *bias = 7, *max = 448.0;
+        return 1;
+    }
+    if (dtype == CLATTN_DTYPE_FP8_E5M2) {
+        *mbits = 2, *bias = 15, *max = 57344.0;
+        return 1;
+    }
+    return 0;
+}
+
+float pb_fp8_decode(clattn_dtype dtype, uint8_t code)
+{
+    int mbits, bias;
+    double max;
+    fp8_format(dtype, &mbits, &bias, &max);
+    const int exponent = (code & 0x7f) >> mbits, mantissa = code & ((1 << mbits) - 1);
+    const double sign = code & 0x80 ? -1.0 : 1.0;
+    if (dtype == CLATTN_DTYPE_FP8_E4M3 && (code & 0x7f) == 0x7f)
+        return NAN;
+    if (dtype == CLATTN_DTYPE_FP8_E5M2 && exponent == 31)
+        return mantissa ? NAN : (float)(sign * INFINITY);
+    if (exponent == 0)
+        return (float)(sign * ldexp(mantissa, 1 - bias - mbits));
+    return (float)(sign * ldexp((1 << mbits) + mantissa, exponent - bias - mbits));
+}
+
+uint8_t pb_fp8_encode(clattn_dtype dtype, float value)
+{
+    int mbits, bias;
+    double max;
+    fp8_format(dtype, &mbits, &bias, &max);
+    const uint8_t sign = signbit(value) ? 0x80 : 0;
+    if (isnan(value))
+        return sign | 0x7f;
+    if (isinf(value) && dtype == CLATTN_DTYPE_FP8_E5M2)
+        return sign | 0x7c;
+    double a = fabs((double)value);
+    if (a > max)
+        a = max; /* saturating (clattn_quantize_scaled's rule) */
+    /* the quantum of a's binade (subnormals: the smallest one), round to nearest even */
+    int e = 0;
+    frexp(a, &e);
+    const int low = 1 - bias; /* exponent of the smallest normal */
+    const int binade = e - 1 < low ? low : e - 1;
+    double q = rint(ldexp(a, mbits - binade)); /* units of the quantum */
+    q = ldexp(q, binade - mbits);
+    if (q > max)
+        q = max;
+    if (q < ldexp(1.0, low)) /* subnormal (or zero): exponent field 0 */
+        return sign | (uint8_t)ldexp(q, mbits - low);
+    frexp(q, &e);
+    const int mantissa = (int)(ldexp(q, mbits - (e - 1))) - (1 << mbits);
+    return sign | (uint8_t)(((e - 1 + bias) << mbits) | mantissa);
+}
+
 static uint8_t u8_of(float value)
 {
     if (value == 0.0f) {
@@ -203,6 +264,9 @@ float pb_round(clattn_dtype dtype, float value)
         return pb_bf16_to_float(pb_bf16_from_float(value));
     case CLATTN_DTYPE_U8:
         return (float)u8_of(value);
+    case CLATTN_DTYPE_FP8_E4M3:
+    case CLATTN_DTYPE_FP8_E5M2:
+        return pb_fp8_decode(dtype, pb_fp8_encode(dtype, value));
     default:
         return value;
     }
@@ -385,6 +449,10 @@ static void poison_bytes(clattn_dtype dtype, unsigned char *bytes, size_t elemen
         case CLATTN_DTYPE_U8:
             *e = (i & 1u) ? 0xffu : 0x00u;
             break;
+        case CLATTN_DTYPE_FP8_E4M3:
+        case CLATTN_DTYPE_FP8_E5M2:
+            *e = 0x7fu; /* NaN in both formats */
+            break;
         case CLATTN_DTYPE_I32:
             word = 0x7fc00000u; /* a huge count: a read of it would show */
             memcpy(e, &word, 4);
@@ -412,6 +480,10 @@ static void store_element(clattn_dtype dtype, unsigned char *bytes, size_t eleme
     case CLATTN_DTYPE_U8:
         bytes[element] = u8_of(value);
         break;
+    case CLATTN_DTYPE_FP8_E4M3:
+    case CLATTN_DTYPE_FP8_E5M2:
+        bytes[element] = pb_fp8_encode(dtype, value);
+        break;
     case CLATTN_DTYPE_I32: {
         const int32_t count = (int32_t)value;
         memcpy(bytes + 4 * element, &count, 4);
@@ -436,6 +508,9 @@ static float load_element(clattn_dtype dtype, const unsigned char *bytes, size_t
         return pb_bf16_to_float(half);
     case CLATTN_DTYPE_U8:
         return (float)bytes[element];
+    case CLATTN_DTYPE_FP8_E4M3:
+    case CLATTN_DTYPE_FP8_E5M2:
+        return pb_fp8_decode(dtype, bytes[element]);
     case CLATTN_DTYPE_I32: {
         int32_t count;
         memcpy(&count, bytes + 4 * element, 4);
@@ -929,6 +1004,11 @@ static void describe_sdpa(pb_sdpa_problem *p)
                  s->dropout_p, (unsigned long long)s->dropout_seed,
                  (unsigned long long)s->dropout_offset);
     }
+    if (s->k_scale != 0.0 || s->v_scale != 0.0) {
+        const size_t used = strlen(p->label);
+        snprintf(p->label + used, sizeof p->label - used, " k_scale=%g v_scale=%g", s->k_scale,
+                 s->v_scale);
+    }
     if (s->rope) {
         const size_t used = strlen(p->label);
         snprintf(p->label + used, sizeof p->label - used, " rope=%s/%zu/start=%zu/base=%g",
@@ -1337,12 +1417,37 @@ static void varlen_reference(pb_sdpa_problem *p)
     }
 }
 
+/* k or v rounded as stored: FP8 with its per-tensor scale (decode(encode(x / scale)) * scale,
+ * as clattn_quantize_scaled and the kernels), the others as pb_round_array. */
+static void round_kv(clattn_dtype dtype, double scale, float *values, size_t count)
+{
+    int mbits, bias;
+    double max;
+    if (!fp8_format(dtype, &mbits, &bias, &max) || scale == 0.0) {
+        pb_round_array(dtype, values, count);
+        return;
+    }
+    for (size_t i = 0; i < count; ++i)
+        values[i] = (float)((double)pb_round(dtype, (float)(values[i] / scale)) * scale);
+}
+
+/* FP8 k or v as uploaded: the logical values over their scale (the codes' decoded values). */
+static void unscale_kv(clattn_dtype dtype, double scale, float *values, size_t count)
+{
+    int mbits, bias;
+    double max;
+    if (!fp8_format(dtype, &mbits, &bias, &max) || scale == 0.0 || values == NULL)
+        return;
+    for (size_t i = 0; i < count; ++i)
+        values[i] = (float)(values[i] / scale);
+}
+
 void pb_sdpa_reference(pb_sdpa_problem *p)
 {
     const pb_sdpa_spec *s = &p->spec;
     pb_round_array(s->q_dtype, p->q, p->q_count);
-    pb_round_array(s->k_dtype, p->k, p->k_count);
-    pb_round_array(s->v_dtype, p->v, p->v_count);
+    round_kv(s->k_dtype, s->k_scale, p->k, p->k_count);
+    round_kv(s->v_dtype, s->v_scale, p->v, p->v_count);
     if (p->mask != NULL) {
         pb_round_array(s->mask_dtype, p->mask, p->mask_count);
     }
@@ -1411,6 +1516,8 @@ void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
     desc->dropout_p = p->spec.dropout_p;
     desc->dropout_seed = p->spec.dropout_seed;
     desc->dropout_offset = p->spec.dropout_offset;
+    desc->k_scale = p->spec.k_scale;
+    desc->v_scale = p->spec.v_scale;
     if (p->spec.varlen) { /* the longest a sequence may be: the spec's, cut to the totals */
         desc->max_seqlen_q = p->spec.seq_q < p->total_q ? p->spec.seq_q : p->total_q;
         desc->max_seqlen_k = p->spec.seq_k < p->total_k ? p->spec.seq_k : p->total_k;
@@ -1607,6 +1714,8 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
             block_table[i] = (float)p->block_table[i];
         }
     }
+    unscale_kv(s->k_dtype, s->k_scale, new_k, pb_tensor_count(&l->k));
+    unscale_kv(s->v_dtype, s->v_scale, new_v, pb_tensor_count(&l->v));
     cl_int err = CL_SUCCESS;
     if ((err = upload_role(ctx, &l->q, &bound->q, p->q)) ||
         (err = upload_role(ctx, &l->k, &bound->k, new_k)) ||

@@ -67,7 +67,14 @@ float pb_f16_to_float(uint16_t bits);
 uint16_t pb_bf16_from_float(float value);
 float pb_bf16_to_float(uint16_t bits);
 
+/* FP8 (FP8_E4M3, FP8_E5M2; OCP): a code's value, and a float's code (round to nearest even,
+ * saturating past the largest finite value; e5m2 keeps infinities; NaN gives 0x7f with the
+ * sign), clattn_quantize_scaled's rule. */
+float pb_fp8_decode(clattn_dtype dtype, uint8_t code);
+uint8_t pb_fp8_encode(clattn_dtype dtype, float value);
+
 /* value as a tensor of `dtype` stores it: F32 unchanged, F16/BF16 rounded to nearest even,
+ * FP8 to its nearest code (scale 1),
  * U8: 0 stays 0, anything else becomes its byte (clamped to 1..255) as a float. */
 float pb_round(clattn_dtype dtype, float value);
 void pb_round_array(clattn_dtype dtype, float *values, size_t count);
@@ -209,6 +216,10 @@ typedef struct pb_sdpa_spec {
      * same weights (ref_dropout_factor). Not with varlen, pages or quantized k/v (refused). */
     double dropout_p;
     uint64_t dropout_seed, dropout_offset;
+    /* FP8 k or v (k_dtype / v_dtype FP8_E4M3 or FP8_E5M2): their per-tensor scales
+     * (clattn_sdpa_desc's k_scale, v_scale; 0 means 1). The logical k and v are rounded to
+     * decode(encode(x / scale)) * scale and uploaded as the codes of x / scale. */
+    double k_scale, v_scale;
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u
