@@ -390,6 +390,24 @@ static const combo required[] = {
     C2(AX_VARLEN, ON, AX_LAYOUT, LAY_STRIDED_LAST),
     C2(AX_VARLEN, ON, AX_OUTPUTS, OUT_LSE),
     C2(AX_VARLEN, ON, AX_NORM, NORM_RELU),
+    /* Packed queries over a paged cache (issue 50: chunked prefill and the mixed batch): each
+     * request's own key count, bottom-right per request, on every fused kernel and context,
+     * decode rows among chunks, grouped heads, sinks, softcap, windows, FP8 and Q8_0 pools,
+     * strided pools, lse; refused off the fused path */
+    C2(AX_VARLEN, ON, AX_PAGED, PAGED_SMALL),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_1, AX_CAUSAL, AL_BOTTOM_RIGHT),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_LARGE, AX_CONFIG, CFG_GPU),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_SMALL, AX_CONFIG, CFG_SPLIT),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_SMALL, AX_CONFIG, CFG_GPU_SPLIT),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_SMALL, AX_CONFIG, CFG_DECODE_SPLIT),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_SMALL, AX_GQA, GQA_4),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_SMALL, AX_SINKS, ON),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_SMALL, AX_SOFTCAP, ON),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_SMALL, AX_WINDOW, AL_BOTTOM_RIGHT),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_SMALL, AX_QUANT, QUANT_FP8_E4M3),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_LARGE, AX_QUANT, QUANT_Q8_0),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_SMALL, AX_LAYOUT, LAY_STRIDED_LAST),
+    C3(AX_VARLEN, ON, AX_PAGED, PAGED_SMALL, AX_OUTPUTS, OUT_LSE),
     /* The backward (clattn_sdpa_backward_plan_create) after the forward, on the forward's
      * context: grouped heads on the GPU-class parameters, a float mask's gradient summed over
      * its broadcast (batch, heads), the sinks' gradient under split launches (parts of the
@@ -826,12 +844,12 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
                                             : weighted(quant_w, 5));
     if (quant != QUANT_OFF && keys == KEYS_PAST)
         keys = pick(d, AX_KEYS, KEYS_ALL);
-    /* packed sequences: no per-batch counts, past or pages, masks, padding, weights or
-     * softmax_f64 (the fused path, each sequence within itself); on only where no forced axis
-     * asks for one of them, which are then set off below */
+    /* packed sequences: no past, masks, padding, weights or softmax_f64 (the fused path, each
+     * sequence within itself); per-batch key counts only over a paged cache (issue 50: packed
+     * queries over pages, each request's keys in its pages, no cu_seqlens_k); on only where no
+     * forced axis asks for one of them, which are then set off below */
     const int varlen_blocked =
-        (is_forced(d, AX_KEYS) && keys != KEYS_ALL) ||
-        (is_forced(d, AX_PAGED) && paged != PAGED_OFF) ||
+        (is_forced(d, AX_KEYS) && keys != KEYS_ALL && paged == PAGED_OFF) ||
         (is_forced(d, AX_MASK) && d->v[AX_MASK] != MASK_NONE) ||
         (is_forced(d, AX_MASK_RANK) && d->v[AX_MASK_RANK] != RANK_NONE) ||
         (is_forced(d, AX_MASK_HEADS) && d->v[AX_MASK_HEADS] != HEADS_NONE) ||
@@ -841,10 +859,8 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         want_dropout;
     static const int varlen_w[] = {88, 12};
     const int varlen = pick(d, AX_VARLEN, varlen_blocked ? OFF : weighted(varlen_w, 2));
-    if (varlen == ON) {
-        keys = pick(d, AX_KEYS, KEYS_ALL);
-        pick(d, AX_PAGED, PAGED_OFF);
-    }
+    if (varlen == ON) /* (over pages: the requests' key counts) */
+        keys = pick(d, AX_KEYS, paged != PAGED_OFF ? KEYS_KV_LEN : KEYS_ALL);
     /* dropout on about a quarter of the problems, p = 1 rarely; off where refused (packed
      * sequences, pages, quantized k/v) and where the grouped decode is wanted (dropout's mask
      * is the query head's: the plan does not group them) */

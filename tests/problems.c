@@ -1089,6 +1089,23 @@ static void head_layouts(const pb_sdpa_spec *s, clattn_tensors *t)
     }
 }
 
+/* A paged cache's pools (num_pages, page_size, kv_heads, d), its block table and (packed
+ * queries: the requests' key counts). */
+static void paged_layouts(const pb_sdpa_problem *p, clattn_tensors *t)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    const size_t kv_heads = s->kv_heads ? s->kv_heads : s->heads;
+    const size_t pk_dims[4] = {p->num_pages, s->page_size, kv_heads, s->dk};
+    const size_t pv_dims[4] = {p->num_pages, s->page_size, kv_heads, s->dv};
+    const size_t bt_dims[2] = {s->batch, p->blocks}, n_dims[1] = {s->batch};
+    pb_make_layout(&t->k, s->k_dtype, 4, pk_dims, s->k_layout);
+    pb_make_layout(&t->v, s->v_dtype, 4, pv_dims, s->v_layout);
+    pb_make_layout(&t->block_table, CLATTN_DTYPE_I32, 2, bt_dims, PB_PACKED);
+    if (s->varlen) {
+        pb_make_layout(&t->kv_seqlen, CLATTN_DTYPE_I32, 1, n_dims, PB_PACKED);
+    }
+}
+
 static void make_sdpa_layouts(pb_sdpa_problem *p)
 {
     const pb_sdpa_spec *s = &p->spec;
@@ -1108,7 +1125,11 @@ static void make_sdpa_layouts(pb_sdpa_problem *p)
             pb_make_layout(&t->lse, CLATTN_DTYPE_F32, 2, lse, PB_PACKED);
         }
         pb_make_layout(&t->cu_seqlens_q, CLATTN_DTYPE_I32, 1, cu, PB_PACKED);
-        pb_make_layout(&t->cu_seqlens_k, CLATTN_DTYPE_I32, 1, cu, PB_PACKED);
+        if (s->page_size) { /* over a paged cache: pools, block table, key counts */
+            paged_layouts(p, t);
+        } else {
+            pb_make_layout(&t->cu_seqlens_k, CLATTN_DTYPE_I32, 1, cu, PB_PACKED);
+        }
         head_layouts(s, t);
         return;
     }
@@ -1134,12 +1155,7 @@ static void make_sdpa_layouts(pb_sdpa_problem *p)
     const size_t w_dims[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
     pb_make_layout(&t->q, s->q_dtype, 4, q_dims, s->q_layout);
     if (s->page_size) { /* pools of pages, and the block table */
-        const size_t pk_dims[4] = {p->num_pages, s->page_size, kv_heads, s->dk};
-        const size_t pv_dims[4] = {p->num_pages, s->page_size, kv_heads, s->dv};
-        const size_t bt_dims[2] = {s->batch, p->blocks};
-        pb_make_layout(&t->k, s->k_dtype, 4, pk_dims, s->k_layout);
-        pb_make_layout(&t->v, s->v_dtype, 4, pv_dims, s->v_layout);
-        pb_make_layout(&t->block_table, CLATTN_DTYPE_I32, 2, bt_dims, PB_PACKED);
+        paged_layouts(p, t);
     } else {
         pb_make_layout(&t->k, s->k_dtype, 4, k_dims, s->k_layout);
         pb_make_layout(&t->v, s->v_dtype, 4, v_dims, s->v_layout);
@@ -1186,7 +1202,7 @@ static void draw_varlen(pb_sdpa_problem *p)
     s->mask = PB_MASK_NONE;
     s->padding = s->fully_masked = s->kv_len = 0;
     s->want_weights = s->softmax_f64 = s->rope = 0;
-    s->past = s->page_size = 0;
+    s->past = 0; /* (page_size stays: packed queries over a paged cache) */
     if (s->path == CLATTN_PATH_UNFUSED) {
         s->path = CLATTN_PATH_AUTO;
     }
@@ -1243,6 +1259,12 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
     if (s->varlen) {
         draw_varlen(p);
     }
+    if (s->varlen && s->page_size) { /* each request's key count, its keys in its pages */
+        p->kv_len = pb_calloc(s->batch, sizeof(int32_t));
+        for (size_t b = 0; b < s->batch; ++b) {
+            p->kv_len[b] = p->cu_k[b + 1] - p->cu_k[b];
+        }
+    }
     /* packed sequences: one "batch" of total_q rows and total_k keys */
     const size_t batches = s->varlen ? 1 : s->batch;
     const size_t rows = s->varlen ? p->total_q : s->seq_q, keys = s->varlen ? p->total_k : s->seq_k;
@@ -1266,7 +1288,7 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
             memset(p->padding, 1, s->seq_k);
         }
     }
-    if (s->kv_len) {
+    if (s->kv_len && p->kv_len == NULL) {
         /* Counts 0 .. seq_k, the ends included now and then. */
         p->kv_len = pb_calloc(s->batch, sizeof(int32_t));
         for (size_t b = 0; b < s->batch; ++b) {
@@ -1520,7 +1542,10 @@ void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
     desc->v_scale = p->spec.v_scale;
     if (p->spec.varlen) { /* the longest a sequence may be: the spec's, cut to the totals */
         desc->max_seqlen_q = p->spec.seq_q < p->total_q ? p->spec.seq_q : p->total_q;
-        desc->max_seqlen_k = p->spec.seq_k < p->total_k ? p->spec.seq_k : p->total_k;
+        /* (over a paged cache: the key counts say it, max_seqlen_k is refused) */
+        desc->max_seqlen_k = p->spec.page_size                ? 0
+                             : p->spec.seq_k < p->total_k ? p->spec.seq_k
+                                                          : p->total_k;
     }
 }
 
@@ -1680,7 +1705,7 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
         }
     }
     float *cu[2] = {NULL, NULL};
-    for (int x = 0; x < 2 && s->varlen; ++x) {
+    for (int x = 0; x < 2 && s->varlen; ++x) { /* (cu_seqlens_k: none over pages) */
         cu[x] = pb_calloc(s->batch + 1, sizeof(float));
         for (size_t b = 0; b <= s->batch; ++b) {
             cu[x][b] = (float)(x ? p->cu_k : p->cu_q)[b];
@@ -1700,9 +1725,11 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
                 for (size_t j = 0; j < keys; ++j) {
                     const size_t page = (size_t)p->block_table[b * p->blocks + j / ps];
                     for (size_t h = 0; h < kv_heads; ++h) {
+                        /* (packed queries: the keys packed as (total_k, kv_heads, d)) */
+                        const size_t row = s->varlen ? ((size_t)p->cu_k[b] + j) * kv_heads + h
+                                                     : (b * kv_heads + h) * s->seq_k + j;
                         memcpy(pools[x] + ((page * ps + j % ps) * kv_heads + h) * d,
-                               logical[x] + ((b * kv_heads + h) * s->seq_k + j) * d,
-                               d * sizeof(float));
+                               logical[x] + row * d, d * sizeof(float));
                     }
                 }
             }

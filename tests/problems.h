@@ -208,9 +208,12 @@ typedef struct pb_sdpa_spec {
      * (drawn, the ends now and then; one sequence has both maxima), packed without padding
      * into q (total_q, H, dk), k and v (total_k, Hkv, d), out (total_q, H, dv) and lse
      * (H, total_q), with the spec's layouts; seq_q and seq_k are the plan's max_seqlen_q/_k.
-     * The reference runs each sequence alone. No masks, kv_len, past, pages, rope or
-     * weights. 2: as 1, and (batch >= 3) the sequence after the longest has no query rows, the
-     * one after that no keys. */
+     * The reference runs each sequence alone. No masks, kv_len, past, rope or weights. 2: as
+     * 1, and (batch >= 3) the sequence after the longest has no query rows, the one after that
+     * no keys. With page_size (issue 50): packed queries over a paged cache: cu_seqlens_q,
+     * and each request's n_k(b) keys in its pages (pools and block table as below, seq_k a
+     * multiple of page_size), its count in kv_seqlen (B); no cu_seqlens_k nor max_seqlen_k
+     * (p->cu_k and total_k then only index the logical keys, packed as (total_k, Hkv, d)). */
     int varlen;
     /* Dropout (clattn_sdpa_desc.dropout_p, _seed, _offset): 0 off; the reference drops the
      * same weights (ref_dropout_factor). Not with varlen, pages or quantized k/v (refused). */
