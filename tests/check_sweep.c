@@ -156,7 +156,7 @@ enum { DT_F32, DT_F16, DT_BF16, DT_MIXED };
 enum { NORM_SOFTMAX, NORM_RELU, NORM_SOFTMAX_F64 };
 enum { LAY_PACKED, LAY_SEQ_MAJOR, LAY_PADDED, LAY_STRIDED_LAST, LAY_MIXED };
 enum { OUT_ONLY, OUT_LSE, OUT_WEIGHTS };
-enum { HD_3_5, HD_16, HD_64, HD_64_16 };
+enum { HD_3_5, HD_16, HD_64, HD_64_16, HD_MLA };
 enum { DROP_OFF, DROP_01, DROP_05, DROP_09, DROP_1 };
 enum { ROUTE_FUSED, ROUTE_GROUPED, ROUTE_UNFUSED, ROUTE_REFUSED };
 enum { READ_PACKED, READ_IN_PLACE };
@@ -199,7 +199,7 @@ static const axis_def axes[AX_COUNT] = {
     [AX_NORM] = {"norm", 3, {"softmax", "relu", "softmax_f64"}},
     [AX_LAYOUT] = {"layout", 5, {"packed", "seq_major", "padded", "strided_last", "mixed"}},
     [AX_OUTPUTS] = {"outputs", 3, {"out", "+lse", "+weights"}},
-    [AX_HEAD_DIM] = {"head_dim", 4, {"3,5", "16", "64", "64,16"}},
+    [AX_HEAD_DIM] = {"head_dim", 5, {"3,5", "16", "64", "64,16", "576,512"}},
     [AX_DROPOUT] = {"dropout", 5, {"off", "0.1", "0.5", "0.9", "1"}},
     [AX_ROUTE] = {"route", 4, {"fused", "grouped_decode", "unfused", "refused"}},
     [AX_READ] = {"kv_read", 2, {"packed", "in_place"}},
@@ -390,6 +390,13 @@ static const combo required[] = {
     C2(AX_VARLEN, ON, AX_LAYOUT, LAY_STRIDED_LAST),
     C2(AX_VARLEN, ON, AX_OUTPUTS, OUT_LSE),
     C2(AX_VARLEN, ON, AX_NORM, NORM_RELU),
+    /* Head sizes past 256 (issue 50: MLA's absorbed form, 576 / 512, one k/v head, V a view
+     * of K on half): the grouped decode over a paged latent cache, a Q8_0 latent cache, the
+     * GPU kernel (its tiles shrink), a few query rows */
+    C3(AX_HEAD_DIM, HD_MLA, AX_ROUTE, ROUTE_GROUPED, AX_PAGED, PAGED_SMALL),
+    C2(AX_HEAD_DIM, HD_MLA, AX_QUANT, QUANT_Q8_0),
+    C2(AX_HEAD_DIM, HD_MLA, AX_CONFIG, CFG_GPU),
+    C2(AX_HEAD_DIM, HD_MLA, AX_LQ, LQ_SHORT),
     /* Packed queries over a paged cache (issue 50: chunked prefill and the mixed batch): each
      * request's own key count, bottom-right per request, on every fused kernel and context,
      * decode rows among chunks, grouped heads, sinks, softcap, windows, FP8 and Q8_0 pools,
@@ -715,13 +722,16 @@ static const signature signatures[] = {
      CLATTN_DTYPE_F32},
     {DT_MIXED, HD_64_16, CLATTN_DTYPE_F16, CLATTN_DTYPE_BF16, CLATTN_DTYPE_F32, CLATTN_DTYPE_BF16,
      CLATTN_DTYPE_BF16},
+    /* MLA's head sizes (issue 50), drawn only on the rare draws that ask for them */
+    {DT_F16, HD_MLA, CLATTN_DTYPE_F16, CLATTN_DTYPE_F16, CLATTN_DTYPE_F16, CLATTN_DTYPE_F16,
+     CLATTN_DTYPE_F16},
 };
 
 static int full_;
 
-static void draw_storage(draw *d, pb_sdpa_spec *s)
+static void draw_storage(draw *d, pb_sdpa_spec *s, int mla)
 {
-    static const size_t dks[4] = {3, 16, 64, 64}, dvs[4] = {5, 16, 64, 16};
+    static const size_t dks[5] = {3, 16, 64, 64, 576}, dvs[5] = {5, 16, 64, 16, 512};
     if (full_) {
         static const int dtype_w[] = {35, 25, 25, 15};
         const int dtype = pick(d, AX_DTYPE, weighted(dtype_w, 4));
@@ -736,12 +746,13 @@ static void draw_storage(draw *d, pb_sdpa_spec *s)
             s->q_dtype = s->k_dtype = s->v_dtype = s->out_dtype = t;
             s->mask_dtype = tu_rand_below(3) == 0 ? CLATTN_DTYPE_F32 : t;
         }
-        pick(d, AX_HEAD_DIM, d->want_in_place ? HD_16 + uniform(3) : uniform(4));
+        pick(d, AX_HEAD_DIM, mla ? HD_MLA : d->want_in_place ? HD_16 + uniform(3) : uniform(4));
     } else {
         int fits[COUNT_OF(signatures)], count = 0;
         for (int i = 0; i < COUNT_OF(signatures); ++i)
             if ((!is_forced(d, AX_DTYPE) || signatures[i].dtype == d->v[AX_DTYPE]) &&
                 (!is_forced(d, AX_HEAD_DIM) || signatures[i].head_dim == d->v[AX_HEAD_DIM]) &&
+                (signatures[i].head_dim == HD_MLA) == mla &&
                 (!d->want_in_place || signatures[i].head_dim != HD_3_5))
                 fits[count++] = i;
         /* a forced pair no signature has: the dtype wins, any head size */
@@ -754,7 +765,7 @@ static void draw_storage(draw *d, pb_sdpa_spec *s)
                     g = &signatures[i];
         }
         d->v[AX_DTYPE] = g->dtype;
-        d->v[AX_HEAD_DIM] = g->head_dim;
+        d->v[AX_HEAD_DIM] = mla ? HD_MLA : g->head_dim;
         s->q_dtype = g->q, s->k_dtype = g->k, s->v_dtype = g->v, s->out_dtype = g->out;
         s->mask_dtype = g->mask;
     }
@@ -815,14 +826,20 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
      * draws none of them (unless forced: the refusals) */
     const int want_dropout = is_forced(d, AX_DROPOUT) && d->v[AX_DROPOUT] != DROP_OFF;
     const int config = pick_config(d);
+    /* head sizes past 256 (issue 50: MLA's 576 / 512, one k/v head), rarely (a forced head_dim
+     * or one draw in 60, 25 at full scale; none for simulators, whose head sizes stop at 32):
+     * short query runs, so that the sweep's time stays */
+    const int mla = !small_ && (is_forced(d, AX_HEAD_DIM)
+                                    ? d->v[AX_HEAD_DIM] == HD_MLA
+                                    : tu_rand_below(full_ ? 25 : 60) == 0 && !in_place);
 
     /* heads, sequence lengths, key rules */
     const int gqa = pick(d, AX_GQA, grouped || is_forced(d, AX_LQ) ? 1 + uniform(3) : uniform(4));
-    static const int lq_w[] = {30, 35, 35};
+    static const int lq_w[] = {30, 35, 35}, mla_lq_w[] = {50, 50, 0};
     const int lq = pick(d, AX_LQ,
                         grouped    ? LQ_ONE
                         : in_place ? LQ_ONE + uniform(2)
-                                   : weighted(lq_w, 3));
+                                   : weighted(mla ? mla_lq_w : lq_w, 3));
     int lk = pick(d, AX_LK, in_place || merge ? LK_LONG : uniform(3));
     static const int keys_w[] = {40, 30, 30};
     static const int backward_keys_w[] = {50, 50, 0};
@@ -916,7 +933,7 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     }
     const int decode_split = config == CFG_DECODE_SPLIT;
     /* decode splits need few row blocks x heads: one batch entry and few k/v heads there */
-    const size_t kv_heads = decode_split ? 1 : in_range(1, small_ ? 2 : 3);
+    const size_t kv_heads = decode_split || mla ? 1 : in_range(1, small_ ? 2 : 3);
     static const size_t ratios[4] = {1, 2, 4, 8};
     s->heads = kv_heads * ratios[gqa];
     s->kv_heads = kv_heads;
@@ -1003,7 +1020,7 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         s->batch = in_range(2, small_ ? 3 : 5);
 
     /* storage, normalisation, layouts, outputs, head sizes */
-    draw_storage(d, s);
+    draw_storage(d, s, mla);
     static const int norm_w[] = {60, 25, 15};
     static const int grouped_norm_w[] = {70, 30, 0};
     const int norm = pick(d, AX_NORM, weighted(grouped || backward ? grouped_norm_w : norm_w, 3));
@@ -1069,19 +1086,29 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
                          : r == 1 ? ldexp(1.0, (int)uniform(6) - 3)
                                   : 0.05 + 2.95 * tu_rand_unit();
         }
-        if (!full_) {
+        if (!full_ && !mla) {
             s->dk = s->dv = small_ ? 32 : 64;
             pick(d, AX_HEAD_DIM, HD_64);
         }
     } else if (quant != QUANT_OFF) {
-        /* blocks of 32 along the head size; rows of whole blocks (unit last stride) */
+        /* blocks of 32 along the head size; rows of whole blocks (unit last stride); MLA's
+         * 576 / 512 are whole blocks (a Q8_0 latent cache) */
         s->k_dtype = s->v_dtype = quant == QUANT_Q8_0 ? CLATTN_DTYPE_Q8_0 : CLATTN_DTYPE_Q4_0;
-        s->dk = s->dv = small_ ? 32 : 64;
-        pick(d, AX_HEAD_DIM, HD_64);
+        if (!mla) {
+            s->dk = s->dv = small_ ? 32 : 64;
+            pick(d, AX_HEAD_DIM, HD_64);
+        }
         if (s->k_layout == PB_STRIDED_LAST)
             s->k_layout = PB_PADDED;
         if (s->v_layout == PB_STRIDED_LAST)
             s->v_layout = PB_PADDED;
+    }
+    /* MLA's V as a view of K's storage (its first dv columns: one latent cache) on half of
+     * its draws: k's dtype and scale for v, no past (present_v would be a copy) */
+    if (mla && s->past == 0 && tu_rand_below(2)) {
+        s->v_from_k = 1;
+        s->v_dtype = s->k_dtype;
+        s->v_scale = s->k_scale;
     }
     if (varlen == ON) { /* what packed sequences do not take: off (none of it forced) */
         pick(d, AX_MASK, MASK_NONE);
@@ -1264,7 +1291,8 @@ static int merge_of(const pb_sdpa_spec *s, int config, int route)
 static int backward_takes(const pb_sdpa_spec *s)
 {
     return expected_status(s, CLATTN_PATH_FUSED) == CLATTN_SUCCESS && s->past == 0 && !s->rope &&
-           s->page_size == 0 && !s->want_weights && !s->softmax_f64 && !quantized(s);
+           s->page_size == 0 && !s->want_weights && !s->softmax_f64 && !quantized(s) &&
+           s->dk <= 256 && s->dv <= 256; /* (the backward's fused kernels stop at 256) */
 }
 
 /* Whether the draw meets its forced combination (the route included). */

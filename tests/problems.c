@@ -938,8 +938,9 @@ int pb_sdpa_expect_fused(const pb_sdpa_spec *spec)
     if (spec->path == CLATTN_PATH_UNFUSED) {
         return 0;
     }
+    /* (head sizes up to 576 since 0.12: MLA's absorbed form) */
     return spec->varlen ||
-           (!spec->want_weights && !spec->softmax_f64 && spec->dk <= 256 && spec->dv <= 256);
+           (!spec->want_weights && !spec->softmax_f64 && spec->dk <= 576 && spec->dv <= 576);
 }
 
 static const char *causal_name(clattn_causal causal)
@@ -1003,6 +1004,10 @@ static void describe_sdpa(pb_sdpa_problem *p)
         snprintf(p->label + used, sizeof p->label - used, " dropout=%g/seed=%llu/offset=%llu",
                  s->dropout_p, (unsigned long long)s->dropout_seed,
                  (unsigned long long)s->dropout_offset);
+    }
+    if (s->v_from_k) {
+        const size_t used = strlen(p->label);
+        snprintf(p->label + used, sizeof p->label - used, " v=view_of_k");
     }
     if (s->k_scale != 0.0 || s->v_scale != 0.0) {
         const size_t used = strlen(p->label);
@@ -1247,6 +1252,10 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
     if (s->mask != PB_MASK_NONE && s->mask_rank == 0) {
         s->mask_rank = 2;
     }
+    if (s->v_from_k && (s->dv > s->dk || s->v_dtype != s->k_dtype || s->v_scale != s->k_scale ||
+                        s->past > 0)) {
+        s->v_from_k = 0; /* (a view needs k's dtype, scale and columns, and no past) */
+    }
     if (s->mask_rank != 4 || (s->mask_ones & 15u) == 15u) {
         /* a mask of one value everywhere is spelled with dims of 1: clattn refuses all-zero
          * strides on a tensor of more than one element (they meant packed before 0.7) */
@@ -1343,6 +1352,14 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
         free(order);
     }
     make_sdpa_layouts(p);
+    if (s->v_from_k) { /* v: k's layout, its first dv columns (one buffer) */
+        const size_t kv_rows = p->k_count / s->dk;
+        for (size_t r = 0; r < kv_rows; ++r) {
+            memcpy(p->v + r * s->dv, p->k + r * s->dk, s->dv * sizeof(float));
+        }
+        p->layouts.v = p->layouts.k;
+        p->layouts.v.dims[p->layouts.k.rank - 1] = s->dv;
+    }
     describe_sdpa(p);
     if (!s->skip_reference) {
         pb_sdpa_reference(p);
@@ -1667,6 +1684,17 @@ static cl_int upload_role(clattn_ctx *ctx, const clattn_tensor *layout, clattn_t
     return pb_upload(ctx, bound, pb_rand_below(9), values);
 }
 
+/* spec.v_from_k: v bound to k's buffer, offset and strides with v's dims. */
+static cl_int view_of_k(clattn_tensors *bound, const clattn_tensors *l)
+{
+    const clattn_tensor dims = l->v;
+    bound->v = bound->k;
+    for (int d = 0; d < dims.rank; ++d) {
+        bound->v.dims[d] = dims.dims[d];
+    }
+    return CL_SUCCESS;
+}
+
 /* Keys from..to of packed (B * Hkv, seq_k, d) values, packed. */
 static float *key_slice(const float *all, size_t heads_total, size_t seq_k, size_t d, size_t from,
                         size_t to)
@@ -1746,7 +1774,7 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
     cl_int err = CL_SUCCESS;
     if ((err = upload_role(ctx, &l->q, &bound->q, p->q)) ||
         (err = upload_role(ctx, &l->k, &bound->k, new_k)) ||
-        (err = upload_role(ctx, &l->v, &bound->v, new_v)) ||
+        (err = s->v_from_k ? view_of_k(bound, l) : upload_role(ctx, &l->v, &bound->v, new_v)) ||
         (err = upload_role(ctx, &l->block_table, &bound->block_table, block_table)) ||
         (err = upload_role(ctx, &l->past_k, &bound->past_k, past_k)) ||
         (err = upload_role(ctx, &l->past_v, &bound->past_v, past_v)) ||

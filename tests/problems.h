@@ -223,6 +223,10 @@ typedef struct pb_sdpa_spec {
      * (clattn_sdpa_desc's k_scale, v_scale; 0 means 1). The logical k and v are rounded to
      * decode(encode(x / scale)) * scale and uploaded as the codes of x / scale. */
     double k_scale, v_scale;
+    /* 1: v is a view of k's storage (MLA's latent cache: k's buffer, offset and strides, its
+     * first dv columns); v's values are then k's. Needs dv <= dk, k's dtype and scale, no
+     * past (else turned off). */
+    int v_from_k;
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u
@@ -305,7 +309,7 @@ float *pb_expand_mask(const pb_sdpa_problem *p);
 
 void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc);
 /* Whether a plan for the spec should be fused: FUSED yes, UNFUSED no, AUTO when no weights
- * are wanted and dk, dv <= 256. */
+ * are wanted and dk, dv <= 576. */
 int pb_sdpa_expect_fused(const pb_sdpa_spec *spec);
 
 /* Uploads the inputs (each in its own buffer at a random offset 0..8, poison around) and
