@@ -129,6 +129,7 @@ typedef enum axis_id {
     AX_OUTPUTS,
     AX_HEAD_DIM,
     AX_DROPOUT,
+    AX_TREE,
     AX_ROUTE, /* derived: what AUTO runs */
     AX_READ,  /* derived: whether AUTO's fused kernel reads K and V tiles in place */
     AX_MERGE, /* derived: whether AUTO's fused plan splits the keys (decode splits, flash_merge) */
@@ -201,6 +202,7 @@ static const axis_def axes[AX_COUNT] = {
     [AX_OUTPUTS] = {"outputs", 3, {"out", "+lse", "+weights"}},
     [AX_HEAD_DIM] = {"head_dim", 5, {"3,5", "16", "64", "64,16", "576,512"}},
     [AX_DROPOUT] = {"dropout", 5, {"off", "0.1", "0.5", "0.9", "1"}},
+    [AX_TREE] = {"tree", 2, {"off", "on"}},
     [AX_ROUTE] = {"route", 4, {"fused", "grouped_decode", "unfused", "refused"}},
     [AX_READ] = {"kv_read", 2, {"packed", "in_place"}},
     [AX_MERGE] = {"merge", 2, {"none", "splits"}},
@@ -397,6 +399,19 @@ static const combo required[] = {
     C2(AX_HEAD_DIM, HD_MLA, AX_QUANT, QUANT_Q8_0),
     C2(AX_HEAD_DIM, HD_MLA, AX_CONFIG, CFG_GPU),
     C2(AX_HEAD_DIM, HD_MLA, AX_LQ, LQ_SHORT),
+    /* The tree mask (issue 50: speculative decoding's verification) over pages and packed
+     * sequences: packed queries over pages (the mixed batch's tree), GQA, pages of 1, the GPU
+     * kernel, split launches, masks and padding with it, sinks, a window, FP8 */
+    C3(AX_TREE, ON, AX_VARLEN, ON, AX_PAGED, PAGED_SMALL),
+    C3(AX_TREE, ON, AX_PAGED, PAGED_SMALL, AX_GQA, GQA_4),
+    C2(AX_TREE, ON, AX_PAGED, PAGED_1),
+    C3(AX_TREE, ON, AX_VARLEN, ON, AX_CONFIG, CFG_GPU),
+    C3(AX_TREE, ON, AX_PAGED, PAGED_LARGE, AX_CONFIG, CFG_SPLIT),
+    C3(AX_TREE, ON, AX_PAGED, PAGED_SMALL, AX_MASK, MASK_BOOL),
+    C3(AX_TREE, ON, AX_PAGED, PAGED_SMALL, AX_PADDING, PAD_ON),
+    C2(AX_TREE, ON, AX_SINKS, ON),
+    C3(AX_TREE, ON, AX_CAUSAL, AL_BOTTOM_RIGHT, AX_WINDOW, AL_BOTTOM_RIGHT),
+    C2(AX_TREE, ON, AX_QUANT, QUANT_FP8_E5M2),
     /* Packed queries over a paged cache (issue 50: chunked prefill and the mixed batch): each
      * request's own key count, bottom-right per request, on every fused kernel and context,
      * decode rows among chunks, grouped heads, sinks, softcap, windows, FP8 and Q8_0 pools,
@@ -835,11 +850,14 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
 
     /* heads, sequence lengths, key rules */
     const int gqa = pick(d, AX_GQA, grouped || is_forced(d, AX_LQ) ? 1 + uniform(3) : uniform(4));
-    static const int lq_w[] = {30, 35, 35}, mla_lq_w[] = {50, 50, 0};
+    /* the tree mask (drawn below, where the cache is paged or the sequences packed) wants
+     * drafts: several query rows */
+    const int tree_wanted = is_forced(d, AX_TREE) ? d->v[AX_TREE] == ON : uniform(3) == 0;
+    static const int lq_w[] = {30, 35, 35}, mla_lq_w[] = {50, 50, 0}, tree_lq_w[] = {10, 75, 15};
     const int lq = pick(d, AX_LQ,
                         grouped    ? LQ_ONE
                         : in_place ? LQ_ONE + uniform(2)
-                                   : weighted(mla ? mla_lq_w : lq_w, 3));
+                                   : weighted(mla ? mla_lq_w : tree_wanted ? tree_lq_w : lq_w, 3));
     int lk = pick(d, AX_LK, in_place || merge ? LK_LONG : uniform(3));
     static const int keys_w[] = {40, 30, 30};
     static const int backward_keys_w[] = {50, 50, 0};
@@ -957,7 +975,12 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         grouped || (lq == LQ_ONE && gqa != GQA_1 && (is_forced(d, AX_LQ) || tu_rand_below(2)));
     static const int causal_w[] = {30, 20, 20, 15, 15};
     static const int decode_causal_w[] = {40, 0, 40, 20, 0};
-    int causal = pick(d, AX_CAUSAL, weighted(decode_like ? decode_causal_w : causal_w, 5));
+    /* a tree's drafts are the last keys: no band, or bottom-right's (its ancestors exactly) */
+    static const int tree_causal_w[] = {40, 0, 60, 0, 0};
+    int causal = pick(d, AX_CAUSAL, weighted(decode_like   ? decode_causal_w
+                                             : tree_wanted ? tree_causal_w
+                                                           : causal_w,
+                                             5));
     const int decode_align = causal != AL_NONE ? causal : AL_BOTTOM_RIGHT;
     const int sized = (is_forced(d, AX_WLEFT) && d->v[AX_WLEFT] != WS_OFF) ||
                       (is_forced(d, AX_WRIGHT) && d->v[AX_WRIGHT] != WS_OFF);
@@ -966,7 +989,9 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         const int r = (int)tu_rand_below(100);
         const int same = causal != AL_NONE ? causal : 1 + uniform(4);
         /* 40 none, 40 aligned as causal (or any alignment without it), 20 any alignment */
-        window = pick(d, AX_WINDOW, r < 40 && !sized ? AL_NONE : r < 80 ? same : 1 + uniform(4));
+        window = pick(d, AX_WINDOW, (r < 40 || (tree_wanted && r < 80)) && !sized ? AL_NONE
+                                    : r < 80                                      ? same
+                                                                                  : 1 + uniform(4));
         if (decode_like && !is_forced(d, AX_WINDOW) && window != AL_NONE)
             window = pick(d, AX_WINDOW, decode_align);
         if (backward && causal != AL_NONE && window != AL_NONE && causal != window) {
@@ -1123,6 +1148,12 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         s->mask = PB_MASK_NONE;
         s->padding = s->fully_masked = s->want_weights = s->softmax_f64 = 0;
     }
+    /* speculative decoding's tree mask (issue 50: a mask_mod the library ships) over a paged
+     * cache or packed sequences (the verification step of a mixed batch): a third of them
+     * (tree_wanted) */
+    s->tree = pick(d, AX_TREE, (varlen == ON || s->page_size) && !grouped && tree_wanted ? ON
+                                                                                        : OFF) ==
+              ON;
     s->scale = tu_rand_below(3) == 0 ? (float)(0.05 + tu_rand_unit()) : NAN;
     s->q_gain = (float)(1.0 + 3.0 * tu_rand_unit());
     s->path = CLATTN_PATH_AUTO;
@@ -1197,8 +1228,9 @@ static clattn_status expected_status(const pb_sdpa_spec *s, clattn_path path)
 static int grouped_decode(const pb_sdpa_spec *s)
 {
     if (s->seq_q != 1 || s->kv_heads == 0 || s->heads / s->kv_heads < 2 || s->alibi || s->varlen ||
-        s->dropout_p > 0.0)
-        return 0; /* (packed sequences run one query head per row) */
+        s->dropout_p > 0.0 || s->tree)
+        return 0; /* (packed sequences run one query head per row; a mask_mod (the tree) is
+                   * called per query head) */
     const long long seq_q = (long long)s->seq_q, seq_k = (long long)s->seq_k;
     const long long huge = 1LL << 34;
     const int align = s->causal != CLATTN_CAUSAL_NONE ? s->causal : s->window_align;

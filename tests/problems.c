@@ -1009,6 +1009,14 @@ static void describe_sdpa(pb_sdpa_problem *p)
         const size_t used = strlen(p->label);
         snprintf(p->label + used, sizeof p->label - used, " v=view_of_k");
     }
+    if (p->tree_meta != NULL) {
+        size_t used = strlen(p->label);
+        used += (size_t)snprintf(p->label + used, sizeof p->label - used, " tree=");
+        for (size_t b = 0; b < s->batch && used < sizeof p->label; ++b) {
+            used += (size_t)snprintf(p->label + used, sizeof p->label - used, "%s%d@%d",
+                                     b ? "," : "", p->tree_meta[3 * b + 1], p->tree_meta[3 * b]);
+        }
+    }
     if (s->k_scale != 0.0 || s->v_scale != 0.0) {
         const size_t used = strlen(p->label);
         snprintf(p->label + used, sizeof p->label - used, " k_scale=%g v_scale=%g", s->k_scale,
@@ -1235,6 +1243,45 @@ static void draw_varlen(pb_sdpa_problem *p)
     p->total_k = totals[1];
 }
 
+/* spec.tree: each sequence's drafts, its last n_b keys (n_b up to its query rows, its keys
+ * and 24; now and then 0: no tree), a random tree numbered parents first (draft i's parent
+ * below i, or the prefix), its n_b x n_b ancestor bits packed LSB first after the previous
+ * sequence's. */
+static void draw_tree(pb_sdpa_problem *p)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    p->tree_meta = pb_calloc(3 * s->batch, sizeof(int32_t));
+    size_t total = 0;
+    for (size_t b = 0; b < s->batch; ++b) {
+        const size_t rows = s->varlen ? (size_t)(p->cu_q[b + 1] - p->cu_q[b]) : s->seq_q;
+        const size_t keys = s->varlen ? (size_t)(p->cu_k[b + 1] - p->cu_k[b])
+                            : p->kv_len ? (size_t)p->kv_len[b]
+                                        : s->seq_k;
+        size_t most = rows < keys ? rows : keys;
+        most = most < 24 ? most : 24;
+        const size_t pick = pb_rand_below(5); /* no tree, every row a draft (the usual
+                                               * verification step), or fewer */
+        const size_t n = pick == 0 ? 0 : pick < 3 ? most : pb_rand_below(most + 1);
+        p->tree_meta[3 * b] = (int32_t)(keys - n);
+        p->tree_meta[3 * b + 1] = (int32_t)n;
+        p->tree_meta[3 * b + 2] = (int32_t)total;
+        total += (n * n + 7) / 8;
+    }
+    p->tree_bytes = total;
+    p->tree_bits = pb_calloc(total + 1, 1);
+    for (size_t b = 0; b < s->batch; ++b) {
+        const size_t n = (size_t)p->tree_meta[3 * b + 1], at = (size_t)p->tree_meta[3 * b + 2];
+        int parent[24];
+        for (size_t i = 0; i < n; ++i) {
+            parent[i] = i == 0 ? -1 : (int)pb_rand_below(i + 1) - 1;
+            for (int j = (int)i; j >= 0; j = j == (int)i ? parent[i] : parent[j]) {
+                const size_t bit = i * n + (size_t)j;
+                p->tree_bits[at + bit / 8] |= (uint8_t)(1u << (bit % 8));
+            }
+        }
+    }
+}
+
 void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
 {
     memset(p, 0, sizeof *p);
@@ -1351,7 +1398,15 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
         }
         free(order);
     }
+    if (s->tree) {
+        draw_tree(p);
+    }
     make_sdpa_layouts(p);
+    if (s->tree) { /* the mask_mod's auxiliary tensors */
+        const size_t bytes[1] = {p->tree_bytes + 1}, meta[2] = {s->batch, 3};
+        pb_make_layout(&p->layouts.flex_aux0, CLATTN_DTYPE_U8, 1, bytes, PB_PACKED);
+        pb_make_layout(&p->layouts.flex_aux1, CLATTN_DTYPE_I32, 2, meta, PB_PACKED);
+    }
     if (s->v_from_k) { /* v: k's layout, its first dv columns (one buffer) */
         const size_t kv_rows = p->k_count / s->dk;
         for (size_t r = 0; r < kv_rows; ++r) {
@@ -1366,15 +1421,52 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
     }
 }
 
+/* spec.tree: whether query row i of sequence b keeps key j (CLATTN_TREE_MASK_SOURCE's rule). */
+static int tree_keeps(const pb_sdpa_problem *p, size_t b, size_t i, size_t j)
+{
+    const size_t start = (size_t)p->tree_meta[3 * b], n = (size_t)p->tree_meta[3 * b + 1];
+    if (j < start || n == 0) {
+        return 1;
+    }
+    if (j - start >= n || i >= n) {
+        return 0;
+    }
+    const size_t bit = i * n + (j - start);
+    return (p->tree_bits[(size_t)p->tree_meta[3 * b + 2] + bit / 8] >> (bit % 8)) & 1;
+}
+
+/* spec.tree: -INFINITY into the (heads, rows, keys) additive mask of sequence b wherever the
+ * tree drops a key. */
+static void apply_tree(const pb_sdpa_problem *p, size_t b, float *mask, size_t heads,
+                       size_t rows, size_t keys)
+{
+    for (size_t h = 0; h < heads; ++h) {
+        for (size_t i = 0; i < rows; ++i) {
+            for (size_t j = 0; j < keys; ++j) {
+                if (!tree_keeps(p, b, i, j)) {
+                    mask[(h * rows + i) * keys + j] = -INFINITY;
+                }
+            }
+        }
+    }
+}
+
 float *pb_expand_mask(const pb_sdpa_problem *p)
 {
     const pb_sdpa_spec *s = &p->spec;
-    if (p->mask == NULL) {
+    if (p->mask == NULL && p->tree_meta == NULL) {
         return NULL;
     }
     const size_t full[4] = {s->batch, s->heads, s->seq_q, s->seq_k};
     const size_t count = full[0] * full[1] * full[2] * full[3];
     float *expanded = pb_calloc(count, sizeof(float));
+    if (p->mask == NULL) { /* the tree alone */
+        for (size_t b = 0; b < s->batch; ++b) {
+            apply_tree(p, b, expanded + b * full[1] * full[2] * full[3], s->heads, s->seq_q,
+                       s->seq_k);
+        }
+        return expanded;
+    }
     /* packed strides of the logical mask, right-aligned, 0 where its dim is 1 or absent */
     size_t strides[4] = {0, 0, 0, 0}, step = 1;
     for (int m = p->mask_rank - 1; m >= 0; --m) {
@@ -1394,6 +1486,10 @@ float *pb_expand_mask(const pb_sdpa_problem *p)
                 }
             }
         }
+    }
+    for (size_t b = 0; p->tree_meta != NULL && b < s->batch; ++b) {
+        apply_tree(p, b, expanded + b * full[1] * full[2] * full[3], s->heads, s->seq_q,
+                   s->seq_k);
     }
     return expanded;
 }
@@ -1439,7 +1535,13 @@ static void varlen_reference(pb_sdpa_problem *p)
         shape.kv_len = &count; /* the sequence's key count: ONNX's rule as bottom-right */
         shape.alibi = p->alibi ? p->alibi + (s->alibi == 1 ? 0 : b * s->heads) : NULL;
         shape.sinks = p->sinks;
-        ref_sdpa(&shape, q, k, v, NULL, NULL, out, NULL, lse);
+        float *tree = NULL; /* spec.tree: the sequence's rows are its drafts */
+        if (p->tree_meta != NULL) {
+            tree = pb_calloc(s->heads * nq * nk + 1, sizeof(float));
+            apply_tree(p, b, tree, s->heads, nq, nk);
+        }
+        ref_sdpa(&shape, q, k, v, tree, NULL, out, NULL, lse);
+        free(tree);
         for (size_t h = 0; h < s->heads; ++h) {
             for (size_t i = 0; i < nq; ++i) {
                 for (size_t d = 0; d < s->dv; ++d) {
@@ -1527,6 +1629,8 @@ void pb_sdpa_free(pb_sdpa_problem *p)
     free(p->block_table);
     free(p->cu_q);
     free(p->cu_k);
+    free(p->tree_bits);
+    free(p->tree_meta);
     free(p->out_ref);
     free(p->weights_ref);
     free(p->lse_ref);
@@ -1557,6 +1661,9 @@ void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
     desc->dropout_offset = p->spec.dropout_offset;
     desc->k_scale = p->spec.k_scale;
     desc->v_scale = p->spec.v_scale;
+    if (p->spec.tree) { /* its tensors: flex_aux0 and flex_aux1 of the layouts */
+        clattn_flex_tree_mask(&desc->flex);
+    }
     if (p->spec.varlen) { /* the longest a sequence may be: the spec's, cut to the totals */
         desc->max_seqlen_q = p->spec.seq_q < p->total_q ? p->spec.seq_q : p->total_q;
         /* (over a paged cache: the key counts say it, max_seqlen_k is refused) */
@@ -1684,6 +1791,29 @@ static cl_int upload_role(clattn_ctx *ctx, const clattn_tensor *layout, clattn_t
     return pb_upload(ctx, bound, pb_rand_below(9), values);
 }
 
+/* spec.tree: the tree's bits and meta into flex_aux0 and flex_aux1 (bytes and counts as
+ * floats, as upload_role takes them). */
+static cl_int upload_tree(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors *bound)
+{
+    if (p->tree_meta == NULL) {
+        return CL_SUCCESS;
+    }
+    const size_t bytes = p->tree_bytes + 1, meta = 3 * p->spec.batch;
+    float *values = pb_calloc(bytes + meta, sizeof(float));
+    for (size_t i = 0; i < bytes; ++i) {
+        values[i] = (float)p->tree_bits[i];
+    }
+    for (size_t i = 0; i < meta; ++i) {
+        values[bytes + i] = (float)p->tree_meta[i];
+    }
+    cl_int err = upload_role(ctx, &p->layouts.flex_aux0, &bound->flex_aux0, values);
+    if (err == CL_SUCCESS) {
+        err = upload_role(ctx, &p->layouts.flex_aux1, &bound->flex_aux1, values + bytes);
+    }
+    free(values);
+    return err;
+}
+
 /* spec.v_from_k: v bound to k's buffer, offset and strides with v's dims. */
 static cl_int view_of_k(clattn_tensors *bound, const clattn_tensors *l)
 {
@@ -1789,7 +1919,8 @@ cl_int pb_sdpa_upload(clattn_ctx *ctx, const pb_sdpa_problem *p, clattn_tensors 
         (err = upload_role(ctx, &l->attn_mask, &bound->attn_mask, p->mask)) ||
         (err = upload_role(ctx, &l->key_padding_mask, &bound->key_padding_mask, padding)) ||
         (err = upload_role(ctx, &l->weights, &bound->weights, NULL)) ||
-        (err = upload_role(ctx, &l->lse, &bound->lse, NULL))) {
+        (err = upload_role(ctx, &l->lse, &bound->lse, NULL)) ||
+        (err = upload_tree(ctx, p, bound))) {
         pb_release_tensors(bound);
     }
     free(padding);
@@ -1897,8 +2028,14 @@ static void varlen_backward_reference(const pb_sdpa_problem *p, const float *gra
         shape.kv_len = &count; /* the sequence's key count: ONNX's rule as bottom-right */
         shape.alibi = p->alibi ? p->alibi + (s->alibi == 1 ? 0 : b * s->heads) : NULL;
         shape.sinks = p->sinks;
-        ref_sdpa_backward(&shape, q, k, v, NULL, NULL, go, o, magnitudes, sq, sk, sv, NULL,
+        float *tree = NULL; /* spec.tree: as varlen_reference */
+        if (p->tree_meta != NULL) {
+            tree = pb_calloc(s->heads * nq * nk + 1, sizeof(float));
+            apply_tree(p, b, tree, s->heads, nq, nk);
+        }
+        ref_sdpa_backward(&shape, q, k, v, tree, NULL, go, o, magnitudes, sq, sk, sv, NULL,
                           seq_sinks);
+        free(tree);
         scatter_rows(sq, dq, q0, nq, s->heads, s->dk);
         scatter_rows(sk, dk, k0, nk, kv_heads, s->dk);
         scatter_rows(sv, dv, k0, nk, kv_heads, s->dv);

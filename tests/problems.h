@@ -227,6 +227,11 @@ typedef struct pb_sdpa_spec {
      * first dv columns); v's values are then k's. Needs dv <= dk, k's dtype and scale, no
      * past (else turned off). */
     int v_from_k;
+    /* 1: speculative decoding's tree mask (clattn_flex_tree_mask, CLATTN_TREE_MASK_SOURCE;
+     * flex_aux0 tree_bits U8, flex_aux1 tree_meta I32 (B, 3)): each sequence's last n_b keys
+     * (of its key count) are drafts, query row i draft i, a random tree over them; the
+     * reference drops what the rule drops (pb_expand_mask; packed sequences per sequence). */
+    int tree;
 } pb_sdpa_spec;
 
 #define PB_MASK_ONES_B 1u
@@ -278,6 +283,11 @@ typedef struct pb_sdpa_problem {
      * totals; q, k, v, out_ref and lse_ref are then packed (lse_ref as (H, total_q)) */
     int32_t *cu_q, *cu_k;
     size_t total_q, total_k;
+    /* spec.tree: the packed ancestor bits (tree_bytes of them, one more uploaded) and the
+     * (B, 3) meta (first draft key, drafts, byte offset) as uploaded, else NULL */
+    uint8_t *tree_bits;
+    size_t tree_bytes;
+    int32_t *tree_meta;
     /* float64 reference: out (B, H, Lq, dv), lse (B, H, Lq) and, when want_weights, weights
      * (B, H, Lq, Lk) (else NULL) */
     double *out_ref, *weights_ref, *lse_ref;
@@ -300,8 +310,9 @@ ref_sdpa_shape pb_sdpa_ref_shape(const pb_sdpa_spec *spec);
 /* ... with the problem's key counts, ALiBi slopes expanded to (B, H) (into *alibi_out, which
  * the caller frees; NULL without ALiBi) and sinks. */
 ref_sdpa_shape pb_sdpa_problem_ref_shape(const pb_sdpa_problem *p, float **alibi_out);
-/* The expanded (B, H, Lq, Lk) additive mask of the problem's attn_mask (bool: 0 / -INFINITY),
- * for ref_sdpa; NULL when the problem has none. The caller frees it. */
+/* The expanded (B, H, Lq, Lk) additive mask of the problem's attn_mask (bool: 0 / -INFINITY)
+ * and tree mask (spec.tree: -INFINITY where the tree drops a key), for ref_sdpa; NULL when
+ * the problem has neither. The caller frees it. */
 float *pb_expand_mask(const pb_sdpa_problem *p);
 /* The plan descriptor: struct_size, layouts, causal, scale, norm, path of the spec. */
 /* The specs' 0 means "the default"; the descriptors name it (CLATTN_KV_HEADS_ALL, ...). */

@@ -609,7 +609,16 @@ void tu_forward_again(clattn_ctx *ctx, clattn_plan *forward, clattn_tensors *bou
                       const char *what)
 {
     pb_rewrite(ctx, NULL, &bound->out, NULL);
-    tu_expect_status(clattn_plan_execute(forward, bound->by_role, CLATTN_ROLE_GRAD_OUT, NULL, NULL,
-                                         0, NULL, NULL),
+    /* roles after the gradients' bound (a mask_mod's auxiliary tensors: the forward's too):
+     * all roles, the gradients' absent; else the array cut before them */
+    int later = 0;
+    for (int r = CLATTN_ROLE_GRAD_SINKS + 1; r < CLATTN_ROLE_COUNT; ++r)
+        later |= bound->by_role[r].rank != 0;
+    clattn_tensors roles = *bound;
+    for (int r = CLATTN_ROLE_GRAD_OUT; r <= CLATTN_ROLE_GRAD_SINKS; ++r)
+        memset(&roles.by_role[r], 0, sizeof roles.by_role[r]);
+    tu_expect_status(clattn_plan_execute(forward, roles.by_role,
+                                         later ? CLATTN_ROLE_COUNT : CLATTN_ROLE_GRAD_OUT, NULL,
+                                         NULL, 0, NULL, NULL),
                      CLATTN_SUCCESS, what);
 }

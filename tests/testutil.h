@@ -212,7 +212,9 @@ void tu_add_loop_except(TCase *tcase, const TTest *test, int start, int end, con
 #define RESET(d, g) ((d) = (g), d##_tensors = g##_tensors, CLATTN_BIND_ROLES(d, d##_tensors))
 
 /* The SDPA forward `forward` again on bound's tensors (out poisoned first), the gradients'
- * roles (CLATTN_ROLE_GRAD_OUT on) left out; expects success (`what` names it). */
+ * roles left out (the role array cut at CLATTN_ROLE_GRAD_OUT; where a later role is bound, a
+ * mask_mod's auxiliary tensors, all roles with the gradients' absent); expects success
+ * (`what` names it). */
 void tu_forward_again(clattn_ctx *ctx, clattn_plan *forward, clattn_tensors *bound,
                       const char *what);
 
