@@ -1244,9 +1244,9 @@ static void draw_varlen(pb_sdpa_problem *p)
 }
 
 /* spec.tree: each sequence's drafts, its last n_b keys (n_b up to its query rows, its keys
- * and 24; now and then 0: no tree), a random tree numbered parents first (draft i's parent
- * below i, or the prefix), its n_b x n_b ancestor bits packed LSB first after the previous
- * sequence's. */
+ * and 24: that many on two draws in five, none (no tree) on one, else fewer), a random tree
+ * numbered parents first (draft i's parent below i, or the prefix), its n_b x n_b ancestor
+ * bits packed LSB first after the previous sequence's. */
 static void draw_tree(pb_sdpa_problem *p)
 {
     const pb_sdpa_spec *s = &p->spec;
