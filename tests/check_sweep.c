@@ -130,6 +130,7 @@ typedef enum axis_id {
     AX_HEAD_DIM,
     AX_DROPOUT,
     AX_TREE,
+    AX_KV_STEP,
     AX_ROUTE, /* derived: what AUTO runs */
     AX_READ,  /* derived: whether AUTO's fused kernel reads K and V tiles in place */
     AX_MERGE, /* derived: whether AUTO's fused plan splits the keys (decode splits, flash_merge) */
@@ -203,6 +204,7 @@ static const axis_def axes[AX_COUNT] = {
     [AX_HEAD_DIM] = {"head_dim", 5, {"3,5", "16", "64", "64,16", "576,512"}},
     [AX_DROPOUT] = {"dropout", 5, {"off", "0.1", "0.5", "0.9", "1"}},
     [AX_TREE] = {"tree", 2, {"off", "on"}},
+    [AX_KV_STEP] = {"kv_step", 2, {"off", "on"}},
     [AX_ROUTE] = {"route", 4, {"fused", "grouped_decode", "unfused", "refused"}},
     [AX_READ] = {"kv_read", 2, {"packed", "in_place"}},
     [AX_MERGE] = {"merge", 2, {"none", "splits"}},
@@ -399,6 +401,22 @@ static const combo required[] = {
     C2(AX_HEAD_DIM, HD_MLA, AX_QUANT, QUANT_Q8_0),
     C2(AX_HEAD_DIM, HD_MLA, AX_CONFIG, CFG_GPU),
     C2(AX_HEAD_DIM, HD_MLA, AX_LQ, LQ_SHORT),
+    /* The decode step in one launch (issue 50: clattn_kv_cache_decode with kv_step = 1) over
+     * a cache of the draw's own: paged (shuffled pages) and contiguous, the grouped decode,
+     * the GPU-class kernel (two launches there) and decode splits, sinks, softcap, ALiBi, a
+     * window, relu, 16-bit and FP8 caches, MLA's head sizes */
+    C2(AX_KV_STEP, ON, AX_PAGED, PAGED_SMALL),
+    C3(AX_KV_STEP, ON, AX_ROUTE, ROUTE_GROUPED, AX_PAGED, PAGED_LARGE),
+    C2(AX_KV_STEP, ON, AX_CONFIG, CFG_GPU),
+    C2(AX_KV_STEP, ON, AX_CONFIG, CFG_DECODE_SPLIT),
+    C2(AX_KV_STEP, ON, AX_SINKS, ON),
+    C2(AX_KV_STEP, ON, AX_SOFTCAP, ON),
+    C2(AX_KV_STEP, ON, AX_ALIBI, ALIBI_H),
+    C3(AX_KV_STEP, ON, AX_WINDOW, AL_BOTTOM_RIGHT, AX_WLEFT, WS_SMALL),
+    C2(AX_KV_STEP, ON, AX_NORM, NORM_RELU),
+    C2(AX_KV_STEP, ON, AX_DTYPE, DT_F16),
+    C2(AX_KV_STEP, ON, AX_QUANT, QUANT_FP8_E4M3),
+    C2(AX_KV_STEP, ON, AX_HEAD_DIM, HD_MLA),
     /* The tree mask (issue 50: speculative decoding's verification) over pages and packed
      * sequences: packed queries over pages (the mixed batch's tree), GQA, pages of 1, the GPU
      * kernel, split launches, masks and padding with it, sinks, a window, FP8 */
@@ -543,6 +561,7 @@ typedef struct draw {
     int want_in_place;
     int want_merge;    /* forced decode splits: the decode_split context, one row, many keys */
     int want_backward; /* forced: steer the draw to what the backward takes */
+    int want_step;     /* forced kv_step: steer the draw to what the decode step takes */
     int combo; /* the forced combination's index into required */
     int dropout_offset; /* DOFF_*: how dropout_offset was drawn (with dropout on) */
 } draw;
@@ -768,6 +787,7 @@ static void draw_storage(draw *d, pb_sdpa_spec *s, int mla)
             if ((!is_forced(d, AX_DTYPE) || signatures[i].dtype == d->v[AX_DTYPE]) &&
                 (!is_forced(d, AX_HEAD_DIM) || signatures[i].head_dim == d->v[AX_HEAD_DIM]) &&
                 (signatures[i].head_dim == HD_MLA) == mla &&
+                (!d->want_step || signatures[i].k == signatures[i].v) &&
                 (!d->want_in_place || signatures[i].head_dim != HD_3_5))
                 fits[count++] = i;
         /* a forced pair no signature has: the dtype wins, any head size */
@@ -790,6 +810,22 @@ static void draw_storage(draw *d, pb_sdpa_spec *s, int mla)
         s->dk = s->dk > 32 ? 32 : s->dk;
         s->dv = s->dv > 32 ? 32 : s->dv;
     }
+}
+
+/* Whether the draw's problem can be a KV cache's decode step in one launch (clattn.h's
+ * kv_step: one query row over per-batch key counts; refused with attn_mask, key_padding_mask,
+ * dropout, user score functions (the tree), rope, past/present, weights; the fused path:
+ * not with softmax_f64, which AUTO runs unfused), the cache of one dtype for k and v: a float
+ * type or FP8 (block caches (Q8_0, Q4_0) take two launches, and an F16 new row would be
+ * quantized into another block scale than the reference's: check_decode_step has them), no
+ * packed sequences (one length per cache), no head_dim strides in k/v (the cache's own) */
+static int kv_step_takes(const pb_sdpa_spec *s)
+{
+    const int block = s->k_dtype == CLATTN_DTYPE_Q8_0 || s->k_dtype == CLATTN_DTYPE_Q4_0;
+    return s->seq_q == 1 && s->kv_len && s->past == 0 && s->mask == PB_MASK_NONE &&
+           !s->padding && s->dropout_p == 0.0 && !s->tree && !s->rope && !s->want_weights &&
+           !s->softmax_f64 && !s->varlen && s->k_dtype == s->v_dtype && !block &&
+           !(s->sinks && s->norm == CLATTN_NORM_RELU);
 }
 
 /* Draw `index`: the forced combination, then every axis (the forced ones kept), then the spec.
@@ -840,6 +876,9 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     /* dropout takes no packed sequences, pages or quantized k/v (refused): a forced dropout
      * draws none of them (unless forced: the refusals) */
     const int want_dropout = is_forced(d, AX_DROPOUT) && d->v[AX_DROPOUT] != DROP_OFF;
+    /* the decode step (kv_step_takes): one row, key counts, no mask, padding, dropout, tree,
+     * weights, double softmax, packed sequences or block caches (unless forced otherwise) */
+    const int step = d->want_step = is_forced(d, AX_KV_STEP) && d->v[AX_KV_STEP] == ON;
     const int config = pick_config(d);
     /* head sizes past 256 (issue 50: MLA's 576 / 512, one k/v head), rarely (a forced head_dim
      * or one draw in 60, 25 at full scale; none for simulators, whose head sizes stop at 32):
@@ -855,13 +894,13 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     const int tree_wanted = is_forced(d, AX_TREE) ? d->v[AX_TREE] == ON : uniform(3) == 0;
     static const int lq_w[] = {30, 35, 35}, mla_lq_w[] = {50, 50, 0}, tree_lq_w[] = {10, 75, 15};
     const int lq = pick(d, AX_LQ,
-                        grouped    ? LQ_ONE
-                        : in_place ? LQ_ONE + uniform(2)
+                        grouped || step ? LQ_ONE
+                        : in_place      ? LQ_ONE + uniform(2)
                                    : weighted(mla ? mla_lq_w : tree_wanted ? tree_lq_w : lq_w, 3));
     int lk = pick(d, AX_LK, in_place || merge ? LK_LONG : uniform(3));
     static const int keys_w[] = {40, 30, 30};
     static const int backward_keys_w[] = {50, 50, 0};
-    int keys = pick(d, AX_KEYS, weighted(backward ? backward_keys_w : keys_w, 3));
+    int keys = pick(d, AX_KEYS, step ? KEYS_KV_LEN : weighted(backward ? backward_keys_w : keys_w, 3));
     /* a paged cache takes per-batch key counts (no past): a forced past turns paging off */
     static const int paged_w[] = {70, 10, 10, 10};
     const int paged = pick(d, AX_PAGED, (keys == KEYS_PAST && is_forced(d, AX_KEYS)) || backward ||
@@ -873,10 +912,12 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     /* quantized k/v (Q8_0, Q4_0, FP8 e4m3 and e5m2 with their scales): no past (refused), so a
      * forced past turns quantizing off */
     static const int quant_w[] = {78, 6, 6, 5, 5};
-    const int quant = pick(d, AX_QUANT, (keys == KEYS_PAST && is_forced(d, AX_KEYS)) || backward ||
+    int quant = pick(d, AX_QUANT, (keys == KEYS_PAST && is_forced(d, AX_KEYS)) || backward ||
                                                 want_dropout
                                             ? QUANT_OFF
                                             : weighted(quant_w, 5));
+    if (step && (quant == QUANT_Q8_0 || quant == QUANT_Q4_0))
+        quant = pick(d, AX_QUANT, QUANT_OFF);
     if (quant != QUANT_OFF && keys == KEYS_PAST)
         keys = pick(d, AX_KEYS, KEYS_ALL);
     /* packed sequences: no past, masks, padding, weights or softmax_f64 (the fused path, each
@@ -891,7 +932,7 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         (is_forced(d, AX_PADDING) && d->v[AX_PADDING] != PAD_OFF) ||
         (is_forced(d, AX_OUTPUTS) && d->v[AX_OUTPUTS] == OUT_WEIGHTS) ||
         (is_forced(d, AX_NORM) && d->v[AX_NORM] == NORM_SOFTMAX_F64) || grouped || backward ||
-        want_dropout;
+        want_dropout || step;
     static const int varlen_w[] = {88, 12};
     const int varlen = pick(d, AX_VARLEN, varlen_blocked ? OFF : weighted(varlen_w, 2));
     if (varlen == ON) /* (over pages: the requests' key counts) */
@@ -902,7 +943,7 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     static const int dropout_w[] = {75, 9, 8, 6, 2};
     const int dropout = pick(d, AX_DROPOUT,
                              varlen == ON || d->v[AX_PAGED] != PAGED_OFF || quant != QUANT_OFF ||
-                                     grouped
+                                     grouped || step
                                  ? DROP_OFF
                                  : weighted(dropout_w, 5));
     if (dropout != DROP_OFF) {
@@ -1031,7 +1072,14 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     s->alibi = alibi;
     draw_mask(d, s);
     static const int pad_w[] = {60, 30, 10};
-    const int padding = pick(d, AX_PADDING, weighted(pad_w, 3));
+    if (step) { /* no mask (unless forced) */
+        pick(d, AX_MASK, MASK_NONE);
+        pick(d, AX_MASK_RANK, RANK_NONE);
+        pick(d, AX_MASK_HEADS, HEADS_NONE);
+        if (d->v[AX_MASK] == MASK_NONE)
+            s->mask = PB_MASK_NONE;
+    }
+    const int padding = pick(d, AX_PADDING, step ? PAD_OFF : weighted(pad_w, 3));
     s->padding = padding != PAD_OFF;
     s->fully_masked = padding == PAD_BATCH_MASKED;
 
@@ -1048,7 +1096,8 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     draw_storage(d, s, mla);
     static const int norm_w[] = {60, 25, 15};
     static const int grouped_norm_w[] = {70, 30, 0};
-    const int norm = pick(d, AX_NORM, weighted(grouped || backward ? grouped_norm_w : norm_w, 3));
+    const int norm =
+        pick(d, AX_NORM, weighted(grouped || backward || step ? grouped_norm_w : norm_w, 3));
     s->norm = norm == NORM_RELU ? CLATTN_NORM_RELU : CLATTN_NORM_SOFTMAX;
     s->softmax_f64 = norm == NORM_SOFTMAX_F64;
     /* sinks join a softmax: with relu they are refused, so that pair is drawn only forced */
@@ -1068,7 +1117,7 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     s->out_layout = layout_of(layout);
     static const int outputs_w[] = {50, 30, 20};
     static const int grouped_outputs_w[] = {60, 40, 0};
-    const int outputs = pick(d, AX_OUTPUTS, weighted(grouped || backward ? grouped_outputs_w
+    const int outputs = pick(d, AX_OUTPUTS, weighted(grouped || backward || step ? grouped_outputs_w
                                                                          : outputs_w,
                                                      3));
     s->want_lse = outputs == OUT_LSE;
@@ -1151,9 +1200,12 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     /* speculative decoding's tree mask (issue 50: a mask_mod the library ships) over a paged
      * cache or packed sequences (the verification step of a mixed batch): a third of them
      * (tree_wanted) */
-    s->tree = pick(d, AX_TREE, (varlen == ON || s->page_size) && !grouped && tree_wanted ? ON
+    s->tree = pick(d, AX_TREE, (varlen == ON || s->page_size) && !grouped && !step && tree_wanted ? ON
                                                                                         : OFF) ==
               ON;
+    /* the decode step in one launch (issue 50: clattn_kv_cache_decode, kv_step = 1) on half
+     * the draws it takes, run after the paths on a cache of the draw's own (kv_step_takes) */
+    d->v[AX_KV_STEP] = kv_step_takes(s) && (step || uniform(2) == 0) ? ON : OFF;
     s->scale = tu_rand_below(3) == 0 ? (float)(0.05 + tu_rand_unit()) : NAN;
     s->q_gain = (float)(1.0 + 3.0 * tu_rand_unit());
     s->path = CLATTN_PATH_AUTO;
@@ -1386,6 +1438,7 @@ static long drop_draws_, drop_offsets_[DOFF_COUNT], drop_refused_, drop_decode_,
 /* draws whose AUTO plan split its keys (flash_merge): all, with sinks, grouped decodes with
  * sinks (each row its query head's sink), grouped decodes over a paged cache */
 static long merge_draws_, merge_sinks_, merge_group_sinks_, merge_group_paged_;
+static long step_ran_; /* draws that ran the decode step in one launch (kv_step) */
 
 static void count_draw(coverage *c, const draw *d)
 {
@@ -1515,6 +1568,8 @@ static void print_coverage(void)
            "of them grouped decodes (each row its query head's sink), %ld grouped decodes over "
            "a paged cache\n",
            merge_draws_, run_.draws, merge_sinks_, merge_group_sinks_, merge_group_paged_);
+    printf("sweep: kv_step: %ld of %ld draws ran a cache's decode step in one launch\n", step_ran_,
+           run_.draws);
     int missed = 0, off = 0;
     for (int i = 0; i < COUNT_OF(required); ++i) {
         char text[160];
@@ -1789,6 +1844,199 @@ static void sinks_on_score_scale(pb_sdpa_problem *p)
     pb_sdpa_reference(p);
 }
 
+/* --- the decode step in one launch (kv_step) ------------------------------------------------ */
+
+/* The cache of the step: a clattn_kv_cache of the problem's k/v dtype and scales, capacity
+ * seq_k, paged as the problem (its pages mapped in a shuffled order), holding keys 0 .. n - 2
+ * of every sequence (appended as F32: the values are the dtype's already). NULL on failure. */
+static clattn_kv_cache *step_cache(clattn_ctx *ctx, const pb_sdpa_problem *p, size_t n)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    clattn_kv_cache_desc cd;
+    clattn_kv_cache_desc_init(&cd);
+    cd.batch = s->batch, cd.kv_heads = s->kv_heads, cd.capacity = s->seq_k;
+    cd.head_dim_qk = s->dk, cd.head_dim_v = s->dv, cd.dtype = s->k_dtype;
+    cd.page_size = s->page_size, cd.k_scale = s->k_scale, cd.v_scale = s->v_scale;
+    clattn_kv_cache *cache = NULL;
+    if (!tu_expect_status(clattn_kv_cache_create(ctx, &cd, &cache), CLATTN_SUCCESS,
+                          "kv_step: the cache"))
+        return NULL;
+    if (s->page_size) { /* every block mapped, pages shuffled */
+        const size_t blocks = s->seq_k / s->page_size, pages = s->batch * blocks;
+        int32_t *table = calloc(pages, sizeof(int32_t));
+        for (size_t i = 0; i < pages; ++i)
+            table[i] = (int32_t)i;
+        for (size_t i = pages; i > 1; --i) {
+            const size_t j = tu_rand_below(i);
+            const int32_t t = table[i - 1];
+            table[i - 1] = table[j], table[j] = t;
+        }
+        tu_expect_status(clattn_kv_cache_map_pages(cache, table, 0, NULL, NULL), CLATTN_SUCCESS,
+                         "kv_step: map the pages");
+        free(table);
+    }
+    const size_t rows = s->batch * s->kv_heads, dims[2] = {s->dk, s->dv};
+    const float *all[2] = {p->k, p->v};
+    clattn_tensor t[2];
+    for (int x = 0; x < 2 && n > 1; ++x) { /* keys 0 .. n - 2, unscaled as the append scales */
+        float *prompt = tu_floats(rows * (n - 1) * dims[x]);
+        for (size_t r = 0; r < rows; ++r)
+            memcpy(prompt + r * (n - 1) * dims[x], all[x] + r * s->seq_k * dims[x],
+                   (n - 1) * dims[x] * sizeof(float));
+        t[x] = clattn_tensor_make(tu_upload_floats(prompt, rows * (n - 1) * dims[x]), 0,
+                                  CLATTN_DTYPE_F32, 4, s->batch, s->kv_heads, n - 1, dims[x]);
+        free(prompt);
+    }
+    if (n > 1) {
+        tu_expect_status(clattn_kv_cache_append(cache, &t[0], &t[1], 0, NULL, NULL),
+                         CLATTN_SUCCESS, "kv_step: the prompt's append");
+        clattn_finish(ctx);
+        tu_release_mem(t[0].mem);
+        tu_release_mem(t[1].mem);
+    }
+    return cache;
+}
+
+/* Row n - 1 of every (sequence, k/v head) of the cache's k (x 0) or v (x 1) against the
+ * problem's (the dtype's values; FP8: over its scale), and the device's key counts n. */
+static void check_step_row(clattn_ctx *ctx, const pb_sdpa_problem *p, const clattn_kv_cache *cache,
+                           size_t n)
+{
+    const pb_sdpa_spec *s = &p->spec;
+    clattn_tensor t[3], table;
+    clattn_kv_cache_tensors(cache, &t[0], &t[1], &t[2]);
+    clattn_kv_cache_block_table(cache, &table);
+    tu_expect(clattn_kv_cache_length(cache) == n, "kv_step: the cache holds %zu keys, want %zu",
+              clattn_kv_cache_length(cache), n);
+    float *counts = tu_floats(s->batch);
+    if (pb_download(ctx, NULL, &t[2], counts, NULL) == CL_SUCCESS)
+        for (size_t b = 0; b < s->batch; ++b)
+            tu_expect(counts[b] == (float)n, "kv_step: kv_seqlen[%zu] = %g, want %zu", b,
+                      (double)counts[b], n);
+    free(counts);
+    const size_t blocks = s->page_size ? s->seq_k / s->page_size : 0;
+    float *bt = tu_floats(s->batch * blocks + 1);
+    if (s->page_size)
+        pb_download(ctx, NULL, &table, bt, NULL);
+    const size_t dims[2] = {s->dk, s->dv};
+    const double scales[2] = {s->k_scale ? s->k_scale : 1.0, s->v_scale ? s->v_scale : 1.0};
+    const float *want[2] = {p->k, p->v};
+    const int fp8 = s->k_dtype == CLATTN_DTYPE_FP8_E4M3 || s->k_dtype == CLATTN_DTYPE_FP8_E5M2;
+    for (int x = 0; x < 2; ++x) {
+        float *got = tu_floats(pb_tensor_count(&t[x]));
+        if (pb_download(ctx, NULL, &t[x], got, NULL) != CL_SUCCESS) {
+            free(got);
+            continue;
+        }
+        int wrong = 0;
+        for (size_t b = 0; b < s->batch; ++b)
+            for (size_t h = 0; h < s->kv_heads; ++h) {
+                const size_t j = n - 1;
+                /* pools (pages, page_size, kv_heads, d); else (batch, kv_heads, capacity, d) */
+                const size_t jj = j; /* the row the step wrote */
+                const size_t row =
+                    s->page_size
+                        ? (((size_t)bt[b * blocks + jj / s->page_size] * s->page_size +
+                            jj % s->page_size) * s->kv_heads + h)
+                        : ((b * s->kv_heads + h) * s->seq_k + jj);
+                const float *ref = want[x] + ((b * s->kv_heads + h) * s->seq_k + j) * dims[x];
+                for (size_t e = 0; e < dims[x]; ++e) {
+                    const double value = fp8 ? got[row * dims[x] + e] * scales[x]
+                                             : got[row * dims[x] + e];
+                    wrong += fabs(value - (double)ref[e]) > 1e-6 * fabs((double)ref[e]);
+                }
+            }
+        tu_expect(wrong == 0, "kv_step: %d elements of the new %s row differ from the step's "
+                  "input as stored", wrong, x ? "value" : "key");
+        free(got);
+    }
+    free(bt);
+}
+
+/* The draw as a KV cache's decode step in one launch (clattn_kv_cache_decode with a plan made
+ * with kv_step = 1): a fresh problem of the draw's spec, every sequence at n keys (1 ..
+ * seq_k), the cache holding the first n - 1, q the step's row, k_new and v_new (q's dtype,
+ * k's layout) the n-th key and value; out (and lse) against the float64 reference over the n
+ * keys, then the cache's new row and length. Path UNFUSED must be refused. */
+static void run_kv_step(clattn_ctx *ctx, const pb_sdpa_spec *spec)
+{
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, spec);
+    const pb_sdpa_spec *s = &p.spec;
+    const size_t n = in_range(1, s->seq_k);
+    for (size_t b = 0; b < s->batch; ++b)
+        p.kv_len[b] = (int32_t)n;
+    /* (the problem's own pool, uploaded but not read: every block on a page of its own, as the
+     * drawn table leaves blocks past the drawn counts outside the pool) */
+    for (size_t i = 0; p.block_table != NULL && i < s->batch * p.blocks; ++i)
+        p.block_table[i] = (int32_t)i;
+    pb_sdpa_reference(&p);
+    if (p.sinks != NULL)
+        sinks_on_score_scale(&p);
+    clattn_kv_cache *cache = step_cache(ctx, &p, n);
+    clattn_tensors bound;
+    memset(&bound, 0, sizeof bound);
+    clattn_tensor news[2];
+    memset(news, 0, sizeof news);
+    clattn_plan *plan = NULL;
+    if (cache == NULL || pb_sdpa_upload(ctx, &p, &bound) != CL_SUCCESS)
+        goto done;
+    for (int r = 0; r < 4; ++r) { /* the cache's k, v, counts and table for the problem's */
+        clattn_tensor *role[4] = {&bound.k, &bound.v, &bound.kv_seqlen, &bound.block_table};
+        tu_release_mem(role[r]->mem);
+        memset(role[r], 0, sizeof *role[r]);
+    }
+    clattn_kv_cache_tensors(cache, &bound.k, &bound.v, &bound.kv_seqlen);
+    clattn_kv_cache_block_table(cache, &bound.block_table);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    clattn_tensors layouts = bound;
+    CLATTN_BIND_ROLES(desc, layouts);
+    desc.kv_step = 1;
+    desc.path = CLATTN_PATH_UNFUSED;
+    clattn_status got = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    tu_expect(got == CLATTN_ERR_UNSUPPORTED && plan == NULL,
+              "kv_step: path UNFUSED: expected CLATTN_ERR_UNSUPPORTED (the fused path only), "
+              "got %s: %s", clattn_status_string(got), clattn_last_error(ctx));
+    clattn_plan_release(plan);
+    plan = NULL;
+    desc.path = CLATTN_PATH_AUTO;
+    const clattn_status want = expected_status(s, CLATTN_PATH_AUTO);
+    got = clattn_sdpa_plan_create(ctx, &desc, &plan);
+    if (!tu_expect_status(got, want, "kv_step: the plan") || got != CLATTN_SUCCESS)
+        goto done;
+    const size_t dims[2] = {s->dk, s->dv};
+    const float *all[2] = {p.k, p.v};
+    for (int x = 0; x < 2; ++x) { /* key n - 1 of every (sequence, k/v head) */
+        const size_t rows = s->batch * s->kv_heads, nd[4] = {s->batch, s->kv_heads, 1, dims[x]};
+        float *row = tu_floats(rows * dims[x]);
+        for (size_t r = 0; r < rows; ++r)
+            memcpy(row + r * dims[x], all[x] + (r * s->seq_k + n - 1) * dims[x],
+                   dims[x] * sizeof(float));
+        pb_make_layout(&news[x], s->q_dtype, 4, nd, x ? s->v_layout : s->k_layout);
+        pb_upload(ctx, &news[x], tu_rand_below(9), row);
+        free(row);
+    }
+    if (tu_expect_status(clattn_kv_cache_decode(cache, plan, &news[0], &news[1], bound.by_role,
+                                                CLATTN_ROLE_COUNT, NULL, 0, NULL, NULL),
+                         CLATTN_SUCCESS, "kv_step: clattn_kv_cache_decode")) {
+        pb_sdpa_check(ctx, NULL, &p, &bound);
+        check_step_row(ctx, &p, cache, n);
+    }
+done:
+    clattn_finish(ctx);
+    tu_release_mem(news[0].mem);
+    tu_release_mem(news[1].mem);
+    memset(&bound.k, 0, sizeof bound.k); /* (the cache's) */
+    memset(&bound.v, 0, sizeof bound.v);
+    memset(&bound.kv_seqlen, 0, sizeof bound.kv_seqlen);
+    memset(&bound.block_table, 0, sizeof bound.block_table);
+    pb_release_tensors(&bound);
+    clattn_plan_release(plan);
+    clattn_kv_cache_release(cache);
+    pb_sdpa_free(&p);
+}
+
 static double now_seconds(void)
 {
     struct timespec t;
@@ -1838,6 +2086,13 @@ START_TEST(test_draw)
                       (int)got, clattn_last_error(ctx));
             clattn_plan_release(plan);
             path_refused_[k]++;
+        }
+        if (d.v[AX_KV_STEP] == ON && !tu_failed()) {
+            tu_set_case("draw %d kv_step (a cache's decode step in one launch) context=%s "
+                        "(forced: %s): %s",
+                        _i, axes[AX_CONFIG].values[d.v[AX_CONFIG]], forced, p.label);
+            run_kv_step(ctx, &spec);
+            step_ran_++;
         }
         if (d.v[AX_BACKWARD] == ON && !tu_failed()) {
             tu_set_case("draw %d backward (forward on FUSED with lse) context=%s (forced: %s): %s",
