@@ -10,12 +10,17 @@
  *   bottom-right, ONNX, a diagonal offset), the window's left and right sizes (unbounded, 0,
  *   small, beyond every key), soft-capping, ALiBi ((H) or (B, H) slopes), attention sinks (one
  *   logit per query head, some -inf, packed or strided, near the head's log-sum-exp), a paged KV
- *   cache (pages of 1 key, 2..17 or 32..256, in a drawn order; the fused path only), the mask
+ *   cache (pages of 1 key, 2..17 or 32..256, in a drawn order; the fused path only; with packed
+ *   sequences: packed queries over the pages, issue 50), quantized k/v (Q8_0, Q4_0, FP8 e4m3
+ *   and e5m2 with drawn k_scale / v_scale), speculative decoding's tree mask over pages or
+ *   packed sequences (clattn_flex_tree_mask), the decode step in one launch (kv_step:
+ *   clattn_kv_cache_decode over a cache of the draw's own, run after the paths), the mask
  *   (none, bool, float), its rank (1 to 4, or a rank-4 view with stride 0 on its broadcast dims)
  *   and whether it differs between heads, the key rules (all keys, per-batch key counts, a past
  *   with present_k/present_v), key padding, storage (F32, F16, BF16, mixed), the normalisation
  *   (softmax, relu, softmax in double), the layouts (packed, (B, L, H*d) views, padded, stride 2
- *   along head_dim, mixed), the outputs (out, + lse, + weights), the head sizes and dropout
+ *   along head_dim, mixed), the outputs (out, + lse, + weights), the head sizes (576 / 512 too,
+ *   MLA-like with one k/v head and V a view of K on half, rarely) and dropout
  *   (p = 0.1, 0.5, 0.9 on about a quarter of the problems that take it, p = 1 rarely; the seed
  *   any 64-bit value, the offset 0, just below a multiple of 2^32 (the streams carry into the
  *   counter's high word), just below 2^64 (they wrap) or any value; off with packed sequences,
@@ -66,8 +71,8 @@
  * CLATTN_SWEEP_ONLY=I runs draw I alone (each draw is a function of the seed and its index),
  * CLATTN_SWEEP_CONFIGS=default,gpu,... picks the contexts (see config_names), and
  * CLATTN_SWEEP_MISSED=1 lists every pair not reached, CLATTN_SWEEP_LIST=1 lists each draw's
- * forced combination and axis values without running anything. The seed is fixed unless set (CI is then
- * reproducible: a red run is the commit's, not the dice's), except at CLATTN_TEST_SCALE=full
+ * forced combination and axis values without running anything. The seed is fixed unless set (CI is
+ * then reproducible: a red run is the commit's, not the dice's), except at CLATTN_TEST_SCALE=full
  * (tests/all_lanes.sh --full), which draws a fresh one from the clock to explore; either way it
  * is printed, so every run replays.
  *
@@ -822,9 +827,9 @@ static void draw_storage(draw *d, pb_sdpa_spec *s, int mla)
 static int kv_step_takes(const pb_sdpa_spec *s)
 {
     const int block = s->k_dtype == CLATTN_DTYPE_Q8_0 || s->k_dtype == CLATTN_DTYPE_Q4_0;
-    return s->seq_q == 1 && s->kv_len && s->past == 0 && s->mask == PB_MASK_NONE &&
-           !s->padding && s->dropout_p == 0.0 && !s->tree && !s->rope && !s->want_weights &&
-           !s->softmax_f64 && !s->varlen && s->k_dtype == s->v_dtype && !block &&
+    return s->seq_q == 1 && s->kv_len && s->past == 0 && s->mask == PB_MASK_NONE && !s->padding &&
+           s->dropout_p == 0.0 && !s->tree && !s->rope && !s->want_weights && !s->softmax_f64 &&
+           !s->varlen && s->k_dtype == s->v_dtype && !block &&
            !(s->sinks && s->norm == CLATTN_NORM_RELU);
 }
 
@@ -883,9 +888,9 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     /* head sizes past 256 (issue 50: MLA's 576 / 512, one k/v head), rarely (a forced head_dim
      * or one draw in 60, 25 at full scale; none for simulators, whose head sizes stop at 32):
      * short query runs, so that the sweep's time stays */
-    const int mla = !small_ && (is_forced(d, AX_HEAD_DIM)
-                                    ? d->v[AX_HEAD_DIM] == HD_MLA
-                                    : tu_rand_below(full_ ? 25 : 60) == 0 && !in_place);
+    const int mla =
+        !small_ && (is_forced(d, AX_HEAD_DIM) ? d->v[AX_HEAD_DIM] == HD_MLA
+                                              : tu_rand_below(full_ ? 25 : 60) == 0 && !in_place);
 
     /* heads, sequence lengths, key rules */
     const int gqa = pick(d, AX_GQA, grouped || is_forced(d, AX_LQ) ? 1 + uniform(3) : uniform(4));
@@ -896,11 +901,15 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     const int lq = pick(d, AX_LQ,
                         grouped || step ? LQ_ONE
                         : in_place      ? LQ_ONE + uniform(2)
-                                   : weighted(mla ? mla_lq_w : tree_wanted ? tree_lq_w : lq_w, 3));
+                                        : weighted(mla           ? mla_lq_w
+                                                   : tree_wanted ? tree_lq_w
+                                                                 : lq_w,
+                                              3));
     int lk = pick(d, AX_LK, in_place || merge ? LK_LONG : uniform(3));
     static const int keys_w[] = {40, 30, 30};
     static const int backward_keys_w[] = {50, 50, 0};
-    int keys = pick(d, AX_KEYS, step ? KEYS_KV_LEN : weighted(backward ? backward_keys_w : keys_w, 3));
+    int keys =
+        pick(d, AX_KEYS, step ? KEYS_KV_LEN : weighted(backward ? backward_keys_w : keys_w, 3));
     /* a paged cache takes per-batch key counts (no past): a forced past turns paging off */
     static const int paged_w[] = {70, 10, 10, 10};
     const int paged = pick(d, AX_PAGED, (keys == KEYS_PAST && is_forced(d, AX_KEYS)) || backward ||
@@ -912,10 +921,10 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     /* quantized k/v (Q8_0, Q4_0, FP8 e4m3 and e5m2 with their scales): no past (refused), so a
      * forced past turns quantizing off */
     static const int quant_w[] = {78, 6, 6, 5, 5};
-    int quant = pick(d, AX_QUANT, (keys == KEYS_PAST && is_forced(d, AX_KEYS)) || backward ||
-                                                want_dropout
-                                            ? QUANT_OFF
-                                            : weighted(quant_w, 5));
+    int quant = pick(d, AX_QUANT,
+                     (keys == KEYS_PAST && is_forced(d, AX_KEYS)) || backward || want_dropout
+                         ? QUANT_OFF
+                         : weighted(quant_w, 5));
     if (step && (quant == QUANT_Q8_0 || quant == QUANT_Q4_0))
         quant = pick(d, AX_QUANT, QUANT_OFF);
     if (quant != QUANT_OFF && keys == KEYS_PAST)
@@ -924,15 +933,14 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
      * sequence within itself); per-batch key counts only over a paged cache (issue 50: packed
      * queries over pages, each request's keys in its pages, no cu_seqlens_k); on only where no
      * forced axis asks for one of them, which are then set off below */
-    const int varlen_blocked =
-        (is_forced(d, AX_KEYS) && keys != KEYS_ALL && paged == PAGED_OFF) ||
-        (is_forced(d, AX_MASK) && d->v[AX_MASK] != MASK_NONE) ||
-        (is_forced(d, AX_MASK_RANK) && d->v[AX_MASK_RANK] != RANK_NONE) ||
-        (is_forced(d, AX_MASK_HEADS) && d->v[AX_MASK_HEADS] != HEADS_NONE) ||
-        (is_forced(d, AX_PADDING) && d->v[AX_PADDING] != PAD_OFF) ||
-        (is_forced(d, AX_OUTPUTS) && d->v[AX_OUTPUTS] == OUT_WEIGHTS) ||
-        (is_forced(d, AX_NORM) && d->v[AX_NORM] == NORM_SOFTMAX_F64) || grouped || backward ||
-        want_dropout || step;
+    const int varlen_blocked = (is_forced(d, AX_KEYS) && keys != KEYS_ALL && paged == PAGED_OFF) ||
+                               (is_forced(d, AX_MASK) && d->v[AX_MASK] != MASK_NONE) ||
+                               (is_forced(d, AX_MASK_RANK) && d->v[AX_MASK_RANK] != RANK_NONE) ||
+                               (is_forced(d, AX_MASK_HEADS) && d->v[AX_MASK_HEADS] != HEADS_NONE) ||
+                               (is_forced(d, AX_PADDING) && d->v[AX_PADDING] != PAD_OFF) ||
+                               (is_forced(d, AX_OUTPUTS) && d->v[AX_OUTPUTS] == OUT_WEIGHTS) ||
+                               (is_forced(d, AX_NORM) && d->v[AX_NORM] == NORM_SOFTMAX_F64) ||
+                               grouped || backward || want_dropout || step;
     static const int varlen_w[] = {88, 12};
     const int varlen = pick(d, AX_VARLEN, varlen_blocked ? OFF : weighted(varlen_w, 2));
     if (varlen == ON) /* (over pages: the requests' key counts) */
@@ -941,11 +949,11 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
      * sequences, pages, quantized k/v) and where the grouped decode is wanted (dropout's mask
      * is the query head's: the plan does not group them) */
     static const int dropout_w[] = {75, 9, 8, 6, 2};
-    const int dropout = pick(d, AX_DROPOUT,
-                             varlen == ON || d->v[AX_PAGED] != PAGED_OFF || quant != QUANT_OFF ||
-                                     grouped || step
-                                 ? DROP_OFF
-                                 : weighted(dropout_w, 5));
+    const int dropout =
+        pick(d, AX_DROPOUT,
+             varlen == ON || d->v[AX_PAGED] != PAGED_OFF || quant != QUANT_OFF || grouped || step
+                 ? DROP_OFF
+                 : weighted(dropout_w, 5));
     if (dropout != DROP_OFF) {
         static const double rates[] = {0.0, 0.1, 0.5, 0.9, 1.0};
         s->dropout_p = rates[dropout];
@@ -1018,10 +1026,11 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     static const int decode_causal_w[] = {40, 0, 40, 20, 0};
     /* a tree's drafts are the last keys: no band, or bottom-right's (its ancestors exactly) */
     static const int tree_causal_w[] = {40, 0, 60, 0, 0};
-    int causal = pick(d, AX_CAUSAL, weighted(decode_like   ? decode_causal_w
-                                             : tree_wanted ? tree_causal_w
-                                                           : causal_w,
-                                             5));
+    int causal = pick(d, AX_CAUSAL,
+                      weighted(decode_like   ? decode_causal_w
+                               : tree_wanted ? tree_causal_w
+                                             : causal_w,
+                               5));
     const int decode_align = causal != AL_NONE ? causal : AL_BOTTOM_RIGHT;
     const int sized = (is_forced(d, AX_WLEFT) && d->v[AX_WLEFT] != WS_OFF) ||
                       (is_forced(d, AX_WRIGHT) && d->v[AX_WRIGHT] != WS_OFF);
@@ -1030,9 +1039,10 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
         const int r = (int)tu_rand_below(100);
         const int same = causal != AL_NONE ? causal : 1 + uniform(4);
         /* 40 none, 40 aligned as causal (or any alignment without it), 20 any alignment */
-        window = pick(d, AX_WINDOW, (r < 40 || (tree_wanted && r < 80)) && !sized ? AL_NONE
-                                    : r < 80                                      ? same
-                                                                                  : 1 + uniform(4));
+        window = pick(d, AX_WINDOW,
+                      (r < 40 || (tree_wanted && r < 80)) && !sized ? AL_NONE
+                      : r < 80                                      ? same
+                                                                    : 1 + uniform(4));
         if (decode_like && !is_forced(d, AX_WINDOW) && window != AL_NONE)
             window = pick(d, AX_WINDOW, decode_align);
         if (backward && causal != AL_NONE && window != AL_NONE && causal != window) {
@@ -1117,9 +1127,8 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     s->out_layout = layout_of(layout);
     static const int outputs_w[] = {50, 30, 20};
     static const int grouped_outputs_w[] = {60, 40, 0};
-    const int outputs = pick(d, AX_OUTPUTS, weighted(grouped || backward || step ? grouped_outputs_w
-                                                                         : outputs_w,
-                                                     3));
+    const int outputs = pick(
+        d, AX_OUTPUTS, weighted(grouped || backward || step ? grouped_outputs_w : outputs_w, 3));
     s->want_lse = outputs == OUT_LSE;
     s->want_weights = outputs == OUT_WEIGHTS;
     /* No path runs weights or softmax_f64 (unfused only) with lse or a head_dim stride (fused
@@ -1200,9 +1209,9 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
     /* speculative decoding's tree mask (issue 50: a mask_mod the library ships) over a paged
      * cache or packed sequences (the verification step of a mixed batch): a third of them
      * (tree_wanted) */
-    s->tree = pick(d, AX_TREE, (varlen == ON || s->page_size) && !grouped && !step && tree_wanted ? ON
-                                                                                        : OFF) ==
-              ON;
+    s->tree =
+        pick(d, AX_TREE,
+             (varlen == ON || s->page_size) && !grouped && !step && tree_wanted ? ON : OFF) == ON;
     /* the decode step in one launch (issue 50: clattn_kv_cache_decode, kv_step = 1) on half
      * the draws it takes, run after the paths on a cache of the draw's own (kv_step_takes) */
     d->v[AX_KV_STEP] = kv_step_takes(s) && (step || uniform(2) == 0) ? ON : OFF;
@@ -1888,8 +1897,8 @@ static clattn_kv_cache *step_cache(clattn_ctx *ctx, const pb_sdpa_problem *p, si
         free(prompt);
     }
     if (n > 1) {
-        tu_expect_status(clattn_kv_cache_append(cache, &t[0], &t[1], 0, NULL, NULL),
-                         CLATTN_SUCCESS, "kv_step: the prompt's append");
+        tu_expect_status(clattn_kv_cache_append(cache, &t[0], &t[1], 0, NULL, NULL), CLATTN_SUCCESS,
+                         "kv_step: the prompt's append");
         clattn_finish(ctx);
         tu_release_mem(t[0].mem);
         tu_release_mem(t[1].mem);
@@ -1935,19 +1944,22 @@ static void check_step_row(clattn_ctx *ctx, const pb_sdpa_problem *p, const clat
                 /* pools (pages, page_size, kv_heads, d); else (batch, kv_heads, capacity, d) */
                 const size_t jj = j; /* the row the step wrote */
                 const size_t row =
-                    s->page_size
-                        ? (((size_t)bt[b * blocks + jj / s->page_size] * s->page_size +
-                            jj % s->page_size) * s->kv_heads + h)
-                        : ((b * s->kv_heads + h) * s->seq_k + jj);
+                    s->page_size ? (((size_t)bt[b * blocks + jj / s->page_size] * s->page_size +
+                                     jj % s->page_size) *
+                                        s->kv_heads +
+                                    h)
+                                 : ((b * s->kv_heads + h) * s->seq_k + jj);
                 const float *ref = want[x] + ((b * s->kv_heads + h) * s->seq_k + j) * dims[x];
                 for (size_t e = 0; e < dims[x]; ++e) {
-                    const double value = fp8 ? got[row * dims[x] + e] * scales[x]
-                                             : got[row * dims[x] + e];
+                    const double value =
+                        fp8 ? got[row * dims[x] + e] * scales[x] : got[row * dims[x] + e];
                     wrong += fabs(value - (double)ref[e]) > 1e-6 * fabs((double)ref[e]);
                 }
             }
-        tu_expect(wrong == 0, "kv_step: %d elements of the new %s row differ from the step's "
-                  "input as stored", wrong, x ? "value" : "key");
+        tu_expect(wrong == 0,
+                  "kv_step: %d elements of the new %s row differ from the step's "
+                  "input as stored",
+                  wrong, x ? "value" : "key");
         free(got);
     }
     free(bt);
@@ -1997,7 +2009,8 @@ static void run_kv_step(clattn_ctx *ctx, const pb_sdpa_spec *spec)
     clattn_status got = clattn_sdpa_plan_create(ctx, &desc, &plan);
     tu_expect(got == CLATTN_ERR_UNSUPPORTED && plan == NULL,
               "kv_step: path UNFUSED: expected CLATTN_ERR_UNSUPPORTED (the fused path only), "
-              "got %s: %s", clattn_status_string(got), clattn_last_error(ctx));
+              "got %s: %s",
+              clattn_status_string(got), clattn_last_error(ctx));
     clattn_plan_release(plan);
     plan = NULL;
     desc.path = CLATTN_PATH_AUTO;

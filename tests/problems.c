@@ -1254,7 +1254,7 @@ static void draw_tree(pb_sdpa_problem *p)
     size_t total = 0;
     for (size_t b = 0; b < s->batch; ++b) {
         const size_t rows = s->varlen ? (size_t)(p->cu_q[b + 1] - p->cu_q[b]) : s->seq_q;
-        const size_t keys = s->varlen ? (size_t)(p->cu_k[b + 1] - p->cu_k[b])
+        const size_t keys = s->varlen   ? (size_t)(p->cu_k[b + 1] - p->cu_k[b])
                             : p->kv_len ? (size_t)p->kv_len[b]
                                         : s->seq_k;
         size_t most = rows < keys ? rows : keys;
@@ -1299,8 +1299,8 @@ void pb_sdpa_make(pb_sdpa_problem *p, const pb_sdpa_spec *spec)
     if (s->mask != PB_MASK_NONE && s->mask_rank == 0) {
         s->mask_rank = 2;
     }
-    if (s->v_from_k && (s->dv > s->dk || s->v_dtype != s->k_dtype || s->v_scale != s->k_scale ||
-                        s->past > 0)) {
+    if (s->v_from_k &&
+        (s->dv > s->dk || s->v_dtype != s->k_dtype || s->v_scale != s->k_scale || s->past > 0)) {
         s->v_from_k = 0; /* (a view needs k's dtype, scale and columns, and no past) */
     }
     if (s->mask_rank != 4 || (s->mask_ones & 15u) == 15u) {
@@ -1437,8 +1437,8 @@ static int tree_keeps(const pb_sdpa_problem *p, size_t b, size_t i, size_t j)
 
 /* spec.tree: -INFINITY into the (heads, rows, keys) additive mask of sequence b wherever the
  * tree drops a key. */
-static void apply_tree(const pb_sdpa_problem *p, size_t b, float *mask, size_t heads,
-                       size_t rows, size_t keys)
+static void apply_tree(const pb_sdpa_problem *p, size_t b, float *mask, size_t heads, size_t rows,
+                       size_t keys)
 {
     for (size_t h = 0; h < heads; ++h) {
         for (size_t i = 0; i < rows; ++i) {
@@ -1488,8 +1488,7 @@ float *pb_expand_mask(const pb_sdpa_problem *p)
         }
     }
     for (size_t b = 0; p->tree_meta != NULL && b < s->batch; ++b) {
-        apply_tree(p, b, expanded + b * full[1] * full[2] * full[3], s->heads, s->seq_q,
-                   s->seq_k);
+        apply_tree(p, b, expanded + b * full[1] * full[2] * full[3], s->heads, s->seq_q, s->seq_k);
     }
     return expanded;
 }
@@ -1667,7 +1666,7 @@ void pb_sdpa_desc(const pb_sdpa_problem *p, clattn_sdpa_desc *desc)
     if (p->spec.varlen) { /* the longest a sequence may be: the spec's, cut to the totals */
         desc->max_seqlen_q = p->spec.seq_q < p->total_q ? p->spec.seq_q : p->total_q;
         /* (over a paged cache: the key counts say it, max_seqlen_k is refused) */
-        desc->max_seqlen_k = p->spec.page_size                ? 0
+        desc->max_seqlen_k = p->spec.page_size            ? 0
                              : p->spec.seq_k < p->total_k ? p->spec.seq_k
                                                           : p->total_k;
     }
