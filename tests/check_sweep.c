@@ -1870,16 +1870,19 @@ static clattn_kv_cache *step_cache(clattn_ctx *ctx, const pb_sdpa_problem *p, si
     if (!tu_expect_status(clattn_kv_cache_create(ctx, &cd, &cache), CLATTN_SUCCESS,
                           "kv_step: the cache"))
         return NULL;
-    if (s->page_size) { /* every block mapped, pages shuffled */
+    if (s->page_size) { /* every block mapped, pages in a drawn order: i * step + shift */
         const size_t blocks = s->seq_k / s->page_size, pages = s->batch * blocks;
+        size_t step = 1 + tu_rand_below(pages), a = step, b = pages;
+        while (b != 0) { /* (step coprime with pages: every page once) */
+            const size_t r = a % b;
+            a = b, b = r;
+        }
+        if (a != 1)
+            step = 1;
+        const size_t shift = tu_rand_below(pages);
         int32_t *table = calloc(pages, sizeof(int32_t));
         for (size_t i = 0; i < pages; ++i)
-            table[i] = (int32_t)i;
-        for (size_t i = pages; i > 1; --i) {
-            const size_t j = tu_rand_below(i);
-            const int32_t t = table[i - 1];
-            table[i - 1] = table[j], table[j] = t;
-        }
+            table[i] = (int32_t)((i * step + shift) % pages);
         tu_expect_status(clattn_kv_cache_map_pages(cache, table, 0, NULL, NULL), CLATTN_SUCCESS,
                          "kv_step: map the pages");
         free(table);
