@@ -830,7 +830,8 @@ static int kv_step_takes(const pb_sdpa_spec *s)
     return s->seq_q == 1 && s->kv_len && s->past == 0 && s->mask == PB_MASK_NONE && !s->padding &&
            s->dropout_p == 0.0 && !s->tree && !s->rope && !s->want_weights && !s->softmax_f64 &&
            !s->varlen && s->k_dtype == s->v_dtype && !block &&
-           !(s->sinks && s->norm == CLATTN_NORM_RELU);
+           !(s->sinks && s->norm == CLATTN_NORM_RELU) &&
+           !(s->causal && s->window_align && s->causal != s->window_align); /* (refused) */
 }
 
 /* Draw `index`: the forced combination, then every axis (the forced ones kept), then the spec.
@@ -1985,6 +1986,18 @@ static void run_kv_step(clattn_ctx *ctx, const pb_sdpa_spec *spec)
      * drawn table leaves blocks past the drawn counts outside the pool) */
     for (size_t i = 0; p.block_table != NULL && i < s->batch * p.blocks; ++i)
         p.block_table[i] = (int32_t)i;
+    /* the new key and value: given in q's dtype (k_new, v_new), stored in the cache's: the
+     * reference's are the cache's rounding of q's */
+    const size_t rows = s->batch * s->kv_heads, dims[2] = {s->dk, s->dv};
+    float *all[2] = {p.k, p.v}, *given[2];
+    for (int x = 0; x < 2; ++x) {
+        given[x] = tu_floats(rows * dims[x]);
+        for (size_t r = 0; r < rows; ++r) {
+            float *row = all[x] + (r * s->seq_k + n - 1) * dims[x];
+            for (size_t e = 0; e < dims[x]; ++e)
+                row[e] = given[x][r * dims[x] + e] = pb_round(s->q_dtype, row[e]);
+        }
+    }
     pb_sdpa_reference(&p);
     if (p.sinks != NULL)
         sinks_on_score_scale(&p);
@@ -1996,9 +2009,11 @@ static void run_kv_step(clattn_ctx *ctx, const pb_sdpa_spec *spec)
     clattn_plan *plan = NULL;
     if (cache == NULL || pb_sdpa_upload(ctx, &p, &bound) != CL_SUCCESS)
         goto done;
+    const int view = bound.v.mem == bound.k.mem; /* (v a view of k: one buffer) */
     for (int r = 0; r < 4; ++r) { /* the cache's k, v, counts and table for the problem's */
         clattn_tensor *role[4] = {&bound.k, &bound.v, &bound.kv_seqlen, &bound.block_table};
-        tu_release_mem(role[r]->mem);
+        if (r != 1 || !view)
+            tu_release_mem(role[r]->mem);
         memset(role[r], 0, sizeof *role[r]);
     }
     clattn_kv_cache_tensors(cache, &bound.k, &bound.v, &bound.kv_seqlen);
@@ -2021,17 +2036,10 @@ static void run_kv_step(clattn_ctx *ctx, const pb_sdpa_spec *spec)
     got = clattn_sdpa_plan_create(ctx, &desc, &plan);
     if (!tu_expect_status(got, want, "kv_step: the plan") || got != CLATTN_SUCCESS)
         goto done;
-    const size_t dims[2] = {s->dk, s->dv};
-    const float *all[2] = {p.k, p.v};
     for (int x = 0; x < 2; ++x) { /* key n - 1 of every (sequence, k/v head) */
-        const size_t rows = s->batch * s->kv_heads, nd[4] = {s->batch, s->kv_heads, 1, dims[x]};
-        float *row = tu_floats(rows * dims[x]);
-        for (size_t r = 0; r < rows; ++r)
-            memcpy(row + r * dims[x], all[x] + (r * s->seq_k + n - 1) * dims[x],
-                   dims[x] * sizeof(float));
+        const size_t nd[4] = {s->batch, s->kv_heads, 1, dims[x]};
         pb_make_layout(&news[x], s->q_dtype, 4, nd, x ? s->v_layout : s->k_layout);
-        pb_upload(ctx, &news[x], tu_rand_below(9), row);
-        free(row);
+        pb_upload(ctx, &news[x], tu_rand_below(9), given[x]);
     }
     if (tu_expect_status(clattn_kv_cache_decode(cache, plan, &news[0], &news[1], bound.by_role,
                                                 CLATTN_ROLE_COUNT, NULL, 0, NULL, NULL),
@@ -2051,6 +2059,8 @@ done:
     clattn_plan_release(plan);
     clattn_kv_cache_release(cache);
     pb_sdpa_free(&p);
+    free(given[0]);
+    free(given[1]);
 }
 
 static double now_seconds(void)
