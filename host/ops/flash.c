@@ -129,13 +129,9 @@ static unsigned wide_head_blocks(const clattn_ctx *ctx, const clattn__score_shap
 static unsigned cpu_prefetch(const clattn__flash_shape *shape)
 {
     const clattn__score_shape *score = &shape->score;
-    const double per_value[2] = {
-        shape->k_dtype == CLATTN_DTYPE_Q8_0   ? 34.0 / 32
-        : shape->k_dtype == CLATTN_DTYPE_Q4_0 ? 18.0 / 32
-                                              : (double)clattn_dtype_size(shape->k_dtype),
-        shape->v_dtype == CLATTN_DTYPE_Q8_0   ? 34.0 / 32
-        : shape->v_dtype == CLATTN_DTYPE_Q4_0 ? 18.0 / 32
-                                              : (double)clattn_dtype_size(shape->v_dtype)};
+    /* (bytes a value: probe.c's storage sizes, per block of 32 for the block types) */
+    const double per_value[2] = {(double)clattn__probe_bytes(shape->k_dtype, 32) / 32,
+                                 (double)clattn__probe_bytes(shape->v_dtype, 32) / 32};
     const double kv_heads = (double)score->heads / (score->kv_group > 1 ? score->kv_group : 1);
     const double bytes =
         (double)score->batch * kv_heads * (double)score->seq_k *
