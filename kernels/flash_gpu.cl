@@ -567,20 +567,26 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     }
 
 #if KV_STEP
-    if (kv_step && key_begin <= step_keys && step_keys < key_stop) { /* (uniform) */
+    /* (uniform; the barriers outside the branches: with them inside the branch PoCL 3.1 gave
+     * every item of the row close below the first row's index, so a decode group's query
+     * heads all took the first one's sink; check_decode_step's GQA cases with sinks) */
+    const bool step_here = kv_step && key_begin <= step_keys && step_keys < key_stop;
+    if (step_here) {
         k_new += kn_offset + b * kn_s0 + (h / kv_group) * kn_s1;
         v_new += vn_offset + b * vn_s0 + (h / kv_group) * vn_s1;
-        /* (no tile may have run: the accumulators' start read row_l) */
-        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    /* (no tile may have run: the accumulators' start read row_l) */
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (step_here)
         fg_step_weights(p_tile, row_m, row_l, row_c, q_tile, k_new, params, whole, span,
                         first_row, lid, cap, relu);
-        barrier(CLK_LOCAL_MEM_FENCE);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (step_here)
         fg_step_accumulate(acc, p_tile, row_c, v_new, params, tx, ty);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (first_row == 0 && h % kv_group == 0)
-            kv_step_store(K, V, k_new, v_new, kv_len, block_table, bt_row, params, b, h, lid,
-                          FG_THREADS);
-    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (step_here && first_row == 0 && h % kv_group == 0)
+        kv_step_store(K, V, k_new, v_new, kv_len, block_table, bt_row, params, b, h, lid,
+                      FG_THREADS);
 #endif
     /* Normalise and store; the log-sum-exp by the row owners. */
     fg_close_rows(row_m, row_l, row_c, lse, sinks, params, h, span, first_row, lse_base, lid,

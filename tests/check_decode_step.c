@@ -32,6 +32,12 @@ typedef struct step_case {
 static const step_case cases[] = {
     /* an empty cache's first step, then 2 more; contiguous F32 */
     {1, 2, 2, 64, 0, 3, 0, CLATTN_DTYPE_F32, 0.0f, -1, 0},
+    /* sinks on a grouped decode without a window (the group's query heads as rows of their
+     * k/v head, each its own sink): GQA 8/1 over two sequences, GQA 4/2; with
+     * CLATTN_PARAMS=gpu (ctest decode_step_gpu_params) PoCL 3.1 gave every row the first
+     * head's sink when flash_gpu.cl's step had its barriers inside a branch */
+    {2, 8, 1, 64, 5, 3, 0, CLATTN_DTYPE_F32, 0.0f, -1, 1},
+    {1, 4, 2, 64, 0, 2, 0, CLATTN_DTYPE_F32, 0.0f, -1, 1},
     /* GQA 4/2, paged in 16s, 16 + 1 = 17 keys first; softcap */
     {2, 4, 2, 32, 16, 3, 16, CLATTN_DTYPE_F32, 5.0f, -1, 0},
     /* 63, 64, 65 keys; GQA 8/2; F16 cache and inputs; a window; sinks */
