@@ -10,6 +10,7 @@
 #include "kernels_embedded.h"
 
 #include <ctype.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,28 @@ static const char *embedded_text(const char *file)
         if (strcmp(clattn_kernel_files[i].name, file) == 0)
             return clattn_kernel_files[i].text;
     return NULL;
+}
+
+/* FNV-1a, 64 bits, of the embedded texts a program of `family` is built from (the prelude and
+ * its sources; the user's functions are hashed by validate.c): part of its variants' keys, so
+ * that a validation record a library with other kernel texts wrote is not taken for this
+ * one's. (Keyed by options alone, an edited kernel recorded "bad" when a draft of it failed to
+ * build kept the rebuilt library on that variant's -cl-opt-disable build, 10x slower, with no
+ * message.) Kernels read from CLATTN_KERNEL_DIR have no records (validate.c). */
+static uint64_t family_texts_hash(const clattn_family *family)
+{
+    static const char *const prelude[] = {"common.cl", "types.cl", "params.h", "score.cl"};
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < sizeof prelude / sizeof prelude[0] + CLATTN_FAMILY_SOURCES; ++i) {
+        const size_t n = sizeof prelude / sizeof prelude[0];
+        const char *file = i < n ? prelude[i] : family->sources[i - n];
+        const char *text = file ? embedded_text(file) : NULL;
+        for (const unsigned char *c = (const unsigned char *)text; c && *c; ++c) {
+            h ^= *c;
+            h *= 0x100000001b3ULL;
+        }
+    }
+    return h;
 }
 
 /* Reads dir/file into a malloc'd string; NULL on failure. */
@@ -283,7 +306,7 @@ clattn_status clattn__variant_kernel(clattn_ctx *ctx, const clattn_family *famil
     v->family = family;
     snprintf(v->name, sizeof v->name, "%s", name);
     snprintf(v->options, sizeof v->options, "%s", extra);
-    clattn__variant_identity(ctx, clattn__family_file(family), v);
+    clattn__variant_identity(ctx, clattn__family_file(family), family_texts_hash(family), v);
     cl_program program = NULL;
     clattn_status status = build_program(ctx, family, extra, v->fault, &program);
     if (status != CLATTN_SUCCESS) {

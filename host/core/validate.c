@@ -81,10 +81,15 @@ static int fault_for(const char *what)
     return FAULT_NONE;
 }
 
-void clattn__variant_identity(const clattn_ctx *ctx, const char *file, clattn_variant *v)
+void clattn__variant_identity(const clattn_ctx *ctx, const char *file, uint64_t texts_hash,
+                              clattn_variant *v)
 {
     uint64_t h = hash_text(0xcbf29ce484222325ULL, v->name);
     h = hash_text(h, v->options);
+    for (int i = 0; i < 8; ++i) { /* the kernel texts' hash, a byte at a time */
+        h ^= (texts_hash >> (8 * i)) & 0xffu;
+        h *= 0x100000001b3ULL;
+    }
     const char *flex_at = strstr(v->options, "-DFLEX_SRC=");
     if (flex_at) { /* the user's functions, not the context's index of them */
         const long id = strtol(flex_at + strlen("-DFLEX_SRC="), NULL, 10);

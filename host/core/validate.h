@@ -53,8 +53,10 @@ bool clattn__judged_good(clattn_ctx *ctx, clattn_variant **vs, int count, const 
 void clattn__note_build_failure(clattn_ctx *ctx, const clattn_variant *v, clattn_status status);
 
 /* The variant's key "<file>:<kernel>@<16 hex digits>" (the hash of its options, the user's
- * score functions and any injected fault) and its fault, from CLATTN_FAULT_VARIANT. */
-void clattn__variant_identity(const clattn_ctx *ctx, const char *file, clattn_variant *v);
+ * score functions, texts_hash: the library's kernel texts it is built from, and any injected
+ * fault) and its fault, from CLATTN_FAULT_VARIANT. */
+void clattn__variant_identity(const clattn_ctx *ctx, const char *file, uint64_t texts_hash,
+                              clattn_variant *v);
 
 /* Whether `kernel` carries an injected enqueue fault (CLATTN_FAULT_VARIANT=...:enqueue). */
 bool clattn__kernel_faulted(const clattn_ctx *ctx, cl_kernel kernel);
