@@ -370,6 +370,15 @@ fc_paged_runs(__global const int *block_table, const ulong bt_row,
 #define FC_VROW(j) ((k0 + (j)) * v_s2)
 #endif
 
+/* One 64-byte line at p into L2 (fc_prefetch_tile, the mask's next tile; see below). */
+#if defined(__has_builtin) && (defined(__x86_64__) || defined(__aarch64__))
+#if __has_builtin(__builtin_prefetch)
+#define FC_PREFETCH_LINE(p) __builtin_prefetch((p), 0, 2)
+#endif
+#endif
+#ifndef FC_PREFETCH_LINE
+#define FC_PREFETCH_LINE(p) prefetch((p), 64)
+#endif
 #if FC_PF
 /* Ask for a later tile's K and V rows (tile k0, its first nk keys) while this one runs (the
  * tile FC_PF ahead; tuning key flash_cpu_pf), into L2: one prefetch per 64-byte line of each
@@ -383,14 +392,6 @@ fc_paged_runs(__global const int *block_table, const ulong bt_row,
  * run's first lines (to start the hardware's stream) did not help. Clang's __builtin_prefetch where
  * the program is compiled for the CPU itself (PoCL: x86-64, AArch64), else OpenCL's prefetch()
  * (SPIR targets: Oclgrind has no llvm.prefetch). */
-#if defined(__has_builtin) && (defined(__x86_64__) || defined(__aarch64__))
-#if __has_builtin(__builtin_prefetch)
-#define FC_PREFETCH_LINE(p) __builtin_prefetch((p), 0, 2)
-#endif
-#endif
-#ifndef FC_PREFETCH_LINE
-#define FC_PREFETCH_LINE(p) prefetch((p), 64)
-#endif
 #define FC_PF_RUN(P, DT, first, run, stride, width)                                               \
     {                                                                                             \
         __global const char *at = (__global const char *)ADVANCE(DT, P, first);                  \
@@ -672,10 +673,21 @@ fc_block_keep(float16 (*s)[4], __global const ELEM_T(MASK_DTYPE) *mask,
             const uint row = row0 + r;
             __global const ELEM_T(MASK_DTYPE) *mask_row =
                 mask + (row < span.rows ? row : 0) * mask_s2 + k0;
+            if (k0 + 2 * FC_KT <= band.limit) { /* the row's mask on the next tile, into L2 */
+                __global const char *next = (__global const char *)(mask_row + FC_KT);
+                for (uint at = 0; at < FC_KT * sizeof(ELEM_T(MASK_DTYPE)); at += 64)
+                    FC_PREFETCH_LINE(next + at);
+            }
+            if (SCORE_KPAD) { /* (kb is all 0 on a tile inside seq_k without key padding) */
 #pragma unroll
-            for (uint v = 0; v < 4; ++v)
-                s[r][v] = select(s[r][v] + fc_mask_term16(mask_row + 16 * v),
-                                 (float16)(NEG_INF), vload16(v, kb) != (float16)(0.0f));
+                for (uint v = 0; v < 4; ++v)
+                    s[r][v] = select(s[r][v] + fc_mask_term16(mask_row + 16 * v),
+                                     (float16)(NEG_INF), vload16(v, kb) != (float16)(0.0f));
+            } else {
+#pragma unroll
+                for (uint v = 0; v < 4; ++v)
+                    s[r][v] += fc_mask_term16(mask_row + 16 * v);
+            }
         }
     } else {
         /* every score through masked_score: the mask term, the band, the key
