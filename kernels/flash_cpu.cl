@@ -87,12 +87,15 @@ inline float16 fc_mask_term16(__global const ELEM_T(MASK_DTYPE) *p)
 #endif
 }
 
+/* The larger of a and b, one instruction on x86 (fmax's NaN rule costs four there): a NaN
+ * score may be dropped from a row's max, but its weight exp(NaN - max) is NaN all the same. */
+#define FC_MAX(a, b) select((a), (b), (a) < (b))
 inline float fc_hmax(const float16 v)
 {
-    const float8 a = fmax(v.lo, v.hi);
-    const float4 b = fmax(a.lo, a.hi);
-    const float2 c = fmax(b.lo, b.hi);
-    return fmax(c.x, c.y);
+    const float8 a = FC_MAX(v.lo, v.hi);
+    const float4 b = FC_MAX(a.lo, a.hi);
+    const float2 c = FC_MAX(b.lo, b.hi);
+    return c.x < c.y ? c.y : c.x;
 }
 
 inline float fc_hsum(const float16 v)
@@ -777,8 +780,9 @@ fc_block_weights(float16 (*s)[4], float *corr, __local float (*pt)[FC_KT],
             p[v] = fmax(s[r][v], (float16)(0.0f)); /* relu_weight */
 #else
         const float old_max = row_max[r0 + r];
-        const float new_max = fmax(
-            old_max, fc_hmax(fmax(fmax(s[r][0], s[r][1]), fmax(s[r][2], s[r][3]))));
+        const float tile_max =
+            fc_hmax(FC_MAX(FC_MAX(s[r][0], s[r][1]), FC_MAX(s[r][2], s[r][3])));
+        const float new_max = old_max < tile_max ? tile_max : old_max;
         /* softmax_weight(s, softmax_shift(max)) on 16 scores at a time */
         const float16 shift = (float16)(softmax_shift(new_max));
         float16 p[4];

@@ -1435,6 +1435,89 @@ START_TEST(test_flash_large_scores)
 }
 END_TEST
 
+/* A NaN in a key reaches exactly the rows that see that key, as in PyTorch: its score is NaN,
+ * so are those rows' weights and outputs, while a row that masks the key writes -inf over the
+ * NaN score and comes out as without it. Guards the softmax's max and exp (flash_cpu.cl takes
+ * a row's max with a compare that may drop a NaN; exp16_nonpositive carries NaN through). Key
+ * 37 of head 1 (element 5), causal, 70 rows (two 64-key tiles), fused path; head 0 and the
+ * rows before 37 must match the run without the NaN, which is checked against float64. */
+START_TEST(test_flash_nan_key)
+{
+    TU_BEGIN_TEST();
+    enum { H = 2, L = 70, NAN_KEY = 37 };
+    const int dims[] = {64, 128};
+    const size_t d = (size_t)dims[_i];
+    const size_t n = H * L * d;
+    float *q = malloc(n * sizeof *q), *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    float *clean = malloc(n * sizeof *clean), *out = malloc(n * sizeof *out);
+    double *ref = malloc(n * sizeof *ref);
+    ck_assert(q && k && v && clean && out && ref);
+    for (size_t i = 0; i < n; ++i) {
+        q[i] = (float)(2.0 * tu_rand_unit() - 1.0);
+        k[i] = (float)(2.0 * tu_rand_unit() - 1.0);
+        v[i] = (float)(2.0 * tu_rand_unit() - 1.0);
+    }
+    tu_set_case("NaN key: H=%d L=%d d=%zu causal, key %d of head 1", H, L, d, NAN_KEY);
+    clattn_attention_host_desc desc;
+    clattn_attention_host_desc_init(&desc);
+    desc.batch = 1, desc.heads = H, desc.seq_q = desc.seq_k = L;
+    desc.head_dim_qk = desc.head_dim_v = d;
+    desc.causal = CLATTN_CAUSAL_TOP_LEFT;
+    desc.path = CLATTN_PATH_FUSED;
+    for (size_t i = 0; i < n; ++i)
+        clean[i] = out[i] = NAN;
+    if (tu_expect_status(clattn_attention_host(tu_ctx(), &desc, q, k, v, NULL, clean, NULL),
+                         CLATTN_SUCCESS, "clean run")) {
+        /* the clean run against float64 (causal softmax(q k^T / sqrt(d)) v per head) */
+        double worst = 0.0;
+        for (size_t h = 0; h < H; ++h) {
+            for (size_t i = 0; i < L; ++i) {
+                double w[L], mx = -INFINITY, sum = 0.0;
+                for (size_t j = 0; j <= i; ++j) {
+                    double dot = 0.0;
+                    for (size_t x = 0; x < d; ++x)
+                        dot += (double)q[(h * L + i) * d + x] * k[(h * L + j) * d + x];
+                    w[j] = dot / sqrt((double)d);
+                    mx = w[j] > mx ? w[j] : mx;
+                }
+                for (size_t j = 0; j <= i; ++j)
+                    sum += (w[j] = exp(w[j] - mx));
+                for (size_t x = 0; x < d; ++x) {
+                    double o = 0.0;
+                    for (size_t j = 0; j <= i; ++j)
+                        o += w[j] / sum * v[(h * L + j) * d + x];
+                    const size_t at = (h * L + i) * d + x;
+                    ref[at] = o;
+                    const double err = fabs(clean[at] - o) / (1e-3 + fabs(o));
+                    if (!(err <= worst)) /* (NaN included) */
+                        worst = isnan(err) ? INFINITY : err;
+                }
+            }
+        }
+        tu_track_error(worst);
+        tu_expect(worst < 1e-4, "clean run: worst relative error %g against float64", worst);
+        k[(L + NAN_KEY) * d + 5] = NAN;
+        if (tu_expect_status(clattn_attention_host(tu_ctx(), &desc, q, k, v, NULL, out, NULL),
+                             CLATTN_SUCCESS, "run with a NaN key")) {
+            size_t wrong = 0, first = n;
+            for (size_t i = 0; i < n; ++i) {
+                const size_t h = i / (L * d), row = i / d % L;
+                const int want_nan = h == 1 && row >= NAN_KEY;
+                const int ok = want_nan ? isnan(out[i]) : out[i] == clean[i];
+                if (!ok && wrong++ == 0)
+                    first = i;
+            }
+            tu_expect(wrong == 0,
+                      "%zu outputs wrong (first: head %zu row %zu col %zu = %g, want %s)", wrong,
+                      first / (L * d), first / d % L, first % d, (double)out[first % n],
+                      first / (L * d) == 1 && first / d % L >= NAN_KEY ? "NaN" : "the clean run's");
+        }
+    }
+    free(q), free(k), free(v), free(clean), free(out), free(ref);
+    TU_END_TEST();
+}
+END_TEST
+
 /* batch * heads above 65535: the fused kernel is launched in slices of at most 65535 (a GPU
  * grid limit), each with its own base; every slice must land on its own (batch, head). */
 START_TEST(test_flash_many_heads_split)
@@ -1732,6 +1815,7 @@ int main(void)
                        (int)(sizeof cases / sizeof cases[0]), heavy_cases, small ? 3 : 0);
     tcase_add_loop_test(tc, test_flash_large_scores, small ? 2 : 0,
                         (int)(sizeof large_cases / sizeof large_cases[0]));
+    tcase_add_loop_test(tc, test_flash_nan_key, 0, small ? 1 : 2);
     if (!small)
         tcase_add_loop_test(tc, test_flash_many_heads_split, 0, 2);
     /* Each CPU-kernel case is a PoCL compilation of its own (variant switches, head sizes and
