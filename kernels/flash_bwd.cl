@@ -326,6 +326,8 @@ __kernel void bwd_dq(BWD_DQ_PARAMS)
 #define BWD_BQ 64 /* query rows per work-item of bwd_dq_cpu (a multiple of BWD_RB) */
 #endif
 #define BWD_RB 4 /* query rows a step takes together (their loads of a key block shared) */
+#define BWD_DQV (HEAD_DIM_QK / 16) /* float16 vectors of a dQ row (bwd_dq_slots) */
+#define BWD_DQW (BWD_DQV < 1 ? 1 : BWD_DQV < 4 ? BWD_DQV : 4) /* summed in one pass over the keys */
 
 /* The rule on a block's 16 scaled dot products xs of row `row` (keys key0 ..): p, and dX = dS
  * * scale * cap' (0 where a key is dropped: outside [kb, ke), padded (pad: -inf) or masked).
@@ -483,19 +485,35 @@ bwd_dq_slots(__global float *scratch, float16 (*dx)[BWD_NV], __local float (*k_r
                            get_group_id(0) * dq_slot_stride +
                            ROW_INDEX(bh, h, span, row0) * HEAD_DIM_QK;
     const uint n = min((uint)BWD_RB, last - row0);
-    for (uint c = 0; c < HEAD_DIM_QK / 16; ++c) {
-        float16 acc[BWD_RB];
+    /* BWD_DQW vectors of 16 columns at a time: BWD_RB x BWD_DQW independent sums (4 x 1 kept
+     * each FMA waiting on the one before: 20 % of the kernel, latency-bound, at d = 64) */
+    for (uint c0 = 0; c0 < BWD_DQV; c0 += BWD_DQW) {
+        const uint nc = min((uint)BWD_DQW, (uint)BWD_DQV - c0);
+        float16 acc[BWD_RB][BWD_DQW];
 #pragma unroll
         for (uint r = 0; r < BWD_RB; ++r)
-            acc[r] = r < n ? vload16(c, slot + r * HEAD_DIM_QK) : (float16)(0.0f);
-        for (uint j = 0; j < keys; ++j) {
-            const float16 kj = vload16(c, k_rows[j]);
 #pragma unroll
-            for (uint r = 0; r < BWD_RB; ++r)
-                acc[r] = fma((float16)(dxj[r][j]), kj, acc[r]);
+            for (uint c = 0; c < BWD_DQW; ++c)
+                acc[r][c] = r < n && c < nc ? vload16(c0 + c, slot + r * HEAD_DIM_QK)
+                                            : (float16)(0.0f);
+        for (uint j = 0; j < keys; ++j) {
+            float16 kj[BWD_DQW];
+#pragma unroll
+            for (uint c = 0; c < BWD_DQW; ++c)
+                kj[c] = c < nc ? vload16(c0 + c, k_rows[j]) : (float16)(0.0f);
+#pragma unroll
+            for (uint r = 0; r < BWD_RB; ++r) {
+                const float16 x = (float16)(dxj[r][j]);
+#pragma unroll
+                for (uint c = 0; c < BWD_DQW; ++c)
+                    acc[r][c] = fma(x, kj[c], acc[r][c]);
+            }
         }
         for (uint r = 0; r < n; ++r)
-            vstore16(acc[r], c, slot + r * HEAD_DIM_QK);
+#pragma unroll
+            for (uint c = 0; c < BWD_DQW; ++c)
+                if (c < nc)
+                    vstore16(acc[r][c], c0 + c, slot + r * HEAD_DIM_QK);
     }
 }
 
@@ -506,7 +524,7 @@ void bwd_dkdv_cpu(BWD_DKDV_PARAMS)
     /* the block's keys and values transposed (keys in lanes), its dK and dV transposed; its
      * keys as rows too when dQ is summed here (dq_slots) */
     __local float kt[HEAD_DIM_QK][BWD_BK], vt[HEAD_DIM_V][BWD_BK];
-    __local float dkt[HEAD_DIM_QK][BWD_BK], dvt[HEAD_DIM_V][BWD_BK];
+    __local float16 dkt[HEAD_DIM_QK][BWD_NV], dvt[HEAD_DIM_V][BWD_NV]; /* (whole vectors: see below) */
     __local float q_rows[BWD_RB][HEAD_DIM_QK], go_rows[BWD_RB][HEAD_DIM_V];
     __local float k_rows[BWD_BK][HEAD_DIM_QK];
     const ulong bg = bh_base + get_global_id(1);
@@ -528,10 +546,10 @@ void bwd_dkdv_cpu(BWD_DKDV_PARAMS)
                        dq_slots ? k_rows : NULL, pad_terms);
         for (uint d = 0; d < HEAD_DIM_QK; ++d)
             for (uint v = 0; v < BWD_NV; ++v)
-                vstore16((float16)(0.0f), v, dkt[d]);
+                dkt[d][v] = (float16)(0.0f);
         for (uint d = 0; d < HEAD_DIM_V; ++d)
             for (uint v = 0; v < BWD_NV; ++v)
-                vstore16((float16)(0.0f), v, dvt[d]);
+                dvt[d][v] = (float16)(0.0f);
         for (uint t = 0; t < kv_group; ++t) {
             const ulong h = g * kv_group + t;
             const key_band band = BAND_SPAN(b, h, span);
@@ -575,20 +593,20 @@ void bwd_dkdv_cpu(BWD_DKDV_PARAMS)
                 for (uint d = 0; d < HEAD_DIM_V; ++d)
 #pragma unroll
                     for (uint v = 0; v < BWD_NV; ++v) {
-                        float16 acc = vload16(v, dvt[d]);
+                        float16 acc = dvt[d][v];
 #pragma unroll
                         for (uint r = 0; r < BWD_RB; ++r)
                             acc = fma((float16)(go_rows[r][d]), p[r][v], acc);
-                        vstore16(acc, v, dvt[d]);
+                        dvt[d][v] = acc;
                     }
                 for (uint d = 0; d < HEAD_DIM_QK; ++d)
 #pragma unroll
                     for (uint v = 0; v < BWD_NV; ++v) {
-                        float16 acc = vload16(v, dkt[d]);
+                        float16 acc = dkt[d][v];
 #pragma unroll
                         for (uint r = 0; r < BWD_RB; ++r)
                             acc = fma((float16)(q_rows[r][d]), dx[r][v], acc);
-                        vstore16(acc, v, dkt[d]);
+                        dkt[d][v] = acc;
                     }
                 if (dq_slots) /* dQ_i += sum_j dX_ij k_j into this work-group's slot */
                     bwd_dq_slots(scratch, dx, k_rows, params, h, bh, span, row0, last, keys);
@@ -600,9 +618,9 @@ void bwd_dkdv_cpu(BWD_DKDV_PARAMS)
                 __global float *out = scratch + part_at + part * part_stride;
                 const ulong k_elems = KEY_INDEX(bg, g, span, key);
                 for (uint d = 0; d < HEAD_DIM_QK; ++d)
-                    out[k_elems * HEAD_DIM_QK + d] = dkt[d][j];
+                    out[k_elems * HEAD_DIM_QK + d] = ((__local const float *)dkt[d])[j];
                 for (uint d = 0; d < HEAD_DIM_V; ++d)
-                    out[dv_part_at + k_elems * HEAD_DIM_V + d] = dvt[d][j];
+                    out[dv_part_at + k_elems * HEAD_DIM_V + d] = ((__local const float *)dvt[d])[j];
                 continue;
             }
             const ulong dk_at =
@@ -610,9 +628,9 @@ void bwd_dkdv_cpu(BWD_DKDV_PARAMS)
             const ulong dv_at =
                 dv_offset + b * dv_s0 + g * dv_s1 + ((ulong)span.k0 + key) * dv_s2;
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
-                STORE(DK_DTYPE, dkt[d][j], DK, dk_at + d * dk_s3);
+                STORE(DK_DTYPE, ((__local const float *)dkt[d])[j], DK, dk_at + d * dk_s3);
             for (uint d = 0; d < HEAD_DIM_V; ++d)
-                STORE(DV_DTYPE, dvt[d][j], DV, dv_at + d * dv_s3);
+                STORE(DV_DTYPE, ((__local const float *)dvt[d])[j], DV, dv_at + d * dv_s3);
         }
     } /* the key blocks */
 }
