@@ -241,7 +241,7 @@ fl_close_row(__global ELEM_T(O_DTYPE) *out, __global float *lse, __global const 
     for (uint d = 0; d < V_VECS; ++d)
         row_scatter(O_DTYPE, acc[d] * inv, out, d, o_s3);
     if (has_lse)
-        lse[lse_index] = total > 0.0f ? (norm_relu ? log(total) : row_max + log(total)) : NEG_INF;
+        lse[lse_index] = total == 0.0f ? NEG_INF : (norm_relu ? log(total) : row_max + log(total));
 }
 
 __kernel __attribute__((reqd_work_group_size(BLOCK_Q, 1, 1)))

@@ -641,7 +641,7 @@ void bwd_dq_cpu(BWD_DQ_PARAMS)
     BWD_OPEN
     __local float kt[HEAD_DIM_QK][BWD_BK], vt[HEAD_DIM_V][BWD_BK], k_rows[BWD_BK][HEAD_DIM_QK];
     __local float q_all[BWD_BQ][HEAD_DIM_QK], go_all[BWD_BQ][HEAD_DIM_V];
-    __local float dq_acc[BWD_BQ][HEAD_DIM_QK];
+    __local float16 dq_acc[BWD_BQ][(HEAD_DIM_QK + 15) / 16]; /* (whole vectors) */
     const uint row0 = get_group_id(0) * BWD_BQ;
     const ulong bh = bh_base + get_global_id(1);
     const ulong b = bh / heads, h = bh - b * heads, g = h / kv_group;
@@ -656,8 +656,8 @@ void bwd_dq_cpu(BWD_DQ_PARAMS)
         const bool here = r < rows;
         bwd_load_row(q_all[r], go_all[r], &lse_all[r], &delta_all[r], Q, GO, lse_in, scratch,
                      params, b, h, bh, span, row, here);
-        for (uint d = 0; d < HEAD_DIM_QK; ++d)
-            dq_acc[r][d] = 0.0f;
+        for (uint c = 0; c < (HEAD_DIM_QK + 15) / 16; ++c)
+            dq_acc[r][c] = (float16)(0.0f);
         if (has_dmask && here)
             for (uint key = part_begin; key < part_stop; ++key)
                 scratch[dmask_at + (bh * seq_q + row) * (ulong)seq_k + key] = 0.0f;
@@ -702,20 +702,34 @@ void bwd_dq_cpu(BWD_DQ_PARAMS)
                     }
                 }
             }
-            for (uint c = 0; c < HEAD_DIM_QK / 16; ++c) {
-                float16 acc[BWD_RB];
+            /* (BWD_RB x BWD_DQW independent sums, as bwd_dq_slots) */
+            for (uint c0 = 0; c0 < BWD_DQV; c0 += BWD_DQW) {
+                const uint nc = min((uint)BWD_DQW, (uint)BWD_DQV - c0);
+                float16 acc[BWD_RB][BWD_DQW];
 #pragma unroll
                 for (uint r = 0; r < BWD_RB; ++r)
-                    acc[r] = vload16(c, dq_acc[r0 + r]);
-                for (uint j = 0; j < keys; ++j) {
-                    const float16 kj = vload16(c, k_rows[j]);
 #pragma unroll
-                    for (uint r = 0; r < BWD_RB; ++r)
-                        acc[r] = fma((float16)(dxj[r][j]), kj, acc[r]);
+                    for (uint c = 0; c < BWD_DQW; ++c)
+                        acc[r][c] = c < nc ? dq_acc[r0 + r][c0 + c] : (float16)(0.0f);
+                for (uint j = 0; j < keys; ++j) {
+                    float16 kj[BWD_DQW];
+#pragma unroll
+                    for (uint c = 0; c < BWD_DQW; ++c)
+                        kj[c] = c < nc ? vload16(c0 + c, k_rows[j]) : (float16)(0.0f);
+#pragma unroll
+                    for (uint r = 0; r < BWD_RB; ++r) {
+                        const float16 x = (float16)(dxj[r][j]);
+#pragma unroll
+                        for (uint c = 0; c < BWD_DQW; ++c)
+                            acc[r][c] = fma(x, kj[c], acc[r][c]);
+                    }
                 }
 #pragma unroll
                 for (uint r = 0; r < BWD_RB; ++r)
-                    vstore16(acc[r], c, dq_acc[r0 + r]);
+#pragma unroll
+                    for (uint c = 0; c < BWD_DQW; ++c)
+                        if (c < nc)
+                            dq_acc[r0 + r][c0 + c] = acc[r][c];
             }
         }
     }
@@ -725,12 +739,12 @@ void bwd_dq_cpu(BWD_DQ_PARAMS)
             __global float *out = scratch + part_at + part * part_stride +
                                   ROW_INDEX(bh, h, span, row) * HEAD_DIM_QK;
             for (uint d = 0; d < HEAD_DIM_QK; ++d)
-                out[d] = dq_acc[r][d];
+                out[d] = ((__local const float *)dq_acc[r])[d];
             continue;
         }
         const ulong dq_at = dq_offset + b * dq_s0 + h * dq_s1 + ((ulong)span.q0 + row) * dq_s2;
         for (uint d = 0; d < HEAD_DIM_QK; ++d)
-            STORE(DQ_DTYPE, dq_acc[r][d], DQ, dq_at + d * dq_s3);
+            STORE(DQ_DTYPE, ((__local const float *)dq_acc[r])[d], DQ, dq_at + d * dq_s3);
     }
 }
 

@@ -381,7 +381,7 @@ fg_close_rows(__local float *row_m, __local const float *row_l, __local float *r
         row_c[r] = factor * inverse_total(l) * FLASH_V_SCALE;
         if (has_lse && row < span.rows)
             lse[lse_base + row * lse_s2] =
-                l > 0.0f ? (relu ? log(l) : row_m[r] + log(l)) : NEG_INF;
+                l == 0.0f ? NEG_INF : (relu ? log(l) : row_m[r] + log(l));
     }
 }
 

@@ -302,8 +302,10 @@ void flash_merge(__global const float *o_parts, __global const float *lse_parts,
     const uint d = (uint)dim;
     const ulong row = (b * heads + h) * seq_q + i;
     float m = NEG_INF;
-    for (uint p = 0; p < splits; ++p)
-        m = fmax(m, lse_parts[p * rows + row]);
+    for (uint p = 0; p < splits; ++p) { /* (a NaN split makes m NaN: the row comes out NaN) */
+        const float l = lse_parts[p * rows + row];
+        m = m < l || isnan(l) ? l : m;
+    }
     float total = 0.0f, sum = 0.0f;
     if (m != NEG_INF) {
         for (uint p = 0; p < splits; ++p) {
@@ -318,9 +320,9 @@ void flash_merge(__global const float *o_parts, __global const float *lse_parts,
     m = sunk.max;
     total = sunk.total;
     sum *= sunk.factor;
-    STORE(O_DTYPE, total > 0.0f ? sum / total : 0.0f, O,
+    STORE(O_DTYPE, total == 0.0f ? 0.0f : sum / total, O,
           o_offset + b * o_s0 + h * o_s1 + i * o_s2 + d * o_s3);
     if (has_lse && d == 0)
         lse[lse_offset + b * lse_s0 + h * lse_s1 + i * lse_s2] =
-            total > 0.0f ? m + log(total) : NEG_INF;
+            total == 0.0f ? NEG_INF : m + log(total);
 }

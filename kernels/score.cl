@@ -851,10 +851,11 @@ inline float relu_weight(const float s)
     return fmax(s, 0.0f);
 }
 
-/* The factor that normalises a row of weights summing to `total`: 0 when nothing is left. */
+/* The factor that normalises a row of weights summing to `total`: 0 when nothing is left, NaN
+ * when the sum is (a NaN score: the row comes out NaN, as PyTorch's does). */
 inline float inverse_total(const float total)
 {
-    return total > 0.0f ? 1.0f / total : 0.0f;
+    return total == 0.0f ? 0.0f : 1.0f / total;
 }
 
 #endif

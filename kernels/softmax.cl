@@ -196,8 +196,8 @@ softmax_row_vec(__global const float *raw, __global float *out, const float scal
         for (uint c = vec_end; c < key_end; ++c)
             out[c] = relu_weight(SCORE(c)) * inv;
     } else {
-        /* max, not fmax: no NaN test per lane (a row with a NaN score comes out as NaNs
-         * and zeros either way: its sum is NaN, inverse_total gives 0) */
+        /* max, not fmax: no NaN test per lane (a row with a NaN score comes out NaN either
+         * way: its sum is NaN, and so is inverse_total's factor) */
         float16 maxima = NEG_INF;
         for (uint c = 0; c < vec_end; c += 16)
             maxima = max(maxima, SCORES16(c));
@@ -422,7 +422,7 @@ __kernel void softmax_rows_f64(__global const float *raw, __global float *out,
         for (uint c = 0; c < seq_k; ++c)
             total += fmax(SCORE64(c), 0.0);
         for (uint c = 0; c < seq_k; ++c)
-            out[c] = total > 0.0 ? (float)(fmax(SCORE64(c), 0.0) / total) : 0.0f;
+            out[c] = total == 0.0 ? 0.0f : (float)(fmax(SCORE64(c), 0.0) / total);
         DROPOUT_ROW(0, 1);
     FAULT_ROW(1);
         return;
@@ -436,7 +436,7 @@ __kernel void softmax_rows_f64(__global const float *raw, __global float *out,
     for (uint c = 0; c < seq_k; ++c)
         total += exp(SCORE64(c) - shift);
     for (uint c = 0; c < seq_k; ++c)
-        out[c] = total > 0.0 ? (float)(exp(SCORE64(c) - shift) / total) : 0.0f;
+        out[c] = total == 0.0 ? 0.0f : (float)(exp(SCORE64(c) - shift) / total);
     DROPOUT_ROW(0, 1);
     FAULT_ROW(1);
 #undef SCORE64

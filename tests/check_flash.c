@@ -1438,15 +1438,16 @@ END_TEST
 /* A NaN in a key reaches exactly the rows that see that key, as in PyTorch: its score is NaN,
  * so are those rows' weights and outputs, while a row that masks the key writes -inf over the
  * NaN score and comes out as without it. Guards the softmax's max and exp (flash_cpu.cl takes
- * a row's max with a compare that may drop a NaN; exp16_nonpositive carries NaN through). Key
- * 37 of head 1 (element 5), causal, 70 rows (two 64-key tiles), fused path; head 0 and the
- * rows before 37 must match the run without the NaN, which is checked against float64. */
+ * a row's max with a compare that may drop a NaN; exp16_nonpositive carries NaN through) and
+ * the row's close (a NaN sum: NaN lse and output, which a split's resume and flash_merge pass
+ * on). Key 37 of head 1 (element 5), causal, 70 rows (two 64-key tiles), both paths; head 0
+ * and the rows before 37 must match the run without the NaN, checked against float64. */
 START_TEST(test_flash_nan_key)
 {
     TU_BEGIN_TEST();
     enum { H = 2, L = 70, NAN_KEY = 37 };
-    const int dims[] = {64, 128};
-    const size_t d = (size_t)dims[_i];
+    const size_t d = _i % 2 ? 128 : 64;
+    const clattn_path path = _i < 2 ? CLATTN_PATH_FUSED : CLATTN_PATH_UNFUSED;
     const size_t n = H * L * d;
     float *q = malloc(n * sizeof *q), *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
     float *clean = malloc(n * sizeof *clean), *out = malloc(n * sizeof *out);
@@ -1457,13 +1458,14 @@ START_TEST(test_flash_nan_key)
         k[i] = (float)(2.0 * tu_rand_unit() - 1.0);
         v[i] = (float)(2.0 * tu_rand_unit() - 1.0);
     }
-    tu_set_case("NaN key: H=%d L=%d d=%zu causal, key %d of head 1", H, L, d, NAN_KEY);
+    tu_set_case("NaN key: H=%d L=%d d=%zu causal, key %d of head 1, %s path", H, L, d, NAN_KEY,
+                path == CLATTN_PATH_FUSED ? "fused" : "unfused");
     clattn_attention_host_desc desc;
     clattn_attention_host_desc_init(&desc);
     desc.batch = 1, desc.heads = H, desc.seq_q = desc.seq_k = L;
     desc.head_dim_qk = desc.head_dim_v = d;
     desc.causal = CLATTN_CAUSAL_TOP_LEFT;
-    desc.path = CLATTN_PATH_FUSED;
+    desc.path = path;
     for (size_t i = 0; i < n; ++i)
         clean[i] = out[i] = NAN;
     if (tu_expect_status(clattn_attention_host(tu_ctx(), &desc, q, k, v, NULL, clean, NULL),
@@ -1815,7 +1817,7 @@ int main(void)
                        (int)(sizeof cases / sizeof cases[0]), heavy_cases, small ? 3 : 0);
     tcase_add_loop_test(tc, test_flash_large_scores, small ? 2 : 0,
                         (int)(sizeof large_cases / sizeof large_cases[0]));
-    tcase_add_loop_test(tc, test_flash_nan_key, 0, small ? 1 : 2);
+    tcase_add_loop_test(tc, test_flash_nan_key, 0, small ? 1 : 4);
     if (!small)
         tcase_add_loop_test(tc, test_flash_many_heads_split, 0, 2);
     /* Each CPU-kernel case is a PoCL compilation of its own (variant switches, head sizes and
