@@ -91,19 +91,27 @@ static clattn_status build_passes(clattn_ctx *ctx, const clattn__flash_bwd_shape
     if (plan->cpu) {
         /* 16-key vectors per key block and query rows per bwd_dq_cpu work-item: the largest
          * whose local arrays fit the device's local memory */
+        /* bwd_dkdv_cpu: kt, vt, dkt, dvt and k_rows (16 * nv keys each), the 4-row q and dO
+         * blocks (8 rows counted), 256 bytes of alignment; bwd_dq_cpu: kt, k_rows, vt and
+         * the rows' q, dO and dQ */
+#define DKDV_LOCAL(nv) (((2 * dk + 2 * dv + dk) * 16 * (nv) + 8 * (dk + dv)) * sizeof(float) + 256)
+#define DQ_LOCAL(nv, rows) (((2 * dk + dv) * 16 * (nv) + (2 * dk + dv) * (rows)) * sizeof(float) + 256)
         plan->cpu_nv = 4;
         plan->cpu_rows = 64;
-        while (plan->cpu_nv > 1 && (2 * dk + 2 * dv) * 16 * plan->cpu_nv * sizeof(float) +
-                                           8 * (dk + dv) * sizeof(float) >
-                                       ctx->info.local_mem_size / 2)
+        while (plan->cpu_nv > 1 && DKDV_LOCAL(plan->cpu_nv) > ctx->info.local_mem_size / 2)
             plan->cpu_nv /= 2;
         while (plan->cpu_rows > 4 &&
-               ((2 * dk + dv) * 16 * plan->cpu_nv + (2 * dk + dv) * plan->cpu_rows) *
-                       sizeof(float) >
-                   ctx->info.local_mem_size / 2)
+               DQ_LOCAL(plan->cpu_nv, plan->cpu_rows) > ctx->info.local_mem_size / 2)
             plan->cpu_rows /= 2;
-        sw->BWD_CPU = 1, sw->BWD_NV = plan->cpu_nv, sw->BWD_BQ = plan->cpu_rows;
+        /* (a device whose local memory holds neither at the smallest, Oclgrind's 32 KiB at
+         * d = 128: the generic kernels) */
+        plan->cpu = DKDV_LOCAL(plan->cpu_nv) <= ctx->info.local_mem_size &&
+                    DQ_LOCAL(plan->cpu_nv, plan->cpu_rows) <= ctx->info.local_mem_size;
+#undef DKDV_LOCAL
+#undef DQ_LOCAL
     }
+    if (plan->cpu)
+        sw->BWD_CPU = 1, sw->BWD_NV = plan->cpu_nv, sw->BWD_BQ = plan->cpu_rows;
     const clattn_family *f = &flash_bwd_family;
     clattn_status status;
     if ((status = clattn__family_kernel(ctx, f, "bwd_delta", sw, defines, *count, &plan->delta)) ||
