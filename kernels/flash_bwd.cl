@@ -524,7 +524,7 @@ void bwd_dkdv_cpu(BWD_DKDV_PARAMS)
     /* the block's keys and values transposed (keys in lanes), its dK and dV transposed; its
      * keys as rows too when dQ is summed here (dq_slots) */
     __local float kt[HEAD_DIM_QK][BWD_BK], vt[HEAD_DIM_V][BWD_BK];
-    __local float16 dkt[HEAD_DIM_QK][BWD_NV], dvt[HEAD_DIM_V][BWD_NV]; /* (whole vectors: see below) */
+    __local float16 dkt[HEAD_DIM_QK][BWD_NV], dvt[HEAD_DIM_V][BWD_NV]; /* (whole vectors) */
     __local float q_rows[BWD_RB][HEAD_DIM_QK], go_rows[BWD_RB][HEAD_DIM_V];
     __local float k_rows[BWD_BK][HEAD_DIM_QK];
     const ulong bg = bh_base + get_global_id(1);

@@ -95,7 +95,8 @@ static clattn_status build_passes(clattn_ctx *ctx, const clattn__flash_bwd_shape
          * blocks (8 rows counted), 256 bytes of alignment; bwd_dq_cpu: kt, k_rows, vt and
          * the rows' q, dO and dQ */
 #define DKDV_LOCAL(nv) (((2 * dk + 2 * dv + dk) * 16 * (nv) + 8 * (dk + dv)) * sizeof(float) + 256)
-#define DQ_LOCAL(nv, rows) (((2 * dk + dv) * 16 * (nv) + (2 * dk + dv) * (rows)) * sizeof(float) + 256)
+#define DQ_LOCAL(nv, rows)                                                                         \
+    (((2 * dk + dv) * 16 * (nv) + (2 * dk + dv) * (rows)) * sizeof(float) + 256)
         plan->cpu_nv = 4;
         plan->cpu_rows = 64;
         while (plan->cpu_nv > 1 && DKDV_LOCAL(plan->cpu_nv) > ctx->info.local_mem_size / 2)
