@@ -466,6 +466,27 @@ bwd_load_row(__local float *q_row, __local float *go_row, float *lse, float *del
     *delta = here ? scratch[delta_at + ROW_INDEX(bh, h, span, row)] : 0.0f;
 }
 
+/* acc[r][c] += sum over the first `keys` keys j of dxj[r][j] x k_rows[j], vectors c0 .. c0 + nc
+ * of 16 columns (BWD_RB x BWD_DQW independent sums; bwd_dq_slots and bwd_dq_cpu) */
+__attribute__((always_inline)) inline void
+bwd_dq_keys(float16 (*acc)[BWD_DQW], float (*dxj)[BWD_BK], __local float (*k_rows)[HEAD_DIM_QK],
+            uint keys, uint c0, uint nc)
+{
+    for (uint j = 0; j < keys; ++j) {
+        float16 kj[BWD_DQW];
+#pragma unroll
+        for (uint c = 0; c < BWD_DQW; ++c)
+            kj[c] = c < nc ? vload16(c0 + c, k_rows[j]) : (float16)(0.0f);
+#pragma unroll
+        for (uint r = 0; r < BWD_RB; ++r) {
+            const float16 x = (float16)(dxj[r][j]);
+#pragma unroll
+            for (uint c = 0; c < BWD_DQW; ++c)
+                acc[r][c] = fma(x, kj[c], acc[r][c]);
+        }
+    }
+}
+
 /* dQ_i += sum_j dX_ij k_j for rows row0 .. min(row0 + BWD_RB, last) - 1 of (b, h) against the
  * block's first `keys` keys (k_rows), into this work-group's slot of the scratch (bwd_dkdv_cpu
  * with dq_slots; bwd_sum_parts adds the slots in order). */
@@ -496,19 +517,7 @@ bwd_dq_slots(__global float *scratch, float16 (*dx)[BWD_NV], __local float (*k_r
             for (uint c = 0; c < BWD_DQW; ++c)
                 acc[r][c] = r < n && c < nc ? vload16(c0 + c, slot + r * HEAD_DIM_QK)
                                             : (float16)(0.0f);
-        for (uint j = 0; j < keys; ++j) {
-            float16 kj[BWD_DQW];
-#pragma unroll
-            for (uint c = 0; c < BWD_DQW; ++c)
-                kj[c] = c < nc ? vload16(c0 + c, k_rows[j]) : (float16)(0.0f);
-#pragma unroll
-            for (uint r = 0; r < BWD_RB; ++r) {
-                const float16 x = (float16)(dxj[r][j]);
-#pragma unroll
-                for (uint c = 0; c < BWD_DQW; ++c)
-                    acc[r][c] = fma(x, kj[c], acc[r][c]);
-            }
-        }
+        bwd_dq_keys(acc, dxj, k_rows, keys, c0, nc);
         for (uint r = 0; r < n; ++r)
 #pragma unroll
             for (uint c = 0; c < BWD_DQW; ++c)
@@ -711,19 +720,7 @@ void bwd_dq_cpu(BWD_DQ_PARAMS)
 #pragma unroll
                     for (uint c = 0; c < BWD_DQW; ++c)
                         acc[r][c] = c < nc ? dq_acc[r0 + r][c0 + c] : (float16)(0.0f);
-                for (uint j = 0; j < keys; ++j) {
-                    float16 kj[BWD_DQW];
-#pragma unroll
-                    for (uint c = 0; c < BWD_DQW; ++c)
-                        kj[c] = c < nc ? vload16(c0 + c, k_rows[j]) : (float16)(0.0f);
-#pragma unroll
-                    for (uint r = 0; r < BWD_RB; ++r) {
-                        const float16 x = (float16)(dxj[r][j]);
-#pragma unroll
-                        for (uint c = 0; c < BWD_DQW; ++c)
-                            acc[r][c] = fma(x, kj[c], acc[r][c]);
-                    }
-                }
+                bwd_dq_keys(acc, dxj, k_rows, keys, c0, nc);
 #pragma unroll
                 for (uint r = 0; r < BWD_RB; ++r)
 #pragma unroll

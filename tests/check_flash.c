@@ -1441,14 +1441,23 @@ END_TEST
  * a row's max with a compare that may drop a NaN; exp16_nonpositive carries NaN through) and
  * the row's close (a NaN sum: NaN lse and output, which a split's resume and flash_merge pass
  * on). Key 37 of head 1 (element 5), causal, 70 rows (two 64-key tiles), both paths; head 0
- * and the rows before 37 must match the run without the NaN, checked against float64. */
+ * and the rows before 37 must match the run without the NaN, checked against float64. Cases
+ * 4 and 5: one row over the 70 keys on the decode-split context (decode_keys=16), where the
+ * splits' partial results meet in flash_merge (it splits where B * H = 2 is under twice the
+ * compute units: not on Oclgrind, which runs case 0 only). */
 START_TEST(test_flash_nan_key)
 {
     TU_BEGIN_TEST();
     enum { H = 2, L = 70, NAN_KEY = 37 };
     const size_t d = _i % 2 ? 128 : 64;
-    const clattn_path path = _i < 2 ? CLATTN_PATH_FUSED : CLATTN_PATH_UNFUSED;
-    const size_t n = H * L * d;
+    const clattn_path path = _i < 2 || _i >= 4 ? CLATTN_PATH_FUSED : CLATTN_PATH_UNFUSED;
+    /* cases 4, 5: one query row over all L keys on the context that splits keys from 16, so
+     * each split's close and flash_merge's max must keep the NaN */
+    const int decode = _i >= 4;
+    const size_t lq = decode ? 1 : L, n = H * L * d, n_out = H * lq * d;
+    if (decode && decode_ctx == NULL)
+        decode_ctx = ctx_with_row("any | * | * | decode_keys=16");
+    clattn_ctx *ctx = decode ? decode_ctx : tu_ctx();
     float *q = malloc(n * sizeof *q), *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
     float *clean = malloc(n * sizeof *clean), *out = malloc(n * sizeof *out);
     double *ref = malloc(n * sizeof *ref);
@@ -1458,37 +1467,41 @@ START_TEST(test_flash_nan_key)
         k[i] = (float)(2.0 * tu_rand_unit() - 1.0);
         v[i] = (float)(2.0 * tu_rand_unit() - 1.0);
     }
-    tu_set_case("NaN key: H=%d L=%d d=%zu causal, key %d of head 1, %s path", H, L, d, NAN_KEY,
+    tu_set_case("NaN key: H=%d Lq=%zu Lk=%d d=%zu %s, key %d of head 1, %s path", H, lq, L, d,
+                decode ? "no mask, keys split" : "causal", NAN_KEY,
                 path == CLATTN_PATH_FUSED ? "fused" : "unfused");
     clattn_attention_host_desc desc;
     clattn_attention_host_desc_init(&desc);
-    desc.batch = 1, desc.heads = H, desc.seq_q = desc.seq_k = L;
+    desc.batch = 1, desc.heads = H, desc.seq_q = lq, desc.seq_k = L;
     desc.head_dim_qk = desc.head_dim_v = d;
-    desc.causal = CLATTN_CAUSAL_TOP_LEFT;
+    desc.causal = decode ? CLATTN_CAUSAL_NONE : CLATTN_CAUSAL_TOP_LEFT;
     desc.path = path;
     for (size_t i = 0; i < n; ++i)
         clean[i] = out[i] = NAN;
-    if (tu_expect_status(clattn_attention_host(tu_ctx(), &desc, q, k, v, NULL, clean, NULL),
+    if (ctx != NULL &&
+        tu_expect_status(clattn_attention_host(ctx, &desc, q, k, v, NULL, clean, NULL),
                          CLATTN_SUCCESS, "clean run")) {
-        /* the clean run against float64 (causal softmax(q k^T / sqrt(d)) v per head) */
+        /* the clean run against float64 (softmax(q k^T / sqrt(d)) v per head; row i sees
+         * keys 0 .. i when causal, all L in the one-row cases) */
         double worst = 0.0;
         for (size_t h = 0; h < H; ++h) {
-            for (size_t i = 0; i < L; ++i) {
+            for (size_t i = 0; i < lq; ++i) {
                 double w[L], mx = -INFINITY, sum = 0.0;
-                for (size_t j = 0; j <= i; ++j) {
+                const size_t last = decode ? L - 1 : i;
+                for (size_t j = 0; j <= last; ++j) {
                     double dot = 0.0;
                     for (size_t x = 0; x < d; ++x)
-                        dot += (double)q[(h * L + i) * d + x] * k[(h * L + j) * d + x];
+                        dot += (double)q[(h * lq + i) * d + x] * k[(h * L + j) * d + x];
                     w[j] = dot / sqrt((double)d);
                     mx = w[j] > mx ? w[j] : mx;
                 }
-                for (size_t j = 0; j <= i; ++j)
+                for (size_t j = 0; j <= last; ++j)
                     sum += (w[j] = exp(w[j] - mx));
                 for (size_t x = 0; x < d; ++x) {
                     double o = 0.0;
-                    for (size_t j = 0; j <= i; ++j)
+                    for (size_t j = 0; j <= last; ++j)
                         o += w[j] / sum * v[(h * L + j) * d + x];
-                    const size_t at = (h * L + i) * d + x;
+                    const size_t at = (h * lq + i) * d + x;
                     ref[at] = o;
                     const double err = fabs(clean[at] - o) / (1e-3 + fabs(o));
                     if (!(err <= worst)) /* (NaN included) */
@@ -1499,20 +1512,22 @@ START_TEST(test_flash_nan_key)
         tu_track_error(worst);
         tu_expect(worst < 1e-4, "clean run: worst relative error %g against float64", worst);
         k[(L + NAN_KEY) * d + 5] = NAN;
-        if (tu_expect_status(clattn_attention_host(tu_ctx(), &desc, q, k, v, NULL, out, NULL),
+        if (tu_expect_status(clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL),
                              CLATTN_SUCCESS, "run with a NaN key")) {
-            size_t wrong = 0, first = n;
-            for (size_t i = 0; i < n; ++i) {
-                const size_t h = i / (L * d), row = i / d % L;
-                const int want_nan = h == 1 && row >= NAN_KEY;
+            size_t wrong = 0, first = n_out;
+            for (size_t i = 0; i < n_out; ++i) {
+                const size_t h = i / (lq * d), row = i / d % lq;
+                const int want_nan = h == 1 && (decode || row >= NAN_KEY);
                 const int ok = want_nan ? isnan(out[i]) : out[i] == clean[i];
                 if (!ok && wrong++ == 0)
                     first = i;
             }
             tu_expect(wrong == 0,
                       "%zu outputs wrong (first: head %zu row %zu col %zu = %g, want %s)", wrong,
-                      first / (L * d), first / d % L, first % d, (double)out[first % n],
-                      first / (L * d) == 1 && first / d % L >= NAN_KEY ? "NaN" : "the clean run's");
+                      first / (lq * d), first / d % lq, first % d, (double)out[first % n_out],
+                      first / (lq * d) == 1 && (decode || first / d % lq >= NAN_KEY)
+                          ? "NaN"
+                          : "the clean run's");
         }
     }
     free(q), free(k), free(v), free(clean), free(out), free(ref);
@@ -1817,7 +1832,7 @@ int main(void)
                        (int)(sizeof cases / sizeof cases[0]), heavy_cases, small ? 3 : 0);
     tcase_add_loop_test(tc, test_flash_large_scores, small ? 2 : 0,
                         (int)(sizeof large_cases / sizeof large_cases[0]));
-    tcase_add_loop_test(tc, test_flash_nan_key, 0, small ? 1 : 4);
+    tcase_add_loop_test(tc, test_flash_nan_key, 0, small ? 1 : 6);
     if (!small)
         tcase_add_loop_test(tc, test_flash_many_heads_split, 0, 2);
     /* Each CPU-kernel case is a PoCL compilation of its own (variant switches, head sizes and
