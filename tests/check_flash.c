@@ -1442,9 +1442,9 @@ END_TEST
  * the row's close (a NaN sum: NaN lse and output, which a split's resume and flash_merge pass
  * on). Key 37 of head 1 (element 5), causal, 70 rows (two 64-key tiles), both paths; head 0
  * and the rows before 37 must match the run without the NaN, checked against float64. Cases
- * 4 and 5: one row over the 70 keys on the decode-split context (decode_keys=16), where the
- * splits' partial results meet in flash_merge (it splits where B * H = 2 is under twice the
- * compute units: not on Oclgrind, which runs case 0 only). */
+ * 4 and 5: one row over the 70 keys on the decode-split context (decode_keys=16), the NaN in
+ * head 1's query (every split's part NaN), where the splits meet in flash_merge (it splits
+ * where B * H = 2 is under twice the compute units: not on Oclgrind, which runs case 0). */
 START_TEST(test_flash_nan_key)
 {
     TU_BEGIN_TEST();
@@ -1467,8 +1467,9 @@ START_TEST(test_flash_nan_key)
         k[i] = (float)(2.0 * tu_rand_unit() - 1.0);
         v[i] = (float)(2.0 * tu_rand_unit() - 1.0);
     }
-    tu_set_case("NaN key: H=%d Lq=%zu Lk=%d d=%zu %s, key %d of head 1, %s path", H, lq, L, d,
-                decode ? "no mask, keys split" : "causal", NAN_KEY,
+    tu_set_case("NaN in %s of head 1: H=%d Lq=%zu Lk=%d d=%zu %s, %s path",
+                decode ? "the query" : "key 37", H, lq, L, d,
+                decode ? "no mask, keys split" : "causal",
                 path == CLATTN_PATH_FUSED ? "fused" : "unfused");
     clattn_attention_host_desc desc;
     clattn_attention_host_desc_init(&desc);
@@ -1511,7 +1512,10 @@ START_TEST(test_flash_nan_key)
         }
         tu_track_error(worst);
         tu_expect(worst < 1e-4, "clean run: worst relative error %g against float64", worst);
-        k[(L + NAN_KEY) * d + 5] = NAN;
+        if (decode) /* every split's row NaN: flash_merge's max must not skip them all */
+            q[lq * d + 5] = NAN;
+        else
+            k[(L + NAN_KEY) * d + 5] = NAN;
         if (tu_expect_status(clattn_attention_host(ctx, &desc, q, k, v, NULL, out, NULL),
                              CLATTN_SUCCESS, "run with a NaN key")) {
             size_t wrong = 0, first = n_out;
