@@ -76,6 +76,9 @@
 #ifndef FG_TY
 #define FG_TY 8 /* work-items along the rows */
 #endif
+#ifndef FG_DPAS
+#define FG_DPAS 0 /* 1: the two products on Intel's matrix engine, 2: its emulation (below) */
+#endif
 
 /* Score switches (host/ops/score.c's one table, as flash_cpu.cl has them): a variant built
  * without a mask, key padding, soft-capping or relu leaves their code out, so that a plain
@@ -134,7 +137,13 @@
  * fg_store). Every work-item calls each of them; the barriers between them stay in the
  * kernel. Each takes the kernel's parameter struct and reads its fields by name. */
 
-/* The query block, scaled; rows past seq_q and dims past d_k are zeros. */
+/* The query block, scaled (FG_DPAS: as stored, its 16-bit values exact; the scores are scaled
+ * instead); rows past seq_q and dims past d_k are zeros. */
+#if FG_DPAS
+#define FG_Q_SCALE 1.0f
+#else
+#define FG_Q_SCALE scale
+#endif
 __attribute__((always_inline)) inline void
 fg_load_q(__local float *q_tile, __global const ELEM_T(Q_DTYPE) *Q,
           const clattn_flash_params params, const seq_span span, const uint first_row,
@@ -145,7 +154,7 @@ fg_load_q(__local float *q_tile, __global const ELEM_T(Q_DTYPE) *Q,
         const uint r = e / QK4, d = e - r * QK4;
         const uint row = first_row + r;
         q_tile[r * QK_PAD + d] = row < span.rows && d < HEAD_DIM_QK
-                                     ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * scale
+                                     ? LOAD(Q_DTYPE, Q, row * q_s2 + d * q_s3) * FG_Q_SCALE
                                      : 0.0f;
     }
 }
@@ -469,7 +478,212 @@ fg_step_accumulate(float (*acc)[FG_RD], __local const float *p_tile, __local con
 
 #endif
 
-__kernel __attribute__((reqd_work_group_size(FG_THREADS, 1, 1)))
+#if FG_DPAS
+/* ---- The two products on Intel's matrix engines (FG_DPAS; issue 51) ------------------------
+ * cl_intel_subgroup_matrix_multiply_accumulate's 16-bit functions (the DPAS instruction under
+ * oneDNN's SDPA micro-kernels): one call multiplies an 8 x 16 matrix A by a 16 x N matrix B,
+ * N = the sub-group size (8 or 16), into 8 x N float32 sums, all lanes of the sub-group
+ * together. The operands, as the extension lays them out (k = 0 .. 15 along the product):
+ *   A, 8 rows m: sub-group size 8: lane l holds A[m][2l] | A[m][2l + 1] << 16 (int8 a);
+ *                sub-group size 16: lane l holds A[m][l] (short8 a);
+ *   B, column n = the lane: b[p] = B[2p][n] | B[2p + 1][n] << 16 (int8 b, p = 0 .. 7);
+ *   C, D: lane n holds column n, component m = row m (float8).
+ * Here a sub-group is one row ty of the group's FG_TX x FG_TY items (FG_TX = its size) and its
+ * 8 rows are this item's FG_RM = 8 rows ty + i * FG_TY, so every other step (staging, the
+ * score rule, the weights, the row close, the store) is flash_gpu's own:
+ *   S = Q K^T: A = q (the 8 rows, 16 dims at a time), B = K^T (lane n: key tx + j * FG_TX's 16
+ *              dims, one 16-bit pair per int): the item's s[i][j] as flash_gpu computes it;
+ *   O += P V:  A = P (the weights, as 16-bit values: the only rounding the variant adds),
+ *              B = V (lane n: dim tx + cc * FG_TX of 16 keys): the item's acc[i][cc].
+ * q is staged unscaled (the 16-bit inputs convert exactly) and the scores scaled after the
+ * product. FG_DPAS = 2 emulates the extension's function in plain OpenCL C: each lane's A
+ * fragment goes through local memory (dp_xa: FG_TY x 8 x FG_TX words) and every lane
+ * computes its own column, so the layout and indexing above run, and are tested, on any
+ * device (PoCL, Oclgrind); its speed means nothing. The host picks FG_DPAS = 1 only where the
+ * device reports the extension (host/ops/flash_gpu.c, tuning key fg_dpas); no device of ours
+ * has it, so the hardware path is compiled by nobody here and its speed is unmeasured. */
+#if FG_RM != 8 || FG_BK % 16 != 0 || HEAD_DIM_QK % 16 != 0 || (FG_TX != 8 && FG_TX != 16) ||      \
+    KV_STEP || Q_DTYPE != K_DTYPE || Q_DTYPE != V_DTYPE || (Q_DTYPE != 1 && Q_DTYPE != 2)
+#error "flash_gpu.cl: FG_DPAS takes 8 rows an item, 16-key tiles, d_k a multiple of 16, "      \
+       "sub-groups of 8 or 16, f16 or bf16 q, k and v of one type, and no KV_STEP"
+#endif
+#define FG_DP_BF16 (Q_DTYPE == 2)
+
+/* A float (a 16-bit input's value, or a weight) as the operand's 16 bits: f16 or bf16, rounded
+ * to nearest even. */
+__attribute__((always_inline)) inline uint dp_bits(const float x)
+{
+#if FG_DP_BF16
+    return bf16_from_float(x);
+#else
+    ushort h;
+    vstore_half_rte(x, 0, (half *)&h);
+    return h;
+#endif
+}
+
+/* Two neighbours along k in one operand word (the lower k in the low half). */
+#define DP_PAIR(lo, hi) (dp_bits(lo) | dp_bits(hi) << 16)
+
+#if FG_DPAS == 1
+#pragma OPENCL EXTENSION cl_intel_subgroups : enable
+#if FG_DP_BF16
+#define DP_MAD intel_sub_group_bf16_bf16_matrix_mad_k16
+#else
+#define DP_MAD intel_sub_group_f16_f16_matrix_mad_k16
+#endif
+#if FG_TX == 8
+#define DP_A(a) (int8)((int)a[0], (int)a[1], (int)a[2], (int)a[3], (int)a[4], (int)a[5], \
+                       (int)a[6], (int)a[7])
+#else
+#define DP_A(a) (short8)((short)a[0], (short)a[1], (short)a[2], (short)a[3], (short)a[4], \
+                         (short)a[5], (short)a[6], (short)a[7])
+#endif
+#define FG_KERNEL_ATTRS __attribute__((intel_reqd_sub_group_size(FG_TX)))
+
+/* d[m] += sum_k A[m][k] B[k][lane] on the sub-group's matrix engine */
+__attribute__((always_inline)) inline void dp_mad(float *d, const uint *a, const uint *b,
+                                                  __local uint *xa, const uint lane)
+{
+    float8 c = (float8)(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+    c = DP_MAD(DP_A(a),
+               (int8)((int)b[0], (int)b[1], (int)b[2], (int)b[3], (int)b[4], (int)b[5],
+                      (int)b[6], (int)b[7]),
+               c);
+    d[0] = c.s0, d[1] = c.s1, d[2] = c.s2, d[3] = c.s3;
+    d[4] = c.s4, d[5] = c.s5, d[6] = c.s6, d[7] = c.s7;
+}
+#else
+#define FG_KERNEL_ATTRS
+
+/* The 16 bits back to a float (emulation). */
+__attribute__((always_inline)) inline float dp_value(const uint bits)
+{
+#if FG_DP_BF16
+    return as_float((bits & 0xffffu) << 16);
+#else
+    const ushort h = (ushort)bits;
+    return vload_half(0, (const half *)&h);
+#endif
+}
+
+/* The same in plain OpenCL C: the sub-group's A fragments through xa (its 8 x FG_TX words),
+ * then each lane its own column. Every item of the group calls it (uniform: the barriers). */
+__attribute__((always_inline)) inline void dp_mad(float *d, const uint *a, const uint *b,
+                                                  __local uint *xa, const uint lane)
+{
+    for (uint m = 0; m < 8; ++m)
+        xa[m * FG_TX + lane] = a[m];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint m = 0; m < 8; ++m) {
+        float sum = d[m];
+        for (uint p = 0; p < 8; ++p) {
+#if FG_TX == 8
+            const uint w = xa[m * 8 + p];
+            const float a0 = dp_value(w), a1 = dp_value(w >> 16);
+#else
+            const float a0 = dp_value(xa[m * 16 + 2 * p]), a1 = dp_value(xa[m * 16 + 2 * p + 1]);
+#endif
+            sum = fma(a0, dp_value(b[p]), sum);
+            sum = fma(a1, dp_value(b[p] >> 16), sum);
+        }
+        d[m] = sum;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#endif
+
+/* This item's A fragment of 8 rows (ty + i * FG_TY of `tile`, rows `pitch` words apart) at
+ * columns c0 .. c0 + 15. */
+__attribute__((always_inline)) inline void dp_rows(uint *a, __local const float *tile,
+                                                   const uint pitch, const uint c0,
+                                                   const uint tx, const uint ty)
+{
+    for (uint i = 0; i < 8; ++i) {
+        __local const float *x = tile + (ty + i * FG_TY) * pitch + c0;
+#if FG_TX == 8
+        a[i] = DP_PAIR(x[2 * tx], x[2 * tx + 1]);
+#else
+        a[i] = dp_bits(x[tx]);
+#endif
+    }
+}
+
+/* 2. (FG_DPAS) fg_scores with S = Q K^T on the matrix engine. */
+__attribute__((always_inline)) inline void
+fg_scores_dpas(__local float *p_tile, __local const float *q_tile, __local const float *kv_tile,
+               __local const uchar *tile_padded, __global const ELEM_T(MASK_DTYPE) *mask,
+               const clattn_flash_params params, const key_band band, const key_band tile_band,
+               const seq_span span, const uint first_row, const uint k0, const uint tx,
+               const uint ty, const float cap, const int use_padding, const int use_mask,
+               __local uint *xa)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    float s[FG_RN][8]; /* s[j][i]: row ty + i * FG_TY, key tx + j * FG_TX */
+    for (uint j = 0; j < FG_RN; ++j)
+        for (uint i = 0; i < 8; ++i)
+            s[j][i] = 0.0f;
+    for (uint c0 = 0; c0 < HEAD_DIM_QK; c0 += 16) {
+        uint a[8];
+        dp_rows(a, q_tile, QK_PAD, c0, tx, ty);
+        for (uint j = 0; j < FG_RN; ++j) {
+            __local const float *k = kv_tile + (tx + j * FG_TX) * QK_PAD + c0;
+            uint b[8];
+            for (uint p = 0; p < 8; ++p)
+                b[p] = DP_PAIR(k[2 * p], k[2 * p + 1]);
+            dp_mad(s[j], a, b, xa, tx);
+        }
+    }
+    for (uint i = 0; i < FG_RM; ++i) {
+        const uint r = ty + i * FG_TY, row = first_row + r;
+        const uint safe_row = row < span.rows ? row : 0;
+        const uint row_key_begin = band_begin(band, safe_row);
+        const uint row_key_end = band_end(band, safe_row);
+        for (uint j = 0; j < FG_RN; ++j) {
+            const uint jj = tx + j * FG_TX, key = k0 + jj;
+            p_tile[r * P_PAD + jj] = score_rule(
+                s[j][i] * scale, cap, tile_band, safe_row, key, row_key_begin, row_key_end,
+                use_padding && tile_padded[jj], use_mask, mask,
+                safe_row * mask_s2 + key * mask_s3);
+        }
+    }
+}
+
+/* 4. (FG_DPAS) fg_accumulate with O += P V on the matrix engine, 16 keys a call. */
+__attribute__((always_inline)) inline void
+fg_accumulate_dpas(float (*acc)[FG_RD], __local const float *p_tile, __local const float *kv_tile,
+                   __local const float *row_c, const uint tx, const uint ty, __local uint *xa)
+{
+    for (uint i = 0; i < FG_RM; ++i) {
+        const float c = row_c[ty + i * FG_TY];
+        for (uint cc = 0; cc < FG_RD; ++cc)
+            acc[i][cc] *= c;
+    }
+    for (uint k0 = 0; k0 < FG_BK; k0 += 16) {
+        uint a[8];
+        dp_rows(a, p_tile, P_PAD, k0, tx, ty);
+        for (uint cc = 0; cc < FG_RD; ++cc) {
+            const uint dim = tx + cc * FG_TX;
+            uint b[8];
+            for (uint p = 0; p < 8; ++p)
+                b[p] = dim < HEAD_DIM_V ? DP_PAIR(kv_tile[(k0 + 2 * p) * V_PAD + dim],
+                                                  kv_tile[(k0 + 2 * p + 1) * V_PAD + dim])
+                                        : 0u;
+            float d[8];
+            for (uint i = 0; i < 8; ++i)
+                d[i] = acc[i][cc];
+            dp_mad(d, a, b, xa, tx);
+            for (uint i = 0; i < 8; ++i)
+                acc[i][cc] = d[i];
+        }
+    }
+}
+#else
+#define FG_KERNEL_ATTRS
+#endif
+
+
+__kernel __attribute__((reqd_work_group_size(FG_THREADS, 1, 1))) FG_KERNEL_ATTRS
 void flash_attention(FLASH_KERNEL_PARAMS)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
@@ -485,6 +699,12 @@ void flash_attention(FLASH_KERNEL_PARAMS)
     __local float *p_tile = (__local float *)p_tile4;
     __local float row_m[FG_BQ], row_l[FG_BQ], row_c[FG_BQ]; /* running max, sum, rescale */
     __local uchar tile_padded[FG_BK];
+#if FG_DPAS == 2
+    __local uint dp_xa_all[FG_TY * 8 * FG_TX]; /* the emulated sub-groups' A fragments */
+    __local uint *dp_xa = dp_xa_all + (get_local_id(0) / FG_TX) * 8 * FG_TX;
+#else
+    __local uint *dp_xa = 0; /* (unread) */
+#endif
 #if KV_PAGED
     __local uint tile_pages[2 * FG_BK]; /* the tile's keys' pages and slots (fg_stage_pages) */
 #else
@@ -550,8 +770,13 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         fg_stage_k(kv_tile, tile_padded, K, key_padding, tile_pages, params, band, k0, lid,
                    use_padding);
         barrier(CLK_LOCAL_MEM_FENCE);
+#if FG_DPAS
+        fg_scores_dpas(p_tile, q_tile, kv_tile, tile_padded, mask, params, band, tile_band, span,
+                       first_row, k0, tx, ty, cap, use_padding, use_mask, dp_xa);
+#else
         fg_scores(p_tile, q_tile4, kv_tile4, tile_padded, mask, params, band, tile_band, span,
                   first_row, k0, tx, ty, cap, use_padding, use_mask);
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
         /* 3. while the group stages V over K */
         fg_weights(p_tile, row_m, row_l, row_c, params, bh, first_row, k0, lid, relu);
@@ -562,7 +787,11 @@ void flash_attention(FLASH_KERNEL_PARAMS)
         barrier(CLK_LOCAL_MEM_FENCE);
         fg_stage_v(kv_tile, V, tile_pages, params, band, k0, lid);
         barrier(CLK_LOCAL_MEM_FENCE);
+#if FG_DPAS
+        fg_accumulate_dpas(acc, p_tile, kv_tile, row_c, tx, ty, dp_xa);
+#else
         fg_accumulate(acc, p_tile4, p_tile, kv_tile, row_c, tx, ty);
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 

@@ -1435,6 +1435,98 @@ START_TEST(test_flash_large_scores)
 }
 END_TEST
 
+/* flash_gpu.cl's matrix-engine variant (FG_DPAS: cl_intel_subgroup_matrix_multiply_accumulate's
+ * layouts) through its emulation in plain OpenCL C (fg_dpas=2), on a context that sends
+ * every problem to flash_gpu: sub-groups of 8 and 16, f16 and bf16 q/k/v, awkward row and key
+ * counts (Lq != Lk), head sizes 16-128 (d_v not a multiple of the sub-group), GQA, causal,
+ * a float mask, key padding, sinks, the lse; each checked against the float64 reference
+ * (the weights' rounding to 16 bits is inside the 16-bit output's tolerance), the output
+ * poisoned before the second run. The plan must say it runs the emulated matrix engine, and
+ * where the variant does not apply (d_k not a multiple of 16, f32 inputs) that it does not. */
+typedef struct dpas_case {
+    unsigned sg;
+    clattn_dtype dtype;
+    size_t batch, heads, kv_heads, seq_q, seq_k, dk, dv;
+    clattn_causal causal;
+    int mask, padding, sinks, lse;
+    int applies; /* 0: the plan must not take the matrix engine */
+} dpas_case;
+
+static const dpas_case dpas_cases[] = {
+    {8, CLATTN_DTYPE_F16, 1, 2, 0, 17, 17, 64, 64, CLATTN_CAUSAL_NONE, 0, 0, 0, 1, 1},
+    {16, CLATTN_DTYPE_F16, 1, 4, 2, 63, 129, 64, 64, CLATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 1, 1},
+    {8, CLATTN_DTYPE_BF16, 2, 1, 0, 65, 3, 128, 128, CLATTN_CAUSAL_NONE, 0, 1, 0, 0, 1},
+    {16, CLATTN_DTYPE_BF16, 1, 2, 0, 1, 127, 32, 48, CLATTN_CAUSAL_NONE, 1, 0, 1, 1, 1},
+    {8, CLATTN_DTYPE_F16, 1, 3, 0, 129, 65, 16, 8, CLATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 1},
+    {16, CLATTN_DTYPE_F16, 1, 1, 0, 3, 31, 80, 24, CLATTN_CAUSAL_NONE, 1, 1, 0, 1, 1},
+    {8, CLATTN_DTYPE_F16, 1, 1, 0, 9, 33, 24, 24, CLATTN_CAUSAL_NONE, 0, 0, 0, 0, 0},
+    {8, CLATTN_DTYPE_F32, 1, 1, 0, 9, 33, 64, 64, CLATTN_CAUSAL_NONE, 0, 0, 0, 0, 0},
+};
+
+static clattn_ctx *dpas_ctx[2]; /* sub-groups of 8, of 16 */
+
+static void release_dpas_ctxs(void)
+{
+    for (int i = 0; i < 2; ++i) {
+        clattn_ctx_release(dpas_ctx[i]);
+        dpas_ctx[i] = NULL;
+    }
+}
+
+START_TEST(test_flash_dpas_emulated)
+{
+    TU_BEGIN_TEST();
+    const dpas_case *c = &dpas_cases[_i];
+    const int which = c->sg == 16;
+    if (dpas_ctx[which] == NULL)
+        dpas_ctx[which] = ctx_with_row(which ? "any | * | * | flash_cpu=0 flash_gpu=1 fg_dpas=2 "
+                                               "fg_dpas_sg=16"
+                                             : "any | * | * | flash_cpu=0 flash_gpu=1 fg_dpas=2 "
+                                               "fg_dpas_sg=8");
+    clattn_ctx *ctx = dpas_ctx[which];
+    pb_sdpa_spec spec;
+    pb_sdpa_spec_init(&spec);
+    spec.batch = c->batch, spec.heads = c->heads, spec.kv_heads = c->kv_heads;
+    spec.seq_q = c->seq_q, spec.seq_k = c->seq_k, spec.dk = c->dk, spec.dv = c->dv;
+    spec.q_dtype = spec.k_dtype = spec.v_dtype = spec.out_dtype = c->dtype;
+    spec.causal = c->causal;
+    spec.mask = c->mask ? PB_MASK_FLOAT : PB_MASK_NONE;
+    spec.padding = c->padding;
+    spec.sinks = c->sinks;
+    spec.want_lse = c->lse;
+    spec.path = CLATTN_PATH_FUSED;
+    spec.q_gain = 2.0f;
+    pb_sdpa_problem p;
+    pb_sdpa_make(&p, &spec);
+    tu_set_case("matrix engine emulated, sub-groups of %u: %s", c->sg, p.label);
+    clattn_sdpa_desc desc;
+    pb_sdpa_desc(&p, &desc);
+    clattn_plan *plan = NULL;
+    if (ctx != NULL && tu_expect_status(clattn_sdpa_plan_create(ctx, &desc, &plan),
+                                        CLATTN_SUCCESS, "create")) {
+        const char *info = clattn_plan_info(plan);
+        const int dpas = strstr(info, "matrix engine emulated (DPAS)") != NULL;
+        tu_expect(dpas == c->applies, "the plan %s the emulated matrix engine: %s",
+                  dpas ? "takes" : "does not take", info);
+        clattn_tensors bound;
+        if (pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS) {
+            for (int run = 0; run < 2; ++run) { /* the second over a poisoned output */
+                if (run == 1)
+                    pb_sdpa_poison(ctx, NULL, &bound);
+                if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT,
+                                                         NULL, NULL, 0, NULL, NULL),
+                                     CLATTN_SUCCESS, "execute"))
+                    pb_sdpa_check(ctx, NULL, &p, &bound);
+            }
+            pb_release_tensors(&bound);
+        }
+    }
+    clattn_plan_release(plan);
+    pb_sdpa_free(&p);
+    TU_END_TEST();
+}
+END_TEST
+
 /* A NaN in a key reaches exactly the rows that see that key, as in PyTorch: its score is NaN,
  * so are those rows' weights and outputs, while a row that masks the key writes -inf over the
  * NaN score and comes out as without it. Guards the softmax's max and exp (flash_cpu.cl takes
@@ -1837,6 +1929,18 @@ int main(void)
     tcase_add_loop_test(tc, test_flash_large_scores, small ? 2 : 0,
                         (int)(sizeof large_cases / sizeof large_cases[0]));
     tcase_add_loop_test(tc, test_flash_nan_key, 0, small ? 1 : 6);
+    {
+        /* Small scale (Oclgrind): the sub-group of 8 f16 case, the 16 bf16 one with a mask and
+         * sinks, and a case it must not take. */
+        static const int dpas_heavy[] = {1, 2, 4, 5, 7};
+        const int dpas_count = (int)(sizeof dpas_cases / sizeof dpas_cases[0]);
+        if (small)
+            tu_not_run("test_flash_dpas_emulated 1, 2, 4, 5, 7 (minutes on Oclgrind)");
+        TCase *dpas = tu_tcase(suite, "matrix engine", 900);
+        tu_add_loop_except(dpas, test_flash_dpas_emulated, 0, dpas_count, dpas_heavy,
+                           small ? (int)(sizeof dpas_heavy / sizeof dpas_heavy[0]) : 0);
+        tcase_add_unchecked_fixture(dpas, NULL, release_dpas_ctxs);
+    }
     if (!small)
         tcase_add_loop_test(tc, test_flash_many_heads_split, 0, 2);
     /* Each CPU-kernel case is a PoCL compilation of its own (variant switches, head sizes and

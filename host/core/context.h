@@ -43,6 +43,9 @@ typedef struct clattn_device_info {
     cl_uint compute_units;
     cl_uint preferred_float_width;
     bool has_fp64; /* CL_DEVICE_DOUBLE_FP_CONFIG != 0 (cl_khr_fp64) */
+    /* cl_intel_subgroup_matrix_multiply_accumulate: its sub-group size (the device's smallest,
+     * 8 or 16; flash_gpu.cl's FG_DPAS), 0 without the extension */
+    unsigned dpas_sg;
     /* CL_DRIVER_VERSION and the platform's CL_PLATFORM_VERSION: with the name and clattn's
      * version they key the tuning cache's rows and the validation records (clattn__driver_key) */
     char driver_version[128];

@@ -137,6 +137,41 @@ void clattn__driver_key(const clattn_ctx *ctx, char *out, size_t size)
             *c = ' ';
 }
 
+/* cl_intel_subgroup_matrix_multiply_accumulate's sub-group size on the device: its smallest of
+ * CL_DEVICE_SUB_GROUP_SIZES_INTEL (8: DG2, Meteor Lake's Arc; 16: Xe2, Ponte Vecchio), 0
+ * without the extension or the query. Not CL_CHECKed: an absent extension is an answer. */
+static unsigned dpas_subgroup(cl_device_id device)
+{
+    size_t size = 0;
+    if (clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, 0, NULL, &size) != CL_SUCCESS || size == 0)
+        return 0;
+    char *extensions = malloc(size + 1);
+    if (extensions == NULL)
+        return 0;
+    unsigned sg = 0;
+    if (clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, size, extensions, NULL) == CL_SUCCESS) {
+        extensions[size] = '\0';
+        static const char name[] = "cl_intel_subgroup_matrix_multiply_accumulate";
+        for (const char *at = strstr(extensions, name); at && !sg; at = strstr(at + 1, name)) {
+            const char end = at[sizeof name - 1];
+            if ((at == extensions || at[-1] == ' ') && (end == ' ' || end == '\0'))
+                sg = 1;
+        }
+    }
+    free(extensions);
+    if (!sg)
+        return 0;
+    enum { SUB_GROUP_SIZES_INTEL = 0x4108 }; /* CL_DEVICE_SUB_GROUP_SIZES_INTEL */
+    size_t sizes[16] = {0}, bytes = 0;
+    if (clGetDeviceInfo(device, SUB_GROUP_SIZES_INTEL, sizeof sizes, sizes, &bytes) != CL_SUCCESS)
+        return 0;
+    unsigned smallest = 0;
+    for (size_t i = 0; i < bytes / sizeof sizes[0] && i < 16; ++i)
+        if ((sizes[i] == 8 || sizes[i] == 16) && (smallest == 0 || sizes[i] < smallest))
+            smallest = (unsigned)sizes[i];
+    return smallest;
+}
+
 clattn_status clattn__query_device(clattn_ctx *ctx)
 {
     clattn_status status = CLATTN_SUCCESS;
@@ -177,6 +212,7 @@ clattn_status clattn__query_device(clattn_ctx *ctx)
                                          &fp64, NULL) == CL_SUCCESS &&
                          fp64 != 0;
     }
+    info->dpas_sg = dpas_subgroup(ctx->device);
     {
         /* Not CL_CHECKed: they key records (clattn__driver_key); an empty string is a key too. */
         cl_platform_id platform = NULL;

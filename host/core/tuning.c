@@ -141,6 +141,7 @@ static clattn_status default_row(clattn_ctx *ctx, clattn_tuning *t)
     t->flash_cpu_pf_min = half_cache_kib < 4194304 ? (unsigned)half_cache_kib : 4194304u;
     t->flash_gpu = 0;
     t->fg_bq = 64, t->fg_bk = 32, t->fg_tx = 16, t->fg_ty = 8;
+    t->fg_dpas = 1, t->fg_dpas_sg = 8; /* (1: only where the device has the extension) */
     t->loop_trip_limit = 0;
     return CLATTN_SUCCESS;
 }
@@ -434,7 +435,7 @@ static clattn_status check_values(clattn_ctx *ctx, const clattn_tuning *t, const
               /* flash_gpu's shape (whether the device runs fg_tx * fg_ty work-items is
                * checked when a plan builds it; flash.cl runs where it does not) */
               t->fg_bq >= t->fg_ty && t->fg_bk >= t->fg_tx && t->fg_bq % t->fg_ty == 0 &&
-              t->fg_bk % t->fg_tx == 0 &&
+              t->fg_bk % t->fg_tx == 0 && (t->fg_dpas_sg == 8 || t->fg_dpas_sg == 16) &&
               /* matmul_vec's private sums: at most 64 KiB */
               (size_t)t->vec_rb * t->vec_rm * t->vec_nv * t->vec_width <= 16384;
     for (size_t i = 0; ok && i < sizeof pow2s / sizeof pow2s[0]; ++i)

@@ -12,11 +12,11 @@
 #define FLASH_GPU_SWITCHES(X)                                                                      \
     X(HEAD_DIM_QK, 0, NULL) X(HEAD_DIM_V, 0, NULL) X(FG_BQ, 0, "%ld") X(FG_BK, 0, "x %ld tiles")   \
     X(FG_TX, 0, "%ld") X(FG_TY, 0, "x %ld items") X(Q_DTYPE, 0, NULL) X(K_DTYPE, 0, NULL)          \
-    X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL)
+    X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL) X(FG_DPAS, 0, NULL)
 /* clang-format on */
 CLATTN_FAMILY(flash_gpu, FLASH_GPU_SWITCHES, .sources = {"flash_gpu.cl"},
               .score_family = CLATTN__FAMILY_FLASH_GPU,
-              .tuning_keys = "flash_gpu fg_bq fg_bk fg_tx fg_ty");
+              .tuning_keys = "flash_gpu fg_bq fg_bk fg_tx fg_ty fg_dpas fg_dpas_sg");
 
 /* Local memory the variant declares (kernels/flash_gpu.cl: q_tile, kv_tile, p_tile, the three
  * row arrays, tile_padded; a paged cache's tile_pages). */
@@ -60,6 +60,51 @@ clattn_status clattn__flash_pass(clattn__flash_plan *plan, const char *format, .
     return CLATTN_SUCCESS;
 }
 
+/* Intel's matrix engine (kernels/flash_gpu.cl's FG_DPAS): 1 where the device reports
+ * cl_intel_subgroup_matrix_multiply_accumulate, 2 its emulation (fg_dpas=2), 0 not: q, k and v
+ * f16 or all bf16, d_k a multiple of 16, no decode step in the launch (KV_STEP reads q scaled). */
+static unsigned dpas_mode(const clattn_ctx *ctx, const clattn__flash_shape *shape)
+{
+    const unsigned want = shape->tuning->fg_dpas;
+    const clattn_dtype q = shape->q_dtype;
+    if (want == 0 || (want == 1 && ctx->info.dpas_sg == 0))
+        return 0;
+    if ((q != CLATTN_DTYPE_F16 && q != CLATTN_DTYPE_BF16) || shape->k_dtype != q ||
+        shape->v_dtype != q || shape->head_dim_qk % 16 != 0 || shape->score.kv_step)
+        return 0;
+    return want;
+}
+
+/* FG_DPAS's tiles: sub-groups of `sg` items (fg_tx), 8 rows each (fg_bq = 8 fg_ty, fg_ty from
+ * the tuning's fg_bq), key tiles of a multiple of 16 keys; no more rows than the problem has,
+ * then halved until the local memory (with the emulation's fragments) fits. */
+static bool dpas_tiles(const clattn_ctx *ctx, const clattn__flash_shape *shape, unsigned sg,
+                       unsigned dpas, cl_ulong budget, unsigned *tx, unsigned *ty, unsigned *bq,
+                       unsigned *bk)
+{
+    const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
+    unsigned rows = shape->tuning->fg_bq / 8 ? shape->tuning->fg_bq / 8 : 1;
+    unsigned keys = shape->tuning->fg_bk < 16 ? 16 : shape->tuning->fg_bk / 16 * 16;
+    while (rows > 1 && (size_t)(rows / 2) * 8 >= shape->score.seq_q)
+        rows /= 2;
+    while ((size_t)rows * sg > ctx->info.max_work_group_size && rows > 1)
+        rows /= 2;
+    for (;;) {
+        const cl_ulong emulated = dpas == 2 ? (cl_ulong)rows * 8 * sg * sizeof(cl_uint) : 0;
+        if (local_bytes(dk, dv, 8 * rows, keys, shape->score.kv_paged) + emulated <= budget)
+            break;
+        if (rows > 1)
+            rows /= 2;
+        else if (keys > 16)
+            keys = keys >= 32 ? keys / 32 * 16 : 16;
+        else
+            return false;
+    }
+    *tx = sg, *ty = rows, *bq = 8 * rows, *bk = keys;
+    return (size_t)sg * rows <= ctx->info.max_work_group_size &&
+           (size_t)sg * rows <= ctx->info.max_item_sizes[0];
+}
+
 clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_shape *shape,
                                         clattn__flash_plan *plan)
 {
@@ -68,13 +113,21 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
     const size_t dk = shape->head_dim_qk, dv = shape->head_dim_v;
     const clattn__score_shape *score = &shape->score;
     unsigned tx = t->fg_tx, ty = t->fg_ty, bq = t->fg_bq, bk = t->fg_bk;
+    unsigned dpas = dpas_mode(ctx, shape);
+    if (dpas) {
+        const cl_ulong room = ctx->info.local_mem_size > 1024 ? ctx->info.local_mem_size - 1024
+                                                              : ctx->info.local_mem_size;
+        const unsigned sg = dpas == 1 ? ctx->info.dpas_sg : t->fg_dpas_sg;
+        if (!dpas_tiles(ctx, shape, sg, dpas, room, &tx, &ty, &bq, &bk))
+            dpas = 0, tx = t->fg_tx, ty = t->fg_ty, bq = t->fg_bq, bk = t->fg_bk;
+    }
     if (tx == 0 || ty == 0 || bq < ty || bk < tx || bq % ty != 0 || bk % tx != 0)
         return clattn__flash_pass(plan,
                                   "flash_gpu: fg_bq=%u fg_bk=%u do not tile by fg_ty=%u "
                                   "fg_tx=%u",
                                   bq, bk, ty, tx);
     /* No bigger than the problem needs (fewer idle rows for short sequences). */
-    while (bq / 2 >= ty && bq / 2 % ty == 0 && bq / 2 >= score->seq_q)
+    while (!dpas && bq / 2 >= ty && bq / 2 % ty == 0 && bq / 2 >= score->seq_q)
         bq /= 2;
     const cl_ulong budget = ctx->info.local_mem_size > 1024 ? ctx->info.local_mem_size - 1024
                                                             : ctx->info.local_mem_size;
@@ -110,7 +163,8 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
                                    .Q_DTYPE = shape->q_dtype,
                                    .K_DTYPE = shape->k_dtype,
                                    .V_DTYPE = shape->v_dtype,
-                                   .O_DTYPE = shape->out_dtype};
+                                   .O_DTYPE = shape->out_dtype,
+                                   .FG_DPAS = dpas};
     clattn_define defines[CLATTN_DEFINES_MAX];
     const size_t count = clattn__score_defines(score, flash_gpu_family.score_family, defines);
     cl_kernel kernel = NULL;
@@ -124,7 +178,11 @@ clattn_status clattn__flash_gpu_prepare(clattn_ctx *ctx, const clattn__flash_sha
                                   "work-items per group (registers)",
                                   tx * ty);
     plan->kernel = kernel;
-    clattn__family_describe(&flash_gpu_family, &sw, NULL, plan->variant, sizeof plan->variant);
+    clattn__family_describe(&flash_gpu_family, &sw,
+                            dpas == 1   ? "matrix engine (DPAS)"
+                            : dpas == 2 ? "matrix engine emulated (DPAS)"
+                                        : NULL,
+                            plan->variant, sizeof plan->variant);
     plan->key_tile = bk;
     plan->tile_rows = bq;
     plan->block_q = bq;

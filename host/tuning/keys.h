@@ -83,6 +83,11 @@
       "flash_gpu: work-items along the keys")                                                   \
     X(fg_ty, PROBLEM, 1, 256, "flash", "gpu", "flash_gpu=1", "4 8 16", "",                       \
       "flash_gpu: work-items along the rows")                                                   \
+    X(fg_dpas, PROBLEM, 0, 2, "", "gpu", "", "", "",                                             \
+      "flash_gpu: f16/bf16 products on Intel's matrix engine (cl_intel_subgroup_matrix_multiply_" \
+      "accumulate): 1 where the device reports it, 0 never, 2 its emulation (tests; any device)") \
+    X(fg_dpas_sg, PROBLEM, 8, 16, "", "gpu", "", "", "",                                         \
+      "fg_dpas=2: the emulated sub-group size, 8 or 16 (the hardware's is the device's)")       \
     X(flash_rows, PROBLEM, 1, 65536, "flash", "any", "flash_cpu=0", "16 32 64 128 256", "32",    \
       "flash.cl: query rows (work-items) per group, upper bound")                               \
     X(flash_vw, PROBLEM, 1, 8, "flash", "any", "flash_cpu=0", "1 4 8", "4",                      \
