@@ -25,6 +25,9 @@ typedef struct bwd_case {
 /* The path the backward plans of run_case take (test_backward_unfused sets it). */
 static clattn_path backward_path_ = CLATTN_PATH_FUSED;
 static int has_fp64_;
+/* When set: the backward plan's info must hold it where it runs the CPU variant
+ * (test_backward_key_blocks). */
+static const char *expect_cpu_info_;
 
 /* Whether a tensor's last dim (head_dim) has a stride other than 1. */
 static int head_dim_strided(const clattn_tensor *t)
@@ -81,6 +84,10 @@ static void run_case(clattn_ctx *ctx, const bwd_case *c)
     if (backward_path_ != CLATTN_PATH_FUSED)
         tu_expect(strstr(clattn_plan_info(backward), "unfused") != NULL,
                   "the backward runs unfused: %s", clattn_plan_info(backward));
+    if (expect_cpu_info_ && strstr(clattn_plan_info(backward), "CPU variant"))
+        tu_expect(strstr(clattn_plan_info(backward), expect_cpu_info_) != NULL,
+                  "the backward's plan lacks '%s': %s", expect_cpu_info_,
+                  clattn_plan_info(backward));
     float *first[5] = {NULL, NULL, NULL, NULL, NULL}; /* the first run's gradients */
     for (int run = 0; run < 2 && !tu_failed(); ++run) { /* twice: the workspace is reused */
         if (run == 1) {
@@ -705,6 +712,46 @@ START_TEST(test_backward_refusals)
 }
 END_TEST
 
+/* The CPU backward's key blocks (tuning key flash_bwd_nv: 16, 32 or 64 keys; the CPU row of
+ * host/tuning/table.h gives head size 64 blocks of 32 through an @head_dim=64 record, which
+ * a row without selectors does not override): each on a context whose row sets it (d = 32,
+ * 48, 128), then the built-in record at d = 64 and the default beside it at d = 80, every gradient against float64 at awkward sizes (GQA, causal bottom-right,
+ * key padding, key counts that are no multiple of the block). Where the CPU variant runs (not
+ * under CLATTN_PARAMS=gpu), its plan must say the block it took. */
+START_TEST(test_backward_key_blocks)
+{
+    TU_BEGIN_TEST();
+    static const unsigned nv[] = {1, 2, 4, 0, 0}; /* 0: the context's own rows */
+    static const size_t dims[] = {32, 48, 128, 64, 80}, keys[] = {16, 32, 64, 32, 64};
+    clattn_ctx *ctx = tu_ctx();
+    char row[64], want[48];
+    if (nv[_i]) {
+        snprintf(row, sizeof row, "any | * | * | flash_bwd_nv=%u", nv[_i]);
+        clattn_ctx_desc desc;
+        clattn_ctx_desc_init(&desc);
+        desc.queue = clattn_ctx_queue(tu_ctx());
+        desc.tuning_rows = row;
+        char message[512] = "";
+        ctx = NULL;
+        tu_expect_status(clattn_ctx_create_desc(&desc, &ctx, message, sizeof message),
+                         CLATTN_SUCCESS, row);
+    }
+    snprintf(want, sizeof want, "dK/dV per %zu keys", keys[_i]);
+    bwd_case c = {.grad_mask = 0, .grad_sinks = 0};
+    c.spec = base_spec(1, 4, 2, 67, 131, dims[_i], dims[_i]);
+    c.spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
+    c.spec.padding = 1;
+    if (ctx != NULL) {
+        expect_cpu_info_ = want;
+        run_case(ctx, &c);
+        expect_cpu_info_ = NULL;
+    }
+    if (nv[_i])
+        clattn_ctx_release(ctx);
+    TU_END_TEST();
+}
+END_TEST
+
 int main(void)
 {
     tu_suite_begin("check_backward");
@@ -732,5 +779,6 @@ int main(void)
     tcase_add_loop_test(tc, test_backward_random, 0, tu_small() ? 4 : 24);
     tcase_add_loop_test(tc, test_reference_by_differences, 0, 3);
     tcase_add_test(tc, test_backward_refusals);
+    tcase_add_loop_test(tc, test_backward_key_blocks, 0, tu_small() ? 1 : 5);
     return tu_run_suite(suite);
 }

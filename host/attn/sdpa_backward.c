@@ -1,6 +1,7 @@
 /* SDPA's backward plans (clattn_sdpa_backward_plan_create): the gradients of q, k, v (and of a
  * float mask and the sinks) from dO, the forward's inputs, out and lse (ops/flash_bwd.c). */
 #include "plan.h"
+#include "core/tuning.h"
 #include "core/validate.h"
 
 #include <float.h>
@@ -236,6 +237,10 @@ static clattn_status create(clattn_plan *plan, const void *any)
         return status;
     plan->attention.score = shape.score;
     bind_dtypes(plan, &shape);
+    /* the problem's tuning (records by head size and dtype: flash_bwd_nv) */
+    clattn__tuning_for(ctx, l[R_Q].dims[3], shape.q_dtype, false, &plan->attention.tuning,
+                       plan->attention.tuning_records, sizeof plan->attention.tuning_records);
+    shape.tuning = &plan->attention.tuning;
     if (unfused)
         return prepare_unfused(plan, desc, &shape, "");
     if ((status = clattn__flash_bwd_prepare(ctx, &shape, &plan->backward.flash)) == CLATTN_SUCCESS)

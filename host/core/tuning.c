@@ -139,6 +139,7 @@ static clattn_status default_row(clattn_ctx *ctx, clattn_tuning *t)
      * cpu_prefetch) */
     const cl_ulong half_cache_kib = info->global_cache_size / 2048;
     t->flash_cpu_pf_min = half_cache_kib < 4194304 ? (unsigned)half_cache_kib : 4194304u;
+    t->flash_bwd_nv = 4;
     t->flash_gpu = 0;
     t->fg_bq = 64, t->fg_bk = 32, t->fg_tx = 16, t->fg_ty = 8;
     t->fg_dpas = 1, t->fg_dpas_sg = 8; /* (1: only where the device has the extension) */
@@ -432,6 +433,7 @@ static clattn_status check_values(clattn_ctx *ctx, const clattn_tuning *t, const
               (t->loop_trip_limit == 0 || t->loop_trip_limit >= 64) && t->softmax_rows <= wide &&
               (t->softmax_rows & (t->softmax_rows - 1)) == 0 &&
               (t->flash_cpu_kv == 1 || t->flash_cpu_kv == 2 || t->flash_cpu_kv == 4) &&
+              (t->flash_bwd_nv == 1 || t->flash_bwd_nv == 2 || t->flash_bwd_nv == 4) &&
               /* flash_gpu's shape (whether the device runs fg_tx * fg_ty work-items is
                * checked when a plan builds it; flash.cl runs where it does not) */
               t->fg_bq >= t->fg_ty && t->fg_bk >= t->fg_tx && t->fg_bq % t->fg_ty == 0 &&

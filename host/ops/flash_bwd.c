@@ -97,7 +97,10 @@ static clattn_status build_passes(clattn_ctx *ctx, const clattn__flash_bwd_shape
 #define DKDV_LOCAL(nv) (((2 * dk + 2 * dv + dk) * 16 * (nv) + 8 * (dk + dv)) * sizeof(float) + 256)
 #define DQ_LOCAL(nv, rows)                                                                         \
     (((2 * dk + dv) * 16 * (nv) + (2 * dk + dv) * (rows)) * sizeof(float) + 256)
-        plan->cpu_nv = 4;
+        /* at most the tuning's flash_bwd_nv (d = 64 on an Intel Xeon: 2, whose blocks' arrays
+         * fit a 48 KiB L1: the step 1.05-1.12x; d = 128 keeps 4: host/tuning/table.h) */
+        const clattn_tuning *t = shape->tuning ? shape->tuning : &ctx->tuning;
+        plan->cpu_nv = t->flash_bwd_nv >= 4 ? 4 : t->flash_bwd_nv >= 2 ? 2 : 1;
         plan->cpu_rows = 64;
         while (plan->cpu_nv > 1 && DKDV_LOCAL(plan->cpu_nv) > ctx->info.local_mem_size / 2)
             plan->cpu_nv /= 2;

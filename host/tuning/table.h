@@ -45,6 +45,11 @@ static const char *const clattn_tuning_table[] = {
      * contiguous step's CPU time without it, 1.3-2.3x with it, and a (B, L, Hkv, d) cache's
      * decode 2x faster (2-vCPU AMD EPYC, H = 8, d = 64, 4k-32k keys). */
     "flash_cpu_pf=4",
+    /* The CPU backward at d = 64 in 32-key blocks (flash_bwd_nv=2): its block's arrays (K^T,
+     * V^T, the dK and dV sums, K's rows: 5 x 8 KiB) fit a 48 KiB L1, where 64-key blocks
+     * (80 KiB) went to L2: the backward 1.12x at L = 1024, 1.05x at 2048 (2-vCPU Intel Xeon,
+     * alternating, 3 rounds). d = 128 keeps 64-key blocks (32-key ones 0.92x, 16-key 0.79x). */
+    "cpu | * | * | @head_dim=64 flash_bwd_nv=2",
     /* GPUs: local-memory tiles with 4 x 4 register blocks, 256-wide reductions; the fused
      * kernel is flash_gpu.cl (64 query rows x 32-key tiles per group of 16 x 8 work-items, see
      * its header for the register and local-memory budget; not yet timed on a GPU), else
