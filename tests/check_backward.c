@@ -713,11 +713,12 @@ START_TEST(test_backward_refusals)
 END_TEST
 
 /* The CPU backward's key blocks (tuning key flash_bwd_nv: 16, 32 or 64 keys; the CPU row of
- * host/tuning/table.h gives head size 64 blocks of 32 through an @head_dim=64 record, which
- * a row without selectors does not override): each on a context whose row sets it (d = 32,
- * 48, 128), then the built-in record at d = 64 and the default beside it at d = 80, every gradient against float64 at awkward sizes (GQA, causal bottom-right,
- * key padding, key counts that are no multiple of the block). Where the CPU variant runs (not
- * under CLATTN_PARAMS=gpu), its plan must say the block it took. */
+ * host/tuning/table.h gives head size 64 blocks of 32 through an @head_dim=64 record, which a
+ * row without selectors does not override): each on a context whose row sets it (d = 32, 48,
+ * 128), then the built-in record at d = 64 and the default beside it at d = 80, every
+ * gradient against float64 at awkward sizes (GQA, causal bottom-right, key padding, key
+ * counts that are no multiple of the block). Where the CPU variant runs (not under
+ * CLATTN_PARAMS=gpu), its plan must say the block it took. */
 START_TEST(test_backward_key_blocks)
 {
     TU_BEGIN_TEST();

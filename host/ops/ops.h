@@ -484,7 +484,7 @@ typedef struct clattn__flash_bwd_shape {
     clattn_dtype q_dtype, k_dtype, v_dtype, o_dtype, go_dtype, dq_dtype, dk_dtype, dv_dtype;
     bool want_dmask; /* a float mask's gradient (dmask_dtype), summed over its broadcast dims */
     clattn_dtype dmask_dtype;
-    bool want_dsinks; /* the sinks' gradient, F32 (heads) */
+    bool want_dsinks;            /* the sinks' gradient, F32 (heads) */
     const clattn_tuning *tuning; /* the problem's (clattn__tuning_for); NULL: the context's */
 } clattn__flash_bwd_shape;
 
