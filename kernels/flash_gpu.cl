@@ -227,6 +227,32 @@ fg_stage_k(__local float *kv_tile, __local uchar *tile_padded,
         }
 }
 
+/* The score rule (score.cl's score_rule) on this item's FG_RM x FG_RN block of scaled dot
+ * products, rows ty + i * FG_TY and keys tx + j * FG_TX, into p_tile (fg_scores,
+ * fg_scores_dpas). */
+__attribute__((always_inline)) inline void
+fg_rule_block(__local float *p_tile, float (*s)[FG_RN], __local const uchar *tile_padded,
+              __global const ELEM_T(MASK_DTYPE) *mask, const clattn_flash_params params,
+              const key_band band, const key_band tile_band, const seq_span span,
+              const uint first_row, const uint k0, const uint tx, const uint ty, const float cap,
+              const int use_padding, const int use_mask)
+{
+    CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    for (uint i = 0; i < FG_RM; ++i) {
+        const uint r = ty + i * FG_TY, row = first_row + r;
+        const uint safe_row = row < span.rows ? row : 0;
+        const uint row_key_begin = band_begin(band, safe_row);
+        const uint row_key_end = band_end(band, safe_row);
+        for (uint j = 0; j < FG_RN; ++j) {
+            const uint jj = tx + j * FG_TX, key = k0 + jj;
+            p_tile[r * P_PAD + jj] = score_rule(
+                s[i][j], cap, tile_band, safe_row, key, row_key_begin, row_key_end,
+                use_padding && tile_padded[jj], use_mask, mask,
+                safe_row * mask_s2 + key * mask_s3);
+        }
+    }
+}
+
 /* 2. Scores of this item's FG_RM x FG_RN block (SCORE, KEEP: score.cl's score_rule), masked,
  * into p_tile. */
 __attribute__((always_inline)) inline void
@@ -255,19 +281,8 @@ fg_scores(__local float *p_tile, __local const float4 *q_tile4, __local const fl
                 s[i][j] = fma(a[i].w, k[j].w, s[i][j]);
             }
     }
-    for (uint i = 0; i < FG_RM; ++i) {
-        const uint r = ty + i * FG_TY, row = first_row + r;
-        const uint safe_row = row < span.rows ? row : 0;
-        const uint row_key_begin = band_begin(band, safe_row);
-        const uint row_key_end = band_end(band, safe_row);
-        for (uint j = 0; j < FG_RN; ++j) {
-            const uint jj = tx + j * FG_TX, key = k0 + jj;
-            p_tile[r * P_PAD + jj] = score_rule(
-                s[i][j], cap, tile_band, safe_row, key, row_key_begin, row_key_end,
-                use_padding && tile_padded[jj], use_mask, mask,
-                safe_row * mask_s2 + key * mask_s3);
-        }
-    }
+    fg_rule_block(p_tile, s, tile_padded, mask, params, band, tile_band, span, first_row, k0, tx,
+                  ty, cap, use_padding, use_mask);
 }
 
 /* 3. Weights (the online softmax update), one work-item per row: each row's tile of p_tile
@@ -634,19 +649,12 @@ fg_scores_dpas(__local float *p_tile, __local const float *q_tile, __local const
             dp_mad(s[j], a, b, xa, tx);
         }
     }
-    for (uint i = 0; i < FG_RM; ++i) {
-        const uint r = ty + i * FG_TY, row = first_row + r;
-        const uint safe_row = row < span.rows ? row : 0;
-        const uint row_key_begin = band_begin(band, safe_row);
-        const uint row_key_end = band_end(band, safe_row);
-        for (uint j = 0; j < FG_RN; ++j) {
-            const uint jj = tx + j * FG_TX, key = k0 + jj;
-            p_tile[r * P_PAD + jj] = score_rule(
-                s[j][i] * scale, cap, tile_band, safe_row, key, row_key_begin, row_key_end,
-                use_padding && tile_padded[jj], use_mask, mask,
-                safe_row * mask_s2 + key * mask_s3);
-        }
-    }
+    float scaled[FG_RM][FG_RN]; /* (fg_rule_block's layout, the scale applied) */
+    for (uint i = 0; i < FG_RM; ++i)
+        for (uint j = 0; j < FG_RN; ++j)
+            scaled[i][j] = s[j][i] * scale;
+    fg_rule_block(p_tile, scaled, tile_padded, mask, params, band, tile_band, span, first_row,
+                  k0, tx, ty, cap, use_padding, use_mask);
 }
 
 /* 4. (FG_DPAS) fg_accumulate with O += P V on the matrix engine, 16 keys a call. */

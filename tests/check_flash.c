@@ -157,6 +157,24 @@ static clattn_ctx *ctx_with_row(const char *row)
     return ctx;
 }
 
+/* Uploads p, executes plan on it twice (the second run over poisoned outputs: the scratch
+ * and workspace are reused) and checks each run against the float64 reference. */
+static void execute_twice_checked(clattn_ctx *ctx, clattn_plan *plan, const pb_sdpa_problem *p)
+{
+    clattn_tensors bound;
+    if (pb_sdpa_upload(ctx, p, &bound) != CL_SUCCESS)
+        return;
+    for (int run = 0; run < 2; ++run) {
+        if (run == 1)
+            pb_sdpa_poison(ctx, NULL, &bound);
+        if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL,
+                                                 NULL, 0, NULL, NULL),
+                             CLATTN_SUCCESS, "execute"))
+            pb_sdpa_check(ctx, NULL, p, &bound);
+    }
+    pb_release_tensors(&bound);
+}
+
 /* AUTO's plan for p without executing it: it must take the fused path, as
  * pb_sdpa_expect_fused says. */
 static void check_auto_is_fused(const pb_sdpa_problem *p)
@@ -710,18 +728,7 @@ START_TEST(test_decode_splits)
                           (limited || (clattn_plan_workspace_size(plan) > 0) == splits),
                       "the decode plan %s its keys (workspace %zu bytes, %u compute units)",
                       splits ? "did not split" : "split", clattn_plan_workspace_size(plan), units);
-            clattn_tensors bound;
-            if (pb_sdpa_upload(decode_ctx, &p, &bound) == CL_SUCCESS) {
-                for (int run = 0; run < 2; ++run) { /* twice: the scratch is reused */
-                    if (run == 1)
-                        pb_sdpa_poison(decode_ctx, NULL, &bound);
-                    if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT,
-                                                             NULL, NULL, 0, NULL, NULL),
-                                         CLATTN_SUCCESS, "execute"))
-                        pb_sdpa_check(decode_ctx, NULL, &p, &bound);
-                }
-                pb_release_tensors(&bound);
-            }
+            execute_twice_checked(decode_ctx, plan, &p);
         }
         clattn_plan_release(plan);
     }
@@ -796,18 +803,7 @@ START_TEST(test_decode_split_group_sinks)
         tu_expect(limited || c->kv_heads >= 2 * (size_t)units ||
                       strstr(info, "in decode splits") != NULL,
                   "the grouped decode did not split its keys (%u compute units): %s", units, info);
-        clattn_tensors bound;
-        if (pb_sdpa_upload(decode_ctx, &p, &bound) == CL_SUCCESS) {
-            for (int run = 0; run < 2; ++run) { /* twice: the scratch is reused */
-                if (run == 1)
-                    pb_sdpa_poison(decode_ctx, NULL, &bound);
-                if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT,
-                                                         NULL, NULL, 0, NULL, NULL),
-                                     CLATTN_SUCCESS, "execute"))
-                    pb_sdpa_check(decode_ctx, NULL, &p, &bound);
-            }
-            pb_release_tensors(&bound);
-        }
+        execute_twice_checked(decode_ctx, plan, &p);
     }
     clattn_plan_release(plan);
     pb_sdpa_free(&p);
@@ -1508,18 +1504,7 @@ START_TEST(test_flash_dpas_emulated)
         const int dpas = strstr(info, "matrix engine emulated (DPAS)") != NULL;
         tu_expect(dpas == c->applies, "the plan %s the emulated matrix engine: %s",
                   dpas ? "takes" : "does not take", info);
-        clattn_tensors bound;
-        if (pb_sdpa_upload(ctx, &p, &bound) == CL_SUCCESS) {
-            for (int run = 0; run < 2; ++run) { /* the second over a poisoned output */
-                if (run == 1)
-                    pb_sdpa_poison(ctx, NULL, &bound);
-                if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT,
-                                                         NULL, NULL, 0, NULL, NULL),
-                                     CLATTN_SUCCESS, "execute"))
-                    pb_sdpa_check(ctx, NULL, &p, &bound);
-            }
-            pb_release_tensors(&bound);
-        }
+        execute_twice_checked(ctx, plan, &p);
     }
     clattn_plan_release(plan);
     pb_sdpa_free(&p);
