@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """GPU time model (issue 27): predicted time and limiting resource of each GPU kernel launch
-on an NVIDIA H200 SXM and an Intel Iris Xe (Tiger Lake GT2, 96 EUs), from the work model's
+on an NVIDIA H200 SXM, an Intel Iris Xe (Tiger Lake GT2, 96 EUs) and an Intel Arc A770
+(Xe-HPG, with matrix engines: issue 51's FG_DPAS variant), from the work model's
 formulas (tests/gpu_model/model.py: counts per launch, checked exactly against Oclgrind) and
 the ptxas proxy's register counts (tests/resources/table.md). No GPU has been lent to the
 project: these are predictions, to be replaced by measurements when one is.
@@ -14,7 +15,7 @@ Usage:
                                          # registers overridden
   --before REF / --no-before / --before-regs KEY=N: the first variant, REF's model.py and
   REF's tests/resources/table.md read with `git show` (skipped with a note where git or the
-  ref is missing); --device h200|xe; --no-broadcast (128-bit local loads charged per byte,
+  ref is missing); --device h200|xe|arc; --no-broadcast (128-bit local loads charged per byte,
   the pessimistic bound); --breakdown (per-group work and latency terms too);
   --bwd-broadcast (the backward's warp-uniform loads as one request per warp, see below).
 
@@ -108,6 +109,25 @@ DEVICES (numbers used; [A] = an assumption of this model, not a published figure
     so the host picks BQ 64, BK 32 at d=128 on main; CL_DEVICE_MAX_COMPUTE_UNITS 96 (EUs:
     decode splits aim at 192 groups); issue 2 instructions per EU per clock; latencies:
     global 600 clocks, barrier 50, dependent op 6, exp 30.
+  Arc A770, Xe-HPG ACM-G10, 32 Xe-cores at 2.1 GHz (issue 51, 2026-12-07): per Xe-core 16
+    vector engines (8 FP32 lanes: 17.2 TFLOP/s FP32) and 16 XMX matrix engines of 128
+    FP16/BF16 operations (64 MACs) a clock (1024 MACs per Xe-core and clock: 137.6 TFLOP/s
+    FP16), 192 KB of L1/SLM per Xe-core (Intel's Xe-HPG disclosures, TechPowerUp's A750/A770
+    review); GDDR6 at 560 GB/s (the 16 GB card); OpenCL: 512 compute units, 64 KiB of local
+    memory, cl_intel_subgroup_matrix_multiply_accumulate with sub-groups of 8 (DPAS's native
+    width on Xe-HPG; Xe-HPC's 16 is not modelled). [A] the Iris Xe's SLM rate, issue rate and
+    latencies; 8 hardware threads per vector engine; 128 KiB of the L1 as SLM.
+
+THE MATRIX ENGINE (cases "... DPAS", the Arc only): flash_gpu.cl's FG_DPAS with the device's
+  sub-group size, the hardware's counts (model.py flash_group(dpas=SG, emulation=False): the
+  emulation's A-fragment traffic left out). The MACs (model.py's "fma") go to the Xe-core's
+  matrix engines (1024 a clock), not the FMA lanes; the issue pipe takes one DPAS instruction
+  a sub-group per 128 MACs an item and the conversions of the operands to 16 bits, which the
+  kernel stages as float32 (per call and item 16 B values and 8 packs; per 16 along k the A
+  fragment: 8 values at sub-group 16, 16 values and 8 packs at 8); every operand word is a
+  scalar local load (one transaction a sub-group instruction, as every scalar access here).
+  Registers: no proxy (ptxas has no DPAS): 128 assumed, SIMD = the sub-group size. The rows
+  "flash f16 ..." are flash_gpu without the variant on the same 16-bit inputs.
 
 CROSS-CHECK against the earlier analysis (flash_gpu on H200 at 31-39 % of FP32 peak, about
 21-26 TFLOP/s at L=4096 d=64 B·H=32, about 20 at d=128; the GPU matmul at about 36 %): this
@@ -165,6 +185,20 @@ DEVICES = {
         regs=None, reg_unit=None, max_threads=None, max_blocks=None, smem=128 * KIB,
         smem_reserved=0, cl_local_mem=64 * KIB, compute_units=96, simd="auto",
         lat_global=600, lat_barrier=50, lat_dep=6, lat_exp=30, eus=16, hw_threads=7),
+    # Xe-HPG (ACM-G10): 32 Xe-cores of 16 vector engines (8 FP32 lanes each: 17.2 TFLOP/s at
+    # 2.1 GHz) and 16 XMX engines (128 FP16/BF16 ops, i.e. 64 MACs, a clock each: 1024 MACs
+    # per Xe-core and clock, 137.6 TFLOP/s), 192 KB of L1/SLM per Xe-core, GDDR6 560 GB/s
+    # (the 16 GB card); OpenCL: 512 compute units (EUs), 64 KiB local memory, the matrix
+    # engine's extension with sub-groups of 8 (DPAS's native width on Xe-HPG). [A] as the
+    # Xe above: the SLM moving 128 B a clock per Xe-core, 2 instructions per EU a clock, the
+    # latencies; 8 hardware threads per vector engine; 128 KiB of the L1 as SLM.
+    "arc": dict(
+        name="Intel Arc A770 (Xe-HPG, 32 Xe-cores)", sms=32, clock=2.1e9, fma_lanes=128,
+        issue=32.0, local_per_clk=1.0, local_txn_bytes=128, sfu=32.0, bandwidth=560e9,
+        regs=None, reg_unit=None, max_threads=None, max_blocks=None, smem=128 * KIB,
+        smem_reserved=0, cl_local_mem=64 * KIB, compute_units=512, simd="auto",
+        lat_global=600, lat_barrier=50, lat_dep=6, lat_exp=30, eus=16, hw_threads=8,
+        xmx_macs=1024, dpas_sg=8),
 }
 
 
@@ -286,15 +320,24 @@ def set_device(mod, dev):
     """Point the formulas at the device: compute units (decode splits) and the local memory
     the host sizes the tiles for. Returns a function that restores them."""
     saved_cu, saved_tiles = mod.COMPUTE_UNITS, mod.flash_gpu_tiles
+    saved_dpas = getattr(mod, "dpas_tiles", None)
     mod.COMPUTE_UNITS = dev["compute_units"]
 
     def tiles(dk, dv, seq_q, p=mod.PARAMS, local_mem=None):
         return saved_tiles(dk, dv, seq_q, p, dev["cl_local_mem"])
 
+    def dpas_tiles(dk, dv, seq_q, sg, emulated=True, p=mod.PARAMS, local_mem=None,
+                   paged=False):
+        return saved_dpas(dk, dv, seq_q, sg, emulated, p, dev["cl_local_mem"], paged)
+
     mod.flash_gpu_tiles = tiles
+    if saved_dpas is not None:
+        mod.dpas_tiles = dpas_tiles
 
     def restore():
         mod.COMPUTE_UNITS, mod.flash_gpu_tiles = saved_cu, saved_tiles
+        if saved_dpas is not None:
+            mod.dpas_tiles = saved_dpas
     restore.raw_tiles, restore.local_mem = saved_tiles, dev["cl_local_mem"]
     return restore
 
@@ -316,17 +359,26 @@ def flash_local_bytes(raw_tiles, dk, seq_q, chosen, ceiling):
     return lo - 1024
 
 
-def fused_launches(mod, restore, b, h, hkv, lq, lk, d, causal):
-    launches = mod.sdpa_launches("fused", b, h, hkv, lq, lk, d, causal)
+def fused_launches(mod, restore, b, h, hkv, lq, lk, d, causal, elem=4, dpas=0):
+    """flash_gpu's launch (and flash_merge's), float32 or 16-bit storage (elem 2); dpas: the
+    matrix-engine variant with sub-groups of that size, the hardware's work (model.py
+    flash_group, emulation=False: the extension's call in registers), 16-bit q, k, v."""
+    kw = dict(dpas=dpas, emulation=False) if dpas else {}
+    launches = mod.sdpa_launches("fused", b, h, hkv, lq, lk, d, causal, elem=elem, **kw)
     heads, seq_q = h, lq
     if lq == 1 and h > hkv and not causal:           # sdpa_launches' grouped decode
         heads, seq_q = hkv, h // hkv
-    bq, bk = mod.flash_gpu_tiles(d, d, seq_q)
+    if dpas:
+        bq, bk = mod.dpas_tiles(d, d, seq_q, dpas, False)
+        items = dpas * (bq // 8)
+        smem = mod.flash_local_bytes(d, d, bq, bk)
+    else:
+        bq, bk = mod.flash_gpu_tiles(d, d, seq_q)
+        items = mod.PARAMS["fg_tx"] * mod.PARAMS["fg_ty"]
+        smem = flash_local_bytes(restore.raw_tiles, d, seq_q, (bq, bk), restore.local_mem)
     blocks = cdiv(seq_q, bq)
     splits, split_keys = mod.decode_splits(blocks * b * heads, lk, bk)
     groups = blocks * b * heads * splits
-    items = mod.PARAMS["fg_tx"] * mod.PARAMS["fg_ty"]
-    smem = flash_local_bytes(restore.raw_tiles, d, seq_q, (bq, bk), restore.local_mem)
     # key tiles per group, from the geometry (model.py's flash_group: the tiles from the
     # split's first key to the block's last row's band end)
     split_keys = split_keys if splits > 1 else lk
@@ -343,10 +395,13 @@ def fused_launches(mod, restore, b, h, hkv, lq, lk, d, causal):
         if kernel == "flash_attention":
             chain = 2 * bk      # the row pass: max then sum, BK dependent steps each
             tiles = f"BQ {bq} BK {bk}" + (f", {splits} splits" if splits > 1 else "")
-            out.append(Launch("flash_gpu", c, groups, items, tiles, d, bq, bk, smem,
-                              phases=2 * tiles_per_group + 1,
+            if dpas:
+                tiles += f", sub-groups of {dpas}"
+            out.append(Launch("flash_gpu_dpas" if dpas else "flash_gpu", c, groups, items,
+                              tiles, d, bq, bk, smem, phases=2 * tiles_per_group + 1,
                               row_chain=tiles_per_group * chain))
             out[-1].tiles_per_group = tiles_per_group
+            out[-1].dpas = dpas
         else:   # flash_merge: one work-item per (row, dim), HEADS_WG per group
             wg = mod.PARAMS.get("heads_wg", 256)
             out.append(Launch("flash_merge", c, cdiv(b * heads * seq_q * d, wg), wg,
@@ -494,7 +549,8 @@ def vec4_split(launch):
 
 def predict(dev, launch, regs, broadcast=True, bwd_broadcast=False):
     c, n_groups = launch.c, launch.groups
-    w = simd_width(dev, regs)
+    dpas = getattr(launch, "dpas", 0)
+    w = dpas if dpas else simd_width(dev, regs)   # (FG_DPAS: the required sub-group size)
     g_max, g_bound = occupancy(dev, launch, regs, w)
     if g_max < 1:
         return None
@@ -508,7 +564,17 @@ def predict(dev, launch, regs, broadcast=True, bwd_broadcast=False):
     else:
         vec_txn = n16 * vec_all
     local_txn = ((c["local_loads"] - n16) + c["local_stores"]) / w + vec_txn / w
-    instr = (c["fma"] + c["local_loads"] + c["local_stores"] + c["global_loads"] +
+    fma_instr = c["fma"]
+    if dpas:
+        # the matrix engine: one DPAS instruction a sub-group per 128 MACs an item, and the
+        # operands' conversion to 16 bits on the vector engines (the kernel stages float32):
+        # per call and item its B column, 16 values and 8 packs; per 16 along k its A
+        # fragment, 8 values (sub-groups of 16) or 16 values and 8 packs (of 8)
+        calls = c["fma"] / 128
+        fragments = (launch.tiles_per_group * launch.items * n_groups *
+                     (launch.dk // 16 + launch.bk // 16))
+        fma_instr = calls * (1 + 24) + fragments * (8 if dpas == 16 else 24)
+    instr = (fma_instr + c["local_loads"] + c["local_stores"] + c["global_loads"] +
              c["global_stores"] + 2 * c["exp"] + c["barriers"]) / w
     gbytes = c["global_load_bytes"] + c["global_store_bytes"]
     uniform = getattr(launch, "uniform", 0)
@@ -523,8 +589,8 @@ def predict(dev, launch, regs, broadcast=True, bwd_broadcast=False):
         local_txn += (uniform + launch.stack) / w
         instr += launch.stack / w
     per_sm_issue = dev["issue"] if dev["eus"] is None else dev["issue"]
-    work = {   # clocks per group with the SM to itself
-        "fma": c["fma"] / dev["fma_lanes"] / n_groups,
+    work = {   # clocks per group with the SM to itself (FG_DPAS: MACs on the matrix engines)
+        "fma": c["fma"] / (dev["xmx_macs"] if dpas else dev["fma_lanes"]) / n_groups,
         "issue": instr / per_sm_issue / n_groups,
         "local": local_txn / dev["local_per_clk"] / n_groups,
         "sfu": c["exp"] / dev["sfu"] / n_groups,
@@ -592,22 +658,33 @@ CASES = [
     ("backward generic L4096 d128", "backward_generic", (4, 8, 8, 4096, 4096, 128, False)),
     ("backward generic L1024 B1 H8 d64", "backward_generic",
      (1, 8, 8, 1024, 1024, 64, False)),
+    # 16-bit q, k, v (issue 51): flash_gpu with f16 storage (float32 FMAs), and on a device
+    # with Intel's matrix engines (DEVICES' xmx_macs) the FG_DPAS variant with the device's
+    # sub-group size, counted without its emulation (model.py flash_group, emulation=False);
+    # % of peak against the FP32 peak like every row (the engines' own: xmx_macs), last
+    ("flash f16 L4096 d64", "fused16", (4, 8, 8, 4096, 4096, 64, False)),
+    ("flash f16 L4096 d64 DPAS", "dpas", (4, 8, 8, 4096, 4096, 64, False)),
+    ("flash f16 L4096 d128", "fused16", (4, 8, 8, 4096, 4096, 128, False)),
+    ("flash f16 L4096 d128 DPAS", "dpas", (4, 8, 8, 4096, 4096, 128, False)),
+    ("flash f16 L4096 d64 causal DPAS", "dpas", (4, 8, 8, 4096, 4096, 64, True)),
 ]
 SHAPES = {
     "fused": "B=4 H=8 (B·H=32)", "unfused": "B=4 H=8",
 }
 
 
-def case_launches(mod, restore, kind, args):
+def case_launches(mod, restore, kind, args, dev=None):
     if kind in ("backward", "backward_generic"):
         b, h, hkv, lq, lk, d, causal = args
         dkdv = "generic" if kind == "backward_generic" else None
         return backward_launches(mod, b, h, hkv, lq, lk, d, causal, dkdv), useful_backward_flop(
             b, h, lq, lk, d, causal)
-    if kind == "fused":
+    if kind in ("fused", "fused16", "dpas"):
         b, h, hkv, lq, lk, d, causal = args
         flop = useful_attention_flop(b, h, lq, lk, d, causal)
-        return fused_launches(mod, restore, b, h, hkv, lq, lk, d, causal), flop
+        elem = 4 if kind == "fused" else 2
+        dpas = dev["dpas_sg"] if kind == "dpas" else 0
+        return fused_launches(mod, restore, b, h, hkv, lq, lk, d, causal, elem, dpas), flop
     if kind == "unfused":
         b, h, lq, lk, d, causal = args
         return unfused_launches(mod, b, h, lq, lk, d, causal), useful_attention_flop(
@@ -627,20 +704,27 @@ def evaluate(variant, dev, broadcast, bwd_broadcast=False):
                 continue      # a model.py from before the backward
             if kind == "backward_generic" and not hasattr(mod, "bwd_dkdv_gpu"):
                 continue      # a model.py from before flash_bwd_gpu.cl: "backward" is generic
-            launches, flop = case_launches(mod, restore, kind, args)
+            if kind in ("fused16", "dpas") and not hasattr(mod, "dpas_tiles"):
+                continue      # a model.py from before FG_DPAS
+            if kind == "dpas" and not dev.get("xmx_macs"):
+                continue      # no matrix engine on the device
+            launches, flop = case_launches(mod, restore, kind, args, dev)
             total, parts = 0.0, []
             for launch in launches:
                 regs = lookup_override(overrides, launch.kernel, launch.dk, launch.bq, launch.bk)
                 how = "override"
-                t_regs, t_smem, t_how = table_regs(rows_table, launch.kernel, launch.dk,
-                                                   launch.bq, launch.bk)
+                if launch.kernel == "flash_gpu_dpas":   # no proxy: ptxas has no DPAS
+                    t_regs, t_smem, t_how = 128, None, "assumed"
+                else:
+                    t_regs, t_smem, t_how = table_regs(rows_table, launch.kernel, launch.dk,
+                                                       launch.bq, launch.bk)
                 if regs is None:
                     regs, how = t_regs, t_how
                 if regs is None and (launch.kernel, launch.dk) in BWD_PROXY:
                     regs, how = BWD_PROXY[(launch.kernel, launch.dk)], "proxy"
                 if regs is None:
                     regs, how = 64, "assumed"
-                if launch.kernel != "flash_gpu" and t_smem is not None:
+                if launch.kernel not in ("flash_gpu", "flash_gpu_dpas") and t_smem is not None:
                     launch.smem = t_smem     # the proxy's shared memory (flash_gpu: computed)
                 p = predict(dev, launch, regs, broadcast, bwd_broadcast)
                 if p is None:
@@ -797,7 +881,7 @@ def main():
                     help="registers overridden for the first variant (as --regs)")
     ap.add_argument("--no-before", action="store_true", help="evaluate this tree only")
     ap.add_argument("--device", choices=sorted(DEVICES), action="append",
-                    help="h200 or xe (default both)")
+                    help="h200, xe or arc (default all three)")
     ap.add_argument("--no-broadcast", action="store_true",
                     help="charge 128-bit local loads per byte (no broadcast merging)")
     ap.add_argument("--bwd-broadcast", action="store_true",
@@ -832,7 +916,7 @@ def main():
                     os.unlink(path)
     variants.append(now)
     results = []
-    for key in opts.device or ["h200", "xe"]:
+    for key in opts.device or ["h200", "xe", "arc"]:
         dev = DEVICES[key]
         results.append((key, dev, [(v["name"], evaluate(v, dev, not opts.no_broadcast,
                                                          opts.bwd_broadcast))

@@ -33,6 +33,10 @@
  *       kernels where the host does not pick the CPU variants, i.e. under Oclgrind at head
  *       sizes that are not multiples of 16). dv=N: d_v = N (d_k = D; sdpa takes it too).
  *       Prints the checksum of dQ, dK and dV and the plan's clattn_plan_info.
+ *   gpu_model_driver sdpa fused B H KV_HEADS LQ LK D f16|bf16 dpas=8|16
+ *       flash_gpu.cl's matrix-engine variant (FG_DPAS) as CI can run it: a context with the
+ *       tuning row `fg_dpas=2 fg_dpas_sg=SG` (the extension's function emulated in plain
+ *       OpenCL C, sub-groups of SG items); the plan's info names the emulated engine.
  */
 #include <math.h>
 #include <stdint.h>
@@ -53,6 +57,8 @@ static int usage(void)
                     "[causal] [dv=N] [fp8=e4m3|e5m2]\n"
                     "       gpu_model_driver backward B H KV_HEADS LQ LK D [causal] [kvlen=N] "
                     "[dv=N] [f16|bf16]\n"
+                    "       gpu_model_driver sdpa fused B H KV_HEADS LQ LK D f16|bf16 "
+                    "dpas=8|16\n"
                     "       gpu_model_driver step B H KV_HEADS N D [paged=PS] [f16]\n"
                     "       gpu_model_driver mixed H KV_HEADS D PS R1:N1 [R2:N2 ...]\n");
     return 2;
@@ -192,6 +198,7 @@ typedef struct sdpa_shape {
     size_t flex_bq, flex_bk; /* blocks=BQ,BK: a block mask of those blocks (0: none) */
     size_t page_size;        /* paged=PS: k and v in pools of pages of PS keys (0: none) */
     clattn_dtype kv_dtype;   /* fp8=e4m3|e5m2: k and v in that FP8 type (0: q's dtype) */
+    size_t dpas_sg;          /* dpas=8|16: flash_gpu.cl's emulated matrix engine (0: none) */
 } sdpa_shape;
 
 /* A block table of batch x blocks I32 entries on the device: the pool's batch * blocks pages
@@ -630,6 +637,10 @@ int main(int argc, char **argv)
                 shape.kv_dtype = CLATTN_DTYPE_FP8_E4M3;
             } else if (strcmp(argv[i], "fp8=e5m2") == 0 && !shape.backward) {
                 shape.kv_dtype = CLATTN_DTYPE_FP8_E5M2;
+            } else if (strncmp(argv[i], "dpas=", 5) == 0 && !shape.backward) {
+                if (!parse_size(argv[i] + 5, &shape.dpas_sg) ||
+                    (shape.dpas_sg != 8 && shape.dpas_sg != 16))
+                    return usage();
             } else if (strncmp(argv[i], "flexdoc=", 8) == 0 && !shape.backward) {
                 if (!parse_size(argv[i] + 8, &shape.flex_docs))
                     return usage();
@@ -668,7 +679,15 @@ int main(int argc, char **argv)
     }
     char message[256];
     clattn_ctx *ctx = NULL;
-    if (clattn_ctx_create(NULL, &ctx, message, sizeof message) != CLATTN_SUCCESS) {
+    clattn_ctx_desc ctx_desc;
+    clattn_ctx_desc_init(&ctx_desc);
+    char dpas_row[96];
+    if (shape.dpas_sg) { /* dpas=SG: the tuning row that builds FG_DPAS = 2 */
+        snprintf(dpas_row, sizeof dpas_row, "any | * | * | fg_dpas=2 fg_dpas_sg=%zu",
+                 shape.dpas_sg);
+        ctx_desc.tuning_rows = dpas_row;
+    }
+    if (clattn_ctx_create_desc(&ctx_desc, &ctx, message, sizeof message) != CLATTN_SUCCESS) {
         fprintf(stderr, "gpu_model_driver: no device: %s\n", message);
         return 1;
     }

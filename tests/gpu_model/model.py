@@ -118,20 +118,26 @@ def softmax_rows(rows, seq_q, seq_k, limit, causal, has_kv_len, p=PARAMS):
 
 
 # --- flash_attention (kernels/flash_gpu.cl; tiles from host/ops/flash_gpu.c) ----------------
+def flash_local_bytes(dk, dv, bq, bk, paged=False):
+    """flash_gpu.cl's local arrays (host/ops/flash_gpu.c local_bytes): q and K rows of d_k in
+    whole float4s + 4 words, V rows of d_v + 1, the weights' rows of FG_BK in whole float4s +
+    4, the K/V tile rounded up to whole float4s, three row arrays, the padding flags (and with
+    a paged cache the tile's pages and slots)."""
+    qk_pad, v_pad, p_pad = cdiv(dk, 4) * 4 + 4, dv + 1, cdiv(bk, 4) * 4 + 4
+    kv_words = cdiv(bk * max(qk_pad, v_pad), 4) * 4
+    return (bq * qk_pad + kv_words + bq * p_pad + 3 * bq + (2 * bk if paged else 0)) * 4 + bk
+
+
 def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM, paged=False):
     """The tiles host/ops/flash_gpu.c picks: FG_BQ halved while the rows still cover seq_q,
     then, until the local arrays fit the local memory less 1 KiB, FG_BQ halved down to 32
-    rows, then FG_BK, then FG_BQ again. The arrays: q and K rows of d_k in whole float4s + 4
-    words, V rows of d_v + 1, the weights' rows of FG_BK in whole float4s + 4, the K/V tile
-    rounded up to whole float4s, three row arrays, the padding flags."""
+    rows, then FG_BK, then FG_BQ again."""
     tx, ty, bq, bk = p["fg_tx"], p["fg_ty"], p["fg_bq"], p["fg_bk"]
     while bq // 2 >= ty and (bq // 2) % ty == 0 and bq // 2 >= seq_q:
         bq //= 2
 
     def local_bytes(bq, bk):
-        qk_pad, v_pad, p_pad = cdiv(dk, 4) * 4 + 4, dv + 1, cdiv(bk, 4) * 4 + 4
-        kv_words = cdiv(bk * max(qk_pad, v_pad), 4) * 4
-        return (bq * qk_pad + kv_words + bq * p_pad + 3 * bq + (2 * bk if paged else 0)) * 4 + bk
+        return flash_local_bytes(dk, dv, bq, bk, paged)
 
     budget = local_mem - 1024 if local_mem > 1024 else local_mem
     while local_bytes(bq, bk) > budget:
@@ -148,9 +154,30 @@ def flash_gpu_tiles(dk, dv, seq_q, p=PARAMS, local_mem=LOCAL_MEM, paged=False):
     return bq, bk
 
 
+def dpas_tiles(dk, dv, seq_q, sg, emulated=True, p=PARAMS, local_mem=LOCAL_MEM, paged=False):
+    """FG_DPAS's tiles (host/ops/flash_gpu.c dpas_tiles): sub-groups of sg items (FG_TX), 8
+    rows each; FG_TY = fg_bq / 8 sub-groups, halved while the rows still cover seq_q, then
+    (with the emulation's A fragments, FG_TY x 8 x sg words) halved, then the key tile (a
+    multiple of 16) halved, until the local arrays fit. (BQ, BK)."""
+    rows = max(1, p["fg_bq"] // 8)
+    keys = 16 if p["fg_bk"] < 16 else p["fg_bk"] // 16 * 16
+    while rows > 1 and rows // 2 * 8 >= seq_q:
+        rows //= 2
+    budget = local_mem - 1024 if local_mem > 1024 else local_mem
+    while (flash_local_bytes(dk, dv, 8 * rows, keys, paged)
+           + (rows * 8 * sg * 4 if emulated else 0)) > budget:
+        if rows > 1:
+            rows //= 2
+        elif keys > 16:
+            keys = keys // 32 * 16 if keys >= 32 else 16
+        else:
+            raise ValueError("FG_DPAS does not fit: the host would run flash_gpu without it")
+    return 8 * rows, keys
+
+
 def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, limit, causal,
                 has_kv_len, has_lse, elem=4, p=PARAMS, has_padding=False, flex=None,
-                page_size=0, kv_elem=None, step=False, diag=0):
+                page_size=0, kv_elem=None, step=False, diag=0, dpas=0, emulation=True):
     """One work-group: query rows first_row .. first_row + bq - 1 (those past seq_q are padding,
     computed from zero queries on row 0's band, never stored), keys key_begin .. key_stop - 1.
 
@@ -174,8 +201,24 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     flex (a Flex: a user mask_mod, optionally a block mask; see flex_tiles): the tiles and the
     rows that keep a key of them come from the mask, and flex_tiles' global loads (block-mask
     bytes, mask_mod's aux loads) are added; everything else is counted as above over the
-    visited tiles."""
+    visited tiles.
+
+    dpas = the sub-group size (8 or 16): FG_DPAS, the two products on Intel's matrix engine
+    (16-bit q, k, v; d_k a multiple of 16). TX = dpas items a sub-group, TY = BQ / 8 sub-groups,
+    RM = 8 rows an item; staging, the row pass, the row close and the global traffic as above.
+    The products: a call multiplies A (8 rows x 16 along k) by B (16 x TX) into the items'
+    8 x 1 sums, 128 MACs an item (counted as FMAs: the same FMAs as flash_gpu's, d4 = d_k).
+    Per call each item reads its A fragment from local memory once per 16 along k (dp_rows:
+    8 words at sg 16, 16 at sg 8: q for S, the weights for P V; so no float4 loads) and its B
+    column: S = Q K^T 16 K words a call (d_k * RN a tile), P V 16 V words for a dim below d_v
+    (the V words as above). Calls per tile: d_k / 16 * RN + BK / 16 * RD. emulation (FG_DPAS =
+    2, what Oclgrind runs): each call also stores the item's 8 A words to local memory (dp_xa),
+    passes two barriers and reads the sub-group's fragments back, 8 x 16 words (sg 16) or 8 x 8
+    (sg 8, two halves a word); emulation=False leaves those out: the hardware's work
+    (FG_DPAS = 1, the extension's call in registers)."""
     tx, ty = min(p["fg_tx"], bk), p["fg_ty"]   # (the host halves TX with BK at BK == TX)
+    if dpas:
+        tx, ty = dpas, bq // 8
     items, rm, rn, rd = tx * ty, bq // ty, bk // tx, cdiv(dv, tx)
     d4, bk4 = cdiv(dk, 4) * 4, bk // 4 * 4
     kv_elem = elem if kv_elem is None else kv_elem
@@ -205,14 +248,21 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
     g_load_bytes += flex_load_bytes
     g_store_bytes = elem * valid * dv + (4 * valid if has_lse else 0)
     l_loads_vec4 = t * items * (d4 // 4 * (rm + rn) + bk4 // 4 * rm)     # S; P, 4 keys
-    s_split = 0
-    if rm == 1 and rn == 1:
+    s_split = dp_words = 0
+    if dpas:
+        # the products' local loads as words: A fragments (q for S, the weights for P V) and
+        # S's K columns (P V's V words are counted below); no weights' tail (BK % 16 == 0)
+        fragment = 8 * (2 if dpas == 8 else 1)
+        l_loads_vec4 = 0
+        dp_words = t * items * (dk // 16 * fragment + dk * rn + bk // 16 * fragment)
+        bk4 = bk
+    elif rm == 1 and rn == 1:
         # one row and one key an item (MLA's 8 x 8 tiles): the compiler splits S's float4
         # loads (q and K) into four scalar loads each, the same bytes (measured; the weights'
         # float4 loads stay whole)
         s_split = t * items * d4 // 4 * 2
         l_loads_vec4 -= s_split
-    l_loads_words = (4 * s_split + items * rm                             # acc init: row l
+    l_loads_words = (4 * s_split + dp_words + items * rm                  # acc init: row l
                      + t * items * (rm + (bk - bk4) * rm)                 # rescale, P tail
                      + t * ty * bk * dv                                   # V words
                      + t * bq * (2 + bk) + kept_row_tiles * bk            # the row pass
@@ -237,6 +287,12 @@ def flash_group(bq, bk, dk, dv, seq_q, seq_k, first_row, key_begin, key_stop, li
         l_stores_words += 2 * bk * t
         l_loads_words += 2 * keys_read * (dk + dv)
         barriers += items * t
+    if dpas and emulation:
+        # the emulation's A fragments through local memory, per call and item
+        calls = t * items * (dk // 16 * rn + bk // 16 * rd)
+        l_stores_words += 8 * calls
+        l_loads_words += 8 * (16 if dpas == 16 else 8) * calls
+        barriers += 2 * calls
     return counts(global_loads=g_loads, global_load_bytes=g_load_bytes,
                   global_stores=g_stores, global_store_bytes=g_store_bytes,
                   local_loads=l_loads_vec4 + l_loads_words + l_loads_bytes,
@@ -467,10 +523,13 @@ def flash_merge(rows, dv, splits):
 
 
 def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False, kv_len=0,
-                  elem=4, flex=None, dv=None, page_size=0, kv_elem=None):
+                  elem=4, flex=None, dv=None, page_size=0, kv_elem=None, dpas=0,
+                  emulation=True):
     """The launches of an SDPA plan (packed, d_k = d_v = dim, q, k, v and out of `elem` bytes:
     float32, or F16 / BF16 on the fused path), as (kernel, counts). flex (fused only): a user
-    mask_mod (Flex), and with flex.blocks the driver's flex_block_mask launch first."""
+    mask_mod (Flex), and with flex.blocks the driver's flex_block_mask launch first. dpas:
+    FG_DPAS with sub-groups of that size (flash_group; emulation=False: the hardware's
+    work)."""
     limit = kv_len if kv_len else seq_k
     has_kv_len = kv_len > 0
     if path == "unfused":
@@ -484,8 +543,11 @@ def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False,
     if seq_q == 1 and heads > kv_heads and not causal and flex is None:
         heads, seq_q = kv_heads, heads // kv_heads
     dv = dim if dv is None else dv
-    bq, bk = (flash_gpu_tiles(dim, dv, seq_q, paged=True) if page_size
-              else flash_gpu_tiles(dim, dv, seq_q))
+    if dpas:
+        bq, bk = dpas_tiles(dim, dv, seq_q, dpas, emulation, paged=page_size > 0)
+    else:
+        bq, bk = (flash_gpu_tiles(dim, dv, seq_q, paged=True) if page_size
+                  else flash_gpu_tiles(dim, dv, seq_q))
     blocks = cdiv(seq_q, bq)
     splits, split_keys = decode_splits(blocks * batch * heads, seq_k, bk)
     total = counts()
@@ -495,7 +557,8 @@ def sdpa_launches(path, batch, heads, kv_heads, seq_q, seq_k, dim, causal=False,
         for block in range(blocks):
             group = flash_group(bq, bk, dim, dv, seq_q, seq_k, block * bq, begin, stop, limit,
                                 causal, has_kv_len, splits > 1, elem, flex=flex,
-                                page_size=page_size, kv_elem=kv_elem)
+                                page_size=page_size, kv_elem=kv_elem, dpas=dpas,
+                                emulation=emulation)
             total = add(total, {k: v * batch * heads for k, v in group.items()})
     launches = [("flash_attention", total)]
     if flex is not None and flex.blocks:
@@ -725,6 +788,15 @@ def sdpa_case(name, path, b, h, hkv, lq, lk, d, causal=False, kv_len=0, dtype="f
     return name, args, sdpa_launches(path, b, h, hkv, lq, lk, d, causal, kv_len, elem)
 
 
+def dpas_case(name, b, h, hkv, lq, lk, d, sg, dtype="f16", causal=False, dv=None):
+    """flash_gpu.cl's matrix-engine variant, emulated (the driver's dpas=SG: fg_dpas=2)."""
+    args = ["sdpa", "fused"] + [str(x) for x in (b, h, hkv, lq, lk, d)]
+    args += (["causal"] if causal else []) + ([f"dv={dv}"] if dv is not None else [])
+    args += [dtype, f"dpas={sg}"]
+    return name, args, sdpa_launches("fused", b, h, hkv, lq, lk, d, causal, elem=2, dv=dv,
+                                     dpas=sg)
+
+
 def flex_case(name, b, h, hkv, length, d, docs, blocks=None):
     """The fused SDPA with the driver's document mask_mod (flexdoc=N, LQ = LK = length) and,
     with blocks = (BQ, BK), a block mask made from it on the device."""
@@ -799,6 +871,14 @@ CASES = [
     # 16-bit storage: q, k, v, out of 2 bytes (F16 through vload_half / vstore_half_rte, BF16
     # through 16-bit loads and shifts); the counts in operations do not change
     sdpa_case("fused f16 33x20 d64", "fused", 1, 1, 1, 33, 20, 64, dtype="f16"),
+    # the matrix-engine variant (FG_DPAS, issue 51) through its emulation: sub-groups of 16
+    # (two 64-row blocks, the second 6 rows; 2 heads), of 8 in bfloat16 with causal, GQA 4/2
+    # and d_v = 40 (dims 40 .. 47 of the last column idle: no V words, still MACs); d = 128
+    # (the rows halve to fit 48 KiB with the emulation's fragments)
+    dpas_case("dpas16 f16 H2 70x50 d64", 1, 2, 2, 70, 50, 64, 16),
+    dpas_case("dpas8 bf16 causal H4/2 37x45 d32 dv40", 1, 4, 2, 37, 45, 32, 8, "bf16", True,
+              dv=40),
+    dpas_case("dpas16 f16 20x33 d128", 1, 1, 1, 20, 33, 128, 16),
     # decode (an 8-row block, one row used) over a KV cache of 100 filled to 77; grouped (8
     # query heads on 2 k/v heads: 4 rows of the block) over a cache of 80 filled to 37, and
     # 4 on 1 in bfloat16; one head over 520 keys: two decode splits (288 and 232 keys) and
