@@ -157,22 +157,10 @@ static clattn_ctx *ctx_with_row(const char *row)
     return ctx;
 }
 
-/* Uploads p, executes plan on it twice (the second run over poisoned outputs: the scratch
- * and workspace are reused) and checks each run against the float64 reference. */
+/* pb_sdpa_execute_twice, its failures recorded. */
 static void execute_twice_checked(clattn_ctx *ctx, clattn_plan *plan, const pb_sdpa_problem *p)
 {
-    clattn_tensors bound;
-    if (pb_sdpa_upload(ctx, p, &bound) != CL_SUCCESS)
-        return;
-    for (int run = 0; run < 2; ++run) {
-        if (run == 1)
-            pb_sdpa_poison(ctx, NULL, &bound);
-        if (tu_expect_status(clattn_plan_execute(plan, bound.by_role, CLATTN_ROLE_COUNT, NULL,
-                                                 NULL, 0, NULL, NULL),
-                             CLATTN_SUCCESS, "execute"))
-            pb_sdpa_check(ctx, NULL, p, &bound);
-    }
-    pb_release_tensors(&bound);
+    tu_expect_status(pb_sdpa_execute_twice(ctx, plan, p), CLATTN_SUCCESS, "execute twice");
 }
 
 /* AUTO's plan for p without executing it: it must take the fused path, as

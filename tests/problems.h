@@ -366,6 +366,11 @@ typedef struct pb_run_options {
  * have failed: see the fail hook). */
 clattn_status pb_sdpa_run(clattn_ctx *ctx, const pb_sdpa_problem *p,
                           const pb_run_options *options);
+/* Uploads p and executes plan (made for p, on ctx's queue) on it twice, the outputs poisoned
+ * before each run (the second reuses the plan's scratch and workspace), checking each run
+ * (pb_sdpa_check); releases the buffers. The first failing status (CLATTN_SUCCESS when every
+ * call succeeded; the numbers may still have failed: see the fail hook). */
+clattn_status pb_sdpa_execute_twice(clattn_ctx *ctx, clattn_plan *plan, const pb_sdpa_problem *p);
 
 /* --- multi-head attention problems ------------------------------------------------------- */
 
