@@ -174,7 +174,7 @@ typedef struct clattn_tuning_key_info {
     size_t struct_size;
     const char *name;         /* the key, as rows write it (key=value) */
     const char *op;           /* the op whose timing decides it in `clattn tune`: "matmul",
-                               * "softmax" or "flash"; "": not searched */
+                               * "softmax", "flash" or "backward"; "": not searched */
     const char *device_class; /* the devices it is searched on: "cpu", "gpu" or "any" */
     const char *when;         /* "" or "key=value": searched only while that key has that value */
     const char *values;       /* the candidates, space-separated */

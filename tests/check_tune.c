@@ -112,7 +112,8 @@ static int device_rows(const char *text, const char *name, char *keys, size_t ke
                       "row '%s' follows '%s', not its comment", row, previous);
             const char *bar = strrchr(row, '|');
             const size_t used = strlen(keys);
-            snprintf(keys + used, keys_size - used, "%s%s", used ? " " : "", bar ? bar + 2 : "");
+            if (bar && bar[2] != '@') /* (a record's keys: record_rows) */
+                snprintf(keys + used, keys_size - used, "%s%s", used ? " " : "", bar + 2);
         }
         static char saved[1024];
         snprintf(saved, sizeof saved, "%s", row);
@@ -120,6 +121,38 @@ static int device_rows(const char *text, const char *name, char *keys, size_t ke
         line = end ? end + 1 : NULL;
     }
     return rows;
+}
+
+/* The record rows (keys starting with selectors, "@head_dim=128 k=v ...") of device `name`
+ * in text, each as clattn_ctx_tuning's records line shows it ("(@head_dim=128: k=v ...)"),
+ * into records (separated by newlines); their count. */
+static int record_rows(const char *text, const char *name, char *records, size_t size)
+{
+    int count = 0;
+    records[0] = '\0';
+    for (const char *line = text; line && *line;) {
+        const char *end = strchr(line, '\n');
+        char row[1024];
+        snprintf(row, sizeof row, "%.*s", (int)(end ? (size_t)(end - line) : strlen(line)), line);
+        const char *bar = strrchr(row, '|');
+        if (row[0] != '#' && strstr(row, name) && bar && bar[1] == ' ' && bar[2] == '@') {
+            char shown[512] = "(";
+            char *save = NULL;
+            bool keys = false;
+            for (char *item = strtok_r((char *)bar + 2, " ", &save); item;
+                 item = strtok_r(NULL, " ", &save)) {
+                const size_t used = strlen(shown);
+                snprintf(shown + used, sizeof shown - used, "%s%s%s",
+                         item[0] != '@' && !keys ? ":" : "", used > 1 ? " " : "", item);
+                keys = keys || item[0] != '@';
+            }
+            const size_t used = strlen(records);
+            snprintf(records + used, size - used, "%s)\n", shown);
+            ++count;
+        }
+        line = end ? end + 1 : NULL;
+    }
+    return count;
 }
 
 /* The device's name as `clattn info` prints it ("device: NAME (CPU)"). */
@@ -153,6 +186,27 @@ static void expect_joint_search(const char *out)
     }
     tu_expect(joint > 0 || strstr(out, "flash_cpu_rb") == NULL,
               "flash_cpu_rb appears, but in no joint trial:\n%s", out);
+}
+
+/* A search at one head size starts from what the built-in records give it: on a CPU the
+ * backward at d = 64 starts from the table's `@head_dim=64 flash_bwd_nv=2`, so its one
+ * --quick trial (candidates 2 and 4) is 4, and at d = 128 (no record: the row's 4) it is 2. */
+static void expect_record_start(const char *out, bool cpu)
+{
+    const char *d64 = strstr(out, "backward @head_dim=64 ");
+    const char *d128 = strstr(out, "backward @head_dim=128 ");
+    if (!tu_expect(cpu ? d64 && d128 && d64 < d128 : !d64 && !d128,
+                   "the backward's head-size searches (CPU: %d) are not in:\n%s", cpu, out) ||
+        !cpu)
+        return;
+    char first[2048], second[2048];
+    snprintf(first, sizeof first, "%.*s", (int)(d128 - d64), d64);
+    const char *next = strstr(d128 + 1, "\n  -> ");
+    snprintf(second, sizeof second, "%.*s", next ? (int)(next - d128) : 512, d128);
+    tu_expect(strstr(first, "flash_bwd_nv=4:") && !strstr(first, "flash_bwd_nv=2:"),
+              "d = 64 did not start from the record's flash_bwd_nv=2:\n%s", first);
+    tu_expect(strstr(second, "flash_bwd_nv=2:") && !strstr(second, "flash_bwd_nv=4:"),
+              "d = 128 did not start from the row's flash_bwd_nv=4:\n%s", second);
 }
 
 START_TEST(test_quick_tune_writes_rows_that_apply)
@@ -191,12 +245,20 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
     tu_expect(strstr(captured("stdout"), "rows written") != NULL, "tune said: %s",
               captured("stdout"));
     expect_joint_search(captured("stdout"));
+    expect_record_start(captured("stdout"), strstr(info, "(CPU)") != NULL);
     const char *text = read_text(cache, 2);
-    if (!tu_expect(text != NULL, "tune wrote no %s", cache))
+    if (text == NULL) {
+        tu_expect(false, "tune wrote no %s", cache);
         goto done;
+    }
     char keys[1024];
     const int count = device_rows(text, name, keys, sizeof keys);
-    tu_expect(count >= 1 && count <= 3, "%d rows for '%s' in:\n%s", count, name, text);
+    /* matmul, softmax, flash; on a CPU also flash at d = 128 and the backward at 64 and 128
+     * (records: "@head_dim=N k=v") */
+    tu_expect(count >= 1 && count <= 6, "%d rows for '%s' in:\n%s", count, name, text);
+    char records[2048];
+    const int record_count = record_rows(text, name, records, sizeof records);
+    tu_expect(strstr(info, "(CPU)") || record_count == 0, "records on a GPU:\n%s", text);
     printf("check_tune: the quick tune wrote:\n%s", text);
     /* Each row carries the device's driver key: "class | vendor | NAME | FIELDS | keys". */
     char keyed[1536];
@@ -219,6 +281,12 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
         snprintf(needle, sizeof needle, " %s", kv);
         tu_expect(strstr(params, needle) != NULL, "'%s' not in the parameters: %s", kv, params);
     }
+    /* each record row is a record of the context, with its selectors and keys */
+    char applied[4096];
+    info_line(info, "records: ", applied, sizeof applied);
+    for (char *shown = strtok_r(records, "\n", &save); shown; shown = strtok_r(NULL, "\n", &save))
+        tu_expect(strstr(applied, shown) != NULL, "record %s not applied: records: %s", shown,
+                  applied);
     /* CLATTN_TUNING=default applies no row; CLATTN_TUNING=FILE reads FILE instead. */
     char other[2048];
     snprintf(other, sizeof other, "%s CLATTN_TUNING=default", env);
@@ -283,6 +351,27 @@ START_TEST(test_quick_tune_writes_rows_that_apply)
     tu_expect(run_cli(env, "info") == 0, "clattn info failed: %s", captured("stderr"));
     info_line(captured("stdout"), "ignored: ", ignored, sizeof ignored);
     tu_expect(strcmp(ignored, "none") == 0, "ignored after re-tuning: %s", ignored);
+
+    /* A record is replaced by a search with the same selectors only: re-tuning flash (d = 64
+     * for every problem, d = 128 as a record on a CPU) keeps a hand-made d = 96 record and
+     * leaves one d = 128 record. */
+    if (strstr(info, "(CPU)") && text) {
+        char with_record[70000];
+        snprintf(with_record, sizeof with_record,
+                 "%s# by hand, head size 96\ncpu | %s | %s | %s | @head_dim=96 flash_cpu_rb=5\n",
+                 text, vendor, name, fields);
+        write_text(cache, with_record);
+        snprintf(args, sizeof args, "tune --quick --op flash --min-gain=-90 --out '%s'", cache);
+        tu_expect(run_cli(env, args) == 0, "tune failed: %s", captured("stderr"));
+        text = read_text(cache, 2);
+        int d128 = 0;
+        for (const char *at = text ? strstr(text, "| @head_dim=128 flash_cpu") : NULL; at;
+             at = strstr(at + 1, "| @head_dim=128 flash_cpu"))
+            ++d128;
+        tu_expect(text && strstr(text, "| @head_dim=96 flash_cpu_rb=5\n") && d128 == 1,
+                  "re-tuning flash lost the d = 96 record or kept %d d = 128 ones:\n%s", d128,
+                  text ? text + (strlen(text) > 1500 ? strlen(text) - 1500 : 0) : "");
+    }
 done:
     TU_END_TEST();
 }
@@ -993,7 +1082,8 @@ START_TEST(test_public_key_list)
         tu_expect(info.lo <= info.hi && info.struct_size == sizeof info, "%s: range %u .. %u",
                   info.name, info.lo, info.hi);
         const bool op = !strcmp(info.op, "") || !strcmp(info.op, "matmul") ||
-                        !strcmp(info.op, "softmax") || !strcmp(info.op, "flash");
+                        !strcmp(info.op, "softmax") || !strcmp(info.op, "flash") ||
+                        !strcmp(info.op, "backward");
         const bool device_class = !strcmp(info.device_class, "any") ||
                                   !strcmp(info.device_class, "cpu") ||
                                   !strcmp(info.device_class, "gpu");

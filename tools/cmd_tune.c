@@ -26,7 +26,12 @@ static const char tune_usage[] =
     "Times are wall-clock medians after a warm-up, on a CPU:\n"
     "  matmul   1024x1024x1024 and 4096x4096x64 (A·Bᵀ, the QKᵀ shape)\n"
     "  softmax  the unfused attention path with its weights, B=1 H=8 L=1024 d=16\n"
-    "  flash    the fused attention kernel, B=1 H=8 L=1024 d=64\n"
+    "  flash    the fused attention kernel, B=1 H=8 L=1024 d=64; then d=128 on its own\n"
+    "  backward the training backward (dQ, dK, dV after the fused forward), B=1 H=8 L=1024,\n"
+    "           d=64 and d=128 each on its own (CPUs only: its key blocks, flash_bwd_nv)\n"
+    "A search at one head size writes a record, `@head_dim=D key=value ...`, that applies to\n"
+    "attention plans of that head size only, and starts from the values the built-in records\n"
+    "give it; the others write rows for every problem.\n"
     "on a GPU (a wave of work-groups on a large one): matmul 4096x4096x1024 and 4096x4096x64,\n"
     "softmax B=4 H=8 L=1024 d=16, flash B=4 H=8 L=1024 at d=64 and d=128 and a decode step\n"
     "(B=1 H=32, one row per head over 8192 keys, d=128; decode_keys is searched there).\n"
@@ -60,7 +65,7 @@ typedef struct tune_options {
 
 /* --- problems: one matmul or attention call, its inputs, its outputs ---------------------- */
 
-typedef enum { CASE_MATMUL, CASE_FUSED, CASE_UNFUSED } case_kind;
+typedef enum { CASE_MATMUL, CASE_FUSED, CASE_UNFUSED, CASE_BACKWARD } case_kind;
 
 typedef struct tune_case {
     case_kind kind;
@@ -72,9 +77,9 @@ typedef struct tune_case {
 } tune_case;
 
 typedef struct case_data {
-    float *in[3]; /* matmul: A, B; attention: Q, K, V */
-    size_t in_count[3];
-    float *expected; /* the defaults' outputs */
+    float *in[4]; /* matmul: A, B; attention: Q, K, V (the backward: and dO) */
+    size_t in_count[4];
+    float *expected; /* the defaults' outputs (the backward: dQ, dK, dV in a row) */
     size_t out_count;
     double base_ms; /* the defaults' median (timed cases) */
 } case_data;
@@ -86,7 +91,9 @@ static void case_label(const tune_case *c, char *text, size_t size)
     else
         snprintf(text, size, "B=%zu H=%zu Lq=%zu Lk=%zu d=%zu%s%s", c->batch, c->heads, c->seq_q,
                  c->seq_k, c->head_dim, c->causal ? " causal" : "",
-                 c->kind == CASE_UNFUSED ? " unfused+weights" : "");
+                 c->kind == CASE_UNFUSED    ? " unfused+weights"
+                 : c->kind == CASE_BACKWARD ? " backward"
+                                            : "");
 }
 
 static uint64_t next_random(uint64_t *state)
@@ -117,8 +124,12 @@ static bool case_make(const tune_case *c, case_data *d, uint64_t seed)
         d->in_count[1] = d->in_count[2] = bh * c->seq_k * c->head_dim;
         d->out_count =
             bh * c->seq_q * c->head_dim + (c->kind == CASE_UNFUSED ? bh * c->seq_q * c->seq_k : 0);
+        if (c->kind == CASE_BACKWARD) { /* dO in; dQ, dK, dV out */
+            d->in_count[3] = bh * c->seq_q * c->head_dim;
+            d->out_count = bh * (c->seq_q + 2 * c->seq_k) * c->head_dim;
+        }
     }
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 4; ++i)
         if (d->in_count[i] && !(d->in[i] = random_floats(d->in_count[i], seed + (uint64_t)i)))
             return false;
     return (d->expected = malloc(d->out_count * sizeof(float))) != NULL;
@@ -126,9 +137,69 @@ static bool case_make(const tune_case *c, case_data *d, uint64_t seed)
 
 static void case_free(case_data *d)
 {
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 4; ++i)
         free(d->in[i]);
     free(d->expected);
+}
+
+/* The backward's float64 reference: dQ, dK, dV (in a row in ref) of softmax(scale Q K^T) V
+ * (top-left causal if asked) for the upstream gradient dO: P from the scores, dV = P^T dO,
+ * dS = P * (dO V^T - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q. */
+static void backward_reference(const tune_case *c, const case_data *d, double *ref)
+{
+    const size_t dim = c->head_dim, lq = c->seq_q, lk = c->seq_k;
+    const double scale = 1.0 / sqrt((double)dim);
+    const size_t bh_count = c->batch * c->heads;
+    double *p = malloc(lq * lk * sizeof *p), *o = malloc(dim * sizeof *o);
+    double *dq = ref, *dk = ref + bh_count * lq * dim, *dv = dk + bh_count * lk * dim;
+    if (p == NULL || o == NULL) {
+        free(p);
+        free(o);
+        return;
+    }
+    for (size_t i = 0; i < bh_count * (lq + 2 * lk) * dim; ++i)
+        ref[i] = 0.0;
+    for (size_t bh = 0; bh < bh_count; ++bh) {
+        const float *q = d->in[0] + bh * lq * dim, *k = d->in[1] + bh * lk * dim;
+        const float *v = d->in[2] + bh * lk * dim, *g = d->in[3] + bh * lq * dim;
+        double *gq = dq + bh * lq * dim, *gk = dk + bh * lk * dim, *gv = dv + bh * lk * dim;
+        for (size_t i = 0; i < lq; ++i) {
+            double *row = p + i * lk, max = -INFINITY, sum = 0.0;
+            for (size_t j = 0; j < lk; ++j) {
+                double dot = 0.0;
+                for (size_t e = 0; e < dim; ++e)
+                    dot += (double)q[i * dim + e] * k[j * dim + e];
+                row[j] = c->causal && j > i ? -INFINITY : dot * scale;
+                max = row[j] > max ? row[j] : max;
+            }
+            for (size_t j = 0; j < lk; ++j)
+                sum += (row[j] = row[j] == -INFINITY ? 0.0 : exp(row[j] - max));
+            for (size_t e = 0; e < dim; ++e)
+                o[e] = 0.0;
+            for (size_t j = 0; j < lk; ++j) {
+                row[j] /= sum;
+                for (size_t e = 0; e < dim; ++e)
+                    o[e] += row[j] * v[j * dim + e];
+            }
+            double delta = 0.0; /* rowsum(dO * O) */
+            for (size_t e = 0; e < dim; ++e)
+                delta += (double)g[i * dim + e] * o[e];
+            for (size_t j = 0; j < lk; ++j) {
+                double dp = 0.0;
+                for (size_t e = 0; e < dim; ++e) {
+                    dp += (double)g[i * dim + e] * v[j * dim + e];
+                    gv[j * dim + e] += row[j] * g[i * dim + e];
+                }
+                const double ds = row[j] * (dp - delta) * scale;
+                for (size_t e = 0; e < dim; ++e) {
+                    gq[i * dim + e] += ds * k[j * dim + e];
+                    gk[j * dim + e] += ds * q[i * dim + e];
+                }
+            }
+        }
+    }
+    free(p);
+    free(o);
 }
 
 /* float64 reference of a case into ref (out_count doubles). */
@@ -147,6 +218,10 @@ static void case_reference(const tune_case *c, const case_data *d, double *ref)
     }
     const size_t dim = c->head_dim, lq = c->seq_q, lk = c->seq_k;
     const double scale = 1.0 / sqrt((double)dim);
+    if (c->kind == CASE_BACKWARD) {
+        backward_reference(c, d, ref);
+        return;
+    }
     double *p = malloc(lk * sizeof *p);
     if (p == NULL)
         return;
@@ -211,26 +286,29 @@ static int compare_double(const void *a, const void *b)
 }
 
 /* Runs case c on ctx: once, or 1 warm-up + `runs` times (median wall ms in *ms); the outputs
- * (poisoned with NaN first) into out. */
+ * (poisoned with NaN first) into out. The backward: the fused forward with its lse once, then
+ * the backward plan (dQ, dK, dV) timed. */
 static clattn_status case_run(clattn_ctx *ctx, const tune_case *c, const case_data *d, float *out,
                               int runs, double *ms)
 {
     cl_context context = clattn_ctx_cl_context(ctx);
     cl_command_queue queue = clattn_ctx_queue(ctx);
     const size_t bh = c->batch * c->heads;
-    const size_t out_counts[2] = {c->kind == CASE_MATMUL ? d->out_count
-                                                         : bh * c->seq_q * c->head_dim,
-                                  c->kind == CASE_UNFUSED ? bh * c->seq_q * c->seq_k : 0};
-    cl_mem in[3] = {NULL}, outs[2] = {NULL};
-    clattn_plan *plan = NULL;
+    const bool backward = c->kind == CASE_BACKWARD;
+    size_t out_counts[3] = {c->kind == CASE_MATMUL ? d->out_count : bh * c->seq_q * c->head_dim,
+                            c->kind == CASE_UNFUSED ? bh * c->seq_q * c->seq_k : 0, 0};
+    if (backward) /* dQ, dK, dV */
+        out_counts[1] = out_counts[2] = bh * c->seq_k * c->head_dim;
+    cl_mem in[4] = {NULL}, outs[3] = {NULL}, fwd[2] = {NULL}; /* fwd: the forward's out, lse */
+    clattn_plan *plan = NULL, *forward = NULL;
     double *times = calloc((size_t)runs + 1, sizeof *times);
     cl_int err = times ? CL_SUCCESS : CL_OUT_OF_HOST_MEMORY;
-    for (int i = 0; i < 3 && err == CL_SUCCESS; ++i)
+    for (int i = 0; i < 4 && err == CL_SUCCESS; ++i)
         if (d->in_count[i])
             in[i] = clCreateBuffer(context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
                                    d->in_count[i] * sizeof(float), d->in[i], &err);
     const float nan_pattern = NAN;
-    for (int i = 0; i < 2 && err == CL_SUCCESS; ++i)
+    for (int i = 0; i < 3 && err == CL_SUCCESS; ++i)
         if (out_counts[i]) {
             outs[i] = clCreateBuffer(context, CL_MEM_READ_WRITE, out_counts[i] * sizeof(float),
                                      NULL, &err);
@@ -238,6 +316,10 @@ static clattn_status case_run(clattn_ctx *ctx, const tune_case *c, const case_da
                 err = clEnqueueFillBuffer(queue, outs[i], &nan_pattern, sizeof nan_pattern, 0,
                                           out_counts[i] * sizeof(float), 0, NULL, NULL);
         }
+    const size_t fwd_counts[2] = {bh * c->seq_q * c->head_dim, bh * c->seq_q};
+    for (int i = 0; i < 2 && backward && err == CL_SUCCESS; ++i)
+        fwd[i] = clCreateBuffer(context, CL_MEM_READ_WRITE, fwd_counts[i] * sizeof(float), NULL,
+                                &err);
     clattn_status status = (clattn_status)err;
     clattn_matmul_desc mm = {.struct_size = sizeof mm, .trans_b = c->trans_b, .alpha = 1.0f};
     clattn_tensor a = {0}, b = {0}, cc = {0};
@@ -258,14 +340,31 @@ static clattn_status case_run(clattn_ctx *ctx, const tune_case *c, const case_da
                                   c->head_dim);
         t->v = clattn_tensor_make(in[2], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads, c->seq_k,
                                   c->head_dim);
-        t->out = clattn_tensor_make(outs[0], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads, c->seq_q,
-                                    c->head_dim);
+        t->out = clattn_tensor_make(backward ? fwd[0] : outs[0], 0, CLATTN_DTYPE_F32, 4, c->batch,
+                                    c->heads, c->seq_q, c->head_dim);
         if (c->kind == CASE_UNFUSED)
             t->weights = clattn_tensor_make(outs[1], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads,
                                             c->seq_q, c->seq_k);
+        if (backward)
+            t->lse =
+                clattn_tensor_make(fwd[1], 0, CLATTN_DTYPE_F32, 3, c->batch, c->heads, c->seq_q, 0);
         sdpa.causal = c->causal;
-        sdpa.path = c->kind == CASE_FUSED ? CLATTN_PATH_FUSED : CLATTN_PATH_UNFUSED;
-        status = clattn_sdpa_plan_create(ctx, &sdpa, &plan);
+        sdpa.path = c->kind == CASE_UNFUSED ? CLATTN_PATH_UNFUSED : CLATTN_PATH_FUSED;
+        status = clattn_sdpa_plan_create(ctx, &sdpa, backward ? &forward : &plan);
+        if (backward && status == CLATTN_SUCCESS) /* the forward's out and lse, once */
+            status = clattn_plan_execute(forward, sdpa_tensors.by_role, CLATTN_ROLE_COUNT, NULL,
+                                         NULL, 0, NULL, NULL);
+        if (backward && status == CLATTN_SUCCESS) {
+            t->grad_out = clattn_tensor_make(in[3], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads,
+                                             c->seq_q, c->head_dim);
+            t->grad_q = clattn_tensor_make(outs[0], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads,
+                                           c->seq_q, c->head_dim);
+            t->grad_k = clattn_tensor_make(outs[1], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads,
+                                           c->seq_k, c->head_dim);
+            t->grad_v = clattn_tensor_make(outs[2], 0, CLATTN_DTYPE_F32, 4, c->batch, c->heads,
+                                           c->seq_k, c->head_dim);
+            status = clattn_sdpa_backward_plan_create(ctx, &sdpa, &plan);
+        }
     }
     const int total = runs > 0 ? runs + 1 : 1;
     for (int r = 0; r < total && status == CLATTN_SUCCESS; ++r) {
@@ -284,14 +383,19 @@ static clattn_status case_run(clattn_ctx *ctx, const tune_case *c, const case_da
         qsort(times + 1, (size_t)runs, sizeof *times, compare_double);
         *ms = runs % 2 ? times[1 + runs / 2] : 0.5 * (times[runs / 2] + times[1 + runs / 2]);
     }
-    for (int i = 0; i < 2 && status == CLATTN_SUCCESS; ++i)
-        if (out_counts[i])
-            status = (clattn_status)clEnqueueReadBuffer(
-                queue, outs[i], CL_TRUE, 0, out_counts[i] * sizeof(float),
-                out + (i ? out_counts[0] : 0), 0, NULL, NULL);
+    size_t offset = 0;
+    for (int i = 0; i < 3 && status == CLATTN_SUCCESS; ++i)
+        if (out_counts[i]) {
+            status = (clattn_status)clEnqueueReadBuffer(queue, outs[i], CL_TRUE, 0,
+                                                        out_counts[i] * sizeof(float),
+                                                        out + offset, 0, NULL, NULL);
+            offset += out_counts[i];
+        }
     clattn_plan_release(plan);
-    cli_release_buffers(in, 3);
-    cli_release_buffers(outs, 2);
+    clattn_plan_release(forward);
+    cli_release_buffers(in, 4);
+    cli_release_buffers(outs, 3);
+    cli_release_buffers(fwd, 2);
     free(times);
     return status;
 }
@@ -304,8 +408,13 @@ enum { MAX_CASES = 6 };
  * one wave of work-groups over 132 compute units with the default tiles, and the head sizes
  * and decode shapes that GPU kernels are chosen for); quick: --quick on either. */
 typedef struct tune_op {
-    const char *name;
+    const char *name; /* the keys' op column (tools/tune_space.h) and --op's name */
     tune_case full[MAX_CASES], gpu[MAX_CASES], quick[MAX_CASES]; /* m == 0, kind 0 ends a list */
+    /* NULL: the row applies to every problem; else its selectors ("@head_dim=128"): the search
+     * starts from the values the built-in records give those problems, its trials and its row
+     * are records with these selectors (host/tuning/table.h) */
+    const char *select;
+    bool cpu_only; /* searched on CPUs only (a GPU's list times that head size already) */
 } tune_op;
 
 #define MM(M, N, K, T, TIMED)                                                                      \
@@ -325,7 +434,9 @@ static const tune_op tune_ops[] = {
      {MM(129, 127, 65, 0, false), MM(65, 129, 64, 1, false), MM(4096, 4096, 1024, 0, true),
       MM(4096, 4096, 64, 1, true)},
      {MM(129, 127, 65, 0, false), MM(65, 129, 64, 1, false), MM(256, 256, 256, 0, true),
-      MM(512, 512, 64, 1, true)}},
+      MM(512, 512, 64, 1, true)},
+     NULL,
+     false},
     {"softmax",
      {ATT(CASE_UNFUSED, 1, 2, 129, 65, 16, CLATTN_CAUSAL_NONE, false),
       ATT(CASE_UNFUSED, 1, 1, 65, 129, 16, CLATTN_CAUSAL_TOP_LEFT, false),
@@ -335,7 +446,9 @@ static const tune_op tune_ops[] = {
       ATT(CASE_UNFUSED, 4, 8, 1024, 1024, 16, CLATTN_CAUSAL_NONE, true)},
      {ATT(CASE_UNFUSED, 1, 2, 129, 65, 16, CLATTN_CAUSAL_NONE, false),
       ATT(CASE_UNFUSED, 1, 1, 65, 129, 16, CLATTN_CAUSAL_TOP_LEFT, false),
-      ATT(CASE_UNFUSED, 1, 4, 256, 256, 16, CLATTN_CAUSAL_NONE, true)}},
+      ATT(CASE_UNFUSED, 1, 4, 256, 256, 16, CLATTN_CAUSAL_NONE, true)},
+     NULL,
+     false},
     {"flash",
      {ATT(CASE_FUSED, 1, 2, 129, 65, 64, CLATTN_CAUSAL_NONE, false),
       ATT(CASE_FUSED, 1, 1, 65, 129, 64, CLATTN_CAUSAL_TOP_LEFT, false),
@@ -350,8 +463,47 @@ static const tune_op tune_ops[] = {
       ATT(CASE_FUSED, 1, 32, 1, 8192, 128, CLATTN_CAUSAL_NONE, true)},
      {ATT(CASE_FUSED, 1, 2, 129, 65, 64, CLATTN_CAUSAL_NONE, false),
       ATT(CASE_FUSED, 1, 1, 65, 129, 64, CLATTN_CAUSAL_TOP_LEFT, false),
-      ATT(CASE_FUSED, 1, 2, 256, 256, 64, CLATTN_CAUSAL_NONE, true)}},
+      ATT(CASE_FUSED, 1, 2, 256, 256, 64, CLATTN_CAUSAL_NONE, true)},
+     NULL,
+     false},
+    /* CPUs: flash_cpu's register blocks at d = 128 (rows per block, blocks, vectors per row
+     * change with the head size), as a record for that head size */
+    {"flash",
+     {ATT(CASE_FUSED, 1, 2, 129, 65, 128, CLATTN_CAUSAL_NONE, false),
+      ATT(CASE_FUSED, 1, 1, 65, 129, 128, CLATTN_CAUSAL_TOP_LEFT, false),
+      ATT(CASE_FUSED, 1, 8, 1024, 1024, 128, CLATTN_CAUSAL_NONE, true)},
+     {ATT(CASE_MATMUL, 0, 0, 0, 0, 0, CLATTN_CAUSAL_NONE, false)},
+     {ATT(CASE_FUSED, 1, 2, 129, 65, 128, CLATTN_CAUSAL_NONE, false),
+      ATT(CASE_FUSED, 1, 2, 256, 256, 128, CLATTN_CAUSAL_NONE, true)},
+     "@head_dim=128",
+     true},
+    /* CPUs: the training backward's key blocks (flash_bwd_nv) per head size: the fused
+     * forward with its lse, then dQ, dK, dV timed */
+    {"backward",
+     {ATT(CASE_BACKWARD, 1, 2, 129, 65, 64, CLATTN_CAUSAL_NONE, false),
+      ATT(CASE_BACKWARD, 1, 1, 65, 129, 64, CLATTN_CAUSAL_TOP_LEFT, false),
+      ATT(CASE_BACKWARD, 1, 8, 1024, 1024, 64, CLATTN_CAUSAL_NONE, true)},
+     {ATT(CASE_MATMUL, 0, 0, 0, 0, 0, CLATTN_CAUSAL_NONE, false)},
+     {ATT(CASE_BACKWARD, 1, 2, 129, 65, 64, CLATTN_CAUSAL_NONE, false),
+      ATT(CASE_BACKWARD, 1, 2, 256, 256, 64, CLATTN_CAUSAL_NONE, true)},
+     "@head_dim=64",
+     true},
+    {"backward",
+     {ATT(CASE_BACKWARD, 1, 2, 129, 65, 128, CLATTN_CAUSAL_NONE, false),
+      ATT(CASE_BACKWARD, 1, 1, 65, 129, 128, CLATTN_CAUSAL_TOP_LEFT, false),
+      ATT(CASE_BACKWARD, 1, 8, 1024, 1024, 128, CLATTN_CAUSAL_NONE, true)},
+     {ATT(CASE_MATMUL, 0, 0, 0, 0, 0, CLATTN_CAUSAL_NONE, false)},
+     {ATT(CASE_BACKWARD, 1, 2, 129, 65, 128, CLATTN_CAUSAL_NONE, false),
+      ATT(CASE_BACKWARD, 1, 2, 256, 256, 128, CLATTN_CAUSAL_NONE, true)},
+     "@head_dim=128",
+     true},
 };
+
+/* The op's selectors ("" for a row that applies to every problem). */
+static const char *op_select(const tune_op *op)
+{
+    return op->select ? op->select : "";
+}
 
 static bool case_present(const tune_case *c)
 {
@@ -426,6 +578,37 @@ static bool when_holds(const tune_state *s, const unsigned *values, const char *
             strncmp(tune_space[i].key, when, (size_t)(eq - when)) == 0)
             return s->known[i] && values[i] == want;
     return false;
+}
+
+/* Over values: the keys that ctx's records with exactly the selectors `select` set (its
+ * clattn_ctx_tuning "records:" line: "ORIGIN (SELECTORS: k=v ...); ..."). A search of the
+ * problems those records select starts from what they give (the built-in table's
+ * "@head_dim=64 flash_bwd_nv=2", for one). */
+static void overlay_records(const tune_state *s, clattn_ctx *ctx, const char *select,
+                            unsigned *values)
+{
+    const char *text = strstr(clattn_ctx_tuning(ctx), "records:");
+    const size_t length = strlen(select);
+    if (text == NULL || length == 0)
+        return;
+    const char *end = strchr(text, '\n');
+    for (const char *open = strchr(text, '('); open && (!end || open < end);
+         open = strchr(open + 1, '(')) {
+        const char *colon = strchr(open, ':'), *close = strchr(open, ')');
+        if (!colon || !close || colon > close || (size_t)(colon - open - 1) != length ||
+            strncmp(open + 1, select, length) != 0)
+            continue;
+        char items[1024];
+        snprintf(items, sizeof items, "%.*s", (int)(close - colon - 1), colon + 1);
+        char *save = NULL;
+        for (char *item = strtok_r(items, " ", &save); item; item = strtok_r(NULL, " ", &save)) {
+            const size_t name = strcspn(item, "=");
+            for (size_t i = 0; i < num_keys; ++i)
+                if (s->known[i] && item[name] == '=' && strlen(tune_space[i].key) == name &&
+                    strncmp(tune_space[i].key, item, name) == 0)
+                    values[i] = (unsigned)strtoul(item + name + 1, NULL, 10);
+        }
+    }
 }
 
 typedef enum { TRY_OK, TRY_REFUSED, TRY_WRONG } try_result;
@@ -606,7 +789,8 @@ static int tune_op_search(tune_state *s, const tune_op *op, char *keys, size_t k
             const size_t used = strlen(sizes);
             snprintf(sizes + used, sizeof sizes - used, "%s%s", used ? ", " : "", label);
         }
-    printf("%s (timed at %s):\n", op->name, sizes);
+    const char *select = op_select(op);
+    printf("%s%s%s (timed at %s):\n", op->name, select[0] ? " " : "", select, sizes);
     fflush(stdout);
     clattn_ctx *defaults = NULL, *best = NULL;
     if (rc == CLI_OK) {
@@ -616,6 +800,10 @@ static int tune_op_search(tune_state *s, const tune_op *op, char *keys, size_t k
         else if (check_cases(defaults, cases, data, count, true, why, sizeof why) != TRY_OK)
             rc = cli_fail("tune", CLI_FAILED, "%s with the default parameters: %s", op->name, why);
     }
+    unsigned saved_base[TUNE_MAX_KEYS]; /* the context's; the op's records on top for now */
+    memcpy(saved_base, s->base, sizeof saved_base);
+    if (rc == CLI_OK)
+        overlay_records(s, defaults, select, s->base);
     for (size_t i = 0; i < num_keys; ++i)
         s->value[i] = s->base[i];
     best = defaults;
@@ -659,7 +847,8 @@ static int tune_op_search(tune_state *s, const tune_op *op, char *keys, size_t k
                     snprintf(label, sizeof label, "%s=%u", tune_space[i].key, trial[i]);
                 char trial_keys[512], rows[600];
                 diff_keys(s, trial, NULL, trial_keys, sizeof trial_keys);
-                snprintf(rows, sizeof rows, "any | * | * | %s", trial_keys);
+                snprintf(rows, sizeof rows, "any | * | * | %s%s%s", select, select[0] ? " " : "",
+                         trial_keys);
                 ++tried;
                 clattn_ctx *ctx = NULL;
                 const clattn_status status = tune_context(s, rows, &ctx, message, sizeof message);
@@ -709,10 +898,10 @@ static int tune_op_search(tune_state *s, const tune_op *op, char *keys, size_t k
             if (gmtime_r(&now, &utc))
                 strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", &utc);
             snprintf(comment, comment_size,
-                     "# clattn tune %s, %s, clattn %s%s: %s: %.2fx the defaults' speed "
+                     "# clattn tune %s%s%s, %s, clattn %s%s: %s: %.2fx the defaults' speed "
                      "(coordinate descent, joint pairs, %u candidates, %u refused)",
-                     op->name, date, CLATTN_VERSION_STRING, s->options->quick ? ", --quick" : "",
-                     sizes, speedup, tried, refused);
+                     op->name, select[0] ? " " : "", select, date, CLATTN_VERSION_STRING,
+                     s->options->quick ? ", --quick" : "", sizes, speedup, tried, refused);
         }
     }
     if (rc == CLI_OK)
@@ -722,6 +911,7 @@ static int tune_op_search(tune_state *s, const tune_op *op, char *keys, size_t k
     clattn_ctx_release(defaults);
     for (size_t i = 0; i < count; ++i)
         case_free(&data[i]);
+    memcpy(s->base, saved_base, sizeof saved_base);
     return rc;
 }
 
@@ -767,14 +957,23 @@ static bool replaced_row(const tune_state *s, const char *line, const bool *ops)
         return false;
     if (fields[3][0] == '\0')
         return true;
+    /* the row's selectors (a record's "@head_dim=128 ..."), then its keys: replaced when a
+     * tuned op with the same selectors searches one of them */
+    char select[256] = "", keys[2048] = "";
     char *save = NULL;
     for (char *item = strtok_r(fields[3], " \t", &save); item;
          item = strtok_r(NULL, " \t", &save)) {
+        char *into = item[0] == '@' ? select : keys;
+        const size_t size = item[0] == '@' ? sizeof select : sizeof keys, used = strlen(into);
+        snprintf(into + used, size - used, "%s%s", used ? " " : "", item);
+    }
+    for (char *item = strtok_r(keys, " ", &save); item; item = strtok_r(NULL, " ", &save)) {
         const size_t length = strcspn(item, "=");
         for (size_t k = 0; k < num_keys; ++k)
             if (strlen(tune_space[k].key) == length && !strncmp(tune_space[k].key, item, length))
                 for (size_t o = 0; o < sizeof tune_ops / sizeof tune_ops[0]; ++o)
-                    if (ops[o] && !strcmp(tune_ops[o].name, tune_space[k].op))
+                    if (ops[o] && !strcmp(tune_ops[o].name, tune_space[k].op) &&
+                        !strcmp(op_select(&tune_ops[o]), select))
                         return true;
     }
     return false;
@@ -836,8 +1035,8 @@ static int parse_op(const cli_args *args, const char *value, void *target)
     for (size_t i = 0; i < sizeof tune_ops / sizeof tune_ops[0]; ++i)
         found = found || strcmp(value, tune_ops[i].name) == 0;
     if (!found)
-        return cli_fail(args->command, -1, "--op '%s': expected matmul, softmax, flash or all",
-                        value);
+        return cli_fail(args->command, -1,
+                        "--op '%s': expected matmul, softmax, flash, backward or all", value);
     *(const char **)target = value;
     return 1;
 }
@@ -864,7 +1063,7 @@ static int parse_min_gain(const cli_args *args, const char *value, void *target)
 
 #define AT(field) CLI_AT(tune_options, field)
 static const cli_option tune_table[] = {
-    {CLI_OPT("--op", CLI_CUSTOM, AT(op), "matmul|softmax|flash|all",
+    {CLI_OPT("--op", CLI_CUSTOM, AT(op), "matmul|softmax|flash|backward|all",
              "the op to tune (default all)"),
      .handle = parse_op},
     {CLI_OPT("--quick", CLI_FLAG, AT(quick), NULL,
@@ -960,15 +1159,17 @@ int cmd_tune(int argc, char **argv)
     char added[8192] = "";
     int rc = CLI_OK;
     for (size_t i = 0; i < sizeof tune_ops / sizeof tune_ops[0] && rc == CLI_OK; ++i) {
-        ops[i] = strcmp(o.op, "all") == 0 || strcmp(o.op, tune_ops[i].name) == 0;
+        ops[i] = (strcmp(o.op, "all") == 0 || strcmp(o.op, tune_ops[i].name) == 0) &&
+                 (s.cpu || !tune_ops[i].cpu_only);
         if (!ops[i])
             continue;
         char keys[512], comment[1024];
         rc = tune_op_search(&s, &tune_ops[i], keys, sizeof keys, comment, sizeof comment);
         const size_t used = strlen(added);
         if (rc == CLI_OK && keys[0])
-            snprintf(added + used, sizeof added - used, "%s\n%s | %s | %s | %s | %s\n", comment,
-                     s.cpu ? "cpu" : "gpu", s.vendor, s.name, s.driver, keys);
+            snprintf(added + used, sizeof added - used, "%s\n%s | %s | %s | %s | %s%s%s\n",
+                     comment, s.cpu ? "cpu" : "gpu", s.vendor, s.name, s.driver,
+                     op_select(&tune_ops[i]), tune_ops[i].select ? " " : "", keys);
     }
     if (rc != CLI_OK)
         return rc;

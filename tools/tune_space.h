@@ -4,7 +4,8 @@
  * (clattn_tuning_key_get), its columns op, class, when, values and quick:
  *
  *     op:      the op whose timing decides the key: matmul, softmax (the unfused attention
- *              path with its weights) or flash (the fused attention kernel); "": not searched
+ *              path with its weights), flash (the fused attention kernel) or backward (the
+ *              training backward, after the fused forward); "": not searched
  *     class:   the devices it is searched on: cpu, gpu or any (the device's type)
  *     when:    "" or "key=value": searched only while the current best has that value (a
  *              key of another kernel variant is not searched where that variant is not used)

@@ -73,9 +73,9 @@
     X(flash_cpu_pf_min, PROBLEM, 0, 4194304, "", "cpu", "", "", "",                              \
       "flash_cpu_pf: from this many KiB of keys and values (default: half the device's global " \
       "memory cache)")                                                                        \
-    X(flash_bwd_nv, PROBLEM, 1, 4, "", "cpu", "", "", "",                                        \
+    X(flash_bwd_nv, PROBLEM, 1, 4, "backward", "cpu", "", "1 2 4", "2 4",                         \
       "the CPU backward (flash_bwd.cl): 16-key vectors per key block, 1, 2 or 4, fewer where "  \
-      "local memory is short (not searched: clattn tune times no backward)")                   \
+      "local memory is short (clattn tune: per head size, d = 64 and 128)")                     \
     X(flash_gpu, PROBLEM, 0, 1, "flash", "gpu", "flash_cpu=0", "0 1", "",                        \
       "1: the cooperative fused kernel for GPUs (flash_gpu.cl)")                                \
     X(fg_bq, PROBLEM, 1, 256, "flash", "gpu", "flash_gpu=1", "16 32 64 128", "",                 \
