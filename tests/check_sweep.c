@@ -143,7 +143,17 @@ typedef enum axis_id {
     AX_COUNT
 } axis_id;
 
-enum { CFG_DEFAULT, CFG_GPU, CFG_SPLIT, CFG_CPU_SPLIT, CFG_DECODE_SPLIT, CFG_GPU_SPLIT, CFG_COUNT };
+enum {
+    CFG_DEFAULT,
+    CFG_GPU,
+    CFG_SPLIT,
+    CFG_CPU_SPLIT,
+    CFG_DECODE_SPLIT,
+    CFG_GPU_SPLIT,
+    CFG_GPU_DPAS,
+    CFG_CPU_TILES,
+    CFG_COUNT
+};
 enum { GQA_1, GQA_2, GQA_4, GQA_8 };
 enum { LQ_ONE, LQ_SHORT, LQ_LONG };
 enum { LK_SAME, LK_SHORT, LK_LONG };
@@ -172,7 +182,7 @@ enum { MERGE_NONE, MERGE_SPLITS };
  * the largest default key tile (flash_cpu.cl's 64), so two splits of whole tiles exist */
 #define SPLIT_KEYS 129
 
-#define MAX_VALUES 6
+#define MAX_VALUES 8
 
 typedef struct axis_def {
     const char *name;
@@ -183,7 +193,8 @@ typedef struct axis_def {
 static const axis_def axes[AX_COUNT] = {
     [AX_CONFIG] = {"config",
                    CFG_COUNT,
-                   {"default", "gpu", "split", "cpu_split", "decode_split", "gpu_split"}},
+                   {"default", "gpu", "split", "cpu_split", "decode_split", "gpu_split",
+                    "gpu_dpas", "cpu_tiles"}},
     [AX_GQA] = {"gqa", 4, {"1", "2", "4", "8"}},
     [AX_LQ] = {"lq", 3, {"1", "short", "long"}},
     [AX_LK] = {"lk", 3, {"=lq", "short", "long"}},
@@ -290,6 +301,18 @@ static const combo required[] = {
     C2(AX_CONFIG, CFG_GPU_SPLIT, AX_SOFTCAP, ON),
     C2(AX_CONFIG, CFG_GPU, AX_ALIBI, ALIBI_BH),
     C2(AX_CONFIG, CFG_GPU, AX_LQ, LQ_LONG),
+    /* the tuning rows that are not the defaults (issue 51): the matrix-engine emulation on
+     * 16-bit inputs (masked, causal, GQA), flash_cpu's odd register blocks, the CPU
+     * backward's 16-key blocks */
+    C2(AX_CONFIG, CFG_GPU_DPAS, AX_DTYPE, DT_F16),
+    C3(AX_CONFIG, CFG_GPU_DPAS, AX_DTYPE, DT_F16, AX_MASK, MASK_FLOAT),
+    C3(AX_CONFIG, CFG_GPU_DPAS, AX_DTYPE, DT_F16, AX_CAUSAL, AL_BOTTOM_RIGHT),
+    C3(AX_CONFIG, CFG_GPU_DPAS, AX_DTYPE, DT_F16, AX_GQA, GQA_4),
+    C3(AX_CONFIG, CFG_GPU_DPAS, AX_DTYPE, DT_F16, AX_PAGED, PAGED_SMALL),
+    C3(AX_CONFIG, CFG_GPU_DPAS, AX_DTYPE, DT_F16, AX_SINKS, ON),
+    C2(AX_CONFIG, CFG_CPU_TILES, AX_LQ, LQ_LONG),
+    C2(AX_CONFIG, CFG_CPU_TILES, AX_PADDING, PAD_ON),
+    C2(AX_CONFIG, CFG_CPU_TILES, AX_BACKWARD, ON),
     /* Soft-capping, ALiBi, storage and layouts */
     C2(AX_SOFTCAP, ON, AX_ALIBI, ALIBI_H),
     C2(AX_SOFTCAP, ON, AX_NORM, NORM_RELU),
@@ -514,6 +537,14 @@ static const config_def configs[CFG_COUNT] = {
     /* the decode splits of flash.c from 16 keys on */
     [CFG_DECODE_SPLIT] = {0, "any | * | * | decode_keys=16"},
     [CFG_GPU_SPLIT] = {1, "any | * | * | loop_trip_limit=4000"},
+    /* tuning rows that are not the defaults (issue 51): flash_gpu.cl's matrix-engine variant
+     * through its emulation (16-bit q, k, v of one type, d_k a multiple of 16; the other draws
+     * run flash_gpu as on CFG_GPU), sub-groups of 16 */
+    [CFG_GPU_DPAS] = {1, "any | * | * | fg_dpas=2 fg_dpas_sg=16"},
+    /* flash_cpu.cl's register blocks of 5 rows, 3 a group, 2 vectors a row, and the CPU
+     * backward's 16-key blocks */
+    [CFG_CPU_TILES] = {0, "any | * | * | flash_cpu_rb=5 flash_cpu_nb=3 flash_cpu_kv=2 "
+                          "flash_bwd_nv=1"},
 };
 
 static int config_on_[CFG_COUNT];
@@ -797,7 +828,14 @@ static void draw_storage(draw *d, pb_sdpa_spec *s, int mla)
                 fits[count++] = i;
         /* a forced pair no signature has: the dtype wins, any head size */
         const signature *g = NULL;
-        if (count > 0) {
+        /* the matrix-engine context (gpu_dpas) mostly draws what its variant takes: f16 at
+         * d = 64 (the one such signature below the full tier) */
+        for (int i = 0; i < count && d->v[AX_CONFIG] == CFG_GPU_DPAS && uniform(4) != 0; ++i)
+            if (signatures[fits[i]].dtype == DT_F16 && signatures[fits[i]].head_dim == HD_64)
+                g = &signatures[fits[i]];
+        if (g != NULL) {
+            /* (taken) */
+        } else if (count > 0) {
             g = &signatures[fits[uniform(count)]];
         } else {
             for (int i = 0; i < COUNT_OF(signatures) && g == NULL; ++i)
@@ -923,7 +961,8 @@ static void draw_spec(int index, draw *d, pb_sdpa_spec *s)
      * forced past turns quantizing off */
     static const int quant_w[] = {78, 6, 6, 5, 5};
     int quant = pick(d, AX_QUANT,
-                     (keys == KEYS_PAST && is_forced(d, AX_KEYS)) || backward || want_dropout
+                     (keys == KEYS_PAST && is_forced(d, AX_KEYS)) || backward || want_dropout ||
+                             config == CFG_GPU_DPAS /* (its variant: one 16-bit type) */
                          ? QUANT_OFF
                          : weighted(quant_w, 5));
     if (step && (quant == QUANT_Q8_0 || quant == QUANT_Q4_0))
@@ -1449,6 +1488,7 @@ static long drop_draws_, drop_offsets_[DOFF_COUNT], drop_refused_, drop_decode_,
  * sinks (each row its query head's sink), grouped decodes over a paged cache */
 static long merge_draws_, merge_sinks_, merge_group_sinks_, merge_group_paged_;
 static long step_ran_; /* draws that ran the decode step in one launch (kv_step) */
+static long dpas_plans_; /* AUTO plans on flash_gpu.cl's matrix-engine emulation (gpu_dpas) */
 
 static void count_draw(coverage *c, const draw *d)
 {
@@ -1580,6 +1620,9 @@ static void print_coverage(void)
            merge_draws_, run_.draws, merge_sinks_, merge_group_sinks_, merge_group_paged_);
     printf("sweep: kv_step: %ld of %ld draws ran a cache's decode step in one launch\n", step_ran_,
            run_.draws);
+    printf("sweep: matrix engine: %ld of %ld draws planned flash_gpu.cl's emulated DPAS variant "
+           "(context gpu_dpas: %ld draws)\n",
+           dpas_plans_, run_.draws, run_.values[AX_CONFIG][CFG_GPU_DPAS]);
     int missed = 0, off = 0;
     for (int i = 0; i < COUNT_OF(required); ++i) {
         char text[160];
@@ -1652,6 +1695,15 @@ static int check_read(clattn_ctx *ctx, const pb_sdpa_problem *p, const draw *d)
               "the draw splits its keys (decode splits), the plan does not: %s", info);
     const int cpu = strstr(info, "flash_cpu.cl") != NULL;
     const int says = strstr(info, "read in place") != NULL;
+    /* the matrix engine: emulated on the context that asks for it (fg_dpas=2), never elsewhere
+     * (no device here reports the extension) */
+    if (getenv("DBG_DPAS") && d->v[AX_CONFIG] == CFG_GPU_DPAS) fprintf(stderr, "DBG %s || %s\n", p->label, info);
+    if (strstr(info, "matrix engine") != NULL) {
+        ++dpas_plans_;
+        tu_expect(d->v[AX_CONFIG] == CFG_GPU_DPAS && strstr(info, "emulated") != NULL,
+                  "a matrix-engine plan on context %s: %s", axes[AX_CONFIG].values[d->v[AX_CONFIG]],
+                  info);
+    }
     if (d->v[AX_READ] == READ_IN_PLACE)
         tu_expect(cpu && says, "the draw reads K and V in place, the plan does not: %s", info);
     else if (cpu && in_place_on_[d->v[AX_CONFIG]])
