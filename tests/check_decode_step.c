@@ -44,7 +44,14 @@ static const step_case cases[] = {
     {1, 8, 2, 64, 62, 3, 0, CLATTN_DTYPE_F16, 0.0f, 40, 1},
     /* 1031, 1032 keys, paged in 64s */
     {1, 4, 4, 64, 1030, 2, 64, CLATTN_DTYPE_F32, 0.0f, -1, 0},
+    /* pools of at least 2 MiB (8 k/v heads x 1037 x 64 floats, 2.1 MB each): on a CPU device
+     * under Linux, host memory on huge pages used in place (host/attn/cache.c huge_pool);
+     * contiguous GQA 16/8, and paged in 64s */
+    {1, 16, 8, 64, 1030, 2, 0, CLATTN_DTYPE_F32, 0.0f, -1, 1},
+    {1, 8, 8, 64, 1029, 3, 64, CLATTN_DTYPE_F32, 0.0f, 300, 0},
 };
+/* the cases a simulator runs (CLATTN_TEST_SCALE=small): not the last three (1030 keys) */
+#define SMALL_CASES 5
 
 /* A context on the shared one's device whose queue profiles (the kernel trace needs it). */
 static clattn_ctx *profiling_ctx(cl_command_queue *queue)
@@ -189,6 +196,35 @@ static long traced_launches(clattn_ctx *ctx)
     return (long)count;
 }
 
+/* A pool of at least 2 MiB on a CPU device under Linux is host memory aligned to 2 MiB used in
+ * place (CL_MEM_USE_HOST_PTR; huge pages where the kernel grants them); smaller pools and
+ * other devices: the runtime's own memory. */
+static void expect_pool_pages(clattn_ctx *ctx, const clattn_kv_cache *cache)
+{
+    clattn_tensor k, v;
+    clattn_kv_cache_tensors(cache, &k, &v, NULL);
+    cl_device_type type = 0;
+    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    const cl_mem mems[2] = {k.mem, v.mem};
+    for (int i = 0; i < 2; ++i) {
+        size_t size = 0;
+        cl_mem_flags flags = 0;
+        void *host = NULL;
+        clGetMemObjectInfo(mems[i], CL_MEM_SIZE, sizeof size, &size, NULL);
+        clGetMemObjectInfo(mems[i], CL_MEM_FLAGS, sizeof flags, &flags, NULL);
+        clGetMemObjectInfo(mems[i], CL_MEM_HOST_PTR, sizeof host, &host, NULL);
+#if defined(__linux__)
+        const int huge = (type & CL_DEVICE_TYPE_CPU) && size >= (2u << 20);
+#else
+        const int huge = 0;
+#endif
+        tu_expect(huge ? (flags & CL_MEM_USE_HOST_PTR) && host && (uintptr_t)host % (2u << 20) == 0
+                       : !(flags & CL_MEM_USE_HOST_PTR),
+                  "pool %d of %zu bytes: flags 0x%llx, host pointer %p (huge pages expected: %d)",
+                  i, size, (unsigned long long)flags, host, huge);
+    }
+}
+
 /* The steps of case i, each against its reference; then the cache's contents. */
 static void run_case(clattn_ctx *ctx, const step_case *c, const char *info_out, size_t info_size,
                      long *launches_seen)
@@ -221,6 +257,7 @@ static void run_case(clattn_ctx *ctx, const step_case *c, const char *info_out, 
     const size_t q_strides[4] = {c->heads * c->steps * c->d, c->steps * c->d, c->d, 1};
     if (!tu_expect_status(clattn_kv_cache_create(ctx, &cd, &cache), CLATTN_SUCCESS, "cache"))
         goto done;
+    expect_pool_pages(ctx, cache);
     if (c->page_size)
         shuffle_pages(cache, c->batch, (capacity + c->page_size - 1) / c->page_size);
     if (c->prompt > 0) {
@@ -447,7 +484,7 @@ static Suite *decode_step_suite(void)
     TCase *tc = tu_tcase(suite, "decode_step", 300);
     /* (CLATTN_TEST_SCALE=small, for simulators: not the 1031-key case) */
     const int count = (int)(sizeof cases / sizeof cases[0]);
-    tcase_add_loop_test(tc, test_decode_step, 0, tu_small() ? count - 1 : count);
+    tcase_add_loop_test(tc, test_decode_step, 0, tu_small() ? SMALL_CASES : count);
     tcase_add_test(tc, test_refusals);
     return suite;
 }

@@ -2,11 +2,15 @@
  * their fill level as a kv_seqlen tensor so that one SDPA plan serves every step. Paged mode:
  * pools of pages and a block table (B, blocks), kept on the host too (`map`), filled by a
  * lowest-free-page allocator (`used`: which pages the table holds) or by the caller. */
+#define _DEFAULT_SOURCE /* posix_memalign, madvise (the pools' huge pages on CPU devices) */
 #include "plan.h"
 
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 struct clattn_kv_cache {
     clattn_ctx *ctx;
@@ -48,14 +52,65 @@ void clattn_kv_cache_release(clattn_kv_cache *cache)
     free(cache);
 }
 
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+enum { HUGE_PAGE = 2u << 20 }; /* x86-64's and AArch64's (4 KiB pages) transparent huge page */
+
+static void CL_CALLBACK free_pool_memory(cl_mem mem, void *memory)
+{
+    (void)mem;
+    free(memory);
+}
+
+/* A pool of at least a huge page on a CPU device: host memory aligned to huge pages and
+ * marked for them (madvise(MADV_HUGEPAGE): transparent huge pages in Linux's default
+ * `madvise` mode), used in place (CL_MEM_USE_HOST_PTR: a CPU device's buffer is host
+ * memory), freed when the runtime destroys the buffer. A long cache's decode streams its
+ * keys and values once a step: with 4 KiB pages every 4 KiB costs a TLB walk, and on a 2-vCPU
+ * Intel Xeon the step at 16k-32k keys ran 1.13-1.47x faster on huge pages (BENCHMARKS.md).
+ * NULL where any step fails (the caller then allocates as usual). */
+static cl_mem huge_pool(clattn_ctx *ctx, size_t bytes)
+{
+    if (!(ctx->info.type & CL_DEVICE_TYPE_CPU) || bytes < HUGE_PAGE ||
+        bytes > SIZE_MAX - HUGE_PAGE)
+        return NULL;
+    const size_t rounded = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    void *memory = NULL;
+    if (posix_memalign(&memory, HUGE_PAGE, rounded) != 0)
+        return NULL;
+    (void)madvise(memory, rounded, MADV_HUGEPAGE); /* (a hint: 4 KiB pages if refused) */
+    cl_int err = CL_SUCCESS;
+    cl_mem mem = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, bytes,
+                                memory, &err);
+    if (err != CL_SUCCESS || mem == NULL) {
+        free(memory);
+        return NULL;
+    }
+    if (clSetMemObjectDestructorCallback(mem, free_pool_memory, memory) != CL_SUCCESS) {
+        clReleaseMemObject(mem); /* (no command used it: the runtime holds no reference) */
+        free(memory);
+        return NULL;
+    }
+    return mem;
+}
+#else
+static cl_mem huge_pool(clattn_ctx *ctx, size_t bytes)
+{
+    (void)ctx, (void)bytes;
+    return NULL;
+}
+#endif
+
+/* pool: the keys' or values' pool (huge pages on CPU devices, huge_pool). */
 static clattn_status new_buffer(clattn_ctx *ctx, const char *op, const char *what, size_t bytes,
-                                cl_mem *out)
+                                bool pool, cl_mem *out)
 {
     if (bytes > ctx->info.max_alloc_size)
         return clattn__fail(ctx, CLATTN_ERR_TOO_LARGE,
                             "%s: %s needs %zu bytes, more than the device's largest allocation "
                             "(CL_DEVICE_MAX_MEM_ALLOC_SIZE = %llu)",
                             op, what, bytes, (unsigned long long)ctx->info.max_alloc_size);
+    if (pool && (*out = huge_pool(ctx, bytes)) != NULL)
+        return CLATTN_SUCCESS;
     cl_int err = CL_SUCCESS;
     *out = clCreateBuffer(ctx->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
     if (err != CL_SUCCESS || *out == NULL) {
@@ -171,11 +226,11 @@ clattn_status clattn_kv_cache_create(clattn_ctx *ctx, const clattn_kv_cache_desc
     }
     for (size_t i = 0; i < rows; ++i)
         cache->map[i] = -1;
-    if ((status = new_buffer(ctx, op, "the keys", k_bytes, &cache->k)) ||
-        (status = new_buffer(ctx, op, "the values", v_bytes, &cache->v)) ||
-        (status = new_buffer(ctx, op, "the lengths", n_bytes, &cache->lengths)) ||
+    if ((status = new_buffer(ctx, op, "the keys", k_bytes, true, &cache->k)) ||
+        (status = new_buffer(ctx, op, "the values", v_bytes, true, &cache->v)) ||
+        (status = new_buffer(ctx, op, "the lengths", n_bytes, false, &cache->lengths)) ||
         (desc->page_size > 0 &&
-         (status = new_buffer(ctx, op, "the block table", t_bytes, &cache->table)))) {
+         (status = new_buffer(ctx, op, "the block table", t_bytes, false, &cache->table)))) {
         clattn_kv_cache_release(cache);
         return status;
     }
