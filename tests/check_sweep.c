@@ -2302,6 +2302,10 @@ static void choose_configs(void)
         }
         if (configs[c].gpu_params && env_params)
             on = 0;
+        /* cpu_tiles' keys are the CPU kernels': under the environment's parameters (the
+         * oclgrind lane's GPU ones) it would be the default context again */
+        if (c == CFG_CPU_TILES && env_params)
+            on = 0;
         if (env_limit && configs[c].row != NULL && strstr(configs[c].row, "loop_trip_limit"))
             on = 0;
         config_on_[c] = on;
