@@ -15,7 +15,8 @@
 #
 #   pocl      the whole ctest suite on PoCL (the default device), build/, configured with
 #             -DCLATTN_MPI=ON (ring attention: mpi_1..mpi_4 and cli_ring under mpirun
-#             --oversubscribe; the rusticl lane leaves them out); every entry in both tiers.
+#             --oversubscribe; the rusticl lane leaves them out); every entry in both tiers
+#             but backward_tuned, in --full only (see lane_pocl).
 #             CI tier: scale unset (check_flash samples a third of its CPU-kernel variant cases)
 #             and PoCL's kernel optimizer off (see pocl_flags); --full: CLATTN_TEST_SCALE=full
 #             for the entries without a scale of their own (the sweep's 1500 draws included)
@@ -133,13 +134,16 @@ pocl_flags() {
         printf '%s' "${POCL_EXTRA_BUILD_FLAGS:+$POCL_EXTRA_BUILD_FLAGS }-cl-opt-disable"
     fi
 }
+# CI tier: not backward_tuned (check_backward on the tune entry's cache: its records select
+# the CPU backward's key blocks, which check_backward's test_backward_key_blocks and the
+# sweep's cpu_tiles context run anyway; 29-67 s), in --full only.
 lane_pocl() {
-    local scale=
-    [ "$full" -eq 1 ] && scale=full
+    local scale= exclude='^backward_tuned$'
+    [ "$full" -eq 1 ] && scale=full && exclude='^$'
     cmake -S . -B build -DCLATTN_TEST_POCL_CACHE="$cache" -DCLATTN_MPI=ON &&
         cmake --build build -j"$jobs" &&
         (cd build && POCL_EXTRA_BUILD_FLAGS=$(pocl_flags) CLATTN_TEST_SCALE=$scale \
-            ctest --output-on-failure -j"$jobs")
+            ctest --output-on-failure -j"$jobs" -E "$exclude")
 }
 # The asan lane loads PoCL's ICD only (OCL_ICD_VENDORS: a folder with pocl.icd). Clover
 # (mesa.icd), on AMD CPUs: its gallium pipe driver (pipe_swrast.so, dlclose'd at exit) leaves 128
