@@ -426,6 +426,20 @@ typedef struct tune_op {
         KIND, 0, 0, 0, 0, B, H, LQ, LK, D, CAUSAL, TIMED                                           \
     }
 
+/* A CPU-only search at head size D, written as a record "@head_dim=D": checked at 129 x 65
+ * and causal 65 x 129, timed at B=1 H=8 L=1024 (--quick: 256, two heads); no GPU list. */
+#define HEAD_SIZE_OP(NAME, KIND, D)                                                                \
+    {                                                                                              \
+        NAME,                                                                                      \
+            {ATT(KIND, 1, 2, 129, 65, D, CLATTN_CAUSAL_NONE, false),                               \
+             ATT(KIND, 1, 1, 65, 129, D, CLATTN_CAUSAL_TOP_LEFT, false),                           \
+             ATT(KIND, 1, 8, 1024, 1024, D, CLATTN_CAUSAL_NONE, true)},                            \
+            {ATT(CASE_MATMUL, 0, 0, 0, 0, 0, CLATTN_CAUSAL_NONE, false)},                          \
+            {ATT(KIND, 1, 2, 129, 65, D, CLATTN_CAUSAL_NONE, false),                               \
+             ATT(KIND, 1, 2, 256, 256, D, CLATTN_CAUSAL_NONE, true)},                              \
+            "@head_dim=" #D, true                                                                  \
+    }
+
 static const tune_op tune_ops[] = {
     {"matmul",
      {MM(129, 127, 65, 0, false), MM(65, 129, 64, 1, false), MM(1024, 1024, 1024, 0, true),
@@ -468,35 +482,11 @@ static const tune_op tune_ops[] = {
      false},
     /* CPUs: flash_cpu's register blocks at d = 128 (rows per block, blocks, vectors per row
      * change with the head size), as a record for that head size */
-    {"flash",
-     {ATT(CASE_FUSED, 1, 2, 129, 65, 128, CLATTN_CAUSAL_NONE, false),
-      ATT(CASE_FUSED, 1, 1, 65, 129, 128, CLATTN_CAUSAL_TOP_LEFT, false),
-      ATT(CASE_FUSED, 1, 8, 1024, 1024, 128, CLATTN_CAUSAL_NONE, true)},
-     {ATT(CASE_MATMUL, 0, 0, 0, 0, 0, CLATTN_CAUSAL_NONE, false)},
-     {ATT(CASE_FUSED, 1, 2, 129, 65, 128, CLATTN_CAUSAL_NONE, false),
-      ATT(CASE_FUSED, 1, 2, 256, 256, 128, CLATTN_CAUSAL_NONE, true)},
-     "@head_dim=128",
-     true},
+    HEAD_SIZE_OP("flash", CASE_FUSED, 128),
     /* CPUs: the training backward's key blocks (flash_bwd_nv) per head size: the fused
      * forward with its lse, then dQ, dK, dV timed */
-    {"backward",
-     {ATT(CASE_BACKWARD, 1, 2, 129, 65, 64, CLATTN_CAUSAL_NONE, false),
-      ATT(CASE_BACKWARD, 1, 1, 65, 129, 64, CLATTN_CAUSAL_TOP_LEFT, false),
-      ATT(CASE_BACKWARD, 1, 8, 1024, 1024, 64, CLATTN_CAUSAL_NONE, true)},
-     {ATT(CASE_MATMUL, 0, 0, 0, 0, 0, CLATTN_CAUSAL_NONE, false)},
-     {ATT(CASE_BACKWARD, 1, 2, 129, 65, 64, CLATTN_CAUSAL_NONE, false),
-      ATT(CASE_BACKWARD, 1, 2, 256, 256, 64, CLATTN_CAUSAL_NONE, true)},
-     "@head_dim=64",
-     true},
-    {"backward",
-     {ATT(CASE_BACKWARD, 1, 2, 129, 65, 128, CLATTN_CAUSAL_NONE, false),
-      ATT(CASE_BACKWARD, 1, 1, 65, 129, 128, CLATTN_CAUSAL_TOP_LEFT, false),
-      ATT(CASE_BACKWARD, 1, 8, 1024, 1024, 128, CLATTN_CAUSAL_NONE, true)},
-     {ATT(CASE_MATMUL, 0, 0, 0, 0, 0, CLATTN_CAUSAL_NONE, false)},
-     {ATT(CASE_BACKWARD, 1, 2, 129, 65, 128, CLATTN_CAUSAL_NONE, false),
-      ATT(CASE_BACKWARD, 1, 2, 256, 256, 128, CLATTN_CAUSAL_NONE, true)},
-     "@head_dim=128",
-     true},
+    HEAD_SIZE_OP("backward", CASE_BACKWARD, 64),
+    HEAD_SIZE_OP("backward", CASE_BACKWARD, 128),
 };
 
 /* The op's selectors ("" for a row that applies to every problem). */
