@@ -451,6 +451,89 @@ START_TEST(test_flex_source_built_once)
 }
 END_TEST
 
+/* A KV cache pool of 2 MiB or more whose huge-page allocation fails (host/attn/cache.c
+ * huge_pool: the injected ALLOC fault stands for posix_memalign, madvise's buffer or
+ * clCreateBuffer with USE_HOST_PTR failing) falls back to the runtime's memory: the cache is
+ * still made, the keys' pool is the runtime's, the values' pool (the next call) takes the huge
+ * pages on a CPU under Linux, and an append lands in both exactly. */
+START_TEST(test_cache_huge_pages_fall_back)
+{
+    TU_BEGIN_TEST();
+    const size_t kv_heads = 8, capacity = 1040, d = 64, n = 5; /* pools of 2.1 MB */
+    tu_set_case("kv cache %zu x %zu x %zu f32, the keys' huge-page allocation failing", kv_heads,
+                capacity, d);
+    clattn_ctx *ctx = tu_ctx();
+    clattn_kv_cache_desc cd;
+    clattn_kv_cache_desc_init(&cd);
+    cd.batch = 1, cd.kv_heads = kv_heads, cd.capacity = capacity;
+    cd.head_dim_qk = cd.head_dim_v = d, cd.dtype = CLATTN_DTYPE_F32;
+    clattn_kv_cache *cache = NULL;
+    clattn__fault_arm(CLATTN_FAULT_ALLOC, 1);
+    const clattn_status made = clattn_kv_cache_create(ctx, &cd, &cache);
+    const long calls = clattn__fault_calls(CLATTN_FAULT_ALLOC);
+    clattn__fault_arm(CLATTN_FAULT_ALLOC, 0);
+    cl_device_type type = 0;
+    clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_TYPE, sizeof type, &type, NULL);
+#if defined(__linux__)
+    const bool huge = (type & CL_DEVICE_TYPE_CPU) != 0;
+#else
+    const bool huge = false;
+#endif
+    if (!tu_expect_status(made, CLATTN_SUCCESS, "the cache, its first allocation failing")) {
+        TU_END_TEST();
+        return;
+    }
+    tu_expect(!huge || calls == 2, "huge-page allocations tried: %ld (want the keys' and values')",
+              calls);
+    clattn_tensor k, v;
+    clattn_kv_cache_tensors(cache, &k, &v, NULL);
+    cl_mem_flags flags[2] = {0, 0};
+    clGetMemObjectInfo(k.mem, CL_MEM_FLAGS, sizeof flags[0], &flags[0], NULL);
+    clGetMemObjectInfo(v.mem, CL_MEM_FLAGS, sizeof flags[1], &flags[1], NULL);
+    tu_expect(!(flags[0] & CL_MEM_USE_HOST_PTR), "the keys' pool uses host memory after the fault");
+    tu_expect(!(flags[1] & CL_MEM_USE_HOST_PTR) == !huge,
+              "the values' pool: USE_HOST_PTR %d, huge pages expected %d",
+              !!(flags[1] & CL_MEM_USE_HOST_PTR), huge);
+    /* an append of n keys and values lands in both pools exactly */
+    float *keys = tu_random_floats(kv_heads * n * d), *values = tu_random_floats(kv_heads * n * d);
+    cl_int err = CL_SUCCESS;
+    cl_mem mem[2] = {
+        clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                       kv_heads * n * d * sizeof(float), keys, &err),
+        clCreateBuffer(clattn_ctx_cl_context(ctx), CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                       kv_heads * n * d * sizeof(float), values, &err)};
+    clattn_tensor nk = clattn_tensor_make(mem[0], 0, CLATTN_DTYPE_F32, 4, 1, kv_heads, n, d);
+    clattn_tensor nv = clattn_tensor_make(mem[1], 0, CLATTN_DTYPE_F32, 4, 1, kv_heads, n, d);
+    if (tu_expect(err == CL_SUCCESS, "buffers") &&
+        tu_expect_status(clattn_kv_cache_append(cache, &nk, &nv, 0, NULL, NULL), CLATTN_SUCCESS,
+                         "append") &&
+        tu_expect_status(clattn_finish(ctx), CLATTN_SUCCESS, "finish")) {
+        const clattn_tensor *pools[2] = {&k, &v};
+        const float *want[2] = {keys, values};
+        float row[64];
+        size_t wrong = 0;
+        for (int p = 0; p < 2; ++p)
+            for (size_t h = 0; h < kv_heads; ++h)
+                for (size_t j = 0; j < n; ++j) {
+                    const size_t at = (size_t)pools[p]->offset + h * pools[p]->strides[1] +
+                                      j * pools[p]->strides[2];
+                    clEnqueueReadBuffer(clattn_ctx_queue(ctx), pools[p]->mem, CL_TRUE,
+                                        at * sizeof(float), d * sizeof(float), row, 0, NULL,
+                                        NULL);
+                    wrong += memcmp(row, want[p] + (h * n + j) * d, d * sizeof(float)) != 0;
+                }
+        tu_expect(wrong == 0, "%zu of %zu appended rows differ", wrong, 2 * kv_heads * n);
+    }
+    for (int i = 0; i < 2; ++i)
+        if (mem[i])
+            clReleaseMemObject(mem[i]);
+    free(keys);
+    free(values);
+    clattn_kv_cache_release(cache);
+    TU_END_TEST();
+}
+END_TEST
+
 int main(void)
 {
     /* The error paths of plans, not self-validation's (check_validate): probes would add
@@ -472,6 +555,7 @@ int main(void)
     TCase *limits = tu_tcase(suite, "limits", 900);
     tcase_add_test(limits, test_max_alloc_refused_or_fused);
     tcase_add_test(limits, test_flex_source_built_once);
+    tcase_add_test(limits, test_cache_huge_pages_fall_back);
     int result = tu_run_suite(suite);
     printf("check_fault: walked %ld allocation, %ld enqueue and %ld build failure points\n",
            walked[CLATTN_FAULT_ALLOC], walked[CLATTN_FAULT_ENQUEUE], walked[CLATTN_FAULT_BUILD]);

@@ -71,7 +71,7 @@ static void CL_CALLBACK free_pool_memory(cl_mem mem, void *memory)
 static cl_mem huge_pool(clattn_ctx *ctx, size_t bytes)
 {
     if (!(ctx->info.type & CL_DEVICE_TYPE_CPU) || bytes < HUGE_PAGE ||
-        bytes > SIZE_MAX - HUGE_PAGE)
+        bytes > SIZE_MAX - HUGE_PAGE || clattn__fault(CLATTN_FAULT_ALLOC))
         return NULL;
     const size_t rounded = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
     void *memory = NULL;
