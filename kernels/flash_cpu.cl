@@ -10,7 +10,12 @@
  *     of 16;   kb [64]  0, or -inf for a key the rule drops in every row (key_masked: key
  *     padding, or past seq_k; such keys are packed as zeros)
  * then loops over its FC_NB row blocks, which all use the tile while it is in L1/L2 (the pack
- * costs 1/FC_ROWS of the tile's arithmetic). A block of FC_RB rows against the tile is a
+ * costs 1/FC_ROWS of the tile's arithmetic). With FC_TWO_PASS (tuning key flash_cpu_tp, the
+ * default) the blocks go over the tile twice: first each block's scores and weights (kept in
+ * pt, a row each, and each row's rescale factor), then each block's P.V. So the blocks read K's
+ * tile, then V's, back to back: at d = 128 the two are 32 KiB each, and taken block by block
+ * they evicted each other from a 48 KiB L1 (1.05-1.09x at d = 128, L = 1024-4096, on an Intel
+ * Xeon; d = 64 and 96 within noise). A block of FC_RB rows against the tile is a
  * register-blocked microkernel: FC_RB x FC_KV float16 scores (FC_KV = 4 where the device has
  * 32 vector registers, AVX-512; 1 where it has 16, AVX2), each step broadcasting q[r][d]
  * times the 16-key vectors kt[d][..] with fma(); then the online softmax on those vectors
@@ -41,8 +46,8 @@
  * softmax), SCORE_DROPOUT (each tile's weights times their dropout factors, after the row
  * sum). lse and resume are arguments, used outside the tile loop. Local memory:
  * FC_ROWS * (HEAD_DIM_QK + FC_DVP + 2)
- * + 64 * (FC_RB + HEAD_DIM_QK + FC_DVP + 1) floats (96 rows at d = 256: 324 KiB); the host
- * checks the device's size.
+ * + 64 * (FC_RB + HEAD_DIM_QK + FC_DVP + 1) floats (96 rows at d = 256: 324 KiB), and
+ * 64 * FC_ROWS more with FC_TWO_PASS (48 KiB at 192 rows); the host checks the device's size.
  */
 #ifndef FC_RB
 #define FC_RB 6 /* query rows per register block */
@@ -52,6 +57,9 @@
 #endif
 #ifndef FC_KV
 #define FC_KV 4 /* float16 vectors per register-block row: 4 (32 registers), 1 (16: AVX2) */
+#endif
+#ifndef FC_TWO_PASS
+#define FC_TWO_PASS 0 /* 1: a tile's blocks all take their weights, then all their P.V (below) */
 #endif
 #ifndef FC_PF
 #define FC_PF 0 /* N > 0: a paged cache's direct tiles prefetch the rows of the tile N ahead */
@@ -934,7 +942,12 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
     __local float qs[FC_ROWS][HEAD_DIM_QK]; /* the group's q rows, times scale */
     __local float acc[FC_ROWS][FC_DVP] FC_ALIGNED; /* unnormalised output rows */
     __local float row_max[FC_ROWS], total[FC_ROWS];
+#if FC_TWO_PASS
+    __local float pt[FC_ROWS][FC_KT] FC_ALIGNED; /* the blocks' weights on the current tile */
+    float corr_rows[FC_ROWS];                    /* each row's rescale factor on the tile */
+#else
     __local float pt[FC_RB][FC_KT] FC_ALIGNED;     /* a block's weights on the current tile */
+#endif
     __local float kt[HEAD_DIM_QK][FC_KT] FC_ALIGNED; /* the tile's keys, transposed */
     __local float vt[FC_KT][FC_DVP] FC_ALIGNED; /* the tile's values, rows padded with zeros */
     __local float kb[FC_KT]; /* 0, or -inf for a key the rule drops in every row */
@@ -990,6 +1003,11 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
 #endif
         fc_pack_tile(K, V, key_padding, params, band, k0, edge, direct, nk, krow, vrow, kt, vt,
                      kb);
+#if FC_TWO_PASS
+        bool visited[FC_NB];
+        for (uint blk = 0; blk < FC_NB; ++blk)
+            visited[blk] = false;
+#endif
         for (uint blk = 0; blk < FC_NB; ++blk) {
             const uint r0 = blk * FC_RB, row0 = first_row + r0;
             if (row0 >= span.rows)
@@ -1010,14 +1028,29 @@ void flash_cpu(FLASH_KERNEL_PARAMS)
             if (tile_state == FLEX_EMPTY)
                 continue;
             float16 s[FC_RB][4]; /* the block's scores, then weights, on the tile */
-            float corr[FC_RB];   /* each row's rescale factor */
-            fc_block_dots(s, K, krow, params, qs, kt, pt, r0, k0, nk, direct);
+#if FC_TWO_PASS
+            __local float (*bpt)[FC_KT] = pt + r0;
+            float *corr = corr_rows + r0;
+            visited[blk] = true;
+#else
+            __local float (*bpt)[FC_KT] = pt;
+            float corr[FC_RB]; /* each row's rescale factor */
+#endif
+            fc_block_dots(s, K, krow, params, qs, kt, bpt, r0, k0, nk, direct);
             fc_block_value(s, softcap, band, span, row0, k0);
-            fc_block_keep(s, mask, params, band, span, row0, k0, edge, diagonal, tile_state, pt,
+            fc_block_keep(s, mask, params, band, span, row0, k0, edge, diagonal, tile_state, bpt,
                           kb);
-            fc_block_weights(s, corr, pt, row_max, total, params, bh, r0, row0, k0);
-            fc_block_accumulate(acc, pt, vt, V, vrow, params, corr, r0, k0, nk, direct);
+            fc_block_weights(s, corr, bpt, row_max, total, params, bh, r0, row0, k0);
+#if !FC_TWO_PASS
+            fc_block_accumulate(acc, bpt, vt, V, vrow, params, corr, r0, k0, nk, direct);
+#endif
         }
+#if FC_TWO_PASS
+        for (uint blk = 0; blk < FC_NB; ++blk)
+            if (visited[blk])
+                fc_block_accumulate(acc, pt + blk * FC_RB, vt, V, vrow, params,
+                                    corr_rows + blk * FC_RB, blk * FC_RB, k0, nk, direct);
+#endif
     }
 #if KV_STEP
     if (kv_step && key_begin <= step_keys && step_keys < key_stop) { /* the new key's split */

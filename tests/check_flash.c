@@ -1165,12 +1165,14 @@ static const cpu_size cpu_sizes[] = {
 /* The contexts of test_flash_cpu_variants (flash_cpu_kv = 1, 2, 4), made on first use and
  * released after the test case (they use the suite's queue). */
 static clattn_ctx *kv_ctxs[3];
+static size_t kv_ctx_checked[3]; /* entries of each one's validation log checked so far */
 
 static void release_kv_ctxs(void)
 {
     for (size_t i = 0; i < 3; ++i) {
         clattn_ctx_release(kv_ctxs[i]);
         kv_ctxs[i] = NULL;
+        kv_ctx_checked[i] = 0;
     }
 }
 
@@ -1180,7 +1182,8 @@ static void release_kv_ctxs(void)
  * reference alone (no unfused run: strided layouts are fused-only). Each case also takes one
  * of the register-block widths (flash_cpu_kv = 1, 2, 4: AVX2's, between, AVX-512's) by
  * (variant / 3 + size / 3) % 3, so every variant and every size meets all three, in the CI
- * tier's third of the cases as well (see main). */
+ * tier's third of the cases as well (see main); the width 2 with a tile's blocks taken one
+ * after the other (flash_cpu_tp=0), the others in two passes (the default). */
 START_TEST(test_flash_cpu_variants)
 {
     TU_BEGIN_TEST();
@@ -1273,13 +1276,25 @@ START_TEST(test_flash_cpu_variants)
         return;
     }
     if (kv_ctxs[which] == NULL) {
-        char row[64];
-        snprintf(row, sizeof row, "any | * | * | flash_cpu_kv=%u", kv);
+        char row[64]; /* (flash_cpu_kv=2's context takes its tiles block by block) */
+        snprintf(row, sizeof row, "any | * | * | flash_cpu_kv=%u flash_cpu_tp=%u", kv,
+                 which == 1 ? 0u : 1u);
         kv_ctxs[which] = ctx_with_row(row);
     }
     float *got = tu_nan_floats(p.out_count);
-    if (kv_ctxs[which] != NULL)
+    if (kv_ctxs[which] != NULL) {
         run_path_on(kv_ctxs[which], &p, CLATTN_PATH_FUSED, spec.want_lse, got);
+        /* the numbers must be flash_cpu's own: a variant that self-validation turned down
+         * (its probe failed, flash.cl ran instead) fails the case */
+        const size_t n = clattn_ctx_validations(kv_ctxs[which], NULL, 0);
+        clattn_validation *log = calloc(n ? n : 1, sizeof *log);
+        const size_t got_n = log ? clattn_ctx_validations(kv_ctxs[which], log, n) : 0;
+        for (size_t i = kv_ctx_checked[which]; i < got_n && i < n; ++i)
+            tu_expect(log[i].result != CLATTN_CHECK_FAILED, "variant %s failed validation: %s",
+                      log[i].variant, log[i].detail);
+        free(log);
+        kv_ctx_checked[which] = n; /* (the log is the context's: each entry checked once) */
+    }
     free(got);
     pb_sdpa_free(&p);
     TU_END_TEST();

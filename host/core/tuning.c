@@ -134,6 +134,9 @@ static clattn_status default_row(clattn_ctx *ctx, clattn_tuning *t)
     /* flash_cpu: 6 rows x 4 float16 accumulators need AVX-512's 32 registers; with AVX2's 16
      * one float16 per row (6 x 2 ymm) does not spill (measured on a 2-core EPYC, AVX2). */
     t->flash_cpu_kv = t->vec_width >= 16 ? 4 : 1;
+    /* A key tile's row blocks all take their scores and weights, then all their P.V, so K's
+     * tile and then V's stay in L1 (ops/flash.c: with more than one block a group) */
+    t->flash_cpu_tp = 1;
     t->flash_cpu_pf = 0; /* (the CPU row of host/tuning/table.h sets it) */
     /* Prefetching pays where keys and values come from memory, not from the cache (ops/flash.c:
      * cpu_prefetch) */

@@ -15,12 +15,13 @@
 #define FLASH_CPU_SWITCHES(X)                                                                      \
     X(HEAD_DIM_QK, 0, NULL) X(HEAD_DIM_V, 0, NULL) X(FC_NB, 0, "%ld")                              \
     X(FC_RB, 0, "x %ld-row blocks") X(FC_KV, 0, NULL) X(FC_DIRECT, 0, NULL) X(Q_DTYPE, 0, NULL)    \
-    X(K_DTYPE, 0, NULL) X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL) X(FC_PF, 0, NULL)
+    X(K_DTYPE, 0, NULL) X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL) X(FC_PF, 0, NULL)                 \
+    X(FC_TWO_PASS, 0, NULL)
 /* clang-format on */
 CLATTN_FAMILY(flash_cpu, FLASH_CPU_SWITCHES, .sources = {"flash_cpu.cl"},
               .score_family = CLATTN__FAMILY_FLASH_CPU,
-              .tuning_keys = "flash_cpu flash_cpu_rb flash_cpu_nb flash_cpu_kv flash_cpu_pf "
-                             "flash_cpu_pf_min");
+              .tuning_keys = "flash_cpu flash_cpu_rb flash_cpu_nb flash_cpu_kv flash_cpu_tp "
+                             "flash_cpu_pf flash_cpu_pf_min");
 
 /* clang-format off */
 #define FLASH_SWITCHES(X)                                                                          \
@@ -165,8 +166,14 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
     nb = wide_head_blocks(ctx, score, dk, rb, nb, shape->tuning->flash_cpu_nb);
     const cl_ulong local_budget = ctx->info.local_mem_size > 16384 ? ctx->info.local_mem_size - 1024
                                                                    : ctx->info.local_mem_size;
+    /* Two passes over a key tile's blocks (flash_cpu_tp: all their weights, then all their
+     * P.V, so the tile's K and then its V stay in L1 while every block uses them; with one
+     * block it is the same order) keep every block's weights: FC_KT floats a row, not a block's. */
+    const bool two_pass = shape->tuning->flash_cpu_tp && !few_rows;
 #define CPU_LOCAL(nb)                                                                              \
-    (((cl_ulong)rb * (nb) * (dk + dvp + 2) + (cl_ulong)FC_KT * (rb + dk + dvp + 1)) * sizeof(float))
+    (((cl_ulong)rb * (nb) * (dk + dvp + 2 + (two_pass && (nb) > 1 ? FC_KT : 0)) +                 \
+      (cl_ulong)FC_KT * (rb + dk + dvp + 1)) *                                                     \
+     sizeof(float))
     while (nb > 1 && CPU_LOCAL(nb) > local_budget)
         nb /= 2;
     if (CPU_LOCAL(nb) > local_budget)
@@ -198,7 +205,8 @@ static clattn_status prepare_cpu(clattn_ctx *ctx, const clattn__flash_shape *sha
                                    .V_DTYPE = shape->v_dtype,
                                    .O_DTYPE = shape->out_dtype,
                                    /* a paged cache's rows prefetched (direct tiles only) */
-                                   .FC_PF = direct ? cpu_prefetch(shape) : 0};
+                                   .FC_PF = direct ? cpu_prefetch(shape) : 0,
+                                   .FC_TWO_PASS = two_pass && nb > 1};
     clattn_define defines[CLATTN_DEFINES_MAX];
     const size_t count = clattn__score_defines(score, flash_cpu_family.score_family, defines);
     clattn_status status = clattn__family_kernel(ctx, &flash_cpu_family, "flash_cpu", &sw, defines,

@@ -67,6 +67,8 @@
       "flash_cpu: register blocks per group sharing a key tile")                                \
     X(flash_cpu_kv, PROBLEM, 1, 4, "flash", "any", "flash_cpu=1", "1 2 4", "",                   \
       "flash_cpu: float16 vectors per block row (1, 2, 4)")                                     \
+    X(flash_cpu_tp, PROBLEM, 0, 1, "flash", "any", "flash_cpu=1", "0 1", "",                     \
+      "flash_cpu: 1: a tile's blocks take all their weights, then P.V (0: block by block)")    \
     X(flash_cpu_pf, PROBLEM, 0, 16, "", "cpu", "", "", "",                                       \
       "flash_cpu: decode tiles of paged or spread rows prefetch this many key tiles ahead (0: " \
       "none; not searched: the search times no paged cache)")                                 \
