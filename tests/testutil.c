@@ -212,6 +212,21 @@ int tu_expect_status(clattn_status got, clattn_status want, const char *call)
                      clattn_last_error(shared_ctx_));
 }
 
+void tu_expect_trusted(clattn_ctx *ctx, size_t *seen)
+{
+    const size_t n = ctx ? clattn_ctx_validations(ctx, NULL, 0) : 0;
+    clattn_validation *log = n > *seen ? calloc(n, sizeof *log) : NULL;
+    const size_t got = log ? clattn_ctx_validations(ctx, log, n) : 0;
+    for (size_t i = *seen; i < got && i < n; ++i)
+        tu_expect(log[i].result != CLATTN_CHECK_FAILED,
+                  "kernel variant %s failed self-validation (%s): the numbers came from its "
+                  "fallback",
+                  log[i].variant, log[i].detail);
+    free(log);
+    if (n > *seen)
+        *seen = n;
+}
+
 void tu_expect_refused(clattn_status got, const clattn_plan *plan, clattn_status want,
                        const char *kind, const char *needle, const char *call)
 {

@@ -65,6 +65,12 @@ int tu_expect(int ok, const char *format, ...) CK_ATTRIBUTE_FORMAT(printf, 2, 3)
 /* Records a failure when got != want, naming both statuses and the context's last error. */
 int tu_expect_status(clattn_status got, clattn_status want, const char *call);
 
+/* Records a failure for each entry of ctx's validation log from index *seen on that failed
+ * (a kernel variant self-validation turned down: the numbers then came from the fallback, so a
+ * test of that variant would pass without it); *seen becomes the log's length. For contexts
+ * whose tuning rows select the variants a test is about. */
+void tu_expect_trusted(clattn_ctx *ctx, size_t *seen);
+
 /* A plan creation's refusal, as each plan kind's suite checks it: status `want`, *out set to
  * NULL (plan; the caller primes it with a non-NULL value) and the context's last message naming
  * both `needle` and the plan kind `kind`. */
