@@ -91,4 +91,54 @@ inline float16 exp16_nonpositive(const float16 x)
     return select(y * as_float16(e), (float16)(0.0f), under);
 }
 
+
+/* Transposes in registers: r[0 .. TW-1] hold the rows of a TW x TW block (TW = 16, 8); after,
+ * r[i] holds column i. log2(TW) steps each swap the off-diagonal s x s blocks of every
+ * 2s x 2s block (s = TW / 2 .. 1): rows i and i + s (bit s of i clear) exchange halves, the
+ * lanes with bit s set in row i taking row i + s's lanes s below them. Each exchange is two
+ * two-source shuffles (clang: __builtin_shufflevector, one vpermt2ps on AVX-512; other
+ * compilers: OpenCL's shuffle2). flash_cpu.cl's K pack and matmul.cl's pack_b use them;
+ * always inlined (PoCL 3.1 left plain inline functions as calls, their vectors in memory). */
+#if defined(__clang__)
+#define TR_SHUF(x, y, n, ...) __builtin_shufflevector((x), (y), __VA_ARGS__)
+#else
+#define TR_SHUF_(n) uint##n
+#define TR_SHUF(x, y, n, ...) shuffle2((x), (y), (TR_SHUF_(n))(__VA_ARGS__))
+#endif
+#define TR_SWAP(T, n, r, s, LO, HI)                                                                \
+    _Pragma("unroll") for (uint i = 0; i < (n); ++i) if ((i & (s)) == 0)                          \
+    {                                                                                             \
+        const T a = r[i], b = r[i + (s)];                                                         \
+        r[i] = TR_SHUF(a, b, n, LO);                                                              \
+        r[i + (s)] = TR_SHUF(a, b, n, HI);                                                        \
+    }
+/* the shuffles' lane lists: TR<width>_<s>_LO for row i, _HI for row i + s */
+#define TR16_8_LO 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define TR16_8_HI 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define TR16_4_LO 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define TR16_4_HI 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define TR16_2_LO 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define TR16_2_HI 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define TR16_1_LO 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define TR16_1_HI 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+#define TR8_4_LO 0, 1, 2, 3, 8, 9, 10, 11
+#define TR8_4_HI 4, 5, 6, 7, 12, 13, 14, 15
+#define TR8_2_LO 0, 1, 8, 9, 4, 5, 12, 13
+#define TR8_2_HI 2, 3, 10, 11, 6, 7, 14, 15
+#define TR8_1_LO 0, 8, 2, 10, 4, 12, 6, 14
+#define TR8_1_HI 1, 9, 3, 11, 5, 13, 7, 15
+__attribute__((always_inline)) inline void transpose16(float16 *r)
+{
+    TR_SWAP(float16, 16, r, 8, TR16_8_LO, TR16_8_HI)
+    TR_SWAP(float16, 16, r, 4, TR16_4_LO, TR16_4_HI)
+    TR_SWAP(float16, 16, r, 2, TR16_2_LO, TR16_2_HI)
+    TR_SWAP(float16, 16, r, 1, TR16_1_LO, TR16_1_HI)
+}
+__attribute__((always_inline)) inline void transpose8(float8 *r)
+{
+    TR_SWAP(float8, 8, r, 4, TR8_4_LO, TR8_4_HI)
+    TR_SWAP(float8, 8, r, 2, TR8_2_LO, TR8_2_HI)
+    TR_SWAP(float8, 8, r, 1, TR8_1_LO, TR8_1_HI)
+}
+
 #endif

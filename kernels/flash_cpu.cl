@@ -444,71 +444,23 @@ fc_prefetch_tile(__global const ELEM_T(K_DTYPE) *K, __global const ELEM_T(V_DTYP
 }
 #endif
 
-/* The K pack's transpose in registers (fc_pack_tile): FC_TW rows of FC_TW floats, rows r[i]
- * become columns, by log2(FC_TW) steps that each swap the off-diagonal s x s blocks of every
- * 2s x 2s block (s = FC_TW / 2 .. 1): rows i and i + s (bit s of i clear) exchange their
- * halves, lanes with bit s set in row i taking row i + s's lanes s below them. Each exchange is
- * two two-source shuffles (clang: __builtin_shufflevector, one vpermt2ps on AVX-512; other
- * compilers: OpenCL's shuffle2). It replaces a gather per 8 elements, 10-12 % of the
- * kernel's samples in prefill (perf, L = 1024, d = 64). FC_TW: 16 where the device has 32
- * vector registers (FC_KV = 4), else 8 (16 registers: 16 float16 rows would spill). */
+/* The K pack's transpose in registers (fc_pack_tile; common.cl's transpose16 / transpose8):
+ * it replaces a gather per 8 elements, 10-12 % of the kernel's samples in prefill (perf,
+ * L = 1024, d = 64). FC_TW: 16 where the device has 32 vector registers (FC_KV = 4), else 8
+ * (16 registers: 16 float16 rows would spill). */
 #if FC_KV >= 4
 #define FC_TW 16
-#else
-#define FC_TW 8
-#endif
-#define FC_TWV_(n) float##n
-#define FC_TWV__(n) FC_TWV_(n)
-#define FC_TWV FC_TWV__(FC_TW) /* float16 or float8 */
-#if FC_TW == 16
+#define FC_TWV float16
 #define FC_LOAD_TW(code, p, i) LOAD16(code, p, i)
 #define FC_STORE_TW(v, p) FC_VSTORE16((v), 0, (p))
+#define fc_transpose transpose16
 #else
+#define FC_TW 8
+#define FC_TWV float8
 #define FC_LOAD_TW(code, p, i) LOAD8(code, p, i)
 #define FC_STORE_TW(v, p) FC_VSTORE8((v), 0, (p))
+#define fc_transpose transpose8
 #endif
-#define FC_TWM_(n) uint##n
-#define FC_TWM__(n) FC_TWM_(n)
-#if defined(__clang__)
-#define FC_SHUF(x, y, ...) __builtin_shufflevector((x), (y), __VA_ARGS__)
-#else
-#define FC_SHUF(x, y, ...) shuffle2((x), (y), (FC_TWM__(FC_TW))(__VA_ARGS__))
-#endif
-#define FC_SWAP(r, s, LO, HI)                                                                     \
-    _Pragma("unroll") for (uint i = 0; i < FC_TW; ++i) if ((i & (s)) == 0)                        \
-    {                                                                                             \
-        const FC_TWV a = r[i], b = r[i + (s)];                                                    \
-        r[i] = FC_SHUF(a, b, LO);                                                                 \
-        r[i + (s)] = FC_SHUF(a, b, HI);                                                           \
-    }
-/* the shuffles' lane lists: FC_T<width>_<s>_LO for row i, _HI for row i + s */
-#define FC_T16_8_LO 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
-#define FC_T16_8_HI 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
-#define FC_T16_4_LO 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
-#define FC_T16_4_HI 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
-#define FC_T16_2_LO 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
-#define FC_T16_2_HI 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
-#define FC_T16_1_LO 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
-#define FC_T16_1_HI 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
-#define FC_T8_4_LO 0, 1, 2, 3, 8, 9, 10, 11
-#define FC_T8_4_HI 4, 5, 6, 7, 12, 13, 14, 15
-#define FC_T8_2_LO 0, 1, 8, 9, 4, 5, 12, 13
-#define FC_T8_2_HI 2, 3, 10, 11, 6, 7, 14, 15
-#define FC_T8_1_LO 0, 8, 2, 10, 4, 12, 6, 14
-#define FC_T8_1_HI 1, 9, 3, 11, 5, 13, 7, 15
-__attribute__((always_inline)) inline void fc_transpose(FC_TWV *r)
-{
-#if FC_TW == 16
-    FC_SWAP(r, 8, FC_T16_8_LO, FC_T16_8_HI)
-    FC_SWAP(r, 4, FC_T16_4_LO, FC_T16_4_HI)
-    FC_SWAP(r, 2, FC_T16_2_LO, FC_T16_2_HI)
-    FC_SWAP(r, 1, FC_T16_1_LO, FC_T16_1_HI)
-#else
-    FC_SWAP(r, 4, FC_T8_4_LO, FC_T8_4_HI)
-    FC_SWAP(r, 2, FC_T8_2_LO, FC_T8_2_HI)
-    FC_SWAP(r, 1, FC_T8_1_LO, FC_T8_1_HI)
-#endif
-}
 
 /* The tile k0 .. k0 + 63 for the register blocks: K transposed into kt, V's rows padded with
  * zeros into vt (keys past the count, edge, packed as zeros), and in kb score.cl's key_masked
