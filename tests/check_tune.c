@@ -705,7 +705,8 @@ static void expect_applied(const char *row, int applies, long value, long plain)
  *   vendor prefix | device-name prefix`): the whole string and a proper prefix apply; the
  *   string plus a character, and the string less its first character, parse but do not apply;
  * - CLATTN_TUNING=FILE refuses a prefix key and an empty value ("file line N"); the tuning
- *   cache ignores those rows (listed as ignored) and applies the good one after them. */
+ *   cache ignores those rows and one whose values no kernel runs (vec_width=5: the parameters
+ *   stay as before it), lists them as ignored and applies the good one after them. */
 START_TEST(test_row_parser)
 {
     TU_BEGIN_TEST();
@@ -731,7 +732,8 @@ START_TEST(test_row_parser)
                      CLATTN_SUCCESS, "no rows");
     const long plain_wg = param_of(report, "softmax_wg");
     const long plain_cpu = param_of(report, "flash_cpu"),
-               plain_rb = param_of(report, "flash_cpu_rb");
+               plain_rb = param_of(report, "flash_cpu_rb"),
+               plain_vec_width = param_of(report, "vec_width");
     const long wg = plain_wg == 4 ? 8 : 4;
     tu_expect(plain_wg > 0 && plain_cpu >= 0 && plain_rb > 0, "parameters: %s", report);
     /* a real key that is a prefix of another sets itself only */
@@ -788,12 +790,14 @@ START_TEST(test_row_parser)
     expect_refused(path, NULL, "file line 2", "tile=8");
     write_text(path, "any | * | * | flash_gpu=\n");
     expect_refused(path, NULL, "file line 1", "flash_gpu=");
-    char fields[1024], cache_rows[4096];
+    char fields[1024], cache_rows[8192];
     driver_fields(clattn_ctx_tuning(ctx), fields, sizeof fields);
+    /* line 3 parses (4 <= vec_width <= 16) but no kernel runs it (4, 8 or 16): ignored, the
+     * parameters as before it (not left half-applied) */
     snprintf(cache_rows, sizeof cache_rows,
              "any | * | * | %s | tile=8\nany | * | * | %s | flash_gpu=\n"
-             "any | * | * | %s | softmax_wg=%ld\n",
-             fields, fields, fields, wg);
+             "any | * | * | %s | vec_width=5\nany | * | * | %s | softmax_wg=%ld\n",
+             fields, fields, fields, fields, wg);
     write_text(path, cache_rows);
     const char *saved = getenv("XDG_CACHE_HOME");
     char *saved_copy = saved ? strdup(saved) : NULL;
@@ -807,8 +811,12 @@ START_TEST(test_row_parser)
         info_line(report, "ignored: ", ignored, sizeof ignored);
         tu_expect(strstr(ignored, "cache line 1") && strstr(ignored, "tile=8") &&
                       strstr(ignored, "cache line 2") && strstr(ignored, "flash_gpu=") &&
-                      row_listed(report, "cache line 3") && !row_listed(report, "cache line 1") &&
-                      param_of(report, "softmax_wg") == wg,
+                      strstr(ignored, "cache line 3: values this device or the kernels cannot "
+                                      "run") &&
+                      row_listed(report, "cache line 4") && !row_listed(report, "cache line 1") &&
+                      !row_listed(report, "cache line 3") &&
+                      param_of(report, "softmax_wg") == wg &&
+                      param_of(report, "vec_width") == plain_vec_width,
                   "the cache: %s", report);
     }
     if (saved_copy)

@@ -567,11 +567,12 @@ static bool apply_cache(clattn_ctx *ctx, const char *path, driver_rows *drivers,
             continue;
         snprintf(origin, sizeof origin, "cache line %d", number);
         const clattn_tuning before = ctx->tuning;
-        const size_t records = ctx->num_tuning_records;
+        const size_t records = ctx->num_tuning_records, rows_used = strlen(ctx->tuning_rows);
         if (apply_row(ctx, line, origin, drivers) != CLATTN_SUCCESS) {
             add_note(ignored, ignored_size, "%.240s", ctx->message);
         } else if (check_row(ctx) != CLATTN_SUCCESS) {
-            ctx->tuning = before;
+            ctx->tuning = before; /* undone whole: its values and its name in the rows */
+            ctx->tuning_rows[rows_used] = '\0';
             add_note(ignored, ignored_size, "%s: values this device or the kernels cannot run",
                      origin);
         } else if (ctx->num_tuning_records > records) {
