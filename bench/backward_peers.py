@@ -25,10 +25,10 @@ import sys
 import time
 
 
-def clattn_times(binary, batch, heads, seq, dim, causal, runs, dropout, path="fused"):
+def clattn_times(binary, batch, heads, seq, dim, causal, runs, dropout, path="fused", warmup=3):
     cmd = [binary, "bench", "--op", "backward", "--batch", str(batch), "--heads", str(heads),
            "--seq", str(seq), "--head-dim", str(dim), "--runs", str(runs), "--json",
-           "--path", path]
+           "--path", path, "--warmup", str(warmup)]
     if causal:
         cmd.append("--causal")
     if dropout > 0:
@@ -38,7 +38,7 @@ def clattn_times(binary, batch, heads, seq, dim, causal, runs, dropout, path="fu
     return row["forward_ms"], row["median_ms"], row["backward_workspace_bytes"]
 
 
-def torch_times(torch, batch, heads, seq, dim, causal, runs, dropout):
+def torch_times(torch, batch, heads, seq, dim, causal, runs, dropout, warmup=3):
     gen = torch.Generator().manual_seed(seq)
     shape = (batch, heads, seq, dim)
     q, k, v = (torch.randn(shape, generator=gen, requires_grad=True) for _ in range(3))
@@ -60,7 +60,7 @@ def torch_times(torch, batch, heads, seq, dim, causal, runs, dropout):
         return w @ v
 
     fwd, bwd = [], []
-    for _ in range(runs + 1):  # the first is a warm-up
+    for _ in range(runs + warmup):  # the first `warmup` untimed
         t0 = time.perf_counter()
         out = forward()
         t1 = time.perf_counter()
@@ -69,7 +69,7 @@ def torch_times(torch, batch, heads, seq, dim, causal, runs, dropout):
         fwd.append((t1 - t0) * 1e3)
         bwd.append((t2 - t1) * 1e3)
         q.grad = k.grad = v.grad = None
-    return statistics.median(fwd[1:]), statistics.median(bwd[1:]), sdpa is not None
+    return statistics.median(fwd[warmup:]), statistics.median(bwd[warmup:]), sdpa is not None
 
 
 def main():
@@ -81,6 +81,8 @@ def main():
     ap.add_argument("--seq", default="256,1024")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--runs", type=int, default=5)
+    # (both sides; a process's first PoCL launches can run at half speed: see bench/peers.py)
+    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--path", choices=("fused", "unfused"), default="fused",
                     help="clattn's backward: fused, or the unfused reference path")
     ap.add_argument("--dropout", type=float, default=0.0,
@@ -92,15 +94,15 @@ def main():
         sys.exit("backward_peers: no torch (Debian: apt-get install python3-torch)")
     torch.set_num_threads(os.cpu_count() or 1)
     print(f"# B={args.batch} H={args.heads} d={args.head_dim} f32 causal={args.causal}, "
-          f"dropout={args.dropout}, clattn backward {args.path}, median of {args.runs}; torch {torch.__version__} ({os.cpu_count()} threads)")
+          f"dropout={args.dropout}, clattn backward {args.path}, median of {args.runs} after {args.warmup} warm-up runs; torch {torch.__version__} ({os.cpu_count()} threads)")
     print("| L | clattn fwd ms | clattn bwd ms | bwd/fwd | torch fwd ms | torch bwd ms | "
           "torch bwd/fwd | fwd+bwd clattn/torch speed | clattn bwd workspace |")
     print("|---|---|---|---|---|---|---|---|---|")
     for seq in (int(x) for x in args.seq.split(",")):
         cf, cb, ws = clattn_times(args.clattn, args.batch, args.heads, seq, args.head_dim,
-                                  args.causal, args.runs, args.dropout, args.path)
+                                  args.causal, args.runs, args.dropout, args.path, args.warmup)
         tf, tb, fused = torch_times(torch, args.batch, args.heads, seq, args.head_dim,
-                                    args.causal, args.runs, args.dropout)
+                                    args.causal, args.runs, args.dropout, args.warmup)
         print(f"| {seq} | {cf:.1f} | {cb:.1f} | {cb / cf:.2f} | {tf:.1f} | {tb:.1f} | "
               f"{tb / tf:.2f} | {(tf + tb) / (cf + cb):.2f}x | {ws} B |"
               + ("" if fused else " (torch: math)"))

@@ -412,7 +412,11 @@ def parse_args():
     parser.add_argument("--quick", action="store_true",
                         help="fewer sizes, 3 runs (a few minutes on 2 cores)")
     parser.add_argument("--runs", type=int, help="timed runs per case (default 5, --quick 3)")
-    parser.add_argument("--warmup", type=int, default=1)
+    # 3 untimed runs each side: on the 2-vCPU VMs a process's first PoCL launches after its
+    # plan's compile run at up to half speed for a few launches (causal L = 1024: 9-14 ms, then
+    # 4.8-6 ms), which one warm-up left in the median of 5
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="untimed runs before each case's timed ones, both sides (default 3)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clattn", default=os.environ.get("CLATTN_BIN", "build/clattn"))
     parser.add_argument("--clblast", default=os.environ.get("CLBLAST_BENCH", ""),

@@ -7,7 +7,7 @@
 #                  [--json FILE] [--clattn BIN] [--clblast BIN] [--clblast-tuned DIR]
 #
 # --quick: fewer sizes, 3 runs (a few minutes on 2 cores); default: the sizes, median
-# of 5 runs after a warm-up (long on 2 cores: attention reaches L = 8192).
+# of 5 runs after 3 warm-up runs (long on 2 cores: attention reaches L = 8192).
 #
 # Environment (defaults in brackets):
 #   CLATTN_BIN     the clattn command [build/clattn]
