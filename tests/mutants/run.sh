@@ -17,9 +17,11 @@
 #      with BUILD_DIR); per mutant the previous mutant's file is restored, the new one is
 #      mutated and the build is rebuilt incrementally, then the listed suites run there.
 # Per mutant the suites run one at a time (ctest -R '^suite$', the tests' own CI environment:
-# CK_FORK=no, POCL_CACHE_DIR=<build>/pocl-cache) and stop at the first that fails.
+# CK_FORK=no, POCL_CACHE_DIR=<build>/pocl-cache) and stop at the first that fails. A suite that
+# times out runs once more with twice the time: a kernel mutant's first run compiles all the
+# suite's programs cold (check_flash: minutes), and those compiled before the kill are cached.
 #
-# Results: KILLED by <suite>, KILLED (timeout) by <suite>, SURVIVED (<suites run>), DOES NOT
+# Results: KILLED by <suite>, KILLED (timeout) by <suite> (both runs timed out), SURVIVED (<suites run>), DOES NOT
 # APPLY (the original text occurs 0 or 2+ times, or a tests pattern matches no ctest entry),
 # DOES NOT BUILD (a host mutant that does not compile), INVALID (a kernel mutant that does not
 # compile: killing it proves nothing). Then `N passed, N failed` (passed = killed) and the total
