@@ -19,7 +19,8 @@
  * register-blocked microkernel: FC_RB x FC_KV float16 scores (FC_KV = 4 where the device has
  * 32 vector registers, AVX-512; 1 where it has 16, AVX2), each step broadcasting q[r][d]
  * times the 16-key vectors kt[d][..] with fma(); then the online softmax on those vectors
- * (vectorised exp below; the rescale of the row's accumulator is folded into the P.V step, a
+ * (the block's row maxima and sums reduced together, fc_rows_max8; vectorised exp below; the
+ * rescale of the row's accumulator is folded into the P.V step, a
  * factor 1 unless the row's max grew), then P.V in registers the same way: FC_RB x FC_KV float16
  * accumulators of 16 * FC_KV output columns at a time, broadcasting p[r][j] times the V row j.
  * Accumulators, row max and row sum live in local memory between tiles.
@@ -98,14 +99,6 @@ inline float16 fc_mask_term16(__global const ELEM_T(MASK_DTYPE) *p)
 /* The larger of a and b, one instruction on x86 (fmax's NaN rule costs four there): a NaN
  * score may be dropped from a row's max, but its weight exp(NaN - max) is NaN all the same. */
 #define FC_MAX(a, b) select((a), (b), (a) < (b))
-inline float fc_hmax(const float16 v)
-{
-    const float8 a = FC_MAX(v.lo, v.hi);
-    const float4 b = FC_MAX(a.lo, a.hi);
-    const float2 c = FC_MAX(b.lo, b.hi);
-    return c.x < c.y ? c.y : c.x;
-}
-
 inline float fc_hsum(const float16 v)
 {
     const float8 a = v.lo + v.hi;
@@ -113,6 +106,33 @@ inline float fc_hsum(const float16 v)
     const float2 c = b.lo + b.hi;
     return c.x + c.y;
 }
+
+/* The horizontal max (sum) of 8 rows' vectors at once, lane r of the result row r's: the rows
+ * are paired level by level, each level halving the lanes a row keeps (8, 4, 2, then 1), so 8
+ * rows take 15 two-source shuffles and 8 vector operations where one row alone takes 4 of each
+ * and a scalar step (64 for 8 rows; an Intel Xeon's d = 64 forward gained 4-6 %, BENCHMARKS).
+ * A block's rows past FC_RB pass any vector. */
+#define FC_ROWS8(NAME, OP)                                                                         \
+    inline float8 NAME(const float16 *v)                                                          \
+    {                                                                                             \
+        float16 a[4], b[2];                                                                       \
+        _Pragma("unroll") for (uint i = 0; i < 4; ++i) a[i] =                                     \
+            OP((float16)(v[2 * i].lo, v[2 * i + 1].lo), (float16)(v[2 * i].hi, v[2 * i + 1].hi)); \
+        _Pragma("unroll") for (uint i = 0; i < 2; ++i) b[i] =                                     \
+            OP((float16)(a[2 * i].s0123, a[2 * i].s89ab, a[2 * i + 1].s0123,                      \
+                         a[2 * i + 1].s89ab),                                                     \
+               (float16)(a[2 * i].s4567, a[2 * i].scdef, a[2 * i + 1].s4567,                      \
+                         a[2 * i + 1].scdef));                                                    \
+        const float16 c =                                                                         \
+            OP((float16)(b[0].s01, b[0].s45, b[0].s89, b[0].scd, b[1].s01, b[1].s45, b[1].s89,    \
+                         b[1].scd),                                                               \
+               (float16)(b[0].s23, b[0].s67, b[0].sab, b[0].sef, b[1].s23, b[1].s67, b[1].sab,    \
+                         b[1].sef));                                                              \
+        return OP(c.even, c.odd);                                                                 \
+    }
+#define FC_ADD(a, b) ((a) + (b))
+FC_ROWS8(fc_rows_max8, FC_MAX)
+FC_ROWS8(fc_rows_sum8, FC_ADD)
 
 /* Vector stores into the group's local arrays (declared 64-byte aligned; every offset a whole
  * vector): as an assignment through a vector pointer, not vstoreN, which PoCL 3.1 emitted as
@@ -738,6 +758,15 @@ fc_block_weights(float16 (*s)[4], float *corr, __local float (*pt)[FC_KT],
                  const uint r0, const uint row0, const uint k0)
 {
     CLATTN_UNPACK_SCORED(CLATTN_FLASH_PARAMS)
+    float16 rows[8]; /* each row's 16 lanes of max, then of sum (fc_rows_max8 / sum8) */
+    float red[8];
+#if !SCORE_RELU
+#pragma unroll
+    for (uint r = 0; r < 8; ++r)
+        rows[r] = r < FC_RB ? FC_MAX(FC_MAX(s[r][0], s[r][1]), FC_MAX(s[r][2], s[r][3]))
+                            : rows[0];
+    vstore8(fc_rows_max8(rows), 0, red);
+#endif
 #pragma unroll
     for (uint r = 0; r < FC_RB; ++r) {
 #if SCORE_RELU
@@ -748,8 +777,7 @@ fc_block_weights(float16 (*s)[4], float *corr, __local float (*pt)[FC_KT],
             p[v] = fmax(s[r][v], (float16)(0.0f)); /* relu_weight */
 #else
         const float old_max = row_max[r0 + r];
-        const float tile_max =
-            fc_hmax(FC_MAX(FC_MAX(s[r][0], s[r][1]), FC_MAX(s[r][2], s[r][3])));
+        const float tile_max = red[r];
         const float new_max = old_max < tile_max ? tile_max : old_max;
         /* softmax_weight(s, softmax_shift(max)) on 16 scores at a time */
         const float16 shift = (float16)(softmax_shift(new_max));
@@ -763,7 +791,7 @@ fc_block_weights(float16 (*s)[4], float *corr, __local float (*pt)[FC_KT],
             row_max[r0 + r] = new_max;
         }
 #endif
-        total[r0 + r] = total[r0 + r] * corr[r] + fc_hsum((p[0] + p[1]) + (p[2] + p[3]));
+        rows[r] = (p[0] + p[1]) + (p[2] + p[3]);
 #if SCORE_DROPOUT
         { /* after the row's sum: its normaliser is the undropped row's (score.cl) */
             float16 keep[4];
@@ -777,6 +805,13 @@ fc_block_weights(float16 (*s)[4], float *corr, __local float (*pt)[FC_KT],
         for (uint v = 0; v < 4; ++v)
             FC_VSTORE16(p[v], v, pt[r]);
     }
+#pragma unroll
+    for (uint r = FC_RB; r < 8; ++r)
+        rows[r] = rows[0];
+    vstore8(fc_rows_sum8(rows), 0, red);
+#pragma unroll
+    for (uint r = 0; r < FC_RB; ++r)
+        total[r0 + r] = total[r0 + r] * corr[r] + red[r];
 }
 
 /* acc = acc * corr + p . V for block r0, 16 * FC_KV output columns at a time (a direct
