@@ -332,7 +332,7 @@ void matmul_vec(__global const a_elem_t *A, __global const float *B, __global c_
  * with zeros for N <= n < panels * VEC_N. src holds B_DTYPE, K x N (trans 0) or N x K (trans
  * 1) with row stride ld. A work-item packs PACK_K rows of one panel, reading along src's
  * contiguous dimension; global size (K / PACK_K rounded up, panels, entries). */
-#define PACK_K 16
+#define PACK_K 64
 /* the transposing pack's blocks: 16 x 16 where rows are 16-float vectors (32 vector registers,
  * AVX-512), else 8 x 8 */
 #if VEC_W >= 16
@@ -347,6 +347,18 @@ void matmul_vec(__global const a_elem_t *A, __global const float *B, __global c_
 #define PACK_LOAD_TW(code, p, i) LOAD8(code, p, i)
 #define PACK_STORE_TW vstore8
 #define pack_transpose transpose8
+#endif
+/* With clang, float blocks move as whole vectors through a vector type of float alignment:
+ * PoCL 3.1 emitted vload16 / vstore16 of global memory as 128-bit pieces and inserts (four
+ * loads and three inserts per row), 40 % of the transposing pack's instructions. */
+#if defined(__clang__)
+typedef float pack_vec_u __attribute__((ext_vector_type(PACK_TW), aligned(4)));
+#undef PACK_STORE_TW
+#define PACK_STORE_TW(v, i, p) (*(__global pack_vec_u *)(p) = (v))
+#if B_DTYPE == 0
+#undef PACK_LOAD_TW
+#define PACK_LOAD_TW(code, p, i) (*(__global const pack_vec_u *)((p) + (i)))
+#endif
 #endif
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
@@ -363,13 +375,15 @@ void pack_b(const uint N, const uint K, const ulong batch1, const ulong batch_ba
     const ulong entry = batch_base + get_global_id(2);
     src += src_offset + batch_start(batch_base, batch1, src_batch0, src_batch1);
     dst += dst_offset + entry * panels * VEC_N * K + ((ulong)panel * K + k0) * VEC_N;
-    if (trans && cols == VEC_N && depth == PACK_K && VEC_N % PACK_TW == 0) {
+    uint kk_first = 0; /* the rows the transposing blocks leave to the element loop */
+    if (trans && cols == VEC_N && VEC_N % PACK_TW == 0) {
         /* column n of op(B) is row n of src: PACK_TW x PACK_TW blocks (PACK_TW rows of src,
          * PACK_TW of their k) transposed in registers (common.cl), each column stored whole;
          * element by element, the stores PACK_K x VEC_N scalars a stride apart, this took 17 %
          * of a 512-row projection's matmul time (MHA, L = 512) */
+        kk_first = depth - depth % PACK_TW;
         for (uint j0 = 0; j0 < VEC_N; j0 += PACK_TW)
-            for (uint kk0 = 0; kk0 < PACK_K; kk0 += PACK_TW) {
+            for (uint kk0 = 0; kk0 < kk_first; kk0 += PACK_TW) {
                 PACK_TWV r[PACK_TW];
 #pragma unroll
                 for (uint i = 0; i < PACK_TW; ++i)
@@ -379,10 +393,11 @@ void pack_b(const uint N, const uint K, const ulong batch1, const ulong batch_ba
                 for (uint i = 0; i < PACK_TW; ++i)
                     PACK_STORE_TW(r[i], 0, dst + (kk0 + i) * VEC_N + j0);
             }
-    } else if (trans) { /* column n of op(B) is row n of src */
-        for (uint j = 0; j < VEC_N; ++j) {
+    }
+    if (trans) { /* column n of op(B) is row n of src */
+        for (uint j = 0; kk_first < depth && j < VEC_N; ++j) {
             __global const b_elem_t *row = src + (ulong)min(n0 + j, N - 1) * ld + k0;
-            for (uint kk = 0; kk < depth; ++kk)
+            for (uint kk = kk_first; kk < depth; ++kk)
                 dst[kk * VEC_N + j] = j < cols ? LOAD(B_DTYPE, row, kk) : 0.0f;
         }
     } else if (cols == VEC_N) {
