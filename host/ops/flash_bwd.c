@@ -337,7 +337,8 @@ static clattn_status sum_parts(clattn_chain *chain, cl_kernel kernel, clattn__sc
     p.total = (cl_ulong)out->dims[0] * out->dims[1] * out->dims[2] * out->dims[3];
     p.parts = (cl_uint)parts;
     const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(out->mem), CLATTN_ARG(p)};
-    const size_t local = 64, global = rounded((size_t)p.total, local);
+    /* a work-item a row of d3 elements (kernels/flash_bwd.cl) */
+    const size_t local = 64, global = rounded(p.d3 ? (size_t)(p.total / p.d3) : 0, local);
     return clattn__launch_kernel(chain, kernel, "bwd_sum_parts", args, 3, 1, &global, &local);
 }
 
