@@ -92,6 +92,23 @@ inline float16 exp16_nonpositive(const float16 x)
 }
 
 
+/* Whole float vectors from and to global memory at any float-aligned address: VLOADU_G(n, p),
+ * VSTOREU_G(n, v, p) for n = 8, 16. With clang, through a vector type of float alignment (one
+ * unaligned load or store): PoCL 3.1 emitted vload16 / vstore16 of global memory that feeds
+ * the register transposes below as 128-bit pieces and inserts (matmul.cl's pack_b: 40 % of
+ * its instructions). Elsewhere vloadn / vstoren. */
+#if defined(__clang__)
+typedef float clattn_float8_u __attribute__((ext_vector_type(8), aligned(4)));
+typedef float clattn_float16_u __attribute__((ext_vector_type(16), aligned(4)));
+#define VLOADU_G_(n, p) (*(__global const clattn_float##n##_u *)(p))
+#define VSTOREU_G_(n, v, p) (*(__global clattn_float##n##_u *)(p) = (v))
+#else
+#define VLOADU_G_(n, p) vload##n(0, (p))
+#define VSTOREU_G_(n, v, p) vstore##n((v), 0, (p))
+#endif
+#define VLOADU_G(n, p) VLOADU_G_(n, p) /* (n expanded first: PACK_TW) */
+#define VSTOREU_G(n, v, p) VSTOREU_G_(n, v, p)
+
 /* Transposes in registers: r[0 .. TW-1] hold the rows of a TW x TW block (TW = 16, 8); after,
  * r[i] holds column i. log2(TW) steps each swap the off-diagonal s x s blocks of every
  * 2s x 2s block (s = TW / 2 .. 1): rows i and i + s (bit s of i clear) exchange halves, the

@@ -471,7 +471,11 @@ fc_prefetch_tile(__global const ELEM_T(K_DTYPE) *K, __global const ELEM_T(V_DTYP
 #if FC_KV >= 4
 #define FC_TW 16
 #define FC_TWV float16
+#if K_DTYPE == 0
+#define FC_LOAD_TW(code, p, i) VLOADU_G(16, (p) + (i)) /* (common.cl: one load, not 4 pieces) */
+#else
 #define FC_LOAD_TW(code, p, i) LOAD16(code, p, i)
+#endif
 #define FC_STORE_TW(v, p) FC_VSTORE16((v), 0, (p))
 #define fc_transpose transpose16
 #else
@@ -533,7 +537,10 @@ fc_pack_tile(__global const ELEM_T(K_DTYPE) *K,
     /* (a bound, not `&& !direct`: PoCL warned of the constant operand at every build) */
     for (uint j = 0; j < (direct ? 0u : (uint)FC_KT); ++j) {
         const bool real = k0 + j < band.limit;
-        if (real && v_s3 == 1) {
+        if (real && v_s3 == 1 && V_DTYPE == 0 && HEAD_DIM_V % 16 == 0) {
+            for (uint c = 0; c < HEAD_DIM_V / 16; ++c) /* whole vectors (common.cl) */
+                FC_VSTORE16(VLOADU_G(16, V + FC_VROW(j) + 16 * c), c, vt[j]);
+        } else if (real && v_s3 == 1) {
             for (uint d = 0; d < HEAD_DIM_V; ++d)
                 vt[j][d] = LOAD(V_DTYPE, V, FC_VROW(j) + d);
         } else {

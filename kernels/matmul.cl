@@ -348,17 +348,12 @@ void matmul_vec(__global const a_elem_t *A, __global const float *B, __global c_
 #define PACK_STORE_TW vstore8
 #define pack_transpose transpose8
 #endif
-/* With clang, float blocks move as whole vectors through a vector type of float alignment:
- * PoCL 3.1 emitted vload16 / vstore16 of global memory as 128-bit pieces and inserts (four
- * loads and three inserts per row), 40 % of the transposing pack's instructions. */
-#if defined(__clang__)
-typedef float pack_vec_u __attribute__((ext_vector_type(PACK_TW), aligned(4)));
+/* float blocks as whole vectors (common.cl's VLOADU_G / VSTOREU_G) */
 #undef PACK_STORE_TW
-#define PACK_STORE_TW(v, i, p) (*(__global pack_vec_u *)(p) = (v))
+#define PACK_STORE_TW(v, i, p) VSTOREU_G(PACK_TW, (v), (p))
 #if B_DTYPE == 0
 #undef PACK_LOAD_TW
-#define PACK_LOAD_TW(code, p, i) (*(__global const pack_vec_u *)((p) + (i)))
-#endif
+#define PACK_LOAD_TW(code, p, i) VLOADU_G(PACK_TW, (p) + (i))
 #endif
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
