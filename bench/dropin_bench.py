@@ -18,6 +18,9 @@ Needs torch and transformers (a venv: never pip-install them system-wide), e.g.
 """
 
 import argparse
+import os
+
+os.environ.setdefault("POCL_AFFINITY", "1")  # PoCL's workers pinned (docs/tuning.md)
 
 import torch
 

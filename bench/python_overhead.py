@@ -18,6 +18,9 @@ importable, e.g.
 """
 
 import argparse
+import os
+
+os.environ.setdefault("POCL_AFFINITY", "1")  # PoCL's workers pinned (docs/tuning.md)
 import ctypes
 import statistics
 import sys

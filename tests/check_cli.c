@@ -3421,6 +3421,45 @@ static void restore_env(const char *name, char *saved)
     free(saved);
 }
 
+/* The clattn command pins PoCL's worker threads (POCL_AFFINITY=1) when the environment does
+ * not set POCL_AFFINITY and no MPI launcher placed it; `clattn info` says what PoCL was given. */
+START_TEST(test_pocl_affinity)
+{
+    TU_BEGIN_TEST();
+    static const char *const names[] = {"POCL_AFFINITY", "OMPI_COMM_WORLD_SIZE", "PMI_RANK",
+                                        "PMI_SIZE"};
+    char *saved[4];
+    for (int i = 0; i < 4; ++i) {
+        saved[i] = save_env(names[i]);
+        unsetenv(names[i]);
+    }
+    static const struct {
+        const char *set, *value, *expect;
+    } cases[] = {
+        {NULL, NULL, "POCL_AFFINITY=1\n"},
+        {"POCL_AFFINITY", "0", "POCL_AFFINITY=0\n"},
+        {"POCL_AFFINITY", "1", "POCL_AFFINITY=1\n"},
+        {"PMI_RANK", "0", "POCL_AFFINITY=(unset)\n"},
+        {"OMPI_COMM_WORLD_SIZE", "1", "POCL_AFFINITY=(unset)\n"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+        if (cases[c].set)
+            setenv(cases[c].set, cases[c].value, 1);
+        tu_set_case("clattn info with %s=%s", cases[c].set ? cases[c].set : "nothing",
+                    cases[c].value ? cases[c].value : "");
+        const int status = run_cli("info");
+        tu_expect(status == 0 && strstr(captured("stdout"), cases[c].expect) != NULL,
+                  "exit %d, no \"%.*s\" in: %s", status, (int)strlen(cases[c].expect) - 1,
+                  cases[c].expect, captured("stdout"));
+        if (cases[c].set)
+            unsetenv(cases[c].set);
+    }
+    for (int i = 0; i < 4; ++i)
+        restore_env(names[i], saved[i]);
+    TU_END_TEST();
+}
+END_TEST
+
 /* The first command on a device that the tuning cache does not tune says once that `clattn
  * tune` would (issue 27): not again for the same device (noted in the cache folder's
  * tune-hinted), never with a cache row for it, a CLATTN_TUNING file or CLATTN_NO_TUNE_HINT=1.
@@ -3982,6 +4021,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_bench_refused);
     tcase_add_test(tc, test_no_platform_or_device);
     tcase_add_test(tc, test_tune_hint);
+    tcase_add_test(tc, test_pocl_affinity);
     tcase_add_test(tc, test_mask_true);
     tcase_add_test(tc, test_additive_heads_hint);
     tcase_add_test(tc, test_help_ends_with_exit_status);

@@ -1,5 +1,6 @@
 /* The clattn command: attention on OpenCL devices from the shell.
  *   clattn devices | info | demo | run | bench | tune   (each with --help) */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "cli.h"
 
 #include <stdio.h>
@@ -186,6 +187,8 @@ static int show_info(const char *device_spec)
     clGetDeviceInfo(clattn_ctx_device(ctx), CL_DEVICE_VENDOR, sizeof vendor - 1, vendor, NULL);
     cli_print_device(stdout, clattn_ctx_device(ctx));
     printf("vendor: %s\nclattn: %s\n%s\n", vendor, CLATTN_VERSION_STRING, clattn_ctx_tuning(ctx));
+    const char *affinity = getenv("POCL_AFFINITY"); /* (pin_pocl_workers, below) */
+    printf("PoCL workers: POCL_AFFINITY=%s\n", affinity ? affinity : "(unset)");
     clattn_ctx_release(ctx);
     return CLI_OK;
 }
@@ -273,8 +276,22 @@ int cmd_doctor(int argc, char **argv)
  * main
  * ------------------------------------------------------------------------------------------- */
 
+/* PoCL's CPU device: its worker threads pinned one to a core (POCL_AFFINITY=1, read at the
+ * first OpenCL call, which comes after this), unless the environment sets POCL_AFFINITY or an
+ * MPI launcher placed the process (its binding stays). Unpinned, Linux often started both
+ * workers on one core of a 2-core machine and left them there for seconds: a process's first
+ * launches ran at half speed in 4 of 6 processes, a decode step's median 0.30 ms against
+ * 0.18 pinned (BENCHMARKS.md, docs/tuning.md). Other devices ignore it. */
+static void pin_pocl_workers(void)
+{
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_RANK") || getenv("PMI_SIZE"))
+        return;
+    setenv("POCL_AFFINITY", "1", 0);
+}
+
 int main(int argc, char **argv)
 {
+    pin_pocl_workers();
     if (argc < 2) {
         fputs(usage, stderr);
         return CLI_BAD_INPUT;
