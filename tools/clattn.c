@@ -280,7 +280,7 @@ int cmd_doctor(int argc, char **argv)
  * first OpenCL call, which comes after this), unless the environment sets POCL_AFFINITY or an
  * MPI launcher placed the process (its binding stays). Unpinned, Linux often started both
  * workers on one core of a 2-core machine and left them there for seconds: a process's first
- * launches ran at half speed in 4 of 6 processes, a decode step's median 0.30 ms against
+ * launches ran at half speed in 10 of 21 processes, a decode step's median 0.30 ms against
  * 0.18 pinned (BENCHMARKS.md, docs/tuning.md). Other devices ignore it. */
 static void pin_pocl_workers(void)
 {
