@@ -750,8 +750,8 @@ void bwd_dq_cpu(BWD_DQ_PARAMS)
 
 /* out[i] = sum over parts p of in[p][i], in order, for the packed (d0, d1, d2, d3) elements,
  * stored through out's strides in OUT_DTYPE. A work-item sums one row of d3 elements (work-item
- * r: row r of the d0 * d1 * d2): the 64-bit divisions that place it in out once a row. One an
- * element, they took 6 % of a CPU backward (d = 64, L = 1024, one part: a copy). */
+ * r: row r of the d0 * d1 * d2): the 64-bit divisions that place it in out once a row. Done
+ * once an element, they took 6 % of a CPU backward (d = 64, L = 1024, one part: a copy). */
 #ifndef OUT_DTYPE
 #define OUT_DTYPE 0 /* bwd_sum_parts', bwd_mask_reduce's output dtype */
 #endif

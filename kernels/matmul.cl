@@ -338,23 +338,22 @@ void matmul_vec(__global const a_elem_t *A, __global const float *B, __global c_
 #if VEC_W >= 16
 #define PACK_TW 16
 #define PACK_TWV float16
-#define PACK_LOAD_TW(code, p, i) LOAD16(code, p, i)
-#define PACK_STORE_TW vstore16
 #define pack_transpose transpose16
 #else
 #define PACK_TW 8
 #define PACK_TWV float8
-#define PACK_LOAD_TW(code, p, i) LOAD8(code, p, i)
-#define PACK_STORE_TW vstore8
 #define pack_transpose transpose8
 #endif
-/* float blocks as whole vectors (common.cl's VLOADU_G / VSTOREU_G) */
-#undef PACK_STORE_TW
-#define PACK_STORE_TW(v, i, p) VSTOREU_G(PACK_TW, (v), (p))
+/* a block's rows loaded and its columns stored as whole vectors (float: common.cl's VLOADU_G /
+ * VSTOREU_G; F16 / BF16 B through types.cl's converting loads) */
 #if B_DTYPE == 0
-#undef PACK_LOAD_TW
 #define PACK_LOAD_TW(code, p, i) VLOADU_G(PACK_TW, (p) + (i))
+#elif VEC_W >= 16
+#define PACK_LOAD_TW(code, p, i) LOAD16(code, p, i)
+#else
+#define PACK_LOAD_TW(code, p, i) LOAD8(code, p, i)
 #endif
+#define PACK_STORE_TW(v, p) VSTOREU_G(PACK_TW, (v), (p))
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void pack_b(const uint N, const uint K, const ulong batch1, const ulong batch_base,
@@ -386,7 +385,7 @@ void pack_b(const uint N, const uint K, const ulong batch1, const ulong batch_ba
                 pack_transpose(r);
 #pragma unroll
                 for (uint i = 0; i < PACK_TW; ++i)
-                    PACK_STORE_TW(r[i], 0, dst + (kk0 + i) * VEC_N + j0);
+                    PACK_STORE_TW(r[i], dst + (kk0 + i) * VEC_N + j0);
             }
     }
     if (trans) { /* column n of op(B) is row n of src */
