@@ -325,7 +325,13 @@ __kernel void bwd_dq(BWD_DQ_PARAMS)
 #ifndef BWD_BQ
 #define BWD_BQ 64 /* query rows per work-item of bwd_dq_cpu (a multiple of BWD_RB) */
 #endif
-#define BWD_RB 4 /* query rows a step takes together (their loads of a key block shared) */
+#ifndef BWD_RB
+#define BWD_RB 4 /* query rows a step takes together (their loads of a key block shared; the
+                    host's choice, tuning key flash_bwd_rb, 1 .. 8) */
+#endif
+#if BWD_BQ % BWD_RB != 0
+#error "BWD_BQ must be a multiple of BWD_RB (bwd_dq_cpu steps its rows BWD_RB at a time)"
+#endif
 #define BWD_DQV (HEAD_DIM_QK / 16) /* float16 vectors of a dQ row (bwd_dq_slots) */
 #define BWD_DQW (BWD_DQV < 1 ? 1 : BWD_DQV < 4 ? BWD_DQV : 4) /* summed in one pass over the keys */
 

@@ -722,12 +722,20 @@ END_TEST
 START_TEST(test_backward_key_blocks)
 {
     TU_BEGIN_TEST();
-    static const unsigned nv[] = {1, 2, 4, 0, 0}; /* 0: the context's own rows */
-    static const size_t dims[] = {32, 48, 128, 64, 80}, keys[] = {16, 32, 64, 32, 64};
+    static const unsigned nv[] = {1, 2, 4, 0, 0, 4, 2}; /* 0: the context's own rows */
+    /* rows a step (flash_bwd_rb; 0: the default's): 5 and 7 divide neither the 67 rows nor
+     * the 64 of a dQ work-item (rounded down to 60 and 63) */
+    static const unsigned rb[] = {3, 8, 0, 0, 0, 5, 7};
+    static const size_t dims[] = {32, 48, 128, 64, 80, 96, 128};
+    static const size_t keys[] = {16, 32, 64, 32, 64, 64, 32};
     clattn_ctx *ctx = tu_ctx();
-    char row[64], want[48];
+    char row[96], want[64];
     if (nv[_i]) {
-        snprintf(row, sizeof row, "any | * | * | flash_bwd_nv=%u", nv[_i]);
+        if (rb[_i])
+            snprintf(row, sizeof row, "any | * | * | flash_bwd_nv=%u flash_bwd_rb=%u", nv[_i],
+                     rb[_i]);
+        else
+            snprintf(row, sizeof row, "any | * | * | flash_bwd_nv=%u", nv[_i]);
         clattn_ctx_desc desc;
         clattn_ctx_desc_init(&desc);
         desc.queue = clattn_ctx_queue(tu_ctx());
@@ -737,7 +745,10 @@ START_TEST(test_backward_key_blocks)
         tu_expect_status(clattn_ctx_create_desc(&desc, &ctx, message, sizeof message),
                          CLATTN_SUCCESS, row);
     }
-    snprintf(want, sizeof want, "dK/dV per %zu keys", keys[_i]);
+    if (rb[_i])
+        snprintf(want, sizeof want, "dK/dV per %zu keys, %u rows a step", keys[_i], rb[_i]);
+    else
+        snprintf(want, sizeof want, "dK/dV per %zu keys", keys[_i]);
     bwd_case c = {.grad_mask = 0, .grad_sinks = 0};
     c.spec = base_spec(1, 4, 2, 67, 131, dims[_i], dims[_i]);
     c.spec.causal = CLATTN_CAUSAL_BOTTOM_RIGHT;
@@ -780,6 +791,6 @@ int main(void)
     tcase_add_loop_test(tc, test_backward_random, 0, tu_small() ? 4 : 24);
     tcase_add_loop_test(tc, test_reference_by_differences, 0, 3);
     tcase_add_test(tc, test_backward_refusals);
-    tcase_add_loop_test(tc, test_backward_key_blocks, 0, tu_small() ? 1 : 5);
+    tcase_add_loop_test(tc, test_backward_key_blocks, 0, tu_small() ? 1 : 7);
     return tu_run_suite(suite);
 }

@@ -1063,7 +1063,7 @@ static const char *const known_keys[] = {
     "vec_kc",       "vec_wg",       "vec_stream",   "tile_m",       "tile_n",
     "tile_k",       "wpt_m",        "wpt_n",        "transpose_wg", "softmax_rows",
     "softmax_wg",   "heads_wg",     "flash_cpu",    "flash_cpu_rb", "flash_cpu_nb",
-    "flash_cpu_kv", "flash_cpu_tp", "flash_cpu_pf", "flash_cpu_pf_min", "flash_bwd_nv",
+    "flash_cpu_kv", "flash_cpu_tp", "flash_cpu_pf", "flash_cpu_pf_min", "flash_bwd_nv", "flash_bwd_rb",
     "flash_gpu",    "fg_bq",        "fg_bk",        "fg_tx",        "fg_ty",
     "fg_dpas",      "fg_dpas_sg",   "flash_rows",   "flash_vw",     "decode_keys",
     "loop_trip_limit"};

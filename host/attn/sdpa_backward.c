@@ -193,8 +193,9 @@ static clattn_status finish_fused(clattn_plan *plan, const clattn__flash_bwd_sha
     char cpu_geometry[160] = "dK/dV per key, dQ per row";
     if (bwd->cpu)
         snprintf(cpu_geometry, sizeof cpu_geometry,
-                 "CPU variant: dK/dV per %u keys, dQ per %u rows, float16 lanes",
-                 16 * bwd->cpu_nv, bwd->cpu_rows);
+                 "CPU variant: dK/dV per %u keys, %u rows a step, dQ per %u rows, float16 "
+                 "lanes",
+                 16 * bwd->cpu_nv, bwd->cpu_rb, bwd->cpu_rows);
     else if (bwd->gpu)
         snprintf(cpu_geometry, sizeof cpu_geometry,
                  "GPU variant: flash_bwd_gpu.cl dK/dV per %u keys in %u-row tiles, %s, "

@@ -101,12 +101,18 @@ static clattn_status build_passes(clattn_ctx *ctx, const clattn__flash_bwd_shape
          * fit a 48 KiB L1: the step 1.05-1.12x; d = 128 keeps 4: host/tuning/table.h) */
         const clattn_tuning *t = shape->tuning ? shape->tuning : &ctx->tuning;
         plan->cpu_nv = t->flash_bwd_nv >= 4 ? 4 : t->flash_bwd_nv >= 2 ? 2 : 1;
-        plan->cpu_rows = 64;
+        /* query rows a step: the tuning's flash_bwd_rb (1 .. 8: the local q and dO blocks
+         * above count 8 rows); bwd_dq_cpu's rows a multiple of it, 64 rounded down, halved
+         * (still a multiple) while local memory is short */
+        plan->cpu_rb = t->flash_bwd_rb >= 1 && t->flash_bwd_rb <= 8 ? t->flash_bwd_rb : 4;
+        plan->cpu_rows = 64 / plan->cpu_rb * plan->cpu_rb;
         while (plan->cpu_nv > 1 && DKDV_LOCAL(plan->cpu_nv) > ctx->info.local_mem_size / 2)
             plan->cpu_nv /= 2;
-        while (plan->cpu_rows > 4 &&
-               DQ_LOCAL(plan->cpu_nv, plan->cpu_rows) > ctx->info.local_mem_size / 2)
-            plan->cpu_rows /= 2;
+        while (plan->cpu_rows > plan->cpu_rb &&
+               DQ_LOCAL(plan->cpu_nv, plan->cpu_rows) > ctx->info.local_mem_size / 2) {
+            const unsigned half = plan->cpu_rows / 2 / plan->cpu_rb * plan->cpu_rb;
+            plan->cpu_rows = half > plan->cpu_rb ? half : plan->cpu_rb;
+        }
         /* (a device whose local memory holds neither at the smallest, Oclgrind's 32 KiB at
          * d = 128: the generic kernels) */
         plan->cpu = DKDV_LOCAL(plan->cpu_nv) <= ctx->info.local_mem_size &&
@@ -115,7 +121,8 @@ static clattn_status build_passes(clattn_ctx *ctx, const clattn__flash_bwd_shape
 #undef DQ_LOCAL
     }
     if (plan->cpu)
-        sw->BWD_CPU = 1, sw->BWD_NV = plan->cpu_nv, sw->BWD_BQ = plan->cpu_rows;
+        sw->BWD_CPU = 1, sw->BWD_NV = plan->cpu_nv, sw->BWD_BQ = plan->cpu_rows,
+        sw->BWD_RB = plan->cpu_rb;
     const clattn_family *f = &flash_bwd_family;
     clattn_status status;
     if ((status = clattn__family_kernel(ctx, f, "bwd_delta", sw, defines, *count, &plan->delta)) ||

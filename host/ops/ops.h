@@ -492,6 +492,7 @@ typedef struct clattn__flash_bwd_plan {
     clattn__flash_bwd_shape shape;
     bool cpu; /* the CPU variants (bwd_dkdv_cpu, bwd_dq_cpu: blocks of keys or rows) */
     unsigned cpu_nv, cpu_rows; /* their 16-key vectors per key block, rows per dQ work-item */
+    unsigned cpu_rb;           /* their query rows a step (cpu_rows: a multiple of it) */
     bool gpu; /* dK/dV by bwd_dkdv_gpu (flash_bwd_gpu.cl: gpu_keys per work-group of
                * local_dkdv work-items, query rows in tiles of gpu_rows) */
     unsigned gpu_keys, gpu_rows;
@@ -524,13 +525,14 @@ clattn_status clattn__flash_bwd_enqueue(clattn_chain *chain, const clattn__flash
                                         const clattn__flash_bwd_io *io, clattn__scratch scratch);
 /* flash_bwd.cl's switches (ops/flash_bwd.c's family; flash_bwd_gpu.c's family adds its tiles
  * to these). BWD_CPU compiles the CPU variants in (BWD_NV 16-key vectors per key block,
- * BWD_BQ query rows per bwd_dq_cpu work-item). */
+ * BWD_BQ query rows per bwd_dq_cpu work-item, BWD_RB rows a step). */
 /* clang-format off */
 #define CLATTN__FLASH_BWD_SWITCHES(X)                                                              \
     X(HEAD_DIM_QK, 0, NULL) X(HEAD_DIM_V, 0, NULL) X(Q_DTYPE, 0, NULL) X(K_DTYPE, 0, NULL)         \
     X(V_DTYPE, 0, NULL) X(O_DTYPE, 0, NULL) X(GO_DTYPE, 0, NULL) X(DQ_DTYPE, 0, NULL)              \
     X(DK_DTYPE, 0, NULL) X(DV_DTYPE, 0, NULL) X(BWD_CPU, CLATTN_SWITCH_OPTIONAL, NULL)             \
-    X(BWD_NV, CLATTN_SWITCH_OPTIONAL, NULL) X(BWD_BQ, CLATTN_SWITCH_OPTIONAL, NULL)
+    X(BWD_NV, CLATTN_SWITCH_OPTIONAL, NULL) X(BWD_BQ, CLATTN_SWITCH_OPTIONAL, NULL)             \
+    X(BWD_RB, CLATTN_SWITCH_OPTIONAL, NULL)
 /* clang-format on */
 /* flash_bwd.cl's kernels that take one switch, the dtype they store (bwd_sum_parts,
  * bwd_mask_reduce), or only the score rule's (bwd_unfused_rows; score NULL: none, for bwd_zero

@@ -78,6 +78,9 @@
     X(flash_bwd_nv, PROBLEM, 1, 4, "backward", "cpu", "", "1 2 4", "2 4",                         \
       "the CPU backward (flash_bwd.cl): 16-key vectors per key block, 1, 2 or 4, fewer where "  \
       "local memory is short (clattn tune: per head size, d = 64 and 128)")                     \
+    X(flash_bwd_rb, PROBLEM, 1, 8, "backward", "cpu", "", "4 5 6 7 8", "4 6",                   \
+      "the CPU backward (flash_bwd.cl): query rows a step takes together, 1 .. 8 (their "       \
+      "scores and dp: rows x flash_bwd_nv float16 sums each)")                                  \
     X(flash_gpu, PROBLEM, 0, 1, "flash", "gpu", "flash_cpu=0", "0 1", "",                        \
       "1: the cooperative fused kernel for GPUs (flash_gpu.cl)")                                \
     X(fg_bq, PROBLEM, 1, 256, "flash", "gpu", "flash_gpu=1", "16 32 64 128", "",                 \
