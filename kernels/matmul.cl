@@ -332,7 +332,7 @@ void matmul_vec(__global const a_elem_t *A, __global const float *B, __global c_
  * with zeros for N <= n < panels * VEC_N. src holds B_DTYPE, K x N (trans 0) or N x K (trans
  * 1) with row stride ld. A work-item packs PACK_K rows of one panel, reading along src's
  * contiguous dimension; global size (K / PACK_K rounded up, panels, entries). */
-#define PACK_K 64
+#define PACK_K CLATTN_MATMUL_PACK_K /* (params.h: the host's launch uses the same) */
 /* the transposing pack's blocks: 16 x 16 where rows are 16-float vectors (32 vector registers,
  * AVX-512), else 8 x 8 */
 #if VEC_W >= 16

@@ -188,6 +188,9 @@ CLATTN_SCORED_PARAMS_STRUCT(softmax, CLATTN_SOFTMAX_PARAMS)
     X(int, trans_a) X(int, trans_b) X(float, alpha) X(float, beta) X(int, has_bias)              \
     X(int, stream_c) X(uint, matmul_pad_)
 CLATTN_PARAMS_STRUCT(matmul, CLATTN_MATMUL_PARAMS)
+/* pack_b (matmul_vec's panels of B): rows of a panel per work-item; the host sizes the launch
+ * by it (ops/matmul.c), the kernel steps by it */
+#define CLATTN_MATMUL_PACK_K 64
 
 /* ---- rotary embeddings (rope.cl) -----------------------------------------------------------
  * x, out: (b, h, s, c) strides; the cos/sin caches (cache_mode 1: (position, j), 2: (b, s, j)
@@ -326,7 +329,7 @@ CLATTN_PARAMS_STRUCT(block_mask, CLATTN_BLOCK_MASK_PARAMS)
     X(ulong, out_offset) X(ulong, out_s0) X(ulong, out_s1) X(ulong, out_s2) X(ulong, out_s3)     \
     X(ulong, in_at) X(ulong, in_stride) X(ulong, aux_offset) X(ulong, aux_s0) X(ulong, aux_s1)   \
     X(ulong, aux_s2) X(ulong, total) X(uint, d0) X(uint, d1) X(uint, d2) X(uint, d3) X(uint, n0)  \
-    X(uint, n1) X(uint, n2) X(uint, n3) X(uint, parts) X(uint, reduce_pad_)
+    X(uint, n1) X(uint, n2) X(uint, n3) X(uint, parts) X(uint, row_items)
 CLATTN_PARAMS_STRUCT(bwd_reduce, CLATTN_BWD_REDUCE_PARAMS)
 
 /* ---- attention states merged by their log-sum-exp (merge.cl's merge_states) ----------------

@@ -167,9 +167,9 @@ static clattn_status pack_b(clattn_chain *chain, const clattn__matmul_plan *plan
     const cl_ulong batch1 = copies1, ld = b->strides[2], src_offset = b->offset;
     const cl_ulong dst_offset = scratch.offset;
     const size_t panel = plan->panel, padded = ((n + panel - 1) / panel) * panel;
-    enum { PACK_K = 64 }; /* rows of a panel per work-item (kernels/matmul.cl) */
+    const size_t pack_k = CLATTN_MATMUL_PACK_K; /* rows of a panel per work-item (params.h) */
     const size_t local[3] = {1, 1, 1};
-    size_t global[3] = {(k + PACK_K - 1) / PACK_K, padded / panel, 0};
+    size_t global[3] = {(k + pack_k - 1) / pack_k, padded / panel, 0};
     clattn_status status = CLATTN_SUCCESS;
     for (size_t first = 0; first < copies0 * copies1 && status == CLATTN_SUCCESS;
          first += MAX_BATCH_PER_LAUNCH) {
