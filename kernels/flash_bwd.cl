@@ -755,9 +755,11 @@ void bwd_dq_cpu(BWD_DQ_PARAMS)
 #endif /* BWD_CPU */
 
 /* out[i] = sum over parts p of in[p][i], in order, for the packed (d0, d1, d2, d3) elements,
- * stored through out's strides in OUT_DTYPE. A work-item sums one row of d3 elements (work-item
- * r: row r of the d0 * d1 * d2): the 64-bit divisions that place it in out once a row. Done
- * once an element, they took 6 % of a CPU backward (d = 64, L = 1024, one part: a copy). */
+ * stored through out's strides in OUT_DTYPE. row_items work-items share a row of d3 elements,
+ * work-item c of a row taking its columns c, c + row_items, ...: on CPUs one (the 64-bit
+ * divisions that place a row in out once a row: done once an element, they took 6 % of a CPU
+ * backward, d = 64, L = 1024, one part: a copy), on GPUs d3 (neighbouring work-items read
+ * neighbouring floats). */
 #ifndef OUT_DTYPE
 #define OUT_DTYPE 0 /* bwd_sum_parts', bwd_mask_reduce's output dtype */
 #endif
@@ -765,14 +767,14 @@ __kernel void bwd_sum_parts(__global const float *scratch, __global ELEM_T(OUT_D
                             const clattn_bwd_reduce_params params)
 {
     CLATTN_UNPACK(CLATTN_BWD_REDUCE_PARAMS)
-    const ulong row = get_global_id(0);
+    const ulong item = get_global_id(0), row = item / row_items;
     if (row >= total / d3)
         return;
     const ulong c2 = row % d2, r2 = row / d2;
     const ulong c1 = r2 % d1, c0 = r2 / d1;
     __global const float *in = scratch + in_at + row * d3;
     const ulong out_at = out_offset + c0 * out_s0 + c1 * out_s1 + c2 * out_s2;
-    for (uint c3 = 0; c3 < d3; ++c3) {
+    for (uint c3 = (uint)(item - row * row_items); c3 < d3; c3 += row_items) {
         float sum = 0.0f;
         for (uint p = 0; p < parts; ++p)
             sum += in[p * in_stride + c3];

@@ -343,9 +343,13 @@ static clattn_status sum_parts(clattn_chain *chain, cl_kernel kernel, clattn__sc
     p.d2 = (cl_uint)out->dims[2], p.d3 = (cl_uint)out->dims[3];
     p.total = (cl_ulong)out->dims[0] * out->dims[1] * out->dims[2] * out->dims[3];
     p.parts = (cl_uint)parts;
+    /* work-items a row of d3 elements (kernels/flash_bwd.cl): one where the CPU rows apply
+     * (the row's place in out computed once), else d3, whose neighbours read neighbouring
+     * floats (a GPU's coalesced loads) */
+    p.row_items = chain->ctx->tuning.cpu_params || p.d3 == 0 ? 1 : p.d3;
     const clattn_arg args[] = {CLATTN_ARG(scratch.mem), CLATTN_ARG(out->mem), CLATTN_ARG(p)};
-    /* a work-item a row of d3 elements (kernels/flash_bwd.cl) */
-    const size_t local = 64, global = rounded(p.d3 ? (size_t)(p.total / p.d3) : 0, local);
+    const size_t local = 64,
+                 global = rounded(p.d3 ? (size_t)(p.total / p.d3) * p.row_items : 0, local);
     return clattn__launch_kernel(chain, kernel, "bwd_sum_parts", args, 3, 1, &global, &local);
 }
 
