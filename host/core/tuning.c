@@ -144,8 +144,8 @@ static clattn_status default_row(clattn_ctx *ctx, clattn_tuning *t)
     t->flash_cpu_pf_min = half_cache_kib < 4194304 ? (unsigned)half_cache_kib : 4194304u;
     t->flash_bwd_nv = 4;
     /* The CPU backward's rows a step: 6 where the device has 32 vector registers (AVX-512:
-     * 6 rows x 4 float16 sums of scores, then of dp, fit; the step 1.04-1.10x at d = 64,
-     * 1.19x at d = 128 against 4 rows, Intel Xeon), else 4 (AVX2's 16 registers). */
+     * 6 rows x 4 float16 sums of scores, then of dp, fit; the backward 1.01-1.06x at d = 64,
+     * 1.16-1.23x at d = 128 against 4 rows, Intel Xeon), else 4 (AVX2's 16 registers). */
     t->flash_bwd_rb = t->vec_width >= 16 ? 6 : 4;
     t->flash_gpu = 0;
     t->fg_bq = 64, t->fg_bk = 32, t->fg_tx = 16, t->fg_ty = 8;
