@@ -542,9 +542,10 @@ static const config_def configs[CFG_COUNT] = {
      * run flash_gpu as on CFG_GPU), sub-groups of 16 */
     [CFG_GPU_DPAS] = {1, "any | * | * | fg_dpas=2 fg_dpas_sg=16"},
     /* flash_cpu.cl's register blocks of 5 rows, 3 a group, 2 vectors a row, a tile's blocks
-     * one after the other (not in two passes), and the CPU backward's 16-key blocks */
+     * one after the other (not in two passes), and the CPU backward's 16-key blocks of 5 rows
+     * a step */
     [CFG_CPU_TILES] = {0, "any | * | * | flash_cpu_rb=5 flash_cpu_nb=3 flash_cpu_kv=2 "
-                          "flash_cpu_tp=0 flash_bwd_nv=1"},
+                          "flash_cpu_tp=0 flash_bwd_nv=1 flash_bwd_rb=5"},
 };
 
 static int config_on_[CFG_COUNT];
